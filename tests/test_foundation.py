@@ -1,0 +1,71 @@
+"""The package's plumbing: command line, dispatch, accuracy measures, benchmark output."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tilecore import accuracy, cli, dispatch
+from tilecore.bench import harness
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "tilecore", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args", [["bogus"], ["bench", "nosuch-op"], ["bench", "copy", "--bogus-flag"], []])
+def test_bad_usage_exits_2_with_usage(args):
+    r = run_cli(*args)
+    assert r.returncode == 2
+    assert "usage:" in r.stderr
+
+
+def test_bench_without_gpu_is_one_sentence_not_a_traceback():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = run_cli("bench", "copy")
+    assert r.returncode == 1
+    assert "needs a CUDA GPU" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_env_reports_versions_and_paths():
+    r = run_cli("env")
+    assert r.returncode == 0
+    assert "triton 3.6.0" in r.stdout and "torch" in r.stdout
+    assert "Gluon" in r.stdout
+
+
+def test_dispatch_picks_by_device(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert dispatch.backend_for(cpu) == "kernel"
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert dispatch.backend_for(cpu) == "reference"
+    assert dispatch.select(cpu, kernel=1, reference=2) == 2
+    assert dispatch.backend_for(torch.device("cuda")) == "kernel"
+    with pytest.raises(TypeError, match="CUDA and CPU"):
+        dispatch.backend_for(torch.device("meta"))
+
+
+def test_rounding_floor_is_the_error_of_rounding():
+    ref = torch.randn(10000, dtype=torch.float64)
+    assert accuracy.error_over_floor(ref.to(torch.bfloat16), ref) == pytest.approx(1.0)
+    floor = accuracy.rounding_floor(ref, torch.float16)
+    assert 1e-4 < floor < 4e-4  # fp16 has 11 significant bits
+    noisy = (ref * (1 + 3 * floor * torch.randn_like(ref))).to(torch.float16)
+    assert accuracy.error_over_floor(noisy, ref) > 2
+
+
+def test_results_json_and_png(tmp_path):
+    meta = {"gpu": {"name": "NVIDIA H100 80GB HBM3"}, "versions": {"torch": "t", "triton": "3.6.0"}, "date": "2026-11-22T00:00:00"}
+    result = harness.Result("copy", "GB/s", "bytes", harness.Ceiling("copy", 3000.0, "GB/s"), meta)
+    for b in (2**20, 2**21):
+        result.rows.append(harness.Row({"bytes": b}, "torch copy_", 0.01, 2500.0, 2500 / 3000))
+    json_path, png_path = harness.save(result, tmp_path)
+    assert json_path.parent.name == "h100-80gb-hbm3"
+    data = json.loads(json_path.read_text())
+    assert data["ceiling"]["value"] == 3000.0 and len(data["rows"]) == 2
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "83.3" in harness.table(result)

@@ -1,0 +1,5 @@
+import sys
+
+from tilecore.cli import main
+
+sys.exit(main())

@@ -1,0 +1,253 @@
+"""The benchmark harness: every op is measured the same way.
+
+* Times are ``triton.testing.do_bench`` medians after warm-up (it also flushes L2 before each call).
+* Inputs that would fit in L2 are rotated among several copies, so repeated calls measure HBM.
+* Every figure is also given as a ratio to a ceiling measured in the same run: the device-to-device
+  copy bandwidth for memory-bound ops, cuBLAS bf16 matmul for compute-bound ones.
+* Results carry the device, versions and date, and are written as JSON and a PNG plot.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Literal
+
+import torch
+
+from tilecore import env
+
+Metric = Literal["GB/s", "TFLOP/s"]
+
+
+# ---------------------------------------------------------------------------------------------
+# timing
+
+
+def median_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median time of ``fn`` in milliseconds, after warm-up, through triton.testing.do_bench."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def l2_bytes() -> int:
+    info = env.gpu_info()
+    return info["l2_bytes"] if info and info["l2_bytes"] else 64 * 2**20
+
+
+def rotating(make_set: Callable[[], tuple], bytes_per_set: int, *, cover: int = 4,
+             max_sets: int = 64) -> Callable[[], tuple]:
+    """Return a function giving the next of several input sets, round-robin.
+
+    Enough sets are made that together they cover ``cover`` times the L2 cache, so a call never
+    finds its inputs in L2 from the call before.
+    """
+    count = 1 if bytes_per_set >= cover * l2_bytes() else min(max_sets, math.ceil(cover * l2_bytes() / max(bytes_per_set, 1)))
+    sets = [make_set() for _ in range(count)]
+    cycle = itertools.cycle(sets)
+    return lambda: next(cycle)
+
+
+# ---------------------------------------------------------------------------------------------
+# ceilings, measured in the same run as the figures they judge
+
+
+@dataclass
+class Ceiling:
+    name: str
+    value: float
+    unit: Metric
+
+
+def copy_ceiling(nbytes: int = 2**30) -> Ceiling:
+    """Device-to-device copy bandwidth, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src))
+    return Ceiling(f"copy {nbytes / 2**30:.0f} GiB (torch copy_)", 2 * nbytes / ms / 1e6, "GB/s")
+
+
+def matmul_ceiling(size: int = 8192, dtype: torch.dtype = torch.bfloat16) -> Ceiling:
+    """cuBLAS matmul rate through torch.matmul at size^3, on random data."""
+    a = torch.randn(size, size, dtype=dtype, device="cuda")
+    b = torch.randn(size, size, dtype=dtype, device="cuda")
+    ms = median_ms(lambda: torch.matmul(a, b))
+    return Ceiling(f"torch.matmul {str(dtype).removeprefix('torch.')} {size}^3 (cuBLAS)",
+                   2 * size**3 / ms / 1e9, "TFLOP/s")
+
+
+CEILINGS: dict[str, Callable[[], Ceiling]] = {"copy": copy_ceiling, "matmul": matmul_ceiling}
+
+
+# ---------------------------------------------------------------------------------------------
+# suites, cases and results
+
+
+@dataclass
+class Case:
+    """One point of a sweep: parameters, the work it does, and the implementations to time.
+
+    ``series`` maps a name ("tilecore", a peer's name) to a builder that allocates its inputs and
+    returns the zero-argument function to time. A builder that raises ImportError is a peer that is
+    not installed here, and is skipped.
+    """
+    params: dict
+    series: dict[str, Callable[[], Callable[[], object]]]
+    bytes: int = 0
+    flops: int = 0
+
+
+@dataclass
+class Suite:
+    name: str
+    ceiling: str  # a key of CEILINGS
+    metric: Metric
+    x: str  # the parameter on the plot's x axis (log2 scale)
+    cases: Callable[[bool], list[Case]]  # cases(quick)
+    describe: str = ""
+
+
+@dataclass
+class Row:
+    params: dict
+    series: str
+    ms: float
+    value: float  # in the suite's metric
+    ratio: float  # value / ceiling
+
+
+@dataclass
+class Result:
+    suite: str
+    metric: Metric
+    x: str
+    ceiling: Ceiling
+    meta: dict
+    rows: list[Row] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "suite": self.suite,
+            "metric": self.metric,
+            "x": self.x,
+            "ceiling": vars(self.ceiling),
+            "meta": self.meta,
+            "rows": [vars(r) for r in self.rows],
+        }
+
+
+def progress(done: int, total: int, label: str) -> None:
+    width = 30
+    filled = int(width * done / max(total, 1))
+    end = "\n" if done == total else ""
+    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label[:60]:<60}", end=end,
+          file=sys.stderr, flush=True)
+
+
+def run_suite(suite: Suite, *, quick: bool = False) -> Result:
+    """Measure the ceiling, then every case and series of ``suite``."""
+    ceiling = CEILINGS[suite.ceiling]()
+    result = Result(suite.name, suite.metric, suite.x, ceiling, env.metadata())
+    cases = suite.cases(quick)
+    jobs = [(case, name, build) for case in cases for name, build in case.series.items()]
+    for i, (case, name, build) in enumerate(jobs):
+        label = f"{name} " + " ".join(f"{k}={v}" for k, v in case.params.items())
+        progress(i, len(jobs), label)
+        try:
+            fn = build()
+        except ImportError:
+            continue
+        ms = median_ms(fn)
+        value = case.bytes / ms / 1e6 if suite.metric == "GB/s" else case.flops / ms / 1e9
+        result.rows.append(Row(case.params, name, ms, value, value / ceiling.value))
+        del fn
+        torch.cuda.empty_cache()
+    progress(len(jobs), len(jobs), "done")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# output: table, JSON, PNG
+
+
+def table(result: Result) -> str:
+    keys = list(result.rows[0].params) if result.rows else []
+    head = keys + ["series", "ms", result.metric, "% of ceiling"]
+    body = [[str(r.params[k]) for k in keys] + [r.series, f"{r.ms:.4f}", f"{r.value:,.0f}", f"{100 * r.ratio:.1f}"]
+            for r in result.rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
+    lines = [f"{result.suite}: ceiling {result.ceiling.name} = {result.ceiling.value:,.0f} {result.ceiling.unit}",
+             fmt(head), fmt(["-" * w for w in widths])] + [fmt(b) for b in body]
+    return "\n".join(lines)
+
+
+def device_slug(meta: dict) -> str:
+    name = (meta.get("gpu") or {}).get("name", "cpu")
+    name = re.sub(r"^nvidia\s+", "", name.lower())
+    return re.sub(r"[^a-z0-9]+", "-", name).strip("-")
+
+
+def save(result: Result, root: Path) -> tuple[Path, Path]:
+    """Write ``<root>/<device>/<suite>.json`` and ``.png``; return both paths."""
+    folder = Path(root) / device_slug(result.meta)
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path = folder / f"{result.suite}.json"
+    json_path.write_text(json.dumps(result.to_json(), indent=1) + "\n")
+    png_path = folder / f"{result.suite}.png"
+    plot(result, png_path)
+    return json_path, png_path
+
+
+def _lines(result: Result) -> dict[str, list[Row]]:
+    """Group rows into plot lines: one per series and combination of the non-x parameters."""
+    lines: dict[str, list[Row]] = {}
+    for r in result.rows:
+        others = ", ".join(f"{k}={v}" for k, v in r.params.items() if k != result.x)
+        lines.setdefault(f"{r.series}" + (f" ({others})" if others else ""), []).append(r)
+    return lines
+
+
+def plot(result: Result, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_v, ax_r) = plt.subplots(1, 2, figsize=(13, 5))
+    for label, rows in _lines(result).items():
+        rows = sorted(rows, key=lambda r: r.params[result.x])
+        xs = [r.params[result.x] for r in rows]
+        ax_v.plot(xs, [r.value for r in rows], marker="o", label=label)
+        ax_r.plot(xs, [100 * r.ratio for r in rows], marker="o", label=label)
+    for ax in (ax_v, ax_r):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(result.x)
+        ax.grid(True, alpha=0.3)
+    ax_v.set_ylabel(result.metric)
+    ax_r.set_ylabel(f"% of {result.ceiling.name}")
+    ax_r.axhline(100, color="black", lw=0.8)
+    ax_r.legend(fontsize=7)
+    gpu = (result.meta.get("gpu") or {}).get("name", "cpu")
+    v = result.meta["versions"]
+    fig.suptitle(f"tilecore bench {result.suite} | {gpu} | ceiling {result.ceiling.value:,.0f} "
+                 f"{result.ceiling.unit} | torch {v['torch']}, triton {v['triton']} | {result.meta['date'][:10]}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def suites() -> dict[str, Suite]:
+    from tilecore.bench.suites import SUITES
+
+    return SUITES
+
+
+def names(values: Iterable) -> str:
+    return ", ".join(sorted(values))

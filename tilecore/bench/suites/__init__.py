@@ -1,0 +1,4 @@
+"""Every benchmark suite, by the name ``tilecore bench <name>`` takes."""
+from tilecore.bench.suites import copy
+
+SUITES = {s.name: s for s in (copy.SUITE,)}

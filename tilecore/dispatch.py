@@ -1,0 +1,56 @@
+"""Device dispatch: the one place that decides which implementation a tensor gets.
+
+* CUDA tensors run the compiled Triton/Gluon kernels.
+* CPU tensors run the same Triton kernels through Triton's interpreter when ``TRITON_INTERPRET=1``
+  (that is how CI tests the kernels on machines without a GPU), and otherwise a correct reference
+  written with PyTorch operations.
+
+Ops never test ``x.is_cuda`` themselves; they call :func:`select`.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Callable, Literal
+
+import torch
+
+Backend = Literal["kernel", "reference"]
+
+
+def interpreter_enabled() -> bool:
+    """True when Triton kernels run in the interpreter (set before tilecore is imported)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no")
+
+
+def backend_for(device: torch.device) -> Backend:
+    """Which implementation serves tensors on ``device``."""
+    if device.type == "cuda":
+        return "kernel"
+    if device.type == "cpu":
+        return "kernel" if interpreter_enabled() else "reference"
+    raise TypeError(f"tilecore runs on CUDA and CPU tensors; got a tensor on '{device.type}'")
+
+
+def select(device: torch.device, *, kernel: Callable, reference: Callable) -> Callable:
+    """Return ``kernel`` or ``reference`` for ``device`` (see the module docstring)."""
+    return kernel if backend_for(device) == "kernel" else reference
+
+
+def capability(device: torch.device) -> tuple[int, int] | None:
+    """Compute capability of a CUDA device, None for the CPU (and the interpreter)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def is_hopper(device: torch.device) -> bool:
+    """True on sm_90 devices, where the Gluon (TMA, wgmma) kernels run."""
+    return capability(device) == (9, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def notice_once(message: str) -> None:
+    """Print a notice to stderr the first time it is given (e.g. a slower fallback path)."""
+    print(f"tilecore: {message}", file=sys.stderr)

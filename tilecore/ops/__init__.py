@@ -1,0 +1,10 @@
+"""Operations: one folder each (public function, custom-op registration, kernels, reference)."""
+from __future__ import annotations
+
+import torch
+
+
+def tour_cases(device: torch.device) -> list:
+    """The tour's cases from every op, in the order the ops landed."""
+    cases = []
+    return cases

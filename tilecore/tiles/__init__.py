@@ -1,0 +1,1 @@
+"""Tiles: the building blocks kernels are written with (tile operations, pipeline, scheduler)."""
