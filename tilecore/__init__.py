@@ -1,3 +1,7 @@
 """tilecore: tensor-core GPU kernels for AI as PyTorch ops, the tiles they are written with, and the
 napkin, a diagram-based IO performance model."""
+from tilecore import nn
+from tilecore.ops.hadamard import hadamard_transform
+
 __version__ = "0.1.0"
+__all__ = ["hadamard_transform", "nn"]

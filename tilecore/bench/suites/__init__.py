@@ -1,4 +1,4 @@
 """Every benchmark suite, by the name ``tilecore bench <name>`` takes."""
-from tilecore.bench.suites import copy
+from tilecore.bench.suites import copy, hadamard
 
-SUITES = {s.name: s for s in (copy.SUITE,)}
+SUITES = {s.name: s for s in (copy.SUITE, hadamard.SUITE, hadamard.LATENCY)}

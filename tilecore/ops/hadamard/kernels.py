@@ -1,0 +1,135 @@
+"""The Hadamard transform on tensor cores, in Triton.
+
+A row of n = S * N1 * N2 elements is read as S slices, each an N1 x N2 matrix X (N2 contiguous).
+Since H_n = H_S (x) H_N1 (x) H_N2 (Kronecker products of Sylvester matrices),
+
+    slice transform  T(X) = H_N1 @ X @ H_N2       (two tensor-core products)
+    row transform    out_s = sum_t H_S[s, t] T(X_t) (a radix-S butterfly in float32 registers)
+
+Where the error comes from, and how it stays at the rounding floor:
+* H_N1 @ X multiplies exact 16-bit inputs by +-1 and accumulates in float32: no rounding but the
+  accumulator's own.
+* Its float32 result does not fit one 16-bit operand. Rounding it to 16 bits between stages is what
+  costs other kernels 1.4-2x the rounding floor; here it is cut into bf16 pieces (dot_split_lhs) whose
+  sum carries 16 significant bits (24 for float32 inputs), so the final rounding to the output dtype
+  is the only one that matters.
+* The radix-S butterfly adds float32 values: no 16-bit rounding either.
+
+Data never changes layout between stages: the first product's accumulator becomes the second's
+left operand in registers, and the butterfly combines accumulators of the same layout. Rows never
+share a product (a batched product per row), so a NaN stays in its row.
+"""
+import triton
+import triton.language as tl
+
+from tilecore.tiles.hadamard import dot_split_lhs, dot_split_rhs, sylvester_tile
+
+
+@triton.jit
+def _slice_transform(x_ptr, rows, stride_x, r, s,
+                     N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
+                     IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
+                     MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr):
+    """H_N1 @ X_s @ H_N2 for slice s of the B rows ``r``, as a [B * N1, N2] float32 tile."""
+    i = tl.arange(0, N1)
+    j = tl.arange(0, N2)
+    offs = r[:, None, None] * stride_x + (s * N1 * N2 + i[None, :, None] * N2 + j[None, None, :])
+    mask = (r[:, None, None] < rows) & (j[None, None, :] < N)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if N1 == 1:
+        # One stage: the input itself is the left operand (exact for 16-bit inputs: IN_PIECES == 1).
+        x2 = tl.reshape(x, (B, N2))
+        if IN_PIECES == 1:
+            return tl.dot(x2.to(MMA_DTYPE), sylvester_tile(N2, N2, N, MMA_DTYPE), out_dtype=tl.float32)
+        return dot_split_lhs(x2.to(tl.float32), sylvester_tile(N2, N2, N, PIECE_DTYPE), IN_PIECES, PIECE_DTYPE)
+    h2 = sylvester_tile(N2, N2, N, PIECE_DTYPE)
+    if IN_PIECES == 1:
+        h1 = sylvester_tile(N1, N1, N1, MMA_DTYPE)
+    else:
+        h1 = sylvester_tile(N1, N1, N1, PIECE_DTYPE)
+    if B == 1:
+        x1 = tl.reshape(x, (N1, N2))
+        if IN_PIECES == 1:
+            y = tl.dot(h1, x1.to(MMA_DTYPE), out_dtype=tl.float32)
+        else:
+            y = dot_split_rhs(h1, x1.to(tl.float32), IN_PIECES, PIECE_DTYPE)
+    else:
+        # One product per row (batched), so that rows never mix.
+        h1b = tl.broadcast_to(h1[None, :, :], (B, N1, N1))
+        if IN_PIECES == 1:
+            y = tl.dot(h1b, x.to(MMA_DTYPE), out_dtype=tl.float32)
+        else:
+            y = dot_split_rhs(h1b, x.to(tl.float32), IN_PIECES, PIECE_DTYPE)
+        y = tl.reshape(y, (B * N1, N2))
+    return dot_split_lhs(y, h2, MID_PIECES, PIECE_DTYPE)
+
+
+@triton.jit
+def _store_slice(out_ptr, rows, stride_out, r, s, z, scale,
+                 N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr):
+    i = tl.arange(0, N1)
+    j = tl.arange(0, N2)
+    offs = r[:, None, None] * stride_out + (s * N1 * N2 + i[None, :, None] * N2 + j[None, None, :])
+    mask = (r[:, None, None] < rows) & (j[None, None, :] < N)
+    z = tl.reshape(z * scale, (B, N1, N2))
+    tl.store(out_ptr + offs, z.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def hadamard_kernel(x_ptr, out_ptr, rows, stride_x, stride_out, scale,
+                    N: tl.constexpr, S: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
+                    IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
+                    MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr):
+    """scale * H_N applied to each of ``rows`` rows; a persistent grid of GRID programs, B rows a tile."""
+    tiles = tl.cdiv(rows, B)
+    for tile in range(tl.program_id(0), tiles, GRID):
+        r = tl.arange(0, B).to(tl.int64) + tile * B  # 64-bit: rows * stride may pass 2^31
+        t0 = _slice_transform(x_ptr, rows, stride_x, r, 0, N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+        if S == 1:
+            _store_slice(out_ptr, rows, stride_out, r, 0, t0, scale, N, N1, N2, B)
+        else:  # S == 2: the radix-2 butterfly across the two slices, in float32
+            t1 = _slice_transform(x_ptr, rows, stride_x, r, 1, N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+            _store_slice(out_ptr, rows, stride_out, r, 0, t0 + t1, scale, N, N1, N2, B)
+            _store_slice(out_ptr, rows, stride_out, r, 1, t0 - t1, scale, N, N1, N2, B)
+
+
+# n -> (S, N1, N2): slices, and the two factors of each slice. N2 >= 16 (a tensor-core tile; smaller
+# n are zero-padded to 16), N1 is 1 (one product) or >= 16. The factors are chosen to keep the
+# tensor-core work per element (2 N1 for the exact stage, 4 N2 for the two-piece stage) low.
+PLANS = {
+    1: (1, 1, 16), 2: (1, 1, 16), 4: (1, 1, 16), 8: (1, 1, 16), 16: (1, 1, 16),
+    32: (1, 1, 32), 64: (1, 1, 64), 128: (1, 1, 128),
+    256: (1, 16, 16), 512: (1, 32, 16), 1024: (1, 32, 32), 2048: (1, 64, 32), 4096: (1, 64, 64),
+    8192: (1, 128, 64), 16384: (1, 128, 128), 32768: (2, 128, 128),
+}
+MAX_N = max(PLANS)
+
+
+def config(n: int, *, tile_elems: int = 8192, num_warps: int = 4, waves: int = 4) -> dict:
+    """Launch parameters for size n (rows per tile B, warps, waves of the persistent grid)."""
+    S, N1, N2 = PLANS[n]
+    B = max(1, tile_elems // (N1 * N2))
+    if N1 == 1:
+        B = max(B, 16)  # a tensor-core tile needs 16 rows
+    return {"S": S, "N1": N1, "N2": N2, "B": B, "num_warps": num_warps, "waves": waves}
+
+
+def launch(x, out, scale: float, *, interpret: bool, num_sms: int, **tuning) -> None:
+    """out[r] = scale * H_n x[r] for 2-D ``x`` and ``out`` (rows, n) with unit stride along n."""
+    import torch
+
+    rows, n = x.shape
+    cfg = config(n, **tuning)
+    # bf16 products are wrong in Triton 3.6's interpreter: there, bf16 runs its math in fp32/fp16.
+    piece = tl.float16 if interpret else tl.bfloat16
+    mma = {torch.float16: tl.float16, torch.bfloat16: tl.float32 if interpret else tl.bfloat16,
+           torch.float32: piece}[x.dtype]
+    in_pieces = 3 if x.dtype == torch.float32 else 1
+    mid_pieces = 3 if x.dtype == torch.float32 else 2
+    tiles = triton.cdiv(rows, cfg["B"])
+    grid = max(1, min(tiles, num_sms * cfg["waves"]))
+    hadamard_kernel[(grid,)](
+        x, out, rows, x.stride(0), out.stride(0), scale,
+        N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"],
+        IN_PIECES=in_pieces, MID_PIECES=mid_pieces, MMA_DTYPE=mma, PIECE_DTYPE=piece, GRID=grid,
+        num_warps=cfg["num_warps"])

@@ -1,0 +1,106 @@
+"""``tilecore.hadamard_transform``: the public function, its checks, and its custom-op registration."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tilecore import dispatch
+from tilecore.ops.hadamard import kernels
+from tilecore.ops.hadamard.reference import hadamard_reference
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check(x: torch.Tensor, scale: float) -> None:
+    """Raise TypeError/ValueError naming what is accepted."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"hadamard_transform expects a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in DTYPES:
+        raise TypeError(f"hadamard_transform accepts float16, bfloat16 and float32 tensors, got {x.dtype}")
+    if x.dim() == 0:
+        raise ValueError("hadamard_transform transforms the last dimension; got a 0-d tensor")
+    n = x.shape[-1]
+    if n not in kernels.PLANS:
+        raise ValueError(f"hadamard_transform needs the last dimension to be a power of two from 1 to "
+                         f"{kernels.MAX_N}, got {n}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite real number, got {scale!r}")
+
+
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def _kernel_into(x2: torch.Tensor, out2: torch.Tensor, scale: float) -> None:
+    kernels.launch(x2, out2, scale, interpret=x2.device.type != "cuda", num_sms=_num_sms(x2.device))
+
+
+def _reference_into(x2: torch.Tensor, out2: torch.Tensor, scale: float) -> None:
+    out2.copy_(hadamard_reference(x2, scale))
+
+
+def _transform_into(x: torch.Tensor, out: torch.Tensor, scale: float) -> None:
+    """out = scale * H x over the last dimension; ``out`` is contiguous, ``x`` any layout."""
+    n = x.shape[-1]
+    if x.numel() == 0:
+        return
+    x2 = x.reshape(-1, n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    impl = dispatch.select(x.device, kernel=_kernel_into, reference=_reference_into)
+    impl(x2, out.view(-1, n), float(scale))
+
+
+@torch.library.custom_op("tilecore::hadamard_transform", mutates_args=())
+def _hadamard_op(x: torch.Tensor, scale: float) -> torch.Tensor:
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _transform_into(x, out, scale)
+    return out
+
+
+@_hadamard_op.register_fake
+def _(x, scale):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.scale = inputs[1]
+
+
+def _backward(ctx, grad):
+    # H is symmetric, so the gradient of scale * H x is scale * H grad.
+    return _hadamard_op(grad, ctx.scale), None
+
+
+_hadamard_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("tilecore::hadamard_transform_", mutates_args=("x",))
+def _hadamard_inplace_op(x: torch.Tensor, scale: float) -> None:
+    if x.is_contiguous():
+        _transform_into(x, x, scale)  # safe: each tile is read whole before it is written
+    else:
+        x.copy_(_hadamard_op(x, scale))
+
+
+@_hadamard_inplace_op.register_fake
+def _(x, scale):
+    return None
+
+
+def hadamard_transform(x: torch.Tensor, scale: float = 1.0, *, inplace: bool = False) -> torch.Tensor:
+    """scale * H_n x along the last dimension, H_n the n x n Sylvester Hadamard matrix (entries +-1).
+
+    A drop-in for ``fast_hadamard_transform.hadamard_transform(x, scale)``: any leading dimensions;
+    float16, bfloat16 or float32; n a power of two from 1 to 32768; the output has x's dtype and
+    shape. ``scale=n ** -0.5`` makes it orthonormal. Differentiable (the gradient is the same
+    transform times scale). With ``inplace=True`` the result overwrites x and x is returned.
+    """
+    check(x, scale)
+    if inplace:
+        if x.requires_grad and torch.is_grad_enabled():
+            raise RuntimeError("hadamard_transform(inplace=True) cannot record a gradient; use inplace=False")
+        _hadamard_inplace_op(x, float(scale))
+        return x
+    return _hadamard_op(x, float(scale))
