@@ -1,0 +1,152 @@
+"""tilecore.gemm and gemm_fp8 on the CPU: the tl kernel through the interpreter (the same template
+and tile code the Hopper kernel is written with), checked against float64."""
+import pytest
+import torch
+
+import tilecore
+from tilecore import accuracy
+from tilecore.ops.gemm import launch, reference
+
+
+def rel(out, ref):
+    return accuracy.rel_rms(out, ref)
+
+
+SHAPES = [(1, 1, 1), (70, 45, 100), (33, 65, 17), (64, 96, 128), (5, 130, 40)]
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gemm_matches_float64(M, N, K, dtype):
+    a = torch.randn(M, K, dtype=dtype)
+    b = torch.randn(K, N, dtype=dtype)
+    out = tilecore.gemm(a, b)
+    assert out.shape == (M, N) and out.dtype == dtype
+    ref = reference.gemm_f64(a, b)
+    assert torch.isfinite(out).all()
+    assert accuracy.error_over_floor(out, ref) < 1.6
+
+
+def test_bias_out_dtype_and_layouts():
+    a = torch.randn(40, 72, dtype=torch.float16)
+    bt = torch.randn(50, 72, dtype=torch.float16)  # B^T row-major: b is a column-major view
+    bias = torch.randn(50)
+    out = tilecore.gemm(a, bt.t(), bias=bias, out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    assert rel(out, reference.gemm_f64(a, bt.t(), bias)) < 1e-6
+    a_view = torch.randn(72, 40, dtype=torch.float16).t()  # non-contiguous A
+    out = tilecore.gemm(a_view, bt.t(), bias=bias.half())
+    assert accuracy.error_over_floor(out, reference.gemm_f64(a_view, bt.t(), bias.half())) < 1.6
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_every_element_written(dtype):
+    # the launcher writes into a poisoned buffer; every element must be overwritten, none outside
+    M, N, K = 45, 77, 50
+    a = torch.randn(M, K, dtype=torch.float16)
+    b = torch.randn(K, N, dtype=torch.float16)
+    big = torch.full((M + 3, N + 5), float("nan"), dtype=dtype)
+    c = big[1:M + 1, 2:N + 2]
+    launch.launch_tl(a, b, c, **launch.TL_CPU)
+    assert torch.isfinite(c).all()
+    assert torch.isnan(big[0]).all() and torch.isnan(big[M + 1:]).all()
+    assert torch.isnan(big[:, :2]).all() and torch.isnan(big[:, N + 2:]).all()
+    assert rel(c, reference.gemm_f64(a, b)) < 2e-3
+
+
+def test_tile_orders_agree():
+    a = torch.randn(100, 64, dtype=torch.float16)
+    b = torch.randn(64, 120, dtype=torch.float16)
+    outs = []
+    for group in (1, 2, 8):
+        c = torch.full((100, 120), float("nan"))
+        launch.launch_tl(a, b, c, **dict(launch.TL_CPU, group_m=group))
+        outs.append(c)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_empty_and_zero_k():
+    a = torch.randn(4, 0, dtype=torch.float16)
+    b = torch.randn(0, 3, dtype=torch.float16)
+    bias = torch.randn(3, dtype=torch.float16)
+    torch.testing.assert_close(tilecore.gemm(a, b, bias=bias), bias.expand(4, 3))
+    assert tilecore.gemm(torch.randn(0, 5, dtype=torch.float16), torch.randn(5, 3, dtype=torch.float16)).shape == (0, 3)
+
+
+def test_autograd_matches_float64():
+    a = torch.randn(30, 40, dtype=torch.float16, requires_grad=True)
+    b = torch.randn(40, 20, dtype=torch.float16, requires_grad=True)
+    bias = torch.randn(20, requires_grad=True)
+    w = torch.randn(30, 20, dtype=torch.float64)
+    (tilecore.gemm(a, b, bias=bias, out_dtype=torch.float32).double() * w).sum().backward()
+    a64, b64, bias64 = (t.detach().double().requires_grad_() for t in (a, b, bias))
+    ((a64 @ b64 + bias64) * w).sum().backward()
+    assert rel(a.grad, a64.grad) < 2e-3 and rel(b.grad, b64.grad) < 2e-3
+    assert rel(bias.grad, bias64.grad) < 1e-6
+
+
+def test_custom_op_opcheck_and_compile():
+    a = torch.randn(24, 40, dtype=torch.float16)
+    b = torch.randn(40, 16, dtype=torch.float16)
+    torch.library.opcheck(torch.ops.tilecore.gemm.default, (a, b, None, torch.float16),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    f = torch.compile(lambda x, y: tilecore.gemm(x, y) * 2, fullgraph=True, backend="eager")
+    torch.testing.assert_close(f(a, b), tilecore.gemm(a, b) * 2)
+
+
+def test_cpu_reference_without_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    a = torch.randn(20, 30, dtype=torch.bfloat16)
+    b = torch.randn(30, 10, dtype=torch.bfloat16)
+    assert accuracy.error_over_floor(tilecore.gemm(a, b), reference.gemm_f64(a, b)) < 1.6
+
+
+@pytest.mark.parametrize("rows", [False, True])
+def test_gemm_fp8(rows):
+    M, N, K = 40, 48, 64
+    a = (torch.randn(M, K) * 4).to(torch.float8_e4m3fn)
+    b = (torch.randn(N, K) * 4).to(torch.float8_e4m3fn).t()
+    sa = torch.rand(M, 1) + 0.5 if rows else torch.tensor(0.75)
+    sb = torch.rand(1, N) + 0.5 if rows else torch.tensor(1.25)
+    out = tilecore.gemm_fp8(a, b, sa, sb)
+    assert out.dtype == torch.bfloat16
+    assert accuracy.error_over_floor(out, reference.gemm_fp8_f64(a, b, sa, sb)) < 1.6
+    out32 = tilecore.gemm_fp8(a, b, sa, sb, out_dtype=torch.float32)
+    assert rel(out32, reference.gemm_fp8_f64(a, b, sa, sb)) < 1e-6
+
+
+@pytest.mark.parametrize("args,kwargs,exc,match", [
+    ((torch.randn(3, 4, dtype=torch.float16), torch.randn(4, 5, dtype=torch.bfloat16)), {}, TypeError, "one dtype"),
+    ((torch.randn(3, 4), torch.randn(4, 5)), {}, TypeError, "bfloat16, float16"),
+    ((torch.randn(3, 4, dtype=torch.float16), torch.randn(5, 5, dtype=torch.float16)), {}, ValueError, "K = 4"),
+    ((torch.randn(2, 3, 4, dtype=torch.float16), torch.randn(4, 5, dtype=torch.float16)), {}, ValueError, "2-D"),
+    ((torch.randn(4, dtype=torch.float16), torch.randn(4, 5, dtype=torch.float16)), {}, ValueError, "2-D"),
+    ((torch.randn(3, 4, dtype=torch.float16), torch.randn(4, 5, dtype=torch.float16)),
+     {"bias": torch.randn(4)}, ValueError, "N = 5"),
+    ((torch.randn(3, 4, dtype=torch.float16), torch.randn(4, 5, dtype=torch.float16)),
+     {"bias": torch.randn(5, dtype=torch.float64)}, TypeError, "bias"),
+    ((torch.randn(3, 4, dtype=torch.float16), torch.randn(4, 5, dtype=torch.float16)),
+     {"out_dtype": torch.int8}, TypeError, "out_dtype"),
+])
+def test_gemm_errors(args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        tilecore.gemm(*args, **kwargs)
+
+
+def test_gemm_fp8_errors():
+    a = torch.randn(8, 16).to(torch.float8_e4m3fn)
+    b = torch.randn(16, 4).to(torch.float8_e4m3fn)
+    one = torch.tensor(1.0)
+    with pytest.raises(TypeError, match="one dtype"):
+        tilecore.gemm_fp8(a, b.half(), one, one)
+    with pytest.raises(ValueError, match="K = 8"):
+        tilecore.gemm_fp8(a, torch.randn(8, 4).to(torch.float8_e4m3fn), one, one)
+    with pytest.raises(ValueError, match="scale_a"):
+        tilecore.gemm_fp8(a, b, torch.ones(3), torch.ones(4))
+    with pytest.raises(TypeError, match="float32"):
+        tilecore.gemm_fp8(a, b, one.half(), one)
+
+
+def test_gluon_plan_is_for_hopper_only():
+    a = torch.randn(64, 64, dtype=torch.bfloat16)
+    assert launch.gluon_plan(a, a, torch.bfloat16) is None

@@ -1,0 +1,155 @@
+"""Launching the GEMM kernels: the Gluon (TMA + wgmma) kernel on Hopper, the ``tl`` kernel elsewhere
+(older GPUs, operands TMA cannot describe, and the CPU through the interpreter)."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from tilecore import dispatch
+from tilecore.tiles.schedule import num_tiles, persistent_programs
+
+# Hopper configuration (block M, N, K), ring depth, group size, consumer warps
+GLUON_BF16 = dict(block=(128, 256, 64), stages=3, group_m=8, num_warps=8)
+GLUON_FP8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8)
+TL_GPU = dict(block=(128, 128, 64), stages=3, group_m=8, num_warps=8)
+TL_CPU = dict(block=(32, 32, 32), stages=2, group_m=2, num_warps=4)
+
+_GL_DTYPES = {}
+
+
+def _gl_dtype(dtype: torch.dtype):
+    if not _GL_DTYPES:
+        from triton.experimental.gluon import language as gl
+
+        _GL_DTYPES.update({torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
+                           torch.float8_e4m3fn: gl.float8e4nv})
+    return _GL_DTYPES[dtype]
+
+
+def _row_major_tma(t: torch.Tensor) -> bool:
+    """True when TMA can describe ``t`` as a row-major 2-D tensor."""
+    size = t.element_size()
+    return (t.stride(1) == 1 and (t.stride(0) * size) % 16 == 0 and t.data_ptr() % 16 == 0
+            and t.shape[1] * size >= 16)
+
+
+def _desc(t: torch.Tensor, block: list[int]):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout.get_default_for(block, _gl_dtype(t.dtype))
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def gluon_plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, fp8: bool = False):
+    """How the Gluon kernel takes these operands: (a, b or b^T, B_T), or None where it can't.
+
+    B_T means B goes in as its transpose [N, K] (K-major), which fp8 wgmma requires. Operands in
+    another layout are copied once into one TMA can read; sizes whose rows are not a multiple of
+    16 bytes leave it to the tl kernel.
+    """
+    if not (a.is_cuda and dispatch.is_hopper(a.device)):
+        return None
+    M, K = a.shape
+    N = b.shape[1]
+    if (N * torch.empty((), dtype=out_dtype).element_size()) % 16 or (K * a.element_size()) % 16:
+        return None
+    if not _row_major_tma(a):
+        a = a.contiguous()
+    bt = b.t()
+    if fp8:
+        return a, (bt if _row_major_tma(bt) else bt.contiguous()), True
+    if _row_major_tma(b):
+        return a, b, False
+    if _row_major_tma(bt):
+        return a, bt, True
+    if (N * b.element_size()) % 16 == 0:
+        return a, b.contiguous(), False
+    return None
+
+
+def launch_gluon(a, b, c, bias=None, scale_a=None, scale_b=None, *, plan, block, stages, group_m,
+                 num_warps, scales: int = 0):
+    from tilecore.ops.gemm.gluon_kernels import gemm_kernel
+
+    a, bb, b_t = plan
+    M, K = a.shape
+    N = c.shape[1]
+    BM, BN, BK = block
+    a_desc = _desc(a, [BM, BK])
+    b_desc = _desc(bb, [BN, BK] if b_t else [BK, BN])
+    c_desc = _desc(c, [BM, BN])
+    grid = (persistent_programs(num_tiles(M, N, BM, BN), a.device),)
+    gemm_kernel[grid](a_desc, b_desc, c_desc, M, N, K,
+                      bias if bias is not None else c, scale_a if scale_a is not None else c,
+                      scale_b if scale_b is not None else c,
+                      B_T=b_t, GROUP_M=group_m, HAS_BIAS=bias is not None, SCALES=scales, STAGES=stages,
+                      num_warps=num_warps)
+    return c
+
+
+def launch_tl(a, b, c, bias=None, scale_a=None, scale_b=None, *, block, stages, group_m, num_warps,
+              scales: int = 0):
+    from tilecore.ops.gemm.kernels import gemm_kernel
+
+    M, K = a.shape
+    N = c.shape[1]
+    BM, BN, BK = block
+    grid = (persistent_programs(num_tiles(M, N, BM, BN), a.device),)
+    dummy = c
+    gemm_kernel[grid](a, b, c, bias if bias is not None else dummy, scale_a if scale_a is not None else dummy,
+                      scale_b if scale_b is not None else dummy, M, N, K, a.stride(0), a.stride(1),
+                      b.stride(0), b.stride(1), c.stride(0), c.stride(1), BM=BM, BN=BN, BK=BK,
+                      GROUP_M=group_m, HAS_BIAS=bias is not None, SCALES=scales, STAGES=stages,
+                      num_warps=num_warps)
+    return c
+
+
+def _scales_code(scale_a, scale_b) -> int:
+    if scale_a is None:
+        return 0
+    return 1 + int(scale_a.numel() > 1) + 2 * int(scale_b.numel() > 1)
+
+
+def run(a, b, bias, out_dtype, scale_a=None, scale_b=None):
+    """C = A B (+ bias) [* scales], on whatever kernel serves a's device."""
+    M, K = a.shape
+    N = b.shape[1]
+    fp8 = scale_a is not None
+    scales = _scales_code(scale_a, scale_b)
+    if scale_a is not None:
+        scale_a, scale_b = scale_a.float().reshape(-1).contiguous(), scale_b.float().reshape(-1).contiguous()
+    if bias is not None:
+        bias = bias.contiguous()
+    if M == 0 or N == 0 or K == 0:  # nothing to multiply: zeros (+ bias), scaled like the kernel would
+        c = torch.zeros(M, N, dtype=torch.float32, device=a.device)
+        if bias is not None:
+            c = c + bias.float()
+        return c.to(out_dtype)
+
+    if a.is_cuda:
+        plan = gluon_plan(a, b, out_dtype, fp8=fp8)
+        c = torch.empty(M, N, dtype=out_dtype, device=a.device)
+        if plan is not None:
+            cfg = GLUON_FP8 if fp8 else GLUON_BF16
+            return launch_gluon(a, b, c, bias, scale_a, scale_b, plan=plan, scales=scales, **cfg)
+        if dispatch.is_hopper(a.device):
+            dispatch.notice_once("gemm: operands that TMA cannot describe (strides or sizes not multiples "
+                                 "of 16 bytes) run the tl kernel, which is slower")
+        else:
+            dispatch.notice_once("gemm: this GPU is older than Hopper (no TMA or wgmma): running the "
+                                 "portable tl GEMM kernel, which is slower")
+        return launch_tl(a, b, c, bias, scale_a, scale_b, scales=scales, **TL_GPU)
+
+    # the interpreter: its bf16 dot and fp8 types are not faithful, so compute from exact upcasts
+    # (bf16 -> fp32 and e4m3 -> fp16 are exact) and round once at the end
+    if a.dtype == torch.bfloat16:
+        a, b = a.float(), b.float()
+    elif fp8:
+        a, b = a.to(torch.float16), b.to(torch.float16)
+    if a.dtype == torch.float16 and out_dtype == torch.float16:
+        c = torch.empty(M, N, dtype=torch.float16)
+        return launch_tl(a, b, c, bias, scale_a, scale_b, scales=scales, **TL_CPU)
+    c = torch.empty(M, N, dtype=torch.float32)
+    launch_tl(a, b, c, bias.float() if bias is not None else None, scale_a, scale_b, scales=scales, **TL_CPU)
+    return c.to(out_dtype)

@@ -1,0 +1,145 @@
+"""``tilecore.gemm`` and ``tilecore.gemm_fp8``: public functions, checks, custom ops, autograd."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from tilecore import dispatch
+from tilecore.ops.gemm import launch, reference
+
+_IN = (torch.bfloat16, torch.float16)
+_OUT = (torch.bfloat16, torch.float16, torch.float32)
+_FP8 = (torch.float8_e4m3fn,)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _check_pair(op: str, a, b, dtypes) -> None:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        raise TypeError(f"{op}: a and b must be tensors")
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"{op}: a and b must be 2-D matrices; got a of shape {tuple(a.shape)} and b of "
+                         f"shape {tuple(b.shape)}")
+    if a.dtype not in dtypes or b.dtype != a.dtype:
+        raise TypeError(f"{op}: a and b must share one dtype among {', '.join(map(_name, dtypes))}; "
+                        f"got a {_name(a.dtype)} and b {_name(b.dtype)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"{op}: inner dimensions differ: a is {a.shape[0]}x{a.shape[1]} (K = {a.shape[1]}) "
+                         f"and b is {b.shape[0]}x{b.shape[1]} (K = {b.shape[0]})")
+    if a.device != b.device:
+        raise ValueError(f"{op}: a is on {a.device} and b on {b.device}")
+    dispatch.backend_for(a.device)  # raises for devices tilecore does not run on
+
+
+def _check_out(op: str, out_dtype) -> None:
+    if out_dtype not in _OUT:
+        raise TypeError(f"{op}: out_dtype must be one of {', '.join(map(_name, _OUT))}; got {out_dtype}")
+
+
+# --------------------------------------------------------------------------------------------
+# gemm
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
+         out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """C = A B (+ bias), A: [M, K], B: [K, N], bf16 or fp16, accumulated in fp32.
+
+    ``bias`` is a vector of N (the operands' dtype or fp32); ``out_dtype`` defaults to the
+    operands' dtype (bf16, fp16 or fp32). Any M, N, K. Differentiable in a, b and bias.
+    """
+    _check_pair("gemm", a, b, _IN)
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    _check_out("gemm", out_dtype)
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != b.shape[1]:
+            raise ValueError(f"gemm: bias must be a vector of N = {b.shape[1]} elements; got "
+                             f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
+        if bias.dtype not in (a.dtype, torch.float32):
+            raise TypeError(f"gemm: bias must be {_name(a.dtype)} or float32; got {_name(bias.dtype)}")
+        if bias.device != a.device:
+            raise ValueError(f"gemm: bias is on {bias.device} and a on {a.device}")
+    return torch.ops.tilecore.gemm(a, b, bias, out_dtype)
+
+
+def _kernel(a, b, bias, out_dtype):
+    return launch.run(a, b, bias, out_dtype)
+
+
+@torch.library.custom_op("tilecore::gemm", mutates_args=())
+def _gemm_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+    impl = dispatch.select(a.device, kernel=_kernel, reference=reference.gemm)
+    return impl(a, b, bias, out_dtype)
+
+
+@_gemm_op.register_fake
+def _(a, b, bias, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+def _setup_context(ctx, inputs, output):
+    a, b, bias, _ = inputs
+    ctx.save_for_backward(a, b)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _backward(ctx, grad):
+    a, b = ctx.saved_tensors
+    g = grad.to(a.dtype)
+    grad_a = grad_b = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        grad_a = torch.ops.tilecore.gemm(g, b.t(), None, a.dtype)  # dA = dC B^T
+    if ctx.needs_input_grad[1]:
+        grad_b = torch.ops.tilecore.gemm(a.t(), g, None, b.dtype)  # dB = A^T dC
+    if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
+        grad_bias = grad.float().sum(0).to(ctx.bias_dtype)
+    return grad_a, grad_b, grad_bias, None
+
+
+_gemm_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------------------------
+# gemm_fp8
+
+
+def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+             out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """C = (A B) * scale_a * scale_b for e4m3 A [M, K] and B [K, N], accumulated in fp32.
+
+    Scales are fp32: per tensor (one element each) or per row of A (M elements, or [M, 1]) and
+    per column of B (N elements, or [1, N]), as in ``torch._scaled_mm``. B is best column-major
+    (``b = bt.t()`` for a row-major ``bt`` of [N, K]); another layout is copied once on Hopper.
+    """
+    _check_pair("gemm_fp8", a, b, _FP8)
+    _check_out("gemm_fp8", out_dtype)
+    M, N = a.shape[0], b.shape[1]
+    for name, s, n in (("scale_a", scale_a, M), ("scale_b", scale_b, N)):
+        if not isinstance(s, torch.Tensor) or s.dtype != torch.float32:
+            raise TypeError(f"gemm_fp8: {name} must be a float32 tensor")
+        if s.numel() not in (1, n) or (s.numel() == n and n != 1 and s.dim() == 2 and max(s.shape) != n):
+            raise ValueError(f"gemm_fp8: {name} must hold 1 (per tensor) or {n} (per "
+                             f"{'row of a' if name == 'scale_a' else 'column of b'}) elements; got shape {tuple(s.shape)}")
+        if s.device != a.device:
+            raise ValueError(f"gemm_fp8: {name} is on {s.device} and a on {a.device}")
+    if (scale_a.numel() == 1) != (scale_b.numel() == 1) and M != 1 and N != 1:
+        raise ValueError("gemm_fp8: scales are both per-tensor or both per-row/column (as torch._scaled_mm)")
+    return torch.ops.tilecore.gemm_fp8(a, b, scale_a, scale_b, out_dtype)
+
+
+def _kernel_fp8(a, b, scale_a, scale_b, out_dtype):
+    return launch.run(a, b, None, out_dtype, scale_a, scale_b)
+
+
+@torch.library.custom_op("tilecore::gemm_fp8", mutates_args=())
+def _gemm_fp8_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                 out_dtype: torch.dtype) -> torch.Tensor:
+    impl = dispatch.select(a.device, kernel=_kernel_fp8, reference=reference.gemm_fp8)
+    return impl(a, b, scale_a, scale_b, out_dtype)
+
+
+@_gemm_fp8_op.register_fake
+def _(a, b, scale_a, scale_b, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)

@@ -1,0 +1,83 @@
+"""Compile kernels for Hopper without a GPU, and read their resources.
+
+``compile_kernel`` builds the signature from example arguments (tensors, TMA descriptors, ints),
+compiles for sm_90a and returns triton's CompiledKernel (``.asm["ptx"]``, ``.asm["cubin"]``).
+``resources`` runs ptxas on the PTX for registers, spills, stack and shared memory.
+
+Run with TRITON_INTERPRET unset: under the interpreter ``triton.jit`` makes interpreted functions,
+which cannot be compiled (``python -m tilecore.tiles.report`` is a fresh process for that reason).
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+HOPPER = GPUTarget("cuda", 90, 32)
+
+
+def compile_kernel(kernel, args: dict, *, num_warps: int = 4, target: GPUTarget = HOPPER):
+    """Compile ``kernel`` (a triton.jit or gluon.jit function) for ``args`` given by name."""
+    from triton.runtime.jit import mangle_type
+
+    signature, constexprs = {}, {}
+    for i, param in enumerate(kernel.params):
+        value = args[param.name]
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+            constexprs[(i,)] = value
+        else:
+            signature[param.name] = mangle_type(value)
+    if getattr(kernel, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as Source
+    else:
+        from triton.compiler import ASTSource as Source
+    return triton.compile(Source(kernel, signature, constexprs=constexprs), target=target,
+                          options={"num_warps": num_warps})
+
+
+@dataclass
+class Resources:
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack: int
+    shared: int  # bytes of shared memory the kernel asks for (static + dynamic)
+    threads: int
+
+
+def _ptxas() -> str:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return get_ptxas(90).path
+
+
+def resources(compiled) -> Resources:
+    """Registers, spills and stack from ``ptxas -v`` on the kernel's PTX; shared memory and threads
+    from triton's metadata."""
+    ptx = compiled.asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.ptx"
+        path.write_text(ptx)
+        out = subprocess.run([_ptxas(), "-arch=sm_90a", "-v", str(path), "-o", str(Path(tmp) / "k.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+    num = lambda pattern: int(m.group(1)) if (m := re.search(pattern, out)) else 0
+    return Resources(
+        registers=num(r"Used (\d+) registers"),
+        spill_stores=num(r"(\d+) bytes spill stores"),
+        spill_loads=num(r"(\d+) bytes spill loads"),
+        stack=num(r"(\d+) bytes stack frame"),
+        shared=int(compiled.metadata.shared),
+        threads=32 * int(compiled.metadata.num_warps),
+    )
+
+
+def has_hopper_instructions(ptx: str) -> dict[str, bool]:
+    """Which Hopper instructions the PTX holds: wgmma, TMA (cp.async.bulk.tensor), mbarrier."""
+    return {"wgmma": "wgmma.mma_async" in ptx, "tma": "cp.async.bulk.tensor" in ptx,
+            "mbarrier": "mbarrier" in ptx}

@@ -1,0 +1,118 @@
+"""The pipeline template for Hopper, in Gluon: TMA loads into a ring of shared-memory stages that
+complete on mbarriers, a producer warp and consumer warpgroups (warp specialization), asynchronous
+wgmma, and an epilogue through shared memory and a TMA store. Persistent: each program loops over
+tiles in the order of :mod:`tilecore.tiles.schedule`.
+
+The contract mirrors the ``tl`` twin (:mod:`tilecore.tiles.pipeline`) and ThunderKittens'
+load-compute-finish template. A kernel supplies ``gluon.jit`` functions, a tuple ``g`` of its
+globals (TMA descriptors, pointers, sizes) and a constexpr tuple ``cfg`` of its compile-time
+switches (a tuple built in a kernel turns constexprs into tensors, hence two tuples); every function
+receives both:
+
+* ``setup(g, cfg, tile_id) -> (tile, k_iters)``, called by producer and consumer alike;
+* ``load(g, cfg, x_smem, y_smem, bar, tile, kk)``: issue the TMA copies of step ``kk`` into one stage's
+  two buffers, completing on ``bar`` (the template has already set the barrier's byte count);
+* ``init(g, cfg, tile) -> state``; ``compute(g, cfg, state, x_smem, y_smem, kk) -> state``: issue the step's
+  wgmma; it may return with at most ``IN_FLIGHT`` wgmma groups still running (the template then
+  frees each stage ``IN_FLIGHT`` steps late);
+* ``drain(g, cfg, state) -> state``: wait for the last wgmma of the tile;
+* ``finish(g, cfg, state, tile, out_smem)``: the epilogue. Wait for the previous tile's TMA store
+  (``tma.store_wait``) before writing ``out_smem``, so that store overlaps this tile's main loop.
+
+The template owns the ring, its ``ready``/``empty`` barriers and their phases.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+
+@gluon.constexpr_function
+def wgmma_layout(block_m, block_n, num_warps, in_bits=16):
+    """The accumulator layout of a [block_m, block_n] wgmma tile over ``num_warps`` warps, for
+    operands of ``in_bits`` bits (an instruction's K is 256 / in_bits: 16 for bf16, 32 for fp8).
+
+    Warpgroups (4 warps) stack along M first, each issuing m64 x n<=256 instructions.
+    """
+    warps = [4, 1]
+    while warps[0] * warps[1] != num_warps:
+        if block_m > 16 * warps[0]:
+            warps[0] *= 2
+        else:
+            warps[1] *= 2
+    n = 256
+    while n > block_n // warps[1] or block_n % n:
+        n -= 8
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=warps, instr_shape=[16, n, 256 // in_bits])
+
+
+@gluon.jit
+def _producer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, num_tiles, setup: gl.constexpr, load: gl.constexpr,
+              STAGES: gl.constexpr, STAGE_BYTES: gl.constexpr):
+    i = 0
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        tile, k_iters = setup(g, cfg, tile_id)
+        for kk in range(k_iters):
+            s = i % STAGES
+            # a fresh barrier counts as having completed the phase before phase 0: the first lap
+            # through the ring waits on parity 1 and passes at once
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), STAGE_BYTES)
+            load(g, cfg, x_ring.index(s), y_ring.index(s), ready.index(s), tile, kk)
+            i += 1
+
+
+@gluon.jit
+def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, num_tiles, setup: gl.constexpr,
+              init: gl.constexpr, compute: gl.constexpr, drain: gl.constexpr, finish: gl.constexpr,
+              STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr):
+    i = 0
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        tile, k_iters = setup(g, cfg, tile_id)
+        state = init(g, cfg, tile)
+        for kk in range(k_iters):
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk)
+            if IN_FLIGHT == 0:
+                mbarrier.arrive(empty.index(s))
+            else:
+                # the wgmma of step kk-1 has finished: its stage can be refilled
+                mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=kk > 0)
+            i += 1
+        state = drain(g, cfg, state)
+        if IN_FLIGHT > 0:
+            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k_iters > 0)
+        finish(g, cfg, state, tile, out_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tiles, setup: gl.constexpr,
+                        load: gl.constexpr, init: gl.constexpr, compute: gl.constexpr,
+                        drain: gl.constexpr, finish: gl.constexpr, STAGES: gl.constexpr,
+                        PRODUCER_REGS: gl.constexpr = 40):
+    """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
+
+    ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
+    ``out_desc`` those of the epilogue buffer. Call once from the kernel.
+    """
+    x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    y_ring = gl.allocate_shared_memory(y_desc.dtype, [STAGES] + y_desc.block_type.shape, y_desc.layout)
+    out_smem = gl.allocate_shared_memory(out_desc.dtype, out_desc.block_type.shape, out_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    STAGE_BYTES: gl.constexpr = x_desc.block_type.nbytes + y_desc.block_type.nbytes
+    IN_FLIGHT: gl.constexpr = 1 if STAGES > 1 else 0
+    gl.warp_specialize([
+        (_consumer, (g, cfg, x_ring, y_ring, ready, empty, out_smem, num_tiles, setup, init, compute,
+                     drain, finish, STAGES, IN_FLIGHT)),
+        (_producer, (g, cfg, x_ring, y_ring, ready, empty, num_tiles, setup, load, STAGES, STAGE_BYTES)),
+    ], [1], [PRODUCER_REGS])
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))

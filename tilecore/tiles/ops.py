@@ -1,0 +1,125 @@
+"""Tile operations, as ``triton.jit`` functions that kernels call on register tiles.
+
+ThunderKittens' vocabulary, in Triton: matrix multiply-accumulate (``A B`` and ``A B^T``), row and
+column reductions, ``exp2`` with a folded-in scale, masks (causal, bounds), the online-softmax
+update, casts, and quantization with a scale. Each is a few lines; the point is that kernels read
+as a sequence of named tile steps, and that each step is tested once (tests/tiles).
+
+Inside the Triton interpreter, check bf16 math in fp16 or fp32 (the interpreter's bf16 ``tl.dot``
+is wrong); on a GPU every dtype is real.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+# --------------------------------------------------------------------------------------------
+# matrix multiply-accumulate
+
+
+@triton.jit
+def mma(a, b, acc):
+    """acc + A B  (A: [m, k], B: [k, n], acc: [m, n] fp32)."""
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def mma_abt(a, b, acc):
+    """acc + A B^T  (A: [m, k], B: [n, k]); the transpose is a view, no data moves."""
+    return tl.dot(a, tl.trans(b), acc)
+
+
+# --------------------------------------------------------------------------------------------
+# reductions: row_* reduce along the columns (one value per row), col_* along the rows
+
+
+@triton.jit
+def row_max(x):
+    return tl.max(x, axis=1)
+
+
+@triton.jit
+def row_sum(x):
+    return tl.sum(x, axis=1)
+
+
+@triton.jit
+def col_max(x):
+    return tl.max(x, axis=0)
+
+
+@triton.jit
+def col_sum(x):
+    return tl.sum(x, axis=0)
+
+
+# --------------------------------------------------------------------------------------------
+# elementwise
+
+
+@triton.jit
+def exp2_scaled(x, scale_log2e):
+    """2^(x * scale_log2e): exp(x * s) with s * log2(e) folded into one multiply (one MUFU.EX2)."""
+    return tl.exp2(x * scale_log2e)
+
+
+@triton.jit
+def bounds_mask(offs_m, offs_n, M, N):
+    """[m, n] mask of the elements inside an M x N matrix."""
+    return (offs_m[:, None] < M) & (offs_n[None, :] < N)
+
+
+@triton.jit
+def causal_mask(x, offs_m, offs_n, fill):
+    """x where column <= row (a query sees keys up to itself), else ``fill`` (e.g. -inf)."""
+    return tl.where(offs_n[None, :] <= offs_m[:, None], x, fill)
+
+
+@triton.jit
+def masked(x, mask, fill):
+    return tl.where(mask, x, fill)
+
+
+# --------------------------------------------------------------------------------------------
+# online softmax (the flash-attention update), in base 2
+
+
+@triton.jit
+def online_softmax_update(m_i, l_i, acc, s, scale_log2e):
+    """Fold a new block of scores ``s`` [m, n] into the running (max, sum, accumulator).
+
+    ``m_i`` is the running row max of the scaled scores (in log2 units), ``l_i`` the running row
+    sum of 2^(scaled - m_i), ``acc`` [m, d] the running output. Returns (m_new, l_new, acc
+    rescaled to m_new, p) where p = 2^(s * scale_log2e - m_new) is the block's probabilities,
+    ready for ``acc = mma(p, v, acc)``; the final output is acc / l.
+    """
+    m_new = tl.maximum(m_i, row_max(s) * scale_log2e)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s * scale_log2e - m_new[:, None])
+    l_new = l_i * alpha + row_sum(p)
+    return m_new, l_new, acc * alpha[:, None], p
+
+
+# --------------------------------------------------------------------------------------------
+# casts and quantization
+
+
+@triton.jit
+def cast(x, dtype: tl.constexpr):
+    """Round to ``dtype`` (round-to-nearest-even for floating point)."""
+    return x.to(dtype)
+
+
+@triton.jit
+def quantize(x, inv_scale, QMAX: tl.constexpr, dtype: tl.constexpr):
+    """x * inv_scale, clamped to [-QMAX, QMAX] (448 for e4m3), rounded to ``dtype``."""
+    y = x.to(tl.float32) * inv_scale
+    y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
+    return y.to(dtype)
+
+
+@triton.jit
+def dequantize(q, scale):
+    """q * scale in fp32."""
+    return q.to(tl.float32) * scale
