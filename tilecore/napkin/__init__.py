@@ -1,1 +1,23 @@
-"""The napkin: model diagrams, GPU memory levels and an IO performance model. Pure Python."""
+"""The napkin: model diagrams, GPU memory levels and an IO performance model. Pure Python.
+
+    from tilecore.napkin import models, derive
+    r = derive(models.attention(seq=4096, d=128), "h100")
+    print(r.summary())
+
+Modules: diagram (arrays, ops, weave, compose), models (built-in diagrams), hardware (levels, compute
+units, GPU presets, calibration), derive (relabel a diagram with levels, cost it, search), closed_forms
+(the paper's formulas), render (pseudocode, cost table, pictures), validate (predicted vs measured).
+"""
+from . import closed_forms, models
+from .derive import NONE, Derivation, Part, derive, group, relabel, stream
+from .diagram import Array, Diagram, Op, compose
+from .errors import (CapacityError, ShapeMismatchError, UnknownAxisError, UnknownGPUError,
+                     UnknownModelError, UnsupportedDtypeError)
+from .hardware import A100, GPUS, H100, H200, GPU, ComputeUnit, Level, abstract_level, get_gpu
+
+__all__ = [
+    "A100", "GPU", "GPUS", "H100", "H200", "NONE", "Array", "CapacityError", "ComputeUnit", "Derivation",
+    "Diagram", "Level", "Op", "Part", "ShapeMismatchError", "UnknownAxisError", "UnknownGPUError",
+    "UnknownModelError", "UnsupportedDtypeError", "abstract_level", "closed_forms", "compose", "derive",
+    "get_gpu", "group", "models", "relabel", "stream",
+]

@@ -1,0 +1,482 @@
+"""Derivation: relabel a diagram with memory levels, cost the result, search for the fastest.
+
+A relabelling gives every axis, at the shared-memory level (one thread block, "CTA"), a part:
+  group(g)  - tile: the axis is split into n/g groups, one per thread block; inputs without the axis
+              are re-sent to every group;
+  stream(s) - loop in chunks of s with an accumulator; inputs without the axis stay resident;
+  none      - the whole axis is resident.
+Below it, the CTA's tile is split over `warpgroups` consumer units (register level) along one grouped
+axis; above it, the CTAs running at once form an L2-level super-tile (grouped launch order).
+
+Transfer into a level, for every HBM array X (inputs and outputs), with T the extent one unit of
+that level covers over its lifetime:   H(X) = bytes(X) * prod_{a not in X} n_a / T_a
+(X is re-sent once per unit along every axis it lacks). Tensor-core operands are re-read from shared
+memory every step, so at the register level inputs use the per-step extent instead of T.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from .diagram import Diagram, Op
+from .errors import CapacityError, UnknownAxisError
+from .hardware import GPU, dtype_bytes, get_gpu
+
+RESOURCES = ("HBM", "L2", "SMEM", "tensor", "sfu", "alu")
+
+
+@dataclass(frozen=True)
+class Part:
+    kind: str      # group | stream | none
+    size: int = 0
+
+    def __str__(self):
+        return self.kind if self.kind == "none" else f"{self.kind}({self.size})"
+
+
+def group(size: int) -> Part:
+    return Part("group", int(size))
+
+
+def stream(size: int) -> Part:
+    return Part("stream", int(size))
+
+
+NONE = Part("none")
+
+
+@dataclass
+class Derivation:
+    """One fused kernel: the relabelled diagram and its predicted cost."""
+    diagram: Diagram
+    gpu: GPU
+    parts: dict                  # axis -> Part at the SMEM (thread block) level
+    warpgroups: int
+    split_axis: str | None       # axis split over warpgroups at the register level
+    stages: int
+    T: dict                      # level -> axis -> extent one unit covers (L2, SMEM, RF)
+    S: dict                      # level -> axis -> extent resident per step
+    H: dict                      # level -> bytes moved into it (HBM: HBM<->L2, L2: L2<->SMEM, SMEM: SMEM<->RF)
+    M: dict                      # level -> bytes used by one unit (L2: the super-tile)
+    capacity: dict               # level -> bytes one unit may use
+    work: dict                   # (unit, dtype) -> operations executed (padding and mask included)
+    times: dict                  # resource -> seconds if it alone were the limit
+    time: float
+    flops: float                 # useful FLOPs (what TFLOP/s counts)
+    bound: str
+    ctas: int
+    ctas_per_sm: int
+    waves: int
+    causal_density: float
+    supertile: dict
+    time_model: str
+    notes: list = field(default_factory=list)
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.time / 1e12
+
+    @property
+    def compulsory_bytes(self) -> int:
+        d = self.diagram
+        return sum(d.nbytes(a) for a in d.inputs()) + sum(d.nbytes(o) for o in d.outputs)
+
+    def summary(self) -> str:
+        return (f"{self.diagram.name} on {self.gpu.name}: {self.time * 1e6:.1f} us, "
+                f"{self.tflops:.0f} TFLOP/s, bound by {self.bound}")
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _io_arrays(d: Diagram):
+    """HBM arrays: (name, axes, bytes per element, is_output)."""
+    rows = [(a.name, a.axes, dtype_bytes(a.dtype), False) for a in d.inputs()]
+    rows += [(o, d.arrays[o].axes, dtype_bytes(d.arrays[o].dtype), True) for o in d.outputs]
+    return rows
+
+
+def _main_tensor_op(d: Diagram) -> Op | None:
+    best, most = None, 0.0
+    for op in d.ops:
+        for w in op.works:
+            if w.unit == "tensor":
+                n = math.prod(d.sizes[a] for a in w.axes)
+                if n > most:
+                    best, most = op, n
+    return best
+
+
+def _first_operand_axes(d: Diagram, op: Op) -> tuple:
+    """The free axes of an op's first operand: the MMA's m (row) axes."""
+    first = d.arrays[op.inputs[0]]
+    return tuple(a for a in first.axes if a not in op.reduced)
+
+
+def _causal_density(n_q: int, n_x: int, tq: int, sx: int) -> float:
+    """Fraction of (query, key) points a causal kernel visits with q tiles tq and key chunks sx."""
+    visited = 0
+    for i in range(math.ceil(n_q / tq)):
+        hi = min(n_q, (i + 1) * tq)
+        visited += (hi - i * tq) * min(n_x, math.ceil(hi / sx) * sx)
+    return visited / (n_q * n_x)
+
+
+def _layout_roundtrips(d: Diagram) -> list:
+    """Intermediates that must pass through shared memory between two tensor-core ops because the
+    consumer contracts an axis that is not the producer's innermost output axis (a register layout
+    cannot be reused; attention's S -> P -> P V can, FlashAttention-3 style)."""
+    names = []
+    for op in d.ops:
+        if not any(w.unit == "tensor" for w in op.works):
+            continue
+        for name in op.inputs:
+            arr = d.arrays[name]
+            if arr.role != "intermediate":
+                continue
+            prod = next(p for p in d.ops if p.output == name)
+            if any(w.unit == "tensor" for w in prod.works) and tuple(op.reduced) != arr.axes[-len(op.reduced):]:
+                names.append(name)
+    return names
+
+
+# ------------------------------------------------------------------------------------------ costing
+def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int | None = None,
+            time_model: str = "overlap", exposed_sfu: float = 2 / 3, split_axis: str | None = None,
+            check_alignment: bool = True) -> Derivation:
+    """Cost one relabelling. `parts`: axis -> Part at the thread-block level (missing axes: group(1)
+    for axes every HBM array has, else none). Raises CapacityError when a level overflows."""
+    gpu = get_gpu(gpu)
+    d = diagram
+    n = d.sizes
+    for a in parts:
+        if a not in n:
+            raise UnknownAxisError(f"relabel: unknown axis {a!r}; axes: {', '.join(n)}")
+    abstract = len(gpu.levels) == 2
+    stages = (1 if abstract else 2) if stages is None else stages
+    io = _io_arrays(d)
+    everywhere = {a for a in n if all(a in axes for _, axes, _, _ in io)}
+    P = {}
+    for a in n:
+        p = parts.get(a)
+        if p is None:
+            p = group(1) if (a in everywhere and a not in d.reduced_axes()) else NONE
+        if p.kind != "none" and not (1 <= p.size):
+            raise ValueError(f"axis {a!r}: tile size must be >= 1, got {p.size}")
+        if p.kind != "none" and p.size > n[a]:
+            p = NONE if p.kind == "stream" else group(n[a])
+        P[a] = p
+    streams = [a for a, p in P.items() if p.kind == "stream"]
+    if len(streams) > 1:
+        raise ValueError(f"one stream axis per level; got {streams}")
+    for a, p in P.items():
+        if a in d.reduced_axes() and p.kind in ("stream", "group") and p.size < n[a]:
+            if not d.splittable(a):
+                raise ValueError(f"axis {a!r} cannot be {p.kind}ed: a reduction over it has no "
+                                 f"accumulator or its result is used along {a!r} again")
+            if p.kind == "group" and any(a in op.reduced and op.output not in d.outputs for op in d.ops):
+                raise ValueError(f"axis {a!r} can only be grouped (split) where its reduction writes "
+                                 f"an output: partial results are combined in HBM")
+    stream_axis = streams[0] if streams else None
+
+    # extents at the SMEM (thread-block) level
+    T_s = {a: (p.size if p.kind == "group" else n[a]) for a, p in P.items()}
+    S_s = {a: (p.size if p.kind in ("group", "stream") else n[a]) for a, p in P.items()}
+
+    # register level: split one grouped axis over warpgroups
+    main = _main_tensor_op(d)
+    if split_axis is None:
+        cands = _first_operand_axes(d, main) if main else tuple(n)
+        cands = [a for a in cands if P[a].kind == "group"] or [a for a in n if P[a].kind == "group"]
+        split_axis = max(cands, key=lambda a: T_s[a]) if cands else None
+    T_r, S_r = dict(T_s), dict(S_s)
+    if split_axis and warpgroups > 1 and T_s[split_axis] % warpgroups == 0:
+        T_r[split_axis] = S_r[split_axis] = T_s[split_axis] // warpgroups
+
+    # alignment: 128-byte coalescing of every HBM array's contiguous run, tensor-core granules
+    m_gran, n_gran, k_bytes = gpu.tc_tile
+    if check_alignment and not abstract:
+        for name, axes, q, _ in io:
+            run, full = 1, 1
+            for a in reversed(axes):
+                run *= S_s[a]
+                full *= n[a]
+                if S_s[a] < n[a]:
+                    break
+            if run * q < gpu.coalesce_bytes and run < full:
+                raise ValueError(f"{name}: contiguous run of {run * q} bytes is under the "
+                                 f"{gpu.coalesce_bytes}-byte coalescing width")
+
+    # padded work: MMA granules (m rows per warpgroup, n columns, k bytes), causal mask
+    density = 1.0
+    work = {}
+    for op in d.ops:
+        op_density = 1.0
+        if op.causal:
+            qa, xa = op.causal
+            op_density = _causal_density(n[qa], n[xa], T_s[qa], S_s[xa])
+            density = op_density
+        for w in op.works:
+            pts = 1.0
+            for a in w.axes:
+                pts *= math.ceil(n[a] / S_r[a]) * S_r[a]
+            if w.unit == "tensor" and not abstract:
+                first = _first_operand_axes(d, op)
+                rows = math.prod(S_r[a] for a in first if a in w.axes)
+                cols = math.prod(S_r[a] for a in w.axes if a not in first and a not in op.reduced)
+                kk = math.prod(S_r[a] for a in op.reduced if a in w.axes)
+                k_gran = max(1, k_bytes // dtype_bytes(w.dtype))
+                pts *= (math.ceil(rows / m_gran) * m_gran / rows) * (math.ceil(cols / n_gran) * n_gran / cols) \
+                    * (math.ceil(kk / k_gran) * k_gran / kk)
+            if op.causal and all(a in w.axes for a in op.causal):
+                pts *= op_density
+            work[(w.unit, w.dtype)] = work.get((w.unit, w.dtype), 0.0) + pts * w.per_point
+    causal_key = next((op.causal[1] for op in d.ops if op.causal), None)
+    causal_q = next((op.causal[0] for op in d.ops if op.causal), None)
+
+    def masked(axes) -> float:  # arrays along the key axis but not the query axis skip masked chunks
+        return density if (causal_key in axes and causal_q not in axes) else 1.0
+
+    # memory per unit
+    roundtrip = _layout_roundtrips(d) if not abstract else []
+    m_smem = 0.0
+    for name, axes, q, is_out in io:
+        tile = math.prod(S_s[a] for a in axes) * q
+        m_smem += tile * (stages if (stream_axis in axes and not is_out) else 1)
+    # stages run one after another, so one buffer serves every layout change
+    m_smem += max([math.prod(S_s[a] for a in d.arrays[r].axes) * dtype_bytes(d.arrays[r].dtype)
+                   for r in roundtrip], default=0)
+    m_rf = 0.0
+    if not abstract:
+        live = {}
+        tensor_inputs = {i for op in d.ops if any(w.unit == "tensor" for w in op.works) for i in op.inputs}
+        for k, op in enumerate(d.ops):
+            for i in op.inputs:
+                arr = d.arrays[i]
+                if arr.role == "input" and i not in tensor_inputs:
+                    live[i] = math.prod(S_s[a] for a in arr.axes) * dtype_bytes(arr.dtype)
+            out = d.arrays[op.output]
+            acc = 4 if op.output in d.outputs and op.reduced else dtype_bytes(out.dtype)
+            live[op.output] = math.prod(S_s[a] for a in out.axes) * acc
+            if op.kind == "softmax_contract":  # P in the value dtype and three row statistics
+                s_arr = d.arrays[op.inputs[0]]
+                live[op.output + ".P"] = math.prod(S_s[a] for a in s_arr.axes) * dtype_bytes(d.arrays[op.inputs[1]].dtype)
+                live[op.output + ".stats"] = 3 * 4 * math.prod(S_s[a] for a in out.axes if a in s_arr.axes)
+            m_rf = max(m_rf, sum(live.values()))
+            for i in op.inputs:  # free intermediates after their last use
+                if d.arrays[i].role == "intermediate" and i not in d.outputs and \
+                        all(d.ops.index(c) <= k for c in d.consumers(i)):
+                    live.pop(i, None)
+    smem = gpu.level("SMEM")
+    cap_smem = min(smem.capacity, gpu.max_smem_per_block)
+    if m_smem > cap_smem:
+        raise CapacityError(f"shared memory: the tile needs {m_smem / 1024:.1f} KiB per thread block, "
+                            f"{gpu.name} has {cap_smem / 1024:.0f} KiB")
+    ctas_per_sm = max(1, int(smem.capacity // max(m_smem, 1)))
+    if not abstract:
+        rf = gpu.level("RF")
+        per_wg = m_rf / warpgroups  # the thread block's register data spread over its warpgroups
+        if per_wg > gpu.max_rf_per_warpgroup:
+            raise CapacityError(f"registers: {per_wg / 1024:.1f} KiB per warpgroup, at most "
+                                f"{gpu.max_rf_per_warpgroup / 1024:.1f} KiB (128 threads x 255 registers)")
+        if m_rf > rf.capacity:
+            raise CapacityError(f"registers: the tile needs {m_rf / 1024:.1f} KiB, the register file "
+                                f"has {rf.capacity / 1024:.0f} KiB")
+        ctas_per_sm = max(1, min(ctas_per_sm, int(rf.capacity // max(m_rf, 1)), 16 // warpgroups))
+    ctas = math.prod(math.ceil(n[a] / T_s[a]) for a in n)
+    slots = gpu.sms * ctas_per_sm if not abstract else 1
+    waves = math.ceil(ctas / slots)
+    wave_eff = ctas / (waves * slots)
+
+    # L2 level: the CTAs running at once, arranged as a super-tile over the grouped axes that some
+    # HBM array lacks (those are the ones whose sharing L2 can catch)
+    T_l2 = dict(T_s)
+    supertile = {}
+    if not abstract:
+        concurrent = min(ctas, slots)
+        reuse_axes = [a for a in n if P[a].kind == "group" and T_s[a] < n[a]
+                      and any(a not in axes for _, axes, _, _ in io)]
+        best = None
+        for combo in itertools.product(*[[2 ** i for i in range(0, 13) if 2 ** i <= math.ceil(n[a] / T_s[a])]
+                                         for a in reuse_axes]):
+            if math.prod(combo) > concurrent:
+                continue
+            ext = {a: min(n[a], f * T_s[a]) for a, f in zip(reuse_axes, combo)}
+            h = sum(math.prod(n[a] for a in axes) * q * math.prod(n[a] / ext.get(a, T_s[a]) for a in n if a not in axes)
+                    for _, axes, q, _ in io)
+            if best is None or h < best[0]:
+                best = (h, ext, dict(zip(reuse_axes, combo)))
+        if best:
+            T_l2.update(best[1])
+            supertile = best[2]
+
+    def transfer(T, use_step_for_inputs=False, step=None) -> float:
+        total = 0.0
+        for _, axes, q, is_out in io:
+            ext = step if (use_step_for_inputs and not is_out) else T
+            total += math.prod(n[a] for a in axes) * q * masked(axes) * \
+                math.prod(n[a] / ext[a] for a in n if a not in axes)
+        return total
+
+    H = {"HBM": transfer(T_l2)}
+    m_l2 = sum(math.prod(min(n[a], T_l2[a] if a != stream_axis else S_s[a] * stages) for a in axes) * q
+               for _, axes, q, _ in io)
+    if abstract:
+        H = {"HBM": transfer(T_s)}
+    else:
+        H["L2"] = transfer(T_s)
+        tensor_ops = [op for op in d.ops if any(w.unit == "tensor" for w in op.works)]
+        H["SMEM"] = transfer(T_r, use_step_for_inputs=bool(tensor_ops), step=S_r) + sum(
+            2 * math.prod(n[a] for a in d.arrays[r].axes) * dtype_bytes(d.arrays[r].dtype) for r in roundtrip)
+        if m_l2 > gpu.level("L2").capacity / 2:
+            H["HBM"] = transfer(T_s)  # the super-tile would not stay in L2: no reuse across CTAs
+            supertile = {}
+
+    # times
+    times = {}
+    hbm = gpu.levels[0]
+    times["HBM"] = H["HBM"] / hbm.bandwidth
+    if not abstract:
+        times["L2"] = H["L2"] / gpu.level("L2").bandwidth
+        times["SMEM"] = H["SMEM"] / gpu.level("SMEM").bandwidth / wave_eff
+    for unit in ("tensor", "sfu", "alu"):
+        t = 0.0
+        for (u, dt), ops in work.items():
+            if u == unit:
+                t += ops / gpu.rate(u, dt)
+        times[unit] = t / (wave_eff if not abstract else 1.0)
+    transfer_time = max(times.get(k, 0.0) for k in ("HBM", "L2", "SMEM"))
+    if time_model == "overlap":
+        compute_time = max(times["tensor"], times["sfu"], times["alu"])
+    elif time_model == "serial":
+        compute_time = times["tensor"] + times["sfu"] + times["alu"]
+    elif time_model == "exposed-sfu":
+        compute_time = max(times["tensor"] + exposed_sfu * times["sfu"], times["alu"])
+    else:
+        raise ValueError(f"time_model {time_model!r}; accepted: overlap, serial, exposed-sfu")
+    # pipeline fill: each wave's first step is loaded before any compute can start
+    step_bytes = sum(math.prod(S_s[a] for a in axes) * q for _, axes, q, is_out in io if not is_out)
+    fill = 0.0 if abstract else waves * step_bytes * ctas_per_sm / (hbm.bandwidth / gpu.sms)
+    time = max(transfer_time, compute_time) + fill
+    contenders = {k: v for k, v in times.items()}
+    if time_model != "overlap":
+        contenders["tensor"] = compute_time if compute_time >= times["tensor"] else times["tensor"]
+    bound = max(contenders, key=contenders.get)
+    notes = []
+    if bound in ("HBM", "L2", "SMEM") and H["HBM"] > 1.05 * sum(
+            math.prod(n[a] for a in axes) * q for _, axes, q, _ in io):
+        lvl = "SMEM" if m_smem > 0.5 * cap_smem else None
+        if lvl:
+            notes.append(f"transfer above compulsory with shared memory {100 * m_smem / cap_smem:.0f}% full: "
+                         "capacity limits the tile")
+            bound = f"{bound} (capacity: {lvl})"
+    if wave_eff < 0.9:
+        notes.append(f"wave quantization: {ctas} thread blocks in {waves} waves of {slots} ({100 * wave_eff:.0f}% busy)")
+    return Derivation(
+        diagram=d, gpu=gpu, parts=P, warpgroups=warpgroups, split_axis=split_axis, stages=stages,
+        T={"L2": T_l2, "SMEM": T_s, "RF": T_r}, S={"SMEM": S_s, "RF": S_r},
+        H=H, M={"L2": m_l2, "SMEM": m_smem, "RF": m_rf / warpgroups},
+        capacity={"L2": gpu.level("L2").capacity if not abstract else None, "SMEM": cap_smem,
+                  "RF": gpu.max_rf_per_warpgroup if not abstract else None},
+        work=work, times=times, time=time, flops=d.flops(), bound=bound, ctas=ctas,
+        ctas_per_sm=ctas_per_sm, waves=waves, causal_density=density, supertile=supertile,
+        time_model=time_model, notes=notes)
+
+
+# ------------------------------------------------------------------------------------------ search
+def _sizes(n: int, granule: int, abstract: bool) -> list:
+    if abstract:
+        c = {max(1, round(2 ** (i / 4))) for i in range(0, 4 * max(1, math.ceil(math.log2(max(n, 2)))) + 1)}
+    else:
+        c = {granule * m * 2 ** i for m in (1, 3) for i in range(0, 14)}
+    return sorted(x for x in c if x < n)
+
+
+def candidate_parts(d: Diagram, gpu: GPU) -> dict:
+    """Per axis, the parts the search tries at the thread-block level."""
+    gpu = get_gpu(gpu)
+    abstract = len(gpu.levels) == 2
+    io = _io_arrays(d)
+    reduced = d.reduced_axes()
+    out = {}
+    for a, size in d.sizes.items():
+        every = all(a in axes for _, axes, _, _ in io) and a not in reduced
+        if every:
+            # tiling an axis every array has changes no transfer; only the tile's shape matters
+            opts = [group(2 ** i) for i in range(0, 40) if 2 ** i < size] + [group(size)]
+        elif not abstract and size <= 256 and (a in reduced or any(axes[-1] == a for _, axes, _, _ in io)):
+            opts = [NONE]  # head dims and other short contiguous or contracted axes stay whole
+        else:
+            mma_rows = any(a in _first_operand_axes(d, op) for op in d.ops
+                           if any(w.unit == "tensor" for w in op.works))
+            gran = 1 if abstract else (64 if mma_rows else 1)
+            opts = []
+            if a not in reduced or d.splittable(a):
+                # splitting a reduced axis over thread blocks (split-K, flash-decoding) needs a combine
+                # pass this model does not cost, so the search leaves it to hand-made relabellings
+                if a not in reduced:
+                    sizes = _sizes(size, gran, abstract) if (gran > 1 and size > gran) or abstract else \
+                        [2 ** i for i in range(0, 11) if 2 ** i < size]
+                    opts += [group(g) for g in sizes if abstract or g <= 1024]
+                if d.splittable(a):
+                    opts += [stream(s) for s in (1, 2, 4, 8) if s < size] if abstract else \
+                        [stream(s) for s in (16, 32, 64, 128, 256) if s < size]
+            opts.append(NONE)
+        out[a] = opts
+    return out
+
+
+def derive(diagram: Diagram, gpu="h100", time_model: str = "overlap", exposed_sfu: float = 2 / 3,
+           stages: int | None = None, max_warpgroups: int = 3) -> Derivation:
+    """Search relabellings for the least predicted time. Raises CapacityError if none fits."""
+    gpu = get_gpu(gpu)
+    abstract = len(gpu.levels) == 2
+    cands = candidate_parts(diagram, gpu)
+    axes = list(cands)
+    best, first_error = None, None
+    wgs = [1] if abstract else list(range(1, max_warpgroups + 1))
+    # batch-like axes (every array has them) are tried in a second pass, once the rest is fixed
+    io = _io_arrays(diagram)
+    batch = [a for a in axes if len(cands[a]) > 1 and all(a in ax for _, ax, _, _ in io)
+             and a not in diagram.reduced_axes()]
+    inner_batch = batch[-1:]  # the others stay group(1)
+    search_axes = [a for a in axes if a not in batch]
+    for a in batch:
+        if a not in inner_batch:
+            cands[a] = [group(1)]
+
+    def try_all(fixed: dict, free: list):
+        nonlocal best, first_error
+        for combo in itertools.product(*[cands[a] for a in free]):
+            if sum(p.kind == "stream" for p in combo) > 1:
+                continue
+            parts = dict(fixed)
+            parts.update(zip(free, combo))
+            for w in wgs:
+                try:
+                    r = relabel(diagram, gpu, parts, warpgroups=w, stages=stages, time_model=time_model,
+                                exposed_sfu=exposed_sfu)
+                except CapacityError as e:
+                    first_error = first_error or e
+                    continue
+                except ValueError:
+                    continue
+                key = (r.time, r.H["HBM"], -r.M["SMEM"])
+                if best is None or key < (best.time, best.H["HBM"], -best.M["SMEM"]):
+                    best = r
+
+    fixed = {a: cands[a][0] for a in batch if a not in inner_batch}
+    inner_defaults = [{}]
+    if inner_batch:
+        opts = cands[inner_batch[0]]
+        inner_defaults = [{inner_batch[0]: opts[i]} for i in sorted({0, len(opts) // 2, len(opts) - 1})]
+    for default in inner_defaults:
+        try_all({**fixed, **default}, search_axes)
+    if best is not None and inner_batch:
+        fixed = {a: p for a, p in best.parts.items() if a not in inner_batch}
+        try_all(fixed, inner_batch)
+    if best is None:
+        smallest = ", ".join(f"{a}: {cands[a][0]}" for a in axes)
+        raise CapacityError(f"no legal tiling of {diagram.name!r} fits {gpu.name}"
+                            + (f" ({first_error})" if first_error else "")
+                            + f"; smallest tiles tried: {smallest}")
+    return best

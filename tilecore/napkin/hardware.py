@@ -1,0 +1,192 @@
+"""GPU hardware for the napkin: a hierarchy of memory levels and compute units with rates per dtype.
+
+Rates are whole-GPU figures (bytes/s, FLOP/s, ops/s) at the clock the datasheet quotes them for;
+`per_sm_per_clock` turns one back into the paper's "per SM per clock" form.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .errors import UnknownGPUError, UnsupportedDtypeError
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
+                  "bfloat16": "bf16", "e4m3": "fp8", "e5m2": "fp8", "fp8e4m3": "fp8", "fp8e5m2": "fp8",
+                  "float8": "fp8"}
+
+
+def canonical_dtype(name: str) -> str:
+    """'bfloat16' -> 'bf16'; raises UnsupportedDtypeError naming the accepted dtypes."""
+    key = str(name).lower().replace("_", "")
+    key = _DTYPE_ALIASES.get(key, key)
+    if key not in DTYPE_BYTES:
+        raise UnsupportedDtypeError(
+            f"unsupported dtype {name!r}; accepted: {', '.join(DTYPE_BYTES)} "
+            f"(aliases: {', '.join(sorted(_DTYPE_ALIASES))})")
+    return key
+
+
+def dtype_bytes(name: str) -> int:
+    return DTYPE_BYTES[canonical_dtype(name)]
+
+
+@dataclass(frozen=True)
+class Level:
+    """One memory level. `bandwidth` is bytes/s that all its children together can read from it."""
+    name: str          # HBM, L2, SMEM, RF
+    capacity: int      # bytes per instance
+    bandwidth: float   # bytes/s, aggregate over the GPU
+    instances: int     # how many of this level the GPU has
+    children: int      # units of the next level down fed by one instance
+    source: str
+
+
+@dataclass(frozen=True)
+class ComputeUnit:
+    """A kind of execution unit and its whole-GPU rate per dtype (FLOP/s or ops/s)."""
+    name: str          # tensor, sfu, alu
+    rates: dict
+    source: str
+
+    def rate(self, dtype: str) -> float:
+        dtype = canonical_dtype(dtype)
+        if dtype not in self.rates:
+            raise UnsupportedDtypeError(
+                f"the {self.name} unit has no {dtype} rate on this GPU; accepted: {', '.join(self.rates)}")
+        return self.rates[dtype]
+
+
+@dataclass(frozen=True)
+class GPU:
+    key: str
+    name: str
+    sms: int
+    clock_hz: float                    # the clock the datasheet's peak rates correspond to
+    levels: tuple                      # HBM, L2, SMEM, RF: top to bottom
+    units: dict                        # name -> ComputeUnit
+    tc_tile: tuple                     # (m, n, k_bytes): one consumer unit's (warpgroup's) MMA granule
+    max_smem_per_block: int
+    max_rf_per_warpgroup: int          # 128 threads x 255 registers x 4 bytes
+    coalesce_bytes: int = 128
+    notes: tuple = field(default_factory=tuple)
+
+    def level(self, name: str) -> Level:
+        for lv in self.levels:
+            if lv.name == name:
+                return lv
+        raise KeyError(f"no level {name!r}; levels: {[lv.name for lv in self.levels]}")
+
+    def rate(self, unit: str, dtype: str) -> float:
+        return self.units[unit].rate(dtype)
+
+    def per_sm_per_clock(self, rate: float) -> float:
+        return rate / (self.sms * self.clock_hz)
+
+    def calibrated(self, copy_bytes_per_s: float | None = None, matmul_flops: dict | None = None,
+                   label: str = "calibrated") -> "GPU":
+        """A copy whose HBM bandwidth and tensor-core rates are measured ceilings.
+
+        copy_bytes_per_s: a device-to-device copy's bytes read + written per second.
+        matmul_flops: {dtype: FLOP/s of a large dense matmul}. Dtypes not given are scaled by the
+        ratio of the first given one, so one bf16 measurement also informs fp8.
+        """
+        levels = list(self.levels)
+        if copy_bytes_per_s:
+            levels[0] = dataclasses.replace(levels[0], bandwidth=float(copy_bytes_per_s),
+                                            source=f"measured copy ({label})")
+        units = dict(self.units)
+        if matmul_flops:
+            tc = units["tensor"]
+            given = {canonical_dtype(k): float(v) for k, v in matmul_flops.items()}
+            first = next(iter(given))
+            scale = given[first] / tc.rate(first)
+            rates = {dt: given.get(dt, r * scale) for dt, r in tc.rates.items()}
+            units["tensor"] = ComputeUnit("tensor", rates, f"measured matmul ({label})")
+        return dataclasses.replace(self, key=f"{self.key}-{label}", name=f"{self.name} ({label})",
+                                   levels=tuple(levels), units=units)
+
+
+def _gpu(key, name, sms, clock_hz, hbm, hbm_src, l2_bytes, l2_bw, l2_src, smem_kb, smem_block_kb,
+         tensor, tensor_src, alu, alu_src, tc_tile, notes=()):
+    sfu = 16 * sms * clock_hz  # 16 exp2/clk/SM: CUDA C Programming Guide, arithmetic throughput table
+    return GPU(
+        key=key, name=name, sms=sms, clock_hz=clock_hz,
+        levels=(
+            Level("HBM", int(hbm[0]), hbm[1], 1, 1, hbm_src),
+            Level("L2", l2_bytes, l2_bw, 1, sms, l2_src),
+            Level("SMEM", smem_kb * 1024, 128 * sms * clock_hz, sms, 4,
+                  "128 bytes/clk/SM (32 banks x 4 bytes), CUDA C Programming Guide"),
+            Level("RF", 256 * 1024, float("inf"), sms, 4,
+                  "64K 32-bit registers per SM (datasheet/whitepaper); bandwidth not limiting here"),
+        ),
+        units={
+            "tensor": ComputeUnit("tensor", tensor, tensor_src),
+            "sfu": ComputeUnit("sfu", {"fp32": sfu, "fp16": sfu, "bf16": sfu},
+                               "16 results/clk/SM for exp2 (MUFU), CUDA C Programming Guide"),
+            "alu": ComputeUnit("alu", alu, alu_src),
+        },
+        tc_tile=tc_tile, max_smem_per_block=smem_block_kb * 1024,
+        max_rf_per_warpgroup=128 * 255 * 4, notes=tuple(notes))
+
+
+A100 = _gpu(
+    "a100", "A100-SXM4-80GB", sms=108, clock_hz=1.41e9,
+    hbm=(80e9, 2.039e12), hbm_src="NVIDIA A100 datasheet: HBM2e 2,039 GB/s (80GB SXM)",
+    l2_bytes=40 * 2**20, l2_bw=5120 * 1.41e9,
+    l2_src="A100 whitepaper: 40 MB L2, 5120 bytes/clk read bandwidth at 1410 MHz",
+    smem_kb=164, smem_block_kb=163,
+    tensor={"tf32": 156e12, "fp16": 312e12, "bf16": 312e12},
+    tensor_src="NVIDIA A100 datasheet: dense TF32 156, FP16/BF16 312 TFLOP/s; no FP8 tensor cores",
+    alu={"fp32": 19.5e12, "fp16": 78e12, "bf16": 39e12},
+    alu_src="A100 datasheet/whitepaper: FP32 19.5, FP16 78, BF16 39 TFLOP/s (non-tensor)",
+    tc_tile=(64, 8, 32),  # mma.sync m16n8k16 per warp; 4 warps stacked -> 64 rows per consumer unit
+)
+
+H100 = _gpu(
+    "h100", "H100-SXM5-80GB", sms=132, clock_hz=1.83e9,  # 989.4e12 / (132 SMs x 4096 FLOP/clk)
+    hbm=(80e9, 3.35e12), hbm_src="NVIDIA H100 datasheet: HBM3 3.35 TB/s (SXM)",
+    l2_bytes=50 * 2**20, l2_bw=10e12,
+    l2_src="H100 whitepaper: 50 MB L2; bandwidth not published, 10 TB/s is an estimate (+-30%)",
+    smem_kb=228, smem_block_kb=227,
+    tensor={"tf32": 494.7e12, "fp16": 989.4e12, "bf16": 989.4e12, "fp8": 1978.9e12},
+    tensor_src="NVIDIA H100 datasheet (SXM), dense = half the sparse figures: TF32 494.7, "
+               "FP16/BF16 989.4, FP8 1,978.9 TFLOP/s",
+    alu={"fp32": 66.9e12, "fp16": 133.8e12, "bf16": 133.8e12},
+    alu_src="NVIDIA H100 datasheet (SXM): FP32 67 TFLOP/s; FP16/BF16 non-tensor 2x FP32 (whitepaper)",
+    tc_tile=(64, 8, 32),  # wgmma m64nNk16 (fp16) / k32 (fp8): 32 bytes of k per instruction
+)
+
+H200 = dataclasses.replace(
+    H100, key="h200", name="H200-SXM-141GB",
+    levels=(Level("HBM", int(141e9), 4.8e12, 1, 1, "NVIDIA H200 datasheet: HBM3e 141 GB, 4.8 TB/s"),)
+    + H100.levels[1:],
+    notes=("H200 datasheet: same compute as H100 SXM (989 dense BF16, 1,979 dense FP8 TFLOP/s)",))
+
+GPUS = {g.key: g for g in (A100, H100, H200)}
+
+
+def get_gpu(key) -> GPU:
+    if isinstance(key, GPU):
+        return key
+    k = str(key).lower().replace("-", "").replace("_", "")
+    for name, gpu in GPUS.items():
+        if k == name or k == gpu.name.lower().replace("-", "").replace("_", ""):
+            return gpu
+    raise UnknownGPUError(f"unknown GPU {key!r}; accepted: {', '.join(GPUS)}")
+
+
+def abstract_level(capacity_values: float, dtype: str = "fp16", bandwidth: float = 1.0) -> GPU:
+    """A one-level machine for the paper's closed forms: fast memory of `capacity_values` elements,
+    no alignment, no pipelining, intermediates free. Used to check H against formulas."""
+    q = dtype_bytes(dtype)
+    big = float("inf")
+    return GPU(
+        key="abstract", name=f"abstract (M={capacity_values:g} values)", sms=1, clock_hz=1.0,
+        levels=(Level("HBM", 2**62, bandwidth, 1, 1, "abstract"),
+                Level("SMEM", int(capacity_values * q), bandwidth * 1e9, 1, 1, "abstract")),
+        units={"tensor": ComputeUnit("tensor", {d: big for d in DTYPE_BYTES}, "abstract"),
+               "sfu": ComputeUnit("sfu", {d: big for d in DTYPE_BYTES}, "abstract"),
+               "alu": ComputeUnit("alu", {d: big for d in DTYPE_BYTES}, "abstract")},
+        tc_tile=(1, 1, 1), max_smem_per_block=int(capacity_values * q), max_rf_per_warpgroup=2**62,
+        coalesce_bytes=1)
