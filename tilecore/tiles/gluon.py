@@ -13,8 +13,8 @@ receives both:
 * ``load(g, cfg, x_smem, y_smem, bar, tile, kk)``: issue the TMA copies of step ``kk`` into one stage's
   two buffers, completing on ``bar`` (the template has already set the barrier's byte count);
 * ``init(g, cfg, tile) -> state``; ``compute(g, cfg, state, x_smem, y_smem, kk) -> state``: issue the step's
-  wgmma; it may return with at most ``IN_FLIGHT`` wgmma groups still running (the template then
-  frees each stage ``IN_FLIGHT`` steps late);
+  wgmma; it may return with one wgmma group still running (the template then frees each stage one
+  step late; with a single stage it drains after every step);
 * ``drain(g, cfg, state) -> state``: wait for the last wgmma of the tile;
 * ``finish(g, cfg, state, tile, out_smem)``: the epilogue. Wait for the previous tile's TMA store
   (``tma.store_wait``) before writing ``out_smem``, so that store overlaps this tile's main loop.
@@ -76,6 +76,7 @@ def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, num_
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk)
             if IN_FLIGHT == 0:
+                state = drain(g, cfg, state)  # one stage: its wgmma must finish before the refill
                 mbarrier.arrive(empty.index(s))
             else:
                 # the wgmma of step kk-1 has finished: its stage can be refilled

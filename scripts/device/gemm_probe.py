@@ -1,0 +1,220 @@
+"""GPU check and timing of the GEMM kernels, in phases that each run in a child process with a time
+limit (a wrong mbarrier phase hangs the GPU; the parent then reports it and goes on).
+
+    PYTHONPATH=. python3 scripts/device/gemm_probe.py [--phases check,time,ablate,fp8] [--out DIR]
+
+check: poisoned outputs, float64 references, error / rounding floor, twice for determinism.
+time: bf16 square and M=N=4096 small-K against torch.matmul, interleaved (A B A B).
+ablate: ring depth (1..4 stages) and tile order (GROUP_M 1 vs 8). fp8: against torch._scaled_mm.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+LIMITS = {"check": 120, "time": 120, "ablate": 120, "fp8": 60}
+
+
+def parent(args):
+    results = {}
+    for phase in args.phases.split(","):
+        t = time.time()
+        try:
+            r = subprocess.run([sys.executable, __file__, "--child", phase, "--out", args.out],
+                               timeout=LIMITS[phase], capture_output=True, text=True)
+            status = f"rc={r.returncode}"
+            out, err = r.stdout, r.stderr
+        except subprocess.TimeoutExpired as e:
+            status = "TIMEOUT (hang?)"
+            out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        print(f"===== phase {phase}: {status}, {time.time() - t:.0f} s", flush=True)
+        print(out[-5000:], flush=True)
+        if err.strip():
+            print("stderr:", err[-2500:], flush=True)
+        with open(os.path.join(args.out, f"gemm_{phase}.log"), "w") as f:
+            f.write(out + "\n--- stderr ---\n" + err)
+
+
+def child(phase, out_dir):
+    import torch
+    import triton
+
+    import tilecore
+    from tilecore import accuracy, env
+    from tilecore.bench.harness import median_ms
+    from tilecore.ops.gemm import launch, reference
+
+    dev = torch.device("cuda")
+    rows = []
+
+    def gluon(a, b, bias=None, out_dtype=None, sa=None, sb=None, c=None, **cfg):
+        fp8 = sa is not None
+        out_dtype = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
+        base = dict(launch.GLUON_FP8 if fp8 else launch.GLUON_BF16)
+        base.update(cfg)
+        plan = launch.gluon_plan(a, b, out_dtype, fp8=fp8)
+        assert plan is not None
+        if c is None:
+            c = torch.empty(a.shape[0], b.shape[1], dtype=out_dtype, device=dev)
+        scales = launch._scales_code(sa, sb)
+        if fp8:
+            sa, sb = sa.reshape(-1).contiguous(), sb.reshape(-1).contiguous()
+        return launch.launch_gluon(a, b, c, bias, sa, sb, plan=plan, scales=scales, **base)
+
+    if phase == "check":
+        print(env.report(), flush=True)
+        bad = 0
+
+        def check(name, fn, ref, out_like, floor_max=1.6):
+            nonlocal bad
+            c = torch.full_like(out_like, float("nan"))
+            fn(c)
+            torch.cuda.synchronize()
+            c2 = torch.full_like(out_like, float("nan"))
+            fn(c2)
+            torch.cuda.synchronize()
+            written = bool(torch.isfinite(c).all())
+            same = bool(torch.equal(c, c2))
+            if c.dtype == torch.float32:
+                e = accuracy.rel_rms(c, ref)
+                ok = e < 2e-5
+                unit = " rel"
+            else:
+                e = accuracy.error_over_floor(c, ref)
+                ok = e < floor_max
+                unit = "x floor"
+            ok = ok and written and same
+            bad += not ok
+            print(f"{'ok ' if ok else 'BAD'} {name:52s} written={written} deterministic={same} err={e:.3g}{unit}",
+                  flush=True)
+
+        torch.manual_seed(0)
+        for (M, N, K) in [(4096, 4096, 4096), (1000, 1096, 520), (257, 264, 72), (64, 8, 8), (128, 256, 64),
+                          (3000, 2056, 1000)]:
+            for dtype in (torch.bfloat16, torch.float16):
+                a = torch.randn(M, K, device=dev, dtype=dtype)
+                b = torch.randn(K, N, device=dev, dtype=dtype)
+                ref = reference.gemm_f64(a, b)
+                out = torch.empty(M, N, device=dev, dtype=dtype)
+                check(f"gluon {str(dtype)[6:]} {M}x{N}x{K}", lambda c: gluon(a, b, c=c), ref, out)
+                if dtype == torch.bfloat16 and M in (1000, 4096):
+                    bt = torch.randn(N, K, device=dev, dtype=dtype)
+                    check(f"gluon B^T {M}x{N}x{K}", lambda c: gluon(a, bt.t(), c=c), reference.gemm_f64(a, bt.t()), out)
+                    bias = torch.randn(N, device=dev, dtype=dtype)
+                    check(f"gluon bias {M}x{N}x{K}", lambda c: gluon(a, b, bias=bias, c=c),
+                          reference.gemm_f64(a, b, bias), out)
+                    o32 = torch.empty(M, N, device=dev)
+                    check(f"gluon out fp32 {M}x{N}x{K}", lambda c: gluon(a, b, out_dtype=torch.float32, c=c), ref, o32)
+                    for stages, group in ((1, 8), (2, 8), (3, 1)):
+                        check(f"gluon stages={stages} group={group} {M}x{N}x{K}",
+                              lambda c: gluon(a, b, c=c, stages=stages, group_m=group), ref, out)
+                    check(f"gluon 128x128x64 stages=4 {M}x{N}x{K}",
+                          lambda c: gluon(a, b, c=c, block=(128, 128, 64), stages=4), ref, out)
+        for (M, N, K) in [(4096, 4096, 4096), (1000, 1096, 520)]:
+            a = (torch.randn(M, K, device=dev) * 4).to(torch.float8_e4m3fn)
+            b = (torch.randn(N, K, device=dev) * 4).to(torch.float8_e4m3fn).t()
+            for rowwise in (False, True):
+                sa = torch.rand(M, 1, device=dev) + 0.5 if rowwise else torch.tensor([0.75], device=dev)
+                sb = torch.rand(1, N, device=dev) + 0.5 if rowwise else torch.tensor([1.25], device=dev)
+                out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+                check(f"gluon fp8 {'rows' if rowwise else 'tensor'} {M}x{N}x{K}",
+                      lambda c: gluon(a, b, sa=sa, sb=sb, c=c), reference.gemm_fp8_f64(a, b, sa, sb), out)
+        # the public functions, the tl path for TMA-unfriendly sizes, autograd
+        a = torch.randn(300, 200, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(200, 45, device=dev, dtype=torch.bfloat16)
+        check("tl (N=45, not TMA-able) via tilecore.gemm", lambda c: c.copy_(tilecore.gemm(a, b)),
+              reference.gemm_f64(a, b), torch.empty(300, 45, device=dev, dtype=torch.bfloat16))
+        a = torch.randn(512, 256, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(256, 384, device=dev, dtype=torch.bfloat16)
+        check("tl kernel on the GPU 512x384x256", lambda c: launch.launch_tl(a, b, c, **launch.TL_GPU),
+              reference.gemm_f64(a, b), torch.empty(512, 384, device=dev, dtype=torch.bfloat16))
+        a.requires_grad_()
+        b.requires_grad_()
+        tilecore.gemm(a, b).float().square().sum().backward()
+        a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+        (a64 @ b64).square().sum().backward()
+        print(f"autograd rel err dA {accuracy.rel_rms(a.grad, a64.grad):.2e} dB {accuracy.rel_rms(b.grad, b64.grad):.2e}")
+        print(f"CHECK SUMMARY: {bad} bad", flush=True)
+        return
+
+    def bench(fn):
+        return median_ms(fn, warmup_ms=25, rep_ms=100)
+
+    def tf(M, N, K, ms):
+        return 2 * M * N * K / ms / 1e9
+
+    def compare(label, M, N, K, variants, reps=2):
+        a = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(K, N, device=dev, dtype=torch.bfloat16)
+        for fn in variants.values():
+            fn(a, b)
+        torch.cuda.synchronize()
+        res = {name: [] for name in variants}
+        for _ in range(reps):
+            for name, fn in variants.items():
+                res[name].append(tf(M, N, K, bench(lambda: fn(a, b))))
+        cub = max(res.get("cuBLAS", [1]))
+        for name, v in res.items():
+            row = dict(phase=phase, case=label, M=M, N=N, K=K, series=name, tflops=v, ratio=max(v) / cub)
+            rows.append(row)
+            print(f"{label:14s} {M:>5}x{N:>5}x{K:>5} {name:28s} " + " ".join(f"{x:7.1f}" for x in v)
+                  + f"  ratio {max(v) / cub:.3f}", flush=True)
+        del a, b
+        torch.cuda.empty_cache()
+
+    cublas = lambda a, b: torch.matmul(a, b)
+    if phase == "time":
+        for s in (4096, 8192, 16384):
+            compare("square", s, s, s, {"cuBLAS": cublas, "tilecore.gemm": lambda a, b: tilecore.gemm(a, b),
+                                        "gluon 128x256x64 s3 g8": lambda a, b: gluon(a, b)})
+        for k in (64, 128, 256, 512, 1024):
+            compare("persistent", 4096, 4096, k, {"cuBLAS": cublas, "tilecore.gemm": lambda a, b: tilecore.gemm(a, b)})
+    if phase == "ablate":
+        for s in (4096,):
+            v = {"cuBLAS": cublas}
+            for st in (1, 2, 3):
+                v[f"128x256x64 stages={st}"] = (lambda st: lambda a, b: gluon(a, b, stages=st))(st)
+            for st in (2, 3, 4, 5):
+                v[f"128x128x64 stages={st}"] = (lambda st: lambda a, b: gluon(a, b, block=(128, 128, 64), stages=st))(st)
+            compare("depth", s, s, s, v, reps=1)
+        for s in (8192, 16384):
+            compare("order", s, s, s, {"cuBLAS": cublas, "GROUP_M=8": lambda a, b: gluon(a, b, group_m=8),
+                                       "GROUP_M=1 (row-major)": lambda a, b: gluon(a, b, group_m=1),
+                                       "GROUP_M=16": lambda a, b: gluon(a, b, group_m=16)}, reps=1)
+    if phase == "fp8":
+        for s in (4096, 8192):
+            a = torch.randn(s, s, device=dev).to(torch.float8_e4m3fn)
+            b = torch.randn(s, s, device=dev).to(torch.float8_e4m3fn).t()
+            for rowwise in (False, True):
+                sa = torch.rand(s, 1, device=dev) + 0.5 if rowwise else torch.tensor(0.75, device=dev)
+                sb = torch.rand(1, s, device=dev) + 0.5 if rowwise else torch.tensor(1.25, device=dev)
+                fns = {"torch._scaled_mm": lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16),
+                       "tilecore.gemm_fp8": lambda: tilecore.gemm_fp8(a, b, sa, sb)}
+                res = {}
+                for _ in range(2):
+                    for n, f in fns.items():
+                        f()
+                        res.setdefault(n, []).append(tf(s, s, s, bench(f)))
+                base = max(res["torch._scaled_mm"])
+                for n, v in res.items():
+                    rows.append(dict(phase=phase, case="fp8 rows" if rowwise else "fp8 tensor", M=s, N=s, K=s,
+                                     series=n, tflops=v, ratio=max(v) / base))
+                    print(f"fp8 {'rows  ' if rowwise else 'tensor'} {s:>5}^3 {n:22s} " + " ".join(f"{x:7.1f}" for x in v)
+                          + f"  ratio {max(v) / base:.3f}", flush=True)
+    with open(os.path.join(out_dir, f"gemm_{phase}.json"), "w") as f:
+        json.dump({"meta": env.metadata(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--phases", default="check,time,ablate,fp8")
+    p.add_argument("--child")
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = p.parse_args()
+    if args.child:
+        child(args.child, args.out)
+    else:
+        parent(args)
