@@ -23,6 +23,13 @@ def sylvester_tile(ROWS: tl.constexpr, COLS: tl.constexpr, SIZE: tl.constexpr, d
 
 
 @triton.jit
+def _remainder(rest, piece):
+    """What ``piece`` leaves of ``rest``; zero where the piece holds it all (so +-inf leaves 0, not NaN)."""
+    p = piece.to(tl.float32)
+    return tl.where(p == rest, 0.0, rest - p)
+
+
+@triton.jit
 def dot_split_lhs(a, b, PIECES: tl.constexpr, PIECE_DTYPE: tl.constexpr):
     """a @ b for a float32 ``a`` whose values do not fit one 16-bit operand, on 16-bit tensor cores.
 
@@ -34,7 +41,7 @@ def dot_split_lhs(a, b, PIECES: tl.constexpr, PIECE_DTYPE: tl.constexpr):
     piece = rest.to(PIECE_DTYPE)
     acc = tl.dot(piece, b, out_dtype=tl.float32)
     for _ in tl.static_range(PIECES - 1):
-        rest = rest - piece.to(tl.float32)
+        rest = _remainder(rest, piece)
         piece = rest.to(PIECE_DTYPE)
         acc = tl.dot(piece, b, acc)
     return acc
@@ -47,7 +54,7 @@ def dot_split_rhs(a, b, PIECES: tl.constexpr, PIECE_DTYPE: tl.constexpr):
     piece = rest.to(PIECE_DTYPE)
     acc = tl.dot(a, piece, out_dtype=tl.float32)
     for _ in tl.static_range(PIECES - 1):
-        rest = rest - piece.to(tl.float32)
+        rest = _remainder(rest, piece)
         piece = rest.to(PIECE_DTYPE)
         acc = tl.dot(a, piece, acc)
     return acc

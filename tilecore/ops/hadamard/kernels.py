@@ -40,28 +40,30 @@ def _slice_transform(x_ptr, rows, stride_x, r, s,
         # One stage: the input itself is the left operand (exact for 16-bit inputs: IN_PIECES == 1).
         x2 = tl.reshape(x, (B, N2))
         if IN_PIECES == 1:
-            return tl.dot(x2.to(MMA_DTYPE), sylvester_tile(N2, N2, N, MMA_DTYPE), out_dtype=tl.float32)
-        return dot_split_lhs(x2.to(tl.float32), sylvester_tile(N2, N2, N, PIECE_DTYPE), IN_PIECES, PIECE_DTYPE)
-    h2 = sylvester_tile(N2, N2, N, PIECE_DTYPE)
-    if IN_PIECES == 1:
-        h1 = sylvester_tile(N1, N1, N1, MMA_DTYPE)
-    else:
-        h1 = sylvester_tile(N1, N1, N1, PIECE_DTYPE)
-    if B == 1:
-        x1 = tl.reshape(x, (N1, N2))
-        if IN_PIECES == 1:
-            y = tl.dot(h1, x1.to(MMA_DTYPE), out_dtype=tl.float32)
+            z = tl.dot(x2.to(MMA_DTYPE), sylvester_tile(N2, N2, N, MMA_DTYPE), out_dtype=tl.float32)
         else:
-            y = dot_split_rhs(h1, x1.to(tl.float32), IN_PIECES, PIECE_DTYPE)
+            z = dot_split_lhs(x2.to(tl.float32), sylvester_tile(N2, N2, N, PIECE_DTYPE), IN_PIECES, PIECE_DTYPE)
     else:
-        # One product per row (batched), so that rows never mix.
-        h1b = tl.broadcast_to(h1[None, :, :], (B, N1, N1))
         if IN_PIECES == 1:
-            y = tl.dot(h1b, x.to(MMA_DTYPE), out_dtype=tl.float32)
+            h1 = sylvester_tile(N1, N1, N1, MMA_DTYPE)
         else:
-            y = dot_split_rhs(h1b, x.to(tl.float32), IN_PIECES, PIECE_DTYPE)
-        y = tl.reshape(y, (B * N1, N2))
-    return dot_split_lhs(y, h2, MID_PIECES, PIECE_DTYPE)
+            h1 = sylvester_tile(N1, N1, N1, PIECE_DTYPE)
+        if B == 1:
+            x1 = tl.reshape(x, (N1, N2))
+            if IN_PIECES == 1:
+                y = tl.dot(h1, x1.to(MMA_DTYPE), out_dtype=tl.float32)
+            else:
+                y = dot_split_rhs(h1, x1.to(tl.float32), IN_PIECES, PIECE_DTYPE)
+        else:
+            # One product per row (batched), so that rows never mix.
+            h1b = tl.broadcast_to(h1[None, :, :], (B, N1, N1))
+            if IN_PIECES == 1:
+                y = tl.dot(h1b, x.to(MMA_DTYPE), out_dtype=tl.float32)
+            else:
+                y = dot_split_rhs(h1b, x.to(tl.float32), IN_PIECES, PIECE_DTYPE)
+            y = tl.reshape(y, (B * N1, N2))
+        z = dot_split_lhs(y, sylvester_tile(N2, N2, N, PIECE_DTYPE), MID_PIECES, PIECE_DTYPE)
+    return z
 
 
 @triton.jit
@@ -105,9 +107,16 @@ PLANS = {
 MAX_N = max(PLANS)
 
 
-def config(n: int, *, tile_elems: int = 8192, num_warps: int = 4, waves: int = 4) -> dict:
+# Elements per tile and warps, chosen from the compiler's register and shared-memory report
+# (scripts/hadamard_resources.py) and timings on the H100 (notes/hadamard.md).
+TUNING = {n: (4096, 8) for n in PLANS} | {128: (8192, 8), 8192: (8192, 8)}
+
+
+def config(n: int, *, tile_elems: int | None = None, num_warps: int | None = None, waves: int = 4) -> dict:
     """Launch parameters for size n (rows per tile B, warps, waves of the persistent grid)."""
     S, N1, N2 = PLANS[n]
+    tile_elems = tile_elems or TUNING[n][0]
+    num_warps = num_warps or TUNING[n][1]
     B = max(1, tile_elems // (N1 * N2))
     if N1 == 1:
         B = max(B, 16)  # a tensor-core tile needs 16 rows
