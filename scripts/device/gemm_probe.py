@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-LIMITS = {"check": 120, "time": 120, "ablate": 120, "fp8": 60}
+LIMITS = {"host": 50, "check": 90, "time": 110, "ablate": 110, "fp8": 60}
 
 
 def parent(args):
@@ -64,6 +64,34 @@ def child(phase, out_dir):
             sa, sb = sa.reshape(-1).contiguous(), sb.reshape(-1).contiguous()
         return launch.launch_gluon(a, b, c, bias, sa, sb, plan=plan, scales=scales, **base)
 
+    if phase == "host":
+        import cProfile
+        import pstats
+
+        from tilecore.ops.gemm import op
+        a = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
+        fns = {"launch_gluon (direct)": lambda: gluon(a, b), "launch.run": lambda: launch.run(a, b, None, torch.bfloat16),
+               "torch.ops.tilecore.gemm": lambda: torch.ops.tilecore.gemm(a, b, None, torch.bfloat16),
+               "tilecore.gemm": lambda: tilecore.gemm(a, b), "torch.matmul": lambda: torch.matmul(a, b)}
+        for name, f in fns.items():
+            for _ in range(20):
+                f()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(300):
+                f()
+            torch.cuda.synchronize()
+            print(f"host+launch per call {name:28s} {(time.perf_counter() - t) / 300 * 1e6:8.1f} us", flush=True)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            tilecore.gemm(a, b)
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+        return
+
     if phase == "check":
         print(env.report(), flush=True)
         bad = 0
@@ -108,11 +136,11 @@ def child(phase, out_dir):
                           reference.gemm_f64(a, b, bias), out)
                     o32 = torch.empty(M, N, device=dev)
                     check(f"gluon out fp32 {M}x{N}x{K}", lambda c: gluon(a, b, out_dtype=torch.float32, c=c), ref, o32)
-                    for stages, group in ((1, 8), (2, 8), (3, 1)):
+                    for stages, group in ((1, 8), (2, 8), (3, 1), (4, 16)):
                         check(f"gluon stages={stages} group={group} {M}x{N}x{K}",
                               lambda c: gluon(a, b, c=c, stages=stages, group_m=group), ref, out)
-                    check(f"gluon 128x128x64 stages=4 {M}x{N}x{K}",
-                          lambda c: gluon(a, b, c=c, block=(128, 128, 64), stages=4), ref, out)
+                    check(f"gluon v1 (stages=3, whole-tile epilogue) {M}x{N}x{K}",
+                          lambda c: gluon(a, b, c=c, stages=3, epilogue_bytes=None), ref, out)
         for (M, N, K) in [(4096, 4096, 4096), (1000, 1096, 520)]:
             a = (torch.randn(M, K, device=dev) * 4).to(torch.float8_e4m3fn)
             b = (torch.randn(N, K, device=dev) * 4).to(torch.float8_e4m3fn).t()
@@ -169,16 +197,16 @@ def child(phase, out_dir):
     if phase == "time":
         for s in (4096, 8192, 16384):
             compare("square", s, s, s, {"cuBLAS": cublas, "tilecore.gemm": lambda a, b: tilecore.gemm(a, b),
-                                        "gluon 128x256x64 s3 g8": lambda a, b: gluon(a, b)})
+                                        "v2 direct (4 stages, split epi)": lambda a, b: gluon(a, b),
+                                        "v1 direct (3 stages)": lambda a, b: gluon(a, b, stages=3, epilogue_bytes=None)})
         for k in (64, 128, 256, 512, 1024):
-            compare("persistent", 4096, 4096, k, {"cuBLAS": cublas, "tilecore.gemm": lambda a, b: tilecore.gemm(a, b)})
+            compare("persistent", 4096, 4096, k, {"cuBLAS": cublas, "tilecore.gemm": lambda a, b: tilecore.gemm(a, b),
+                                                  "v2 direct": lambda a, b: gluon(a, b)})
     if phase == "ablate":
         for s in (4096,):
             v = {"cuBLAS": cublas}
-            for st in (1, 2, 3):
+            for st in (1, 2, 3, 4):
                 v[f"128x256x64 stages={st}"] = (lambda st: lambda a, b: gluon(a, b, stages=st))(st)
-            for st in (2, 3, 4, 5):
-                v[f"128x128x64 stages={st}"] = (lambda st: lambda a, b: gluon(a, b, block=(128, 128, 64), stages=st))(st)
             compare("depth", s, s, s, v, reps=1)
         for s in (8192, 16384):
             compare("order", s, s, s, {"cuBLAS": cublas, "GROUP_M=8": lambda a, b: gluon(a, b, group_m=8),

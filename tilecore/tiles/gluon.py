@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 
 @gluon.constexpr_function
@@ -45,6 +45,33 @@ def wgmma_layout(block_m, block_n, num_warps, in_bits=16):
     while n > block_n // warps[1] or block_n % n:
         n -= 8
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=warps, instr_shape=[16, n, 256 // in_bits])
+
+
+@gluon.jit
+def split_n(x):
+    """Split a [m, n] register tile into its left and right [m, n/2] halves (with the wgmma layout
+    the high column bit is a register index, so no data moves between threads)."""
+    M: gl.constexpr = x.shape[0]
+    N: gl.constexpr = x.shape[1]
+    return gl.split(gl.permute(gl.reshape(x, [M, 2, N // 2]), [0, 2, 1]))
+
+
+@gluon.jit
+def store_tile(x, out_desc, out_smem, off_m, off_n):
+    """Epilogue store of a [m, n] register tile through ``out_smem`` (one slice of ``out_desc``'s
+    block shape, [m, n / 2^s]) with TMA stores, slice by slice. Before each slice is written the
+    previous TMA store (the last slice of the previous tile, the first time) must have read it."""
+    SN: gl.constexpr = out_desc.block_type.shape[1]
+    N: gl.constexpr = x.shape[1]
+    if N == SN:
+        tma.store_wait(0)
+        out_smem.store(x.to(out_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(out_desc, [off_m, off_n], out_smem)
+    else:
+        lo, hi = split_n(x)
+        store_tile(lo, out_desc, out_smem, off_m, off_n)
+        store_tile(hi, out_desc, out_smem, off_m, off_n + N // 2)
 
 
 @gluon.jit
@@ -97,7 +124,8 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
 
     ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
-    ``out_desc`` those of the epilogue buffer. Call once from the kernel.
+    ``out_desc`` those of the epilogue buffer (which may be a slice of the output tile: see
+    ``store_tile``; a half-width buffer frees 32 KiB for a fourth stage). Call once from the kernel.
     """
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
     y_ring = gl.allocate_shared_memory(y_desc.dtype, [STAGES] + y_desc.block_type.shape, y_desc.layout)

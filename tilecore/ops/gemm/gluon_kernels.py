@@ -8,17 +8,21 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import tma, warpgroup_mma, warpgroup_mma_wait
 
-from tilecore.tiles.gluon import persistent_pipeline, wgmma_layout
+from tilecore.tiles.gluon import persistent_pipeline, store_tile, wgmma_layout
 from tilecore.tiles.schedule import tile_origin
+
+
+@gluon.constexpr_function
+def _bn(b_block, b_t):
+    return b_block[0] if b_t else b_block[1]
 
 
 @gluon.jit
 def _setup(g, cfg: gl.constexpr, tile_id):
-    BM: gl.constexpr = g[2].block_type.shape[0]
-    BN: gl.constexpr = g[2].block_type.shape[1]
+    BM: gl.constexpr = g[0].block_type.shape[0]
+    BN: gl.constexpr = _bn(g[1].block_type.shape, cfg[0])
     BK: gl.constexpr = g[0].block_type.shape[1]
     off_m, off_n = tile_origin(tile_id, g[3], g[4], BM, BN, cfg[1])
     return (off_m, off_n), gl.cdiv(g[5], BK)
@@ -36,8 +40,8 @@ def _load(g, cfg: gl.constexpr, a_smem, b_smem, bar, tile, kk):
 
 @gluon.jit
 def _init(g, cfg: gl.constexpr, tile):
-    BM: gl.constexpr = g[2].block_type.shape[0]
-    BN: gl.constexpr = g[2].block_type.shape[1]
+    BM: gl.constexpr = g[0].block_type.shape[0]
+    BN: gl.constexpr = _bn(g[1].block_type.shape, cfg[0])
     return gl.zeros([BM, BN], gl.float32, wgmma_layout(BM, BN, gl.num_warps(), g[0].dtype.primitive_bitwidth))
 
 
@@ -60,8 +64,8 @@ def _drain(g, cfg: gl.constexpr, acc):
 
 @gluon.jit
 def _finish(g, cfg: gl.constexpr, acc, tile, c_smem):
-    BM: gl.constexpr = g[2].block_type.shape[0]
-    BN: gl.constexpr = g[2].block_type.shape[1]
+    BM: gl.constexpr = g[0].block_type.shape[0]
+    BN: gl.constexpr = _bn(g[1].block_type.shape, cfg[0])
     layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps(), g[0].dtype.primitive_bitwidth)
     if cfg[3] > 0:  # fp8 dequantization: per-tensor scales, or per row of A / per column of B
         if (cfg[3] - 1) % 2 == 1:
@@ -78,11 +82,7 @@ def _finish(g, cfg: gl.constexpr, acc, tile, c_smem):
         offs_n = tile[1] + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
         bias = gl.load(g[6] + offs_n, mask=offs_n < g[4], other=0.0)
         acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
-    out = acc.to(g[2].dtype)
-    tma.store_wait(0)  # the previous tile's store has finished reading c_smem
-    c_smem.store(out)
-    fence_async_shared()
-    tma.async_copy_shared_to_global(g[2], [tile[0], tile[1]], c_smem)
+    store_tile(acc, g[2], c_smem, tile[0], tile[1])
 
 
 @gluon.jit
@@ -91,8 +91,8 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, bias_ptr, scale_a_ptr, scale_b_
                 STAGES: gl.constexpr):
     g = (a_desc, b_desc, c_desc, M, N, K, bias_ptr, scale_a_ptr, scale_b_ptr)
     cfg: gl.constexpr = gl.constexpr((B_T, GROUP_M, HAS_BIAS, SCALES))
-    BM: gl.constexpr = c_desc.block_type.shape[0]
-    BN: gl.constexpr = c_desc.block_type.shape[1]
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BN: gl.constexpr = _bn(g[1].block_type.shape, cfg[0])
     num_tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
     persistent_pipeline(g, cfg, a_desc, b_desc, c_desc, num_tiles, _setup, _load, _init, _compute,
                         _drain, _finish, STAGES)

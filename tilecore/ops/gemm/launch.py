@@ -8,9 +8,10 @@ import triton
 from tilecore import dispatch
 from tilecore.tiles.schedule import num_tiles, persistent_programs
 
-# Hopper configuration (block M, N, K), ring depth, group size, consumer warps
-GLUON_BF16 = dict(block=(128, 256, 64), stages=3, group_m=8, num_warps=8)
-GLUON_FP8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8)
+# Hopper configuration (block M, N, K), ring depth, group size, consumer warps, and the largest
+# epilogue buffer (the output tile is stored in column slices that fit it)
+GLUON_BF16 = dict(block=(128, 256, 64), stages=4, group_m=8, num_warps=8, epilogue_bytes=32768)
+GLUON_FP8 = dict(block=(128, 256, 128), stages=4, group_m=8, num_warps=8, epilogue_bytes=32768)
 TL_GPU = dict(block=(128, 128, 64), stages=3, group_m=8, num_warps=8)
 TL_CPU = dict(block=(32, 32, 32), stages=2, group_m=2, num_warps=4)
 
@@ -69,7 +70,7 @@ def gluon_plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, fp8: bo
 
 
 def launch_gluon(a, b, c, bias=None, scale_a=None, scale_b=None, *, plan, block, stages, group_m,
-                 num_warps, scales: int = 0):
+                 num_warps, epilogue_bytes=None, scales: int = 0):
     from tilecore.ops.gemm.gluon_kernels import gemm_kernel
 
     a, bb, b_t = plan
@@ -78,7 +79,8 @@ def launch_gluon(a, b, c, bias=None, scale_a=None, scale_b=None, *, plan, block,
     BM, BN, BK = block
     a_desc = _desc(a, [BM, BK])
     b_desc = _desc(bb, [BN, BK] if b_t else [BK, BN])
-    c_desc = _desc(c, [BM, BN])
+    slice_n = BN if epilogue_bytes is None else min(BN, max(16, epilogue_bytes // (BM * c.element_size())))
+    c_desc = _desc(c, [BM, slice_n])
     grid = (persistent_programs(num_tiles(M, N, BM, BN), a.device),)
     gemm_kernel[grid](a_desc, b_desc, c_desc, M, N, K,
                       bias if bias is not None else c, scale_a if scale_a is not None else c,
