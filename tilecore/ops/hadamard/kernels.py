@@ -4,7 +4,7 @@ A row of n = S * N1 * N2 elements is read as S slices, each an N1 x N2 matrix X 
 Since H_n = H_S (x) H_N1 (x) H_N2 (Kronecker products of Sylvester matrices),
 
     slice transform  T(X) = H_N1 @ X @ H_N2       (two tensor-core products)
-    row transform    out_s = sum_t H_S[s, t] T(X_t) (a radix-S butterfly in float32 registers)
+    row transform    out_s = T(sum_t H_S[s, t] X_t)  (S = 1 or 2, sums in float32)
 
 Where the error comes from, and how it stays at the rounding floor:
 * H_N1 @ X multiplies exact 16-bit inputs by +-1 and accumulates in float32: no rounding but the
@@ -13,10 +13,11 @@ Where the error comes from, and how it stays at the rounding floor:
   costs other kernels 1.4-2x the rounding floor; here it is cut into bf16 pieces (dot_split_lhs) whose
   sum carries 16 significant bits (24 for float32 inputs), so the final rounding to the output dtype
   is the only one that matters.
-* The radix-S butterfly adds float32 values: no 16-bit rounding either.
+* With two slices (n = 32768) the kernel transforms X0 + X1 and X0 - X1: float32 sums, which the
+  first stage takes in pieces too.
 
 Data never changes layout between stages: the first product's accumulator becomes the second's
-left operand in registers, and the butterfly combines accumulators of the same layout. Rows never
+left operand in registers. Rows never
 share a product (a batched product per row), so a NaN stays in its row.
 """
 import triton
@@ -26,16 +27,20 @@ from tilecore.tiles.hadamard import dot_split_lhs, dot_split_rhs, sylvester_tile
 
 
 @triton.jit
-def _slice_transform(x_ptr, rows, stride_x, r, s,
-                     N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
-                     IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
-                     MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr):
-    """H_N1 @ X_s @ H_N2 for slice s of the B rows ``r``, as a [B * N1, N2] float32 tile."""
+def _load_slice(x_ptr, rows, stride_x, r, s, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr):
+    """Slice s of the rows ``r`` as a [B, N1, N2] tile (zeros past the last row and past n < 16)."""
     i = tl.arange(0, N1)
     j = tl.arange(0, N2)
     offs = r[:, None, None] * stride_x + (s * N1 * N2 + i[None, :, None] * N2 + j[None, None, :])
     mask = (r[:, None, None] < rows) & (j[None, None, :] < N)
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    return tl.load(x_ptr + offs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _slice_transform(x, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
+                     IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
+                     MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr):
+    """H_N1 @ X @ H_N2 for each of the B [N1, N2] matrices of ``x``, as a [B * N1, N2] float32 tile."""
     if N1 == 1:
         # One stage: the input itself is the left operand (exact for 16-bit inputs: IN_PIECES == 1).
         x2 = tl.reshape(x, (B, N2))
@@ -80,19 +85,27 @@ def _store_slice(out_ptr, rows, stride_out, r, s, z, scale,
 @triton.jit
 def hadamard_kernel(x_ptr, out_ptr, rows, stride_x, stride_out, scale,
                     N: tl.constexpr, S: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
-                    IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
+                    IN_PIECES: tl.constexpr, SUM_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
                     MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr):
     """scale * H_N applied to each of ``rows`` rows; a persistent grid of GRID programs, B rows a tile."""
     tiles = tl.cdiv(rows, B)
     for tile in range(tl.program_id(0), tiles, GRID):
         r = tl.arange(0, B).to(tl.int64) + tile * B  # 64-bit: rows * stride may pass 2^31
-        t0 = _slice_transform(x_ptr, rows, stride_x, r, 0, N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
         if S == 1:
-            _store_slice(out_ptr, rows, stride_out, r, 0, t0, scale, N, N1, N2, B)
-        else:  # S == 2: the radix-2 butterfly across the two slices, in float32
-            t1 = _slice_transform(x_ptr, rows, stride_x, r, 1, N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-            _store_slice(out_ptr, rows, stride_out, r, 0, t0 + t1, scale, N, N1, N2, B)
-            _store_slice(out_ptr, rows, stride_out, r, 1, t0 - t1, scale, N, N1, N2, B)
+            x = _load_slice(x_ptr, rows, stride_x, r, 0, N, N1, N2)
+            z = _slice_transform(x, N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+            _store_slice(out_ptr, rows, stride_out, r, 0, z, scale, N, N1, N2, B)
+        else:
+            # S == 2: out_0 = T(X0 + X1), out_1 = T(X0 - X1), one after the other so that one slice
+            # is live at a time. The float32 sums no longer fit 16 bits: SUM_PIECES pieces carry them.
+            x0 = _load_slice(x_ptr, rows, stride_x, r, 0, N, N1, N2).to(tl.float32)
+            x1 = _load_slice(x_ptr, rows, stride_x, r, 1, N, N1, N2).to(tl.float32)
+            z = _slice_transform(x0 + x1, N, N1, N2, B, SUM_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+            _store_slice(out_ptr, rows, stride_out, r, 0, z, scale, N, N1, N2, B)
+            x0 = _load_slice(x_ptr, rows, stride_x, r, 0, N, N1, N2).to(tl.float32)  # from L2 (out-of-place only)
+            x1 = _load_slice(x_ptr, rows, stride_x, r, 1, N, N1, N2).to(tl.float32)
+            z = _slice_transform(x0 - x1, N, N1, N2, B, SUM_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+            _store_slice(out_ptr, rows, stride_out, r, 1, z, scale, N, N1, N2, B)
 
 
 # n -> (S, N1, N2): slices, and the two factors of each slice. N2 >= 16 (a tensor-core tile; smaller
@@ -107,9 +120,18 @@ PLANS = {
 MAX_N = max(PLANS)
 
 
+def inplace_safe(n: int) -> bool:
+    """Whether out may alias x: with two slices, the second pass re-reads x after the first wrote."""
+    return PLANS[n][0] == 1
+
+
 # Elements per tile and warps, chosen from the compiler's register and shared-memory report
 # (scripts/hadamard_resources.py) and timings on the H100 (notes/hadamard.md).
-TUNING = {n: (4096, 8) for n in PLANS} | {128: (8192, 8), 8192: (8192, 8)}
+TUNING = {n: (4096, 8) for n in PLANS} | {128: (8192, 8), 2048: (2048, 8), 8192: (8192, 8)}
+
+# float32 inputs take three pieces per stage; past this n their tiles outgrow shared memory (n = 32768)
+# or the tensor cores' float32 accumulation passes 1e-6 relative error (n = 16384, measured 1.02e-6).
+FP32_MAX_N = 8192
 
 
 def config(n: int, *, tile_elems: int | None = None, num_warps: int | None = None, waves: int = 4) -> dict:
@@ -140,5 +162,5 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, **tuning) -> 
     hadamard_kernel[(grid,)](
         x, out, rows, x.stride(0), out.stride(0), scale,
         N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"],
-        IN_PIECES=in_pieces, MID_PIECES=mid_pieces, MMA_DTYPE=mma, PIECE_DTYPE=piece, GRID=grid,
+        IN_PIECES=in_pieces, SUM_PIECES=3 if x.dtype == torch.float32 else 2, MID_PIECES=mid_pieces, MMA_DTYPE=mma, PIECE_DTYPE=piece, GRID=grid,
         num_warps=cfg["num_warps"])

@@ -33,6 +33,8 @@ def _num_sms(device: torch.device) -> int:
 
 
 def _kernel_into(x2: torch.Tensor, out2: torch.Tensor, scale: float) -> None:
+    if x2.dtype == torch.float32 and x2.shape[-1] > kernels.FP32_MAX_N:
+        return _reference_into(x2, out2, scale)  # correct, not fast: see kernels.FP32_MAX_N
     kernels.launch(x2, out2, scale, interpret=x2.device.type != "cuda", num_sms=_num_sms(x2.device))
 
 
@@ -78,7 +80,7 @@ _hadamard_op.register_autograd(_backward, setup_context=_setup_context)
 
 @torch.library.custom_op("tilecore::hadamard_transform_", mutates_args=("x",))
 def _hadamard_inplace_op(x: torch.Tensor, scale: float) -> None:
-    if x.is_contiguous():
+    if x.is_contiguous() and kernels.inplace_safe(x.shape[-1]):
         _transform_into(x, x, scale)  # safe: each tile is read whole before it is written
     else:
         x.copy_(_hadamard_op(x, scale))
