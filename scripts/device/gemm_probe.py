@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-LIMITS = {"host": 50, "check": 90, "time": 110, "ablate": 110, "fp8": 60}
+LIMITS = {"host": 40, "check": 60, "time": 120, "ablate": 90, "fp8": 50, "public": 60}
 
 
 def parent(args):
@@ -31,11 +31,11 @@ def parent(args):
             out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
             err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
         print(f"===== phase {phase}: {status}, {time.time() - t:.0f} s", flush=True)
-        print(out[-5000:], flush=True)
+        print(out[-6000:], flush=True)
         if err.strip():
             print("stderr:", err[-2500:], flush=True)
-        with open(os.path.join(args.out, f"gemm_{phase}.log"), "w") as f:
-            f.write(out + "\n--- stderr ---\n" + err)
+        with open(os.path.join(args.out, "gemm_probe.log"), "a") as f:
+            f.write(f"===== phase {phase}: {status}\n" + out + "\n--- stderr ---\n" + err)
 
 
 def child(phase, out_dir):
@@ -90,6 +90,49 @@ def child(phase, out_dir):
         prof.disable()
         torch.cuda.synchronize()
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+        return
+
+    if phase == "public":
+        # the public functions after the launch fast path: every size class, cached compiled kernels
+        bad = 0
+        for (M, N, K) in [(4096, 4096, 4096), (1000, 1096, 520), (1024, 1096, 520), (1, 256, 64), (257, 264, 72),
+                          (4096, 4096, 4096), (64, 8, 8), (3000, 45, 200)]:
+            for out_dtype in (None, torch.float32):
+                for b_t in (False, True):
+                    a = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+                    b = torch.randn(N, K, device=dev, dtype=torch.bfloat16).t() if b_t else torch.randn(K, N, device=dev, dtype=torch.bfloat16)
+                    bias = torch.randn(N, device=dev, dtype=torch.bfloat16) if b_t else None
+                    ref = reference.gemm_f64(a, b, bias)
+                    for rep in range(2):
+                        c = tilecore.gemm(a, b, bias=bias, out_dtype=out_dtype)
+                        e = accuracy.rel_rms(c, ref) if c.dtype == torch.float32 else accuracy.error_over_floor(c, ref)
+                        ok = bool(torch.isfinite(c).all()) and e < (2e-5 if c.dtype == torch.float32 else 1.6)
+                        bad += not ok
+                        if not ok or rep == 0:
+                            print(f"{'ok ' if ok else 'BAD'} tilecore.gemm {M}x{N}x{K} out={c.dtype} B^T={b_t} bias={bias is not None} rep={rep} err={e:.3g}", flush=True)
+        for (M, N, K) in [(4096, 4096, 4096), (1000, 1096, 512), (1000, 1096, 520)]:
+            a = (torch.randn(M, K, device=dev) * 4).to(torch.float8_e4m3fn)
+            b = (torch.randn(N, K, device=dev) * 4).to(torch.float8_e4m3fn).t()
+            for rowwise in (False, True):
+                sa = torch.rand(M, 1, device=dev) + 0.5 if rowwise else torch.tensor(0.75, device=dev)
+                sb = torch.rand(1, N, device=dev) + 0.5 if rowwise else torch.tensor(1.25, device=dev)
+                for rep in range(2):
+                    c = tilecore.gemm_fp8(a, b, sa, sb)
+                    e = accuracy.error_over_floor(c, reference.gemm_fp8_f64(a, b, sa, sb))
+                    ok = bool(torch.isfinite(c).all()) and e < 1.6
+                    bad += not ok
+                    if not ok or rep == 0:
+                        print(f"{'ok ' if ok else 'BAD'} gemm_fp8 {M}x{N}x{K} rows={rowwise} err={e:.3g}", flush=True)
+        a = torch.randn(512, 256, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        b = torch.randn(256, 384, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        tilecore.gemm(a, b).float().square().sum().backward()
+        a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+        (a64 @ b64).square().sum().backward()
+        print(f"autograd rel err dA {accuracy.rel_rms(a.grad, a64.grad):.2e} dB {accuracy.rel_rms(b.grad, b64.grad):.2e}")
+        f = torch.compile(lambda x, y: tilecore.gemm(x, y) * 2, fullgraph=True)
+        x, y = a.detach(), b.detach()
+        print("torch.compile fullgraph rel err", accuracy.rel_rms(f(x, y), reference.gemm_f64(x, y) * 2))
+        print(f"PUBLIC SUMMARY: {bad} bad", flush=True)
         return
 
     if phase == "check":
@@ -171,47 +214,65 @@ def child(phase, out_dir):
     def bench(fn):
         return median_ms(fn, warmup_ms=25, rep_ms=100)
 
+    def graph_ms(fn):
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        torch.cuda.synchronize()
+        return bench(g.replay)
+
     def tf(M, N, K, ms):
         return 2 * M * N * K / ms / 1e9
 
-    def compare(label, M, N, K, variants, reps=2):
+    def compare(label, M, N, K, variants, reps=2, graphs=True, public=()):
         a = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
         b = torch.randn(K, N, device=dev, dtype=torch.bfloat16)
         for fn in variants.values():
             fn(a, b)
         torch.cuda.synchronize()
         res = {name: [] for name in variants}
+        res.update({name + " (call)": [] for name in public})
         for _ in range(reps):
             for name, fn in variants.items():
-                res[name].append(tf(M, N, K, bench(lambda: fn(a, b))))
-        cub = max(res.get("cuBLAS", [1]))
+                res[name].append(tf(M, N, K, (graph_ms if graphs else bench)(lambda: fn(a, b))))
+                if name in public:
+                    res[name + " (call)"].append(tf(M, N, K, bench(lambda: fn(a, b))))
+        cub = max(res["cuBLAS"])
         for name, v in res.items():
             row = dict(phase=phase, case=label, M=M, N=N, K=K, series=name, tflops=v, ratio=max(v) / cub)
             rows.append(row)
-            print(f"{label:14s} {M:>5}x{N:>5}x{K:>5} {name:28s} " + " ".join(f"{x:7.1f}" for x in v)
+            print(f"{label:10s} {M:>5}x{N:>5}x{K:>5} {name:30s} " + " ".join(f"{x:7.1f}" for x in v)
                   + f"  ratio {max(v) / cub:.3f}", flush=True)
         del a, b
         torch.cuda.empty_cache()
 
     cublas = lambda a, b: torch.matmul(a, b)
+    both = ("cuBLAS", "tilecore.gemm")
     if phase == "time":
+        print("graph replays (GPU time); '(call)' = do_bench of the Python call, host included", flush=True)
         for s in (4096, 8192, 16384):
             compare("square", s, s, s, {"cuBLAS": cublas, "tilecore.gemm": lambda a, b: tilecore.gemm(a, b),
-                                        "v2 direct (4 stages, split epi)": lambda a, b: gluon(a, b),
-                                        "v1 direct (3 stages)": lambda a, b: gluon(a, b, stages=3, epilogue_bytes=None)})
+                                        "4 stages, sliced epilogue": lambda a, b: gluon(a, b, stages=4, epilogue_bytes=32768),
+                                        "GROUP_M=16": lambda a, b: gluon(a, b, group_m=16)},
+                    reps=3 if s < 16384 else 2, public=both)
         for k in (64, 128, 256, 512, 1024):
             compare("persistent", 4096, 4096, k, {"cuBLAS": cublas, "tilecore.gemm": lambda a, b: tilecore.gemm(a, b),
-                                                  "v2 direct": lambda a, b: gluon(a, b)})
+                                                  "128x128x64": lambda a, b: gluon(a, b, block=(128, 128, 64), stages=4)},
+                    reps=2, public=both)
+    if phase == "host":
+        pass
     if phase == "ablate":
-        for s in (4096,):
-            v = {"cuBLAS": cublas}
-            for st in (1, 2, 3, 4):
-                v[f"128x256x64 stages={st}"] = (lambda st: lambda a, b: gluon(a, b, stages=st))(st)
-            compare("depth", s, s, s, v, reps=1)
+        v = {"cuBLAS": cublas}
+        for st in (1, 2, 3, 4):
+            v[f"stages={st}"] = (lambda st: lambda a, b: gluon(a, b, stages=st, epilogue_bytes=32768))(st)
+        compare("depth", 4096, 4096, 4096, v, reps=2)
         for s in (8192, 16384):
-            compare("order", s, s, s, {"cuBLAS": cublas, "GROUP_M=8": lambda a, b: gluon(a, b, group_m=8),
-                                       "GROUP_M=1 (row-major)": lambda a, b: gluon(a, b, group_m=1),
-                                       "GROUP_M=16": lambda a, b: gluon(a, b, group_m=16)}, reps=1)
+            compare("order", s, s, s, {"cuBLAS": cublas, "GROUP_M=1 (row-major)": lambda a, b: gluon(a, b, group_m=1),
+                                       "GROUP_M=4": lambda a, b: gluon(a, b, group_m=4),
+                                       "GROUP_M=8": lambda a, b: gluon(a, b, group_m=8),
+                                       "GROUP_M=16": lambda a, b: gluon(a, b, group_m=16)}, reps=2)
     if phase == "fp8":
         for s in (4096, 8192):
             a = torch.randn(s, s, device=dev).to(torch.float8_e4m3fn)
@@ -225,8 +286,10 @@ def child(phase, out_dir):
                 for _ in range(2):
                     for n, f in fns.items():
                         f()
-                        res.setdefault(n, []).append(tf(s, s, s, bench(f)))
+                        res.setdefault(n, []).append(tf(s, s, s, graph_ms(f)))
+                        res.setdefault(n + " (call)", []).append(tf(s, s, s, bench(f)))
                 base = max(res["torch._scaled_mm"])
+                del res["torch._scaled_mm (call)"]
                 for n, v in res.items():
                     rows.append(dict(phase=phase, case="fp8 rows" if rowwise else "fp8 tensor", M=s, N=s, K=s,
                                      series=n, tflops=v, ratio=max(v) / base))

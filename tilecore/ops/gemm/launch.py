@@ -2,6 +2,9 @@
 (older GPUs, operands TMA cannot describe, and the CPU through the interpreter)."""
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 import triton
 
@@ -10,8 +13,10 @@ from tilecore.tiles.schedule import num_tiles, persistent_programs
 
 # Hopper configuration (block M, N, K), ring depth, group size, consumer warps, and the largest
 # epilogue buffer (the output tile is stored in column slices that fit it)
-GLUON_BF16 = dict(block=(128, 256, 64), stages=4, group_m=8, num_warps=8, epilogue_bytes=32768)
-GLUON_FP8 = dict(block=(128, 256, 128), stages=4, group_m=8, num_warps=8, epilogue_bytes=32768)
+# (v2's 4 stages through a 32 KiB sliced epilogue measured no better than 3 stages with a whole-tile
+# 64 KiB buffer: notes/gemm.md; fp32 output is stored in two 128-column slices)
+GLUON_BF16 = dict(block=(128, 256, 64), stages=3, group_m=8, num_warps=8, epilogue_bytes=65536)
+GLUON_FP8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8, epilogue_bytes=65536)
 TL_GPU = dict(block=(128, 128, 64), stages=3, group_m=8, num_warps=8)
 TL_CPU = dict(block=(32, 32, 32), stages=2, group_m=2, num_warps=4)
 
@@ -34,12 +39,42 @@ def _row_major_tma(t: torch.Tensor) -> bool:
             and t.shape[1] * size >= 16)
 
 
-def _desc(t: torch.Tensor, block: list[int]):
+@functools.lru_cache(maxsize=None)
+def _layout(block: tuple, dtype: torch.dtype):
     from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for(list(block), _gl_dtype(dtype))
+
+
+def _desc(t: torch.Tensor, block: list[int]):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    layout = gl.NVMMASharedLayout.get_default_for(block, _gl_dtype(t.dtype))
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), _layout(tuple(block), t.dtype))
+
+
+@dataclass
+class _HostDesc:
+    """What triton's launcher reads of a TMA descriptor (base, shape, strides, padding), without the
+    layout work and checks of TensorDescriptor: used once a kernel is compiled and the operands are
+    known to be TMA-able (gluon_plan checked them)."""
+    base: torch.Tensor
+    shape: list
+    strides: list
+    padding: str = "zero"
+
+
+def _spec(v: int) -> tuple[bool, bool]:
+    """How triton specializes an integer argument: equal to 1, divisible by 16."""
+    return v == 1, v % 16 == 0
+
+
+def _ptr_spec(t) -> tuple:
+    return (None,) if t is None else (t.dtype, t.data_ptr() % 16 == 0)
+
+
+# compiled kernels by everything triton specializes them on; the launch then skips triton's
+# argument binding and cache lookup (which cost more than a 4096^3 GEMM's run time on a slow host)
+_COMPILED: dict = {}
 
 
 def gluon_plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, fp8: bool = False):
@@ -77,16 +112,24 @@ def launch_gluon(a, b, c, bias=None, scale_a=None, scale_b=None, *, plan, block,
     M, K = a.shape
     N = c.shape[1]
     BM, BN, BK = block
-    a_desc = _desc(a, [BM, BK])
-    b_desc = _desc(bb, [BN, BK] if b_t else [BK, BN])
     slice_n = BN if epilogue_bytes is None else min(BN, max(16, epilogue_bytes // (BM * c.element_size())))
-    c_desc = _desc(c, [BM, slice_n])
     grid = (persistent_programs(num_tiles(M, N, BM, BN), a.device),)
-    gemm_kernel[grid](a_desc, b_desc, c_desc, M, N, K,
-                      bias if bias is not None else c, scale_a if scale_a is not None else c,
-                      scale_b if scale_b is not None else c,
-                      B_T=b_t, GROUP_M=group_m, HAS_BIAS=bias is not None, SCALES=scales, STAGES=stages,
-                      num_warps=num_warps)
+    bias_t = bias if bias is not None else c
+    sa_t = scale_a if scale_a is not None else c
+    sb_t = scale_b if scale_b is not None else c
+    consts = dict(B_T=b_t, GROUP_M=group_m, HAS_BIAS=bias is not None, SCALES=scales, STAGES=stages)
+    key = (a.device.index, a.dtype, c.dtype, tuple(block), slice_n, num_warps, tuple(consts.values()),
+           _spec(M), _spec(N), _spec(K), _spec(a.stride(0)), _spec(bb.stride(0)), _spec(c.stride(0)),
+           _ptr_spec(bias_t), _ptr_spec(sa_t), _ptr_spec(sb_t))
+    b_block = [BN, BK] if b_t else [BK, BN]
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        compiled = gemm_kernel[grid](_desc(a, [BM, BK]), _desc(bb, b_block), _desc(c, [BM, slice_n]), M, N, K,
+                                     bias_t, sa_t, sb_t, num_warps=num_warps, **consts)
+        _COMPILED[key] = compiled
+        return c
+    compiled[grid](_HostDesc(a, [M, K], [a.stride(0), 1]), _HostDesc(bb, list(bb.shape), [bb.stride(0), 1]),
+                   _HostDesc(c, [M, N], [c.stride(0), 1]), M, N, K, bias_t, sa_t, sb_t, *consts.values())
     return c
 
 
