@@ -87,24 +87,31 @@ rows = []
 for dtype in (torch.float16, torch.bfloat16):
     for k in range(0, 16):
         n = 2**k
-        gbs = time_cfg(n, dtype)
+        try:
+            gbs = time_cfg(n, dtype)
+        except Exception as e:  # noqa: BLE001
+            print(f"{str(dtype)[6:]} n={n}: {type(e).__name__} {str(e)[:150]}", flush=True)
+            continue
         rows.append((str(dtype)[6:], n, gbs, 100 * gbs / ceil.value))
         report["timing"].append({"dtype": str(dtype), "n": n, "GB/s": gbs, "pct_copy": 100 * gbs / ceil.value})
         print(f"{str(dtype)[6:]:9s} n={n:6d} {gbs:7.0f} GB/s {100 * gbs / ceil.value:5.1f}%", flush=True)
 
 if args.variants:
     for n in [int(v) for v in args.variants.split(",")]:
-        for tile in (2048, 4096, 8192):
-            for warps in (4, 8):
-                for waves in (2, 4):
-                    try:
-                        gbs = time_cfg(n, torch.float16, tile_elems=tile, num_warps=warps, waves=waves)
-                    except Exception as e:  # noqa: BLE001 - a variant that fails to compile is a result too
-                        print(f"variant n={n} tile={tile} warps={warps} waves={waves}: {type(e).__name__} {str(e)[:100]}")
-                        continue
-                    report["variants"].append({"n": n, "tile": tile, "warps": warps, "waves": waves, "GB/s": gbs})
-                    print(f"variant n={n:6d} tile={tile:6d} warps={warps} waves={waves}: {gbs:6.0f} GB/s "
-                          f"{100 * gbs / ceil.value:5.1f}%", flush=True)
+        S, N1, N2 = kernels.PLANS[n]
+        slice_elems = N1 * N2
+        for tile in sorted({max(slice_elems, 1024), 2 * slice_elems, 4 * slice_elems, 8192}):
+            for stages in (2, 3):
+                if tile > 16384 or (n == 32768 and stages > 2):
+                    continue
+                try:
+                    gbs = time_cfg(n, torch.float16, tile_elems=tile, num_warps=8, num_stages=stages)
+                except Exception as e:  # noqa: BLE001 - a variant that fails to compile is a result too
+                    print(f"variant n={n} tile={tile} stages={stages}: {type(e).__name__} {str(e)[:100]}")
+                    continue
+                report["variants"].append({"n": n, "tile": tile, "stages": stages, "GB/s": gbs})
+                print(f"variant n={n:6d} tile={tile:6d} stages={stages} {gbs:6.0f} GB/s "
+                      f"{100 * gbs / ceil.value:5.1f}%", flush=True)
 
 with open(os.path.join(args.out, "hadamard_probe.json"), "w") as f:
     json.dump(report, f, indent=1)

@@ -127,22 +127,26 @@ def inplace_safe(n: int) -> bool:
 
 # Elements per tile and warps, chosen from the compiler's register and shared-memory report
 # (scripts/hadamard_resources.py) and timings on the H100 (notes/hadamard.md).
-TUNING = {n: (4096, 8) for n in PLANS} | {128: (8192, 8), 2048: (2048, 8), 8192: (8192, 8)}
+# n -> (elements per tile, warps, software-pipeline stages of the persistent loop's loads).
+TUNING = {n: (4096, 8, 3) for n in PLANS} | {128: (8192, 8, 3), 2048: (2048, 8, 3), 8192: (8192, 8, 3),
+                                            32768: (4096, 8, 1)}
 
 # float32 inputs take three pieces per stage; past this n their tiles outgrow shared memory (n = 32768)
 # or the tensor cores' float32 accumulation passes 1e-6 relative error (n = 16384, measured 1.02e-6).
 FP32_MAX_N = 8192
 
 
-def config(n: int, *, tile_elems: int | None = None, num_warps: int | None = None, waves: int = 4) -> dict:
-    """Launch parameters for size n (rows per tile B, warps, waves of the persistent grid)."""
+def config(n: int, *, tile_elems: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+           waves: int = 4) -> dict:
+    """Launch parameters for size n (rows per tile B, warps, pipeline stages, waves of the persistent grid)."""
     S, N1, N2 = PLANS[n]
     tile_elems = tile_elems or TUNING[n][0]
     num_warps = num_warps or TUNING[n][1]
+    num_stages = num_stages or TUNING[n][2]
     B = max(1, tile_elems // (N1 * N2))
     if N1 == 1:
         B = max(B, 16)  # a tensor-core tile needs 16 rows
-    return {"S": S, "N1": N1, "N2": N2, "B": B, "num_warps": num_warps, "waves": waves}
+    return {"S": S, "N1": N1, "N2": N2, "B": B, "num_warps": num_warps, "num_stages": num_stages, "waves": waves}
 
 
 def launch(x, out, scale: float, *, interpret: bool, num_sms: int, **tuning) -> None:
@@ -163,4 +167,4 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, **tuning) -> 
         x, out, rows, x.stride(0), out.stride(0), scale,
         N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"],
         IN_PIECES=in_pieces, SUM_PIECES=3 if x.dtype == torch.float32 else 2, MID_PIECES=mid_pieces, MMA_DTYPE=mma, PIECE_DTYPE=piece, GRID=grid,
-        num_warps=cfg["num_warps"])
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
