@@ -75,6 +75,7 @@ def _ptr_spec(t) -> tuple:
 # compiled kernels by everything triton specializes them on; the launch then skips triton's
 # argument binding and cache lookup (which cost more than a 4096^3 GEMM's run time on a slow host)
 _COMPILED: dict = {}
+_FAST_PATH = [True]
 
 
 def gluon_plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, fp8: bool = False):
@@ -122,14 +123,20 @@ def launch_gluon(a, b, c, bias=None, scale_a=None, scale_b=None, *, plan, block,
            _spec(M), _spec(N), _spec(K), _spec(a.stride(0)), _spec(bb.stride(0)), _spec(c.stride(0)),
            _ptr_spec(bias_t), _ptr_spec(sa_t), _ptr_spec(sb_t))
     b_block = [BN, BK] if b_t else [BK, BN]
-    compiled = _COMPILED.get(key)
-    if compiled is None:
-        compiled = gemm_kernel[grid](_desc(a, [BM, BK]), _desc(bb, b_block), _desc(c, [BM, slice_n]), M, N, K,
-                                     bias_t, sa_t, sb_t, num_warps=num_warps, **consts)
-        _COMPILED[key] = compiled
-        return c
-    compiled[grid](_HostDesc(a, [M, K], [a.stride(0), 1]), _HostDesc(bb, list(bb.shape), [bb.stride(0), 1]),
-                   _HostDesc(c, [M, N], [c.stride(0), 1]), M, N, K, bias_t, sa_t, sb_t, *consts.values())
+    compiled = _COMPILED.get(key) if _FAST_PATH[0] else None
+    if compiled is not None:
+        try:
+            # CompiledKernel's runner takes a 3-D grid and every argument, constexprs included, in order
+            compiled[(grid[0], 1, 1)](_HostDesc(a, [M, K], [a.stride(0), 1]),
+                                      _HostDesc(bb, list(bb.shape), [bb.stride(0), 1]),
+                                      _HostDesc(c, [M, N], [c.stride(0), 1]), M, N, K, bias_t, sa_t, sb_t,
+                                      *consts.values())
+            return c
+        except Exception as err:  # a triton whose launcher differs: launch through the JIT from now on
+            _FAST_PATH[0] = False
+            dispatch.notice_once(f"gemm: fast launch path off ({type(err).__name__}: {err})")
+    _COMPILED[key] = gemm_kernel[grid](_desc(a, [BM, BK]), _desc(bb, b_block), _desc(c, [BM, slice_n]), M, N, K,
+                                       bias_t, sa_t, sb_t, num_warps=num_warps, **consts)
     return c
 
 
