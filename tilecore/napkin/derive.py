@@ -295,10 +295,12 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
         concurrent = min(ctas, slots)
         reuse_axes = [a for a in n if P[a].kind == "group" and T_s[a] < n[a]
                       and any(a not in axes for _, axes, _, _ in io)]
+        reuse_axes = sorted(reuse_axes, key=lambda a: -n[a] / T_s[a])[:2]
         best = None
         for combo in itertools.product(*[[2 ** i for i in range(0, 13) if 2 ** i <= math.ceil(n[a] / T_s[a])]
                                          for a in reuse_axes]):
-            if math.prod(combo) > concurrent:
+            if not concurrent / 2 < math.prod(combo) <= concurrent and math.prod(combo) != min(
+                    concurrent, math.prod(math.ceil(n[a] / T_s[a]) for a in reuse_axes)):
                 continue
             ext = {a: min(n[a], f * T_s[a]) for a, f in zip(reuse_axes, combo)}
             h = sum(math.prod(n[a] for a in axes) * q * math.prod(n[a] / ext.get(a, T_s[a]) for a in n if a not in axes)
@@ -353,9 +355,10 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
         compute_time = max(times["tensor"] + exposed_sfu * times["sfu"], times["alu"])
     else:
         raise ValueError(f"time_model {time_model!r}; accepted: overlap, serial, exposed-sfu")
-    # pipeline fill: each wave's first step is loaded before any compute can start
+    # pipeline fill: the first step of the first wave is loaded before any compute starts; later
+    # waves overlap with the previous wave's tail (a prologue per wave is a kernel-level detail)
     step_bytes = sum(math.prod(S_s[a] for a in axes) * q for _, axes, q, is_out in io if not is_out)
-    fill = 0.0 if abstract else waves * step_bytes * ctas_per_sm / (hbm.bandwidth / gpu.sms)
+    fill = 0.0 if abstract else step_bytes * ctas_per_sm / (hbm.bandwidth / gpu.sms)
     time = max(transfer_time, compute_time) + fill
     contenders = {k: v for k, v in times.items()}
     if time_model != "overlap":
@@ -430,6 +433,9 @@ def derive(diagram: Diagram, gpu="h100", time_model: str = "overlap", exposed_sf
     """Search relabellings for the least predicted time. Raises CapacityError if none fits."""
     gpu = get_gpu(gpu)
     abstract = len(gpu.levels) == 2
+    for op in diagram.ops:  # an op this GPU cannot run at all is a dtype error, not a capacity one
+        for w in op.works:
+            gpu.rate(w.unit, w.dtype) if w.unit != "tensor" else _tensor_rate(gpu, w.dtype, op)
     cands = candidate_parts(diagram, gpu)
     axes = list(cands)
     best, first_error = None, None
@@ -480,3 +486,67 @@ def derive(diagram: Diagram, gpu="h100", time_model: str = "overlap", exposed_sf
                             + (f" ({first_error})" if first_error else "")
                             + f"; smallest tiles tried: {smallest}")
     return best
+
+
+def _tensor_rate(gpu: GPU, dtype: str, op) -> float:
+    try:
+        return gpu.rate("tensor", dtype)
+    except Exception as e:
+        raise type(e)(f"{op.name}: {gpu.name} has no {dtype} tensor cores; "
+                      f"accepted: {', '.join(gpu.units['tensor'].rates)}") from None
+
+
+@dataclass
+class Schedule:
+    """The diagram as one or more kernels; intermediates between kernels go through HBM."""
+    diagram: Diagram
+    kernels: list
+
+    @property
+    def time(self) -> float:
+        return sum(k.time for k in self.kernels)
+
+    @property
+    def flops(self) -> float:
+        return self.diagram.flops()
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.time / 1e12
+
+    @property
+    def bound(self) -> str:
+        return max(self.kernels, key=lambda k: k.time).bound
+
+    @property
+    def fused(self) -> bool:
+        return len(self.kernels) == 1
+
+
+def plan(diagram: Diagram, gpu="h100", **kwargs) -> Schedule:
+    """Fuse or not: the cheapest split of the diagram's ops into consecutive kernels (cuts only after
+    contractions and reductions; elementwise maps always fuse with a neighbour)."""
+    from .diagram import segment
+
+    gpu = get_gpu(gpu)
+    ops = diagram.ops
+    cuts = [i + 1 for i, op in enumerate(ops[:-1]) if op.kind != "map"]
+    bounds = [0] + cuts + [len(ops)]
+    best = {0: (0.0, [])}
+    errors = []
+    for j in range(1, len(bounds)):
+        for i in range(j):
+            if i not in best:
+                continue
+            try:
+                k = derive(segment(diagram, bounds[i], bounds[j]) if (i, j) != (0, len(bounds) - 1)
+                           else diagram, gpu, **kwargs)
+            except CapacityError as e:
+                errors.append(e)
+                continue
+            cost = best[i][0] + k.time
+            if j not in best or cost < best[j][0]:
+                best[j] = (cost, best[i][1] + [k])
+    if len(bounds) - 1 not in best:
+        raise errors[-1] if errors else CapacityError(f"no kernel split of {diagram.name!r} fits {gpu.name}")
+    return Schedule(diagram, best[len(bounds) - 1][1])

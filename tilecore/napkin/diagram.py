@@ -128,11 +128,11 @@ class Diagram:
         self.ops.append(op)
         return self._new(op.output, out_axes, dtype, producer=op.name)
 
-    def contract(self, *arrays, out, name: str, dtype: str | None = None) -> Array:
+    def contract(self, *arrays, out, name: str, dtype: str | None = None, ops_per_point: float = 2.0) -> Array:
         """Einsum: multiply the inputs and sum over every axis not in `out` (a dot product woven over
         the output axes). On tensor cores when the inputs' dtype has them; 2 FLOP per point."""
         self.recipe.append(("contract", tuple(a.name if isinstance(a, Array) else a for a in arrays),
-                            {"out": out, "name": name, "dtype": dtype}))
+                            {"out": out, "name": name, "dtype": dtype, "ops_per_point": ops_per_point}))
         ins = [self._get(a) for a in arrays]
         every = self._union(ins)
         out = _axes(out)
@@ -145,7 +145,7 @@ class Diagram:
         in_dtype = max((a.dtype for a in ins), key=lambda d: ("fp8", "fp16", "bf16", "tf32", "fp32").index(d))
         unit = "tensor" if in_dtype in TENSOR_DTYPES else "alu"
         op = Op(name, "contract", tuple(a.name for a in ins), name, every, reduced, "sum",
-                (Work(unit, in_dtype, every, 2.0),), label=" . ".join(a.name for a in ins))
+                (Work(unit, in_dtype, every, ops_per_point),), label=" . ".join(a.name for a in ins))
         return self._add_op(op, out, dtype or ("fp32" if in_dtype == "fp32" else in_dtype))
 
     def einsum(self, spec: str, *arrays, name: str, dtype: str | None = None) -> Array:
@@ -357,3 +357,25 @@ def compose(first: Diagram, second: Diagram, connect: dict, name: str | None = N
     out.outputs = [o for o in out.outputs if o not in connect.values()]
     second.replay(out, rename=dict(connect))
     return out
+
+
+def segment(d: Diagram, start: int, stop: int) -> Diagram:
+    """The ops d.ops[start:stop] as their own kernel: arrays made earlier are read from HBM, arrays
+    used later (or outputs) are written to it."""
+    ops = d.ops[start:stop]
+    made = {op.output for op in ops}
+    later = {i for op in d.ops[stop:] for i in op.inputs}
+    sub = Diagram(f"{d.name}[{ops[0].name}..{ops[-1].name}]" if len(ops) > 1 else f"{d.name}[{ops[0].name}]",
+                  **d.sizes)
+    sub.woven = list(d.woven)
+    for op in ops:
+        for i in op.inputs:
+            if i not in made and i not in sub.arrays:
+                arr = d.arrays[i]
+                sub.arrays[i] = Array(arr.name, arr.axes, arr.dtype,
+                                      "constant" if arr.role == "constant" else "input")
+        sub.arrays[op.output] = d.arrays[op.output]
+        sub.ops.append(op)
+    sub.outputs = [o for o in made if o in d.outputs or o in later]
+    sub.outputs.sort(key=lambda o: [op.output for op in ops].index(o))
+    return sub

@@ -83,23 +83,28 @@ def linear_attention(batch=16, heads=16, seq=4096, d=128, dtype="bf16") -> Diagr
     return g.weave("h", heads, ["Q", "K", "V"]).weave("b", batch, ["Q", "K", "V"])
 
 
-def hadamard(rows=2**28 // 4096, n=4096, dtype="bf16") -> Diagram:
+def hadamard(rows=2**28 // 4096, n=4096, dtype="bf16", radix=16) -> Diagram:
     """y = x H_n along rows of n = 2^p, as a Kronecker product of H16 stages (plus one H2/H4/H8
     stage when p is not a multiple of 4): each stage contracts one 16-wide digit of the index."""
     p = int(round(math.log2(n)))
     if n < 2 or 2 ** p != n:
         raise ShapeMismatchError(f"hadamard: n must be a power of two >= 2, got {n}")
     radices = [16] * (p // 4) + ([2 ** (p % 4)] if p % 4 else [])
+    # radix=2: the same stages done as fp32 butterflies on the ALU (Dao's fast-hadamard-transform):
+    # log2(r) additions per output element instead of an r-wide dot product on tensor cores
+    stage_dtype = "fp32" if radix == 2 else dtype
     g = Diagram("hadamard", r=rows)
     ins = [g.axis(f"i{t}", r) for t, r in enumerate(radices)]
     outs = [g.axis(f"j{t}", r) for t, r in enumerate(radices)]
     cur = g.input("X", ("r", *ins), dtype)
     axes = ["r", *ins]
     for t in range(len(radices)):
-        Ht = g.constant(f"H{radices[t]}_{t}", (outs[t], ins[t]), dtype)
+        Ht = g.constant(f"H{radices[t]}_{t}", (outs[t], ins[t]), stage_dtype)
         axes[1 + t] = outs[t]
         last = t == len(radices) - 1
-        cur = g.contract(cur, Ht, out=tuple(axes), name="Y" if last else f"X{t + 1}", dtype=dtype)
+        cur = g.contract(cur, Ht, out=tuple(axes), name="Y" if last else f"X{t + 1}",
+                         dtype=dtype if last else stage_dtype,
+                         ops_per_point=math.log2(radices[t]) / radices[t] if radix == 2 else 2.0)
     return g.output(cur)
 
 
@@ -121,7 +126,7 @@ MODELS = {
     "layernorm": (layernorm, ("rows", "n"), "layer normalization"),
     "rmsnorm": (rmsnorm, ("rows", "n"), "RMS normalization"),
     "linear_attention": (linear_attention, ("batch", "heads", "seq", "d"), "non-causal linear attention"),
-    "hadamard": (hadamard, ("rows", "n"), "Hadamard transform along rows (H16 Kronecker stages)"),
+    "hadamard": (hadamard, ("rows", "n", "radix"), "Hadamard transform along rows (H16 Kronecker stages; radix=2: fp32 butterflies)"),
     "copy": (copy, ("n",), "read and write once (bandwidth ceiling)"),
 }
 
