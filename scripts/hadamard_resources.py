@@ -23,7 +23,7 @@ def compile_for(n: int, dtype: torch.dtype, **tuning):
     ptr = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
     mma = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.bfloat16}[dtype]
     pieces = 3 if dtype == torch.float32 else 1
-    constexprs = {"N": n, "S": cfg["S"], "N1": cfg["N1"], "N2": cfg["N2"], "B": cfg["B"], "IN_PIECES": pieces, "SUM_PIECES": 3 if dtype == torch.float32 else 2,
+    constexprs = {"N": n, "S": cfg["S"], "BOTH_LIVE": kernels.both_live(n), "N1": cfg["N1"], "N2": cfg["N2"], "B": cfg["B"], "IN_PIECES": pieces, "SUM_PIECES": 3 if dtype == torch.float32 else 2,
                   "MID_PIECES": 3 if dtype == torch.float32 else 2, "MMA_DTYPE": mma, "PIECE_DTYPE": tl.bfloat16,
                   "GRID": 132 * cfg["waves"]}
     signature = {"x_ptr": ptr, "out_ptr": ptr, "rows": "i32", "stride_x": "i32", "stride_out": "i32", "scale": "fp32"}

@@ -99,11 +99,9 @@ for dtype in (torch.float16, torch.bfloat16):
 if args.variants:
     for n in [int(v) for v in args.variants.split(",")]:
         S, N1, N2 = kernels.PLANS[n]
-        slice_elems = N1 * N2
-        for tile in sorted({max(slice_elems, 1024), 2 * slice_elems, 4 * slice_elems, 8192}):
-            for stages in (2, 3):
-                if tile > 16384 or (n == 32768 and stages > 2):
-                    continue
+        tiles = [N1 * N2] if N1 >= 64 else [4096, 8192, 16384]
+        for tile in tiles:
+            for stages in (3, 4, 5):
                 try:
                     gbs = time_cfg(n, torch.float16, tile_elems=tile, num_warps=8, num_stages=stages)
                 except Exception as e:  # noqa: BLE001 - a variant that fails to compile is a result too
