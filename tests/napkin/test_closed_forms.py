@@ -4,7 +4,7 @@ import math
 import pytest
 
 from tilecore.napkin import closed_forms as cf
-from tilecore.napkin import derive as D
+from tilecore.napkin import engine as D
 from tilecore.napkin import models
 from tilecore.napkin.hardware import H100, abstract_level
 

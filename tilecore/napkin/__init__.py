@@ -5,11 +5,11 @@
     print(r.summary())
 
 Modules: diagram (arrays, ops, weave, compose), models (built-in diagrams), hardware (levels, compute
-units, GPU presets, calibration), derive (relabel a diagram with levels, cost it, search), closed_forms
+units, GPU presets, calibration), engine (relabel a diagram with levels, cost it, search), closed_forms
 (the paper's formulas), render (pseudocode, cost table, pictures), validate (predicted vs measured).
 """
 from . import closed_forms, models
-from .derive import NONE, Derivation, Part, derive, group, relabel, stream
+from .engine import NONE, Derivation, Part, derive, group, relabel, stream
 from .diagram import Array, Diagram, Op, compose
 from .errors import (CapacityError, ShapeMismatchError, UnknownAxisError, UnknownGPUError,
                      UnknownModelError, UnsupportedDtypeError)

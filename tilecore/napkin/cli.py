@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
         parser.error(f"unknown model {args.model!r}; models: " + ", ".join(MODELS))
     sizes = _sizes(args.sizes, parser)
     from . import models, render
-    from .derive import plan
+    from .engine import plan
     from .hardware import canonical_dtype, get_gpu
 
     try:

@@ -283,7 +283,8 @@ class Diagram:
         for op in self.ops:
             for w in op.works:
                 n = w.per_point * math.prod(self.sizes[a] for a in w.axes)
-                if op.causal and all(a in w.axes for a in op.causal):
+                mask = next((o.causal for o in self.ops if o.causal), None)
+                if mask and all(a in w.axes for a in mask):
                     n *= causal_density
                 total[(w.unit, w.dtype)] = total.get((w.unit, w.dtype), 0.0) + n
         return total
@@ -291,11 +292,12 @@ class Diagram:
     def flops(self) -> float:
         """Useful contraction FLOPs (what TFLOP/s figures count); a causal mask counts half."""
         total = 0.0
+        mask = next((op.causal for op in self.ops if op.causal), None)
         for op in self.ops:
             if op.kind in ("contract", "softmax_contract"):
                 w = op.works[0]
                 n = w.per_point * math.prod(self.sizes[a] for a in w.axes)
-                total += n * (0.5 if op.causal else 1.0)
+                total += n * (0.5 if mask and all(a in w.axes for a in mask) else 1.0)
         return total
 
     def splittable(self, axis: str) -> bool:

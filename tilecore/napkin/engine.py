@@ -208,13 +208,11 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
 
     # padded work: MMA granules (m rows per warpgroup, n columns, k bytes), causal mask
     density = 1.0
+    mask = next((op.causal for op in d.ops if op.causal), None)
+    if mask:  # every op over both masked axes skips the chunks above the diagonal (S = Q K^T too)
+        density = _causal_density(n[mask[0]], n[mask[1]], T_s[mask[0]], S_s[mask[1]])
     work = {}
     for op in d.ops:
-        op_density = 1.0
-        if op.causal:
-            qa, xa = op.causal
-            op_density = _causal_density(n[qa], n[xa], T_s[qa], S_s[xa])
-            density = op_density
         for w in op.works:
             pts = 1.0
             for a in w.axes:
@@ -227,8 +225,8 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
                 k_gran = max(1, k_bytes // dtype_bytes(w.dtype))
                 pts *= (math.ceil(rows / m_gran) * m_gran / rows) * (math.ceil(cols / n_gran) * n_gran / cols) \
                     * (math.ceil(kk / k_gran) * k_gran / kk)
-            if op.causal and all(a in w.axes for a in op.causal):
-                pts *= op_density
+            if mask and all(a in w.axes for a in mask):
+                pts *= density
             work[(w.unit, w.dtype)] = work.get((w.unit, w.dtype), 0.0) + pts * w.per_point
     causal_key = next((op.causal[1] for op in d.ops if op.causal), None)
     causal_q = next((op.causal[0] for op in d.ops if op.causal), None)

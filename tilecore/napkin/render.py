@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .derive import Derivation, Schedule
+from .engine import Derivation, Schedule
 from .hardware import dtype_bytes
 
 LEVEL_COLOURS = {"HBM": "#222222", "L2": "#7f7f7f", "SMEM": "#e07b00", "RF": "#2a9d3a", "TC": "#1f5fbf"}
@@ -158,7 +158,7 @@ def draw(r: Derivation, path) -> list:
         col[op.output] = k + 1
     width = len(ops) + 2
     n_wires = sum(len(a.axes) for a in d.arrays.values()) + 2 * len(d.arrays)
-    fig_h = max(3.5, 0.32 * n_wires + 1.5)
+    fig_h = max(3.5, 0.32 * n_wires + 1.5) + 0.2 * 14
     fig, ax = plt.subplots(figsize=(3.2 * width + 2, fig_h))
     ax.set_xlim(-0.6, width + 0.4)
     ax.axis("off")
@@ -228,8 +228,9 @@ def draw(r: Derivation, path) -> list:
                 for u, c in UNIT_COLOURS.items()]
     ax.legend(handles=handles, loc="upper right", fontsize=8, ncol=2, framealpha=0.9)
     code = [ln for ln in pseudocode(r).splitlines() if not ln.startswith("#")]
-    ax.text(width + 0.35, y + 0.1, "\n".join(code), fontsize=7, family="monospace", ha="right", va="bottom",
-            bbox=dict(fc="#f7f7f7", ec="#cccccc"))
+    ax.text(-0.5, y - 0.1, "\n".join(code), fontsize=7.5, family="monospace", ha="left", va="top",
+            multialignment="left", bbox=dict(fc="#f7f7f7", ec="#cccccc"))
+    ax.set_ylim(y - 0.32 * len(code) - 0.6, 1.1)
     grid = ", ".join(f"{a}/{r.T['SMEM'][a]}" for a, p in r.parts.items()
                      if p.kind == "group" and r.T["SMEM"][a] < d.sizes[a])
     ax.set_title(f"{d.name} on {r.gpu.name}: {r.time * 1e6:.0f} us, {r.tflops:.0f} TFLOP/s, bound by {r.bound}\n"

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from . import models
-from .derive import plan
+from .engine import plan
 from .hardware import H100
 
 SOURCE = ("shared/anchors.md: NVIDIA H100 80GB HBM3 (SXM, 132 SMs), torch 2.11 / triton 3.6 / CUDA 13.0, "
