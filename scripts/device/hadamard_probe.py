@@ -96,20 +96,28 @@ for dtype in (torch.float16, torch.bfloat16):
         report["timing"].append({"dtype": str(dtype), "n": n, "GB/s": gbs, "pct_copy": 100 * gbs / ceil.value})
         print(f"{str(dtype)[6:]:9s} n={n:6d} {gbs:7.0f} GB/s {100 * gbs / ceil.value:5.1f}%", flush=True)
 
+# Alternative (plan, tile elements, stages) per n; None keeps the default.
+VARIANTS = {
+    256: [((1, 2, 1, 128), 8192, 3), ((1, 2, 1, 128), 16384, 2), ((1, 2, 1, 128), 16384, 3)],
+    512: [((1, 4, 1, 128), 16384, 2), ((1, 4, 1, 128), 16384, 3), ((1, 2, 16, 16), 8192, 3)],
+    1024: [(None, 8192, 4), ((1, 2, 16, 32), 8192, 3)],
+    2048: [((1, 1, 128, 16), None, 3), ((1, 1, 128, 16), None, 5), (None, 2048, 5)],
+    4096: [((1, 1, 128, 32), None, 3), ((1, 1, 128, 32), None, 5), (None, 4096, 5)],
+    8192: [((1, 2, 128, 32), None, 3), ((1, 2, 128, 32), None, 5), (None, 8192, 3)],
+    16384: [((1, 4, 128, 32), None, 3), ((1, 4, 128, 32), None, 4), (None, 8192, 4)],
+    32768: [((2, 4, 128, 32), None, 2), ((1, 4, 128, 64), None, 2), ((1, 4, 128, 64), None, 3), (None, 8192, 2)],
+}
 if args.variants:
     for n in [int(v) for v in args.variants.split(",")]:
-        S, N1, N2 = kernels.PLANS[n]
-        tiles = [N1 * N2] if N1 >= 64 else [4096, 8192, 16384]
-        for tile in tiles:
-            for stages in (3, 4, 5):
-                try:
-                    gbs = time_cfg(n, torch.float16, tile_elems=tile, num_warps=8, num_stages=stages)
-                except Exception as e:  # noqa: BLE001 - a variant that fails to compile is a result too
-                    print(f"variant n={n} tile={tile} stages={stages}: {type(e).__name__} {str(e)[:100]}")
-                    continue
-                report["variants"].append({"n": n, "tile": tile, "stages": stages, "GB/s": gbs})
-                print(f"variant n={n:6d} tile={tile:6d} stages={stages} {gbs:6.0f} GB/s "
-                      f"{100 * gbs / ceil.value:5.1f}%", flush=True)
+        for plan, tile, stages in VARIANTS.get(n, []):
+            try:
+                gbs = time_cfg(n, torch.float16, plan=plan, tile_elems=tile, num_stages=stages)
+            except Exception as e:  # noqa: BLE001 - a variant that fails to compile is a result too
+                print(f"variant n={n} plan={plan} tile={tile} stages={stages}: {type(e).__name__} {str(e)[:100]}")
+                continue
+            report["variants"].append({"n": n, "plan": plan, "tile": tile, "stages": stages, "GB/s": gbs})
+            print(f"variant n={n:6d} plan={plan} tile={tile} stages={stages} {gbs:6.0f} GB/s "
+                  f"{100 * gbs / ceil.value:5.1f}%", flush=True)
 
 with open(os.path.join(args.out, "hadamard_probe.json"), "w") as f:
     json.dump(report, f, indent=1)

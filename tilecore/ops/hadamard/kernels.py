@@ -4,7 +4,9 @@ A row of n = S * N1 * N2 elements is read as S slices, each an N1 x N2 matrix X 
 Since H_n = H_S (x) H_N1 (x) H_N2 (Kronecker products of Sylvester matrices),
 
     slice transform  T(X) = H_N1 @ X @ H_N2       (two tensor-core products)
-    row transform    out_s = sum_t H_S[s, t] T(X_t) = T(sum_t H_S[s, t] X_t)  (S = 1 or 2, float32)
+    row transform    out_s = sum_t H_S[s, t] T(X_t) = T(sum_t H_S[s, t] X_t)  (float32 sums)
+
+the slices' butterfly runs on the outputs (live slices: free) or on the inputs (sum slices).
 
 Where the error comes from, and how it stays at the rounding floor:
 * H_N1 @ X multiplies exact 16-bit inputs by +-1 and accumulates in float32: no rounding but the
@@ -13,9 +15,8 @@ Where the error comes from, and how it stays at the rounding floor:
   costs other kernels 1.4-2x the rounding floor; here it is cut into bf16 pieces (dot_split_lhs) whose
   sum carries 16 significant bits (24 for float32 inputs), so the final rounding to the output dtype
   is the only one that matters.
-* With two slices, both transforms stay in registers when they fit (n = 16384) and a float32
-  butterfly combines them; otherwise (n = 32768) the kernel transforms X0 + X1 and X0 - X1, float32
-  sums, which the first stage takes in pieces too.
+* Live slices' transforms are combined in float32; sum slices' inputs are float32 sums, which the
+  first stage takes in pieces too.
 
 Data never changes layout between stages: the first product's accumulator becomes the second's
 left operand in registers. Rows never
@@ -84,89 +85,105 @@ def _store_slice(out_ptr, rows, stride_out, r, s, z, scale,
 
 
 @triton.jit
+def _pass_input(x_ptr, rows, stride_x, r, s_lo, p: tl.constexpr, S_LIVE: tl.constexpr, S_SUM: tl.constexpr,
+                N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr):
+    """Input of pass p for live slice s_lo: the slice itself, or with S_SUM = 2 the float32 sum
+    (p = 0) or difference (p = 1) of slices s_lo and s_lo + S_LIVE."""
+    a = _load_slice(x_ptr, rows, stride_x, r, s_lo, N, N1, N2)
+    if S_SUM == 2:
+        b = _load_slice(x_ptr, rows, stride_x, r, s_lo + S_LIVE, N, N1, N2).to(tl.float32)
+        if p == 0:
+            a = a.to(tl.float32) + b
+        else:
+            a = a.to(tl.float32) - b
+    return a
+
+
+@triton.jit
 def hadamard_kernel(x_ptr, out_ptr, rows, stride_x, stride_out, scale,
-                    N: tl.constexpr, S: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
-                    BOTH_LIVE: tl.constexpr, IN_PIECES: tl.constexpr, SUM_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
+                    N: tl.constexpr, S_SUM: tl.constexpr, S_LIVE: tl.constexpr,
+                    N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
+                    IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
                     MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr):
-    """scale * H_N applied to each of ``rows`` rows; a persistent grid of GRID programs, B rows a tile."""
+    """scale * H_N applied to each of ``rows`` rows; a persistent grid of GRID programs, B rows a tile.
+
+    A row is S_SUM * S_LIVE slices of N1 x N2. Pass p (one per sum slice) transforms S_LIVE inputs,
+    keeps their transforms T_t in registers, and stores out = H_S_LIVE [T_0 .. T_{S_LIVE-1}].
+    """
     tiles = tl.cdiv(rows, B)
     for tile in range(tl.program_id(0), tiles, GRID):
         r = tl.arange(0, B).to(tl.int64) + tile * B  # 64-bit: rows * stride may pass 2^31
-        if S == 1:
-            x = _load_slice(x_ptr, rows, stride_x, r, 0, N, N1, N2)
-            z = _slice_transform(x, N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-            _store_slice(out_ptr, rows, stride_out, r, 0, z, scale, N, N1, N2, B)
-        elif BOTH_LIVE:
-            # S == 2, small slices: both transforms stay in registers, then a float32 butterfly.
-            x0 = _load_slice(x_ptr, rows, stride_x, r, 0, N, N1, N2)
-            x1 = _load_slice(x_ptr, rows, stride_x, r, 1, N, N1, N2)
-            t0 = _slice_transform(x0, N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-            t1 = _slice_transform(x1, N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-            _store_slice(out_ptr, rows, stride_out, r, 0, t0 + t1, scale, N, N1, N2, B)
-            _store_slice(out_ptr, rows, stride_out, r, 1, t0 - t1, scale, N, N1, N2, B)
-        else:
-            # S == 2: out_0 = T(X0 + X1), out_1 = T(X0 - X1), one after the other so that one slice
-            # is live at a time. The float32 sums no longer fit 16 bits: SUM_PIECES pieces carry them.
-            x0 = _load_slice(x_ptr, rows, stride_x, r, 0, N, N1, N2).to(tl.float32)
-            x1 = _load_slice(x_ptr, rows, stride_x, r, 1, N, N1, N2).to(tl.float32)
-            z = _slice_transform(x0 + x1, N, N1, N2, B, SUM_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-            _store_slice(out_ptr, rows, stride_out, r, 0, z, scale, N, N1, N2, B)
-            x0 = _load_slice(x_ptr, rows, stride_x, r, 0, N, N1, N2).to(tl.float32)  # from L2 (out-of-place only)
-            x1 = _load_slice(x_ptr, rows, stride_x, r, 1, N, N1, N2).to(tl.float32)
-            z = _slice_transform(x0 - x1, N, N1, N2, B, SUM_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-            _store_slice(out_ptr, rows, stride_out, r, 1, z, scale, N, N1, N2, B)
+        for p in tl.static_range(S_SUM):
+            base = p * S_LIVE
+            t0 = _slice_transform(_pass_input(x_ptr, rows, stride_x, r, 0, p, S_LIVE, S_SUM, N, N1, N2),
+                                  N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+            if S_LIVE == 1:
+                _store_slice(out_ptr, rows, stride_out, r, base, t0, scale, N, N1, N2, B)
+            else:
+                t1 = _slice_transform(_pass_input(x_ptr, rows, stride_x, r, 1, p, S_LIVE, S_SUM, N, N1, N2),
+                                      N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                if S_LIVE == 2:
+                    _store_slice(out_ptr, rows, stride_out, r, base + 0, t0 + t1, scale, N, N1, N2, B)
+                    _store_slice(out_ptr, rows, stride_out, r, base + 1, t0 - t1, scale, N, N1, N2, B)
+                else:  # S_LIVE == 4: H_4 = H_2 (x) H_2 over the slice index
+                    t2 = _slice_transform(_pass_input(x_ptr, rows, stride_x, r, 2, p, S_LIVE, S_SUM, N, N1, N2),
+                                          N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                    t3 = _slice_transform(_pass_input(x_ptr, rows, stride_x, r, 3, p, S_LIVE, S_SUM, N, N1, N2),
+                                          N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                    a = t0 + t1
+                    b = t0 - t1
+                    c = t2 + t3
+                    d = t2 - t3
+                    _store_slice(out_ptr, rows, stride_out, r, base + 0, a + c, scale, N, N1, N2, B)
+                    _store_slice(out_ptr, rows, stride_out, r, base + 1, b + d, scale, N, N1, N2, B)
+                    _store_slice(out_ptr, rows, stride_out, r, base + 2, a - c, scale, N, N1, N2, B)
+                    _store_slice(out_ptr, rows, stride_out, r, base + 3, b - d, scale, N, N1, N2, B)
 
 
-# n -> (S, N1, N2): slices, and the two factors of each slice. N2 >= 16 (a tensor-core tile; smaller
-# n are zero-padded to 16), N1 is 1 (one product) or >= 16. The factors are chosen to keep the
-# tensor-core work per element (2 N1 for the exact stage, 4 N2 for the two-piece stage) low.
+# n -> (S_SUM, S_LIVE, N1, N2). A row is S_SUM * S_LIVE slices of N1 x N2 (N2 contiguous).
+# * N2 >= 16 (a tensor-core tile; smaller n are zero-padded to 16); N1 is 1 (one product) or >= 16.
+# * Live slices cost nothing extra: their transforms are combined by a float32 butterfly.
+# * Sum slices (S_SUM = 2) are combined on the input side in float32, so their first stage takes
+#   two pieces, and the second pass re-reads the input (from L2).
+# Tensor-core FLOP per element: 2 N1 (4 N1 with sum slices) + 4 N2 (2 N2 when N1 = 1: one exact stage).
 PLANS = {
-    1: (1, 1, 16), 2: (1, 1, 16), 4: (1, 1, 16), 8: (1, 1, 16), 16: (1, 1, 16),
-    32: (1, 1, 32), 64: (1, 1, 64), 128: (1, 1, 128),
-    256: (1, 16, 16), 512: (1, 32, 16), 1024: (1, 32, 32), 2048: (1, 64, 32), 4096: (1, 64, 64),
-    8192: (1, 128, 64), 16384: (2, 128, 64), 32768: (2, 128, 128),
+    1: (1, 1, 1, 16), 2: (1, 1, 1, 16), 4: (1, 1, 1, 16), 8: (1, 1, 1, 16), 16: (1, 1, 1, 16),
+    32: (1, 1, 1, 32), 64: (1, 1, 1, 64), 128: (1, 1, 1, 128),
+    256: (1, 1, 16, 16), 512: (1, 1, 32, 16), 1024: (1, 1, 32, 32), 2048: (1, 1, 64, 32),
+    4096: (1, 1, 64, 64), 8192: (1, 1, 128, 64), 16384: (1, 2, 128, 64), 32768: (2, 2, 128, 64),
 }
-# Two slices small enough that both transforms fit in registers at once: a float32 butterfly on the
-# outputs, 2 N1 + 4 N2 FLOP per element. Otherwise T(X0 + X1) and T(X0 - X1), 4 N1 + 4 N2.
-BOTH_LIVE_MAX_SLICE = 8192
 MAX_N = max(PLANS)
 
-
-def both_live(n: int) -> bool:
-    S, N1, N2 = PLANS[n]
-    return S == 2 and N1 * N2 <= BOTH_LIVE_MAX_SLICE
-
-
-def inplace_safe(n: int) -> bool:
-    """Whether out may alias x: with two passes, the second re-reads x after the first wrote."""
-    return PLANS[n][0] == 1 or both_live(n)
-
-
-# Elements per tile and warps, chosen from the compiler's register and shared-memory report
-# (scripts/hadamard_resources.py) and timings on the H100 (notes/hadamard.md).
-# n -> (elements per tile, warps, software-pipeline stages of the persistent loop's loads).
-TUNING = {n: (4096, 8, 3) for n in PLANS} | {64: (8192, 8, 3), 128: (8192, 8, 3), 256: (8192, 8, 3),
-                                            512: (2048, 8, 3), 1024: (8192, 8, 3), 2048: (2048, 8, 3),
-                                            8192: (8192, 8, 3), 16384: (8192, 8, 3), 32768: (4096, 8, 1)}
+# n -> (elements per tile, warps, software-pipeline stages of the persistent loop's loads), chosen
+# from the compiler's register and shared-memory report (scripts/hadamard_resources.py) and timings
+# on the H100 (notes/hadamard.md).
+TUNING = {n: (4096, 8, 3) for n in PLANS} | {n: (16384, 8, 3) for n in (16, 32, 64, 128)} | {
+    512: (4096, 8, 3), 1024: (8192, 8, 3), 2048: (2048, 8, 5), 4096: (4096, 8, 5), 8192: (8192, 8, 3),
+    16384: (8192, 8, 4), 32768: (8192, 8, 2)}
 
 # float32 inputs take three pieces per stage; past this n their tiles outgrow shared memory (n = 32768)
 # or the tensor cores' float32 accumulation passes 1e-6 relative error (n = 16384, measured 1.02e-6).
 FP32_MAX_N = 8192
 
 
-def config(n: int, *, tile_elems: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-           waves: int = 4) -> dict:
-    """Launch parameters for size n (rows per tile B, warps, pipeline stages, waves of the persistent grid)."""
-    S, N1, N2 = PLANS[n]
+def inplace_safe(n: int) -> bool:
+    """Whether out may alias x: with sum slices, the second pass re-reads x after the first wrote."""
+    return PLANS[n][0] == 1
+
+
+def config(n: int, *, plan: tuple | None = None, tile_elems: int | None = None, num_warps: int | None = None,
+           num_stages: int | None = None, waves: int = 4) -> dict:
+    """Launch parameters for size n: plan, rows per tile B, warps, pipeline stages, grid waves."""
+    S_SUM, S_LIVE, N1, N2 = plan or PLANS[n]
+    assert S_SUM * S_LIVE * N1 * max(N2, n) >= n and S_SUM in (1, 2) and S_LIVE in (1, 2, 4)
     tile_elems = tile_elems or TUNING[n][0]
-    num_warps = num_warps or TUNING[n][1]
-    num_stages = num_stages or TUNING[n][2]
-    B = max(1, tile_elems // (N1 * N2))
+    B = max(1, tile_elems // (S_SUM * S_LIVE * N1 * N2))
     if N1 >= 64:
         B = 1  # a batch of such rows runs as a 3-D product on mma.sync: measured 2-15x slower
     if N1 == 1:
         B = max(B, 16)  # a tensor-core tile needs 16 rows
-    return {"S": S, "N1": N1, "N2": N2, "B": B, "num_warps": num_warps, "num_stages": num_stages, "waves": waves}
+    return {"S_SUM": S_SUM, "S_LIVE": S_LIVE, "N1": N1, "N2": N2, "B": B, "num_warps": num_warps or TUNING[n][1],
+            "num_stages": num_stages or TUNING[n][2], "waves": waves}
 
 
 def launch(x, out, scale: float, *, interpret: bool, num_sms: int, **tuning) -> None:
@@ -179,12 +196,12 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, **tuning) -> 
     piece = tl.float16 if interpret else tl.bfloat16
     mma = {torch.float16: tl.float16, torch.bfloat16: tl.float32 if interpret else tl.bfloat16,
            torch.float32: piece}[x.dtype]
-    in_pieces = 3 if x.dtype == torch.float32 else 1
-    mid_pieces = 3 if x.dtype == torch.float32 else 2
+    fp32 = x.dtype == torch.float32
+    in_pieces = 3 if fp32 else (2 if cfg["S_SUM"] == 2 else 1)  # float32 slice sums need two bf16 pieces
     tiles = triton.cdiv(rows, cfg["B"])
     grid = max(1, min(tiles, num_sms * cfg["waves"]))
     hadamard_kernel[(grid,)](
         x, out, rows, x.stride(0), out.stride(0), scale,
-        N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"], BOTH_LIVE=both_live(n),
-        IN_PIECES=in_pieces, SUM_PIECES=3 if x.dtype == torch.float32 else 2, MID_PIECES=mid_pieces, MMA_DTYPE=mma, PIECE_DTYPE=piece, GRID=grid,
+        N=n, S_SUM=cfg["S_SUM"], S_LIVE=cfg["S_LIVE"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"],
+        IN_PIECES=in_pieces, MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=piece, GRID=grid,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
