@@ -23,8 +23,8 @@ def compile_for(n: int, dtype: torch.dtype, **tuning):
     fp32 = dtype == torch.float32
     ptr = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
     mma = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.bfloat16}[dtype]
-    constexprs = {"N": n, "S_SUM": cfg["S_SUM"], "S_LIVE": cfg["S_LIVE"], "N1": cfg["N1"], "N2": cfg["N2"], "B": cfg["B"],
-                  "IN_PIECES": 3 if fp32 else (2 if cfg["S_SUM"] == 2 else 1), "MID_PIECES": 3 if fp32 else 2, "MMA_DTYPE": mma, "PIECE_DTYPE": tl.bfloat16,
+    constexprs = {"N": n, "S": cfg["S"], "N1": cfg["N1"], "N2": cfg["N2"], "B": cfg["B"],
+                  "IN_PIECES": 3 if fp32 else 1, "MID_PIECES": 3 if fp32 else 2, "MMA_DTYPE": mma, "PIECE_DTYPE": tl.bfloat16,
                   "GRID": 132 * cfg["waves"]}
     signature = {"x_ptr": ptr, "out_ptr": ptr, "rows": "i32", "stride_x": "i32", "stride_out": "i32", "scale": "fp32"}
     signature.update({k: "constexpr" for k in constexprs})

@@ -46,7 +46,7 @@ def test_bf16_is_the_exact_answer_rounded_once(n):
     out = run_poisoned(x, scale)
     ref = hadamard_reference(x, scale, out_dtype=torch.float64)
     expected = truncate_to_bf16(ref)
-    if PLANS[n][:2] == (1, 1):
+    if PLANS[n][0] == 1:
         assert torch.equal(out, expected)
     else:  # the float32 butterfly over slices rounds once more (at 2^-24): a truncation may move 1 ulp
         ulps = (out.view(torch.int16).int() - expected.view(torch.int16).int()).abs()
@@ -62,9 +62,9 @@ def test_fp32_within_1e6(n):
 
 
 # Alternative plans the GPU probe times: each must compute the same transform.
-VARIANT_PLANS = [(256, (1, 2, 1, 128)), (512, (1, 4, 1, 128)), (512, (1, 2, 16, 16)), (2048, (1, 1, 128, 16)),
-                 (4096, (1, 1, 128, 32)), (8192, (1, 2, 128, 32)), (16384, (1, 4, 128, 32)),
-                 (32768, (2, 4, 128, 32)), (32768, (1, 4, 128, 64)), (32768, (2, 1, 128, 128))]
+VARIANT_PLANS = [(256, (2, 1, 128)), (256, (4, 1, 64)), (512, (4, 1, 128)), (512, (2, 16, 16)),
+                 (1024, (4, 16, 16)), (2048, (2, 32, 32)), (2048, (1, 32, 64)), (2048, (1, 128, 16)),
+                 (4096, (1, 64, 64)), (8192, (1, 128, 64)), (16384, (2, 128, 64))]
 
 
 @pytest.mark.parametrize("n,plan", VARIANT_PLANS)
@@ -116,7 +116,7 @@ def test_non_contiguous_inputs(make):
     assert accuracy.error_over_floor(y, ref) <= 1.05
 
 
-@pytest.mark.parametrize("n", [4096, 32768])
+@pytest.mark.parametrize("n", [4096, 16384, 32768])
 def test_inplace_overwrites_and_returns_input(n):
     x = torch.randn(3, n, dtype=torch.float16)
     expected = hadamard_transform(x, 1 / 64)  # noqa

@@ -4,9 +4,7 @@ A row of n = S * N1 * N2 elements is read as S slices, each an N1 x N2 matrix X 
 Since H_n = H_S (x) H_N1 (x) H_N2 (Kronecker products of Sylvester matrices),
 
     slice transform  T(X) = H_N1 @ X @ H_N2       (two tensor-core products)
-    row transform    out_s = sum_t H_S[s, t] T(X_t) = T(sum_t H_S[s, t] X_t)  (float32 sums)
-
-the slices' butterfly runs on the outputs (live slices: free) or on the inputs (sum slices).
+    row transform    out_s = sum_t H_S[s, t] T(X_t)   (a float32 butterfly in registers)
 
 Where the error comes from, and how it stays at the rounding floor:
 * H_N1 @ X multiplies exact 16-bit inputs by +-1 and accumulates in float32: no rounding but the
@@ -15,8 +13,7 @@ Where the error comes from, and how it stays at the rounding floor:
   costs other kernels 1.4-2x the rounding floor; here it is cut into bf16 pieces (dot_split_lhs) whose
   sum carries 16 significant bits (24 for float32 inputs), so the final rounding to the output dtype
   is the only one that matters.
-* Live slices' transforms are combined in float32; sum slices' inputs are float32 sums, which the
-  first stage takes in pieces too.
+* The slice butterfly adds float32 values: no 16-bit rounding there either.
 
 Data never changes layout between stages: the first product's accumulator becomes the second's
 left operand in registers. Rows never
@@ -85,72 +82,54 @@ def _store_slice(out_ptr, rows, stride_out, r, s, z, scale,
 
 
 @triton.jit
-def _pass_input(x_ptr, rows, stride_x, r, s_lo, p: tl.constexpr, S_LIVE: tl.constexpr, S_SUM: tl.constexpr,
-                N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr):
-    """Input of pass p for live slice s_lo: the slice itself, or with S_SUM = 2 the float32 sum
-    (p = 0) or difference (p = 1) of slices s_lo and s_lo + S_LIVE."""
-    a = _load_slice(x_ptr, rows, stride_x, r, s_lo, N, N1, N2)
-    if S_SUM == 2:
-        b = _load_slice(x_ptr, rows, stride_x, r, s_lo + S_LIVE, N, N1, N2).to(tl.float32)
-        if p == 0:
-            a = a.to(tl.float32) + b
-        else:
-            a = a.to(tl.float32) - b
-    return a
-
-
-@triton.jit
 def hadamard_kernel(x_ptr, out_ptr, rows, stride_x, stride_out, scale,
-                    N: tl.constexpr, S_SUM: tl.constexpr, S_LIVE: tl.constexpr,
+                    N: tl.constexpr, S: tl.constexpr,
                     N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
                     IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
                     MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr):
     """scale * H_N applied to each of ``rows`` rows; a persistent grid of GRID programs, B rows a tile.
 
-    A row is S_SUM * S_LIVE slices of N1 x N2. Pass p (one per sum slice) transforms S_LIVE inputs,
-    keeps their transforms T_t in registers, and stores out = H_S_LIVE [T_0 .. T_{S_LIVE-1}].
+    A row is S slices of N1 x N2: their transforms T_t stay in registers, and out = H_S [T_0 .. T_{S-1}].
     """
     tiles = tl.cdiv(rows, B)
     for tile in range(tl.program_id(0), tiles, GRID):
         r = tl.arange(0, B).to(tl.int64) + tile * B  # 64-bit: rows * stride may pass 2^31
-        for p in tl.static_range(S_SUM):
-            base = p * S_LIVE
-            t0 = _slice_transform(_pass_input(x_ptr, rows, stride_x, r, 0, p, S_LIVE, S_SUM, N, N1, N2),
+        t0 = _slice_transform(_load_slice(x_ptr, rows, stride_x, r, 0, N, N1, N2),
+                              N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+        if S == 1:
+            _store_slice(out_ptr, rows, stride_out, r, 0, t0, scale, N, N1, N2, B)
+        else:
+            t1 = _slice_transform(_load_slice(x_ptr, rows, stride_x, r, 1, N, N1, N2),
                                   N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-            if S_LIVE == 1:
-                _store_slice(out_ptr, rows, stride_out, r, base, t0, scale, N, N1, N2, B)
-            else:
-                t1 = _slice_transform(_pass_input(x_ptr, rows, stride_x, r, 1, p, S_LIVE, S_SUM, N, N1, N2),
+            if S == 2:
+                _store_slice(out_ptr, rows, stride_out, r, 0, t0 + t1, scale, N, N1, N2, B)
+                _store_slice(out_ptr, rows, stride_out, r, 1, t0 - t1, scale, N, N1, N2, B)
+            else:  # S == 4: H_4 = H_2 (x) H_2 over the slice index
+                t2 = _slice_transform(_load_slice(x_ptr, rows, stride_x, r, 2, N, N1, N2),
                                       N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-                if S_LIVE == 2:
-                    _store_slice(out_ptr, rows, stride_out, r, base + 0, t0 + t1, scale, N, N1, N2, B)
-                    _store_slice(out_ptr, rows, stride_out, r, base + 1, t0 - t1, scale, N, N1, N2, B)
-                else:  # S_LIVE == 4: H_4 = H_2 (x) H_2 over the slice index
-                    t2 = _slice_transform(_pass_input(x_ptr, rows, stride_x, r, 2, p, S_LIVE, S_SUM, N, N1, N2),
-                                          N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-                    t3 = _slice_transform(_pass_input(x_ptr, rows, stride_x, r, 3, p, S_LIVE, S_SUM, N, N1, N2),
-                                          N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-                    a = t0 + t1
-                    b = t0 - t1
-                    c = t2 + t3
-                    d = t2 - t3
-                    _store_slice(out_ptr, rows, stride_out, r, base + 0, a + c, scale, N, N1, N2, B)
-                    _store_slice(out_ptr, rows, stride_out, r, base + 1, b + d, scale, N, N1, N2, B)
-                    _store_slice(out_ptr, rows, stride_out, r, base + 2, a - c, scale, N, N1, N2, B)
-                    _store_slice(out_ptr, rows, stride_out, r, base + 3, b - d, scale, N, N1, N2, B)
+                t3 = _slice_transform(_load_slice(x_ptr, rows, stride_x, r, 3, N, N1, N2),
+                                      N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                a = t0 + t1
+                b = t0 - t1
+                c = t2 + t3
+                d = t2 - t3
+                _store_slice(out_ptr, rows, stride_out, r, 0, a + c, scale, N, N1, N2, B)
+                _store_slice(out_ptr, rows, stride_out, r, 1, b + d, scale, N, N1, N2, B)
+                _store_slice(out_ptr, rows, stride_out, r, 2, a - c, scale, N, N1, N2, B)
+                _store_slice(out_ptr, rows, stride_out, r, 3, b - d, scale, N, N1, N2, B)
 
 
-# n -> (S_SUM, S_LIVE, N1, N2). A row is S_SUM * S_LIVE slices of N1 x N2 (N2 contiguous).
+# n -> (S, N1, N2). A row is S slices of N1 x N2 (N2 contiguous); the slices' transforms are combined
+# by a float32 butterfly in registers, which costs no tensor-core work.
 # * N2 >= 16 (a tensor-core tile; smaller n are zero-padded to 16); N1 is 1 (one product) or >= 16.
-# * Live slices cost nothing extra: their transforms are combined by a float32 butterfly.
-# * Sum slices (S_SUM = 2) are combined on the input side in float32, so their first stage takes
-#   two pieces, and the second pass re-reads the input (from L2).
-# Tensor-core FLOP per element: 2 N1 (4 N1 with sum slices) + 4 N2 (2 N2 when N1 = 1: one exact stage).
+# * Tensor-core FLOP per element: 2 N1 + 4 N2 (2 N2 when N1 = 1: one exact stage).
+# * N1 >= 64 runs one row per tile (2-D wgmma); N1 <= 32 batches rows (3-D product).
+# Chosen from timings on the H100 (notes/hadamard.md).
 PLANS = {
-    1: (1, 1, 1, 16), 2: (1, 1, 1, 16), 4: (1, 1, 1, 16), 8: (1, 1, 1, 16), 16: (1, 1, 1, 16),
-    32: (1, 1, 1, 32), 64: (1, 1, 1, 64), 128: (1, 1, 1, 128),
-    256: (1, 1, 16, 16), 512: (1, 1, 32, 16), 1024: (1, 1, 32, 32), 2048: (1, 1, 64, 32),
-    4096: (1, 1, 64, 64), 8192: (1, 1, 128, 64), 16384: (1, 2, 128, 64), 32768: (2, 2, 128, 64),
+    1: (1, 1, 16), 2: (1, 1, 16), 4: (1, 1, 16), 8: (1, 1, 16), 16: (1, 1, 16),
+    32: (1, 1, 32), 64: (1, 1, 64), 128: (1, 1, 128),
+    256: (1, 16, 16), 512: (1, 32, 16), 1024: (1, 32, 32), 2048: (1, 64, 32),
+    4096: (1, 128, 32), 8192: (2, 128, 32), 16384: (4, 128, 32), 32768: (4, 128, 64),
 }
 MAX_N = max(PLANS)
 
@@ -158,31 +137,25 @@ MAX_N = max(PLANS)
 # from the compiler's register and shared-memory report (scripts/hadamard_resources.py) and timings
 # on the H100 (notes/hadamard.md).
 TUNING = {n: (4096, 8, 3) for n in PLANS} | {n: (16384, 8, 3) for n in (16, 32, 64, 128)} | {
-    512: (4096, 8, 3), 1024: (8192, 8, 3), 2048: (2048, 8, 5), 4096: (4096, 8, 5), 8192: (8192, 8, 3),
-    16384: (8192, 8, 4), 32768: (8192, 8, 2)}
+    1024: (8192, 8, 3), 2048: (2048, 8, 3), 4096: (4096, 8, 5), 8192: (8192, 8, 5)}
 
 # float32 inputs take three pieces per stage; past this n their tiles outgrow shared memory (n = 32768)
 # or the tensor cores' float32 accumulation passes 1e-6 relative error (n = 16384, measured 1.02e-6).
 FP32_MAX_N = 8192
 
 
-def inplace_safe(n: int) -> bool:
-    """Whether out may alias x: with sum slices, the second pass re-reads x after the first wrote."""
-    return PLANS[n][0] == 1
-
-
 def config(n: int, *, plan: tuple | None = None, tile_elems: int | None = None, num_warps: int | None = None,
            num_stages: int | None = None, waves: int = 4) -> dict:
     """Launch parameters for size n: plan, rows per tile B, warps, pipeline stages, grid waves."""
-    S_SUM, S_LIVE, N1, N2 = plan or PLANS[n]
-    assert S_SUM * S_LIVE * N1 * max(N2, n) >= n and S_SUM in (1, 2) and S_LIVE in (1, 2, 4)
+    S, N1, N2 = plan or PLANS[n]
+    assert S in (1, 2, 4) and S * N1 * N2 == max(n, 16) or (n < 16 and (S, N1, N2) == (1, 1, 16)), (n, plan)
     tile_elems = tile_elems or TUNING[n][0]
-    B = max(1, tile_elems // (S_SUM * S_LIVE * N1 * N2))
+    B = max(1, tile_elems // (S * N1 * N2))
     if N1 >= 64:
         B = 1  # a batch of such rows runs as a 3-D product on mma.sync: measured 2-15x slower
     if N1 == 1:
         B = max(B, 16)  # a tensor-core tile needs 16 rows
-    return {"S_SUM": S_SUM, "S_LIVE": S_LIVE, "N1": N1, "N2": N2, "B": B, "num_warps": num_warps or TUNING[n][1],
+    return {"S": S, "N1": N1, "N2": N2, "B": B, "num_warps": num_warps or TUNING[n][1],
             "num_stages": num_stages or TUNING[n][2], "waves": waves}
 
 
@@ -197,11 +170,10 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, **tuning) -> 
     mma = {torch.float16: tl.float16, torch.bfloat16: tl.float32 if interpret else tl.bfloat16,
            torch.float32: piece}[x.dtype]
     fp32 = x.dtype == torch.float32
-    in_pieces = 3 if fp32 else (2 if cfg["S_SUM"] == 2 else 1)  # float32 slice sums need two bf16 pieces
     tiles = triton.cdiv(rows, cfg["B"])
     grid = max(1, min(tiles, num_sms * cfg["waves"]))
     hadamard_kernel[(grid,)](
         x, out, rows, x.stride(0), out.stride(0), scale,
-        N=n, S_SUM=cfg["S_SUM"], S_LIVE=cfg["S_LIVE"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"],
-        IN_PIECES=in_pieces, MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=piece, GRID=grid,
+        N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"],
+        IN_PIECES=3 if fp32 else 1, MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=piece, GRID=grid,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])

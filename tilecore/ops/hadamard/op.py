@@ -80,8 +80,8 @@ _hadamard_op.register_autograd(_backward, setup_context=_setup_context)
 
 @torch.library.custom_op("tilecore::hadamard_transform_", mutates_args=("x",))
 def _hadamard_inplace_op(x: torch.Tensor, scale: float) -> None:
-    if x.is_contiguous() and kernels.inplace_safe(x.shape[-1]):
-        _transform_into(x, x, scale)  # safe: each tile is read whole before it is written
+    if x.is_contiguous():
+        _transform_into(x, x, scale)  # safe: each tile is read whole before any of it is written
     else:
         x.copy_(_hadamard_op(x, scale))
 
