@@ -19,8 +19,8 @@ TARGET = GPUTarget("cuda", 90, 32)
 
 
 def compile_for(n: int, dtype: torch.dtype, **tuning):
-    cfg = kernels.config(n, **tuning)
     fp32 = dtype == torch.float32
+    cfg = kernels.config(n, fp32=fp32, **tuning)
     ptr = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
     mma = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.bfloat16}[dtype]
     constexprs = {"N": n, "S": cfg["S"], "N1": cfg["N1"], "N2": cfg["N2"], "B": cfg["B"],

@@ -128,35 +128,39 @@ def hadamard_kernel(x_ptr, out_ptr, rows, stride_x, stride_out, scale,
 PLANS = {
     1: (1, 1, 16), 2: (1, 1, 16), 4: (1, 1, 16), 8: (1, 1, 16), 16: (1, 1, 16),
     32: (1, 1, 32), 64: (1, 1, 64), 128: (1, 1, 128),
-    256: (1, 16, 16), 512: (1, 32, 16), 1024: (1, 32, 32), 2048: (1, 64, 32),
+    256: (4, 1, 64), 512: (1, 32, 16), 1024: (1, 32, 32), 2048: (2, 32, 32),
     4096: (1, 128, 32), 8192: (2, 128, 32), 16384: (4, 128, 32), 32768: (4, 128, 64),
 }
 MAX_N = max(PLANS)
 
-# n -> (elements per tile, warps, software-pipeline stages of the persistent loop's loads), chosen
-# from the compiler's register and shared-memory report (scripts/hadamard_resources.py) and timings
-# on the H100 (notes/hadamard.md).
-TUNING = {n: (4096, 8, 3) for n in PLANS} | {n: (16384, 8, 3) for n in (16, 32, 64, 128)} | {
-    1024: (8192, 8, 3), 2048: (2048, 8, 3), 4096: (4096, 8, 5), 8192: (8192, 8, 5)}
+# n -> (elements per tile, warps, software-pipeline stages of the persistent loop's loads, programs per
+# SM in the persistent grid), chosen from the compiler's register and shared-memory report
+# (scripts/hadamard_resources.py) and timings on the H100 (notes/hadamard.md).
+TUNING = {n: (4096, 8, 3, 4) for n in PLANS} | {n: (16384, 8, 3, 1) for n in (16, 32, 64, 128)} | {
+    256: (32768, 8, 3, 16), 512: (4096, 8, 3, 16), 1024: (8192, 8, 3, 16), 2048: (16384, 8, 3, 4),
+    4096: (4096, 8, 5, 16), 8192: (8192, 8, 5, 4), 16384: (4096, 8, 3, 1), 32768: (4096, 8, 3, 1)}
+# float32 inputs carry three pieces per stage: smaller tiles and two stages keep them in shared memory.
+FP32_TUNING = (4096, 8, 2, 4)
 
 # float32 inputs take three pieces per stage; past this n their tiles outgrow shared memory (n = 32768)
 # or the tensor cores' float32 accumulation passes 1e-6 relative error (n = 16384, measured 1.02e-6).
 FP32_MAX_N = 8192
 
 
-def config(n: int, *, plan: tuple | None = None, tile_elems: int | None = None, num_warps: int | None = None,
-           num_stages: int | None = None, waves: int = 4) -> dict:
-    """Launch parameters for size n: plan, rows per tile B, warps, pipeline stages, grid waves."""
+def config(n: int, *, fp32: bool = False, plan: tuple | None = None, tile_elems: int | None = None,
+           num_warps: int | None = None, num_stages: int | None = None, waves: int | None = None) -> dict:
+    """Launch parameters for size n: plan, rows per tile B, warps, pipeline stages, programs per SM."""
     S, N1, N2 = plan or PLANS[n]
     assert S in (1, 2, 4) and S * N1 * N2 == max(n, 16) or (n < 16 and (S, N1, N2) == (1, 1, 16)), (n, plan)
-    tile_elems = tile_elems or TUNING[n][0]
+    tuned = FP32_TUNING if fp32 else TUNING[n]
+    tile_elems = tile_elems or tuned[0]
     B = max(1, tile_elems // (S * N1 * N2))
     if N1 >= 64:
         B = 1  # a batch of such rows runs as a 3-D product on mma.sync: measured 2-15x slower
     if N1 == 1:
         B = max(B, 16)  # a tensor-core tile needs 16 rows
-    return {"S": S, "N1": N1, "N2": N2, "B": B, "num_warps": num_warps or TUNING[n][1],
-            "num_stages": num_stages or TUNING[n][2], "waves": waves}
+    return {"S": S, "N1": N1, "N2": N2, "B": B, "num_warps": num_warps or tuned[1],
+            "num_stages": num_stages or tuned[2], "waves": waves or tuned[3]}
 
 
 def launch(x, out, scale: float, *, interpret: bool, num_sms: int, **tuning) -> None:
@@ -164,7 +168,7 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, **tuning) -> 
     import torch
 
     rows, n = x.shape
-    cfg = config(n, **tuning)
+    cfg = config(n, fp32=x.dtype == torch.float32, **tuning)
     # bf16 products are wrong in Triton 3.6's interpreter: there, bf16 runs its math in fp32/fp16.
     piece = tl.float16 if interpret else tl.bfloat16
     mma = {torch.float16: tl.float16, torch.bfloat16: tl.float32 if interpret else tl.bfloat16,
