@@ -69,3 +69,16 @@ def test_results_json_and_png(tmp_path):
     assert data["ceiling"]["value"] == 3000.0 and len(data["rows"]) == 2
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "83.3" in harness.table(result)
+
+
+def test_plain_eager_only_for_plain_tensors_without_grad():
+    x = torch.randn(2, 2)
+    assert dispatch.plain_eager(x, None)
+    assert not dispatch.plain_eager(torch.randn(2, 2, requires_grad=True))
+    with torch.no_grad():
+        assert dispatch.plain_eager(torch.randn(2, 2, requires_grad=True))
+    assert not dispatch.plain_eager(torch.empty(2, device="meta"))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert not dispatch.plain_eager(torch.empty(2))

@@ -38,6 +38,38 @@ def select(device: torch.device, *, kernel: Callable, reference: Callable) -> Ca
     return kernel if backend_for(device) == "kernel" else reference
 
 
+def plain_eager(*tensors: torch.Tensor | None) -> bool:
+    """True when an op may call its implementation directly instead of through its custom op:
+    eager mode, no gradient to record, plain CUDA or CPU tensors (meta tensors take the op's fake
+    implementation), no dispatch mode or functorch transform.
+
+    A ``torch.library`` custom op's Python dispatch costs ~100 us of host time per call (measured on
+    the lent H100's host, notes/gemm.md), more than many kernels take; torch.compile, autograd,
+    fake tensors and modes still go through the op.
+    """
+    if torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled():
+        return False
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    if _get_current_dispatch_mode() is not None:
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) is not torch.Tensor or t.device.type not in ("cuda", "cpu") or (grad and t.requires_grad):
+            return False
+        if torch._C._functorch.is_functorch_wrapped_tensor(t):
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (cached: the query costs microseconds per call)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def capability(device: torch.device) -> tuple[int, int] | None:
     """Compute capability of a CUDA device, None for the CPU (and the interpreter)."""
     if device.type != "cuda":

@@ -61,32 +61,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
             raise TypeError(f"gemm: bias must be {_name(a.dtype)} or float32; got {_name(bias.dtype)}")
         if bias.device != a.device:
             raise ValueError(f"gemm: bias is on {bias.device} and a on {a.device}")
-    if _plain_eager(a, b, bias):
+    if dispatch.plain_eager(a, b, bias):
         return _gemm_impl(a, b, bias, out_dtype)
     return torch.ops.tilecore.gemm(a, b, bias, out_dtype)
-
-
-def _plain_eager(*tensors) -> bool:
-    """True when calling the implementation directly is the same as calling the custom op: eager,
-    no gradient to record, plain tensors, no dispatch mode or functorch transform active.
-
-    The custom op's dispatch costs ~100 us of host time per call on the lent H100's host
-    (notes/gemm.md), more than a 4096^3 GEMM's half; torch.compile, autograd, fake tensors and
-    modes still go through it.
-    """
-    if torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled():
-        return False
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    if _get_current_dispatch_mode() is not None:
-        return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is None:
-            continue
-        if type(t) is not torch.Tensor or (grad and t.requires_grad) or torch._C._functorch.is_functorch_wrapped_tensor(t):
-            return False
-    return True
 
 
 def _gemm_impl(a, b, bias, out_dtype):
@@ -154,7 +131,7 @@ def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
             raise ValueError(f"gemm_fp8: {name} is on {s.device} and a on {a.device}")
     if (scale_a.numel() == 1) != (scale_b.numel() == 1) and M != 1 and N != 1:
         raise ValueError("gemm_fp8: scales are both per-tensor or both per-row/column (as torch._scaled_mm)")
-    if _plain_eager(a, b, scale_a, scale_b):
+    if dispatch.plain_eager(a, b, scale_a, scale_b):
         return _gemm_fp8_impl(a, b, scale_a, scale_b, out_dtype)
     return torch.ops.tilecore.gemm_fp8(a, b, scale_a, scale_b, out_dtype)
 

@@ -142,11 +142,6 @@ TUNING = {n: (4096, 8, 3, 4) for n in PLANS} | {n: (16384, 8, 3, 1) for n in (16
 # float32 inputs carry three pieces per stage: smaller tiles and two stages keep them in shared memory.
 FP32_TUNING = (4096, 8, 2, 4)
 
-# float32 inputs take three pieces per stage; past this n their tiles outgrow shared memory (n = 32768)
-# or the tensor cores' float32 accumulation passes 1e-6 relative error (n = 16384, measured 1.02e-6).
-FP32_MAX_N = 8192
-
-
 def config(n: int, *, fp32: bool = False, plan: tuple | None = None, tile_elems: int | None = None,
            num_warps: int | None = None, num_stages: int | None = None, waves: int | None = None) -> dict:
     """Launch parameters for size n: plan, rows per tile B, warps, pipeline stages, programs per SM."""

@@ -28,14 +28,9 @@ def check(x: torch.Tensor, scale: float) -> None:
         raise ValueError(f"scale must be a finite real number, got {scale!r}")
 
 
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
 def _kernel_into(x2: torch.Tensor, out2: torch.Tensor, scale: float) -> None:
-    if x2.dtype == torch.float32 and x2.shape[-1] > kernels.FP32_MAX_N:
-        return _reference_into(x2, out2, scale)  # correct, not fast: see kernels.FP32_MAX_N
-    kernels.launch(x2, out2, scale, interpret=x2.device.type != "cuda", num_sms=_num_sms(x2.device))
+    gpu = x2.device.type == "cuda"
+    kernels.launch(x2, out2, scale, interpret=not gpu, num_sms=dispatch.num_sms(x2.device) if gpu else 4)
 
 
 def _reference_into(x2: torch.Tensor, out2: torch.Tensor, scale: float) -> None:
@@ -54,11 +49,15 @@ def _transform_into(x: torch.Tensor, out: torch.Tensor, scale: float) -> None:
     impl(x2, out.view(-1, n), float(scale))
 
 
-@torch.library.custom_op("tilecore::hadamard_transform", mutates_args=())
-def _hadamard_op(x: torch.Tensor, scale: float) -> torch.Tensor:
+def _hadamard_impl(x: torch.Tensor, scale: float) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _transform_into(x, out, scale)
     return out
+
+
+@torch.library.custom_op("tilecore::hadamard_transform", mutates_args=())
+def _hadamard_op(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return _hadamard_impl(x, scale)
 
 
 @_hadamard_op.register_fake
@@ -100,9 +99,15 @@ def hadamard_transform(x: torch.Tensor, scale: float = 1.0, *, inplace: bool = F
     transform times scale). With ``inplace=True`` the result overwrites x and x is returned.
     """
     check(x, scale)
+    scale = float(scale)
     if inplace:
         if x.requires_grad and torch.is_grad_enabled():
             raise RuntimeError("hadamard_transform(inplace=True) cannot record a gradient; use inplace=False")
-        _hadamard_inplace_op(x, float(scale))
+        if dispatch.plain_eager(x) and x.is_contiguous():
+            _transform_into(x, x, scale)
+        else:
+            _hadamard_inplace_op(x, scale)
         return x
-    return _hadamard_op(x, float(scale))
+    if dispatch.plain_eager(x):
+        return _hadamard_impl(x, scale)
+    return _hadamard_op(x, scale)
