@@ -33,7 +33,9 @@ if not args.skip_check:
             rows = max(3, 2**20 // n) + 1
             x = torch.randn(rows, n, dtype=dtype, device=dev)
             out = torch.full_like(x, float("nan"))
-            try:
+            try:  # twice: the first launch compiles, the second takes the cached fast path
+                kernels.launch(x, out, n**-0.5, interpret=False, num_sms=sms)
+                out.fill_(float("nan"))
                 kernels.launch(x, out, n**-0.5, interpret=False, num_sms=sms)
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001

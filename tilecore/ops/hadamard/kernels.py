@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from tilecore.tiles.hadamard import dot_split_lhs, dot_split_rhs, sylvester_tile
+from tilecore.tiles.launch import CachedLaunch
 
 
 @triton.jit
@@ -158,6 +159,9 @@ def config(n: int, *, fp32: bool = False, plan: tuple | None = None, tile_elems:
             "num_stages": num_stages or tuned[2], "waves": waves or tuned[3]}
 
 
+_launch_hadamard = CachedLaunch(hadamard_kernel)
+
+
 def launch(x, out, scale: float, *, interpret: bool, num_sms: int, **tuning) -> None:
     """out[r] = scale * H_n x[r] for 2-D ``x`` and ``out`` (rows, n) with unit stride along n."""
     import torch
@@ -171,7 +175,7 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, **tuning) -> 
     fp32 = x.dtype == torch.float32
     tiles = triton.cdiv(rows, cfg["B"])
     grid = max(1, min(tiles, num_sms * cfg["waves"]))
-    hadamard_kernel[(grid,)](
+    _launch_hadamard[(grid,)](
         x, out, rows, x.stride(0), out.stride(0), scale,
         N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"],
         IN_PIECES=3 if fp32 else 1, MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=piece, GRID=grid,

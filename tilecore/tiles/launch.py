@@ -1,0 +1,57 @@
+"""Launching a ``triton.jit`` kernel with less host time.
+
+Triton 3.6 binds and specializes every argument in Python on each launch: about 40 us per call on the
+lent H100's host (notes/hadamard.md), several times a small kernel's run time. ``CachedLaunch`` keys
+the compiled kernel on exactly what Triton specializes (each argument's type and 16-byte alignment or
+divisibility, the constexprs and the launch options) and calls it directly the next time.
+"""
+from __future__ import annotations
+
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.compiler import BaseBackend
+
+from tilecore import dispatch
+
+
+def specialization(arg) -> tuple:
+    """What Triton compiles a kernel argument as: its type and alignment/divisibility class."""
+    return native_specialize_impl(BaseBackend, arg, False, True, True)
+
+
+class CachedLaunch:
+    """``CachedLaunch(kernel)[grid](*args, **constexprs_and_options)``: same call as ``kernel[grid]``.
+
+    Under Triton's interpreter, or if a Triton version's compiled-kernel runner differs, it launches
+    through the JIT as usual.
+    """
+
+    OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.compiled: dict = {}
+        self.fast = True
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self._launch(tuple(grid), args, kwargs)
+
+    def _launch(self, grid, args, kwargs):
+        if dispatch.interpreter_enabled() or not self.fast:
+            return self.kernel[grid](*args, **kwargs)
+        import torch
+
+        options = tuple((k, kwargs[k]) for k in self.OPTIONS if k in kwargs)
+        names = self.kernel.arg_names[len(args):]
+        ordered = list(args) + [kwargs[name] for name in names]  # every argument in signature order
+        key = (torch.cuda.current_device(), options, tuple(specialization(a) for a in ordered))
+        compiled = self.compiled.get(key)
+        if compiled is None:
+            self.compiled[key] = self.kernel[grid](*args, **kwargs)
+            return self.compiled[key]
+        try:
+            compiled[grid + (1,) * (3 - len(grid))](*ordered)
+        except Exception as err:  # noqa: BLE001 - a triton whose runner differs: use the JIT from now on
+            self.fast = False
+            dispatch.notice_once(f"fast kernel launch off ({type(err).__name__}: {err})")
+            return self.kernel[grid](*args, **kwargs)
+        return compiled
