@@ -35,15 +35,21 @@ class CachedLaunch:
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self._launch(tuple(grid), args, kwargs)
 
+    def key(self, args: tuple, kwargs: dict) -> tuple[tuple, list]:
+        """(cache key, every argument in signature order): constexprs by value, the rest by
+        Triton's specialization of them, plus the launch options."""
+        ordered = list(args) + [kwargs[name] for name in self.kernel.arg_names[len(args):]]
+        spec = tuple(repr(a) if p.is_constexpr else specialization(a) for p, a in zip(self.kernel.params, ordered))
+        options = tuple((k, kwargs[k]) for k in self.OPTIONS if k in kwargs)
+        return (options, spec), ordered
+
     def _launch(self, grid, args, kwargs):
         if dispatch.interpreter_enabled() or not self.fast:
             return self.kernel[grid](*args, **kwargs)
         import torch
 
-        options = tuple((k, kwargs[k]) for k in self.OPTIONS if k in kwargs)
-        names = self.kernel.arg_names[len(args):]
-        ordered = list(args) + [kwargs[name] for name in names]  # every argument in signature order
-        key = (torch.cuda.current_device(), options, tuple(specialization(a) for a in ordered))
+        key, ordered = self.key(args, kwargs)
+        key = (torch.cuda.current_device(), key)
         compiled = self.compiled.get(key)
         if compiled is None:
             self.compiled[key] = self.kernel[grid](*args, **kwargs)
