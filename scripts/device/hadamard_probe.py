@@ -99,8 +99,13 @@ for dtype in (torch.float16, torch.bfloat16):
         print(f"{str(dtype)[6:]:9s} n={n:6d} {gbs:7.0f} GB/s {100 * gbs / ceil.value:5.1f}%", flush=True)
 
 # Alternative (plan, tile elements, stages) per n; None keeps the default.
-VARIANTS = {n: [dict(waves=1), dict(waves=2), dict(waves=16), dict(stream=True), dict(stream=True, waves=2)]
-            for n in (128, 256, 512, 1024, 4096, 16384, 32768)}
+VARIANTS = {
+    512: [dict(plan=(2, 16, 16), tile_elems=16384, waves=16), dict(tile_elems=8192, waves=16, num_stages=4),
+          dict(num_warps=4, waves=16), dict(tile_elems=8192, num_warps=4, waves=16)],
+    2048: [dict(waves=16), dict(tile_elems=8192, waves=16), dict(num_warps=4, waves=16), dict(waves=8, num_stages=4)],
+    32768: [dict(waves=2), dict(num_stages=2, waves=1)],
+    1024: [dict(num_warps=4), dict(tile_elems=16384, waves=8)],
+}
 if args.variants:
     for n in [int(v) for v in args.variants.split(",")]:
         for tuning in VARIANTS.get(n, []):
