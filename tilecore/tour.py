@@ -21,7 +21,7 @@ class TourCase:
     reference: Callable[[], torch.Tensor]
     bytes: int = 0
     flops: int = 0
-    bound: Literal["memory", "compute"] = "memory"
+    bound: Literal["memory", "compute", "compute-fp8"] = "memory"
 
 
 def _cases(device: torch.device) -> list[TourCase]:
@@ -48,6 +48,7 @@ def main(device_name: str | None = None) -> int:
 
         ceilings["memory"] = harness.copy_ceiling(2**28)
         ceilings["compute"] = harness.matmul_ceiling(4096)
+        ceilings["compute-fp8"] = harness.scaled_mm_ceiling(4096)
         for c in ceilings.values():
             print(f"ceiling: {c.name} = {c.value:,.0f} {c.unit}")
 

@@ -69,7 +69,8 @@ def copy_ceiling(nbytes: int = 2**30) -> Ceiling:
     src = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda").normal_()
     dst = torch.empty_like(src)
     ms = median_ms(lambda: dst.copy_(src))
-    return Ceiling(f"copy {nbytes / 2**30:.0f} GiB (torch copy_)", 2 * nbytes / ms / 1e6, "GB/s")
+    size = f"{nbytes / 2**30:g} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:g} MiB"
+    return Ceiling(f"copy {size} (torch copy_)", 2 * nbytes / ms / 1e6, "GB/s")
 
 
 def matmul_ceiling(size: int = 8192, dtype: torch.dtype = torch.bfloat16) -> Ceiling:
@@ -81,7 +82,18 @@ def matmul_ceiling(size: int = 8192, dtype: torch.dtype = torch.bfloat16) -> Cei
                    2 * size**3 / ms / 1e9, "TFLOP/s")
 
 
-CEILINGS: dict[str, Callable[[], Ceiling]] = {"copy": copy_ceiling, "matmul": matmul_ceiling}
+def scaled_mm_ceiling(size: int = 8192) -> Ceiling:
+    """cuBLAS fp8 (e4m3) matmul rate through torch._scaled_mm at size^3, row-wise scales, bf16 out."""
+    a = torch.randn(size, size, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(size, size, device="cuda").to(torch.float8_e4m3fn).t()  # column-major, as it requires
+    sa = torch.rand(size, 1, device="cuda") + 0.5
+    sb = torch.rand(1, size, device="cuda") + 0.5
+    ms = median_ms(lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))
+    return Ceiling(f"torch._scaled_mm e4m3 {size}^3 (cuBLAS)", 2 * size**3 / ms / 1e9, "TFLOP/s")
+
+
+CEILINGS: dict[str, Callable[[], Ceiling]] = {"copy": copy_ceiling, "matmul": matmul_ceiling,
+                                              "matmul-fp8": scaled_mm_ceiling}
 
 
 # ---------------------------------------------------------------------------------------------

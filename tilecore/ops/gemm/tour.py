@@ -24,5 +24,5 @@ def cases(device: torch.device) -> list:
     sb = torch.rand(1, n, device=device) / 64 + 1 / 128
     out.append(TourCase("gemm_fp8", f"{m}x{k} @ {k}x{n} (row scales)", dt,
                         lambda: gemm_fp8(a8, b8, sa, sb), lambda: reference.gemm_fp8_f64(a8, b8, sa, sb),
-                        flops=2 * m * n * k, bound="compute"))
+                        flops=2 * m * n * k, bound="compute-fp8"))
     return out
