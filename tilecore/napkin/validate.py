@@ -1,10 +1,12 @@
-"""Predictions against measurements: the H100 figures in shared/anchors.md, predicted by the napkin.
+"""Predictions against measurements: the H100 figures in shared/anchors.md, and tilecore's own
+kernels as committed by `tilecore bench` (benchmarks/results/h100-80gb-hbm3/*.json), predicted by
+the napkin.
 
 `table()` builds the markdown table; `write_docs()` puts it between markers in docs/napkin.md.
-tilecore's own kernels join MEASURED as they land (same row format).
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -45,10 +47,34 @@ def _predict(model, sizes, dtype, gpu, unit):
     return sched.tflops, sched.bound
 
 
-def rows(calibrated: bool = True) -> list:
+# tilecore's committed H100 results, read when the repository's benchmark folder is at hand
+RESULTS = Path("benchmarks/results/h100-80gb-hbm3")
+
+
+def _tilecore_measured(results: Path) -> tuple[list, list]:
+    """(Hadamard rows (n, % of copy), GEMM rows (label, model, sizes, dtype, TFLOP/s, unit))."""
+    hadamard, gemm = [], []
+    path = results / "hadamard.json"
+    if path.exists():
+        for r in json.loads(path.read_text())["rows"]:
+            if r["series"] == "tilecore" and r["params"]["dtype"] == "bf16" and r["params"]["n"] >= 128:
+                hadamard.append((r["params"]["n"], 100 * r["ratio"]))
+    path = results / "gemm.json"
+    if path.exists():
+        for r in json.loads(path.read_text())["rows"]:
+            case, k = r["params"]["case"], r["params"]["K"]
+            if r["series"] == "tilecore" and case.endswith("M=N=K") and k >= 4096:
+                dtype = "fp8" if case.startswith("fp8") else "bf16"
+                gemm.append((f"tilecore gemm{'_fp8' if dtype == 'fp8' else ''} {k}^3", "matmul",
+                             {"m": k, "n": k, "k": k}, dtype, r["value"], "TFLOP/s"))
+    return hadamard, gemm
+
+
+def rows(calibrated: bool = True, results: Path = RESULTS) -> list:
     gpus = {"datasheet": H100, "calibrated": H100.calibrated(**CALIBRATION)}
     out = []
-    for label, model, sizes, dtype, measured, unit in MEASURED:
+    tilecore_hadamard, tilecore_gemm = _tilecore_measured(Path(results))
+    for label, model, sizes, dtype, measured, unit in MEASURED + tilecore_gemm:
         p_ds, bound = _predict(model, sizes, dtype, gpus["datasheet"], unit)
         p_cal, bound_cal = _predict(model, sizes, dtype, gpus["calibrated"], unit)
         out.append((label, unit, measured, p_ds, p_cal, bound_cal))
@@ -61,6 +87,12 @@ def rows(calibrated: bool = True) -> list:
             p_cal, bound_cal = _predict("hadamard", sizes, "bf16", gpus["calibrated"], "GB/s")
             out.append((f"{peer} Hadamard n={n} (2^28 elements)", "% of copy", measured,
                         100 * p_ds / copy_ds, 100 * p_cal / copy_cal, bound_cal))
+    for n, measured in tilecore_hadamard:  # tensor-core stages, as the radix-16 model
+        sizes = {"rows": HADAMARD_ELEMENTS // n, "n": n, "radix": 16}
+        p_ds, _ = _predict("hadamard", sizes, "bf16", gpus["datasheet"], "GB/s")
+        p_cal, bound_cal = _predict("hadamard", sizes, "bf16", gpus["calibrated"], "GB/s")
+        out.append((f"tilecore hadamard_transform bf16 n={n} (2^28 elements)", "% of copy", measured,
+                    100 * p_ds / copy_ds, 100 * p_cal / copy_cal, bound_cal))
     return out
 
 
@@ -72,7 +104,8 @@ def table() -> str:
         lines.append(f"| {label} | {unit} | {measured:,.0f} | {p_ds:,.0f} | {p_ds / measured:.2f} | "
                      f"{p_cal:,.0f} | {p_cal / measured:.2f} | {bound} |")
     lines.append("")
-    lines.append(f"Measured: {SOURCE}. Calibrated: H100 preset with HBM = the measured copy "
+    lines.append(f"Measured: {SOURCE}; tilecore rows: `tilecore bench` results in {RESULTS} (same machine kind, "
+                 "2026-11-22). Calibrated: H100 preset with HBM = the measured copy "
                  "(2,997 GB/s) and tensor cores scaled to the measured bf16 GEMM at 8192^3 (680 TFLOP/s); "
                  "so those two rows match by construction. Regenerate: `tilecore napkin --validate`.")
     return "\n".join(lines)
