@@ -30,31 +30,28 @@ def _remainder(rest, piece):
 
 
 @triton.jit
-def dot_split_lhs(a, b, PIECES: tl.constexpr, PIECE_DTYPE: tl.constexpr):
-    """a @ b for a float32 ``a`` whose values do not fit one 16-bit operand, on 16-bit tensor cores.
+def dot_split(a, b, SPLIT_A: tl.constexpr, PIECES: tl.constexpr, PIECE_DTYPE: tl.constexpr):
+    """a @ b on 16-bit tensor cores where one operand is float32 whose values do not fit 16 bits.
 
-    ``a`` is cut into PIECES 16-bit parts (a = p0 + p1 + ..., each the rounding of what is left), and
-    their products with ``b`` (exact in 16 bits, e.g. +-1) accumulate in float32. Two bf16 pieces
-    carry 16 significant bits, three carry 24 (float32's own precision).
+    That operand (``a`` if SPLIT_A, else ``b``) is cut into PIECES 16-bit parts (x = p0 + p1 + ...,
+    each the rounding of what is left), the other must be exact in 16 bits (e.g. +-1), and the
+    partial products accumulate in float32. Two bf16 pieces carry 16 significant bits, three carry
+    24 (float32's own precision).
     """
-    rest = a
+    if SPLIT_A:
+        rest = a
+    else:
+        rest = b
     piece = rest.to(PIECE_DTYPE)
-    acc = tl.dot(piece, b, out_dtype=tl.float32)
+    if SPLIT_A:
+        acc = tl.dot(piece, b, out_dtype=tl.float32)
+    else:
+        acc = tl.dot(a, piece, out_dtype=tl.float32)
     for _ in tl.static_range(PIECES - 1):
         rest = _remainder(rest, piece)
         piece = rest.to(PIECE_DTYPE)
-        acc = tl.dot(piece, b, acc)
-    return acc
-
-
-@triton.jit
-def dot_split_rhs(a, b, PIECES: tl.constexpr, PIECE_DTYPE: tl.constexpr):
-    """a @ b with the float32 operand on the right; see dot_split_lhs."""
-    rest = b
-    piece = rest.to(PIECE_DTYPE)
-    acc = tl.dot(a, piece, out_dtype=tl.float32)
-    for _ in tl.static_range(PIECES - 1):
-        rest = _remainder(rest, piece)
-        piece = rest.to(PIECE_DTYPE)
-        acc = tl.dot(a, piece, acc)
+        if SPLIT_A:
+            acc = tl.dot(piece, b, acc)
+        else:
+            acc = tl.dot(a, piece, acc)
     return acc

@@ -10,7 +10,7 @@ Where the error comes from, and how it stays at the rounding floor:
 * H_N1 @ X multiplies exact 16-bit inputs by +-1 and accumulates in float32: no rounding but the
   accumulator's own.
 * Its float32 result does not fit one 16-bit operand. Rounding it to 16 bits between stages is what
-  costs other kernels 1.4-2x the rounding floor; here it is cut into bf16 pieces (dot_split_lhs) whose
+  costs other kernels 1.4-2x the rounding floor; here it is cut into bf16 pieces (tiles.hadamard.dot_split) whose
   sum carries 16 significant bits (24 for float32 inputs), so the final rounding to the output dtype
   is the only one that matters.
 * The slice butterfly adds float32 values: no 16-bit rounding there either.
@@ -22,7 +22,7 @@ share a product (a batched product per row), so a NaN stays in its row.
 import triton
 import triton.language as tl
 
-from tilecore.tiles.hadamard import dot_split_lhs, dot_split_rhs, sylvester_tile
+from tilecore.tiles.hadamard import dot_split, sylvester_tile
 from tilecore.tiles.launch import CachedLaunch
 
 
@@ -47,7 +47,7 @@ def _slice_transform(x, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: 
         if IN_PIECES == 1:
             z = tl.dot(x2.to(MMA_DTYPE), sylvester_tile(N2, N2, N, MMA_DTYPE), out_dtype=tl.float32)
         else:
-            z = dot_split_lhs(x2.to(tl.float32), sylvester_tile(N2, N2, N, PIECE_DTYPE), IN_PIECES, PIECE_DTYPE)
+            z = dot_split(x2.to(tl.float32), sylvester_tile(N2, N2, N, PIECE_DTYPE), True, IN_PIECES, PIECE_DTYPE)
     else:
         if IN_PIECES == 1:
             h1 = sylvester_tile(N1, N1, N1, MMA_DTYPE)
@@ -58,16 +58,16 @@ def _slice_transform(x, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: 
             if IN_PIECES == 1:
                 y = tl.dot(h1, x1.to(MMA_DTYPE), out_dtype=tl.float32)
             else:
-                y = dot_split_rhs(h1, x1.to(tl.float32), IN_PIECES, PIECE_DTYPE)
+                y = dot_split(h1, x1.to(tl.float32), False, IN_PIECES, PIECE_DTYPE)
         else:
             # One product per row (batched), so that rows never mix.
             h1b = tl.broadcast_to(h1[None, :, :], (B, N1, N1))
             if IN_PIECES == 1:
                 y = tl.dot(h1b, x.to(MMA_DTYPE), out_dtype=tl.float32)
             else:
-                y = dot_split_rhs(h1b, x.to(tl.float32), IN_PIECES, PIECE_DTYPE)
+                y = dot_split(h1b, x.to(tl.float32), False, IN_PIECES, PIECE_DTYPE)
             y = tl.reshape(y, (B * N1, N2))
-        z = dot_split_lhs(y, sylvester_tile(N2, N2, N, PIECE_DTYPE), MID_PIECES, PIECE_DTYPE)
+        z = dot_split(y, sylvester_tile(N2, N2, N, PIECE_DTYPE), True, MID_PIECES, PIECE_DTYPE)
     return z
 
 
