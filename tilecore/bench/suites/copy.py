@@ -19,10 +19,11 @@ def _triton_copy(src, dst, numel, BLOCK: tl.constexpr):
     tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
 
 
-def _torch_copy(numel: int):
+def torch_copy(numel: int, dtype: torch.dtype = torch.float16):
+    """A series timing torch's copy_ of ``numel`` elements (inputs rotated past L2)."""
     def build():
-        nxt = rotating(lambda: (torch.empty(numel, dtype=torch.float16, device="cuda").normal_(),
-                                torch.empty(numel, dtype=torch.float16, device="cuda")), 4 * numel)
+        nxt = rotating(lambda: (torch.empty(numel, dtype=dtype, device="cuda").normal_(),
+                                torch.empty(numel, dtype=dtype, device="cuda")), 2 * numel * dtype.itemsize)
         def run():
             src, dst = nxt()
             dst.copy_(src)
@@ -48,7 +49,7 @@ def cases(quick: bool) -> list[Case]:
     out = []
     for nbytes in sizes:
         numel = nbytes // 2
-        out.append(Case({"bytes": nbytes}, {"torch copy_": _torch_copy(numel), "triton copy": _triton_copy_series(numel)},
+        out.append(Case({"bytes": nbytes}, {"torch copy_": torch_copy(numel), "triton copy": _triton_copy_series(numel)},
                         bytes=2 * nbytes))
     return out
 

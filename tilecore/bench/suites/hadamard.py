@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from tilecore.bench.harness import Case, Suite, rotating
+from tilecore.bench.suites.copy import torch_copy
 
 ELEMENTS = 2**28
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -37,17 +38,6 @@ def _dao(rows, n, dtype):
     return build
 
 
-def _copy(rows, n, dtype):
-    def build():
-        nxt = rotating(lambda: (torch.randn(rows, n, dtype=dtype, device="cuda"),
-                                torch.empty(rows, n, dtype=dtype, device="cuda")), 2 * rows * n * dtype.itemsize)
-        def run():
-            src, dst = nxt()
-            dst.copy_(src)
-        return run
-    return build
-
-
 def throughput_cases(quick: bool) -> list[Case]:
     ns = [2**k for k in (range(7, 16, 2) if quick else range(0, 16))]
     cases = []
@@ -65,7 +55,7 @@ def latency_cases(quick: bool) -> list[Case]:
     for n in (4096, 16384):
         for rows in ((1, 16, 256) if quick else (1, 2, 4, 8, 16, 32, 64, 128, 256)):
             cases.append(Case({"rows": rows, "n": n},
-                              {"tilecore": _tilecore(rows, n, torch.bfloat16), "torch copy_": _copy(rows, n, torch.bfloat16),
+                              {"tilecore": _tilecore(rows, n, torch.bfloat16), "torch copy_": torch_copy(rows * n, torch.bfloat16),
                                "dao": _dao(rows, n, torch.bfloat16)},
                               bytes=2 * rows * n * 2))
     return cases
