@@ -1,0 +1,292 @@
+"""FlashAttention-2 forward and backward in Triton ``tl``, written with tilecore.tiles' tile ops.
+
+Layout: q (B, Hq, N, D), k and v (B, Hkv, Nk, D), any strides; the outputs are contiguous. q head h
+reads kv head h // (Hq // Hkv). Batch and head offsets are 64-bit (B * H * N * D can pass 2^31).
+
+Masks, all by construction (the interpreter does not catch out-of-bounds loads):
+* bounds: query rows < N, key rows < Nk, head-dim columns < D (D is padded to a power of two
+  >= 16 inside the kernel, the padding loads as 0 and so adds nothing to q k^T);
+* causal, aligned to the bottom right: query i sees key j <= i + (Nk - N).
+
+Scores are kept in base 2: s = q k^T * scale * log2(e), so every exponential is one ``exp2``.
+The running row max starts at a finite sentinel (EMPTY_ROW_MAX) instead of -inf, so a block whose
+scores are all masked gives exp2(sentinel - sentinel) = 1 and exp2(-inf - sentinel) = 0, never
+exp2(-inf - -inf) = NaN; a row that saw no key at all ends with l = 0, is written as 0 and gets
+lse = -inf. The backward turns lse = -inf back into 0 before exp2(s - lse), so those rows get
+p = 0 and zero gradients.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from tilecore.tiles.launch import CachedLaunch
+from tilecore.tiles.ops import causal_mask, masked, mma, mma_abt, online_softmax_update, row_sum
+
+LOG2E = math.log2(math.e)
+EMPTY_ROW_MAX = -1.0e30  # far below any real scaled score, far above -inf
+
+
+# --------------------------------------------------------------------------------------------
+# forward
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, O, LSE,
+              sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
+              H, N, Nk, D, GROUP, scale_log2e,
+              CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    hk = h // GROUP
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :] * sqd,
+                mask=(offs_m[:, None] < N) & d_ok[None, :], other=0.0)
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + hk * svh
+
+    m_i = tl.full([BLOCK_M], EMPTY_ROW_MAX, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    shift = Nk - N  # causal: query i sees keys j <= i + shift
+    if CAUSAL:
+        hi = tl.minimum(Nk, start_m + BLOCK_M + shift)  # <= 0: this block's rows see no key
+    else:
+        hi = Nk
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        kv_ok = (offs_n[:, None] < Nk) & d_ok[None, :]
+        k = tl.load(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_ok, other=0.0)
+        s = mma_abt(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)) * scale_log2e
+        s = masked(s, offs_n[None, :] < Nk, float("-inf"))
+        if CAUSAL:
+            s = causal_mask(s, offs_m + shift, offs_n, float("-inf"))
+        # s is already scaled (so a negative scale cannot turn the -inf fill into +inf)
+        m_i, l_i, acc, p = online_softmax_update(m_i, l_i, acc, s, 1.0)
+        acc = mma(p.to(v.dtype), v, acc)
+
+    has_keys = l_i > 0.0
+    l_safe = tl.where(has_keys, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(has_keys, (m_i + tl.log2(l_safe)) / 1.4426950408889634, float("-inf"))
+    row_ok = offs_m < N
+    tl.store(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :] * sod,
+             out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + bh.to(tl.int64) * N + offs_m, lse, mask=row_ok)
+
+
+# --------------------------------------------------------------------------------------------
+# backward: delta = rowsum(dO * O) - dlse, then dk/dv (loop over queries), then dq (loop over keys)
+
+
+@triton.jit
+def _attn_bwd_delta(O, DO, DLSE, DELTA, sob, soh, son, sod, sdb, sdh, sdn, sdd, H, N, D,
+                    HAS_DLSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (offs_m[:, None] < N) & (offs_d[None, :] < D)
+    o = tl.load(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :] * sod, mask=ok, other=0.0)
+    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdn + offs_d[None, :] * sdd, mask=ok, other=0.0)
+    delta = row_sum(o.to(tl.float32) * do.to(tl.float32))
+    row = bh.to(tl.int64) * N + offs_m
+    if HAS_DLSE:
+        # d lse_i / d s_ij = p_ij: an lse gradient enters dS = p (dP - delta) as -dlse in delta
+        delta -= tl.load(DLSE + row, mask=offs_m < N, other=0.0)
+    tl.store(DELTA + row, delta, mask=offs_m < N)
+
+
+@triton.jit
+def _row_max_log2(LSE, row, ok):
+    """lse (natural log) of rows as a base-2 row max for exp2(s - m); 0 for a row that saw no key
+    (lse = -inf), whose scores are all -inf, so p = exp2(-inf - 0) = 0 and not NaN."""
+    lse = tl.load(LSE + row, mask=ok, other=0.0)
+    return tl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
+
+
+@triton.jit
+def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
+                   sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdn, sdd,
+                   sgb, sgh, sgn, sgd,
+                   H, HKV, N, Nk, D, GROUP, scale, scale_log2e,
+                   CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per (block of keys, batch * kv head): sums dk, dv over every query block of
+    every q head in the kv head's group (no atomics), computing the transposed tiles directly."""
+    pid_n = tl.program_id(0)
+    bhk = tl.program_id(1)
+    b = (bhk // HKV).to(tl.int64)
+    hk = (bhk % HKV).to(tl.int64)
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    kv_ok = (offs_n[:, None] < Nk) & d_ok[None, :]
+    k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
+    v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    shift = Nk - N
+    lo = 0
+    if CAUSAL:
+        # the first query that sees key start_n is start_n - shift; start at its block
+        lo = (tl.maximum(start_n - shift, 0) // BLOCK_M) * BLOCK_M
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        q_base = Q + b * sqb + h * sqh
+        do_base = DO + b * sdb + h * sdh
+        row_base = (b * H + h) * N
+        for start_m in range(lo, N, BLOCK_M):
+            offs_m = start_m + offs_m0
+            q_ok = (offs_m[:, None] < N) & d_ok[None, :]
+            q = tl.load(q_base + offs_m[:, None] * sqn + offs_d[None, :] * sqd, mask=q_ok, other=0.0)
+            do = tl.load(do_base + offs_m[:, None] * sdn + offs_d[None, :] * sdd, mask=q_ok, other=0.0)
+            m2 = _row_max_log2(LSE, row_base + offs_m, offs_m < N)
+            delta = tl.load(DELTA + row_base + offs_m, mask=offs_m < N, other=0.0)
+            s_t = mma_abt(k, q, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)) * scale_log2e
+            s_t = masked(s_t, (offs_m[None, :] < N) & (offs_n[:, None] < Nk), float("-inf"))
+            if CAUSAL:
+                s_t = masked(s_t, offs_n[:, None] <= offs_m[None, :] + shift, float("-inf"))
+            p_t = tl.exp2(s_t - m2[None, :])
+            dv = mma(p_t.to(do.dtype), do, dv)
+            dp_t = mma_abt(v, do, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32))
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk = mma(ds_t.to(q.dtype), q, dk)
+
+    out_off = b * sgb + hk * sgh + offs_n[:, None] * sgn + offs_d[None, :] * sgd
+    tl.store(DK + out_off, (dk * scale).to(DK.dtype.element_ty), mask=kv_ok)
+    tl.store(DV + out_off, dv.to(DV.dtype.element_ty), mask=kv_ok)
+
+
+@triton.jit
+def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
+                 sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdn, sdd,
+                 sgb, sgh, sgn, sgd,
+                 H, N, Nk, D, GROUP, scale, scale_log2e,
+                 CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per (block of queries, batch * q head): dq = scale * sum over keys of dS k."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    hk = h // GROUP
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    q_ok = (offs_m[:, None] < N) & d_ok[None, :]
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :] * sqd, mask=q_ok, other=0.0)
+    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdn + offs_d[None, :] * sdd, mask=q_ok, other=0.0)
+    row = bh.to(tl.int64) * N + offs_m
+    m2 = _row_max_log2(LSE, row, offs_m < N)
+    delta = tl.load(DELTA + row, mask=offs_m < N, other=0.0)
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + hk * svh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    shift = Nk - N
+    if CAUSAL:
+        hi = tl.minimum(Nk, start_m + BLOCK_M + shift)
+    else:
+        hi = Nk
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        kv_ok = (offs_n[:, None] < Nk) & d_ok[None, :]
+        k = tl.load(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_ok, other=0.0)
+        s = mma_abt(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)) * scale_log2e
+        s = masked(s, (offs_n[None, :] < Nk) & (offs_m[:, None] < N), float("-inf"))
+        if CAUSAL:
+            s = causal_mask(s, offs_m + shift, offs_n, float("-inf"))
+        p = tl.exp2(s - m2[:, None])
+        dp = mma_abt(do, v, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32))
+        ds = p * (dp - delta[:, None])
+        dq = mma(ds.to(k.dtype), k, dq)
+
+    tl.store(DQ + b * sgb + h * sgh + offs_m[:, None] * sgn + offs_d[None, :] * sgd,
+             (dq * scale).to(DQ.dtype.element_ty), mask=q_ok)
+
+
+# --------------------------------------------------------------------------------------------
+# launch
+
+
+def block_d(d: int) -> int:
+    """The head dimension padded to a power of two >= 16 (tl.dot's smallest)."""
+    return max(16, triton.next_power_of_2(d))
+
+
+def forward_config(d: int, interpret: bool) -> dict:
+    """Block sizes and launch options of the forward kernel for head dim d (not tuned yet: the
+    FlashAttention-2 tutorial's shapes; small blocks in the interpreter, so tests cover several)."""
+    if interpret:
+        return dict(BLOCK_M=32, BLOCK_N=16)
+    if d <= 64:
+        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
+    if d <= 128:
+        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+    return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+
+
+def backward_config(d: int, interpret: bool) -> dict:
+    if interpret:
+        return dict(BLOCK_M=16, BLOCK_N=32)
+    if d <= 128:
+        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4 if d <= 64 else 8, num_stages=2)
+    return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+
+
+_FWD = CachedLaunch(_attn_fwd)
+_DELTA = CachedLaunch(_attn_bwd_delta)
+_DKDV = CachedLaunch(_attn_bwd_dkdv)
+_DQ = CachedLaunch(_attn_bwd_dq)
+
+
+def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict | None = None) -> None:
+    """out (B, Hq, N, D) and lse (B, Hq, N) float32 of attention(q, k, v); both contiguous."""
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    cfg = config or forward_config(D, q.device.type != "cuda")
+    grid = (triton.cdiv(N, cfg["BLOCK_M"]), B * H)
+    _FWD[grid](q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+               H, N, Nk, D, H // Hkv, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d(D), **cfg)
+
+
+def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *,
+                  config: dict | None = None) -> None:
+    """dq, dk, dv (contiguous, the inputs' shapes) from dout, the forward's out and lse, and an
+    optional gradient of lse."""
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    interpret = q.device.type != "cuda"
+    cfg = config or backward_config(D, interpret)
+    bd = block_d(D)
+    delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
+    pre_m = 16 if interpret else 64
+    _DELTA[(triton.cdiv(N, pre_m), B * H)](
+        out, dout, dlse if dlse is not None else lse, delta, *out.stride(), *dout.stride(), H, N, D,
+        HAS_DLSE=dlse is not None, BLOCK_M=pre_m, BLOCK_D=bd)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
+    _DKDV[(triton.cdiv(Nk, cfg["BLOCK_N"]), B * Hkv)](
+        q, k, v, dout, lse, delta, dk, dv, *strides, *dk.stride(), H, Hkv, N, Nk, D, H // Hkv,
+        scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=bd, **cfg)
+    _DQ[(triton.cdiv(N, cfg["BLOCK_M"]), B * H)](
+        q, k, v, dout, lse, delta, dq, *strides, *dq.stride(), H, N, Nk, D, H // Hkv,
+        scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=bd, **cfg)
