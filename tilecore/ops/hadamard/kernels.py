@@ -10,14 +10,14 @@ Where the error comes from, and how it stays at the rounding floor:
 * H_N1 @ X multiplies exact 16-bit inputs by +-1 and accumulates in float32: no rounding but the
   accumulator's own.
 * Its float32 result does not fit one 16-bit operand. Rounding it to 16 bits between stages is what
-  costs other kernels 1.4-2x the rounding floor; here it is cut into bf16 pieces (tiles.hadamard.dot_split) whose
-  sum carries 16 significant bits (24 for float32 inputs), so the final rounding to the output dtype
-  is the only one that matters.
+  costs other kernels 1.4-2x the rounding floor; here it is cut into bf16 pieces
+  (tiles.hadamard.dot_split) whose sum carries 16 significant bits (24 for float32 inputs), so the
+  final rounding to the output dtype is the only one that matters.
 * The slice butterfly adds float32 values: no 16-bit rounding there either.
 
 Data never changes layout between stages: the first product's accumulator becomes the second's
-left operand in registers. Rows never
-share a product (a batched product per row), so a NaN stays in its row.
+left operand in registers. Rows never share a product (X @ H_N2 keeps rows apart, H_N1 @ X is a
+batched product per row), so a NaN or Inf stays in its row.
 """
 import triton
 import triton.language as tl
@@ -142,6 +142,7 @@ TUNING = {n: (4096, 8, 3, 4) for n in PLANS} | {n: (16384, 8, 3, 1) for n in (16
     4096: (4096, 8, 5, 16), 8192: (8192, 8, 5, 4), 16384: (4096, 8, 3, 1), 32768: (4096, 8, 3, 1)}
 # float32 inputs carry three pieces per stage: smaller tiles and two stages keep them in shared memory.
 FP32_TUNING = (4096, 8, 2, 4)
+
 
 def config(n: int, *, fp32: bool = False, plan: tuple | None = None, tile_elems: int | None = None,
            num_warps: int | None = None, num_stages: int | None = None, waves: int | None = None) -> dict:
