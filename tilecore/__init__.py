@@ -11,6 +11,7 @@ _EXPORTS = {
     "hadamard_transform": "tilecore.ops.hadamard",
     "gemm": "tilecore.ops.gemm",
     "gemm_fp8": "tilecore.ops.gemm",
+    "attention": "tilecore.ops.attention",
     "nn": "tilecore.nn",
 }
 __all__ = list(_EXPORTS)

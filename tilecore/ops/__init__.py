@@ -9,4 +9,5 @@ def tour_cases(device: torch.device) -> list:
     cases = []
     cases += __import__("tilecore.ops.hadamard.tour", fromlist=["tour_cases"]).tour_cases(device)
     cases += __import__("tilecore.ops.gemm", fromlist=["tour_cases"]).tour_cases(device)
+    cases += __import__("tilecore.ops.attention", fromlist=["tour_cases"]).tour_cases(device)
     return cases

@@ -27,7 +27,7 @@ from tilecore.tiles.launch import CachedLaunch
 from tilecore.tiles.ops import causal_mask, masked, mma, mma_abt, online_softmax_update, row_sum
 
 LOG2E = math.log2(math.e)
-EMPTY_ROW_MAX = -1.0e30  # far below any real scaled score, far above -inf
+EMPTY_ROW_MAX = tl.constexpr(-1.0e30)  # far below any real scaled score, far above -inf
 
 
 # --------------------------------------------------------------------------------------------

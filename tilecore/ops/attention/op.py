@@ -87,6 +87,8 @@ def _forward_impl(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, to
 
 
 def _backward_kernel(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale):
+    lse = lse.contiguous()
+    dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
     _on_device(q, lambda: kernels.backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale))
 
 
@@ -147,6 +149,8 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None:  # only lse was used
         dout = torch.zeros_like(out)
+    if dlse is not None:  # the kernels index it as a contiguous float32 (B, Hq, N) array
+        dlse = dlse.to(torch.float32).contiguous()
     dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None
 

@@ -1,0 +1,298 @@
+"""GPU check and timing of tilecore.attention, in phases that each run in a child process with a time
+limit (an illegal address in one phase must not lose the others' results).
+
+    PYTHONPATH=. python3 scripts/device/attention_probe.py [--phases check,time,sweep,compile] [--out DIR]
+
+check: bf16 and fp16, forward and backward (public API + autograd) against a float64 reference, as
+    error / rounding floor; outputs of a second, direct kernel call into NaN-poisoned buffers must
+    equal the first bit for bit (every element written, deterministic); rows with no key give 0,
+    lse = -inf and zero dq. torch SDPA (flash) on the same data where its masking is the same (N == Nk).
+time: B=16 H=16 N=4096, D 64 and 128, causal and not, bf16: forward and backward TFLOP/s of tilecore,
+    SDPA cuDNN and SDPA flash, interleaved in one process (forward 4 B H N^2 D, halved when causal;
+    backward 2.5x the forward's).
+sweep: a few forward and backward block shapes of the same cases, within what time is left.
+compile: torch.compile(fullgraph=True) (inductor) of forward + backward through the custom ops.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+LIMITS = {"check": 110, "time": 80, "sweep": 60, "compile": 35}
+B, H, N = 16, 16, 4096
+
+
+def parent(args):
+    results = {}
+    t0 = time.time()
+    for phase in args.phases.split(","):
+        t = time.time()
+        try:
+            r = subprocess.run([sys.executable, __file__, "--child", phase, "--out", args.out],
+                               timeout=LIMITS[phase], capture_output=True, text=True)
+            status, out, err = f"rc={r.returncode}", r.stdout, r.stderr
+        except subprocess.TimeoutExpired as e:
+            status = "TIMEOUT"
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        results[phase] = status
+        print(f"===== phase {phase}: {status}, {time.time() - t:.0f} s (total {time.time() - t0:.0f} s)", flush=True)
+        print(out[-3500:], flush=True)
+        if err.strip():
+            print("stderr:", err[-1500:], flush=True)
+        with open(os.path.join(args.out, "attention_probe.log"), "a") as f:
+            f.write(f"===== phase {phase}: {status}\n{out}\n--- stderr ---\n{err}\n")
+    summary(args.out)
+
+
+def summary(out_dir):
+    """The short table, last: TFLOP/s and ratios from the time phase (and the sweep's best)."""
+    path = os.path.join(out_dir, "attention_time.json")
+    if not os.path.exists(path):
+        print("no timing results")
+        return
+    data = json.load(open(path))
+    best = {}
+    sweep_path = os.path.join(out_dir, "attention_sweep.json")
+    if os.path.exists(sweep_path):
+        for r in json.load(open(sweep_path))["rows"]:
+            key = (r["D"], r["causal"], r["pass"])
+            best[key] = max(best.get(key, 0), r["tflops"])
+    print(f"\n{data['meta']['gpu']} | torch {data['meta']['torch']} | triton {data['meta']['triton']} | "
+          f"B={B} H={H} N={N} bf16, TFLOP/s")
+    print(f"{'D':>4} {'causal':>6} {'pass':>4} {'tilecore':>9} {'best cfg':>8} {'cuDNN':>7} {'flash':>7} "
+          f"{'/cuDNN':>7} {'/flash':>7}")
+    for r in data["rows"]:
+        tc, cu, fl = r["tilecore"], r.get("cuDNN (SDPA)"), r.get("flash (SDPA)")
+        bc = best.get((r["D"], r["causal"], r["pass"]))
+        f = lambda x: f"{x:7.0f}" if x else "      -"
+        print(f"{r['D']:>4} {str(r['causal']):>6} {r['pass']:>4} {tc:9.0f} {bc or 0:8.0f} {f(cu)} {f(fl)} "
+              f"{tc / cu if cu else 0:7.2f} {tc / fl if fl else 0:7.2f}")
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def _meta():
+    import torch
+    import triton
+
+    p = torch.cuda.get_device_properties(0)
+    return {"gpu": p.name, "sms": p.multi_processor_count, "torch": torch.__version__,
+            "triton": triton.__version__, "cuda": torch.version.cuda,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+
+
+def check(out_dir):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import tilecore
+    from tilecore.accuracy import error_over_floor
+    from tilecore.ops.attention import kernels
+    from tilecore.ops.attention.reference import attention_reference
+
+    dev = "cuda"
+    cases = [  # B, Hq, Hkv, N, Nk, D, causal
+        (2, 8, 2, 1000, 1000, 64, False), (2, 8, 2, 1000, 1000, 64, True),
+        (1, 4, 4, 4097, 4097, 128, False), (1, 4, 4, 4097, 4097, 128, True),
+        (1, 4, 1, 1000, 4097, 96, True), (1, 4, 2, 4097, 1000, 128, True),
+        (2, 4, 4, 1, 17, 64, True), (2, 4, 4, 17, 17, 256, False), (1, 2, 2, 1000, 1000, 80, True),
+    ]
+    rows = []
+    for dtype in (torch.bfloat16, torch.float16):
+        for (b, hq, hkv, n, nk, d, causal) in cases:
+            g = torch.Generator(device=dev).manual_seed(n * 7 + d)
+            q = torch.randn(b, hq, n, d, device=dev, dtype=dtype, generator=g).requires_grad_()
+            k = torch.randn(b, hkv, nk, d, device=dev, dtype=dtype, generator=g).requires_grad_()
+            v = torch.randn(b, hkv, nk, d, device=dev, dtype=dtype, generator=g).requires_grad_()
+            do = torch.randn(b, hq, n, d, device=dev, dtype=dtype, generator=g)
+            out, lse = tilecore.attention(q, k, v, causal=causal, return_lse=True)
+            dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
+            q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+            ro, rl = attention_reference(q64, k64, v64, causal=causal)
+            rdq, rdk, rdv = torch.autograd.grad(ro, (q64, k64, v64), do.double())
+            scale = d ** -0.5
+            # every element written, same bits: a direct call into NaN-poisoned buffers
+            po = torch.full_like(out, float("nan"))
+            pl = torch.full_like(lse, float("nan"))
+            kernels.forward_into(q.detach(), k.detach(), v.detach(), po, pl, causal, scale)
+            pdq, pdk, pdv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+            kernels.backward_into(do, q.detach(), k.detach(), v.detach(), out, lse, None, pdq, pdk, pdv,
+                                  causal, scale)
+            same = (torch.equal(po, out) and torch.equal(pl, lse) and torch.equal(pdq, dq)
+                    and torch.equal(pdk, dk) and torch.equal(pdv, dv))
+            finite = all(bool(torch.isfinite(t).all()) for t in (out, dq, dk, dv))
+            empty = max(0, n - nk) if causal else 0  # rows with no key to attend to
+            empty_ok = empty == 0 or bool((out[:, :, :empty] == 0).all() and (dq[:, :, :empty] == 0).all()
+                                          and torch.isneginf(lse[:, :, :empty]).all())
+            live = torch.isfinite(rl)
+            lse_err = float((lse.double() - rl)[live].abs().max()) if live.any() else 0.0
+            row = dict(dtype=str(dtype)[6:], B=b, Hq=hq, Hkv=hkv, N=n, Nk=nk, D=d, causal=causal,
+                       out=error_over_floor(out, ro), dq=error_over_floor(dq, rdq), dk=error_over_floor(dk, rdk),
+                       dv=error_over_floor(dv, rdv), lse_max_abs=lse_err, same_bits_poisoned=same,
+                       finite=finite, empty_rows_ok=empty_ok)
+            if n == nk:  # SDPA's causal is top-left aligned: compare only where the masks agree
+                try:
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        so = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv)
+                    sg = torch.autograd.grad(so, (q, k, v), do)
+                    row.update(flash_out=error_over_floor(so, ro), flash_dq=error_over_floor(sg[0], rdq),
+                               flash_dk=error_over_floor(sg[1], rdk), flash_dv=error_over_floor(sg[2], rdv))
+                except RuntimeError as e:
+                    row["flash"] = f"unavailable: {str(e)[:60]}"
+            rows.append(row)
+            ok = same and finite and empty_ok and max(row["out"], row["dq"], row["dk"], row["dv"]) < 4
+            print(f"{'ok  ' if ok else 'FAIL'} {row['dtype']} B{b} H{hq}/{hkv} N{n} Nk{nk} D{d} causal={causal}: "
+                  f"err/floor out {row['out']:.2f} dq {row['dq']:.2f} dk {row['dk']:.2f} dv {row['dv']:.2f} "
+                  f"lse {lse_err:.1e}" + (f" | flash out {row['flash_out']:.2f} dq {row['flash_dq']:.2f} "
+                                          f"dk {row['flash_dk']:.2f} dv {row['flash_dv']:.2f}" if "flash_out" in row else "")
+                  + ("" if same else " NOT-ALL-WRITTEN/NONDETERMINISTIC") + ("" if empty_ok else " EMPTY-ROWS-WRONG"),
+                  flush=True)
+            del q, k, v, do, out, lse, dq, dk, dv, q64, k64, v64, ro, rl, rdq, rdk, rdv
+            torch.cuda.empty_cache()
+    json.dump({"meta": _meta(), "rows": rows}, open(os.path.join(out_dir, "attention_check.json"), "w"), indent=1)
+
+
+def _inputs(d, dtype=None):
+    import torch
+
+    dtype = dtype or torch.bfloat16
+    mk = lambda: torch.randn(B, H, N, d, device="cuda", dtype=dtype).requires_grad_()
+    return mk(), mk(), mk(), torch.randn(B, H, N, d, device="cuda", dtype=dtype)
+
+
+def _fwd_flops(d, causal):
+    return 4 * B * H * N * N * d / (2 if causal else 1)
+
+
+def _series():
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import tilecore
+
+    def sdpa(backend):
+        def f(q, k, v, causal):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return f
+    return {"tilecore": lambda q, k, v, causal: tilecore.attention(q, k, v, causal=causal),
+            "cuDNN (SDPA)": sdpa(SDPBackend.CUDNN_ATTENTION), "flash (SDPA)": sdpa(SDPBackend.FLASH_ATTENTION)}
+
+
+def timing(out_dir):
+    import torch
+    from triton.testing import do_bench
+
+    rows = []
+    for d in (64, 128):
+        q, k, v, do = _inputs(d)
+        for causal in (False, True):
+            fl = _fwd_flops(d, causal)
+            fwd, bwd = {}, {}
+            for name, f in _series().items():
+                try:
+                    with torch.no_grad():
+                        fwd[name] = do_bench(lambda: f(q, k, v, causal), warmup=25, rep=100, return_mode="median")
+                    out = f(q, k, v, causal)
+                    bwd[name] = do_bench(lambda: out.backward(do, retain_graph=True), warmup=25, rep=100,
+                                         grad_to_none=[q, k, v], return_mode="median")
+                    del out
+                except RuntimeError as e:
+                    print(f"{name} D={d} causal={causal}: {str(e)[:100]}")
+            for p, ms in (("fwd", fwd), ("bwd", bwd)):
+                mult = 1 if p == "fwd" else 2.5
+                row = {"D": d, "causal": causal, "pass": p, "ms": ms}
+                row.update({name: mult * fl / t / 1e9 for name, t in ms.items()})
+                rows.append(row)
+                print(f"D={d} causal={causal} {p}: " + ", ".join(f"{n} {row[n]:.0f} TFLOP/s ({t:.3f} ms)"
+                                                                 for n, t in ms.items()), flush=True)
+            json.dump({"meta": _meta(), "rows": rows}, open(os.path.join(out_dir, "attention_time.json"), "w"), indent=1)
+        del q, k, v, do
+        torch.cuda.empty_cache()
+
+
+def sweep(out_dir):
+    import torch
+    from triton.testing import do_bench
+
+    from tilecore.ops.attention import kernels
+
+    t0 = time.time()
+    fwd_cfgs = [dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+                dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+                dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+                dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)]
+    bwd_cfgs = [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+                dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2),
+                dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2),
+                dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2)]
+    rows = []
+    for d in (64, 128):
+        q, k, v, do = (t.detach() for t in _inputs(d))
+        out = torch.empty_like(q)
+        lse = torch.empty(B, H, N, device="cuda", dtype=torch.float32)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        for causal in (False, True):
+            fl = _fwd_flops(d, causal)
+            for p, cfgs in (("fwd", fwd_cfgs), ("bwd", bwd_cfgs)):
+                for cfg in cfgs:
+                    if time.time() - t0 > LIMITS["sweep"] - 12:
+                        break
+                    if p == "fwd":
+                        fn = lambda: kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5, config=cfg)
+                    else:
+                        kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5)
+                        fn = lambda: kernels.backward_into(do, q, k, v, out, lse, None, dq, dk, dv, causal,
+                                                           d ** -0.5, config=cfg)
+                    try:
+                        ms = do_bench(fn, warmup=10, rep=40, return_mode="median")
+                    except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: record and go on
+                        print(f"D={d} causal={causal} {p} {cfg}: {type(e).__name__} {str(e)[:80]}")
+                        continue
+                    tf = (1 if p == "fwd" else 2.5) * fl / ms / 1e9
+                    rows.append({"D": d, "causal": causal, "pass": p, "cfg": cfg, "ms": ms, "tflops": tf})
+                    print(f"D={d} causal={causal} {p} {cfg}: {tf:.0f} TFLOP/s", flush=True)
+                    json.dump({"meta": _meta(), "rows": rows},
+                              open(os.path.join(out_dir, "attention_sweep.json"), "w"), indent=1)
+        del q, k, v, do, out, dq, dk, dv
+        torch.cuda.empty_cache()
+
+
+def compile_check(out_dir):
+    import torch
+
+    import tilecore
+
+    q, k, v = (torch.randn(2, 4, 257, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    f = torch.compile(lambda q, k, v: tilecore.attention(q, k, v, causal=True).float().square().sum(), fullgraph=True)
+    t = time.time()
+    loss = f(q, k, v)
+    loss.backward()
+    g = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    tilecore.attention(q, k, v, causal=True).float().square().sum().backward()
+    same = all(torch.allclose(a, x.grad, rtol=1e-2, atol=1e-2) for a, x in zip(g, (q, k, v)))
+    print(f"torch.compile(fullgraph=True, inductor) fwd+bwd: {time.time() - t:.1f} s, grads match eager: {same}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--phases", default="check,time,sweep,compile")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--child")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    if args.child:
+        {"check": check, "time": timing, "sweep": sweep, "compile": compile_check}[args.child](args.out)
+    else:
+        parent(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""tilecore.attention on the CPU: the Triton kernels through the interpreter (fp16: the interpreter's
+bf16 tl.dot is wrong, so bf16 is checked on the GPU by scripts/device/attention_probe.py), the
+reference path, the custom-op machinery, and bad input."""
+import math
+
+import pytest
+import torch
+
+import tilecore
+from tilecore import accuracy
+from tilecore.ops.attention import attention, attention_reference, kernels
+
+F16 = torch.float16
+
+# B, Hq, Hkv, N, Nk, D, causal: odd lengths, N != Nk both ways, GQA and MQA, D not a power of two
+CASES = [
+    (1, 2, 2, 1, 1, 64, False),
+    (1, 2, 2, 1, 17, 64, True),
+    (2, 2, 2, 17, 17, 64, True),
+    (1, 4, 2, 17, 40, 16, True),
+    (1, 2, 2, 64, 64, 64, False),
+    (1, 4, 1, 100, 64, 80, True),
+    (1, 2, 2, 64, 17, 64, True),   # N > Nk causal: the first 47 rows see no key
+    (2, 2, 1, 33, 100, 80, False),
+]
+IDS = [f"B{b}-H{h}/{hk}-N{n}-Nk{nk}-D{d}-{'causal' if c else 'full'}" for b, h, hk, n, nk, d, c in CASES]
+
+
+def make(b, hq, hkv, n, nk, d, dtype=F16, grad=False):
+    q = torch.randn(b, hq, n, d, dtype=dtype)
+    k = torch.randn(b, hkv, nk, d, dtype=dtype)
+    v = torch.randn(b, hkv, nk, d, dtype=dtype)
+    return [t.requires_grad_(grad) for t in (q, k, v)]
+
+
+def forward_poisoned(q, k, v, causal, scale, config=None):
+    """The forward kernel's (out, lse), into NaN-filled buffers so an unwritten element shows."""
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype)
+    lse = torch.full(q.shape[:3], float("nan"), dtype=torch.float32)
+    kernels.forward_into(q, k, v, out, lse, causal, scale, config=config)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "some outputs were never written"
+    return out, lse
+
+
+def backward_poisoned(dout, q, k, v, out, lse, dlse, causal, scale, config=None):
+    grads = [torch.full(t.shape, float("nan"), dtype=t.dtype) for t in (q, k, v)]
+    kernels.backward_into(dout, q, k, v, out, lse, dlse, *grads, causal, scale, config=config)
+    for name, g in zip("qkv", grads):
+        assert torch.isfinite(g).all(), f"d{name} has unwritten or non-finite elements"
+    return grads
+
+
+def reference_grads(q, k, v, dout, dlse, causal, scale):
+    """dq, dk, dv by torch.autograd through the float64 reference (an lse of -inf carries no loss)."""
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    o, lse = attention_reference(q64, k64, v64, causal=causal, scale=scale)
+    loss = (o * dout.double()).sum()
+    if dlse is not None:
+        loss = loss + (torch.where(torch.isinf(lse), 0.0, lse) * dlse.double()).sum()
+    return torch.autograd.grad(loss, (q64, k64, v64))
+
+
+def check_lse(lse, ref_lse):
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    live = torch.isfinite(ref_lse)
+    assert torch.allclose(lse[live].double(), ref_lse[live], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_forward_fp16_near_the_rounding_floor(case):
+    b, hq, hkv, n, nk, d, causal = case
+    q, k, v = make(*case[:6])
+    out, lse = forward_poisoned(q, k, v, causal, d**-0.5)
+    ref, ref_lse = attention_reference(q, k, v, causal=causal)
+    assert accuracy.error_over_floor(out, ref) <= 2.0
+    check_lse(lse, ref_lse)
+    public, public_lse = attention(q, k, v, causal=causal, return_lse=True)
+    assert torch.equal(public, out) and torch.equal(public_lse, lse)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_backward_fp16_near_the_rounding_floor(case):
+    b, hq, hkv, n, nk, d, causal = case
+    q, k, v = make(*case[:6])
+    scale = d**-0.5
+    out, lse = forward_poisoned(q, k, v, causal, scale)
+    dout = torch.randn_like(out)
+    dlse = torch.randn_like(lse)
+    grads = backward_poisoned(dout, q, k, v, out, lse, dlse, causal, scale)
+    for g, r in zip(grads, reference_grads(q, k, v, dout, dlse, causal, scale)):
+        assert accuracy.error_over_floor(g, r) <= 3.0
+
+
+def test_autograd_through_the_public_function_matches_the_reference():
+    q, k, v = make(2, 4, 2, 40, 23, 64, grad=True)
+    out, lse = attention(q, k, v, causal=True, scale=0.2, return_lse=True)
+    dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+    loss = (out.float() * dout.float()).sum() + (lse * dlse).sum()  # N < Nk: no empty rows, lse finite
+    grads = torch.autograd.grad(loss, (q, k, v))
+    for g, r in zip(grads, reference_grads(q, k, v, dout, dlse, True, 0.2)):
+        assert accuracy.error_over_floor(g, r) <= 3.0
+
+
+def test_rows_with_no_key_give_zeros_and_zero_gradients():
+    n, nk = 50, 20  # causal with N > Nk: query i sees keys j <= i - 30, so rows 0..29 see none
+    q, k, v = make(1, 2, 1, n, nk, 64, grad=True)
+    out, lse = attention(q, k, v, causal=True, return_lse=True)
+    assert (out[:, :, :30] == 0).all() and torch.isneginf(lse[:, :, :30]).all()
+    assert torch.isfinite(out).all() and torch.isfinite(lse[:, :, 30:]).all()
+    out.float().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    assert (q.grad[:, :, :30] == 0).all()
+    # key j is first seen by query j + 30; every key is seen by some query
+    ref = reference_grads(q, k, v, torch.ones_like(out), None, True, 64**-0.5)
+    assert accuracy.error_over_floor(k.grad, ref[1]) <= 3.0
+
+
+def test_no_keys_at_all():
+    q, k, v = make(1, 2, 2, 5, 0, 32, grad=True)
+    out, lse = attention(q, k, v, return_lse=True)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+    out.float().sum().backward()
+    assert (q.grad == 0).all() and k.grad.shape == k.shape
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_block_shapes_compute_the_same(d):
+    # the GPU's (larger) blocks, run through the interpreter: loop bounds with BLOCK_M != BLOCK_N
+    q, k, v = make(1, 2, 1, 150, 130, d)
+    scale = d**-0.5
+    fwd = kernels.forward_config(d, interpret=False)
+    bwd = kernels.backward_config(d, interpret=False)
+    for causal in (False, True):
+        out, lse = forward_poisoned(q, k, v, causal, scale, config={x: fwd[x] for x in ("BLOCK_M", "BLOCK_N")})
+        ref, ref_lse = attention_reference(q, k, v, causal=causal)
+        assert accuracy.error_over_floor(out, ref) <= 2.0
+        check_lse(lse, ref_lse)
+        dout = torch.randn_like(out)
+        grads = backward_poisoned(dout, q, k, v, out, lse, None, causal, scale,
+                                  config={x: bwd[x] for x in ("BLOCK_M", "BLOCK_N")})
+        for g, r in zip(grads, reference_grads(q, k, v, dout, None, causal, scale)):
+            assert accuracy.error_over_floor(g, r) <= 3.0
+
+
+def test_strided_inputs_give_the_same_answer():
+    # (B, N, H, D) memory viewed as (B, H, N, D), as models usually hold q, k, v
+    q, k, v = (torch.randn(2, n, h, 64, dtype=F16).transpose(1, 2) for n, h in ((30, 4), (45, 2), (45, 2)))
+    out = attention(q, k, v, causal=True)
+    assert torch.equal(out, attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=True))
+
+
+def test_negative_scale_masks_correctly():
+    q, k, v = make(1, 2, 2, 17, 17, 32)
+    out, lse = attention(q, k, v, causal=True, scale=-0.3, return_lse=True)
+    ref, ref_lse = attention_reference(q, k, v, causal=True, scale=-0.3)
+    assert accuracy.error_over_floor(out, ref) <= 2.0
+    check_lse(lse, ref_lse)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_reference_path_without_the_interpreter(monkeypatch, dtype):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # CPU tensors then take the PyTorch reference
+    q, k, v = make(1, 4, 2, 30, 20, 48, dtype=dtype, grad=True)
+    out, lse = attention(q, k, v, causal=True, return_lse=True)
+    ref, ref_lse = attention_reference(q, k, v, causal=True)
+    assert accuracy.error_over_floor(out, ref) <= 1.5
+    assert (out[:, :, :10] == 0).all() and torch.isneginf(lse[:, :, :10]).all()
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    for g, r in zip(grads, reference_grads(q, k, v, dout, None, True, 48**-0.5)):
+        assert accuracy.error_over_floor(g, r) <= 1.5
+
+
+def test_custom_ops_opcheck_and_compile_fullgraph():
+    q, k, v = make(1, 2, 1, 20, 24, 32, grad=True)
+    torch.library.opcheck(torch.ops.tilecore.attention_forward.default, (q, k, v, True, 0.25))
+    dout = torch.randn(q.shape, dtype=F16)
+    out, lse = attention(q.detach(), k.detach(), v.detach(), causal=True, scale=0.25, return_lse=True)
+    torch.library.opcheck(torch.ops.tilecore.attention_backward.default,
+                          (dout, q.detach(), k.detach(), v.detach(), out, lse, None, True, 0.25))
+
+    def f(q, k, v):
+        o, lse = tilecore.attention(q, k, v, causal=True, scale=0.25, return_lse=True)
+        return (o.float() * 2).sum() + lse.sum()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    loss = compiled(q, k, v)
+    got = torch.autograd.grad(loss, (q, k, v))
+    expect = torch.autograd.grad(f(q, k, v), (q, k, v))
+    assert all(torch.equal(a, b) for a, b in zip(got, expect))
+
+
+def test_tilecore_exports_attention():
+    assert tilecore.attention is attention
+
+
+@pytest.mark.parametrize("args,kwargs,error,words", [
+    ((torch.zeros(2, 8, 64), torch.zeros(2, 8, 64), torch.zeros(2, 8, 64)), {}, ValueError, "4-D"),
+    ((torch.zeros(1, 2, 8, 64), torch.zeros(1, 2, 8, 64), torch.zeros(1, 2, 8, 64)), {}, TypeError, "float16, bfloat16"),
+    ((torch.zeros(1, 2, 8, 64, dtype=F16), torch.zeros(1, 2, 8, 64), torch.zeros(1, 2, 8, 64, dtype=F16)), {}, TypeError, "one dtype"),
+    ((torch.zeros(1, 3, 8, 64, dtype=F16), torch.zeros(1, 2, 8, 64, dtype=F16), torch.zeros(1, 2, 8, 64, dtype=F16)), {}, ValueError, "multiple"),
+    ((torch.zeros(1, 2, 8, 64, dtype=F16), torch.zeros(1, 2, 8, 64, dtype=F16), torch.zeros(1, 2, 9, 64, dtype=F16)), {}, ValueError, "same shape"),
+    ((torch.zeros(1, 2, 8, 64, dtype=F16), torch.zeros(1, 2, 8, 32, dtype=F16), torch.zeros(1, 2, 8, 32, dtype=F16)), {}, ValueError, "head_dim"),
+    ((torch.zeros(2, 2, 8, 64, dtype=F16), torch.zeros(1, 2, 8, 64, dtype=F16), torch.zeros(1, 2, 8, 64, dtype=F16)), {}, ValueError, "batch"),
+    ((torch.zeros(1, 2, 8, 320, dtype=F16),) * 3, {}, ValueError, "from 1 to 256"),
+    ((torch.zeros(1, 2, 8, 64, dtype=F16),) * 3, {"scale": math.inf}, ValueError, "finite"),
+    ((torch.zeros(1, 2, 8, 64, dtype=F16),) * 3, {"causal": 1}, TypeError, "True or False"),
+    (([1.0], torch.zeros(1), torch.zeros(1)), {}, TypeError, "torch.Tensor"),
+])
+def test_bad_input_names_what_is_accepted(args, kwargs, error, words):
+    with pytest.raises(error, match=words):
+        attention(*args, **kwargs)

@@ -1,0 +1,96 @@
+"""Compile the attention kernels for sm_90a without a GPU and print their resources (registers,
+spills, shared memory) at the block shapes the launcher picks on a GPU, and at any given ones.
+
+    python -m tilecore.ops.attention.report [--json]      (with TRITON_INTERPRET unset)
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import triton
+
+from tilecore import dispatch
+
+
+def _compile(kernel, args: dict, options: dict):
+    """Compile as the JIT would for these arguments: the same specialization (ints equal to 1
+    become constants, 16-divisible ints and 16-aligned pointers get divisibility hints)."""
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.compiler import ASTSource
+
+    from tilecore.tiles.compile import HOPPER
+    from tilecore.tiles.launch import specialization
+
+    backend = CUDABackend(HOPPER)
+    signature, constexprs, attrs = {}, {}, {}
+    for i, param in enumerate(kernel.params):
+        value = args[param.name]
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+            constexprs[(i,)] = value
+            continue
+        ty, attr = specialization(value)
+        signature[param.name] = ty
+        if ty == "constexpr":
+            constexprs[(i,)] = value
+        elif isinstance(attr, str):
+            attrs[(i,)] = backend.parse_attr(attr)
+    return triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs), target=HOPPER,
+                          options=options)
+
+
+def kernel_resources(d: int, causal: bool = True, dtype=torch.bfloat16, fwd_cfg: dict | None = None,
+                     bwd_cfg: dict | None = None) -> list[dict]:
+    """Resources of the forward, dk/dv and dq kernels for head dim ``d`` (the default GPU configs
+    unless given)."""
+    from tilecore.ops.attention import kernels
+    from tilecore.tiles.compile import resources
+
+    fwd_cfg = dict(fwd_cfg or kernels.forward_config(d, interpret=False))
+    bwd_cfg = dict(bwd_cfg or kernels.backward_config(d, interpret=False))
+    t = torch.empty(64, dtype=dtype)  # only the type and alignment matter to the signature
+    f32 = torch.empty(64, dtype=torch.float32)
+    n = 4096  # contiguous (B=16, H=16, N=4096, D) tensors, as in the benchmark
+    strides = lambda p: {f"{p}b": 16 * n * d, f"{p}h": n * d, f"{p}n": d, f"{p}d": 1}
+    common = {"H": 16, "HKV": 16, "N": n, "Nk": n, "D": d, "GROUP": 1, "scale": 0.1, "scale_log2e": 0.1}
+    out = []
+
+    def one(name, kernel, args, cfg):
+        options = {k: cfg[k] for k in ("num_warps", "num_stages") if k in cfg}
+        consts = {k: v for k, v in cfg.items() if k.startswith("BLOCK")}
+        full = dict(args, CAUSAL=causal, BLOCK_D=kernels.block_d(d), **consts)
+        full = {p.name: full[p.name] for p in kernel.params}
+        r = resources(_compile(kernel, full, options))
+        out.append(dict(kernel=name, D=d, causal=causal, cfg=cfg, registers=r.registers,
+                        spill_stores=r.spill_stores, spill_loads=r.spill_loads, stack=r.stack,
+                        shared=r.shared, threads=r.threads))
+
+    base = {"Q": t, "K": t, "V": t, "O": t, "DO": t, "DK": t, "DV": t, "DQ": t, "LSE": f32, "DELTA": f32}
+    base |= strides("sq") | strides("sk") | strides("sv") | strides("so") | strides("sd") | strides("sg")
+    base |= common
+    one("forward", kernels._attn_fwd, base, fwd_cfg)
+    one("backward dk/dv", kernels._attn_bwd_dkdv, base, bwd_cfg)
+    one("backward dq", kernels._attn_bwd_dq, base, bwd_cfg)
+    return out
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if dispatch.interpreter_enabled():
+        print("run with TRITON_INTERPRET unset: the interpreter's kernels cannot be compiled", file=sys.stderr)
+        return 2
+    rows = [r for d in (64, 128, 256) for r in kernel_resources(d)]
+    if "--json" in argv:
+        print(json.dumps(rows))
+    else:
+        for r in rows:
+            print(f"{r['kernel']:>15} D={r['D']:<3} {r['cfg']}: {r['registers']} regs, spills "
+                  f"{r['spill_stores']}/{r['spill_loads']}, stack {r['stack']}, shared {r['shared']} B, "
+                  f"{r['threads']} threads")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
