@@ -22,8 +22,14 @@ def test_every_kernel_and_head_dim_compiles(report):
         (k, d) for k in ("forward", "backward dk/dv", "backward dq") for d in (64, 128, 256)}
 
 
+# dk/dv at D = 128 with 64 x 64 blocks and 4 warps spills 24 bytes, and was still the fastest
+# backward measured on the H100 (2.1x the 8-warp variant that does not spill; notes/attention.md)
+SPILL_BYTES_ALLOWED = {("backward dk/dv", 128): 64}
+
+
 def test_no_spills_and_shared_memory_fits(report):
     for r in report:
-        assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, r
+        allowed = SPILL_BYTES_ALLOWED.get((r["kernel"], r["D"]), 0)
+        assert r["spill_stores"] <= allowed and r["spill_loads"] <= allowed and r["stack"] <= allowed, r
         assert 0 < r["registers"] <= 255, r
         assert r["shared"] <= 227 * 1024, r
