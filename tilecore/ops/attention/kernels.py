@@ -27,6 +27,7 @@ from tilecore.tiles.launch import CachedLaunch
 from tilecore.tiles.ops import causal_mask, masked, mma, mma_abt, online_softmax_update, row_sum
 
 LOG2E = math.log2(math.e)
+LOG2E_IN_KERNEL = tl.constexpr(LOG2E)  # lse in base 2 <-> natural log
 EMPTY_ROW_MAX = tl.constexpr(-1.0e30)  # far below any real scaled score, far above -inf
 
 
@@ -80,7 +81,7 @@ def _attn_fwd(Q, K, V, O, LSE,
     has_keys = l_i > 0.0
     l_safe = tl.where(has_keys, l_i, 1.0)
     out = acc / l_safe[:, None]
-    lse = tl.where(has_keys, (m_i + tl.log2(l_safe)) / 1.4426950408889634, float("-inf"))
+    lse = tl.where(has_keys, (m_i + tl.log2(l_safe)) / LOG2E_IN_KERNEL, float("-inf"))
     row_ok = offs_m < N
     tl.store(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :] * sod,
              out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -116,7 +117,7 @@ def _row_max_log2(LSE, row, ok):
     """lse (natural log) of rows as a base-2 row max for exp2(s - m); 0 for a row that saw no key
     (lse = -inf), whose scores are all -inf, so p = exp2(-inf - 0) = 0 and not NaN."""
     lse = tl.load(LSE + row, mask=ok, other=0.0)
-    return tl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
+    return tl.where(lse == float("-inf"), 0.0, lse * LOG2E_IN_KERNEL)
 
 
 @triton.jit
