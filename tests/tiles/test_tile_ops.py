@@ -111,6 +111,19 @@ def test_online_softmax_matches_softmax():
     assert ((o.double() - ref).norm() / ref.norm()).item() < 2e-3  # p is rounded to fp16 for the mma
 
 
+def test_online_softmax_fully_masked_leading_blocks_give_no_nan():
+    # Causal attention's first key blocks can mask whole rows: those rows must stay at zero, not NaN.
+    M, N, D, blocks = 16, 16, 16, 4
+    s = torch.randn(M, N * blocks) * 3
+    s[:, : 2 * N] = float("-inf")  # the first two blocks are masked for every row
+    v = torch.randn(N * blocks, D, dtype=torch.float16)
+    o = torch.full((M, D), float("nan"))
+    _softmax_kernel[(1,)](s, v, o, 0.5 * math.log2(math.e), M, N, D, blocks)
+    ref = torch.softmax(s.double() * 0.5, dim=1) @ v.double()
+    assert not torch.isnan(o).any()
+    assert ((o.double() - ref).norm() / ref.norm()).item() < 2e-3
+
+
 @triton.jit
 def _quant_kernel(x_ptr, q_ptr, d_ptr, inv_scale, scale, n: tl.constexpr, QMAX: tl.constexpr):
     r = tl.arange(0, n)

@@ -93,10 +93,14 @@ def online_softmax_update(m_i, l_i, acc, s, scale_log2e):
     sum of 2^(scaled - m_i), ``acc`` [m, d] the running output. Returns (m_new, l_new, acc
     rescaled to m_new, p) where p = 2^(s * scale_log2e - m_new) is the block's probabilities,
     ready for ``acc = mma(p, v, acc)``; the final output is acc / l.
+
+    Masked scores must be -inf and ``scale_log2e`` positive (fold a negative scale into s first). A
+    row whose scores so far are all masked keeps m = -inf, l = 0 and acc = 0: never NaN.
     """
     m_new = tl.maximum(m_i, row_max(s) * scale_log2e)
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s * scale_log2e - m_new[:, None])
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # exp2(-inf - -inf) would be NaN
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(s * scale_log2e - m_ref[:, None])
     l_new = l_i * alpha + row_sum(p)
     return m_new, l_new, acc * alpha[:, None], p
 
