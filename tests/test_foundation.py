@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from tilecore import accuracy, cli, dispatch
+from tilecore import accuracy, dispatch
 from tilecore.bench import harness
 
 

@@ -6,13 +6,12 @@ the default config and of variants, against the copy ceiling measured in the sam
 import argparse
 import json
 import os
-import sys
 
 import torch
 
 from tilecore import accuracy, env
 from tilecore.bench.harness import copy_ceiling, median_ms
-from tilecore.ops.hadamard import hadamard_reference, hadamard_transform, kernels
+from tilecore.ops.hadamard import hadamard_reference, kernels
 
 p = argparse.ArgumentParser()
 p.add_argument("--variants", default="")  # e.g. "256,1024,4096,16384,32768"

@@ -1,6 +1,5 @@
 """hadamard_transform on the CPU: the Triton kernel through the interpreter, the reference path,
 the custom-op machinery, and bad input."""
-import math
 
 import pytest
 import torch
@@ -109,7 +108,6 @@ def test_leading_dimensions_and_dtype_kept():
 ])
 def test_non_contiguous_inputs(make):
     x = make()
-    n = x.shape[-1]
     ref = hadamard_reference(x, 1.0, out_dtype=torch.float64)
     y = hadamard_transform(x)
     assert y.is_contiguous() and y.shape == x.shape

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .hardware import GPU, dtype_bytes, get_gpu
+from .hardware import dtype_bytes, get_gpu
 
 
 def matmul_io(a: float, b: float, c: float, g_a: float, g_c: float) -> float:

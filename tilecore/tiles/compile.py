@@ -21,32 +21,39 @@ from triton.backends.compiler import GPUTarget
 HOPPER = GPUTarget("cuda", 90, 32)
 
 
-def compile_kernel(kernel, args: dict, *, num_warps: int = 4, target: GPUTarget = HOPPER):
-    """Compile ``kernel`` (a triton.jit or gluon.jit function) for ``args`` given by name."""
-    import torch
+def compile_kernel(kernel, args: dict, *, num_warps: int = 4, target: GPUTarget = HOPPER, **options):
+    """Compile ``kernel`` (a triton.jit or gluon.jit function) for ``args`` given by name, as the JIT
+    would: the same specialization (ints equal to 1 become constants; 16-divisible ints and 16-byte
+    aligned pointers get divisibility hints, without which loads are not vectorized or pipelined and
+    the report misleads). ``options``: other compile options, e.g. num_stages."""
+    from triton.backends.nvidia.compiler import CUDABackend
     from triton.runtime.jit import mangle_type
 
     from tilecore.tiles.launch import specialization
 
+    backend = CUDABackend(target)
     signature, constexprs, attrs = {}, {}, {}
     for i, param in enumerate(kernel.params):
         value = args[param.name]
         if param.is_constexpr:
             signature[param.name] = "constexpr"
             constexprs[(i,)] = value
-        else:
-            signature[param.name] = mangle_type(value)
-            # As the launcher specializes: 16-byte aligned pointers and 16-divisible ints. Without this
-            # the compiler cannot vectorize or pipeline loads, and the report misleads (more registers).
-            if (isinstance(value, torch.Tensor) or (isinstance(value, int) and not isinstance(value, bool))) \
-                    and not param.do_not_specialize and specialization(value)[1] == "D":
-                attrs[(i,)] = [["tt.divisibility", 16]]
+            continue
+        try:
+            ty, attr = specialization(value)
+        except TypeError:  # e.g. TMA descriptors: typed, not specialized
+            ty, attr = mangle_type(value), None
+        signature[param.name] = ty
+        if ty == "constexpr":
+            constexprs[(i,)] = value
+        elif isinstance(attr, str) and not param.do_not_specialize:
+            attrs[(i,)] = backend.parse_attr(attr)
     if getattr(kernel, "is_gluon", lambda: False)():
         from triton.experimental.gluon._runtime import GluonASTSource as Source
     else:
         from triton.compiler import ASTSource as Source
     return triton.compile(Source(kernel, signature, constexprs=constexprs, attrs=attrs), target=target,
-                          options={"num_warps": num_warps})
+                          options={"num_warps": num_warps, **options})
 
 
 @dataclass

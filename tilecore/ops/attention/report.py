@@ -9,36 +9,14 @@ import json
 import sys
 
 import torch
-import triton
 
 from tilecore import dispatch
 
 
 def _compile(kernel, args: dict, options: dict):
-    """Compile as the JIT would for these arguments: the same specialization (ints equal to 1
-    become constants, 16-divisible ints and 16-aligned pointers get divisibility hints)."""
-    from triton.backends.nvidia.compiler import CUDABackend
-    from triton.compiler import ASTSource
+    from tilecore.tiles.compile import compile_kernel
 
-    from tilecore.tiles.compile import HOPPER
-    from tilecore.tiles.launch import specialization
-
-    backend = CUDABackend(HOPPER)
-    signature, constexprs, attrs = {}, {}, {}
-    for i, param in enumerate(kernel.params):
-        value = args[param.name]
-        if param.is_constexpr:
-            signature[param.name] = "constexpr"
-            constexprs[(i,)] = value
-            continue
-        ty, attr = specialization(value)
-        signature[param.name] = ty
-        if ty == "constexpr":
-            constexprs[(i,)] = value
-        elif isinstance(attr, str):
-            attrs[(i,)] = backend.parse_attr(attr)
-    return triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs), target=HOPPER,
-                          options=options)
+    return compile_kernel(kernel, args, **options)
 
 
 def kernel_resources(d: int, causal: bool = True, dtype=torch.bfloat16, fwd_cfg: dict | None = None,

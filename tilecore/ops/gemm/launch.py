@@ -6,7 +6,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from tilecore import dispatch
 from tilecore.tiles.schedule import num_tiles, persistent_programs
