@@ -64,10 +64,14 @@ def plain_eager(*tensors: torch.Tensor | None) -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (cached: the query costs microseconds per call)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def capability(device: torch.device) -> tuple[int, int] | None:

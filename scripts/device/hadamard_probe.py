@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from tilecore import accuracy, env
+from tilecore import accuracy, dispatch, env
 from tilecore.bench.harness import copy_ceiling, median_ms
 from tilecore.ops.hadamard import hadamard_reference, kernels
 
@@ -20,7 +20,7 @@ p.add_argument("--skip-check", action="store_true")
 args = p.parse_args()
 print(env.report(), flush=True)
 dev = torch.device("cuda")
-sms = torch.cuda.get_device_properties(dev).multi_processor_count
+sms = dispatch.num_sms(dev)
 report = {"meta": env.metadata(), "check": [], "timing": [], "variants": []}
 
 # 1. correctness: poisoned output, float64 reference, error / rounding floor

@@ -11,11 +11,11 @@ wave touches about ``sqrt(132)`` tiles of A-rows and of B-columns, which stay in
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
+
+from tilecore import dispatch
 
 
 @triton.jit
@@ -44,18 +44,13 @@ def num_tiles(M: int, N: int, block_m: int, block_n: int) -> int:
     return triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def persistent_programs(tiles: int, device: torch.device, *, cpu_programs: int = 3) -> int:
     """Programs to launch: one per SM (never more than there are tiles).
 
     On the CPU (the interpreter) a few programs, so the loop over tiles is still exercised.
     """
     if device.type == "cuda":
-        sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        sms = dispatch.num_sms(device)
     else:
         sms = cpu_programs
     return max(1, min(tiles, sms))

@@ -54,19 +54,12 @@ def check(q, k, v, causal, scale) -> None:
         raise ValueError(f"attention: scale must be None or a finite real number, got {scale!r}")
 
 
-def _on_device(q: torch.Tensor, launch) -> None:
-    if q.device.type != "cuda" or q.device.index == torch.cuda.current_device():
-        return launch()
-    with torch.cuda.device(q.device):  # Triton launches on the current device
-        launch()
-
-
 # --------------------------------------------------------------------------------------------
 # implementations (kernel or reference, by device)
 
 
 def _forward_kernel(q, k, v, out, lse, causal, scale):
-    _on_device(q, lambda: kernels.forward_into(q, k, v, out, lse, causal, scale))
+    kernels.forward_into(q, k, v, out, lse, causal, scale)  # on q's device: tiles.launch.CachedLaunch
 
 
 def _forward_reference(q, k, v, out, lse, causal, scale):
@@ -89,7 +82,7 @@ def _forward_impl(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, to
 def _backward_kernel(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale):
     lse = lse.contiguous()
     dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
-    _on_device(q, lambda: kernels.backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale))
+    kernels.backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale)
 
 
 def _backward_reference(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale):

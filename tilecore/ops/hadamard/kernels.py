@@ -19,6 +19,7 @@ Data never changes layout between stages: the first product's accumulator become
 left operand in registers. Rows never share a product (X @ H_N2 keeps rows apart, H_N1 @ X is a
 batched product per row), so a NaN or Inf stays in its row.
 """
+import torch
 import triton
 import triton.language as tl
 
@@ -165,8 +166,6 @@ _launch_hadamard = CachedLaunch(hadamard_kernel)
 
 def launch(x, out, scale: float, *, interpret: bool, num_sms: int, **tuning) -> None:
     """out[r] = scale * H_n x[r] for 2-D ``x`` and ``out`` (rows, n) with unit stride along n."""
-    import torch
-
     rows, n = x.shape
     cfg = config(n, fp32=x.dtype == torch.float32, **tuning)
     # bf16 products are wrong in Triton 3.6's interpreter: there, bf16 runs its math in fp32/fp16.
