@@ -9,6 +9,7 @@ Ops never test ``x.is_cuda`` themselves; they call :func:`select`.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -84,6 +85,18 @@ def capability(device: torch.device) -> tuple[int, int] | None:
 def is_hopper(device: torch.device) -> bool:
     """True on sm_90 devices, where the Gluon (TMA, wgmma) kernels run."""
     return capability(device) == (9, 0)
+
+
+def on_device(device: torch.device | None):
+    """A context in which kernels launch on ``device`` (Triton launches on the current device).
+
+    The guard costs ~15 us of host time, so it is entered only when ``device`` is a CUDA device
+    other than the current one.
+    """
+    if device is not None and device.type == "cuda" and device.index is not None \
+            and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
 
 
 @functools.lru_cache(maxsize=None)

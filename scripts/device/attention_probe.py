@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-LIMITS = {"check": 110, "time": 60, "sweep": 50, "bench": 65, "compile": 30}  # the run gets 300 s
+LIMITS = {"check": 110, "time": 60, "sweep": 150, "bench": 65, "compile": 30}  # the run gets 300 s
 B, H, N = 16, 16, 4096
 
 
@@ -102,6 +102,7 @@ def check(out_dir, dry=False):
         (1, 4, 4, 4097, 4097, 128, False), (1, 4, 4, 4097, 4097, 128, True),
         (1, 4, 1, 1000, 4097, 96, True), (1, 4, 2, 4097, 1000, 128, True),
         (2, 4, 4, 1, 17, 64, True), (2, 4, 4, 17, 17, 256, False), (1, 2, 2, 1000, 1000, 80, True),
+        (2, 8, 4, 777, 1500, 128, False, "bnhd"), (2, 8, 8, 300, 300, 64, True, "bnhd"),
     ]
     if dry:  # the script's own logic on the CPU, through the interpreter (fp16: its bf16 dot is wrong)
         cases = [(1, 2, 1, 17, 40, 16, True), (1, 2, 2, 40, 17, 80, True), (1, 2, 2, 17, 17, 64, False)]
@@ -110,11 +111,14 @@ def check(out_dir, dry=False):
         # every case in bf16, cases 2 to 5 also in fp16 (each new shape class compiles four kernels)
         plan = [(torch.bfloat16, c) for c in cases] + [(torch.float16, c) for c in cases[1:5]]
     rows = []
-    for dtype, (b, hq, hkv, n, nk, d, causal) in plan:
+    for dtype, (b, hq, hkv, n, nk, d, causal, *layout) in plan:
         g = torch.Generator(device=dev).manual_seed(n * 7 + d)
-        q = torch.randn(b, hq, n, d, device=dev, dtype=dtype, generator=g).requires_grad_()
-        k = torch.randn(b, hkv, nk, d, device=dev, dtype=dtype, generator=g).requires_grad_()
-        v = torch.randn(b, hkv, nk, d, device=dev, dtype=dtype, generator=g).requires_grad_()
+
+        def mk(h, length):  # "bnhd": (B, N, H, D) memory seen as (B, H, N, D), as many models store it
+            if layout:
+                return torch.randn(b, length, h, d, device=dev, dtype=dtype, generator=g).transpose(1, 2).requires_grad_()
+            return torch.randn(b, h, length, d, device=dev, dtype=dtype, generator=g).requires_grad_()
+        q, k, v = mk(hq, n), mk(hkv, nk), mk(hkv, nk)
         do = torch.randn(b, hq, n, d, device=dev, dtype=dtype, generator=g)
         out, lse = tilecore.attention(q, k, v, causal=causal, return_lse=True)
         dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
@@ -154,7 +158,7 @@ def check(out_dir, dry=False):
         json.dump({"meta": _meta(), "rows": rows}, open(os.path.join(out_dir, "attention_check.json"), "w"),
                   indent=1)
         ok = same and finite and empty_ok and max(row["out"], row["dq"], row["dk"], row["dv"]) < 4
-        print(f"{'ok  ' if ok else 'FAIL'} {row['dtype']} B{b} H{hq}/{hkv} N{n} Nk{nk} D{d} causal={causal}: "
+        print(f"{'ok  ' if ok else 'FAIL'} {row['dtype']}{' ' + layout[0] if layout else ''} B{b} H{hq}/{hkv} N{n} Nk{nk} D{d} causal={causal}: "
               f"err/floor out {row['out']:.2f} dq {row['dq']:.2f} dk {row['dk']:.2f} dv {row['dv']:.2f} "
               f"lse {lse_err:.1e}" + (f" | flash out {row['flash_out']:.2f} dq {row['flash_dq']:.2f} "
                                       f"dk {row['flash_dk']:.2f} dv {row['flash_dv']:.2f}" if "flash_out" in row else "")
@@ -231,14 +235,15 @@ def sweep(out_dir):
 
     t0 = time.time()
     # the second run's candidates, next to the defaults the first run picked (kernels.*_config)
-    fwd_cfgs = [dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-                dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-                dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4),
-                dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3)]
+    # forward: the Gluon kernel's blocks and ring depth (the tl kernel's best for reference);
+    # backward: the tl kernels' candidates (only when asked: SWEEP_BWD=1)
+    G = lambda bm, bn, st, ovl, c: dict(block_m=bm, block_n=bn, stages=st, overlap=ovl, consumers=c)
+    fwd_cfgs = {64: [G(64, 128, 3, False, 2), G(64, 128, 3, True, 2), G(64, 128, 4, True, 2),
+                     G(128, 128, 3, True, 1), G(64, 64, 4, True, 2)],
+                128: [G(128, 64, 3, False, 1), G(128, 64, 3, True, 1), G(128, 128, 2, True, 1),
+                      G(64, 128, 2, True, 2), G(64, 64, 3, True, 2), G(64, 64, 4, True, 2)]}
     bwd_cfgs = [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
-                dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2),
-                dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-                dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=2)]
+                dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2)] if os.environ.get("SWEEP_BWD") else []
     rows = []
     for d in (64, 128):
         q, k, v, do = (t.detach() for t in _inputs(d))
@@ -247,11 +252,13 @@ def sweep(out_dir):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         for causal in (False, True):
             fl = _fwd_flops(d, causal)
-            for p, cfgs in (("fwd", fwd_cfgs), ("bwd", bwd_cfgs)):
+            for p, cfgs in (("fwd", fwd_cfgs[d]), ("bwd", bwd_cfgs)):
                 for cfg in cfgs:
                     if time.time() - t0 > LIMITS["sweep"] - 12:
                         break
-                    if p == "fwd":
+                    if p == "fwd" and "block_m" in cfg:
+                        fn = lambda: kernels.forward_gluon(q, k, v, out, lse, causal, d ** -0.5, **cfg)
+                    elif p == "fwd":
                         fn = lambda: kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5, config=cfg)
                     else:
                         kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5)

@@ -23,6 +23,7 @@ def test_gluon_kernels_hold_wgmma_and_tma(report):
     assert len(gluon) >= 4
     for r in gluon:
         assert r["wgmma"] and r["tma"] and r["mbarrier"], r["kernel"]
+        assert not r["wgmma_serialized"], r["kernel"]  # ptxas's C7513
         assert r["shared"] <= 227 * 1024, r["kernel"]
         assert r["threads"] == 384, r["kernel"]  # 8 consumer warps + a producer padded to a warpgroup
 

@@ -64,6 +64,7 @@ class Resources:
     stack: int
     shared: int  # bytes of shared memory the kernel asks for (static + dynamic)
     threads: int
+    wgmma_serialized: bool = False  # ptxas's C7513: it serialized the kernel's wgmma (a large slowdown)
 
 
 def _ptxas() -> str:
@@ -89,6 +90,7 @@ def resources(compiled) -> Resources:
         stack=num(r"(\d+) bytes stack frame"),
         shared=int(compiled.metadata.shared),
         threads=32 * int(compiled.metadata.num_warps),
+        wgmma_serialized="C7513" in out or "wgmma.mma_async instructions are serialized" in out,
     )
 
 

@@ -19,6 +19,16 @@ receives both:
 * ``finish(g, cfg, state, tile, out_smem)``: the epilogue. Wait for the previous tile's TMA store
   (``tma.store_wait``) before writing ``out_smem``, so that store overlaps this tile's main loop.
 
+With ``TILE_SMEM=True`` the epilogue buffer is also the consumer's during the main loop:
+``init(g, cfg, tile, out_smem)`` and ``compute(g, cfg, state, x_smem, y_smem, kk, out_smem)`` receive
+it. Attention keeps its Q tile there (O has Q's shape, and FlashAttention-3 reuses Q's buffer for O
+likewise); ``init`` must then wait for the previous tile's TMA store before overwriting it.
+
+With ``CONSUMERS=2`` two consumer partitions (each of the kernel's ``num_warps``) share every stage:
+each has its own epilogue buffer (out_desc's block: its share of the tile) and sees ``cfg``
+extended by its index, ``cfg[-1]``. Being separate partitions, they never wait for each other, so
+one's softmax (say) runs while the other's wgmma does; a stage is refilled once both released it.
+
 The template owns the ring, its ``ready``/``empty`` barriers and their phases.
 """
 from __future__ import annotations
@@ -90,18 +100,29 @@ def _producer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, num_tiles, set
             i += 1
 
 
+@gluon.constexpr_function
+def _with_index(cfg, index):
+    return tuple(cfg) + (index,)
+
+
 @gluon.jit
 def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, num_tiles, setup: gl.constexpr,
               init: gl.constexpr, compute: gl.constexpr, drain: gl.constexpr, finish: gl.constexpr,
-              STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr):
+              STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr, TILE_SMEM: gl.constexpr):
     i = 0
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         tile, k_iters = setup(g, cfg, tile_id)
-        state = init(g, cfg, tile)
+        if TILE_SMEM:
+            state = init(g, cfg, tile, out_smem)
+        else:
+            state = init(g, cfg, tile)
         for kk in range(k_iters):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk)
+            if TILE_SMEM:
+                state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk, out_smem)
+            else:
+                state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk)
             if IN_FLIGHT == 0:
                 state = drain(g, cfg, state)  # one stage: its wgmma must finish before the refill
                 mbarrier.arrive(empty.index(s))
@@ -120,28 +141,44 @@ def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, num_
 def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tiles, setup: gl.constexpr,
                         load: gl.constexpr, init: gl.constexpr, compute: gl.constexpr,
                         drain: gl.constexpr, finish: gl.constexpr, STAGES: gl.constexpr,
-                        PRODUCER_REGS: gl.constexpr = 40):
+                        PRODUCER_REGS: gl.constexpr = 40, TILE_SMEM: gl.constexpr = False,
+                        CONSUMERS: gl.constexpr = 1, CONSUMER_REGS: gl.constexpr = 232,
+                        IN_FLIGHT: gl.constexpr = -1):
     """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
 
     ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
     ``out_desc`` those of the epilogue buffer (which may be a slice of the output tile: see
     ``store_tile``; a half-width buffer frees 32 KiB for a fourth stage). Call once from the kernel.
+    ``TILE_SMEM``: hand the epilogue buffer to ``init`` and ``compute`` too; ``CONSUMERS``: 1 or 2
+    consumer partitions (see the module docstring; ``CONSUMER_REGS`` is the second one's registers).
+    ``IN_FLIGHT``: 1 if ``compute`` returns with a wgmma group still reading its stage (the stage is
+    then released one step late), 0 if it returns with the stage's reads done; by default 1 when
+    there are two or more stages.
     """
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
     y_ring = gl.allocate_shared_memory(y_desc.dtype, [STAGES] + y_desc.block_type.shape, y_desc.layout)
-    out_smem = gl.allocate_shared_memory(out_desc.dtype, out_desc.block_type.shape, out_desc.layout)
+    out_smem = gl.allocate_shared_memory(out_desc.dtype, [CONSUMERS] + out_desc.block_type.shape, out_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+        mbarrier.init(empty.index(s), count=CONSUMERS)
     STAGE_BYTES: gl.constexpr = x_desc.block_type.nbytes + y_desc.block_type.nbytes
-    IN_FLIGHT: gl.constexpr = 1 if STAGES > 1 else 0
-    gl.warp_specialize([
-        (_consumer, (g, cfg, x_ring, y_ring, ready, empty, out_smem, num_tiles, setup, init, compute,
-                     drain, finish, STAGES, IN_FLIGHT)),
-        (_producer, (g, cfg, x_ring, y_ring, ready, empty, num_tiles, setup, load, STAGES, STAGE_BYTES)),
-    ], [1], [PRODUCER_REGS])
+    LATE_RELEASE: gl.constexpr = (1 if STAGES > 1 else 0) if IN_FLIGHT < 0 else IN_FLIGHT
+    if CONSUMERS == 1:
+        gl.warp_specialize([
+            (_consumer, (g, cfg, x_ring, y_ring, ready, empty, out_smem.index(0), num_tiles, setup, init,
+                         compute, drain, finish, STAGES, LATE_RELEASE, TILE_SMEM)),
+            (_producer, (g, cfg, x_ring, y_ring, ready, empty, num_tiles, setup, load, STAGES, STAGE_BYTES)),
+        ], [1], [PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (g, _with_index(cfg, 0), x_ring, y_ring, ready, empty, out_smem.index(0), num_tiles,
+                         setup, init, compute, drain, finish, STAGES, LATE_RELEASE, TILE_SMEM)),
+            (_consumer, (g, _with_index(cfg, 1), x_ring, y_ring, ready, empty, out_smem.index(1), num_tiles,
+                         setup, init, compute, drain, finish, STAGES, LATE_RELEASE, TILE_SMEM)),
+            (_producer, (g, cfg, x_ring, y_ring, ready, empty, num_tiles, setup, load, STAGES, STAGE_BYTES)),
+        ], [gl.num_warps(), 1], [CONSUMER_REGS, PRODUCER_REGS])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))

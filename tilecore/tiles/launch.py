@@ -47,12 +47,9 @@ class CachedLaunch:
 
     def _launch(self, grid, args, kwargs):
         # Triton launches on the current device: make it the device of the first CUDA tensor argument
-        # (the guard costs ~15 us of host time, so it is entered only when the devices differ).
         device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
-        if device is not None and device.index != torch.cuda.current_device():
-            with torch.cuda.device(device):
-                return self._launch_here(grid, args, kwargs)
-        return self._launch_here(grid, args, kwargs)
+        with dispatch.on_device(device):
+            return self._launch_here(grid, args, kwargs)
 
     def _launch_here(self, grid, args, kwargs):
         if dispatch.interpreter_enabled() or not self.fast:

@@ -2,6 +2,9 @@
 spills, shared memory) at the block shapes the launcher picks on a GPU, and at any given ones.
 
     python -m tilecore.ops.attention.report [--json]      (with TRITON_INTERPRET unset)
+
+The Gluon forward (Hopper) rows also say whether the PTX holds wgmma and TMA, and whether ptxas
+serialized the wgmma (its warning C7513).
 """
 from __future__ import annotations
 
@@ -54,19 +57,49 @@ def kernel_resources(d: int, causal: bool = True, dtype=torch.bfloat16, fwd_cfg:
     return out
 
 
+def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None) -> dict:
+    """Resources of Hopper's Gluon forward for head dim ``d`` at the launcher's config (or ``cfg``),
+    with whether its PTX holds wgmma and TMA and whether ptxas serialized its wgmma."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from tilecore.ops.attention import kernels
+    from tilecore.ops.attention.gluon_kernels import attention_fwd_kernel
+    from tilecore.tiles.compile import has_hopper_instructions, resources
+
+    cfg = dict(cfg or kernels.GLUON_FORWARD[d])
+    n = 4096
+    x = torch.empty(2, 2, 256, d, dtype=dtype)
+    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+
+    def desc(rows):
+        block = [1, 1, rows, d]
+        return TensorDescriptor.from_tensor(x, block, gl.NVMMASharedLayout.get_default_for(block, gdt))
+
+    args = dict(q_ptr=x, k_desc=desc(cfg["block_n"]), v_desc=desc(cfg["block_n"]), o_desc=desc(cfg["block_m"]),
+                lse_ptr=torch.empty(64, dtype=torch.float32), sqb=16 * n * d, sqh=n * d, sqn=d, sqd=1, H=16,
+                N=n, Nk=n, GROUP=1, scale_log2e=0.1, num_bh=256, CAUSAL=causal, STAGES=cfg["stages"],
+                OVERLAP=cfg["overlap"], CONSUMERS=cfg["consumers"])
+    compiled = _compile(attention_fwd_kernel, args, {"num_warps": 8 if cfg["consumers"] == 1 else 4})
+    r = resources(compiled)
+    return dict(kernel="forward (gluon)", D=d, causal=causal, cfg=cfg, **vars(r),
+                **has_hopper_instructions(compiled.asm["ptx"]))
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if dispatch.interpreter_enabled():
         print("run with TRITON_INTERPRET unset: the interpreter's kernels cannot be compiled", file=sys.stderr)
         return 2
     rows = [r for d in (64, 128, 256) for r in kernel_resources(d)]
+    rows += [gluon_forward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
     if "--json" in argv:
         print(json.dumps(rows))
     else:
         for r in rows:
             print(f"{r['kernel']:>15} D={r['D']:<3} {r['cfg']}: {r['registers']} regs, spills "
                   f"{r['spill_stores']}/{r['spill_loads']}, stack {r['stack']}, shared {r['shared']} B, "
-                  f"{r['threads']} threads")
+                  f"{r['threads']} threads" + (" (wgmma SERIALIZED by ptxas)" if r.get("wgmma_serialized") else ""))
     return 0
 
 

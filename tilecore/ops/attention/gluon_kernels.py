@@ -1,0 +1,260 @@
+"""Attention forward on Hopper, written as the small functions of the tiles' Gluon pipeline template
+(:func:`tilecore.tiles.gluon.persistent_pipeline`, the one the GEMM uses).
+
+A tile is BLOCK_M query rows of one (batch, head); its "K loop" walks the key blocks. Per step the
+1-warp producer TMA-loads a K and a V block into one ring stage (4-D descriptors over (B, Hkv, Nk, D):
+rows past Nk arrive as zeros and never come from the next head). The consumer warpgroups keep
+Q in the epilogue buffer (``TILE_SMEM``), and per step
+
+    S = Q K^T                      wgmma, both operands in shared memory
+    m, l, P = online softmax(S)    registers, base 2: exp2(S * scale * log2 e - m)
+    O = O * alpha + P V            wgmma with P as the register operand, left running
+
+so the P V product of step j runs while step j+1 waits for its K block and issues Q K^T. The
+epilogue divides by l, writes lse, and TMA-stores O through the same buffer (rows past N clipped).
+
+Masks are applied only to blocks that need them (the last key block when Nk is not a multiple of
+BLOCK_N, and blocks crossing the causal diagonal). The running max starts at a finite sentinel, so
+fully masked rows give p = 0, never NaN (as in the ``tl`` kernel, kernels.py); rows with no key get
+O = 0 and lse = -inf.
+
+``g``   = (q_ptr, k_desc, v_desc, o_desc, lse_ptr, sqb, sqh, sqn, sqd, H, N, Nk, GROUP, scale_log2e)
+``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, OVERLAP, CONSUMERS[, consumer index])
+
+With CONSUMERS = 2 a tile is 2 BLOCK_M query rows: two consumer warpgroups (separate partitions of
+the template, so each one's softmax can run while the other's wgmma does, as FlashAttention-3's
+ping-pong arranges explicitly) take BLOCK_M rows each and share every K/V stage.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+from tilecore.tiles.gluon import persistent_pipeline, wgmma_layout
+
+LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+EMPTY_ROW_MAX: gl.constexpr = gl.constexpr(-1.0e30)  # far below any real scaled score, far above -inf
+
+
+@gluon.constexpr_function
+def _row_load_layout(block_m, head_dim, num_warps):
+    """A coalesced register layout for loading a [block_m, head_dim] tile: 16 bytes per thread."""
+    threads_d = min(32, head_dim // 8)
+    return gl.BlockedLayout([1, 8], [32 // threads_d, threads_d], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _head(g, bh):
+    """(batch, q head, kv head) of the flat index bh = batch * H + q head."""
+    b = bh // g[9]
+    h = bh % g[9]
+    return b, h, h // g[12]
+
+
+@gluon.jit
+def _setup(g, cfg: gl.constexpr, tile_id):
+    """The tile (first query row, batch * head, key blocks) and its pipeline steps: one per key
+    block, plus one for the last P V when the steps overlap (OVERLAP)."""
+    BM: gl.constexpr = cfg[1] * cfg[5]  # the tile's rows: every consumer's
+    BN: gl.constexpr = cfg[2]
+    N = g[10]
+    Nk = g[11]
+    m_blocks = gl.cdiv(N, BM)
+    bh = tile_id // m_blocks
+    mb = tile_id % m_blocks
+    if cfg[0]:
+        # causal: the heaviest query blocks of each head first, so the last wave is the light blocks
+        start_m = (m_blocks - 1 - mb) * BM
+        hi = gl.maximum(gl.minimum(Nk, start_m + BM + (Nk - N)), 0)  # query i sees keys <= i + Nk - N
+    else:
+        start_m = mb * BM
+        hi = Nk
+    n_blocks = gl.cdiv(hi, BN)
+    steps = n_blocks
+    if cfg[4]:
+        steps = gl.where(n_blocks > 0, n_blocks + 1, 0)
+    return (start_m, bh, n_blocks), steps
+
+
+@gluon.jit
+def _load(g, cfg: gl.constexpr, k_smem, v_smem, bar, tile, kk):
+    """Step kk's K and V blocks. Overlapped, step kk multiplies K block kk and V block kk - 1 (the
+    first step reloads V block 0 and the last K block n - 1, which stay unused: the stage's byte
+    count is fixed)."""
+    b, h, hk = _head(g, tile[1])
+    BN: gl.constexpr = cfg[2]
+    if cfg[4]:
+        k_block = gl.minimum(kk, tile[2] - 1)
+        v_block = gl.maximum(kk - 1, 0)
+    else:
+        k_block = kk
+        v_block = kk
+    tma.async_copy_global_to_shared(g[1], [b, hk, k_block * BN, 0], bar, k_smem)
+    tma.async_copy_global_to_shared(g[2], [b, hk, v_block * BN, 0], bar, v_smem)
+
+
+@gluon.jit
+def _init(g, cfg: gl.constexpr, tile, q_smem):
+    BM: gl.constexpr = cfg[1]
+    BN: gl.constexpr = cfg[2]
+    D: gl.constexpr = cfg[3]
+    s_layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps())
+    o_layout: gl.constexpr = wgmma_layout(BM, D, gl.num_warps())
+    ld: gl.constexpr = _row_load_layout(BM, D, gl.num_warps())
+    b, h, hk = _head(g, tile[1])
+    start_m = _first_row(cfg, tile)
+    rows = start_m + gl.arange(0, BM, layout=gl.SliceLayout(1, ld))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+    offs = (b.to(gl.int64) * g[5] + h.to(gl.int64) * g[6] + gl.expand_dims(rows.to(gl.int64) * g[7], 1)
+            + gl.expand_dims(cols * g[8], 0))
+    q = gl.load(g[0] + offs, mask=gl.expand_dims(rows < g[10], 1), other=0.0)
+    tma.store_wait(0)  # the previous tile's O store has read the buffer
+    q_smem.reshape([BM, D]).store(q)
+    fence_async_shared()
+    gl.thread_barrier()  # every warp's part of Q is in place before wgmma reads it
+    m_i = gl.full([BM], EMPTY_ROW_MAX, gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BM, D], gl.float32, o_layout)
+    p = gl.zeros([BM, BN], q_smem.dtype, _p_layout(BM, D, gl.num_warps()))
+    # this consumer's first query row and the tile's key-block count ride along for the masks
+    return m_i, l_i, acc, p, start_m, tile[2]
+
+
+@gluon.jit
+def _first_row(cfg: gl.constexpr, tile):
+    """The first query row of this consumer's share of the tile (consumer cfg[-1] of cfg[5])."""
+    if cfg[5] > 1:
+        return tile[0] + cfg[6] * cfg[1]
+    else:
+        return tile[0]
+
+
+@gluon.constexpr_function
+def _p_layout(block_m, head_dim, num_warps):
+    """P as the register (left) operand of the P V wgmma."""
+    return gl.DotOperandLayout(operand_index=0, parent=wgmma_layout(block_m, head_dim, num_warps), k_width=2)
+
+
+@gluon.jit
+def _needs_mask(g, cfg: gl.constexpr, start_m, start_n):
+    """Whether any score of the [start_m, start_n] block is masked: past Nk, or above the diagonal."""
+    bound = g[11]
+    if cfg[0]:
+        bound = gl.minimum(bound, start_m + 1 + (g[11] - g[10]))  # the first query row's last key + 1
+    return start_n + cfg[2] > bound
+
+
+@gluon.jit
+def _softmax(g, cfg: gl.constexpr, s, m_i, l_i, start_m, start_n):
+    """Mask the [BM, BN] scores s where needed and take one online-softmax step in base 2 (the
+    scale, > 0, folds into the exponent's multiply-add). Returns (m, l, P in float32, alpha = the
+    factor that rescales O to the new row max)."""
+    BM: gl.constexpr = cfg[1]
+    BN: gl.constexpr = cfg[2]
+    D: gl.constexpr = cfg[3]
+    s_layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps())
+    o_layout: gl.constexpr = wgmma_layout(BM, D, gl.num_warps())
+    if _needs_mask(g, cfg, start_m, start_n):
+        cols = gl.expand_dims(start_n + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout)), 0)
+        ok = cols < g[11]
+        if cfg[0]:
+            rows = gl.expand_dims(start_m + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout)), 1)
+            ok = ok & (cols <= rows + (g[11] - g[10]))
+        s = gl.where(ok, s, float("-inf"))
+    c = g[13]
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * c)
+    p = gl.exp2(s * c - gl.expand_dims(m_new, 1))
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return m_new, l_i, p, gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+
+
+@gluon.jit
+def _p_operand(g, cfg: gl.constexpr, p):
+    """P in the inputs' dtype, as the register operand of the P V wgmma. Called with no wgmma in
+    flight: ptxas serializes every wgmma of a kernel that defines a wgmma's input registers while
+    another wgmma runs (its warning C7513), which cost the overlapped loop 20%."""
+    return gl.convert_layout(p.to(g[0].dtype.element_ty), _p_layout(cfg[1], cfg[3], gl.num_warps()))
+
+
+@gluon.jit
+def _compute(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem):
+    BM: gl.constexpr = cfg[1]
+    BN: gl.constexpr = cfg[2]
+    D: gl.constexpr = cfg[3]
+    s_layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps())
+    m_i, l_i, acc, p, start_m, n_blocks = state
+    q = q_smem.reshape([BM, D])
+    k_t = k_smem.reshape([BN, D]).permute((1, 0))
+    v = v_smem.reshape([BN, D])
+    s0 = gl.zeros([BM, BN], gl.float32, s_layout)
+    if cfg[4]:
+        # FlashAttention-3's intra-warpgroup overlap: the softmax of block kk runs on the CUDA cores
+        # while the tensor cores multiply the previous block's P V. Every branch ends with its
+        # wgmma complete, so the stage is free when compute returns.
+        if kk == 0:
+            s = warpgroup_mma(q, k_t, s0, use_acc=False)
+            m_i, l_i, p32, alpha = _softmax(g, cfg, s, m_i, l_i, start_m, 0)
+            p = _p_operand(g, cfg, p32)
+        elif kk < n_blocks:
+            s_tok = warpgroup_mma(q, k_t, s0, use_acc=False, is_async=True)
+            o_tok = warpgroup_mma(p, v, acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
+            m_i, l_i, p32, alpha = _softmax(g, cfg, s, m_i, l_i, start_m, kk * BN)
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            acc = acc * alpha
+            p = _p_operand(g, cfg, p32)
+        else:  # the step after the last block: its P V only
+            acc = warpgroup_mma(p, v, acc)
+    else:
+        s_tok = warpgroup_mma(q, k_t, s0, use_acc=False, is_async=True)
+        s, acc = warpgroup_mma_wait(0, deps=(s_tok, acc))  # also completes the previous step's P V
+        m_i, l_i, p32, alpha = _softmax(g, cfg, s, m_i, l_i, start_m, kk * BN)
+        p = _p_operand(g, cfg, p32)
+        o_tok = warpgroup_mma(p, v, acc * alpha, is_async=True)
+        acc, _ = warpgroup_mma_wait(1, deps=(o_tok, v_smem))  # left running: the next step's wait completes it
+    return m_i, l_i, acc, p, start_m, n_blocks
+
+
+@gluon.jit
+def _drain(g, cfg: gl.constexpr, state):
+    m_i, l_i, acc, p, start_m, n_blocks = state
+    return m_i, l_i, warpgroup_mma_wait(0, deps=(acc,)), p, start_m, n_blocks
+
+
+@gluon.jit
+def _finish(g, cfg: gl.constexpr, state, tile, o_smem):
+    BM: gl.constexpr = cfg[1]
+    BN: gl.constexpr = cfg[2]
+    D: gl.constexpr = cfg[3]
+    s_layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps())
+    o_layout: gl.constexpr = wgmma_layout(BM, D, gl.num_warps())
+    m_i, l_i, acc, p, start_m, n_blocks = state
+    has_keys = l_i > 0.0
+    l_safe = gl.where(has_keys, l_i, 1.0)
+    out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+    lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) / LOG2E, float("-inf"))
+    rows = start_m + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
+    gl.store(g[4] + tile[1].to(gl.int64) * g[10] + rows, lse, mask=rows < g[10])
+    b, h, hk = _head(g, tile[1])
+    o_smem.reshape([BM, D]).store(out.to(o_smem.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(g[3], [b, h, start_m, 0], o_smem)  # rows past N are clipped
+
+
+@gluon.jit
+def attention_fwd_kernel(q_ptr, k_desc, v_desc, o_desc, lse_ptr, sqb, sqh, sqn, sqd, H, N, Nk, GROUP,
+                         scale_log2e, num_bh, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                         OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr):
+    """O and lse of attention for every (query block, batch * head); a persistent grid."""
+    g = (q_ptr, k_desc, v_desc, o_desc, lse_ptr, sqb, sqh, sqn, sqd, H, N, Nk, GROUP, scale_log2e)
+    BM: gl.constexpr = o_desc.block_type.shape[2]
+    BN: gl.constexpr = k_desc.block_type.shape[2]
+    D: gl.constexpr = k_desc.block_type.shape[3]
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, OVERLAP, CONSUMERS))
+    num_tiles = gl.cdiv(N, BM * CONSUMERS) * num_bh
+    persistent_pipeline(g, cfg, k_desc, v_desc, o_desc, num_tiles, _setup, _load, _init, _compute, _drain,
+                        _finish, STAGES, TILE_SMEM=True, CONSUMERS=CONSUMERS, IN_FLIGHT=0 if OVERLAP else 1)
