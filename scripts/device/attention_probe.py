@@ -238,10 +238,8 @@ def sweep(out_dir):
     # forward: the Gluon kernel's blocks and ring depth (the tl kernel's best for reference);
     # backward: the tl kernels' candidates (only when asked: SWEEP_BWD=1)
     G = lambda bm, bn, st, ovl, c: dict(block_m=bm, block_n=bn, stages=st, overlap=ovl, consumers=c)
-    fwd_cfgs = {64: [G(64, 128, 3, False, 2), G(64, 128, 3, True, 2), G(64, 128, 4, True, 2),
-                     G(128, 128, 3, True, 1), G(64, 64, 4, True, 2)],
-                128: [G(128, 64, 3, False, 1), G(128, 64, 3, True, 1), G(128, 128, 2, True, 1),
-                      G(64, 128, 2, True, 2), G(64, 64, 3, True, 2), G(64, 64, 4, True, 2)]}
+    fwd_cfgs = {64: [G(64, 128, 3, True, 2), G(64, 128, 4, True, 2), G(64, 128, 2, True, 2)],
+                128: [G(64, 128, 2, True, 2), G(64, 64, 3, True, 2), G(64, 64, 4, True, 2)]}
     bwd_cfgs = [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
                 dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2)] if os.environ.get("SWEEP_BWD") else []
     rows = []

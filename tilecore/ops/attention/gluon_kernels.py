@@ -18,7 +18,7 @@ BLOCK_N, and blocks crossing the causal diagonal). The running max starts at a f
 fully masked rows give p = 0, never NaN (as in the ``tl`` kernel, kernels.py); rows with no key get
 O = 0 and lse = -inf.
 
-``g``   = (q_ptr, k_desc, v_desc, o_desc, lse_ptr, sqb, sqh, sqn, sqd, H, N, Nk, GROUP, scale_log2e)
+``g``   = (q_ptr, k_desc, v_desc, o_desc, lse_ptr, sqb, sqh, sqn, sqd, H, N, Nk, GROUP, scale_log2e, B * H)
 ``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, OVERLAP, CONSUMERS[, consumer index])
 
 With CONSUMERS = 2 a tile is 2 BLOCK_M query rows: two consumer warpgroups (separate partitions of
@@ -36,6 +36,7 @@ from tilecore.tiles.gluon import persistent_pipeline, wgmma_layout
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 EMPTY_ROW_MAX: gl.constexpr = gl.constexpr(-1.0e30)  # far below any real scaled score, far above -inf
+HEAD_GROUP: gl.constexpr = gl.constexpr(8)  # (batch, head)s whose tiles run together: 8 x 2 MiB of K, V at N=4096
 
 
 @gluon.constexpr_function
@@ -62,10 +63,16 @@ def _setup(g, cfg: gl.constexpr, tile_id):
     N = g[10]
     Nk = g[11]
     m_blocks = gl.cdiv(N, BM)
-    bh = tile_id // m_blocks
-    mb = tile_id % m_blocks
+    # Order: heads in groups of HEAD_GROUP whose K and V stay in L2 together; within a group, query
+    # block by query block across its heads. Causal, the heaviest blocks (the last rows see the most
+    # keys) come first, so the persistent programs even out and the last wave holds the light ones.
+    per_group = HEAD_GROUP * m_blocks
+    first_bh = (tile_id // per_group) * HEAD_GROUP
+    heads = gl.minimum(HEAD_GROUP, g[14] - first_bh)
+    local = tile_id % per_group
+    bh = first_bh + local % heads
+    mb = local // heads
     if cfg[0]:
-        # causal: the heaviest query blocks of each head first, so the last wave is the light blocks
         start_m = (m_blocks - 1 - mb) * BM
         hi = gl.maximum(gl.minimum(Nk, start_m + BM + (Nk - N)), 0)  # query i sees keys <= i + Nk - N
     else:
@@ -250,7 +257,7 @@ def attention_fwd_kernel(q_ptr, k_desc, v_desc, o_desc, lse_ptr, sqb, sqh, sqn, 
                          scale_log2e, num_bh, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                          OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr):
     """O and lse of attention for every (query block, batch * head); a persistent grid."""
-    g = (q_ptr, k_desc, v_desc, o_desc, lse_ptr, sqb, sqh, sqn, sqd, H, N, Nk, GROUP, scale_log2e)
+    g = (q_ptr, k_desc, v_desc, o_desc, lse_ptr, sqb, sqh, sqn, sqd, H, N, Nk, GROUP, scale_log2e, num_bh)
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
