@@ -1,8 +1,10 @@
-"""Compile the Hadamard kernel for sm_90a on any machine (no GPU needed) and print, for each n and
-dtype, its shared memory, registers and spills, and whether the PTX uses wgmma or mma.sync.
+"""Compile the Hadamard kernel for sm_90a on any machine (no GPU needed) and print, for each n,
+dtype and path (pointer loads/stores, or TMA descriptors), its shared memory, registers and spills,
+whether the PTX uses wgmma or mma.sync, and how many bulk tensor copies (cp.async.bulk.tensor) it holds.
 
-    python scripts/hadamard_resources.py [n ...]
+    python scripts/hadamard_resources.py [--json] [fp16|bf16|fp32 ...] [n ...]
 """
+import json
 import re
 import subprocess
 import sys
@@ -18,19 +20,25 @@ from tilecore.ops.hadamard import kernels
 TARGET = GPUTarget("cuda", 90, 32)
 
 
-def compile_for(n: int, dtype: torch.dtype, **tuning):
+def compile_for(n: int, dtype: torch.dtype, tma=None, **tuning):
+    """``tma``: which side goes through TMA descriptors, as kernels.launch takes it ("none", "load",
+    "store", "both"; None: the default dispatch for n and dtype)."""
     fp32 = dtype == torch.float32
+    tma_load, tma_store, tuning = kernels.choose_path(n, fp32, tma, tuning)
     cfg = kernels.config(n, fp32=fp32, **tuning)
     ptr = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
+    desc = f"tensordesc<{ptr[1:]}[{cfg['B']}, {cfg['N1']}, {cfg['N2']}]>"  # what kernels._descriptor passes
     mma = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.bfloat16}[dtype]
     constexprs = {"N": n, "S": cfg["S"], "N1": cfg["N1"], "N2": cfg["N2"], "B": cfg["B"],
                   "IN_PIECES": 3 if fp32 else 1, "MID_PIECES": 3 if fp32 else 2, "MMA_DTYPE": mma, "PIECE_DTYPE": tl.bfloat16,
-                  "GRID": 132 * cfg["waves"]}
-    signature = {"x_ptr": ptr, "out_ptr": ptr, "rows": "i32", "stride_x": "i32", "stride_out": "i32", "scale": "fp32"}
+                  "GRID": 132 * cfg["waves"], "TMA_LOAD": tma_load, "TMA_STORE": tma_store}
+    signature = {"x": desc if tma_load else ptr, "out": desc if tma_store else ptr,
+                 "rows": "i32", "stride_x": "i32", "stride_out": "i32", "scale": "fp32"}
     signature.update({k: "constexpr" for k in constexprs})
     # As the launcher specializes them on the GPU: 16-byte aligned pointers and strides divisible by 16
     # (this is what lets Triton pipeline the loads through shared memory).
-    attrs = {(k,): [["tt.divisibility", 16]] for k in (0, 1, 3, 4)}
+    pointers = [i for i, on_tma in ((0, tma_load), (1, tma_store)) if not on_tma]
+    attrs = {(k,): [["tt.divisibility", 16]] for k in pointers + [3, 4]}
     src = triton.compiler.ASTSource(fn=kernels.hadamard_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=TARGET, options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
 
@@ -49,20 +57,50 @@ def ptxas_report(ptx: str) -> tuple[int, int]:
     return regs, spills
 
 
-def main(ns):
-    print(f"{'dtype':9s} {'n':>6s} {'smem KB':>8s} {'regs':>5s} {'spill':>6s} mma")
-    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+def report(ns, dtypes=(torch.float16, torch.bfloat16, torch.float32)) -> list[dict]:
+    """One record per n, dtype and path: pointers, TMA both ways (n >= 16), and the default dispatch
+    where it differs from both (kernels.TMA_TUNING)."""
+    rows = []
+    for dtype in dtypes:
         for n in ns:
-            try:
-                k = compile_for(n, dtype)
-            except Exception as e:  # noqa: BLE001
-                print(f"{str(dtype)[6:]:9s} {n:6d} compile error: {str(e).splitlines()[0][:90]}")
-                continue
-            ptx = k.asm["ptx"]
-            regs, spills = ptxas_report(ptx)
-            kind = "wgmma" if "wgmma" in ptx else ("mma.sync" if "mma.sync" in ptx else "none")
-            print(f"{str(dtype)[6:]:9s} {n:6d} {k.metadata.shared / 1024:8.1f} {regs:5d} {spills:6d} {kind}")
+            paths = ["none", "both"] if n >= 16 else ["none"]
+            if dtype != torch.float32 and n in kernels.TMA_TUNING:
+                paths.append(None)  # the default dispatch: TMA with its own tuning
+            for tma in paths:
+                path = {"none": "pointer", "both": "tma"}.get(tma) or f"default:{kernels.TMA_TUNING[n][0]}"
+                rec = {"dtype": str(dtype)[6:], "n": n, "path": path}
+                try:
+                    k = compile_for(n, dtype, tma=tma)
+                except Exception as e:  # noqa: BLE001
+                    rows.append({**rec, "error": str(e).splitlines()[0][:200]})
+                    continue
+                ptx = k.asm["ptx"]
+                regs, spills = ptxas_report(ptx)
+                rows.append({**rec, "shared": k.metadata.shared, "registers": regs, "spill": spills,
+                             "mma": "wgmma" if "wgmma" in ptx else ("mma.sync" if "mma.sync" in ptx else "none"),
+                             "bulk_copies": ptx.count("cp.async.bulk.tensor")})
+    return rows
+
+
+DTYPE_NAMES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def main(argv):
+    as_json = "--json" in argv
+    dtypes = tuple(DTYPE_NAMES[a] for a in argv if a in DTYPE_NAMES) or tuple(DTYPE_NAMES.values())
+    ns = [int(a) for a in argv if a.isdigit()] or sorted(kernels.PLANS)
+    rows = report(ns, dtypes)
+    if as_json:
+        print(json.dumps(rows))
+        return
+    print(f"{'dtype':9s} {'n':>6s} {'path':>13s} {'smem KB':>8s} {'regs':>5s} {'spill':>6s} mma      bulk copies")
+    for r in rows:
+        head = f"{r['dtype']:9s} {r['n']:6d} {r['path']:>13s}"
+        if "error" in r:
+            print(f"{head} compile error: {r['error'][:90]}")
+        else:
+            print(f"{head} {r['shared'] / 1024:8.1f} {r['registers']:5d} {r['spill']:6d} {r['mma']:8s} {r['bulk_copies']}")
 
 
 if __name__ == "__main__":
-    main([int(a) for a in sys.argv[1:]] or sorted(kernels.PLANS))
+    main(sys.argv[1:])

@@ -8,7 +8,8 @@ from tilecore.tiles.launch import CachedLaunch
 
 def key_for(x, out, rows, n=256, **over):
     cfg = dict(N=n, S=4, N1=1, N2=64, B=32, IN_PIECES=1, MID_PIECES=2, MMA_DTYPE=kernels.tl.float16,
-               PIECE_DTYPE=kernels.tl.bfloat16, GRID=132, num_warps=8, num_stages=3) | over
+               PIECE_DTYPE=kernels.tl.bfloat16, GRID=132, TMA_LOAD=False, TMA_STORE=False, num_warps=8,
+               num_stages=3) | over
     # The compiled (not interpreted) kernel, as on a GPU, whatever TRITON_INTERPRET says here.
     launcher = CachedLaunch(JITFunction(kernels.hadamard_kernel.fn))
     return launcher.key((x, out, rows, x.stride(0), out.stride(0), 0.5), cfg)

@@ -19,10 +19,12 @@ receives both:
 * ``finish(g, cfg, state, tile, out_smem)``: the epilogue. Wait for the previous tile's TMA store
   (``tma.store_wait``) before writing ``out_smem``, so that store overlaps this tile's main loop.
 
-With ``TILE_SMEM=True`` the epilogue buffer is also the consumer's during the main loop:
-``init(g, cfg, tile, out_smem)`` and ``compute(g, cfg, state, x_smem, y_smem, kk, out_smem)`` receive
-it. Attention keeps its Q tile there (O has Q's shape, and FlashAttention-3 reuses Q's buffer for O
-likewise); ``init`` must then wait for the previous tile's TMA store before overwriting it.
+A per-tile operand (attention's Q block: read by every step of a tile): give ``tile_desc`` (its
+block shape, dtype, swizzle) and ``load_tile(g, cfg, buf, bar, tile, consumer)``, which issues its TMA
+copy (the consumer index says which share of the tile). The producer loads it at the start of every
+tile, into one buffer per consumer, as soon as that consumer's previous tile no longer reads it;
+``init(g, cfg, tile, buf)`` and ``compute(g, cfg, state, x_smem, y_smem, kk, buf)`` then receive the
+buffer, already loaded. So the next tile's operand arrives during this tile's epilogue.
 
 With ``CONSUMERS=2`` two consumer partitions (each of the kernel's ``num_warps``) share every stage:
 each has its own epilogue buffer (out_desc's block: its share of the tile) and sees ``cfg``
@@ -85,11 +87,18 @@ def store_tile(x, out_desc, out_smem, off_m, off_n):
 
 
 @gluon.jit
-def _producer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, num_tiles, setup: gl.constexpr, load: gl.constexpr,
-              STAGES: gl.constexpr, STAGE_BYTES: gl.constexpr):
+def _producer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles,
+              setup: gl.constexpr, load: gl.constexpr, load_tile: gl.constexpr, STAGES: gl.constexpr,
+              STAGE_BYTES: gl.constexpr, TILE_BYTES: gl.constexpr, CONSUMERS: gl.constexpr):
     i = 0
+    t = 0
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         tile, k_iters = setup(g, cfg, tile_id)
+        if TILE_BYTES > 0:  # each consumer's per-tile operand, once it has let go of the last one
+            for c in gl.static_range(CONSUMERS):
+                mbarrier.wait(tile_empty.index(c), (t & 1) ^ 1)
+                mbarrier.expect(tile_ready.index(c), TILE_BYTES)
+                load_tile(g, cfg, tile_bufs.index(c), tile_ready.index(c), tile, c)
         for kk in range(k_iters):
             s = i % STAGES
             # a fresh barrier counts as having completed the phase before phase 0: the first lap
@@ -98,6 +107,7 @@ def _producer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, num_tiles, set
             mbarrier.expect(ready.index(s), STAGE_BYTES)
             load(g, cfg, x_ring.index(s), y_ring.index(s), ready.index(s), tile, kk)
             i += 1
+        t += 1
 
 
 @gluon.constexpr_function
@@ -106,25 +116,27 @@ def _with_index(cfg, index):
 
 
 @gluon.jit
-def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, num_tiles, setup: gl.constexpr,
-              init: gl.constexpr, compute: gl.constexpr, drain: gl.constexpr, finish: gl.constexpr,
-              STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr, TILE_SMEM: gl.constexpr):
+def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile_buf, tile_ready, tile_empty,
+              num_tiles, setup: gl.constexpr, init: gl.constexpr, compute: gl.constexpr, drain: gl.constexpr,
+              finish: gl.constexpr, STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr, TILE_OPERAND: gl.constexpr):
     i = 0
+    t = 0
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         tile, k_iters = setup(g, cfg, tile_id)
-        if TILE_SMEM:
-            state = init(g, cfg, tile, out_smem)
+        if TILE_OPERAND:
+            mbarrier.wait(tile_ready, t & 1)
+            state = init(g, cfg, tile, tile_buf)
         else:
             state = init(g, cfg, tile)
         for kk in range(k_iters):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            if TILE_SMEM:
-                state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk, out_smem)
+            if TILE_OPERAND:
+                state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk, tile_buf)
             else:
                 state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk)
             if IN_FLIGHT == 0:
-                state = drain(g, cfg, state)  # one stage: its wgmma must finish before the refill
+                state = drain(g, cfg, state)  # its wgmma must finish before the stage is refilled
                 mbarrier.arrive(empty.index(s))
             else:
                 # the wgmma of step kk-1 has finished: its stage can be refilled
@@ -133,7 +145,10 @@ def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, num_
         state = drain(g, cfg, state)
         if IN_FLIGHT > 0:
             mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k_iters > 0)
+        if TILE_OPERAND:
+            mbarrier.arrive(tile_empty)  # the producer may load the next tile's operand now
         finish(g, cfg, state, tile, out_smem)
+        t += 1
     tma.store_wait(0)
 
 
@@ -141,44 +156,65 @@ def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, num_
 def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tiles, setup: gl.constexpr,
                         load: gl.constexpr, init: gl.constexpr, compute: gl.constexpr,
                         drain: gl.constexpr, finish: gl.constexpr, STAGES: gl.constexpr,
-                        PRODUCER_REGS: gl.constexpr = 40, TILE_SMEM: gl.constexpr = False,
-                        CONSUMERS: gl.constexpr = 1, CONSUMER_REGS: gl.constexpr = 232,
-                        IN_FLIGHT: gl.constexpr = -1):
+                        PRODUCER_REGS: gl.constexpr = 40, CONSUMERS: gl.constexpr = 1,
+                        CONSUMER_REGS: gl.constexpr = 232, IN_FLIGHT: gl.constexpr = -1,
+                        tile_desc=None, load_tile: gl.constexpr = None):
     """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
 
     ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
     ``out_desc`` those of the epilogue buffer (which may be a slice of the output tile: see
     ``store_tile``; a half-width buffer frees 32 KiB for a fourth stage). Call once from the kernel.
-    ``TILE_SMEM``: hand the epilogue buffer to ``init`` and ``compute`` too; ``CONSUMERS``: 1 or 2
-    consumer partitions (see the module docstring; ``CONSUMER_REGS`` is the second one's registers).
-    ``IN_FLIGHT``: 1 if ``compute`` returns with a wgmma group still reading its stage (the stage is
-    then released one step late), 0 if it returns with the stage's reads done; by default 1 when
-    there are two or more stages.
+    ``CONSUMERS``: 1 or 2 consumer partitions (see the module docstring; ``CONSUMER_REGS`` is the
+    second one's registers). ``IN_FLIGHT``: 1 if ``compute`` returns with a wgmma group still
+    reading its stage (the stage is then released one step late), 0 if it returns with the stage's
+    reads done; by default 1 when there are two or more stages. ``tile_desc`` and ``load_tile``: a
+    per-tile operand (see the module docstring).
     """
+    TILE_OPERAND: gl.constexpr = load_tile is not None
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
     y_ring = gl.allocate_shared_memory(y_desc.dtype, [STAGES] + y_desc.block_type.shape, y_desc.layout)
     out_smem = gl.allocate_shared_memory(out_desc.dtype, [CONSUMERS] + out_desc.block_type.shape, out_desc.layout)
+    if TILE_OPERAND:
+        tile_bufs = gl.allocate_shared_memory(tile_desc.dtype, [CONSUMERS] + tile_desc.block_type.shape,
+                                              tile_desc.layout)
+        TILE_BYTES: gl.constexpr = tile_desc.block_type.nbytes
+    else:
+        tile_bufs = out_smem  # unused
+        TILE_BYTES: gl.constexpr = 0
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    tile_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    tile_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=CONSUMERS)
+    for c in gl.static_range(CONSUMERS):
+        mbarrier.init(tile_ready.index(c), count=1)
+        mbarrier.init(tile_empty.index(c), count=1)
     STAGE_BYTES: gl.constexpr = x_desc.block_type.nbytes + y_desc.block_type.nbytes
     LATE_RELEASE: gl.constexpr = (1 if STAGES > 1 else 0) if IN_FLIGHT < 0 else IN_FLIGHT
     if CONSUMERS == 1:
         gl.warp_specialize([
-            (_consumer, (g, cfg, x_ring, y_ring, ready, empty, out_smem.index(0), num_tiles, setup, init,
-                         compute, drain, finish, STAGES, LATE_RELEASE, TILE_SMEM)),
-            (_producer, (g, cfg, x_ring, y_ring, ready, empty, num_tiles, setup, load, STAGES, STAGE_BYTES)),
+            (_consumer, (g, cfg, x_ring, y_ring, ready, empty, out_smem.index(0), tile_bufs.index(0),
+                         tile_ready.index(0), tile_empty.index(0), num_tiles, setup, init, compute, drain, finish,
+                         STAGES, LATE_RELEASE, TILE_OPERAND)),
+            (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
+                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS)),
         ], [1], [PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (g, _with_index(cfg, 0), x_ring, y_ring, ready, empty, out_smem.index(0), num_tiles,
-                         setup, init, compute, drain, finish, STAGES, LATE_RELEASE, TILE_SMEM)),
-            (_consumer, (g, _with_index(cfg, 1), x_ring, y_ring, ready, empty, out_smem.index(1), num_tiles,
-                         setup, init, compute, drain, finish, STAGES, LATE_RELEASE, TILE_SMEM)),
-            (_producer, (g, cfg, x_ring, y_ring, ready, empty, num_tiles, setup, load, STAGES, STAGE_BYTES)),
+            (_consumer, (g, _with_index(cfg, 0), x_ring, y_ring, ready, empty, out_smem.index(0), tile_bufs.index(0),
+                         tile_ready.index(0), tile_empty.index(0), num_tiles, setup, init, compute, drain, finish,
+                         STAGES, LATE_RELEASE, TILE_OPERAND)),
+            (_consumer, (g, _with_index(cfg, 1), x_ring, y_ring, ready, empty, out_smem.index(1), tile_bufs.index(1),
+                         tile_ready.index(1), tile_empty.index(1), num_tiles, setup, init, compute, drain, finish,
+                         STAGES, LATE_RELEASE, TILE_OPERAND)),
+            (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
+                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS)),
         ], [gl.num_warps(), 1], [CONSUMER_REGS, PRODUCER_REGS])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
+    for c in gl.static_range(CONSUMERS):
+        mbarrier.invalidate(tile_ready.index(c))
+        mbarrier.invalidate(tile_empty.index(c))

@@ -3,22 +3,23 @@
 
 A tile is BLOCK_M query rows of one (batch, head); its "K loop" walks the key blocks. Per step the
 1-warp producer TMA-loads a K and a V block into one ring stage (4-D descriptors over (B, Hkv, Nk, D):
-rows past Nk arrive as zeros and never come from the next head). The consumer warpgroups keep
-Q in the epilogue buffer (``TILE_SMEM``), and per step
+rows past Nk arrive as zeros and never come from the next head); it also loads each tile's Q block
+(the template's per-tile operand) while the consumers finish the previous tile. Per step:
 
     S = Q K^T                      wgmma, both operands in shared memory
     m, l, P = online softmax(S)    registers, base 2: exp2(S * scale * log2 e - m)
     O = O * alpha + P V            wgmma with P as the register operand, left running
 
-so the P V product of step j runs while step j+1 waits for its K block and issues Q K^T. The
-epilogue divides by l, writes lse, and TMA-stores O through the same buffer (rows past N clipped).
+With OVERLAP (FlashAttention-3's intra-warpgroup pipelining) step j issues Q K_j^T and P_{j-1} V_{j-1}
+together and runs the softmax of block j while the tensor cores do P V. The
+epilogue divides by l, writes lse, and TMA-stores O through shared memory (rows past N clipped).
 
 Masks are applied only to blocks that need them (the last key block when Nk is not a multiple of
 BLOCK_N, and blocks crossing the causal diagonal). The running max starts at a finite sentinel, so
 fully masked rows give p = 0, never NaN (as in the ``tl`` kernel, kernels.py); rows with no key get
 O = 0 and lse = -inf.
 
-``g``   = (q_ptr, k_desc, v_desc, o_desc, lse_ptr, sqb, sqh, sqn, sqd, H, N, Nk, GROUP, scale_log2e, B * H)
+``g``   = (q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, B * H, heads per group)
 ``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, OVERLAP, CONSUMERS[, consumer index])
 
 With CONSUMERS = 2 a tile is 2 BLOCK_M query rows: two consumer warpgroups (separate partitions of
@@ -36,22 +37,14 @@ from tilecore.tiles.gluon import persistent_pipeline, wgmma_layout
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 EMPTY_ROW_MAX: gl.constexpr = gl.constexpr(-1.0e30)  # far below any real scaled score, far above -inf
-HEAD_GROUP: gl.constexpr = gl.constexpr(8)  # (batch, head)s whose tiles run together: 8 x 2 MiB of K, V at N=4096
-
-
-@gluon.constexpr_function
-def _row_load_layout(block_m, head_dim, num_warps):
-    """A coalesced register layout for loading a [block_m, head_dim] tile: 16 bytes per thread."""
-    threads_d = min(32, head_dim // 8)
-    return gl.BlockedLayout([1, 8], [32 // threads_d, threads_d], [num_warps, 1], [1, 0])
 
 
 @gluon.jit
 def _head(g, bh):
     """(batch, q head, kv head) of the flat index bh = batch * H + q head."""
-    b = bh // g[9]
-    h = bh % g[9]
-    return b, h, h // g[12]
+    b = bh // g[5]
+    h = bh % g[5]
+    return b, h, h // g[8]
 
 
 @gluon.jit
@@ -60,15 +53,15 @@ def _setup(g, cfg: gl.constexpr, tile_id):
     block, plus one for the last P V when the steps overlap (OVERLAP)."""
     BM: gl.constexpr = cfg[1] * cfg[5]  # the tile's rows: every consumer's
     BN: gl.constexpr = cfg[2]
-    N = g[10]
-    Nk = g[11]
+    N = g[6]
+    Nk = g[7]
     m_blocks = gl.cdiv(N, BM)
-    # Order: heads in groups of HEAD_GROUP whose K and V stay in L2 together; within a group, query
+    # Order: heads in groups (of g[11]) whose K and V stay in L2 together; within a group, query
     # block by query block across its heads. Causal, the heaviest blocks (the last rows see the most
     # keys) come first, so the persistent programs even out and the last wave holds the light ones.
-    per_group = HEAD_GROUP * m_blocks
-    first_bh = (tile_id // per_group) * HEAD_GROUP
-    heads = gl.minimum(HEAD_GROUP, g[14] - first_bh)
+    per_group = g[11] * m_blocks
+    first_bh = (tile_id // per_group) * g[11]
+    heads = gl.minimum(g[11], g[10] - first_bh)
     local = tile_id % per_group
     bh = first_bh + local % heads
     mb = local // heads
@@ -103,30 +96,25 @@ def _load(g, cfg: gl.constexpr, k_smem, v_smem, bar, tile, kk):
 
 
 @gluon.jit
+def _load_q(g, cfg: gl.constexpr, q_smem, bar, tile, consumer):
+    """The producer's per-tile load: this consumer's BLOCK_M query rows (rows past N arrive as 0)."""
+    b, h, hk = _head(g, tile[1])
+    tma.async_copy_global_to_shared(g[0], [b, h, tile[0] + consumer * cfg[1], 0], bar, q_smem)
+
+
+@gluon.jit
 def _init(g, cfg: gl.constexpr, tile, q_smem):
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
     s_layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps())
     o_layout: gl.constexpr = wgmma_layout(BM, D, gl.num_warps())
-    ld: gl.constexpr = _row_load_layout(BM, D, gl.num_warps())
-    b, h, hk = _head(g, tile[1])
-    start_m = _first_row(cfg, tile)
-    rows = start_m + gl.arange(0, BM, layout=gl.SliceLayout(1, ld))
-    cols = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
-    offs = (b.to(gl.int64) * g[5] + h.to(gl.int64) * g[6] + gl.expand_dims(rows.to(gl.int64) * g[7], 1)
-            + gl.expand_dims(cols * g[8], 0))
-    q = gl.load(g[0] + offs, mask=gl.expand_dims(rows < g[10], 1), other=0.0)
-    tma.store_wait(0)  # the previous tile's O store has read the buffer
-    q_smem.reshape([BM, D]).store(q)
-    fence_async_shared()
-    gl.thread_barrier()  # every warp's part of Q is in place before wgmma reads it
     m_i = gl.full([BM], EMPTY_ROW_MAX, gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BM, D], gl.float32, o_layout)
     p = gl.zeros([BM, BN], q_smem.dtype, _p_layout(BM, D, gl.num_warps()))
     # this consumer's first query row and the tile's key-block count ride along for the masks
-    return m_i, l_i, acc, p, start_m, tile[2]
+    return m_i, l_i, acc, p, _first_row(cfg, tile), tile[2]
 
 
 @gluon.jit
@@ -147,9 +135,9 @@ def _p_layout(block_m, head_dim, num_warps):
 @gluon.jit
 def _needs_mask(g, cfg: gl.constexpr, start_m, start_n):
     """Whether any score of the [start_m, start_n] block is masked: past Nk, or above the diagonal."""
-    bound = g[11]
+    bound = g[7]
     if cfg[0]:
-        bound = gl.minimum(bound, start_m + 1 + (g[11] - g[10]))  # the first query row's last key + 1
+        bound = gl.minimum(bound, start_m + 1 + (g[7] - g[6]))  # the first query row's last key + 1
     return start_n + cfg[2] > bound
 
 
@@ -165,12 +153,12 @@ def _softmax(g, cfg: gl.constexpr, s, m_i, l_i, start_m, start_n):
     o_layout: gl.constexpr = wgmma_layout(BM, D, gl.num_warps())
     if _needs_mask(g, cfg, start_m, start_n):
         cols = gl.expand_dims(start_n + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout)), 0)
-        ok = cols < g[11]
+        ok = cols < g[7]
         if cfg[0]:
             rows = gl.expand_dims(start_m + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout)), 1)
-            ok = ok & (cols <= rows + (g[11] - g[10]))
+            ok = ok & (cols <= rows + (g[7] - g[6]))
         s = gl.where(ok, s, float("-inf"))
-    c = g[13]
+    c = g[9]
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * c)
     p = gl.exp2(s * c - gl.expand_dims(m_new, 1))
     alpha = gl.exp2(m_i - m_new)
@@ -183,7 +171,7 @@ def _p_operand(g, cfg: gl.constexpr, p):
     """P in the inputs' dtype, as the register operand of the P V wgmma. Called with no wgmma in
     flight: ptxas serializes every wgmma of a kernel that defines a wgmma's input registers while
     another wgmma runs (its warning C7513), which cost the overlapped loop 20%."""
-    return gl.convert_layout(p.to(g[0].dtype.element_ty), _p_layout(cfg[1], cfg[3], gl.num_warps()))
+    return gl.convert_layout(p.to(g[0].dtype), _p_layout(cfg[1], cfg[3], gl.num_warps()))
 
 
 @gluon.jit
@@ -244,7 +232,7 @@ def _finish(g, cfg: gl.constexpr, state, tile, o_smem):
     out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
     lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) / LOG2E, float("-inf"))
     rows = start_m + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
-    gl.store(g[4] + tile[1].to(gl.int64) * g[10] + rows, lse, mask=rows < g[10])
+    gl.store(g[4] + tile[1].to(gl.int64) * g[6] + rows, lse, mask=rows < g[6])
     b, h, hk = _head(g, tile[1])
     o_smem.reshape([BM, D]).store(out.to(o_smem.dtype))
     fence_async_shared()
@@ -253,15 +241,16 @@ def _finish(g, cfg: gl.constexpr, state, tile, o_smem):
 
 
 @gluon.jit
-def attention_fwd_kernel(q_ptr, k_desc, v_desc, o_desc, lse_ptr, sqb, sqh, sqn, sqd, H, N, Nk, GROUP,
-                         scale_log2e, num_bh, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                         OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr):
+def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh,
+                         head_group, CAUSAL: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
+                         CONSUMERS: gl.constexpr):
     """O and lse of attention for every (query block, batch * head); a persistent grid."""
-    g = (q_ptr, k_desc, v_desc, o_desc, lse_ptr, sqb, sqh, sqn, sqd, H, N, Nk, GROUP, scale_log2e, num_bh)
+    g = (q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh, head_group)
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
     cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, OVERLAP, CONSUMERS))
     num_tiles = gl.cdiv(N, BM * CONSUMERS) * num_bh
     persistent_pipeline(g, cfg, k_desc, v_desc, o_desc, num_tiles, _setup, _load, _init, _compute, _drain,
-                        _finish, STAGES, TILE_SMEM=True, CONSUMERS=CONSUMERS, IN_FLIGHT=0 if OVERLAP else 1)
+                        _finish, STAGES, CONSUMERS=CONSUMERS, IN_FLIGHT=0 if OVERLAP else 1, tile_desc=q_desc,
+                        load_tile=_load_q)

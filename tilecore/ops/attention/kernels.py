@@ -281,7 +281,7 @@ def _tma_able(t: torch.Tensor) -> bool:
 def gluon_forward_fits(q, k, v, scale: float) -> bool:
     """Whether the Gluon forward serves these inputs (else the tl kernel does)."""
     return (q.is_cuda and q.shape[-1] in GLUON_FORWARD and scale > 0 and dispatch.is_hopper(q.device)
-            and _tma_able(k) and _tma_able(v))
+            and _tma_able(q) and _tma_able(k) and _tma_able(v))
 
 
 def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int, block_n: int,
@@ -306,11 +306,12 @@ def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int
 
     tiles = triton.cdiv(N, block_m * consumers) * B * H
     grid = (min(tiles, dispatch.num_sms(q.device)),)
+    # heads whose tiles run together: their K and V (2 Nk D elements each) within ~24 MiB of L2
+    head_group = max(1, min(16, (24 << 20) // (2 * Nk * D * q.element_size())))
     with dispatch.on_device(q.device):
-        attention_fwd_kernel[grid](q, desc(k, block_n), desc(v, block_n), desc(out, block_m), lse,
-                                   q.stride(0), q.stride(1), q.stride(2), q.stride(3), H, N, Nk, H // Hkv,
-                                   scale * LOG2E, B * H, CAUSAL=causal, STAGES=stages, OVERLAP=overlap,
-                                   CONSUMERS=consumers, num_warps=num_warps)
+        attention_fwd_kernel[grid](desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(out, block_m), lse,
+                                   H, N, Nk, H // Hkv, scale * LOG2E, B * H, head_group, CAUSAL=causal,
+                                   STAGES=stages, OVERLAP=overlap, CONSUMERS=consumers, num_warps=num_warps)
 
 
 def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict | None = None) -> None:

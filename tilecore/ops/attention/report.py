@@ -76,9 +76,9 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
         block = [1, 1, rows, d]
         return TensorDescriptor.from_tensor(x, block, gl.NVMMASharedLayout.get_default_for(block, gdt))
 
-    args = dict(q_ptr=x, k_desc=desc(cfg["block_n"]), v_desc=desc(cfg["block_n"]), o_desc=desc(cfg["block_m"]),
-                lse_ptr=torch.empty(64, dtype=torch.float32), sqb=16 * n * d, sqh=n * d, sqn=d, sqd=1, H=16,
-                N=n, Nk=n, GROUP=1, scale_log2e=0.1, num_bh=256, CAUSAL=causal, STAGES=cfg["stages"],
+    args = dict(q_desc=desc(cfg["block_m"]), k_desc=desc(cfg["block_n"]), v_desc=desc(cfg["block_n"]),
+                o_desc=desc(cfg["block_m"]), lse_ptr=torch.empty(64, dtype=torch.float32), H=16, N=n, Nk=n,
+                GROUP=1, scale_log2e=0.1, num_bh=256, head_group=12, CAUSAL=causal, STAGES=cfg["stages"],
                 OVERLAP=cfg["overlap"], CONSUMERS=cfg["consumers"])
     compiled = _compile(attention_fwd_kernel, args, {"num_warps": 8 if cfg["consumers"] == 1 else 4})
     r = resources(compiled)

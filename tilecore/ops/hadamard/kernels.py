@@ -18,6 +18,11 @@ Where the error comes from, and how it stays at the rounding floor:
 Data never changes layout between stages: the first product's accumulator becomes the second's
 left operand in registers. Rows never share a product (X @ H_N2 keeps rows apart, H_N1 @ X is a
 batched product per row), so a NaN or Inf stays in its row.
+
+Loads and stores go through pointers (tl.load/tl.store, pipelined by Triton with cp.async) or, per n
+where that measured faster (TMA_TUNING), through TMA descriptors: the copy engine moves each [B, N1, N2]
+slice between global and shared memory (cp.async.bulk.tensor), zero-filling reads and clipping writes
+past the last row. Only the data movement differs; the transform above is the same code.
 """
 import torch
 import triton
@@ -28,13 +33,22 @@ from tilecore.tiles.launch import CachedLaunch
 
 
 @triton.jit
-def _load_slice(x_ptr, rows, stride_x, r, s, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr):
-    """Slice s of the rows ``r`` as a [B, N1, N2] tile (zeros past the last row and past n < 16)."""
-    i = tl.arange(0, N1)
-    j = tl.arange(0, N2)
-    offs = r[:, None, None] * stride_x + (s * N1 * N2 + i[None, :, None] * N2 + j[None, None, :])
-    mask = (r[:, None, None] < rows) & (j[None, None, :] < N)
-    return tl.load(x_ptr + offs, mask=mask, other=0.0)
+def _load_slice(x, rows, stride_x, tile, s, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr,
+                B: tl.constexpr, TMA: tl.constexpr):
+    """Slice s of the B rows of ``tile`` as a [B, N1, N2] tile (zeros past the last row and past n < 16).
+
+    TMA: ``x`` is a descriptor over the rows seen as (rows, n / N2, N2) with box [B, N1, N2], so a
+    slice is one bulk tensor copy into shared memory; the copy engine zero-fills rows past the end.
+    """
+    if TMA:
+        return x.load([tile * B, s * N1, 0])
+    else:
+        r = tl.arange(0, B).to(tl.int64) + tile * B  # 64-bit: rows * stride may pass 2^31
+        i = tl.arange(0, N1)
+        j = tl.arange(0, N2)
+        offs = r[:, None, None] * stride_x + (s * N1 * N2 + i[None, :, None] * N2 + j[None, None, :])
+        mask = (r[:, None, None] < rows) & (j[None, None, :] < N)
+        return tl.load(x + offs, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -73,52 +87,59 @@ def _slice_transform(x, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: 
 
 
 @triton.jit
-def _store_slice(out_ptr, rows, stride_out, r, s, z, scale,
-                 N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr):
-    i = tl.arange(0, N1)
-    j = tl.arange(0, N2)
-    offs = r[:, None, None] * stride_out + (s * N1 * N2 + i[None, :, None] * N2 + j[None, None, :])
-    mask = (r[:, None, None] < rows) & (j[None, None, :] < N)
+def _store_slice(out, rows, stride_out, tile, s, z, scale,
+                 N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr, TMA: tl.constexpr):
     z = tl.reshape(z * scale, (B, N1, N2))
-    tl.store(out_ptr + offs, z.to(out_ptr.dtype.element_ty), mask=mask)
+    if TMA:
+        # Registers -> shared memory -> one bulk tensor store; the copy engine clips rows past the end.
+        out.store([tile * B, s * N1, 0], z.to(out.dtype))
+    else:
+        r = tl.arange(0, B).to(tl.int64) + tile * B
+        i = tl.arange(0, N1)
+        j = tl.arange(0, N2)
+        offs = r[:, None, None] * stride_out + (s * N1 * N2 + i[None, :, None] * N2 + j[None, None, :])
+        mask = (r[:, None, None] < rows) & (j[None, None, :] < N)
+        tl.store(out + offs, z.to(out.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def hadamard_kernel(x_ptr, out_ptr, rows, stride_x, stride_out, scale,
+def hadamard_kernel(x, out, rows, stride_x, stride_out, scale,
                     N: tl.constexpr, S: tl.constexpr,
                     N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
                     IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
-                    MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr):
+                    MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr,
+                    TMA_LOAD: tl.constexpr, TMA_STORE: tl.constexpr):
     """scale * H_N applied to each of ``rows`` rows; a persistent grid of GRID programs, B rows a tile.
 
     A row is S slices of N1 x N2: their transforms T_t stay in registers, and out = H_S [T_0 .. T_{S-1}].
+    ``x`` (``out``) is a pointer, or with TMA_LOAD (TMA_STORE) a tensor descriptor (see _load_slice);
+    the math is the same either way.
     """
     tiles = tl.cdiv(rows, B)
     for tile in range(tl.program_id(0), tiles, GRID):
-        r = tl.arange(0, B).to(tl.int64) + tile * B  # 64-bit: rows * stride may pass 2^31
-        t0 = _slice_transform(_load_slice(x_ptr, rows, stride_x, r, 0, N, N1, N2),
+        t0 = _slice_transform(_load_slice(x, rows, stride_x, tile, 0, N, N1, N2, B, TMA_LOAD),
                               N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
         if S == 1:
-            _store_slice(out_ptr, rows, stride_out, r, 0, t0, scale, N, N1, N2, B)
+            _store_slice(out, rows, stride_out, tile, 0, t0, scale, N, N1, N2, B, TMA_STORE)
         else:
-            t1 = _slice_transform(_load_slice(x_ptr, rows, stride_x, r, 1, N, N1, N2),
+            t1 = _slice_transform(_load_slice(x, rows, stride_x, tile, 1, N, N1, N2, B, TMA_LOAD),
                                   N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
             if S == 2:
-                _store_slice(out_ptr, rows, stride_out, r, 0, t0 + t1, scale, N, N1, N2, B)
-                _store_slice(out_ptr, rows, stride_out, r, 1, t0 - t1, scale, N, N1, N2, B)
+                _store_slice(out, rows, stride_out, tile, 0, t0 + t1, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 1, t0 - t1, scale, N, N1, N2, B, TMA_STORE)
             else:  # S == 4: H_4 = H_2 (x) H_2 over the slice index
-                t2 = _slice_transform(_load_slice(x_ptr, rows, stride_x, r, 2, N, N1, N2),
+                t2 = _slice_transform(_load_slice(x, rows, stride_x, tile, 2, N, N1, N2, B, TMA_LOAD),
                                       N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-                t3 = _slice_transform(_load_slice(x_ptr, rows, stride_x, r, 3, N, N1, N2),
+                t3 = _slice_transform(_load_slice(x, rows, stride_x, tile, 3, N, N1, N2, B, TMA_LOAD),
                                       N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
                 a = t0 + t1
                 b = t0 - t1
                 c = t2 + t3
                 d = t2 - t3
-                _store_slice(out_ptr, rows, stride_out, r, 0, a + c, scale, N, N1, N2, B)
-                _store_slice(out_ptr, rows, stride_out, r, 1, b + d, scale, N, N1, N2, B)
-                _store_slice(out_ptr, rows, stride_out, r, 2, a - c, scale, N, N1, N2, B)
-                _store_slice(out_ptr, rows, stride_out, r, 3, b - d, scale, N, N1, N2, B)
+                _store_slice(out, rows, stride_out, tile, 0, a + c, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 1, b + d, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 2, a - c, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 3, b - d, scale, N, N1, N2, B, TMA_STORE)
 
 
 # n -> (S, N1, N2). A row is S slices of N1 x N2 (N2 contiguous); the slices' transforms are combined
@@ -163,20 +184,78 @@ def config(n: int, *, fp32: bool = False, plan: tuple | None = None, tile_elems:
 
 _launch_hadamard = CachedLaunch(hadamard_kernel)
 
+# float16/bfloat16: n -> (which side goes through TMA, tuning that differs from the pointer path's)
+# where that measured faster than pointers on the H100 (notes/hadamard.md, v7). Other n, float32, and
+# tensors TMA cannot describe (tma_fits) load and store through pointers with PLANS and TUNING.
+# More programs per SM than fit at once (waves 32-64) measured faster with TMA; why was not profiled
+# (a guess: the hardware balances the last tiles, while each program still pipelines a few tiles).
+TMA_TUNING = {
+    256: ("load", dict(tile_elems=16384, waves=32)),
+    512: ("both", dict(plan=(1, 16, 32), tile_elems=8192, waves=32)),
+    1024: ("both", dict(waves=64)),
+    2048: ("both", dict(waves=64)),
+    4096: ("both", dict(num_stages=6, num_warps=4, waves=32)),
+    8192: ("both", dict(waves=32)),
+    16384: ("both", dict(plan=(2, 128, 64), num_stages=4)),
+    32768: ("both", dict(waves=2)),
+}
+# a ``tma`` argument -> (load through TMA, store through TMA)
+TMA_MODES = {False: (False, False), "none": (False, False), "load": (True, False), "store": (False, True),
+             "both": (True, True), True: (True, True)}
 
-def launch(x, out, scale: float, *, interpret: bool, num_sms: int, **tuning) -> None:
-    """out[r] = scale * H_n x[r] for 2-D ``x`` and ``out`` (rows, n) with unit stride along n."""
+
+def choose_path(n: int, fp32: bool, tma, tuning: dict) -> tuple[bool, bool, dict]:
+    """(load through TMA, store through TMA, tuning) for ``tma`` as kernels.launch takes it; the
+    caller's tuning overrides TMA_TUNING's."""
+    if tma is not None:
+        return (*TMA_MODES[tma], tuning)
+    mode, preset = TMA_TUNING.get(n, ("none", {})) if not fp32 else ("none", {})
+    return (*TMA_MODES[mode], {**preset, **tuning})
+
+
+def tma_fits(t) -> bool:
+    """Whether a TMA descriptor can describe the rows of ``t`` (rows, n): base address and row stride
+    16-byte aligned, and n >= 16 (smaller rows are padded to a 16-wide tile in registers)."""
+    return t.shape[1] >= 16 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+
+
+def _descriptor(t, cfg: dict):
+    """A rank-3 view (rows, n / N2, N2) of the rows of ``t``, one [B, N1, N2] slice per box (Triton
+    splits a box side over 256 elements into several copies)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    N2 = cfg["N2"]
+    return TensorDescriptor(t, [t.shape[0], t.shape[1] // N2, N2], [t.stride(0), N2, 1], [cfg["B"], cfg["N1"], N2])
+
+
+def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, **tuning) -> None:
+    """out[r] = scale * H_n x[r] for 2-D ``x`` and ``out`` (rows, n) with unit stride along n.
+
+    ``tma``: which side loads/stores through TMA descriptors: "load", "store", "both" (or True), "none"
+    (or False); None: the measured fastest for n and dtype (TMA_TUNING, with its tuning). If TMA cannot
+    describe a tensor it needs (tma_fits), everything goes through pointers."""
     rows, n = x.shape
-    cfg = config(n, fp32=x.dtype == torch.float32, **tuning)
+    fp32 = x.dtype == torch.float32
+    tma_load, tma_store, tma_tuning = choose_path(n, fp32, tma, tuning)
+    if (tma_load and not tma_fits(x)) or (tma_store and not tma_fits(out)):
+        tma_load = tma_store = False
+    else:
+        tuning = tma_tuning
+    cfg = config(n, fp32=fp32, **tuning)
     # bf16 products are wrong in Triton 3.6's interpreter: there, bf16 runs its math in fp32/fp16.
     piece = tl.float16 if interpret else tl.bfloat16
     mma = {torch.float16: tl.float16, torch.bfloat16: tl.float32 if interpret else tl.bfloat16,
            torch.float32: piece}[x.dtype]
-    fp32 = x.dtype == torch.float32
     tiles = triton.cdiv(rows, cfg["B"])
     grid = max(1, min(tiles, num_sms * cfg["waves"]))
-    _launch_hadamard[(grid,)](
-        x, out, rows, x.stride(0), out.stride(0), scale,
+    run = lambda: _launch_hadamard[(grid,)](
+        _descriptor(x, cfg) if tma_load else x, _descriptor(out, cfg) if tma_store else out,
+        rows, x.stride(0), out.stride(0), scale,
         N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"],
         IN_PIECES=3 if fp32 else 1, MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=piece, GRID=grid,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        TMA_LOAD=tma_load, TMA_STORE=tma_store, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    # CachedLaunch picks the device from the tensor arguments; with two descriptors there are none.
+    if tma_load and tma_store and x.is_cuda and x.device.index != torch.cuda.current_device():
+        with torch.cuda.device(x.device):
+            return run()
+    run()

@@ -1,0 +1,104 @@
+"""The Hadamard kernel's TMA path: Triton's interpreter runs descriptor loads and stores (zero-filled
+and clipped past the last row, as the copy engine does), so every side-through-TMA mode is checked
+here against float64; a compile for sm_90a (no GPU) checks that the PTX really uses the copy engine."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tilecore import accuracy
+from tilecore.ops.hadamard import hadamard_reference, hadamard_transform, kernels
+
+TMA_N = [2**k for k in range(4, 16)]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def transform(x, tma, **tuning):
+    out = torch.full_like(x, float("nan"))  # poisoned: an unwritten element shows as NaN
+    kernels.launch(x, out, x.shape[1] ** -0.5, interpret=True, num_sms=2, tma=tma, **tuning)
+    assert torch.isfinite(out).all(), "some outputs were never written"
+    return out
+
+
+@pytest.mark.parametrize("n", TMA_N)
+@pytest.mark.parametrize("tma", ["both", "load", "store"])
+def test_tma_paths_compute_the_transform(n, tma):
+    x = torch.randn(max(2, 2**13 // n) + 1, n, dtype=torch.float16)  # + 1: rows past the end of a box
+    ref = hadamard_reference(x, n**-0.5, out_dtype=torch.float64)
+    assert accuracy.error_over_floor(transform(x, tma), ref) <= 1.05
+
+
+@pytest.mark.parametrize("n", [16, 512, 4096, 32768])
+def test_tma_float32_within_1e6(n):
+    x = torch.randn(5, n, dtype=torch.float32)
+    ref = hadamard_reference(x, n**-0.5, out_dtype=torch.float64)
+    assert accuracy.rel_rms(transform(x, "both"), ref) <= 1e-6
+
+
+@pytest.mark.parametrize("n", sorted(kernels.TMA_TUNING))
+def test_default_dispatch_tuning_computes_the_transform(n):
+    # the plans and tunings the GPU takes by default for 16-bit inputs (kernels.TMA_TUNING)
+    x = torch.randn(3, n, dtype=torch.float16)
+    ref = hadamard_reference(x, n**-0.5, out_dtype=torch.float64)
+    assert accuracy.error_over_floor(transform(x, None), ref) <= 1.05
+
+
+def test_tma_fits_only_16_byte_aligned_rows():
+    base = torch.randn(8 * 1024 + 8, dtype=torch.float16)
+    assert kernels.tma_fits(base[: 8 * 1024].view(8, 1024))
+    assert not kernels.tma_fits(base[1 : 8 * 1024 + 1].view(8, 1024))  # data_ptr 2 bytes off
+    assert not kernels.tma_fits(torch.randn(8, 1028, dtype=torch.float16)[:, :1024])  # row stride 2056 bytes
+    assert not kernels.tma_fits(torch.randn(8, 8, dtype=torch.float16))  # n < 16: padded in registers
+
+
+def test_tensors_tma_cannot_describe_take_the_pointer_path(monkeypatch):
+    seen = []
+    real = kernels._descriptor
+    monkeypatch.setattr(kernels, "_descriptor", lambda t, cfg: seen.append(t) or real(t, cfg))
+    n = 1024
+    assert kernels.TMA_TUNING[n][0] == "both"
+    base = torch.randn(5 * n + 1, dtype=torch.float16)
+    x = base[1:].view(5, n)  # misaligned by one element
+    ref = hadamard_reference(x, 1.0, out_dtype=torch.float64)
+    assert accuracy.error_over_floor(hadamard_transform(x), ref) <= 1.05
+    assert not seen
+    hadamard_transform(base[: 5 * n].view(5, n))  # aligned: descriptors for input and output
+    assert len(seen) == 2
+
+
+def test_inplace_through_tma():
+    n = 2048
+    x = torch.randn(9, n, dtype=torch.float16)
+    expected = transform(x.clone(), "none")
+    kernels.launch(x, x, n**-0.5, interpret=True, num_sms=2, tma="both")
+    assert torch.equal(x, expected)
+
+
+@pytest.fixture(scope="module")
+def sm90_report():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    # every n the GPU sends through TMA by default, and one it does not; bf16 compiles as fp16 does
+    ns = [str(n) for n in [128, *sorted(kernels.TMA_TUNING)]]
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "hadamard_resources.py"), "--json", "fp16", "fp32", *ns],
+                       capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def test_tma_ptx_uses_the_copy_engine_for_sm90a(sm90_report):
+    assert all("error" not in r for r in sm90_report), [r for r in sm90_report if "error" in r]
+    for r in sm90_report:
+        assert r["shared"] <= 227 * 1024, r
+        assert r["mma"] == "wgmma" or r["dtype"] == "float32", r
+        assert (r["bulk_copies"] > 0) == (r["path"] != "pointer"), r
+
+
+def test_default_dispatch_does_not_spill(sm90_report):
+    for r in sm90_report:
+        if r["path"].startswith("default"):
+            assert r["spill"] == 0 and r["registers"] <= 255, r
