@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -40,6 +41,10 @@ def gpu_info(device: torch.device | None = None) -> dict | None:
 
 
 def git_commit() -> str | None:
+    """The checkout's commit; ``TILECORE_COMMIT`` overrides it (a copied tree, as on the lent GPU
+    machine, can carry a stale .git)."""
+    if os.environ.get("TILECORE_COMMIT"):
+        return os.environ["TILECORE_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              cwd=Path(__file__).resolve().parent, timeout=5)
