@@ -28,21 +28,24 @@ def gemm_variants() -> list[tuple[str, object, dict, int, bool]]:
     out = []
     for name, dtype, cfg, b_t, scales in (
         ("gemm bf16 (gluon)", torch.bfloat16, launch.GLUON_BF16, False, 0),
+        ("gemm bf16, small K (gluon)", torch.bfloat16, launch.GLUON_BF16_SMALL_K, False, 0),
         ("gemm bf16, B^T (gluon)", torch.bfloat16, launch.GLUON_BF16, True, 0),
         ("gemm fp16 (gluon)", torch.float16, launch.GLUON_BF16, False, 0),
         ("gemm bf16, fp32 out (gluon)", torch.bfloat16, launch.GLUON_BF16, False, -1),
         ("gemm_fp8 row scales (gluon)", torch.float8_e4m3fn, launch.GLUON_FP8, True, 4),
     ):
         BM, BN, BK = cfg["block"]
+        consumers = cfg.get("consumers", 1)
         x = torch.empty(256, 256, dtype=dtype)
         c = torch.empty(256, 256, dtype=torch.float32 if scales < 0 else torch.bfloat16 if scales else dtype)
         scales = max(scales, 0)
         f32 = torch.empty(256)
         args = dict(a_desc=desc(x, [BM, BK]), b_desc=desc(x, [BN, BK] if b_t else [BK, BN]),
-                    c_desc=desc(c, [BM, min(BN, cfg["epilogue_bytes"] // (BM * c.element_size()))]), M=256, N=256, K=256, bias_ptr=c if not scales else f32,
+                    c_desc=desc(c, [BM // consumers, min(BN, cfg["epilogue_bytes"] // (BM * c.element_size()))]),
+                    M=256, N=256, K=256, bias_ptr=c if not scales else f32,
                     scale_a_ptr=f32, scale_b_ptr=f32, B_T=b_t, GROUP_M=cfg["group_m"], HAS_BIAS=not scales,
-                    SCALES=scales, STAGES=cfg["stages"])
-        out.append((name, gluon_kernels.gemm_kernel, args, cfg["num_warps"], True))
+                    SCALES=scales, STAGES=cfg["stages"], CONSUMERS=consumers)
+        out.append((name, gluon_kernels.gemm_kernel, args, cfg["num_warps"] // consumers, True))
     cfg = launch.TL_GPU
     BM, BN, BK = cfg["block"]
     x = torch.empty(256, 256, dtype=torch.bfloat16)

@@ -10,11 +10,17 @@ import torch
 from tilecore import dispatch
 from tilecore.tiles.schedule import num_tiles, persistent_programs
 
-# Hopper configuration (block M, N, K), ring depth, group size, consumer warps, and the largest
-# epilogue buffer (the output tile is stored in column slices that fit it)
+# Hopper configuration (block M, N, K), ring depth, group size, consumer warps (in ``consumers``
+# partitions that split each tile's rows), and the largest epilogue buffer (the output tile is
+# stored in column slices that fit it)
 # (v2's 4 stages through a 32 KiB sliced epilogue measured no better than 3 stages with a whole-tile
 # 64 KiB buffer: notes/gemm.md; fp32 output is stored in two 128-column slices)
-GLUON_BF16 = dict(block=(128, 256, 64), stages=3, group_m=8, num_warps=8, epilogue_bytes=65536)
+GLUON_BF16 = dict(block=(128, 256, 64), stages=3, group_m=8, num_warps=8, epilogue_bytes=65536, consumers=2)
+# small K (a few K steps per tile, the epilogue's share grows): 128 x 128 tiles, twice as many, and a
+# deeper ring (4096 x 4096 x 256: 1.07x cuBLAS against 1.02x for GLUON_BF16; equal at K = 64;
+# 0.94x at K = 1024, where GLUON_BF16 gives 1.01x; notes/gemm.md)
+GLUON_BF16_SMALL_K = dict(GLUON_BF16, block=(128, 128, 64), stages=4)
+SMALL_K = 256
 GLUON_FP8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8, epilogue_bytes=65536)
 TL_GPU = dict(block=(128, 128, 64), stages=3, group_m=8, num_warps=8)
 TL_CPU = dict(block=(32, 32, 32), stages=2, group_m=2, num_warps=4)
@@ -105,19 +111,23 @@ def gluon_plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, fp8: bo
 
 
 def launch_gluon(a, b, c, bias=None, scale_a=None, scale_b=None, *, plan, block, stages, group_m,
-                 num_warps, epilogue_bytes=None, scales: int = 0):
+                 num_warps, epilogue_bytes=None, scales: int = 0, consumers: int = 1):
+    """``num_warps`` consumer warps in all: with ``consumers=2`` two partitions of half as many, each
+    taking half of every tile's rows."""
     from tilecore.ops.gemm.gluon_kernels import gemm_kernel
 
     a, bb, b_t = plan
     M, K = a.shape
     N = c.shape[1]
     BM, BN, BK = block
+    rows = BM // consumers  # each consumer's share of a tile, and of the epilogue buffer
     slice_n = BN if epilogue_bytes is None else min(BN, max(16, epilogue_bytes // (BM * c.element_size())))
     grid = (persistent_programs(num_tiles(M, N, BM, BN), a.device),)
     bias_t = bias if bias is not None else c
     sa_t = scale_a if scale_a is not None else c
     sb_t = scale_b if scale_b is not None else c
-    consts = dict(B_T=b_t, GROUP_M=group_m, HAS_BIAS=bias is not None, SCALES=scales, STAGES=stages)
+    consts = dict(B_T=b_t, GROUP_M=group_m, HAS_BIAS=bias is not None, SCALES=scales, STAGES=stages,
+                  CONSUMERS=consumers)
     key = (a.device.index, a.dtype, c.dtype, tuple(block), slice_n, num_warps, tuple(consts.values()),
            _spec(M), _spec(N), _spec(K), _spec(a.stride(0)), _spec(bb.stride(0)), _spec(c.stride(0)),
            _ptr_spec(bias_t), _ptr_spec(sa_t), _ptr_spec(sb_t))
@@ -134,8 +144,8 @@ def launch_gluon(a, b, c, bias=None, scale_a=None, scale_b=None, *, plan, block,
         except Exception as err:  # a triton whose launcher differs: launch through the JIT from now on
             _FAST_PATH[0] = False
             dispatch.notice_once(f"gemm: fast launch path off ({type(err).__name__}: {err})")
-    _COMPILED[key] = gemm_kernel[grid](_desc(a, [BM, BK]), _desc(bb, b_block), _desc(c, [BM, slice_n]), M, N, K,
-                                       bias_t, sa_t, sb_t, num_warps=num_warps, **consts)
+    _COMPILED[key] = gemm_kernel[grid](_desc(a, [BM, BK]), _desc(bb, b_block), _desc(c, [rows, slice_n]), M, N, K,
+                                       bias_t, sa_t, sb_t, num_warps=num_warps // consumers, **consts)
     return c
 
 
@@ -182,7 +192,7 @@ def run(a, b, bias, out_dtype, scale_a=None, scale_b=None):
         plan = gluon_plan(a, b, out_dtype, fp8=fp8)
         c = torch.empty(M, N, dtype=out_dtype, device=a.device)
         if plan is not None:
-            cfg = GLUON_FP8 if fp8 else GLUON_BF16
+            cfg = GLUON_FP8 if fp8 else GLUON_BF16_SMALL_K if K <= SMALL_K else GLUON_BF16
             return launch_gluon(a, b, c, bias, scale_a, scale_b, plan=plan, scales=scales, **cfg)
         if dispatch.is_hopper(a.device):
             dispatch.notice_once("gemm: operands that TMA cannot describe (strides or sizes not multiples "
