@@ -180,11 +180,16 @@ def child(phase, out_dir):
                     o32 = torch.empty(M, N, device=dev)
                     check(f"gluon out fp32 {M}x{N}x{K}", lambda c: gluon(a, b, out_dtype=torch.float32, c=c), ref, o32)
                     for stages, group in ((1, 8), (2, 8), (3, 1), (4, 16)):
+                        # 4 stages fit 227 KiB only with a 32 KiB (sliced) epilogue buffer
                         check(f"gluon stages={stages} group={group} {M}x{N}x{K}",
-                              lambda c: gluon(a, b, c=c, stages=stages, group_m=group), ref, out)
+                              lambda c: gluon(a, b, c=c, stages=stages, group_m=group,
+                                              epilogue_bytes=32768 if stages == 4 else 65536), ref, out)
+                    check(f"gluon 1 consumer (8 warps) {M}x{N}x{K}", lambda c: gluon(a, b, c=c, consumers=1), ref, out)
+                    check(f"gluon small-K config {M}x{N}x{K}", lambda c: gluon(a, b, c=c, **launch.GLUON_BF16_SMALL_K),
+                          ref, out)
                     check(f"gluon v1 (stages=3, whole-tile epilogue) {M}x{N}x{K}",
                           lambda c: gluon(a, b, c=c, stages=3, epilogue_bytes=None), ref, out)
-        for (M, N, K) in [(4096, 4096, 4096), (1000, 1096, 520)]:
+        for (M, N, K) in [(4096, 4096, 4096), (1000, 1096, 528)]:  # fp8 rows of K bytes: TMA needs K % 16 == 0
             a = (torch.randn(M, K, device=dev) * 4).to(torch.float8_e4m3fn)
             b = (torch.randn(N, K, device=dev) * 4).to(torch.float8_e4m3fn).t()
             for rowwise in (False, True):
@@ -254,11 +259,12 @@ def child(phase, out_dir):
         print("graph replays (GPU time); '(call)' = do_bench of the Python call, host included", flush=True)
         for s in (4096, 8192, 16384):
             compare("square", s, s, s, {"cuBLAS": cublas, "tilecore.gemm": lambda a, b: tilecore.gemm(a, b),
-                                        "4 stages, sliced epilogue": lambda a, b: gluon(a, b, stages=4, epilogue_bytes=32768),
+                                        "1 consumer (8 warps)": lambda a, b: gluon(a, b, consumers=1),
                                         "GROUP_M=16": lambda a, b: gluon(a, b, group_m=16)},
                     reps=3 if s < 16384 else 2, public=both)
         for k in (64, 128, 256, 512, 1024):
             compare("persistent", 4096, 4096, k, {"cuBLAS": cublas, "tilecore.gemm": lambda a, b: tilecore.gemm(a, b),
+                                                  "128x256x64": lambda a, b: gluon(a, b, block=(128, 256, 64), stages=3),
                                                   "128x128x64": lambda a, b: gluon(a, b, block=(128, 128, 64), stages=4)},
                     reps=2, public=both)
     if phase == "consumers":  # the template's CONSUMERS=2: two consumer partitions split each tile's rows
