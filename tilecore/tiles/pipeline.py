@@ -12,7 +12,9 @@ sizes, strides) and a constexpr tuple ``cfg`` of compile-time switches; the temp
 * ``finish(g, cfg, state, tile)``: the epilogue (bias, scales, cast, store).
 
 Here the pipeline depth is Triton's software pipelining of the K loop (``tl.range(num_stages=)``);
-in the Gluon template it is an explicit ring of shared-memory stages filled by TMA.
+in the Gluon template it is an explicit ring of shared-memory stages filled by TMA. The Gluon
+template's scheduling options (two consumer partitions, a per-tile operand loaded by the producer)
+change where and when data moves, not what is computed, so they have no counterpart here.
 """
 from __future__ import annotations
 
