@@ -31,6 +31,11 @@ each has its own epilogue buffer (out_desc's block: its share of the tile) and s
 extended by its index, ``cfg[-1]``. Being separate partitions, they never wait for each other, so
 one's softmax (say) runs while the other's wgmma does; a stage is refilled once both released it.
 
+With ``PINGPONG`` (two consumers and a per-tile operand) ``compute`` gets a last argument, a turn:
+calling ``wait_turn(turn)`` before issuing its wgmma and ``pass_turn(turn)`` after makes the two
+consumers issue their tensor-core work alternately, each step, so that one's softmax (say) runs
+while the other's matmuls do (FlashAttention-3's ping-pong). Every step must call both, once.
+
 The template owns the ring, its ``ready``/``empty`` barriers and their phases.
 """
 from __future__ import annotations
@@ -118,7 +123,8 @@ def _with_index(cfg, index):
 @gluon.jit
 def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile_buf, tile_ready, tile_empty,
               num_tiles, setup: gl.constexpr, init: gl.constexpr, compute: gl.constexpr, drain: gl.constexpr,
-              finish: gl.constexpr, STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr, TILE_OPERAND: gl.constexpr):
+              finish: gl.constexpr, STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr, TILE_OPERAND: gl.constexpr,
+              turns, CID: gl.constexpr, PINGPONG: gl.constexpr):
     i = 0
     t = 0
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -131,7 +137,11 @@ def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile
         for kk in range(k_iters):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            if TILE_OPERAND:
+            if PINGPONG:
+                # this consumer's turn at step i: consumer 0 goes first (a fresh barrier passes parity 1)
+                turn = (turns.index(CID), turns.index(1 - CID), (i & 1) ^ (1 - CID))
+                state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk, tile_buf, turn)
+            elif TILE_OPERAND:
                 state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk, tile_buf)
             else:
                 state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk)
@@ -158,7 +168,7 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
                         drain: gl.constexpr, finish: gl.constexpr, STAGES: gl.constexpr,
                         PRODUCER_REGS: gl.constexpr = 40, CONSUMERS: gl.constexpr = 1,
                         CONSUMER_REGS: gl.constexpr = 232, IN_FLIGHT: gl.constexpr = -1,
-                        tile_desc=None, load_tile: gl.constexpr = None):
+                        tile_desc=None, load_tile: gl.constexpr = None, PINGPONG: gl.constexpr = False):
     """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
 
     ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
@@ -168,7 +178,8 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     second one's registers). ``IN_FLIGHT``: 1 if ``compute`` returns with a wgmma group still
     reading its stage (the stage is then released one step late), 0 if it returns with the stage's
     reads done; by default 1 when there are two or more stages. ``tile_desc`` and ``load_tile``: a
-    per-tile operand (see the module docstring).
+    per-tile operand (see the module docstring). ``PINGPONG`` (two consumers and a per-tile operand):
+    ``compute`` also receives a turn for ``wait_turn``/``pass_turn`` (see the module docstring).
     """
     TILE_OPERAND: gl.constexpr = load_tile is not None
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
@@ -185,6 +196,10 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     tile_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     tile_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    gl.static_assert(not PINGPONG or (CONSUMERS == 2 and TILE_OPERAND), "PINGPONG takes two consumers and a tile operand")
+    for c in gl.static_range(2):
+        mbarrier.init(turns.index(c), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=CONSUMERS)
@@ -197,7 +212,7 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
         gl.warp_specialize([
             (_consumer, (g, cfg, x_ring, y_ring, ready, empty, out_smem.index(0), tile_bufs.index(0),
                          tile_ready.index(0), tile_empty.index(0), num_tiles, setup, init, compute, drain, finish,
-                         STAGES, LATE_RELEASE, TILE_OPERAND)),
+                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 0, False)),
             (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
                          load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS)),
         ], [1], [PRODUCER_REGS])
@@ -205,10 +220,10 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
         gl.warp_specialize([
             (_consumer, (g, _with_index(cfg, 0), x_ring, y_ring, ready, empty, out_smem.index(0), tile_bufs.index(0),
                          tile_ready.index(0), tile_empty.index(0), num_tiles, setup, init, compute, drain, finish,
-                         STAGES, LATE_RELEASE, TILE_OPERAND)),
+                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 0, PINGPONG)),
             (_consumer, (g, _with_index(cfg, 1), x_ring, y_ring, ready, empty, out_smem.index(1), tile_bufs.index(1),
                          tile_ready.index(1), tile_empty.index(1), num_tiles, setup, init, compute, drain, finish,
-                         STAGES, LATE_RELEASE, TILE_OPERAND)),
+                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 1, PINGPONG)),
             (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
                          load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS)),
         ], [gl.num_warps(), 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -218,3 +233,18 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     for c in gl.static_range(CONSUMERS):
         mbarrier.invalidate(tile_ready.index(c))
         mbarrier.invalidate(tile_empty.index(c))
+    for c in gl.static_range(2):
+        mbarrier.invalidate(turns.index(c))
+
+
+@gluon.jit
+def wait_turn(turn):
+    """PINGPONG: wait until the other consumer has issued its step's wgmma (FlashAttention-3's
+    warpgroup ping-pong: one consumer's tensor-core work runs while the other does its softmax)."""
+    mbarrier.wait(turn[0], turn[2])
+
+
+@gluon.jit
+def pass_turn(turn):
+    """PINGPONG: this consumer has issued its step's wgmma; the other may issue its own."""
+    mbarrier.arrive(turn[1])

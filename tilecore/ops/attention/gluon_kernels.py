@@ -20,7 +20,7 @@ fully masked rows give p = 0, never NaN (as in the ``tl`` kernel, kernels.py); r
 O = 0 and lse = -inf.
 
 ``g``   = (q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, B * H, heads per group)
-``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, OVERLAP, CONSUMERS[, consumer index])
+``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, OVERLAP, CONSUMERS, PINGPONG[, consumer index])
 
 With CONSUMERS = 2 a tile is 2 BLOCK_M query rows: two consumer warpgroups (separate partitions of
 the template, so each one's softmax can run while the other's wgmma does, as FlashAttention-3's
@@ -33,7 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from tilecore.tiles.gluon import persistent_pipeline, wgmma_layout
+from tilecore.tiles.gluon import pass_turn, persistent_pipeline, wait_turn, wgmma_layout
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 EMPTY_ROW_MAX: gl.constexpr = gl.constexpr(-1.0e30)  # far below any real scaled score, far above -inf
@@ -121,7 +121,7 @@ def _init(g, cfg: gl.constexpr, tile, q_smem):
 def _first_row(cfg: gl.constexpr, tile):
     """The first query row of this consumer's share of the tile (consumer cfg[-1] of cfg[5])."""
     if cfg[5] > 1:
-        return tile[0] + cfg[6] * cfg[1]
+        return tile[0] + cfg[7] * cfg[1]
     else:
         return tile[0]
 
@@ -175,7 +175,7 @@ def _p_operand(g, cfg: gl.constexpr, p):
 
 
 @gluon.jit
-def _compute(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem):
+def _compute(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, turn=None):
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
@@ -189,20 +189,33 @@ def _compute(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem):
         # FlashAttention-3's intra-warpgroup overlap: the softmax of block kk runs on the CUDA cores
         # while the tensor cores multiply the previous block's P V. Every branch ends with its
         # wgmma complete, so the stage is free when compute returns.
+        # PINGPONG (cfg[6]): the two consumers take turns to issue their wgmma
         if kk == 0:
+            if cfg[6]:
+                wait_turn(turn)
             s = warpgroup_mma(q, k_t, s0, use_acc=False)
+            if cfg[6]:
+                pass_turn(turn)
             m_i, l_i, p32, alpha = _softmax(g, cfg, s, m_i, l_i, start_m, 0)
             p = _p_operand(g, cfg, p32)
         elif kk < n_blocks:
+            if cfg[6]:
+                wait_turn(turn)
             s_tok = warpgroup_mma(q, k_t, s0, use_acc=False, is_async=True)
             o_tok = warpgroup_mma(p, v, acc, is_async=True)
+            if cfg[6]:
+                pass_turn(turn)
             s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
             m_i, l_i, p32, alpha = _softmax(g, cfg, s, m_i, l_i, start_m, kk * BN)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             acc = acc * alpha
             p = _p_operand(g, cfg, p32)
         else:  # the step after the last block: its P V only
+            if cfg[6]:
+                wait_turn(turn)
             acc = warpgroup_mma(p, v, acc)
+            if cfg[6]:
+                pass_turn(turn)
     else:
         s_tok = warpgroup_mma(q, k_t, s0, use_acc=False, is_async=True)
         s, acc = warpgroup_mma_wait(0, deps=(s_tok, acc))  # also completes the previous step's P V
@@ -243,14 +256,15 @@ def _finish(g, cfg: gl.constexpr, state, tile, o_smem):
 @gluon.jit
 def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh,
                          head_group, CAUSAL: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
-                         CONSUMERS: gl.constexpr):
+                         CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr = False):
     """O and lse of attention for every (query block, batch * head); a persistent grid."""
     g = (q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh, head_group)
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, OVERLAP, CONSUMERS))
+    gl.static_assert(not PINGPONG or OVERLAP, "PINGPONG takes the overlapped loop")
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, OVERLAP, CONSUMERS, PINGPONG))
     num_tiles = gl.cdiv(N, BM * CONSUMERS) * num_bh
     persistent_pipeline(g, cfg, k_desc, v_desc, o_desc, num_tiles, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, CONSUMERS=CONSUMERS, IN_FLIGHT=0 if OVERLAP else 1, tile_desc=q_desc,
-                        load_tile=_load_q)
+                        load_tile=_load_q, PINGPONG=PINGPONG)

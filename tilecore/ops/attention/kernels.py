@@ -285,7 +285,7 @@ def gluon_forward_fits(q, k, v, scale: float) -> bool:
 
 
 def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int, block_n: int,
-                  stages: int, overlap: bool = True, consumers: int = 2) -> None:
+                  stages: int, overlap: bool = True, consumers: int = 2, pingpong: bool = False) -> None:
     """The Gluon forward: ``consumers`` warpgroups (1 of 8 warps, or 2 of 4) of ``block_m`` query
     rows each share every K/V stage of ``block_n`` keys."""
     from triton.experimental.gluon import language as gl
@@ -311,7 +311,8 @@ def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int
     with dispatch.on_device(q.device):
         attention_fwd_kernel[grid](desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(out, block_m), lse,
                                    H, N, Nk, H // Hkv, scale * LOG2E, B * H, head_group, CAUSAL=causal,
-                                   STAGES=stages, OVERLAP=overlap, CONSUMERS=consumers, num_warps=num_warps)
+                                   STAGES=stages, OVERLAP=overlap, CONSUMERS=consumers, PINGPONG=pingpong,
+                                   num_warps=num_warps)
 
 
 def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict | None = None) -> None:

@@ -79,10 +79,11 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
     args = dict(q_desc=desc(cfg["block_m"]), k_desc=desc(cfg["block_n"]), v_desc=desc(cfg["block_n"]),
                 o_desc=desc(cfg["block_m"]), lse_ptr=torch.empty(64, dtype=torch.float32), H=16, N=n, Nk=n,
                 GROUP=1, scale_log2e=0.1, num_bh=256, head_group=12, CAUSAL=causal, STAGES=cfg["stages"],
-                OVERLAP=cfg["overlap"], CONSUMERS=cfg["consumers"])
+                OVERLAP=cfg["overlap"], CONSUMERS=cfg["consumers"], PINGPONG=cfg.get("pingpong", False))
     compiled = _compile(attention_fwd_kernel, args, {"num_warps": 8 if cfg["consumers"] == 1 else 4})
     r = resources(compiled)
-    return dict(kernel="forward (gluon)", D=d, causal=causal, cfg=cfg, **vars(r),
+    name = "forward (gluon, ping-pong)" if cfg.get("pingpong") else "forward (gluon)"
+    return dict(kernel=name, D=d, causal=causal, cfg=cfg, **vars(r),
                 **has_hopper_instructions(compiled.asm["ptx"]))
 
 
@@ -93,6 +94,9 @@ def main(argv=None) -> int:
         return 2
     rows = [r for d in (64, 128, 256) for r in kernel_resources(d)]
     rows += [gluon_forward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
+    from tilecore.ops.attention.kernels import GLUON_FORWARD  # the ping-pong option, off by default
+
+    rows.append(gluon_forward_resources(128, True, cfg=dict(GLUON_FORWARD[128], pingpong=True)))
     if "--json" in argv:
         print(json.dumps(rows))
     else:
