@@ -59,6 +59,7 @@ def test_tensors_tma_cannot_describe_take_the_pointer_path(monkeypatch):
     seen = []
     real = kernels._descriptor
     monkeypatch.setattr(kernels, "_descriptor", lambda t, cfg: seen.append(t) or real(t, cfg))
+    monkeypatch.setattr(kernels, "TMA_MIN_ELEMENTS", 0)  # as if these few rows were many
     n = 1024
     assert kernels.TMA_TUNING[n][0] == "both"
     base = torch.randn(5 * n + 1, dtype=torch.float16)
@@ -68,6 +69,19 @@ def test_tensors_tma_cannot_describe_take_the_pointer_path(monkeypatch):
     assert not seen
     hadamard_transform(base[: 5 * n].view(5, n))  # aligned: descriptors for input and output
     assert len(seen) == 2
+
+
+def test_small_inputs_take_the_pointer_path(monkeypatch):
+    # few rows are launch-bound: the pointer path's launch is the cheaper one (kernels.TMA_MIN_ELEMENTS)
+    seen = []
+    real = kernels._descriptor
+    monkeypatch.setattr(kernels, "_descriptor", lambda t, cfg: seen.append(t) or real(t, cfg))
+    x = torch.randn(5, 1024, dtype=torch.float16)
+    assert kernels.TMA_TUNING[1024][0] == "both" and x.numel() < kernels.TMA_MIN_ELEMENTS
+    ref = hadamard_reference(x, 1.0, out_dtype=torch.float64)
+    assert accuracy.error_over_floor(hadamard_transform(x), ref) <= 1.05
+    assert not seen
+    assert kernels.choose_path(1024, False, None, {}, kernels.TMA_MIN_ELEMENTS)[:2] == (True, True)
 
 
 def test_inplace_through_tma():

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tilecore import dispatch
 from tilecore.tiles.hadamard import dot_split, sylvester_tile
 from tilecore.tiles.launch import CachedLaunch
 
@@ -204,12 +205,20 @@ TMA_MODES = {False: (False, False), "none": (False, False), "load": (True, False
              "both": (True, True), True: (True, True)}
 
 
-def choose_path(n: int, fp32: bool, tma, tuning: dict) -> tuple[bool, bool, dict]:
+# Below this many elements the pointer path serves every n: TMA_TUNING was timed at 2^28 elements,
+# and for few rows a TMA launch (two host-built descriptors, persistent grids of 32-64 programs per
+# SM) measured 50-830 us against the pointer path's 7-24 us (hadamard-latency, notes/hadamard.md).
+TMA_MIN_ELEMENTS = 1 << 24
+
+
+def choose_path(n: int, fp32: bool, tma, tuning: dict, elements: int = TMA_MIN_ELEMENTS) -> tuple[bool, bool, dict]:
     """(load through TMA, store through TMA, tuning) for ``tma`` as kernels.launch takes it; the
     caller's tuning overrides TMA_TUNING's."""
     if tma is not None:
         return (*TMA_MODES[tma], tuning)
-    mode, preset = TMA_TUNING.get(n, ("none", {})) if not fp32 else ("none", {})
+    if fp32 or elements < TMA_MIN_ELEMENTS:
+        return False, False, tuning
+    mode, preset = TMA_TUNING.get(n, ("none", {}))
     return (*TMA_MODES[mode], {**preset, **tuning})
 
 
@@ -236,7 +245,7 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, **t
     describe a tensor it needs (tma_fits), everything goes through pointers."""
     rows, n = x.shape
     fp32 = x.dtype == torch.float32
-    tma_load, tma_store, tma_tuning = choose_path(n, fp32, tma, tuning)
+    tma_load, tma_store, tma_tuning = choose_path(n, fp32, tma, tuning, rows * n)
     if (tma_load and not tma_fits(x)) or (tma_store and not tma_fits(out)):
         tma_load = tma_store = False
     else:
@@ -255,7 +264,5 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, **t
         IN_PIECES=3 if fp32 else 1, MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=piece, GRID=grid,
         TMA_LOAD=tma_load, TMA_STORE=tma_store, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     # CachedLaunch picks the device from the tensor arguments; with two descriptors there are none.
-    if tma_load and tma_store and x.is_cuda and x.device.index != torch.cuda.current_device():
-        with torch.cuda.device(x.device):
-            return run()
-    run()
+    with dispatch.on_device(x.device if tma_load and tma_store else None):
+        run()
