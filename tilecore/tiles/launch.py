@@ -7,6 +7,8 @@ divisibility, the constexprs and the launch options) and calls it directly the n
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
@@ -67,3 +69,28 @@ class CachedLaunch:
             dispatch.notice_once(f"fast kernel launch off ({type(err).__name__}: {err})")
             return self.kernel[grid](*args, **kwargs)
         return compiled
+
+
+def tma_describable(t: torch.Tensor) -> bool:
+    """Whether a TMA descriptor can describe ``t`` as it is: unit stride along the last dimension, the
+    base address and every other stride 16-byte aligned, rows of at least 16 bytes."""
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and t.shape[-1] * size >= 16
+            and all((st * size) % 16 == 0 for st in t.stride()[:-1]))
+
+
+@functools.lru_cache(maxsize=None)
+def _nvmma_layout(block: tuple, dtype: torch.dtype):
+    from triton.experimental.gluon import language as gl
+
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
+                torch.float8_e4m3fn: gl.float8e4nv}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
+
+
+def gluon_descriptor(t: torch.Tensor, block: list[int]):
+    """A Gluon TMA descriptor of ``t`` (its shape and strides) with boxes of ``block``, in the shared
+    memory layout with the widest swizzle that block allows (what wgmma and TMA read fastest)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), _nvmma_layout(tuple(block), t.dtype))

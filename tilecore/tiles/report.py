@@ -15,15 +15,9 @@ from pathlib import Path
 def gemm_variants() -> list[tuple[str, object, dict, int, bool]]:
     """(name, kernel, args, num_warps, is_gluon) for every GEMM kernel tilecore launches."""
     import torch
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from tilecore.ops.gemm import gluon_kernels, kernels, launch
-
-    def desc(t, block):
-        gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv,
-               torch.float32: gl.float32}[t.dtype]
-        return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gdt))
+    from tilecore.tiles.launch import gluon_descriptor as desc
 
     out = []
     for name, dtype, cfg, b_t, scales in (

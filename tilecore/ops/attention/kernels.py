@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from tilecore import dispatch
-from tilecore.tiles.launch import CachedLaunch
+from tilecore.tiles.launch import CachedLaunch, gluon_descriptor, tma_describable
 from tilecore.tiles.ops import causal_mask, masked, mma, mma_abt, online_softmax_update, row_sum
 
 LOG2E = math.log2(math.e)
@@ -271,38 +271,24 @@ GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, overlap=True, consu
                  128: dict(block_m=64, block_n=128, stages=2, overlap=True, consumers=2)}
 
 
-def _tma_able(t: torch.Tensor) -> bool:
-    """TMA can describe ``t`` as it is: unit stride along D, other strides and base 16-byte aligned."""
-    size = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all((st * size) % 16 == 0 for st in t.stride()[:-1]))
-
-
 def gluon_forward_fits(q, k, v, scale: float) -> bool:
     """Whether the Gluon forward serves these inputs (else the tl kernel does)."""
     return (q.is_cuda and q.shape[-1] in GLUON_FORWARD and scale > 0 and dispatch.is_hopper(q.device)
-            and _tma_able(q) and _tma_able(k) and _tma_able(v))
+            and tma_describable(q) and tma_describable(k) and tma_describable(v))
 
 
 def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int, block_n: int,
                   stages: int, overlap: bool = True, consumers: int = 2, pingpong: bool = False) -> None:
     """The Gluon forward: ``consumers`` warpgroups (1 of 8 warps, or 2 of 4) of ``block_m`` query
     rows each share every K/V stage of ``block_n`` keys."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from tilecore.ops.attention.gluon_kernels import attention_fwd_kernel
 
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
-
     num_warps = 8 if consumers == 1 else 4
 
     def desc(t, rows):  # 4-D (B, heads, sequence, D): a block never crosses into the next head
-        block = [1, 1, rows, D]
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), block,
-                                gl.NVMMASharedLayout.get_default_for(block, gdt))
+        return gluon_descriptor(t, [1, 1, rows, D])
 
     tiles = triton.cdiv(N, block_m * consumers) * B * H
     grid = (min(tiles, dispatch.num_sms(q.device)),)

@@ -60,21 +60,17 @@ def kernel_resources(d: int, causal: bool = True, dtype=torch.bfloat16, fwd_cfg:
 def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None) -> dict:
     """Resources of Hopper's Gluon forward for head dim ``d`` at the launcher's config (or ``cfg``),
     with whether its PTX holds wgmma and TMA and whether ptxas serialized its wgmma."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from tilecore.ops.attention import kernels
     from tilecore.ops.attention.gluon_kernels import attention_fwd_kernel
     from tilecore.tiles.compile import has_hopper_instructions, resources
+    from tilecore.tiles.launch import gluon_descriptor
 
     cfg = dict(cfg or kernels.GLUON_FORWARD[d])
     n = 4096
     x = torch.empty(2, 2, 256, d, dtype=dtype)
-    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
 
     def desc(rows):
-        block = [1, 1, rows, d]
-        return TensorDescriptor.from_tensor(x, block, gl.NVMMASharedLayout.get_default_for(block, gdt))
+        return gluon_descriptor(x, [1, 1, rows, d])
 
     args = dict(q_desc=desc(cfg["block_m"]), k_desc=desc(cfg["block_n"]), v_desc=desc(cfg["block_n"]),
                 o_desc=desc(cfg["block_m"]), lse_ptr=torch.empty(64, dtype=torch.float32), H=16, N=n, Nk=n,

@@ -2,12 +2,12 @@
 (older GPUs, operands TMA cannot describe, and the CPU through the interpreter)."""
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
 from tilecore import dispatch
+from tilecore.tiles.launch import gluon_descriptor, tma_describable
 from tilecore.tiles.schedule import num_tiles, persistent_programs
 
 # Hopper configuration (block M, N, K), ring depth, group size, consumer warps (in ``consumers``
@@ -24,38 +24,6 @@ SMALL_K = 256
 GLUON_FP8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8, epilogue_bytes=65536)
 TL_GPU = dict(block=(128, 128, 64), stages=3, group_m=8, num_warps=8)
 TL_CPU = dict(block=(32, 32, 32), stages=2, group_m=2, num_warps=4)
-
-_GL_DTYPES = {}
-
-
-def _gl_dtype(dtype: torch.dtype):
-    if not _GL_DTYPES:
-        from triton.experimental.gluon import language as gl
-
-        _GL_DTYPES.update({torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
-                           torch.float8_e4m3fn: gl.float8e4nv})
-    return _GL_DTYPES[dtype]
-
-
-def _row_major_tma(t: torch.Tensor) -> bool:
-    """True when TMA can describe ``t`` as a row-major 2-D tensor."""
-    size = t.element_size()
-    return (t.stride(1) == 1 and (t.stride(0) * size) % 16 == 0 and t.data_ptr() % 16 == 0
-            and t.shape[1] * size >= 16)
-
-
-@functools.lru_cache(maxsize=None)
-def _layout(block: tuple, dtype: torch.dtype):
-    from triton.experimental.gluon import language as gl
-
-    return gl.NVMMASharedLayout.get_default_for(list(block), _gl_dtype(dtype))
-
-
-def _desc(t: torch.Tensor, block: list[int]):
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), _layout(tuple(block), t.dtype))
-
 
 @dataclass
 class _HostDesc:
@@ -96,14 +64,14 @@ def gluon_plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, fp8: bo
     N = b.shape[1]
     if (N * torch.empty((), dtype=out_dtype).element_size()) % 16 or (K * a.element_size()) % 16:
         return None
-    if not _row_major_tma(a):
+    if not tma_describable(a):
         a = a.contiguous()
     bt = b.t()
     if fp8:
-        return a, (bt if _row_major_tma(bt) else bt.contiguous()), True
-    if _row_major_tma(b):
+        return a, (bt if tma_describable(bt) else bt.contiguous()), True
+    if tma_describable(b):
         return a, b, False
-    if _row_major_tma(bt):
+    if tma_describable(bt):
         return a, bt, True
     if (N * b.element_size()) % 16 == 0:
         return a, b.contiguous(), False
@@ -144,7 +112,8 @@ def launch_gluon(a, b, c, bias=None, scale_a=None, scale_b=None, *, plan, block,
         except Exception as err:  # a triton whose launcher differs: launch through the JIT from now on
             _FAST_PATH[0] = False
             dispatch.notice_once(f"gemm: fast launch path off ({type(err).__name__}: {err})")
-    _COMPILED[key] = gemm_kernel[grid](_desc(a, [BM, BK]), _desc(bb, b_block), _desc(c, [rows, slice_n]), M, N, K,
+    _COMPILED[key] = gemm_kernel[grid](gluon_descriptor(a, [BM, BK]), gluon_descriptor(bb, b_block),
+                                       gluon_descriptor(c, [rows, slice_n]), M, N, K,
                                        bias_t, sa_t, sb_t, num_warps=num_warps // consumers, **consts)
     return c
 

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from tilecore import dispatch
 from tilecore.tiles.hadamard import dot_split, sylvester_tile
-from tilecore.tiles.launch import CachedLaunch
+from tilecore.tiles.launch import CachedLaunch, tma_describable
 
 
 @triton.jit
@@ -225,7 +225,7 @@ def choose_path(n: int, fp32: bool, tma, tuning: dict, elements: int = TMA_MIN_E
 def tma_fits(t) -> bool:
     """Whether a TMA descriptor can describe the rows of ``t`` (rows, n): base address and row stride
     16-byte aligned, and n >= 16 (smaller rows are padded to a 16-wide tile in registers)."""
-    return t.shape[1] >= 16 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+    return t.shape[1] >= 16 and tma_describable(t)
 
 
 def _descriptor(t, cfg: dict):
@@ -257,12 +257,11 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, **t
            torch.float32: piece}[x.dtype]
     tiles = triton.cdiv(rows, cfg["B"])
     grid = max(1, min(tiles, num_sms * cfg["waves"]))
-    run = lambda: _launch_hadamard[(grid,)](
-        _descriptor(x, cfg) if tma_load else x, _descriptor(out, cfg) if tma_store else out,
-        rows, x.stride(0), out.stride(0), scale,
-        N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"],
-        IN_PIECES=3 if fp32 else 1, MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=piece, GRID=grid,
-        TMA_LOAD=tma_load, TMA_STORE=tma_store, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     # CachedLaunch picks the device from the tensor arguments; with two descriptors there are none.
     with dispatch.on_device(x.device if tma_load and tma_store else None):
-        run()
+        _launch_hadamard[(grid,)](
+            _descriptor(x, cfg) if tma_load else x, _descriptor(out, cfg) if tma_store else out,
+            rows, x.stride(0), out.stride(0), scale,
+            N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"],
+            IN_PIECES=3 if fp32 else 1, MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=piece, GRID=grid,
+            TMA_LOAD=tma_load, TMA_STORE=tma_store, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
