@@ -32,6 +32,17 @@ LOG2E_IN_KERNEL = tl.constexpr(LOG2E)  # lse in base 2 <-> natural log
 EMPTY_ROW_MAX = tl.constexpr(-1.0e30)  # far below any real scaled score, far above -inf
 
 
+@triton.jit
+def _query_block(H, GROUP, BLOCK_M: tl.constexpr):
+    """The program's query block: (batch * q head, batch, q head, kv head, first row, its rows), for
+    a grid of (query blocks, batch * q heads). Batch and heads are 64-bit for the offsets."""
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    start_m = tl.program_id(0) * BLOCK_M
+    return bh, b, h, h // GROUP, start_m, start_m + tl.arange(0, BLOCK_M)
+
+
 # --------------------------------------------------------------------------------------------
 # forward
 
@@ -41,13 +52,7 @@ def _attn_fwd(Q, K, V, O, LSE,
               sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
               H, N, Nk, D, GROUP, scale_log2e,
               CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    hk = h // GROUP
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    bh, b, h, hk, start_m, offs_m = _query_block(H, GROUP, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
@@ -183,13 +188,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
                  H, N, Nk, D, GROUP, scale, scale_log2e,
                  CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """One program per (block of queries, batch * q head): dq = scale * sum over keys of dS k."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    hk = h // GROUP
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    bh, b, h, hk, start_m, offs_m = _query_block(H, GROUP, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
