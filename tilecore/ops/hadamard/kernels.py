@@ -213,7 +213,8 @@ TMA_MIN_ELEMENTS = 1 << 24
 
 def choose_path(n: int, fp32: bool, tma, tuning: dict, elements: int = TMA_MIN_ELEMENTS) -> tuple[bool, bool, dict]:
     """(load through TMA, store through TMA, tuning) for ``tma`` as kernels.launch takes it; the
-    caller's tuning overrides TMA_TUNING's."""
+    caller's tuning overrides TMA_TUNING's. ``elements``: the input's size (by default a large input,
+    the case TMA_TUNING was timed for)."""
     if tma is not None:
         return (*TMA_MODES[tma], tuning)
     if fp32 or elements < TMA_MIN_ELEMENTS:
