@@ -43,6 +43,16 @@ def _query_block(H, GROUP, BLOCK_M: tl.constexpr):
     return bh, b, h, h // GROUP, start_m, start_m + tl.arange(0, BLOCK_M)
 
 
+@triton.jit
+def _keys_seen(start_m, N, Nk, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """How many leading keys the query rows [start_m, start_m + BLOCK_M) attend to: all Nk, or when
+    causal (query i sees keys j <= i + Nk - N) up to the block's last row; <= 0 when they see none."""
+    if CAUSAL:
+        return tl.minimum(Nk, start_m + BLOCK_M + (Nk - N))
+    else:
+        return Nk
+
+
 # --------------------------------------------------------------------------------------------
 # forward
 
@@ -67,10 +77,7 @@ def _attn_fwd(Q, K, V, O, LSE,
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     shift = Nk - N  # causal: query i sees keys j <= i + shift
-    if CAUSAL:
-        hi = tl.minimum(Nk, start_m + BLOCK_M + shift)  # <= 0: this block's rows see no key
-    else:
-        hi = Nk
+    hi = _keys_seen(start_m, N, Nk, BLOCK_M, CAUSAL)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         kv_ok = (offs_n[:, None] < Nk) & d_ok[None, :]
@@ -203,10 +210,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     shift = Nk - N
-    if CAUSAL:
-        hi = tl.minimum(Nk, start_m + BLOCK_M + shift)
-    else:
-        hi = Nk
+    hi = _keys_seen(start_m, N, Nk, BLOCK_M, CAUSAL)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         kv_ok = (offs_n[:, None] < Nk) & d_ok[None, :]
