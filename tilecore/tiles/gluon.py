@@ -26,6 +26,14 @@ tile, into one buffer per consumer, as soon as that consumer's previous tile no 
 ``init(g, cfg, tile, buf)`` and ``compute(g, cfg, state, x_smem, y_smem, kk, buf)`` then receive the
 buffer, already loaded. So the next tile's operand arrives during this tile's epilogue.
 
+With ``TILE_SHARED`` the per-tile operand is one set of ``TILE_OPERANDS`` buffers (each of
+``tile_desc``'s block) for the whole tile, read by every consumer (attention's backward: a key
+block's K and V): ``load_tile(g, cfg, bufs, bar, tile)`` fills them once both consumers let go of the
+previous tile's; ``init`` and ``compute`` receive all of them ([TILE_OPERANDS, *block]).
+
+With ``STEP_INDEX`` ``compute`` also receives the ring step ``i`` (counting every step of every tile
+of the program) after the buffer, so a kernel can keep barriers of its own in step with the ring.
+
 With ``CONSUMERS=2`` two consumer partitions (each of the kernel's ``num_warps``) share every stage:
 each has its own epilogue buffer (out_desc's block: its share of the tile) and sees ``cfg``
 extended by its index, ``cfg[-1]``. Being separate partitions, they never wait for each other, so
@@ -94,12 +102,17 @@ def store_tile(x, out_desc, out_smem, off_m, off_n):
 @gluon.jit
 def _producer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles,
               setup: gl.constexpr, load: gl.constexpr, load_tile: gl.constexpr, STAGES: gl.constexpr,
-              STAGE_BYTES: gl.constexpr, TILE_BYTES: gl.constexpr, CONSUMERS: gl.constexpr):
+              STAGE_BYTES: gl.constexpr, TILE_BYTES: gl.constexpr, CONSUMERS: gl.constexpr,
+              TILE_SHARED: gl.constexpr):
     i = 0
     t = 0
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         tile, k_iters = setup(g, cfg, tile_id)
-        if TILE_BYTES > 0:  # each consumer's per-tile operand, once it has let go of the last one
+        if TILE_SHARED:  # the tile's operands, once every consumer has let go of the last ones
+            mbarrier.wait(tile_empty.index(0), (t & 1) ^ 1)
+            mbarrier.expect(tile_ready.index(0), TILE_BYTES)
+            load_tile(g, cfg, tile_bufs, tile_ready.index(0), tile)
+        elif TILE_BYTES > 0:  # each consumer's per-tile operand, once it has let go of the last one
             for c in gl.static_range(CONSUMERS):
                 mbarrier.wait(tile_empty.index(c), (t & 1) ^ 1)
                 mbarrier.expect(tile_ready.index(c), TILE_BYTES)
@@ -124,7 +137,7 @@ def _with_index(cfg, index):
 def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile_buf, tile_ready, tile_empty,
               num_tiles, setup: gl.constexpr, init: gl.constexpr, compute: gl.constexpr, drain: gl.constexpr,
               finish: gl.constexpr, STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr, TILE_OPERAND: gl.constexpr,
-              turns, CID: gl.constexpr, PINGPONG: gl.constexpr):
+              turns, CID: gl.constexpr, PINGPONG: gl.constexpr, STEP_INDEX: gl.constexpr):
     i = 0
     t = 0
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -141,6 +154,8 @@ def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile
                 # this consumer's turn at step i: consumer 0 goes first (a fresh barrier passes parity 1)
                 turn = (turns.index(CID), turns.index(1 - CID), (i & 1) ^ (1 - CID))
                 state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk, tile_buf, turn)
+            elif STEP_INDEX:
+                state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk, tile_buf, i)
             elif TILE_OPERAND:
                 state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk, tile_buf)
             else:
@@ -163,12 +178,24 @@ def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile
 
 
 @gluon.jit
+def _tile_buf(tile_bufs, consumer: gl.constexpr, shared: gl.constexpr):
+    """What a consumer's init/compute receive as the per-tile operand: its own buffer, or every
+    shared one."""
+    if shared:
+        return tile_bufs
+    else:
+        return tile_bufs.index(consumer)
+
+
+@gluon.jit
 def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tiles, setup: gl.constexpr,
                         load: gl.constexpr, init: gl.constexpr, compute: gl.constexpr,
                         drain: gl.constexpr, finish: gl.constexpr, STAGES: gl.constexpr,
                         PRODUCER_REGS: gl.constexpr = 40, CONSUMERS: gl.constexpr = 1,
                         CONSUMER_REGS: gl.constexpr = 232, IN_FLIGHT: gl.constexpr = -1,
-                        tile_desc=None, load_tile: gl.constexpr = None, PINGPONG: gl.constexpr = False):
+                        tile_desc=None, load_tile: gl.constexpr = None, PINGPONG: gl.constexpr = False,
+                        TILE_OPERANDS: gl.constexpr = 1, TILE_SHARED: gl.constexpr = False,
+                        STEP_INDEX: gl.constexpr = False):
     """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
 
     ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
@@ -180,12 +207,20 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     reads done; by default 1 when there are two or more stages. ``tile_desc`` and ``load_tile``: a
     per-tile operand (see the module docstring). ``PINGPONG`` (two consumers and a per-tile operand):
     ``compute`` also receives a turn for ``wait_turn``/``pass_turn`` (see the module docstring).
+    ``TILE_OPERANDS``, ``TILE_SHARED``: several per-tile operands shared by the consumers;
+    ``STEP_INDEX``: ``compute`` also receives the ring step (see the module docstring).
     """
     TILE_OPERAND: gl.constexpr = load_tile is not None
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
     y_ring = gl.allocate_shared_memory(y_desc.dtype, [STAGES] + y_desc.block_type.shape, y_desc.layout)
     out_smem = gl.allocate_shared_memory(out_desc.dtype, [CONSUMERS] + out_desc.block_type.shape, out_desc.layout)
-    if TILE_OPERAND:
+    gl.static_assert(TILE_SHARED or TILE_OPERANDS == 1, "several tile operands are shared by the consumers")
+    gl.static_assert(not STEP_INDEX or (TILE_OPERAND and not PINGPONG), "STEP_INDEX takes a tile operand")
+    if TILE_SHARED:
+        tile_bufs = gl.allocate_shared_memory(tile_desc.dtype, [TILE_OPERANDS] + tile_desc.block_type.shape,
+                                              tile_desc.layout)
+        TILE_BYTES: gl.constexpr = TILE_OPERANDS * tile_desc.block_type.nbytes
+    elif TILE_OPERAND:
         tile_bufs = gl.allocate_shared_memory(tile_desc.dtype, [CONSUMERS] + tile_desc.block_type.shape,
                                               tile_desc.layout)
         TILE_BYTES: gl.constexpr = tile_desc.block_type.nbytes
@@ -205,27 +240,30 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
         mbarrier.init(empty.index(s), count=CONSUMERS)
     for c in gl.static_range(CONSUMERS):
         mbarrier.init(tile_ready.index(c), count=1)
-        mbarrier.init(tile_empty.index(c), count=1)
+        mbarrier.init(tile_empty.index(c), count=CONSUMERS if TILE_SHARED else 1)
     STAGE_BYTES: gl.constexpr = x_desc.block_type.nbytes + y_desc.block_type.nbytes
     LATE_RELEASE: gl.constexpr = (1 if STAGES > 1 else 0) if IN_FLIGHT < 0 else IN_FLIGHT
     if CONSUMERS == 1:
         gl.warp_specialize([
-            (_consumer, (g, cfg, x_ring, y_ring, ready, empty, out_smem.index(0), tile_bufs.index(0),
+            (_consumer, (g, cfg, x_ring, y_ring, ready, empty, out_smem.index(0), _tile_buf(tile_bufs, 0, TILE_SHARED),
                          tile_ready.index(0), tile_empty.index(0), num_tiles, setup, init, compute, drain, finish,
-                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 0, False)),
+                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 0, False, STEP_INDEX)),
             (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
-                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS)),
+                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED)),
         ], [1], [PRODUCER_REGS])
     else:
+        SECOND: gl.constexpr = 0 if TILE_SHARED else 1  # the second consumer's tile barriers
         gl.warp_specialize([
-            (_consumer, (g, _with_index(cfg, 0), x_ring, y_ring, ready, empty, out_smem.index(0), tile_bufs.index(0),
-                         tile_ready.index(0), tile_empty.index(0), num_tiles, setup, init, compute, drain, finish,
-                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 0, PINGPONG)),
-            (_consumer, (g, _with_index(cfg, 1), x_ring, y_ring, ready, empty, out_smem.index(1), tile_bufs.index(1),
-                         tile_ready.index(1), tile_empty.index(1), num_tiles, setup, init, compute, drain, finish,
-                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 1, PINGPONG)),
+            (_consumer, (g, _with_index(cfg, 0), x_ring, y_ring, ready, empty, out_smem.index(0),
+                         _tile_buf(tile_bufs, 0, TILE_SHARED), tile_ready.index(0),
+                         tile_empty.index(0), num_tiles, setup, init, compute, drain, finish,
+                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 0, PINGPONG, STEP_INDEX)),
+            (_consumer, (g, _with_index(cfg, 1), x_ring, y_ring, ready, empty, out_smem.index(1),
+                         _tile_buf(tile_bufs, 1, TILE_SHARED), tile_ready.index(SECOND),
+                         tile_empty.index(SECOND), num_tiles, setup, init, compute, drain, finish,
+                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 1, PINGPONG, STEP_INDEX)),
             (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
-                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS)),
+                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED)),
         ], [gl.num_warps(), 1], [CONSUMER_REGS, PRODUCER_REGS])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))

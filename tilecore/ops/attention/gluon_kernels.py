@@ -247,6 +247,7 @@ def _finish(g, cfg: gl.constexpr, state, tile, o_smem):
     rows = start_m + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
     gl.store(g[4] + tile[1].to(gl.int64) * g[6] + rows, lse, mask=rows < g[6])
     b, h, hk = _head(g, tile[1])
+    tma.store_wait(0)  # the previous tile's TMA store has read the buffer
     o_smem.reshape([BM, D]).store(out.to(o_smem.dtype))
     fence_async_shared()
     gl.thread_barrier()

@@ -316,24 +316,79 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
                H, N, Nk, D, H // Hkv, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d(D), **cfg)
 
 
+# Hopper's Gluon backward (gluon_backward.py): query rows per step (block_m), keys per consumer
+# warpgroup (block_n; a tile is two of them), ring depth, and dQ fused into it (float32 atomics) or
+# from the tl dq kernel
+GLUON_BACKWARD = {64: dict(block_m=64, block_n=64, stages=2, fused_dq=True),
+                  128: dict(block_m=64, block_n=64, stages=2, fused_dq=True)}
+
+
+def gluon_backward_fits(dout, q, k, v, scale: float) -> bool:
+    """Whether the Gluon backward serves these inputs (else the tl kernels do)."""
+    return q.shape[-1] in GLUON_BACKWARD and gluon_forward_fits(q, k, v, scale) and tma_describable(dout)
+
+
+def backward_gluon(dout, q, k, v, lse, delta, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
+                   block_n: int, stages: int, fused_dq: bool = True) -> None:
+    """The Gluon backward: dk and dv (and dq, with ``fused_dq``, through a float32 buffer that its
+    atomics add to; else the tl dq kernel) from the preprocess's delta."""
+    from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
+
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+
+    def desc(t, rows):  # 4-D (B, heads, sequence, D): a block never crosses into the next head
+        return gluon_descriptor(t, [1, 1, rows, D])
+
+    dq_sum = torch.zeros((B, H, N, D), dtype=torch.float32, device=q.device) if fused_dq else lse
+    tiles = triton.cdiv(Nk, 2 * block_n) * B * Hkv
+    grid = (min(tiles, dispatch.num_sms(q.device)),)
+    # kv heads whose tiles run together: their Q and dO (2 GROUP N D elements) within ~24 MiB of L2
+    group = H // Hkv
+    head_group = max(1, min(16, (24 << 20) // (2 * group * N * D * q.element_size())))
+    with dispatch.on_device(q.device):
+        attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
+                                   desc(dk, block_n), desc(dv, block_n), lse, delta, dq_sum, H, N, Nk, group, scale,
+                                   scale * LOG2E, B * Hkv, head_group, CAUSAL=causal, STAGES=stages,
+                                   FUSED_DQ=fused_dq, num_warps=4)
+    if fused_dq:
+        dq.copy_(dq_sum)
+    else:
+        _backward_dq(dout, q, k, v, lse, delta, dq, causal, scale, backward_config(D, interpret=False))
+
+
 def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *,
-                  config: dict | None = None) -> None:
+                  config: dict | None = None, gluon: dict | None = None) -> None:
     """dq, dk, dv (contiguous, the inputs' shapes) from dout, the forward's out and lse, and an
-    optional gradient of lse."""
+    optional gradient of lse. ``config``: the tl kernels' blocks; ``gluon``: the Gluon kernel's
+    (GLUON_BACKWARD's keys). On Hopper the Gluon kernel serves what it fits; its dq sums float32
+    atomics in no fixed order, so with torch.use_deterministic_algorithms(True) dq comes from the
+    tl dq kernel instead (bitwise reproducible)."""
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     interpret = q.device.type != "cuda"
-    cfg = config or backward_config(D, interpret)
-    bd = block_d(D)
     delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     pre_m = 16 if interpret else 64
     _DELTA[(triton.cdiv(N, pre_m), B * H)](
         out, dout, dlse if dlse is not None else lse, delta, *out.stride(), *dout.stride(), H, N, D,
-        HAS_DLSE=dlse is not None, BLOCK_M=pre_m, BLOCK_D=bd)
+        HAS_DLSE=dlse is not None, BLOCK_M=pre_m, BLOCK_D=block_d(D))
+    if gluon is not None or (config is None and gluon_backward_fits(dout, q, k, v, scale)):
+        cfg = dict(gluon or GLUON_BACKWARD[D])
+        if torch.are_deterministic_algorithms_enabled():
+            cfg["fused_dq"] = False
+        return backward_gluon(dout, q, k, v, lse, delta, dq, dk, dv, causal, scale, **cfg)
+    cfg = config or backward_config(D, interpret)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
     _DKDV[(triton.cdiv(Nk, cfg["BLOCK_N"]), B * Hkv)](
         q, k, v, dout, lse, delta, dk, dv, *strides, *dk.stride(), H, Hkv, N, Nk, D, H // Hkv,
-        scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=bd, **cfg)
+        scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d(D), **cfg)
+    _backward_dq(dout, q, k, v, lse, delta, dq, causal, scale, cfg)
+
+
+def _backward_dq(dout, q, k, v, lse, delta, dq, causal: bool, scale: float, cfg: dict) -> None:
+    """The tl dq kernel: one program per (query block, batch * q head), looping over the keys."""
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
     _DQ[(triton.cdiv(N, cfg["BLOCK_M"]), B * H)](
-        q, k, v, dout, lse, delta, dq, *strides, *dq.stride(), H, N, Nk, D, H // Hkv,
-        scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=bd, **cfg)
+        q, k, v, dout, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(),
+        H, N, Nk, D, H // Hkv, scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d(D), **cfg)

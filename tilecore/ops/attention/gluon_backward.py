@@ -1,0 +1,259 @@
+"""Attention backward on Hopper, in one kernel, as the small functions of the tiles' Gluon pipeline
+template (:func:`tilecore.tiles.gluon.persistent_pipeline`, the GEMM's and the forward's).
+
+A tile is 2 BLOCK_N keys of one (batch, kv head). Its K and V blocks are the template's shared
+per-tile operands; each of the two consumer warpgroups owns BLOCK_N of the keys and keeps their dK
+and dV in registers for the whole tile. The ring streams (Q, dO) blocks of BLOCK_M queries, for
+every q head of the kv head's group (grouped-query attention sums there, without atomics). Per step
+consumer c, with keys K_c and values V_c:
+
+    S^T  = K_c Q^T,  dP^T = V_c dO^T        wgmma, operands in shared memory
+    P^T  = exp2(S^T * scale log2 e - lse log2 e)   (recomputed with the forward's lse)
+    dS^T = P^T * (dP^T - delta)             delta = rowsum(O * dO) - dlse, from a preprocess
+    dV_c += P^T dO,  dK_c += dS^T Q         wgmma with P^T and dS^T as register operands
+
+With FUSED_DQ both consumers also write dS^T to shared memory (a double buffer, two mbarriers:
+both halves written; both readers done) and then each computes half of dQ's columns,
+
+    dQ[:, half c] += scale * dS K[:, half c]  wgmma of dS from shared memory (a transposed view),
+
+added to a float32 dQ with atomics: five matmuls per step, none recomputed (FlashAttention-3's
+scheme). Without it, a separate kernel computes dQ (seven matmuls in all).
+
+Masks: keys past Nk (only the last key block) and, when causal, keys after a query's diagonal
+(only blocks crossing it). Query rows past N arrive as zeros and read lse = +inf, so their p is 0;
+rows with no key at all (lse = -inf) read +inf too, so they give p = 0 and zero gradients.
+
+``g``   = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H, N, Nk, GROUP,
+           scale, scale_log2e, B * Hkv, kv heads per tile group, ds_smem, ds_full, ds_free)
+``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, FUSED_DQ[, consumer index])
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+from tilecore.tiles.gluon import persistent_pipeline, wgmma_layout
+
+LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+
+
+@gluon.jit
+def _kv_head(g, bhk):
+    """(batch, kv head) of the flat index bhk = batch * Hkv + kv head."""
+    hkv = g[9] // g[12]
+    return bhk // hkv, bhk % hkv
+
+
+@gluon.jit
+def _setup(g, cfg: gl.constexpr, tile_id):
+    """The tile (first key, batch * kv head, first query block, query blocks per q head) and its
+    steps: every query block that sees one of its keys, for each q head of the group."""
+    BM: gl.constexpr = cfg[1]
+    BN: gl.constexpr = 2 * cfg[2]  # both consumers' keys
+    N = g[10]
+    Nk = g[11]
+    n_blocks = gl.cdiv(Nk, BN)
+    # Order: kv heads in groups (of g[16]) whose Q and dO stay in L2 together; within a group, key
+    # block by key block across its heads. Causal, the first key blocks see the most queries, so
+    # the heaviest tiles come first and the persistent programs even out.
+    per_group = g[16] * n_blocks
+    first_bhk = (tile_id // per_group) * g[16]
+    heads = gl.minimum(g[16], g[15] - first_bhk)
+    local = tile_id % per_group
+    bhk = first_bhk + local % heads
+    start_n = (local // heads) * BN
+    first_mb = 0
+    if cfg[0]:  # query i sees keys j <= i + Nk - N: the first query that sees key start_n
+        first_mb = gl.maximum(start_n - (Nk - N), 0) // BM
+    per_head = gl.maximum(gl.cdiv(N, BM) - first_mb, 0)
+    return (start_n, bhk, first_mb, per_head), per_head * g[12]
+
+
+@gluon.jit
+def _step_rows(g, cfg: gl.constexpr, tile, kk):
+    """Step kk's (q head, first query row)."""
+    b, hk = _kv_head(g, tile[1])
+    return hk * g[12] + kk // tile[3], (tile[2] + kk % tile[3]) * cfg[1]
+
+
+@gluon.jit
+def _load(g, cfg: gl.constexpr, q_smem, do_smem, bar, tile, kk):
+    """Step kk's Q and dO blocks (rows past N arrive as zeros)."""
+    b, hk = _kv_head(g, tile[1])
+    h, start_m = _step_rows(g, cfg, tile, kk)
+    tma.async_copy_global_to_shared(g[0], [b, h, start_m, 0], bar, q_smem)
+    tma.async_copy_global_to_shared(g[3], [b, h, start_m, 0], bar, do_smem)
+
+
+@gluon.jit
+def _load_kv(g, cfg: gl.constexpr, kv_smem, bar, tile):
+    """The producer's per-tile load: the tile's K and V blocks (rows past Nk arrive as zeros)."""
+    b, hk = _kv_head(g, tile[1])
+    tma.async_copy_global_to_shared(g[1], [b, hk, tile[0], 0], bar, kv_smem.index(0))
+    tma.async_copy_global_to_shared(g[2], [b, hk, tile[0], 0], bar, kv_smem.index(1))
+
+
+@gluon.jit
+def _init(g, cfg: gl.constexpr, tile, kv_smem):
+    BN: gl.constexpr = cfg[2]
+    D: gl.constexpr = cfg[3]
+    acc_layout: gl.constexpr = wgmma_layout(BN, D, gl.num_warps())
+    dk = gl.zeros([BN, D], gl.float32, acc_layout)
+    dv = gl.zeros([BN, D], gl.float32, acc_layout)
+    return dk, dv, tile
+
+
+@gluon.constexpr_function
+def _operand_layout(rows, cols, num_warps):
+    """A [rows, k] register tile as the left operand of a wgmma with a [rows, cols] result."""
+    return gl.DotOperandLayout(operand_index=0, parent=wgmma_layout(rows, cols, num_warps), k_width=2)
+
+
+@gluon.jit
+def _needs_mask(g, cfg: gl.constexpr, start_n, start_m):
+    """Whether any score of keys [start_n, +BLOCK_N) x queries [start_m, +BLOCK_M) is masked: a key
+    past Nk, or (causal) a key after the first query's diagonal."""
+    bound = g[11]
+    if cfg[0]:
+        bound = gl.minimum(bound, start_m + 1 + (g[11] - g[10]))
+    return start_n + cfg[2] > bound
+
+
+@gluon.jit
+def _probabilities(g, cfg: gl.constexpr, s_t, lse, start_n, start_m):
+    """P^T (keys x queries) from the scores S^T and the rows' lse (natural log; +inf for rows that
+    must get p = 0)."""
+    BN: gl.constexpr = cfg[2]
+    BM: gl.constexpr = cfg[1]
+    st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
+    if _needs_mask(g, cfg, start_n, start_m):
+        keys = gl.expand_dims(start_n + gl.arange(0, BN, layout=gl.SliceLayout(1, st_layout)), 1)
+        ok = keys < g[11]
+        if cfg[0]:
+            queries = gl.expand_dims(start_m + gl.arange(0, BM, layout=gl.SliceLayout(0, st_layout)), 0)
+            ok = ok & (keys <= queries + (g[11] - g[10]))
+        s_t = gl.where(ok, s_t, float("-inf"))
+    return gl.exp2(s_t * g[14] - gl.expand_dims(lse * LOG2E, 0))
+
+
+@gluon.jit
+def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
+    BM: gl.constexpr = cfg[1]
+    BN: gl.constexpr = cfg[2]
+    D: gl.constexpr = cfg[3]
+    c: gl.constexpr = cfg[5]  # this consumer: keys [c BN, (c + 1) BN) of the tile
+    st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
+    dk, dv, tile = state
+    b, hk = _kv_head(g, tile[1])
+    h, start_m = _step_rows(g, cfg, tile, kk)
+    start_n = tile[0] + c * BN
+    q = q_smem.reshape([BM, D])
+    do = do_smem.reshape([BM, D])
+    k_all = kv_smem.index(0).reshape([2 * BN, D])
+    k_c = k_all.slice(c * BN, BN)
+    v_c = kv_smem.index(1).reshape([2 * BN, D]).slice(c * BN, BN)
+
+    zeros = gl.zeros([BN, BM], gl.float32, st_layout)
+    s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
+    dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
+    # the rows' lse and delta load while the tensor cores work
+    rows = start_m + gl.arange(0, BM, layout=gl.SliceLayout(0, st_layout))
+    row_ok = rows < g[10]
+    offs = (b * g[9] + h).to(gl.int64) * g[10] + rows
+    lse = gl.load(g[6] + offs, mask=row_ok, other=float("inf"))
+    lse = gl.where(lse == float("-inf"), float("inf"), lse)  # a row with no key: p = 0
+    delta = gl.load(g[7] + offs, mask=row_ok, other=0.0)
+    s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+    p_t = _probabilities(g, cfg, s_t, lse, start_n, start_m)
+    dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
+    ds_t = (p_t * (dp_t - gl.expand_dims(delta, 0))).to(q_smem.dtype)
+    # both register operands are written before any wgmma is issued: ptxas serializes every wgmma
+    # of a kernel that writes a wgmma's input registers while another runs (its warning C7513)
+    p_op = gl.convert_layout(p_t.to(q_smem.dtype), _operand_layout(BN, D, gl.num_warps()))
+    ds_op = gl.convert_layout(ds_t, _operand_layout(BN, D, gl.num_warps()))
+    if cfg[4]:
+        ds_smem = g[17].index(i % 2)
+        mbarrier.wait(g[19].index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
+    dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
+    dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
+    if cfg[4]:
+        ds_smem.slice(c * BN, BN).store(ds_t)
+        fence_async_shared()
+        mbarrier.arrive(g[18].index(i % 2))
+        mbarrier.wait(g[18].index(i % 2), (i // 2) & 1)  # the other consumer's half is there too
+        DH: gl.constexpr = D // 2
+        dq_layout: gl.constexpr = wgmma_layout(BM, DH, gl.num_warps())
+        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_all.slice(c * DH, DH, dim=1),
+                               gl.zeros([BM, DH], gl.float32, dq_layout), use_acc=False, is_async=True)
+        dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
+        mbarrier.arrive(g[19].index(i % 2))
+        dq_rows = gl.expand_dims(start_m + gl.arange(0, BM, layout=gl.SliceLayout(1, dq_layout)), 1)
+        dq_cols = gl.expand_dims(c * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, dq_layout)), 0)
+        dq_offs = ((b * g[9] + h).to(gl.int64) * g[10] + dq_rows) * D + dq_cols
+        gl.atomic_add(g[8] + dq_offs, dq * g[13], mask=dq_rows < g[10], sem="relaxed")
+    else:
+        dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+    return dk, dv, tile
+
+
+@gluon.jit
+def _drain(g, cfg: gl.constexpr, state):
+    return state  # every step ends with its wgmma complete
+
+
+@gluon.jit
+def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
+    """dV, then dK (times the scale), through this consumer's epilogue buffer; rows past Nk are
+    clipped by the TMA stores."""
+    BN: gl.constexpr = cfg[2]
+    D: gl.constexpr = cfg[3]
+    dk, dv, tile = state
+    b, hk = _kv_head(g, tile[1])
+    start_n = tile[0] + cfg[5] * BN
+    for which in gl.static_range(2):
+        tma.store_wait(0)  # the buffer's previous TMA store has read it
+        if which == 0:
+            out_smem.reshape([BN, D]).store(dv.to(out_smem.dtype))
+        else:
+            out_smem.reshape([BN, D]).store((dk * g[13]).to(out_smem.dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(g[5 - which], [b, hk, start_n, 0], out_smem)
+
+
+@gluon.constexpr_function
+def _ds_layout(dtype):
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=dtype.primitive_bitwidth, rank=2)
+
+
+@gluon.jit
+def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H, N, Nk,
+                         GROUP, scale, scale_log2e, num_bhk, head_group, CAUSAL: gl.constexpr,
+                         STAGES: gl.constexpr, FUSED_DQ: gl.constexpr):
+    """dK and dV (and with FUSED_DQ dQ, added to the float32 dq_ptr) for every (key block, batch *
+    kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a producer warp."""
+    BM: gl.constexpr = q_desc.block_type.shape[2]
+    BN: gl.constexpr = dk_desc.block_type.shape[2]  # one consumer's keys; k_desc's block holds both
+    D: gl.constexpr = q_desc.block_type.shape[3]
+    gl.static_assert(k_desc.block_type.shape[2] == 2 * BN, "K and V blocks hold both consumers' keys")
+    # dS^T of the step, both consumers' halves, double-buffered, and its barriers: written by both,
+    # read by both
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM], _ds_layout(q_desc.dtype))
+    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(2):
+        mbarrier.init(ds_full.index(j), count=2)
+        mbarrier.init(ds_free.index(j), count=2)
+    g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H, N, Nk, GROUP, scale,
+         scale_log2e, num_bhk, head_group, ds_smem, ds_full, ds_free)
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, FUSED_DQ))
+    num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
+    persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,
+                        _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240, IN_FLIGHT=0,
+                        tile_desc=k_desc, load_tile=_load_kv, TILE_OPERANDS=2, TILE_SHARED=True, STEP_INDEX=True)
+    for j in gl.static_range(2):
+        mbarrier.invalidate(ds_full.index(j))
+        mbarrier.invalidate(ds_free.index(j))
