@@ -307,12 +307,14 @@ def backward_variants(out_dir):
     from tilecore.ops.attention import kernels
     from tilecore.ops.attention.reference import attention_reference
 
-    G = lambda **kw: dict(block_m=64, block_n=64, stages=2, fused_dq=True) | kw
-    variants = {"gluon fused dq": G(), "gluon + tl dq": G(fused_dq=False)}
-    if os.environ.get("BWD_STAGES3"):
-        variants["gluon fused dq, 3 stages"] = G(stages=3)
+    G = lambda **kw: dict(block_m=64, block_n=64, stages=2, dq_from="fused") | kw
+    variants_by_d = {
+        64: {"fused": G(), "overlapped": G(dq_from="overlapped"), "overlapped st3": G(dq_from="overlapped", stages=3),
+             "overlapped st4": G(dq_from="overlapped", stages=4), "fused st3": G(stages=3), "+ tl dq": G(dq_from="tl")},
+        128: {"fused": G(), "+ tl dq": G(dq_from="tl")}}
     rows = []
     for d in (64, 128):
+        variants = variants_by_d[d]
         for causal in (False, True):
             # correctness first: a small GQA case with tails, float64 reference
             b, hq, hkv, n, nk = 2, 4, 2, 700, 900

@@ -12,7 +12,7 @@ consumer c, with keys K_c and values V_c:
     dS^T = P^T * (dP^T - delta)             delta = rowsum(O * dO) - dlse, from a preprocess
     dV_c += P^T dO,  dK_c += dS^T Q         wgmma with P^T and dS^T as register operands
 
-With FUSED_DQ both consumers also write dS^T to shared memory (a double buffer, two mbarriers:
+With DQ both consumers also write dS^T to shared memory (a double buffer, two mbarriers:
 both halves written; both readers done) and then each computes half of dQ's columns,
 
     dQ[:, half c] += scale * dS K[:, half c]  wgmma of dS from shared memory (a transposed view),
@@ -26,7 +26,7 @@ rows with no key at all (lse = -inf) read +inf too, so they give p = 0 and zero 
 
 ``g``   = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H, N, Nk, GROUP,
            scale, scale_log2e, B * Hkv, kv heads per tile group, ds_smem, ds_full, ds_free)
-``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, FUSED_DQ[, consumer index])
+``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, DQ[, consumer index])
 """
 from __future__ import annotations
 
@@ -140,10 +140,44 @@ def _probabilities(g, cfg: gl.constexpr, s_t, lse, start_n, start_m):
 
 
 @gluon.jit
+def _issue_dq(g, cfg: gl.constexpr, kv_smem, i):
+    """Issue this consumer's half of dQ = dS K for ring step i, once both halves of its dS are in
+    shared memory: dS is read through a transposed view of the [keys, queries] buffer."""
+    BM: gl.constexpr = cfg[1]
+    BN: gl.constexpr = cfg[2]
+    DH: gl.constexpr = cfg[3] // 2
+    c: gl.constexpr = cfg[5]
+    mbarrier.wait(g[18].index(i % 2), (i // 2) & 1)
+    k_half = kv_smem.index(0).reshape([2 * BN, cfg[3]]).slice(c * DH, DH, dim=1)
+    return warpgroup_mma(g[17].index(i % 2).permute((1, 0)), k_half,
+                         gl.zeros([BM, DH], gl.float32, wgmma_layout(BM, DH, gl.num_warps())), use_acc=False,
+                         is_async=True)
+
+
+@gluon.jit
+def _add_dq(g, cfg: gl.constexpr, tile, kk, dq):
+    """Add scale * dq (this consumer's half of the columns of step kk's rows) to the float32 dQ."""
+    BM: gl.constexpr = cfg[1]
+    D: gl.constexpr = cfg[3]
+    DH: gl.constexpr = D // 2
+    dq_layout: gl.constexpr = wgmma_layout(BM, DH, gl.num_warps())
+    b, hk = _kv_head(g, tile[1])
+    h, start_m = _step_rows(g, cfg, tile, kk)
+    rows = gl.expand_dims(start_m + gl.arange(0, BM, layout=gl.SliceLayout(1, dq_layout)), 1)
+    cols = gl.expand_dims(cfg[5] * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, dq_layout)), 0)
+    offs = ((b * g[9] + h).to(gl.int64) * g[10] + rows) * D + cols
+    gl.atomic_add(g[8] + offs, dq * g[13], mask=rows < g[10], sem="relaxed")
+
+
+@gluon.jit
 def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
+    """One step. cfg[4] (dQ): 0 none; 1 dQ of this step, after both consumers wrote their dS;
+    2 dQ of the previous step, issued with this step's S and dP so that it runs under the softmax
+    (and the two consumers may drift a step apart)."""
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
+    MODE: gl.constexpr = cfg[4]
     c: gl.constexpr = cfg[5]  # this consumer: keys [c BN, (c + 1) BN) of the tile
     st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
     dk, dv, tile = state
@@ -152,13 +186,21 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
     start_n = tile[0] + c * BN
     q = q_smem.reshape([BM, D])
     do = do_smem.reshape([BM, D])
-    k_all = kv_smem.index(0).reshape([2 * BN, D])
-    k_c = k_all.slice(c * BN, BN)
+    k_c = kv_smem.index(0).reshape([2 * BN, D]).slice(c * BN, BN)
     v_c = kv_smem.index(1).reshape([2 * BN, D]).slice(c * BN, BN)
 
     zeros = gl.zeros([BN, BM], gl.float32, st_layout)
     s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
     dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
+    if MODE == 2:
+        # the previous ring step's dQ (at a tile's first step: a stale buffer times this tile's K,
+        # never added; a tile's last step issues its own). Step i - 1's buffer is (i + 1) % 2, its
+        # use (i - 1) // 2 = (i + 1) // 2 - 1 (and parity 1 passes at once for i = 0)
+        mbarrier.wait(g[18].index((i + 1) % 2), (((i + 1) // 2) & 1) ^ 1)
+        k_half = kv_smem.index(0).reshape([2 * BN, D]).slice(c * (D // 2), D // 2, dim=1)
+        dq_tok = warpgroup_mma(g[17].index((i + 1) % 2).permute((1, 0)), k_half,
+                               gl.zeros([BM, D // 2], gl.float32, wgmma_layout(BM, D // 2, gl.num_warps())),
+                               use_acc=False, is_async=True)
     # the rows' lse and delta load while the tensor cores work
     rows = start_m + gl.arange(0, BM, layout=gl.SliceLayout(0, st_layout))
     row_ok = rows < g[10]
@@ -166,34 +208,48 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
     lse = gl.load(g[6] + offs, mask=row_ok, other=float("inf"))
     lse = gl.where(lse == float("-inf"), float("inf"), lse)  # a row with no key: p = 0
     delta = gl.load(g[7] + offs, mask=row_ok, other=0.0)
-    s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+    if MODE == 2:
+        s_t, dp_t = warpgroup_mma_wait(1, deps=(s_tok, dp_tok))  # dQ may still run
+    else:
+        s_t = warpgroup_mma_wait(1, deps=(s_tok,))
     p_t = _probabilities(g, cfg, s_t, lse, start_n, start_m)
-    dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
-    ds_t = (p_t * (dp_t - gl.expand_dims(delta, 0))).to(q_smem.dtype)
-    # both register operands are written before any wgmma is issued: ptxas serializes every wgmma
-    # of a kernel that writes a wgmma's input registers while another runs (its warning C7513)
+    if MODE != 2:
+        dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
+    ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
+    if MODE == 2:
+        dq = warpgroup_mma_wait(0, deps=(dq_tok,))
+        mbarrier.arrive(g[19].index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
+    # both register operands are written with no wgmma running: ptxas serializes every wgmma of a
+    # kernel that writes a wgmma's input registers while another runs (its warning C7513)
+    ds_t = ds_t.to(q_smem.dtype)
     p_op = gl.convert_layout(p_t.to(q_smem.dtype), _operand_layout(BN, D, gl.num_warps()))
     ds_op = gl.convert_layout(ds_t, _operand_layout(BN, D, gl.num_warps()))
-    if cfg[4]:
+    if MODE != 0:
         ds_smem = g[17].index(i % 2)
         mbarrier.wait(g[19].index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
     dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
     dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-    if cfg[4]:
+    if MODE != 0:
         ds_smem.slice(c * BN, BN).store(ds_t)
         fence_async_shared()
         mbarrier.arrive(g[18].index(i % 2))
-        mbarrier.wait(g[18].index(i % 2), (i // 2) & 1)  # the other consumer's half is there too
-        DH: gl.constexpr = D // 2
-        dq_layout: gl.constexpr = wgmma_layout(BM, DH, gl.num_warps())
-        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_all.slice(c * DH, DH, dim=1),
-                               gl.zeros([BM, DH], gl.float32, dq_layout), use_acc=False, is_async=True)
+    if MODE == 1:
+        dq_tok = _issue_dq(g, cfg, kv_smem, i)
         dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
         mbarrier.arrive(g[19].index(i % 2))
-        dq_rows = gl.expand_dims(start_m + gl.arange(0, BM, layout=gl.SliceLayout(1, dq_layout)), 1)
-        dq_cols = gl.expand_dims(c * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, dq_layout)), 0)
-        dq_offs = ((b * g[9] + h).to(gl.int64) * g[10] + dq_rows) * D + dq_cols
-        gl.atomic_add(g[8] + dq_offs, dq * g[13], mask=dq_rows < g[10], sem="relaxed")
+        _add_dq(g, cfg, tile, kk, dq)
+    elif MODE == 2:
+        if kk > 0:
+            _add_dq(g, cfg, tile, kk - 1, dq)  # while this step's dV and dK run
+        if kk == tile[3] * g[12] - 1:  # the tile's last step: its own dQ now
+            dq_tok = _issue_dq(g, cfg, kv_smem, i)
+            dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
+            _add_dq(g, cfg, tile, kk, dq)
+        else:
+            # dV and dK complete within the step: left running into the next one, their
+            # accumulators are moved (the template's loop) under a running wgmma, and ptxas
+            # serializes every wgmma (its C7515)
+            dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
     else:
         dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
     return dk, dv, tile
@@ -201,7 +257,9 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
 
 @gluon.jit
 def _drain(g, cfg: gl.constexpr, state):
-    return state  # every step ends with its wgmma complete
+    dk, dv, tile = state
+    dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
+    return dk, dv, tile
 
 
 @gluon.jit
@@ -232,9 +290,10 @@ def _ds_layout(dtype):
 @gluon.jit
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H, N, Nk,
                          GROUP, scale, scale_log2e, num_bhk, head_group, CAUSAL: gl.constexpr,
-                         STAGES: gl.constexpr, FUSED_DQ: gl.constexpr):
-    """dK and dV (and with FUSED_DQ dQ, added to the float32 dq_ptr) for every (key block, batch *
-    kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a producer warp."""
+                         STAGES: gl.constexpr, DQ: gl.constexpr):
+    """dK and dV (and with DQ 1 or 2, dQ added to the float32 dq_ptr: see _compute) for every
+    (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
+    producer warp."""
     BM: gl.constexpr = q_desc.block_type.shape[2]
     BN: gl.constexpr = dk_desc.block_type.shape[2]  # one consumer's keys; k_desc's block holds both
     D: gl.constexpr = q_desc.block_type.shape[3]
@@ -249,10 +308,11 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_
         mbarrier.init(ds_free.index(j), count=2)
     g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H, N, Nk, GROUP, scale,
          scale_log2e, num_bhk, head_group, ds_smem, ds_full, ds_free)
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, FUSED_DQ))
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,
-                        _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240, IN_FLIGHT=0,
+                        _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240,
+                        IN_FLIGHT=0,
                         tile_desc=k_desc, load_tile=_load_kv, TILE_OPERANDS=2, TILE_SHARED=True, STEP_INDEX=True)
     for j in gl.static_range(2):
         mbarrier.invalidate(ds_full.index(j))

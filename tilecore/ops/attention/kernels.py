@@ -317,10 +317,12 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
 
 
 # Hopper's Gluon backward (gluon_backward.py): query rows per step (block_m), keys per consumer
-# warpgroup (block_n; a tile is two of them), ring depth, and dQ fused into it (float32 atomics) or
-# from the tl dq kernel
-GLUON_BACKWARD = {64: dict(block_m=64, block_n=64, stages=2, fused_dq=True),
-                  128: dict(block_m=64, block_n=64, stages=2, fused_dq=True)}
+# warpgroup (block_n; a tile is two of them), ring depth, and where dQ comes from: "tl" (the tl dq
+# kernel), "fused" (the step's dQ in the kernel, float32 atomics) or "overlapped" (fused, one step
+# late, under the next step's softmax)
+DQ_MODES = {"tl": 0, "fused": 1, "overlapped": 2}
+GLUON_BACKWARD = {64: dict(block_m=64, block_n=64, stages=2, dq_from="overlapped"),
+                  128: dict(block_m=64, block_n=64, stages=2, dq_from="fused")}
 
 
 def gluon_backward_fits(dout, q, k, v, scale: float) -> bool:
@@ -329,9 +331,9 @@ def gluon_backward_fits(dout, q, k, v, scale: float) -> bool:
 
 
 def backward_gluon(dout, q, k, v, lse, delta, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
-                   block_n: int, stages: int, fused_dq: bool = True) -> None:
-    """The Gluon backward: dk and dv (and dq, with ``fused_dq``, through a float32 buffer that its
-    atomics add to; else the tl dq kernel) from the preprocess's delta."""
+                   block_n: int, stages: int, dq_from: str = "fused") -> None:
+    """The Gluon backward: dk and dv (and dq unless ``dq_from`` is "tl", through a float32 buffer
+    that its atomics add to) from the preprocess's delta."""
     from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
 
     B, H, N, D = q.shape
@@ -340,6 +342,7 @@ def backward_gluon(dout, q, k, v, lse, delta, dq, dk, dv, causal: bool, scale: f
     def desc(t, rows):  # 4-D (B, heads, sequence, D): a block never crosses into the next head
         return gluon_descriptor(t, [1, 1, rows, D])
 
+    fused_dq = DQ_MODES[dq_from] > 0
     dq_sum = torch.zeros((B, H, N, D), dtype=torch.float32, device=q.device) if fused_dq else lse
     tiles = triton.cdiv(Nk, 2 * block_n) * B * Hkv
     grid = (min(tiles, dispatch.num_sms(q.device)),)
@@ -350,7 +353,7 @@ def backward_gluon(dout, q, k, v, lse, delta, dq, dk, dv, causal: bool, scale: f
         attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
                                    desc(dk, block_n), desc(dv, block_n), lse, delta, dq_sum, H, N, Nk, group, scale,
                                    scale * LOG2E, B * Hkv, head_group, CAUSAL=causal, STAGES=stages,
-                                   FUSED_DQ=fused_dq, num_warps=4)
+                                   DQ=DQ_MODES[dq_from], num_warps=4)
     if fused_dq:
         dq.copy_(dq_sum)
     else:
@@ -375,7 +378,7 @@ def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale
     if gluon is not None or (config is None and gluon_backward_fits(dout, q, k, v, scale)):
         cfg = dict(gluon or GLUON_BACKWARD[D])
         if torch.are_deterministic_algorithms_enabled():
-            cfg["fused_dq"] = False
+            cfg["dq_from"] = "tl"
         return backward_gluon(dout, q, k, v, lse, delta, dq, dk, dv, causal, scale, **cfg)
     cfg = config or backward_config(D, interpret)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
