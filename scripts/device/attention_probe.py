@@ -310,7 +310,7 @@ def backward_variants(out_dir):
     G = lambda **kw: dict(block_m=64, block_n=64, stages=2, dq_from="fused") | kw
     variants_by_d = {
         64: {"fused": G(), "overlapped": G(dq_from="overlapped"), "overlapped st3": G(dq_from="overlapped", stages=3),
-             "overlapped st4": G(dq_from="overlapped", stages=4), "fused st3": G(stages=3), "+ tl dq": G(dq_from="tl")},
+             "+ tl dq": G(dq_from="tl")},
         128: {"fused": G(), "+ tl dq": G(dq_from="tl")}}
     rows = []
     for d in (64, 128):
@@ -341,13 +341,21 @@ def backward_variants(out_dir):
             kernels.forward_into(qd, kd, vd, out, lse, causal, d ** -0.5)
             dq, dk, dv = torch.empty_like(qd), torch.empty_like(kd), torch.empty_like(vd)
             ms = {}
-            for name, cfg in list(variants.items()) + [("tl", None)]:
-                kw = dict(gluon=cfg) if cfg else dict(config=kernels.backward_config(d, interpret=False))
+            for name, cfg in list(variants.items()) + [("tl", None), ("dk/dv kernel alone", "alone")]:
+                if cfg == "alone":  # the Gluon kernel without dq (the tl dq kernel skipped): the split
+                    tl_dq, kernels._backward_dq = kernels._backward_dq, lambda *a, **k: None
+                    kw = dict(gluon=G(dq_from="tl"))
+                elif cfg:
+                    kw = dict(gluon=cfg)
+                else:
+                    kw = dict(config=kernels.backward_config(d, interpret=False))
                 fn = lambda: kernels.backward_into(do, qd, kd, vd, out, lse, None, dq, dk, dv, causal, d ** -0.5, **kw)
                 try:
                     ms[name] = do_bench(fn, warmup=10, rep=50, return_mode="median")
                 except Exception as e:  # noqa: BLE001 - record and go on
                     print(f"D={d} causal={causal} {name}: {type(e).__name__} {str(e)[:100]}", flush=True)
+                if cfg == "alone":
+                    kernels._backward_dq = tl_dq
             for name, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
                 with sdpa_kernel(backend):
                     o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)

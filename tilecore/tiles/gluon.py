@@ -48,8 +48,10 @@ The template owns the ring, its ``ready``/``empty`` barriers and their phases.
 """
 from __future__ import annotations
 
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 
@@ -79,6 +81,16 @@ def split_n(x):
     M: gl.constexpr = x.shape[0]
     N: gl.constexpr = x.shape[1]
     return gl.split(gl.permute(gl.reshape(x, [M, 2, N // 2]), [0, 2, 1]))
+
+
+@builtin
+def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """Add the shared-memory tile ``src`` to global memory at ``coord`` of ``tensor_desc`` with one
+    TMA reduction (cp.reduce.async.bulk.tensor .add; out-of-bounds parts are dropped). Asynchronous
+    like a TMA store: ``tma.store_wait`` before ``src`` is written again. (Gluon 3.6's hopper tma
+    module wraps the copies but not the reduction; its op builder has it.)"""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 
 @gluon.jit

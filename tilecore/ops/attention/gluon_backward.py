@@ -17,15 +17,15 @@ both halves written; both readers done) and then each computes half of dQ's colu
 
     dQ[:, half c] += scale * dS K[:, half c]  wgmma of dS from shared memory (a transposed view),
 
-added to a float32 dQ with atomics: five matmuls per step, none recomputed (FlashAttention-3's
+added to a float32 dQ by TMA reductions: five matmuls per step, none recomputed (FlashAttention-3's
 scheme). Without it, a separate kernel computes dQ (seven matmuls in all).
 
 Masks: keys past Nk (only the last key block) and, when causal, keys after a query's diagonal
 (only blocks crossing it). Query rows past N arrive as zeros and read lse = +inf, so their p is 0;
 rows with no key at all (lse = -inf) read +inf too, so they give p = 0 and zero gradients.
 
-``g``   = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H, N, Nk, GROUP,
-           scale, scale_log2e, B * Hkv, kv heads per tile group, ds_smem, ds_full, ds_free)
+``g``   = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N, Nk, GROUP,
+           scale, scale_log2e, B * Hkv, kv heads per tile group, ds_smem, ds_full, ds_free, dq_staging)
 ``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, DQ[, consumer index])
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from tilecore.tiles.gluon import persistent_pipeline, wgmma_layout
+from tilecore.tiles.gluon import persistent_pipeline, tma_reduce_add, wgmma_layout
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
@@ -156,17 +156,18 @@ def _issue_dq(g, cfg: gl.constexpr, kv_smem, i):
 
 @gluon.jit
 def _add_dq(g, cfg: gl.constexpr, tile, kk, dq):
-    """Add scale * dq (this consumer's half of the columns of step kk's rows) to the float32 dQ."""
+    """Add scale * dq (this consumer's half of the columns of step kk's rows) to the float32 dQ:
+    through this consumer's staging buffer, with one TMA reduction (rows past N are dropped)."""
     BM: gl.constexpr = cfg[1]
-    D: gl.constexpr = cfg[3]
-    DH: gl.constexpr = D // 2
-    dq_layout: gl.constexpr = wgmma_layout(BM, DH, gl.num_warps())
+    DH: gl.constexpr = cfg[3] // 2
     b, hk = _kv_head(g, tile[1])
     h, start_m = _step_rows(g, cfg, tile, kk)
-    rows = gl.expand_dims(start_m + gl.arange(0, BM, layout=gl.SliceLayout(1, dq_layout)), 1)
-    cols = gl.expand_dims(cfg[5] * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, dq_layout)), 0)
-    offs = ((b * g[9] + h).to(gl.int64) * g[10] + rows) * D + cols
-    gl.atomic_add(g[8] + offs, dq * g[13], mask=rows < g[10], sem="relaxed")
+    staging = g[20].index(cfg[5])
+    tma.store_wait(0)  # the previous reduction has read the buffer
+    staging.reshape([BM, DH]).store(dq * g[13])
+    fence_async_shared()
+    gl.thread_barrier()
+    tma_reduce_add(g[8], [b, h, start_m, cfg[5] * DH], staging)
 
 
 @gluon.jit
@@ -288,10 +289,10 @@ def _ds_layout(dtype):
 
 
 @gluon.jit
-def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H, N, Nk,
+def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N, Nk,
                          GROUP, scale, scale_log2e, num_bhk, head_group, CAUSAL: gl.constexpr,
                          STAGES: gl.constexpr, DQ: gl.constexpr):
-    """dK and dV (and with DQ 1 or 2, dQ added to the float32 dq_ptr: see _compute) for every
+    """dK and dV (and with DQ 1 or 2, dQ added to dq_desc's float32 tensor: see _compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp."""
     BM: gl.constexpr = q_desc.block_type.shape[2]
@@ -306,8 +307,12 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_
     for j in gl.static_range(2):
         mbarrier.init(ds_full.index(j), count=2)
         mbarrier.init(ds_free.index(j), count=2)
-    g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H, N, Nk, GROUP, scale,
-         scale_log2e, num_bhk, head_group, ds_smem, ds_full, ds_free)
+    if DQ > 0:  # each consumer's dQ half on its way to a TMA reduction
+        dq_staging = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape, dq_desc.layout)
+    else:
+        dq_staging = ds_smem  # unused
+    g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N, Nk, GROUP, scale,
+         scale_log2e, num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging)
     cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,

@@ -343,7 +343,8 @@ def backward_gluon(dout, q, k, v, lse, delta, dq, dk, dv, causal: bool, scale: f
         return gluon_descriptor(t, [1, 1, rows, D])
 
     fused_dq = DQ_MODES[dq_from] > 0
-    dq_sum = torch.zeros((B, H, N, D), dtype=torch.float32, device=q.device) if fused_dq else lse
+    # the fused dq: float32, summed by TMA reductions, each consumer adding half of its columns
+    dq_sum = torch.zeros((B, H, N, D) if fused_dq else (1, 1, 1, D), dtype=torch.float32, device=q.device)
     tiles = triton.cdiv(Nk, 2 * block_n) * B * Hkv
     grid = (min(tiles, dispatch.num_sms(q.device)),)
     # kv heads whose tiles run together: their Q and dO (2 GROUP N D elements) within ~24 MiB of L2
@@ -351,7 +352,8 @@ def backward_gluon(dout, q, k, v, lse, delta, dq, dk, dv, causal: bool, scale: f
     head_group = max(1, min(16, (24 << 20) // (2 * group * N * D * q.element_size())))
     with dispatch.on_device(q.device):
         attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
-                                   desc(dk, block_n), desc(dv, block_n), lse, delta, dq_sum, H, N, Nk, group, scale,
+                                   desc(dk, block_n), desc(dv, block_n), lse, delta,
+                                   gluon_descriptor(dq_sum, [1, 1, block_m, D // 2]), H, N, Nk, group, scale,
                                    scale * LOG2E, B * Hkv, head_group, CAUSAL=causal, STAGES=stages,
                                    DQ=DQ_MODES[dq_from], num_warps=4)
     if fused_dq:
