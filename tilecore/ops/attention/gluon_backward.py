@@ -26,7 +26,7 @@ rows with no key at all (lse = -inf) read +inf too, so they give p = 0 and zero 
 
 ``g``   = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N, Nk, GROUP,
            scale, scale_log2e, B * Hkv, kv heads per tile group, ds_smem, ds_full, ds_free, dq_staging)
-``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, DQ[, consumer index])
+``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, DQ, PREFETCH[, consumer index])
 """
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ def _kv_head(g, bhk):
 
 @gluon.jit
 def _setup(g, cfg: gl.constexpr, tile_id):
-    """The tile (first key, batch * kv head, first query block, query blocks per q head) and its
-    steps: every query block that sees one of its keys, for each q head of the group."""
+    """The tile (first key, batch * kv head, first query block, query blocks per q head, key block)
+    and its steps: every query block that sees one of its keys, for each q head of the group."""
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = 2 * cfg[2]  # both consumers' keys
     N = g[10]
@@ -64,19 +64,23 @@ def _setup(g, cfg: gl.constexpr, tile_id):
     heads = gl.minimum(g[16], g[15] - first_bhk)
     local = tile_id % per_group
     bhk = first_bhk + local % heads
-    start_n = (local // heads) * BN
+    key_block = local // heads
+    start_n = key_block * BN
     first_mb = 0
     if cfg[0]:  # query i sees keys j <= i + Nk - N: the first query that sees key start_n
         first_mb = gl.maximum(start_n - (Nk - N), 0) // BM
     per_head = gl.maximum(gl.cdiv(N, BM) - first_mb, 0)
-    return (start_n, bhk, first_mb, per_head), per_head * g[12]
+    return (start_n, bhk, first_mb, per_head, key_block), per_head * g[12]
 
 
 @gluon.jit
 def _step_rows(g, cfg: gl.constexpr, tile, kk):
-    """Step kk's (q head, first query row)."""
+    """Step kk's (q head, first query row). The tiles of one head walk its query blocks from
+    different starting blocks (the key block's index, wrapping around), so that their dQ
+    reductions, running at the same time, add to different rows."""
     b, hk = _kv_head(g, tile[1])
-    return hk * g[12] + kk // tile[3], (tile[2] + kk % tile[3]) * cfg[1]
+    block = tile[2] + (kk % tile[3] + tile[4]) % tile[3]
+    return hk * g[12] + kk // tile[3], block * cfg[1]
 
 
 @gluon.jit
@@ -97,13 +101,32 @@ def _load_kv(g, cfg: gl.constexpr, kv_smem, bar, tile):
 
 
 @gluon.jit
+def _row_stats(g, cfg: gl.constexpr, tile, kk):
+    """lse and delta of step kk's query rows, as columns of S^T (with PREFETCH loaded a step
+    ahead, so that their latency hides under the previous step's matmuls). Rows past N, and every row when kk is past
+    the tile's last step, read lse = +inf (so p = 0) and delta = 0; so does a row with no key
+    (lse = -inf)."""
+    BM: gl.constexpr = cfg[1]
+    st_layout: gl.constexpr = wgmma_layout(cfg[2], BM, gl.num_warps())
+    b, hk = _kv_head(g, tile[1])
+    h, start_m = _step_rows(g, cfg, tile, kk)
+    rows = start_m + gl.arange(0, BM, layout=gl.SliceLayout(0, st_layout))
+    ok = (rows < g[10]) & (kk < tile[3] * g[12])
+    offs = (b * g[9] + h).to(gl.int64) * g[10] + rows
+    lse = gl.load(g[6] + offs, mask=ok, other=float("inf"))
+    lse = gl.where(lse == float("-inf"), float("inf"), lse)
+    return lse, gl.load(g[7] + offs, mask=ok, other=0.0)
+
+
+@gluon.jit
 def _init(g, cfg: gl.constexpr, tile, kv_smem):
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
     acc_layout: gl.constexpr = wgmma_layout(BN, D, gl.num_warps())
     dk = gl.zeros([BN, D], gl.float32, acc_layout)
     dv = gl.zeros([BN, D], gl.float32, acc_layout)
-    return dk, dv, tile
+    lse, delta = _row_stats(g, cfg, tile, 0)
+    return dk, dv, tile, lse, delta
 
 
 @gluon.constexpr_function
@@ -140,16 +163,18 @@ def _probabilities(g, cfg: gl.constexpr, s_t, lse, start_n, start_m):
 
 
 @gluon.jit
-def _issue_dq(g, cfg: gl.constexpr, kv_smem, i):
-    """Issue this consumer's half of dQ = dS K for ring step i, once both halves of its dS are in
-    shared memory: dS is read through a transposed view of the [keys, queries] buffer."""
+def _issue_dq(g, cfg: gl.constexpr, kv_smem, step):
+    """Issue this consumer's half of dQ = dS K for ring step ``step`` once both halves of its dS
+    are in shared memory (buffer step % 2, its use step // 2; dS is read through a transposed view
+    of the [keys, queries] buffer). For step -1 (a program's first step has no previous one) the
+    wait passes at once and the product is never added."""
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     DH: gl.constexpr = cfg[3] // 2
-    c: gl.constexpr = cfg[5]
-    mbarrier.wait(g[18].index(i % 2), (i // 2) & 1)
-    k_half = kv_smem.index(0).reshape([2 * BN, cfg[3]]).slice(c * DH, DH, dim=1)
-    return warpgroup_mma(g[17].index(i % 2).permute((1, 0)), k_half,
+    buf = (step + 2) % 2
+    mbarrier.wait(g[18].index(buf), ((step + 2) // 2 + 1) & 1)  # (step // 2) & 1, and 1 for step -1
+    k_half = kv_smem.index(0).reshape([2 * BN, cfg[3]]).slice(cfg[6] * DH, DH, dim=1)
+    return warpgroup_mma(g[17].index(buf).permute((1, 0)), k_half,
                          gl.zeros([BM, DH], gl.float32, wgmma_layout(BM, DH, gl.num_warps())), use_acc=False,
                          is_async=True)
 
@@ -162,26 +187,33 @@ def _add_dq(g, cfg: gl.constexpr, tile, kk, dq):
     DH: gl.constexpr = cfg[3] // 2
     b, hk = _kv_head(g, tile[1])
     h, start_m = _step_rows(g, cfg, tile, kk)
-    staging = g[20].index(cfg[5])
+    staging = g[20].index(cfg[6])
     tma.store_wait(0)  # the previous reduction has read the buffer
     staging.reshape([BM, DH]).store(dq * g[13])
     fence_async_shared()
     gl.thread_barrier()
-    tma_reduce_add(g[8], [b, h, start_m, cfg[5] * DH], staging)
+    tma_reduce_add(g[8], [b, h, start_m, cfg[6] * DH], staging)
 
 
 @gluon.jit
 def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
-    """One step. cfg[4] (dQ): 0 none; 1 dQ of this step, after both consumers wrote their dS;
-    2 dQ of the previous step, issued with this step's S and dP so that it runs under the softmax
-    (and the two consumers may drift a step apart)."""
+    """One step; where dQ comes from is cfg[4]:
+    0: not here (the tl dq kernel);
+    1 (fused): this step's dQ, once both consumers wrote their dS, then added;
+    2 (overlapped): the previous step's dQ, issued with this step's S and dP so that it runs under
+       the softmax; the two consumers may drift a step apart;
+    3 (lagged): the previous step's dQ, issued after this step's dV and dK (no dQ accumulator
+       lives through the softmax: fewer registers than 2); the consumers may drift a step apart.
+    With 2 and 3 a tile's first step multiplies a stale buffer (never added) and its last step
+    also takes its own dQ."""
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
     MODE: gl.constexpr = cfg[4]
-    c: gl.constexpr = cfg[5]  # this consumer: keys [c BN, (c + 1) BN) of the tile
+    PREFETCH: gl.constexpr = cfg[5]
+    c: gl.constexpr = cfg[6]  # this consumer: keys [c BN, (c + 1) BN) of the tile
     st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
-    dk, dv, tile = state
+    dk, dv, tile, lse, delta = state
     b, hk = _kv_head(g, tile[1])
     h, start_m = _step_rows(g, cfg, tile, kk)
     start_n = tile[0] + c * BN
@@ -194,21 +226,9 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
     s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
     dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
     if MODE == 2:
-        # the previous ring step's dQ (at a tile's first step: a stale buffer times this tile's K,
-        # never added; a tile's last step issues its own). Step i - 1's buffer is (i + 1) % 2, its
-        # use (i - 1) // 2 = (i + 1) // 2 - 1 (and parity 1 passes at once for i = 0)
-        mbarrier.wait(g[18].index((i + 1) % 2), (((i + 1) // 2) & 1) ^ 1)
-        k_half = kv_smem.index(0).reshape([2 * BN, D]).slice(c * (D // 2), D // 2, dim=1)
-        dq_tok = warpgroup_mma(g[17].index((i + 1) % 2).permute((1, 0)), k_half,
-                               gl.zeros([BM, D // 2], gl.float32, wgmma_layout(BM, D // 2, gl.num_warps())),
-                               use_acc=False, is_async=True)
-    # the rows' lse and delta load while the tensor cores work
-    rows = start_m + gl.arange(0, BM, layout=gl.SliceLayout(0, st_layout))
-    row_ok = rows < g[10]
-    offs = (b * g[9] + h).to(gl.int64) * g[10] + rows
-    lse = gl.load(g[6] + offs, mask=row_ok, other=float("inf"))
-    lse = gl.where(lse == float("-inf"), float("inf"), lse)  # a row with no key: p = 0
-    delta = gl.load(g[7] + offs, mask=row_ok, other=0.0)
+        dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)
+    if not PREFETCH:  # this step's rows now (under S and dP), not a step ahead: fewer registers
+        lse, delta = _row_stats(g, cfg, tile, kk)
     if MODE == 2:
         s_t, dp_t = warpgroup_mma_wait(1, deps=(s_tok, dp_tok))  # dQ may still run
     else:
@@ -226,41 +246,46 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
     p_op = gl.convert_layout(p_t.to(q_smem.dtype), _operand_layout(BN, D, gl.num_warps()))
     ds_op = gl.convert_layout(ds_t, _operand_layout(BN, D, gl.num_warps()))
     if MODE != 0:
-        ds_smem = g[17].index(i % 2)
         mbarrier.wait(g[19].index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
     dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
     dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
+    if MODE == 3:
+        dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)
+    if PREFETCH and MODE != 1:  # the next step's rows, while the tensor cores work
+        lse, delta = _row_stats(g, cfg, tile, kk + 1)
     if MODE != 0:
-        ds_smem.slice(c * BN, BN).store(ds_t)
+        g[17].index(i % 2).slice(c * BN, BN).store(ds_t)
         fence_async_shared()
         mbarrier.arrive(g[18].index(i % 2))
-    if MODE == 1:
+    # dV and dK complete within the step: left running into the next one, their accumulators are
+    # moved (the template's loop) under a running wgmma, and ptxas serializes every wgmma (C7515)
+    if MODE == 0:
+        dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+    elif MODE == 1:
         dq_tok = _issue_dq(g, cfg, kv_smem, i)
         dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
         mbarrier.arrive(g[19].index(i % 2))
+        if PREFETCH:
+            lse, delta = _row_stats(g, cfg, tile, kk + 1)  # (here: fewer registers live)
         _add_dq(g, cfg, tile, kk, dq)
-    elif MODE == 2:
+    else:
+        if MODE == 3:
+            dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
+            mbarrier.arrive(g[19].index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
         if kk > 0:
-            _add_dq(g, cfg, tile, kk - 1, dq)  # while this step's dV and dK run
+            _add_dq(g, cfg, tile, kk - 1, dq)  # (MODE 2: while this step's dV and dK run)
         if kk == tile[3] * g[12] - 1:  # the tile's last step: its own dQ now
             dq_tok = _issue_dq(g, cfg, kv_smem, i)
             dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
             _add_dq(g, cfg, tile, kk, dq)
         else:
-            # dV and dK complete within the step: left running into the next one, their
-            # accumulators are moved (the template's loop) under a running wgmma, and ptxas
-            # serializes every wgmma (its C7515)
             dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-    else:
-        dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-    return dk, dv, tile
+    return dk, dv, tile, lse, delta
 
 
 @gluon.jit
 def _drain(g, cfg: gl.constexpr, state):
-    dk, dv, tile = state
-    dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
-    return dk, dv, tile
+    return state  # every step ends with its wgmma complete
 
 
 @gluon.jit
@@ -269,9 +294,9 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
     clipped by the TMA stores."""
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
-    dk, dv, tile = state
+    dk, dv, tile, lse, delta = state
     b, hk = _kv_head(g, tile[1])
-    start_n = tile[0] + cfg[5] * BN
+    start_n = tile[0] + cfg[6] * BN
     for which in gl.static_range(2):
         tma.store_wait(0)  # the buffer's previous TMA store has read it
         if which == 0:
@@ -291,7 +316,7 @@ def _ds_layout(dtype):
 @gluon.jit
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N, Nk,
                          GROUP, scale, scale_log2e, num_bhk, head_group, CAUSAL: gl.constexpr,
-                         STAGES: gl.constexpr, DQ: gl.constexpr):
+                         STAGES: gl.constexpr, DQ: gl.constexpr, PREFETCH: gl.constexpr):
     """dK and dV (and with DQ 1 or 2, dQ added to dq_desc's float32 tensor: see _compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp."""
@@ -313,7 +338,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_
         dq_staging = ds_smem  # unused
     g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N, Nk, GROUP, scale,
          scale_log2e, num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging)
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ))
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ, PREFETCH))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240,

@@ -318,11 +318,13 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
 
 # Hopper's Gluon backward (gluon_backward.py): query rows per step (block_m), keys per consumer
 # warpgroup (block_n; a tile is two of them), ring depth, and where dQ comes from: "tl" (the tl dq
-# kernel), "fused" (the step's dQ in the kernel, float32 atomics) or "overlapped" (fused, one step
-# late, under the next step's softmax)
-DQ_MODES = {"tl": 0, "fused": 1, "overlapped": 2}
-GLUON_BACKWARD = {64: dict(block_m=64, block_n=64, stages=2, dq_from="overlapped"),
-                  128: dict(block_m=64, block_n=64, stages=2, dq_from="fused")}
+# kernel), or in the kernel, added by TMA reductions to a float32 buffer: "fused" (the step's own),
+# "overlapped" (one step late, under the next step's softmax) or "lagged" (one step late, with the
+# next step's dV and dK); see gluon_backward._compute. prefetch: each step's lse and delta are
+# loaded a step ahead (their latency hidden; 32 more registers live)
+DQ_MODES = {"tl": 0, "fused": 1, "overlapped": 2, "lagged": 3}
+GLUON_BACKWARD = {64: dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True),
+                  128: dict(block_m=64, block_n=64, stages=2, dq_from="fused", prefetch=False)}
 
 
 def gluon_backward_fits(dout, q, k, v, scale: float) -> bool:
@@ -331,7 +333,7 @@ def gluon_backward_fits(dout, q, k, v, scale: float) -> bool:
 
 
 def backward_gluon(dout, q, k, v, lse, delta, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
-                   block_n: int, stages: int, dq_from: str = "fused") -> None:
+                   block_n: int, stages: int, dq_from: str = "fused", prefetch: bool = True) -> None:
     """The Gluon backward: dk and dv (and dq unless ``dq_from`` is "tl", through a float32 buffer
     that its atomics add to) from the preprocess's delta."""
     from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
@@ -355,7 +357,7 @@ def backward_gluon(dout, q, k, v, lse, delta, dq, dk, dv, causal: bool, scale: f
                                    desc(dk, block_n), desc(dv, block_n), lse, delta,
                                    gluon_descriptor(dq_sum, [1, 1, block_m, D // 2]), H, N, Nk, group, scale,
                                    scale * LOG2E, B * Hkv, head_group, CAUSAL=causal, STAGES=stages,
-                                   DQ=DQ_MODES[dq_from], num_warps=4)
+                                   DQ=DQ_MODES[dq_from], PREFETCH=prefetch, num_warps=4)
     if fused_dq:
         dq.copy_(dq_sum)
     else:
