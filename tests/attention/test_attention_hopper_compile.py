@@ -20,7 +20,8 @@ def report():
 def test_every_kernel_and_head_dim_compiles(report):
     assert {(r["kernel"], r["D"]) for r in report} == {
         (k, d) for k in ("forward", "backward dk/dv", "backward dq") for d in (64, 128, 256)} | {
-        ("forward (gluon)", 64), ("forward (gluon)", 128), ("forward (gluon, ping-pong)", 128)}
+        ("forward (gluon)", 64), ("forward (gluon)", 128), ("forward (gluon, ping-pong)", 128),
+        ("backward (gluon)", 64), ("backward (gluon)", 128)}
 
 
 def test_gluon_forward_holds_wgmma_and_tma_and_is_not_serialized(report):
@@ -33,9 +34,25 @@ def test_gluon_forward_holds_wgmma_and_tma_and_is_not_serialized(report):
         assert not r["wgmma_serialized"], r
 
 
+def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(report):
+    gluon = [r for r in report if r["kernel"] == "backward (gluon)"]
+    assert len(gluon) == 4  # D 64 and 128, causal and not
+    for r in gluon:
+        assert r["wgmma"] and r["tma"] and r["mbarrier"], r
+        # dq is summed by TMA reductions where the kernel computes it (at D = 128 causal the tl
+        # dq kernel does: the launcher's choice)
+        assert r["tma_reduce"] == (r["cfg"]["dq_from"] != "tl"), r
+        # ptxas serializes every wgmma of a kernel that moves a running wgmma's registers (C7513,
+        # C7515): dV and dK left running across steps did that
+        assert not r["wgmma_serialized"], r
+
+
 # dk/dv at D = 128 with 64 x 64 blocks and 4 warps spills 24 bytes, and was still the fastest
-# backward measured on the H100 (2.1x the 8-warp variant that does not spill; notes/attention.md)
-SPILL_BYTES_ALLOWED = {("backward dk/dv", 128): 64}
+# backward measured on the H100 (2.1x the 8-warp variant that does not spill; notes/attention.md).
+# The Gluon backward at D = 128 holds dK and dV of 64 keys x 128 (128 registers a thread) and
+# spills 200-300 bytes (D = 64: 4 when not causal); it was still 1.17x the tl kernels on the H100
+# (notes/attention.md)
+SPILL_BYTES_ALLOWED = {("backward dk/dv", 128): 64, ("backward (gluon)", 64): 8, ("backward (gluon)", 128): 320}
 
 
 def test_no_spills_and_shared_memory_fits(report):

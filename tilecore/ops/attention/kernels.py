@@ -323,13 +323,17 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
 # next step's dV and dK); see gluon_backward._compute. prefetch: each step's lse and delta are
 # loaded a step ahead (their latency hidden; 32 more registers live)
 DQ_MODES = {"tl": 0, "fused": 1, "overlapped": 2, "lagged": 3}
-GLUON_BACKWARD = {64: dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True),
-                  128: dict(block_m=64, block_n=64, stages=2, dq_from="fused", prefetch=False)}
+# (the H100 sweeps in notes/attention.md: at D = 128 the fused dQ's registers spill, more so when
+# causal, where the tl dq kernel was 5% faster)
+GLUON_BACKWARD = {(64, False): dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True),
+                  (64, True): dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True),
+                  (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="fused", prefetch=False),
+                  (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="tl", prefetch=True)}
 
 
 def gluon_backward_fits(dout, q, k, v, scale: float) -> bool:
     """Whether the Gluon backward serves these inputs (else the tl kernels do)."""
-    return q.shape[-1] in GLUON_BACKWARD and gluon_forward_fits(q, k, v, scale) and tma_describable(dout)
+    return (q.shape[-1], False) in GLUON_BACKWARD and gluon_forward_fits(q, k, v, scale) and tma_describable(dout)
 
 
 def backward_gluon(dout, q, k, v, lse, delta, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
@@ -380,7 +384,7 @@ def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale
         out, dout, dlse if dlse is not None else lse, delta, *out.stride(), *dout.stride(), H, N, D,
         HAS_DLSE=dlse is not None, BLOCK_M=pre_m, BLOCK_D=block_d(D))
     if gluon is not None or (config is None and gluon_backward_fits(dout, q, k, v, scale)):
-        cfg = dict(gluon or GLUON_BACKWARD[D])
+        cfg = dict(gluon or GLUON_BACKWARD[D, causal])
         if torch.are_deterministic_algorithms_enabled():
             cfg["dq_from"] = "tl"
         return backward_gluon(dout, q, k, v, lse, delta, dq, dk, dv, causal, scale, **cfg)

@@ -3,8 +3,8 @@ spills, shared memory) at the block shapes the launcher picks on a GPU, and at a
 
     python -m tilecore.ops.attention.report [--json]      (with TRITON_INTERPRET unset)
 
-The Gluon forward (Hopper) rows also say whether the PTX holds wgmma and TMA, and whether ptxas
-serialized the wgmma (its warning C7513).
+The Gluon forward and backward (Hopper) rows also say whether the PTX holds wgmma and TMA (and the
+backward's TMA reduction), and whether ptxas serialized the wgmma (its warnings C7513/C7515).
 """
 from __future__ import annotations
 
@@ -83,6 +83,34 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
                 **has_hopper_instructions(compiled.asm["ptx"]))
 
 
+def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None) -> dict:
+    """Resources of Hopper's Gluon backward for head dim ``d`` at the launcher's config (or ``cfg``),
+    with whether its PTX holds wgmma, TMA and the TMA reduction of dQ, and whether ptxas serialized
+    its wgmma."""
+    from tilecore.ops.attention import kernels
+    from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
+    from tilecore.tiles.compile import has_hopper_instructions, resources
+    from tilecore.tiles.launch import gluon_descriptor
+
+    cfg = dict(cfg or kernels.GLUON_BACKWARD[d, causal])
+    x = torch.empty(2, 2, 256, d, dtype=dtype)
+    dq_sum = torch.empty(2, 2, 256, d, dtype=torch.float32)
+
+    def desc(rows):
+        return gluon_descriptor(x, [1, 1, rows, d])
+
+    bm, bn = cfg["block_m"], cfg["block_n"]
+    f32 = torch.empty(64, dtype=torch.float32)
+    args = dict(q_desc=desc(bm), k_desc=desc(2 * bn), v_desc=desc(2 * bn), do_desc=desc(bm), dk_desc=desc(bn),
+                dv_desc=desc(bn), lse_ptr=f32, delta_ptr=f32, dq_desc=gluon_descriptor(dq_sum, [1, 1, bm, d // 2]),
+                H=16, N=4096, Nk=4096, GROUP=1, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, CAUSAL=causal,
+                STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]], PREFETCH=cfg["prefetch"])
+    compiled = _compile(attention_bwd_kernel, args, {"num_warps": 4})
+    ptx = compiled.asm["ptx"]
+    return dict(kernel="backward (gluon)", D=d, causal=causal, cfg=cfg, **vars(resources(compiled)),
+                **has_hopper_instructions(ptx), tma_reduce="cp.reduce.async.bulk.tensor" in ptx)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if dispatch.interpreter_enabled():
@@ -93,6 +121,7 @@ def main(argv=None) -> int:
     from tilecore.ops.attention.kernels import GLUON_FORWARD  # the ping-pong option, off by default
 
     rows.append(gluon_forward_resources(128, True, cfg=dict(GLUON_FORWARD[128], pingpong=True)))
+    rows += [gluon_backward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
     if "--json" in argv:
         print(json.dumps(rows))
     else:
