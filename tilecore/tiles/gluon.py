@@ -83,6 +83,18 @@ def split_n(x):
     return gl.split(gl.permute(gl.reshape(x, [M, 2, N // 2]), [0, 2, 1]))
 
 
+@gluon.jit
+def head_grouped_tile(tile_id, blocks, num_heads, head_group):
+    """(head, block) of a persistent program's tile_id when tiles run head group by head group
+    (``head_group`` heads whose shared operands stay in L2 together) and, within a group, block by
+    block across its heads (attention's forward: query blocks; backward: key blocks)."""
+    per_group = head_group * blocks
+    first = (tile_id // per_group) * head_group
+    heads = gl.minimum(head_group, num_heads - first)
+    local = tile_id % per_group
+    return first + local % heads, local // heads
+
+
 @builtin
 def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     """Add the shared-memory tile ``src`` to global memory at ``coord`` of ``tensor_desc`` with one

@@ -35,7 +35,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from tilecore.tiles.gluon import persistent_pipeline, tma_reduce_add, wgmma_layout
+from tilecore.tiles.gluon import head_grouped_tile, persistent_pipeline, tma_reduce_add, wgmma_layout
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
@@ -59,12 +59,7 @@ def _setup(g, cfg: gl.constexpr, tile_id):
     # Order: kv heads in groups (of g[16]) whose Q and dO stay in L2 together; within a group, key
     # block by key block across its heads. Causal, the first key blocks see the most queries, so
     # the heaviest tiles come first and the persistent programs even out.
-    per_group = g[16] * n_blocks
-    first_bhk = (tile_id // per_group) * g[16]
-    heads = gl.minimum(g[16], g[15] - first_bhk)
-    local = tile_id % per_group
-    bhk = first_bhk + local % heads
-    key_block = local // heads
+    bhk, key_block = head_grouped_tile(tile_id, n_blocks, g[15], g[16])
     start_n = key_block * BN
     first_mb = 0
     if cfg[0]:  # query i sees keys j <= i + Nk - N: the first query that sees key start_n

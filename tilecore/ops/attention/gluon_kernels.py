@@ -33,7 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from tilecore.tiles.gluon import pass_turn, persistent_pipeline, wait_turn, wgmma_layout
+from tilecore.tiles.gluon import head_grouped_tile, pass_turn, persistent_pipeline, wait_turn, wgmma_layout
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 EMPTY_ROW_MAX: gl.constexpr = gl.constexpr(-1.0e30)  # far below any real scaled score, far above -inf
@@ -59,12 +59,7 @@ def _setup(g, cfg: gl.constexpr, tile_id):
     # Order: heads in groups (of g[11]) whose K and V stay in L2 together; within a group, query
     # block by query block across its heads. Causal, the heaviest blocks (the last rows see the most
     # keys) come first, so the persistent programs even out and the last wave holds the light ones.
-    per_group = g[11] * m_blocks
-    first_bh = (tile_id // per_group) * g[11]
-    heads = gl.minimum(g[11], g[10] - first_bh)
-    local = tile_id % per_group
-    bh = first_bh + local % heads
-    mb = local // heads
+    bh, mb = head_grouped_tile(tile_id, m_blocks, g[10], g[11])
     if cfg[0]:
         start_m = (m_blocks - 1 - mb) * BM
         hi = gl.maximum(gl.minimum(Nk, start_m + BM + (Nk - N)), 0)  # query i sees keys <= i + Nk - N
