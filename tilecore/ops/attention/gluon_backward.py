@@ -12,13 +12,15 @@ consumer c, with keys K_c and values V_c:
     dS^T = P^T * (dP^T - delta)             delta = rowsum(O * dO) - dlse, from a preprocess
     dV_c += P^T dO,  dK_c += dS^T Q         wgmma with P^T and dS^T as register operands
 
-With DQ both consumers also write dS^T to shared memory (a double buffer, two mbarriers:
-both halves written; both readers done) and then each computes half of dQ's columns,
+With DQ > 0 both consumers also write dS^T to shared memory (a double buffer, two mbarriers:
+both halves written; both readers done) and each computes half of dQ's columns (of the step itself,
+or of the previous step to overlap it: see ``_compute``),
 
     dQ[:, half c] += scale * dS K[:, half c]  wgmma of dS from shared memory (a transposed view),
 
 added to a float32 dQ by TMA reductions: five matmuls per step, none recomputed (FlashAttention-3's
-scheme). Without it, a separate kernel computes dQ (seven matmuls in all).
+scheme). With DQ = 0 a separate kernel computes dQ (seven matmuls in all). PREFETCH loads each
+step's lse and delta a step ahead.
 
 Masks: keys past Nk (only the last key block) and, when causal, keys after a query's diagonal
 (only blocks crossing it). Query rows past N arrive as zeros and read lse = +inf, so their p is 0;
