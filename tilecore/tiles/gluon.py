@@ -95,6 +95,34 @@ def head_grouped_tile(tile_id, blocks, num_heads, head_group):
     return first + local % heads, local // heads
 
 
+@gluon.jit
+def needs_mask(first_query, first_key, BLOCK_KEYS: gl.constexpr, N, Nk, CAUSAL: gl.constexpr):
+    """Whether a block of scores, queries from ``first_query`` and ``BLOCK_KEYS`` keys from
+    ``first_key``, has a masked score (see ``mask_scores``): a key past Nk, or (causal) a key after
+    the first query's diagonal."""
+    bound = Nk
+    if CAUSAL:
+        bound = gl.minimum(bound, first_query + 1 + (Nk - N))  # the first query's last key + 1
+    return first_key + BLOCK_KEYS > bound
+
+
+@gluon.jit
+def mask_scores(s, layout: gl.constexpr, first_query, first_key, N, Nk, CAUSAL: gl.constexpr,
+                KEY_AXIS: gl.constexpr):
+    """The scores s (in ``layout``; keys along ``KEY_AXIS``: 1 for [queries, keys], 0 for the
+    transposed [keys, queries]) with -inf where the key is past Nk or, causal, after the query's
+    diagonal: aligned to the bottom right, query i sees keys j <= i + Nk - N."""
+    QUERY_AXIS: gl.constexpr = 1 - KEY_AXIS
+    keys = gl.expand_dims(first_key + gl.arange(0, s.shape[KEY_AXIS], layout=gl.SliceLayout(QUERY_AXIS, layout)),
+                          QUERY_AXIS)
+    ok = keys < Nk
+    if CAUSAL:
+        queries = gl.expand_dims(
+            first_query + gl.arange(0, s.shape[QUERY_AXIS], layout=gl.SliceLayout(KEY_AXIS, layout)), KEY_AXIS)
+        ok = ok & (keys <= queries + (Nk - N))
+    return gl.where(ok, s, float("-inf"))
+
+
 @builtin
 def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     """Add the shared-memory tile ``src`` to global memory at ``coord`` of ``tensor_desc`` with one

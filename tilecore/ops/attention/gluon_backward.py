@@ -37,7 +37,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from tilecore.tiles.gluon import head_grouped_tile, persistent_pipeline, tma_reduce_add, wgmma_layout
+from tilecore.tiles.gluon import (head_grouped_tile, mask_scores, needs_mask, persistent_pipeline, tma_reduce_add,
+                                  wgmma_layout)
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
@@ -133,29 +134,14 @@ def _operand_layout(rows, cols, num_warps):
 
 
 @gluon.jit
-def _needs_mask(g, cfg: gl.constexpr, start_n, start_m):
-    """Whether any score of keys [start_n, +BLOCK_N) x queries [start_m, +BLOCK_M) is masked: a key
-    past Nk, or (causal) a key after the first query's diagonal."""
-    bound = g[11]
-    if cfg[0]:
-        bound = gl.minimum(bound, start_m + 1 + (g[11] - g[10]))
-    return start_n + cfg[2] > bound
-
-
-@gluon.jit
 def _probabilities(g, cfg: gl.constexpr, s_t, lse, start_n, start_m):
     """P^T (keys x queries) from the scores S^T and the rows' lse (natural log; +inf for rows that
     must get p = 0)."""
     BN: gl.constexpr = cfg[2]
     BM: gl.constexpr = cfg[1]
     st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
-    if _needs_mask(g, cfg, start_n, start_m):
-        keys = gl.expand_dims(start_n + gl.arange(0, BN, layout=gl.SliceLayout(1, st_layout)), 1)
-        ok = keys < g[11]
-        if cfg[0]:
-            queries = gl.expand_dims(start_m + gl.arange(0, BM, layout=gl.SliceLayout(0, st_layout)), 0)
-            ok = ok & (keys <= queries + (g[11] - g[10]))
-        s_t = gl.where(ok, s_t, float("-inf"))
+    if needs_mask(start_m, start_n, BN, g[10], g[11], cfg[0]):
+        s_t = mask_scores(s_t, st_layout, start_m, start_n, g[10], g[11], cfg[0], KEY_AXIS=0)
     return gl.exp2(s_t * g[14] - gl.expand_dims(lse * LOG2E, 0))
 
 
@@ -198,11 +184,10 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
     0: not here (the tl dq kernel);
     1 (fused): this step's dQ, once both consumers wrote their dS, then added;
     2 (overlapped): the previous step's dQ, issued with this step's S and dP so that it runs under
-       the softmax; the two consumers may drift a step apart;
-    3 (lagged): the previous step's dQ, issued after this step's dV and dK (no dQ accumulator
-       lives through the softmax: fewer registers than 2); the consumers may drift a step apart.
-    With 2 and 3 a tile's first step multiplies a stale buffer (never added) and its last step
-    also takes its own dQ."""
+       the softmax; the two consumers may drift a step apart. A tile's first step multiplies a
+       stale buffer (never added) and its last step also takes its own dQ.
+    (Issuing the previous step's dQ after this step's dV and dK instead was slower everywhere on
+    the H100: notes/attention.md, b5.)"""
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
@@ -246,8 +231,6 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
         mbarrier.wait(g[19].index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
     dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
     dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-    if MODE == 3:
-        dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)
     if PREFETCH and MODE != 1:  # the next step's rows, while the tensor cores work
         lse, delta = _row_stats(g, cfg, tile, kk + 1)
     if MODE != 0:
@@ -266,11 +249,8 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
             lse, delta = _row_stats(g, cfg, tile, kk + 1)  # (here: fewer registers live)
         _add_dq(g, cfg, tile, kk, dq)
     else:
-        if MODE == 3:
-            dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
-            mbarrier.arrive(g[19].index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
         if kk > 0:
-            _add_dq(g, cfg, tile, kk - 1, dq)  # (MODE 2: while this step's dV and dK run)
+            _add_dq(g, cfg, tile, kk - 1, dq)  # while this step's dV and dK run
         if kk == tile[3] * g[12] - 1:  # the tile's last step: its own dQ now
             dq_tok = _issue_dq(g, cfg, kv_smem, i)
             dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))

@@ -33,7 +33,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from tilecore.tiles.gluon import head_grouped_tile, pass_turn, persistent_pipeline, wait_turn, wgmma_layout
+from tilecore.tiles.gluon import (head_grouped_tile, mask_scores, needs_mask, pass_turn, persistent_pipeline,
+                                  wait_turn, wgmma_layout)
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 EMPTY_ROW_MAX: gl.constexpr = gl.constexpr(-1.0e30)  # far below any real scaled score, far above -inf
@@ -128,15 +129,6 @@ def _p_layout(block_m, head_dim, num_warps):
 
 
 @gluon.jit
-def _needs_mask(g, cfg: gl.constexpr, start_m, start_n):
-    """Whether any score of the [start_m, start_n] block is masked: past Nk, or above the diagonal."""
-    bound = g[7]
-    if cfg[0]:
-        bound = gl.minimum(bound, start_m + 1 + (g[7] - g[6]))  # the first query row's last key + 1
-    return start_n + cfg[2] > bound
-
-
-@gluon.jit
 def _softmax(g, cfg: gl.constexpr, s, m_i, l_i, start_m, start_n):
     """Mask the [BM, BN] scores s where needed and take one online-softmax step in base 2 (the
     scale, > 0, folds into the exponent's multiply-add). Returns (m, l, P in float32, alpha = the
@@ -146,13 +138,8 @@ def _softmax(g, cfg: gl.constexpr, s, m_i, l_i, start_m, start_n):
     D: gl.constexpr = cfg[3]
     s_layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps())
     o_layout: gl.constexpr = wgmma_layout(BM, D, gl.num_warps())
-    if _needs_mask(g, cfg, start_m, start_n):
-        cols = gl.expand_dims(start_n + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout)), 0)
-        ok = cols < g[7]
-        if cfg[0]:
-            rows = gl.expand_dims(start_m + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout)), 1)
-            ok = ok & (cols <= rows + (g[7] - g[6]))
-        s = gl.where(ok, s, float("-inf"))
+    if needs_mask(start_m, start_n, BN, g[6], g[7], cfg[0]):
+        s = mask_scores(s, s_layout, start_m, start_n, g[6], g[7], cfg[0], KEY_AXIS=1)
     c = g[9]
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * c)
     p = gl.exp2(s * c - gl.expand_dims(m_new, 1))

@@ -274,6 +274,18 @@ GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, overlap=True, consu
                  128: dict(block_m=64, block_n=128, stages=2, overlap=True, consumers=2)}
 
 
+def _head_descriptor(t, rows: int):
+    """A Gluon TMA descriptor of a 4-D (B, heads, sequence, D) tensor with boxes of ``rows`` rows of
+    one head: a block never crosses into the next head (rows past the sequence arrive as 0)."""
+    return gluon_descriptor(t, [1, 1, rows, t.shape[-1]])
+
+
+def _heads_in_l2(bytes_per_head: int) -> int:
+    """How many heads' shared operands (``bytes_per_head`` each) the persistent tile order keeps
+    together: within ~24 MiB of the H100's 50 MiB L2, 1 to 16."""
+    return max(1, min(16, (24 << 20) // bytes_per_head))
+
+
 def gluon_forward_fits(q, k, v, scale: float) -> bool:
     """Whether the Gluon forward serves these inputs (else the tl kernel does)."""
     return (q.is_cuda and q.shape[-1] in GLUON_FORWARD and scale > 0 and dispatch.is_hopper(q.device)
@@ -289,14 +301,10 @@ def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     num_warps = 8 if consumers == 1 else 4
-
-    def desc(t, rows):  # 4-D (B, heads, sequence, D): a block never crosses into the next head
-        return gluon_descriptor(t, [1, 1, rows, D])
-
+    desc = _head_descriptor
     tiles = triton.cdiv(N, block_m * consumers) * B * H
     grid = (min(tiles, dispatch.num_sms(q.device)),)
-    # heads whose tiles run together: their K and V (2 Nk D elements each) within ~24 MiB of L2
-    head_group = max(1, min(16, (24 << 20) // (2 * Nk * D * q.element_size())))
+    head_group = _heads_in_l2(2 * Nk * D * q.element_size())  # their K and V stay in L2 together
     with dispatch.on_device(q.device):
         attention_fwd_kernel[grid](desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(out, block_m), lse,
                                    H, N, Nk, H // Hkv, scale * LOG2E, B * H, head_group, CAUSAL=causal,
@@ -318,11 +326,11 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
 
 # Hopper's Gluon backward (gluon_backward.py): query rows per step (block_m), keys per consumer
 # warpgroup (block_n; a tile is two of them), ring depth, and where dQ comes from: "tl" (the tl dq
-# kernel), or in the kernel, added by TMA reductions to a float32 buffer: "fused" (the step's own),
-# "overlapped" (one step late, under the next step's softmax) or "lagged" (one step late, with the
-# next step's dV and dK); see gluon_backward._compute. prefetch: each step's lse and delta are
-# loaded a step ahead (their latency hidden; 32 more registers live)
-DQ_MODES = {"tl": 0, "fused": 1, "overlapped": 2, "lagged": 3}
+# kernel), or in the kernel, added by TMA reductions to a float32 buffer: "fused" (the step's own)
+# or "overlapped" (one step late, under the next step's softmax); see gluon_backward._compute.
+# prefetch: each step's lse and delta are loaded a step ahead (their latency hidden; 32 more
+# registers live)
+DQ_MODES = {"tl": 0, "fused": 1, "overlapped": 2}
 # (the H100 sweeps in notes/attention.md: at D = 128 the fused dQ's registers spill, more so when
 # causal, where the tl dq kernel was 5% faster)
 GLUON_BACKWARD = {(64, False): dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True),
@@ -339,23 +347,19 @@ def gluon_backward_fits(dout, q, k, v, scale: float) -> bool:
 def backward_gluon(dout, q, k, v, lse, delta, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
                    block_n: int, stages: int, dq_from: str = "fused", prefetch: bool = True) -> None:
     """The Gluon backward: dk and dv (and dq unless ``dq_from`` is "tl", through a float32 buffer
-    that its atomics add to) from the preprocess's delta."""
+    that its TMA reductions add to) from the preprocess's delta."""
     from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
 
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-
-    def desc(t, rows):  # 4-D (B, heads, sequence, D): a block never crosses into the next head
-        return gluon_descriptor(t, [1, 1, rows, D])
-
+    desc = _head_descriptor
     fused_dq = DQ_MODES[dq_from] > 0
     # the fused dq: float32, summed by TMA reductions, each consumer adding half of its columns
     dq_sum = torch.zeros((B, H, N, D) if fused_dq else (1, 1, 1, D), dtype=torch.float32, device=q.device)
     tiles = triton.cdiv(Nk, 2 * block_n) * B * Hkv
     grid = (min(tiles, dispatch.num_sms(q.device)),)
-    # kv heads whose tiles run together: their Q and dO (2 GROUP N D elements) within ~24 MiB of L2
     group = H // Hkv
-    head_group = max(1, min(16, (24 << 20) // (2 * group * N * D * q.element_size())))
+    head_group = _heads_in_l2(2 * group * N * D * q.element_size())  # kv heads: their Q and dO in L2
     with dispatch.on_device(q.device):
         attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
                                    desc(dk, block_n), desc(dv, block_n), lse, delta,
@@ -373,8 +377,8 @@ def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale
     """dq, dk, dv (contiguous, the inputs' shapes) from dout, the forward's out and lse, and an
     optional gradient of lse. ``config``: the tl kernels' blocks; ``gluon``: the Gluon kernel's
     (GLUON_BACKWARD's keys). On Hopper the Gluon kernel serves what it fits; its dq sums float32
-    atomics in no fixed order, so with torch.use_deterministic_algorithms(True) dq comes from the
-    tl dq kernel instead (bitwise reproducible)."""
+    TMA reductions in no fixed order, so with torch.use_deterministic_algorithms(True) dq comes
+    from the tl dq kernel instead (bitwise reproducible)."""
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     interpret = q.device.type != "cuda"
