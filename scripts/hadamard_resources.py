@@ -16,6 +16,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
 from tilecore.ops.hadamard import kernels
+from tilecore.tiles.compile import resources
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -43,6 +44,24 @@ def compile_for(n: int, dtype: torch.dtype, tma=None, **tuning):
     return triton.compile(src, target=TARGET, options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
 
 
+def compile_gluon(n: int, dtype: torch.dtype, stages: int | None = None):
+    """Hopper's Gluon kernel (gluon_kernels.py) for n in kernels.GLUON_SIZES, as launch_gluon builds it."""
+    from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
+    from tilecore.tiles.compile import compile_kernel
+    from tilecore.tiles.launch import gluon_descriptor
+
+    rows, S = 64, n // 8192
+    x = torch.empty(rows, n, dtype=dtype)
+
+    def lines(block):
+        return gluon_descriptor(x, block, shape=[rows * n // 64, 64], strides=[64, 1])
+
+    args = dict(x_desc=lines([64, 64]), out_desc=lines([64, 64]), staging_desc=lines([64 * S, 64]),
+                h_desc=gluon_descriptor(torch.empty(64, 64, dtype=torch.bfloat16), [64, 64]), rows=rows, scale=0.5,
+                S=S, STAGES=stages or kernels.GLUON_TUNING.get(n, 8))
+    return compile_kernel(hadamard_gluon_kernel, args, num_warps=4)
+
+
 def ptxas_report(ptx: str) -> tuple[int, int]:
     """(registers, spill bytes) from ptxas -v, which ships with triton and needs no GPU."""
     from triton.backends.nvidia.compiler import get_ptxas
@@ -66,11 +85,13 @@ def report(ns, dtypes=(torch.float16, torch.bfloat16, torch.float32)) -> list[di
             paths = ["none", "both"] if n >= 16 else ["none"]
             if dtype != torch.float32 and n in kernels.TMA_TUNING:
                 paths.append(None)  # the default dispatch: TMA with its own tuning
+            if dtype != torch.float32 and n in kernels.GLUON_SIZES:
+                paths.append("gluon")
             for tma in paths:
-                path = {"none": "pointer", "both": "tma"}.get(tma) or f"default:{kernels.TMA_TUNING[n][0]}"
+                path = {"none": "pointer", "both": "tma", "gluon": "gluon"}.get(tma) or f"default:{kernels.TMA_TUNING[n][0]}"
                 rec = {"dtype": str(dtype)[6:], "n": n, "path": path}
                 try:
-                    k = compile_for(n, dtype, tma=tma)
+                    k = compile_gluon(n, dtype) if tma == "gluon" else compile_for(n, dtype, tma=tma)
                 except Exception as e:  # noqa: BLE001
                     rows.append({**rec, "error": str(e).splitlines()[0][:200]})
                     continue
@@ -78,7 +99,9 @@ def report(ns, dtypes=(torch.float16, torch.bfloat16, torch.float32)) -> list[di
                 regs, spills = ptxas_report(ptx)
                 rows.append({**rec, "shared": k.metadata.shared, "registers": regs, "spill": spills,
                              "mma": "wgmma" if "wgmma" in ptx else ("mma.sync" if "mma.sync" in ptx else "none"),
-                             "bulk_copies": ptx.count("cp.async.bulk.tensor")})
+                             "bulk_copies": ptx.count("cp.async.bulk.tensor"),
+                             "warp_specialized": "setmaxnreg" in ptx,
+                             "wgmma_serialized": resources(k).wgmma_serialized if tma == "gluon" else None})
     return rows
 
 

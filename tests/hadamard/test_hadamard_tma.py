@@ -112,6 +112,30 @@ def test_tma_ptx_uses_the_copy_engine_for_sm90a(sm90_report):
         assert (r["bulk_copies"] > 0) == (r["path"] != "pointer"), r
 
 
+def test_gluon_kernel_is_warp_specialized_wgmma_and_tma_without_spills(sm90_report):
+    rows = [r for r in sm90_report if r["path"] == "gluon"]
+    assert {r["n"] for r in rows} == set(kernels.GLUON_SIZES), rows
+    for r in rows:
+        assert r["mma"] == "wgmma" and r["bulk_copies"] > 0 and r["warp_specialized"], r
+        assert not r["wgmma_serialized"] and r["spill"] == 0 and r["shared"] <= 227 * 1024, r
+
+
+def test_large_inputs_on_hopper_take_the_gluon_kernel(monkeypatch):
+    """The dispatch only: Gluon cannot run here (its math is the tl kernel's plan (S, 128, 64), which the
+    interpreter checks above)."""
+    calls = []
+    monkeypatch.setattr(kernels, "gluon_fits", lambda x, out: True)
+    monkeypatch.setattr(kernels, "launch_gluon", lambda x, out, scale, **kw: calls.append((x.shape, kw)))
+    monkeypatch.setattr(kernels, "TMA_MIN_ELEMENTS", 0)
+    (n, stages), = kernels.GLUON_TUNING.items()
+    x = torch.randn(2, n, dtype=torch.float16)
+    kernels.launch(x, torch.empty_like(x), 1.0, interpret=False, num_sms=2)
+    assert calls == [((2, n), {"num_sms": 2, "stages": stages})]
+    for kw in (dict(tma="both"), dict(gluon=False)):  # an explicit choice wins: the tl kernel runs
+        kernels.launch(x, torch.empty_like(x), 1.0, interpret=False, num_sms=2, **kw)
+        assert len(calls) == 1, kw
+
+
 def test_default_dispatch_does_not_spill(sm90_report):
     for r in sm90_report:
         if r["path"].startswith("default"):

@@ -31,6 +31,10 @@ With ``TILE_SHARED`` the per-tile operand is one set of ``TILE_OPERANDS`` buffer
 block's K and V): ``load_tile(g, cfg, bufs, bar, tile)`` fills them once both consumers let go of the
 previous tile's; ``init`` and ``compute`` receive all of them ([TILE_OPERANDS, *block]).
 
+With ``TILE_RESIDENT`` (and ``TILE_SHARED``) the per-tile operand is a constant of the kernel (the
+Hadamard transform's H_64, a DFT matrix): the producer loads it once per program and the consumers
+keep it, never releasing it.
+
 With ``STEP_INDEX`` ``compute`` also receives the ring step ``i`` (counting every step of every tile
 of the program) after the buffer, so a kernel can keep barriers of its own in step with the ring.
 
@@ -155,12 +159,16 @@ def store_tile(x, out_desc, out_smem, off_m, off_n):
 def _producer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles,
               setup: gl.constexpr, load: gl.constexpr, load_tile: gl.constexpr, STAGES: gl.constexpr,
               STAGE_BYTES: gl.constexpr, TILE_BYTES: gl.constexpr, CONSUMERS: gl.constexpr,
-              TILE_SHARED: gl.constexpr):
+              TILE_SHARED: gl.constexpr, TILE_RESIDENT: gl.constexpr):
     i = 0
     t = 0
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         tile, k_iters = setup(g, cfg, tile_id)
-        if TILE_SHARED:  # the tile's operands, once every consumer has let go of the last ones
+        if TILE_RESIDENT:  # a constant operand: loaded with the first tile, kept for all
+            if t == 0:
+                mbarrier.expect(tile_ready.index(0), TILE_BYTES)
+                load_tile(g, cfg, tile_bufs, tile_ready.index(0), tile)
+        elif TILE_SHARED:  # the tile's operands, once every consumer has let go of the last ones
             mbarrier.wait(tile_empty.index(0), (t & 1) ^ 1)
             mbarrier.expect(tile_ready.index(0), TILE_BYTES)
             load_tile(g, cfg, tile_bufs, tile_ready.index(0), tile)
@@ -189,13 +197,14 @@ def _with_index(cfg, index):
 def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile_buf, tile_ready, tile_empty,
               num_tiles, setup: gl.constexpr, init: gl.constexpr, compute: gl.constexpr, drain: gl.constexpr,
               finish: gl.constexpr, STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr, TILE_OPERAND: gl.constexpr,
-              turns, CID: gl.constexpr, PINGPONG: gl.constexpr, STEP_INDEX: gl.constexpr):
+              turns, CID: gl.constexpr, PINGPONG: gl.constexpr, STEP_INDEX: gl.constexpr,
+              TILE_RESIDENT: gl.constexpr):
     i = 0
     t = 0
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         tile, k_iters = setup(g, cfg, tile_id)
         if TILE_OPERAND:
-            mbarrier.wait(tile_ready, t & 1)
+            mbarrier.wait(tile_ready, 0 if TILE_RESIDENT else t & 1)
             state = init(g, cfg, tile, tile_buf)
         else:
             state = init(g, cfg, tile)
@@ -222,7 +231,7 @@ def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile
         state = drain(g, cfg, state)
         if IN_FLIGHT > 0:
             mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k_iters > 0)
-        if TILE_OPERAND:
+        if TILE_OPERAND and not TILE_RESIDENT:
             mbarrier.arrive(tile_empty)  # the producer may load the next tile's operand now
         finish(g, cfg, state, tile, out_smem)
         t += 1
@@ -247,7 +256,7 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
                         CONSUMER_REGS: gl.constexpr = 232, IN_FLIGHT: gl.constexpr = -1,
                         tile_desc=None, load_tile: gl.constexpr = None, PINGPONG: gl.constexpr = False,
                         TILE_OPERANDS: gl.constexpr = 1, TILE_SHARED: gl.constexpr = False,
-                        STEP_INDEX: gl.constexpr = False):
+                        STEP_INDEX: gl.constexpr = False, TILE_RESIDENT: gl.constexpr = False):
     """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
 
     ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
@@ -260,7 +269,8 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     per-tile operand (see the module docstring). ``PINGPONG`` (two consumers and a per-tile operand):
     ``compute`` also receives a turn for ``wait_turn``/``pass_turn`` (see the module docstring).
     ``TILE_OPERANDS``, ``TILE_SHARED``: several per-tile operands shared by the consumers;
-    ``STEP_INDEX``: ``compute`` also receives the ring step (see the module docstring).
+    ``STEP_INDEX``: ``compute`` also receives the ring step; ``TILE_RESIDENT``: the shared per-tile
+    operand is a constant, loaded once (see the module docstring).
     """
     TILE_OPERAND: gl.constexpr = load_tile is not None
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
@@ -268,6 +278,7 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     out_smem = gl.allocate_shared_memory(out_desc.dtype, [CONSUMERS] + out_desc.block_type.shape, out_desc.layout)
     gl.static_assert(TILE_SHARED or TILE_OPERANDS == 1, "several tile operands are shared by the consumers")
     gl.static_assert(not STEP_INDEX or (TILE_OPERAND and not PINGPONG), "STEP_INDEX takes a tile operand")
+    gl.static_assert(not TILE_RESIDENT or TILE_SHARED, "a resident tile operand is shared by the consumers")
     if TILE_SHARED:
         tile_bufs = gl.allocate_shared_memory(tile_desc.dtype, [TILE_OPERANDS] + tile_desc.block_type.shape,
                                               tile_desc.layout)
@@ -299,9 +310,9 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
         gl.warp_specialize([
             (_consumer, (g, cfg, x_ring, y_ring, ready, empty, out_smem.index(0), _tile_buf(tile_bufs, 0, TILE_SHARED),
                          tile_ready.index(0), tile_empty.index(0), num_tiles, setup, init, compute, drain, finish,
-                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 0, False, STEP_INDEX)),
+                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 0, False, STEP_INDEX, TILE_RESIDENT)),
             (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
-                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED)),
+                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED, TILE_RESIDENT)),
         ], [1], [PRODUCER_REGS])
     else:
         SECOND: gl.constexpr = 0 if TILE_SHARED else 1  # the second consumer's tile barriers
@@ -309,13 +320,13 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
             (_consumer, (g, _with_index(cfg, 0), x_ring, y_ring, ready, empty, out_smem.index(0),
                          _tile_buf(tile_bufs, 0, TILE_SHARED), tile_ready.index(0),
                          tile_empty.index(0), num_tiles, setup, init, compute, drain, finish,
-                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 0, PINGPONG, STEP_INDEX)),
+                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 0, PINGPONG, STEP_INDEX, TILE_RESIDENT)),
             (_consumer, (g, _with_index(cfg, 1), x_ring, y_ring, ready, empty, out_smem.index(1),
                          _tile_buf(tile_bufs, 1, TILE_SHARED), tile_ready.index(SECOND),
                          tile_empty.index(SECOND), num_tiles, setup, init, compute, drain, finish,
-                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 1, PINGPONG, STEP_INDEX)),
+                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 1, PINGPONG, STEP_INDEX, TILE_RESIDENT)),
             (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
-                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED)),
+                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED, TILE_RESIDENT)),
         ], [gl.num_warps(), 1], [CONSUMER_REGS, PRODUCER_REGS])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))

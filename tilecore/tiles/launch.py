@@ -88,9 +88,11 @@ def _nvmma_layout(block: tuple, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
 
 
-def gluon_descriptor(t: torch.Tensor, block: list[int]):
-    """A Gluon TMA descriptor of ``t`` (its shape and strides) with boxes of ``block``, in the shared
-    memory layout with the widest swizzle that block allows (what wgmma and TMA read fastest)."""
+def gluon_descriptor(t: torch.Tensor, block: list[int], shape=None, strides=None):
+    """A Gluon TMA descriptor of ``t`` (its shape and strides, or the view ``shape``/``strides`` of its
+    memory) with boxes of ``block``, in the shared memory layout with the widest swizzle that block
+    allows (what wgmma and TMA read fastest)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), _nvmma_layout(tuple(block), t.dtype))
+    return TensorDescriptor(t, list(shape or t.shape), list(strides or t.stride()), list(block),
+                            _nvmma_layout(tuple(block), t.dtype))

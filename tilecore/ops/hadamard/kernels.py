@@ -24,11 +24,14 @@ where that measured faster (TMA_TUNING), through TMA descriptors: the copy engin
 slice between global and shared memory (cp.async.bulk.tensor), zero-filling reads and clipping writes
 past the last row. Only the data movement differs; the transform above is the same code.
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from tilecore import dispatch
+from tilecore.ops.hadamard import butterfly
 from tilecore.tiles.hadamard import dot_split, sylvester_tile
 from tilecore.tiles.launch import CachedLaunch, tma_describable
 
@@ -104,6 +107,26 @@ def _store_slice(out, rows, stride_out, tile, s, z, scale,
 
 
 @triton.jit
+def _transform_four(x, rows, stride_x, tile, s0, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr,
+                    B: tl.constexpr, IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
+                    MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, TMA_LOAD: tl.constexpr):
+    """H_4 over slices s0..s0+3: their transforms T_t combined as H_4 = H_2 (x) H_2 (float32)."""
+    t0 = _slice_transform(_load_slice(x, rows, stride_x, tile, s0, N, N1, N2, B, TMA_LOAD),
+                          N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+    t1 = _slice_transform(_load_slice(x, rows, stride_x, tile, s0 + 1, N, N1, N2, B, TMA_LOAD),
+                          N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+    t2 = _slice_transform(_load_slice(x, rows, stride_x, tile, s0 + 2, N, N1, N2, B, TMA_LOAD),
+                          N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+    t3 = _slice_transform(_load_slice(x, rows, stride_x, tile, s0 + 3, N, N1, N2, B, TMA_LOAD),
+                          N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+    a = t0 + t1
+    b = t0 - t1
+    c = t2 + t3
+    d = t2 - t3
+    return a + c, b + d, a - c, b - d
+
+
+@triton.jit
 def hadamard_kernel(x, out, rows, stride_x, stride_out, scale,
                     N: tl.constexpr, S: tl.constexpr,
                     N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
@@ -118,29 +141,24 @@ def hadamard_kernel(x, out, rows, stride_x, stride_out, scale,
     """
     tiles = tl.cdiv(rows, B)
     for tile in range(tl.program_id(0), tiles, GRID):
-        t0 = _slice_transform(_load_slice(x, rows, stride_x, tile, 0, N, N1, N2, B, TMA_LOAD),
-                              N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
         if S == 1:
+            t0 = _slice_transform(_load_slice(x, rows, stride_x, tile, 0, N, N1, N2, B, TMA_LOAD),
+                                  N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
             _store_slice(out, rows, stride_out, tile, 0, t0, scale, N, N1, N2, B, TMA_STORE)
-        else:
+        elif S == 2:
+            t0 = _slice_transform(_load_slice(x, rows, stride_x, tile, 0, N, N1, N2, B, TMA_LOAD),
+                                  N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
             t1 = _slice_transform(_load_slice(x, rows, stride_x, tile, 1, N, N1, N2, B, TMA_LOAD),
                                   N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-            if S == 2:
-                _store_slice(out, rows, stride_out, tile, 0, t0 + t1, scale, N, N1, N2, B, TMA_STORE)
-                _store_slice(out, rows, stride_out, tile, 1, t0 - t1, scale, N, N1, N2, B, TMA_STORE)
-            else:  # S == 4: H_4 = H_2 (x) H_2 over the slice index
-                t2 = _slice_transform(_load_slice(x, rows, stride_x, tile, 2, N, N1, N2, B, TMA_LOAD),
-                                      N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-                t3 = _slice_transform(_load_slice(x, rows, stride_x, tile, 3, N, N1, N2, B, TMA_LOAD),
-                                      N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-                a = t0 + t1
-                b = t0 - t1
-                c = t2 + t3
-                d = t2 - t3
-                _store_slice(out, rows, stride_out, tile, 0, a + c, scale, N, N1, N2, B, TMA_STORE)
-                _store_slice(out, rows, stride_out, tile, 1, b + d, scale, N, N1, N2, B, TMA_STORE)
-                _store_slice(out, rows, stride_out, tile, 2, a - c, scale, N, N1, N2, B, TMA_STORE)
-                _store_slice(out, rows, stride_out, tile, 3, b - d, scale, N, N1, N2, B, TMA_STORE)
+            _store_slice(out, rows, stride_out, tile, 0, t0 + t1, scale, N, N1, N2, B, TMA_STORE)
+            _store_slice(out, rows, stride_out, tile, 1, t0 - t1, scale, N, N1, N2, B, TMA_STORE)
+        else:  # S == 4
+            u0, u1, u2, u3 = _transform_four(x, rows, stride_x, tile, 0, N, N1, N2, B, IN_PIECES, MID_PIECES,
+                                             MMA_DTYPE, PIECE_DTYPE, TMA_LOAD)
+            _store_slice(out, rows, stride_out, tile, 0, u0, scale, N, N1, N2, B, TMA_STORE)
+            _store_slice(out, rows, stride_out, tile, 1, u1, scale, N, N1, N2, B, TMA_STORE)
+            _store_slice(out, rows, stride_out, tile, 2, u2, scale, N, N1, N2, B, TMA_STORE)
+            _store_slice(out, rows, stride_out, tile, 3, u3, scale, N, N1, N2, B, TMA_STORE)
 
 
 # n -> (S, N1, N2). A row is S slices of N1 x N2 (N2 contiguous); the slices' transforms are combined
@@ -148,7 +166,8 @@ def hadamard_kernel(x, out, rows, stride_x, stride_out, scale,
 # * N2 >= 16 (a tensor-core tile; smaller n are zero-padded to 16); N1 is 1 (one product) or >= 16.
 # * Tensor-core FLOP per element: 2 N1 + 4 N2 (2 N2 when N1 = 1: one exact stage).
 # * N1 >= 64 runs one row per tile (2-D wgmma); N1 <= 32 batches rows (3-D product).
-# Chosen from timings on the H100 (notes/hadamard.md).
+# Chosen from timings on the H100 (notes/hadamard.md). n < 16 is listed (op.py checks n against PLANS)
+# but launch() sends it to butterfly.py; config() still serves those plans to callers that ask.
 PLANS = {
     1: (1, 1, 16), 2: (1, 1, 16), 4: (1, 1, 16), 8: (1, 1, 16), 16: (1, 1, 16),
     32: (1, 1, 32), 64: (1, 1, 64), 128: (1, 1, 128),
@@ -238,13 +257,61 @@ def _descriptor(t, cfg: dict):
     return TensorDescriptor(t, [t.shape[0], t.shape[1] // N2, N2], [t.stride(0), N2, 1], [cfg["B"], cfg["N1"], N2])
 
 
-def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, **tuning) -> None:
+# n -> ring stages of Hopper's Gluon kernel (gluon_kernels.py), for float16/bfloat16 rows of n = 8192 S
+# (S = 2, 4) that are contiguous and TMA-describable, from TMA_MIN_ELEMENTS elements: the default for
+# the n listed here (notes/hadamard.md, v9); GLUON_SIZES is what the kernel can do.
+GLUON_TUNING = {32768: 8}
+GLUON_SIZES = (16384, 32768)
+
+
+def gluon_fits(x, out) -> bool:
+    """Whether the Gluon kernel can take these (rows, n) tensors: Hopper, float16/bfloat16, n in
+    GLUON_SIZES, contiguous rows that TMA can describe."""
+    n = x.shape[1]
+    return (x.is_cuda and n in GLUON_SIZES and x.dtype in (torch.float16, torch.bfloat16)
+            and all(t.is_contiguous() and tma_describable(t) for t in (x, out)) and dispatch.is_hopper(x.device))
+
+
+@functools.lru_cache(maxsize=None)
+def _h64(device) -> torch.Tensor:
+    i = torch.arange(64)
+    bits = torch.bitwise_and(i[:, None], i[None, :])
+    parity = sum((bits >> k) & 1 for k in range(6)) & 1
+    return (1 - 2 * parity).to(device=device, dtype=torch.bfloat16)
+
+
+def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = 8) -> None:
+    """out = scale * H_n x on Hopper through gluon_kernels.hadamard_gluon_kernel (see gluon_fits)."""
+    from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
+    from tilecore.tiles.launch import gluon_descriptor
+
+    rows, n = x.shape
+    S = n // 8192
+
+    def lines(t, block):  # the rows as lines of 64 elements
+        return gluon_descriptor(t, block, shape=[rows * n // 64, 64], strides=[64, 1])
+
+    with dispatch.on_device(x.device):
+        hadamard_gluon_kernel[(min(rows, num_sms),)](
+            lines(x, [64, 64]), lines(out, [64, 64]), lines(out, [64 * S, 64]),
+            gluon_descriptor(_h64(x.device), [64, 64]), rows, scale, S=S, STAGES=stages, num_warps=4)
+
+
+def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, gluon=None, **tuning) -> None:
     """out[r] = scale * H_n x[r] for 2-D ``x`` and ``out`` (rows, n) with unit stride along n.
 
     ``tma``: which side loads/stores through TMA descriptors: "load", "store", "both" (or True), "none"
     (or False); None: the measured fastest for n and dtype (TMA_TUNING, with its tuning). If TMA cannot
-    describe a tensor it needs (tma_fits), everything goes through pointers."""
+    describe a tensor it needs (tma_fits), everything goes through pointers. ``gluon``: True runs the
+    Gluon kernel where it fits (gluon_fits), False never; None: the default (GLUON_TUNING), unless
+    ``tma`` or a tuning is given."""
     rows, n = x.shape
+    if n < 16:  # padded to a 16-wide tensor-core tile it ran at 11-42% of copy speed
+        return butterfly.launch(x, out, scale, interpret=interpret, num_sms=num_sms)
+    if gluon is None:
+        gluon = n in GLUON_TUNING and tma is None and not tuning and rows * n >= TMA_MIN_ELEMENTS
+    if gluon and not interpret and gluon_fits(x, out):
+        return launch_gluon(x, out, scale, num_sms=num_sms, stages=GLUON_TUNING.get(n, 8))
     fp32 = x.dtype == torch.float32
     tma_load, tma_store, tma_tuning = choose_path(n, fp32, tma, tuning, rows * n)
     if (tma_load and not tma_fits(x)) or (tma_store and not tma_fits(out)):
