@@ -1,5 +1,5 @@
 """Compile the Hadamard kernel for sm_90a on any machine (no GPU needed) and print, for each n,
-dtype and path (pointer loads/stores, or TMA descriptors), its shared memory, registers and spills,
+dtype and path (pointer loads/stores, TMA descriptors, or the Gluon kernel for n in GLUON_SIZES), its shared memory, registers and spills,
 whether the PTX uses wgmma or mma.sync, and how many bulk tensor copies (cp.async.bulk.tensor) it holds.
 
     python scripts/hadamard_resources.py [--json] [fp16|bf16|fp32 ...] [n ...]

@@ -23,6 +23,10 @@ Loads and stores go through pointers (tl.load/tl.store, pipelined by Triton with
 where that measured faster (TMA_TUNING), through TMA descriptors: the copy engine moves each [B, N1, N2]
 slice between global and shared memory (cp.async.bulk.tensor), zero-filling reads and clipping writes
 past the last row. Only the data movement differs; the transform above is the same code.
+
+Two other kernels serve the ends of the range (launch picks): n < 16 runs as a float32 register
+butterfly (butterfly.py), and n in GLUON_TUNING on Hopper runs this plan on the tiles' Gluon pipeline
+template (gluon_kernels.py: a producer warp, a TMA ring and two consumer warpgroups).
 """
 import functools
 
