@@ -48,17 +48,9 @@ def compile_gluon(n: int, dtype: torch.dtype, stages: int | None = None):
     """Hopper's Gluon kernel (gluon_kernels.py) for n in kernels.GLUON_SIZES, as launch_gluon builds it."""
     from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
     from tilecore.tiles.compile import compile_kernel
-    from tilecore.tiles.launch import gluon_descriptor
 
-    rows, S = 64, n // 8192
-    x = torch.empty(rows, n, dtype=dtype)
-
-    def lines(block):
-        return gluon_descriptor(x, block, shape=[rows * n // 64, 64], strides=[64, 1])
-
-    args = dict(x_desc=lines([64, 64]), out_desc=lines([64, 64]), staging_desc=lines([64 * S, 64]),
-                h_desc=gluon_descriptor(torch.empty(64, 64, dtype=torch.bfloat16), [64, 64]), rows=rows, scale=0.5,
-                S=S, STAGES=stages or kernels.GLUON_TUNING.get(n, 8))
+    x = torch.empty(64, n, dtype=dtype)
+    args = kernels.gluon_args(x, x, 0.5, stages or kernels.GLUON_TUNING.get(n, 8))
     return compile_kernel(hadamard_gluon_kernel, args, num_warps=4)
 
 

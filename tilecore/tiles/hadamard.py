@@ -1,6 +1,8 @@
-"""Tile building blocks for Hadamard transforms on tensor cores."""
+"""Tile building blocks for Hadamard transforms on tensor cores (tl, and their Gluon twins)."""
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 
 @triton.jit
@@ -58,8 +60,6 @@ def dot_split(a, b, SPLIT_A: tl.constexpr, PIECES: tl.constexpr, PIECE_DTYPE: tl
 
 
 # Gluon twins of the above, for Hopper kernels on the pipeline template (tiles.gluon).
-from triton.experimental import gluon  # noqa: E402
-from triton.experimental.gluon import language as gl  # noqa: E402
 
 
 @gluon.jit

@@ -36,6 +36,7 @@ import triton.language as tl
 
 from tilecore import dispatch
 from tilecore.ops.hadamard import butterfly
+from tilecore.ops.hadamard.reference import hadamard_matrix
 from tilecore.tiles.hadamard import dot_split, sylvester_tile
 from tilecore.tiles.launch import CachedLaunch, tma_describable
 
@@ -111,26 +112,6 @@ def _store_slice(out, rows, stride_out, tile, s, z, scale,
 
 
 @triton.jit
-def _transform_four(x, rows, stride_x, tile, s0, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr,
-                    B: tl.constexpr, IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
-                    MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, TMA_LOAD: tl.constexpr):
-    """H_4 over slices s0..s0+3: their transforms T_t combined as H_4 = H_2 (x) H_2 (float32)."""
-    t0 = _slice_transform(_load_slice(x, rows, stride_x, tile, s0, N, N1, N2, B, TMA_LOAD),
-                          N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-    t1 = _slice_transform(_load_slice(x, rows, stride_x, tile, s0 + 1, N, N1, N2, B, TMA_LOAD),
-                          N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-    t2 = _slice_transform(_load_slice(x, rows, stride_x, tile, s0 + 2, N, N1, N2, B, TMA_LOAD),
-                          N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-    t3 = _slice_transform(_load_slice(x, rows, stride_x, tile, s0 + 3, N, N1, N2, B, TMA_LOAD),
-                          N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-    a = t0 + t1
-    b = t0 - t1
-    c = t2 + t3
-    d = t2 - t3
-    return a + c, b + d, a - c, b - d
-
-
-@triton.jit
 def hadamard_kernel(x, out, rows, stride_x, stride_out, scale,
                     N: tl.constexpr, S: tl.constexpr,
                     N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
@@ -145,24 +126,29 @@ def hadamard_kernel(x, out, rows, stride_x, stride_out, scale,
     """
     tiles = tl.cdiv(rows, B)
     for tile in range(tl.program_id(0), tiles, GRID):
+        t0 = _slice_transform(_load_slice(x, rows, stride_x, tile, 0, N, N1, N2, B, TMA_LOAD),
+                              N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
         if S == 1:
-            t0 = _slice_transform(_load_slice(x, rows, stride_x, tile, 0, N, N1, N2, B, TMA_LOAD),
-                                  N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
             _store_slice(out, rows, stride_out, tile, 0, t0, scale, N, N1, N2, B, TMA_STORE)
-        elif S == 2:
-            t0 = _slice_transform(_load_slice(x, rows, stride_x, tile, 0, N, N1, N2, B, TMA_LOAD),
-                                  N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+        else:
             t1 = _slice_transform(_load_slice(x, rows, stride_x, tile, 1, N, N1, N2, B, TMA_LOAD),
                                   N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-            _store_slice(out, rows, stride_out, tile, 0, t0 + t1, scale, N, N1, N2, B, TMA_STORE)
-            _store_slice(out, rows, stride_out, tile, 1, t0 - t1, scale, N, N1, N2, B, TMA_STORE)
-        else:  # S == 4
-            u0, u1, u2, u3 = _transform_four(x, rows, stride_x, tile, 0, N, N1, N2, B, IN_PIECES, MID_PIECES,
-                                             MMA_DTYPE, PIECE_DTYPE, TMA_LOAD)
-            _store_slice(out, rows, stride_out, tile, 0, u0, scale, N, N1, N2, B, TMA_STORE)
-            _store_slice(out, rows, stride_out, tile, 1, u1, scale, N, N1, N2, B, TMA_STORE)
-            _store_slice(out, rows, stride_out, tile, 2, u2, scale, N, N1, N2, B, TMA_STORE)
-            _store_slice(out, rows, stride_out, tile, 3, u3, scale, N, N1, N2, B, TMA_STORE)
+            if S == 2:
+                _store_slice(out, rows, stride_out, tile, 0, t0 + t1, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 1, t0 - t1, scale, N, N1, N2, B, TMA_STORE)
+            else:  # S == 4: H_4 = H_2 (x) H_2 over the slice index
+                t2 = _slice_transform(_load_slice(x, rows, stride_x, tile, 2, N, N1, N2, B, TMA_LOAD),
+                                      N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                t3 = _slice_transform(_load_slice(x, rows, stride_x, tile, 3, N, N1, N2, B, TMA_LOAD),
+                                      N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                a = t0 + t1
+                b = t0 - t1
+                c = t2 + t3
+                d = t2 - t3
+                _store_slice(out, rows, stride_out, tile, 0, a + c, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 1, b + d, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 2, a - c, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 3, b - d, scale, N, N1, N2, B, TMA_STORE)
 
 
 # n -> (S, N1, N2). A row is S slices of N1 x N2 (N2 contiguous); the slices' transforms are combined
@@ -278,27 +264,30 @@ def gluon_fits(x, out) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _h64(device) -> torch.Tensor:
-    i = torch.arange(64)
-    bits = torch.bitwise_and(i[:, None], i[None, :])
-    parity = sum((bits >> k) & 1 for k in range(6)) & 1
-    return (1 - 2 * parity).to(device=device, dtype=torch.bfloat16)
+    return hadamard_matrix(64, torch.bfloat16).to(device)
 
 
-def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = 8) -> None:
-    """out = scale * H_n x on Hopper through gluon_kernels.hadamard_gluon_kernel (see gluon_fits)."""
-    from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
+def gluon_args(x, out, scale: float, stages: int) -> dict:
+    """hadamard_gluon_kernel's arguments for (rows, n) ``x`` and ``out``: the rows seen as lines of 64
+    elements (TMA descriptors with [64, 64] boxes; the staging buffer's shape: [64 S, 64]) and H_64."""
     from tilecore.tiles.launch import gluon_descriptor
 
     rows, n = x.shape
     S = n // 8192
 
-    def lines(t, block):  # the rows as lines of 64 elements
+    def lines(t, block):
         return gluon_descriptor(t, block, shape=[rows * n // 64, 64], strides=[64, 1])
 
+    return dict(x_desc=lines(x, [64, 64]), out_desc=lines(out, [64, 64]), staging_desc=lines(out, [64 * S, 64]),
+                h_desc=gluon_descriptor(_h64(x.device), [64, 64]), rows=rows, scale=scale, S=S, STAGES=stages)
+
+
+def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = 8) -> None:
+    """out = scale * H_n x on Hopper through gluon_kernels.hadamard_gluon_kernel (see gluon_fits)."""
+    from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
+
     with dispatch.on_device(x.device):
-        hadamard_gluon_kernel[(min(rows, num_sms),)](
-            lines(x, [64, 64]), lines(out, [64, 64]), lines(out, [64 * S, 64]),
-            gluon_descriptor(_h64(x.device), [64, 64]), rows, scale, S=S, STAGES=stages, num_warps=4)
+        hadamard_gluon_kernel[(min(x.shape[0], num_sms),)](**gluon_args(x, out, scale, stages), num_warps=4)
 
 
 def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, gluon=None, **tuning) -> None:
