@@ -44,6 +44,15 @@ def _query_block(H, GROUP, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _key_block(k_base, v_base, offs_n, offs_d, d_ok, Nk, skn, skd, svn, svd):
+    """Keys offs_n of one head: K and V rows (zeros past Nk and past D), and that mask."""
+    kv_ok = (offs_n[:, None] < Nk) & d_ok[None, :]
+    k = tl.load(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
+    v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_ok, other=0.0)
+    return k, v, kv_ok
+
+
+@triton.jit
 def _keys_seen(start_m, N, Nk, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     """How many leading keys the query rows [start_m, start_m + BLOCK_M) attend to: all Nk, or when
     causal (query i sees keys j <= i + Nk - N) up to the block's last row; <= 0 when they see none."""
@@ -80,9 +89,7 @@ def _attn_fwd(Q, K, V, O, LSE,
     hi = _keys_seen(start_m, N, Nk, BLOCK_M, CAUSAL)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        kv_ok = (offs_n[:, None] < Nk) & d_ok[None, :]
-        k = tl.load(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_ok, other=0.0)
+        k, v, _ = _key_block(k_base, v_base, offs_n, offs_d, d_ok, Nk, skn, skd, svn, svd)
         s = mma_abt(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)) * scale_log2e
         s = masked(s, offs_n[None, :] < Nk, float("-inf"))
         if CAUSAL:
@@ -150,9 +157,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    kv_ok = (offs_n[:, None] < Nk) & d_ok[None, :]
-    k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
-    v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_ok, other=0.0)
+    k, v, kv_ok = _key_block(K + b * skb + hk * skh, V + b * svb + hk * svh, offs_n, offs_d, d_ok, Nk,
+                             skn, skd, svn, svd)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
@@ -213,9 +219,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     hi = _keys_seen(start_m, N, Nk, BLOCK_M, CAUSAL)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        kv_ok = (offs_n[:, None] < Nk) & d_ok[None, :]
-        k = tl.load(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_ok, other=0.0)
+        k, v, _ = _key_block(k_base, v_base, offs_n, offs_d, d_ok, Nk, skn, skd, svn, svd)
         s = mma_abt(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)) * scale_log2e
         s = masked(s, (offs_n[None, :] < Nk) & (offs_m[:, None] < N), float("-inf"))
         if CAUSAL:
