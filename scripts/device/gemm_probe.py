@@ -5,16 +5,18 @@ limit (a wrong mbarrier phase hangs the GPU; the parent then reports it and goes
 
 check: poisoned outputs, float64 references, error / rounding floor, twice for determinism.
 time: bf16 square and M=N=4096 small-K against torch.matmul, interleaved (A B A B).
+streamk: the stream-K tail on and off (the same kernel otherwise) against torch.matmul.
 ablate: ring depth (1..4 stages) and tile order (GROUP_M 1 vs 8). fp8: against torch._scaled_mm.
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 
-LIMITS = {"consumers": 120, "host": 40, "check": 60, "time": 120, "ablate": 90, "fp8": 50, "public": 60}
+LIMITS = {"consumers": 120, "host": 40, "check": 90, "time": 120, "ablate": 90, "fp8": 50, "public": 60, "streamk": 150}
 
 
 def parent(args):
@@ -171,6 +173,8 @@ def child(phase, out_dir):
                 ref = reference.gemm_f64(a, b)
                 out = torch.empty(M, N, device=dev, dtype=dtype)
                 check(f"gluon {str(dtype)[6:]} {M}x{N}x{K}", lambda c: gluon(a, b, c=c), ref, out)
+                check(f"gluon stream-K always {str(dtype)[6:]} {M}x{N}x{K}",
+                      lambda c: gluon(a, b, c=c, stream_k="always"), ref, out)
                 if dtype == torch.bfloat16 and M in (1000, 4096):
                     bt = torch.randn(N, K, device=dev, dtype=dtype)
                     check(f"gluon B^T {M}x{N}x{K}", lambda c: gluon(a, bt.t(), c=c), reference.gemm_f64(a, bt.t()), out)
@@ -189,6 +193,8 @@ def child(phase, out_dir):
                           ref, out)
                     check(f"gluon v1 (stages=3, whole-tile epilogue) {M}x{N}x{K}",
                           lambda c: gluon(a, b, c=c, stages=3, epilogue_bytes=None), ref, out)
+                    check(f"gluon whole tiles only (no stream-K) {M}x{N}x{K}",
+                          lambda c: gluon(a, b, c=c, stream_k="off"), ref, out)
         for (M, N, K) in [(4096, 4096, 4096), (1000, 1096, 528)]:  # fp8 rows of K bytes: TMA needs K % 16 == 0
             a = (torch.randn(M, K, device=dev) * 4).to(torch.float8_e4m3fn)
             b = (torch.randn(N, K, device=dev) * 4).to(torch.float8_e4m3fn).t()
@@ -213,6 +219,40 @@ def child(phase, out_dir):
         a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
         (a64 @ b64).square().sum().backward()
         print(f"autograd rel err dA {accuracy.rel_rms(a.grad, a64.grad):.2e} dB {accuracy.rel_rms(b.grad, b64.grad):.2e}")
+        # stream-K: which cases used it, and every flag lowered again after the launches
+        from tilecore.tiles import schedule
+        for (M, N, K) in [(4096, 4096, 4096), (1000, 1096, 520), (3000, 2056, 1000), (1024, 1024, 16384)]:
+            print(f"stream-K plan {M}x{N}x{K} (128x256x64): programs, units =",
+                  schedule.stream_k_plan(schedule.num_tiles(M, N, 128, 256), -(-K // 64), dev), "(always:",
+                  schedule.stream_k_plan(schedule.num_tiles(M, N, 128, 256), -(-K // 64), dev, "always"), ")", flush=True)
+        a = torch.randn(1024, 16384, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(16384, 1024, device=dev, dtype=torch.bfloat16)
+        check("gluon 1024x1024x16384 (32 tiles over every SM)", lambda c: gluon(a, b, c=c),
+              reference.gemm_f64(a, b), torch.empty(1024, 1024, device=dev, dtype=torch.bfloat16))
+        a = torch.randn(1000, 3000, device=dev, dtype=torch.float16)
+        b = torch.randn(3000, 1096, device=dev, dtype=torch.float16)
+        check("tl kernel with the stream-K tail 1000x1096x3000", lambda c: launch.launch_tl(
+              a, b, c, **dict(launch.TL_GPU, stream_k="always")), reference.gemm_f64(a, b),
+              torch.empty(1000, 1096, device=dev, dtype=torch.float16))
+        # a CUDA graph's own buffers, replayed twice
+        a = torch.randn(3000, 4096, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(4096, 2056, device=dev, dtype=torch.bfloat16)
+        c = torch.empty(3000, 2056, device=dev, dtype=torch.bfloat16)
+
+        def graphed(out):
+            gluon(a, b, c=c, stream_k="always")
+            gr = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gr):
+                gluon(a, b, c=c, stream_k="always")
+            for _ in range(2):
+                c.fill_(float("nan"))
+                gr.replay()
+            out.copy_(c)
+        check("gluon in a CUDA graph 3000x2056x4096", graphed, reference.gemm_f64(a, b), torch.empty_like(c))
+        torch.cuda.synchronize()
+        raised = sum(int(f.count_nonzero()) for _, f in schedule._STREAM_K_BUFFERS.values())
+        bad += raised != 0
+        print(f"stream-K flags left raised after all launches: {raised}", flush=True)
         print(f"CHECK SUMMARY: {bad} bad", flush=True)
         return
 
@@ -245,11 +285,13 @@ def child(phase, out_dir):
                 if name in public:
                     res[name + " (call)"].append(tf(M, N, K, bench(lambda: fn(a, b))))
         cub = max(res["cuBLAS"])
+        cub_med = statistics.median(res["cuBLAS"])
         for name, v in res.items():
-            row = dict(phase=phase, case=label, M=M, N=N, K=K, series=name, tflops=v, ratio=max(v) / cub)
+            row = dict(phase=phase, case=label, M=M, N=N, K=K, series=name, tflops=v, ratio=max(v) / cub,
+                       ratio_median=statistics.median(v) / cub_med)
             rows.append(row)
             print(f"{label:10s} {M:>5}x{N:>5}x{K:>5} {name:30s} " + " ".join(f"{x:7.1f}" for x in v)
-                  + f"  ratio {max(v) / cub:.3f}", flush=True)
+                  + f"  ratio {max(v) / cub:.3f} (medians {statistics.median(v) / cub_med:.3f})", flush=True)
         del a, b
         torch.cuda.empty_cache()
 
@@ -267,6 +309,36 @@ def child(phase, out_dir):
                                                   "128x256x64": lambda a, b: gluon(a, b, block=(128, 256, 64), stages=3),
                                                   "128x128x64": lambda a, b: gluon(a, b, block=(128, 128, 64), stages=4)},
                     reps=2, public=both)
+    if phase == "streamk":
+        print("graph replays (GPU time), A B A B interleaved; whole tiles = the same kernel without the stream-K tail",
+              flush=True)
+        sk = {"cuBLAS": cublas, "auto (default)": lambda a, b: gluon(a, b),
+              "stream-K always": lambda a, b: gluon(a, b, stream_k="always"),
+              "whole tiles": lambda a, b: gluon(a, b, stream_k="off")}
+        for s_ in (4096, 8192, 16384):
+            compare("square", s_, s_, s_, sk, reps=6 if s_ < 16384 else 2)
+        for k in (512, 1024):
+            compare("persistent", 4096, 4096, k, sk, reps=2)
+        compare("few tiles", 1024, 1024, 16384, sk, reps=2)
+        compare("tail", 3000, 2056, 4096, sk, reps=2)
+        s_ = 8192
+        a = torch.randn(s_, s_, device=dev).to(torch.float8_e4m3fn)
+        b = torch.randn(s_, s_, device=dev).to(torch.float8_e4m3fn).t()
+        sa = torch.rand(s_, 1, device=dev) + 0.5
+        sb = torch.rand(1, s_, device=dev) + 0.5
+        fns = {"torch._scaled_mm": lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16),
+               "fp8 stream-K always": lambda: gluon(a, b, sa=sa, sb=sb, stream_k="always"),
+               "fp8 whole tiles": lambda: gluon(a, b, sa=sa, sb=sb, stream_k="off")}
+        res = {}
+        for _ in range(2):
+            for n, f in fns.items():
+                f()
+                res.setdefault(n, []).append(tf(s_, s_, s_, graph_ms(f)))
+        base = max(res["torch._scaled_mm"])
+        for n, v in res.items():
+            rows.append(dict(phase=phase, case="fp8 rows", M=s_, N=s_, K=s_, series=n, tflops=v, ratio=max(v) / base))
+            print(f"fp8 rows {s_:>5}^3 {n:22s} " + " ".join(f"{x:7.1f}" for x in v) + f"  ratio {max(v) / base:.3f}",
+                  flush=True)
     if phase == "consumers":  # the template's CONSUMERS=2: two consumer partitions split each tile's rows
         for M, N, K in ((4096, 4096, 4096), (1000, 1040, 3000), (129, 4096, 64), (4096, 264, 4096)):
             a = torch.randn(M, K, device=dev, dtype=torch.bfloat16)

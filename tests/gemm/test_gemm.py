@@ -54,6 +54,38 @@ def test_every_element_written(dtype):
     assert rel(c, reference.gemm_f64(a, b)) < 2e-3
 
 
+# (M, N, K) whose 32 x 32 tiles leave the interpreter's 3 programs a partial last wave, with K long
+# enough (>= 8 steps of 32) for the stream-K tail: 4 tiles, 5 tiles with a K tail, 1 tile over 3 programs
+STREAM_K_SHAPES = [(64, 64, 256), (160, 32, 300), (20, 30, 400)]
+
+
+@pytest.mark.parametrize("M,N,K", STREAM_K_SHAPES)
+def test_stream_k_tail_matches_float64(M, N, K):
+    from tilecore.tiles import schedule
+
+    tiles, k_steps = schedule.num_tiles(M, N, 32, 32), -(-K // 32)
+    assert schedule.stream_k_plan(tiles, k_steps, torch.device("cpu"), "always")[1] > 0  # the case is stream-K
+    a = torch.randn(M, K, dtype=torch.float16)
+    b = torch.randn(K, N, dtype=torch.float16)
+    bias = torch.randn(N)
+    ref = reference.gemm_f64(a, b, bias)
+    outs = []
+    for _ in range(2):  # the flags a launch leaves must let the next one run the same way
+        big = torch.full((M + 2, N + 2), float("nan"))
+        c = big[1:M + 1, 1:N + 1]
+        launch.launch_tl(a, b, c, bias, **launch.TL_CPU)
+        assert torch.isnan(big[0]).all() and torch.isnan(big[M + 1]).all()
+        assert torch.isnan(big[:, 0]).all() and torch.isnan(big[:, N + 1]).all()
+        assert torch.isfinite(c).all() and rel(c, ref) < 1e-6
+        _, flags = schedule.stream_k_buffers(torch.device("cpu"), 1, 1)
+        assert (flags == 0).all()
+        outs.append(c.clone())
+    assert torch.equal(outs[0], outs[1])
+    whole = torch.empty(M, N)
+    launch.launch_tl(a, b, whole, bias, **dict(launch.TL_CPU, stream_k="off"))
+    assert rel(whole, ref) < 1e-6
+
+
 def test_tile_orders_agree():
     a = torch.randn(100, 64, dtype=torch.float16)
     b = torch.randn(64, 120, dtype=torch.float16)

@@ -8,6 +8,17 @@ row-major: a wave of 132 programs sweeps one or two rows of tiles of C and so re
 per wave. With ``GROUP_M = g`` the programs walk down ``g`` rows of tiles before moving right, so a
 wave touches about ``sqrt(132)`` tiles of A-rows and of B-columns, which stay in L2 (ThunderKittens'
 "L2-aware" block order; the paper reports 805 vs 392 TFLOP/s at 16384^3).
+
+Stream-K tail. When the tiles do not fill the last wave (T tiles over P programs leave R = T mod P
+of them), the whole-tile loop idles P - R programs for a tile's time: 3% of a 4096^3 GEMM on 132
+SMs (512 tiles, 3.88 waves). With ``stream_k_work`` the first T - R tiles stay whole (an equal
+number per program) and the K steps of the last R are spread evenly over all P programs (Osama et
+al., "Stream-K"). A program's share then covers the end of one tile and the start of the next:
+the start goes first and is written as a float32 partial (then a flag is raised); the end, which
+holds its tile's last K step, waits for the flags of the tile's earlier shares, adds their
+partials and stores the tile. Every wait is for a share its program does before any waiting of
+its own, so no program waits in a chain, and none waits on a higher-numbered program (so the
+interpreter, which runs programs one after another, runs it too).
 """
 from __future__ import annotations
 
@@ -38,6 +49,166 @@ def tile_origin(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRO
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
     return pid_m * BLOCK_M, pid_n * BLOCK_N
+
+
+# stream_k_work's roles for a unit of work
+WHOLE: tl.constexpr = tl.constexpr(0)  # a whole tile: compute and store
+PARTIAL: tl.constexpr = tl.constexpr(1)  # part of a tile, not its end: write a partial, raise its flag
+FINAL: tl.constexpr = tl.constexpr(2)  # the end of a tile: add the earlier shares' partials, then store
+NOTHING: tl.constexpr = tl.constexpr(3)  # an empty share
+STREAM_K_MIN_STEPS: tl.constexpr = tl.constexpr(4)  # no share of fewer K steps (partials cost a tile's write and read)
+STREAM_K_MIN_TILE_STEPS = 8  # tiles of fewer K steps stay whole
+STREAM_K_MAX_BUSY = 0.8  # "auto": stream-K only where whole tiles keep fewer SMs busy on average
+STREAM_K_MIN_SAVED = 16  # "auto": ... and a program's share is at least this many K steps below a tile's
+
+
+@triton.jit
+def stream_k_work(unit, num_tiles, k_iters, num_programs, STREAM_K: tl.constexpr):
+    """The work of unit ``unit`` of a persistent loop (program p runs units p, p + P, ...):
+    (tile_id, first K step, K steps, role, first program with a share of the tile).
+
+    Without STREAM_K a unit is a tile. With it there are ``stream_k_units`` units: the T - R whole
+    tiles, then two per program (its shares of the last R tiles, the later one first)."""
+    tile = unit
+    k_first = unit * 0
+    steps = k_iters
+    role = unit * 0 + WHOLE
+    first_program = unit * 0
+    if STREAM_K:
+        rest = num_tiles % num_programs
+        whole = num_tiles - rest
+        if unit >= whole:
+            total = rest * k_iters
+            share = tl.maximum(tl.cdiv(total, num_programs), STREAM_K_MIN_STEPS)
+            v = unit - whole
+            program = v % num_programs
+            begin = tl.minimum(program * share, total)
+            end = tl.minimum(begin + share, total)
+            split = tl.minimum((begin // k_iters + 1) * k_iters, end)  # where the first tile ends
+            if v < num_programs:  # the start of the next tile (runs first: a partial, or nothing)
+                local = begin // k_iters + 1
+                lo = split
+                hi = end
+            else:  # the end of the first tile (or a middle part of it)
+                local = begin // k_iters
+                lo = begin
+                hi = split
+            tile = whole + local
+            k_first = lo - local * k_iters
+            steps = hi - lo
+            first_program = (local * k_iters) // share
+            if steps == 0:
+                role = NOTHING
+                tile = whole  # a real tile, so the tile-index math stays in range
+            elif k_first + steps < k_iters:
+                role = PARTIAL
+            elif k_first > 0:
+                role = FINAL
+    return tile, k_first, steps, role, first_program
+
+
+@triton.jit
+def publish_partial(acc, workspace, flags, slot):
+    """Stream-K: write a float32 partial tile to workspace slot ``slot`` and raise the slot's flag
+    (release: the partial is visible to whoever sees the flag)."""
+    BM: tl.constexpr = acc.shape[0]
+    BN: tl.constexpr = acc.shape[1]
+    offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    tl.store(workspace + slot * (BM * BN) + offs, acc)
+    tl.debug_barrier()  # every thread's part is written before the flag goes up
+    tl.atomic_xchg(flags + slot, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def add_partials(acc, workspace, flags, first_slot, end_slot, slot_step):
+    """Stream-K: add the partials of slots first_slot, first_slot + slot_step, ... < end_slot to
+    ``acc``, each once its flag is up (acquire); then lower the flags for the next launch."""
+    BM: tl.constexpr = acc.shape[0]
+    BN: tl.constexpr = acc.shape[1]
+    offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    for slot in range(first_slot, end_slot, slot_step):
+        while tl.atomic_add(flags + slot, 0, sem="acquire", scope="gpu") == 0:
+            pass
+        acc += tl.load(workspace + slot * (BM * BN) + offs, cache_modifier=".cg")
+    tl.debug_barrier()  # every thread has seen every flag before one is lowered
+    for slot in range(first_slot, end_slot, slot_step):
+        tl.atomic_xchg(flags + slot, 0, sem="relaxed", scope="gpu")
+    return acc
+
+
+def stream_k_units(tiles: int, k_iters: int, programs: int, mode: str = "auto") -> int:
+    """Units of work for ``stream_k_work`` with STREAM_K, or 0 for whole tiles.
+
+    ``mode="always"``: stream-K wherever the last wave is partial (and tiles have at least
+    STREAM_K_MIN_TILE_STEPS K steps). ``"auto"``: only where it pays on the H100 (notes/gemm.md,
+    v5): the whole-tile waves keep less than STREAM_K_MAX_BUSY of the SMs busy and the last wave's
+    share saves at least STREAM_K_MIN_SAVED K steps. A partial costs a tile's write and read at
+    L2 speed (3-5 us), more than a tail wave of 88% full SMs loses, so 4096^3 and 8192^3 keep whole
+    tiles; few tiles with long K (1024 x 1024 x 16384: 32 tiles) gain 1.6x. ``"off"``: never."""
+    rest = tiles % programs
+    if mode == "off" or rest == 0 or k_iters < STREAM_K_MIN_TILE_STEPS:
+        return 0
+    if mode == "auto":
+        waves = -(-tiles // programs)
+        share = max(-(-rest * k_iters // programs), STREAM_K_MIN_STEPS.value)
+        if tiles / (waves * programs) >= STREAM_K_MAX_BUSY or k_iters - share < STREAM_K_MIN_SAVED:
+            return 0
+    elif mode != "always":
+        raise ValueError(f"stream-K mode must be 'auto', 'always' or 'off'; got {mode!r}")
+    return tiles - rest + 2 * programs
+
+
+def stream_k_plan(tiles: int, k_iters: int, device: torch.device, mode: str = "auto", *,
+                  cpu_programs: int = 3) -> tuple[int, int]:
+    """(programs, stream-K units or 0) for a persistent launch: one program per SM, over units of
+    ``stream_k_units`` (then every SM runs one), or over whole tiles (never more programs than tiles)."""
+    sms = dispatch.num_sms(device) if device.type == "cuda" else cpu_programs
+    units = stream_k_units(tiles, k_iters, sms, mode)
+    return (sms, units) if units else (max(1, min(tiles, sms)), 0)
+
+
+# float32 partial tiles and flags, one set per (device, stream): flags are all zero between launches
+# (each finishing share lowers the flags it waited on), so launches in one stream reuse them; two
+# streams running at once each get their own
+_STREAM_K_BUFFERS: dict = {}
+
+
+def stream_k_buffers(device: torch.device, slots: int, slot_elems: int):
+    """(workspace, flags) with room for ``slots`` partials of ``slot_elems`` float32 each.
+
+    Eager launches reuse one set per (device, stream). A launch being captured into a CUDA graph
+    gets a set of its own, zeroed by the graph itself (its memset is a node of the graph), so that
+    replays, on whatever stream, never share flags with anything else."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return (torch.empty(slots * slot_elems, dtype=torch.float32, device=device),
+                torch.zeros(slots, dtype=torch.int32, device=device))
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    have = _STREAM_K_BUFFERS.get(key)
+    if have is None or have[0].numel() < slots * slot_elems or have[1].numel() < slots:
+        size = max(slots * slot_elems, 0 if have is None else have[0].numel())
+        have = (torch.empty(size, dtype=torch.float32, device=device),
+                torch.zeros(max(slots, 0 if have is None else have[1].numel()), dtype=torch.int32, device=device))
+        _STREAM_K_BUFFERS[key] = have
+    return have
+
+
+def stream_k_launch(tiles: int, k_iters: int, device: torch.device, slot_elems: int, consumers: int = 1,
+                    mode: str = "auto"):
+    """(programs, units, workspace, flags) of a persistent launch over ``tiles`` tiles of ``k_iters``
+    K steps (``mode`` as in ``stream_k_units``); units = 0 means whole tiles only (one unit per tile;
+    workspace and flags are then placeholders of the right types). ``consumers``: partials per
+    program (each consumer partition of a Gluon kernel writes its own)."""
+    programs, units = stream_k_plan(tiles, k_iters, device, mode)
+    if units:
+        workspace, flags = stream_k_buffers(device, programs * consumers, slot_elems)
+        return programs, units, workspace, flags
+    placeholder = _STREAM_K_BUFFERS.get((device, "placeholder"))
+    if placeholder is None:
+        placeholder = (torch.empty(1, dtype=torch.float32, device=device),
+                       torch.zeros(1, dtype=torch.int32, device=device))
+        _STREAM_K_BUFFERS[(device, "placeholder")] = placeholder
+    return persistent_programs(tiles, device), 0, placeholder[0], placeholder[1]
 
 
 def num_tiles(M: int, N: int, block_m: int, block_n: int) -> int:

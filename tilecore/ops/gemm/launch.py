@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
 
 from tilecore import dispatch
 from tilecore.tiles.launch import gluon_descriptor, tma_describable
-from tilecore.tiles.schedule import num_tiles, persistent_programs
+from tilecore.tiles.schedule import num_tiles, stream_k_launch
 
 # Hopper configuration (block M, N, K), ring depth, group size, consumer warps (in ``consumers``
 # partitions that split each tile's rows), and the largest epilogue buffer (the output tile is
@@ -22,8 +23,11 @@ GLUON_BF16 = dict(block=(128, 256, 64), stages=3, group_m=8, num_warps=8, epilog
 GLUON_BF16_SMALL_K = dict(GLUON_BF16, block=(128, 128, 64), stages=4)
 SMALL_K = 256
 GLUON_FP8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8, epilogue_bytes=65536)
-TL_GPU = dict(block=(128, 128, 64), stages=3, group_m=8, num_warps=8)
-TL_CPU = dict(block=(32, 32, 32), stages=2, group_m=2, num_warps=4)
+# the tl kernel's stream-K tail runs in the interpreter wherever the last wave is partial (so the
+# tests exercise it; the Gluon kernel takes it where it pays, "auto"); on GPUs older than Hopper it
+# is untimed, so off there
+TL_GPU = dict(block=(128, 128, 64), stages=3, group_m=8, num_warps=8, stream_k="off")
+TL_CPU = dict(block=(32, 32, 32), stages=2, group_m=2, num_warps=4, stream_k="always")
 
 @dataclass
 class _HostDesc:
@@ -79,9 +83,10 @@ def gluon_plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, fp8: bo
 
 
 def launch_gluon(a, b, c, bias=None, scale_a=None, scale_b=None, *, plan, block, stages, group_m,
-                 num_warps, epilogue_bytes=None, scales: int = 0, consumers: int = 1):
+                 num_warps, epilogue_bytes=None, scales: int = 0, consumers: int = 1, stream_k: str = "auto"):
     """``num_warps`` consumer warps in all: with ``consumers=2`` two partitions of half as many, each
-    taking half of every tile's rows."""
+    taking half of every tile's rows. ``stream_k``: "auto", "always" or "off": split the last wave's
+    tiles along K over every SM (tiles.schedule.stream_k_work, stream_k_units)."""
     from tilecore.ops.gemm.gluon_kernels import gemm_kernel
 
     a, bb, b_t = plan
@@ -90,15 +95,19 @@ def launch_gluon(a, b, c, bias=None, scale_a=None, scale_b=None, *, plan, block,
     BM, BN, BK = block
     rows = BM // consumers  # each consumer's share of a tile, and of the epilogue buffer
     slice_n = BN if epilogue_bytes is None else min(BN, max(16, epilogue_bytes // (BM * c.element_size())))
-    grid = (persistent_programs(num_tiles(M, N, BM, BN), a.device),)
+    tiles = num_tiles(M, N, BM, BN)
+    programs, units, workspace, flags = stream_k_launch(tiles, triton.cdiv(K, BK), a.device, rows * BN,
+                                                        consumers, mode=stream_k)
+    grid = (programs,)
     bias_t = bias if bias is not None else c
     sa_t = scale_a if scale_a is not None else c
     sb_t = scale_b if scale_b is not None else c
     consts = dict(B_T=b_t, GROUP_M=group_m, HAS_BIAS=bias is not None, SCALES=scales, STAGES=stages,
-                  CONSUMERS=consumers)
+                  CONSUMERS=consumers, STREAM_K=units > 0)
     key = (a.device.index, a.dtype, c.dtype, tuple(block), slice_n, num_warps, tuple(consts.values()),
            _spec(M), _spec(N), _spec(K), _spec(a.stride(0)), _spec(bb.stride(0)), _spec(c.stride(0)),
-           _ptr_spec(bias_t), _ptr_spec(sa_t), _ptr_spec(sb_t))
+           _spec(units or tiles),
+           _ptr_spec(bias_t), _ptr_spec(sa_t), _ptr_spec(sb_t), _ptr_spec(workspace), _ptr_spec(flags))
     b_block = [BN, BK] if b_t else [BK, BN]
     compiled = _COMPILED.get(key) if _FAST_PATH[0] else None
     if compiled is not None:
@@ -107,31 +116,34 @@ def launch_gluon(a, b, c, bias=None, scale_a=None, scale_b=None, *, plan, block,
             compiled[(grid[0], 1, 1)](_HostDesc(a, [M, K], [a.stride(0), 1]),
                                       _HostDesc(bb, list(bb.shape), [bb.stride(0), 1]),
                                       _HostDesc(c, [M, N], [c.stride(0), 1]), M, N, K, bias_t, sa_t, sb_t,
-                                      *consts.values())
+                                      workspace, flags, units or tiles, *consts.values())
             return c
         except Exception as err:  # a triton whose launcher differs: launch through the JIT from now on
             _FAST_PATH[0] = False
             dispatch.notice_once(f"gemm: fast launch path off ({type(err).__name__}: {err})")
     _COMPILED[key] = gemm_kernel[grid](gluon_descriptor(a, [BM, BK]), gluon_descriptor(bb, b_block),
-                                       gluon_descriptor(c, [rows, slice_n]), M, N, K,
-                                       bias_t, sa_t, sb_t, num_warps=num_warps // consumers, **consts)
+                                       gluon_descriptor(c, [rows, slice_n]), M, N, K, bias_t, sa_t, sb_t,
+                                       workspace, flags, units or tiles, num_warps=num_warps // consumers,
+                                       **consts)
     return c
 
 
 def launch_tl(a, b, c, bias=None, scale_a=None, scale_b=None, *, block, stages, group_m, num_warps,
-              scales: int = 0):
+              scales: int = 0, stream_k: str = "off"):
     from tilecore.ops.gemm.kernels import gemm_kernel
 
     M, K = a.shape
     N = c.shape[1]
     BM, BN, BK = block
-    grid = (persistent_programs(num_tiles(M, N, BM, BN), a.device),)
+    tiles = num_tiles(M, N, BM, BN)
+    programs, units, workspace, flags = stream_k_launch(tiles, triton.cdiv(K, BK), a.device, BM * BN,
+                                                        mode=stream_k)
     dummy = c
-    gemm_kernel[grid](a, b, c, bias if bias is not None else dummy, scale_a if scale_a is not None else dummy,
-                      scale_b if scale_b is not None else dummy, M, N, K, a.stride(0), a.stride(1),
-                      b.stride(0), b.stride(1), c.stride(0), c.stride(1), BM=BM, BN=BN, BK=BK,
-                      GROUP_M=group_m, HAS_BIAS=bias is not None, SCALES=scales, STAGES=stages,
-                      num_warps=num_warps)
+    gemm_kernel[(programs,)](a, b, c, bias if bias is not None else dummy, scale_a if scale_a is not None else dummy,
+                             scale_b if scale_b is not None else dummy, M, N, K, a.stride(0), a.stride(1),
+                             b.stride(0), b.stride(1), c.stride(0), c.stride(1), workspace, flags,
+                             units or tiles, BM=BM, BN=BN, BK=BK, GROUP_M=group_m, HAS_BIAS=bias is not None,
+                             SCALES=scales, STAGES=stages, STREAM_K=units > 0, num_warps=num_warps)
     return c
 
 
