@@ -216,6 +216,7 @@ def add_partials(acc, workspace, flags, first_slot, end_slot, slot_step):
     for slot in range(first_slot, end_slot, slot_step):
         while gl.atomic_add(flags + slot, 0, sem="acquire", scope="gpu") == 0:
             pass
+        # split_n/join_n hand back an equivalent layout: the conversion moves no data
         acc = gl.convert_layout(_add_partial(acc, workspace + slot * SLOT, acc.shape[1], 0), layout)
     gl.thread_barrier()  # every thread has seen every flag before one is lowered
     for slot in range(first_slot, end_slot, slot_step):

@@ -13,7 +13,8 @@ Stream-K tail. When the tiles do not fill the last wave (T tiles over P programs
 of them), the whole-tile loop idles P - R programs for a tile's time: 3% of a 4096^3 GEMM on 132
 SMs (512 tiles, 3.88 waves). With ``stream_k_work`` the first T - R tiles stay whole (an equal
 number per program) and the K steps of the last R are spread evenly over all P programs (Osama et
-al., "Stream-K"). A program's share then covers the end of one tile and the start of the next:
+al., "Stream-K"); on the H100 that pays only where whole tiles would leave most SMs idle, not for
+4096^3's 88%-full last wave (``stream_k_units``, notes/gemm.md v5). A program's share then covers the end of one tile and the start of the next:
 the start goes first and is written as a float32 partial (then a flag is raised); the end, which
 holds its tile's last K step, waits for the flags of the tile's earlier shares, adds their
 partials and stores the tile. Every wait is for a share its program does before any waiting of
@@ -162,15 +163,16 @@ def stream_k_plan(tiles: int, k_iters: int, device: torch.device, mode: str = "a
                   cpu_programs: int = 3) -> tuple[int, int]:
     """(programs, stream-K units or 0) for a persistent launch: one program per SM, over units of
     ``stream_k_units`` (then every SM runs one), or over whole tiles (never more programs than tiles)."""
-    sms = dispatch.num_sms(device) if device.type == "cuda" else cpu_programs
+    sms = _programs_per_launch(device, cpu_programs)
     units = stream_k_units(tiles, k_iters, sms, mode)
-    return (sms, units) if units else (max(1, min(tiles, sms)), 0)
+    return (sms, units) if units else (persistent_programs(tiles, device, cpu_programs=cpu_programs), 0)
 
 
 # float32 partial tiles and flags, one set per (device, stream): flags are all zero between launches
 # (each finishing share lowers the flags it waited on), so launches in one stream reuse them; two
 # streams running at once each get their own
 _STREAM_K_BUFFERS: dict = {}
+_PLACEHOLDERS: dict = {}  # per device: what whole-tile launches pass for the workspace and flags
 
 
 def stream_k_buffers(device: torch.device, slots: int, slot_elems: int):
@@ -203,12 +205,12 @@ def stream_k_launch(tiles: int, k_iters: int, device: torch.device, slot_elems: 
     if units:
         workspace, flags = stream_k_buffers(device, programs * consumers, slot_elems)
         return programs, units, workspace, flags
-    placeholder = _STREAM_K_BUFFERS.get((device, "placeholder"))
+    placeholder = _PLACEHOLDERS.get(device)
     if placeholder is None:
         placeholder = (torch.empty(1, dtype=torch.float32, device=device),
                        torch.zeros(1, dtype=torch.int32, device=device))
-        _STREAM_K_BUFFERS[(device, "placeholder")] = placeholder
-    return persistent_programs(tiles, device), 0, placeholder[0], placeholder[1]
+        _PLACEHOLDERS[device] = placeholder
+    return programs, 0, placeholder[0], placeholder[1]
 
 
 def num_tiles(M: int, N: int, block_m: int, block_n: int) -> int:
@@ -220,8 +222,9 @@ def persistent_programs(tiles: int, device: torch.device, *, cpu_programs: int =
 
     On the CPU (the interpreter) a few programs, so the loop over tiles is still exercised.
     """
-    if device.type == "cuda":
-        sms = dispatch.num_sms(device)
-    else:
-        sms = cpu_programs
-    return max(1, min(tiles, sms))
+    return max(1, min(tiles, _programs_per_launch(device, cpu_programs)))
+
+
+def _programs_per_launch(device: torch.device, cpu_programs: int) -> int:
+    """One program per SM; on the CPU (the interpreter) ``cpu_programs``."""
+    return dispatch.num_sms(device) if device.type == "cuda" else cpu_programs

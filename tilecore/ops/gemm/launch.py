@@ -29,6 +29,7 @@ GLUON_FP8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8, epilog
 TL_GPU = dict(block=(128, 128, 64), stages=3, group_m=8, num_warps=8, stream_k="off")
 TL_CPU = dict(block=(32, 32, 32), stages=2, group_m=2, num_warps=4, stream_k="always")
 
+
 @dataclass
 class _HostDesc:
     """What triton's launcher reads of a TMA descriptor (base, shape, strides, padding), without the
