@@ -112,84 +112,43 @@ def _store_slice(out, rows, stride_out, tile, s, z, scale,
 
 
 @triton.jit
-def _first_product_split(h1, top, bottom, sign, MMA_DTYPE: tl.constexpr):
-    """H_N1 @ (top + sign * bottom) as two exact products accumulated in float32: the sum of two
-    16-bit slices does not fit one 16-bit operand, but each slice does. The sign goes on H_N1 (the
-    register operand; +-1 entries, exact), so both slices feed the tensor cores straight from shared
-    memory."""
-    y = tl.dot(h1, top.to(MMA_DTYPE), out_dtype=tl.float32)
-    return tl.dot(h1 * sign, bottom.to(MMA_DTYPE), y)
-
-
-@triton.jit
-def _transformed_slice(x, rows, stride_x, tile, half, s, N: tl.constexpr, S: tl.constexpr,
-                       N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
-                       IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
-                       MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, TMA: tl.constexpr,
-                       HALVES: tl.constexpr):
-    """T(slice s of the program's input), a [B * N1, N2] float32 tile.
-
-    HALVES == 1: the input is the row. HALVES == 2: the row is two halves of S slices, and the input of
-    half h is top + (-1)^h bottom, i.e. the first stage of H_n = H_2 (x) H_{n/2} (see hadamard_kernel).
-    """
-    if HALVES == 1:
-        return _slice_transform(_load_slice(x, rows, stride_x, tile, s, N, N1, N2, B, TMA),
-                                N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-    else:
-        tl.static_assert(IN_PIECES == 1 and N1 > 1 and B == 1, "split rows: 16-bit inputs, 2-D slices")
-        top = tl.reshape(_load_slice(x, rows, stride_x, tile, s, N, N1, N2, B, TMA), (N1, N2))
-        bottom = tl.reshape(_load_slice(x, rows, stride_x, tile, s + S, N, N1, N2, B, TMA), (N1, N2))
-        sign = 1 - 2 * half
-        y = _first_product_split(sylvester_tile(N1, N1, N1, MMA_DTYPE), top, bottom, sign.to(MMA_DTYPE), MMA_DTYPE)
-        return dot_split(y, sylvester_tile(N2, N2, N, PIECE_DTYPE), True, MID_PIECES, PIECE_DTYPE)
-
-
-@triton.jit
 def hadamard_kernel(x, out, rows, stride_x, stride_out, scale,
                     N: tl.constexpr, S: tl.constexpr,
                     N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
                     IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
                     MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr,
-                    TMA_LOAD: tl.constexpr, TMA_STORE: tl.constexpr, HALVES: tl.constexpr = 1):
+                    TMA_LOAD: tl.constexpr, TMA_STORE: tl.constexpr):
     """scale * H_N applied to each of ``rows`` rows; a persistent grid of GRID programs, B rows a tile.
 
     A row is S slices of N1 x N2: their transforms T_t stay in registers, and out = H_S [T_0 .. T_{S-1}].
     ``x`` (``out``) is a pointer, or with TMA_LOAD (TMA_STORE) a tensor descriptor (see _load_slice);
     the math is the same either way.
-
-    HALVES == 2 splits each row between two programs: n = 2 S N1 N2 and H_n = H_2 (x) H_{n/2}, so half h
-    of the output is H_{n/2} (top + (-1)^h bottom). Each program holds half a row's transforms (what
-    limits how far the loads run ahead), at the price of reading the row twice (the second time mostly
-    from L2: the two programs of a row are neighbours in the grid and run together).
     """
     tiles = tl.cdiv(rows, B)
-    for unit in range(tl.program_id(0), tiles * HALVES, GRID):
-        tile = unit // HALVES
-        half = unit % HALVES
-        o = half * S  # the first output slice of this program's half
-        t0 = _transformed_slice(x, rows, stride_x, tile, half, 0, N, S, N1, N2, B, IN_PIECES, MID_PIECES,
-                                MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, HALVES)
+    for tile in range(tl.program_id(0), tiles, GRID):
+        t0 = _slice_transform(_load_slice(x, rows, stride_x, tile, 0, N, N1, N2, B, TMA_LOAD),
+                              N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
         if S == 1:
-            _store_slice(out, rows, stride_out, tile, o, t0, scale, N, N1, N2, B, TMA_STORE)
+            _store_slice(out, rows, stride_out, tile, 0, t0, scale, N, N1, N2, B, TMA_STORE)
         else:
-            t1 = _transformed_slice(x, rows, stride_x, tile, half, 1, N, S, N1, N2, B, IN_PIECES, MID_PIECES,
-                                    MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, HALVES)
+            t1 = _slice_transform(_load_slice(x, rows, stride_x, tile, 1, N, N1, N2, B, TMA_LOAD),
+                                  N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
             if S == 2:
-                _store_slice(out, rows, stride_out, tile, o, t0 + t1, scale, N, N1, N2, B, TMA_STORE)
-                _store_slice(out, rows, stride_out, tile, o + 1, t0 - t1, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 0, t0 + t1, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 1, t0 - t1, scale, N, N1, N2, B, TMA_STORE)
             else:  # S == 4: H_4 = H_2 (x) H_2 over the slice index
-                t2 = _transformed_slice(x, rows, stride_x, tile, half, 2, N, S, N1, N2, B, IN_PIECES, MID_PIECES,
-                                        MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, HALVES)
-                t3 = _transformed_slice(x, rows, stride_x, tile, half, 3, N, S, N1, N2, B, IN_PIECES, MID_PIECES,
-                                        MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, HALVES)
+                t2 = _slice_transform(_load_slice(x, rows, stride_x, tile, 2, N, N1, N2, B, TMA_LOAD),
+                                      N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                t3 = _slice_transform(_load_slice(x, rows, stride_x, tile, 3, N, N1, N2, B, TMA_LOAD),
+                                      N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
                 a = t0 + t1
                 b = t0 - t1
                 c = t2 + t3
                 d = t2 - t3
-                _store_slice(out, rows, stride_out, tile, o, a + c, scale, N, N1, N2, B, TMA_STORE)
-                _store_slice(out, rows, stride_out, tile, o + 1, b + d, scale, N, N1, N2, B, TMA_STORE)
-                _store_slice(out, rows, stride_out, tile, o + 2, a - c, scale, N, N1, N2, B, TMA_STORE)
-                _store_slice(out, rows, stride_out, tile, o + 3, b - d, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 0, a + c, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 1, b + d, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 2, a - c, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 3, b - d, scale, N, N1, N2, B, TMA_STORE)
 
 
 # n -> (S, N1, N2). A row is S slices of N1 x N2 (N2 contiguous); the slices' transforms are combined
@@ -218,15 +177,10 @@ FP32_TUNING = (4096, 8, 2, 4)
 
 
 def config(n: int, *, fp32: bool = False, plan: tuple | None = None, tile_elems: int | None = None,
-           num_warps: int | None = None, num_stages: int | None = None, waves: int | None = None,
-           halves: int = 1) -> dict:
-    """Launch parameters for size n: plan, rows per tile B, warps, pipeline stages, programs per SM.
-
-    halves=2: each row is split between two programs (hadamard_kernel's HALVES), ``plan`` is that of
-    one half (n / 2)."""
-    S, N1, N2 = plan or PLANS[n // halves]
-    assert halves == 1 or (halves == 2 and N1 >= 64 and not fp32), ("split rows need N1 >= 64, 16-bit", plan)
-    assert S in (1, 2, 4) and halves * S * N1 * N2 == max(n, 16) or (n < 16 and (S, N1, N2) == (1, 1, 16)), (n, plan)
+           num_warps: int | None = None, num_stages: int | None = None, waves: int | None = None) -> dict:
+    """Launch parameters for size n: plan, rows per tile B, warps, pipeline stages, programs per SM."""
+    S, N1, N2 = plan or PLANS[n]
+    assert S in (1, 2, 4) and S * N1 * N2 == max(n, 16) or (n < 16 and (S, N1, N2) == (1, 1, 16)), (n, plan)
     tuned = FP32_TUNING if fp32 else TUNING[n]
     tile_elems = tile_elems or tuned[0]
     B = max(1, tile_elems // (S * N1 * N2))
@@ -235,7 +189,7 @@ def config(n: int, *, fp32: bool = False, plan: tuple | None = None, tile_elems:
     if N1 == 1:
         B = max(B, 16)  # a tensor-core tile needs 16 rows
     return {"S": S, "N1": N1, "N2": N2, "B": B, "num_warps": num_warps or tuned[1],
-            "num_stages": num_stages or tuned[2], "waves": waves or tuned[3], "halves": halves}
+            "num_stages": num_stages or tuned[2], "waves": waves or tuned[3]}
 
 
 _launch_hadamard = CachedLaunch(hadamard_kernel)
@@ -362,8 +316,8 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, glu
     piece = tl.float16 if interpret else tl.bfloat16
     mma = {torch.float16: tl.float16, torch.bfloat16: tl.float32 if interpret else tl.bfloat16,
            torch.float32: piece}[x.dtype]
-    units = triton.cdiv(rows, cfg["B"]) * cfg["halves"]
-    grid = max(1, min(units, num_sms * cfg["waves"]))
+    tiles = triton.cdiv(rows, cfg["B"])
+    grid = max(1, min(tiles, num_sms * cfg["waves"]))
     # CachedLaunch picks the device from the tensor arguments; with two descriptors there are none.
     with dispatch.on_device(x.device if tma_load and tma_store else None):
         _launch_hadamard[(grid,)](
@@ -371,5 +325,4 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, glu
             rows, x.stride(0), out.stride(0), scale,
             N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"],
             IN_PIECES=3 if fp32 else 1, MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=piece, GRID=grid,
-            TMA_LOAD=tma_load, TMA_STORE=tma_store, HALVES=cfg["halves"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            TMA_LOAD=tma_load, TMA_STORE=tma_store, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
