@@ -15,6 +15,9 @@ bench: the attention bench suite, quick (N = 4096), saved as JSON and PNG.
 compile: torch.compile(fullgraph=True) (inductor) of forward + backward through the custom ops.
 bwd: the backward's variants (Gluon with dq fused or not, tl), each checked on a small GQA case
     with tails, then timed directly next to cuDNN's and flash's backward.
+parts: where the Gluon backward's time goes: the preprocess (delta, with and without zeroing the
+    float32 dQ buffer), a separate memset, the kernel alone, the float32 -> bf16 conversion of dQ, the tl dq
+    kernel, and the whole backward_into, next to cuDNN's autograd backward.
 """
 import argparse
 import json
@@ -23,7 +26,7 @@ import subprocess
 import sys
 import time
 
-LIMITS = {"check": 110, "time": 60, "sweep": 150, "bench": 65, "compile": 60, "bwd": 150}  # the run gets 300 s
+LIMITS = {"check": 110, "time": 60, "sweep": 150, "bench": 65, "compile": 60, "bwd": 150, "parts": 120}  # the run gets 300 s
 B, H, N = 16, 16, 4096
 
 
@@ -370,6 +373,51 @@ def backward_variants(out_dir):
             torch.cuda.empty_cache()
 
 
+def backward_parts(out_dir):
+    """Each part of the Gluon backward timed alone (GPU time, medians), B16 H16 N4096 bf16."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    from tilecore.ops.attention import kernels
+
+    bench = lambda f: do_bench(f, warmup=10, rep=50, return_mode="median")
+    rows = []
+    for d in (64, 128):
+        for causal in (False, True):
+            cfg = dict(kernels.GLUON_BACKWARD[d, causal])
+            q, k, v, do = _inputs(d)
+            qd, kd, vd = q.detach(), k.detach(), v.detach()
+            out, lse = torch.empty_like(qd), torch.empty(B, H, N, device="cuda")
+            kernels.forward_into(qd, kd, vd, out, lse, causal, d ** -0.5)
+            dq, dk, dv = torch.empty_like(qd), torch.empty_like(kd), torch.empty_like(vd)
+            delta, dq_sum = kernels.backward_delta(out, do, lse, None, dq_sum=True)
+            ms = {"delta": bench(lambda: kernels.backward_delta(out, do, lse, None)),
+                  "delta + zero dq_sum": bench(lambda: kernels.backward_delta(out, do, lse, None, dq_sum=True)),
+                  "memset dq_sum": bench(lambda: dq_sum.zero_()),
+                  "convert dq": bench(lambda: dq.copy_(dq_sum))}
+            for mode in ("fused", "overlapped", "tl"):
+                c = cfg | dict(dq_from=mode)
+                ms[f"kernel {mode}"] = bench(lambda: kernels.backward_gluon_kernel(
+                    do, qd, kd, vd, lse, delta, dq_sum, dk, dv, causal, d ** -0.5, **c))
+            ms["tl dq kernel"] = bench(lambda: kernels._backward_dq(do, qd, kd, vd, lse, delta, dq, causal, d ** -0.5,
+                                                                    kernels.backward_config(d, interpret=False)))
+            ms["backward_into"] = bench(lambda: kernels.backward_into(do, qd, kd, vd, out, lse, None, dq, dk, dv,
+                                                                      causal, d ** -0.5))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            ms["cuDNN backward"] = bench(lambda: o.backward(do, retain_graph=True))
+            fl = 2.5 * _fwd_flops(d, causal)
+            rows.append({"D": d, "causal": causal, "config": cfg, "ms": ms})
+            print(f"D={d} causal={causal} ({cfg['dq_from']}): " + ", ".join(f"{n} {t:.3f}" for n, t in ms.items())
+                  + f" | backward_into {fl / ms['backward_into'] / 1e9:.0f} TFLOP/s, cuDNN {fl / ms['cuDNN backward'] / 1e9:.0f}",
+                  flush=True)
+            json.dump({"meta": _meta(), "rows": rows}, open(os.path.join(out_dir, "attention_bwd_parts.json"), "w"), indent=1)
+            del q, k, v, do, qd, kd, vd, out, lse, dq, dk, dv, delta, dq_sum, o
+            torch.cuda.empty_cache()
+
+
 def bench(out_dir):
     """The bench suite (tilecore bench attention --quick), saved under out_dir: checks the suite."""
     from pathlib import Path
@@ -413,7 +461,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     if args.child:
         {"check": check, "time": timing, "sweep": sweep, "bench": bench, "compile": compile_check,
-         "bwd": backward_variants}[args.child](args.out)
+         "bwd": backward_variants, "parts": backward_parts}[args.child](args.out)
     else:
         parent(args)
 

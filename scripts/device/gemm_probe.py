@@ -4,7 +4,8 @@ limit (a wrong mbarrier phase hangs the GPU; the parent then reports it and goes
     PYTHONPATH=. python3 scripts/device/gemm_probe.py [--phases check,time,ablate,fp8] [--out DIR]
 
 check: poisoned outputs, float64 references, error / rounding floor, twice for determinism.
-time: bf16 square and M=N=4096 small-K against torch.matmul, interleaved (A B A B).
+time: bf16 square and M=N=4096 small-K against torch.matmul, interleaved (A B A B); GPU time from
+    back-to-back calls in one CUDA graph (graph_ms).
 streamk: the stream-K tail on and off (the same kernel otherwise) against torch.matmul.
 ablate: ring depth (1..4 stages) and tile order (GROUP_M 1 vs 8). fp8: against torch._scaled_mm.
 """
@@ -259,14 +260,23 @@ def child(phase, out_dir):
     def bench(fn):
         return median_ms(fn, warmup_ms=25, rep_ms=100)
 
-    def graph_ms(fn):
-        fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+    def graph_ms(fn, target_ms=1.0):
+        """GPU time of one call: back-to-back calls captured in one CUDA graph (enough for ~1 ms),
+        the replay's median over that count. (A graph of one call also measured the replay's launch
+        gap, ~4-5 us: a quarter of a K = 64 GEMM.)"""
+        def graph_of(calls):
             fn()
-        torch.cuda.synchronize()
-        return bench(g.replay)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(calls):
+                    fn()
+            torch.cuda.synchronize()
+            return g
+
+        once = bench(graph_of(1).replay)
+        calls = max(1, min(64, round(target_ms / once)))
+        return bench(graph_of(calls).replay) / calls
 
     def tf(M, N, K, ms):
         return 2 * M * N * K / ms / 1e9

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+import triton
 
 import tilecore
 from tilecore import accuracy
@@ -89,6 +90,23 @@ def test_backward_fp16_near_the_rounding_floor(case):
     grads = backward_poisoned(dout, q, k, v, out, lse, dlse, causal, scale)
     for g, r in zip(grads, reference_grads(q, k, v, dout, dlse, causal, scale)):
         assert accuracy.error_over_floor(g, r) <= 3.0
+
+
+def test_backward_preprocess_gives_delta_and_zeros_the_dq_buffer():
+    """delta = rowsum(O * dO) - dlse for every row (N not a multiple of the block), and with dq_sum
+    the float32 dQ buffer that the Gluon backward's reductions add to comes back all zeros, whatever
+    its memory held (the launch is given a NaN-filled buffer)."""
+    b, h, n, d = 2, 3, 37, 40
+    out, dout = torch.randn(b, h, n, d, dtype=F16), torch.randn(b, h, n, d, dtype=F16)
+    lse, dlse = torch.randn(b, h, n), torch.randn(b, h, n)
+    delta, acc = torch.full((b, h, n), float("nan")), torch.full((b, h, n, d), float("nan"))
+    kernels._DELTA[(triton.cdiv(n, 16), b * h)](out, dout, dlse, delta, acc, *out.stride(), *dout.stride(), h, n, d,
+                                                HAS_DLSE=True, ZERO_DQ_SUM=True, BLOCK_M=16, BLOCK_D=64)
+    expect = (out.double() * dout.double()).sum(-1) - dlse.double()
+    assert torch.allclose(delta.double(), expect, rtol=1e-5, atol=1e-4)
+    assert torch.equal(acc, torch.zeros_like(acc))
+    delta2, acc2 = kernels.backward_delta(out, dout, lse, dlse, dq_sum=True)
+    assert torch.equal(delta2, delta) and acc2.shape == (b, h, n, d) and not acc2.any()
 
 
 def test_autograd_through_the_public_function_matches_the_reference():

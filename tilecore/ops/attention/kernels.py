@@ -113,8 +113,12 @@ def _attn_fwd(Q, K, V, O, LSE,
 
 
 @triton.jit
-def _attn_bwd_delta(O, DO, DLSE, DELTA, sob, soh, son, sod, sdb, sdh, sdn, sdd, H, N, D,
-                    HAS_DLSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def _attn_bwd_delta(O, DO, DLSE, DELTA, DQ_SUM, sob, soh, son, sod, sdb, sdh, sdn, sdd, H, N, D,
+                    HAS_DLSE: tl.constexpr, ZERO_DQ_SUM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_D: tl.constexpr):
+    """delta = rowsum(O * dO) - dlse for a block of rows; with ZERO_DQ_SUM also zeros the same rows of
+    the contiguous float32 (B, H, N, D) buffer that the Gluon backward's dQ reductions add to (one
+    pass over the rows instead of a separate memset)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -130,6 +134,8 @@ def _attn_bwd_delta(O, DO, DLSE, DELTA, sob, soh, son, sod, sdb, sdh, sdn, sdd, 
         # d lse_i / d s_ij = p_ij: an lse gradient enters dS = p (dP - delta) as -dlse in delta
         delta -= tl.load(DLSE + row, mask=offs_m < N, other=0.0)
     tl.store(DELTA + row, delta, mask=offs_m < N)
+    if ZERO_DQ_SUM:
+        tl.store(DQ_SUM + row[:, None] * D + offs_d[None, :], tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=ok)
 
 
 @triton.jit
@@ -348,18 +354,42 @@ def gluon_backward_fits(dout, q, k, v, scale: float) -> bool:
     return (q.shape[-1], False) in GLUON_BACKWARD and gluon_forward_fits(q, k, v, scale) and tma_describable(dout)
 
 
-def backward_gluon(dout, q, k, v, lse, delta, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
+def backward_delta(out, dout, lse, dlse, *, dq_sum: bool = False):
+    """The backward's preprocess: (delta (B, H, N) float32, and with ``dq_sum`` a zeroed float32
+    (B, H, N, D) buffer for the Gluon kernel's dQ reductions, zeroed by the same pass)."""
+    B, H, N, D = out.shape
+    delta = torch.empty((B, H, N), dtype=torch.float32, device=out.device)
+    acc = torch.empty((B, H, N, D) if dq_sum else (1, 1, 1, D), dtype=torch.float32, device=out.device)
+    pre_m = 16 if out.device.type != "cuda" else 64
+    _DELTA[(triton.cdiv(N, pre_m), B * H)](
+        out, dout, dlse if dlse is not None else lse, delta, acc, *out.stride(), *dout.stride(), H, N, D,
+        HAS_DLSE=dlse is not None, ZERO_DQ_SUM=dq_sum, BLOCK_M=pre_m, BLOCK_D=block_d(D))
+    return delta, acc
+
+
+def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
                    block_n: int, stages: int, dq_from: str = "fused", prefetch: bool = True) -> None:
-    """The Gluon backward: dk and dv (and dq unless ``dq_from`` is "tl", through a float32 buffer
-    that its TMA reductions add to) from the preprocess's delta."""
+    """The Gluon backward: the preprocess, then dk and dv (and dq unless ``dq_from`` is "tl", through
+    a float32 buffer that its TMA reductions add to, each consumer half of the columns)."""
+    fused_dq = DQ_MODES[dq_from] > 0
+    delta, dq_sum = backward_delta(out, dout, lse, dlse, dq_sum=fused_dq)
+    backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal, scale, block_m=block_m,
+                          block_n=block_n, stages=stages, dq_from=dq_from, prefetch=prefetch)
+    if fused_dq:
+        dq.copy_(dq_sum)
+    else:
+        _backward_dq(dout, q, k, v, lse, delta, dq, causal, scale, backward_config(q.shape[-1], interpret=False))
+
+
+def backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
+                          block_n: int, stages: int, dq_from: str, prefetch: bool) -> None:
+    """The Gluon backward kernel alone: dk, dv, and unless ``dq_from`` is "tl" scale * dS K added to
+    the float32 ``dq_sum`` (B, H, N, D; a placeholder when dq_from is "tl")."""
     from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
 
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     desc = _head_descriptor
-    fused_dq = DQ_MODES[dq_from] > 0
-    # the fused dq: float32, summed by TMA reductions, each consumer adding half of its columns
-    dq_sum = torch.zeros((B, H, N, D) if fused_dq else (1, 1, 1, D), dtype=torch.float32, device=q.device)
     tiles = triton.cdiv(Nk, 2 * block_n) * B * Hkv
     grid = (min(tiles, dispatch.num_sms(q.device)),)
     group = H // Hkv
@@ -370,10 +400,6 @@ def backward_gluon(dout, q, k, v, lse, delta, dq, dk, dv, causal: bool, scale: f
                                    gluon_descriptor(dq_sum, [1, 1, block_m, D // 2]), H, N, Nk, group, scale,
                                    scale * LOG2E, B * Hkv, head_group, CAUSAL=causal, STAGES=stages,
                                    DQ=DQ_MODES[dq_from], PREFETCH=prefetch, num_warps=4)
-    if fused_dq:
-        dq.copy_(dq_sum)
-    else:
-        _backward_dq(dout, q, k, v, lse, delta, dq, causal, scale, backward_config(D, interpret=False))
 
 
 def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *,
@@ -386,16 +412,12 @@ def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     interpret = q.device.type != "cuda"
-    delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
-    pre_m = 16 if interpret else 64
-    _DELTA[(triton.cdiv(N, pre_m), B * H)](
-        out, dout, dlse if dlse is not None else lse, delta, *out.stride(), *dout.stride(), H, N, D,
-        HAS_DLSE=dlse is not None, BLOCK_M=pre_m, BLOCK_D=block_d(D))
     if gluon is not None or (config is None and gluon_backward_fits(dout, q, k, v, scale)):
         cfg = dict(gluon or GLUON_BACKWARD[D, causal])
         if torch.are_deterministic_algorithms_enabled():
             cfg["dq_from"] = "tl"
-        return backward_gluon(dout, q, k, v, lse, delta, dq, dk, dv, causal, scale, **cfg)
+        return backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale, **cfg)
+    delta, _ = backward_delta(out, dout, lse, dlse)
     cfg = config or backward_config(D, interpret)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
     _DKDV[(triton.cdiv(Nk, cfg["BLOCK_N"]), B * Hkv)](

@@ -1,0 +1,117 @@
+"""Where the Gluon attention backward spends its time: Nsight Compute on the kernel alone, one device call.
+
+For D = 64 (dq "overlapped") and D = 128 (dq "fused"), and each kernel without its dq ("tl": dk and dv
+only, the dk/dv kernel's own speed), B4 H16 N4096 bf16 non-causal: tensor-pipe utilization, shared-
+memory and L2 throughput, issue slots and warp stalls. Also (--gemm-floor) the output-write floor of
+the persistent small-K GEMM: a 4096 x 4096 bf16 memset against cuBLAS and tilecore at K = 64 and
+128, in CUDA-graph replays.
+
+    PYTHONPATH=. python3 scripts/device/attention_bwd_profile.py
+"""
+import argparse
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+TARGETS = {"d64 overlapped": (64, "overlapped"), "d64 dk/dv only": (64, "tl"),
+           "d128 fused": (128, "fused"), "d128 dk/dv only": (128, "tl")}
+METRICS = ["sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+           "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active",
+           "l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed",
+           "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
+           "smsp__issue_active.avg.pct_of_peak_sustained_active",
+           "lts__t_sectors.avg.pct_of_peak_sustained_elapsed",
+           "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+           "gpu__time_duration.sum",
+           "launch__registers_per_thread"]
+
+
+def target(name):
+    import torch
+
+    from tilecore.ops.attention import kernels
+
+    d, mode = TARGETS[name]
+    b, h, n = 4, 16, 4096
+    mk = lambda: torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
+    q, k, v, do = mk(), mk(), mk(), mk()
+    out, lse = torch.empty_like(q), torch.empty(b, h, n, device="cuda")
+    kernels.forward_into(q, k, v, out, lse, False, d ** -0.5)
+    delta, dq_sum = kernels.backward_delta(out, do, lse, None, dq_sum=True)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    cfg = dict(kernels.GLUON_BACKWARD[d, False]) | dict(dq_from=mode)
+    for _ in range(3):
+        kernels.backward_gluon_kernel(do, q, k, v, lse, delta, dq_sum, dk, dv, False, d ** -0.5, **cfg)
+    torch.cuda.synchronize()
+
+
+def gemm_floor():
+    import torch
+
+    import tilecore
+
+    def graph_us(fn, reps=20):
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            fn()
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(reps):
+                    fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(15):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) * 1000 / reps)
+        return sorted(times)[len(times) // 2]
+
+    out = torch.empty(4096, 4096, dtype=torch.bfloat16, device="cuda")
+    print(f"memset 4096x4096 bf16 (32 MiB): {graph_us(lambda: out.zero_()):.1f} us")
+    big = torch.empty(8 * 4096, 4096, dtype=torch.bfloat16, device="cuda")
+    print(f"memset 8x that (256 MiB): {graph_us(lambda: big.zero_(), reps=5) / 8:.1f} us per 32 MiB")
+    for kk in (64, 128):
+        a = torch.randn(4096, kk, dtype=torch.bfloat16, device="cuda")
+        b = torch.randn(kk, 4096, dtype=torch.bfloat16, device="cuda")
+        for rnd in range(2):
+            t_cublas = graph_us(lambda: torch.matmul(a, b, out=out))
+            t_ours = graph_us(lambda: tilecore.gemm(a, b))
+            print(f"K={kk} round {rnd}: cuBLAS {t_cublas:.1f} us, tilecore {t_ours:.1f} us "
+                  f"({t_cublas / t_ours:.3f}x)")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--target", choices=list(TARGETS))
+    p.add_argument("--gemm-floor", action="store_true")
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = p.parse_args()
+    if args.target:
+        return target(args.target)
+    if args.gemm_floor:
+        return gemm_floor()
+    ncu = shutil.which("ncu") or (sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu")) or ["ncu"])[-1]
+    subprocess.run([sys.executable, __file__, "--gemm-floor"])
+    table = {}
+    for name in TARGETS:
+        cmd = [ncu, "--clock-control", "none", "--metrics", ",".join(METRICS), "--section", "WarpStateStats",
+               "-k", "regex:attention_bwd", "--launch-skip", "2", "--launch-count", "1",
+               sys.executable, __file__, "--target", name]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
+        text = res.stdout + res.stderr
+        with open(os.path.join(args.out, f"ncu_bwd_{name.replace(' ', '_').replace('/', '')}.txt"), "w") as f:
+            f.write(text)
+        keep = [ln.strip() for ln in text.splitlines()
+                if any(m.split(".")[0] in ln for m in METRICS) or "Stall" in ln or "==ERR" in ln or "Warp Cycles" in ln]
+        table[name] = keep
+        print(f"--- {name} ---\n" + "\n".join(keep[:40]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
