@@ -86,10 +86,47 @@ def gemm_floor():
                   f"({t_cublas / t_ours:.3f}x)")
 
 
+def source_stalls(ncu, out_dir, names=("d64 overlapped", "d128 fused"), top=45):
+    """Warp stall samples per SASS instruction (Nsight Compute's source page), the top ``top``
+    instructions of each kernel with their stall reasons; the whole CSV is kept under ``out_dir``."""
+    import csv
+    import io
+
+    for name in names:
+        tag = name.replace(" ", "_").replace("/", "")
+        rep = os.path.join(out_dir, f"bwd_{tag}")
+        subprocess.run([ncu, "--clock-control", "none", "--section", "SourceCounters", "--section", "WarpStateStats",
+                        "-k", "regex:attention_bwd", "--launch-skip", "2", "--launch-count", "1", "-f", "-o", rep,
+                        sys.executable, __file__, "--target", name], capture_output=True, text=True, timeout=240)
+        res = subprocess.run([ncu, "-i", rep + ".ncu-rep", "--page", "source", "--csv", "--print-source", "sass"],
+                             capture_output=True, text=True, timeout=120)
+        with open(os.path.join(out_dir, f"ncu_source_{tag}.csv"), "w") as f:
+            f.write(res.stdout)
+        rows = list(csv.reader(io.StringIO(res.stdout)))
+        head = next((i for i, r in enumerate(rows) if "Source" in r), None)
+        if head is None:
+            print(f"--- {name}: no source table ---\n{res.stdout[:1500]}\n{res.stderr[:1500]}")
+            continue
+        cols = rows[head]
+        print("columns:", cols)
+        body = [r for r in rows[head + 1:] if len(r) == len(cols)]
+        sample_col = next((i for i, c in enumerate(cols) if c.startswith("Warp Stall Sampling (All")),
+                          next(i for i, c in enumerate(cols) if "Sampl" in c))
+        num = lambda v: float(v.replace(",", "") or 0)
+        total = sum(num(r[sample_col]) for r in body) or 1
+        stall_cols = [i for i, c in enumerate(cols) if c.startswith("stall_") or "Stall" in c and i != sample_col]
+        print(f"--- {name}: {len(body)} SASS lines, {total:.0f} samples; top {top} ---")
+        for r in sorted(body, key=lambda r: -num(r[sample_col]))[:top]:
+            reasons = sorted(((num(r[i]), cols[i]) for i in stall_cols), reverse=True)[:2]
+            print(f"{100 * num(r[sample_col]) / total:5.1f}%  {r[cols.index('Source')][:70]:70s} "
+                  + " ".join(f"{c}={v:.0f}" for v, c in reasons if v))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--target", choices=list(TARGETS))
     p.add_argument("--gemm-floor", action="store_true")
+    p.add_argument("--source", action="store_true", help="per-SASS-instruction warp stall samples instead")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args()
     if args.target:
@@ -97,6 +134,8 @@ def main():
     if args.gemm_floor:
         return gemm_floor()
     ncu = shutil.which("ncu") or (sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu")) or ["ncu"])[-1]
+    if args.source:
+        return source_stalls(ncu, args.out)
     subprocess.run([sys.executable, __file__, "--gemm-floor"])
     table = {}
     for name in TARGETS:

@@ -19,7 +19,10 @@ or of the previous step to overlap it: see ``_compute``),
     dQ[:, half c] += scale * dS K[:, half c]  wgmma of dS from shared memory (a transposed view),
 
 added to a float32 dQ by TMA reductions: five matmuls per step, none recomputed (FlashAttention-3's
-scheme). With DQ = 0 a separate kernel computes dQ (seven matmuls in all). PREFETCH loads each
+scheme). With DQ = 3 ("own keys") the consumers exchange nothing: each writes its dS^T to its own
+half of the buffer and adds its own partial dQ = scale * dS_c K_c (its 64 keys, every column) by a
+TMA reduction, twice the reduction traffic for consumers that never wait on each other. With DQ = 0
+a separate kernel computes dQ (seven matmuls in all). PREFETCH loads each
 step's lse and delta a step ahead.
 
 Masks: keys past Nk (only the last key block) and, when causal, keys after a query's diagonal
@@ -98,22 +101,37 @@ def _load_kv(g, cfg: gl.constexpr, kv_smem, bar, tile):
     tma.async_copy_global_to_shared(g[2], [b, hk, tile[0], 0], bar, kv_smem.index(1))
 
 
+@gluon.constexpr_function
+def _stats_layout(num_warps):
+    """A compact layout for a step's lse and delta (BM values over the warpgroup: one or two
+    registers a thread), held from the load until the softmax needs them as columns of S^T."""
+    return gl.BlockedLayout([1], [32], [num_warps], [0])
+
+
 @gluon.jit
 def _row_stats(g, cfg: gl.constexpr, tile, kk):
-    """lse and delta of step kk's query rows, as columns of S^T (with PREFETCH loaded a step
-    ahead, so that their latency hides under the previous step's matmuls). Rows past N, and every row when kk is past
+    """lse and delta of step kk's query rows, in the compact layout (with PREFETCH loaded a step
+    ahead, so that their latency hides under the previous step's matmuls; _stats_as_columns spreads
+    them over S^T's columns when the softmax needs them). Rows past N, and every row when kk is past
     the tile's last step, read lse = +inf (so p = 0) and delta = 0; so does a row with no key
     (lse = -inf)."""
     BM: gl.constexpr = cfg[1]
-    st_layout: gl.constexpr = wgmma_layout(cfg[2], BM, gl.num_warps())
     b, hk = _kv_head(g, tile[1])
     h, start_m = _step_rows(g, cfg, tile, kk)
-    rows = start_m + gl.arange(0, BM, layout=gl.SliceLayout(0, st_layout))
+    rows = start_m + gl.arange(0, BM, layout=_stats_layout(gl.num_warps()))
     ok = (rows < g[10]) & (kk < tile[3] * g[12])
     offs = (b * g[9] + h).to(gl.int64) * g[10] + rows
     lse = gl.load(g[6] + offs, mask=ok, other=float("inf"))
     lse = gl.where(lse == float("-inf"), float("inf"), lse)
     return lse, gl.load(g[7] + offs, mask=ok, other=0.0)
+
+
+@gluon.jit
+def _stats_as_columns(cfg: gl.constexpr, v):
+    """A compact [BM] vector of row statistics as S^T's columns (a layout conversion through shared
+    memory: holding them in this layout from the load on cost 32 registers at D = 128, and spills)."""
+    st_layout: gl.constexpr = wgmma_layout(cfg[2], cfg[1], gl.num_warps())
+    return gl.convert_layout(v, gl.SliceLayout(0, st_layout))
 
 
 @gluon.jit
@@ -164,10 +182,11 @@ def _issue_dq(g, cfg: gl.constexpr, kv_smem, step):
 
 @gluon.jit
 def _add_dq(g, cfg: gl.constexpr, tile, kk, dq):
-    """Add scale * dq (this consumer's half of the columns of step kk's rows) to the float32 dQ:
-    through this consumer's staging buffer, with one TMA reduction (rows past N are dropped)."""
+    """Add scale * dq (this consumer's half of the columns of step kk's rows, or with DQ = 3 its
+    partial over its own keys, every column) to the float32 dQ: through this consumer's staging
+    buffer, with one TMA reduction (rows past N are dropped)."""
     BM: gl.constexpr = cfg[1]
-    DH: gl.constexpr = cfg[3] // 2
+    DH: gl.constexpr = dq.shape[1]
     b, hk = _kv_head(g, tile[1])
     h, start_m = _step_rows(g, cfg, tile, kk)
     staging = g[20].index(cfg[6])
@@ -175,7 +194,10 @@ def _add_dq(g, cfg: gl.constexpr, tile, kk, dq):
     staging.reshape([BM, DH]).store(dq * g[13])
     fence_async_shared()
     gl.thread_barrier()
-    tma_reduce_add(g[8], [b, h, start_m, cfg[6] * DH], staging)
+    if cfg[4] == 3:
+        tma_reduce_add(g[8], [b, h, start_m, 0], staging)
+    else:
+        tma_reduce_add(g[8], [b, h, start_m, cfg[6] * DH], staging)
 
 
 @gluon.jit
@@ -186,6 +208,8 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
     2 (overlapped): the previous step's dQ, issued with this step's S and dP so that it runs under
        the softmax; the two consumers may drift a step apart. A tile's first step multiplies a
        stale buffer (never added) and its last step also takes its own dQ.
+    3 (own keys): this consumer's partial dQ over its own keys (dS_c K_c, every column), issued
+       with dV and dK, added by its own reduction; no barrier between the consumers.
     (Issuing the previous step's dQ after this step's dV and dK instead was slower everywhere on
     the H100: notes/attention.md, b5.)"""
     BM: gl.constexpr = cfg[1]
@@ -209,16 +233,18 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
     dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
     if MODE == 2:
         dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)
-    if not PREFETCH:  # this step's rows now (under S and dP), not a step ahead: fewer registers
+    if not PREFETCH:  # this step's rows now (under S and dP), not a step ahead
         lse, delta = _row_stats(g, cfg, tile, kk)
+    lse_cols = _stats_as_columns(cfg, lse)
+    delta_cols = _stats_as_columns(cfg, delta)
     if MODE == 2:
         s_t, dp_t = warpgroup_mma_wait(1, deps=(s_tok, dp_tok))  # dQ may still run
     else:
         s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-    p_t = _probabilities(g, cfg, s_t, lse, start_n, start_m)
+    p_t = _probabilities(g, cfg, s_t, lse_cols, start_n, start_m)
     if MODE != 2:
         dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
-    ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
+    ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
     if MODE == 2:
         dq = warpgroup_mma_wait(0, deps=(dq_tok,))
         mbarrier.arrive(g[19].index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
@@ -227,13 +253,21 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
     ds_t = ds_t.to(q_smem.dtype)
     p_op = gl.convert_layout(p_t.to(q_smem.dtype), _operand_layout(BN, D, gl.num_warps()))
     ds_op = gl.convert_layout(ds_t, _operand_layout(BN, D, gl.num_warps()))
-    if MODE != 0:
+    if MODE == 1 or MODE == 2:
         mbarrier.wait(g[19].index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
+    if MODE == 3:  # own half of the buffer: its last reader was this consumer's dQ, complete
+        own_ds = g[17].index(i % 2).slice(c * BN, BN)
+        own_ds.store(ds_t)
+        fence_async_shared()
+        gl.thread_barrier()  # every warp's part written before the wgmma reads it
     dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
     dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-    if PREFETCH and MODE != 1:  # the next step's rows, while the tensor cores work
+    if MODE == 3:
+        dq_tok = warpgroup_mma(own_ds.permute((1, 0)), k_c, gl.zeros([BM, D], gl.float32, wgmma_layout(BM, D, gl.num_warps())),
+                               use_acc=False, is_async=True)
+    if PREFETCH:  # the next step's rows, while the tensor cores work
         lse, delta = _row_stats(g, cfg, tile, kk + 1)
-    if MODE != 0:
+    if MODE == 1 or MODE == 2:
         g[17].index(i % 2).slice(c * BN, BN).store(ds_t)
         fence_async_shared()
         mbarrier.arrive(g[18].index(i % 2))
@@ -241,12 +275,13 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
     # moved (the template's loop) under a running wgmma, and ptxas serializes every wgmma (C7515)
     if MODE == 0:
         dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+    elif MODE == 3:
+        dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
+        _add_dq(g, cfg, tile, kk, dq)
     elif MODE == 1:
         dq_tok = _issue_dq(g, cfg, kv_smem, i)
         dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
         mbarrier.arrive(g[19].index(i % 2))
-        if PREFETCH:
-            lse, delta = _row_stats(g, cfg, tile, kk + 1)  # (here: fewer registers live)
         _add_dq(g, cfg, tile, kk, dq)
     else:
         if kk > 0:
