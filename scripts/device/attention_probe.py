@@ -312,7 +312,7 @@ def backward_variants(out_dir):
 
     G = lambda **kw: dict(block_m=64, block_n=64, stages=2, dq_from="fused") | kw
     variants_by_d = {
-        64: {"overlapped": G(dq_from="overlapped"), "own keys": G(dq_from="own keys")},
+        64: {"overlapped": G(dq_from="overlapped"), "overlapped, no prefetch": G(dq_from="overlapped", prefetch=False)},
         128: {"fused": G(), "fused, no prefetch": G(prefetch=False), "+ tl dq": G(dq_from="tl")}}
     rows = []
     for d in (64, 128):

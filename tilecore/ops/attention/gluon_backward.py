@@ -19,10 +19,7 @@ or of the previous step to overlap it: see ``_compute``),
     dQ[:, half c] += scale * dS K[:, half c]  wgmma of dS from shared memory (a transposed view),
 
 added to a float32 dQ by TMA reductions: five matmuls per step, none recomputed (FlashAttention-3's
-scheme). With DQ = 3 ("own keys") the consumers exchange nothing: each writes its dS^T to its own
-half of the buffer and adds its own partial dQ = scale * dS_c K_c (its 64 keys, every column) by a
-TMA reduction, twice the reduction traffic for consumers that never wait on each other. With DQ = 0
-a separate kernel computes dQ (seven matmuls in all). PREFETCH loads each
+scheme). With DQ = 0 a separate kernel computes dQ (seven matmuls in all). PREFETCH loads each
 step's lse and delta a step ahead.
 
 Masks: keys past Nk (only the last key block) and, when causal, keys after a query's diagonal
@@ -182,9 +179,8 @@ def _issue_dq(g, cfg: gl.constexpr, kv_smem, step):
 
 @gluon.jit
 def _add_dq(g, cfg: gl.constexpr, tile, kk, dq):
-    """Add scale * dq (this consumer's half of the columns of step kk's rows, or with DQ = 3 its
-    partial over its own keys, every column) to the float32 dQ: through this consumer's staging
-    buffer, with one TMA reduction (rows past N are dropped)."""
+    """Add scale * dq (this consumer's half of the columns of step kk's rows) to the float32 dQ:
+    through this consumer's staging buffer, with one TMA reduction (rows past N are dropped)."""
     BM: gl.constexpr = cfg[1]
     DH: gl.constexpr = dq.shape[1]
     b, hk = _kv_head(g, tile[1])
@@ -194,10 +190,7 @@ def _add_dq(g, cfg: gl.constexpr, tile, kk, dq):
     staging.reshape([BM, DH]).store(dq * g[13])
     fence_async_shared()
     gl.thread_barrier()
-    if cfg[4] == 3:
-        tma_reduce_add(g[8], [b, h, start_m, 0], staging)
-    else:
-        tma_reduce_add(g[8], [b, h, start_m, cfg[6] * DH], staging)
+    tma_reduce_add(g[8], [b, h, start_m, cfg[6] * DH], staging)
 
 
 @gluon.jit
@@ -208,8 +201,8 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
     2 (overlapped): the previous step's dQ, issued with this step's S and dP so that it runs under
        the softmax; the two consumers may drift a step apart. A tile's first step multiplies a
        stale buffer (never added) and its last step also takes its own dQ.
-    3 (own keys): this consumer's partial dQ over its own keys (dS_c K_c, every column), issued
-       with dV and dK, added by its own reduction; no barrier between the consumers.
+    (Each consumer adding its own partial dQ over its own keys, with no dS exchange and twice the
+    reductions, measured equal or slower: notes/attention.md, b8.)
     (Issuing the previous step's dQ after this step's dV and dK instead was slower everywhere on
     the H100: notes/attention.md, b5.)"""
     BM: gl.constexpr = cfg[1]
@@ -253,21 +246,13 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
     ds_t = ds_t.to(q_smem.dtype)
     p_op = gl.convert_layout(p_t.to(q_smem.dtype), _operand_layout(BN, D, gl.num_warps()))
     ds_op = gl.convert_layout(ds_t, _operand_layout(BN, D, gl.num_warps()))
-    if MODE == 1 or MODE == 2:
+    if MODE != 0:
         mbarrier.wait(g[19].index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
-    if MODE == 3:  # own half of the buffer: its last reader was this consumer's dQ, complete
-        own_ds = g[17].index(i % 2).slice(c * BN, BN)
-        own_ds.store(ds_t)
-        fence_async_shared()
-        gl.thread_barrier()  # every warp's part written before the wgmma reads it
     dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
     dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-    if MODE == 3:
-        dq_tok = warpgroup_mma(own_ds.permute((1, 0)), k_c, gl.zeros([BM, D], gl.float32, wgmma_layout(BM, D, gl.num_warps())),
-                               use_acc=False, is_async=True)
     if PREFETCH:  # the next step's rows, while the tensor cores work
         lse, delta = _row_stats(g, cfg, tile, kk + 1)
-    if MODE == 1 or MODE == 2:
+    if MODE != 0:
         g[17].index(i % 2).slice(c * BN, BN).store(ds_t)
         fence_async_shared()
         mbarrier.arrive(g[18].index(i % 2))
@@ -275,9 +260,6 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
     # moved (the template's loop) under a running wgmma, and ptxas serializes every wgmma (C7515)
     if MODE == 0:
         dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-    elif MODE == 3:
-        dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
-        _add_dq(g, cfg, tile, kk, dq)
     elif MODE == 1:
         dq_tok = _issue_dq(g, cfg, kv_smem, i)
         dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))

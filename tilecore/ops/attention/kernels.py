@@ -337,11 +337,10 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
 # Hopper's Gluon backward (gluon_backward.py): query rows per step (block_m), keys per consumer
 # warpgroup (block_n; a tile is two of them), ring depth, and where dQ comes from: "tl" (the tl dq
 # kernel), or in the kernel, added by TMA reductions to a float32 buffer: "fused" (the step's own)
-# or "overlapped" (one step late, under the next step's softmax), or "own keys" (each consumer its
-# partial over its keys, no exchange, twice the reductions); see gluon_backward._compute.
+# or "overlapped" (one step late, under the next step's softmax); see gluon_backward._compute.
 # prefetch: each step's lse and delta are loaded a step ahead (their latency hidden; 32 more
 # registers live)
-DQ_MODES = {"tl": 0, "fused": 1, "overlapped": 2, "own keys": 3}
+DQ_MODES = {"tl": 0, "fused": 1, "overlapped": 2}
 # (the H100 sweeps in notes/attention.md: at D = 128 the fused dQ's registers spill, more so when
 # causal, where the tl dq kernel was 5% faster)
 GLUON_BACKWARD = {(64, False): dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True),
@@ -350,9 +349,9 @@ GLUON_BACKWARD = {(64, False): dict(block_m=64, block_n=64, stages=2, dq_from="o
                   (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="tl", prefetch=True)}
 
 
-def dq_box(block_m: int, d: int, dq_from: str) -> list[int]:
-    """The TMA box of one dQ reduction: a consumer's half of the columns, or with "own keys" all."""
-    return [1, 1, block_m, d if dq_from == "own keys" else d // 2]
+def dq_box(block_m: int, d: int) -> list[int]:
+    """The TMA box of one dQ reduction: a consumer's half of the columns of a step's rows."""
+    return [1, 1, block_m, d // 2]
 
 
 def gluon_backward_fits(dout, q, k, v, scale: float) -> bool:
@@ -403,7 +402,7 @@ def backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal: boo
     with dispatch.on_device(q.device):
         attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
                                    desc(dk, block_n), desc(dv, block_n), lse, delta,
-                                   gluon_descriptor(dq_sum, dq_box(block_m, D, dq_from)), H, N, Nk, group, scale,
+                                   gluon_descriptor(dq_sum, dq_box(block_m, D)), H, N, Nk, group, scale,
                                    scale * LOG2E, B * Hkv, head_group, CAUSAL=causal, STAGES=stages,
                                    DQ=DQ_MODES[dq_from], PREFETCH=prefetch, num_warps=4)
 

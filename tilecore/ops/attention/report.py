@@ -102,7 +102,7 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
     bm, bn = cfg["block_m"], cfg["block_n"]
     f32 = torch.empty(64, dtype=torch.float32)
     args = dict(q_desc=desc(bm), k_desc=desc(2 * bn), v_desc=desc(2 * bn), do_desc=desc(bm), dk_desc=desc(bn),
-                dv_desc=desc(bn), lse_ptr=f32, delta_ptr=f32, dq_desc=gluon_descriptor(dq_sum, kernels.dq_box(bm, d, cfg["dq_from"])),
+                dv_desc=desc(bn), lse_ptr=f32, delta_ptr=f32, dq_desc=gluon_descriptor(dq_sum, kernels.dq_box(bm, d)),
                 H=16, N=4096, Nk=4096, GROUP=1, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, CAUSAL=causal,
                 STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]], PREFETCH=cfg["prefetch"])
     compiled = _compile(attention_bwd_kernel, args, {"num_warps": 4})
