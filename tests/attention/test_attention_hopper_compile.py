@@ -50,8 +50,8 @@ def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(
 # dk/dv at D = 128 with 64 x 64 blocks and 4 warps spills 24 bytes, and was still the fastest
 # backward measured on the H100 (2.1x the 8-warp variant that does not spill; notes/attention.md).
 # The Gluon backward at D = 128 holds dK and dV of 64 keys x 128 (128 registers a thread) and
-# spills 200-300 bytes (D = 64: 4 when not causal); it was still 1.17x the tl kernels on the H100
-# (notes/attention.md)
+# spills 160-300 bytes (D = 64: 4 bytes when causal, none otherwise); it was still 1.17x the tl
+# kernels on the H100 (notes/attention.md)
 SPILL_BYTES_ALLOWED = {("backward dk/dv", 128): 64, ("backward (gluon)", 64): 8, ("backward (gluon)", 128): 320}
 
 

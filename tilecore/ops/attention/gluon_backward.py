@@ -126,7 +126,8 @@ def _row_stats(g, cfg: gl.constexpr, tile, kk):
 @gluon.jit
 def _stats_as_columns(cfg: gl.constexpr, v):
     """A compact [BM] vector of row statistics as S^T's columns (a layout conversion through shared
-    memory: holding them in this layout from the load on cost 32 registers at D = 128, and spills)."""
+    memory; held as columns from the load on, lse and delta took 32 registers a thread, which spilled
+    at D = 128)."""
     st_layout: gl.constexpr = wgmma_layout(cfg[2], cfg[1], gl.num_warps())
     return gl.convert_layout(v, gl.SliceLayout(0, st_layout))
 
@@ -182,7 +183,7 @@ def _add_dq(g, cfg: gl.constexpr, tile, kk, dq):
     """Add scale * dq (this consumer's half of the columns of step kk's rows) to the float32 dQ:
     through this consumer's staging buffer, with one TMA reduction (rows past N are dropped)."""
     BM: gl.constexpr = cfg[1]
-    DH: gl.constexpr = dq.shape[1]
+    DH: gl.constexpr = cfg[3] // 2
     b, hk = _kv_head(g, tile[1])
     h, start_m = _step_rows(g, cfg, tile, kk)
     staging = g[20].index(cfg[6])
