@@ -9,11 +9,11 @@ the persistent small-K GEMM: a 4096 x 4096 bf16 memset against cuBLAS and tileco
     PYTHONPATH=. python3 scripts/device/attention_bwd_profile.py
 """
 import argparse
-import glob
 import os
-import shutil
 import subprocess
 import sys
+
+from nsight import ncu_binary, profile
 
 TARGETS = {"d64 overlapped": (64, "overlapped"), "d64 dk/dv only": (64, "tl"),
            "d128 fused": (128, "fused"), "d128 dk/dv only": (128, "tl")}
@@ -52,30 +52,15 @@ def gemm_floor():
 
     import tilecore
 
-    def graph_us(fn, reps=20):
-        s = torch.cuda.Stream()
-        with torch.cuda.stream(s):
-            fn()
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(reps):
-                    fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(15):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) * 1000 / reps)
-        return sorted(times)[len(times) // 2]
+    from tilecore.bench.harness import graph_median_ms
+
+    def graph_us(fn):
+        return 1000 * graph_median_ms(fn)
 
     out = torch.empty(4096, 4096, dtype=torch.bfloat16, device="cuda")
     print(f"memset 4096x4096 bf16 (32 MiB): {graph_us(lambda: out.zero_()):.1f} us")
     big = torch.empty(8 * 4096, 4096, dtype=torch.bfloat16, device="cuda")
-    print(f"memset 8x that (256 MiB): {graph_us(lambda: big.zero_(), reps=5) / 8:.1f} us per 32 MiB")
+    print(f"memset 8x that (256 MiB): {graph_us(lambda: big.zero_()) / 8:.1f} us per 32 MiB")
     for kk in (64, 128):
         a = torch.randn(4096, kk, dtype=torch.bfloat16, device="cuda")
         b = torch.randn(kk, 4096, dtype=torch.bfloat16, device="cuda")
@@ -86,7 +71,7 @@ def gemm_floor():
                   f"({t_cublas / t_ours:.3f}x)")
 
 
-def source_stalls(ncu, out_dir, names=("d64 overlapped", "d128 fused"), top=45):
+def source_stalls(out_dir, names=("d64 overlapped", "d128 fused"), top=45):
     """Warp stall samples per SASS instruction (Nsight Compute's source page), the top ``top``
     instructions of each kernel with their stall reasons; the whole CSV is kept under ``out_dir``."""
     import csv
@@ -95,10 +80,9 @@ def source_stalls(ncu, out_dir, names=("d64 overlapped", "d128 fused"), top=45):
     for name in names:
         tag = name.replace(" ", "_").replace("/", "")
         rep = os.path.join(out_dir, f"bwd_{tag}")
-        subprocess.run([ncu, "--clock-control", "none", "--section", "SourceCounters", "--section", "WarpStateStats",
-                        "-k", "regex:attention_bwd", "--launch-skip", "2", "--launch-count", "1", "-f", "-o", rep,
-                        sys.executable, __file__, "--target", name], capture_output=True, text=True, timeout=240)
-        res = subprocess.run([ncu, "-i", rep + ".ncu-rep", "--page", "source", "--csv", "--print-source", "sass"],
+        profile(["--section", "SourceCounters", "--section", "WarpStateStats", "-f", "-o", rep], "attention_bwd",
+                __file__, ["--target", name])
+        res = subprocess.run([ncu_binary(), "-i", rep + ".ncu-rep", "--page", "source", "--csv", "--print-source", "sass"],
                              capture_output=True, text=True, timeout=120)
         with open(os.path.join(out_dir, f"ncu_source_{tag}.csv"), "w") as f:
             f.write(res.stdout)
@@ -133,17 +117,13 @@ def main():
         return target(args.target)
     if args.gemm_floor:
         return gemm_floor()
-    ncu = shutil.which("ncu") or (sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu")) or ["ncu"])[-1]
     if args.source:
-        return source_stalls(ncu, args.out)
+        return source_stalls(args.out)
     subprocess.run([sys.executable, __file__, "--gemm-floor"])
     table = {}
     for name in TARGETS:
-        cmd = [ncu, "--clock-control", "none", "--metrics", ",".join(METRICS), "--section", "WarpStateStats",
-               "-k", "regex:attention_bwd", "--launch-skip", "2", "--launch-count", "1",
-               sys.executable, __file__, "--target", name]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
-        text = res.stdout + res.stderr
+        text = profile(["--metrics", ",".join(METRICS), "--section", "WarpStateStats"], "attention_bwd", __file__,
+                       ["--target", name], timeout=200)
         with open(os.path.join(args.out, f"ncu_bwd_{name.replace(' ', '_').replace('/', '')}.txt"), "w") as f:
             f.write(text)
         keep = [ln.strip() for ln in text.splitlines()

@@ -5,7 +5,7 @@ limit (a wrong mbarrier phase hangs the GPU; the parent then reports it and goes
 
 check: poisoned outputs, float64 references, error / rounding floor, twice for determinism.
 time: bf16 square and M=N=4096 small-K against torch.matmul, interleaved (A B A B); GPU time from
-    back-to-back calls in one CUDA graph (graph_ms).
+    back-to-back calls in one CUDA graph (harness.graph_median_ms).
 streamk: the stream-K tail on and off (the same kernel otherwise) against torch.matmul.
 ablate: ring depth (1..4 stages) and tile order (GROUP_M 1 vs 8). fp8: against torch._scaled_mm.
 """
@@ -47,7 +47,7 @@ def child(phase, out_dir):
 
     import tilecore
     from tilecore import accuracy, env
-    from tilecore.bench.harness import median_ms
+    from tilecore.bench.harness import graph_median_ms, median_ms
     from tilecore.ops.gemm import launch, reference
 
     dev = torch.device("cuda")
@@ -260,24 +260,6 @@ def child(phase, out_dir):
     def bench(fn):
         return median_ms(fn, warmup_ms=25, rep_ms=100)
 
-    def graph_ms(fn, target_ms=1.0):
-        """GPU time of one call: back-to-back calls captured in one CUDA graph (enough for ~1 ms),
-        the replay's median over that count. (A graph of one call also measured the replay's launch
-        gap, ~4-5 us: a quarter of a K = 64 GEMM.)"""
-        def graph_of(calls):
-            fn()
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(calls):
-                    fn()
-            torch.cuda.synchronize()
-            return g
-
-        once = bench(graph_of(1).replay)
-        calls = max(1, min(64, round(target_ms / once)))
-        return bench(graph_of(calls).replay) / calls
-
     def tf(M, N, K, ms):
         return 2 * M * N * K / ms / 1e9
 
@@ -291,7 +273,7 @@ def child(phase, out_dir):
         res.update({name + " (call)": [] for name in public})
         for _ in range(reps):
             for name, fn in variants.items():
-                res[name].append(tf(M, N, K, (graph_ms if graphs else bench)(lambda: fn(a, b))))
+                res[name].append(tf(M, N, K, (graph_median_ms if graphs else bench)(lambda: fn(a, b))))
                 if name in public:
                     res[name + " (call)"].append(tf(M, N, K, bench(lambda: fn(a, b))))
         cub = max(res["cuBLAS"])
@@ -343,7 +325,7 @@ def child(phase, out_dir):
         for _ in range(2):
             for n, f in fns.items():
                 f()
-                res.setdefault(n, []).append(tf(s_, s_, s_, graph_ms(f)))
+                res.setdefault(n, []).append(tf(s_, s_, s_, graph_median_ms(f)))
         base = max(res["torch._scaled_mm"])
         for n, v in res.items():
             rows.append(dict(phase=phase, case="fp8 rows", M=s_, N=s_, K=s_, series=n, tflops=v, ratio=max(v) / base))
@@ -391,7 +373,7 @@ def child(phase, out_dir):
                 for _ in range(2):
                     for n, f in fns.items():
                         f()
-                        res.setdefault(n, []).append(tf(s, s, s, graph_ms(f)))
+                        res.setdefault(n, []).append(tf(s, s, s, graph_median_ms(f)))
                         res.setdefault(n + " (call)", []).append(tf(s, s, s, bench(f)))
                 base = max(res["torch._scaled_mm"])
                 del res["torch._scaled_mm (call)"]

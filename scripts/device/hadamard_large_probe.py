@@ -15,12 +15,7 @@ import argparse
 import json
 import multiprocessing
 import os
-import shutil
-import subprocess
-import sys
 import time
-
-import glob
 
 import torch
 import triton
@@ -33,6 +28,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from tilecore.ops.hadamard import gluon_kernels as gk
 from tilecore.ops.hadamard.kernels import _load_slice, _store_slice
 from tilecore.tiles.gluon import persistent_pipeline, wgmma_layout
+
+from nsight import profile
 
 E = 2**28
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -298,14 +295,10 @@ def main():
     save()
 
     if args.ncu:
-        ncu = shutil.which("ncu") or (sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu")) or ["ncu"])[-1]
         for which in ("kernel",):
-            cmd = [ncu, "--clock-control", "none", "--section", "SpeedOfLight", "--section", "MemoryWorkloadAnalysis",
-                   "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "Occupancy",
-                   "-k", "regex:hadamard", "--launch-skip", "2", "--launch-count", "1",
-                   sys.executable, __file__, "--ncu-target", which]
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-            text = res.stdout + res.stderr
+            text = profile(["--section", "SpeedOfLight", "--section", "MemoryWorkloadAnalysis", "--section",
+                            "WarpStateStats", "--section", "SchedulerStats", "--section", "Occupancy"], "hadamard",
+                           __file__, ["--ncu-target", which])
             with open(os.path.join(args.out, f"ncu_32768_{which}.txt"), "w") as f:
                 f.write(text)
             keep = [ln for ln in text.splitlines() if any(k in ln for k in (

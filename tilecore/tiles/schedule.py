@@ -14,12 +14,12 @@ of them), the whole-tile loop idles P - R programs for a tile's time: 3% of a 40
 SMs (512 tiles, 3.88 waves). With ``stream_k_work`` the first T - R tiles stay whole (an equal
 number per program) and the K steps of the last R are spread evenly over all P programs (Osama et
 al., "Stream-K"); on the H100 that pays only where whole tiles would leave most SMs idle, not for
-4096^3's 88%-full last wave (``stream_k_units``, notes/gemm.md v5). A program's share then covers the end of one tile and the start of the next:
-the start goes first and is written as a float32 partial (then a flag is raised); the end, which
-holds its tile's last K step, waits for the flags of the tile's earlier shares, adds their
-partials and stores the tile. Every wait is for a share its program does before any waiting of
-its own, so no program waits in a chain, and none waits on a higher-numbered program (so the
-interpreter, which runs programs one after another, runs it too).
+4096^3's 88%-full last wave (``stream_k_units``, notes/gemm.md v5). A program's share then covers
+the end of one tile and the start of the next: the start goes first and is written as a float32
+partial (then a flag is raised); the end, which holds its tile's last K step, waits for the flags
+of the tile's earlier shares, adds their partials and stores the tile. Every wait is for a share
+its program does before any waiting of its own, so no program waits in a chain, and none waits on
+a higher-numbered program (so the interpreter, which runs programs one after another, runs it too).
 """
 from __future__ import annotations
 

@@ -119,11 +119,7 @@ def _attn_bwd_delta(O, DO, DLSE, DELTA, DQ_SUM, sob, soh, son, sod, sdb, sdh, sd
     """delta = rowsum(O * dO) - dlse for a block of rows; with ZERO_DQ_SUM also zeros the same rows of
     the contiguous float32 (B, H, N, D) buffer that the Gluon backward's dQ reductions add to (one
     pass over the rows instead of a separate memset)."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    bh, b, h, _, _, offs_m = _query_block(H, 1, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     ok = (offs_m[:, None] < N) & (offs_d[None, :] < D)
     o = tl.load(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :] * sod, mask=ok, other=0.0)
