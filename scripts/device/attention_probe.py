@@ -18,6 +18,7 @@ bwd: the backward's variants (Gluon with dq fused or not, tl), each checked on a
 parts: where the Gluon backward's time goes: the preprocess (delta, with and without zeroing the
     float32 dQ buffer), a separate memset, the kernel alone, the float32 -> bf16 conversion of dQ, the tl dq
     kernel, and the whole backward_into, next to cuDNN's autograd backward.
+tiles: the forward's per-tile cost: one or two Q buffers per consumer, N = 512 .. 4096, next to cuDNN.
 """
 import argparse
 import json
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import time
 
-LIMITS = {"public": 120, "check": 110, "time": 60, "sweep": 150, "bench": 65, "compile": 60, "bwd": 150, "parts": 120}  # the run gets 300 s
+LIMITS = {"tiles": 200, "public": 120, "check": 110, "time": 60, "sweep": 150, "bench": 65, "compile": 60, "bwd": 150, "parts": 120}  # the run gets 300 s
 B, H, N = 16, 16, 4096
 
 
@@ -461,6 +462,58 @@ def public_gap(out_dir):
                       indent=1)
 
 
+def tile_costs(out_dir):
+    """The forward's per-tile cost: the Gluon forward with one or two Q buffers per consumer
+    (``q_buffers``), poisoned outputs checked bit for bit against the default, then timed next to
+    cuDNN, interleaved three times, at N = 512, 1024, 4096 with B * N fixed (16 x 4096 tokens a head):
+    fewer key blocks a tile means more tiles, so time(N) separates the per-tile cost from the per-block one."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    from tilecore.ops.attention import kernels
+
+    variants = {f"q_buffers={n}": n for n in (1, 2)}
+    rows = []
+    for d in (128, 64):
+        for n in (4096, 1024, 512):
+            b = B * N // n
+            q, k, v = (torch.randn(b, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            out, lse = torch.empty_like(q), torch.empty(b, H, n, device="cuda")
+            for causal in (False, True):
+                fl = 4 * b * H * n * n * d / (2 if causal else 1)
+                ref_o, ref_l = torch.empty_like(q), torch.empty_like(lse)
+                kernels.forward_gluon(q, k, v, ref_o, ref_l, causal, d ** -0.5, **kernels.GLUON_FORWARD[d])
+                fns = {}
+                for name, qb in variants.items():
+                    cfg = dict(kernels.GLUON_FORWARD[d], q_buffers=qb)
+                    out.fill_(float("nan"))
+                    lse.fill_(float("nan"))
+                    kernels.forward_gluon(q, k, v, out, lse, causal, d ** -0.5, **cfg)
+                    same = torch.equal(out, ref_o) and torch.equal(lse, ref_l)
+                    if not same:
+                        print(f"D={d} N={n} causal={causal} {name}: NOT the default's bits", flush=True)
+                    fns[name] = (lambda cfg=cfg: kernels.forward_gluon(q, k, v, out, lse, causal, d ** -0.5, **cfg))
+
+                def cudnn():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                fns["cuDNN"] = cudnn
+                res = {name: [] for name in fns}
+                for _ in range(3):
+                    for name, fn in fns.items():
+                        res[name].append(fl / do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e9)
+                rows.append({"D": d, "N": n, "B": b, "causal": causal, "tflops": res})
+                med = {name: sorted(x)[1] for name, x in res.items()}
+                print(f"D={d} N={n} causal={causal}: " + ", ".join(f"{name} {m:.0f} ({m / med['cuDNN']:.3f}x)"
+                                                                  for name, m in med.items()), flush=True)
+                json.dump({"meta": _meta(), "rows": rows}, open(os.path.join(out_dir, "attention_tile_costs.json"), "w"),
+                          indent=1)
+            del q, k, v, out, lse, ref_o, ref_l
+            torch.cuda.empty_cache()
+
+
 def _no_grad(f, q, k, v, causal):
     import torch
 
@@ -511,7 +564,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     if args.child:
         {"check": check, "time": timing, "sweep": sweep, "bench": bench, "compile": compile_check,
-         "bwd": backward_variants, "parts": backward_parts, "public": public_gap}[args.child](args.out)
+         "bwd": backward_variants, "parts": backward_parts, "public": public_gap,
+         "tiles": tile_costs}[args.child](args.out)
     else:
         parent(args)
 

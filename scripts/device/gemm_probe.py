@@ -6,6 +6,7 @@ limit (a wrong mbarrier phase hangs the GPU; the parent then reports it and goes
 check: poisoned outputs, float64 references, error / rounding floor, twice for determinism.
 time: bf16 square and M=N=4096 small-K against torch.matmul, interleaved (A B A B); GPU time from
     back-to-back calls in one CUDA graph (harness.graph_median_ms).
+reps4096: 4096^3 only, ten interleaved repetitions (the case at parity), GROUP_M 4 / 8 / 16.
 streamk: the stream-K tail on and off (the same kernel otherwise) against torch.matmul.
 ablate: ring depth (1..4 stages) and tile order (GROUP_M 1 vs 8). fp8: against torch._scaled_mm.
 """
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import time
 
-LIMITS = {"consumers": 120, "host": 40, "check": 90, "time": 120, "ablate": 90, "fp8": 50, "public": 60, "streamk": 150}
+LIMITS = {"reps4096": 90, "consumers": 120, "host": 40, "check": 90, "time": 120, "ablate": 90, "fp8": 50, "public": 60, "streamk": 150}
 
 
 def parent(args):
@@ -301,6 +302,11 @@ def child(phase, out_dir):
                                                   "128x256x64": lambda a, b: gluon(a, b, block=(128, 256, 64), stages=3),
                                                   "128x128x64": lambda a, b: gluon(a, b, block=(128, 128, 64), stages=4)},
                     reps=2, public=both)
+    if phase == "reps4096":
+        # 4096^3 sits at parity: enough interleaved repetitions for a median of the ratio to mean something
+        compare("square", 4096, 4096, 4096, {"cuBLAS": cublas, "tilecore.gemm": lambda a, b: tilecore.gemm(a, b),
+                                             "GROUP_M=4": lambda a, b: gluon(a, b, group_m=4),
+                                             "GROUP_M=16": lambda a, b: gluon(a, b, group_m=16)}, reps=10)
     if phase == "streamk":
         print("graph replays (GPU time), A B A B interleaved; whole tiles = the same kernel without the stream-K tail",
               flush=True)

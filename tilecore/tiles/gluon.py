@@ -24,7 +24,9 @@ block shape, dtype, swizzle) and ``load_tile(g, cfg, buf, bar, tile, consumer)``
 copy (the consumer index says which share of the tile). The producer loads it at the start of every
 tile, into one buffer per consumer, as soon as that consumer's previous tile no longer reads it;
 ``init(g, cfg, tile, buf)`` and ``compute(g, cfg, state, x_smem, y_smem, kk, buf)`` then receive the
-buffer, already loaded. So the next tile's operand arrives during this tile's epilogue.
+buffer, already loaded. So the next tile's operand arrives during this tile's epilogue. With
+``TILE_BUFFERS=2`` each consumer has two buffers used in turn: the producer loads the next tile's
+operand (and its first stages) while this tile still runs, so no tile starts by waiting for a load.
 
 With ``TILE_SHARED`` the per-tile operand is one set of ``TILE_OPERANDS`` buffers (each of
 ``tile_desc``'s block) for the whole tile, read by every consumer (attention's backward: a key
@@ -228,7 +230,7 @@ def add_partials(acc, workspace, flags, first_slot, end_slot, slot_step):
 def _producer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles,
               setup: gl.constexpr, load: gl.constexpr, load_tile: gl.constexpr, STAGES: gl.constexpr,
               STAGE_BYTES: gl.constexpr, TILE_BYTES: gl.constexpr, CONSUMERS: gl.constexpr,
-              TILE_SHARED: gl.constexpr, TILE_RESIDENT: gl.constexpr):
+              TILE_SHARED: gl.constexpr, TILE_RESIDENT: gl.constexpr, TILE_BUFFERS: gl.constexpr):
     i = 0
     t = 0
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -241,11 +243,12 @@ def _producer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, tile_bufs, til
             mbarrier.wait(tile_empty.index(0), (t & 1) ^ 1)
             mbarrier.expect(tile_ready.index(0), TILE_BYTES)
             load_tile(g, cfg, tile_bufs, tile_ready.index(0), tile)
-        elif TILE_BYTES > 0:  # each consumer's per-tile operand, once it has let go of the last one
+        elif TILE_BYTES > 0:  # each consumer's per-tile operand, once its buffer is free again
             for c in gl.static_range(CONSUMERS):
-                mbarrier.wait(tile_empty.index(c), (t & 1) ^ 1)
-                mbarrier.expect(tile_ready.index(c), TILE_BYTES)
-                load_tile(g, cfg, tile_bufs.index(c), tile_ready.index(c), tile, c)
+                slot = _tile_slot(c, t, TILE_BUFFERS, False)
+                mbarrier.wait(tile_empty.index(slot), ((t // TILE_BUFFERS) & 1) ^ 1)
+                mbarrier.expect(tile_ready.index(slot), TILE_BYTES)
+                load_tile(g, cfg, tile_bufs.index(slot), tile_ready.index(slot), tile, c)
         for kk in range(k_iters):
             s = i % STAGES
             # a fresh barrier counts as having completed the phase before phase 0: the first lap
@@ -263,17 +266,19 @@ def _with_index(cfg, index):
 
 
 @gluon.jit
-def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile_buf, tile_ready, tile_empty,
+def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile_bufs, tile_ready, tile_empty,
               num_tiles, setup: gl.constexpr, init: gl.constexpr, compute: gl.constexpr, drain: gl.constexpr,
               finish: gl.constexpr, STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr, TILE_OPERAND: gl.constexpr,
               turns, CID: gl.constexpr, PINGPONG: gl.constexpr, STEP_INDEX: gl.constexpr,
-              TILE_RESIDENT: gl.constexpr):
+              TILE_SHARED: gl.constexpr, TILE_RESIDENT: gl.constexpr, TILE_BUFFERS: gl.constexpr):
     i = 0
     t = 0
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         tile, k_iters = setup(g, cfg, tile_id)
+        slot = _tile_slot(CID, t, TILE_BUFFERS, TILE_SHARED)
         if TILE_OPERAND:
-            mbarrier.wait(tile_ready, 0 if TILE_RESIDENT else t & 1)
+            mbarrier.wait(tile_ready.index(slot), 0 if TILE_RESIDENT else (t // TILE_BUFFERS) & 1)
+            tile_buf = _tile_buf(tile_bufs, slot, TILE_SHARED)
             state = init(g, cfg, tile, tile_buf)
         else:
             state = init(g, cfg, tile)
@@ -301,20 +306,29 @@ def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile
         if IN_FLIGHT > 0:
             mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k_iters > 0)
         if TILE_OPERAND and not TILE_RESIDENT:
-            mbarrier.arrive(tile_empty)  # the producer may load the next tile's operand now
+            mbarrier.arrive(tile_empty.index(slot))  # the producer may load a later tile's operand here
         finish(g, cfg, state, tile, out_smem)
         t += 1
     tma.store_wait(0)
 
 
 @gluon.jit
-def _tile_buf(tile_bufs, consumer: gl.constexpr, shared: gl.constexpr):
-    """What a consumer's init/compute receive as the per-tile operand: its own buffer, or every
-    shared one."""
+def _tile_slot(consumer: gl.constexpr, t, buffers: gl.constexpr, shared: gl.constexpr):
+    """The per-tile operand's buffer (and barrier pair) for a program's t-th tile: consumer c's
+    buffers are c * buffers .. (c + 1) * buffers - 1, used in turn; shared operands have one."""
+    if shared:
+        return 0
+    else:
+        return consumer * buffers + t % buffers
+
+
+@gluon.jit
+def _tile_buf(tile_bufs, slot, shared: gl.constexpr):
+    """What a consumer's init/compute receive as the per-tile operand: its buffer, or every shared one."""
     if shared:
         return tile_bufs
     else:
-        return tile_bufs.index(consumer)
+        return tile_bufs.index(slot)
 
 
 @gluon.jit
@@ -325,7 +339,8 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
                         CONSUMER_REGS: gl.constexpr = 232, IN_FLIGHT: gl.constexpr = -1,
                         tile_desc=None, load_tile: gl.constexpr = None, PINGPONG: gl.constexpr = False,
                         TILE_OPERANDS: gl.constexpr = 1, TILE_SHARED: gl.constexpr = False,
-                        STEP_INDEX: gl.constexpr = False, TILE_RESIDENT: gl.constexpr = False):
+                        STEP_INDEX: gl.constexpr = False, TILE_RESIDENT: gl.constexpr = False,
+                        TILE_BUFFERS: gl.constexpr = 1):
     """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
 
     ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
@@ -339,7 +354,8 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     ``compute`` also receives a turn for ``wait_turn``/``pass_turn`` (see the module docstring).
     ``TILE_OPERANDS``, ``TILE_SHARED``: several per-tile operands shared by the consumers;
     ``STEP_INDEX``: ``compute`` also receives the ring step; ``TILE_RESIDENT``: the shared per-tile
-    operand is a constant, loaded once (see the module docstring).
+    operand is a constant, loaded once (see the module docstring). ``TILE_BUFFERS``: 2 double-buffers
+    each consumer's per-tile operand (see the module docstring).
     """
     TILE_OPERAND: gl.constexpr = load_tile is not None
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
@@ -348,12 +364,14 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     gl.static_assert(TILE_SHARED or TILE_OPERANDS == 1, "several tile operands are shared by the consumers")
     gl.static_assert(not STEP_INDEX or (TILE_OPERAND and not PINGPONG), "STEP_INDEX takes a tile operand")
     gl.static_assert(not TILE_RESIDENT or TILE_SHARED, "a resident tile operand is shared by the consumers")
+    gl.static_assert(TILE_BUFFERS == 1 or (TILE_OPERAND and not TILE_SHARED),
+                     "TILE_BUFFERS double-buffers each consumer's own per-tile operand")
     if TILE_SHARED:
         tile_bufs = gl.allocate_shared_memory(tile_desc.dtype, [TILE_OPERANDS] + tile_desc.block_type.shape,
                                               tile_desc.layout)
         TILE_BYTES: gl.constexpr = TILE_OPERANDS * tile_desc.block_type.nbytes
     elif TILE_OPERAND:
-        tile_bufs = gl.allocate_shared_memory(tile_desc.dtype, [CONSUMERS] + tile_desc.block_type.shape,
+        tile_bufs = gl.allocate_shared_memory(tile_desc.dtype, [CONSUMERS * TILE_BUFFERS] + tile_desc.block_type.shape,
                                               tile_desc.layout)
         TILE_BYTES: gl.constexpr = tile_desc.block_type.nbytes
     else:
@@ -361,8 +379,8 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
         TILE_BYTES: gl.constexpr = 0
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    tile_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    tile_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    tile_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS * TILE_BUFFERS, 1], mbarrier.MBarrierLayout())
+    tile_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS * TILE_BUFFERS, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     gl.static_assert(not PINGPONG or (CONSUMERS == 2 and TILE_OPERAND), "PINGPONG takes two consumers and a tile operand")
     for c in gl.static_range(2):
@@ -370,37 +388,38 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=CONSUMERS)
-    for c in gl.static_range(CONSUMERS):
+    for c in gl.static_range(CONSUMERS * TILE_BUFFERS):
         mbarrier.init(tile_ready.index(c), count=1)
         mbarrier.init(tile_empty.index(c), count=CONSUMERS if TILE_SHARED else 1)
     STAGE_BYTES: gl.constexpr = x_desc.block_type.nbytes + y_desc.block_type.nbytes
     LATE_RELEASE: gl.constexpr = (1 if STAGES > 1 else 0) if IN_FLIGHT < 0 else IN_FLIGHT
     if CONSUMERS == 1:
         gl.warp_specialize([
-            (_consumer, (g, cfg, x_ring, y_ring, ready, empty, out_smem.index(0), _tile_buf(tile_bufs, 0, TILE_SHARED),
-                         tile_ready.index(0), tile_empty.index(0), num_tiles, setup, init, compute, drain, finish,
-                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 0, False, STEP_INDEX, TILE_RESIDENT)),
+            (_consumer, (g, cfg, x_ring, y_ring, ready, empty, out_smem.index(0), tile_bufs, tile_ready, tile_empty,
+                         num_tiles, setup, init, compute, drain, finish, STAGES, LATE_RELEASE, TILE_OPERAND, turns,
+                         0, False, STEP_INDEX, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS)),
             (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
-                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED, TILE_RESIDENT)),
+                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED, TILE_RESIDENT,
+                         TILE_BUFFERS)),
         ], [1], [PRODUCER_REGS])
     else:
-        SECOND: gl.constexpr = 0 if TILE_SHARED else 1  # the second consumer's tile barriers
         gl.warp_specialize([
-            (_consumer, (g, _with_index(cfg, 0), x_ring, y_ring, ready, empty, out_smem.index(0),
-                         _tile_buf(tile_bufs, 0, TILE_SHARED), tile_ready.index(0),
-                         tile_empty.index(0), num_tiles, setup, init, compute, drain, finish,
-                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 0, PINGPONG, STEP_INDEX, TILE_RESIDENT)),
-            (_consumer, (g, _with_index(cfg, 1), x_ring, y_ring, ready, empty, out_smem.index(1),
-                         _tile_buf(tile_bufs, 1, TILE_SHARED), tile_ready.index(SECOND),
-                         tile_empty.index(SECOND), num_tiles, setup, init, compute, drain, finish,
-                         STAGES, LATE_RELEASE, TILE_OPERAND, turns, 1, PINGPONG, STEP_INDEX, TILE_RESIDENT)),
+            (_consumer, (g, _with_index(cfg, 0), x_ring, y_ring, ready, empty, out_smem.index(0), tile_bufs,
+                         tile_ready, tile_empty, num_tiles, setup, init, compute, drain, finish, STAGES,
+                         LATE_RELEASE, TILE_OPERAND, turns, 0, PINGPONG, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
+                         TILE_BUFFERS)),
+            (_consumer, (g, _with_index(cfg, 1), x_ring, y_ring, ready, empty, out_smem.index(1), tile_bufs,
+                         tile_ready, tile_empty, num_tiles, setup, init, compute, drain, finish, STAGES,
+                         LATE_RELEASE, TILE_OPERAND, turns, 1, PINGPONG, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
+                         TILE_BUFFERS)),
             (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
-                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED, TILE_RESIDENT)),
+                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED, TILE_RESIDENT,
+                         TILE_BUFFERS)),
         ], [gl.num_warps(), 1], [CONSUMER_REGS, PRODUCER_REGS])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
-    for c in gl.static_range(CONSUMERS):
+    for c in gl.static_range(CONSUMERS * TILE_BUFFERS):
         mbarrier.invalidate(tile_ready.index(c))
         mbarrier.invalidate(tile_empty.index(c))
     for c in gl.static_range(2):
