@@ -6,7 +6,7 @@ limit (a wrong mbarrier phase hangs the GPU; the parent then reports it and goes
 check: poisoned outputs, float64 references, error / rounding floor, twice for determinism.
 time: bf16 square and M=N=4096 small-K against torch.matmul, interleaved (A B A B); GPU time from
     back-to-back calls in one CUDA graph (harness.graph_median_ms).
-reps4096: 4096^3 only, ten interleaved repetitions (the case at parity), GROUP_M 4 / 8 / 16.
+reps4096: 4096^3, ten interleaved repetitions (the case at parity), GROUP_M 4 / 8 / 16; 8192^3, six, 4 / 8.
 streamk: the stream-K tail on and off (the same kernel otherwise) against torch.matmul.
 ablate: ring depth (1..4 stages) and tile order (GROUP_M 1 vs 8). fp8: against torch._scaled_mm.
 """
@@ -307,6 +307,8 @@ def child(phase, out_dir):
         compare("square", 4096, 4096, 4096, {"cuBLAS": cublas, "tilecore.gemm": lambda a, b: tilecore.gemm(a, b),
                                              "GROUP_M=4": lambda a, b: gluon(a, b, group_m=4),
                                              "GROUP_M=16": lambda a, b: gluon(a, b, group_m=16)}, reps=10)
+        compare("square", 8192, 8192, 8192, {"cuBLAS": cublas, "tilecore.gemm": lambda a, b: tilecore.gemm(a, b),
+                                             "GROUP_M=4": lambda a, b: gluon(a, b, group_m=4)}, reps=6)
     if phase == "streamk":
         print("graph replays (GPU time), A B A B interleaved; whole tiles = the same kernel without the stream-K tail",
               flush=True)
