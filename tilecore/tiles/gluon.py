@@ -312,7 +312,10 @@ def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile
         if IN_FLIGHT > 0:
             mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k_iters > 0)
         if TILE_OPERAND and not TILE_RESIDENT:  # the producer may load a later tile's operand here
-            mbarrier.arrive(tile_empty.index(slot), pred=k_iters - 1 - TILE_LAST_STEPS < 0)
+            if TILE_LAST_STEPS == 0:
+                mbarrier.arrive(tile_empty.index(slot))
+            else:  # unless the loop did (a tile of more than TILE_LAST_STEPS steps)
+                mbarrier.arrive(tile_empty.index(slot), pred=k_iters <= TILE_LAST_STEPS)
         finish(g, cfg, state, tile, out_smem)
         t += 1
     tma.store_wait(0)
