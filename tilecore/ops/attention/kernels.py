@@ -275,9 +275,23 @@ _DQ = CachedLaunch(_attn_bwd_dq)
 
 # Hopper's Gluon forward (gluon_kernels.py): the head dims it serves, with its query rows per consumer
 # warpgroup (block_m), keys per step (block_n), ring depth, consumer warpgroups and the FA3-style
-# overlap of softmax with P V, from the sweeps on the H100 (notes/attention.md)
-GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, overlap=True, consumers=2),
-                 128: dict(block_m=64, block_n=128, stages=2, overlap=True, consumers=2)}
+# overlap of softmax with P V, and Q buffers per consumer (2: the next tile's Q loads while a tile
+# runs), from the sweeps on the H100 (notes/attention.md)
+GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, overlap=True, consumers=2, q_buffers=2),
+                 128: dict(block_m=64, block_n=128, stages=2, overlap=True, consumers=2, q_buffers=1)}
+# At D = 128 two Q buffers won only where tiles are short (N = 512: +15%, causal +18%; N = 4096
+# causal, 16 key blocks a tile on average: -3 to -4% in two runs; notes/attention.md, session 5)
+SHORT_TILE_KEY_BLOCKS = 8
+
+
+def gluon_forward_config(d: int, n: int, nk: int, causal: bool) -> dict:
+    """The Gluon forward's configuration for head dim ``d`` and these lengths: GLUON_FORWARD[d],
+    with two Q buffers where a tile's key blocks are few on average (its fixed costs dominate)."""
+    cfg = dict(GLUON_FORWARD[d])
+    keys = max(nk - n / 2, nk / 2) if causal else nk  # keys a query row sees, on average (about)
+    if keys / cfg["block_n"] <= SHORT_TILE_KEY_BLOCKS:
+        cfg["q_buffers"] = 2
+    return cfg
 
 
 def _head_descriptor(t, rows: int):
@@ -323,7 +337,8 @@ def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int
 def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict | None = None) -> None:
     """out (B, Hq, N, D) and lse (B, Hq, N) float32 of attention(q, k, v); both contiguous."""
     if config is None and gluon_forward_fits(q, k, v, scale):
-        return forward_gluon(q, k, v, out, lse, causal, scale, **GLUON_FORWARD[q.shape[-1]])
+        return forward_gluon(q, k, v, out, lse, causal, scale,
+                             **gluon_forward_config(q.shape[-1], q.shape[2], k.shape[2], causal))
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     cfg = config or forward_config(D, q.device.type != "cuda")

@@ -76,10 +76,12 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
                 o_desc=desc(cfg["block_m"]), lse_ptr=torch.empty(64, dtype=torch.float32), H=16, N=n, Nk=n,
                 GROUP=1, scale_log2e=0.1, num_bh=256, head_group=12, CAUSAL=causal, STAGES=cfg["stages"],
                 OVERLAP=cfg["overlap"], CONSUMERS=cfg["consumers"], PINGPONG=cfg.get("pingpong", False),
-                Q_BUFFERS=cfg.get("q_buffers", 1), Q_EARLY=cfg.get("q_early", False))
+                Q_BUFFERS=cfg["q_buffers"], Q_EARLY=cfg.get("q_early", False))
     compiled = _compile(attention_fwd_kernel, args, {"num_warps": 8 if cfg["consumers"] == 1 else 4})
     r = resources(compiled)
-    name = "forward (gluon, ping-pong)" if cfg.get("pingpong") else "forward (gluon)"
+    name = ("forward (gluon, ping-pong)" if cfg.get("pingpong") else
+            "forward (gluon, short tiles)" if cfg["q_buffers"] != kernels.GLUON_FORWARD[d]["q_buffers"] else
+            "forward (gluon)")
     return dict(kernel=name, D=d, causal=causal, cfg=cfg, **vars(r),
                 **has_hopper_instructions(compiled.asm["ptx"]))
 
@@ -119,9 +121,11 @@ def main(argv=None) -> int:
         return 2
     rows = [r for d in (64, 128, 256) for r in kernel_resources(d)]
     rows += [gluon_forward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
-    from tilecore.ops.attention.kernels import GLUON_FORWARD  # the ping-pong option, off by default
+    from tilecore.ops.attention.kernels import GLUON_FORWARD, gluon_forward_config  # options off by default
 
     rows.append(gluon_forward_resources(128, True, cfg=dict(GLUON_FORWARD[128], pingpong=True)))
+    for causal in (False, True):  # short tiles take two Q buffers (224 KiB of shared memory at D = 128)
+        rows.append(gluon_forward_resources(128, causal, cfg=gluon_forward_config(128, 512, 512, causal)))
     rows += [gluon_backward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
     if "--json" in argv:
         print(json.dumps(rows))
