@@ -313,7 +313,8 @@ def backward_variants(out_dir):
 
     G = lambda **kw: dict(block_m=64, block_n=64, stages=2, dq_from="fused") | kw
     variants_by_d = {
-        64: {"overlapped": G(dq_from="overlapped"), "overlapped, no prefetch": G(dq_from="overlapped", prefetch=False)},
+        64: {"overlapped": G(dq_from="overlapped"), "overlapped, 3 stages": G(dq_from="overlapped", stages=3),
+             "fused": G()},
         128: {"fused": G(), "fused, no prefetch": G(prefetch=False), "+ tl dq": G(dq_from="tl")}}
     rows = []
     for d in (64, 128):
