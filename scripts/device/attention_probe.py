@@ -18,8 +18,8 @@ bwd: the backward's variants (Gluon with dq fused or not, tl), each checked on a
 parts: where the Gluon backward's time goes: the preprocess (delta, with and without zeroing the
     float32 dQ buffer), a separate memset, the kernel alone, the float32 -> bf16 conversion of dQ, the tl dq
     kernel, and the whole backward_into, next to cuDNN's autograd backward.
-tiles: the forward's per-tile cost: one or two Q buffers per consumer, Q released a step early, the
-    ping-pong order, N = 512 .. 4096, next to cuDNN.
+tiles: the forward's per-tile cost: one or two Q buffers per consumer, the ping-pong order,
+    N = 512 .. 4096, next to cuDNN.
 """
 import argparse
 import json
@@ -476,8 +476,9 @@ def tile_costs(out_dir):
 
     from tilecore.ops.attention import kernels
 
-    variants = {"q1": dict(q_buffers=1), "q2": dict(q_buffers=2), "q1 early": dict(q_early=True),
-                "q2 early": dict(q_buffers=2, q_early=True), "q2 pingpong": dict(q_buffers=2, pingpong=True)}
+    # (session 5 also timed a release of Q one step before a tile's end, alone and with two buffers:
+    # within noise of two buffers; removed, its code is at a26a475, notes/attention.md f2)
+    variants = {"q1": dict(q_buffers=1), "q2": dict(q_buffers=2), "q2 pingpong": dict(q_buffers=2, pingpong=True)}
     rows = []
     for d in (128, 64):
         for n in (4096, 1024, 512):

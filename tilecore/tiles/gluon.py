@@ -27,9 +27,6 @@ tile, into one buffer per consumer, as soon as that consumer's previous tile no 
 buffer, already loaded. So the next tile's operand arrives during this tile's epilogue. With
 ``TILE_BUFFERS=2`` each consumer has two buffers used in turn: the producer loads the next tile's
 operand (and its first stages) while this tile still runs, so no tile starts by waiting for a load.
-``TILE_LAST_STEPS=n`` says that a tile's last n steps do not read the operand (attention's overlapped
-forward: the last step is P V alone), so the consumer releases it n steps before the tile ends (this
-needs ``IN_FLIGHT=0``: compute returns with its reads done).
 
 With ``TILE_SHARED`` the per-tile operand is one set of ``TILE_OPERANDS`` buffers (each of
 ``tile_desc``'s block) for the whole tile, read by every consumer (attention's backward: a key
@@ -273,8 +270,7 @@ def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile
               num_tiles, setup: gl.constexpr, init: gl.constexpr, compute: gl.constexpr, drain: gl.constexpr,
               finish: gl.constexpr, STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr, TILE_OPERAND: gl.constexpr,
               turns, CID: gl.constexpr, PINGPONG: gl.constexpr, STEP_INDEX: gl.constexpr,
-              TILE_SHARED: gl.constexpr, TILE_RESIDENT: gl.constexpr, TILE_BUFFERS: gl.constexpr,
-              TILE_LAST_STEPS: gl.constexpr):
+              TILE_SHARED: gl.constexpr, TILE_RESIDENT: gl.constexpr, TILE_BUFFERS: gl.constexpr):
     i = 0
     t = 0
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -302,8 +298,6 @@ def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile
             if IN_FLIGHT == 0:
                 state = drain(g, cfg, state)  # its wgmma must finish before the stage is refilled
                 mbarrier.arrive(empty.index(s))
-                if TILE_OPERAND and TILE_LAST_STEPS > 0:  # the operand's last reader is done
-                    mbarrier.arrive(tile_empty.index(slot), pred=kk == k_iters - 1 - TILE_LAST_STEPS)
             else:
                 # the wgmma of step kk-1 has finished: its stage can be refilled
                 mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=kk > 0)
@@ -311,11 +305,8 @@ def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile
         state = drain(g, cfg, state)
         if IN_FLIGHT > 0:
             mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k_iters > 0)
-        if TILE_OPERAND and not TILE_RESIDENT:  # the producer may load a later tile's operand here
-            if TILE_LAST_STEPS == 0:
-                mbarrier.arrive(tile_empty.index(slot))
-            else:  # unless the loop did (a tile of more than TILE_LAST_STEPS steps)
-                mbarrier.arrive(tile_empty.index(slot), pred=k_iters <= TILE_LAST_STEPS)
+        if TILE_OPERAND and not TILE_RESIDENT:
+            mbarrier.arrive(tile_empty.index(slot))  # the producer may load a later tile's operand here
         finish(g, cfg, state, tile, out_smem)
         t += 1
     tma.store_wait(0)
@@ -349,7 +340,7 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
                         tile_desc=None, load_tile: gl.constexpr = None, PINGPONG: gl.constexpr = False,
                         TILE_OPERANDS: gl.constexpr = 1, TILE_SHARED: gl.constexpr = False,
                         STEP_INDEX: gl.constexpr = False, TILE_RESIDENT: gl.constexpr = False,
-                        TILE_BUFFERS: gl.constexpr = 1, TILE_LAST_STEPS: gl.constexpr = 0):
+                        TILE_BUFFERS: gl.constexpr = 1):
     """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
 
     ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
@@ -364,8 +355,7 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     ``TILE_OPERANDS``, ``TILE_SHARED``: several per-tile operands shared by the consumers;
     ``STEP_INDEX``: ``compute`` also receives the ring step; ``TILE_RESIDENT``: the shared per-tile
     operand is a constant, loaded once (see the module docstring). ``TILE_BUFFERS``: 2 double-buffers
-    each consumer's per-tile operand; ``TILE_LAST_STEPS``: how many last steps of a tile do not read
-    it, so it is released that early (see the module docstring).
+    each consumer's per-tile operand (see the module docstring).
     """
     TILE_OPERAND: gl.constexpr = load_tile is not None
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
@@ -376,8 +366,6 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     gl.static_assert(not TILE_RESIDENT or TILE_SHARED, "a resident tile operand is shared by the consumers")
     gl.static_assert(TILE_BUFFERS == 1 or (TILE_OPERAND and not TILE_SHARED),
                      "TILE_BUFFERS double-buffers each consumer's own per-tile operand")
-    gl.static_assert(TILE_LAST_STEPS == 0 or (TILE_OPERAND and not TILE_RESIDENT and IN_FLIGHT == 0),
-                     "an early release of the per-tile operand needs compute to return with its reads done")
     if TILE_SHARED:
         tile_bufs = gl.allocate_shared_memory(tile_desc.dtype, [TILE_OPERANDS] + tile_desc.block_type.shape,
                                               tile_desc.layout)
@@ -409,7 +397,7 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
         gl.warp_specialize([
             (_consumer, (g, cfg, x_ring, y_ring, ready, empty, out_smem.index(0), tile_bufs, tile_ready, tile_empty,
                          num_tiles, setup, init, compute, drain, finish, STAGES, LATE_RELEASE, TILE_OPERAND, turns,
-                         0, False, STEP_INDEX, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, TILE_LAST_STEPS)),
+                         0, False, STEP_INDEX, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS)),
             (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
                          load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED, TILE_RESIDENT,
                          TILE_BUFFERS)),
@@ -419,11 +407,11 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
             (_consumer, (g, _with_index(cfg, 0), x_ring, y_ring, ready, empty, out_smem.index(0), tile_bufs,
                          tile_ready, tile_empty, num_tiles, setup, init, compute, drain, finish, STAGES,
                          LATE_RELEASE, TILE_OPERAND, turns, 0, PINGPONG, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
-                         TILE_BUFFERS, TILE_LAST_STEPS)),
+                         TILE_BUFFERS)),
             (_consumer, (g, _with_index(cfg, 1), x_ring, y_ring, ready, empty, out_smem.index(1), tile_bufs,
                          tile_ready, tile_empty, num_tiles, setup, init, compute, drain, finish, STAGES,
                          LATE_RELEASE, TILE_OPERAND, turns, 1, PINGPONG, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
-                         TILE_BUFFERS, TILE_LAST_STEPS)),
+                         TILE_BUFFERS)),
             (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
                          load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED, TILE_RESIDENT,
                          TILE_BUFFERS)),

@@ -5,8 +5,7 @@ A tile is BLOCK_M query rows of one (batch, head); its "K loop" walks the key bl
 1-warp producer TMA-loads a K and a V block into one ring stage (4-D descriptors over (B, Hkv, Nk, D):
 rows past Nk arrive as zeros and never come from the next head); it also loads each tile's Q block
 (the template's per-tile operand) while the consumers finish the previous tile; with Q_BUFFERS = 2,
-already while they run it, so a tile's first step finds its Q and K/V loaded; with Q_EARLY (overlapped
-loop), once its last S is computed. Per step:
+already while they run it, so a tile's first step finds its Q and K/V loaded. Per step:
 
     S = Q K^T                      wgmma, both operands in shared memory
     m, l, P = online softmax(S)    registers, base 2: exp2(S * scale * log2 e - m)
@@ -241,8 +240,7 @@ def _finish(g, cfg: gl.constexpr, state, tile, o_smem):
 @gluon.jit
 def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh,
                          head_group, CAUSAL: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
-                         CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr = False, Q_BUFFERS: gl.constexpr = 1,
-                         Q_EARLY: gl.constexpr = False):
+                         CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr = False, Q_BUFFERS: gl.constexpr = 1):
     """O and lse of attention for every (query block, batch * head); a persistent grid."""
     g = (q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh, head_group)
     BM: gl.constexpr = o_desc.block_type.shape[2]
@@ -253,5 +251,4 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROU
     num_tiles = gl.cdiv(N, BM * CONSUMERS) * num_bh
     persistent_pipeline(g, cfg, k_desc, v_desc, o_desc, num_tiles, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, CONSUMERS=CONSUMERS, IN_FLIGHT=0 if OVERLAP else 1, tile_desc=q_desc,
-                        load_tile=_load_q, PINGPONG=PINGPONG, TILE_BUFFERS=Q_BUFFERS,
-                        TILE_LAST_STEPS=1 if Q_EARLY and OVERLAP else 0)  # overlapped: the last step is P V
+                        load_tile=_load_q, PINGPONG=PINGPONG, TILE_BUFFERS=Q_BUFFERS)
