@@ -201,24 +201,9 @@ def _p_operand(g, cfg: gl.constexpr, p):
 
 
 @gluon.jit
-def _s_and_pv(g, cfg: gl.constexpr, q, k_t, v, p, acc, m_i, l_i, start_m, start_n):
-    """One overlapped step's tensor-core work: S = Q K^T and acc + P V issued together, the softmax
-    of S while P V runs. Returns (m, l, P in float32, alpha, acc + P V)."""
-    s_layout: gl.constexpr = wgmma_layout(cfg[1], cfg[2], gl.num_warps())
-    s_tok = warpgroup_mma(q, k_t, gl.zeros([cfg[1], cfg[2]], gl.float32, s_layout), use_acc=False, is_async=True)
-    o_tok = warpgroup_mma(p, v, acc, is_async=True)
-    s = warpgroup_mma_wait(1, deps=(s_tok,))
-    m_i, l_i, p32, alpha = _softmax(g, cfg, s, m_i, l_i, start_m, start_n)
-    acc = warpgroup_mma_wait(0, deps=(o_tok,))
-    return m_i, l_i, p32, alpha, acc
-
-
-@gluon.jit
 def _compute_carried(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, o_smem):
     """CARRY's step: the overlapped step, except that a tile's first one also finishes the previous
-    tile (its last P V runs with this tile's first S and softmax; then its O is stored), and the tail
-    step (kk = key blocks: only the template's last call) finishes this one. (Runtime ``use_acc``
-    flags gave wrong sums on the H100: fresh accumulators are explicit zeros.)"""
+    tile (its last P V runs with this tile's first S and softmax; then its O is stored) and the tail step (kk = key blocks: only the template's last call) finishes this one."""
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
@@ -228,34 +213,32 @@ def _compute_carried(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, o_
     q = q_smem.reshape([BM, D])
     k_t = k_smem.reshape([BN, D]).permute((1, 0))
     v = v_smem.reshape([BN, D])
-    zeros = gl.zeros([BM, D], gl.float32, o_layout)
+    s0 = gl.zeros([BM, BN], gl.float32, s_layout)
     if kk == 0:
-        # the previous tile's last P V under this tile's first S and softmax; that tile's
-        # accumulator is acc, or zeros if the P V is its only one (acc then holds an older tile's)
+        s_tok = warpgroup_mma(q, k_t, s0, use_acc=False, is_async=True)
+        # the previous tile's last P V (into a fresh accumulator if it was that tile's only one)
+        o_tok = warpgroup_mma(p, v, acc, use_acc=pend_blocks > 1, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
         fresh_m = gl.full([BM], EMPTY_ROW_MAX, gl.float32, gl.SliceLayout(1, s_layout))
         fresh_l = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
-        if pend_blocks > 1:
-            m_new, l_new, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, acc, fresh_m, fresh_l, start_m, 0)
-        else:
-            m_new, l_new, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, zeros, fresh_m, fresh_l, start_m, 0)
+        m_new, l_new, p32, alpha = _softmax(g, cfg, s, fresh_m, fresh_l, start_m, 0)
+        acc = warpgroup_mma_wait(0, deps=(o_tok,))
         p = _p_operand(g, cfg, p32)
         if pend_blocks > 0:  # a previous tile (not the state before a program's first)
             _epilogue(g, cfg, m_i, l_i, acc, pend_m, pend_bh, o_smem)
         m_i = m_new
         l_i = l_new
     elif kk < n_blocks:
-        # this tile's P V, into zeros at its second step (acc holds the finished previous tile)
-        if kk > 1:
-            m_i, l_i, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, acc, m_i, l_i, start_m, kk * BN)
-        else:
-            m_i, l_i, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, zeros, m_i, l_i, start_m, kk * BN)
+        s_tok = warpgroup_mma(q, k_t, s0, use_acc=False, is_async=True)
+        # acc still holds the finished previous tile at this tile's second step: not accumulated into
+        o_tok = warpgroup_mma(p, v, acc, use_acc=kk > 1, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
+        m_i, l_i, p32, alpha = _softmax(g, cfg, s, m_i, l_i, start_m, kk * BN)
+        acc = warpgroup_mma_wait(0, deps=(o_tok,))
         acc = acc * alpha
         p = _p_operand(g, cfg, p32)
     else:  # the tail: this tile's last P V, then its epilogue
-        if n_blocks > 1:
-            acc = warpgroup_mma(p, v, acc)
-        else:
-            acc = warpgroup_mma(p, v, zeros)
+        acc = warpgroup_mma(p, v, acc, use_acc=n_blocks > 1)
         _epilogue(g, cfg, m_i, l_i, acc, start_m, bh, o_smem)
     return m_i, l_i, acc, p, start_m, n_blocks, bh, pend_m, pend_bh, pend_blocks
 
