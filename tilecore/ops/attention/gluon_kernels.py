@@ -90,22 +90,26 @@ def _load(g, cfg: gl.constexpr, k_smem, v_smem, bar, tile, kk, prev=None):
     count is fixed). Carried, the first step's V block is the previous tile's last."""
     b, h, hk = _head(g, tile[1])
     BN: gl.constexpr = cfg[2]
-    v_b = b
-    v_hk = hk
     if cfg[7]:
         k_block = gl.minimum(kk, tile[2] - 1)
-        v_block = kk - 1
         if kk == 0:
             v_b, v_h, v_hk = _head(g, prev[1])
             v_block = prev[2] - 1
-    elif cfg[4]:
+        else:
+            v_b = b
+            v_hk = hk
+            v_block = kk - 1
+        tma.async_copy_global_to_shared(g[1], [b, hk, k_block * BN, 0], bar, k_smem)
+        tma.async_copy_global_to_shared(g[2], [v_b, v_hk, v_block * BN, 0], bar, v_smem)
+        return
+    if cfg[4]:
         k_block = gl.minimum(kk, tile[2] - 1)
         v_block = gl.maximum(kk - 1, 0)
     else:
         k_block = kk
         v_block = kk
     tma.async_copy_global_to_shared(g[1], [b, hk, k_block * BN, 0], bar, k_smem)
-    tma.async_copy_global_to_shared(g[2], [v_b, v_hk, v_block * BN, 0], bar, v_smem)
+    tma.async_copy_global_to_shared(g[2], [b, hk, v_block * BN, 0], bar, v_smem)
 
 
 @gluon.jit
