@@ -18,9 +18,8 @@ bwd: the backward's variants (Gluon with dq fused or not, tl), each checked on a
 parts: where the Gluon backward's time goes: the preprocess (delta, with and without zeroing the
     float32 dQ buffer), a separate memset, the kernel alone, the float32 -> bf16 conversion of dQ, the tl dq
     kernel, and the whole backward_into, next to cuDNN's autograd backward.
-tiles: the forward's per-tile cost: one or two Q buffers per consumer, the carried pipeline,
+tiles: the forward's per-tile cost: one or two Q buffers per consumer, the ping-pong order,
     N = 512 .. 4096, next to cuDNN.
-carry: the carried forward against the default, bit for bit, on odd shapes (a smoke test first).
 """
 import argparse
 import json
@@ -29,7 +28,7 @@ import subprocess
 import sys
 import time
 
-LIMITS = {"carry": 100, "tiles": 330, "public": 120, "check": 110, "time": 60, "sweep": 150, "bench": 65, "compile": 60, "bwd": 150, "parts": 120}  # the run gets 300 s
+LIMITS = {"tiles": 330, "public": 120, "check": 110, "time": 60, "sweep": 150, "bench": 65, "compile": 60, "bwd": 150, "parts": 120}  # the run gets 300 s
 B, H, N = 16, 16, 4096
 
 
@@ -479,7 +478,7 @@ def tile_costs(out_dir):
 
     # (session 5 also timed a release of Q one step before a tile's end, alone and with two buffers:
     # within noise of two buffers; removed, its code is at a26a475, notes/attention.md f2)
-    variants = {"q1": dict(q_buffers=1), "q2": dict(q_buffers=2), "carry": dict(q_buffers=2, carry=True)}
+    variants = {"q1": dict(q_buffers=1), "q2": dict(q_buffers=2), "q2 pingpong": dict(q_buffers=2, pingpong=True)}
     rows = []
     for d in (128, 64):
         for n in (4096, 1024, 512):
@@ -518,40 +517,6 @@ def tile_costs(out_dir):
                           indent=1)
             del q, k, v, out, lse, ref_o, ref_l
             torch.cuda.empty_cache()
-
-
-def carry_bits(out_dir):
-    """The carried forward (carry=True: no pipeline drain between tiles) against the default on odd
-    shapes (GQA, N != Nk both ways, tails, N = 1, causal rows with no key): the same bits, every
-    element written (outputs poisoned)."""
-    import torch
-
-    from tilecore.ops.attention import kernels
-
-    cases = [(2, 8, 2, 1000, 1000), (1, 4, 4, 4097, 4097), (1, 4, 2, 4097, 1000), (1, 4, 1, 1000, 4097),
-             (2, 4, 4, 1, 17), (3, 4, 4, 300, 300)]
-    bad = 0
-    for d in (64, 128):
-        for causal in (False, True):
-            for b, hq, hkv, n, nk in cases:
-                g = torch.Generator(device="cuda").manual_seed(n + nk + d)
-                mk = lambda h, length: torch.randn(b, h, length, d, device="cuda", dtype=torch.bfloat16, generator=g)
-                q, k, v = mk(hq, n), mk(hkv, nk), mk(hkv, nk)
-                outs = []
-                for cfg in (kernels.gluon_forward_config(d, n, nk, causal),
-                            dict(kernels.GLUON_FORWARD[d], q_buffers=2, carry=True)):
-                    out = torch.full_like(q, float("nan"))
-                    lse = torch.full((b, hq, n), float("nan"), device="cuda")
-                    kernels.forward_gluon(q, k, v, out, lse, causal, d ** -0.5, **cfg)
-                    torch.cuda.synchronize()
-                    outs.append((out, lse))
-                (o1, l1), (o2, l2) = outs
-                same = torch.equal(o1, o2) and torch.equal(l1, l2)  # lse -inf where a row has no key
-                written = not o2.isnan().any().item() and not l2.isnan().any().item()
-                bad += not (same and written)
-                print(f"D={d} causal={causal} B{b} H{hq}/{hkv} N{n} Nk{nk}: same bits {same}, all written {written}",
-                      flush=True)
-    print(f"CARRY BITS: {bad} bad", flush=True)
 
 
 def _no_grad(f, q, k, v, causal):
@@ -605,7 +570,7 @@ def main():
     if args.child:
         {"check": check, "time": timing, "sweep": sweep, "bench": bench, "compile": compile_check,
          "bwd": backward_variants, "parts": backward_parts, "public": public_gap,
-         "tiles": tile_costs, "carry": carry_bits}[args.child](args.out)
+         "tiles": tile_costs}[args.child](args.out)
     else:
         parent(args)
 

@@ -21,12 +21,7 @@ fully masked rows give p = 0, never NaN (as in the ``tl`` kernel, kernels.py); r
 O = 0 and lse = -inf.
 
 ``g``   = (q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, B * H, heads per group)
-``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, OVERLAP, CONSUMERS, PINGPONG, CARRY[, consumer index])
-
-With CARRY (overlapped loop) the pipeline does not drain between a program's tiles (the template's
-``carry0``): a tile's first step issues its first S together with the previous tile's last P V (the
-stage holds this tile's first K block and the previous tile's last V block), runs the softmax under
-it, then stores the previous tile's O; a program's last tile ends with a step of its last P V alone.
+``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, OVERLAP, CONSUMERS, PINGPONG[, consumer index])
 
 With CONSUMERS = 2 a tile is 2 BLOCK_M query rows: two consumer warpgroups (separate partitions of
 the template, so each one's softmax can run while the other's wgmma does, as FlashAttention-3's
@@ -75,33 +70,18 @@ def _setup(g, cfg: gl.constexpr, tile_id):
         hi = Nk
     n_blocks = gl.cdiv(hi, BN)
     steps = n_blocks
-    if cfg[7]:  # carried: every tile has a first step (a tile with no keys: one block, all masked)
-        n_blocks = gl.maximum(n_blocks, 1)
-        steps = n_blocks
-    elif cfg[4]:
+    if cfg[4]:
         steps = gl.where(n_blocks > 0, n_blocks + 1, 0)
     return (start_m, bh, n_blocks), steps
 
 
 @gluon.jit
-def _load(g, cfg: gl.constexpr, k_smem, v_smem, bar, tile, kk, prev=None):
+def _load(g, cfg: gl.constexpr, k_smem, v_smem, bar, tile, kk):
     """Step kk's K and V blocks. Overlapped, step kk multiplies K block kk and V block kk - 1 (the
     first step reloads V block 0 and the last K block n - 1, which stay unused: the stage's byte
-    count is fixed). Carried, the first step's V block is the previous tile's last."""
+    count is fixed)."""
     b, h, hk = _head(g, tile[1])
     BN: gl.constexpr = cfg[2]
-    if cfg[7]:
-        k_block = gl.minimum(kk, tile[2] - 1)
-        if kk == 0:
-            v_b, v_h, v_hk = _head(g, prev[1])
-            v_block = prev[2] - 1
-        else:
-            v_b = b
-            v_hk = hk
-            v_block = kk - 1
-        tma.async_copy_global_to_shared(g[1], [b, hk, k_block * BN, 0], bar, k_smem)
-        tma.async_copy_global_to_shared(g[2], [v_b, v_hk, v_block * BN, 0], bar, v_smem)
-        return
     if cfg[4]:
         k_block = gl.minimum(kk, tile[2] - 1)
         v_block = gl.maximum(kk - 1, 0)
@@ -120,34 +100,7 @@ def _load_q(g, cfg: gl.constexpr, q_smem, bar, tile, consumer):
 
 
 @gluon.jit
-def _carry0(g, cfg: gl.constexpr):
-    """CARRY: the state before a program's first tile (no tile pending: its key-block count is 0)."""
-    BM: gl.constexpr = cfg[1]
-    BN: gl.constexpr = cfg[2]
-    D: gl.constexpr = cfg[3]
-    s_layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps())
-    o_layout: gl.constexpr = wgmma_layout(BM, D, gl.num_warps())
-    zero = gl.program_id(0) * 0
-    m_i = gl.full([BM], EMPTY_ROW_MAX, gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([BM, D], gl.float32, o_layout)
-    p = gl.zeros([BM, BN], g[0].dtype, _p_layout(BM, D, gl.num_warps()))
-    return m_i, l_i, acc, p, zero, zero, zero, zero, zero, zero
-
-
-@gluon.jit
-def _init(g, cfg: gl.constexpr, tile, q_smem, state=None):
-    if cfg[7]:
-        # carried: the running m, l, acc, P stay the previous tile's (its last P V is still to come);
-        # the previous tile's (first row, batch * head, key blocks) ride along as the pending tile
-        m_i, l_i, acc, p, start_m, n_blocks, bh, _, _, _ = state
-        return m_i, l_i, acc, p, _first_row(cfg, tile), tile[2], tile[1], start_m, bh, n_blocks
-    else:
-        return _init_tile(g, cfg, tile, q_smem)
-
-
-@gluon.jit
-def _init_tile(g, cfg: gl.constexpr, tile, q_smem):
+def _init(g, cfg: gl.constexpr, tile, q_smem):
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
@@ -163,9 +116,9 @@ def _init_tile(g, cfg: gl.constexpr, tile, q_smem):
 
 @gluon.jit
 def _first_row(cfg: gl.constexpr, tile):
-    """The first query row of this consumer's share of the tile (consumer cfg[8] of cfg[5])."""
+    """The first query row of this consumer's share of the tile (consumer cfg[-1] of cfg[5])."""
     if cfg[5] > 1:
-        return tile[0] + cfg[8] * cfg[1]
+        return tile[0] + cfg[7] * cfg[1]
     else:
         return tile[0]
 
@@ -205,58 +158,7 @@ def _p_operand(g, cfg: gl.constexpr, p):
 
 
 @gluon.jit
-def _compute_carried(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, o_smem):
-    """CARRY's step: the overlapped step, except that a tile's first one also finishes the previous
-    tile (its last P V runs with this tile's first S and softmax; then its O is stored) and the tail step (kk = key blocks: only the template's last call) finishes this one."""
-    BM: gl.constexpr = cfg[1]
-    BN: gl.constexpr = cfg[2]
-    D: gl.constexpr = cfg[3]
-    s_layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps())
-    o_layout: gl.constexpr = wgmma_layout(BM, D, gl.num_warps())
-    m_i, l_i, acc, p, start_m, n_blocks, bh, pend_m, pend_bh, pend_blocks = state
-    q = q_smem.reshape([BM, D])
-    k_t = k_smem.reshape([BN, D]).permute((1, 0))
-    v = v_smem.reshape([BN, D])
-    s0 = gl.zeros([BM, BN], gl.float32, s_layout)
-    if kk == 0:
-        s_tok = warpgroup_mma(q, k_t, s0, use_acc=False, is_async=True)
-        # the previous tile's last P V (into a fresh accumulator if it was that tile's only one)
-        o_tok = warpgroup_mma(p, v, acc, use_acc=pend_blocks > 1, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s_tok,))
-        fresh_m = gl.full([BM], EMPTY_ROW_MAX, gl.float32, gl.SliceLayout(1, s_layout))
-        fresh_l = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
-        m_new, l_new, p32, alpha = _softmax(g, cfg, s, fresh_m, fresh_l, start_m, 0)
-        acc = warpgroup_mma_wait(0, deps=(o_tok,))
-        p = _p_operand(g, cfg, p32)
-        if pend_blocks > 0:  # a previous tile (not the state before a program's first)
-            _epilogue(g, cfg, m_i, l_i, acc, pend_m, pend_bh, o_smem)
-        m_i = m_new
-        l_i = l_new
-    elif kk < n_blocks:
-        s_tok = warpgroup_mma(q, k_t, s0, use_acc=False, is_async=True)
-        # acc still holds the finished previous tile at this tile's second step: not accumulated into
-        o_tok = warpgroup_mma(p, v, acc, use_acc=kk > 1, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s_tok,))
-        m_i, l_i, p32, alpha = _softmax(g, cfg, s, m_i, l_i, start_m, kk * BN)
-        acc = warpgroup_mma_wait(0, deps=(o_tok,))
-        acc = acc * alpha
-        p = _p_operand(g, cfg, p32)
-    else:  # the tail: this tile's last P V, then its epilogue
-        acc = warpgroup_mma(p, v, acc, use_acc=n_blocks > 1)
-        _epilogue(g, cfg, m_i, l_i, acc, start_m, bh, o_smem)
-    return m_i, l_i, acc, p, start_m, n_blocks, bh, pend_m, pend_bh, pend_blocks
-
-
-@gluon.jit
 def _compute(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, turn=None):
-    if cfg[7]:
-        return _compute_carried(g, cfg, state, k_smem, v_smem, kk, q_smem, turn)  # turn: the epilogue buffer
-    else:
-        return _compute_step(g, cfg, state, k_smem, v_smem, kk, q_smem, turn)
-
-
-@gluon.jit
-def _compute_step(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, turn=None):
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
@@ -309,31 +211,25 @@ def _compute_step(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, turn=
 
 @gluon.jit
 def _drain(g, cfg: gl.constexpr, state):
-    return state[:2] + (warpgroup_mma_wait(0, deps=(state[2],)),) + state[3:]
+    m_i, l_i, acc, p, start_m, n_blocks = state
+    return m_i, l_i, warpgroup_mma_wait(0, deps=(acc,)), p, start_m, n_blocks
 
 
 @gluon.jit
 def _finish(g, cfg: gl.constexpr, state, tile, o_smem):
-    m_i, l_i, acc, p, start_m, n_blocks = state
-    _epilogue(g, cfg, m_i, l_i, acc, start_m, tile[1], o_smem)
-
-
-@gluon.jit
-def _epilogue(g, cfg: gl.constexpr, m_i, l_i, acc, start_m, bh, o_smem):
-    """O = acc / l and lse of this consumer's rows from start_m of head bh: lse stored, O through
-    shared memory by a TMA store (rows past N clipped)."""
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
     s_layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps())
     o_layout: gl.constexpr = wgmma_layout(BM, D, gl.num_warps())
+    m_i, l_i, acc, p, start_m, n_blocks = state
     has_keys = l_i > 0.0
     l_safe = gl.where(has_keys, l_i, 1.0)
     out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
     lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) / LOG2E, float("-inf"))
     rows = start_m + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
-    gl.store(g[4] + bh.to(gl.int64) * g[6] + rows, lse, mask=rows < g[6])
-    b, h, hk = _head(g, bh)
+    gl.store(g[4] + tile[1].to(gl.int64) * g[6] + rows, lse, mask=rows < g[6])
+    b, h, hk = _head(g, tile[1])
     tma.store_wait(0)  # the previous tile's TMA store has read the buffer
     o_smem.reshape([BM, D]).store(out.to(o_smem.dtype))
     fence_async_shared()
@@ -344,18 +240,15 @@ def _epilogue(g, cfg: gl.constexpr, m_i, l_i, acc, start_m, bh, o_smem):
 @gluon.jit
 def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh,
                          head_group, CAUSAL: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
-                         CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr = False, Q_BUFFERS: gl.constexpr = 1,
-                         CARRY: gl.constexpr = False):
+                         CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr = False, Q_BUFFERS: gl.constexpr = 1):
     """O and lse of attention for every (query block, batch * head); a persistent grid."""
     g = (q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh, head_group)
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
     gl.static_assert(not PINGPONG or OVERLAP, "PINGPONG takes the overlapped loop")
-    gl.static_assert(not CARRY or (OVERLAP and not PINGPONG), "CARRY takes the overlapped loop, without PINGPONG")
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, OVERLAP, CONSUMERS, PINGPONG, CARRY))
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, OVERLAP, CONSUMERS, PINGPONG))
     num_tiles = gl.cdiv(N, BM * CONSUMERS) * num_bh
     persistent_pipeline(g, cfg, k_desc, v_desc, o_desc, num_tiles, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, CONSUMERS=CONSUMERS, IN_FLIGHT=0 if OVERLAP else 1, tile_desc=q_desc,
-                        load_tile=_load_q, PINGPONG=PINGPONG, TILE_BUFFERS=Q_BUFFERS,
-                        carry0=_carry0 if CARRY else None)
+                        load_tile=_load_q, PINGPONG=PINGPONG, TILE_BUFFERS=Q_BUFFERS)

@@ -314,10 +314,10 @@ def gluon_forward_fits(q, k, v, scale: float) -> bool:
 
 def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int, block_n: int,
                   stages: int, overlap: bool = True, consumers: int = 2, pingpong: bool = False,
-                  q_buffers: int = 1, carry: bool = False) -> None:
+                  q_buffers: int = 1) -> None:
     """The Gluon forward: ``consumers`` warpgroups (1 of 8 warps, or 2 of 4) of ``block_m`` query
     rows each share every K/V stage of ``block_n`` keys; ``q_buffers`` = 2 loads a tile's Q blocks
-    while the previous tile runs; ``carry`` keeps the pipeline running across tiles."""
+    while the previous tile runs."""
     from tilecore.ops.attention.gluon_kernels import attention_fwd_kernel
 
     B, H, N, D = q.shape
@@ -331,7 +331,7 @@ def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int
         attention_fwd_kernel[grid](desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(out, block_m), lse,
                                    H, N, Nk, H // Hkv, scale * LOG2E, B * H, head_group, CAUSAL=causal,
                                    STAGES=stages, OVERLAP=overlap, CONSUMERS=consumers, PINGPONG=pingpong,
-                                   Q_BUFFERS=q_buffers, CARRY=carry, num_warps=num_warps)
+                                   Q_BUFFERS=q_buffers, num_warps=num_warps)
 
 
 def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict | None = None) -> None:
