@@ -227,3 +227,15 @@ def test_tilecore_exports_attention():
 def test_bad_input_names_what_is_accepted(args, kwargs, error, words):
     with pytest.raises(error, match=words):
         attention(*args, **kwargs)
+
+
+@pytest.mark.parametrize("d, n, nk, causal, buffers", [
+    (64, 4096, 4096, False, 2), (64, 512, 512, True, 2),          # D = 64: two Q buffers everywhere
+    (128, 4096, 4096, False, 1), (128, 4096, 4096, True, 1),      # long tiles: one (two lost 3-4% causal)
+    (128, 1024, 1024, False, 2), (128, 2048, 2048, True, 2),      # <= 8 key blocks a tile on average
+    (128, 512, 4096, True, 1), (128, 4097, 1000, True, 2)])       # causal with N != Nk: keys a row sees
+def test_gluon_forward_takes_two_q_buffers_where_tiles_are_short(d, n, nk, causal, buffers):
+    cfg = kernels.gluon_forward_config(d, n, nk, causal)
+    assert cfg["q_buffers"] == buffers
+    assert {k: v for k, v in cfg.items() if k != "q_buffers"} == {
+        k: v for k, v in kernels.GLUON_FORWARD[d].items() if k != "q_buffers"}
