@@ -280,11 +280,14 @@ def child(phase, out_dir):
         cub = max(res["cuBLAS"])
         cub_med = statistics.median(res["cuBLAS"])
         for name, v in res.items():
+            # paired: each repetition against the cuBLAS call of the same repetition (clocks drift)
+            paired = statistics.median(x / c for x, c in zip(v, res["cuBLAS"]))
             row = dict(phase=phase, case=label, M=M, N=N, K=K, series=name, tflops=v, ratio=max(v) / cub,
-                       ratio_median=statistics.median(v) / cub_med)
+                       ratio_median=statistics.median(v) / cub_med, ratio_paired_median=paired)
             rows.append(row)
             print(f"{label:10s} {M:>5}x{N:>5}x{K:>5} {name:30s} " + " ".join(f"{x:7.1f}" for x in v)
-                  + f"  ratio {max(v) / cub:.3f} (medians {statistics.median(v) / cub_med:.3f})", flush=True)
+                  + f"  ratio {max(v) / cub:.3f} (medians {statistics.median(v) / cub_med:.3f}, paired {paired:.3f})",
+                  flush=True)
         del a, b
         torch.cuda.empty_cache()
 

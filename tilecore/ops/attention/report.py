@@ -8,6 +8,7 @@ backward's TMA reduction), and whether ptxas serialized the wgmma (its warnings 
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
@@ -63,14 +64,11 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
     from tilecore.ops.attention import kernels
     from tilecore.ops.attention.gluon_kernels import attention_fwd_kernel
     from tilecore.tiles.compile import has_hopper_instructions, resources
-    from tilecore.tiles.launch import gluon_descriptor
 
     cfg = dict(cfg or kernels.GLUON_FORWARD[d])
     n = 4096
     x = torch.empty(2, 2, 256, d, dtype=dtype)
-
-    def desc(rows):
-        return gluon_descriptor(x, [1, 1, rows, d])
+    desc = functools.partial(kernels._head_descriptor, x)  # as forward_gluon builds them
 
     args = dict(q_desc=desc(cfg["block_m"]), k_desc=desc(cfg["block_n"]), v_desc=desc(cfg["block_n"]),
                 o_desc=desc(cfg["block_m"]), lse_ptr=torch.empty(64, dtype=torch.float32), H=16, N=n, Nk=n,
@@ -98,9 +96,7 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
     cfg = dict(cfg or kernels.GLUON_BACKWARD[d, causal])
     x = torch.empty(2, 2, 256, d, dtype=dtype)
     dq_sum = torch.empty(2, 2, 256, d, dtype=torch.float32)
-
-    def desc(rows):
-        return gluon_descriptor(x, [1, 1, rows, d])
+    desc = functools.partial(kernels._head_descriptor, x)  # as backward_gluon_kernel builds them
 
     bm, bn = cfg["block_m"], cfg["block_n"]
     f32 = torch.empty(64, dtype=torch.float32)
