@@ -20,6 +20,9 @@ parts: where the Gluon backward's time goes: the preprocess (delta, with and wit
     kernel, and the whole backward_into, next to cuDNN's autograd backward.
 tiles: the forward's per-tile cost: one or two Q buffers per consumer, the ping-pong order,
     N = 512 .. 4096, next to cuDNN.
+variants: forward options (FWD_VARIANTS) over the default config, each checked against float64 on
+    odd shapes and on "growing" scores (the row max keeps rising along the keys), then timed at
+    N = 4096 next to the default and cuDNN, interleaved three times.
 """
 import argparse
 import json
@@ -28,8 +31,9 @@ import subprocess
 import sys
 import time
 
-LIMITS = {"tiles": 330, "public": 120, "check": 110, "time": 60, "sweep": 150, "bench": 65, "compile": 60, "bwd": 150, "parts": 120}  # the run gets 300 s
+LIMITS = {"variants": 300, "tiles": 330, "public": 120, "check": 110, "time": 60, "sweep": 150, "bench": 65, "compile": 60, "bwd": 150, "parts": 120}  # the run gets 300 s
 B, H, N = 16, 16, 4096
+FWD_VARIANTS = {"lazy": dict(lazy_rescale=True)}  # the variants phase's candidates (kernels.forward_gluon options)
 
 
 def parent(args):
@@ -518,6 +522,73 @@ def tile_costs(out_dir):
             torch.cuda.empty_cache()
 
 
+def fwd_variants(out_dir):
+    """FWD_VARIANTS against float64 (error over the rounding floor, outputs poisoned), then timed."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    from tilecore.accuracy import error_over_floor
+    from tilecore.ops.attention import kernels
+    from tilecore.ops.attention.reference import attention_reference
+
+    cases = [(2, 8, 2, 1000, 1000, 64, False, ""), (2, 8, 2, 1000, 1000, 64, True, "growing"),
+             (1, 4, 2, 4097, 1000, 128, True, ""), (1, 4, 1, 1000, 4097, 128, False, "growing"),
+             (2, 4, 4, 1, 17, 64, True, ""), (2, 4, 4, 1000, 1000, 128, True, "growing")]
+    bad = 0
+    for b, hq, hkv, n, nk, d, causal, kind in cases:
+        g = torch.Generator(device="cuda").manual_seed(n + nk + d)
+        mk = lambda h, length: torch.randn(b, h, length, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        q, k, v = mk(hq, n), mk(hkv, nk), mk(hkv, nk)
+        if kind == "growing":  # scores' spread rises 8x along the keys: the row max moves by >> 2^8 often
+            k = (k.float() * torch.linspace(1, 8, nk, device="cuda")[:, None]).to(k.dtype)
+            q = q * 2
+        ro, rl = attention_reference(q.double(), k.double(), v.double(), causal=causal)
+        line = []
+        for name, opts in {"default": {}, **FWD_VARIANTS}.items():
+            out = torch.full_like(q, float("nan"))
+            lse = torch.full((b, hq, n), float("nan"), device="cuda")
+            kernels.forward_gluon(q, k, v, out, lse, causal, d ** -0.5, **(kernels.gluon_forward_config(d, n, nk, causal) | opts))
+            torch.cuda.synchronize()
+            written = not out.isnan().any().item() and not lse.isnan().any().item()
+            err = error_over_floor(out, ro)
+            fin = rl.isfinite()
+            lse_err = (lse.double() - rl)[fin].abs().max().item() if fin.any() else 0.0
+            same_inf = torch.equal(lse.isinf(), rl.isinf())
+            ok = written and err < 2.0 and lse_err < 1e-3 and same_inf
+            bad += not ok
+            line.append(f"{name} {err:.3f}x floor, lse {lse_err:.1e}{'' if ok else ' FAIL'}")
+        print(f"D={d} causal={causal} B{b} H{hq}/{hkv} N{n} Nk{nk} {kind}: " + "; ".join(line), flush=True)
+    print(f"VARIANTS CHECK: {bad} bad", flush=True)
+    rows = []
+    for d in (128, 64):
+        q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        out, lse = torch.empty_like(q), torch.empty(B, H, N, device="cuda")
+        for causal in (False, True):
+            fl = _fwd_flops(d, causal)
+            fns = {name: (lambda opts=opts: kernels.forward_gluon(
+                q, k, v, out, lse, causal, d ** -0.5, **(kernels.gluon_forward_config(d, N, N, causal) | opts)))
+                for name, opts in {"default": {}, **FWD_VARIANTS}.items()}
+
+            def cudnn():
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            fns["cuDNN"] = cudnn
+            res = {name: [] for name in fns}
+            for _ in range(3):
+                for name, fn in fns.items():
+                    res[name].append(fl / do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e9)
+            rows.append({"D": d, "N": N, "causal": causal, "tflops": res})
+            med = {name: sorted(x)[1] for name, x in res.items()}
+            print(f"D={d} N={N} causal={causal}: " + ", ".join(f"{name} {m:.0f} ({m / med['cuDNN']:.3f}x)"
+                                                              for name, m in med.items()), flush=True)
+            json.dump({"meta": _meta(), "variants": FWD_VARIANTS, "rows": rows},
+                      open(os.path.join(out_dir, "attention_fwd_variants.json"), "w"), indent=1)
+        del q, k, v, out, lse
+        torch.cuda.empty_cache()
+
+
 def _no_grad(f, q, k, v, causal):
     import torch
 
@@ -569,7 +640,7 @@ def main():
     if args.child:
         {"check": check, "time": timing, "sweep": sweep, "bench": bench, "compile": compile_check,
          "bwd": backward_variants, "parts": backward_parts, "public": public_gap,
-         "tiles": tile_costs}[args.child](args.out)
+         "tiles": tile_costs, "variants": fwd_variants}[args.child](args.out)
     else:
         parent(args)
 

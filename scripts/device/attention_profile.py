@@ -1,12 +1,15 @@
-"""Where the Gluon attention backward spends its time: Nsight Compute on the kernel alone, one device call.
+"""Where the Gluon attention kernels spend their time: Nsight Compute on one kernel launch, one device call.
+(Named attention_bwd_profile.py until the forward targets came.)
 
-For D = 64 (dq "overlapped") and D = 128 (dq "fused"), and each kernel without its dq ("tl": dk and dv
-only, the dk/dv kernel's own speed), B4 H16 N4096 bf16 non-causal: tensor-pipe utilization, shared-
-memory and L2 throughput, issue slots and warp stalls. Also (--gemm-floor) the output-write floor of
-the persistent small-K GEMM: a 4096 x 4096 bf16 memset against cuBLAS and tilecore at K = 64 and
-128, in CUDA-graph replays.
+Backward: D = 64 (dq "overlapped") and D = 128 (dq "fused"), and each kernel without its dq ("tl":
+dk and dv only, the dk/dv kernel's own speed), B4 H16 N4096 bf16 non-causal (causal where the name
+says). Forward: the Gluon forward at its default config (and with options, "lazy": lazy_rescale),
+B4 H16 N4096. Per target: tensor-pipe utilization, shared-memory and L2 throughput, issue slots and
+warp stalls; --source: warp stall samples per SASS instruction. Also (--gemm-floor) the output-write
+floor of the persistent small-K GEMM: a 4096 x 4096 bf16 memset against cuBLAS and tilecore at K = 64
+and 128, in CUDA-graph replays.
 
-    PYTHONPATH=. python3 scripts/device/attention_bwd_profile.py
+    PYTHONPATH=. python3 scripts/device/attention_profile.py [--names "fwd d128,d128 fused"] [--source]
 """
 import argparse
 import os
@@ -15,15 +18,23 @@ import sys
 
 from nsight import ncu_binary, profile
 
-TARGETS = {"d64 overlapped": (64, "overlapped"), "d64 dk/dv only": (64, "tl"),
-           "d128 fused": (128, "fused"), "d128 dk/dv only": (128, "tl")}
+# name: (pass, D, causal, options: the backward's dq_from or the forward's extra config)
+TARGETS = {"d64 overlapped": ("bwd", 64, False, "overlapped"), "d64 dk/dv only": ("bwd", 64, False, "tl"),
+           "d128 fused": ("bwd", 128, False, "fused"), "d128 dk/dv only": ("bwd", 128, False, "tl"),
+           "d128 causal fused": ("bwd", 128, True, "fused"),
+           "fwd d128": ("fwd", 128, False, {}), "fwd d128 causal": ("fwd", 128, True, {}),
+           "fwd d128 lazy": ("fwd", 128, False, {"lazy_rescale": True}), "fwd d64": ("fwd", 64, False, {})}
+KERNEL = {"fwd": "attention_fwd", "bwd": "attention_bwd"}
 METRICS = ["sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
            "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active",
            "l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed",
            "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
            "smsp__issue_active.avg.pct_of_peak_sustained_active",
+           "smsp__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+           "smsp__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active",
            "lts__t_sectors.avg.pct_of_peak_sustained_elapsed",
            "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+           "sm__cycles_elapsed.avg.per_second",
            "gpu__time_duration.sum",
            "launch__registers_per_thread"]
 
@@ -33,17 +44,23 @@ def target(name):
 
     from tilecore.ops.attention import kernels
 
-    d, mode = TARGETS[name]
+    kind, d, causal, opts = TARGETS[name]
     b, h, n = 4, 16, 4096
     mk = lambda: torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
     q, k, v, do = mk(), mk(), mk(), mk()
     out, lse = torch.empty_like(q), torch.empty(b, h, n, device="cuda")
-    kernels.forward_into(q, k, v, out, lse, False, d ** -0.5)
+    if kind == "fwd":
+        cfg = kernels.gluon_forward_config(d, n, n, causal) | opts
+        for _ in range(3):
+            kernels.forward_gluon(q, k, v, out, lse, causal, d ** -0.5, **cfg)
+        torch.cuda.synchronize()
+        return
+    kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5)
     delta, dq_sum = kernels.backward_delta(out, do, lse, None, dq_sum=True)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    cfg = dict(kernels.GLUON_BACKWARD[d, False]) | dict(dq_from=mode)
+    cfg = dict(kernels.GLUON_BACKWARD[d, causal]) | dict(dq_from=opts)
     for _ in range(3):
-        kernels.backward_gluon_kernel(do, q, k, v, lse, delta, dq_sum, dk, dv, False, d ** -0.5, **cfg)
+        kernels.backward_gluon_kernel(do, q, k, v, lse, delta, dq_sum, dk, dv, causal, d ** -0.5, **cfg)
     torch.cuda.synchronize()
 
 
@@ -71,7 +88,7 @@ def gemm_floor():
                   f"({t_cublas / t_ours:.3f}x)")
 
 
-def source_stalls(out_dir, names=("d64 overlapped", "d128 fused"), top=45):
+def source_stalls(out_dir, names, top=45):
     """Warp stall samples per SASS instruction (Nsight Compute's source page), the top ``top``
     instructions of each kernel with their stall reasons; the whole CSV is kept under ``out_dir``."""
     import csv
@@ -79,8 +96,8 @@ def source_stalls(out_dir, names=("d64 overlapped", "d128 fused"), top=45):
 
     for name in names:
         tag = name.replace(" ", "_").replace("/", "")
-        rep = os.path.join(out_dir, f"bwd_{tag}")
-        profile(["--section", "SourceCounters", "--section", "WarpStateStats", "-f", "-o", rep], "attention_bwd",
+        rep = os.path.join(out_dir, f"prof_{tag}")
+        profile(["--section", "SourceCounters", "--section", "WarpStateStats", "-f", "-o", rep], KERNEL[TARGETS[name][0]],
                 __file__, ["--target", name])
         res = subprocess.run([ncu_binary(), "-i", rep + ".ncu-rep", "--page", "source", "--csv", "--print-source", "sass"],
                              capture_output=True, text=True, timeout=120)
@@ -111,20 +128,22 @@ def main():
     p.add_argument("--target", choices=list(TARGETS))
     p.add_argument("--gemm-floor", action="store_true")
     p.add_argument("--source", action="store_true", help="per-SASS-instruction warp stall samples instead")
+    p.add_argument("--names", default="d64 overlapped,d64 dk/dv only,d128 fused,d128 dk/dv only",
+                   help="comma-separated targets, of: " + ", ".join(TARGETS))
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args()
+    names = args.names.split(",")
     if args.target:
         return target(args.target)
     if args.gemm_floor:
         return gemm_floor()
     if args.source:
-        return source_stalls(args.out)
-    subprocess.run([sys.executable, __file__, "--gemm-floor"])
+        return source_stalls(args.out, names)
     table = {}
-    for name in TARGETS:
-        text = profile(["--metrics", ",".join(METRICS), "--section", "WarpStateStats"], "attention_bwd", __file__,
+    for name in names:
+        text = profile(["--metrics", ",".join(METRICS), "--section", "WarpStateStats"], KERNEL[TARGETS[name][0]], __file__,
                        ["--target", name], timeout=200)
-        with open(os.path.join(args.out, f"ncu_bwd_{name.replace(' ', '_').replace('/', '')}.txt"), "w") as f:
+        with open(os.path.join(args.out, f"ncu_{name.replace(' ', '_').replace('/', '')}.txt"), "w") as f:
             f.write(text)
         keep = [ln.strip() for ln in text.splitlines()
                 if any(m.split(".")[0] in ln for m in METRICS) or "Stall" in ln or "==ERR" in ln or "Warp Cycles" in ln]
