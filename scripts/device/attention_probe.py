@@ -22,7 +22,7 @@ tiles: the forward's per-tile cost: one or two Q buffers per consumer, the ping-
     N = 512 .. 4096, next to cuDNN.
 variants: forward options (FWD_VARIANTS) over the default config, each checked against float64 on
     odd shapes and on "growing" scores (the row max keeps rising along the keys), then timed at
-    N = 4096 next to the default and cuDNN, interleaved three times.
+    N = 4096, 1024, 512 (B * N fixed) next to the default and cuDNN, interleaved three times.
 """
 import argparse
 import json
@@ -33,7 +33,13 @@ import time
 
 LIMITS = {"variants": 300, "tiles": 330, "public": 120, "check": 110, "time": 60, "sweep": 150, "bench": 65, "compile": 60, "bwd": 150, "parts": 120}  # the run gets 300 s
 B, H, N = 16, 16, 4096
-FWD_VARIANTS = {"lazy": dict(lazy_rescale=True)}  # the variants phase's candidates (kernels.forward_gluon options)
+# the variants phase's candidates (kernels.forward_gluon options over gluon_forward_config's), and lengths
+# (B * N fixed at 16 x 4096 tokens a head). Session 8 tried lazy_rescale (O rescaled only when a
+# row max grew by > 2^8; removed: 3-11% slower), the carry, three consumers and a later P V
+# wait (removed: no gain); notes/attention.md.
+FWD_VARIANTS = {"s7 (2 consumers)": dict(consumers=2, q_buffers=2, carry=False, only_d=64),
+                "s7 (not carried)": dict(carry=False, only_d=128)}
+VARIANT_LENGTHS = (16384, 2048, 1024)
 
 
 def parent(args):
@@ -522,6 +528,15 @@ def tile_costs(out_dir):
             torch.cuda.empty_cache()
 
 
+def _variants(d):
+    """The default and FWD_VARIANTS's options for head dim d (an entry's only_d restricts it)."""
+    out = {"default": {}}
+    for name, opts in FWD_VARIANTS.items():
+        if opts.get("only_d", d) == d:
+            out[name] = {k: v for k, v in opts.items() if k != "only_d"}
+    return out
+
+
 def fwd_variants(out_dir):
     """FWD_VARIANTS against float64 (error over the rounding floor, outputs poisoned), then timed."""
     import torch
@@ -546,7 +561,7 @@ def fwd_variants(out_dir):
             q = q * 2
         ro, rl = attention_reference(q.double(), k.double(), v.double(), causal=causal)
         line = []
-        for name, opts in {"default": {}, **FWD_VARIANTS}.items():
+        for name, opts in _variants(d).items():
             out = torch.full_like(q, float("nan"))
             lse = torch.full((b, hq, n), float("nan"), device="cuda")
             kernels.forward_gluon(q, k, v, out, lse, causal, d ** -0.5, **(kernels.gluon_forward_config(d, n, nk, causal) | opts))
@@ -563,30 +578,32 @@ def fwd_variants(out_dir):
     print(f"VARIANTS CHECK: {bad} bad", flush=True)
     rows = []
     for d in (128, 64):
-        q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        out, lse = torch.empty_like(q), torch.empty(B, H, N, device="cuda")
-        for causal in (False, True):
-            fl = _fwd_flops(d, causal)
-            fns = {name: (lambda opts=opts: kernels.forward_gluon(
-                q, k, v, out, lse, causal, d ** -0.5, **(kernels.gluon_forward_config(d, N, N, causal) | opts)))
-                for name, opts in {"default": {}, **FWD_VARIANTS}.items()}
+        for n in VARIANT_LENGTHS:
+            b = B * N // n
+            q, k, v = (torch.randn(b, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            out, lse = torch.empty_like(q), torch.empty(b, H, n, device="cuda")
+            for causal in (False, True):
+                fl = 4 * b * H * n * n * d / (2 if causal else 1)
+                fns = {name: (lambda opts=opts: kernels.forward_gluon(
+                    q, k, v, out, lse, causal, d ** -0.5, **(kernels.gluon_forward_config(d, n, n, causal) | opts)))
+                    for name, opts in _variants(d).items()}
 
-            def cudnn():
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            fns["cuDNN"] = cudnn
-            res = {name: [] for name in fns}
-            for _ in range(3):
-                for name, fn in fns.items():
-                    res[name].append(fl / do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e9)
-            rows.append({"D": d, "N": N, "causal": causal, "tflops": res})
-            med = {name: sorted(x)[1] for name, x in res.items()}
-            print(f"D={d} N={N} causal={causal}: " + ", ".join(f"{name} {m:.0f} ({m / med['cuDNN']:.3f}x)"
-                                                              for name, m in med.items()), flush=True)
-            json.dump({"meta": _meta(), "variants": FWD_VARIANTS, "rows": rows},
-                      open(os.path.join(out_dir, "attention_fwd_variants.json"), "w"), indent=1)
-        del q, k, v, out, lse
-        torch.cuda.empty_cache()
+                def cudnn():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                fns["cuDNN"] = cudnn
+                res = {name: [] for name in fns}
+                for _ in range(3):
+                    for name, fn in fns.items():
+                        res[name].append(fl / do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e9)
+                rows.append({"D": d, "N": n, "B": b, "causal": causal, "tflops": res})
+                med = {name: sorted(x)[1] for name, x in res.items()}
+                print(f"D={d} N={n} causal={causal}: " + ", ".join(f"{name} {m:.0f} ({m / med['cuDNN']:.3f}x)"
+                                                                  for name, m in med.items()), flush=True)
+                json.dump({"meta": _meta(), "variants": FWD_VARIANTS, "rows": rows},
+                          open(os.path.join(out_dir, "attention_fwd_variants.json"), "w"), indent=1)
+            del q, k, v, out, lse
+            torch.cuda.empty_cache()
 
 
 def _no_grad(f, q, k, v, causal):

@@ -28,6 +28,15 @@ buffer, already loaded. So the next tile's operand arrives during this tile's ep
 ``TILE_BUFFERS=2`` each consumer has two buffers used in turn: the producer loads the next tile's
 operand (and its first stages) while this tile still runs, so no tile starts by waiting for a load.
 
+With ``carry0`` (a per-consumer tile operand, ``IN_FLIGHT=0``) a consumer's pipeline does not drain
+between tiles: a tile's first step may finish the previous tile's work (attention's forward issues
+the next tile's first S with the last P V, and stores the finished tile's O under it). Then
+``carry0(g, cfg)`` gives the state before a program's first tile; ``init(g, cfg, tile, buf, state)``
+receives the previous tile's state; ``load(g, cfg, x, y, bar, tile, kk, prev)`` also receives the
+previous tile (a program's first tile is its own previous); ``compute(g, cfg, state, x, y, kk, buf,
+out_smem)`` stores results itself (``finish`` is not called); and after a program's last tile the
+template runs one more step, ``kk = k_iters`` of that tile, loaded and computed like the others.
+
 With ``TILE_SHARED`` the per-tile operand is one set of ``TILE_OPERANDS`` buffers (each of
 ``tile_desc``'s block) for the whole tile, read by every consumer (attention's backward: a key
 block's K and V): ``load_tile(g, cfg, bufs, bar, tile)`` fills them once both consumers let go of the
@@ -40,10 +49,11 @@ keep it, never releasing it.
 With ``STEP_INDEX`` ``compute`` also receives the ring step ``i`` (counting every step of every tile
 of the program) after the buffer, so a kernel can keep barriers of its own in step with the ring.
 
-With ``CONSUMERS=2`` two consumer partitions (each of the kernel's ``num_warps``) share every stage:
-each has its own epilogue buffer (out_desc's block: its share of the tile) and sees ``cfg``
-extended by its index, ``cfg[-1]``. Being separate partitions, they never wait for each other, so
-one's softmax (say) runs while the other's wgmma does; a stage is refilled once both released it.
+With ``CONSUMERS=2`` (or 3) two (three) consumer partitions (each of the kernel's ``num_warps``)
+share every stage: each has its own epilogue buffer (out_desc's block: its share of the tile) and
+sees ``cfg`` extended by its index, ``cfg[-1]``. Being separate partitions, they never wait for
+each other, so one's softmax (say) runs while another's wgmma does; a stage is refilled once all
+released it. Three consumers of 4 warps leave a thread 160 registers (``CONSUMER_REGS``).
 
 With ``PINGPONG`` (two consumers and a per-tile operand) ``compute`` gets a last argument, a turn:
 calling ``wait_turn(turn)`` before issuing its wgmma and ``pass_turn(turn)`` after makes the two
@@ -230,9 +240,12 @@ def add_partials(acc, workspace, flags, first_slot, end_slot, slot_step):
 def _producer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles,
               setup: gl.constexpr, load: gl.constexpr, load_tile: gl.constexpr, STAGES: gl.constexpr,
               STAGE_BYTES: gl.constexpr, TILE_BYTES: gl.constexpr, CONSUMERS: gl.constexpr,
-              TILE_SHARED: gl.constexpr, TILE_RESIDENT: gl.constexpr, TILE_BUFFERS: gl.constexpr):
+              TILE_SHARED: gl.constexpr, TILE_RESIDENT: gl.constexpr, TILE_BUFFERS: gl.constexpr,
+              CARRY: gl.constexpr):
     i = 0
     t = 0
+    if CARRY:  # the tile before a program's first is itself (what load takes from it goes unused)
+        prev, last_iters = setup(g, cfg, gl.program_id(0))
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         tile, k_iters = setup(g, cfg, tile_id)
         if TILE_RESIDENT:  # a constant operand: loaded with the first tile, kept for all
@@ -255,9 +268,21 @@ def _producer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, tile_bufs, til
             # through the ring waits on parity 1 and passes at once
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(s), STAGE_BYTES)
-            load(g, cfg, x_ring.index(s), y_ring.index(s), ready.index(s), tile, kk)
+            if CARRY:
+                load(g, cfg, x_ring.index(s), y_ring.index(s), ready.index(s), tile, kk, prev)
+            else:
+                load(g, cfg, x_ring.index(s), y_ring.index(s), ready.index(s), tile, kk)
             i += 1
+        if CARRY:
+            prev = tile
+            last_iters = k_iters
         t += 1
+    if CARRY:  # the tail step: step k_iters of the program's last tile
+        if t > 0:
+            s = i % STAGES
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), STAGE_BYTES)
+            load(g, cfg, x_ring.index(s), y_ring.index(s), ready.index(s), prev, last_iters, prev)
 
 
 @gluon.constexpr_function
@@ -270,16 +295,23 @@ def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile
               num_tiles, setup: gl.constexpr, init: gl.constexpr, compute: gl.constexpr, drain: gl.constexpr,
               finish: gl.constexpr, STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr, TILE_OPERAND: gl.constexpr,
               turns, CID: gl.constexpr, PINGPONG: gl.constexpr, STEP_INDEX: gl.constexpr,
-              TILE_SHARED: gl.constexpr, TILE_RESIDENT: gl.constexpr, TILE_BUFFERS: gl.constexpr):
+              TILE_SHARED: gl.constexpr, TILE_RESIDENT: gl.constexpr, TILE_BUFFERS: gl.constexpr,
+              CARRY: gl.constexpr, carry0: gl.constexpr):
     i = 0
     t = 0
+    if CARRY:
+        state = carry0(g, cfg)
+        last_iters = gl.program_id(0) * 0
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         tile, k_iters = setup(g, cfg, tile_id)
         slot = _tile_slot(CID, t, TILE_BUFFERS, TILE_SHARED)
         if TILE_OPERAND:
             mbarrier.wait(tile_ready.index(slot), 0 if TILE_RESIDENT else (t // TILE_BUFFERS) & 1)
             tile_buf = _tile_buf(tile_bufs, slot, TILE_SHARED)
-            state = init(g, cfg, tile, tile_buf)
+            if CARRY:
+                state = init(g, cfg, tile, tile_buf, state)
+            else:
+                state = init(g, cfg, tile, tile_buf)
         else:
             state = init(g, cfg, tile)
         for kk in range(k_iters):
@@ -291,6 +323,8 @@ def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile
                 state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk, tile_buf, turn)
             elif STEP_INDEX:
                 state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk, tile_buf, i)
+            elif CARRY:
+                state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk, tile_buf, out_smem)
             elif TILE_OPERAND:
                 state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk, tile_buf)
             else:
@@ -307,8 +341,18 @@ def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile
             mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k_iters > 0)
         if TILE_OPERAND and not TILE_RESIDENT:
             mbarrier.arrive(tile_empty.index(slot))  # the producer may load a later tile's operand here
-        finish(g, cfg, state, tile, out_smem)
+        if CARRY:
+            last_iters = k_iters
+        else:
+            finish(g, cfg, state, tile, out_smem)
         t += 1
+    if CARRY:  # the tail step: step k_iters of the program's last tile, which finishes it
+        if t > 0:
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), last_iters, tile_bufs.index(0),
+                            out_smem)
+            state = drain(g, cfg, state)
     tma.store_wait(0)
 
 
@@ -340,14 +384,14 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
                         tile_desc=None, load_tile: gl.constexpr = None, PINGPONG: gl.constexpr = False,
                         TILE_OPERANDS: gl.constexpr = 1, TILE_SHARED: gl.constexpr = False,
                         STEP_INDEX: gl.constexpr = False, TILE_RESIDENT: gl.constexpr = False,
-                        TILE_BUFFERS: gl.constexpr = 1):
+                        TILE_BUFFERS: gl.constexpr = 1, carry0: gl.constexpr = None):
     """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
 
     ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
     ``out_desc`` those of the epilogue buffer (which may be a slice of the output tile: see
     ``store_tile``; a half-width buffer frees 32 KiB for a fourth stage). Call once from the kernel.
-    ``CONSUMERS``: 1 or 2 consumer partitions (see the module docstring; ``CONSUMER_REGS`` is the
-    second one's registers). ``IN_FLIGHT``: 1 if ``compute`` returns with a wgmma group still
+    ``CONSUMERS``: 1, 2 or 3 consumer partitions (see the module docstring; ``CONSUMER_REGS`` is the
+    registers of each one after the first). ``IN_FLIGHT``: 1 if ``compute`` returns with a wgmma group still
     reading its stage (the stage is then released one step late), 0 if it returns with the stage's
     reads done; by default 1 when there are two or more stages. ``tile_desc`` and ``load_tile``: a
     per-tile operand (see the module docstring). ``PINGPONG`` (two consumers and a per-tile operand):
@@ -355,9 +399,11 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     ``TILE_OPERANDS``, ``TILE_SHARED``: several per-tile operands shared by the consumers;
     ``STEP_INDEX``: ``compute`` also receives the ring step; ``TILE_RESIDENT``: the shared per-tile
     operand is a constant, loaded once (see the module docstring). ``TILE_BUFFERS``: 2 double-buffers
-    each consumer's per-tile operand (see the module docstring).
+    each consumer's per-tile operand; ``carry0``: the consumers' state carries across tiles (see the
+    module docstring).
     """
     TILE_OPERAND: gl.constexpr = load_tile is not None
+    CARRY: gl.constexpr = carry0 is not None
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
     y_ring = gl.allocate_shared_memory(y_desc.dtype, [STAGES] + y_desc.block_type.shape, y_desc.layout)
     out_smem = gl.allocate_shared_memory(out_desc.dtype, [CONSUMERS] + out_desc.block_type.shape, out_desc.layout)
@@ -366,6 +412,8 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     gl.static_assert(not TILE_RESIDENT or TILE_SHARED, "a resident tile operand is shared by the consumers")
     gl.static_assert(TILE_BUFFERS == 1 or (TILE_OPERAND and not TILE_SHARED),
                      "TILE_BUFFERS double-buffers each consumer's own per-tile operand")
+    gl.static_assert(not CARRY or (TILE_OPERAND and not TILE_SHARED and not PINGPONG and not STEP_INDEX
+                                   and IN_FLIGHT == 0), "carry0 takes a per-consumer tile operand and IN_FLIGHT=0")
     if TILE_SHARED:
         tile_bufs = gl.allocate_shared_memory(tile_desc.dtype, [TILE_OPERANDS] + tile_desc.block_type.shape,
                                               tile_desc.layout)
@@ -397,25 +445,44 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
         gl.warp_specialize([
             (_consumer, (g, cfg, x_ring, y_ring, ready, empty, out_smem.index(0), tile_bufs, tile_ready, tile_empty,
                          num_tiles, setup, init, compute, drain, finish, STAGES, LATE_RELEASE, TILE_OPERAND, turns,
-                         0, False, STEP_INDEX, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS)),
+                         0, False, STEP_INDEX, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, carry0)),
             (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
                          load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED, TILE_RESIDENT,
-                         TILE_BUFFERS)),
+                         TILE_BUFFERS, CARRY)),
         ], [1], [PRODUCER_REGS])
-    else:
+    elif CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer, (g, _with_index(cfg, 0), x_ring, y_ring, ready, empty, out_smem.index(0), tile_bufs,
                          tile_ready, tile_empty, num_tiles, setup, init, compute, drain, finish, STAGES,
                          LATE_RELEASE, TILE_OPERAND, turns, 0, PINGPONG, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
-                         TILE_BUFFERS)),
+                         TILE_BUFFERS, CARRY, carry0)),
             (_consumer, (g, _with_index(cfg, 1), x_ring, y_ring, ready, empty, out_smem.index(1), tile_bufs,
                          tile_ready, tile_empty, num_tiles, setup, init, compute, drain, finish, STAGES,
                          LATE_RELEASE, TILE_OPERAND, turns, 1, PINGPONG, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
-                         TILE_BUFFERS)),
+                         TILE_BUFFERS, CARRY, carry0)),
             (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
                          load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED, TILE_RESIDENT,
-                         TILE_BUFFERS)),
+                         TILE_BUFFERS, CARRY)),
         ], [gl.num_warps(), 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.static_assert(CONSUMERS == 3, "CONSUMERS is 1, 2 or 3")
+        gl.warp_specialize([
+            (_consumer, (g, _with_index(cfg, 0), x_ring, y_ring, ready, empty, out_smem.index(0), tile_bufs,
+                         tile_ready, tile_empty, num_tiles, setup, init, compute, drain, finish, STAGES,
+                         LATE_RELEASE, TILE_OPERAND, turns, 0, False, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
+                         TILE_BUFFERS, CARRY, carry0)),
+            (_consumer, (g, _with_index(cfg, 1), x_ring, y_ring, ready, empty, out_smem.index(1), tile_bufs,
+                         tile_ready, tile_empty, num_tiles, setup, init, compute, drain, finish, STAGES,
+                         LATE_RELEASE, TILE_OPERAND, turns, 1, False, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
+                         TILE_BUFFERS, CARRY, carry0)),
+            (_consumer, (g, _with_index(cfg, 2), x_ring, y_ring, ready, empty, out_smem.index(2), tile_bufs,
+                         tile_ready, tile_empty, num_tiles, setup, init, compute, drain, finish, STAGES,
+                         LATE_RELEASE, TILE_OPERAND, turns, 2, False, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
+                         TILE_BUFFERS, CARRY, carry0)),
+            (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
+                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED, TILE_RESIDENT,
+                         TILE_BUFFERS, CARRY)),
+        ], [gl.num_warps(), gl.num_warps(), 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))

@@ -21,7 +21,12 @@ fully masked rows give p = 0, never NaN (as in the ``tl`` kernel, kernels.py); r
 O = 0 and lse = -inf.
 
 ``g``   = (q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, B * H, heads per group)
-``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, OVERLAP, CONSUMERS, PINGPONG[, consumer index])
+``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, OVERLAP, CONSUMERS, PINGPONG, CARRY[, consumer index])
+
+With CARRY (overlapped loop) the pipeline does not drain between a program's tiles (the template's
+``carry0``): a tile's first step issues its first S together with the previous tile's last P V (the
+stage holds this tile's first K block and the previous tile's last V block), runs the softmax under
+it, then stores the previous tile's O; a program's last tile ends with a step of its last P V alone.
 
 With CONSUMERS = 2 a tile is 2 BLOCK_M query rows: two consumer warpgroups (separate partitions of
 the template, so each one's softmax can run while the other's wgmma does, as FlashAttention-3's
@@ -70,26 +75,37 @@ def _setup(g, cfg: gl.constexpr, tile_id):
         hi = Nk
     n_blocks = gl.cdiv(hi, BN)
     steps = n_blocks
-    if cfg[4]:
+    if cfg[7]:  # carried: every tile has a first step (a tile with no keys: one block, all masked)
+        n_blocks = gl.maximum(n_blocks, 1)
+        steps = n_blocks
+    elif cfg[4]:
         steps = gl.where(n_blocks > 0, n_blocks + 1, 0)
     return (start_m, bh, n_blocks), steps
 
 
 @gluon.jit
-def _load(g, cfg: gl.constexpr, k_smem, v_smem, bar, tile, kk):
+def _load(g, cfg: gl.constexpr, k_smem, v_smem, bar, tile, kk, prev=None):
     """Step kk's K and V blocks. Overlapped, step kk multiplies K block kk and V block kk - 1 (the
     first step reloads V block 0 and the last K block n - 1, which stay unused: the stage's byte
-    count is fixed)."""
+    count is fixed). Carried, the first step's V block is the previous tile's last."""
     b, h, hk = _head(g, tile[1])
     BN: gl.constexpr = cfg[2]
-    if cfg[4]:
+    v_b = b
+    v_hk = hk
+    if cfg[7]:
+        k_block = gl.minimum(kk, tile[2] - 1)
+        v_block = kk - 1
+        if kk == 0:
+            v_b, v_h, v_hk = _head(g, prev[1])
+            v_block = prev[2] - 1
+    elif cfg[4]:
         k_block = gl.minimum(kk, tile[2] - 1)
         v_block = gl.maximum(kk - 1, 0)
     else:
         k_block = kk
         v_block = kk
     tma.async_copy_global_to_shared(g[1], [b, hk, k_block * BN, 0], bar, k_smem)
-    tma.async_copy_global_to_shared(g[2], [b, hk, v_block * BN, 0], bar, v_smem)
+    tma.async_copy_global_to_shared(g[2], [v_b, v_hk, v_block * BN, 0], bar, v_smem)
 
 
 @gluon.jit
@@ -100,7 +116,34 @@ def _load_q(g, cfg: gl.constexpr, q_smem, bar, tile, consumer):
 
 
 @gluon.jit
-def _init(g, cfg: gl.constexpr, tile, q_smem):
+def _carry0(g, cfg: gl.constexpr):
+    """CARRY: the state before a program's first tile (no tile pending: its key-block count is 0)."""
+    BM: gl.constexpr = cfg[1]
+    BN: gl.constexpr = cfg[2]
+    D: gl.constexpr = cfg[3]
+    s_layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps())
+    o_layout: gl.constexpr = wgmma_layout(BM, D, gl.num_warps())
+    zero = gl.program_id(0) * 0
+    m_i = gl.full([BM], EMPTY_ROW_MAX, gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BM, D], gl.float32, o_layout)
+    p = gl.zeros([BM, BN], g[0].dtype, _p_layout(BM, D, gl.num_warps()))
+    return m_i, l_i, acc, p, zero, zero, zero, zero, zero, zero
+
+
+@gluon.jit
+def _init(g, cfg: gl.constexpr, tile, q_smem, state=None):
+    if cfg[7]:
+        # carried: the running m, l, acc, P stay the previous tile's (its last P V is still to come);
+        # the previous tile's (first row, batch * head, key blocks) ride along as the pending tile
+        m_i, l_i, acc, p, start_m, n_blocks, bh, _, _, _ = state
+        return m_i, l_i, acc, p, _first_row(cfg, tile), tile[2], tile[1], start_m, bh, n_blocks
+    else:
+        return _init_tile(g, cfg, tile, q_smem)
+
+
+@gluon.jit
+def _init_tile(g, cfg: gl.constexpr, tile, q_smem):
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
@@ -118,7 +161,7 @@ def _init(g, cfg: gl.constexpr, tile, q_smem):
 def _first_row(cfg: gl.constexpr, tile):
     """The first query row of this consumer's share of the tile (consumer cfg[-1] of cfg[5])."""
     if cfg[5] > 1:
-        return tile[0] + cfg[7] * cfg[1]
+        return tile[0] + cfg[-1] * cfg[1]
     else:
         return tile[0]
 
@@ -158,7 +201,79 @@ def _p_operand(g, cfg: gl.constexpr, p):
 
 
 @gluon.jit
+def _s_and_pv(g, cfg: gl.constexpr, q, k_t, v, p, acc, m_i, l_i, start_m, start_n, turn=None):
+    """One overlapped step's tensor-core work: S = Q K^T and acc + P V issued together, the softmax
+    of S while P V runs. Returns (m, l, P in float32, alpha, acc + P V)."""
+    s_layout: gl.constexpr = wgmma_layout(cfg[1], cfg[2], gl.num_warps())
+    if cfg[6]:
+        wait_turn(turn)
+    s_tok = warpgroup_mma(q, k_t, gl.zeros([cfg[1], cfg[2]], gl.float32, s_layout), use_acc=False, is_async=True)
+    o_tok = warpgroup_mma(p, v, acc, is_async=True)
+    if cfg[6]:
+        pass_turn(turn)
+    s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
+    m_i, l_i, p32, alpha = _softmax(g, cfg, s, m_i, l_i, start_m, start_n)
+    acc = warpgroup_mma_wait(0, deps=(o_tok,))
+    return m_i, l_i, p32, alpha, acc
+
+
+@gluon.jit
+def _compute_carried(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, o_smem):
+    """CARRY's step: the overlapped step, except that a tile's first one also finishes the previous
+    tile (its last P V runs with this tile's first S and softmax; then its O is stored), and the tail
+    step (kk = key blocks: only the template's last call) finishes this one. (Runtime ``use_acc``
+    flags gave wrong sums on the H100: fresh accumulators are explicit zeros.)"""
+    BM: gl.constexpr = cfg[1]
+    BN: gl.constexpr = cfg[2]
+    D: gl.constexpr = cfg[3]
+    s_layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps())
+    o_layout: gl.constexpr = wgmma_layout(BM, D, gl.num_warps())
+    m_i, l_i, acc, p, start_m, n_blocks, bh, pend_m, pend_bh, pend_blocks = state
+    q = q_smem.reshape([BM, D])
+    k_t = k_smem.reshape([BN, D]).permute((1, 0))
+    v = v_smem.reshape([BN, D])
+    zeros = gl.zeros([BM, D], gl.float32, o_layout)
+    if kk == 0:
+        # the previous tile's last P V under this tile's first S and softmax; that tile's
+        # accumulator is acc, or zeros if the P V is its only one (acc then holds an older tile's)
+        fresh_m = gl.full([BM], EMPTY_ROW_MAX, gl.float32, gl.SliceLayout(1, s_layout))
+        fresh_l = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
+        if pend_blocks > 1:
+            m_new, l_new, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, acc, fresh_m, fresh_l, start_m, 0)
+        else:
+            m_new, l_new, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, zeros, fresh_m, fresh_l, start_m, 0)
+        p = _p_operand(g, cfg, p32)
+        if pend_blocks > 0:  # a previous tile (not the state before a program's first)
+            _epilogue(g, cfg, m_i, l_i, acc, pend_m, pend_bh, o_smem)
+        m_i = m_new
+        l_i = l_new
+    elif kk < n_blocks:
+        # this tile's P V, into zeros at its second step (acc holds the finished previous tile)
+        if kk > 1:
+            m_i, l_i, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, acc, m_i, l_i, start_m, kk * BN)
+        else:
+            m_i, l_i, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, zeros, m_i, l_i, start_m, kk * BN)
+        acc = acc * alpha
+        p = _p_operand(g, cfg, p32)
+    else:  # the tail: this tile's last P V, then its epilogue
+        if n_blocks > 1:
+            acc = warpgroup_mma(p, v, acc)
+        else:
+            acc = warpgroup_mma(p, v, zeros)
+        _epilogue(g, cfg, m_i, l_i, acc, start_m, bh, o_smem)
+    return m_i, l_i, acc, p, start_m, n_blocks, bh, pend_m, pend_bh, pend_blocks
+
+
+@gluon.jit
 def _compute(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, turn=None):
+    if cfg[7]:
+        return _compute_carried(g, cfg, state, k_smem, v_smem, kk, q_smem, turn)  # turn: the epilogue buffer
+    else:
+        return _compute_step(g, cfg, state, k_smem, v_smem, kk, q_smem, turn)
+
+
+@gluon.jit
+def _compute_step(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, turn=None):
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
@@ -182,15 +297,7 @@ def _compute(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, turn=None)
             m_i, l_i, p32, alpha = _softmax(g, cfg, s, m_i, l_i, start_m, 0)
             p = _p_operand(g, cfg, p32)
         elif kk < n_blocks:
-            if cfg[6]:
-                wait_turn(turn)
-            s_tok = warpgroup_mma(q, k_t, s0, use_acc=False, is_async=True)
-            o_tok = warpgroup_mma(p, v, acc, is_async=True)
-            if cfg[6]:
-                pass_turn(turn)
-            s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
-            m_i, l_i, p32, alpha = _softmax(g, cfg, s, m_i, l_i, start_m, kk * BN)
-            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            m_i, l_i, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, acc, m_i, l_i, start_m, kk * BN, turn)
             acc = acc * alpha
             p = _p_operand(g, cfg, p32)
         else:  # the step after the last block: its P V only
@@ -211,25 +318,31 @@ def _compute(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, turn=None)
 
 @gluon.jit
 def _drain(g, cfg: gl.constexpr, state):
-    m_i, l_i, acc, p, start_m, n_blocks = state
-    return m_i, l_i, warpgroup_mma_wait(0, deps=(acc,)), p, start_m, n_blocks
+    return state[:2] + (warpgroup_mma_wait(0, deps=(state[2],)),) + state[3:]
 
 
 @gluon.jit
 def _finish(g, cfg: gl.constexpr, state, tile, o_smem):
+    m_i, l_i, acc, p, start_m, n_blocks = state
+    _epilogue(g, cfg, m_i, l_i, acc, start_m, tile[1], o_smem)
+
+
+@gluon.jit
+def _epilogue(g, cfg: gl.constexpr, m_i, l_i, acc, start_m, bh, o_smem):
+    """O = acc / l and lse of this consumer's rows from start_m of head bh: lse stored, O through
+    shared memory by a TMA store (rows past N clipped)."""
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
     s_layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps())
     o_layout: gl.constexpr = wgmma_layout(BM, D, gl.num_warps())
-    m_i, l_i, acc, p, start_m, n_blocks = state
     has_keys = l_i > 0.0
     l_safe = gl.where(has_keys, l_i, 1.0)
     out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
     lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) / LOG2E, float("-inf"))
     rows = start_m + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
-    gl.store(g[4] + tile[1].to(gl.int64) * g[6] + rows, lse, mask=rows < g[6])
-    b, h, hk = _head(g, tile[1])
+    gl.store(g[4] + bh.to(gl.int64) * g[6] + rows, lse, mask=rows < g[6])
+    b, h, hk = _head(g, bh)
     tma.store_wait(0)  # the previous tile's TMA store has read the buffer
     o_smem.reshape([BM, D]).store(out.to(o_smem.dtype))
     fence_async_shared()
@@ -240,15 +353,22 @@ def _finish(g, cfg: gl.constexpr, state, tile, o_smem):
 @gluon.jit
 def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh,
                          head_group, CAUSAL: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
-                         CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr = False, Q_BUFFERS: gl.constexpr = 1):
+                         CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr = False, Q_BUFFERS: gl.constexpr = 1,
+                         CARRY: gl.constexpr = False):
     """O and lse of attention for every (query block, batch * head); a persistent grid."""
     g = (q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh, head_group)
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
     gl.static_assert(not PINGPONG or OVERLAP, "PINGPONG takes the overlapped loop")
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, OVERLAP, CONSUMERS, PINGPONG))
+    gl.static_assert(not CARRY or (OVERLAP and not PINGPONG), "CARRY takes the overlapped loop, without PINGPONG")
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, OVERLAP, CONSUMERS, PINGPONG, CARRY))
     num_tiles = gl.cdiv(N, BM * CONSUMERS) * num_bh
+    # registers a thread: three consumer warpgroups (13 warps) share the register file more thinly
+    CONSUMER_REGS: gl.constexpr = 160 if CONSUMERS == 3 else 232
+    PRODUCER_REGS: gl.constexpr = 24 if CONSUMERS == 3 else 40
     persistent_pipeline(g, cfg, k_desc, v_desc, o_desc, num_tiles, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, CONSUMERS=CONSUMERS, IN_FLIGHT=0 if OVERLAP else 1, tile_desc=q_desc,
-                        load_tile=_load_q, PINGPONG=PINGPONG, TILE_BUFFERS=Q_BUFFERS)
+                        load_tile=_load_q, PINGPONG=PINGPONG, TILE_BUFFERS=Q_BUFFERS,
+                        CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+                        carry0=_carry0 if CARRY else None)

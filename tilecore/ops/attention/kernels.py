@@ -282,15 +282,25 @@ GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, overlap=True, consu
 # At D = 128 two Q buffers won only where tiles are short (N = 512: +15%, causal +18%; N = 4096
 # causal, 16 key blocks a tile on average: -3 to -4% in two runs; notes/attention.md, session 5)
 SHORT_TILE_KEY_BLOCKS = 8
+# D = 64 takes three consumer warpgroups (FlashAttention-3's choice there: the softmax is long next
+# to the wgmma at this head dim) where its 192-row tiles waste little: N = 4096 +8% (1.03x cuDNN);
+# causal -12% and N <= 1024 -5 to -27% (partial tiles), so not there (notes/attention.md, session 8)
+THREE_CONSUMERS_MIN_N = 2048
 
 
 def gluon_forward_config(d: int, n: int, nk: int, causal: bool) -> dict:
-    """The Gluon forward's configuration for head dim ``d`` and these lengths: GLUON_FORWARD[d],
-    with two Q buffers where a tile's key blocks are few on average (its fixed costs dominate)."""
+    """The Gluon forward's configuration for head dim ``d`` and these lengths: GLUON_FORWARD[d];
+    where a tile's key blocks are few on average (its fixed costs dominate), two Q buffers and the
+    pipeline carried across tiles (not at D = 128 causal: there it lost 1-2%); at D = 64, not
+    causal and N >= THREE_CONSUMERS_MIN_N, three consumer warpgroups."""
     cfg = dict(GLUON_FORWARD[d])
     keys = max(nk - n / 2, nk / 2) if causal else nk  # keys a query row sees, on average (about)
     if keys / cfg["block_n"] <= SHORT_TILE_KEY_BLOCKS:
         cfg["q_buffers"] = 2
+        if not (causal and d == 128):
+            cfg["carry"] = True
+    elif d == 64 and not causal and n >= THREE_CONSUMERS_MIN_N:
+        cfg.update(consumers=3, q_buffers=1)
     return cfg
 
 
@@ -314,10 +324,10 @@ def gluon_forward_fits(q, k, v, scale: float) -> bool:
 
 def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int, block_n: int,
                   stages: int, overlap: bool = True, consumers: int = 2, pingpong: bool = False,
-                  q_buffers: int = 1) -> None:
-    """The Gluon forward: ``consumers`` warpgroups (1 of 8 warps, or 2 of 4) of ``block_m`` query
-    rows each share every K/V stage of ``block_n`` keys; ``q_buffers`` = 2 loads a tile's Q blocks
-    while the previous tile runs."""
+                  q_buffers: int = 1, carry: bool = False) -> None:
+    """The Gluon forward: ``consumers`` warpgroups (1 of 8 warps, or 2 or 3 of 4) of ``block_m``
+    query rows each share every K/V stage of ``block_n`` keys; ``q_buffers`` = 2 loads a tile's Q
+    blocks while the previous tile runs; ``carry`` keeps the pipeline running across tiles."""
     from tilecore.ops.attention.gluon_kernels import attention_fwd_kernel
 
     B, H, N, D = q.shape
@@ -331,7 +341,7 @@ def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int
         attention_fwd_kernel[grid](desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(out, block_m), lse,
                                    H, N, Nk, H // Hkv, scale * LOG2E, B * H, head_group, CAUSAL=causal,
                                    STAGES=stages, OVERLAP=overlap, CONSUMERS=consumers, PINGPONG=pingpong,
-                                   Q_BUFFERS=q_buffers, num_warps=num_warps)
+                                   Q_BUFFERS=q_buffers, CARRY=carry, num_warps=num_warps)
 
 
 def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict | None = None) -> None:

@@ -74,10 +74,12 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
                 o_desc=desc(cfg["block_m"]), lse_ptr=torch.empty(64, dtype=torch.float32), H=16, N=n, Nk=n,
                 GROUP=1, scale_log2e=0.1, num_bh=256, head_group=12, CAUSAL=causal, STAGES=cfg["stages"],
                 OVERLAP=cfg["overlap"], CONSUMERS=cfg["consumers"], PINGPONG=cfg.get("pingpong", False),
-                Q_BUFFERS=cfg["q_buffers"])
+                Q_BUFFERS=cfg["q_buffers"], CARRY=cfg.get("carry", False))
     compiled = _compile(attention_fwd_kernel, args, {"num_warps": 8 if cfg["consumers"] == 1 else 4})
     r = resources(compiled)
     name = ("forward (gluon, ping-pong)" if cfg.get("pingpong") else
+            "forward (gluon, 3 consumers)" if cfg["consumers"] == 3 else
+            "forward (gluon, carried)" if cfg.get("carry") else
             "forward (gluon, short tiles)" if cfg["q_buffers"] != kernels.GLUON_FORWARD[d]["q_buffers"] else
             "forward (gluon)")
     return dict(kernel=name, D=d, causal=causal, cfg=cfg, **vars(r),
@@ -120,8 +122,11 @@ def main(argv=None) -> int:
     from tilecore.ops.attention.kernels import GLUON_FORWARD, gluon_forward_config  # options off by default
 
     rows.append(gluon_forward_resources(128, True, cfg=dict(GLUON_FORWARD[128], pingpong=True)))
-    for causal in (False, True):  # short tiles take two Q buffers (224 KiB of shared memory at D = 128)
-        rows.append(gluon_forward_resources(128, causal, cfg=gluon_forward_config(128, 512, 512, causal)))
+    # short tiles: two Q buffers (224 KiB of shared memory at D = 128), carried across tiles but at
+    # D = 128 causal; D = 64 at long lengths, not causal: three consumers
+    for d, causal in ((64, True), (128, False), (128, True)):
+        rows.append(gluon_forward_resources(d, causal, cfg=gluon_forward_config(d, 512, 512, causal)))
+    rows.append(gluon_forward_resources(64, False, cfg=gluon_forward_config(64, 4096, 4096, False)))
     rows += [gluon_backward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
     if "--json" in argv:
         print(json.dumps(rows))
