@@ -71,6 +71,31 @@ def test_results_json_and_png(tmp_path):
     assert "83.3" in harness.table(result)
 
 
+def test_suite_series_are_timed_in_turn_and_each_figure_is_a_median(monkeypatch):
+    """A case's series alternate (a drifting clock moves them alike); each row is the median of
+    its REPEATS timings; a peer that is not installed (ImportError) is skipped."""
+    calls = []
+    times = {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 4.0, 6.0])}
+
+    def fake_median_ms(fn, **_):
+        calls.append(fn())
+        return next(times[calls[-1]])
+
+    def missing():
+        raise ImportError("peer")
+
+    monkeypatch.setattr(harness, "median_ms", fake_median_ms)
+    monkeypatch.setitem(harness.CEILINGS, "copy", lambda: harness.Ceiling("copy", 10.0, "GB/s"))
+    monkeypatch.setattr(harness.env, "metadata", lambda: {})
+    monkeypatch.setattr(harness.torch.cuda, "empty_cache", lambda: None)
+    case = harness.Case({"bytes": 1}, {"a": lambda: lambda: "a", "peer": missing, "b": lambda: lambda: "b"}, bytes=10**6)
+    suite = harness.Suite("t", "copy", "GB/s", "bytes", lambda quick: [case])
+    result = harness.run_suite(suite)
+    assert calls == ["a", "b"] * harness.REPEATS
+    assert {r.series: r.ms for r in result.rows} == {"a": 2.0, "b": 5.0}
+    assert [r.ratio for r in result.rows] == [1e6 / 2.0 / 1e6 / 10.0, 1e6 / 5.0 / 1e6 / 10.0]
+
+
 def test_plain_eager_only_for_plain_tensors_without_grad():
     x = torch.randn(2, 2)
     assert dispatch.plain_eager(x, None)

@@ -1,6 +1,8 @@
 """The benchmark harness: every op is measured the same way.
 
-* Times are ``triton.testing.do_bench`` medians after warm-up (it also flushes L2 before each call).
+* Times are ``triton.testing.do_bench`` medians after warm-up (it also flushes L2 before each call),
+  the median of REPEATS repetitions that take a case's series in turn, so a clock that drifts
+  during a run moves every series of a case alike.
 * Inputs that would fit in L2 are rotated among several copies, so repeated calls measure HBM.
 * Every figure is also given as a ratio to a ceiling measured in the same run: the device-to-device
   copy bandwidth for memory-bound ops, cuBLAS bf16 matmul for compute-bound ones.
@@ -181,25 +183,34 @@ def progress(done: int, total: int, label: str) -> None:
           file=sys.stderr, flush=True)
 
 
+REPEATS = 3
+
+
 def run_suite(suite: Suite, *, quick: bool = False) -> Result:
-    """Measure the ceiling, then every case and series of ``suite``."""
+    """Measure the ceiling, then every case of ``suite``: its series built together and timed in
+    turn, REPEATS times (each figure the median of its repetitions)."""
     ceiling = CEILINGS[suite.ceiling]()
     result = Result(suite.name, suite.metric, suite.x, ceiling, env.metadata())
     cases = suite.cases(quick)
-    jobs = [(case, name, build) for case in cases for name, build in case.series.items()]
-    for i, (case, name, build) in enumerate(jobs):
-        label = f"{name} " + " ".join(f"{k}={v}" for k, v in case.params.items())
-        progress(i, len(jobs), label)
-        try:
-            fn = build()
-        except ImportError:
-            continue
-        ms = median_ms(fn)
-        value = case.bytes / ms / 1e6 if suite.metric == "GB/s" else case.flops / ms / 1e9
-        result.rows.append(Row(case.params, name, ms, value, value / ceiling.value))
-        del fn
+    for i, case in enumerate(cases):
+        progress(i, len(cases), " ".join(f"{k}={v}" for k, v in case.params.items()))
+        fns = {}
+        for name, build in case.series.items():
+            try:
+                fns[name] = build()
+            except ImportError:  # a peer not installed here
+                continue
+        times = {name: [] for name in fns}
+        for _ in range(REPEATS):
+            for name, fn in fns.items():
+                times[name].append(median_ms(fn, warmup_ms=10, rep_ms=50))
+        for name, ts in times.items():
+            ms = sorted(ts)[len(ts) // 2]
+            value = case.bytes / ms / 1e6 if suite.metric == "GB/s" else case.flops / ms / 1e9
+            result.rows.append(Row(case.params, name, ms, value, value / ceiling.value))
+        del fns
         torch.cuda.empty_cache()
-    progress(len(jobs), len(jobs), "done")
+    progress(len(cases), len(cases), "done")
     return result
 
 
