@@ -37,9 +37,9 @@ B, H, N = 16, 16, 4096
 # (B * N fixed at 16 x 4096 tokens a head). Session 8 tried lazy_rescale (O rescaled only when a
 # row max grew by > 2^8; removed: 3-11% slower), the carry, three consumers and a later P V
 # wait (removed: no gain); notes/attention.md.
-FWD_VARIANTS = {"s7 (2 consumers)": dict(consumers=2, q_buffers=2, carry=False, only_d=64),
-                "s7 (not carried)": dict(carry=False, only_d=128)}
-VARIANT_LENGTHS = (16384, 2048, 1024)
+FWD_VARIANTS = {"3 consumers": dict(consumers=3, q_buffers=1, only_d=64),
+                "3 consumers q2": dict(consumers=3, q_buffers=2, only_d=64)}
+VARIANT_LENGTHS = (4096, 16384, 2048)
 
 
 def parent(args):

@@ -29,8 +29,8 @@ def test_every_kernel_and_head_dim_compiles(report):
 def test_gluon_forward_holds_wgmma_and_tma_and_is_not_serialized(report):
     gluon = [r for r in report if r["kernel"].startswith("forward (gluon")]
     # D 64 and 128, causal and not; the ping-pong option; short tiles (D 64 causal and D 128, carried
-    # but at D 128 causal); D 64's three consumers
-    assert len(gluon) == 9
+    # but at D 128 causal); D 64's three consumers, causal and not
+    assert len(gluon) == 10
     for r in gluon:
         assert r["wgmma"] and r["tma"] and r["mbarrier"], r
         # ptxas serializes every wgmma of a kernel that writes a wgmma's input registers while another
@@ -56,7 +56,10 @@ def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(
 # The Gluon backward at D = 128 holds dK and dV of 64 keys x 128 (128 registers a thread) and
 # spills 160-300 bytes (D = 64: 4 bytes when causal, none otherwise); it was still 1.17x the tl
 # kernels on the H100 (notes/attention.md)
-SPILL_BYTES_ALLOWED = {("backward dk/dv", 128): 64, ("backward (gluon)", 64): 8, ("backward (gluon)", 128): 320}
+# Three consumers at D = 64 have 160 registers a thread: causal (the per-consumer key-block count
+# adds a little) spills 48 bytes and was still 8% faster at N = 16384 on the H100 (notes/attention.md)
+SPILL_BYTES_ALLOWED = {("backward dk/dv", 128): 64, ("backward (gluon)", 64): 8, ("backward (gluon)", 128): 320,
+                       ("forward (gluon, 3 consumers)", 64): 48}
 
 
 def test_no_spills_and_shared_memory_fits(report):

@@ -153,8 +153,15 @@ def _init_tile(g, cfg: gl.constexpr, tile, q_smem):
     l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BM, D], gl.float32, o_layout)
     p = gl.zeros([BM, BN], q_smem.dtype, _p_layout(BM, D, gl.num_warps()))
-    # this consumer's first query row and the tile's key-block count ride along for the masks
-    return m_i, l_i, acc, p, _first_row(cfg, tile), tile[2]
+    first = _first_row(cfg, tile)
+    n_own = tile[2]
+    if cfg[0] and cfg[4] and cfg[5] > 1 and not cfg[6]:
+        # causal: this consumer's rows see fewer key blocks than the tile's last rows do; it skips
+        # the tile's later blocks (all masked for it: their p would be 0) but for its last P V
+        own_hi = gl.maximum(gl.minimum(g[7], first + BM + (g[7] - g[6])), 0)
+        n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, BN), 1), tile[2])
+    # this consumer's first query row and key-block count ride along for the masks and the steps
+    return m_i, l_i, acc, p, first, n_own
 
 
 @gluon.jit
@@ -300,7 +307,7 @@ def _compute_step(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, turn=
             m_i, l_i, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, acc, m_i, l_i, start_m, kk * BN, turn)
             acc = acc * alpha
             p = _p_operand(g, cfg, p32)
-        else:  # the step after the last block: its P V only
+        elif kk == n_blocks:  # the step after this consumer's last block: its P V only (later: none)
             if cfg[6]:
                 wait_turn(turn)
             acc = warpgroup_mma(p, v, acc)

@@ -283,23 +283,24 @@ GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, overlap=True, consu
 # causal, 16 key blocks a tile on average: -3 to -4% in two runs; notes/attention.md, session 5)
 SHORT_TILE_KEY_BLOCKS = 8
 # D = 64 takes three consumer warpgroups (FlashAttention-3's choice there: the softmax is long next
-# to the wgmma at this head dim) where its 192-row tiles waste little: N = 4096 +8% (1.03x cuDNN);
-# causal -12% and N <= 1024 -5 to -27% (partial tiles), so not there (notes/attention.md, session 8)
-THREE_CONSUMERS_MIN_N = 2048
+# to the wgmma at this head dim) where its 192-row tiles pay: not causal from N = 2048 (N = 4096
+# +8%, 16384 +17%; N <= 1024 -5 to -27%: partial tiles); causal only at N = 16384 (+8%; N = 4096
+# -12%, 2048 -27%) (notes/attention.md, session 8)
+THREE_CONSUMERS_MIN_N = {False: 2048, True: 16384}
 
 
 def gluon_forward_config(d: int, n: int, nk: int, causal: bool) -> dict:
     """The Gluon forward's configuration for head dim ``d`` and these lengths: GLUON_FORWARD[d];
     where a tile's key blocks are few on average (its fixed costs dominate), two Q buffers and the
-    pipeline carried across tiles (not at D = 128 causal: there it lost 1-2%); at D = 64, not
-    causal and N >= THREE_CONSUMERS_MIN_N, three consumer warpgroups."""
+    pipeline carried across tiles (not at D = 128 causal: there it lost 1-2%); at D = 64 and
+    N >= THREE_CONSUMERS_MIN_N[causal], three consumer warpgroups."""
     cfg = dict(GLUON_FORWARD[d])
     keys = max(nk - n / 2, nk / 2) if causal else nk  # keys a query row sees, on average (about)
     if keys / cfg["block_n"] <= SHORT_TILE_KEY_BLOCKS:
         cfg["q_buffers"] = 2
         if not (causal and d == 128):
             cfg["carry"] = True
-    elif d == 64 and not causal and n >= THREE_CONSUMERS_MIN_N:
+    elif d == 64 and n >= THREE_CONSUMERS_MIN_N[causal]:
         cfg.update(consumers=3, q_buffers=1)
     return cfg
 

@@ -126,7 +126,8 @@ def main(argv=None) -> int:
     # D = 128 causal; D = 64 at long lengths, not causal: three consumers
     for d, causal in ((64, True), (128, False), (128, True)):
         rows.append(gluon_forward_resources(d, causal, cfg=gluon_forward_config(d, 512, 512, causal)))
-    rows.append(gluon_forward_resources(64, False, cfg=gluon_forward_config(64, 4096, 4096, False)))
+    for causal in (False, True):
+        rows.append(gluon_forward_resources(64, causal, cfg=gluon_forward_config(64, 16384, 16384, causal)))
     rows += [gluon_backward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
     if "--json" in argv:
         print(json.dumps(rows))
