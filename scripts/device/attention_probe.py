@@ -474,15 +474,32 @@ def public_gap(out_dir):
                       indent=1)
 
 
+def _next_to_cudnn(fns, q, k, v, causal, flops, label):
+    """TFLOP/s of each of ``fns`` and of cuDNN's forward on q, k, v: three repetitions taking them in
+    turn; prints the medians and their ratio to cuDNN's, returns every repetition's figures."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    fns = dict(fns, cuDNN=cudnn)
+    res = {name: [] for name in fns}
+    for _ in range(3):
+        for name, fn in fns.items():
+            res[name].append(flops / do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e9)
+    med = {name: sorted(x)[1] for name, x in res.items()}
+    print(f"{label}: " + ", ".join(f"{name} {m:.0f} ({m / med['cuDNN']:.3f}x)" for name, m in med.items()), flush=True)
+    return res
+
+
 def tile_costs(out_dir):
     """The forward's per-tile cost: the Gluon forward with one or two Q buffers per consumer
     (``q_buffers``), poisoned outputs checked bit for bit against the default, then timed next to
     cuDNN, interleaved three times, at N = 512, 1024, 4096 with B * N fixed (16 x 4096 tokens a head):
     fewer key blocks a tile means more tiles, so time(N) separates the per-tile cost from the per-block one."""
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
 
     from tilecore.ops.attention import kernels
 
@@ -509,19 +526,8 @@ def tile_costs(out_dir):
                     if n == 4096 or not same:  # a line per variant once (it ran), then only mismatches
                         print(f"D={d} N={n} causal={causal} {name}: ran, same bits as the default: {same}", flush=True)
                     fns[name] = (lambda cfg=cfg: kernels.forward_gluon(q, k, v, out, lse, causal, d ** -0.5, **cfg))
-
-                def cudnn():
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                fns["cuDNN"] = cudnn
-                res = {name: [] for name in fns}
-                for _ in range(3):
-                    for name, fn in fns.items():
-                        res[name].append(fl / do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e9)
+                res = _next_to_cudnn(fns, q, k, v, causal, fl, f"D={d} N={n} causal={causal}")
                 rows.append({"D": d, "N": n, "B": b, "causal": causal, "tflops": res})
-                med = {name: sorted(x)[1] for name, x in res.items()}
-                print(f"D={d} N={n} causal={causal}: " + ", ".join(f"{name} {m:.0f} ({m / med['cuDNN']:.3f}x)"
-                                                                  for name, m in med.items()), flush=True)
                 json.dump({"meta": _meta(), "rows": rows}, open(os.path.join(out_dir, "attention_tile_costs.json"), "w"),
                           indent=1)
             del q, k, v, out, lse, ref_o, ref_l
@@ -540,9 +546,6 @@ def _variants(d):
 def fwd_variants(out_dir):
     """FWD_VARIANTS against float64 (error over the rounding floor, outputs poisoned), then timed."""
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
 
     from tilecore.accuracy import error_over_floor
     from tilecore.ops.attention import kernels
@@ -587,19 +590,8 @@ def fwd_variants(out_dir):
                 fns = {name: (lambda opts=opts: kernels.forward_gluon(
                     q, k, v, out, lse, causal, d ** -0.5, **(kernels.gluon_forward_config(d, n, n, causal) | opts)))
                     for name, opts in _variants(d).items()}
-
-                def cudnn():
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                fns["cuDNN"] = cudnn
-                res = {name: [] for name in fns}
-                for _ in range(3):
-                    for name, fn in fns.items():
-                        res[name].append(fl / do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e9)
+                res = _next_to_cudnn(fns, q, k, v, causal, fl, f"D={d} N={n} causal={causal}")
                 rows.append({"D": d, "N": n, "B": b, "causal": causal, "tflops": res})
-                med = {name: sorted(x)[1] for name, x in res.items()}
-                print(f"D={d} N={n} causal={causal}: " + ", ".join(f"{name} {m:.0f} ({m / med['cuDNN']:.3f}x)"
-                                                                  for name, m in med.items()), flush=True)
                 json.dump({"meta": _meta(), "variants": FWD_VARIANTS, "rows": rows},
                           open(os.path.join(out_dir, "attention_fwd_variants.json"), "w"), indent=1)
             del q, k, v, out, lse
