@@ -237,11 +237,11 @@ def add_partials(acc, workspace, flags, first_slot, end_slot, slot_step):
 
 
 @gluon.jit
-def _producer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles,
-              setup: gl.constexpr, load: gl.constexpr, load_tile: gl.constexpr, STAGES: gl.constexpr,
-              STAGE_BYTES: gl.constexpr, TILE_BYTES: gl.constexpr, CONSUMERS: gl.constexpr,
-              TILE_SHARED: gl.constexpr, TILE_RESIDENT: gl.constexpr, TILE_BUFFERS: gl.constexpr,
-              CARRY: gl.constexpr):
+def _producer(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, load: gl.constexpr, load_tile: gl.constexpr,
+              STAGE_BYTES: gl.constexpr, TILE_BYTES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The TMA producer's loop (``pipeline`` and ``parts`` as the consumers receive them)."""
+    x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns = pipeline
+    setup, _, _, _, _, STAGES, _, _, _, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, _ = parts
     i = 0
     t = 0
     if CARRY:  # the tile before a program's first is itself (what load takes from it goes unused)
@@ -291,12 +291,14 @@ def _with_index(cfg, index):
 
 
 @gluon.jit
-def _consumer(g, cfg: gl.constexpr, x_ring, y_ring, ready, empty, out_smem, tile_bufs, tile_ready, tile_empty,
-              num_tiles, setup: gl.constexpr, init: gl.constexpr, compute: gl.constexpr, drain: gl.constexpr,
-              finish: gl.constexpr, STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr, TILE_OPERAND: gl.constexpr,
-              turns, CID: gl.constexpr, PINGPONG: gl.constexpr, STEP_INDEX: gl.constexpr,
-              TILE_SHARED: gl.constexpr, TILE_RESIDENT: gl.constexpr, TILE_BUFFERS: gl.constexpr,
-              CARRY: gl.constexpr, carry0: gl.constexpr):
+def _consumer(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: gl.constexpr, pipeline,
+              parts: gl.constexpr):
+    """Consumer CID's loop. What every consumer partition shares (see persistent_pipeline): the
+    runtime ``pipeline`` (ring, barriers, tile count) and the compile-time ``parts`` (the kernel's
+    functions and the template's options)."""
+    x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns = pipeline
+    (setup, init, compute, drain, finish, STAGES, IN_FLIGHT, TILE_OPERAND, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
+     TILE_BUFFERS, CARRY, carry0) = parts
     i = 0
     t = 0
     if CARRY:
@@ -441,48 +443,28 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
         mbarrier.init(tile_empty.index(c), count=CONSUMERS if TILE_SHARED else 1)
     STAGE_BYTES: gl.constexpr = x_desc.block_type.nbytes + y_desc.block_type.nbytes
     LATE_RELEASE: gl.constexpr = (1 if STAGES > 1 else 0) if IN_FLIGHT < 0 else IN_FLIGHT
+    # what every partition shares (each consumer also takes its index, in cfg and as CID, and its
+    # epilogue buffer); the functions ride in a constexpr tuple: Gluon cannot hold them in a runtime one
+    pipeline = (x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns)
+    parts: gl.constexpr = gl.constexpr((setup, init, compute, drain, finish, STAGES, LATE_RELEASE, TILE_OPERAND,
+                                        STEP_INDEX, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, carry0))
     if CONSUMERS == 1:
-        gl.warp_specialize([
-            (_consumer, (g, cfg, x_ring, y_ring, ready, empty, out_smem.index(0), tile_bufs, tile_ready, tile_empty,
-                         num_tiles, setup, init, compute, drain, finish, STAGES, LATE_RELEASE, TILE_OPERAND, turns,
-                         0, False, STEP_INDEX, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, carry0)),
-            (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
-                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED, TILE_RESIDENT,
-                         TILE_BUFFERS, CARRY)),
-        ], [1], [PRODUCER_REGS])
+        gl.warp_specialize([(_consumer, (g, cfg, out_smem.index(0), 0, False, pipeline, parts)),
+                            (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS))],
+                           [1], [PRODUCER_REGS])
     elif CONSUMERS == 2:
-        gl.warp_specialize([
-            (_consumer, (g, _with_index(cfg, 0), x_ring, y_ring, ready, empty, out_smem.index(0), tile_bufs,
-                         tile_ready, tile_empty, num_tiles, setup, init, compute, drain, finish, STAGES,
-                         LATE_RELEASE, TILE_OPERAND, turns, 0, PINGPONG, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
-                         TILE_BUFFERS, CARRY, carry0)),
-            (_consumer, (g, _with_index(cfg, 1), x_ring, y_ring, ready, empty, out_smem.index(1), tile_bufs,
-                         tile_ready, tile_empty, num_tiles, setup, init, compute, drain, finish, STAGES,
-                         LATE_RELEASE, TILE_OPERAND, turns, 1, PINGPONG, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
-                         TILE_BUFFERS, CARRY, carry0)),
-            (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
-                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED, TILE_RESIDENT,
-                         TILE_BUFFERS, CARRY)),
-        ], [gl.num_warps(), 1], [CONSUMER_REGS, PRODUCER_REGS])
+        gl.warp_specialize([(_consumer, (g, _with_index(cfg, 0), out_smem.index(0), 0, PINGPONG, pipeline, parts)),
+                            (_consumer, (g, _with_index(cfg, 1), out_smem.index(1), 1, PINGPONG, pipeline, parts)),
+                            (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS))],
+                           [gl.num_warps(), 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.static_assert(CONSUMERS == 3, "CONSUMERS is 1, 2 or 3")
-        gl.warp_specialize([
-            (_consumer, (g, _with_index(cfg, 0), x_ring, y_ring, ready, empty, out_smem.index(0), tile_bufs,
-                         tile_ready, tile_empty, num_tiles, setup, init, compute, drain, finish, STAGES,
-                         LATE_RELEASE, TILE_OPERAND, turns, 0, False, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
-                         TILE_BUFFERS, CARRY, carry0)),
-            (_consumer, (g, _with_index(cfg, 1), x_ring, y_ring, ready, empty, out_smem.index(1), tile_bufs,
-                         tile_ready, tile_empty, num_tiles, setup, init, compute, drain, finish, STAGES,
-                         LATE_RELEASE, TILE_OPERAND, turns, 1, False, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
-                         TILE_BUFFERS, CARRY, carry0)),
-            (_consumer, (g, _with_index(cfg, 2), x_ring, y_ring, ready, empty, out_smem.index(2), tile_bufs,
-                         tile_ready, tile_empty, num_tiles, setup, init, compute, drain, finish, STAGES,
-                         LATE_RELEASE, TILE_OPERAND, turns, 2, False, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
-                         TILE_BUFFERS, CARRY, carry0)),
-            (_producer, (g, cfg, x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, setup,
-                         load, load_tile, STAGES, STAGE_BYTES, TILE_BYTES, CONSUMERS, TILE_SHARED, TILE_RESIDENT,
-                         TILE_BUFFERS, CARRY)),
-        ], [gl.num_warps(), gl.num_warps(), 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+        gl.warp_specialize([(_consumer, (g, _with_index(cfg, 0), out_smem.index(0), 0, False, pipeline, parts)),
+                            (_consumer, (g, _with_index(cfg, 1), out_smem.index(1), 1, False, pipeline, parts)),
+                            (_consumer, (g, _with_index(cfg, 2), out_smem.index(2), 2, False, pipeline, parts)),
+                            (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS))],
+                           [gl.num_warps(), gl.num_warps(), 1],
+                           [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
