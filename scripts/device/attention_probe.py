@@ -23,6 +23,8 @@ tiles: the forward's per-tile cost: one or two Q buffers per consumer, the ping-
 variants: forward options (FWD_VARIANTS) over the default config, each checked against float64 on
     odd shapes and on "growing" scores (the row max keeps rising along the keys), then timed at
     N = 4096, 1024, 512 (B * N fixed) next to the default and cuDNN, interleaved three times.
+schedule: causal tiles from a balanced schedule against round-robin (forward, two and three
+    consumers; backward): same bits checked, then timed next to cuDNN.
 """
 import argparse
 import json
@@ -31,7 +33,7 @@ import subprocess
 import sys
 import time
 
-LIMITS = {"variants": 300, "tiles": 330, "public": 120, "check": 110, "time": 60, "sweep": 150, "bench": 65, "compile": 60, "bwd": 150, "parts": 120}  # the run gets 300 s
+LIMITS = {"schedule": 420, "variants": 300, "tiles": 330, "public": 120, "check": 110, "time": 60, "sweep": 150, "bench": 65, "compile": 60, "bwd": 150, "parts": 120}  # the run gets 300 s
 B, H, N = 16, 16, 4096
 # the variants phase's candidates (kernels.forward_gluon options over gluon_forward_config's), and lengths
 # (B * N fixed at 16 x 4096 tokens a head). Session 8 tried lazy_rescale (O rescaled only when a
@@ -598,6 +600,128 @@ def fwd_variants(out_dir):
             torch.cuda.empty_cache()
 
 
+def causal_schedule(out_dir):
+    """Causal tiles from a balanced schedule (tiles.schedule.balanced_schedule) against round-robin:
+    the forward (two and, at D = 64, three consumers) and the backward. Checked first: the same
+    bits both ways (a tile's work does not depend on which program runs it; the backward's dq adds
+    in no fixed order, so dk and dv only), and the balanced default against float64; then timed next
+    to cuDNN, interleaved three times, N = 1024 .. 16384 with B * N fixed."""
+    import torch
+    import torch.nn.functional as F
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    from tilecore.accuracy import error_over_floor
+    from tilecore.ops.attention import kernels
+    from tilecore.ops.attention.reference import attention_reference
+
+    rr_tables = {}
+
+    def rr_table(device, *key):  # a table that holds round-robin: what reading a table costs
+        if key not in rr_tables:
+            programs = key[-1]
+            owner = torch.arange(triton.cdiv(key[1], key[3]) * key[5]) % programs
+            offsets = programs + 1 + torch.cumsum(torch.bincount(owner, minlength=programs), 0)
+            rr_tables[key] = torch.cat([torch.tensor([programs + 1]), offsets, torch.argsort(owner, stable=True),
+                                        torch.zeros(1, dtype=torch.int64)]).to(torch.int32).to(device)
+        return rr_tables[key]
+
+    def forward(q, k, v, out, lse, d, cfg):
+        cfg = dict(cfg)
+        if cfg.pop("rr_table", False):
+            kernels.causal_schedule, real = rr_table, kernels.causal_schedule
+            try:
+                kernels.forward_gluon(q, k, v, out, lse, True, d ** -0.5, **cfg)
+            finally:
+                kernels.causal_schedule = real
+        else:
+            kernels.forward_gluon(q, k, v, out, lse, True, d ** -0.5, **cfg)
+
+    def configs(d, n):
+        base = kernels.gluon_forward_config(d, n, n, True)
+        out = {"2c rr": dict(base, consumers=2, balanced=False), "2c balanced": dict(base, consumers=2),
+               "2c rr table": dict(base, consumers=2, rr_table=True)}
+        if d == 64:
+            three = dict(base, consumers=3, q_buffers=1)
+            three.pop("carry", None)
+            out |= {"3c rr": dict(three, balanced=False), "3c balanced": three}
+        return out
+
+    bad = 0
+    for b, hq, hkv, n, nk, d in ((2, 8, 2, 1000, 1000, 64), (1, 4, 2, 4097, 1000, 128), (2, 4, 4, 3000, 3000, 128),
+                                 (3, 6, 3, 2500, 2600, 64)):
+        g = torch.Generator(device="cuda").manual_seed(n + nk + d)
+        mk = lambda h, length: torch.randn(b, h, length, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        q, k, v = mk(hq, n), mk(hkv, nk), mk(hkv, nk)
+        ro, _ = attention_reference(q.double(), k.double(), v.double(), causal=True)
+        outs = {}
+        for name, cfg in configs(d, n).items():
+            out = torch.full_like(q, float("nan"))
+            lse = torch.full((b, hq, n), float("nan"), device="cuda")
+            forward(q, k, v, out, lse, d, cfg)
+            outs[name] = (out, lse)
+        line = []
+        for name, (out, lse) in outs.items():
+            twin = outs[name.replace("balanced", "rr").replace(" table", "")]
+            same = torch.equal(out, twin[0]) and torch.equal(lse, twin[1])
+            err = error_over_floor(out, ro)
+            ok = same and err < 2.0 and not out.isnan().any().item()
+            bad += not ok
+            line.append(f"{name} {err:.3f}x floor{'' if same else ' DIFFERS from rr'}{'' if ok else ' FAIL'}")
+        # backward: dk, dv bit for bit, both ways
+        do = mk(hq, n)
+        out, lse = outs["2c rr"]
+        grads = {}
+        for balanced in (False, True):
+            gq, gk, gv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+            kernels.backward_into(do, q, k, v, out, lse, None, gq, gk, gv, True, d ** -0.5,
+                                  gluon=dict(kernels.GLUON_BACKWARD[d, True], balanced=balanced))
+            grads[balanced] = (gq, gk, gv)
+        same = torch.equal(grads[0][1], grads[1][1]) and torch.equal(grads[0][2], grads[1][2])
+        dq_close = (grads[0][0].float() - grads[1][0].float()).abs().max().item()
+        bad += not same
+        line.append(f"bwd dk/dv same bits: {same}, dq max diff {dq_close:.1e}")
+        print(f"D={d} B{b} H{hq}/{hkv} N{n} Nk{nk}: " + "; ".join(line), flush=True)
+    print(f"SCHEDULE CHECK: {bad} bad", flush=True)
+
+    rows = []
+    for d in (64, 128):
+        for n in (4096, 1024, 2048, 16384):
+            b = B * N // n
+            q, k, v = (torch.randn(b, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            out, lse = torch.empty_like(q), torch.empty(b, H, n, device="cuda")
+            fl = 2 * b * H * n * n * d
+            fns = {name: (lambda cfg=cfg: forward(q, k, v, out, lse, d, cfg)) for name, cfg in configs(d, n).items()}
+            res = _next_to_cudnn(fns, q, k, v, True, fl, f"fwd D={d} N={n} causal")
+            rows.append({"pass": "fwd", "D": d, "N": n, "B": b, "tflops": res})
+            if n == 4096:  # the backward, balanced or not, next to cuDNN's
+                do = torch.randn_like(q)
+                kernels.forward_into(q, k, v, out, lse, True, d ** -0.5)
+                dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+                qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
+                fns = {f"bwd {'balanced' if bal else 'rr'}": (lambda bal=bal: kernels.backward_into(
+                    do, q, k, v, out, lse, None, dq, dk, dv, True, d ** -0.5,
+                    gluon=dict(kernels.GLUON_BACKWARD[d, True], balanced=bal))) for bal in (False, True)}
+                fns["cuDNN"] = lambda: o.backward(do, retain_graph=True)
+                res = {name: [] for name in fns}
+                for _ in range(3):
+                    for name, fn in fns.items():
+                        ms = do_bench(fn, warmup=10, rep=50, grad_to_none=[qg, kg, vg], return_mode="median")
+                        res[name].append(2.5 * fl / ms / 1e9)
+                med = {name: sorted(x)[1] for name, x in res.items()}
+                print(f"bwd D={d} N={n} causal: " + ", ".join(f"{name} {m:.0f} ({m / med['cuDNN']:.3f}x)"
+                                                            for name, m in med.items()), flush=True)
+                rows.append({"pass": "bwd", "D": d, "N": n, "B": b, "tflops": res})
+                del do, dq, dk, dv, qg, kg, vg, o
+            json.dump({"meta": _meta(), "rows": rows}, open(os.path.join(out_dir, "attention_schedule.json"), "w"),
+                      indent=1)
+            del q, k, v, out, lse
+            torch.cuda.empty_cache()
+
+
 def _no_grad(f, q, k, v, causal):
     import torch
 
@@ -649,7 +773,7 @@ def main():
     if args.child:
         {"check": check, "time": timing, "sweep": sweep, "bench": bench, "compile": compile_check,
          "bwd": backward_variants, "parts": backward_parts, "public": public_gap,
-         "tiles": tile_costs, "variants": fwd_variants}[args.child](args.out)
+         "tiles": tile_costs, "variants": fwd_variants, "schedule": causal_schedule}[args.child](args.out)
     else:
         parent(args)
 

@@ -57,9 +57,10 @@ def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(
 # spills 160-300 bytes (D = 64: 4 bytes when causal, none otherwise); it was still 1.17x the tl
 # kernels on the H100 (notes/attention.md)
 # Three consumers at D = 64 have 160 registers a thread: causal (the per-consumer key-block count
-# adds a little) spills 48 bytes and was still 8% faster at N = 16384 on the H100 (notes/attention.md)
+# and the balanced schedule's tile ids add a little) spills 60 bytes and was still 4-5% faster than
+# two consumers at N = 16384 on the H100 (notes/attention.md, session 9)
 SPILL_BYTES_ALLOWED = {("backward dk/dv", 128): 64, ("backward (gluon)", 64): 8, ("backward (gluon)", 128): 320,
-                       ("forward (gluon, 3 consumers)", 64): 48}
+                       ("forward (gluon, 3 consumers)", 64): 64}
 
 
 def test_no_spills_and_shared_memory_fits(report):

@@ -69,6 +69,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from tilecore.tiles.schedule import program_tiles, scheduled_tile
 
 
 @gluon.constexpr_function
@@ -240,13 +241,16 @@ def add_partials(acc, workspace, flags, first_slot, end_slot, slot_step):
 def _producer(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, load: gl.constexpr, load_tile: gl.constexpr,
               STAGE_BYTES: gl.constexpr, TILE_BYTES: gl.constexpr, CONSUMERS: gl.constexpr):
     """The TMA producer's loop (``pipeline`` and ``parts`` as the consumers receive them)."""
-    x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns = pipeline
-    setup, _, _, _, _, STAGES, _, _, _, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, _ = parts
+    x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule = pipeline
+    setup, _, _, _, _, STAGES, _, _, _, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, _, SCHEDULED = parts
     i = 0
     t = 0
+    first, end, step = program_tiles(num_tiles, schedule, SCHEDULED)
+    tile_id = scheduled_tile(first, schedule, SCHEDULED)
     if CARRY:  # the tile before a program's first is itself (what load takes from it goes unused)
-        prev, last_iters = setup(g, cfg, gl.program_id(0))
-    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        prev, last_iters = setup(g, cfg, tile_id)
+    for n in range(first, end, step):
+        next_id = scheduled_tile(n + step, schedule, SCHEDULED)  # read a tile ahead: off the critical path
         tile, k_iters = setup(g, cfg, tile_id)
         if TILE_RESIDENT:  # a constant operand: loaded with the first tile, kept for all
             if t == 0:
@@ -277,6 +281,7 @@ def _producer(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, load: gl.cons
             prev = tile
             last_iters = k_iters
         t += 1
+        tile_id = next_id
     if CARRY:  # the tail step: step k_iters of the program's last tile
         if t > 0:
             s = i % STAGES
@@ -296,15 +301,18 @@ def _consumer(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: gl.co
     """Consumer CID's loop. What every consumer partition shares (see persistent_pipeline): the
     runtime ``pipeline`` (ring, barriers, tile count) and the compile-time ``parts`` (the kernel's
     functions and the template's options)."""
-    x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns = pipeline
+    x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule = pipeline
     (setup, init, compute, drain, finish, STAGES, IN_FLIGHT, TILE_OPERAND, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
-     TILE_BUFFERS, CARRY, carry0) = parts
+     TILE_BUFFERS, CARRY, carry0, SCHEDULED) = parts
     i = 0
     t = 0
     if CARRY:
         state = carry0(g, cfg)
         last_iters = gl.program_id(0) * 0
-    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+    first, end, step = program_tiles(num_tiles, schedule, SCHEDULED)
+    tile_id = scheduled_tile(first, schedule, SCHEDULED)
+    for n in range(first, end, step):
+        next_id = scheduled_tile(n + step, schedule, SCHEDULED)  # read a tile ahead: off the critical path
         tile, k_iters = setup(g, cfg, tile_id)
         slot = _tile_slot(CID, t, TILE_BUFFERS, TILE_SHARED)
         if TILE_OPERAND:
@@ -348,6 +356,7 @@ def _consumer(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: gl.co
         else:
             finish(g, cfg, state, tile, out_smem)
         t += 1
+        tile_id = next_id
     if CARRY:  # the tail step: step k_iters of the program's last tile, which finishes it
         if t > 0:
             s = i % STAGES
@@ -386,7 +395,7 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
                         tile_desc=None, load_tile: gl.constexpr = None, PINGPONG: gl.constexpr = False,
                         TILE_OPERANDS: gl.constexpr = 1, TILE_SHARED: gl.constexpr = False,
                         STEP_INDEX: gl.constexpr = False, TILE_RESIDENT: gl.constexpr = False,
-                        TILE_BUFFERS: gl.constexpr = 1, carry0: gl.constexpr = None):
+                        TILE_BUFFERS: gl.constexpr = 1, carry0: gl.constexpr = None, schedule=None):
     """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
 
     ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
@@ -402,8 +411,11 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     ``STEP_INDEX``: ``compute`` also receives the ring step; ``TILE_RESIDENT``: the shared per-tile
     operand is a constant, loaded once (see the module docstring). ``TILE_BUFFERS``: 2 double-buffers
     each consumer's per-tile operand; ``carry0``: the consumers' state carries across tiles (see the
-    module docstring).
+    module docstring). ``schedule``: an int32 table of ``schedule.balanced_schedule`` for exactly this
+    grid, which then gives each program its tiles (by default tile ids pid, pid + P, ... below
+    ``num_tiles``).
     """
+    SCHEDULED: gl.constexpr = schedule is not None
     TILE_OPERAND: gl.constexpr = load_tile is not None
     CARRY: gl.constexpr = carry0 is not None
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
@@ -445,9 +457,10 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     LATE_RELEASE: gl.constexpr = (1 if STAGES > 1 else 0) if IN_FLIGHT < 0 else IN_FLIGHT
     # what every partition shares (each consumer also takes its index, in cfg and as CID, and its
     # epilogue buffer); the functions ride in a constexpr tuple: Gluon cannot hold them in a runtime one
-    pipeline = (x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns)
+    pipeline = (x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule)
     parts: gl.constexpr = gl.constexpr((setup, init, compute, drain, finish, STAGES, LATE_RELEASE, TILE_OPERAND,
-                                        STEP_INDEX, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, carry0))
+                                        STEP_INDEX, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, carry0,
+                                        SCHEDULED))
     if CONSUMERS == 1:
         gl.warp_specialize([(_consumer, (g, cfg, out_smem.index(0), 0, False, pipeline, parts)),
                             (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS))],

@@ -17,6 +17,7 @@ p = 0 and zero gradients.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -25,6 +26,7 @@ import triton.language as tl
 
 from tilecore import dispatch
 from tilecore.tiles.launch import CachedLaunch, gluon_descriptor, tma_describable
+from tilecore.tiles.schedule import balanced_schedule
 from tilecore.tiles.ops import causal_mask, masked, mma, mma_abt, online_softmax_update, row_sum
 
 LOG2E = math.log2(math.e)
@@ -317,6 +319,55 @@ def _heads_in_l2(bytes_per_head: int) -> int:
     return max(1, min(16, (24 << 20) // bytes_per_head))
 
 
+# A tile's fixed cost (pipeline fill and drain, epilogue) in key-block steps, for the balanced
+# schedule's cost model: ~2.5-4 us a tile on the H100, 5-7% of a 32-step tile (notes/attention.md)
+TILE_OVERHEAD_STEPS = 2
+
+
+def _head_grouped_blocks(tiles: int, blocks: int, num_heads: int, head_group: int) -> torch.Tensor:
+    """The block index of every tile id in ``head_grouped_tile``'s order (its host twin)."""
+    tile_id = torch.arange(tiles)
+    per_group = head_group * blocks
+    heads = torch.clamp(num_heads - (tile_id // per_group) * head_group, max=head_group)
+    return (tile_id % per_group) // heads
+
+
+def _cdiv(a: torch.Tensor, b: int) -> torch.Tensor:
+    return (a + b - 1) // b
+
+
+@functools.lru_cache(maxsize=64)
+def _balanced_table(kind: str, N: int, Nk: int, block_m: int, block_n: int, num_bh: int, head_group: int,
+                    steps_per_block: int, programs: int) -> torch.Tensor | None:
+    """The balanced schedule of a causal Gluon launch (cost: its steps + TILE_OVERHEAD_STEPS).
+    ``kind`` "forward": tiles of ``block_m`` query rows (query blocks from the last), each a step per
+    ``block_n`` keys up to its diagonal; "backward": tiles of ``block_n`` keys, a step per
+    ``block_m`` query rows that see them, ``steps_per_block`` times (the q heads of a kv head)."""
+    if kind == "forward":
+        m_blocks = triton.cdiv(N, block_m)
+        mb = _head_grouped_blocks(m_blocks * num_bh, m_blocks, num_bh, head_group)
+        last_key = torch.clamp((m_blocks - mb) * block_m + Nk - N, min=0, max=Nk)
+        steps = torch.clamp(_cdiv(last_key, block_n), min=1)
+    else:
+        n_blocks = triton.cdiv(Nk, block_n)
+        kb = _head_grouped_blocks(n_blocks * num_bh, n_blocks, num_bh, head_group)
+        first_mb = torch.clamp(kb * block_n - (Nk - N), min=0) // block_m
+        steps = torch.clamp(triton.cdiv(N, block_m) - first_mb, min=0) * steps_per_block
+    return balanced_schedule(steps + TILE_OVERHEAD_STEPS, programs)
+
+
+_SCHEDULES: dict = {}  # (device, table's key) -> the table on the device
+
+
+def causal_schedule(device: torch.device, *key) -> torch.Tensor | None:
+    """``_balanced_table(*key)`` on ``device`` (None: round-robin is as good), made once per device
+    (so a CUDA graph captured after a first call reuses it)."""
+    if (device, key) not in _SCHEDULES:
+        table = _balanced_table(*key)
+        _SCHEDULES[(device, key)] = None if table is None else table.to(device)
+    return _SCHEDULES[(device, key)]
+
+
 def gluon_forward_fits(q, k, v, scale: float) -> bool:
     """Whether the Gluon forward serves these inputs (else the tl kernel does)."""
     return (q.is_cuda and q.shape[-1] in GLUON_FORWARD and scale > 0 and dispatch.is_hopper(q.device)
@@ -325,10 +376,11 @@ def gluon_forward_fits(q, k, v, scale: float) -> bool:
 
 def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int, block_n: int,
                   stages: int, overlap: bool = True, consumers: int = 2, pingpong: bool = False,
-                  q_buffers: int = 1, carry: bool = False) -> None:
+                  q_buffers: int = 1, carry: bool = False, balanced: bool = True) -> None:
     """The Gluon forward: ``consumers`` warpgroups (1 of 8 warps, or 2 or 3 of 4) of ``block_m``
     query rows each share every K/V stage of ``block_n`` keys; ``q_buffers`` = 2 loads a tile's Q
-    blocks while the previous tile runs; ``carry`` keeps the pipeline running across tiles."""
+    blocks while the previous tile runs; ``carry`` keeps the pipeline running across tiles;
+    ``balanced`` (causal): the programs take their tiles from a balanced schedule, not round-robin."""
     from tilecore.ops.attention.gluon_kernels import attention_fwd_kernel
 
     B, H, N, D = q.shape
@@ -338,9 +390,13 @@ def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int
     tiles = triton.cdiv(N, block_m * consumers) * B * H
     grid = (min(tiles, dispatch.num_sms(q.device)),)
     head_group = _heads_in_l2(2 * Nk * D * q.element_size())  # their K and V stay in L2 together
+    schedule = None
+    if causal and balanced:
+        schedule = causal_schedule(q.device, "forward", N, Nk, block_m * consumers, block_n, B * H, head_group, 1,
+                                   grid[0])
     with dispatch.on_device(q.device):
         attention_fwd_kernel[grid](desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(out, block_m), lse,
-                                   H, N, Nk, H // Hkv, scale * LOG2E, B * H, head_group, CAUSAL=causal,
+                                   H, N, Nk, H // Hkv, scale * LOG2E, B * H, head_group, schedule, CAUSAL=causal,
                                    STAGES=stages, OVERLAP=overlap, CONSUMERS=consumers, PINGPONG=pingpong,
                                    Q_BUFFERS=q_buffers, CARRY=carry, num_warps=num_warps)
 
@@ -397,13 +453,14 @@ def backward_delta(out, dout, lse, dlse, *, dq_sum: bool = False):
 
 
 def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
-                   block_n: int, stages: int, dq_from: str = "fused", prefetch: bool = True) -> None:
+                   block_n: int, stages: int, dq_from: str = "fused", prefetch: bool = True,
+                   balanced: bool = True) -> None:
     """The Gluon backward: the preprocess, then dk and dv (and dq unless ``dq_from`` is "tl", through
     a float32 buffer that its TMA reductions add to, each consumer half of the columns)."""
     fused_dq = DQ_MODES[dq_from] > 0
     delta, dq_sum = backward_delta(out, dout, lse, dlse, dq_sum=fused_dq)
     backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal, scale, block_m=block_m,
-                          block_n=block_n, stages=stages, dq_from=dq_from, prefetch=prefetch)
+                          block_n=block_n, stages=stages, dq_from=dq_from, prefetch=prefetch, balanced=balanced)
     if fused_dq:
         dq.copy_(dq_sum)
     else:
@@ -411,9 +468,10 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
 
 
 def backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
-                          block_n: int, stages: int, dq_from: str, prefetch: bool) -> None:
+                          block_n: int, stages: int, dq_from: str, prefetch: bool, balanced: bool = True) -> None:
     """The Gluon backward kernel alone: dk, dv, and unless ``dq_from`` is "tl" scale * dS K added to
-    the float32 ``dq_sum`` (B, H, N, D; a placeholder when dq_from is "tl")."""
+    the float32 ``dq_sum`` (B, H, N, D; a placeholder when dq_from is "tl"); ``balanced`` (causal):
+    the programs take their tiles from a balanced schedule, not round-robin."""
     from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
 
     B, H, N, D = q.shape
@@ -423,11 +481,15 @@ def backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal: boo
     grid = (min(tiles, dispatch.num_sms(q.device)),)
     group = H // Hkv
     head_group = _heads_in_l2(2 * group * N * D * q.element_size())  # kv heads: their Q and dO in L2
+    schedule = None
+    if causal and balanced:
+        schedule = causal_schedule(q.device, "backward", N, Nk, block_m, 2 * block_n, B * Hkv, head_group, group,
+                                   grid[0])
     with dispatch.on_device(q.device):
         attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
                                    desc(dk, block_n), desc(dv, block_n), lse, delta,
                                    gluon_descriptor(dq_sum, dq_box(block_m, D)), H, N, Nk, group, scale,
-                                   scale * LOG2E, B * Hkv, head_group, CAUSAL=causal, STAGES=stages,
+                                   scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages,
                                    DQ=DQ_MODES[dq_from], PREFETCH=prefetch, num_warps=4)
 
 

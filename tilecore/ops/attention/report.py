@@ -58,6 +58,11 @@ def kernel_resources(d: int, causal: bool = True, dtype=torch.bfloat16, fwd_cfg:
     return out
 
 
+def _schedule(causal: bool, cfg: dict):
+    """What the launchers pass for the tile schedule: a table (causal, balanced) or None."""
+    return torch.empty(64, dtype=torch.int32) if causal and cfg.get("balanced", True) else None
+
+
 def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None) -> dict:
     """Resources of Hopper's Gluon forward for head dim ``d`` at the launcher's config (or ``cfg``),
     with whether its PTX holds wgmma and TMA and whether ptxas serialized its wgmma."""
@@ -72,7 +77,8 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
 
     args = dict(q_desc=desc(cfg["block_m"]), k_desc=desc(cfg["block_n"]), v_desc=desc(cfg["block_n"]),
                 o_desc=desc(cfg["block_m"]), lse_ptr=torch.empty(64, dtype=torch.float32), H=16, N=n, Nk=n,
-                GROUP=1, scale_log2e=0.1, num_bh=256, head_group=12, CAUSAL=causal, STAGES=cfg["stages"],
+                GROUP=1, scale_log2e=0.1, num_bh=256, head_group=12, schedule=_schedule(causal, cfg),
+                CAUSAL=causal, STAGES=cfg["stages"],
                 OVERLAP=cfg["overlap"], CONSUMERS=cfg["consumers"], PINGPONG=cfg.get("pingpong", False),
                 Q_BUFFERS=cfg["q_buffers"], CARRY=cfg.get("carry", False))
     compiled = _compile(attention_fwd_kernel, args, {"num_warps": 8 if cfg["consumers"] == 1 else 4})
@@ -104,7 +110,8 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
     f32 = torch.empty(64, dtype=torch.float32)
     args = dict(q_desc=desc(bm), k_desc=desc(2 * bn), v_desc=desc(2 * bn), do_desc=desc(bm), dk_desc=desc(bn),
                 dv_desc=desc(bn), lse_ptr=f32, delta_ptr=f32, dq_desc=gluon_descriptor(dq_sum, kernels.dq_box(bm, d)),
-                H=16, N=4096, Nk=4096, GROUP=1, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, CAUSAL=causal,
+                H=16, N=4096, Nk=4096, GROUP=1, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8,
+                schedule=_schedule(causal, cfg), CAUSAL=causal,
                 STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]], PREFETCH=cfg["prefetch"])
     compiled = _compile(attention_bwd_kernel, args, {"num_warps": 4})
     ptx = compiled.asm["ptx"]

@@ -1,0 +1,96 @@
+"""The balanced tile schedule (tiles.schedule.balanced_schedule): its table holds every tile once,
+each program's tiles in order, and evens out programs that round-robin leaves unequal (attention's
+causal tiles); the kernels' reading of the table (program_tiles, scheduled_tile, the next id read a
+tile ahead) run through the interpreter, one program after another."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from tilecore.ops.attention import kernels
+from tilecore.tiles import schedule
+
+
+def _owners(table, programs, tiles):
+    """Each tile's program under ``table``, checking its layout on the way."""
+    table = table.tolist()
+    assert table[0] == programs + 1 and table[programs] == programs + 1 + tiles
+    assert len(table) == programs + 1 + tiles + 1  # the trailing entry a read-ahead may touch
+    owner = [-1] * tiles
+    for p in range(programs):
+        mine = table[table[p]:table[p + 1]]
+        assert mine == sorted(mine)  # a program walks the sequence forward
+        for t in mine:
+            assert owner[t] == -1, f"tile {t} twice"
+            owner[t] = p
+    assert -1 not in owner
+    return owner
+
+
+def _round_robin_loads(costs, programs):
+    return torch.zeros(programs, dtype=torch.float64).index_add_(0, torch.arange(len(costs)) % programs, costs.double())
+
+
+@pytest.mark.parametrize("tiles,programs", [(1000, 132), (133, 132), (5, 3), (7, 7)])
+def test_every_tile_once_in_order_and_no_program_idle(tiles, programs):
+    costs = torch.rand(tiles, dtype=torch.float64) * 30 + 1
+    table = schedule.balanced_schedule(costs, programs)
+    if table is None:  # round-robin was at least as even
+        return
+    owner = _owners(table, programs, tiles)
+    assert len(set(owner)) == programs
+    loads = schedule.schedule_loads(table, costs, programs)
+    assert loads.max() - loads.min() <= costs.max()  # within about a tile of each other
+
+
+def test_uniform_costs_keep_round_robin():
+    assert schedule.balanced_schedule(torch.full((1000,), 3.0), 132) is None
+
+
+# causal attention's forward on 132 SMs (B = 16, H = 16, groups of 16 heads), where round-robin is
+# uneven under the cost model: 128-row tiles at N = 1024, three consumers' 192-row tiles at N = 2048, 4096
+@pytest.mark.parametrize("n,block_m,heads", [(1024, 128, 256), (2048, 192, 256), (4096, 192, 256)])
+def test_causal_attention_tiles_even_out(n, block_m, heads):
+    key = ("forward", n, n, block_m, 128, heads, 16, 1, 132)
+    table = kernels._balanced_table(*key)
+    m_blocks = triton.cdiv(n, block_m)
+    blocks = kernels._head_grouped_blocks(m_blocks * heads, m_blocks, heads, 16)
+    steps = torch.clamp(kernels._cdiv(torch.clamp((m_blocks - blocks) * block_m, max=n), 128), min=1)
+    assert int(steps.sum()) == heads * sum(triton.cdiv(min((i + 1) * block_m, n), 128) for i in range(m_blocks))
+    costs = (steps + kernels.TILE_OVERHEAD_STEPS).double()
+    _owners(table, 132, len(costs))
+    mean = costs.sum() / 132
+    assert _round_robin_loads(costs, 132).max() / mean > 1.10  # what the launch paid before
+    assert schedule.schedule_loads(table, costs, 132).max() / mean < 1.025
+
+
+def test_causal_backward_tiles_cost_their_query_blocks():
+    # key block j of 128 keys is seen by query blocks (of 64 rows) 2j .. 63, for each of 2 q heads
+    table = kernels._balanced_table("backward", 4096, 4096, 64, 128, 256, 4, 2, 132)
+    assert table is not None
+    _owners(table, 132, 32 * 256)
+
+
+@triton.jit
+def _walk(table, seen, num_tiles, SCHEDULED: tl.constexpr):
+    """Every program's tiles as the Gluon template walks them (the next id read a tile ahead)."""
+    first, end, step = schedule.program_tiles(num_tiles, table, SCHEDULED)
+    tile_id = schedule.scheduled_tile(first, table, SCHEDULED)
+    for n in range(first, end, step):
+        next_id = schedule.scheduled_tile(n + step, table, SCHEDULED)
+        tl.atomic_add(seen + 2 * tile_id, 1)
+        tl.store(seen + 2 * tile_id + 1, tl.program_id(0))
+        tile_id = next_id
+
+
+@pytest.mark.parametrize("scheduled", [True, False])
+def test_kernels_walk_the_table(scheduled):
+    tiles, programs = 40, 6
+    costs = torch.arange(tiles, 0, -1, dtype=torch.float64)  # heaviest first, as causal tiles run
+    table = schedule.balanced_schedule(costs, programs)
+    assert table is not None
+    seen = torch.zeros(tiles, 2, dtype=torch.int32)
+    _walk[(programs,)](table if scheduled else None, seen, tiles, SCHEDULED=scheduled)
+    assert seen[:, 0].tolist() == [1] * tiles  # every tile once
+    expected = _owners(table, programs, tiles) if scheduled else [t % programs for t in range(tiles)]
+    assert seen[:, 1].tolist() == expected
