@@ -75,12 +75,15 @@ def test_causal_backward_tiles_cost_their_query_blocks():
 def _walk(table, seen, num_tiles, SCHEDULED: tl.constexpr):
     """Every program's tiles as the Gluon template walks them (the next id read a tile ahead)."""
     first, end, step = schedule.program_tiles(num_tiles, table, SCHEDULED)
-    tile_id = schedule.scheduled_tile(first, table, SCHEDULED)
+    next_id = schedule.scheduled_tile(first, table, SCHEDULED)
     for n in range(first, end, step):
-        next_id = schedule.scheduled_tile(n + step, table, SCHEDULED)
+        if SCHEDULED:
+            tile_id = next_id
+            next_id = schedule.scheduled_tile(n + step, table, SCHEDULED)
+        else:
+            tile_id = n
         tl.atomic_add(seen + 2 * tile_id, 1)
         tl.store(seen + 2 * tile_id + 1, tl.program_id(0))
-        tile_id = next_id
 
 
 @pytest.mark.parametrize("scheduled", [True, False])

@@ -246,11 +246,15 @@ def _producer(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, load: gl.cons
     i = 0
     t = 0
     first, end, step = program_tiles(num_tiles, schedule, SCHEDULED)
-    tile_id = scheduled_tile(first, schedule, SCHEDULED)
+    next_id = scheduled_tile(first, schedule, SCHEDULED)
     if CARRY:  # the tile before a program's first is itself (what load takes from it goes unused)
-        prev, last_iters = setup(g, cfg, tile_id)
+        prev, last_iters = setup(g, cfg, next_id)
     for n in range(first, end, step):
-        next_id = scheduled_tile(n + step, schedule, SCHEDULED)  # read a tile ahead: off the critical path
+        if SCHEDULED:  # the table's next entry read a tile ahead: its latency off the critical path
+            tile_id = next_id
+            next_id = scheduled_tile(n + step, schedule, SCHEDULED)
+        else:
+            tile_id = n
         tile, k_iters = setup(g, cfg, tile_id)
         if TILE_RESIDENT:  # a constant operand: loaded with the first tile, kept for all
             if t == 0:
@@ -281,7 +285,6 @@ def _producer(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, load: gl.cons
             prev = tile
             last_iters = k_iters
         t += 1
-        tile_id = next_id
     if CARRY:  # the tail step: step k_iters of the program's last tile
         if t > 0:
             s = i % STAGES
@@ -310,9 +313,13 @@ def _consumer(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: gl.co
         state = carry0(g, cfg)
         last_iters = gl.program_id(0) * 0
     first, end, step = program_tiles(num_tiles, schedule, SCHEDULED)
-    tile_id = scheduled_tile(first, schedule, SCHEDULED)
+    next_id = scheduled_tile(first, schedule, SCHEDULED)
     for n in range(first, end, step):
-        next_id = scheduled_tile(n + step, schedule, SCHEDULED)  # read a tile ahead: off the critical path
+        if SCHEDULED:  # as in _producer
+            tile_id = next_id
+            next_id = scheduled_tile(n + step, schedule, SCHEDULED)
+        else:
+            tile_id = n
         tile, k_iters = setup(g, cfg, tile_id)
         slot = _tile_slot(CID, t, TILE_BUFFERS, TILE_SHARED)
         if TILE_OPERAND:
@@ -356,7 +363,6 @@ def _consumer(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: gl.co
         else:
             finish(g, cfg, state, tile, out_smem)
         t += 1
-        tile_id = next_id
     if CARRY:  # the tail step: step k_iters of the program's last tile, which finishes it
         if t > 0:
             s = i % STAGES
