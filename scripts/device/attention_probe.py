@@ -38,10 +38,10 @@ B, H, N = 16, 16, 4096
 # the variants phase's candidates (kernels.forward_gluon options over gluon_forward_config's), and lengths
 # (B * N fixed at 16 x 4096 tokens a head). Session 8 tried lazy_rescale (O rescaled only when a
 # row max grew by > 2^8; removed: 3-11% slower), the carry, three consumers and a later P V
-# wait (removed: no gain); notes/attention.md.
-FWD_VARIANTS = {"3 consumers": dict(consumers=3, q_buffers=1, only_d=64),
-                "3 consumers q2": dict(consumers=3, q_buffers=2, only_d=64)}
-VARIANT_LENGTHS = (4096, 16384, 2048)
+# wait (removed: no gain); notes/attention.md. Session 9: 64-key blocks for short tiles.
+FWD_VARIANTS = {"keys 64": dict(block_n=64), "keys 64, 4 stages": dict(block_n=64, stages=4),
+                "keys 64, carried": dict(block_n=64, carry=True, only_d=128)}
+VARIANT_LENGTHS = (512, 1024, 2048)
 
 
 def parent(args):
