@@ -289,19 +289,26 @@ SHORT_TILE_KEY_BLOCKS = 8
 # +8%, 16384 +17%; N <= 1024 -5 to -27%: partial tiles); causal only at N = 16384 (+8%; N = 4096
 # -12%, 2048 -27%) (notes/attention.md, session 8)
 THREE_CONSUMERS_MIN_N = {False: 2048, True: 16384}
+# Causal tiles this short (keys a query row sees, on average) take 64-key blocks: their diagonal
+# block, half of it masked, is half as large. N = 512: D128 225 -> 293-304 TFLOP/s, D64 184 -> 217;
+# N = 1024 +2% / +12%; from N = 2048 (and never causal) 128-key blocks win (notes/attention.md, session 9)
+SHORT_CAUSAL_KEYS = 512
 
 
 def gluon_forward_config(d: int, n: int, nk: int, causal: bool) -> dict:
     """The Gluon forward's configuration for head dim ``d`` and these lengths: GLUON_FORWARD[d];
     where a tile's key blocks are few on average (its fixed costs dominate), two Q buffers and the
-    pipeline carried across tiles (not at D = 128 causal: there it lost 1-2%); at D = 64 and
-    N >= THREE_CONSUMERS_MIN_N[causal], three consumer warpgroups."""
+    pipeline carried across tiles (not at D = 128 causal: there it lost 1-2%), and causal ones of
+    at most SHORT_CAUSAL_KEYS keys, 64-key blocks; at D = 64 and N >= THREE_CONSUMERS_MIN_N[causal],
+    three consumer warpgroups."""
     cfg = dict(GLUON_FORWARD[d])
     keys = max(nk - n / 2, nk / 2) if causal else nk  # keys a query row sees, on average (about)
     if keys / cfg["block_n"] <= SHORT_TILE_KEY_BLOCKS:
         cfg["q_buffers"] = 2
         if not (causal and d == 128):
             cfg["carry"] = True
+        if causal and keys <= SHORT_CAUSAL_KEYS:
+            cfg["block_n"] = 64
     elif d == 64 and n >= THREE_CONSUMERS_MIN_N[causal]:
         cfg.update(consumers=3, q_buffers=1)
     return cfg
