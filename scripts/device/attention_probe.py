@@ -200,6 +200,16 @@ def _inputs(d, dtype=None):
     return mk(), mk(), mk(), torch.randn(B, H, N, d, device="cuda", dtype=dtype)
 
 
+def _same_tokens(n, d):
+    """Random bf16 q, k, v of length n with B * N tokens a head (batch b = B * N / n), and empty
+    out and lse for the forward: (b, q, k, v, out, lse)."""
+    import torch
+
+    b = B * N // n
+    q, k, v = (torch.randn(b, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    return b, q, k, v, torch.empty_like(q), torch.empty(b, H, n, device="cuda")
+
+
 def _fwd_flops(d, causal):
     return 4 * B * H * N * N * d / (2 if causal else 1)
 
@@ -511,9 +521,7 @@ def tile_costs(out_dir):
     rows = []
     for d in (128, 64):
         for n in (4096, 1024, 512):
-            b = B * N // n
-            q, k, v = (torch.randn(b, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            out, lse = torch.empty_like(q), torch.empty(b, H, n, device="cuda")
+            b, q, k, v, out, lse = _same_tokens(n, d)
             for causal in (False, True):
                 fl = 4 * b * H * n * n * d / (2 if causal else 1)
                 ref_o, ref_l = torch.empty_like(q), torch.empty_like(lse)
@@ -584,9 +592,7 @@ def fwd_variants(out_dir):
     rows = []
     for d in (128, 64):
         for n in VARIANT_LENGTHS:
-            b = B * N // n
-            q, k, v = (torch.randn(b, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            out, lse = torch.empty_like(q), torch.empty(b, H, n, device="cuda")
+            b, q, k, v, out, lse = _same_tokens(n, d)
             for causal in (False, True):
                 fl = 4 * b * H * n * n * d / (2 if causal else 1)
                 fns = {name: (lambda opts=opts: kernels.forward_gluon(
@@ -688,9 +694,7 @@ def causal_schedule(out_dir):
     rows = []
     for d in (64, 128):
         for n in (4096, 1024, 2048, 16384):
-            b = B * N // n
-            q, k, v = (torch.randn(b, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            out, lse = torch.empty_like(q), torch.empty(b, H, n, device="cuda")
+            b, q, k, v, out, lse = _same_tokens(n, d)
             fl = 2 * b * H * n * n * d
             fns = {name: (lambda cfg=cfg: forward(q, k, v, out, lse, d, cfg)) for name, cfg in configs(d, n).items()}
             res = _next_to_cudnn(fns, q, k, v, True, fl, f"fwd D={d} N={n} causal")
