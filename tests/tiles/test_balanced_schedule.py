@@ -97,3 +97,12 @@ def test_kernels_walk_the_table(scheduled):
     assert seen[:, 0].tolist() == [1] * tiles  # every tile once
     expected = _owners(table, programs, tiles) if scheduled else [t % programs for t in range(tiles)]
     assert seen[:, 1].tolist() == expected
+
+
+def test_attention_keeps_one_table_per_device_and_shape():
+    key = ("forward", 1024, 1024, 128, 128, 256, 16, 1, 132)
+    table = kernels.causal_schedule(torch.device("cpu"), *key)
+    assert table is not None and table.dtype == torch.int32
+    assert kernels.causal_schedule(torch.device("cpu"), *key) is table  # made once: a captured graph reads it
+    # D = 128 at N = 4096 (groups of 12 heads): round-robin is already as even, so no table
+    assert kernels.causal_schedule(torch.device("cpu"), "forward", 4096, 4096, 128, 128, 256, 12, 1, 132) is None

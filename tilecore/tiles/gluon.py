@@ -69,6 +69,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
 from tilecore.tiles.schedule import program_tiles, scheduled_tile
 
 

@@ -20,13 +20,15 @@ partial (then a flag is raised); the end, which holds its tile's last K step, wa
 of the tile's earlier shares, adds their partials and stores the tile. Every wait is for a share
 its program does before any waiting of its own, so no program waits in a chain, and none waits on
 a higher-numbered program (so the interpreter, which runs programs one after another, runs it too).
+
 Balanced order. Where tiles differ in cost (causal attention: a query block sees as many key blocks
 as its position), dealing them out round-robin can leave one program with far more work than the
 mean: 11-40% more in the worst cases of attention's causal tiles, which a persistent grid pays in
-full (the launch ends with its slowest program). ``balanced_schedule`` deals the same sequence by
-greedy list scheduling instead (each tile, in order, to the program that frees up first under a cost
-model), so the programs still walk the sequence together (keeping its L2 grouping) and end within
-about one tile of each other. The kernel reads its tiles from the table it returns.
+full (the launch ends with its slowest program). ``balanced_schedule`` deals the same sequence in
+rounds of one tile per program instead, each round's costliest tile to the program with the least
+work so far under a cost model, so the programs still walk the sequence together (keeping its L2
+grouping) and end within about one tile of each other. The kernel reads its tiles from the table it
+returns (``program_tiles``, ``scheduled_tile``).
 """
 from __future__ import annotations
 

@@ -363,16 +363,21 @@ def _balanced_table(kind: str, N: int, Nk: int, block_m: int, block_n: int, num_
     return balanced_schedule(steps + TILE_OVERHEAD_STEPS, programs)
 
 
-_SCHEDULES: dict = {}  # (device, table's key) -> the table on the device
+# (device, table's key) -> the table on the device, or None for round-robin. Never evicted: a CUDA
+# graph captured with a table reads it at every replay (a table is 4 bytes a tile: 33 KB at N = 4096).
+_DEVICE_TABLES: dict = {}
 
 
 def causal_schedule(device: torch.device, *key) -> torch.Tensor | None:
-    """``_balanced_table(*key)`` on ``device`` (None: round-robin is as good), made once per device
-    (so a CUDA graph captured after a first call reuses it)."""
-    if (device, key) not in _SCHEDULES:
+    """``_balanced_table(*key)`` on ``device``, or None (round-robin): where round-robin is as even,
+    or while a CUDA graph is being captured before this shape ran once (a copy to the GPU cannot be
+    captured; the round-robin launch is as correct, if slower). Made once per device and shape."""
+    if (device, key) not in _DEVICE_TABLES:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
         table = _balanced_table(*key)
-        _SCHEDULES[(device, key)] = None if table is None else table.to(device)
-    return _SCHEDULES[(device, key)]
+        _DEVICE_TABLES[(device, key)] = None if table is None else table.to(device)
+    return _DEVICE_TABLES[(device, key)]
 
 
 def gluon_forward_fits(q, k, v, scale: float) -> bool:
