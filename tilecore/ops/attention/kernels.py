@@ -432,7 +432,9 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
 # or "overlapped" (one step late, under the next step's softmax); see gluon_backward._compute.
 # prefetch: each step's lse and delta are loaded a step ahead (their latency hidden; 32 more
 # registers live)
-DQ_MODES = {"tl": 0, "fused": 1, "overlapped": 2}
+DQ_MODES = {"tl": 0, "gluon": 0, "fused": 1, "overlapped": 2}  # "gluon": gluon_dq.py's kernel after dK, dV
+# gluon_dq.py's kernel: query rows per consumer, keys per step, ring stages
+GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, block_n=64, stages=3)}
 # (the H100 sweeps in notes/attention.md: at D = 128 the fused dQ's registers spill, more so when
 # causal, where the tl dq kernel was 5% faster)
 GLUON_BACKWARD = {(64, False): dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True),
@@ -466,15 +468,20 @@ def backward_delta(out, dout, lse, dlse, *, dq_sum: bool = False):
 
 def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
                    block_n: int, stages: int, dq_from: str = "fused", prefetch: bool = True,
-                   balanced: bool = True) -> None:
-    """The Gluon backward: the preprocess, then dk and dv (and dq unless ``dq_from`` is "tl", through
-    a float32 buffer that its TMA reductions add to, each consumer half of the columns)."""
+                   balanced: bool = True, dq_config: dict | None = None) -> None:
+    """The Gluon backward: the preprocess, then dk and dv, and dq: with ``dq_from`` "fused" or
+    "overlapped" in the same kernel (through a float32 buffer that its TMA reductions add to, each
+    consumer half of the columns), "gluon" by gluon_dq.py's kernel after it (``dq_config``: its
+    blocks, GLUON_DQ by default), "tl" by the tl dq kernel."""
     fused_dq = DQ_MODES[dq_from] > 0
     delta, dq_sum = backward_delta(out, dout, lse, dlse, dq_sum=fused_dq)
     backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal, scale, block_m=block_m,
                           block_n=block_n, stages=stages, dq_from=dq_from, prefetch=prefetch, balanced=balanced)
     if fused_dq:
         dq.copy_(dq_sum)
+    elif dq_from == "gluon":
+        backward_dq_gluon(dout, q, k, v, lse, delta, dq, causal, scale, balanced=balanced,
+                          **(dq_config or GLUON_DQ[q.shape[-1]]))
     else:
         _backward_dq(dout, q, k, v, lse, delta, dq, causal, scale, backward_config(q.shape[-1], interpret=False))
 
@@ -503,6 +510,28 @@ def backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal: boo
                                    gluon_descriptor(dq_sum, dq_box(block_m, D)), H, N, Nk, group, scale,
                                    scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages,
                                    DQ=DQ_MODES[dq_from], PREFETCH=prefetch, num_warps=4)
+
+
+def backward_dq_gluon(dout, q, k, v, lse, delta, dq, causal: bool, scale: float, *, block_m: int, block_n: int,
+                      stages: int, balanced: bool = True) -> None:
+    """dq (contiguous, q's shape) by gluon_dq.py's kernel: tiles of 2 block_m query rows, block_n
+    keys a step; ``balanced`` (causal) as the forward's."""
+    from tilecore.ops.attention.gluon_dq import attention_dq_kernel
+
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    desc = _head_descriptor
+    tiles = triton.cdiv(N, 2 * block_m) * B * H
+    grid = (min(tiles, dispatch.num_sms(q.device)),)
+    head_group = _heads_in_l2(2 * Nk * D * q.element_size())  # their K and V stay in L2 together
+    schedule = None
+    if causal and balanced:
+        schedule = causal_schedule(q.device, "forward", N, Nk, 2 * block_m, block_n, B * H, head_group, 1, grid[0])
+    with dispatch.on_device(q.device):
+        attention_dq_kernel[grid](desc(q, 2 * block_m), desc(k, block_n), desc(v, block_n), desc(dout, 2 * block_m),
+                                  desc(dq, block_m), desc(q, 2 * block_m), lse, delta, H, N, Nk, H // Hkv, scale,
+                                  scale * LOG2E, B * H, head_group, schedule, CAUSAL=causal, STAGES=stages,
+                                  num_warps=4)
 
 
 def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *,

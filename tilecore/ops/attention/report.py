@@ -119,6 +119,27 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
                 **has_hopper_instructions(ptx), tma_reduce="cp.reduce.async.bulk.tensor" in ptx)
 
 
+def gluon_dq_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None) -> dict:
+    """Resources of Hopper's Gluon dQ kernel (gluon_dq.py) for head dim ``d``, with whether its PTX
+    holds wgmma and TMA and whether ptxas serialized its wgmma."""
+    from tilecore.ops.attention import kernels
+    from tilecore.ops.attention.gluon_dq import attention_dq_kernel
+    from tilecore.tiles.compile import has_hopper_instructions, resources
+
+    cfg = dict(cfg or kernels.GLUON_DQ[d])
+    x = torch.empty(2, 2, 256, d, dtype=dtype)
+    desc = functools.partial(kernels._head_descriptor, x)  # as backward_dq_gluon builds them
+    bm, bn = cfg["block_m"], cfg["block_n"]
+    f32 = torch.empty(64, dtype=torch.float32)
+    args = dict(q_desc=desc(2 * bm), k_desc=desc(bn), v_desc=desc(bn), do_desc=desc(2 * bm), dq_desc=desc(bm),
+                qdo_desc=desc(2 * bm), lse_ptr=f32, delta_ptr=f32, H=16, N=4096, Nk=4096, GROUP=1, scale=0.1,
+                scale_log2e=0.1, num_bh=256, head_group=12, schedule=_schedule(causal, cfg), CAUSAL=causal,
+                STAGES=cfg["stages"])
+    compiled = _compile(attention_dq_kernel, args, {"num_warps": 4})
+    return dict(kernel="backward dq (gluon)", D=d, causal=causal, cfg=cfg, **vars(resources(compiled)),
+                **has_hopper_instructions(compiled.asm["ptx"]))
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if dispatch.interpreter_enabled():
