@@ -23,7 +23,7 @@ def test_every_kernel_and_head_dim_compiles(report):
         ("forward (gluon)", 64), ("forward (gluon)", 128), ("forward (gluon, ping-pong)", 128),
         ("forward (gluon, short tiles)", 128), ("forward (gluon, carried)", 64), ("forward (gluon, carried)", 128),
         ("forward (gluon, 3 consumers)", 64),
-        ("backward (gluon)", 64), ("backward (gluon)", 128)}
+        ("backward (gluon)", 64), ("backward (gluon)", 128), ("backward dq (gluon)", 64), ("backward dq (gluon)", 128)}
 
 
 def test_gluon_forward_holds_wgmma_and_tma_and_is_not_serialized(report):
@@ -38,14 +38,21 @@ def test_gluon_forward_holds_wgmma_and_tma_and_is_not_serialized(report):
         assert not r["wgmma_serialized"], r
 
 
+def test_gluon_dq_holds_wgmma_and_tma_and_is_not_serialized(report):
+    gluon = [r for r in report if r["kernel"] == "backward dq (gluon)"]
+    assert len(gluon) == 4  # D 64 and 128, causal and not
+    for r in gluon:
+        assert r["wgmma"] and r["tma"] and r["mbarrier"] and not r["wgmma_serialized"], r
+
+
 def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(report):
     gluon = [r for r in report if r["kernel"] == "backward (gluon)"]
     assert len(gluon) == 4  # D 64 and 128, causal and not
     for r in gluon:
         assert r["wgmma"] and r["tma"] and r["mbarrier"], r
-        # dq is summed by TMA reductions where the kernel computes it (at D = 128 causal the tl
+        # dq is summed by TMA reductions where the kernel computes it (at D = 128 causal the Gluon
         # dq kernel does: the launcher's choice)
-        assert r["tma_reduce"] == (r["cfg"]["dq_from"] != "tl"), r
+        assert r["tma_reduce"] == (r["cfg"]["dq_from"] in ("fused", "overlapped")), r
         # ptxas serializes every wgmma of a kernel that moves a running wgmma's registers (C7513,
         # C7515): dV and dK left running across steps did that
         assert not r["wgmma_serialized"], r

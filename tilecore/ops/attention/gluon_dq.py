@@ -11,7 +11,8 @@ its rows' Q_c, dO_c, lse and delta (delta = rowsum(O * dO) - dlse, from the back
 and dQ * scale is stored once per tile (a plain TMA store: no reduction, unlike the fused dQ of
 gluon_backward.py, whose float32 partials every key block adds). With the dK/dV kernel run without
 its dQ, that is the backward in seven matmuls per block (S and dP twice), the tl kernels' split,
-with both halves on the template.
+with both halves on the template. Its tl twin, which the interpreter's tests run, is
+kernels._attn_bwd_dq (the same math, a program per query block).
 
 Masks and empty rows as in the forward: keys past Nk and, causal, after a query's diagonal are
 masked (a consumer skips the tile's key blocks past its own diagonal); query rows past N arrive as

@@ -434,13 +434,14 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
 # registers live)
 DQ_MODES = {"tl": 0, "gluon": 0, "fused": 1, "overlapped": 2}  # "gluon": gluon_dq.py's kernel after dK, dV
 # gluon_dq.py's kernel: query rows per consumer, keys per step, ring stages
-GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, block_n=64, stages=3)}
+GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, block_n=64, stages=4)}
 # (the H100 sweeps in notes/attention.md: at D = 128 the fused dQ's registers spill, more so when
-# causal, where the tl dq kernel was 5% faster)
+# causal, where a separate dq kernel is faster: gluon_dq.py's 640 TFLOP/s against the tl kernel's
+# 482, the backward 353 -> 383-388 TFLOP/s; not causal, the fused dQ stays ahead: 462 against 445)
 GLUON_BACKWARD = {(64, False): dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True),
                   (64, True): dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True),
                   (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="fused", prefetch=False),
-                  (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="tl", prefetch=True)}
+                  (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="gluon", prefetch=True)}
 
 
 def dq_box(block_m: int, d: int) -> list[int]:
@@ -488,8 +489,8 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
 
 def backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
                           block_n: int, stages: int, dq_from: str, prefetch: bool, balanced: bool = True) -> None:
-    """The Gluon backward kernel alone: dk, dv, and unless ``dq_from`` is "tl" scale * dS K added to
-    the float32 ``dq_sum`` (B, H, N, D; a placeholder when dq_from is "tl"); ``balanced`` (causal):
+    """The Gluon backward kernel alone: dk, dv, and with ``dq_from`` "fused" or "overlapped" scale *
+    dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder otherwise); ``balanced`` (causal):
     the programs take their tiles from a balanced schedule, not round-robin."""
     from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
 
@@ -538,16 +539,17 @@ def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale
                   config: dict | None = None, gluon: dict | None = None) -> None:
     """dq, dk, dv (contiguous, the inputs' shapes) from dout, the forward's out and lse, and an
     optional gradient of lse. ``config``: the tl kernels' blocks; ``gluon``: the Gluon kernel's
-    (GLUON_BACKWARD's keys). On Hopper the Gluon kernel serves what it fits; its dq sums float32
-    TMA reductions in no fixed order, so with torch.use_deterministic_algorithms(True) dq comes
-    from the tl dq kernel instead (bitwise reproducible)."""
+    (GLUON_BACKWARD's keys). On Hopper the Gluon kernels serve what they fit; a dq fused into the
+    dK/dV kernel sums float32 TMA reductions in no fixed order, so with
+    torch.use_deterministic_algorithms(True) dq comes from the Gluon dq kernel instead (each row
+    summed in registers in a fixed order: bitwise reproducible)."""
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     interpret = q.device.type != "cuda"
     if gluon is not None or (config is None and gluon_backward_fits(dout, q, k, v, scale)):
         cfg = dict(gluon or GLUON_BACKWARD[D, causal])
-        if torch.are_deterministic_algorithms_enabled():
-            cfg["dq_from"] = "tl"
+        if torch.are_deterministic_algorithms_enabled() and DQ_MODES[cfg["dq_from"]] > 0:
+            cfg["dq_from"] = "gluon"  # its own kernel: each dQ row summed in registers, in a fixed order
         return backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale, **cfg)
     delta, _ = backward_delta(out, dout, lse, dlse)
     cfg = config or backward_config(D, interpret)

@@ -157,6 +157,7 @@ def main(argv=None) -> int:
     for causal in (False, True):
         rows.append(gluon_forward_resources(64, causal, cfg=gluon_forward_config(64, 16384, 16384, causal)))
     rows += [gluon_backward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
+    rows += [gluon_dq_resources(d, causal) for d in (64, 128) for causal in (False, True)]
     if "--json" in argv:
         print(json.dumps(rows))
     else:
