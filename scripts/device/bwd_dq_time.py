@@ -1,3 +1,6 @@
+"""The backward with its dQ from the Gluon dq kernel (gluon_dq.py) against the launcher's choice,
+B16 H16 N4096 bf16, next to cuDNN's backward, three interleaved repetitions (medians); then the dq
+kernels alone (tl and Gluon). One GPU call: PYTHONPATH=. python3 scripts/device/bwd_dq_time.py"""
 import sys, torch
 sys.path.insert(0, ".")
 import torch.nn.functional as F
@@ -5,15 +8,16 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 from tilecore.ops.attention import kernels
 B, H, N = 16, 16, 4096
-for d, causal in ((128, True), (64, True)):
+for d, causal in ((128, True), (128, False), (64, False)):
     q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out, lse = torch.empty_like(q), torch.empty(B, H, N, device="cuda")
     kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     base = dict(kernels.GLUON_BACKWARD[d, causal])
-    variants = {"default": base, "gluon dq": dict(base, dq_from="gluon"), "tl dq": dict(base, dq_from="tl"),
-                "gluon dq 3st 128k": dict(base, dq_from="gluon", dq_config=dict(block_m=64, block_n=128, stages=2)),
-                "gluon dq 4 stages": dict(base, dq_from="gluon", dq_config=dict(kernels.GLUON_DQ[d], stages=4 if d == 128 else 3))}
+    variants = {"default": base, "gluon dq": dict(base, dq_from="gluon"),
+                "gluon dq, dk/dv 3 stages": dict(base, dq_from="gluon", stages=3),
+                "gluon dq, dk/dv no prefetch": dict(base, dq_from="gluon", prefetch=False),
+                "gluon dq, dk/dv prefetch": dict(base, dq_from="gluon", prefetch=True)}
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
