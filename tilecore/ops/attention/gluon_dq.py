@@ -29,6 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
+from tilecore.ops.attention.gluon_backward import _drain  # every step ends with its wgmma complete
 from tilecore.ops.attention.gluon_kernels import _head, _load, _setup
 from tilecore.tiles.gluon import mask_scores, needs_mask, persistent_pipeline, wgmma_layout
 
@@ -98,11 +99,6 @@ def _compute(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, bufs):
         ds_op = gl.convert_layout(ds.to(k_smem.dtype), _ds_layout(BM, D, gl.num_warps()))
         dq = warpgroup_mma(ds_op, k, dq)
     return dq, lse2, delta, first, n_own
-
-
-@gluon.jit
-def _drain(g, cfg: gl.constexpr, state):
-    return state  # every step ends with its wgmma complete
 
 
 @gluon.jit
