@@ -106,3 +106,21 @@ def test_attention_keeps_one_table_per_device_and_shape():
     assert kernels.causal_schedule(torch.device("cpu"), *key) is table  # made once: a captured graph reads it
     # D = 128 at N = 4096 (groups of 12 heads): round-robin is already as even, so no table
     assert kernels.causal_schedule(torch.device("cpu"), "forward", 4096, 4096, 128, 128, 256, 12, 1, 132) is None
+
+
+@triton.jit
+def _grouped_blocks(out, tiles, blocks, num_heads, head_group):
+    for t in range(0, tiles):
+        head, block = schedule.head_grouped_tile(t, blocks, num_heads, head_group)
+        tl.store(out + 2 * t, head)
+        tl.store(out + 2 * t + 1, block)
+
+
+@pytest.mark.parametrize("blocks,num_heads,head_group", [(8, 256, 16), (22, 256, 12), (5, 7, 3), (32, 12, 12)])
+def test_host_twin_of_the_kernels_tile_order(blocks, num_heads, head_group):
+    tiles = blocks * num_heads
+    out = torch.full((tiles, 2), -1, dtype=torch.int32)
+    _grouped_blocks[(1,)](out, tiles, blocks, num_heads, head_group)
+    assert sorted(map(tuple, out.tolist())) == [(h, b) for h in range(num_heads) for b in range(blocks)]
+    # the cost model's twin gives each tile the block the kernels give it
+    assert out[:, 1].tolist() == kernels._head_grouped_blocks(tiles, blocks, num_heads, head_group).tolist()

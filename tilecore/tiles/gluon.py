@@ -70,7 +70,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from tilecore.tiles.schedule import program_tiles, scheduled_tile
+from tilecore.tiles.schedule import head_grouped_tile, program_tiles, scheduled_tile  # noqa: F401 (re-exported)
 
 
 @gluon.constexpr_function
@@ -99,18 +99,6 @@ def split_n(x):
     M: gl.constexpr = x.shape[0]
     N: gl.constexpr = x.shape[1]
     return gl.split(gl.permute(gl.reshape(x, [M, 2, N // 2]), [0, 2, 1]))
-
-
-@gluon.jit
-def head_grouped_tile(tile_id, blocks, num_heads, head_group):
-    """(head, block) of a persistent program's tile_id when tiles run head group by head group
-    (``head_group`` heads whose shared operands stay in L2 together) and, within a group, block by
-    block across its heads (attention's forward: query blocks; backward: key blocks)."""
-    per_group = head_group * blocks
-    first = (tile_id // per_group) * head_group
-    heads = gl.minimum(head_group, num_heads - first)
-    local = tile_id % per_group
-    return first + local % heads, local // heads
 
 
 @gluon.jit

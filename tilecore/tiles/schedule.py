@@ -273,6 +273,18 @@ def balanced_schedule(costs: torch.Tensor, programs: int) -> torch.Tensor | None
 
 
 @triton.jit
+def head_grouped_tile(tile_id, blocks, num_heads, head_group):
+    """(head, block) of a persistent program's tile_id when tiles run head group by head group
+    (``head_group`` heads whose shared operands stay in L2 together) and, within a group, block by
+    block across its heads (attention's forward: query blocks; backward: key blocks)."""
+    per_group = head_group * blocks
+    first = (tile_id // per_group) * head_group
+    heads = tl.minimum(head_group, num_heads - first)
+    local = tile_id % per_group
+    return first + local % heads, local // heads
+
+
+@triton.jit
 def program_tiles(num_tiles, schedule, SCHEDULED: tl.constexpr):
     """This program's tiles, as range(first, end, step) over n with tile id ``scheduled_tile(n)``:
     round-robin (tiles pid, pid + P, ... below ``num_tiles``), or, SCHEDULED, its share of a

@@ -26,8 +26,8 @@ import triton.language as tl
 
 from tilecore import dispatch
 from tilecore.tiles.launch import CachedLaunch, gluon_descriptor, tma_describable
-from tilecore.tiles.schedule import balanced_schedule
 from tilecore.tiles.ops import causal_mask, masked, mma, mma_abt, online_softmax_update, row_sum
+from tilecore.tiles.schedule import balanced_schedule
 
 LOG2E = math.log2(math.e)
 LOG2E_IN_KERNEL = tl.constexpr(LOG2E)  # lse in base 2 <-> natural log
@@ -332,7 +332,7 @@ TILE_OVERHEAD_STEPS = 2
 
 
 def _head_grouped_blocks(tiles: int, blocks: int, num_heads: int, head_group: int) -> torch.Tensor:
-    """The block index of every tile id in ``head_grouped_tile``'s order (its host twin)."""
+    """The block index of every tile id in ``schedule.head_grouped_tile``'s order (its host twin)."""
     tile_id = torch.arange(tiles)
     per_group = head_group * blocks
     heads = torch.clamp(num_heads - (tile_id // per_group) * head_group, max=head_group)
