@@ -38,12 +38,10 @@ B, H, N = 16, 16, 4096
 # the variants phase's candidates (kernels.forward_gluon options over gluon_forward_config's), and lengths
 # (B * N fixed at 16 x 4096 tokens a head). Session 8 tried lazy_rescale (O rescaled only when a
 # row max grew by > 2^8; removed: 3-11% slower), the carry, three consumers and a later P V
-# wait (removed: no gain); notes/attention.md. Session 9: 64-key blocks for short tiles, then the
-# ring depth, Q buffers and key blocks at N = 4096 and 8192.
-FWD_VARIANTS = {"q1": dict(q_buffers=1, only_d=64), "2 stages": dict(stages=2, only_d=64),
-                "4 stages": dict(stages=4, only_d=64), "keys 64": dict(block_n=64),
-                "keys 64, 4 stages": dict(block_n=64, stages=4, only_d=128), "q2": dict(q_buffers=2, only_d=128)}
-VARIANT_LENGTHS = (4096, 8192)
+# wait (removed: no gain); notes/attention.md. Session 9: 64-key blocks for short tiles, the ring
+# depth, Q buffers and key blocks at N = 4096 and 8192, then one Q buffer against D128's two.
+FWD_VARIANTS = {"q1": dict(q_buffers=1, only_d=128)}
+VARIANT_LENGTHS = (4096, 8192, 16384)
 
 
 def parent(args):

@@ -236,9 +236,9 @@ def test_bad_input_names_what_is_accepted(args, kwargs, error, words):
     (64, 16384, 16384, True, dict(consumers=3, q_buffers=1)),     # but three at N = 16384
     (64, 512, 512, True, dict(carry=True, block_n=64)),           # short tiles: carried; causal <= 512 keys: 64-key blocks
     (64, 1024, 1024, False, dict(carry=True)),
-    (128, 4096, 4096, False, {}), (128, 4096, 4096, True, {}),    # long tiles: one Q buffer (two lost 3-4% causal)
-    (128, 1024, 1024, False, dict(q_buffers=2, carry=True)),      # <= 8 key blocks a tile on average
-    (128, 2048, 2048, True, dict(q_buffers=2)),                   # D = 128 causal: not carried (-1 to -2%)
-    (128, 512, 4096, True, {}), (128, 4097, 1000, True, dict(q_buffers=2, block_n=64))])  # causal, N != Nk: keys a row sees
+    (128, 4096, 4096, False, {}), (128, 4096, 4096, True, {}),    # long tiles: GLUON_FORWARD (two Q buffers)
+    (128, 1024, 1024, False, dict(carry=True)),                   # <= 8 key blocks a tile on average
+    (128, 2048, 2048, True, {}),                                  # D = 128 causal: not carried (-1 to -2%)
+    (128, 512, 4096, True, {}), (128, 4097, 1000, True, dict(block_n=64))])  # causal, N != Nk: keys a row sees
 def test_gluon_forward_config_per_head_dim_and_length(d, n, nk, causal, options):
     assert kernels.gluon_forward_config(d, n, nk, causal) == kernels.GLUON_FORWARD[d] | options

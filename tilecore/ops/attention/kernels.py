@@ -280,9 +280,10 @@ _DQ = CachedLaunch(_attn_bwd_dq)
 # overlap of softmax with P V, and Q buffers per consumer (2: the next tile's Q loads while a tile
 # runs), from the sweeps on the H100 (notes/attention.md)
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, overlap=True, consumers=2, q_buffers=2),
-                 128: dict(block_m=64, block_n=128, stages=2, overlap=True, consumers=2, q_buffers=1)}
-# At D = 128 two Q buffers won only where tiles are short (N = 512: +15%, causal +18%; N = 4096
-# causal, 16 key blocks a tile on average: -3 to -4% in two runs; notes/attention.md, session 5)
+                 128: dict(block_m=64, block_n=128, stages=2, overlap=True, consumers=2, q_buffers=2)}
+# At D = 128 two Q buffers (224 KiB of shared memory) won where tiles are short (N = 512: +15%,
+# causal +18%), and, once causal tiles were balanced (session 9), at N = 8192 too (+8%, causal
+# +2%; N = 4096 +1.5% / 0%; session 5 had measured N = 4096 causal -3 to -4%; notes/attention.md)
 SHORT_TILE_KEY_BLOCKS = 8
 # D = 64 takes three consumer warpgroups (FlashAttention-3's choice there: the softmax is long next
 # to the wgmma at this head dim) where its 192-row tiles pay: not causal from N = 2048 (N = 4096

@@ -86,7 +86,8 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
     name = ("forward (gluon, ping-pong)" if cfg.get("pingpong") else
             "forward (gluon, 3 consumers)" if cfg["consumers"] == 3 else
             "forward (gluon, carried)" if cfg.get("carry") else
-            "forward (gluon, short tiles)" if cfg["q_buffers"] != kernels.GLUON_FORWARD[d]["q_buffers"] else
+            "forward (gluon, short tiles)" if (cfg["q_buffers"], cfg["block_n"]) != (
+                kernels.GLUON_FORWARD[d]["q_buffers"], kernels.GLUON_FORWARD[d]["block_n"]) else
             "forward (gluon)")
     return dict(kernel=name, D=d, causal=causal, cfg=cfg, **vars(r),
                 **has_hopper_instructions(compiled.asm["ptx"]))
@@ -150,8 +151,8 @@ def main(argv=None) -> int:
     from tilecore.ops.attention.kernels import GLUON_FORWARD, gluon_forward_config  # options off by default
 
     rows.append(gluon_forward_resources(128, True, cfg=dict(GLUON_FORWARD[128], pingpong=True)))
-    # short tiles: two Q buffers (224 KiB of shared memory at D = 128), carried across tiles but at
-    # D = 128 causal; D = 64 at long lengths, not causal: three consumers
+    # short tiles: two Q buffers (GLUON_FORWARD's at D = 128), carried across tiles but at D = 128
+    # causal, and causal ones 64-key blocks; D = 64 at long lengths: three consumers
     for d, causal in ((64, True), (128, False), (128, True)):
         rows.append(gluon_forward_resources(d, causal, cfg=gluon_forward_config(d, 512, 512, causal)))
     for causal in (False, True):
