@@ -37,6 +37,19 @@ def test_env_reports_versions_and_paths():
     assert "Gluon" in r.stdout
 
 
+def test_results_name_the_source_that_ran(tmp_path):
+    from tilecore import env
+
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "ops" / "b.py").write_text("y = 2\n")
+    first = env.source_digest(tmp_path)
+    assert len(first) == 12 and first == env.source_digest(tmp_path)
+    (tmp_path / "ops" / "b.py").write_text("y = 3\n")  # any edit changes it
+    assert env.source_digest(tmp_path) != first
+    assert env.metadata()["source"] == env.source_digest()
+
+
 def test_dispatch_picks_by_device(monkeypatch):
     cpu = torch.device("cpu")
     monkeypatch.setenv("TRITON_INTERPRET", "1")

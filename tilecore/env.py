@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import platform
 import subprocess
@@ -53,6 +54,17 @@ def git_commit() -> str | None:
         return None
 
 
+def source_digest(root: Path | None = None) -> str:
+    """A digest of the package's Python sources (relative paths and contents, in order): names the
+    code that ran even where the commit cannot (a copied tree whose .git is stale). Compare with
+    ``python -c "import tilecore.env as e; print(e.source_digest())"`` in a checkout."""
+    root = root or Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def metadata() -> dict:
     """Everything a benchmark result needs to say where and when it was measured."""
     return {
@@ -60,6 +72,7 @@ def metadata() -> dict:
         "versions": versions(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
+        "source": source_digest(),
     }
 
 
