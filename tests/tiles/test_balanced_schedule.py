@@ -55,7 +55,7 @@ def test_causal_attention_tiles_even_out(n, block_m, heads):
     table = kernels._balanced_table(*key)
     m_blocks = triton.cdiv(n, block_m)
     blocks = kernels._head_grouped_blocks(m_blocks * heads, m_blocks, heads, 16)
-    steps = torch.clamp(kernels._cdiv(torch.clamp((m_blocks - blocks) * block_m, max=n), 128), min=1)
+    steps = torch.clamp(triton.cdiv(torch.clamp((m_blocks - blocks) * block_m, max=n), 128), min=1)
     assert int(steps.sum()) == heads * sum(triton.cdiv(min((i + 1) * block_m, n), 128) for i in range(m_blocks))
     costs = (steps + kernels.TILE_OVERHEAD_STEPS).double()
     _owners(table, 132, len(costs))
@@ -77,11 +77,7 @@ def _walk(table, seen, num_tiles, SCHEDULED: tl.constexpr):
     first, end, step = schedule.program_tiles(num_tiles, table, SCHEDULED)
     next_id = schedule.scheduled_tile(first, table, SCHEDULED)
     for n in range(first, end, step):
-        if SCHEDULED:
-            tile_id = next_id
-            next_id = schedule.scheduled_tile(n + step, table, SCHEDULED)
-        else:
-            tile_id = n
+        tile_id, next_id = schedule.next_tile(n, step, next_id, table, SCHEDULED)
         tl.atomic_add(seen + 2 * tile_id, 1)
         tl.store(seen + 2 * tile_id + 1, tl.program_id(0))
 

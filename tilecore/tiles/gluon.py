@@ -70,7 +70,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from tilecore.tiles.schedule import head_grouped_tile, program_tiles, scheduled_tile  # noqa: F401 (re-exported)
+from tilecore.tiles.schedule import head_grouped_tile, next_tile, program_tiles, scheduled_tile  # noqa: F401 (re-exported)
 
 
 @gluon.constexpr_function
@@ -239,11 +239,7 @@ def _producer(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, load: gl.cons
     if CARRY:  # the tile before a program's first is itself (what load takes from it goes unused)
         prev, last_iters = setup(g, cfg, next_id)
     for n in range(first, end, step):
-        if SCHEDULED:  # the table's next entry read a tile ahead: its latency off the critical path
-            tile_id = next_id
-            next_id = scheduled_tile(n + step, schedule, SCHEDULED)
-        else:
-            tile_id = n
+        tile_id, next_id = next_tile(n, step, next_id, schedule, SCHEDULED)
         tile, k_iters = setup(g, cfg, tile_id)
         if TILE_RESIDENT:  # a constant operand: loaded with the first tile, kept for all
             if t == 0:
@@ -304,11 +300,7 @@ def _consumer(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: gl.co
     first, end, step = program_tiles(num_tiles, schedule, SCHEDULED)
     next_id = scheduled_tile(first, schedule, SCHEDULED)
     for n in range(first, end, step):
-        if SCHEDULED:  # as in _producer
-            tile_id = next_id
-            next_id = scheduled_tile(n + step, schedule, SCHEDULED)
-        else:
-            tile_id = n
+        tile_id, next_id = next_tile(n, step, next_id, schedule, SCHEDULED)
         tile, k_iters = setup(g, cfg, tile_id)
         slot = _tile_slot(CID, t, TILE_BUFFERS, TILE_SHARED)
         if TILE_OPERAND:

@@ -311,6 +311,19 @@ def scheduled_tile(n, schedule, SCHEDULED: tl.constexpr):
     return tile_id
 
 
+@triton.jit
+def next_tile(n, step, next_id, schedule, SCHEDULED: tl.constexpr):
+    """(tile id of entry n, the tile id to pass back for entry n + step): the loop over
+    ``program_tiles`` starts with ``next_id = scheduled_tile(first, ...)``; with a table, each entry's
+    successor is read a tile ahead (its latency off the critical path), round-robin it is n itself."""
+    if SCHEDULED:
+        tile_id = next_id
+        next_id = scheduled_tile(n + step, schedule, SCHEDULED)
+    else:
+        tile_id = n
+    return tile_id, next_id
+
+
 def schedule_loads(table: torch.Tensor, costs: torch.Tensor, programs: int) -> torch.Tensor:
     """Each program's total cost under a ``balanced_schedule`` table (for tests and the notes)."""
     table = table.tolist()

@@ -298,14 +298,13 @@ SHORT_CAUSAL_KEYS = 512
 
 def gluon_forward_config(d: int, n: int, nk: int, causal: bool) -> dict:
     """The Gluon forward's configuration for head dim ``d`` and these lengths: GLUON_FORWARD[d];
-    where a tile's key blocks are few on average (its fixed costs dominate), two Q buffers and the
-    pipeline carried across tiles (not at D = 128 causal: there it lost 1-2%), and causal ones of
-    at most SHORT_CAUSAL_KEYS keys, 64-key blocks; at D = 64 and N >= THREE_CONSUMERS_MIN_N[causal],
-    three consumer warpgroups."""
+    where a tile's key blocks are few on average (its fixed costs dominate), the pipeline carried
+    across tiles (not at D = 128 causal: there it lost 1-2%), and causal ones of at most
+    SHORT_CAUSAL_KEYS keys, 64-key blocks; at D = 64 and N >= THREE_CONSUMERS_MIN_N[causal], three
+    consumer warpgroups (with one Q buffer each)."""
     cfg = dict(GLUON_FORWARD[d])
     keys = max(nk - n / 2, nk / 2) if causal else nk  # keys a query row sees, on average (about)
     if keys / cfg["block_n"] <= SHORT_TILE_KEY_BLOCKS:
-        cfg["q_buffers"] = 2
         if not (causal and d == 128):
             cfg["carry"] = True
         if causal and keys <= SHORT_CAUSAL_KEYS:
@@ -340,10 +339,6 @@ def _head_grouped_blocks(tiles: int, blocks: int, num_heads: int, head_group: in
     return (tile_id % per_group) // heads
 
 
-def _cdiv(a: torch.Tensor, b: int) -> torch.Tensor:
-    return (a + b - 1) // b
-
-
 @functools.lru_cache(maxsize=64)
 def _balanced_table(kind: str, N: int, Nk: int, block_m: int, block_n: int, num_bh: int, head_group: int,
                     steps_per_block: int, programs: int) -> torch.Tensor | None:
@@ -355,7 +350,7 @@ def _balanced_table(kind: str, N: int, Nk: int, block_m: int, block_n: int, num_
         m_blocks = triton.cdiv(N, block_m)
         mb = _head_grouped_blocks(m_blocks * num_bh, m_blocks, num_bh, head_group)
         last_key = torch.clamp((m_blocks - mb) * block_m + Nk - N, min=0, max=Nk)
-        steps = torch.clamp(_cdiv(last_key, block_n), min=1)
+        steps = torch.clamp(triton.cdiv(last_key, block_n), min=1)
     else:
         n_blocks = triton.cdiv(Nk, block_n)
         kb = _head_grouped_blocks(n_blocks * num_bh, n_blocks, num_bh, head_group)
@@ -381,6 +376,20 @@ def causal_schedule(device: torch.device, *key) -> torch.Tensor | None:
     return _DEVICE_TABLES[(device, key)]
 
 
+def _query_tiling(q, k, tile_rows: int, block_n: int, causal: bool, balanced: bool):
+    """(grid, head_group, schedule) of a persistent launch over tiles of ``tile_rows`` query rows
+    of one (batch, head) in the forward's order (its K and V blocks of ``block_n`` keys streamed):
+    the forward's and the Gluon dq kernel's."""
+    B, H, N, D = q.shape
+    Nk = k.shape[2]
+    grid = (min(triton.cdiv(N, tile_rows) * B * H, dispatch.num_sms(q.device)),)
+    head_group = _heads_in_l2(2 * Nk * D * q.element_size())  # their K and V stay in L2 together
+    schedule = None
+    if causal and balanced:
+        schedule = causal_schedule(q.device, "forward", N, Nk, tile_rows, block_n, B * H, head_group, 1, grid[0])
+    return grid, head_group, schedule
+
+
 def gluon_forward_fits(q, k, v, scale: float) -> bool:
     """Whether the Gluon forward serves these inputs (else the tl kernel does)."""
     return (q.is_cuda and q.shape[-1] in GLUON_FORWARD and scale > 0 and dispatch.is_hopper(q.device)
@@ -400,13 +409,7 @@ def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int
     Hkv, Nk = k.shape[1], k.shape[2]
     num_warps = 8 if consumers == 1 else 4
     desc = _head_descriptor
-    tiles = triton.cdiv(N, block_m * consumers) * B * H
-    grid = (min(tiles, dispatch.num_sms(q.device)),)
-    head_group = _heads_in_l2(2 * Nk * D * q.element_size())  # their K and V stay in L2 together
-    schedule = None
-    if causal and balanced:
-        schedule = causal_schedule(q.device, "forward", N, Nk, block_m * consumers, block_n, B * H, head_group, 1,
-                                   grid[0])
+    grid, head_group, schedule = _query_tiling(q, k, block_m * consumers, block_n, causal, balanced)
     with dispatch.on_device(q.device):
         attention_fwd_kernel[grid](desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(out, block_m), lse,
                                    H, N, Nk, H // Hkv, scale * LOG2E, B * H, head_group, schedule, CAUSAL=causal,
@@ -502,10 +505,8 @@ def backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal: boo
     grid = (min(tiles, dispatch.num_sms(q.device)),)
     group = H // Hkv
     head_group = _heads_in_l2(2 * group * N * D * q.element_size())  # kv heads: their Q and dO in L2
-    schedule = None
-    if causal and balanced:
-        schedule = causal_schedule(q.device, "backward", N, Nk, block_m, 2 * block_n, B * Hkv, head_group, group,
-                                   grid[0])
+    schedule = (causal_schedule(q.device, "backward", N, Nk, block_m, 2 * block_n, B * Hkv, head_group, group,
+                                grid[0]) if causal and balanced else None)
     with dispatch.on_device(q.device):
         attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
                                    desc(dk, block_n), desc(dv, block_n), lse, delta,
@@ -523,12 +524,7 @@ def backward_dq_gluon(dout, q, k, v, lse, delta, dq, causal: bool, scale: float,
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     desc = _head_descriptor
-    tiles = triton.cdiv(N, 2 * block_m) * B * H
-    grid = (min(tiles, dispatch.num_sms(q.device)),)
-    head_group = _heads_in_l2(2 * Nk * D * q.element_size())  # their K and V stay in L2 together
-    schedule = None
-    if causal and balanced:
-        schedule = causal_schedule(q.device, "forward", N, Nk, 2 * block_m, block_n, B * H, head_group, 1, grid[0])
+    grid, head_group, schedule = _query_tiling(q, k, 2 * block_m, block_n, causal, balanced)
     with dispatch.on_device(q.device):
         attention_dq_kernel[grid](desc(q, 2 * block_m), desc(k, block_n), desc(v, block_n), desc(dout, 2 * block_m),
                                   desc(dq, block_m), desc(q, 2 * block_m), lse, delta, H, N, Nk, H // Hkv, scale,
