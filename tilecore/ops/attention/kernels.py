@@ -320,10 +320,18 @@ def _head_descriptor(t, rows: int):
     return gluon_descriptor(t, [1, 1, rows, t.shape[-1]])
 
 
+# The bytes of shared operands (the forward's K and V, the backward's Q and dO) of the heads that the
+# persistent tile order keeps together, so that they stay in the H100's 50 MiB L2. 8 MiB, not half
+# the L2 (24 MiB until session 10): at D = 128 it gained 0-5% forward and 2-13% backward on the H100
+# (notes/attention.md, session 10), D = 64 within noise. At D = 128 it gives as many heads as one
+# wave of 132 programs takes tiles (e.g. N = 4096: 4 heads of 32 tiles of 128 rows)
+L2_GROUP_BYTES = 8 << 20
+
+
 def _heads_in_l2(bytes_per_head: int) -> int:
     """How many heads' shared operands (``bytes_per_head`` each) the persistent tile order keeps
-    together: within ~24 MiB of the H100's 50 MiB L2, 1 to 16."""
-    return max(1, min(16, (24 << 20) // bytes_per_head))
+    together: within L2_GROUP_BYTES, 1 to 16."""
+    return max(1, min(16, L2_GROUP_BYTES // bytes_per_head))
 
 
 # A tile's fixed cost (pipeline fill and drain, epilogue) in key-block steps, for the balanced
