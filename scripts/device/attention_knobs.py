@@ -3,7 +3,7 @@ the median TFLOP/s and the median, min and max of its per-round ratio to cuDNN).
 
 fwd: kernels.L2_GROUP_BYTES (how many heads' K and V the persistent tile order keeps together) at
     N = 2048 .. 16384 (B * N fixed), D 64 / 128, causal and not; outputs must equal bit for bit.
-bwd: the same budgets for the backward (Q and dO of a kv head's group) at N = 4096.
+bwd: the same budgets for the backward (Q and dO of a kv head's group) at N = 4096 (--bwd-n).
 
 (Session 10's first run of this script, notes/attention_knobs_session10_run1_h100.json, timed a
 dQ "deferred" backward variant, since removed, and a head-group sweep at N = 4096.)
@@ -58,6 +58,8 @@ def rounds(fns: dict, flops: float, label: str, **bench) -> dict:
 MIB = 1 << 20
 BUDGETS = [4 * MIB, 8 * MIB, 12 * MIB, 24 * MIB]  # kernels.L2_GROUP_BYTES candidates (--budgets)
 HEAD_DIMS = [128, 64]  # (--d)
+FWD_LENGTHS = [2048, 4096, 8192, 16384]  # (--fwd-n)
+BWD_LENGTHS = [4096]  # (--bwd-n)
 
 
 def with_budget(budget, fn):
@@ -76,7 +78,7 @@ def phase_fwd(res):
     import tilecore
     for d in HEAD_DIMS:
         for causal in (True, False):
-            for n in (2048, 4096, 8192, 16384):
+            for n in FWD_LENGTHS:
                 b = B * N // n
                 q, k, v = (torch.randn(b, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 run = lambda: tilecore.attention(q, k, v, causal=causal)
@@ -99,24 +101,26 @@ def phase_fwd(res):
 
 
 def phase_bwd(res):
-    """The backward (shipped configs) at N = 4096 for every budget, next to cuDNN's."""
+    """The backward (shipped configs) for every budget next to cuDNN's, at BWD_LENGTHS (B * N fixed)."""
     for d in HEAD_DIMS:
         for causal in (True, False):
-            q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-            out, lse = torch.empty_like(q), torch.empty(B, H, N, device="cuda")
-            kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5)
-            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-            qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-            run = lambda: kernels.backward_into(do, q, k, v, out, lse, None, dq, dk, dv, causal, d ** -0.5)
-            fns = {f"{budget // MIB} MiB": with_budget(budget, run) for budget in BUDGETS}
-            fns["cuDNN"] = lambda: o.backward(do, retain_graph=True)
-            fl = 2.5 * 4 * B * H * N * N * d / (2 if causal else 1)
-            res["bwd"][f"D{d}{' causal' if causal else ''}"] = rounds(fns, fl, f"bwd D={d} causal={causal}",
-                                                                      grad_to_none=[qg, kg, vg])
-            del o, q, k, v, do, qg, kg, vg, out, lse, dq, dk, dv
-            torch.cuda.empty_cache()
+            for n in BWD_LENGTHS:
+                b = B * N // n
+                q, k, v, do = (torch.randn(b, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                out, lse = torch.empty_like(q), torch.empty(b, H, n, device="cuda")
+                kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5)
+                dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+                qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                run = lambda: kernels.backward_into(do, q, k, v, out, lse, None, dq, dk, dv, causal, d ** -0.5)
+                fns = {f"{budget // MIB} MiB": with_budget(budget, run) for budget in BUDGETS}
+                fns["cuDNN"] = lambda: o.backward(do, retain_graph=True)
+                fl = 2.5 * 4 * b * H * n * n * d / (2 if causal else 1)
+                res["bwd"][f"D{d} N{n}{' causal' if causal else ''}"] = rounds(
+                    fns, fl, f"bwd D={d} N={n} causal={causal}", grad_to_none=[qg, kg, vg])
+                del o, q, k, v, do, qg, kg, vg, out, lse, dq, dk, dv
+                torch.cuda.empty_cache()
 
 
 def main():
@@ -126,11 +130,15 @@ def main():
     ap.add_argument("--budgets", default="4,8,12,24", help="MiB")
     ap.add_argument("--d", default="128,64")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--fwd-n", default="2048,4096,8192,16384")
+    ap.add_argument("--bwd-n", default="4096")
     args = ap.parse_args()
     global ROUNDS
     ROUNDS = args.rounds
     BUDGETS[:] = [int(x) * MIB for x in args.budgets.split(",")]
     HEAD_DIMS[:] = [int(x) for x in args.d.split(",")]
+    FWD_LENGTHS[:] = [int(x) for x in args.fwd_n.split(",")]
+    BWD_LENGTHS[:] = [int(x) for x in args.bwd_n.split(",")]
     res = {"meta": meta(), "fwd": {}, "bwd": {}}
     for phase in args.phases.split(","):
         t = time.time()
