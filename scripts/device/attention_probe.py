@@ -40,8 +40,9 @@ B, H, N = 16, 16, 4096
 # row max grew by > 2^8; removed: 3-11% slower), the carry, three consumers and a later P V
 # wait (removed: no gain); notes/attention.md. Session 9: 64-key blocks for short tiles, the ring
 # depth, Q buffers and key blocks at N = 4096 and 8192, then one Q buffer against D128's two.
-FWD_VARIANTS = {"q1": dict(q_buffers=1, only_d=128)}
-VARIANT_LENGTHS = (4096, 8192, 16384)
+# Session 10: the pipeline carried across tiles at D64 (causal N = 4096 is its weakest forward point).
+FWD_VARIANTS = {"carry": dict(carry=True, only_d=64)}
+VARIANT_LENGTHS = (4096, 8192)
 
 
 def parent(args):
