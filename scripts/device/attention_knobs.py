@@ -21,8 +21,8 @@ sys.path.insert(0, ".")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
 
+from tilecore.bench.harness import interleaved_ms  # noqa: E402
 from tilecore.ops.attention import kernels  # noqa: E402
 
 B, H, N = 16, 16, 4096
@@ -41,10 +41,8 @@ def meta():
 def rounds(fns: dict, flops: float, label: str, **bench) -> dict:
     """TFLOP/s of every fn, ROUNDS times in turn; per variant the median TFLOP/s and the median,
     min and max of its per-round ratio to the "cuDNN" entry's figure of the same round."""
-    tf = {name: [] for name in fns}
-    for _ in range(ROUNDS):
-        for name, fn in fns.items():
-            tf[name].append(flops / do_bench(fn, warmup=10, rep=50, return_mode="median", **bench) / 1e9)
+    ms = interleaved_ms(fns, ROUNDS, warmup_ms=10, rep_ms=50, **bench)
+    tf = {name: [flops / t / 1e9 for t in ts] for name, ts in ms.items()}
     out = {}
     for name, xs in tf.items():
         ratios = [x / c for x, c in zip(xs, tf["cuDNN"])]

@@ -15,9 +15,9 @@ import time
 
 sys.path.insert(0, ".")
 import torch  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
 
 from tilecore.accuracy import error_over_floor  # noqa: E402
+from tilecore.bench.harness import interleaved_ms  # noqa: E402
 from tilecore.ops.hadamard import kernels  # noqa: E402
 from tilecore.ops.hadamard.reference import hadamard_reference  # noqa: E402
 
@@ -50,11 +50,8 @@ def main():
             res["rows"].append(dict(dtype=str(dtype), variant=name, written=written, err=err))
             fns[name] = (lambda cfg=cfg: kernels.launch_gluon(x, out, N ** -0.5, **cfg))
         fns["copy"] = lambda: out.copy_(x)
-        gbs = {name: [] for name in fns}
-        for _ in range(ROUNDS):
-            for name, fn in fns.items():
-                gbs[name].append(2 * x.numel() * x.element_size() / do_bench(fn, warmup=25, rep=100,
-                                                                            return_mode="median") / 1e6)
+        ms = interleaved_ms(fns, ROUNDS, warmup_ms=25, rep_ms=100)
+        gbs = {name: [2 * x.numel() * x.element_size() / t / 1e6 for t in ts] for name, ts in ms.items()}
         for name, xs in gbs.items():
             pct = [100 * a / c for a, c in zip(xs, gbs["copy"])]
             row = dict(dtype=str(dtype), variant=name, gbs=statistics.median(xs), pct=statistics.median(pct),

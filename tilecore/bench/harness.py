@@ -30,11 +30,23 @@ Metric = Literal["GB/s", "TFLOP/s"]
 # timing
 
 
-def median_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
-    """Median time of ``fn`` in milliseconds, after warm-up, through triton.testing.do_bench."""
+def median_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100, grad_to_none=None) -> float:
+    """Median time of ``fn`` in milliseconds, after warm-up, through triton.testing.do_bench
+    (``grad_to_none``: tensors whose .grad it resets between calls, for a backward)."""
     import triton.testing
 
-    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median",
+                                         grad_to_none=grad_to_none))
+
+
+def interleaved_ms(fns: dict[str, Callable[[], object]], repeats: int, **timing) -> dict[str, list[float]]:
+    """Every fn's median_ms (``timing``: its keywords), ``repeats`` times taking the fns in turn, so
+    that clock drift (the H100's moves 5-25% within a process) reaches them all alike."""
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(median_ms(fn, **timing))
+    return times
 
 
 def graph_median_ms(fn: Callable[[], object], *, target_ms: float = 1.0, max_calls: int = 64) -> float:
@@ -200,10 +212,7 @@ def run_suite(suite: Suite, *, quick: bool = False) -> Result:
                 fns[name] = build()
             except ImportError:  # a peer not installed here
                 continue
-        times = {name: [] for name in fns}
-        for _ in range(REPEATS):
-            for name, fn in fns.items():
-                times[name].append(median_ms(fn, warmup_ms=10, rep_ms=50))
+        times = interleaved_ms(fns, REPEATS, warmup_ms=10, rep_ms=50)
         for name, ts in times.items():
             ms = sorted(ts)[len(ts) // 2]
             value = case.bytes / ms / 1e6 if suite.metric == "GB/s" else case.flops / ms / 1e9
