@@ -1,10 +1,9 @@
 """n = 32768's Gluon kernel (2^28 elements, fp16 and bf16) with its grid and ring depth varied,
 each checked against float64 on sampled rows (output poisoned first), then timed next to torch's
 copy_ of the same bytes, ROUNDS interleaved rounds: median % of copy (of the per-round ratios).
-Question: does a grid that divides the 8,192 rows evenly (128 programs: 64 rows each, no 8-row
-last round) beat one program per SM (132)?
+VARIANT_SETS says what each set asks.
 
-    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--out DIR]
+    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|late] [--out DIR]
 """
 import argparse
 import json
@@ -22,15 +21,48 @@ from tilecore.ops.hadamard import kernels  # noqa: E402
 from tilecore.ops.hadamard.reference import hadamard_reference  # noqa: E402
 
 N, ROWS, ROUNDS = 32768, 8192, 5
-VARIANTS = {"132 programs, 8 stages (shipped)": dict(num_sms=132, stages=8),
-            "128 programs, 8 stages": dict(num_sms=128, stages=8),
-            "66 programs, 8 stages": dict(num_sms=66, stages=8),
-            "132 programs, 7 stages": dict(num_sms=132, stages=7)}
+VARIANT_SETS = {
+    # session 10: does a grid that divides the rows evenly beat one program per SM?
+    "grid": {"132 programs, 8 stages (shipped)": dict(num_sms=132, stages=8),
+             "128 programs, 8 stages": dict(num_sms=128, stages=8),
+             "66 programs, 8 stages": dict(num_sms=66, stages=8),
+             "132 programs, 7 stages": dict(num_sms=132, stages=7)},
+    # session 11: the S-butterfly on the first products, second products on pair sums (LATE)
+    "late": {"132 programs, 8 stages (shipped)": dict(num_sms=132, stages=8),
+             "late, 8 stages": dict(num_sms=132, stages=8, late=True),
+             "late, 6 stages": dict(num_sms=132, stages=6, late=True),
+             "late, 128 programs": dict(num_sms=128, stages=8, late=True)},
+}
+
+
+def _side_checks(dtype, variants):
+    """Every variant at n = 16384 too (S = 2), and on rows holding inf / nan: the same non-finite
+    positions as the float64 reference there, other rows within the floor."""
+    rows = []
+    for n in (16384, 32768):
+        x = torch.randn(300, n, device="cuda", dtype=dtype)
+        x[5, 100] = float("inf")
+        x[9, 2000] = float("nan")
+        x[11, 7] = -float("inf")
+        x[11, n - 1] = float("inf")
+        ref = hadamard_reference(x, n ** -0.5, out_dtype=torch.float64)
+        finite_rows = [r for r in range(300) if r not in (5, 9, 11)]
+        for name, cfg in variants.items():
+            out = torch.full_like(x, 7.0)
+            kernels.launch_gluon(x, out, n ** -0.5, **cfg)
+            same_nonfinite = bool(((out.isnan() == ref.isnan()) & (out.isinf() == ref.isinf())
+                                   & ((out == ref) | ~ref.isinf())).all())
+            err = error_over_floor(out[finite_rows], ref[finite_rows])
+            print(f"{dtype} n={n} {name}: non-finite as reference {same_nonfinite}, error {err:.5f}x floor",
+                  flush=True)
+            rows.append(dict(dtype=str(dtype), n=n, variant=name, same_nonfinite=same_nonfinite, err=err))
+    return rows
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--set", default="grid", choices=sorted(VARIANT_SETS))
     args = ap.parse_args()
     res = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}, "rows": []}
@@ -40,7 +72,7 @@ def main():
         sample = torch.randint(0, ROWS, (16,), device="cuda").tolist() + [ROWS - 1]
         ref = hadamard_reference(x[sample], N ** -0.5, out_dtype=torch.float64)
         fns = {}
-        for name, cfg in VARIANTS.items():
+        for name, cfg in VARIANT_SETS[args.set].items():
             out.fill_(float("nan"))
             kernels.launch_gluon(x, out, N ** -0.5, **cfg)
             torch.cuda.synchronize()
@@ -49,6 +81,8 @@ def main():
             print(f"{dtype} {name}: all written {written}, error {err:.5f}x floor", flush=True)
             res["rows"].append(dict(dtype=str(dtype), variant=name, written=written, err=err))
             fns[name] = (lambda cfg=cfg: kernels.launch_gluon(x, out, N ** -0.5, **cfg))
+        if args.set == "late":
+            res["rows"] += _side_checks(dtype, VARIANT_SETS["late"])
         fns["copy"] = lambda: out.copy_(x)
         ms = interleaved_ms(fns, ROUNDS, warmup_ms=25, rep_ms=100)
         gbs = {name: [2 * x.numel() * x.element_size() / t / 1e6 for t in ts] for name, ts in ms.items()}
@@ -60,7 +94,7 @@ def main():
             print(f"{dtype} {name}: {row['gbs']:.0f} GB/s, {row['pct']:.1f}% of copy ({row['lo']:.1f}-{row['hi']:.1f})",
                   flush=True)
         del x, out
-    json.dump(res, open(os.path.join(args.out, "hadamard_grid.json"), "w"), indent=1)
+    json.dump(res, open(os.path.join(args.out, f"hadamard_{args.set}.json"), "w"), indent=1)
 
 
 if __name__ == "__main__":

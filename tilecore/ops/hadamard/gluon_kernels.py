@@ -71,6 +71,17 @@ def _sign(j: gl.constexpr, s):
 
 
 @gluon.jit
+def _second_product(y, h_smem):
+    """y H_64 for float32 ``y``: its two bf16 pieces times H_64 (shared memory), accumulated in float32;
+    returned with the wgmma in flight."""
+    acc_layout: gl.constexpr = y.type.layout
+    operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    hi, lo = bf16_pieces(y)
+    t = warpgroup_mma(gl.convert_layout(hi, operand), h_smem, gl.zeros_like(y), use_acc=False, is_async=True)
+    return warpgroup_mma(gl.convert_layout(lo, operand), h_smem, t, is_async=True)
+
+
+@gluon.jit
 def _compute(g, cfg: gl.constexpr, state, top, bottom, s, bufs):
     acc_layout: gl.constexpr = wgmma_layout(LINES, LINES, gl.num_warps())
     zeros = gl.zeros([LINES, LINES], gl.float32, acc_layout)
@@ -78,16 +89,59 @@ def _compute(g, cfg: gl.constexpr, state, top, bottom, s, bufs):
     y = warpgroup_mma(state[0], top, zeros, use_acc=False, is_async=True)
     y = warpgroup_mma(state[1], bottom, y, is_async=True)
     y = warpgroup_mma_wait(0, deps=(y,))
-    hi, lo = bf16_pieces(y)
-    operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    t = warpgroup_mma(gl.convert_layout(hi, operand), bufs.index(0), zeros, use_acc=False, is_async=True)
-    t = warpgroup_mma(gl.convert_layout(lo, operand), bufs.index(0), t, is_async=True)
-    t = warpgroup_mma_wait(0, deps=(t,))
-    if cfg[0] == 2:
-        return state[0], state[1], state[2] + t * _sign(0, s), state[3] + t * _sign(1, s)
+    if cfg[1]:
+        state = _late_step(cfg[0], state, y, s, bufs.index(0))
     else:
-        return (state[0], state[1], state[2] + t * _sign(0, s), state[3] + t * _sign(1, s),
-                state[4] + t * _sign(2, s), state[5] + t * _sign(3, s))
+        t = warpgroup_mma_wait(0, deps=(_second_product(y, bufs.index(0)),))
+        if cfg[0] == 2:
+            state = state[0], state[1], state[2] + t * _sign(0, s), state[3] + t * _sign(1, s)
+        else:
+            state = (state[0], state[1], state[2] + t * _sign(0, s), state[3] + t * _sign(1, s),
+                     state[4] + t * _sign(2, s), state[5] + t * _sign(3, s))
+    return state
+
+
+@gluon.jit
+def _late_step(S: gl.constexpr, state, y, s, h_smem):
+    """LATE: the S-butterfly's first stage on the first products Y_s (float32), the second product
+    on pair sums, since (Y_0 +- Y_1) H_64 are what the outputs combine: out_j = sum_s H_S[j, s] Y_s H_64.
+    Slices 0 and 2 only keep Y_s; slices 1 and 3 make two second products each; the last combines
+    them. Per row: the same wgmma, the same number of bf16 pieces, and 2 adds per element and slice
+    where the per-slice form takes S multiply-adds. Slots (S = 4): (Y_0 + Y_1) H_64, (Y_0 - Y_1) H_64,
+    Y_2, -, then the output blocks."""
+    h = state[0]
+    h_bottom = state[1]
+    s0 = state[2]
+    s1 = state[3]
+    if S == 2:
+        if s == 0:
+            s0 = y
+        else:
+            t0 = _second_product(s0 + y, h_smem)
+            t1 = _second_product(s0 - y, h_smem)
+            s0, s1 = warpgroup_mma_wait(0, deps=(t0, t1))
+        return h, h_bottom, s0, s1
+    else:
+        s2 = state[4]
+        s3 = state[5]
+        if s % 2 == 0:
+            s2 = y
+        elif s == 1:
+            t0 = _second_product(s2 + y, h_smem)
+            t1 = _second_product(s2 - y, h_smem)
+            s0, s1 = warpgroup_mma_wait(0, deps=(t0, t1))
+        else:
+            # out_0, out_2 = (Y_0 + Y_1) H +- (Y_2 + Y_3) H;  out_1, out_3 = (Y_0 - Y_1) H +- (Y_2 - Y_3) H
+            minus_y = s2 - y
+            t = _second_product(s2 + y, h_smem)
+            t = warpgroup_mma_wait(0, deps=(t,))
+            s2 = s0 - t
+            s0 = s0 + t
+            t = _second_product(minus_y, h_smem)
+            t = warpgroup_mma_wait(0, deps=(t,))
+            s3 = s1 - t
+            s1 = s1 + t
+        return h, h_bottom, s0, s1, s2, s3
 
 
 @gluon.jit
@@ -111,12 +165,12 @@ def _finish(g, cfg: gl.constexpr, state, row, staging):
 
 @gluon.jit
 def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, S: gl.constexpr,
-                          STAGES: gl.constexpr):
+                          STAGES: gl.constexpr, LATE: gl.constexpr = False):
     """scale * H_n of each of ``rows`` contiguous rows, n = 8192 S. x_desc/out_desc: the rows as
     (rows * n / 64, 64) lines with [64, 64] boxes; staging_desc: the same with [64 S, 64] boxes (only its
     shape and layout are used: a consumer's staging buffer); h_desc: H_64 in bf16, one [64, 64] box."""
     g = (x_desc, out_desc, h_desc, rows, scale, 128 * S)  # the last: lines per row
-    cfg: gl.constexpr = gl.constexpr((S,))
+    cfg: gl.constexpr = gl.constexpr((S, LATE))
     persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, IN_FLIGHT=0,
                         tile_desc=h_desc, load_tile=_load_h,

@@ -282,12 +282,13 @@ def gluon_args(x, out, scale: float, stages: int) -> dict:
                 h_desc=gluon_descriptor(_h64(x.device), [64, 64]), rows=rows, scale=scale, S=S, STAGES=stages)
 
 
-def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = 8) -> None:
+def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = 8, late: bool = False) -> None:
     """out = scale * H_n x on Hopper through gluon_kernels.hadamard_gluon_kernel (see gluon_fits)."""
     from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
 
     with dispatch.on_device(x.device):
-        hadamard_gluon_kernel[(min(x.shape[0], num_sms),)](**gluon_args(x, out, scale, stages), num_warps=4)
+        hadamard_gluon_kernel[(min(x.shape[0], num_sms),)](**gluon_args(x, out, scale, stages), LATE=late,
+                                                            num_warps=4)
 
 
 def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, gluon=None, **tuning) -> None:
