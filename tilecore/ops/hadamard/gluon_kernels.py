@@ -44,23 +44,32 @@ def _load(g, cfg: gl.constexpr, top, bottom, bar, row, s):
 
 @gluon.jit
 def _load_h(g, cfg: gl.constexpr, bufs, bar, row):
-    tma.async_copy_global_to_shared(g[2], [0, 0], bar, bufs.index(0))
+    OPERANDS: gl.constexpr = 3 if cfg[1] else 1  # PIPELINED also keeps H_64 and -H_64 of the input dtype
+    for k in gl.static_range(OPERANDS):
+        tma.async_copy_global_to_shared(g[2], [LINES * k, 0], bar, bufs.index(k))
 
 
 @gluon.jit
 def _init(g, cfg: gl.constexpr, row, bufs):
     acc_layout: gl.constexpr = wgmma_layout(LINES, LINES, gl.num_warps())
-    h = sylvester_block(LINES, LINES, gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2),
-                        g[0].dtype)
-    if cfg[-1] == 1:  # the second consumer's rows take -H_64 for the bottom half (see _compute)
-        h_bottom = -h
-    else:
-        h_bottom = h
     z = gl.zeros([LINES, LINES], gl.float32, acc_layout)
-    if cfg[0] == 2:
-        return h, h_bottom, z, z
+    if cfg[1]:  # PIPELINED: (Y of the last slice, the output blocks)
+        if cfg[0] == 2:
+            state = z, z, z
+        else:
+            state = z, z, z, z, z
     else:
-        return h, h_bottom, z, z, z, z
+        h = sylvester_block(LINES, LINES, gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2),
+                            g[0].dtype)
+        if cfg[-1] == 1:  # the second consumer's rows take -H_64 for the bottom half (see _compute)
+            h_bottom = -h
+        else:
+            h_bottom = h
+        if cfg[0] == 2:
+            state = h, h_bottom, z, z
+        else:
+            state = h, h_bottom, z, z, z, z
+    return state
 
 
 @gluon.jit
@@ -89,59 +98,51 @@ def _compute(g, cfg: gl.constexpr, state, top, bottom, s, bufs):
     y = warpgroup_mma(state[0], top, zeros, use_acc=False, is_async=True)
     y = warpgroup_mma(state[1], bottom, y, is_async=True)
     y = warpgroup_mma_wait(0, deps=(y,))
-    if cfg[1]:
-        state = _late_step(cfg[0], state, y, s, bufs.index(0))
+    t = warpgroup_mma_wait(0, deps=(_second_product(y, bufs.index(0)),))
+    if cfg[0] == 2:
+        return state[0], state[1], state[2] + t * _sign(0, s), state[3] + t * _sign(1, s)
     else:
-        t = warpgroup_mma_wait(0, deps=(_second_product(y, bufs.index(0)),))
-        if cfg[0] == 2:
-            state = state[0], state[1], state[2] + t * _sign(0, s), state[3] + t * _sign(1, s)
-        else:
-            state = (state[0], state[1], state[2] + t * _sign(0, s), state[3] + t * _sign(1, s),
-                     state[4] + t * _sign(2, s), state[5] + t * _sign(3, s))
-    return state
+        return (state[0], state[1], state[2] + t * _sign(0, s), state[3] + t * _sign(1, s),
+                state[4] + t * _sign(2, s), state[5] + t * _sign(3, s))
 
 
 @gluon.jit
-def _late_step(S: gl.constexpr, state, y, s, h_smem):
-    """LATE: the S-butterfly's first stage on the first products Y_s (float32), the second product
-    on pair sums, since (Y_0 +- Y_1) H_64 are what the outputs combine: out_j = sum_s H_S[j, s] Y_s H_64.
-    Slices 0 and 2 only keep Y_s; slices 1 and 3 make two second products each; the last combines
-    them. Per row: the same wgmma, the same number of bf16 pieces, and 2 adds per element and slice
-    where the per-slice form takes S multiply-adds. Slots (S = 4): (Y_0 + Y_1) H_64, (Y_0 - Y_1) H_64,
-    Y_2, -, then the output blocks."""
-    h = state[0]
-    h_bottom = state[1]
-    s0 = state[2]
-    s1 = state[3]
+def _accumulate(S: gl.constexpr, y, outs, t, s):
+    """(y, outs + H_S[:, s] t): slice s's transform T_s = t added to each output block."""
     if S == 2:
-        if s == 0:
-            s0 = y
-        else:
-            t0 = _second_product(s0 + y, h_smem)
-            t1 = _second_product(s0 - y, h_smem)
-            s0, s1 = warpgroup_mma_wait(0, deps=(t0, t1))
-        return h, h_bottom, s0, s1
+        return y, outs[0] + t * _sign(0, s), outs[1] + t * _sign(1, s)
     else:
-        s2 = state[4]
-        s3 = state[5]
-        if s % 2 == 0:
-            s2 = y
-        elif s == 1:
-            t0 = _second_product(s2 + y, h_smem)
-            t1 = _second_product(s2 - y, h_smem)
-            s0, s1 = warpgroup_mma_wait(0, deps=(t0, t1))
-        else:
-            # out_0, out_2 = (Y_0 + Y_1) H +- (Y_2 + Y_3) H;  out_1, out_3 = (Y_0 - Y_1) H +- (Y_2 - Y_3) H
-            minus_y = s2 - y
-            t = _second_product(s2 + y, h_smem)
-            t = warpgroup_mma_wait(0, deps=(t,))
-            s2 = s0 - t
-            s0 = s0 + t
-            t = _second_product(minus_y, h_smem)
-            t = warpgroup_mma_wait(0, deps=(t,))
-            s3 = s1 - t
-            s1 = s1 + t
-        return h, h_bottom, s0, s1, s2, s3
+        return (y, outs[0] + t * _sign(0, s), outs[1] + t * _sign(1, s), outs[2] + t * _sign(2, s),
+                outs[3] + t * _sign(3, s))
+
+
+@gluon.jit
+def _compute_pipelined(g, cfg: gl.constexpr, state, top, bottom, s, bufs):
+    """PIPELINED: slice s's first product runs on the tensor cores while slice s - 1's second product
+    is added to the outputs. H_64 (and -H_64) of the input's dtype come from shared memory, which
+    frees the registers that the product in flight takes. State: (Y of the last slice, the S output
+    blocks); the step returns with Y_s's wgmma in flight, except at the row's last slice."""
+    h = bufs.index(1)._reinterpret(g[0].dtype, [LINES, LINES], bufs.type.layout)
+    h_bottom = bufs.index(1 + cfg[-1])._reinterpret(g[0].dtype, [LINES, LINES], bufs.type.layout)
+    h_second = bufs.index(0)
+    y_prev = state[0]
+    outs = state[1:]
+    if s > 0:
+        y_prev = warpgroup_mma_wait(0, deps=(y_prev,))
+        t = _second_product(y_prev, h_second)  # issued before Y_s, so waiting for it leaves Y_s running
+        first = warpgroup_mma(h, top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
+        first = warpgroup_mma(h_bottom, bottom, first, is_async=True)
+        t, y = warpgroup_mma_wait(1, deps=(t, first))  # t is done; Y_s may still run
+        state = _accumulate(cfg[0], y, outs, t, s - 1)
+    else:
+        first = warpgroup_mma(h, top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
+        first = warpgroup_mma(h_bottom, bottom, first, is_async=True)
+        state = (warpgroup_mma_wait(1, deps=(first,)),) + outs
+    if s == cfg[0] - 1:  # the row's last slice: nothing follows to hide its second product
+        y = warpgroup_mma_wait(0, deps=(state[0],))
+        t = warpgroup_mma_wait(0, deps=(_second_product(y, h_second),))
+        state = _accumulate(cfg[0], y, state[1:], t, s)
+    return state
 
 
 @gluon.jit
@@ -155,7 +156,7 @@ def _finish(g, cfg: gl.constexpr, state, row, staging):
     S: gl.constexpr = cfg[0]
     tma.store_wait(0)  # the previous row's stores have read the staging buffer
     for j in gl.static_range(S):
-        staging.slice(j * LINES, LINES).store((state[2 + j] * g[4]).to(g[1].dtype))
+        staging.slice(j * LINES, LINES).store((state[len(state) - S + j] * g[4]).to(g[1].dtype))
     fence_async_shared()
     gl.thread_barrier()
     line = row * g[5] + LINES * cfg[-1]
@@ -165,13 +166,19 @@ def _finish(g, cfg: gl.constexpr, state, row, staging):
 
 @gluon.jit
 def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, S: gl.constexpr,
-                          STAGES: gl.constexpr, LATE: gl.constexpr = False):
+                          STAGES: gl.constexpr, PIPELINED: gl.constexpr = False):
     """scale * H_n of each of ``rows`` contiguous rows, n = 8192 S. x_desc/out_desc: the rows as
     (rows * n / 64, 64) lines with [64, 64] boxes; staging_desc: the same with [64 S, 64] boxes (only its
     shape and layout are used: a consumer's staging buffer); h_desc: H_64 in bf16, one [64, 64] box."""
     g = (x_desc, out_desc, h_desc, rows, scale, 128 * S)  # the last: lines per row
-    cfg: gl.constexpr = gl.constexpr((S, LATE))
-    persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, _setup, _load, _init, _compute, _drain,
-                        _finish, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, IN_FLIGHT=0,
-                        tile_desc=h_desc, load_tile=_load_h,
-                        TILE_SHARED=True, TILE_RESIDENT=True)
+    cfg: gl.constexpr = gl.constexpr((S, PIPELINED))
+    if PIPELINED:
+        persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, _setup, _load, _init, _compute_pipelined,
+                            _drain, _finish, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, IN_FLIGHT=1,
+                            tile_desc=h_desc, load_tile=_load_h, TILE_OPERANDS=3,
+                            TILE_SHARED=True, TILE_RESIDENT=True)
+    else:
+        persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, _setup, _load, _init, _compute, _drain,
+                            _finish, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, IN_FLIGHT=0,
+                            tile_desc=h_desc, load_tile=_load_h,
+                            TILE_SHARED=True, TILE_RESIDENT=True)

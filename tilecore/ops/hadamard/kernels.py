@@ -263,11 +263,17 @@ def gluon_fits(x, out) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _h64(device) -> torch.Tensor:
-    return hadamard_matrix(64, torch.bfloat16).to(device)
+def _h64(device, first_dtype=None) -> torch.Tensor:
+    """H_64 in bf16 (the second product's operand); with ``first_dtype`` also H_64 and -H_64 in that
+    dtype, their bits stacked below as bf16 (the pipelined kernel's first-product operands)."""
+    h = hadamard_matrix(64, torch.float64)
+    parts = [h.to(torch.bfloat16)]
+    if first_dtype is not None:
+        parts += [h.to(first_dtype).view(torch.bfloat16), (-h).to(first_dtype).view(torch.bfloat16)]
+    return torch.cat(parts).to(device)
 
 
-def gluon_args(x, out, scale: float, stages: int) -> dict:
+def gluon_args(x, out, scale: float, stages: int, pipelined: bool = False) -> dict:
     """hadamard_gluon_kernel's arguments for (rows, n) ``x`` and ``out``: the rows seen as lines of 64
     elements (TMA descriptors with [64, 64] boxes; the staging buffer's shape: [64 S, 64]) and H_64."""
     from tilecore.tiles.launch import gluon_descriptor
@@ -279,15 +285,16 @@ def gluon_args(x, out, scale: float, stages: int) -> dict:
         return gluon_descriptor(t, block, shape=[rows * n // 64, 64], strides=[64, 1])
 
     return dict(x_desc=lines(x, [64, 64]), out_desc=lines(out, [64, 64]), staging_desc=lines(out, [64 * S, 64]),
-                h_desc=gluon_descriptor(_h64(x.device), [64, 64]), rows=rows, scale=scale, S=S, STAGES=stages)
+                h_desc=gluon_descriptor(_h64(x.device, x.dtype if pipelined else None), [64, 64]), rows=rows,
+                scale=scale, S=S, STAGES=stages, PIPELINED=pipelined)
 
 
-def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = 8, late: bool = False) -> None:
+def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = 8, pipelined: bool = False) -> None:
     """out = scale * H_n x on Hopper through gluon_kernels.hadamard_gluon_kernel (see gluon_fits)."""
     from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
 
     with dispatch.on_device(x.device):
-        hadamard_gluon_kernel[(min(x.shape[0], num_sms),)](**gluon_args(x, out, scale, stages), LATE=late,
+        hadamard_gluon_kernel[(min(x.shape[0], num_sms),)](**gluon_args(x, out, scale, stages, pipelined),
                                                             num_warps=4)
 
 
