@@ -1,9 +1,10 @@
-"""n = 32768's Gluon kernel (2^28 elements, fp16 and bf16) with its grid and ring depth varied,
+"""The large-n Gluon kernel (n = 32768; n = 16384 for the set of that name; 2^28 elements, fp16 and
+bf16) with its grid and ring depth varied,
 each checked against float64 on sampled rows (output poisoned first), then timed next to torch's
 copy_ of the same bytes, ROUNDS interleaved rounds: median % of copy (of the per-round ratios).
 VARIANT_SETS says what each set asks.
 
-    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|pipelined] [--out DIR]
+    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|16384] [--out DIR]
 """
 import argparse
 import json
@@ -20,20 +21,27 @@ from tilecore.bench.harness import interleaved_ms  # noqa: E402
 from tilecore.ops.hadamard import kernels  # noqa: E402
 from tilecore.ops.hadamard.reference import hadamard_reference  # noqa: E402
 
-N, ROWS, ROUNDS = 32768, 8192, 5
+ELEMENTS, ROUNDS = 1 << 28, 7
 VARIANT_SETS = {
     # session 10: does a grid that divides the rows evenly beat one program per SM?
     "grid": {"132 programs, 8 stages (shipped)": dict(num_sms=132, stages=8),
              "128 programs, 8 stages": dict(num_sms=128, stages=8),
              "66 programs, 8 stages": dict(num_sms=66, stages=8),
              "132 programs, 7 stages": dict(num_sms=132, stages=7)},
-    # session 11: the next slice's first product in flight under this slice's multiply-adds (the
-    # "late" set, the S-butterfly on the first products, lost: notes/hadamard.md, session 11)
-    "pipelined": {"132 programs, 8 stages (shipped)": dict(num_sms=132, stages=8),
-                  "pipelined, 8 stages": dict(num_sms=132, stages=8, pipelined=True),
-                  "pipelined, 7 stages": dict(num_sms=132, stages=7, pipelined=True),
-                  "pipelined, 6 stages": dict(num_sms=132, stages=6, pipelined=True)},
+    # session 11: the shipped kernel (slice s's first product in flight under slice s-1's adds) by
+    # ring depth, and at n = 16384 against the tl kernel that runs there by default
+    "stages": {"4 stages (shipped)": dict(num_sms=132, stages=4), "5 stages": dict(num_sms=132, stages=5),
+               "6 stages": dict(num_sms=132, stages=6), "3 stages": dict(num_sms=132, stages=3)},
+    "16384": {"gluon, 4 stages": dict(num_sms=132, stages=4), "gluon, 5 stages": dict(num_sms=132, stages=5),
+              "tl kernel (default at 16384)": dict(num_sms=132, gluon=False)},
 }
+
+
+def _launch(x, out, scale, gluon=True, **cfg):
+    if gluon:
+        kernels.launch_gluon(x, out, scale, **cfg)
+    else:
+        kernels.launch(x, out, scale, interpret=False, gluon=False, **cfg)
 
 
 def _side_checks(dtype, variants):
@@ -50,7 +58,7 @@ def _side_checks(dtype, variants):
         finite_rows = [r for r in range(300) if r not in (5, 9, 11)]
         for name, cfg in variants.items():
             out = torch.full_like(x, 7.0)
-            kernels.launch_gluon(x, out, n ** -0.5, **cfg)
+            _launch(x, out, n ** -0.5, **cfg)
             same_nonfinite = bool(((out.isnan() == ref.isnan()) & (out.isinf() == ref.isinf())
                                    & ((out == ref) | ~ref.isinf())).all())
             err = error_over_floor(out[finite_rows], ref[finite_rows])
@@ -68,20 +76,22 @@ def main():
     res = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}, "rows": []}
     for dtype in (torch.float16, torch.bfloat16):
-        x = torch.randn(ROWS, N, device="cuda", dtype=dtype)
+        n = 16384 if args.set == "16384" else 32768
+        rows = ELEMENTS // n
+        x = torch.randn(rows, n, device="cuda", dtype=dtype)
         out = torch.empty_like(x)
-        sample = torch.randint(0, ROWS, (16,), device="cuda").tolist() + [ROWS - 1]
-        ref = hadamard_reference(x[sample], N ** -0.5, out_dtype=torch.float64)
+        sample = torch.randint(0, rows, (16,), device="cuda").tolist() + [rows - 1]
+        ref = hadamard_reference(x[sample], n ** -0.5, out_dtype=torch.float64)
         fns = {}
         for name, cfg in VARIANT_SETS[args.set].items():
             out.fill_(float("nan"))
-            kernels.launch_gluon(x, out, N ** -0.5, **cfg)
+            _launch(x, out, n ** -0.5, **cfg)
             torch.cuda.synchronize()
             written = not out.isnan().any().item()
             err = error_over_floor(out[sample], ref)
             print(f"{dtype} {name}: all written {written}, error {err:.5f}x floor", flush=True)
             res["rows"].append(dict(dtype=str(dtype), variant=name, written=written, err=err))
-            fns[name] = (lambda cfg=cfg: kernels.launch_gluon(x, out, N ** -0.5, **cfg))
+            fns[name] = (lambda cfg=cfg: _launch(x, out, n ** -0.5, **cfg))
         if args.set != "grid":
             res["rows"] += _side_checks(dtype, VARIANT_SETS[args.set])
         fns["copy"] = lambda: out.copy_(x)

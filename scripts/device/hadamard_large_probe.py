@@ -65,8 +65,7 @@ def _copy_compute(g, cfg: gl.constexpr, state, top, bottom, s, bufs):
         t = top.load(layout).to(gl.float32)
     else:
         t = bottom.load(layout).to(gl.float32)
-    return (state[0], state[1], state[2] + t * gk._sign(0, s), state[3] + t * gk._sign(1, s),
-            state[4] + t * gk._sign(2, s), state[5] + t * gk._sign(3, s))
+    return gk._accumulate(4, state[0], state[1:], t, s)
 
 
 @gluon.jit
@@ -76,7 +75,7 @@ def _finish_variant(g, cfg: gl.constexpr, state, row, staging):
     S: gl.constexpr = cfg[0]
     tma.store_wait(0)
     for j in gl.static_range(S):
-        staging.slice(j * 64, 64).store((state[2 + j] * g[4]).to(g[1].dtype))
+        staging.slice(j * 64, 64).store((state[1 + j] * g[4]).to(g[1].dtype))
     fence_async_shared()
     gl.thread_barrier()
     line = row * g[5] + 64 * cfg[-1]
@@ -97,11 +96,11 @@ def gluon_twin_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, S: gl
     if COPY:
         persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, tiles, gk._setup, gk._load, gk._init, _copy_compute,
                             gk._drain, _finish_variant, STAGES, CONSUMERS=2, IN_FLIGHT=0, tile_desc=h_desc,
-                            load_tile=gk._load_h, TILE_SHARED=True, TILE_RESIDENT=True)
+                            load_tile=gk._load_h, TILE_OPERANDS=3, TILE_SHARED=True, TILE_RESIDENT=True)
     else:
         persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, tiles, gk._setup, gk._load, gk._init, gk._compute,
-                            gk._drain, _finish_variant, STAGES, CONSUMERS=2, IN_FLIGHT=0, tile_desc=h_desc,
-                            load_tile=gk._load_h, TILE_SHARED=True, TILE_RESIDENT=True)
+                            gk._drain, _finish_variant, STAGES, CONSUMERS=2, IN_FLIGHT=1, tile_desc=h_desc,
+                            load_tile=gk._load_h, TILE_OPERANDS=3, TILE_SHARED=True, TILE_RESIDENT=True)
 
 
 def gluon_twin_launch(x, out, scale, num_sms, stages=8, copy=True, stores=0):

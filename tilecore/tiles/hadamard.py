@@ -63,20 +63,6 @@ def dot_split(a, b, SPLIT_A: tl.constexpr, PIECES: tl.constexpr, PIECE_DTYPE: tl
 
 
 @gluon.jit
-def sylvester_block(ROWS: gl.constexpr, COLS: gl.constexpr, layout: gl.constexpr, dtype: gl.constexpr):
-    """The ROWS x COLS Sylvester Hadamard tile in registers of ``layout``: (-1)^popcount(i & j)
-    (``sylvester_tile``'s twin, without padding)."""
-    i = gl.expand_dims(gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), 1)
-    j = gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, layout)), 0)
-    v = i & j
-    v = v ^ (v >> 8)
-    v = v ^ (v >> 4)
-    v = v ^ (v >> 2)
-    v = v ^ (v >> 1)
-    return gl.where((v & 1) == 0, 1.0, -1.0).to(dtype)
-
-
-@gluon.jit
 def bf16_pieces(x):
     """float32 ``x`` as hi + lo, two bf16 tiles carrying 16 significant bits (``dot_split``'s two
     pieces); lo is 0 where hi holds x whole, so +-inf leaves 0, not NaN."""

@@ -7,15 +7,17 @@ producer warp streams each slice through the ring as two 64-line halves (top, bo
 consumer warpgroups share every slice, consumer c owning lines 64c .. 64c + 63 of each transform:
 
     T_s = H_128 X_s H_64,   and H_128 = H_2 (x) H_64,  so  rows of consumer c:
-    (H_128 X_s)[64c + i] = H_64 top + (-1)^c H_64 bottom      (16-bit inputs times +-1, float32 sums)
-    T_s[64c + i]         = (hi + lo) H_64                      (bf16 pieces of the float32 sums)
-    out_j               += H_S[j, s] T_s                       (float32, as the slices arrive)
+    Y_s[64c + i] = (H_128 X_s)[64c + i] = H_64 top + (-1)^c H_64 bottom   (16-bit inputs times +-1, float32 sums)
+    T_s[64c + i] = (hi + lo) H_64                                        (bf16 pieces of the float32 sums)
+    out_j       += H_S[j, s] T_s                                         (float32, as the slices arrive)
 
-H_64 (and -H_64) for the first product is built in registers (wgmma's register operand); for the second it sits
-in shared memory, a resident operand loaded once per program. The error analysis is kernels.py's:
-the final rounding to the output dtype is the only one that matters. Each consumer then writes its
-S output blocks into one staging buffer and issues their TMA stores back to back, so a row's stores
-never wait for each other (Triton's version of this kernel waits for each store before the next).
+All three operands +-H_64 sit in shared memory, resident (loaded once per program): H_64 and -H_64 in
+the input's dtype for the first product, H_64 in bf16 for the second. Each consumer's chain is
+software-pipelined by one slice: while slice s's first product runs on the tensor cores, slice s-1's
+second product is added to the outputs (a row's chain of wgmma waits is what bounds this kernel;
+notes/hadamard.md, session 11). The error analysis is kernels.py's: the final rounding to the output
+dtype is the only one that matters. Each consumer then writes its S output blocks into one staging
+buffer and issues their TMA stores back to back, so a row's stores never wait for each other.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from tilecore.tiles.gluon import persistent_pipeline, wgmma_layout
-from tilecore.tiles.hadamard import bf16_pieces, sylvester_block
+from tilecore.tiles.hadamard import bf16_pieces
 
 LINES = gl.constexpr(64)  # a slice half: lines of 64 elements; also H_64's size
 
@@ -44,31 +46,19 @@ def _load(g, cfg: gl.constexpr, top, bottom, bar, row, s):
 
 @gluon.jit
 def _load_h(g, cfg: gl.constexpr, bufs, bar, row):
-    OPERANDS: gl.constexpr = 3 if cfg[1] else 1  # PIPELINED also keeps H_64 and -H_64 of the input dtype
-    for k in gl.static_range(OPERANDS):
+    for k in gl.static_range(3):
         tma.async_copy_global_to_shared(g[2], [LINES * k, 0], bar, bufs.index(k))
 
 
 @gluon.jit
 def _init(g, cfg: gl.constexpr, row, bufs):
-    acc_layout: gl.constexpr = wgmma_layout(LINES, LINES, gl.num_warps())
-    z = gl.zeros([LINES, LINES], gl.float32, acc_layout)
-    if cfg[1]:  # PIPELINED: (Y of the last slice, the output blocks)
-        if cfg[0] == 2:
-            state = z, z, z
-        else:
-            state = z, z, z, z, z
+    """(Y of the last slice, the S output blocks, H_64 for the second product): zeros, and the buffer
+    kept in the state so that _drain (which receives no buffers) can use it."""
+    z = gl.zeros([LINES, LINES], gl.float32, wgmma_layout(LINES, LINES, gl.num_warps()))
+    if cfg[0] == 2:
+        state = z, z, z, bufs.index(0)
     else:
-        h = sylvester_block(LINES, LINES, gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2),
-                            g[0].dtype)
-        if cfg[-1] == 1:  # the second consumer's rows take -H_64 for the bottom half (see _compute)
-            h_bottom = -h
-        else:
-            h_bottom = h
-        if cfg[0] == 2:
-            state = h, h_bottom, z, z
-        else:
-            state = h, h_bottom, z, z, z, z
+        state = z, z, z, z, z, bufs.index(0)
     return state
 
 
@@ -91,22 +81,6 @@ def _second_product(y, h_smem):
 
 
 @gluon.jit
-def _compute(g, cfg: gl.constexpr, state, top, bottom, s, bufs):
-    acc_layout: gl.constexpr = wgmma_layout(LINES, LINES, gl.num_warps())
-    zeros = gl.zeros([LINES, LINES], gl.float32, acc_layout)
-    # H_64 top +- H_64 bottom (state[1] is -H_64 for the second consumer)
-    y = warpgroup_mma(state[0], top, zeros, use_acc=False, is_async=True)
-    y = warpgroup_mma(state[1], bottom, y, is_async=True)
-    y = warpgroup_mma_wait(0, deps=(y,))
-    t = warpgroup_mma_wait(0, deps=(_second_product(y, bufs.index(0)),))
-    if cfg[0] == 2:
-        return state[0], state[1], state[2] + t * _sign(0, s), state[3] + t * _sign(1, s)
-    else:
-        return (state[0], state[1], state[2] + t * _sign(0, s), state[3] + t * _sign(1, s),
-                state[4] + t * _sign(2, s), state[5] + t * _sign(3, s))
-
-
-@gluon.jit
 def _accumulate(S: gl.constexpr, y, outs, t, s):
     """(y, outs + H_S[:, s] t): slice s's transform T_s = t added to each output block."""
     if S == 2:
@@ -117,37 +91,28 @@ def _accumulate(S: gl.constexpr, y, outs, t, s):
 
 
 @gluon.jit
-def _compute_pipelined(g, cfg: gl.constexpr, state, top, bottom, s, bufs):
-    """PIPELINED: slice s's first product runs on the tensor cores while slice s - 1's second product
-    is added to the outputs. H_64 (and -H_64) of the input's dtype come from shared memory, which
-    frees the registers that the product in flight takes. State: (Y of the last slice, the S output
-    blocks); the step returns with Y_s's wgmma in flight, except at the row's last slice."""
+def _compute(g, cfg: gl.constexpr, state, top, bottom, s, bufs):
+    """Issue slice s's first product, add slice s-1's transform to the outputs while it runs, and
+    return with Y_s's wgmma in flight. At s = 0 the second product is of the initial zeros (adds 0):
+    one spare product per row keeps the step free of branches, which ptxas needs to keep the wgmma
+    in flight (with a branch on s it serializes every wgmma: C7512). bufs: H_64 (bf16), then H_64 and
+    -H_64 (their bits in the input's dtype)."""
     h = bufs.index(1)._reinterpret(g[0].dtype, [LINES, LINES], bufs.type.layout)
     h_bottom = bufs.index(1 + cfg[-1])._reinterpret(g[0].dtype, [LINES, LINES], bufs.type.layout)
-    h_second = bufs.index(0)
-    y_prev = state[0]
-    outs = state[1:]
-    if s > 0:
-        y_prev = warpgroup_mma_wait(0, deps=(y_prev,))
-        t = _second_product(y_prev, h_second)  # issued before Y_s, so waiting for it leaves Y_s running
-        first = warpgroup_mma(h, top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
-        first = warpgroup_mma(h_bottom, bottom, first, is_async=True)
-        t, y = warpgroup_mma_wait(1, deps=(t, first))  # t is done; Y_s may still run
-        state = _accumulate(cfg[0], y, outs, t, s - 1)
-    else:
-        first = warpgroup_mma(h, top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
-        first = warpgroup_mma(h_bottom, bottom, first, is_async=True)
-        state = (warpgroup_mma_wait(1, deps=(first,)),) + outs
-    if s == cfg[0] - 1:  # the row's last slice: nothing follows to hide its second product
-        y = warpgroup_mma_wait(0, deps=(state[0],))
-        t = warpgroup_mma_wait(0, deps=(_second_product(y, h_second),))
-        state = _accumulate(cfg[0], y, state[1:], t, s)
-    return state
+    y_prev = warpgroup_mma_wait(0, deps=(state[0],))
+    t = _second_product(y_prev, bufs.index(0))  # issued before Y_s, so waiting for it leaves Y_s running
+    first = warpgroup_mma(h, top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
+    first = warpgroup_mma(h_bottom, bottom, first, is_async=True)
+    t, y = warpgroup_mma_wait(1, deps=(t, first))  # t is done; Y_s may still run
+    return _accumulate(cfg[0], y, state[1:], t, s - 1) + (bufs.index(0),)
 
 
 @gluon.jit
 def _drain(g, cfg: gl.constexpr, state):
-    return state  # compute waits for its own wgmma
+    """The row's last slice: its second product, which no later first product hides."""
+    y = warpgroup_mma_wait(0, deps=(state[0],))
+    t = warpgroup_mma_wait(0, deps=(_second_product(y, state[-1]),))
+    return _accumulate(cfg[0], y, state[1:-1], t, cfg[0] - 1)
 
 
 @gluon.jit
@@ -156,7 +121,7 @@ def _finish(g, cfg: gl.constexpr, state, row, staging):
     S: gl.constexpr = cfg[0]
     tma.store_wait(0)  # the previous row's stores have read the staging buffer
     for j in gl.static_range(S):
-        staging.slice(j * LINES, LINES).store((state[len(state) - S + j] * g[4]).to(g[1].dtype))
+        staging.slice(j * LINES, LINES).store((state[1 + j] * g[4]).to(g[1].dtype))
     fence_async_shared()
     gl.thread_barrier()
     line = row * g[5] + LINES * cfg[-1]
@@ -166,19 +131,14 @@ def _finish(g, cfg: gl.constexpr, state, row, staging):
 
 @gluon.jit
 def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, S: gl.constexpr,
-                          STAGES: gl.constexpr, PIPELINED: gl.constexpr = False):
+                          STAGES: gl.constexpr):
     """scale * H_n of each of ``rows`` contiguous rows, n = 8192 S. x_desc/out_desc: the rows as
     (rows * n / 64, 64) lines with [64, 64] boxes; staging_desc: the same with [64 S, 64] boxes (only its
-    shape and layout are used: a consumer's staging buffer); h_desc: H_64 in bf16, one [64, 64] box."""
+    shape and layout are used: a consumer's staging buffer); h_desc: three [64, 64] boxes as bf16 bits,
+    H_64 in bf16, then H_64 and -H_64 in the input's dtype (kernels.gluon_args)."""
     g = (x_desc, out_desc, h_desc, rows, scale, 128 * S)  # the last: lines per row
-    cfg: gl.constexpr = gl.constexpr((S, PIPELINED))
-    if PIPELINED:
-        persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, _setup, _load, _init, _compute_pipelined,
-                            _drain, _finish, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, IN_FLIGHT=1,
-                            tile_desc=h_desc, load_tile=_load_h, TILE_OPERANDS=3,
-                            TILE_SHARED=True, TILE_RESIDENT=True)
-    else:
-        persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, _setup, _load, _init, _compute, _drain,
-                            _finish, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, IN_FLIGHT=0,
-                            tile_desc=h_desc, load_tile=_load_h,
-                            TILE_SHARED=True, TILE_RESIDENT=True)
+    cfg: gl.constexpr = gl.constexpr((S,))
+    persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, _setup, _load, _init, _compute, _drain,
+                        _finish, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, IN_FLIGHT=1,
+                        tile_desc=h_desc, load_tile=_load_h, TILE_OPERANDS=3,
+                        TILE_SHARED=True, TILE_RESIDENT=True)

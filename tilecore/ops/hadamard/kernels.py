@@ -249,8 +249,8 @@ def _descriptor(t, cfg: dict):
 
 # n -> ring stages of Hopper's Gluon kernel (gluon_kernels.py), for float16/bfloat16 rows of n = 8192 S
 # (S = 2, 4) that are contiguous and TMA-describable, from TMA_MIN_ELEMENTS elements: the default for
-# the n listed here (notes/hadamard.md, v9); GLUON_SIZES is what the kernel can do.
-GLUON_TUNING = {32768: 8}
+# the n listed here (notes/hadamard.md, v9; 4 stages: session 11); GLUON_SIZES is what the kernel can do.
+GLUON_TUNING = {32768: 4}
 GLUON_SIZES = (16384, 32768)
 
 
@@ -263,19 +263,17 @@ def gluon_fits(x, out) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _h64(device, first_dtype=None) -> torch.Tensor:
-    """H_64 in bf16 (the second product's operand); with ``first_dtype`` also H_64 and -H_64 in that
-    dtype, their bits stacked below as bf16 (the pipelined kernel's first-product operands)."""
+def _h64(device, dtype) -> torch.Tensor:
+    """The Gluon kernel's resident operands, as bf16 bits: H_64 in bf16 (the second product's), then
+    H_64 and -H_64 in the input's ``dtype`` (the first product's), each 64 x 64."""
     h = hadamard_matrix(64, torch.float64)
-    parts = [h.to(torch.bfloat16)]
-    if first_dtype is not None:
-        parts += [h.to(first_dtype).view(torch.bfloat16), (-h).to(first_dtype).view(torch.bfloat16)]
-    return torch.cat(parts).to(device)
+    return torch.cat([h.to(torch.bfloat16), h.to(dtype).view(torch.bfloat16),
+                      (-h).to(dtype).view(torch.bfloat16)]).to(device)
 
 
-def gluon_args(x, out, scale: float, stages: int, pipelined: bool = False) -> dict:
-    """hadamard_gluon_kernel's arguments for (rows, n) ``x`` and ``out``: the rows seen as lines of 64
-    elements (TMA descriptors with [64, 64] boxes; the staging buffer's shape: [64 S, 64]) and H_64."""
+def gluon_args(x, out, scale: float, stages: int) -> dict:
+    """hadamard_gluon_kernel's arguments for (rows, n) ``x`` and ``out``: the rows as lines of 64
+    elements (TMA descriptors with [64, 64] boxes; the staging buffer's shape: [64 S, 64]) and +-H_64."""
     from tilecore.tiles.launch import gluon_descriptor
 
     rows, n = x.shape
@@ -285,17 +283,16 @@ def gluon_args(x, out, scale: float, stages: int, pipelined: bool = False) -> di
         return gluon_descriptor(t, block, shape=[rows * n // 64, 64], strides=[64, 1])
 
     return dict(x_desc=lines(x, [64, 64]), out_desc=lines(out, [64, 64]), staging_desc=lines(out, [64 * S, 64]),
-                h_desc=gluon_descriptor(_h64(x.device, x.dtype if pipelined else None), [64, 64]), rows=rows,
-                scale=scale, S=S, STAGES=stages, PIPELINED=pipelined)
+                h_desc=gluon_descriptor(_h64(x.device, x.dtype), [64, 64]), rows=rows, scale=scale, S=S,
+                STAGES=stages)
 
 
-def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = 8, pipelined: bool = False) -> None:
+def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = 4) -> None:
     """out = scale * H_n x on Hopper through gluon_kernels.hadamard_gluon_kernel (see gluon_fits)."""
     from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
 
     with dispatch.on_device(x.device):
-        hadamard_gluon_kernel[(min(x.shape[0], num_sms),)](**gluon_args(x, out, scale, stages, pipelined),
-                                                            num_warps=4)
+        hadamard_gluon_kernel[(min(x.shape[0], num_sms),)](**gluon_args(x, out, scale, stages), num_warps=4)
 
 
 def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, gluon=None, **tuning) -> None:
@@ -312,7 +309,7 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, glu
     if gluon is None:
         gluon = n in GLUON_TUNING and tma is None and not tuning and rows * n >= TMA_MIN_ELEMENTS
     if gluon and not interpret and gluon_fits(x, out):
-        return launch_gluon(x, out, scale, num_sms=num_sms, stages=GLUON_TUNING.get(n, 8))
+        return launch_gluon(x, out, scale, num_sms=num_sms, stages=GLUON_TUNING.get(n, 4))
     fp32 = x.dtype == torch.float32
     tma_load, tma_store, tma_tuning = choose_path(n, fp32, tma, tuning, rows * n)
     if (tma_load and not tma_fits(x)) or (tma_store and not tma_fits(out)):
