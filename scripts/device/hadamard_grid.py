@@ -24,18 +24,23 @@ from tilecore.ops.hadamard.reference import hadamard_reference  # noqa: E402
 ELEMENTS, ROUNDS = 1 << 28, 7
 VARIANT_SETS = {
     # session 10: does a grid that divides the rows evenly beat one program per SM?
-    "grid": {"132 programs, 8 stages (shipped)": dict(num_sms=132, stages=8),
-             "128 programs, 8 stages": dict(num_sms=128, stages=8),
-             "66 programs, 8 stages": dict(num_sms=66, stages=8),
-             "132 programs, 7 stages": dict(num_sms=132, stages=7)},
+    "grid": {"132 programs, 8 stages (shipped)": dict(num_sms=132, programs=132, stages=8),
+             "128 programs, 8 stages": dict(num_sms=132, programs=128, stages=8),
+             "66 programs, 8 stages": dict(num_sms=132, programs=66, stages=8),
+             "132 programs, 7 stages": dict(num_sms=132, programs=132, stages=7)},
     # session 11: the shipped kernel (slice s's first product in flight under slice s-1's adds) by
     # ring depth, and at n = 16384 against the tl kernel that runs there by default
-    "stages": {"4 stages (shipped)": dict(num_sms=132, stages=4), "5 stages": dict(num_sms=132, stages=5),
-               "6 stages": dict(num_sms=132, stages=6), "3 stages": dict(num_sms=132, stages=3)},
-    "programs": {"132 programs (shipped)": dict(num_sms=132, stages=4),
-                 "128 programs (64 rows each)": dict(num_sms=128, stages=4),
-                 "130 programs": dict(num_sms=130, stages=4)},
-    "16384": {"gluon, 4 stages": dict(num_sms=132, stages=4), "gluon, 5 stages": dict(num_sms=132, stages=5),
+    "stages": {"4 stages (shipped)": dict(num_sms=132, stages=4),
+               "5 stages": dict(num_sms=132, programs=132, stages=5),
+               "6 stages": dict(num_sms=132, programs=132, stages=6),
+               "3 stages": dict(num_sms=132, programs=132, stages=3)},
+    "programs": {"132 programs": dict(num_sms=132, programs=132, stages=4),
+                 "128 programs (64 rows each; shipped)": dict(num_sms=132, programs=128, stages=4),
+                 "124 programs": dict(num_sms=132, programs=124, stages=4),
+                 "120 programs": dict(num_sms=132, programs=120, stages=4),
+                 "116 programs": dict(num_sms=132, programs=116, stages=4)},
+    "16384": {"gluon, 4 stages": dict(num_sms=132, programs=132, stages=4),
+              "gluon, 5 stages": dict(num_sms=132, programs=132, stages=5),
               "tl kernel (default at 16384)": dict(num_sms=132, gluon=False)},
 }
 

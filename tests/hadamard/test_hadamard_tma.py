@@ -140,3 +140,15 @@ def test_default_dispatch_does_not_spill(sm90_report):
     for r in sm90_report:
         if r["path"].startswith("default"):
             assert r["spill"] == 0 and r["registers"] <= 255, r
+
+
+def test_gluon_grid_fills_the_last_round_of_rows():
+    """One program per SM unless up to 4% fewer leave no near-empty last round of rows."""
+    assert kernels.gluon_programs(8192, 132) == 128  # 64 full rounds, not 62 and a round of 8 rows
+    assert kernels.gluon_programs(264, 132) == 132  # already full rounds
+    assert kernels.gluon_programs(100, 132) == 100  # one round, a program per row
+    for rows in (133, 200, 8195, 10000, 16384):
+        p = kernels.gluon_programs(rows, 132)
+        assert 127 <= p <= 132
+        fill = lambda q: (rows % q or q) / q  # noqa: E731
+        assert fill(p) >= max(fill(q) for q in range(127, 133)), rows

@@ -287,12 +287,30 @@ def gluon_args(x, out, scale: float, stages: int) -> dict:
                 STAGES=stages)
 
 
-def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = 4) -> None:
-    """out = scale * H_n x on Hopper through gluon_kernels.hadamard_gluon_kernel (see gluon_fits)."""
+def gluon_programs(rows: int, num_sms: int) -> int:
+    """The Gluon kernel's grid: a program per SM, or up to 4% fewer where that fills the last round
+    of rows better. A row is a program's whole tile (128 KiB of traffic at n = 32768), and a last
+    round of a few rows keeps those SMs busy for a whole row's time while the rest idle: 8,192 rows
+    on 132 SMs leave 8 in a 63rd round; 128 programs run 64 full rounds, 0.7-0.8% faster (the
+    memory being the limit, fewer SMs cost little; 120 programs lose 1-1.4%; notes/hadamard.md,
+    session 11)."""
+    if rows <= num_sms:
+        return rows
+
+    def last_round_fill(programs):
+        return (rows % programs or programs) / programs
+
+    return max(range(num_sms, num_sms - num_sms // 25 - 1, -1), key=last_round_fill)  # ties: more programs
+
+
+def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = 4, programs: int | None = None) -> None:
+    """out = scale * H_n x on Hopper through gluon_kernels.hadamard_gluon_kernel (see gluon_fits);
+    ``programs`` overrides gluon_programs' grid."""
     from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
 
+    grid = min(x.shape[0], programs or gluon_programs(x.shape[0], num_sms))
     with dispatch.on_device(x.device):
-        hadamard_gluon_kernel[(min(x.shape[0], num_sms),)](**gluon_args(x, out, scale, stages), num_warps=4)
+        hadamard_gluon_kernel[(grid,)](**gluon_args(x, out, scale, stages), num_warps=4)
 
 
 def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, gluon=None, **tuning) -> None:
