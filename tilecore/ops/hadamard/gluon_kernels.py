@@ -55,16 +55,10 @@ def _init(g, cfg: gl.constexpr, row, bufs):
     """(Y of the last slice, the S output blocks, H_64 for the second product): zeros, and the buffer
     kept in the state so that _drain (which receives no buffers) can use it."""
     z = gl.zeros([LINES, LINES], gl.float32, wgmma_layout(LINES, LINES, gl.num_warps()))
-    if cfg[1]:  # BUTTERFLY: (Y, T_0, -, -) then (Y, T_0 + T_1, T_0 - T_1, T_2)
-        if cfg[0] == 2:
-            state = z, z, bufs.index(0)
-        else:
-            state = z, z, z, z, bufs.index(0)
+    if cfg[0] == 2:
+        state = z, z, z, bufs.index(0)
     else:
-        if cfg[0] == 2:
-            state = z, z, z, bufs.index(0)
-        else:
-            state = z, z, z, z, z, bufs.index(0)
+        state = z, z, z, z, z, bufs.index(0)
     return state
 
 
@@ -97,37 +91,6 @@ def _accumulate(S: gl.constexpr, y, outs, t, s):
 
 
 @gluon.jit
-def _butterfly_step(S: gl.constexpr, y, acc, t, s):
-    """BUTTERFLY: T_s = t into the pairs' sums and differences (s < S - 1; s = -1 adds nothing)."""
-    if S == 2:
-        e = acc[0]
-        if s == 0:
-            e = t
-        return y, e
-    else:
-        plus = acc[0]
-        minus = acc[1]
-        e = acc[2]
-        if s == 1:
-            plus = e + t
-            minus = e - t
-        elif s >= 0:
-            e = t
-        return y, plus, minus, e
-
-
-@gluon.jit
-def _butterfly_last(S: gl.constexpr, y, acc, t):
-    """BUTTERFLY: the output blocks, given the last slice's T (out_j = sum_s H_S[j, s] T_s)."""
-    if S == 2:
-        return y, acc[0] + t, acc[0] - t
-    else:
-        a = acc[2] + t
-        b = acc[2] - t
-        return y, acc[0] + a, acc[1] + b, acc[0] - a, acc[1] - b
-
-
-@gluon.jit
 def _compute(g, cfg: gl.constexpr, state, top, bottom, s, bufs):
     """Issue slice s's first product, add slice s-1's transform to the outputs while it runs, and
     return with Y_s's wgmma in flight. At s = 0 the second product is of the initial zeros (adds 0):
@@ -141,11 +104,7 @@ def _compute(g, cfg: gl.constexpr, state, top, bottom, s, bufs):
     first = warpgroup_mma(h, top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
     first = warpgroup_mma(h_bottom, bottom, first, is_async=True)
     t, y = warpgroup_mma_wait(1, deps=(t, first))  # t is done; Y_s may still run
-    if cfg[1]:
-        state = _butterfly_step(cfg[0], y, state[1:-1], t, s - 1) + (bufs.index(0),)
-    else:
-        state = _accumulate(cfg[0], y, state[1:], t, s - 1) + (bufs.index(0),)
-    return state
+    return _accumulate(cfg[0], y, state[1:], t, s - 1) + (bufs.index(0),)
 
 
 @gluon.jit
@@ -153,11 +112,7 @@ def _drain(g, cfg: gl.constexpr, state):
     """The row's last slice: its second product, which no later first product hides."""
     y = warpgroup_mma_wait(0, deps=(state[0],))
     t = warpgroup_mma_wait(0, deps=(_second_product(y, state[-1]),))
-    if cfg[1]:
-        out = _butterfly_last(cfg[0], y, state[1:-1], t)
-    else:
-        out = _accumulate(cfg[0], y, state[1:-1], t, cfg[0] - 1)
-    return out
+    return _accumulate(cfg[0], y, state[1:-1], t, cfg[0] - 1)
 
 
 @gluon.jit
@@ -176,13 +131,13 @@ def _finish(g, cfg: gl.constexpr, state, row, staging):
 
 @gluon.jit
 def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, S: gl.constexpr,
-                          STAGES: gl.constexpr, BUTTERFLY: gl.constexpr = False):
+                          STAGES: gl.constexpr):
     """scale * H_n of each of ``rows`` contiguous rows, n = 8192 S. x_desc/out_desc: the rows as
     (rows * n / 64, 64) lines with [64, 64] boxes; staging_desc: the same with [64 S, 64] boxes (only its
     shape and layout are used: a consumer's staging buffer); h_desc: three [64, 64] boxes as bf16 bits,
     H_64 in bf16, then H_64 and -H_64 in the input's dtype (kernels.gluon_args)."""
     g = (x_desc, out_desc, h_desc, rows, scale, 128 * S)  # the last: lines per row
-    cfg: gl.constexpr = gl.constexpr((S, BUTTERFLY))
+    cfg: gl.constexpr = gl.constexpr((S,))
     persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, IN_FLIGHT=1,
                         tile_desc=h_desc, load_tile=_load_h, TILE_OPERANDS=3,
