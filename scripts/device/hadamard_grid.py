@@ -4,7 +4,7 @@ each checked against float64 on sampled rows (output poisoned first), then timed
 copy_ of the same bytes (and the bench's ceiling, a copy of 1 GiB), ROUNDS interleaved rounds: median % of copy (of the per-round ratios).
 VARIANT_SETS says what each set asks.
 
-    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|programs|pingpong|16384] [--out DIR]
+    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|programs|16384] [--out DIR]
 """
 import argparse
 import json
@@ -39,10 +39,6 @@ VARIANT_SETS = {
                  "124 programs": dict(num_sms=132, programs=124, stages=4),
                  "120 programs": dict(num_sms=132, programs=120, stages=4),
                  "116 programs": dict(num_sms=132, programs=116, stages=4)},
-    "pingpong": {"shipped": dict(num_sms=132, stages=4),
-                 "ping-pong": dict(num_sms=132, stages=4, pingpong=True),
-                 "ping-pong, 5 stages": dict(num_sms=132, stages=5, pingpong=True),
-                 "ping-pong, 132 programs": dict(num_sms=132, programs=132, stages=4, pingpong=True)},
     "16384": {"gluon, 4 stages": dict(num_sms=132, programs=132, stages=4),
               "gluon, 5 stages": dict(num_sms=132, programs=132, stages=5),
               "tl kernel (default at 16384)": dict(num_sms=132, gluon=False)},

@@ -26,7 +26,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from tilecore.tiles.gluon import pass_turn, persistent_pipeline, wait_turn, wgmma_layout
+from tilecore.tiles.gluon import persistent_pipeline, wgmma_layout
 from tilecore.tiles.hadamard import bf16_pieces
 
 LINES = gl.constexpr(64)  # a slice half: lines of 64 elements; also H_64's size
@@ -70,19 +70,14 @@ def _sign(j: gl.constexpr, s):
 
 
 @gluon.jit
-def _pieces(y):
-    """float32 ``y`` as the bf16 pieces hi + lo, in the layout of a wgmma's register operand."""
-    operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=y.type.layout, k_width=2)
+def _second_product(y, h_smem):
+    """y H_64 for float32 ``y``: its two bf16 pieces times H_64 (shared memory), accumulated in float32;
+    returned with the wgmma in flight."""
+    acc_layout: gl.constexpr = y.type.layout
+    operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     hi, lo = bf16_pieces(y)
-    return gl.convert_layout(hi, operand), gl.convert_layout(lo, operand)
-
-
-@gluon.jit
-def _second_product(pieces, h_smem, like):
-    """(hi + lo) H_64 from the pieces of a float32 tile ``like``, with H_64 in shared memory,
-    accumulated in float32; returned with the wgmma in flight."""
-    t = warpgroup_mma(pieces[0], h_smem, gl.zeros_like(like), use_acc=False, is_async=True)
-    return warpgroup_mma(pieces[1], h_smem, t, is_async=True)
+    t = warpgroup_mma(gl.convert_layout(hi, operand), h_smem, gl.zeros_like(y), use_acc=False, is_async=True)
+    return warpgroup_mma(gl.convert_layout(lo, operand), h_smem, t, is_async=True)
 
 
 @gluon.jit
@@ -96,7 +91,7 @@ def _accumulate(S: gl.constexpr, y, outs, t, s):
 
 
 @gluon.jit
-def _compute(g, cfg: gl.constexpr, state, top, bottom, s, bufs, turn=None):
+def _compute(g, cfg: gl.constexpr, state, top, bottom, s, bufs):
     """Issue slice s's first product, add slice s-1's transform to the outputs while it runs, and
     return with Y_s's wgmma in flight. At s = 0 the second product is of the initial zeros (adds 0):
     one spare product per row keeps the step free of branches, which ptxas needs to keep the wgmma
@@ -105,14 +100,9 @@ def _compute(g, cfg: gl.constexpr, state, top, bottom, s, bufs, turn=None):
     h = bufs.index(1)._reinterpret(g[0].dtype, [LINES, LINES], bufs.type.layout)
     h_bottom = bufs.index(1 + cfg[-1])._reinterpret(g[0].dtype, [LINES, LINES], bufs.type.layout)
     y_prev = warpgroup_mma_wait(0, deps=(state[0],))
-    pieces = _pieces(y_prev)
-    if cfg[1]:
-        wait_turn(turn)
-    t = _second_product(pieces, bufs.index(0), y_prev)  # issued before Y_s, so waiting for it leaves Y_s running
+    t = _second_product(y_prev, bufs.index(0))  # issued before Y_s, so waiting for it leaves Y_s running
     first = warpgroup_mma(h, top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
     first = warpgroup_mma(h_bottom, bottom, first, is_async=True)
-    if cfg[1]:
-        pass_turn(turn)
     t, y = warpgroup_mma_wait(1, deps=(t, first))  # t is done; Y_s may still run
     return _accumulate(cfg[0], y, state[1:], t, s - 1) + (bufs.index(0),)
 
@@ -121,7 +111,7 @@ def _compute(g, cfg: gl.constexpr, state, top, bottom, s, bufs, turn=None):
 def _drain(g, cfg: gl.constexpr, state):
     """The row's last slice: its second product, which no later first product hides."""
     y = warpgroup_mma_wait(0, deps=(state[0],))
-    t = warpgroup_mma_wait(0, deps=(_second_product(_pieces(y), state[-1], y),))
+    t = warpgroup_mma_wait(0, deps=(_second_product(y, state[-1]),))
     return _accumulate(cfg[0], y, state[1:-1], t, cfg[0] - 1)
 
 
@@ -141,14 +131,14 @@ def _finish(g, cfg: gl.constexpr, state, row, staging):
 
 @gluon.jit
 def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, S: gl.constexpr,
-                          STAGES: gl.constexpr, PINGPONG: gl.constexpr = False):
+                          STAGES: gl.constexpr):
     """scale * H_n of each of ``rows`` contiguous rows, n = 8192 S. x_desc/out_desc: the rows as
     (rows * n / 64, 64) lines with [64, 64] boxes; staging_desc: the same with [64 S, 64] boxes (only its
     shape and layout are used: a consumer's staging buffer); h_desc: three [64, 64] boxes as bf16 bits,
     H_64 in bf16, then H_64 and -H_64 in the input's dtype (kernels.gluon_args)."""
     g = (x_desc, out_desc, h_desc, rows, scale, 128 * S)  # the last: lines per row
-    cfg: gl.constexpr = gl.constexpr((S, PINGPONG))
+    cfg: gl.constexpr = gl.constexpr((S,))
     persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, IN_FLIGHT=1,
-                        tile_desc=h_desc, load_tile=_load_h, TILE_OPERANDS=3, PINGPONG=PINGPONG,
+                        tile_desc=h_desc, load_tile=_load_h, TILE_OPERANDS=3,
                         TILE_SHARED=True, TILE_RESIDENT=True)
