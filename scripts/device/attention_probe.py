@@ -495,16 +495,14 @@ def _next_to_cudnn(fns, q, k, v, causal, flops, label):
     turn; prints the medians and their ratio to cuDNN's, returns every repetition's figures."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
+
+    from tilecore.bench.harness import interleaved_ms
 
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    fns = dict(fns, cuDNN=cudnn)
-    res = {name: [] for name in fns}
-    for _ in range(3):
-        for name, fn in fns.items():
-            res[name].append(flops / do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e9)
+    ms = interleaved_ms(dict(fns, cuDNN=cudnn), 3, warmup_ms=10, rep_ms=50)
+    res = {name: [flops / t / 1e9 for t in ts] for name, ts in ms.items()}
     med = {name: sorted(x)[1] for name, x in res.items()}
     print(f"{label}: " + ", ".join(f"{name} {m:.0f} ({m / med['cuDNN']:.3f}x)" for name, m in med.items()), flush=True)
     return res

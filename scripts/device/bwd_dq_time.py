@@ -6,6 +6,7 @@ sys.path.insert(0, ".")
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
+from tilecore.bench.harness import interleaved_ms
 from tilecore.ops.attention import kernels
 B, H, N = 16, 16, 4096
 for d, causal in ((128, True), (128, False), (64, False)):
@@ -24,13 +25,14 @@ for d, causal in ((128, True), (128, False), (64, False)):
     fns = {n: (lambda c=c: kernels.backward_into(do, q, k, v, out, lse, None, dq, dk, dv, causal, d ** -0.5, gluon=c)) for n, c in variants.items()}
     fns["cuDNN"] = lambda: o.backward(do, retain_graph=True)
     fl = 2.5 * 4 * B * H * N * N * d / (2 if causal else 1)
-    res = {n: [] for n in fns}
-    for _ in range(3):
-        for n, f in fns.items():
-            try:
-                res[n].append(fl / do_bench(f, warmup=10, rep=50, grad_to_none=[qg, kg, vg], return_mode="median") / 1e9)
-            except Exception as e:
-                print(n, type(e).__name__, str(e)[:150]); res[n].append(0.0)
+    for n, f in list(fns.items()):  # a variant that cannot run is reported and left out
+        try:
+            f()
+        except Exception as e:
+            print(n, type(e).__name__, str(e)[:150])
+            del fns[n]
+    ms = interleaved_ms(fns, 3, warmup_ms=10, rep_ms=50, grad_to_none=[qg, kg, vg])
+    res = {n: [fl / t / 1e9 for t in ts] for n, ts in ms.items()}
     med = {n: sorted(x)[1] for n, x in res.items()}
     print(f"bwd D={d} causal={causal}: " + ", ".join(f"{n} {m:.0f} ({m / med['cuDNN']:.3f}x)" for n, m in med.items()), flush=True)
     # the dq kernels alone
