@@ -4,7 +4,7 @@ each checked against float64 on sampled rows (output poisoned first), then timed
 copy_ of the same bytes (and the bench's ceiling, a copy of 1 GiB), ROUNDS interleaved rounds: median % of copy (of the per-round ratios).
 VARIANT_SETS says what each set asks.
 
-    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|programs|16384] [--out DIR]
+    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|programs|twin|16384] [--out DIR]
 """
 import argparse
 import json
@@ -14,6 +14,7 @@ import sys
 import time
 
 sys.path.insert(0, ".")
+sys.path.insert(0, "scripts/device")  # hadamard_large_probe (the twins)
 import torch  # noqa: E402
 
 from tilecore.accuracy import error_over_floor  # noqa: E402
@@ -39,14 +40,22 @@ VARIANT_SETS = {
                  "124 programs": dict(num_sms=132, programs=124, stages=4),
                  "120 programs": dict(num_sms=132, programs=120, stages=4),
                  "116 programs": dict(num_sms=132, programs=116, stages=4)},
+    # the shipped kernel's memory pattern alone (hadamard_large_probe's twins: no products; or the
+    # products without stores): the ceiling of one row per SM
+    "twin": {"shipped": dict(num_sms=132, stages=4),
+             "twin: loads and stores, no products": dict(twin=dict(num_sms=128, stages=4, copy=True)),
+             "twin: products, no stores": dict(twin=dict(num_sms=128, stages=4, copy=False, stores=2))},
     "16384": {"gluon, 4 stages": dict(num_sms=132, programs=132, stages=4),
               "gluon, 5 stages": dict(num_sms=132, programs=132, stages=5),
               "tl kernel (default at 16384)": dict(num_sms=132, gluon=False)},
 }
 
 
-def _launch(x, out, scale, gluon=True, **cfg):
-    if gluon:
+def _launch(x, out, scale, gluon=True, twin=None, **cfg):
+    if twin is not None:
+        from hadamard_large_probe import gluon_twin_launch
+        gluon_twin_launch(x, out, scale, **twin)
+    elif gluon:
         kernels.launch_gluon(x, out, scale, **cfg)
     else:
         kernels.launch(x, out, scale, interpret=False, gluon=False, **cfg)
@@ -100,7 +109,7 @@ def main():
             print(f"{dtype} {name}: all written {written}, error {err:.5f}x floor", flush=True)
             res["rows"].append(dict(dtype=str(dtype), variant=name, written=written, err=err))
             fns[name] = (lambda cfg=cfg: _launch(x, out, n ** -0.5, **cfg))
-        if args.set != "grid":
+        if args.set not in ("grid", "twin"):
             res["rows"] += _side_checks(dtype, VARIANT_SETS[args.set])
         fns["copy"] = lambda: out.copy_(x)
         # the bench's ceiling (harness.copy_ceiling): a copy of 1 GiB, twice these bytes
