@@ -4,7 +4,7 @@ each checked against float64 on sampled rows (output poisoned first), then timed
 copy_ of the same bytes (and the bench's ceiling, a copy of 1 GiB), ROUNDS interleaved rounds: median % of copy (of the per-round ratios).
 VARIANT_SETS says what each set asks.
 
-    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|programs|twin|spread|16384] [--out DIR]
+    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|programs|twin|16384] [--out DIR]
 """
 import argparse
 import json
@@ -45,10 +45,6 @@ VARIANT_SETS = {
     "twin": {"shipped": dict(num_sms=132, stages=4),
              "twin: loads and stores, no products": dict(twin=dict(num_sms=128, stages=4, copy=True)),
              "twin: products, no stores": dict(twin=dict(num_sms=128, stages=4, copy=False, stores=2))},
-    "spread": {"shipped": dict(num_sms=132, stages=4),
-               "spread stores": dict(num_sms=132, stages=4, spread=True),
-               "spread stores, 5 stages": dict(num_sms=132, stages=5, spread=True),
-               "spread stores, 132 programs": dict(num_sms=132, programs=132, stages=4, spread=True)},
     "16384": {"gluon, 4 stages": dict(num_sms=132, programs=132, stages=4),
               "gluon, 5 stages": dict(num_sms=132, programs=132, stages=5),
               "tl kernel (default at 16384)": dict(num_sms=132, gluon=False)},

@@ -65,7 +65,7 @@ def _copy_compute(g, cfg: gl.constexpr, state, top, bottom, s, bufs):
         t = top.load(layout).to(gl.float32)
     else:
         t = bottom.load(layout).to(gl.float32)
-    return gk._accumulate(4, state[0], state[1:], t, s) + state[-2:]
+    return gk._accumulate(4, state[0], state[1:], t, s) + (state[-1],)
 
 
 @gluon.jit

@@ -56,9 +56,9 @@ def _init(g, cfg: gl.constexpr, row, bufs):
     kept in the state so that _drain (which receives no buffers) can use it."""
     z = gl.zeros([LINES, LINES], gl.float32, wgmma_layout(LINES, LINES, gl.num_warps()))
     if cfg[0] == 2:
-        state = z, z, z, bufs.index(0), row
+        state = z, z, z, bufs.index(0)
     else:
-        state = z, z, z, z, z, bufs.index(0), row
+        state = z, z, z, z, z, bufs.index(0)
     return state
 
 
@@ -103,79 +103,42 @@ def _compute(g, cfg: gl.constexpr, state, top, bottom, s, bufs):
     t = _second_product(y_prev, bufs.index(0))  # issued before Y_s, so waiting for it leaves Y_s running
     first = warpgroup_mma(h, top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
     first = warpgroup_mma(h_bottom, bottom, first, is_async=True)
-    if cfg[1]:
-        _store_previous_row(g, cfg, state[-1], s)
     t, y = warpgroup_mma_wait(1, deps=(t, first))  # t is done; Y_s may still run
-    return _accumulate(cfg[0], y, state[1:], t, s - 1) + (bufs.index(0), state[-1])
+    return _accumulate(cfg[0], y, state[1:], t, s - 1) + (bufs.index(0),)
 
 
 @gluon.jit
 def _drain(g, cfg: gl.constexpr, state):
     """The row's last slice: its second product, which no later first product hides."""
     y = warpgroup_mma_wait(0, deps=(state[0],))
-    t = warpgroup_mma_wait(0, deps=(_second_product(y, state[-2]),))
-    return _accumulate(cfg[0], y, state[1:-2], t, cfg[0] - 1)
-
-
-@gluon.jit
-def _store_block(g, cfg: gl.constexpr, staging, row, j: gl.constexpr):
-    """TMA store of this consumer's output block j of ``row`` from its staging buffer."""
-    line = row * g[5] + LINES * cfg[-1] + 2 * LINES * j
-    tma.async_copy_shared_to_global(g[1], [line, 0], staging.slice(j * LINES, LINES))
-
-
-@gluon.jit
-def _store_previous_row(g, cfg: gl.constexpr, row, s):
-    """SPREAD: at slice s of ``row``, the stores of the program's previous row's blocks j with
-    max(j - 1, 0) = s (S = 4: blocks 0 and 1, then 2, then 3), so a row's output leaves while the next
-    row streams in rather than in one burst at its end."""
-    prev = row - gl.num_programs(0)
-    staging = g[6].index(cfg[-1])
-    for j in gl.static_range(cfg[0]):
-        if (s == max(j - 1, 0)) & (prev >= 0):
-            _store_block(g, cfg, staging, prev, j)
+    t = warpgroup_mma_wait(0, deps=(_second_product(y, state[-1]),))
+    return _accumulate(cfg[0], y, state[1:-1], t, cfg[0] - 1)
 
 
 @gluon.jit
 def _finish(g, cfg: gl.constexpr, state, row, staging):
-    """This consumer's S output blocks of the row: scaled, rounded once, stored by TMA (with SPREAD
-    during the program's next row, or now if there is none)."""
+    """This consumer's S output blocks of the row: scaled, rounded once, stored by TMA."""
     S: gl.constexpr = cfg[0]
-    if cfg[1]:
-        staging = g[6].index(cfg[-1])
     tma.store_wait(0)  # the previous row's stores have read the staging buffer
     for j in gl.static_range(S):
         staging.slice(j * LINES, LINES).store((state[1 + j] * g[4]).to(g[1].dtype))
     fence_async_shared()
     gl.thread_barrier()
-    if cfg[1]:
-        if row + gl.num_programs(0) >= g[3]:  # the program's last row
-            for j in gl.static_range(S):
-                _store_block(g, cfg, staging, row, j)
-    else:
-        for j in gl.static_range(S):
-            _store_block(g, cfg, staging, row, j)
+    line = row * g[5] + LINES * cfg[-1]
+    for j in gl.static_range(S):
+        tma.async_copy_shared_to_global(g[1], [line + 2 * LINES * j, 0], staging.slice(j * LINES, LINES))
 
 
 @gluon.jit
 def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, S: gl.constexpr,
-                          STAGES: gl.constexpr, SPREAD: gl.constexpr = False):
+                          STAGES: gl.constexpr):
     """scale * H_n of each of ``rows`` contiguous rows, n = 8192 S. x_desc/out_desc: the rows as
     (rows * n / 64, 64) lines with [64, 64] boxes; staging_desc: the same with [64 S, 64] boxes (only its
     shape and layout are used: a consumer's staging buffer); h_desc: three [64, 64] boxes as bf16 bits,
     H_64 in bf16, then H_64 and -H_64 in the input's dtype (kernels.gluon_args)."""
-    cfg: gl.constexpr = gl.constexpr((S, SPREAD))
-    if SPREAD:  # the staging buffers, read by compute too (the template's epilogue buffers: unused)
-        staging = gl.allocate_shared_memory(staging_desc.dtype, [2] + staging_desc.block_type.shape,
-                                            staging_desc.layout)
-        g = (x_desc, out_desc, h_desc, rows, scale, 128 * S, staging)
-        persistent_pipeline(g, cfg, x_desc, x_desc, h_desc, rows, _setup, _load, _init, _compute, _drain,
-                            _finish, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, IN_FLIGHT=1,
-                            tile_desc=h_desc, load_tile=_load_h, TILE_OPERANDS=3,
-                            TILE_SHARED=True, TILE_RESIDENT=True)
-    else:
-        g = (x_desc, out_desc, h_desc, rows, scale, 128 * S)  # the last: lines per row
-        persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, _setup, _load, _init, _compute, _drain,
-                            _finish, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, IN_FLIGHT=1,
-                            tile_desc=h_desc, load_tile=_load_h, TILE_OPERANDS=3,
-                            TILE_SHARED=True, TILE_RESIDENT=True)
+    g = (x_desc, out_desc, h_desc, rows, scale, 128 * S)  # the last: lines per row
+    cfg: gl.constexpr = gl.constexpr((S,))
+    persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, _setup, _load, _init, _compute, _drain,
+                        _finish, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, IN_FLIGHT=1,
+                        tile_desc=h_desc, load_tile=_load_h, TILE_OPERANDS=3,
+                        TILE_SHARED=True, TILE_RESIDENT=True)

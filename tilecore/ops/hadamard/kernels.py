@@ -303,15 +303,14 @@ def gluon_programs(rows: int, num_sms: int) -> int:
     return max(range(num_sms, num_sms - num_sms // 25 - 1, -1), key=last_round_fill)  # ties: more programs
 
 
-def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = 4, programs: int | None = None,
-                 spread: bool = False) -> None:
+def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = 4, programs: int | None = None) -> None:
     """out = scale * H_n x on Hopper through gluon_kernels.hadamard_gluon_kernel (see gluon_fits);
     ``programs`` overrides gluon_programs' grid."""
     from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
 
     grid = min(x.shape[0], programs or gluon_programs(x.shape[0], num_sms))
     with dispatch.on_device(x.device):
-        hadamard_gluon_kernel[(grid,)](**gluon_args(x, out, scale, stages), SPREAD=spread, num_warps=4)
+        hadamard_gluon_kernel[(grid,)](**gluon_args(x, out, scale, stages), num_warps=4)
 
 
 def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, gluon=None, **tuning) -> None:
