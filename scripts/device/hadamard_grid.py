@@ -4,7 +4,7 @@ each checked against float64 on sampled rows (output poisoned first), then timed
 copy_ of the same bytes (and the bench's ceiling, a copy of 1 GiB), ROUNDS interleaved rounds: median % of copy (of the per-round ratios).
 VARIANT_SETS says what each set asks.
 
-    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|programs|twin|16384] [--out DIR]
+    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|programs|twin|sizes|16384] [--elements E] [--out DIR]
 """
 import argparse
 import json
@@ -45,6 +45,7 @@ VARIANT_SETS = {
     "twin": {"shipped": dict(num_sms=132, stages=4),
              "twin: loads and stores, no products": dict(twin=dict(num_sms=128, stages=4, copy=True)),
              "twin: products, no stores": dict(twin=dict(num_sms=128, stages=4, copy=False, stores=2))},
+    "sizes": {"shipped": dict(num_sms=132, stages=4), "132 programs": dict(num_sms=132, programs=132, stages=4)},
     "16384": {"gluon, 4 stages": dict(num_sms=132, programs=132, stages=4),
               "gluon, 5 stages": dict(num_sms=132, programs=132, stages=5),
               "tl kernel (default at 16384)": dict(num_sms=132, gluon=False)},
@@ -89,12 +90,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--set", default="grid", choices=sorted(VARIANT_SETS))
+    ap.add_argument("--elements", type=int, default=ELEMENTS, help="elements per input (default 2^28)")
     args = ap.parse_args()
     res = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}, "rows": []}
     for dtype in (torch.float16, torch.bfloat16):
         n = 16384 if args.set == "16384" else 32768
-        rows = ELEMENTS // n
+        rows = args.elements // n
         x = torch.randn(rows, n, device="cuda", dtype=dtype)
         out = torch.empty_like(x)
         sample = torch.randint(0, rows, (16,), device="cuda").tolist() + [rows - 1]
@@ -113,12 +115,12 @@ def main():
             res["rows"] += _side_checks(dtype, VARIANT_SETS[args.set])
         fns["copy"] = lambda: out.copy_(x)
         # the bench's ceiling (harness.copy_ceiling): a copy of 1 GiB, twice these bytes
-        big = torch.empty(2 * x.numel(), device="cuda", dtype=dtype).normal_()
+        big = torch.empty(1 << 29, device="cuda", dtype=dtype).normal_()  # 1 GiB
         big_out = torch.empty_like(big)
         fns["copy 1 GiB"] = lambda: big_out.copy_(big)
         ms = interleaved_ms(fns, ROUNDS, warmup_ms=25, rep_ms=100)
         nbytes = {name: 2 * x.numel() * x.element_size() for name in ms}
-        nbytes["copy 1 GiB"] *= 2
+        nbytes["copy 1 GiB"] = 2 * big.numel() * big.element_size()
         gbs = {name: [nbytes[name] / t / 1e6 for t in ts] for name, ts in ms.items()}
         for name, xs in gbs.items():
             pct = [100 * a / c for a, c in zip(xs, gbs["copy"])]
@@ -129,7 +131,9 @@ def main():
             print(f"{dtype} {name}: {row['gbs']:.0f} GB/s, {row['pct']:.1f}% of copy ({row['lo']:.1f}-{row['hi']:.1f}),"
                   f" {row['pct_of_1gib_copy']:.1f}% of the 1 GiB copy", flush=True)
         del x, out, big, big_out
-    json.dump(res, open(os.path.join(args.out, f"hadamard_{args.set}.json"), "w"), indent=1)
+    res["meta"]["elements"] = args.elements
+    suffix = "" if args.elements == ELEMENTS else f"_{args.elements}"
+    json.dump(res, open(os.path.join(args.out, f"hadamard_{args.set}{suffix}.json"), "w"), indent=1)
 
 
 if __name__ == "__main__":
