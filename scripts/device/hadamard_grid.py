@@ -1,10 +1,11 @@
 """The large-n Gluon kernel (n = 32768; n = 16384 for the set of that name; 2^28 elements, fp16 and
-bf16) with its grid and ring depth varied,
-each checked against float64 on sampled rows (output poisoned first), then timed next to torch's
-copy_ of the same bytes (and the bench's ceiling, a copy of 1 GiB), ROUNDS interleaved rounds: median % of copy (of the per-round ratios).
-VARIANT_SETS says what each set asks.
+bf16) with its grid and ring depth varied, each checked against float64 on sampled rows (output
+poisoned first), then timed next to torch's copy_ of the same bytes (and the bench's ceiling, a copy
+of 1 GiB), ROUNDS interleaved rounds: median % of copy (of the per-round ratios). VARIANT_SETS says
+what each set asks.
 
-    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|programs|twin|sizes|16384] [--elements E] [--out DIR]
+    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|programs|twin|sizes|16384]
+        [--elements E] [--out DIR]
 """
 import argparse
 import json
@@ -128,8 +129,8 @@ def main():
             row = dict(dtype=str(dtype), variant=name, gbs=statistics.median(xs), pct=statistics.median(pct),
                        lo=min(pct), hi=max(pct), pct_of_1gib_copy=statistics.median(pct_1g), all=xs)
             res["rows"].append(row)
-            print(f"{dtype} {name}: {row['gbs']:.0f} GB/s, {row['pct']:.1f}% of copy ({row['lo']:.1f}-{row['hi']:.1f}),"
-                  f" {row['pct_of_1gib_copy']:.1f}% of the 1 GiB copy", flush=True)
+            print(f"{dtype} {name}: {row['gbs']:.0f} GB/s, {row['pct']:.1f}% of copy "
+                  f"({row['lo']:.1f}-{row['hi']:.1f}), {row['pct_of_1gib_copy']:.1f}% of the 1 GiB copy", flush=True)
         del x, out, big, big_out
     res["meta"]["elements"] = args.elements
     suffix = "" if args.elements == ELEMENTS else f"_{args.elements}"
