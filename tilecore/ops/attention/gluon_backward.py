@@ -37,8 +37,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from tilecore.tiles.gluon import (head_grouped_tile, mask_scores, needs_mask, persistent_pipeline, tma_reduce_add,
-                                  wgmma_layout)
+from tilecore.tiles.gluon import (head_grouped_tile, mask_scores, needs_mask, persistent_pipeline, split_n,
+                                  tma_reduce_add, wgmma_layout)
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
@@ -106,16 +106,16 @@ def _stats_layout(num_warps):
 
 
 @gluon.jit
-def _row_stats(g, cfg: gl.constexpr, tile, kk):
+def _row_stats(g, cfg: gl.constexpr, tile, kk, first=0, ROWS: gl.constexpr = 0):
     """lse and delta of step kk's query rows, in the compact layout (with PREFETCH loaded a step
     ahead, so that their latency hides under the previous step's matmuls; _stats_as_columns spreads
     them over S^T's columns when the softmax needs them). Rows past N, and every row when kk is past
     the tile's last step, read lse = +inf (so p = 0) and delta = 0; so does a row with no key
-    (lse = -inf)."""
-    BM: gl.constexpr = cfg[1]
+    (lse = -inf). ``first``, ``ROWS``: only the step's rows first .. first + ROWS - 1 (0: all)."""
+    BM: gl.constexpr = cfg[1] if ROWS == 0 else ROWS
     b, hk = _kv_head(g, tile[1])
     h, start_m = _step_rows(g, cfg, tile, kk)
-    rows = start_m + gl.arange(0, BM, layout=_stats_layout(gl.num_warps()))
+    rows = start_m + first + gl.arange(0, BM, layout=_stats_layout(gl.num_warps()))
     ok = (rows < g[10]) & (kk < tile[3] * g[12])
     offs = (b * g[9] + h).to(gl.int64) * g[10] + rows
     lse = gl.load(g[6] + offs, mask=ok, other=float("inf"))
@@ -124,11 +124,10 @@ def _row_stats(g, cfg: gl.constexpr, tile, kk):
 
 
 @gluon.jit
-def _stats_as_columns(cfg: gl.constexpr, v):
-    """A compact [BM] vector of row statistics as S^T's columns (a layout conversion through shared
-    memory; held as columns from the load on, lse and delta took 32 registers a thread, which spilled
-    at D = 128)."""
-    st_layout: gl.constexpr = wgmma_layout(cfg[2], cfg[1], gl.num_warps())
+def _stats_as_columns(v, st_layout: gl.constexpr):
+    """A compact vector of row statistics as the columns of S^T (in ``st_layout``): a layout
+    conversion through shared memory (held as columns from the load on, lse and delta took 32
+    registers a thread, which spilled at D = 128)."""
     return gl.convert_layout(v, gl.SliceLayout(0, st_layout))
 
 
@@ -151,12 +150,10 @@ def _operand_layout(rows, cols, num_warps):
 
 @gluon.jit
 def _probabilities(g, cfg: gl.constexpr, s_t, lse, start_n, start_m):
-    """P^T (keys x queries) from the scores S^T and the rows' lse (natural log; +inf for rows that
-    must get p = 0)."""
-    BN: gl.constexpr = cfg[2]
-    BM: gl.constexpr = cfg[1]
-    st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
-    if needs_mask(start_m, start_n, BN, g[10], g[11], cfg[0]):
+    """P^T (keys x queries) from the scores S^T (keys from start_n, queries from start_m) and the
+    rows' lse as its columns (natural log; +inf for rows that must get p = 0)."""
+    st_layout: gl.constexpr = s_t.type.layout
+    if needs_mask(start_m, start_n, s_t.shape[0], g[10], g[11], cfg[0]):
         s_t = mask_scores(s_t, st_layout, start_m, start_n, g[10], g[11], cfg[0], KEY_AXIS=0)
     return gl.exp2(s_t * g[14] - gl.expand_dims(lse * LOG2E, 0))
 
@@ -229,8 +226,8 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
         dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)
     if not PREFETCH:  # this step's rows now (under S and dP), not a step ahead
         lse, delta = _row_stats(g, cfg, tile, kk)
-    lse_cols = _stats_as_columns(cfg, lse)
-    delta_cols = _stats_as_columns(cfg, delta)
+    lse_cols = _stats_as_columns(lse, st_layout)
+    delta_cols = _stats_as_columns(delta, st_layout)
     if MODE == 2:
         s_t, dp_t = warpgroup_mma_wait(1, deps=(s_tok, dp_tok))  # dQ may still run
     else:
@@ -301,6 +298,157 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
         fence_async_shared()
         gl.thread_barrier()
         tma.async_copy_shared_to_global(g[5 - which], [b, hk, start_n, 0], out_smem)
+
+
+# The query split (FlashAttention-3's layout at D = 64): a step of BM queries, consumer c owns
+# queries [c BM/2, (c + 1) BM/2) of it for S, dP and dQ, and keys [c BN, (c + 1) BN) of the tile for
+# dK and dV. P^T and dS^T pass through shared memory, where each consumer writes its queries' columns
+# and reads its keys' rows:
+#
+#     S^T_c  = K Q_c^T,  dP^T_c = V dO_c^T          [2 BN keys, BM/2 queries], wgmma with M = 2 BN
+#     dV_c  += P^T[keys c, :] dO,  dK_c += dS^T[keys c, :] Q    all queries of the step (K = BM)
+#     dQ_c   = scale * dS[queries c, :] K                       all keys of the tile (K = 2 BN)
+#
+# Every product is m64 n64 with K of 64 or 128, where the key split's dQ was m64 n32 (each consumer
+# half of dQ's columns) and the step half as long; the consumers meet once a step, as with "fused".
+# ``g`` gains (p_smem, ds_smem, ds_full, ds_free, dq_staging) at 17..21 (ds_smem at 18, not 17).
+
+
+@gluon.jit
+def _init_split(g, cfg: gl.constexpr, tile, kv_smem):
+    BN: gl.constexpr = cfg[2]
+    D: gl.constexpr = cfg[3]
+    HM: gl.constexpr = cfg[1] // 2
+    acc_layout: gl.constexpr = wgmma_layout(BN, D, gl.num_warps())
+    dk = gl.zeros([BN, D], gl.float32, acc_layout)
+    dv = gl.zeros([BN, D], gl.float32, acc_layout)
+    lse, delta = _row_stats(g, cfg, tile, 0, cfg[6] * HM, HM)
+    return dk, dv, tile, lse, delta
+
+
+@gluon.jit
+def _add_dq_split(g, cfg: gl.constexpr, tile, kk, dq):
+    """Add scale * dq (this consumer's BM/2 rows of step kk, every column) to the float32 dQ: through
+    this consumer's two staging buffers (the column halves, 128-byte rows), two TMA reductions."""
+    HM: gl.constexpr = cfg[1] // 2
+    DH: gl.constexpr = cfg[3] // 2
+    c: gl.constexpr = cfg[6]
+    b, hk = _kv_head(g, tile[1])
+    h, start_m = _step_rows(g, cfg, tile, kk)
+    lo, hi = split_n(dq * g[13])
+    tma.store_wait(0)  # the previous reductions have read the buffers
+    g[21].index(2 * c).reshape([HM, DH]).store(lo)
+    g[21].index(2 * c + 1).reshape([HM, DH]).store(hi)
+    fence_async_shared()
+    gl.thread_barrier()
+    for j in gl.static_range(2):
+        tma_reduce_add(g[8], [b, h, start_m + c * HM, j * DH], g[21].index(2 * c + j))
+
+
+@gluon.jit
+def _compute_split(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
+    """One step of the query split (see above). The shared P^T and dS^T are single buffers: a
+    consumer writes step i's columns once both have finished step i - 1's products (ds_free), and
+    issues its products once both have written (ds_full)."""
+    BM: gl.constexpr = cfg[1]
+    BN: gl.constexpr = cfg[2]
+    D: gl.constexpr = cfg[3]
+    PREFETCH: gl.constexpr = cfg[5]
+    c: gl.constexpr = cfg[6]
+    PARTS: gl.constexpr = cfg[4]
+    HM: gl.constexpr = BM // 2
+    dk, dv, tile, lse, delta = state
+    h, start_m = _step_rows(g, cfg, tile, kk)
+    q = q_smem.reshape([BM, D])
+    do = do_smem.reshape([BM, D])
+    k = kv_smem.index(0).reshape([2 * BN, D])
+    v = kv_smem.index(1).reshape([2 * BN, D])
+    p_smem = g[17]
+    ds_smem = g[18]
+
+    if not PREFETCH:
+        lse, delta = _row_stats(g, cfg, tile, kk, c * HM, HM)
+    q_t = q.slice(c * HM, HM).permute((1, 0))
+    do_t = do.slice(c * HM, HM).permute((1, 0))
+    if PARTS == 1:  # all keys at once: S^T and dP^T of [2 BN, BM/2] (64 registers each)
+        st_layout: gl.constexpr = wgmma_layout(2 * BN, HM, gl.num_warps())
+        zeros = gl.zeros([2 * BN, HM], gl.float32, st_layout)
+        s_tok = warpgroup_mma(k, q_t, zeros, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(v, do_t, zeros, use_acc=False, is_async=True)
+        lse_cols = _stats_as_columns(lse, st_layout)
+        s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+        p_t = _probabilities(g, cfg, s_t, lse_cols, tile[0], start_m + c * HM)
+        delta_cols = _stats_as_columns(delta, st_layout)
+        dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
+        ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
+        mbarrier.wait(g[20].index(0), (i & 1) ^ 1)  # both consumers are done with step i - 1's P^T, dS^T
+        p_smem.index(c).store(p_t.to(q_smem.dtype))
+        ds_smem.index(c).store(ds_t.to(q_smem.dtype))
+    else:  # the keys by halves, one after the other (half the registers)
+        st_layout: gl.constexpr = wgmma_layout(BN, HM, gl.num_warps())
+        zeros = gl.zeros([BN, HM], gl.float32, st_layout)
+        for half in gl.static_range(2):
+            s_tok = warpgroup_mma(k.slice(half * BN, BN), q_t, zeros, use_acc=False, is_async=True)
+            dp_tok = warpgroup_mma(v.slice(half * BN, BN), do_t, zeros, use_acc=False, is_async=True)
+            lse_cols = _stats_as_columns(lse, st_layout)
+            s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+            p_t = _probabilities(g, cfg, s_t, lse_cols, tile[0] + half * BN, start_m + c * HM)
+            delta_cols = _stats_as_columns(delta, st_layout)
+            dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
+            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
+            if half == 0:
+                mbarrier.wait(g[20].index(0), (i & 1) ^ 1)  # both are done with step i - 1's P^T, dS^T
+            p_smem.index(c).slice(half * BN, BN).store(p_t.to(q_smem.dtype))
+            ds_smem.index(c).slice(half * BN, BN).store(ds_t.to(q_smem.dtype))
+    fence_async_shared()
+    mbarrier.arrive(g[19].index(0))
+    if PREFETCH:  # the next step's rows, while the other consumer catches up
+        lse, delta = _row_stats(g, cfg, tile, kk + 1, c * HM, HM)
+    mbarrier.wait(g[19].index(0), i & 1)  # both halves written
+    dq_tok = warpgroup_mma(ds_smem.index(c).permute((1, 0)), k,
+                           gl.zeros([HM, D], gl.float32, wgmma_layout(HM, D, gl.num_warps())), use_acc=False,
+                           is_async=True)
+    dv_tok = warpgroup_mma(p_smem.index(0).slice(c * BN, BN), do.slice(0, HM), dv, is_async=True)
+    dv_tok = warpgroup_mma(p_smem.index(1).slice(c * BN, BN), do.slice(HM, HM), dv_tok, is_async=True)
+    dk_tok = warpgroup_mma(ds_smem.index(0).slice(c * BN, BN), q.slice(0, HM), dk, is_async=True)
+    dk_tok = warpgroup_mma(ds_smem.index(1).slice(c * BN, BN), q.slice(HM, HM), dk_tok, is_async=True)
+    dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
+    mbarrier.arrive(g[20].index(0))
+    _add_dq_split(g, cfg, tile, kk, dq)
+    return dk, dv, tile, lse, delta
+
+
+@gluon.jit
+def attention_bwd_split_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N,
+                               Nk, GROUP, scale, scale_log2e, num_bhk, head_group, schedule, CAUSAL: gl.constexpr,
+                               STAGES: gl.constexpr, PREFETCH: gl.constexpr, PARTS: gl.constexpr = 1):
+    """dK, dV and dQ (added to dq_desc's float32 tensor) with the query split (see above): steps of
+    q_desc's block rows, tiles of k_desc's; 2 consumer warpgroups of 4 warps and a producer warp.
+    PARTS: S^T and dP^T of the tile's keys at once (1) or by halves (2)."""
+    BM: gl.constexpr = q_desc.block_type.shape[2]
+    BN: gl.constexpr = dk_desc.block_type.shape[2]  # one consumer's keys; k_desc's block holds both
+    D: gl.constexpr = q_desc.block_type.shape[3]
+    gl.static_assert(k_desc.block_type.shape[2] == 2 * BN, "K and V blocks hold both consumers' keys")
+    gl.static_assert(dq_desc.block_type.shape[2] == BM // 2, "a dQ reduction holds one consumer's rows")
+    # P^T and dS^T of the step: [2 BN keys, BM/2 queries] of each consumer, written by it, read by both
+    p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM // 2], _ds_layout(q_desc.dtype))
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM // 2], _ds_layout(q_desc.dtype))
+    ds_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(ds_full.index(0), count=2)
+    mbarrier.init(ds_free.index(0), count=2)
+    # each consumer's dQ rows on their way to the TMA reductions, as two column halves
+    dq_staging = gl.allocate_shared_memory(dq_desc.dtype, [4] + dq_desc.block_type.shape, dq_desc.layout)
+    g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N, Nk, GROUP, scale,
+         scale_log2e, num_bhk, head_group, p_smem, ds_smem, ds_full, ds_free, dq_staging)
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, PARTS, PREFETCH))  # cfg[4]: PARTS, not DQ
+    num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
+    persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init_split, _compute_split,
+                        _drain, _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240, IN_FLIGHT=0,
+                        tile_desc=k_desc, load_tile=_load_kv, TILE_OPERANDS=2, TILE_SHARED=True, STEP_INDEX=True,
+                        schedule=schedule)
+    mbarrier.invalidate(ds_full.index(0))
+    mbarrier.invalidate(ds_free.index(0))
 
 
 @gluon.constexpr_function

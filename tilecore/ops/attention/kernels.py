@@ -456,9 +456,10 @@ GLUON_BACKWARD = {(64, False): dict(block_m=64, block_n=64, stages=2, dq_from="o
                   (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="gluon", prefetch=True)}
 
 
-def dq_box(block_m: int, d: int) -> list[int]:
-    """The TMA box of one dQ reduction: a consumer's half of the columns of a step's rows."""
-    return [1, 1, block_m, d // 2]
+def dq_box(block_m: int, d: int, split: str = "keys") -> list[int]:
+    """The TMA box of one dQ reduction: half the columns (128-byte rows at D = 64) of a step's rows
+    (split "keys"), or of a consumer's half of them ("queries")."""
+    return [1, 1, block_m if split == "keys" else block_m // 2, d // 2]
 
 
 def gluon_backward_fits(dout, q, k, v, scale: float) -> bool:
@@ -481,15 +482,22 @@ def backward_delta(out, dout, lse, dlse, *, dq_sum: bool = False):
 
 def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
                    block_n: int, stages: int, dq_from: str = "fused", prefetch: bool = True,
-                   balanced: bool = True, dq_config: dict | None = None) -> None:
+                   balanced: bool = True, dq_config: dict | None = None, split: str = "keys",
+                   parts: int = 1) -> None:
     """The Gluon backward: the preprocess, then dk and dv, and dq: with ``dq_from`` "fused" or
     "overlapped" in the same kernel (through a float32 buffer that its TMA reductions add to, each
     consumer half of the columns), "gluon" by gluon_dq.py's kernel after it (``dq_config``: its
-    blocks, GLUON_DQ by default), "tl" by the tl dq kernel."""
+    blocks, GLUON_DQ by default), "tl" by the tl dq kernel. ``split``: what each consumer owns,
+    "keys" (half the tile's keys, for everything) or "queries" (half of each step's queries for S,
+    dP and dQ, half the keys for dK and dV; dQ "fused" only; ``parts``: its S^T and dP^T at once
+    (1) or by halves of the keys (2)): gluon_backward.py."""
+    if split not in ("keys", "queries") or (split == "queries" and dq_from != "fused"):
+        raise ValueError(f"split is 'keys' or 'queries' (with dq_from 'fused'); got {split!r}, {dq_from!r}")
     fused_dq = DQ_MODES[dq_from] > 0
     delta, dq_sum = backward_delta(out, dout, lse, dlse, dq_sum=fused_dq)
     backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal, scale, block_m=block_m,
-                          block_n=block_n, stages=stages, dq_from=dq_from, prefetch=prefetch, balanced=balanced)
+                          block_n=block_n, stages=stages, dq_from=dq_from, prefetch=prefetch, balanced=balanced,
+                          split=split, parts=parts)
     if fused_dq:
         dq.copy_(dq_sum)
     elif dq_from == "gluon":
@@ -500,11 +508,13 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
 
 
 def backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
-                          block_n: int, stages: int, dq_from: str, prefetch: bool, balanced: bool = True) -> None:
+                          block_n: int, stages: int, dq_from: str, prefetch: bool, balanced: bool = True,
+                          split: str = "keys", parts: int = 1) -> None:
     """The Gluon backward kernel alone: dk, dv, and with ``dq_from`` "fused" or "overlapped" scale *
     dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder otherwise); ``balanced`` (causal):
-    the programs take their tiles from a balanced schedule, not round-robin."""
-    from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
+    the programs take their tiles from a balanced schedule, not round-robin; ``split``: see
+    backward_gluon."""
+    from tilecore.ops.attention.gluon_backward import attention_bwd_kernel, attention_bwd_split_kernel
 
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -516,6 +526,12 @@ def backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal: boo
     schedule = (causal_schedule(q.device, "backward", N, Nk, block_m, 2 * block_n, B * Hkv, head_group, group,
                                 grid[0]) if causal and balanced else None)
     with dispatch.on_device(q.device):
+        if split == "queries":
+            return attention_bwd_split_kernel[grid](
+                desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m), desc(dk, block_n),
+                desc(dv, block_n), lse, delta, gluon_descriptor(dq_sum, dq_box(block_m, D, split)), H, N, Nk, group,
+                scale, scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages, PREFETCH=prefetch,
+                PARTS=parts, num_warps=4)
         attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
                                    desc(dk, block_n), desc(dv, block_n), lse, delta,
                                    gluon_descriptor(dq_sum, dq_box(block_m, D)), H, N, Nk, group, scale,

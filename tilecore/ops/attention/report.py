@@ -98,11 +98,12 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
     with whether its PTX holds wgmma, TMA and the TMA reduction of dQ, and whether ptxas serialized
     its wgmma."""
     from tilecore.ops.attention import kernels
-    from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
+    from tilecore.ops.attention.gluon_backward import attention_bwd_kernel, attention_bwd_split_kernel
     from tilecore.tiles.compile import has_hopper_instructions, resources
     from tilecore.tiles.launch import gluon_descriptor
 
     cfg = dict(cfg or kernels.GLUON_BACKWARD[d, causal])
+    split = cfg.get("split", "keys")
     x = torch.empty(2, 2, 256, d, dtype=dtype)
     dq_sum = torch.empty(2, 2, 256, d, dtype=torch.float32)
     desc = functools.partial(kernels._head_descriptor, x)  # as backward_gluon_kernel builds them
@@ -110,13 +111,19 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
     bm, bn = cfg["block_m"], cfg["block_n"]
     f32 = torch.empty(64, dtype=torch.float32)
     args = dict(q_desc=desc(bm), k_desc=desc(2 * bn), v_desc=desc(2 * bn), do_desc=desc(bm), dk_desc=desc(bn),
-                dv_desc=desc(bn), lse_ptr=f32, delta_ptr=f32, dq_desc=gluon_descriptor(dq_sum, kernels.dq_box(bm, d)),
-                H=16, N=4096, Nk=4096, GROUP=1, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8,
-                schedule=_schedule(causal, cfg), CAUSAL=causal,
-                STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]], PREFETCH=cfg["prefetch"])
-    compiled = _compile(attention_bwd_kernel, args, {"num_warps": 4})
+                dv_desc=desc(bn), lse_ptr=f32, delta_ptr=f32,
+                dq_desc=gluon_descriptor(dq_sum, kernels.dq_box(bm, d, split)), H=16, N=4096, Nk=4096, GROUP=1,
+                scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, schedule=_schedule(causal, cfg),
+                CAUSAL=causal, STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]], PREFETCH=cfg["prefetch"])
+    if split == "queries":
+        del args["DQ"]  # always fused
+        args["PARTS"] = cfg.get("parts", 1)
+        compiled = _compile(attention_bwd_split_kernel, args, {"num_warps": 4})
+    else:
+        compiled = _compile(attention_bwd_kernel, args, {"num_warps": 4})
     ptx = compiled.asm["ptx"]
-    return dict(kernel="backward (gluon)", D=d, causal=causal, cfg=cfg, **vars(resources(compiled)),
+    name = "backward (gluon, query split)" if split == "queries" else "backward (gluon)"
+    return dict(kernel=name, D=d, causal=causal, cfg=cfg, **vars(resources(compiled)),
                 **has_hopper_instructions(ptx), tma_reduce="cp.reduce.async.bulk.tensor" in ptx)
 
 

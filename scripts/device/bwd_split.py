@@ -1,0 +1,133 @@
+"""The backward's query split (gluon_backward.attention_bwd_split_kernel: each consumer owns half of
+a step's queries for S, dP and dQ and half the tile's keys for dK and dV, P^T and dS^T through
+shared memory) against the shipped key split, D = 64.
+
+1. check: every variant on small GQA shapes with tails (and, causal, rows with no key) against a
+   float64 reference, gradients NaN-poisoned first: error over the rounding floor, all written.
+2. time: B16 H16 bf16 at N = --lengths, every variant next to cuDNN's backward, --rounds interleaved
+   rounds; median TFLOP/s and the median (min-max) of the per-round ratios to cuDNN.
+
+    PYTHONPATH=. python3 scripts/device/bwd_split.py [--out DIR] [--lengths 4096] [--rounds 5]
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, ".")
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from tilecore.accuracy import error_over_floor  # noqa: E402
+from tilecore.bench.harness import interleaved_ms  # noqa: E402
+from tilecore.ops.attention import kernels  # noqa: E402
+from tilecore.ops.attention.reference import attention_reference  # noqa: E402
+
+D = 64
+SPLIT = dict(block_m=128, block_n=64, stages=2, dq_from="fused", split="queries")
+
+
+def variants(causal):
+    return {"shipped": dict(kernels.GLUON_BACKWARD[D, causal]),
+            "split": dict(SPLIT, prefetch=True, parts=1),
+            "split, no prefetch": dict(SPLIT, prefetch=False, parts=1),
+            "split, halves": dict(SPLIT, prefetch=True, parts=2),
+            "split, halves, no prefetch": dict(SPLIT, prefetch=False, parts=2)}
+
+
+def meta():
+    import triton
+    from tilecore import env
+    p = torch.cuda.get_device_properties(0)
+    return {"gpu": p.name, "sms": p.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": torch.version.cuda, "source": env.source_digest(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+
+
+def check(res):
+    ok_all = True
+    for causal in (False, True):
+        for dtype, (b, hq, hkv, n, nk) in ((torch.bfloat16, (2, 4, 2, 700, 900)), (torch.bfloat16, (1, 4, 1, 1000, 300)),
+                                           (torch.float16, (1, 2, 2, 4097, 4097)), (torch.bfloat16, (2, 2, 2, 1, 17)),
+                                           (torch.bfloat16, (1, 2, 2, 129, 257))):
+            g = torch.Generator(device="cuda").manual_seed(D + causal + n)
+            mk = lambda h, length: torch.randn(b, h, length, D, device="cuda", dtype=dtype, generator=g)
+            q, k, v, do = mk(hq, n), mk(hkv, nk), mk(hkv, nk), mk(hq, n)
+            q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+            ro, rl = attention_reference(q64, k64, v64, causal=causal)
+            ref = torch.autograd.grad(ro, (q64, k64, v64), do.double())
+            out, lse = torch.empty_like(q), torch.empty(b, hq, n, device="cuda")
+            kernels.forward_into(q, k, v, out, lse, causal, D ** -0.5)
+            line = []
+            for name, cfg in variants(causal).items():
+                grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+                kernels.backward_into(do, q, k, v, out, lse, None, *grads, causal, D ** -0.5, gluon=cfg)
+                errs = [error_over_floor(x, r) for x, r in zip(grads, ref)]
+                written = not any(x.isnan().any().item() for x in grads)
+                ok = max(errs) < 4 and written
+                ok_all &= ok
+                res["check"].append(dict(variant=name, causal=causal, dtype=str(dtype), shape=[b, hq, hkv, n, nk],
+                                         dq=errs[0], dk=errs[1], dv=errs[2], written=written))
+                line.append(f"{name} {errs[0]:.2f}/{errs[1]:.2f}/{errs[2]:.2f}{'' if ok else ' FAIL'}")
+            print(f"check causal={causal} {str(dtype)[6:]} B{b} H{hq}/{hkv} N{n} Nk{nk} (dq/dk/dv err/floor): "
+                  + "; ".join(line), flush=True)
+    return ok_all
+
+
+def time_all(res, lengths, rounds):
+    for causal in (False, True):
+        for n in lengths:
+            b = 16 * 4096 // n
+            H = 16
+            q, k, v, do = (torch.randn(b, H, n, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            out, lse = torch.empty_like(q), torch.empty(b, H, n, device="cuda")
+            kernels.forward_into(q, k, v, out, lse, causal, D ** -0.5)
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+            fns = {name: (lambda c=cfg: kernels.backward_into(do, q, k, v, out, lse, None, dq, dk, dv, causal,
+                                                                D ** -0.5, gluon=c))
+                   for name, cfg in variants(causal).items()}
+            fns["cuDNN"] = lambda: o.backward(do, retain_graph=True)
+            fl = 2.5 * 4 * b * H * n * n * D / (2 if causal else 1)
+            ms = interleaved_ms(fns, rounds, warmup_ms=10, rep_ms=50, grad_to_none=[qg, kg, vg])
+            tf = {name: [fl / t / 1e9 for t in ts] for name, ts in ms.items()}
+            row = {}
+            for name, xs in tf.items():
+                ratios = [x / c for x, c in zip(xs, tf["cuDNN"])]
+                row[name] = dict(tflops=statistics.median(xs), ratio=statistics.median(ratios), lo=min(ratios),
+                                 hi=max(ratios))
+            res["time"][f"N{n}{' causal' if causal else ''}"] = row
+            print(f"time D{D} N{n} causal={causal}: " + ", ".join(
+                f"{nm} {r['tflops']:.0f} ({r['ratio']:.3f}x, {r['lo']:.2f}-{r['hi']:.2f})" for nm, r in row.items()),
+                flush=True)
+            del q, k, v, do, out, lse, dq, dk, dv, qg, kg, vg, o
+            torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--lengths", default="4096")
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    res = {"meta": meta(), "check": [], "time": {}}
+    ok = check(res)
+    json.dump(res, open(os.path.join(args.out, "bwd_split.json"), "w"), indent=1)
+    if not ok:
+        print("CHECK FAILED: not timed")
+        return 1
+    time_all(res, [int(x) for x in args.lengths.split(",")], args.rounds)
+    json.dump(res, open(os.path.join(args.out, "bwd_split.json"), "w"), indent=1)
+    print("\nsummary: ratio to cuDNN (median of rounds)")
+    for case, row in res["time"].items():
+        print(f"{case}: " + "; ".join(f"{nm} {r['ratio']:.3f}" for nm, r in row.items() if nm != "cuDNN"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
