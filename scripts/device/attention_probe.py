@@ -414,7 +414,7 @@ def backward_parts(out_dir):
     rows = []
     for d in (64, 128):
         for causal in (False, True):
-            cfg = dict(kernels.GLUON_BACKWARD[d, causal])
+            cfg = kernels.key_split_config(d, causal)  # its dQ modes below
             q, k, v, do = _inputs(d)
             qd, kd, vd = q.detach(), k.detach(), v.detach()
             out, lse = torch.empty_like(qd), torch.empty(B, H, N, device="cuda")

@@ -1,4 +1,4 @@
-"""The backward with its dQ from the Gluon dq kernel (gluon_dq.py) against the launcher's choice,
+"""The backward with its dQ from the Gluon dq kernel (gluon_dq.py) against the launcher's key-split config,
 B16 H16 N4096 bf16, next to cuDNN's backward, three interleaved repetitions (medians); then the dq
 kernels alone (tl and Gluon). One GPU call: PYTHONPATH=. python3 scripts/device/bwd_dq_time.py"""
 import sys, torch
@@ -14,7 +14,7 @@ for d, causal in ((128, True), (128, False), (64, False)):
     out, lse = torch.empty_like(q), torch.empty(B, H, N, device="cuda")
     kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    base = dict(kernels.GLUON_BACKWARD[d, causal])
+    base = kernels.key_split_config(d, causal)
     variants = {"default": base, "gluon dq": dict(base, dq_from="gluon"),
                 "gluon dq, dk/dv 3 stages": dict(base, dq_from="gluon", stages=3),
                 "gluon dq, dk/dv no prefetch": dict(base, dq_from="gluon", prefetch=False),

@@ -242,3 +242,18 @@ def test_bad_input_names_what_is_accepted(args, kwargs, error, words):
     (128, 512, 4096, True, {}), (128, 4097, 1000, True, dict(block_n=64))])  # causal, N != Nk: keys a row sees
 def test_gluon_forward_config_per_head_dim_and_length(d, n, nk, causal, options):
     assert kernels.gluon_forward_config(d, n, nk, causal) == kernels.GLUON_FORWARD[d] | options
+
+
+def test_gluon_backward_configs_pair_the_query_split_with_its_fused_dq():
+    """The query split always adds its own dQ: every config that names it fuses dQ and steps over two
+    consumers' worth of query rows; the probes and the deterministic mode get a key split instead."""
+    for (d, causal), cfg in kernels.GLUON_BACKWARD.items():
+        if cfg.get("split") == "queries":
+            assert cfg["dq_from"] == "fused" and cfg["block_m"] == 128, cfg
+        assert kernels.key_split_config(d, causal).get("split", "keys") == "keys"
+    assert kernels.dq_box(128, 64, "queries") == [1, 1, 64, 32] and kernels.dq_box(64, 64) == [1, 1, 64, 32]
+    x = torch.randn(1, 1, 8, 64, dtype=torch.float16)
+    lse = torch.zeros(1, 1, 8)
+    with pytest.raises(ValueError, match="queries"):
+        kernels.backward_gluon(x, x, x, x, x, lse, None, x, x, x, False, 0.125, block_m=128, block_n=64, stages=2,
+                               dq_from="overlapped", split="queries")

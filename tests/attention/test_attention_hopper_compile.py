@@ -23,7 +23,8 @@ def test_every_kernel_and_head_dim_compiles(report):
         ("forward (gluon)", 64), ("forward (gluon)", 128), ("forward (gluon, ping-pong)", 128),
         ("forward (gluon, short tiles)", 128), ("forward (gluon, carried)", 64), ("forward (gluon, carried)", 128),
         ("forward (gluon, 3 consumers)", 64),
-        ("backward (gluon)", 64), ("backward (gluon)", 128), ("backward dq (gluon)", 64), ("backward dq (gluon)", 128)}
+        ("backward (gluon)", 64), ("backward (gluon)", 128), ("backward (gluon, query split)", 64),
+        ("backward dq (gluon)", 64), ("backward dq (gluon)", 128)}
 
 
 def test_gluon_forward_holds_wgmma_and_tma_and_is_not_serialized(report):
@@ -46,8 +47,8 @@ def test_gluon_dq_holds_wgmma_and_tma_and_is_not_serialized(report):
 
 
 def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(report):
-    gluon = [r for r in report if r["kernel"] == "backward (gluon)"]
-    assert len(gluon) == 4  # D 64 and 128, causal and not
+    gluon = [r for r in report if r["kernel"].startswith("backward (gluon")]
+    assert len(gluon) == 4  # D 64 (the query split without a mask) and 128, causal and not
     for r in gluon:
         assert r["wgmma"] and r["tma"] and r["mbarrier"], r
         # dq is summed by TMA reductions where the kernel computes it (at D = 128 causal the Gluon
@@ -66,7 +67,11 @@ def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(
 # Three consumers at D = 64 have 160 registers a thread: causal (the per-consumer key-block count
 # and the balanced schedule's tile ids add a little) spills 60 bytes and was still 4-5% faster than
 # two consumers at N = 16384 on the H100 (notes/attention.md, session 9)
+# The query split at D = 64 (S^T and dP^T by halves of the tile's keys) spills 140-160 bytes of
+# scalars (addresses and loop counters, reloaded once a step); still 5-8% faster than the key split
+# without a mask on the H100 (notes/attention.md, session 12)
 SPILL_BYTES_ALLOWED = {("backward dk/dv", 128): 64, ("backward (gluon)", 64): 8, ("backward (gluon)", 128): 320,
+                       ("backward (gluon, query split)", 64): 192,
                        ("forward (gluon, 3 consumers)", 64): 64}
 
 

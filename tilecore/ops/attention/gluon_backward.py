@@ -305,12 +305,14 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
 # dK and dV. P^T and dS^T pass through shared memory, where each consumer writes its queries' columns
 # and reads its keys' rows:
 #
-#     S^T_c  = K Q_c^T,  dP^T_c = V dO_c^T          [2 BN keys, BM/2 queries], wgmma with M = 2 BN
+#     S^T_c  = K Q_c^T,  dP^T_c = V dO_c^T          [2 BN keys, BM/2 queries], by halves of the keys
 #     dV_c  += P^T[keys c, :] dO,  dK_c += dS^T[keys c, :] Q    all queries of the step (K = BM)
 #     dQ_c   = scale * dS[queries c, :] K                       all keys of the tile (K = 2 BN)
 #
-# Every product is m64 n64 with K of 64 or 128, where the key split's dQ was m64 n32 (each consumer
-# half of dQ's columns) and the step half as long; the consumers meet once a step, as with "fused".
+# With BM = 128 every product is m64 n64 with K of 64 or 128, where the key split's dQ is m64 n32
+# (each consumer half of dQ's columns) and its step half as long; the consumers meet once a step, as
+# with "fused". On the H100 at D = 64 it ran 5-8% faster than the key split without a causal mask and
+# 4-7% slower with one (notes/attention.md, session 12): GLUON_BACKWARD picks it where it wins.
 # ``g`` gains (p_smem, ds_smem, ds_full, ds_free, dq_staging) at 17..21 (ds_smem at 18, not 17).
 
 
@@ -355,7 +357,6 @@ def _compute_split(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i)
     D: gl.constexpr = cfg[3]
     PREFETCH: gl.constexpr = cfg[5]
     c: gl.constexpr = cfg[6]
-    PARTS: gl.constexpr = cfg[4]
     HM: gl.constexpr = BM // 2
     dk, dv, tile, lse, delta = state
     h, start_m = _step_rows(g, cfg, tile, kk)
@@ -370,36 +371,23 @@ def _compute_split(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i)
         lse, delta = _row_stats(g, cfg, tile, kk, c * HM, HM)
     q_t = q.slice(c * HM, HM).permute((1, 0))
     do_t = do.slice(c * HM, HM).permute((1, 0))
-    if PARTS == 1:  # all keys at once: S^T and dP^T of [2 BN, BM/2] (64 registers each)
-        st_layout: gl.constexpr = wgmma_layout(2 * BN, HM, gl.num_warps())
-        zeros = gl.zeros([2 * BN, HM], gl.float32, st_layout)
-        s_tok = warpgroup_mma(k, q_t, zeros, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(v, do_t, zeros, use_acc=False, is_async=True)
+    # the tile's keys by halves, one after the other: S^T and dP^T of all 2 BN keys at once (64
+    # registers each) spilled 460-630 bytes and ran 8-14% slower on the H100 (notes/attention.md)
+    st_layout: gl.constexpr = wgmma_layout(BN, HM, gl.num_warps())
+    zeros = gl.zeros([BN, HM], gl.float32, st_layout)
+    for half in gl.static_range(2):
+        s_tok = warpgroup_mma(k.slice(half * BN, BN), q_t, zeros, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(v.slice(half * BN, BN), do_t, zeros, use_acc=False, is_async=True)
         lse_cols = _stats_as_columns(lse, st_layout)
         s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-        p_t = _probabilities(g, cfg, s_t, lse_cols, tile[0], start_m + c * HM)
+        p_t = _probabilities(g, cfg, s_t, lse_cols, tile[0] + half * BN, start_m + c * HM)
         delta_cols = _stats_as_columns(delta, st_layout)
         dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
         ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-        mbarrier.wait(g[20].index(0), (i & 1) ^ 1)  # both consumers are done with step i - 1's P^T, dS^T
-        p_smem.index(c).store(p_t.to(q_smem.dtype))
-        ds_smem.index(c).store(ds_t.to(q_smem.dtype))
-    else:  # the keys by halves, one after the other (half the registers)
-        st_layout: gl.constexpr = wgmma_layout(BN, HM, gl.num_warps())
-        zeros = gl.zeros([BN, HM], gl.float32, st_layout)
-        for half in gl.static_range(2):
-            s_tok = warpgroup_mma(k.slice(half * BN, BN), q_t, zeros, use_acc=False, is_async=True)
-            dp_tok = warpgroup_mma(v.slice(half * BN, BN), do_t, zeros, use_acc=False, is_async=True)
-            lse_cols = _stats_as_columns(lse, st_layout)
-            s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-            p_t = _probabilities(g, cfg, s_t, lse_cols, tile[0] + half * BN, start_m + c * HM)
-            delta_cols = _stats_as_columns(delta, st_layout)
-            dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
-            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-            if half == 0:
-                mbarrier.wait(g[20].index(0), (i & 1) ^ 1)  # both are done with step i - 1's P^T, dS^T
-            p_smem.index(c).slice(half * BN, BN).store(p_t.to(q_smem.dtype))
-            ds_smem.index(c).slice(half * BN, BN).store(ds_t.to(q_smem.dtype))
+        if half == 0:
+            mbarrier.wait(g[20].index(0), (i & 1) ^ 1)  # both are done with step i - 1's P^T, dS^T
+        p_smem.index(c).slice(half * BN, BN).store(p_t.to(q_smem.dtype))
+        ds_smem.index(c).slice(half * BN, BN).store(ds_t.to(q_smem.dtype))
     fence_async_shared()
     mbarrier.arrive(g[19].index(0))
     if PREFETCH:  # the next step's rows, while the other consumer catches up
@@ -421,10 +409,9 @@ def _compute_split(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i)
 @gluon.jit
 def attention_bwd_split_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N,
                                Nk, GROUP, scale, scale_log2e, num_bhk, head_group, schedule, CAUSAL: gl.constexpr,
-                               STAGES: gl.constexpr, PREFETCH: gl.constexpr, PARTS: gl.constexpr = 1):
+                               STAGES: gl.constexpr, PREFETCH: gl.constexpr):
     """dK, dV and dQ (added to dq_desc's float32 tensor) with the query split (see above): steps of
-    q_desc's block rows, tiles of k_desc's; 2 consumer warpgroups of 4 warps and a producer warp.
-    PARTS: S^T and dP^T of the tile's keys at once (1) or by halves (2)."""
+    q_desc's block rows, tiles of k_desc's; 2 consumer warpgroups of 4 warps and a producer warp."""
     BM: gl.constexpr = q_desc.block_type.shape[2]
     BN: gl.constexpr = dk_desc.block_type.shape[2]  # one consumer's keys; k_desc's block holds both
     D: gl.constexpr = q_desc.block_type.shape[3]
@@ -441,7 +428,7 @@ def attention_bwd_split_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc
     dq_staging = gl.allocate_shared_memory(dq_desc.dtype, [4] + dq_desc.block_type.shape, dq_desc.layout)
     g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N, Nk, GROUP, scale,
          scale_log2e, num_bhk, head_group, p_smem, ds_smem, ds_full, ds_free, dq_staging)
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, PARTS, PREFETCH))  # cfg[4]: PARTS, not DQ
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, 1, PREFETCH))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init_split, _compute_split,
                         _drain, _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240, IN_FLIGHT=0,

@@ -450,10 +450,25 @@ GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, b
 # (the H100 sweeps in notes/attention.md: at D = 128 the fused dQ's registers spill, more so when
 # causal, where a separate dq kernel is faster: gluon_dq.py's 640 TFLOP/s against the tl kernel's
 # 482, the backward 353 -> 383-388 TFLOP/s; not causal, the fused dQ stays ahead: 462 against 445)
-GLUON_BACKWARD = {(64, False): dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True),
+# D = 64 without a mask: the query split (gluon_backward.attention_bwd_split_kernel, 128 queries a
+# step), 0.92-0.96x cuDNN against the key split's 0.87-0.89x at N = 4096 / 8192; causal it lost
+# (0.82-0.90x against 0.91-0.93x: notes/attention.md, session 12)
+GLUON_BACKWARD = {(64, False): dict(block_m=128, block_n=64, stages=2, dq_from="fused", prefetch=True,
+                                    split="queries"),
                   (64, True): dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True),
                   (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="fused", prefetch=False),
                   (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="gluon", prefetch=True)}
+
+
+# The key split's config at D = 64 without a mask (shipped there until session 12), for what the query
+# split cannot do: the deterministic mode's dq from the Gluon dq kernel, and the probes' dQ modes
+KEY_SPLIT_D64 = dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True)
+
+
+def key_split_config(d: int, causal: bool) -> dict:
+    """GLUON_BACKWARD's config for (d, causal) if it is a key split, else KEY_SPLIT_D64."""
+    cfg = GLUON_BACKWARD[d, causal]
+    return dict(KEY_SPLIT_D64 if cfg.get("split") == "queries" else cfg)
 
 
 def dq_box(block_m: int, d: int, split: str = "keys") -> list[int]:
@@ -482,22 +497,20 @@ def backward_delta(out, dout, lse, dlse, *, dq_sum: bool = False):
 
 def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
                    block_n: int, stages: int, dq_from: str = "fused", prefetch: bool = True,
-                   balanced: bool = True, dq_config: dict | None = None, split: str = "keys",
-                   parts: int = 1) -> None:
+                   balanced: bool = True, dq_config: dict | None = None, split: str = "keys") -> None:
     """The Gluon backward: the preprocess, then dk and dv, and dq: with ``dq_from`` "fused" or
     "overlapped" in the same kernel (through a float32 buffer that its TMA reductions add to, each
     consumer half of the columns), "gluon" by gluon_dq.py's kernel after it (``dq_config``: its
     blocks, GLUON_DQ by default), "tl" by the tl dq kernel. ``split``: what each consumer owns,
     "keys" (half the tile's keys, for everything) or "queries" (half of each step's queries for S,
-    dP and dQ, half the keys for dK and dV; dQ "fused" only; ``parts``: its S^T and dP^T at once
-    (1) or by halves of the keys (2)): gluon_backward.py."""
+    dP and dQ, half the keys for dK and dV; dQ "fused" only): gluon_backward.py."""
     if split not in ("keys", "queries") or (split == "queries" and dq_from != "fused"):
         raise ValueError(f"split is 'keys' or 'queries' (with dq_from 'fused'); got {split!r}, {dq_from!r}")
     fused_dq = DQ_MODES[dq_from] > 0
     delta, dq_sum = backward_delta(out, dout, lse, dlse, dq_sum=fused_dq)
     backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal, scale, block_m=block_m,
                           block_n=block_n, stages=stages, dq_from=dq_from, prefetch=prefetch, balanced=balanced,
-                          split=split, parts=parts)
+                          split=split)
     if fused_dq:
         dq.copy_(dq_sum)
     elif dq_from == "gluon":
@@ -509,7 +522,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
 
 def backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
                           block_n: int, stages: int, dq_from: str, prefetch: bool, balanced: bool = True,
-                          split: str = "keys", parts: int = 1) -> None:
+                          split: str = "keys") -> None:
     """The Gluon backward kernel alone: dk, dv, and with ``dq_from`` "fused" or "overlapped" scale *
     dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder otherwise); ``balanced`` (causal):
     the programs take their tiles from a balanced schedule, not round-robin; ``split``: see
@@ -531,7 +544,7 @@ def backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal: boo
                 desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m), desc(dk, block_n),
                 desc(dv, block_n), lse, delta, gluon_descriptor(dq_sum, dq_box(block_m, D, split)), H, N, Nk, group,
                 scale, scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages, PREFETCH=prefetch,
-                PARTS=parts, num_warps=4)
+                num_warps=4)
         attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
                                    desc(dk, block_n), desc(dv, block_n), lse, delta,
                                    gluon_descriptor(dq_sum, dq_box(block_m, D)), H, N, Nk, group, scale,
@@ -570,7 +583,11 @@ def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale
     if gluon is not None or (config is None and gluon_backward_fits(dout, q, k, v, scale)):
         cfg = dict(gluon or GLUON_BACKWARD[D, causal])
         if torch.are_deterministic_algorithms_enabled() and DQ_MODES[cfg["dq_from"]] > 0:
-            cfg["dq_from"] = "gluon"  # its own kernel: each dQ row summed in registers, in a fixed order
+            # dq from its own kernel: each row summed in registers, in a fixed order (the query
+            # split always adds its dQ: the key split computes dK and dV then)
+            if cfg.get("split") == "queries":
+                cfg = dict(KEY_SPLIT_D64)
+            cfg["dq_from"] = "gluon"
         return backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale, **cfg)
     delta, _ = backward_delta(out, dout, lse, dlse)
     cfg = config or backward_config(D, interpret)
