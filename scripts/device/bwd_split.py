@@ -28,6 +28,7 @@ from tilecore.ops.attention.reference import attention_reference  # noqa: E402
 
 D = 64
 SPLIT = dict(block_m=128, block_n=64, stages=2, dq_from="fused", split="queries")
+ROUND_ROBIN = False  # --round-robin
 
 
 def variants(causal):
@@ -35,8 +36,10 @@ def variants(causal):
     removed: notes/attention.md.)"""
     out = {"key split": kernels.key_split_config(D, causal),
            "split": dict(SPLIT, prefetch=True),
-           "split, no prefetch": dict(SPLIT, prefetch=False)}
-    if causal:  # round-robin tiles instead of the balanced schedule (its cost model counts steps)
+           "split, no prefetch": dict(SPLIT, prefetch=False),
+           "crossed": dict(SPLIT, prefetch=True, order=2),
+           "crossed, no prefetch": dict(SPLIT, prefetch=False, order=2)}
+    if causal and ROUND_ROBIN:  # round-robin tiles instead of the balanced schedule (its cost model counts steps)
         out |= {"split, round-robin": dict(SPLIT, prefetch=True, balanced=False),
                 "split, no prefetch, round-robin": dict(SPLIT, prefetch=False, balanced=False),
                 "key split, round-robin": dict(kernels.key_split_config(D, causal), balanced=False)}
@@ -120,7 +123,10 @@ def main():
     ap.add_argument("--lengths", default="4096")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--causal", default="0,1", help="0: without a mask, 1: causal")
+    ap.add_argument("--round-robin", action="store_true", help="causal: also the round-robin tile order")
     args = ap.parse_args()
+    global ROUND_ROBIN
+    ROUND_ROBIN = args.round_robin
     causals = [bool(int(x)) for x in args.causal.split(",")]
     res = {"meta": meta(), "check": [], "time": {}}
     ok = check(res, causals)
