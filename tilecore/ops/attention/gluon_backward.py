@@ -348,34 +348,31 @@ def _add_dq_split(g, cfg: gl.constexpr, tile, kk, dq):
 
 
 @gluon.jit
-def _half_grads(g, cfg: gl.constexpr, s_tok, dp_tok, lse, delta, start_n, start_q, LATER: gl.constexpr):
+def _half_grads(g, cfg: gl.constexpr, s_tok, dp_tok, lse, delta, start_n, start_q):
     """P^T and dS^T of one half of the tile's keys (from start_n) and this consumer's queries (from
-    start_q), once its S^T and dP^T wgmma are done; LATER wgmma groups issued after them may run on."""
+    start_q), from its S^T and dP^T wgmma (S^T's waited for first: the exponentials run under dP^T)."""
     st_layout: gl.constexpr = wgmma_layout(cfg[2], cfg[1] // 2, gl.num_warps())
     lse_cols = _stats_as_columns(lse, st_layout)
-    s_t = warpgroup_mma_wait(1 + LATER, deps=(s_tok,))
+    s_t = warpgroup_mma_wait(1, deps=(s_tok,))
     p_t = _probabilities(g, cfg, s_t, lse_cols, start_n, start_q)
     delta_cols = _stats_as_columns(delta, st_layout)
-    dp_t = warpgroup_mma_wait(LATER, deps=(dp_tok,))
+    dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
     return p_t, p_t * (dp_t - gl.expand_dims(delta_cols, 0))
 
 
 @gluon.jit
 def _compute_split(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
-    """One step of the query split (see above). The tile's keys go by halves, one after the other:
-    S^T and dP^T of all 2 BN keys at once (64 registers each) spilled 460-630 bytes and ran 8-14%
-    slower on the H100 (notes/attention.md). ORDER (cfg[4]) 1: both halves, then the products once
-    both consumers wrote theirs (single P^T, dS^T buffers: a consumer writes step i's once both
-    finished step i - 1's products). ORDER 2 ("crossed"): consumer c first does the half of the
-    keys that the other consumer owns and hands it over; while it does its own half, the products
-    over the other consumer's queries (its half, handed over) already run."""
+    """One step of the query split (see above). The tile's keys go by halves, one after the other
+    (S^T and dP^T of all 2 BN keys at once, 64 registers each, spilled 460-630 bytes and ran 8-14%
+    slower on the H100), then the products once both consumers wrote theirs. The shared P^T and dS^T
+    are single buffers: a consumer writes step i's once both finished step i - 1's products. (A
+    "crossed" order, the other consumer's half of the keys first and the products over its queries
+    run under one's own half, spilled 300-460 bytes and ran 1-7% slower: notes/attention.md.)"""
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
-    ORDER: gl.constexpr = cfg[4]
     PREFETCH: gl.constexpr = cfg[5]
     c: gl.constexpr = cfg[6]
-    o: gl.constexpr = 1 - c
     HM: gl.constexpr = BM // 2
     dk, dv, tile, lse, delta = state
     h, start_m = _step_rows(g, cfg, tile, kk)
@@ -392,58 +389,28 @@ def _compute_split(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i)
     q_t = q.slice(c * HM, HM).permute((1, 0))
     do_t = do.slice(c * HM, HM).permute((1, 0))
     zeros = gl.zeros([BN, HM], gl.float32, wgmma_layout(BN, HM, gl.num_warps()))
-    dq_zeros = gl.zeros([HM, D], gl.float32, wgmma_layout(HM, D, gl.num_warps()))
-    if ORDER == 1:
-        for half in gl.static_range(2):
-            s_tok = warpgroup_mma(k.slice(half * BN, BN), q_t, zeros, use_acc=False, is_async=True)
-            dp_tok = warpgroup_mma(v.slice(half * BN, BN), do_t, zeros, use_acc=False, is_async=True)
-            p_t, ds_t = _half_grads(g, cfg, s_tok, dp_tok, lse, delta, tile[0] + half * BN, start_q, 0)
-            if half == 0:
-                mbarrier.wait(g[20].index(0), (i & 1) ^ 1)  # both are done with step i - 1's P^T, dS^T
-            p_smem.index(c).slice(half * BN, BN).store(p_t.to(q_smem.dtype))
-            ds_smem.index(c).slice(half * BN, BN).store(ds_t.to(q_smem.dtype))
-        fence_async_shared()
-        mbarrier.arrive(g[19].index(0))
-        if PREFETCH:  # the next step's rows, while the other consumer catches up
-            lse, delta = _row_stats(g, cfg, tile, kk + 1, c * HM, HM)
-        mbarrier.wait(g[19].index(0), i & 1)  # both halves written
-        dq_tok = warpgroup_mma(ds_smem.index(c).permute((1, 0)), k, dq_zeros, use_acc=False, is_async=True)
-        dv_tok = warpgroup_mma(p_smem.index(0).slice(c * BN, BN), do.slice(0, HM), dv, is_async=True)
-        dv_tok = warpgroup_mma(p_smem.index(1).slice(c * BN, BN), do.slice(HM, HM), dv_tok, is_async=True)
-        dk_tok = warpgroup_mma(ds_smem.index(0).slice(c * BN, BN), q.slice(0, HM), dk, is_async=True)
-        dk_tok = warpgroup_mma(ds_smem.index(1).slice(c * BN, BN), q.slice(HM, HM), dk_tok, is_async=True)
-        dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
-        mbarrier.arrive(g[20].index(0))
-    else:
-        # region 2 h + q of p_smem / ds_smem: keys of half h, queries of consumer q. Consumer c writes
-        # regions (o, c) (read by o: g[19] c's "written", g[20] c's "read by o") and (c, c) (its own)
-        mbarrier.wait(g[20].index(c), (i & 1) ^ 1)  # o has read region (o, c) of step i - 1
-        s_tok = warpgroup_mma(k.slice(o * BN, BN), q_t, zeros, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(v.slice(o * BN, BN), do_t, zeros, use_acc=False, is_async=True)
-        p_t, ds_t = _half_grads(g, cfg, s_tok, dp_tok, lse, delta, tile[0] + o * BN, start_q, 0)
-        p_smem.index(2 * o + c).store(p_t.to(q_smem.dtype))
-        ds_smem.index(2 * o + c).store(ds_t.to(q_smem.dtype))
-        fence_async_shared()
-        mbarrier.arrive(g[19].index(c))
-        s_tok = warpgroup_mma(k.slice(c * BN, BN), q_t, zeros, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(v.slice(c * BN, BN), do_t, zeros, use_acc=False, is_async=True)
-        mbarrier.wait(g[19].index(o), i & 1)  # o has written region (c, o): my keys, its queries
-        dv_tok = warpgroup_mma(p_smem.index(2 * c + o), do.slice(o * HM, HM), dv, is_async=True)
-        dk_tok = warpgroup_mma(ds_smem.index(2 * c + o), q.slice(o * HM, HM), dk, is_async=True)
-        p_t, ds_t = _half_grads(g, cfg, s_tok, dp_tok, lse, delta, tile[0] + c * BN, start_q, 2)
-        p_smem.index(2 * c + c).store(p_t.to(q_smem.dtype))
-        ds_smem.index(2 * c + c).store(ds_t.to(q_smem.dtype))
-        fence_async_shared()
-        gl.thread_barrier()  # every thread's part of region (c, c) is written before the wgmma read it
-        if PREFETCH:
-            lse, delta = _row_stats(g, cfg, tile, kk + 1, c * HM, HM)
-        dv_tok = warpgroup_mma(p_smem.index(2 * c + c), do.slice(c * HM, HM), dv_tok, is_async=True)
-        dk_tok = warpgroup_mma(ds_smem.index(2 * c + c), q.slice(c * HM, HM), dk_tok, is_async=True)
-        dq_tok = warpgroup_mma(ds_smem.index(c).permute((1, 0)), k.slice(0, BN), dq_zeros, use_acc=False,
-                               is_async=True)
-        dq_tok = warpgroup_mma(ds_smem.index(2 + c).permute((1, 0)), k.slice(BN, BN), dq_tok, is_async=True)
-        dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
-        mbarrier.arrive(g[20].index(o))  # region (c, o) read
+    for half in gl.static_range(2):
+        s_tok = warpgroup_mma(k.slice(half * BN, BN), q_t, zeros, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(v.slice(half * BN, BN), do_t, zeros, use_acc=False, is_async=True)
+        p_t, ds_t = _half_grads(g, cfg, s_tok, dp_tok, lse, delta, tile[0] + half * BN, start_q)
+        if half == 0:
+            mbarrier.wait(g[20].index(0), (i & 1) ^ 1)  # both are done with step i - 1's P^T, dS^T
+        p_smem.index(c).slice(half * BN, BN).store(p_t.to(q_smem.dtype))
+        ds_smem.index(c).slice(half * BN, BN).store(ds_t.to(q_smem.dtype))
+    fence_async_shared()
+    mbarrier.arrive(g[19].index(0))
+    if PREFETCH:  # the next step's rows, while the other consumer catches up
+        lse, delta = _row_stats(g, cfg, tile, kk + 1, c * HM, HM)
+    mbarrier.wait(g[19].index(0), i & 1)  # both halves written
+    dq_tok = warpgroup_mma(ds_smem.index(c).permute((1, 0)), k,
+                           gl.zeros([HM, D], gl.float32, wgmma_layout(HM, D, gl.num_warps())), use_acc=False,
+                           is_async=True)
+    dv_tok = warpgroup_mma(p_smem.index(0).slice(c * BN, BN), do.slice(0, HM), dv, is_async=True)
+    dv_tok = warpgroup_mma(p_smem.index(1).slice(c * BN, BN), do.slice(HM, HM), dv_tok, is_async=True)
+    dk_tok = warpgroup_mma(ds_smem.index(0).slice(c * BN, BN), q.slice(0, HM), dk, is_async=True)
+    dk_tok = warpgroup_mma(ds_smem.index(1).slice(c * BN, BN), q.slice(HM, HM), dk_tok, is_async=True)
+    dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
+    mbarrier.arrive(g[20].index(0))
     _add_dq_split(g, cfg, tile, kk, dq)
     return dk, dv, tile, lse, delta
 
@@ -451,7 +418,7 @@ def _compute_split(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i)
 @gluon.jit
 def attention_bwd_split_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N,
                                Nk, GROUP, scale, scale_log2e, num_bhk, head_group, schedule, CAUSAL: gl.constexpr,
-                               STAGES: gl.constexpr, PREFETCH: gl.constexpr, ORDER: gl.constexpr = 1):
+                               STAGES: gl.constexpr, PREFETCH: gl.constexpr):
     """dK, dV and dQ (added to dq_desc's float32 tensor) with the query split (see above): steps of
     q_desc's block rows, tiles of k_desc's; 2 consumer warpgroups of 4 warps and a producer warp."""
     BM: gl.constexpr = q_desc.block_type.shape[2]
@@ -459,32 +426,25 @@ def attention_bwd_split_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc
     D: gl.constexpr = q_desc.block_type.shape[3]
     gl.static_assert(k_desc.block_type.shape[2] == 2 * BN, "K and V blocks hold both consumers' keys")
     gl.static_assert(dq_desc.block_type.shape[2] == BM // 2, "a dQ reduction holds one consumer's rows")
-    # P^T and dS^T of the step: [2 BN keys, BM/2 queries] of each consumer (ORDER 1: written by it,
-    # read by both), or (ORDER 2) [BN, BM/2] regions by half of the keys and consumer of the queries
-    if ORDER == 1:
-        p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM // 2], _ds_layout(q_desc.dtype))
-        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM // 2], _ds_layout(q_desc.dtype))
-    else:
-        p_smem = gl.allocate_shared_memory(q_desc.dtype, [4, BN, BM // 2], _ds_layout(q_desc.dtype))
-        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [4, BN, BM // 2], _ds_layout(q_desc.dtype))
-    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for j in gl.static_range(2):
-        mbarrier.init(ds_full.index(j), count=2 if ORDER == 1 else 1)
-        mbarrier.init(ds_free.index(j), count=2 if ORDER == 1 else 1)
+    # P^T and dS^T of the step: [2 BN keys, BM/2 queries] of each consumer, written by it, read by both
+    p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM // 2], _ds_layout(q_desc.dtype))
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM // 2], _ds_layout(q_desc.dtype))
+    ds_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(ds_full.index(0), count=2)
+    mbarrier.init(ds_free.index(0), count=2)
     # each consumer's dQ rows on their way to the TMA reductions, as two column halves
     dq_staging = gl.allocate_shared_memory(dq_desc.dtype, [4] + dq_desc.block_type.shape, dq_desc.layout)
     g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N, Nk, GROUP, scale,
          scale_log2e, num_bhk, head_group, p_smem, ds_smem, ds_full, ds_free, dq_staging)
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, ORDER, PREFETCH))  # cfg[4]: ORDER, not DQ
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, 1, PREFETCH))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init_split, _compute_split,
                         _drain, _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240, IN_FLIGHT=0,
                         tile_desc=k_desc, load_tile=_load_kv, TILE_OPERANDS=2, TILE_SHARED=True, STEP_INDEX=True,
                         schedule=schedule)
-    for j in gl.static_range(2):
-        mbarrier.invalidate(ds_full.index(j))
-        mbarrier.invalidate(ds_free.index(j))
+    mbarrier.invalidate(ds_full.index(0))
+    mbarrier.invalidate(ds_free.index(0))
 
 
 @gluon.constexpr_function
