@@ -41,8 +41,11 @@ B, H, N = 16, 16, 4096
 # wait (removed: no gain); notes/attention.md. Session 9: 64-key blocks for short tiles, the ring
 # depth, Q buffers and key blocks at N = 4096 and 8192, then one Q buffer against D128's two.
 # Session 10: the pipeline carried across tiles at D64 (causal N = 4096 is its weakest forward point).
-FWD_VARIANTS = {"carry": dict(carry=True, only_d=64)}
-VARIANT_LENGTHS = (4096, 8192)
+# Session 12: two against three consumers at D64 once causal tiles count from the last row (the
+# partial tile, where N is not a multiple of the tile's rows, became the lightest, not the heaviest).
+FWD_VARIANTS = {"2 consumers": dict(consumers=2, q_buffers=2, only_d=64),
+                "3 consumers": dict(consumers=3, q_buffers=1, only_d=64)}
+VARIANT_LENGTHS = (2048, 4096, 8192)
 
 
 def parent(args):
