@@ -55,9 +55,10 @@ def test_causal_attention_tiles_even_out(n, block_m, heads):
     table = kernels._balanced_table(*key)
     m_blocks = triton.cdiv(n, block_m)
     blocks = kernels._head_grouped_blocks(m_blocks * heads, m_blocks, heads, 16)
-    # causal blocks count from the last row: block i ends at row n - i * block_m (the partial one first)
-    steps = torch.clamp(triton.cdiv(torch.clamp(n - blocks * block_m, min=0), 128), min=1)
-    assert int(steps.sum()) == heads * sum(triton.cdiv(n - i * block_m, 128) for i in range(m_blocks))
+    # causal blocks count from the last row: block i ends at row n - i * block_m, the short one (first)
+    # is a whole block from row 0
+    steps = torch.clamp(triton.cdiv(torch.clamp(n - blocks * block_m, min=block_m), 128), min=1)
+    assert int(steps.sum()) == heads * sum(triton.cdiv(max(n - i * block_m, block_m), 128) for i in range(m_blocks))
     costs = (steps + kernels.TILE_OVERHEAD_STEPS).double()
     _owners(table, 132, len(costs))
     mean = costs.sum() / 132

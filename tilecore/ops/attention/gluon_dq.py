@@ -54,7 +54,7 @@ def _init(g, cfg: gl.constexpr, tile, bufs):
     s_layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps())
     first = tile[0] + cfg[-1] * BM
     rows = first + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
-    ok = (rows >= 0) & (rows < g[6])  # causal tiles count from the last row: the first may start before row 0
+    ok = rows < g[6]
     offs = tile[1].to(gl.int64) * g[6] + rows
     lse = gl.load(g[4] + offs, mask=ok, other=float("inf"))
     lse = gl.where(lse == float("-inf"), float("inf"), lse)

@@ -65,13 +65,15 @@ def _setup(g, cfg: gl.constexpr, tile_id):
     m_blocks = gl.cdiv(N, BM)
     # Order: heads in groups (of g[11]) whose K and V stay in L2 together; within a group, query
     # block by query block across its heads. Causal, the heaviest blocks (the last rows see the most
-    # keys) come first, so the persistent programs even out and the last wave holds the light ones;
-    # and the blocks are counted from the last row, so that where N is not a multiple of BM the
-    # partial block is the first (its rows before row 0 arrive as zeros and are not stored), which
-    # sees the fewest keys, not the last, which sees them all
+    # keys) come first, so the persistent programs even out and the last wave holds the light ones.
+    # Causal blocks are counted from the last row, so that where N is not a multiple of BM the short
+    # block is the first, which sees the fewest keys, not the last, which sees them all; it starts at
+    # row 0 (a TMA coordinate before row 0 traps on the H100), so it also redoes the first rows of the
+    # next block and stores the same bits there (a row's result does not depend on its block: key
+    # blocks past its diagonal add exact zeros)
     bh, mb = head_grouped_tile(tile_id, m_blocks, g[10], g[11])
     if cfg[0]:
-        start_m = N - (mb + 1) * BM
+        start_m = gl.maximum(N - (mb + 1) * BM, 0)
         hi = gl.maximum(gl.minimum(Nk, start_m + BM + (Nk - N)), 0)  # query i sees keys <= i + Nk - N
     else:
         start_m = mb * BM
@@ -351,7 +353,7 @@ def _epilogue(g, cfg: gl.constexpr, m_i, l_i, acc, start_m, bh, o_smem):
     out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
     lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) / LOG2E, float("-inf"))
     rows = start_m + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
-    gl.store(g[4] + bh.to(gl.int64) * g[6] + rows, lse, mask=(rows >= 0) & (rows < g[6]))
+    gl.store(g[4] + bh.to(gl.int64) * g[6] + rows, lse, mask=rows < g[6])
     b, h, hk = _head(g, bh)
     tma.store_wait(0)  # the previous tile's TMA store has read the buffer
     o_smem.reshape([BM, D]).store(out.to(o_smem.dtype))

@@ -357,7 +357,8 @@ def _balanced_table(kind: str, N: int, Nk: int, block_m: int, block_n: int, num_
     if kind == "forward":
         m_blocks = triton.cdiv(N, block_m)
         mb = _head_grouped_blocks(m_blocks * num_bh, m_blocks, num_bh, head_group)
-        last_key = torch.clamp(Nk - mb * block_m, min=0, max=Nk)  # block mb ends at row N - mb * block_m
+        start = torch.clamp(N - (mb + 1) * block_m, min=0)  # blocks count from the last row (gluon_kernels._setup)
+        last_key = torch.clamp(start + block_m + Nk - N, min=0, max=Nk)
         steps = torch.clamp(triton.cdiv(last_key, block_n), min=1)
     else:
         n_blocks = triton.cdiv(Nk, block_n)
