@@ -44,7 +44,7 @@ B, H, N = 16, 16, 4096
 # Session 12: two against three consumers at D64 once causal tiles count from the last row (the
 # partial tile, where N is not a multiple of the tile's rows, became the lightest, not the heaviest).
 FWD_VARIANTS = {"2 consumers": dict(consumers=2, q_buffers=2, only_d=64),
-                "3 consumers": dict(consumers=3, q_buffers=1, only_d=64)}
+                "3 consumers": dict(consumers=3, q_buffers=1, carry=False, only_d=64)}
 VARIANT_LENGTHS = (2048, 4096, 8192)
 
 
