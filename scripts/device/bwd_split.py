@@ -36,8 +36,7 @@ def variants(causal):
     "crossed" order, both since removed: notes/attention.md.)"""
     out = {"key split": kernels.key_split_config(D, causal),
            "split": dict(SPLIT, prefetch=True),
-           "split, no prefetch": dict(SPLIT, prefetch=False),
-           "split, column stats": dict(SPLIT, prefetch=2)}
+           "split, no prefetch": dict(SPLIT, prefetch=False)}
     if causal and ROUND_ROBIN:  # round-robin tiles instead of the balanced schedule (its cost model counts steps)
         out |= {"split, round-robin": dict(SPLIT, prefetch=True, balanced=False),
                 "split, no prefetch, round-robin": dict(SPLIT, prefetch=False, balanced=False),

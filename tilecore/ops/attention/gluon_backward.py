@@ -124,24 +124,6 @@ def _row_stats(g, cfg: gl.constexpr, tile, kk, first=0, ROWS: gl.constexpr = 0):
 
 
 @gluon.jit
-def _column_stat(g, cfg: gl.constexpr, tile, kk, first, ROWS: gl.constexpr, st_layout: gl.constexpr,
-                 WHICH: gl.constexpr):
-    """lse (WHICH 0) or delta (1) of step kk's rows first .. first + ROWS - 1 loaded straight into the
-    columns of S^T (in ``st_layout``; each thread loads the columns it holds: no conversion through
-    shared memory and its partition barrier), with _row_stats' values for rows that must get p = 0."""
-    b, hk = _kv_head(g, tile[1])
-    h, start_m = _step_rows(g, cfg, tile, kk)
-    rows = start_m + first + gl.arange(0, ROWS, layout=gl.SliceLayout(0, st_layout))
-    ok = rows < g[10]
-    offs = (b * g[9] + h).to(gl.int64) * g[10] + rows
-    if WHICH == 0:
-        lse = gl.load(g[6] + offs, mask=ok, other=float("inf"))
-        return gl.where(lse == float("-inf"), float("inf"), lse)
-    else:
-        return gl.load(g[7] + offs, mask=ok, other=0.0)
-
-
-@gluon.jit
 def _stats_as_columns(v, st_layout: gl.constexpr):
     """A compact vector of row statistics as the columns of S^T (in ``st_layout``): a layout
     conversion through shared memory (held as columns from the load on, lse and delta took 32
@@ -366,22 +348,14 @@ def _add_dq_split(g, cfg: gl.constexpr, tile, kk, dq):
 
 
 @gluon.jit
-def _half_grads(g, cfg: gl.constexpr, s_tok, dp_tok, lse, delta, start_n, start_q, tile, kk):
+def _half_grads(g, cfg: gl.constexpr, s_tok, dp_tok, lse, delta, start_n, start_q):
     """P^T and dS^T of one half of the tile's keys (from start_n) and this consumer's queries (from
-    start_q), from its S^T and dP^T wgmma (S^T's waited for first: the exponentials run under dP^T).
-    PREFETCH (cfg[5]) 2: lse and delta loaded here, straight into columns (lse, delta unused)."""
-    HM: gl.constexpr = cfg[1] // 2
-    st_layout: gl.constexpr = wgmma_layout(cfg[2], HM, gl.num_warps())
-    if cfg[5] == 2:
-        lse_cols = _column_stat(g, cfg, tile, kk, cfg[6] * HM, HM, st_layout, 0)
-    else:
-        lse_cols = _stats_as_columns(lse, st_layout)
+    start_q), from its S^T and dP^T wgmma (S^T's waited for first: the exponentials run under dP^T)."""
+    st_layout: gl.constexpr = wgmma_layout(cfg[2], cfg[1] // 2, gl.num_warps())
+    lse_cols = _stats_as_columns(lse, st_layout)
     s_t = warpgroup_mma_wait(1, deps=(s_tok,))
     p_t = _probabilities(g, cfg, s_t, lse_cols, start_n, start_q)
-    if cfg[5] == 2:
-        delta_cols = _column_stat(g, cfg, tile, kk, cfg[6] * HM, HM, st_layout, 1)
-    else:
-        delta_cols = _stats_as_columns(delta, st_layout)
+    delta_cols = _stats_as_columns(delta, st_layout)
     dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
     return p_t, p_t * (dp_t - gl.expand_dims(delta_cols, 0))
 
@@ -410,7 +384,7 @@ def _compute_split(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i)
     ds_smem = g[18]
     start_q = start_m + c * HM
 
-    if PREFETCH == 0:
+    if not PREFETCH:
         lse, delta = _row_stats(g, cfg, tile, kk, c * HM, HM)
     q_t = q.slice(c * HM, HM).permute((1, 0))
     do_t = do.slice(c * HM, HM).permute((1, 0))
@@ -418,14 +392,14 @@ def _compute_split(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i)
     for half in gl.static_range(2):
         s_tok = warpgroup_mma(k.slice(half * BN, BN), q_t, zeros, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(v.slice(half * BN, BN), do_t, zeros, use_acc=False, is_async=True)
-        p_t, ds_t = _half_grads(g, cfg, s_tok, dp_tok, lse, delta, tile[0] + half * BN, start_q, tile, kk)
+        p_t, ds_t = _half_grads(g, cfg, s_tok, dp_tok, lse, delta, tile[0] + half * BN, start_q)
         if half == 0:
             mbarrier.wait(g[20].index(0), (i & 1) ^ 1)  # both are done with step i - 1's P^T, dS^T
         p_smem.index(c).slice(half * BN, BN).store(p_t.to(q_smem.dtype))
         ds_smem.index(c).slice(half * BN, BN).store(ds_t.to(q_smem.dtype))
     fence_async_shared()
     mbarrier.arrive(g[19].index(0))
-    if PREFETCH == 1:  # the next step's rows, while the other consumer catches up
+    if PREFETCH:  # the next step's rows, while the other consumer catches up
         lse, delta = _row_stats(g, cfg, tile, kk + 1, c * HM, HM)
     mbarrier.wait(g[19].index(0), i & 1)  # both halves written
     dq_tok = warpgroup_mma(ds_smem.index(c).permute((1, 0)), k,
