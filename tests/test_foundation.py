@@ -120,3 +120,14 @@ def test_plain_eager_only_for_plain_tensors_without_grad():
 
     with FakeTensorMode():
         assert not dispatch.plain_eager(torch.empty(2))
+
+
+def test_ratios_are_taken_within_each_round(monkeypatch):
+    """ratios_to: a variant's ratio to the reference is the median of per-round ratios (both timed
+    in the same round), with their min and max; TFLOP/s from the flops and each round's time."""
+    times = {"ref": iter([1.0, 2.0, 1.0]), "x": iter([0.5, 2.0, 1.25])}
+    monkeypatch.setattr(harness, "median_ms", lambda fn, **_: next(times[fn()]))
+    out = harness.ratios_to("ref", {"ref": lambda: "ref", "x": lambda: "x"}, 1e9, 3)
+    assert out["x"]["ratio"] == 1.0 and out["x"]["lo"] == 0.8 and out["x"]["hi"] == 2.0
+    assert out["x"]["all"] == [2.0, 0.5, 0.8] and out["x"]["tflops"] == 0.8
+    assert out["ref"]["ratio"] == out["ref"]["lo"] == out["ref"]["hi"] == 1.0

@@ -13,7 +13,6 @@ dQ "deferred" backward variant, since removed, and a head-group sweep at N = 409
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -22,7 +21,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from tilecore.bench.harness import interleaved_ms  # noqa: E402
+from tilecore.bench.harness import ratios_to  # noqa: E402
 from tilecore.ops.attention import kernels  # noqa: E402
 
 B, H, N = 16, 16, 4096
@@ -41,13 +40,7 @@ def meta():
 def rounds(fns: dict, flops: float, label: str, **bench) -> dict:
     """TFLOP/s of every fn, ROUNDS times in turn; per variant the median TFLOP/s and the median,
     min and max of its per-round ratio to the "cuDNN" entry's figure of the same round."""
-    ms = interleaved_ms(fns, ROUNDS, warmup_ms=10, rep_ms=50, **bench)
-    tf = {name: [flops / t / 1e9 for t in ts] for name, ts in ms.items()}
-    out = {}
-    for name, xs in tf.items():
-        ratios = [x / c for x, c in zip(xs, tf["cuDNN"])]
-        out[name] = dict(tflops=statistics.median(xs), ratio=statistics.median(ratios), lo=min(ratios),
-                         hi=max(ratios), all=xs)
+    out = ratios_to("cuDNN", fns, flops, ROUNDS, warmup_ms=10, rep_ms=50, **bench)
     print(f"{label}: " + ", ".join(f"{n} {r['tflops']:.0f} ({r['ratio']:.3f}x, {r['lo']:.2f}-{r['hi']:.2f})"
                                    for n, r in out.items()), flush=True)
     return out
@@ -98,26 +91,36 @@ def phase_fwd(res):
                 torch.cuda.empty_cache()
 
 
+def backward_case(n: int, d: int, causal: bool):
+    """A backward timing case at B * N = 16 x 4096 tokens a head, bf16: (run, cudnn, flops, grads):
+    run(gluon=None) is kernels.backward_into (a Gluon config if given) into fixed buffers, cudnn()
+    cuDNN's autograd backward of the same inputs, grads the tensors whose .grad it fills."""
+    b = B * N // n
+    q, k, v, do = (torch.randn(b, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    out, lse = torch.empty_like(q), torch.empty(b, H, n, device="cuda")
+    kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    grads = [t.clone().requires_grad_() for t in (q, k, v)]
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        o = F.scaled_dot_product_attention(*grads, is_causal=causal)
+
+    def run(gluon=None):
+        kernels.backward_into(do, q, k, v, out, lse, None, dq, dk, dv, causal, d ** -0.5, gluon=gluon)
+
+    return run, lambda: o.backward(do, retain_graph=True), 2.5 * 4 * b * H * n * n * d / (2 if causal else 1), grads
+
+
 def phase_bwd(res):
     """The backward (shipped configs) for every budget next to cuDNN's, at BWD_LENGTHS (B * N fixed)."""
     for d in HEAD_DIMS:
         for causal in (True, False):
             for n in BWD_LENGTHS:
-                b = B * N // n
-                q, k, v, do = (torch.randn(b, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-                out, lse = torch.empty_like(q), torch.empty(b, H, n, device="cuda")
-                kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5)
-                dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-                qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-                run = lambda: kernels.backward_into(do, q, k, v, out, lse, None, dq, dk, dv, causal, d ** -0.5)
+                run, cudnn, fl, grads = backward_case(n, d, causal)
                 fns = {f"{budget // MIB} MiB": with_budget(budget, run) for budget in BUDGETS}
-                fns["cuDNN"] = lambda: o.backward(do, retain_graph=True)
-                fl = 2.5 * 4 * b * H * n * n * d / (2 if causal else 1)
+                fns["cuDNN"] = cudnn
                 res["bwd"][f"D{d} N{n}{' causal' if causal else ''}"] = rounds(
-                    fns, fl, f"bwd D={d} N={n} causal={causal}", grad_to_none=[qg, kg, vg])
-                del o, q, k, v, do, qg, kg, vg, out, lse, dq, dk, dv
+                    fns, fl, f"bwd D={d} N={n} causal={causal}", grad_to_none=grads)
+                del run, cudnn, grads, fns
                 torch.cuda.empty_cache()
 
 

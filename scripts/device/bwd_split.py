@@ -12,19 +12,18 @@ shared memory) against the shipped key split, D = 64.
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
 sys.path.insert(0, ".")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
+from attention_knobs import backward_case  # noqa: E402 (scripts/device)
 from tilecore.accuracy import error_over_floor  # noqa: E402
-from tilecore.bench.harness import interleaved_ms  # noqa: E402
+from tilecore.bench.harness import ratios_to  # noqa: E402
 from tilecore.ops.attention import kernels  # noqa: E402
-from tilecore.ops.attention.reference import attention_reference  # noqa: E402
+from tilecore.ops.attention.reference import reference_grads  # noqa: E402
 
 D = 64
 SPLIT = dict(block_m=128, block_n=64, stages=2, dq_from="fused", split="queries")
@@ -62,9 +61,7 @@ def check(res, causals):
             g = torch.Generator(device="cuda").manual_seed(D + causal + n)
             mk = lambda h, length: torch.randn(b, h, length, D, device="cuda", dtype=dtype, generator=g)
             q, k, v, do = mk(hq, n), mk(hkv, nk), mk(hkv, nk), mk(hq, n)
-            q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
-            ro, rl = attention_reference(q64, k64, v64, causal=causal)
-            ref = torch.autograd.grad(ro, (q64, k64, v64), do.double())
+            ref = reference_grads(q, k, v, do, causal=causal)
             out, lse = torch.empty_like(q), torch.empty(b, hq, n, device="cuda")
             kernels.forward_into(q, k, v, out, lse, causal, D ** -0.5)
             line = []
@@ -86,32 +83,15 @@ def check(res, causals):
 def time_all(res, lengths, rounds, causals):
     for causal in causals:
         for n in lengths:
-            b = 16 * 4096 // n
-            H = 16
-            q, k, v, do = (torch.randn(b, H, n, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-            out, lse = torch.empty_like(q), torch.empty(b, H, n, device="cuda")
-            kernels.forward_into(q, k, v, out, lse, causal, D ** -0.5)
-            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-            qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-            fns = {name: (lambda c=cfg: kernels.backward_into(do, q, k, v, out, lse, None, dq, dk, dv, causal,
-                                                                D ** -0.5, gluon=c))
-                   for name, cfg in variants(causal).items()}
-            fns["cuDNN"] = lambda: o.backward(do, retain_graph=True)
-            fl = 2.5 * 4 * b * H * n * n * D / (2 if causal else 1)
-            ms = interleaved_ms(fns, rounds, warmup_ms=10, rep_ms=50, grad_to_none=[qg, kg, vg])
-            tf = {name: [fl / t / 1e9 for t in ts] for name, ts in ms.items()}
-            row = {}
-            for name, xs in tf.items():
-                ratios = [x / c for x, c in zip(xs, tf["cuDNN"])]
-                row[name] = dict(tflops=statistics.median(xs), ratio=statistics.median(ratios), lo=min(ratios),
-                                 hi=max(ratios))
+            run, cudnn, fl, grads = backward_case(n, D, causal)
+            fns = {name: (lambda c=cfg, run=run: run(gluon=c)) for name, cfg in variants(causal).items()}
+            fns["cuDNN"] = cudnn
+            row = ratios_to("cuDNN", fns, fl, rounds, warmup_ms=10, rep_ms=50, grad_to_none=grads)
             res["time"][f"N{n}{' causal' if causal else ''}"] = row
             print(f"time D{D} N{n} causal={causal}: " + ", ".join(
                 f"{nm} {r['tflops']:.0f} ({r['ratio']:.3f}x, {r['lo']:.2f}-{r['hi']:.2f})" for nm, r in row.items()),
                 flush=True)
-            del q, k, v, do, out, lse, dq, dk, dv, qg, kg, vg, o
+            del run, cudnn, grads, fns
             torch.cuda.empty_cache()
 
 

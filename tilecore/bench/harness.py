@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import statistics
+
 import itertools
 import json
 import math
@@ -47,6 +49,21 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], repeats: int, **timing)
         for name, fn in fns.items():
             times[name].append(median_ms(fn, **timing))
     return times
+
+
+def ratios_to(reference: str, fns: dict[str, Callable[[], object]], flops: float, repeats: int,
+              **timing) -> dict[str, dict]:
+    """interleaved_ms of ``fns`` as TFLOP/s (``flops`` a call), and for each fn the median of its
+    per-round ratio to the ``reference`` entry's figure of the same round, with their min and max
+    (a ratio taken within a round is steadier than a ratio of medians when the clock drifts)."""
+    ms = interleaved_ms(fns, repeats, **timing)
+    tf = {name: [flops / t / 1e9 for t in ts] for name, ts in ms.items()}
+    out = {}
+    for name, xs in tf.items():
+        ratios = [x / r for x, r in zip(xs, tf[reference])]
+        out[name] = dict(tflops=statistics.median(xs), ratio=statistics.median(ratios), lo=min(ratios),
+                         hi=max(ratios), all=xs)
+    return out
 
 
 def graph_median_ms(fn: Callable[[], object], *, target_ms: float = 1.0, max_calls: int = 64) -> float:

@@ -67,3 +67,10 @@ def attention_backward_reference(dout, q, k, v, out, lse, dlse, *, causal: bool,
     dk = dk.view(b, hkv, g, nk, -1).sum(2)
     dv = dv.view(b, hkv, g, nk, -1).sum(2)
     return dq, dk, dv
+
+
+def reference_grads(q, k, v, dout, *, causal: bool = False, scale: float | None = None):
+    """(dq, dk, dv) of attention_reference in float64 (what kernel gradients are checked against)."""
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out, _ = attention_reference(q64, k64, v64, causal=causal, scale=scale)
+    return torch.autograd.grad(out, (q64, k64, v64), dout.double())
