@@ -455,8 +455,8 @@ GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, b
 # causal, where a separate dq kernel is faster: gluon_dq.py's 640 TFLOP/s against the tl kernel's
 # 482, the backward 353 -> 383-388 TFLOP/s; not causal, the fused dQ stays ahead: 462 against 445)
 # D = 64 without a mask: the query split (gluon_backward.attention_bwd_split_kernel, 128 queries a
-# step), 0.92-0.96x cuDNN against the key split's 0.87-0.89x at N = 4096 / 8192; causal it lost
-# (0.82-0.90x against 0.91-0.93x: notes/attention.md, session 12)
+# step), 0.90-0.98x cuDNN against the key split's 0.83-0.91x at N = 4096 / 8192 over four runs;
+# causal it loses or ties (its best form 0.88-0.92x against 0.90-0.94x: notes/attention.md, session 12)
 GLUON_BACKWARD = {(64, False): dict(block_m=128, block_n=64, stages=2, dq_from="fused", prefetch=True,
                                     split="queries"),
                   (64, True): dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True),
