@@ -35,7 +35,6 @@ def variants(causal):
     "crossed" order, both since removed: notes/attention.md.)"""
     out = {"key split": kernels.key_split_config(D, causal),
            "split": dict(SPLIT, prefetch=True),
-           "split, no prefetch": dict(SPLIT, prefetch=False),
            "split, own P in registers": dict(SPLIT, prefetch=True, p_regs=True),
            "split, own P in registers, no prefetch": dict(SPLIT, prefetch=False, p_regs=True)}
     if causal and ROUND_ROBIN:  # round-robin tiles instead of the balanced schedule (its cost model counts steps)
