@@ -389,19 +389,14 @@ def _compute_split(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i)
     q_t = q.slice(c * HM, HM).permute((1, 0))
     do_t = do.slice(c * HM, HM).permute((1, 0))
     zeros = gl.zeros([BN, HM], gl.float32, wgmma_layout(BN, HM, gl.num_warps()))
-    P_REGS: gl.constexpr = cfg[4] == 2
-    FIRST: gl.constexpr = (1 - c) if P_REGS else 0  # P_REGS: the other consumer's half of the keys first
-    for j in gl.static_range(2):
-        s_tok = warpgroup_mma(k.slice(((FIRST + j) % 2) * BN, BN), q_t, zeros, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(v.slice(((FIRST + j) % 2) * BN, BN), do_t, zeros, use_acc=False, is_async=True)
-        p_t, ds_t = _half_grads(g, cfg, s_tok, dp_tok, lse, delta, tile[0] + ((FIRST + j) % 2) * BN, start_q)
-        if j == 0:
+    for half in gl.static_range(2):
+        s_tok = warpgroup_mma(k.slice(half * BN, BN), q_t, zeros, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(v.slice(half * BN, BN), do_t, zeros, use_acc=False, is_async=True)
+        p_t, ds_t = _half_grads(g, cfg, s_tok, dp_tok, lse, delta, tile[0] + half * BN, start_q)
+        if half == 0:
             mbarrier.wait(g[20].index(0), (i & 1) ^ 1)  # both are done with step i - 1's P^T, dS^T
-        if P_REGS and (FIRST + j) % 2 == c:  # P^T of this consumer's own keys and queries: dV's register operand
-            p_own = gl.convert_layout(p_t.to(q_smem.dtype), _operand_layout(BN, D, gl.num_warps()))
-        else:
-            p_smem.index(c).slice(((FIRST + j) % 2) * BN, BN).store(p_t.to(q_smem.dtype))
-        ds_smem.index(c).slice(((FIRST + j) % 2) * BN, BN).store(ds_t.to(q_smem.dtype))
+        p_smem.index(c).slice(half * BN, BN).store(p_t.to(q_smem.dtype))
+        ds_smem.index(c).slice(half * BN, BN).store(ds_t.to(q_smem.dtype))
     fence_async_shared()
     mbarrier.arrive(g[19].index(0))
     if PREFETCH:  # the next step's rows, while the other consumer catches up
@@ -410,13 +405,8 @@ def _compute_split(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i)
     dq_tok = warpgroup_mma(ds_smem.index(c).permute((1, 0)), k,
                            gl.zeros([HM, D], gl.float32, wgmma_layout(HM, D, gl.num_warps())), use_acc=False,
                            is_async=True)
-    if P_REGS:
-        dv_tok = warpgroup_mma(p_own, do.slice(c * HM, HM), dv, is_async=True)
-        dv_tok = warpgroup_mma(p_smem.index(1 - c).slice(c * BN, BN), do.slice((1 - c) * HM, HM), dv_tok,
-                               is_async=True)
-    else:
-        dv_tok = warpgroup_mma(p_smem.index(0).slice(c * BN, BN), do.slice(0, HM), dv, is_async=True)
-        dv_tok = warpgroup_mma(p_smem.index(1).slice(c * BN, BN), do.slice(HM, HM), dv_tok, is_async=True)
+    dv_tok = warpgroup_mma(p_smem.index(0).slice(c * BN, BN), do.slice(0, HM), dv, is_async=True)
+    dv_tok = warpgroup_mma(p_smem.index(1).slice(c * BN, BN), do.slice(HM, HM), dv_tok, is_async=True)
     dk_tok = warpgroup_mma(ds_smem.index(0).slice(c * BN, BN), q.slice(0, HM), dk, is_async=True)
     dk_tok = warpgroup_mma(ds_smem.index(1).slice(c * BN, BN), q.slice(HM, HM), dk_tok, is_async=True)
     dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
@@ -428,7 +418,7 @@ def _compute_split(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i)
 @gluon.jit
 def attention_bwd_split_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N,
                                Nk, GROUP, scale, scale_log2e, num_bhk, head_group, schedule, CAUSAL: gl.constexpr,
-                               STAGES: gl.constexpr, PREFETCH: gl.constexpr, P_REGS: gl.constexpr = False):
+                               STAGES: gl.constexpr, PREFETCH: gl.constexpr):
     """dK, dV and dQ (added to dq_desc's float32 tensor) with the query split (see above): steps of
     q_desc's block rows, tiles of k_desc's; 2 consumer warpgroups of 4 warps and a producer warp."""
     BM: gl.constexpr = q_desc.block_type.shape[2]
@@ -447,7 +437,7 @@ def attention_bwd_split_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc
     dq_staging = gl.allocate_shared_memory(dq_desc.dtype, [4] + dq_desc.block_type.shape, dq_desc.layout)
     g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N, Nk, GROUP, scale,
          scale_log2e, num_bhk, head_group, p_smem, ds_smem, ds_full, ds_free, dq_staging)
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, 2 if P_REGS else 1, PREFETCH))  # cfg[4]: P_REGS
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, 1, PREFETCH))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init_split, _compute_split,
                         _drain, _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240, IN_FLIGHT=0,

@@ -501,8 +501,7 @@ def backward_delta(out, dout, lse, dlse, *, dq_sum: bool = False):
 
 def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
                    block_n: int, stages: int, dq_from: str = "fused", prefetch: bool = True,
-                   balanced: bool = True, dq_config: dict | None = None, split: str = "keys",
-                   p_regs: bool = False) -> None:
+                   balanced: bool = True, dq_config: dict | None = None, split: str = "keys") -> None:
     """The Gluon backward: the preprocess, then dk and dv, and dq: with ``dq_from`` "fused" or
     "overlapped" in the same kernel (through a float32 buffer that its TMA reductions add to, each
     consumer half of the columns), "gluon" by gluon_dq.py's kernel after it (``dq_config``: its
@@ -515,7 +514,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
     delta, dq_sum = backward_delta(out, dout, lse, dlse, dq_sum=fused_dq)
     backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal, scale, block_m=block_m,
                           block_n=block_n, stages=stages, dq_from=dq_from, prefetch=prefetch, balanced=balanced,
-                          split=split, p_regs=p_regs)
+                          split=split)
     if fused_dq:
         dq.copy_(dq_sum)
     elif dq_from == "gluon":
@@ -527,7 +526,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
 
 def backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
                           block_n: int, stages: int, dq_from: str, prefetch: bool, balanced: bool = True,
-                          split: str = "keys", p_regs: bool = False) -> None:
+                          split: str = "keys") -> None:
     """The Gluon backward kernel alone: dk, dv, and with ``dq_from`` "fused" or "overlapped" scale *
     dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder otherwise); ``balanced`` (causal):
     the programs take their tiles from a balanced schedule, not round-robin; ``split``: see
@@ -549,7 +548,7 @@ def backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal: boo
                 desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m), desc(dk, block_n),
                 desc(dv, block_n), lse, delta, gluon_descriptor(dq_sum, dq_box(block_m, D, split)), H, N, Nk, group,
                 scale, scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages, PREFETCH=prefetch,
-                P_REGS=p_regs, num_warps=4)
+                num_warps=4)
         attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
                                    desc(dk, block_n), desc(dv, block_n), lse, delta,
                                    gluon_descriptor(dq_sum, dq_box(block_m, D)), H, N, Nk, group, scale,

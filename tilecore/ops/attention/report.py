@@ -117,7 +117,6 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
                 CAUSAL=causal, STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]], PREFETCH=cfg["prefetch"])
     if split == "queries":
         del args["DQ"]  # always fused
-        args["P_REGS"] = cfg.get("p_regs", False)
         compiled = _compile(attention_bwd_split_kernel, args, {"num_warps": 4})
     else:
         compiled = _compile(attention_bwd_kernel, args, {"num_warps": 4})
