@@ -43,9 +43,13 @@ B, H, N = 16, 16, 4096
 # Session 10: the pipeline carried across tiles at D64 (causal N = 4096 is its weakest forward point).
 # Session 12: two against three consumers at D64 once causal tiles count from the last row (the
 # partial tile, where N is not a multiple of the tile's rows, became the lightest, not the heaviest).
+# Then three consumers with a deeper ring (can it absorb their uneven diagonal blocks?).
 FWD_VARIANTS = {"2 consumers": dict(consumers=2, q_buffers=2, only_d=64),
-                "3 consumers": dict(consumers=3, q_buffers=1, carry=False, only_d=64)}
+                "3 consumers": dict(consumers=3, q_buffers=1, carry=False, only_d=64),
+                "3 consumers, 4 stages": dict(consumers=3, q_buffers=1, carry=False, stages=4, only_d=64),
+                "3 consumers, 5 stages": dict(consumers=3, q_buffers=1, carry=False, stages=5, only_d=64)}
 VARIANT_LENGTHS = (2048, 4096, 8192)
+VARIANT_HEAD_DIMS = (64,)  # the head dims timed (D128 has no variant now)
 
 
 def parent(args):
@@ -593,7 +597,7 @@ def fwd_variants(out_dir):
         print(f"D={d} causal={causal} B{b} H{hq}/{hkv} N{n} Nk{nk} {kind}: " + "; ".join(line), flush=True)
     print(f"VARIANTS CHECK: {bad} bad", flush=True)
     rows = []
-    for d in (128, 64):
+    for d in VARIANT_HEAD_DIMS:
         for n in VARIANT_LENGTHS:
             b, q, k, v, out, lse = _same_tokens(n, d)
             for causal in (False, True):
