@@ -287,10 +287,11 @@ GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, overlap=True, consu
 SHORT_TILE_KEY_BLOCKS = 8
 # D = 64 takes three consumer warpgroups (FlashAttention-3's choice there: the softmax is long next
 # to the wgmma at this head dim) where its 192-row tiles pay: not causal from N = 2048 (N = 4096
-# +8%, 16384 +17%; N <= 1024 -5 to -27%: partial tiles); causal only at N = 16384 (+8%; N = 4096
-# -12%, 2048 -27% in session 8, when the partial tile was the last; with causal tiles counted from
-# the last row, session 12: 4096 -2%, 2048 -12%, 8192 +0.2%) (notes/attention.md)
-THREE_CONSUMERS_MIN_N = {False: 2048, True: 16384}
+# +8%, 16384 +17%; N <= 1024 -5 to -27%: partial tiles); causal from N = 8192 (16384 +8%; 8192
+# +0.2, +7.8, +6.3% in three runs of session 12, once causal tiles counted from the last row; 4096
+# -0.5 to -3%, 2048 -12%; session 8, with the partial tile last: 4096 -12%, 2048 -27%)
+# (notes/attention.md)
+THREE_CONSUMERS_MIN_N = {False: 2048, True: 8192}
 # Causal tiles this short (keys a query row sees, on average) take 64-key blocks: their diagonal
 # block, half of it masked, is half as large. N = 512: D128 225 -> 293-304 TFLOP/s, D64 184 -> 217;
 # N = 1024 +2% / +12%; from N = 2048 (and never causal) 128-key blocks win (notes/attention.md, session 9)
