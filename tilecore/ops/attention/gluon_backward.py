@@ -311,8 +311,9 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
 #
 # With BM = 128 every product is m64 n64 with K of 64 or 128, where the key split's dQ is m64 n32
 # (each consumer half of dQ's columns) and its step half as long; the consumers meet once a step, as
-# with "fused". On the H100 at D = 64 it ran 5-8% faster than the key split without a causal mask and
-# 4-7% slower with one (notes/attention.md, session 12): GLUON_BACKWARD picks it where it wins.
+# with "fused". On the H100 at D = 64 it ran 0.87-0.98x cuDNN against the key split's 0.80-0.91x
+# without a causal mask, and lost or tied with one (notes/attention.md, session 12): GLUON_BACKWARD
+# picks it where it wins.
 # ``g`` gains (p_smem, ds_smem, ds_full, ds_free, dq_staging) at 17..21 (ds_smem at 18, not 17).
 
 
