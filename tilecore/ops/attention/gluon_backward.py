@@ -117,10 +117,16 @@ def _row_stats(g, cfg: gl.constexpr, tile, kk, first=0, ROWS: gl.constexpr = 0):
     h, start_m = _step_rows(g, cfg, tile, kk)
     rows = start_m + first + gl.arange(0, BM, layout=_stats_layout(gl.num_warps()))
     ok = (rows < g[10]) & (kk < tile[3] * g[12])
-    offs = (b * g[9] + h).to(gl.int64) * g[10] + rows
-    lse = gl.load(g[6] + offs, mask=ok, other=float("inf"))
+    return load_row_stats(g[6], g[7], (b * g[9] + h).to(gl.int64) * g[10] + rows, ok)
+
+
+@gluon.jit
+def load_row_stats(lse_ptr, delta_ptr, offs, ok):
+    """(lse, delta) at ``offs`` where ``ok``; elsewhere, and where lse = -inf (a row with no key),
+    lse = +inf so that p = exp(s - lse) is 0, and delta = 0 (the dQ kernel's loads too)."""
+    lse = gl.load(lse_ptr + offs, mask=ok, other=float("inf"))
     lse = gl.where(lse == float("-inf"), float("inf"), lse)
-    return lse, gl.load(g[7] + offs, mask=ok, other=0.0)
+    return lse, gl.load(delta_ptr + offs, mask=ok, other=0.0)
 
 
 @gluon.jit
