@@ -455,19 +455,17 @@ GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, b
 # (the H100 sweeps in notes/attention.md: at D = 128 the fused dQ's registers spill, more so when
 # causal, where a separate dq kernel is faster: gluon_dq.py's 640 TFLOP/s against the tl kernel's
 # 482, the backward 353 -> 383-388 TFLOP/s; not causal, the fused dQ stays ahead: 462 against 445)
+# The key split at D = 64: causal, and without a mask until session 12; also what the query split
+# cannot do (the deterministic mode's dq from the Gluon dq kernel, the probes' dQ modes)
+KEY_SPLIT_D64 = dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True)
 # D = 64 without a mask: the query split (gluon_backward.attention_bwd_split_kernel, 128 queries a
 # step), 0.90-0.98x cuDNN against the key split's 0.83-0.91x at N = 4096 / 8192 over four runs;
 # causal it loses or ties (its best form 0.88-0.92x against 0.90-0.94x: notes/attention.md, session 12)
 GLUON_BACKWARD = {(64, False): dict(block_m=128, block_n=64, stages=2, dq_from="fused", prefetch=True,
                                     split="queries"),
-                  (64, True): dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True),
+                  (64, True): KEY_SPLIT_D64,
                   (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="fused", prefetch=False),
                   (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="gluon", prefetch=True)}
-
-
-# The key split's config at D = 64 without a mask (shipped there until session 12), for what the query
-# split cannot do: the deterministic mode's dq from the Gluon dq kernel, and the probes' dQ modes
-KEY_SPLIT_D64 = dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True)
 
 
 def key_split_config(d: int, causal: bool) -> dict:
