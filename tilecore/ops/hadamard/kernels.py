@@ -249,8 +249,10 @@ def _descriptor(t, cfg: dict):
 
 # n -> ring stages of Hopper's Gluon kernel (gluon_kernels.py), for float16/bfloat16 rows of n = 8192 S
 # (S = 2, 4) that are contiguous and TMA-describable, from TMA_MIN_ELEMENTS elements: the default for
-# the n listed here (notes/hadamard.md, v9; 4 stages: session 11); GLUON_SIZES is what the kernel can do.
-GLUON_TUNING = {32768: 4}
+# the n listed here (notes/hadamard.md, v9); GLUON_SIZES is what the kernel can do. GLUON_STAGES: the
+# ring depth where n has no entry (4 beat 5-8 at n = 32768 and 3 lost 10%: session 11).
+GLUON_STAGES = 4
+GLUON_TUNING = {32768: GLUON_STAGES}
 GLUON_SIZES = (16384, 32768)
 
 
@@ -303,7 +305,8 @@ def gluon_programs(rows: int, num_sms: int) -> int:
     return max(range(num_sms, num_sms - num_sms // 25 - 1, -1), key=last_round_fill)  # ties: more programs
 
 
-def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = 4, programs: int | None = None) -> None:
+def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = GLUON_STAGES,
+                 programs: int | None = None) -> None:
     """out = scale * H_n x on Hopper through gluon_kernels.hadamard_gluon_kernel (see gluon_fits);
     ``programs`` overrides gluon_programs' grid."""
     from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
@@ -327,7 +330,7 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, glu
     if gluon is None:
         gluon = n in GLUON_TUNING and tma is None and not tuning and rows * n >= TMA_MIN_ELEMENTS
     if gluon and not interpret and gluon_fits(x, out):
-        return launch_gluon(x, out, scale, num_sms=num_sms, stages=GLUON_TUNING.get(n, 4))
+        return launch_gluon(x, out, scale, num_sms=num_sms, stages=GLUON_TUNING.get(n, GLUON_STAGES))
     fp32 = x.dtype == torch.float32
     tma_load, tma_store, tma_tuning = choose_path(n, fp32, tma, tuning, rows * n)
     if (tma_load and not tma_fits(x)) or (tma_store and not tma_fits(out)):
