@@ -10,12 +10,11 @@
 """
 from __future__ import annotations
 
-import statistics
-
 import itertools
 import json
 import math
 import re
+import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
