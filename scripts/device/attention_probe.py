@@ -45,13 +45,9 @@ B, H, N = 16, 16, 4096
 # partial tile, where N is not a multiple of the tile's rows, became the lightest, not the heaviest).
 # Then three consumers with a deeper ring (4, 5 stages: slower everywhere, removed), and two against
 # three again at N = 8192 (causal: +0.2% and +7.8% in two runs).
-# Session 13: a tile's row blocks rotated among the consumers from tile to tile (causal, the first
-# consumer's rows see the fewest keys, so without rotation the last consumer is always the slowest).
 FWD_VARIANTS = {"2 consumers": dict(consumers=2, q_buffers=2, only_d=64),
-                "3 consumers": dict(consumers=3, q_buffers=1, carry=False, only_d=64),
-                "3 consumers rotated": dict(consumers=3, q_buffers=1, carry=False, rotate=True, only_d=64),
-                "3 consumers rotated q2": dict(consumers=3, q_buffers=2, carry=False, rotate=True, only_d=64)}
-VARIANT_LENGTHS = (4096, 8192, 2048)
+                "3 consumers": dict(consumers=3, q_buffers=1, carry=False, only_d=64)}
+VARIANT_LENGTHS = (8192, 4096)
 VARIANT_HEAD_DIMS = (64,)  # the head dims timed (D128 has no variant now)
 
 

@@ -21,7 +21,7 @@ fully masked rows give p = 0, never NaN (as in the ``tl`` kernel, kernels.py); r
 O = 0 and lse = -inf.
 
 ``g``   = (q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, B * H, heads per group)
-``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, OVERLAP, CONSUMERS, PINGPONG, CARRY, ROTATE[, consumer index])
+``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, OVERLAP, CONSUMERS, PINGPONG, CARRY[, consumer index])
 
 With CARRY (overlapped loop) the pipeline does not drain between a program's tiles (the template's
 ``carry0``): a tile's first step issues its first S together with the previous tile's last P V (the
@@ -85,7 +85,7 @@ def _setup(g, cfg: gl.constexpr, tile_id):
         steps = n_blocks
     elif cfg[4]:
         steps = gl.where(n_blocks > 0, n_blocks + 1, 0)
-    return (start_m, bh, n_blocks, mb), steps
+    return (start_m, bh, n_blocks), steps
 
 
 @gluon.jit
@@ -117,7 +117,7 @@ def _load(g, cfg: gl.constexpr, k_smem, v_smem, bar, tile, kk, prev=None):
 def _load_q(g, cfg: gl.constexpr, q_smem, bar, tile, consumer):
     """The producer's per-tile load: this consumer's BLOCK_M query rows (rows past N arrive as 0)."""
     b, h, hk = _head(g, tile[1])
-    tma.async_copy_global_to_shared(g[0], [b, h, tile[0] + _row_block(cfg, tile, consumer) * cfg[1], 0], bar, q_smem)
+    tma.async_copy_global_to_shared(g[0], [b, h, tile[0] + consumer * cfg[1], 0], bar, q_smem)
 
 
 @gluon.jit
@@ -173,21 +173,9 @@ def _init_tile(g, cfg: gl.constexpr, tile, q_smem):
 def _first_row(cfg: gl.constexpr, tile):
     """The first query row of this consumer's share of the tile (consumer cfg[-1] of cfg[5])."""
     if cfg[5] > 1:
-        return tile[0] + _row_block(cfg, tile, cfg[-1]) * cfg[1]
+        return tile[0] + cfg[-1] * cfg[1]
     else:
         return tile[0]
-
-
-@gluon.jit
-def _row_block(cfg: gl.constexpr, tile, consumer):
-    """Which of the tile's cfg[5] row blocks ``consumer`` takes: its own index, or with ROTATE (cfg[8])
-    that index plus the tile's query block, modulo the consumers. Causal, a tile's first rows see
-    the fewest keys; rotating who takes them evens out the consumers' work over tiles, so that no
-    consumer is always the one the ring waits for."""
-    if cfg[8]:
-        return (consumer + tile[3]) % cfg[5]
-    else:
-        return consumer
 
 
 @gluon.constexpr_function
@@ -378,7 +366,7 @@ def _epilogue(g, cfg: gl.constexpr, m_i, l_i, acc, start_m, bh, o_smem):
 def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh,
                          head_group, schedule, CAUSAL: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
                          CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr = False, Q_BUFFERS: gl.constexpr = 1,
-                         CARRY: gl.constexpr = False, ROTATE: gl.constexpr = False):
+                         CARRY: gl.constexpr = False):
     """O and lse of attention for every (query block, batch * head); a persistent grid."""
     g = (q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh, head_group)
     BM: gl.constexpr = o_desc.block_type.shape[2]
@@ -386,7 +374,7 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROU
     D: gl.constexpr = k_desc.block_type.shape[3]
     gl.static_assert(not PINGPONG or OVERLAP, "PINGPONG takes the overlapped loop")
     gl.static_assert(not CARRY or (OVERLAP and not PINGPONG), "CARRY takes the overlapped loop, without PINGPONG")
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, OVERLAP, CONSUMERS, PINGPONG, CARRY, ROTATE))
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, OVERLAP, CONSUMERS, PINGPONG, CARRY))
     num_tiles = gl.cdiv(N, BM * CONSUMERS) * num_bh
     # registers a thread: three consumer warpgroups (13 warps) share the register file more thinly
     CONSUMER_REGS: gl.constexpr = 160 if CONSUMERS == 3 else 232
