@@ -45,9 +45,13 @@ B, H, N = 16, 16, 4096
 # partial tile, where N is not a multiple of the tile's rows, became the lightest, not the heaviest).
 # Then three consumers with a deeper ring (4, 5 stages: slower everywhere, removed), and two against
 # three again at N = 8192 (causal: +0.2% and +7.8% in two runs).
+# Session 13: a tile's row blocks rotated among the consumers from tile to tile (removed: 2-7%
+# slower causal), then three consumers with two Q buffers each (the rotated variant had them).
 FWD_VARIANTS = {"2 consumers": dict(consumers=2, q_buffers=2, only_d=64),
-                "3 consumers": dict(consumers=3, q_buffers=1, carry=False, only_d=64)}
-VARIANT_LENGTHS = (8192, 4096)
+                "3 consumers": dict(consumers=3, q_buffers=1, carry=False, only_d=64),
+                "3 consumers q2": dict(consumers=3, q_buffers=2, carry=False, only_d=64)}
+VARIANT_LENGTHS = (4096, 8192, 2048, 16384)
+VARIANT_REPEATS = 5
 VARIANT_HEAD_DIMS = (64,)  # the head dims timed (D128 has no variant now)
 
 
@@ -494,9 +498,9 @@ def public_gap(out_dir):
                       indent=1)
 
 
-def _next_to_cudnn(fns, q, k, v, causal, flops, label):
-    """TFLOP/s of each of ``fns`` and of cuDNN's forward on q, k, v: three repetitions taking them in
-    turn; prints the medians and their ratio to cuDNN's, returns every repetition's figures."""
+def _next_to_cudnn(fns, q, k, v, causal, flops, label, repeats=3):
+    """TFLOP/s of each of ``fns`` and of cuDNN's forward on q, k, v: ``repeats`` repetitions taking
+    them in turn; prints the medians and their ratio to cuDNN's, returns every repetition's figures."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -505,9 +509,9 @@ def _next_to_cudnn(fns, q, k, v, causal, flops, label):
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    ms = interleaved_ms(dict(fns, cuDNN=cudnn), 3, warmup_ms=10, rep_ms=50)
+    ms = interleaved_ms(dict(fns, cuDNN=cudnn), repeats, warmup_ms=10, rep_ms=50)
     res = {name: [flops / t / 1e9 for t in ts] for name, ts in ms.items()}
-    med = {name: sorted(x)[1] for name, x in res.items()}
+    med = {name: sorted(x)[repeats // 2] for name, x in res.items()}
     print(f"{label}: " + ", ".join(f"{name} {m:.0f} ({m / med['cuDNN']:.3f}x)" for name, m in med.items()), flush=True)
     return res
 
@@ -604,7 +608,7 @@ def fwd_variants(out_dir):
                 fns = {name: (lambda opts=opts: kernels.forward_gluon(
                     q, k, v, out, lse, causal, d ** -0.5, **(kernels.gluon_forward_config(d, n, n, causal) | opts)))
                     for name, opts in _variants(d).items()}
-                res = _next_to_cudnn(fns, q, k, v, causal, fl, f"D={d} N={n} causal={causal}")
+                res = _next_to_cudnn(fns, q, k, v, causal, fl, f"D={d} N={n} causal={causal}", VARIANT_REPEATS)
                 rows.append({"D": d, "N": n, "B": b, "causal": causal, "tflops": res})
                 json.dump({"meta": _meta(), "variants": FWD_VARIANTS, "rows": rows},
                           open(os.path.join(out_dir, "attention_fwd_variants.json"), "w"), indent=1)
