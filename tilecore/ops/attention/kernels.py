@@ -292,6 +292,10 @@ SHORT_TILE_KEY_BLOCKS = 8
 # -0.5 to -3%, 2048 -12%; session 8, with the partial tile last: 4096 -12%, 2048 -27%)
 # (notes/attention.md)
 THREE_CONSUMERS_MIN_N = {False: 2048, True: 8192}
+# Three consumers keep two Q buffers each (the next tile's Q loads while a tile runs) where tiles are
+# shortest: not causal, N <= 4096 (+2.5 / +1.4% at 4096 and +3.7 / +4.4% at 2048 in two runs of
+# session 13; 8192 +0 / +0.4%, 16384 -0.8%; causal at 8192 / 16384 -1 / -2.4%)
+THREE_CONSUMERS_Q2_MAX_N = 4096
 # Causal tiles this short (keys a query row sees, on average) take 64-key blocks: their diagonal
 # block, half of it masked, is half as large. N = 512: D128 225 -> 293-304 TFLOP/s, D64 184 -> 217;
 # N = 1024 +2% / +12%; from N = 2048 (and never causal) 128-key blocks win (notes/attention.md, session 9)
@@ -303,7 +307,7 @@ def gluon_forward_config(d: int, n: int, nk: int, causal: bool) -> dict:
     where a tile's key blocks are few on average (its fixed costs dominate), the pipeline carried
     across tiles (not at D = 128 causal: there it lost 1-2%), and causal ones of at most
     SHORT_CAUSAL_KEYS keys, 64-key blocks; at D = 64 and N >= THREE_CONSUMERS_MIN_N[causal], three
-    consumer warpgroups (with one Q buffer each)."""
+    consumer warpgroups (with two Q buffers each up to THREE_CONSUMERS_Q2_MAX_N without a mask, else one)."""
     cfg = dict(GLUON_FORWARD[d])
     keys = max(nk - n / 2, nk / 2) if causal else nk  # keys a query row sees, on average (about)
     if keys / cfg["block_n"] <= SHORT_TILE_KEY_BLOCKS:
@@ -312,7 +316,7 @@ def gluon_forward_config(d: int, n: int, nk: int, causal: bool) -> dict:
         if causal and keys <= SHORT_CAUSAL_KEYS:
             cfg["block_n"] = 64
     elif d == 64 and n >= THREE_CONSUMERS_MIN_N[causal]:
-        cfg.update(consumers=3, q_buffers=1)
+        cfg.update(consumers=3, q_buffers=2 if not causal and n <= THREE_CONSUMERS_Q2_MAX_N else 1)
     return cfg
 
 
