@@ -23,7 +23,11 @@ TARGETS = {"d64 overlapped": ("bwd", 64, False, "overlapped"), "d64 dk/dv only":
            "d128 fused": ("bwd", 128, False, "fused"), "d128 dk/dv only": ("bwd", 128, False, "tl"),
            "d128 causal fused": ("bwd", 128, True, "fused"),
            "fwd d128": ("fwd", 128, False, {}), "fwd d128 causal": ("fwd", 128, True, {}),
-           "fwd d128 lazy": ("fwd", 128, False, {"lazy_rescale": True}), "fwd d64": ("fwd", 64, False, {})}
+           "fwd d128 lazy": ("fwd", 128, False, {"lazy_rescale": True}), "fwd d64": ("fwd", 64, False, {}),
+           # session 13: where three consumers lose causal (8% beyond their extra masked work)
+           "fwd d64 3c": ("fwd", 64, False, {"consumers": 3, "q_buffers": 1}),
+           "fwd d64 3c causal": ("fwd", 64, True, {"consumers": 3, "q_buffers": 1}),
+           "fwd d64 causal": ("fwd", 64, True, {})}
 KERNEL = {"fwd": "attention_fwd", "bwd": "attention_bwd"}
 METRICS = ["sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
            "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active",
