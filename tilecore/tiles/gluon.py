@@ -113,6 +113,16 @@ def needs_mask(first_query, first_key, BLOCK_KEYS: gl.constexpr, N, Nk, CAUSAL: 
 
 
 @gluon.jit
+def opaque_int(x):
+    """The int32 ``x`` through an instruction the compiler can neither see through nor move, so that
+    what is computed from it stays where it is written. For a mask whose key offset is a constant
+    (a tile's first key block): LLVM hoisted its comparisons (64 a thread) to the tile's start, kept
+    them live through the tile as packed predicates, and turned the masking branch into selects run
+    at every first step (notes/attention.md, session 13)."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def mask_scores(s, layout: gl.constexpr, first_query, first_key, N, Nk, CAUSAL: gl.constexpr,
                 KEY_AXIS: gl.constexpr):
     """The scores s (in ``layout``; keys along ``KEY_AXIS``: 1 for [queries, keys], 0 for the

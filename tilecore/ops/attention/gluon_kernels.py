@@ -39,8 +39,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from tilecore.tiles.gluon import (head_grouped_tile, mask_scores, needs_mask, pass_turn, persistent_pipeline,
-                                  wait_turn, wgmma_layout)
+from tilecore.tiles.gluon import (head_grouped_tile, mask_scores, needs_mask, opaque_int, pass_turn,
+                                  persistent_pipeline, wait_turn, wgmma_layout)
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 EMPTY_ROW_MAX: gl.constexpr = gl.constexpr(-1.0e30)  # far below any real scaled score, far above -inf
@@ -205,6 +205,19 @@ def _softmax(g, cfg: gl.constexpr, s, m_i, l_i, start_m, start_n):
 
 
 @gluon.jit
+def _first_key(cfg: gl.constexpr, kk):
+    """The first key of a tile's first block (kk = 0): 0, hidden from the compiler where causal.
+    Its causal mask then depends only on the tile, and LLVM hoisted that mask's comparisons to the
+    tile's start and ran it as selects at every tile (~600 instructions, a step's worth, a tile):
+    see tiles.gluon.opaque_int. Without a mask (only keys past Nk) the hoisted part is small, and
+    hiding it there moved a spill into the loop of three consumers."""
+    if cfg[0] and cfg[8]:
+        return opaque_int(kk * cfg[2])
+    else:
+        return 0
+
+
+@gluon.jit
 def _p_operand(g, cfg: gl.constexpr, p):
     """P in the inputs' dtype, as the register operand of the P V wgmma. Called with no wgmma in
     flight: ptxas serializes every wgmma of a kernel that defines a wgmma's input registers while
@@ -251,9 +264,9 @@ def _compute_carried(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, o_
         fresh_m = gl.full([BM], EMPTY_ROW_MAX, gl.float32, gl.SliceLayout(1, s_layout))
         fresh_l = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
         if pend_blocks > 1:
-            m_new, l_new, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, acc, fresh_m, fresh_l, start_m, 0)
+            m_new, l_new, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, acc, fresh_m, fresh_l, start_m, _first_key(cfg, kk))
         else:
-            m_new, l_new, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, zeros, fresh_m, fresh_l, start_m, 0)
+            m_new, l_new, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, zeros, fresh_m, fresh_l, start_m, _first_key(cfg, kk))
         p = _p_operand(g, cfg, p32)
         if pend_blocks > 0:  # a previous tile (not the state before a program's first)
             _epilogue(g, cfg, m_i, l_i, acc, pend_m, pend_bh, o_smem)
@@ -306,7 +319,7 @@ def _compute_step(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, turn=
             s = warpgroup_mma(q, k_t, s0, use_acc=False)
             if cfg[6]:
                 pass_turn(turn)
-            m_i, l_i, p32, alpha = _softmax(g, cfg, s, m_i, l_i, start_m, 0)
+            m_i, l_i, p32, alpha = _softmax(g, cfg, s, m_i, l_i, start_m, _first_key(cfg, kk))
             p = _p_operand(g, cfg, p32)
         elif kk < n_blocks:
             m_i, l_i, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, acc, m_i, l_i, start_m, kk * BN, turn)
@@ -366,7 +379,7 @@ def _epilogue(g, cfg: gl.constexpr, m_i, l_i, acc, start_m, bh, o_smem):
 def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh,
                          head_group, schedule, CAUSAL: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
                          CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr = False, Q_BUFFERS: gl.constexpr = 1,
-                         CARRY: gl.constexpr = False):
+                         CARRY: gl.constexpr = False, HIDE: gl.constexpr = True):
     """O and lse of attention for every (query block, batch * head); a persistent grid."""
     g = (q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh, head_group)
     BM: gl.constexpr = o_desc.block_type.shape[2]
@@ -374,7 +387,7 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROU
     D: gl.constexpr = k_desc.block_type.shape[3]
     gl.static_assert(not PINGPONG or OVERLAP, "PINGPONG takes the overlapped loop")
     gl.static_assert(not CARRY or (OVERLAP and not PINGPONG), "CARRY takes the overlapped loop, without PINGPONG")
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, OVERLAP, CONSUMERS, PINGPONG, CARRY))
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, OVERLAP, CONSUMERS, PINGPONG, CARRY, HIDE))
     num_tiles = gl.cdiv(N, BM * CONSUMERS) * num_bh
     # registers a thread: three consumer warpgroups (13 warps) share the register file more thinly
     CONSUMER_REGS: gl.constexpr = 160 if CONSUMERS == 3 else 232

@@ -413,7 +413,7 @@ def gluon_forward_fits(q, k, v, scale: float) -> bool:
 
 def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int, block_n: int,
                   stages: int, overlap: bool = True, consumers: int = 2, pingpong: bool = False,
-                  q_buffers: int = 1, carry: bool = False, balanced: bool = True) -> None:
+                  q_buffers: int = 1, carry: bool = False, balanced: bool = True, hide: bool = True) -> None:
     """The Gluon forward: ``consumers`` warpgroups (1 of 8 warps, or 2 or 3 of 4) of ``block_m``
     query rows each share every K/V stage of ``block_n`` keys; ``q_buffers`` = 2 loads a tile's Q
     blocks while the previous tile runs; ``carry`` keeps the pipeline running across tiles;
@@ -431,7 +431,7 @@ def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int
         attention_fwd_kernel[grid](desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(out, block_m), lse,
                                    H, N, Nk, H // Hkv, scale * LOG2E, B * H, head_group, schedule, CAUSAL=causal,
                                    STAGES=stages, OVERLAP=overlap, CONSUMERS=consumers, PINGPONG=pingpong,
-                                   Q_BUFFERS=q_buffers, CARRY=carry, num_warps=num_warps)
+                                   Q_BUFFERS=q_buffers, CARRY=carry, HIDE=hide, num_warps=num_warps)
 
 
 def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict | None = None) -> None:
