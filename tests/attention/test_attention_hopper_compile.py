@@ -64,15 +64,16 @@ def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(
 # The Gluon backward at D = 128 holds dK and dV of 64 keys x 128 (128 registers a thread) and
 # spills 160-300 bytes (D = 64: 4 bytes when causal, none otherwise); it was still 1.17x the tl
 # kernels on the H100 (notes/attention.md)
-# Three consumers at D = 64 have 160 registers a thread: causal (the per-consumer key-block count
-# and the balanced schedule's tile ids add a little) spills 60 bytes and was still 4-5% faster than
-# two consumers at N = 16384 on the H100 (notes/attention.md, session 9)
+# Three consumers at D = 64 have 160 registers a thread: causal (the per-consumer key-block count,
+# the balanced schedule's tile ids and the hidden first key offset add a little) spills 84 bytes of
+# scalars, stored once a program and reloaded once a tile (none in the loop), and was 4-6% faster
+# than two consumers at N = 4096 on the H100 (notes/attention.md, sessions 9 and 13)
 # The query split at D = 64 (S^T and dP^T by halves of the tile's keys) spills 140-160 bytes of
 # scalars (addresses and loop counters, reloaded once a step); still 5-8% faster than the key split
 # without a mask on the H100 (notes/attention.md, session 12)
 SPILL_BYTES_ALLOWED = {("backward dk/dv", 128): 64, ("backward (gluon)", 64): 8, ("backward (gluon)", 128): 320,
                        ("backward (gluon, query split)", 64): 192,
-                       ("forward (gluon, 3 consumers)", 64): 64}
+                       ("forward (gluon, 3 consumers)", 64): 96}
 
 
 def test_no_spills_and_shared_memory_fits(report):

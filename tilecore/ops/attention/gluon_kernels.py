@@ -207,11 +207,12 @@ def _softmax(g, cfg: gl.constexpr, s, m_i, l_i, start_m, start_n):
 @gluon.jit
 def _first_key(cfg: gl.constexpr, kk):
     """The first key of a tile's first block (kk = 0): 0, hidden from the compiler where causal.
-    Its causal mask then depends only on the tile, and LLVM hoisted that mask's comparisons to the
-    tile's start and ran it as selects at every tile (~600 instructions, a step's worth, a tile):
-    see tiles.gluon.opaque_int. Without a mask (only keys past Nk) the hoisted part is small, and
-    hiding it there moved a spill into the loop of three consumers."""
-    if cfg[0] and cfg[8]:
+    Seen as a constant, the causal mask of that block depends only on the tile: LLVM hoisted its
+    comparisons to the tile's start and turned the masking branch into selects, ~600 instructions
+    (a step's worth) at every tile, needed or not; hidden, the causal forward ran 5-20% faster on
+    the H100 (notes/attention.md, session 13). Without a mask (only keys past Nk) the hoisted part
+    is small, and hiding it there moved a spill into the loop of three consumers."""
+    if cfg[0]:
         return opaque_int(kk * cfg[2])
     else:
         return 0
@@ -264,9 +265,11 @@ def _compute_carried(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, o_
         fresh_m = gl.full([BM], EMPTY_ROW_MAX, gl.float32, gl.SliceLayout(1, s_layout))
         fresh_l = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
         if pend_blocks > 1:
-            m_new, l_new, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, acc, fresh_m, fresh_l, start_m, _first_key(cfg, kk))
+            m_new, l_new, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, acc, fresh_m, fresh_l, start_m,
+                                                      _first_key(cfg, kk))
         else:
-            m_new, l_new, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, zeros, fresh_m, fresh_l, start_m, _first_key(cfg, kk))
+            m_new, l_new, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, zeros, fresh_m, fresh_l, start_m,
+                                                      _first_key(cfg, kk))
         p = _p_operand(g, cfg, p32)
         if pend_blocks > 0:  # a previous tile (not the state before a program's first)
             _epilogue(g, cfg, m_i, l_i, acc, pend_m, pend_bh, o_smem)
@@ -379,7 +382,7 @@ def _epilogue(g, cfg: gl.constexpr, m_i, l_i, acc, start_m, bh, o_smem):
 def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh,
                          head_group, schedule, CAUSAL: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
                          CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr = False, Q_BUFFERS: gl.constexpr = 1,
-                         CARRY: gl.constexpr = False, HIDE: gl.constexpr = True):
+                         CARRY: gl.constexpr = False):
     """O and lse of attention for every (query block, batch * head); a persistent grid."""
     g = (q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh, head_group)
     BM: gl.constexpr = o_desc.block_type.shape[2]
@@ -387,7 +390,7 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROU
     D: gl.constexpr = k_desc.block_type.shape[3]
     gl.static_assert(not PINGPONG or OVERLAP, "PINGPONG takes the overlapped loop")
     gl.static_assert(not CARRY or (OVERLAP and not PINGPONG), "CARRY takes the overlapped loop, without PINGPONG")
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, OVERLAP, CONSUMERS, PINGPONG, CARRY, HIDE))
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, OVERLAP, CONSUMERS, PINGPONG, CARRY))
     num_tiles = gl.cdiv(N, BM * CONSUMERS) * num_bh
     # registers a thread: three consumer warpgroups (13 warps) share the register file more thinly
     CONSUMER_REGS: gl.constexpr = 160 if CONSUMERS == 3 else 232

@@ -289,9 +289,10 @@ SHORT_TILE_KEY_BLOCKS = 8
 # to the wgmma at this head dim) where its 192-row tiles pay: not causal from N = 2048 (N = 4096
 # +8%, 16384 +17%; N <= 1024 -5 to -27%: partial tiles); causal from N = 8192 (16384 +8%; 8192
 # +0.2, +7.8, +6.3% in three runs of session 12, once causal tiles counted from the last row; 4096
-# -0.5 to -3%, 2048 -12%; session 8, with the partial tile last: 4096 -12%, 2048 -27%)
-# (notes/attention.md)
-THREE_CONSUMERS_MIN_N = {False: 2048, True: 8192}
+# -0.5 to -3%, 2048 -12%; session 8, with the partial tile last: 4096 -12%, 2048 -27%); causal from
+# N = 4096 since the first block's mask stopped costing every tile (session 13: 4096 +4.6 to +6%,
+# 2048 -2%) (notes/attention.md)
+THREE_CONSUMERS_MIN_N = {False: 2048, True: 4096}
 # Three consumers keep two Q buffers each (the next tile's Q loads while a tile runs) where tiles are
 # shortest: not causal, N <= 4096 (+2.5 / +1.4% at 4096 and +3.7 / +4.4% at 2048 in two runs of
 # session 13; 8192 +0 / +0.4%, 16384 -0.8%; causal at 8192 / 16384 -1 / -2.4%)
@@ -413,7 +414,7 @@ def gluon_forward_fits(q, k, v, scale: float) -> bool:
 
 def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int, block_n: int,
                   stages: int, overlap: bool = True, consumers: int = 2, pingpong: bool = False,
-                  q_buffers: int = 1, carry: bool = False, balanced: bool = True, hide: bool = True) -> None:
+                  q_buffers: int = 1, carry: bool = False, balanced: bool = True) -> None:
     """The Gluon forward: ``consumers`` warpgroups (1 of 8 warps, or 2 or 3 of 4) of ``block_m``
     query rows each share every K/V stage of ``block_n`` keys; ``q_buffers`` = 2 loads a tile's Q
     blocks while the previous tile runs; ``carry`` keeps the pipeline running across tiles;
@@ -431,7 +432,7 @@ def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int
         attention_fwd_kernel[grid](desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(out, block_m), lse,
                                    H, N, Nk, H // Hkv, scale * LOG2E, B * H, head_group, schedule, CAUSAL=causal,
                                    STAGES=stages, OVERLAP=overlap, CONSUMERS=consumers, PINGPONG=pingpong,
-                                   Q_BUFFERS=q_buffers, CARRY=carry, HIDE=hide, num_warps=num_warps)
+                                   Q_BUFFERS=q_buffers, CARRY=carry, num_warps=num_warps)
 
 
 def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict | None = None) -> None:

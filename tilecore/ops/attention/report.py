@@ -80,7 +80,7 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
                 GROUP=1, scale_log2e=0.1, num_bh=256, head_group=12, schedule=_schedule(causal, cfg),
                 CAUSAL=causal, STAGES=cfg["stages"],
                 OVERLAP=cfg["overlap"], CONSUMERS=cfg["consumers"], PINGPONG=cfg.get("pingpong", False),
-                Q_BUFFERS=cfg["q_buffers"], CARRY=cfg.get("carry", False), HIDE=cfg.get("hide", True))
+                Q_BUFFERS=cfg["q_buffers"], CARRY=cfg.get("carry", False))
     compiled = _compile(attention_fwd_kernel, args, {"num_warps": 8 if cfg["consumers"] == 1 else 4})
     r = resources(compiled)
     name = ("forward (gluon, ping-pong)" if cfg.get("pingpong") else
