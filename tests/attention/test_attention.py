@@ -233,9 +233,10 @@ def test_bad_input_names_what_is_accepted(args, kwargs, error, words):
     (64, 4096, 4096, False, dict(consumers=3)),                   # D = 64, long, not causal: three consumers,
     (64, 2048, 2048, False, dict(consumers=3)),                   # two Q buffers up to N = 4096
     (64, 8192, 8192, False, dict(consumers=3, q_buffers=1)),      # then one
-    (64, 2048, 2048, True, dict(carry=True)),                     # causal: two (8 key blocks a tile: carried)
-    (64, 4096, 4096, True, dict(consumers=3, q_buffers=1)),       # but three from N = 4096, with one
-    (64, 512, 512, True, dict(carry=True, block_n=64)),           # short tiles: carried; causal <= 512 keys: 64-key blocks
+    (64, 8192, 8192, True, dict(consumers=3, q_buffers=1)),       # causal: three from N = 1024,
+    (64, 2048, 2048, True, dict(consumers=3)),                    # even where tiles are short, not carried
+    (64, 1024, 1024, True, dict(consumers=3, block_n=64)),        # (<= 512 keys a row: 64-key blocks)
+    (64, 512, 512, True, dict(carry=True, block_n=64)),           # shorter: two, carried
     (64, 1024, 1024, False, dict(carry=True)),
     (128, 4096, 4096, False, {}), (128, 4096, 4096, True, {}),    # long tiles: GLUON_FORWARD (two Q buffers)
     (128, 1024, 1024, False, dict(carry=True)),                   # <= 8 key blocks a tile on average

@@ -287,15 +287,14 @@ GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, overlap=True, consu
 SHORT_TILE_KEY_BLOCKS = 8
 # D = 64 takes three consumer warpgroups (FlashAttention-3's choice there: the softmax is long next
 # to the wgmma at this head dim) where its 192-row tiles pay: not causal from N = 2048 (N = 4096
-# +8%, 16384 +17%; N <= 1024 -5 to -27%: partial tiles); causal from N = 8192 (16384 +8%; 8192
-# +0.2, +7.8, +6.3% in three runs of session 12, once causal tiles counted from the last row; 4096
-# -0.5 to -3%, 2048 -12%; session 8, with the partial tile last: 4096 -12%, 2048 -27%); causal from
-# N = 4096 since the first block's mask stopped costing every tile (session 13: 4096 +4.6 to +6%,
-# 2048 -2%) (notes/attention.md)
-THREE_CONSUMERS_MIN_N = {False: 2048, True: 4096}
+# +8%, 16384 +17%; N <= 1024 -5 to -27%: partial tiles). Causal from N = 1024, and there ahead of
+# the carried pipeline, since the first block's mask stopped costing every tile (session 13, two
+# runs, against two consumers: 1024 +6 to +9%, 2048 -2% / +0%, 4096 +4.6 to +6%; before it, three
+# consumers won causal only from N = 8192) (notes/attention.md)
+THREE_CONSUMERS_MIN_N = {False: 2048, True: 1024}
 # Three consumers keep two Q buffers each (the next tile's Q loads while a tile runs) where tiles are
-# shortest: not causal, N <= 4096 (+2.5 / +1.4% at 4096 and +3.7 / +4.4% at 2048 in two runs of
-# session 13; 8192 +0 / +0.4%, 16384 -0.8%; causal at 8192 / 16384 -1 / -2.4%)
+# short: N <= 4096 (session 13, not causal: +2.5 / +1.4% at 4096 and +3.7 / +4.4% at 2048 in two
+# runs, 8192 +0 / +0.4%, 16384 -0.8%; causal: 4096 +2%, 1024 +2%, 8192 and 16384 -1 / -2.4%)
 THREE_CONSUMERS_Q2_MAX_N = 4096
 # Causal tiles this short (keys a query row sees, on average) take 64-key blocks: their diagonal
 # block, half of it masked, is half as large. N = 512: D128 225 -> 293-304 TFLOP/s, D64 184 -> 217;
@@ -304,20 +303,20 @@ SHORT_CAUSAL_KEYS = 512
 
 
 def gluon_forward_config(d: int, n: int, nk: int, causal: bool) -> dict:
-    """The Gluon forward's configuration for head dim ``d`` and these lengths: GLUON_FORWARD[d];
-    where a tile's key blocks are few on average (its fixed costs dominate), the pipeline carried
-    across tiles (not at D = 128 causal: there it lost 1-2%), and causal ones of at most
-    SHORT_CAUSAL_KEYS keys, 64-key blocks; at D = 64 and N >= THREE_CONSUMERS_MIN_N[causal], three
-    consumer warpgroups (with two Q buffers each up to THREE_CONSUMERS_Q2_MAX_N without a mask, else one)."""
+    """The Gluon forward's configuration for head dim ``d`` and these lengths: GLUON_FORWARD[d]; at
+    D = 64 and N >= THREE_CONSUMERS_MIN_N[causal], three consumer warpgroups (two Q buffers each up
+    to THREE_CONSUMERS_Q2_MAX_N, else one); else, where a tile's key blocks are few on average (its
+    fixed costs dominate), the pipeline carried across tiles (not at D = 128 causal: there it lost
+    1-2%); and causal tiles of at most SHORT_CAUSAL_KEYS keys take 64-key blocks."""
     cfg = dict(GLUON_FORWARD[d])
     keys = max(nk - n / 2, nk / 2) if causal else nk  # keys a query row sees, on average (about)
-    if keys / cfg["block_n"] <= SHORT_TILE_KEY_BLOCKS:
-        if not (causal and d == 128):
-            cfg["carry"] = True
-        if causal and keys <= SHORT_CAUSAL_KEYS:
-            cfg["block_n"] = 64
-    elif d == 64 and n >= THREE_CONSUMERS_MIN_N[causal]:
-        cfg.update(consumers=3, q_buffers=2 if not causal and n <= THREE_CONSUMERS_Q2_MAX_N else 1)
+    short = keys / cfg["block_n"] <= SHORT_TILE_KEY_BLOCKS
+    if causal and keys <= SHORT_CAUSAL_KEYS:
+        cfg["block_n"] = 64
+    if d == 64 and n >= THREE_CONSUMERS_MIN_N[causal] and (causal or not short):
+        cfg.update(consumers=3, q_buffers=2 if n <= THREE_CONSUMERS_Q2_MAX_N else 1)
+    elif short and not (causal and d == 128):
+        cfg["carry"] = True
     return cfg
 
 

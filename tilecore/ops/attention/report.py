@@ -164,6 +164,7 @@ def main(argv=None) -> int:
     for causal in (False, True):
         rows.append(gluon_forward_resources(64, causal, cfg=gluon_forward_config(64, 16384, 16384, causal)))
     rows.append(gluon_forward_resources(64, False, cfg=gluon_forward_config(64, 4096, 4096, False)))  # and 2 Q buffers
+    rows.append(gluon_forward_resources(64, True, cfg=gluon_forward_config(64, 1024, 1024, True)))  # and 64-key blocks
     rows += [gluon_backward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
     rows += [gluon_dq_resources(d, causal) for d in (64, 128) for causal in (False, True)]
     if "--json" in argv:
