@@ -264,12 +264,11 @@ def _compute_carried(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, o_
         # accumulator is acc, or zeros if the P V is its only one (acc then holds an older tile's)
         fresh_m = gl.full([BM], EMPTY_ROW_MAX, gl.float32, gl.SliceLayout(1, s_layout))
         fresh_l = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
+        first_key = _first_key(cfg, kk)
         if pend_blocks > 1:
-            m_new, l_new, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, acc, fresh_m, fresh_l, start_m,
-                                                      _first_key(cfg, kk))
+            m_new, l_new, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, acc, fresh_m, fresh_l, start_m, first_key)
         else:
-            m_new, l_new, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, zeros, fresh_m, fresh_l, start_m,
-                                                      _first_key(cfg, kk))
+            m_new, l_new, p32, alpha, acc = _s_and_pv(g, cfg, q, k_t, v, p, zeros, fresh_m, fresh_l, start_m, first_key)
         p = _p_operand(g, cfg, p32)
         if pend_blocks > 0:  # a previous tile (not the state before a program's first)
             _epilogue(g, cfg, m_i, l_i, acc, pend_m, pend_bh, o_smem)
