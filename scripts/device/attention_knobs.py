@@ -107,6 +107,7 @@ def backward_case(n: int, d: int, causal: bool):
     def run(gluon=None):
         kernels.backward_into(do, q, k, v, out, lse, None, dq, dk, dv, causal, d ** -0.5, gluon=gluon)
 
+    run.inputs = (q, k, v, do, out, lse)  # for calls of a kernel alone (bwd_variants.py)
     return run, lambda: o.backward(do, retain_graph=True), 2.5 * 4 * b * H * n * n * d / (2 if causal else 1), grads
 
 

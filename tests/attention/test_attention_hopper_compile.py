@@ -71,9 +71,11 @@ def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(
 # than two consumers at N = 4096 on the H100 (notes/attention.md, sessions 9 and 13)
 # The query split at D = 64 (S^T and dP^T by halves of the tile's keys) spills 140-160 bytes of
 # scalars (addresses and loop counters, reloaded once a step); still 5-8% faster than the key split
-# without a mask on the H100 (notes/attention.md, session 12)
+# without a mask on the H100 (notes/attention.md, session 12). Since the steps walk the group's q
+# heads at each query block (session 14: fewer integer divisions a step) it spills 212-228 bytes,
+# and ran 1% faster than before on the H100
 SPILL_BYTES_ALLOWED = {("backward dk/dv", 128): 64, ("backward (gluon)", 64): 8, ("backward (gluon)", 128): 320,
-                       ("backward (gluon, query split)", 64): 192,
+                       ("backward (gluon, query split)", 64): 240,
                        ("forward (gluon, 3 consumers)", 64): 96}
 
 

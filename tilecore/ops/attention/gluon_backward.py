@@ -68,17 +68,23 @@ def _setup(g, cfg: gl.constexpr, tile_id):
     if cfg[0]:  # query i sees keys j <= i + Nk - N: the first query that sees key start_n
         first_mb = gl.maximum(start_n - (Nk - N), 0) // BM
     per_head = gl.maximum(gl.cdiv(N, BM) - first_mb, 0)
-    return (start_n, bhk, first_mb, per_head, key_block), per_head * g[12]
+    shift = key_block % gl.maximum(per_head, 1)  # where this tile's walk starts (_step_rows)
+    return (start_n, bhk, first_mb, per_head, shift), per_head * g[12]
 
 
 @gluon.jit
 def _step_rows(g, cfg: gl.constexpr, tile, kk):
     """Step kk's (q head, first query row). The tiles of one head walk its query blocks from
     different starting blocks (the key block's index, wrapping around), so that their dQ
-    reductions, running at the same time, add to different rows."""
+    reductions, running at the same time, add to different rows. At each query block the steps go
+    through the q heads of the group: dividing kk by the group size (a constant of the launch, 1
+    without GQA) costs little, where walking each head's blocks in turn divided by the tile's block
+    count, three integer divisions (~25 instructions each) a step on the consumers' critical path:
+    D = 64 causal ran 10% faster without them on the H100 (notes/attention.md, session 14)."""
     b, hk = _kv_head(g, tile[1])
-    block = tile[2] + (kk % tile[3] + tile[4]) % tile[3]
-    return hk * g[12] + kk // tile[3], block * cfg[1]
+    walked = kk // g[12] + tile[4]
+    block = tile[2] + gl.where(walked >= tile[3], walked - tile[3], walked)
+    return hk * g[12] + kk % g[12], block * cfg[1]
 
 
 @gluon.jit
@@ -175,7 +181,7 @@ def _issue_dq(g, cfg: gl.constexpr, kv_smem, step):
     DH: gl.constexpr = cfg[3] // 2
     buf = (step + 2) % 2
     mbarrier.wait(g[18].index(buf), ((step + 2) // 2 + 1) & 1)  # (step // 2) & 1, and 1 for step -1
-    k_half = kv_smem.index(0).reshape([2 * BN, cfg[3]]).slice(cfg[6] * DH, DH, dim=1)
+    k_half = kv_smem.index(0).reshape([2 * BN, cfg[3]]).slice(cfg[-1] * DH, DH, dim=1)
     return warpgroup_mma(g[17].index(buf).permute((1, 0)), k_half,
                          gl.zeros([BM, DH], gl.float32, wgmma_layout(BM, DH, gl.num_warps())), use_acc=False,
                          is_async=True)
@@ -189,12 +195,12 @@ def _add_dq(g, cfg: gl.constexpr, tile, kk, dq):
     DH: gl.constexpr = cfg[3] // 2
     b, hk = _kv_head(g, tile[1])
     h, start_m = _step_rows(g, cfg, tile, kk)
-    staging = g[20].index(cfg[6])
+    staging = g[20].index(cfg[-1])
     tma.store_wait(0)  # the previous reduction has read the buffer
     staging.reshape([BM, DH]).store(dq * g[13])
     fence_async_shared()
     gl.thread_barrier()
-    tma_reduce_add(g[8], [b, h, start_m, cfg[6] * DH], staging)
+    tma_reduce_add(g[8], [b, h, start_m, cfg[-1] * DH], staging)
 
 
 @gluon.jit
@@ -214,7 +220,7 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
     D: gl.constexpr = cfg[3]
     MODE: gl.constexpr = cfg[4]
     PREFETCH: gl.constexpr = cfg[5]
-    c: gl.constexpr = cfg[6]  # this consumer: keys [c BN, (c + 1) BN) of the tile
+    c: gl.constexpr = cfg[-1]  # this consumer: keys [c BN, (c + 1) BN) of the tile
     st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
     dk, dv, tile, lse, delta = state
     b, hk = _kv_head(g, tile[1])
@@ -294,7 +300,7 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
     D: gl.constexpr = cfg[3]
     dk, dv, tile, lse, delta = state
     b, hk = _kv_head(g, tile[1])
-    start_n = tile[0] + cfg[6] * BN
+    start_n = tile[0] + cfg[-1] * BN
     for which in gl.static_range(2):
         tma.store_wait(0)  # the buffer's previous TMA store has read it
         if which == 0:
@@ -331,7 +337,7 @@ def _init_split(g, cfg: gl.constexpr, tile, kv_smem):
     acc_layout: gl.constexpr = wgmma_layout(BN, D, gl.num_warps())
     dk = gl.zeros([BN, D], gl.float32, acc_layout)
     dv = gl.zeros([BN, D], gl.float32, acc_layout)
-    lse, delta = _row_stats(g, cfg, tile, 0, cfg[6] * HM, HM)
+    lse, delta = _row_stats(g, cfg, tile, 0, cfg[-1] * HM, HM)
     return dk, dv, tile, lse, delta
 
 
@@ -341,7 +347,7 @@ def _add_dq_split(g, cfg: gl.constexpr, tile, kk, dq):
     this consumer's two staging buffers (the column halves, 128-byte rows), two TMA reductions."""
     HM: gl.constexpr = cfg[1] // 2
     DH: gl.constexpr = cfg[3] // 2
-    c: gl.constexpr = cfg[6]
+    c: gl.constexpr = cfg[-1]
     b, hk = _kv_head(g, tile[1])
     h, start_m = _step_rows(g, cfg, tile, kk)
     lo, hi = split_n(dq * g[13])
@@ -379,7 +385,7 @@ def _compute_split(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i)
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
     PREFETCH: gl.constexpr = cfg[5]
-    c: gl.constexpr = cfg[6]
+    c: gl.constexpr = cfg[-1]
     HM: gl.constexpr = BM // 2
     dk, dv, tile, lse, delta = state
     h, start_m = _step_rows(g, cfg, tile, kk)
