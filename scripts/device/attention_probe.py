@@ -350,7 +350,7 @@ def backward_variants(out_dir):
     variants_by_d = {
         64: {"overlapped": G(dq_from="overlapped"), "+ gluon dq": G(dq_from="gluon"),
              "+ gluon dq, 64 keys": G(dq_from="gluon", dq_config=dict(block_m=64, block_n=64, stages=4))},
-        128: {"fused, no prefetch": G(prefetch=False), "+ tl dq": G(dq_from="tl"), "+ gluon dq": G(dq_from="gluon"),
+        128: {"fused": G(), "+ tl dq": G(dq_from="tl"), "+ gluon dq": G(dq_from="gluon"),
               "+ gluon dq, 128 keys": G(dq_from="gluon", dq_config=dict(block_m=64, block_n=128, stages=2))}}
     rows = []
     for d in (64, 128):
@@ -430,15 +430,17 @@ def backward_parts(out_dir):
             out, lse = torch.empty_like(qd), torch.empty(B, H, N, device="cuda")
             kernels.forward_into(qd, kd, vd, out, lse, causal, d ** -0.5)
             dq, dk, dv = torch.empty_like(qd), torch.empty_like(kd), torch.empty_like(vd)
-            delta, dq_sum = kernels.backward_delta(out, do, lse, None, dq_sum=True)
+            delta, dq_sum, stats = kernels.backward_preprocess(out, do, lse, None, dq_sum=True, row_stats=True)
             ms = {"delta": bench(lambda: kernels.backward_delta(out, do, lse, None)),
+                  "delta + row stats + zero dq_sum": bench(lambda: kernels.backward_preprocess(
+                      out, do, lse, None, dq_sum=True, row_stats=True)),
                   "delta + zero dq_sum": bench(lambda: kernels.backward_delta(out, do, lse, None, dq_sum=True)),
                   "memset dq_sum": bench(lambda: dq_sum.zero_()),
                   "convert dq": bench(lambda: dq.copy_(dq_sum))}
             for mode in ("fused", "overlapped", "tl"):
                 c = cfg | dict(dq_from=mode)
                 ms[f"kernel {mode}"] = bench(lambda: kernels.backward_gluon_kernel(
-                    do, qd, kd, vd, lse, delta, dq_sum, dk, dv, causal, d ** -0.5, **c))
+                    do, qd, kd, vd, stats, dq_sum, dk, dv, causal, d ** -0.5, **c))
             ms["tl dq kernel"] = bench(lambda: kernels._backward_dq(do, qd, kd, vd, lse, delta, dq, causal, d ** -0.5,
                                                                     kernels.backward_config(d, interpret=False)))
             ms["backward_into"] = bench(lambda: kernels.backward_into(do, qd, kd, vd, out, lse, None, dq, dk, dv,

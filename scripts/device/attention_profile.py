@@ -60,11 +60,11 @@ def target(name):
         torch.cuda.synchronize()
         return
     kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5)
-    delta, dq_sum = kernels.backward_delta(out, do, lse, None, dq_sum=True)
+    delta, dq_sum, stats = kernels.backward_preprocess(out, do, lse, None, dq_sum=True, row_stats=True)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     cfg = kernels.key_split_config(d, causal) | dict(dq_from=opts)
     for _ in range(3):
-        kernels.backward_gluon_kernel(do, q, k, v, lse, delta, dq_sum, dk, dv, causal, d ** -0.5, **cfg)
+        kernels.backward_gluon_kernel(do, q, k, v, stats, dq_sum, dk, dv, causal, d ** -0.5, **cfg)
     torch.cuda.synchronize()
 
 

@@ -7,11 +7,13 @@
 2. time: B16 H16 bf16 at N = --lengths, every variant next to cuDNN's backward, --rounds interleaved
    rounds; median TFLOP/s and the median (min-max) of the per-round ratios to cuDNN.
 
-Sets (--set): "shipped" (the launcher's configs, checked and timed); "split" (session 12: the query
+Sets (--set): "shipped" (the launcher's configs, checked and timed); "configs" (the launcher's
+against the other layouts and dQ modes); "split" (session 12: the query
 split against the key split, D = 64); "ablate" (where the fused key split's time goes, D = 128
 without a mask: the kernel alone, and with parts of its dQ path removed, through an ABLATE option
-of attention_bwd_kernel that only session 14's working tree had (see notes/attention.md); wrong
-results, never checked). Session 14 also compared two step orders here (a set "order": the
+of attention_bwd_kernel that only session 14's working tree had: apply
+notes/attention_bwd_ablate_session14.patch to commit 5d0e216 to run it; wrong results, never
+checked). Session 14 also compared two step orders here (a set "order": the
 group's q heads at each query block, since shipped, against each head's blocks in turn).
 
     PYTHONPATH=. python3 scripts/device/bwd_variants.py --set split [--d 64] [--causal 0,1]
@@ -35,10 +37,13 @@ from tilecore.ops.attention import kernels  # noqa: E402
 from tilecore.ops.attention.reference import reference_grads  # noqa: E402
 
 SPLIT = dict(block_m=128, block_n=64, stages=2, dq_from="fused", split="queries")
-# ablations of the fused key split (gluon_backward ABLATE bits): 1 no dQ product, 2 no dQ add
-# (staging and TMA reduction), 4 no lse/delta loads and conversions, 8 no dS store and exchange
-ABLATIONS = {"no dQ product": 1, "no dQ add": 2, "no dQ product, no add": 3, "no row stats": 4,
-             "no dS exchange": 8, "no dQ at all (dk/dv only)": -1}
+# ablations of the fused key split (session 14's gluon_backward ABLATE bits; its first run had 1 no dQ
+# product, 4 no lse/delta loads and conversions, 8 no dS store and exchange): 2 no dQ add, 16 no
+# TMA reduction, 32 no staging store, 64 no store_wait, 128 no fence and barrier, 256 a reduction
+# every other step
+ABLATIONS = {"no dQ add": 2, "no TMA reduce": 16, "no staging store": 32, "no store_wait": 64,
+             "no fence, barrier": 128, "reduce every other step": 256, "no store_wait, fence, barrier": 192,
+             "no dQ at all (dk/dv only)": -1}
 
 
 def variants(set_name, d, causal):
@@ -47,12 +52,20 @@ def variants(set_name, d, causal):
     shipped = dict(kernels.GLUON_BACKWARD[d, causal])
     if set_name == "split":
         return {"key split": (kernels.key_split_config(d, causal), True),
-                "split": (dict(SPLIT, prefetch=True), True),
-                "split, no prefetch": (dict(SPLIT, prefetch=False), True)}
-    if set_name == "shipped":  # the launcher's configs alone (a check and a timing)
-        return {"shipped": (shipped, True)}
+                "split": (SPLIT, True)}
+    if set_name == "shipped":  # the launcher's configs (checked, timed), and their dK/dV kernel alone
+        return {"shipped": (shipped, True), "kernel alone": (dict(shipped, kernel_alone=True), False)}
+    if set_name == "configs":  # the launcher's choice against the other layouts and dQ modes
+        out = {"shipped": (shipped, True)}
+        key = dict(block_m=64, block_n=64, stages=2)
+        if d == 64:
+            out |= {"query split": (SPLIT, True), "key split, dq overlapped": (dict(key, dq_from="overlapped"), True),
+                    "key split, dq fused": (dict(key, dq_from="fused"), True)}
+        else:
+            out |= {"dq fused": (dict(key, dq_from="fused"), True), "gluon dq kernel": (dict(key, dq_from="gluon"), True)}
+        return {name: v for i, (name, v) in enumerate(out.items()) if i == 0 or v[0] != shipped}
     if set_name == "ablate":
-        base = dict(block_m=64, block_n=64, stages=2, dq_from="fused", prefetch=False)
+        base = dict(block_m=64, block_n=64, stages=2, dq_from="fused")
         out = {"kernel (fused)": (dict(base, kernel_alone=True), False)}
         for name, bits in ABLATIONS.items():
             cfg = dict(base, dq_from="gluon") if bits < 0 else dict(base, ablate=bits)
@@ -79,9 +92,9 @@ def kernel_alone(case, cfg):
     q, k, v, do, out, lse, causal, scale = case
     opts = {key: val for key, val in cfg.items() if key != "kernel_alone"}
     fused = kernels.DQ_MODES[opts["dq_from"]] > 0
-    delta, dq_sum = kernels.backward_delta(out, do, lse, None, dq_sum=fused)
+    _, dq_sum, stats = kernels.backward_preprocess(out, do, lse, None, dq_sum=fused, row_stats=True)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    return lambda: kernels.backward_gluon_kernel(do, q, k, v, lse, delta, dq_sum, dk, dv, causal, scale, **opts)
+    return lambda: kernels.backward_gluon_kernel(do, q, k, v, stats, dq_sum, dk, dv, causal, scale, **opts)
 
 
 def check_one(set_name, d, causal, name, lengths):

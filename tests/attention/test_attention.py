@@ -95,18 +95,29 @@ def test_backward_fp16_near_the_rounding_floor(case):
 def test_backward_preprocess_gives_delta_and_zeros_the_dq_buffer():
     """delta = rowsum(O * dO) - dlse for every row (N not a multiple of the block), and with dq_sum
     the float32 dQ buffer that the Gluon backward's reductions add to comes back all zeros, whatever
-    its memory held (the launch is given a NaN-filled buffer)."""
+    its memory held (the launch is given NaN-filled buffers); with row stats, the Gluon backward's
+    (B * H, 2, N) rows of lse (-inf, a row with no key, made +inf) and delta, in a buffer whose rows
+    are padded to 16 bytes for TMA."""
     b, h, n, d = 2, 3, 37, 40
+    n_pad = 40
     out, dout = torch.randn(b, h, n, d, dtype=F16), torch.randn(b, h, n, d, dtype=F16)
     lse, dlse = torch.randn(b, h, n), torch.randn(b, h, n)
+    lse[1, 2, 5] = float("-inf")
     delta, acc = torch.full((b, h, n), float("nan")), torch.full((b, h, n, d), float("nan"))
-    kernels._DELTA[(triton.cdiv(n, 16), b * h)](out, dout, dlse, delta, acc, *out.stride(), *dout.stride(), h, n, d,
-                                                HAS_DLSE=True, ZERO_DQ_SUM=True, BLOCK_M=16, BLOCK_D=64)
+    stats = torch.full((b * h, 2, n_pad), float("nan"))
+    kernels._DELTA[(triton.cdiv(n, 16), b * h)](out, dout, lse, dlse, delta, stats, acc, *out.stride(),
+                                                *dout.stride(), h, n, d, n_pad, HAS_DLSE=True, ZERO_DQ_SUM=True,
+                                                ROW_STATS=True, BLOCK_M=16, BLOCK_D=64)
     expect = (out.double() * dout.double()).sum(-1) - dlse.double()
     assert torch.allclose(delta.double(), expect, rtol=1e-5, atol=1e-4)
     assert torch.equal(acc, torch.zeros_like(acc))
+    lse_rows = torch.where(lse == float("-inf"), float("inf"), lse).reshape(b * h, n)
+    assert torch.equal(stats[:, 0, :n], lse_rows) and torch.equal(stats[:, 1, :n], delta.reshape(b * h, n))
     delta2, acc2 = kernels.backward_delta(out, dout, lse, dlse, dq_sum=True)
     assert torch.equal(delta2, delta) and acc2.shape == (b, h, n, d) and not acc2.any()
+    _, _, stats2 = kernels.backward_preprocess(out, dout, lse, dlse, row_stats=True)
+    assert stats2.shape == (b * h, 2, n) and stats2.stride() == (2 * n_pad, n_pad, 1)
+    assert torch.equal(stats2, stats[..., :n])
 
 
 def test_autograd_through_the_public_function_matches_the_reference():

@@ -46,6 +46,10 @@ With ``TILE_RESIDENT`` (and ``TILE_SHARED``) the per-tile operand is a constant 
 Hadamard transform's H_64, a DFT matrix): the producer loads it once per program and the consumers
 keep it, never releasing it.
 
+With ``z_desc`` every stage also holds a side buffer of that descriptor's block, loaded with the stage
+(attention's backward: the step's rows' lse and delta): ``load`` and ``compute`` then receive the
+pair (first buffer, side buffer) where they received the first buffer.
+
 With ``STEP_INDEX`` ``compute`` also receives the ring step ``i`` (counting every step of every tile
 of the program) after the buffer, so a kernel can keep barriers of its own in step with the ring.
 
@@ -240,8 +244,8 @@ def add_partials(acc, workspace, flags, first_slot, end_slot, slot_step):
 def _producer(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, load: gl.constexpr, load_tile: gl.constexpr,
               STAGE_BYTES: gl.constexpr, TILE_BYTES: gl.constexpr, CONSUMERS: gl.constexpr):
     """The TMA producer's loop (``pipeline`` and ``parts`` as the consumers receive them)."""
-    x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule = pipeline
-    setup, _, _, _, _, STAGES, _, _, _, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, _, SCHEDULED = parts
+    x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule = pipeline
+    setup, _, _, _, _, STAGES, _, _, _, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, _, SCHEDULED, SIDE = parts
     i = 0
     t = 0
     first, end, step = program_tiles(num_tiles, schedule, SCHEDULED)
@@ -272,9 +276,9 @@ def _producer(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, load: gl.cons
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(s), STAGE_BYTES)
             if CARRY:
-                load(g, cfg, x_ring.index(s), y_ring.index(s), ready.index(s), tile, kk, prev)
+                load(g, cfg, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), ready.index(s), tile, kk, prev)
             else:
-                load(g, cfg, x_ring.index(s), y_ring.index(s), ready.index(s), tile, kk)
+                load(g, cfg, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), ready.index(s), tile, kk)
             i += 1
         if CARRY:
             prev = tile
@@ -285,7 +289,16 @@ def _producer(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, load: gl.cons
             s = i % STAGES
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(s), STAGE_BYTES)
-            load(g, cfg, x_ring.index(s), y_ring.index(s), ready.index(s), prev, last_iters, prev)
+            load(g, cfg, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), ready.index(s), prev, last_iters, prev)
+
+
+@gluon.jit
+def _stage_x(x_ring, z_ring, s, SIDE: gl.constexpr):
+    """Stage s's first buffer, with its side buffer (``z_desc``) where the ring has one."""
+    if SIDE:
+        return x_ring.index(s), z_ring.index(s)
+    else:
+        return x_ring.index(s)
 
 
 @gluon.constexpr_function
@@ -299,9 +312,9 @@ def _consumer(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: gl.co
     """Consumer CID's loop. What every consumer partition shares (see persistent_pipeline): the
     runtime ``pipeline`` (ring, barriers, tile count) and the compile-time ``parts`` (the kernel's
     functions and the template's options)."""
-    x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule = pipeline
+    x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule = pipeline
     (setup, init, compute, drain, finish, STAGES, IN_FLIGHT, TILE_OPERAND, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
-     TILE_BUFFERS, CARRY, carry0, SCHEDULED) = parts
+     TILE_BUFFERS, CARRY, carry0, SCHEDULED, SIDE) = parts
     i = 0
     t = 0
     if CARRY:
@@ -328,15 +341,15 @@ def _consumer(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: gl.co
             if PINGPONG:
                 # this consumer's turn at step i: consumer 0 goes first (a fresh barrier passes parity 1)
                 turn = (turns.index(CID), turns.index(1 - CID), (i & 1) ^ (1 - CID))
-                state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk, tile_buf, turn)
+                state = compute(g, cfg, state, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), kk, tile_buf, turn)
             elif STEP_INDEX:
-                state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk, tile_buf, i)
+                state = compute(g, cfg, state, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), kk, tile_buf, i)
             elif CARRY:
-                state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk, tile_buf, out_smem)
+                state = compute(g, cfg, state, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), kk, tile_buf, out_smem)
             elif TILE_OPERAND:
-                state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk, tile_buf)
+                state = compute(g, cfg, state, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), kk, tile_buf)
             else:
-                state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), kk)
+                state = compute(g, cfg, state, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), kk)
             if IN_FLIGHT == 0:
                 state = drain(g, cfg, state)  # its wgmma must finish before the stage is refilled
                 mbarrier.arrive(empty.index(s))
@@ -358,7 +371,7 @@ def _consumer(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: gl.co
         if t > 0:
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            state = compute(g, cfg, state, x_ring.index(s), y_ring.index(s), last_iters, tile_bufs.index(0),
+            state = compute(g, cfg, state, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), last_iters, tile_bufs.index(0),
                             out_smem)
             state = drain(g, cfg, state)
     tma.store_wait(0)
@@ -392,7 +405,7 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
                         tile_desc=None, load_tile: gl.constexpr = None, PINGPONG: gl.constexpr = False,
                         TILE_OPERANDS: gl.constexpr = 1, TILE_SHARED: gl.constexpr = False,
                         STEP_INDEX: gl.constexpr = False, TILE_RESIDENT: gl.constexpr = False,
-                        TILE_BUFFERS: gl.constexpr = 1, carry0: gl.constexpr = None, schedule=None):
+                        TILE_BUFFERS: gl.constexpr = 1, carry0: gl.constexpr = None, schedule=None, z_desc=None):
     """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
 
     ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
@@ -410,12 +423,20 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     each consumer's per-tile operand; ``carry0``: the consumers' state carries across tiles (see the
     module docstring). ``schedule``: an int32 table of ``schedule.balanced_schedule`` for exactly this
     grid, which then gives each program its tiles (by default tile ids pid, pid + P, ... below
-    ``num_tiles``).
+    ``num_tiles``). ``z_desc``: a small side buffer in every stage, loaded with the other two (see the
+    module docstring).
     """
     SCHEDULED: gl.constexpr = schedule is not None
     TILE_OPERAND: gl.constexpr = load_tile is not None
     CARRY: gl.constexpr = carry0 is not None
+    SIDE: gl.constexpr = z_desc is not None
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    if SIDE:
+        z_ring = gl.allocate_shared_memory(z_desc.dtype, [STAGES] + z_desc.block_type.shape, z_desc.layout)
+        Z_BYTES: gl.constexpr = z_desc.block_type.nbytes
+    else:
+        z_ring = x_ring  # unused
+        Z_BYTES: gl.constexpr = 0
     y_ring = gl.allocate_shared_memory(y_desc.dtype, [STAGES] + y_desc.block_type.shape, y_desc.layout)
     out_smem = gl.allocate_shared_memory(out_desc.dtype, [CONSUMERS] + out_desc.block_type.shape, out_desc.layout)
     gl.static_assert(TILE_SHARED or TILE_OPERANDS == 1, "several tile operands are shared by the consumers")
@@ -450,14 +471,14 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     for c in gl.static_range(CONSUMERS * TILE_BUFFERS):
         mbarrier.init(tile_ready.index(c), count=1)
         mbarrier.init(tile_empty.index(c), count=CONSUMERS if TILE_SHARED else 1)
-    STAGE_BYTES: gl.constexpr = x_desc.block_type.nbytes + y_desc.block_type.nbytes
+    STAGE_BYTES: gl.constexpr = x_desc.block_type.nbytes + y_desc.block_type.nbytes + Z_BYTES
     LATE_RELEASE: gl.constexpr = (1 if STAGES > 1 else 0) if IN_FLIGHT < 0 else IN_FLIGHT
     # what every partition shares (each consumer also takes its index, in cfg and as CID, and its
     # epilogue buffer); the functions ride in a constexpr tuple: Gluon cannot hold them in a runtime one
-    pipeline = (x_ring, y_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule)
+    pipeline = (x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule)
     parts: gl.constexpr = gl.constexpr((setup, init, compute, drain, finish, STAGES, LATE_RELEASE, TILE_OPERAND,
                                         STEP_INDEX, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, carry0,
-                                        SCHEDULED))
+                                        SCHEDULED, SIDE))
     if CONSUMERS == 1:
         gl.warp_specialize([(_consumer, (g, cfg, out_smem.index(0), 0, False, pipeline, parts)),
                             (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS))],

@@ -19,16 +19,23 @@ or of the previous step to overlap it: see ``_compute``),
     dQ[:, half c] += scale * dS K[:, half c]  wgmma of dS from shared memory (a transposed view),
 
 added to a float32 dQ by TMA reductions: five matmuls per step, none recomputed (FlashAttention-3's
-scheme). With DQ = 0 a separate kernel computes dQ (seven matmuls in all). PREFETCH loads each
-step's lse and delta a step ahead.
+scheme). With DQ = 0 a separate kernel computes dQ (seven matmuls in all).
+
+The step's rows' lse and delta arrive with its Q and dO, by TMA into the stage's side buffer (the
+template's ``z_desc``), from a (B * H, 2, N) view of a row-padded buffer that the preprocess writes
+(lse with -inf made +inf, so that a row with no key gets p = 0, and delta): read from shared memory
+straight into S^T's columns. (Loaded by pointer and spread over the columns through a layout
+conversion, they cost three partition barriers a step: removing them ran D = 128 7-9% faster on
+the H100, notes/attention.md, session 14.)
 
 Masks: keys past Nk (only the last key block) and, when causal, keys after a query's diagonal
-(only blocks crossing it). Query rows past N arrive as zeros and read lse = +inf, so their p is 0;
-rows with no key at all (lse = -inf) read +inf too, so they give p = 0 and zero gradients.
+(only blocks crossing it). Query rows past N arrive as zeros, Q, dO, lse and delta alike: their p
+is exp(0) = 1 but meets zero dO and zero dP, so they add nothing. Rows with no key at all (lse =
+-inf, read as +inf) give p = 0 and zero gradients.
 
-``g``   = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N, Nk, GROUP,
-           scale, scale_log2e, B * Hkv, kv heads per tile group, ds_smem, ds_full, ds_free, dq_staging)
-``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, DQ, PREFETCH[, consumer index])
+``g``   = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP, scale,
+           scale_log2e, B * Hkv, kv heads per tile group, ds_smem, ds_full, ds_free, dq_staging)
+``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, DQ[, consumer index])
 """
 from __future__ import annotations
 
@@ -46,7 +53,7 @@ LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 @gluon.jit
 def _kv_head(g, bhk):
     """(batch, kv head) of the flat index bhk = batch * Hkv + kv head."""
-    hkv = g[9] // g[12]
+    hkv = g[8] // g[11]
     return bhk // hkv, bhk % hkv
 
 
@@ -56,20 +63,20 @@ def _setup(g, cfg: gl.constexpr, tile_id):
     and its steps: every query block that sees one of its keys, for each q head of the group."""
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = 2 * cfg[2]  # both consumers' keys
-    N = g[10]
-    Nk = g[11]
+    N = g[9]
+    Nk = g[10]
     n_blocks = gl.cdiv(Nk, BN)
-    # Order: kv heads in groups (of g[16]) whose Q and dO stay in L2 together; within a group, key
+    # Order: kv heads in groups (of g[15]) whose Q and dO stay in L2 together; within a group, key
     # block by key block across its heads. Causal, the first key blocks see the most queries, so
     # the heaviest tiles come first and the persistent programs even out.
-    bhk, key_block = head_grouped_tile(tile_id, n_blocks, g[15], g[16])
+    bhk, key_block = head_grouped_tile(tile_id, n_blocks, g[14], g[15])
     start_n = key_block * BN
     first_mb = 0
     if cfg[0]:  # query i sees keys j <= i + Nk - N: the first query that sees key start_n
         first_mb = gl.maximum(start_n - (Nk - N), 0) // BM
     per_head = gl.maximum(gl.cdiv(N, BM) - first_mb, 0)
     shift = key_block % gl.maximum(per_head, 1)  # where this tile's walk starts (_step_rows)
-    return (start_n, bhk, first_mb, per_head, shift), per_head * g[12]
+    return (start_n, bhk, first_mb, per_head, shift), per_head * g[11]
 
 
 @gluon.jit
@@ -82,18 +89,20 @@ def _step_rows(g, cfg: gl.constexpr, tile, kk):
     count, three integer divisions (~25 instructions each) a step on the consumers' critical path:
     D = 64 causal ran 10% faster without them on the H100 (notes/attention.md, session 14)."""
     b, hk = _kv_head(g, tile[1])
-    walked = kk // g[12] + tile[4]
+    walked = kk // g[11] + tile[4]
     block = tile[2] + gl.where(walked >= tile[3], walked - tile[3], walked)
-    return hk * g[12] + kk % g[12], block * cfg[1]
+    return hk * g[11] + kk % g[11], block * cfg[1]
 
 
 @gluon.jit
-def _load(g, cfg: gl.constexpr, q_smem, do_smem, bar, tile, kk):
-    """Step kk's Q and dO blocks (rows past N arrive as zeros)."""
+def _load(g, cfg: gl.constexpr, q_bufs, do_smem, bar, tile, kk):
+    """Step kk's Q and dO blocks and its rows' lse and delta (rows past N arrive as zeros)."""
+    q_smem, stats_smem = q_bufs
     b, hk = _kv_head(g, tile[1])
     h, start_m = _step_rows(g, cfg, tile, kk)
     tma.async_copy_global_to_shared(g[0], [b, h, start_m, 0], bar, q_smem)
     tma.async_copy_global_to_shared(g[3], [b, h, start_m, 0], bar, do_smem)
+    tma.async_copy_global_to_shared(g[6], [b * g[8] + h, 0, start_m], bar, stats_smem)
 
 
 @gluon.jit
@@ -102,28 +111,6 @@ def _load_kv(g, cfg: gl.constexpr, kv_smem, bar, tile):
     b, hk = _kv_head(g, tile[1])
     tma.async_copy_global_to_shared(g[1], [b, hk, tile[0], 0], bar, kv_smem.index(0))
     tma.async_copy_global_to_shared(g[2], [b, hk, tile[0], 0], bar, kv_smem.index(1))
-
-
-@gluon.constexpr_function
-def _stats_layout(num_warps):
-    """A compact layout for a step's lse and delta (BM values over the warpgroup: one or two
-    registers a thread), held from the load until the softmax needs them as columns of S^T."""
-    return gl.BlockedLayout([1], [32], [num_warps], [0])
-
-
-@gluon.jit
-def _row_stats(g, cfg: gl.constexpr, tile, kk, first=0, ROWS: gl.constexpr = 0):
-    """lse and delta of step kk's query rows, in the compact layout (with PREFETCH loaded a step
-    ahead, so that their latency hides under the previous step's matmuls; _stats_as_columns spreads
-    them over S^T's columns when the softmax needs them). Rows past N, and every row when kk is past
-    the tile's last step, read lse = +inf (so p = 0) and delta = 0; so does a row with no key
-    (lse = -inf). ``first``, ``ROWS``: only the step's rows first .. first + ROWS - 1 (0: all)."""
-    BM: gl.constexpr = cfg[1] if ROWS == 0 else ROWS
-    b, hk = _kv_head(g, tile[1])
-    h, start_m = _step_rows(g, cfg, tile, kk)
-    rows = start_m + first + gl.arange(0, BM, layout=_stats_layout(gl.num_warps()))
-    ok = (rows < g[10]) & (kk < tile[3] * g[12])
-    return load_row_stats(g[6], g[7], (b * g[9] + h).to(gl.int64) * g[10] + rows, ok)
 
 
 @gluon.jit
@@ -136,11 +123,15 @@ def load_row_stats(lse_ptr, delta_ptr, offs, ok):
 
 
 @gluon.jit
-def _stats_as_columns(v, st_layout: gl.constexpr):
-    """A compact vector of row statistics as the columns of S^T (in ``st_layout``): a layout
-    conversion through shared memory (held as columns from the load on, lse and delta took 32
-    registers a thread, which spilled at D = 128)."""
-    return gl.convert_layout(v, gl.SliceLayout(0, st_layout))
+def _stat_columns(stats_smem, which: gl.constexpr, st_layout: gl.constexpr, first: gl.constexpr = 0,
+                  ROWS: gl.constexpr = 0):
+    """Row statistic ``which`` (0: lse, 1: delta) of the step's rows first .. first + ROWS - 1 (0:
+    all), from the stage's side buffer, as the columns of S^T (in ``st_layout``)."""
+    BM: gl.constexpr = stats_smem.shape[2]
+    COUNT: gl.constexpr = BM if ROWS == 0 else ROWS
+    # the unswizzled TMA box is row-major (lse's BM rows, then delta's): the same bytes as a flat vector
+    flat = stats_smem._reinterpret(gl.float32, [2 * BM], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    return flat.slice(which * BM + first, COUNT).load(gl.SliceLayout(0, st_layout))
 
 
 @gluon.jit
@@ -150,8 +141,7 @@ def _init(g, cfg: gl.constexpr, tile, kv_smem):
     acc_layout: gl.constexpr = wgmma_layout(BN, D, gl.num_warps())
     dk = gl.zeros([BN, D], gl.float32, acc_layout)
     dv = gl.zeros([BN, D], gl.float32, acc_layout)
-    lse, delta = _row_stats(g, cfg, tile, 0)
-    return dk, dv, tile, lse, delta
+    return dk, dv, tile
 
 
 @gluon.constexpr_function
@@ -165,9 +155,9 @@ def _probabilities(g, cfg: gl.constexpr, s_t, lse, start_n, start_m):
     """P^T (keys x queries) from the scores S^T (keys from start_n, queries from start_m) and the
     rows' lse as its columns (natural log; +inf for rows that must get p = 0)."""
     st_layout: gl.constexpr = s_t.type.layout
-    if needs_mask(start_m, start_n, s_t.shape[0], g[10], g[11], cfg[0]):
-        s_t = mask_scores(s_t, st_layout, start_m, start_n, g[10], g[11], cfg[0], KEY_AXIS=0)
-    return gl.exp2(s_t * g[14] - gl.expand_dims(lse * LOG2E, 0))
+    if needs_mask(start_m, start_n, s_t.shape[0], g[9], g[10], cfg[0]):
+        s_t = mask_scores(s_t, st_layout, start_m, start_n, g[9], g[10], cfg[0], KEY_AXIS=0)
+    return gl.exp2(s_t * g[13] - gl.expand_dims(lse * LOG2E, 0))
 
 
 @gluon.jit
@@ -180,9 +170,9 @@ def _issue_dq(g, cfg: gl.constexpr, kv_smem, step):
     BN: gl.constexpr = cfg[2]
     DH: gl.constexpr = cfg[3] // 2
     buf = (step + 2) % 2
-    mbarrier.wait(g[18].index(buf), ((step + 2) // 2 + 1) & 1)  # (step // 2) & 1, and 1 for step -1
+    mbarrier.wait(g[17].index(buf), ((step + 2) // 2 + 1) & 1)  # (step // 2) & 1, and 1 for step -1
     k_half = kv_smem.index(0).reshape([2 * BN, cfg[3]]).slice(cfg[-1] * DH, DH, dim=1)
-    return warpgroup_mma(g[17].index(buf).permute((1, 0)), k_half,
+    return warpgroup_mma(g[16].index(buf).permute((1, 0)), k_half,
                          gl.zeros([BM, DH], gl.float32, wgmma_layout(BM, DH, gl.num_warps())), use_acc=False,
                          is_async=True)
 
@@ -195,16 +185,16 @@ def _add_dq(g, cfg: gl.constexpr, tile, kk, dq):
     DH: gl.constexpr = cfg[3] // 2
     b, hk = _kv_head(g, tile[1])
     h, start_m = _step_rows(g, cfg, tile, kk)
-    staging = g[20].index(cfg[-1])
+    staging = g[19].index(cfg[-1])
     tma.store_wait(0)  # the previous reduction has read the buffer
-    staging.reshape([BM, DH]).store(dq * g[13])
+    staging.reshape([BM, DH]).store(dq * g[12])
     fence_async_shared()
     gl.thread_barrier()
-    tma_reduce_add(g[8], [b, h, start_m, cfg[-1] * DH], staging)
+    tma_reduce_add(g[7], [b, h, start_m, cfg[-1] * DH], staging)
 
 
 @gluon.jit
-def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
+def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
     """One step; where dQ comes from is cfg[4]:
     0: not here (the tl dq kernel);
     1 (fused): this step's dQ, once both consumers wrote their dS, then added;
@@ -219,10 +209,10 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
     MODE: gl.constexpr = cfg[4]
-    PREFETCH: gl.constexpr = cfg[5]
     c: gl.constexpr = cfg[-1]  # this consumer: keys [c BN, (c + 1) BN) of the tile
     st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
-    dk, dv, tile, lse, delta = state
+    q_smem, stats_smem = q_bufs
+    dk, dv, tile = state
     b, hk = _kv_head(g, tile[1])
     h, start_m = _step_rows(g, cfg, tile, kk)
     start_n = tile[0] + c * BN
@@ -236,36 +226,32 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
     dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
     if MODE == 2:
         dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)
-    if not PREFETCH:  # this step's rows now (under S and dP), not a step ahead
-        lse, delta = _row_stats(g, cfg, tile, kk)
-    lse_cols = _stats_as_columns(lse, st_layout)
-    delta_cols = _stats_as_columns(delta, st_layout)
+    lse_cols = _stat_columns(stats_smem, 0, st_layout)
     if MODE == 2:
         s_t, dp_t = warpgroup_mma_wait(1, deps=(s_tok, dp_tok))  # dQ may still run
     else:
         s_t = warpgroup_mma_wait(1, deps=(s_tok,))
     p_t = _probabilities(g, cfg, s_t, lse_cols, start_n, start_m)
+    delta_cols = _stat_columns(stats_smem, 1, st_layout)
     if MODE != 2:
         dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
     ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
     if MODE == 2:
         dq = warpgroup_mma_wait(0, deps=(dq_tok,))
-        mbarrier.arrive(g[19].index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
+        mbarrier.arrive(g[18].index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
     # both register operands are written with no wgmma running: ptxas serializes every wgmma of a
     # kernel that writes a wgmma's input registers while another runs (its warning C7513)
     ds_t = ds_t.to(q_smem.dtype)
     p_op = gl.convert_layout(p_t.to(q_smem.dtype), _operand_layout(BN, D, gl.num_warps()))
     ds_op = gl.convert_layout(ds_t, _operand_layout(BN, D, gl.num_warps()))
     if MODE != 0:
-        mbarrier.wait(g[19].index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
+        mbarrier.wait(g[18].index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
     dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
     dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-    if PREFETCH:  # the next step's rows, while the tensor cores work
-        lse, delta = _row_stats(g, cfg, tile, kk + 1)
     if MODE != 0:
-        g[17].index(i % 2).slice(c * BN, BN).store(ds_t)
+        g[16].index(i % 2).slice(c * BN, BN).store(ds_t)
         fence_async_shared()
-        mbarrier.arrive(g[18].index(i % 2))
+        mbarrier.arrive(g[17].index(i % 2))
     # dV and dK complete within the step: left running into the next one, their accumulators are
     # moved (the template's loop) under a running wgmma, and ptxas serializes every wgmma (C7515)
     if MODE == 0:
@@ -273,18 +259,18 @@ def _compute(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
     elif MODE == 1:
         dq_tok = _issue_dq(g, cfg, kv_smem, i)
         dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
-        mbarrier.arrive(g[19].index(i % 2))
+        mbarrier.arrive(g[18].index(i % 2))
         _add_dq(g, cfg, tile, kk, dq)
     else:
         if kk > 0:
             _add_dq(g, cfg, tile, kk - 1, dq)  # while this step's dV and dK run
-        if kk == tile[3] * g[12] - 1:  # the tile's last step: its own dQ now
+        if kk == tile[3] * g[11] - 1:  # the tile's last step: its own dQ now
             dq_tok = _issue_dq(g, cfg, kv_smem, i)
             dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
             _add_dq(g, cfg, tile, kk, dq)
         else:
             dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-    return dk, dv, tile, lse, delta
+    return dk, dv, tile
 
 
 @gluon.jit
@@ -298,7 +284,7 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
     clipped by the TMA stores."""
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
-    dk, dv, tile, lse, delta = state
+    dk, dv, tile = state
     b, hk = _kv_head(g, tile[1])
     start_n = tile[0] + cfg[-1] * BN
     for which in gl.static_range(2):
@@ -306,7 +292,7 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
         if which == 0:
             out_smem.reshape([BN, D]).store(dv.to(out_smem.dtype))
         else:
-            out_smem.reshape([BN, D]).store((dk * g[13]).to(out_smem.dtype))
+            out_smem.reshape([BN, D]).store((dk * g[12]).to(out_smem.dtype))
         fence_async_shared()
         gl.thread_barrier()
         tma.async_copy_shared_to_global(g[5 - which], [b, hk, start_n, 0], out_smem)
@@ -326,7 +312,7 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
 # with "fused". On the H100 at D = 64 it ran 0.87-0.98x cuDNN against the key split's 0.80-0.91x
 # without a causal mask, and lost or tied with one (notes/attention.md, session 12): GLUON_BACKWARD
 # picks it where it wins.
-# ``g`` gains (p_smem, ds_smem, ds_full, ds_free, dq_staging) at 17..21 (ds_smem at 18, not 17).
+# ``g`` gains (p_smem, ds_smem, ds_full, ds_free, dq_staging) at 16..20 (ds_smem at 17, not 16).
 
 
 @gluon.jit
@@ -337,8 +323,7 @@ def _init_split(g, cfg: gl.constexpr, tile, kv_smem):
     acc_layout: gl.constexpr = wgmma_layout(BN, D, gl.num_warps())
     dk = gl.zeros([BN, D], gl.float32, acc_layout)
     dv = gl.zeros([BN, D], gl.float32, acc_layout)
-    lse, delta = _row_stats(g, cfg, tile, 0, cfg[-1] * HM, HM)
-    return dk, dv, tile, lse, delta
+    return dk, dv, tile
 
 
 @gluon.jit
@@ -350,31 +335,32 @@ def _add_dq_split(g, cfg: gl.constexpr, tile, kk, dq):
     c: gl.constexpr = cfg[-1]
     b, hk = _kv_head(g, tile[1])
     h, start_m = _step_rows(g, cfg, tile, kk)
-    lo, hi = split_n(dq * g[13])
+    lo, hi = split_n(dq * g[12])
     tma.store_wait(0)  # the previous reductions have read the buffers
-    g[21].index(2 * c).reshape([HM, DH]).store(lo)
-    g[21].index(2 * c + 1).reshape([HM, DH]).store(hi)
+    g[20].index(2 * c).reshape([HM, DH]).store(lo)
+    g[20].index(2 * c + 1).reshape([HM, DH]).store(hi)
     fence_async_shared()
     gl.thread_barrier()
     for j in gl.static_range(2):
-        tma_reduce_add(g[8], [b, h, start_m + c * HM, j * DH], g[21].index(2 * c + j))
+        tma_reduce_add(g[7], [b, h, start_m + c * HM, j * DH], g[20].index(2 * c + j))
 
 
 @gluon.jit
-def _half_grads(g, cfg: gl.constexpr, s_tok, dp_tok, lse, delta, start_n, start_q):
+def _half_grads(g, cfg: gl.constexpr, s_tok, dp_tok, stats_smem, start_n, start_q):
     """P^T and dS^T of one half of the tile's keys (from start_n) and this consumer's queries (from
     start_q), from its S^T and dP^T wgmma (S^T's waited for first: the exponentials run under dP^T)."""
-    st_layout: gl.constexpr = wgmma_layout(cfg[2], cfg[1] // 2, gl.num_warps())
-    lse_cols = _stats_as_columns(lse, st_layout)
+    HM: gl.constexpr = cfg[1] // 2
+    st_layout: gl.constexpr = wgmma_layout(cfg[2], HM, gl.num_warps())
+    lse_cols = _stat_columns(stats_smem, 0, st_layout, cfg[-1] * HM, HM)
     s_t = warpgroup_mma_wait(1, deps=(s_tok,))
     p_t = _probabilities(g, cfg, s_t, lse_cols, start_n, start_q)
-    delta_cols = _stats_as_columns(delta, st_layout)
+    delta_cols = _stat_columns(stats_smem, 1, st_layout, cfg[-1] * HM, HM)
     dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
     return p_t, p_t * (dp_t - gl.expand_dims(delta_cols, 0))
 
 
 @gluon.jit
-def _compute_split(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i):
+def _compute_split(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
     """One step of the query split (see above). The tile's keys go by halves, one after the other
     (S^T and dP^T of all 2 BN keys at once, 64 registers each, spilled 460-630 bytes and ran 8-14%
     slower on the H100), then the products once both consumers wrote theirs. The shared P^T and dS^T
@@ -384,37 +370,33 @@ def _compute_split(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i)
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
-    PREFETCH: gl.constexpr = cfg[5]
     c: gl.constexpr = cfg[-1]
     HM: gl.constexpr = BM // 2
-    dk, dv, tile, lse, delta = state
+    q_smem, stats_smem = q_bufs
+    dk, dv, tile = state
     h, start_m = _step_rows(g, cfg, tile, kk)
     q = q_smem.reshape([BM, D])
     do = do_smem.reshape([BM, D])
     k = kv_smem.index(0).reshape([2 * BN, D])
     v = kv_smem.index(1).reshape([2 * BN, D])
-    p_smem = g[17]
-    ds_smem = g[18]
+    p_smem = g[16]
+    ds_smem = g[17]
     start_q = start_m + c * HM
 
-    if not PREFETCH:
-        lse, delta = _row_stats(g, cfg, tile, kk, c * HM, HM)
     q_t = q.slice(c * HM, HM).permute((1, 0))
     do_t = do.slice(c * HM, HM).permute((1, 0))
     zeros = gl.zeros([BN, HM], gl.float32, wgmma_layout(BN, HM, gl.num_warps()))
     for half in gl.static_range(2):
         s_tok = warpgroup_mma(k.slice(half * BN, BN), q_t, zeros, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(v.slice(half * BN, BN), do_t, zeros, use_acc=False, is_async=True)
-        p_t, ds_t = _half_grads(g, cfg, s_tok, dp_tok, lse, delta, tile[0] + half * BN, start_q)
+        p_t, ds_t = _half_grads(g, cfg, s_tok, dp_tok, stats_smem, tile[0] + half * BN, start_q)
         if half == 0:
-            mbarrier.wait(g[20].index(0), (i & 1) ^ 1)  # both are done with step i - 1's P^T, dS^T
+            mbarrier.wait(g[19].index(0), (i & 1) ^ 1)  # both are done with step i - 1's P^T, dS^T
         p_smem.index(c).slice(half * BN, BN).store(p_t.to(q_smem.dtype))
         ds_smem.index(c).slice(half * BN, BN).store(ds_t.to(q_smem.dtype))
     fence_async_shared()
-    mbarrier.arrive(g[19].index(0))
-    if PREFETCH:  # the next step's rows, while the other consumer catches up
-        lse, delta = _row_stats(g, cfg, tile, kk + 1, c * HM, HM)
-    mbarrier.wait(g[19].index(0), i & 1)  # both halves written
+    mbarrier.arrive(g[18].index(0))
+    mbarrier.wait(g[18].index(0), i & 1)  # both halves written
     dq_tok = warpgroup_mma(ds_smem.index(c).permute((1, 0)), k,
                            gl.zeros([HM, D], gl.float32, wgmma_layout(HM, D, gl.num_warps())), use_acc=False,
                            is_async=True)
@@ -423,15 +405,15 @@ def _compute_split(g, cfg: gl.constexpr, state, q_smem, do_smem, kk, kv_smem, i)
     dk_tok = warpgroup_mma(ds_smem.index(0).slice(c * BN, BN), q.slice(0, HM), dk, is_async=True)
     dk_tok = warpgroup_mma(ds_smem.index(1).slice(c * BN, BN), q.slice(HM, HM), dk_tok, is_async=True)
     dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
-    mbarrier.arrive(g[20].index(0))
+    mbarrier.arrive(g[19].index(0))
     _add_dq_split(g, cfg, tile, kk, dq)
-    return dk, dv, tile, lse, delta
+    return dk, dv, tile
 
 
 @gluon.jit
-def attention_bwd_split_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N,
-                               Nk, GROUP, scale, scale_log2e, num_bhk, head_group, schedule, CAUSAL: gl.constexpr,
-                               STAGES: gl.constexpr, PREFETCH: gl.constexpr):
+def attention_bwd_split_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk,
+                               GROUP, scale, scale_log2e, num_bhk, head_group, schedule, CAUSAL: gl.constexpr,
+                               STAGES: gl.constexpr):
     """dK, dV and dQ (added to dq_desc's float32 tensor) with the query split (see above): steps of
     q_desc's block rows, tiles of k_desc's; 2 consumer warpgroups of 4 warps and a producer warp."""
     BM: gl.constexpr = q_desc.block_type.shape[2]
@@ -448,14 +430,14 @@ def attention_bwd_split_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc
     mbarrier.init(ds_free.index(0), count=2)
     # each consumer's dQ rows on their way to the TMA reductions, as two column halves
     dq_staging = gl.allocate_shared_memory(dq_desc.dtype, [4] + dq_desc.block_type.shape, dq_desc.layout)
-    g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N, Nk, GROUP, scale,
-         scale_log2e, num_bhk, head_group, p_smem, ds_smem, ds_full, ds_free, dq_staging)
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, 1, PREFETCH))
+    g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP, scale, scale_log2e,
+         num_bhk, head_group, p_smem, ds_smem, ds_full, ds_free, dq_staging)
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, 1))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init_split, _compute_split,
                         _drain, _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240, IN_FLIGHT=0,
                         tile_desc=k_desc, load_tile=_load_kv, TILE_OPERANDS=2, TILE_SHARED=True, STEP_INDEX=True,
-                        schedule=schedule)
+                        schedule=schedule, z_desc=stats_desc)
     mbarrier.invalidate(ds_full.index(0))
     mbarrier.invalidate(ds_free.index(0))
 
@@ -466,9 +448,9 @@ def _ds_layout(dtype):
 
 
 @gluon.jit
-def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N, Nk,
-                         GROUP, scale, scale_log2e, num_bhk, head_group, schedule, CAUSAL: gl.constexpr,
-                         STAGES: gl.constexpr, DQ: gl.constexpr, PREFETCH: gl.constexpr):
+def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
+                         scale, scale_log2e, num_bhk, head_group, schedule, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                         DQ: gl.constexpr):
     """dK and dV (and with DQ 1 or 2, dQ added to dq_desc's float32 tensor: see _compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp."""
@@ -488,15 +470,14 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_
         dq_staging = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape, dq_desc.layout)
     else:
         dq_staging = ds_smem  # unused
-    g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_desc, H, N, Nk, GROUP, scale,
-         scale_log2e, num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging)
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ, PREFETCH))
+    g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP, scale, scale_log2e,
+         num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging)
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,
-                        _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240,
-                        IN_FLIGHT=0,
+                        _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240, IN_FLIGHT=0,
                         tile_desc=k_desc, load_tile=_load_kv, TILE_OPERANDS=2, TILE_SHARED=True, STEP_INDEX=True,
-                        schedule=schedule)
+                        schedule=schedule, z_desc=stats_desc)
     for j in gl.static_range(2):
         mbarrier.invalidate(ds_full.index(j))
         mbarrier.invalidate(ds_free.index(j))

@@ -115,12 +115,14 @@ def _attn_fwd(Q, K, V, O, LSE,
 
 
 @triton.jit
-def _attn_bwd_delta(O, DO, DLSE, DELTA, DQ_SUM, sob, soh, son, sod, sdb, sdh, sdn, sdd, H, N, D,
-                    HAS_DLSE: tl.constexpr, ZERO_DQ_SUM: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_D: tl.constexpr):
+def _attn_bwd_delta(O, DO, LSE, DLSE, DELTA, STATS, DQ_SUM, sob, soh, son, sod, sdb, sdh, sdn, sdd, H, N, D,
+                    N_PAD, HAS_DLSE: tl.constexpr, ZERO_DQ_SUM: tl.constexpr, ROW_STATS: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """delta = rowsum(O * dO) - dlse for a block of rows; with ZERO_DQ_SUM also zeros the same rows of
     the contiguous float32 (B, H, N, D) buffer that the Gluon backward's dQ reductions add to (one
-    pass over the rows instead of a separate memset)."""
+    pass over the rows instead of a separate memset); with ROW_STATS also writes the rows' lse (-inf,
+    a row with no key, as +inf: its p must be 0) and delta to the float32 (B * H, 2, N_PAD) buffer
+    that the Gluon backward loads by TMA with each step's Q and dO."""
     bh, b, h, _, _, offs_m = _query_block(H, 1, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     ok = (offs_m[:, None] < N) & (offs_d[None, :] < D)
@@ -132,6 +134,11 @@ def _attn_bwd_delta(O, DO, DLSE, DELTA, DQ_SUM, sob, soh, son, sod, sdb, sdh, sd
         # d lse_i / d s_ij = p_ij: an lse gradient enters dS = p (dP - delta) as -dlse in delta
         delta -= tl.load(DLSE + row, mask=offs_m < N, other=0.0)
     tl.store(DELTA + row, delta, mask=offs_m < N)
+    if ROW_STATS:
+        lse = tl.load(LSE + row, mask=offs_m < N, other=0.0)
+        stats = STATS + bh.to(tl.int64) * 2 * N_PAD + offs_m
+        tl.store(stats, tl.where(lse == float("-inf"), float("inf"), lse), mask=offs_m < N)
+        tl.store(stats + N_PAD, delta, mask=offs_m < N)
     if ZERO_DQ_SUM:
         tl.store(DQ_SUM + row[:, None] * D + offs_d[None, :], tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=ok)
 
@@ -451,25 +458,25 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
 # warpgroup (block_n; a tile is two of them), ring depth, and where dQ comes from: "tl" (the tl dq
 # kernel), or in the kernel, added by TMA reductions to a float32 buffer: "fused" (the step's own)
 # or "overlapped" (one step late, under the next step's softmax); see gluon_backward._compute.
-# prefetch: each step's lse and delta are loaded a step ahead (their latency hidden; 32 more
-# registers live)
+# (Each step's lse and delta come by TMA with its Q and dO since session 14; before, loaded by
+# pointer, a "prefetch" option loaded them a step ahead.)
 DQ_MODES = {"tl": 0, "gluon": 0, "fused": 1, "overlapped": 2}  # "gluon": gluon_dq.py's kernel after dK, dV
 # gluon_dq.py's kernel: query rows per consumer, keys per step, ring stages
 GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, block_n=64, stages=4)}
-# (the H100 sweeps in notes/attention.md: at D = 128 the fused dQ's registers spill, more so when
-# causal, where a separate dq kernel is faster: gluon_dq.py's 640 TFLOP/s against the tl kernel's
-# 482, the backward 353 -> 383-388 TFLOP/s; not causal, the fused dQ stays ahead: 462 against 445)
-# The key split at D = 64: causal, and without a mask until session 12; also what the query split
-# cannot do (the deterministic mode's dq from the Gluon dq kernel, the probes' dQ modes)
-KEY_SPLIT_D64 = dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", prefetch=True)
-# D = 64 without a mask: the query split (gluon_backward.attention_bwd_split_kernel, 128 queries a
-# step), 0.90-0.98x cuDNN against the key split's 0.83-0.91x at N = 4096 / 8192 over four runs;
-# causal it loses or ties (its best form 0.88-0.92x against 0.90-0.94x: notes/attention.md, session 12)
-GLUON_BACKWARD = {(64, False): dict(block_m=128, block_n=64, stages=2, dq_from="fused", prefetch=True,
-                                    split="queries"),
-                  (64, True): KEY_SPLIT_D64,
-                  (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="fused", prefetch=False),
-                  (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="gluon", prefetch=True)}
+# The key split at D = 64: what the query split cannot do (the deterministic mode's dq from the Gluon
+# dq kernel, the probes' dQ modes); the launcher's choice causal until session 14
+KEY_SPLIT_D64 = dict(block_m=64, block_n=64, stages=2, dq_from="overlapped")
+# D = 64: the query split (gluon_backward.attention_bwd_split_kernel, 128 queries a step), without a
+# mask since session 12 (0.90-0.98x cuDNN against the key split's 0.83-0.91x), causal since lse and
+# delta come by TMA (session 14: 1.02x against the key split's 0.985x at N = 4096 and 8192; it lost
+# before, spilling 284-364 bytes). D = 128: dQ fused into the key split, causal too since session 14
+# (0.94 / 1.01x against 0.91 / 0.96x with the Gluon dq kernel at N = 4096 / 8192; with lse and delta
+# loaded by pointer the fused kernel spilled more and lost causal) (notes/attention.md)
+QUERY_SPLIT_D64 = dict(block_m=128, block_n=64, stages=2, dq_from="fused", split="queries")
+GLUON_BACKWARD = {(64, False): QUERY_SPLIT_D64,
+                  (64, True): QUERY_SPLIT_D64,
+                  (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="fused"),
+                  (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused")}
 
 
 def key_split_config(d: int, causal: bool) -> dict:
@@ -492,19 +499,29 @@ def gluon_backward_fits(dout, q, k, v, scale: float) -> bool:
 def backward_delta(out, dout, lse, dlse, *, dq_sum: bool = False):
     """The backward's preprocess: (delta (B, H, N) float32, and with ``dq_sum`` a zeroed float32
     (B, H, N, D) buffer for the Gluon kernel's dQ reductions, zeroed by the same pass)."""
+    return backward_preprocess(out, dout, lse, dlse, dq_sum=dq_sum)[:2]
+
+
+def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats: bool = False):
+    """backward_delta's (delta, dq_sum), and with ``row_stats`` for the Gluon backward kernel the
+    (B * H, 2, N) view of a float32 buffer with rows padded to 16 bytes (what TMA reads) that holds
+    each row's lse (+inf for -inf) and delta (a placeholder otherwise); one pass over the rows."""
     B, H, N, D = out.shape
     delta = torch.empty((B, H, N), dtype=torch.float32, device=out.device)
     acc = torch.empty((B, H, N, D) if dq_sum else (1, 1, 1, D), dtype=torch.float32, device=out.device)
+    n_pad = triton.cdiv(N, 4) * 4
+    stats = torch.empty((B * H, 2, n_pad) if row_stats else (1, 2, 4), dtype=torch.float32, device=out.device)
     pre_m = 16 if out.device.type != "cuda" else 64
     _DELTA[(triton.cdiv(N, pre_m), B * H)](
-        out, dout, dlse if dlse is not None else lse, delta, acc, *out.stride(), *dout.stride(), H, N, D,
-        HAS_DLSE=dlse is not None, ZERO_DQ_SUM=dq_sum, BLOCK_M=pre_m, BLOCK_D=block_d(D))
-    return delta, acc
+        out, dout, lse, dlse if dlse is not None else lse, delta, stats, acc, *out.stride(), *dout.stride(), H, N, D,
+        n_pad, HAS_DLSE=dlse is not None, ZERO_DQ_SUM=dq_sum, ROW_STATS=row_stats, BLOCK_M=pre_m,
+        BLOCK_D=block_d(D))
+    return delta, acc, stats[..., :N]
 
 
 def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
-                   block_n: int, stages: int, dq_from: str = "fused", prefetch: bool = True,
-                   balanced: bool = True, dq_config: dict | None = None, split: str = "keys") -> None:
+                   block_n: int, stages: int, dq_from: str = "fused", balanced: bool = True,
+                   dq_config: dict | None = None, split: str = "keys") -> None:
     """The Gluon backward: the preprocess, then dk and dv, and dq: with ``dq_from`` "fused" or
     "overlapped" in the same kernel (through a float32 buffer that its TMA reductions add to, each
     consumer half of the columns), "gluon" by gluon_dq.py's kernel after it (``dq_config``: its
@@ -514,10 +531,9 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
     if split not in ("keys", "queries") or (split == "queries" and dq_from != "fused"):
         raise ValueError(f"split is 'keys' or 'queries' (with dq_from 'fused'); got {split!r}, {dq_from!r}")
     fused_dq = DQ_MODES[dq_from] > 0
-    delta, dq_sum = backward_delta(out, dout, lse, dlse, dq_sum=fused_dq)
-    backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal, scale, block_m=block_m,
-                          block_n=block_n, stages=stages, dq_from=dq_from, prefetch=prefetch, balanced=balanced,
-                          split=split)
+    delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=fused_dq, row_stats=True)
+    backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m, block_n=block_n,
+                          stages=stages, dq_from=dq_from, balanced=balanced, split=split)
     if fused_dq:
         dq.copy_(dq_sum)
     elif dq_from == "gluon":
@@ -527,13 +543,12 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
         _backward_dq(dout, q, k, v, lse, delta, dq, causal, scale, backward_config(q.shape[-1], interpret=False))
 
 
-def backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
-                          block_n: int, stages: int, dq_from: str, prefetch: bool, balanced: bool = True,
-                          split: str = "keys") -> None:
+def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
+                          block_n: int, stages: int, dq_from: str, balanced: bool = True, split: str = "keys") -> None:
     """The Gluon backward kernel alone: dk, dv, and with ``dq_from`` "fused" or "overlapped" scale *
-    dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder otherwise); ``balanced`` (causal):
-    the programs take their tiles from a balanced schedule, not round-robin; ``split``: see
-    backward_gluon."""
+    dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder otherwise), from the rows' lse and
+    delta in ``stats`` (backward_preprocess's); ``balanced`` (causal): the programs take their tiles
+    from a balanced schedule, not round-robin; ``split``: see backward_gluon."""
     from tilecore.ops.attention.gluon_backward import attention_bwd_kernel, attention_bwd_split_kernel
 
     B, H, N, D = q.shape
@@ -545,18 +560,28 @@ def backward_gluon_kernel(dout, q, k, v, lse, delta, dq_sum, dk, dv, causal: boo
     head_group = _heads_in_l2(2 * group * N * D * q.element_size())  # kv heads: their Q and dO in L2
     schedule = (causal_schedule(q.device, "backward", N, Nk, block_m, 2 * block_n, B * Hkv, head_group, group,
                                 grid[0]) if causal and balanced else None)
+    stats_desc = row_stats_descriptor(stats, block_m)
     with dispatch.on_device(q.device):
         if split == "queries":
             return attention_bwd_split_kernel[grid](
                 desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m), desc(dk, block_n),
-                desc(dv, block_n), lse, delta, gluon_descriptor(dq_sum, dq_box(block_m, D, split)), H, N, Nk, group,
-                scale, scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages, PREFETCH=prefetch,
-                num_warps=4)
+                desc(dv, block_n), stats_desc, gluon_descriptor(dq_sum, dq_box(block_m, D, split)), H, N, Nk, group,
+                scale, scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages, num_warps=4)
         attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
-                                   desc(dk, block_n), desc(dv, block_n), lse, delta,
+                                   desc(dk, block_n), desc(dv, block_n), stats_desc,
                                    gluon_descriptor(dq_sum, dq_box(block_m, D)), H, N, Nk, group, scale,
                                    scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages,
-                                   DQ=DQ_MODES[dq_from], PREFETCH=prefetch, num_warps=4)
+                                   DQ=DQ_MODES[dq_from], num_warps=4)
+
+
+def row_stats_descriptor(stats, block_m: int):
+    """The TMA descriptor of backward_preprocess's row statistics: boxes of (lse, delta) of block_m
+    rows, unswizzled (the kernel reads them as S^T's columns; rows past N arrive as zeros)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+    return TensorDescriptor(stats, list(stats.shape), list(stats.stride()), [1, 2, block_m], layout)
 
 
 def backward_dq_gluon(dout, q, k, v, lse, delta, dq, causal: bool, scale: float, *, block_m: int, block_n: int,

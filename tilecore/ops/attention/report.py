@@ -110,11 +110,12 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
 
     bm, bn = cfg["block_m"], cfg["block_n"]
     f32 = torch.empty(64, dtype=torch.float32)
+    stats = torch.empty(4, 2, 256, dtype=torch.float32)  # backward_preprocess's (B * H, 2, N) row statistics
     args = dict(q_desc=desc(bm), k_desc=desc(2 * bn), v_desc=desc(2 * bn), do_desc=desc(bm), dk_desc=desc(bn),
-                dv_desc=desc(bn), lse_ptr=f32, delta_ptr=f32,
+                dv_desc=desc(bn), stats_desc=kernels.row_stats_descriptor(stats, bm),
                 dq_desc=gluon_descriptor(dq_sum, kernels.dq_box(bm, d, split)), H=16, N=4096, Nk=4096, GROUP=1,
                 scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, schedule=_schedule(causal, cfg),
-                CAUSAL=causal, STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]], PREFETCH=cfg["prefetch"])
+                CAUSAL=causal, STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]])
     if split == "queries":
         del args["DQ"]  # always fused
         compiled = _compile(attention_bwd_split_kernel, args, {"num_warps": 4})
@@ -154,6 +155,7 @@ def main(argv=None) -> int:
         return 2
     rows = [r for d in (64, 128, 256) for r in kernel_resources(d)]
     rows += [gluon_forward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
+    from tilecore.ops.attention import kernels
     from tilecore.ops.attention.kernels import GLUON_FORWARD, gluon_forward_config  # options off by default
 
     rows.append(gluon_forward_resources(128, True, cfg=dict(GLUON_FORWARD[128], pingpong=True)))
@@ -166,6 +168,8 @@ def main(argv=None) -> int:
     rows.append(gluon_forward_resources(64, False, cfg=gluon_forward_config(64, 4096, 4096, False)))  # and 2 Q buffers
     rows.append(gluon_forward_resources(64, True, cfg=gluon_forward_config(64, 1024, 1024, True)))  # and 64-key blocks
     rows += [gluon_backward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
+    # the key split at D = 64 (the launcher's is the query split): the deterministic mode's and the probes'
+    rows.append(gluon_backward_resources(64, True, cfg=kernels.KEY_SPLIT_D64))
     rows += [gluon_dq_resources(d, causal) for d in (64, 128) for causal in (False, True)]
     if "--json" in argv:
         print(json.dumps(rows))
