@@ -49,7 +49,7 @@ ABLATIONS = {"no dQ add": 2, "no TMA reduce": 16, "no staging store": 32, "no st
 def variants(set_name, d, causal):
     """name -> (config, checked): a Gluon config for kernels.backward_into, or for "ablate" the
     kernel-alone call's options."""
-    shipped = dict(kernels.GLUON_BACKWARD[d, causal])
+    shipped = dict(kernels.GLUON_BACKWARD[d, causal])  # at N = 4096 (kernels.gluon_backward_config)
     if set_name == "split":
         return {"key split": (kernels.key_split_config(d, causal), True),
                 "split": (SPLIT, True)}

@@ -257,6 +257,16 @@ def test_gluon_forward_config_per_head_dim_and_length(d, n, nk, causal, options)
     assert kernels.gluon_forward_config(d, n, nk, causal) == kernels.GLUON_FORWARD[d] | options
 
 
+@pytest.mark.parametrize("d, n, causal, dq_from", [
+    (64, 512, True, "fused"), (128, 512, False, "gluon"), (128, 1024, False, "fused"),
+    (128, 2048, True, "gluon"), (128, 4096, True, "fused"), (128, 16384, False, "fused")])
+def test_gluon_backward_config_takes_the_dq_kernel_where_d128_tiles_are_short(d, n, causal, dq_from):
+    cfg = kernels.gluon_backward_config(d, n, causal)
+    assert cfg["dq_from"] == dq_from
+    assert {k: v for k, v in cfg.items() if k != "dq_from"} == {
+        k: v for k, v in kernels.GLUON_BACKWARD[d, causal].items() if k != "dq_from"}
+
+
 def test_gluon_backward_configs_pair_the_query_split_with_its_fused_dq():
     """The query split always adds its own dQ: every config that names it fuses dQ and steps over two
     consumers' worth of query rows; the probes and the deterministic mode get a key split instead."""

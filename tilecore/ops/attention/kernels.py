@@ -477,6 +477,19 @@ GLUON_BACKWARD = {(64, False): QUERY_SPLIT_D64,
                   (64, True): QUERY_SPLIT_D64,
                   (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="fused"),
                   (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused")}
+# ... except where tiles are short: at D = 128 below these lengths dQ comes from the Gluon dq kernel
+# (session 14, x cuDNN, Gluon dq kernel against fused: causal N = 512 1.35 / 0.87, 1024 1.10 / 0.84,
+# 2048 0.98 / 0.96, 4096 0.91 / 0.94; without a mask 512 1.17 / 0.92, 1024 0.96 / 0.98)
+FUSED_DQ_MIN_N = {False: 1024, True: 4096}
+
+
+def gluon_backward_config(d: int, n: int, causal: bool) -> dict:
+    """The Gluon backward's configuration for head dim ``d`` and N query rows: GLUON_BACKWARD's, but
+    at D = 128 with dQ from the Gluon dq kernel below FUSED_DQ_MIN_N[causal]."""
+    cfg = dict(GLUON_BACKWARD[d, causal])
+    if d == 128 and n < FUSED_DQ_MIN_N[causal]:
+        cfg["dq_from"] = "gluon"
+    return cfg
 
 
 def key_split_config(d: int, causal: bool) -> dict:
@@ -613,7 +626,7 @@ def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale
     Hkv, Nk = k.shape[1], k.shape[2]
     interpret = q.device.type != "cuda"
     if gluon is not None or (config is None and gluon_backward_fits(dout, q, k, v, scale)):
-        cfg = dict(gluon or GLUON_BACKWARD[D, causal])
+        cfg = dict(gluon or gluon_backward_config(D, N, causal))
         if torch.are_deterministic_algorithms_enabled() and DQ_MODES[cfg["dq_from"]] > 0:
             # dq from its own kernel: each row summed in registers, in a fixed order (the query
             # split always adds its dQ: the key split computes dK and dV then)
