@@ -14,7 +14,8 @@ without a mask: the kernel alone, and with parts of its dQ path removed, through
 of attention_bwd_kernel that only session 14's working tree had: apply
 notes/attention_bwd_ablate_session14.patch to commit 5d0e216 to run it; wrong results, never
 checked). Session 14 also compared two step orders here (a set "order": the
-group's q heads at each query block, since shipped, against each head's blocks in turn).
+group's q heads at each query block, since shipped, against each head's blocks in turn) and dQ's
+staging under the step's last dV / dK wgmma (a set "early", shipped for the key split's fused dQ).
 
     PYTHONPATH=. python3 scripts/device/bwd_variants.py --set split [--d 64] [--causal 0,1]
         [--lengths 4096] [--rounds 5] [--out DIR]
