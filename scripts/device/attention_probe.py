@@ -50,10 +50,10 @@ B, H, N = 16, 16, 4096
 # Then the causal first block's mask hidden from the compiler or not (a "hide" knob, removed once
 # hidden won: notes/attention_fwd_hide_session13_h100.json), and two against three consumers again.
 # Last, two against three consumers where causal tiles are shortest (N = 512, 1024).
-FWD_VARIANTS = {"2 consumers carried": dict(consumers=2, q_buffers=2, carry=True, only_d=64),
-                "3 consumers q2": dict(consumers=3, q_buffers=2, carry=False, only_d=64)}
-VARIANT_LENGTHS = (512, 1024)
-VARIANT_HEAD_DIMS = (64,)
+# Session 14: the consumers' ping-pong order at D = 128 once more (session 2's g7 found it neutral).
+FWD_VARIANTS = {"ping-pong": dict(pingpong=True, only_d=128)}
+VARIANT_LENGTHS = (4096, 8192)
+VARIANT_HEAD_DIMS = (128,)
 VARIANT_REPEATS = 5
 
 
