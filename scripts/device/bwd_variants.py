@@ -56,6 +56,11 @@ def variants(set_name, d, causal):
                 "split": (SPLIT, True)}
     if set_name == "shipped":  # the launcher's configs (checked, timed), and their dK/dV kernel alone
         return {"shipped": (shipped, True), "kernel alone": (dict(shipped, kernel_alone=True), False)}
+    if set_name == "kvregs":  # D = 64's key split with K and V as register operands of S^T and dP^T
+        key = dict(block_m=64, block_n=64, stages=2)
+        return {"shipped": (shipped, True), "key split, dq fused": (dict(key, dq_from="fused"), True),
+                "key split, dq fused, K V in registers": (dict(key, dq_from="fused", kv_regs=True), True),
+                "key split, dq overlapped, K V in registers": (dict(key, dq_from="overlapped", kv_regs=True), True)}
     if set_name == "configs":  # the launcher's choice against the other layouts and dQ modes
         out = {"shipped": (shipped, True)}
         key = dict(block_m=64, block_n=64, stages=2)

@@ -49,7 +49,8 @@ def test_gluon_dq_holds_wgmma_and_tma_and_is_not_serialized(report):
 
 def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(report):
     gluon = [r for r in report if r["kernel"].startswith("backward (gluon")]
-    assert len(gluon) == 5  # D 64 (the query split) and 128, causal and not; D 64's key split
+    # D 64 and 128, causal and not; D 64's query split, and its key split with dq from its own kernel
+    assert len(gluon) == 6
     for r in gluon:
         assert r["wgmma"] and r["tma"] and r["mbarrier"], r
         # dq is summed by TMA reductions where the kernel computes it
@@ -63,8 +64,10 @@ def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(
 # backward measured on the H100 (2.1x the 8-warp variant that does not spill; notes/attention.md).
 # The Gluon backward at D = 128 holds dK and dV of 64 keys x 128 (128 registers a thread) and
 # spills 104 bytes (causal 208-220: addresses and counters, none in the step's loads since lse and
-# delta come by TMA, session 14; D = 64's key split: none); it was still 1.17x the tl kernels on the
-# H100 when it spilled 160-300 (notes/attention.md)
+# delta come by TMA, session 14); it was still 1.17x the tl kernels on the H100 when it spilled
+# 160-300. D = 64's key split holds each consumer's K and V rows in registers for the tile (32
+# registers a thread) and spills 56 bytes with dQ overlapped: 5-9% faster than without them, which
+# spilled none (notes/attention.md, session 14)
 # Three consumers at D = 64 have 160 registers a thread: causal (the per-consumer key-block count,
 # the balanced schedule's tile ids and the hidden first key offset add a little) spills 84 bytes of
 # scalars, stored once a program and reloaded once a tile (none in the loop), and was 4-6% faster
@@ -73,7 +76,7 @@ def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(
 # scalars (causal 100-112), reloaded once a step; it spilled 140-364 before lse and delta came by TMA
 # (session 14), and was still 5-8% faster than the key split without a mask on the H100
 # (notes/attention.md, session 12)
-SPILL_BYTES_ALLOWED = {("backward dk/dv", 128): 64, ("backward (gluon)", 64): 8, ("backward (gluon)", 128): 256,
+SPILL_BYTES_ALLOWED = {("backward dk/dv", 128): 64, ("backward (gluon)", 64): 64, ("backward (gluon)", 128): 256,
                        ("backward (gluon, query split)", 64): 128,
                        ("forward (gluon, 3 consumers)", 64): 96}
 

@@ -136,12 +136,20 @@ def _stat_columns(stats_smem, which: gl.constexpr, st_layout: gl.constexpr, firs
 
 @gluon.jit
 def _init(g, cfg: gl.constexpr, tile, kv_smem):
+    BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
     acc_layout: gl.constexpr = wgmma_layout(BN, D, gl.num_warps())
     dk = gl.zeros([BN, D], gl.float32, acc_layout)
     dv = gl.zeros([BN, D], gl.float32, acc_layout)
-    return dk, dv, tile
+    if cfg[5]:  # this consumer's K and V rows as register operands for the whole tile
+        c: gl.constexpr = cfg[-1]
+        a_layout: gl.constexpr = _operand_layout(BN, BM, gl.num_warps())
+        k_c = kv_smem.index(0).reshape([2 * BN, D]).slice(c * BN, BN).load(a_layout)
+        v_c = kv_smem.index(1).reshape([2 * BN, D]).slice(c * BN, BN).load(a_layout)
+        return dk, dv, tile, k_c, v_c
+    else:
+        return dk, dv, tile, 0, 0
 
 
 @gluon.constexpr_function
@@ -212,14 +220,18 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
     c: gl.constexpr = cfg[-1]  # this consumer: keys [c BN, (c + 1) BN) of the tile
     st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
     q_smem, stats_smem = q_bufs
-    dk, dv, tile = state
+    dk, dv, tile, k_regs, v_regs = state
     b, hk = _kv_head(g, tile[1])
     h, start_m = _step_rows(g, cfg, tile, kk)
     start_n = tile[0] + c * BN
     q = q_smem.reshape([BM, D])
     do = do_smem.reshape([BM, D])
-    k_c = kv_smem.index(0).reshape([2 * BN, D]).slice(c * BN, BN)
-    v_c = kv_smem.index(1).reshape([2 * BN, D]).slice(c * BN, BN)
+    if cfg[5]:
+        k_c = k_regs
+        v_c = v_regs
+    else:
+        k_c = kv_smem.index(0).reshape([2 * BN, D]).slice(c * BN, BN)
+        v_c = kv_smem.index(1).reshape([2 * BN, D]).slice(c * BN, BN)
 
     zeros = gl.zeros([BN, BM], gl.float32, st_layout)
     s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
@@ -276,7 +288,7 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
             _add_dq(g, cfg, tile, kk, dq)
         else:
             dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-    return dk, dv, tile
+    return dk, dv, tile, k_regs, v_regs
 
 
 @gluon.jit
@@ -290,7 +302,8 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
     clipped by the TMA stores."""
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
-    dk, dv, tile = state
+    dk = state[0]
+    dv = state[1]
     b, hk = _kv_head(g, tile[1])
     start_n = tile[0] + cfg[-1] * BN
     for which in gl.static_range(2):
@@ -456,7 +469,7 @@ def _ds_layout(dtype):
 @gluon.jit
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
                          scale, scale_log2e, num_bhk, head_group, schedule, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                         DQ: gl.constexpr):
+                         DQ: gl.constexpr, KV_REGS: gl.constexpr = False):
     """dK and dV (and with DQ 1 or 2, dQ added to dq_desc's float32 tensor: see _compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp."""
@@ -478,7 +491,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
         dq_staging = ds_smem  # unused
     g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP, scale, scale_log2e,
          num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging)
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ))
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ, KV_REGS))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240, IN_FLIGHT=0,

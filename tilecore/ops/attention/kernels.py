@@ -463,18 +463,18 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
 DQ_MODES = {"tl": 0, "gluon": 0, "fused": 1, "overlapped": 2}  # "gluon": gluon_dq.py's kernel after dK, dV
 # gluon_dq.py's kernel: query rows per consumer, keys per step, ring stages
 GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, block_n=64, stages=4)}
-# The key split at D = 64: what the query split cannot do (the deterministic mode's dq from the Gluon
-# dq kernel, the probes' dQ modes); the launcher's choice causal until session 14
-KEY_SPLIT_D64 = dict(block_m=64, block_n=64, stages=2, dq_from="overlapped")
-# D = 64: the query split (gluon_backward.attention_bwd_split_kernel, 128 queries a step), without a
-# mask since session 12 (0.90-0.98x cuDNN against the key split's 0.83-0.91x), causal since lse and
-# delta come by TMA (session 14: 1.02x against the key split's 0.985x at N = 4096 and 8192; it lost
-# before, spilling 284-364 bytes). D = 128: dQ fused into the key split, causal too since session 14
-# (0.94 / 1.01x against 0.91 / 0.96x with the Gluon dq kernel at N = 4096 / 8192; with lse and delta
-# loaded by pointer the fused kernel spilled more and lost causal) (notes/attention.md)
+# D = 64: the key split with each consumer's K and V rows held as register operands of S^T and dP^T
+# for the whole tile (kv_regs: a third less shared-memory traffic a step), dQ overlapped: 1.04-1.09x
+# cuDNN at N = 4096 / 8192, causal or not, against the query split's 0.99-1.05x (session 14). The
+# query split (gluon_backward.attention_bwd_split_kernel, 128 queries a step, FA3's layout at this
+# head dim) was the choice without a mask from session 12 and causal in session 14 until then; it
+# stays for the probes. D = 128: dQ fused into the key split, causal too since session 14 (0.94 /
+# 1.01x against 0.91 / 0.96x with the Gluon dq kernel at N = 4096 / 8192); K and V do not fit in its
+# registers (ptxas serialized every wgmma) (notes/attention.md)
+KEY_SPLIT_D64 = dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", kv_regs=True)
 QUERY_SPLIT_D64 = dict(block_m=128, block_n=64, stages=2, dq_from="fused", split="queries")
-GLUON_BACKWARD = {(64, False): QUERY_SPLIT_D64,
-                  (64, True): QUERY_SPLIT_D64,
+GLUON_BACKWARD = {(64, False): KEY_SPLIT_D64,
+                  (64, True): KEY_SPLIT_D64,
                   (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="fused"),
                   (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused")}
 # ... except where tiles are short: at D = 128 below these lengths dQ comes from the Gluon dq kernel
@@ -534,19 +534,21 @@ def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats
 
 def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
                    block_n: int, stages: int, dq_from: str = "fused", balanced: bool = True,
-                   dq_config: dict | None = None, split: str = "keys") -> None:
+                   dq_config: dict | None = None, split: str = "keys", kv_regs: bool = False) -> None:
     """The Gluon backward: the preprocess, then dk and dv, and dq: with ``dq_from`` "fused" or
     "overlapped" in the same kernel (through a float32 buffer that its TMA reductions add to, each
     consumer half of the columns), "gluon" by gluon_dq.py's kernel after it (``dq_config``: its
     blocks, GLUON_DQ by default), "tl" by the tl dq kernel. ``split``: what each consumer owns,
     "keys" (half the tile's keys, for everything) or "queries" (half of each step's queries for S,
-    dP and dQ, half the keys for dK and dV; dQ "fused" only): gluon_backward.py."""
-    if split not in ("keys", "queries") or (split == "queries" and dq_from != "fused"):
-        raise ValueError(f"split is 'keys' or 'queries' (with dq_from 'fused'); got {split!r}, {dq_from!r}")
+    dP and dQ, half the keys for dK and dV; dQ "fused" only): gluon_backward.py. ``kv_regs`` (the
+    key split): each consumer holds its K and V rows in registers for the tile (fits at D = 64)."""
+    if split not in ("keys", "queries") or (split == "queries" and (dq_from != "fused" or kv_regs)):
+        raise ValueError(f"split is 'keys' or 'queries' (with dq_from 'fused', K and V in shared memory); got "
+                         f"{split!r}, {dq_from!r}, kv_regs={kv_regs}")
     fused_dq = DQ_MODES[dq_from] > 0
     delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=fused_dq, row_stats=True)
     backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m, block_n=block_n,
-                          stages=stages, dq_from=dq_from, balanced=balanced, split=split)
+                          stages=stages, dq_from=dq_from, balanced=balanced, split=split, kv_regs=kv_regs)
     if fused_dq:
         dq.copy_(dq_sum)
     elif dq_from == "gluon":
@@ -557,7 +559,8 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
 
 
 def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
-                          block_n: int, stages: int, dq_from: str, balanced: bool = True, split: str = "keys") -> None:
+                          block_n: int, stages: int, dq_from: str, balanced: bool = True, split: str = "keys",
+                          kv_regs: bool = False) -> None:
     """The Gluon backward kernel alone: dk, dv, and with ``dq_from`` "fused" or "overlapped" scale *
     dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder otherwise), from the rows' lse and
     delta in ``stats`` (backward_preprocess's); ``balanced`` (causal): the programs take their tiles
@@ -584,7 +587,7 @@ def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sc
                                    desc(dk, block_n), desc(dv, block_n), stats_desc,
                                    gluon_descriptor(dq_sum, dq_box(block_m, D)), H, N, Nk, group, scale,
                                    scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages,
-                                   DQ=DQ_MODES[dq_from], num_warps=4)
+                                   DQ=DQ_MODES[dq_from], KV_REGS=kv_regs, num_warps=4)
 
 
 def row_stats_descriptor(stats, block_m: int):

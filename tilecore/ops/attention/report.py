@@ -115,9 +115,10 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
                 dv_desc=desc(bn), stats_desc=kernels.row_stats_descriptor(stats, bm),
                 dq_desc=gluon_descriptor(dq_sum, kernels.dq_box(bm, d, split)), H=16, N=4096, Nk=4096, GROUP=1,
                 scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, schedule=_schedule(causal, cfg),
-                CAUSAL=causal, STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]])
+                CAUSAL=causal, STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]],
+                KV_REGS=cfg.get("kv_regs", False))
     if split == "queries":
-        del args["DQ"]  # always fused
+        del args["DQ"], args["KV_REGS"]  # always fused; K and V in shared memory
         compiled = _compile(attention_bwd_split_kernel, args, {"num_warps": 4})
     else:
         compiled = _compile(attention_bwd_kernel, args, {"num_warps": 4})
@@ -168,8 +169,9 @@ def main(argv=None) -> int:
     rows.append(gluon_forward_resources(64, False, cfg=gluon_forward_config(64, 4096, 4096, False)))  # and 2 Q buffers
     rows.append(gluon_forward_resources(64, True, cfg=gluon_forward_config(64, 1024, 1024, True)))  # and 64-key blocks
     rows += [gluon_backward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
-    # the key split at D = 64 (the launcher's is the query split): the deterministic mode's and the probes'
-    rows.append(gluon_backward_resources(64, True, cfg=kernels.KEY_SPLIT_D64))
+    # the query split at D = 64 (the probes'), and the deterministic mode's key split (dq by its own kernel)
+    rows.append(gluon_backward_resources(64, True, cfg=kernels.QUERY_SPLIT_D64))
+    rows.append(gluon_backward_resources(64, True, cfg=dict(kernels.KEY_SPLIT_D64, dq_from="gluon")))
     rows += [gluon_dq_resources(d, causal) for d in (64, 128) for causal in (False, True)]
     if "--json" in argv:
         print(json.dumps(rows))
