@@ -61,6 +61,9 @@ def variants(set_name, d, causal):
         return {"shipped": (shipped, True), "key split, dq fused": (dict(key, dq_from="fused"), True),
                 "key split, dq fused, K V in registers": (dict(key, dq_from="fused", kv_regs=True), True),
                 "key split, dq overlapped, K V in registers": (dict(key, dq_from="overlapped", kv_regs=True), True)}
+    if set_name == "det":  # the deterministic mode's config (dq by the Gluon dq kernel) against the default
+        return {"shipped": (shipped, True), "dq kernel": (dict(shipped, dq_from="gluon"), True),
+                "dq kernel, K V in shared memory": (dict(shipped, dq_from="gluon", kv_regs=False), True)}
     if set_name == "configs":  # the launcher's choice against the other layouts and dQ modes
         out = {"shipped": (shipped, True)}
         key = dict(block_m=64, block_n=64, stages=2)
@@ -90,7 +93,8 @@ def meta():
 
 
 CHECK_SHAPES = ((torch.bfloat16, (2, 4, 2, 700, 900)), (torch.bfloat16, (1, 4, 1, 1000, 300)),
-                (torch.float16, (1, 2, 2, 4097, 4097)), (torch.bfloat16, (2, 2, 2, 1, 17)))
+                (torch.float16, (1, 2, 2, 4097, 4097)), (torch.bfloat16, (2, 2, 2, 1, 17)),
+                (torch.bfloat16, (2, 8, 8, 1500, 1500)))
 
 
 def kernel_alone(case, cfg):

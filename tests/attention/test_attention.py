@@ -280,3 +280,6 @@ def test_gluon_backward_configs_pair_the_query_split_with_its_fused_dq():
     with pytest.raises(ValueError, match="queries"):
         kernels.backward_gluon(x, x, x, x, x, lse, None, x, x, x, False, 0.125, block_m=128, block_n=64, stages=2,
                                dq_from="overlapped", split="queries")
+    with pytest.raises(ValueError, match="kv_regs"):
+        kernels.backward_gluon(x, x, x, x, x, lse, None, x, x, x, False, 0.125, block_m=64, block_n=64, stages=2,
+                               dq_from="gluon", kv_regs=True)

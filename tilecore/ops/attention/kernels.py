@@ -545,6 +545,10 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
     if split not in ("keys", "queries") or (split == "queries" and (dq_from != "fused" or kv_regs)):
         raise ValueError(f"split is 'keys' or 'queries' (with dq_from 'fused', K and V in shared memory); got "
                          f"{split!r}, {dq_from!r}, kv_regs={kv_regs}")
+    if kv_regs and DQ_MODES[dq_from] == 0:
+        # the dK/dV kernel alone with K and V in registers gave wrong dK and dV on the H100 (session
+        # 14, every shape but N = 1; not understood): refused
+        raise ValueError("kv_regs takes dq_from 'fused' or 'overlapped'")
     fused_dq = DQ_MODES[dq_from] > 0
     delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=fused_dq, row_stats=True)
     backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m, block_n=block_n,
@@ -635,7 +639,7 @@ def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale
             # split always adds its dQ: the key split computes dK and dV then)
             if cfg.get("split") == "queries":
                 cfg = dict(KEY_SPLIT_D64)
-            cfg["dq_from"] = "gluon"
+            cfg.update(dq_from="gluon", kv_regs=False)
         return backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale, **cfg)
     delta, _ = backward_delta(out, dout, lse, dlse)
     cfg = config or backward_config(D, interpret)

@@ -171,7 +171,7 @@ def main(argv=None) -> int:
     rows += [gluon_backward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
     # the query split at D = 64 (the probes'), and the deterministic mode's key split (dq by its own kernel)
     rows.append(gluon_backward_resources(64, True, cfg=kernels.QUERY_SPLIT_D64))
-    rows.append(gluon_backward_resources(64, True, cfg=dict(kernels.KEY_SPLIT_D64, dq_from="gluon")))
+    rows.append(gluon_backward_resources(64, True, cfg=dict(kernels.KEY_SPLIT_D64, dq_from="gluon", kv_regs=False)))
     rows += [gluon_dq_resources(d, causal) for d in (64, 128) for causal in (False, True)]
     if "--json" in argv:
         print(json.dumps(rows))
