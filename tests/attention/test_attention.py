@@ -249,7 +249,8 @@ def test_bad_input_names_what_is_accepted(args, kwargs, error, words):
     (64, 1024, 1024, True, dict(consumers=3, block_n=64)),        # (<= 512 keys a row: 64-key blocks)
     (64, 512, 512, True, dict(carry=True, block_n=64)),           # shorter: two, carried
     (64, 1024, 1024, False, dict(carry=True)),
-    (128, 4096, 4096, False, {}), (128, 4096, 4096, True, {}),    # long tiles: GLUON_FORWARD (two Q buffers)
+    (128, 4096, 4096, False, dict(q_regs=True)),                  # long tiles: GLUON_FORWARD (two Q buffers),
+    (128, 4096, 4096, True, {}),                                  # Q in registers without a mask
     (128, 1024, 1024, False, dict(carry=True)),                   # <= 8 key blocks a tile on average
     (128, 2048, 2048, True, {}),                                  # D = 128 causal: not carried (-1 to -2%)
     (128, 512, 4096, True, {}), (128, 4097, 1000, True, dict(block_n=64))])  # causal, N != Nk: keys a row sees

@@ -22,7 +22,7 @@ def test_every_kernel_and_head_dim_compiles(report):
         (k, d) for k in ("forward", "backward dk/dv", "backward dq") for d in (64, 128, 256)} | {
         ("forward (gluon)", 64), ("forward (gluon)", 128), ("forward (gluon, ping-pong)", 128),
         ("forward (gluon, short tiles)", 128), ("forward (gluon, carried)", 64), ("forward (gluon, carried)", 128),
-        ("forward (gluon, 3 consumers)", 64),
+        ("forward (gluon, 3 consumers)", 64), ("forward (gluon, Q in registers)", 128),
         ("backward (gluon)", 64), ("backward (gluon)", 128), ("backward (gluon, query split)", 64),
         ("backward dq (gluon)", 64), ("backward dq (gluon)", 128)}
 
@@ -31,8 +31,8 @@ def test_gluon_forward_holds_wgmma_and_tma_and_is_not_serialized(report):
     gluon = [r for r in report if r["kernel"].startswith("forward (gluon")]
     # D 64 and 128, causal and not; the ping-pong option; short tiles (D 64 causal and D 128, carried
     # but at D 128 causal); D 64's three consumers, causal and not, with two Q buffers, and causal
-    # with two Q buffers and 64-key blocks
-    assert len(gluon) == 12
+    # with two Q buffers and 64-key blocks; D 128 without a mask with Q in registers
+    assert len(gluon) == 13
     for r in gluon:
         assert r["wgmma"] and r["tma"] and r["mbarrier"], r
         # ptxas serializes every wgmma of a kernel that writes a wgmma's input registers while another

@@ -165,8 +165,13 @@ def _init_tile(g, cfg: gl.constexpr, tile, q_smem):
         # the tile's later blocks (all masked for it: their p would be 0) but for its last P V
         own_hi = gl.maximum(gl.minimum(g[7], first + BM + (g[7] - g[6])), 0)
         n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, BN), 1), tile[2])
-    # this consumer's first query row and key-block count ride along for the masks and the steps
-    return m_i, l_i, acc, p, first, n_own
+    # this consumer's first query row and key-block count ride along for the masks and the steps;
+    # with Q_REGS its Q rows too, as the register operand of every step's S = Q K^T
+    if cfg[8]:
+        q = q_smem.reshape([BM, D]).load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+    else:
+        q = 0
+    return m_i, l_i, acc, p, first, n_own, q
 
 
 @gluon.jit
@@ -305,8 +310,11 @@ def _compute_step(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, turn=
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
     s_layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps())
-    m_i, l_i, acc, p, start_m, n_blocks = state
-    q = q_smem.reshape([BM, D])
+    m_i, l_i, acc, p, start_m, n_blocks, q_regs = state
+    if cfg[8]:
+        q = q_regs
+    else:
+        q = q_smem.reshape([BM, D])
     k_t = k_smem.reshape([BN, D]).permute((1, 0))
     v = v_smem.reshape([BN, D])
     s0 = gl.zeros([BM, BN], gl.float32, s_layout)
@@ -340,7 +348,7 @@ def _compute_step(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, q_smem, turn=
         p = _p_operand(g, cfg, p32)
         o_tok = warpgroup_mma(p, v, acc * alpha, is_async=True)
         acc, _ = warpgroup_mma_wait(1, deps=(o_tok, v_smem))  # left running: the next step's wait completes it
-    return m_i, l_i, acc, p, start_m, n_blocks
+    return m_i, l_i, acc, p, start_m, n_blocks, q_regs
 
 
 @gluon.jit
@@ -350,8 +358,7 @@ def _drain(g, cfg: gl.constexpr, state):
 
 @gluon.jit
 def _finish(g, cfg: gl.constexpr, state, tile, o_smem):
-    m_i, l_i, acc, p, start_m, n_blocks = state
-    _epilogue(g, cfg, m_i, l_i, acc, start_m, tile[1], o_smem)
+    _epilogue(g, cfg, state[0], state[1], state[2], state[4], tile[1], o_smem)
 
 
 @gluon.jit
@@ -381,7 +388,7 @@ def _epilogue(g, cfg: gl.constexpr, m_i, l_i, acc, start_m, bh, o_smem):
 def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh,
                          head_group, schedule, CAUSAL: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
                          CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr = False, Q_BUFFERS: gl.constexpr = 1,
-                         CARRY: gl.constexpr = False):
+                         CARRY: gl.constexpr = False, Q_REGS: gl.constexpr = False):
     """O and lse of attention for every (query block, batch * head); a persistent grid."""
     g = (q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh, head_group)
     BM: gl.constexpr = o_desc.block_type.shape[2]
@@ -389,7 +396,8 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROU
     D: gl.constexpr = k_desc.block_type.shape[3]
     gl.static_assert(not PINGPONG or OVERLAP, "PINGPONG takes the overlapped loop")
     gl.static_assert(not CARRY or (OVERLAP and not PINGPONG), "CARRY takes the overlapped loop, without PINGPONG")
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, OVERLAP, CONSUMERS, PINGPONG, CARRY))
+    gl.static_assert(not (CARRY and Q_REGS), "Q_REGS takes a pipeline that restarts at each tile")
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, OVERLAP, CONSUMERS, PINGPONG, CARRY, Q_REGS))
     num_tiles = gl.cdiv(N, BM * CONSUMERS) * num_bh
     # registers a thread: three consumer warpgroups (13 warps) share the register file more thinly
     CONSUMER_REGS: gl.constexpr = 160 if CONSUMERS == 3 else 232

@@ -314,7 +314,11 @@ def gluon_forward_config(d: int, n: int, nk: int, causal: bool) -> dict:
     D = 64 and N >= THREE_CONSUMERS_MIN_N[causal], three consumer warpgroups (two Q buffers each up
     to THREE_CONSUMERS_Q2_MAX_N, else one); else, where a tile's key blocks are few on average (its
     fixed costs dominate), the pipeline carried across tiles (not at D = 128 causal: there it lost
-    1-2%); and causal tiles of at most SHORT_CAUSAL_KEYS keys take 64-key blocks."""
+    1-2%); else at D = 128 without a mask each consumer's Q rows as the register operand of S = Q K^T
+    (a third less shared-memory traffic for S: +1.3-2.2% at N = 2048-8192 on the H100; causal, where
+    it spills 32 bytes, -1.7 to +1.6%; at D = 64 three consumers' 160 registers do not hold it:
+    ptxas serialized every wgmma) (session 14); and causal tiles of at most SHORT_CAUSAL_KEYS keys
+    take 64-key blocks."""
     cfg = dict(GLUON_FORWARD[d])
     keys = max(nk - n / 2, nk / 2) if causal else nk  # keys a query row sees, on average (about)
     short = keys / cfg["block_n"] <= SHORT_TILE_KEY_BLOCKS
@@ -324,6 +328,8 @@ def gluon_forward_config(d: int, n: int, nk: int, causal: bool) -> dict:
         cfg.update(consumers=3, q_buffers=2 if n <= THREE_CONSUMERS_Q2_MAX_N else 1)
     elif short and not (causal and d == 128):
         cfg["carry"] = True
+    elif d == 128 and not causal:
+        cfg["q_regs"] = True
     return cfg
 
 
@@ -420,11 +426,14 @@ def gluon_forward_fits(q, k, v, scale: float) -> bool:
 
 def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int, block_n: int,
                   stages: int, overlap: bool = True, consumers: int = 2, pingpong: bool = False,
-                  q_buffers: int = 1, carry: bool = False, balanced: bool = True) -> None:
+                  q_buffers: int = 1, carry: bool = False, balanced: bool = True, q_regs: bool = False) -> None:
     """The Gluon forward: ``consumers`` warpgroups (1 of 8 warps, or 2 or 3 of 4) of ``block_m``
     query rows each share every K/V stage of ``block_n`` keys; ``q_buffers`` = 2 loads a tile's Q
     blocks while the previous tile runs; ``carry`` keeps the pipeline running across tiles;
-    ``balanced`` (causal): the programs take their tiles from a balanced schedule, not round-robin."""
+    ``balanced`` (causal): the programs take their tiles from a balanced schedule, not round-robin;
+    ``q_regs`` (not with ``carry``): each consumer holds its Q rows in registers for the tile."""
+    if carry and q_regs:
+        raise ValueError("q_regs takes a pipeline that restarts at each tile, not carry")
     from tilecore.ops.attention.gluon_kernels import attention_fwd_kernel
 
     if carry and consumers == 3:  # it hit an illegal memory access on the H100 (N = 1, Nk = 17, causal)
@@ -438,7 +447,7 @@ def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int
         attention_fwd_kernel[grid](desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(out, block_m), lse,
                                    H, N, Nk, H // Hkv, scale * LOG2E, B * H, head_group, schedule, CAUSAL=causal,
                                    STAGES=stages, OVERLAP=overlap, CONSUMERS=consumers, PINGPONG=pingpong,
-                                   Q_BUFFERS=q_buffers, CARRY=carry, num_warps=num_warps)
+                                   Q_BUFFERS=q_buffers, CARRY=carry, Q_REGS=q_regs, num_warps=num_warps)
 
 
 def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict | None = None) -> None:

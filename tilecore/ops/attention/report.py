@@ -80,10 +80,11 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
                 GROUP=1, scale_log2e=0.1, num_bh=256, head_group=12, schedule=_schedule(causal, cfg),
                 CAUSAL=causal, STAGES=cfg["stages"],
                 OVERLAP=cfg["overlap"], CONSUMERS=cfg["consumers"], PINGPONG=cfg.get("pingpong", False),
-                Q_BUFFERS=cfg["q_buffers"], CARRY=cfg.get("carry", False))
+                Q_BUFFERS=cfg["q_buffers"], CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False))
     compiled = _compile(attention_fwd_kernel, args, {"num_warps": 8 if cfg["consumers"] == 1 else 4})
     r = resources(compiled)
     name = ("forward (gluon, ping-pong)" if cfg.get("pingpong") else
+            "forward (gluon, Q in registers)" if cfg.get("q_regs") else
             "forward (gluon, 3 consumers)" if cfg["consumers"] == 3 else
             "forward (gluon, carried)" if cfg.get("carry") else
             "forward (gluon, short tiles)" if (cfg["q_buffers"], cfg["block_n"]) != (
@@ -168,6 +169,7 @@ def main(argv=None) -> int:
         rows.append(gluon_forward_resources(64, causal, cfg=gluon_forward_config(64, 16384, 16384, causal)))
     rows.append(gluon_forward_resources(64, False, cfg=gluon_forward_config(64, 4096, 4096, False)))  # and 2 Q buffers
     rows.append(gluon_forward_resources(64, True, cfg=gluon_forward_config(64, 1024, 1024, True)))  # and 64-key blocks
+    rows.append(gluon_forward_resources(128, False, cfg=gluon_forward_config(128, 4096, 4096, False)))  # Q in registers
     rows += [gluon_backward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
     # the query split at D = 64 (the probes'), and the deterministic mode's key split (dq by its own kernel)
     rows.append(gluon_backward_resources(64, True, cfg=kernels.QUERY_SPLIT_D64))
