@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import re
+import subprocess
 import sys
 
 import torch
@@ -56,6 +59,43 @@ def kernel_resources(d: int, causal: bool = True, dtype=torch.bfloat16, fwd_cfg:
     one("backward dk/dv", kernels._attn_bwd_dkdv, base, bwd_cfg)
     one("backward dq", kernels._attn_bwd_dq, base, bwd_cfg)
     return out
+
+
+_SASS_WRITE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s+R(\d+)\b")
+
+
+def _written_width(opcode: str) -> int:
+    """Registers an instruction writes from its destination on (a conservative reading of SASS)."""
+    if opcode.startswith("HGMMA"):
+        return int(re.match(r"HGMMA\.64x(\d+)x", opcode).group(1)) // 2  # the f32 accumulator
+    if ".M88.4" in opcode or ".128" in opcode:
+        return 4
+    if ".M88.2" in opcode or ".64" in opcode or ".WIDE" in opcode:
+        return 2
+    return 1
+
+
+def register_operands_clobbered(cubin: bytes) -> bool:
+    """Whether a register that an LDSM fills (the key split's K and V rows, loaded once a tile as
+    wgmma register operands with ``kv_regs``) is also written by any other instruction, i.e. whether
+    ptxas reused a loop-carried operand's registers inside the loop. It did in the dK/dV kernel alone
+    (dQ mode 0) and gave wrong dK and dV on the H100 (notes/attention.md, session 14)."""
+    import tempfile
+
+    import triton.backends.nvidia as nvidia
+
+    nvdisasm = os.path.join(os.path.dirname(nvidia.__file__), "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    loaded, written = set(), set()
+    for opcode, reg in _SASS_WRITE.findall(sass):
+        if opcode.startswith(("ST", "RED")):  # stores: their first register is an address or data
+            continue
+        regs = range(int(reg), int(reg) + _written_width(opcode))
+        (loaded if opcode.startswith("LDSM") else written).update(regs)
+    return bool(loaded & written)
 
 
 def _schedule(causal: bool, cfg: dict):
@@ -125,8 +165,10 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
         compiled = _compile(attention_bwd_kernel, args, {"num_warps": 4})
     ptx = compiled.asm["ptx"]
     name = "backward (gluon, query split)" if split == "queries" else "backward (gluon)"
+    clobbered = register_operands_clobbered(compiled.asm["cubin"]) if cfg.get("kv_regs") else None
     return dict(kernel=name, D=d, causal=causal, cfg=cfg, **vars(resources(compiled)),
-                **has_hopper_instructions(ptx), tma_reduce="cp.reduce.async.bulk.tensor" in ptx)
+                **has_hopper_instructions(ptx), tma_reduce="cp.reduce.async.bulk.tensor" in ptx,
+                kv_operands_clobbered=clobbered)
 
 
 def gluon_dq_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None) -> dict:
