@@ -555,8 +555,9 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
         raise ValueError(f"split is 'keys' or 'queries' (with dq_from 'fused', K and V in shared memory); got "
                          f"{split!r}, {dq_from!r}, kv_regs={kv_regs}")
     if kv_regs and DQ_MODES[dq_from] == 0:
-        # the dK/dV kernel alone with K and V in registers gave wrong dK and dV on the H100 (session
-        # 14, every shape but N = 1; not understood): refused
+        # the dK/dV kernel alone with K and V in registers gave wrong dK and dV on the H100: ptxas
+        # reuses some of V's operand registers inside its loop (session 14; report's
+        # register_operands_clobbered): refused
         raise ValueError("kv_regs takes dq_from 'fused' or 'overlapped'")
     fused_dq = DQ_MODES[dq_from] > 0
     delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=fused_dq, row_stats=True)
