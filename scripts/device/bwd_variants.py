@@ -8,7 +8,8 @@
    rounds; median TFLOP/s and the median (min-max) of the per-round ratios to cuDNN.
 
 Sets (--set): "shipped" (the launcher's configs, checked and timed); "configs" (the launcher's
-against the other layouts and dQ modes); "split" (session 12: the query
+against the other layouts and dQ modes); "stages" (its ring depth); "kvregs" (D = 64's key split with
+K and V in registers); "det" (the deterministic mode's config); "split" (session 12: the query
 split against the key split, D = 64); "ablate" (where the fused key split's time goes, D = 128
 without a mask: the kernel alone, and with parts of its dQ path removed, through an ABLATE option
 of attention_bwd_kernel that only session 14's working tree had: apply
@@ -64,6 +65,9 @@ def variants(set_name, d, causal):
     if set_name == "det":  # the deterministic mode's config (dq by the Gluon dq kernel) against the default
         return {"shipped": (shipped, True), "dq kernel": (dict(shipped, dq_from="gluon"), True),
                 "dq kernel, K V in shared memory": (dict(shipped, dq_from="gluon", kv_regs=False), True)}
+    if set_name == "stages":  # ring depth of the launcher's config
+        return {"shipped": (shipped, True), "3 stages": (dict(shipped, stages=3), True),
+                "4 stages": (dict(shipped, stages=4), True)}
     if set_name == "configs":  # the launcher's choice against the other layouts and dQ modes
         out = {"shipped": (shipped, True)}
         key = dict(block_m=64, block_n=64, stages=2)
