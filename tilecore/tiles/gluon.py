@@ -338,18 +338,19 @@ def _consumer(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: gl.co
         for kk in range(k_iters):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            xs = _stage_x(x_ring, z_ring, s, SIDE)
             if PINGPONG:
                 # this consumer's turn at step i: consumer 0 goes first (a fresh barrier passes parity 1)
                 turn = (turns.index(CID), turns.index(1 - CID), (i & 1) ^ (1 - CID))
-                state = compute(g, cfg, state, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), kk, tile_buf, turn)
+                state = compute(g, cfg, state, xs, y_ring.index(s), kk, tile_buf, turn)
             elif STEP_INDEX:
-                state = compute(g, cfg, state, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), kk, tile_buf, i)
+                state = compute(g, cfg, state, xs, y_ring.index(s), kk, tile_buf, i)
             elif CARRY:
-                state = compute(g, cfg, state, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), kk, tile_buf, out_smem)
+                state = compute(g, cfg, state, xs, y_ring.index(s), kk, tile_buf, out_smem)
             elif TILE_OPERAND:
-                state = compute(g, cfg, state, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), kk, tile_buf)
+                state = compute(g, cfg, state, xs, y_ring.index(s), kk, tile_buf)
             else:
-                state = compute(g, cfg, state, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), kk)
+                state = compute(g, cfg, state, xs, y_ring.index(s), kk)
             if IN_FLIGHT == 0:
                 state = drain(g, cfg, state)  # its wgmma must finish before the stage is refilled
                 mbarrier.arrive(empty.index(s))
@@ -371,7 +372,8 @@ def _consumer(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: gl.co
         if t > 0:
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            state = compute(g, cfg, state, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), last_iters, tile_bufs.index(0),
+            xs = _stage_x(x_ring, z_ring, s, SIDE)
+            state = compute(g, cfg, state, xs, y_ring.index(s), last_iters, tile_bufs.index(0),
                             out_smem)
             state = drain(g, cfg, state)
     tma.store_wait(0)
