@@ -114,15 +114,6 @@ def _load_kv(g, cfg: gl.constexpr, kv_smem, bar, tile):
 
 
 @gluon.jit
-def load_row_stats(lse_ptr, delta_ptr, offs, ok):
-    """(lse, delta) at ``offs`` where ``ok``; elsewhere, and where lse = -inf (a row with no key),
-    lse = +inf so that p = exp(s - lse) is 0, and delta = 0 (the dQ kernel's loads too)."""
-    lse = gl.load(lse_ptr + offs, mask=ok, other=float("inf"))
-    lse = gl.where(lse == float("-inf"), float("inf"), lse)
-    return lse, gl.load(delta_ptr + offs, mask=ok, other=0.0)
-
-
-@gluon.jit
 def _stat_columns(stats_smem, which: gl.constexpr, st_layout: gl.constexpr, first: gl.constexpr = 0,
                   ROWS: gl.constexpr = 0):
     """Row statistic ``which`` (0: lse, 1: delta) of the step's rows first .. first + ROWS - 1 (0:
@@ -329,8 +320,8 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
 # With BM = 128 every product is m64 n64 with K of 64 or 128, where the key split's dQ is m64 n32
 # (each consumer half of dQ's columns) and its step half as long; the consumers meet once a step, as
 # with "fused". On the H100 at D = 64 it ran 0.87-0.98x cuDNN against the key split's 0.80-0.91x
-# without a causal mask, and lost or tied with one (notes/attention.md, session 12): GLUON_BACKWARD
-# picks it where it wins.
+# without a causal mask (notes/attention.md, session 12), until the key split held K and V in
+# registers (session 14): no launcher config takes it now (kernels.QUERY_SPLIT_D64, for the probes).
 # ``g`` gains (p_smem, ds_smem, ds_full, ds_free, dq_staging) at 16..20 (ds_smem at 17, not 16).
 
 
@@ -338,7 +329,6 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
 def _init_split(g, cfg: gl.constexpr, tile, kv_smem):
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
-    HM: gl.constexpr = cfg[1] // 2
     acc_layout: gl.constexpr = wgmma_layout(BN, D, gl.num_warps())
     dk = gl.zeros([BN, D], gl.float32, acc_layout)
     dv = gl.zeros([BN, D], gl.float32, acc_layout)

@@ -29,7 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from tilecore.ops.attention.gluon_backward import _drain, load_row_stats  # _drain: each step's wgmma complete
+from tilecore.ops.attention.gluon_backward import _drain  # every step ends with its wgmma complete
 from tilecore.ops.attention.gluon_kernels import _head, _load, _setup
 from tilecore.tiles.gluon import mask_scores, needs_mask, persistent_pipeline, wgmma_layout
 
@@ -55,7 +55,10 @@ def _init(g, cfg: gl.constexpr, tile, bufs):
     first = tile[0] + cfg[-1] * BM
     rows = first + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
     ok = rows < g[6]
-    lse, delta = load_row_stats(g[4], g[13], tile[1].to(gl.int64) * g[6] + rows, ok)
+    offs = tile[1].to(gl.int64) * g[6] + rows
+    lse = gl.load(g[4] + offs, mask=ok, other=float("inf"))
+    lse = gl.where(lse == float("-inf"), float("inf"), lse)
+    delta = gl.load(g[13] + offs, mask=ok, other=0.0)
     n_own = tile[2]
     if cfg[0]:
         own_hi = gl.maximum(gl.minimum(g[7], first + BM + (g[7] - g[6])), 0)  # query i sees keys <= i + Nk - N

@@ -150,7 +150,6 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
     desc = functools.partial(kernels._head_descriptor, x)  # as backward_gluon_kernel builds them
 
     bm, bn = cfg["block_m"], cfg["block_n"]
-    f32 = torch.empty(64, dtype=torch.float32)
     stats = torch.empty(4, 2, 256, dtype=torch.float32)  # backward_preprocess's (B * H, 2, N) row statistics
     args = dict(q_desc=desc(bm), k_desc=desc(2 * bn), v_desc=desc(2 * bn), do_desc=desc(bm), dk_desc=desc(bn),
                 dv_desc=desc(bn), stats_desc=kernels.row_stats_descriptor(stats, bm),
