@@ -64,8 +64,8 @@ def variants(set_name, d, causal):
                 "key split, dq overlapped, K V in registers": (dict(key, dq_from="overlapped", kv_regs=True), True)}
     if set_name == "turns":  # D = 64: the consumers take turns computing a step's whole dQ (dq_turns)
         fused = dict(shipped, dq_from="fused")
-        return {"shipped": (shipped, True), "dq fused, in turns": (dict(fused, dq_turns=True), True),
-                "in turns": (dict(shipped, dq_turns=True), True)}
+        return {"shipped": (shipped, True), "dq fused": (fused, True),
+                "dq fused, in turns": (dict(fused, dq_turns=True), True)}
     if set_name == "det":  # the deterministic mode's config (dq by the Gluon dq kernel) against the default
         return {"shipped": (shipped, True), "dq kernel": (dict(shipped, dq_from="gluon"), True),
                 "dq kernel, K V in shared memory": (dict(shipped, dq_from="gluon", kv_regs=False), True)}

@@ -249,34 +249,21 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
     zeros = gl.zeros([BN, BM], gl.float32, st_layout)
     s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
     dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
-    if MODE == 2 and cfg[6]:  # DQ_TURNS: consumer c computes the dQ of the steps with i % 2 == c
-        lse_cols = _stat_columns(stats_smem, 0, st_layout)
-        if (i + 1) % 2 == c:
-            dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)
-            s_t, dp_t = warpgroup_mma_wait(1, deps=(s_tok, dp_tok))  # dQ may still run
-            p_t, ds_t = _grads_t(g, cfg, s_t, dp_t, lse_cols, stats_smem, start_n, start_m)
-            dq = warpgroup_mma_wait(0, deps=(dq_tok,))
-        else:
-            s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            p_t, ds_t = _grads_t(g, cfg, s_t, dp_t, lse_cols, stats_smem, start_n, start_m)
-            dq = gl.zeros([BM, D], gl.float32, wgmma_layout(BM, D, gl.num_warps()))  # not added
-        mbarrier.arrive(g[18].index((i + 1) % 2), pred=i > 0)  # step i - 1's dS is read (or not needed)
+    if MODE == 2:
+        dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)
+    lse_cols = _stat_columns(stats_smem, 0, st_layout)
+    if MODE == 2:
+        s_t, dp_t = warpgroup_mma_wait(1, deps=(s_tok, dp_tok))  # dQ may still run
     else:
-        if MODE == 2:
-            dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)
-        lse_cols = _stat_columns(stats_smem, 0, st_layout)
-        if MODE == 2:
-            s_t, dp_t = warpgroup_mma_wait(1, deps=(s_tok, dp_tok))  # dQ may still run
-        else:
-            s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-        p_t = _probabilities(g, cfg, s_t, lse_cols, start_n, start_m)
-        delta_cols = _stat_columns(stats_smem, 1, st_layout)
-        if MODE != 2:
-            dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
-        ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-        if MODE == 2:
-            dq = warpgroup_mma_wait(0, deps=(dq_tok,))
-            mbarrier.arrive(g[18].index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
+        s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+    p_t = _probabilities(g, cfg, s_t, lse_cols, start_n, start_m)
+    delta_cols = _stat_columns(stats_smem, 1, st_layout)
+    if MODE != 2:
+        dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
+    ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
+    if MODE == 2:
+        dq = warpgroup_mma_wait(0, deps=(dq_tok,))
+        mbarrier.arrive(g[18].index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
     # both register operands are written with no wgmma running: ptxas serializes every wgmma of a
     # kernel that writes a wgmma's input registers while another runs (its warning C7513)
     ds_t = ds_t.to(q_smem.dtype)
@@ -314,14 +301,9 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
             mbarrier.arrive(g[18].index(i % 2))
             dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
     else:
-        mine_before = True  # this consumer computes the previous step's dQ, and this step's
-        mine_now = True
-        if cfg[6]:
-            mine_before = (i + 1) % 2 == c
-            mine_now = i % 2 == c
-        if kk > 0 and mine_before:
+        if kk > 0:
             _add_dq(g, cfg, tile, kk - 1, dq)  # while this step's dV and dK run
-        if kk == tile[3] * g[11] - 1 and mine_now:  # the tile's last step: its own dQ now
+        if kk == tile[3] * g[11] - 1:  # the tile's last step: its own dQ now
             dq_tok = _issue_dq(g, cfg, kv_smem, i)
             dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
             _add_dq(g, cfg, tile, kk, dq)
@@ -530,7 +512,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
         dq_staging = ds_smem  # unused
     g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP, scale, scale_log2e,
          num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging)
-    gl.static_assert(not DQ_TURNS or DQ > 0, "DQ_TURNS takes DQ 1 or 2 (fused or overlapped)")
+    gl.static_assert(not DQ_TURNS or DQ == 1, "DQ_TURNS takes DQ 1 (fused)")
     cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ, KV_REGS, DQ_TURNS))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,

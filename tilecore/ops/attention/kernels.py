@@ -552,7 +552,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
     "keys" (half the tile's keys, for everything) or "queries" (half of each step's queries for S,
     dP and dQ, half the keys for dK and dV; dQ "fused" only): gluon_backward.py. ``kv_regs`` (the
     key split): each consumer holds its K and V rows in registers for the tile (fits at D = 64).
-    ``dq_turns`` (dQ fused or overlapped): the consumers take turns computing a step's whole dQ, so
+    ``dq_turns`` (dq_from "fused"): the consumers take turns computing a step's whole dQ, so
     that dS is read from shared memory once a step, not once per column half."""
     if split not in ("keys", "queries") or (split == "queries" and (dq_from != "fused" or kv_regs)):
         raise ValueError(f"split is 'keys' or 'queries' (with dq_from 'fused', K and V in shared memory); got "
@@ -562,8 +562,8 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
         # reuses some of V's operand registers inside its loop (session 14; report's
         # register_operands_clobbered): refused
         raise ValueError("kv_regs takes dq_from 'fused' or 'overlapped'")
-    if dq_turns and (DQ_MODES[dq_from] == 0 or split != "keys"):
-        raise ValueError(f"dq_turns takes dq_from 'fused' or 'overlapped' and split 'keys'; got {dq_from!r}, {split!r}")
+    if dq_turns and (dq_from != "fused" or split != "keys"):
+        raise ValueError(f"dq_turns takes dq_from 'fused' and split 'keys'; got {dq_from!r}, {split!r}")
     fused_dq = DQ_MODES[dq_from] > 0
     delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=fused_dq, row_stats=True)
     backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m, block_n=block_n,
