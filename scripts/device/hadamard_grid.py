@@ -52,11 +52,11 @@ VARIANT_SETS = {
                "tl halves (4,64,64), 3 stages, 132 programs": dict(
                    num_sms=132, gluon=False, halves=True, plan=(4, 64, 64), num_stages=3, num_warps=8, waves=1,
                    tma="both"),
-               "tl halves (2,128,64), 2 stages, 132 programs": dict(
-                   num_sms=132, gluon=False, halves=True, plan=(2, 128, 64), num_stages=2, num_warps=8, waves=1,
+               "tl halves (4,64,64), 3 stages, 128 programs": dict(
+                   num_sms=128, gluon=False, halves=True, plan=(4, 64, 64), num_stages=3, num_warps=8, waves=1,
                    tma="both"),
-               "tl halves (4,128,32), 2 stages, 132 programs": dict(
-                   num_sms=132, gluon=False, halves=True, plan=(4, 128, 32), num_stages=2, num_warps=8, waves=1,
+               "tl halves (4,64,64), 2 stages, 132 programs": dict(
+                   num_sms=132, gluon=False, halves=True, plan=(4, 64, 64), num_stages=2, num_warps=8, waves=1,
                    tma="both")},
     "sizes": {"shipped": dict(num_sms=132, stages=4), "132 programs": dict(num_sms=132, programs=132, stages=4)},
     "16384": {"gluon, 4 stages": dict(num_sms=132, programs=132, stages=4),
