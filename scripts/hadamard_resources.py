@@ -21,18 +21,18 @@ from tilecore.tiles.compile import resources
 TARGET = GPUTarget("cuda", 90, 32)
 
 
-def compile_for(n: int, dtype: torch.dtype, tma=None, halves: bool = False, **tuning):
+def compile_for(n: int, dtype: torch.dtype, tma=None, **tuning):
     """``tma``: which side goes through TMA descriptors, as kernels.launch takes it ("none", "load",
-    "store", "both"; None: the default dispatch for n and dtype); ``halves`` as kernels.launch."""
+    "store", "both"; None: the default dispatch for n and dtype)."""
     fp32 = dtype == torch.float32
     tma_load, tma_store, tuning = kernels.choose_path(n, fp32, tma, tuning)
-    cfg = kernels.config(n // 2 if halves else n, fp32=fp32, **tuning)
+    cfg = kernels.config(n, fp32=fp32, **tuning)
     ptr = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
     desc = f"tensordesc<{ptr[1:]}[{cfg['B']}, {cfg['N1']}, {cfg['N2']}]>"  # what kernels._descriptor passes
     mma = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.bfloat16}[dtype]
     constexprs = {"N": n, "S": cfg["S"], "N1": cfg["N1"], "N2": cfg["N2"], "B": cfg["B"],
                   "IN_PIECES": 3 if fp32 else 1, "MID_PIECES": 3 if fp32 else 2, "MMA_DTYPE": mma, "PIECE_DTYPE": tl.bfloat16,
-                  "GRID": 132 * cfg["waves"], "TMA_LOAD": tma_load, "TMA_STORE": tma_store, "HALVES": halves}
+                  "GRID": 132 * cfg["waves"], "TMA_LOAD": tma_load, "TMA_STORE": tma_store}
     signature = {"x": desc if tma_load else ptr, "out": desc if tma_store else ptr,
                  "rows": "i32", "stride_x": "i32", "stride_out": "i32", "scale": "fp32"}
     signature.update({k: "constexpr" for k in constexprs})

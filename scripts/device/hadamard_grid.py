@@ -46,18 +46,6 @@ VARIANT_SETS = {
     "twin": {"shipped": dict(num_sms=132, stages=4),
              "twin: loads and stores, no products": dict(twin=dict(num_sms=128, stages=4, copy=True)),
              "twin: products, no stores": dict(twin=dict(num_sms=128, stages=4, copy=False, stores=2))},
-    # session 15: a row's output halves as two tiles of the tl kernel, each from both input halves
-    # (H_2 first: T(X_0 +- X_1) with n / 2's plan), so that a program's unit of work is half a row
-    "halves": {"shipped (gluon, 128 programs)": dict(num_sms=132, stages=4),
-               "tl halves (4,64,64), 3 stages, 132 programs": dict(
-                   num_sms=132, gluon=False, halves=True, plan=(4, 64, 64), num_stages=3, num_warps=8, waves=1,
-                   tma="both"),
-               "tl halves (4,64,64), 3 stages, 128 programs": dict(
-                   num_sms=128, gluon=False, halves=True, plan=(4, 64, 64), num_stages=3, num_warps=8, waves=1,
-                   tma="both"),
-               "tl halves (4,64,64), 2 stages, 132 programs": dict(
-                   num_sms=132, gluon=False, halves=True, plan=(4, 64, 64), num_stages=2, num_warps=8, waves=1,
-                   tma="both")},
     "sizes": {"shipped": dict(num_sms=132, stages=4), "132 programs": dict(num_sms=132, programs=132, stages=4)},
     "16384": {"gluon, 4 stages": dict(num_sms=132, programs=132, stages=4),
               "gluon, 5 stages": dict(num_sms=132, programs=132, stages=5),
@@ -88,8 +76,6 @@ def _side_checks(dtype, variants):
         ref = hadamard_reference(x, n ** -0.5, out_dtype=torch.float64)
         finite_rows = [r for r in range(300) if r not in (5, 9, 11)]
         for name, cfg in variants.items():
-            if cfg.get("halves") and n != 32768:  # its plans are n = 32768's
-                continue
             out = torch.full_like(x, 7.0)
             _launch(x, out, n ** -0.5, **cfg)
             same_nonfinite = bool(((out.isnan() == ref.isnan()) & (out.isinf() == ref.isinf())

@@ -96,33 +96,6 @@ def _slice_transform(x, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: 
 
 
 @triton.jit
-def _pair_slice_transform(x0, x1, sign, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr,
-                          MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr):
-    """H_N1 @ (X0 + sign X1) @ H_N2 for one [N1, N2] slice from each half of a row (16-bit inputs,
-    one row a tile), as an [N1, N2] float32 tile. The first stage sums two exact products,
-    H_N1 X0 + (sign H_N1) X1, in float32: X0 + sign X1 itself may not fit 16 bits."""
-    h1 = sylvester_tile(N1, N1, N1, MMA_DTYPE)
-    y = tl.dot(h1, tl.reshape(x0, (N1, N2)).to(MMA_DTYPE), out_dtype=tl.float32)
-    y = tl.dot(tl.where(sign > 0, h1, -h1), tl.reshape(x1, (N1, N2)).to(MMA_DTYPE), y)
-    return dot_split(y, sylvester_tile(N2, N2, N, PIECE_DTYPE), True, MID_PIECES, PIECE_DTYPE)
-
-
-@triton.jit
-def _row_slice(x, rows, stride_x, tile, s, N: tl.constexpr, S: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr,
-               B: tl.constexpr, IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr,
-               PIECE_DTYPE: tl.constexpr, TMA: tl.constexpr, HALVES: tl.constexpr):
-    """The transform T of slice s of ``tile``. HALVES: tile 2 r + h is half h of row r's output, and
-    its slice s is T(X_s + (-1)^h X_{s + S}) (H_n = H_2 (x) H_{n/2}, the H_2 applied first)."""
-    if HALVES:
-        x0 = _load_slice(x, rows, stride_x, tile // 2, s, N, N1, N2, B, TMA)
-        x1 = _load_slice(x, rows, stride_x, tile // 2, s + S, N, N1, N2, B, TMA)
-        return _pair_slice_transform(x0, x1, 1 - 2 * (tile % 2), N, N1, N2, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-    else:
-        return _slice_transform(_load_slice(x, rows, stride_x, tile, s, N, N1, N2, B, TMA),
-                                N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
-
-
-@triton.jit
 def _store_slice(out, rows, stride_out, tile, s, z, scale,
                  N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr, TMA: tl.constexpr):
     z = tl.reshape(z * scale, (B, N1, N2))
@@ -144,48 +117,38 @@ def hadamard_kernel(x, out, rows, stride_x, stride_out, scale,
                     N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
                     IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
                     MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr,
-                    TMA_LOAD: tl.constexpr, TMA_STORE: tl.constexpr, HALVES: tl.constexpr = False):
+                    TMA_LOAD: tl.constexpr, TMA_STORE: tl.constexpr):
     """scale * H_N applied to each of ``rows`` rows; a persistent grid of GRID programs, B rows a tile.
 
     A row is S slices of N1 x N2: their transforms T_t stay in registers, and out = H_S [T_0 .. T_{S-1}].
-    HALVES (B = 1): a row is 2 S slices and two tiles, each writing one half of the output (see
-    _row_slice). ``x`` (``out``) is a pointer, or with TMA_LOAD (TMA_STORE) a tensor descriptor (see
-    _load_slice); the math is the same either way.
+    ``x`` (``out``) is a pointer, or with TMA_LOAD (TMA_STORE) a tensor descriptor (see _load_slice);
+    the math is the same either way.
     """
-    if HALVES:
-        tiles = 2 * rows
-    else:
-        tiles = tl.cdiv(rows, B)
+    tiles = tl.cdiv(rows, B)
     for tile in range(tl.program_id(0), tiles, GRID):
-        if HALVES:
-            out_tile = tile // 2
-            first = (tile % 2) * S  # the output half's first slice
-        else:
-            out_tile = tile
-            first = 0
-        t0 = _row_slice(x, rows, stride_x, tile, 0, N, S, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE,
-                            PIECE_DTYPE, TMA_LOAD, HALVES)
+        t0 = _slice_transform(_load_slice(x, rows, stride_x, tile, 0, N, N1, N2, B, TMA_LOAD),
+                              N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
         if S == 1:
-            _store_slice(out, rows, stride_out, out_tile, first, t0, scale, N, N1, N2, B, TMA_STORE)
+            _store_slice(out, rows, stride_out, tile, 0, t0, scale, N, N1, N2, B, TMA_STORE)
         else:
-            t1 = _row_slice(x, rows, stride_x, tile, 1, N, S, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE,
-                            PIECE_DTYPE, TMA_LOAD, HALVES)
+            t1 = _slice_transform(_load_slice(x, rows, stride_x, tile, 1, N, N1, N2, B, TMA_LOAD),
+                                  N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
             if S == 2:
-                _store_slice(out, rows, stride_out, out_tile, first, t0 + t1, scale, N, N1, N2, B, TMA_STORE)
-                _store_slice(out, rows, stride_out, out_tile, first + 1, t0 - t1, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 0, t0 + t1, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 1, t0 - t1, scale, N, N1, N2, B, TMA_STORE)
             else:  # S == 4: H_4 = H_2 (x) H_2 over the slice index
-                t2 = _row_slice(x, rows, stride_x, tile, 2, N, S, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE,
-                            PIECE_DTYPE, TMA_LOAD, HALVES)
-                t3 = _row_slice(x, rows, stride_x, tile, 3, N, S, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE,
-                            PIECE_DTYPE, TMA_LOAD, HALVES)
+                t2 = _slice_transform(_load_slice(x, rows, stride_x, tile, 2, N, N1, N2, B, TMA_LOAD),
+                                      N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                t3 = _slice_transform(_load_slice(x, rows, stride_x, tile, 3, N, N1, N2, B, TMA_LOAD),
+                                      N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
                 a = t0 + t1
                 b = t0 - t1
                 c = t2 + t3
                 d = t2 - t3
-                _store_slice(out, rows, stride_out, out_tile, first, a + c, scale, N, N1, N2, B, TMA_STORE)
-                _store_slice(out, rows, stride_out, out_tile, first + 1, b + d, scale, N, N1, N2, B, TMA_STORE)
-                _store_slice(out, rows, stride_out, out_tile, first + 2, a - c, scale, N, N1, N2, B, TMA_STORE)
-                _store_slice(out, rows, stride_out, out_tile, first + 3, b - d, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 0, a + c, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 1, b + d, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 2, a - c, scale, N, N1, N2, B, TMA_STORE)
+                _store_slice(out, rows, stride_out, tile, 3, b - d, scale, N, N1, N2, B, TMA_STORE)
 
 
 # n -> (S, N1, N2). A row is S slices of N1 x N2 (N2 contiguous); the slices' transforms are combined
@@ -353,21 +316,19 @@ def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = GLUON_STAG
         hadamard_gluon_kernel[(grid,)](**gluon_args(x, out, scale, stages), num_warps=4)
 
 
-def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, gluon=None, halves: bool = False,
-           **tuning) -> None:
+def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, gluon=None, **tuning) -> None:
     """out[r] = scale * H_n x[r] for 2-D ``x`` and ``out`` (rows, n) with unit stride along n.
 
     ``tma``: which side loads/stores through TMA descriptors: "load", "store", "both" (or True), "none"
     (or False); None: the measured fastest for n and dtype (TMA_TUNING, with its tuning). If TMA cannot
     describe a tensor it needs (tma_fits), everything goes through pointers. ``gluon``: True runs the
     Gluon kernel where it fits (gluon_fits), False never; None: the default (GLUON_TUNING), unless
-    ``tma`` or a tuning is given. ``halves`` (16-bit inputs, the tl kernel): each row's output
-    halves are two tiles, each transformed with n / 2's plan (or ``plan``) from both input halves."""
+    ``tma`` or a tuning is given."""
     rows, n = x.shape
     if n < 16:  # padded to a 16-wide tensor-core tile it ran at 11-42% of copy speed
         return butterfly.launch(x, out, scale, interpret=interpret, num_sms=num_sms)
     if gluon is None:
-        gluon = n in GLUON_TUNING and tma is None and not tuning and not halves and rows * n >= TMA_MIN_ELEMENTS
+        gluon = n in GLUON_TUNING and tma is None and not tuning and rows * n >= TMA_MIN_ELEMENTS
     if gluon and not interpret and gluon_fits(x, out):
         return launch_gluon(x, out, scale, num_sms=num_sms, stages=GLUON_TUNING.get(n, GLUON_STAGES))
     fp32 = x.dtype == torch.float32
@@ -376,17 +337,12 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, glu
         tma_load = tma_store = False
     else:
         tuning = tma_tuning
-    if halves:
-        cfg = config(n // 2, **tuning)
-        if fp32 or cfg["N1"] < 64:
-            raise ValueError(f"halves takes float16/bfloat16 rows and a plan with N1 >= 64; got {x.dtype}, {cfg}")
-    else:
-        cfg = config(n, fp32=fp32, **tuning)
+    cfg = config(n, fp32=fp32, **tuning)
     # bf16 products are wrong in Triton 3.6's interpreter: there, bf16 runs its math in fp32/fp16.
     piece = tl.float16 if interpret else tl.bfloat16
     mma = {torch.float16: tl.float16, torch.bfloat16: tl.float32 if interpret else tl.bfloat16,
            torch.float32: piece}[x.dtype]
-    tiles = 2 * rows if halves else triton.cdiv(rows, cfg["B"])
+    tiles = triton.cdiv(rows, cfg["B"])
     grid = max(1, min(tiles, num_sms * cfg["waves"]))
     # CachedLaunch picks the device from the tensor arguments; with two descriptors there are none.
     with dispatch.on_device(x.device if tma_load and tma_store else None):
@@ -395,5 +351,4 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, glu
             rows, x.stride(0), out.stride(0), scale,
             N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"],
             IN_PIECES=3 if fp32 else 1, MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=piece, GRID=grid,
-            TMA_LOAD=tma_load, TMA_STORE=tma_store, HALVES=halves, num_warps=cfg["num_warps"],
-            num_stages=cfg["num_stages"])
+            TMA_LOAD=tma_load, TMA_STORE=tma_store, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
