@@ -9,7 +9,7 @@
 
 Sets (--set): "shipped" (the launcher's configs, checked and timed); "configs" (the launcher's
 against the other layouts and dQ modes); "stages" (its ring depth); "kvregs" (D = 64's key split with
-K and V in registers); "turns" (D = 64: a step's whole dQ by one consumer, in turns); "det" (the deterministic mode's config); "split" (session 12: the query
+K and V in registers); "det" (the deterministic mode's config); "split" (session 12: the query
 split against the key split, D = 64); "ablate" (where the fused key split's time goes, D = 128
 without a mask: the kernel alone, and with parts of its dQ path removed, through an ABLATE option
 of attention_bwd_kernel that only session 14's working tree had: apply
@@ -62,10 +62,6 @@ def variants(set_name, d, causal):
         return {"shipped": (shipped, True), "key split, dq fused": (dict(key, dq_from="fused"), True),
                 "key split, dq fused, K V in registers": (dict(key, dq_from="fused", kv_regs=True), True),
                 "key split, dq overlapped, K V in registers": (dict(key, dq_from="overlapped", kv_regs=True), True)}
-    if set_name == "turns":  # D = 64: the consumers take turns computing a step's whole dQ (dq_turns)
-        fused = dict(shipped, dq_from="fused")
-        return {"shipped": (shipped, True), "dq fused, in turns": (dict(fused, dq_turns=True), True),
-                "in turns": (dict(shipped, dq_turns=True), True)}
     if set_name == "det":  # the deterministic mode's config (dq by the Gluon dq kernel) against the default
         return {"shipped": (shipped, True), "dq kernel": (dict(shipped, dq_from="gluon"), True),
                 "dq kernel, K V in shared memory": (dict(shipped, dq_from="gluon", kv_regs=False), True)}

@@ -160,58 +160,36 @@ def _probabilities(g, cfg: gl.constexpr, s_t, lse, start_n, start_m):
 
 
 @gluon.jit
-def _grads_t(g, cfg: gl.constexpr, s_t, dp_t, lse_cols, stats_smem, start_n, start_m):
-    """P^T and dS^T = P^T * (dP^T - delta) from the scores S^T and dP^T (keys x queries)."""
-    st_layout: gl.constexpr = s_t.type.layout
-    p_t = _probabilities(g, cfg, s_t, lse_cols, start_n, start_m)
-    delta_cols = _stat_columns(stats_smem, 1, st_layout)
-    return p_t, p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-
-
-@gluon.jit
 def _issue_dq(g, cfg: gl.constexpr, kv_smem, step):
-    """Issue this consumer's part of dQ = dS K for ring step ``step`` once both halves of its dS
+    """Issue this consumer's half of dQ = dS K for ring step ``step`` once both halves of its dS
     are in shared memory (buffer step % 2, its use step // 2; dS is read through a transposed view
-    of the [keys, queries] buffer): half of the columns, or with DQ_TURNS (cfg[6]) all of them,
-    the consumers taking turns by step. For step -1 (a program's first step has no previous one)
-    the wait passes at once and the product is never added."""
+    of the [keys, queries] buffer). For step -1 (a program's first step has no previous one) the
+    wait passes at once and the product is never added."""
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
-    D: gl.constexpr = cfg[3]
-    COLS: gl.constexpr = D if cfg[6] else D // 2
+    DH: gl.constexpr = cfg[3] // 2
     buf = (step + 2) % 2
     mbarrier.wait(g[17].index(buf), ((step + 2) // 2 + 1) & 1)  # (step // 2) & 1, and 1 for step -1
-    k_cols = kv_smem.index(0).reshape([2 * BN, D]).slice(0 if cfg[6] else cfg[-1] * COLS, COLS, dim=1)
-    return warpgroup_mma(g[16].index(buf).permute((1, 0)), k_cols,
-                         gl.zeros([BM, COLS], gl.float32, wgmma_layout(BM, COLS, gl.num_warps())), use_acc=False,
+    k_half = kv_smem.index(0).reshape([2 * BN, cfg[3]]).slice(cfg[-1] * DH, DH, dim=1)
+    return warpgroup_mma(g[16].index(buf).permute((1, 0)), k_half,
+                         gl.zeros([BM, DH], gl.float32, wgmma_layout(BM, DH, gl.num_warps())), use_acc=False,
                          is_async=True)
 
 
 @gluon.jit
 def _add_dq(g, cfg: gl.constexpr, tile, kk, dq):
-    """Add scale * dq (this consumer's half of the columns of step kk's rows, or with DQ_TURNS all
-    of them) to the float32 dQ: through this consumer's staging buffers, one TMA reduction per half
-    of the columns (the box's 128-byte rows at D = 64; rows past N are dropped)."""
+    """Add scale * dq (this consumer's half of the columns of step kk's rows) to the float32 dQ:
+    through this consumer's staging buffer, with one TMA reduction (rows past N are dropped)."""
     BM: gl.constexpr = cfg[1]
     DH: gl.constexpr = cfg[3] // 2
     b, hk = _kv_head(g, tile[1])
     h, start_m = _step_rows(g, cfg, tile, kk)
+    staging = g[19].index(cfg[-1])
     tma.store_wait(0)  # the previous reduction has read the buffer
-    if cfg[6]:
-        # [BM, D] as its two column halves (each thread keeps its registers)
-        left, right = gl.split((dq * g[12]).reshape([BM, 2, DH]).permute((0, 2, 1)))
-        g[19].index(2 * cfg[-1]).reshape([BM, DH]).store(left)
-        g[19].index(2 * cfg[-1] + 1).reshape([BM, DH]).store(right)
-        fence_async_shared()
-        gl.thread_barrier()
-        tma_reduce_add(g[7], [b, h, start_m, 0], g[19].index(2 * cfg[-1]))
-        tma_reduce_add(g[7], [b, h, start_m, DH], g[19].index(2 * cfg[-1] + 1))
-    else:
-        staging = g[19].index(cfg[-1])
-        staging.reshape([BM, DH]).store(dq * g[12])
-        fence_async_shared()
-        gl.thread_barrier()
-        tma_reduce_add(g[7], [b, h, start_m, cfg[-1] * DH], staging)
+    staging.reshape([BM, DH]).store(dq * g[12])
+    fence_async_shared()
+    gl.thread_barrier()
+    tma_reduce_add(g[7], [b, h, start_m, cfg[-1] * DH], staging)
 
 
 @gluon.jit
@@ -249,8 +227,6 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
     zeros = gl.zeros([BN, BM], gl.float32, st_layout)
     s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
     dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
-    if MODE == 2 and cfg[6]:
-        return _overlapped_turns(g, cfg, state, stats_smem, q, do, kv_smem, kk, i, s_tok, dp_tok, start_n, start_m)
     if MODE == 2:
         dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)
     lse_cols = _stat_columns(stats_smem, 0, st_layout)
@@ -288,69 +264,16 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
         # dK is issued after dQ so that dQ's staging and reduction run under it (wgmma groups
         # complete in order): D = 128 ran 1-5% faster so on the H100 (session 14; the query split's
         # dQ staged under its dV and dK ran 0-1.5% slower)
-        mine = True
-        if cfg[6]:  # DQ_TURNS: consumer c computes the dQ of the steps with i % 2 == c
-            mine = i % 2 == c
-        if mine:
-            dq_tok = _issue_dq(g, cfg, kv_smem, i)
-            dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-            dq, dv = warpgroup_mma_wait(1, deps=(dq_tok, dv_tok))
-            mbarrier.arrive(g[18].index(i % 2))
-            _add_dq(g, cfg, tile, kk, dq)
-            dk = warpgroup_mma_wait(0, deps=(dk_tok,))
-        else:  # the other consumer's turn: on to the next step
-            dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-            mbarrier.arrive(g[18].index(i % 2))
-            dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+        dq_tok = _issue_dq(g, cfg, kv_smem, i)
+        dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
+        dq, dv = warpgroup_mma_wait(1, deps=(dq_tok, dv_tok))
+        mbarrier.arrive(g[18].index(i % 2))
+        _add_dq(g, cfg, tile, kk, dq)
+        dk = warpgroup_mma_wait(0, deps=(dk_tok,))
     else:
         if kk > 0:
             _add_dq(g, cfg, tile, kk - 1, dq)  # while this step's dV and dK run
         if kk == tile[3] * g[11] - 1:  # the tile's last step: its own dQ now
-            dq_tok = _issue_dq(g, cfg, kv_smem, i)
-            dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
-            _add_dq(g, cfg, tile, kk, dq)
-        else:
-            dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-    return dk, dv, tile, k_regs, v_regs
-
-
-@gluon.jit
-def _overlapped_turns(g, cfg: gl.constexpr, state, stats_smem, q, do, kv_smem, kk, i, s_tok, dp_tok, start_n,
-                      start_m):
-    """DQ 2 with DQ_TURNS, the rest of the step: consumer c computes the whole dQ of the steps with
-    i % 2 == c, the previous step's issued with this step's dV and dK (after the softmax, when S^T
-    and dP^T no longer hold registers)."""
-    BN: gl.constexpr = cfg[2]
-    D: gl.constexpr = cfg[3]
-    c: gl.constexpr = cfg[-1]
-    dk, dv, tile, k_regs, v_regs = state
-    lse_cols = _stat_columns(stats_smem, 0, wgmma_layout(BN, cfg[1], gl.num_warps()))
-    s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-    p_t, ds_t = _grads_t(g, cfg, s_t, dp_t, lse_cols, stats_smem, start_n, start_m)
-    ds_t = ds_t.to(q.dtype)
-    p_op = gl.convert_layout(p_t.to(q.dtype), _operand_layout(BN, D, gl.num_warps()))
-    ds_op = gl.convert_layout(ds_t, _operand_layout(BN, D, gl.num_warps()))
-    mbarrier.wait(g[18].index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
-    if (i + 1) % 2 == c:  # the previous step's dQ is this consumer's
-        dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)
-        dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
-        dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-        g[16].index(i % 2).slice(c * BN, BN).store(ds_t)
-        fence_async_shared()
-        mbarrier.arrive(g[17].index(i % 2))
-        dq = warpgroup_mma_wait(2, deps=(dq_tok,))
-        mbarrier.arrive(g[18].index((i + 1) % 2), pred=i > 0)  # step i - 1's dS is read
-        if kk > 0:
-            _add_dq(g, cfg, tile, kk - 1, dq)  # while this step's dV and dK run
-        dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-    else:  # this step's dQ is this consumer's (in the next step, or now at the tile's last)
-        mbarrier.arrive(g[18].index((i + 1) % 2), pred=i > 0)  # step i - 1's dS is not needed here
-        dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
-        dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-        g[16].index(i % 2).slice(c * BN, BN).store(ds_t)
-        fence_async_shared()
-        mbarrier.arrive(g[17].index(i % 2))
-        if kk == tile[3] * g[11] - 1:
             dq_tok = _issue_dq(g, cfg, kv_smem, i)
             dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
             _add_dq(g, cfg, tile, kk, dq)
@@ -536,7 +459,7 @@ def _ds_layout(dtype):
 @gluon.jit
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
                          scale, scale_log2e, num_bhk, head_group, schedule, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                         DQ: gl.constexpr, KV_REGS: gl.constexpr = False, DQ_TURNS: gl.constexpr = False):
+                         DQ: gl.constexpr, KV_REGS: gl.constexpr = False):
     """dK and dV (and with DQ 1 or 2, dQ added to dq_desc's float32 tensor: see _compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp."""
@@ -552,15 +475,13 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
     for j in gl.static_range(2):
         mbarrier.init(ds_full.index(j), count=2)
         mbarrier.init(ds_free.index(j), count=2)
-    if DQ > 0:  # each consumer's dQ half (with DQ_TURNS both halves) on its way to TMA reductions
-        dq_staging = gl.allocate_shared_memory(dq_desc.dtype, [4 if DQ_TURNS else 2] + dq_desc.block_type.shape,
-                                               dq_desc.layout)
+    if DQ > 0:  # each consumer's dQ half on its way to a TMA reduction
+        dq_staging = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape, dq_desc.layout)
     else:
         dq_staging = ds_smem  # unused
     g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP, scale, scale_log2e,
          num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging)
-    gl.static_assert(not DQ_TURNS or DQ > 0, "DQ_TURNS takes DQ 1 or 2 (fused or overlapped)")
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ, KV_REGS, DQ_TURNS))
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ, KV_REGS))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240, IN_FLIGHT=0,

@@ -543,17 +543,14 @@ def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats
 
 def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
                    block_n: int, stages: int, dq_from: str = "fused", balanced: bool = True,
-                   dq_config: dict | None = None, split: str = "keys", kv_regs: bool = False,
-                   dq_turns: bool = False) -> None:
+                   dq_config: dict | None = None, split: str = "keys", kv_regs: bool = False) -> None:
     """The Gluon backward: the preprocess, then dk and dv, and dq: with ``dq_from`` "fused" or
     "overlapped" in the same kernel (through a float32 buffer that its TMA reductions add to, each
     consumer half of the columns), "gluon" by gluon_dq.py's kernel after it (``dq_config``: its
     blocks, GLUON_DQ by default), "tl" by the tl dq kernel. ``split``: what each consumer owns,
     "keys" (half the tile's keys, for everything) or "queries" (half of each step's queries for S,
     dP and dQ, half the keys for dK and dV; dQ "fused" only): gluon_backward.py. ``kv_regs`` (the
-    key split): each consumer holds its K and V rows in registers for the tile (fits at D = 64).
-    ``dq_turns`` (dQ fused or overlapped): the consumers take turns computing a step's whole dQ, so
-    that dS is read from shared memory once a step, not once per column half."""
+    key split): each consumer holds its K and V rows in registers for the tile (fits at D = 64)."""
     if split not in ("keys", "queries") or (split == "queries" and (dq_from != "fused" or kv_regs)):
         raise ValueError(f"split is 'keys' or 'queries' (with dq_from 'fused', K and V in shared memory); got "
                          f"{split!r}, {dq_from!r}, kv_regs={kv_regs}")
@@ -562,13 +559,10 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
         # reuses some of V's operand registers inside its loop (session 14; report's
         # register_operands_clobbered): refused
         raise ValueError("kv_regs takes dq_from 'fused' or 'overlapped'")
-    if dq_turns and (DQ_MODES[dq_from] == 0 or split != "keys"):
-        raise ValueError(f"dq_turns takes dq_from 'fused' or 'overlapped' and split 'keys'; got {dq_from!r}, {split!r}")
     fused_dq = DQ_MODES[dq_from] > 0
     delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=fused_dq, row_stats=True)
     backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m, block_n=block_n,
-                          stages=stages, dq_from=dq_from, balanced=balanced, split=split, kv_regs=kv_regs,
-                          dq_turns=dq_turns)
+                          stages=stages, dq_from=dq_from, balanced=balanced, split=split, kv_regs=kv_regs)
     if fused_dq:
         dq.copy_(dq_sum)
     elif dq_from == "gluon":
@@ -580,7 +574,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
 
 def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
                           block_n: int, stages: int, dq_from: str, balanced: bool = True, split: str = "keys",
-                          kv_regs: bool = False, dq_turns: bool = False) -> None:
+                          kv_regs: bool = False) -> None:
     """The Gluon backward kernel alone: dk, dv, and with ``dq_from`` "fused" or "overlapped" scale *
     dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder otherwise), from the rows' lse and
     delta in ``stats`` (backward_preprocess's); ``balanced`` (causal): the programs take their tiles
@@ -607,7 +601,7 @@ def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sc
                                    desc(dk, block_n), desc(dv, block_n), stats_desc,
                                    gluon_descriptor(dq_sum, dq_box(block_m, D)), H, N, Nk, group, scale,
                                    scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages,
-                                   DQ=DQ_MODES[dq_from], KV_REGS=kv_regs, DQ_TURNS=dq_turns, num_warps=4)
+                                   DQ=DQ_MODES[dq_from], KV_REGS=kv_regs, num_warps=4)
 
 
 def row_stats_descriptor(stats, block_m: int):

@@ -156,9 +156,9 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
                 dq_desc=gluon_descriptor(dq_sum, kernels.dq_box(bm, d, split)), H=16, N=4096, Nk=4096, GROUP=1,
                 scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, schedule=_schedule(causal, cfg),
                 CAUSAL=causal, STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]],
-                KV_REGS=cfg.get("kv_regs", False), DQ_TURNS=cfg.get("dq_turns", False))
+                KV_REGS=cfg.get("kv_regs", False))
     if split == "queries":
-        del args["DQ"], args["KV_REGS"], args["DQ_TURNS"]  # always fused; K and V in shared memory
+        del args["DQ"], args["KV_REGS"]  # always fused; K and V in shared memory
         compiled = _compile(attention_bwd_split_kernel, args, {"num_warps": 4})
     else:
         compiled = _compile(attention_bwd_kernel, args, {"num_warps": 4})
