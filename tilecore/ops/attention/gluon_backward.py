@@ -249,6 +249,8 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
     ds_op = gl.convert_layout(ds_t, _operand_layout(BN, D, gl.num_warps()))
     if MODE != 0:
         mbarrier.wait(g[18].index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
+    if MODE == 3:
+        dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)
     dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
     if MODE != 1:
         dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
@@ -271,6 +273,9 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
         _add_dq(g, cfg, tile, kk, dq)
         dk = warpgroup_mma_wait(0, deps=(dk_tok,))
     else:
+        if MODE == 3:
+            dq = warpgroup_mma_wait(2, deps=(dq_tok,))  # dV and dK still run
+            mbarrier.arrive(g[18].index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
         if kk > 0:
             _add_dq(g, cfg, tile, kk - 1, dq)  # while this step's dV and dK run
         if kk == tile[3] * g[11] - 1:  # the tile's last step: its own dQ now
