@@ -259,8 +259,8 @@ def test_gluon_forward_config_per_head_dim_and_length(d, n, nk, causal, options)
 
 
 @pytest.mark.parametrize("d, n, causal, dq_from", [
-    (64, 512, True, "overlapped"), (128, 512, False, "gluon"), (128, 1024, False, "fused"),
-    (128, 2048, True, "gluon"), (128, 4096, True, "fused"), (128, 16384, False, "fused")])
+    (64, 512, True, "overlapped"), (128, 512, False, "gluon"), (128, 1024, False, "lagged"),
+    (128, 2048, True, "gluon"), (128, 4096, True, "fused"), (128, 16384, False, "lagged")])
 def test_gluon_backward_config_takes_the_dq_kernel_where_d128_tiles_are_short(d, n, causal, dq_from):
     cfg = kernels.gluon_backward_config(d, n, causal)
     assert cfg["dq_from"] == dq_from

@@ -200,10 +200,15 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
     2 (overlapped): the previous step's dQ, issued with this step's S and dP so that it runs under
        the softmax; the two consumers may drift a step apart. A tile's first step multiplies a
        stale buffer (never added) and its last step also takes its own dQ.
+    3 (lagged): the previous step's dQ as in 2, but issued with this step's dV and dK, after the
+       softmax, when S^T and dP^T no longer hold registers (D = 128 has none to spare for 2): no
+       consumer waits for the other's dS of the same step, and dQ is staged and added under dV
+       and dK. At D = 128 without a mask 0-5% faster than 1 on the H100, with the mask 1-3%
+       slower, at D = 64 4-13% slower than 2 (notes/attention.md, session 15; session 5's b5 had
+       found it slower everywhere, before the stats came by TMA).
     (Each consumer adding its own partial dQ over its own keys, with no dS exchange and twice the
-    reductions, measured equal or slower: notes/attention.md, b8.)
-    (Issuing the previous step's dQ after this step's dV and dK instead was slower everywhere on
-    the H100: notes/attention.md, b5.)"""
+    reductions, measured equal or slower: notes/attention.md, b8. One consumer computing a step's
+    whole dQ, the two taking turns, saved a fifth of D = 64's dQ traffic but lost to 2: session 15.)"""
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
@@ -250,7 +255,7 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
     if MODE != 0:
         mbarrier.wait(g[18].index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
     if MODE == 3:
-        dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)
+        dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)  # read when dV and dK are issued: complete first
     dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
     if MODE != 1:
         dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)

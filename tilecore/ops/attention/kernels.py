@@ -465,11 +465,12 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
 
 # Hopper's Gluon backward (gluon_backward.py): query rows per step (block_m), keys per consumer
 # warpgroup (block_n; a tile is two of them), ring depth, and where dQ comes from: "tl" (the tl dq
-# kernel), or in the kernel, added by TMA reductions to a float32 buffer: "fused" (the step's own)
-# or "overlapped" (one step late, under the next step's softmax); see gluon_backward._compute.
+# kernel), or in the kernel, added by TMA reductions to a float32 buffer: "fused" (the step's own),
+# "overlapped" (one step late, under the next step's softmax) or "lagged" (one step late, with the
+# next step's dV and dK); see gluon_backward._compute.
 # (Each step's lse and delta come by TMA with its Q and dO since session 14; before, loaded by
 # pointer, a "prefetch" option loaded them a step ahead.)
-DQ_MODES = {"tl": 0, "gluon": 0, "fused": 1, "overlapped": 2, "late": 3}  # "gluon": gluon_dq.py's kernel after dK, dV
+DQ_MODES = {"tl": 0, "gluon": 0, "fused": 1, "overlapped": 2, "lagged": 3}  # "gluon": gluon_dq.py's kernel after dK, dV
 # gluon_dq.py's kernel: query rows per consumer, keys per step, ring stages
 GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, block_n=64, stages=4)}
 # D = 64: the key split with each consumer's K and V rows held as register operands of S^T and dP^T
@@ -479,14 +480,17 @@ GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, b
 # head dim) was the choice without a mask from session 12 and causal in session 14 until then; it
 # stays for the probes. D = 128: dQ fused into the key split, causal too since session 14 (0.94 /
 # 1.01x against 0.91 / 0.96x with the Gluon dq kernel at N = 4096 / 8192); K and V do not fit in its
-# registers (ptxas serialized every wgmma) (notes/attention.md)
+# registers (ptxas serialized every wgmma); without a mask, dQ lagged by a step (issued with the next
+# step's dV and dK) since session 15: 1.00-1.03x against fused's 0.98-1.02x at N = 2048-16384, where
+# causal it lost 1-3% (notes/attention.md)
 KEY_SPLIT_D64 = dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", kv_regs=True)
 QUERY_SPLIT_D64 = dict(block_m=128, block_n=64, stages=2, dq_from="fused", split="queries")
 GLUON_BACKWARD = {(64, False): KEY_SPLIT_D64,
                   (64, True): KEY_SPLIT_D64,
-                  (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="fused"),
+                  (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="lagged"),
                   (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused")}
 # ... except where tiles are short: at D = 128 below these lengths dQ comes from the Gluon dq kernel
+# (timed against fused; lagged at 1024 in session 15)
 # (session 14, x cuDNN, Gluon dq kernel against fused: causal N = 512 1.35 / 0.87, 1024 1.10 / 0.84,
 # 2048 0.98 / 0.96, 4096 0.91 / 0.94; without a mask 512 1.17 / 0.92, 1024 0.96 / 0.98)
 FUSED_DQ_MIN_N = {False: 1024, True: 4096}
