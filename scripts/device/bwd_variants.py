@@ -64,8 +64,7 @@ def variants(set_name, d, causal):
                 "key split, dq overlapped, K V in registers": (dict(key, dq_from="overlapped", kv_regs=True), True)}
     if set_name == "lagged":  # session 15: the previous step's dQ issued with this step's dV and dK
         return {"shipped": (shipped, True), "dq fused": (dict(shipped, dq_from="fused"), True),
-                "dq lagged": (dict(shipped, dq_from="lagged"), True),
-                "dq lagged, no first product": (dict(shipped, dq_from="lagged_skip"), True)}
+                "dq lagged": (dict(shipped, dq_from="lagged"), True)}
     if set_name == "det":  # the deterministic mode's config (dq by the Gluon dq kernel) against the default
         return {"shipped": (shipped, True), "dq kernel": (dict(shipped, dq_from="gluon"), True),
                 "dq kernel, K V in shared memory": (dict(shipped, dq_from="gluon", kv_regs=False), True)}

@@ -254,28 +254,15 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
     ds_op = gl.convert_layout(ds_t, _operand_layout(BN, D, gl.num_warps()))
     if MODE != 0:
         mbarrier.wait(g[18].index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
-    if MODE >= 3:
-        skip = False  # MODE 4: a tile's first step has no previous step of its own: no dQ product
-        if MODE == 4:
-            skip = kk == 0
-        if skip:
-            dv_tok, dk_tok = _issue_dv_dk(g, cfg, i, p_op, ds_op, ds_t, q, do, dk, dv)
-            mbarrier.arrive(g[18].index((i + 1) % 2), pred=i > 0)  # step i - 1's dS is not read here
-        else:
-            dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)  # issued first, so complete first
-            dv_tok, dk_tok = _issue_dv_dk(g, cfg, i, p_op, ds_op, ds_t, q, do, dk, dv)
-            dq = warpgroup_mma_wait(2, deps=(dq_tok,))  # dV and dK still run
-            mbarrier.arrive(g[18].index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
-            if kk > 0:
-                _add_dq(g, cfg, tile, kk - 1, dq)  # while this step's dV and dK run
-    else:
-        dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
-        if MODE != 1:
-            dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-        if MODE != 0:
-            g[16].index(i % 2).slice(c * BN, BN).store(ds_t)
-            fence_async_shared()
-            mbarrier.arrive(g[17].index(i % 2))
+    if MODE == 3:
+        dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)  # read when dV and dK are issued: complete first
+    dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
+    if MODE != 1:
+        dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
+    if MODE != 0:
+        g[16].index(i % 2).slice(c * BN, BN).store(ds_t)
+        fence_async_shared()
+        mbarrier.arrive(g[17].index(i % 2))
     # dV and dK complete within the step: left running into the next one, their accumulators are
     # moved (the template's loop) under a running wgmma, and ptxas serializes every wgmma (C7515)
     if MODE == 0:
@@ -291,7 +278,10 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
         _add_dq(g, cfg, tile, kk, dq)
         dk = warpgroup_mma_wait(0, deps=(dk_tok,))
     else:
-        if MODE == 2 and kk > 0:
+        if MODE == 3:
+            dq = warpgroup_mma_wait(2, deps=(dq_tok,))  # dV and dK still run
+            mbarrier.arrive(g[18].index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
+        if kk > 0:
             _add_dq(g, cfg, tile, kk - 1, dq)  # while this step's dV and dK run
         if kk == tile[3] * g[11] - 1:  # the tile's last step: its own dQ now
             dq_tok = _issue_dq(g, cfg, kv_smem, i)
@@ -300,18 +290,6 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
         else:
             dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
     return dk, dv, tile, k_regs, v_regs
-
-
-@gluon.jit
-def _issue_dv_dk(g, cfg: gl.constexpr, i, p_op, ds_op, ds_t, q, do, dk, dv):
-    """Issue dV += P^T dO and dK += dS^T Q, and write this consumer's half of the step's dS^T for
-    the dQ product (both halves written: the ds_full barrier)."""
-    dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
-    dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-    g[16].index(i % 2).slice(cfg[-1] * cfg[2], cfg[2]).store(ds_t)
-    fence_async_shared()
-    mbarrier.arrive(g[17].index(i % 2))
-    return dv_tok, dk_tok
 
 
 @gluon.jit

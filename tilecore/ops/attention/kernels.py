@@ -470,7 +470,7 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
 # next step's dV and dK); see gluon_backward._compute.
 # (Each step's lse and delta come by TMA with its Q and dO since session 14; before, loaded by
 # pointer, a "prefetch" option loaded them a step ahead.)
-DQ_MODES = {"tl": 0, "gluon": 0, "fused": 1, "overlapped": 2, "lagged": 3, "lagged_skip": 4}  # "gluon": gluon_dq.py's kernel after dK, dV
+DQ_MODES = {"tl": 0, "gluon": 0, "fused": 1, "overlapped": 2, "lagged": 3}  # "gluon": gluon_dq.py's kernel after dK, dV
 # gluon_dq.py's kernel: query rows per consumer, keys per step, ring stages
 GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, block_n=64, stages=4)}
 # D = 64: the key split with each consumer's K and V rows held as register operands of S^T and dP^T
