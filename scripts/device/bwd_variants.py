@@ -9,8 +9,9 @@
 
 Sets (--set): "shipped" (the launcher's configs, checked and timed); "configs" (the launcher's
 against the other layouts and dQ modes); "stages" (its ring depth); "kvregs" (D = 64's key split with
-K and V in registers); "lagged" (the shipped config against dQ fused and lagged, session 15); "det" (the deterministic mode's config); "split" (session 12: the query
-split against the key split, D = 64); "ablate" (where the fused key split's time goes, D = 128
+K and V in registers); "lagged" (the shipped config against dQ fused and lagged, session 15); "det"
+(the deterministic mode's config); "split" (session 12: the query split against the key split,
+D = 64); "ablate" (where the fused key split's time goes, D = 128
 without a mask: the kernel alone, and with parts of its dQ path removed, through an ABLATE option
 of attention_bwd_kernel that only session 14's working tree had: apply
 notes/attention_bwd_ablate_session14.patch to commit 5d0e216 to run it; wrong results, never

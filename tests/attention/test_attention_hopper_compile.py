@@ -72,9 +72,9 @@ def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(
 # The Gluon backward at D = 128 holds dK and dV of 64 keys x 128 (128 registers a thread) and
 # spills 44 bytes with dQ lagged (fused, causal: 192-220; addresses and counters, none in the
 # step's loads since lse and delta come by TMA, session 14); it was still 1.17x the tl kernels on
-# the H100 when it spilled 160-300. D = 64's key split holds each consumer's K and V rows in registers for the tile (32
-# registers a thread) and spills 56 bytes with dQ overlapped: 5-9% faster than without them, which
-# spilled none (notes/attention.md, session 14)
+# the H100 when it spilled 160-300. D = 64's key split holds each consumer's K and V rows in
+# registers for the tile (32 registers a thread) and spills 56 bytes with dQ overlapped: 5-9%
+# faster than without them, which spilled none (notes/attention.md, session 14)
 # Three consumers at D = 64 have 160 registers a thread: causal (the per-consumer key-block count,
 # the balanced schedule's tile ids and the hidden first key offset add a little) spills 84 bytes of
 # scalars, stored once a program and reloaded once a tile (none in the loop), and was 4-6% faster

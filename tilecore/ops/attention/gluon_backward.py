@@ -35,7 +35,7 @@ is exp(0) = 1 but meets zero dO and zero dP, so they add nothing. Rows with no k
 
 ``g``   = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP, scale,
            scale_log2e, B * Hkv, kv heads per tile group, ds_smem, ds_full, ds_free, dq_staging)
-``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, DQ[, consumer index])
+``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, DQ, KV_REGS[, consumer index]) (the query split: no KV_REGS)
 """
 from __future__ import annotations
 

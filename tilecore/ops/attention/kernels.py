@@ -548,9 +548,9 @@ def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats
 def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
                    block_n: int, stages: int, dq_from: str = "fused", balanced: bool = True,
                    dq_config: dict | None = None, split: str = "keys", kv_regs: bool = False) -> None:
-    """The Gluon backward: the preprocess, then dk and dv, and dq: with ``dq_from`` "fused" or
-    "overlapped" in the same kernel (through a float32 buffer that its TMA reductions add to, each
-    consumer half of the columns), "gluon" by gluon_dq.py's kernel after it (``dq_config``: its
+    """The Gluon backward: the preprocess, then dk and dv, and dq: with ``dq_from`` "fused",
+    "overlapped" or "lagged" in the same kernel (through a float32 buffer that its TMA reductions add
+    to, each consumer half of the columns), "gluon" by gluon_dq.py's kernel after it (``dq_config``: its
     blocks, GLUON_DQ by default), "tl" by the tl dq kernel. ``split``: what each consumer owns,
     "keys" (half the tile's keys, for everything) or "queries" (half of each step's queries for S,
     dP and dQ, half the keys for dK and dV; dQ "fused" only): gluon_backward.py. ``kv_regs`` (the
@@ -562,7 +562,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
         # the dK/dV kernel alone with K and V in registers gave wrong dK and dV on the H100: ptxas
         # reuses some of V's operand registers inside its loop (session 14; report's
         # register_operands_clobbered): refused
-        raise ValueError("kv_regs takes dq_from 'fused' or 'overlapped'")
+        raise ValueError("kv_regs takes a dQ added in the kernel: dq_from 'fused', 'overlapped' or 'lagged'")
     fused_dq = DQ_MODES[dq_from] > 0
     delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=fused_dq, row_stats=True)
     backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m, block_n=block_n,
@@ -579,9 +579,9 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
 def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
                           block_n: int, stages: int, dq_from: str, balanced: bool = True, split: str = "keys",
                           kv_regs: bool = False) -> None:
-    """The Gluon backward kernel alone: dk, dv, and with ``dq_from`` "fused" or "overlapped" scale *
-    dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder otherwise), from the rows' lse and
-    delta in ``stats`` (backward_preprocess's); ``balanced`` (causal): the programs take their tiles
+    """The Gluon backward kernel alone: dk, dv, and with ``dq_from`` "fused", "overlapped" or
+    "lagged" scale * dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder otherwise), from
+    the rows' lse and delta in ``stats`` (backward_preprocess's); ``balanced`` (causal): the programs take their tiles
     from a balanced schedule, not round-robin; ``split``: see backward_gluon."""
     from tilecore.ops.attention.gluon_backward import attention_bwd_kernel, attention_bwd_split_kernel
 
