@@ -115,14 +115,15 @@ def _attn_fwd(Q, K, V, O, LSE,
 
 
 @triton.jit
-def _attn_bwd_delta(O, DO, LSE, DLSE, DELTA, STATS, DQ_SUM, sob, soh, son, sod, sdb, sdh, sdn, sdd, H, N, D,
+def _attn_bwd_delta(O, DO, LSE, DLSE, DELTA, STATS, DQ_SUM, COUNTS, sob, soh, son, sod, sdb, sdh, sdn, sdd, H, N, D,
                     N_PAD, HAS_DLSE: tl.constexpr, ZERO_DQ_SUM: tl.constexpr, ROW_STATS: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+                    ZERO_COUNTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """delta = rowsum(O * dO) - dlse for a block of rows; with ZERO_DQ_SUM also zeros the same rows of
     the contiguous float32 (B, H, N, D) buffer that the Gluon backward's dQ reductions add to (one
     pass over the rows instead of a separate memset); with ROW_STATS also writes the rows' lse (-inf,
     a row with no key, as +inf: its p must be 0) and delta to the float32 (B * H, 2, N_PAD) buffer
-    that the Gluon backward loads by TMA with each step's Q and dO."""
+    that the Gluon backward loads by TMA with each step's Q and dO; with ZERO_COUNTS also zeros the
+    int32 (B * H) counts of finished tiles by which the Gluon backward converts dQ itself."""
     bh, b, h, _, _, offs_m = _query_block(H, 1, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     ok = (offs_m[:, None] < N) & (offs_d[None, :] < D)
@@ -141,6 +142,9 @@ def _attn_bwd_delta(O, DO, LSE, DLSE, DELTA, STATS, DQ_SUM, sob, soh, son, sod, 
         tl.store(stats + N_PAD, delta, mask=offs_m < N)
     if ZERO_DQ_SUM:
         tl.store(DQ_SUM + row[:, None] * D + offs_d[None, :], tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=ok)
+    if ZERO_COUNTS:
+        if tl.program_id(0) == 0:
+            tl.store(COUNTS + bh, 0)
 
 
 @triton.jit
@@ -528,10 +532,11 @@ def backward_delta(out, dout, lse, dlse, *, dq_sum: bool = False):
     return backward_preprocess(out, dout, lse, dlse, dq_sum=dq_sum)[:2]
 
 
-def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats: bool = False):
+def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats: bool = False, counts=None):
     """backward_delta's (delta, dq_sum), and with ``row_stats`` for the Gluon backward kernel the
     (B * H, 2, N) view of a float32 buffer with rows padded to 16 bytes (what TMA reads) that holds
-    each row's lse (+inf for -inf) and delta (a placeholder otherwise); one pass over the rows."""
+    each row's lse (+inf for -inf) and delta (a placeholder otherwise); one pass over the rows, which
+    also zeros ``counts`` (int32, B * H: the Gluon backward's counts of finished tiles) if given."""
     B, H, N, D = out.shape
     delta = torch.empty((B, H, N), dtype=torch.float32, device=out.device)
     acc = torch.empty((B, H, N, D) if dq_sum else (1, 1, 1, D), dtype=torch.float32, device=out.device)
@@ -539,22 +544,25 @@ def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats
     stats = torch.empty((B * H, 2, n_pad) if row_stats else (1, 2, 4), dtype=torch.float32, device=out.device)
     pre_m = 16 if out.device.type != "cuda" else 64
     _DELTA[(triton.cdiv(N, pre_m), B * H)](
-        out, dout, lse, dlse if dlse is not None else lse, delta, stats, acc, *out.stride(), *dout.stride(), H, N, D,
-        n_pad, HAS_DLSE=dlse is not None, ZERO_DQ_SUM=dq_sum, ROW_STATS=row_stats, BLOCK_M=pre_m,
-        BLOCK_D=block_d(D))
+        out, dout, lse, dlse if dlse is not None else lse, delta, stats, acc, counts if counts is not None else delta,
+        *out.stride(), *dout.stride(), H, N, D, n_pad, HAS_DLSE=dlse is not None, ZERO_DQ_SUM=dq_sum,
+        ROW_STATS=row_stats, ZERO_COUNTS=counts is not None, BLOCK_M=pre_m, BLOCK_D=block_d(D))
     return delta, acc, stats[..., :N]
 
 
 def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
                    block_n: int, stages: int, dq_from: str = "fused", balanced: bool = True,
-                   dq_config: dict | None = None, split: str = "keys", kv_regs: bool = False) -> None:
+                   dq_config: dict | None = None, split: str = "keys", kv_regs: bool = False,
+                   dq_convert: str = "pass") -> None:
     """The Gluon backward: the preprocess, then dk and dv, and dq: with ``dq_from`` "fused",
     "overlapped" or "lagged" in the same kernel (through a float32 buffer that its TMA reductions add
     to, each consumer half of the columns), "gluon" by gluon_dq.py's kernel after it (``dq_config``: its
     blocks, GLUON_DQ by default), "tl" by the tl dq kernel. ``split``: what each consumer owns,
     "keys" (half the tile's keys, for everything) or "queries" (half of each step's queries for S,
     dP and dQ, half the keys for dK and dV; dQ "fused" only): gluon_backward.py. ``kv_regs`` (the
-    key split): each consumer holds its K and V rows in registers for the tile (fits at D = 64)."""
+    key split): each consumer holds its K and V rows in registers for the tile (fits at D = 64).
+    ``dq_convert`` (dQ added in the key split's kernel): "kernel", the kernel's helper warps write dQ
+    from the float32 sums of each kv head once its tiles are done; "pass", a copy after it."""
     if split not in ("keys", "queries") or (split == "queries" and (dq_from != "fused" or kv_regs)):
         raise ValueError(f"split is 'keys' or 'queries' (with dq_from 'fused', K and V in shared memory); got "
                          f"{split!r}, {dq_from!r}, kv_regs={kv_regs}")
@@ -563,11 +571,16 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
         # reuses some of V's operand registers inside its loop (session 14; report's
         # register_operands_clobbered): refused
         raise ValueError("kv_regs takes a dQ added in the kernel: dq_from 'fused', 'overlapped' or 'lagged'")
+    if dq_convert not in ("kernel", "pass"):
+        raise ValueError(f"dq_convert is 'kernel' or 'pass'; got {dq_convert!r}")
     fused_dq = DQ_MODES[dq_from] > 0
-    delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=fused_dq, row_stats=True)
+    in_kernel = fused_dq and dq_convert == "kernel" and split == "keys"
+    counts = torch.empty(q.shape[0] * q.shape[1], dtype=torch.int32, device=q.device) if in_kernel else None
+    delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=fused_dq, row_stats=True, counts=counts)
     backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m, block_n=block_n,
-                          stages=stages, dq_from=dq_from, balanced=balanced, split=split, kv_regs=kv_regs)
-    if fused_dq:
+                          stages=stages, dq_from=dq_from, balanced=balanced, split=split, kv_regs=kv_regs,
+                          dq=dq if in_kernel else None, counts=counts)
+    if fused_dq and not in_kernel:
         dq.copy_(dq_sum)
     elif dq_from == "gluon":
         backward_dq_gluon(dout, q, k, v, lse, delta, dq, causal, scale, balanced=balanced,
@@ -578,7 +591,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
 
 def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
                           block_n: int, stages: int, dq_from: str, balanced: bool = True, split: str = "keys",
-                          kv_regs: bool = False) -> None:
+                          kv_regs: bool = False, dq=None, counts=None) -> None:
     """The Gluon backward kernel alone: dk, dv, and with ``dq_from`` "fused", "overlapped" or
     "lagged" scale * dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder otherwise), from
     the rows' lse and delta in ``stats`` (backward_preprocess's); ``balanced`` (causal): the programs take their tiles
@@ -604,8 +617,10 @@ def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sc
         attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
                                    desc(dk, block_n), desc(dv, block_n), stats_desc,
                                    gluon_descriptor(dq_sum, dq_box(block_m, D)), H, N, Nk, group, scale,
-                                   scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages,
-                                   DQ=DQ_MODES[dq_from], KV_REGS=kv_regs, num_warps=4)
+                                   scale * LOG2E, B * Hkv, head_group, schedule, dq_sum,
+                                   dq if dq is not None else dq_sum, counts if counts is not None else stats,
+                                   CAUSAL=causal, STAGES=stages, DQ=DQ_MODES[dq_from], KV_REGS=kv_regs,
+                                   CONVERT=dq is not None, num_warps=4)
 
 
 def row_stats_descriptor(stats, block_m: int):
