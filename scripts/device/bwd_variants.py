@@ -69,7 +69,11 @@ def variants(set_name, d, causal):
         return {"shipped": (shipped, True), "dq fused": (dict(shipped, dq_from="fused"), True),
                 "dq lagged": (dict(shipped, dq_from="lagged"), True)}
     if set_name == "convert":  # session 16: dQ written by the kernel's helper warps, not a pass after it
-        return {"shipped": (shipped, True), "dq converted in the kernel": (dict(shipped, dq_convert="kernel"), True)}
+        return {"shipped": (shipped, True), "dq converted in the kernel": (dict(shipped, dq_convert="kernel"), True),
+                "no wait for reductions": (dict(shipped, dq_convert="kernel-nowait"), False),
+                "helper converts nothing": (dict(shipped, dq_convert="kernel-noconv"), False),
+                "helper does not wait": (dict(shipped, dq_convert="kernel-nospin"), False),
+                "helper idle (no wait, no conversion)": (dict(shipped, dq_convert="kernel-helper-idle"), False)}
     if set_name == "det":  # the deterministic mode's config (dq by the Gluon dq kernel) against the default
         return {"shipped": (shipped, True), "dq kernel": (dict(shipped, dq_from="gluon"), True),
                 "dq kernel, K V in shared memory": (dict(shipped, dq_from="gluon", kv_regs=False), True)}

@@ -308,7 +308,8 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
     b, hk = _kv_head(g, tile[1])
     start_n = tile[0] + cfg[-1] * BN
     if _converts_dq(cfg):  # this consumer's dQ reductions of the tile are written: count them
-        tma_writes_done()
+        if (cfg[6] & 2) == 0:
+            tma_writes_done()
         gl.thread_barrier()
         gl.atomic_add(g[22] + b * g[8] + hk * g[11], 1, sem="release", scope="gpu")
     for which in gl.static_range(2):
@@ -325,7 +326,7 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
 @gluon.constexpr_function
 def _converts_dq(cfg):
     """Whether the kernel writes dQ in the output dtype itself (the key split's cfg[6])."""
-    return len(cfg) >= 7 and bool(getattr(cfg[6], "value", cfg[6]))
+    return len(cfg) >= 7 and int(getattr(cfg[6], "value", cfg[6])) > 0
 
 
 CONVERT_BLOCK: gl.constexpr = gl.constexpr(4)  # float32 values a helper thread converts at once (16 bytes)
@@ -344,7 +345,8 @@ def _convert_dq(g, cfg: gl.constexpr, tile):
     b, hk = _kv_head(g, tile[1])
     n_blocks = gl.cdiv(g[10], 2 * cfg[2])
     first_head = b * g[8] + hk * g[11]
-    wait_count(g[22] + first_head, 2 * n_blocks)
+    if (cfg[6] & 8) == 0:
+        wait_count(g[22] + first_head, 2 * n_blocks)
     total = g[11] * g[9] * cfg[3]  # the group's elements
     share = gl.cdiv(gl.cdiv(total, n_blocks), BLOCK) * BLOCK
     start = (tile[0] // (2 * cfg[2])) * share
@@ -354,6 +356,9 @@ def _convert_dq(g, cfg: gl.constexpr, tile):
     offs = gl.arange(0, BLOCK, layout)
     # two blocks in flight, unmasked (24 registers a thread), then what is left, masked
     whole = start + gl.maximum(end - start, 0) // (2 * BLOCK) * (2 * BLOCK)
+    if (cfg[6] & 4) != 0:
+        whole = start
+        end = start
     for i in range(start, whole, 2 * BLOCK):
         x0 = gl.load(src + i + offs, cache_modifier=".cg")
         x1 = gl.load(src + i + BLOCK + offs, cache_modifier=".cg")
@@ -517,7 +522,7 @@ def _ds_layout(dtype):
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
                          scale, scale_log2e, num_bhk, head_group, schedule, dq_sum, dq, counts, CAUSAL: gl.constexpr,
                          STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False,
-                         CONVERT: gl.constexpr = False):
+                         CONVERT: gl.constexpr = 0):
     """dK and dV (and with DQ 1 or 2, dQ added to dq_desc's float32 tensor: see _compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp."""
@@ -539,13 +544,13 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
         dq_staging = ds_smem  # unused
     g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP, scale, scale_log2e,
          num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging, dq_sum, dq, counts)
-    gl.static_assert(DQ > 0 or not CONVERT, "dQ is converted in the kernel only where it is added there")
+    gl.static_assert(DQ > 0 or CONVERT == 0, "dQ is converted in the kernel only where it is added there")
     cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ, KV_REGS, CONVERT))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240, IN_FLIGHT=0,
                         tile_desc=k_desc, load_tile=_load_kv, TILE_OPERANDS=2, TILE_SHARED=True, STEP_INDEX=True,
-                        schedule=schedule, z_desc=stats_desc, helper=_convert_dq if CONVERT else None)
+                        schedule=schedule, z_desc=stats_desc, helper=_convert_dq if CONVERT > 0 else None)
     for j in gl.static_range(2):
         mbarrier.invalidate(ds_full.index(j))
         mbarrier.invalidate(ds_free.index(j))

@@ -500,6 +500,12 @@ GLUON_BACKWARD = {(64, False): KEY_SPLIT_D64,
 FUSED_DQ_MIN_N = {False: 1024, True: 4096}
 
 
+# experiment (session 16): 2 the consumers count without waiting for their reductions (wrong), 4 the
+# helper converts nothing, 8 the helper does not wait for the counts (wrong)
+CONVERT_MODES = {"pass": 0, "kernel": 1, "kernel-nowait": 3, "kernel-noconv": 5, "kernel-nospin": 9,
+                 "kernel-helper-idle": 13}
+
+
 def gluon_backward_config(d: int, n: int, causal: bool) -> dict:
     """The Gluon backward's configuration for head dim ``d`` and N query rows: GLUON_BACKWARD's, but
     at D = 128 with dQ from the Gluon dq kernel below FUSED_DQ_MIN_N[causal]."""
@@ -571,15 +577,15 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
         # reuses some of V's operand registers inside its loop (session 14; report's
         # register_operands_clobbered): refused
         raise ValueError("kv_regs takes a dQ added in the kernel: dq_from 'fused', 'overlapped' or 'lagged'")
-    if dq_convert not in ("kernel", "pass"):
+    if dq_convert not in CONVERT_MODES:
         raise ValueError(f"dq_convert is 'kernel' or 'pass'; got {dq_convert!r}")
     fused_dq = DQ_MODES[dq_from] > 0
-    in_kernel = fused_dq and dq_convert == "kernel" and split == "keys"
+    in_kernel = fused_dq and dq_convert != "pass" and split == "keys"
     counts = torch.empty(q.shape[0] * q.shape[1], dtype=torch.int32, device=q.device) if in_kernel else None
     delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=fused_dq, row_stats=True, counts=counts)
     backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m, block_n=block_n,
                           stages=stages, dq_from=dq_from, balanced=balanced, split=split, kv_regs=kv_regs,
-                          dq=dq if in_kernel else None, counts=counts)
+                          dq=dq if in_kernel else None, counts=counts, convert_mode=CONVERT_MODES[dq_convert])
     if fused_dq and not in_kernel:
         dq.copy_(dq_sum)
     elif dq_from == "gluon":
@@ -591,7 +597,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
 
 def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
                           block_n: int, stages: int, dq_from: str, balanced: bool = True, split: str = "keys",
-                          kv_regs: bool = False, dq=None, counts=None) -> None:
+                          kv_regs: bool = False, dq=None, counts=None, convert_mode: int = 1) -> None:
     """The Gluon backward kernel alone: dk, dv, and with ``dq_from`` "fused", "overlapped" or
     "lagged" scale * dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder otherwise), from
     the rows' lse and delta in ``stats`` (backward_preprocess's); ``balanced`` (causal): the programs take their tiles
@@ -620,7 +626,7 @@ def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sc
                                    scale * LOG2E, B * Hkv, head_group, schedule, dq_sum,
                                    dq if dq is not None else dq_sum, counts if counts is not None else stats,
                                    CAUSAL=causal, STAGES=stages, DQ=DQ_MODES[dq_from], KV_REGS=kv_regs,
-                                   CONVERT=dq is not None, num_warps=4)
+                                   CONVERT=convert_mode if dq is not None else 0, num_warps=4)
 
 
 def row_stats_descriptor(stats, block_m: int):
