@@ -307,7 +307,7 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
     dv = state[1]
     b, hk = _kv_head(g, tile[1])
     start_n = tile[0] + cfg[-1] * BN
-    if _converts_dq(cfg):  # this consumer's dQ reductions of the tile are written: count them
+    if _converts_dq(cfg) and (cfg[6] & 16) == 0:  # this consumer's dQ reductions of the tile are written: count them
         if (cfg[6] & 2) == 0:
             tma_writes_done()
         gl.thread_barrier()
@@ -550,7 +550,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240, IN_FLIGHT=0,
                         tile_desc=k_desc, load_tile=_load_kv, TILE_OPERANDS=2, TILE_SHARED=True, STEP_INDEX=True,
-                        schedule=schedule, z_desc=stats_desc, helper=_convert_dq if CONVERT > 0 else None)
+                        schedule=schedule, z_desc=stats_desc, helper=_convert_dq if CONVERT > 0 and (CONVERT & 32) == 0 else None)
     for j in gl.static_range(2):
         mbarrier.invalidate(ds_full.index(j))
         mbarrier.invalidate(ds_free.index(j))

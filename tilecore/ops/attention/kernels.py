@@ -503,7 +503,8 @@ FUSED_DQ_MIN_N = {False: 1024, True: 4096}
 # experiment (session 16): 2 the consumers count without waiting for their reductions (wrong), 4 the
 # helper converts nothing, 8 the helper does not wait for the counts (wrong)
 CONVERT_MODES = {"pass": 0, "kernel": 1, "kernel-nowait": 3, "kernel-noconv": 5, "kernel-nospin": 9,
-                 "kernel-helper-idle": 13}
+                 "kernel-helper-idle": 13, "kernel-helper-idle-nocount": 29, "kernel-nohelper": 33,
+                 "kernel-nohelper-nocount": 49}
 
 
 def gluon_backward_config(d: int, n: int, causal: bool) -> dict:
