@@ -587,8 +587,9 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
     backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m, block_n=block_n,
                           stages=stages, dq_from=dq_from, balanced=balanced, split=split, kv_regs=kv_regs,
                           dq=dq if in_kernel else None, counts=counts, convert_mode=CONVERT_MODES[dq_convert])
-    if fused_dq and not in_kernel:
-        dq.copy_(dq_sum)
+    if fused_dq:
+        if not in_kernel:
+            dq.copy_(dq_sum)
     elif dq_from == "gluon":
         backward_dq_gluon(dout, q, k, v, lse, delta, dq, causal, scale, balanced=balanced,
                           **(dq_config or GLUON_DQ[q.shape[-1]]))
