@@ -70,10 +70,9 @@ def variants(set_name, d, causal):
                 "dq lagged": (dict(shipped, dq_from="lagged"), True)}
     if set_name == "convert":  # session 16: dQ written by the kernel's helper warps, not a pass after it
         return {"shipped": (shipped, True), "dq converted in the kernel": (dict(shipped, dq_convert="kernel"), True),
-                "helper idle (no wait, no conversion)": (dict(shipped, dq_convert="kernel-helper-idle"), False),
-                "helper idle, consumers do not count": (dict(shipped, dq_convert="kernel-helper-idle-nocount"), False),
-                "no helper, consumers count": (dict(shipped, dq_convert="kernel-nohelper"), False),
-                "no helper, no count (CONVERT's launch only)": (dict(shipped, dq_convert="kernel-nohelper-nocount"), False)}
+                "dq converted in the kernel, last heads by a pass": (dict(shipped, dq_convert="kernel-lastpass"), True),
+                "no conversion at all (a bound; dQ unwritten)": (dict(shipped, dq_convert="kernel-nohelper-nocount"),
+                                                                False)}
     if set_name == "det":  # the deterministic mode's config (dq by the Gluon dq kernel) against the default
         return {"shipped": (shipped, True), "dq kernel": (dict(shipped, dq_from="gluon"), True),
                 "dq kernel, K V in shared memory": (dict(shipped, dq_from="gluon", kv_regs=False), True)}

@@ -345,9 +345,9 @@ def _convert_dq(g, cfg: gl.constexpr, tile):
     b, hk = _kv_head(g, tile[1])
     n_blocks = gl.cdiv(g[10], 2 * cfg[2])
     first_head = b * g[8] + hk * g[11]
-    if (cfg[6] & 8) == 0:
+    if (cfg[6] & 8) == 0 and tile[1] < g[23]:
         wait_count(g[22] + first_head, 2 * n_blocks)
-    total = g[11] * g[9] * cfg[3]  # the group's elements
+    total = g[11] * g[9] * cfg[3] * (tile[1] < g[23]).to(gl.int32)  # the group's elements (none past g[23])
     share = gl.cdiv(gl.cdiv(total, n_blocks), BLOCK) * BLOCK
     start = (tile[0] // (2 * cfg[2])) * share
     end = gl.minimum(start + share, total)
@@ -520,7 +520,8 @@ def _ds_layout(dtype):
 
 @gluon.jit
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
-                         scale, scale_log2e, num_bhk, head_group, schedule, dq_sum, dq, counts, CAUSAL: gl.constexpr,
+                         scale, scale_log2e, num_bhk, head_group, schedule, dq_sum, dq, counts, converted_bhk,
+                         CAUSAL: gl.constexpr,
                          STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False,
                          CONVERT: gl.constexpr = 0):
     """dK and dV (and with DQ 1 or 2, dQ added to dq_desc's float32 tensor: see _compute) for every
@@ -543,7 +544,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
     else:
         dq_staging = ds_smem  # unused
     g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP, scale, scale_log2e,
-         num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging, dq_sum, dq, counts)
+         num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging, dq_sum, dq, counts, converted_bhk)
     gl.static_assert(DQ > 0 or CONVERT == 0, "dQ is converted in the kernel only where it is added there")
     cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ, KV_REGS, CONVERT))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk

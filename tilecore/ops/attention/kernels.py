@@ -504,7 +504,7 @@ FUSED_DQ_MIN_N = {False: 1024, True: 4096}
 # helper converts nothing, 8 the helper does not wait for the counts (wrong)
 CONVERT_MODES = {"pass": 0, "kernel": 1, "kernel-nowait": 3, "kernel-noconv": 5, "kernel-nospin": 9,
                  "kernel-helper-idle": 13, "kernel-helper-idle-nocount": 29, "kernel-nohelper": 33,
-                 "kernel-nohelper-nocount": 49}
+                 "kernel-nohelper-nocount": 49, "kernel-lastpass": 65}
 
 
 def gluon_backward_config(d: int, n: int, causal: bool) -> dict:
@@ -584,12 +584,16 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
     in_kernel = fused_dq and dq_convert != "pass" and split == "keys"
     counts = torch.empty(q.shape[0] * q.shape[1], dtype=torch.int32, device=q.device) if in_kernel else None
     delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=fused_dq, row_stats=True, counts=counts)
-    backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m, block_n=block_n,
-                          stages=stages, dq_from=dq_from, balanced=balanced, split=split, kv_regs=kv_regs,
-                          dq=dq if in_kernel else None, counts=counts, convert_mode=CONVERT_MODES[dq_convert])
+    converted_rows = backward_gluon_kernel(
+        dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m, block_n=block_n, stages=stages,
+        dq_from=dq_from, balanced=balanced, split=split, kv_regs=kv_regs, dq=dq if in_kernel else None, counts=counts,
+        convert_mode=CONVERT_MODES[dq_convert])
     if fused_dq:
         if not in_kernel:
             dq.copy_(dq_sum)
+        elif converted_rows < dq.shape[0] * dq.shape[1]:  # the last heads' rows: a pass (see backward_gluon_kernel)
+            dq.view(-1, dq.shape[2] * dq.shape[3])[converted_rows:].copy_(
+                dq_sum.view(-1, dq.shape[2] * dq.shape[3])[converted_rows:])
     elif dq_from == "gluon":
         backward_dq_gluon(dout, q, k, v, lse, delta, dq, causal, scale, balanced=balanced,
                           **(dq_config or GLUON_DQ[q.shape[-1]]))
@@ -616,6 +620,9 @@ def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sc
     schedule = (causal_schedule(q.device, "backward", N, Nk, block_m, 2 * block_n, B * Hkv, head_group, group,
                                 grid[0]) if causal and balanced else None)
     stats_desc = row_stats_descriptor(stats, block_m)
+    # the kernel converts the dQ of kv heads below converted_bhk: the last group of heads in the
+    # schedule finishes with the matmuls, where a pass converts faster than the helper warps
+    converted_bhk = (B * Hkv - 1) // head_group * head_group if convert_mode & 64 else B * Hkv
     with dispatch.on_device(q.device):
         if split == "queries":
             return attention_bwd_split_kernel[grid](
@@ -627,8 +634,9 @@ def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sc
                                    gluon_descriptor(dq_sum, dq_box(block_m, D)), H, N, Nk, group, scale,
                                    scale * LOG2E, B * Hkv, head_group, schedule, dq_sum,
                                    dq if dq is not None else dq_sum, counts if counts is not None else stats,
-                                   CAUSAL=causal, STAGES=stages, DQ=DQ_MODES[dq_from], KV_REGS=kv_regs,
+                                   converted_bhk, CAUSAL=causal, STAGES=stages, DQ=DQ_MODES[dq_from], KV_REGS=kv_regs,
                                    CONVERT=convert_mode if dq is not None else 0, num_warps=4)
+    return converted_bhk * group
 
 
 def row_stats_descriptor(stats, block_m: int):
