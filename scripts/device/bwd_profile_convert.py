@@ -9,7 +9,7 @@ from tilecore.ops.attention import kernels  # noqa: E402
 
 run, cudnn, fl, grads = backward_case(4096, 128, False)
 shipped = dict(kernels.GLUON_BACKWARD[128, False])
-for mode in ["pass", "kernel-nohelper-nocount", "kernel"]:
+for mode in ["pass", "kernel-nohelper-nocount", "kernel", "kernel-lastpass"]:
     cfg = dict(shipped, dq_convert=mode)
     for _ in range(3):
         run(gluon=cfg)
