@@ -68,11 +68,6 @@ def variants(set_name, d, causal):
     if set_name == "lagged":  # session 15: the previous step's dQ issued with this step's dV and dK
         return {"shipped": (shipped, True), "dq fused": (dict(shipped, dq_from="fused"), True),
                 "dq lagged": (dict(shipped, dq_from="lagged"), True)}
-    if set_name == "convert":  # session 16: dQ written by the kernel's helper warps, not a pass after it
-        return {"shipped": (shipped, True), "dq converted in the kernel": (dict(shipped, dq_convert="kernel"), True),
-                "dq converted in the kernel, last heads by a pass": (dict(shipped, dq_convert="kernel-lastpass"), True),
-                "no conversion at all (a bound; dQ unwritten)": (dict(shipped, dq_convert="kernel-nohelper-nocount"),
-                                                                False)}
     if set_name == "det":  # the deterministic mode's config (dq by the Gluon dq kernel) against the default
         return {"shipped": (shipped, True), "dq kernel": (dict(shipped, dq_from="gluon"), True),
                 "dq kernel, K V in shared memory": (dict(shipped, dq_from="gluon", kv_regs=False), True)}
@@ -145,27 +140,7 @@ def check_one(set_name, d, causal, name, lengths):
         run, cudnn, fl, grads, case = timing_case(n, d, causal)
         (kernel_alone(case, cfg) if cfg.get("kernel_alone") else lambda: run(gluon=cfg))()
         torch.cuda.synchronize()
-        if checked and cfg.get("dq_convert") == "kernel":
-            rows.append(stress_convert(case, cfg, name, d, causal, n))
     print("CHECK " + json.dumps(rows), flush=True)
-
-
-def stress_convert(case, cfg, name, d, causal, n, repeats=20):
-    """dQ written by the kernel's helper warps against the same config's conversion pass, at a
-    timing shape (every SM busy, so that a helper reading a head's sums before all its tiles
-    added theirs would show), ``repeats`` times: the largest difference over the largest |dQ|."""
-    q, k, v, do, out, lse, causal, scale = case
-    grads = [torch.empty_like(t) for t in (q, k, v)]
-    kernels.backward_into(do, q, k, v, out, lse, None, *grads, causal, scale, gluon=dict(cfg, dq_convert="pass"))
-    ref = grads[0].float()
-    worst = 0.0
-    for _ in range(repeats):
-        dq = torch.full_like(q, float("nan"))
-        kernels.backward_into(do, q, k, v, out, lse, None, dq, grads[1], grads[2], causal, scale, gluon=cfg)
-        diff = ((dq.float() - ref).abs().max() / ref.abs().max()).item()
-        worst = float("inf") if diff != diff else max(worst, diff)  # NaN: an element left unwritten
-    return dict(variant=name, D=d, causal=causal, dtype="torch.bfloat16 (stress)", shape=[n], dq=worst, dk=0.0, dv=0.0,
-                written=worst != float("inf"), ok=worst < 1e-2)
 
 
 def timing_case(n, d, causal):

@@ -50,12 +50,6 @@ With ``z_desc`` every stage also holds a side buffer of that descriptor's block,
 (attention's backward: the step's rows' lse and delta): ``load`` and ``compute`` then receive the
 pair (first buffer, side buffer) where they received the first buffer.
 
-With ``helper`` (two consumers) a third kind of partition, ``HELPER_WARPS`` warps with
-``HELPER_REGS`` registers a thread (the producer's warpgroup's spare warps), calls ``helper(g, cfg,
-tile)`` for each of the program's tiles in order, at its own pace: nothing of the ring waits for it,
-and it waits for nothing of the ring (attention's backward converts the float32 dQ sums of the heads
-that every program has finished there, under the next tiles' matmuls).
-
 With ``STEP_INDEX`` ``compute`` also receives the ring step ``i`` (counting every step of every tile
 of the program) after the buffer, so a kernel can keep barriers of its own in step with the ring.
 
@@ -157,27 +151,6 @@ def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     module wraps the copies but not the reduction; its op builder has it.)"""
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
-
-
-@gluon.jit
-def tma_writes_done():
-    """Wait until this thread's TMA stores and reductions have written global memory (not only read
-    their shared memory, as ``tma.store_wait`` does), and order those writes before the thread's
-    later ordinary memory operations (a release that tells another program they are there)."""
-    gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.b32 $0, $1;",
-                              "=r,r", [0], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def wait_count(count_ptr, target):
-    """Spin (with a short sleep) until the int32 at ``count_ptr`` reaches ``target``; acquire: what
-    was written before the releases that raised it is then visible."""
-    # every thread loads the count itself (an atomic's result would be broadcast through shared
-    # memory, and in attention's backward that cost the consumers their uniform registers: spills)
-    while gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [count_ptr], dtype=gl.int32,
-                                    is_pure=False, pack=1) < target:
-        gl.inline_asm_elementwise("nanosleep.u32 256;\n\tmov.b32 $0, $1;", "=r,r", [0], dtype=gl.int32,
-                                  is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -407,19 +380,6 @@ def _consumer(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: gl.co
 
 
 @gluon.jit
-def _helper(g, cfg: gl.constexpr, num_tiles, schedule, parts: gl.constexpr, helper: gl.constexpr):
-    """The helper partition's loop: ``helper`` once for each of the program's tiles, in order."""
-    setup: gl.constexpr = parts[0]
-    SCHEDULED: gl.constexpr = parts[14]
-    first, end, step = program_tiles(num_tiles, schedule, SCHEDULED)
-    next_id = scheduled_tile(first, schedule, SCHEDULED)
-    for n in range(first, end, step):
-        tile_id, next_id = next_tile(n, step, next_id, schedule, SCHEDULED)
-        tile, k_iters = setup(g, cfg, tile_id)
-        helper(g, cfg, tile)
-
-
-@gluon.jit
 def _tile_slot(consumer: gl.constexpr, t, buffers: gl.constexpr, shared: gl.constexpr):
     """The per-tile operand's buffer (and barrier pair) for a program's t-th tile: consumer c's
     buffers are c * buffers .. (c + 1) * buffers - 1, used in turn; shared operands have one."""
@@ -447,8 +407,7 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
                         tile_desc=None, load_tile: gl.constexpr = None, PINGPONG: gl.constexpr = False,
                         TILE_OPERANDS: gl.constexpr = 1, TILE_SHARED: gl.constexpr = False,
                         STEP_INDEX: gl.constexpr = False, TILE_RESIDENT: gl.constexpr = False,
-                        TILE_BUFFERS: gl.constexpr = 1, carry0: gl.constexpr = None, schedule=None, z_desc=None,
-                        helper: gl.constexpr = None, HELPER_WARPS: gl.constexpr = 2, HELPER_REGS: gl.constexpr = 24):
+                        TILE_BUFFERS: gl.constexpr = 1, carry0: gl.constexpr = None, schedule=None, z_desc=None):
     """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
 
     ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
@@ -467,14 +426,12 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     module docstring). ``schedule``: an int32 table of ``schedule.balanced_schedule`` for exactly this
     grid, which then gives each program its tiles (by default tile ids pid, pid + P, ... below
     ``num_tiles``). ``z_desc``: a small side buffer in every stage, loaded with the other two (see the
-    module docstring). ``helper``: a partition of ``HELPER_WARPS`` warps that works through the
-    program's tiles beside the ring (two consumers; see the module docstring).
+    module docstring).
     """
     SCHEDULED: gl.constexpr = schedule is not None
     TILE_OPERAND: gl.constexpr = load_tile is not None
     CARRY: gl.constexpr = carry0 is not None
     SIDE: gl.constexpr = z_desc is not None
-    gl.static_assert(helper is None or CONSUMERS == 2, "a helper partition comes with two consumers")
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
     if SIDE:
         z_ring = gl.allocate_shared_memory(z_desc.dtype, [STAGES] + z_desc.block_type.shape, z_desc.layout)
@@ -528,12 +485,6 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
         gl.warp_specialize([(_consumer, (g, cfg, out_smem.index(0), 0, False, pipeline, parts)),
                             (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS))],
                            [1], [PRODUCER_REGS])
-    elif CONSUMERS == 2 and helper is not None:
-        gl.warp_specialize([(_consumer, (g, _with_index(cfg, 0), out_smem.index(0), 0, PINGPONG, pipeline, parts)),
-                            (_consumer, (g, _with_index(cfg, 1), out_smem.index(1), 1, PINGPONG, pipeline, parts)),
-                            (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS)),
-                            (_helper, (g, cfg, num_tiles, schedule, parts, helper))],
-                           [gl.num_warps(), 1, HELPER_WARPS], [CONSUMER_REGS, PRODUCER_REGS, HELPER_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([(_consumer, (g, _with_index(cfg, 0), out_smem.index(0), 0, PINGPONG, pipeline, parts)),
                             (_consumer, (g, _with_index(cfg, 1), out_smem.index(1), 1, PINGPONG, pipeline, parts)),

@@ -45,7 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from tilecore.tiles.gluon import (head_grouped_tile, mask_scores, needs_mask, persistent_pipeline, split_n,
-                                  tma_reduce_add, tma_writes_done, wait_count, wgmma_layout)
+                                  tma_reduce_add, wgmma_layout)
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
@@ -307,11 +307,6 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
     dv = state[1]
     b, hk = _kv_head(g, tile[1])
     start_n = tile[0] + cfg[-1] * BN
-    if _converts_dq(cfg) and (cfg[6] & 16) == 0:  # this consumer's dQ reductions of the tile are written: count them
-        if (cfg[6] & 2) == 0:
-            tma_writes_done()
-        gl.thread_barrier()
-        gl.atomic_add(g[22] + b * g[8] + hk * g[11], 1, sem="release", scope="gpu")
     for which in gl.static_range(2):
         tma.store_wait(0)  # the buffer's previous TMA store has read it
         if which == 0:
@@ -321,53 +316,6 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
         fence_async_shared()
         gl.thread_barrier()
         tma.async_copy_shared_to_global(g[5 - which], [b, hk, start_n, 0], out_smem)
-
-
-@gluon.constexpr_function
-def _converts_dq(cfg):
-    """Whether the kernel writes dQ in the output dtype itself (the key split's cfg[6])."""
-    return len(cfg) >= 7 and int(getattr(cfg[6], "value", cfg[6])) > 0
-
-
-CONVERT_BLOCK: gl.constexpr = gl.constexpr(4)  # float32 values a helper thread converts at once (16 bytes)
-
-
-@gluon.jit
-def _convert_dq(g, cfg: gl.constexpr, tile):
-    """The helper partition, for one of the program's tiles: once every tile of its kv head has
-    added its dQ (both consumers of each count one: ``_finish``), write this tile's share of the
-    head group's dQ rows (GROUP q heads x N rows x D, contiguous; cut into as many shares as the kv
-    head has tiles) in the output dtype. The last tiles' shares are the only ones left when the
-    matmuls end, where a separate pass converts all of dQ after them."""
-    WARPS: gl.constexpr = gl.num_warps()
-    layout: gl.constexpr = gl.BlockedLayout([CONVERT_BLOCK], [32], [WARPS], [0])
-    BLOCK: gl.constexpr = CONVERT_BLOCK * 32 * WARPS
-    b, hk = _kv_head(g, tile[1])
-    n_blocks = gl.cdiv(g[10], 2 * cfg[2])
-    first_head = b * g[8] + hk * g[11]
-    if (cfg[6] & 8) == 0 and tile[1] < g[23]:
-        wait_count(g[22] + first_head, 2 * n_blocks)
-    total = g[11] * g[9] * cfg[3] * (tile[1] < g[23]).to(gl.int32)  # the group's elements (none past g[23])
-    share = gl.cdiv(gl.cdiv(total, n_blocks), BLOCK) * BLOCK
-    start = (tile[0] // (2 * cfg[2])) * share
-    end = gl.minimum(start + share, total)
-    src = g[20] + first_head.to(gl.int64) * g[9] * cfg[3]
-    dst = g[21] + first_head.to(gl.int64) * g[9] * cfg[3]
-    offs = gl.arange(0, BLOCK, layout)
-    # two blocks in flight, unmasked (24 registers a thread), then what is left, masked
-    whole = start + gl.maximum(end - start, 0) // (2 * BLOCK) * (2 * BLOCK)
-    if (cfg[6] & 4) != 0:
-        whole = start
-        end = start
-    for i in range(start, whole, 2 * BLOCK):
-        x0 = gl.load(src + i + offs, cache_modifier=".cg")
-        x1 = gl.load(src + i + BLOCK + offs, cache_modifier=".cg")
-        gl.store(dst + i + offs, x0.to(dst.dtype.element_ty))
-        gl.store(dst + i + BLOCK + offs, x1.to(dst.dtype.element_ty))
-    for i in range(whole, end, BLOCK):
-        ok = i + offs < end
-        x = gl.load(src + i + offs, mask=ok, cache_modifier=".cg")
-        gl.store(dst + i + offs, x.to(dst.dtype.element_ty), mask=ok)
 
 
 # The query split (FlashAttention-3's layout at D = 64): a step of BM queries, consumer c owns
@@ -520,10 +468,8 @@ def _ds_layout(dtype):
 
 @gluon.jit
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
-                         scale, scale_log2e, num_bhk, head_group, schedule, dq_sum, dq, counts, converted_bhk,
-                         CAUSAL: gl.constexpr,
-                         STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False,
-                         CONVERT: gl.constexpr = 0):
+                         scale, scale_log2e, num_bhk, head_group, schedule, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                         DQ: gl.constexpr, KV_REGS: gl.constexpr = False):
     """dK and dV (and with DQ 1 or 2, dQ added to dq_desc's float32 tensor: see _compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp."""
@@ -544,14 +490,13 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
     else:
         dq_staging = ds_smem  # unused
     g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP, scale, scale_log2e,
-         num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging, dq_sum, dq, counts, converted_bhk)
-    gl.static_assert(DQ > 0 or CONVERT == 0, "dQ is converted in the kernel only where it is added there")
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ, KV_REGS, CONVERT))
+         num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging)
+    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ, KV_REGS))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240, IN_FLIGHT=0,
                         tile_desc=k_desc, load_tile=_load_kv, TILE_OPERANDS=2, TILE_SHARED=True, STEP_INDEX=True,
-                        schedule=schedule, z_desc=stats_desc, helper=_convert_dq if CONVERT > 0 and (CONVERT & 32) == 0 else None)
+                        schedule=schedule, z_desc=stats_desc)
     for j in gl.static_range(2):
         mbarrier.invalidate(ds_full.index(j))
         mbarrier.invalidate(ds_free.index(j))

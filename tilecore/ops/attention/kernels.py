@@ -115,15 +115,14 @@ def _attn_fwd(Q, K, V, O, LSE,
 
 
 @triton.jit
-def _attn_bwd_delta(O, DO, LSE, DLSE, DELTA, STATS, DQ_SUM, COUNTS, sob, soh, son, sod, sdb, sdh, sdn, sdd, H, N, D,
+def _attn_bwd_delta(O, DO, LSE, DLSE, DELTA, STATS, DQ_SUM, sob, soh, son, sod, sdb, sdh, sdn, sdd, H, N, D,
                     N_PAD, HAS_DLSE: tl.constexpr, ZERO_DQ_SUM: tl.constexpr, ROW_STATS: tl.constexpr,
-                    ZERO_COUNTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """delta = rowsum(O * dO) - dlse for a block of rows; with ZERO_DQ_SUM also zeros the same rows of
     the contiguous float32 (B, H, N, D) buffer that the Gluon backward's dQ reductions add to (one
     pass over the rows instead of a separate memset); with ROW_STATS also writes the rows' lse (-inf,
     a row with no key, as +inf: its p must be 0) and delta to the float32 (B * H, 2, N_PAD) buffer
-    that the Gluon backward loads by TMA with each step's Q and dO; with ZERO_COUNTS also zeros the
-    int32 (B * H) counts of finished tiles by which the Gluon backward converts dQ itself."""
+    that the Gluon backward loads by TMA with each step's Q and dO."""
     bh, b, h, _, _, offs_m = _query_block(H, 1, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     ok = (offs_m[:, None] < N) & (offs_d[None, :] < D)
@@ -142,9 +141,6 @@ def _attn_bwd_delta(O, DO, LSE, DLSE, DELTA, STATS, DQ_SUM, COUNTS, sob, soh, so
         tl.store(stats + N_PAD, delta, mask=offs_m < N)
     if ZERO_DQ_SUM:
         tl.store(DQ_SUM + row[:, None] * D + offs_d[None, :], tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=ok)
-    if ZERO_COUNTS:
-        if tl.program_id(0) == 0:
-            tl.store(COUNTS + bh, 0)
 
 
 @triton.jit
@@ -500,13 +496,6 @@ GLUON_BACKWARD = {(64, False): KEY_SPLIT_D64,
 FUSED_DQ_MIN_N = {False: 1024, True: 4096}
 
 
-# experiment (session 16): 2 the consumers count without waiting for their reductions (wrong), 4 the
-# helper converts nothing, 8 the helper does not wait for the counts (wrong)
-CONVERT_MODES = {"pass": 0, "kernel": 1, "kernel-nowait": 3, "kernel-noconv": 5, "kernel-nospin": 9,
-                 "kernel-helper-idle": 13, "kernel-helper-idle-nocount": 29, "kernel-nohelper": 33,
-                 "kernel-nohelper-nocount": 49, "kernel-lastpass": 65}
-
-
 def gluon_backward_config(d: int, n: int, causal: bool) -> dict:
     """The Gluon backward's configuration for head dim ``d`` and N query rows: GLUON_BACKWARD's, but
     at D = 128 with dQ from the Gluon dq kernel below FUSED_DQ_MIN_N[causal]."""
@@ -539,11 +528,10 @@ def backward_delta(out, dout, lse, dlse, *, dq_sum: bool = False):
     return backward_preprocess(out, dout, lse, dlse, dq_sum=dq_sum)[:2]
 
 
-def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats: bool = False, counts=None):
+def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats: bool = False):
     """backward_delta's (delta, dq_sum), and with ``row_stats`` for the Gluon backward kernel the
     (B * H, 2, N) view of a float32 buffer with rows padded to 16 bytes (what TMA reads) that holds
-    each row's lse (+inf for -inf) and delta (a placeholder otherwise); one pass over the rows, which
-    also zeros ``counts`` (int32, B * H: the Gluon backward's counts of finished tiles) if given."""
+    each row's lse (+inf for -inf) and delta (a placeholder otherwise); one pass over the rows."""
     B, H, N, D = out.shape
     delta = torch.empty((B, H, N), dtype=torch.float32, device=out.device)
     acc = torch.empty((B, H, N, D) if dq_sum else (1, 1, 1, D), dtype=torch.float32, device=out.device)
@@ -551,25 +539,22 @@ def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats
     stats = torch.empty((B * H, 2, n_pad) if row_stats else (1, 2, 4), dtype=torch.float32, device=out.device)
     pre_m = 16 if out.device.type != "cuda" else 64
     _DELTA[(triton.cdiv(N, pre_m), B * H)](
-        out, dout, lse, dlse if dlse is not None else lse, delta, stats, acc, counts if counts is not None else delta,
-        *out.stride(), *dout.stride(), H, N, D, n_pad, HAS_DLSE=dlse is not None, ZERO_DQ_SUM=dq_sum,
-        ROW_STATS=row_stats, ZERO_COUNTS=counts is not None, BLOCK_M=pre_m, BLOCK_D=block_d(D))
+        out, dout, lse, dlse if dlse is not None else lse, delta, stats, acc, *out.stride(), *dout.stride(), H, N, D,
+        n_pad, HAS_DLSE=dlse is not None, ZERO_DQ_SUM=dq_sum, ROW_STATS=row_stats, BLOCK_M=pre_m,
+        BLOCK_D=block_d(D))
     return delta, acc, stats[..., :N]
 
 
 def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
                    block_n: int, stages: int, dq_from: str = "fused", balanced: bool = True,
-                   dq_config: dict | None = None, split: str = "keys", kv_regs: bool = False,
-                   dq_convert: str = "pass") -> None:
+                   dq_config: dict | None = None, split: str = "keys", kv_regs: bool = False) -> None:
     """The Gluon backward: the preprocess, then dk and dv, and dq: with ``dq_from`` "fused",
     "overlapped" or "lagged" in the same kernel (through a float32 buffer that its TMA reductions add
     to, each consumer half of the columns), "gluon" by gluon_dq.py's kernel after it (``dq_config``: its
     blocks, GLUON_DQ by default), "tl" by the tl dq kernel. ``split``: what each consumer owns,
     "keys" (half the tile's keys, for everything) or "queries" (half of each step's queries for S,
     dP and dQ, half the keys for dK and dV; dQ "fused" only): gluon_backward.py. ``kv_regs`` (the
-    key split): each consumer holds its K and V rows in registers for the tile (fits at D = 64).
-    ``dq_convert`` (dQ added in the key split's kernel): "kernel", the kernel's helper warps write dQ
-    from the float32 sums of each kv head once its tiles are done; "pass", a copy after it."""
+    key split): each consumer holds its K and V rows in registers for the tile (fits at D = 64)."""
     if split not in ("keys", "queries") or (split == "queries" and (dq_from != "fused" or kv_regs)):
         raise ValueError(f"split is 'keys' or 'queries' (with dq_from 'fused', K and V in shared memory); got "
                          f"{split!r}, {dq_from!r}, kv_regs={kv_regs}")
@@ -578,22 +563,12 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
         # reuses some of V's operand registers inside its loop (session 14; report's
         # register_operands_clobbered): refused
         raise ValueError("kv_regs takes a dQ added in the kernel: dq_from 'fused', 'overlapped' or 'lagged'")
-    if dq_convert not in CONVERT_MODES:
-        raise ValueError(f"dq_convert is 'kernel' or 'pass'; got {dq_convert!r}")
     fused_dq = DQ_MODES[dq_from] > 0
-    in_kernel = fused_dq and dq_convert != "pass" and split == "keys"
-    counts = torch.empty(q.shape[0] * q.shape[1], dtype=torch.int32, device=q.device) if in_kernel else None
-    delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=fused_dq, row_stats=True, counts=counts)
-    converted_rows = backward_gluon_kernel(
-        dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m, block_n=block_n, stages=stages,
-        dq_from=dq_from, balanced=balanced, split=split, kv_regs=kv_regs, dq=dq if in_kernel else None, counts=counts,
-        convert_mode=CONVERT_MODES[dq_convert])
+    delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=fused_dq, row_stats=True)
+    backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m, block_n=block_n,
+                          stages=stages, dq_from=dq_from, balanced=balanced, split=split, kv_regs=kv_regs)
     if fused_dq:
-        if not in_kernel:
-            dq.copy_(dq_sum)
-        elif converted_rows < dq.shape[0] * dq.shape[1]:  # the last heads' rows: a pass (see backward_gluon_kernel)
-            dq.view(-1, dq.shape[2] * dq.shape[3])[converted_rows:].copy_(
-                dq_sum.view(-1, dq.shape[2] * dq.shape[3])[converted_rows:])
+        dq.copy_(dq_sum)
     elif dq_from == "gluon":
         backward_dq_gluon(dout, q, k, v, lse, delta, dq, causal, scale, balanced=balanced,
                           **(dq_config or GLUON_DQ[q.shape[-1]]))
@@ -603,7 +578,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
 
 def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
                           block_n: int, stages: int, dq_from: str, balanced: bool = True, split: str = "keys",
-                          kv_regs: bool = False, dq=None, counts=None, convert_mode: int = 1) -> None:
+                          kv_regs: bool = False) -> None:
     """The Gluon backward kernel alone: dk, dv, and with ``dq_from`` "fused", "overlapped" or
     "lagged" scale * dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder otherwise), from
     the rows' lse and delta in ``stats`` (backward_preprocess's); ``balanced`` (causal): the programs take their tiles
@@ -620,9 +595,6 @@ def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sc
     schedule = (causal_schedule(q.device, "backward", N, Nk, block_m, 2 * block_n, B * Hkv, head_group, group,
                                 grid[0]) if causal and balanced else None)
     stats_desc = row_stats_descriptor(stats, block_m)
-    # the kernel converts the dQ of kv heads below converted_bhk: the last group of heads in the
-    # schedule finishes with the matmuls, where a pass converts faster than the helper warps
-    converted_bhk = (B * Hkv - 1) // head_group * head_group if convert_mode & 64 else B * Hkv
     with dispatch.on_device(q.device):
         if split == "queries":
             return attention_bwd_split_kernel[grid](
@@ -632,11 +604,8 @@ def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sc
         attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
                                    desc(dk, block_n), desc(dv, block_n), stats_desc,
                                    gluon_descriptor(dq_sum, dq_box(block_m, D)), H, N, Nk, group, scale,
-                                   scale * LOG2E, B * Hkv, head_group, schedule, dq_sum,
-                                   dq if dq is not None else dq_sum, counts if counts is not None else stats,
-                                   converted_bhk, CAUSAL=causal, STAGES=stages, DQ=DQ_MODES[dq_from], KV_REGS=kv_regs,
-                                   CONVERT=convert_mode if dq is not None else 0, num_warps=4)
-    return converted_bhk * group
+                                   scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages,
+                                   DQ=DQ_MODES[dq_from], KV_REGS=kv_regs, num_warps=4)
 
 
 def row_stats_descriptor(stats, block_m: int):

@@ -155,12 +155,10 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
                 dv_desc=desc(bn), stats_desc=kernels.row_stats_descriptor(stats, bm),
                 dq_desc=gluon_descriptor(dq_sum, kernels.dq_box(bm, d, split)), H=16, N=4096, Nk=4096, GROUP=1,
                 scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, schedule=_schedule(causal, cfg),
-                dq_sum=dq_sum, dq=x, counts=torch.empty(4, dtype=torch.int32), converted_bhk=256, CAUSAL=causal, STAGES=cfg["stages"],
-                DQ=kernels.DQ_MODES[cfg["dq_from"]], KV_REGS=cfg.get("kv_regs", False),
-                CONVERT=kernels.CONVERT_MODES[cfg.get("dq_convert", "pass")] if kernels.DQ_MODES[cfg["dq_from"]] > 0 else 0)
-    if split == "queries":  # always fused, converted by a pass; K and V in shared memory
-        for name in ("DQ", "KV_REGS", "CONVERT", "dq_sum", "dq", "counts", "converted_bhk"):
-            del args[name]
+                CAUSAL=causal, STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]],
+                KV_REGS=cfg.get("kv_regs", False))
+    if split == "queries":
+        del args["DQ"], args["KV_REGS"]  # always fused; K and V in shared memory
         compiled = _compile(attention_bwd_split_kernel, args, {"num_warps": 4})
     else:
         compiled = _compile(attention_bwd_kernel, args, {"num_warps": 4})
