@@ -35,7 +35,7 @@ sys.path.insert(0, ".")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
-from attention_knobs import backward_case  # noqa: E402 (scripts/device)
+from attention_knobs import backward_case, meta  # noqa: E402 (scripts/device)
 from tilecore.accuracy import error_over_floor  # noqa: E402
 from tilecore.bench.harness import ratios_to  # noqa: E402
 from tilecore.ops.attention import kernels  # noqa: E402
@@ -91,15 +91,6 @@ def variants(set_name, d, causal):
             out[name] = (dict(cfg, kernel_alone=True), False)
         return out
     raise ValueError(set_name)
-
-
-def meta():
-    import triton
-    from tilecore import env
-    p = torch.cuda.get_device_properties(0)
-    return {"gpu": p.name, "sms": p.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": torch.version.cuda, "source": env.source_digest(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
 
 
 CHECK_SHAPES = ((torch.bfloat16, (2, 4, 2, 700, 900)), (torch.bfloat16, (1, 4, 1, 1000, 300)),

@@ -10,10 +10,12 @@ import os
 import sys
 
 sys.path.insert(0, ".")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
+from attention_knobs import meta  # noqa: E402 (scripts/device)
 from tilecore.ops.attention import kernels  # noqa: E402
 
 
@@ -28,7 +30,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
-    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__, "rows": []}
+    res = {"meta": meta(), "rows": []}
     for d in (64, 128):
         B, H, N = 16, 16, 4096
         out, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
