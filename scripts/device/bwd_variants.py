@@ -10,7 +10,7 @@
 Sets (--set): "shipped" (the launcher's configs, checked and timed); "configs" (the launcher's
 against the other layouts and dQ modes); "stages" (its ring depth); "kvregs" (D = 64's key split with
 K and V in registers); "lagged" (the shipped config against dQ fused and lagged, session 15); "det"
-(the deterministic mode's config); "split" (session 12: the query split against the key split,
+(the deterministic mode's config); "warpgroup" (dQ by a warpgroup of its own, session 17); "split" (session 12: the query split against the key split,
 D = 64); "ablate" (where the fused key split's time goes, D = 128
 without a mask: the kernel alone, and with parts of its dQ path removed, through an ABLATE option
 of attention_bwd_kernel that only session 14's working tree had: apply
@@ -68,6 +68,13 @@ def variants(set_name, d, causal):
     if set_name == "lagged":  # session 15: the previous step's dQ issued with this step's dV and dK
         return {"shipped": (shipped, True), "dq fused": (dict(shipped, dq_from="fused"), True),
                 "dq lagged": (dict(shipped, dq_from="lagged"), True)}
+    if set_name == "warpgroup":  # session 17: dQ by a warpgroup of its own (DQ mode 4)
+        key = dict(block_m=64, block_n=64, stages=2)
+        out = {"shipped": (shipped, True), "dq warpgroup": (dict(key, dq_from="warpgroup"), True)}
+        if d == 64:
+            out |= {"dq warpgroup, K V in registers": (dict(key, dq_from="warpgroup", kv_regs=True), True),
+                    "dq fused (K V in shared memory)": (dict(key, dq_from="fused"), True)}
+        return out
     if set_name == "det":  # the deterministic mode's config (dq by the Gluon dq kernel) against the default
         return {"shipped": (shipped, True), "dq kernel": (dict(shipped, dq_from="gluon"), True),
                 "dq kernel, K V in shared memory": (dict(shipped, dq_from="gluon", kv_regs=False), True)}
@@ -167,7 +174,11 @@ def main():
             children.append(((d, causal, name), subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)))
     ok = True
     for key, proc in children:
-        text, _ = proc.communicate()
+        try:
+            text, _ = proc.communicate(timeout=480)
+        except subprocess.TimeoutExpired:  # a hang (a barrier never completed): the GPU is still usable
+            proc.kill()
+            text, _ = proc.communicate()
         lines = [ln for ln in text.splitlines() if ln.startswith("CHECK ")]
         if proc.returncode != 0 or not lines:
             print(f"{key}: child failed (rc {proc.returncode})", flush=True)

@@ -50,6 +50,13 @@ With ``z_desc`` every stage also holds a side buffer of that descriptor's block,
 (attention's backward: the step's rows' lse and delta): ``load`` and ``compute`` then receive the
 pair (first buffer, side buffer) where they received the first buffer.
 
+With ``helper`` (two consumers) a third kind of partition, a warpgroup (``HELPER_WARPS`` warps with
+``HELPER_REGS`` registers a thread), calls ``helper(g, cfg, tile, k_iters, i, tile_bufs)`` for each of
+the program's tiles in order (``i``: the ring step of the tile's first step), at its own pace: the
+ring does not wait for it, and it takes its work from the consumers through barriers of the
+kernel's own (attention's backward: dQ = dS K from the dS that the consumers write). It holds a
+shared per-tile operand too: the producer loads the next tile's once it has let go of the last.
+
 With ``STEP_INDEX`` ``compute`` also receives the ring step ``i`` (counting every step of every tile
 of the program) after the buffer, so a kernel can keep barriers of its own in step with the ring.
 
@@ -380,6 +387,31 @@ def _consumer(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: gl.co
 
 
 @gluon.jit
+def _helper(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, helper: gl.constexpr):
+    """The helper partition's loop: ``helper`` once for each of the program's tiles, in order."""
+    x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule = pipeline
+    setup: gl.constexpr = parts[0]
+    TILE_SHARED: gl.constexpr = parts[9]
+    TILE_RESIDENT: gl.constexpr = parts[10]
+    SCHEDULED: gl.constexpr = parts[14]
+    i = 0
+    t = 0
+    first, end, step = program_tiles(num_tiles, schedule, SCHEDULED)
+    next_id = scheduled_tile(first, schedule, SCHEDULED)
+    for n in range(first, end, step):
+        tile_id, next_id = next_tile(n, step, next_id, schedule, SCHEDULED)
+        tile, k_iters = setup(g, cfg, tile_id)
+        if TILE_SHARED:  # the tile's operands have arrived (and are visible to this partition's wgmma)
+            mbarrier.wait(tile_ready.index(0), 0 if TILE_RESIDENT else t & 1)
+        helper(g, cfg, tile, k_iters, i, tile_bufs)
+        if TILE_SHARED and not TILE_RESIDENT:
+            mbarrier.arrive(tile_empty.index(0))
+        i += k_iters
+        t += 1
+    tma.store_wait(0)
+
+
+@gluon.jit
 def _tile_slot(consumer: gl.constexpr, t, buffers: gl.constexpr, shared: gl.constexpr):
     """The per-tile operand's buffer (and barrier pair) for a program's t-th tile: consumer c's
     buffers are c * buffers .. (c + 1) * buffers - 1, used in turn; shared operands have one."""
@@ -407,7 +439,8 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
                         tile_desc=None, load_tile: gl.constexpr = None, PINGPONG: gl.constexpr = False,
                         TILE_OPERANDS: gl.constexpr = 1, TILE_SHARED: gl.constexpr = False,
                         STEP_INDEX: gl.constexpr = False, TILE_RESIDENT: gl.constexpr = False,
-                        TILE_BUFFERS: gl.constexpr = 1, carry0: gl.constexpr = None, schedule=None, z_desc=None):
+                        TILE_BUFFERS: gl.constexpr = 1, carry0: gl.constexpr = None, schedule=None, z_desc=None,
+                        helper: gl.constexpr = None, HELPER_WARPS: gl.constexpr = 4, HELPER_REGS: gl.constexpr = 40):
     """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
 
     ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
@@ -426,12 +459,16 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     module docstring). ``schedule``: an int32 table of ``schedule.balanced_schedule`` for exactly this
     grid, which then gives each program its tiles (by default tile ids pid, pid + P, ... below
     ``num_tiles``). ``z_desc``: a small side buffer in every stage, loaded with the other two (see the
-    module docstring).
+    module docstring). ``helper``: a warpgroup that works through the program's tiles beside the
+    consumers (two consumers; see the module docstring). The registers of the consumer, helper and
+    producer warpgroups may add up to 504 (168 a thread at launch) without a helper, 512 with one.
     """
     SCHEDULED: gl.constexpr = schedule is not None
     TILE_OPERAND: gl.constexpr = load_tile is not None
     CARRY: gl.constexpr = carry0 is not None
     SIDE: gl.constexpr = z_desc is not None
+    HELPER: gl.constexpr = helper is not None
+    gl.static_assert(not HELPER or CONSUMERS == 2, "a helper partition comes with two consumers")
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
     if SIDE:
         z_ring = gl.allocate_shared_memory(z_desc.dtype, [STAGES] + z_desc.block_type.shape, z_desc.layout)
@@ -472,7 +509,7 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
         mbarrier.init(empty.index(s), count=CONSUMERS)
     for c in gl.static_range(CONSUMERS * TILE_BUFFERS):
         mbarrier.init(tile_ready.index(c), count=1)
-        mbarrier.init(tile_empty.index(c), count=CONSUMERS if TILE_SHARED else 1)
+        mbarrier.init(tile_empty.index(c), count=(CONSUMERS + HELPER) if TILE_SHARED else 1)
     STAGE_BYTES: gl.constexpr = x_desc.block_type.nbytes + y_desc.block_type.nbytes + Z_BYTES
     LATE_RELEASE: gl.constexpr = (1 if STAGES > 1 else 0) if IN_FLIGHT < 0 else IN_FLIGHT
     # what every partition shares (each consumer also takes its index, in cfg and as CID, and its
@@ -485,6 +522,12 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
         gl.warp_specialize([(_consumer, (g, cfg, out_smem.index(0), 0, False, pipeline, parts)),
                             (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS))],
                            [1], [PRODUCER_REGS])
+    elif CONSUMERS == 2 and HELPER:  # the helper before the producer: a warpgroup of its own
+        gl.warp_specialize([(_consumer, (g, _with_index(cfg, 0), out_smem.index(0), 0, PINGPONG, pipeline, parts)),
+                            (_consumer, (g, _with_index(cfg, 1), out_smem.index(1), 1, PINGPONG, pipeline, parts)),
+                            (_helper, (g, cfg, pipeline, parts, helper)),
+                            (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS))],
+                           [gl.num_warps(), HELPER_WARPS, 1], [CONSUMER_REGS, HELPER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([(_consumer, (g, _with_index(cfg, 0), out_smem.index(0), 0, PINGPONG, pipeline, parts)),
                             (_consumer, (g, _with_index(cfg, 1), out_smem.index(1), 1, PINGPONG, pipeline, parts)),

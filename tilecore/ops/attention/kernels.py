@@ -470,7 +470,7 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
 # next step's dV and dK); see gluon_backward._compute.
 # (Each step's lse and delta come by TMA with its Q and dO since session 14; before, loaded by
 # pointer, a "prefetch" option loaded them a step ahead.)
-DQ_MODES = {"tl": 0, "gluon": 0, "fused": 1, "overlapped": 2, "lagged": 3}  # "gluon": gluon_dq.py's kernel after dK, dV
+DQ_MODES = {"tl": 0, "gluon": 0, "fused": 1, "overlapped": 2, "lagged": 3, "warpgroup": 4}  # "gluon": gluon_dq.py's kernel after dK, dV
 # gluon_dq.py's kernel: query rows per consumer, keys per step, ring stages
 GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, block_n=64, stages=4)}
 # D = 64: the key split with each consumer's K and V rows held as register operands of S^T and dP^T
@@ -511,9 +511,12 @@ def key_split_config(d: int, causal: bool) -> dict:
     return dict(KEY_SPLIT_D64 if cfg.get("split") == "queries" else cfg)
 
 
-def dq_box(block_m: int, d: int, split: str = "keys") -> list[int]:
+def dq_box(block_m: int, d: int, split: str = "keys", dq_from: str = "fused") -> list[int]:
     """The TMA box of one dQ reduction: half the columns (128-byte rows at D = 64) of a step's rows
-    (split "keys"), or of a consumer's half of them ("queries")."""
+    (split "keys"), or of a consumer's half of them ("queries"); with dq_from "warpgroup" 32 columns
+    of a step's rows (the dQ warpgroup's piece)."""
+    if dq_from == "warpgroup":
+        return [1, 1, block_m, 32]
     return [1, 1, block_m if split == "keys" else block_m // 2, d // 2]
 
 
@@ -562,7 +565,8 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
         # the dK/dV kernel alone with K and V in registers gave wrong dK and dV on the H100: ptxas
         # reuses some of V's operand registers inside its loop (session 14; report's
         # register_operands_clobbered): refused
-        raise ValueError("kv_regs takes a dQ added in the kernel: dq_from 'fused', 'overlapped' or 'lagged'")
+        raise ValueError("kv_regs takes a dQ added in the kernel: dq_from 'fused', 'overlapped', 'lagged' or "
+                         "'warpgroup'")
     fused_dq = DQ_MODES[dq_from] > 0
     delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=fused_dq, row_stats=True)
     backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m, block_n=block_n,
@@ -603,7 +607,7 @@ def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sc
                 scale, scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages, num_warps=4)
         attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
                                    desc(dk, block_n), desc(dv, block_n), stats_desc,
-                                   gluon_descriptor(dq_sum, dq_box(block_m, D)), H, N, Nk, group, scale,
+                                   gluon_descriptor(dq_sum, dq_box(block_m, D, dq_from=dq_from)), H, N, Nk, group, scale,
                                    scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages,
                                    DQ=DQ_MODES[dq_from], KV_REGS=kv_regs, num_warps=4)
 
