@@ -207,7 +207,7 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
        slower, at D = 64 4-13% slower than 2 (notes/attention.md, session 15; session 5's b5 had
        found it slower everywhere, before the stats came by TMA).
     4 (warpgroup): not in the consumers: they write dS^T as for 1-3 and go on; a warpgroup of its own
-       (the template's helper: ``_dq_warpgroup``) computes and adds each step's dQ.
+       (the template's helper: ``_dq_issue``, ``_dq_finish``) computes and adds each step's dQ.
     (Each consumer adding its own partial dQ over its own keys, with no dS exchange and twice the
     reductions, measured equal or slower: notes/attention.md, b8. One consumer computing a step's
     whole dQ, the two taking turns, saved a fifth of D = 64's dQ traffic but lost to 2: session 15.)"""
@@ -295,36 +295,47 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
 
 
 @gluon.jit
-def _dq_warpgroup(g, cfg: gl.constexpr, tile, k_iters, i0, kv_smem):
-    """DQ mode 4, the helper warpgroup, for one tile: each step's dQ = scale * dS K (dS written by
-    both consumers) in column pieces of dq_desc's box width, each staged in a buffer of its own
-    and added by a TMA reduction. Few registers are left for it (the consumers keep 224 a thread),
-    hence pieces of 32 columns, one at a time; the step's dS buffer is let go after its last piece."""
+def _dq_issue(g, cfg: gl.constexpr, tile, kk, i, kv_smem):
+    """DQ mode 4, the helper warpgroup's step (with ``_dq_finish``): once both consumers wrote step
+    i's dS, start the product of dQ's first column piece, scale * dS K[:, piece] (pieces of
+    dq_desc's box width, each staged in a buffer of its own and added by a TMA reduction)."""
+    PIECE: gl.constexpr = g[7].block_type.shape[3]
+    mbarrier.wait(g[17].index(i % 2), (i // 2) & 1)
+    return _dq_piece(g, cfg, i, kv_smem, 0)
+
+
+@gluon.jit
+def _dq_piece(g, cfg: gl.constexpr, i, kv_smem, p: gl.constexpr):
     BM: gl.constexpr = cfg[1]
-    BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
     PIECE: gl.constexpr = g[7].block_type.shape[3]
-    PIECES: gl.constexpr = D // PIECE
-    layout: gl.constexpr = wgmma_layout(BM, PIECE, gl.num_warps())
+    k_piece = kv_smem.index(0).reshape([2 * cfg[2], D]).slice(p * PIECE, PIECE, dim=1)
+    return warpgroup_mma(g[16].index(i % 2).permute((1, 0)), k_piece,
+                         gl.zeros([BM, PIECE], gl.float32, wgmma_layout(BM, PIECE, gl.num_warps())), use_acc=False,
+                         is_async=True)
+
+
+@gluon.jit
+def _dq_finish(g, cfg: gl.constexpr, tile, kk, i, kv_smem, dq):
+    """The rest of ``_dq_issue``'s step: each piece added in turn (one product in flight: the
+    helper has few registers), the step's dS let go after the last one is read."""
+    BM: gl.constexpr = cfg[1]
+    PIECE: gl.constexpr = g[7].block_type.shape[3]
+    PIECES: gl.constexpr = cfg[3] // PIECE
     b, hk = _kv_head(g, tile[1])
-    k_smem = kv_smem.index(0).reshape([2 * BN, D])
-    for kk in range(k_iters):
-        i = i0 + kk
-        h, start_m = _step_rows(g, cfg, tile, kk)
-        mbarrier.wait(g[17].index(i % 2), (i // 2) & 1)  # both consumers wrote step i's dS
-        ds = g[16].index(i % 2).permute((1, 0))
-        for p in gl.static_range(PIECES):
-            dq = warpgroup_mma(ds, k_smem.slice(p * PIECE, PIECE, dim=1), gl.zeros([BM, PIECE], gl.float32, layout),
-                               use_acc=False, is_async=True)
-            dq = warpgroup_mma_wait(0, deps=(dq,))
-            if p == PIECES - 1:
-                mbarrier.arrive(g[18].index(i % 2))  # dS read: the consumers may write it again
-            staging = g[19].index(p)
-            tma.store_wait(PIECES - 1)  # this buffer's reduction of the last step has read it
-            staging.reshape([BM, PIECE]).store(dq * g[12])
-            fence_async_shared()
-            gl.thread_barrier()
-            tma_reduce_add(g[7], [b, h, start_m, p * PIECE], staging)
+    h, start_m = _step_rows(g, cfg, tile, kk)
+    for p in gl.static_range(PIECES):
+        if p > 0:
+            dq = _dq_piece(g, cfg, i, kv_smem, p)
+        dq = warpgroup_mma_wait(0, deps=(dq,))
+        if p == PIECES - 1:
+            mbarrier.arrive(g[18].index(i % 2))  # dS read: the consumers may write the buffer again
+        staging = g[19].index(p)
+        tma.store_wait(PIECES - 1)  # this buffer's reduction of the last step has read it
+        staging.reshape([BM, PIECE]).store(dq * g[12])
+        fence_async_shared()
+        gl.thread_barrier()
+        tma_reduce_add(g[7], [b, h, start_m, p * PIECE], staging)
 
 
 @gluon.jit
@@ -531,16 +542,19 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
          num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging)
     cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ, KV_REGS))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
-    # with the dQ warpgroup four warpgroups share 512 registers a thread: the consumers keep 200 at
-    # D = 64 (the helper 88); at D = 128 they need 224, which leaves the helper too few (ptxas then
-    # ignores every setmaxnreg and spills: the helper would have to be the producer too)
+    # registers a thread: at D = 64 the dQ warpgroup sits beside the producer (four warpgroups, 512:
+    # consumers 200, helper 88); at D = 128 the consumers need 224 and the helper is the producer too
+    # (three warpgroups, 504: helper 56; beside the producer it would have 40, too few: ptxas then
+    # ignores every setmaxnreg and spills)
     CONSUMER_REGS: gl.constexpr = (200 if D == 64 else 224) if DQ == 4 else 240
-    HELPER_REGS: gl.constexpr = 512 - 2 * CONSUMER_REGS - 24
+    HELPER_LOADS: gl.constexpr = D > 64
+    HELPER_REGS: gl.constexpr = (504 if HELPER_LOADS else 512 - 24) - 2 * CONSUMER_REGS
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=CONSUMER_REGS,
                         IN_FLIGHT=0, tile_desc=k_desc, load_tile=_load_kv, TILE_OPERANDS=2, TILE_SHARED=True,
                         STEP_INDEX=True, schedule=schedule, z_desc=stats_desc,
-                        helper=_dq_warpgroup if DQ == 4 else None, HELPER_REGS=HELPER_REGS)
+                        helper=(_dq_issue, _dq_finish) if DQ == 4 else None, HELPER_REGS=HELPER_REGS,
+                        HELPER_LOADS=HELPER_LOADS)
     for j in gl.static_range(2):
         mbarrier.invalidate(ds_full.index(j))
         mbarrier.invalidate(ds_free.index(j))
