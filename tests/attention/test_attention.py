@@ -259,7 +259,7 @@ def test_gluon_forward_config_per_head_dim_and_length(d, n, nk, causal, options)
 
 
 @pytest.mark.parametrize("d, n, causal, dq_from", [
-    (64, 512, True, "overlapped"), (128, 512, False, "gluon"), (128, 1024, False, "lagged"),
+    (64, 512, True, "warpgroup"), (128, 512, False, "gluon"), (128, 1024, False, "lagged"),
     (128, 2048, True, "gluon"), (128, 4096, True, "fused"), (128, 16384, False, "lagged")])
 def test_gluon_backward_config_takes_the_dq_kernel_where_d128_tiles_are_short(d, n, causal, dq_from):
     cfg = kernels.gluon_backward_config(d, n, causal)
@@ -276,6 +276,7 @@ def test_gluon_backward_configs_pair_the_query_split_with_its_fused_dq():
             assert cfg["dq_from"] == "fused" and cfg["block_m"] == 128, cfg
         assert kernels.key_split_config(d, causal).get("split", "keys") == "keys"
     assert kernels.dq_box(128, 64, "queries") == [1, 1, 64, 32] and kernels.dq_box(64, 64) == [1, 1, 64, 32]
+    assert kernels.dq_box(64, 128) == [1, 1, 64, 64] and kernels.dq_box(64, 64, dq_from="warpgroup") == [1, 1, 64, 32]
     x = torch.randn(1, 1, 8, 64, dtype=torch.float16)
     lse = torch.zeros(1, 1, 8)
     with pytest.raises(ValueError, match="queries"):
@@ -284,3 +285,7 @@ def test_gluon_backward_configs_pair_the_query_split_with_its_fused_dq():
     with pytest.raises(ValueError, match="kv_regs"):
         kernels.backward_gluon(x, x, x, x, x, lse, None, x, x, x, False, 0.125, block_m=64, block_n=64, stages=2,
                                dq_from="gluon", kv_regs=True)
+    x128 = torch.randn(1, 1, 8, 128, dtype=torch.float16)
+    with pytest.raises(ValueError, match="warpgroup"):  # its registers fit D = 64 only
+        kernels.backward_gluon(x128, x128, x128, x128, x128, lse, None, x128, x128, x128, False, 0.125, block_m=64,
+                               block_n=64, stages=2, dq_from="warpgroup")

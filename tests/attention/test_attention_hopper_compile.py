@@ -64,6 +64,8 @@ def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(
         # those registers: ptxas reused them inside the loop of the dK/dV kernel alone, whose dK and
         # dV came out wrong on the H100 (session 14; that mode is refused)
         assert r["kv_operands_clobbered"] is (False if r["cfg"].get("kv_regs") else None), r
+        # dQ by a warpgroup of its own: four warpgroups (two consumers, the dQ one, the producer's)
+        assert r["threads"] == (512 if r["cfg"]["dq_from"] == "warpgroup" else 384), r
     assert any(r["cfg"].get("kv_regs") for r in gluon)
 
 
@@ -73,8 +75,9 @@ def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(
 # spills 44 bytes with dQ lagged (fused, causal: 192-220; addresses and counters, none in the
 # step's loads since lse and delta come by TMA, session 14); it was still 1.17x the tl kernels on
 # the H100 when it spilled 160-300. D = 64's key split holds each consumer's K and V rows in
-# registers for the tile (32 registers a thread) and spills 56 bytes with dQ overlapped: 5-9%
-# faster than without them, which spilled none (notes/attention.md, session 14)
+# registers for the tile (32 registers a thread): 5-9% faster than without them with dQ overlapped
+# (session 14); with dQ from a warpgroup of its own (consumers at 200 registers, session 17) it
+# spills 12 bytes, causal 52-56 (scalars), and ran 4-8% faster than overlapped (notes/attention.md)
 # Three consumers at D = 64 have 160 registers a thread: causal (the per-consumer key-block count,
 # the balanced schedule's tile ids and the hidden first key offset add a little) spills 84 bytes of
 # scalars, stored once a program and reloaded once a tile (none in the loop), and was 4-6% faster

@@ -56,11 +56,11 @@ program's tiles beside the consumers, taking its work from them through barriers
 own (attention's backward: dQ = dS K from the dS that the consumers write). ``helper`` is a pair of
 functions, ``issue(g, cfg, tile, kk, i, tile_bufs) -> token`` (wait for the step's inputs and start
 its asynchronous work; ``i`` is the ring step) and ``finish(g, cfg, tile, kk, i, tile_bufs, token)``.
-The helper holds the tile's operand too: the next tile's is loaded once it has let go of it. With
-``HELPER_LOADS`` the helper is also the producer (no producer warp: three warpgroups share the
-registers that two consumers and a producer would): between a step's issue and finish it loads the
-ring step ``STAGES`` ahead, once the consumers have let go of that stage, and at each tile's start
-the tile's operand.
+The helper holds the tile's operand too: the next tile's is loaded once it has let go of it. The
+four warpgroups (two consumers, the helper, the producer's) share 512 registers a thread: attention
+at D = 64 gives the consumers 200 and the helper 88. (Session 17 also tried the helper as the
+producer, three warpgroups in 504, for D = 128's consumers at 224: the helper's 56 registers made
+it too slow, notes/attention.md.)
 
 With ``STEP_INDEX`` ``compute`` also receives the ring step ``i`` (counting every step of every tile
 of the program) after the buffer, so a kernel can keep barriers of its own in step with the ring.
@@ -392,89 +392,30 @@ def _consumer(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: gl.co
 
 
 @gluon.jit
-def _helper(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, helper: gl.constexpr, load: gl.constexpr,
-            load_tile: gl.constexpr, STAGE_BYTES: gl.constexpr, TILE_BYTES: gl.constexpr, LOADS: gl.constexpr):
+def _helper(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, helper: gl.constexpr):
     """The helper partition's loop (see the module docstring): issue and finish for every step of
-    the program's tiles, and with LOADS the producer's work as well."""
+    the program's tiles, in the consumers' order."""
     x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule = pipeline
     setup: gl.constexpr = parts[0]
-    STAGES: gl.constexpr = parts[5]
     SCHEDULED: gl.constexpr = parts[14]
-    SIDE: gl.constexpr = parts[15]
     issue: gl.constexpr = helper[0]
     finish: gl.constexpr = helper[1]
     i = 0
     t = 0
     first, end, step = program_tiles(num_tiles, schedule, SCHEDULED)
     next_id = scheduled_tile(first, schedule, SCHEDULED)
-    # LOADS: the next step to load, (n, kk, its tile's steps), and its ring step j
-    n_l = first
-    kk_l = -1
-    iters_l = 0
-    if LOADS:
-        if first < end:
-            iters_l = setup(g, cfg, next_id)[1]
-        n_l, kk_l, iters_l = _next_load(g, cfg, setup, n_l, kk_l, iters_l, end, step, schedule, SCHEDULED)
-    j = 0
     for n in range(first, end, step):
         tile_id, next_id = next_tile(n, step, next_id, schedule, SCHEDULED)
         tile, k_iters = setup(g, cfg, tile_id)
-        if LOADS:  # the tile's operands, once the consumers let go of the last ones (this partition has)
-            mbarrier.wait(tile_empty.index(0), (t & 1) ^ 1)
-            mbarrier.expect(tile_ready.index(0), TILE_BYTES)
-            load_tile(g, cfg, tile_bufs, tile_ready.index(0), tile)
-            if t == 0:  # the ring's first stages
-                for _ in gl.static_range(STAGES):
-                    if n_l < end:
-                        _load_step(g, cfg, setup, load, n_l, kk_l, j, x_ring, y_ring, z_ring, ready, empty,
-                                   schedule, SCHEDULED, STAGES, STAGE_BYTES, SIDE)
-                        j += 1
-                        n_l, kk_l, iters_l = _next_load(g, cfg, setup, n_l, kk_l, iters_l, end, step, schedule,
-                                                        SCHEDULED)
         # the tile's operands have arrived (and are visible to this partition's reads)
         mbarrier.wait(tile_ready.index(0), t & 1)
         for kk in range(k_iters):
             token = issue(g, cfg, tile, kk, i, tile_bufs)
-            if LOADS:
-                if n_l < end:  # ring step i + STAGES, into the stage that step i used
-                    _load_step(g, cfg, setup, load, n_l, kk_l, j, x_ring, y_ring, z_ring, ready, empty,
-                               schedule, SCHEDULED, STAGES, STAGE_BYTES, SIDE)
-                    j += 1
-                    n_l, kk_l, iters_l = _next_load(g, cfg, setup, n_l, kk_l, iters_l, end, step, schedule,
-                                                    SCHEDULED)
             finish(g, cfg, tile, kk, i, tile_bufs, token)
             i += 1
-        if not LOADS:
-            mbarrier.arrive(tile_empty.index(0))
+        mbarrier.arrive(tile_empty.index(0))  # the producer may load the next tile's operands
         t += 1
     tma.store_wait(0)
-
-
-@gluon.jit
-def _next_load(g, cfg: gl.constexpr, setup: gl.constexpr, n, kk, iters, end, step, schedule,
-               SCHEDULED: gl.constexpr):
-    """The step after (entry n, step kk of its tile's ``iters``) among the program's tiles, skipping
-    tiles without steps: (n, kk, iters), n >= end when there is none."""
-    kk += 1
-    while (kk >= iters) & (n < end):
-        n += step
-        kk = 0
-        iters = 0
-        if n < end:
-            iters = setup(g, cfg, scheduled_tile(n, schedule, SCHEDULED))[1]
-    return n, kk, iters
-
-
-@gluon.jit
-def _load_step(g, cfg: gl.constexpr, setup: gl.constexpr, load: gl.constexpr, n, kk, j, x_ring, y_ring, z_ring,
-               ready, empty, schedule, SCHEDULED: gl.constexpr, STAGES: gl.constexpr, STAGE_BYTES: gl.constexpr,
-               SIDE: gl.constexpr):
-    """The producer's work for ring step j (step kk of entry n's tile), as _producer does it."""
-    s = j % STAGES
-    mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)
-    mbarrier.expect(ready.index(s), STAGE_BYTES)
-    tile = setup(g, cfg, scheduled_tile(n, schedule, SCHEDULED))[0]
-    load(g, cfg, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), ready.index(s), tile, kk)
 
 
 @gluon.jit
@@ -506,8 +447,7 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
                         TILE_OPERANDS: gl.constexpr = 1, TILE_SHARED: gl.constexpr = False,
                         STEP_INDEX: gl.constexpr = False, TILE_RESIDENT: gl.constexpr = False,
                         TILE_BUFFERS: gl.constexpr = 1, carry0: gl.constexpr = None, schedule=None, z_desc=None,
-                        helper: gl.constexpr = None, HELPER_WARPS: gl.constexpr = 4, HELPER_REGS: gl.constexpr = 40,
-                        HELPER_LOADS: gl.constexpr = False):
+                        helper: gl.constexpr = None, HELPER_WARPS: gl.constexpr = 4, HELPER_REGS: gl.constexpr = 88):
     """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
 
     ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
@@ -527,9 +467,9 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     grid, which then gives each program its tiles (by default tile ids pid, pid + P, ... below
     ``num_tiles``). ``z_desc``: a small side buffer in every stage, loaded with the other two (see the
     module docstring). ``helper``: (issue, finish), a warpgroup that works through the program's
-    steps beside the consumers; ``HELPER_LOADS``: it is the producer too (see the module docstring).
-    The registers of the consumer, helper and producer warpgroups add up to at most 504 (168 a
-    thread at launch) with three warpgroups, 512 with four (a helper beside the producer).
+    steps beside the consumers (see the module docstring). The registers of the consumer, helper and
+    producer warpgroups add up to at most 504 (168 a thread at launch) with three warpgroups, 512
+    with four (a helper: the first consumer gets what the others leave).
     """
     SCHEDULED: gl.constexpr = schedule is not None
     TILE_OPERAND: gl.constexpr = load_tile is not None
@@ -578,7 +518,7 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
         mbarrier.init(empty.index(s), count=CONSUMERS)
     for c in gl.static_range(CONSUMERS * TILE_BUFFERS):
         mbarrier.init(tile_ready.index(c), count=1)
-        mbarrier.init(tile_empty.index(c), count=(CONSUMERS + (1 if HELPER and not HELPER_LOADS else 0)) if TILE_SHARED else 1)
+        mbarrier.init(tile_empty.index(c), count=(CONSUMERS + (1 if HELPER else 0)) if TILE_SHARED else 1)
     STAGE_BYTES: gl.constexpr = x_desc.block_type.nbytes + y_desc.block_type.nbytes + Z_BYTES
     LATE_RELEASE: gl.constexpr = (1 if STAGES > 1 else 0) if IN_FLIGHT < 0 else IN_FLIGHT
     # what every partition shares (each consumer also takes its index, in cfg and as CID, and its
@@ -591,17 +531,10 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
         gl.warp_specialize([(_consumer, (g, cfg, out_smem.index(0), 0, False, pipeline, parts)),
                             (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS))],
                            [1], [PRODUCER_REGS])
-    elif CONSUMERS == 2 and HELPER and HELPER_LOADS:  # the helper is the producer
-        gl.warp_specialize([(_consumer, (g, _with_index(cfg, 0), out_smem.index(0), 0, PINGPONG, pipeline, parts)),
-                            (_consumer, (g, _with_index(cfg, 1), out_smem.index(1), 1, PINGPONG, pipeline, parts)),
-                            (_helper, (g, cfg, pipeline, parts, helper, load, load_tile, STAGE_BYTES, TILE_BYTES,
-                                       True))],
-                           [gl.num_warps(), HELPER_WARPS], [CONSUMER_REGS, HELPER_REGS])
     elif CONSUMERS == 2 and HELPER:  # the helper before the producer: a warpgroup of its own
         gl.warp_specialize([(_consumer, (g, _with_index(cfg, 0), out_smem.index(0), 0, PINGPONG, pipeline, parts)),
                             (_consumer, (g, _with_index(cfg, 1), out_smem.index(1), 1, PINGPONG, pipeline, parts)),
-                            (_helper, (g, cfg, pipeline, parts, helper, load, load_tile, STAGE_BYTES, TILE_BYTES,
-                                       False)),
+                            (_helper, (g, cfg, pipeline, parts, helper)),
                             (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS))],
                            [gl.num_warps(), HELPER_WARPS, 1], [CONSUMER_REGS, HELPER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 2:

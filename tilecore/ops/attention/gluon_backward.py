@@ -299,7 +299,6 @@ def _dq_issue(g, cfg: gl.constexpr, tile, kk, i, kv_smem):
     """DQ mode 4, the helper warpgroup's step (with ``_dq_finish``): once both consumers wrote step
     i's dS, start the product of dQ's first column piece, scale * dS K[:, piece] (pieces of
     dq_desc's box width, each staged in a buffer of its own and added by a TMA reduction)."""
-    PIECE: gl.constexpr = g[7].block_type.shape[3]
     mbarrier.wait(g[17].index(i % 2), (i // 2) & 1)
     return _dq_piece(g, cfg, i, kv_smem, 0)
 
@@ -317,8 +316,8 @@ def _dq_piece(g, cfg: gl.constexpr, i, kv_smem, p: gl.constexpr):
 
 @gluon.jit
 def _dq_finish(g, cfg: gl.constexpr, tile, kk, i, kv_smem, dq):
-    """The rest of ``_dq_issue``'s step: each piece added in turn (one product in flight: the
-    helper has few registers), the step's dS let go after the last one is read."""
+    """The rest of ``_dq_issue``'s step: each piece added in turn (one product in flight), the
+    step's dS let go once the last one is read."""
     BM: gl.constexpr = cfg[1]
     PIECE: gl.constexpr = g[7].block_type.shape[3]
     PIECES: gl.constexpr = cfg[3] // PIECE
@@ -542,19 +541,16 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
          num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging)
     cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ, KV_REGS))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
-    # registers a thread: at D = 64 the dQ warpgroup sits beside the producer (four warpgroups, 512:
-    # consumers 200, helper 88); at D = 128 the consumers need 224 and the helper is the producer too
-    # (three warpgroups, 504: helper 56; beside the producer it would have 40, too few: ptxas then
-    # ignores every setmaxnreg and spills)
-    CONSUMER_REGS: gl.constexpr = (200 if D == 64 else 224) if DQ == 4 else 240
-    HELPER_LOADS: gl.constexpr = D > 64
-    HELPER_REGS: gl.constexpr = (504 if HELPER_LOADS else 512 - 24) - 2 * CONSUMER_REGS
+    # with the dQ warpgroup (D = 64 only) four warpgroups share 512 registers a thread: consumers 200,
+    # helper 88, producer 24. At D = 128 the consumers need 224, which leaves the helper 40: ptxas
+    # then ignores every setmaxnreg and spills (and as the producer too, in 504 with 56, the helper
+    # was too slow: 0.65-0.69x cuDNN, notes/attention.md, session 17)
+    gl.static_assert(DQ != 4 or D == 64, "the dQ warpgroup (DQ 4) fits D = 64")
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,
-                        _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=CONSUMER_REGS,
+                        _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=200 if DQ == 4 else 240,
                         IN_FLIGHT=0, tile_desc=k_desc, load_tile=_load_kv, TILE_OPERANDS=2, TILE_SHARED=True,
                         STEP_INDEX=True, schedule=schedule, z_desc=stats_desc,
-                        helper=(_dq_issue, _dq_finish) if DQ == 4 else None, HELPER_REGS=HELPER_REGS,
-                        HELPER_LOADS=HELPER_LOADS)
+                        helper=(_dq_issue, _dq_finish) if DQ == 4 else None, HELPER_REGS=88)
     for j in gl.static_range(2):
         mbarrier.invalidate(ds_full.index(j))
         mbarrier.invalidate(ds_free.index(j))

@@ -466,16 +466,19 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
 # Hopper's Gluon backward (gluon_backward.py): query rows per step (block_m), keys per consumer
 # warpgroup (block_n; a tile is two of them), ring depth, and where dQ comes from: "tl" (the tl dq
 # kernel), or in the kernel, added by TMA reductions to a float32 buffer: "fused" (the step's own),
-# "overlapped" (one step late, under the next step's softmax) or "lagged" (one step late, with the
-# next step's dV and dK); see gluon_backward._compute.
+# "overlapped" (one step late, under the next step's softmax), "lagged" (one step late, with the
+# next step's dV and dK) or "warpgroup" (by a warpgroup of its own, D = 64); see
+# gluon_backward._compute.
 # (Each step's lse and delta come by TMA with its Q and dO since session 14; before, loaded by
 # pointer, a "prefetch" option loaded them a step ahead.)
 DQ_MODES = {"tl": 0, "gluon": 0, "fused": 1, "overlapped": 2, "lagged": 3, "warpgroup": 4}  # "gluon": gluon_dq.py's kernel after dK, dV
 # gluon_dq.py's kernel: query rows per consumer, keys per step, ring stages
 GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, block_n=64, stages=4)}
 # D = 64: the key split with each consumer's K and V rows held as register operands of S^T and dP^T
-# for the whole tile (kv_regs: a third less shared-memory traffic a step), dQ overlapped: 1.04-1.09x
-# cuDNN at N = 4096 / 8192, causal or not, against the query split's 0.99-1.05x (session 14). The
+# for the whole tile (kv_regs: a third less shared-memory traffic a step), and since session 17 dQ
+# from a warpgroup of its own (the consumers only write dS): 1.13-1.16x cuDNN at N = 4096 / 8192,
+# causal or not, against dQ overlapped's 1.07-1.10x in the same run (overlapped had measured
+# 1.04-1.09x against the query split's 0.99-1.05x in session 14). The
 # query split (gluon_backward.attention_bwd_split_kernel, 128 queries a step, FA3's layout at this
 # head dim) was the choice without a mask from session 12 and causal in session 14 until then; it
 # stays for the probes. D = 128: dQ fused into the key split, causal too since session 14 (0.94 /
@@ -483,7 +486,7 @@ GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, b
 # registers (ptxas serialized every wgmma); without a mask, dQ lagged by a step (issued with the next
 # step's dV and dK) since session 15: 1.00-1.03x against fused's 0.98-1.02x at N = 2048-16384, where
 # causal it lost 1-3% (notes/attention.md)
-KEY_SPLIT_D64 = dict(block_m=64, block_n=64, stages=2, dq_from="overlapped", kv_regs=True)
+KEY_SPLIT_D64 = dict(block_m=64, block_n=64, stages=2, dq_from="warpgroup", kv_regs=True)
 QUERY_SPLIT_D64 = dict(block_m=128, block_n=64, stages=2, dq_from="fused", split="queries")
 GLUON_BACKWARD = {(64, False): KEY_SPLIT_D64,
                   (64, True): KEY_SPLIT_D64,
@@ -553,7 +556,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
                    dq_config: dict | None = None, split: str = "keys", kv_regs: bool = False) -> None:
     """The Gluon backward: the preprocess, then dk and dv, and dq: with ``dq_from`` "fused",
     "overlapped" or "lagged" in the same kernel (through a float32 buffer that its TMA reductions add
-    to, each consumer half of the columns), "gluon" by gluon_dq.py's kernel after it (``dq_config``: its
+    to, each consumer half of the columns), "warpgroup" likewise by a warpgroup of its own (D = 64), "gluon" by gluon_dq.py's kernel after it (``dq_config``: its
     blocks, GLUON_DQ by default), "tl" by the tl dq kernel. ``split``: what each consumer owns,
     "keys" (half the tile's keys, for everything) or "queries" (half of each step's queries for S,
     dP and dQ, half the keys for dK and dV; dQ "fused" only): gluon_backward.py. ``kv_regs`` (the
@@ -561,6 +564,8 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
     if split not in ("keys", "queries") or (split == "queries" and (dq_from != "fused" or kv_regs)):
         raise ValueError(f"split is 'keys' or 'queries' (with dq_from 'fused', K and V in shared memory); got "
                          f"{split!r}, {dq_from!r}, kv_regs={kv_regs}")
+    if dq_from == "warpgroup" and q.shape[-1] != 64:
+        raise ValueError(f"dq_from 'warpgroup' fits head dim 64 (registers); got {q.shape[-1]}")
     if kv_regs and DQ_MODES[dq_from] == 0:
         # the dK/dV kernel alone with K and V in registers gave wrong dK and dV on the H100: ptxas
         # reuses some of V's operand registers inside its loop (session 14; report's
@@ -583,7 +588,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
 def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
                           block_n: int, stages: int, dq_from: str, balanced: bool = True, split: str = "keys",
                           kv_regs: bool = False) -> None:
-    """The Gluon backward kernel alone: dk, dv, and with ``dq_from`` "fused", "overlapped" or
+    """The Gluon backward kernel alone: dk, dv, and with ``dq_from`` "fused", "overlapped", "warpgroup" or
     "lagged" scale * dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder otherwise), from
     the rows' lse and delta in ``stats`` (backward_preprocess's); ``balanced`` (causal): the programs take their tiles
     from a balanced schedule, not round-robin; ``split``: see backward_gluon."""
