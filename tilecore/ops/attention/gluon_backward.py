@@ -317,8 +317,6 @@ def _compute_halves(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i
     k_c = kv_smem.index(0).reshape([2 * BN, D]).slice(c * BN, BN)
     v_c = kv_smem.index(1).reshape([2 * BN, D]).slice(c * BN, BN)
     zeros = gl.zeros([BN, HM], gl.float32, st_layout)
-    ds_buf = g[16].index(i % 2).slice(c * BN, BN)
-    mbarrier.wait(g[18].index(i % 2), ((i // 2) & 1) ^ 1)  # the dQ warpgroup has read this buffer
     # first half
     s_tok = warpgroup_mma(k_c, q.slice(0, HM).permute((1, 0)), zeros, use_acc=False, is_async=True)
     dp_tok = warpgroup_mma(v_c, do.slice(0, HM).permute((1, 0)), zeros, use_acc=False, is_async=True)
@@ -327,28 +325,28 @@ def _compute_halves(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i
     p_t = _probabilities(g, cfg, s_t, lse_cols, start_n, start_m)
     delta_cols = _stat_columns(stats_smem, 1, st_layout, 0, HM)
     dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
-    ds_t = (p_t * (dp_t - gl.expand_dims(delta_cols, 0))).to(q_smem.dtype)
+    ds_first = (p_t * (dp_t - gl.expand_dims(delta_cols, 0))).to(q_smem.dtype)
     p_op = gl.convert_layout(p_t.to(q_smem.dtype), op_layout)
-    ds_op = gl.convert_layout(ds_t, op_layout)
-    ds_buf.slice(0, HM, dim=1).store(ds_t)
-    # the second half's S^T and dP^T, then the first half's dV and dK under its softmax
-    s_tok = warpgroup_mma(k_c, q.slice(HM, HM).permute((1, 0)), zeros, use_acc=False, is_async=True)
-    dp_tok = warpgroup_mma(v_c, do.slice(HM, HM).permute((1, 0)), zeros, use_acc=False, is_async=True)
+    ds_op = gl.convert_layout(ds_first, op_layout)
     dv_tok = warpgroup_mma(p_op, do.slice(0, HM), dv, is_async=True)
     dk_tok = warpgroup_mma(ds_op, q.slice(0, HM), dk, is_async=True)
+    # second half
+    dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+    s_tok = warpgroup_mma(k_c, q.slice(HM, HM).permute((1, 0)), zeros, use_acc=False, is_async=True)
+    dp_tok = warpgroup_mma(v_c, do.slice(HM, HM).permute((1, 0)), zeros, use_acc=False, is_async=True)
     lse_cols = _stat_columns(stats_smem, 0, st_layout, HM, HM)
-    s_t = warpgroup_mma_wait(3, deps=(s_tok,))
+    s_t = warpgroup_mma_wait(1, deps=(s_tok,))
     p_t = _probabilities(g, cfg, s_t, lse_cols, start_n, start_m + HM)
     delta_cols = _stat_columns(stats_smem, 1, st_layout, HM, HM)
-    dp_t = warpgroup_mma_wait(2, deps=(dp_tok,))
-    ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-    dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))  # operands are written with no wgmma running
-    ds_t = ds_t.to(q_smem.dtype)
+    dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
+    ds_second = (p_t * (dp_t - gl.expand_dims(delta_cols, 0))).to(q_smem.dtype)
     p_op = gl.convert_layout(p_t.to(q_smem.dtype), op_layout)
-    ds_op = gl.convert_layout(ds_t, op_layout)
+    ds_op = gl.convert_layout(ds_second, op_layout)
     dv_tok = warpgroup_mma(p_op, do.slice(HM, HM), dv, is_async=True)
     dk_tok = warpgroup_mma(ds_op, q.slice(HM, HM), dk, is_async=True)
-    ds_buf.slice(HM, HM, dim=1).store(ds_t)
+    # the step's dS^T for the dQ warpgroup, once it has read this buffer's last contents
+    mbarrier.wait(g[18].index(i % 2), ((i // 2) & 1) ^ 1)
+    g[16].index(i % 2).slice(c * BN, BN).store(join_n(ds_first, ds_second))
     fence_async_shared()
     mbarrier.arrive(g[17].index(i % 2))
     dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
@@ -611,10 +609,10 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
     HALVES: gl.constexpr = DQ == 4 and D > 64
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init,
                         _compute_halves if HALVES else _compute, _drain,
-                        _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=(208 if HALVES else 200) if DQ == 4 else 240,
+                        _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=200 if DQ == 4 else 240,
                         IN_FLIGHT=0, tile_desc=k_desc, load_tile=_load_kv, TILE_OPERANDS=2, TILE_SHARED=True,
                         STEP_INDEX=True, schedule=schedule, z_desc=stats_desc,
-                        helper=(_dq_issue, _dq_finish) if DQ == 4 else None, HELPER_REGS=72 if HALVES else 88)
+                        helper=(_dq_issue, _dq_finish) if DQ == 4 else None, HELPER_REGS=88)
     for j in gl.static_range(2):
         mbarrier.invalidate(ds_full.index(j))
         mbarrier.invalidate(ds_free.index(j))
