@@ -285,7 +285,7 @@ def test_gluon_backward_configs_pair_the_query_split_with_its_fused_dq():
     with pytest.raises(ValueError, match="kv_regs"):
         kernels.backward_gluon(x, x, x, x, x, lse, None, x, x, x, False, 0.125, block_m=64, block_n=64, stages=2,
                                dq_from="gluon", kv_regs=True)
-    x96 = torch.randn(1, 1, 8, 96, dtype=torch.float16)
-    with pytest.raises(ValueError, match="warpgroup"):  # its register budgets are made for D = 64 and 128
-        kernels.backward_gluon(x96, x96, x96, x96, x96, lse, None, x96, x96, x96, False, 0.125, block_m=64,
+    x128 = torch.randn(1, 1, 8, 128, dtype=torch.float16)
+    with pytest.raises(ValueError, match="warpgroup"):  # its registers fit D = 64 only
+        kernels.backward_gluon(x128, x128, x128, x128, x128, lse, None, x128, x128, x128, False, 0.125, block_m=64,
                                block_n=64, stages=2, dq_from="warpgroup")

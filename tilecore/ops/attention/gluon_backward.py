@@ -44,7 +44,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from tilecore.tiles.gluon import (head_grouped_tile, join_n, mask_scores, needs_mask, persistent_pipeline, split_n,
+from tilecore.tiles.gluon import (head_grouped_tile, mask_scores, needs_mask, persistent_pipeline, split_n,
                                   tma_reduce_add, wgmma_layout)
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
@@ -295,65 +295,6 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
 
 
 @gluon.jit
-def _compute_halves(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
-    """DQ mode 4 at D = 128: one step as two halves of its queries, each S^T, dP^T, P^T, dS^T and
-    its dV and dK products, so that S^T and dP^T take 16 registers each (the consumers must fit in
-    200 beside the dQ warpgroup, where the whole step's would take 224). The second half's S^T and
-    dP^T run under the first half's dV and dK; the step's dS^T goes to shared memory whole, for the
-    dQ warpgroup. K and V come from shared memory, read twice a step (the cost of the halves)."""
-    BM: gl.constexpr = cfg[1]
-    BN: gl.constexpr = cfg[2]
-    D: gl.constexpr = cfg[3]
-    HM: gl.constexpr = BM // 2
-    c: gl.constexpr = cfg[-1]  # this consumer: keys [c BN, (c + 1) BN) of the tile
-    st_layout: gl.constexpr = wgmma_layout(BN, HM, gl.num_warps())
-    op_layout: gl.constexpr = _operand_layout(BN, D, gl.num_warps())
-    q_smem, stats_smem = q_bufs
-    dk, dv, tile, k_regs, v_regs = state
-    h, start_m = _step_rows(g, cfg, tile, kk)
-    start_n = tile[0] + c * BN
-    q = q_smem.reshape([BM, D])
-    do = do_smem.reshape([BM, D])
-    k_c = kv_smem.index(0).reshape([2 * BN, D]).slice(c * BN, BN)
-    v_c = kv_smem.index(1).reshape([2 * BN, D]).slice(c * BN, BN)
-    zeros = gl.zeros([BN, HM], gl.float32, st_layout)
-    # first half
-    s_tok = warpgroup_mma(k_c, q.slice(0, HM).permute((1, 0)), zeros, use_acc=False, is_async=True)
-    dp_tok = warpgroup_mma(v_c, do.slice(0, HM).permute((1, 0)), zeros, use_acc=False, is_async=True)
-    lse_cols = _stat_columns(stats_smem, 0, st_layout, 0, HM)
-    s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-    p_t = _probabilities(g, cfg, s_t, lse_cols, start_n, start_m)
-    delta_cols = _stat_columns(stats_smem, 1, st_layout, 0, HM)
-    dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
-    ds_first = (p_t * (dp_t - gl.expand_dims(delta_cols, 0))).to(q_smem.dtype)
-    p_op = gl.convert_layout(p_t.to(q_smem.dtype), op_layout)
-    ds_op = gl.convert_layout(ds_first, op_layout)
-    dv_tok = warpgroup_mma(p_op, do.slice(0, HM), dv, is_async=True)
-    dk_tok = warpgroup_mma(ds_op, q.slice(0, HM), dk, is_async=True)
-    # second half
-    dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-    s_tok = warpgroup_mma(k_c, q.slice(HM, HM).permute((1, 0)), zeros, use_acc=False, is_async=True)
-    dp_tok = warpgroup_mma(v_c, do.slice(HM, HM).permute((1, 0)), zeros, use_acc=False, is_async=True)
-    lse_cols = _stat_columns(stats_smem, 0, st_layout, HM, HM)
-    s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-    p_t = _probabilities(g, cfg, s_t, lse_cols, start_n, start_m + HM)
-    delta_cols = _stat_columns(stats_smem, 1, st_layout, HM, HM)
-    dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
-    ds_second = (p_t * (dp_t - gl.expand_dims(delta_cols, 0))).to(q_smem.dtype)
-    p_op = gl.convert_layout(p_t.to(q_smem.dtype), op_layout)
-    ds_op = gl.convert_layout(ds_second, op_layout)
-    dv_tok = warpgroup_mma(p_op, do.slice(HM, HM), dv, is_async=True)
-    dk_tok = warpgroup_mma(ds_op, q.slice(HM, HM), dk, is_async=True)
-    # the step's dS^T for the dQ warpgroup, once it has read this buffer's last contents
-    mbarrier.wait(g[18].index(i % 2), ((i // 2) & 1) ^ 1)
-    g[16].index(i % 2).slice(c * BN, BN).store(join_n(ds_first, ds_second))
-    fence_async_shared()
-    mbarrier.arrive(g[17].index(i % 2))
-    dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-    return dk, dv, tile, k_regs, v_regs
-
-
-@gluon.jit
 def _dq_issue(g, cfg: gl.constexpr, tile, kk, i, kv_smem):
     """DQ mode 4, the helper warpgroup's step (with ``_dq_finish``): once both consumers wrote step
     i's dS, start the product of dQ's first column piece, scale * dS K[:, piece] (pieces of
@@ -600,15 +541,12 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
          num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging)
     cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ, KV_REGS))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
-    # with the dQ warpgroup four warpgroups share 512 registers a thread: consumers 200, helper 88,
-    # producer 24. At D = 128 a whole step's S^T and dP^T beside dK and dV take 224 (with fewer
-    # ptxas serialized every wgmma), so the consumers take each step in two halves of its queries
-    # (_compute_halves). (Giving them 224 left the helper 40: ptxas then ignored every setmaxnreg and
-    # spilled; as the producer too, in 504 with 56, the helper was too slow: 0.65-0.69x cuDNN,
-    # notes/attention.md, session 17.)
-    HALVES: gl.constexpr = DQ == 4 and D > 64
-    persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init,
-                        _compute_halves if HALVES else _compute, _drain,
+    # with the dQ warpgroup (D = 64 only) four warpgroups share 512 registers a thread: consumers 200,
+    # helper 88, producer 24. At D = 128 the consumers need 224, which leaves the helper 40: ptxas
+    # then ignores every setmaxnreg and spills (and as the producer too, in 504 with 56, the helper
+    # was too slow: 0.65-0.69x cuDNN, notes/attention.md, session 17)
+    gl.static_assert(DQ != 4 or D == 64, "the dQ warpgroup (DQ 4) fits D = 64")
+    persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=200 if DQ == 4 else 240,
                         IN_FLIGHT=0, tile_desc=k_desc, load_tile=_load_kv, TILE_OPERANDS=2, TILE_SHARED=True,
                         STEP_INDEX=True, schedule=schedule, z_desc=stats_desc,

@@ -564,8 +564,8 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
     if split not in ("keys", "queries") or (split == "queries" and (dq_from != "fused" or kv_regs)):
         raise ValueError(f"split is 'keys' or 'queries' (with dq_from 'fused', K and V in shared memory); got "
                          f"{split!r}, {dq_from!r}, kv_regs={kv_regs}")
-    if dq_from == "warpgroup" and q.shape[-1] not in (64, 128):
-        raise ValueError(f"dq_from 'warpgroup' takes head dim 64 or 128; got {q.shape[-1]}")
+    if dq_from == "warpgroup" and q.shape[-1] != 64:
+        raise ValueError(f"dq_from 'warpgroup' fits head dim 64 (registers); got {q.shape[-1]}")
     if kv_regs and DQ_MODES[dq_from] == 0:
         # the dK/dV kernel alone with K and V in registers gave wrong dK and dV on the H100: ptxas
         # reuses some of V's operand registers inside its loop (session 14; report's
