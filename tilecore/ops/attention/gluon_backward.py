@@ -162,34 +162,44 @@ def _probabilities(g, cfg: gl.constexpr, s_t, lse, start_n, start_m):
 @gluon.jit
 def _issue_dq(g, cfg: gl.constexpr, kv_smem, step):
     """Issue this consumer's half of dQ = dS K for ring step ``step`` once both halves of its dS
-    are in shared memory (buffer step % 2, its use step // 2; dS is read through a transposed view
-    of the [keys, queries] buffer). For step -1 (a program's first step has no previous one) the
-    wait passes at once and the product is never added."""
-    BM: gl.constexpr = cfg[1]
-    BN: gl.constexpr = cfg[2]
+    are in shared memory (buffer step % 2, its use step // 2). For step -1 (a program's first step
+    has no previous one) the wait passes at once and the product is never added."""
     DH: gl.constexpr = cfg[3] // 2
     buf = (step + 2) % 2
     mbarrier.wait(g[17].index(buf), ((step + 2) // 2 + 1) & 1)  # (step // 2) & 1, and 1 for step -1
-    k_half = kv_smem.index(0).reshape([2 * BN, cfg[3]]).slice(cfg[-1] * DH, DH, dim=1)
-    return warpgroup_mma(g[16].index(buf).permute((1, 0)), k_half,
-                         gl.zeros([BM, DH], gl.float32, wgmma_layout(BM, DH, gl.num_warps())), use_acc=False,
+    return _ds_times_k(g, cfg, buf, kv_smem, cfg[-1] * DH, DH)
+
+
+@gluon.jit
+def _ds_times_k(g, cfg: gl.constexpr, buf, kv_smem, first_col: gl.constexpr, COLS: gl.constexpr):
+    """dS K[:, first_col : first_col + COLS] for the step in dS buffer ``buf``, issued (dS is read
+    through a transposed view of the [keys, queries] buffer)."""
+    BM: gl.constexpr = cfg[1]
+    k_cols = kv_smem.index(0).reshape([2 * cfg[2], cfg[3]]).slice(first_col, COLS, dim=1)
+    return warpgroup_mma(g[16].index(buf).permute((1, 0)), k_cols,
+                         gl.zeros([BM, COLS], gl.float32, wgmma_layout(BM, COLS, gl.num_warps())), use_acc=False,
                          is_async=True)
 
 
 @gluon.jit
-def _add_dq(g, cfg: gl.constexpr, tile, kk, dq):
-    """Add scale * dq (this consumer's half of the columns of step kk's rows) to the float32 dQ:
-    through this consumer's staging buffer, with one TMA reduction (rows past N are dropped)."""
-    BM: gl.constexpr = cfg[1]
-    DH: gl.constexpr = cfg[3] // 2
-    b, hk = _kv_head(g, tile[1])
-    h, start_m = _step_rows(g, cfg, tile, kk)
-    staging = g[19].index(cfg[-1])
-    tma.store_wait(0)  # the previous reduction has read the buffer
-    staging.reshape([BM, DH]).store(dq * g[12])
+def _reduce_dq(g, staging, dq, coord, PENDING: gl.constexpr):
+    """Add scale * dq to the float32 dQ at ``coord`` through ``staging`` with one TMA reduction
+    (rows past N are dropped), once at most PENDING of this partition's reductions still read
+    their buffers (so this buffer's last one has read it)."""
+    tma.store_wait(PENDING)
+    staging.reshape(dq.shape).store(dq * g[12])
     fence_async_shared()
     gl.thread_barrier()
-    tma_reduce_add(g[7], [b, h, start_m, cfg[-1] * DH], staging)
+    tma_reduce_add(g[7], coord, staging)
+
+
+@gluon.jit
+def _add_dq(g, cfg: gl.constexpr, tile, kk, dq):
+    """Add scale * dq (this consumer's half of the columns of step kk's rows) to the float32 dQ,
+    through this consumer's staging buffer."""
+    b, hk = _kv_head(g, tile[1])
+    h, start_m = _step_rows(g, cfg, tile, kk)
+    _reduce_dq(g, g[19].index(cfg[-1]), dq, [b, h, start_m, cfg[-1] * (cfg[3] // 2)], 0)
 
 
 @gluon.jit
@@ -297,44 +307,28 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
 @gluon.jit
 def _dq_issue(g, cfg: gl.constexpr, tile, kk, i, kv_smem):
     """DQ mode 4, the helper warpgroup's step (with ``_dq_finish``): once both consumers wrote step
-    i's dS, start the product of dQ's first column piece, scale * dS K[:, piece] (pieces of
-    dq_desc's box width, each staged in a buffer of its own and added by a TMA reduction)."""
+    i's dS, start the product of dQ's first column piece, dS K[:, piece] (pieces of dq_desc's box
+    width, each staged in a buffer of its own and added by a TMA reduction)."""
     mbarrier.wait(g[17].index(i % 2), (i // 2) & 1)
-    return _dq_piece(g, cfg, i, kv_smem, 0)
-
-
-@gluon.jit
-def _dq_piece(g, cfg: gl.constexpr, i, kv_smem, p: gl.constexpr):
-    BM: gl.constexpr = cfg[1]
-    D: gl.constexpr = cfg[3]
-    PIECE: gl.constexpr = g[7].block_type.shape[3]
-    k_piece = kv_smem.index(0).reshape([2 * cfg[2], D]).slice(p * PIECE, PIECE, dim=1)
-    return warpgroup_mma(g[16].index(i % 2).permute((1, 0)), k_piece,
-                         gl.zeros([BM, PIECE], gl.float32, wgmma_layout(BM, PIECE, gl.num_warps())), use_acc=False,
-                         is_async=True)
+    return _ds_times_k(g, cfg, i % 2, kv_smem, 0, g[7].block_type.shape[3])
 
 
 @gluon.jit
 def _dq_finish(g, cfg: gl.constexpr, tile, kk, i, kv_smem, dq):
     """The rest of ``_dq_issue``'s step: each piece added in turn (one product in flight), the
     step's dS let go once the last one is read."""
-    BM: gl.constexpr = cfg[1]
     PIECE: gl.constexpr = g[7].block_type.shape[3]
     PIECES: gl.constexpr = cfg[3] // PIECE
     b, hk = _kv_head(g, tile[1])
     h, start_m = _step_rows(g, cfg, tile, kk)
     for p in gl.static_range(PIECES):
         if p > 0:
-            dq = _dq_piece(g, cfg, i, kv_smem, p)
+            dq = _ds_times_k(g, cfg, i % 2, kv_smem, p * PIECE, PIECE)
         dq = warpgroup_mma_wait(0, deps=(dq,))
         if p == PIECES - 1:
             mbarrier.arrive(g[18].index(i % 2))  # dS read: the consumers may write the buffer again
-        staging = g[19].index(p)
-        tma.store_wait(PIECES - 1)  # this buffer's reduction of the last step has read it
-        staging.reshape([BM, PIECE]).store(dq * g[12])
-        fence_async_shared()
-        gl.thread_barrier()
-        tma_reduce_add(g[7], [b, h, start_m, p * PIECE], staging)
+        # the pieces' reductions go out in order: the last step's of this buffer is PIECES back
+        _reduce_dq(g, g[19].index(p), dq, [b, h, start_m, p * PIECE], PIECES - 1)
 
 
 @gluon.jit
