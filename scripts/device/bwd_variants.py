@@ -8,18 +8,18 @@
    rounds; median TFLOP/s and the median (min-max) of the per-round ratios to cuDNN.
 
 Sets (--set): "shipped" (the launcher's configs, checked and timed); "configs" (the launcher's
-against the other layouts and dQ modes); "stages" (its ring depth); "kvregs" (D = 64's key split with
-K and V in registers); "lagged" (the shipped config against dQ fused and lagged, session 15); "det"
-(the deterministic mode's config); "warpgroup" (dQ by a warpgroup of its own, session 17); "split" (session 12: the query split against the key split,
-D = 64); "ablate" (where the fused key split's time goes, D = 128
-without a mask: the kernel alone, and with parts of its dQ path removed, through an ABLATE option
-of attention_bwd_kernel that only session 14's working tree had: apply
-notes/attention_bwd_ablate_session14.patch to commit 5d0e216 to run it; wrong results, never
-checked). Session 14 also compared two step orders here (a set "order": the
-group's q heads at each query block, since shipped, against each head's blocks in turn) and dQ's
-staging under the step's last dV / dK wgmma (a set "early", shipped for the key split's fused dQ);
-session 15 one consumer computing a step's whole dQ, in turns (a set "turns", commits a80c636 and
-0af4b6e, reverted: notes/attention.md, b15).
+against the other layouts and dQ modes); "stages" (its ring depth); "kvregs" (D = 64's key split
+with K and V in registers); "lagged" (the shipped config against dQ fused and lagged, session 15);
+"det" (the deterministic mode's config); "warpgroup" (D = 64: dQ by a warpgroup of its own, session
+17); "split" (session 12: the query split against the key split, D = 64); "ablate" (where the fused
+key split's time goes, D = 128 without a mask: the kernel alone, and with parts of its dQ path
+removed, through an ABLATE option of attention_bwd_kernel that only session 14's working tree had:
+apply notes/attention_bwd_ablate_session14.patch to commit 5d0e216 to run it; wrong results, never
+checked). Session 14 also compared two step orders here (a set "order": the group's q heads at each
+query block, since shipped, against each head's blocks in turn) and dQ's staging under the step's
+last dV / dK wgmma (a set "early", shipped for the key split's fused dQ); session 15 one consumer
+computing a step's whole dQ, in turns (a set "turns", commits a80c636 and 0af4b6e, reverted:
+notes/attention.md, b15).
 
     PYTHONPATH=. python3 scripts/device/bwd_variants.py --set split [--d 64] [--causal 0,1]
         [--lengths 4096] [--rounds 5] [--out DIR]
@@ -72,7 +72,8 @@ def variants(set_name, d, causal):
         if d != 64:
             raise ValueError("the dQ warpgroup fits D = 64 (its D = 128 forms were reverted: notes/attention.md)")
         key = dict(block_m=64, block_n=64, stages=2)
-        return {"shipped": (shipped, True), "dq warpgroup (K V in shared memory)": (dict(key, dq_from="warpgroup"), True),
+        return {"shipped": (shipped, True),
+                "dq warpgroup (K V in shared memory)": (dict(key, dq_from="warpgroup"), True),
                 "dq fused (K V in shared memory)": (dict(key, dq_from="fused"), True),
                 "dq overlapped, K V in registers": (dict(key, dq_from="overlapped", kv_regs=True), True)}
     if set_name == "det":  # the deterministic mode's config (dq by the Gluon dq kernel) against the default

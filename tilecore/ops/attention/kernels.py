@@ -471,7 +471,8 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
 # gluon_backward._compute.
 # (Each step's lse and delta come by TMA with its Q and dO since session 14; before, loaded by
 # pointer, a "prefetch" option loaded them a step ahead.)
-DQ_MODES = {"tl": 0, "gluon": 0, "fused": 1, "overlapped": 2, "lagged": 3, "warpgroup": 4}  # "gluon": gluon_dq.py's kernel after dK, dV
+# "gluon": gluon_dq.py's kernel after dK, dV
+DQ_MODES = {"tl": 0, "gluon": 0, "fused": 1, "overlapped": 2, "lagged": 3, "warpgroup": 4}
 # gluon_dq.py's kernel: query rows per consumer, keys per step, ring stages
 GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, block_n=64, stages=4)}
 # D = 64: the key split with each consumer's K and V rows held as register operands of S^T and dP^T
@@ -556,11 +557,12 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
                    dq_config: dict | None = None, split: str = "keys", kv_regs: bool = False) -> None:
     """The Gluon backward: the preprocess, then dk and dv, and dq: with ``dq_from`` "fused",
     "overlapped" or "lagged" in the same kernel (through a float32 buffer that its TMA reductions add
-    to, each consumer half of the columns), "warpgroup" likewise by a warpgroup of its own (D = 64), "gluon" by gluon_dq.py's kernel after it (``dq_config``: its
-    blocks, GLUON_DQ by default), "tl" by the tl dq kernel. ``split``: what each consumer owns,
-    "keys" (half the tile's keys, for everything) or "queries" (half of each step's queries for S,
-    dP and dQ, half the keys for dK and dV; dQ "fused" only): gluon_backward.py. ``kv_regs`` (the
-    key split): each consumer holds its K and V rows in registers for the tile (fits at D = 64)."""
+    to, each consumer half of the columns), "warpgroup" likewise by a warpgroup of its own (D = 64),
+    "gluon" by gluon_dq.py's kernel after it (``dq_config``: its blocks, GLUON_DQ by default), "tl" by
+    the tl dq kernel. ``split``: what each consumer owns, "keys" (half the tile's keys, for everything)
+    or "queries" (half of each step's queries for S, dP and dQ, half the keys for dK and dV; dQ "fused"
+    only): gluon_backward.py. ``kv_regs`` (the key split): each consumer holds its K and V rows in
+    registers for the tile (fits at D = 64)."""
     if split not in ("keys", "queries") or (split == "queries" and (dq_from != "fused" or kv_regs)):
         raise ValueError(f"split is 'keys' or 'queries' (with dq_from 'fused', K and V in shared memory); got "
                          f"{split!r}, {dq_from!r}, kv_regs={kv_regs}")
@@ -612,8 +614,8 @@ def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sc
                 scale, scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages, num_warps=4)
         attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
                                    desc(dk, block_n), desc(dv, block_n), stats_desc,
-                                   gluon_descriptor(dq_sum, dq_box(block_m, D, dq_from=dq_from)), H, N, Nk, group, scale,
-                                   scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages,
+                                   gluon_descriptor(dq_sum, dq_box(block_m, D, dq_from=dq_from)), H, N, Nk, group,
+                                   scale, scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages,
                                    DQ=DQ_MODES[dq_from], KV_REGS=kv_regs, num_warps=4)
 
 
