@@ -50,7 +50,8 @@ def compile_gluon(n: int, dtype: torch.dtype, stages: int | None = None):
     from tilecore.tiles.compile import compile_kernel
 
     x = torch.empty(64, n, dtype=dtype)
-    args = kernels.gluon_args(x, x, 0.5, stages or kernels.GLUON_TUNING.get(n, 4))
+    tuned_stages, lookahead = kernels.GLUON_TUNING.get(n, (kernels.GLUON_STAGES, 0))
+    args = kernels.gluon_args(x, x, 0.5, stages or tuned_stages, lookahead if stages is None else 0)
     return compile_kernel(hadamard_gluon_kernel, args, num_warps=4)
 
 

@@ -4,7 +4,7 @@ poisoned first), then timed next to torch's copy_ of the same bytes (and the ben
 of 1 GiB), ROUNDS interleaved rounds: median % of copy (of the per-round ratios). VARIANT_SETS says
 what each set asks.
 
-    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|programs|twin|sizes|16384]
+    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|programs|twin|sizes|lookahead|16384]
         [--elements E] [--out DIR]
 """
 import argparse
@@ -47,6 +47,13 @@ VARIANT_SETS = {
              "twin: loads and stores, no products": dict(twin=dict(num_sms=128, stages=4, copy=True)),
              "twin: products, no stores": dict(twin=dict(num_sms=128, stages=4, copy=False, stores=2))},
     "sizes": {"shipped": dict(num_sms=132, stages=4), "132 programs": dict(num_sms=132, programs=132, stages=4)},
+    # session 18: a ring that fills at the start (two rows ahead while nothing is written yet) and
+    # runs LOOKAHEAD slices deep after (4: the shipped ring's depth)
+    "lookahead": {"4 stages (shipped)": dict(num_sms=132, stages=4),
+                  "8 stages, lookahead 4": dict(num_sms=132, stages=8, lookahead=4),
+                  "6 stages, lookahead 4": dict(num_sms=132, stages=6, lookahead=4),
+                  "8 stages, lookahead 5": dict(num_sms=132, stages=8, lookahead=5),
+                  "8 stages": dict(num_sms=132, stages=8)},
     "16384": {"gluon, 4 stages": dict(num_sms=132, programs=132, stages=4),
               "gluon, 5 stages": dict(num_sms=132, programs=132, stages=5),
               "tl kernel (default at 16384)": dict(num_sms=132, gluon=False)},

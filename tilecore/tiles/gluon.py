@@ -254,7 +254,8 @@ def add_partials(acc, workspace, flags, first_slot, end_slot, slot_step):
 
 @gluon.jit
 def _producer(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, load: gl.constexpr, load_tile: gl.constexpr,
-              STAGE_BYTES: gl.constexpr, TILE_BYTES: gl.constexpr, CONSUMERS: gl.constexpr):
+              STAGE_BYTES: gl.constexpr, TILE_BYTES: gl.constexpr, CONSUMERS: gl.constexpr,
+              LOOKAHEAD: gl.constexpr = 0):
     """The TMA producer's loop (``pipeline`` and ``parts`` as the consumers receive them)."""
     x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule = pipeline
     setup, _, _, _, _, STAGES, _, _, _, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, _, SCHEDULED, SIDE = parts
@@ -283,9 +284,15 @@ def _producer(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, load: gl.cons
                 load_tile(g, cfg, tile_bufs.index(slot), tile_ready.index(slot), tile, c)
         for kk in range(k_iters):
             s = i % STAGES
-            # a fresh barrier counts as having completed the phase before phase 0: the first lap
-            # through the ring waits on parity 1 and passes at once
-            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            if LOOKAHEAD > 0 and i >= STAGES:
+                # step i - LOOKAHEAD released (phase j // STAGES of its barrier; consumers release in
+                # order, so step i - STAGES, this stage's last use, was released before it)
+                j = i - LOOKAHEAD
+                mbarrier.wait(empty.index(j % STAGES), (j // STAGES) & 1)
+            else:
+                # a fresh barrier counts as having completed the phase before phase 0: the first lap
+                # through the ring waits on parity 1 and passes at once
+                mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(s), STAGE_BYTES)
             if CARRY:
                 load(g, cfg, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), ready.index(s), tile, kk, prev)
@@ -447,7 +454,8 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
                         TILE_OPERANDS: gl.constexpr = 1, TILE_SHARED: gl.constexpr = False,
                         STEP_INDEX: gl.constexpr = False, TILE_RESIDENT: gl.constexpr = False,
                         TILE_BUFFERS: gl.constexpr = 1, carry0: gl.constexpr = None, schedule=None, z_desc=None,
-                        helper: gl.constexpr = None, HELPER_WARPS: gl.constexpr = 4, HELPER_REGS: gl.constexpr = 88):
+                        helper: gl.constexpr = None, HELPER_WARPS: gl.constexpr = 4, HELPER_REGS: gl.constexpr = 88,
+                        LOOKAHEAD: gl.constexpr = 0):
     """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
 
     ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
@@ -467,15 +475,21 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     grid, which then gives each program its tiles (by default tile ids pid, pid + P, ... below
     ``num_tiles``). ``z_desc``: a small side buffer in every stage, loaded with the other two (see the
     module docstring). ``helper``: (issue, finish), a warpgroup that works through the program's
-    steps beside the consumers (see the module docstring). The registers of the consumer, helper and
-    producer warpgroups add up to at most 504 (168 a thread at launch) with three warpgroups, 512
-    with four (a helper: the first consumer gets what the others leave).
+    steps beside the consumers (see the module docstring). ``LOOKAHEAD`` (below ``STAGES``; 0: the
+    ring's depth): after its first lap through the ring the producer loads a step only once the step
+    ``LOOKAHEAD`` before it is released, so a deep ring fills at a program's start (when nothing is
+    written yet and the memory has room for more reads) and runs ``LOOKAHEAD`` deep after. The
+    registers of the consumer, helper and producer warpgroups add up to at most 504 (168 a thread at
+    launch) with three warpgroups, 512 with four (a helper: the first consumer gets what the others
+    leave).
     """
     SCHEDULED: gl.constexpr = schedule is not None
     TILE_OPERAND: gl.constexpr = load_tile is not None
     CARRY: gl.constexpr = carry0 is not None
     SIDE: gl.constexpr = z_desc is not None
     HELPER: gl.constexpr = helper is not None
+    gl.static_assert(LOOKAHEAD < STAGES and (LOOKAHEAD == 0 or not CARRY),
+                     "LOOKAHEAD is below STAGES, and not with carry0")
     gl.static_assert(not HELPER or (CONSUMERS == 2 and TILE_SHARED and not TILE_RESIDENT and not CARRY),
                      "a helper partition comes with two consumers and a shared per-tile operand")
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
@@ -529,25 +543,29 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
                                         SCHEDULED, SIDE))
     if CONSUMERS == 1:
         gl.warp_specialize([(_consumer, (g, cfg, out_smem.index(0), 0, False, pipeline, parts)),
-                            (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS))],
+                            (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS,
+                                         LOOKAHEAD))],
                            [1], [PRODUCER_REGS])
     elif CONSUMERS == 2 and HELPER:  # the helper before the producer: a warpgroup of its own
         gl.warp_specialize([(_consumer, (g, _with_index(cfg, 0), out_smem.index(0), 0, PINGPONG, pipeline, parts)),
                             (_consumer, (g, _with_index(cfg, 1), out_smem.index(1), 1, PINGPONG, pipeline, parts)),
                             (_helper, (g, cfg, pipeline, parts, helper)),
-                            (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS))],
+                            (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS,
+                                         LOOKAHEAD))],
                            [gl.num_warps(), HELPER_WARPS, 1], [CONSUMER_REGS, HELPER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([(_consumer, (g, _with_index(cfg, 0), out_smem.index(0), 0, PINGPONG, pipeline, parts)),
                             (_consumer, (g, _with_index(cfg, 1), out_smem.index(1), 1, PINGPONG, pipeline, parts)),
-                            (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS))],
+                            (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS,
+                                         LOOKAHEAD))],
                            [gl.num_warps(), 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.static_assert(CONSUMERS == 3, "CONSUMERS is 1, 2 or 3")
         gl.warp_specialize([(_consumer, (g, _with_index(cfg, 0), out_smem.index(0), 0, False, pipeline, parts)),
                             (_consumer, (g, _with_index(cfg, 1), out_smem.index(1), 1, False, pipeline, parts)),
                             (_consumer, (g, _with_index(cfg, 2), out_smem.index(2), 2, False, pipeline, parts)),
-                            (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS))],
+                            (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS,
+                                         LOOKAHEAD))],
                            [gl.num_warps(), gl.num_warps(), 1],
                            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     for s in gl.static_range(STAGES):

@@ -247,12 +247,14 @@ def _descriptor(t, cfg: dict):
     return TensorDescriptor(t, [t.shape[0], t.shape[1] // N2, N2], [t.stride(0), N2, 1], [cfg["B"], cfg["N1"], N2])
 
 
-# n -> ring stages of Hopper's Gluon kernel (gluon_kernels.py), for float16/bfloat16 rows of n = 8192 S
-# (S = 2, 4) that are contiguous and TMA-describable, from TMA_MIN_ELEMENTS elements: the default for
-# the n listed here (notes/hadamard.md, v9); GLUON_SIZES is what the kernel can do. GLUON_STAGES: the
-# ring depth where n has no entry (4 beat 5-8 at n = 32768 and 3 lost 10%: session 11).
+# n -> (ring stages, lookahead) of Hopper's Gluon kernel (gluon_kernels.py), for float16/bfloat16 rows
+# of n = 8192 S (S = 2, 4) that are contiguous and TMA-describable, from TMA_MIN_ELEMENTS elements: the
+# default for the n listed here (notes/hadamard.md, v9); GLUON_SIZES is what the kernel can do.
+# GLUON_STAGES: the ring depth where n has no entry. At n = 32768 the loads run best exactly a row (4
+# slices) ahead of the consumers: 3 lost 10%, 5 lost 2%, 8 lost 5% (sessions 11, 18); a ring of 8 that
+# fills two rows at the start (when nothing is written yet) and then runs 4 deep gained 0.2-0.3%.
 GLUON_STAGES = 4
-GLUON_TUNING = {32768: GLUON_STAGES}
+GLUON_TUNING = {32768: (8, 4)}
 GLUON_SIZES = (16384, 32768)
 
 
@@ -273,7 +275,7 @@ def _h64(device, dtype) -> torch.Tensor:
                       (-h).to(dtype).view(torch.bfloat16)]).to(device)
 
 
-def gluon_args(x, out, scale: float, stages: int) -> dict:
+def gluon_args(x, out, scale: float, stages: int, lookahead: int = 0) -> dict:
     """hadamard_gluon_kernel's arguments for (rows, n) ``x`` and ``out``: the rows as lines of 64
     elements (TMA descriptors with [64, 64] boxes; the staging buffer's shape: [64 S, 64]) and +-H_64."""
     from tilecore.tiles.launch import gluon_descriptor
@@ -286,7 +288,7 @@ def gluon_args(x, out, scale: float, stages: int) -> dict:
 
     return dict(x_desc=lines(x, [64, 64]), out_desc=lines(out, [64, 64]), staging_desc=lines(out, [64 * S, 64]),
                 h_desc=gluon_descriptor(_h64(x.device, x.dtype), [64, 64]), rows=rows, scale=scale, S=S,
-                STAGES=stages)
+                STAGES=stages, LOOKAHEAD=lookahead)
 
 
 def gluon_programs(rows: int, num_sms: int) -> int:
@@ -306,14 +308,15 @@ def gluon_programs(rows: int, num_sms: int) -> int:
 
 
 def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = GLUON_STAGES,
-                 programs: int | None = None) -> None:
+                 programs: int | None = None, lookahead: int = 0) -> None:
     """out = scale * H_n x on Hopper through gluon_kernels.hadamard_gluon_kernel (see gluon_fits);
-    ``programs`` overrides gluon_programs' grid."""
+    ``programs`` overrides gluon_programs' grid; ``lookahead``: the template's LOOKAHEAD (0: the
+    ring's depth)."""
     from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
 
     grid = min(x.shape[0], programs or gluon_programs(x.shape[0], num_sms))
     with dispatch.on_device(x.device):
-        hadamard_gluon_kernel[(grid,)](**gluon_args(x, out, scale, stages), num_warps=4)
+        hadamard_gluon_kernel[(grid,)](**gluon_args(x, out, scale, stages, lookahead), num_warps=4)
 
 
 def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, gluon=None, **tuning) -> None:
@@ -330,7 +333,8 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, glu
     if gluon is None:
         gluon = n in GLUON_TUNING and tma is None and not tuning and rows * n >= TMA_MIN_ELEMENTS
     if gluon and not interpret and gluon_fits(x, out):
-        return launch_gluon(x, out, scale, num_sms=num_sms, stages=GLUON_TUNING.get(n, GLUON_STAGES))
+        stages, lookahead = GLUON_TUNING.get(n, (GLUON_STAGES, 0))
+        return launch_gluon(x, out, scale, num_sms=num_sms, stages=stages, lookahead=lookahead)
     fp32 = x.dtype == torch.float32
     tma_load, tma_store, tma_tuning = choose_path(n, fp32, tma, tuning, rows * n)
     if (tma_load and not tma_fits(x)) or (tma_store and not tma_fits(out)):
