@@ -49,8 +49,9 @@ VARIANT_SETS = {
     "sizes": {"shipped": dict(num_sms=132, stages=4), "132 programs": dict(num_sms=132, programs=132, stages=4)},
     # session 18: a ring that fills at the start (two rows ahead while nothing is written yet) and
     # runs LOOKAHEAD slices deep after (4: the shipped ring's depth)
-    "lookahead": {"4 stages (shipped)": dict(num_sms=132, stages=4),
-                  "8 stages, lookahead 4": dict(num_sms=132, stages=8, lookahead=4),
+    "lookahead": {"4 stages (session 17)": dict(num_sms=132, stages=4),
+                  "8 stages, lookahead 4 (shipped)": dict(num_sms=132),
+                  "7 stages, lookahead 4": dict(num_sms=132, stages=7, lookahead=4),
                   "6 stages, lookahead 4": dict(num_sms=132, stages=6, lookahead=4),
                   "8 stages, lookahead 5": dict(num_sms=132, stages=8, lookahead=5),
                   "8 stages": dict(num_sms=132, stages=8)},

@@ -307,12 +307,17 @@ def gluon_programs(rows: int, num_sms: int) -> int:
     return max(range(num_sms, num_sms - num_sms // 25 - 1, -1), key=last_round_fill)  # ties: more programs
 
 
-def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int = GLUON_STAGES,
-                 programs: int | None = None, lookahead: int = 0) -> None:
+def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int | None = None,
+                 programs: int | None = None, lookahead: int | None = None) -> None:
     """out = scale * H_n x on Hopper through gluon_kernels.hadamard_gluon_kernel (see gluon_fits);
-    ``programs`` overrides gluon_programs' grid; ``lookahead``: the template's LOOKAHEAD (0: the
-    ring's depth)."""
+    ``programs`` overrides gluon_programs' grid; ``stages`` and ``lookahead`` (the template's
+    LOOKAHEAD, 0: the ring's depth) override GLUON_TUNING's."""
     from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
+
+    if stages is None:
+        stages, tuned_lookahead = GLUON_TUNING.get(x.shape[1], (GLUON_STAGES, 0))
+        lookahead = tuned_lookahead if lookahead is None else lookahead
+    lookahead = lookahead or 0  # a ring of given depth runs that deep unless told otherwise
 
     grid = min(x.shape[0], programs or gluon_programs(x.shape[0], num_sms))
     with dispatch.on_device(x.device):
@@ -333,8 +338,7 @@ def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, glu
     if gluon is None:
         gluon = n in GLUON_TUNING and tma is None and not tuning and rows * n >= TMA_MIN_ELEMENTS
     if gluon and not interpret and gluon_fits(x, out):
-        stages, lookahead = GLUON_TUNING.get(n, (GLUON_STAGES, 0))
-        return launch_gluon(x, out, scale, num_sms=num_sms, stages=stages, lookahead=lookahead)
+        return launch_gluon(x, out, scale, num_sms=num_sms)
     fp32 = x.dtype == torch.float32
     tma_load, tma_store, tma_tuning = choose_path(n, fp32, tma, tuning, rows * n)
     if (tma_load and not tma_fits(x)) or (tma_store and not tma_fits(out)):
