@@ -4,7 +4,7 @@ poisoned first), then timed next to torch's copy_ of the same bytes (and the ben
 of 1 GiB), ROUNDS interleaved rounds: median % of copy (of the per-round ratios). VARIANT_SETS says
 what each set asks.
 
-    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|programs|twin|sizes|lookahead|16384]
+    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|programs|twin|sizes|lookahead|dynamic|16384]
         [--elements E] [--out DIR]
 """
 import argparse
@@ -55,6 +55,13 @@ VARIANT_SETS = {
                   "6 stages, lookahead 4": dict(num_sms=132, stages=6, lookahead=4),
                   "8 stages, lookahead 5": dict(num_sms=132, stages=8, lookahead=5),
                   "8 stages": dict(num_sms=132, stages=8)},
+    # session 18: rows drawn from a counter as programs get to them (the template's tile_counter),
+    # against rows dealt round-robin; with dynamic rows a program per SM may pay again
+    "dynamic": {"dynamic rows, 8 stages, lookahead 4 (shipped)": dict(num_sms=132),
+                "static rows, 8 stages, lookahead 4": dict(num_sms=132, dynamic=False),
+                "static rows, 4 stages (session 17)": dict(num_sms=132, stages=4, dynamic=False),
+                "dynamic rows, 4 stages": dict(num_sms=132, stages=4),
+                "dynamic rows, 132 programs": dict(num_sms=132, programs=132)},
     "16384": {"gluon, 4 stages": dict(num_sms=132, programs=132, stages=4),
               "gluon, 5 stages": dict(num_sms=132, programs=132, stages=5),
               "tl kernel (default at 16384)": dict(num_sms=132, gluon=False)},

@@ -62,6 +62,15 @@ at D = 64 gives the consumers 200 and the helper 88. (Session 17 also tried the 
 producer, three warpgroups in 504, for D = 128's consumers at 224: the helper's 56 registers made
 it too slow, notes/attention.md.)
 
+With ``tile_counter`` (an int32 in global memory, zero at launch) the tiles are dynamic: each
+program's producer draws its next tile from the counter when it gets to it (an atomic add) and hands
+the id to the consumers through a small ring in shared memory, so programs that run faster take
+more tiles and all end within about a tile of each other. A static share of equal tiles can end
+far apart: the Hadamard kernel's 64 rows a program ended over 21 us of a 373 us call, since a
+row's time varies by tens of percent from one to the next (notes/hadamard.md, session 18). Every
+program draws once past the last tile; the draw of ``num_tiles + programs - 1``, the launch's last,
+sets the counter back to zero, so the next launch on the stream finds it so.
+
 With ``STEP_INDEX`` ``compute`` also receives the ring step ``i`` (counting every step of every tile
 of the program) after the buffer, so a kernel can keep barriers of its own in step with the ring.
 
@@ -183,6 +192,7 @@ def store_tile(x, out_desc, out_smem, off_m, off_n):
         store_tile(hi, out_desc, out_smem, off_m, off_n + N // 2)
 
 
+TILE_ID_SLOTS: gl.constexpr = gl.constexpr(4)  # dynamic tiles: ids the producer may hand out ahead of the consumers
 PARTIAL_COLUMNS: gl.constexpr = gl.constexpr(32)  # columns of a partial moved at once (64-bit addresses: registers)
 
 
@@ -257,58 +267,116 @@ def _producer(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, load: gl.cons
               STAGE_BYTES: gl.constexpr, TILE_BYTES: gl.constexpr, CONSUMERS: gl.constexpr,
               LOOKAHEAD: gl.constexpr = 0):
     """The TMA producer's loop (``pipeline`` and ``parts`` as the consumers receive them)."""
-    x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule = pipeline
-    setup, _, _, _, _, STAGES, _, _, _, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, _, SCHEDULED, SIDE = parts
+    x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule, dyn = pipeline
+    setup, _, _, _, _, STAGES, _, _, _, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, _, SCHEDULED, SIDE, DYNAMIC = parts
     i = 0
     t = 0
-    first, end, step = program_tiles(num_tiles, schedule, SCHEDULED)
-    next_id = scheduled_tile(first, schedule, SCHEDULED)
-    if CARRY:  # the tile before a program's first is itself (what load takes from it goes unused)
-        prev, last_iters = setup(g, cfg, next_id)
-    for n in range(first, end, step):
-        tile_id, next_id = next_tile(n, step, next_id, schedule, SCHEDULED)
-        tile, k_iters = setup(g, cfg, tile_id)
-        if TILE_RESIDENT:  # a constant operand: loaded with the first tile, kept for all
-            if t == 0:
-                mbarrier.expect(tile_ready.index(0), TILE_BYTES)
-                load_tile(g, cfg, tile_bufs, tile_ready.index(0), tile)
-        elif TILE_SHARED:  # the tile's operands, once every consumer has let go of the last ones
-            mbarrier.wait(tile_empty.index(0), (t & 1) ^ 1)
+    if DYNAMIC:  # tiles drawn from a counter, each handed to the consumers through shared memory
+        counter, ids, id_ready, id_free = dyn
+        tile_id = gl.atomic_add(counter, 1, sem="relaxed", scope="gpu")
+        while tile_id < num_tiles:
+            # the next draw is issued now; its latency runs under this tile's loads
+            next_id = gl.atomic_add(counter, 1, sem="relaxed", scope="gpu")
+            _publish_tile(ids, id_ready, id_free, t, tile_id)
+            i, tile, k_iters = _produce_tile(g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES,
+                                             CONSUMERS, LOOKAHEAD, tile_id, i, t, 0)
+            t += 1
+            tile_id = next_id
+        _publish_tile(ids, id_ready, id_free, t, num_tiles)  # the consumers' signal to stop
+        # every program draws exactly one ticket past the tiles, so the draw of num_tiles + P - 1 is
+        # the launch's last: its program leaves the counter at zero for the next launch
+        if tile_id == num_tiles + gl.num_programs(0) - 1:
+            gl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+    else:
+        first, end, step = program_tiles(num_tiles, schedule, SCHEDULED)
+        next_id = scheduled_tile(first, schedule, SCHEDULED)
+        if CARRY:  # the tile before a program's first is itself (what load takes from it goes unused)
+            prev, last_iters = setup(g, cfg, next_id)
+        else:
+            prev = 0
+        for n in range(first, end, step):
+            tile_id, next_id = next_tile(n, step, next_id, schedule, SCHEDULED)
+            i, tile, k_iters = _produce_tile(g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES,
+                                             CONSUMERS, LOOKAHEAD, tile_id, i, t, prev)
+            if CARRY:
+                prev = tile
+                last_iters = k_iters
+            t += 1
+        if CARRY:  # the tail step: step k_iters of the program's last tile
+            if t > 0:
+                s = i % STAGES
+                mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), STAGE_BYTES)
+                load(g, cfg, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), ready.index(s), prev, last_iters,
+                     prev)
+
+
+@gluon.jit
+def _produce_tile(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, load: gl.constexpr, load_tile: gl.constexpr,
+                  STAGE_BYTES: gl.constexpr, TILE_BYTES: gl.constexpr, CONSUMERS: gl.constexpr,
+                  LOOKAHEAD: gl.constexpr, tile_id, i, t, prev):
+    """The producer's loads of one tile (the program's t-th; its first ring step is i): the per-tile
+    operand, then every step's stage. Returns (the next ring step, the tile, its steps)."""
+    x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule, dyn = pipeline
+    setup, _, _, _, _, STAGES, _, _, _, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, _, _, SIDE, _ = parts
+    tile, k_iters = setup(g, cfg, tile_id)
+    if TILE_RESIDENT:  # a constant operand: loaded with the first tile, kept for all
+        if t == 0:
             mbarrier.expect(tile_ready.index(0), TILE_BYTES)
             load_tile(g, cfg, tile_bufs, tile_ready.index(0), tile)
-        elif TILE_BYTES > 0:  # each consumer's per-tile operand, once its buffer is free again
-            for c in gl.static_range(CONSUMERS):
-                slot = _tile_slot(c, t, TILE_BUFFERS, False)
-                mbarrier.wait(tile_empty.index(slot), ((t // TILE_BUFFERS) & 1) ^ 1)
-                mbarrier.expect(tile_ready.index(slot), TILE_BYTES)
-                load_tile(g, cfg, tile_bufs.index(slot), tile_ready.index(slot), tile, c)
-        for kk in range(k_iters):
-            s = i % STAGES
-            if LOOKAHEAD > 0 and i >= STAGES:
-                # step i - LOOKAHEAD released (phase j // STAGES of its barrier; consumers release in
-                # order, so step i - STAGES, this stage's last use, was released before it)
-                j = i - LOOKAHEAD
-                mbarrier.wait(empty.index(j % STAGES), (j // STAGES) & 1)
-            else:
-                # a fresh barrier counts as having completed the phase before phase 0: the first lap
-                # through the ring waits on parity 1 and passes at once
-                mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), STAGE_BYTES)
-            if CARRY:
-                load(g, cfg, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), ready.index(s), tile, kk, prev)
-            else:
-                load(g, cfg, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), ready.index(s), tile, kk)
-            i += 1
-        if CARRY:
-            prev = tile
-            last_iters = k_iters
-        t += 1
-    if CARRY:  # the tail step: step k_iters of the program's last tile
-        if t > 0:
-            s = i % STAGES
+    elif TILE_SHARED:  # the tile's operands, once every consumer has let go of the last ones
+        mbarrier.wait(tile_empty.index(0), (t & 1) ^ 1)
+        mbarrier.expect(tile_ready.index(0), TILE_BYTES)
+        load_tile(g, cfg, tile_bufs, tile_ready.index(0), tile)
+    elif TILE_BYTES > 0:  # each consumer's per-tile operand, once its buffer is free again
+        for c in gl.static_range(CONSUMERS):
+            slot = _tile_slot(c, t, TILE_BUFFERS, False)
+            mbarrier.wait(tile_empty.index(slot), ((t // TILE_BUFFERS) & 1) ^ 1)
+            mbarrier.expect(tile_ready.index(slot), TILE_BYTES)
+            load_tile(g, cfg, tile_bufs.index(slot), tile_ready.index(slot), tile, c)
+    for kk in range(k_iters):
+        s = i % STAGES
+        if LOOKAHEAD > 0 and i >= STAGES:
+            # step i - LOOKAHEAD released (phase j // STAGES of its barrier; consumers release in
+            # order, so step i - STAGES, this stage's last use, was released before it)
+            j = i - LOOKAHEAD
+            mbarrier.wait(empty.index(j % STAGES), (j // STAGES) & 1)
+        else:
+            # a fresh barrier counts as having completed the phase before phase 0: the first lap
+            # through the ring waits on parity 1 and passes at once
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), STAGE_BYTES)
-            load(g, cfg, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), ready.index(s), prev, last_iters, prev)
+        mbarrier.expect(ready.index(s), STAGE_BYTES)
+        if CARRY:
+            load(g, cfg, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), ready.index(s), tile, kk, prev)
+        else:
+            load(g, cfg, _stage_x(x_ring, z_ring, s, SIDE), y_ring.index(s), ready.index(s), tile, kk)
+        i += 1
+    return i, tile, k_iters
+
+
+@gluon.jit
+def _publish_tile(ids, id_ready, id_free, t, tile_id):
+    """Dynamic tiles: the producer hands the program's t-th tile id to the consumers (a ring of slots
+    in shared memory, each with a barrier pair: written; read by every consumer)."""
+    SLOTS: gl.constexpr = ids.shape[0]
+    slot = t % SLOTS
+    mbarrier.wait(id_free.index(slot), ((t // SLOTS) & 1) ^ 1)
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    ids.index(slot).store(gl.full([1], tile_id, gl.int32, layout))
+    mbarrier.arrive(id_ready.index(slot))  # releases the store above (the arriving thread made it too)
+
+
+@gluon.jit
+def _receive_tile(ids, id_ready, id_free, t):
+    """Dynamic tiles: a consumer's t-th tile id (num_tiles or more: no tile left)."""
+    SLOTS: gl.constexpr = ids.shape[0]
+    slot = t % SLOTS
+    mbarrier.wait(id_ready.index(slot), (t // SLOTS) & 1)
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    tile_id = gl.max(ids.index(slot).load(layout), axis=0)
+    gl.thread_barrier()  # every warp of the partition has read the slot before it is released
+    mbarrier.arrive(id_free.index(slot))
+    return tile_id
 
 
 @gluon.jit
@@ -331,78 +399,104 @@ def _consumer(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: gl.co
     """Consumer CID's loop. What every consumer partition shares (see persistent_pipeline): the
     runtime ``pipeline`` (ring, barriers, tile count) and the compile-time ``parts`` (the kernel's
     functions and the template's options)."""
-    x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule = pipeline
+    x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule, dyn = pipeline
     (setup, init, compute, drain, finish, STAGES, IN_FLIGHT, TILE_OPERAND, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
-     TILE_BUFFERS, CARRY, carry0, SCHEDULED, SIDE) = parts
+     TILE_BUFFERS, CARRY, carry0, SCHEDULED, SIDE, DYNAMIC) = parts
     i = 0
     t = 0
-    if CARRY:
-        state = carry0(g, cfg)
-        last_iters = gl.program_id(0) * 0
-    first, end, step = program_tiles(num_tiles, schedule, SCHEDULED)
-    next_id = scheduled_tile(first, schedule, SCHEDULED)
-    for n in range(first, end, step):
-        tile_id, next_id = next_tile(n, step, next_id, schedule, SCHEDULED)
-        tile, k_iters = setup(g, cfg, tile_id)
-        slot = _tile_slot(CID, t, TILE_BUFFERS, TILE_SHARED)
-        if TILE_OPERAND:
-            mbarrier.wait(tile_ready.index(slot), 0 if TILE_RESIDENT else (t // TILE_BUFFERS) & 1)
-            tile_buf = _tile_buf(tile_bufs, slot, TILE_SHARED)
-            if CARRY:
-                state = init(g, cfg, tile, tile_buf, state)
-            else:
-                state = init(g, cfg, tile, tile_buf)
-        else:
-            state = init(g, cfg, tile)
-        for kk in range(k_iters):
-            s = i % STAGES
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            xs = _stage_x(x_ring, z_ring, s, SIDE)
-            if PINGPONG:
-                # this consumer's turn at step i: consumer 0 goes first (a fresh barrier passes parity 1)
-                turn = (turns.index(CID), turns.index(1 - CID), (i & 1) ^ (1 - CID))
-                state = compute(g, cfg, state, xs, y_ring.index(s), kk, tile_buf, turn)
-            elif STEP_INDEX:
-                state = compute(g, cfg, state, xs, y_ring.index(s), kk, tile_buf, i)
-            elif CARRY:
-                state = compute(g, cfg, state, xs, y_ring.index(s), kk, tile_buf, out_smem)
-            elif TILE_OPERAND:
-                state = compute(g, cfg, state, xs, y_ring.index(s), kk, tile_buf)
-            else:
-                state = compute(g, cfg, state, xs, y_ring.index(s), kk)
-            if IN_FLIGHT == 0:
-                state = drain(g, cfg, state)  # its wgmma must finish before the stage is refilled
-                mbarrier.arrive(empty.index(s))
-            else:
-                # the wgmma of step kk-1 has finished: its stage can be refilled
-                mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=kk > 0)
-            i += 1
-        state = drain(g, cfg, state)
-        if IN_FLIGHT > 0:
-            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k_iters > 0)
-        if TILE_OPERAND and not TILE_RESIDENT:
-            mbarrier.arrive(tile_empty.index(slot))  # the producer may load a later tile's operand here
+    if DYNAMIC:
+        counter, ids, id_ready, id_free = dyn
+        tile_id = _receive_tile(ids, id_ready, id_free, t)
+        while tile_id < num_tiles:
+            _, i, _ = _consume_tile(g, cfg, out_smem, CID, PINGPONG, pipeline, parts, tile_id, i, t, 0, 0)
+            t += 1
+            tile_id = _receive_tile(ids, id_ready, id_free, t)
+    else:
         if CARRY:
-            last_iters = k_iters
-        else:
-            finish(g, cfg, state, tile, out_smem)
-        t += 1
-    if CARRY:  # the tail step: step k_iters of the program's last tile, which finishes it
-        if t > 0:
-            s = i % STAGES
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            xs = _stage_x(x_ring, z_ring, s, SIDE)
-            state = compute(g, cfg, state, xs, y_ring.index(s), last_iters, tile_bufs.index(0),
-                            out_smem)
-            state = drain(g, cfg, state)
+            state = carry0(g, cfg)
+            last_iters = gl.program_id(0) * 0
+        first, end, step = program_tiles(num_tiles, schedule, SCHEDULED)
+        next_id = scheduled_tile(first, schedule, SCHEDULED)
+        for n in range(first, end, step):
+            tile_id, next_id = next_tile(n, step, next_id, schedule, SCHEDULED)
+            if CARRY:
+                state, i, last_iters = _consume_tile(g, cfg, out_smem, CID, PINGPONG, pipeline, parts, tile_id, i, t,
+                                                     state, last_iters)
+            else:
+                _, i, _ = _consume_tile(g, cfg, out_smem, CID, PINGPONG, pipeline, parts, tile_id, i, t, 0, 0)
+            t += 1
+        if CARRY:  # the tail step: step k_iters of the program's last tile, which finishes it
+            if t > 0:
+                s = i % STAGES
+                mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+                xs = _stage_x(x_ring, z_ring, s, SIDE)
+                state = compute(g, cfg, state, xs, y_ring.index(s), last_iters, tile_bufs.index(0),
+                                out_smem)
+                state = drain(g, cfg, state)
     tma.store_wait(0)
+
+
+@gluon.jit
+def _consume_tile(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: gl.constexpr, pipeline,
+                  parts: gl.constexpr, tile_id, i, t, state, last_iters):
+    """Consumer CID's work on one tile (the program's t-th; its first ring step is i): init, every
+    step's compute, drain, finish. Returns (state, the next ring step, the tile's steps): with carry0
+    the state goes on to the next tile (``state`` is the previous tile's) and the steps are needed by
+    the tail step; otherwise both are unused (pass 0)."""
+    x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule, dyn = pipeline
+    (setup, init, compute, drain, finish, STAGES, IN_FLIGHT, TILE_OPERAND, STEP_INDEX, TILE_SHARED, TILE_RESIDENT,
+     TILE_BUFFERS, CARRY, carry0, SCHEDULED, SIDE, DYNAMIC) = parts
+    tile, k_iters = setup(g, cfg, tile_id)
+    slot = _tile_slot(CID, t, TILE_BUFFERS, TILE_SHARED)
+    if TILE_OPERAND:
+        mbarrier.wait(tile_ready.index(slot), 0 if TILE_RESIDENT else (t // TILE_BUFFERS) & 1)
+        tile_buf = _tile_buf(tile_bufs, slot, TILE_SHARED)
+        if CARRY:
+            state = init(g, cfg, tile, tile_buf, state)
+        else:
+            state = init(g, cfg, tile, tile_buf)
+    else:
+        state = init(g, cfg, tile)
+    for kk in range(k_iters):
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        xs = _stage_x(x_ring, z_ring, s, SIDE)
+        if PINGPONG:
+            # this consumer's turn at step i: consumer 0 goes first (a fresh barrier passes parity 1)
+            turn = (turns.index(CID), turns.index(1 - CID), (i & 1) ^ (1 - CID))
+            state = compute(g, cfg, state, xs, y_ring.index(s), kk, tile_buf, turn)
+        elif STEP_INDEX:
+            state = compute(g, cfg, state, xs, y_ring.index(s), kk, tile_buf, i)
+        elif CARRY:
+            state = compute(g, cfg, state, xs, y_ring.index(s), kk, tile_buf, out_smem)
+        elif TILE_OPERAND:
+            state = compute(g, cfg, state, xs, y_ring.index(s), kk, tile_buf)
+        else:
+            state = compute(g, cfg, state, xs, y_ring.index(s), kk)
+        if IN_FLIGHT == 0:
+            state = drain(g, cfg, state)  # its wgmma must finish before the stage is refilled
+            mbarrier.arrive(empty.index(s))
+        else:
+            # the wgmma of step kk-1 has finished: its stage can be refilled
+            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=kk > 0)
+        i += 1
+    state = drain(g, cfg, state)
+    if IN_FLIGHT > 0:
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k_iters > 0)
+    if TILE_OPERAND and not TILE_RESIDENT:
+        mbarrier.arrive(tile_empty.index(slot))  # the producer may load a later tile's operand here
+    if CARRY:
+        last_iters = k_iters
+    else:
+        finish(g, cfg, state, tile, out_smem)
+    return state, i, last_iters
 
 
 @gluon.jit
 def _helper(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, helper: gl.constexpr):
     """The helper partition's loop (see the module docstring): issue and finish for every step of
     the program's tiles, in the consumers' order."""
-    x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule = pipeline
+    x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule, _ = pipeline
     setup: gl.constexpr = parts[0]
     SCHEDULED: gl.constexpr = parts[14]
     issue: gl.constexpr = helper[0]
@@ -455,7 +549,7 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
                         STEP_INDEX: gl.constexpr = False, TILE_RESIDENT: gl.constexpr = False,
                         TILE_BUFFERS: gl.constexpr = 1, carry0: gl.constexpr = None, schedule=None, z_desc=None,
                         helper: gl.constexpr = None, HELPER_WARPS: gl.constexpr = 4, HELPER_REGS: gl.constexpr = 88,
-                        LOOKAHEAD: gl.constexpr = 0):
+                        LOOKAHEAD: gl.constexpr = 0, tile_counter=None):
     """Allocate the ring and barriers, then fork a 1-warp TMA producer and the consumer warps.
 
     ``x_desc``/``y_desc`` give the block shape, dtype and swizzle of each stage's two buffers;
@@ -478,7 +572,9 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     steps beside the consumers (see the module docstring). ``LOOKAHEAD`` (below ``STAGES``; 0: the
     ring's depth): after its first lap through the ring the producer loads a step only once the step
     ``LOOKAHEAD`` before it is released, so a deep ring fills at a program's start (when nothing is
-    written yet and the memory has room for more reads) and runs ``LOOKAHEAD`` deep after. The
+    written yet and the memory has room for more reads) and runs ``LOOKAHEAD`` deep after.
+    ``tile_counter``: an int32 in global memory, zero before the first launch: tiles are then drawn
+    from it as programs get to them (dynamic tiles, see the module docstring). The
     registers of the consumer, helper and producer warpgroups add up to at most 504 (168 a thread at
     launch) with three warpgroups, 512 with four (a helper: the first consumer gets what the others
     leave).
@@ -488,6 +584,9 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     CARRY: gl.constexpr = carry0 is not None
     SIDE: gl.constexpr = z_desc is not None
     HELPER: gl.constexpr = helper is not None
+    DYNAMIC: gl.constexpr = tile_counter is not None
+    gl.static_assert(not DYNAMIC or not (SCHEDULED or CARRY or HELPER),
+                     "dynamic tiles go without a schedule table, carry0 or a helper")
     gl.static_assert(LOOKAHEAD < STAGES and (LOOKAHEAD == 0 or not CARRY),
                      "LOOKAHEAD is below STAGES, and not with carry0")
     gl.static_assert(not HELPER or (CONSUMERS == 2 and TILE_SHARED and not TILE_RESIDENT and not CARRY),
@@ -524,6 +623,16 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     tile_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS * TILE_BUFFERS, 1], mbarrier.MBarrierLayout())
     tile_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS * TILE_BUFFERS, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    if DYNAMIC:  # the tile ids the producer draws, handed to the consumers
+        ids = gl.allocate_shared_memory(gl.int32, [TILE_ID_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        id_ready = gl.allocate_shared_memory(gl.int64, [TILE_ID_SLOTS, 1], mbarrier.MBarrierLayout())
+        id_free = gl.allocate_shared_memory(gl.int64, [TILE_ID_SLOTS, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(TILE_ID_SLOTS):
+            mbarrier.init(id_ready.index(c), count=1)
+            mbarrier.init(id_free.index(c), count=CONSUMERS)
+        dyn = (tile_counter, ids, id_ready, id_free)
+    else:
+        dyn = num_tiles  # unused
     gl.static_assert(not PINGPONG or (CONSUMERS == 2 and TILE_OPERAND), "PINGPONG takes two consumers and a tile operand")
     for c in gl.static_range(2):
         mbarrier.init(turns.index(c), count=1)
@@ -537,10 +646,11 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     LATE_RELEASE: gl.constexpr = (1 if STAGES > 1 else 0) if IN_FLIGHT < 0 else IN_FLIGHT
     # what every partition shares (each consumer also takes its index, in cfg and as CID, and its
     # epilogue buffer); the functions ride in a constexpr tuple: Gluon cannot hold them in a runtime one
-    pipeline = (x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule)
+    pipeline = (x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule,
+                dyn)
     parts: gl.constexpr = gl.constexpr((setup, init, compute, drain, finish, STAGES, LATE_RELEASE, TILE_OPERAND,
                                         STEP_INDEX, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, carry0,
-                                        SCHEDULED, SIDE))
+                                        SCHEDULED, SIDE, DYNAMIC))
     if CONSUMERS == 1:
         gl.warp_specialize([(_consumer, (g, cfg, out_smem.index(0), 0, False, pipeline, parts)),
                             (_producer, (g, cfg, pipeline, parts, load, load_tile, STAGE_BYTES, TILE_BYTES, CONSUMERS,
@@ -576,6 +686,10 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
         mbarrier.invalidate(tile_empty.index(c))
     for c in gl.static_range(2):
         mbarrier.invalidate(turns.index(c))
+    if DYNAMIC:
+        for c in gl.static_range(TILE_ID_SLOTS):
+            mbarrier.invalidate(id_ready.index(c))
+            mbarrier.invalidate(id_free.index(c))
 
 
 @gluon.jit

@@ -96,3 +96,20 @@ def gluon_descriptor(t: torch.Tensor, block: list[int], shape=None, strides=None
 
     return TensorDescriptor(t, list(shape or t.shape), list(strides or t.stride()), list(block),
                             _nvmma_layout(tuple(block), t.dtype))
+
+
+_TILE_COUNTERS: dict = {}
+
+
+def tile_counter(device: torch.device) -> torch.Tensor:
+    """The int32 counter of a dynamic-tile launch (``tiles.gluon.persistent_pipeline``'s
+    ``tile_counter``) on ``device``'s current stream: zero before its first launch, and every launch
+    leaves it zero, so one counter a stream serves all its launches, one after another (a launch on
+    another stream at the same time gets its own). Off CUDA (compile-only callers): a fresh zero."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.zeros(1, dtype=torch.int32, device=device)
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    if key not in _TILE_COUNTERS:
+        _TILE_COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _TILE_COUNTERS[key]

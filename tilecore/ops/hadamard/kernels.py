@@ -275,10 +275,11 @@ def _h64(device, dtype) -> torch.Tensor:
                       (-h).to(dtype).view(torch.bfloat16)]).to(device)
 
 
-def gluon_args(x, out, scale: float, stages: int, lookahead: int = 0) -> dict:
+def gluon_args(x, out, scale: float, stages: int, lookahead: int = 0, dynamic: bool = True) -> dict:
     """hadamard_gluon_kernel's arguments for (rows, n) ``x`` and ``out``: the rows as lines of 64
-    elements (TMA descriptors with [64, 64] boxes; the staging buffer's shape: [64 S, 64]) and +-H_64."""
-    from tilecore.tiles.launch import gluon_descriptor
+    elements (TMA descriptors with [64, 64] boxes; the staging buffer's shape: [64 S, 64]), +-H_64 and
+    the stream's row counter (``dynamic``: rows are drawn as programs get to them)."""
+    from tilecore.tiles.launch import gluon_descriptor, tile_counter
 
     rows, n = x.shape
     S = n // 8192
@@ -287,8 +288,8 @@ def gluon_args(x, out, scale: float, stages: int, lookahead: int = 0) -> dict:
         return gluon_descriptor(t, block, shape=[rows * n // 64, 64], strides=[64, 1])
 
     return dict(x_desc=lines(x, [64, 64]), out_desc=lines(out, [64, 64]), staging_desc=lines(out, [64 * S, 64]),
-                h_desc=gluon_descriptor(_h64(x.device, x.dtype), [64, 64]), rows=rows, scale=scale, S=S,
-                STAGES=stages, LOOKAHEAD=lookahead)
+                h_desc=gluon_descriptor(_h64(x.device, x.dtype), [64, 64]), rows=rows, scale=scale,
+                row_counter=tile_counter(x.device), S=S, STAGES=stages, LOOKAHEAD=lookahead, DYNAMIC=dynamic)
 
 
 def gluon_programs(rows: int, num_sms: int) -> int:
@@ -308,10 +309,11 @@ def gluon_programs(rows: int, num_sms: int) -> int:
 
 
 def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int | None = None,
-                 programs: int | None = None, lookahead: int | None = None) -> None:
+                 programs: int | None = None, lookahead: int | None = None, dynamic: bool = True) -> None:
     """out = scale * H_n x on Hopper through gluon_kernels.hadamard_gluon_kernel (see gluon_fits);
     ``programs`` overrides gluon_programs' grid; ``stages`` and ``lookahead`` (the template's
-    LOOKAHEAD, 0: the ring's depth) override GLUON_TUNING's."""
+    LOOKAHEAD, 0: the ring's depth) override GLUON_TUNING's; ``dynamic``: rows drawn from a counter
+    as programs get to them, else dealt round-robin."""
     from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
 
     if stages is None:
@@ -321,7 +323,7 @@ def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int | None = Non
 
     grid = min(x.shape[0], programs or gluon_programs(x.shape[0], num_sms))
     with dispatch.on_device(x.device):
-        hadamard_gluon_kernel[(grid,)](**gluon_args(x, out, scale, stages, lookahead), num_warps=4)
+        hadamard_gluon_kernel[(grid,)](**gluon_args(x, out, scale, stages, lookahead, dynamic), num_warps=4)
 
 
 def launch(x, out, scale: float, *, interpret: bool, num_sms: int, tma=None, gluon=None, **tuning) -> None:
