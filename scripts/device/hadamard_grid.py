@@ -62,8 +62,10 @@ VARIANT_SETS = {
                 "static rows, 4 stages (session 17)": dict(num_sms=132, stages=4, dynamic=False),
                 "dynamic rows, 4 stages": dict(num_sms=132, stages=4),
                 "dynamic rows, 132 programs": dict(num_sms=132, programs=132)},
-    "16384": {"gluon, 4 stages": dict(num_sms=132, programs=132, stages=4),
-              "gluon, 5 stages": dict(num_sms=132, programs=132, stages=5),
+    "16384": {"gluon, dynamic rows, 4 stages": dict(num_sms=132, programs=132, stages=4),
+              "gluon, dynamic rows, 8 stages, lookahead 4": dict(num_sms=132, programs=132, stages=8, lookahead=4),
+              "gluon, dynamic rows, 8 stages, lookahead 6": dict(num_sms=132, programs=132, stages=8, lookahead=6),
+              "gluon, static rows, 4 stages (session 11)": dict(num_sms=132, programs=132, stages=4, dynamic=False),
               "tl kernel (default at 16384)": dict(num_sms=132, gluon=False)},
 }
 
