@@ -64,7 +64,7 @@ VARIANT_SETS = {
                 "dynamic rows, 132 programs": dict(num_sms=132, programs=132)},
     "16384": {"gluon, dynamic rows, 4 stages": dict(num_sms=132, programs=132, stages=4),
               "gluon, dynamic rows, 8 stages, lookahead 4": dict(num_sms=132, programs=132, stages=8, lookahead=4),
-              "gluon, dynamic rows, 8 stages, lookahead 6": dict(num_sms=132, programs=132, stages=8, lookahead=6),
+              "gluon, dynamic rows, 8 stages, lookahead 2": dict(num_sms=132, programs=132, stages=8, lookahead=2),
               "gluon, static rows, 4 stages (session 11)": dict(num_sms=132, programs=132, stages=4, dynamic=False),
               "tl kernel (default at 16384)": dict(num_sms=132, gluon=False)},
 }
