@@ -127,13 +127,15 @@ def test_large_inputs_on_hopper_take_the_gluon_kernel(monkeypatch):
     monkeypatch.setattr(kernels, "gluon_fits", lambda x, out: True)
     monkeypatch.setattr(kernels, "launch_gluon", lambda x, out, scale, **kw: calls.append((x.shape, kw)))
     monkeypatch.setattr(kernels, "TMA_MIN_ELEMENTS", 0)
-    (n, _), = kernels.GLUON_TUNING.items()
-    x = torch.randn(2, n, dtype=torch.float16)
-    kernels.launch(x, torch.empty_like(x), 1.0, interpret=False, num_sms=2)
-    assert calls == [((2, n), {"num_sms": 2})]  # launch_gluon takes GLUON_TUNING's ring
-    for kw in (dict(tma="both"), dict(gluon=False)):  # an explicit choice wins: the tl kernel runs
-        kernels.launch(x, torch.empty_like(x), 1.0, interpret=False, num_sms=2, **kw)
-        assert len(calls) == 1, kw
+    assert set(kernels.GLUON_TUNING) <= set(kernels.GLUON_SIZES)
+    for n in kernels.GLUON_TUNING:
+        calls.clear()
+        x = torch.randn(2, n, dtype=torch.float16)
+        kernels.launch(x, torch.empty_like(x), 1.0, interpret=False, num_sms=2)
+        assert calls == [((2, n), {"num_sms": 2})]  # launch_gluon takes GLUON_TUNING's ring
+        for kw in (dict(tma="both"), dict(gluon=False)):  # an explicit choice wins: the tl kernel runs
+            kernels.launch(x, torch.empty_like(x), 1.0, interpret=False, num_sms=2, **kw)
+            assert len(calls) == 1, kw
 
 
 def test_default_dispatch_does_not_spill(sm90_report):

@@ -249,12 +249,14 @@ def _descriptor(t, cfg: dict):
 
 # n -> (ring stages, lookahead) of Hopper's Gluon kernel (gluon_kernels.py), for float16/bfloat16 rows
 # of n = 8192 S (S = 2, 4) that are contiguous and TMA-describable, from TMA_MIN_ELEMENTS elements: the
-# default for the n listed here (notes/hadamard.md, v9); GLUON_SIZES is what the kernel can do.
-# GLUON_STAGES: the ring depth where n has no entry. At n = 32768 the loads run best exactly a row (4
-# slices) ahead of the consumers: 3 lost 10%, 5 lost 2%, 8 lost 5% (sessions 11, 18); a ring of 8 that
-# fills two rows at the start (when nothing is written yet) and then runs 4 deep gained 0.2-0.3%.
+# default for the n listed here (notes/hadamard.md, v9; 16384 since session 18, when rows drawn as
+# programs get to them took it from 93.8% of copy to 98.6%, past the tl kernel's 96.2-96.5%);
+# GLUON_SIZES is what the kernel can do. GLUON_STAGES: the ring depth where n has no entry. At
+# n = 32768 the loads run best exactly a row (4 slices) ahead of the consumers: 3 lost 10%, 5 lost 2%,
+# 8 lost 5% (sessions 11, 18); a ring of 8 that fills two rows at the start (when nothing is written
+# yet) and then runs 4 deep gained 0.2-0.3%. At 16384 two rows ahead (4 stages) beat one (83%).
 GLUON_STAGES = 4
-GLUON_TUNING = {32768: (8, 4)}
+GLUON_TUNING = {16384: (4, 0), 32768: (8, 4)}
 GLUON_SIZES = (16384, 32768)
 
 
@@ -293,7 +295,8 @@ def gluon_args(x, out, scale: float, stages: int, lookahead: int = 0, dynamic: b
 
 
 def gluon_programs(rows: int, num_sms: int) -> int:
-    """The Gluon kernel's grid: a program per SM, or up to 4% fewer where that fills the last round
+    """The Gluon kernel's grid with rows dealt round-robin (``launch_gluon(dynamic=False)``; drawn
+    rows take a program per SM): a program per SM, or up to 4% fewer where that fills the last round
     of rows better. A row is a program's whole tile (128 KiB of traffic at n = 32768), and a last
     round of a few rows keeps those SMs busy for a whole row's time while the rest idle: 8,192 rows
     on 132 SMs leave 8 in a 63rd round; 128 programs run 64 full rounds, 0.7-0.8% faster (the
@@ -321,7 +324,8 @@ def launch_gluon(x, out, scale: float, *, num_sms: int, stages: int | None = Non
         lookahead = tuned_lookahead if lookahead is None else lookahead
     lookahead = lookahead or 0  # a ring of given depth runs that deep unless told otherwise
 
-    grid = min(x.shape[0], programs or gluon_programs(x.shape[0], num_sms))
+    # drawn rows end together on any grid (one program per SM measured as fast as 128 at 8192 rows)
+    grid = min(x.shape[0], programs or (num_sms if dynamic else gluon_programs(x.shape[0], num_sms)))
     with dispatch.on_device(x.device):
         hadamard_gluon_kernel[(grid,)](**gluon_args(x, out, scale, stages, lookahead, dynamic), num_warps=4)
 
