@@ -2,7 +2,7 @@
 bf16) with its grid and ring depth varied, each checked against float64 on sampled rows (output
 poisoned first), then timed next to torch's copy_ of the same bytes (and the bench's ceiling, a copy
 of 1 GiB), ROUNDS interleaved rounds: median % of copy (of the per-round ratios). VARIANT_SETS says
-what each set asks.
+what each set asks (the sets before session 18's "dynamic" deal rows round-robin, as they were run).
 
     PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|programs|twin|sizes|lookahead|dynamic|16384]
         [--elements E] [--out DIR]
@@ -26,35 +26,36 @@ from tilecore.ops.hadamard.reference import hadamard_reference  # noqa: E402
 ELEMENTS, ROUNDS = 1 << 28, 7
 VARIANT_SETS = {
     # session 10: does a grid that divides the rows evenly beat one program per SM?
-    "grid": {"132 programs, 8 stages (shipped)": dict(num_sms=132, programs=132, stages=8),
-             "128 programs, 8 stages": dict(num_sms=132, programs=128, stages=8),
-             "66 programs, 8 stages": dict(num_sms=132, programs=66, stages=8),
-             "132 programs, 7 stages": dict(num_sms=132, programs=132, stages=7)},
+    "grid": {"132 programs, 8 stages (shipped)": dict(num_sms=132, programs=132, stages=8, dynamic=False),
+             "128 programs, 8 stages": dict(num_sms=132, programs=128, stages=8, dynamic=False),
+             "66 programs, 8 stages": dict(num_sms=132, programs=66, stages=8, dynamic=False),
+             "132 programs, 7 stages": dict(num_sms=132, programs=132, stages=7, dynamic=False)},
     # session 11: the shipped kernel (slice s's first product in flight under slice s-1's adds) by
     # ring depth, and at n = 16384 against the tl kernel that runs there by default
-    "stages": {"4 stages (shipped)": dict(num_sms=132, stages=4),
-               "5 stages": dict(num_sms=132, programs=132, stages=5),
-               "6 stages": dict(num_sms=132, programs=132, stages=6),
-               "3 stages": dict(num_sms=132, programs=132, stages=3)},
-    "programs": {"132 programs": dict(num_sms=132, programs=132, stages=4),
-                 "128 programs (64 rows each; shipped)": dict(num_sms=132, programs=128, stages=4),
-                 "124 programs": dict(num_sms=132, programs=124, stages=4),
-                 "120 programs": dict(num_sms=132, programs=120, stages=4),
-                 "116 programs": dict(num_sms=132, programs=116, stages=4)},
+    "stages": {"4 stages (shipped)": dict(num_sms=132, stages=4, dynamic=False),
+               "5 stages": dict(num_sms=132, programs=132, stages=5, dynamic=False),
+               "6 stages": dict(num_sms=132, programs=132, stages=6, dynamic=False),
+               "3 stages": dict(num_sms=132, programs=132, stages=3, dynamic=False)},
+    "programs": {"132 programs": dict(num_sms=132, programs=132, stages=4, dynamic=False),
+                 "128 programs (64 rows each; shipped)": dict(num_sms=132, programs=128, stages=4, dynamic=False),
+                 "124 programs": dict(num_sms=132, programs=124, stages=4, dynamic=False),
+                 "120 programs": dict(num_sms=132, programs=120, stages=4, dynamic=False),
+                 "116 programs": dict(num_sms=132, programs=116, stages=4, dynamic=False)},
     # the shipped kernel's memory pattern alone (hadamard_large_probe's twins: no products; or the
     # products without stores): the ceiling of one row per SM
     "twin": {"shipped": dict(num_sms=132, stages=4),
              "twin: loads and stores, no products": dict(twin=dict(num_sms=128, stages=4, copy=True)),
              "twin: products, no stores": dict(twin=dict(num_sms=128, stages=4, copy=False, stores=2))},
-    "sizes": {"shipped": dict(num_sms=132, stages=4), "132 programs": dict(num_sms=132, programs=132, stages=4)},
+    "sizes": {"shipped": dict(num_sms=132, stages=4, dynamic=False),
+              "132 programs": dict(num_sms=132, programs=132, stages=4, dynamic=False)},
     # session 18: a ring that fills at the start (two rows ahead while nothing is written yet) and
     # runs LOOKAHEAD slices deep after (4: the shipped ring's depth)
-    "lookahead": {"4 stages (session 17)": dict(num_sms=132, stages=4),
-                  "8 stages, lookahead 4 (shipped)": dict(num_sms=132),
-                  "7 stages, lookahead 4": dict(num_sms=132, stages=7, lookahead=4),
-                  "6 stages, lookahead 4": dict(num_sms=132, stages=6, lookahead=4),
-                  "8 stages, lookahead 5": dict(num_sms=132, stages=8, lookahead=5),
-                  "8 stages": dict(num_sms=132, stages=8)},
+    "lookahead": {"4 stages (session 17)": dict(num_sms=132, stages=4, dynamic=False),
+                  "8 stages, lookahead 4 (shipped then)": dict(num_sms=132, dynamic=False),
+                  "7 stages, lookahead 4": dict(num_sms=132, stages=7, lookahead=4, dynamic=False),
+                  "6 stages, lookahead 4": dict(num_sms=132, stages=6, lookahead=4, dynamic=False),
+                  "8 stages, lookahead 5": dict(num_sms=132, stages=8, lookahead=5, dynamic=False),
+                  "8 stages": dict(num_sms=132, stages=8, dynamic=False)},
     # session 18: rows drawn from a counter as programs get to them (the template's tile_counter),
     # against rows dealt round-robin; with dynamic rows a program per SM may pay again
     "dynamic": {"dynamic rows, 8 stages, lookahead 4 (shipped)": dict(num_sms=132),

@@ -92,20 +92,24 @@ def _finish_variant(g, cfg: gl.constexpr, state, row, staging):
 
 
 @gluon.jit
-def gluon_twin_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, S: gl.constexpr, STAGES: gl.constexpr,
-                      COPY: gl.constexpr = True, STORES: gl.constexpr = 0):
-    """The Gluon kernel with its products left out (COPY) and/or its stores paced or left out."""
+def gluon_twin_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, row_counter, S: gl.constexpr,
+                      STAGES: gl.constexpr, LOOKAHEAD: gl.constexpr, COPY: gl.constexpr = True,
+                      STORES: gl.constexpr = 0):
+    """The Gluon kernel with its products left out (COPY) and/or its stores paced or left out; its
+    rows and ring as the kernel's (kernels.gluon_args)."""
     g = (x_desc, out_desc, h_desc, rows, scale, 128 * S)
     cfg: gl.constexpr = gl.constexpr((S, COPY, STORES))
     tiles = rows
     if COPY:
         persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, tiles, gk._setup, gk._load, gk._init, _copy_compute,
                             _copy_drain, _finish_variant, STAGES, CONSUMERS=2, IN_FLIGHT=0, tile_desc=h_desc,
-                            load_tile=gk._load_h, TILE_OPERANDS=3, TILE_SHARED=True, TILE_RESIDENT=True)
+                            load_tile=gk._load_h, TILE_OPERANDS=3, TILE_SHARED=True, TILE_RESIDENT=True,
+                            LOOKAHEAD=LOOKAHEAD, tile_counter=row_counter)
     else:
         persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, tiles, gk._setup, gk._load, gk._init, gk._compute,
                             gk._drain, _finish_variant, STAGES, CONSUMERS=2, IN_FLIGHT=1, tile_desc=h_desc,
-                            load_tile=gk._load_h, TILE_OPERANDS=3, TILE_SHARED=True, TILE_RESIDENT=True)
+                            load_tile=gk._load_h, TILE_OPERANDS=3, TILE_SHARED=True, TILE_RESIDENT=True,
+                            LOOKAHEAD=LOOKAHEAD, tile_counter=row_counter)
 
 
 def gluon_twin_launch(x, out, scale, num_sms, stages=8, copy=True, stores=0):

@@ -47,22 +47,15 @@ def _finish_timed(g, cfg: gl.constexpr, state, row, staging):
 
 @gluon.jit
 def timeline_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, row_counter, row_times, row_programs,
-                    program_times, S: gl.constexpr, STAGES: gl.constexpr, LOOKAHEAD: gl.constexpr,
-                    DYNAMIC: gl.constexpr):
+                    program_times, S: gl.constexpr, STAGES: gl.constexpr, LOOKAHEAD: gl.constexpr):
     g = (x_desc, out_desc, h_desc, rows, scale, 128 * S, row_times, row_programs)
     cfg: gl.constexpr = gl.constexpr((S,))
     pid = gl.program_id(0)
     gl.store(program_times + 2 * pid, _now(pid))
-    if DYNAMIC:
-        persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, gk._setup, gk._load, gk._init, gk._compute,
-                            gk._drain, _finish_timed, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24,
-                            IN_FLIGHT=1, tile_desc=h_desc, load_tile=gk._load_h, TILE_OPERANDS=3, TILE_SHARED=True,
-                            TILE_RESIDENT=True, LOOKAHEAD=LOOKAHEAD, tile_counter=row_counter)
-    else:
-        persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, gk._setup, gk._load, gk._init, gk._compute,
-                            gk._drain, _finish_timed, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24,
-                            IN_FLIGHT=1, tile_desc=h_desc, load_tile=gk._load_h, TILE_OPERANDS=3, TILE_SHARED=True,
-                            TILE_RESIDENT=True, LOOKAHEAD=LOOKAHEAD)
+    persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, gk._setup, gk._load, gk._init, gk._compute,
+                        gk._drain, _finish_timed, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24,
+                        IN_FLIGHT=1, tile_desc=h_desc, load_tile=gk._load_h, TILE_OPERANDS=3, TILE_SHARED=True,
+                        TILE_RESIDENT=True, LOOKAHEAD=LOOKAHEAD, tile_counter=row_counter)
     gl.store(program_times + 2 * pid + 1, _now(pid))
 
 

@@ -132,23 +132,17 @@ def _finish(g, cfg: gl.constexpr, state, row, staging):
 
 @gluon.jit
 def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, row_counter, S: gl.constexpr,
-                          STAGES: gl.constexpr, LOOKAHEAD: gl.constexpr = 0, DYNAMIC: gl.constexpr = True):
+                          STAGES: gl.constexpr, LOOKAHEAD: gl.constexpr = 0):
     """scale * H_n of each of ``rows`` contiguous rows, n = 8192 S. x_desc/out_desc: the rows as
     (rows * n / 64, 64) lines with [64, 64] boxes; staging_desc: the same with [64 S, 64] boxes (only its
     shape and layout are used: a consumer's staging buffer); h_desc: three [64, 64] boxes as bf16 bits,
     H_64 in bf16, then H_64 and -H_64 in the input's dtype (kernels.gluon_args). LOOKAHEAD: the
-    template's (a ring of STAGES that fills at the start, LOOKAHEAD deep after). DYNAMIC: rows drawn
-    from ``row_counter`` (an int32, zero at launch and left so) as programs get to them; otherwise
+    template's (a ring of STAGES that fills at the start, LOOKAHEAD deep after). ``row_counter``: an
+    int32, zero at launch and left so, from which programs draw rows as they get to them; or None:
     program p takes rows p, p + P, ..."""
     g = (x_desc, out_desc, h_desc, rows, scale, 128 * S)  # the last: lines per row
     cfg: gl.constexpr = gl.constexpr((S,))
-    if DYNAMIC:
-        persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, _setup, _load, _init, _compute, _drain,
-                            _finish, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, IN_FLIGHT=1,
-                            tile_desc=h_desc, load_tile=_load_h, TILE_OPERANDS=3, TILE_SHARED=True,
-                            TILE_RESIDENT=True, LOOKAHEAD=LOOKAHEAD, tile_counter=row_counter)
-    else:
-        persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, _setup, _load, _init, _compute, _drain,
-                            _finish, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, IN_FLIGHT=1,
-                            tile_desc=h_desc, load_tile=_load_h, TILE_OPERANDS=3, TILE_SHARED=True,
-                            TILE_RESIDENT=True, LOOKAHEAD=LOOKAHEAD)
+    persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, _setup, _load, _init, _compute, _drain,
+                        _finish, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, IN_FLIGHT=1,
+                        tile_desc=h_desc, load_tile=_load_h, TILE_OPERANDS=3, TILE_SHARED=True,
+                        TILE_RESIDENT=True, LOOKAHEAD=LOOKAHEAD, tile_counter=row_counter)

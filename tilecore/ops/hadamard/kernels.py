@@ -291,7 +291,7 @@ def gluon_args(x, out, scale: float, stages: int, lookahead: int = 0, dynamic: b
 
     return dict(x_desc=lines(x, [64, 64]), out_desc=lines(out, [64, 64]), staging_desc=lines(out, [64 * S, 64]),
                 h_desc=gluon_descriptor(_h64(x.device, x.dtype), [64, 64]), rows=rows, scale=scale,
-                row_counter=tile_counter(x.device), S=S, STAGES=stages, LOOKAHEAD=lookahead, DYNAMIC=dynamic)
+                row_counter=tile_counter(x.device) if dynamic else None, S=S, STAGES=stages, LOOKAHEAD=lookahead)
 
 
 def gluon_programs(rows: int, num_sms: int) -> int:
