@@ -268,7 +268,8 @@ def _producer(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, load: gl.cons
               LOOKAHEAD: gl.constexpr = 0):
     """The TMA producer's loop (``pipeline`` and ``parts`` as the consumers receive them)."""
     x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule, dyn = pipeline
-    setup, _, _, _, _, STAGES, _, _, _, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, _, SCHEDULED, SIDE, DYNAMIC = parts
+    (setup, _, _, _, _, STAGES, _, _, _, TILE_SHARED, TILE_RESIDENT, TILE_BUFFERS, CARRY, _, SCHEDULED, SIDE,
+     DYNAMIC) = parts
     i = 0
     t = 0
     if DYNAMIC:  # tiles drawn from a counter, each handed to the consumers through shared memory

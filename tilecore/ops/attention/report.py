@@ -153,8 +153,8 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
     stats = torch.empty(4, 2, 256, dtype=torch.float32)  # backward_preprocess's (B * H, 2, N) row statistics
     args = dict(q_desc=desc(bm), k_desc=desc(2 * bn), v_desc=desc(2 * bn), do_desc=desc(bm), dk_desc=desc(bn),
                 dv_desc=desc(bn), stats_desc=kernels.row_stats_descriptor(stats, bm),
-                dq_desc=gluon_descriptor(dq_sum, kernels.dq_box(bm, d, split, cfg["dq_from"])), H=16, N=4096, Nk=4096, GROUP=1,
-                scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, schedule=_schedule(causal, cfg),
+                dq_desc=gluon_descriptor(dq_sum, kernels.dq_box(bm, d, split, cfg["dq_from"])), H=16, N=4096,
+                Nk=4096, GROUP=1, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, schedule=_schedule(causal, cfg),
                 CAUSAL=causal, STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]],
                 KV_REGS=cfg.get("kv_regs", False))
     if split == "queries":
