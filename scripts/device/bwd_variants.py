@@ -11,7 +11,8 @@ Sets (--set): "shipped" (the launcher's configs, checked and timed); "configs" (
 against the other layouts and dQ modes); "stages" (its ring depth); "kvregs" (D = 64's key split
 with K and V in registers); "lagged" (the shipped config against dQ fused and lagged, session 15);
 "det" (the deterministic mode's config); "warpgroup" (D = 64: dQ by a warpgroup of its own, session
-17); "split" (session 12: the query split against the key split, D = 64); "ablate" (where the fused
+17); "drawn" (session 19: each program draws its tiles from a counter as it gets to them, against
+the shipped dealt or balanced tiles); "split" (session 12: the query split against the key split, D = 64); "ablate" (where the fused
 key split's time goes, D = 128 without a mask: the kernel alone, and with parts of its dQ path
 removed, through an ABLATE option of attention_bwd_kernel that only session 14's working tree had:
 apply notes/attention_bwd_ablate_session14.patch to commit 5d0e216 to run it; wrong results, never
@@ -58,6 +59,10 @@ def variants(set_name, d, causal):
     if set_name == "split":
         return {"key split": (kernels.key_split_config(d, causal), True),
                 "split": (SPLIT, True)}
+    if set_name == "drawn":  # session 19: tiles drawn from a counter (the template's tile_counter)
+        return {"shipped": (shipped, True), "drawn": (dict(shipped, drawn=True), True),
+                "kernel alone": (dict(shipped, kernel_alone=True), False),
+                "kernel alone, drawn": (dict(shipped, drawn=True, kernel_alone=True), False)}
     if set_name == "shipped":  # the launcher's configs (checked, timed), and their dK/dV kernel alone
         return {"shipped": (shipped, True), "kernel alone": (dict(shipped, kernel_alone=True), False)}
     if set_name == "kvregs":  # D = 64's key split with K and V as register operands of S^T and dP^T

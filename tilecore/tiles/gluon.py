@@ -64,7 +64,7 @@ it too slow, notes/attention.md.)
 
 With ``tile_counter`` (an int32 in global memory, zero at launch) the tiles are dynamic: each
 program's producer draws its next tile from the counter when it gets to it (an atomic add) and hands
-the id to the consumers through a small ring in shared memory, so programs that run faster take
+the id to the consumers (and the helper) through a small ring in shared memory, so programs that run faster take
 more tiles and all end within about a tile of each other. A static share of equal tiles can end
 far apart: the Hadamard kernel's 64 rows a program ended over 21 us of a 373 us call, since a
 row's time varies by tens of percent from one to the next (notes/hadamard.md, session 18). Every
@@ -496,28 +496,48 @@ def _consume_tile(g, cfg: gl.constexpr, out_smem, CID: gl.constexpr, PINGPONG: g
 @gluon.jit
 def _helper(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, helper: gl.constexpr):
     """The helper partition's loop (see the module docstring): issue and finish for every step of
-    the program's tiles, in the consumers' order."""
-    x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule, _ = pipeline
-    setup: gl.constexpr = parts[0]
+    the program's tiles, in the consumers' order (drawn tiles: it receives each id as they do)."""
+    x_ring, y_ring, z_ring, ready, empty, tile_bufs, tile_ready, tile_empty, num_tiles, turns, schedule, dyn = pipeline
     SCHEDULED: gl.constexpr = parts[14]
-    issue: gl.constexpr = helper[0]
-    finish: gl.constexpr = helper[1]
+    DYNAMIC: gl.constexpr = parts[16]
     i = 0
     t = 0
-    first, end, step = program_tiles(num_tiles, schedule, SCHEDULED)
-    next_id = scheduled_tile(first, schedule, SCHEDULED)
-    for n in range(first, end, step):
-        tile_id, next_id = next_tile(n, step, next_id, schedule, SCHEDULED)
-        tile, k_iters = setup(g, cfg, tile_id)
-        # the tile's operands have arrived (and are visible to this partition's reads)
-        mbarrier.wait(tile_ready.index(0), t & 1)
-        for kk in range(k_iters):
-            token = issue(g, cfg, tile, kk, i, tile_bufs)
-            finish(g, cfg, tile, kk, i, tile_bufs, token)
-            i += 1
-        mbarrier.arrive(tile_empty.index(0))  # the producer may load the next tile's operands
-        t += 1
+    if DYNAMIC:
+        counter, ids, id_ready, id_free = dyn
+        tile_id = _receive_tile(ids, id_ready, id_free, t)
+        while tile_id < num_tiles:
+            i = _help_tile(g, cfg, pipeline, parts, helper, tile_id, i, t)
+            t += 1
+            tile_id = _receive_tile(ids, id_ready, id_free, t)
+    else:
+        first, end, step = program_tiles(num_tiles, schedule, SCHEDULED)
+        next_id = scheduled_tile(first, schedule, SCHEDULED)
+        for n in range(first, end, step):
+            tile_id, next_id = next_tile(n, step, next_id, schedule, SCHEDULED)
+            i = _help_tile(g, cfg, pipeline, parts, helper, tile_id, i, t)
+            t += 1
     tma.store_wait(0)
+
+
+@gluon.jit
+def _help_tile(g, cfg: gl.constexpr, pipeline, parts: gl.constexpr, helper: gl.constexpr, tile_id, i, t):
+    """The helper's work on one tile (the program's t-th; its first ring step is i). Returns the
+    next ring step."""
+    tile_bufs = pipeline[5]
+    tile_ready = pipeline[6]
+    tile_empty = pipeline[7]
+    setup: gl.constexpr = parts[0]
+    issue: gl.constexpr = helper[0]
+    finish: gl.constexpr = helper[1]
+    tile, k_iters = setup(g, cfg, tile_id)
+    # the tile's operands have arrived (and are visible to this partition's reads)
+    mbarrier.wait(tile_ready.index(0), t & 1)
+    for kk in range(k_iters):
+        token = issue(g, cfg, tile, kk, i, tile_bufs)
+        finish(g, cfg, tile, kk, i, tile_bufs, token)
+        i += 1
+    mbarrier.arrive(tile_empty.index(0))  # the producer may load the next tile's operands
+    return i
 
 
 @gluon.jit
@@ -586,8 +606,8 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
     SIDE: gl.constexpr = z_desc is not None
     HELPER: gl.constexpr = helper is not None
     DYNAMIC: gl.constexpr = tile_counter is not None
-    gl.static_assert(not DYNAMIC or not (SCHEDULED or CARRY or HELPER),
-                     "dynamic tiles go without a schedule table, carry0 or a helper")
+    gl.static_assert(not DYNAMIC or not (SCHEDULED or CARRY),
+                     "dynamic tiles go without a schedule table or carry0")
     gl.static_assert(LOOKAHEAD < STAGES and (LOOKAHEAD == 0 or not CARRY),
                      "LOOKAHEAD is below STAGES, and not with carry0")
     gl.static_assert(not HELPER or (CONSUMERS == 2 and TILE_SHARED and not TILE_RESIDENT and not CARRY),
@@ -630,7 +650,7 @@ def persistent_pipeline(g, cfg: gl.constexpr, x_desc, y_desc, out_desc, num_tile
         id_free = gl.allocate_shared_memory(gl.int64, [TILE_ID_SLOTS, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(TILE_ID_SLOTS):
             mbarrier.init(id_ready.index(c), count=1)
-            mbarrier.init(id_free.index(c), count=CONSUMERS)
+            mbarrier.init(id_free.index(c), count=CONSUMERS + (1 if HELPER else 0))  # every reader
         dyn = (tile_counter, ids, id_ready, id_free)
     else:
         dyn = num_tiles  # unused

@@ -507,11 +507,13 @@ def _ds_layout(dtype):
 
 @gluon.jit
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
-                         scale, scale_log2e, num_bhk, head_group, schedule, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                         DQ: gl.constexpr, KV_REGS: gl.constexpr = False):
+                         scale, scale_log2e, num_bhk, head_group, schedule, tile_counter, CAUSAL: gl.constexpr,
+                         STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False):
     """dK and dV (and with DQ 1 or 2, dQ added to dq_desc's float32 tensor: see _compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
-    producer warp."""
+    producer warp. Each program takes its tiles from ``schedule`` (a balanced table), round-robin
+    (both None), or draws them from ``tile_counter`` as it gets to them (the template's dynamic
+    tiles, in tile-id order: the head groups' L2 reuse stays)."""
     BM: gl.constexpr = q_desc.block_type.shape[2]
     BN: gl.constexpr = dk_desc.block_type.shape[2]  # one consumer's keys; k_desc's block holds both
     D: gl.constexpr = q_desc.block_type.shape[3]
@@ -544,7 +546,8 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
                         _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=200 if DQ == 4 else 240,
                         IN_FLIGHT=0, tile_desc=k_desc, load_tile=_load_kv, TILE_OPERANDS=2, TILE_SHARED=True,
                         STEP_INDEX=True, schedule=schedule, z_desc=stats_desc,
-                        helper=(_dq_issue, _dq_finish) if DQ == 4 else None, HELPER_REGS=88)
+                        helper=(_dq_issue, _dq_finish) if DQ == 4 else None, HELPER_REGS=88,
+                        tile_counter=tile_counter)
     for j in gl.static_range(2):
         mbarrier.invalidate(ds_full.index(j))
         mbarrier.invalidate(ds_free.index(j))

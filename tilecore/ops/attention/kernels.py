@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from tilecore import dispatch
-from tilecore.tiles.launch import CachedLaunch, gluon_descriptor, tma_describable
+from tilecore.tiles.launch import CachedLaunch, gluon_descriptor, tile_counter, tma_describable
 from tilecore.tiles.ops import causal_mask, masked, mma, mma_abt, online_softmax_update, row_sum
 from tilecore.tiles.schedule import balanced_schedule
 
@@ -554,7 +554,8 @@ def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats
 
 def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, *, block_m: int,
                    block_n: int, stages: int, dq_from: str = "fused", balanced: bool = True,
-                   dq_config: dict | None = None, split: str = "keys", kv_regs: bool = False) -> None:
+                   dq_config: dict | None = None, split: str = "keys", kv_regs: bool = False,
+                   drawn: bool = False) -> None:
     """The Gluon backward: the preprocess, then dk and dv, and dq: with ``dq_from`` "fused",
     "overlapped" or "lagged" in the same kernel (through a float32 buffer that its TMA reductions add
     to, each consumer half of the columns), "warpgroup" likewise by a warpgroup of its own (D = 64),
@@ -562,7 +563,8 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
     the tl dq kernel. ``split``: what each consumer owns, "keys" (half the tile's keys, for everything)
     or "queries" (half of each step's queries for S, dP and dQ, half the keys for dK and dV; dQ "fused"
     only): gluon_backward.py. ``kv_regs`` (the key split): each consumer holds its K and V rows in
-    registers for the tile (fits at D = 64)."""
+    registers for the tile (fits at D = 64). ``drawn``: the kernel's programs draw their tiles as they
+    get to them (backward_gluon_kernel)."""
     if split not in ("keys", "queries") or (split == "queries" and (dq_from != "fused" or kv_regs)):
         raise ValueError(f"split is 'keys' or 'queries' (with dq_from 'fused', K and V in shared memory); got "
                          f"{split!r}, {dq_from!r}, kv_regs={kv_regs}")
@@ -577,7 +579,8 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
     fused_dq = DQ_MODES[dq_from] > 0
     delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=fused_dq, row_stats=True)
     backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m, block_n=block_n,
-                          stages=stages, dq_from=dq_from, balanced=balanced, split=split, kv_regs=kv_regs)
+                          stages=stages, dq_from=dq_from, balanced=balanced, split=split, kv_regs=kv_regs,
+                          drawn=drawn)
     if fused_dq:
         dq.copy_(dq_sum)
     elif dq_from == "gluon":
@@ -589,11 +592,13 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
 
 def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
                           block_n: int, stages: int, dq_from: str, balanced: bool = True, split: str = "keys",
-                          kv_regs: bool = False) -> None:
+                          kv_regs: bool = False, drawn: bool = False) -> None:
     """The Gluon backward kernel alone: dk, dv, and with ``dq_from`` "fused", "overlapped", "warpgroup" or
     "lagged" scale * dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder otherwise), from
     the rows' lse and delta in ``stats`` (backward_preprocess's); ``balanced`` (causal): the programs take their tiles
-    from a balanced schedule, not round-robin; ``split``: see backward_gluon."""
+    from a balanced schedule, not round-robin; ``drawn`` (the key split): each program draws its next
+    tile from a counter when it gets to it, in tile-id order (``balanced`` is then ignored: the
+    heaviest tiles come first in that order); ``split``: see backward_gluon."""
     from tilecore.ops.attention.gluon_backward import attention_bwd_kernel, attention_bwd_split_kernel
 
     B, H, N, D = q.shape
@@ -603,8 +608,11 @@ def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sc
     grid = (min(tiles, dispatch.num_sms(q.device)),)
     group = H // Hkv
     head_group = _heads_in_l2(2 * group * N * D * q.element_size())  # kv heads: their Q and dO in L2
+    if drawn and split != "keys":
+        raise ValueError("drawn tiles serve the key split (split 'keys')")
     schedule = (causal_schedule(q.device, "backward", N, Nk, block_m, 2 * block_n, B * Hkv, head_group, group,
-                                grid[0]) if causal and balanced else None)
+                                grid[0]) if causal and balanced and not drawn else None)
+    counter = tile_counter(q.device) if drawn else None
     stats_desc = row_stats_descriptor(stats, block_m)
     with dispatch.on_device(q.device):
         if split == "queries":
@@ -615,8 +623,8 @@ def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sc
         attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
                                    desc(dk, block_n), desc(dv, block_n), stats_desc,
                                    gluon_descriptor(dq_sum, dq_box(block_m, D, dq_from=dq_from)), H, N, Nk, group,
-                                   scale, scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages,
-                                   DQ=DQ_MODES[dq_from], KV_REGS=kv_regs, num_warps=4)
+                                   scale, scale * LOG2E, B * Hkv, head_group, schedule, counter, CAUSAL=causal,
+                                   STAGES=stages, DQ=DQ_MODES[dq_from], KV_REGS=kv_regs, num_warps=4)
 
 
 def row_stats_descriptor(stats, block_m: int):

@@ -100,7 +100,8 @@ def register_operands_clobbered(cubin: bytes) -> bool:
 
 def _schedule(causal: bool, cfg: dict):
     """What the launchers pass for the tile schedule: a table (causal, balanced) or None."""
-    return torch.empty(64, dtype=torch.int32) if causal and cfg.get("balanced", True) else None
+    drawn = cfg.get("drawn", False)
+    return torch.empty(64, dtype=torch.int32) if causal and cfg.get("balanced", True) and not drawn else None
 
 
 def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None) -> dict:
@@ -155,10 +156,10 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
                 dv_desc=desc(bn), stats_desc=kernels.row_stats_descriptor(stats, bm),
                 dq_desc=gluon_descriptor(dq_sum, kernels.dq_box(bm, d, split, cfg["dq_from"])), H=16, N=4096,
                 Nk=4096, GROUP=1, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, schedule=_schedule(causal, cfg),
-                CAUSAL=causal, STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]],
-                KV_REGS=cfg.get("kv_regs", False))
+                tile_counter=torch.zeros(1, dtype=torch.int32) if cfg.get("drawn") else None, CAUSAL=causal,
+                STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]], KV_REGS=cfg.get("kv_regs", False))
     if split == "queries":
-        del args["DQ"], args["KV_REGS"]  # always fused; K and V in shared memory
+        del args["DQ"], args["KV_REGS"], args["tile_counter"]  # always fused; K and V in shared memory
         compiled = _compile(attention_bwd_split_kernel, args, {"num_warps": 4})
     else:
         compiled = _compile(attention_bwd_kernel, args, {"num_warps": 4})
