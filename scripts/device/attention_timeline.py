@@ -4,8 +4,9 @@ timer (%globaltimer, ns) read at each program's start and end and when each cons
 tile's dK and dV stores, for tiles dealt (round-robin, or causal by the balanced table) and drawn
 (the template's tile_counter). Prints, in us from the first program's start: when the programs'
 first and last tiles end and when the programs end, the spread of those ends, and the share of
-the SMs' time idle while the slowest program finishes, next to do_bench of the kernel alone
-(without the timer). B16 H16 bf16, N = Nk = --n, the launcher's config at each D.
+the SMs' time idle while the slowest program finishes, and the SM clock (%clock64 over
+%globaltimer), for a launch on its own and for the last of 20 back to back (the clocks under
+load), next to do_bench of the kernel alone (without the timer). B16 H16 bf16, N = Nk = --n, the launcher's config at each D.
 
     PYTHONPATH=. python3 scripts/device/attention_timeline.py [--d 128] [--causal 0,1] [--n 4096] [--out DIR]
 """
@@ -41,6 +42,13 @@ def _now(dep):
 
 
 @gluon.jit
+def _clock(dep):
+    """The SM's cycle counter (%clock64; ``dep`` as for _now)."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [dep], dtype=gl.int64, is_pure=False,
+                                     pack=1)
+
+
+@gluon.jit
 def _finish_timed(g, cfg: gl.constexpr, state, tile, out_smem):
     """The shipped epilogue, then this consumer's time and program for the tile (its index: batch *
     kv head, key block)."""
@@ -58,7 +66,8 @@ def timed_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_de
                      KV_REGS: gl.constexpr):
     """attention_bwd_kernel with the timer (its allocations and template call, as shipped)."""
     pid = gl.program_id(0)
-    gl.store(program_times + 2 * pid, _now(pid))
+    gl.store(program_times + 4 * pid, _now(pid))
+    gl.store(program_times + 4 * pid + 2, _clock(pid))
     BM: gl.constexpr = q_desc.block_type.shape[2]
     BN: gl.constexpr = dk_desc.block_type.shape[2]
     D: gl.constexpr = q_desc.block_type.shape[3]
@@ -83,7 +92,8 @@ def timed_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_de
                         TILE_OPERANDS=2, TILE_SHARED=True, STEP_INDEX=True, schedule=schedule, z_desc=stats_desc,
                         helper=(gb._dq_issue, gb._dq_finish) if DQ == 4 else None, HELPER_REGS=88,
                         tile_counter=tile_counter)
-    gl.store(program_times + 2 * pid + 1, _now(pid))
+    gl.store(program_times + 4 * pid + 1, _now(pid))
+    gl.store(program_times + 4 * pid + 3, _clock(pid))
 
 
 def timed_launch(case, cfg, drawn, tile_times, tile_programs, program_times):
@@ -128,7 +138,9 @@ def summarize(tile_times, tile_programs, program_times):
                 first_tile_median=statistics.median(firsts), tiles_min=min(counts), tiles_max=max(counts),
                 last_tile_min=lasts_t.min().item(), last_tile_median=lasts_t.median().item(),
                 last_tile_max=lasts_t.max().item(), end_min=ends.min().item(), end_max=call,
-                idle_share=((call - ends).sum() / (programs * call)).item())
+                idle_share=((call - ends).sum() / (programs * call)).item(),
+                sm_mhz=((program_times[:, 3] - program_times[:, 2]) * 1e3 /
+                        (program_times[:, 1] - program_times[:, 0])).median().item())
 
 
 def main():
@@ -160,7 +172,7 @@ def main():
                 name = f"D{d}{' causal' if causal else ''} {'drawn' if drawn else 'dealt'}"
                 tile_times = torch.zeros(tiles, 2, device="cuda", dtype=torch.int64)
                 tile_programs = torch.full((tiles,), -1, device="cuda", dtype=torch.int32)
-                program_times = torch.zeros(programs, 2, device="cuda", dtype=torch.int64)
+                program_times = torch.zeros(programs, 4, device="cuda", dtype=torch.int64)
                 launch = timed_launch(case, cfg, drawn, tile_times, tile_programs, program_times)
                 plain = lambda: kernels.backward_gluon_kernel(  # noqa: E731
                     do, q, k, v, stats, dq_sum, dk, dv, causal, scale, drawn=drawn,
@@ -174,30 +186,40 @@ def main():
                 written = not dk.isnan().any().item() and bool((tile_programs >= 0).all())
                 plain_ms = do_bench(plain, warmup=25, rep=200)
                 timed_ms = do_bench(launch, warmup=25, rep=200)
-                runs = []
+                runs, runs_sustained = [], []
                 for _ in range(args.runs):
                     tile_programs.fill_(-1)
                     launch()
                     torch.cuda.synchronize()
                     written = written and bool((tile_programs >= 0).all())
                     runs.append(summarize(tile_times.cpu(), tile_programs.cpu(), program_times.cpu()))
+                for _ in range(args.runs):  # the last of 20 launches back to back (the clocks under load)
+                    for _ in range(20):
+                        launch()
+                    torch.cuda.synchronize()
+                    runs_sustained.append(summarize(tile_times.cpu(), tile_programs.cpu(), program_times.cpu()))
                 if drawn:
                     written = written and tile_counter(q.device).item() == 0
                 summary = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+                sustained = {key: statistics.median(r[key] for r in runs_sustained) for key in runs[0]}
                 res["cases"][name] = dict(cfg=cfg, programs=programs, tiles=tiles, written=written, dk_equal=same,
                                           plain_us=plain_ms * 1e3, timed_us=timed_ms * 1e3, summary=summary,
-                                          runs=runs)
+                                          sustained=sustained, runs=runs, runs_sustained=runs_sustained)
                 print(f"{name}: all written {written}, dK equal to dealt {same}; do_bench {plain_ms * 1e3:.0f} us "
                       f"(with the timer {timed_ms * 1e3:.0f} us)", flush=True)
-                print("  " + ", ".join(f"{key} {val:.3f}" for key, val in summary.items()), flush=True)
+                print("  single: " + ", ".join(f"{key} {val:.3f}" for key, val in summary.items()), flush=True)
+                print("  sustained: " + ", ".join(f"{key} {val:.3f}" for key, val in sustained.items()), flush=True)
             json.dump(res, open(os.path.join(args.out, "attention_timeline.json"), "w"), indent=1)
             del q, k, v, do, out, lse, dq_sum, stats, dk, dv, case
             torch.cuda.empty_cache()
-    print("\nsummary (us): case, do_bench, last tiles' end min/median/max, programs' end min/max, idle share")
+    print("\nsummary (us): case, do_bench; then single launch and the last of 20 back to back: last tiles' end "
+          "min/median/max, programs' end min/max, idle share, SM clock")
     for name, c in res["cases"].items():
-        s = c["summary"]
-        print(f"{name}: {c['plain_us']:.0f}; {s['last_tile_min']:.0f}/{s['last_tile_median']:.0f}/"
-              f"{s['last_tile_max']:.0f}; {s['end_min']:.0f}/{s['end_max']:.0f}; {100 * s['idle_share']:.1f}%")
+        line = f"{name}: {c['plain_us']:.0f}"
+        for s in (c["summary"], c["sustained"]):
+            line += (f"; {s['last_tile_min']:.0f}/{s['last_tile_median']:.0f}/{s['last_tile_max']:.0f}, "
+                     f"{s['end_min']:.0f}/{s['end_max']:.0f}, {100 * s['idle_share']:.1f}%, {s['sm_mhz']:.0f} MHz")
+        print(line)
 
 
 if __name__ == "__main__":
