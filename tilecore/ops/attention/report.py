@@ -135,13 +135,11 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
                 **has_hopper_instructions(compiled.asm["ptx"]))
 
 
-def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None) -> dict:
-    """Resources of Hopper's Gluon backward for head dim ``d`` at the launcher's config (or ``cfg``),
-    with whether its PTX holds wgmma, TMA and the TMA reduction of dQ, and whether ptxas serialized
-    its wgmma."""
+def compile_gluon_backward(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None):
+    """Hopper's Gluon backward for head dim ``d``, compiled (no GPU needed) at the launcher's config
+    (or ``cfg``) with the arguments backward_gluon_kernel would pass: (compiled kernel, cfg)."""
     from tilecore.ops.attention import kernels
     from tilecore.ops.attention.gluon_backward import attention_bwd_kernel, attention_bwd_split_kernel
-    from tilecore.tiles.compile import has_hopper_instructions, resources
     from tilecore.tiles.launch import gluon_descriptor
 
     cfg = dict(cfg or kernels.GLUON_BACKWARD[d, causal])
@@ -160,11 +158,19 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
                 STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]], KV_REGS=cfg.get("kv_regs", False))
     if split == "queries":
         del args["DQ"], args["KV_REGS"], args["tile_counter"]  # always fused; K and V in shared memory
-        compiled = _compile(attention_bwd_split_kernel, args, {"num_warps": 4})
-    else:
-        compiled = _compile(attention_bwd_kernel, args, {"num_warps": 4})
+        return _compile(attention_bwd_split_kernel, args, {"num_warps": 4}), cfg
+    return _compile(attention_bwd_kernel, args, {"num_warps": 4}), cfg
+
+
+def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None) -> dict:
+    """Resources of Hopper's Gluon backward for head dim ``d`` at the launcher's config (or ``cfg``),
+    with whether its PTX holds wgmma, TMA and the TMA reduction of dQ, and whether ptxas serialized
+    its wgmma."""
+    from tilecore.tiles.compile import has_hopper_instructions, resources
+
+    compiled, cfg = compile_gluon_backward(d, causal, dtype, cfg)
     ptx = compiled.asm["ptx"]
-    name = "backward (gluon, query split)" if split == "queries" else "backward (gluon)"
+    name = "backward (gluon, query split)" if cfg.get("split") == "queries" else "backward (gluon)"
     clobbered = register_operands_clobbered(compiled.asm["cubin"]) if cfg.get("kv_regs") else None
     return dict(kernel=name, D=d, causal=causal, cfg=cfg, **vars(resources(compiled)),
                 **has_hopper_instructions(ptx), tma_reduce="cp.reduce.async.bulk.tensor" in ptx,
