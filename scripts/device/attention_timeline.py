@@ -26,6 +26,8 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
+from gpu_clocks import global_ns, sm_cycles  # noqa: E402 (scripts/device)
+
 from attention_knobs import meta  # noqa: E402 (scripts/device)
 from tilecore import dispatch  # noqa: E402
 from tilecore.ops.attention import gluon_backward as gb  # noqa: E402
@@ -35,27 +37,13 @@ from tilecore.tiles.launch import gluon_descriptor, tile_counter  # noqa: E402
 
 
 @gluon.jit
-def _now(dep):
-    """The global timer in ns (``dep``: any int32, so that the asm has an operand)."""
-    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [dep], dtype=gl.int64, is_pure=False,
-                                     pack=1)
-
-
-@gluon.jit
-def _clock(dep):
-    """The SM's cycle counter (%clock64; ``dep`` as for _now)."""
-    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [dep], dtype=gl.int64, is_pure=False,
-                                     pack=1)
-
-
-@gluon.jit
 def _finish_timed(g, cfg: gl.constexpr, state, tile, out_smem):
     """The shipped epilogue, then this consumer's time and program for the tile (its index: batch *
     kv head, key block)."""
     gb._finish(g, cfg, state, tile, out_smem)
     n_blocks = gl.cdiv(g[10], 2 * cfg[2])
     index = tile[1] * n_blocks + tile[0] // (2 * cfg[2])
-    gl.store(g[20] + 2 * index + cfg[-1], _now(index))
+    gl.store(g[20] + 2 * index + cfg[-1], global_ns(index))
     gl.store(g[21] + index, gl.program_id(0))
 
 
@@ -66,8 +54,8 @@ def timed_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_de
                      KV_REGS: gl.constexpr):
     """attention_bwd_kernel with the timer (its allocations and template call, as shipped)."""
     pid = gl.program_id(0)
-    gl.store(program_times + 4 * pid, _now(pid))
-    gl.store(program_times + 4 * pid + 2, _clock(pid))
+    gl.store(program_times + 4 * pid, global_ns(pid))
+    gl.store(program_times + 4 * pid + 2, sm_cycles(pid))
     BM: gl.constexpr = q_desc.block_type.shape[2]
     BN: gl.constexpr = dk_desc.block_type.shape[2]
     D: gl.constexpr = q_desc.block_type.shape[3]
@@ -92,8 +80,8 @@ def timed_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_de
                         TILE_OPERANDS=2, TILE_SHARED=True, STEP_INDEX=True, schedule=schedule, z_desc=stats_desc,
                         helper=(gb._dq_issue, gb._dq_finish) if DQ == 4 else None, HELPER_REGS=88,
                         tile_counter=tile_counter)
-    gl.store(program_times + 4 * pid + 1, _now(pid))
-    gl.store(program_times + 4 * pid + 3, _clock(pid))
+    gl.store(program_times + 4 * pid + 1, global_ns(pid))
+    gl.store(program_times + 4 * pid + 3, sm_cycles(pid))
 
 
 def timed_launch(case, cfg, drawn, tile_times, tile_programs, program_times):

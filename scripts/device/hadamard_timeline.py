@@ -22,6 +22,8 @@ from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
+from gpu_clocks import global_ns  # noqa: E402 (scripts/device)
+
 from tilecore.ops.hadamard import gluon_kernels as gk  # noqa: E402
 from tilecore.ops.hadamard import kernels  # noqa: E402
 from tilecore.ops.hadamard.reference import hadamard_reference  # noqa: E402
@@ -31,17 +33,10 @@ from tilecore.tiles.launch import tile_counter  # noqa: E402
 
 
 @gluon.jit
-def _now(dep):
-    """The global timer in ns (``dep``: any int32, so that the asm has an operand)."""
-    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [dep], dtype=gl.int64, is_pure=False,
-                                     pack=1)
-
-
-@gluon.jit
 def _finish_timed(g, cfg: gl.constexpr, state, row, staging):
     gk._finish(g, cfg, state, row, staging)
     if cfg[-1] == 0:  # consumer 0: the row's stores are issued
-        gl.store(g[6] + row, _now(row))
+        gl.store(g[6] + row, global_ns(row))
         gl.store(g[7] + row, gl.program_id(0))
 
 
@@ -51,12 +46,12 @@ def timeline_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, row_cou
     g = (x_desc, out_desc, h_desc, rows, scale, 128 * S, row_times, row_programs)
     cfg: gl.constexpr = gl.constexpr((S,))
     pid = gl.program_id(0)
-    gl.store(program_times + 2 * pid, _now(pid))
+    gl.store(program_times + 2 * pid, global_ns(pid))
     persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, gk._setup, gk._load, gk._init, gk._compute,
                         gk._drain, _finish_timed, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24,
                         IN_FLIGHT=1, tile_desc=h_desc, load_tile=gk._load_h, TILE_OPERANDS=3, TILE_SHARED=True,
                         TILE_RESIDENT=True, LOOKAHEAD=LOOKAHEAD, tile_counter=row_counter)
-    gl.store(program_times + 2 * pid + 1, _now(pid))
+    gl.store(program_times + 2 * pid + 1, global_ns(pid))
 
 
 # name -> (stages, lookahead, dynamic rows)
