@@ -486,7 +486,8 @@ GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, b
 # 1.01x against 0.91 / 0.96x with the Gluon dq kernel at N = 4096 / 8192); K and V do not fit in its
 # registers (ptxas serialized every wgmma); without a mask, dQ lagged by a step (issued with the next
 # step's dV and dK) since session 15: 1.00-1.03x against fused's 0.98-1.02x at N = 2048-16384, where
-# causal it lost 1-3% (notes/attention.md)
+# causal it lost 1-3% (notes/attention.md). Tiles drawn as programs get to them (``drawn``) measured
+# -3 to +3% against dealt (session 19): off.
 KEY_SPLIT_D64 = dict(block_m=64, block_n=64, stages=2, dq_from="warpgroup", kv_regs=True)
 QUERY_SPLIT_D64 = dict(block_m=128, block_n=64, stages=2, dq_from="fused", split="queries")
 GLUON_BACKWARD = {(64, False): KEY_SPLIT_D64,
