@@ -15,7 +15,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, ".")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -33,7 +32,7 @@ from tilecore import dispatch  # noqa: E402
 from tilecore.ops.attention import gluon_backward as gb  # noqa: E402
 from tilecore.ops.attention import kernels  # noqa: E402
 from tilecore.tiles.gluon import persistent_pipeline  # noqa: E402
-from tilecore.tiles.launch import gluon_descriptor, tile_counter  # noqa: E402
+from tilecore.tiles.launch import tile_counter  # noqa: E402
 
 
 @gluon.jit
@@ -85,25 +84,14 @@ def timed_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_de
 
 
 def timed_launch(case, cfg, drawn, tile_times, tile_programs, program_times):
-    """A launch of timed_bwd_kernel as backward_gluon_kernel launches the shipped one."""
+    """A launch of timed_bwd_kernel with the shipped kernel's arguments (kernels.backward_kernel_args)."""
     q, k, v, do, stats, dq_sum, dk, dv, causal, scale = case
-    B, H, N, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    bm, bn = cfg["block_m"], cfg["block_n"]
-    desc = kernels._head_descriptor
-    grid = (min(triton.cdiv(Nk, 2 * bn) * B * Hkv, dispatch.num_sms(q.device)),)
-    group = H // Hkv
-    head_group = kernels._heads_in_l2(2 * group * N * D * q.element_size())
-    schedule = (kernels.causal_schedule(q.device, "backward", N, Nk, bm, 2 * bn, B * Hkv, head_group, group, grid[0])
-                if causal and not drawn else None)
-    args = (desc(q, bm), desc(k, 2 * bn), desc(v, 2 * bn), desc(do, bm), desc(dk, bn), desc(dv, bn),
-            kernels.row_stats_descriptor(stats, bm),
-            gluon_descriptor(dq_sum, kernels.dq_box(bm, D, dq_from=cfg["dq_from"])), H, N, Nk, group, scale,
-            scale * kernels.LOG2E, B * Hkv, head_group, schedule, tile_counter(q.device) if drawn else None,
-            tile_times, tile_programs, program_times)
-    return lambda: timed_bwd_kernel[grid](*args, CAUSAL=causal, STAGES=cfg["stages"],
-                                          DQ=kernels.DQ_MODES[cfg["dq_from"]], KV_REGS=cfg.get("kv_regs", False),
-                                          num_warps=4)
+    grid, args = kernels.backward_kernel_args(do, q, k, v, stats, dq_sum, dk, dv, causal, scale,
+                                              block_m=cfg["block_m"], block_n=cfg["block_n"],
+                                              dq_from=cfg["dq_from"], drawn=drawn)
+    return lambda: timed_bwd_kernel[grid](*args, tile_times, tile_programs, program_times, CAUSAL=causal,
+                                          STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]],
+                                          KV_REGS=cfg.get("kv_regs", False), num_warps=4)
 
 
 def summarize(tile_times, tile_programs, program_times):

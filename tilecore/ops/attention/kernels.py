@@ -602,6 +602,22 @@ def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sc
     heaviest tiles come first in that order); ``split``: see backward_gluon."""
     from tilecore.ops.attention.gluon_backward import attention_bwd_kernel, attention_bwd_split_kernel
 
+    grid, args = backward_kernel_args(dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m,
+                                      block_n=block_n, dq_from=dq_from, balanced=balanced, split=split, drawn=drawn)
+    with dispatch.on_device(q.device):
+        if split == "queries":
+            return attention_bwd_split_kernel[grid](*args, CAUSAL=causal, STAGES=stages, num_warps=4)
+        attention_bwd_kernel[grid](*args, CAUSAL=causal, STAGES=stages, DQ=DQ_MODES[dq_from], KV_REGS=kv_regs,
+                                   num_warps=4)
+
+
+def backward_kernel_args(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
+                         block_n: int, dq_from: str, balanced: bool = True, split: str = "keys",
+                         drawn: bool = False) -> tuple[tuple, tuple]:
+    """(grid, runtime arguments) of backward_gluon_kernel's launch: the TMA descriptors, sizes, tile
+    order (schedule table, and with ``drawn`` the stream's tile counter, key split only) in the
+    kernel's order, for attention_bwd_kernel or, with split "queries", attention_bwd_split_kernel
+    (its twins in the probes take the same ones)."""
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     desc = _head_descriptor
@@ -613,19 +629,13 @@ def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sc
         raise ValueError("drawn tiles serve the key split (split 'keys')")
     schedule = (causal_schedule(q.device, "backward", N, Nk, block_m, 2 * block_n, B * Hkv, head_group, group,
                                 grid[0]) if causal and balanced and not drawn else None)
-    counter = tile_counter(q.device) if drawn else None
-    stats_desc = row_stats_descriptor(stats, block_m)
-    with dispatch.on_device(q.device):
-        if split == "queries":
-            return attention_bwd_split_kernel[grid](
-                desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m), desc(dk, block_n),
-                desc(dv, block_n), stats_desc, gluon_descriptor(dq_sum, dq_box(block_m, D, split)), H, N, Nk, group,
-                scale, scale * LOG2E, B * Hkv, head_group, schedule, CAUSAL=causal, STAGES=stages, num_warps=4)
-        attention_bwd_kernel[grid](desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m),
-                                   desc(dk, block_n), desc(dv, block_n), stats_desc,
-                                   gluon_descriptor(dq_sum, dq_box(block_m, D, dq_from=dq_from)), H, N, Nk, group,
-                                   scale, scale * LOG2E, B * Hkv, head_group, schedule, counter, CAUSAL=causal,
-                                   STAGES=stages, DQ=DQ_MODES[dq_from], KV_REGS=kv_regs, num_warps=4)
+    box = dq_box(block_m, D, split) if split == "queries" else dq_box(block_m, D, dq_from=dq_from)
+    args = (desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m), desc(dk, block_n),
+            desc(dv, block_n), row_stats_descriptor(stats, block_m), gluon_descriptor(dq_sum, box), H, N, Nk, group,
+            scale, scale * LOG2E, B * Hkv, head_group, schedule)
+    if split == "queries":
+        return grid, args
+    return grid, args + (tile_counter(q.device) if drawn else None,)
 
 
 def row_stats_descriptor(stats, block_m: int):
