@@ -131,3 +131,23 @@ def test_ratios_are_taken_within_each_round(monkeypatch):
     assert out["x"]["ratio"] == 1.0 and out["x"]["lo"] == 0.8 and out["x"]["hi"] == 2.0
     assert out["x"]["all"] == [2.0, 0.5, 0.8] and out["x"]["tflops"] == 0.8
     assert out["ref"]["ratio"] == out["ref"]["lo"] == out["ref"]["hi"] == 1.0
+
+
+def test_every_suite_lists_cases_with_its_x_and_their_work():
+    """Listing a suite's cases builds nothing (no GPU): each names the suite's x parameter and the
+    bytes or FLOPs its metric divides by."""
+    for name, suite in harness.suites().items():
+        cases = suite.cases(True)
+        assert cases, name
+        for case in cases:
+            assert suite.x in case.params and case.series, (name, case.params)
+            assert (case.bytes if suite.metric == "GB/s" else case.flops) > 0, (name, case.params)
+
+
+def test_gqa_suite_does_the_attention_suites_work_per_q_head():
+    """B * Hq * N is the attention suite's B16 H16 N4096, so its causal figures compare with it."""
+    suites = harness.suites()
+    mha = {(c.params["pass"], c.params["D"], c.params["causal"]): c.flops for c in suites["attention"].cases(True)}
+    for case in suites["attention-gqa"].cases(True):
+        d = int(case.params["model"].rsplit("D", 1)[1])
+        assert case.flops == mha[case.params["pass"], d, True], case.params
