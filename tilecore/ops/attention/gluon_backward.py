@@ -76,22 +76,36 @@ def _setup(g, cfg: gl.constexpr, tile_id):
         first_mb = gl.maximum(start_n - (Nk - N), 0) // BM
     per_head = gl.maximum(gl.cdiv(N, BM) - first_mb, 0)
     shift = key_block % gl.maximum(per_head, 1)  # where this tile's walk starts (_step_rows)
-    return (start_n, bhk, first_mb, per_head, shift), per_head * g[11]
+    per_head_inverse = 1.0 / gl.maximum(per_head, 1).to(gl.float32)  # _step_rows' division, grouped heads
+    return (start_n, bhk, first_mb, per_head, shift, per_head_inverse), per_head * g[11]
 
 
 @gluon.jit
 def _step_rows(g, cfg: gl.constexpr, tile, kk):
     """Step kk's (q head, first query row). The tiles of one head walk its query blocks from
     different starting blocks (the key block's index, wrapping around), so that their dQ
-    reductions, running at the same time, add to different rows. At each query block the steps go
-    through the q heads of the group: dividing kk by the group size (a constant of the launch, 1
-    without GQA) costs little, where walking each head's blocks in turn divided by the tile's block
-    count, three integer divisions (~25 instructions each) a step on the consumers' critical path:
-    D = 64 causal ran 10% faster without them on the H100 (notes/attention.md, session 14)."""
+    reductions, running at the same time, add to different rows. With grouped heads a tile walks
+    the group's q heads one after another, all of a head's blocks before the next head: the tiles
+    of a kv head, running at the same time, then share one q head's Q, dO and dQ rows in L2, not
+    the whole group's (with the heads taken in turn at each block, the group's rows were all in
+    use at once, and the backward ran at 0.58-0.76x cuDNN for 4 to 16 q heads a kv head on the H100:
+    notes/attention.md, session 20). The step's head is kk // per_head, from a float32 reciprocal
+    and one correction each way (exact for kk < 2^24, which the launcher checks): an integer
+    division by a runtime value is ~25 instructions, and three of them a step on the consumers'
+    path cost D = 64 causal 10% (session 14). Without grouped heads (GROUP specialized to 1) none
+    of this is traced."""
     b, hk = _kv_head(g, tile[1])
-    walked = kk // g[11] + tile[4]
-    block = tile[2] + gl.where(walked >= tile[3], walked - tile[3], walked)
-    return hk * g[11] + kk % g[11], block * cfg[1]
+    per_head = tile[3]
+    if g[11] == 1:
+        head = kk * 0
+        walked = kk + tile[4]
+    else:
+        head = (kk.to(gl.float32) * tile[5]).to(gl.int32)
+        walked = kk - head * per_head
+        head = gl.where(walked >= per_head, head + 1, gl.where(walked < 0, head - 1, head))
+        walked = kk - head * per_head + tile[4]
+    block = tile[2] + gl.where(walked >= per_head, walked - per_head, walked)
+    return hk * g[11] + head, block * cfg[1]
 
 
 @gluon.jit

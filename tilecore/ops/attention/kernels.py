@@ -527,7 +527,9 @@ def dq_box(block_m: int, d: int, split: str = "keys", dq_from: str = "fused") ->
 
 def gluon_backward_fits(dout, q, k, v, scale: float) -> bool:
     """Whether the Gluon backward serves these inputs (else the tl kernels do)."""
-    return (q.shape[-1], False) in GLUON_BACKWARD and gluon_forward_fits(q, k, v, scale) and tma_describable(dout)
+    steps_a_tile = q.shape[1] // k.shape[1] * triton.cdiv(q.shape[2], 64)  # < 2^24: backward_kernel_args
+    return ((q.shape[-1], False) in GLUON_BACKWARD and gluon_forward_fits(q, k, v, scale) and tma_describable(dout)
+            and steps_a_tile < 2**24)
 
 
 def backward_delta(out, dout, lse, dlse, *, dq_sum: bool = False):
@@ -624,7 +626,12 @@ def backward_kernel_args(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sca
     tiles = triton.cdiv(Nk, 2 * block_n) * B * Hkv
     grid = (min(tiles, dispatch.num_sms(q.device)),)
     group = H // Hkv
-    head_group = _heads_in_l2(2 * group * N * D * q.element_size())  # kv heads: their Q and dO in L2
+    if group * triton.cdiv(N, block_m) >= 2**24:  # the kernel's step -> q head division is exact below
+        raise ValueError(f"the Gluon backward takes (Hq / Hkv) * N / {block_m} < 2^24 steps a tile; got "
+                         f"{group} q heads a kv head and N = {N}")
+    # kv heads kept together in L2: a tile walks its group's q heads one after another, so a kv
+    # head's tiles share one q head's Q and dO rows at a time
+    head_group = _heads_in_l2(2 * N * D * q.element_size())
     if drawn and split != "keys":
         raise ValueError("drawn tiles serve the key split (split 'keys')")
     schedule = (causal_schedule(q.device, "backward", N, Nk, block_m, 2 * block_n, B * Hkv, head_group, group,

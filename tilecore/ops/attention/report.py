@@ -135,9 +135,11 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
                 **has_hopper_instructions(compiled.asm["ptx"]))
 
 
-def compile_gluon_backward(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None):
+def compile_gluon_backward(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None,
+                           group: int = 1):
     """Hopper's Gluon backward for head dim ``d``, compiled (no GPU needed) at the launcher's config
-    (or ``cfg``) with the arguments backward_gluon_kernel would pass: (compiled kernel, cfg)."""
+    (or ``cfg``) with the arguments backward_gluon_kernel would pass, for ``group`` q heads a kv head
+    (1, specialized to a constant, or more): (compiled kernel, cfg)."""
     from tilecore.ops.attention import kernels
     from tilecore.ops.attention.gluon_backward import attention_bwd_kernel, attention_bwd_split_kernel
     from tilecore.tiles.launch import gluon_descriptor
@@ -153,7 +155,7 @@ def compile_gluon_backward(d: int, causal: bool = True, dtype=torch.bfloat16, cf
     args = dict(q_desc=desc(bm), k_desc=desc(2 * bn), v_desc=desc(2 * bn), do_desc=desc(bm), dk_desc=desc(bn),
                 dv_desc=desc(bn), stats_desc=kernels.row_stats_descriptor(stats, bm),
                 dq_desc=gluon_descriptor(dq_sum, kernels.dq_box(bm, d, split, cfg["dq_from"])), H=16, N=4096,
-                Nk=4096, GROUP=1, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, schedule=_schedule(causal, cfg),
+                Nk=4096, GROUP=group, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, schedule=_schedule(causal, cfg),
                 tile_counter=torch.zeros(1, dtype=torch.int32) if cfg.get("drawn") else None, CAUSAL=causal,
                 STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]], KV_REGS=cfg.get("kv_regs", False))
     if split == "queries":
