@@ -76,35 +76,41 @@ def _setup(g, cfg: gl.constexpr, tile_id):
         first_mb = gl.maximum(start_n - (Nk - N), 0) // BM
     per_head = gl.maximum(gl.cdiv(N, BM) - first_mb, 0)
     shift = key_block % gl.maximum(per_head, 1)  # where this tile's walk starts (_step_rows)
-    per_head_inverse = 1.0 / gl.maximum(per_head, 1).to(gl.float32)  # _step_rows' division, grouped heads
-    return (start_n, bhk, first_mb, per_head, shift, per_head_inverse), per_head * g[11]
+    return (start_n, bhk, first_mb, per_head, shift), per_head * g[11]
 
 
 @gluon.jit
 def _step_rows(g, cfg: gl.constexpr, tile, kk):
-    """Step kk's (q head, first query row). The tiles of one head walk its query blocks from
+    """Step kk's (q head, first query row).
+
+    One q head a kv head (GROUP specialized to 1): the tiles of the head walk its query blocks from
     different starting blocks (the key block's index, wrapping around), so that their dQ
-    reductions, running at the same time, add to different rows. With grouped heads a tile walks
-    the group's q heads one after another, all of a head's blocks before the next head: the tiles
-    of a kv head, running at the same time, then share one q head's Q, dO and dQ rows in L2, not
-    the whole group's (with the heads taken in turn at each block, the group's rows were all in
-    use at once, and the backward ran at 0.58-0.76x cuDNN for 4 to 16 q heads a kv head on the H100:
-    notes/attention.md, session 20). The step's head is kk // per_head, from a float32 reciprocal
-    and one correction each way (exact for kk < 2^24, which the launcher checks): an integer
-    division by a runtime value is ~25 instructions, and three of them a step on the consumers'
-    path cost D = 64 causal 10% (session 14). Without grouped heads (GROUP specialized to 1) none
-    of this is traced."""
+    reductions, running at the same time, add to different rows.
+
+    Grouped heads: every tile walks the query blocks from the last down, and at each block the
+    group's q heads (starting at the key block's index, wrapping around). The tiles of a kv head,
+    running at the same time, are then at the same query block, causal too (a tile of later keys
+    stops earlier, at its diagonal): between them they use the group's rows of a few blocks, which
+    L2 keeps while every tile reads them. With the walk above (each tile its own block, whichever
+    head) they used every row of the group at once, 4 to 16 times the L2 working set of one head,
+    and the backward ran at 0.58-0.76x cuDNN on the H100 (notes/attention.md, session 20). kk // G
+    comes from a float32 reciprocal with one correction each way, exact for kk < 2^24 (the launcher
+    checks it): an integer division by a runtime value is ~25 instructions, and three a step cost
+    D = 64 causal 10% (session 14)."""
     b, hk = _kv_head(g, tile[1])
     per_head = tile[3]
     if g[11] == 1:
         head = kk * 0
         walked = kk + tile[4]
+        block = tile[2] + gl.where(walked >= per_head, walked - per_head, walked)
     else:
-        head = (kk.to(gl.float32) * tile[5]).to(gl.int32)
-        walked = kk - head * per_head
-        head = gl.where(walked >= per_head, head + 1, gl.where(walked < 0, head - 1, head))
-        walked = kk - head * per_head + tile[4]
-    block = tile[2] + gl.where(walked >= per_head, walked - per_head, walked)
+        group = g[11]
+        walked = (kk.to(gl.float32) * (1.0 / group.to(gl.float32))).to(gl.int32)  # kk // group, or one off
+        head = kk - walked * group
+        walked = gl.where(head >= group, walked + 1, gl.where(head < 0, walked - 1, walked))
+        head = kk - walked * group + (tile[0] // (2 * cfg[2])) % group
+        head = gl.where(head >= group, head - group, head)
+        block = tile[2] + per_head - 1 - walked
     return hk * g[11] + head, block * cfg[1]
 
 

@@ -629,8 +629,8 @@ def backward_kernel_args(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sca
     if group * triton.cdiv(N, block_m) >= 2**24:  # the kernel's step -> q head division is exact below
         raise ValueError(f"the Gluon backward takes (Hq / Hkv) * N / {block_m} < 2^24 steps a tile; got "
                          f"{group} q heads a kv head and N = {N}")
-    # kv heads kept together in L2: a tile walks its group's q heads one after another, so a kv
-    # head's tiles share one q head's Q and dO rows at a time
+    # kv heads kept together in L2, as if each had one q head: with grouped heads a kv head's tiles
+    # walk the query blocks together, so they share a few blocks of the group's rows at a time
     head_group = _heads_in_l2(2 * N * D * q.element_size())
     if drawn and split != "keys":
         raise ValueError("drawn tiles serve the key split (split 'keys')")
