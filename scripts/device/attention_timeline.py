@@ -6,7 +6,8 @@ tile's dK and dV stores, for tiles dealt (round-robin, or causal by the balanced
 first and last tiles end and when the programs end, the spread of those ends, and the share of
 the SMs' time idle while the slowest program finishes, and the SM clock (%clock64 over
 %globaltimer), for a launch on its own and for the last of 20 back to back (the clocks under
-load), next to do_bench of the kernel alone (without the timer). B16 H16 bf16, N = Nk = --n, the launcher's config at each D.
+load), next to do_bench of the kernel alone (without the timer). bf16, N = Nk = --n, --heads q / kv
+heads (16/16; B * Hq * N held at 16 * 16 * 4096), the launcher's config at each D.
 
     PYTHONPATH=. python3 scripts/device/attention_timeline.py [--d 128] [--causal 0,1] [--n 4096] [--out DIR]
 """
@@ -126,26 +127,30 @@ def main():
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--heads", default="16/16", help="q heads / kv heads (B * Hq * N stays 16 * 16 * 4096)")
     args = ap.parse_args()
-    res = {"meta": meta(), "n": args.n, "cases": {}}
-    b, h, n = 16, 16, args.n
+    res = {"meta": meta(), "n": args.n, "heads": args.heads, "cases": {}}
+    h, hkv = (int(x) for x in args.heads.split("/"))
+    n = args.n
+    b = max(1, 16 * 16 * 4096 // (h * n))
     for d in [int(x) for x in args.d.split(",")]:
         for causal in [bool(int(x)) for x in args.causal.split(",")]:
             cfg = kernels.gluon_backward_config(d, n, causal)
             gen = torch.Generator(device="cuda").manual_seed(d + n)
-            q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-                           for _ in range(4))
+            q, k, v, do = (torch.randn(b, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                           for heads in (h, hkv, hkv, h))
             scale = d ** -0.5
             out, lse = torch.empty_like(q), torch.empty(b, h, n, device="cuda")
             kernels.forward_into(q, k, v, out, lse, causal, scale)
             _, dq_sum, stats = kernels.backward_preprocess(out, do, lse, None, dq_sum=True, row_stats=True)
             dk, dv = torch.empty_like(k), torch.empty_like(v)
             case = (q, k, v, do, stats, dq_sum, dk, dv, causal, scale)
-            tiles = triton.cdiv(n, 2 * cfg["block_n"]) * b * h
+            tiles = triton.cdiv(n, 2 * cfg["block_n"]) * b * hkv
             programs = min(tiles, dispatch.num_sms(q.device))
             ref_dk = None
             for drawn in (False, True):
-                name = f"D{d}{' causal' if causal else ''} {'drawn' if drawn else 'dealt'}"
+                name = (f"D{d}{' causal' if causal else ''} {'drawn' if drawn else 'dealt'}"
+                        + (f" H{h}/{hkv}" if h != hkv else ""))
                 tile_times = torch.zeros(tiles, 2, device="cuda", dtype=torch.int64)
                 tile_programs = torch.full((tiles,), -1, device="cuda", dtype=torch.int32)
                 program_times = torch.zeros(programs, 4, device="cuda", dtype=torch.int64)
