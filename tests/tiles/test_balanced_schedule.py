@@ -54,7 +54,7 @@ def test_causal_attention_tiles_even_out(n, block_m, heads):
     key = ("forward", n, n, block_m, 128, heads, 16, 1, 132)
     table = kernels._balanced_table(*key)
     m_blocks = triton.cdiv(n, block_m)
-    blocks = kernels._head_grouped_blocks(m_blocks * heads, m_blocks, heads, 16)
+    blocks = kernels._head_grouped_tiles(m_blocks * heads, m_blocks, heads, 16)[1]
     # causal blocks count from the last row: block i ends at row n - i * block_m, the short one (first)
     # is a whole block from row 0
     steps = torch.clamp(triton.cdiv(torch.clamp(n - blocks * block_m, min=block_m), 128), min=1)
@@ -120,5 +120,37 @@ def test_host_twin_of_the_kernels_tile_order(blocks, num_heads, head_group):
     out = torch.full((tiles, 2), -1, dtype=torch.int32)
     _grouped_blocks[(1,)](out, tiles, blocks, num_heads, head_group)
     assert sorted(map(tuple, out.tolist())) == [(h, b) for h in range(num_heads) for b in range(blocks)]
-    # the cost model's twin gives each tile the block the kernels give it
-    assert out[:, 1].tolist() == kernels._head_grouped_blocks(tiles, blocks, num_heads, head_group).tolist()
+    # the host twin gives each tile the head and block the kernels give it
+    heads, blocks_of = kernels._head_grouped_tiles(tiles, blocks, num_heads, head_group)
+    assert out[:, 0].tolist() == heads.tolist() and out[:, 1].tolist() == blocks_of.tolist()
+
+
+def test_dealt_schedule_deals_units_round_robin_in_order():
+    table = schedule.dealt_schedule([[0, 7], [1, 6], [2, 5], [3], [4]], 2)
+    offsets, ids = table[:3].tolist(), table[3:-1].tolist()
+    assert ids[offsets[0] - 3:offsets[1] - 3] == [0, 7, 2, 5, 4]
+    assert ids[offsets[1] - 3:offsets[2] - 3] == [1, 6, 3]
+    assert len(table) == 3 + 8 + 1 and table[-1] == 0
+
+
+@pytest.mark.parametrize("n_blocks,num_bhk,head_group", [(32, 64, 4), (33, 16, 4), (1, 5, 2), (6, 7, 3)])
+def test_grouped_heads_backward_pairs_heavy_and_light_key_blocks(n_blocks, num_bhk, head_group):
+    """Causal backward with grouped heads: every tile once; a program runs key block j of a kv head
+    right before its key block n_blocks - 1 - j, so every pair sees the same number of query
+    blocks (the middle block of an odd count alone)."""
+    programs = 132
+    table = kernels._paired_table(n_blocks, num_bhk, head_group, programs)
+    heads, blocks = kernels._head_grouped_tiles(n_blocks * num_bhk, n_blocks, num_bhk, head_group)
+    ids = table[programs + 1:-1].tolist()
+    assert sorted(ids) == list(range(n_blocks * num_bhk))
+    for p in range(programs):
+        mine = table[table[p]:table[p + 1]].tolist()
+        i = 0
+        while i < len(mine):
+            b = blocks[mine[i]].item()
+            if 2 * b == n_blocks - 1:
+                i += 1
+                continue
+            partner = mine[i + 1]
+            assert heads[partner] == heads[mine[i]] and blocks[partner].item() == n_blocks - 1 - b
+            i += 2

@@ -272,6 +272,23 @@ def balanced_schedule(costs: torch.Tensor, programs: int) -> torch.Tensor | None
     return torch.cat([head, by_program, torch.zeros(1, dtype=torch.int64)]).to(torch.int32)
 
 
+def dealt_schedule(units: list[list[int]], programs: int) -> torch.Tensor:
+    """A static schedule (balanced_schedule's table) that deals ``units``, short sequences of tile
+    ids that one program runs one after another, round-robin: unit u to program u mod ``programs``,
+    each program running its units in order. For units of equal cost built so that programs running
+    them side by side stay in step (attention's backward with grouped heads pairs a heavy causal key
+    block with a light one)."""
+    if programs < 1:
+        raise ValueError(f"programs must be >= 1, got {programs}")
+    by_program = [[] for _ in range(programs)]
+    for u, unit in enumerate(units):
+        by_program[u % programs].extend(unit)
+    counts = torch.tensor([len(ids) for ids in by_program])
+    head = torch.cat([torch.tensor([programs + 1]), programs + 1 + torch.cumsum(counts, 0)])
+    ids = torch.tensor([t for ids in by_program for t in ids], dtype=torch.int64)
+    return torch.cat([head, ids, torch.zeros(1, dtype=torch.int64)]).to(torch.int32)
+
+
 @triton.jit
 def head_grouped_tile(tile_id, blocks, num_heads, head_group):
     """(head, block) of a persistent program's tile_id when tiles run head group by head group

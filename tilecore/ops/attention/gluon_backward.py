@@ -80,7 +80,10 @@ def _setup(g, cfg: gl.constexpr, tile_id):
     per_head = gl.maximum(gl.cdiv(N, BM) - first_mb, 0)
     shift = key_block % gl.maximum(per_head, 1)  # where this tile's walk starts (_step_rows)
     b, hk = _kv_head(g, bhk)
-    return (start_n, bhk, first_mb, per_head, shift, b, hk, key_block % g[11], 1.0 / g[11]), per_head * g[11]
+    # with grouped heads, causal: the later key block of a pair (kernels._paired_table) walks up
+    upward = cfg[0] and 2 * key_block > n_blocks - 1
+    return ((start_n, bhk, first_mb, per_head, shift, b, hk, key_block % g[11], 1.0 / g[11], upward),
+            per_head * g[11])
 
 
 @gluon.jit
@@ -93,11 +96,14 @@ def _step_rows(g, cfg: gl.constexpr, tile, kk):
 
     Grouped heads: every tile walks the query blocks from the last down, and at each block the
     group's q heads (starting at the key block's index, wrapping around). The tiles of a kv head,
-    running at the same time, are then at the same query block, causal too (a tile of later keys
-    stops earlier, at its diagonal): between them they use the group's rows of a few blocks, which
-    L2 keeps while every tile reads them. With the walk above (each tile its own block, whichever
-    head) they used every row of the group at once, 4 to 16 times the L2 working set of one head,
-    and the backward ran at 0.58-0.76x cuDNN on the H100 (notes/attention.md, session 20). kk // G
+    running at the same time, are then at the same query block: between them they use the group's
+    rows of a few blocks, which L2 keeps while every tile reads them. Causal, a program runs key
+    blocks in pairs, a heavy one and then a light one (kernels._paired_table): the light one walks
+    up from its diagonal, so that the second walks of a kv head's programs also meet (at block
+    t - 2 when the first walks are at n - 1 - t). With the walk above (each tile its own block,
+    whichever head) they used every row of the group at once, 4 to 16 times the L2 working set of
+    one head, and the backward ran at 0.58-0.76x cuDNN on the H100 (notes/attention.md, session
+    20). kk // G
     comes from a float32 reciprocal with one correction each way, exact for kk < 2^24 (the launcher
     checks it): an integer division by a runtime value is ~25 instructions, and three a step cost
     D = 64 causal 10% (session 14)."""
@@ -114,7 +120,7 @@ def _step_rows(g, cfg: gl.constexpr, tile, kk):
         walked = gl.where(head >= group, walked + 1, gl.where(head < 0, walked - 1, walked))
         head = kk - walked * group + tile[7]
         head = gl.where(head >= group, head - group, head)
-        block = tile[2] + per_head - 1 - walked
+        block = tile[2] + gl.where(tile[9], walked, per_head - 1 - walked)
     return hk * g[11] + head, block * cfg[1]
 
 

@@ -27,7 +27,7 @@ import triton.language as tl
 from tilecore import dispatch
 from tilecore.tiles.launch import CachedLaunch, gluon_descriptor, tile_counter, tma_describable
 from tilecore.tiles.ops import causal_mask, masked, mma, mma_abt, online_softmax_update, row_sum
-from tilecore.tiles.schedule import balanced_schedule
+from tilecore.tiles.schedule import balanced_schedule, dealt_schedule
 
 LOG2E = math.log2(math.e)
 LOG2E_IN_KERNEL = tl.constexpr(LOG2E)  # lse in base 2 <-> natural log
@@ -358,12 +358,14 @@ def _heads_in_l2(bytes_per_head: int) -> int:
 TILE_OVERHEAD_STEPS = 2
 
 
-def _head_grouped_blocks(tiles: int, blocks: int, num_heads: int, head_group: int) -> torch.Tensor:
-    """The block index of every tile id in ``schedule.head_grouped_tile``'s order (its host twin)."""
+def _head_grouped_tiles(tiles: int, blocks: int, num_heads: int, head_group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(head, block) of every tile id in ``schedule.head_grouped_tile``'s order (its host twin)."""
     tile_id = torch.arange(tiles)
     per_group = head_group * blocks
-    heads = torch.clamp(num_heads - (tile_id // per_group) * head_group, max=head_group)
-    return (tile_id % per_group) // heads
+    first = (tile_id // per_group) * head_group
+    heads = torch.clamp(num_heads - first, max=head_group)
+    local = tile_id % per_group
+    return first + local % heads, local // heads
 
 
 @functools.lru_cache(maxsize=64)
@@ -375,16 +377,37 @@ def _balanced_table(kind: str, N: int, Nk: int, block_m: int, block_n: int, num_
     ``block_m`` query rows that see them, ``steps_per_block`` times (the q heads of a kv head)."""
     if kind == "forward":
         m_blocks = triton.cdiv(N, block_m)
-        mb = _head_grouped_blocks(m_blocks * num_bh, m_blocks, num_bh, head_group)
+        mb = _head_grouped_tiles(m_blocks * num_bh, m_blocks, num_bh, head_group)[1]
         start = torch.clamp(N - (mb + 1) * block_m, min=0)  # blocks count from the last row (gluon_kernels._setup)
         last_key = torch.clamp(start + block_m + Nk - N, min=0, max=Nk)
         steps = torch.clamp(triton.cdiv(last_key, block_n), min=1)
     else:
         n_blocks = triton.cdiv(Nk, block_n)
-        kb = _head_grouped_blocks(n_blocks * num_bh, n_blocks, num_bh, head_group)
+        kb = _head_grouped_tiles(n_blocks * num_bh, n_blocks, num_bh, head_group)[1]
         first_mb = torch.clamp(kb * block_n - (Nk - N), min=0) // block_m
         steps = torch.clamp(triton.cdiv(N, block_m) - first_mb, min=0) * steps_per_block
     return balanced_schedule(steps + TILE_OVERHEAD_STEPS, programs)
+
+
+@functools.lru_cache(maxsize=64)
+def _paired_table(n_blocks: int, num_bhk: int, head_group: int, programs: int) -> torch.Tensor:
+    """The causal backward's schedule with grouped heads: each program runs key block j of a kv head
+    and then its key block n_blocks - 1 - j (the tile ids of head_grouped_tile's order), pairs dealt
+    round-robin in that order. A pair sees as many query blocks as any other, so the programs stay in
+    step, and the kernel's walk (_step_rows: the first key block of a pair from the last query block
+    down, the second from its first up) keeps every tile of a kv head at the same query block:
+    between them they use a few blocks of the group's rows, which L2 keeps."""
+    tiles = n_blocks * num_bhk
+    bhk, kb = (x.tolist() for x in _head_grouped_tiles(tiles, n_blocks, num_bhk, head_group))
+    tile_of = {(h, b): t for t, (h, b) in enumerate(zip(bhk, kb))}
+    units = []
+    for t in range(tiles):  # in tile order; a pair starts at its first key block
+        h, b = bhk[t], kb[t]
+        if 2 * b < n_blocks - 1:
+            units.append([t, tile_of[h, n_blocks - 1 - b]])
+        elif 2 * b == n_blocks - 1:
+            units.append([t])
+    return dealt_schedule(units, programs)
 
 
 # (device, table's key) -> the table on the device, or None for round-robin. Never evicted: a CUDA
@@ -399,7 +422,7 @@ def causal_schedule(device: torch.device, *key) -> torch.Tensor | None:
     if (device, key) not in _DEVICE_TABLES:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        table = _balanced_table(*key)
+        table = _paired_table(*key[1:]) if key[0] == "backward-paired" else _balanced_table(*key)
         _DEVICE_TABLES[(device, key)] = None if table is None else table.to(device)
     return _DEVICE_TABLES[(device, key)]
 
@@ -634,8 +657,13 @@ def backward_kernel_args(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sca
     head_group = _heads_in_l2(2 * N * D * q.element_size())
     if drawn and split != "keys":
         raise ValueError("drawn tiles serve the key split (split 'keys')")
-    schedule = (causal_schedule(q.device, "backward", N, Nk, block_m, 2 * block_n, B * Hkv, head_group, group,
-                                grid[0]) if causal and balanced and not drawn else None)
+    schedule = None
+    if causal and balanced and not drawn and group == 1:
+        schedule = causal_schedule(q.device, "backward", N, Nk, block_m, 2 * block_n, B * Hkv, head_group, group,
+                                   grid[0])
+    elif causal and balanced and not drawn:  # grouped heads: key blocks in pairs (_paired_table)
+        schedule = causal_schedule(q.device, "backward-paired", triton.cdiv(Nk, 2 * block_n), B * Hkv, head_group,
+                                   grid[0])
     box = dq_box(block_m, D, split) if split == "queries" else dq_box(block_m, D, dq_from=dq_from)
     args = (desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m), desc(dk, block_n),
             desc(dv, block_n), row_stats_descriptor(stats, block_m), gluon_descriptor(dq_sum, box), H, N, Nk, group,
