@@ -58,6 +58,18 @@ def _kv_head(g, bhk):
 
 
 @gluon.jit
+def _tile_kv_head(g, tile):
+    """(batch, kv head) of a tile: with grouped heads from the tile (divided once, in _setup); with
+    one q head a kv head (GROUP specialized to 1) divided where used, as the kernel was measured
+    before grouped heads took the tile's (the same PTX as then)."""
+    if g[11] == 1:
+        b, hk = _kv_head(g, tile[1])
+    else:
+        b, hk = tile[5], tile[6]
+    return b, hk
+
+
+@gluon.jit
 def _setup(g, cfg: gl.constexpr, tile_id):
     """The tile (first key, batch * kv head, first query block, query blocks per q head, where its
     walk starts (_step_rows), batch, kv head, the q head its walk starts at, 1 / group size) and its
@@ -79,7 +91,10 @@ def _setup(g, cfg: gl.constexpr, tile_id):
         first_mb = gl.maximum(start_n - (Nk - N), 0) // BM
     per_head = gl.maximum(gl.cdiv(N, BM) - first_mb, 0)
     shift = key_block % gl.maximum(per_head, 1)  # where this tile's walk starts (_step_rows)
-    b, hk = _kv_head(g, bhk)
+    b = bhk
+    hk = bhk  # unused with one q head a kv head: _tile_kv_head divides where used
+    if g[11] != 1:
+        b, hk = _kv_head(g, bhk)
     # with grouped heads, causal: the later key block of a pair (kernels._paired_table) walks up
     upward = cfg[0] and 2 * key_block > n_blocks - 1
     return ((start_n, bhk, first_mb, per_head, shift, b, hk, key_block % g[11], 1.0 / g[11], upward),
@@ -107,7 +122,7 @@ def _step_rows(g, cfg: gl.constexpr, tile, kk):
     comes from a float32 reciprocal with one correction each way, exact for kk < 2^24 (the launcher
     checks it): an integer division by a runtime value is ~25 instructions, and three a step cost
     D = 64 causal 10% (session 14)."""
-    hk = tile[6]
+    b, hk = _tile_kv_head(g, tile)
     per_head = tile[3]
     if g[11] == 1:
         head = kk * 0
@@ -128,7 +143,7 @@ def _step_rows(g, cfg: gl.constexpr, tile, kk):
 def _load(g, cfg: gl.constexpr, q_bufs, do_smem, bar, tile, kk):
     """Step kk's Q and dO blocks and its rows' lse and delta (rows past N arrive as zeros)."""
     q_smem, stats_smem = q_bufs
-    b, hk = tile[5], tile[6]
+    b, hk = _tile_kv_head(g, tile)
     h, start_m = _step_rows(g, cfg, tile, kk)
     tma.async_copy_global_to_shared(g[0], [b, h, start_m, 0], bar, q_smem)
     tma.async_copy_global_to_shared(g[3], [b, h, start_m, 0], bar, do_smem)
@@ -138,7 +153,7 @@ def _load(g, cfg: gl.constexpr, q_bufs, do_smem, bar, tile, kk):
 @gluon.jit
 def _load_kv(g, cfg: gl.constexpr, kv_smem, bar, tile):
     """The producer's per-tile load: the tile's K and V blocks (rows past Nk arrive as zeros)."""
-    b, hk = tile[5], tile[6]
+    b, hk = _tile_kv_head(g, tile)
     tma.async_copy_global_to_shared(g[1], [b, hk, tile[0], 0], bar, kv_smem.index(0))
     tma.async_copy_global_to_shared(g[2], [b, hk, tile[0], 0], bar, kv_smem.index(1))
 
@@ -227,7 +242,7 @@ def _reduce_dq(g, staging, dq, coord, PENDING: gl.constexpr):
 def _add_dq(g, cfg: gl.constexpr, tile, kk, dq):
     """Add scale * dq (this consumer's half of the columns of step kk's rows) to the float32 dQ,
     through this consumer's staging buffer."""
-    b, hk = tile[5], tile[6]
+    b, hk = _tile_kv_head(g, tile)
     h, start_m = _step_rows(g, cfg, tile, kk)
     _reduce_dq(g, g[19].index(cfg[-1]), dq, [b, h, start_m, cfg[-1] * (cfg[3] // 2)], 0)
 
@@ -259,7 +274,7 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
     st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
     q_smem, stats_smem = q_bufs
     dk, dv, tile, k_regs, v_regs = state
-    b, hk = tile[5], tile[6]
+    b, hk = _tile_kv_head(g, tile)
     h, start_m = _step_rows(g, cfg, tile, kk)
     start_n = tile[0] + c * BN
     q = q_smem.reshape([BM, D])
@@ -349,7 +364,7 @@ def _dq_finish(g, cfg: gl.constexpr, tile, kk, i, kv_smem, dq):
     step's dS let go once the last one is read."""
     PIECE: gl.constexpr = g[7].block_type.shape[3]
     PIECES: gl.constexpr = cfg[3] // PIECE
-    b, hk = tile[5], tile[6]
+    b, hk = _tile_kv_head(g, tile)
     h, start_m = _step_rows(g, cfg, tile, kk)
     for p in gl.static_range(PIECES):
         if p > 0:
@@ -374,7 +389,7 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
     D: gl.constexpr = cfg[3]
     dk = state[0]
     dv = state[1]
-    b, hk = tile[5], tile[6]
+    b, hk = _tile_kv_head(g, tile)
     start_n = tile[0] + cfg[-1] * BN
     for which in gl.static_range(2):
         tma.store_wait(0)  # the buffer's previous TMA store has read it
@@ -421,7 +436,7 @@ def _add_dq_split(g, cfg: gl.constexpr, tile, kk, dq):
     HM: gl.constexpr = cfg[1] // 2
     DH: gl.constexpr = cfg[3] // 2
     c: gl.constexpr = cfg[-1]
-    b, hk = tile[5], tile[6]
+    b, hk = _tile_kv_head(g, tile)
     h, start_m = _step_rows(g, cfg, tile, kk)
     lo, hi = split_n(dq * g[12])
     tma.store_wait(0)  # the previous reductions have read the buffers
