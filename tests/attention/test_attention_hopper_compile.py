@@ -26,6 +26,7 @@ def test_every_kernel_and_head_dim_compiles(report):
         ("forward (gluon, short tiles)", 128), ("forward (gluon, carried)", 64), ("forward (gluon, carried)", 128),
         ("forward (gluon, 3 consumers)", 64), ("forward (gluon, Q in registers)", 128),
         ("backward (gluon)", 64), ("backward (gluon)", 128), ("backward (gluon, query split)", 64),
+        ("backward (gluon, grouped heads)", 64), ("backward (gluon, grouped heads)", 128),
         ("backward dq (gluon)", 64), ("backward dq (gluon)", 128)}
 
 
@@ -51,8 +52,9 @@ def test_gluon_dq_holds_wgmma_and_tma_and_is_not_serialized(report):
 
 def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(report):
     gluon = [r for r in report if r["kernel"].startswith("backward (gluon")]
-    # D 64 and 128, causal and not; D 64's query split, and its key split with dq from its own kernel
-    assert len(gluon) == 6
+    # D 64 and 128, causal and not; D 64's query split, and its key split with dq from its own kernel;
+    # grouped heads (a runtime group size) causal at D 64 and 128
+    assert len(gluon) == 8
     for r in gluon:
         assert r["wgmma"] and r["tma"] and r["mbarrier"], r
         # dq is summed by TMA reductions where the kernel computes it
@@ -86,7 +88,11 @@ def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(
 # scalars (causal 100-112), reloaded once a step; it spilled 140-364 before lse and delta came by TMA
 # (session 14), and was still 5-8% faster than the key split without a mask on the H100
 # (notes/attention.md, session 12)
+# With grouped heads (a runtime group size, so more live scalars: the group, the walk's first q head
+# and 1 / group) the backward spills 196 bytes at D = 64 causal and 244 at D = 128 causal, and ran at
+# 1.00-1.14x cuDNN's grouped-head backward at N = 4096 on the H100 (notes/attention.md, session 20)
 SPILL_BYTES_ALLOWED = {("backward dk/dv", 128): 64, ("backward (gluon)", 64): 64, ("backward (gluon)", 128): 256,
+                       ("backward (gluon, grouped heads)", 64): 256, ("backward (gluon, grouped heads)", 128): 256,
                        ("backward (gluon, query split)", 64): 128,
                        ("forward (gluon, 3 consumers)", 64): 96}
 

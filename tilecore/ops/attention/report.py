@@ -164,15 +164,17 @@ def compile_gluon_backward(d: int, causal: bool = True, dtype=torch.bfloat16, cf
     return _compile(attention_bwd_kernel, args, {"num_warps": 4}), cfg
 
 
-def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None) -> dict:
-    """Resources of Hopper's Gluon backward for head dim ``d`` at the launcher's config (or ``cfg``),
-    with whether its PTX holds wgmma, TMA and the TMA reduction of dQ, and whether ptxas serialized
-    its wgmma."""
+def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None,
+                             group: int = 1) -> dict:
+    """Resources of Hopper's Gluon backward for head dim ``d`` at the launcher's config (or ``cfg``)
+    for ``group`` q heads a kv head, with whether its PTX holds wgmma, TMA and the TMA reduction of
+    dQ, and whether ptxas serialized its wgmma."""
     from tilecore.tiles.compile import has_hopper_instructions, resources
 
-    compiled, cfg = compile_gluon_backward(d, causal, dtype, cfg)
+    compiled, cfg = compile_gluon_backward(d, causal, dtype, cfg, group=group)
     ptx = compiled.asm["ptx"]
-    name = "backward (gluon, query split)" if cfg.get("split") == "queries" else "backward (gluon)"
+    name = ("backward (gluon, query split)" if cfg.get("split") == "queries" else
+            "backward (gluon, grouped heads)" if group > 1 else "backward (gluon)")
     clobbered = register_operands_clobbered(compiled.asm["cubin"]) if cfg.get("kv_regs") else None
     return dict(kernel=name, D=d, causal=causal, cfg=cfg, **vars(resources(compiled)),
                 **has_hopper_instructions(ptx), tma_reduce="cp.reduce.async.bulk.tensor" in ptx,
@@ -221,6 +223,8 @@ def main(argv=None) -> int:
     rows.append(gluon_forward_resources(64, True, cfg=gluon_forward_config(64, 1024, 1024, True)))  # and 64-key blocks
     rows.append(gluon_forward_resources(128, False, cfg=gluon_forward_config(128, 4096, 4096, False)))  # Q in registers
     rows += [gluon_backward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
+    # grouped heads (the group size a runtime value, not the constant 1): the step's q head divided out
+    rows += [gluon_backward_resources(d, True, group=4) for d in (64, 128)]
     # the query split at D = 64 (the probes'), and the deterministic mode's key split (dq by its own kernel)
     rows.append(gluon_backward_resources(64, True, cfg=kernels.QUERY_SPLIT_D64))
     rows.append(gluon_backward_resources(64, True, cfg=dict(kernels.KEY_SPLIT_D64, dq_from="gluon", kv_regs=False)))
