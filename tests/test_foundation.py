@@ -151,3 +151,21 @@ def test_gqa_suite_does_the_attention_suites_work_per_q_head():
     for case in suites["attention-gqa"].cases(True):
         d = int(case.params["model"].rsplit("D", 1)[1])
         assert case.flops == mha[case.params["pass"], d, True], case.params
+
+
+def test_attention_suites_time_a_forward_or_one_forwards_backward_and_skip_refusing_backends():
+    import torch.nn.functional as F
+
+    from tilecore.bench.suites.attention import timed_pass
+
+    q, k, v = (torch.randn(1, 2, 8, 4, requires_grad=True) for _ in range(3))
+    forward = timed_pass("math", F.scaled_dot_product_attention, q, k, v, backward=False)
+    assert forward().shape == q.shape
+    backward = timed_pass("math", F.scaled_dot_product_attention, q, k, v, backward=True)
+    assert [g.shape for g in backward()] == [q.shape, k.shape, v.shape]
+
+    def refuses(q, k, v):
+        raise RuntimeError("No available kernel")
+
+    with pytest.raises(ImportError, match="peer: No available kernel"):
+        timed_pass("peer", refuses, q, k, v, backward=False)

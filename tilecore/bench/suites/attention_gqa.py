@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from tilecore.bench.harness import Case, Suite
+from tilecore.bench.suites.attention import timed_pass
 
 Q_HEAD_ROWS = 2**20
 MODELS = {"8B": (32, 8, 128), "70B": (64, 8, 128), "1B": (32, 8, 64), "MQA": (16, 1, 128)}  # Hq, Hkv, D
@@ -46,25 +47,13 @@ IMPLS = {"tilecore": _tilecore, "cuDNN (SDPA, gqa)": _sdpa("CUDNN_ATTENTION", Fa
 
 def _build(name: str, model: str, n: int, backward: bool):
     def build():
-        f = IMPLS[name]
         hq, hkv, d = MODELS[model]
         b = Q_HEAD_ROWS // (hq * n)
 
         def make(h):
             return torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
 
-        q, k, v = make(hq), make(hkv), make(hkv)
-        try:  # a backend that does not take this case on this build is a peer that is not here
-            out = f(q, k, v)
-        except RuntimeError as err:
-            raise ImportError(f"{name}: {err}") from err
-        if not backward:
-            def forward():
-                with torch.no_grad():
-                    return f(q, k, v)
-            return forward
-        dout = torch.randn_like(out)
-        return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        return timed_pass(name, IMPLS[name], make(hq), make(hkv), make(hkv), backward)
     return build
 
 
