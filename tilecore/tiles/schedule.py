@@ -267,9 +267,16 @@ def balanced_schedule(costs: torch.Tensor, programs: int) -> torch.Tensor | None
     if torch.zeros(programs, dtype=torch.float64).index_add_(0, round_robin, costs).max() <= loads.max():
         return None
     by_program = torch.argsort(owner, stable=True)  # tile ids grouped by program, each group increasing
-    offsets = programs + 1 + torch.cumsum(torch.bincount(owner, minlength=programs), 0)
+    return _schedule_table(torch.bincount(owner, minlength=programs), by_program)
+
+
+def _schedule_table(counts: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The schedule table (see balanced_schedule) of ``ids``, the tile ids grouped by program in
+    running order, program p's ``counts[p]`` of them."""
+    programs = counts.numel()
+    offsets = programs + 1 + torch.cumsum(counts, 0)
     head = torch.cat([torch.tensor([programs + 1]), offsets])
-    return torch.cat([head, by_program, torch.zeros(1, dtype=torch.int64)]).to(torch.int32)
+    return torch.cat([head, ids.to(torch.int64), torch.zeros(1, dtype=torch.int64)]).to(torch.int32)
 
 
 def dealt_schedule(units: list[list[int]], programs: int) -> torch.Tensor:
@@ -283,10 +290,8 @@ def dealt_schedule(units: list[list[int]], programs: int) -> torch.Tensor:
     by_program = [[] for _ in range(programs)]
     for u, unit in enumerate(units):
         by_program[u % programs].extend(unit)
-    counts = torch.tensor([len(ids) for ids in by_program])
-    head = torch.cat([torch.tensor([programs + 1]), programs + 1 + torch.cumsum(counts, 0)])
-    ids = torch.tensor([t for ids in by_program for t in ids], dtype=torch.int64)
-    return torch.cat([head, ids, torch.zeros(1, dtype=torch.int64)]).to(torch.int32)
+    return _schedule_table(torch.tensor([len(ids) for ids in by_program], dtype=torch.int64),
+                           torch.tensor([t for ids in by_program for t in ids], dtype=torch.int64))
 
 
 @triton.jit

@@ -73,8 +73,8 @@ def _tile_kv_head(g, tile):
 def _setup(g, cfg: gl.constexpr, tile_id):
     """The tile (first key, batch * kv head, first query block, query blocks per q head, where its
     walk starts (_step_rows), batch, kv head, the q head its walk starts at, 1 / group size) and its
-    steps: every query block that sees one of its keys, for each q head of the group. Whatever
-    needs a division by a runtime value is here, once a tile: with grouped heads ptxas recomputed
+    steps: every query block that sees one of its keys, for each q head of the group. With grouped
+    heads whatever needs a division by a runtime value is here, once a tile: ptxas had recomputed
     the batch and kv head's divisions inside the consumers' step loop, ~170 instructions a step."""
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = 2 * cfg[2]  # both consumers' keys
@@ -118,10 +118,9 @@ def _step_rows(g, cfg: gl.constexpr, tile, kk):
     t - 2 when the first walks are at n - 1 - t). With the walk above (each tile its own block,
     whichever head) they used every row of the group at once, 4 to 16 times the L2 working set of
     one head, and the backward ran at 0.58-0.76x cuDNN on the H100 (notes/attention.md, session
-    20). kk // G
-    comes from a float32 reciprocal with one correction each way, exact for kk < 2^24 (the launcher
-    checks it): an integer division by a runtime value is ~25 instructions, and three a step cost
-    D = 64 causal 10% (session 14)."""
+    20). kk // G comes from a float32 reciprocal with one correction each way, exact for kk < 2^24
+    (the launcher checks it): an integer division by a runtime value is ~25 instructions, and three
+    a step cost D = 64 causal 10% (session 14)."""
     b, hk = _tile_kv_head(g, tile)
     per_head = tile[3]
     if g[11] == 1:

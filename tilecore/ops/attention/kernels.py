@@ -415,16 +415,18 @@ def _paired_table(n_blocks: int, num_bhk: int, head_group: int, programs: int) -
 _DEVICE_TABLES: dict = {}
 
 
-def causal_schedule(device: torch.device, *key) -> torch.Tensor | None:
-    """``_balanced_table(*key)`` on ``device``, or None (round-robin): where round-robin is as even,
-    or while a CUDA graph is being captured before this shape ran once (a copy to the GPU cannot be
-    captured; the round-robin launch is as correct, if slower). Made once per device and shape."""
-    if (device, key) not in _DEVICE_TABLES:
+def causal_schedule(device: torch.device, *key, build=_balanced_table) -> torch.Tensor | None:
+    """``build(*key)`` (a balanced table by default, or _paired_table's) on ``device``, or None
+    (round-robin): where round-robin is as even, or while a CUDA graph is being captured before this
+    shape ran once (a copy to the GPU cannot be captured; the round-robin launch is as correct, if
+    slower). Made once per device, builder and shape."""
+    cache_key = (device, build, key)
+    if cache_key not in _DEVICE_TABLES:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        table = _paired_table(*key[1:]) if key[0] == "backward-paired" else _balanced_table(*key)
-        _DEVICE_TABLES[(device, key)] = None if table is None else table.to(device)
-    return _DEVICE_TABLES[(device, key)]
+        table = build(*key)
+        _DEVICE_TABLES[cache_key] = None if table is None else table.to(device)
+    return _DEVICE_TABLES[cache_key]
 
 
 def _query_tiling(q, k, tile_rows: int, block_n: int, causal: bool, balanced: bool):
@@ -550,9 +552,14 @@ def dq_box(block_m: int, d: int, split: str = "keys", dq_from: str = "fused") ->
 
 def gluon_backward_fits(dout, q, k, v, scale: float) -> bool:
     """Whether the Gluon backward serves these inputs (else the tl kernels do)."""
-    steps_a_tile = q.shape[1] // k.shape[1] * triton.cdiv(q.shape[2], 64)  # < 2^24: backward_kernel_args
     return ((q.shape[-1], False) in GLUON_BACKWARD and gluon_forward_fits(q, k, v, scale) and tma_describable(dout)
-            and steps_a_tile < 2**24)
+            and _steps_exact(q.shape[1] // k.shape[1], q.shape[2], 64))  # 64: the smallest block_m
+
+
+def _steps_exact(group: int, n: int, block_m: int) -> bool:
+    """Whether the Gluon backward's tile steps (group * n / block_m of them) stay below 2^24, where
+    the kernel's float32 division of a step's index by the group size is exact (_step_rows)."""
+    return group * triton.cdiv(n, block_m) < 2**24
 
 
 def backward_delta(out, dout, lse, dlse, *, dq_sum: bool = False):
@@ -649,7 +656,7 @@ def backward_kernel_args(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sca
     tiles = triton.cdiv(Nk, 2 * block_n) * B * Hkv
     grid = (min(tiles, dispatch.num_sms(q.device)),)
     group = H // Hkv
-    if group * triton.cdiv(N, block_m) >= 2**24:  # the kernel's step -> q head division is exact below
+    if not _steps_exact(group, N, block_m):
         raise ValueError(f"the Gluon backward takes (Hq / Hkv) * N / {block_m} < 2^24 steps a tile; got "
                          f"{group} q heads a kv head and N = {N}")
     # kv heads kept together in L2, as if each had one q head: with grouped heads a kv head's tiles
@@ -661,9 +668,9 @@ def backward_kernel_args(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sca
     if causal and balanced and not drawn and group == 1:
         schedule = causal_schedule(q.device, "backward", N, Nk, block_m, 2 * block_n, B * Hkv, head_group, group,
                                    grid[0])
-    elif causal and balanced and not drawn:  # grouped heads: key blocks in pairs (_paired_table)
-        schedule = causal_schedule(q.device, "backward-paired", triton.cdiv(Nk, 2 * block_n), B * Hkv, head_group,
-                                   grid[0])
+    elif causal and balanced and not drawn:  # grouped heads: key blocks in pairs
+        schedule = causal_schedule(q.device, triton.cdiv(Nk, 2 * block_n), B * Hkv, head_group, grid[0],
+                                   build=_paired_table)
     box = dq_box(block_m, D, split) if split == "queries" else dq_box(block_m, D, dq_from=dq_from)
     args = (desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m), desc(dk, block_n),
             desc(dv, block_n), row_stats_descriptor(stats, block_m), gluon_descriptor(dq_sum, box), H, N, Nk, group,
