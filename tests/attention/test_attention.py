@@ -9,7 +9,7 @@ import triton
 
 import tilecore
 from tilecore import accuracy
-from tilecore.ops.attention import attention, attention_reference, kernels
+from tilecore.ops.attention import attention, attention_reference, decode, kernels
 
 F16 = torch.float16
 
@@ -76,7 +76,11 @@ def test_forward_fp16_near_the_rounding_floor(case):
     assert accuracy.error_over_floor(out, ref) <= 2.0
     check_lse(lse, ref_lse)
     public, public_lse = attention(q, k, v, causal=causal, return_lse=True)
-    assert torch.equal(public, out) and torch.equal(public_lse, lse)
+    if decode.decode_fits(q, k):  # the public function splits the keys (tests/attention/test_decode.py)
+        assert accuracy.error_over_floor(public, ref) <= 2.0
+        check_lse(public_lse, ref_lse)
+    else:
+        assert torch.equal(public, out) and torch.equal(public_lse, lse)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

@@ -1,0 +1,215 @@
+"""GPU check and timing of the split-key (decode) path of tilecore.attention.
+
+    PYTHONPATH=. python3 scripts/device/decode_probe.py [--phases check,time,cross] [--out DIR]
+
+check: bf16 and fp16 at decode shapes (1-16 queries, grouped heads, tails, causal rows with no key,
+    a strided cache), public API and a direct call into NaN-poisoned buffers, against float64: error
+    as a multiple of the rounding floor, lse error, empty rows 0 / -inf.
+time: one query against Nk cached keys, Hq 32 / Hkv 8 D 128 bf16 (the bench suite's cases): GB/s of
+    the split-key path's variants (keys a step, ring depth, programs a SM aimed at), the query-block
+    forward it replaces, and torch SDPA's flash and cuDNN, against copy, interleaved three times.
+cross: 16 queries (speculative decode, chunked prefill's tail) against 1024-16384 keys: the split-key
+    path against the query-block forward (Gluon), grouped and multi-head, to check the threshold.
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+PHASES = ("check", "time", "cross")
+
+
+def _meta():
+    import triton
+
+    gpu = torch.cuda.get_device_properties(0)
+    return {"gpu": gpu.name, "sms": gpu.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": torch.version.cuda, "commit": os.environ.get("TILECORE_COMMIT"),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+
+
+def check():
+    from tilecore import accuracy
+    from tilecore.ops.attention import attention, attention_reference, decode
+
+    rows = []
+    cases = [  # B, Hq, Hkv, N, Nk, D, causal, layout
+        (4, 32, 8, 1, 4097, 128, False, "bhnd"), (2, 32, 8, 1, 16384, 128, False, "cache"),
+        (3, 64, 8, 3, 1000, 128, True, "bhnd"), (2, 16, 16, 16, 4097, 64, True, "bhnd"),
+        (1, 32, 1, 4, 17, 128, True, "bhnd"), (2, 8, 2, 16, 10, 64, True, "bhnd"),
+        (1, 4, 1, 1, 1, 96, False, "bhnd"), (16, 32, 8, 1, 2048, 64, False, "cache"),
+    ]
+    for dtype in (torch.bfloat16, torch.float16):
+        for b, hq, hkv, n, nk, d, causal, layout in cases:
+            torch.manual_seed(len(rows))
+            q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype)
+            if layout == "cache":  # the first nk rows of a (B, Nmax, Hkv, D) cache
+                k, v = (torch.randn(b, nk + 300, hkv, d, device="cuda", dtype=dtype)[:, :nk].transpose(1, 2)
+                        for _ in range(2))
+            else:
+                k, v = (torch.randn(b, hkv, nk, d, device="cuda", dtype=dtype) for _ in range(2))
+            ref, ref_lse = attention_reference(q, k, v, causal=causal)
+            out, lse = attention(q, k, v, causal=causal, return_lse=True)
+            o2 = torch.full_like(out, float("nan"))
+            l2 = torch.full_like(lse, float("nan"))
+            decode.decode_into(q, k, v, o2, l2, causal, d ** -0.5)
+            torch.cuda.synchronize()
+            empty = torch.isneginf(ref_lse)
+            live = ~empty
+            row = dict(dtype=str(dtype)[6:], B=b, Hq=hq, Hkv=hkv, N=n, Nk=nk, D=d, causal=causal, layout=layout,
+                       err_floor=accuracy.error_over_floor(out, ref),
+                       lse_err=float((lse[live].double() - ref_lse[live]).abs().max()) if live.any() else 0.0,
+                       written=bool(not torch.isnan(o2).any() and not torch.isnan(l2).any()),
+                       same_bits=bool(torch.equal(o2, out) and torch.equal(l2, lse)),
+                       empty_rows_ok=bool((out[empty] == 0).all() and torch.isneginf(lse[empty]).all()))
+            row["ok"] = (row["err_floor"] <= 2.0 and row["lse_err"] < 1e-3 and row["written"] and row["same_bits"]
+                         and row["empty_rows_ok"])
+            rows.append(row)
+            print(f"{row['dtype']:9} B{b} H{hq}/{hkv} N{n} Nk{nk} D{d} {'causal' if causal else 'full':6} {layout:5} "
+                  f"err {row['err_floor']:.2f}x floor, lse {row['lse_err']:.1e}, written {row['written']}, "
+                  f"same bits {row['same_bits']}, empty rows {row['empty_rows_ok']} -> {'ok' if row['ok'] else 'FAIL'}",
+                  flush=True)
+    return rows
+
+
+def _sdpa(backend):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def f(q, k, v):
+        with sdpa_kernel(getattr(SDPBackend, backend)):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    return f
+
+
+def _split_keys(config=None, programs_per_sm=None):
+    from tilecore.ops.attention import decode
+
+    options = dict(config=config)
+    if programs_per_sm:
+        options["programs_per_sm"] = programs_per_sm
+
+    def f(q, k, v):
+        B, Hq, N, D = q.shape
+        out = torch.empty_like(q)
+        lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
+        decode.decode_into(q, k, v, out, lse, False, D ** -0.5, **options)
+        return out
+    return f
+
+
+def _query_blocks(q, k, v):
+    from tilecore.ops.attention import kernels
+
+    B, Hq, N, D = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
+    kernels.forward_into(q, k, v, out, lse, False, D ** -0.5)
+    return out
+
+
+def _timed(impls, make_set, nbytes, repeats=3):
+    from tilecore.bench.harness import interleaved_ms, rotating
+
+    nxt = rotating(make_set, nbytes)
+    fns = {}
+    for name, f in impls.items():
+        try:
+            f(*nxt())
+        except RuntimeError as err:
+            print(f"  {name}: refused ({str(err)[:80]})")
+            continue
+        fns[name] = (lambda f: lambda: f(*nxt()))(f)
+    with torch.no_grad():
+        ms = interleaved_ms(fns, repeats)
+    return {name: statistics.median(ts) for name, ts in ms.items()}
+
+
+TIME_VARIANTS = {
+    "split (default)": _split_keys(),
+    "split n128 s3": _split_keys(dict(BLOCK_N=128, num_warps=4, num_stages=3)),
+    "split n64 s4": _split_keys(dict(BLOCK_N=64, num_warps=4, num_stages=4)),
+    "split n64 s2": _split_keys(dict(BLOCK_N=64, num_warps=4, num_stages=2)),
+    "split n64 w8": _split_keys(dict(BLOCK_N=64, num_warps=8, num_stages=3)),
+    "split 2/SM": _split_keys(programs_per_sm=2),
+    "split 8/SM": _split_keys(programs_per_sm=8),
+}
+
+
+def time_decode(copy_gbs):
+    import tilecore
+
+    hq, hkv, d = 32, 8, 128
+    impls = dict(TIME_VARIANTS)
+    impls.update({"public": lambda q, k, v: tilecore.attention(q, k, v), "query blocks": _query_blocks,
+                  "flash (SDPA)": _sdpa("FLASH_ATTENTION"), "cuDNN (SDPA)": _sdpa("CUDNN_ATTENTION")})
+    rows = []
+    for b in (1, 16, 64):
+        for nk in (1024, 4096, 16384):
+            nbytes = 2 * (2 * b * hkv * nk * d + 2 * b * hq * d)
+
+            def make_set():
+                return (torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16),
+                        *(torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2)))
+            ms = _timed(impls, make_set, nbytes)
+            row = dict(B=b, Nk=nk, ms=ms, gbs={n: nbytes / t / 1e6 for n, t in ms.items()})
+            rows.append(row)
+            print(f"B{b:3} Nk{nk:6}: " + "  ".join(f"{n} {row['gbs'][n] / copy_gbs:.2f}" for n in ms), flush=True)
+    return rows
+
+
+def cross():
+    """16 queries: the split-key path against the query-block forward, TFLOP/s-free (ms)."""
+    rows = []
+    for hq, hkv, d in ((32, 8, 128), (32, 32, 128), (32, 8, 64)):
+        for b, nk in ((1, 16384), (4, 8192), (16, 2048), (64, 1024)):
+            n = 16
+
+            def make_set():
+                return (torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16),
+                        *(torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2)))
+            nbytes = 2 * (2 * b * hkv * nk * d + 2 * b * hq * n * d)
+            ms = _timed({"split": _split_keys(), "query blocks": _query_blocks}, make_set, nbytes)
+            rows.append(dict(Hq=hq, Hkv=hkv, D=d, B=b, N=n, Nk=nk, ms=ms))
+            print(f"N16 H{hq}/{hkv} D{d} B{b} Nk{nk}: split {ms['split'] * 1e3:.1f} us, query blocks "
+                  f"{ms['query blocks'] * 1e3:.1f} us ({ms['query blocks'] / ms['split']:.2f}x)", flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    from tilecore.bench.harness import copy_ceiling
+
+    result = {"meta": _meta()}
+    ceiling = copy_ceiling()
+    result["copy_gbs"] = ceiling.value
+    print(result["meta"], f"copy {ceiling.value:.0f} GB/s", flush=True)
+    for phase in args.phases.split(","):
+        t = time.time()
+        if phase == "check":
+            result["check"] = check()
+        elif phase == "time":
+            result["time"] = time_decode(ceiling.value)
+        elif phase == "cross":
+            result["cross"] = cross()
+        print(f"===== {phase}: {time.time() - t:.0f} s", flush=True)
+        with open(os.path.join(args.out, "decode_probe.json"), "w") as f:
+            json.dump(result, f, indent=1)
+    if "check" in result:
+        print(f"check: {sum(r['ok'] for r in result['check'])}/{len(result['check'])} ok, worst err "
+              f"{max(r['err_floor'] for r in result['check']):.2f}x floor")
+    if "time" in result:
+        names = list(result["time"][0]["gbs"])
+        print("x copy | " + " | ".join(names))
+        for r in result["time"]:
+            print(f"B{r['B']} Nk{r['Nk']} | " + " | ".join(f"{r['gbs'].get(n, 0) / ceiling.value:.2f}" for n in names))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""The split-key (decode) path of tilecore.attention through Triton's interpreter, in fp16 (bf16 is
+checked on the GPU by scripts/device/decode_probe.py): against the float64 reference, into
+poisoned buffers, with the keys split in several ways, grouped heads packed into a tile, causal rows
+that see no key, and the split count's rule."""
+import pytest
+import torch
+
+from tilecore import accuracy
+from tilecore.ops.attention import attention, attention_reference, decode
+
+F16 = torch.float16
+
+
+def make(b, hq, hkv, n, nk, d, grad=False):
+    q = torch.randn(b, hq, n, d, dtype=F16)
+    k = torch.randn(b, hkv, nk, d, dtype=F16)
+    v = torch.randn(b, hkv, nk, d, dtype=F16)
+    return [t.requires_grad_(grad) for t in (q, k, v)]
+
+
+def decode_poisoned(q, k, v, causal, scale, splits):
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype)
+    lse = torch.full(q.shape[:3], float("nan"), dtype=torch.float32)
+    decode.decode_into(q, k, v, out, lse, causal, scale, splits=splits)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "some outputs were never written"
+    return out, lse
+
+
+def check_lse(lse, ref_lse):
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    live = torch.isfinite(ref_lse)
+    assert torch.allclose(lse[live].double(), ref_lse[live], rtol=1e-5, atol=1e-5)
+
+
+# B, Hq, Hkv, N, Nk, D, causal, splits (the interpreter's blocks are 16 keys: 100 keys in 3 splits
+# are ranges of 48, 48 and 4)
+CASES = [
+    (1, 4, 2, 1, 100, 64, False, 1),
+    (1, 4, 2, 1, 100, 64, False, 3),
+    (2, 8, 2, 3, 200, 80, True, 4),     # packed rows of 3 queries x 4 heads; D not a power of two
+    (1, 4, 4, 16, 70, 32, True, 2),     # MHA, 16 queries: the last split is past some rows' diagonal
+    (1, 20, 1, 4, 90, 64, True, 3),     # MQA, 80 packed rows: two tiles of 64 rows
+    (1, 2, 1, 5, 3, 64, True, 1),       # N > Nk: rows 0 and 1 see no key
+    (1, 2, 1, 40, 20, 64, True, 2),     # ... with the keys split: every part of rows 0..19 is empty
+    (2, 2, 1, 1, 1, 16, False, 1),
+]
+IDS = [f"B{b}-H{h}/{hk}-N{n}-Nk{nk}-D{d}-{'causal' if c else 'full'}-splits{s}" for b, h, hk, n, nk, d, c, s in CASES]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_split_keys_near_the_rounding_floor(case):
+    *shape, causal, splits = case
+    q, k, v = make(*shape)
+    out, lse = decode_poisoned(q, k, v, causal, shape[-1] ** -0.5, splits)
+    ref, ref_lse = attention_reference(q, k, v, causal=causal)
+    assert accuracy.error_over_floor(out, ref) <= 2.0
+    check_lse(lse, ref_lse)
+    empty = torch.isneginf(ref_lse)
+    assert (out[empty] == 0).all()
+
+
+def test_no_keys_at_all():
+    q, k, v = make(1, 4, 2, 1, 0, 32)
+    out, lse = decode_poisoned(q, k, v, False, 0.2, None)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+
+
+def test_negative_scale_and_strided_cache():
+    # K and V as the first 75 rows of a (B, Nmax, Hkv, D) cache viewed as (B, Hkv, N, D)
+    cache_k, cache_v = (torch.randn(2, 128, 2, 32, dtype=F16) for _ in range(2))
+    k, v = cache_k[:, :75].transpose(1, 2), cache_v[:, :75].transpose(1, 2)
+    q = torch.randn(2, 6, 2, 32, dtype=F16)
+    for scale in (0.3, -0.3):
+        out, lse = decode_poisoned(q, k, v, True, scale, 3)
+        ref, ref_lse = attention_reference(q, k, v, causal=True, scale=scale)
+        assert accuracy.error_over_floor(out, ref) <= 2.0
+        check_lse(lse, ref_lse)
+
+
+def test_the_public_function_takes_it_for_few_queries_and_differentiates(monkeypatch):
+    calls = []
+    monkeypatch.setattr(decode, "DECODE_MIN_SPLIT_KEYS", 16)  # the interpreter's 4 "SMs" then ask for splits
+    real = decode.decode_splits
+    monkeypatch.setattr(decode, "decode_splits", lambda *a: calls.append(real(*a)) or calls[-1])
+    q, k, v = make(2, 8, 2, 2, 150, 64, grad=True)
+    out, lse = attention(q, k, v, causal=True, return_lse=True)
+    assert calls == [4]  # 16 programs asked of 4 tiles (2 batches x 2 kv heads)
+    ref, ref_lse = attention_reference(q, k, v, causal=True)
+    assert accuracy.error_over_floor(out.detach(), ref) <= 2.0
+    check_lse(lse.detach(), ref_lse)
+    # the backward (the usual kernels) from the split path's out and lse
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref_grads = torch.autograd.grad(attention_reference(q64, k64, v64, causal=True)[0], (q64, k64, v64), dout.double())
+    for g, r in zip(grads, ref_grads):
+        assert accuracy.error_over_floor(g, r) <= 3.0
+    # 17 queries take the query-block forward
+    q17 = torch.randn(1, 8, 17, 64, dtype=F16)
+    attention(q17, k.detach()[:1], v.detach()[:1])
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("tiles,nk,programs,expect", [
+    (8, 4096, 528, 16),       # B 1, 8 kv heads: 4096 keys in 16 ranges of 256
+    (8, 16384, 528, 64),      # 66 asked, rounded to ranges of whole 64-key blocks: 64 of 256
+    (128, 4096, 528, 5),      # B 16: 5 ranges (of 832 keys) give 640 programs
+    (512, 4096, 528, 2),
+    (1024, 4096, 528, 1),     # enough tiles: no split, no merge
+    (8, 100, 528, 1),         # fewer keys than a split's least
+    (8, 0, 528, 1),
+])
+def test_split_count_rule(tiles, nk, programs, expect):
+    splits = decode.decode_splits(tiles, nk, 64, programs, 256)
+    assert splits == expect
+    ranges, keys = decode.key_ranges(nk, splits, 64)
+    assert ranges == splits and keys % 64 == 0 and (ranges - 1) * keys < max(nk, 1) <= ranges * keys

@@ -1,0 +1,203 @@
+"""Attention for a few queries against many keys (decode): the keys split across programs, the
+q heads of a kv head packed into one tile, the splits merged by their log-sum-exp.
+
+At decode (N = 1, or a few with speculative decoding) the forward's grid of query blocks has
+B * Hq programs of one valid row each: a chain of dependent steps per head that leaves most of the
+chip idle and reads each kv head once per q head. Here instead (FlashDecoding's plan):
+
+* a tile is every (query, q head) row of one kv head, packed query-major (row r is query r // G of
+  q head hk * G + r % G, G = Hq / Hkv): one pass over K and V serves the whole group;
+* the keys are split into ``splits`` contiguous ranges, one program each, so B * Hkv * splits
+  programs stream K and V at once;
+* each program writes its rows' output normalized over its own keys (float32) and their lse (base
+  2); a second kernel merges the splits: with L = log2(sum_s 2^lse_s), O = sum_s 2^(lse_s - L) O_s.
+  With one split the first kernel writes O and lse itself.
+
+Masks and empty rows work as in kernels.py: scores are scaled before masking, a split whose keys a
+row does not see leaves that row's lse at -inf (weight 0 in the merge), and a row that sees no key
+at all is written as 0 with lse = -inf.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tilecore import dispatch
+from tilecore.ops.attention.kernels import LOG2E, LOG2E_IN_KERNEL, block_d
+from tilecore.tiles.launch import CachedLaunch
+from tilecore.tiles.ops import causal_mask, masked, mma, mma_abt, online_softmax_update
+
+# The split-key path serves at most this many queries a sequence (decode and speculative decode);
+# longer query sequences fill the chip through the forward's query blocks
+DECODE_MAX_QUERIES = 16
+# A tile packs at most this many (query, q head) rows; a kv head with more takes several tiles
+DECODE_MAX_ROWS = 64
+
+
+@triton.jit
+def _attn_fwd_split_keys(Q, K, V, O, LSE, O_PART, LSE_PART,
+                         sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                         Hkv, N, Nk, D, GROUP, keys_per_split, scale_log2e,
+                         CAUSAL: tl.constexpr, MERGED: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program (split, batch * kv head, row block): the packed rows' attention over the split's keys.
+    MERGED (one split): write O and lse; else this split's float32 O and base-2 lse to the parts."""
+    split = tl.program_id(0)
+    bhk = tl.program_id(1)
+    b = (bhk // Hkv).to(tl.int64)
+    hk = (bhk % Hkv).to(tl.int64)
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # packed: query rows // G, head rows % G
+    row_ok = rows < N * GROUP
+    query = rows // GROUP
+    head = hk * GROUP + rows % GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    q = tl.load(Q + b * sqb + head[:, None] * sqh + query[:, None] * sqn + offs_d[None, :] * sqd,
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + hk * svh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    lo = split * keys_per_split
+    end = tl.minimum(lo + keys_per_split, Nk)  # the split's keys: [lo, end)
+    shift = Nk - N  # causal: query i sees keys j <= i + shift
+    hi = end
+    if CAUSAL:  # no key past what the tile's last query sees
+        last_query = tl.minimum((tl.program_id(2) * BLOCK_M + BLOCK_M - 1) // GROUP, N - 1)
+        hi = tl.minimum(end, last_query + shift + 1)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        kv_ok = (offs_n[:, None] < end) & d_ok[None, :]
+        k = tl.load(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_ok, other=0.0)
+        s = mma_abt(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)) * scale_log2e
+        s = masked(s, offs_n[None, :] < end, float("-inf"))
+        if CAUSAL:
+            s = causal_mask(s, query + shift, offs_n, float("-inf"))
+        m_i, l_i, acc, p = online_softmax_update(m_i, l_i, acc, s, 1.0)
+        acc = mma(p.to(v.dtype), v, acc)
+
+    has_keys = l_i > 0.0
+    l_safe = tl.where(has_keys, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse2 = tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))
+    row = (b * Hkv * GROUP + head) * N + query  # (batch, q head, query) in O's and LSE's row order
+    ok = row_ok[:, None] & d_ok[None, :]
+    if MERGED:
+        tl.store(O + row[:, None] * D + offs_d[None, :], out.to(O.dtype.element_ty), mask=ok)
+        tl.store(LSE + row, lse2 / LOG2E_IN_KERNEL, mask=row_ok)
+    else:
+        part = split.to(tl.int64) * (tl.num_programs(1) * N * GROUP) + row  # (split, row)
+        tl.store(O_PART + part[:, None] * D + offs_d[None, :], out, mask=ok)
+        tl.store(LSE_PART + part, lse2, mask=row_ok)
+
+
+@triton.jit
+def _attn_merge_splits(O, LSE, O_PART, LSE_PART, rows_total, part_size, D, splits,
+                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """O and lse of BLOCK_R rows from their ``splits`` parts: weights 2^(lse_s - max), then
+    normalized; a row with every part empty (lse -inf) gets 0 and -inf."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < rows_total
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = row_ok[:, None] & (offs_d[None, :] < D)
+    # the parts are (split, row): step the pointers a split at a time (64-bit, no offset overflow;
+    # ``part_size`` = rows_total * D comes from the host as 64-bit where it needs to)
+    top = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    lse_part = LSE_PART + rows
+    for _ in range(splits):
+        top = tl.maximum(top, tl.load(lse_part, mask=row_ok, other=float("-inf")))
+        lse_part += rows_total
+    top_ref = tl.where(top == float("-inf"), 0.0, top)
+    weight_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    lse_part = LSE_PART + rows
+    o_part = O_PART + rows[:, None] * D + offs_d[None, :]
+    for _ in range(splits):
+        w = tl.exp2(tl.load(lse_part, mask=row_ok, other=float("-inf")) - top_ref)
+        acc += w[:, None] * tl.load(o_part, mask=ok, other=0.0)
+        weight_sum += w
+        lse_part += rows_total
+        o_part += part_size
+    has_keys = weight_sum > 0.0
+    w_safe = tl.where(has_keys, weight_sum, 1.0)
+    tl.store(O + rows[:, None] * D + offs_d[None, :], (acc / w_safe[:, None]).to(O.dtype.element_ty), mask=ok)
+    tl.store(LSE + rows, tl.where(has_keys, (top_ref + tl.log2(w_safe)) / LOG2E_IN_KERNEL, float("-inf")),
+             mask=row_ok)
+
+
+_SPLIT_KEYS = CachedLaunch(_attn_fwd_split_keys)
+_MERGE = CachedLaunch(_attn_merge_splits)
+
+# Programs the split aims for, per SM: enough loads in flight to stream K and V at memory speed
+DECODE_PROGRAMS_PER_SM = 4
+# A split's fewest keys: below this its fixed cost (Q load, epilogue, its share of the merge) dominates
+DECODE_MIN_SPLIT_KEYS = 256
+
+
+def decode_fits(q, k) -> bool:
+    """Whether the split-key path serves these inputs (few queries a sequence; any device)."""
+    return q.shape[2] <= DECODE_MAX_QUERIES
+
+
+def decode_config(d: int, interpret: bool) -> dict:
+    """Keys a step (BLOCK_N) and launch options of the split-key kernel for head dim ``d``; small
+    blocks in the interpreter, so tests cover several blocks and splits."""
+    if interpret:
+        return dict(BLOCK_N=16)
+    if d <= 128:
+        return dict(BLOCK_N=64, num_warps=4, num_stages=3)
+    return dict(BLOCK_N=32, num_warps=4, num_stages=2)
+
+
+def key_ranges(nk: int, splits: int, block_n: int) -> tuple[int, int]:
+    """(ranges, keys in each) of ``nk`` keys cut into at most ``splits`` ranges of whole blocks of
+    ``block_n`` keys (at least one range, if empty: no key at all)."""
+    keys_per_split = triton.cdiv(triton.cdiv(max(nk, 1), max(splits, 1)), block_n) * block_n
+    return max(1, triton.cdiv(nk, keys_per_split)), keys_per_split
+
+
+def decode_splits(tiles: int, nk: int, block_n: int, programs: int, min_keys: int) -> int:
+    """How many key ranges to split ``nk`` keys into, for ``tiles`` tiles (batch x kv head x row
+    blocks): enough that the launch has about ``programs`` programs, none with fewer than
+    ``min_keys`` keys (or one block of ``block_n``)."""
+    most = triton.cdiv(max(nk, 1), max(min_keys, block_n))
+    return key_ranges(nk, min(most, triton.cdiv(programs, tiles)), block_n)[0]
+
+
+def decode_into(q, k, v, out, lse, causal: bool, scale: float, *, splits: int | None = None,
+                config: dict | None = None, programs_per_sm: int = DECODE_PROGRAMS_PER_SM) -> None:
+    """out (B, Hq, N, D) and lse (B, Hq, N) float32, both contiguous, of attention(q, k, v) by the
+    split-key kernels. For tests and sweeps: ``splits`` (default: decode_splits's for
+    ``programs_per_sm``) and ``config`` (decode_config's)."""
+    B, Hq, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    cfg = config or decode_config(D, q.device.type != "cuda")
+    block_n = cfg["BLOCK_N"]
+    block_m = max(16, min(DECODE_MAX_ROWS, triton.next_power_of_2(N * group)))
+    row_blocks = triton.cdiv(N * group, block_m)
+    if splits is None:
+        sms = dispatch.num_sms(q.device) if q.is_cuda else 4
+        splits = decode_splits(B * Hkv * row_blocks, Nk, block_n, programs_per_sm * sms, DECODE_MIN_SPLIT_KEYS)
+    splits, keys_per_split = key_ranges(Nk, splits, block_n)
+    merged = splits == 1
+    if merged:
+        o_part = lse_part = out  # unused
+    else:
+        o_part = out.new_empty((splits, B * Hq * N, D), dtype=torch.float32)
+        lse_part = lse.new_empty((splits, B * Hq * N))
+    _SPLIT_KEYS[(splits, B * Hkv, row_blocks)](
+        q, k, v, out, lse, o_part, lse_part, *q.stride(), *k.stride(), *v.stride(),
+        Hkv, N, Nk, D, group, keys_per_split, scale * LOG2E,
+        CAUSAL=causal, MERGED=merged, BLOCK_M=block_m, BLOCK_D=block_d(D), **cfg)
+    if not merged:
+        rows_total = B * Hq * N
+        block_r = 16
+        _MERGE[(triton.cdiv(rows_total, block_r),)](out, lse, o_part, lse_part, rows_total, rows_total * D, D, splits,
+                                                     BLOCK_R=block_r, BLOCK_D=block_d(D))
