@@ -8,6 +8,9 @@ check: bf16 and fp16 at decode shapes (1-16 queries, grouped heads, tails, causa
 time: one query against Nk cached keys, Hq 32 / Hkv 8 D 128 bf16 (the bench suite's cases): GB/s of
     the split-key path's variants (keys a step, ring depth, programs a SM aimed at), the query-block
     forward it replaces, and torch SDPA's flash and cuDNN, against copy, interleaved three times.
+host: host time a call (no sync between calls) and GPU time (CUDA graph of back-to-back calls) of
+    the public function, the split-key kernels alone and SDPA at small decode shapes, a cProfile of
+    the public call, and whether the launches took the fast path.
 cross: 16 queries (speculative decode, chunked prefill's tail) against 1024-16384 keys: the split-key
     path against the query-block forward (Gluon), grouped and multi-head, to check the threshold.
 """
@@ -19,7 +22,7 @@ import time
 
 import torch
 
-PHASES = ("check", "time", "cross")
+PHASES = ("check", "time", "cross", "host")
 
 
 def _meta():
@@ -179,6 +182,49 @@ def cross():
     return rows
 
 
+def host():
+    import cProfile
+    import pstats
+
+    import tilecore
+    from tilecore.bench.harness import graph_median_ms
+    from tilecore.ops.attention import decode
+
+    rows = []
+    hq, hkv, d = 32, 8, 128
+    for b, nk in ((1, 1024), (1, 16384), (16, 4096)):
+        q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        impls = {"public": lambda: tilecore.attention(q, k, v), "split kernels": lambda: _split_keys()(q, k, v),
+                 "query blocks": lambda: _query_blocks(q, k, v), "flash (SDPA)": lambda: _sdpa("FLASH_ATTENTION")(q, k, v),
+                 "cuDNN (SDPA)": lambda: _sdpa("CUDNN_ATTENTION")(q, k, v)}
+        for name, f in impls.items():
+            with torch.no_grad():
+                for _ in range(5):
+                    f()
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                for _ in range(200):
+                    f()
+                host_us = (time.perf_counter() - t) / 200 * 1e6
+                torch.cuda.synchronize()
+                gpu_us = graph_median_ms(f) * 1e3
+            rows.append(dict(B=b, Nk=nk, impl=name, host_us=host_us, gpu_us=gpu_us))
+            print(f"B{b} Nk{nk} {name:14}: host {host_us:6.1f} us a call, GPU {gpu_us:6.1f} us (graph)", flush=True)
+    print("fast launch:", decode._SPLIT_KEYS.fast, decode._MERGE.fast, len(decode._SPLIT_KEYS.compiled),
+          len(decode._MERGE.compiled))
+    q = torch.randn(1, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, hkv, 1024, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    with torch.no_grad():
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            tilecore.attention(q, k, v)
+        prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--phases", default=",".join(PHASES))
@@ -198,6 +244,8 @@ def main():
             result["time"] = time_decode(ceiling.value)
         elif phase == "cross":
             result["cross"] = cross()
+        elif phase == "host":
+            result["host"] = host()
         print(f"===== {phase}: {time.time() - t:.0f} s", flush=True)
         with open(os.path.join(args.out, "decode_probe.json"), "w") as f:
             json.dump(result, f, indent=1)
