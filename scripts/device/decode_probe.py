@@ -11,6 +11,8 @@ time: one query against Nk cached keys, Hq 32 / Hkv 8 D 128 bf16 (the bench suit
 host: host time a call (no sync between calls) and GPU time (CUDA graph of back-to-back calls) of
     the public function, the split-key kernels alone and SDPA at small decode shapes, a cProfile of
     the public call, and whether the launches took the fast path.
+parts: GPU time (CUDA graph) of the split-key kernel alone and of the whole path, over the programs
+    a SM aimed at and a split's fewest keys, at B 1 and 16 (Hq 32 / Hkv 8, D 128).
 cross: 16 queries (speculative decode, chunked prefill's tail) against 1024-16384 keys: the split-key
     path against the query-block forward (Gluon), grouped and multi-head, to check the threshold.
 """
@@ -22,7 +24,7 @@ import time
 
 import torch
 
-PHASES = ("check", "time", "cross", "host")
+PHASES = ("check", "time", "cross", "host", "parts")
 
 
 def _meta():
@@ -225,6 +227,39 @@ def host():
     return rows
 
 
+class _NoLaunch:
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def parts():
+    from tilecore.bench.harness import graph_median_ms
+    from tilecore.ops.attention import decode
+
+    rows = []
+    hq, hkv, d = 32, 8, 128
+    for b, nk in ((1, 1024), (1, 4096), (1, 16384), (16, 1024), (16, 4096)):
+        q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        line = []
+        for ppsm in (2, 4, 8):
+            for min_keys in (128, 256, 512, 1024):
+                decode.DECODE_MIN_SPLIT_KEYS = min_keys
+                f = _split_keys(programs_per_sm=ppsm)
+                with torch.no_grad():
+                    total = graph_median_ms(lambda: f(q, k, v)) * 1e3
+                    merge, decode._MERGE = decode._MERGE, _NoLaunch()
+                    try:
+                        alone = graph_median_ms(lambda: f(q, k, v)) * 1e3
+                    finally:
+                        decode._MERGE = merge
+                rows.append(dict(B=b, Nk=nk, programs_per_sm=ppsm, min_keys=min_keys, total_us=total, split_us=alone))
+                line.append(f"{ppsm}/{min_keys}: {total:.1f} ({alone:.1f})")
+        decode.DECODE_MIN_SPLIT_KEYS = 256
+        print(f"B{b} Nk{nk} [{2 * 2 * b * hkv * nk * d / 1e6:.1f} MB]: " + ", ".join(line), flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--phases", default=",".join(PHASES))
@@ -244,6 +279,8 @@ def main():
             result["time"] = time_decode(ceiling.value)
         elif phase == "cross":
             result["cross"] = cross()
+        elif phase == "parts":
+            result["parts"] = parts()
         elif phase == "host":
             result["host"] = host()
         print(f"===== {phase}: {time.time() - t:.0f} s", flush=True)

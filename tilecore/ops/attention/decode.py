@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from tilecore import dispatch
-from tilecore.ops.attention.kernels import LOG2E, LOG2E_IN_KERNEL, block_d
+from tilecore.ops.attention.kernels import LOG2E, LOG2E_IN_KERNEL
 from tilecore.tiles.launch import CachedLaunch
 from tilecore.tiles.ops import causal_mask, masked, mma, mma_abt, online_softmax_update
 
@@ -98,37 +98,26 @@ def _attn_fwd_split_keys(Q, K, V, O, LSE, O_PART, LSE_PART,
 
 
 @triton.jit
-def _attn_merge_splits(O, LSE, O_PART, LSE_PART, rows_total, part_size, D, splits,
-                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """O and lse of BLOCK_R rows from their ``splits`` parts: weights 2^(lse_s - max), then
-    normalized; a row with every part empty (lse -inf) gets 0 and -inf."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < rows_total
+def _attn_merge_splits(O, LSE, O_PART, LSE_PART, rows_total, D, splits,
+                       SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """O and lse of one row from its ``splits`` parts (at most SPLITS, a power of two), all loaded at
+    once: weights 2^(lse_s - max), normalized; a row with every part empty (lse -inf) gets 0, -inf.
+    The parts are (split, row): a split's stride is rows_total rows (64-bit offsets)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, SPLITS)
     offs_d = tl.arange(0, BLOCK_D)
-    ok = row_ok[:, None] & (offs_d[None, :] < D)
-    # the parts are (split, row): step the pointers a split at a time (64-bit, no offset overflow;
-    # ``part_size`` = rows_total * D comes from the host as 64-bit where it needs to)
-    top = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    lse_part = LSE_PART + rows
-    for _ in range(splits):
-        top = tl.maximum(top, tl.load(lse_part, mask=row_ok, other=float("-inf")))
-        lse_part += rows_total
+    part = offs_s.to(tl.int64) * rows_total + row
+    lse_s = tl.load(LSE_PART + part, mask=offs_s < splits, other=float("-inf"))
+    top = tl.max(lse_s, axis=0)
     top_ref = tl.where(top == float("-inf"), 0.0, top)
-    weight_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    lse_part = LSE_PART + rows
-    o_part = O_PART + rows[:, None] * D + offs_d[None, :]
-    for _ in range(splits):
-        w = tl.exp2(tl.load(lse_part, mask=row_ok, other=float("-inf")) - top_ref)
-        acc += w[:, None] * tl.load(o_part, mask=ok, other=0.0)
-        weight_sum += w
-        lse_part += rows_total
-        o_part += part_size
-    has_keys = weight_sum > 0.0
-    w_safe = tl.where(has_keys, weight_sum, 1.0)
-    tl.store(O + rows[:, None] * D + offs_d[None, :], (acc / w_safe[:, None]).to(O.dtype.element_ty), mask=ok)
-    tl.store(LSE + rows, tl.where(has_keys, (top_ref + tl.log2(w_safe)) / LOG2E_IN_KERNEL, float("-inf")),
-             mask=row_ok)
+    w = tl.exp2(lse_s - top_ref)
+    o_s = tl.load(O_PART + part[:, None] * D + offs_d[None, :],
+                  mask=(offs_s[:, None] < splits) & (offs_d[None, :] < D), other=0.0)
+    weight_sum = tl.sum(w, axis=0)
+    w_safe = tl.where(weight_sum > 0.0, weight_sum, 1.0)
+    out = tl.sum(w[:, None] * o_s, axis=0) / w_safe
+    tl.store(O + row * D + offs_d, out.to(O.dtype.element_ty), mask=offs_d < D)
+    tl.store(LSE + row, tl.where(weight_sum > 0.0, (top_ref + tl.log2(w_safe)) / LOG2E_IN_KERNEL, float("-inf")))
 
 
 _SPLIT_KEYS = CachedLaunch(_attn_fwd_split_keys)
@@ -136,6 +125,8 @@ _MERGE = CachedLaunch(_attn_merge_splits)
 
 # Programs the split aims for, per SM: enough loads in flight to stream K and V at memory speed
 DECODE_PROGRAMS_PER_SM = 4
+# The most key ranges: the merge loads a row's parts at once
+DECODE_MAX_SPLITS = 64
 # A split's fewest keys: below this its fixed cost (Q load, epilogue, its share of the merge) dominates
 DECODE_MIN_SPLIT_KEYS = 256
 
@@ -155,49 +146,54 @@ def decode_config(d: int, interpret: bool) -> dict:
     return dict(BLOCK_N=32, num_warps=4, num_stages=2)
 
 
+def _cdiv(a: int, b: int) -> int:  # host arithmetic: triton.cdiv is a constexpr_function, ~2 us a call
+    return -(-a // b)
+
+
 def key_ranges(nk: int, splits: int, block_n: int) -> tuple[int, int]:
     """(ranges, keys in each) of ``nk`` keys cut into at most ``splits`` ranges of whole blocks of
     ``block_n`` keys (at least one range, if empty: no key at all)."""
-    keys_per_split = triton.cdiv(triton.cdiv(max(nk, 1), max(splits, 1)), block_n) * block_n
-    return max(1, triton.cdiv(nk, keys_per_split)), keys_per_split
+    keys_per_split = _cdiv(_cdiv(max(nk, 1), max(splits, 1)), block_n) * block_n
+    return max(1, _cdiv(nk, keys_per_split)), keys_per_split
 
 
 def decode_splits(tiles: int, nk: int, block_n: int, programs: int, min_keys: int) -> int:
     """How many key ranges to split ``nk`` keys into, for ``tiles`` tiles (batch x kv head x row
     blocks): enough that the launch has about ``programs`` programs, none with fewer than
-    ``min_keys`` keys (or one block of ``block_n``)."""
-    most = triton.cdiv(max(nk, 1), max(min_keys, block_n))
-    return key_ranges(nk, min(most, triton.cdiv(programs, tiles)), block_n)[0]
+    ``min_keys`` keys (or one block of ``block_n``), at most DECODE_MAX_SPLITS."""
+    most = min(DECODE_MAX_SPLITS, _cdiv(max(nk, 1), max(min_keys, block_n)))
+    return key_ranges(nk, min(most, _cdiv(programs, tiles)), block_n)[0]
 
 
 def decode_into(q, k, v, out, lse, causal: bool, scale: float, *, splits: int | None = None,
                 config: dict | None = None, programs_per_sm: int = DECODE_PROGRAMS_PER_SM) -> None:
     """out (B, Hq, N, D) and lse (B, Hq, N) float32, both contiguous, of attention(q, k, v) by the
     split-key kernels. For tests and sweeps: ``splits`` (default: decode_splits's for
-    ``programs_per_sm``) and ``config`` (decode_config's)."""
+    ``programs_per_sm``; at most DECODE_MAX_SPLITS) and ``config`` (decode_config's)."""
     B, Hq, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
     cfg = config or decode_config(D, q.device.type != "cuda")
-    block_n = cfg["BLOCK_N"]
-    block_m = max(16, min(DECODE_MAX_ROWS, triton.next_power_of_2(N * group)))
-    row_blocks = triton.cdiv(N * group, block_m)
+    block_n, block_d = cfg["BLOCK_N"], max(16, 1 << (D - 1).bit_length())
+    block_m = max(16, min(DECODE_MAX_ROWS, 1 << (N * group - 1).bit_length()))
+    row_blocks = _cdiv(N * group, block_m)
     if splits is None:
         sms = dispatch.num_sms(q.device) if q.is_cuda else 4
         splits = decode_splits(B * Hkv * row_blocks, Nk, block_n, programs_per_sm * sms, DECODE_MIN_SPLIT_KEYS)
+    elif not 1 <= splits <= DECODE_MAX_SPLITS:
+        raise ValueError(f"decode_into: splits must be from 1 to {DECODE_MAX_SPLITS}, got {splits}")
     splits, keys_per_split = key_ranges(Nk, splits, block_n)
     merged = splits == 1
+    rows_total = B * Hq * N
     if merged:
         o_part = lse_part = out  # unused
     else:
-        o_part = out.new_empty((splits, B * Hq * N, D), dtype=torch.float32)
-        lse_part = lse.new_empty((splits, B * Hq * N))
+        o_part = out.new_empty((splits, rows_total, D), dtype=torch.float32)
+        lse_part = lse.new_empty((splits, rows_total))
     _SPLIT_KEYS[(splits, B * Hkv, row_blocks)](
         q, k, v, out, lse, o_part, lse_part, *q.stride(), *k.stride(), *v.stride(),
         Hkv, N, Nk, D, group, keys_per_split, scale * LOG2E,
-        CAUSAL=causal, MERGED=merged, BLOCK_M=block_m, BLOCK_D=block_d(D), **cfg)
+        CAUSAL=causal, MERGED=merged, BLOCK_M=block_m, BLOCK_D=block_d, **cfg)
     if not merged:
-        rows_total = B * Hq * N
-        block_r = 16
-        _MERGE[(triton.cdiv(rows_total, block_r),)](out, lse, o_part, lse_part, rows_total, rows_total * D, D, splits,
-                                                     BLOCK_R=block_r, BLOCK_D=block_d(D))
+        _MERGE[(rows_total,)](out, lse, o_part, lse_part, rows_total, D, splits,
+                              SPLITS=max(2, 1 << (splits - 1).bit_length()), BLOCK_D=block_d)
