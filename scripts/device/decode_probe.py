@@ -11,8 +11,8 @@ time: one query against Nk cached keys, Hq 32 / Hkv 8 D 128 bf16 (the bench suit
 host: host time a call (no sync between calls) and GPU time (CUDA graph of back-to-back calls) of
     the public function, the split-key kernels alone and SDPA at small decode shapes, a cProfile of
     the public call, and whether the launches took the fast path.
-parts: GPU time (CUDA graph) of the split-key kernel alone and of the whole path, over the programs
-    a SM aimed at and a split's fewest keys, at B 1 and 16 (Hq 32 / Hkv 8, D 128).
+parts: GPU time (CUDA graph of back-to-back calls: what a server that captures decode sees) of the
+    split-key path's variants and SDPA's flash and cuDNN, as x copy (Hq 32 / Hkv 8, D 128, 1 query).
 cross: 16 queries (speculative decode, chunked prefill's tail) against 1024-16384 keys: the split-key
     path against the query-block forward (Gluon), grouped and multi-head, to check the threshold.
 """
@@ -227,36 +227,33 @@ def host():
     return rows
 
 
-class _NoLaunch:
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
+PARTS_VARIANTS = {"default": {}, "2/SM": dict(programs_per_sm=2),
+                  "n128 s3": dict(config=dict(BLOCK_N=128, num_warps=4, num_stages=3)),
+                  "n64 s4": dict(config=dict(BLOCK_N=64, num_warps=4, num_stages=4)),
+                  "n128 s2": dict(config=dict(BLOCK_N=128, num_warps=4, num_stages=2)),
+                  "n32 s6": dict(config=dict(BLOCK_N=32, num_warps=4, num_stages=6))}
 
 
 def parts():
-    from tilecore.bench.harness import graph_median_ms
-    from tilecore.ops.attention import decode
+    """GPU time (CUDA graph of back-to-back calls) of split-key variants and SDPA, as x copy."""
+    from tilecore.bench.harness import copy_ceiling, graph_median_ms
 
+    copy = copy_ceiling().value
     rows = []
     hq, hkv, d = 32, 8, 128
-    for b, nk in ((1, 1024), (1, 4096), (1, 16384), (16, 1024), (16, 4096)):
+    for b, nk in ((1, 1024), (1, 4096), (1, 16384), (4, 4096), (16, 1024), (16, 4096), (64, 4096)):
         q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        line = []
-        for ppsm in (2, 4, 8):
-            for min_keys in (128, 256, 512, 1024):
-                decode.DECODE_MIN_SPLIT_KEYS = min_keys
-                f = _split_keys(programs_per_sm=ppsm)
-                with torch.no_grad():
-                    total = graph_median_ms(lambda: f(q, k, v)) * 1e3
-                    merge, decode._MERGE = decode._MERGE, _NoLaunch()
-                    try:
-                        alone = graph_median_ms(lambda: f(q, k, v)) * 1e3
-                    finally:
-                        decode._MERGE = merge
-                rows.append(dict(B=b, Nk=nk, programs_per_sm=ppsm, min_keys=min_keys, total_us=total, split_us=alone))
-                line.append(f"{ppsm}/{min_keys}: {total:.1f} ({alone:.1f})")
-        decode.DECODE_MIN_SPLIT_KEYS = 256
-        print(f"B{b} Nk{nk} [{2 * 2 * b * hkv * nk * d / 1e6:.1f} MB]: " + ", ".join(line), flush=True)
+        nbytes = 2 * (2 * b * hkv * nk * d + 2 * b * hq * d)
+        impls = {name: _split_keys(**opts) for name, opts in PARTS_VARIANTS.items()}
+        impls.update({"flash (SDPA)": _sdpa("FLASH_ATTENTION"), "cuDNN (SDPA)": _sdpa("CUDNN_ATTENTION")})
+        us = {}
+        with torch.no_grad():
+            for name, f in impls.items():
+                us[name] = graph_median_ms(lambda: f(q, k, v)) * 1e3
+        rows.append(dict(B=b, Nk=nk, bytes=nbytes, us=us, copy_gbs=copy))
+        print(f"B{b} Nk{nk} [{nbytes / 1e6:.1f} MB]: " + ", ".join(
+            f"{n} {t:.1f} us ({nbytes / t / 1e3 / copy:.2f})" for n, t in us.items()), flush=True)
     return rows
 
 

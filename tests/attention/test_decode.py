@@ -79,7 +79,8 @@ def test_negative_scale_and_strided_cache():
 
 def test_the_public_function_takes_it_for_few_queries_and_differentiates(monkeypatch):
     calls = []
-    monkeypatch.setattr(decode, "DECODE_MIN_SPLIT_KEYS", 16)  # the interpreter's 4 "SMs" then ask for splits
+    monkeypatch.setattr(decode, "DECODE_MIN_SPLIT_KEYS", 16)
+    monkeypatch.setattr(decode, "DECODE_PROGRAMS_PER_SM", 4)  # the interpreter's 4 "SMs" then ask for splits
     real = decode.decode_splits
     monkeypatch.setattr(decode, "decode_splits", lambda *a: calls.append(real(*a)) or calls[-1])
     q, k, v = make(2, 8, 2, 2, 150, 64, grad=True)
@@ -102,16 +103,17 @@ def test_the_public_function_takes_it_for_few_queries_and_differentiates(monkeyp
 
 
 @pytest.mark.parametrize("tiles,nk,programs,expect", [
-    (8, 4096, 528, 16),       # B 1, 8 kv heads: 4096 keys in 16 ranges of 256
-    (8, 16384, 528, 64),      # 66 asked, rounded to ranges of whole 64-key blocks: 64 of 256
-    (128, 4096, 528, 5),      # B 16: 5 ranges (of 832 keys) give 640 programs
-    (512, 4096, 528, 2),
-    (1024, 4096, 528, 1),     # enough tiles: no split, no merge
-    (8, 100, 528, 1),         # fewer keys than a split's least
-    (8, 0, 528, 1),
+    (8, 1024, 132, 8),        # B 1, 8 kv heads, one wave of 132 programs asked: 8 ranges of 128 keys
+    (8, 4096, 132, 16),       # 16 ranges of 256 keys: 128 programs
+    (8, 16384, 132, 16),
+    (8, 2**20, 4 * 132, 64),  # at most DECODE_MAX_SPLITS
+    (64, 4096, 132, 2),
+    (128, 4096, 132, 1),      # a wave of tiles already: no split, no merge
+    (8, 100, 132, 1),         # fewer keys than a split's least
+    (8, 0, 132, 1),
 ])
 def test_split_count_rule(tiles, nk, programs, expect):
-    splits = decode.decode_splits(tiles, nk, 64, programs, 256)
+    splits = decode.decode_splits(tiles, nk, 64, programs, 128)
     assert splits == expect
     ranges, keys = decode.key_ranges(nk, splits, 64)
     assert ranges == splits and keys % 64 == 0 and (ranges - 1) * keys < max(nk, 1) <= ranges * keys

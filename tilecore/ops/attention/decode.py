@@ -123,12 +123,16 @@ def _attn_merge_splits(O, LSE, O_PART, LSE_PART, rows_total, D, splits,
 _SPLIT_KEYS = CachedLaunch(_attn_fwd_split_keys)
 _MERGE = CachedLaunch(_attn_merge_splits)
 
-# Programs the split aims for, per SM: enough loads in flight to stream K and V at memory speed
-DECODE_PROGRAMS_PER_SM = 4
+# Programs the split aims for, per SM: one wave. Splitting further than a wave costs more in the
+# merge than it gains (H100, Hq 32 / Hkv 8, D 128, 1 query: B 16 with 1024 keys, 128 tiles, ran
+# 26 us unsplit against 29-31 us in 2-5 splits; B 1 with 16384 keys 26.4 us in 16 splits of 1024
+# keys against 28.3 in 64; notes/attention.md, session 21)
+DECODE_PROGRAMS_PER_SM = 1
 # The most key ranges: the merge loads a row's parts at once
 DECODE_MAX_SPLITS = 64
-# A split's fewest keys: below this its fixed cost (Q load, epilogue, its share of the merge) dominates
-DECODE_MIN_SPLIT_KEYS = 256
+# A split's fewest keys: below this its fixed cost (Q load, epilogue, its share of the merge)
+# dominates (B 1 with 1024 keys: 5.7 us in 8 splits of 128, 8.1 in 4 of 256)
+DECODE_MIN_SPLIT_KEYS = 128
 
 
 def decode_fits(q, k) -> bool:
@@ -159,17 +163,17 @@ def key_ranges(nk: int, splits: int, block_n: int) -> tuple[int, int]:
 
 def decode_splits(tiles: int, nk: int, block_n: int, programs: int, min_keys: int) -> int:
     """How many key ranges to split ``nk`` keys into, for ``tiles`` tiles (batch x kv head x row
-    blocks): enough that the launch has about ``programs`` programs, none with fewer than
-    ``min_keys`` keys (or one block of ``block_n``), at most DECODE_MAX_SPLITS."""
+    blocks): as many as keep the launch within ``programs`` programs (at least one), none with fewer
+    than ``min_keys`` keys (or one block of ``block_n``), at most DECODE_MAX_SPLITS."""
     most = min(DECODE_MAX_SPLITS, _cdiv(max(nk, 1), max(min_keys, block_n)))
-    return key_ranges(nk, min(most, _cdiv(programs, tiles)), block_n)[0]
+    return key_ranges(nk, min(most, max(1, programs // tiles)), block_n)[0]
 
 
 def decode_into(q, k, v, out, lse, causal: bool, scale: float, *, splits: int | None = None,
-                config: dict | None = None, programs_per_sm: int = DECODE_PROGRAMS_PER_SM) -> None:
+                config: dict | None = None, programs_per_sm: int | None = None) -> None:
     """out (B, Hq, N, D) and lse (B, Hq, N) float32, both contiguous, of attention(q, k, v) by the
     split-key kernels. For tests and sweeps: ``splits`` (default: decode_splits's for
-    ``programs_per_sm``; at most DECODE_MAX_SPLITS) and ``config`` (decode_config's)."""
+    ``programs_per_sm``, default DECODE_PROGRAMS_PER_SM; at most DECODE_MAX_SPLITS) and ``config`` (decode_config's)."""
     B, Hq, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
@@ -179,7 +183,8 @@ def decode_into(q, k, v, out, lse, causal: bool, scale: float, *, splits: int | 
     row_blocks = _cdiv(N * group, block_m)
     if splits is None:
         sms = dispatch.num_sms(q.device) if q.is_cuda else 4
-        splits = decode_splits(B * Hkv * row_blocks, Nk, block_n, programs_per_sm * sms, DECODE_MIN_SPLIT_KEYS)
+        programs = (programs_per_sm or DECODE_PROGRAMS_PER_SM) * sms
+        splits = decode_splits(B * Hkv * row_blocks, Nk, block_n, programs, DECODE_MIN_SPLIT_KEYS)
     elif not 1 <= splits <= DECODE_MAX_SPLITS:
         raise ValueError(f"decode_into: splits must be from 1 to {DECODE_MAX_SPLITS}, got {splits}")
     splits, keys_per_split = key_ranges(Nk, splits, block_n)
