@@ -14,7 +14,7 @@ host: host time a call (no sync between calls) and GPU time (CUDA graph of back-
 parts: GPU time (CUDA graph of back-to-back calls: what a server that captures decode sees) of the
     split-key path's variants and SDPA's flash and cuDNN, as x copy (Hq 32 / Hkv 8, D 128, 1 query).
 cross: 16 queries (speculative decode, chunked prefill's tail) against 1024-16384 keys: the split-key
-    path against the query-block forward (Gluon), grouped and multi-head, to check the threshold.
+    path against the query-block forward (Gluon), grouped and multi-head, GPU time, for the threshold.
 """
 import argparse
 import json
@@ -167,68 +167,26 @@ def time_decode(copy_gbs):
 
 
 def cross():
-    """16 queries: the split-key path against the query-block forward, TFLOP/s-free (ms)."""
+    """16 queries: the split-key path against the query-block forward, GPU time (CUDA graph)."""
+    from tilecore.bench.harness import graph_median_ms
+
     rows = []
-    for hq, hkv, d in ((32, 8, 128), (32, 32, 128), (32, 8, 64)):
+    for hq, hkv, d in ((32, 8, 128), (32, 32, 128), (32, 8, 64), (32, 32, 64)):
         for b, nk in ((1, 16384), (4, 8192), (16, 2048), (64, 1024)):
             n = 16
-
-            def make_set():
-                return (torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16),
-                        *(torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2)))
-            nbytes = 2 * (2 * b * hkv * nk * d + 2 * b * hq * n * d)
-            ms = _timed({"split": _split_keys(), "query blocks": _query_blocks}, make_set, nbytes)
-            rows.append(dict(Hq=hq, Hkv=hkv, D=d, B=b, N=n, Nk=nk, ms=ms))
-            print(f"N16 H{hq}/{hkv} D{d} B{b} Nk{nk}: split {ms['split'] * 1e3:.1f} us, query blocks "
-                  f"{ms['query blocks'] * 1e3:.1f} us ({ms['query blocks'] / ms['split']:.2f}x)", flush=True)
-    return rows
-
-
-def host():
-    import cProfile
-    import pstats
-
-    import tilecore
-    from tilecore.bench.harness import graph_median_ms
-    from tilecore.ops.attention import decode
-
-    rows = []
-    hq, hkv, d = 32, 8, 128
-    for b, nk in ((1, 1024), (1, 16384), (16, 4096)):
-        q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        impls = {"public": lambda: tilecore.attention(q, k, v), "split kernels": lambda: _split_keys()(q, k, v),
-                 "query blocks": lambda: _query_blocks(q, k, v), "flash (SDPA)": lambda: _sdpa("FLASH_ATTENTION")(q, k, v),
-                 "cuDNN (SDPA)": lambda: _sdpa("CUDNN_ATTENTION")(q, k, v)}
-        for name, f in impls.items():
+            q = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             with torch.no_grad():
-                for _ in range(5):
-                    f()
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                for _ in range(200):
-                    f()
-                host_us = (time.perf_counter() - t) / 200 * 1e6
-                torch.cuda.synchronize()
-                gpu_us = graph_median_ms(f) * 1e3
-            rows.append(dict(B=b, Nk=nk, impl=name, host_us=host_us, gpu_us=gpu_us))
-            print(f"B{b} Nk{nk} {name:14}: host {host_us:6.1f} us a call, GPU {gpu_us:6.1f} us (graph)", flush=True)
-    print("fast launch:", decode._SPLIT_KEYS.fast, decode._MERGE.fast, len(decode._SPLIT_KEYS.compiled),
-          len(decode._MERGE.compiled))
-    q = torch.randn(1, hq, 1, d, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(1, hkv, 1024, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    with torch.no_grad():
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(200):
-            tilecore.attention(q, k, v)
-        prof.disable()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+                us = {name: graph_median_ms(lambda: f(q, k, v)) * 1e3
+                      for name, f in (("split", _split_keys()), ("query blocks", _query_blocks))}
+            rows.append(dict(Hq=hq, Hkv=hkv, D=d, B=b, N=n, Nk=nk, us=us))
+            print(f"N16 H{hq}/{hkv} D{d} B{b} Nk{nk}: split {us['split']:.1f} us, query blocks "
+                  f"{us['query blocks']:.1f} us ({us['query blocks'] / us['split']:.2f}x)", flush=True)
     return rows
 
 
 PARTS_VARIANTS = {"default": {}, "2/SM": dict(programs_per_sm=2),
-                  "n128 s3": dict(config=dict(BLOCK_N=128, num_warps=4, num_stages=3)),
+                  "n64 s3": dict(config=dict(BLOCK_N=64, num_warps=4, num_stages=3)),
                   "n64 s4": dict(config=dict(BLOCK_N=64, num_warps=4, num_stages=4)),
                   "n128 s2": dict(config=dict(BLOCK_N=128, num_warps=4, num_stages=2)),
                   "n32 s6": dict(config=dict(BLOCK_N=32, num_warps=4, num_stages=6))}

