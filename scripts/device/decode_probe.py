@@ -185,6 +185,49 @@ def cross():
     return rows
 
 
+def host():
+    import cProfile
+    import pstats
+
+    import tilecore
+    from tilecore.bench.harness import graph_median_ms
+    from tilecore.ops.attention import decode
+
+    rows = []
+    hq, hkv, d = 32, 8, 128
+    for b, nk in ((1, 1024), (1, 16384), (16, 4096)):
+        q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        impls = {"public": lambda: tilecore.attention(q, k, v), "split kernels": lambda: _split_keys()(q, k, v),
+                 "query blocks": lambda: _query_blocks(q, k, v), "flash (SDPA)": lambda: _sdpa("FLASH_ATTENTION")(q, k, v),
+                 "cuDNN (SDPA)": lambda: _sdpa("CUDNN_ATTENTION")(q, k, v)}
+        for name, f in impls.items():
+            with torch.no_grad():
+                for _ in range(5):
+                    f()
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                for _ in range(200):
+                    f()
+                host_us = (time.perf_counter() - t) / 200 * 1e6
+                torch.cuda.synchronize()
+                gpu_us = graph_median_ms(f) * 1e3
+            rows.append(dict(B=b, Nk=nk, impl=name, host_us=host_us, gpu_us=gpu_us))
+            print(f"B{b} Nk{nk} {name:14}: host {host_us:6.1f} us a call, GPU {gpu_us:6.1f} us (graph)", flush=True)
+    print("fast launch:", decode._SPLIT_KEYS.fast, decode._MERGE.fast, len(decode._SPLIT_KEYS.compiled),
+          len(decode._MERGE.compiled))
+    q = torch.randn(1, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, hkv, 1024, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    with torch.no_grad():
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            tilecore.attention(q, k, v)
+        prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+    return rows
+
+
 PARTS_VARIANTS = {"default": {}, "2/SM": dict(programs_per_sm=2),
                   "n64 s3": dict(config=dict(BLOCK_N=64, num_warps=4, num_stages=3)),
                   "n64 s4": dict(config=dict(BLOCK_N=64, num_warps=4, num_stages=4)),
