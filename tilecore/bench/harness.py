@@ -82,7 +82,14 @@ def graph_replay(fn: Callable[[], object], *, target_ms: float = 1.0, max_calls:
 
     once = median_ms(graph_of(1).replay)
     calls = max(1, min(max_calls, round(target_ms / once)))
-    return graph_of(calls).replay, calls
+    graph = graph_of(calls)
+
+    def replay():
+        # the graph reads the memory of the inputs ``fn`` held when it was captured: ``fn`` must live
+        # as long as the replay (a graph that outlived its inputs read freed memory: illegal addresses)
+        graph.replay()
+        return fn
+    return replay, calls
 
 
 def graph_median_ms(fn: Callable[[], object], *, target_ms: float = 1.0, max_calls: int = 64) -> float:
