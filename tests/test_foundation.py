@@ -109,6 +109,27 @@ def test_suite_series_are_timed_in_turn_and_each_figure_is_a_median(monkeypatch)
     assert [r.ratio for r in result.rows] == [1e6 / 2.0 / 1e6 / 10.0, 1e6 / 5.0 / 1e6 / 10.0]
 
 
+def test_graph_timed_suites_divide_a_replay_by_its_calls(monkeypatch):
+    """Suite(timing="graph"): each series is timed as a CUDA graph replay of several calls
+    (graph_replay), and a figure is the replay's time over its number of calls."""
+    replays = {}
+
+    def fake_graph_replay(fn):
+        replays[fn()] = fn
+        return (lambda: fn() + " replay"), 4
+
+    monkeypatch.setattr(harness, "graph_replay", fake_graph_replay)
+    monkeypatch.setattr(harness, "median_ms", lambda fn, **_: {"a replay": 8.0, "b replay": 2.0}[fn()])
+    monkeypatch.setitem(harness.CEILINGS, "copy", lambda: harness.Ceiling("copy", 10.0, "GB/s"))
+    monkeypatch.setattr(harness.env, "metadata", lambda: {})
+    monkeypatch.setattr(harness.torch.cuda, "empty_cache", lambda: None)
+    case = harness.Case({"bytes": 1}, {"a": lambda: lambda: "a", "b": lambda: lambda: "b"}, bytes=10**6)
+    result = harness.run_suite(harness.Suite("t", "copy", "GB/s", "bytes", lambda quick: [case], timing="graph"))
+    assert set(replays) == {"a", "b"}
+    assert {r.series: r.ms for r in result.rows} == {"a": 2.0, "b": 0.5}
+    assert result.meta["timing"] == "graph"
+
+
 def test_plain_eager_only_for_plain_tensors_without_grad():
     x = torch.randn(2, 2)
     assert dispatch.plain_eager(x, None)
