@@ -17,6 +17,7 @@ cross: 16 queries (speculative decode, chunked prefill's tail) against 1024-1638
     path against the query-block forward (Gluon), grouped and multi-head, GPU time, for the threshold.
 """
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -166,21 +167,20 @@ def time_decode(copy_gbs):
     return rows
 
 
-def cross():
-    """16 queries: the split-key path against the query-block forward, GPU time (CUDA graph)."""
+def cross(queries=(16,)):
+    """A few queries: the split-key path against the query-block forward, GPU time (CUDA graph)."""
     from tilecore.bench.harness import graph_median_ms
 
     rows = []
     for hq, hkv, d in ((32, 8, 128), (32, 32, 128), (32, 8, 64), (32, 32, 64)):
-        for b, nk in ((1, 16384), (4, 8192), (16, 2048), (64, 1024)):
-            n = 16
+        for (b, nk), n in itertools.product(((1, 16384), (4, 8192), (16, 2048), (64, 1024)), queries):
             q = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16)
             k, v = (torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             with torch.no_grad():
                 us = {name: graph_median_ms(lambda: f(q, k, v)) * 1e3
                       for name, f in (("split", _split_keys()), ("query blocks", _query_blocks))}
             rows.append(dict(Hq=hq, Hkv=hkv, D=d, B=b, N=n, Nk=nk, us=us))
-            print(f"N16 H{hq}/{hkv} D{d} B{b} Nk{nk}: split {us['split']:.1f} us, query blocks "
+            print(f"N{n} H{hq}/{hkv} D{d} B{b} Nk{nk}: split {us['split']:.1f} us, query blocks "
                   f"{us['query blocks']:.1f} us ({us['query blocks'] / us['split']:.2f}x)", flush=True)
     return rows
 
@@ -262,6 +262,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--phases", default=",".join(PHASES))
     ap.add_argument("--out", default=".")
+    ap.add_argument("--queries", default="16", help="cross phase: query counts, comma-separated")
     args = ap.parse_args()
     from tilecore.bench.harness import copy_ceiling
 
@@ -276,7 +277,7 @@ def main():
         elif phase == "time":
             result["time"] = time_decode(ceiling.value)
         elif phase == "cross":
-            result["cross"] = cross()
+            result["cross"] = cross(tuple(int(x) for x in args.queries.split(",")))
         elif phase == "parts":
             result["parts"] = parts()
         elif phase == "host":
