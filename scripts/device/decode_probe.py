@@ -47,6 +47,9 @@ def check():
         (3, 64, 8, 3, 1000, 128, True, "bhnd"), (2, 16, 16, 16, 4097, 64, True, "bhnd"),
         (1, 32, 1, 4, 17, 128, True, "bhnd"), (2, 8, 2, 16, 10, 64, True, "bhnd"),
         (1, 4, 1, 1, 1, 96, False, "bhnd"), (16, 32, 8, 1, 2048, 64, False, "cache"),
+        # up to 64 queries where a kv head packs at most 128 rows: two row blocks, D 256, N > Nk
+        (2, 32, 8, 32, 3000, 128, True, "bhnd"), (2, 16, 16, 64, 5000, 64, False, "cache"),
+        (1, 8, 4, 50, 20, 256, True, "bhnd"), (3, 8, 8, 17, 33, 256, False, "bhnd"),
     ]
     for dtype in (torch.bfloat16, torch.float16):
         for b, hq, hkv, n, nk, d, causal, layout in cases:

@@ -96,10 +96,20 @@ def test_the_public_function_takes_it_for_few_queries_and_differentiates(monkeyp
     ref_grads = torch.autograd.grad(attention_reference(q64, k64, v64, causal=True)[0], (q64, k64, v64), dout.double())
     for g, r in zip(grads, ref_grads):
         assert accuracy.error_over_floor(g, r) <= 3.0
-    # 17 queries take the query-block forward
-    q17 = torch.randn(1, 8, 17, 64, dtype=F16)
-    attention(q17, k.detach()[:1], v.detach()[:1])
-    assert len(calls) == 1
+    # 32 queries of a group of 4 pack 128 rows: still split; 40 queries (160 rows) take the query blocks
+    attention(torch.randn(1, 8, 32, 64, dtype=F16), k.detach()[:1], v.detach()[:1])
+    assert len(calls) == 2
+    attention(torch.randn(1, 8, 40, 64, dtype=F16), k.detach()[:1], v.detach()[:1])
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("hq,hkv,n,fits", [
+    (32, 8, 1, True), (32, 8, 16, True), (32, 8, 32, True), (32, 8, 33, False),
+    (32, 32, 64, True), (32, 32, 65, False), (128, 1, 16, True), (128, 1, 17, False),
+])
+def test_which_inputs_split_the_keys(hq, hkv, n, fits):
+    q, k = torch.empty(1, hq, n, 64), torch.empty(1, hkv, 100, 64)
+    assert decode.decode_fits(q, k) == fits
 
 
 @pytest.mark.parametrize("tiles,nk,programs,expect", [

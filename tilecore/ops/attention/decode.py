@@ -28,9 +28,16 @@ from tilecore.ops.attention.kernels import LOG2E, LOG2E_IN_KERNEL
 from tilecore.tiles.launch import CachedLaunch
 from tilecore.tiles.ops import causal_mask, masked, mma, mma_abt, online_softmax_update
 
-# The split-key path serves at most this many queries a sequence (decode and speculative decode);
-# longer query sequences fill the chip through the forward's query blocks
+# Which inputs the split-key path serves (decode_fits): up to DECODE_MAX_QUERIES queries a sequence
+# whatever the group (decode, speculative decode), and up to DECODE_MAX_PACKED_QUERIES where a kv
+# head's packed rows (queries x group) are at most DECODE_MAX_PACKED_ROWS. Against the query-block
+# (Gluon) forward on the H100 (GPU time, Hq 32, D 64 and 128, B 1-64 with 1024-16384 keys;
+# notes/attention.md, session 21): 16 queries won everywhere (1.01-10.6x); 64 packed rows (MHA, 64
+# queries) 1.01-2.8x, 128 (group 4, 32 queries) 1.14-6.3x; beyond, it lost at B >= 4 (0.34-0.96x:
+# its row blocks each read K and V again, with mma.sync) while the query blocks fill their tiles.
 DECODE_MAX_QUERIES = 16
+DECODE_MAX_PACKED_QUERIES = 64
+DECODE_MAX_PACKED_ROWS = 128
 # A tile packs at most this many (query, q head) rows; a kv head with more takes several tiles
 DECODE_MAX_ROWS = 64
 
@@ -137,7 +144,8 @@ DECODE_MIN_SPLIT_KEYS = 128
 
 def decode_fits(q, k) -> bool:
     """Whether the split-key path serves these inputs (few queries a sequence; any device)."""
-    return q.shape[2] <= DECODE_MAX_QUERIES
+    n, group = q.shape[2], q.shape[1] // k.shape[1]
+    return n <= DECODE_MAX_QUERIES or (n <= DECODE_MAX_PACKED_QUERIES and n * group <= DECODE_MAX_PACKED_ROWS)
 
 
 def decode_config(d: int, interpret: bool) -> dict:
