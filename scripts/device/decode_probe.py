@@ -116,7 +116,8 @@ def _query_blocks(q, k, v):
     B, Hq, N, D = q.shape
     out = torch.empty_like(q)
     lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
-    kernels.forward_into(q, k, v, out, lse, False, D ** -0.5)
+    # the query-block (Gluon) forward itself: forward_into would take the split-key path here
+    kernels.forward_gluon(q, k, v, out, lse, False, D ** -0.5, **kernels.gluon_forward_config(D, N, k.shape[2], False))
     return out
 
 

@@ -27,7 +27,17 @@ def test_every_kernel_and_head_dim_compiles(report):
         ("forward (gluon, 3 consumers)", 64), ("forward (gluon, Q in registers)", 128),
         ("backward (gluon)", 64), ("backward (gluon)", 128), ("backward (gluon, query split)", 64),
         ("backward (gluon, grouped heads)", 64), ("backward (gluon, grouped heads)", 128),
-        ("backward dq (gluon)", 64), ("backward dq (gluon)", 128)}
+        ("backward dq (gluon)", 64), ("backward dq (gluon)", 128)} | {
+        (k, d) for k in ("decode split keys", "decode merge") for d in (64, 128, 256)}
+
+
+def test_decode_streams_keys_through_a_cp_async_ring(report):
+    # memory-bound: its speed is K and V in flight, which Triton's pipeliner gives with cp.async
+    # (loads it cannot prove aligned are not pipelined)
+    split = [r for r in report if r["kernel"] == "decode split keys"]
+    assert len(split) == 3
+    for r in split:
+        assert r["cp_async"] and r["mma"], r
 
 
 def test_gluon_forward_holds_wgmma_and_tma_and_is_not_serialized(report):

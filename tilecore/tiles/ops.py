@@ -10,8 +10,15 @@ is wrong); on a GPU every dtype is real.
 """
 from __future__ import annotations
 
+import math
+
 import triton
 import triton.language as tl
+
+# Softmax runs in base 2 (one exp2 an element): scores carry a factor log2(e), and a base-2
+# log-sum-exp divided by it is the natural one
+LOG2E = math.log2(math.e)
+LOG2E_IN_KERNEL = tl.constexpr(LOG2E)
 
 
 # --------------------------------------------------------------------------------------------

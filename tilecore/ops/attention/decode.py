@@ -24,9 +24,8 @@ import triton
 import triton.language as tl
 
 from tilecore import dispatch
-from tilecore.ops.attention.kernels import LOG2E, LOG2E_IN_KERNEL
 from tilecore.tiles.launch import CachedLaunch
-from tilecore.tiles.ops import causal_mask, masked, mma, mma_abt, online_softmax_update
+from tilecore.tiles.ops import LOG2E, LOG2E_IN_KERNEL, causal_mask, masked, mma, mma_abt, online_softmax_update
 
 # Which inputs the split-key path serves (decode_fits): up to DECODE_MAX_QUERIES queries a sequence
 # whatever the group (decode, speculative decode), and up to DECODE_MAX_PACKED_QUERIES where a kv

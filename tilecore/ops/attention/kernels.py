@@ -18,7 +18,6 @@ p = 0 and zero gradients.
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import triton
@@ -26,11 +25,11 @@ import triton.language as tl
 
 from tilecore import dispatch
 from tilecore.tiles.launch import CachedLaunch, gluon_descriptor, tile_counter, tma_describable
-from tilecore.tiles.ops import causal_mask, masked, mma, mma_abt, online_softmax_update, row_sum
+from tilecore.ops.attention import decode
+from tilecore.tiles.ops import (LOG2E, LOG2E_IN_KERNEL, causal_mask, masked, mma, mma_abt, online_softmax_update,
+                                row_sum)
 from tilecore.tiles.schedule import balanced_schedule, dealt_schedule
 
-LOG2E = math.log2(math.e)
-LOG2E_IN_KERNEL = tl.constexpr(LOG2E)  # lse in base 2 <-> natural log
 EMPTY_ROW_MAX = tl.constexpr(-1.0e30)  # far below any real scaled score, far above -inf
 
 
@@ -476,7 +475,11 @@ def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int
 
 
 def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict | None = None) -> None:
-    """out (B, Hq, N, D) and lse (B, Hq, N) float32 of attention(q, k, v); both contiguous."""
+    """out (B, Hq, N, D) and lse (B, Hq, N) float32 of attention(q, k, v); both contiguous. A few
+    queries a sequence split the keys (decode.py); else the Gluon forward on Hopper, else the tl
+    kernel. ``config`` (forward_config's keys) runs the tl kernel with it."""
+    if config is None and decode.decode_fits(q, k):
+        return decode.decode_into(q, k, v, out, lse, causal, scale)
     if config is None and gluon_forward_fits(q, k, v, scale):
         return forward_gluon(q, k, v, out, lse, causal, scale,
                              **gluon_forward_config(q.shape[-1], q.shape[2], k.shape[2], causal))

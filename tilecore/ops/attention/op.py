@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 
 from tilecore import dispatch
-from tilecore.ops.attention import decode, kernels
+from tilecore.ops.attention import kernels
 from tilecore.ops.attention.reference import attention_backward_reference, attention_reference
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -59,11 +59,7 @@ def check(q, k, v, causal, scale) -> None:
 
 
 def _forward_kernel(q, k, v, out, lse, causal, scale):
-    # on q's device (tiles.launch.CachedLaunch): a few queries a sequence split the keys instead
-    if decode.decode_fits(q, k):
-        decode.decode_into(q, k, v, out, lse, causal, scale)
-    else:
-        kernels.forward_into(q, k, v, out, lse, causal, scale)
+    kernels.forward_into(q, k, v, out, lse, causal, scale)  # on q's device: tiles.launch.CachedLaunch
 
 
 def _forward_reference(q, k, v, out, lse, causal, scale):

@@ -202,6 +202,36 @@ def gluon_dq_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: d
                 **has_hopper_instructions(compiled.asm["ptx"]))
 
 
+def decode_resources(d: int, group: int = 4, queries: int = 1) -> list[dict]:
+    """Resources of the split-key (decode) kernels for head dim ``d`` at decode_into's config, for
+    ``queries`` queries of a ``group``-head group, with whether the K/V loads are cp.async-pipelined."""
+    from tilecore.ops.attention import decode, kernels
+    from tilecore.tiles.compile import resources
+
+    cfg = decode.decode_config(d, interpret=False)
+    bf16, f32 = torch.empty(64, dtype=torch.bfloat16), torch.empty(64, dtype=torch.float32)
+    nk, hkv = 4096, 8
+    block_d = kernels.block_d(d)
+    block_m = max(16, min(decode.DECODE_MAX_ROWS, 1 << (queries * group - 1).bit_length()))
+    strides = lambda p, n: {f"{p}b": hkv * group * n * d, f"{p}h": n * d, f"{p}n": d, f"{p}d": 1}
+    split_args = dict(Q=bf16, K=bf16, V=bf16, O=bf16, LSE=f32, O_PART=f32, LSE_PART=f32, **strides("sq", queries),
+                      **strides("sk", nk), **strides("sv", nk), Hkv=hkv, N=queries, Nk=nk, D=d, GROUP=group,
+                      keys_per_split=512, scale_log2e=0.1, CAUSAL=True, MERGED=False, BLOCK_M=block_m,
+                      BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d)
+    merge_args = dict(O=bf16, LSE=f32, O_PART=f32, LSE_PART=f32, rows_total=4096, D=d, splits=8, SPLITS=16,
+                      BLOCK_D=block_d)
+    options = {k: cfg[k] for k in ("num_warps", "num_stages") if k in cfg}
+    rows = []
+    for name, kernel, args, opts, row_cfg in (
+            ("decode split keys", decode._attn_fwd_split_keys, split_args, options, cfg),
+            ("decode merge", decode._attn_merge_splits, merge_args, {}, dict(SPLITS=16))):
+        compiled = _compile(kernel, args, opts)
+        ptx = compiled.asm["ptx"]
+        rows.append(dict(kernel=name, D=d, causal=True, cfg=row_cfg, **vars(resources(compiled)),
+                         cp_async="cp.async.cg" in ptx or "cp.async.ca" in ptx, mma="mma.sync" in ptx))
+    return rows
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if dispatch.interpreter_enabled():
@@ -229,6 +259,7 @@ def main(argv=None) -> int:
     rows.append(gluon_backward_resources(64, True, cfg=kernels.QUERY_SPLIT_D64))
     rows.append(gluon_backward_resources(64, True, cfg=dict(kernels.KEY_SPLIT_D64, dq_from="gluon", kv_regs=False)))
     rows += [gluon_dq_resources(d, causal) for d in (64, 128) for causal in (False, True)]
+    rows += [r for d in (64, 128, 256) for r in decode_resources(d)]
     if "--json" in argv:
         print(json.dumps(rows))
     else:
