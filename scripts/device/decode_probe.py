@@ -171,13 +171,17 @@ def time_decode(copy_gbs):
     return rows
 
 
-def cross(queries=(16,)):
+CROSS_HEADS = ((32, 8, 128), (32, 32, 128), (32, 8, 64), (32, 32, 64))
+CROSS_SIZES = ((1, 16384), (4, 8192), (16, 2048), (64, 1024))
+
+
+def cross(queries=(16,), heads=CROSS_HEADS, sizes=CROSS_SIZES):
     """A few queries: the split-key path against the query-block forward, GPU time (CUDA graph)."""
     from tilecore.bench.harness import graph_median_ms
 
     rows = []
-    for hq, hkv, d in ((32, 8, 128), (32, 32, 128), (32, 8, 64), (32, 32, 64)):
-        for (b, nk), n in itertools.product(((1, 16384), (4, 8192), (16, 2048), (64, 1024)), queries):
+    for hq, hkv, d in heads:
+        for (b, nk), n in itertools.product(sizes, queries):
             q = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16)
             k, v = (torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             with torch.no_grad():
@@ -267,6 +271,8 @@ def main():
     ap.add_argument("--phases", default=",".join(PHASES))
     ap.add_argument("--out", default=".")
     ap.add_argument("--queries", default="16", help="cross phase: query counts, comma-separated")
+    ap.add_argument("--heads", default=None, help="cross phase: Hq/Hkv/D triples, e.g. 32/8/128,8/8/128")
+    ap.add_argument("--sizes", default=None, help="cross phase: B/Nk pairs, e.g. 1/2048,2/16384")
     args = ap.parse_args()
     from tilecore.bench.harness import copy_ceiling
 
@@ -281,7 +287,10 @@ def main():
         elif phase == "time":
             result["time"] = time_decode(ceiling.value)
         elif phase == "cross":
-            result["cross"] = cross(tuple(int(x) for x in args.queries.split(",")))
+            parse = lambda text: tuple(tuple(int(x) for x in item.split("/")) for item in text.split(","))
+            result["cross"] = cross(tuple(int(x) for x in args.queries.split(",")),
+                                    parse(args.heads) if args.heads else CROSS_HEADS,
+                                    parse(args.sizes) if args.sizes else CROSS_SIZES)
         elif phase == "parts":
             result["parts"] = parts()
         elif phase == "host":
