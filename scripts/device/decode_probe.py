@@ -50,6 +50,9 @@ def check():
         # up to 64 queries where a kv head packs at most 128 rows: two row blocks, D 256, N > Nk
         (2, 32, 8, 32, 3000, 128, True, "bhnd"), (2, 16, 16, 64, 5000, 64, False, "cache"),
         (1, 8, 4, 50, 20, 256, True, "bhnd"), (3, 8, 8, 17, 33, 256, False, "bhnd"),
+        # few query tiles (B = 1 chunked prefill): up to 512 queries, many row blocks
+        (1, 8, 8, 300, 5000, 128, True, "bhnd"), (1, 32, 8, 128, 20000, 64, False, "cache"),
+        (1, 4, 2, 512, 400, 128, True, "bhnd"),
     ]
     for dtype in (torch.bfloat16, torch.float16):
         for b, hq, hkv, n, nk, d, causal, layout in cases:

@@ -96,19 +96,23 @@ def test_the_public_function_takes_it_for_few_queries_and_differentiates(monkeyp
     ref_grads = torch.autograd.grad(attention_reference(q64, k64, v64, causal=True)[0], (q64, k64, v64), dout.double())
     for g, r in zip(grads, ref_grads):
         assert accuracy.error_over_floor(g, r) <= 3.0
-    # 32 queries of a group of 4 pack 128 rows: still split; 40 queries (160 rows) take the query blocks
-    attention(torch.randn(1, 8, 32, 64, dtype=F16), k.detach()[:1], v.detach()[:1])
+    # 32 queries of a group of 4 pack 128 rows: still split; 40 queries (160 rows) in 5 x 8 query
+    # tiles take the query blocks
+    attention(*make(5, 8, 2, 32, 30, 64))
     assert len(calls) == 2
-    attention(torch.randn(1, 8, 40, 64, dtype=F16), k.detach()[:1], v.detach()[:1])
+    attention(*make(5, 8, 2, 40, 30, 64))
     assert len(calls) == 2
 
 
-@pytest.mark.parametrize("hq,hkv,n,fits", [
-    (32, 8, 1, True), (32, 8, 16, True), (32, 8, 32, True), (32, 8, 33, False),
-    (32, 32, 64, True), (32, 32, 65, False), (128, 1, 16, True), (128, 1, 17, False),
+@pytest.mark.parametrize("b,hq,hkv,n,fits", [
+    (4, 32, 8, 1, True), (4, 32, 8, 16, True), (4, 32, 8, 32, True), (4, 32, 8, 33, False),
+    (4, 32, 32, 64, True), (4, 32, 32, 65, False), (4, 128, 1, 16, True), (4, 128, 1, 17, False),
+    # few query tiles of 128 rows (B x Hq x ceil(N / 128) <= 32), up to 512 queries
+    (1, 32, 8, 128, True), (1, 32, 8, 129, False), (1, 8, 8, 512, True), (1, 8, 8, 513, False),
+    (2, 8, 8, 256, True), (2, 8, 8, 257, False),
 ])
-def test_which_inputs_split_the_keys(hq, hkv, n, fits):
-    q, k = torch.empty(1, hq, n, 64), torch.empty(1, hkv, 100, 64)
+def test_which_inputs_split_the_keys(b, hq, hkv, n, fits):
+    q, k = torch.empty(b, hq, n, 64), torch.empty(b, hkv, 100, 64)
     assert decode.decode_fits(q, k) == fits
 
 

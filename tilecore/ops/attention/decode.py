@@ -37,6 +37,11 @@ from tilecore.tiles.ops import LOG2E, LOG2E_IN_KERNEL, causal_mask, masked, mma,
 DECODE_MAX_QUERIES = 16
 DECODE_MAX_PACKED_QUERIES = 64
 DECODE_MAX_PACKED_ROWS = 128
+# ... and up to DECODE_FEW_TILES_MAX_QUERIES queries where the query-block forward would have at most
+# DECODE_FEW_QUERY_TILES tiles of 128 rows (a quarter of the H100's 132 SMs: B = 1 chunked prefill).
+# 128-512 queries, D 64 and 128: 8-32 tiles 1.25-5.0x, 64 tiles 0.94-1.34x, 128 tiles 0.57-0.93x
+DECODE_FEW_TILES_MAX_QUERIES = 512
+DECODE_FEW_QUERY_TILES = 32
 # A tile packs at most this many (query, q head) rows; a kv head with more takes several tiles
 DECODE_MAX_ROWS = 64
 
@@ -143,8 +148,11 @@ DECODE_MIN_SPLIT_KEYS = 128
 
 def decode_fits(q, k) -> bool:
     """Whether the split-key path serves these inputs (few queries a sequence; any device)."""
-    n, group = q.shape[2], q.shape[1] // k.shape[1]
-    return n <= DECODE_MAX_QUERIES or (n <= DECODE_MAX_PACKED_QUERIES and n * group <= DECODE_MAX_PACKED_ROWS)
+    b, hq, n = q.shape[:3]
+    group = hq // k.shape[1]
+    few_query_tiles = n <= DECODE_FEW_TILES_MAX_QUERIES and b * hq * _cdiv(n, 128) <= DECODE_FEW_QUERY_TILES
+    return (n <= DECODE_MAX_QUERIES or (n <= DECODE_MAX_PACKED_QUERIES and n * group <= DECODE_MAX_PACKED_ROWS)
+            or few_query_tiles)
 
 
 def decode_config(d: int, interpret: bool) -> dict:
