@@ -25,7 +25,8 @@ import triton.language as tl
 
 from tilecore import dispatch
 from tilecore.tiles.launch import CachedLaunch
-from tilecore.tiles.ops import LOG2E, LOG2E_IN_KERNEL, causal_mask, masked, mma, mma_abt, online_softmax_update
+from tilecore.ops.attention.steps import attend_keys, normalized
+from tilecore.tiles.ops import LOG2E, LOG2E_IN_KERNEL
 
 # Which inputs the split-key path serves (decode_fits): up to DECODE_MAX_QUERIES queries a sequence
 # whatever the group (decode, speculative decode), and up to DECODE_MAX_PACKED_QUERIES where a kv
@@ -82,21 +83,9 @@ def _attn_fwd_split_keys(Q, K, V, O, LSE, O_PART, LSE_PART,
         hi = tl.minimum(end, last_query + shift + 1)
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + offs_n0
-        kv_ok = (offs_n[:, None] < end) & d_ok[None, :]
-        k = tl.load(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_ok, other=0.0)
-        s = mma_abt(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)) * scale_log2e
-        s = masked(s, offs_n[None, :] < end, float("-inf"))
-        if CAUSAL:
-            s = causal_mask(s, query + shift, offs_n, float("-inf"))
-        m_i, l_i, acc, p = online_softmax_update(m_i, l_i, acc, s, 1.0)
-        acc = mma(p.to(v.dtype), v, acc)
-
-    has_keys = l_i > 0.0
-    l_safe = tl.where(has_keys, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    lse2 = tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))
+        m_i, l_i, acc = attend_keys(q, k_base, v_base, start_n + offs_n0, offs_d, d_ok, end, skn, skd, svn, svd,
+                                    query, shift, m_i, l_i, acc, scale_log2e, CAUSAL)
+    out, lse2 = normalized(m_i, l_i, acc)
     row = (b * Hkv * GROUP + head) * N + query  # (batch, q head, query) in O's and LSE's row order
     ok = row_ok[:, None] & d_ok[None, :]
     if MERGED:

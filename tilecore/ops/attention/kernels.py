@@ -26,7 +26,8 @@ import triton.language as tl
 from tilecore import dispatch
 from tilecore.tiles.launch import CachedLaunch, gluon_descriptor, tile_counter, tma_describable
 from tilecore.ops.attention import decode
-from tilecore.tiles.ops import (LOG2E, LOG2E_IN_KERNEL, causal_mask, masked, mma, mma_abt, online_softmax_update,
+from tilecore.ops.attention.steps import attend_keys, key_block, normalized
+from tilecore.tiles.ops import (LOG2E, LOG2E_IN_KERNEL, causal_mask, masked, mma, mma_abt,
                                 row_sum)
 from tilecore.tiles.schedule import balanced_schedule, dealt_schedule
 
@@ -42,15 +43,6 @@ def _query_block(H, GROUP, BLOCK_M: tl.constexpr):
     h = (bh % H).to(tl.int64)
     start_m = tl.program_id(0) * BLOCK_M
     return bh, b, h, h // GROUP, start_m, start_m + tl.arange(0, BLOCK_M)
-
-
-@triton.jit
-def _key_block(k_base, v_base, offs_n, offs_d, d_ok, Nk, skn, skd, svn, svd):
-    """Keys offs_n of one head: K and V rows (zeros past Nk and past D), and that mask."""
-    kv_ok = (offs_n[:, None] < Nk) & d_ok[None, :]
-    k = tl.load(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
-    v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_ok, other=0.0)
-    return k, v, kv_ok
 
 
 @triton.jit
@@ -89,20 +81,10 @@ def _attn_fwd(Q, K, V, O, LSE,
     shift = Nk - N  # causal: query i sees keys j <= i + shift
     hi = _keys_seen(start_m, N, Nk, BLOCK_M, CAUSAL)
     for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + offs_n0
-        k, v, _ = _key_block(k_base, v_base, offs_n, offs_d, d_ok, Nk, skn, skd, svn, svd)
-        s = mma_abt(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)) * scale_log2e
-        s = masked(s, offs_n[None, :] < Nk, float("-inf"))
-        if CAUSAL:
-            s = causal_mask(s, offs_m + shift, offs_n, float("-inf"))
-        # s is already scaled (so a negative scale cannot turn the -inf fill into +inf)
-        m_i, l_i, acc, p = online_softmax_update(m_i, l_i, acc, s, 1.0)
-        acc = mma(p.to(v.dtype), v, acc)
-
-    has_keys = l_i > 0.0
-    l_safe = tl.where(has_keys, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    lse = tl.where(has_keys, (m_i + tl.log2(l_safe)) / LOG2E_IN_KERNEL, float("-inf"))
+        m_i, l_i, acc = attend_keys(q, k_base, v_base, start_n + offs_n0, offs_d, d_ok, Nk, skn, skd, svn, svd,
+                                    offs_m, shift, m_i, l_i, acc, scale_log2e, CAUSAL)
+    out, lse2 = normalized(m_i, l_i, acc)
+    lse = lse2 / LOG2E_IN_KERNEL
     row_ok = offs_m < N
     tl.store(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :] * sod,
              out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -167,7 +149,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    k, v, kv_ok = _key_block(K + b * skb + hk * skh, V + b * svb + hk * svh, offs_n, offs_d, d_ok, Nk,
+    k, v, kv_ok = key_block(K + b * skb + hk * skh, V + b * svb + hk * svh, offs_n, offs_d, d_ok, Nk,
                              skn, skd, svn, svd)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -229,7 +211,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     hi = _keys_seen(start_m, N, Nk, BLOCK_M, CAUSAL)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        k, v, _ = _key_block(k_base, v_base, offs_n, offs_d, d_ok, Nk, skn, skd, svn, svd)
+        k, v, _ = key_block(k_base, v_base, offs_n, offs_d, d_ok, Nk, skn, skd, svn, svd)
         s = mma_abt(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)) * scale_log2e
         s = masked(s, (offs_n[None, :] < Nk) & (offs_m[:, None] < N), float("-inf"))
         if CAUSAL:
