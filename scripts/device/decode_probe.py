@@ -239,33 +239,36 @@ def host():
     return rows
 
 
-PARTS_VARIANTS = {"default": {}, "2/SM": dict(programs_per_sm=2),
-                  "n64 s3": dict(config=dict(BLOCK_N=64, num_warps=4, num_stages=3)),
-                  "n64 s4": dict(config=dict(BLOCK_N=64, num_warps=4, num_stages=4)),
-                  "n128 s2": dict(config=dict(BLOCK_N=128, num_warps=4, num_stages=2)),
-                  "n32 s6": dict(config=dict(BLOCK_N=32, num_warps=4, num_stages=6))}
+# parts phase: (keys a step, ring depth) tried beside decode_config's, per head dim; session 21 tried
+# at D 128: 2 programs a SM, 64-key steps with 3 and 4 stages, 128 with 2, 32 with 6 (128 x 3 shipped)
+PARTS_CONFIGS = {64: ((64, 3), (128, 4), (256, 3)), 128: ((64, 3),), 256: ((64, 2), (64, 3), (32, 4), (16, 6))}
 
 
-def parts():
+def parts(heads=((32, 8, 128),)):
     """GPU time (CUDA graph of back-to-back calls) of split-key variants and SDPA, as x copy."""
     from tilecore.bench.harness import copy_ceiling, graph_median_ms
 
     copy = copy_ceiling().value
     rows = []
-    hq, hkv, d = 32, 8, 128
-    for b, nk in ((1, 1024), (1, 4096), (1, 16384), (4, 4096), (16, 1024), (16, 4096), (64, 4096)):
-        q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        nbytes = 2 * (2 * b * hkv * nk * d + 2 * b * hq * d)
-        impls = {name: _split_keys(**opts) for name, opts in PARTS_VARIANTS.items()}
-        impls.update({"flash (SDPA)": _sdpa("FLASH_ATTENTION"), "cuDNN (SDPA)": _sdpa("CUDNN_ATTENTION")})
-        us = {}
-        with torch.no_grad():
-            for name, f in impls.items():
-                us[name] = graph_median_ms(lambda: f(q, k, v)) * 1e3
-        rows.append(dict(B=b, Nk=nk, bytes=nbytes, us=us, copy_gbs=copy))
-        print(f"B{b} Nk{nk} [{nbytes / 1e6:.1f} MB]: " + ", ".join(
-            f"{n} {t:.1f} us ({nbytes / t / 1e3 / copy:.2f})" for n, t in us.items()), flush=True)
+    for hq, hkv, d in heads:
+        variants = {"default": {}} | {f"n{bn} s{st}": dict(config=dict(BLOCK_N=bn, num_warps=4, num_stages=st))
+                                      for bn, st in PARTS_CONFIGS[d]}
+        for b, nk in ((1, 1024), (1, 4096), (1, 16384), (4, 4096), (16, 1024), (16, 4096), (64, 4096)):
+            q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            nbytes = 2 * (2 * b * hkv * nk * d + 2 * b * hq * d)
+            impls = {name: _split_keys(**opts) for name, opts in variants.items()}
+            impls.update({"flash (SDPA)": _sdpa("FLASH_ATTENTION"), "cuDNN (SDPA)": _sdpa("CUDNN_ATTENTION")})
+            us = {}
+            with torch.no_grad():
+                for name, f in impls.items():
+                    try:
+                        us[name] = graph_median_ms(lambda: f(q, k, v)) * 1e3
+                    except RuntimeError as err:  # a backend that refuses the head dim
+                        print(f"  {name}: refused ({str(err)[:60]})")
+            rows.append(dict(Hq=hq, Hkv=hkv, D=d, B=b, Nk=nk, bytes=nbytes, us=us, copy_gbs=copy))
+            print(f"H{hq}/{hkv} D{d} B{b} Nk{nk} [{nbytes / 1e6:.1f} MB]: " + ", ".join(
+                f"{n} {t:.1f} us ({nbytes / t / 1e3 / copy:.2f})" for n, t in us.items()), flush=True)
     return rows
 
 
@@ -274,11 +277,12 @@ def main():
     ap.add_argument("--phases", default=",".join(PHASES))
     ap.add_argument("--out", default=".")
     ap.add_argument("--queries", default="16", help="cross phase: query counts, comma-separated")
-    ap.add_argument("--heads", default=None, help="cross phase: Hq/Hkv/D triples, e.g. 32/8/128,8/8/128")
+    ap.add_argument("--heads", default=None, help="cross and parts phases: Hq/Hkv/D triples, e.g. 32/8/128,8/8/128")
     ap.add_argument("--sizes", default=None, help="cross phase: B/Nk pairs, e.g. 1/2048,2/16384")
     args = ap.parse_args()
     from tilecore.bench.harness import copy_ceiling
 
+    parse = lambda text: tuple(tuple(int(x) for x in item.split("/")) for item in text.split(","))
     result = {"meta": _meta()}
     ceiling = copy_ceiling()
     result["copy_gbs"] = ceiling.value
@@ -290,12 +294,11 @@ def main():
         elif phase == "time":
             result["time"] = time_decode(ceiling.value)
         elif phase == "cross":
-            parse = lambda text: tuple(tuple(int(x) for x in item.split("/")) for item in text.split(","))
             result["cross"] = cross(tuple(int(x) for x in args.queries.split(",")),
                                     parse(args.heads) if args.heads else CROSS_HEADS,
                                     parse(args.sizes) if args.sizes else CROSS_SIZES)
         elif phase == "parts":
-            result["parts"] = parts()
+            result["parts"] = parts(parse(args.heads) if args.heads else ((32, 8, 128),))
         elif phase == "host":
             result["host"] = host()
         print(f"===== {phase}: {time.time() - t:.0f} s", flush=True)
