@@ -145,13 +145,17 @@ def decode_fits(q, k) -> bool:
 
 
 def decode_config(d: int, interpret: bool) -> dict:
-    """Keys a step (BLOCK_N) and launch options of the split-key kernel for head dim ``d``; small
-    blocks in the interpreter, so tests cover several blocks and splits."""
+    """Keys a step (BLOCK_N) and launch options of the split-key kernel for head dim ``d``, from the
+    H100 sweeps of one query against 1024-16384 keys (notes/attention.md, session 21); small blocks
+    in the interpreter, so tests cover several blocks and splits."""
     if interpret:
         return dict(BLOCK_N=16)
+    if d <= 64:  # 4 stages: B 64 x 4096 keys 0.98x copy against 3 stages' 0.90x (B 1 x 1024: 5.3 us against 4.5)
+        return dict(BLOCK_N=128, num_warps=4, num_stages=4)
     if d <= 128:  # 128 keys a step: B 64 x 4096 keys 1.01x copy against 64's 0.93x, the rest within 3%
         return dict(BLOCK_N=128, num_warps=4, num_stages=3)
-    return dict(BLOCK_N=32, num_warps=4, num_stages=2)
+    # D 256: 64 keys x 3 stages 0.89-1.00x copy, against 32 x 2's 0.64-0.92x
+    return dict(BLOCK_N=64, num_warps=4, num_stages=3)
 
 
 def _cdiv(a: int, b: int) -> int:  # host arithmetic: triton.cdiv is a constexpr_function, ~2 us a call
