@@ -53,6 +53,7 @@ def check():
         # few query tiles (B = 1 chunked prefill): up to 512 queries, many row blocks
         (1, 8, 8, 300, 5000, 128, True, "bhnd"), (1, 32, 8, 128, 20000, 64, False, "cache"),
         (1, 4, 2, 512, 400, 128, True, "bhnd"),
+        (8200, 8, 8, 1, 40, 64, False, "bhnd"),  # more than 65535 (batch, kv head) programs
     ]
     for dtype in (torch.bfloat16, torch.float16):
         for b, hq, hkv, n, nk, d, causal, layout in cases:

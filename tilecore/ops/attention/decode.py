@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 
 from tilecore import dispatch
-from tilecore.tiles.launch import CachedLaunch
 from tilecore.ops.attention.steps import attend_keys, normalized
+from tilecore.tiles.launch import CachedLaunch
 from tilecore.tiles.ops import LOG2E, LOG2E_IN_KERNEL
 
 # Which inputs the split-key path serves (decode_fits): up to DECODE_MAX_QUERIES queries a sequence
@@ -53,10 +53,11 @@ def _attn_fwd_split_keys(Q, K, V, O, LSE, O_PART, LSE_PART,
                          Hkv, N, Nk, D, GROUP, keys_per_split, scale_log2e,
                          CAUSAL: tl.constexpr, MERGED: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Program (split, batch * kv head, row block): the packed rows' attention over the split's keys.
+    """Program (batch * kv head, split, row block): the packed rows' attention over the split's keys
+    (batch * kv head on the grid's first axis, the one that takes more than 65535 programs).
     MERGED (one split): write O and lse; else this split's float32 O and base-2 lse to the parts."""
-    split = tl.program_id(0)
-    bhk = tl.program_id(1)
+    bhk = tl.program_id(0)
+    split = tl.program_id(1)
     b = (bhk // Hkv).to(tl.int64)
     hk = (bhk % Hkv).to(tl.int64)
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # packed: query rows // G, head rows % G
@@ -92,7 +93,7 @@ def _attn_fwd_split_keys(Q, K, V, O, LSE, O_PART, LSE_PART,
         tl.store(O + row[:, None] * D + offs_d[None, :], out.to(O.dtype.element_ty), mask=ok)
         tl.store(LSE + row, lse2 / LOG2E_IN_KERNEL, mask=row_ok)
     else:
-        part = split.to(tl.int64) * (tl.num_programs(1) * N * GROUP) + row  # (split, row)
+        part = split.to(tl.int64) * (tl.num_programs(0) * N * GROUP) + row  # (split, row)
         tl.store(O_PART + part[:, None] * D + offs_d[None, :], out, mask=ok)
         tl.store(LSE_PART + part, lse2, mask=row_ok)
 
@@ -180,8 +181,9 @@ def decode_splits(tiles: int, nk: int, block_n: int, programs: int, min_keys: in
 def decode_into(q, k, v, out, lse, causal: bool, scale: float, *, splits: int | None = None,
                 config: dict | None = None, programs_per_sm: int | None = None) -> None:
     """out (B, Hq, N, D) and lse (B, Hq, N) float32, both contiguous, of attention(q, k, v) by the
-    split-key kernels. For tests and sweeps: ``splits`` (default: decode_splits's for
-    ``programs_per_sm``, default DECODE_PROGRAMS_PER_SM; at most DECODE_MAX_SPLITS) and ``config`` (decode_config's)."""
+    split-key kernels. For tests and sweeps: ``splits`` (at most DECODE_MAX_SPLITS; default
+    decode_splits's for ``programs_per_sm``, default DECODE_PROGRAMS_PER_SM) and ``config``
+    (decode_config's)."""
     B, Hq, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
@@ -203,7 +205,7 @@ def decode_into(q, k, v, out, lse, causal: bool, scale: float, *, splits: int | 
     else:
         o_part = out.new_empty((splits, rows_total, D), dtype=torch.float32)
         lse_part = lse.new_empty((splits, rows_total))
-    _SPLIT_KEYS[(splits, B * Hkv, row_blocks)](
+    _SPLIT_KEYS[(B * Hkv, splits, row_blocks)](
         q, k, v, out, lse, o_part, lse_part, *q.stride(), *k.stride(), *v.stride(),
         Hkv, N, Nk, D, group, keys_per_split, scale * LOG2E,
         CAUSAL=causal, MERGED=merged, BLOCK_M=block_m, BLOCK_D=block_d, **cfg)
