@@ -21,7 +21,7 @@ from tilecore.ops.attention import kernels  # noqa: E402
 
 def launch(out, do, lse, delta, stats, acc, n_pad, zero, block_m, warps):
     B, H, N, D = out.shape
-    kernels._DELTA[(triton.cdiv(N, block_m), B * H)](
+    kernels._DELTA[(B * H, triton.cdiv(N, block_m))](
         out, do, lse, lse, delta, stats, acc, *out.stride(), *do.stride(), H, N, D, n_pad, HAS_DLSE=False,
         ZERO_DQ_SUM=zero, ROW_STATS=True, BLOCK_M=block_m, BLOCK_D=kernels.block_d(D), num_warps=warps)
 

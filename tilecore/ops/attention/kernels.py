@@ -37,11 +37,12 @@ EMPTY_ROW_MAX = tl.constexpr(-1.0e30)  # far below any real scaled score, far ab
 @triton.jit
 def _query_block(H, GROUP, BLOCK_M: tl.constexpr):
     """The program's query block: (batch * q head, batch, q head, kv head, first row, its rows), for
-    a grid of (query blocks, batch * q heads). Batch and heads are 64-bit for the offsets."""
-    bh = tl.program_id(1)
+    a grid of (batch * q heads, query blocks): batch * heads on the first axis, the one that takes
+    more than 65535 programs. Batch and heads are 64-bit for the offsets."""
+    bh = tl.program_id(0)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    start_m = tl.program_id(0) * BLOCK_M
+    start_m = tl.program_id(1) * BLOCK_M
     return bh, b, h, h // GROUP, start_m, start_m + tl.arange(0, BLOCK_M)
 
 
@@ -138,10 +139,10 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
                    sgb, sgh, sgn, sgd,
                    H, HKV, N, Nk, D, GROUP, scale, scale_log2e,
                    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One program per (block of keys, batch * kv head): sums dk, dv over every query block of
+    """One program per (batch * kv head, block of keys): sums dk, dv over every query block of
     every q head in the kv head's group (no atomics), computing the transposed tiles directly."""
-    pid_n = tl.program_id(0)
-    bhk = tl.program_id(1)
+    bhk = tl.program_id(0)
+    pid_n = tl.program_id(1)
     b = (bhk // HKV).to(tl.int64)
     hk = (bhk % HKV).to(tl.int64)
     start_n = pid_n * BLOCK_N
@@ -468,7 +469,7 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     cfg = config or forward_config(D, q.device.type != "cuda")
-    grid = (triton.cdiv(N, cfg["BLOCK_M"]), B * H)
+    grid = (B * H, triton.cdiv(N, cfg["BLOCK_M"]))
     _FWD[grid](q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
                H, N, Nk, D, H // Hkv, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d(D), **cfg)
 
@@ -563,7 +564,7 @@ def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats
     n_pad = triton.cdiv(N, 4) * 4
     stats = torch.empty((B * H, 2, n_pad) if row_stats else (1, 2, 4), dtype=torch.float32, device=out.device)
     pre_m = 16 if out.device.type != "cuda" else 64
-    _DELTA[(triton.cdiv(N, pre_m), B * H)](
+    _DELTA[(B * H, triton.cdiv(N, pre_m))](
         out, dout, lse, dlse if dlse is not None else lse, delta, stats, acc, *out.stride(), *dout.stride(), H, N, D,
         n_pad, HAS_DLSE=dlse is not None, ZERO_DQ_SUM=dq_sum, ROW_STATS=row_stats, BLOCK_M=pre_m,
         BLOCK_D=block_d(D))
@@ -715,16 +716,16 @@ def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale
     delta, _ = backward_delta(out, dout, lse, dlse)
     cfg = config or backward_config(D, interpret)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
-    _DKDV[(triton.cdiv(Nk, cfg["BLOCK_N"]), B * Hkv)](
+    _DKDV[(B * Hkv, triton.cdiv(Nk, cfg["BLOCK_N"]))](
         q, k, v, dout, lse, delta, dk, dv, *strides, *dk.stride(), H, Hkv, N, Nk, D, H // Hkv,
         scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d(D), **cfg)
     _backward_dq(dout, q, k, v, lse, delta, dq, causal, scale, cfg)
 
 
 def _backward_dq(dout, q, k, v, lse, delta, dq, causal: bool, scale: float, cfg: dict) -> None:
-    """The tl dq kernel: one program per (query block, batch * q head), looping over the keys."""
+    """The tl dq kernel: one program per (batch * q head, query block), looping over the keys."""
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    _DQ[(triton.cdiv(N, cfg["BLOCK_M"]), B * H)](
+    _DQ[(B * H, triton.cdiv(N, cfg["BLOCK_M"]))](
         q, k, v, dout, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(),
         H, N, Nk, D, H // Hkv, scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d(D), **cfg)
