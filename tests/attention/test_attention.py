@@ -292,3 +292,14 @@ def test_gluon_backward_configs_pair_the_query_split_with_its_fused_dq():
     with pytest.raises(ValueError, match="warpgroup"):  # its registers fit D = 64 only
         kernels.backward_gluon(x128, x128, x128, x128, x128, lse, None, x128, x128, x128, False, 0.125, block_m=64,
                                block_n=64, stages=2, dq_from="warpgroup")
+
+
+def test_tour_cases_run_their_own_inputs_near_the_floor():
+    from tilecore.ops.attention import tour_cases
+
+    cases = tour_cases(torch.device("cpu"))
+    assert [c.op for c in cases] == ["attention", "attention (decode)"]
+    for case in cases:
+        out, ref = case.run(), case.reference()
+        assert out.shape == ref.shape and f"N{out.shape[2]}" in case.shape  # each case's own q
+        assert accuracy.error_over_floor(out, ref) <= 2.0
