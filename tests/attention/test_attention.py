@@ -11,7 +11,7 @@ import tilecore
 from tilecore import accuracy
 from tilecore.ops.attention import attention, attention_reference, kernels
 
-F16 = torch.float16
+from attention_testing import F16, check_lse, make, reference_grads  # tests/attention
 
 # B, Hq, Hkv, N, Nk, D, causal: odd lengths, N != Nk both ways, GQA and MQA, D not a power of two
 CASES = [
@@ -25,13 +25,6 @@ CASES = [
     (2, 2, 1, 33, 100, 80, False),
 ]
 IDS = [f"B{b}-H{h}/{hk}-N{n}-Nk{nk}-D{d}-{'causal' if c else 'full'}" for b, h, hk, n, nk, d, c in CASES]
-
-
-def make(b, hq, hkv, n, nk, d, dtype=F16, grad=False):
-    q = torch.randn(b, hq, n, d, dtype=dtype)
-    k = torch.randn(b, hkv, nk, d, dtype=dtype)
-    v = torch.randn(b, hkv, nk, d, dtype=dtype)
-    return [t.requires_grad_(grad) for t in (q, k, v)]
 
 
 def forward_poisoned(q, k, v, causal, scale, config=None):
@@ -49,22 +42,6 @@ def backward_poisoned(dout, q, k, v, out, lse, dlse, causal, scale, config=None)
     for name, g in zip("qkv", grads):
         assert torch.isfinite(g).all(), f"d{name} has unwritten or non-finite elements"
     return grads
-
-
-def reference_grads(q, k, v, dout, dlse, causal, scale):
-    """dq, dk, dv by torch.autograd through the float64 reference (an lse of -inf carries no loss)."""
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    o, lse = attention_reference(q64, k64, v64, causal=causal, scale=scale)
-    loss = (o * dout.double()).sum()
-    if dlse is not None:
-        loss = loss + (torch.where(torch.isinf(lse), 0.0, lse) * dlse.double()).sum()
-    return torch.autograd.grad(loss, (q64, k64, v64))
-
-
-def check_lse(lse, ref_lse):
-    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
-    live = torch.isfinite(ref_lse)
-    assert torch.allclose(lse[live].double(), ref_lse[live], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

@@ -8,14 +8,7 @@ import torch
 from tilecore import accuracy
 from tilecore.ops.attention import attention, attention_reference, decode
 
-F16 = torch.float16
-
-
-def make(b, hq, hkv, n, nk, d, grad=False):
-    q = torch.randn(b, hq, n, d, dtype=F16)
-    k = torch.randn(b, hkv, nk, d, dtype=F16)
-    v = torch.randn(b, hkv, nk, d, dtype=F16)
-    return [t.requires_grad_(grad) for t in (q, k, v)]
+from attention_testing import F16, check_lse, make, reference_grads  # tests/attention
 
 
 def decode_poisoned(q, k, v, causal, scale, splits):
@@ -24,12 +17,6 @@ def decode_poisoned(q, k, v, causal, scale, splits):
     decode.decode_into(q, k, v, out, lse, causal, scale, splits=splits)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "some outputs were never written"
     return out, lse
-
-
-def check_lse(lse, ref_lse):
-    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
-    live = torch.isfinite(ref_lse)
-    assert torch.allclose(lse[live].double(), ref_lse[live], rtol=1e-5, atol=1e-5)
 
 
 # B, Hq, Hkv, N, Nk, D, causal, splits (the interpreter's blocks are 16 keys: 100 keys in 3 splits
@@ -92,9 +79,7 @@ def test_the_public_function_takes_it_for_few_queries_and_differentiates(monkeyp
     # the backward (the usual kernels) from the split path's out and lse
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref_grads = torch.autograd.grad(attention_reference(q64, k64, v64, causal=True)[0], (q64, k64, v64), dout.double())
-    for g, r in zip(grads, ref_grads):
+    for g, r in zip(grads, reference_grads(q, k, v, dout, None, True, 64**-0.5)):
         assert accuracy.error_over_floor(g, r) <= 3.0
     # 32 queries of a group of 4 pack 128 rows: still split; 40 queries (160 rows) in 5 x 8 query
     # tiles take the query blocks

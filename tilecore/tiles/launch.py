@@ -16,6 +16,17 @@ from triton.backends.compiler import BaseBackend
 from tilecore import dispatch
 
 
+# Host arithmetic for launch sizes: triton.cdiv and triton.next_power_of_2 are constexpr_functions,
+# ~2 us a host call (notes/attention.md, session 21)
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def specialization(arg) -> tuple:
     """What Triton compiles a kernel argument as: its type and alignment/divisibility class."""
     return native_specialize_impl(BaseBackend, arg, False, True, True)

@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 
 from tilecore import dispatch
-from tilecore.ops.attention.steps import attend_keys, normalized
-from tilecore.tiles.launch import CachedLaunch
+from tilecore.ops.attention.steps import attend_keys, block_d, normalized
+from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2
 from tilecore.tiles.ops import LOG2E, LOG2E_IN_KERNEL
 
 # Which inputs the split-key path serves (decode_fits): up to DECODE_MAX_QUERIES queries a sequence
@@ -140,7 +140,7 @@ def decode_fits(q, k) -> bool:
     """Whether the split-key path serves these inputs (few queries a sequence; any device)."""
     b, hq, n = q.shape[:3]
     group = hq // k.shape[1]
-    few_query_tiles = n <= DECODE_FEW_TILES_MAX_QUERIES and b * hq * _cdiv(n, 128) <= DECODE_FEW_QUERY_TILES
+    few_query_tiles = n <= DECODE_FEW_TILES_MAX_QUERIES and b * hq * cdiv(n, 128) <= DECODE_FEW_QUERY_TILES
     return (n <= DECODE_MAX_QUERIES or (n <= DECODE_MAX_PACKED_QUERIES and n * group <= DECODE_MAX_PACKED_ROWS)
             or few_query_tiles)
 
@@ -159,22 +159,24 @@ def decode_config(d: int, interpret: bool) -> dict:
     return dict(BLOCK_N=64, num_warps=4, num_stages=3)
 
 
-def _cdiv(a: int, b: int) -> int:  # host arithmetic: triton.cdiv is a constexpr_function, ~2 us a call
-    return -(-a // b)
+def tile_rows(queries: int, group: int) -> int:
+    """BLOCK_M of the split-key kernel: a kv head's packed rows (queries x group), as a power of
+    two from 16 (tl.dot's smallest) to DECODE_MAX_ROWS."""
+    return max(16, min(DECODE_MAX_ROWS, next_power_of_2(queries * group)))
 
 
 def key_ranges(nk: int, splits: int, block_n: int) -> tuple[int, int]:
     """(ranges, keys in each) of ``nk`` keys cut into at most ``splits`` ranges of whole blocks of
     ``block_n`` keys (at least one range, if empty: no key at all)."""
-    keys_per_split = _cdiv(_cdiv(max(nk, 1), max(splits, 1)), block_n) * block_n
-    return max(1, _cdiv(nk, keys_per_split)), keys_per_split
+    keys_per_split = cdiv(cdiv(max(nk, 1), max(splits, 1)), block_n) * block_n
+    return max(1, cdiv(nk, keys_per_split)), keys_per_split
 
 
 def decode_splits(tiles: int, nk: int, block_n: int, programs: int, min_keys: int) -> int:
     """How many key ranges to split ``nk`` keys into, for ``tiles`` tiles (batch x kv head x row
     blocks): as many as keep the launch within ``programs`` programs (at least one), none with fewer
     than ``min_keys`` keys (or one block of ``block_n``), at most DECODE_MAX_SPLITS."""
-    most = min(DECODE_MAX_SPLITS, _cdiv(max(nk, 1), max(min_keys, block_n)))
+    most = min(DECODE_MAX_SPLITS, cdiv(max(nk, 1), max(min_keys, block_n)))
     return key_ranges(nk, min(most, max(1, programs // tiles)), block_n)[0]
 
 
@@ -188,9 +190,9 @@ def decode_into(q, k, v, out, lse, causal: bool, scale: float, *, splits: int | 
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
     cfg = config or decode_config(D, q.device.type != "cuda")
-    block_n, block_d = cfg["BLOCK_N"], max(16, 1 << (D - 1).bit_length())
-    block_m = max(16, min(DECODE_MAX_ROWS, 1 << (N * group - 1).bit_length()))
-    row_blocks = _cdiv(N * group, block_m)
+    block_n = cfg["BLOCK_N"]
+    block_m = tile_rows(N, group)
+    row_blocks = cdiv(N * group, block_m)
     if splits is None:
         sms = dispatch.num_sms(q.device) if q.is_cuda else 4
         programs = (programs_per_sm or DECODE_PROGRAMS_PER_SM) * sms
@@ -208,7 +210,7 @@ def decode_into(q, k, v, out, lse, causal: bool, scale: float, *, splits: int | 
     _SPLIT_KEYS[(B * Hkv, splits, row_blocks)](
         q, k, v, out, lse, o_part, lse_part, *q.stride(), *k.stride(), *v.stride(),
         Hkv, N, Nk, D, group, keys_per_split, scale * LOG2E,
-        CAUSAL=causal, MERGED=merged, BLOCK_M=block_m, BLOCK_D=block_d, **cfg)
+        CAUSAL=causal, MERGED=merged, BLOCK_M=block_m, BLOCK_D=block_d(D), **cfg)
     if not merged:
         _MERGE[(rows_total,)](out, lse, o_part, lse_part, rows_total, D, splits,
-                              SPLITS=max(2, 1 << (splits - 1).bit_length()), BLOCK_D=block_d)
+                              SPLITS=next_power_of_2(splits), BLOCK_D=block_d(D))

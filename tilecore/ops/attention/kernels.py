@@ -26,7 +26,7 @@ import triton.language as tl
 from tilecore import dispatch
 from tilecore.tiles.launch import CachedLaunch, gluon_descriptor, tile_counter, tma_describable
 from tilecore.ops.attention import decode
-from tilecore.ops.attention.steps import attend_keys, key_block, normalized
+from tilecore.ops.attention.steps import attend_keys, block_d, key_block, normalized
 from tilecore.tiles.ops import (LOG2E, LOG2E_IN_KERNEL, causal_mask, masked, mma, mma_abt,
                                 row_sum)
 from tilecore.tiles.schedule import balanced_schedule, dealt_schedule
@@ -228,11 +228,6 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
 
 # --------------------------------------------------------------------------------------------
 # launch
-
-
-def block_d(d: int) -> int:
-    """The head dimension padded to a power of two >= 16 (tl.dot's smallest)."""
-    return max(16, triton.next_power_of_2(d))
 
 
 def forward_config(d: int, interpret: bool) -> dict:

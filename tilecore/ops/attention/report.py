@@ -212,7 +212,7 @@ def decode_resources(d: int, group: int = 4, queries: int = 1) -> list[dict]:
     bf16, f32 = torch.empty(64, dtype=torch.bfloat16), torch.empty(64, dtype=torch.float32)
     nk, hkv = 4096, 8
     block_d = kernels.block_d(d)
-    block_m = max(16, min(decode.DECODE_MAX_ROWS, 1 << (queries * group - 1).bit_length()))
+    block_m = decode.tile_rows(queries, group)
     strides = lambda p, n: {f"{p}b": hkv * group * n * d, f"{p}h": n * d, f"{p}n": d, f"{p}d": 1}
     split_args = dict(Q=bf16, K=bf16, V=bf16, O=bf16, LSE=f32, O_PART=f32, LSE_PART=f32, **strides("sq", queries),
                       **strides("sk", nk), **strides("sv", nk), Hkv=hkv, N=queries, Nk=nk, D=d, GROUP=group,

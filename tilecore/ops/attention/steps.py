@@ -11,7 +11,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tilecore.tiles.launch import next_power_of_2
 from tilecore.tiles.ops import causal_mask, masked, mma, mma_abt, online_softmax_update
+
+
+def block_d(d: int) -> int:
+    """The head dimension padded to a power of two >= 16 (tl.dot's smallest)."""
+    return max(16, next_power_of_2(d))
 
 
 @triton.jit
