@@ -1,7 +1,6 @@
 """Dynamic tiles (a program draws its next tile from a global counter; the launch's last draw resets
 it): the tl twin's protocol in the interpreter, and the Gluon template's in the PTX it compiles to."""
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
