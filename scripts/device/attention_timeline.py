@@ -33,7 +33,7 @@ from tilecore import dispatch  # noqa: E402
 from tilecore.ops.attention import gluon_backward as gb  # noqa: E402
 from tilecore.ops.attention import kernels  # noqa: E402
 from tilecore.tiles.gluon import persistent_pipeline  # noqa: E402
-from tilecore.tiles.launch import tile_counter  # noqa: E402
+from tilecore.tiles.launch import jit_arg, tile_counter  # noqa: E402
 
 
 @gluon.jit
@@ -90,6 +90,7 @@ def timed_launch(case, cfg, drawn, tile_times, tile_programs, program_times):
     grid, args = kernels.backward_kernel_args(do, q, k, v, stats, dq_sum, dk, dv, causal, scale,
                                               block_m=cfg["block_m"], block_n=cfg["block_n"],
                                               dq_from=cfg["dq_from"], drawn=drawn)
+    args = [jit_arg(a) for a in args]  # TMA operands as the JIT takes them
     return lambda: timed_bwd_kernel[grid](*args, tile_times, tile_programs, program_times, CAUSAL=causal,
                                           STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]],
                                           KV_REGS=cfg.get("kv_regs", False), num_warps=4)

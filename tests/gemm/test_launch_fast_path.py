@@ -7,24 +7,14 @@ from tilecore.ops.gemm import launch
 from tilecore.ops.gemm.gluon_kernels import gemm_kernel
 
 
-class _FakeCompiled:
-    def __init__(self):
-        self.calls = []
-
-    def __getitem__(self, grid):
-        assert len(grid) == 3
-        return lambda *args: self.calls.append((grid, args))
-
-
 @pytest.mark.parametrize("b_t", [False, True])
-def test_fast_path_passes_every_argument_in_order(monkeypatch, b_t):
+def test_fast_path_passes_every_argument_in_order(fast_launch, b_t):
     M, N, K = 300, 264, 72
     a = torch.randn(M, K, dtype=torch.bfloat16)
     b = torch.randn(N, K, dtype=torch.bfloat16) if b_t else torch.randn(K, N, dtype=torch.bfloat16)
     c = torch.empty(M, N, dtype=torch.bfloat16)
     bias = torch.randn(N, dtype=torch.bfloat16)
-    fake = _FakeCompiled()
-    monkeypatch.setattr(launch, "_COMPILED", type("D", (dict,), {"get": lambda self, k: fake})())
+    fake = fast_launch(launch._GLUON_GEMM)
     launch.launch_gluon(a, b, c, bias, plan=(a, b, b_t), **launch.GLUON_BF16)
     (grid, args), = fake.calls
     assert grid[1:] == (1, 1) and grid[0] >= 1

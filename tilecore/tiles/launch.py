@@ -1,9 +1,11 @@
-"""Launching a ``triton.jit`` kernel with less host time.
+"""Launching ``triton.jit`` and ``gluon.jit`` kernels with less host time.
 
 Triton 3.6 binds and specializes every argument in Python on each launch: about 40 us per call on the
 lent H100's host (notes/hadamard.md), several times a small kernel's run time. ``CachedLaunch`` keys
 the compiled kernel on exactly what Triton specializes (each argument's type and 16-byte alignment or
-divisibility, the constexprs and the launch options) and calls it directly the next time.
+divisibility, the constexprs and the launch options) and calls it directly the next time. A Gluon
+kernel's TMA operands go in as :class:`TmaOperand`: the launch that compiles gets the checked
+TensorDescriptor, later ones hand Triton's launcher only what it reads (base, shape, strides).
 """
 from __future__ import annotations
 
@@ -32,9 +34,45 @@ def specialization(arg) -> tuple:
     return native_specialize_impl(BaseBackend, arg, False, True, True)
 
 
+class TmaOperand:
+    """A Gluon kernel's TMA-described operand, for :class:`CachedLaunch`: ``t`` (or the view
+    ``shape``/``strides`` of its memory) in boxes of ``block``, in ``layout`` (default: the widest
+    swizzle the box allows, as gluon_descriptor). The launch that compiles the kernel gets the checked
+    TensorDescriptor (:meth:`descriptor`); later launches hand this object to Triton's launcher, which
+    reads only its base, shape, strides and padding (the box and the swizzle are compiled in), so a
+    launch skips TensorDescriptor's checks and layout work."""
+
+    __slots__ = ("base", "shape", "strides", "block_shape", "layout", "padding", "key")
+
+    def __init__(self, t: torch.Tensor, block: list[int], shape=None, strides=None, layout=None):
+        self.base = t
+        self.shape = list(t.shape) if shape is None else list(shape)
+        self.strides = list(t.stride()) if strides is None else list(strides)
+        self.block_shape = list(block)
+        self.layout = layout
+        self.padding = "zero"
+        # what Triton specializes a descriptor on: dtype, box and layout (and TMA needs 16-byte bases)
+        self.key = ("tma", t.dtype, tuple(block), layout, t.data_ptr() % 16 == 0)
+
+    def descriptor(self):
+        """The checked TensorDescriptor (gluon_descriptor's, or in ``layout``)."""
+        if self.layout is None:
+            return gluon_descriptor(self.base, self.block_shape, self.shape, self.strides)
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        return TensorDescriptor(self.base, self.shape, self.strides, self.block_shape, self.layout)
+
+
+def jit_arg(a):
+    """A launch argument as Triton's JIT takes it (TmaOperand: its TensorDescriptor)."""
+    return a.descriptor() if type(a) is TmaOperand else a
+
+
 class CachedLaunch:
     """``CachedLaunch(kernel)[grid](*args, **constexprs_and_options)``: same call as ``kernel[grid]``,
-    on the device of the first CUDA tensor argument.
+    on the device of the first CUDA tensor argument. ``kernel`` may be a function returning the kernel
+    (imported at the first launch: the Gluon modules load only where a launch needs them). Arguments
+    may be :class:`TmaOperand` where the kernel takes a TMA descriptor.
 
     Under Triton's interpreter, or if a Triton version's compiled-kernel runner differs, it launches
     through the JIT as usual.
@@ -43,47 +81,64 @@ class CachedLaunch:
     OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
     def __init__(self, kernel):
-        self.kernel = kernel
+        self._kernel = kernel
         self.compiled: dict = {}
         self.fast = True
         self.constexpr_flags = None  # made at the first fast launch (an interpreted kernel has no params)
+        self.defaults = None
+
+    @property
+    def kernel(self):
+        if not hasattr(self._kernel, "arg_names"):  # a loader: import the kernel now
+            self._kernel = self._kernel()
+        return self._kernel
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self._launch(tuple(grid), args, kwargs)
 
     def key(self, args: tuple, kwargs: dict) -> tuple[tuple, list]:
-        """(cache key, every argument in signature order): constexprs by value, the rest by
-        Triton's specialization of them, plus the launch options."""
-        ordered = list(args) + [kwargs[name] for name in self.kernel.arg_names[len(args):]]
+        """(cache key, every argument in signature order, defaults filled in): constexprs by value,
+        TMA operands by dtype, box and layout, the rest by Triton's specialization of them, plus the
+        launch options."""
+        kernel = self.kernel
         if self.constexpr_flags is None:
-            self.constexpr_flags = [p.is_constexpr for p in self.kernel.params]
+            self.constexpr_flags = [p.is_constexpr for p in kernel.params]
+            self.defaults = [p.default for p in kernel.params]
+        names = kernel.arg_names
+        ordered = list(args) + [kwargs[names[i]] if names[i] in kwargs else self.defaults[i]
+                                for i in range(len(args), len(names))]
         # a list comprehension over precomputed flags: half the host time of a generator over params
-        spec = tuple([repr(a) if constexpr else native_specialize_impl(BaseBackend, a, False, True, True)
+        spec = tuple([repr(a) if constexpr else a.key if type(a) is TmaOperand
+                      else native_specialize_impl(BaseBackend, a, False, True, True)
                       for constexpr, a in zip(self.constexpr_flags, ordered)])
         options = tuple((k, kwargs[k]) for k in self.OPTIONS if k in kwargs)
         return (options, spec), ordered
 
     def _launch(self, grid, args, kwargs):
         # Triton launches on the current device: make it the device of the first CUDA tensor argument
-        device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+        device = next((t.device for t in (a.base if type(a) is TmaOperand else a for a in args)
+                       if isinstance(t, torch.Tensor) and t.is_cuda), None)
         with dispatch.on_device(device):
             return self._launch_here(grid, args, kwargs)
 
+    def _jit_launch(self, grid, args, kwargs):
+        return self.kernel[grid](*map(jit_arg, args), **{k: jit_arg(a) for k, a in kwargs.items()})
+
     def _launch_here(self, grid, args, kwargs):
         if dispatch.interpreter_enabled() or not self.fast:
-            return self.kernel[grid](*args, **kwargs)
+            return self._jit_launch(grid, args, kwargs)
         key, ordered = self.key(args, kwargs)
         key = (torch.cuda.current_device(), key)
         compiled = self.compiled.get(key)
         if compiled is None:
-            self.compiled[key] = self.kernel[grid](*args, **kwargs)
+            self.compiled[key] = self._jit_launch(grid, args, kwargs)
             return self.compiled[key]
         try:
             compiled[grid + (1,) * (3 - len(grid))](*ordered)
         except Exception as err:  # noqa: BLE001 - a triton whose runner differs: use the JIT from now on
             self.fast = False
             dispatch.notice_once(f"fast kernel launch off ({type(err).__name__}: {err})")
-            return self.kernel[grid](*args, **kwargs)
+            return self._jit_launch(grid, args, kwargs)
         return compiled
 
 

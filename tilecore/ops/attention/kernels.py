@@ -18,13 +18,14 @@ p = 0 and zero gradients.
 from __future__ import annotations
 
 import functools
+import importlib
 
 import torch
 import triton
 import triton.language as tl
 
 from tilecore import dispatch
-from tilecore.tiles.launch import CachedLaunch, gluon_descriptor, tile_counter, tma_describable
+from tilecore.tiles.launch import CachedLaunch, TmaOperand, tile_counter, tma_describable
 from tilecore.ops.attention import decode
 from tilecore.ops.attention.steps import attend_keys, block_d, key_block, normalized
 from tilecore.tiles.ops import (LOG2E, LOG2E_IN_KERNEL, causal_mask, masked, mma, mma_abt,
@@ -310,10 +311,26 @@ def gluon_forward_config(d: int, n: int, nk: int, causal: bool) -> dict:
     return cfg
 
 
+def _head_operand(t, rows: int) -> TmaOperand:
+    """A 4-D (B, heads, sequence, D) tensor as a TMA operand with boxes of ``rows`` rows of one head:
+    a block never crosses into the next head (rows past the sequence arrive as 0)."""
+    return TmaOperand(t, [1, 1, rows, t.shape[-1]])
+
+
 def _head_descriptor(t, rows: int):
-    """A Gluon TMA descriptor of a 4-D (B, heads, sequence, D) tensor with boxes of ``rows`` rows of
-    one head: a block never crosses into the next head (rows past the sequence arrive as 0)."""
-    return gluon_descriptor(t, [1, 1, rows, t.shape[-1]])
+    """_head_operand's checked TensorDescriptor (for compile-only reports)."""
+    return _head_operand(t, rows).descriptor()
+
+
+def _gluon_kernel(module: str, name: str):
+    """A CachedLaunch of a Gluon kernel of this package, imported at its first launch."""
+    return CachedLaunch(lambda: getattr(importlib.import_module(f"tilecore.ops.attention.{module}"), name))
+
+
+_GLUON_FWD = _gluon_kernel("gluon_kernels", "attention_fwd_kernel")
+_GLUON_BWD = _gluon_kernel("gluon_backward", "attention_bwd_kernel")
+_GLUON_BWD_SPLIT = _gluon_kernel("gluon_backward", "attention_bwd_split_kernel")
+_GLUON_DQ = _gluon_kernel("gluon_dq", "attention_dq_kernel")
 
 
 # The bytes of shared operands (the forward's K and V, the backward's Q and dO) of the heads that the
@@ -436,17 +453,15 @@ def forward_gluon(q, k, v, out, lse, causal: bool, scale: float, *, block_m: int
     ``q_regs`` (not with ``carry``): each consumer holds its Q rows in registers for the tile."""
     if carry and q_regs:
         raise ValueError("q_regs takes a pipeline that restarts at each tile, not carry")
-    from tilecore.ops.attention.gluon_kernels import attention_fwd_kernel
-
     if carry and consumers == 3:  # it hit an illegal memory access on the H100 (N = 1, Nk = 17, causal)
         raise ValueError("the carried pipeline takes one or two consumers, not three")
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     num_warps = 8 if consumers == 1 else 4
-    desc = _head_descriptor
+    desc = _head_operand
     grid, head_group, schedule = _query_tiling(q, k, block_m * consumers, block_n, causal, balanced)
     with dispatch.on_device(q.device):
-        attention_fwd_kernel[grid](desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(out, block_m), lse,
+        _GLUON_FWD[grid](desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(out, block_m), lse,
                                    H, N, Nk, H // Hkv, scale * LOG2E, B * H, head_group, schedule, CAUSAL=causal,
                                    STAGES=stages, OVERLAP=overlap, CONSUMERS=consumers, PINGPONG=pingpong,
                                    Q_BUFFERS=q_buffers, CARRY=carry, Q_REGS=q_regs, num_warps=num_warps)
@@ -613,27 +628,25 @@ def backward_gluon_kernel(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sc
     from a balanced schedule, not round-robin; ``drawn`` (the key split): each program draws its next
     tile from a counter when it gets to it, in tile-id order (``balanced`` is then ignored: the
     heaviest tiles come first in that order); ``split``: see backward_gluon."""
-    from tilecore.ops.attention.gluon_backward import attention_bwd_kernel, attention_bwd_split_kernel
-
     grid, args = backward_kernel_args(dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, block_m=block_m,
                                       block_n=block_n, dq_from=dq_from, balanced=balanced, split=split, drawn=drawn)
     with dispatch.on_device(q.device):
         if split == "queries":
-            return attention_bwd_split_kernel[grid](*args, CAUSAL=causal, STAGES=stages, num_warps=4)
-        attention_bwd_kernel[grid](*args, CAUSAL=causal, STAGES=stages, DQ=DQ_MODES[dq_from], KV_REGS=kv_regs,
+            return _GLUON_BWD_SPLIT[grid](*args, CAUSAL=causal, STAGES=stages, num_warps=4)
+        _GLUON_BWD[grid](*args, CAUSAL=causal, STAGES=stages, DQ=DQ_MODES[dq_from], KV_REGS=kv_regs,
                                    num_warps=4)
 
 
 def backward_kernel_args(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, scale: float, *, block_m: int,
                          block_n: int, dq_from: str, balanced: bool = True, split: str = "keys",
                          drawn: bool = False) -> tuple[tuple, tuple]:
-    """(grid, runtime arguments) of backward_gluon_kernel's launch: the TMA descriptors, sizes, tile
+    """(grid, runtime arguments) of backward_gluon_kernel's launch: the TMA operands, sizes, tile
     order (schedule table, and with ``drawn`` the stream's tile counter, key split only) in the
     kernel's order, for attention_bwd_kernel or, with split "queries", attention_bwd_split_kernel
     (its twins in the probes take the same ones)."""
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    desc = _head_descriptor
+    desc = _head_operand
     tiles = triton.cdiv(Nk, 2 * block_n) * B * Hkv
     grid = (min(tiles, dispatch.num_sms(q.device)),)
     group = H // Hkv
@@ -654,35 +667,36 @@ def backward_kernel_args(dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, sca
                                    build=_paired_table)
     box = dq_box(block_m, D, split) if split == "queries" else dq_box(block_m, D, dq_from=dq_from)
     args = (desc(q, block_m), desc(k, 2 * block_n), desc(v, 2 * block_n), desc(dout, block_m), desc(dk, block_n),
-            desc(dv, block_n), row_stats_descriptor(stats, block_m), gluon_descriptor(dq_sum, box), H, N, Nk, group,
+            desc(dv, block_n), row_stats_operand(stats, block_m), TmaOperand(dq_sum, box), H, N, Nk, group,
             scale, scale * LOG2E, B * Hkv, head_group, schedule)
     if split == "queries":
         return grid, args
     return grid, args + (tile_counter(q.device) if drawn else None,)
 
 
-def row_stats_descriptor(stats, block_m: int):
-    """The TMA descriptor of backward_preprocess's row statistics: boxes of (lse, delta) of block_m
-    rows, unswizzled (the kernel reads them as S^T's columns; rows past N arrive as zeros)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+def row_stats_operand(stats, block_m: int) -> TmaOperand:
+    """backward_preprocess's row statistics as a TMA operand: boxes of (lse, delta) of block_m rows,
+    unswizzled (the kernel reads them as S^T's columns; rows past N arrive as zeros)."""
+    return TmaOperand(stats, [1, 2, block_m], layout=_unswizzled_layout(3))
 
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
-    return TensorDescriptor(stats, list(stats.shape), list(stats.stride()), [1, 2, block_m], layout)
+
+@functools.lru_cache(maxsize=None)
+def _unswizzled_layout(rank: int):
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=rank)
 
 
 def backward_dq_gluon(dout, q, k, v, lse, delta, dq, causal: bool, scale: float, *, block_m: int, block_n: int,
                       stages: int, balanced: bool = True) -> None:
     """dq (contiguous, q's shape) by gluon_dq.py's kernel: tiles of 2 block_m query rows, block_n
     keys a step; ``balanced`` (causal) as the forward's."""
-    from tilecore.ops.attention.gluon_dq import attention_dq_kernel
-
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    desc = _head_descriptor
+    desc = _head_operand
     grid, head_group, schedule = _query_tiling(q, k, 2 * block_m, block_n, causal, balanced)
     with dispatch.on_device(q.device):
-        attention_dq_kernel[grid](desc(q, 2 * block_m), desc(k, block_n), desc(v, block_n), desc(dout, 2 * block_m),
+        _GLUON_DQ[grid](desc(q, 2 * block_m), desc(k, block_n), desc(v, block_n), desc(dout, 2 * block_m),
                                   desc(dq, block_m), desc(q, 2 * block_m), lse, delta, H, N, Nk, H // Hkv, scale,
                                   scale * LOG2E, B * H, head_group, schedule, CAUSAL=causal, STAGES=stages,
                                   num_warps=4)

@@ -153,7 +153,7 @@ def compile_gluon_backward(d: int, causal: bool = True, dtype=torch.bfloat16, cf
     bm, bn = cfg["block_m"], cfg["block_n"]
     stats = torch.empty(4, 2, 256, dtype=torch.float32)  # backward_preprocess's (B * H, 2, N) row statistics
     args = dict(q_desc=desc(bm), k_desc=desc(2 * bn), v_desc=desc(2 * bn), do_desc=desc(bm), dk_desc=desc(bn),
-                dv_desc=desc(bn), stats_desc=kernels.row_stats_descriptor(stats, bm),
+                dv_desc=desc(bn), stats_desc=kernels.row_stats_operand(stats, bm).descriptor(),
                 dq_desc=gluon_descriptor(dq_sum, kernels.dq_box(bm, d, split, cfg["dq_from"])), H=16, N=4096,
                 Nk=4096, GROUP=group, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, schedule=_schedule(causal, cfg),
                 tile_counter=torch.zeros(1, dtype=torch.int32) if cfg.get("drawn") else None, CAUSAL=causal,

@@ -2,13 +2,13 @@
 (older GPUs, operands TMA cannot describe, and the CPU through the interpreter)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
 
 import torch
 import triton
 
 from tilecore import dispatch
-from tilecore.tiles.launch import gluon_descriptor, tma_describable
+from tilecore.tiles.launch import CachedLaunch, TmaOperand, tma_describable
 from tilecore.tiles.schedule import num_tiles, stream_k_launch
 
 # Hopper configuration (block M, N, K), ring depth, group size, consumer warps (in ``consumers``
@@ -30,30 +30,10 @@ TL_GPU = dict(block=(128, 128, 64), stages=3, group_m=8, num_warps=8, stream_k="
 TL_CPU = dict(block=(32, 32, 32), stages=2, group_m=2, num_warps=4, stream_k="always")
 
 
-@dataclass
-class _HostDesc:
-    """What triton's launcher reads of a TMA descriptor (base, shape, strides, padding), without the
-    layout work and checks of TensorDescriptor: used once a kernel is compiled and the operands are
-    known to be TMA-able (gluon_plan checked them)."""
-    base: torch.Tensor
-    shape: list
-    strides: list
-    padding: str = "zero"
-
-
-def _spec(v: int) -> tuple[bool, bool]:
-    """How triton specializes an integer argument: equal to 1, divisible by 16."""
-    return v == 1, v % 16 == 0
-
-
-def _ptr_spec(t) -> tuple:
-    return (None,) if t is None else (t.dtype, t.data_ptr() % 16 == 0)
-
-
-# compiled kernels by everything triton specializes them on; the launch then skips triton's
-# argument binding and cache lookup (which cost more than a 4096^3 GEMM's run time on a slow host)
-_COMPILED: dict = {}
-_FAST_PATH = [True]
+# the Gluon kernel through tiles.launch's fast path: compiled kernels cached by everything Triton
+# specializes them on, so that later launches skip its argument binding and cache lookup (which cost
+# more than a 4096^3 GEMM's run time on a slow host, notes/gemm.md)
+_GLUON_GEMM = CachedLaunch(lambda: importlib.import_module("tilecore.ops.gemm.gluon_kernels").gemm_kernel)
 
 
 def gluon_plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, fp8: bool = False):
@@ -88,8 +68,6 @@ def launch_gluon(a, b, c, bias=None, scale_a=None, scale_b=None, *, plan, block,
     """``num_warps`` consumer warps in all: with ``consumers=2`` two partitions of half as many, each
     taking half of every tile's rows. ``stream_k``: "auto", "always" or "off": split the last wave's
     tiles along K over every SM (tiles.schedule.stream_k_work, stream_k_units)."""
-    from tilecore.ops.gemm.gluon_kernels import gemm_kernel
-
     a, bb, b_t = plan
     M, K = a.shape
     N = c.shape[1]
@@ -103,29 +81,11 @@ def launch_gluon(a, b, c, bias=None, scale_a=None, scale_b=None, *, plan, block,
     bias_t = bias if bias is not None else c
     sa_t = scale_a if scale_a is not None else c
     sb_t = scale_b if scale_b is not None else c
-    consts = dict(B_T=b_t, GROUP_M=group_m, HAS_BIAS=bias is not None, SCALES=scales, STAGES=stages,
-                  CONSUMERS=consumers, STREAM_K=units > 0)
-    key = (a.device.index, a.dtype, c.dtype, tuple(block), slice_n, num_warps, tuple(consts.values()),
-           _spec(M), _spec(N), _spec(K), _spec(a.stride(0)), _spec(bb.stride(0)), _spec(c.stride(0)),
-           _spec(units or tiles),
-           _ptr_spec(bias_t), _ptr_spec(sa_t), _ptr_spec(sb_t), _ptr_spec(workspace), _ptr_spec(flags))
     b_block = [BN, BK] if b_t else [BK, BN]
-    compiled = _COMPILED.get(key) if _FAST_PATH[0] else None
-    if compiled is not None:
-        try:
-            # CompiledKernel's runner takes a 3-D grid and every argument, constexprs included, in order
-            compiled[(grid[0], 1, 1)](_HostDesc(a, [M, K], [a.stride(0), 1]),
-                                      _HostDesc(bb, list(bb.shape), [bb.stride(0), 1]),
-                                      _HostDesc(c, [M, N], [c.stride(0), 1]), M, N, K, bias_t, sa_t, sb_t,
-                                      workspace, flags, units or tiles, *consts.values())
-            return c
-        except Exception as err:  # a triton whose launcher differs: launch through the JIT from now on
-            _FAST_PATH[0] = False
-            dispatch.notice_once(f"gemm: fast launch path off ({type(err).__name__}: {err})")
-    _COMPILED[key] = gemm_kernel[grid](gluon_descriptor(a, [BM, BK]), gluon_descriptor(bb, b_block),
-                                       gluon_descriptor(c, [rows, slice_n]), M, N, K, bias_t, sa_t, sb_t,
-                                       workspace, flags, units or tiles, num_warps=num_warps // consumers,
-                                       **consts)
+    _GLUON_GEMM[grid](TmaOperand(a, [BM, BK]), TmaOperand(bb, b_block), TmaOperand(c, [rows, slice_n]), M, N, K,
+                      bias_t, sa_t, sb_t, workspace, flags, units or tiles, num_warps=num_warps // consumers,
+                      B_T=b_t, GROUP_M=group_m, HAS_BIAS=bias is not None, SCALES=scales, STAGES=stages,
+                      CONSUMERS=consumers, STREAM_K=units > 0)
     return c
 
 
