@@ -38,6 +38,20 @@ def mma_abt(a, b, acc):
 
 
 # --------------------------------------------------------------------------------------------
+# addressing
+
+
+@triton.jit
+def block_ptrs(base, start, rows, cols, row_stride, col_stride):
+    """Pointers to rows ``start + rows`` (``rows`` counted from 0 within the block) and columns
+    ``cols`` of a strided 2-D view at ``base``. Row offsets are 64-bit, so a view past 2^31 elements
+    (a 2M-key cache in (batch, keys, 8 heads, 128) layout, say) does not wrap to a wrong address;
+    column offsets stay 32-bit (the caller keeps a block's columns times their stride under 2^31)."""
+    rows64 = tl.cast(start, tl.int64) + rows.to(tl.int64)
+    return base + rows64[:, None] * row_stride + cols[None, :] * col_stride
+
+
+# --------------------------------------------------------------------------------------------
 # reductions: row_* reduce along the columns (one value per row), col_* along the rows
 
 

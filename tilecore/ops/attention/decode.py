@@ -25,7 +25,7 @@ import triton.language as tl
 
 from tilecore import dispatch
 from tilecore.ops.attention.steps import attend_keys, block_d, normalized
-from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2
+from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2, tl_addressable
 from tilecore.tiles.ops import LOG2E, LOG2E_IN_KERNEL
 
 # Which inputs the split-key path serves (decode_fits): up to DECODE_MAX_QUERIES queries a sequence
@@ -66,7 +66,7 @@ def _attn_fwd_split_keys(Q, K, V, O, LSE, O_PART, LSE_PART,
     head = hk * GROUP + rows % GROUP
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    q = tl.load(Q + b * sqb + head[:, None] * sqh + query[:, None] * sqn + offs_d[None, :] * sqd,
+    q = tl.load(Q + b * sqb + head[:, None] * sqh + query.to(tl.int64)[:, None] * sqn + offs_d[None, :] * sqd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
@@ -84,7 +84,7 @@ def _attn_fwd_split_keys(Q, K, V, O, LSE, O_PART, LSE_PART,
         hi = tl.minimum(end, last_query + shift + 1)
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
-        m_i, l_i, acc = attend_keys(q, k_base, v_base, start_n + offs_n0, offs_d, d_ok, end, skn, skd, svn, svd,
+        m_i, l_i, acc = attend_keys(q, k_base, v_base, start_n, offs_n0, offs_d, d_ok, end, skn, skd, svn, svd,
                                     query, shift, m_i, l_i, acc, scale_log2e, CAUSAL)
     out, lse2 = normalized(m_i, l_i, acc)
     row = (b * Hkv * GROUP + head) * N + query  # (batch, q head, query) in O's and LSE's row order
@@ -188,6 +188,7 @@ def decode_into(q, k, v, out, lse, causal: bool, scale: float, *, splits: int | 
     (decode_config's)."""
     B, Hq, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
+    q, k, v = tl_addressable(q), tl_addressable(k), tl_addressable(v)
     group = Hq // Hkv
     cfg = config or decode_config(D, q.device.type != "cuda")
     block_n = cfg["BLOCK_N"]

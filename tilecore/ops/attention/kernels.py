@@ -25,10 +25,10 @@ import triton
 import triton.language as tl
 
 from tilecore import dispatch
-from tilecore.tiles.launch import CachedLaunch, TmaOperand, tile_counter, tma_describable
+from tilecore.tiles.launch import CachedLaunch, TmaOperand, tile_counter, tl_addressable, tma_describable
 from tilecore.ops.attention import decode
 from tilecore.ops.attention.steps import attend_keys, block_d, key_block, normalized
-from tilecore.tiles.ops import (LOG2E, LOG2E_IN_KERNEL, causal_mask, masked, mma, mma_abt,
+from tilecore.tiles.ops import (LOG2E, LOG2E_IN_KERNEL, block_ptrs, causal_mask, masked, mma, mma_abt,
                                 row_sum)
 from tilecore.tiles.schedule import balanced_schedule, dealt_schedule
 
@@ -45,6 +45,16 @@ def _query_block(H, GROUP, BLOCK_M: tl.constexpr):
     h = (bh % H).to(tl.int64)
     start_m = tl.program_id(1) * BLOCK_M
     return bh, b, h, h // GROUP, start_m, start_m + tl.arange(0, BLOCK_M)
+
+
+@triton.jit
+def _rows(base, b, h, start_m, N, D, sb, sh, sn, sd, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """(pointers, mask) of rows [start_m, start_m + BLOCK_M) of head (b, h) of a strided (B, H, N, D)
+    tensor, columns up to BLOCK_D (64-bit offsets: tiles.ops.block_ptrs)."""
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    ok = (start_m + rows[:, None] < N) & (cols[None, :] < D)
+    return block_ptrs(base + b * sb + h * sh, start_m, rows, cols, sn, sd), ok
 
 
 @triton.jit
@@ -71,8 +81,8 @@ def _attn_fwd(Q, K, V, O, LSE,
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
 
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :] * sqd,
-                mask=(offs_m[:, None] < N) & d_ok[None, :], other=0.0)
+    q_ptrs, q_ok = _rows(Q, b, h, start_m, N, D, sqb, sqh, sqn, sqd, BLOCK_M, BLOCK_D)
+    q = tl.load(q_ptrs, mask=q_ok, other=0.0)
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
 
@@ -83,14 +93,13 @@ def _attn_fwd(Q, K, V, O, LSE,
     shift = Nk - N  # causal: query i sees keys j <= i + shift
     hi = _keys_seen(start_m, N, Nk, BLOCK_M, CAUSAL)
     for start_n in range(0, hi, BLOCK_N):
-        m_i, l_i, acc = attend_keys(q, k_base, v_base, start_n + offs_n0, offs_d, d_ok, Nk, skn, skd, svn, svd,
+        m_i, l_i, acc = attend_keys(q, k_base, v_base, start_n, offs_n0, offs_d, d_ok, Nk, skn, skd, svn, svd,
                                     offs_m, shift, m_i, l_i, acc, scale_log2e, CAUSAL)
     out, lse2 = normalized(m_i, l_i, acc)
     lse = lse2 / LOG2E_IN_KERNEL
-    row_ok = offs_m < N
-    tl.store(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :] * sod,
-             out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(LSE + bh.to(tl.int64) * N + offs_m, lse, mask=row_ok)
+    o_ptrs, o_ok = _rows(O, b, h, start_m, N, D, sob, soh, son, sod, BLOCK_M, BLOCK_D)
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_ok)
+    tl.store(LSE + bh.to(tl.int64) * N + offs_m, lse, mask=offs_m < N)
 
 
 # --------------------------------------------------------------------------------------------
@@ -106,11 +115,12 @@ def _attn_bwd_delta(O, DO, LSE, DLSE, DELTA, STATS, DQ_SUM, sob, soh, son, sod, 
     pass over the rows instead of a separate memset); with ROW_STATS also writes the rows' lse (-inf,
     a row with no key, as +inf: its p must be 0) and delta to the float32 (B * H, 2, N_PAD) buffer
     that the Gluon backward loads by TMA with each step's Q and dO."""
-    bh, b, h, _, _, offs_m = _query_block(H, 1, BLOCK_M)
+    bh, b, h, _, start_m, offs_m = _query_block(H, 1, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    ok = (offs_m[:, None] < N) & (offs_d[None, :] < D)
-    o = tl.load(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :] * sod, mask=ok, other=0.0)
-    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdn + offs_d[None, :] * sdd, mask=ok, other=0.0)
+    o_ptrs, ok = _rows(O, b, h, start_m, N, D, sob, soh, son, sod, BLOCK_M, BLOCK_D)
+    do_ptrs, _ = _rows(DO, b, h, start_m, N, D, sdb, sdh, sdn, sdd, BLOCK_M, BLOCK_D)
+    o = tl.load(o_ptrs, mask=ok, other=0.0)
+    do = tl.load(do_ptrs, mask=ok, other=0.0)
     delta = row_sum(o.to(tl.float32) * do.to(tl.float32))
     row = bh.to(tl.int64) * N + offs_m
     if HAS_DLSE:
@@ -151,8 +161,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    k, v, kv_ok = key_block(K + b * skb + hk * skh, V + b * svb + hk * svh, offs_n, offs_d, d_ok, Nk,
-                             skn, skd, svn, svd)
+    k, v, kv_ok = key_block(K + b * skb + hk * skh, V + b * svb + hk * svh, start_n, tl.arange(0, BLOCK_N), offs_d,
+                             d_ok, Nk, skn, skd, svn, svd)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
@@ -163,14 +173,13 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
         lo = (tl.maximum(start_n - shift, 0) // BLOCK_M) * BLOCK_M
     for g in range(0, GROUP):
         h = hk * GROUP + g
-        q_base = Q + b * sqb + h * sqh
-        do_base = DO + b * sdb + h * sdh
         row_base = (b * H + h) * N
         for start_m in range(lo, N, BLOCK_M):
             offs_m = start_m + offs_m0
-            q_ok = (offs_m[:, None] < N) & d_ok[None, :]
-            q = tl.load(q_base + offs_m[:, None] * sqn + offs_d[None, :] * sqd, mask=q_ok, other=0.0)
-            do = tl.load(do_base + offs_m[:, None] * sdn + offs_d[None, :] * sdd, mask=q_ok, other=0.0)
+            q_ptrs, q_ok = _rows(Q, b, h, start_m, N, D, sqb, sqh, sqn, sqd, BLOCK_M, BLOCK_D)
+            do_ptrs, _ = _rows(DO, b, h, start_m, N, D, sdb, sdh, sdn, sdd, BLOCK_M, BLOCK_D)
+            q = tl.load(q_ptrs, mask=q_ok, other=0.0)
+            do = tl.load(do_ptrs, mask=q_ok, other=0.0)
             m2 = _row_max_log2(LSE, row_base + offs_m, offs_m < N)
             delta = tl.load(DELTA + row_base + offs_m, mask=offs_m < N, other=0.0)
             s_t = mma_abt(k, q, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)) * scale_log2e
@@ -183,9 +192,10 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
             ds_t = p_t * (dp_t - delta[None, :])
             dk = mma(ds_t.to(q.dtype), q, dk)
 
-    out_off = b * sgb + hk * sgh + offs_n[:, None] * sgn + offs_d[None, :] * sgd
-    tl.store(DK + out_off, (dk * scale).to(DK.dtype.element_ty), mask=kv_ok)
-    tl.store(DV + out_off, dv.to(DV.dtype.element_ty), mask=kv_ok)
+    dk_ptrs, _ = _rows(DK, b, hk, start_n, Nk, D, sgb, sgh, sgn, sgd, BLOCK_N, BLOCK_D)
+    dv_ptrs, _ = _rows(DV, b, hk, start_n, Nk, D, sgb, sgh, sgn, sgd, BLOCK_N, BLOCK_D)
+    tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=kv_ok)
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_ok)
 
 
 @triton.jit
@@ -199,9 +209,10 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    q_ok = (offs_m[:, None] < N) & d_ok[None, :]
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :] * sqd, mask=q_ok, other=0.0)
-    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdn + offs_d[None, :] * sdd, mask=q_ok, other=0.0)
+    q_ptrs, q_ok = _rows(Q, b, h, start_m, N, D, sqb, sqh, sqn, sqd, BLOCK_M, BLOCK_D)
+    do_ptrs, _ = _rows(DO, b, h, start_m, N, D, sdb, sdh, sdn, sdd, BLOCK_M, BLOCK_D)
+    q = tl.load(q_ptrs, mask=q_ok, other=0.0)
+    do = tl.load(do_ptrs, mask=q_ok, other=0.0)
     row = bh.to(tl.int64) * N + offs_m
     m2 = _row_max_log2(LSE, row, offs_m < N)
     delta = tl.load(DELTA + row, mask=offs_m < N, other=0.0)
@@ -213,7 +224,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     hi = _keys_seen(start_m, N, Nk, BLOCK_M, CAUSAL)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        k, v, _ = key_block(k_base, v_base, offs_n, offs_d, d_ok, Nk, skn, skd, svn, svd)
+        k, v, _ = key_block(k_base, v_base, start_n, offs_n0, offs_d, d_ok, Nk, skn, skd, svn, svd)
         s = mma_abt(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)) * scale_log2e
         s = masked(s, (offs_n[None, :] < Nk) & (offs_m[:, None] < N), float("-inf"))
         if CAUSAL:
@@ -223,8 +234,8 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
         ds = p * (dp - delta[:, None])
         dq = mma(ds.to(k.dtype), k, dq)
 
-    tl.store(DQ + b * sgb + h * sgh + offs_m[:, None] * sgn + offs_d[None, :] * sgd,
-             (dq * scale).to(DQ.dtype.element_ty), mask=q_ok)
+    dq_ptrs, _ = _rows(DQ, b, h, start_m, N, D, sgb, sgh, sgn, sgd, BLOCK_M, BLOCK_D)
+    tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=q_ok)
 
 
 # --------------------------------------------------------------------------------------------
@@ -478,6 +489,7 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
                              **gluon_forward_config(q.shape[-1], q.shape[2], k.shape[2], causal))
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
+    q, k, v = tl_addressable(q), tl_addressable(k), tl_addressable(v)
     cfg = config or forward_config(D, q.device.type != "cuda")
     grid = (B * H, triton.cdiv(N, cfg["BLOCK_M"]))
     _FWD[grid](q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
@@ -569,6 +581,7 @@ def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats
     (B * H, 2, N) view of a float32 buffer with rows padded to 16 bytes (what TMA reads) that holds
     each row's lse (+inf for -inf) and delta (a placeholder otherwise); one pass over the rows."""
     B, H, N, D = out.shape
+    dout = tl_addressable(dout)
     delta = torch.empty((B, H, N), dtype=torch.float32, device=out.device)
     acc = torch.empty((B, H, N, D) if dq_sum else (1, 1, 1, D), dtype=torch.float32, device=out.device)
     n_pad = triton.cdiv(N, 4) * 4
@@ -722,6 +735,7 @@ def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale
                 cfg = dict(KEY_SPLIT_D64)
             cfg.update(dq_from="gluon", kv_regs=False)
         return backward_gluon(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale, **cfg)
+    q, k, v, dout = tl_addressable(q), tl_addressable(k), tl_addressable(v), tl_addressable(dout)
     delta, _ = backward_delta(out, dout, lse, dlse)
     cfg = config or backward_config(D, interpret)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
@@ -733,6 +747,7 @@ def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale
 
 def _backward_dq(dout, q, k, v, lse, delta, dq, causal: bool, scale: float, cfg: dict) -> None:
     """The tl dq kernel: one program per (batch * q head, query block), looping over the keys."""
+    q, k, v, dout = tl_addressable(q), tl_addressable(k), tl_addressable(v), tl_addressable(dout)
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     _DQ[(B * H, triton.cdiv(N, cfg["BLOCK_M"]))](

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from tilecore.tiles.launch import next_power_of_2
-from tilecore.tiles.ops import causal_mask, masked, mma, mma_abt, online_softmax_update
+from tilecore.tiles.ops import block_ptrs, causal_mask, masked, mma, mma_abt, online_softmax_update
 
 
 def block_d(d: int) -> int:
@@ -21,20 +21,22 @@ def block_d(d: int) -> int:
 
 
 @triton.jit
-def key_block(k_base, v_base, offs_n, offs_d, d_ok, key_end, skn, skd, svn, svd):
-    """Keys offs_n of one head: K and V rows (zeros from key_end on and past D), and that mask."""
-    kv_ok = (offs_n[:, None] < key_end) & d_ok[None, :]
-    k = tl.load(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
-    v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_ok, other=0.0)
+def key_block(k_base, v_base, start_n, offs_n0, offs_d, d_ok, key_end, skn, skd, svn, svd):
+    """Keys start_n + offs_n0 of one head: K and V rows (zeros from key_end on and past D), and that
+    mask (64-bit offsets: tiles.ops.block_ptrs)."""
+    kv_ok = (start_n + offs_n0[:, None] < key_end) & d_ok[None, :]
+    k = tl.load(block_ptrs(k_base, start_n, offs_n0, offs_d, skn, skd), mask=kv_ok, other=0.0)
+    v = tl.load(block_ptrs(v_base, start_n, offs_n0, offs_d, svn, svd), mask=kv_ok, other=0.0)
     return k, v, kv_ok
 
 
 @triton.jit
-def attend_keys(q, k_base, v_base, offs_n, offs_d, d_ok, key_end, skn, skd, svn, svd, query, shift,
+def attend_keys(q, k_base, v_base, start_n, offs_n0, offs_d, d_ok, key_end, skn, skd, svn, svd, query, shift,
                 m_i, l_i, acc, scale_log2e, CAUSAL: tl.constexpr):
-    """Fold keys offs_n (those before key_end) into the rows' running (max, sum, output): S = Q K^T,
-    masked (causal: query i sees keys j <= i + shift), online softmax, O += P V."""
-    k, v, _ = key_block(k_base, v_base, offs_n, offs_d, d_ok, key_end, skn, skd, svn, svd)
+    """Fold keys start_n + offs_n0 (those before key_end) into the rows' running (max, sum, output):
+    S = Q K^T, masked (causal: query i sees keys j <= i + shift), online softmax, O += P V."""
+    k, v, _ = key_block(k_base, v_base, start_n, offs_n0, offs_d, d_ok, key_end, skn, skd, svn, svd)
+    offs_n = start_n + offs_n0
     s = mma_abt(q, k, tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32)) * scale_log2e
     s = masked(s, offs_n[None, :] < key_end, float("-inf"))
     if CAUSAL:
