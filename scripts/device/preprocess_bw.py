@@ -12,7 +12,6 @@ import sys
 sys.path.insert(0, ".")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
-import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 from attention_knobs import meta  # noqa: E402 (scripts/device)
@@ -21,7 +20,7 @@ from tilecore.ops.attention import kernels  # noqa: E402
 
 def launch(out, do, lse, delta, stats, acc, n_pad, zero, block_m, warps):
     B, H, N, D = out.shape
-    kernels._DELTA[(B * H, triton.cdiv(N, block_m))](
+    kernels._DELTA[kernels.row_block_grid(B * H, N, block_m)](
         out, do, lse, lse, delta, stats, acc, *out.stride(), *do.stride(), H, N, D, n_pad, HAS_DLSE=False,
         ZERO_DQ_SUM=zero, ROW_STATS=True, BLOCK_M=block_m, BLOCK_D=kernels.block_d(D), num_warps=warps)
 

@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-import triton
 
 import tilecore
 from tilecore import accuracy
@@ -85,9 +84,9 @@ def test_backward_preprocess_gives_delta_and_zeros_the_dq_buffer():
     lse[1, 2, 5] = float("-inf")
     delta, acc = torch.full((b, h, n), float("nan")), torch.full((b, h, n, d), float("nan"))
     stats = torch.full((b * h, 2, n_pad), float("nan"))
-    kernels._DELTA[(b * h, triton.cdiv(n, 16))](out, dout, lse, dlse, delta, stats, acc, *out.stride(),
-                                                *dout.stride(), h, n, d, n_pad, HAS_DLSE=True, ZERO_DQ_SUM=True,
-                                                ROW_STATS=True, BLOCK_M=16, BLOCK_D=64)
+    kernels._DELTA[kernels.row_block_grid(b * h, n, 16)](out, dout, lse, dlse, delta, stats, acc, *out.stride(),
+                                                         *dout.stride(), h, n, d, n_pad, HAS_DLSE=True,
+                                                         ZERO_DQ_SUM=True, ROW_STATS=True, BLOCK_M=16, BLOCK_D=64)
     expect = (out.double() * dout.double()).sum(-1) - dlse.double()
     assert torch.allclose(delta.double(), expect, rtol=1e-5, atol=1e-4)
     assert torch.equal(acc, torch.zeros_like(acc))

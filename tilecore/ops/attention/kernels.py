@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from tilecore import dispatch
-from tilecore.tiles.launch import CachedLaunch, TmaOperand, tile_counter, tl_addressable, tma_describable
+from tilecore.tiles.launch import CachedLaunch, TmaOperand, cdiv, tile_counter, tl_addressable, tma_describable
 from tilecore.ops.attention import decode
 from tilecore.ops.attention.steps import attend_keys, block_d, key_block, normalized
 from tilecore.tiles.ops import (LOG2E, LOG2E_IN_KERNEL, block_ptrs, causal_mask, masked, mma, mma_abt,
@@ -36,15 +36,22 @@ EMPTY_ROW_MAX = tl.constexpr(-1.0e30)  # far below any real scaled score, far ab
 
 
 @triton.jit
-def _query_block(H, GROUP, BLOCK_M: tl.constexpr):
+def _query_block(H, N, GROUP, BLOCK_M: tl.constexpr):
     """The program's query block: (batch * q head, batch, q head, kv head, first row, its rows), for
-    a grid of (batch * q heads, query blocks): batch * heads on the first axis, the one that takes
-    more than 65535 programs. Batch and heads are 64-bit for the offsets."""
-    bh = tl.program_id(0)
+    a 1-D grid over (batch * q heads) x query blocks (row_block_grid). A head's blocks are consecutive
+    programs, which run together and share its K and V (and its rows' memory pages); one axis takes
+    2^31 - 1 programs (the others stop at 65535). Batch and heads are 64-bit for the offsets."""
+    blocks = tl.cdiv(N, BLOCK_M)
+    bh = tl.program_id(0) // blocks
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    start_m = tl.program_id(1) * BLOCK_M
+    start_m = (tl.program_id(0) % blocks) * BLOCK_M
     return bh, b, h, h // GROUP, start_m, start_m + tl.arange(0, BLOCK_M)
+
+
+def row_block_grid(heads: int, rows: int, block: int) -> tuple[int]:
+    """The 1-D grid of _query_block's programs: ``heads`` x blocks of ``block`` rows."""
+    return (heads * cdiv(rows, block),)
 
 
 @triton.jit
@@ -77,7 +84,7 @@ def _attn_fwd(Q, K, V, O, LSE,
               sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
               H, N, Nk, D, GROUP, scale_log2e,
               CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    bh, b, h, hk, start_m, offs_m = _query_block(H, GROUP, BLOCK_M)
+    bh, b, h, hk, start_m, offs_m = _query_block(H, N, GROUP, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
@@ -116,7 +123,7 @@ def _attn_bwd_delta(O, DO, LSE, DLSE, DELTA, STATS, DQ_SUM, sob, soh, son, sod, 
     pass over the rows instead of a separate memset); with ROW_STATS also writes the rows' lse (-inf,
     a row with no key, as +inf: its p must be 0) and delta to the float32 (B * H, 2, N_PAD) buffer
     that the Gluon backward loads by TMA with each step's Q and dO."""
-    bh, b, h, _, start_m, offs_m = _query_block(H, 1, BLOCK_M)
+    bh, b, h, _, start_m, offs_m = _query_block(H, N, 1, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     # at copy speed with rows within the block in 32 bits (94% with 64-bit rows; session 22)
     o_ptrs, ok = _rows(O, b, h, start_m, N, D, sob, soh, son, sod, BLOCK_M, BLOCK_D, WIDE_ROWS=False)
@@ -154,6 +161,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
                    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """One program per (batch * kv head, block of keys): sums dk, dv over every query block of
     every q head in the kv head's group (no atomics), computing the transposed tiles directly."""
+    # (batch * kv heads, key blocks) on the grid's axes: a 1-D grid with a kv head's blocks
+    # consecutive, as the query-block kernels have, made the D128 kernel spill 52-80 bytes, not 12-16
     bhk = tl.program_id(0)
     pid_n = tl.program_id(1)
     b = (bhk // HKV).to(tl.int64)
@@ -207,7 +216,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
                  H, N, Nk, D, GROUP, scale, scale_log2e,
                  CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """One program per (block of queries, batch * q head): dq = scale * sum over keys of dS k."""
-    bh, b, h, hk, start_m, offs_m = _query_block(H, GROUP, BLOCK_M)
+    bh, b, h, hk, start_m, offs_m = _query_block(H, N, GROUP, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
@@ -493,7 +502,7 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, *, config: dict 
     Hkv, Nk = k.shape[1], k.shape[2]
     q, k, v = tl_addressable(q), tl_addressable(k), tl_addressable(v)
     cfg = config or forward_config(D, q.device.type != "cuda")
-    grid = (B * H, triton.cdiv(N, cfg["BLOCK_M"]))
+    grid = row_block_grid(B * H, N, cfg["BLOCK_M"])
     _FWD[grid](q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
                H, N, Nk, D, H // Hkv, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d(D), **cfg)
 
@@ -589,7 +598,7 @@ def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats
     n_pad = triton.cdiv(N, 4) * 4
     stats = torch.empty((B * H, 2, n_pad) if row_stats else (1, 2, 4), dtype=torch.float32, device=out.device)
     pre_m = 16 if out.device.type != "cuda" else 64
-    _DELTA[(B * H, triton.cdiv(N, pre_m))](
+    _DELTA[row_block_grid(B * H, N, pre_m)](
         out, dout, lse, dlse if dlse is not None else lse, delta, stats, acc, *out.stride(), *dout.stride(), H, N, D,
         n_pad, HAS_DLSE=dlse is not None, ZERO_DQ_SUM=dq_sum, ROW_STATS=row_stats, BLOCK_M=pre_m,
         BLOCK_D=block_d(D))
@@ -741,7 +750,7 @@ def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale
     delta, _ = backward_delta(out, dout, lse, dlse)
     cfg = config or backward_config(D, interpret)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
-    _DKDV[(B * Hkv, triton.cdiv(Nk, cfg["BLOCK_N"]))](
+    _DKDV[(B * Hkv, cdiv(Nk, cfg["BLOCK_N"]))](
         q, k, v, dout, lse, delta, dk, dv, *strides, *dk.stride(), H, Hkv, N, Nk, D, H // Hkv,
         scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d(D), **cfg)
     _backward_dq(dout, q, k, v, lse, delta, dq, causal, scale, cfg)
@@ -752,6 +761,6 @@ def _backward_dq(dout, q, k, v, lse, delta, dq, causal: bool, scale: float, cfg:
     q, k, v, dout = tl_addressable(q), tl_addressable(k), tl_addressable(v), tl_addressable(dout)
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    _DQ[(B * H, triton.cdiv(N, cfg["BLOCK_M"]))](
+    _DQ[row_block_grid(B * H, N, cfg["BLOCK_M"])](
         q, k, v, dout, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(),
         H, N, Nk, D, H // Hkv, scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d(D), **cfg)
