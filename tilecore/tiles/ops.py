@@ -42,20 +42,15 @@ def mma_abt(a, b, acc):
 
 
 @triton.jit
-def block_ptrs(base, start, rows, cols, row_stride, col_stride, WIDE_ROWS: tl.constexpr = True):
+def block_ptrs(base, start, rows, cols, row_stride, col_stride):
     """Pointers to rows ``start + rows`` (``rows`` counted from 0 within the block) and columns
-    ``cols`` of a strided 2-D view at ``base``, so that a view past 2^31 elements (a 2M-key cache in
-    (batch, keys, 8 heads, 128) layout, say) does not wrap to a wrong address: row offsets are 64-bit;
-    with WIDE_ROWS=False only the block's first row is, and rows within the block are 32-bit (fewer
-    instructions a load: a memory-bound pass ran at 94% of copy speed with 64-bit rows, 98% without;
-    a loop that keeps the offsets live may spill more). Column offsets are 32-bit: the caller keeps
-    a block's span (256 rows or columns times their stride) under 2^31, as tiles.launch.tl_addressable
-    does."""
-    if WIDE_ROWS:
-        rows64 = tl.cast(start, tl.int64) + rows.to(tl.int64)
-        return base + rows64[:, None] * row_stride + cols[None, :] * col_stride
-    else:
-        return base + tl.cast(start, tl.int64) * row_stride + (rows[:, None] * row_stride + cols[None, :] * col_stride)
+    ``cols`` of a strided 2-D view at ``base``. Row offsets are 64-bit, so a view past 2^31 elements
+    (a 2M-key cache in (batch, keys, 8 heads, 128) layout, say) does not wrap to a wrong address;
+    column offsets stay 32-bit (the caller keeps a block's columns times their stride under 2^31,
+    as tiles.launch.tl_addressable does). (Keeping rows within a block 32-bit as well made no
+    difference to a memory-bound pass, and spilled more in a loop that kept them live.)"""
+    rows64 = tl.cast(start, tl.int64) + rows.to(tl.int64)
+    return base + rows64[:, None] * row_stride + cols[None, :] * col_stride
 
 
 # --------------------------------------------------------------------------------------------

@@ -55,14 +55,13 @@ def row_block_grid(heads: int, rows: int, block: int) -> tuple[int]:
 
 
 @triton.jit
-def _rows(base, b, h, start_m, N, D, sb, sh, sn, sd, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-          WIDE_ROWS: tl.constexpr = True):
+def _rows(base, b, h, start_m, N, D, sb, sh, sn, sd, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """(pointers, mask) of rows [start_m, start_m + BLOCK_M) of head (b, h) of a strided (B, H, N, D)
     tensor, columns up to BLOCK_D (64-bit offsets: tiles.ops.block_ptrs)."""
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
     ok = (start_m + rows[:, None] < N) & (cols[None, :] < D)
-    return block_ptrs(base + b * sb + h * sh, start_m, rows, cols, sn, sd, WIDE_ROWS), ok
+    return block_ptrs(base + b * sb + h * sh, start_m, rows, cols, sn, sd), ok
 
 
 @triton.jit
@@ -125,9 +124,8 @@ def _attn_bwd_delta(O, DO, LSE, DLSE, DELTA, STATS, DQ_SUM, sob, soh, son, sod, 
     that the Gluon backward loads by TMA with each step's Q and dO."""
     bh, b, h, _, start_m, offs_m = _query_block(H, N, 1, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    # at copy speed with rows within the block in 32 bits (94% with 64-bit rows; session 22)
-    o_ptrs, ok = _rows(O, b, h, start_m, N, D, sob, soh, son, sod, BLOCK_M, BLOCK_D, WIDE_ROWS=False)
-    do_ptrs, _ = _rows(DO, b, h, start_m, N, D, sdb, sdh, sdn, sdd, BLOCK_M, BLOCK_D, WIDE_ROWS=False)
+    o_ptrs, ok = _rows(O, b, h, start_m, N, D, sob, soh, son, sod, BLOCK_M, BLOCK_D)
+    do_ptrs, _ = _rows(DO, b, h, start_m, N, D, sdb, sdh, sdn, sdd, BLOCK_M, BLOCK_D)
     o = tl.load(o_ptrs, mask=ok, other=0.0)
     do = tl.load(do_ptrs, mask=ok, other=0.0)
     delta = row_sum(o.to(tl.float32) * do.to(tl.float32))
