@@ -52,9 +52,12 @@ B, H, N = 16, 16, 4096
 # Last, two against three consumers where causal tiles are shortest (N = 512, 1024).
 # Session 14: the consumers' ping-pong order at D = 128 once more (session 2's g7 found it neutral),
 # then Q as the register operand of S = Q K^T (loaded once a tile).
-FWD_VARIANTS = {"Q in registers": dict(q_regs=True, only_d=128)}
-VARIANT_LENGTHS = (2048, 4096, 8192)
-VARIANT_HEAD_DIMS = (128,)
+# Session 22: deeper rings where causal tiles take 64-key blocks (N <= 1024: their stages are half
+# as large; session 9 had read D128 N = 512 causal 293 -> 304 TFLOP/s with 4 stages, unshipped).
+FWD_VARIANTS = {"3 stages": dict(stages=3, only_d=128, only_causal=True),
+                "4 stages": dict(stages=4, only_d=64, only_causal=True)}
+VARIANT_LENGTHS = (512, 1024)
+VARIANT_HEAD_DIMS = (64, 128)
 VARIANT_REPEATS = 5
 
 
@@ -559,12 +562,13 @@ def tile_costs(out_dir):
             torch.cuda.empty_cache()
 
 
-def _variants(d):
-    """The default and FWD_VARIANTS's options for head dim d (an entry's only_d restricts it)."""
+def _variants(d, causal):
+    """The default and FWD_VARIANTS's options for head dim d (an entry's only_d and only_causal
+    restrict it)."""
     out = {"default": {}}
     for name, opts in FWD_VARIANTS.items():
-        if opts.get("only_d", d) == d:
-            out[name] = {k: v for k, v in opts.items() if k != "only_d"}
+        if opts.get("only_d", d) == d and opts.get("only_causal", causal) == causal:
+            out[name] = {k: v for k, v in opts.items() if k not in ("only_d", "only_causal")}
     return out
 
 
@@ -589,7 +593,7 @@ def fwd_variants(out_dir):
             q = q * 2
         ro, rl = attention_reference(q.double(), k.double(), v.double(), causal=causal)
         line = []
-        for name, opts in _variants(d).items():
+        for name, opts in _variants(d, causal).items():
             out = torch.full_like(q, float("nan"))
             lse = torch.full((b, hq, n), float("nan"), device="cuda")
             kernels.forward_gluon(q, k, v, out, lse, causal, d ** -0.5, **(kernels.gluon_forward_config(d, n, nk, causal) | opts))
@@ -612,7 +616,7 @@ def fwd_variants(out_dir):
                 fl = 4 * b * H * n * n * d / (2 if causal else 1)
                 fns = {name: (lambda opts=opts: kernels.forward_gluon(
                     q, k, v, out, lse, causal, d ** -0.5, **(kernels.gluon_forward_config(d, n, n, causal) | opts)))
-                    for name, opts in _variants(d).items()}
+                    for name, opts in _variants(d, causal).items()}
                 res = _next_to_cudnn(fns, q, k, v, causal, fl, f"D={d} N={n} causal={causal}", VARIANT_REPEATS)
                 rows.append({"D": d, "N": n, "B": b, "causal": causal, "tflops": res})
                 json.dump({"meta": _meta(), "variants": FWD_VARIANTS, "rows": rows},
