@@ -305,6 +305,10 @@ THREE_CONSUMERS_Q2_MAX_N = 4096
 # block, half of it masked, is half as large. N = 512: D128 225 -> 293-304 TFLOP/s, D64 184 -> 217;
 # N = 1024 +2% / +12%; from N = 2048 (and never causal) 128-key blocks win (notes/attention.md, session 9)
 SHORT_CAUSAL_KEYS = 512
+# ... and at D = 128 a ring of 3 of those (half-size) stages, not 2: N = 512 causal 300-302 -> 326-329
+# TFLOP/s in three runs (0.87 -> 0.95x cuDNN), N = 1024 -1.7 to +2.8% (session 22; 4 stages: +6 /
+# +9%, -2 / +2%; D64's 3 -> 4: -1 / +1%)
+SHORT_CAUSAL_STAGES = {128: 3}
 
 
 def gluon_forward_config(d: int, n: int, nk: int, causal: bool) -> dict:
@@ -316,12 +320,13 @@ def gluon_forward_config(d: int, n: int, nk: int, causal: bool) -> dict:
     (a third less shared-memory traffic for S: +1.3-2.2% at N = 2048-8192 on the H100; causal, where
     it spills 32 bytes, -1.7 to +1.6%; at D = 64 three consumers' 160 registers do not hold it:
     ptxas serialized every wgmma) (session 14); and causal tiles of at most SHORT_CAUSAL_KEYS keys
-    take 64-key blocks."""
+    take 64-key blocks (in SHORT_CAUSAL_STAGES stages)."""
     cfg = dict(GLUON_FORWARD[d])
     keys = max(nk - n / 2, nk / 2) if causal else nk  # keys a query row sees, on average (about)
     short = keys / cfg["block_n"] <= SHORT_TILE_KEY_BLOCKS
     if causal and keys <= SHORT_CAUSAL_KEYS:
         cfg["block_n"] = 64
+        cfg["stages"] = SHORT_CAUSAL_STAGES.get(d, cfg["stages"])
     if d == 64 and n >= THREE_CONSUMERS_MIN_N[causal] and (causal or not short):
         cfg.update(consumers=3, q_buffers=2 if n <= THREE_CONSUMERS_Q2_MAX_N else 1)
     elif short and not (causal and d == 128):
