@@ -1,12 +1,12 @@
 """Offsets past 2^31 elements in the tl kernels (the split-key decode kernels, and the tl forward and
 backward that serve what the Gluon kernels do not). q, k, v and dO are views into one storage whose
-rows lie far apart, so that the last rows start past 2^31 elements; the storage is allocated but never
-filled (the OS maps only the pages the rows touch), so a test costs a few MB.
+rows (or columns) lie far apart, so that the last ones start past 2^31 elements; the storage is
+allocated but never filled (the OS maps only the pages the views touch), so a test costs a few MB.
 
-- Rows 2^23 - 64 elements apart (300 rows): a block's first row is past 2^31, offsets within a block
-  are not; the kernels address the first in 64 bits (tiles.ops.block_ptrs). Before, the address
-  wrapped: the interpreter crashed reading it, and a GPU reads wrong rows or faults.
-- Rows 2^30 + 256 elements apart (3 rows): a block itself spans 2^31; such views are copied first
+- Rows 2^23 - 64 elements apart (300 rows) or 2^30 + 256 apart (3 rows): the kernels address rows
+  in 64 bits (tiles.ops.block_ptrs). Before, the address wrapped: the interpreter crashed reading
+  it, and on the H100 a decode step against a 2M-key cache faulted (notes/attention.md, session 22).
+- Columns 2^25 + 2^20 elements apart: a block's columns span 2^31; such views are copied first
   (tiles.launch.tl_addressable).
 """
 import pytest
@@ -19,25 +19,29 @@ from tilecore.ops.attention import attention, attention_reference, kernels
 D = 64
 
 
-def far_rows(rows, row_stride):
-    """Views (1, 1, rows, D) of q, k, v and dO into one storage, rows ``row_stride`` elements apart."""
-    base = torch.empty((rows - 1) * row_stride + 4 * D, dtype=torch.float16)  # ~5 GiB, never touched
+def far_apart(rows, row_stride, col_stride=1):
+    """Views (1, 1, rows, D) of q, k, v and dO into one storage, rows ``row_stride`` and columns
+    ``col_stride`` elements apart (the four views side by side)."""
+    extent = (rows - 1) * row_stride + (D - 1) * col_stride + 1
+    side = D if col_stride == 1 else rows  # where the next view starts
+    base = torch.empty(extent + 3 * side, dtype=torch.float16)  # 4-5 GiB, never touched
     views = []
     for i in range(4):
-        t = base.as_strided((1, 1, rows, D), (0, 0, row_stride, 1), storage_offset=i * D)
+        t = base.as_strided((1, 1, rows, D), (0, 0, row_stride, col_stride), storage_offset=i * side)
         t.copy_(torch.randn(1, 1, rows, D, dtype=torch.float16))
         views.append(t)
-    assert (rows - 1) * row_stride > 2**31
+    assert extent > 2**31
     return views
 
 
-LAYOUTS = {"block start past 2^31": (300, (1 << 23) - 64), "block span past 2^31": (3, (1 << 30) + 256)}
+LAYOUTS = {"rows 2^23 apart": (300, (1 << 23) - 64), "rows 2^30 apart": (3, (1 << 30) + 256),
+           "columns 2^25 apart": (3, 1, (1 << 25) + (1 << 20))}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_forward_reads_rows_past_2_31(layout, causal):
-    q, k, v, _ = far_rows(*LAYOUTS[layout])
+    q, k, v, _ = far_apart(*LAYOUTS[layout])
     ref, ref_lse = attention_reference(q.double(), k.double(), v.double(), causal=causal)
     out, lse = attention(q, k, v, causal=causal, return_lse=True)  # few query tiles: the split-key path
     assert accuracy.error_over_floor(out, ref) < 2.0
@@ -50,7 +54,7 @@ def test_forward_reads_rows_past_2_31(layout, causal):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_backward_reads_rows_past_2_31(layout):
-    q, k, v, dout = far_rows(*LAYOUTS[layout])
+    q, k, v, dout = far_apart(*LAYOUTS[layout])
     n, scale = q.shape[2], D ** -0.5
     out, lse = torch.empty(1, 1, n, D, dtype=torch.float16), torch.empty(1, 1, n)
     # not causal: with 3 rows, causal row 0's dq is exactly 0 and the floor metric reads its rounding

@@ -150,16 +150,16 @@ def tma_describable(t: torch.Tensor) -> bool:
             and all((st * size) % 16 == 0 for st in t.stride()[:-1]))
 
 
-# The tl kernels address a block's first row in 64 bits and offsets within a block in 32 bits
-# (tiles.ops.block_ptrs); a block spans at most this many rows or columns
+# The tl kernels address rows in 64 bits and a block's columns (at most this many) in 32 bits
+# (tiles.ops.block_ptrs)
 LARGEST_TL_BLOCK = 256
 
 
 def tl_addressable(t: torch.Tensor) -> torch.Tensor:
-    """``t``, or a contiguous copy of it where a tl kernel's offsets within a block (LARGEST_TL_BLOCK
-    rows or columns of its last two dimensions) would pass 2^31 elements. No usual layout comes near:
-    a (batch, keys, heads, D) view has a key stride of heads x D."""
-    if max(t.stride(-2), t.stride(-1)) * LARGEST_TL_BLOCK >= 2**31:
+    """``t``, or a contiguous copy of it where a tl kernel's column offsets within a block
+    (LARGEST_TL_BLOCK columns times the last dimension's stride) would pass 2^31 elements. No usual
+    layout comes near: the last dimension is contiguous, or transposed from a short one."""
+    if t.stride(-1) * LARGEST_TL_BLOCK >= 2**31:
         return t.contiguous()
     return t
 
