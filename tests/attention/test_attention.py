@@ -232,7 +232,8 @@ def test_bad_input_names_what_is_accepted(args, kwargs, error, words):
     (128, 4096, 4096, True, {}),                                  # Q in registers without a mask
     (128, 1024, 1024, False, dict(carry=True)),                   # <= 8 key blocks a tile on average
     (128, 2048, 2048, True, {}),                                  # D = 128 causal: not carried (-1 to -2%)
-    (128, 512, 4096, True, {}), (128, 4097, 1000, True, dict(block_n=64))])  # causal, N != Nk: keys a row sees
+    (128, 512, 512, True, dict(block_n=64, stages=3)),            # short causal: 64-key blocks, 3 stages
+    (128, 512, 4096, True, {}), (128, 4097, 1000, True, dict(block_n=64, stages=3))])  # N != Nk: keys a row sees
 def test_gluon_forward_config_per_head_dim_and_length(d, n, nk, causal, options):
     assert kernels.gluon_forward_config(d, n, nk, causal) == kernels.GLUON_FORWARD[d] | options
 
