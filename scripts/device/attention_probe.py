@@ -55,11 +55,14 @@ B, H, N = 16, 16, 4096
 # Session 22: deeper rings where causal tiles take 64-key blocks (N <= 1024: their stages are half
 # as large; session 9 had read D128 N = 512 causal 293 -> 304 TFLOP/s with 4 stages, unshipped).
 # First run: D128 3 stages +8.3% (N 512) / +2.8% (1024), D64 4 stages -1% / +1%
-# (notes/attention_fwd_short_causal_stages_session22_h100.json); then 3 against 4 at D128.
-FWD_VARIANTS = {"3 stages": dict(stages=3, only_d=128, only_causal=True),
-                "4 stages": dict(stages=4, only_d=128, only_causal=True)}
+# (notes/attention_fwd_short_causal_stages_session22_h100.json); then 3 against 4 at D128 (3 shipped).
+# Then D64's short causal tiles: the pipeline carried or not, two or three consumers, ping-pong.
+FWD_VARIANTS = {"not carried": dict(carry=False, consumers=2, only_causal=True),
+                "carried, 2 consumers": dict(carry=True, consumers=2, only_causal=True),
+                "3 consumers": dict(carry=False, consumers=3, q_buffers=2, only_causal=True),
+                "ping-pong": dict(carry=False, consumers=2, pingpong=True, only_causal=True)}
 VARIANT_LENGTHS = (512, 1024)
-VARIANT_HEAD_DIMS = (128,)
+VARIANT_HEAD_DIMS = (64,)
 VARIANT_REPEATS = 5
 
 
