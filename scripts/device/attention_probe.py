@@ -57,10 +57,10 @@ B, H, N = 16, 16, 4096
 # First run: D128 3 stages +8.3% (N 512) / +2.8% (1024), D64 4 stages -1% / +1%
 # (notes/attention_fwd_short_causal_stages_session22_h100.json); then 3 against 4 at D128 (3 shipped).
 # Then D64's short causal tiles: the pipeline carried or not, two or three consumers, ping-pong.
-FWD_VARIANTS = {"not carried": dict(carry=False, consumers=2, only_causal=True),
-                "carried, 2 consumers": dict(carry=True, consumers=2, only_causal=True),
-                "3 consumers": dict(carry=False, consumers=3, q_buffers=2, only_causal=True),
-                "ping-pong": dict(carry=False, consumers=2, pingpong=True, only_causal=True)}
+FWD_VARIANTS = {"not carried": dict(carry=False, consumers=2, only_d=64, only_causal=True),
+                "carried, 2 consumers": dict(carry=True, consumers=2, only_d=64, only_causal=True),
+                "3 consumers": dict(carry=False, consumers=3, q_buffers=2, only_d=64, only_causal=True),
+                "ping-pong": dict(carry=False, consumers=2, pingpong=True, only_d=64, only_causal=True)}
 VARIANT_LENGTHS = (512, 1024)
 VARIANT_HEAD_DIMS = (64,)
 VARIANT_REPEATS = 5
