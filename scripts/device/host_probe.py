@@ -6,7 +6,8 @@ For each case (the attention bench's short causal forwards, a long one for contr
 step) and implementation: the host time of a call (200 calls with no sync between them), the bench's
 time (do_bench median, L2 flushed before each call, what `tilecore bench attention` reports) and the
 GPU time alone (CUDA graph of back-to-back calls). Where host time is over the flush's GPU time, the
-bench's figure holds host time, not the kernel's. --profile adds a cProfile of tilecore's call.
+bench's figure holds host time, not the kernel's. --profile LABEL adds a cProfile of tilecore's call;
+--only LABEL runs only the cases whose label starts so.
 --parts: where a call's host time goes (best of rounds): the public call, kernels.forward_into with
 tiles.launch's fast path on and off, and forward_into with its launches cut short after the cache
 key or before it (the Python around them), plus the public function's checks and allocations.
@@ -124,7 +125,8 @@ def parts(label, q, k, v, causal):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
-    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile", default=None, help="cProfile tilecore's call in the cases whose label starts so")
+    ap.add_argument("--only", default=None, help="run only the cases whose label starts so")
     ap.add_argument("--parts", action="store_true")
     args = ap.parse_args()
     import triton
@@ -136,6 +138,8 @@ def main():
     print(meta, f"flush {result['flush_us']:.1f} us", flush=True)
     impls = _impls()
     for label, b, hq, hkv, n, nk, d, causal in CASES:
+        if args.only and not label.startswith(args.only):
+            continue
         torch.manual_seed(0)
         q = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -147,14 +151,14 @@ def main():
                 result["rows"].append(row)
                 print(f"{label:24} {name:14} host {row['host_us']:6.1f} us  bench {row['bench_us']:7.1f} us  "
                       f"GPU {row['gpu_us']:7.1f} us", flush=True)
-            if args.profile and label.startswith("fwd N512 D128 causal"):
+            if args.profile and label.startswith(args.profile):
                 prof = cProfile.Profile()
                 prof.enable()
-                for _ in range(200):
+                for _ in range(1000):
                     impls["tilecore"](q, k, v, causal)
                 prof.disable()
                 torch.cuda.synchronize()
-                pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+                pstats.Stats(prof).sort_stats("tottime").print_stats(30)
         if args.parts and label in PARTS_CASES:
             result["parts"].append(parts(label, q, k, v, causal))
         with open(os.path.join(args.out, "host_probe.json"), "w") as fh:
