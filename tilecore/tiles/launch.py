@@ -85,7 +85,7 @@ class CachedLaunch:
         self.compiled: dict = {}
         self.fast = True
         self.constexpr_flags = None  # made at the first fast launch (an interpreted kernel has no params)
-        self.defaults = None
+        self.named = None  # (name, default) of each parameter
 
     @property
     def kernel(self):
@@ -100,13 +100,12 @@ class CachedLaunch:
         """(cache key, every argument in signature order, defaults filled in): constexprs by value,
         TMA operands by dtype, box and layout, the rest by Triton's specialization of them, plus the
         launch options."""
-        kernel = self.kernel
         if self.constexpr_flags is None:
-            self.constexpr_flags = [p.is_constexpr for p in kernel.params]
-            self.defaults = [p.default for p in kernel.params]
-        names = kernel.arg_names
-        ordered = list(args) + [kwargs[names[i]] if names[i] in kwargs else self.defaults[i]
-                                for i in range(len(args), len(names))]
+            params = self.kernel.params
+            self.constexpr_flags = [p.is_constexpr for p in params]
+            self.named = [(p.name, p.default) for p in params]
+        ordered = list(args)
+        ordered += [kwargs.get(name, default) for name, default in self.named[len(args):]]
         # a list comprehension over precomputed flags: half the host time of a generator over params
         spec = tuple([repr(a) if constexpr else a.key if type(a) is TmaOperand
                       else native_specialize_impl(BaseBackend, a, False, True, True)
