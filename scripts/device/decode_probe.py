@@ -202,7 +202,7 @@ def host():
     import pstats
 
     import tilecore
-    from tilecore.bench.harness import graph_median_ms
+    from tilecore.bench.harness import graph_median_ms, host_us
     from tilecore.ops.attention import decode
 
     rows = []
@@ -215,17 +215,10 @@ def host():
                  "cuDNN (SDPA)": lambda: _sdpa("CUDNN_ATTENTION")(q, k, v)}
         for name, f in impls.items():
             with torch.no_grad():
-                for _ in range(5):
-                    f()
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                for _ in range(200):
-                    f()
-                host_us = (time.perf_counter() - t) / 200 * 1e6
-                torch.cuda.synchronize()
+                host = host_us(f)
                 gpu_us = graph_median_ms(f) * 1e3
-            rows.append(dict(B=b, Nk=nk, impl=name, host_us=host_us, gpu_us=gpu_us))
-            print(f"B{b} Nk{nk} {name:14}: host {host_us:6.1f} us a call, GPU {gpu_us:6.1f} us (graph)", flush=True)
+            rows.append(dict(B=b, Nk=nk, impl=name, host_us=host, gpu_us=gpu_us))
+            print(f"B{b} Nk{nk} {name:14}: host {host:6.1f} us a call, GPU {gpu_us:6.1f} us (graph)", flush=True)
     print("fast launch:", decode._SPLIT_KEYS.fast, decode._MERGE.fast, len(decode._SPLIT_KEYS.compiled),
           len(decode._MERGE.compiled))
     q = torch.randn(1, hq, 1, d, device="cuda", dtype=torch.bfloat16)

@@ -72,6 +72,7 @@ def child(phase, out_dir):
         import cProfile
         import pstats
 
+        from tilecore.bench.harness import host_us
         from tilecore.ops.gemm import op
         a = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
         b = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
@@ -79,14 +80,7 @@ def child(phase, out_dir):
                "torch.ops.tilecore.gemm": lambda: torch.ops.tilecore.gemm(a, b, None, torch.bfloat16),
                "tilecore.gemm": lambda: tilecore.gemm(a, b), "torch.matmul": lambda: torch.matmul(a, b)}
         for name, f in fns.items():
-            for _ in range(20):
-                f()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(300):
-                f()
-            torch.cuda.synchronize()
-            print(f"host+launch per call {name:28s} {(time.perf_counter() - t) / 300 * 1e6:8.1f} us", flush=True)
+            print(f"host+launch per call {name:28s} {host_us(f, calls=300, warmup=20):8.1f} us", flush=True)
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(200):

@@ -55,18 +55,6 @@ def _impls():
             "cuDNN (SDPA)": _sdpa("CUDNN_ATTENTION")}
 
 
-def host_us(f, calls=200):
-    for _ in range(5):
-        f()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        f()
-    us = (time.perf_counter() - t) / calls * 1e6
-    torch.cuda.synchronize()
-    return us
-
-
 def flush_us():
     """GPU time of do_bench's L2 flush (a 256 MB memset): host time under it is hidden."""
     cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
@@ -74,17 +62,11 @@ def flush_us():
     return graph_median_ms(lambda: cache.zero_()) * 1e3
 
 
-def best_us(f, calls=300, rounds=5):
-    """Host time of a call: the best of ``rounds`` rounds of ``calls`` calls (the lent host is noisy)."""
-    best = float("inf")
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(calls):
-            f()
-        best = min(best, (time.perf_counter() - t) / calls * 1e6)
-    torch.cuda.synchronize()
-    return best
+def best_us(f):
+    """Host time of a call: the best of 5 rounds of 300 calls (harness.host_us)."""
+    from tilecore.bench.harness import host_us
+
+    return host_us(f, calls=300, rounds=5)
 
 
 def parts(label, q, k, v, causal):
@@ -130,7 +112,7 @@ def main():
     ap.add_argument("--parts", action="store_true")
     args = ap.parse_args()
     import triton
-    from tilecore.bench.harness import graph_median_ms, median_ms
+    from tilecore.bench.harness import graph_median_ms, host_us, median_ms
 
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "commit": os.environ.get("TILECORE_COMMIT"), "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}

@@ -99,6 +99,25 @@ def graph_median_ms(fn: Callable[[], object], *, target_ms: float = 1.0, max_cal
     return median_ms(replay) / calls
 
 
+def host_us(fn: Callable[[], object], *, calls: int = 200, rounds: int = 1, warmup: int = 5) -> float:
+    """Host time of one call of ``fn`` in microseconds: ``calls`` calls back to back with no sync
+    between them (the GPU's work queues behind them), after ``warmup`` calls; the best of ``rounds``
+    rounds (the lent hosts are noisy)."""
+    import time
+
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t) / calls * 1e6)
+    torch.cuda.synchronize()
+    return best
+
+
 def l2_bytes() -> int:
     info = env.gpu_info()
     return info["l2_bytes"] if info and info["l2_bytes"] else 64 * 2**20
