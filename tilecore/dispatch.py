@@ -34,6 +34,12 @@ def backend_for(device: torch.device) -> Backend:
     raise TypeError(f"tilecore runs on CUDA and CPU tensors; got a tensor on '{device.type}'")
 
 
+def interpreted(device: torch.device) -> bool:
+    """True when kernels for tensors on ``device`` run in Triton's interpreter: CPU tensors under
+    ``TRITON_INTERPRET=1`` (CUDA tensors always run compiled kernels)."""
+    return device.type == "cpu" and interpreter_enabled()
+
+
 def select(device: torch.device, *, kernel: Callable, reference: Callable) -> Callable:
     """Return ``kernel`` or ``reference`` for ``device`` (see the module docstring)."""
     return kernel if backend_for(device) == "kernel" else reference
