@@ -1,33 +1,33 @@
 """Where the Gluon attention kernels spend their time: Nsight Compute on one kernel launch, one device call.
-(Named attention_bwd_profile.py until the forward targets came.)
 
-Backward: D = 64 (dq "overlapped") and D = 128 (dq "fused"), and each kernel without its dq ("tl":
-dk and dv only, the dk/dv kernel's own speed), B4 H16 N4096 bf16 non-causal (causal where the name
-says). Forward: the Gluon forward at its default config (and with options, "lazy": lazy_rescale),
-B4 H16 N4096. Per target: tensor-pipe utilization, shared-memory and L2 throughput, issue slots and
-warp stalls; --source: warp stall samples per SASS instruction. Also (--gemm-floor) the output-write
-floor of the persistent small-K GEMM: a 4096 x 4096 bf16 memset against cuBLAS and tilecore at K = 64
-and 128, in CUDA-graph replays.
+Backward: the launcher's config at D = 64 and 128 (kernels.gluon_backward_config at N = 4096), and
+its kernel without dQ ("dk/dv only": dq_from="tl", the tl dq kernel skipped), B4 H16 N4096 bf16,
+non-causal (causal where the name says). Forward: the Gluon forward at the launcher's config
+(kernels.gluon_forward_config). Per target: tensor-pipe utilization, shared-memory and L2
+throughput, issue slots and warp stalls; --source: warp stall samples per SASS instruction. Also
+(--gemm-floor) the output-write floor of the persistent small-K GEMM: a 4096 x 4096 bf16 memset
+against cuBLAS and tilecore at K = 64 and 128, in CUDA-graph replays.
 
-    PYTHONPATH=. python3 scripts/device/attention_profile.py [--names "fwd d128,d128 fused"] [--source]
+    PYTHONPATH=. python3 experiments/attention/attention_profile.py [--names "fwd d128,d128"] [--source]
+
+(Until the tiles v2 port it also profiled unshipped variants: dQ "overlapped", lazy rescaling, three
+consumers; git show bb6b420:scripts/device/attention_profile.py.)
 """
 import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from nsight import ncu_binary, profile
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from experiments.common.nsight import ncu_binary, profile  # noqa: E402
 
-# name: (pass, D, causal, options: the backward's dq_from or the forward's extra config)
-TARGETS = {"d64 overlapped": ("bwd", 64, False, "overlapped"), "d64 dk/dv only": ("bwd", 64, False, "tl"),
-           "d128 fused": ("bwd", 128, False, "fused"), "d128 dk/dv only": ("bwd", 128, False, "tl"),
-           "d128 causal fused": ("bwd", 128, True, "fused"),
-           "fwd d128": ("fwd", 128, False, {}), "fwd d128 causal": ("fwd", 128, True, {}),
-           "fwd d128 lazy": ("fwd", 128, False, {"lazy_rescale": True}), "fwd d64": ("fwd", 64, False, {}),
-           # session 13: where three consumers lose causal (8% beyond their extra masked work)
-           "fwd d64 3c": ("fwd", 64, False, {"consumers": 3, "q_buffers": 1}),
-           "fwd d64 3c causal": ("fwd", 64, True, {"consumers": 3, "q_buffers": 1}),
-           "fwd d64 causal": ("fwd", 64, True, {})}
+# name: (pass, D, causal, dQ: None for the launcher's, "tl" for none in the kernel)
+TARGETS = {"d64": ("bwd", 64, False, None), "d64 dk/dv only": ("bwd", 64, False, "tl"),
+           "d128": ("bwd", 128, False, None), "d128 dk/dv only": ("bwd", 128, False, "tl"),
+           "d128 causal": ("bwd", 128, True, None),
+           "fwd d128": ("fwd", 128, False, None), "fwd d128 causal": ("fwd", 128, True, None),
+           "fwd d64": ("fwd", 64, False, None), "fwd d64 causal": ("fwd", 64, True, None)}
 KERNEL = {"fwd": "attention_fwd", "bwd": "attention_bwd"}
 METRICS = ["sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
            "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active",
@@ -48,13 +48,13 @@ def target(name):
 
     from tilecore.ops.attention import kernels
 
-    kind, d, causal, opts = TARGETS[name]
+    kind, d, causal, dq_from = TARGETS[name]
     b, h, n = 4, 16, 4096
     mk = lambda: torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
     q, k, v, do = mk(), mk(), mk(), mk()
     out, lse = torch.empty_like(q), torch.empty(b, h, n, device="cuda")
     if kind == "fwd":
-        cfg = kernels.gluon_forward_config(d, n, n, causal) | opts
+        cfg = kernels.gluon_forward_config(d, n, n, causal)
         for _ in range(3):
             kernels.forward_gluon(q, k, v, out, lse, causal, d ** -0.5, **cfg)
         torch.cuda.synchronize()
@@ -62,7 +62,9 @@ def target(name):
     kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5)
     delta, dq_sum, stats = kernels.backward_preprocess(out, do, lse, None, dq_sum=True, row_stats=True)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    cfg = kernels.key_split_config(d, causal) | dict(dq_from=opts)
+    cfg = kernels.gluon_backward_config(d, n, causal)
+    if dq_from:
+        cfg["dq_from"] = dq_from
     for _ in range(3):
         kernels.backward_gluon_kernel(do, q, k, v, stats, dq_sum, dk, dv, causal, d ** -0.5, **cfg)
     torch.cuda.synchronize()
@@ -132,7 +134,7 @@ def main():
     p.add_argument("--target", choices=list(TARGETS))
     p.add_argument("--gemm-floor", action="store_true")
     p.add_argument("--source", action="store_true", help="per-SASS-instruction warp stall samples instead")
-    p.add_argument("--names", default="d64 overlapped,d64 dk/dv only,d128 fused,d128 dk/dv only",
+    p.add_argument("--names", default="d64,d64 dk/dv only,d128,d128 dk/dv only",
                    help="comma-separated targets, of: " + ", ".join(TARGETS))
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args()

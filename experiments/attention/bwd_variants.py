@@ -1,4 +1,5 @@
-"""The Gluon backward's variants against each other and cuDNN, at D = 64 or 128.
+"""The Gluon backward's launcher configs against variants of them and cuDNN, at D = 64 or 128, all
+through kernels.backward_into's documented ``gluon=`` config argument.
 
 1. check: every variant meant to be correct, on small GQA shapes with tails (and, causal, rows with
    no key) against a float64 reference, gradients NaN-poisoned first: error over the rounding
@@ -7,22 +8,14 @@
 2. time: B16 H16 bf16 at N = --lengths, every variant next to cuDNN's backward, --rounds interleaved
    rounds; median TFLOP/s and the median (min-max) of the per-round ratios to cuDNN.
 
-Sets (--set): "shipped" (the launcher's configs, checked and timed); "configs" (the launcher's
-against the other layouts and dQ modes); "stages" (its ring depth); "kvregs" (D = 64's key split
-with K and V in registers); "lagged" (the shipped config against dQ fused and lagged, session 15);
-"det" (the deterministic mode's config); "warpgroup" (D = 64: dQ by a warpgroup of its own, session
-17); "drawn" (session 19: each program draws its tiles from a counter as it gets to them, against
-the shipped dealt or balanced tiles); "split" (session 12: the query split against the key split, D = 64); "ablate" (where the fused
-key split's time goes, D = 128 without a mask: the kernel alone, and with parts of its dQ path
-removed, through an ABLATE option of attention_bwd_kernel that only session 14's working tree had:
-apply notes/attention_bwd_ablate_session14.patch to commit 5d0e216 to run it; wrong results, never
-checked). Session 14 also compared two step orders here (a set "order": the group's q heads at each
-query block, since shipped, against each head's blocks in turn) and dQ's staging under the step's
-last dV / dK wgmma (a set "early", shipped for the key split's fused dQ); session 15 one consumer
-computing a step's whole dQ, in turns (a set "turns", commits a80c636 and 0af4b6e, reverted:
-notes/attention.md, b15).
+Sets (--set): "shipped" (the launcher's configs, checked and timed, and their dK/dV kernel alone);
+"stages" (their ring depth); "det" (the deterministic mode's config: dQ by the Gluon dq kernel).
 
-    PYTHONPATH=. python3 scripts/device/bwd_variants.py --set split [--d 64] [--causal 0,1]
+(Until the tiles v2 port it also had sets for unshipped variants: the query split, dQ overlapped,
+lagged or by a warpgroup where not shipped, K and V in registers, drawn tiles, and an ablation
+that needed a patch: git show bb6b420:scripts/device/bwd_variants.py; figures in notes/attention/.)
+
+    PYTHONPATH=. python3 experiments/attention/bwd_variants.py --set shipped [--d 64,128] [--causal 0,1]
         [--lengths 4096] [--rounds 5] [--out DIR]
 """
 import argparse
@@ -31,78 +24,30 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-sys.path.insert(0, ".")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 import torch  # noqa: E402
 
-from attention_knobs import backward_case, meta  # noqa: E402 (scripts/device)
+from experiments.attention.cases import backward_case  # noqa: E402
+from experiments.common.meta import meta  # noqa: E402
 from tilecore.accuracy import error_over_floor  # noqa: E402
 from tilecore.bench.harness import ratios_to  # noqa: E402
 from tilecore.ops.attention import kernels  # noqa: E402
 from tilecore.ops.attention.reference import reference_grads  # noqa: E402
 
-SPLIT = dict(block_m=128, block_n=64, stages=2, dq_from="fused", split="queries")
-# ablations of the fused key split (session 14's gluon_backward ABLATE bits; its first run had 1 no dQ
-# product, 4 no lse/delta loads and conversions, 8 no dS store and exchange): 2 no dQ add, 16 no
-# TMA reduction, 32 no staging store, 64 no store_wait, 128 no fence and barrier, 256 a reduction
-# every other step
-ABLATIONS = {"no dQ add": 2, "no TMA reduce": 16, "no staging store": 32, "no store_wait": 64,
-             "no fence, barrier": 128, "reduce every other step": 256, "no store_wait, fence, barrier": 192,
-             "no dQ at all (dk/dv only)": -1}
-
 
 def variants(set_name, d, causal):
-    """name -> (config, checked): a Gluon config for kernels.backward_into, or for "ablate" the
-    kernel-alone call's options."""
+    """name -> (config, checked): a Gluon config for kernels.backward_into, or with kernel_alone the
+    kernel-alone call's options (not checked: its dQ is not finished)."""
     shipped = dict(kernels.GLUON_BACKWARD[d, causal])  # at N = 4096 (kernels.gluon_backward_config)
-    if set_name == "split":
-        return {"key split": (kernels.key_split_config(d, causal), True),
-                "split": (SPLIT, True)}
-    if set_name == "drawn":  # session 19: tiles drawn from a counter (the template's tile_counter)
-        return {"shipped": (shipped, True), "drawn": (dict(shipped, drawn=True), True),
-                "kernel alone": (dict(shipped, kernel_alone=True), False),
-                "kernel alone, drawn": (dict(shipped, drawn=True, kernel_alone=True), False)}
-    if set_name == "shipped":  # the launcher's configs (checked, timed), and their dK/dV kernel alone
+    if set_name == "shipped":
         return {"shipped": (shipped, True), "kernel alone": (dict(shipped, kernel_alone=True), False)}
-    if set_name == "kvregs":  # D = 64's key split with K and V as register operands of S^T and dP^T
-        key = dict(block_m=64, block_n=64, stages=2)
-        return {"shipped": (shipped, True), "key split, dq fused": (dict(key, dq_from="fused"), True),
-                "key split, dq fused, K V in registers": (dict(key, dq_from="fused", kv_regs=True), True),
-                "key split, dq overlapped, K V in registers": (dict(key, dq_from="overlapped", kv_regs=True), True)}
-    if set_name == "lagged":  # session 15: the previous step's dQ issued with this step's dV and dK
-        return {"shipped": (shipped, True), "dq fused": (dict(shipped, dq_from="fused"), True),
-                "dq lagged": (dict(shipped, dq_from="lagged"), True)}
-    if set_name == "warpgroup":  # session 17: dQ by a warpgroup of its own (DQ mode 4; D = 64 only since)
-        if d != 64:
-            raise ValueError("the dQ warpgroup fits D = 64 (its D = 128 forms were reverted: notes/attention.md)")
-        key = dict(block_m=64, block_n=64, stages=2)
-        return {"shipped": (shipped, True),
-                "dq warpgroup (K V in shared memory)": (dict(key, dq_from="warpgroup"), True),
-                "dq fused (K V in shared memory)": (dict(key, dq_from="fused"), True),
-                "dq overlapped, K V in registers": (dict(key, dq_from="overlapped", kv_regs=True), True)}
     if set_name == "det":  # the deterministic mode's config (dq by the Gluon dq kernel) against the default
-        return {"shipped": (shipped, True), "dq kernel": (dict(shipped, dq_from="gluon"), True),
-                "dq kernel, K V in shared memory": (dict(shipped, dq_from="gluon", kv_regs=False), True)}
+        return {"shipped": (shipped, True), "dq kernel (deterministic)": (dict(shipped, dq_from="gluon", kv_regs=False), True)}
     if set_name == "stages":  # ring depth of the launcher's config
         return {"shipped": (shipped, True), "3 stages": (dict(shipped, stages=3), True),
                 "4 stages": (dict(shipped, stages=4), True)}
-    if set_name == "configs":  # the launcher's choice against the other layouts and dQ modes
-        out = {"shipped": (shipped, True)}
-        key = dict(block_m=64, block_n=64, stages=2)
-        if d == 64:
-            out |= {"query split": (SPLIT, True), "key split, dq overlapped": (dict(key, dq_from="overlapped"), True),
-                    "key split, dq fused": (dict(key, dq_from="fused"), True)}
-        else:
-            out |= {"dq fused": (dict(key, dq_from="fused"), True), "gluon dq kernel": (dict(key, dq_from="gluon"), True)}
-        return {name: v for i, (name, v) in enumerate(out.items()) if i == 0 or v[0] != shipped}
-    if set_name == "ablate":
-        base = dict(block_m=64, block_n=64, stages=2, dq_from="fused")
-        out = {"kernel (fused)": (dict(base, kernel_alone=True), False)}
-        for name, bits in ABLATIONS.items():
-            cfg = dict(base, dq_from="gluon") if bits < 0 else dict(base, ablate=bits)
-            out[name] = (dict(cfg, kernel_alone=True), False)
-        return out
     raise ValueError(set_name)
 
 
@@ -155,7 +100,7 @@ def timing_case(n, d, causal):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--set", default="shipped")
+    ap.add_argument("--set", default="shipped", choices=("shipped", "stages", "det"))
     ap.add_argument("--d", default="64")
     ap.add_argument("--lengths", default="4096")
     ap.add_argument("--rounds", type=int, default=5)
@@ -168,8 +113,6 @@ def main():
         check_one(args.set, d, causal, name, lengths)
         return 0
     cases = [(int(d), bool(int(c))) for d in args.d.split(",") for c in args.causal.split(",")]
-    if args.set == "ablate":
-        cases = [(128, False)]
     res = {"meta": meta(), "set": args.set, "check": [], "time": {}}
     t0 = time.time()
     children = []

@@ -1,6 +1,6 @@
 """GPU check and timing of the split-key (decode) path of tilecore.attention.
 
-    PYTHONPATH=. python3 scripts/device/decode_probe.py [--phases check,time,cross] [--out DIR]
+    PYTHONPATH=. python3 experiments/attention/decode_probe.py [--phases check,time,cross] [--out DIR]
 
 check: bf16 and fp16 at decode shapes (1-16 queries, grouped heads, tails, causal rows with no key,
     a strided cache), public API and a direct call into NaN-poisoned buffers, against float64: error
@@ -10,7 +10,7 @@ time: one query against Nk cached keys, Hq 32 / Hkv 8 D 128 bf16 (the bench suit
     forward it replaces, and torch SDPA's flash and cuDNN, against copy, interleaved three times.
 host: host time a call (no sync between calls) and GPU time (CUDA graph of back-to-back calls) of
     the public function, the split-key kernels alone and SDPA at small decode shapes, a cProfile of
-    the public call, and whether the launches took the fast path.
+    the public call.
 parts: GPU time (CUDA graph of back-to-back calls: what a server that captures decode sees) of the
     split-key path's variants and SDPA's flash and cuDNN, as x copy (Hq 32 / Hkv 8, D 128, 1 query).
 cross: 16 queries (speculative decode, chunked prefill's tail) against 1024-16384 keys: the split-key
@@ -203,7 +203,6 @@ def host():
 
     import tilecore
     from tilecore.bench.harness import graph_median_ms, host_us
-    from tilecore.ops.attention import decode
 
     rows = []
     hq, hkv, d = 32, 8, 128
@@ -219,8 +218,6 @@ def host():
                 gpu_us = graph_median_ms(f) * 1e3
             rows.append(dict(B=b, Nk=nk, impl=name, host_us=host, gpu_us=gpu_us))
             print(f"B{b} Nk{nk} {name:14}: host {host:6.1f} us a call, GPU {gpu_us:6.1f} us (graph)", flush=True)
-    print("fast launch:", decode._SPLIT_KEYS.fast, decode._MERGE.fast, len(decode._SPLIT_KEYS.compiled),
-          len(decode._MERGE.compiled))
     q = torch.randn(1, hq, 1, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, hkv, 1024, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     with torch.no_grad():

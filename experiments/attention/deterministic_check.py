@@ -1,6 +1,6 @@
 """With torch.use_deterministic_algorithms(True), tilecore.attention's gradients are bitwise the same
 across two runs (dq then comes from the Gluon dq kernel at every head dim), and close to the
-default run's. One GPU call: PYTHONPATH=. python3 scripts/device/deterministic_check.py"""
+default run's. One GPU call: PYTHONPATH=. python3 experiments/attention/deterministic_check.py"""
 import torch
 
 import tilecore

@@ -8,7 +8,7 @@ offsets: q, k, v (and dO) in (batch, sequence, heads, D) layout, transposed view
     earlier ones are scaled down), the tl forward and backward (D 96) and the Gluon ones (D 128)
     with 1024 rows of 24576 heads. Only some heads are checked (the reference is float64).
 
-    PYTHONPATH=. python3 scripts/device/grid_limits_probe.py [--parts grid,offsets]
+    PYTHONPATH=. python3 experiments/attention/grid_limits_probe.py [--parts grid,offsets]
 """
 import argparse
 

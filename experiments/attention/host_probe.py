@@ -1,6 +1,6 @@
 """Host time against GPU time of tilecore.attention's short calls, next to SDPA's cuDNN backend.
 
-    PYTHONPATH=. python3 scripts/device/host_probe.py [--out DIR] [--profile]
+    PYTHONPATH=. python3 experiments/attention/host_probe.py [--out DIR] [--profile]
 
 For each case (the attention bench's short causal forwards, a long one for contrast, and a decode
 step) and implementation: the host time of a call (200 calls with no sync between them), the bench's
@@ -8,9 +8,12 @@ time (do_bench median, L2 flushed before each call, what `tilecore bench attenti
 GPU time alone (CUDA graph of back-to-back calls). Where host time is over the flush's GPU time, the
 bench's figure holds host time, not the kernel's. --profile LABEL adds a cProfile of tilecore's call;
 --only LABEL runs only the cases whose label starts so.
---parts: where a call's host time goes (best of rounds): the public call, kernels.forward_into with
-tiles.launch's fast path on and off, and forward_into with its launches cut short after the cache
-key or before it (the Python around them), plus the public function's checks and allocations.
+--parts: where a call's host time goes (best of rounds): the public call, kernels.forward_into, the
+public function's checks (op.check), plain_eager and its output allocations.
+
+(Until the tiles v2 port --parts also timed forward_into with tiles.launch's fast path switched off
+and with CachedLaunch._launch_here replaced, which patched internals: git show
+bb6b420:experiments/attention/host_probe.py; figures in notes/attention/.)
 """
 import argparse
 import cProfile
@@ -74,7 +77,6 @@ def parts(label, q, k, v, causal):
     import tilecore
     from tilecore import dispatch
     from tilecore.ops.attention import kernels, op
-    from tilecore.tiles import launch
 
     scale = q.shape[-1] ** -0.5
     out, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
@@ -83,20 +85,6 @@ def parts(label, q, k, v, causal):
     with torch.no_grad():
         row["public"] = best_us(lambda: tilecore.attention(q, k, v, causal=causal))
         row["forward_into"] = best_us(into)
-        launchers = [kernels._GLUON_FWD, kernels.decode._SPLIT_KEYS, kernels.decode._MERGE]
-        for cached in launchers:
-            cached.fast = False
-        row["forward_into, fast launch off"] = best_us(into)
-        for cached in launchers:
-            cached.fast = True
-        real = launch.CachedLaunch._launch_here
-        try:
-            launch.CachedLaunch._launch_here = lambda self, grid, a, kw: self.key(a, kw)
-            row["forward_into to the keys"] = best_us(into)
-            launch.CachedLaunch._launch_here = lambda self, grid, a, kw: None
-            row["forward_into, no launch"] = best_us(into)
-        finally:
-            launch.CachedLaunch._launch_here = real
         row["check"] = best_us(lambda: op.check(q, k, v, causal, None))
         row["plain_eager"] = best_us(lambda: dispatch.plain_eager(q, k, v))
         row["out + lse"] = best_us(lambda: (torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")))

@@ -7,7 +7,7 @@ by their cycles: a kernel at a lower clock than its peer spends more energy per 
 
 Also the forward (--passes fwd: tilecore.attention against SDPA's cuDNN forward, same inputs).
 
-    PYTHONPATH=. python3 scripts/device/power_probe.py [--passes bwd,fwd] [--d 128] [--causal 0] [--n 4096] [--out DIR]
+    PYTHONPATH=. python3 experiments/attention/power_probe.py [--passes bwd,fwd] [--d 128] [--causal 0] [--n 4096] [--out DIR]
 """
 import argparse
 import json
@@ -16,14 +16,15 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-sys.path.insert(0, ".")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from attention_knobs import backward_case, meta  # noqa: E402 (scripts/device)
+from experiments.attention.cases import backward_case  # noqa: E402
+from experiments.common.meta import meta  # noqa: E402
 
 
 def sampled(fn, seconds: float):

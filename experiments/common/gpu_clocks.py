@@ -1,5 +1,7 @@
-"""The GPU's clocks read inside a Gluon kernel, for the timeline probes (inline PTX: not for the
-interpreter). ``dep`` is any int32: the asm needs an operand."""
+"""The GPU's clocks read inside a Gluon kernel, for timelines of a kernel's programs (inline PTX: not
+for the interpreter). ``dep`` is any int32: the asm needs an operand. (The v1 template's timeline
+probes that used them, attention_timeline.py and hadamard_timeline.py: git show
+bb6b420:scripts/device/attention_timeline.py.)"""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 

@@ -1,6 +1,6 @@
 """Nsight Compute for the device probes: one kernel launch of a probe's own target run, profiled.
 
-    from nsight import profile      (the probes run as scripts, so this directory is on sys.path)
+    from experiments.common.nsight import profile      (with the repository root on sys.path)
 """
 import glob
 import shutil

@@ -1,7 +1,7 @@
 """GPU check and timing of the GEMM kernels, in phases that each run in a child process with a time
 limit (a wrong mbarrier phase hangs the GPU; the parent then reports it and goes on).
 
-    PYTHONPATH=. python3 scripts/device/gemm_probe.py [--phases check,time,ablate,fp8] [--out DIR]
+    PYTHONPATH=. python3 experiments/gemm/gemm_probe.py [--phases check,time,ablate,fp8] [--out DIR]
 
 check: poisoned outputs, float64 references, error / rounding floor, twice for determinism.
 time: bf16 square and M=N=4096 small-K against torch.matmul, interleaved (A B A B); GPU time from
@@ -9,6 +9,12 @@ time: bf16 square and M=N=4096 small-K against torch.matmul, interleaved (A B A 
 reps4096: 4096^3, ten interleaved repetitions (the case at parity), GROUP_M 4 / 8 / 16; 8192^3, six, 4 / 8.
 streamk: the stream-K tail on and off (the same kernel otherwise) against torch.matmul.
 ablate: ring depth (1..4 stages) and tile order (GROUP_M 1 vs 8). fp8: against torch._scaled_mm.
+public: the public functions (every size class, fp8, autograd, torch.compile). host: host time a call.
+
+Kernels are called through launch.launch_gluon / launch_tl with the launcher's configs
+(launch.GLUON_BF16, GLUON_FP8, TL_GPU) and documented overrides of them. (Until the tiles v2 port
+it also timed one 8-warp consumer and had a "consumers" phase from before two consumers shipped:
+git show bb6b420:scripts/device/gemm_probe.py.)
 """
 import argparse
 import json
@@ -18,7 +24,7 @@ import subprocess
 import sys
 import time
 
-LIMITS = {"reps4096": 90, "consumers": 120, "host": 40, "check": 90, "time": 120, "ablate": 90, "fp8": 50, "public": 60, "streamk": 150}
+LIMITS = {"reps4096": 90, "host": 40, "check": 90, "time": 120, "ablate": 90, "fp8": 50, "public": 60, "streamk": 150}
 
 
 def parent(args):
@@ -63,7 +69,8 @@ def child(phase, out_dir):
         assert plan is not None
         if c is None:
             c = torch.empty(a.shape[0], b.shape[1], dtype=out_dtype, device=dev)
-        scales = launch._scales_code(sa, sb)
+        # as launch.run codes them: 0 none, 1 per tensor, + 1 per row of A, + 2 per column of B
+        scales = 0 if sa is None else 1 + int(sa.numel() > 1) + 2 * int(sb.numel() > 1)
         if fp8:
             sa, sb = sa.reshape(-1).contiguous(), sb.reshape(-1).contiguous()
         return launch.launch_gluon(a, b, c, bias, sa, sb, plan=plan, scales=scales, **base)
@@ -184,7 +191,6 @@ def child(phase, out_dir):
                         check(f"gluon stages={stages} group={group} {M}x{N}x{K}",
                               lambda c: gluon(a, b, c=c, stages=stages, group_m=group,
                                               epilogue_bytes=32768 if stages == 4 else 65536), ref, out)
-                    check(f"gluon 1 consumer (8 warps) {M}x{N}x{K}", lambda c: gluon(a, b, c=c, consumers=1), ref, out)
                     check(f"gluon small-K config {M}x{N}x{K}", lambda c: gluon(a, b, c=c, **launch.GLUON_BF16_SMALL_K),
                           ref, out)
                     check(f"gluon v1 (stages=3, whole-tile epilogue) {M}x{N}x{K}",
@@ -246,7 +252,8 @@ def child(phase, out_dir):
             out.copy_(c)
         check("gluon in a CUDA graph 3000x2056x4096", graphed, reference.gemm_f64(a, b), torch.empty_like(c))
         torch.cuda.synchronize()
-        raised = sum(int(f.count_nonzero()) for _, f in schedule._STREAM_K_BUFFERS.values())
+        _, flags = schedule.stream_k_buffers(dev, 1, 1)  # this stream's set, as the launches used it
+        raised = int(flags.count_nonzero())
         bad += raised != 0
         print(f"stream-K flags left raised after all launches: {raised}", flush=True)
         print(f"CHECK SUMMARY: {bad} bad", flush=True)
@@ -291,7 +298,6 @@ def child(phase, out_dir):
         print("graph replays (GPU time); '(call)' = do_bench of the Python call, host included", flush=True)
         for s in (4096, 8192, 16384):
             compare("square", s, s, s, {"cuBLAS": cublas, "tilecore.gemm": lambda a, b: tilecore.gemm(a, b),
-                                        "1 consumer (8 warps)": lambda a, b: gluon(a, b, consumers=1),
                                         "GROUP_M=16": lambda a, b: gluon(a, b, group_m=16)},
                     reps=3 if s < 16384 else 2, public=both)
         for k in (64, 128, 256, 512, 1024):
@@ -336,25 +342,6 @@ def child(phase, out_dir):
             rows.append(dict(phase=phase, case="fp8 rows", M=s_, N=s_, K=s_, series=n, tflops=v, ratio=max(v) / base))
             print(f"fp8 rows {s_:>5}^3 {n:22s} " + " ".join(f"{x:7.1f}" for x in v) + f"  ratio {max(v) / base:.3f}",
                   flush=True)
-    if phase == "consumers":  # the template's CONSUMERS=2: two consumer partitions split each tile's rows
-        for M, N, K in ((4096, 4096, 4096), (1000, 1040, 3000), (129, 4096, 64), (4096, 264, 4096)):
-            a = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-            b = torch.randn(K, N, device=dev, dtype=torch.bfloat16)
-            ref = (a.double() @ b.double())
-            for cfg in (dict(consumers=2), dict(consumers=2, block=(128, 128, 64), stages=4)):
-                c = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
-                gluon(a, b, c=c, **cfg)
-                err = accuracy.error_over_floor(c, ref)
-                print(f"check {M}x{N}x{K} {cfg}: all written {bool(torch.isfinite(c).all())}, err/floor {err:.3f}",
-                      flush=True)
-        two = lambda **k: (lambda a, b: gluon(a, b, consumers=2, **k))
-        for s in (4096, 8192):
-            compare("square", s, s, s, {"cuBLAS": cublas, "tilecore.gemm": lambda a, b: tilecore.gemm(a, b),
-                                        "2 consumers": two(), "2 consumers GROUP_M=16": two(group_m=16)}, reps=2)
-        for k in (64, 256, 1024):
-            compare("persistent", 4096, 4096, k, {"cuBLAS": cublas, "tilecore.gemm": lambda a, b: tilecore.gemm(a, b),
-                                                  "2 consumers": two(),
-                                                  "2 consumers 128x128x64": two(block=(128, 128, 64), stages=4)}, reps=2)
     if phase == "ablate":
         v = {"cuBLAS": cublas}
         for st in (1, 2, 3, 4):

@@ -1,11 +1,15 @@
 """The large-n Gluon kernel (n = 32768; n = 16384 for the set of that name; 2^28 elements, fp16 and
-bf16) with its grid and ring depth varied, each checked against float64 on sampled rows (output
-poisoned first), then timed next to torch's copy_ of the same bytes (and the bench's ceiling, a copy
-of 1 GiB), ROUNDS interleaved rounds: median % of copy (of the per-round ratios). VARIANT_SETS says
-what each set asks (the sets before session 18's "dynamic" deal rows round-robin, as they were run).
+bf16) with its grid, ring depth and row order varied through launch_gluon's documented arguments
+(programs, stages, lookahead, dynamic), each checked against float64 on sampled rows (output
+poisoned first), then timed next to torch's copy_ of the same bytes (and the bench's ceiling, a
+copy of 1 GiB), ROUNDS interleaved rounds: median % of copy (of the per-round ratios).
 
-    PYTHONPATH=. python3 scripts/device/hadamard_grid.py [--set grid|stages|programs|twin|sizes|lookahead|dynamic|16384]
+    PYTHONPATH=. python3 experiments/hadamard/hadamard_grid.py [--set ring|programs|dynamic|16384]
         [--elements E] [--out DIR]
+
+(Until the tiles v2 port it also had sets from before today's ring and row order shipped (grid,
+stages, sizes, lookahead) and a "twin" set whose memory-only twins of the kernel were built on the
+v1 template in hadamard_large_probe.py: git show bb6b420:scripts/device/hadamard_grid.py.)
 """
 import argparse
 import json
@@ -13,9 +17,9 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "scripts/device")  # hadamard_large_probe (the twins)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 import torch  # noqa: E402
 
 from tilecore.accuracy import error_over_floor  # noqa: E402
@@ -24,58 +28,34 @@ from tilecore.ops.hadamard import kernels  # noqa: E402
 from tilecore.ops.hadamard.reference import hadamard_reference  # noqa: E402
 
 ELEMENTS, ROUNDS = 1 << 28, 7
+SHIPPED = "shipped (GLUON_TUNING: dynamic rows, 8 stages, lookahead 4 at n = 32768)"
 VARIANT_SETS = {
-    # session 10: does a grid that divides the rows evenly beat one program per SM?
-    "grid": {"132 programs, 8 stages (shipped)": dict(num_sms=132, programs=132, stages=8, dynamic=False),
-             "128 programs, 8 stages": dict(num_sms=132, programs=128, stages=8, dynamic=False),
-             "66 programs, 8 stages": dict(num_sms=132, programs=66, stages=8, dynamic=False),
-             "132 programs, 7 stages": dict(num_sms=132, programs=132, stages=7, dynamic=False)},
-    # session 11: the shipped kernel (slice s's first product in flight under slice s-1's adds) by
-    # ring depth, and at n = 16384 against the tl kernel that runs there by default
-    "stages": {"4 stages (shipped)": dict(num_sms=132, stages=4, dynamic=False),
-               "5 stages": dict(num_sms=132, programs=132, stages=5, dynamic=False),
-               "6 stages": dict(num_sms=132, programs=132, stages=6, dynamic=False),
-               "3 stages": dict(num_sms=132, programs=132, stages=3, dynamic=False)},
-    "programs": {"132 programs": dict(num_sms=132, programs=132, stages=4, dynamic=False),
-                 "128 programs (64 rows each; shipped)": dict(num_sms=132, programs=128, stages=4, dynamic=False),
-                 "124 programs": dict(num_sms=132, programs=124, stages=4, dynamic=False),
-                 "120 programs": dict(num_sms=132, programs=120, stages=4, dynamic=False),
-                 "116 programs": dict(num_sms=132, programs=116, stages=4, dynamic=False)},
-    # the shipped kernel's memory pattern alone (hadamard_large_probe's twins: no products; or the
-    # products without stores): the ceiling of one row per SM
-    "twin": {"shipped": dict(num_sms=132, stages=4),
-             "twin: loads and stores, no products": dict(twin=dict(num_sms=128, stages=4, copy=True)),
-             "twin: products, no stores": dict(twin=dict(num_sms=128, stages=4, copy=False, stores=2))},
-    "sizes": {"shipped": dict(num_sms=132, stages=4, dynamic=False),
-              "132 programs": dict(num_sms=132, programs=132, stages=4, dynamic=False)},
-    # session 18: a ring that fills at the start (two rows ahead while nothing is written yet) and
-    # runs LOOKAHEAD slices deep after (4: the shipped ring's depth)
-    "lookahead": {"4 stages (session 17)": dict(num_sms=132, stages=4, dynamic=False),
-                  "8 stages, lookahead 4 (shipped then)": dict(num_sms=132, dynamic=False),
-                  "7 stages, lookahead 4": dict(num_sms=132, stages=7, lookahead=4, dynamic=False),
-                  "6 stages, lookahead 4": dict(num_sms=132, stages=6, lookahead=4, dynamic=False),
-                  "8 stages, lookahead 5": dict(num_sms=132, stages=8, lookahead=5, dynamic=False),
-                  "8 stages": dict(num_sms=132, stages=8, dynamic=False)},
-    # session 18: rows drawn from a counter as programs get to them (the template's tile_counter),
-    # against rows dealt round-robin; with dynamic rows a program per SM may pay again
-    "dynamic": {"dynamic rows, 8 stages, lookahead 4 (shipped)": dict(num_sms=132),
-                "static rows, 8 stages, lookahead 4": dict(num_sms=132, dynamic=False),
-                "static rows, 4 stages (session 17)": dict(num_sms=132, stages=4, dynamic=False),
+    # the ring: how deep the loads run ahead of the consumers (sessions 11, 17, 18)
+    "ring": {SHIPPED: dict(num_sms=132),
+             "4 stages": dict(num_sms=132, stages=4),
+             "8 stages": dict(num_sms=132, stages=8),
+             "7 stages, lookahead 4": dict(num_sms=132, stages=7, lookahead=4),
+             "8 stages, lookahead 5": dict(num_sms=132, stages=8, lookahead=5)},
+    # the grid with rows dealt round-robin: gluon_programs' choice against a program per SM and fewer
+    # (session 11); drawn rows take a program per SM
+    "programs": {SHIPPED: dict(num_sms=132),
+                 "static rows, gluon_programs' grid": dict(num_sms=132, dynamic=False),
+                 "static rows, 132 programs": dict(num_sms=132, programs=132, dynamic=False),
+                 "static rows, 120 programs": dict(num_sms=132, programs=120, dynamic=False)},
+    # session 18: rows drawn from a counter as programs get to them against rows dealt round-robin
+    "dynamic": {SHIPPED: dict(num_sms=132),
+                "static rows": dict(num_sms=132, dynamic=False),
                 "dynamic rows, 4 stages": dict(num_sms=132, stages=4),
-                "dynamic rows, 132 programs": dict(num_sms=132, programs=132)},
-    "16384": {"gluon, dynamic rows, 4 stages": dict(num_sms=132, programs=132, stages=4),
-              "gluon, dynamic rows, 8 stages, lookahead 4": dict(num_sms=132, programs=132, stages=8, lookahead=4),
-              "gluon, dynamic rows, 8 stages, lookahead 2": dict(num_sms=132, programs=132, stages=8, lookahead=2),
-              "gluon, static rows, 4 stages (session 11)": dict(num_sms=132, programs=132, stages=4, dynamic=False),
-              "tl kernel (default at 16384)": dict(num_sms=132, gluon=False)},
+                "dynamic rows, 128 programs": dict(num_sms=132, programs=128)},
+    "16384": {"gluon, dynamic rows, 4 stages (GLUON_TUNING)": dict(num_sms=132),
+              "gluon, dynamic rows, 8 stages, lookahead 4": dict(num_sms=132, stages=8, lookahead=4),
+              "gluon, static rows, 4 stages": dict(num_sms=132, stages=4, dynamic=False),
+              "tl kernel": dict(num_sms=132, gluon=False)},
 }
 
 
-def _launch(x, out, scale, gluon=True, twin=None, **cfg):
-    if twin is not None:
-        from hadamard_large_probe import gluon_twin_launch
-        gluon_twin_launch(x, out, scale, **twin)
-    elif gluon:
+def _launch(x, out, scale, gluon=True, **cfg):
+    if gluon:
         kernels.launch_gluon(x, out, scale, **cfg)
     else:
         kernels.launch(x, out, scale, interpret=False, gluon=False, **cfg)
@@ -108,7 +88,7 @@ def _side_checks(dtype, variants):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--set", default="grid", choices=sorted(VARIANT_SETS))
+    ap.add_argument("--set", default="ring", choices=sorted(VARIANT_SETS))
     ap.add_argument("--elements", type=int, default=ELEMENTS, help="elements per input (default 2^28)")
     args = ap.parse_args()
     res = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -130,8 +110,7 @@ def main():
             print(f"{dtype} {name}: all written {written}, error {err:.5f}x floor", flush=True)
             res["rows"].append(dict(dtype=str(dtype), variant=name, written=written, err=err))
             fns[name] = (lambda cfg=cfg: _launch(x, out, n ** -0.5, **cfg))
-        if args.set not in ("grid", "twin"):
-            res["rows"] += _side_checks(dtype, VARIANT_SETS[args.set])
+        res["rows"] += _side_checks(dtype, VARIANT_SETS[args.set])
         fns["copy"] = lambda: out.copy_(x)
         # the bench's ceiling (harness.copy_ceiling): a copy of 1 GiB
         big = torch.empty(1 << 29, device="cuda", dtype=dtype).normal_()  # 1 GiB

@@ -12,7 +12,7 @@ Compiling ~150 kernels would take most of a call, so a pool of processes first l
 once on scratch tensors of the same shapes: that fills Triton's on-disk cache, and the measured
 launches then load the compiled kernels.
 
-    PYTHONPATH=. python3 scripts/device/hadamard_tma_probe.py [--skip-check] [--sweep] [--ns 256,512]
+    PYTHONPATH=. python3 experiments/hadamard/hadamard_tma_probe.py [--skip-check] [--sweep] [--ns 256,512]
 """
 import argparse
 import json
