@@ -12,7 +12,7 @@ import pytest
 @pytest.fixture(scope="module")
 def report():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-m", "tilecore.tiles.report", "--json"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "tilecore.ops.gemm.report", "--json"], capture_output=True,
                        text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout)
@@ -40,6 +40,6 @@ def test_tl_twin_compiles_for_hopper(report):
 
 def test_report_refuses_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-m", "tilecore.tiles.report"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "tilecore.ops.gemm.report"], capture_output=True, text=True,
                        env=env, timeout=120)
     assert r.returncode == 2 and "TRITON_INTERPRET" in r.stderr

@@ -13,8 +13,9 @@
   ``wgmma_layout``). Kernels supply setup / load / init / compute / drain / finish.
 * :mod:`tilecore.tiles.pipeline` — the same contract in plain Triton (the ``tl`` twin), which the
   interpreter runs and any GPU compiles.
-* :mod:`tilecore.tiles.compile` and ``python -m tilecore.tiles.report`` — compile for sm_90a
-  without a GPU; registers, spills, shared memory, and whether the PTX holds wgmma and TMA.
+* :mod:`tilecore.tiles.compile` and :mod:`tilecore.tiles.report` — compile for sm_90a without a
+  GPU; registers, spills, shared memory, and whether the PTX holds wgmma and TMA, for the kernels an
+  op hands it (``python -m tilecore.ops.gemm.report``).
 
 docs/gemm_tutorial.md builds tilecore's GEMM from these pieces.
 """

@@ -5,7 +5,7 @@ compiles for sm_90a and returns triton's CompiledKernel (``.asm["ptx"]``, ``.asm
 ``resources`` runs ptxas on the PTX for registers, spills, stack and shared memory.
 
 Run with TRITON_INTERPRET unset: under the interpreter ``triton.jit`` makes interpreted functions,
-which cannot be compiled (``python -m tilecore.tiles.report`` is a fresh process for that reason).
+which cannot be compiled (``python -m tilecore.ops.gemm.report`` is a fresh process for that reason).
 """
 from __future__ import annotations
 
