@@ -51,7 +51,7 @@ def plain_eager(*tensors: torch.Tensor | None) -> bool:
     implementation), no dispatch mode or functorch transform.
 
     A ``torch.library`` custom op's Python dispatch costs ~100 us of host time per call (measured on
-    the lent H100's host, notes/gemm.md), more than many kernels take; torch.compile, autograd,
+    the lent H100's host, notes/gemm/README.md), more than many kernels take; torch.compile, autograd,
     fake tensors and modes still go through the op.
     """
     if torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled():

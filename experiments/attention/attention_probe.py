@@ -384,7 +384,7 @@ def compile_check(out_dir):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--phases", default="check,time,sweep,compile")
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "../../notes/attention/runs")))
     ap.add_argument("--child")
     ap.add_argument("--dry", action="store_true", help="run the check phase's logic on the CPU, small")
     args = ap.parse_args()

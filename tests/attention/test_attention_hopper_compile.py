@@ -82,25 +82,25 @@ def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(
 
 
 # dk/dv at D = 128 with 64 x 64 blocks and 4 warps spills 24 bytes, and was still the fastest
-# backward measured on the H100 (2.1x the 8-warp variant that does not spill; notes/attention.md).
+# backward measured on the H100 (2.1x the 8-warp variant that does not spill; notes/attention/README.md).
 # The Gluon backward at D = 128 holds dK and dV of 64 keys x 128 (128 registers a thread) and
 # spills 44 bytes with dQ lagged (fused, causal: 192-220; addresses and counters, none in the
 # step's loads since lse and delta come by TMA, session 14); it was still 1.17x the tl kernels on
 # the H100 when it spilled 160-300. D = 64's key split holds each consumer's K and V rows in
 # registers for the tile (32 registers a thread): 5-9% faster than without them with dQ overlapped
 # (session 14); with dQ from a warpgroup of its own (consumers at 200 registers, session 17) it
-# spills 12 bytes, causal 52-56 (scalars), and ran 4-8% faster than overlapped (notes/attention.md)
+# spills 12 bytes, causal 52-56 (scalars), and ran 4-8% faster than overlapped (notes/attention/README.md)
 # Three consumers at D = 64 have 160 registers a thread: causal (the per-consumer key-block count,
 # the balanced schedule's tile ids and the hidden first key offset add a little) spills 84 bytes of
 # scalars, stored once a program and reloaded once a tile (none in the loop), and was 4-6% faster
-# than two consumers at N = 4096 on the H100 (notes/attention.md, sessions 9 and 13)
+# than two consumers at N = 4096 on the H100 (notes/attention/README.md, sessions 9 and 13)
 # The query split at D = 64 (S^T and dP^T by halves of the tile's keys) spills 52-60 bytes of
 # scalars (causal 100-112), reloaded once a step; it spilled 140-364 before lse and delta came by TMA
 # (session 14), and was still 5-8% faster than the key split without a mask on the H100
-# (notes/attention.md, session 12)
+# (notes/attention/README.md, session 12)
 # With grouped heads (a runtime group size, so more live scalars: the group, the walk's first q head
 # and 1 / group) the backward spills 196 bytes at D = 64 causal and 244 at D = 128 causal, and ran at
-# 1.00-1.14x cuDNN's grouped-head backward at N = 4096 on the H100 (notes/attention.md, session 20)
+# 1.00-1.14x cuDNN's grouped-head backward at N = 4096 on the H100 (notes/attention/README.md, session 20)
 SPILL_BYTES_ALLOWED = {("backward dk/dv", 128): 64, ("backward (gluon)", 64): 64, ("backward (gluon)", 128): 256,
                        ("backward (gluon, grouped heads)", 64): 256, ("backward (gluon, grouped heads)", 128): 256,
                        ("backward (gluon, query split)", 64): 128,

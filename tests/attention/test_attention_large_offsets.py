@@ -5,7 +5,7 @@ allocated but never filled (the OS maps only the pages the views touch), so a te
 
 - Rows 2^23 - 64 elements apart (300 rows) or 2^30 + 256 apart (3 rows): the kernels address rows
   in 64 bits (tiles.ops.block_ptrs). Before, the address wrapped: the interpreter crashed reading
-  it, and on the H100 a decode step against a 2M-key cache faulted (notes/attention.md, session 22).
+  it, and on the H100 a decode step against a 2M-key cache faulted (notes/attention/README.md, session 22).
 - Columns 2^25 + 2^20 elements apart: a block's columns span 2^31; such views are copied first
   (tiles.launch.tl_addressable).
 """

@@ -109,7 +109,7 @@ for d in (64, 128):  # D = 64: the dQ warpgroup (the helper partition) receives 
 
 
 def test_attention_backward_draws_its_tiles_with_and_without_the_helper():
-    """The attention backward with drawn tiles (an option: measured no faster, notes/attention.md,
+    """The attention backward with drawn tiles (an option: measured no faster, notes/attention/README.md,
     session 19) compiles at D = 64, where the template's helper partition takes the ids from the
     same ring as the consumers, and at D = 128: draws and reset in the PTX, none when dealt."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

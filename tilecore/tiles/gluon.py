@@ -60,14 +60,14 @@ The helper holds the tile's operand too: the next tile's is loaded once it has l
 four warpgroups (two consumers, the helper, the producer's) share 512 registers a thread: attention
 at D = 64 gives the consumers 200 and the helper 88. (Session 17 also tried the helper as the
 producer, three warpgroups in 504, for D = 128's consumers at 224: the helper's 56 registers made
-it too slow, notes/attention.md.)
+it too slow, notes/attention/README.md.)
 
 With ``tile_counter`` (an int32 in global memory, zero at launch) the tiles are dynamic: each
 program's producer draws its next tile from the counter when it gets to it (an atomic add) and hands
 the id to the consumers (and the helper) through a small ring in shared memory, so programs that run faster take
 more tiles and all end within about a tile of each other. A static share of equal tiles can end
 far apart: the Hadamard kernel's 64 rows a program ended over 21 us of a 373 us call, since a
-row's time varies by tens of percent from one to the next (notes/hadamard.md, session 18). Every
+row's time varies by tens of percent from one to the next (notes/hadamard/README.md, session 18). Every
 program draws once past the last tile; the draw of ``num_tiles + programs - 1``, the launch's last,
 sets the counter back to zero, so the next launch on the stream finds it so.
 
@@ -143,7 +143,7 @@ def opaque_int(x):
     what is computed from it stays where it is written. For a mask whose key offset is a constant
     (a tile's first key block): LLVM hoisted its comparisons (64 a thread) to the tile's start, kept
     them live through the tile as packed predicates, and turned the masking branch into selects run
-    at every first step (notes/attention.md, session 13)."""
+    at every first step (notes/attention/README.md, session 13)."""
     return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
 

@@ -1,7 +1,7 @@
 """Launching ``triton.jit`` and ``gluon.jit`` kernels with less host time.
 
 Triton 3.6 binds and specializes every argument in Python on each launch: about 40 us per call on the
-lent H100's host (notes/hadamard.md), several times a small kernel's run time. ``CachedLaunch`` keys
+lent H100's host (notes/hadamard/README.md), several times a small kernel's run time. ``CachedLaunch`` keys
 the compiled kernel on exactly what Triton specializes (each argument's type and 16-byte alignment or
 divisibility, the constexprs and the launch options) and calls it directly the next time. A Gluon
 kernel's TMA operands go in as :class:`TmaOperand`: the launch that compiles gets the checked
@@ -19,7 +19,7 @@ from tilecore import dispatch
 
 
 # Host arithmetic for launch sizes: triton.cdiv and triton.next_power_of_2 are constexpr_functions,
-# ~2 us a host call (notes/attention.md, session 21)
+# ~2 us a host call (notes/attention/README.md, session 21)
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -14,7 +14,7 @@ of them), the whole-tile loop idles P - R programs for a tile's time: 3% of a 40
 SMs (512 tiles, 3.88 waves). With ``stream_k_work`` the first T - R tiles stay whole (an equal
 number per program) and the K steps of the last R are spread evenly over all P programs (Osama et
 al., "Stream-K"); on the H100 that pays only where whole tiles would leave most SMs idle, not for
-4096^3's 88%-full last wave (``stream_k_units``, notes/gemm.md v5). A program's share then covers
+4096^3's 88%-full last wave (``stream_k_units``, notes/gemm/README.md v5). A program's share then covers
 the end of one tile and the start of the next: the start goes first and is written as a float32
 partial (then a flag is raised); the end, which holds its tile's last K step, waits for the flags
 of the tile's earlier shares, adds their partials and stores the tile. Every wait is for a share
@@ -150,7 +150,7 @@ def stream_k_units(tiles: int, k_iters: int, programs: int, mode: str = "auto") 
     """Units of work for ``stream_k_work`` with STREAM_K, or 0 for whole tiles.
 
     ``mode="always"``: stream-K wherever the last wave is partial (and tiles have at least
-    STREAM_K_MIN_TILE_STEPS K steps). ``"auto"``: only where it pays on the H100 (notes/gemm.md,
+    STREAM_K_MIN_TILE_STEPS K steps). ``"auto"``: only where it pays on the H100 (notes/gemm/README.md,
     v5): the whole-tile waves keep less than STREAM_K_MAX_BUSY of the SMs busy and the last wave's
     share saves at least STREAM_K_MIN_SAVED K steps. A partial costs a tile's write and read at
     L2 speed (3-5 us), more than a tail wave of 88% full SMs loses, so 4096^3 and 8192^3 keep whole

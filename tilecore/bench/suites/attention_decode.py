@@ -9,7 +9,7 @@ copies that together exceed L2, so each call reads K and V from memory.
 
 Timed as servers run decode steps: back-to-back calls replayed from a CUDA graph (``timing="graph"``),
 so the figures are GPU time. Eagerly, a call at B = 1 is host-bound for every implementation
-(40-140 us of Python and launch against 6-30 us on the GPU on the lent H100; notes/attention.md).
+(40-140 us of Python and launch against 6-30 us on the GPU on the lent H100; notes/attention/README.md).
 """
 from __future__ import annotations
 

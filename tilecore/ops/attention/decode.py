@@ -32,7 +32,7 @@ from tilecore.tiles.ops import LOG2E, LOG2E_IN_KERNEL
 # whatever the group (decode, speculative decode), and up to DECODE_MAX_PACKED_QUERIES where a kv
 # head's packed rows (queries x group) are at most DECODE_MAX_PACKED_ROWS. Against the query-block
 # (Gluon) forward on the H100 (GPU time, Hq 32, D 64 and 128, B 1-64 with 1024-16384 keys;
-# notes/attention.md, session 21): 16 queries won everywhere (1.01-10.6x); 64 packed rows (MHA, 64
+# notes/attention/README.md, session 21): 16 queries won everywhere (1.01-10.6x); 64 packed rows (MHA, 64
 # queries) 1.01-2.8x, 128 (group 4, 32 queries) 1.14-6.3x; beyond, it lost at B >= 4 (0.34-0.96x:
 # its row blocks each read K and V again, with mma.sync) while the query blocks fill their tiles.
 DECODE_MAX_QUERIES = 16
@@ -127,7 +127,7 @@ _MERGE = CachedLaunch(_attn_merge_splits)
 # Programs the split aims for, per SM: one wave. Splitting further than a wave costs more in the
 # merge than it gains (H100, Hq 32 / Hkv 8, D 128, 1 query: B 16 with 1024 keys, 128 tiles, ran
 # 26 us unsplit against 29-31 us in 2-5 splits; B 1 with 16384 keys 26.4 us in 16 splits of 1024
-# keys against 28.3 in 64; notes/attention.md, session 21)
+# keys against 28.3 in 64; notes/attention/README.md, session 21)
 DECODE_PROGRAMS_PER_SM = 1
 # The most key ranges: the merge loads a row's parts at once
 DECODE_MAX_SPLITS = 64
@@ -147,7 +147,7 @@ def decode_fits(q, k) -> bool:
 
 def decode_config(d: int, interpret: bool) -> dict:
     """Keys a step (BLOCK_N) and launch options of the split-key kernel for head dim ``d``, from the
-    H100 sweeps of one query against 1024-16384 keys (notes/attention.md, session 21); small blocks
+    H100 sweeps of one query against 1024-16384 keys (notes/attention/README.md, session 21); small blocks
     in the interpreter, so tests cover several blocks and splits."""
     if interpret:
         return dict(BLOCK_N=16)

@@ -26,7 +26,7 @@ template's ``z_desc``), from a (B * H, 2, N) view of a row-padded buffer that th
 (lse with -inf made +inf, so that a row with no key gets p = 0, and delta): read from shared memory
 straight into S^T's columns. (Loaded by pointer and spread over the columns through a layout
 conversion, they cost three partition barriers a step: removing them ran D = 128 7-9% faster on
-the H100, notes/attention.md, session 14.)
+the H100, notes/attention/README.md, session 14.)
 
 Masks: keys past Nk (only the last key block) and, when causal, keys after a query's diagonal
 (only blocks crossing it). Query rows past N arrive as zeros, Q, dO, lse and delta alike: their p
@@ -117,7 +117,7 @@ def _step_rows(g, cfg: gl.constexpr, tile, kk):
     up from its diagonal, so that the second walks of a kv head's programs also meet (at block
     t - 2 when the first walks are at n - 1 - t). With the walk above (each tile its own block,
     whichever head) they used every row of the group at once, 4 to 16 times the L2 working set of
-    one head, and the backward ran at 0.58-0.76x cuDNN on the H100 (notes/attention.md, session
+    one head, and the backward ran at 0.58-0.76x cuDNN on the H100 (notes/attention/README.md, session
     20). kk // G comes from a float32 reciprocal with one correction each way, exact for kk < 2^24
     (the launcher checks it): an integer division by a runtime value is ~25 instructions, and three
     a step cost D = 64 causal 10% (session 14)."""
@@ -258,12 +258,12 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
        softmax, when S^T and dP^T no longer hold registers (D = 128 has none to spare for 2): no
        consumer waits for the other's dS of the same step, and dQ is staged and added under dV
        and dK. At D = 128 without a mask 0-5% faster than 1 on the H100, with the mask 1-3%
-       slower, at D = 64 4-13% slower than 2 (notes/attention.md, session 15; session 5's b5 had
+       slower, at D = 64 4-13% slower than 2 (notes/attention/README.md, session 15; session 5's b5 had
        found it slower everywhere, before the stats came by TMA).
     4 (warpgroup): not in the consumers: they write dS^T as for 1-3 and go on; a warpgroup of its own
        (the template's helper: ``_dq_issue``, ``_dq_finish``) computes and adds each step's dQ.
     (Each consumer adding its own partial dQ over its own keys, with no dS exchange and twice the
-    reductions, measured equal or slower: notes/attention.md, b8. One consumer computing a step's
+    reductions, measured equal or slower: notes/attention/README.md, b8. One consumer computing a step's
     whole dQ, the two taking turns, saved a fifth of D = 64's dQ traffic but lost to 2: session 15.)"""
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
@@ -413,7 +413,7 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
 # With BM = 128 every product is m64 n64 with K of 64 or 128, where the key split's dQ is m64 n32
 # (each consumer half of dQ's columns) and its step half as long; the consumers meet once a step, as
 # with "fused". On the H100 at D = 64 it ran 0.87-0.98x cuDNN against the key split's 0.80-0.91x
-# without a causal mask (notes/attention.md, session 12), until the key split held K and V in
+# without a causal mask (notes/attention/README.md, session 12), until the key split held K and V in
 # registers (session 14): no launcher config takes it now (kernels.QUERY_SPLIT_D64, for the probes).
 # ``g`` gains (p_smem, ds_smem, ds_full, ds_free, dq_staging) at 16..20 (ds_smem at 17, not 16).
 
@@ -468,7 +468,7 @@ def _compute_split(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i)
     slower on the H100), then the products once both consumers wrote theirs. The shared P^T and dS^T
     are single buffers: a consumer writes step i's once both finished step i - 1's products. (A
     "crossed" order, the other consumer's half of the keys first and the products over its queries
-    run under one's own half, spilled 300-460 bytes and ran 1-7% slower: notes/attention.md.)"""
+    run under one's own half, spilled 300-460 bytes and ran 1-7% slower: notes/attention/README.md.)"""
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
@@ -584,7 +584,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
     # with the dQ warpgroup (D = 64 only) four warpgroups share 512 registers a thread: consumers 200,
     # helper 88, producer 24. At D = 128 the consumers need 224, which leaves the helper 40: ptxas
     # then ignores every setmaxnreg and spills (and as the producer too, in 504 with 56, the helper
-    # was too slow: 0.65-0.69x cuDNN, notes/attention.md, session 17)
+    # was too slow: 0.65-0.69x cuDNN, notes/attention/README.md, session 17)
     gl.static_assert(DQ != 4 or D == 64, "the dQ warpgroup (DQ 4) fits D = 64")
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=200 if DQ == 4 else 240,

@@ -215,7 +215,7 @@ def _first_key(cfg: gl.constexpr, kk):
     Seen as a constant, the causal mask of that block depends only on the tile: LLVM hoisted its
     comparisons to the tile's start and turned the masking branch into selects, ~600 instructions
     (a step's worth) at every tile, needed or not; hidden, the causal forward ran 5-20% faster on
-    the H100 (notes/attention.md, session 13). Without a mask (only keys past Nk) the hoisted part
+    the H100 (notes/attention/README.md, session 13). Without a mask (only keys past Nk) the hoisted part
     is small, and hiding it there moved a spill into the loop of three consumers."""
     if cfg[0]:
         return opaque_int(kk * cfg[2])

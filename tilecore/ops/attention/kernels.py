@@ -253,7 +253,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
 
 def forward_config(d: int, interpret: bool) -> dict:
     """Block sizes and launch options of the forward kernel for head dim d: the fastest of four
-    tried on the H100 at B=16 H=16 N=4096 (notes/attention.md); small blocks in the interpreter,
+    tried on the H100 at B=16 H=16 N=4096 (notes/attention/README.md); small blocks in the interpreter,
     so tests cover several blocks."""
     if interpret:
         return dict(BLOCK_M=32, BLOCK_N=16)
@@ -266,7 +266,7 @@ def forward_config(d: int, interpret: bool) -> dict:
 
 def backward_config(d: int, interpret: bool) -> dict:
     """The dk/dv and dq kernels' blocks: 64 x 64 with 4 warps was 1.4-2.1x faster on the H100 than
-    the 8-warp and 128-wide variants tried (notes/attention.md)."""
+    the 8-warp and 128-wide variants tried (notes/attention/README.md)."""
     if interpret:
         return dict(BLOCK_M=16, BLOCK_N=32)
     if d <= 128:
@@ -283,19 +283,19 @@ _DQ = CachedLaunch(_attn_bwd_dq)
 # Hopper's Gluon forward (gluon_kernels.py): the head dims it serves, with its query rows per consumer
 # warpgroup (block_m), keys per step (block_n), ring depth, consumer warpgroups and the FA3-style
 # overlap of softmax with P V, and Q buffers per consumer (2: the next tile's Q loads while a tile
-# runs), from the sweeps on the H100 (notes/attention.md)
+# runs), from the sweeps on the H100 (notes/attention/README.md)
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, overlap=True, consumers=2, q_buffers=2),
                  128: dict(block_m=64, block_n=128, stages=2, overlap=True, consumers=2, q_buffers=2)}
 # At D = 128 two Q buffers (224 KiB of shared memory) won where tiles are short (N = 512: +15%,
 # causal +18%), and, once causal tiles were balanced (session 9), at N = 8192 too (+8%, causal
-# +2%; N = 4096 +1.5% / 0%; session 5 had measured N = 4096 causal -3 to -4%; notes/attention.md)
+# +2%; N = 4096 +1.5% / 0%; session 5 had measured N = 4096 causal -3 to -4%; notes/attention/README.md)
 SHORT_TILE_KEY_BLOCKS = 8
 # D = 64 takes three consumer warpgroups (FlashAttention-3's choice there: the softmax is long next
 # to the wgmma at this head dim) where its 192-row tiles pay: not causal from N = 2048 (N = 4096
 # +8%, 16384 +17%; N <= 1024 -5 to -27%: partial tiles). Causal from N = 1024, and there ahead of
 # the carried pipeline, since the first block's mask stopped costing every tile (session 13, two
 # runs, against two consumers: 1024 +6 to +9%, 2048 -2% / +0%, 4096 +4.6 to +6%; before it, three
-# consumers won causal only from N = 8192) (notes/attention.md)
+# consumers won causal only from N = 8192) (notes/attention/README.md)
 THREE_CONSUMERS_MIN_N = {False: 2048, True: 1024}
 # Three consumers keep two Q buffers each (the next tile's Q loads while a tile runs) where tiles are
 # short: N <= 4096 (session 13, not causal: +2.5 / +1.4% at 4096 and +3.7 / +4.4% at 2048 in two
@@ -303,7 +303,7 @@ THREE_CONSUMERS_MIN_N = {False: 2048, True: 1024}
 THREE_CONSUMERS_Q2_MAX_N = 4096
 # Causal tiles this short (keys a query row sees, on average) take 64-key blocks: their diagonal
 # block, half of it masked, is half as large. N = 512: D128 225 -> 293-304 TFLOP/s, D64 184 -> 217;
-# N = 1024 +2% / +12%; from N = 2048 (and never causal) 128-key blocks win (notes/attention.md, session 9)
+# N = 1024 +2% / +12%; from N = 2048 (and never causal) 128-key blocks win (notes/attention/README.md, session 9)
 SHORT_CAUSAL_KEYS = 512
 # ... and at D = 128 a ring of 3 of those (half-size) stages, not 2: N = 512 causal 300-302 -> 326-329
 # TFLOP/s in three runs (0.87 -> 0.95x cuDNN), N = 1024 -1.7 to +2.8% (session 22; 4 stages: +6 /
@@ -361,7 +361,7 @@ _GLUON_DQ = _gluon_kernel("gluon_dq", "attention_dq_kernel")
 # The bytes of shared operands (the forward's K and V, the backward's Q and dO) of the heads that the
 # persistent tile order keeps together, so that they stay in the H100's 50 MiB L2. 8 MiB, not half
 # the L2 (24 MiB until session 10): at D = 128 it gained 0-5% forward and 2-13% backward on the H100
-# (notes/attention.md, session 10), D = 64 within noise. At D = 128 it gives as many heads as one
+# (notes/attention/README.md, session 10), D = 64 within noise. At D = 128 it gives as many heads as one
 # wave of 132 programs takes tiles (e.g. N = 4096: 4 heads of 32 tiles of 128 rows)
 L2_GROUP_BYTES = 8 << 20
 
@@ -373,7 +373,7 @@ def _heads_in_l2(bytes_per_head: int) -> int:
 
 
 # A tile's fixed cost (pipeline fill and drain, epilogue) in key-block steps, for the balanced
-# schedule's cost model: ~2.5-4 us a tile on the H100, 5-7% of a 32-step tile (notes/attention.md)
+# schedule's cost model: ~2.5-4 us a tile on the H100, 5-7% of a 32-step tile (notes/attention/README.md)
 TILE_OVERHEAD_STEPS = 2
 
 
@@ -533,7 +533,7 @@ GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3), 128: dict(block_m=64, b
 # 1.01x against 0.91 / 0.96x with the Gluon dq kernel at N = 4096 / 8192); K and V do not fit in its
 # registers (ptxas serialized every wgmma); without a mask, dQ lagged by a step (issued with the next
 # step's dV and dK) since session 15: 1.00-1.03x against fused's 0.98-1.02x at N = 2048-16384, where
-# causal it lost 1-3% (notes/attention.md). Tiles drawn as programs get to them (``drawn``) measured
+# causal it lost 1-3% (notes/attention/README.md). Tiles drawn as programs get to them (``drawn``) measured
 # -3 to +3% against dealt (session 19): off.
 KEY_SPLIT_D64 = dict(block_m=64, block_n=64, stages=2, dq_from="warpgroup", kv_regs=True)
 QUERY_SPLIT_D64 = dict(block_m=128, block_n=64, stages=2, dq_from="fused", split="queries")

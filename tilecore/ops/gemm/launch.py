@@ -15,11 +15,11 @@ from tilecore.tiles.schedule import num_tiles, stream_k_launch
 # partitions that split each tile's rows), and the largest epilogue buffer (the output tile is
 # stored in column slices that fit it)
 # (v2's 4 stages through a 32 KiB sliced epilogue measured no better than 3 stages with a whole-tile
-# 64 KiB buffer: notes/gemm.md; fp32 output is stored in two 128-column slices)
+# 64 KiB buffer: notes/gemm/README.md; fp32 output is stored in two 128-column slices)
 GLUON_BF16 = dict(block=(128, 256, 64), stages=3, group_m=8, num_warps=8, epilogue_bytes=65536, consumers=2)
 # small K (a few K steps per tile, the epilogue's share grows): 128 x 128 tiles, twice as many, and a
 # deeper ring (4096 x 4096 x 256: 1.07x cuBLAS against 1.02x for GLUON_BF16; equal at K = 64;
-# 0.94x at K = 1024, where GLUON_BF16 gives 1.01x; notes/gemm.md)
+# 0.94x at K = 1024, where GLUON_BF16 gives 1.01x; notes/gemm/README.md)
 GLUON_BF16_SMALL_K = dict(GLUON_BF16, block=(128, 128, 64), stages=4)
 SMALL_K = 256
 GLUON_FP8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8, epilogue_bytes=65536)
@@ -32,7 +32,7 @@ TL_CPU = dict(block=(32, 32, 32), stages=2, group_m=2, num_warps=4, stream_k="al
 
 # the Gluon kernel through tiles.launch's fast path: compiled kernels cached by everything Triton
 # specializes them on, so that later launches skip its argument binding and cache lookup (which cost
-# more than a 4096^3 GEMM's run time on a slow host, notes/gemm.md)
+# more than a 4096^3 GEMM's run time on a slow host, notes/gemm/README.md)
 _GLUON_GEMM = CachedLaunch(lambda: importlib.import_module("tilecore.ops.gemm.gluon_kernels").gemm_kernel)
 
 

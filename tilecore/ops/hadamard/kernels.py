@@ -156,7 +156,7 @@ def hadamard_kernel(x, out, rows, stride_x, stride_out, scale,
 # * N2 >= 16 (a tensor-core tile; smaller n are zero-padded to 16); N1 is 1 (one product) or >= 16.
 # * Tensor-core FLOP per element: 2 N1 + 4 N2 (2 N2 when N1 = 1: one exact stage).
 # * N1 >= 64 runs one row per tile (2-D wgmma); N1 <= 32 batches rows (3-D product).
-# Chosen from timings on the H100 (notes/hadamard.md). n < 16 is listed (op.py checks n against PLANS)
+# Chosen from timings on the H100 (notes/hadamard/README.md). n < 16 is listed (op.py checks n against PLANS)
 # but launch() sends it to butterfly.py; config() still serves those plans to callers that ask.
 PLANS = {
     1: (1, 1, 16), 2: (1, 1, 16), 4: (1, 1, 16), 8: (1, 1, 16), 16: (1, 1, 16),
@@ -168,7 +168,7 @@ MAX_N = max(PLANS)
 
 # n -> (elements per tile, warps, software-pipeline stages of the persistent loop's loads, programs per
 # SM in the persistent grid), chosen from the compiler's register and shared-memory report
-# (scripts/hadamard_resources.py) and timings on the H100 (notes/hadamard.md).
+# (scripts/hadamard_resources.py) and timings on the H100 (notes/hadamard/README.md).
 TUNING = {n: (4096, 8, 3, 4) for n in PLANS} | {n: (16384, 8, 3, 1) for n in (16, 32, 64, 128)} | {
     256: (32768, 8, 3, 16), 512: (4096, 8, 3, 16), 1024: (8192, 8, 3, 16), 2048: (16384, 8, 3, 4),
     4096: (4096, 8, 5, 16), 8192: (8192, 8, 5, 4), 16384: (4096, 8, 3, 1), 32768: (4096, 8, 3, 1)}
@@ -195,7 +195,7 @@ def config(n: int, *, fp32: bool = False, plan: tuple | None = None, tile_elems:
 _launch_hadamard = CachedLaunch(hadamard_kernel)
 
 # float16/bfloat16: n -> (which side goes through TMA, tuning that differs from the pointer path's)
-# where that measured faster than pointers on the H100 (notes/hadamard.md, v7). Other n, float32, and
+# where that measured faster than pointers on the H100 (notes/hadamard/README.md, v7). Other n, float32, and
 # tensors TMA cannot describe (tma_fits) load and store through pointers with PLANS and TUNING.
 # More programs per SM than fit at once (waves 32-64) measured faster with TMA; why was not profiled
 # (a guess: the hardware balances the last tiles, while each program still pipelines a few tiles).
@@ -216,7 +216,7 @@ TMA_MODES = {False: (False, False), "none": (False, False), "load": (True, False
 
 # Below this many elements the pointer path serves every n: TMA_TUNING was timed at 2^28 elements,
 # and for few rows a TMA launch (two host-built descriptors, persistent grids of 32-64 programs per
-# SM) measured 50-830 us against the pointer path's 7-24 us (hadamard-latency, notes/hadamard.md).
+# SM) measured 50-830 us against the pointer path's 7-24 us (hadamard-latency, notes/hadamard/README.md).
 TMA_MIN_ELEMENTS = 1 << 24
 
 
@@ -249,7 +249,7 @@ def _descriptor(t, cfg: dict):
 
 # n -> (ring stages, lookahead) of Hopper's Gluon kernel (gluon_kernels.py), for float16/bfloat16 rows
 # of n = 8192 S (S = 2, 4) that are contiguous and TMA-describable, from TMA_MIN_ELEMENTS elements: the
-# default for the n listed here (notes/hadamard.md, v9; 16384 since session 18, when rows drawn as
+# default for the n listed here (notes/hadamard/README.md, v9; 16384 since session 18, when rows drawn as
 # programs get to them took it from 93.8% of copy to 98.6%, past the tl kernel's 96.2-96.5%);
 # GLUON_SIZES is what the kernel can do. GLUON_STAGES: the ring depth where n has no entry. At
 # n = 32768 the loads run best exactly a row (4 slices) ahead of the consumers: 3 lost 10%, 5 lost 2%,
@@ -300,7 +300,7 @@ def gluon_programs(rows: int, num_sms: int) -> int:
     of rows better. A row is a program's whole tile (128 KiB of traffic at n = 32768), and a last
     round of a few rows keeps those SMs busy for a whole row's time while the rest idle: 8,192 rows
     on 132 SMs leave 8 in a 63rd round; 128 programs run 64 full rounds, 0.7-0.8% faster (the
-    memory being the limit, fewer SMs cost little; 120 programs lose 1-1.4%; notes/hadamard.md,
+    memory being the limit, fewer SMs cost little; 120 programs lose 1-1.4%; notes/hadamard/README.md,
     session 11)."""
     if rows <= num_sms:
         return rows
