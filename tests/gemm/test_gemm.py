@@ -5,7 +5,8 @@ import torch
 
 import tilecore
 from tilecore import accuracy
-from tilecore.ops.gemm import launch, reference
+from tilecore import dispatch
+from tilecore.ops.gemm import configs, launch, plan, reference
 
 
 def rel(out, ref):
@@ -47,7 +48,9 @@ def test_every_element_written(dtype):
     b = torch.randn(K, N, dtype=torch.float16)
     big = torch.full((M + 3, N + 5), float("nan"), dtype=dtype)
     c = big[1:M + 1, 2:N + 2]
-    launch.launch_tl(a, b, c, **launch.TL_CPU)
+    p = plan.plan(a, b, out_dtype=dtype, config=configs.TL_CPU)
+    assert p.path == "tl" and p.c_dtype == dtype  # written in place
+    launch.launch(p, a, b, out=c)
     assert torch.isfinite(c).all()
     assert torch.isnan(big[0]).all() and torch.isnan(big[M + 1:]).all()
     assert torch.isnan(big[:, :2]).all() and torch.isnan(big[:, N + 2:]).all()
@@ -73,7 +76,9 @@ def test_stream_k_tail_matches_float64(M, N, K):
     for _ in range(2):  # the flags a launch leaves must let the next one run the same way
         big = torch.full((M + 2, N + 2), float("nan"))
         c = big[1:M + 1, 1:N + 1]
-        launch.launch_tl(a, b, c, bias, **launch.TL_CPU)
+        p = plan.plan(a, b, out_dtype=torch.float32, bias=bias, config=configs.TL_CPU)
+        assert p.stream_k and p.c_dtype == torch.float32
+        launch.launch(p, a, b, bias, out=c)
         assert torch.isnan(big[0]).all() and torch.isnan(big[M + 1]).all()
         assert torch.isnan(big[:, 0]).all() and torch.isnan(big[:, N + 1]).all()
         assert torch.isfinite(c).all() and rel(c, ref) < 1e-6
@@ -82,7 +87,9 @@ def test_stream_k_tail_matches_float64(M, N, K):
         outs.append(c.clone())
     assert torch.equal(outs[0], outs[1])
     whole = torch.empty(M, N)
-    launch.launch_tl(a, b, whole, bias, **dict(launch.TL_CPU, stream_k="off"))
+    p = plan.plan(a, b, out_dtype=torch.float32, bias=bias, config=dict(configs.TL_CPU, stream_k="off"))
+    assert not p.stream_k
+    launch.launch(p, a, b, bias, out=whole)
     assert rel(whole, ref) < 1e-6
 
 
@@ -92,7 +99,8 @@ def test_tile_orders_agree():
     outs = []
     for group in (1, 2, 8):
         c = torch.full((100, 120), float("nan"))
-        launch.launch_tl(a, b, c, **dict(launch.TL_CPU, group_m=group))
+        launch.launch(plan.plan(a, b, out_dtype=torch.float32, config=dict(configs.TL_CPU, group_m=group)), a, b,
+                      out=c)
         outs.append(c)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
@@ -181,4 +189,35 @@ def test_gemm_fp8_errors():
 
 def test_gluon_plan_is_for_hopper_only():
     a = torch.randn(64, 64, dtype=torch.bfloat16)
-    assert launch.gluon_plan(a, a, torch.bfloat16) is None
+    assert plan.plan(a, a, out_dtype=torch.bfloat16).path == "tl"
+    assert plan.plan(a, a, out_dtype=torch.bfloat16, path="gluon").path == "tl"
+
+
+def as_if_hopper(monkeypatch):
+    """Plans for CPU tensors as for CUDA tensors on an H100 (the plan asks only dispatch)."""
+    monkeypatch.setattr(dispatch, "interpreted", lambda device: False)
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: True)
+
+
+def test_hopper_plans(monkeypatch):
+    """The fit checks of plan.plan, as on Hopper: which kernel, configuration and operand form."""
+    as_if_hopper(monkeypatch)
+    a = torch.randn(256, 512, dtype=torch.bfloat16)
+    b = torch.randn(512, 384, dtype=torch.bfloat16)
+    p = plan.plan(a, b, out_dtype=torch.bfloat16)
+    assert p.path == "gluon" and p.config is configs.GLUON_BF16 and not (p.b_t or p.copy_a or p.copy_b)
+    assert plan.plan(a, b.t().contiguous().t(), out_dtype=torch.float32).b_t  # column-major B: B^T as is
+    assert plan.plan(a[:, :256], b[:256], out_dtype=torch.bfloat16).config is configs.GLUON_BF16_SMALL_K
+    p = plan.plan(a.t().contiguous().t(), b[:, 1:257], out_dtype=torch.bfloat16)  # B's base 2 bytes off
+    assert p.path == "gluon" and p.copy_a and p.copy_b and not p.b_t  # both copied row-major
+    p = plan.plan(a, b[:, :100], out_dtype=torch.bfloat16)  # rows of 200 bytes: not TMA's
+    assert p.path == "tl" and p.config is configs.TL_GPU and "TMA cannot describe" in p.notice
+    assert plan.plan(a, b, out_dtype=torch.bfloat16, path="tl").path == "tl"
+    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+    p = plan.plan(a8, b8, out_dtype=torch.bfloat16, scales=(torch.ones(256, 1), torch.ones(1)))
+    assert p.path == "gluon" and p.config is configs.GLUON_FP8 and p.b_t and p.copy_b and p.scales == 2
+    assert plan.plan(a8, b8.t().contiguous().t(), out_dtype=torch.bfloat16,
+                     scales=(torch.ones(1), torch.ones(384))).copy_b is False
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: False)
+    p = plan.plan(a, b, out_dtype=torch.bfloat16)
+    assert p.path == "tl" and p.config is configs.TL_GPU and "older than Hopper" in p.notice

@@ -3,7 +3,8 @@
 * ``op``: public functions, checks, torch.library custom ops (with fake implementations), autograd;
 * ``gluon_kernels``: the Hopper kernel (TMA ring, warp specialization, wgmma, TMA-store epilogue);
 * ``kernels``: the same GEMM on the ``tl`` twin of the template (interpreter, older GPUs);
-* ``launch``: which kernel serves which operands; ``reference``: PyTorch references.
+* ``plan``: which kernel serves which operands, with which configuration (``configs``: the measured
+  tables) and grid; ``launch``: one launch of a plan; ``reference``: PyTorch references.
 """
 from tilecore.ops.gemm.op import gemm, gemm_fp8
 

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 
 from tilecore import dispatch
-from tilecore.ops.gemm import launch, reference
+from tilecore.ops.gemm import launch, plan
 
 _IN = (torch.bfloat16, torch.float16)
 _OUT = (torch.bfloat16, torch.float16, torch.float32)
@@ -67,11 +67,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
 
 
 def _gemm_impl(a, b, bias, out_dtype):
-    return dispatch.select(a.device, kernel=_kernel, reference=reference.gemm)(a, b, bias, out_dtype)
-
-
-def _kernel(a, b, bias, out_dtype):
-    return launch.run(a, b, bias, out_dtype)
+    return launch.launch(plan.plan(a, b, out_dtype=out_dtype, bias=bias), a, b, bias)
 
 
 @torch.library.custom_op("tilecore::gemm", mutates_args=())
@@ -137,11 +133,8 @@ def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
 
 
 def _gemm_fp8_impl(a, b, scale_a, scale_b, out_dtype):
-    return dispatch.select(a.device, kernel=_kernel_fp8, reference=reference.gemm_fp8)(a, b, scale_a, scale_b, out_dtype)
-
-
-def _kernel_fp8(a, b, scale_a, scale_b, out_dtype):
-    return launch.run(a, b, None, out_dtype, scale_a, scale_b)
+    scales = (scale_a, scale_b)
+    return launch.launch(plan.plan(a, b, out_dtype=out_dtype, scales=scales), a, b, scales=scales)
 
 
 @torch.library.custom_op("tilecore::gemm_fp8", mutates_args=())

@@ -1,0 +1,26 @@
+"""The GEMM's measured configurations, one table row each (``plan.plan`` picks the row).
+
+Gluon rows (Hopper): ``block`` (M, N, K), ring ``stages``, ``group_m`` (the L2-aware tile order),
+``num_warps`` consumer warps in all, split over ``consumers`` partitions that each take a share of
+every tile's rows, ``epilogue_bytes`` (the largest output buffer: the tile is stored in column
+slices that fit it) and ``stream_k`` ("auto", "always", "off": tiles.schedule.stream_k_units).
+tl rows: the same, less the epilogue and consumers. Runs behind every figure: notes/gemm/README.md.
+"""
+from __future__ import annotations
+
+# 128 x 256 x 64, 3 stages, two consumer partitions: at cuBLAS parity on the H100; 4 stages through a
+# sliced epilogue measured no better (notes/gemm/README.md, v2 and v4)
+GLUON_BF16 = dict(block=(128, 256, 64), stages=3, group_m=8, num_warps=8, epilogue_bytes=65536, consumers=2,
+                  stream_k="auto")
+# K <= SMALL_K: twice as many 128 x 128 tiles and a deeper ring, 1.07x cuBLAS at K = 256 against 1.02x
+# (notes/gemm/README.md, v4)
+GLUON_BF16_SMALL_K = dict(GLUON_BF16, block=(128, 128, 64), stages=4)
+SMALL_K = 256
+# fp8 (B as B^T, K-major): the bf16 row with K steps of 128 one-byte elements (notes/gemm/README.md, v1)
+GLUON_FP8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8, epilogue_bytes=65536, consumers=1,
+                 stream_k="auto")
+# GPUs older than Hopper and operands TMA cannot describe: untimed, so no stream-K tail
+TL_GPU = dict(block=(128, 128, 64), stages=3, group_m=8, num_warps=8, stream_k="off")
+# the interpreter: small tiles, and the stream-K tail wherever the last wave is partial, so the tests
+# exercise it
+TL_CPU = dict(block=(32, 32, 32), stages=2, group_m=2, num_warps=4, stream_k="always")

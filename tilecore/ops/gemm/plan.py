@@ -1,0 +1,117 @@
+"""Which kernel serves a GEMM, with which configuration and grid: every fit check in one place.
+
+``plan(a, b, out_dtype=...)`` returns a ``Plan``; ``launch.launch(plan, a, b, ...)`` runs it. Paths:
+
+* "gluon": Hopper, operands TMA can describe (or copied once into a layout it can): the TMA + wgmma
+  kernel of gluon_kernels.py;
+* "tl": the same GEMM on the tl twin of the template (kernels.py): GPUs older than Hopper, operands
+  TMA cannot describe, and CPU tensors through Triton's interpreter;
+* "reference": PyTorch (CPU tensors without the interpreter, and empty products).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+
+from tilecore import dispatch
+from tilecore.ops.gemm import configs
+from tilecore.tiles.launch import tma_describable
+from tilecore.tiles.schedule import num_tiles, stream_k_plan
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How one GEMM runs. ``config`` is a configs.py row; ``grid`` the persistent programs, looping
+    over ``units`` units of work (the tiles, or with ``stream_k`` tiles.schedule.stream_k_units)."""
+    path: str  # "gluon" | "tl" | "reference"
+    out_dtype: torch.dtype
+    config: dict = dataclasses.field(default_factory=dict)
+    grid: tuple[int, ...] = ()
+    units: int = 0
+    stream_k: bool = False
+    has_bias: bool = False
+    scales: int = 0  # fp8 scales: 0 none, else 1 + (per row of A) + 2 * (per column of B)
+    b_t: bool = False  # gluon: B goes in as B^T [N, K] (K-major), which fp8 wgmma requires
+    copy_a: bool = False  # gluon: A (B) is first copied into a layout TMA can describe
+    copy_b: bool = False
+    operand_dtype: torch.dtype | None = None  # tl in the interpreter: A and B converted to this first
+    bias_dtype: torch.dtype | None = None  # ... and the bias to this
+    c_dtype: torch.dtype | None = None  # the kernel writes C in this dtype, rounded once to out_dtype after
+    notice: str | None = None  # printed once: why a slower path serves these operands
+
+
+def scales_code(scale_a: torch.Tensor, scale_b: torch.Tensor) -> int:
+    """The kernels' SCALES: 1 + (per-row scales of A) + 2 * (per-column scales of B)."""
+    return 1 + int(scale_a.numel() > 1) + 2 * int(scale_b.numel() > 1)
+
+
+def plan(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype, bias: torch.Tensor | None = None,
+         scales: tuple[torch.Tensor, torch.Tensor] | None = None, path: str | None = None,
+         config: dict | None = None) -> Plan:
+    """The plan of C = A B (+ bias) [* scales] for checked operands (op.py checks them): A [M, K],
+    B [K, N], ``scales`` (scale_a, scale_b) for fp8. ``path`` ("gluon", "tl") and ``config`` (a row
+    like configs.py's) replace the measured choice (tests, probes); "gluon" still needs Hopper and
+    operands it can take."""
+    M, K = a.shape
+    N = b.shape[1]
+    fp8 = scales is not None
+    common = dict(out_dtype=out_dtype, has_bias=bias is not None, scales=scales_code(*scales) if fp8 else 0)
+    if M == 0 or N == 0 or K == 0 or dispatch.backend_for(a.device) == "reference":
+        return Plan("reference", out_dtype)  # nothing to multiply (zeros, + bias), or no kernel here
+    if dispatch.interpreted(a.device):
+        # the interpreter's bf16 dot and fp8 types are not faithful: compute from exact upcasts
+        # (bf16 -> fp32, e4m3 -> fp16) and round once at the end
+        operand = torch.float32 if a.dtype == torch.bfloat16 else torch.float16 if fp8 else a.dtype
+        c_dtype = torch.float16 if operand == torch.float16 and out_dtype == torch.float16 else torch.float32
+        return _tl(a, M, N, K, config or configs.TL_CPU, common, operand_dtype=operand, bias_dtype=torch.float32,
+                   c_dtype=c_dtype)
+    if not dispatch.is_hopper(a.device):
+        return _tl(a, M, N, K, config or configs.TL_GPU, common, notice="gemm: this GPU is older than Hopper (no "
+                   "TMA or wgmma): running the portable tl GEMM kernel, which is slower")
+    form = None if path == "tl" else _tma_form(a, b, out_dtype, fp8)
+    if form is None:
+        notice = None if path == "tl" else ("gemm: operands that TMA cannot describe (strides or sizes not "
+                                            "multiples of 16 bytes) run the tl kernel, which is slower")
+        return _tl(a, M, N, K, config or configs.TL_GPU, common, notice=notice)
+    cfg = config or (configs.GLUON_FP8 if fp8 else configs.GLUON_BF16_SMALL_K if K <= configs.SMALL_K
+                     else configs.GLUON_BF16)
+    copy_a, b_t, copy_b = form
+    return Plan("gluon", config=cfg, **_schedule(a, M, N, K, cfg), b_t=b_t, copy_a=copy_a, copy_b=copy_b,
+                c_dtype=out_dtype, **common)
+
+
+def _tma_form(a, b, out_dtype, fp8: bool):
+    """How the Gluon kernel takes A and B: (copy A, B as B^T, copy B), or None where it can't.
+
+    B^T means B goes in as its transpose [N, K] (K-major), which fp8 wgmma requires. Operands in
+    another layout are copied once into one TMA can read; sizes whose rows are not a multiple of
+    16 bytes leave it to the tl kernel."""
+    M, K = a.shape
+    N = b.shape[1]
+    if (N * out_dtype.itemsize) % 16 or (K * a.element_size()) % 16:
+        return None
+    copy_a = not tma_describable(a)
+    if fp8:
+        return copy_a, True, not tma_describable(b.t())
+    if tma_describable(b):
+        return copy_a, False, False
+    if tma_describable(b.t()):
+        return copy_a, True, False
+    if (N * b.element_size()) % 16 == 0:
+        return copy_a, False, True
+    return None
+
+
+def _schedule(a, M, N, K, cfg) -> dict:
+    """The persistent grid over the tiles, or over stream-K units where ``cfg["stream_k"]`` takes them."""
+    BM, BN, BK = cfg["block"]
+    tiles = num_tiles(M, N, BM, BN)
+    programs, units = stream_k_plan(tiles, triton.cdiv(K, BK), a.device, cfg.get("stream_k", "auto"))
+    return dict(grid=(programs,), units=units or tiles, stream_k=units > 0)
+
+
+def _tl(a, M, N, K, cfg, common, *, c_dtype=None, **fields) -> Plan:
+    return Plan("tl", config=cfg, **_schedule(a, M, N, K, cfg), c_dtype=c_dtype or common["out_dtype"], **fields,
+                **common)
