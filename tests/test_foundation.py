@@ -8,6 +8,7 @@ import torch
 
 from tilecore import accuracy, dispatch
 from tilecore.bench import harness
+from tilecore.bench.suites import SUITES
 
 
 def run_cli(*args):
@@ -157,7 +158,7 @@ def test_ratios_are_taken_within_each_round(monkeypatch):
 def test_every_suite_lists_cases_with_its_x_and_their_work():
     """Listing a suite's cases builds nothing (no GPU): each names the suite's x parameter and the
     bytes or FLOPs its metric divides by."""
-    for name, suite in harness.suites().items():
+    for name, suite in SUITES.items():
         cases = suite.cases(True)
         assert cases, name
         for case in cases:
@@ -167,7 +168,7 @@ def test_every_suite_lists_cases_with_its_x_and_their_work():
 
 def test_gqa_suite_does_the_attention_suites_work_per_q_head():
     """B * Hq * N is the attention suite's B16 H16 N4096, so its causal figures compare with it."""
-    suites = harness.suites()
+    suites = SUITES
     mha = {(c.params["pass"], c.params["D"], c.params["causal"]): c.flops for c in suites["attention"].cases(True)}
     for case in suites["attention-gqa"].cases(True):
         d = int(case.params["model"].rsplit("D", 1)[1])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
-    from tilecore.bench.harness import suites
+    from tilecore.bench.suites import SUITES
 
     p = argparse.ArgumentParser(prog="tilecore", description="Tensor-core kernels for AI, as PyTorch ops.")
     sub = p.add_subparsers(dest="command", metavar="{tour,bench,env,napkin}")
@@ -18,7 +18,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="where to run (default: cuda if available, else cpu)")
 
     bench = sub.add_parser("bench", help="benchmark an op against its ceiling and peers (needs a GPU)")
-    bench.add_argument("suite", choices=sorted(suites()), help="what to measure")
+    bench.add_argument("suite", choices=sorted(SUITES), help="what to measure")
     bench.add_argument("--quick", action="store_true", help="a shorter sweep")
     bench.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                        help="results folder (default: benchmarks/results); a subfolder per device")
@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
                   "('tilecore tour' runs every op on the CPU).", file=sys.stderr)
             return 1
         from tilecore.bench import harness
+        from tilecore.bench.suites import SUITES
 
-        result = harness.run_suite(harness.suites()[args.suite], quick=args.quick)
+        result = harness.run_suite(SUITES[args.suite], quick=args.quick)
         print(harness.table(result))
         if not args.no_save:
             for path in harness.save(result, args.out):

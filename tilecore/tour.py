@@ -3,31 +3,20 @@ against the float64 reference and, on a GPU, its speed against the ceiling measu
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Callable, Literal
 
 import torch
 
 from tilecore import accuracy, dispatch, env
-
-
-@dataclass
-class TourCase:
-    """One op call to show: ``run`` calls the op on inputs made ahead, ``reference`` gives float64."""
-    op: str
-    shape: str
-    dtype: torch.dtype
-    run: Callable[[], torch.Tensor]
-    reference: Callable[[], torch.Tensor]
-    bytes: int = 0
-    flops: int = 0
-    bound: Literal["memory", "compute", "compute-fp8"] = "memory"
+from tilecore.tour_case import TourCase  # noqa: F401 (its old home: attention's tour.py still imports it from here)
 
 
 def _cases(device: torch.device) -> list[TourCase]:
-    from tilecore.ops import tour_cases
+    """Every op's tour cases, in the order the ops landed (each op's ``tour.py``)."""
+    from tilecore.ops.attention.tour import tour_cases as attention_cases
+    from tilecore.ops.gemm.tour import cases as gemm_cases
+    from tilecore.ops.hadamard.tour import tour_cases as hadamard_cases
 
-    return tour_cases(device)
+    return hadamard_cases(device) + gemm_cases(device) + attention_cases(device)
 
 
 def main(device_name: str | None = None) -> int:

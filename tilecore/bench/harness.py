@@ -18,13 +18,12 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Literal
+from typing import Callable, Iterable
 
 import torch
 
 from tilecore import env
-
-Metric = Literal["GB/s", "TFLOP/s"]
+from tilecore.bench.case import Case, Metric, Suite  # noqa: F401 (Case and Suite: re-exported)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,34 +179,7 @@ CEILINGS: dict[str, Callable[[], Ceiling]] = {"copy": copy_ceiling, "matmul": ma
 
 
 # ---------------------------------------------------------------------------------------------
-# suites, cases and results
-
-
-@dataclass
-class Case:
-    """One point of a sweep: parameters, the work it does, and the implementations to time.
-
-    ``series`` maps a name ("tilecore", a peer's name) to a builder that allocates its inputs and
-    returns the zero-argument function to time. A builder that raises ImportError is a peer that is
-    not installed here, and is skipped.
-    """
-    params: dict
-    series: dict[str, Callable[[], Callable[[], object]]]
-    bytes: int = 0
-    flops: int = 0
-
-
-@dataclass
-class Suite:
-    name: str
-    ceiling: str  # a key of CEILINGS
-    metric: Metric
-    x: str  # the parameter on the plot's x axis (log2 scale)
-    cases: Callable[[bool], list[Case]]  # cases(quick)
-    describe: str = ""
-    # "eager": each call as a program makes it (host time shows where it exceeds the GPU's);
-    # "graph": GPU time alone, calls replayed from a CUDA graph (as servers run decode steps)
-    timing: Literal["eager", "graph"] = "eager"
+# results (a suite and its cases: tilecore.bench.case; the suites: tilecore.bench.suites)
 
 
 @dataclass
@@ -349,12 +321,6 @@ def plot(result: Result, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def suites() -> dict[str, Suite]:
-    from tilecore.bench.suites import SUITES
-
-    return SUITES
 
 
 def names(values: Iterable) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from tilecore.bench.harness import Case, Suite
+from tilecore.bench.case import Case, Suite
 
 TOKENS, HEADS = 65536, 16
 

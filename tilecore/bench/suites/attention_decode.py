@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from tilecore.bench.harness import Case, Suite, rotating
+from tilecore.bench.case import Case, Suite
+from tilecore.bench.harness import rotating
 
 HQ, HKV, D = 32, 8, 128
 

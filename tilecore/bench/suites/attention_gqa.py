@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from tilecore.bench.harness import Case, Suite
+from tilecore.bench.case import Case, Suite
 from tilecore.bench.suites.attention import timed_pass
 
 Q_HEAD_ROWS = 2**20

@@ -9,7 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tilecore.bench.harness import Case, Suite, rotating
+from tilecore.bench.case import Case, Suite
+from tilecore.bench.harness import rotating
 
 
 @triton.jit

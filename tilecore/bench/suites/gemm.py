@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from tilecore.bench.harness import Case, Suite, rotating
+from tilecore.bench.case import Case, Suite
+from tilecore.bench.harness import rotating
 
 
 def _bf16(M, N, K, fn):

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from tilecore.bench.harness import Case, Suite, rotating
+from tilecore.bench.case import Case, Suite
+from tilecore.bench.harness import rotating
 from tilecore.bench.suites.copy import torch_copy
 
 ELEMENTS = 2**28

@@ -5,11 +5,10 @@ import torch
 
 from tilecore.ops.gemm import reference
 from tilecore.ops.gemm.op import gemm, gemm_fp8
+from tilecore.tour_case import TourCase
 
 
 def cases(device: torch.device) -> list:
-    from tilecore.tour import TourCase
-
     gpu = device.type == "cuda"
     n = 4096 if gpu else 96
     m, k = (n, n) if gpu else (80, 72)

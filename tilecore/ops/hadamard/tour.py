@@ -3,11 +3,10 @@ import torch
 
 from tilecore.ops.hadamard.op import hadamard_transform
 from tilecore.ops.hadamard.reference import hadamard_reference
+from tilecore.tour_case import TourCase
 
 
 def tour_cases(device: torch.device) -> list:
-    from tilecore.tour import TourCase
-
     cases = []
     for n, dtype in ((4096, torch.bfloat16), (16384, torch.float16)):
         rows = 2**26 // n if device.type == "cuda" else 4
