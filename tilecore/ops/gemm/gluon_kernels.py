@@ -1,119 +1,171 @@
-"""GEMM on Hopper, written as the small functions of the tiles' Gluon pipeline template.
+"""GEMM on Hopper: a layout and callbacks on the tiles template (:mod:`tilecore.tiles.gluon.pipeline`).
 
-``g``   = (a_desc, b_desc, c_desc, M, N, K, bias_ptr, scale_a_ptr, scale_b_ptr, workspace, flags)
-``cfg`` = (B_T, GROUP_M, HAS_BIAS, SCALES, CONSUMERS, STREAM_K[, consumer index]): B_T means B
-arrives as [N, K] (K-major, as fp8 wgmma needs); SCALES is 0 (none), or fp8 scales as 1 + (per-row
-A) + 2 * (per-column B); CONSUMERS = 2 splits each tile's rows between two consumer partitions (the
-template's), each multiplying its half of the A stage. STREAM_K: the last wave's tiles are split
-along K over every program (``tiles.schedule.stream_k_work``); each consumer's partials meet in
-its own workspace slots (program * CONSUMERS + consumer).
+A tile is C[off_m : off_m + BM, off_n : off_n + BN]; its steps walk K, one [BM, BK] block of A and one
+block of B (as [BK, BN], or as [BN, BK] when ``B_T``: K-major, as fp8 wgmma needs) per stage. Two
+consumers split a tile's rows, each multiplying its half of the A stage. With ``STREAM_K`` the last
+wave's tiles are split along K over every program (``tiles.schedule.stream_k_work``); each consumer's
+partials meet in its own workspace slots (program * CONSUMERS + consumer).
 """
-from __future__ import annotations
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma, warpgroup_mma, warpgroup_mma_wait
+from triton.language.core import _aggregate as aggregate
 
-from tilecore.tiles.gluon import add_partials, persistent_pipeline, publish_partial, store_tile, wgmma_layout
+from tilecore.tiles.gluon import Layout, add_partials, field, publish_partial, ring, run, store_tile, wgmma_layout
 from tilecore.tiles.schedule import FINAL, NOTHING, PARTIAL, stream_k_work, tile_origin
 
 
-@gluon.constexpr_function
-def _bn(b_block, b_t):
-    return b_block[0] if b_t else b_block[1]
+@aggregate
+class Stage:
+    a: gl.shared_memory_descriptor  # [BM, BK]
+    b: gl.shared_memory_descriptor  # [BK, BN], or [BN, BK] with B_T
+
+    @gluon.constexpr_function
+    def __init__(self, a, b):
+        self.a = a
+        self.b = b
+
+    @gluon.jit
+    def index(self, s):
+        return Stage(self.a.index(s), self.b.index(s))
 
 
-@gluon.jit
-def _setup(g, cfg: gl.constexpr, unit):
-    """The unit's tile (off_m, off_n, first K step, stream-K role, first program sharing it) and K steps."""
-    BM: gl.constexpr = g[0].block_type.shape[0]
-    BN: gl.constexpr = _bn(g[1].block_type.shape, cfg[0])
-    BK: gl.constexpr = g[0].block_type.shape[1]
-    tile_id, k_first, steps, role, first = stream_k_work(unit, gl.cdiv(g[3], BM) * gl.cdiv(g[4], BN),
-                                                         gl.cdiv(g[5], BK), gl.num_programs(0), cfg[5])
-    off_m, off_n = tile_origin(tile_id, g[3], g[4], BM, BN, cfg[1])
-    return (off_m, off_n, k_first, role, first), steps
+@aggregate
+class Tile:
+    off_m: object
+    off_n: object
+    k_first: object  # the unit's first K step
+    role: object  # stream-K: WHOLE, PARTIAL, FINAL or NOTHING
+    first: object  # stream-K: the first program sharing the tile
+
+    @gluon.constexpr_function
+    def __init__(self, off_m, off_n, k_first, role, first):
+        self.off_m = field(off_m)
+        self.off_n = field(off_n)
+        self.k_first = field(k_first)
+        self.role = field(role)
+        self.first = field(first)
 
 
-@gluon.jit
-def _load(g, cfg: gl.constexpr, a_smem, b_smem, bar, tile, kk):
-    BK: gl.constexpr = g[0].block_type.shape[1]
-    k = (tile[2] + kk) * BK
-    tma.async_copy_global_to_shared(g[0], [tile[0], k], bar, a_smem)
-    if cfg[0]:
-        tma.async_copy_global_to_shared(g[1], [tile[1], k], bar, b_smem)
-    else:
-        tma.async_copy_global_to_shared(g[1], [k, tile[1]], bar, b_smem)
+@aggregate
+class Gemm:
+    a_desc: object
+    b_desc: object
+    c_desc: object
+    M: object
+    N: object
+    K: object
+    bias: object
+    scale_a: object
+    scale_b: object
+    workspace: object
+    flags: object
+    B_T: gl.constexpr
+    GROUP_M: gl.constexpr
+    HAS_BIAS: gl.constexpr
+    SCALES: gl.constexpr  # 0: none; fp8: 1 + (per-row A) + 2 * (per-column B)
+    CONSUMERS: gl.constexpr
+    STREAM_K: gl.constexpr
+    BM: gl.constexpr  # a consumer's rows
+    BN: gl.constexpr
+    BK: gl.constexpr
+    IN_BITS: gl.constexpr  # 16, or 8 for fp8 (a wgmma's K is 256 / IN_BITS)
 
+    @gluon.constexpr_function
+    def __init__(self, a_desc, b_desc, c_desc, M, N, K, bias, scale_a, scale_b, workspace, flags, B_T, GROUP_M,
+                 HAS_BIAS, SCALES, CONSUMERS, STREAM_K):
+        self.a_desc = field(a_desc)
+        self.b_desc = field(b_desc)
+        self.c_desc = field(c_desc)
+        self.M = field(M)
+        self.N = field(N)
+        self.K = field(K)
+        self.bias = field(bias)
+        self.scale_a = field(scale_a)
+        self.scale_b = field(scale_b)
+        self.workspace = field(workspace)
+        self.flags = field(flags)
+        self.B_T = gl.constexpr(B_T)
+        self.GROUP_M = gl.constexpr(GROUP_M)
+        self.HAS_BIAS = gl.constexpr(HAS_BIAS)
+        self.SCALES = gl.constexpr(SCALES)
+        self.CONSUMERS = gl.constexpr(CONSUMERS)
+        self.STREAM_K = gl.constexpr(STREAM_K)
+        self.BM = gl.constexpr(a_desc.block_type.shape[0] // CONSUMERS)
+        self.BN = gl.constexpr(b_desc.block_type.shape[0] if B_T else b_desc.block_type.shape[1])
+        self.BK = gl.constexpr(a_desc.block_type.shape[1])
+        self.IN_BITS = gl.constexpr(a_desc.dtype.primitive_bitwidth)
 
-@gluon.jit
-def _init(g, cfg: gl.constexpr, tile):
-    BM: gl.constexpr = g[0].block_type.shape[0] // cfg[4]
-    BN: gl.constexpr = _bn(g[1].block_type.shape, cfg[0])
-    return gl.zeros([BM, BN], gl.float32, wgmma_layout(BM, BN, gl.num_warps(), g[0].dtype.primitive_bitwidth))
+    @gluon.jit
+    def setup(self, unit):
+        """The unit's tile and K steps (a whole tile's, or its stream-K share)."""
+        tile_id, k_first, steps, role, first = stream_k_work(
+            unit, gl.cdiv(self.M, self.BM * self.CONSUMERS) * gl.cdiv(self.N, self.BN), gl.cdiv(self.K, self.BK),
+            gl.num_programs(0), self.STREAM_K)
+        off_m, off_n = tile_origin(tile_id, self.M, self.N, self.BM * self.CONSUMERS, self.BN, self.GROUP_M)
+        return Tile(off_m, off_n, k_first, role, first), steps
 
-
-@gluon.jit
-def _compute(g, cfg: gl.constexpr, acc, a_smem, b_smem, kk):
-    if cfg[0]:
-        b = b_smem.permute((1, 0))
-    else:
-        b = b_smem
-    if cfg[4] > 1:
-        BM: gl.constexpr = g[0].block_type.shape[0] // cfg[4]
-        a_smem = a_smem.slice(cfg[6] * BM, BM)  # this consumer's rows of the A stage
-    tok = warpgroup_mma(a_smem, b, acc, is_async=True)
-    # keep one wgmma group in flight: the previous step's is done, so its stage can be refilled
-    acc, _, _ = warpgroup_mma_wait(1, deps=(tok, a_smem, b_smem))
-    return acc
-
-
-@gluon.jit
-def _drain(g, cfg: gl.constexpr, acc):
-    return warpgroup_mma_wait(0, deps=(acc,))
-
-
-@gluon.jit
-def _finish(g, cfg: gl.constexpr, acc, tile, c_smem):
-    if cfg[5]:  # stream-K: the unit may be part of a tile
-        C: gl.constexpr = cfg[4]
-        slot = gl.program_id(0) * C  # this consumer's workspace slot
-        if C > 1:
-            slot += cfg[6]
-        if tile[3] == PARTIAL:
-            publish_partial(acc, g[9], g[10], slot)
-        elif tile[3] != NOTHING:
-            if tile[3] == FINAL:  # the shares of programs tile[4] .. this one - 1 come first
-                acc = add_partials(acc, g[9], g[10], slot - (gl.program_id(0) - tile[4]) * C, slot, C)
-            _epilogue(g, cfg, acc, tile, c_smem)
-    else:
-        _epilogue(g, cfg, acc, tile, c_smem)
-
-
-@gluon.jit
-def _epilogue(g, cfg: gl.constexpr, acc, tile, c_smem):
-    BM: gl.constexpr = g[0].block_type.shape[0] // cfg[4]
-    off_m = tile[0]
-    if cfg[4] > 1:
-        off_m = off_m + cfg[6] * BM
-    BN: gl.constexpr = _bn(g[1].block_type.shape, cfg[0])
-    layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps(), g[0].dtype.primitive_bitwidth)
-    if cfg[3] > 0:  # fp8 dequantization: per-tensor scales, or per row of A / per column of B
-        if (cfg[3] - 1) % 2 == 1:
-            offs_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
-            acc = acc * gl.expand_dims(gl.load(g[7] + offs_m, mask=offs_m < g[3], other=0.0), 1)
+    @gluon.jit
+    def load(self, stage, bar, tile, step):
+        k = (tile.k_first + step) * self.BK
+        tma.async_copy_global_to_shared(self.a_desc, [tile.off_m, k], bar, stage.a)
+        if self.B_T:
+            tma.async_copy_global_to_shared(self.b_desc, [tile.off_n, k], bar, stage.b)
         else:
-            acc = acc * gl.load(g[7])
-        if (cfg[3] - 1) // 2 == 1:
-            offs_n = tile[1] + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
-            acc = acc * gl.expand_dims(gl.load(g[8] + offs_n, mask=offs_n < g[4], other=0.0), 0)
+            tma.async_copy_global_to_shared(self.b_desc, [k, tile.off_n], bar, stage.b)
+
+    @gluon.jit
+    def start(self, ctx, tile, prev):
+        return gl.zeros([self.BM, self.BN], gl.float32, wgmma_layout(self.BM, self.BN, gl.num_warps(), self.IN_BITS))
+
+    @gluon.jit
+    def compute(self, ctx, acc, stage, tile, step):
+        b = stage.b.permute((1, 0)) if self.B_T else stage.b
+        a = stage.a.slice(ctx.index * self.BM, self.BM) if self.CONSUMERS > 1 else stage.a  # this consumer's rows
+        tok = warpgroup_mma(a, b, acc, is_async=True)
+        # one wgmma group left in flight: the previous step's is done, so its stage can be refilled
+        acc, _, _ = warpgroup_mma_wait(1, deps=(tok, a, stage.b))
+        return acc
+
+    @gluon.jit
+    def wait(self, ctx, acc):
+        return warpgroup_mma_wait(0, deps=(acc,))
+
+    @gluon.jit
+    def finish(self, ctx, acc, tile):
+        if self.STREAM_K:  # the unit may be a share of a tile
+            slot = gl.program_id(0) * self.CONSUMERS + ctx.index  # this consumer's workspace slot
+            if tile.role == PARTIAL:
+                publish_partial(acc, self.workspace, self.flags, slot)
+            elif tile.role != NOTHING:
+                if tile.role == FINAL:  # the shares of programs tile.first .. this one - 1 come first
+                    acc = add_partials(acc, self.workspace, self.flags,
+                                       slot - (gl.program_id(0) - tile.first) * self.CONSUMERS, slot, self.CONSUMERS)
+                self.epilogue(ctx, acc, tile)
         else:
-            acc = acc * gl.load(g[8])
-    if cfg[2]:
-        offs_n = tile[1] + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
-        bias = gl.load(g[6] + offs_n, mask=offs_n < g[4], other=0.0)
-        acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
-    store_tile(acc, g[2], c_smem, off_m, tile[1])
+            self.epilogue(ctx, acc, tile)
+
+    @gluon.jit
+    def epilogue(self, ctx, acc, tile):
+        """Scales (fp8), bias, and the TMA store of this consumer's rows of the tile."""
+        off_m = tile.off_m + ctx.index * self.BM
+        layout: gl.constexpr = acc.type.layout
+        if self.SCALES > 0:  # fp8 dequantization: per-tensor scales, or per row of A / per column of B
+            if (self.SCALES - 1) % 2 == 1:
+                offs_m = off_m + gl.arange(0, self.BM, layout=gl.SliceLayout(1, layout))
+                acc = acc * gl.expand_dims(gl.load(self.scale_a + offs_m, mask=offs_m < self.M, other=0.0), 1)
+            else:
+                acc = acc * gl.load(self.scale_a)
+            if (self.SCALES - 1) // 2 == 1:
+                offs_n = tile.off_n + gl.arange(0, self.BN, layout=gl.SliceLayout(0, layout))
+                acc = acc * gl.expand_dims(gl.load(self.scale_b + offs_n, mask=offs_n < self.N, other=0.0), 0)
+            else:
+                acc = acc * gl.load(self.scale_b)
+        if self.HAS_BIAS:
+            offs_n = tile.off_n + gl.arange(0, self.BN, layout=gl.SliceLayout(0, layout))
+            bias = gl.load(self.bias + offs_n, mask=offs_n < self.N, other=0.0)
+            acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
+        store_tile(acc, self.c_desc, ctx.out, off_m, tile.off_n)
 
 
 @gluon.jit
@@ -121,7 +173,7 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, bias_ptr, scale_a_ptr, scale_b_
                 B_T: gl.constexpr, GROUP_M: gl.constexpr, HAS_BIAS: gl.constexpr, SCALES: gl.constexpr,
                 STAGES: gl.constexpr, CONSUMERS: gl.constexpr = 1, STREAM_K: gl.constexpr = False):
     """``num_units``: the tiles, or with STREAM_K ``tiles.schedule.stream_k_units``."""
-    g = (a_desc, b_desc, c_desc, M, N, K, bias_ptr, scale_a_ptr, scale_b_ptr, workspace, flags)
-    cfg: gl.constexpr = gl.constexpr((B_T, GROUP_M, HAS_BIAS, SCALES, CONSUMERS, STREAM_K))
-    persistent_pipeline(g, cfg, a_desc, b_desc, c_desc, num_units, _setup, _load, _init, _compute,
-                        _drain, _finish, STAGES, CONSUMERS=CONSUMERS)
+    op = Gemm(a_desc, b_desc, c_desc, M, N, K, bias_ptr, scale_a_ptr, scale_b_ptr, workspace, flags, B_T, GROUP_M,
+              HAS_BIAS, SCALES, CONSUMERS, STREAM_K)
+    stages = Stage(ring(a_desc, STAGES), ring(b_desc, STAGES))
+    run(op, Layout(c_desc, STAGES, CONSUMERS=CONSUMERS), stages, num_units)

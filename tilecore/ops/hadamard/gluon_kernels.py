@@ -1,5 +1,5 @@
 """The Hadamard transform of long rows (n = 8192 S, S = 2 or 4) on Hopper, as a kernel of the tiles'
-pipeline template (tiles.gluon.persistent_pipeline): the same math as kernels.py's plan (S, 128, 64),
+tiles template (tilecore.tiles.gluon.pipeline): the same math as kernels.py's plan (S, 128, 64),
 with the data movement made explicit.
 
 A tile is one row: S slices X_s of 128 x 64 elements (the rows seen as lines of 64 elements). The
@@ -20,47 +20,45 @@ final rounding to the output dtype is the only one that matters. Each consumer t
 output blocks into one staging buffer and issues their TMA stores back to back, so a row's stores
 never wait for each other.
 """
-from __future__ import annotations
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
+from triton.language.core import _aggregate as aggregate
 
-from tilecore.tiles.gluon import persistent_pipeline, wgmma_layout
+from tilecore.tiles.gluon import Layout, TileOperand, field, ring, run, wgmma_layout
 from tilecore.tiles.hadamard import bf16_pieces
 
 LINES = gl.constexpr(64)  # a slice half: lines of 64 elements; also H_64's size
 
 
-@gluon.jit
-def _setup(g, cfg: gl.constexpr, row):
-    return row, cfg[0]  # a tile is a row; its S slices are the ring's steps
+@aggregate
+class Slice:
+    """One stage: a slice's two 64-line halves."""
+    top: gl.shared_memory_descriptor
+    bottom: gl.shared_memory_descriptor
+
+    @gluon.constexpr_function
+    def __init__(self, top, bottom):
+        self.top = top
+        self.bottom = bottom
+
+    @gluon.jit
+    def index(self, s):
+        return Slice(self.top.index(s), self.bottom.index(s))
 
 
-@gluon.jit
-def _load(g, cfg: gl.constexpr, top, bottom, bar, row, s):
-    line = row * g[5] + 2 * LINES * s
-    tma.async_copy_global_to_shared(g[0], [line, 0], bar, top)
-    tma.async_copy_global_to_shared(g[0], [line + LINES, 0], bar, bottom)
+@aggregate
+class RowState:
+    """A consumer's running row: Y of the last slice (its wgmma maybe in flight) and the S output
+    blocks accumulated so far."""
+    y: gl.tensor
+    outs: object  # a tuple of S [64, 64] float32 blocks
 
-
-@gluon.jit
-def _load_h(g, cfg: gl.constexpr, bufs, bar, row):
-    for k in gl.static_range(3):
-        tma.async_copy_global_to_shared(g[2], [LINES * k, 0], bar, bufs.index(k))
-
-
-@gluon.jit
-def _init(g, cfg: gl.constexpr, row, bufs):
-    """(Y of the last slice, the S output blocks, H_64 for the second product): zeros, and the buffer
-    kept in the state so that _drain (which receives no buffers) can use it."""
-    z = gl.zeros([LINES, LINES], gl.float32, wgmma_layout(LINES, LINES, gl.num_warps()))
-    if cfg[0] == 2:
-        state = z, z, z, bufs.index(0)
-    else:
-        state = z, z, z, z, z, bufs.index(0)
-    return state
+    @gluon.constexpr_function
+    def __init__(self, y, outs):
+        self.y = y
+        self.outs = field(outs)
 
 
 @gluon.jit
@@ -82,52 +80,92 @@ def _second_product(y, h_smem):
 
 
 @gluon.jit
-def _accumulate(S: gl.constexpr, y, outs, t, s):
-    """(y, outs + H_S[:, s] t): slice s's transform T_s = t added to each output block."""
-    if S == 2:
-        return y, outs[0] + t * _sign(0, s), outs[1] + t * _sign(1, s)
+def _accumulate(outs, t, s):
+    """outs + H_S[:, s] t: slice s's transform T_s = t added to each output block."""
+    if len(outs) == 2:
+        return outs[0] + t * _sign(0, s), outs[1] + t * _sign(1, s)
     else:
-        return (y, outs[0] + t * _sign(0, s), outs[1] + t * _sign(1, s), outs[2] + t * _sign(2, s),
+        return (outs[0] + t * _sign(0, s), outs[1] + t * _sign(1, s), outs[2] + t * _sign(2, s),
                 outs[3] + t * _sign(3, s))
 
 
-@gluon.jit
-def _compute(g, cfg: gl.constexpr, state, top, bottom, s, bufs):
-    """Issue slice s's first product, add slice s-1's transform to the outputs while it runs, and
-    return with Y_s's wgmma in flight. At s = 0 the second product is of the initial zeros (adds 0):
-    one spare product per row keeps the step free of branches, which ptxas needs to keep the wgmma
-    in flight (with a branch on s it serializes every wgmma: C7512). bufs: H_64 (bf16), then H_64 and
-    -H_64 (their bits in the input's dtype)."""
-    h = bufs.index(1)._reinterpret(g[0].dtype, [LINES, LINES], bufs.type.layout)
-    h_bottom = bufs.index(1 + cfg[-1])._reinterpret(g[0].dtype, [LINES, LINES], bufs.type.layout)
-    y_prev = warpgroup_mma_wait(0, deps=(state[0],))
-    t = _second_product(y_prev, bufs.index(0))  # issued before Y_s, so waiting for it leaves Y_s running
-    first = warpgroup_mma(h, top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
-    first = warpgroup_mma(h_bottom, bottom, first, is_async=True)
-    t, y = warpgroup_mma_wait(1, deps=(t, first))  # t is done; Y_s may still run
-    return _accumulate(cfg[0], y, state[1:], t, s - 1) + (bufs.index(0),)
+@aggregate
+class Hadamard:
+    x_desc: object
+    out_desc: object
+    h_desc: object
+    scale: object
+    S: gl.constexpr  # slices a row: n = 8192 S
+    LINES_PER_ROW: gl.constexpr
 
+    @gluon.constexpr_function
+    def __init__(self, x_desc, out_desc, h_desc, scale, S):
+        self.x_desc = field(x_desc)
+        self.out_desc = field(out_desc)
+        self.h_desc = field(h_desc)
+        self.scale = field(scale)
+        self.S = gl.constexpr(S)
+        self.LINES_PER_ROW = gl.constexpr(128 * S)
 
-@gluon.jit
-def _drain(g, cfg: gl.constexpr, state):
-    """The row's last slice: its second product, which no later first product hides."""
-    y = warpgroup_mma_wait(0, deps=(state[0],))
-    t = warpgroup_mma_wait(0, deps=(_second_product(y, state[-1]),))
-    return _accumulate(cfg[0], y, state[1:-1], t, cfg[0] - 1)
+    @gluon.jit
+    def setup(self, row):
+        return row, self.S  # a tile is a row; its S slices are the ring's steps
 
+    @gluon.jit
+    def load(self, stage, bar, row, s):
+        line = row * self.LINES_PER_ROW + 2 * LINES * s
+        tma.async_copy_global_to_shared(self.x_desc, [line, 0], bar, stage.top)
+        tma.async_copy_global_to_shared(self.x_desc, [line + LINES, 0], bar, stage.bottom)
 
-@gluon.jit
-def _finish(g, cfg: gl.constexpr, state, row, staging):
-    """This consumer's S output blocks of the row: scaled, rounded once, stored by TMA."""
-    S: gl.constexpr = cfg[0]
-    tma.store_wait(0)  # the previous row's stores have read the staging buffer
-    for j in gl.static_range(S):
-        staging.slice(j * LINES, LINES).store((state[1 + j] * g[4]).to(g[1].dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    line = row * g[5] + LINES * cfg[-1]
-    for j in gl.static_range(S):
-        tma.async_copy_shared_to_global(g[1], [line + 2 * LINES * j, 0], staging.slice(j * LINES, LINES))
+    @gluon.jit
+    def load_tile(self, bufs, bar, row, consumer):
+        """The resident operand: H_64 in bf16, then H_64 and -H_64 in the input's dtype."""
+        for k in gl.static_range(3):
+            tma.async_copy_global_to_shared(self.h_desc, [LINES * k, 0], bar, bufs.index(k))
+
+    @gluon.jit
+    def start(self, ctx, row, prev):
+        z = gl.zeros([LINES, LINES], gl.float32, wgmma_layout(LINES, LINES, gl.num_warps()))
+        if self.S == 2:
+            outs = (z, z)
+        else:
+            outs = (z, z, z, z)
+        return RowState(z, outs)
+
+    @gluon.jit
+    def compute(self, ctx, state, stage, row, s):
+        """Issue slice s's first product, add slice s-1's transform to the outputs while it runs, and
+        return with Y_s's wgmma in flight. At s = 0 the second product is of the initial zeros (adds 0):
+        one spare product per row keeps the step free of branches, which ptxas needs to keep the wgmma
+        in flight (with a branch on s it serializes every wgmma: C7512)."""
+        bufs = ctx.operand
+        h = bufs.index(1)._reinterpret(self.x_desc.dtype, [LINES, LINES], bufs.type.layout)
+        h_bottom = bufs.index(1 + ctx.index)._reinterpret(self.x_desc.dtype, [LINES, LINES], bufs.type.layout)
+        y_prev = warpgroup_mma_wait(0, deps=(state.y,))
+        t = _second_product(y_prev, bufs.index(0))  # issued before Y_s, so waiting for it leaves Y_s running
+        first = warpgroup_mma(h, stage.top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
+        first = warpgroup_mma(h_bottom, stage.bottom, first, is_async=True)
+        t, y = warpgroup_mma_wait(1, deps=(t, first))  # t is done; Y_s may still run
+        return RowState(y, _accumulate(state.outs, t, s - 1))
+
+    @gluon.jit
+    def wait(self, ctx, state):
+        """The row's last slice: its second product, which no later first product hides."""
+        y = warpgroup_mma_wait(0, deps=(state.y,))
+        t = warpgroup_mma_wait(0, deps=(_second_product(y, ctx.operand.index(0)),))
+        return RowState(y, _accumulate(state.outs, t, self.S - 1))
+
+    @gluon.jit
+    def finish(self, ctx, state, row):
+        """This consumer's S output blocks of the row: scaled, rounded once, stored by TMA."""
+        tma.store_wait(0)  # the previous row's stores have read the staging buffer
+        for j in gl.static_range(self.S):
+            ctx.out.slice(j * LINES, LINES).store((state.outs[j] * self.scale).to(self.out_desc.dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        line = row * self.LINES_PER_ROW + LINES * ctx.index
+        for j in gl.static_range(self.S):
+            tma.async_copy_shared_to_global(self.out_desc, [line + 2 * LINES * j, 0], ctx.out.slice(j * LINES, LINES))
 
 
 @gluon.jit
@@ -140,9 +178,8 @@ def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, r
     template's (a ring of STAGES that fills at the start, LOOKAHEAD deep after). ``row_counter``: an
     int32, zero at launch and left so, from which programs draw rows as they get to them; or None:
     program p takes rows p, p + P, ..."""
-    g = (x_desc, out_desc, h_desc, rows, scale, 128 * S)  # the last: lines per row
-    cfg: gl.constexpr = gl.constexpr((S,))
-    persistent_pipeline(g, cfg, x_desc, x_desc, staging_desc, rows, _setup, _load, _init, _compute, _drain,
-                        _finish, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, IN_FLIGHT=1,
-                        tile_desc=h_desc, load_tile=_load_h, TILE_OPERANDS=3, TILE_SHARED=True,
-                        TILE_RESIDENT=True, LOOKAHEAD=LOOKAHEAD, tile_counter=row_counter)
+    op = Hadamard(x_desc, out_desc, h_desc, scale, S)
+    layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
+                    LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
+                    tile_counter=row_counter)
+    run(op, layout, Slice(ring(x_desc, STAGES), ring(x_desc, STAGES)), rows)

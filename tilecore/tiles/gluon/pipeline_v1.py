@@ -1,4 +1,5 @@
-"""The pipeline template for Hopper, in Gluon: TMA loads into a ring of shared-memory stages that
+"""The first pipeline template (v1; :mod:`.pipeline` is its successor, and the attention backward and
+dq kernels are the last on this one): TMA loads into a ring of shared-memory stages that
 complete on mbarriers, a producer warp and consumer warpgroups (warp specialization), asynchronous
 wgmma, and an epilogue through shared memory and a TMA store. Persistent: each program loops over
 tiles in the order of :mod:`tilecore.tiles.schedule`.
@@ -89,177 +90,14 @@ The template owns the ring, its ``ready``/``empty`` barriers and their phases.
 """
 from __future__ import annotations
 
-from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language._core import builtin
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from tilecore.tiles.schedule import head_grouped_tile, next_tile, program_tiles, scheduled_tile  # noqa: F401 (re-exported)
-
-
-@gluon.constexpr_function
-def wgmma_layout(block_m, block_n, num_warps, in_bits=16):
-    """The accumulator layout of a [block_m, block_n] wgmma tile over ``num_warps`` warps, for
-    operands of ``in_bits`` bits (an instruction's K is 256 / in_bits: 16 for bf16, 32 for fp8).
-
-    Warpgroups (4 warps) stack along M first, each issuing m64 x n<=256 instructions.
-    """
-    warps = [4, 1]
-    while warps[0] * warps[1] != num_warps:
-        if block_m > 16 * warps[0]:
-            warps[0] *= 2
-        else:
-            warps[1] *= 2
-    n = 256
-    while n > block_n // warps[1] or block_n % n:
-        n -= 8
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=warps, instr_shape=[16, n, 256 // in_bits])
-
-
-@gluon.jit
-def split_n(x):
-    """Split a [m, n] register tile into its left and right [m, n/2] halves (with the wgmma layout
-    the high column bit is a register index, so no data moves between threads)."""
-    M: gl.constexpr = x.shape[0]
-    N: gl.constexpr = x.shape[1]
-    return gl.split(gl.permute(gl.reshape(x, [M, 2, N // 2]), [0, 2, 1]))
-
-
-@gluon.jit
-def needs_mask(first_query, first_key, BLOCK_KEYS: gl.constexpr, N, Nk, CAUSAL: gl.constexpr):
-    """Whether a block of scores, queries from ``first_query`` and ``BLOCK_KEYS`` keys from
-    ``first_key``, has a masked score (see ``mask_scores``): a key past Nk, or (causal) a key after
-    the first query's diagonal."""
-    bound = Nk
-    if CAUSAL:
-        bound = gl.minimum(bound, first_query + 1 + (Nk - N))  # the first query's last key + 1
-    return first_key + BLOCK_KEYS > bound
-
-
-@gluon.jit
-def opaque_int(x):
-    """The int32 ``x`` through an instruction the compiler can neither see through nor move, so that
-    what is computed from it stays where it is written. For a mask whose key offset is a constant
-    (a tile's first key block): LLVM hoisted its comparisons (64 a thread) to the tile's start, kept
-    them live through the tile as packed predicates, and turned the masking branch into selects run
-    at every first step (notes/attention/README.md, session 13)."""
-    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def mask_scores(s, layout: gl.constexpr, first_query, first_key, N, Nk, CAUSAL: gl.constexpr,
-                KEY_AXIS: gl.constexpr):
-    """The scores s (in ``layout``; keys along ``KEY_AXIS``: 1 for [queries, keys], 0 for the
-    transposed [keys, queries]) with -inf where the key is past Nk or, causal, after the query's
-    diagonal: aligned to the bottom right, query i sees keys j <= i + Nk - N."""
-    QUERY_AXIS: gl.constexpr = 1 - KEY_AXIS
-    keys = gl.expand_dims(first_key + gl.arange(0, s.shape[KEY_AXIS], layout=gl.SliceLayout(QUERY_AXIS, layout)),
-                          QUERY_AXIS)
-    ok = keys < Nk
-    if CAUSAL:
-        queries = gl.expand_dims(
-            first_query + gl.arange(0, s.shape[QUERY_AXIS], layout=gl.SliceLayout(KEY_AXIS, layout)), KEY_AXIS)
-        ok = ok & (keys <= queries + (Nk - N))
-    return gl.where(ok, s, float("-inf"))
-
-
-@builtin
-def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
-    """Add the shared-memory tile ``src`` to global memory at ``coord`` of ``tensor_desc`` with one
-    TMA reduction (cp.reduce.async.bulk.tensor .add; out-of-bounds parts are dropped). Asynchronous
-    like a TMA store: ``tma.store_wait`` before ``src`` is written again. (Gluon 3.6's hopper tma
-    module wraps the copies but not the reduction; its op builder has it.)"""
-    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
-
-
-@gluon.jit
-def store_tile(x, out_desc, out_smem, off_m, off_n):
-    """Epilogue store of a [m, n] register tile through ``out_smem`` (one slice of ``out_desc``'s
-    block shape, [m, n / 2^s]) with TMA stores, slice by slice. Before each slice is written the
-    previous TMA store (the last slice of the previous tile, the first time) must have read it."""
-    SN: gl.constexpr = out_desc.block_type.shape[1]
-    N: gl.constexpr = x.shape[1]
-    if N == SN:
-        tma.store_wait(0)
-        out_smem.store(x.to(out_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(out_desc, [off_m, off_n], out_smem)
-    else:
-        lo, hi = split_n(x)
-        store_tile(lo, out_desc, out_smem, off_m, off_n)
-        store_tile(hi, out_desc, out_smem, off_m, off_n + N // 2)
+from tilecore.tiles.schedule import next_tile, program_tiles, scheduled_tile
 
 
 TILE_ID_SLOTS: gl.constexpr = gl.constexpr(4)  # dynamic tiles: ids the producer may hand out ahead of the consumers
-PARTIAL_COLUMNS: gl.constexpr = gl.constexpr(32)  # columns of a partial moved at once (64-bit addresses: registers)
-
-
-@gluon.jit
-def _partial_ptrs(x, base, ROW: gl.constexpr, col0: gl.constexpr):
-    """Addresses of a [m, n] register tile's elements in a row-major float32 partial of rows of
-    ``ROW`` elements, from column ``col0`` (in the tile's layout)."""
-    layout: gl.constexpr = x.type.layout
-    rows = gl.arange(0, x.shape[0], layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, x.shape[1], layout=gl.SliceLayout(0, layout))
-    return base + (gl.expand_dims(rows, 1) * ROW + gl.expand_dims(cols, 0) + col0)
-
-
-@gluon.jit
-def _store_partial(x, base, ROW: gl.constexpr, col0: gl.constexpr):
-    if x.shape[1] <= PARTIAL_COLUMNS:
-        gl.store(_partial_ptrs(x, base, ROW, col0), x)
-    else:
-        lo, hi = split_n(x)
-        _store_partial(lo, base, ROW, col0)
-        _store_partial(hi, base, ROW, col0 + x.shape[1] // 2)
-
-
-@gluon.jit
-def _add_partial(x, base, ROW: gl.constexpr, col0: gl.constexpr):
-    if x.shape[1] <= PARTIAL_COLUMNS:
-        return x + gl.load(_partial_ptrs(x, base, ROW, col0), cache_modifier=".cg")
-    else:
-        lo, hi = split_n(x)
-        lo = _add_partial(lo, base, ROW, col0)
-        hi = _add_partial(hi, base, ROW, col0 + x.shape[1] // 2)
-        return join_n(lo, hi)
-
-
-@gluon.jit
-def join_n(lo, hi):
-    """The inverse of ``split_n``: [m, n/2] left and right halves back into one [m, n] tile."""
-    M: gl.constexpr = lo.shape[0]
-    N: gl.constexpr = 2 * lo.shape[1]
-    return gl.reshape(gl.permute(gl.join(lo, hi), [0, 2, 1]), [M, N])
-
-
-@gluon.jit
-def publish_partial(acc, workspace, flags, slot):
-    """Stream-K (the Gluon twin of ``tiles.schedule.publish_partial``): write a float32 partial
-    tile to workspace slot ``slot`` and raise the slot's flag (release)."""
-    SLOT: gl.constexpr = acc.shape[0] * acc.shape[1]
-    _store_partial(acc, workspace + slot * SLOT, acc.shape[1], 0)
-    gl.thread_barrier()  # every thread's part is written before the flag goes up
-    gl.atomic_xchg(flags + slot, 1, sem="release", scope="gpu")
-
-
-@gluon.jit
-def add_partials(acc, workspace, flags, first_slot, end_slot, slot_step):
-    """Stream-K (the twin of ``tiles.schedule.add_partials``): add the partials of slots
-    first_slot, first_slot + slot_step, ... < end_slot, each once its flag is up; then lower them."""
-    SLOT: gl.constexpr = acc.shape[0] * acc.shape[1]
-    layout: gl.constexpr = acc.type.layout
-    for slot in range(first_slot, end_slot, slot_step):
-        while gl.atomic_add(flags + slot, 0, sem="acquire", scope="gpu") == 0:
-            pass
-        # split_n/join_n hand back an equivalent layout: the conversion moves no data
-        acc = gl.convert_layout(_add_partial(acc, workspace + slot * SLOT, acc.shape[1], 0), layout)
-    gl.thread_barrier()  # every thread has seen every flag before one is lowered
-    for slot in range(first_slot, end_slot, slot_step):
-        gl.atomic_xchg(flags + slot, 0, sem="relaxed", scope="gpu")
-    return acc
 
 
 @gluon.jit

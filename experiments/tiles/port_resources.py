@@ -1,0 +1,119 @@
+"""Resources of every Gluon kernel the tiles template runs, compiled for sm_90a on the CPU: ptxas's
+registers, spills and wgmma serialization, and counts of the PTX's wgmma / TMA / mbarrier
+instructions. Run against two checkouts to compare a port with the code before it:
+
+    python experiments/tiles/port_resources.py [--root DIR] [--json OUT]
+
+Only kernel entry points are used, with the shipped configurations written out here, so the same
+script compiles both trees. Parameters a kernel does not take are dropped (the v1 forward's
+PINGPONG/OVERLAP, say), so a variant that a tree cannot build is reported as missing.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--root", default=os.getcwd())
+    ap.add_argument("--json")
+    ap.add_argument("--only", default="")
+    a = ap.parse_args()
+    sys.path.insert(0, a.root)
+    os.environ.pop("TRITON_INTERPRET", None)
+    import torch
+
+    from tilecore.tiles.compile import compile_kernel, resources
+    from tilecore.tiles.launch import gluon_descriptor as desc
+
+    rows = []
+
+    def one(name, kernel, args, num_warps):
+        if a.only and a.only not in name:
+            return
+        params = {p.name for p in kernel.params}
+        if any(k not in params for k, v in args.items() if v is not None and k.isupper() and v not in (0, False, 1)
+               and k in ("PINGPONG",)):
+            rows.append(dict(kernel=name, missing=True))
+            return
+        k = compile_kernel(kernel, {n: v for n, v in args.items() if n in params}, num_warps=num_warps)
+        r = resources(k)
+        ptx = k.asm["ptx"]
+        rows.append(dict(kernel=name, registers=r.registers, spills=r.spill_stores + r.spill_loads, stack=r.stack,
+                         shared=r.shared, serialized=r.wgmma_serialized,
+                         wgmma=len(re.findall(r"wgmma\.mma_async", ptx)),
+                         tma=len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
+                         mbarrier=len(re.findall(r"mbarrier\.", ptx)), ptx_lines=ptx.count("\n")))
+        print(rows[-1], flush=True)
+
+    # GEMM: the shipped configs (block, stages, consumers, epilogue bytes)
+    from tilecore.ops.gemm.gluon_kernels import gemm_kernel
+    bf16 = dict(block=(128, 256, 64), stages=3, group_m=8, num_warps=8, epilogue_bytes=65536, consumers=2)
+    small_k = dict(bf16, block=(128, 128, 64), stages=4)
+    fp8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8, epilogue_bytes=65536, consumers=1)
+    for name, dtype, cfg, b_t, scales, stream_k in (
+            ("gemm bf16", torch.bfloat16, bf16, False, 0, False),
+            ("gemm bf16 stream-K", torch.bfloat16, bf16, False, 0, True),
+            ("gemm bf16 small K", torch.bfloat16, small_k, False, 0, False),
+            ("gemm bf16 B^T", torch.bfloat16, bf16, True, 0, True),
+            ("gemm bf16 fp32 out", torch.bfloat16, bf16, False, -1, True),
+            ("gemm_fp8 row scales", torch.float8_e4m3fn, fp8, True, 4, True)):
+        BM, BN, BK = cfg["block"]
+        c = cfg["consumers"]
+        x = torch.empty(256, 256, dtype=dtype)
+        out = torch.empty(256, 256, dtype=torch.float32 if scales < 0 else torch.bfloat16 if scales else dtype)
+        scales = max(scales, 0)
+        f32 = torch.empty(256)
+        args = dict(a_desc=desc(x, [BM, BK]), b_desc=desc(x, [BN, BK] if b_t else [BK, BN]),
+                    c_desc=desc(out, [BM // c, min(BN, cfg["epilogue_bytes"] // (BM * out.element_size()))]),
+                    M=256, N=256, K=256, bias_ptr=out if not scales else f32, scale_a_ptr=f32, scale_b_ptr=f32,
+                    workspace=f32, flags=torch.empty(8, dtype=torch.int32), num_units=4, B_T=b_t, GROUP_M=8,
+                    HAS_BIAS=not scales, SCALES=scales, STAGES=cfg["stages"], CONSUMERS=c, STREAM_K=stream_k)
+        one(name, gemm_kernel, args, cfg["num_warps"] // c)
+
+    # Hadamard: n = 16384 (4 stages) and 32768 (8 stages, lookahead 4), drawn rows
+    from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
+    for n, stages, lookahead in ((16384, 4, 0), (32768, 8, 4)):
+        for dtype in (torch.bfloat16, torch.float16):
+            x = torch.empty(64, n, dtype=dtype)
+            S = n // 8192
+            lines = lambda t, block: desc(t, block, shape=[64 * n // 64, 64], strides=[64, 1])
+            h = torch.empty(192, 64, dtype=torch.bfloat16)  # H_64 as bf16 bits
+            args = dict(x_desc=lines(x, [64, 64]), out_desc=lines(x, [64, 64]), staging_desc=lines(x, [64 * S, 64]),
+                        h_desc=desc(h, [64, 64]), rows=64, scale=0.5, row_counter=torch.zeros(1, dtype=torch.int32),
+                        S=S, STAGES=stages, LOOKAHEAD=lookahead)
+            one(f"hadamard n={n} {str(dtype)[6:]}", hadamard_gluon_kernel, args, 4)
+
+    # attention forward: the shipped configurations (gluon_forward_config's outcomes)
+    from tilecore.ops.attention.gluon_kernels import attention_fwd_kernel
+    fwd = [("d64", 64, False, dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2)),
+           ("d64 causal", 64, True, dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2)),
+           ("d128", 128, False, dict(block_m=64, block_n=128, stages=2, consumers=2, q_buffers=2)),
+           ("d128 causal", 128, True, dict(block_m=64, block_n=128, stages=2, consumers=2, q_buffers=2)),
+           ("d128 Q regs", 128, False, dict(block_m=64, block_n=128, stages=2, consumers=2, q_buffers=2, q_regs=True)),
+           ("d128 causal short", 128, True, dict(block_m=64, block_n=64, stages=3, consumers=2, q_buffers=2)),
+           ("d64 carried causal", 64, True, dict(block_m=64, block_n=64, stages=3, consumers=2, q_buffers=2, carry=True)),
+           ("d128 carried", 128, False, dict(block_m=64, block_n=128, stages=2, consumers=2, q_buffers=2, carry=True)),
+           ("d64 3 consumers", 64, False, dict(block_m=64, block_n=128, stages=3, consumers=3, q_buffers=1)),
+           ("d64 3 consumers causal", 64, True, dict(block_m=64, block_n=128, stages=3, consumers=3, q_buffers=1)),
+           ("d64 3 consumers q2", 64, False, dict(block_m=64, block_n=128, stages=3, consumers=3, q_buffers=2)),
+           ("d64 3 consumers causal short", 64, True, dict(block_m=64, block_n=64, stages=3, consumers=3, q_buffers=2))]
+    for name, d, causal, cfg in fwd:
+        t = torch.empty(2, 4, 256, d, dtype=torch.bfloat16)
+        head = lambda rows: desc(t, [1, 1, rows, d])
+        args = dict(q_desc=head(cfg["block_m"]), k_desc=head(cfg["block_n"]), v_desc=head(cfg["block_n"]),
+                    o_desc=head(cfg["block_m"]), lse_ptr=torch.empty(8, dtype=torch.float32), H=4, N=256, Nk=256,
+                    GROUP=1, scale_log2e=0.1, num_bh=8, head_group=4,
+                    schedule=torch.empty(8, dtype=torch.int32) if causal else None, CAUSAL=causal,
+                    STAGES=cfg["stages"], OVERLAP=True, CONSUMERS=cfg["consumers"], PINGPONG=False,
+                    Q_BUFFERS=cfg["q_buffers"], CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False))
+        one(f"attention fwd {name}", attention_fwd_kernel, args, 4)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

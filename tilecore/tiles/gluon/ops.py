@@ -1,0 +1,146 @@
+"""Gluon tile ops: the vocabulary of Hopper kernels on the template (:mod:`.pipeline`), with ``tl``
+twins of the same names and meaning in :mod:`tilecore.tiles.ops` (row_max, row_sum, exp2_scaled,
+online_softmax_update, mask_scores, needs_mask) so that a kernel reads the same in both languages.
+
+Register tiles here are in wgmma accumulator layouts (``wgmma_layout``); ``split_n``/``join_n`` move
+between a tile and its column halves without moving data between threads.
+"""
+from triton._C.libtriton import ir
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
+
+
+@gluon.constexpr_function
+def wgmma_layout(block_m, block_n, num_warps, in_bits=16):
+    """The accumulator layout of a [block_m, block_n] wgmma tile over ``num_warps`` warps, for
+    operands of ``in_bits`` bits (an instruction's K is 256 / in_bits: 16 for bf16, 32 for fp8).
+
+    Warpgroups (4 warps) stack along M first, each issuing m64 x n<=256 instructions.
+    """
+    warps = [4, 1]
+    while warps[0] * warps[1] != num_warps:
+        if block_m > 16 * warps[0]:
+            warps[0] *= 2
+        else:
+            warps[1] *= 2
+    n = 256
+    while n > block_n // warps[1] or block_n % n:
+        n -= 8
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=warps, instr_shape=[16, n, 256 // in_bits])
+
+
+@gluon.jit
+def split_n(x):
+    """Split a [m, n] register tile into its left and right [m, n/2] halves (with the wgmma layout
+    the high column bit is a register index, so no data moves between threads)."""
+    M: gl.constexpr = x.shape[0]
+    N: gl.constexpr = x.shape[1]
+    return gl.split(gl.permute(gl.reshape(x, [M, 2, N // 2]), [0, 2, 1]))
+
+
+@gluon.jit
+def needs_mask(first_query, first_key, BLOCK_KEYS: gl.constexpr, N, Nk, CAUSAL: gl.constexpr):
+    """Whether a block of scores, queries from ``first_query`` and ``BLOCK_KEYS`` keys from
+    ``first_key``, has a masked score (see ``mask_scores``): a key past Nk, or (causal) a key after
+    the first query's diagonal."""
+    bound = Nk
+    if CAUSAL:
+        bound = gl.minimum(bound, first_query + 1 + (Nk - N))  # the first query's last key + 1
+    return first_key + BLOCK_KEYS > bound
+
+
+@gluon.jit
+def opaque_int(x):
+    """The int32 ``x`` through an instruction the compiler can neither see through nor move, so that
+    what is computed from it stays where it is written. For a mask whose key offset is a constant
+    (a tile's first key block): LLVM hoisted its comparisons (64 a thread) to the tile's start, kept
+    them live through the tile as packed predicates, and turned the masking branch into selects run
+    at every first step (notes/attention/README.md, session 13)."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def mask_scores(s, layout: gl.constexpr, first_query, first_key, N, Nk, CAUSAL: gl.constexpr,
+                KEY_AXIS: gl.constexpr):
+    """The scores s (in ``layout``; keys along ``KEY_AXIS``: 1 for [queries, keys], 0 for the
+    transposed [keys, queries]) with -inf where the key is past Nk or, causal, after the query's
+    diagonal: aligned to the bottom right, query i sees keys j <= i + Nk - N."""
+    QUERY_AXIS: gl.constexpr = 1 - KEY_AXIS
+    keys = gl.expand_dims(first_key + gl.arange(0, s.shape[KEY_AXIS], layout=gl.SliceLayout(QUERY_AXIS, layout)),
+                          QUERY_AXIS)
+    ok = keys < Nk
+    if CAUSAL:
+        queries = gl.expand_dims(
+            first_query + gl.arange(0, s.shape[QUERY_AXIS], layout=gl.SliceLayout(KEY_AXIS, layout)), KEY_AXIS)
+        ok = ok & (keys <= queries + (Nk - N))
+    return gl.where(ok, s, float("-inf"))
+
+
+@builtin
+def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """Add the shared-memory tile ``src`` to global memory at ``coord`` of ``tensor_desc`` with one
+    TMA reduction (cp.reduce.async.bulk.tensor .add; out-of-bounds parts are dropped). Asynchronous
+    like a TMA store: ``tma.store_wait`` before ``src`` is written again. (Gluon 3.6's hopper tma
+    module wraps the copies but not the reduction; its op builder has it.)"""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def store_tile(x, out_desc, out_smem, off_m, off_n):
+    """Epilogue store of a [m, n] register tile through ``out_smem`` (one slice of ``out_desc``'s
+    block shape, [m, n / 2^s]) with TMA stores, slice by slice. Before each slice is written the
+    previous TMA store (the last slice of the previous tile, the first time) must have read it."""
+    SN: gl.constexpr = out_desc.block_type.shape[1]
+    N: gl.constexpr = x.shape[1]
+    if N == SN:
+        tma.store_wait(0)
+        out_smem.store(x.to(out_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(out_desc, [off_m, off_n], out_smem)
+    else:
+        lo, hi = split_n(x)
+        store_tile(lo, out_desc, out_smem, off_m, off_n)
+        store_tile(hi, out_desc, out_smem, off_m, off_n + N // 2)
+
+
+@gluon.jit
+def join_n(lo, hi):
+    """The inverse of ``split_n``: [m, n/2] left and right halves back into one [m, n] tile."""
+    M: gl.constexpr = lo.shape[0]
+    N: gl.constexpr = 2 * lo.shape[1]
+    return gl.reshape(gl.permute(gl.join(lo, hi), [0, 2, 1]), [M, N])
+
+
+@gluon.jit
+def row_max(x):
+    """The max of each row of a [m, n] tile."""
+    return gl.max(x, axis=1)
+
+
+@gluon.jit
+def row_sum(x):
+    """The sum of each row of a [m, n] tile."""
+    return gl.sum(x, axis=1)
+
+
+@gluon.jit
+def exp2_scaled(x, scale_log2e, row_shift):
+    """exp2(x * scale_log2e - row_shift) for a [m, n] tile and a per-row shift (one FMA and one
+    exp2 an element: the softmax scale folds into the exponent's multiply-add)."""
+    return gl.exp2(x * scale_log2e - gl.expand_dims(row_shift, 1))
+
+
+@gluon.jit
+def online_softmax_update(m_i, l_i, s, scale_log2e):
+    """One online-softmax step on raw scores ``s`` (scale > 0, base 2): the new row max m (of the
+    scaled scores), the new row sum l, the unnormalized probabilities P (float32), and alpha =
+    exp2(m_old - m), the factor that rescales what was accumulated before (the ``tl`` twin also
+    applies it to an accumulator; here the caller does, in the accumulator's layout, when it is
+    done with the tensor cores)."""
+    m_new = gl.maximum(m_i, row_max(s) * scale_log2e)
+    p = exp2_scaled(s, scale_log2e, m_new)
+    alpha = gl.exp2(m_i - m_new)
+    return m_new, l_i * alpha + row_sum(p), p, alpha

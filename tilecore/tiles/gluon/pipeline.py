@@ -1,0 +1,464 @@
+"""The tiles template for Hopper, in Gluon: an op is a layout and a few callbacks.
+
+ThunderKittens' load-compute-store-finish contract (its LCSF template) in Python. The template owns
+what every kernel of this shape repeats: a ring of shared-memory stages filled by TMA and completed on
+mbarriers, a 1-warp producer and consumer warpgroups (warp specialization), the ring's phases,
+per-tile operands and their buffers, a persistent grid walking tiles in the order of
+:mod:`tilecore.tiles.schedule` (or drawn from a counter), and the epilogue buffers. An op supplies:
+
+* ``Layout`` (below): ring depth, consumers and their registers, and the optional parts as optional
+  members: a per-tile operand (``tile_operand``), a schedule table, a tile counter.
+* A stage: an aggregate of its own with one named shared-memory ring per buffer (any number, any
+  shapes, TMA-loaded) and ``index(s) -> stage s``; ``ring(desc, STAGES)`` allocates one buffer's ring.
+* The op itself: an aggregate of its globals (descriptors, sizes, compile-time options) whose methods
+  are the callbacks, each taking the same arguments in the same order:
+
+  ==================================  =====================================================================
+  ``setup(tile_id) -> (tile, steps)``  producer and consumers: a tile's coordinates and its ring steps
+  ``load(stage, bar, tile, step)``     producer: issue step ``step``'s TMA copies into ``stage`` on ``bar``
+                                       (the template has set the barrier's byte count)
+  ``load_tile(bufs, bar, tile, c)``    producer, with a tile operand: consumer c's buffer (shared: all)
+  ``start(ctx, tile, prev) -> state``  consumer: a tile's state (``prev``: the previous tile's, carried,
+                                       else None)
+  ``compute(ctx, state, stage, tile, step) -> state``  consumer: one step
+  ``wait(ctx, state) -> state``        consumer: the tile's asynchronous work is done
+  ``finish(ctx, state, tile)``         consumer: the epilogue (not with ``CARRY``)
+  ``initial(ctx) -> state``            consumer, with ``CARRY``: the state before a program's first tile
+  ==================================  =====================================================================
+
+  ``ctx`` is the consumer's ``Consumer``: its index (a constexpr), its epilogue buffer and this tile's
+  operand buffer. Results are stored by the op (``ops.store_tile`` and friends): before writing
+  ``ctx.out`` wait for the previous tile's TMA store (``tma.store_wait``), so that store overlaps
+  this tile's main loop.
+
+Stages are released as consumers finish with them: after ``compute`` (``LATE_RELEASE=0``) or one
+step later, when ``compute`` returns with its wgmma group still reading the stage (``LATE_RELEASE=1``).
+With ``CARRY`` a consumer's pipeline runs on across tiles: a tile's first step may finish the previous
+tile's work (the attention forward issues the next tile's first S with the last P V and stores the
+finished tile under it), ``finish`` is not called, and after a program's last tile one more step,
+``step = steps`` of that tile, is loaded and computed; ``load`` then also receives the previous tile
+(a program's first tile is its own previous).
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.language.core import _aggregate as aggregate
+from triton.language.core import base_value
+
+from tilecore.tiles.schedule import next_tile, program_tiles, scheduled_tile
+
+TILE_ID_SLOTS = gl.constexpr(4)  # drawn tiles: ids the producer may hand out ahead of the consumers
+
+
+@gluon.constexpr_function
+def field(x):
+    """An aggregate field (annotated ``object``) that may be a run-time value or a constant: an int the
+    JIT specialized (an argument equal to 1 arrives as a constexpr, which a constexpr function sees as
+    a plain int), or None for an absent part (``x is None`` is then decided at compile time)."""
+    return x if isinstance(x, base_value) else gl.constexpr(x)
+
+
+@aggregate
+class TileOperand:
+    """A per-tile operand: loaded by the producer at the start of a tile (``load_tile``), held by the
+    consumers through every step of it (the attention forward's Q block, the backward's K and V).
+
+    ``desc``: its block's descriptor (shape, dtype, swizzle). ``COUNT`` buffers of that block per
+    load. ``BUFFERS`` per consumer, used in turn (2: the next tile's operand loads while this tile
+    runs). ``SHARED``: one set of ``COUNT`` buffers read by every consumer. ``RESIDENT`` (shared): a
+    constant of the kernel (the Hadamard transform's H_64), loaded once per program and kept."""
+    desc: object
+    COUNT: gl.constexpr
+    BUFFERS: gl.constexpr
+    SHARED: gl.constexpr
+    RESIDENT: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, desc, COUNT=1, BUFFERS=1, SHARED=False, RESIDENT=False):
+        self.desc = desc
+        self.COUNT = gl.constexpr(COUNT)
+        self.BUFFERS = gl.constexpr(BUFFERS)
+        self.SHARED = gl.constexpr(SHARED or RESIDENT)
+        self.RESIDENT = gl.constexpr(RESIDENT)
+
+
+@aggregate
+class Layout:
+    """How the template runs an op. ``out``: the descriptor of a consumer's epilogue buffer (its block:
+    one consumer's share of a tile, or a slice of it: ``ops.store_tile``). ``tile_operand``: a
+    ``TileOperand`` or None. ``schedule``: an int32 table of ``schedule.balanced_schedule`` for exactly
+    this grid (which then gives each program its tiles), or None: program p takes tiles p, p + P, ...
+    ``tile_counter``: an int32 in global memory, zero at launch: programs draw their tiles from it as
+    they get to them (and leave it zero), or None. ``LOOKAHEAD`` (below ``STAGES``; 0: the ring's
+    depth): after its first lap the producer loads a step only once the step ``LOOKAHEAD`` before it is
+    released, so a deep ring fills at a program's start and runs ``LOOKAHEAD`` deep after."""
+    out: object
+    STAGES: gl.constexpr
+    CONSUMERS: gl.constexpr
+    CONSUMER_REGS: gl.constexpr
+    PRODUCER_REGS: gl.constexpr
+    LATE_RELEASE: gl.constexpr
+    CARRY: gl.constexpr
+    LOOKAHEAD: gl.constexpr
+    tile_operand: object
+    schedule: object
+    tile_counter: object
+
+    @gluon.constexpr_function
+    def __init__(self, out, STAGES, CONSUMERS=1, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=1,
+                 CARRY=False, LOOKAHEAD=0, tile_operand=None, schedule=None, tile_counter=None):
+        self.out = out
+        self.STAGES = gl.constexpr(STAGES)
+        self.CONSUMERS = gl.constexpr(CONSUMERS)
+        self.CONSUMER_REGS = gl.constexpr(CONSUMER_REGS)
+        self.PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
+        self.LATE_RELEASE = gl.constexpr(LATE_RELEASE if STAGES > 1 else 0)
+        self.CARRY = gl.constexpr(CARRY)
+        self.LOOKAHEAD = gl.constexpr(LOOKAHEAD)
+        self.tile_operand = field(tile_operand)
+        self.schedule = field(schedule)
+        self.tile_counter = field(tile_counter)
+
+
+@aggregate
+class Consumer:
+    """A consumer partition's view: ``index`` (0 .. CONSUMERS - 1), ``out`` (its epilogue buffer),
+    ``operand`` (this tile's operand buffer; with a shared operand all of its buffers; else None)."""
+    index: gl.constexpr
+    out: gl.shared_memory_descriptor
+    operand: object
+
+    @gluon.constexpr_function
+    def __init__(self, index, out, operand):
+        self.index = gl.constexpr(index)
+        self.out = out
+        self.operand = field(operand)
+
+
+@gluon.jit
+def ring(desc, STAGES: gl.constexpr):
+    """A ring of ``STAGES`` buffers of a TMA descriptor's block (one named buffer of a stage)."""
+    return gl.allocate_shared_memory(desc.dtype, [STAGES] + desc.block_type.shape, desc.layout)
+
+
+@gluon.constexpr_function
+def stage_bytes(stage):
+    """The bytes of one stage of a stage ring (every field: a ring of buffers)."""
+    total = 0
+    for value in vars(stage).values():
+        if isinstance(value, gl.shared_memory_descriptor):
+            n = 1
+            for d in value.type.shape[1:]:
+                n *= d
+            total += n * value.dtype.primitive_bitwidth // 8
+    return total
+
+
+@aggregate
+class _Pipeline:
+    """What every partition shares at run time: the ring and its barriers, the tile operand's
+    buffers and barriers, the drawn tiles' slots, the tile count."""
+    stages: object
+    ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+    tile_bufs: object
+    tile_ready: gl.shared_memory_descriptor
+    tile_empty: gl.shared_memory_descriptor
+    ids: object
+    id_ready: object
+    id_free: object
+    num_tiles: gl.tensor
+
+    @gluon.constexpr_function
+    def __init__(self, stages, ready, empty, tile_bufs, tile_ready, tile_empty, ids, id_ready, id_free, num_tiles):
+        self.stages = stages
+        self.ready = ready
+        self.empty = empty
+        self.tile_bufs = field(tile_bufs)
+        self.tile_ready = tile_ready
+        self.tile_empty = tile_empty
+        self.ids = field(ids)
+        self.id_ready = field(id_ready)
+        self.id_free = field(id_free)
+        self.num_tiles = num_tiles
+
+
+@gluon.jit
+def _tile_slot(layout, consumer: gl.constexpr, t):
+    """The tile operand's buffer (and barrier pair) for a program's t-th tile: consumer c's buffers are
+    c * BUFFERS .. (c + 1) * BUFFERS - 1, used in turn; a shared operand has one set."""
+    if layout.tile_operand.SHARED:
+        return 0
+    else:
+        return consumer * layout.tile_operand.BUFFERS + t % layout.tile_operand.BUFFERS
+
+
+@gluon.jit
+def _publish_tile(p, t, tile_id):
+    """Drawn tiles: the producer hands the program's t-th tile id to the consumers (a ring of slots
+    in shared memory, each with a barrier pair: written; read by every consumer)."""
+    slot = t % TILE_ID_SLOTS
+    mbarrier.wait(p.id_free.index(slot), ((t // TILE_ID_SLOTS) & 1) ^ 1)
+    ids_layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    p.ids.index(slot).store(gl.full([1], tile_id, gl.int32, ids_layout))
+    mbarrier.arrive(p.id_ready.index(slot))  # releases the store above (the arriving thread made it too)
+
+
+@gluon.jit
+def _receive_tile(p, t):
+    """Drawn tiles: a consumer's t-th tile id (num_tiles or more: no tile left)."""
+    slot = t % TILE_ID_SLOTS
+    mbarrier.wait(p.id_ready.index(slot), (t // TILE_ID_SLOTS) & 1)
+    ids_layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    tile_id = gl.max(p.ids.index(slot).load(ids_layout), axis=0)
+    gl.thread_barrier()  # every warp of the partition has read the slot before it is released
+    mbarrier.arrive(p.id_free.index(slot))
+    return tile_id
+
+
+@gluon.jit
+def _producer(op, layout, p, STAGE_BYTES: gl.constexpr):
+    """The TMA producer's loop over the program's tiles."""
+    i = 0
+    t = 0
+    if layout.tile_counter is not None:
+        tile_id = gl.atomic_add(layout.tile_counter, 1, sem="relaxed", scope="gpu")
+        while tile_id < p.num_tiles:
+            # the next draw is issued now; its latency runs under this tile's loads
+            next_id = gl.atomic_add(layout.tile_counter, 1, sem="relaxed", scope="gpu")
+            _publish_tile(p, t, tile_id)
+            i, tile, steps = _produce_tile(op, layout, p, STAGE_BYTES, tile_id, i, t, 0)
+            t += 1
+            tile_id = next_id
+        _publish_tile(p, t, p.num_tiles)  # the consumers' signal to stop
+        # every program draws exactly one ticket past the tiles, so the draw of num_tiles + P - 1 is
+        # the launch's last: its program leaves the counter at zero for the next launch
+        if tile_id == p.num_tiles + gl.num_programs(0) - 1:
+            gl.atomic_xchg(layout.tile_counter, 0, sem="relaxed", scope="gpu")
+    else:
+        SCHEDULED: gl.constexpr = layout.schedule is not None
+        first, end, step = program_tiles(p.num_tiles, layout.schedule, SCHEDULED)
+        next_id = scheduled_tile(first, layout.schedule, SCHEDULED)
+        if layout.CARRY:  # the tile before a program's first is itself (what load takes from it goes unused)
+            prev, last_steps = op.setup(next_id)
+        else:
+            prev = 0
+        for n in range(first, end, step):
+            tile_id, next_id = next_tile(n, step, next_id, layout.schedule, SCHEDULED)
+            i, tile, steps = _produce_tile(op, layout, p, STAGE_BYTES, tile_id, i, t, prev)
+            if layout.CARRY:
+                prev = tile
+                last_steps = steps
+            t += 1
+        if layout.CARRY:  # the tail step: step `steps` of the program's last tile
+            if t > 0:
+                s = i % layout.STAGES
+                mbarrier.wait(p.empty.index(s), ((i // layout.STAGES) & 1) ^ 1)
+                mbarrier.expect(p.ready.index(s), STAGE_BYTES)
+                op.load(p.stages.index(s), p.ready.index(s), prev, last_steps, prev)
+
+
+@gluon.jit
+def _produce_tile(op, layout, p, STAGE_BYTES: gl.constexpr, tile_id, i, t, prev):
+    """The producer's loads of one tile (the program's t-th; its first ring step is i): the tile
+    operand, then every step's stage. Returns (the next ring step, the tile, its steps)."""
+    tile, steps = op.setup(tile_id)
+    operand = layout.tile_operand
+    if operand is not None:
+        OPERAND_BYTES: gl.constexpr = operand.COUNT * operand.desc.block_type.nbytes
+        if operand.RESIDENT:  # a constant: loaded with the first tile, kept for all
+            if t == 0:
+                mbarrier.expect(p.tile_ready.index(0), OPERAND_BYTES)
+                op.load_tile(p.tile_bufs, p.tile_ready.index(0), tile, 0)
+        elif operand.SHARED:  # once every consumer has let go of the last tile's
+            mbarrier.wait(p.tile_empty.index(0), (t & 1) ^ 1)
+            mbarrier.expect(p.tile_ready.index(0), OPERAND_BYTES)
+            op.load_tile(p.tile_bufs, p.tile_ready.index(0), tile, 0)
+        else:  # each consumer's own, once its buffer is free again
+            for c in gl.static_range(layout.CONSUMERS):
+                slot = _tile_slot(layout, c, t)
+                mbarrier.wait(p.tile_empty.index(slot), ((t // operand.BUFFERS) & 1) ^ 1)
+                mbarrier.expect(p.tile_ready.index(slot), OPERAND_BYTES)
+                op.load_tile(p.tile_bufs.index(slot), p.tile_ready.index(slot), tile, c)
+    for kk in range(steps):
+        s = i % layout.STAGES
+        if layout.LOOKAHEAD > 0 and i >= layout.STAGES:
+            # step i - LOOKAHEAD released (consumers release in order, so step i - STAGES, this
+            # stage's last use, was released before it)
+            j = i - layout.LOOKAHEAD
+            mbarrier.wait(p.empty.index(j % layout.STAGES), (j // layout.STAGES) & 1)
+        else:
+            # a fresh barrier counts as having completed the phase before phase 0: the first lap
+            # through the ring waits on parity 1 and passes at once
+            mbarrier.wait(p.empty.index(s), ((i // layout.STAGES) & 1) ^ 1)
+        mbarrier.expect(p.ready.index(s), STAGE_BYTES)
+        if layout.CARRY:
+            op.load(p.stages.index(s), p.ready.index(s), tile, kk, prev)
+        else:
+            op.load(p.stages.index(s), p.ready.index(s), tile, kk)
+        i += 1
+    return i, tile, steps
+
+
+@gluon.jit
+def _consumer(op, layout, p, CID: gl.constexpr, out):
+    """Consumer CID's loop over the program's tiles."""
+    i = 0
+    t = 0
+    if layout.tile_counter is not None:
+        tile_id = _receive_tile(p, t)
+        while tile_id < p.num_tiles:
+            _, i, _ = _consume_tile(op, layout, p, CID, out, tile_id, i, t, None, 0)
+            t += 1
+            tile_id = _receive_tile(p, t)
+    else:
+        SCHEDULED: gl.constexpr = layout.schedule is not None
+        if layout.CARRY:
+            state = op.initial(_context(layout, p, CID, out, 0))
+            last_steps = gl.program_id(0) * 0
+        first, end, step = program_tiles(p.num_tiles, layout.schedule, SCHEDULED)
+        next_id = scheduled_tile(first, layout.schedule, SCHEDULED)
+        for n in range(first, end, step):
+            tile_id, next_id = next_tile(n, step, next_id, layout.schedule, SCHEDULED)
+            if layout.CARRY:
+                state, i, last_steps = _consume_tile(op, layout, p, CID, out, tile_id, i, t, state, last_steps)
+            else:
+                _, i, _ = _consume_tile(op, layout, p, CID, out, tile_id, i, t, None, 0)
+            t += 1
+        if layout.CARRY:  # the tail step: step `steps` of the program's last tile, which finishes it
+            if t > 0:
+                s = i % layout.STAGES
+                mbarrier.wait(p.ready.index(s), (i // layout.STAGES) & 1)
+                ctx = _context(layout, p, CID, out, 0)
+                state = op.compute(ctx, state, p.stages.index(s), 0, last_steps)
+                state = op.wait(ctx, state)
+    tma.store_wait(0)  # this consumer's last TMA stores have read its epilogue buffer
+
+
+@gluon.jit
+def _context(layout, p, CID: gl.constexpr, out, slot):
+    """Consumer CID's ctx for a tile: its operand is its buffer, every shared one, or None."""
+    if layout.tile_operand is None:
+        ctx = Consumer(CID, out, None)
+    elif layout.tile_operand.SHARED:
+        ctx = Consumer(CID, out, p.tile_bufs)
+    else:
+        ctx = Consumer(CID, out, p.tile_bufs.index(slot))
+    return ctx
+
+
+@gluon.jit
+def _consume_tile(op, layout, p, CID: gl.constexpr, out, tile_id, i, t, prev, last_steps):
+    """Consumer CID's work on one tile (the program's t-th; its first ring step is i): start, every
+    step's compute, wait, finish. Returns (state, the next ring step, the tile's steps); with CARRY
+    the state goes on to the next tile (``prev`` is the previous tile's)."""
+    tile, steps = op.setup(tile_id)
+    operand = layout.tile_operand
+    slot = _tile_slot(layout, CID, t) if operand is not None else 0
+    if operand is not None:
+        mbarrier.wait(p.tile_ready.index(slot), 0 if operand.RESIDENT else (t // operand.BUFFERS) & 1)
+    ctx = _context(layout, p, CID, out, slot)
+    state = op.start(ctx, tile, prev)
+    for kk in range(steps):
+        s = i % layout.STAGES
+        mbarrier.wait(p.ready.index(s), (i // layout.STAGES) & 1)
+        state = op.compute(ctx, state, p.stages.index(s), tile, kk)
+        if layout.LATE_RELEASE == 0:
+            state = op.wait(ctx, state)  # its wgmma must finish before the stage is refilled
+            mbarrier.arrive(p.empty.index(s))
+        else:
+            # the wgmma of step kk - 1 has finished: its stage can be refilled
+            mbarrier.arrive(p.empty.index((i + layout.STAGES - 1) % layout.STAGES), pred=kk > 0)
+        i += 1
+    state = op.wait(ctx, state)
+    if layout.LATE_RELEASE > 0:
+        mbarrier.arrive(p.empty.index((i + layout.STAGES - 1) % layout.STAGES), pred=steps > 0)
+    if operand is not None:
+        if not operand.RESIDENT:
+            mbarrier.arrive(p.tile_empty.index(slot))  # the producer may load a later tile's operand here
+    if layout.CARRY:
+        last_steps = steps
+    else:
+        op.finish(ctx, state, tile)
+    return state, i, last_steps
+
+
+@gluon.jit
+def run(op, layout, stages, num_tiles):
+    """Run ``op`` on the template: ``stages`` is the op's stage ring (see the module docstring),
+    ``num_tiles`` the tiles of the launch. Allocates the barriers, the tile operand's buffers and the
+    epilogue buffers, then forks the producer warp and ``layout.CONSUMERS`` consumer partitions (of
+    the kernel's ``num_warps`` each). Call once from the kernel."""
+    C: gl.constexpr = layout.CONSUMERS
+    STAGES: gl.constexpr = layout.STAGES
+    operand = layout.tile_operand
+    gl.static_assert(layout.LOOKAHEAD < STAGES and (layout.LOOKAHEAD == 0 or not layout.CARRY),
+                     "LOOKAHEAD is below STAGES, and not with CARRY")
+    gl.static_assert(layout.tile_counter is None or (layout.schedule is None and not layout.CARRY),
+                     "drawn tiles go without a schedule table or CARRY")
+    gl.static_assert(not layout.CARRY or (operand is not None and not operand.SHARED and layout.LATE_RELEASE == 0),
+                     "CARRY takes a per-consumer tile operand and LATE_RELEASE=0")
+    out_desc = layout.out
+    outs = gl.allocate_shared_memory(out_desc.dtype, [C] + out_desc.block_type.shape, out_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=C)
+    if operand is None:
+        OPERAND_SLOTS: gl.constexpr = 1
+        tile_bufs = outs  # unused
+    elif operand.SHARED:
+        OPERAND_SLOTS: gl.constexpr = 1
+        tile_bufs = gl.allocate_shared_memory(operand.desc.dtype, [operand.COUNT] + operand.desc.block_type.shape,
+                                              operand.desc.layout)
+    else:
+        gl.static_assert(operand.COUNT == 1, "a per-consumer tile operand is one buffer a load")
+        OPERAND_SLOTS: gl.constexpr = C * operand.BUFFERS
+        tile_bufs = gl.allocate_shared_memory(operand.desc.dtype, [OPERAND_SLOTS] + operand.desc.block_type.shape,
+                                              operand.desc.layout)
+    tile_ready = gl.allocate_shared_memory(gl.int64, [OPERAND_SLOTS, 1], mbarrier.MBarrierLayout())
+    tile_empty = gl.allocate_shared_memory(gl.int64, [OPERAND_SLOTS, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(OPERAND_SLOTS):
+        mbarrier.init(tile_ready.index(c), count=1)
+        mbarrier.init(tile_empty.index(c), count=C if operand is not None and operand.SHARED else 1)
+    if layout.tile_counter is not None:  # the tile ids the producer draws, handed to the consumers
+        ids = gl.allocate_shared_memory(gl.int32, [TILE_ID_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        id_ready = gl.allocate_shared_memory(gl.int64, [TILE_ID_SLOTS, 1], mbarrier.MBarrierLayout())
+        id_free = gl.allocate_shared_memory(gl.int64, [TILE_ID_SLOTS, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(TILE_ID_SLOTS):
+            mbarrier.init(id_ready.index(c), count=1)
+            mbarrier.init(id_free.index(c), count=C)  # every reader
+    else:
+        ids = None
+        id_ready = None
+        id_free = None
+    p = _Pipeline(stages, ready, empty, tile_bufs, tile_ready, tile_empty, ids, id_ready, id_free, num_tiles)
+    STAGE_BYTES: gl.constexpr = stage_bytes(stages)
+    if C == 1:
+        gl.warp_specialize([(_consumer, (op, layout, p, 0, outs.index(0))),
+                            (_producer, (op, layout, p, STAGE_BYTES))],
+                           [1], [layout.PRODUCER_REGS])
+    elif C == 2:
+        gl.warp_specialize([(_consumer, (op, layout, p, 0, outs.index(0))),
+                            (_consumer, (op, layout, p, 1, outs.index(1))),
+                            (_producer, (op, layout, p, STAGE_BYTES))],
+                           [gl.num_warps(), 1], [layout.CONSUMER_REGS, layout.PRODUCER_REGS])
+    else:
+        gl.static_assert(C == 3, "CONSUMERS is 1, 2 or 3")
+        gl.warp_specialize([(_consumer, (op, layout, p, 0, outs.index(0))),
+                            (_consumer, (op, layout, p, 1, outs.index(1))),
+                            (_consumer, (op, layout, p, 2, outs.index(2))),
+                            (_producer, (op, layout, p, STAGE_BYTES))],
+                           [gl.num_warps(), gl.num_warps(), 1],
+                           [layout.CONSUMER_REGS, layout.CONSUMER_REGS, layout.PRODUCER_REGS])
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))
+    for c in gl.static_range(OPERAND_SLOTS):
+        mbarrier.invalidate(tile_ready.index(c))
+        mbarrier.invalidate(tile_empty.index(c))
+    if layout.tile_counter is not None:
+        for c in gl.static_range(TILE_ID_SLOTS):
+            mbarrier.invalidate(id_ready.index(c))
+            mbarrier.invalidate(id_free.index(c))
