@@ -81,6 +81,17 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def properties(device: torch.device):
+    """torch's properties of a CUDA device (name, capability, SMs, L2 and memory sizes), cached: the
+    query costs microseconds a call."""
+    return _properties(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _properties(index: int):
+    return torch.cuda.get_device_properties(index)
+
+
 def capability(device: torch.device) -> tuple[int, int] | None:
     """Compute capability of a CUDA device, None for the CPU (and the interpreter)."""
     if device.type != "cuda":

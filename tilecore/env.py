@@ -31,7 +31,7 @@ def gpu_info(device: torch.device | None = None) -> dict | None:
     if not torch.cuda.is_available():
         return None
     device = device or torch.device("cuda", torch.cuda.current_device())
-    p = torch.cuda.get_device_properties(device)
+    p = dispatch.properties(device)
     return {
         "name": p.name,
         "capability": f"{p.major}.{p.minor}",
