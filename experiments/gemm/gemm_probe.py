@@ -11,10 +11,10 @@ streamk: the stream-K tail on and off (the same kernel otherwise) against torch.
 ablate: ring depth (1..4 stages) and tile order (GROUP_M 1 vs 8). fp8: against torch._scaled_mm.
 public: the public functions (every size class, fp8, autograd, torch.compile). host: host time a call.
 
-Kernels are called through launch.launch_gluon / launch_tl with the launcher's configs
-(launch.GLUON_BF16, GLUON_FP8, TL_GPU) and documented overrides of them. (Until the tiles v2 port
-it also timed one 8-warp consumer and had a "consumers" phase from before two consumers shipped:
-git show bb6b420:scripts/device/gemm_probe.py.)
+Kernels run through the op's plan and launch: plan.plan(..., path=, config=) with configs.py's rows
+(GLUON_BF16, GLUON_FP8, TL_GPU) and documented overrides of their keys, then launch.launch(plan, ...).
+(Until the tiles v2 port it also timed one 8-warp consumer and had a "consumers" phase from before
+two consumers shipped: git show bb6b420:scripts/device/gemm_probe.py.)
 """
 import argparse
 import json
@@ -55,25 +55,28 @@ def child(phase, out_dir):
     import tilecore
     from tilecore import accuracy, env
     from tilecore.bench.harness import graph_median_ms, median_ms
-    from tilecore.ops.gemm import launch, reference
+    from tilecore.ops.gemm import configs, launch, reference
+    from tilecore.ops.gemm import plan as planner
 
     dev = torch.device("cuda")
     rows = []
 
     def gluon(a, b, bias=None, out_dtype=None, sa=None, sb=None, c=None, **cfg):
+        """The Gluon kernel with configs.py's row updated by ``cfg`` (block, stages, group_m,
+        epilogue_bytes, consumers, stream_k), into ``c`` if given."""
         fp8 = sa is not None
         out_dtype = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
-        base = dict(launch.GLUON_FP8 if fp8 else launch.GLUON_BF16)
-        base.update(cfg)
-        plan = launch.gluon_plan(a, b, out_dtype, fp8=fp8)
-        assert plan is not None
-        if c is None:
-            c = torch.empty(a.shape[0], b.shape[1], dtype=out_dtype, device=dev)
-        # as launch.run codes them: 0 none, 1 per tensor, + 1 per row of A, + 2 per column of B
-        scales = 0 if sa is None else 1 + int(sa.numel() > 1) + 2 * int(sb.numel() > 1)
-        if fp8:
-            sa, sb = sa.reshape(-1).contiguous(), sb.reshape(-1).contiguous()
-        return launch.launch_gluon(a, b, c, bias, sa, sb, plan=plan, scales=scales, **base)
+        scales = (sa, sb) if fp8 else None
+        p = planner.plan(a, b, out_dtype=out_dtype, bias=bias, scales=scales, path="gluon",
+                         config=dict(configs.GLUON_FP8 if fp8 else configs.GLUON_BF16, **cfg))
+        assert p.path == "gluon", p
+        return launch.launch(p, a, b, bias, scales, out=c)
+
+    def tl(a, b, c, **cfg):
+        """The tl kernel on the GPU with configs.TL_GPU updated by ``cfg``, into ``c``."""
+        p = planner.plan(a, b, out_dtype=c.dtype, path="tl", config=dict(configs.TL_GPU, **cfg))
+        assert p.path == "tl", p
+        return launch.launch(p, a, b, out=c)
 
     if phase == "host":
         import cProfile
@@ -83,7 +86,8 @@ def child(phase, out_dir):
         from tilecore.ops.gemm import op
         a = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
         b = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
-        fns = {"launch_gluon (direct)": lambda: gluon(a, b), "launch.run": lambda: launch.run(a, b, None, torch.bfloat16),
+        fns = {"plan + launch (gluon, direct)": lambda: gluon(a, b),
+               "plan + launch": lambda: launch.launch(planner.plan(a, b, out_dtype=torch.bfloat16), a, b),
                "torch.ops.tilecore.gemm": lambda: torch.ops.tilecore.gemm(a, b, None, torch.bfloat16),
                "tilecore.gemm": lambda: tilecore.gemm(a, b), "torch.matmul": lambda: torch.matmul(a, b)}
         for name, f in fns.items():
@@ -191,7 +195,7 @@ def child(phase, out_dir):
                         check(f"gluon stages={stages} group={group} {M}x{N}x{K}",
                               lambda c: gluon(a, b, c=c, stages=stages, group_m=group,
                                               epilogue_bytes=32768 if stages == 4 else 65536), ref, out)
-                    check(f"gluon small-K config {M}x{N}x{K}", lambda c: gluon(a, b, c=c, **launch.GLUON_BF16_SMALL_K),
+                    check(f"gluon small-K config {M}x{N}x{K}", lambda c: gluon(a, b, c=c, **configs.GLUON_BF16_SMALL_K),
                           ref, out)
                     check(f"gluon v1 (stages=3, whole-tile epilogue) {M}x{N}x{K}",
                           lambda c: gluon(a, b, c=c, stages=3, epilogue_bytes=None), ref, out)
@@ -213,7 +217,7 @@ def child(phase, out_dir):
               reference.gemm_f64(a, b), torch.empty(300, 45, device=dev, dtype=torch.bfloat16))
         a = torch.randn(512, 256, device=dev, dtype=torch.bfloat16)
         b = torch.randn(256, 384, device=dev, dtype=torch.bfloat16)
-        check("tl kernel on the GPU 512x384x256", lambda c: launch.launch_tl(a, b, c, **launch.TL_GPU),
+        check("tl kernel on the GPU 512x384x256", lambda c: tl(a, b, c),
               reference.gemm_f64(a, b), torch.empty(512, 384, device=dev, dtype=torch.bfloat16))
         a.requires_grad_()
         b.requires_grad_()
@@ -233,8 +237,7 @@ def child(phase, out_dir):
               reference.gemm_f64(a, b), torch.empty(1024, 1024, device=dev, dtype=torch.bfloat16))
         a = torch.randn(1000, 3000, device=dev, dtype=torch.float16)
         b = torch.randn(3000, 1096, device=dev, dtype=torch.float16)
-        check("tl kernel with the stream-K tail 1000x1096x3000", lambda c: launch.launch_tl(
-              a, b, c, **dict(launch.TL_GPU, stream_k="always")), reference.gemm_f64(a, b),
+        check("tl kernel with the stream-K tail 1000x1096x3000", lambda c: tl(a, b, c, stream_k="always"), reference.gemm_f64(a, b),
               torch.empty(1000, 1096, device=dev, dtype=torch.float16))
         # a CUDA graph's own buffers, replayed twice
         a = torch.randn(3000, 4096, device=dev, dtype=torch.bfloat16)
