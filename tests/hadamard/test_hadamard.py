@@ -39,7 +39,7 @@ def test_fp16_at_the_rounding_floor(n):
 def test_bf16_is_the_exact_answer_rounded_once(n):
     # The interpreter truncates float32 -> bf16, so the kernel's answer must be the exact transform
     # truncated once, bit for bit: any rounding between stages would show. (On the GPU, which rounds
-    # to nearest, scripts/device/hadamard_probe.py checks <= 1.25x the rounding floor.)
+    # to nearest, experiments/hadamard/hadamard_tma_probe.py checks <= 1.25x the rounding floor.)
     x = torch.randn(max(2, 2**13 // n) + 1, n, dtype=torch.bfloat16)
     scale = 0.5 if n > 1 else 1.0
     out = run_poisoned(x, scale)
