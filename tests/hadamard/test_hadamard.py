@@ -7,9 +7,9 @@ import torch
 import tilecore
 from tilecore import accuracy
 from tilecore.ops.hadamard import hadamard_matrix, hadamard_reference, hadamard_transform
-from tilecore.ops.hadamard.kernels import PLANS
+from tilecore.ops.hadamard.configs import SPLITS
 
-ALL_N = sorted(PLANS)
+ALL_N = sorted(SPLITS)
 
 
 def truncate_to_bf16(t: torch.Tensor) -> torch.Tensor:
@@ -45,7 +45,7 @@ def test_bf16_is_the_exact_answer_rounded_once(n):
     out = run_poisoned(x, scale)
     ref = hadamard_reference(x, scale, out_dtype=torch.float64)
     expected = truncate_to_bf16(ref)
-    if PLANS[n][0] == 1:
+    if SPLITS[n][0] == 1:
         assert torch.equal(out, expected)
     else:  # the float32 butterfly over slices rounds once more (at 2^-24): a truncation may move 1 ulp
         ulps = (out.view(torch.int16).int() - expected.view(torch.int16).int()).abs()
@@ -60,19 +60,21 @@ def test_fp32_within_1e6(n):
     assert accuracy.rel_rms(out, ref) <= 1e-6
 
 
-# Alternative plans the GPU probe times: each must compute the same transform.
-VARIANT_PLANS = [(256, (2, 1, 128)), (256, (4, 1, 64)), (512, (4, 1, 128)), (512, (2, 16, 16)),
-                 (1024, (4, 16, 16)), (2048, (2, 32, 32)), (2048, (1, 32, 64)), (2048, (1, 128, 16)),
-                 (4096, (1, 64, 64)), (8192, (1, 128, 64)), (16384, (2, 128, 64))]
+# Alternative splits the GPU probe times: each must compute the same transform.
+VARIANT_SPLITS = [(256, (2, 1, 128)), (256, (4, 1, 64)), (512, (4, 1, 128)), (512, (2, 16, 16)),
+                  (1024, (4, 16, 16)), (2048, (2, 32, 32)), (2048, (1, 32, 64)), (2048, (1, 128, 16)),
+                  (4096, (1, 64, 64)), (8192, (1, 128, 64)), (16384, (2, 128, 64))]
 
 
-@pytest.mark.parametrize("n,plan", VARIANT_PLANS)
-def test_every_plan_computes_the_transform(n, plan):
-    from tilecore.ops.hadamard import kernels
+@pytest.mark.parametrize("n,split", VARIANT_SPLITS)
+def test_every_split_computes_the_transform(n, split):
+    from tilecore.ops.hadamard import launch, plan
 
     x = torch.randn(3, n, dtype=torch.float16)
     out = torch.full_like(x, float("nan"))
-    kernels.launch(x, out, n**-0.5, interpret=True, num_sms=2, plan=plan)
+    p = plan.plan(x, out, split=split)
+    assert p.path == "tl" and (p.config["S"], p.config["N1"], p.config["N2"]) == split
+    launch.launch(p, x, out, n**-0.5)
     ref = hadamard_reference(x, n**-0.5, out_dtype=torch.float64)
     assert torch.isfinite(out).all()
     assert accuracy.error_over_floor(out, ref) <= 1.05

@@ -24,7 +24,7 @@ def run_poisoned(x, scale, extra_rows=0):
     stay NaN (nothing written past the last row)."""
     rows, n = x.shape
     buf = torch.full((rows + extra_rows, n), float("nan"), dtype=x.dtype)
-    butterfly.launch(x, buf[:rows], scale, interpret=True, num_sms=2)
+    butterfly.launch(x, buf[:rows], scale)
     assert torch.isnan(buf[rows:]).all(), "written past the last row"
     out = buf[:rows]
     assert torch.isfinite(out).all(), "some outputs were never written"
@@ -60,7 +60,7 @@ def test_row_strides_of_wider_tensors(n, strided):
         x = x.contiguous()
     buf = torch.full((rows, 16), float("nan"), dtype=torch.float16)
     out = buf[:, 3:3 + n] if strided != "x" else torch.full((rows, n), float("nan"), dtype=torch.float16)
-    butterfly.launch(x, out, 1.0, interpret=True, num_sms=2)
+    butterfly.launch(x, out, 1.0)
     ref = hadamard_reference(x, 1.0, out_dtype=torch.float64)
     assert torch.isfinite(out).all()
     assert torch.isnan(buf[:, :3]).all() and torch.isnan(buf[:, 3 + n:]).all(), "written outside out"
@@ -73,7 +73,7 @@ def test_nan_and_inf_stay_in_their_row():
     x[2, 5] = float("nan")
     x[5, 3] = float("inf")
     y = torch.zeros_like(x)  # not NaN-poisoned: every row is checked below, so none can go unwritten
-    butterfly.launch(x, y, 1.0, interpret=True, num_sms=2)
+    butterfly.launch(x, y, 1.0)
     assert torch.isnan(y[2]).all()
     assert torch.isinf(y[5]).all()  # +-inf in every output: each is +-x[5, 3] plus finite values
     clean = [0, 1, 3, 4, 6, 7, 8]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tilecore import accuracy
-from tilecore.ops.hadamard import hadamard_reference, hadamard_transform, kernels
+from tilecore import accuracy, dispatch
+from tilecore.ops.hadamard import configs, hadamard_reference, hadamard_transform, launch, plan
 
 TMA_N = [2**k for k in range(4, 16)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def transform(x, tma, **tuning):
     out = torch.full_like(x, float("nan"))  # poisoned: an unwritten element shows as NaN
-    kernels.launch(x, out, x.shape[1] ** -0.5, interpret=True, num_sms=2, tma=tma, **tuning)
+    launch.launch(plan.plan(x, out, tma=tma, **tuning), x, out, x.shape[1] ** -0.5)
     assert torch.isfinite(out).all(), "some outputs were never written"
     return out
 
@@ -39,9 +39,9 @@ def test_tma_float32_within_1e6(n):
     assert accuracy.rel_rms(transform(x, "both"), ref) <= 1e-6
 
 
-@pytest.mark.parametrize("n", sorted(kernels.TMA_TUNING))
+@pytest.mark.parametrize("n", sorted(configs.TMA_TUNING))
 def test_default_dispatch_tuning_computes_the_transform(n):
-    # the plans and tunings the GPU takes by default for 16-bit inputs (kernels.TMA_TUNING)
+    # the splits and tunings the GPU takes by default for 16-bit inputs (configs.TMA_TUNING)
     x = torch.randn(3, n, dtype=torch.float16)
     ref = hadamard_reference(x, n**-0.5, out_dtype=torch.float64)
     assert accuracy.error_over_floor(transform(x, None), ref) <= 1.05
@@ -49,19 +49,19 @@ def test_default_dispatch_tuning_computes_the_transform(n):
 
 def test_tma_fits_only_16_byte_aligned_rows():
     base = torch.randn(8 * 1024 + 8, dtype=torch.float16)
-    assert kernels.tma_fits(base[: 8 * 1024].view(8, 1024))
-    assert not kernels.tma_fits(base[1 : 8 * 1024 + 1].view(8, 1024))  # data_ptr 2 bytes off
-    assert not kernels.tma_fits(torch.randn(8, 1028, dtype=torch.float16)[:, :1024])  # row stride 2056 bytes
-    assert not kernels.tma_fits(torch.randn(8, 8, dtype=torch.float16))  # n < 16: padded in registers
+    assert plan.tma_fits(base[: 8 * 1024].view(8, 1024))
+    assert not plan.tma_fits(base[1 : 8 * 1024 + 1].view(8, 1024))  # data_ptr 2 bytes off
+    assert not plan.tma_fits(torch.randn(8, 1028, dtype=torch.float16)[:, :1024])  # row stride 2056 bytes
+    assert not plan.tma_fits(torch.randn(8, 8, dtype=torch.float16))  # n < 16: padded in registers
 
 
 def test_tensors_tma_cannot_describe_take_the_pointer_path(monkeypatch):
     seen = []
-    real = kernels._descriptor
-    monkeypatch.setattr(kernels, "_descriptor", lambda t, cfg: seen.append(t) or real(t, cfg))
-    monkeypatch.setattr(kernels, "TMA_MIN_ELEMENTS", 0)  # as if these few rows were many
+    real = launch._descriptor
+    monkeypatch.setattr(launch, "_descriptor", lambda t, cfg: seen.append(t) or real(t, cfg))
+    monkeypatch.setattr(configs, "TMA_MIN_ELEMENTS", 0)  # as if these few rows were many
     n = 1024
-    assert kernels.TMA_TUNING[n][0] == "both"
+    assert configs.TMA_TUNING[n][0] == "both"
     base = torch.randn(5 * n + 1, dtype=torch.float16)
     x = base[1:].view(5, n)  # misaligned by one element
     ref = hadamard_reference(x, 1.0, out_dtype=torch.float64)
@@ -72,23 +72,23 @@ def test_tensors_tma_cannot_describe_take_the_pointer_path(monkeypatch):
 
 
 def test_small_inputs_take_the_pointer_path(monkeypatch):
-    # few rows are launch-bound: the pointer path's launch is the cheaper one (kernels.TMA_MIN_ELEMENTS)
+    # few rows are launch-bound: the pointer path's launch is the cheaper one (configs.TMA_MIN_ELEMENTS)
     seen = []
-    real = kernels._descriptor
-    monkeypatch.setattr(kernels, "_descriptor", lambda t, cfg: seen.append(t) or real(t, cfg))
+    real = launch._descriptor
+    monkeypatch.setattr(launch, "_descriptor", lambda t, cfg: seen.append(t) or real(t, cfg))
     x = torch.randn(5, 1024, dtype=torch.float16)
-    assert kernels.TMA_TUNING[1024][0] == "both" and x.numel() < kernels.TMA_MIN_ELEMENTS
+    assert configs.TMA_TUNING[1024][0] == "both" and x.numel() < configs.TMA_MIN_ELEMENTS
     ref = hadamard_reference(x, 1.0, out_dtype=torch.float64)
     assert accuracy.error_over_floor(hadamard_transform(x), ref) <= 1.05
     assert not seen
-    assert kernels.choose_path(1024, False, None, {}, kernels.TMA_MIN_ELEMENTS)[:2] == (True, True)
+    assert plan.tma_sides(1024, False, None, {}, configs.TMA_MIN_ELEMENTS)[:2] == (True, True)
 
 
 def test_inplace_through_tma():
     n = 2048
     x = torch.randn(9, n, dtype=torch.float16)
     expected = transform(x.clone(), "none")
-    kernels.launch(x, x, n**-0.5, interpret=True, num_sms=2, tma="both")
+    launch.launch(plan.plan(x, x, tma="both"), x, x, n**-0.5)
     assert torch.equal(x, expected)
 
 
@@ -97,7 +97,7 @@ def sm90_report():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     # every n the GPU sends through TMA by default, and one it does not; bf16 compiles as fp16 does
-    ns = [str(n) for n in [128, *sorted(kernels.TMA_TUNING)]]
+    ns = [str(n) for n in [128, *sorted(configs.TMA_TUNING)]]
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "hadamard_resources.py"), "--json", "fp16", "fp32", *ns],
                        capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -114,28 +114,31 @@ def test_tma_ptx_uses_the_copy_engine_for_sm90a(sm90_report):
 
 def test_gluon_kernel_is_warp_specialized_wgmma_and_tma_without_spills(sm90_report):
     rows = [r for r in sm90_report if r["path"] == "gluon"]
-    assert {r["n"] for r in rows} == set(kernels.GLUON_SIZES), rows
+    assert {r["n"] for r in rows} == set(configs.GLUON_SIZES), rows
     for r in rows:
         assert r["mma"] == "wgmma" and r["bulk_copies"] > 0 and r["warp_specialized"], r
         assert not r["wgmma_serialized"] and r["spill"] == 0 and r["shared"] <= 227 * 1024, r
 
 
 def test_large_inputs_on_hopper_take_the_gluon_kernel(monkeypatch):
-    """The dispatch only: Gluon cannot run here (its math is the tl kernel's plan (S, 128, 64), which the
-    interpreter checks above)."""
-    calls = []
-    monkeypatch.setattr(kernels, "gluon_fits", lambda x, out: True)
-    monkeypatch.setattr(kernels, "launch_gluon", lambda x, out, scale, **kw: calls.append((x.shape, kw)))
-    monkeypatch.setattr(kernels, "TMA_MIN_ELEMENTS", 0)
-    assert set(kernels.GLUON_TUNING) <= set(kernels.GLUON_SIZES)
-    for n in kernels.GLUON_TUNING:
-        calls.clear()
+    """The plan only, with dispatch answering as an H100 with 2 SMs: Gluon cannot run here (its math
+    is the tl kernel's split (S, 128, 64), which the interpreter checks above)."""
+    monkeypatch.setattr(dispatch, "interpreted", lambda device: False)
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: True)
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 2)
+    monkeypatch.setattr(configs, "TMA_MIN_ELEMENTS", 0)
+    assert set(configs.GLUON_TUNING) <= set(configs.GLUON_SIZES)
+    for n in configs.GLUON_TUNING:
         x = torch.randn(2, n, dtype=torch.float16)
-        kernels.launch(x, torch.empty_like(x), 1.0, interpret=False, num_sms=2)
-        assert calls == [((2, n), {"num_sms": 2})]  # launch_gluon takes GLUON_TUNING's ring
+        p = plan.plan(x, torch.empty_like(x))
+        stages, lookahead = configs.GLUON_TUNING[n]  # the Gluon kernel takes GLUON_TUNING's ring
+        assert p == plan.Plan("gluon", dict(stages=stages, lookahead=lookahead, dynamic=True), (2,))
         for kw in (dict(tma="both"), dict(gluon=False)):  # an explicit choice wins: the tl kernel runs
-            kernels.launch(x, torch.empty_like(x), 1.0, interpret=False, num_sms=2, **kw)
-            assert len(calls) == 1, kw
+            assert plan.plan(x, torch.empty_like(x), **kw).path == "tl", kw
+        assert plan.plan(x.float(), torch.empty_like(x.float())).path == "tl"  # float32: not Gluon's
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: False)
+    x = torch.randn(2, 32768, dtype=torch.float16)
+    assert plan.plan(x, torch.empty_like(x)).path == "tl"
 
 
 def test_default_dispatch_does_not_spill(sm90_report):
@@ -146,11 +149,11 @@ def test_default_dispatch_does_not_spill(sm90_report):
 
 def test_gluon_grid_fills_the_last_round_of_rows():
     """One program per SM unless up to 4% fewer leave no near-empty last round of rows."""
-    assert kernels.gluon_programs(8192, 132) == 128  # 64 full rounds, not 62 and a round of 8 rows
-    assert kernels.gluon_programs(264, 132) == 132  # already full rounds
-    assert kernels.gluon_programs(100, 132) == 100  # one round, a program per row
+    assert plan.gluon_programs(8192, 132) == 128  # 64 full rounds, not 62 and a round of 8 rows
+    assert plan.gluon_programs(264, 132) == 132  # already full rounds
+    assert plan.gluon_programs(100, 132) == 100  # one round, a program per row
     for rows in (133, 200, 8195, 10000, 16384):
-        p = kernels.gluon_programs(rows, 132)
+        p = plan.gluon_programs(rows, 132)
         assert 127 <= p <= 132
         fill = lambda q: (rows % q or q) / q  # noqa: E731
         assert fill(p) >= max(fill(q) for q in range(127, 133)), rows

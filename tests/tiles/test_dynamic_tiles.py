@@ -72,12 +72,12 @@ def test_drawn_tiles_each_run_once_and_leave_the_counter_at_zero(programs):
 
 PTX_SCRIPT = """
 import re, sys, torch
-from tilecore.ops.hadamard import kernels
+from tilecore.ops.hadamard import launch
 from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
 from tilecore.tiles.compile import compile_kernel
 x = torch.empty(64, 32768, dtype=torch.float16)
 for dynamic in (True, False):
-    ptx = compile_kernel(hadamard_gluon_kernel, kernels.gluon_args(x, x, 1.0, 8, 4, dynamic), num_warps=4).asm["ptx"]
+    ptx = compile_kernel(hadamard_gluon_kernel, launch.gluon_args(x, x, 1.0, 8, 4, dynamic), num_warps=4).asm["ptx"]
     print(dynamic, len(re.findall(r"atom\\.global\\.gpu\\.relaxed\\.add", ptx)),
           len(re.findall(r"atom\\.global\\.gpu\\.relaxed\\.exch", ptx)))
 """
@@ -98,10 +98,10 @@ def test_gluon_producer_draws_rows_and_resets_the_counter():
 
 ATTENTION_PTX_SCRIPT = """
 import re, sys, torch
-from tilecore.ops.attention import kernels, report
+from tilecore.ops.attention import configs, report
 for d in (64, 128):  # D = 64: the dQ warpgroup (the helper partition) receives the drawn ids too
     for drawn in (True, False):
-        compiled, _ = report.compile_gluon_backward(d, False, cfg=dict(kernels.GLUON_BACKWARD[d, False], drawn=drawn))
+        compiled, _ = report.compile_gluon_backward(d, False, cfg=dict(configs.GLUON_BACKWARD[d, False], drawn=drawn))
         ptx = compiled.asm["ptx"]
         print(d, drawn, len(re.findall(r"atom\\.global\\.gpu\\.relaxed\\.add", ptx)),
               len(re.findall(r"atom\\.global\\.gpu\\.relaxed\\.exch", ptx)), int("wgmma.mma_async" in ptx))

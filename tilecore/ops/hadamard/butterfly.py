@@ -17,7 +17,7 @@ below a 16-bit output's rounding floor. Rows never mix, so a NaN or Inf stays in
 import triton
 import triton.language as tl
 
-from tilecore.tiles.launch import CachedLaunch
+from tilecore.tiles.launch import CachedLaunch, cdiv
 
 # A program moves BLOCK_ELEMS elements in and out (4 KiB each way for 16-bit, 8 KiB for float32).
 # 1024 and 2048 ran at copy speed for every n and dtype on the H100; 4096 lost up to 5% at n = 1.
@@ -65,16 +65,19 @@ def butterfly_kernel(x, out, rows, stride_x, stride_out, scale,
 _launch = CachedLaunch(butterfly_kernel)
 
 
-def launch(x, out, scale: float, *, interpret: bool, num_sms: int) -> None:
+def grid(rows: int, n: int) -> tuple[int]:
+    """A program per BLOCK_ROWS rows (not persistent: nothing differs under the interpreter)."""
+    return (cdiv(rows, BLOCK_ELEMS // n),)
+
+
+def launch(x, out, scale: float) -> None:
     """out[r] = scale * H_n x[r] for 2-D ``x`` and ``out`` (rows, n), n in {1, 2, 4, 8}, unit stride
-    along n. Same call as kernels.launch; ``interpret`` and ``num_sms`` are unused (the grid is one
-    program per BLOCK_ROWS rows, not persistent, and nothing differs under the interpreter)."""
+    along n."""
     rows, n = x.shape
     assert n in (1, 2, 4, 8) and out.shape == x.shape and x.stride(1) == out.stride(1) == 1, (x.shape, x.stride())
     if rows == 0:
         return
-    block_rows = BLOCK_ELEMS // n
-    _launch[(triton.cdiv(rows, block_rows),)](
+    _launch[grid(rows, n)](
         x, out, rows, x.stride(0), out.stride(0), scale,
-        N=n, LOG_N=n.bit_length() - 1, BLOCK_ROWS=block_rows,
+        N=n, LOG_N=n.bit_length() - 1, BLOCK_ROWS=BLOCK_ELEMS // n,
         X_DENSE=x.stride(0) == n, OUT_DENSE=out.stride(0) == n, num_warps=NUM_WARPS)

@@ -6,8 +6,7 @@ import math
 import torch
 
 from tilecore import dispatch
-from tilecore.ops.hadamard import kernels
-from tilecore.ops.hadamard.reference import hadamard_reference
+from tilecore.ops.hadamard import configs, launch, plan
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -21,21 +20,11 @@ def check(x: torch.Tensor, scale: float) -> None:
     if x.dim() == 0:
         raise ValueError("hadamard_transform transforms the last dimension; got a 0-d tensor")
     n = x.shape[-1]
-    if n not in kernels.PLANS:
+    if n not in configs.SPLITS:
         raise ValueError(f"hadamard_transform needs the last dimension to be a power of two from 1 to "
-                         f"{kernels.MAX_N}, got {n}")
+                         f"{configs.MAX_N}, got {n}")
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite real number, got {scale!r}")
-
-
-def _kernel_into(x2: torch.Tensor, out2: torch.Tensor, scale: float) -> None:
-    if x2.device.type != "cuda":  # Triton's interpreter
-        return kernels.launch(x2, out2, scale, interpret=True, num_sms=4)
-    kernels.launch(x2, out2, scale, interpret=False, num_sms=dispatch.num_sms(x2.device))
-
-
-def _reference_into(x2: torch.Tensor, out2: torch.Tensor, scale: float) -> None:
-    out2.copy_(hadamard_reference(x2, scale))
 
 
 def _transform_into(x: torch.Tensor, out: torch.Tensor, scale: float) -> None:
@@ -46,8 +35,8 @@ def _transform_into(x: torch.Tensor, out: torch.Tensor, scale: float) -> None:
     x2 = x.reshape(-1, n)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    impl = dispatch.select(x.device, kernel=_kernel_into, reference=_reference_into)
-    impl(x2, out.view(-1, n), float(scale))
+    out2 = out.view(-1, n)
+    launch.launch(plan.plan(x2, out2), x2, out2, float(scale))
 
 
 def _hadamard_impl(x: torch.Tensor, scale: float) -> torch.Tensor:

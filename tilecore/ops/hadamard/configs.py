@@ -1,0 +1,52 @@
+"""The Hadamard transform's measured tables (``plan.plan`` reads them). Runs behind every figure:
+notes/hadamard/README.md; compile reports (shared memory, registers, spills): scripts/hadamard_resources.py.
+
+A row of n elements is split into S slices of N1 x N2 (kernels.py: two tensor-core products per slice,
+a float32 butterfly over the slices). Tensor-core FLOP per element: 2 N1 + 4 N2 (2 N2 when N1 = 1).
+"""
+from __future__ import annotations
+
+# n -> (S, N1, N2): N2 >= 16 (a tensor-core tile; smaller n are zero-padded to 16), N1 = 1 (one exact
+# product) or >= 16; chosen by timings on the H100 (notes/hadamard/README.md, v4-v5). n < 16 is listed
+# (the op accepts exactly these n) but runs the register butterfly (butterfly.py)
+SPLITS = {
+    1: (1, 1, 16), 2: (1, 1, 16), 4: (1, 1, 16), 8: (1, 1, 16), 16: (1, 1, 16),
+    32: (1, 1, 32), 64: (1, 1, 64), 128: (1, 1, 128),
+    256: (4, 1, 64), 512: (1, 32, 16), 1024: (1, 32, 32), 2048: (2, 32, 32),
+    4096: (1, 128, 32), 8192: (2, 128, 32), 16384: (4, 128, 32), 32768: (4, 128, 64),
+}
+MAX_N = max(SPLITS)
+
+# n -> (elements per tile, warps, pipelined load stages, programs per SM) of the pointer path: sweeps on
+# the H100 within the compiler's register and shared-memory report (notes/hadamard/README.md, v1-v5)
+TUNING = {n: (4096, 8, 3, 4) for n in SPLITS} | {n: (16384, 8, 3, 1) for n in (16, 32, 64, 128)} | {
+    256: (32768, 8, 3, 16), 512: (4096, 8, 3, 16), 1024: (8192, 8, 3, 16), 2048: (16384, 8, 3, 4),
+    4096: (4096, 8, 5, 16), 8192: (8192, 8, 5, 4), 16384: (4096, 8, 3, 1), 32768: (4096, 8, 3, 1)}
+# float32 inputs carry three pieces per stage: smaller tiles and two stages keep them in shared memory
+FP32_TUNING = (4096, 8, 2, 4)
+
+# float16/bfloat16: n -> (which side goes through TMA descriptors, tuning that differs from TUNING's),
+# where that measured faster than pointers on the H100 (notes/hadamard/README.md, v7)
+TMA_TUNING = {
+    256: ("load", dict(tile_elems=16384, waves=32)),
+    512: ("both", dict(split=(1, 16, 32), tile_elems=8192, waves=32)),
+    1024: ("both", dict(waves=64)),
+    2048: ("both", dict(waves=64)),
+    4096: ("both", dict(num_stages=6, num_warps=4, waves=32)),
+    8192: ("both", dict(waves=32)),
+    16384: ("both", dict(split=(2, 128, 64), num_stages=4)),
+    32768: ("both", dict(waves=2)),
+}
+# below this many elements a TMA launch's host cost (descriptors) outweighs it: 50-830 us against the
+# pointer path's 7-24 us for few rows (notes/hadamard/README.md, v8)
+TMA_MIN_ELEMENTS = 1 << 24
+
+# Hopper's Gluon kernel (gluon_kernels.py) takes n in GLUON_SIZES; n -> (ring stages, lookahead) where it
+# is the default (from TMA_MIN_ELEMENTS elements): 32768 runs best loading exactly a row ahead after a
+# ring that fills at the start, 16384 two rows ahead (notes/hadamard/README.md, sessions 11 and 18)
+GLUON_SIZES = (16384, 32768)
+GLUON_TUNING = {16384: (4, 0), 32768: (8, 4)}
+GLUON_STAGES = 4  # the ring's depth for n in GLUON_SIZES without a GLUON_TUNING entry
+
+# programs per "SM" in the interpreter, so that its persistent loops still run several tiles each
+INTERPRETER_SMS = 4
