@@ -95,11 +95,3 @@ def _tl(plan: Plan, a, b, c, bias, scale_a, scale_b):
                            BK=BK, GROUP_M=cfg["group_m"], HAS_BIAS=plan.has_bias, SCALES=plan.scales,
                            STAGES=cfg["stages"], STREAM_K=plan.stream_k, num_warps=cfg["num_warps"])
 
-
-def __getattr__(name: str):
-    # tiles/report.py still reads the tables here; they live in configs.py (drop this once it reads them there)
-    if name in ("GLUON_BF16", "GLUON_BF16_SMALL_K", "GLUON_FP8", "TL_GPU", "TL_CPU"):
-        from tilecore.ops.gemm import configs
-
-        return getattr(configs, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

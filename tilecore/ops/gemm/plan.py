@@ -13,12 +13,11 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import triton
 
 from tilecore import dispatch
 from tilecore.ops.gemm import configs
-from tilecore.tiles.launch import tma_describable
-from tilecore.tiles.schedule import num_tiles, stream_k_plan
+from tilecore.tiles.launch import cdiv, tma_describable
+from tilecore.tiles.schedule import stream_k_plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +106,8 @@ def _tma_form(a, b, out_dtype, fp8: bool):
 def _schedule(a, M, N, K, cfg) -> dict:
     """The persistent grid over the tiles, or over stream-K units where ``cfg["stream_k"]`` takes them."""
     BM, BN, BK = cfg["block"]
-    tiles = num_tiles(M, N, BM, BN)
-    programs, units = stream_k_plan(tiles, triton.cdiv(K, BK), a.device, cfg.get("stream_k", "auto"))
+    tiles = cdiv(M, BM) * cdiv(N, BN)
+    programs, units = stream_k_plan(tiles, cdiv(K, BK), a.device, cfg.get("stream_k", "auto"))
     return dict(grid=(programs,), units=units or tiles, stream_k=units > 0)
 
 

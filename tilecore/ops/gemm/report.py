@@ -13,18 +13,18 @@ def gemm_variants() -> list[tuple[str, object, dict, int, bool]]:
     """(name, kernel, args, num_warps, is_gluon) for every GEMM kernel tilecore launches."""
     import torch
 
-    from tilecore.ops.gemm import gluon_kernels, kernels, launch
+    from tilecore.ops.gemm import configs, gluon_kernels, kernels
     from tilecore.tiles.launch import gluon_descriptor as desc
 
     out = []
     for name, dtype, cfg, b_t, scales, stream_k in (
-        ("gemm bf16 (gluon)", torch.bfloat16, launch.GLUON_BF16, False, 0, False),
-        ("gemm bf16, stream-K tail (gluon)", torch.bfloat16, launch.GLUON_BF16, False, 0, True),
-        ("gemm bf16, small K (gluon)", torch.bfloat16, launch.GLUON_BF16_SMALL_K, False, 0, False),
-        ("gemm bf16, B^T (gluon)", torch.bfloat16, launch.GLUON_BF16, True, 0, True),
-        ("gemm fp16 (gluon)", torch.float16, launch.GLUON_BF16, False, 0, True),
-        ("gemm bf16, fp32 out (gluon)", torch.bfloat16, launch.GLUON_BF16, False, -1, True),
-        ("gemm_fp8 row scales (gluon)", torch.float8_e4m3fn, launch.GLUON_FP8, True, 4, True),
+        ("gemm bf16 (gluon)", torch.bfloat16, configs.GLUON_BF16, False, 0, False),
+        ("gemm bf16, stream-K tail (gluon)", torch.bfloat16, configs.GLUON_BF16, False, 0, True),
+        ("gemm bf16, small K (gluon)", torch.bfloat16, configs.GLUON_BF16_SMALL_K, False, 0, False),
+        ("gemm bf16, B^T (gluon)", torch.bfloat16, configs.GLUON_BF16, True, 0, True),
+        ("gemm fp16 (gluon)", torch.float16, configs.GLUON_BF16, False, 0, True),
+        ("gemm bf16, fp32 out (gluon)", torch.bfloat16, configs.GLUON_BF16, False, -1, True),
+        ("gemm_fp8 row scales (gluon)", torch.float8_e4m3fn, configs.GLUON_FP8, True, 4, True),
     ):
         BM, BN, BK = cfg["block"]
         consumers = cfg.get("consumers", 1)
@@ -39,7 +39,7 @@ def gemm_variants() -> list[tuple[str, object, dict, int, bool]]:
                     num_units=4, B_T=b_t, GROUP_M=cfg["group_m"], HAS_BIAS=not scales,
                     SCALES=scales, STAGES=cfg["stages"], CONSUMERS=consumers, STREAM_K=stream_k)
         out.append((name, gluon_kernels.gemm_kernel, args, cfg["num_warps"] // consumers, True))
-    cfg = launch.TL_GPU
+    cfg = configs.TL_GPU
     BM, BN, BK = cfg["block"]
     f32 = torch.empty(256)
     x = torch.empty(256, 256, dtype=torch.bfloat16)
