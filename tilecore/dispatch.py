@@ -104,6 +104,11 @@ def is_hopper(device: torch.device) -> bool:
     return capability(device) == (9, 0)
 
 
+def capturing(device: torch.device) -> bool:
+    """True while a CUDA graph is being captured on ``device``'s current stream."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def on_device(device: torch.device | None):
     """A context in which kernels launch on ``device`` (Triton launches on the current device).
 
