@@ -1,6 +1,6 @@
 """The large-n Gluon kernel (n = 32768; n = 16384 for the set of that name; 2^28 elements, fp16 and
-bf16) with its grid, ring depth and row order varied through launch_gluon's documented arguments
-(programs, stages, lookahead, dynamic), each checked against float64 on sampled rows (output
+bf16) with its grid, ring depth and row order varied through plan.gluon_plan's documented arguments
+(programs, stages, lookahead, dynamic) and run by launch.launch, each checked against float64 on sampled rows (output
 poisoned first), then timed next to torch's copy_ of the same bytes (and the bench's ceiling, a
 copy of 1 GiB), ROUNDS interleaved rounds: median % of copy (of the per-round ratios).
 
@@ -24,41 +24,40 @@ import torch  # noqa: E402
 
 from tilecore.accuracy import error_over_floor  # noqa: E402
 from tilecore.bench.harness import interleaved_ms  # noqa: E402
-from tilecore.ops.hadamard import kernels  # noqa: E402
+from tilecore.ops.hadamard import launch, plan  # noqa: E402
 from tilecore.ops.hadamard.reference import hadamard_reference  # noqa: E402
 
 ELEMENTS, ROUNDS = 1 << 28, 7
 SHIPPED = "shipped (GLUON_TUNING: dynamic rows, 8 stages, lookahead 4 at n = 32768)"
 VARIANT_SETS = {
     # the ring: how deep the loads run ahead of the consumers (sessions 11, 17, 18)
-    "ring": {SHIPPED: dict(num_sms=132),
-             "4 stages": dict(num_sms=132, stages=4),
-             "8 stages": dict(num_sms=132, stages=8),
-             "7 stages, lookahead 4": dict(num_sms=132, stages=7, lookahead=4),
-             "8 stages, lookahead 5": dict(num_sms=132, stages=8, lookahead=5)},
+    "ring": {SHIPPED: dict(),
+             "4 stages": dict(stages=4),
+             "8 stages": dict(stages=8),
+             "7 stages, lookahead 4": dict(stages=7, lookahead=4),
+             "8 stages, lookahead 5": dict(stages=8, lookahead=5)},
     # the grid with rows dealt round-robin: gluon_programs' choice against a program per SM and fewer
     # (session 11); drawn rows take a program per SM
-    "programs": {SHIPPED: dict(num_sms=132),
-                 "static rows, gluon_programs' grid": dict(num_sms=132, dynamic=False),
-                 "static rows, 132 programs": dict(num_sms=132, programs=132, dynamic=False),
-                 "static rows, 120 programs": dict(num_sms=132, programs=120, dynamic=False)},
+    "programs": {SHIPPED: dict(),
+                 "static rows, gluon_programs' grid": dict(dynamic=False),
+                 "static rows, 132 programs": dict(programs=132, dynamic=False),
+                 "static rows, 120 programs": dict(programs=120, dynamic=False)},
     # session 18: rows drawn from a counter as programs get to them against rows dealt round-robin
-    "dynamic": {SHIPPED: dict(num_sms=132),
-                "static rows": dict(num_sms=132, dynamic=False),
-                "dynamic rows, 4 stages": dict(num_sms=132, stages=4),
-                "dynamic rows, 128 programs": dict(num_sms=132, programs=128)},
-    "16384": {"gluon, dynamic rows, 4 stages (GLUON_TUNING)": dict(num_sms=132),
-              "gluon, dynamic rows, 8 stages, lookahead 4": dict(num_sms=132, stages=8, lookahead=4),
-              "gluon, static rows, 4 stages": dict(num_sms=132, stages=4, dynamic=False),
-              "tl kernel": dict(num_sms=132, gluon=False)},
+    "dynamic": {SHIPPED: dict(),
+                "static rows": dict(dynamic=False),
+                "dynamic rows, 4 stages": dict(stages=4),
+                "dynamic rows, 128 programs": dict(programs=128)},
+    "16384": {"gluon, dynamic rows, 4 stages (GLUON_TUNING)": dict(),
+              "gluon, dynamic rows, 8 stages, lookahead 4": dict(stages=8, lookahead=4),
+              "gluon, static rows, 4 stages": dict(stages=4, dynamic=False),
+              "tl kernel": dict(gluon=False)},
 }
 
 
 def _launch(x, out, scale, gluon=True, **cfg):
-    if gluon:
-        kernels.launch_gluon(x, out, scale, **cfg)
-    else:
-        kernels.launch(x, out, scale, interpret=False, gluon=False, **cfg)
+    """The Gluon kernel with plan.gluon_plan's knobs ``cfg``, or (gluon=False) the op's plan without it."""
+    p = plan.gluon_plan(x, **cfg) if gluon else plan.plan(x, out, gluon=False, **cfg)
+    launch.launch(p, x, out, scale)
 
 
 def _side_checks(dtype, variants):

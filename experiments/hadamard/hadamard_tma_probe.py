@@ -12,6 +12,9 @@ Compiling ~150 kernels would take most of a call, so a pool of processes first l
 once on scratch tensors of the same shapes: that fills Triton's on-disk cache, and the measured
 launches then load the compiled kernels.
 
+Every launch is the op's plan and launch: launch.launch(plan.plan(x, out, tma=, **tuning), ...), the
+tuning keys being plan.tl_config's (split, tile_elems, num_warps, num_stages, waves).
+
     PYTHONPATH=. python3 experiments/hadamard/hadamard_tma_probe.py [--skip-check] [--sweep] [--ns 256,512]
 """
 import argparse
@@ -25,31 +28,38 @@ import torch
 E = 2**28  # elements timed
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
-# Variants around the default dispatch (kernels.TMA_TUNING): which side goes through TMA, plans and
+# Variants around the default dispatch (configs.TMA_TUNING): which side goes through TMA, splits and
 # tuning beyond the pointer path's (TMA takes fewer registers, and holds its loads in shared memory).
 # Each is checked (fp16, bf16) and timed (fp16, bf16).
 B, L, S_ = "both", "load", "store"
 VARIANTS = {
-    256: [dict(tma=B, plan=(1, 16, 16), tile_elems=8192), dict(tma=B, plan=(1, 16, 16), tile_elems=16384),
-          dict(tma=B, plan=(1, 16, 16), tile_elems=8192, waves=32), dict(tma="none", plan=(1, 16, 16), tile_elems=8192),
+    256: [dict(tma=B, split=(1, 16, 16), tile_elems=8192), dict(tma=B, split=(1, 16, 16), tile_elems=16384),
+          dict(tma=B, split=(1, 16, 16), tile_elems=8192, waves=32), dict(tma="none", split=(1, 16, 16), tile_elems=8192),
           dict(tma=B, tile_elems=16384, waves=32), dict(tma=L, tile_elems=16384, waves=32)],
-    512: [dict(tma=B, plan=(1, 16, 32), tile_elems=8192, waves=32), dict(tma=B, plan=(1, 16, 32), tile_elems=4096),
-          dict(tma=B, plan=(1, 16, 32), tile_elems=16384), dict(tma=B, plan=(1, 16, 32), tile_elems=8192, num_stages=4),
-          dict(tma=B, plan=(1, 16, 32), tile_elems=8192, num_warps=4)],
+    512: [dict(tma=B, split=(1, 16, 32), tile_elems=8192, waves=32), dict(tma=B, split=(1, 16, 32), tile_elems=4096),
+          dict(tma=B, split=(1, 16, 32), tile_elems=16384), dict(tma=B, split=(1, 16, 32), tile_elems=8192, num_stages=4),
+          dict(tma=B, split=(1, 16, 32), tile_elems=8192, num_warps=4)],
     1024: [dict(tma=B, waves=64), dict(tma=B, waves=128), dict(tma=B, waves=32, num_warps=4),
            dict(tma=B, waves=32, num_stages=4)],
     2048: [dict(tma=B, waves=64), dict(tma=B, waves=128), dict(tma=B, waves=32, tile_elems=8192),
            dict(tma=B, waves=32, num_warps=4)],
-    4096: [dict(tma=B, plan=(4, 32, 32), tile_elems=16384, waves=16), dict(tma=B, plan=(4, 32, 32), tile_elems=16384, waves=32),
-           dict(tma=B, plan=(4, 32, 32), tile_elems=32768, waves=32), dict(tma=B, plan=(2, 64, 32), num_stages=6, num_warps=4),
+    4096: [dict(tma=B, split=(4, 32, 32), tile_elems=16384, waves=16), dict(tma=B, split=(4, 32, 32), tile_elems=16384, waves=32),
+           dict(tma=B, split=(4, 32, 32), tile_elems=32768, waves=32), dict(tma=B, split=(2, 64, 32), num_stages=6, num_warps=4),
            dict(tma=B, num_stages=6, num_warps=4, waves=32), dict(tma=B, num_stages=5, num_warps=4),
            dict(tma=B, num_stages=8, num_warps=4)],
-    8192: [dict(tma=S_, waves=8), dict(tma=S_, waves=16), dict(tma=S_, num_stages=3), dict(tma=B, plan=(4, 64, 32)),
-           dict(tma=S_, plan=(4, 64, 32)), dict(tma=B, waves=32)],
-    16384: [dict(tma=B, plan=(2, 128, 64), waves=2), dict(tma=B, plan=(2, 128, 64), num_stages=4),
-            dict(tma=L, plan=(2, 128, 64)), dict(tma=S_, plan=(2, 128, 64)), dict(tma=B, plan=(4, 64, 64))],
-    32768: [dict(tma=B, waves=4), dict(tma=L, waves=2, num_stages=4), dict(tma=B, plan=(4, 64, 128), waves=2)],
+    8192: [dict(tma=S_, waves=8), dict(tma=S_, waves=16), dict(tma=S_, num_stages=3), dict(tma=B, split=(4, 64, 32)),
+           dict(tma=S_, split=(4, 64, 32)), dict(tma=B, waves=32)],
+    16384: [dict(tma=B, split=(2, 128, 64), waves=2), dict(tma=B, split=(2, 128, 64), num_stages=4),
+            dict(tma=L, split=(2, 128, 64)), dict(tma=S_, split=(2, 128, 64)), dict(tma=B, split=(4, 64, 64))],
+    32768: [dict(tma=B, waves=4), dict(tma=L, waves=2, num_stages=4), dict(tma=B, split=(4, 64, 128), waves=2)],
 }
+
+
+def run(x, out, scale, **options):
+    """out = scale * H x through the op's plan (``options``: plan.plan's tma, gluon and tuning) and launch."""
+    from tilecore.ops.hadamard import launch, plan
+
+    launch.launch(plan.plan(x, out, **options), x, out, scale)
 
 
 def check_rows(n):
@@ -58,16 +68,13 @@ def check_rows(n):
 
 def warm(specs):
     """Launch each (n, dtype, rows, tuning) once on scratch tensors: compiles into Triton's cache."""
-    from tilecore import dispatch
-    from tilecore.ops.hadamard import kernels
 
     dev = torch.device("cuda")
-    sms = dispatch.num_sms(dev)
     failed = []
     for n, dt, rows, tuning in specs:
         try:
             x = torch.zeros(rows, n, dtype=DTYPES[dt], device=dev)
-            kernels.launch(x, torch.empty_like(x), 1.0, interpret=False, num_sms=sms, **tuning)
+            run(x, torch.empty_like(x), 1.0, **tuning)
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - the measured run reports it
             failed.append((n, dt, tuning, f"{type(e).__name__}: {str(e)[:100]}"))
@@ -76,9 +83,9 @@ def warm(specs):
 
 
 def main():
-    from tilecore import accuracy, dispatch, env
+    from tilecore import accuracy, env
     from tilecore.bench.harness import copy_ceiling, median_ms
-    from tilecore.ops.hadamard import hadamard_reference, kernels
+    from tilecore.ops.hadamard import configs, hadamard_reference
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -91,8 +98,7 @@ def main():
     stamp = lambda: f"[{time.time() - t_start:.0f}s]"
     print(env.report(), flush=True)
     dev = torch.device("cuda")
-    sms = dispatch.num_sms(dev)
-    report = {"meta": env.metadata(), "tma_tuning": {str(k): repr(v) for k, v in kernels.TMA_TUNING.items()}, "check": [], "timing": [], "variants": []}
+    report = {"meta": env.metadata(), "tma_tuning": {str(k): repr(v) for k, v in configs.TMA_TUNING.items()}, "check": [], "timing": [], "variants": []}
     NS = [int(v) for v in args.ns.split(",")]
 
     def save():
@@ -131,9 +137,9 @@ def main():
                         continue
                     out = torch.full_like(x, float("nan"))
                     try:  # twice: the first launch compiles (or loads), the second takes the cached fast path
-                        kernels.launch(x, out, n**-0.5, interpret=False, num_sms=sms, tma=tma)
+                        run(x, out, n**-0.5, tma=tma)
                         out.fill_(float("nan"))
-                        kernels.launch(x, out, n**-0.5, interpret=False, num_sms=sms, tma=tma)
+                        run(x, out, n**-0.5, tma=tma)
                         torch.cuda.synchronize()
                     except Exception as e:  # noqa: BLE001
                         bad.append((dt, n, path, f"{type(e).__name__}: {str(e)[:120]}"))
@@ -157,7 +163,7 @@ def main():
         rows = (2**31 + 2**22) // n
         x = torch.randn(rows, n, dtype=torch.bfloat16, device=dev)
         out = torch.full_like(x, float("nan"))
-        kernels.launch(x, out, n**-0.5, interpret=False, num_sms=sms, tma="both")
+        run(x, out, n**-0.5, tma="both")
         tail = slice(rows - 600, rows)
         ref = hadamard_reference(x[tail], n**-0.5, out_dtype=torch.float64)
         big = {"elements": rows * n, "tail_over_floor": accuracy.error_over_floor(out[tail], ref),
@@ -180,7 +186,7 @@ def main():
             x = torch.randn(E // n, n, dtype=dtype, device=dev)
             bufs[(n, dtype)] = (x, torch.empty_like(x))
         x, out = bufs[(n, dtype)]
-        ms = median_ms(lambda: kernels.launch(x, out, n**-0.5, interpret=False, num_sms=sms, **tuning))
+        ms = median_ms(lambda: run(x, out, n**-0.5, **tuning))
         return 100 * (2 * E * x.element_size() / ms / 1e6) / ceil.value
 
     table = []
@@ -211,7 +217,7 @@ def main():
                     for dt in ("fp16", "bf16"):
                         x = torch.randn(check_rows(n), n, dtype=DTYPES[dt], device=dev)
                         out = torch.full_like(x, float("nan"))
-                        kernels.launch(x, out, n**-0.5, interpret=False, num_sms=sms, **tuning)
+                        run(x, out, n**-0.5, **tuning)
                         ratio = accuracy.error_over_floor(out, hadamard_reference(x, n**-0.5, out_dtype=torch.float64))
                         res[f"{dt}_ok"] = bool(torch.isfinite(out).all()) and ratio <= 1.25
                         res[f"{dt}_over_floor"] = ratio
@@ -229,7 +235,7 @@ def main():
 
     save()
     print(f"\nSUMMARY: % of copy ({ceil.value:.0f} GB/s), 2^28 elements, two interleaved medians each; "
-          f"default: TMA {kernels.TMA_TUNING}")
+          f"default: TMA {configs.TMA_TUNING}")
     print(f"{'dtype':5s} {'n':>6s} {'pointer':>12s} {'tma':>12s} {'default':>12s}")
     for r in table:
         print(f"{r['dtype']:5s} {r['n']:6d} " + " ".join(f"{'/'.join(f'{v:.1f}' for v in r[k]):>12s}"
