@@ -15,20 +15,20 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
-from tilecore.ops.hadamard import kernels
+from tilecore.ops.hadamard import configs, kernels, launch, plan
 from tilecore.tiles.compile import resources
 
 TARGET = GPUTarget("cuda", 90, 32)
 
 
 def compile_for(n: int, dtype: torch.dtype, tma=None, **tuning):
-    """``tma``: which side goes through TMA descriptors, as kernels.launch takes it ("none", "load",
+    """``tma``: which side goes through TMA descriptors, as plan.plan takes it ("none", "load",
     "store", "both"; None: the default dispatch for n and dtype)."""
     fp32 = dtype == torch.float32
-    tma_load, tma_store, tuning = kernels.choose_path(n, fp32, tma, tuning)
-    cfg = kernels.config(n, fp32=fp32, **tuning)
+    tma_load, tma_store, tuning = plan.tma_sides(n, fp32, tma, tuning)
+    cfg = plan.tl_config(n, fp32=fp32, **tuning)
     ptr = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
-    desc = f"tensordesc<{ptr[1:]}[{cfg['B']}, {cfg['N1']}, {cfg['N2']}]>"  # what kernels._descriptor passes
+    desc = f"tensordesc<{ptr[1:]}[{cfg['B']}, {cfg['N1']}, {cfg['N2']}]>"  # what launch's descriptors pass
     mma = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.bfloat16}[dtype]
     constexprs = {"N": n, "S": cfg["S"], "N1": cfg["N1"], "N2": cfg["N2"], "B": cfg["B"],
                   "IN_PIECES": 3 if fp32 else 1, "MID_PIECES": 3 if fp32 else 2, "MMA_DTYPE": mma, "PIECE_DTYPE": tl.bfloat16,
@@ -45,13 +45,13 @@ def compile_for(n: int, dtype: torch.dtype, tma=None, **tuning):
 
 
 def compile_gluon(n: int, dtype: torch.dtype, stages: int | None = None):
-    """Hopper's Gluon kernel (gluon_kernels.py) for n in kernels.GLUON_SIZES, as launch_gluon builds it."""
+    """Hopper's Gluon kernel (gluon_kernels.py) for n in configs.GLUON_SIZES, as launch.launch builds it."""
     from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_kernel
     from tilecore.tiles.compile import compile_kernel
 
     x = torch.empty(64, n, dtype=dtype)
-    tuned_stages, lookahead = kernels.GLUON_TUNING.get(n, (kernels.GLUON_STAGES, 0))
-    args = kernels.gluon_args(x, x, 0.5, stages or tuned_stages, lookahead if stages is None else 0)
+    tuned_stages, lookahead = configs.GLUON_TUNING.get(n, (configs.GLUON_STAGES, 0))
+    args = launch.gluon_args(x, x, 0.5, stages or tuned_stages, lookahead if stages is None else 0)
     return compile_kernel(hadamard_gluon_kernel, args, num_warps=4)
 
 
@@ -71,17 +71,17 @@ def ptxas_report(ptx: str) -> tuple[int, int]:
 
 def report(ns, dtypes=(torch.float16, torch.bfloat16, torch.float32)) -> list[dict]:
     """One record per n, dtype and path: pointers, TMA both ways (n >= 16), and the default dispatch
-    where it differs from both (kernels.TMA_TUNING)."""
+    where it differs from both (configs.TMA_TUNING)."""
     rows = []
     for dtype in dtypes:
         for n in ns:
             paths = ["none", "both"] if n >= 16 else ["none"]
-            if dtype != torch.float32 and n in kernels.TMA_TUNING:
+            if dtype != torch.float32 and n in configs.TMA_TUNING:
                 paths.append(None)  # the default dispatch: TMA with its own tuning
-            if dtype != torch.float32 and n in kernels.GLUON_SIZES:
+            if dtype != torch.float32 and n in configs.GLUON_SIZES:
                 paths.append("gluon")
             for tma in paths:
-                path = {"none": "pointer", "both": "tma", "gluon": "gluon"}.get(tma) or f"default:{kernels.TMA_TUNING[n][0]}"
+                path = {"none": "pointer", "both": "tma", "gluon": "gluon"}.get(tma) or f"default:{configs.TMA_TUNING[n][0]}"
                 rec = {"dtype": str(dtype)[6:], "n": n, "path": path}
                 try:
                     k = compile_gluon(n, dtype) if tma == "gluon" else compile_for(n, dtype, tma=tma)
@@ -104,7 +104,7 @@ DTYPE_NAMES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.floa
 def main(argv):
     as_json = "--json" in argv
     dtypes = tuple(DTYPE_NAMES[a] for a in argv if a in DTYPE_NAMES) or tuple(DTYPE_NAMES.values())
-    ns = [int(a) for a in argv if a.isdigit()] or sorted(kernels.PLANS)
+    ns = [int(a) for a in argv if a.isdigit()] or sorted(configs.SPLITS)
     rows = report(ns, dtypes)
     if as_json:
         print(json.dumps(rows))

@@ -143,15 +143,3 @@ def hadamard_kernel(x, out, rows, stride_x, stride_out, scale,
                 _store_slice(out, rows, stride_out, tile, 2, a - c, scale, N, N1, N2, B, TMA_STORE)
                 _store_slice(out, rows, stride_out, tile, 3, b - d, scale, N, N1, N2, B, TMA_STORE)
 
-
-def __getattr__(name: str):
-    # scripts/hadamard_resources.py still reads these here; they moved to configs.py, plan.py and
-    # launch.py (drop this once it reads them there)
-    from tilecore.ops.hadamard import configs, launch, plan
-
-    moved = {"PLANS": configs.SPLITS, "TMA_TUNING": configs.TMA_TUNING, "GLUON_TUNING": configs.GLUON_TUNING,
-             "GLUON_STAGES": configs.GLUON_STAGES, "GLUON_SIZES": configs.GLUON_SIZES,
-             "choose_path": plan.tma_sides, "config": plan.tl_config, "gluon_args": launch.gluon_args}
-    if name in moved:
-        return moved[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
