@@ -12,14 +12,14 @@ and dQ * scale is stored once per tile (a plain TMA store: no reduction, unlike 
 gluon_backward.py, whose float32 partials every key block adds). With the dK/dV kernel run without
 its dQ, that is the backward in seven matmuls per block (S and dP twice), the tl kernels' split,
 with both halves on the template. Its tl twin, which the interpreter's tests run, is
-kernels._attn_bwd_dq (the same math, a program per query block).
+kernels_tl.attn_bwd_dq (the same math, a program per query block).
 
 Masks and empty rows as in the forward: keys past Nk and, causal, after a query's diagonal are
 masked (a consumer skips the tile's key blocks past its own diagonal); query rows past N arrive as
 zeros and rows with no key (lse = -inf) read lse = +inf, so their p, and dQ, are 0.
 
 ``g``   = (q_desc, k_desc, v_desc, dq_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, B * H, heads per group,
-           do_desc, delta_ptr, scale)    (the forward's first twelve, so its tile order and loads serve)
+           do_desc, delta_ptr, scale)    (the forward's first twelve: its tile order and K/V loads)
 ``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, False, 2, False, False[, consumer index])  (the forward's)
 """
 from __future__ import annotations
@@ -29,11 +29,46 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from tilecore.ops.attention.gluon_backward import _drain  # every step ends with its wgmma complete
-from tilecore.ops.attention.gluon_kernels import _head, _load, _setup
-from tilecore.tiles.gluon import mask_scores, needs_mask, persistent_pipeline, wgmma_layout
+from tilecore.tiles.gluon import head_grouped_tile, mask_scores, needs_mask, persistent_pipeline, wgmma_layout
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+
+
+@gluon.jit
+def _head(g, bh):
+    """(batch, q head, kv head) of the flat index bh = batch * H + q head."""
+    b = bh // g[5]
+    h = bh % g[5]
+    return b, h, h // g[8]
+
+
+@gluon.jit
+def _setup(g, cfg: gl.constexpr, tile_id):
+    """The tile (first query row, batch * head, key blocks) and its steps, one a key block, in the
+    forward's order: heads in groups (of g[11]) whose K and V stay in L2 together, query block by
+    query block across a group's heads; causal, the heaviest blocks first, counted from the last row
+    (a short block is the first, which starts at row 0: a TMA coordinate before row 0 traps)."""
+    BM: gl.constexpr = cfg[1] * cfg[5]  # the tile's rows: both consumers'
+    BN: gl.constexpr = cfg[2]
+    N = g[6]
+    Nk = g[7]
+    bh, mb = head_grouped_tile(tile_id, gl.cdiv(N, BM), g[10], g[11])
+    if cfg[0]:
+        start_m = gl.maximum(N - (mb + 1) * BM, 0)
+        hi = gl.maximum(gl.minimum(Nk, start_m + BM + (Nk - N)), 0)  # query i sees keys <= i + Nk - N
+    else:
+        start_m = mb * BM
+        hi = Nk
+    n_blocks = gl.cdiv(hi, BN)
+    return (start_m, bh, n_blocks), n_blocks
+
+
+@gluon.jit
+def _load(g, cfg: gl.constexpr, k_smem, v_smem, bar, tile, kk):
+    """Step kk's K and V blocks (rows past Nk arrive as zeros)."""
+    b, h, hk = _head(g, tile[1])
+    tma.async_copy_global_to_shared(g[1], [b, hk, kk * cfg[2], 0], bar, k_smem)
+    tma.async_copy_global_to_shared(g[2], [b, hk, kk * cfg[2], 0], bar, v_smem)
 
 
 @gluon.jit
@@ -99,6 +134,11 @@ def _compute(g, cfg: gl.constexpr, state, k_smem, v_smem, kk, bufs):
         ds_op = gl.convert_layout(ds.to(k_smem.dtype), _ds_layout(BM, D, gl.num_warps()))
         dq = warpgroup_mma(ds_op, k, dq)
     return dq, lse2, delta, first, n_own
+
+
+@gluon.jit
+def _drain(g, cfg: gl.constexpr, state):
+    return state  # every step ends with its wgmma complete
 
 
 @gluon.jit
