@@ -150,3 +150,36 @@ def quantize(x, inv_scale, QMAX: tl.constexpr, dtype: tl.constexpr):
 def dequantize(q, scale):
     """q * scale in fp32."""
     return q.to(tl.float32) * scale
+
+
+# --------------------------------------------------------------------------------------------
+# attention's score masks (tl twins of tiles.gluon's, same names and meaning)
+
+
+@triton.jit
+def mask_scores(s, first_query, first_key, N, Nk, CAUSAL: tl.constexpr, KEY_AXIS: tl.constexpr):
+    """The scores s (keys along ``KEY_AXIS``: 1 for [queries, keys], 0 for the transposed [keys,
+    queries]; queries from ``first_query``, keys from ``first_key``) with -inf where the key is past
+    Nk or, causal, after the query's diagonal: aligned to the bottom right, query i sees keys
+    j <= i + Nk - N."""
+    if KEY_AXIS == 1:
+        keys = first_key + tl.arange(0, s.shape[1])[None, :]
+        queries = first_query + tl.arange(0, s.shape[0])[:, None]
+    else:
+        keys = first_key + tl.arange(0, s.shape[0])[:, None]
+        queries = first_query + tl.arange(0, s.shape[1])[None, :]
+    ok = keys < Nk
+    if CAUSAL:
+        ok = ok & (keys <= queries + (Nk - N))
+    return tl.where(ok, s, float("-inf"))
+
+
+@triton.jit
+def needs_mask(first_query, first_key, BLOCK_KEYS: tl.constexpr, N, Nk, CAUSAL: tl.constexpr):
+    """Whether a block of scores, queries from ``first_query`` and ``BLOCK_KEYS`` keys from
+    ``first_key``, has a masked score (see ``mask_scores``): a key past Nk, or (causal) a key after
+    the first query's diagonal."""
+    bound = Nk
+    if CAUSAL:
+        bound = tl.minimum(bound, first_query + 1 + (Nk - N))  # the first query's last key + 1
+    return first_key + BLOCK_KEYS > bound
