@@ -1,5 +1,5 @@
 """tilecore.attention on the CPU: the Triton kernels through the interpreter (fp16: the interpreter's
-bf16 tl.dot is wrong, so bf16 is checked on the GPU by scripts/device/attention_probe.py), the
+bf16 tl.dot is wrong, so bf16 is checked on the GPU by experiments/attention/attention_probe.py), the
 reference path, the custom-op machinery, and bad input."""
 import math
 
@@ -8,7 +8,8 @@ import torch
 
 import tilecore
 from tilecore import accuracy
-from tilecore.ops.attention import attention, attention_reference, kernels
+from tilecore.ops.attention import attention, attention_reference, configs, launch, plan
+from tilecore.ops.attention.kernels_tl import row_block_grid
 
 from attention_testing import F16, check_lse, make, reference_grads  # tests/attention
 
@@ -30,14 +31,15 @@ def forward_poisoned(q, k, v, causal, scale, config=None):
     """The forward kernel's (out, lse), into NaN-filled buffers so an unwritten element shows."""
     out = torch.full(q.shape, float("nan"), dtype=q.dtype)
     lse = torch.full(q.shape[:3], float("nan"), dtype=torch.float32)
-    kernels.forward_into(q, k, v, out, lse, causal, scale, config=config)
+    launch.forward_into(q, k, v, out, lse, causal, scale, path=None if config is None else "tl", config=config)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "some outputs were never written"
     return out, lse
 
 
 def backward_poisoned(dout, q, k, v, out, lse, dlse, causal, scale, config=None):
     grads = [torch.full(t.shape, float("nan"), dtype=t.dtype) for t in (q, k, v)]
-    kernels.backward_into(dout, q, k, v, out, lse, dlse, *grads, causal, scale, config=config)
+    launch.backward_into(dout, q, k, v, out, lse, dlse, *grads, causal, scale, path=None if config is None else "tl",
+                         config=config)
     for name, g in zip("qkv", grads):
         assert torch.isfinite(g).all(), f"d{name} has unwritten or non-finite elements"
     return grads
@@ -50,7 +52,7 @@ def test_forward_fp16_near_the_rounding_floor(case):
     ref, ref_lse = attention_reference(q, k, v, causal=causal)
     # the query-block kernel on every case, and the path forward_into picks (the split-key path for
     # few queries: tests/attention/test_decode.py), which the public function must give bit for bit
-    for config in (kernels.forward_config(d, interpret=True), None):
+    for config in (configs.forward_config(d, interpret=True), None):
         out, lse = forward_poisoned(q, k, v, causal, d**-0.5, config=config)
         assert accuracy.error_over_floor(out, ref) <= 2.0
         check_lse(lse, ref_lse)
@@ -84,17 +86,17 @@ def test_backward_preprocess_gives_delta_and_zeros_the_dq_buffer():
     lse[1, 2, 5] = float("-inf")
     delta, acc = torch.full((b, h, n), float("nan")), torch.full((b, h, n, d), float("nan"))
     stats = torch.full((b * h, 2, n_pad), float("nan"))
-    kernels._DELTA[kernels.row_block_grid(b * h, n, 16)](out, dout, lse, dlse, delta, stats, acc, *out.stride(),
-                                                         *dout.stride(), h, n, d, n_pad, HAS_DLSE=True,
-                                                         ZERO_DQ_SUM=True, ROW_STATS=True, BLOCK_M=16, BLOCK_D=64)
+    launch.DELTA[row_block_grid(b * h, n, 16)](out, dout, lse, dlse, delta, stats, acc, *out.stride(),
+                                               *dout.stride(), h, n, d, n_pad, HAS_DLSE=True,
+                                               ZERO_DQ_SUM=True, ROW_STATS=True, BLOCK_M=16, BLOCK_D=64)
     expect = (out.double() * dout.double()).sum(-1) - dlse.double()
     assert torch.allclose(delta.double(), expect, rtol=1e-5, atol=1e-4)
     assert torch.equal(acc, torch.zeros_like(acc))
     lse_rows = torch.where(lse == float("-inf"), float("inf"), lse).reshape(b * h, n)
     assert torch.equal(stats[:, 0, :n], lse_rows) and torch.equal(stats[:, 1, :n], delta.reshape(b * h, n))
-    delta2, acc2 = kernels.backward_delta(out, dout, lse, dlse, dq_sum=True)
+    delta2, acc2, _ = launch.backward_preprocess(out, dout, lse, dlse, dq_sum=True)
     assert torch.equal(delta2, delta) and acc2.shape == (b, h, n, d) and not acc2.any()
-    _, _, stats2 = kernels.backward_preprocess(out, dout, lse, dlse, row_stats=True)
+    _, _, stats2 = launch.backward_preprocess(out, dout, lse, dlse, row_stats=True)
     assert stats2.shape == (b * h, 2, n) and stats2.stride() == (2 * n_pad, n_pad, 1)
     assert torch.equal(stats2, stats[..., :n])
 
@@ -136,8 +138,8 @@ def test_gpu_block_shapes_compute_the_same(d):
     # the GPU's (larger) blocks, run through the interpreter: loop bounds with BLOCK_M != BLOCK_N
     q, k, v = make(1, 2, 1, 150, 130, d)
     scale = d**-0.5
-    fwd = kernels.forward_config(d, interpret=False)
-    bwd = kernels.backward_config(d, interpret=False)
+    fwd = configs.forward_config(d, interpret=False)
+    bwd = configs.backward_config(d, interpret=False)
     for causal in (False, True):
         out, lse = forward_poisoned(q, k, v, causal, scale, config={x: fwd[x] for x in ("BLOCK_M", "BLOCK_N")})
         ref, ref_lse = attention_reference(q, k, v, causal=causal)
@@ -235,44 +237,35 @@ def test_bad_input_names_what_is_accepted(args, kwargs, error, words):
     (128, 512, 512, True, dict(block_n=64, stages=3)),            # short causal: 64-key blocks, 3 stages
     (128, 512, 4096, True, {}), (128, 4097, 1000, True, dict(block_n=64, stages=3))])  # N != Nk: keys a row sees
 def test_gluon_forward_config_per_head_dim_and_length(d, n, nk, causal, options):
-    assert kernels.gluon_forward_config(d, n, nk, causal) == kernels.GLUON_FORWARD[d] | options
+    assert configs.gluon_forward_config(d, n, nk, causal) == configs.GLUON_FORWARD[d] | options
 
 
 @pytest.mark.parametrize("d, n, causal, dq_from", [
     (64, 512, True, "warpgroup"), (128, 512, False, "gluon"), (128, 1024, False, "lagged"),
     (128, 2048, True, "gluon"), (128, 4096, True, "fused"), (128, 16384, False, "lagged")])
 def test_gluon_backward_config_takes_the_dq_kernel_where_d128_tiles_are_short(d, n, causal, dq_from):
-    cfg = kernels.gluon_backward_config(d, n, causal)
+    cfg = configs.gluon_backward_config(d, n, causal)
     assert cfg["dq_from"] == dq_from
     assert {k: v for k, v in cfg.items() if k != "dq_from"} == {
-        k: v for k, v in kernels.GLUON_BACKWARD[d, causal].items() if k != "dq_from"}
+        k: v for k, v in configs.GLUON_BACKWARD[d, causal].items() if k != "dq_from"}
 
 
-def test_gluon_backward_configs_pair_the_query_split_with_its_fused_dq():
-    """The query split always adds its own dQ: every config that names it fuses dQ and steps over two
-    consumers' worth of query rows; the probes and the deterministic mode get a key split instead."""
-    for (d, causal), cfg in kernels.GLUON_BACKWARD.items():
-        if cfg.get("split") == "queries":
-            assert cfg["dq_from"] == "fused" and cfg["block_m"] == 128, cfg
-        assert kernels.key_split_config(d, causal).get("split", "keys") == "keys"
-    assert kernels.dq_box(128, 64, "queries") == [1, 1, 64, 32] and kernels.dq_box(64, 64) == [1, 1, 64, 32]
-    assert kernels.dq_box(64, 128) == [1, 1, 64, 64] and kernels.dq_box(64, 64, dq_from="warpgroup") == [1, 1, 64, 32]
+def test_gluon_backward_dq_boxes_and_refused_configs():
+    """dQ's TMA reduction box, and the configs the Gluon backward refuses before any launch."""
+    assert launch.dq_box(64, 64) == [1, 1, 64, 32]
+    assert launch.dq_box(64, 128) == [1, 1, 64, 64] and launch.dq_box(64, 64, dq_from="warpgroup") == [1, 1, 64, 32]
     x = torch.randn(1, 1, 8, 64, dtype=torch.float16)
-    lse = torch.zeros(1, 1, 8)
-    with pytest.raises(ValueError, match="queries"):
-        kernels.backward_gluon(x, x, x, x, x, lse, None, x, x, x, False, 0.125, block_m=128, block_n=64, stages=2,
-                               dq_from="overlapped", split="queries")
     with pytest.raises(ValueError, match="kv_regs"):
-        kernels.backward_gluon(x, x, x, x, x, lse, None, x, x, x, False, 0.125, block_m=64, block_n=64, stages=2,
-                               dq_from="gluon", kv_regs=True)
+        plan.plan_backward(x, x, x, x, False, 0.125, path="gluon",
+                           config=dict(block_m=64, block_n=64, stages=2, dq_from="gluon", kv_regs=True))
     x128 = torch.randn(1, 1, 8, 128, dtype=torch.float16)
     with pytest.raises(ValueError, match="warpgroup"):  # its registers fit D = 64 only
-        kernels.backward_gluon(x128, x128, x128, x128, x128, lse, None, x128, x128, x128, False, 0.125, block_m=64,
-                               block_n=64, stages=2, dq_from="warpgroup")
+        plan.plan_backward(x128, x128, x128, x128, False, 0.125, path="gluon",
+                           config=dict(block_m=64, block_n=64, stages=2, dq_from="warpgroup"))
 
 
 def test_tour_cases_run_their_own_inputs_near_the_floor():
-    from tilecore.ops.attention import tour_cases
+    from tilecore.ops.attention.tour import tour_cases
 
     cases = tour_cases(torch.device("cpu"))
     assert [c.op for c in cases] == ["attention", "attention (decode)"]

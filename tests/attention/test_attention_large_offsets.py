@@ -14,7 +14,7 @@ import torch
 from attention_testing import check_lse, reference_grads
 
 from tilecore import accuracy
-from tilecore.ops.attention import attention, attention_reference, kernels
+from tilecore.ops.attention import attention, attention_reference, configs, launch
 
 D = 64
 
@@ -47,7 +47,7 @@ def test_forward_reads_rows_past_2_31(layout, causal):
     assert accuracy.error_over_floor(out, ref) < 2.0
     check_lse(lse, ref_lse)
     out_tl, lse_tl = torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))
-    kernels.forward_into(q, k, v, out_tl, lse_tl, causal, D ** -0.5, config=kernels.forward_config(D, True))
+    launch.forward_into(q, k, v, out_tl, lse_tl, causal, D ** -0.5, path="tl", config=configs.forward_config(D, True))
     assert accuracy.error_over_floor(out_tl, ref) < 2.0
     check_lse(lse_tl, ref_lse)
 
@@ -58,8 +58,9 @@ def test_backward_reads_rows_past_2_31(layout):
     n, scale = q.shape[2], D ** -0.5
     out, lse = torch.empty(1, 1, n, D, dtype=torch.float16), torch.empty(1, 1, n)
     # not causal: with 3 rows, causal row 0's dq is exactly 0 and the floor metric reads its rounding
-    kernels.forward_into(q, k, v, out, lse, False, scale, config=kernels.forward_config(D, True))
+    launch.forward_into(q, k, v, out, lse, False, scale, path="tl", config=configs.forward_config(D, True))
     dq, dk, dv = (torch.full((1, 1, n, D), float("nan"), dtype=torch.float16) for _ in range(3))
-    kernels.backward_into(dout, q, k, v, out, lse, None, dq, dk, dv, False, scale, config=kernels.backward_config(D, True))
+    launch.backward_into(dout, q, k, v, out, lse, None, dq, dk, dv, False, scale, path="tl",
+                         config=configs.backward_config(D, True))
     for got, ref in zip((dq, dk, dv), reference_grads(q, k, v, dout, None, False, scale)):
         assert accuracy.error_over_floor(got, ref) < 3.0

@@ -5,7 +5,8 @@ import pytest
 import torch
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from tilecore.ops.attention import kernels
+from tilecore import dispatch
+from tilecore.ops.attention import configs, launch, plan
 from tilecore.tiles.launch import TmaOperand, jit_arg
 
 
@@ -28,14 +29,14 @@ def _same_descriptor(operand, t, block):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_forward_fast_launch_passes_every_argument(fast_launch, monkeypatch, causal):
-    monkeypatch.setattr(kernels.dispatch, "num_sms", lambda device: 132)
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
     q = torch.randn(2, 4, 200, 64, dtype=torch.bfloat16)
     k, v = (torch.randn(2, 2, 300, 64, dtype=torch.bfloat16) for _ in range(2))
     out, lse = torch.empty_like(q), torch.empty(2, 4, 200)
-    fake = fast_launch(kernels._GLUON_FWD)
-    cfg = kernels.gluon_forward_config(64, 200, 300, causal)
-    kernels.forward_gluon(q, k, v, out, lse, causal, 0.125, **cfg)
-    bound = _bound(fake, kernels._GLUON_FWD.kernel)
+    fake = fast_launch(launch.GLUON_FWD)
+    cfg = configs.gluon_forward_config(64, 200, 300, causal)
+    launch.forward_into(q, k, v, out, lse, causal, 0.125, path="gluon", config=cfg)
+    bound = _bound(fake, launch.GLUON_FWD.kernel)
     bm, bn = cfg["block_m"], cfg["block_n"]
     for name, t, rows in (("q_desc", q, bm), ("k_desc", k, bn), ("v_desc", v, bn), ("o_desc", out, bm)):
         _same_descriptor(bound[name], t, [1, 1, rows, 64])
@@ -44,16 +45,17 @@ def test_forward_fast_launch_passes_every_argument(fast_launch, monkeypatch, cau
 
 
 def test_backward_fast_launch_passes_every_argument(fast_launch, monkeypatch):
-    monkeypatch.setattr(kernels.dispatch, "num_sms", lambda device: 132)
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
     q, do = (torch.randn(2, 4, 256, 128, dtype=torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(2, 2, 256, 128, dtype=torch.bfloat16) for _ in range(2))
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     stats = torch.randn(8, 2, 256)
     dq_sum = torch.zeros(2, 4, 256, 128)
-    cfg = dict(kernels.gluon_backward_config(128, 256, True))
-    fake = fast_launch(kernels._GLUON_BWD)
-    kernels.backward_gluon_kernel(do, q, k, v, stats, dq_sum, dk, dv, True, 0.1, **cfg)
-    bound = _bound(fake, kernels._GLUON_BWD.kernel)
+    cfg = dict(configs.gluon_backward_config(128, 256, True))
+    fake = fast_launch(launch.GLUON_BWD)
+    bwd_plan = plan.plan_backward(do, q, k, v, True, 0.1, path="gluon", config=cfg)
+    launch.launch_backward_gluon_kernel(bwd_plan, do, q, k, v, stats, dq_sum, dk, dv, True, 0.1)
+    bound = _bound(fake, launch.GLUON_BWD.kernel)
     bm, bn = cfg["block_m"], cfg["block_n"]
     for name, t, rows in (("q_desc", q, bm), ("k_desc", k, 2 * bn), ("v_desc", v, 2 * bn), ("do_desc", do, bm),
                           ("dk_desc", dk, bn), ("dv_desc", dv, bn)):
@@ -61,8 +63,8 @@ def test_backward_fast_launch_passes_every_argument(fast_launch, monkeypatch):
     stats_desc = jit_arg(bound["stats_desc"])  # unswizzled boxes of (lse, delta)
     assert stats_desc.base is stats and stats_desc.block_shape == [1, 2, bm]
     assert stats_desc.layout.swizzle_byte_width == 0
-    assert bound["dq_desc"].base is dq_sum and bound["dq_desc"].block_shape == kernels.dq_box(bm, 128, dq_from=cfg["dq_from"])
-    assert bound["GROUP"] == 2 and bound["DQ"] == kernels.DQ_MODES[cfg["dq_from"]]
+    assert bound["dq_desc"].base is dq_sum and bound["dq_desc"].block_shape == launch.dq_box(bm, 128, dq_from=cfg["dq_from"])
+    assert bound["GROUP"] == 2 and bound["DQ"] == configs.DQ_MODES[cfg["dq_from"]]
 
 
 def test_tma_operand_keys_what_triton_specializes():
@@ -71,4 +73,4 @@ def test_tma_operand_keys_what_triton_specializes():
     assert key == TmaOperand(torch.randn(3, 1, 9, 64, dtype=torch.float16), [1, 1, 64, 64]).key  # sizes are runtime
     assert key != TmaOperand(x, [1, 1, 128, 64]).key
     assert key != TmaOperand(x.bfloat16(), [1, 1, 64, 64]).key
-    assert key != kernels.row_stats_operand(torch.randn(4, 2, 64), 64).key
+    assert key != launch.row_stats_operand(torch.randn(4, 2, 64), 64).key

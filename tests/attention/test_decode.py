@@ -1,12 +1,12 @@
 """The split-key (decode) path of tilecore.attention through Triton's interpreter, in fp16 (bf16 is
-checked on the GPU by scripts/device/decode_probe.py): against the float64 reference, into
+checked on the GPU by experiments/attention/decode_probe.py): against the float64 reference, into
 poisoned buffers, with the keys split in several ways, grouped heads packed into a tile, causal rows
 that see no key, and the split count's rule."""
 import pytest
 import torch
 
 from tilecore import accuracy
-from tilecore.ops.attention import attention, attention_reference, decode
+from tilecore.ops.attention import attention, attention_reference, configs, launch, plan
 
 from attention_testing import F16, check_lse, make, reference_grads  # tests/attention
 
@@ -14,7 +14,7 @@ from attention_testing import F16, check_lse, make, reference_grads  # tests/att
 def decode_poisoned(q, k, v, causal, scale, splits):
     out = torch.full(q.shape, float("nan"), dtype=q.dtype)
     lse = torch.full(q.shape[:3], float("nan"), dtype=torch.float32)
-    decode.decode_into(q, k, v, out, lse, causal, scale, splits=splits)
+    launch.forward_into(q, k, v, out, lse, causal, scale, path="decode", splits=splits)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "some outputs were never written"
     return out, lse
 
@@ -66,10 +66,10 @@ def test_negative_scale_and_strided_cache():
 
 def test_the_public_function_takes_it_for_few_queries_and_differentiates(monkeypatch):
     calls = []
-    monkeypatch.setattr(decode, "DECODE_MIN_SPLIT_KEYS", 16)
-    monkeypatch.setattr(decode, "DECODE_PROGRAMS_PER_SM", 4)  # the interpreter's 4 "SMs" then ask for splits
-    real = decode.decode_splits
-    monkeypatch.setattr(decode, "decode_splits", lambda *a: calls.append(real(*a)) or calls[-1])
+    monkeypatch.setattr(configs, "DECODE_MIN_SPLIT_KEYS", 16)
+    monkeypatch.setattr(configs, "DECODE_PROGRAMS_PER_SM", 4)  # the interpreter's 4 "SMs" then ask for splits
+    real = plan.decode_splits
+    monkeypatch.setattr(plan, "decode_splits", lambda *a: calls.append(real(*a)) or calls[-1])
     q, k, v = make(2, 8, 2, 2, 150, 64, grad=True)
     out, lse = attention(q, k, v, causal=True, return_lse=True)
     assert calls == [4]  # 16 programs asked of 4 tiles (2 batches x 2 kv heads)
@@ -98,7 +98,7 @@ def test_the_public_function_takes_it_for_few_queries_and_differentiates(monkeyp
 ])
 def test_which_inputs_split_the_keys(b, hq, hkv, n, fits):
     q, k = torch.empty(b, hq, n, 64), torch.empty(b, hkv, 100, 64)
-    assert decode.decode_fits(q, k) == fits
+    assert plan.decode_fits(q, k) == fits
 
 
 @pytest.mark.parametrize("tiles,nk,programs,expect", [
@@ -112,7 +112,7 @@ def test_which_inputs_split_the_keys(b, hq, hkv, n, fits):
     (8, 0, 132, 1),
 ])
 def test_split_count_rule(tiles, nk, programs, expect):
-    splits = decode.decode_splits(tiles, nk, 64, programs, 128)
+    splits = plan.decode_splits(tiles, nk, 64, programs, 128)
     assert splits == expect
-    ranges, keys = decode.key_ranges(nk, splits, 64)
+    ranges, keys = plan.key_ranges(nk, splits, 64)
     assert ranges == splits and keys % 64 == 0 and (ranges - 1) * keys < max(nk, 1) <= ranges * keys

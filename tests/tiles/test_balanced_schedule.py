@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tilecore.ops.attention import kernels
+from tilecore.ops.attention import configs, plan
 from tilecore.tiles import schedule
 
 
@@ -52,14 +52,14 @@ def test_uniform_costs_keep_round_robin():
 @pytest.mark.parametrize("n,block_m,heads", [(1024, 128, 256), (2048, 192, 256), (4096, 192, 256)])
 def test_causal_attention_tiles_even_out(n, block_m, heads):
     key = ("forward", n, n, block_m, 128, heads, 16, 1, 132)
-    table = kernels._balanced_table(*key)
+    table = plan.balanced_table(*key)
     m_blocks = triton.cdiv(n, block_m)
-    blocks = kernels._head_grouped_tiles(m_blocks * heads, m_blocks, heads, 16)[1]
+    blocks = plan.head_grouped_tiles(m_blocks * heads, m_blocks, heads, 16)[1]
     # causal blocks count from the last row: block i ends at row n - i * block_m, the short one (first)
     # is a whole block from row 0
     steps = torch.clamp(triton.cdiv(torch.clamp(n - blocks * block_m, min=block_m), 128), min=1)
     assert int(steps.sum()) == heads * sum(triton.cdiv(max(n - i * block_m, block_m), 128) for i in range(m_blocks))
-    costs = (steps + kernels.TILE_OVERHEAD_STEPS).double()
+    costs = (steps + configs.TILE_OVERHEAD_STEPS).double()
     _owners(table, 132, len(costs))
     mean = costs.sum() / 132
     assert _round_robin_loads(costs, 132).max() / mean > 1.10  # what the launch paid before
@@ -68,7 +68,7 @@ def test_causal_attention_tiles_even_out(n, block_m, heads):
 
 def test_causal_backward_tiles_cost_their_query_blocks():
     # key block j of 128 keys is seen by query blocks (of 64 rows) 2j .. 63, for each of 2 q heads
-    table = kernels._balanced_table("backward", 4096, 4096, 64, 128, 256, 4, 2, 132)
+    table = plan.balanced_table("backward", 4096, 4096, 64, 128, 256, 4, 2, 132)
     assert table is not None
     _owners(table, 132, 32 * 256)
 
@@ -99,11 +99,11 @@ def test_kernels_walk_the_table(scheduled):
 
 def test_attention_keeps_one_table_per_device_and_shape():
     key = ("forward", 1024, 1024, 128, 128, 256, 16, 1, 132)
-    table = kernels.causal_schedule(torch.device("cpu"), *key)
+    table = plan.causal_schedule(torch.device("cpu"), *key)
     assert table is not None and table.dtype == torch.int32
-    assert kernels.causal_schedule(torch.device("cpu"), *key) is table  # made once: a captured graph reads it
+    assert plan.causal_schedule(torch.device("cpu"), *key) is table  # made once: a captured graph reads it
     # D = 128 at N = 4096 (groups of 12 heads): round-robin is already as even, so no table
-    assert kernels.causal_schedule(torch.device("cpu"), "forward", 4096, 4096, 128, 128, 256, 12, 1, 132) is None
+    assert plan.causal_schedule(torch.device("cpu"), "forward", 4096, 4096, 128, 128, 256, 12, 1, 132) is None
 
 
 @triton.jit
@@ -121,7 +121,7 @@ def test_host_twin_of_the_kernels_tile_order(blocks, num_heads, head_group):
     _grouped_blocks[(1,)](out, tiles, blocks, num_heads, head_group)
     assert sorted(map(tuple, out.tolist())) == [(h, b) for h in range(num_heads) for b in range(blocks)]
     # the host twin gives each tile the head and block the kernels give it
-    heads, blocks_of = kernels._head_grouped_tiles(tiles, blocks, num_heads, head_group)
+    heads, blocks_of = plan.head_grouped_tiles(tiles, blocks, num_heads, head_group)
     assert out[:, 0].tolist() == heads.tolist() and out[:, 1].tolist() == blocks_of.tolist()
 
 
@@ -139,8 +139,8 @@ def test_grouped_heads_backward_pairs_heavy_and_light_key_blocks(n_blocks, num_b
     right before its key block n_blocks - 1 - j, so every pair sees the same number of query
     blocks (the middle block of an odd count alone)."""
     programs = 132
-    table = kernels._paired_table(n_blocks, num_bhk, head_group, programs)
-    heads, blocks = kernels._head_grouped_tiles(n_blocks * num_bhk, n_blocks, num_bhk, head_group)
+    table = plan.paired_table(n_blocks, num_bhk, head_group, programs)
+    heads, blocks = plan.head_grouped_tiles(n_blocks * num_bhk, n_blocks, num_bhk, head_group)
     ids = table[programs + 1:-1].tolist()
     assert sorted(ids) == list(range(n_blocks * num_bhk))
     for p in range(programs):

@@ -96,10 +96,7 @@ def test_napkin_imports_no_torch_or_triton():
 
 
 # Loops left to work in progress, each with who removes it (an entry that no longer loops allows nothing).
-ALLOWED_LOOPS = [
-    # attention: moved in its plan.py split (its tour.py imports TourCase from tilecore.tour_case, not tilecore.tour)
-    {"tilecore.tour", "tilecore.ops.attention.tour"},
-]
+ALLOWED_LOOPS = []
 
 
 def _import_graph() -> dict[str, set[str]]:
@@ -157,10 +154,7 @@ ENV_READS = {"tilecore/env.py": {"TILECORE_COMMIT"}}  # the commit a copied tree
 DEVICE_QUERIES = ("get_device_capability", "get_device_properties")
 # Files that still derive "is this the interpreter" from a tensor's device themselves (drop an entry
 # once its file asks dispatch).
-INTERPRET_DERIVED = {
-    "tilecore/ops/attention/kernels.py",  # attention: moved in its plan.py split
-    "tilecore/ops/attention/decode.py",  # attention: moved in its plan.py split
-}
+INTERPRET_DERIVED: set[str] = set()
 
 
 def _is_environ(node) -> bool:

@@ -9,8 +9,8 @@ from typing import Optional
 import torch
 
 from tilecore import dispatch
-from tilecore.ops.attention import kernels
-from tilecore.ops.attention.reference import attention_backward_reference, attention_reference
+from tilecore.ops.attention import launch
+from tilecore.ops.attention.plan import plan_backward, plan_forward
 
 DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -55,17 +55,7 @@ def check(q, k, v, causal, scale) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# implementations (kernel or reference, by device)
-
-
-def _forward_kernel(q, k, v, out, lse, causal, scale):
-    kernels.forward_into(q, k, v, out, lse, causal, scale)  # on q's device: tiles.launch.CachedLaunch
-
-
-def _forward_reference(q, k, v, out, lse, causal, scale):
-    o, l = attention_reference(q, k, v, causal=causal, scale=scale, compute_dtype=torch.float32)
-    out.copy_(o)
-    lse.copy_(l)
+# implementations: a plan (plan.py: kernels or the reference, by device and inputs), launched
 
 
 def _forward_impl(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,22 +64,8 @@ def _forward_impl(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, to
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
-    impl = dispatch.select(q.device, kernel=_forward_kernel, reference=_forward_reference)
-    impl(q, k, v, out, lse, causal, scale)
+    launch.forward(plan_forward(q, k, v, causal, scale), q, k, v, out, lse, causal, scale)
     return out, lse
-
-
-def _backward_kernel(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale):
-    lse = lse.contiguous()
-    dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
-    kernels.backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale)
-
-
-def _backward_reference(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale):
-    gq, gk, gv = attention_backward_reference(dout, q, k, v, out, lse, dlse, causal=causal, scale=scale)
-    dq.copy_(gq)
-    dk.copy_(gk)
-    dv.copy_(gv)
 
 
 def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float):
@@ -98,8 +74,8 @@ def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float):
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if dq.numel() == 0 or dk.numel() == 0:  # no query or no key: nothing flows back
         return dq.zero_(), dk.zero_(), dv.zero_()
-    impl = dispatch.select(q.device, kernel=_backward_kernel, reference=_backward_reference)
-    impl(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale)
+    launch.backward(plan_backward(dout, q, k, v, causal, scale), dout, q, k, v, out, lse, dlse, dq, dk, dv, causal,
+                    scale)
     return dq, dk, dv
 
 

@@ -18,6 +18,7 @@ import sys
 import torch
 
 from tilecore import dispatch
+from tilecore.ops.attention import configs, kernels_tl, launch, plan
 
 
 def _compile(kernel, args: dict, options: dict):
@@ -30,11 +31,10 @@ def kernel_resources(d: int, causal: bool = True, dtype=torch.bfloat16, fwd_cfg:
                      bwd_cfg: dict | None = None) -> list[dict]:
     """Resources of the forward, dk/dv and dq kernels for head dim ``d`` (the default GPU configs
     unless given)."""
-    from tilecore.ops.attention import kernels
     from tilecore.tiles.compile import resources
 
-    fwd_cfg = dict(fwd_cfg or kernels.forward_config(d, interpret=False))
-    bwd_cfg = dict(bwd_cfg or kernels.backward_config(d, interpret=False))
+    fwd_cfg = dict(fwd_cfg or configs.forward_config(d, interpret=False))
+    bwd_cfg = dict(bwd_cfg or configs.backward_config(d, interpret=False))
     t = torch.empty(64, dtype=dtype)  # only the type and alignment matter to the signature
     f32 = torch.empty(64, dtype=torch.float32)
     n = 4096  # contiguous (B=16, H=16, N=4096, D) tensors, as in the benchmark
@@ -45,7 +45,7 @@ def kernel_resources(d: int, causal: bool = True, dtype=torch.bfloat16, fwd_cfg:
     def one(name, kernel, args, cfg):
         options = {k: cfg[k] for k in ("num_warps", "num_stages") if k in cfg}
         consts = {k: v for k, v in cfg.items() if k.startswith("BLOCK")}
-        full = dict(args, CAUSAL=causal, BLOCK_D=kernels.block_d(d), **consts)
+        full = dict(args, CAUSAL=causal, BLOCK_D=kernels_tl.block_d(d), **consts)
         full = {p.name: full[p.name] for p in kernel.params}
         r = resources(_compile(kernel, full, options))
         out.append(dict(kernel=name, D=d, causal=causal, cfg=cfg, registers=r.registers,
@@ -55,9 +55,9 @@ def kernel_resources(d: int, causal: bool = True, dtype=torch.bfloat16, fwd_cfg:
     base = {"Q": t, "K": t, "V": t, "O": t, "DO": t, "DK": t, "DV": t, "DQ": t, "LSE": f32, "DELTA": f32}
     base |= strides("sq") | strides("sk") | strides("sv") | strides("so") | strides("sd") | strides("sg")
     base |= common
-    one("forward", kernels._attn_fwd, base, fwd_cfg)
-    one("backward dk/dv", kernels._attn_bwd_dkdv, base, bwd_cfg)
-    one("backward dq", kernels._attn_bwd_dq, base, bwd_cfg)
+    one("forward", kernels_tl.attn_fwd, base, fwd_cfg)
+    one("backward dk/dv", kernels_tl.attn_bwd_dkdv, base, bwd_cfg)
+    one("backward dq", kernels_tl.attn_bwd_dq, base, bwd_cfg)
     return out
 
 
@@ -98,6 +98,11 @@ def register_operands_clobbered(cubin: bytes) -> bool:
     return bool(loaded & written)
 
 
+def _descriptor(t, rows: int):
+    """launch.head_operand's checked TensorDescriptor, as the launch that compiles builds it."""
+    return launch.head_operand(t, rows).descriptor()
+
+
 def _schedule(causal: bool, cfg: dict):
     """What the launchers pass for the tile schedule: a table (causal, balanced) or None."""
     drawn = cfg.get("drawn", False)
@@ -107,14 +112,13 @@ def _schedule(causal: bool, cfg: dict):
 def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None) -> dict:
     """Resources of Hopper's Gluon forward for head dim ``d`` at the launcher's config (or ``cfg``),
     with whether its PTX holds wgmma and TMA and whether ptxas serialized its wgmma."""
-    from tilecore.ops.attention import kernels
     from tilecore.ops.attention.gluon_kernels import attention_fwd_kernel
     from tilecore.tiles.compile import has_hopper_instructions, resources
 
-    cfg = dict(cfg or kernels.GLUON_FORWARD[d])
+    cfg = dict(cfg or configs.GLUON_FORWARD[d])
     n = 4096
     x = torch.empty(2, 2, 256, d, dtype=dtype)
-    desc = functools.partial(kernels._head_descriptor, x)  # as forward_gluon builds them
+    desc = functools.partial(_descriptor, x)  # as launch_forward_gluon builds them
 
     args = dict(q_desc=desc(cfg["block_m"]), k_desc=desc(cfg["block_n"]), v_desc=desc(cfg["block_n"]),
                 o_desc=desc(cfg["block_m"]), lse_ptr=torch.empty(64, dtype=torch.float32), H=16, N=n, Nk=n,
@@ -124,12 +128,11 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
                 Q_BUFFERS=cfg["q_buffers"], CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False))
     compiled = _compile(attention_fwd_kernel, args, {"num_warps": 8 if cfg["consumers"] == 1 else 4})
     r = resources(compiled)
-    name = ("forward (gluon, ping-pong)" if cfg.get("pingpong") else
-            "forward (gluon, Q in registers)" if cfg.get("q_regs") else
+    name = ("forward (gluon, Q in registers)" if cfg.get("q_regs") else
             "forward (gluon, 3 consumers)" if cfg["consumers"] == 3 else
             "forward (gluon, carried)" if cfg.get("carry") else
             "forward (gluon, short tiles)" if (cfg["q_buffers"], cfg["block_n"]) != (
-                kernels.GLUON_FORWARD[d]["q_buffers"], kernels.GLUON_FORWARD[d]["block_n"]) else
+                configs.GLUON_FORWARD[d]["q_buffers"], configs.GLUON_FORWARD[d]["block_n"]) else
             "forward (gluon)")
     return dict(kernel=name, D=d, causal=causal, cfg=cfg, **vars(r),
                 **has_hopper_instructions(compiled.asm["ptx"]))
@@ -138,29 +141,24 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
 def compile_gluon_backward(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None,
                            group: int = 1):
     """Hopper's Gluon backward for head dim ``d``, compiled (no GPU needed) at the launcher's config
-    (or ``cfg``) with the arguments backward_gluon_kernel would pass, for ``group`` q heads a kv head
-    (1, specialized to a constant, or more): (compiled kernel, cfg)."""
-    from tilecore.ops.attention import kernels
-    from tilecore.ops.attention.gluon_backward import attention_bwd_kernel, attention_bwd_split_kernel
+    (or ``cfg``) with the arguments launch_backward_gluon_kernel would pass, for ``group`` q heads a
+    kv head (1, specialized to a constant, or more): (compiled kernel, cfg)."""
+    from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
     from tilecore.tiles.launch import gluon_descriptor
 
-    cfg = dict(cfg or kernels.GLUON_BACKWARD[d, causal])
-    split = cfg.get("split", "keys")
+    cfg = dict(cfg or configs.GLUON_BACKWARD[d, causal])
     x = torch.empty(2, 2, 256, d, dtype=dtype)
     dq_sum = torch.empty(2, 2, 256, d, dtype=torch.float32)
-    desc = functools.partial(kernels._head_descriptor, x)  # as backward_gluon_kernel builds them
+    desc = functools.partial(_descriptor, x)  # as launch_backward_gluon_kernel builds them
 
     bm, bn = cfg["block_m"], cfg["block_n"]
     stats = torch.empty(4, 2, 256, dtype=torch.float32)  # backward_preprocess's (B * H, 2, N) row statistics
     args = dict(q_desc=desc(bm), k_desc=desc(2 * bn), v_desc=desc(2 * bn), do_desc=desc(bm), dk_desc=desc(bn),
-                dv_desc=desc(bn), stats_desc=kernels.row_stats_operand(stats, bm).descriptor(),
-                dq_desc=gluon_descriptor(dq_sum, kernels.dq_box(bm, d, split, cfg["dq_from"])), H=16, N=4096,
+                dv_desc=desc(bn), stats_desc=launch.row_stats_operand(stats, bm).descriptor(),
+                dq_desc=gluon_descriptor(dq_sum, launch.dq_box(bm, d, cfg["dq_from"])), H=16, N=4096,
                 Nk=4096, GROUP=group, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, schedule=_schedule(causal, cfg),
                 tile_counter=torch.zeros(1, dtype=torch.int32) if cfg.get("drawn") else None, CAUSAL=causal,
-                STAGES=cfg["stages"], DQ=kernels.DQ_MODES[cfg["dq_from"]], KV_REGS=cfg.get("kv_regs", False))
-    if split == "queries":
-        del args["DQ"], args["KV_REGS"], args["tile_counter"]  # always fused; K and V in shared memory
-        return _compile(attention_bwd_split_kernel, args, {"num_warps": 4}), cfg
+                STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]], KV_REGS=cfg.get("kv_regs", False))
     return _compile(attention_bwd_kernel, args, {"num_warps": 4}), cfg
 
 
@@ -173,8 +171,7 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
 
     compiled, cfg = compile_gluon_backward(d, causal, dtype, cfg, group=group)
     ptx = compiled.asm["ptx"]
-    name = ("backward (gluon, query split)" if cfg.get("split") == "queries" else
-            "backward (gluon, grouped heads)" if group > 1 else "backward (gluon)")
+    name = "backward (gluon, grouped heads)" if group > 1 else "backward (gluon)"
     clobbered = register_operands_clobbered(compiled.asm["cubin"]) if cfg.get("kv_regs") else None
     return dict(kernel=name, D=d, causal=causal, cfg=cfg, **vars(resources(compiled)),
                 **has_hopper_instructions(ptx), tma_reduce="cp.reduce.async.bulk.tensor" in ptx,
@@ -184,13 +181,12 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
 def gluon_dq_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None) -> dict:
     """Resources of Hopper's Gluon dQ kernel (gluon_dq.py) for head dim ``d``, with whether its PTX
     holds wgmma and TMA and whether ptxas serialized its wgmma."""
-    from tilecore.ops.attention import kernels
     from tilecore.ops.attention.gluon_dq import attention_dq_kernel
     from tilecore.tiles.compile import has_hopper_instructions, resources
 
-    cfg = dict(cfg or kernels.GLUON_DQ[d])
+    cfg = dict(cfg or configs.GLUON_DQ[d])
     x = torch.empty(2, 2, 256, d, dtype=dtype)
-    desc = functools.partial(kernels._head_descriptor, x)  # as backward_dq_gluon builds them
+    desc = functools.partial(_descriptor, x)  # as launch_dq_gluon builds them
     bm, bn = cfg["block_m"], cfg["block_n"]
     f32 = torch.empty(64, dtype=torch.float32)
     args = dict(q_desc=desc(2 * bm), k_desc=desc(bn), v_desc=desc(bn), do_desc=desc(2 * bm), dq_desc=desc(bm),
@@ -203,16 +199,15 @@ def gluon_dq_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: d
 
 
 def decode_resources(d: int, group: int = 4, queries: int = 1) -> list[dict]:
-    """Resources of the split-key (decode) kernels for head dim ``d`` at decode_into's config, for
+    """Resources of the split-key (decode) kernels for head dim ``d`` at the plan's config, for
     ``queries`` queries of a ``group``-head group, with whether the K/V loads are cp.async-pipelined."""
-    from tilecore.ops.attention import decode, kernels
     from tilecore.tiles.compile import resources
 
-    cfg = decode.decode_config(d, interpret=False)
+    cfg = configs.decode_config(d, interpret=False)
     bf16, f32 = torch.empty(64, dtype=torch.bfloat16), torch.empty(64, dtype=torch.float32)
     nk, hkv = 4096, 8
-    block_d = kernels.block_d(d)
-    block_m = decode.tile_rows(queries, group)
+    block_d = kernels_tl.block_d(d)
+    block_m = plan.tile_rows(queries, group)
     strides = lambda p, n: {f"{p}b": hkv * group * n * d, f"{p}h": n * d, f"{p}n": d, f"{p}d": 1}
     split_args = dict(Q=bf16, K=bf16, V=bf16, O=bf16, LSE=f32, O_PART=f32, LSE_PART=f32, **strides("sq", queries),
                       **strides("sk", nk), **strides("sv", nk), Hkv=hkv, N=queries, Nk=nk, D=d, GROUP=group,
@@ -223,8 +218,8 @@ def decode_resources(d: int, group: int = 4, queries: int = 1) -> list[dict]:
     options = {k: cfg[k] for k in ("num_warps", "num_stages") if k in cfg}
     rows = []
     for name, kernel, args, opts, row_cfg in (
-            ("decode split keys", decode._attn_fwd_split_keys, split_args, options, cfg),
-            ("decode merge", decode._attn_merge_splits, merge_args, {}, dict(SPLITS=16))):
+            ("decode split keys", kernels_tl.attn_fwd_split_keys, split_args, options, cfg),
+            ("decode merge", kernels_tl.attn_merge_splits, merge_args, {}, dict(SPLITS=16))):
         compiled = _compile(kernel, args, opts)
         ptx = compiled.asm["ptx"]
         rows.append(dict(kernel=name, D=d, causal=True, cfg=row_cfg, **vars(resources(compiled)),
@@ -239,10 +234,7 @@ def main(argv=None) -> int:
         return 2
     rows = [r for d in (64, 128, 256) for r in kernel_resources(d)]
     rows += [gluon_forward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
-    from tilecore.ops.attention import kernels
-    from tilecore.ops.attention.kernels import GLUON_FORWARD, gluon_forward_config  # options off by default
-
-    rows.append(gluon_forward_resources(128, True, cfg=dict(GLUON_FORWARD[128], pingpong=True)))
+    gluon_forward_config = configs.gluon_forward_config
     # short tiles: two Q buffers (GLUON_FORWARD's at D = 128), carried across tiles but at D = 128
     # causal, and causal ones 64-key blocks; D = 64 at long lengths: three consumers
     for d, causal in ((64, True), (128, False), (128, True)):
@@ -255,9 +247,9 @@ def main(argv=None) -> int:
     rows += [gluon_backward_resources(d, causal) for d in (64, 128) for causal in (False, True)]
     # grouped heads (the group size a runtime value, not the constant 1): the step's q head divided out
     rows += [gluon_backward_resources(d, True, group=4) for d in (64, 128)]
-    # the query split at D = 64 (the probes'), and the deterministic mode's key split (dq by its own kernel)
-    rows.append(gluon_backward_resources(64, True, cfg=kernels.QUERY_SPLIT_D64))
-    rows.append(gluon_backward_resources(64, True, cfg=dict(kernels.KEY_SPLIT_D64, dq_from="gluon", kv_regs=False)))
+    # the deterministic mode's D64 backward (dq by its own kernel)
+    rows.append(gluon_backward_resources(64, True, cfg=dict(configs.GLUON_BACKWARD[64, True], dq_from="gluon",
+                                                            kv_regs=False)))
     rows += [gluon_dq_resources(d, causal) for d in (64, 128) for causal in (False, True)]
     rows += [r for d in (64, 128, 256) for r in decode_resources(d)]
     if "--json" in argv:

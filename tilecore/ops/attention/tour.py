@@ -5,11 +5,10 @@ import torch
 
 from tilecore.ops.attention.op import attention
 from tilecore.ops.attention.reference import attention_reference
+from tilecore.tour_case import TourCase
 
 
 def tour_cases(device: torch.device) -> list:
-    from tilecore.tour import TourCase
-
     gpu = device.type == "cuda"
     # the float64 reference materializes B*H*N*Nk scores: on the GPU it checks a slice of the heads
     b, hq, hkv, n, d, dtype = (16, 16, 16, 4096, 128, torch.bfloat16) if gpu else (1, 4, 2, 100, 64, torch.float16)

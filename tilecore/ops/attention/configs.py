@@ -1,0 +1,129 @@
+"""Attention's measured configurations, one line of why each; the runs behind them are in
+notes/attention (by session). plan.py reads these tables; nothing here asks about the device.
+Figures are on the H100 against cuDNN unless said otherwise."""
+from __future__ import annotations
+
+# --------------------------------------------------------------------------------------------
+# the tl kernels (kernels_tl.py); in the interpreter small blocks, so tests cover several
+
+
+def forward_config(d: int, interpret: bool) -> dict:
+    """The tl query-block forward's blocks and launch options for head dim ``d``."""
+    if interpret:
+        return dict(BLOCK_M=32, BLOCK_N=16)
+    if d <= 64:  # the fastest of four tried at B 16 H 16 N 4096 (notes/attention, session 1)
+        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+    if d <= 128:  # 128 x 64 with 8 warps: as fast without a mask, 13% slower with one (session 1)
+        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+    return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+
+
+def backward_config(d: int, interpret: bool) -> dict:
+    """The tl dk/dv and dq kernels' blocks for head dim ``d``."""
+    if interpret:
+        return dict(BLOCK_M=16, BLOCK_N=32)
+    if d <= 128:  # 1.4-2.1x the 8-warp and 128-wide variants tried (notes/attention, session 1)
+        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+    return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+
+
+PREPROCESS_BLOCK_M = {True: 16, False: 64}  # rows a program of the backward's preprocess; key: interpreted
+INTERPRETER_SMS = 4  # SMs as if the interpreter had them, for grids sized per SM (decode's splits)
+
+
+# --------------------------------------------------------------------------------------------
+# decode: the split-key path (kernels_tl.attn_fwd_split_keys) for few queries a sequence
+
+# Which inputs it serves (plan.decode_fits), against the query-block forward (notes/attention, session 21):
+DECODE_MAX_QUERIES = 16  # up to 16 queries whatever the group: 1.01-10.6x
+DECODE_MAX_PACKED_QUERIES = 64  # up to 64 queries where a kv head's packed rows (queries x group) are
+DECODE_MAX_PACKED_ROWS = 128  # at most 128: 1.01-6.3x; beyond, it lost at B >= 4 (0.34-0.96x)
+DECODE_FEW_TILES_MAX_QUERIES = 512  # up to 512 queries where the query-block forward would have at most
+DECODE_FEW_QUERY_TILES = 32  # 32 tiles of 128 rows (a quarter of the SMs): 1.25-5.0x
+DECODE_MAX_ROWS = 64  # a tile packs at most this many (query, q head) rows
+DECODE_PROGRAMS_PER_SM = 1  # one wave: further splits cost more in the merge than they gain (session 21)
+DECODE_MAX_SPLITS = 64  # the merge loads a row's parts at once
+DECODE_MIN_SPLIT_KEYS = 128  # below it a split's fixed cost dominates (1024 keys: 8 splits 5.7 us, 4: 8.1)
+
+
+def decode_config(d: int, interpret: bool) -> dict:
+    """Keys a step (BLOCK_N) and launch options of the split-key kernel for head dim ``d`` (one query
+    against 1024-16384 keys, notes/attention, session 21)."""
+    if interpret:
+        return dict(BLOCK_N=16)
+    if d <= 64:  # 4 stages: B 64 x 4096 keys 0.98x copy against 3 stages' 0.90x
+        return dict(BLOCK_N=128, num_warps=4, num_stages=4)
+    if d <= 128:  # 128 keys a step: B 64 x 4096 keys 1.01x copy against 64's 0.93x
+        return dict(BLOCK_N=128, num_warps=4, num_stages=3)
+    return dict(BLOCK_N=64, num_warps=4, num_stages=3)  # 0.89-1.00x copy, against 32 x 2's 0.64-0.92x
+
+
+# --------------------------------------------------------------------------------------------
+# Hopper's Gluon forward (gluon_kernels.py): query rows per consumer warpgroup (block_m), keys a step
+# (block_n), ring depth, P V overlapped with the softmax, consumer warpgroups, Q buffers per consumer
+
+GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, overlap=True, consumers=2, q_buffers=2),
+                 # two Q buffers: N = 512 +15% (causal +18%), N = 8192 +8% (notes/attention, sessions 5, 9)
+                 128: dict(block_m=64, block_n=128, stages=2, overlap=True, consumers=2, q_buffers=2)}
+SHORT_TILE_KEY_BLOCKS = 8  # tiles of at most this many key blocks (on average) are short: carried
+THREE_CONSUMERS_MIN_N = {False: 2048, True: 1024}  # D64 three consumers from here: N 4096 +5-8% (session 13)
+THREE_CONSUMERS_Q2_MAX_N = 4096  # ... with two Q buffers each up to here: +1.4-4.4% (session 13)
+SHORT_CAUSAL_KEYS = 512  # causal rows seeing at most this many keys: 64-key blocks, N 512 +18-35% (session 9)
+SHORT_CAUSAL_STAGES = {128: 3}  # ... in 3 stages at D128: N 512 causal 0.87 -> 0.95x (session 22)
+
+
+def gluon_forward_config(d: int, n: int, nk: int, causal: bool) -> dict:
+    """The Gluon forward's configuration for head dim ``d`` and these lengths: GLUON_FORWARD[d]; at
+    D = 64 from THREE_CONSUMERS_MIN_N[causal], three consumers (tiles short and not causal: not);
+    else short tiles carry the pipeline across tiles (not at D128 causal: -1 to -2%, session 9);
+    else D128 without a mask holds Q in registers (+1.3-2.2%, session 14); causal rows seeing at
+    most SHORT_CAUSAL_KEYS keys take 64-key blocks."""
+    cfg = dict(GLUON_FORWARD[d])
+    keys = max(nk - n / 2, nk / 2) if causal else nk  # keys a query row sees, on average (about)
+    short = keys / cfg["block_n"] <= SHORT_TILE_KEY_BLOCKS
+    if causal and keys <= SHORT_CAUSAL_KEYS:
+        cfg["block_n"] = 64
+        cfg["stages"] = SHORT_CAUSAL_STAGES.get(d, cfg["stages"])
+    if d == 64 and n >= THREE_CONSUMERS_MIN_N[causal] and (causal or not short):
+        cfg.update(consumers=3, q_buffers=2 if n <= THREE_CONSUMERS_Q2_MAX_N else 1)
+    elif short and not (causal and d == 128):
+        cfg["carry"] = True
+    elif d == 128 and not causal:
+        cfg["q_regs"] = True
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# Hopper's Gluon backward (gluon_backward.py): query rows a step (block_m), keys a consumer
+# (block_n; a tile is two), ring depth, and where dQ comes from (dq_from, DQ_MODES)
+
+# dQ in the kernel, added by TMA reductions to a float32 buffer: "fused" (the step's own), "lagged"
+# (one step late, with the next step's dV and dK), "warpgroup" (a warpgroup of its own, D64); or
+# after the kernel: "gluon" (gluon_dq.py's kernel), "tl" (kernels_tl.attn_bwd_dq). The kernel's DQ
+# constexpr: 0 none, 1 fused, 3 lagged, 4 warpgroup (2 was "overlapped", unshipped since session 17)
+DQ_MODES = {"tl": 0, "gluon": 0, "fused": 1, "lagged": 3, "warpgroup": 4}
+GLUON_BACKWARD = {
+    # K and V rows held in registers, dQ by its own warpgroup: 1.13-1.16x (notes/attention, sessions 14, 17)
+    (64, False): dict(block_m=64, block_n=64, stages=2, dq_from="warpgroup", kv_regs=True),
+    (64, True): dict(block_m=64, block_n=64, stages=2, dq_from="warpgroup", kv_regs=True),
+    (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="lagged"),  # 1.00-1.03x vs fused's 0.98-1.02x (session 15)
+    (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused")}  # lagged lost 1-3% causal (session 15)
+FUSED_DQ_MIN_N = {False: 1024, True: 4096}  # D128 below this N: dQ by the Gluon dq kernel (sessions 14, 15)
+GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3),  # gluon_dq.py: rows a consumer, keys a step, stages
+            128: dict(block_m=64, block_n=64, stages=4)}  # 4 stages: causal 383 -> 388 TFLOP/s (session 9)
+
+
+def gluon_backward_config(d: int, n: int, causal: bool) -> dict:
+    """The Gluon backward's configuration for head dim ``d`` and N query rows: GLUON_BACKWARD's, but
+    at D = 128 with dQ from the Gluon dq kernel below FUSED_DQ_MIN_N[causal]."""
+    cfg = dict(GLUON_BACKWARD[d, causal])
+    if d == 128 and n < FUSED_DQ_MIN_N[causal]:
+        cfg["dq_from"] = "gluon"
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# the persistent Gluon kernels' tile order (plan.py)
+
+L2_GROUP_BYTES = 8 << 20  # shared operands of the heads kept together: D128 fwd +0-5%, bwd +2-13% (session 10)
+TILE_OVERHEAD_STEPS = 2  # a tile's fixed cost in steps, for the balanced schedule (~2.5-4 us a tile, session 9)

@@ -1,0 +1,250 @@
+"""Running attention's plans (plan.py): one function a pass, each the launches of its kernels with
+nothing left to decide. ``forward`` and ``backward`` run a plan; ``forward_into`` and
+``backward_into`` plan and run (what tests and probes call, with plan_forward's and plan_backward's
+options)."""
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+
+from tilecore import dispatch
+from tilecore.ops.attention import configs, kernels_tl
+from tilecore.ops.attention.kernels_tl import block_d, row_block_grid
+from tilecore.ops.attention.plan import plan_backward, plan_forward
+from tilecore.ops.attention.reference import attention_backward_reference, attention_reference
+from tilecore.tiles.launch import CachedLaunch, TmaOperand, cdiv, next_power_of_2, tile_counter, tl_addressable
+from tilecore.tiles.ops import LOG2E
+
+FWD = CachedLaunch(kernels_tl.attn_fwd)
+SPLIT_KEYS = CachedLaunch(kernels_tl.attn_fwd_split_keys)
+MERGE = CachedLaunch(kernels_tl.attn_merge_splits)
+DELTA = CachedLaunch(kernels_tl.attn_bwd_delta)
+DKDV = CachedLaunch(kernels_tl.attn_bwd_dkdv)
+DQ = CachedLaunch(kernels_tl.attn_bwd_dq)
+
+
+def _gluon_kernel(module: str, name: str):
+    """A CachedLaunch of a Gluon kernel of this package, imported at its first launch."""
+    return CachedLaunch(lambda: getattr(importlib.import_module(f"tilecore.ops.attention.{module}"), name))
+
+
+GLUON_FWD = _gluon_kernel("gluon_kernels", "attention_fwd_kernel")
+GLUON_BWD = _gluon_kernel("gluon_backward", "attention_bwd_kernel")
+GLUON_DQ = _gluon_kernel("gluon_dq", "attention_dq_kernel")
+
+
+def forward(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
+    """out (B, Hq, N, D) and lse (B, Hq, N) float32, both contiguous, of attention(q, k, v) by
+    ``plan`` (plan_forward's for these inputs)."""
+    _FORWARD[plan.path](plan, q, k, v, out, lse, causal, scale)
+
+
+def forward_into(q, k, v, out, lse, causal: bool, scale: float, **options) -> None:
+    """forward(plan_forward(q, k, v, causal, scale, **options), ...)."""
+    forward(plan_forward(q, k, v, causal, scale, **options), q, k, v, out, lse, causal, scale)
+
+
+def launch_forward_gluon(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
+    """Hopper's Gluon forward (gluon_kernels.py): ``consumers`` warpgroups (1 of 8 warps, or 2 or 3
+    of 4) of ``block_m`` query rows each share every K/V stage of ``block_n`` keys; ``q_buffers`` = 2
+    loads a tile's Q blocks while the previous tile runs; ``carry`` keeps the pipeline running across
+    tiles; ``q_regs`` holds each consumer's Q rows in registers for the tile."""
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    cfg = plan.config
+    block_m, block_n, consumers = cfg["block_m"], cfg["block_n"], cfg.get("consumers", 2)
+    with dispatch.on_device(q.device):
+        GLUON_FWD[plan.grid](head_operand(q, block_m), head_operand(k, block_n), head_operand(v, block_n),
+                             head_operand(out, block_m), lse, H, N, Nk, H // Hkv, scale * LOG2E, B * H,
+                             plan.sizes["head_group"], plan.schedule, CAUSAL=causal, STAGES=cfg["stages"],
+                             OVERLAP=cfg.get("overlap", True), CONSUMERS=consumers,
+                             PINGPONG=cfg.get("pingpong", False), Q_BUFFERS=cfg.get("q_buffers", 1),
+                             CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False),
+                             num_warps=8 if consumers == 1 else 4)
+
+
+def launch_forward_tl(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
+    """The tl query-block forward (kernels_tl.attn_fwd)."""
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    q, k, v = tl_addressable(q), tl_addressable(k), tl_addressable(v)
+    FWD[plan.grid](q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+                   H, N, Nk, D, H // Hkv, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d(D), **plan.config)
+
+
+def launch_decode(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
+    """The split-key kernel over the plan's key ranges (its grid's second axis), then, with more than
+    one, the merge (each range's float32 O and base-2 lse through buffers of their own)."""
+    B, Hq, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    q, k, v = tl_addressable(q), tl_addressable(k), tl_addressable(v)
+    splits = plan.grid[1]
+    merged = splits == 1
+    rows_total = B * Hq * N
+    if merged:
+        o_part = lse_part = out  # unused
+    else:
+        o_part = out.new_empty((splits, rows_total, D), dtype=torch.float32)
+        lse_part = lse.new_empty((splits, rows_total))
+    SPLIT_KEYS[plan.grid](q, k, v, out, lse, o_part, lse_part, *q.stride(), *k.stride(), *v.stride(),
+                          Hkv, N, Nk, D, Hq // Hkv, plan.sizes["keys_per_split"], scale * LOG2E,
+                          CAUSAL=causal, MERGED=merged, BLOCK_D=block_d(D), **plan.config)
+    if not merged:
+        MERGE[(rows_total,)](out, lse, o_part, lse_part, rows_total, D, splits,
+                             SPLITS=next_power_of_2(splits), BLOCK_D=block_d(D))
+
+
+def _forward_reference(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
+    o, l = attention_reference(q, k, v, causal=causal, scale=scale, compute_dtype=torch.float32)
+    out.copy_(o)
+    lse.copy_(l)
+
+
+_FORWARD = {"gluon": launch_forward_gluon, "tl": launch_forward_tl, "decode": launch_decode,
+            "reference": _forward_reference}
+
+
+# --------------------------------------------------------------------------------------------
+# backward
+
+
+def backward(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:
+    """dq, dk, dv (contiguous, the inputs' shapes) from dout, the forward's out and lse, and an
+    optional gradient of lse, by ``plan`` (plan_backward's for these inputs)."""
+    if plan.path != "reference":  # the kernels index lse and dlse as contiguous float32 (B, Hq, N) arrays
+        lse = lse.contiguous()
+        dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
+    _BACKWARD[plan.path](plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale)
+
+
+def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, **options) -> None:
+    """backward(plan_backward(dout, q, k, v, causal, scale, **options), ...)."""
+    backward(plan_backward(dout, q, k, v, causal, scale, **options), dout, q, k, v, out, lse, dlse, dq, dk, dv,
+             causal, scale)
+
+
+def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats: bool = False):
+    """The backward's preprocess, one pass over the rows (kernels_tl.attn_bwd_delta): (delta (B, H, N)
+    float32; with ``dq_sum`` a zeroed float32 (B, H, N, D) buffer for the Gluon kernel's dQ
+    reductions, else a placeholder; with ``row_stats`` the (B * H, 2, N) view of a float32 buffer
+    with rows padded to 16 bytes (what TMA reads) holding each row's lse (+inf for -inf) and delta,
+    else a placeholder)."""
+    B, H, N, D = out.shape
+    dout = tl_addressable(dout)
+    delta = torch.empty((B, H, N), dtype=torch.float32, device=out.device)
+    acc = torch.empty((B, H, N, D) if dq_sum else (1, 1, 1, D), dtype=torch.float32, device=out.device)
+    n_pad = cdiv(N, 4) * 4
+    stats = torch.empty((B * H, 2, n_pad) if row_stats else (1, 2, 4), dtype=torch.float32, device=out.device)
+    block_m = configs.PREPROCESS_BLOCK_M[dispatch.interpreted(out.device)]
+    DELTA[row_block_grid(B * H, N, block_m)](
+        out, dout, lse, dlse if dlse is not None else lse, delta, stats, acc, *out.stride(), *dout.stride(), H, N, D,
+        n_pad, HAS_DLSE=dlse is not None, ZERO_DQ_SUM=dq_sum, ROW_STATS=row_stats, BLOCK_M=block_m,
+        BLOCK_D=block_d(D))
+    return delta, acc, stats[..., :N]
+
+
+def launch_backward_gluon(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:
+    """The preprocess, the Gluon backward kernel (dK, dV, and dQ where the plan has no dQ pass: its
+    float32 sum then copied to dq), then the plan's dQ pass if any."""
+    added = plan.dq is None
+    delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=added, row_stats=True)
+    launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale)
+    if added:
+        dq.copy_(dq_sum)
+    else:
+        _DQ_PASS[plan.dq.path](plan.dq, dout, q, k, v, lse, delta, dq, causal, scale)
+
+
+def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, scale: float) -> None:
+    """The Gluon backward kernel alone (gluon_backward.py): dk, dv, and where the plan's dq_from adds
+    it in the kernel scale * dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder
+    otherwise), from the rows' lse and delta in ``stats`` (backward_preprocess's); with ``drawn``
+    each program draws its next tile from a counter as it gets to it."""
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    cfg = plan.config
+    block_m, block_n = cfg["block_m"], cfg["block_n"]
+    with dispatch.on_device(q.device):
+        GLUON_BWD[plan.grid](head_operand(q, block_m), head_operand(k, 2 * block_n), head_operand(v, 2 * block_n),
+                             head_operand(dout, block_m), head_operand(dk, block_n), head_operand(dv, block_n),
+                             row_stats_operand(stats, block_m), TmaOperand(dq_sum, dq_box(block_m, D, cfg["dq_from"])),
+                             H, N, Nk, H // Hkv, scale, scale * LOG2E, B * Hkv, plan.sizes["head_group"],
+                             plan.schedule, tile_counter(q.device) if cfg.get("drawn") else None, CAUSAL=causal,
+                             STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
+                             KV_REGS=cfg.get("kv_regs", False), num_warps=4)
+
+
+def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float) -> None:
+    """dq (contiguous, q's shape) by gluon_dq.py's kernel: tiles of 2 block_m query rows, block_n
+    keys a step."""
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    block_m, block_n = plan.config["block_m"], plan.config["block_n"]
+    with dispatch.on_device(q.device):
+        GLUON_DQ[plan.grid](head_operand(q, 2 * block_m), head_operand(k, block_n), head_operand(v, block_n),
+                            head_operand(dout, 2 * block_m), head_operand(dq, block_m), head_operand(q, 2 * block_m),
+                            lse, delta, H, N, Nk, H // Hkv, scale, scale * LOG2E, B * H, plan.sizes["head_group"],
+                            plan.schedule, CAUSAL=causal, STAGES=plan.config["stages"], num_warps=4)
+
+
+def launch_backward_tl(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:
+    """The preprocess, the tl dk/dv kernel (a program per kv head's key block), then the tl dq pass."""
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    q, k, v, dout = tl_addressable(q), tl_addressable(k), tl_addressable(v), tl_addressable(dout)
+    delta, _, _ = backward_preprocess(out, dout, lse, dlse)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
+    DKDV[plan.grid](q, k, v, dout, lse, delta, dk, dv, *strides, *dk.stride(), H, Hkv, N, Nk, D, H // Hkv,
+                    scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d(D), **plan.config)
+    launch_dq_tl(plan.dq, dout, q, k, v, lse, delta, dq, causal, scale)
+
+
+def launch_dq_tl(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float) -> None:
+    """The tl dq kernel: one program per (batch * q head, query block), looping over the keys."""
+    q, k, v, dout = tl_addressable(q), tl_addressable(k), tl_addressable(v), tl_addressable(dout)
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    DQ[plan.grid](q, k, v, dout, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(),
+                  H, N, Nk, D, H // Hkv, scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d(D), **plan.config)
+
+
+def _backward_reference(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:
+    gq, gk, gv = attention_backward_reference(dout, q, k, v, out, lse, dlse, causal=causal, scale=scale)
+    dq.copy_(gq)
+    dk.copy_(gk)
+    dv.copy_(gv)
+
+
+_BACKWARD = {"gluon": launch_backward_gluon, "tl": launch_backward_tl, "reference": _backward_reference}
+_DQ_PASS = {"gluon": launch_dq_gluon, "tl": launch_dq_tl}
+
+
+# --------------------------------------------------------------------------------------------
+# the Gluon kernels' TMA operands
+
+
+def head_operand(t, rows: int) -> TmaOperand:
+    """A 4-D (B, heads, sequence, D) tensor as a TMA operand with boxes of ``rows`` rows of one head:
+    a block never crosses into the next head (rows past the sequence arrive as 0)."""
+    return TmaOperand(t, [1, 1, rows, t.shape[-1]])
+
+
+def row_stats_operand(stats, block_m: int) -> TmaOperand:
+    """backward_preprocess's row statistics as a TMA operand: boxes of (lse, delta) of block_m rows,
+    unswizzled (the kernel reads them as S^T's columns; rows past N arrive as zeros)."""
+    return TmaOperand(stats, [1, 2, block_m], layout=_unswizzled_layout(3))
+
+
+@functools.lru_cache(maxsize=None)
+def _unswizzled_layout(rank: int):
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=rank)
+
+
+def dq_box(block_m: int, d: int, dq_from: str = "fused") -> list[int]:
+    """The TMA box of one dQ reduction: a step's rows, half the columns (each consumer's half; 128-
+    byte rows at D = 64), or with dq_from "warpgroup" 32 columns (the dQ warpgroup's piece)."""
+    return [1, 1, block_m, 32 if dq_from == "warpgroup" else d // 2]

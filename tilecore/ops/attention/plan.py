@@ -1,0 +1,281 @@
+"""Which kernels serve an attention call, with what configuration, grid and tile order: a Plan, made
+in one place from the inputs, configs.py's tables and tilecore.dispatch's answers about the device
+(launch.py runs it).
+
+The forward's paths, the first that fits: "reference" (PyTorch: CPU tensors without Triton's
+interpreter); "decode", the split-key kernels, for few queries a sequence (decode_fits; any device);
+"gluon", Hopper's persistent kernel (gluon_kernels.py) at head dim 64 or 128 with a positive scale
+and operands TMA can describe; else "tl", the portable kernels (kernels_tl.py). The backward's:
+"reference"; "gluon" (gluon_backward.py, then dQ by its own pass where the kernel does not add it)
+where the Gluon forward fits, dO is TMA-describable and a tile's steps stay below 2^24; else "tl".
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+import triton
+
+from tilecore import dispatch
+from tilecore.ops.attention import configs
+from tilecore.ops.attention.kernels_tl import row_block_grid
+from tilecore.tiles.launch import cdiv, next_power_of_2, tma_describable
+from tilecore.tiles.schedule import balanced_schedule, dealt_schedule
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One pass: ``path`` ("gluon", "tl", "decode" or "reference"), the kernel's ``config``
+    (configs.py's keys), its ``grid``, the tile ``schedule`` of a causal persistent launch (None:
+    round-robin), the ``sizes`` planning derived (head_group: heads whose shared operands stay in
+    L2 together; keys_per_split: the split-key kernel's), and ``dq``, the backward's dQ pass where
+    its first kernel does not add dQ."""
+    path: str
+    config: dict = field(default_factory=dict)
+    grid: tuple = ()
+    schedule: torch.Tensor | None = None
+    sizes: dict = field(default_factory=dict)
+    dq: Plan | None = None
+
+
+def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None, config: dict | None = None,
+                 splits: int | None = None) -> Plan:
+    """The forward's plan. ``path`` forces a path (no fit check: tests, probes and reports),
+    ``config`` replaces its configuration, ``splits`` (decode) the number of key ranges."""
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    interpret = dispatch.interpreted(q.device)
+    if path is None:
+        path = ("reference" if dispatch.backend_for(q.device) == "reference" else
+                "decode" if decode_fits(q, k) else
+                "gluon" if (D in configs.GLUON_FORWARD and scale > 0 and dispatch.is_hopper(q.device)
+                            and tma_describable(q) and tma_describable(k) and tma_describable(v)) else
+                "tl")
+    if path == "reference":
+        return Plan("reference")
+    if path == "decode":
+        return _decode_plan(q, k, config or configs.decode_config(D, interpret), splits)
+    if path == "gluon":
+        cfg = dict(config or configs.gluon_forward_config(D, N, Nk, causal))
+        if cfg.get("carry") and (cfg.get("q_regs") or cfg.get("consumers") == 3):
+            # three carried consumers hit an illegal memory access on the H100 (N = 1, Nk = 17, causal)
+            raise ValueError(f"the carried pipeline takes one or two consumers and Q in shared memory; got {cfg}")
+        grid, head_group, schedule = query_tiling(q, k, cfg["block_m"] * cfg.get("consumers", 2), cfg["block_n"],
+                                                  causal, cfg.get("balanced", True))
+        return Plan("gluon", cfg, grid, schedule, dict(head_group=head_group))
+    cfg = config or configs.forward_config(D, interpret)
+    return Plan("tl", cfg, row_block_grid(B * H, N, cfg["BLOCK_M"]))
+
+
+def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None = None,
+                  config: dict | None = None) -> Plan:
+    """The backward's plan (dout: the output's gradient). ``path`` forces a path (no fit check),
+    ``config`` replaces its configuration. A dQ added in the Gluon kernel sums float32 TMA reductions
+    in no fixed order, so with torch.use_deterministic_algorithms(True) dQ comes from the Gluon dq
+    kernel instead (each row summed in registers in a fixed order: bitwise reproducible)."""
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    interpret = dispatch.interpreted(q.device)
+    if path is None:
+        path = ("reference" if dispatch.backend_for(q.device) == "reference" else
+                "gluon" if ((D, False) in configs.GLUON_BACKWARD and scale > 0 and dispatch.is_hopper(q.device)
+                            and steps_exact(H // Hkv, N, 64)  # 64: the least block_m
+                            and tma_describable(q) and tma_describable(k) and tma_describable(v)
+                            and tma_describable(dout)) else
+                "tl")
+    if path == "reference":
+        return Plan("reference")
+    if path == "tl":
+        cfg = config or configs.backward_config(D, interpret)
+        return Plan("tl", cfg, (B * Hkv, cdiv(Nk, cfg["BLOCK_N"])),
+                    dq=Plan("tl", cfg, row_block_grid(B * H, N, cfg["BLOCK_M"])))
+    cfg = dict(config or configs.gluon_backward_config(D, N, causal))
+    if cfg["dq_from"] not in configs.DQ_MODES:
+        raise ValueError(f"dq_from is one of {', '.join(configs.DQ_MODES)}; got {cfg['dq_from']!r}")
+    if torch.are_deterministic_algorithms_enabled() and configs.DQ_MODES[cfg["dq_from"]] > 0:
+        cfg.update(dq_from="gluon", kv_regs=False)
+    block_m, block_n, dq_from = cfg["block_m"], cfg["block_n"], cfg["dq_from"]
+    if dq_from == "warpgroup" and D != 64:
+        raise ValueError(f"dq_from 'warpgroup' fits head dim 64 (registers); got {D}")
+    if cfg.get("kv_regs") and configs.DQ_MODES[dq_from] == 0:
+        # alone, with K and V in registers, the kernel gave wrong dK and dV on the H100: ptxas reused
+        # some of V's registers in its loop (notes/attention, session 14; report's register_operands_clobbered)
+        raise ValueError("kv_regs takes a dQ added in the kernel: dq_from 'fused', 'lagged' or 'warpgroup'")
+    if not steps_exact(H // Hkv, N, block_m):
+        raise ValueError(f"the Gluon backward takes (Hq / Hkv) * N / {block_m} < 2^24 steps a tile; got "
+                         f"{H // Hkv} q heads a kv head and N = {N}")
+    grid = (min(cdiv(Nk, 2 * block_n) * B * Hkv, dispatch.num_sms(q.device)),)
+    # kv heads kept together in L2 as if each had one q head: a kv head's tiles walk the query
+    # blocks together, so they share a few blocks of the group's rows at a time
+    head_group = heads_in_l2(2 * N * D * q.element_size())
+    schedule = None
+    if causal and cfg.get("balanced", True) and not cfg.get("drawn", False):
+        if H == Hkv:
+            schedule = causal_schedule(q.device, "backward", N, Nk, block_m, 2 * block_n, B * Hkv, head_group, 1,
+                                       grid[0])
+        else:  # grouped heads: key blocks in pairs
+            schedule = causal_schedule(q.device, cdiv(Nk, 2 * block_n), B * Hkv, head_group, grid[0],
+                                       build=paired_table)
+    dq = None
+    if dq_from == "gluon":
+        dq_cfg = configs.GLUON_DQ[D]
+        dq_grid, dq_group, dq_schedule = query_tiling(q, k, 2 * dq_cfg["block_m"], dq_cfg["block_n"], causal,
+                                                      cfg.get("balanced", True))
+        dq = Plan("gluon", dq_cfg, dq_grid, dq_schedule, dict(head_group=dq_group))
+    elif dq_from == "tl":
+        tl_cfg = configs.backward_config(D, interpret)
+        dq = Plan("tl", tl_cfg, row_block_grid(B * H, N, tl_cfg["BLOCK_M"]))
+    return Plan("gluon", cfg, grid, schedule, dict(head_group=head_group), dq=dq)
+
+
+def steps_exact(group: int, n: int, block_m: int) -> bool:
+    """Whether the Gluon backward's tile steps (group * n / block_m of them) stay below 2^24, where
+    the kernel's float32 division of a step's index by the group size is exact (_step_rows)."""
+    return group * cdiv(n, block_m) < 2**24
+
+
+# --------------------------------------------------------------------------------------------
+# decode: few queries a sequence, the keys split into ranges
+
+
+def decode_fits(q, k) -> bool:
+    """Whether the split-key path serves these inputs (few queries a sequence; any device)."""
+    b, hq, n = q.shape[:3]
+    group = hq // k.shape[1]
+    few_query_tiles = n <= configs.DECODE_FEW_TILES_MAX_QUERIES and b * hq * cdiv(n, 128) <= configs.DECODE_FEW_QUERY_TILES
+    return (n <= configs.DECODE_MAX_QUERIES or few_query_tiles
+            or (n <= configs.DECODE_MAX_PACKED_QUERIES and n * group <= configs.DECODE_MAX_PACKED_ROWS))
+
+
+def _decode_plan(q, k, cfg: dict, splits: int | None) -> Plan:
+    B, Hq, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    block_n = cfg["BLOCK_N"]
+    block_m = tile_rows(N, Hq // Hkv)
+    row_blocks = cdiv(N * (Hq // Hkv), block_m)
+    if splits is None:
+        sms = configs.INTERPRETER_SMS if dispatch.interpreted(q.device) else dispatch.num_sms(q.device)
+        programs = configs.DECODE_PROGRAMS_PER_SM * sms
+        splits = decode_splits(B * Hkv * row_blocks, Nk, block_n, programs, configs.DECODE_MIN_SPLIT_KEYS)
+    elif not 1 <= splits <= configs.DECODE_MAX_SPLITS:
+        raise ValueError(f"attention decode: splits must be from 1 to {configs.DECODE_MAX_SPLITS}, got {splits}")
+    splits, keys_per_split = key_ranges(Nk, splits, block_n)
+    return Plan("decode", dict(cfg, BLOCK_M=block_m), (B * Hkv, splits, row_blocks),
+                sizes=dict(keys_per_split=keys_per_split))
+
+
+def tile_rows(queries: int, group: int) -> int:
+    """BLOCK_M of the split-key kernel: a kv head's packed rows (queries x group), as a power of
+    two from 16 (tl.dot's smallest) to DECODE_MAX_ROWS."""
+    return max(16, min(configs.DECODE_MAX_ROWS, next_power_of_2(queries * group)))
+
+
+def key_ranges(nk: int, splits: int, block_n: int) -> tuple[int, int]:
+    """(ranges, keys in each) of ``nk`` keys cut into at most ``splits`` ranges of whole blocks of
+    ``block_n`` keys (at least one range, if empty: no key at all)."""
+    keys_per_split = cdiv(cdiv(max(nk, 1), max(splits, 1)), block_n) * block_n
+    return max(1, cdiv(nk, keys_per_split)), keys_per_split
+
+
+def decode_splits(tiles: int, nk: int, block_n: int, programs: int, min_keys: int) -> int:
+    """How many key ranges to split ``nk`` keys into, for ``tiles`` tiles (batch x kv head x row
+    blocks): as many as keep the launch within ``programs`` programs (at least one), none with fewer
+    than ``min_keys`` keys (or one block of ``block_n``), at most DECODE_MAX_SPLITS."""
+    most = min(configs.DECODE_MAX_SPLITS, cdiv(max(nk, 1), max(min_keys, block_n)))
+    return key_ranges(nk, min(most, max(1, programs // tiles)), block_n)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# the persistent Gluon kernels' tile order
+
+
+def heads_in_l2(bytes_per_head: int) -> int:
+    """How many heads' shared operands (``bytes_per_head`` each) the persistent tile order keeps
+    together: within configs.L2_GROUP_BYTES, 1 to 16."""
+    return max(1, min(16, configs.L2_GROUP_BYTES // bytes_per_head))
+
+
+def query_tiling(q, k, tile_rows: int, block_n: int, causal: bool, balanced: bool):
+    """(grid, head_group, schedule) of a persistent launch over tiles of ``tile_rows`` query rows of
+    one (batch, head) in the forward's order (its K and V blocks of ``block_n`` keys streamed): the
+    Gluon forward's and the Gluon dq kernel's."""
+    B, H, N, D = q.shape
+    Nk = k.shape[2]
+    grid = (min(cdiv(N, tile_rows) * B * H, dispatch.num_sms(q.device)),)
+    head_group = heads_in_l2(2 * Nk * D * q.element_size())  # their K and V stay in L2 together
+    schedule = None
+    if causal and balanced:
+        schedule = causal_schedule(q.device, "forward", N, Nk, tile_rows, block_n, B * H, head_group, 1, grid[0])
+    return grid, head_group, schedule
+
+
+def head_grouped_tiles(tiles: int, blocks: int, num_heads: int, head_group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(head, block) of every tile id in ``schedule.head_grouped_tile``'s order (its host twin)."""
+    tile_id = torch.arange(tiles)
+    per_group = head_group * blocks
+    first = (tile_id // per_group) * head_group
+    heads = torch.clamp(num_heads - first, max=head_group)
+    local = tile_id % per_group
+    return first + local % heads, local // heads
+
+
+@functools.lru_cache(maxsize=64)
+def balanced_table(kind: str, N: int, Nk: int, block_m: int, block_n: int, num_bh: int, head_group: int,
+                   steps_per_block: int, programs: int) -> torch.Tensor | None:
+    """The balanced schedule of a causal Gluon launch (cost: its steps + TILE_OVERHEAD_STEPS).
+    ``kind`` "forward": tiles of ``block_m`` query rows (query blocks from the last), each a step per
+    ``block_n`` keys up to its diagonal; "backward": tiles of ``block_n`` keys, a step per
+    ``block_m`` query rows that see them, ``steps_per_block`` times (the q heads of a kv head)."""
+    if kind == "forward":
+        m_blocks = triton.cdiv(N, block_m)
+        mb = head_grouped_tiles(m_blocks * num_bh, m_blocks, num_bh, head_group)[1]
+        start = torch.clamp(N - (mb + 1) * block_m, min=0)  # blocks count from the last row (gluon_kernels._setup)
+        last_key = torch.clamp(start + block_m + Nk - N, min=0, max=Nk)
+        steps = torch.clamp(triton.cdiv(last_key, block_n), min=1)
+    else:
+        n_blocks = triton.cdiv(Nk, block_n)
+        kb = head_grouped_tiles(n_blocks * num_bh, n_blocks, num_bh, head_group)[1]
+        first_mb = torch.clamp(kb * block_n - (Nk - N), min=0) // block_m
+        steps = torch.clamp(triton.cdiv(N, block_m) - first_mb, min=0) * steps_per_block
+    return balanced_schedule(steps + configs.TILE_OVERHEAD_STEPS, programs)
+
+
+@functools.lru_cache(maxsize=64)
+def paired_table(n_blocks: int, num_bhk: int, head_group: int, programs: int) -> torch.Tensor:
+    """The causal backward's schedule with grouped heads: each program runs key block j of a kv head
+    and then its key block n_blocks - 1 - j (the tile ids of head_grouped_tile's order), pairs dealt
+    round-robin in that order. A pair sees as many query blocks as any other, so the programs stay in
+    step, and the kernel's walk (_step_rows: the first key block of a pair from the last query block
+    down, the second from its first up) keeps every tile of a kv head at the same query block:
+    between them they use a few blocks of the group's rows, which L2 keeps."""
+    tiles = n_blocks * num_bhk
+    bhk, kb = (x.tolist() for x in head_grouped_tiles(tiles, n_blocks, num_bhk, head_group))
+    tile_of = {(h, b): t for t, (h, b) in enumerate(zip(bhk, kb))}
+    units = []
+    for t in range(tiles):  # in tile order; a pair starts at its first key block
+        h, b = bhk[t], kb[t]
+        if 2 * b < n_blocks - 1:
+            units.append([t, tile_of[h, n_blocks - 1 - b]])
+        elif 2 * b == n_blocks - 1:
+            units.append([t])
+    return dealt_schedule(units, programs)
+
+
+# (device, builder, table's key) -> the table on the device, or None for round-robin. Never evicted:
+# a CUDA graph captured with a table reads it at every replay (4 bytes a tile: 33 KB at N = 4096).
+_DEVICE_TABLES: dict = {}
+
+
+def causal_schedule(device: torch.device, *key, build=balanced_table) -> torch.Tensor | None:
+    """``build(*key)`` (a balanced table by default, or paired_table's) on ``device``, or None
+    (round-robin): where round-robin is as even, or while a CUDA graph is being captured before this
+    shape ran once (a copy to the GPU cannot be captured; the round-robin launch is as correct, if
+    slower). Made once per device, builder and shape."""
+    cache_key = (device, build, key)
+    if cache_key not in _DEVICE_TABLES:
+        if dispatch.capturing(device):
+            return None
+        table = build(*key)
+        _DEVICE_TABLES[cache_key] = None if table is None else table.to(device)
+    return _DEVICE_TABLES[cache_key]
