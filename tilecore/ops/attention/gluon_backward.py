@@ -14,7 +14,7 @@ consumer c, with keys K_c and values V_c:
 
 With DQ > 0 both consumers also write dS^T to shared memory (a double buffer, two mbarriers:
 both halves written; both readers done) and each computes half of dQ's columns (of the step itself,
-or of the previous step to overlap it: see ``_compute``),
+or of the previous step: see ``_compute``),
 
     dQ[:, half c] += scale * dS K[:, half c]  wgmma of dS from shared memory (a transposed view),
 
@@ -24,9 +24,8 @@ scheme). With DQ = 0 a separate kernel computes dQ (seven matmuls in all).
 The step's rows' lse and delta arrive with its Q and dO, by TMA into the stage's side buffer (the
 template's ``z_desc``), from a (B * H, 2, N) view of a row-padded buffer that the preprocess writes
 (lse with -inf made +inf, so that a row with no key gets p = 0, and delta): read from shared memory
-straight into S^T's columns. (Loaded by pointer and spread over the columns through a layout
-conversion, they cost three partition barriers a step: removing them ran D = 128 7-9% faster on
-the H100, notes/attention/README.md, session 14.)
+straight into S^T's columns (loaded by pointer they cost three partition barriers a step:
+notes/attention, session 14).
 
 Masks: keys past Nk (only the last key block) and, when causal, keys after a query's diagonal
 (only blocks crossing it). Query rows past N arrive as zeros, Q, dO, lse and delta alike: their p
@@ -35,7 +34,7 @@ is exp(0) = 1 but meets zero dO and zero dP, so they add nothing. Rows with no k
 
 ``g``   = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP, scale,
            scale_log2e, B * Hkv, kv heads per tile group, ds_smem, ds_full, ds_free, dq_staging)
-``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, DQ, KV_REGS[, consumer index]) (the query split: no KV_REGS)
+``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, DQ, KV_REGS[, consumer index])
 """
 from __future__ import annotations
 
@@ -44,8 +43,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from tilecore.tiles.gluon import (head_grouped_tile, mask_scores, needs_mask, persistent_pipeline, split_n,
-                                  tma_reduce_add, wgmma_layout)
+from tilecore.tiles.gluon import (head_grouped_tile, mask_scores, needs_mask, persistent_pipeline, tma_reduce_add,
+                                  wgmma_layout)
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
@@ -95,7 +94,7 @@ def _setup(g, cfg: gl.constexpr, tile_id):
     hk = bhk  # unused with one q head a kv head: _tile_kv_head divides where used
     if g[11] != 1:
         b, hk = _kv_head(g, bhk)
-    # with grouped heads, causal: the later key block of a pair (kernels._paired_table) walks up
+    # with grouped heads, causal: the later key block of a pair (plan.paired_table) walks up
     upward = cfg[0] and 2 * key_block > n_blocks - 1
     return ((start_n, bhk, first_mb, per_head, shift, b, hk, key_block % g[11], 1.0 / g[11], upward),
             per_head * g[11])
@@ -112,15 +111,12 @@ def _step_rows(g, cfg: gl.constexpr, tile, kk):
     Grouped heads: every tile walks the query blocks from the last down, and at each block the
     group's q heads (starting at the key block's index, wrapping around). The tiles of a kv head,
     running at the same time, are then at the same query block: between them they use the group's
-    rows of a few blocks, which L2 keeps while every tile reads them. Causal, a program runs key
-    blocks in pairs, a heavy one and then a light one (kernels._paired_table): the light one walks
-    up from its diagonal, so that the second walks of a kv head's programs also meet (at block
-    t - 2 when the first walks are at n - 1 - t). With the walk above (each tile its own block,
-    whichever head) they used every row of the group at once, 4 to 16 times the L2 working set of
-    one head, and the backward ran at 0.58-0.76x cuDNN on the H100 (notes/attention/README.md, session
-    20). kk // G comes from a float32 reciprocal with one correction each way, exact for kk < 2^24
-    (the launcher checks it): an integer division by a runtime value is ~25 instructions, and three
-    a step cost D = 64 causal 10% (session 14)."""
+    rows of a few blocks, which L2 keeps while every tile reads them (notes/attention, session 20).
+    Causal, a program runs key blocks in pairs, a heavy one and then a light one (plan.paired_table):
+    the light one walks up from its diagonal, so that the second walks of a kv head's programs also
+    meet (at block t - 2 when the first walks are at n - 1 - t). kk // G comes from a float32
+    reciprocal with one correction each way, exact for kk < 2^24 (plan.steps_exact): an integer
+    division by a runtime value is ~25 instructions (session 14)."""
     b, hk = _tile_kv_head(g, tile)
     per_head = tile[3]
     if g[11] == 1:
@@ -158,15 +154,13 @@ def _load_kv(g, cfg: gl.constexpr, kv_smem, bar, tile):
 
 
 @gluon.jit
-def _stat_columns(stats_smem, which: gl.constexpr, st_layout: gl.constexpr, first: gl.constexpr = 0,
-                  ROWS: gl.constexpr = 0):
-    """Row statistic ``which`` (0: lse, 1: delta) of the step's rows first .. first + ROWS - 1 (0:
-    all), from the stage's side buffer, as the columns of S^T (in ``st_layout``)."""
+def _stat_columns(stats_smem, which: gl.constexpr, st_layout: gl.constexpr):
+    """Row statistic ``which`` (0: lse, 1: delta) of the step's rows, from the stage's side buffer,
+    as the columns of S^T (in ``st_layout``)."""
     BM: gl.constexpr = stats_smem.shape[2]
-    COUNT: gl.constexpr = BM if ROWS == 0 else ROWS
     # the unswizzled TMA box is row-major (lse's BM rows, then delta's): the same bytes as a flat vector
     flat = stats_smem._reinterpret(gl.float32, [2 * BM], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    return flat.slice(which * BM + first, COUNT).load(gl.SliceLayout(0, st_layout))
+    return flat.slice(which * BM, BM).load(gl.SliceLayout(0, st_layout))
 
 
 @gluon.jit
@@ -249,22 +243,15 @@ def _add_dq(g, cfg: gl.constexpr, tile, kk, dq):
 @gluon.jit
 def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
     """One step; where dQ comes from is cfg[4]:
-    0: not here (the tl dq kernel);
+    0: not here (a dq kernel after this one);
     1 (fused): this step's dQ, once both consumers wrote their dS, then added;
-    2 (overlapped): the previous step's dQ, issued with this step's S and dP so that it runs under
-       the softmax; the two consumers may drift a step apart. A tile's first step multiplies a
-       stale buffer (never added) and its last step also takes its own dQ.
-    3 (lagged): the previous step's dQ as in 2, but issued with this step's dV and dK, after the
-       softmax, when S^T and dP^T no longer hold registers (D = 128 has none to spare for 2): no
-       consumer waits for the other's dS of the same step, and dQ is staged and added under dV
-       and dK. At D = 128 without a mask 0-5% faster than 1 on the H100, with the mask 1-3%
-       slower, at D = 64 4-13% slower than 2 (notes/attention/README.md, session 15; session 5's b5 had
-       found it slower everywhere, before the stats came by TMA).
-    4 (warpgroup): not in the consumers: they write dS^T as for 1-3 and go on; a warpgroup of its own
-       (the template's helper: ``_dq_issue``, ``_dq_finish``) computes and adds each step's dQ.
-    (Each consumer adding its own partial dQ over its own keys, with no dS exchange and twice the
-    reductions, measured equal or slower: notes/attention/README.md, b8. One consumer computing a step's
-    whole dQ, the two taking turns, saved a fifth of D = 64's dQ traffic but lost to 2: session 15.)"""
+    3 (lagged): the previous step's dQ, issued with this step's dV and dK, after the softmax, when
+       S^T and dP^T no longer hold registers: no consumer waits for the other's dS of the same
+       step, and dQ is staged and added under dV and dK. A tile's first step multiplies a stale
+       buffer (never added) and its last step also takes its own dQ (notes/attention, session 15);
+    4 (warpgroup): not in the consumers: they write dS^T as for 1 and 3 and go on; a warpgroup of its
+       own (the template's helper: ``_dq_issue``, ``_dq_finish``) computes and adds each step's dQ.
+    (The dQ schemes tried and dropped are in notes/attention's decision log.)"""
     BM: gl.constexpr = cfg[1]
     BN: gl.constexpr = cfg[2]
     D: gl.constexpr = cfg[3]
@@ -288,21 +275,12 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
     zeros = gl.zeros([BN, BM], gl.float32, st_layout)
     s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
     dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
-    if MODE == 2:
-        dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)
     lse_cols = _stat_columns(stats_smem, 0, st_layout)
-    if MODE == 2:
-        s_t, dp_t = warpgroup_mma_wait(1, deps=(s_tok, dp_tok))  # dQ may still run
-    else:
-        s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+    s_t = warpgroup_mma_wait(1, deps=(s_tok,))
     p_t = _probabilities(g, cfg, s_t, lse_cols, start_n, start_m)
     delta_cols = _stat_columns(stats_smem, 1, st_layout)
-    if MODE != 2:
-        dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
+    dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
     ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-    if MODE == 2:
-        dq = warpgroup_mma_wait(0, deps=(dq_tok,))
-        mbarrier.arrive(g[18].index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
     # both register operands are written with no wgmma running: ptxas serializes every wgmma of a
     # kernel that writes a wgmma's input registers while another runs (its warning C7513)
     ds_t = ds_t.to(q_smem.dtype)
@@ -325,18 +303,16 @@ def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
         dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
     elif MODE == 1:
         # dK is issued after dQ so that dQ's staging and reduction run under it (wgmma groups
-        # complete in order): D = 128 ran 1-5% faster so on the H100 (session 14; the query split's
-        # dQ staged under its dV and dK ran 0-1.5% slower)
+        # complete in order): D128 +1-5% (notes/attention, session 14)
         dq_tok = _issue_dq(g, cfg, kv_smem, i)
         dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
         dq, dv = warpgroup_mma_wait(1, deps=(dq_tok, dv_tok))
         mbarrier.arrive(g[18].index(i % 2))
         _add_dq(g, cfg, tile, kk, dq)
         dk = warpgroup_mma_wait(0, deps=(dk_tok,))
-    else:
-        if MODE == 3:
-            dq = warpgroup_mma_wait(2, deps=(dq_tok,))  # dV and dK still run
-            mbarrier.arrive(g[18].index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
+    else:  # 3 (lagged)
+        dq = warpgroup_mma_wait(2, deps=(dq_tok,))  # dV and dK still run
+        mbarrier.arrive(g[18].index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
         if kk > 0:
             _add_dq(g, cfg, tile, kk - 1, dq)  # while this step's dV and dK run
         if kk == tile[3] * g[11] - 1:  # the tile's last step: its own dQ now
@@ -401,149 +377,6 @@ def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
         tma.async_copy_shared_to_global(g[5 - which], [b, hk, start_n, 0], out_smem)
 
 
-# The query split (FlashAttention-3's layout at D = 64): a step of BM queries, consumer c owns
-# queries [c BM/2, (c + 1) BM/2) of it for S, dP and dQ, and keys [c BN, (c + 1) BN) of the tile for
-# dK and dV. P^T and dS^T pass through shared memory, where each consumer writes its queries' columns
-# and reads its keys' rows:
-#
-#     S^T_c  = K Q_c^T,  dP^T_c = V dO_c^T          [2 BN keys, BM/2 queries], by halves of the keys
-#     dV_c  += P^T[keys c, :] dO,  dK_c += dS^T[keys c, :] Q    all queries of the step (K = BM)
-#     dQ_c   = scale * dS[queries c, :] K                       all keys of the tile (K = 2 BN)
-#
-# With BM = 128 every product is m64 n64 with K of 64 or 128, where the key split's dQ is m64 n32
-# (each consumer half of dQ's columns) and its step half as long; the consumers meet once a step, as
-# with "fused". On the H100 at D = 64 it ran 0.87-0.98x cuDNN against the key split's 0.80-0.91x
-# without a causal mask (notes/attention/README.md, session 12), until the key split held K and V in
-# registers (session 14): no launcher config takes it now (kernels.QUERY_SPLIT_D64, for the probes).
-# ``g`` gains (p_smem, ds_smem, ds_full, ds_free, dq_staging) at 16..20 (ds_smem at 17, not 16).
-
-
-@gluon.jit
-def _init_split(g, cfg: gl.constexpr, tile, kv_smem):
-    BN: gl.constexpr = cfg[2]
-    D: gl.constexpr = cfg[3]
-    acc_layout: gl.constexpr = wgmma_layout(BN, D, gl.num_warps())
-    dk = gl.zeros([BN, D], gl.float32, acc_layout)
-    dv = gl.zeros([BN, D], gl.float32, acc_layout)
-    return dk, dv, tile
-
-
-@gluon.jit
-def _add_dq_split(g, cfg: gl.constexpr, tile, kk, dq):
-    """Add scale * dq (this consumer's BM/2 rows of step kk, every column) to the float32 dQ: through
-    this consumer's two staging buffers (the column halves, 128-byte rows), two TMA reductions."""
-    HM: gl.constexpr = cfg[1] // 2
-    DH: gl.constexpr = cfg[3] // 2
-    c: gl.constexpr = cfg[-1]
-    b, hk = _tile_kv_head(g, tile)
-    h, start_m = _step_rows(g, cfg, tile, kk)
-    lo, hi = split_n(dq * g[12])
-    tma.store_wait(0)  # the previous reductions have read the buffers
-    g[20].index(2 * c).reshape([HM, DH]).store(lo)
-    g[20].index(2 * c + 1).reshape([HM, DH]).store(hi)
-    fence_async_shared()
-    gl.thread_barrier()
-    for j in gl.static_range(2):
-        tma_reduce_add(g[7], [b, h, start_m + c * HM, j * DH], g[20].index(2 * c + j))
-
-
-@gluon.jit
-def _half_grads(g, cfg: gl.constexpr, s_tok, dp_tok, stats_smem, start_n, start_q):
-    """P^T and dS^T of one half of the tile's keys (from start_n) and this consumer's queries (from
-    start_q), from its S^T and dP^T wgmma (S^T's waited for first: the exponentials run under dP^T)."""
-    HM: gl.constexpr = cfg[1] // 2
-    st_layout: gl.constexpr = wgmma_layout(cfg[2], HM, gl.num_warps())
-    lse_cols = _stat_columns(stats_smem, 0, st_layout, cfg[-1] * HM, HM)
-    s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-    p_t = _probabilities(g, cfg, s_t, lse_cols, start_n, start_q)
-    delta_cols = _stat_columns(stats_smem, 1, st_layout, cfg[-1] * HM, HM)
-    dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
-    return p_t, p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-
-
-@gluon.jit
-def _compute_split(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
-    """One step of the query split (see above). The tile's keys go by halves, one after the other
-    (S^T and dP^T of all 2 BN keys at once, 64 registers each, spilled 460-630 bytes and ran 8-14%
-    slower on the H100), then the products once both consumers wrote theirs. The shared P^T and dS^T
-    are single buffers: a consumer writes step i's once both finished step i - 1's products. (A
-    "crossed" order, the other consumer's half of the keys first and the products over its queries
-    run under one's own half, spilled 300-460 bytes and ran 1-7% slower: notes/attention/README.md.)"""
-    BM: gl.constexpr = cfg[1]
-    BN: gl.constexpr = cfg[2]
-    D: gl.constexpr = cfg[3]
-    c: gl.constexpr = cfg[-1]
-    HM: gl.constexpr = BM // 2
-    q_smem, stats_smem = q_bufs
-    dk, dv, tile = state
-    h, start_m = _step_rows(g, cfg, tile, kk)
-    q = q_smem.reshape([BM, D])
-    do = do_smem.reshape([BM, D])
-    k = kv_smem.index(0).reshape([2 * BN, D])
-    v = kv_smem.index(1).reshape([2 * BN, D])
-    p_smem = g[16]
-    ds_smem = g[17]
-    start_q = start_m + c * HM
-
-    q_t = q.slice(c * HM, HM).permute((1, 0))
-    do_t = do.slice(c * HM, HM).permute((1, 0))
-    zeros = gl.zeros([BN, HM], gl.float32, wgmma_layout(BN, HM, gl.num_warps()))
-    for half in gl.static_range(2):
-        s_tok = warpgroup_mma(k.slice(half * BN, BN), q_t, zeros, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(v.slice(half * BN, BN), do_t, zeros, use_acc=False, is_async=True)
-        p_t, ds_t = _half_grads(g, cfg, s_tok, dp_tok, stats_smem, tile[0] + half * BN, start_q)
-        if half == 0:
-            mbarrier.wait(g[19].index(0), (i & 1) ^ 1)  # both are done with step i - 1's P^T, dS^T
-        p_smem.index(c).slice(half * BN, BN).store(p_t.to(q_smem.dtype))
-        ds_smem.index(c).slice(half * BN, BN).store(ds_t.to(q_smem.dtype))
-    fence_async_shared()
-    mbarrier.arrive(g[18].index(0))
-    mbarrier.wait(g[18].index(0), i & 1)  # both halves written
-    dq_tok = warpgroup_mma(ds_smem.index(c).permute((1, 0)), k,
-                           gl.zeros([HM, D], gl.float32, wgmma_layout(HM, D, gl.num_warps())), use_acc=False,
-                           is_async=True)
-    dv_tok = warpgroup_mma(p_smem.index(0).slice(c * BN, BN), do.slice(0, HM), dv, is_async=True)
-    dv_tok = warpgroup_mma(p_smem.index(1).slice(c * BN, BN), do.slice(HM, HM), dv_tok, is_async=True)
-    dk_tok = warpgroup_mma(ds_smem.index(0).slice(c * BN, BN), q.slice(0, HM), dk, is_async=True)
-    dk_tok = warpgroup_mma(ds_smem.index(1).slice(c * BN, BN), q.slice(HM, HM), dk_tok, is_async=True)
-    dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
-    mbarrier.arrive(g[19].index(0))
-    _add_dq_split(g, cfg, tile, kk, dq)
-    return dk, dv, tile
-
-
-@gluon.jit
-def attention_bwd_split_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk,
-                               GROUP, scale, scale_log2e, num_bhk, head_group, schedule, CAUSAL: gl.constexpr,
-                               STAGES: gl.constexpr):
-    """dK, dV and dQ (added to dq_desc's float32 tensor) with the query split (see above): steps of
-    q_desc's block rows, tiles of k_desc's; 2 consumer warpgroups of 4 warps and a producer warp."""
-    BM: gl.constexpr = q_desc.block_type.shape[2]
-    BN: gl.constexpr = dk_desc.block_type.shape[2]  # one consumer's keys; k_desc's block holds both
-    D: gl.constexpr = q_desc.block_type.shape[3]
-    gl.static_assert(k_desc.block_type.shape[2] == 2 * BN, "K and V blocks hold both consumers' keys")
-    gl.static_assert(dq_desc.block_type.shape[2] == BM // 2, "a dQ reduction holds one consumer's rows")
-    # P^T and dS^T of the step: [2 BN keys, BM/2 queries] of each consumer, written by it, read by both
-    p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM // 2], _ds_layout(q_desc.dtype))
-    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM // 2], _ds_layout(q_desc.dtype))
-    ds_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    ds_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(ds_full.index(0), count=2)
-    mbarrier.init(ds_free.index(0), count=2)
-    # each consumer's dQ rows on their way to the TMA reductions, as two column halves
-    dq_staging = gl.allocate_shared_memory(dq_desc.dtype, [4] + dq_desc.block_type.shape, dq_desc.layout)
-    g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP, scale, scale_log2e,
-         num_bhk, head_group, p_smem, ds_smem, ds_full, ds_free, dq_staging)
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, 1))
-    num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
-    persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init_split, _compute_split,
-                        _drain, _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=240, IN_FLIGHT=0,
-                        tile_desc=k_desc, load_tile=_load_kv, TILE_OPERANDS=2, TILE_SHARED=True, STEP_INDEX=True,
-                        schedule=schedule, z_desc=stats_desc)
-    mbarrier.invalidate(ds_full.index(0))
-    mbarrier.invalidate(ds_free.index(0))
-
-
 @gluon.constexpr_function
 def _ds_layout(dtype):
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=dtype.primitive_bitwidth, rank=2)
@@ -553,7 +386,7 @@ def _ds_layout(dtype):
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
                          scale, scale_log2e, num_bhk, head_group, schedule, tile_counter, CAUSAL: gl.constexpr,
                          STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False):
-    """dK and dV (and with DQ 1 or 2, dQ added to dq_desc's float32 tensor: see _compute) for every
+    """dK and dV (and with DQ 1, 3 or 4, dQ added to dq_desc's float32 tensor: see _compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp. Each program takes its tiles from ``schedule`` (a balanced table), round-robin
     (both None), or draws them from ``tile_counter`` as it gets to them (the template's dynamic
@@ -582,9 +415,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
     cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ, KV_REGS))
     num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
     # with the dQ warpgroup (D = 64 only) four warpgroups share 512 registers a thread: consumers 200,
-    # helper 88, producer 24. At D = 128 the consumers need 224, which leaves the helper 40: ptxas
-    # then ignores every setmaxnreg and spills (and as the producer too, in 504 with 56, the helper
-    # was too slow: 0.65-0.69x cuDNN, notes/attention/README.md, session 17)
+    # helper 88, producer 24; D = 128's consumers need 224, too many for it (notes/attention, session 17)
     gl.static_assert(DQ != 4 or D == 64, "the dQ warpgroup (DQ 4) fits D = 64")
     persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,
                         _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=200 if DQ == 4 else 240,
