@@ -24,10 +24,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
-from triton.language.core import _aggregate as aggregate
 
 from tilecore.tiles.gluon import (Layout, TileOperand, mask_scores, needs_mask, online_softmax_update, opaque_int,
-                                  field, ring, run, wgmma_layout)
+                                  ring, run, struct, wgmma_layout)
 from tilecore.tiles.schedule import head_grouped_tile
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
@@ -40,61 +39,40 @@ def _p_layout(block_m, head_dim, num_warps):
     return gl.DotOperandLayout(operand_index=0, parent=wgmma_layout(block_m, head_dim, num_warps), k_width=2)
 
 
-@aggregate
+@struct
 class KV:
     """One stage: a block of keys and a block of values."""
-    k: gl.shared_memory_descriptor  # [1, 1, BN, D]
-    v: gl.shared_memory_descriptor
-
-    @gluon.constexpr_function
-    def __init__(self, k, v):
-        self.k = k
-        self.v = v
+    k: object  # [1, 1, BN, D]
+    v: object
 
     @gluon.jit
     def index(self, s):
         return KV(self.k.index(s), self.v.index(s))
 
 
-@aggregate
+@struct
 class Rows:
     """Query rows of one head: the first, the flat batch * head index, the key blocks they see."""
     first: object
     bh: object
     n_blocks: object
 
-    @gluon.constexpr_function
-    def __init__(self, first, bh, n_blocks):
-        self.first = field(first)
-        self.bh = field(bh)
-        self.n_blocks = field(n_blocks)
 
-
-@aggregate
+@struct
 class Running:
     """A consumer's online softmax: row max m and sum l (base 2), the output accumulator, the last P
     (the register operand of the next P V), its rows, the rows still pending (CARRY: the previous
     tile's, whose last P V and store come with this tile's first step) and Q (Q_REGS)."""
-    m: gl.tensor
-    l: gl.tensor
-    acc: gl.tensor
-    p: gl.tensor
-    rows: Rows
+    m: object
+    l: object
+    acc: object
+    p: object
+    rows: object
     pending: object
     q: object
 
-    @gluon.constexpr_function
-    def __init__(self, m, l, acc, p, rows, pending, q):
-        self.m = m
-        self.l = l
-        self.acc = acc
-        self.p = p
-        self.rows = rows
-        self.pending = field(pending)
-        self.q = field(q)
 
-
-@aggregate
+@struct
 class Attention:
     q_desc: object
     k_desc: object
@@ -115,29 +93,6 @@ class Attention:
     CONSUMERS: gl.constexpr
     CARRY: gl.constexpr
     Q_REGS: gl.constexpr
-
-    @gluon.constexpr_function
-    def __init__(self, q_desc, k_desc, v_desc, o_desc, lse, H, N, Nk, GROUP, scale_log2e, num_bh, head_group,
-                 CAUSAL, CONSUMERS, CARRY, Q_REGS):
-        self.q_desc = field(q_desc)
-        self.k_desc = field(k_desc)
-        self.v_desc = field(v_desc)
-        self.o_desc = field(o_desc)
-        self.lse = field(lse)
-        self.H = field(H)
-        self.N = field(N)
-        self.Nk = field(Nk)
-        self.GROUP = field(GROUP)
-        self.scale_log2e = field(scale_log2e)
-        self.num_bh = field(num_bh)
-        self.head_group = field(head_group)
-        self.CAUSAL = gl.constexpr(CAUSAL)
-        self.BM = gl.constexpr(o_desc.block_type.shape[2])
-        self.BN = gl.constexpr(k_desc.block_type.shape[2])
-        self.D = gl.constexpr(k_desc.block_type.shape[3])
-        self.CONSUMERS = gl.constexpr(CONSUMERS)
-        self.CARRY = gl.constexpr(CARRY)
-        self.Q_REGS = gl.constexpr(Q_REGS)
 
     @gluon.jit
     def head(self, bh):
@@ -388,8 +343,9 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROU
     gl.static_assert(OVERLAP and not PINGPONG, "the overlapped loop, without ping-pong")
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "two or three consumer warpgroups")
     gl.static_assert(not (CARRY and Q_REGS), "Q_REGS takes a pipeline that restarts at each tile")
-    op = Attention(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh, head_group,
-                   CAUSAL, CONSUMERS, CARRY, Q_REGS)
+    op = Attention(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh, head_group, CAUSAL,
+                   o_desc.block_type.shape[2], k_desc.block_type.shape[2], k_desc.block_type.shape[3], CONSUMERS, CARRY,
+                   Q_REGS)
     # three consumer warpgroups (13 warps) share the register file more thinly
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
                     PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0, CARRY=CARRY,

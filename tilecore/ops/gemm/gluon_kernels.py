@@ -9,28 +9,22 @@ partials meet in its own workspace slots (program * CONSUMERS + consumer).
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma, warpgroup_mma, warpgroup_mma_wait
-from triton.language.core import _aggregate as aggregate
 
-from tilecore.tiles.gluon import Layout, add_partials, field, publish_partial, ring, run, store_tile, wgmma_layout
+from tilecore.tiles.gluon import Layout, add_partials, publish_partial, ring, run, store_tile, struct, wgmma_layout
 from tilecore.tiles.schedule import FINAL, NOTHING, PARTIAL, stream_k_work, tile_origin
 
 
-@aggregate
+@struct
 class Stage:
-    a: gl.shared_memory_descriptor  # [BM, BK]
-    b: gl.shared_memory_descriptor  # [BK, BN], or [BN, BK] with B_T
-
-    @gluon.constexpr_function
-    def __init__(self, a, b):
-        self.a = a
-        self.b = b
+    a: object  # [BM, BK]
+    b: object  # [BK, BN], or [BN, BK] with B_T
 
     @gluon.jit
     def index(self, s):
         return Stage(self.a.index(s), self.b.index(s))
 
 
-@aggregate
+@struct
 class Tile:
     off_m: object
     off_n: object
@@ -38,16 +32,8 @@ class Tile:
     role: object  # stream-K: WHOLE, PARTIAL, FINAL or NOTHING
     first: object  # stream-K: the first program sharing the tile
 
-    @gluon.constexpr_function
-    def __init__(self, off_m, off_n, k_first, role, first):
-        self.off_m = field(off_m)
-        self.off_n = field(off_n)
-        self.k_first = field(k_first)
-        self.role = field(role)
-        self.first = field(first)
 
-
-@aggregate
+@struct
 class Gemm:
     a_desc: object
     b_desc: object
@@ -58,7 +44,7 @@ class Gemm:
     bias: object
     scale_a: object
     scale_b: object
-    workspace: object
+    workspace: object  # stream-K partials
     flags: object
     B_T: gl.constexpr
     GROUP_M: gl.constexpr
@@ -69,32 +55,6 @@ class Gemm:
     BM: gl.constexpr  # a consumer's rows
     BN: gl.constexpr
     BK: gl.constexpr
-    IN_BITS: gl.constexpr  # 16, or 8 for fp8 (a wgmma's K is 256 / IN_BITS)
-
-    @gluon.constexpr_function
-    def __init__(self, a_desc, b_desc, c_desc, M, N, K, bias, scale_a, scale_b, workspace, flags, B_T, GROUP_M,
-                 HAS_BIAS, SCALES, CONSUMERS, STREAM_K):
-        self.a_desc = field(a_desc)
-        self.b_desc = field(b_desc)
-        self.c_desc = field(c_desc)
-        self.M = field(M)
-        self.N = field(N)
-        self.K = field(K)
-        self.bias = field(bias)
-        self.scale_a = field(scale_a)
-        self.scale_b = field(scale_b)
-        self.workspace = field(workspace)
-        self.flags = field(flags)
-        self.B_T = gl.constexpr(B_T)
-        self.GROUP_M = gl.constexpr(GROUP_M)
-        self.HAS_BIAS = gl.constexpr(HAS_BIAS)
-        self.SCALES = gl.constexpr(SCALES)
-        self.CONSUMERS = gl.constexpr(CONSUMERS)
-        self.STREAM_K = gl.constexpr(STREAM_K)
-        self.BM = gl.constexpr(a_desc.block_type.shape[0] // CONSUMERS)
-        self.BN = gl.constexpr(b_desc.block_type.shape[0] if B_T else b_desc.block_type.shape[1])
-        self.BK = gl.constexpr(a_desc.block_type.shape[1])
-        self.IN_BITS = gl.constexpr(a_desc.dtype.primitive_bitwidth)
 
     @gluon.jit
     def setup(self, unit):
@@ -116,7 +76,8 @@ class Gemm:
 
     @gluon.jit
     def start(self, ctx, tile, prev):
-        return gl.zeros([self.BM, self.BN], gl.float32, wgmma_layout(self.BM, self.BN, gl.num_warps(), self.IN_BITS))
+        bits: gl.constexpr = self.a_desc.dtype.primitive_bitwidth  # fp8: a wgmma's K is 32
+        return gl.zeros([self.BM, self.BN], gl.float32, wgmma_layout(self.BM, self.BN, gl.num_warps(), bits))
 
     @gluon.jit
     def compute(self, ctx, acc, stage, tile, step):
@@ -173,7 +134,9 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, bias_ptr, scale_a_ptr, scale_b_
                 B_T: gl.constexpr, GROUP_M: gl.constexpr, HAS_BIAS: gl.constexpr, SCALES: gl.constexpr,
                 STAGES: gl.constexpr, CONSUMERS: gl.constexpr = 1, STREAM_K: gl.constexpr = False):
     """``num_units``: the tiles, or with STREAM_K ``tiles.schedule.stream_k_units``."""
+    BN: gl.constexpr = b_desc.block_type.shape[0] if B_T else b_desc.block_type.shape[1]
     op = Gemm(a_desc, b_desc, c_desc, M, N, K, bias_ptr, scale_a_ptr, scale_b_ptr, workspace, flags, B_T, GROUP_M,
-              HAS_BIAS, SCALES, CONSUMERS, STREAM_K)
+              HAS_BIAS, SCALES, CONSUMERS, STREAM_K, a_desc.block_type.shape[0] // CONSUMERS, BN,
+              a_desc.block_type.shape[1])
     stages = Stage(ring(a_desc, STAGES), ring(b_desc, STAGES))
     run(op, Layout(c_desc, STAGES, CONSUMERS=CONSUMERS), stages, num_units)

@@ -24,41 +24,30 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
-from triton.language.core import _aggregate as aggregate
 
-from tilecore.tiles.gluon import Layout, TileOperand, field, ring, run, wgmma_layout
+from tilecore.tiles.gluon import Layout, TileOperand, ring, run, struct, wgmma_layout
 from tilecore.tiles.hadamard import bf16_pieces
 
 LINES = gl.constexpr(64)  # a slice half: lines of 64 elements; also H_64's size
 
 
-@aggregate
+@struct
 class Slice:
     """One stage: a slice's two 64-line halves."""
-    top: gl.shared_memory_descriptor
-    bottom: gl.shared_memory_descriptor
-
-    @gluon.constexpr_function
-    def __init__(self, top, bottom):
-        self.top = top
-        self.bottom = bottom
+    top: object
+    bottom: object
 
     @gluon.jit
     def index(self, s):
         return Slice(self.top.index(s), self.bottom.index(s))
 
 
-@aggregate
+@struct
 class RowState:
     """A consumer's running row: Y of the last slice (its wgmma maybe in flight) and the S output
     blocks accumulated so far."""
-    y: gl.tensor
+    y: object
     outs: object  # a tuple of S [64, 64] float32 blocks
-
-    @gluon.constexpr_function
-    def __init__(self, y, outs):
-        self.y = y
-        self.outs = field(outs)
 
 
 @gluon.jit
@@ -89,7 +78,7 @@ def _accumulate(outs, t, s):
                 outs[3] + t * _sign(3, s))
 
 
-@aggregate
+@struct
 class Hadamard:
     x_desc: object
     out_desc: object
@@ -97,15 +86,6 @@ class Hadamard:
     scale: object
     S: gl.constexpr  # slices a row: n = 8192 S
     LINES_PER_ROW: gl.constexpr
-
-    @gluon.constexpr_function
-    def __init__(self, x_desc, out_desc, h_desc, scale, S):
-        self.x_desc = field(x_desc)
-        self.out_desc = field(out_desc)
-        self.h_desc = field(h_desc)
-        self.scale = field(scale)
-        self.S = gl.constexpr(S)
-        self.LINES_PER_ROW = gl.constexpr(128 * S)
 
     @gluon.jit
     def setup(self, row):
@@ -178,7 +158,7 @@ def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, r
     template's (a ring of STAGES that fills at the start, LOOKAHEAD deep after). ``row_counter``: an
     int32, zero at launch and left so, from which programs draw rows as they get to them; or None:
     program p takes rows p, p + P, ..."""
-    op = Hadamard(x_desc, out_desc, h_desc, scale, S)
+    op = Hadamard(x_desc, out_desc, h_desc, scale, S, 128 * S)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
                     LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
                     tile_counter=row_counter)

@@ -3,12 +3,12 @@
 dq kernel still use until they are ported (issue 30)."""
 from tilecore.tiles.gluon.ops import (exp2_scaled, join_n, mask_scores, needs_mask, online_softmax_update, opaque_int,
                                       row_max, row_sum, split_n, store_tile, tma_reduce_add, wgmma_layout)
-from tilecore.tiles.gluon.pipeline import Consumer, Layout, TileOperand, field, ring, run, stage_bytes
+from tilecore.tiles.gluon.pipeline import Consumer, Helper, Layout, TileOperand, field, ring, run, stage_bytes, struct
 from tilecore.tiles.gluon.stream_k import add_partials, publish_partial
 
-__all__ = ["Consumer", "Layout", "TileOperand", "add_partials", "exp2_scaled", "join_n", "mask_scores", "needs_mask",
+__all__ = ["Consumer", "Helper", "Layout", "TileOperand", "add_partials", "exp2_scaled", "join_n", "mask_scores", "needs_mask",
            "online_softmax_update", "field", "opaque_int", "publish_partial", "ring", "row_max", "row_sum", "run", "split_n",
-           "stage_bytes", "store_tile", "tma_reduce_add", "wgmma_layout"]
+           "stage_bytes", "store_tile", "struct", "tma_reduce_add", "wgmma_layout"]
 
 # the v1 template's entry points, for the attention backward and dq kernels until they are ported
 from tilecore.tiles.gluon.pipeline_v1 import pass_turn, persistent_pipeline, wait_turn  # noqa: E402

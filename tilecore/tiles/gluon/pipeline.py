@@ -24,10 +24,11 @@ per-tile operands and their buffers, a persistent grid walking tiles in the orde
   ``wait(ctx, state) -> state``        consumer: the tile's asynchronous work is done
   ``finish(ctx, state, tile)``         consumer: the epilogue (not with ``CARRY``)
   ``initial(ctx) -> state``            consumer, with ``CARRY``: the state before a program's first tile
+  ``help(ctx, tile, step)``            the helper partition, with ``Layout.helper``: one step's work
   ==================================  =====================================================================
 
-  ``ctx`` is the consumer's ``Consumer``: its index (a constexpr), its epilogue buffer and this tile's
-  operand buffer. Results are stored by the op (``ops.store_tile`` and friends): before writing
+  ``ctx`` is the partition's ``Consumer``: its index (a constexpr), its epilogue buffer, this tile's
+  operand buffer, and in ``compute``/``help`` the ring step. Results are stored by the op (``ops.store_tile`` and friends): before writing
   ``ctx.out`` wait for the previous tile's TMA store (``tma.store_wait``), so that store overlaps
   this tile's main loop.
 
@@ -56,6 +57,26 @@ def field(x):
     JIT specialized (an argument equal to 1 arrives as a constexpr, which a constexpr function sees as
     a plain int), or None for an absent part (``x is None`` is then decided at compile time)."""
     return x if isinstance(x, base_value) else gl.constexpr(x)
+
+
+def struct(cls):
+    """A named struct for Gluon kernels: ``triton.language.core._aggregate`` with the constructor
+    written from the annotations (positional, in order). Fields annotated ``gl.constexpr`` are
+    compile-time values; fields annotated ``object`` take run-time values or constants (``field``).
+    Methods decorated ``@gluon.jit`` are the struct's; annotations must be real types, so a module that
+    defines structs must not use ``from __future__ import annotations``."""
+    names = list(cls.__annotations__)
+    constant = {name: kind is gl.constexpr for name, kind in cls.__annotations__.items()}
+
+    def __init__(self, *values):
+        if len(values) != len(names):
+            raise TypeError(f"{cls.__name__} takes {len(names)} fields ({', '.join(names)}), got {len(values)}")
+        for name, value in zip(names, values):
+            setattr(self, name, gl.constexpr(value) if constant[name] else field(value))
+
+    __init__.__qualname__ = f"{cls.__name__}.__init__"
+    cls.__init__ = gluon.constexpr_function(__init__)
+    return aggregate(cls)
 
 
 @aggregate
@@ -91,7 +112,8 @@ class Layout:
     ``tile_counter``: an int32 in global memory, zero at launch: programs draw their tiles from it as
     they get to them (and leave it zero), or None. ``LOOKAHEAD`` (below ``STAGES``; 0: the ring's
     depth): after its first lap the producer loads a step only once the step ``LOOKAHEAD`` before it is
-    released, so a deep ring fills at a program's start and runs ``LOOKAHEAD`` deep after."""
+    released, so a deep ring fills at a program's start and runs ``LOOKAHEAD`` deep after.
+    ``helper``: a ``Helper`` partition, or None."""
     out: object
     STAGES: gl.constexpr
     CONSUMERS: gl.constexpr
@@ -103,10 +125,11 @@ class Layout:
     tile_operand: object
     schedule: object
     tile_counter: object
+    helper: object
 
     @gluon.constexpr_function
     def __init__(self, out, STAGES, CONSUMERS=1, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=1,
-                 CARRY=False, LOOKAHEAD=0, tile_operand=None, schedule=None, tile_counter=None):
+                 CARRY=False, LOOKAHEAD=0, tile_operand=None, schedule=None, tile_counter=None, helper=None):
         self.out = out
         self.STAGES = gl.constexpr(STAGES)
         self.CONSUMERS = gl.constexpr(CONSUMERS)
@@ -118,21 +141,46 @@ class Layout:
         self.tile_operand = field(tile_operand)
         self.schedule = field(schedule)
         self.tile_counter = field(tile_counter)
+        self.helper = field(helper)
 
 
 @aggregate
 class Consumer:
-    """A consumer partition's view: ``index`` (0 .. CONSUMERS - 1), ``out`` (its epilogue buffer),
-    ``operand`` (this tile's operand buffer; with a shared operand all of its buffers; else None)."""
+    """A partition's view: ``index`` (consumers 0 .. CONSUMERS - 1; the helper CONSUMERS), ``out``
+    (a consumer's epilogue buffer; the helper has none), ``operand`` (this tile's operand buffer;
+    with a shared operand all of its buffers; else None) and, in ``compute`` and ``help``,
+    ``ring_step``: the step's index in the program's ring (every step of every tile so far), for an
+    op that keeps barriers of its own in step with the ring."""
     index: gl.constexpr
-    out: gl.shared_memory_descriptor
+    out: object
     operand: object
+    ring_step: object
 
     @gluon.constexpr_function
-    def __init__(self, index, out, operand):
+    def __init__(self, index, out, operand, ring_step=0):
         self.index = gl.constexpr(index)
-        self.out = out
+        self.out = field(out)
         self.operand = field(operand)
+        self.ring_step = field(ring_step)
+
+    @gluon.jit
+    def at(self, ring_step):
+        return Consumer(self.index, self.out, self.operand, ring_step)
+
+
+@aggregate
+class Helper:
+    """A partition beside the consumers (a warpgroup of ``WARPS`` warps, ``REGS`` registers a thread)
+    that works through every step of the program's tiles, taking its work from the consumers through
+    barriers of the op's own (the attention backward's dQ = dS K from the dS the consumers write):
+    the op's ``help(ctx, tile, step)``. It holds a shared tile operand like a consumer does."""
+    WARPS: gl.constexpr
+    REGS: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, WARPS=4, REGS=88):
+        self.WARPS = gl.constexpr(WARPS)
+        self.REGS = gl.constexpr(REGS)
 
 
 @gluon.jit
@@ -330,7 +378,7 @@ def _consumer(op, layout, p, CID: gl.constexpr, out):
                 s = i % layout.STAGES
                 mbarrier.wait(p.ready.index(s), (i // layout.STAGES) & 1)
                 ctx = _context(layout, p, CID, out, 0)
-                state = op.compute(ctx, state, p.stages.index(s), 0, last_steps)
+                state = op.compute(ctx.at(i), state, p.stages.index(s), 0, last_steps)
                 state = op.wait(ctx, state)
     tma.store_wait(0)  # this consumer's last TMA stores have read its epilogue buffer
 
@@ -362,7 +410,7 @@ def _consume_tile(op, layout, p, CID: gl.constexpr, out, tile_id, i, t, prev, la
     for kk in range(steps):
         s = i % layout.STAGES
         mbarrier.wait(p.ready.index(s), (i // layout.STAGES) & 1)
-        state = op.compute(ctx, state, p.stages.index(s), tile, kk)
+        state = op.compute(ctx.at(i), state, p.stages.index(s), tile, kk)
         if layout.LATE_RELEASE == 0:
             state = op.wait(ctx, state)  # its wgmma must finish before the stage is refilled
             mbarrier.arrive(p.empty.index(s))
@@ -384,6 +432,43 @@ def _consume_tile(op, layout, p, CID: gl.constexpr, out, tile_id, i, t, prev, la
 
 
 @gluon.jit
+def _helper(op, layout, p):
+    """The helper partition's loop: ``help`` for every step of the program's tiles, in the consumers'
+    order (drawn tiles: it receives each id as they do)."""
+    i = 0
+    t = 0
+    if layout.tile_counter is not None:
+        tile_id = _receive_tile(p, t)
+        while tile_id < p.num_tiles:
+            i = _help_tile(op, layout, p, tile_id, i, t)
+            t += 1
+            tile_id = _receive_tile(p, t)
+    else:
+        SCHEDULED: gl.constexpr = layout.schedule is not None
+        first, end, step = program_tiles(p.num_tiles, layout.schedule, SCHEDULED)
+        next_id = scheduled_tile(first, layout.schedule, SCHEDULED)
+        for n in range(first, end, step):
+            tile_id, next_id = next_tile(n, step, next_id, layout.schedule, SCHEDULED)
+            i = _help_tile(op, layout, p, tile_id, i, t)
+            t += 1
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _help_tile(op, layout, p, tile_id, i, t):
+    """The helper's work on one tile (the program's t-th; its first ring step is i): once the tile's
+    (shared) operand has arrived, ``help`` for each step. Returns the next ring step."""
+    tile, steps = op.setup(tile_id)
+    mbarrier.wait(p.tile_ready.index(0), t & 1)
+    ctx = Consumer(layout.CONSUMERS, None, p.tile_bufs)
+    for kk in range(steps):
+        op.help(ctx.at(i), tile, kk)
+        i += 1
+    mbarrier.arrive(p.tile_empty.index(0))  # the producer may load the next tile's operand
+    return i
+
+
+@gluon.jit
 def run(op, layout, stages, num_tiles):
     """Run ``op`` on the template: ``stages`` is the op's stage ring (see the module docstring),
     ``num_tiles`` the tiles of the launch. Allocates the barriers, the tile operand's buffers and the
@@ -398,6 +483,11 @@ def run(op, layout, stages, num_tiles):
                      "drawn tiles go without a schedule table or CARRY")
     gl.static_assert(not layout.CARRY or (operand is not None and not operand.SHARED and layout.LATE_RELEASE == 0),
                      "CARRY takes a per-consumer tile operand and LATE_RELEASE=0")
+    HELPER: gl.constexpr = layout.helper is not None
+    gl.static_assert(not HELPER or (C == 2 and operand is not None and operand.SHARED and not operand.RESIDENT
+                                    and not layout.CARRY),
+                     "a helper partition comes with two consumers and a shared tile operand")
+    READERS: gl.constexpr = C + 1 if HELPER else C  # the partitions that read a tile's operand and ids
     out_desc = layout.out
     outs = gl.allocate_shared_memory(out_desc.dtype, [C] + out_desc.block_type.shape, out_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -421,14 +511,14 @@ def run(op, layout, stages, num_tiles):
     tile_empty = gl.allocate_shared_memory(gl.int64, [OPERAND_SLOTS, 1], mbarrier.MBarrierLayout())
     for c in gl.static_range(OPERAND_SLOTS):
         mbarrier.init(tile_ready.index(c), count=1)
-        mbarrier.init(tile_empty.index(c), count=C if operand is not None and operand.SHARED else 1)
+        mbarrier.init(tile_empty.index(c), count=READERS if operand is not None and operand.SHARED else 1)
     if layout.tile_counter is not None:  # the tile ids the producer draws, handed to the consumers
         ids = gl.allocate_shared_memory(gl.int32, [TILE_ID_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         id_ready = gl.allocate_shared_memory(gl.int64, [TILE_ID_SLOTS, 1], mbarrier.MBarrierLayout())
         id_free = gl.allocate_shared_memory(gl.int64, [TILE_ID_SLOTS, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(TILE_ID_SLOTS):
             mbarrier.init(id_ready.index(c), count=1)
-            mbarrier.init(id_free.index(c), count=C)  # every reader
+            mbarrier.init(id_free.index(c), count=READERS)
     else:
         ids = None
         id_ready = None
@@ -439,6 +529,13 @@ def run(op, layout, stages, num_tiles):
         gl.warp_specialize([(_consumer, (op, layout, p, 0, outs.index(0))),
                             (_producer, (op, layout, p, STAGE_BYTES))],
                            [1], [layout.PRODUCER_REGS])
+    elif C == 2 and HELPER:  # the helper before the producer: a warpgroup of its own
+        gl.warp_specialize([(_consumer, (op, layout, p, 0, outs.index(0))),
+                            (_consumer, (op, layout, p, 1, outs.index(1))),
+                            (_helper, (op, layout, p)),
+                            (_producer, (op, layout, p, STAGE_BYTES))],
+                           [gl.num_warps(), layout.helper.WARPS, 1],
+                           [layout.CONSUMER_REGS, layout.helper.REGS, layout.PRODUCER_REGS])
     elif C == 2:
         gl.warp_specialize([(_consumer, (op, layout, p, 0, outs.index(0))),
                             (_consumer, (op, layout, p, 1, outs.index(1))),
