@@ -10,47 +10,53 @@ import torch
 import triton
 import triton.language as tl
 
-from tilecore.tiles.pipeline import persistent_pipeline
+from tilecore.tiles.pipeline import Layout, run, struct
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS, COLS = 8, 32  # a tile: ROWS rows; a step: COLS columns of them
 
 
-@triton.jit
-def _setup(g, cfg: tl.constexpr, tile_id):
-    return tile_id, g[2] // COLS
+@struct
+class WeightedRowSums:
+    """out[r] += sum over steps k of (k + 1) * sum(x[r, k COLS : (k + 1) COLS]): weighted by the step, so
+    every step must run once; added to what out holds, so a tile run twice would show."""
+    x: object
+    out: object
+    cols: object
 
+    @triton.jit
+    def setup(self, tile_id):
+        return tile_id, self.cols // COLS
 
-@triton.jit
-def _init(g, cfg: tl.constexpr, tile):
-    return tl.zeros([ROWS], tl.float32)
+    @triton.jit
+    def load(self, tile, step):
+        rows = tile * ROWS + tl.arange(0, ROWS)
+        return tl.load(self.x + rows[:, None] * self.cols + step * COLS + tl.arange(0, COLS)[None, :])
 
+    @triton.jit
+    def start(self, ctx, tile, prev):
+        return tl.zeros([ROWS], tl.float32)
 
-@triton.jit
-def _load(g, cfg: tl.constexpr, tile, kk):
-    rows = tile * ROWS + tl.arange(0, ROWS)
-    cols = kk * COLS + tl.arange(0, COLS)
-    return tl.load(g[0] + rows[:, None] * g[2] + cols[None, :]), kk
+    @triton.jit
+    def compute(self, ctx, acc, x, tile, step):
+        return acc + tl.sum(x, axis=1) * (step + 1)
 
+    @triton.jit
+    def wait(self, ctx, acc):
+        return acc
 
-@triton.jit
-def _compute(g, cfg: tl.constexpr, acc, x, kk_again, kk):
-    return acc + tl.sum(x, axis=1) * (kk + 1)  # weighted by the step: every step must run once
-
-
-@triton.jit
-def _finish(g, cfg: tl.constexpr, acc, tile):
-    rows = tile * ROWS + tl.arange(0, ROWS)
-    tl.store(g[1] + rows, acc + tl.load(g[1] + rows))  # adds: a tile run twice would show
+    @triton.jit
+    def finish(self, ctx, acc, tile):
+        rows = tile * ROWS + tl.arange(0, ROWS)
+        tl.store(self.out + rows, acc + tl.load(self.out + rows))
 
 
 @triton.jit
 def weighted_row_sums(x, out, cols, num_tiles, counter, DYNAMIC: tl.constexpr):
-    g = (x, out, cols)
     if DYNAMIC:
-        persistent_pipeline(g, (), num_tiles, _setup, _init, _load, _compute, _finish, 1, tile_counter=counter)
+        run(WeightedRowSums(x, out, cols), Layout(1, tile_counter=counter), num_tiles)
     else:
-        persistent_pipeline(g, (), num_tiles, _setup, _init, _load, _compute, _finish, 1)
+        run(WeightedRowSums(x, out, cols), Layout(1), num_tiles)
 
 
 @pytest.mark.parametrize("programs", [1, 3, 10, 16])

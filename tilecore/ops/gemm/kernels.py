@@ -1,85 +1,126 @@
-"""GEMM as the small functions of the tiles' ``tl`` pipeline template: runs in the interpreter, on
-any CUDA GPU (the path for GPUs older than Hopper, and for operands TMA cannot describe).
+"""GEMM on the tiles' ``tl`` template (:mod:`tilecore.tiles.pipeline`): the op of gluon_kernels.py with
+pointer loads instead of TMA; runs in the interpreter and on any CUDA GPU (the path for GPUs older
+than Hopper, and for operands TMA cannot describe).
 
-``g``   = (a, b, c, bias, scale_a, scale_b, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-           stride_cm, stride_cn, workspace, flags)
-``cfg`` = (BM, BN, BK, GROUP_M, HAS_BIAS, SCALES, STREAM_K), SCALES as in gluon_kernels; with
-STREAM_K the last wave's tiles are split along K over every program (tiles.schedule.stream_k_work),
-their partials meeting in ``workspace`` (float32, a tile per program) under ``flags``.
+A tile is C[off_m : off_m + BM, off_n : off_n + BN]; its steps walk K, one [BM, BK] block of A and one
+[BK, BN] block of B each. SCALES as in gluon_kernels. With STREAM_K the last wave's tiles are split
+along K over every program (tiles.schedule.stream_k_work), their partials meeting in ``workspace``
+(float32, a tile per program) under ``flags``.
 """
-from __future__ import annotations
-
 import triton
 import triton.language as tl
 
 from tilecore.tiles import ops
-from tilecore.tiles.pipeline import persistent_pipeline
+from tilecore.tiles.pipeline import Layout, run, struct
 from tilecore.tiles.schedule import (FINAL, NOTHING, PARTIAL, add_partials, publish_partial, stream_k_work,
                                      tile_origin)
 
 
-@triton.jit
-def _setup(g, cfg: tl.constexpr, unit):
-    """The unit's tile (off_m, off_n, first K step, stream-K role, first program sharing it) and K steps."""
-    tile_id, k_first, steps, role, first = stream_k_work(unit, tl.cdiv(g[6], cfg[0]) * tl.cdiv(g[7], cfg[1]),
-                                                         tl.cdiv(g[8], cfg[2]), tl.num_programs(0), cfg[6])
-    off_m, off_n = tile_origin(tile_id, g[6], g[7], cfg[0], cfg[1], cfg[3])
-    return (off_m, off_n, k_first, role, first), steps
+@struct
+class Stage:
+    a: tl.tensor  # [BM, BK]
+    b: tl.tensor  # [BK, BN]
 
 
-@triton.jit
-def _init(g, cfg: tl.constexpr, tile):
-    return tl.zeros([cfg[0], cfg[1]], dtype=tl.float32)
+@struct
+class Tile:
+    off_m: object
+    off_n: object
+    k_first: object  # the unit's first K step
+    role: object  # stream-K: WHOLE, PARTIAL, FINAL or NOTHING
+    first: object  # stream-K: the first program sharing the tile
 
 
-@triton.jit
-def _load(g, cfg: tl.constexpr, tile, kk):
-    offs_m = (tile[0] + tl.arange(0, cfg[0])).to(tl.int64)
-    offs_n = (tile[1] + tl.arange(0, cfg[1])).to(tl.int64)
-    offs_k = ((tile[2] + kk) * cfg[2] + tl.arange(0, cfg[2])).to(tl.int64)
-    a = tl.load(g[0] + offs_m[:, None] * g[9] + offs_k[None, :] * g[10],
-                mask=ops.bounds_mask(offs_m, offs_k, g[6], g[8]), other=0.0)
-    b = tl.load(g[1] + offs_k[:, None] * g[11] + offs_n[None, :] * g[12],
-                mask=ops.bounds_mask(offs_k, offs_n, g[8], g[7]), other=0.0)
-    return a, b
+@struct
+class Gemm:
+    a: object
+    b: object
+    c: object
+    bias: object
+    scale_a: object
+    scale_b: object
+    M: object
+    N: object
+    K: object
+    stride_am: object
+    stride_ak: object
+    stride_bk: object
+    stride_bn: object
+    stride_cm: object
+    stride_cn: object
+    workspace: object
+    flags: object
+    BM: tl.constexpr
+    BN: tl.constexpr
+    BK: tl.constexpr
+    GROUP_M: tl.constexpr
+    HAS_BIAS: tl.constexpr
+    SCALES: tl.constexpr  # 0: none; fp8: 1 + (per-row A) + 2 * (per-column B)
+    STREAM_K: tl.constexpr
 
+    @triton.jit
+    def setup(self, unit):
+        """The unit's tile and K steps (a whole tile's, or its stream-K share)."""
+        tile_id, k_first, steps, role, first = stream_k_work(
+            unit, tl.cdiv(self.M, self.BM) * tl.cdiv(self.N, self.BN), tl.cdiv(self.K, self.BK), tl.num_programs(0),
+            self.STREAM_K)
+        off_m, off_n = tile_origin(tile_id, self.M, self.N, self.BM, self.BN, self.GROUP_M)
+        return Tile(off_m, off_n, k_first, role, first), steps
 
-@triton.jit
-def _compute(g, cfg: tl.constexpr, acc, a, b, kk):
-    return ops.mma(a, b, acc)
+    @triton.jit
+    def load(self, tile, step):
+        offs_m = (tile.off_m + tl.arange(0, self.BM)).to(tl.int64)
+        offs_n = (tile.off_n + tl.arange(0, self.BN)).to(tl.int64)
+        offs_k = ((tile.k_first + step) * self.BK + tl.arange(0, self.BK)).to(tl.int64)
+        a = tl.load(self.a + offs_m[:, None] * self.stride_am + offs_k[None, :] * self.stride_ak,
+                    mask=ops.bounds_mask(offs_m, offs_k, self.M, self.K), other=0.0)
+        b = tl.load(self.b + offs_k[:, None] * self.stride_bk + offs_n[None, :] * self.stride_bn,
+                    mask=ops.bounds_mask(offs_k, offs_n, self.K, self.N), other=0.0)
+        return Stage(a, b)
 
+    @triton.jit
+    def start(self, ctx, tile, prev):
+        return tl.zeros([self.BM, self.BN], dtype=tl.float32)
 
-@triton.jit
-def _finish(g, cfg: tl.constexpr, acc, tile):
-    if cfg[6]:  # stream-K: the unit may be part of a tile
-        if tile[3] == PARTIAL:
-            publish_partial(acc, g[15], g[16], tl.program_id(0))
-        elif tile[3] != NOTHING:
-            if tile[3] == FINAL:  # the shares of programs tile[4] .. this one - 1 come first
-                acc = add_partials(acc, g[15], g[16], tile[4], tl.program_id(0), 1)
-            _epilogue(g, cfg, acc, tile)
-    else:
-        _epilogue(g, cfg, acc, tile)
+    @triton.jit
+    def compute(self, ctx, acc, stage, tile, step):
+        return ops.mma(stage.a, stage.b, acc)
 
+    @triton.jit
+    def wait(self, ctx, acc):
+        return acc
 
-@triton.jit
-def _epilogue(g, cfg: tl.constexpr, acc, tile):
-    offs_m = tile[0] + tl.arange(0, cfg[0])
-    offs_n = tile[1] + tl.arange(0, cfg[1])
-    if cfg[5] > 0:
-        if (cfg[5] - 1) % 2 == 1:
-            acc = acc * tl.load(g[4] + offs_m, mask=offs_m < g[6], other=0.0)[:, None]
+    @triton.jit
+    def finish(self, ctx, acc, tile):
+        if self.STREAM_K:  # the unit may be a share of a tile
+            if tile.role == PARTIAL:
+                publish_partial(acc, self.workspace, self.flags, tl.program_id(0))
+            elif tile.role != NOTHING:
+                if tile.role == FINAL:  # the shares of programs tile.first .. this one - 1 come first
+                    acc = add_partials(acc, self.workspace, self.flags, tile.first, tl.program_id(0), 1)
+                self.epilogue(acc, tile)
         else:
-            acc = acc * tl.load(g[4])
-        if (cfg[5] - 1) // 2 == 1:
-            acc = acc * tl.load(g[5] + offs_n, mask=offs_n < g[7], other=0.0)[None, :]
-        else:
-            acc = acc * tl.load(g[5])
-    if cfg[4]:
-        acc = acc + tl.load(g[3] + offs_n, mask=offs_n < g[7], other=0.0).to(tl.float32)[None, :]
-    out = ops.cast(acc, g[2].dtype.element_ty)
-    ptrs = g[2] + offs_m.to(tl.int64)[:, None] * g[13] + offs_n.to(tl.int64)[None, :] * g[14]
-    tl.store(ptrs, out, mask=ops.bounds_mask(offs_m, offs_n, g[6], g[7]))
+            self.epilogue(acc, tile)
+
+    @triton.jit
+    def epilogue(self, acc, tile):
+        """Scales (fp8), bias, the cast and the masked store of the tile."""
+        offs_m = tile.off_m + tl.arange(0, self.BM)
+        offs_n = tile.off_n + tl.arange(0, self.BN)
+        if self.SCALES > 0:  # fp8 dequantization: per-tensor scales, or per row of A / per column of B
+            if (self.SCALES - 1) % 2 == 1:
+                acc = acc * tl.load(self.scale_a + offs_m, mask=offs_m < self.M, other=0.0)[:, None]
+            else:
+                acc = acc * tl.load(self.scale_a)
+            if (self.SCALES - 1) // 2 == 1:
+                acc = acc * tl.load(self.scale_b + offs_n, mask=offs_n < self.N, other=0.0)[None, :]
+            else:
+                acc = acc * tl.load(self.scale_b)
+        if self.HAS_BIAS:
+            acc = acc + tl.load(self.bias + offs_n, mask=offs_n < self.N, other=0.0).to(tl.float32)[None, :]
+        out = ops.cast(acc, self.c.dtype.element_ty)
+        ptrs = self.c + offs_m.to(tl.int64)[:, None] * self.stride_cm + offs_n.to(tl.int64)[None, :] * self.stride_cn
+        tl.store(ptrs, out, mask=ops.bounds_mask(offs_m, offs_n, self.M, self.N))
 
 
 @triton.jit
@@ -88,7 +129,6 @@ def gemm_kernel(a, b, c, bias, scale_a, scale_b, M, N, K, stride_am, stride_ak, 
                 BK: tl.constexpr, GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, SCALES: tl.constexpr,
                 STAGES: tl.constexpr, STREAM_K: tl.constexpr = False):
     """``num_units``: the tiles, or with STREAM_K ``tiles.schedule.stream_k_units``."""
-    g = (a, b, c, bias, scale_a, scale_b, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-         stride_cm, stride_cn, workspace, flags)
-    cfg: tl.constexpr = tl.constexpr((BM, BN, BK, GROUP_M, HAS_BIAS, SCALES, STREAM_K))
-    persistent_pipeline(g, cfg, num_units, _setup, _init, _load, _compute, _finish, STAGES)
+    op = Gemm(a, b, c, bias, scale_a, scale_b, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+              stride_cn, workspace, flags, BM, BN, BK, GROUP_M, HAS_BIAS, SCALES, STREAM_K)
+    run(op, Layout(STAGES), num_units)
