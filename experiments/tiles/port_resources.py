@@ -110,6 +110,48 @@ def main():
                     STAGES=cfg["stages"], OVERLAP=True, CONSUMERS=cfg["consumers"], PINGPONG=False,
                     Q_BUFFERS=cfg["q_buffers"], CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False))
         one(f"attention fwd {name}", attention_fwd_kernel, args, 4)
+    # attention backward (dK/dV with its dQ modes) and the dq kernel: the shipped configurations
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
+    from tilecore.ops.attention.gluon_dq import attention_dq_kernel
+    modes = {"gluon": 0, "fused": 1, "lagged": 3, "warpgroup": 4}
+    bwd = [("d64 warpgroup", 64, False, 1, dict(dq="warpgroup", kv_regs=True)),
+           ("d64 warpgroup causal", 64, True, 1, dict(dq="warpgroup", kv_regs=True)),
+           ("d128 lagged", 128, False, 1, dict(dq="lagged")),
+           ("d128 fused causal", 128, True, 1, dict(dq="fused")),
+           ("d64 warpgroup causal gqa", 64, True, 4, dict(dq="warpgroup", kv_regs=True)),
+           ("d128 fused causal gqa", 128, True, 4, dict(dq="fused")),
+           ("d64 no dq causal", 64, True, 1, dict(dq="gluon")),
+           ("d128 no dq drawn", 128, False, 1, dict(dq="gluon", drawn=True))]
+    for name, d, causal, group, cfg in bwd:
+        bm, bn = 64, 64
+        t = torch.empty(2, 2, 256, d, dtype=torch.bfloat16)
+        head = lambda rows: desc(t, [1, 1, rows, d])
+        stats = torch.empty(4, 2, 256, dtype=torch.float32)
+        stats_desc = TensorDescriptor(stats, list(stats.shape), list(stats.stride()), [1, 2, bm],
+                                      gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3))
+        dq_sum = torch.empty(2, 2, 256, d, dtype=torch.float32)
+        box = [1, 1, bm, 32] if cfg["dq"] == "warpgroup" else [1, 1, bm, d // 2]
+        args = dict(q_desc=head(bm), k_desc=head(2 * bn), v_desc=head(2 * bn), do_desc=head(bm), dk_desc=head(bn),
+                    dv_desc=head(bn), stats_desc=stats_desc, dq_desc=desc(dq_sum, box), H=16, N=4096, Nk=4096,
+                    GROUP=group, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8,
+                    schedule=torch.empty(64, dtype=torch.int32) if causal and not cfg.get("drawn") else None,
+                    tile_counter=torch.zeros(1, dtype=torch.int32) if cfg.get("drawn") else None, CAUSAL=causal,
+                    STAGES=2, DQ=modes[cfg["dq"]], KV_REGS=cfg.get("kv_regs", False))
+        one(f"attention bwd {name}", attention_bwd_kernel, args, 4)
+    for d, bn, stages in ((64, 128, 3), (128, 64, 4)):
+        for causal in (False, True):
+            bm = 64
+            t = torch.empty(2, 2, 256, d, dtype=torch.bfloat16)
+            head = lambda rows: desc(t, [1, 1, rows, d])
+            f32 = torch.empty(64, dtype=torch.float32)
+            args = dict(q_desc=head(2 * bm), k_desc=head(bn), v_desc=head(bn), do_desc=head(2 * bm), dq_desc=head(bm),
+                        qdo_desc=head(2 * bm), lse_ptr=f32, delta_ptr=f32, H=16, N=4096, Nk=4096, GROUP=1, scale=0.1,
+                        scale_log2e=0.1, num_bh=256, head_group=12,
+                        schedule=torch.empty(64, dtype=torch.int32) if causal else None, CAUSAL=causal, STAGES=stages)
+            one(f"attention dq d{d}{' causal' if causal else ''}", attention_dq_kernel, args, 4)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

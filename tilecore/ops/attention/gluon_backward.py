@@ -1,5 +1,5 @@
-"""Attention backward on Hopper, in one kernel, as the small functions of the tiles' Gluon pipeline
-template (:func:`tilecore.tiles.gluon.persistent_pipeline`, the GEMM's and the forward's).
+"""Attention backward on Hopper, in one kernel: a layout and callbacks on the tiles template
+(:mod:`tilecore.tiles.gluon.pipeline`).
 
 A tile is 2 BLOCK_N keys of one (batch, kv head). Its K and V blocks are the template's shared
 per-tile operands; each of the two consumer warpgroups owns BLOCK_N of the keys and keeps their dK
@@ -22,7 +22,7 @@ added to a float32 dQ by TMA reductions: five matmuls per step, none recomputed 
 scheme). With DQ = 0 a separate kernel computes dQ (seven matmuls in all).
 
 The step's rows' lse and delta arrive with its Q and dO, by TMA into the stage's side buffer (the
-template's ``z_desc``), from a (B * H, 2, N) view of a row-padded buffer that the preprocess writes
+stage's third buffer), from a (B * H, 2, N) view of a row-padded buffer that the preprocess writes
 (lse with -inf made +inf, so that a row with no key gets p = 0, and delta): read from shared memory
 straight into S^T's columns (loaded by pointer they cost three partition barriers a step:
 notes/attention, session 14).
@@ -31,126 +31,61 @@ Masks: keys past Nk (only the last key block) and, when causal, keys after a que
 (only blocks crossing it). Query rows past N arrive as zeros, Q, dO, lse and delta alike: their p
 is exp(0) = 1 but meets zero dO and zero dP, so they add nothing. Rows with no key at all (lse =
 -inf, read as +inf) give p = 0 and zero gradients.
-
-``g``   = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP, scale,
-           scale_log2e, B * Hkv, kv heads per tile group, ds_smem, ds_full, ds_free, dq_staging)
-``cfg`` = (CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, DQ, KV_REGS[, consumer index])
 """
-from __future__ import annotations
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from tilecore.tiles.gluon import (head_grouped_tile, mask_scores, needs_mask, persistent_pipeline, tma_reduce_add,
-                                  wgmma_layout)
+from tilecore.tiles.gluon import (Helper, Layout, TileOperand, mask_scores, needs_mask, ring, run, struct,
+                                  tma_reduce_add, wgmma_layout)
+from tilecore.tiles.schedule import head_grouped_tile
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
 
-@gluon.jit
-def _kv_head(g, bhk):
-    """(batch, kv head) of the flat index bhk = batch * Hkv + kv head."""
-    hkv = g[8] // g[11]
-    return bhk // hkv, bhk % hkv
+@struct
+class QStage:
+    """One stage: a block of query rows' Q, their lse and delta (the side buffer), their dO."""
+    q: object
+    stats: object
+    do: object
+
+    @gluon.jit
+    def index(self, s):
+        return QStage(self.q.index(s), self.stats.index(s), self.do.index(s))
 
 
-@gluon.jit
-def _tile_kv_head(g, tile):
-    """(batch, kv head) of a tile: with grouped heads from the tile (divided once, in _setup); with
-    one q head a kv head (GROUP specialized to 1) divided where used, as the kernel was measured
-    before grouped heads took the tile's (the same PTX as then)."""
-    if g[11] == 1:
-        b, hk = _kv_head(g, tile[1])
-    else:
-        b, hk = tile[5], tile[6]
-    return b, hk
+@struct
+class KeyTile:
+    """A tile: its first key, batch * kv head, first query block, query blocks per q head, where its
+    walk starts (step_rows), batch, kv head, the q head its walk starts at, 1 / group size, and
+    whether it walks up (causal pairs of grouped heads)."""
+    start_n: object
+    bhk: object
+    first_mb: object
+    per_head: object
+    shift: object
+    b: object
+    hk: object
+    head0: object
+    inv_group: object
+    upward: object
 
 
-@gluon.jit
-def _setup(g, cfg: gl.constexpr, tile_id):
-    """The tile (first key, batch * kv head, first query block, query blocks per q head, where its
-    walk starts (_step_rows), batch, kv head, the q head its walk starts at, 1 / group size) and its
-    steps: every query block that sees one of its keys, for each q head of the group. With grouped
-    heads whatever needs a division by a runtime value is here, once a tile: ptxas had recomputed
-    the batch and kv head's divisions inside the consumers' step loop, ~170 instructions a step."""
-    BM: gl.constexpr = cfg[1]
-    BN: gl.constexpr = 2 * cfg[2]  # both consumers' keys
-    N = g[9]
-    Nk = g[10]
-    n_blocks = gl.cdiv(Nk, BN)
-    # Order: kv heads in groups (of g[15]) whose Q and dO stay in L2 together; within a group, key
-    # block by key block across its heads. Causal, the first key blocks see the most queries, so
-    # the heaviest tiles come first and the persistent programs even out.
-    bhk, key_block = head_grouped_tile(tile_id, n_blocks, g[14], g[15])
-    start_n = key_block * BN
-    first_mb = 0
-    if cfg[0]:  # query i sees keys j <= i + Nk - N: the first query that sees key start_n
-        first_mb = gl.maximum(start_n - (Nk - N), 0) // BM
-    per_head = gl.maximum(gl.cdiv(N, BM) - first_mb, 0)
-    shift = key_block % gl.maximum(per_head, 1)  # where this tile's walk starts (_step_rows)
-    b = bhk
-    hk = bhk  # unused with one q head a kv head: _tile_kv_head divides where used
-    if g[11] != 1:
-        b, hk = _kv_head(g, bhk)
-    # with grouped heads, causal: the later key block of a pair (plan.paired_table) walks up
-    upward = cfg[0] and 2 * key_block > n_blocks - 1
-    return ((start_n, bhk, first_mb, per_head, shift, b, hk, key_block % g[11], 1.0 / g[11], upward),
-            per_head * g[11])
+@struct
+class Grads:
+    """A consumer's dK and dV accumulators, and (KV_REGS) its K and V rows as register operands."""
+    dk: object
+    dv: object
+    k_regs: object
+    v_regs: object
 
 
-@gluon.jit
-def _step_rows(g, cfg: gl.constexpr, tile, kk):
-    """Step kk's (q head, first query row).
-
-    One q head a kv head (GROUP specialized to 1): the tiles of the head walk its query blocks from
-    different starting blocks (the key block's index, wrapping around), so that their dQ
-    reductions, running at the same time, add to different rows.
-
-    Grouped heads: every tile walks the query blocks from the last down, and at each block the
-    group's q heads (starting at the key block's index, wrapping around). The tiles of a kv head,
-    running at the same time, are then at the same query block: between them they use the group's
-    rows of a few blocks, which L2 keeps while every tile reads them (notes/attention, session 20).
-    Causal, a program runs key blocks in pairs, a heavy one and then a light one (plan.paired_table):
-    the light one walks up from its diagonal, so that the second walks of a kv head's programs also
-    meet (at block t - 2 when the first walks are at n - 1 - t). kk // G comes from a float32
-    reciprocal with one correction each way, exact for kk < 2^24 (plan.steps_exact): an integer
-    division by a runtime value is ~25 instructions (session 14)."""
-    b, hk = _tile_kv_head(g, tile)
-    per_head = tile[3]
-    if g[11] == 1:
-        head = kk * 0
-        walked = kk + tile[4]
-        block = tile[2] + gl.where(walked >= per_head, walked - per_head, walked)
-    else:
-        group = g[11]
-        walked = (kk.to(gl.float32) * tile[8]).to(gl.int32)  # kk // group, or one off
-        head = kk - walked * group
-        walked = gl.where(head >= group, walked + 1, gl.where(head < 0, walked - 1, walked))
-        head = kk - walked * group + tile[7]
-        head = gl.where(head >= group, head - group, head)
-        block = tile[2] + gl.where(tile[9], walked, per_head - 1 - walked)
-    return hk * g[11] + head, block * cfg[1]
-
-
-@gluon.jit
-def _load(g, cfg: gl.constexpr, q_bufs, do_smem, bar, tile, kk):
-    """Step kk's Q and dO blocks and its rows' lse and delta (rows past N arrive as zeros)."""
-    q_smem, stats_smem = q_bufs
-    b, hk = _tile_kv_head(g, tile)
-    h, start_m = _step_rows(g, cfg, tile, kk)
-    tma.async_copy_global_to_shared(g[0], [b, h, start_m, 0], bar, q_smem)
-    tma.async_copy_global_to_shared(g[3], [b, h, start_m, 0], bar, do_smem)
-    tma.async_copy_global_to_shared(g[6], [b * g[8] + h, 0, start_m], bar, stats_smem)
-
-
-@gluon.jit
-def _load_kv(g, cfg: gl.constexpr, kv_smem, bar, tile):
-    """The producer's per-tile load: the tile's K and V blocks (rows past Nk arrive as zeros)."""
-    b, hk = _tile_kv_head(g, tile)
-    tma.async_copy_global_to_shared(g[1], [b, hk, tile[0], 0], bar, kv_smem.index(0))
-    tma.async_copy_global_to_shared(g[2], [b, hk, tile[0], 0], bar, kv_smem.index(1))
+@gluon.constexpr_function
+def _operand_layout(rows, cols, num_warps):
+    """A [rows, k] register tile as the left operand of a wgmma with a [rows, cols] result."""
+    return gl.DotOperandLayout(operand_index=0, parent=wgmma_layout(rows, cols, num_warps), k_width=2)
 
 
 @gluon.jit
@@ -163,218 +98,310 @@ def _stat_columns(stats_smem, which: gl.constexpr, st_layout: gl.constexpr):
     return flat.slice(which * BM, BM).load(gl.SliceLayout(0, st_layout))
 
 
-@gluon.jit
-def _init(g, cfg: gl.constexpr, tile, kv_smem):
-    BM: gl.constexpr = cfg[1]
-    BN: gl.constexpr = cfg[2]
-    D: gl.constexpr = cfg[3]
-    acc_layout: gl.constexpr = wgmma_layout(BN, D, gl.num_warps())
-    dk = gl.zeros([BN, D], gl.float32, acc_layout)
-    dv = gl.zeros([BN, D], gl.float32, acc_layout)
-    if cfg[5]:  # this consumer's K and V rows as register operands for the whole tile
-        c: gl.constexpr = cfg[-1]
-        a_layout: gl.constexpr = _operand_layout(BN, BM, gl.num_warps())
-        k_c = kv_smem.index(0).reshape([2 * BN, D]).slice(c * BN, BN).load(a_layout)
-        v_c = kv_smem.index(1).reshape([2 * BN, D]).slice(c * BN, BN).load(a_layout)
-        return dk, dv, tile, k_c, v_c
-    else:
-        return dk, dv, tile, 0, 0
+@struct
+class AttentionBackward:
+    q_desc: object
+    k_desc: object  # both consumers' keys
+    v_desc: object
+    do_desc: object
+    dk_desc: object  # one consumer's keys
+    dv_desc: object
+    stats_desc: object
+    dq_desc: object  # float32 dQ, added to by TMA reductions
+    H: object
+    N: object
+    Nk: object
+    GROUP: object  # q heads per kv head
+    scale: object
+    scale_log2e: object
+    num_bhk: object
+    head_group: object
+    ds_smem: object  # dS^T of a step, both consumers' halves, double-buffered
+    ds_full: object  # both halves written
+    ds_free: object  # every reader done
+    dq_staging: object  # dQ pieces on their way to TMA reductions
+    CAUSAL: gl.constexpr
+    BM: gl.constexpr
+    BN: gl.constexpr  # one consumer's keys
+    D: gl.constexpr
+    DQ: gl.constexpr  # where dQ comes from: see compute
+    KV_REGS: gl.constexpr
 
+    @gluon.jit
+    def kv_head(self, bhk):
+        """(batch, kv head) of the flat index bhk = batch * Hkv + kv head."""
+        hkv = self.H // self.GROUP
+        return bhk // hkv, bhk % hkv
 
-@gluon.constexpr_function
-def _operand_layout(rows, cols, num_warps):
-    """A [rows, k] register tile as the left operand of a wgmma with a [rows, cols] result."""
-    return gl.DotOperandLayout(operand_index=0, parent=wgmma_layout(rows, cols, num_warps), k_width=2)
-
-
-@gluon.jit
-def _probabilities(g, cfg: gl.constexpr, s_t, lse, start_n, start_m):
-    """P^T (keys x queries) from the scores S^T (keys from start_n, queries from start_m) and the
-    rows' lse as its columns (natural log; +inf for rows that must get p = 0)."""
-    st_layout: gl.constexpr = s_t.type.layout
-    if needs_mask(start_m, start_n, s_t.shape[0], g[9], g[10], cfg[0]):
-        s_t = mask_scores(s_t, st_layout, start_m, start_n, g[9], g[10], cfg[0], KEY_AXIS=0)
-    return gl.exp2(s_t * g[13] - gl.expand_dims(lse * LOG2E, 0))
-
-
-@gluon.jit
-def _issue_dq(g, cfg: gl.constexpr, kv_smem, step):
-    """Issue this consumer's half of dQ = dS K for ring step ``step`` once both halves of its dS
-    are in shared memory (buffer step % 2, its use step // 2). For step -1 (a program's first step
-    has no previous one) the wait passes at once and the product is never added."""
-    DH: gl.constexpr = cfg[3] // 2
-    buf = (step + 2) % 2
-    mbarrier.wait(g[17].index(buf), ((step + 2) // 2 + 1) & 1)  # (step // 2) & 1, and 1 for step -1
-    return _ds_times_k(g, cfg, buf, kv_smem, cfg[-1] * DH, DH)
-
-
-@gluon.jit
-def _ds_times_k(g, cfg: gl.constexpr, buf, kv_smem, first_col: gl.constexpr, COLS: gl.constexpr):
-    """dS K[:, first_col : first_col + COLS] for the step in dS buffer ``buf``, issued (dS is read
-    through a transposed view of the [keys, queries] buffer)."""
-    BM: gl.constexpr = cfg[1]
-    k_cols = kv_smem.index(0).reshape([2 * cfg[2], cfg[3]]).slice(first_col, COLS, dim=1)
-    return warpgroup_mma(g[16].index(buf).permute((1, 0)), k_cols,
-                         gl.zeros([BM, COLS], gl.float32, wgmma_layout(BM, COLS, gl.num_warps())), use_acc=False,
-                         is_async=True)
-
-
-@gluon.jit
-def _reduce_dq(g, staging, dq, coord, PENDING: gl.constexpr):
-    """Add scale * dq to the float32 dQ at ``coord`` through ``staging`` with one TMA reduction
-    (rows past N are dropped), once at most PENDING of this partition's reductions still read
-    their buffers (so this buffer's last one has read it)."""
-    tma.store_wait(PENDING)
-    staging.reshape(dq.shape).store(dq * g[12])
-    fence_async_shared()
-    gl.thread_barrier()
-    tma_reduce_add(g[7], coord, staging)
-
-
-@gluon.jit
-def _add_dq(g, cfg: gl.constexpr, tile, kk, dq):
-    """Add scale * dq (this consumer's half of the columns of step kk's rows) to the float32 dQ,
-    through this consumer's staging buffer."""
-    b, hk = _tile_kv_head(g, tile)
-    h, start_m = _step_rows(g, cfg, tile, kk)
-    _reduce_dq(g, g[19].index(cfg[-1]), dq, [b, h, start_m, cfg[-1] * (cfg[3] // 2)], 0)
-
-
-@gluon.jit
-def _compute(g, cfg: gl.constexpr, state, q_bufs, do_smem, kk, kv_smem, i):
-    """One step; where dQ comes from is cfg[4]:
-    0: not here (a dq kernel after this one);
-    1 (fused): this step's dQ, once both consumers wrote their dS, then added;
-    3 (lagged): the previous step's dQ, issued with this step's dV and dK, after the softmax, when
-       S^T and dP^T no longer hold registers: no consumer waits for the other's dS of the same
-       step, and dQ is staged and added under dV and dK. A tile's first step multiplies a stale
-       buffer (never added) and its last step also takes its own dQ (notes/attention, session 15);
-    4 (warpgroup): not in the consumers: they write dS^T as for 1 and 3 and go on; a warpgroup of its
-       own (the template's helper: ``_dq_issue``, ``_dq_finish``) computes and adds each step's dQ.
-    (The dQ schemes tried and dropped are in notes/attention's decision log.)"""
-    BM: gl.constexpr = cfg[1]
-    BN: gl.constexpr = cfg[2]
-    D: gl.constexpr = cfg[3]
-    MODE: gl.constexpr = cfg[4]
-    c: gl.constexpr = cfg[-1]  # this consumer: keys [c BN, (c + 1) BN) of the tile
-    st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
-    q_smem, stats_smem = q_bufs
-    dk, dv, tile, k_regs, v_regs = state
-    b, hk = _tile_kv_head(g, tile)
-    h, start_m = _step_rows(g, cfg, tile, kk)
-    start_n = tile[0] + c * BN
-    q = q_smem.reshape([BM, D])
-    do = do_smem.reshape([BM, D])
-    if cfg[5]:
-        k_c = k_regs
-        v_c = v_regs
-    else:
-        k_c = kv_smem.index(0).reshape([2 * BN, D]).slice(c * BN, BN)
-        v_c = kv_smem.index(1).reshape([2 * BN, D]).slice(c * BN, BN)
-
-    zeros = gl.zeros([BN, BM], gl.float32, st_layout)
-    s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
-    dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
-    lse_cols = _stat_columns(stats_smem, 0, st_layout)
-    s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-    p_t = _probabilities(g, cfg, s_t, lse_cols, start_n, start_m)
-    delta_cols = _stat_columns(stats_smem, 1, st_layout)
-    dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
-    ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-    # both register operands are written with no wgmma running: ptxas serializes every wgmma of a
-    # kernel that writes a wgmma's input registers while another runs (its warning C7513)
-    ds_t = ds_t.to(q_smem.dtype)
-    p_op = gl.convert_layout(p_t.to(q_smem.dtype), _operand_layout(BN, D, gl.num_warps()))
-    ds_op = gl.convert_layout(ds_t, _operand_layout(BN, D, gl.num_warps()))
-    if MODE != 0:
-        mbarrier.wait(g[18].index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
-    if MODE == 3:
-        dq_tok = _issue_dq(g, cfg, kv_smem, i - 1)  # read when dV and dK are issued: complete first
-    dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
-    if MODE != 1:
-        dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-    if MODE != 0:
-        g[16].index(i % 2).slice(c * BN, BN).store(ds_t)
-        fence_async_shared()
-        mbarrier.arrive(g[17].index(i % 2))
-    # dV and dK complete within the step: left running into the next one, their accumulators are
-    # moved (the template's loop) under a running wgmma, and ptxas serializes every wgmma (C7515)
-    if MODE == 0 or MODE == 4:
-        dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-    elif MODE == 1:
-        # dK is issued after dQ so that dQ's staging and reduction run under it (wgmma groups
-        # complete in order): D128 +1-5% (notes/attention, session 14)
-        dq_tok = _issue_dq(g, cfg, kv_smem, i)
-        dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-        dq, dv = warpgroup_mma_wait(1, deps=(dq_tok, dv_tok))
-        mbarrier.arrive(g[18].index(i % 2))
-        _add_dq(g, cfg, tile, kk, dq)
-        dk = warpgroup_mma_wait(0, deps=(dk_tok,))
-    else:  # 3 (lagged)
-        dq = warpgroup_mma_wait(2, deps=(dq_tok,))  # dV and dK still run
-        mbarrier.arrive(g[18].index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
-        if kk > 0:
-            _add_dq(g, cfg, tile, kk - 1, dq)  # while this step's dV and dK run
-        if kk == tile[3] * g[11] - 1:  # the tile's last step: its own dQ now
-            dq_tok = _issue_dq(g, cfg, kv_smem, i)
-            dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
-            _add_dq(g, cfg, tile, kk, dq)
+    @gluon.jit
+    def tile_kv_head(self, tile):
+        """(batch, kv head) of a tile: with grouped heads from the tile (divided once, in setup); with
+        one q head a kv head (GROUP specialized to 1) divided where used, as measured before."""
+        if self.GROUP == 1:
+            b, hk = self.kv_head(tile.bhk)
         else:
-            dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-    return dk, dv, tile, k_regs, v_regs
+            b = tile.b
+            hk = tile.hk
+        return b, hk
 
+    @gluon.jit
+    def setup(self, tile_id):
+        """The tile and its steps: every query block that sees one of its keys, for each q head of the
+        group. With grouped heads whatever needs a division by a run-time value is here, once a tile
+        (ptxas had recomputed them in the consumers' step loop, ~170 instructions a step). Order: kv
+        heads in L2 groups, key block by key block across a group's heads; causal, the first key
+        blocks see the most queries, so the heaviest tiles come first."""
+        TILE_N: gl.constexpr = 2 * self.BN  # both consumers' keys
+        n_blocks = gl.cdiv(self.Nk, TILE_N)
+        bhk, key_block = head_grouped_tile(tile_id, n_blocks, self.num_bhk, self.head_group)
+        start_n = key_block * TILE_N
+        first_mb = 0
+        if self.CAUSAL:  # query i sees keys j <= i + Nk - N: the first query that sees key start_n
+            first_mb = gl.maximum(start_n - (self.Nk - self.N), 0) // self.BM
+        per_head = gl.maximum(gl.cdiv(self.N, self.BM) - first_mb, 0)
+        shift = key_block % gl.maximum(per_head, 1)  # where this tile's walk starts (step_rows)
+        b = bhk
+        hk = bhk  # unused with one q head a kv head: tile_kv_head divides where used
+        if self.GROUP != 1:
+            b, hk = self.kv_head(bhk)
+        # with grouped heads, causal: the later key block of a pair (plan.paired_table) walks up
+        upward = self.CAUSAL and 2 * key_block > n_blocks - 1
+        tile = KeyTile(start_n, bhk, first_mb, per_head, shift, b, hk, key_block % self.GROUP, 1.0 / self.GROUP,
+                       upward)
+        return tile, per_head * self.GROUP
 
-@gluon.jit
-def _dq_issue(g, cfg: gl.constexpr, tile, kk, i, kv_smem):
-    """DQ mode 4, the helper warpgroup's step (with ``_dq_finish``): once both consumers wrote step
-    i's dS, start the product of dQ's first column piece, dS K[:, piece] (pieces of dq_desc's box
-    width, each staged in a buffer of its own and added by a TMA reduction)."""
-    mbarrier.wait(g[17].index(i % 2), (i // 2) & 1)
-    return _ds_times_k(g, cfg, i % 2, kv_smem, 0, g[7].block_type.shape[3])
+    @gluon.jit
+    def step_rows(self, tile, step):
+        """The step's (q head, first query row).
 
+        One q head a kv head (GROUP specialized to 1): the tiles of the head walk its query blocks
+        from different starting blocks (the key block's index, wrapping around), so that their dQ
+        reductions, running at the same time, add to different rows.
 
-@gluon.jit
-def _dq_finish(g, cfg: gl.constexpr, tile, kk, i, kv_smem, dq):
-    """The rest of ``_dq_issue``'s step: each piece added in turn (one product in flight), the
-    step's dS let go once the last one is read."""
-    PIECE: gl.constexpr = g[7].block_type.shape[3]
-    PIECES: gl.constexpr = cfg[3] // PIECE
-    b, hk = _tile_kv_head(g, tile)
-    h, start_m = _step_rows(g, cfg, tile, kk)
-    for p in gl.static_range(PIECES):
-        if p > 0:
-            dq = _ds_times_k(g, cfg, i % 2, kv_smem, p * PIECE, PIECE)
-        dq = warpgroup_mma_wait(0, deps=(dq,))
-        if p == PIECES - 1:
-            mbarrier.arrive(g[18].index(i % 2))  # dS read: the consumers may write the buffer again
-        # the pieces' reductions go out in order: the last step's of this buffer is PIECES back
-        _reduce_dq(g, g[19].index(p), dq, [b, h, start_m, p * PIECE], PIECES - 1)
-
-
-@gluon.jit
-def _drain(g, cfg: gl.constexpr, state):
-    return state  # every step ends with its wgmma complete
-
-
-@gluon.jit
-def _finish(g, cfg: gl.constexpr, state, tile, out_smem):
-    """dV, then dK (times the scale), through this consumer's epilogue buffer; rows past Nk are
-    clipped by the TMA stores."""
-    BN: gl.constexpr = cfg[2]
-    D: gl.constexpr = cfg[3]
-    dk = state[0]
-    dv = state[1]
-    b, hk = _tile_kv_head(g, tile)
-    start_n = tile[0] + cfg[-1] * BN
-    for which in gl.static_range(2):
-        tma.store_wait(0)  # the buffer's previous TMA store has read it
-        if which == 0:
-            out_smem.reshape([BN, D]).store(dv.to(out_smem.dtype))
+        Grouped heads: every tile walks the query blocks from the last down, and at each block the
+        group's q heads (starting at the key block's index, wrapping around). The tiles of a kv head,
+        running at the same time, are then at the same query block: between them they use the
+        group's rows of a few blocks, which L2 keeps while every tile reads them. Causal, a program
+        runs key blocks in pairs, a heavy one and then a light one (plan.paired_table): the light one
+        walks up from its diagonal, so that the second walks of a kv head's programs also meet.
+        step // G comes from a float32 reciprocal with one correction each way, exact for steps
+        below 2^24 (plan.steps_exact): an integer division by a run-time value is ~25 instructions."""
+        b, hk = self.tile_kv_head(tile)
+        if self.GROUP == 1:
+            head = step * 0
+            walked = step + tile.shift
+            block = tile.first_mb + gl.where(walked >= tile.per_head, walked - tile.per_head, walked)
         else:
-            out_smem.reshape([BN, D]).store((dk * g[12]).to(out_smem.dtype))
+            group = self.GROUP
+            walked = (step.to(gl.float32) * tile.inv_group).to(gl.int32)  # step // group, or one off
+            head = step - walked * group
+            walked = gl.where(head >= group, walked + 1, gl.where(head < 0, walked - 1, walked))
+            head = step - walked * group + tile.head0
+            head = gl.where(head >= group, head - group, head)
+            block = tile.first_mb + gl.where(tile.upward, walked, tile.per_head - 1 - walked)
+        return hk * self.GROUP + head, block * self.BM
+
+    @gluon.jit
+    def load(self, stage, bar, tile, step):
+        """The step's Q and dO blocks and its rows' lse and delta (rows past N arrive as zeros)."""
+        b, hk = self.tile_kv_head(tile)
+        h, start_m = self.step_rows(tile, step)
+        tma.async_copy_global_to_shared(self.q_desc, [b, h, start_m, 0], bar, stage.q)
+        tma.async_copy_global_to_shared(self.do_desc, [b, h, start_m, 0], bar, stage.do)
+        tma.async_copy_global_to_shared(self.stats_desc, [b * self.H + h, 0, start_m], bar, stage.stats)
+
+    @gluon.jit
+    def load_tile(self, kv_smem, bar, tile, consumer):
+        """The tile's K and V blocks (rows past Nk arrive as zeros)."""
+        b, hk = self.tile_kv_head(tile)
+        tma.async_copy_global_to_shared(self.k_desc, [b, hk, tile.start_n, 0], bar, kv_smem.index(0))
+        tma.async_copy_global_to_shared(self.v_desc, [b, hk, tile.start_n, 0], bar, kv_smem.index(1))
+
+    @gluon.jit
+    def start(self, ctx, tile, prev):
+        acc_layout: gl.constexpr = wgmma_layout(self.BN, self.D, gl.num_warps())
+        dk = gl.zeros([self.BN, self.D], gl.float32, acc_layout)
+        dv = gl.zeros([self.BN, self.D], gl.float32, acc_layout)
+        if self.KV_REGS:  # this consumer's K and V rows as register operands for the whole tile
+            a_layout: gl.constexpr = _operand_layout(self.BN, self.BM, gl.num_warps())
+            k_c = ctx.operand.index(0).reshape([2 * self.BN, self.D]).slice(ctx.index * self.BN, self.BN).load(a_layout)
+            v_c = ctx.operand.index(1).reshape([2 * self.BN, self.D]).slice(ctx.index * self.BN, self.BN).load(a_layout)
+            return Grads(dk, dv, k_c, v_c)
+        else:
+            return Grads(dk, dv, 0, 0)
+
+    @gluon.jit
+    def probabilities(self, s_t, lse, start_n, start_m):
+        """P^T (keys x queries) from the scores S^T (keys from start_n, queries from start_m) and the
+        rows' lse as its columns (natural log; +inf for rows that must get p = 0)."""
+        st_layout: gl.constexpr = s_t.type.layout
+        if needs_mask(start_m, start_n, s_t.shape[0], self.N, self.Nk, self.CAUSAL):
+            s_t = mask_scores(s_t, st_layout, start_m, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=0)
+        return gl.exp2(s_t * self.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
+
+    @gluon.jit
+    def issue_dq(self, ctx, step):
+        """Issue this consumer's half of dQ = dS K for ring step ``step`` once both halves of its dS
+        are in shared memory (buffer step % 2, its use step // 2). For step -1 (a program's first step
+        has no previous one) the wait passes at once and the product is never added."""
+        DH: gl.constexpr = self.D // 2
+        buf = (step + 2) % 2
+        mbarrier.wait(self.ds_full.index(buf), ((step + 2) // 2 + 1) & 1)  # (step // 2) & 1, and 1 for step -1
+        return self.ds_times_k(buf, ctx.operand, ctx.index * DH, DH)
+
+    @gluon.jit
+    def ds_times_k(self, buf, kv_smem, first_col: gl.constexpr, COLS: gl.constexpr):
+        """dS K[:, first_col : first_col + COLS] for the step in dS buffer ``buf``, issued (dS is read
+        through a transposed view of the [keys, queries] buffer)."""
+        k_cols = kv_smem.index(0).reshape([2 * self.BN, self.D]).slice(first_col, COLS, dim=1)
+        return warpgroup_mma(self.ds_smem.index(buf).permute((1, 0)), k_cols,
+                             gl.zeros([self.BM, COLS], gl.float32, wgmma_layout(self.BM, COLS, gl.num_warps())),
+                             use_acc=False, is_async=True)
+
+    @gluon.jit
+    def reduce_dq(self, staging, dq, coord, PENDING: gl.constexpr):
+        """Add scale * dq to the float32 dQ at ``coord`` through ``staging`` with one TMA reduction
+        (rows past N are dropped), once at most PENDING of this partition's reductions still read
+        their buffers (so this buffer's last one has read it)."""
+        tma.store_wait(PENDING)
+        staging.reshape(dq.shape).store(dq * self.scale)
         fence_async_shared()
         gl.thread_barrier()
-        tma.async_copy_shared_to_global(g[5 - which], [b, hk, start_n, 0], out_smem)
+        tma_reduce_add(self.dq_desc, coord, staging)
+
+    @gluon.jit
+    def add_dq(self, ctx, tile, step, dq):
+        """Add scale * dq (this consumer's half of the columns of the step's rows) to the float32 dQ,
+        through this consumer's staging buffer."""
+        b, hk = self.tile_kv_head(tile)
+        h, start_m = self.step_rows(tile, step)
+        self.reduce_dq(self.dq_staging.index(ctx.index), dq, [b, h, start_m, ctx.index * (self.D // 2)], 0)
+
+    @gluon.jit
+    def compute(self, ctx, st, stage, tile, step):
+        """One step; where dQ comes from is DQ:
+        0: not here (a dq kernel after this one);
+        1 (fused): this step's dQ, once both consumers wrote their dS, then added;
+        3 (lagged): the previous step's dQ, issued with this step's dV and dK, after the softmax, when
+           S^T and dP^T no longer hold registers: no consumer waits for the other's dS of the same
+           step, and dQ is staged and added under dV and dK. A tile's first step multiplies a stale
+           buffer (never added) and its last step also takes its own dQ;
+        4 (warpgroup): not in the consumers: they write dS^T as for 1 and 3 and go on; the helper
+           partition (``help``) computes and adds each step's dQ.
+        (The dQ schemes tried and dropped are in notes/attention's decision log.)"""
+        BM: gl.constexpr = self.BM
+        BN: gl.constexpr = self.BN
+        D: gl.constexpr = self.D
+        MODE: gl.constexpr = self.DQ
+        c: gl.constexpr = ctx.index  # this consumer: keys [c BN, (c + 1) BN) of the tile
+        i = ctx.ring_step
+        st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
+        dk = st.dk
+        dv = st.dv
+        h, start_m = self.step_rows(tile, step)
+        start_n = tile.start_n + c * BN
+        q = stage.q.reshape([BM, D])
+        do = stage.do.reshape([BM, D])
+        if self.KV_REGS:
+            k_c = st.k_regs
+            v_c = st.v_regs
+        else:
+            k_c = ctx.operand.index(0).reshape([2 * BN, D]).slice(c * BN, BN)
+            v_c = ctx.operand.index(1).reshape([2 * BN, D]).slice(c * BN, BN)
+
+        zeros = gl.zeros([BN, BM], gl.float32, st_layout)
+        s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        lse_cols = _stat_columns(stage.stats, 0, st_layout)
+        s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+        p_t = self.probabilities(s_t, lse_cols, start_n, start_m)
+        delta_cols = _stat_columns(stage.stats, 1, st_layout)
+        dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
+        ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
+        # both register operands are written with no wgmma running: ptxas serializes every wgmma of a
+        # kernel that writes a wgmma's input registers while another runs (its warning C7513)
+        ds_t = ds_t.to(stage.q.dtype)
+        p_op = gl.convert_layout(p_t.to(stage.q.dtype), _operand_layout(BN, D, gl.num_warps()))
+        ds_op = gl.convert_layout(ds_t, _operand_layout(BN, D, gl.num_warps()))
+        if MODE != 0:
+            mbarrier.wait(self.ds_free.index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
+        if MODE == 3:
+            dq_tok = self.issue_dq(ctx, i - 1)  # read when dV and dK are issued: complete first
+        dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
+        if MODE != 1:
+            dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
+        if MODE != 0:
+            self.ds_smem.index(i % 2).slice(c * BN, BN).store(ds_t)
+            fence_async_shared()
+            mbarrier.arrive(self.ds_full.index(i % 2))
+        # dV and dK complete within the step: left running into the next one, their accumulators are
+        # moved (the template's loop) under a running wgmma, and ptxas serializes every wgmma (C7515)
+        if MODE == 0 or MODE == 4:
+            dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+        elif MODE == 1:
+            # dK is issued after dQ so that dQ's staging and reduction run under it (wgmma groups
+            # complete in order): D128 +1-5% (notes/attention, session 14)
+            dq_tok = self.issue_dq(ctx, i)
+            dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
+            dq, dv = warpgroup_mma_wait(1, deps=(dq_tok, dv_tok))
+            mbarrier.arrive(self.ds_free.index(i % 2))
+            self.add_dq(ctx, tile, step, dq)
+            dk = warpgroup_mma_wait(0, deps=(dk_tok,))
+        else:  # 3 (lagged)
+            dq = warpgroup_mma_wait(2, deps=(dq_tok,))  # dV and dK still run
+            mbarrier.arrive(self.ds_free.index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
+            if step > 0:
+                self.add_dq(ctx, tile, step - 1, dq)  # while this step's dV and dK run
+            if step == tile.per_head * self.GROUP - 1:  # the tile's last step: its own dQ now
+                dq_tok = self.issue_dq(ctx, i)
+                dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
+                self.add_dq(ctx, tile, step, dq)
+            else:
+                dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+        return Grads(dk, dv, st.k_regs, st.v_regs)
+
+    @gluon.jit
+    def help(self, ctx, tile, step):
+        """DQ mode 4, the helper warpgroup's step: once both consumers wrote the step's dS, dQ = dS K
+        in column pieces of dq_desc's box width, each product staged in a buffer of its own and added
+        by a TMA reduction while the next one runs; the dS let go once the last piece is read."""
+        i = ctx.ring_step
+        PIECE: gl.constexpr = self.dq_desc.block_type.shape[3]
+        PIECES: gl.constexpr = self.D // PIECE
+        mbarrier.wait(self.ds_full.index(i % 2), (i // 2) & 1)
+        dq = self.ds_times_k(i % 2, ctx.operand, 0, PIECE)
+        b, hk = self.tile_kv_head(tile)
+        h, start_m = self.step_rows(tile, step)
+        for p in gl.static_range(PIECES):
+            if p > 0:
+                dq = self.ds_times_k(i % 2, ctx.operand, p * PIECE, PIECE)
+            dq = warpgroup_mma_wait(0, deps=(dq,))
+            if p == PIECES - 1:
+                mbarrier.arrive(self.ds_free.index(i % 2))  # dS read: the consumers may write the buffer again
+            # the pieces' reductions go out in order: the last step's of this buffer is PIECES back
+            self.reduce_dq(self.dq_staging.index(p), dq, [b, h, start_m, p * PIECE], PIECES - 1)
+
+    @gluon.jit
+    def wait(self, ctx, st):
+        return st  # every step ends with its wgmma complete
+
+    @gluon.jit
+    def finish(self, ctx, st, tile):
+        """dV, then dK (times the scale), through this consumer's epilogue buffer; rows past Nk are
+        clipped by the TMA stores."""
+        b, hk = self.tile_kv_head(tile)
+        start_n = tile.start_n + ctx.index * self.BN
+        out = ctx.out.reshape([self.BN, self.D])
+        tma.store_wait(0)  # the buffer's previous TMA store has read it
+        out.store(st.dv.to(ctx.out.dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(self.dv_desc, [b, hk, start_n, 0], ctx.out)
+        tma.store_wait(0)
+        out.store((st.dk * self.scale).to(ctx.out.dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(self.dk_desc, [b, hk, start_n, 0], ctx.out)
 
 
 @gluon.constexpr_function
@@ -386,17 +413,18 @@ def _ds_layout(dtype):
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
                          scale, scale_log2e, num_bhk, head_group, schedule, tile_counter, CAUSAL: gl.constexpr,
                          STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False):
-    """dK and dV (and with DQ 1, 3 or 4, dQ added to dq_desc's float32 tensor: see _compute) for every
+    """dK and dV (and with DQ 1, 3 or 4, dQ added to dq_desc's float32 tensor: see compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp. Each program takes its tiles from ``schedule`` (a balanced table), round-robin
-    (both None), or draws them from ``tile_counter`` as it gets to them (the template's dynamic
-    tiles, in tile-id order: the head groups' L2 reuse stays)."""
+    (both None), or draws them from ``tile_counter`` as it gets to them (in tile-id order: the head
+    groups' L2 reuse stays)."""
     BM: gl.constexpr = q_desc.block_type.shape[2]
     BN: gl.constexpr = dk_desc.block_type.shape[2]  # one consumer's keys; k_desc's block holds both
     D: gl.constexpr = q_desc.block_type.shape[3]
     gl.static_assert(k_desc.block_type.shape[2] == 2 * BN, "K and V blocks hold both consumers' keys")
-    # dS^T of the step, both consumers' halves, double-buffered, and its barriers: written by both,
-    # read by both
+    # with the dQ warpgroup (D = 64 only) four warpgroups share 512 registers a thread: consumers 200,
+    # helper 88, producer 24; D = 128's consumers need 224, too many for it (notes/attention, session 17)
+    gl.static_assert(DQ != 4 or D == 64, "the dQ warpgroup (DQ 4) fits D = 64")
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM], _ds_layout(q_desc.dtype))
     ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -410,19 +438,14 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
         dq_staging = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape, dq_desc.layout)
     else:
         dq_staging = ds_smem  # unused
-    g = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP, scale, scale_log2e,
-         num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging)
-    cfg: gl.constexpr = gl.constexpr((CAUSAL, BM, BN, D, DQ, KV_REGS))
-    num_tiles = gl.cdiv(Nk, 2 * BN) * num_bhk
-    # with the dQ warpgroup (D = 64 only) four warpgroups share 512 registers a thread: consumers 200,
-    # helper 88, producer 24; D = 128's consumers need 224, too many for it (notes/attention, session 17)
-    gl.static_assert(DQ != 4 or D == 64, "the dQ warpgroup (DQ 4) fits D = 64")
-    persistent_pipeline(g, cfg, q_desc, do_desc, dk_desc, num_tiles, _setup, _load, _init, _compute, _drain,
-                        _finish, STAGES, PRODUCER_REGS=24, CONSUMERS=2, CONSUMER_REGS=200 if DQ == 4 else 240,
-                        IN_FLIGHT=0, tile_desc=k_desc, load_tile=_load_kv, TILE_OPERANDS=2, TILE_SHARED=True,
-                        STEP_INDEX=True, schedule=schedule, z_desc=stats_desc,
-                        helper=(_dq_issue, _dq_finish) if DQ == 4 else None, HELPER_REGS=88,
-                        tile_counter=tile_counter)
+    op = AttentionBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
+                           scale, scale_log2e, num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging, CAUSAL, BM,
+                           BN, D, DQ, KV_REGS)
+    layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=200 if DQ == 4 else 240, PRODUCER_REGS=24,
+                    LATE_RELEASE=0, tile_operand=TileOperand(k_desc, COUNT=2, SHARED=True), schedule=schedule,
+                    tile_counter=tile_counter, helper=Helper(4, 88) if DQ == 4 else None)
+    stages = QStage(ring(q_desc, STAGES), ring(stats_desc, STAGES), ring(do_desc, STAGES))
+    run(op, layout, stages, gl.cdiv(Nk, 2 * BN) * num_bhk)
     for j in gl.static_range(2):
         mbarrier.invalidate(ds_full.index(j))
         mbarrier.invalidate(ds_free.index(j))

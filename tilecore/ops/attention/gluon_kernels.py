@@ -58,6 +58,30 @@ class Rows:
     n_blocks: object
 
 
+@gluon.jit
+def head_of(bh, H, GROUP):
+    """(batch, q head, kv head) of the flat index bh = batch * H + q head."""
+    b = bh // H
+    h = bh % H
+    return b, h, h // GROUP
+
+
+@gluon.jit
+def query_tile(tile_id, N, Nk, num_bh, head_group, TILE_M: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+    """A tile of TILE_M query rows: its Rows (first row, batch * head, key blocks it sees). Heads go
+    in L2 groups of head_group; causal, the heaviest query blocks first, counted from the last row,
+    so a short block (N not a multiple of TILE_M) is the lightest; it starts at row 0 (a TMA
+    coordinate before row 0 traps) and redoes the next block's first rows, bit for bit."""
+    bh, mb = head_grouped_tile(tile_id, gl.cdiv(N, TILE_M), num_bh, head_group)
+    if CAUSAL:
+        start_m = gl.maximum(N - (mb + 1) * TILE_M, 0)
+        hi = gl.maximum(gl.minimum(Nk, start_m + TILE_M + (Nk - N)), 0)  # query i sees keys j <= i + Nk - N
+    else:
+        start_m = mb * TILE_M
+        hi = Nk
+    return Rows(start_m, bh, gl.cdiv(hi, BN))
+
+
 @struct
 class Running:
     """A consumer's online softmax: row max m and sum l (base 2), the output accumulator, the last P
@@ -96,32 +120,20 @@ class Attention:
 
     @gluon.jit
     def head(self, bh):
-        """(batch, q head, kv head) of the flat index bh = batch * H + q head."""
-        h = bh % self.H
-        return bh // self.H, h, h // self.GROUP
+        return head_of(bh, self.H, self.GROUP)
 
     @gluon.jit
     def setup(self, tile_id):
-        """The tile's rows (first query row, batch * head, key blocks) and its steps: a step per key
-        block and one for the last P V (carried: that one is the next tile's first). Heads go in L2
-        groups of head_group; causal, the heaviest query blocks first, counted from the last row, so
-        a short block (N not a multiple of the tile) is the lightest; it starts at row 0 (a TMA
-        coordinate before row 0 traps) and redoes the next block's first rows, bit for bit."""
-        TILE_M: gl.constexpr = self.BM * self.CONSUMERS
-        bh, mb = head_grouped_tile(tile_id, gl.cdiv(self.N, TILE_M), self.num_bh, self.head_group)
-        if self.CAUSAL:
-            start_m = gl.maximum(self.N - (mb + 1) * TILE_M, 0)
-            hi = gl.maximum(gl.minimum(self.Nk, start_m + TILE_M + (self.Nk - self.N)), 0)  # i sees j <= i + Nk - N
+        """The tile's rows and its steps: a step per key block and one for the last P V (carried: that
+        one is the next tile's first, and a tile with no keys has one block, all masked)."""
+        rows = query_tile(tile_id, self.N, self.Nk, self.num_bh, self.head_group, self.BM * self.CONSUMERS, self.BN,
+                          self.CAUSAL)
+        if self.CARRY:
+            rows = Rows(rows.first, rows.bh, gl.maximum(rows.n_blocks, 1))
+            steps = rows.n_blocks
         else:
-            start_m = mb * TILE_M
-            hi = self.Nk
-        n_blocks = gl.cdiv(hi, self.BN)
-        if self.CARRY:  # every tile has a first step (a tile with no keys: one block, all masked)
-            n_blocks = gl.maximum(n_blocks, 1)
-            steps = n_blocks
-        else:
-            steps = gl.where(n_blocks > 0, n_blocks + 1, 0)
-        return Rows(start_m, bh, n_blocks), steps
+            steps = gl.where(rows.n_blocks > 0, rows.n_blocks + 1, 0)
+        return rows, steps
 
     @gluon.jit
     def load(self, stage, bar, tile, step, prev=None):
