@@ -186,7 +186,7 @@ _TILE_COUNTERS: dict = {}
 
 
 def tile_counter(device: torch.device) -> torch.Tensor:
-    """The int32 counter of a dynamic-tile launch (``tiles.gluon.persistent_pipeline``'s
+    """The int32 counter of a dynamic-tile launch (``tiles.gluon.pipeline.Layout.tile_counter``'s
     ``tile_counter``) on ``device``'s current stream: zero before its first launch, and every launch
     leaves it zero, so one counter a stream serves all its launches, one after another (a launch on
     another stream at the same time gets its own). Off CUDA (compile-only callers): a fresh zero."""

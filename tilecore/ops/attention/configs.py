@@ -60,11 +60,11 @@ def decode_config(d: int, interpret: bool) -> dict:
 
 # --------------------------------------------------------------------------------------------
 # Hopper's Gluon forward (gluon_kernels.py): query rows per consumer warpgroup (block_m), keys a step
-# (block_n), ring depth, P V overlapped with the softmax, consumer warpgroups, Q buffers per consumer
+# (block_n), ring depth, consumer warpgroups, Q buffers per consumer (P V always overlaps the softmax)
 
-GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, overlap=True, consumers=2, q_buffers=2),
+GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2),
                  # two Q buffers: N = 512 +15% (causal +18%), N = 8192 +8% (notes/attention, sessions 5, 9)
-                 128: dict(block_m=64, block_n=128, stages=2, overlap=True, consumers=2, q_buffers=2)}
+                 128: dict(block_m=64, block_n=128, stages=2, consumers=2, q_buffers=2)}
 SHORT_TILE_KEY_BLOCKS = 8  # tiles of at most this many key blocks (on average) are short: carried
 THREE_CONSUMERS_MIN_N = {False: 2048, True: 1024}  # D64 three consumers from here: N 4096 +5-8% (session 13)
 THREE_CONSUMERS_Q2_MAX_N = 4096  # ... with two Q buffers each up to here: +1.4-4.4% (session 13)

@@ -348,11 +348,8 @@ class Attention:
 def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh,
                          head_group, schedule, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                          CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr = 1, CARRY: gl.constexpr = False,
-                         Q_REGS: gl.constexpr = False, OVERLAP: gl.constexpr = True, PINGPONG: gl.constexpr = False):
-    """O and lse of attention for every (query block, batch * head); a persistent grid. (OVERLAP and
-    PINGPONG: the v1 kernel's switches, accepted while its launchers still pass them; only the
-    shipped overlapped loop without ping-pong is built.)"""
-    gl.static_assert(OVERLAP and not PINGPONG, "the overlapped loop, without ping-pong")
+                         Q_REGS: gl.constexpr = False):
+    """O and lse of attention for every (query block, batch * head); a persistent grid."""
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "two or three consumer warpgroups")
     gl.static_assert(not (CARRY and Q_REGS), "Q_REGS takes a pipeline that restarts at each tile")
     op = Attention(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh, head_group, CAUSAL,

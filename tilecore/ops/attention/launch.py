@@ -47,8 +47,8 @@ def forward_into(q, k, v, out, lse, causal: bool, scale: float, **options) -> No
 
 
 def launch_forward_gluon(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
-    """Hopper's Gluon forward (gluon_kernels.py): ``consumers`` warpgroups (1 of 8 warps, or 2 or 3
-    of 4) of ``block_m`` query rows each share every K/V stage of ``block_n`` keys; ``q_buffers`` = 2
+    """Hopper's Gluon forward (gluon_kernels.py): ``consumers`` warpgroups (2 or 3, of 4 warps) of
+    ``block_m`` query rows each share every K/V stage of ``block_n`` keys; ``q_buffers`` = 2
     loads a tile's Q blocks while the previous tile runs; ``carry`` keeps the pipeline running across
     tiles; ``q_regs`` holds each consumer's Q rows in registers for the tile."""
     B, H, N, D = q.shape
@@ -59,10 +59,8 @@ def launch_forward_gluon(plan, q, k, v, out, lse, causal: bool, scale: float) ->
         GLUON_FWD[plan.grid](head_operand(q, block_m), head_operand(k, block_n), head_operand(v, block_n),
                              head_operand(out, block_m), lse, H, N, Nk, H // Hkv, scale * LOG2E, B * H,
                              plan.sizes["head_group"], plan.schedule, CAUSAL=causal, STAGES=cfg["stages"],
-                             OVERLAP=cfg.get("overlap", True), CONSUMERS=consumers,
-                             PINGPONG=cfg.get("pingpong", False), Q_BUFFERS=cfg.get("q_buffers", 1),
-                             CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False),
-                             num_warps=8 if consumers == 1 else 4)
+                             CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1), CARRY=cfg.get("carry", False),
+                             Q_REGS=cfg.get("q_regs", False), num_warps=4)
 
 
 def launch_forward_tl(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:

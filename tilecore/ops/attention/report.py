@@ -124,9 +124,9 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
                 o_desc=desc(cfg["block_m"]), lse_ptr=torch.empty(64, dtype=torch.float32), H=16, N=n, Nk=n,
                 GROUP=1, scale_log2e=0.1, num_bh=256, head_group=12, schedule=_schedule(causal, cfg),
                 CAUSAL=causal, STAGES=cfg["stages"],
-                OVERLAP=cfg["overlap"], CONSUMERS=cfg["consumers"], PINGPONG=cfg.get("pingpong", False),
-                Q_BUFFERS=cfg["q_buffers"], CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False))
-    compiled = _compile(attention_fwd_kernel, args, {"num_warps": 8 if cfg["consumers"] == 1 else 4})
+                CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"], CARRY=cfg.get("carry", False),
+                Q_REGS=cfg.get("q_regs", False))
+    compiled = _compile(attention_fwd_kernel, args, {"num_warps": 4})
     r = resources(compiled)
     name = ("forward (gluon, Q in registers)" if cfg.get("q_regs") else
             "forward (gluon, 3 consumers)" if cfg["consumers"] == 3 else

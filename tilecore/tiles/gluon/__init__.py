@@ -1,6 +1,5 @@
 """Hopper kernels in Gluon: the template (:mod:`.pipeline`), its tile ops (:mod:`.ops`) and stream-K
-(:mod:`.stream_k`). :mod:`.pipeline_v1` is the first template, which the attention backward and its
-dq kernel still use until they are ported (issue 30)."""
+(:mod:`.stream_k`). docs/tiles.md builds an op on them."""
 from tilecore.tiles.gluon.ops import (exp2_scaled, join_n, mask_scores, needs_mask, online_softmax_update, opaque_int,
                                       row_max, row_sum, split_n, store_tile, tma_reduce_add, wgmma_layout)
 from tilecore.tiles.gluon.pipeline import Consumer, Helper, Layout, TileOperand, field, ring, run, stage_bytes, struct
@@ -10,6 +9,3 @@ __all__ = ["Consumer", "Helper", "Layout", "TileOperand", "add_partials", "exp2_
            "online_softmax_update", "field", "opaque_int", "publish_partial", "ring", "row_max", "row_sum", "run", "split_n",
            "stage_bytes", "store_tile", "struct", "tma_reduce_add", "wgmma_layout"]
 
-# the v1 template's entry points, for the attention backward and dq kernels until they are ported
-from tilecore.tiles.gluon.pipeline_v1 import pass_turn, persistent_pipeline, wait_turn  # noqa: E402
-from tilecore.tiles.schedule import head_grouped_tile  # noqa: E402
