@@ -5,17 +5,18 @@ limit (an illegal address in one phase must not lose the others' results).
     PYTHONPATH=. python3 experiments/attention/attention_probe.py --dry      (the check's logic on the CPU)
 
 check: bf16 and fp16, forward and backward (public API + autograd) against a float64 reference, as
-    error / rounding floor; outputs of a second, direct kernel call (kernels.forward_into,
-    backward_into) into NaN-poisoned buffers must equal the first bit for bit (every element
+    error / rounding floor; outputs of a second, direct call (launch.forward_into,
+    backward_into: the same plan) into NaN-poisoned buffers must equal the first bit for bit (every element
     written, deterministic); rows with no key give 0, lse = -inf and zero dq. torch SDPA (flash) on
     the same data where its masking is the same (N == Nk).
 time: B=16 H=16 N=4096, D 64 and 128, causal and not, bf16: forward and backward TFLOP/s of tilecore,
     SDPA cuDNN and SDPA flash, interleaved in one process (forward 4 B H N^2 D, halved when causal;
     backward 2.5x the forward's).
-sweep: a few forward block shapes of the Gluon forward (kernels.forward_gluon's block_m, block_n,
-    stages) of the same cases, and with SWEEP_BWD=1 the tl backward's (backward_into's config=),
-    within what time is left.
-public: the forward through the public function against direct kernel calls, interleaved.
+sweep: a few forward block shapes of the Gluon forward (launch.forward_into(path="gluon", config=)
+    with block_m, block_n, stages) of the same cases, and with SWEEP_BWD=1 the tl backward's
+    (backward_into(path="tl", config=)), within what time is left.
+public: the forward through the public function against direct calls (launch.forward_into with the
+    Gluon path forced, and planned), interleaved.
 bench: the attention bench suite, quick (N = 4096), saved as JSON and PNG.
 compile: torch.compile(fullgraph=True) (inductor) of forward + backward through the custom ops.
 
@@ -103,7 +104,7 @@ def check(out_dir, dry=False):
 
     import tilecore
     from tilecore.accuracy import error_over_floor
-    from tilecore.ops.attention import kernels
+    from tilecore.ops.attention import launch
     from tilecore.ops.attention.reference import attention_reference
 
     dev = "cpu" if dry else "cuda"
@@ -139,10 +140,10 @@ def check(out_dir, dry=False):
         # every element written, same bits: a direct call into NaN-poisoned buffers
         po = torch.full_like(out, float("nan"))
         pl = torch.full_like(lse, float("nan"))
-        kernels.forward_into(q.detach(), k.detach(), v.detach(), po, pl, causal, scale)
+        launch.forward_into(q.detach(), k.detach(), v.detach(), po, pl, causal, scale)
         pdq, pdk, pdv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-        kernels.backward_into(do, q.detach(), k.detach(), v.detach(), out, lse, None, pdq, pdk, pdv,
-                              causal, scale)
+        launch.backward_into(do, q.detach(), k.detach(), v.detach(), out, lse, None, pdq, pdk, pdv,
+                             causal, scale)
         # dq of the Gluon backward sums float32 atomics in no fixed order: every element written and
         # as accurate as the first call's, not the same bits
         dq_same = torch.equal(pdq, dq)
@@ -246,10 +247,10 @@ def sweep(out_dir):
     import torch
     from triton.testing import do_bench
 
-    from tilecore.ops.attention import kernels
+    from tilecore.ops.attention import launch
 
     t0 = time.time()
-    # the second run's candidates, next to the defaults the first run picked (kernels.*_config)
+    # the second run's candidates, next to the defaults the first run picked (configs.*_config)
     # forward: the Gluon kernel's blocks and ring depth (the tl kernel's best for reference);
     # backward: the tl kernels' candidates (only when asked: SWEEP_BWD=1)
     G = lambda bm, bn, st: dict(block_m=bm, block_n=bn, stages=st)
@@ -270,16 +271,17 @@ def sweep(out_dir):
                     if time.time() - t0 > LIMITS["sweep"] - 12:
                         break
                     if p == "fwd" and "block_m" in cfg:
-                        fn = lambda: kernels.forward_gluon(q, k, v, out, lse, causal, d ** -0.5, **cfg)
+                        fn = lambda: launch.forward_into(q, k, v, out, lse, causal, d ** -0.5, path="gluon",
+                                                         config=cfg)
                     elif p == "fwd":
-                        fn = lambda: kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5, config=cfg)
+                        fn = lambda: launch.forward_into(q, k, v, out, lse, causal, d ** -0.5, path="tl", config=cfg)
                     else:
-                        kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5)
-                        fn = lambda: kernels.backward_into(do, q, k, v, out, lse, None, dq, dk, dv, causal,
-                                                           d ** -0.5, config=cfg)
+                        launch.forward_into(q, k, v, out, lse, causal, d ** -0.5)
+                        fn = lambda: launch.backward_into(do, q, k, v, out, lse, None, dq, dk, dv, causal,
+                                                          d ** -0.5, path="tl", config=cfg)
                     if p == "fwd" and "block_m" in cfg:  # scheduling variants must give the default's bits
                         ref_o, ref_l = torch.empty_like(out), torch.empty_like(lse)
-                        kernels.forward_into(q, k, v, ref_o, ref_l, causal, d ** -0.5)
+                        launch.forward_into(q, k, v, ref_o, ref_l, causal, d ** -0.5)
                         out.fill_(float("nan"))
                         lse.fill_(float("nan"))
                         fn()
@@ -301,7 +303,7 @@ def sweep(out_dir):
 
 
 def public_gap(out_dir):
-    """The forward through the public function against direct kernel calls, same process, interleaved:
+    """The forward through the public function against direct calls, same process, interleaved:
     where does the gap between the sweep's and the time phase's figures come from?"""
     import torch
     import torch.nn.functional as F
@@ -309,7 +311,7 @@ def public_gap(out_dir):
     from triton.testing import do_bench
 
     import tilecore
-    from tilecore.ops.attention import kernels
+    from tilecore.ops.attention import configs, launch
 
     rows = []
     for d in (128, 64):
@@ -318,17 +320,18 @@ def public_gap(out_dir):
         for causal in (False, True):
             fl = _fwd_flops(d, causal)
             out, lse = torch.empty_like(qd), torch.empty(B, H, N, device="cuda")
-            cfg = kernels.GLUON_FORWARD[d]
+            cfg = configs.GLUON_FORWARD[d]
 
             def fresh():
                 o, l = torch.empty_like(qd), torch.empty(B, H, N, device="cuda")
-                kernels.forward_into(qd, kd, vd, o, l, causal, d ** -0.5)
+                launch.forward_into(qd, kd, vd, o, l, causal, d ** -0.5)
 
             def cudnn():
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     return F.scaled_dot_product_attention(qd, kd, vd, is_causal=causal)
 
-            fns = {"direct forward_gluon": lambda: kernels.forward_gluon(qd, kd, vd, out, lse, causal, d ** -0.5, **cfg),
+            fns = {"forward_into, gluon path": lambda: launch.forward_into(qd, kd, vd, out, lse, causal, d ** -0.5,
+                                                                           path="gluon", config=cfg),
                    "forward_into, fresh outputs": fresh,
                    "tilecore.attention (detached)": lambda: tilecore.attention(qd, kd, vd, causal=causal),
                    "tilecore.attention (requires_grad, no_grad)": lambda: _no_grad(tilecore.attention, q, k, v, causal),

@@ -1,9 +1,12 @@
 """Where the Gluon attention kernels spend their time: Nsight Compute on one kernel launch, one device call.
 
-Backward: the launcher's config at D = 64 and 128 (kernels.gluon_backward_config at N = 4096), and
-its kernel without dQ ("dk/dv only": dq_from="tl", the tl dq kernel skipped), B4 H16 N4096 bf16,
-non-causal (causal where the name says). Forward: the Gluon forward at the launcher's config
-(kernels.gluon_forward_config). Per target: tensor-pipe utilization, shared-memory and L2
+Backward: the Gluon kernel alone (launch.launch_backward_gluon_kernel of plan.plan_backward's Gluon
+plan) at the planned config at D = 64 and 128 (configs.gluon_backward_config at N = 4096), and
+without dQ ("dk/dv only": dq_from="tl", the tl dq kernel skipped; at D = 64 also kv_regs=False,
+since the plan refuses K and V in registers without a dQ added in the kernel: the deterministic
+mode's dK/dV kernel), B4 H16 N4096 bf16, non-causal (causal where the name says). Forward: the
+Gluon forward at the planned config (launch.forward_into with path="gluon", its config
+configs.gluon_forward_config's). Per target: tensor-pipe utilization, shared-memory and L2
 throughput, issue slots and warp stalls; --source: warp stall samples per SASS instruction. Also
 (--gemm-floor) the output-write floor of the persistent small-K GEMM: a 4096 x 4096 bf16 memset
 against cuBLAS and tilecore at K = 64 and 128, in CUDA-graph replays.
@@ -22,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from experiments.common.nsight import ncu_binary, profile  # noqa: E402
 
-# name: (pass, D, causal, dQ: None for the launcher's, "tl" for none in the kernel)
+# name: (pass, D, causal, dQ: None for the planned config's, "tl" for none in the kernel)
 TARGETS = {"d64": ("bwd", 64, False, None), "d64 dk/dv only": ("bwd", 64, False, "tl"),
            "d128": ("bwd", 128, False, None), "d128 dk/dv only": ("bwd", 128, False, "tl"),
            "d128 causal": ("bwd", 128, True, None),
@@ -46,7 +49,7 @@ METRICS = ["sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_acti
 def target(name):
     import torch
 
-    from tilecore.ops.attention import kernels
+    from tilecore.ops.attention import configs, launch, plan
 
     kind, d, causal, dq_from = TARGETS[name]
     b, h, n = 4, 16, 4096
@@ -54,19 +57,22 @@ def target(name):
     q, k, v, do = mk(), mk(), mk(), mk()
     out, lse = torch.empty_like(q), torch.empty(b, h, n, device="cuda")
     if kind == "fwd":
-        cfg = kernels.gluon_forward_config(d, n, n, causal)
+        cfg = configs.gluon_forward_config(d, n, n, causal)
         for _ in range(3):
-            kernels.forward_gluon(q, k, v, out, lse, causal, d ** -0.5, **cfg)
+            launch.forward_into(q, k, v, out, lse, causal, d ** -0.5, path="gluon", config=cfg)
         torch.cuda.synchronize()
         return
-    kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5)
-    delta, dq_sum, stats = kernels.backward_preprocess(out, do, lse, None, dq_sum=True, row_stats=True)
+    launch.forward_into(q, k, v, out, lse, causal, d ** -0.5)
+    delta, dq_sum, stats = launch.backward_preprocess(out, do, lse, None, dq_sum=True, row_stats=True)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    cfg = kernels.gluon_backward_config(d, n, causal)
+    cfg = configs.gluon_backward_config(d, n, causal)
     if dq_from:
         cfg["dq_from"] = dq_from
+        if configs.DQ_MODES[dq_from] == 0:  # kv_regs takes a dQ added in the kernel (plan_backward)
+            cfg["kv_regs"] = False
+    p = plan.plan_backward(do, q, k, v, causal, d ** -0.5, path="gluon", config=cfg)
     for _ in range(3):
-        kernels.backward_gluon_kernel(do, q, k, v, stats, dq_sum, dk, dv, causal, d ** -0.5, **cfg)
+        launch.launch_backward_gluon_kernel(p, do, q, k, v, stats, dq_sum, dk, dv, causal, d ** -0.5)
     torch.cuda.synchronize()
 
 

@@ -1,5 +1,5 @@
-"""The Gluon backward's launcher configs against variants of them and cuDNN, at D = 64 or 128, all
-through kernels.backward_into's documented ``gluon=`` config argument.
+"""The Gluon backward's planned configs against variants of them and cuDNN, at D = 64 or 128, all
+through launch.backward_into(path="gluon", config=...) (plan.plan_backward's forced path and config).
 
 1. check: every variant meant to be correct, on small GQA shapes with tails (and, causal, rows with
    no key) against a float64 reference, gradients NaN-poisoned first: error over the rounding
@@ -8,7 +8,8 @@ through kernels.backward_into's documented ``gluon=`` config argument.
 2. time: B16 H16 bf16 at N = --lengths, every variant next to cuDNN's backward, --rounds interleaved
    rounds; median TFLOP/s and the median (min-max) of the per-round ratios to cuDNN.
 
-Sets (--set): "shipped" (the launcher's configs, checked and timed, and their dK/dV kernel alone);
+Sets (--set): "shipped" (configs.GLUON_BACKWARD's configs, checked and timed, and their dK/dV kernel
+alone: launch.launch_backward_gluon_kernel of a plan made once, the preprocess done once outside);
 "stages" (their ring depth); "det" (the deterministic mode's config: dQ by the Gluon dq kernel).
 
 (Until the tiles v2 port it also had sets for unshipped variants: the query split, dQ overlapped,
@@ -33,14 +34,14 @@ from experiments.attention.cases import backward_case  # noqa: E402
 from experiments.common.meta import meta  # noqa: E402
 from tilecore.accuracy import error_over_floor  # noqa: E402
 from tilecore.bench.harness import ratios_to  # noqa: E402
-from tilecore.ops.attention import kernels  # noqa: E402
+from tilecore.ops.attention import configs, launch, plan  # noqa: E402
 from tilecore.ops.attention.reference import reference_grads  # noqa: E402
 
 
 def variants(set_name, d, causal):
-    """name -> (config, checked): a Gluon config for kernels.backward_into, or with kernel_alone the
-    kernel-alone call's options (not checked: its dQ is not finished)."""
-    shipped = dict(kernels.GLUON_BACKWARD[d, causal])  # at N = 4096 (kernels.gluon_backward_config)
+    """name -> (config, checked): a Gluon config for launch.backward_into(path="gluon", config=), or
+    with kernel_alone the kernel-alone call's config (not checked: its dQ is not finished)."""
+    shipped = dict(configs.GLUON_BACKWARD[d, causal])  # at N = 4096 (configs.gluon_backward_config)
     if set_name == "shipped":
         return {"shipped": (shipped, True), "kernel alone": (dict(shipped, kernel_alone=True), False)}
     if set_name == "det":  # the deterministic mode's config (dq by the Gluon dq kernel) against the default
@@ -57,13 +58,14 @@ CHECK_SHAPES = ((torch.bfloat16, (2, 4, 2, 700, 900)), (torch.bfloat16, (1, 4, 1
 
 
 def kernel_alone(case, cfg):
-    """A call of the Gluon kernel alone (the delta preprocess done once, outside)."""
+    """A call of the Gluon kernel alone (the preprocess done and the plan made once, outside)."""
     q, k, v, do, out, lse, causal, scale = case
     opts = {key: val for key, val in cfg.items() if key != "kernel_alone"}
-    fused = kernels.DQ_MODES[opts["dq_from"]] > 0
-    _, dq_sum, stats = kernels.backward_preprocess(out, do, lse, None, dq_sum=fused, row_stats=True)
+    fused = configs.DQ_MODES[opts["dq_from"]] > 0
+    _, dq_sum, stats = launch.backward_preprocess(out, do, lse, None, dq_sum=fused, row_stats=True)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    return lambda: kernels.backward_gluon_kernel(do, q, k, v, stats, dq_sum, dk, dv, causal, scale, **opts)
+    p = plan.plan_backward(do, q, k, v, causal, scale, path="gluon", config=opts)
+    return lambda: launch.launch_backward_gluon_kernel(p, do, q, k, v, stats, dq_sum, dk, dv, causal, scale)
 
 
 def check_one(set_name, d, causal, name, lengths):
@@ -78,16 +80,16 @@ def check_one(set_name, d, causal, name, lengths):
             q, k, v, do = mk(hq, n), mk(hkv, nk), mk(hkv, nk), mk(hq, n)
             ref = reference_grads(q, k, v, do, causal=causal)
             out, lse = torch.empty_like(q), torch.empty(b, hq, n, device="cuda")
-            kernels.forward_into(q, k, v, out, lse, causal, d ** -0.5)
+            launch.forward_into(q, k, v, out, lse, causal, d ** -0.5)
             grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-            kernels.backward_into(do, q, k, v, out, lse, None, *grads, causal, d ** -0.5, gluon=cfg)
+            launch.backward_into(do, q, k, v, out, lse, None, *grads, causal, d ** -0.5, path="gluon", config=cfg)
             errs = [error_over_floor(x, r) for x, r in zip(grads, ref)]
             written = not any(x.isnan().any().item() for x in grads)
             rows.append(dict(variant=name, D=d, causal=causal, dtype=str(dtype), shape=[b, hq, hkv, n, nk], dq=errs[0],
                              dk=errs[1], dv=errs[2], written=written, ok=max(errs) < 4 and written))
     for n in lengths:  # compile for the timing shapes
         run, cudnn, fl, grads, case = timing_case(n, d, causal)
-        (kernel_alone(case, cfg) if cfg.get("kernel_alone") else lambda: run(gluon=cfg))()
+        (kernel_alone(case, cfg) if cfg.get("kernel_alone") else lambda: run(config=cfg))()
         torch.cuda.synchronize()
     print("CHECK " + json.dumps(rows), flush=True)
 
@@ -148,7 +150,7 @@ def main():
             run, cudnn, fl, grads, case = timing_case(n, d, causal)
             fns = {}
             for name, (cfg, _) in variants(args.set, d, causal).items():
-                fns[name] = kernel_alone(case, cfg) if cfg.get("kernel_alone") else (lambda c=cfg: run(gluon=c))
+                fns[name] = kernel_alone(case, cfg) if cfg.get("kernel_alone") else (lambda c=cfg: run(config=c))
             fns["cuDNN"] = cudnn
             row = ratios_to("cuDNN", fns, fl, args.rounds, warmup_ms=10, rep_ms=50, grad_to_none=grads)
             res["time"][f"D{d} N{n}{' causal' if causal else ''}"] = row

@@ -8,6 +8,9 @@ check: bf16 and fp16 at decode shapes (1-16 queries, grouped heads, tails, causa
 time: one query against Nk cached keys, Hq 32 / Hkv 8 D 128 bf16 (the bench suite's cases): GB/s of
     the split-key path's variants (keys a step, ring depth, programs a SM aimed at), the query-block
     forward it replaces, and torch SDPA's flash and cuDNN, against copy, interleaved three times.
+The split-key path's calls go through launch.forward_into(path="decode", config=, splits=); a
+variant aiming at P programs a SM passes the splits plan.decode_splits gives for P * SMs programs.
+
 host: host time a call (no sync between calls) and GPU time (CUDA graph of back-to-back calls) of
     the public function, the split-key kernels alone and SDPA at small decode shapes, a cProfile of
     the public call.
@@ -39,7 +42,7 @@ def _meta():
 
 def check():
     from tilecore import accuracy
-    from tilecore.ops.attention import attention, attention_reference, decode
+    from tilecore.ops.attention import attention, attention_reference, launch
 
     rows = []
     cases = [  # B, Hq, Hkv, N, Nk, D, causal, layout
@@ -68,7 +71,7 @@ def check():
             out, lse = attention(q, k, v, causal=causal, return_lse=True)
             o2 = torch.full_like(out, float("nan"))
             l2 = torch.full_like(lse, float("nan"))
-            decode.decode_into(q, k, v, o2, l2, causal, d ** -0.5)
+            launch.forward_into(q, k, v, o2, l2, causal, d ** -0.5, path="decode")
             torch.cuda.synchronize()
             empty = torch.isneginf(ref_lse)
             live = ~empty
@@ -98,30 +101,44 @@ def _sdpa(backend):
     return f
 
 
-def _split_keys(config=None, programs_per_sm=None):
-    from tilecore.ops.attention import decode
+def _splits(q, k, config, programs_per_sm):
+    """The key ranges plan_forward's decode plan picks (plan.decode_splits), but aiming at
+    ``programs_per_sm`` programs a SM instead of configs.DECODE_PROGRAMS_PER_SM."""
+    from tilecore import dispatch
+    from tilecore.ops.attention import configs, plan
+    from tilecore.tiles.launch import cdiv
 
-    options = dict(config=config)
-    if programs_per_sm:
-        options["programs_per_sm"] = programs_per_sm
+    B, Hq, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    interpret = dispatch.interpreted(q.device)
+    block_n = (config or configs.decode_config(D, interpret))["BLOCK_N"]
+    row_blocks = cdiv(N * (Hq // Hkv), plan.tile_rows(N, Hq // Hkv))
+    sms = configs.INTERPRETER_SMS if interpret else dispatch.num_sms(q.device)
+    return plan.decode_splits(B * Hkv * row_blocks, Nk, block_n, programs_per_sm * sms, configs.DECODE_MIN_SPLIT_KEYS)
+
+
+def _split_keys(config=None, programs_per_sm=None):
+    from tilecore.ops.attention import launch
 
     def f(q, k, v):
         B, Hq, N, D = q.shape
         out = torch.empty_like(q)
         lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
-        decode.decode_into(q, k, v, out, lse, False, D ** -0.5, **options)
+        splits = _splits(q, k, config, programs_per_sm) if programs_per_sm else None
+        launch.forward_into(q, k, v, out, lse, False, D ** -0.5, path="decode", config=config, splits=splits)
         return out
     return f
 
 
 def _query_blocks(q, k, v):
-    from tilecore.ops.attention import kernels
+    from tilecore.ops.attention import launch
 
     B, Hq, N, D = q.shape
     out = torch.empty_like(q)
     lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
-    # the query-block (Gluon) forward itself: forward_into would take the split-key path here
-    kernels.forward_gluon(q, k, v, out, lse, False, D ** -0.5, **kernels.gluon_forward_config(D, N, k.shape[2], False))
+    # the query-block (Gluon) forward itself at its planned config (configs.gluon_forward_config):
+    # without path="gluon" the plan would take the split-key path here
+    launch.forward_into(q, k, v, out, lse, False, D ** -0.5, path="gluon")
     return out
 
 

@@ -8,8 +8,9 @@ time (do_bench median, L2 flushed before each call, what `tilecore bench attenti
 GPU time alone (CUDA graph of back-to-back calls). Where host time is over the flush's GPU time, the
 bench's figure holds host time, not the kernel's. --profile LABEL adds a cProfile of tilecore's call;
 --only LABEL runs only the cases whose label starts so.
---parts: where a call's host time goes (best of rounds): the public call, kernels.forward_into, the
-public function's checks (op.check), plain_eager and its output allocations.
+--parts: where a call's host time goes (best of rounds): the public call, launch.forward_into (plan
+and launch), plan.plan_forward alone, launch.forward of a plan made once, the public function's
+checks (op.check), plain_eager and its output allocations.
 
 (Until the tiles v2 port --parts also timed forward_into with tiles.launch's fast path switched off
 and with CachedLaunch._launch_here replaced, which patched internals: git show
@@ -47,12 +48,12 @@ def _sdpa(backend):
 
 def _impls():
     import tilecore
-    from tilecore.ops.attention import kernels
+    from tilecore.ops.attention import launch
 
-    def direct(q, k, v, causal):  # the kernels alone: outputs made here, no checks or dispatch
+    def direct(q, k, v, causal):  # plan and launch alone: outputs made here, no checks or custom op
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
-        kernels.forward_into(q, k, v, out, lse, causal, q.shape[-1] ** -0.5)
+        launch.forward_into(q, k, v, out, lse, causal, q.shape[-1] ** -0.5)
         return out
     return {"tilecore": lambda q, k, v, c: tilecore.attention(q, k, v, causal=c), "forward_into": direct,
             "cuDNN (SDPA)": _sdpa("CUDNN_ATTENTION")}
@@ -76,15 +77,18 @@ def parts(label, q, k, v, causal):
     """Host time of the pieces of one call, in us (best of rounds)."""
     import tilecore
     from tilecore import dispatch
-    from tilecore.ops.attention import kernels, op
+    from tilecore.ops.attention import launch, op, plan
 
     scale = q.shape[-1] ** -0.5
     out, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
-    into = lambda: kernels.forward_into(q, k, v, out, lse, causal, scale)
+    into = lambda: launch.forward_into(q, k, v, out, lse, causal, scale)
+    made = plan.plan_forward(q, k, v, causal, scale)
     row = {"case": label}
     with torch.no_grad():
         row["public"] = best_us(lambda: tilecore.attention(q, k, v, causal=causal))
         row["forward_into"] = best_us(into)
+        row["plan_forward"] = best_us(lambda: plan.plan_forward(q, k, v, causal, scale))
+        row["forward (planned)"] = best_us(lambda: launch.forward(made, q, k, v, out, lse, causal, scale))
         row["check"] = best_us(lambda: op.check(q, k, v, causal, None))
         row["plain_eager"] = best_us(lambda: dispatch.plain_eager(q, k, v))
         row["out + lse"] = best_us(lambda: (torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")))
