@@ -10,8 +10,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma, warpgroup_mma, warpgroup_mma_wait
 
-from tilecore.tiles.gluon import Layout, add_partials, publish_partial, ring, run, store_tile, struct, wgmma_layout
-from tilecore.tiles.schedule import FINAL, NOTHING, PARTIAL, stream_k_work, tile_origin
+from tilecore.tiles.gluon import (Layout, add_cols, fix_up, ring, run, scale_cols, scale_rows, store_tile, struct,
+                                  wgmma_layout)
+from tilecore.tiles.schedule import FINAL, WHOLE, stream_k_work, tile_origin
 
 
 @struct
@@ -94,39 +95,17 @@ class Gemm:
 
     @gluon.jit
     def finish(self, ctx, acc, tile):
+        """Stream-K's fix-up, then dequantization (fp8), bias, and the TMA store of this consumer's rows."""
         if self.STREAM_K:  # the unit may be a share of a tile
-            slot = gl.program_id(0) * self.CONSUMERS + ctx.index  # this consumer's workspace slot
-            if tile.role == PARTIAL:
-                publish_partial(acc, self.workspace, self.flags, slot)
-            elif tile.role != NOTHING:
-                if tile.role == FINAL:  # the shares of programs tile.first .. this one - 1 come first
-                    acc = add_partials(acc, self.workspace, self.flags,
-                                       slot - (gl.program_id(0) - tile.first) * self.CONSUMERS, slot, self.CONSUMERS)
-                self.epilogue(ctx, acc, tile)
-        else:
-            self.epilogue(ctx, acc, tile)
-
-    @gluon.jit
-    def epilogue(self, ctx, acc, tile):
-        """Scales (fp8), bias, and the TMA store of this consumer's rows of the tile."""
-        off_m = tile.off_m + ctx.index * self.BM
-        layout: gl.constexpr = acc.type.layout
-        if self.SCALES > 0:  # fp8 dequantization: per-tensor scales, or per row of A / per column of B
-            if (self.SCALES - 1) % 2 == 1:
-                offs_m = off_m + gl.arange(0, self.BM, layout=gl.SliceLayout(1, layout))
-                acc = acc * gl.expand_dims(gl.load(self.scale_a + offs_m, mask=offs_m < self.M, other=0.0), 1)
-            else:
-                acc = acc * gl.load(self.scale_a)
-            if (self.SCALES - 1) // 2 == 1:
-                offs_n = tile.off_n + gl.arange(0, self.BN, layout=gl.SliceLayout(0, layout))
-                acc = acc * gl.expand_dims(gl.load(self.scale_b + offs_n, mask=offs_n < self.N, other=0.0), 0)
-            else:
-                acc = acc * gl.load(self.scale_b)
-        if self.HAS_BIAS:
-            offs_n = tile.off_n + gl.arange(0, self.BN, layout=gl.SliceLayout(0, layout))
-            bias = gl.load(self.bias + offs_n, mask=offs_n < self.N, other=0.0)
-            acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
-        store_tile(acc, self.c_desc, ctx.out, off_m, tile.off_n)
+            acc = fix_up(acc, tile.role, tile.first, self.workspace, self.flags, self.CONSUMERS, ctx.index)
+        if not self.STREAM_K or tile.role == WHOLE or tile.role == FINAL:
+            off_m = tile.off_m + ctx.index * self.BM
+            if self.SCALES > 0:  # per-tensor scales, or per row of A / per column of B
+                acc = scale_rows(acc, self.scale_a, off_m, self.M, (self.SCALES - 1) % 2 == 1)
+                acc = scale_cols(acc, self.scale_b, tile.off_n, self.N, (self.SCALES - 1) // 2 == 1)
+            if self.HAS_BIAS:
+                acc = add_cols(acc, self.bias, tile.off_n, self.N)
+            store_tile(acc, self.c_desc, ctx.out, off_m, tile.off_n)
 
 
 @gluon.jit

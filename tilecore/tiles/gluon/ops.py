@@ -144,3 +144,32 @@ def online_softmax_update(m_i, l_i, s, scale_log2e):
     p = exp2_scaled(s, scale_log2e, m_new)
     alpha = gl.exp2(m_i - m_new)
     return m_new, l_i * alpha + row_sum(p), p, alpha
+
+
+@gluon.jit
+def scale_rows(x, scale, first_row, rows, PER_ROW: gl.constexpr):
+    """x [m, n] times a scale per row (``scale[first_row + i]``, 0 past ``rows``) or, without
+    ``PER_ROW``, the scalar ``scale[0]`` (fp8 dequantization: A's per-token scales)."""
+    if PER_ROW:
+        offs = first_row + gl.arange(0, x.shape[0], layout=gl.SliceLayout(1, x.type.layout))
+        return x * gl.expand_dims(gl.load(scale + offs, mask=offs < rows, other=0.0), 1)
+    else:
+        return x * gl.load(scale)
+
+
+@gluon.jit
+def scale_cols(x, scale, first_col, cols, PER_COL: gl.constexpr):
+    """x [m, n] times a scale per column (``scale[first_col + j]``, 0 past ``cols``) or the scalar
+    ``scale[0]`` (fp8 dequantization: B's per-channel scales)."""
+    if PER_COL:
+        offs = first_col + gl.arange(0, x.shape[1], layout=gl.SliceLayout(0, x.type.layout))
+        return x * gl.expand_dims(gl.load(scale + offs, mask=offs < cols, other=0.0), 0)
+    else:
+        return x * gl.load(scale)
+
+
+@gluon.jit
+def add_cols(x, bias, first_col, cols):
+    """x [m, n] plus a vector along its columns (``bias[first_col + j]`` in float32, 0 past ``cols``)."""
+    offs = first_col + gl.arange(0, x.shape[1], layout=gl.SliceLayout(0, x.type.layout))
+    return x + gl.expand_dims(gl.load(bias + offs, mask=offs < cols, other=0.0).to(gl.float32), 0)

@@ -5,6 +5,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from tilecore.tiles.gluon.ops import join_n, split_n
+from tilecore.tiles.schedule import FINAL, PARTIAL
 
 PARTIAL_COLUMNS: gl.constexpr = gl.constexpr(32)  # columns of a partial moved at once (64-bit addresses: registers)
 
@@ -67,3 +68,17 @@ def add_partials(acc, workspace, flags, first_slot, end_slot, slot_step):
     return acc
 
 
+
+
+@gluon.jit
+def fix_up(acc, role, first, workspace, flags, CONSUMERS: gl.constexpr, consumer: gl.constexpr):
+    """A stream-K unit's accumulator after its share of the tile (``role`` and ``first`` from
+    ``tiles.schedule.stream_k_work``): a PARTIAL share is published to this program's slot (program
+    * CONSUMERS + consumer); a FINAL one comes back with the earlier shares (programs ``first`` ..
+    this one - 1) added. The caller stores the tile where ``role`` is WHOLE or FINAL."""
+    slot = gl.program_id(0) * CONSUMERS + consumer
+    if role == PARTIAL:
+        publish_partial(acc, workspace, flags, slot)
+    elif role == FINAL:
+        acc = add_partials(acc, workspace, flags, slot - (gl.program_id(0) - first) * CONSUMERS, slot, CONSUMERS)
+    return acc
