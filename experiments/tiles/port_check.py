@@ -34,6 +34,12 @@ def cases():
                                     (64, 8192, False, 8, 16, 16), (128, 4096, True, 8, 32, 8)):
         name = f"attn fwd D{d} N{n}{' causal' if causal else ''}{' gqa' if hkv != h else ''}"
         out.append((name, "attention", dict(b=b, h=h, hkv=hkv, n=n, d=d, causal=causal)))
+    for d, n, causal, b, h, hkv in ((64, 4096, False, 16, 16, 16), (64, 4096, True, 16, 16, 16),
+                                    (128, 4096, False, 16, 16, 16), (128, 4096, True, 16, 16, 16),
+                                    (128, 1024, True, 64, 16, 16), (128, 2048, False, 32, 16, 16),
+                                    (64, 4096, True, 8, 32, 8), (128, 4096, True, 8, 32, 8)):
+        name = f"attn bwd D{d} N{n}{' causal' if causal else ''}{' gqa' if hkv != h else ''}"
+        out.append((name, "attention_bwd", dict(b=b, h=h, hkv=hkv, n=n, d=d, causal=causal)))
     return out
 
 
@@ -64,16 +70,26 @@ def worker(tree: str, save: str, check: bool):
             x = torch.randn(p["rows"], p["n"], device=dev, generator=g).bfloat16()
             fn = lambda: tilecore.hadamard_transform(x, scale=p["n"] ** -0.5)
             flops = None
+        elif kind == "attention_bwd":
+            q, k, v = (torch.randn(p["b"], hh, p["n"], p["d"], device=dev, generator=g).bfloat16().requires_grad_()
+                       for hh in (p["h"], p["hkv"], p["hkv"]))
+            do = torch.randn(p["b"], p["h"], p["n"], p["d"], device=dev, generator=g).bfloat16()
+            o = tilecore.attention(q, k, v, causal=p["causal"])
+            fn = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+            flops = 10 * p["b"] * p["h"] * p["n"] * p["n"] * p["d"] // (2 if p["causal"] else 1)
         else:
             q = torch.randn(p["b"], p["h"], p["n"], p["d"], device=dev, generator=g).bfloat16()
             k = torch.randn(p["b"], p["hkv"], p["n"], p["d"], device=dev, generator=g).bfloat16()
             v = torch.randn(p["b"], p["hkv"], p["n"], p["d"], device=dev, generator=g).bfloat16()
             fn = lambda: tilecore.attention(q, k, v, causal=p["causal"])
             flops = 4 * p["b"] * p["h"] * p["n"] * p["n"] * p["d"] // (2 if p["causal"] else 1)
-        with torch.inference_mode():
+        with torch.inference_mode(kind != "attention_bwd"):
             y = fn()
             torch.cuda.synchronize()
-            digest = hashlib.sha256(y.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest() if check else None
+            # dQ is summed by TMA reductions in no fixed order: only dK and dV are bit-reproducible
+            exact = y[1:] if kind == "attention_bwd" else (y,)
+            digest = hashlib.sha256(b"".join(t.contiguous().view(torch.uint8).cpu().numpy().tobytes()
+                                             for t in exact)).hexdigest() if check else None
             ms = triton.testing.do_bench(fn, warmup=100, rep=400, return_mode="median")
         row = dict(case=name, ms=ms, tflops=flops / ms / 1e9 if flops else None, digest=digest)
         if check and kind == "attention":  # the float64 reference on a slice of heads
@@ -84,6 +100,19 @@ def worker(tree: str, save: str, check: bool):
             err = (y[:1, hs].double() - ref).abs().max().item()
             floor = (ref.bfloat16().double() - ref).abs().max().item()
             row["err_over_floor"] = err / floor
+        if check and kind == "attention_bwd":  # float64 reference of the first kv head's group
+            grp = p["h"] // p["hkv"]
+            qd = q[:1, :grp].detach().double().requires_grad_()
+            kd = k[:1, :1].detach().double().requires_grad_()
+            vd = v[:1, :1].detach().double().requires_grad_()
+            ref_o = torch.nn.functional.scaled_dot_product_attention(
+                qd, kd.expand(-1, grp, -1, -1), vd.expand(-1, grp, -1, -1), is_causal=p["causal"])
+            refs = torch.autograd.grad(ref_o, (qd, kd, vd), do[:1, :grp].double())
+            worst = 0.0
+            for got, ref in zip((y[0][:1, :grp], y[1][:1, :1], y[2][:1, :1]), refs):
+                floor = (ref.bfloat16().double() - ref).abs().max().item()
+                worst = max(worst, (got.double() - ref).abs().max().item() / floor)
+            row["err_over_floor"] = worst
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
