@@ -13,6 +13,7 @@ import contextlib
 import functools
 import os
 import sys
+import warnings
 from typing import Callable, Literal
 
 import torch
@@ -103,6 +104,36 @@ def capability(device: torch.device) -> tuple[int, int] | None:
 def is_hopper(device: torch.device) -> bool:
     """True on sm_90 devices, where the Gluon (TMA, wgmma) kernels run."""
     return capability(device) == (9, 0)
+
+
+def gluon_ok(device: torch.device) -> bool:
+    """True where the Gluon (TMA, wgmma) kernels run: a Hopper device (:func:`is_hopper`) under a
+    triton they were compile-checked under (:func:`gluon_triton_problem`). On Hopper under another
+    triton it warns once, naming the version and those tested, and is False: the plans run the portable
+    Triton kernels."""
+    return is_hopper(device) and _gluon_triton_ok()
+
+
+@functools.lru_cache(maxsize=None)
+def gluon_triton_problem() -> str | None:
+    """None when the installed triton is one the Gluon kernels were compile-checked under
+    (``tilecore.tiles.gluon.compat.TESTED``); else why not, in a sentence. The first call imports the
+    Gluon modules."""
+    try:
+        from tilecore.tiles.gluon import compat
+    except Exception as err:  # noqa: BLE001 (a triton under which the Gluon modules do not even import)
+        import triton
+        return f"the Gluon kernels do not import under triton {triton.__version__} ({type(err).__name__}: {err})"
+    return compat.problem()
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon_triton_ok() -> bool:
+    problem = gluon_triton_problem()
+    if problem is not None:
+        warnings.warn(f"tilecore: {problem}: Hopper runs the portable Triton kernels instead, which are slower",
+                      RuntimeWarning, stacklevel=3)
+    return problem is None
 
 
 def capturing(device: torch.device) -> bool:
