@@ -6,10 +6,18 @@ the compiled kernel on exactly what Triton specializes (each argument's type and
 divisibility, the constexprs and the launch options) and calls it directly the next time. A Gluon
 kernel's TMA operands go in as :class:`TmaOperand`: the launch that compiles gets the checked
 TensorDescriptor, later ones hand Triton's launcher only what it reads (base, shape, strides).
+
+Threads. The caches here fill under a lock and are read without one (:class:`LRU`), and every cache
+is bounded. Triton's interpreter keeps a launch's state in module globals, so interpreted launches
+run one at a time (:func:`serialize_interpreter`, installed on import).
 """
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
+import inspect
+import threading
 
 import torch
 from triton._C.libtriton import native_specialize_impl
@@ -32,6 +40,51 @@ def next_power_of_2(n: int) -> int:
 def specialization(arg) -> tuple:
     """What Triton compiles a kernel argument as: its type and alignment/divisibility class."""
     return native_specialize_impl(BaseBackend, arg, False, True, True)
+
+
+class LRU:
+    """A dict of at most ``maxsize`` entries that drops the least recently used one first. A lookup
+    takes no lock (OrderedDict's get and move_to_end are each one C call, atomic under the GIL); a
+    fill takes ``lock``, so that a first fill that must happen once can check and fill under it."""
+
+    __slots__ = ("_data", "maxsize", "lock")
+
+    def __init__(self, maxsize: int):
+        if maxsize < 1:
+            raise ValueError(f"maxsize must be >= 1, got {maxsize}")
+        self._data: collections.OrderedDict = collections.OrderedDict()
+        self.maxsize = maxsize
+        self.lock = threading.RLock()
+
+    def get(self, key, default=None):
+        value = self._data.get(key, _MISSING)
+        if value is _MISSING:
+            return default
+        try:
+            self._data.move_to_end(key)
+        except KeyError:  # dropped by another thread's fill meanwhile: still a valid value
+            pass
+        return value
+
+    def put(self, key, value) -> None:
+        with self.lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key) -> bool:
+        return key in self._data
+
+    def clear(self) -> None:
+        with self.lock:
+            self._data.clear()
+
+
+_MISSING = object()
 
 
 class TmaOperand:
@@ -74,42 +127,61 @@ class CachedLaunch:
     (imported at the first launch: the Gluon modules load only where a launch needs them). Arguments
     may be :class:`TmaOperand` where the kernel takes a TMA descriptor.
 
-    Under Triton's interpreter, or if a Triton version's compiled-kernel runner differs, it launches
-    through the JIT as usual.
+    The first launch of a key goes through Triton's JIT (compiling if need be) and keeps the compiled
+    kernel; later launches call it directly. Before a compiled kernel is kept, :func:`fast_path_problem`
+    checks that it can be called so (the runner this Triton's compiled kernel gives, every argument in
+    its signature, TmaOperand carrying every field Triton's TensorDescriptor has); where it cannot,
+    this kernel launches through the JIT from then on. Nothing else turns the fast path off: an error
+    of a launch propagates, and no launch is ever made twice. Under Triton's interpreter it launches
+    through the JIT.
+
+    Thread-safe: the first-time setup and the cache fills take a lock (a key's first launch, the only
+    one that compiles, is made under it); a cached launch takes none. At most ``maxsize`` compiled
+    kernels are kept (least recently used out first; one dropped is found again in Triton's own cache).
     """
 
     OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
-    def __init__(self, kernel):
+    def __init__(self, kernel, maxsize: int = 256):
         self._kernel = kernel
-        self.compiled: dict = {}
+        self._loaded = hasattr(kernel, "arg_names")
+        self.compiled = LRU(maxsize)
         self.fast = True
-        self.constexpr_flags = None  # made at the first fast launch (an interpreted kernel has no params)
-        self.named = None  # (name, default) of each parameter
+        self._lock = threading.RLock()
+        # (is_constexpr of each parameter, (name, default) of each): made at the first fast launch (an
+        # interpreted kernel has no params); one tuple, so a thread sees both or neither
+        self._signature = None
 
     @property
     def kernel(self):
-        if not hasattr(self._kernel, "arg_names"):  # a loader: import the kernel now
-            self._kernel = self._kernel()
+        if not self._loaded:  # a loader: import the kernel now, once
+            with self._lock:
+                if not self._loaded:
+                    self._kernel = self._kernel()
+                    self._loaded = True
         return self._kernel
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self._launch(tuple(grid), args, kwargs)
 
+    def _load_signature(self):
+        with self._lock:
+            if self._signature is None:
+                params = self.kernel.params
+                self._signature = ([p.is_constexpr for p in params], [(p.name, p.default) for p in params])
+            return self._signature
+
     def key(self, args: tuple, kwargs: dict) -> tuple[tuple, list]:
         """(cache key, every argument in signature order, defaults filled in): constexprs by value,
         TMA operands by dtype, box and layout, the rest by Triton's specialization of them, plus the
         launch options."""
-        if self.constexpr_flags is None:
-            params = self.kernel.params
-            self.constexpr_flags = [p.is_constexpr for p in params]
-            self.named = [(p.name, p.default) for p in params]
+        constexpr_flags, named = self._signature or self._load_signature()
         ordered = list(args)
-        ordered += [kwargs.get(name, default) for name, default in self.named[len(args):]]
+        ordered += [kwargs.get(name, default) for name, default in named[len(args):]]
         # a list comprehension over precomputed flags: half the host time of a generator over params
         spec = tuple([repr(a) if constexpr else a.key if type(a) is TmaOperand
                       else native_specialize_impl(BaseBackend, a, False, True, True)
-                      for constexpr, a in zip(self.constexpr_flags, ordered)])
+                      for constexpr, a in zip(constexpr_flags, ordered)])
         options = tuple((k, kwargs[k]) for k in self.OPTIONS if k in kwargs)
         return (options, spec), ordered
 
@@ -130,15 +202,60 @@ class CachedLaunch:
         key = (torch.cuda.current_device(), key)
         compiled = self.compiled.get(key)
         if compiled is None:
-            self.compiled[key] = self._jit_launch(grid, args, kwargs)
-            return self.compiled[key]
-        try:
-            compiled[grid + (1,) * (3 - len(grid))](*ordered)
-        except Exception as err:  # noqa: BLE001 - a triton whose runner differs: use the JIT from now on
-            self.fast = False
-            dispatch.notice_once(f"fast kernel launch off ({type(err).__name__}: {err})")
-            return self._jit_launch(grid, args, kwargs)
+            return self._first_launch(key, grid, args, kwargs, ordered)
+        compiled[grid + (1,) * (3 - len(grid))](*ordered)  # an error propagates; nothing is relaunched
         return compiled
+
+    def _first_launch(self, key, grid, args, kwargs, ordered):
+        """A key's first launch, through the JIT (the one that compiles), under the lock: two threads
+        launching a new key at once launch once each, and compile once."""
+        with self._lock:
+            compiled = self.compiled.get(key)
+            if compiled is None or not self.fast:
+                compiled = self._jit_launch(grid, args, kwargs)
+                problem = fast_path_problem(compiled, ordered)
+                if problem is None:
+                    self.compiled.put(key, compiled)
+                else:  # found before any fast launch of this kernel: the JIT from now on
+                    self.fast = False
+                    dispatch.notice_once(f"fast kernel launch off for {getattr(self.kernel, '__name__', '?')}"
+                                         f" ({problem})")
+                return compiled
+        compiled[grid + (1,) * (3 - len(grid))](*ordered)  # another thread filled it meanwhile
+        return compiled
+
+
+def fast_path_problem(compiled, ordered: list) -> str | None:
+    """Why ``compiled`` (what Triton's JIT launch returned) cannot be called as CachedLaunch's fast path
+    does, ``compiled[grid3](*ordered)``, with these arguments, or None. Checked once per compiled kernel,
+    before it is kept: Triton 3.6's CompiledKernel gives ``runner(*args, stream=None)`` and takes every
+    parameter, constexprs included, in signature order."""
+    if not callable(getattr(type(compiled), "__getitem__", None)):
+        return f"the JIT launch returned {type(compiled).__name__}, not a compiled kernel"
+    signature = getattr(getattr(compiled, "src", None), "signature", None)
+    if signature is not None and len(signature) != len(ordered):
+        return f"the compiled kernel takes {len(signature)} arguments, not {len(ordered)}"
+    try:
+        parameters = inspect.signature(compiled[(1, 1, 1)]).parameters.values()
+    except (TypeError, ValueError) as err:  # no Python signature to read: not the runner this expects
+        return f"its runner has no signature ({err})"
+    if not any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return "its runner does not take the arguments positionally"
+    if any(type(a) is TmaOperand for a in ordered):
+        return tma_operand_problem()
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def tma_operand_problem() -> str | None:
+    """Why Triton's launcher might not read a TmaOperand as the TensorDescriptor it stands for (a field
+    of Gluon's TensorDescriptor that TmaOperand lacks), or None."""
+    try:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    except ImportError as err:
+        return f"no Gluon TensorDescriptor ({err})"
+    missing = [f.name for f in dataclasses.fields(TensorDescriptor) if f.name not in TmaOperand.__slots__]
+    return f"TensorDescriptor has fields TmaOperand lacks: {missing}" if missing else None
 
 
 def tma_describable(t: torch.Tensor) -> bool:
@@ -163,7 +280,7 @@ def tl_addressable(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=256)
 def _nvmma_layout(block: tuple, dtype: torch.dtype):
     from triton.experimental.gluon import language as gl
 
@@ -182,7 +299,18 @@ def gluon_descriptor(t: torch.Tensor, block: list[int], shape=None, strides=None
                             _nvmma_layout(tuple(block), t.dtype))
 
 
-_TILE_COUNTERS: dict = {}
+def stream_key(device: torch.device):
+    """What per-stream buffers are keyed by: (device, the current stream) on a GPU, where a stream runs
+    its launches one after another; (device, this thread) in the interpreter and on the CPU, where a
+    launch runs in the calling thread (and launches from several threads one at a time,
+    serialize_interpreter)."""
+    if device.type == "cuda" and not dispatch.interpreter_enabled():
+        return device, torch.cuda.current_stream(device).cuda_stream
+    return device, threading.get_ident()
+
+
+# per (device, stream): a server that makes streams (or threads) as it goes keeps the last few
+_TILE_COUNTERS = LRU(64)
 
 
 def tile_counter(device: torch.device) -> torch.Tensor:
@@ -193,7 +321,45 @@ def tile_counter(device: torch.device) -> torch.Tensor:
     device = torch.device(device)
     if device.type != "cuda":
         return torch.zeros(1, dtype=torch.int32, device=device)
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
-    if key not in _TILE_COUNTERS:
-        _TILE_COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
-    return _TILE_COUNTERS[key]
+    key = stream_key(device)
+    counter = _TILE_COUNTERS.get(key)
+    if counter is None:
+        with _TILE_COUNTERS.lock:
+            counter = _TILE_COUNTERS.get(key)
+            if counter is None:
+                counter = torch.zeros(1, dtype=torch.int32, device=device)
+                _TILE_COUNTERS.put(key, counter)
+    return counter
+
+
+_INTERPRETER_LOCK = threading.RLock()
+
+
+def serialize_interpreter() -> None:
+    """Make Triton's interpreted launches run one at a time, process-wide (installed on import).
+
+    Triton 3.6's interpreter keeps a launch's state in module globals: the program id in one
+    InterpreterBuilder, and triton.language patched for the launch and restored after. Two launches at
+    once from two threads read each other's program ids and unpatch each other's language (an error,
+    "Did you forget to add @triton.jit ?", or a wrong result), and a stream-K launch waits forever on
+    a flag the other launch lowered. The interpreter runs every program of a launch in the calling
+    thread, so holding a lock across InterpretedFunction.run costs nothing but the parallelism the
+    GIL already took; on a GPU nothing goes through it."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # a Triton without the interpreter
+        return
+    run = InterpretedFunction.run
+    if getattr(run, "_tilecore_serialized", False):
+        return
+
+    @functools.wraps(run)
+    def serialized_run(self, *args, **kwargs):
+        with _INTERPRETER_LOCK:
+            return run(self, *args, **kwargs)
+
+    serialized_run._tilecore_serialized = True
+    InterpretedFunction.run = serialized_run
+
+
+serialize_interpreter()
