@@ -87,3 +87,30 @@ def test_when_stream_k_runs():
     assert schedule.stream_k_units(512, 64, 132, "off") == 0
     with pytest.raises(ValueError, match="auto"):
         schedule.stream_k_units(512, 64, 132, "on")
+
+
+def test_stream_k_buffers_per_thread_in_the_interpreter_and_bounded():
+    """Off the GPU a launch runs in its calling thread: each thread has its own workspace and flags
+    (reused by its later launches), and only the last STREAM_K_BUFFER_SETS sets are kept."""
+    import threading
+
+    cpu = torch.device("cpu")
+    mine = schedule.stream_k_buffers(cpu, 4, 16)
+    assert schedule.stream_k_buffers(cpu, 2, 16) is mine  # room enough: the same set
+    bigger = schedule.stream_k_buffers(cpu, 8, 16)
+    assert bigger[0].numel() >= 8 * 16 and bigger[1].numel() >= 8 and (bigger[1] == 0).all()
+    count = schedule.STREAM_K_BUFFER_SETS + 4
+    sets = [None] * count
+    barrier = threading.Barrier(count)
+
+    def fetch(i):
+        sets[i] = schedule.stream_k_buffers(cpu, 4, 16)
+        barrier.wait()  # every thread alive at once: no thread id is reused
+
+    threads = [threading.Thread(target=fetch, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len({id(s[1]) for s in sets}) == count and all((s[1] == 0).all() for s in sets)
+    assert len(schedule._STREAM_K_BUFFERS) <= schedule.STREAM_K_BUFFER_SETS

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from tilecore import dispatch
+from tilecore.tiles import launch
 
 
 @triton.jit
@@ -177,30 +178,39 @@ def stream_k_plan(tiles: int, k_iters: int, device: torch.device, mode: str = "a
     return (sms, units) if units else (persistent_programs(tiles, device, cpu_programs=cpu_programs), 0)
 
 
-# float32 partial tiles and flags, one set per (device, stream): flags are all zero between launches
-# (each finishing share lowers the flags it waited on), so launches in one stream reuse them; two
-# streams running at once each get their own
-_STREAM_K_BUFFERS: dict = {}
+# float32 partial tiles and flags, one set per (device, stream) on a GPU and per (device, thread) in the
+# interpreter (launch.stream_key): flags are all zero between launches (each finishing share lowers the
+# flags it waited on), so the launches of one stream (or thread), which run one after another, reuse
+# them; two streams running at once each get their own. A stream-K launch waits on its own flags, so
+# two launches must never share a set at once: on a GPU a stream runs its launches in turn; the
+# interpreter runs a launch in the calling thread, one launch at a time (launch.serialize_interpreter).
+# The last STREAM_K_BUFFER_SETS sets are kept (a server that makes streams or threads as it goes);
+# one dropped while a launch still runs stays alive in that launch (on a GPU, the caching allocator
+# hands its memory out again only in that stream's order).
+STREAM_K_BUFFER_SETS = 16
+_STREAM_K_BUFFERS = launch.LRU(STREAM_K_BUFFER_SETS)
 _PLACEHOLDERS: dict = {}  # per device: what whole-tile launches pass for the workspace and flags
 
 
 def stream_k_buffers(device: torch.device, slots: int, slot_elems: int):
     """(workspace, flags) with room for ``slots`` partials of ``slot_elems`` float32 each.
 
-    Eager launches reuse one set per (device, stream). A launch being captured into a CUDA graph
-    gets a set of its own, zeroed by the graph itself (its memset is a node of the graph), so that
-    replays, on whatever stream, never share flags with anything else."""
+    Eager launches reuse one set per (device, stream) on a GPU, per (device, thread) in the
+    interpreter. A launch being captured into a CUDA graph gets a set of its own, zeroed by the graph
+    itself (its memset is a node of the graph), so that replays, on whatever stream, never share flags
+    with anything else."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return (torch.empty(slots * slot_elems, dtype=torch.float32, device=device),
                 torch.zeros(slots, dtype=torch.int32, device=device))
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, stream)
+    key = launch.stream_key(device)
     have = _STREAM_K_BUFFERS.get(key)
     if have is None or have[0].numel() < slots * slot_elems or have[1].numel() < slots:
+        # no lock: two threads on one stream that fill at once each launch with the set they made
+        # (zeroed in the stream's order, before their launches, which the stream runs in turn)
         size = max(slots * slot_elems, 0 if have is None else have[0].numel())
         have = (torch.empty(size, dtype=torch.float32, device=device),
                 torch.zeros(max(slots, 0 if have is None else have[1].numel()), dtype=torch.int32, device=device))
-        _STREAM_K_BUFFERS[key] = have
+        _STREAM_K_BUFFERS.put(key, have)
     return have
 
 
@@ -215,10 +225,9 @@ def stream_k_launch(tiles: int, k_iters: int, device: torch.device, slot_elems: 
         workspace, flags = stream_k_buffers(device, programs * consumers, slot_elems)
         return programs, units, workspace, flags
     placeholder = _PLACEHOLDERS.get(device)
-    if placeholder is None:
-        placeholder = (torch.empty(1, dtype=torch.float32, device=device),
-                       torch.zeros(1, dtype=torch.int32, device=device))
-        _PLACEHOLDERS[device] = placeholder
+    if placeholder is None:  # one per device; setdefault: two threads at once keep the same one
+        placeholder = _PLACEHOLDERS.setdefault(device, (torch.empty(1, dtype=torch.float32, device=device),
+                                                        torch.zeros(1, dtype=torch.int32, device=device)))
     return programs, 0, placeholder[0], placeholder[1]
 
 
