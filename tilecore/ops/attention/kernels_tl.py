@@ -12,11 +12,17 @@ Masks, all by construction (the interpreter does not catch out-of-bounds loads):
 
 Scores are kept in base 2: s = q k^T * scale * log2(e), so every exponential is one ``exp2``, and
 are scaled before they are masked, so a negative scale cannot turn the -inf fill into +inf. The
-running row max starts at a finite sentinel (EMPTY_ROW_MAX; the decode kernel at -inf, which
-tiles.ops.online_softmax_update also handles), so a block whose scores are all masked never gives
-exp2(-inf - -inf) = NaN; a row that saw no key at all ends with l = 0, is written as 0 and gets
-lse = -inf. The backward turns lse = -inf back into 0 before exp2(s - lse), so those rows get
-p = 0 and zero gradients.
+running row max starts at -inf (tiles.ops.online_softmax_update shifts by 0 while it is -inf, so a
+block whose scores are all masked never gives exp2(-inf - -inf) = NaN, and a row of finite scores
+however negative keeps them); a row that saw no key at all (every score masked or -inf) ends with
+l = 0, is written as 0 and gets lse = -inf. The backward turns lse = -inf back into 0 before
+exp2(s - lse), so those rows get p = 0 and zero gradients.
+
+NaN and inf propagate as in SDPA's math: a NaN or +inf score makes its row's p NaN (exp2 of NaN, or
+of +inf - +inf), so l is NaN and the row's O and lse are NaN (``normalized`` tells "no key" by
+l == 0, never by l > 0, which a NaN fails too); the backward's p from a NaN lse is NaN. A masked
+score is -inf whatever Q K^T gave, so a NaN key reaches only the rows that see it. Scores are
+scaled in base 2, so a score past float32's range / log2(e) (about 2.4e38) is already +-inf here.
 """
 from __future__ import annotations
 
@@ -26,8 +32,6 @@ import triton.language as tl
 from tilecore.tiles.launch import cdiv, next_power_of_2
 from tilecore.tiles.ops import (LOG2E_IN_KERNEL, block_ptrs, bounds_mask, causal_mask, col_max, col_sum,
                                 mask_scores, masked, mma, mma_abt, online_softmax_update, row_sum)
-
-EMPTY_ROW_MAX = tl.constexpr(-1.0e30)  # far below any real scaled score, far above -inf
 
 
 def block_d(d: int) -> int:
@@ -105,10 +109,11 @@ def attend_keys(q, k_base, v_base, start_n, offs_n0, offs_d, d_ok, key_end, skn,
 
 @triton.jit
 def normalized(m_i, l_i, acc):
-    """The rows' output acc / l and their base-2 lse (m + log2 l); a row with no key: 0 and -inf."""
-    has_keys = l_i > 0.0
-    l_safe = tl.where(has_keys, l_i, 1.0)
-    return acc / l_safe[:, None], tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))
+    """The rows' output acc / l and their base-2 lse (m + log2 l); a row with no key (l = 0): 0 and
+    -inf; a row whose l is NaN (a NaN or +inf score): NaN and NaN."""
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    return acc / l_safe[:, None], tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,7 +136,7 @@ def attn_fwd(Q, K, V, O, LSE,
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
 
-    m_i = tl.full([BLOCK_M], EMPTY_ROW_MAX, dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
@@ -210,7 +215,8 @@ def attn_merge_splits(O, LSE, O_PART, LSE_PART, rows_total, D, splits,
                       SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
     """O and lse of one row from its ``splits`` parts (at most SPLITS, a power of two), all loaded at
     once: with L = log2(sum_s 2^lse_s), O = sum_s 2^(lse_s - L) O_s; a row with every part empty (lse
-    -inf) gets 0, -inf. The parts are (split, row): a split's stride is rows_total rows (64-bit)."""
+    -inf) gets 0, -inf, a row with a NaN part NaN. The parts are (split, row): a split's stride is
+    rows_total rows (64-bit)."""
     row = tl.program_id(0).to(tl.int64)
     offs_s = tl.arange(0, SPLITS)
     offs_d = tl.arange(0, BLOCK_D)
@@ -222,10 +228,11 @@ def attn_merge_splits(O, LSE, O_PART, LSE_PART, rows_total, D, splits,
     o_s = tl.load(O_PART + part[:, None] * D + offs_d[None, :],
                   mask=(offs_s[:, None] < splits) & (offs_d[None, :] < D), other=0.0)
     weight_sum = col_sum(w)
-    w_safe = tl.where(weight_sum > 0.0, weight_sum, 1.0)
+    empty = weight_sum == 0.0  # not "not > 0": a NaN part (a NaN or +inf score) makes the row NaN
+    w_safe = tl.where(empty, 1.0, weight_sum)
     out = col_sum(w[:, None] * o_s) / w_safe
     tl.store(O + row * D + offs_d, out.to(O.dtype.element_ty), mask=offs_d < D)
-    tl.store(LSE + row, tl.where(weight_sum > 0.0, (top_ref + tl.log2(w_safe)) / LOG2E_IN_KERNEL, float("-inf")))
+    tl.store(LSE + row, tl.where(empty, float("-inf"), (top_ref + tl.log2(w_safe)) / LOG2E_IN_KERNEL))
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,76 +1,112 @@
-"""Attention with PyTorch operations: the reference every kernel result is compared with, and the
-CPU path when Triton's interpreter is off.
+"""Attention with PyTorch operations: the reference every kernel result is compared with (float64),
+and, in float32 and a block of query rows at a time, the CPU path for inputs whose scores may not
+be finite (launch.py; the CPU otherwise runs torch's own SDPA kernels).
 
 The masking rules are the kernels': query i of N attends key j of Nk when j <= i + (Nk - N) under
 ``causal`` (aligned to the bottom right, as FlashAttention does), and a query row with no key to
-attend to gets output 0 and log-sum-exp -inf.
+attend to (every key masked, or every score -inf) gets output 0 and log-sum-exp -inf.
+
+NaN and inf propagate as in SDPA's math (softmax(s) = exp(s - max s) / sum): a row with a NaN or
++inf score (a NaN or inf in its query, or scores past float32's range) gets NaN outputs and lse
+NaN, and its NaN reaches the gradients of the keys it attends to; other rows are untouched.
 """
 from __future__ import annotations
 
 import torch
 
 
-def causal_allowed(n: int, nk: int, device) -> torch.Tensor:
-    """[n, nk] boolean: may query i attend key j (bottom-right aligned causal mask)."""
-    i = torch.arange(n, device=device)[:, None]
+def causal_allowed(n: int, nk: int, device, rows: slice | None = None) -> torch.Tensor:
+    """[n, nk] boolean (or the query ``rows`` of it): may query i attend key j (bottom-right
+    aligned causal mask)."""
+    rows = rows or slice(0, n)
+    i = torch.arange(rows.start, rows.stop, device=device)[:, None]
     j = torch.arange(nk, device=device)[None, :]
     return j <= i + (nk - n)
 
 
 def _expand_kv(t: torch.Tensor, hq: int) -> torch.Tensor:
     """(B, Hkv, Nk, D) -> (B, Hq, Nk, D): q head h reads kv head h // (Hq // Hkv)."""
-    return t.repeat_interleave(hq // t.shape[1], dim=1)
+    return t if t.shape[1] == hq else t.repeat_interleave(hq // t.shape[1], dim=1)
+
+
+def _scores(qc, kc, n: int, nk: int, rows: slice, causal: bool, scale: float) -> torch.Tensor:
+    """Scaled scores of the query ``rows`` (qc holds just those rows), masked with -inf."""
+    s = torch.matmul(qc, kc.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(~causal_allowed(n, nk, qc.device, rows), float("-inf"))
+    return s
+
+
+def row_lse(s: torch.Tensor) -> torch.Tensor:
+    """The rows' log-sum-exp by tilecore's rule: -inf for a row with no key (every score -inf), NaN
+    for a row with a NaN or a +inf score (as the kernels give: their exp(s - max) is NaN there)."""
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.where(lse == float("inf"), float("nan"), lse)
+
+
+def probabilities(s: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """exp(s - lse), with p = 0 in rows with no key (lse = -inf), where exp(-inf - -inf) would be
+    NaN; a NaN lse gives a NaN row."""
+    empty = (lse == float("-inf"))[..., None]
+    return torch.exp(s - torch.where(empty, 0.0, lse[..., None]))
+
+
+def _row_blocks(n: int, per_row: int, max_elements: int | None):
+    """Slices of query rows, each holding at most ``max_elements`` scores (all rows if None)."""
+    if max_elements is None or n == 0:
+        return [slice(0, n)]
+    step = max(1, max_elements // max(per_row, 1))
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
 def attention_reference(q, k, v, *, causal: bool = False, scale: float | None = None,
-                        compute_dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+                        compute_dtype: torch.dtype = torch.float64,
+                        max_scores: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, lse) in ``compute_dtype``: O = softmax(scale q k^T [masked]) v, lse = logsumexp of the
-    scaled, masked scores (natural log), shape (B, Hq, N). Differentiable with torch.autograd."""
+    scaled, masked scores (natural log), shape (B, Hq, N). Differentiable with torch.autograd.
+    ``max_scores`` bounds the scores held at once (a block of query rows at a time)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    hq, n, nk = q.shape[1], q.shape[2], k.shape[2]
-    qc = q.to(compute_dtype)
+    b, hq, n, nk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     kc = _expand_kv(k.to(compute_dtype), hq)
     vc = _expand_kv(v.to(compute_dtype), hq)
-    s = torch.matmul(qc, kc.transpose(-1, -2)) * scale
-    if causal:
-        s = s.masked_fill(~causal_allowed(n, nk, q.device), float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)  # -inf for a row with every key masked
-    # exp(s - lse) is NaN where both are -inf: such rows attend to nothing and get probability 0.
-    empty = torch.isinf(lse)[..., None]
-    p = torch.exp(s - torch.where(empty, torch.zeros_like(lse[..., None]), lse[..., None]))
-    p = torch.where(empty, torch.zeros_like(p), p)
-    return torch.matmul(p, vc), lse
+    outs, lses = [], []
+    for rows in _row_blocks(n, b * hq * nk, max_scores):
+        s = _scores(q[:, :, rows].to(compute_dtype), kc, n, nk, rows, causal, scale)
+        lse = row_lse(s)
+        outs.append(torch.matmul(probabilities(s, lse), vc))
+        lses.append(lse)
+    return (outs[0], lses[0]) if len(outs) == 1 else (torch.cat(outs, 2), torch.cat(lses, 2))
 
 
 def attention_backward_reference(dout, q, k, v, out, lse, dlse, *, causal: bool, scale: float,
-                                 compute_dtype: torch.dtype = torch.float32):
+                                 compute_dtype: torch.dtype = torch.float32, max_scores: int | None = None):
     """(dq, dk, dv) by the FlashAttention-2 backward formulas, in ``compute_dtype``: p recomputed
-    from lse, dS = p (dP - delta) with delta = rowsum(dO * O) - dlse, GQA groups summed."""
-    hq, hkv, n, nk = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    from lse, dS = p (dP - delta) with delta = rowsum(dO * O) - dlse, GQA groups summed; a block of
+    query rows at a time where ``max_scores`` bounds the scores held at once."""
+    b, hq, hkv, n, nk = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2]
     c = compute_dtype
-    qc, doc, oc = q.to(c), dout.to(c), out.to(c)
     kc, vc = _expand_kv(k.to(c), hq), _expand_kv(v.to(c), hq)
-    s = torch.matmul(qc, kc.transpose(-1, -2)) * scale
-    if causal:
-        s = s.masked_fill(~causal_allowed(n, nk, q.device), float("-inf"))
-    lse_c = lse.to(c)
-    empty = torch.isinf(lse_c)[..., None]
-    p = torch.exp(s - torch.where(empty, torch.zeros_like(lse_c[..., None]), lse_c[..., None]))
-    p = torch.where(empty, torch.zeros_like(p), p)
-    delta = (doc * oc).sum(-1) - (0 if dlse is None else dlse.to(c))
-    dv = torch.matmul(p.transpose(-1, -2), doc)
-    dp = torch.matmul(doc, vc.transpose(-1, -2))
-    ds = p * (dp - delta[..., None])
-    dq = torch.matmul(ds, kc) * scale
-    dk = torch.matmul(ds.transpose(-1, -2), qc) * scale
-    b, g = q.shape[0], hq // hkv
-    dk = dk.view(b, hkv, g, nk, -1).sum(2)
-    dv = dv.view(b, hkv, g, nk, -1).sum(2)
-    return dq, dk, dv
+    dk = torch.zeros(kc.shape, dtype=c, device=q.device)
+    dv = torch.zeros(vc.shape, dtype=c, device=q.device)
+    dqs = []
+    for rows in _row_blocks(n, b * hq * nk, max_scores):
+        qc, doc = q[:, :, rows].to(c), dout[:, :, rows].to(c)
+        s = _scores(qc, kc, n, nk, rows, causal, scale)
+        p = probabilities(s, lse[:, :, rows].to(c))
+        delta = (doc * out[:, :, rows].to(c)).sum(-1)
+        if dlse is not None:
+            delta = delta - dlse[:, :, rows].to(c)
+        dv += torch.matmul(p.transpose(-1, -2), doc)
+        ds = p * (torch.matmul(doc, vc.transpose(-1, -2)) - delta[..., None])
+        dqs.append(torch.matmul(ds, kc) * scale)
+        dk += torch.matmul(ds.transpose(-1, -2), qc) * scale
+    dq = dqs[0] if len(dqs) == 1 else torch.cat(dqs, 2)
+    g = hq // hkv
+    return dq, dk.view(b, hkv, g, nk, -1).sum(2), dv.view(b, hkv, g, nk, -1).sum(2)
 
 
 def reference_grads(q, k, v, dout, *, causal: bool = False, scale: float | None = None):
     """(dq, dk, dv) of attention_reference in float64 (what kernel gradients are checked against)."""
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     out, _ = attention_reference(q64, k64, v64, causal=causal, scale=scale)
-    return torch.autograd.grad(out, (q64, k64, v64), dout.double())
+    return torch.autograd.grad(out, (q64, k64, v64))
