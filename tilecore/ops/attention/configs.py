@@ -127,3 +127,4 @@ def gluon_backward_config(d: int, n: int, causal: bool) -> dict:
 
 L2_GROUP_BYTES = 8 << 20  # shared operands of the heads kept together: D128 fwd +0-5%, bwd +2-13% (session 10)
 TILE_OVERHEAD_STEPS = 2  # a tile's fixed cost in steps, for the balanced schedule (~2.5-4 us a tile, session 9)
+DEVICE_TABLES_MAX = 64  # causal schedules kept on the device (the last used; a few KB to 33 KB each)

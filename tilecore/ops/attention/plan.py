@@ -12,6 +12,8 @@ where the Gluon forward fits, dO is TMA-describable and a tile's steps stay belo
 from __future__ import annotations
 
 import functools
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -262,20 +264,35 @@ def paired_table(n_blocks: int, num_bhk: int, head_group: int, programs: int) ->
     return dealt_schedule(units, programs)
 
 
-# (device, builder, table's key) -> the table on the device, or None for round-robin. Never evicted:
-# a CUDA graph captured with a table reads it at every replay (4 bytes a tile: 33 KB at N = 4096).
-_DEVICE_TABLES: dict = {}
+# (device, builder, table's key) -> the table on the device, or None for round-robin (4 bytes a
+# tile: 33 KB at N = 4096): the configs.DEVICE_TABLES_MAX used last, so a server seeing many lengths
+# does not grow without bound. A table handed out while a CUDA graph is captured moves to
+# _CAPTURED_TABLES and is never evicted: the graph reads it at every replay.
+_DEVICE_TABLES: OrderedDict = OrderedDict()
+_CAPTURED_TABLES: dict = {}
+_TABLES_LOCK = threading.Lock()
 
 
 def causal_schedule(device: torch.device, *key, build=balanced_table) -> torch.Tensor | None:
     """``build(*key)`` (a balanced table by default, or paired_table's) on ``device``, or None
     (round-robin): where round-robin is as even, or while a CUDA graph is being captured before this
     shape ran once (a copy to the GPU cannot be captured; the round-robin launch is as correct, if
-    slower). Made once per device, builder and shape."""
+    slower). Made once per device, builder and shape while among the last DEVICE_TABLES_MAX used."""
     cache_key = (device, build, key)
-    if cache_key not in _DEVICE_TABLES:
-        if dispatch.capturing(device):
-            return None
-        table = build(*key)
-        _DEVICE_TABLES[cache_key] = None if table is None else table.to(device)
-    return _DEVICE_TABLES[cache_key]
+    capturing = dispatch.capturing(device)
+    with _TABLES_LOCK:  # threads share the cache: a lookup and its eviction are one step
+        if cache_key in _CAPTURED_TABLES:
+            return _CAPTURED_TABLES[cache_key]
+        if cache_key in _DEVICE_TABLES:
+            _DEVICE_TABLES.move_to_end(cache_key)
+            table = _DEVICE_TABLES[cache_key]
+        else:
+            if capturing:
+                return None
+            table = build(*key)
+            table = _DEVICE_TABLES[cache_key] = None if table is None else table.to(device)
+            while len(_DEVICE_TABLES) > configs.DEVICE_TABLES_MAX:
+                _DEVICE_TABLES.popitem(last=False)
+        if capturing and table is not None:  # kept for good: the graph reads it at every replay
+            _CAPTURED_TABLES[cache_key] = _DEVICE_TABLES.pop(cache_key)
+        return table

@@ -1,0 +1,69 @@
+"""Attention's causal schedules on the device (plan.causal_schedule): the last
+configs.DEVICE_TABLES_MAX used are kept, so a server seeing many lengths does not grow without
+bound; a table a CUDA graph captured is never evicted (the graph reads it at every replay); threads
+share the cache."""
+import torch
+
+from tilecore import dispatch
+from tilecore.ops.attention import configs, plan
+
+
+def test_causal_schedules_keep_the_last_used(monkeypatch):
+    monkeypatch.setattr(plan, "_DEVICE_TABLES", type(plan._DEVICE_TABLES)())
+    monkeypatch.setattr(plan, "_CAPTURED_TABLES", {})
+    monkeypatch.setattr(configs, "DEVICE_TABLES_MAX", 4)
+    built = []
+
+    def build(n):
+        built.append(n)
+        return torch.full((n,), n, dtype=torch.int32)
+    cpu = torch.device("cpu")
+    tables = [plan.causal_schedule(cpu, n, build=build) for n in range(1, 7)]
+    assert len(plan._DEVICE_TABLES) == 4 and built == [1, 2, 3, 4, 5, 6]
+    assert plan.causal_schedule(cpu, 6, build=build) is tables[5]  # kept: not built again
+    assert plan.causal_schedule(cpu, 3, build=build) is tables[2]
+    plan.causal_schedule(cpu, 1, build=build)  # evicted long ago: built again, evicting 4 (least recent)
+    assert built[-1] == 1 and len(plan._DEVICE_TABLES) == 4
+    assert [key[2] for key in plan._DEVICE_TABLES] == [(5,), (6,), (3,), (1,)]
+    for n in range(100, 300):  # a server seeing many lengths: the cache stays at its bound
+        plan.causal_schedule(cpu, n, build=build)
+    assert len(plan._DEVICE_TABLES) == 4
+
+
+def test_a_table_a_cuda_graph_captured_is_never_evicted(monkeypatch):
+    monkeypatch.setattr(plan, "_DEVICE_TABLES", type(plan._DEVICE_TABLES)())
+    monkeypatch.setattr(plan, "_CAPTURED_TABLES", {})
+    monkeypatch.setattr(configs, "DEVICE_TABLES_MAX", 2)
+    build = lambda n: torch.full((n,), n, dtype=torch.int32)
+    cpu = torch.device("cpu")
+    first = plan.causal_schedule(cpu, 7, build=build)  # made before capture
+    monkeypatch.setattr(dispatch, "capturing", lambda device: True)
+    assert plan.causal_schedule(cpu, 7, build=build) is first  # the graph reads this table
+    assert plan.causal_schedule(cpu, 8, build=build) is None  # not made under capture: round-robin
+    monkeypatch.setattr(dispatch, "capturing", lambda device: False)
+    for n in range(20, 40):
+        plan.causal_schedule(cpu, n, build=build)
+    assert plan.causal_schedule(cpu, 7, build=build) is first and len(plan._DEVICE_TABLES) == 2
+
+
+def test_threads_share_the_cache(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(plan, "_DEVICE_TABLES", type(plan._DEVICE_TABLES)())
+    monkeypatch.setattr(configs, "DEVICE_TABLES_MAX", 3)
+    build = lambda n: torch.full((n,), n, dtype=torch.int32)
+    errors = []
+
+    def work(offset):
+        try:
+            for i in range(300):
+                n = 1 + (i * 7 + offset) % 11
+                assert plan.causal_schedule(torch.device("cpu"), n, build=build)[0] == n
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(plan._DEVICE_TABLES) == 3
