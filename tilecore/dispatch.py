@@ -21,9 +21,32 @@ import torch
 Backend = Literal["kernel", "reference"]
 
 
+# The values Triton reads as on (its env_bool, case-insensitive, unstripped): any other value, "2"
+# included, leaves @triton.jit making compiled kernels, so tilecore must read it as Triton does.
+_TRITON_ON = ("1", "true", "on", "yes", "y")
+_TRITON_OFF = ("", "0", "false", "off", "no", "n")
+# triton.jit reads TRITON_INTERPRET once per kernel, when its module is imported: the value when
+# tilecore's kernels were made (this module is imported before them)
+_INTERPRET_AT_IMPORT = os.environ.get("TRITON_INTERPRET", "").lower() in _TRITON_ON
+
+
 def interpreter_enabled() -> bool:
-    """True when Triton kernels run in the interpreter (set before tilecore is imported)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no")
+    """True when Triton kernels run in the interpreter: TRITON_INTERPRET is one of the values Triton
+    reads as on (1, true, on, yes, y), set before tilecore is imported.
+
+    Another value (e.g. 2) is off for Triton, so here too (with a one-time notice). Turning it on
+    after import is refused: Triton already made tilecore's kernels for a GPU, and CPU tensors sent
+    to them fail with Triton's "0 active drivers". Turning it off later is honoured (CPU tensors
+    then take the PyTorch path)."""
+    value = os.environ.get("TRITON_INTERPRET", "")
+    on = value.lower() in _TRITON_ON
+    if on and not _INTERPRET_AT_IMPORT:
+        raise RuntimeError(f"TRITON_INTERPRET={value} was set after tilecore was imported, when Triton had already "
+                           "made tilecore's kernels for a GPU: set it before importing tilecore (or unset it)")
+    if not on and value.strip().lower() not in _TRITON_OFF:
+        notice_once(f"TRITON_INTERPRET={value!r} is not a value Triton reads as on ({', '.join(_TRITON_ON)}): "
+                    "kernels are compiled for a GPU, and CPU tensors take the PyTorch path")
+    return on
 
 
 def backend_for(device: torch.device) -> Backend:
@@ -134,6 +157,22 @@ def _gluon_triton_ok() -> bool:
         warnings.warn(f"tilecore: {problem}: Hopper runs the portable Triton kernels instead, which are slower",
                       RuntimeWarning, stacklevel=3)
     return problem is None
+
+
+def cpu_native_matmul(dtype: torch.dtype) -> bool:
+    """Whether torch's CPU matmul runs 16-bit ``dtype`` on native instructions (AMX, AVX512-BF16).
+    Where it does not (e.g. AVX2), torch.mm in bf16 ran 6x (512^3) and 48x (1024^3) slower than
+    upcasting to float32 (AMD EPYC, AVX2, 2 cores), so CPU GEMMs upcast there."""
+    return _cpu_native_matmul(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_native_matmul(dtype: torch.dtype) -> bool:
+    if dtype == torch.float32:
+        return True
+    probes = {torch.bfloat16: ("_is_amx_tile_supported", "_is_avx512_bf16_supported"),
+              torch.float16: ("_is_amx_fp16_supported",)}.get(dtype, ())
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
 
 
 def capturing(device: torch.device) -> bool:
