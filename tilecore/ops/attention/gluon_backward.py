@@ -33,10 +33,8 @@ is exp(0) = 1 but meets zero dO and zero dP, so they add nothing. Rows with no k
 -inf, read as +inf) give p = 0 and zero gradients.
 """
 from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
 
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.gluon import (Helper, Layout, TileOperand, mask_scores, needs_mask, ring, run, struct,
                                   tma_reduce_add, wgmma_layout)
 from tilecore.tiles.schedule import head_grouped_tile

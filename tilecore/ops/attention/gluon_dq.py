@@ -17,10 +17,8 @@ masked (a consumer skips the tile's key blocks past its own diagonal); query row
 zeros and rows with no key (lse = -inf) read lse = +inf, so their p, and dQ, are 0.
 """
 from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
 
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.ops.attention.gluon_kernels import KV, LOG2E, head_of, query_tile
 from tilecore.tiles.gluon import Layout, TileOperand, mask_scores, needs_mask, ring, run, struct, wgmma_layout
 

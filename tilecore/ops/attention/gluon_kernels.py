@@ -21,10 +21,8 @@ last V block), runs the softmax under it, then stores the previous tile's O. ``Q
 consumer's Q rows are the register operand of S = Q K^T for the whole tile.
 """
 from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
 
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.gluon import (Layout, TileOperand, mask_scores, needs_mask, online_softmax_update, opaque_int,
                                   ring, run, struct, wgmma_layout)
 from tilecore.tiles.schedule import head_grouped_tile

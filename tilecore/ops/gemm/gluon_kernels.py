@@ -7,9 +7,8 @@ wave's tiles are split along K over every program (``tiles.schedule.stream_k_wor
 partials meet in its own workspace slots (program * CONSUMERS + consumer).
 """
 from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import tma, warpgroup_mma, warpgroup_mma_wait
 
+from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.gluon import (Layout, add_cols, fix_up, ring, run, scale_cols, scale_rows, store_tile, struct,
                                   wgmma_layout)
 from tilecore.tiles.schedule import FINAL, WHOLE, stream_k_work, tile_origin

@@ -21,10 +21,8 @@ output blocks into one staging buffer and issues their TMA stores back to back, 
 never wait for each other.
 """
 from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
 
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, struct, wgmma_layout
 from tilecore.tiles.hadamard import bf16_pieces
 

@@ -5,11 +5,9 @@ online_softmax_update, mask_scores, needs_mask) so that a kernel reads the same 
 Register tiles here are in wgmma accumulator layouts (``wgmma_layout``); ``split_n``/``join_n`` move
 between a tile and its column halves without moving data between threads.
 """
-from triton._C.libtriton import ir
 from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language._core import builtin
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
+
+from tilecore.tiles.gluon.compat import builtin, fence_async_shared, gl, ir, tma
 
 
 @gluon.constexpr_function

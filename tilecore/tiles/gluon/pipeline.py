@@ -41,11 +41,8 @@ finished tile under it), ``finish`` is not called, and after a program's last ti
 (a program's first tile is its own previous).
 """
 from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
-from triton.language.core import _aggregate as aggregate
-from triton.language.core import base_value
 
+from tilecore.tiles.gluon.compat import aggregate, base_value, gl, mbarrier, tma
 from tilecore.tiles.schedule import next_tile, program_tiles, scheduled_tile
 
 TILE_ID_SLOTS = gl.constexpr(4)  # drawn tiles: ids the producer may hand out ahead of the consumers

@@ -2,8 +2,8 @@
 along K over several programs leaves float32 partials in a workspace, each raised by a flag, and the
 tile's last program adds them before its epilogue."""
 from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
 
+from tilecore.tiles.gluon.compat import gl
 from tilecore.tiles.gluon.ops import join_n, split_n
 from tilecore.tiles.schedule import FINAL, PARTIAL
 
