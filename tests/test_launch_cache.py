@@ -224,8 +224,26 @@ def test_lru():
     cache.put("d", "D")
     assert "b" not in cache and [cache.get(k) for k in "acd"] == ["A", "C", "D"] and len(cache) == 3
     assert cache.get("b", 0) == 0
+    cache.put("e", "E")  # every entry used since: a fill still drops one (the one at the front), not the new one
+    assert len(cache) == 3 and sum(k in cache for k in "acd") == 2 and cache.get("e") == "E"
+    kept = next(k for k in "acd" if k in cache)
+    cache.put(kept, "again")  # a key already there: replaced, nothing dropped
+    assert len(cache) == 3 and cache.get(kept) == "again"
     with pytest.raises(ValueError):
         launch.LRU(0)
+
+
+def test_lru_from_many_threads_stays_bounded():
+    cache = launch.LRU(16)
+
+    def churn(i):
+        for n in range(2000):
+            key = (i * 7 + n) % 40
+            if cache.get(key) is None:
+                cache.put(key, key)
+            assert len(cache) <= 16
+    _race(6, churn)
+    assert len(cache) <= 16 and all(cache.get(k) in (None, k) for k in range(40))
 
 
 def test_the_interpreter_runs_one_launch_at_a_time():
