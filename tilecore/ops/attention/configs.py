@@ -32,6 +32,13 @@ INTERPRETER_SMS = 4  # SMs as if the interpreter had them, for grids sized per S
 
 
 # --------------------------------------------------------------------------------------------
+# the CPU without the interpreter (plan.torch_path): torch's flash kernel, or float32 math by blocks
+
+SDPA_MAX_SCORE = 2.0**120  # scores bounded below this (Cauchy-Schwarz) take torch's flash kernel
+REFERENCE_MAX_SCORES = 1 << 22  # the float32 math's scores held at once (16 MiB a block of query rows)
+
+
+# --------------------------------------------------------------------------------------------
 # decode: the split-key path (kernels_tl.attn_fwd_split_keys) for few queries a sequence
 
 # Which inputs it serves (plan.decode_fits), against the query-block forward (notes/attention, session 21):

@@ -1,7 +1,9 @@
 """Running attention's plans (plan.py): one function a pass, each the launches of its kernels with
 nothing left to decide. ``forward`` and ``backward`` run a plan; ``forward_into`` and
 ``backward_into`` plan and run (what tests and probes call, with plan_forward's and plan_backward's
-options)."""
+options). On the CPU without the interpreter the "sdpa" path calls torch's CPU flash-attention
+kernel (SDPA's, forward and backward, with its lse) and "reference" the float32 math, a block of
+query rows at a time."""
 from __future__ import annotations
 
 import functools
@@ -13,7 +15,7 @@ from tilecore import dispatch
 from tilecore.ops.attention import configs, kernels_tl
 from tilecore.ops.attention.kernels_tl import block_d, row_block_grid
 from tilecore.ops.attention.plan import plan_backward, plan_forward
-from tilecore.ops.attention.reference import attention_backward_reference, attention_reference
+from tilecore.ops.attention.reference import attention_backward_reference, attention_reference, causal_allowed
 from tilecore.tiles.launch import CachedLaunch, TmaOperand, cdiv, next_power_of_2, tile_counter, tl_addressable
 from tilecore.tiles.ops import LOG2E
 
@@ -38,6 +40,12 @@ GLUON_DQ = _gluon_kernel("gluon_dq", "attention_dq_kernel")
 def forward(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
     """out (B, Hq, N, D) and lse (B, Hq, N) float32, both contiguous, of attention(q, k, v) by
     ``plan`` (plan_forward's for these inputs)."""
+    if plan.operand_dtype is not None:  # exact upcasts in, one rounding out
+        q, k, v = (t.to(plan.operand_dtype) for t in (q, k, v))
+        result = torch.empty(out.shape, dtype=plan.operand_dtype, device=out.device)
+        _FORWARD[plan.path](plan, q, k, v, result, lse, causal, scale)
+        out.copy_(result)
+        return
     _FORWARD[plan.path](plan, q, k, v, out, lse, causal, scale)
 
 
@@ -95,13 +103,60 @@ def launch_decode(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
 
 
 def _forward_reference(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
-    o, l = attention_reference(q, k, v, causal=causal, scale=scale, compute_dtype=torch.float32)
+    o, l = attention_reference(q, k, v, causal=causal, scale=scale, compute_dtype=torch.float32,
+                               max_scores=plan.sizes.get("max_scores"))
     out.copy_(o)
     lse.copy_(l)
 
 
+def launch_forward_sdpa(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
+    """torch's CPU flash-attention kernel (what SDPA runs on the CPU), which gives lse too: causal
+    with N = Nk its own causal mask, with N < Nk a bottom-right float mask; with N > Nk the first
+    N - Nk rows see no key (0, lse -inf) and the others are N = Nk's."""
+    first, is_causal, mask = _sdpa_rows(q, k, causal)
+    out[:, :, :first] = 0
+    lse[:, :, :first] = float("-inf")
+    if first == q.shape[2]:
+        return
+    k, v = _sdpa_kv(q, k, v)
+    o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q[:, :, first:], k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
+    out[:, :, first:] = o
+    lse[:, :, first:] = l
+
+
+def _sdpa_rows(q, k, causal: bool):
+    """(first query row that sees a key, is_causal, attn_mask) of the flash kernel's call on rows
+    [first, N): with N > Nk causal the rows before N - Nk see no key (masked, the kernel would give
+    them lse 0, not -inf) and the rest are a square causal block; N < Nk causal takes the
+    bottom-right mask (tilecore's causal: query i sees keys j <= i + Nk - N, where the kernel's
+    is_causal aligns to the top left)."""
+    n, nk = q.shape[2], k.shape[2]
+    if nk == 0:
+        return n, False, None
+    if not causal:
+        return 0, False, None
+    if n >= nk:
+        return n - nk, True, None
+    mask = torch.zeros((n, nk), dtype=q.dtype, device=q.device)
+    return 0, False, mask.masked_fill_(~causal_allowed(n, nk, q.device), float("-inf"))
+
+
+_TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+SDPA_CPU_GQA = _TORCH_VERSION >= (2, 5)  # the CPU flash kernel reads kv head h // group itself
+
+
+def _sdpa_kv(q, k, v):
+    """k and v for the flash kernel: as they are where it takes grouped heads, else each kv head
+    repeated for its q heads (the backward sums their gradients back)."""
+    if SDPA_CPU_GQA or k.shape[1] == q.shape[1]:
+        return k, v
+    group = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+
 _FORWARD = {"gluon": launch_forward_gluon, "tl": launch_forward_tl, "decode": launch_decode,
-            "reference": _forward_reference}
+            "reference": _forward_reference, "sdpa": launch_forward_sdpa}
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,9 +166,16 @@ _FORWARD = {"gluon": launch_forward_gluon, "tl": launch_forward_tl, "decode": la
 def backward(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:
     """dq, dk, dv (contiguous, the inputs' shapes) from dout, the forward's out and lse, and an
     optional gradient of lse, by ``plan`` (plan_backward's for these inputs)."""
-    if plan.path != "reference":  # the kernels index lse and dlse as contiguous float32 (B, Hq, N) arrays
-        lse = lse.contiguous()
-        dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
+    # the kernels index lse and dlse as contiguous float32 (B, Hq, N) arrays
+    lse = lse.contiguous()
+    dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
+    if plan.operand_dtype is not None:  # exact upcasts in, one rounding out
+        dout, q, k, v, out = (t.to(plan.operand_dtype) for t in (dout, q, k, v, out))
+        grads = [torch.empty(g.shape, dtype=plan.operand_dtype, device=g.device) for g in (dq, dk, dv)]
+        _BACKWARD[plan.path](plan, dout, q, k, v, out, lse, dlse, *grads, causal, scale)
+        for g, result in zip((dq, dk, dv), grads):
+            g.copy_(result)
+        return
     _BACKWARD[plan.path](plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale)
 
 
@@ -209,13 +271,63 @@ def launch_dq_tl(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float
 
 
 def _backward_reference(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:
-    gq, gk, gv = attention_backward_reference(dout, q, k, v, out, lse, dlse, causal=causal, scale=scale)
+    gq, gk, gv = attention_backward_reference(dout, q, k, v, out, lse, dlse, causal=causal, scale=scale,
+                                              max_scores=plan.sizes.get("max_scores"))
     dq.copy_(gq)
     dk.copy_(gk)
     dv.copy_(gv)
 
 
-_BACKWARD = {"gluon": launch_backward_gluon, "tl": launch_backward_tl, "reference": _backward_reference}
+def launch_backward_sdpa(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:
+    """torch's CPU flash-attention backward on the rows the forward's kernel ran (launch_forward_sdpa),
+    from the forward's out and lse. It takes no lse gradient, so a dlse rides in extra head-dim
+    columns (_dlse_columns), which make the kernel's delta = rowsum(dO * O) rowsum(dO * O) - dlse and
+    change nothing else."""
+    n, d = q.shape[2], q.shape[3]
+    first, is_causal, mask = _sdpa_rows(q, k, causal)
+    dq[:, :, :first] = 0
+    if first == n:
+        dk.zero_()
+        dv.zero_()
+        return
+    rows = slice(first, n)
+    q, dout, out, lse = q[:, :, rows], dout[:, :, rows], out[:, :, rows], lse[:, :, rows]
+    k_in, v_in = _sdpa_kv(q, k, v)
+    if dlse is not None:
+        q, k_in, v_in, out, dout = _dlse_columns(dlse[:, :, rows], q, k_in, v_in, out, dout)
+    gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dout, q, k_in, v_in, out, lse, 0.0, is_causal, attn_mask=mask, scale=scale)
+    gq, gk, gv = gq[..., :d], gk[..., :d], gv[..., :d]
+    if gk.shape[1] != k.shape[1]:  # kv heads repeated for the kernel: their q heads' sums
+        gk, gv = (g.unflatten(1, (k.shape[1], -1)).sum(2) for g in (gk, gv))
+    dq[:, :, rows] = gq
+    dk.copy_(gk)
+    dv.copy_(gv)
+
+
+def _dlse_columns(dlse, q, k, v, out, dout):
+    """(q, k, v, out, dout) with columns that carry dlse (float32, (B, Hq, N)) into the flash
+    backward's delta = rowsum(dO * O): zeros in q, k and v (no score and no dP changes), in O -dlse
+    and in dO ones. float32 takes dlse in one column; bf16 and fp16 in two (its rounding and the
+    rest), scaled per row by a power of two c (O gets -dlse / c in [-1, 1], dO gets c), so fp16's
+    range holds any dlse up to ~2e9 and a small one keeps its digits."""
+    if q.dtype == torch.float32:
+        parts, c = [dlse], torch.ones_like(dlse)
+    else:
+        c = torch.exp2(torch.ceil(torch.log2(dlse.abs().clamp_min(2.0**-100)))).nan_to_num(1.0, 1.0, 1.0)
+        if q.dtype == torch.float16:  # a normal fp16 power of two
+            c = c.clamp(2.0**-14, 2.0**15)
+        hi = (dlse / c).to(q.dtype)
+        parts = [hi, (dlse / c - hi.float()).to(q.dtype)]
+    cols = len(parts)
+    q, k, v = (torch.cat([t, t.new_zeros(*t.shape[:-1], cols)], -1) for t in (q, k, v))
+    out = torch.cat([out, -torch.stack(parts, -1).to(q.dtype)], -1)
+    dout = torch.cat([dout, c[..., None].expand(*c.shape, cols).to(q.dtype)], -1)
+    return q, k, v, out, dout
+
+
+_BACKWARD = {"gluon": launch_backward_gluon, "tl": launch_backward_tl, "reference": _backward_reference,
+             "sdpa": launch_backward_sdpa}
 _DQ_PASS = {"gluon": launch_dq_gluon, "tl": launch_dq_tl}
 
 

@@ -4,6 +4,8 @@ backward op, so torch.compile traces both)."""
 from __future__ import annotations
 
 import math
+import numbers
+import warnings
 from typing import Optional
 
 import torch
@@ -12,46 +14,75 @@ from tilecore import dispatch
 from tilecore.ops.attention import launch
 from tilecore.ops.attention.plan import plan_backward, plan_forward
 
-DTYPES = (torch.float16, torch.bfloat16)
+DTYPES = (torch.float16, torch.bfloat16)  # everywhere
+CPU_DTYPES = DTYPES + (torch.float32,)  # CPU tensors (torch's CPU kernels, or the tl kernels interpreted)
 MAX_HEAD_DIM = 256
+LAYOUT = ("attention takes q as (batch, heads, queries, head_dim) and k, v as (batch, kv_heads, keys, "
+          "head_dim); flash-attn's (batch, seqlen, heads, head_dim) tensors go in as .transpose(1, 2)")
+SUSPECT_HEADS = 256  # more "heads" than this, and more than queries: likely flash-attn's layout
 
 
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _compiled(device: torch.device) -> bool:
+    """Whether compiled GPU kernels serve tensors on ``device`` (not the CPU, interpreted or not)."""
+    return dispatch.backend_for(device) == "kernel" and not dispatch.interpreted(device)
+
+
+def scale_value(scale) -> float:
+    """``scale`` as a Python float: a real number (Python's, numpy's) or a one-element real tensor
+    (0-d or not; read once, on the host), finite; bools refused."""
+    if isinstance(scale, torch.Tensor) and scale.numel() == 1 and (scale.dtype.is_floating_point or (
+            not scale.dtype.is_complex and scale.dtype != torch.bool)):
+        value = float(scale.item())
+    elif isinstance(scale, numbers.Real) and not isinstance(scale, bool):
+        value = float(scale)
+    else:
+        raise TypeError(f"attention: scale must be None or a finite real number (a Python or numpy number, "
+                        f"or a one-element tensor), got {scale!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"attention: scale must be None or a finite real number, got {scale!r}")
+    return value
+
+
 def check(q, k, v, causal, scale) -> None:
-    """Raise TypeError/ValueError naming what is accepted."""
+    """Raise TypeError/ValueError naming what is accepted (shape errors say the layout, LAYOUT)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
-            raise ValueError(f"attention: q, k and v must be 4-D, (batch, heads, sequence, head_dim); "
-                             f"got {name} of shape {tuple(t.shape)}")
-    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"attention: q, k and v must share one dtype among "
-                        f"{', '.join(map(_name, DTYPES))}; got {_name(q.dtype)}, {_name(k.dtype)}, {_name(v.dtype)}")
+            raise ValueError(f"attention: q, k and v must be 4-D; got {name} of shape {tuple(t.shape)} ({LAYOUT})")
     if not (q.device == k.device == v.device):
         raise ValueError(f"attention: q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
     dispatch.backend_for(q.device)  # raises for devices tilecore does not run on
+    dtypes = DTYPES if _compiled(q.device) else CPU_DTYPES
+    if q.dtype not in dtypes or k.dtype != q.dtype or v.dtype != q.dtype:
+        where = " on the GPU (float32 is taken on the CPU)" if _compiled(q.device) else ""
+        raise TypeError(f"attention: q, k and v must share one dtype among {', '.join(map(_name, dtypes))}"
+                        f"{where}; got {_name(q.dtype)}, {_name(k.dtype)}, {_name(v.dtype)}")
     if k.shape != v.shape:
-        raise ValueError(f"attention: k and v must have the same shape (batch, kv_heads, kv_sequence, "
-                         f"head_dim); got k {tuple(k.shape)} and v {tuple(v.shape)}")
+        raise ValueError(f"attention: k and v must have the same shape (batch, kv_heads, keys, head_dim); "
+                         f"got k {tuple(k.shape)} and v {tuple(v.shape)} ({LAYOUT})")
     B, Hq, _, D = q.shape
     if k.shape[0] != B or k.shape[3] != D:
         raise ValueError(f"attention: k and v must have q's batch ({B}) and head_dim ({D}); "
-                         f"got k of shape {tuple(k.shape)}")
+                         f"got k of shape {tuple(k.shape)} and q of shape {tuple(q.shape)} ({LAYOUT})")
     if not 1 <= D <= MAX_HEAD_DIM:
-        raise ValueError(f"attention: head_dim must be from 1 to {MAX_HEAD_DIM}; got {D}")
+        raise ValueError(f"attention: head_dim (the last dimension) must be from 1 to {MAX_HEAD_DIM}; got {D} "
+                         f"({LAYOUT})")
     Hkv = k.shape[1]
     if Hkv == 0 or Hq % Hkv != 0:
         raise ValueError(f"attention: q's heads ({Hq}) must be a multiple of k's and v's heads ({Hkv}) "
-                         f"(grouped-query attention)")
+                         f"(grouped-query attention); got q {tuple(q.shape)}, k {tuple(k.shape)} ({LAYOUT})")
     if not isinstance(causal, bool):
         raise TypeError(f"attention: causal must be True or False, got {causal!r}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
-                              or not math.isfinite(scale)):
-        raise ValueError(f"attention: scale must be None or a finite real number, got {scale!r}")
+    if scale is not None:
+        scale_value(scale)
+    if Hq > SUSPECT_HEADS and Hq > q.shape[2]:
+        warnings.warn(f"attention: q of shape {tuple(q.shape)} has {Hq} heads of {q.shape[2]} queries each: "
+                      f"is it (batch, seqlen, heads, head_dim)? {LAYOUT}", stacklevel=3)
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,16 +162,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
               scale: float | None = None, return_lse: bool = False):
     """softmax(scale q k^T) v, FlashAttention-style (never materializes the N x Nk scores).
 
-    q: (B, Hq, N, D); k, v: (B, Hkv, Nk, D) with Hq a multiple of Hkv (q head h uses kv head
-    h // (Hq // Hkv): multi-, grouped- and multi-query attention); float16 or bfloat16; any N, Nk;
-    D from 1 to 256 (64 and 128 are the fast ones). ``scale`` defaults to D ** -0.5. ``causal``
-    masks query i to keys j <= i + Nk - N (aligned to the bottom right, as FlashAttention does); a
-    row with no key to attend to gives 0. Returns O (q's shape and dtype) and, with
-    ``return_lse=True``, also the row log-sum-exp of the scaled scores (float32, (B, Hq, N), natural
-    log, -inf for rows with no key). Differentiable in q, k, v (and through lse).
+    Layout (B, H, N, D), as SDPA's: q (batch, heads, queries, head_dim); k, v (batch, kv_heads,
+    keys, head_dim) with Hq a multiple of Hkv (q head h uses kv head h // (Hq // Hkv): multi-,
+    grouped- and multi-query attention). flash-attn's (batch, seqlen, heads, head_dim) tensors go in
+    as ``x.transpose(1, 2)`` (a view; any strides are taken). float16 or bfloat16, and float32 on
+    the CPU; any N, Nk; D from 1 to 256 (64 and 128 are the fast ones). ``scale`` defaults to
+    D ** -0.5. ``causal`` masks query i to keys j <= i + Nk - N (aligned to the bottom right, as
+    FlashAttention does; SDPA's is_causal aligns to the top left when N != Nk); a row with no key to
+    attend to gives 0. Returns O (q's shape and dtype) and, with ``return_lse=True``, also the row
+    log-sum-exp of the scaled scores (float32, (B, Hq, N), natural log, -inf for rows with no key).
+    Differentiable in q, k, v (and through lse).
+
+    NaN and inf propagate as in SDPA's math: a row with a NaN or +inf score (a NaN or inf in its
+    query, or a score past float32's range) gives NaN outputs and lse NaN, the other rows are
+    untouched; a row whose every score is -inf is a row with no key.
+
+    CUDA tensors run the Triton/Gluon kernels; CPU tensors run torch's own CPU attention kernel
+    (SDPA's; float32 math where a score may not be finite), or the Triton kernels through Triton's
+    interpreter under TRITON_INTERPRET=1 (bfloat16 on its exact float32 upcast there).
     """
     check(q, k, v, causal, scale)
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
     if dispatch.plain_eager(q, k, v):
         out, lse = _forward_impl(q, k, v, causal, scale)
     else:

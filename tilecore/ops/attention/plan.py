@@ -2,16 +2,23 @@
 in one place from the inputs, configs.py's tables and tilecore.dispatch's answers about the device
 (launch.py runs it).
 
-The forward's paths, the first that fits: "reference" (PyTorch: CPU tensors without Triton's
-interpreter); "decode", the split-key kernels, for few queries a sequence (decode_fits; any device);
+The forward's paths, the first that fits: for CPU tensors without Triton's interpreter "sdpa"
+(torch's own CPU flash-attention kernel, SDPA's, with its lse) where every score is sure to be
+finite (scores_finite), else "reference" (reference.py's math in float32, a block of query rows at a
+time: NaN and inf propagate as SDPA's math has them, which the CPU kernel does not do: it drops a
+NaN score); "decode", the split-key kernels, for few queries a sequence (decode_fits; any device);
 "gluon", Hopper's persistent kernel (gluon_kernels.py) at head dim 64 or 128 with a positive scale
 and operands TMA can describe; else "tl", the portable kernels (kernels_tl.py). The backward's:
-"reference"; "gluon" (gluon_backward.py, then dQ by its own pass where the kernel does not add it)
-where the Gluon forward fits, dO is TMA-describable and a tile's steps stay below 2^24; else "tl".
+"sdpa" or "reference" as the forward's; "gluon" (gluon_backward.py, then dQ by its own pass where
+the kernel does not add it) where the Gluon forward fits, dO is TMA-describable and a tile's steps
+stay below 2^24; else "tl". In the interpreter, bfloat16 inputs run the tl kernels on their exact
+float32 upcasts (the interpreter's bf16 tl.dot is wrong), rounded once at the end.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -28,17 +35,20 @@ from tilecore.tiles.schedule import balanced_schedule, dealt_schedule
 
 @dataclass(frozen=True)
 class Plan:
-    """One pass: ``path`` ("gluon", "tl", "decode" or "reference"), the kernel's ``config``
+    """One pass: ``path`` ("gluon", "tl", "decode", "sdpa" or "reference"), the kernel's ``config``
     (configs.py's keys), its ``grid``, the tile ``schedule`` of a causal persistent launch (None:
     round-robin), the ``sizes`` planning derived (head_group: heads whose shared operands stay in
-    L2 together; keys_per_split: the split-key kernel's), and ``dq``, the backward's dQ pass where
-    its first kernel does not add dQ."""
+    L2 together; keys_per_split: the split-key kernel's; max_scores: the reference's scores held at
+    once), ``dq``, the backward's dQ pass where its first kernel does not add dQ, and
+    ``operand_dtype``: the dtype the inputs are converted to first (exactly: bf16 to float32 in the
+    interpreter), the results computed in it and rounded once to the inputs' dtype."""
     path: str
     config: dict = field(default_factory=dict)
     grid: tuple = ()
     schedule: torch.Tensor | None = None
     sizes: dict = field(default_factory=dict)
     dq: Plan | None = None
+    operand_dtype: torch.dtype | None = None
 
 
 def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None, config: dict | None = None,
@@ -49,15 +59,15 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
     Hkv, Nk = k.shape[1], k.shape[2]
     interpret = dispatch.interpreted(q.device)
     if path is None:
-        path = ("reference" if dispatch.backend_for(q.device) == "reference" else
+        path = (torch_path(q, k, scale) if dispatch.backend_for(q.device) == "reference" else
                 "decode" if decode_fits(q, k) else
                 "gluon" if (D in configs.GLUON_FORWARD and scale > 0 and dispatch.is_hopper(q.device)
                             and tma_describable(q) and tma_describable(k) and tma_describable(v)) else
                 "tl")
-    if path == "reference":
-        return Plan("reference")
+    if path in ("sdpa", "reference"):
+        return Plan(path, sizes=dict(max_scores=configs.REFERENCE_MAX_SCORES))
     if path == "decode":
-        return _decode_plan(q, k, config or configs.decode_config(D, interpret), splits)
+        return _with_operands(_decode_plan(q, k, config or configs.decode_config(D, interpret), splits), q)
     if path == "gluon":
         cfg = dict(config or configs.gluon_forward_config(D, N, Nk, causal))
         if cfg.get("carry") and (cfg.get("q_regs") or cfg.get("consumers") == 3):
@@ -67,7 +77,7 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
                                                   causal, cfg.get("balanced", True))
         return Plan("gluon", cfg, grid, schedule, dict(head_group=head_group))
     cfg = config or configs.forward_config(D, interpret)
-    return Plan("tl", cfg, row_block_grid(B * H, N, cfg["BLOCK_M"]))
+    return _with_operands(Plan("tl", cfg, row_block_grid(B * H, N, cfg["BLOCK_M"])), q)
 
 
 def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None = None,
@@ -80,18 +90,18 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
     Hkv, Nk = k.shape[1], k.shape[2]
     interpret = dispatch.interpreted(q.device)
     if path is None:
-        path = ("reference" if dispatch.backend_for(q.device) == "reference" else
+        path = (torch_path(q, k, scale) if dispatch.backend_for(q.device) == "reference" else
                 "gluon" if ((D, False) in configs.GLUON_BACKWARD and scale > 0 and dispatch.is_hopper(q.device)
                             and steps_exact(H // Hkv, N, 64)  # 64: the least block_m
                             and tma_describable(q) and tma_describable(k) and tma_describable(v)
                             and tma_describable(dout)) else
                 "tl")
-    if path == "reference":
-        return Plan("reference")
+    if path in ("sdpa", "reference"):
+        return Plan(path, sizes=dict(max_scores=configs.REFERENCE_MAX_SCORES))
     if path == "tl":
         cfg = config or configs.backward_config(D, interpret)
-        return Plan("tl", cfg, (B * Hkv, cdiv(Nk, cfg["BLOCK_N"])),
-                    dq=Plan("tl", cfg, row_block_grid(B * H, N, cfg["BLOCK_M"])))
+        return _with_operands(Plan("tl", cfg, (B * Hkv, cdiv(Nk, cfg["BLOCK_N"])),
+                                   dq=Plan("tl", cfg, row_block_grid(B * H, N, cfg["BLOCK_M"]))), q)
     cfg = dict(config or configs.gluon_backward_config(D, N, causal))
     if cfg["dq_from"] not in configs.DQ_MODES:
         raise ValueError(f"dq_from is one of {', '.join(configs.DQ_MODES)}; got {cfg['dq_from']!r}")
@@ -129,6 +139,39 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
         tl_cfg = configs.backward_config(D, interpret)
         dq = Plan("tl", tl_cfg, row_block_grid(B * H, N, tl_cfg["BLOCK_M"]))
     return Plan("gluon", cfg, grid, schedule, dict(head_group=head_group), dq=dq)
+
+
+def _with_operands(plan: Plan, q) -> Plan:
+    """``plan`` with bfloat16 inputs converted to float32 first in the interpreter, whose bf16
+    tl.dot is wrong (values ~1e9, no error): the conversion is exact, and the result is rounded once
+    to bfloat16 at the end (as the GEMM does; the GPU runs bf16 itself)."""
+    if q.dtype == torch.bfloat16 and dispatch.interpreted(q.device):
+        return dataclasses.replace(plan, operand_dtype=torch.float32)
+    return plan
+
+
+# --------------------------------------------------------------------------------------------
+# the CPU without the interpreter: torch's own kernels
+
+
+def torch_path(q, k, scale: float) -> str:
+    """"sdpa" (torch's CPU flash-attention kernel) where every score of q and k is sure to be
+    finite, else "reference" (float32 math a block of rows at a time, NaN- and inf-faithful)."""
+    return "sdpa" if scores_finite(q, k, scale) else "reference"
+
+
+def scores_finite(q, k, scale: float) -> bool:
+    """Whether every score scale * q_i . k_j, and every partial sum of q_i . k_j, is sure to be
+    finite in float32: q and k finite, and |scale| max ||q_i|| max ||k_j|| (Cauchy-Schwarz) well
+    below float32's largest value (2^128). torch's CPU flash kernel drops a NaN score (it gives the
+    row as if the key were not there) and loses a +inf one; where this holds there is neither, so its
+    results are SDPA's math's. Costs one pass over q and k."""
+    if q.numel() == 0 or k.numel() == 0:
+        return True
+    q_norm = float(torch.linalg.vector_norm(q.detach(), dim=-1, dtype=torch.float32).amax())
+    k_norm = float(torch.linalg.vector_norm(k.detach(), dim=-1, dtype=torch.float32).amax())
+    bound = q_norm * k_norm * max(abs(scale), 1.0)  # a Python float (float64): no overflow here
+    return math.isfinite(bound) and bound < configs.SDPA_MAX_SCORE
 
 
 def steps_exact(group: int, n: int, block_m: int) -> bool:
