@@ -134,11 +134,61 @@ def test_custom_op_opcheck_and_compile():
     torch.testing.assert_close(f(a, b), tilecore.gemm(a, b) * 2)
 
 
-def test_cpu_reference_without_interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    a = torch.randn(20, 30, dtype=torch.bfloat16)
-    b = torch.randn(30, 10, dtype=torch.bfloat16)
-    assert accuracy.error_over_floor(tilecore.gemm(a, b), reference.gemm_f64(a, b)) < 1.6
+def test_float32_through_the_interpreter():
+    a = torch.randn(50, 70)
+    b = torch.randn(70, 40)
+    bias = torch.randn(40)
+    p = plan.plan(a, b, out_dtype=torch.float32, bias=bias)
+    assert p.path == "tl" and p.operand_dtype == torch.float32
+    assert rel(tilecore.gemm(a, b, bias=bias), reference.gemm_f64(a, b, bias)) < 1e-6
+    out = tilecore.gemm(a, b, out_dtype=torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and accuracy.error_over_floor(out, reference.gemm_f64(a, b)) < 1.05
+
+
+def test_float32_is_for_cpu_tensors_only(monkeypatch):
+    monkeypatch.setattr(dispatch, "backend_for", lambda device: "kernel")  # meta tensors stand in for a GPU's
+    a = torch.empty(4, 4, device="meta")
+    with pytest.raises(TypeError, match="float32 on CPU tensors only"):
+        tilecore.gemm(a, a)
+
+
+def test_leading_batch_dimensions():
+    """A [B, S, K] times B [K, N], as torch.matmul and F.linear take it: C [B, S, N], gradients too."""
+    x = torch.randn(2, 3, 40, dtype=torch.float16, requires_grad=True)
+    w = torch.randn(40, 24, dtype=torch.float16, requires_grad=True)
+    bias = torch.randn(24)
+    out = tilecore.gemm(x, w, bias=bias, out_dtype=torch.float32)
+    assert out.shape == (2, 3, 24)
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    ref = x64 @ w64 + bias.double()
+    assert rel(out.detach(), ref.detach()) < 1e-6
+    g = torch.randn(2, 3, 24, dtype=torch.float64)
+    (out.double() * g).sum().backward()
+    (ref * g).sum().backward()
+    assert x.grad.shape == x.shape and rel(x.grad, x64.grad) < 2e-3 and rel(w.grad, w64.grad) < 2e-3
+    a = torch.randn(8, 5, 6, dtype=torch.bfloat16)[:, ::2]  # a strided batch: reshaped (copied) first
+    b = torch.randn(6, 7, dtype=torch.bfloat16)
+    assert tilecore.gemm(a, b).shape == (8, 3, 7)
+    assert accuracy.error_over_floor(tilecore.gemm(a, b), a.double() @ b.double()) < 1.6
+    assert tilecore.gemm(torch.randn(0, 3, 6, dtype=torch.float16), b.half()).shape == (0, 3, 7)
+    a8 = (torch.randn(2, 3, 32) * 4).to(torch.float8_e4m3fn)
+    b8 = (torch.randn(16, 32) * 4).to(torch.float8_e4m3fn).t()
+    sa, sb = torch.rand(2, 3, 1) + 0.5, torch.rand(1, 16) + 0.5  # per row of every matrix of the batch
+    out = tilecore.gemm_fp8(a8, b8, sa, sb, out_dtype=torch.float32)
+    assert out.shape == (2, 3, 16)
+    assert rel(out, reference.gemm_fp8_f64(a8.reshape(6, 32), b8, sa.reshape(6), sb).reshape(2, 3, 16)) < 1e-6
+    with pytest.raises(ValueError, match="scale_a"):
+        tilecore.gemm_fp8(a8, b8, torch.rand(3, 2, 1), sb)  # 6 elements, but not the batch's layout
+
+
+def test_gemm_fp8_backward_is_tilecores_error():
+    a = torch.randn(8, 16).to(torch.float8_e4m3fn)
+    b = torch.randn(4, 16).to(torch.float8_e4m3fn).t()
+    scale = torch.tensor(0.5, requires_grad=True)
+    out = tilecore.gemm_fp8(a, b, scale, torch.tensor(1.0))
+    assert out.requires_grad
+    with pytest.raises(NotImplementedError, match="gemm_fp8 has no backward.*tilecore.gemm in bfloat16"):
+        out.float().sum().backward()
 
 
 @pytest.mark.parametrize("rows", [False, True])
@@ -157,10 +207,13 @@ def test_gemm_fp8(rows):
 
 @pytest.mark.parametrize("args,kwargs,exc,match", [
     ((torch.randn(3, 4, dtype=torch.float16), torch.randn(4, 5, dtype=torch.bfloat16)), {}, TypeError, "one dtype"),
-    ((torch.randn(3, 4), torch.randn(4, 5)), {}, TypeError, "bfloat16, float16"),
+    ((torch.randn(3, 4, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)), {}, TypeError,
+     "bfloat16, float16, float32"),
     ((torch.randn(3, 4, dtype=torch.float16), torch.randn(5, 5, dtype=torch.float16)), {}, ValueError, "K = 4"),
-    ((torch.randn(2, 3, 4, dtype=torch.float16), torch.randn(4, 5, dtype=torch.float16)), {}, ValueError, "2-D"),
-    ((torch.randn(4, dtype=torch.float16), torch.randn(4, 5, dtype=torch.float16)), {}, ValueError, "2-D"),
+    ((torch.randn(2, 3, 4, dtype=torch.float16), torch.randn(5, 5, dtype=torch.float16)), {}, ValueError, "2x3x4"),
+    ((torch.randn(4, dtype=torch.float16), torch.randn(4, 5, dtype=torch.float16)), {}, ValueError, r"\[\.\.\., M, K\]"),
+    ((torch.randn(3, 4, dtype=torch.float16), torch.randn(2, 4, 5, dtype=torch.float16)), {}, ValueError,
+     r"2-D matrix \[K, N\]"),
     ((torch.randn(3, 4, dtype=torch.float16), torch.randn(4, 5, dtype=torch.float16)),
      {"bias": torch.randn(4)}, ValueError, "N = 5"),
     ((torch.randn(3, 4, dtype=torch.float16), torch.randn(4, 5, dtype=torch.float16)),

@@ -25,6 +25,8 @@ def launch(plan: Plan, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | No
     M, N = a.shape[0], b.shape[1]
     if plan.notice:
         dispatch.notice_once(plan.notice)
+    if plan.path == "cpu":
+        return _cpu(plan, a, b, bias, scales, out)
     if plan.path == "reference":
         c = reference.gemm(a, b, bias, plan.out_dtype) if scales is None else \
             reference.gemm_fp8(a, b, *scales, plan.out_dtype)
@@ -95,3 +97,32 @@ def _tl(plan: Plan, a, b, c, bias, scale_a, scale_b):
                            BK=BK, GROUP_M=cfg["group_m"], HAS_BIAS=plan.has_bias, SCALES=plan.scales,
                            STAGES=cfg["stages"], STREAM_K=plan.stream_k, num_warps=cfg["num_warps"])
 
+
+def _cpu(plan: Plan, a, b, bias, scales, out):
+    """C on torch's CPU matmul (plan._cpu): as is, or A and B upcast to float32 a block at a time,
+    accumulated in float32, scaled (fp8) and rounded once to out_dtype."""
+    M, N = a.shape[0], b.shape[1]
+    c = out if out is not None else torch.empty(M, N, dtype=plan.out_dtype, device=a.device)
+    if plan.operand_dtype is None:  # the operands' own dtype: float32, or 16-bit where the CPU has it
+        direct = c.dtype == a.dtype and (bias is None or bias.dtype == a.dtype)
+        t = c if direct else None
+        t = torch.mm(a, b, out=t) if bias is None else torch.addmm(bias.to(a.dtype), a, b, out=t)
+        return c if t is c else c.copy_(t)
+    f32 = torch.float32
+    bm, bn = plan.block
+    bias = None if bias is None else bias.to(f32)
+    sa = sb = None
+    if scales is not None:
+        sa, sb = scales[0].reshape(-1, 1).to(f32), scales[1].reshape(1, -1).to(f32)
+    for j in range(0, N, bn):
+        bj = b[:, j:j + bn].to(f32)
+        for i in range(0, M, bm):
+            ai = a[i:i + bm].to(f32)
+            cij = c[i:i + bm, j:j + bn]
+            t = cij if cij.dtype == f32 else None
+            t = torch.mm(ai, bj, out=t) if bias is None else torch.addmm(bias[j:j + bn], ai, bj, out=t)
+            if sa is not None:
+                t.mul_(sa if sa.numel() == 1 else sa[i:i + bm]).mul_(sb if sb.numel() == 1 else sb[:, j:j + bn])
+            if t is not cij:
+                cij.copy_(t)
+    return c

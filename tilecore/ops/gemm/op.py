@@ -1,6 +1,11 @@
-"""``tilecore.gemm`` and ``tilecore.gemm_fp8``: public functions, checks, custom ops, autograd."""
+"""``tilecore.gemm`` and ``tilecore.gemm_fp8``: public functions, checks, custom ops, autograd.
+
+A takes leading batch dimensions ([..., M, K], as torch.matmul and F.linear take it): the public
+functions fold them into M before the custom ops, which see matrices only.
+"""
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -9,6 +14,7 @@ from tilecore import dispatch
 from tilecore.ops.gemm import launch, plan
 
 _IN = (torch.bfloat16, torch.float16)
+_IN_CPU = (torch.bfloat16, torch.float16, torch.float32)  # float32: CPU tensors (torch's CPU GEMM, or the interpreter)
 _OUT = (torch.bfloat16, torch.float16, torch.float32)
 _FP8 = (torch.float8_e4m3fn,)
 
@@ -20,18 +26,26 @@ def _name(dtype: torch.dtype) -> str:
 def _check_pair(op: str, a, b, dtypes) -> None:
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         raise TypeError(f"{op}: a and b must be tensors")
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"{op}: a and b must be 2-D matrices; got a of shape {tuple(a.shape)} and b of "
-                         f"shape {tuple(b.shape)}")
-    if a.dtype not in dtypes or b.dtype != a.dtype:
-        raise TypeError(f"{op}: a and b must share one dtype among {', '.join(map(_name, dtypes))}; "
-                        f"got a {_name(a.dtype)} and b {_name(b.dtype)}")
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"{op}: inner dimensions differ: a is {a.shape[0]}x{a.shape[1]} (K = {a.shape[1]}) "
-                         f"and b is {b.shape[0]}x{b.shape[1]} (K = {b.shape[0]})")
+    if a.dim() < 2 or b.dim() != 2:
+        raise ValueError(f"{op}: a must be a matrix [M, K] or a batch of them [..., M, K] and b a 2-D matrix "
+                         f"[K, N]; got a of shape {tuple(a.shape)} and b of shape {tuple(b.shape)}")
     if a.device != b.device:
         raise ValueError(f"{op}: a is on {a.device} and b on {b.device}")
     dispatch.backend_for(a.device)  # raises for devices tilecore does not run on
+    if dtypes is _IN and a.device.type == "cpu":
+        dtypes = _IN_CPU
+    if a.dtype not in dtypes or b.dtype != a.dtype:
+        cpu_only = " (float32 on CPU tensors only)" if dtypes is _IN and a.dtype == b.dtype == torch.float32 else ""
+        raise TypeError(f"{op}: a and b must share one dtype among {', '.join(map(_name, dtypes))}{cpu_only}; "
+                        f"got a {_name(a.dtype)} and b {_name(b.dtype)}")
+    if a.shape[-1] != b.shape[0]:
+        raise ValueError(f"{op}: inner dimensions differ: a is {'x'.join(map(str, a.shape))} (K = {a.shape[-1]}) "
+                         f"and b is {b.shape[0]}x{b.shape[1]} (K = {b.shape[0]})")
+
+
+def _rows(a: torch.Tensor) -> torch.Tensor:
+    """A [..., M, K] as the matrix [prod(...) * M, K] (a view where its strides allow)."""
+    return a if a.dim() == 2 else a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
 
 
 def _check_out(op: str, out_dtype) -> None:
@@ -45,10 +59,11 @@ def _check_out(op: str, out_dtype) -> None:
 
 def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
          out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """C = A B (+ bias), A: [M, K], B: [K, N], bf16 or fp16, accumulated in fp32.
+    """C = A B (+ bias), A: [M, K] or [..., M, K], B: [K, N], accumulated in fp32; C: [..., M, N].
 
-    ``bias`` is a vector of N (the operands' dtype or fp32); ``out_dtype`` defaults to the
-    operands' dtype (bf16, fp16 or fp32). Any M, N, K. Differentiable in a, b and bias.
+    Operands are bf16 or fp16 (on CPU tensors also fp32). ``bias`` is a vector of N (the operands'
+    dtype or fp32); ``out_dtype`` defaults to the operands' dtype (bf16, fp16 or fp32). Any M, N, K.
+    Differentiable in a, b and bias. CPU tensors run torch's CPU matmul (see plan.py).
     """
     _check_pair("gemm", a, b, _IN)
     out_dtype = a.dtype if out_dtype is None else out_dtype
@@ -61,9 +76,12 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
             raise TypeError(f"gemm: bias must be {_name(a.dtype)} or float32; got {_name(bias.dtype)}")
         if bias.device != a.device:
             raise ValueError(f"gemm: bias is on {bias.device} and a on {a.device}")
+    lead, a = a.shape[:-1], _rows(a)
     if dispatch.plain_eager(a, b, bias):
-        return _gemm_impl(a, b, bias, out_dtype)
-    return torch.ops.tilecore.gemm(a, b, bias, out_dtype)
+        c = _gemm_impl(a, b, bias, out_dtype)
+    else:
+        c = torch.ops.tilecore.gemm(a, b, bias, out_dtype)
+    return c if len(lead) == 1 else c.reshape(*lead, c.shape[1])
 
 
 def _gemm_impl(a, b, bias, out_dtype):
@@ -108,28 +126,42 @@ _gemm_op.register_autograd(_backward, setup_context=_setup_context)
 
 def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
              out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """C = (A B) * scale_a * scale_b for e4m3 A [M, K] and B [K, N], accumulated in fp32.
+    """C = (A B) * scale_a * scale_b for e4m3 A [M, K] (or [..., M, K]) and B [K, N], accumulated in fp32.
 
-    Scales are fp32: per tensor (one element each) or per row of A (M elements, or [M, 1]) and
-    per column of B (N elements, or [1, N]), as in ``torch._scaled_mm``. B is best column-major
-    (``b = bt.t()`` for a row-major ``bt`` of [N, K]); another layout is copied once on Hopper.
+    Scales are fp32: per tensor (one element each) or per row of A (M elements, as [M, 1] or [M];
+    for a batch [..., M, 1], one per row of every matrix) and per column of B (N elements, or
+    [1, N]), as in ``torch._scaled_mm``. B is best column-major (``b = bt.t()`` for a row-major
+    ``bt`` of [N, K]); another layout is copied once on Hopper. Not differentiable (fp8 here is for
+    inference: train through ``gemm`` in bf16).
     """
     _check_pair("gemm_fp8", a, b, _FP8)
     _check_out("gemm_fp8", out_dtype)
-    M, N = a.shape[0], b.shape[1]
-    for name, s, n in (("scale_a", scale_a, M), ("scale_b", scale_b, N)):
+    lead = a.shape[:-1]
+    M, N = math.prod(lead), b.shape[1]
+    for name, s, n, shape in (("scale_a", scale_a, M, lead), ("scale_b", scale_b, N, (N,))):
         if not isinstance(s, torch.Tensor) or s.dtype != torch.float32:
             raise TypeError(f"gemm_fp8: {name} must be a float32 tensor")
-        if s.numel() not in (1, n) or (s.numel() == n and n != 1 and s.dim() == 2 and max(s.shape) != n):
+        if not _scale_fits(s, n, shape):
             raise ValueError(f"gemm_fp8: {name} must hold 1 (per tensor) or {n} (per "
                              f"{'row of a' if name == 'scale_a' else 'column of b'}) elements; got shape {tuple(s.shape)}")
         if s.device != a.device:
             raise ValueError(f"gemm_fp8: {name} is on {s.device} and a on {a.device}")
     if (scale_a.numel() == 1) != (scale_b.numel() == 1) and M != 1 and N != 1:
         raise ValueError("gemm_fp8: scales are both per-tensor or both per-row/column (as torch._scaled_mm)")
+    a = _rows(a)
     if dispatch.plain_eager(a, b, scale_a, scale_b):
-        return _gemm_fp8_impl(a, b, scale_a, scale_b, out_dtype)
-    return torch.ops.tilecore.gemm_fp8(a, b, scale_a, scale_b, out_dtype)
+        c = _gemm_fp8_impl(a, b, scale_a, scale_b, out_dtype)
+    else:
+        c = torch.ops.tilecore.gemm_fp8(a, b, scale_a, scale_b, out_dtype)
+    return c if len(lead) == 1 else c.reshape(*lead, N)
+
+
+def _scale_fits(s: torch.Tensor, count: int, shape: tuple) -> bool:
+    """One element, or ``count`` laid out as ``shape`` or as a vector (size-1 dimensions aside)."""
+    if s.numel() == 1:
+        return True
+    dims = [d for d in s.shape if d != 1]
+    return s.numel() == count and (dims == [d for d in shape if d != 1] or dims == [count])
 
 
 def _gemm_fp8_impl(a, b, scale_a, scale_b, out_dtype):
@@ -146,3 +178,13 @@ def _gemm_fp8_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_
 @_gemm_fp8_op.register_fake
 def _(a, b, scale_a, scale_b, out_dtype):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+def _fp8_backward(ctx, grad):
+    raise NotImplementedError(
+        "tilecore.gemm_fp8 has no backward: its fp8 operands are for inference. Train through "
+        "tilecore.gemm in bfloat16 (quantizing the weights for inference afterwards), or detach the "
+        "inputs of gemm_fp8 (and its scales) from the graph.")
+
+
+_gemm_fp8_op.register_autograd(_fp8_backward)

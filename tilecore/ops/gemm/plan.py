@@ -6,7 +6,11 @@
   kernel of gluon_kernels.py;
 * "tl": the same GEMM on the tl twin of the template (kernels.py): GPUs older than Hopper, operands
   TMA cannot describe, and CPU tensors through Triton's interpreter;
-* "reference": PyTorch (CPU tensors without the interpreter, and empty products).
+* "cpu": CPU tensors without the interpreter, on torch's CPU matmul: float32 operands (and 16-bit
+  ones where dispatch.cpu_native_matmul says the CPU multiplies them natively) as they are; other
+  16-bit and fp8 operands upcast to float32 in blocks of configs.CPU_BLOCK_ELEMS (fp32 accumulation
+  and one rounding to out_dtype, as on the GPU);
+* "reference": PyTorch, for empty products on the kernel paths.
 """
 from __future__ import annotations
 
@@ -35,10 +39,11 @@ class Plan:
     b_t: bool = False  # gluon: B goes in as B^T [N, K] (K-major), which fp8 wgmma requires
     copy_a: bool = False  # gluon: A (B) is first copied into a layout TMA can describe
     copy_b: bool = False
-    operand_dtype: torch.dtype | None = None  # tl in the interpreter: A and B converted to this first
+    operand_dtype: torch.dtype | None = None  # tl in the interpreter, cpu: A and B converted to this first
     bias_dtype: torch.dtype | None = None  # ... and the bias to this
     c_dtype: torch.dtype | None = None  # the kernel writes C in this dtype, rounded once to out_dtype after
     notice: str | None = None  # printed once: why a slower path serves these operands
+    block: tuple[int, int] = (0, 0)  # cpu: rows of A and columns of B converted at a time
 
 
 def scales_code(scale_a: torch.Tensor, scale_b: torch.Tensor) -> int:
@@ -57,8 +62,10 @@ def plan(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype, bias: torc
     N = b.shape[1]
     fp8 = scales is not None
     common = dict(out_dtype=out_dtype, has_bias=bias is not None, scales=scales_code(*scales) if fp8 else 0)
-    if M == 0 or N == 0 or K == 0 or dispatch.backend_for(a.device) == "reference":
-        return Plan("reference", out_dtype)  # nothing to multiply (zeros, + bias), or no kernel here
+    if dispatch.backend_for(a.device) == "reference":
+        return _cpu(a, M, N, K, out_dtype, bias, fp8)
+    if M == 0 or N == 0 or K == 0:
+        return Plan("reference", out_dtype)  # nothing to multiply: zeros (+ bias)
     if dispatch.interpreted(a.device):
         # the interpreter's bf16 dot and fp8 types are not faithful: compute from exact upcasts
         # (bf16 -> fp32, e4m3 -> fp16) and round once at the end
@@ -114,3 +121,21 @@ def _schedule(a, M, N, K, cfg) -> dict:
 def _tl(a, M, N, K, cfg, common, *, c_dtype=None, **fields) -> Plan:
     return Plan("tl", config=cfg, **_schedule(a, M, N, K, cfg), c_dtype=c_dtype or common["out_dtype"], **fields,
                 **common)
+
+
+def _cpu(a, M, N, K, out_dtype, bias, fp8: bool) -> Plan:
+    """torch's CPU matmul: in the operands' dtype where the CPU multiplies it natively and nothing
+    needs more precision than that dtype keeps (a 16-bit C from 16-bit operands and bias), else
+    upcast to float32 a block at a time (float32 operands convert nothing: one block)."""
+    dtype = a.dtype
+    native = not fp8 and dispatch.cpu_native_matmul(dtype) and (
+        dtype == torch.float32 or (out_dtype == dtype and (bias is None or bias.dtype == dtype)))
+    if native:
+        return Plan("cpu", out_dtype, block=(M, N))
+    # blocks of A [bm, K] and B [K, bn] and their product [bm, bn] of at most about CPU_BLOCK_ELEMS
+    # each (a minimum of 64 rows or columns): B converts once, A once per column block
+    budget = configs.CPU_BLOCK_ELEMS
+    bn = min(N, max(64, budget // max(K, 1)))
+    bm = min(M, max(64, budget // max(K, bn, 1)))
+    return Plan("cpu", out_dtype, block=(max(bm, 1), max(bn, 1)), operand_dtype=torch.float32,
+                scales=1 if fp8 else 0, has_bias=bias is not None)
