@@ -27,15 +27,21 @@ class HadamardRotation(torch.nn.Module):
         else:
             self.register_buffer("signs", None)
 
+    def _check(self, x, name: str) -> None:
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.n:
+            got = f"a last dimension of {x.shape[-1]}" if isinstance(x, torch.Tensor) and x.dim() else \
+                f"{'a 0-d tensor' if isinstance(x, torch.Tensor) else type(x).__name__}"
+            raise ValueError(f"HadamardRotation({self.n}).{name} needs a last dimension of {self.n}; got {got}")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.n:
-            raise ValueError(f"HadamardRotation({self.n}) got a last dimension of {x.shape[-1]}")
+        self._check(x, "forward")
         if self.signs is not None:
             x = x * self.signs.to(x.dtype)
         return hadamard_transform(x, self.n**-0.5)
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:
         """x from y = self(x): H is symmetric and orthogonal after scaling, and the signs square to 1."""
+        self._check(y, "inverse")
         x = hadamard_transform(y, self.n**-0.5)
         return x * self.signs.to(x.dtype) if self.signs is not None else x
 

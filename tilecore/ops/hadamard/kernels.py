@@ -31,7 +31,14 @@ pipeline template (gluon_kernels.py: a producer warp, a TMA ring and two consume
 import triton
 import triton.language as tl
 
+from tilecore import dispatch
 from tilecore.tiles.hadamard import dot_split, sylvester_tile
+
+# Triton 3.6's interpreter multiplies bf16 operands as their integer bits (numpy has no bf16). There
+# _split_dot runs the GPU's math another way: the same bf16 pieces (rounded by the interpreter's own
+# conversion, which truncates where the GPU rounds to nearest), multiplied in float32, which is exact
+# for products with +-1. (triton.jit makes interpreted kernels, or not, as this module is imported.)
+_INTERPRETED = tl.constexpr(dispatch.interpreter_enabled())
 
 
 @triton.jit
@@ -54,6 +61,34 @@ def _load_slice(x, rows, stride_x, tile, s, N: tl.constexpr, N1: tl.constexpr, N
 
 
 @triton.jit
+def _split_dot(a, b, SPLIT_A: tl.constexpr, PIECES: tl.constexpr, PIECE_DTYPE: tl.constexpr):
+    """tiles.hadamard.dot_split(a, b, ...): a @ b with the float32 operand cut into PIECES pieces of
+    PIECE_DTYPE; in the interpreter the same pieces, each multiplied in float32 (see _INTERPRETED)."""
+    if _INTERPRETED:
+        if SPLIT_A:
+            rest = a
+            other = b.to(tl.float32)
+        else:
+            rest = b
+            other = a.to(tl.float32)
+        piece = rest.to(PIECE_DTYPE).to(tl.float32)
+        if SPLIT_A:
+            acc = tl.dot(piece, other, out_dtype=tl.float32)
+        else:
+            acc = tl.dot(other, piece, out_dtype=tl.float32)
+        for _ in tl.static_range(PIECES - 1):
+            rest = tl.where(piece == rest, 0.0, rest - piece)  # 0 where the piece holds it all (+-inf)
+            piece = rest.to(PIECE_DTYPE).to(tl.float32)
+            if SPLIT_A:
+                acc = tl.dot(piece, other, acc)
+            else:
+                acc = tl.dot(other, piece, acc)
+    else:
+        acc = dot_split(a, b, SPLIT_A, PIECES, PIECE_DTYPE)
+    return acc
+
+
+@triton.jit
 def _slice_transform(x, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
                      IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
                      MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr):
@@ -64,7 +99,7 @@ def _slice_transform(x, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: 
         if IN_PIECES == 1:
             z = tl.dot(x2.to(MMA_DTYPE), sylvester_tile(N2, N2, N, MMA_DTYPE), out_dtype=tl.float32)
         else:
-            z = dot_split(x2.to(tl.float32), sylvester_tile(N2, N2, N, PIECE_DTYPE), True, IN_PIECES, PIECE_DTYPE)
+            z = _split_dot(x2.to(tl.float32), sylvester_tile(N2, N2, N, PIECE_DTYPE), True, IN_PIECES, PIECE_DTYPE)
     else:
         if IN_PIECES == 1:
             h1 = sylvester_tile(N1, N1, N1, MMA_DTYPE)
@@ -75,16 +110,16 @@ def _slice_transform(x, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: 
             if IN_PIECES == 1:
                 y = tl.dot(h1, x1.to(MMA_DTYPE), out_dtype=tl.float32)
             else:
-                y = dot_split(h1, x1.to(tl.float32), False, IN_PIECES, PIECE_DTYPE)
+                y = _split_dot(h1, x1.to(tl.float32), False, IN_PIECES, PIECE_DTYPE)
         else:
             # One product per row (batched), so that rows never mix.
             h1b = tl.broadcast_to(h1[None, :, :], (B, N1, N1))
             if IN_PIECES == 1:
                 y = tl.dot(h1b, x.to(MMA_DTYPE), out_dtype=tl.float32)
             else:
-                y = dot_split(h1b, x.to(tl.float32), False, IN_PIECES, PIECE_DTYPE)
+                y = _split_dot(h1b, x.to(tl.float32), False, IN_PIECES, PIECE_DTYPE)
             y = tl.reshape(y, (B * N1, N2))
-        z = dot_split(y, sylvester_tile(N2, N2, N, PIECE_DTYPE), True, MID_PIECES, PIECE_DTYPE)
+        z = _split_dot(y, sylvester_tile(N2, N2, N, PIECE_DTYPE), True, MID_PIECES, PIECE_DTYPE)
     return z
 
 

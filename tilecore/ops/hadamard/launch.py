@@ -8,7 +8,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.hadamard import butterfly, kernels
 from tilecore.ops.hadamard.plan import Plan
-from tilecore.ops.hadamard.reference import hadamard_matrix, hadamard_reference
+from tilecore.ops.hadamard.reference import hadamard_matrix
 from tilecore.tiles.launch import CachedLaunch
 
 _launch_hadamard = CachedLaunch(kernels.hadamard_kernel)
@@ -16,8 +16,8 @@ _launch_hadamard = CachedLaunch(kernels.hadamard_kernel)
 
 def launch(plan: Plan, x: torch.Tensor, out: torch.Tensor, scale: float) -> None:
     """out[r] = scale * H_n x[r] for the 2-D ``x`` and ``out`` (rows, n) that ``plan`` was made for."""
-    if plan.path == "reference":
-        out.copy_(hadamard_reference(x, scale))
+    if plan.path == "cpu":
+        _cpu(x, out, scale, **plan.config)
     elif plan.path == "butterfly":
         butterfly.launch(x, out, scale)
     elif plan.path == "gluon":
@@ -67,3 +67,38 @@ def gluon_args(x, out, scale: float, stages: int, lookahead: int = 0, dynamic: b
     return dict(x_desc=lines(x, [64, 64]), out_desc=lines(out, [64, 64]), staging_desc=lines(out, [64 * S, 64]),
                 h_desc=gluon_descriptor(_h64(x.device, x.dtype), [64, 64]), rows=rows, scale=scale,
                 row_counter=tile_counter(x.device) if dynamic else None, S=S, STAGES=stages, LOOKAHEAD=lookahead)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_h(n: int) -> torch.Tensor:
+    """H_n in float32 on the CPU (entries +-1: exact)."""
+    return hadamard_matrix(n, torch.float32)
+
+
+def _cpu(x, out, scale: float, factors: tuple[int, int], rows: int) -> None:
+    """out = scale * H_n x on torch's CPU matmul in float32 (plan.cpu_plan), ``rows`` rows at a time:
+    x @ H_b over each row's a slices of b, then H_a over the slices (H_n = H_a (x) H_b; a = 1: x @ H_n).
+
+    Products with +-1 entries accumulate in float32; a 16-bit input converts exactly and the result
+    rounds once to its dtype. A chunk is read whole before its output is written (in place is safe).
+    """
+    a, b = factors
+    n = a * b
+    hb = _cpu_h(b)
+    for i in range(0, x.shape[0], rows):
+        xi, oi = x[i:i + rows], out[i:i + rows]
+        xf = xi.to(torch.float32).contiguous()  # (float32 rows that are: xi itself)
+        # a float32 buffer of the chunk that the products may write: the output where it is float32 and
+        # not the input itself, else the input's float32 copy (the first product has read it by then)
+        spare = oi if oi.dtype == torch.float32 and oi.data_ptr() != xi.data_ptr() else \
+            xf if xf.data_ptr() != xi.data_ptr() else None
+        if a == 1:
+            y = torch.mm(xf, hb, out=spare if spare is oi else None)
+        else:
+            y = torch.mm(xf.view(-1, b), hb)
+            y = torch.matmul(_cpu_h(a), y.view(-1, a, b), out=None if spare is None else spare.view(-1, a, b))
+            y = y.view(-1, n)
+        if scale != 1.0:
+            y.mul_(scale)
+        if y.data_ptr() != oi.data_ptr():
+            oi.copy_(y)

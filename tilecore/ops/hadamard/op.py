@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -11,8 +12,8 @@ from tilecore.ops.hadamard import configs, launch, plan
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def check(x: torch.Tensor, scale: float) -> None:
-    """Raise TypeError/ValueError naming what is accepted."""
+def check(x: torch.Tensor, scale) -> float:
+    """Raise TypeError/ValueError naming what is accepted; return ``scale`` as a float."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"hadamard_transform expects a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in DTYPES:
@@ -23,8 +24,29 @@ def check(x: torch.Tensor, scale: float) -> None:
     if n not in configs.SPLITS:
         raise ValueError(f"hadamard_transform needs the last dimension to be a power of two from 1 to "
                          f"{configs.MAX_N}, got {n}")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite real number, got {scale!r}")
+    return real_scale(scale)
+
+
+def real_scale(scale) -> float:
+    """``scale`` as a float: a finite real number (int, float, numpy's scalars; not bool) or a 0-d real
+    tensor that records no gradient (its value is read once)."""
+    what = "scale must be a finite real number (int, float, a numpy scalar or a 0-d tensor)"
+    if isinstance(scale, torch.Tensor):
+        if scale.dim() != 0 or scale.dtype.is_complex or scale.dtype == torch.bool:
+            raise TypeError(f"{what}; got a {str(scale.dtype).removeprefix('torch.')} tensor of shape "
+                            f"{tuple(scale.shape)}")
+        if scale.requires_grad and torch.is_grad_enabled():
+            raise ValueError(f"{what}; got a tensor that requires grad, and hadamard_transform is not "
+                             "differentiable in scale: pass scale.detach() or a float")
+        value = scale.item()
+    elif isinstance(scale, numbers.Real) and not isinstance(scale, bool):
+        value = scale
+    else:
+        raise TypeError(f"{what}; got {scale!r} ({type(scale).__name__})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{what}; got {value}")
+    return value
 
 
 def _transform_into(x: torch.Tensor, out: torch.Tensor, scale: float) -> None:
@@ -34,7 +56,7 @@ def _transform_into(x: torch.Tensor, out: torch.Tensor, scale: float) -> None:
         return
     x2 = x.reshape(-1, n)
     if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+        x2 = x2.contiguous()  # (n = 1 may keep its stride: one element a row, it is moot there)
     out2 = out.view(-1, n)
     launch.launch(plan.plan(x2, out2), x2, out2, float(scale))
 
@@ -85,11 +107,11 @@ def hadamard_transform(x: torch.Tensor, scale: float = 1.0, *, inplace: bool = F
 
     A drop-in for ``fast_hadamard_transform.hadamard_transform(x, scale)``: any leading dimensions;
     float16, bfloat16 or float32; n a power of two from 1 to 32768; the output has x's dtype and
-    shape. ``scale=n ** -0.5`` makes it orthonormal. Differentiable (the gradient is the same
+    shape. ``scale`` is a real number (a numpy scalar or 0-d tensor too); ``scale=n ** -0.5`` makes
+    it orthonormal. Differentiable (the gradient is the same
     transform times scale). With ``inplace=True`` the result overwrites x and x is returned.
     """
-    check(x, scale)
-    scale = float(scale)
+    scale = check(x, scale)
     if inplace:
         if x.requires_grad and torch.is_grad_enabled():
             raise RuntimeError("hadamard_transform(inplace=True) cannot record a gradient; use inplace=False")

@@ -7,7 +7,9 @@
   configs.TMA_MIN_ELEMENTS elements: the warp-specialized TMA-ring kernel (gluon_kernels.py);
 * "tl": the tensor-core kernel of kernels.py (any CUDA GPU, and the CPU through Triton's interpreter),
   loading and storing through pointers or, where configs.TMA_TUNING measured it faster, TMA descriptors;
-* "reference": PyTorch (CPU tensors without the interpreter).
+* "cpu": CPU tensors without the interpreter, on torch's CPU matmul in float32: one product with
+  H_n up to configs.CPU_DENSE_MAX_N, else two with H_a and H_b (n = a b, H_n = H_a (x) H_b), over
+  chunks of configs.CPU_CHUNK_ELEMS elements.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from tilecore.tiles.launch import cdiv, tma_describable
 class Plan:
     """How one transform runs. ``config``: for "tl" the kernel's keyword arguments (kernels.hadamard_kernel's
     constexprs, num_warps, num_stages), for "gluon" launch.gluon_args' (stages, lookahead, dynamic)."""
-    path: str  # "butterfly" | "tl" | "gluon" | "reference"
+    path: str  # "butterfly" | "tl" | "gluon" | "cpu"
     config: dict = dataclasses.field(default_factory=dict)
     grid: tuple[int, ...] = ()
 
@@ -45,7 +47,7 @@ def plan(x: torch.Tensor, out: torch.Tensor, *, tma=None, gluon: bool | None = N
     given. ``tuning``: the tl kernel's (tl_config's) overrides."""
     rows, n = x.shape
     if dispatch.backend_for(x.device) == "reference":
-        return Plan("reference")
+        return cpu_plan(rows, n)
     if n < 16:  # padded to a 16-wide tensor-core tile it ran at 11-42% of copy speed
         return Plan("butterfly", grid=butterfly.grid(rows, n))
     interpret = dispatch.interpreted(x.device)
@@ -60,8 +62,9 @@ def plan(x: torch.Tensor, out: torch.Tensor, *, tma=None, gluon: bool | None = N
     else:
         tuning = tma_tuning
     cfg = tl_config(n, fp32=fp32, **tuning)
-    # bf16 products are wrong in Triton 3.6's interpreter: there, bf16 runs its math in fp32/fp16
-    piece = tl.float16 if interpret else tl.bfloat16
+    # Triton 3.6's interpreter multiplies bf16 operands as integers: there a bf16 input's one exact
+    # product runs in float32, and the pieces' products emulate bf16 (kernels._split_dot)
+    piece = tl.bfloat16
     mma = {torch.float16: tl.float16, torch.bfloat16: tl.float32 if interpret else tl.bfloat16,
            torch.float32: piece}[x.dtype]
     sms = configs.INTERPRETER_SMS if interpret else dispatch.num_sms(x.device)
@@ -70,6 +73,16 @@ def plan(x: torch.Tensor, out: torch.Tensor, *, tma=None, gluon: bool | None = N
         N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"], IN_PIECES=3 if fp32 else 1,
         MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=piece, GRID=grid, TMA_LOAD=tma_load,
         TMA_STORE=tma_store, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+
+
+def cpu_plan(rows: int, n: int) -> Plan:
+    """torch's CPU matmul: config ``factors`` (a, b), n = a b with a <= b (a = 1: one product with H_n),
+    and ``rows`` per chunk."""
+    if n <= configs.CPU_DENSE_MAX_N:
+        a = 1
+    else:
+        a = 1 << ((n.bit_length() - 1) // 2)
+    return Plan("cpu", config=dict(factors=(a, n // a), rows=max(1, configs.CPU_CHUNK_ELEMS // n)))
 
 
 def tma_sides(n: int, fp32: bool, tma, tuning: dict, elements: int = configs.TMA_MIN_ELEMENTS):
