@@ -2,7 +2,14 @@
 registers, spills and wgmma serialization, and counts of the PTX's wgmma / TMA / mbarrier
 instructions. Run against two checkouts to compare a port with the code before it:
 
-    python experiments/tiles/port_resources.py [--root DIR] [--json OUT]
+    python experiments/tiles/port_resources.py [--root DIR] [--json OUT] [--ptx DIR] [--quick]
+
+A variant that fails to compile is reported with its error (the innermost message) and the run goes on;
+the exit status is 1 when any failed. ``--ptx DIR`` writes each variant's PTX (its .file paths made
+relative) to compare two trees; their .loc lines and .debug sections still differ (line numbers, the
+tree's path as bytes), so compare without those. ``--quick`` compiles one variant of each kernel. It
+is the triton compile matrix's driver (scripts/compile_matrix.sh): it compiles under whichever python,
+and so triton, runs it.
 
 Only kernel entry points are used, with the shipped configurations written out here, so the same
 script compiles both trees. Parameters a kernel does not take are dropped (the v1 forward's
@@ -20,6 +27,8 @@ def main():
     ap.add_argument("--root", default=os.getcwd())
     ap.add_argument("--json")
     ap.add_argument("--only", default="")
+    ap.add_argument("--ptx", help="write each variant's PTX into this folder")
+    ap.add_argument("--quick", action="store_true", help="one variant of each kernel: " + ", ".join(QUICK))
     a = ap.parse_args()
     sys.path.insert(0, a.root)
     os.environ.pop("TRITON_INTERPRET", None)
@@ -31,16 +40,25 @@ def main():
     rows = []
 
     def one(name, kernel, args, num_warps):
-        if a.only and a.only not in name:
+        if (a.only and a.only not in name) or (a.quick and name not in QUICK):
             return
         params = {p.name for p in kernel.params}
         if any(k not in params for k, v in args.items() if v is not None and k.isupper() and v not in (0, False, 1)
                and k in ("PINGPONG",)):
             rows.append(dict(kernel=name, missing=True))
             return
-        k = compile_kernel(kernel, {n: v for n, v in args.items() if n in params}, num_warps=num_warps)
-        r = resources(k)
+        try:
+            k = compile_kernel(kernel, {n: v for n, v in args.items() if n in params}, num_warps=num_warps)
+            r = resources(k)
+        except Exception as e:  # noqa: BLE001 (reported per variant: the matrix wants every failure)
+            rows.append(dict(kernel=name, error=_innermost(e)))
+            print(rows[-1], flush=True)
+            return
         ptx = k.asm["ptx"]
+        if a.ptx:
+            os.makedirs(a.ptx, exist_ok=True)
+            with open(os.path.join(a.ptx, re.sub(r"[^A-Za-z0-9]+", "_", name) + ".ptx"), "w") as f:
+                f.write(ptx.replace(os.path.abspath(a.root) + os.sep, ""))
         rows.append(dict(kernel=name, registers=r.registers, spills=r.spill_stores + r.spill_loads, stack=r.stack,
                          shared=r.shared, serialized=r.wgmma_serialized,
                          wgmma=len(re.findall(r"wgmma\.mma_async", ptx)),
@@ -155,7 +173,29 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
+    failed = [r["kernel"] for r in rows if "error" in r]
+    import triton
+    print(f"triton {triton.__version__}: {len(rows) - len(failed)} of {len(rows)} variants compiled"
+          + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
+    return 1 if failed or not rows else 0
+
+
+# --quick: the GEMM (stream-K: its partials' barriers), the Hadamard kernel, the forward and the backward
+# (warpgroup dQ: the helper partition, TMA reductions), and the dq kernel, one configuration each.
+QUICK = ("gemm bf16 stream-K", "hadamard n=16384 bfloat16", "attention fwd d64 causal",
+         "attention bwd d64 warpgroup causal", "attention dq d64 causal")
+
+
+def _innermost(e: BaseException) -> str:
+    """The message of the exception at the bottom of a chain (a CompilationError wraps the
+    AttributeError or TypeError that says what the triton version lacks), on one line."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    msg = " ".join(str(e).split())
+    if type(e).__name__ == "CompilationError" and "\n" in str(e):  # the source excerpt: keep the last lines
+        msg = " ".join(str(e).strip().splitlines()[-1].split())
+    return f"{type(e).__name__}: {msg}"[:400]
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

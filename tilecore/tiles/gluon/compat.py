@@ -30,7 +30,7 @@ import types
 
 import triton
 import triton.language.core as _core
-from triton._C.libtriton import ir
+from triton._C.libtriton import gluon_ir, ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as _gl
 from triton.experimental.gluon.language import _core as _gl_core
@@ -96,18 +96,15 @@ REQUIRED = {
     "gluon": (gluon, ("jit", "constexpr_function")),
     "shared_memory_descriptor": (_smem, ("_reinterpret", "index", "permute", "reshape", "slice", "load",
                                           "store")),
-    "GluonOpBuilder": (None, ("create_async_tma_reduce",)),
+    "GluonOpBuilder": (gluon_ir.GluonOpBuilder, ("create_async_tma_reduce",)),
     "ir": (ir, ("DESCRIPTOR_REDUCE_KIND",)),
 }
 
 
 def missing() -> list[str]:
     """The names in ``REQUIRED`` that this triton lacks."""
-    from triton._C.libtriton import gluon_ir
-
     out = []
     for where, (obj, names) in REQUIRED.items():
-        obj = gluon_ir.GluonOpBuilder if where == "GluonOpBuilder" else obj
         out += [f"{where}.{name}" for name in names if getattr(obj, name, None) is None
                 or (where == "tma" and name.startswith("async_") and not _takes(getattr(obj, name), "tensor_desc"))]
     return out
