@@ -191,3 +191,104 @@ def test_attention_suites_time_a_forward_or_one_forwards_backward_and_skip_refus
 
     with pytest.raises(ImportError, match="peer: No available kernel"):
         timed_pass("peer", refuses, q, k, v, backward=False)
+
+
+# ---- package plumbing: version, license, op registration, TRITON_INTERPRET (issue 31)
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def _declared_ops() -> dict[str, str]:
+    """torch.ops.tilecore op name -> the module that declares it, from the source."""
+    import re
+
+    out = {}
+    for path in sorted((ROOT / "tilecore").rglob("*.py")):
+        for name in re.findall(r"""custom_op\(\s*["']tilecore::(\w+)["']""", path.read_text()):
+            out[name] = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    return out
+
+
+def test_version_on_the_command_line():
+    import tilecore
+
+    for args in (["--version"], ["--help"]):
+        r = run_cli(*args)
+        assert r.returncode == 0, r.stderr
+        assert (f"tilecore {tilecore.__version__}" in r.stdout) == (args == ["--version"])
+        assert "--version" in r.stdout or args == ["--version"]
+    r = subprocess.run([sys.executable, "-m", "tilecore.cli", "--version"], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == f"tilecore {tilecore.__version__}"
+
+
+def test_license_is_mit_and_pyproject_says_so():
+    import tilecore
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License\n\nCopyright (c) the tilecore authors\n")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
+    assert "version" in project["dynamic"] and tilecore.__version__
+
+
+@pytest.mark.parametrize("order", ["tilecore first", "torch first"])
+def test_import_registers_every_op(order):
+    """A bare ``import tilecore`` in a fresh process registers every torch.ops.tilecore op declared in
+    the source (at once if torch is loaded, else when it is), and loads no torch by itself."""
+    import tilecore
+
+    ops = _declared_ops()
+    assert {"gemm", "gemm_fp8", "hadamard_transform", "attention_forward"} <= set(ops)
+    assert set(ops.values()) <= set(tilecore.OP_MODULES), "a module declaring ops is missing from OP_MODULES"
+    imports = "import tilecore\nassert 'torch' not in sys.modules\nimport torch\n" if order == "tilecore first" \
+        else "import torch\nimport tilecore\n"
+    code = ("import sys\n" + imports + "print(sorted(n for n in %r if not hasattr(torch.ops.tilecore, n)))\n"
+            "print(sorted(m for m in sys.modules if m.startswith('tilecore.ops.')))" % sorted(ops))
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    missing, loaded = r.stdout.strip().splitlines()
+    assert missing == "[]", f"not registered after import: {missing}"
+    assert all(m in loaded for m in tilecore.OP_MODULES)
+
+
+INTERPRET_CALLS = """
+import os, sys, torch, tilecore
+a = torch.randn(8, 8, dtype=torch.bfloat16)
+x = torch.randn(4, 64)
+ok = (tilecore.gemm(a, a).float() - a.double() @ a.double()).abs().max() < 0.1
+ok &= torch.allclose(tilecore.hadamard_transform(x, 0.125), tilecore.nn.HadamardRotation(64)(x))
+print("first", bool(ok), flush=True)
+if len(sys.argv) > 1:
+    os.environ["TRITON_INTERPRET"] = sys.argv[1]
+    try:
+        tilecore.hadamard_transform(x)
+        print("second ok")
+    except RuntimeError as err:
+        print("refused:", err)
+"""
+
+
+@pytest.mark.parametrize("value", ["2", "abc", "0", ""])
+def test_triton_interpret_values_triton_reads_as_off(value):
+    """Triton reads only 1/true/on/yes/y as on: any other value leaves its kernels compiled, so CPU
+    tensors take the PyTorch path (once: 'TRITON_INTERPRET=2' crashed with '0 active drivers')."""
+    env = dict(__import__("os").environ, TRITON_INTERPRET=value)
+    r = subprocess.run([sys.executable, "-c", INTERPRET_CALLS], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT, env=env)
+    assert r.returncode == 0 and r.stdout.startswith("first True"), r.stderr[-3000:]
+    assert ("not a value Triton reads as on" in r.stderr) == (value in ("2", "abc")), r.stderr
+
+
+def test_triton_interpret_set_after_import_is_refused_clearly():
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", INTERPRET_CALLS, "1"], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines()[0] == "first True"
+    assert r.stdout.splitlines()[1].startswith("refused: TRITON_INTERPRET=1 was set after tilecore was imported")
+    assert "active drivers" not in r.stdout + r.stderr
+    # the other way (interpreted at import, turned off later) is honoured: CPU tensors take the PyTorch path
+    r = subprocess.run([sys.executable, "-c", INTERPRET_CALLS, "0"], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT, env=dict(env, TRITON_INTERPRET="1"))
+    assert r.returncode == 0 and r.stdout.splitlines() == ["first True", "second ok"], r.stderr[-3000:]

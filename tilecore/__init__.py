@@ -1,9 +1,15 @@
 """tilecore: tensor-core GPU kernels for AI as PyTorch ops, the tiles they are written with, and the
 napkin, a diagram-based IO performance model.
 
-The ops are imported on first use, so that ``tilecore.napkin`` (pure Python) loads no torch or triton.
+Importing tilecore registers every ``torch.ops.tilecore`` op (for torch.compile, torch.export and
+code that calls the ops by name): at once where torch is already imported, else as soon as torch
+is, so that ``tilecore.napkin`` (pure Python) still loads no torch or triton. The Python functions
+(``tilecore.gemm`` ...) are imported on first use.
 """
 import importlib
+import importlib.abc
+import importlib.util
+import sys
 
 __version__ = "0.1.0"
 
@@ -15,6 +21,9 @@ _EXPORTS = {
     "nn": "tilecore.nn",
 }
 __all__ = list(_EXPORTS)
+
+# the modules whose import registers the torch.ops.tilecore ops (torch.library.custom_op)
+OP_MODULES = ("tilecore.ops.gemm.op", "tilecore.ops.hadamard.op", "tilecore.ops.attention.op")
 
 
 def __getattr__(name):
@@ -28,3 +37,38 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(list(globals()) + __all__)
+
+
+def _register_ops() -> None:
+    for name in OP_MODULES:
+        importlib.import_module(name)
+
+
+class _RegisterAfterTorch(importlib.abc.MetaPathFinder):
+    """Finds torch as the other finders do, and has its loader register tilecore's ops right after
+    torch's own module has run (the first ``import torch`` after ``import tilecore``)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)  # once: and find_spec below must not come back here
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        run_torch = loader.exec_module
+
+        def exec_module(module):
+            run_torch(module)
+            del loader.exec_module  # the loader's own method again
+            _register_ops()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+if "torch" in sys.modules:
+    _register_ops()
+else:
+    sys.meta_path.insert(0, _RegisterAfterTorch())

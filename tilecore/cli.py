@@ -10,6 +10,7 @@ def _parser() -> argparse.ArgumentParser:
     from tilecore.bench.suites import SUITES
 
     p = argparse.ArgumentParser(prog="tilecore", description="Tensor-core kernels for AI, as PyTorch ops.")
+    p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="command", metavar="{tour,bench,env,napkin}")
     sub.required = True
 
@@ -30,8 +31,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _version() -> str:
+    from tilecore import __version__
+
+    return f"tilecore {__version__}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv == ["--version"]:  # without building the parser, which imports torch for the suites
+        print(_version())
+        return 0
     if argv[:1] == ["napkin"]:
         from tilecore.napkin.cli import main as napkin_main
 
