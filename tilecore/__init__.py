@@ -44,6 +44,24 @@ def _register_ops() -> None:
         importlib.import_module(name)
 
 
+def _tilecore_importing() -> bool:
+    """Whether a tilecore module is still being imported (its ops' modules would import it, half made)."""
+    return any(getattr(getattr(m, "__spec__", None), "_initializing", False)
+               for n, m in list(sys.modules.items()) if n == "tilecore" or n.startswith("tilecore."))
+
+
+class _RegisterWhenIdle(importlib.abc.MetaPathFinder):
+    """Registers the ops at the first import after tilecore's own imports have finished, when torch was
+    first imported by a tilecore module (registering then would import that module half made)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if not _tilecore_importing():
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+                _register_ops()
+        return None
+
+
 class _RegisterAfterTorch(importlib.abc.MetaPathFinder):
     """Finds torch as the other finders do, and has its loader register tilecore's ops right after
     torch's own module has run (the first ``import torch`` after ``import tilecore``)."""
@@ -62,7 +80,10 @@ class _RegisterAfterTorch(importlib.abc.MetaPathFinder):
         def exec_module(module):
             run_torch(module)
             del loader.exec_module  # the loader's own method again
-            _register_ops()
+            if _tilecore_importing():  # torch imported by a tilecore module: register once it is done
+                sys.meta_path.insert(0, _RegisterWhenIdle())
+            else:
+                _register_ops()
 
         loader.exec_module = exec_module
         return spec
