@@ -61,7 +61,7 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
     if path is None:
         path = (torch_path(q, k, scale) if dispatch.backend_for(q.device) == "reference" else
                 "decode" if decode_fits(q, k) else
-                "gluon" if (D in configs.GLUON_FORWARD and scale > 0 and dispatch.is_hopper(q.device)
+                "gluon" if (D in configs.GLUON_FORWARD and scale > 0 and dispatch.gluon_ok(q.device)
                             and tma_describable(q) and tma_describable(k) and tma_describable(v)) else
                 "tl")
     if path in ("sdpa", "reference"):
@@ -91,7 +91,7 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
     interpret = dispatch.interpreted(q.device)
     if path is None:
         path = (torch_path(q, k, scale) if dispatch.backend_for(q.device) == "reference" else
-                "gluon" if ((D, False) in configs.GLUON_BACKWARD and scale > 0 and dispatch.is_hopper(q.device)
+                "gluon" if ((D, False) in configs.GLUON_BACKWARD and scale > 0 and dispatch.gluon_ok(q.device)
                             and steps_exact(H // Hkv, N, 64)  # 64: the least block_m
                             and tma_describable(q) and tma_describable(k) and tma_describable(v)
                             and tma_describable(dout)) else

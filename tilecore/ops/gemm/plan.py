@@ -73,9 +73,10 @@ def plan(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype, bias: torc
         c_dtype = torch.float16 if operand == torch.float16 and out_dtype == torch.float16 else torch.float32
         return _tl(a, M, N, K, config or configs.TL_CPU, common, operand_dtype=operand, bias_dtype=torch.float32,
                    c_dtype=c_dtype)
-    if not dispatch.is_hopper(a.device):
-        return _tl(a, M, N, K, config or configs.TL_GPU, common, notice="gemm: this GPU is older than Hopper (no "
-                   "TMA or wgmma): running the portable tl GEMM kernel, which is slower")
+    if not dispatch.gluon_ok(a.device):  # an untested triton on Hopper: dispatch has warned once
+        notice = None if dispatch.is_hopper(a.device) else ("gemm: this GPU is older than Hopper (no TMA or wgmma): "
+                                                            "running the portable tl GEMM kernel, which is slower")
+        return _tl(a, M, N, K, config or configs.TL_GPU, common, notice=notice)
     form = None if path == "tl" else _tma_form(a, b, out_dtype, fp8)
     if form is None:
         notice = None if path == "tl" else ("gemm: operands that TMA cannot describe (strides or sizes not "

@@ -124,7 +124,7 @@ def gluon_fits(x: torch.Tensor, out: torch.Tensor) -> bool:
     """Whether the Gluon kernel can take these (rows, n) tensors: Hopper, float16/bfloat16, n in
     GLUON_SIZES, contiguous rows that TMA can describe."""
     return (x.shape[1] in configs.GLUON_SIZES and x.dtype in (torch.float16, torch.bfloat16)
-            and all(t.is_contiguous() and tma_describable(t) for t in (x, out)) and dispatch.is_hopper(x.device))
+            and all(t.is_contiguous() and tma_describable(t) for t in (x, out)) and dispatch.gluon_ok(x.device))
 
 
 def gluon_plan(x: torch.Tensor, *, stages: int | None = None, lookahead: int | None = None,
