@@ -156,3 +156,17 @@ def test_strided_inputs_give_the_same_answer():
     assert torch.allclose(out, expect, rtol=1e-6, atol=1e-6)
     for g, e in zip(grads, torch.autograd.grad(expect.sum(), dense)):
         assert torch.allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+def test_an_unused_lse_costs_the_backward_nothing(monkeypatch):
+    """Autograd hands the backward a zero lse gradient where lse went unused: no extra columns then
+    (they cost a copy of q, k, v, O and dO, and a wider head dim)."""
+    q, k, v = make(1, 2, 2, 16, 16, 32, dtype=torch.float32, grad=True)
+    out, lse = attention(q, k, v, causal=True, return_lse=True)
+
+    def refuse(*args):
+        raise AssertionError("dlse columns made for a zero lse gradient")
+    monkeypatch.setattr(launch, "_dlse_columns", refuse)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    for g, r in zip(grads, reference_grads(q, k, v, torch.ones_like(out), None, True, 32**-0.5)):
+        assert near(g, r, 3.0)

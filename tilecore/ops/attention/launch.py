@@ -49,6 +49,17 @@ def forward(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
     _FORWARD[plan.path](plan, q, k, v, out, lse, causal, scale)
 
 
+def outputs(plan, q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of attention(q, k, v) by ``plan``, allocated here (contiguous; lse float32):
+    the "sdpa" path keeps torch's own results (one copy to the contiguous layout, no buffer besides)."""
+    if plan.path == "sdpa":
+        return forward_sdpa(q, k, v, causal, scale)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    forward(plan, q, k, v, out, lse, causal, scale)
+    return out, lse
+
+
 def forward_into(q, k, v, out, lse, causal: bool, scale: float, **options) -> None:
     """forward(plan_forward(q, k, v, causal, scale, **options), ...)."""
     forward(plan_forward(q, k, v, causal, scale, **options), q, k, v, out, lse, causal, scale)
@@ -110,19 +121,29 @@ def _forward_reference(plan, q, k, v, out, lse, causal: bool, scale: float) -> N
 
 
 def launch_forward_sdpa(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
-    """torch's CPU flash-attention kernel (what SDPA runs on the CPU), which gives lse too: causal
-    with N = Nk its own causal mask, with N < Nk a bottom-right float mask; with N > Nk the first
-    N - Nk rows see no key (0, lse -inf) and the others are N = Nk's."""
+    """forward_sdpa into the given buffers."""
+    o, l = forward_sdpa(q, k, v, causal, scale)
+    out.copy_(o)
+    lse.copy_(l)
+
+
+def forward_sdpa(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse), contiguous, by torch's CPU flash-attention kernel (what SDPA runs on the CPU),
+    which gives lse too: causal with N = Nk its own causal mask, with N < Nk a bottom-right float
+    mask; with N > Nk the first N - Nk rows see no key (0, lse -inf) and the others are N = Nk's."""
     first, is_causal, mask = _sdpa_rows(q, k, causal)
-    out[:, :, :first] = 0
-    lse[:, :, :first] = float("-inf")
-    if first == q.shape[2]:
-        return
-    k, v = _sdpa_kv(q, k, v)
-    o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q[:, :, first:], k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
-    out[:, :, first:] = o
-    lse[:, :, first:] = l
+    if first == 0:
+        o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, *_sdpa_kv(q, k, v), 0.0, is_causal, attn_mask=mask, scale=scale)
+        return o.contiguous(), l.contiguous()
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.full(q.shape[:3], float("-inf"), device=q.device)
+    if first < q.shape[2]:
+        o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q[:, :, first:], *_sdpa_kv(q, k, v), 0.0, is_causal, attn_mask=mask, scale=scale)
+        out[:, :, first:] = o
+        lse[:, :, first:] = l
+    return out, lse
 
 
 def _sdpa_rows(q, k, causal: bool):
@@ -177,6 +198,16 @@ def backward(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
             g.copy_(result)
         return
     _BACKWARD[plan.path](plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale)
+
+
+def gradients(plan, dout, q, k, v, out, lse, dlse, causal: bool, scale: float):
+    """(dq, dk, dv) by ``plan``, allocated here (contiguous, the inputs' shapes and dtype): the
+    "sdpa" path keeps torch's own gradients (copied to the contiguous layout one at a time)."""
+    if plan.path == "sdpa":
+        return backward_sdpa(dout, q, k, v, out, lse.contiguous(), dlse, causal, scale)
+    grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v)]
+    backward(plan, dout, q, k, v, out, lse, dlse, *grads, causal, scale)
+    return tuple(grads)
 
 
 def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, **options) -> None:
@@ -279,30 +310,39 @@ def _backward_reference(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal:
 
 
 def launch_backward_sdpa(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:
-    """torch's CPU flash-attention backward on the rows the forward's kernel ran (launch_forward_sdpa),
-    from the forward's out and lse. It takes no lse gradient, so a dlse rides in extra head-dim
-    columns (_dlse_columns), which make the kernel's delta = rowsum(dO * O) rowsum(dO * O) - dlse and
-    change nothing else."""
+    """backward_sdpa into the given buffers."""
+    for g, result in zip((dq, dk, dv), backward_sdpa(dout, q, k, v, out, lse, dlse, causal, scale)):
+        g.copy_(result)
+
+
+def backward_sdpa(dout, q, k, v, out, lse, dlse, causal: bool, scale: float):
+    """(dq, dk, dv), contiguous, by torch's CPU flash-attention backward on the rows the forward's
+    kernel ran (forward_sdpa), from the forward's out and lse. It takes no lse gradient, so a dlse
+    (unless all zeros, as autograd gives where lse was not used) rides in extra head-dim columns
+    (_dlse_columns), which make the kernel's delta = rowsum(dO * O) rowsum(dO * O) - dlse and change
+    nothing else."""
     n, d = q.shape[2], q.shape[3]
     first, is_causal, mask = _sdpa_rows(q, k, causal)
-    dq[:, :, :first] = 0
     if first == n:
-        dk.zero_()
-        dv.zero_()
-        return
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     rows = slice(first, n)
-    q, dout, out, lse = q[:, :, rows], dout[:, :, rows], out[:, :, rows], lse[:, :, rows]
+    q_in, dout, out, lse = q[:, :, rows], dout[:, :, rows], out[:, :, rows], lse[:, :, rows]
     k_in, v_in = _sdpa_kv(q, k, v)
-    if dlse is not None:
-        q, k_in, v_in, out, dout = _dlse_columns(dlse[:, :, rows], q, k_in, v_in, out, dout)
-    gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        dout, q, k_in, v_in, out, lse, 0.0, is_causal, attn_mask=mask, scale=scale)
-    gq, gk, gv = gq[..., :d], gk[..., :d], gv[..., :d]
-    if gk.shape[1] != k.shape[1]:  # kv heads repeated for the kernel: their q heads' sums
-        gk, gv = (g.unflatten(1, (k.shape[1], -1)).sum(2) for g in (gk, gv))
-    dq[:, :, rows] = gq
-    dk.copy_(gk)
-    dv.copy_(gv)
+    if dlse is not None and bool(dlse.any()):
+        q_in, k_in, v_in, out, dout = _dlse_columns(dlse[:, :, rows], q_in, k_in, v_in, out, dout)
+    grads = list(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dout, q_in, k_in, v_in, out, lse, 0.0, is_causal, attn_mask=mask, scale=scale))
+    del q_in, k_in, v_in, out, dout
+    for i, t in enumerate((q, k, v)):  # one at a time: each kernel result freed as its copy is made
+        g = grads[i][..., :d]
+        if g.shape[1] != t.shape[1]:  # kv heads repeated for the kernel: their q heads' sums
+            g = g.unflatten(1, (t.shape[1], -1)).sum(2)
+        if i == 0 and first:
+            grads[i] = torch.zeros_like(q)
+            grads[i][:, :, rows] = g
+        else:
+            grads[i] = g.contiguous()
+    return tuple(grads)
 
 
 def _dlse_columns(dlse, q, k, v, out, dout):

@@ -90,24 +90,15 @@ def check(q, k, v, causal, scale) -> None:
 
 
 def _forward_impl(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    B, H, N, D = q.shape
-    out = torch.empty((B, H, N, D), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
-    if out.numel() == 0:
-        return out, lse
-    launch.forward(plan_forward(q, k, v, causal, scale), q, k, v, out, lse, causal, scale)
-    return out, lse
+    if q.numel() == 0:
+        return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:3], dtype=torch.float32)
+    return launch.outputs(plan_forward(q, k, v, causal, scale), q, k, v, causal, scale)
 
 
 def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float):
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    if dq.numel() == 0 or dk.numel() == 0:  # no query or no key: nothing flows back
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    launch.backward(plan_backward(dout, q, k, v, causal, scale), dout, q, k, v, out, lse, dlse, dq, dk, dv, causal,
-                    scale)
-    return dq, dk, dv
+    if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing flows back
+        return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    return launch.gradients(plan_backward(dout, q, k, v, causal, scale), dout, q, k, v, out, lse, dlse, causal, scale)
 
 
 # --------------------------------------------------------------------------------------------
