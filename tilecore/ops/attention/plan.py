@@ -162,15 +162,15 @@ def torch_path(q, k, scale: float) -> str:
 
 def scores_finite(q, k, scale: float) -> bool:
     """Whether every score scale * q_i . k_j, and every partial sum of q_i . k_j, is sure to be
-    finite in float32: q and k finite, and |scale| max ||q_i|| max ||k_j|| (Cauchy-Schwarz) well
-    below float32's largest value (2^128). torch's CPU flash kernel drops a NaN score (it gives the
-    row as if the key were not there) and loses a +inf one; where this holds there is neither, so its
-    results are SDPA's math's. Costs one pass over q and k."""
+    finite in float32: q and k finite, and D max|q| max|k| max(|scale|, 1) (>= |scale| ||q_i||
+    ||k_j||, Cauchy-Schwarz) well below float32's largest value (2^128). torch's CPU flash kernel
+    drops a NaN score (it gives the row as if the key were not there) and loses a +inf one; where
+    this holds there is neither, so its results are SDPA's math's. One pass over q and k, with no
+    copy of them (aminmax; NaN gives NaN)."""
     if q.numel() == 0 or k.numel() == 0:
         return True
-    q_norm = float(torch.linalg.vector_norm(q.detach(), dim=-1, dtype=torch.float32).amax())
-    k_norm = float(torch.linalg.vector_norm(k.detach(), dim=-1, dtype=torch.float32).amax())
-    bound = q_norm * k_norm * max(abs(scale), 1.0)  # a Python float (float64): no overflow here
+    largest = [max(-float(lo), float(hi)) for lo, hi in (torch.aminmax(t.detach()) for t in (q, k))]
+    bound = q.shape[-1] * largest[0] * largest[1] * max(abs(scale), 1.0)  # a Python float: no overflow
     return math.isfinite(bound) and bound < configs.SDPA_MAX_SCORE
 
 
