@@ -128,3 +128,6 @@ def test_blocks_bound_the_temporaries():
     x = torch.empty(4096, 64, dtype=torch.bfloat16)  # small K: wide blocks, C's block still bounded
     bm, bn = plan.plan(x, torch.empty(64, 4096, dtype=torch.bfloat16), out_dtype=torch.bfloat16).block
     assert bm * bn <= configs.CPU_BLOCK_ELEMS and bn == 4096
+    a8 = torch.empty(2048, 2048, dtype=torch.float8_e4m3fn)  # fp8's B converts whole, once
+    bm, bn = plan.plan(a8, a8, out_dtype=torch.bfloat16, scales=(torch.ones(1), torch.ones(1))).block
+    assert bn == 2048 and bm * 2048 <= configs.CPU_BLOCK_ELEMS

@@ -88,3 +88,17 @@ def test_autograd_and_rotation():
 def test_n1_with_a_strided_last_dimension():
     x = torch.randn(1, 5).t()  # (5, 1) with stride 5 along n
     assert torch.equal(hadamard_transform(x, 2.0), x * 2.0)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_small_n_packed_sixteen_wide(n, dtype, chunks):
+    """Rows of n < 16 packed 16 // n at a time (launch._cpu_h_packed), in place too."""
+    x = torch.randn(48, n, dtype=dtype)  # 48 n elements: a multiple of 16
+    ref = hadamard_reference(x, 0.25, out_dtype=torch.float64)
+    y = hadamard_transform(x, 0.25)
+    if dtype == torch.float32:
+        assert accuracy.rel_rms(y, ref) <= 1e-6
+    else:
+        assert accuracy.error_over_floor(y, ref) <= 1.01
+    assert hadamard_transform(x, 0.25, inplace=True) is x and torch.equal(x, y)

@@ -25,6 +25,8 @@ TL_GPU = dict(block=(128, 128, 64), stages=3, group_m=8, num_warps=8, stream_k="
 # exercise it
 TL_CPU = dict(block=(32, 32, 32), stages=2, group_m=2, num_warps=4, stream_k="always")
 # CPU tensors without the interpreter (plan._cpu): 16-bit and fp8 operands upcast to float32 in blocks
-# of A, B and C of about this many elements each (8 MiB in float32), which bounds the temporaries
-# at ~1-2x the output of a 2048^3 GEMM while the blocks stay large for torch's matmul
+# of A, B and C of about this many elements each (8 MiB in float32; fp8's B whole), which bounds the
+# temporaries at about the output's size of a 2048^3 bf16 GEMM while the blocks stay large for
+# torch's matmul: 2^20 ran 1.9x slower there, 2^22 1.2x faster with 2x the memory (AMD EPYC, AVX2,
+# 2 cores, shared with other jobs: +-30%)
 CPU_BLOCK_ELEMS = 1 << 21

@@ -28,7 +28,7 @@ from tilecore.tiles.schedule import stream_k_plan
 class Plan:
     """How one GEMM runs. ``config`` is a configs.py row; ``grid`` the persistent programs, looping
     over ``units`` units of work (the tiles, or with ``stream_k`` tiles.schedule.stream_k_units)."""
-    path: str  # "gluon" | "tl" | "reference"
+    path: str  # "gluon" | "tl" | "cpu" | "reference"
     out_dtype: torch.dtype
     config: dict = dataclasses.field(default_factory=dict)
     grid: tuple[int, ...] = ()
@@ -134,9 +134,10 @@ def _cpu(a, M, N, K, out_dtype, bias, fp8: bool) -> Plan:
     if native:
         return Plan("cpu", out_dtype, block=(M, N))
     # blocks of A [bm, K] and B [K, bn] and their product [bm, bn] of at most about CPU_BLOCK_ELEMS
-    # each (a minimum of 64 rows or columns): B converts once, A once per column block
+    # each (a minimum of 64 rows or columns): B converts once, A once per column block. fp8 B converts
+    # whole: torch converts e4m3 at ~20 ns an element on this CPU (16-bit: ~3), too slow to repeat
     budget = configs.CPU_BLOCK_ELEMS
-    bn = min(N, max(64, budget // max(K, 1)))
+    bn = N if fp8 else min(N, max(64, budget // max(K, 1)))
     bm = min(M, max(64, budget // max(K, bn, 1)))
     return Plan("cpu", out_dtype, block=(max(bm, 1), max(bn, 1)), operand_dtype=torch.float32,
                 scales=1 if fp8 else 0, has_bias=bias is not None)

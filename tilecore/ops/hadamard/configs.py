@@ -51,10 +51,12 @@ GLUON_STAGES = 4  # the ring's depth for n in GLUON_SIZES without a GLUON_TUNING
 # programs per "SM" in the interpreter, so that its persistent loops still run several tiles each
 INTERPRETER_SMS = 4
 
-# CPU tensors without the interpreter (plan.cpu_plan): up to this n one float32 product x @ H_n, above
-# it two, with H_a and H_b (n = a b, a <= b): on an AMD EPYC (AVX2, 2 cores, 2^24 float32 elements)
-# x @ H_n ran 16-40 ms for n = 16..128 against 40-170 ms for the two, and 137 (n = 256) to 1660 ms
-# (4096) against 100-140 ms
-CPU_DENSE_MAX_N = 128
-# ... over chunks of rows of about this many elements (their float32 temporaries: 32 MiB each)
-CPU_CHUNK_ELEMS = 1 << 23
+# CPU tensors without the interpreter (plan.cpu_plan): up to this n one float32 product x @ H_n (n < 16:
+# 16 // n rows at a time against diag(H_n, ...)), above it two, with H_a and H_b (n = a b, a <= b).
+# 2^24 float32 elements on an AMD EPYC (AVX2, 2 cores, shared): one product 15-26 ms for n = 2..64
+# against 39-117 for two (n >= 16); 55 against 42 at n = 128, 296 against 51 at 1024, 1183 against
+# 69 at 4096; two products 124 ms at 32768 (a copy: 7 ms)
+CPU_DENSE_MAX_N = 64
+# ... over chunks of rows of about this many elements (their float32 temporaries: 16 MiB each), where
+# a chunk needs temporaries (16-bit inputs, two products, in place)
+CPU_CHUNK_ELEMS = 1 << 22

@@ -9,7 +9,7 @@
   loading and storing through pointers or, where configs.TMA_TUNING measured it faster, TMA descriptors;
 * "cpu": CPU tensors without the interpreter, on torch's CPU matmul in float32: one product with
   H_n up to configs.CPU_DENSE_MAX_N, else two with H_a and H_b (n = a b, H_n = H_a (x) H_b), over
-  chunks of configs.CPU_CHUNK_ELEMS elements.
+  chunks of configs.CPU_CHUNK_ELEMS elements where temporaries are needed (launch._cpu).
 """
 from __future__ import annotations
 
