@@ -117,16 +117,32 @@ def test_scores_past_float32s_range_give_one_answer_on_every_path(path, dtype, m
     and in SDPA's math (float32). Scores within a factor log2(e) of float32's largest value are
     left out: the kernels scale in base 2, where those are already inf (the float64 reference, with
     its wider range, is not compared)."""
+    q, k, v = overflowing(16, dtype)
+    out, lse = run_forward(path, q, k, v, False, 1e38, monkeypatch)
+    check_overflowing(q, k, v, out, lse)
+
+
+def overflowing(d, dtype):
+    """Inputs for scale = 1e38 (see the test above): row (0, 0, 3)'s scores all +inf, row (0, 1, 7)'s
+    all -inf, every other score finite; row (0, 0, 5)'s all near -1e38 (a running max that starts
+    at a finite sentinel such as -1e30 took that row for one with no key)."""
     torch.manual_seed(1)
-    q = (0.01 * torch.randn(1, 2, 24, 16)).to(dtype)
-    k = (0.1 * torch.randn(1, 2, 16, 16)).to(dtype)
-    v = torch.randn(1, 2, 16, 16).to(dtype)
+    q = (0.01 * torch.randn(1, 2, 24, d)).to(dtype)
+    k = (0.1 * torch.randn(1, 2, 16, d)).to(dtype)
+    v = torch.randn(1, 2, 16, d).to(dtype)
     k[..., 0] = 1.0
     q[0, 0, 3] = 0.0
     q[0, 0, 3, 0] = 10.0  # every score +inf
     q[0, 1, 7] = 0.0
     q[0, 1, 7, 0] = -10.0  # every score -inf
-    out, lse = run_forward(path, q, k, v, False, 1e38, monkeypatch)
+    q[0, 0, 5, 0] = -1.0  # every score about -1e38: finite
+    return q, k, v
+
+
+def check_overflowing(q, k, v, out, lse):
+    """``overflowing``'s inputs' (out, lse) against SDPA's math (float32, on the CPU)."""
+    q, k, v, out, lse = (t.cpu() for t in (q, k, v, out, lse))
+    dtype = q.dtype
     expect = sdpa_math(q, k, v, False, 1e38)
     nan_rows = torch.isnan(expect).any(-1)
     assert nan_rows[0, 0, 3] and nan_rows.sum() == 1
@@ -138,16 +154,16 @@ def test_scores_past_float32s_range_give_one_answer_on_every_path(path, dtype, m
     finite = live.clone()
     finite[0, 1, 7] = False
     assert torch.allclose(lse[finite], scores.amax(-1)[finite], rtol=1e-5)
+    assert lse[0, 0, 5] < -1e37 and (out[0, 0, 5] != 0).any()
 
 
-GLUON_NAN = ("gluon_kernels.py's epilogue tells 'no key' by l > 0.0: a row with a NaN or +inf score "
-             "(l NaN) gets O NaN but lse -inf; and its running max starts at EMPTY_ROW_MAX = -1e30")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available() or dispatch.interpreter_enabled(),
+                               reason="the compiled kernels: a GPU and TRITON_INTERPRET=0")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or dispatch.interpreter_enabled(),
-                    reason="the compiled kernels: a GPU and TRITON_INTERPRET=0")
+@needs_gpu
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("path", ["tl", pytest.param("gluon", marks=pytest.mark.xfail(reason=GLUON_NAN))])
+@pytest.mark.parametrize("path", ["tl", "gluon"])
 def test_gpu_kernels(path, causal):
     """The compiled kernels on the poisoned rows, forward and backward, against the float64
     reference: NaN rows and lse NaN where it has them, the other rows near it (not run in CI)."""
@@ -173,3 +189,18 @@ def test_gpu_kernels(path, causal):
     assert torch.isnan(dq[bad]).all() and accuracy.error_over_floor(dq[~bad], ref_dq[~bad]) <= 3.0
     seen = 40 - 10 - 1 if causal else 39
     assert torch.isnan(dk[0, 0, :seen + 1]).all() and torch.isnan(dv[0, 0, :seen + 1]).all()
+
+
+@needs_gpu
+@pytest.mark.parametrize("path", ["tl", "gluon"])
+def test_gpu_kernels_scores_past_float32s_range(path):
+    """scale = 1e38 on the compiled kernels (as test_scores_past_float32s_range_give_one_answer_on_every_path):
+    the Gluon forward's running max starts at -inf, so finite scores below -1e30 are kept (its
+    former -1e30 start wrote such rows as 0 with lse -inf)."""
+    dev = torch.device("cuda")
+    if path == "gluon" and not dispatch.is_hopper(dev):
+        pytest.skip("the Gluon kernels run on Hopper")
+    q, k, v = (t.to(dev) for t in overflowing(64, torch.bfloat16))
+    out, lse = torch.full_like(q, 7.0), torch.full(q.shape[:3], 7.0, device=dev)
+    launch.forward_into(q, k, v, out, lse, False, 1e38, path=path)
+    check_overflowing(q, k, v, out, lse)

@@ -12,8 +12,11 @@ runs (``Q_BUFFERS`` = 2). FlashAttention-3's intra-warpgroup overlap: step j iss
     O *= alpha                                    (once both are done)
 
 so a tile has one more step than key blocks (the last P V). Masks are applied only to blocks that
-need them. The running max starts at a finite sentinel, so fully masked rows give p = 0, never NaN;
-rows with no key get O = 0 and lse = -inf. The epilogue divides by l, writes lse, and TMA-stores O.
+need them. The running max starts at -inf (the online-softmax update shifts by 0 while it is -inf, so
+fully masked blocks give p = 0, never NaN, and finite scores however negative are kept); rows with no
+key end with l = 0 and get O = 0 and lse = -inf. NaN and inf propagate as in SDPA's math: a NaN or
++inf score makes its row's l NaN, so its O and lse are NaN ("no key" is l == 0, which a NaN fails).
+The epilogue divides by l, writes lse, and TMA-stores O.
 
 ``CARRY``: a consumer's pipeline does not drain between tiles. A tile's first step issues its first S
 with the previous tile's last P V (the stage holds this tile's first K block and the previous tile's
@@ -28,7 +31,6 @@ from tilecore.tiles.gluon import (Layout, TileOperand, mask_scores, needs_mask, 
 from tilecore.tiles.schedule import head_grouped_tile
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
-EMPTY_ROW_MAX: gl.constexpr = gl.constexpr(-1.0e30)  # far below any real scaled score, far above -inf
 
 
 @gluon.constexpr_function
@@ -167,7 +169,7 @@ class Attention:
     @gluon.jit
     def fresh(self, dtype: gl.constexpr, rows, pending, q):
         s_layout: gl.constexpr = wgmma_layout(self.BM, self.BN, gl.num_warps())
-        m = gl.full([self.BM], EMPTY_ROW_MAX, gl.float32, gl.SliceLayout(1, s_layout))
+        m = gl.full([self.BM], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l = gl.zeros([self.BM], gl.float32, gl.SliceLayout(1, s_layout))
         acc = gl.zeros([self.BM, self.D], gl.float32, wgmma_layout(self.BM, self.D, gl.num_warps()))
         p = gl.zeros([self.BM, self.BN], dtype, _p_layout(self.BM, self.D, gl.num_warps()))
@@ -286,7 +288,7 @@ class Attention:
         zeros = gl.zeros([self.BM, self.D], gl.float32, o_layout)
         if step == 0:
             # the pending tile's accumulator is acc, or zeros if the P V is its only one
-            fresh_m = gl.full([self.BM], EMPTY_ROW_MAX, gl.float32, gl.SliceLayout(1, s_layout))
+            fresh_m = gl.full([self.BM], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
             fresh_l = gl.zeros([self.BM], gl.float32, gl.SliceLayout(1, s_layout))
             first_key = self.first_key(step)
             if pending.n_blocks > 1:
@@ -328,10 +330,10 @@ class Attention:
         """O = acc / l and lse of ``rows``: lse stored, O by a TMA store (rows past N clipped)."""
         s_layout: gl.constexpr = wgmma_layout(self.BM, self.BN, gl.num_warps())
         o_layout: gl.constexpr = wgmma_layout(self.BM, self.D, gl.num_warps())
-        has_keys = l > 0.0
-        l_safe = gl.where(has_keys, l, 1.0)
+        no_key = l == 0.0  # not "not l > 0": a NaN l (a NaN or +inf score) gives NaN O and lse
+        l_safe = gl.where(no_key, 1.0, l)
         out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
-        lse = gl.where(has_keys, (m + gl.log2(l_safe)) / LOG2E, float("-inf"))
+        lse = gl.where(no_key, float("-inf"), (m + gl.log2(l_safe)) / LOG2E)
         offs = rows.first + gl.arange(0, self.BM, layout=gl.SliceLayout(1, s_layout))
         gl.store(self.lse + rows.bh.to(gl.int64) * self.N + offs, lse, mask=offs < self.N)
         b, h, hk = self.head(rows.bh)

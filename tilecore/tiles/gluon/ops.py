@@ -137,10 +137,13 @@ def online_softmax_update(m_i, l_i, s, scale_log2e):
     scaled scores), the new row sum l, the unnormalized probabilities P (float32), and alpha =
     exp2(m_old - m), the factor that rescales what was accumulated before (the ``tl`` twin also
     applies it to an accumulator; here the caller does, in the accumulator's layout, when it is
-    done with the tensor cores)."""
+    done with the tensor cores). As the twin: m starts at -inf and masked scores are -inf; while a
+    row's max is still -inf the shift is 0 (exp2(-inf - -inf) would be NaN), so such a row keeps
+    l = 0 and P = 0; a NaN or +inf score makes its row's P and l NaN."""
     m_new = gl.maximum(m_i, row_max(s) * scale_log2e)
-    p = exp2_scaled(s, scale_log2e, m_new)
-    alpha = gl.exp2(m_i - m_new)
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = exp2_scaled(s, scale_log2e, m_ref)
+    alpha = gl.exp2(m_i - m_ref)
     return m_new, l_i * alpha + row_sum(p), p, alpha
 
 
