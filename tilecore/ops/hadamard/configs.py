@@ -60,3 +60,10 @@ CPU_DENSE_MAX_N = 64
 # ... over chunks of rows of about this many elements (their float32 temporaries: 16 MiB each), where
 # a chunk needs temporaries (16-bit inputs, two products, in place)
 CPU_CHUNK_ELEMS = 1 << 22
+
+# n = m x p, m not a power of two (kron.py, kernels_kron.py). A row runs in one program where its
+# M_PAD x p float32 values fit this many (the power-of-two kernel's largest row, 32768, holds as many);
+# longer rows take two passes through a float32 workspace, the first in column chunks of this width
+KRON_MAX_TILE_ELEMS = 32768
+KRON_CHUNK_COLUMNS = 64
+KRON_WAVES = 4  # programs per SM of the persistent grid (not yet timed on the H100)

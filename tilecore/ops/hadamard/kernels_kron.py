@@ -1,0 +1,174 @@
+"""The Hadamard transform of rows of n = m x p elements (p a power of two, m a Hadamard order that is
+not: 12, 20, ... 172, orders.py), and the row pieces that hadamard_quantize's kernel shares.
+
+Kronecker order, as Dao's fast-hadamard-transform's ``hadamard_transform_{12,20,28,40}N``: a row is read
+as an m x p matrix X (row-major: element i p + j is X[i, j]) and
+
+    y = (H_m (x) H_p) x,   i.e.   Y = H_m X H_p        (H_p Sylvester, H_m from orders.py)
+
+so the power-of-two transform runs along contiguous elements and H_m mixes the m sub-rows.
+
+A program takes one row at a time (persistent grid) as S slices of [M_PAD, Q] (columns t Q .. t Q + Q - 1
+of every sub-row; M_PAD the power of two >= m, sub-rows past m loaded as zeros; Q >= 16 a tensor-core
+tile, zero-padded where p < 16):
+
+    T_t = H_m X_t H_Q        (two tensor-core products: H_m X_t exact for 16-bit inputs with float32
+                              sums, then its float32 result as bf16 pieces times H_Q: kernels.py's
+                              accuracy design, so the final rounding is the only one that matters)
+    Y_s = sum_t H_S[s, t] T_t  (a float32 butterfly over S <= 8 slices, in registers)
+
+H_m comes from memory (``h``: M_PAD x M_PAD, zero past m, in the product's dtype; H_m^T for the
+transpose); H_Q is made from indices. The same kernel also runs "rows" tiles (M_PAD = 1): B whole rows
+of n = S Q, no mixing, for hadamard_quantize's power-of-two and blocked rotations.
+
+With ``CHUNKS`` > 1 it is the first pass of the two-pass path for rows too long for one program's
+registers (plan_kron): the tile is a Q-wide column chunk of a row, only H_m X is computed (no H_Q,
+S = 1), and stored in float32 for the power-of-two kernel to finish.
+"""
+import triton
+import triton.language as tl
+
+from tilecore.ops.hadamard.kernels import _split_dot
+from tilecore.tiles.hadamard import sylvester_tile
+
+
+@triton.jit
+def slice_offsets(tile, t, rows, stride, M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr,
+                  Q: tl.constexpr, B: tl.constexpr, CHUNKS: tl.constexpr):
+    """(element offsets, in-bounds mask, column index within the row) of slice t of ``tile``, each
+    [R, Q] with R = B rows (M_PAD == 1) or M_PAD sub-rows of one row (M_PAD > 1). 64-bit offsets."""
+    q = tl.arange(0, Q)
+    if M_PAD == 1:
+        r = tl.arange(0, B).to(tl.int64) + tile * B
+        col = t * Q + q
+        offs = r[:, None] * stride + col[None, :]
+        mask = (r[:, None] < rows) & (q[None, :] < P)
+        col2 = tl.broadcast_to(col[None, :], (B, Q))
+    else:
+        i = tl.arange(0, M_PAD)
+        row = tl.zeros([M_PAD], tl.int64) + tile // CHUNKS
+        col = (tile % CHUNKS) * Q + t * Q + q
+        col2 = i[:, None] * P + col[None, :]
+        offs = row[:, None] * stride + col2
+        mask = (i[:, None] < M) & (q[None, :] < P) & (row[:, None] < rows)
+    return offs, mask, col2
+
+
+@triton.jit
+def slice_transform(x, h_ptr, M_PAD: tl.constexpr, Q: tl.constexpr, P: tl.constexpr, MIX: tl.constexpr,
+                    TRANSFORM: tl.constexpr, IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
+                    MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr):
+    """The [R, Q] float32 transform of one loaded slice ``x``: MIX (0: none, 1: H from ``h_ptr``, M_PAD x
+    M_PAD, 2: Sylvester H_M_PAD) along R, then (TRANSFORM) H_Q along Q (zero-padded where P < Q).
+    The first product takes the input exactly (16-bit; IN_PIECES bf16 pieces for float32), the
+    second the first's float32 result as MID_PIECES pieces."""
+    if MIX == 0:
+        if TRANSFORM:
+            if IN_PIECES == 1:
+                z = tl.dot(x.to(MMA_DTYPE), sylvester_tile(Q, Q, P, MMA_DTYPE), out_dtype=tl.float32)
+            else:
+                z = _split_dot(x.to(tl.float32), sylvester_tile(Q, Q, P, PIECE_DTYPE), True, IN_PIECES, PIECE_DTYPE)
+        else:
+            z = x.to(tl.float32)
+    else:
+        if MIX == 1:
+            i = tl.arange(0, M_PAD)
+            h = tl.load(h_ptr + i[:, None] * M_PAD + i[None, :])
+        else:
+            h = sylvester_tile(M_PAD, M_PAD, M_PAD, tl.float32)
+        if IN_PIECES == 1:
+            y = tl.dot(h.to(MMA_DTYPE), x.to(MMA_DTYPE), out_dtype=tl.float32)
+        else:
+            y = _split_dot(h.to(PIECE_DTYPE), x.to(tl.float32), False, IN_PIECES, PIECE_DTYPE)
+        if TRANSFORM:
+            z = _split_dot(y, sylvester_tile(Q, Q, P, PIECE_DTYPE), True, MID_PIECES, PIECE_DTYPE)
+        else:
+            z = y
+    return z
+
+
+@triton.jit
+def load_slice_transform(x, h_ptr, signs, tile, t, rows, stride_x, M: tl.constexpr, M_PAD: tl.constexpr,
+                         P: tl.constexpr, Q: tl.constexpr, B: tl.constexpr, CHUNKS: tl.constexpr,
+                         MIX: tl.constexpr, TRANSFORM: tl.constexpr, SIGNS: tl.constexpr,
+                         IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
+                         MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr):
+    """Slice t of ``tile`` loaded (zeros out of bounds; times ``signs`` along the row where SIGNS: exact,
+    +-1) and transformed: [R, Q] float32."""
+    offs, mask, col = slice_offsets(tile, t, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS)
+    v = tl.load(x + offs, mask=mask, other=0.0)
+    if SIGNS:
+        v = v * tl.load(signs + col, mask=mask, other=0.0).to(v.dtype)
+    return slice_transform(v, h_ptr, M_PAD, Q, P, MIX, TRANSFORM, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+
+
+@triton.jit
+def butterfly4(t0, t1, t2, t3):
+    """H_4 [t0, t1, t2, t3] (Sylvester order)."""
+    a = t0 + t1
+    b = t0 - t1
+    c = t2 + t3
+    d = t2 - t3
+    return a + c, b + d, a - c, b - d
+
+
+@triton.jit
+def _store(out, tile, t, y, rows, stride_out, scale, M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr,
+           Q: tl.constexpr, B: tl.constexpr, CHUNKS: tl.constexpr):
+    offs, mask, col = slice_offsets(tile, t, rows, stride_out, M, M_PAD, P, Q, B, CHUNKS)
+    tl.store(out + offs, (y * scale).to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def kron_kernel(x, out, h, rows, stride_x, stride_out, scale,
+                M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr, Q: tl.constexpr, S: tl.constexpr,
+                B: tl.constexpr, CHUNKS: tl.constexpr, MIX: tl.constexpr, TRANSFORM: tl.constexpr,
+                IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr,
+                PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr):
+    """out[r] = scale * (H_M (x) H_P) x[r] for ``rows`` rows of n = M P (module docstring); a persistent
+    grid of GRID programs, one row (M_PAD > 1; one column chunk of a row where CHUNKS > 1) or B rows
+    (M_PAD == 1) a tile. Shapes: a slice is [M_PAD, Q] (or [B, Q]); P = S Q (Q > P: zero-padded)."""
+    if M_PAD == 1:
+        tiles = tl.cdiv(rows, B)
+    else:
+        tiles = rows * CHUNKS
+    for tile in range(tl.program_id(0), tiles, GRID):
+        t0 = load_slice_transform(x, h, x, tile, 0, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX, TRANSFORM,
+                                  False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+        if S == 1:
+            _store(out, tile, 0, t0, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+        else:
+            t1 = load_slice_transform(x, h, x, tile, 1, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX, TRANSFORM,
+                                      False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+            if S == 2:
+                _store(out, tile, 0, t0 + t1, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+                _store(out, tile, 1, t0 - t1, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+            else:
+                t2 = load_slice_transform(x, h, x, tile, 2, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX,
+                                          TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                t3 = load_slice_transform(x, h, x, tile, 3, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX,
+                                          TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                a0, a1, a2, a3 = butterfly4(t0, t1, t2, t3)
+                if S == 4:
+                    _store(out, tile, 0, a0, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+                    _store(out, tile, 1, a1, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+                    _store(out, tile, 2, a2, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+                    _store(out, tile, 3, a3, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+                else:  # S == 8: H_8 = H_2 (x) H_4 over the slice index
+                    t4 = load_slice_transform(x, h, x, tile, 4, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX,
+                                              TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                    t5 = load_slice_transform(x, h, x, tile, 5, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX,
+                                              TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                    t6 = load_slice_transform(x, h, x, tile, 6, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX,
+                                              TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                    t7 = load_slice_transform(x, h, x, tile, 7, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX,
+                                              TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                    b0, b1, b2, b3 = butterfly4(t4, t5, t6, t7)
+                    _store(out, tile, 0, a0 + b0, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+                    _store(out, tile, 1, a1 + b1, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+                    _store(out, tile, 2, a2 + b2, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+                    _store(out, tile, 3, a3 + b3, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+                    _store(out, tile, 4, a0 - b0, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+                    _store(out, tile, 5, a1 - b1, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+                    _store(out, tile, 6, a2 - b2, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+                    _store(out, tile, 7, a3 - b3, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)

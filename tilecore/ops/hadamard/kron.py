@@ -1,0 +1,140 @@
+"""Plan and launch of the transform for n = m x p, m in orders.ORDERS (kernels_kron.py), and its CPU path.
+
+Paths (``kron_plan``):
+* "cpu": CPU tensors without the interpreter: torch's matmul in float32, H_m times each row's m x p
+  matrix, then the power-of-two CPU path (launch._cpu) along p, one rounding at the end;
+* "fused": one pass, kernels_kron.kron_kernel, where a row fits one program: S <= 8 slices of Q <= 128
+  columns and M_PAD x p <= configs.KRON_MAX_TILE_ELEMS float32 values in registers;
+* "two-pass": longer rows: kron_kernel with CHUNKS column chunks computes H_m X in float32 (exact for
+  16-bit inputs) into a workspace, then the power-of-two kernel transforms its rows of p (float32 in,
+  three pieces a product: kernels.py) into the output. Three round trips instead of one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import triton.language as tl
+
+from tilecore import dispatch
+from tilecore.ops.hadamard import configs, orders
+from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2
+
+
+@dataclasses.dataclass(frozen=True)
+class KronPlan:
+    path: str  # "cpu" | "fused" | "two-pass"
+    m: int
+    p: int
+    config: dict = dataclasses.field(default_factory=dict)
+    grid: tuple[int, ...] = ()
+
+
+def _dtypes(dtype: torch.dtype, interpret: bool) -> dict:
+    """The products' dtypes and piece counts (plan.plan's, for the same reasons)."""
+    fp32 = dtype == torch.float32
+    mma = {torch.float16: tl.float16, torch.bfloat16: tl.float32 if interpret else tl.bfloat16,
+           torch.float32: tl.bfloat16}[dtype]
+    return dict(IN_PIECES=3 if fp32 else 1, MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=tl.bfloat16)
+
+
+def slices(p: int) -> tuple[int, int]:
+    """(Q, S) for sub-rows of p: Q = p for p <= 64 (16 for p < 16, zero-padded), else the smallest
+    Q >= 64 with S = p / Q <= 8 (fewer tensor-core FLOP per element: 2 M_PAD + 4 Q), None past 1024."""
+    if p <= 64:
+        return max(p, 16), 1
+    q = max(64, p // 8)
+    return (q, p // q) if q <= 128 else None
+
+
+def kron_plan(x: torch.Tensor, m: int, p: int, **tuning) -> KronPlan:
+    """The plan of out[r] = scale * (H_m (x) H_p) x[r] for 2-D ``x`` (rows, m p), unit stride along the
+    row. ``tuning``: overrides of the fused kernel's num_warps, waves, or force="two-pass"."""
+    rows = x.shape[0]
+    if dispatch.backend_for(x.device) == "reference":
+        return KronPlan("cpu", m, p, config=dict(rows=max(1, configs.CPU_CHUNK_ELEMS // (m * p))))
+    interpret = dispatch.interpreted(x.device)
+    sms = configs.INTERPRETER_SMS if interpret else dispatch.num_sms(x.device)
+    m_pad = next_power_of_2(m)
+    qs = slices(p)
+    fused = qs is not None and m_pad * qs[0] * qs[1] <= configs.KRON_MAX_TILE_ELEMS and tuning.get("force") != "two-pass"
+    common = dict(M=m, M_PAD=m_pad, P=p, B=1, MIX=1, **_dtypes(x.dtype, interpret))
+    if fused:
+        Q, S = qs
+        warps = tuning.get("num_warps") or (8 if m_pad * Q * S >= 8192 else 4)
+        grid = max(1, min(rows, sms * (tuning.get("waves") or configs.KRON_WAVES)))
+        return KronPlan("fused", m, p, grid=(grid,), config=dict(
+            common, Q=Q, S=S, CHUNKS=1, TRANSFORM=True, GRID=grid, num_warps=warps, num_stages=2))
+    Q = min(p, configs.KRON_CHUNK_COLUMNS)
+    chunks = p // Q
+    grid = max(1, min(rows * chunks, sms * configs.KRON_WAVES))
+    return KronPlan("two-pass", m, p, grid=(grid,), config=dict(
+        common, Q=Q, S=1, CHUNKS=chunks, TRANSFORM=False, GRID=grid, num_warps=4, num_stages=2))
+
+
+@functools.lru_cache(maxsize=None)
+def mixing_matrix(m: int, transpose: bool, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """H_m (H_m^T with ``transpose``) zero-padded to M_PAD x M_PAD, in ``dtype`` (exact: +-1 and 0), on
+    ``device``; cached (a few KiB each). Not to be modified."""
+    h = orders.hadamard_of_order(m)
+    if transpose:
+        h = h.T
+    m_pad = next_power_of_2(m)
+    padded = torch.zeros(m_pad, m_pad, dtype=torch.float64)
+    padded[:m, :m] = h
+    return padded.to(dtype).contiguous().to(device)
+
+
+def _kernel():
+    from tilecore.ops.hadamard.kernels_kron import kron_kernel
+    return kron_kernel
+
+
+_launch_kron = CachedLaunch(_kernel)
+
+
+def launch(plan: KronPlan, x: torch.Tensor, out: torch.Tensor, scale: float, transpose: bool = False) -> None:
+    """out = scale * (H_m (x) H_p) x (H_m^T with ``transpose``) for the 2-D rows ``plan`` was made for;
+    ``out`` contiguous, possibly ``x`` itself (each row, or in two passes the whole input, is read
+    before it is written)."""
+    if plan.path == "cpu":
+        _cpu(x, out, scale, plan.m, plan.p, transpose, plan.config["rows"])
+        return
+    cfg = plan.config
+    h_dtype = {torch.float16: torch.float16, torch.bfloat16: torch.bfloat16, torch.float32: torch.bfloat16}[x.dtype]
+    if dispatch.interpreted(x.device):
+        h_dtype = torch.float32  # the interpreter multiplies bf16 as integers (kernels._INTERPRETED)
+    h = mixing_matrix(plan.m, transpose, h_dtype, x.device)
+    if plan.path == "fused":
+        _launch_kron[plan.grid](x, out, h, x.shape[0], x.stride(0), out.stride(0), scale, **cfg)
+        return
+    # two passes: H_m X into a float32 workspace, then H_p along each sub-row
+    from tilecore.ops.hadamard import launch as pow2_launch
+    from tilecore.ops.hadamard import plan as pow2_plan
+
+    rows, n = x.shape
+    work = torch.empty(rows, n, dtype=torch.float32, device=x.device)
+    _launch_kron[plan.grid](x, work, h, rows, x.stride(0), work.stride(0), 1.0, **cfg)
+    w2, o2 = work.view(rows * plan.m, plan.p), out.view(rows * plan.m, plan.p)
+    pow2_launch.launch(pow2_plan.plan(w2, o2), w2, o2, scale)
+
+
+def _cpu(x, out, scale: float, m: int, p: int, transpose: bool, rows: int) -> None:
+    """torch's CPU matmul: each row's m x p matrix times H_m on the left in float32 (exact for 16-bit
+    inputs), then launch._cpu's power-of-two transform along p, rounded once into ``out``."""
+    from tilecore.ops.hadamard import launch as pow2_launch
+    from tilecore.ops.hadamard import plan as pow2_plan
+
+    h = orders.hadamard_of_order(m).to(torch.float32)
+    if transpose:
+        h = h.T.contiguous()
+    cfg = pow2_plan.cpu_plan(rows * m, p).config
+    for i in range(0, x.shape[0], rows):
+        xi, oi = x[i:i + rows], out[i:i + rows]
+        mixed = torch.matmul(h, xi.to(torch.float32).reshape(-1, m, p)).view(-1, p)  # xi read whole first
+        if oi.dtype == torch.float32:
+            pow2_launch._cpu(mixed, oi.view(-1, p), scale, **cfg)
+        else:  # launch._cpu's float32 product writes an output of its input's dtype: in place, then round
+            pow2_launch._cpu(mixed, mixed, scale, **cfg)
+            oi.view(-1, p).copy_(mixed)
