@@ -1,0 +1,114 @@
+"""Process groups: resolving ``group=``, and the small metadata gather every call checks its inputs
+with, waited on for a bounded time so that a rank that never arrives gives an error, not a hang.
+
+The gather runs on the CPU through gloo (the group itself where it has a gloo backend, else a gloo
+group of the same ranks made once), so the host never waits on the GPU's queue to check sizes.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 120.0
+META_LEN = 32  # ints per rank in a metadata gather (fixed: ranks with different inputs still match)
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
+           torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128)
+_DEVICES = ("cpu", "cuda")
+
+_metadata_groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+_metadata_lock = threading.Lock()
+
+
+def resolve(group, what: str) -> dist.ProcessGroup:
+    """``group`` (None: the default group; a ProcessGroup; or its name) as a ProcessGroup this process
+    belongs to, or a clear error."""
+    if not dist.is_available():
+        raise RuntimeError(f"{what}: this torch build has no torch.distributed")
+    if not dist.is_initialized():
+        raise RuntimeError(f"{what}: torch.distributed is not initialized: call "
+                           "torch.distributed.init_process_group first (torchrun sets up its environment), "
+                           "then pass group= (default: the whole world)")
+    if group is None:
+        group = dist.group.WORLD
+    elif isinstance(group, str):
+        from torch.distributed.distributed_c10d import _resolve_process_group
+        group = _resolve_process_group(group)
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"{what}: group must be None, a torch.distributed ProcessGroup or its name; got "
+                        f"{type(group).__name__}")
+    if dist.get_rank(group) < 0:
+        raise ValueError(f"{what}: this process (global rank {dist.get_rank()}) is not a member of the group "
+                         f"(ranks {dist.get_process_group_ranks(group)})")
+    return group
+
+
+def metadata_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
+    """A group with a gloo backend and ``group``'s ranks: ``group`` itself where it has one (gloo, or
+    "cpu:gloo,cuda:nccl"), else a gloo group of its ranks, made at the first call (by its members
+    only) and kept."""
+    if "gloo" in str(dist.get_backend(group)):
+        return group
+    ranks = tuple(dist.get_process_group_ranks(group))
+    with _metadata_lock:
+        if ranks not in _metadata_groups:
+            _metadata_groups[ranks] = dist.new_group(list(ranks), backend="gloo", use_local_synchronization=True,
+                                                     group_desc="tilecore_metadata")
+        return _metadata_groups[ranks]
+
+
+def wait(work, timeout: float, what: str, doing: str) -> None:
+    """Wait for ``work`` at most ``timeout`` seconds (polling: gloo's and NCCL's wait() would block
+    until the group's own timeout, tens of minutes), then raise TimeoutError saying what was waited
+    for."""
+    deadline = time.monotonic() + timeout
+    delay = 1e-5
+    while not work.is_completed():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: waited {timeout:g} s for every rank of the group to {doing}; not all did. "
+                               f"Every rank must call {what} with the same group (did one rank fail, or take "
+                               "another path?); raise timeout= if ranks may be that far apart")
+        time.sleep(delay)
+        delay = min(2 * delay, 1e-3)
+    work.wait()  # raises the collective's own error, if it had one
+
+
+def gather_ints(values: list[int], group: dist.ProcessGroup, timeout: float, what: str) -> list[list[int]]:
+    """Every rank's ``values`` (ints, at most META_LEN, the same count on every rank), in rank order,
+    gathered on the CPU within ``timeout`` seconds."""
+    if len(values) > META_LEN:
+        raise ValueError(f"{what}: at most {META_LEN - 8}-dimensional tensors are taken")
+    row = torch.zeros(META_LEN + 1, dtype=torch.int64)
+    row[0] = len(values)
+    row[1:1 + len(values)] = torch.tensor(values, dtype=torch.int64)
+    meta_group = metadata_group(group)
+    rows = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
+    work = dist.all_gather(rows, row, group=meta_group, async_op=True)
+    wait(work, timeout, what, "check its inputs' sizes")
+    return [r[1:1 + int(r[0])].tolist() for r in rows]
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    return _DTYPES.index(dtype) + 1 if dtype in _DTYPES else 0
+
+
+def dtype_name(code: int) -> str:
+    return str(_DTYPES[code - 1]).removeprefix("torch.") if 0 < code <= len(_DTYPES) else "another dtype"
+
+
+def device_code(device: torch.device) -> int:
+    return _DEVICES.index(device.type) if device.type in _DEVICES else len(_DEVICES)
+
+
+def device_name(code: int) -> str:
+    return _DEVICES[code] if 0 <= code < len(_DEVICES) else "another device"
+
+
+def describe_meta(row: list[int]) -> str:
+    """zigzag_unshard's metadata row as words."""
+    dim, ndim, dtype, device = row[:4]
+    shape = ["N" if s == -1 else str(s) for s in row[4:4 + ndim]]
+    return f"dim {dim} of a ({', '.join(shape)}) {dtype_name(dtype)} tensor on {device_name(device)}"

@@ -1,0 +1,157 @@
+"""Ring attention: each rank keeps its queries and passes its keys and values around the ring; every
+step attends the local queries to the block it holds while the next block is in flight; partial
+results are merged by their log-sum-exp in float32.
+
+Layout: the sequence is split in the zigzag order (sharding.py): rank r holds chunks r and 2P-1-r
+(its "early" and "late" chunks). Step s attends to the block of rank src = r - s (mod P):
+
+* step 0 (its own block): causal attention of the local slice on itself (the two chunks are in
+  order, so the local causal mask is the global one restricted to them), or full attention;
+* causal, src < r: every local query sees src's early chunk whole, and none sees src's late one;
+* causal, src > r: only the local late chunk sees src's block, all of it.
+
+So every causal step is full, empty, or causal on the diagonal, and every rank does the same work a
+step (half its queries against a whole block, or all its queries against half a block).
+
+Backward: the same ring, with the merged O and lse of each local query: the flash backward's
+P = exp(s - lse) and delta = rowsum(dO * O) are then the global ones, so each step's block gradients
+are exactly that block's share (tilecore's attention backward op, which takes O and lse). dQ sums
+locally in float32; each block's dK, dV sum in a float32 buffer that travels the ring one step behind
+its keys and values and arrives home after P steps.
+
+Communication: one batch of isend/irecv a step (torch.distributed.batch_isend_irecv) to the next
+rank and from the previous; NCCL runs it on its own stream, ordered after the work queued before it,
+so the step's attention (queued after the sends) overlaps the transfer, and wait() orders the next
+step after it. On gloo the same code runs (the transfer on gloo's threads).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import tilecore.ops.attention.op  # noqa: F401  (registers torch.ops.tilecore.attention_backward)
+from tilecore.distributed import sharding
+from tilecore.ops.attention import attention
+
+
+class Ring:
+    """Sends to the next rank of ``group`` and receives from the previous one, a batch a call."""
+
+    def __init__(self, group: dist.ProcessGroup):
+        self.group = group
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.next = dist.get_global_rank(group, (self.rank + 1) % self.world)
+        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.world)
+
+    def exchange(self, send: torch.Tensor, recv: torch.Tensor, tag: int) -> list:
+        """Start sending ``send`` (contiguous) to the next rank and receiving ``recv`` from the
+        previous one; returns the works to wait on."""
+        return dist.batch_isend_irecv([dist.P2POp(dist.isend, send, self.next, self.group, tag),
+                                       dist.P2POp(dist.irecv, recv, self.prev, self.group, tag)])
+
+
+def wait_all(works) -> None:
+    for work in works:
+        work.wait()
+
+
+def step_span(step: int, src: int, rank: int, causal: bool, chunks: list[int], lengths: list[int]):
+    """(query rows of the local slice, keys of src's block, causal) that step ``step`` attends, or
+    None where nothing is seen. ``chunks``: the 2P chunk lengths; ``lengths``: each rank's slice."""
+    n = lengths[rank]
+    if step == 0:
+        return slice(0, n), lengths[rank], causal
+    if not causal:
+        return slice(0, n), lengths[src], False
+    if src < rank:  # every local query sees src's early chunk, none its late chunk
+        rows, keys = slice(0, n), chunks[src]
+    else:  # only the local late chunk sees src's block: all of it
+        rows, keys = slice(chunks[rank], n), lengths[src]
+    if rows.stop - rows.start == 0 or keys == 0:
+        return None
+    return rows, keys, False
+
+
+def merge_into(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """acc (float32 O and lse of the keys so far) <- the softmax-weighted union with a block's (out,
+    lse), in place. Rows with no key yet (lse -inf on both sides) stay 0 and -inf; a NaN lse makes
+    its row NaN (as one attention over all keys gives)."""
+    new_lse = torch.logaddexp(acc_lse, lse)
+    # exp(lse - new) with new = -inf would be NaN; such a row has no key on either side: weights 0
+    base = torch.where(torch.isneginf(new_lse), 0.0, new_lse)
+    acc_out.mul_(torch.exp(acc_lse - base).unsqueeze(-1))
+    acc_out.add_(out.float().mul_(torch.exp(lse - base).unsqueeze(-1)))
+    acc_lse.copy_(new_lse)
+
+
+def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float):
+    """(out in q's dtype, lse float32) of the local queries against the whole sequence's keys."""
+    ring = Ring(group)
+    rank, world = ring.rank, ring.world
+    chunks = sharding.chunk_sizes(sum(lengths), world)
+    B, Hkv, _, D = k.shape
+    kv = torch.stack((k, v))  # (2, B, Hkv, n, D): one contiguous buffer a step
+    acc_out = acc_lse = None
+    for step in range(world):
+        src = (rank - step) % world
+        if step + 1 < world:
+            incoming = kv.new_empty((2, B, Hkv, lengths[(src - 1) % world], D))
+            works = ring.exchange(kv, incoming, tag=step)
+        span = step_span(step, src, rank, causal, chunks, lengths)
+        if span is not None:
+            rows, keys, step_causal = span
+            out, lse = attention(q[:, :, rows], kv[0, :, :, :keys], kv[1, :, :, :keys], causal=step_causal,
+                                 scale=scale, return_lse=True)
+            if acc_out is None:  # step 0: every local row
+                acc_out, acc_lse = out.float(), lse.clone()
+            else:
+                merge_into(acc_out[:, :, rows], acc_lse[:, :, rows], out, lse)
+        if step + 1 < world:
+            wait_all(works)
+            kv = incoming
+    return acc_out.to(q.dtype), acc_lse
+
+
+def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], causal: bool, scale: float):
+    """(dq, dk, dv) of the local slice (the inputs' dtypes): the ring forward's steps again, each
+    block's dK and dV carried around the ring behind it. ``out`` and ``lse``: ring_forward's."""
+    ring = Ring(group)
+    rank, world = ring.rank, ring.world
+    chunks = sharding.chunk_sizes(sum(lengths), world)
+    B, Hkv, _, D = k.shape
+    kv = torch.stack((k, v))
+    lse = lse.contiguous()
+    dq_acc = dkv = None
+    dkv_works = []
+    for step in range(world):
+        src = (rank - step) % world
+        if step + 1 < world:
+            incoming = kv.new_empty((2, B, Hkv, lengths[(src - 1) % world], D))
+            kv_works = ring.exchange(kv, incoming, tag=2 * step)
+        span = step_span(step, src, rank, causal, chunks, lengths)
+        grads = None
+        if span is not None:
+            rows, keys, step_causal = span
+            grads = torch.ops.tilecore.attention_backward(
+                dout[:, :, rows], q[:, :, rows], kv[0, :, :, :keys], kv[1, :, :, :keys], out[:, :, rows],
+                lse[:, :, rows], None if dlse is None else dlse[:, :, rows].contiguous(), step_causal, scale)
+        if step == 0:  # every local row and key
+            dq_acc = grads[0].float()
+            dkv = torch.stack((grads[1], grads[2])).float()
+        else:
+            wait_all(dkv_works)  # src's dK, dV so far, from the previous rank
+            dkv = dkv_incoming
+            if grads is not None:
+                dq_acc[:, :, rows] += grads[0]
+                dkv[:, :, :, :keys] += torch.stack((grads[1], grads[2]))
+        if world > 1:  # to the next rank, which holds src's block next (after the last step: its owner)
+            dkv_incoming = dkv.new_empty((2, B, Hkv, lengths[(src - 1) % world], D))
+            dkv_works = ring.exchange(dkv, dkv_incoming, tag=2 * step + 1)
+        if step + 1 < world:
+            wait_all(kv_works)
+            kv = incoming
+    if world > 1:
+        wait_all(dkv_works)
+        dkv = dkv_incoming
+    # copies: two views of one buffer may not be a custom op's two results
+    return dq_acc.to(q.dtype), dkv[0].to(k.dtype, copy=True), dkv[1].to(v.dtype, copy=True)
