@@ -1,0 +1,130 @@
+"""The norm's backward pass, as Triton kernels: dx, dresidual, and dweight / dbias through per-program
+partial sums.
+
+With xhat = (h - mean) * rstd and g = dy * w (dy without a weight), the gradient of h is
+
+    dh = rstd * (g - xhat * mean(g xhat) - mean(g))        (RMSNorm: without the mean(g) term)
+
+plus the gradient that reaches h directly (``prenorm``'s second output). dresidual = dh; dx = dh where
+dropout kept the element, times 1 / (1 - p), else 0 (the mask recomputed from the seed). dweight and
+dbias are sums over rows of dy * xhat and dy: each program adds up its rows in float32 registers and
+writes one partial row; a small sum over the programs' partials finishes them (launch.py).
+
+h is read back where the forward stored it (``prenorm``), else recomputed from x, the residual and
+the mask: as many bytes as storing and reloading it, and no activation kept for the backward.
+
+* rows that fit in one tile (WHOLE_ROW): ``norm_backward_kernel`` alone, over a grid of row groups,
+  each running row tiles g, g + groups, ... ;
+* wider rows: ``norm_row_sums_kernel`` (mean(g xhat), mean(g) per row, columns a block at a time),
+  then ``norm_backward_kernel`` over (row groups, column blocks).
+"""
+import triton
+import triton.language as tl
+
+from tilecore.ops.norm.forward import dropout_keep, load_tile, residual_stream
+
+
+@triton.jit
+def normalized_and_grad(DY, X, RES, H, W, MEAN, RSTD, SEED, r, r64, c, mask, N,
+                        stride_dy, stride_x, stride_res, stride_h, p, scale,
+                        LOAD_H: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr,
+                        DROPOUT: tl.constexpr, RMS: tl.constexpr, H_DTYPE: tl.constexpr):
+    """(dy, xhat, g, rstd) on a tile: h loaded (LOAD_H) or recomputed; dy, xhat, g are 0 outside
+    ``mask``. ``r``: rows within range (a caller maps the tile's rows past the end to row 0)."""
+    dy = load_tile(DY, r64, c, stride_dy, mask)
+    if LOAD_H:
+        h = load_tile(H, r64, c, stride_h, mask)
+    else:
+        h = residual_stream(X, RES, SEED, r64, c, mask, N, stride_x, stride_res, p, scale,
+                            HAS_RES, DROPOUT, H_DTYPE)
+    rstd = tl.load(RSTD + r)  # (the caller maps rows past the end to row 0: no mask needed)
+    if not RMS:
+        h = h - tl.load(MEAN + r)[:, None]
+    xhat = tl.where(mask, h * rstd[:, None], 0.0)
+    g = dy
+    if HAS_W:
+        g = dy * tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)[None, :]
+    return dy, xhat, g, rstd
+
+
+@triton.jit
+def norm_backward_kernel(DY, X, RES, H, W, MEAN, RSTD, SUMS, SEED, DH_OUT, DX, DRES, DW_PART, DB_PART,
+                         rows, N, stride_dy, stride_x, stride_res, stride_h, stride_dh_out, stride_dx,
+                         stride_dres, p, scale,
+                         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, WHOLE_ROW: tl.constexpr,
+                         LOAD_H: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr,
+                         DROPOUT: tl.constexpr, RMS: tl.constexpr, HAS_DH_OUT: tl.constexpr,
+                         STORE_DRES: tl.constexpr, DW: tl.constexpr, DB: tl.constexpr,
+                         H_DTYPE: tl.constexpr):
+    """dx (and dres) for row tiles g, g + groups, ... (g = program_id(0), groups = num_programs(0)) over
+    column block program_id(1); this program's dweight / dbias partials in row g of DW_PART / DB_PART
+    ((groups, N) float32). SUMS: (rows, 2) float32 mean(g xhat), mean(g) when not WHOLE_ROW."""
+    group = tl.program_id(0)
+    groups = tl.num_programs(0)
+    c = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = c < N
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for tile in range(group, tl.cdiv(rows, ROWS), groups):
+        r = tile * ROWS + tl.arange(0, ROWS)
+        rmask = r < rows
+        r = tl.where(rmask, r, 0)  # masked rows read row 0's statistics (never stored)
+        mask = rmask[:, None] & cmask[None, :]
+        r64 = r.to(tl.int64)
+        dy, xhat, g, rstd = normalized_and_grad(
+            DY, X, RES, H, W, MEAN, RSTD, SEED, r, r64, c, mask, N, stride_dy, stride_x, stride_res, stride_h,
+            p, scale, LOAD_H, HAS_RES, HAS_W, DROPOUT, RMS, H_DTYPE)
+        if WHOLE_ROW:
+            mean_gx = tl.sum(g * xhat, axis=1) / N
+        else:
+            mean_gx = tl.load(SUMS + 2 * r64)
+        dh = g - xhat * mean_gx[:, None]
+        if not RMS:
+            if WHOLE_ROW:
+                mean_g = tl.sum(g, axis=1) / N
+            else:
+                mean_g = tl.load(SUMS + 2 * r64 + 1)
+            dh = dh - mean_g[:, None]
+        dh = dh * rstd[:, None]
+        if HAS_DH_OUT:
+            dh += load_tile(DH_OUT, r64, c, stride_dh_out, mask)
+        if STORE_DRES:
+            tl.store(DRES + r64[:, None] * stride_dres + c[None, :], dh.to(DRES.dtype.element_ty), mask=mask)
+        if DROPOUT:
+            dh = dh * tl.where(dropout_keep(SEED, r64, c, N, p), scale, 0.0)
+        tl.store(DX + r64[:, None] * stride_dx + c[None, :], dh.to(DX.dtype.element_ty), mask=mask)
+        if DW:
+            dw += tl.sum(dy * xhat, axis=0)
+        if DB:
+            db += tl.sum(tl.where(mask, dy, 0.0), axis=0)
+    part = group.to(tl.int64) * N + c
+    if DW:
+        tl.store(DW_PART + part, dw, mask=cmask)
+    if DB:
+        tl.store(DB_PART + part, db, mask=cmask)
+
+
+@triton.jit
+def norm_row_sums_kernel(DY, X, RES, H, W, MEAN, RSTD, SEED, SUMS, rows, N,
+                         stride_dy, stride_x, stride_res, stride_h, p, scale,
+                         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_H: tl.constexpr,
+                         HAS_RES: tl.constexpr, HAS_W: tl.constexpr, DROPOUT: tl.constexpr,
+                         RMS: tl.constexpr, H_DTYPE: tl.constexpr):
+    """SUMS[r] = (mean(g xhat), mean(g)) for program_id(0)'s ROWS rows, BLOCK_N columns at a time."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = r < rows
+    r = tl.where(rmask, r, 0)
+    r64 = r.to(tl.int64)
+    sum_gx = tl.zeros([ROWS], dtype=tl.float32)
+    sum_g = tl.zeros([ROWS], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        c = start + tl.arange(0, BLOCK_N)
+        mask = rmask[:, None] & (c < N)[None, :]
+        dy, xhat, g, rstd = normalized_and_grad(
+            DY, X, RES, H, W, MEAN, RSTD, SEED, r, r64, c, mask, N, stride_dy, stride_x, stride_res, stride_h,
+            p, scale, LOAD_H, HAS_RES, HAS_W, DROPOUT, RMS, H_DTYPE)
+        sum_gx += tl.sum(g * xhat, axis=1)
+        if not RMS:
+            sum_g += tl.sum(g, axis=1)
+    tl.store(SUMS + 2 * r64, sum_gx / N, mask=rmask)
+    tl.store(SUMS + 2 * r64 + 1, sum_g / N, mask=rmask)

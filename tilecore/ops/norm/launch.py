@@ -1,0 +1,200 @@
+"""One forward or backward of a norm plan (plan.py), on the plan's path.
+
+Tensors come in as (rows, N) matrices with unit stride along N (op.py makes them so); absent ones
+(residual, weight, bias, seed ...) are None. The dropout seed is a one-element int64 tensor on the
+tensors' device.
+"""
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from tilecore.ops.norm import backward as bwd_kernels
+from tilecore.ops.norm import forward as fwd_kernels
+from tilecore.ops.norm.plan import Plan
+from tilecore.tiles.launch import CachedLaunch, cdiv
+
+_forward = CachedLaunch(fwd_kernels.norm_forward_kernel)
+_stats = CachedLaunch(fwd_kernels.norm_stats_kernel)
+_backward = CachedLaunch(bwd_kernels.norm_backward_kernel)
+_row_sums = CachedLaunch(bwd_kernels.norm_row_sums_kernel)
+_mask = CachedLaunch(fwd_kernels.dropout_mask_kernel)
+
+TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def dropout_scale(p: float) -> float:
+    """What a kept element is multiplied by: 1 / (1 - p) (0 at p = 1, where nothing is kept)."""
+    return 1.0 / (1.0 - p) if p < 1.0 else 0.0
+
+
+def _stride(t):
+    return 0 if t is None else t.stride(0)
+
+
+def forward(plan: Plan, x, residual, weight, bias, seed, p: float, eps: float, rms: bool, store_h: bool,
+            h_dtype: torch.dtype):
+    """(y, h, mean, rstd): y (rows, N) in x's dtype; h (rows, N) in ``h_dtype`` with ``store_h``, else
+    empty; mean (rows,) float32 (empty for RMSNorm); rstd (rows,) float32."""
+    rows, n = x.shape
+    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    h = x.new_empty((rows, n) if store_h else (0,), dtype=h_dtype)
+    mean = x.new_empty((0 if rms else rows,), dtype=torch.float32)
+    rstd = x.new_empty((rows,), dtype=torch.float32)
+    if rows == 0:
+        return y, h, mean, rstd
+    if plan.path == "cpu":
+        return _cpu_forward(x, residual, weight, bias, seed, p, eps, rms, store_h, h_dtype)
+    scale = dropout_scale(p)
+    flags = dict(ROWS=plan.rows_per_tile, BLOCK_N=plan.block_n, HAS_RES=residual is not None,
+                 DROPOUT=seed is not None, RMS=rms, H_DTYPE=TL_DTYPES[h_dtype], num_warps=plan.num_warps)
+    mean_arg = None if rms else mean
+    if not plan.whole_row:
+        _stats[(cdiv(rows, plan.rows_per_tile),)](
+            x, residual, mean_arg, rstd, seed, rows, n, x.stride(0), _stride(residual), eps, p, scale, **flags)
+    _forward[(plan.row_tiles, plan.column_blocks)](
+        x, residual, weight, bias, y, h if store_h else None, mean_arg, rstd, seed,
+        rows, n, x.stride(0), _stride(residual), y.stride(0), _stride(h) if store_h else 0, eps, p, scale,
+        WHOLE_ROW=plan.whole_row, HAS_W=weight is not None, HAS_B=bias is not None, STORE_H=store_h, **flags)
+    return y, h, mean, rstd
+
+
+def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, p: float, rms: bool,
+             x_dtype: torch.dtype, h_dtype: torch.dtype, store_dres: bool):
+    """(dx, dres, dweight, dbias). ``h``: the forward's stored residual stream, or None (then it is
+    recomputed from x, the residual and the seed). ``store_dres``: dres written on its own (else
+    empty: it equals dx); dweight / dbias in weight's / bias's dtype (empty where there is none)."""
+    rows, n = dy.shape
+    dx = dy.new_empty((rows, n), dtype=x_dtype)
+    dres = dy.new_empty((rows, n) if store_dres else (0,), dtype=h_dtype)
+    if rows == 0 or plan.path == "cpu":
+        if rows:
+            dw, db = _cpu_backward(dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, p, rms, h_dtype,
+                                   dx, dres if store_dres else None)
+        else:
+            dw = None if weight is None else torch.zeros(n, dtype=torch.float32, device=dy.device)
+            db = None if bias is None else torch.zeros(n, dtype=torch.float32, device=dy.device)
+        return dx, dres, _cast(dw, weight, dy), _cast(db, bias, dy)
+    scale = dropout_scale(p)
+    load_h = h is not None
+    flags = dict(ROWS=plan.rows_per_tile, BLOCK_N=plan.block_n, LOAD_H=load_h, HAS_RES=residual is not None,
+                 HAS_W=weight is not None, DROPOUT=seed is not None, RMS=rms, H_DTYPE=TL_DTYPES[h_dtype],
+                 num_warps=plan.num_warps)
+    mean_arg = None if rms else mean
+    strides = (dy.stride(0), _stride(x), _stride(residual), _stride(h))
+    sums = None
+    if not plan.whole_row:
+        sums = dy.new_empty((rows, 2), dtype=torch.float32)
+        _row_sums[(cdiv(rows, plan.rows_per_tile),)](
+            dy, x, residual, h, weight, mean_arg, rstd, seed, sums, rows, n, *strides, p, scale, **flags)
+    parts = dict(device=dy.device, dtype=torch.float32)
+    dw_part = torch.empty((plan.groups, n), **parts) if weight is not None else None
+    db_part = torch.empty((plan.groups, n), **parts) if bias is not None else None
+    _backward[(plan.groups, plan.column_blocks)](
+        dy, x, residual, h, weight, mean_arg, rstd, sums, seed, dh_out, dx, dres if store_dres else None,
+        dw_part, db_part, rows, n, *strides, _stride(dh_out), dx.stride(0), dres.stride(0) if store_dres else 0,
+        p, scale, WHOLE_ROW=plan.whole_row, HAS_DH_OUT=dh_out is not None, STORE_DRES=store_dres,
+        DW=weight is not None, DB=bias is not None, **flags)
+    dw = None if dw_part is None else dw_part.sum(0)  # the small sum over the groups' partials
+    db = None if db_part is None else db_part.sum(0)
+    return dx, dres, _cast(dw, weight, dy), _cast(db, bias, dy)
+
+
+def _cast(grad, param, like):
+    if param is None:
+        return like.new_empty((0,))
+    return grad.to(param.dtype)
+
+
+def dropout_mask(seed: torch.Tensor, rows: int, n: int, p: float, plan: Plan) -> torch.Tensor:
+    """The (rows, n) bool mask (True: kept) that ``plan``'s path draws for ``seed`` (op.dropout_mask)."""
+    if plan.path == "cpu":
+        return cpu_keep(seed, (rows, n), p)
+    out = torch.empty((rows, n), dtype=torch.int8, device=seed.device)
+    if rows and n:
+        _mask[(cdiv(rows, plan.rows_per_tile), cdiv(n, plan.block_n))](
+            seed, out, rows, n, p, ROWS=plan.rows_per_tile, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+    return out.bool()
+
+
+# --------------------------------------------------------------------------------------------
+# CPU tensors without the interpreter: torch's own CPU kernels
+
+
+def cpu_keep(seed: torch.Tensor, shape, p: float) -> torch.Tensor:
+    """The CPU path's dropout mask: torch's CPU generator seeded with ``seed``, kept where a uniform
+    draw is >= p (the same rule as the kernels' Philox draws, not the same numbers)."""
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(int(seed.item()))
+    return torch.rand(shape, generator=generator) >= p
+
+
+def _cpu_stream(x, residual, seed, p: float, h_dtype) -> torch.Tensor:
+    """h = dropout(x) + residual in float32, rounded to ``h_dtype``; x itself without either."""
+    if residual is None and seed is None:
+        return x
+    h = x.float()
+    if seed is not None:  # x * 0 where dropped, as torch's dropout (a NaN stays NaN)
+        h = h * (cpu_keep(seed, x.shape, p) * dropout_scale(p))
+    if residual is not None:
+        h = h + residual
+    return h.to(h_dtype)
+
+
+def _as_norm_input(h, out_dtype):
+    """h as torch's layer norm takes it: its own dtype, or float32 where the output's dtype differs
+    (native_layer_norm writes its output in its input's dtype)."""
+    return h if h.dtype == out_dtype else h.float()
+
+
+def _cpu_forward(x, residual, weight, bias, seed, p, eps, rms, store_h, h_dtype):
+    rows, n = x.shape
+    h = _cpu_stream(x, residual, seed, p, h_dtype)
+    w32 = None if weight is None else weight.float()
+    b32 = None if bias is None else bias.float()
+    if rms:
+        h32 = h.float()
+        rstd = torch.rsqrt(h32.square().mean(-1) + eps)
+        y = h32 * rstd[:, None]
+        if w32 is not None:
+            y = y * w32
+        if b32 is not None:
+            y = y + b32
+        mean = x.new_empty((0,), dtype=torch.float32)
+    else:
+        hin = _as_norm_input(h, x.dtype)
+        if w32 is None and hin.dtype != torch.float32:
+            w32 = torch.ones(n)  # a float32 weight: torch then keeps the statistics in float32
+        y, mean, rstd = torch.ops.aten.native_layer_norm(hin, [n], w32, b32, eps)
+        mean, rstd = mean.view(rows), rstd.view(rows)
+    h_out = (h if h is not x else h.clone()) if store_h else x.new_empty((0,), dtype=h_dtype)
+    return y.to(x.dtype), h_out, mean, rstd
+
+
+def _cpu_backward(dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, p, rms, h_dtype, dx, dres):
+    """Writes dx (and dres); returns (dweight, dbias) in float32 (None where there is no such parameter)."""
+    rows, n = dy.shape
+    if h is None:
+        h = _cpu_stream(x, residual, seed, p, h_dtype)
+    w32 = None if weight is None else weight.float()
+    if rms:
+        h32, g = h.float(), dy.float()
+        xhat = h32 * rstd[:, None]
+        dw = (g * xhat).sum(0) if weight is not None else None
+        db = g.sum(0) if bias is not None else None
+        if w32 is not None:
+            g = g * w32
+        dh = (g - xhat * (g * xhat).mean(-1, keepdim=True)) * rstd[:, None]
+    else:  # in float32: torch's CPU backward of 16-bit inputs sums dweight and dbias at 4x their rounding floor
+        dh, dw, db = torch.ops.aten.native_layer_norm_backward(
+            dy.float(), h.float(), [n], mean.view(rows, 1), rstd.view(rows, 1), w32,
+            None if bias is None else bias.float(),
+            [True, weight is not None, bias is not None])
+    if dh_out is not None:
+        dh = dh.float() + dh_out
+    if dres is not None:
+        dres.copy_(dh)
+    if seed is not None:
+        dh = dh.float() * (cpu_keep(seed, dy.shape, p) * dropout_scale(p))
+    dx.copy_(dh)
+    return dw, db

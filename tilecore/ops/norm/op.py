@@ -1,0 +1,208 @@
+"""``tilecore.layer_norm``: the public function, its checks, custom ops and autograd.
+
+The custom ops see (rows, N) matrices with unit stride along N; the public function folds x's leading
+dimensions into rows and draws the dropout seed from the generator, so the ops themselves are pure
+functions of their inputs (torch.compile traces them, autograd replays the same mask).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional
+
+import torch
+
+from tilecore import dispatch
+from tilecore.ops.norm import launch
+from tilecore.ops.norm.plan import plan
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SEED_HIGH = 2**62  # seeds are drawn from [0, 2^62)
+
+
+def _name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _real(name: str, value, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)) \
+            or not low <= float(value) <= high:
+        raise ValueError(f"layer_norm: {name} must be a real number in [{low}, {high}]; got {value!r}")
+    return float(value)
+
+
+def check(x, weight, bias, residual, dropout_p, eps, generator) -> tuple[float, float]:
+    """Raise TypeError/ValueError naming what is accepted; return (dropout_p, eps) as floats."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"layer_norm expects x to be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in DTYPES:
+        raise TypeError(f"layer_norm accepts float16, bfloat16 and float32 tensors, got x of {_name(x.dtype)}")
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"layer_norm normalizes the last dimension of x, which must hold at least one element; "
+                         f"got x of shape {tuple(x.shape)}")
+    dispatch.backend_for(x.device)  # raises for devices tilecore does not run on
+    n = x.shape[-1]
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.shape != (n,):
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"layer_norm: {name} must be a vector of N = {n} elements (x's last dimension) or None; "
+                             f"got {got}")
+    if residual is not None and (not isinstance(residual, torch.Tensor) or residual.shape != x.shape):
+        got = tuple(residual.shape) if isinstance(residual, torch.Tensor) else type(residual).__name__
+        raise ValueError(f"layer_norm: residual must have x's shape {tuple(x.shape)} or be None; got {got}")
+    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
+        if t is None:
+            continue
+        if t.dtype not in DTYPES:
+            raise TypeError(f"layer_norm: {name} must be float16, bfloat16 or float32; got {_name(t.dtype)}")
+        if t.device != x.device:
+            raise ValueError(f"layer_norm: {name} is on {t.device} and x on {x.device}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"layer_norm: generator must be a torch.Generator or None; got {type(generator).__name__}")
+    return _real("dropout_p", dropout_p, 0.0, 1.0), _real("eps", eps, 0.0, math.inf)
+
+
+def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    """t as a (rows, n) matrix with unit stride along n (a view where its strides allow)."""
+    if t is None:
+        return None
+    t = t.reshape(-1, n)
+    return t if t.stride(-1) == 1 or t.shape[0] == 0 else t.contiguous()
+
+
+def draw_seed(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """The dropout seed: a one-element int64 tensor on ``device``, drawn from ``generator`` (else the
+    default generator of ``device``) without a host sync."""
+    where = generator.device if generator is not None else device
+    seed = torch.randint(0, SEED_HIGH, (1,), generator=generator, device=where, dtype=torch.int64)
+    return seed.to(device)
+
+
+# --------------------------------------------------------------------------------------------
+# implementations, custom ops, autograd
+
+
+def _forward_impl(x, weight, bias, residual, seed, dropout_p, eps, rms, store_h):
+    h_dtype = residual.dtype if residual is not None else x.dtype
+    return launch.forward(plan(x.shape[0], x.shape[1], x.device), x, residual, weight, bias, seed, dropout_p,
+                          eps, rms, store_h, h_dtype)
+
+
+@torch.library.custom_op("tilecore::layer_norm_forward", mutates_args=())
+def _forward_op(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                residual: Optional[torch.Tensor], seed: Optional[torch.Tensor], dropout_p: float, eps: float,
+                rms: bool, store_h: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _forward_impl(x, weight, bias, residual, seed, dropout_p, eps, rms, store_h)
+
+
+@_forward_op.register_fake
+def _(x, weight, bias, residual, seed, dropout_p, eps, rms, store_h):
+    rows = x.shape[0]
+    h_dtype = residual.dtype if residual is not None else x.dtype
+    return (x.new_empty(x.shape), x.new_empty(x.shape if store_h else (0,), dtype=h_dtype),
+            x.new_empty((0 if rms else rows,), dtype=torch.float32), x.new_empty((rows,), dtype=torch.float32))
+
+
+@torch.library.custom_op("tilecore::layer_norm_backward", mutates_args=())
+def _backward_op(dy: torch.Tensor, x: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+                 h: Optional[torch.Tensor], weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                 mean: torch.Tensor, rstd: torch.Tensor, seed: Optional[torch.Tensor], dh_out: Optional[torch.Tensor],
+                 dropout_p: float, rms: bool, x_dtype: torch.dtype, h_dtype: torch.dtype,
+                 store_dres: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch.backward(plan(dy.shape[0], dy.shape[1], dy.device), dy, x, residual, h, weight, bias, mean, rstd,
+                           seed, dh_out, dropout_p, rms, x_dtype, h_dtype, store_dres)
+
+
+@_backward_op.register_fake
+def _(dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, dropout_p, rms, x_dtype, h_dtype, store_dres):
+    n = dy.shape[1]
+    return (dy.new_empty(dy.shape, dtype=x_dtype), dy.new_empty(dy.shape if store_dres else (0,), dtype=h_dtype),
+            dy.new_empty((n,) if weight is not None else (0,), dtype=weight.dtype if weight is not None else dy.dtype),
+            dy.new_empty((n,) if bias is not None else (0,), dtype=bias.dtype if bias is not None else dy.dtype))
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, residual, seed, dropout_p, eps, rms, store_h = inputs
+    _, h, mean, rstd = output
+    # h stored (prenorm): the backward reads it, and needs neither x nor the residual
+    ctx.save_for_backward(None if store_h else x, weight, bias, None if store_h else residual, seed,
+                          h if store_h else None, mean, rstd)
+    ctx.dropout_p, ctx.rms, ctx.x_dtype, ctx.shape = dropout_p, rms, x.dtype, tuple(x.shape)
+    ctx.has_residual = residual is not None
+    ctx.h_dtype = residual.dtype if residual is not None else x.dtype
+
+
+def _backward(ctx, dy, dh_out, _dmean, _drstd):
+    x, weight, bias, residual, seed, h, mean, rstd = ctx.saved_tensors
+    if dy is None:  # only the residual stream was used
+        dy = torch.zeros(ctx.shape, dtype=ctx.x_dtype, device=rstd.device)
+    dy = _rows(dy, ctx.shape[1])
+    dh_out = None if dh_out is None or h is None else _rows(dh_out, ctx.shape[1])
+    store_dres = ctx.has_residual and (seed is not None or ctx.h_dtype != ctx.x_dtype)
+    dx, dres, dw, db = _backward_op(dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, ctx.dropout_p,
+                                    ctx.rms, ctx.x_dtype, ctx.h_dtype, store_dres)
+    # without dropout and in one dtype, dresidual is dx itself (as flash-attn's layer_norm_fn returns it)
+    dresidual = (dres if store_dres else dx) if ctx.has_residual else None
+    return (dx, dw if weight is not None else None, db if bias is not None else None, dresidual,
+            None, None, None, None, None)
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------------------------
+# public functions
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None, *,
+               residual: torch.Tensor | None = None, dropout_p: float = 0.0, eps: float = 1e-5, rms: bool = False,
+               prenorm: bool = False, generator: torch.Generator | None = None):
+    """Fused residual + dropout + LayerNorm (or RMSNorm) over the last dimension, in one pass:
+
+        h = dropout(x, dropout_p) + residual          (the new residual stream)
+        y = (h - mean(h)) / sqrt(var(h) + eps) * weight + bias      (rms=True: mean taken as 0)
+
+    x: (..., N), N >= 1 (any width; rows of up to 8192 are read once, wider ones twice);
+    float16, bfloat16 or float32, statistics in float32. weight, bias: (N,) or None. residual: x's
+    shape or None. Each may be float16, bfloat16 or float32. y has x's dtype; h the residual's (x's
+    without one), and y is the norm of h as stored in that dtype. Returns y, or (y, h) with
+    ``prenorm`` (without residual and dropout, h is x itself).
+
+    Dropout is applied whenever dropout_p > 0 (pass 0.0 in evaluation): an element is kept with
+    probability 1 - dropout_p and scaled by 1 / (1 - dropout_p); a dropped one is x * 0 (a NaN stays
+    NaN, as in torch's dropout). The mask comes from a seed drawn from ``generator`` (else the
+    default generator of x's device) and is recomputed in the backward, never stored: the same
+    generator state gives the same mask (``dropout_mask`` returns it). Kernels draw it with Triton's
+    Philox; CPU tensors without Triton's interpreter with torch's CPU generator seeded alike, so the
+    two masks differ (each is reproducible).
+
+    Differentiable in x, weight, bias and residual (dresidual is dx's tensor itself when there is
+    no dropout and residual has x's dtype). CPU tensors run torch's own CPU kernels.
+    """
+    dropout_p, eps = check(x, weight, bias, residual, dropout_p, eps, generator)
+    n = x.shape[-1]
+    x2, res2 = _rows(x, n), _rows(residual, n)
+    seed = draw_seed(generator, x.device) if dropout_p > 0 else None
+    store_h = bool(prenorm) and (residual is not None or seed is not None)
+    args = (x2, weight, bias, res2, seed, dropout_p, eps, bool(rms), store_h)
+    if dispatch.plain_eager(x2, weight, bias, res2):
+        y, h, _, _ = _forward_impl(*args)
+    else:
+        y, h, _, _ = _forward_op(*args)
+    y = y.view(x.shape)
+    if not prenorm:
+        return y
+    return y, (h.view(x.shape) if store_h else x)
+
+
+def dropout_mask(x: torch.Tensor, dropout_p: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The bool mask (x's shape, True: kept) that ``layer_norm(x, ..., dropout_p=dropout_p,
+    generator=generator)`` draws with ``generator`` in its present state (which this advances as that
+    call would)."""
+    dropout_p, _ = check(x, None, None, None, dropout_p, 1.0, generator)
+    n = x.shape[-1]
+    rows = x.numel() // n
+    seed = draw_seed(generator, x.device)
+    return launch.dropout_mask(seed, rows, n, dropout_p, plan(rows, n, x.device)).view(x.shape)

@@ -1,0 +1,53 @@
+"""Which kernels normalize these rows, with which tiles and grids: every fit check in one place.
+
+``plan(rows, n, device)`` returns a ``Plan``; launch.forward / launch.backward run it. Paths:
+
+* "cpu": CPU tensors without Triton's interpreter: torch's own CPU kernels (native_layer_norm and its
+  backward; RMSNorm in float32 torch operations);
+* "tl": the Triton kernels of forward.py and backward.py (any CUDA GPU; the CPU through the
+  interpreter): rows of up to configs.WHOLE_ROW_MAX elements whole in a tile (``whole_row``), wider
+  ones configs.WIDE_BLOCK columns at a time, after a kernel that takes each row's statistics.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from tilecore import dispatch
+from tilecore.ops.norm import configs
+from tilecore.tiles.launch import cdiv, next_power_of_2
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    path: str  # "cpu" | "tl"
+    whole_row: bool = True
+    rows_per_tile: int = 1  # ROWS
+    block_n: int = 1  # BLOCK_N: columns per tile
+    num_warps: int = 4
+    column_blocks: int = 1
+    row_tiles: int = 1
+    groups: int = 1  # the backward's row groups (rows of the dweight / dbias partials)
+
+
+def plan(rows: int, n: int, device: torch.device, *, whole_row_max: int | None = None) -> Plan:
+    """The plan for (rows, n) rows on ``device``; ``whole_row_max`` overrides configs.WHOLE_ROW_MAX."""
+    if dispatch.backend_for(device) == "reference":
+        return Plan("cpu")
+    whole_row_max = whole_row_max or configs.WHOLE_ROW_MAX
+    whole_row = n <= whole_row_max
+    if whole_row:
+        block_n = next_power_of_2(n)
+        rows_per_tile = max(1, configs.TILE_ELEMS // block_n)
+        rows_per_tile = min(rows_per_tile, next_power_of_2(rows))  # a few rows: no tile of empty ones
+    else:
+        block_n = min(configs.WIDE_BLOCK, next_power_of_2(whole_row_max))
+        rows_per_tile = 1
+    column_blocks = 1 if whole_row else cdiv(n, block_n)
+    row_tiles = max(1, cdiv(rows, rows_per_tile))
+    sms = configs.INTERPRETER_SMS if dispatch.interpreted(device) else dispatch.num_sms(device)
+    groups = min(row_tiles, max(1, sms * configs.BACKWARD_GROUPS_PER_SM // column_blocks))
+    return Plan("tl", whole_row=whole_row, rows_per_tile=rows_per_tile, block_n=block_n,
+                num_warps=configs.num_warps(rows_per_tile * block_n), column_blocks=column_blocks,
+                row_tiles=row_tiles, groups=groups)
