@@ -95,6 +95,30 @@ def plain_eager(*tensors: torch.Tensor | None) -> bool:
     return True
 
 
+def eager_mode(*tensors: torch.Tensor | None) -> str:
+    """How an op's call runs, for ops with an eager fast path (:func:`plain_eager` is its "direct"):
+
+    * "direct": the implementation itself: eager, nothing to record (no gradient, or grad mode off),
+      plain CUDA or CPU tensors, no mode or transform active;
+    * "autograd": the same, with a gradient to record: the op's ``torch.autograd.Function``, whose
+      forward and backward call the implementations (~10 us of host time, where a custom op with
+      autograd costs ~100 us, and whose first call imports torch._dynamo: ~3.5 s);
+    * "op": through the ``torch.library`` custom op: under torch.compile, dispatch or torch-function
+      modes (fake and meta tensors), functorch transforms, tensor subclasses.
+    """
+    if torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled() \
+            or torch._C._len_torch_dispatch_stack() or torch._C._functorch.peek_interpreter_stack() is not None:
+        return "op"
+    grad = False
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) is not torch.Tensor or not (t.is_cuda or t.is_cpu):
+            return "op"
+        grad = grad or t.requires_grad
+    return "autograd" if grad and torch.is_grad_enabled() else "direct"
+
+
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (cached: the query costs microseconds per call)."""
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device())

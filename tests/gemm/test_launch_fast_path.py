@@ -34,3 +34,75 @@ def test_fast_path_passes_every_argument_in_order(fast_launch, monkeypatch, b_t)
     assert bound["bias_ptr"] is bias
     assert bound["B_T"] is b_t and bound["HAS_BIAS"] is True and bound["SCALES"] == 0
     assert bound["GROUP_M"] == configs.GLUON_BF16["group_m"] and bound["STAGES"] == configs.GLUON_BF16["stages"]
+
+
+def test_keyed_launch_passes_the_same_arguments_as_the_checked_one(fast_launch, monkeypatch):
+    """launch_keyed (the signature-keyed lookup of an eager call) calls the kernel with exactly the
+    arguments, in the same order, as the launch that computes Triton's key."""
+    from tilecore.tiles.launch import signature
+
+    M, N, K = 256, 128, 64
+    a, b = torch.randn(M, K, dtype=torch.bfloat16), torch.randn(K, N, dtype=torch.bfloat16)
+    monkeypatch.setattr(dispatch, "interpreted", lambda device: False)
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: True)
+    monkeypatch.setattr(dispatch, "on_device", lambda device: __import__("contextlib").nullcontext())
+    p = plan.plan(a, b, out_dtype=torch.bfloat16, config=configs.GLUON_BF16)
+    fake = fast_launch(launch._GLUON_GEMM)
+    key = (("sig",), "test")
+    launch.launch(p, a, b)  # the checked launch
+    launch.launch(p, a, b, key=key)  # first keyed launch: the checked way, then kept under the key
+    assert launch._GLUON_GEMM.keyed.get(key) is fake
+    launch.launch(p, a, b, key=key)  # keyed hit
+    assert len(fake.calls) == 3
+    (g0, checked), _, (g2, keyed) = fake.calls
+    assert g0 == g2 and len(checked) == len(keyed) == len(gemm_kernel.arg_names)
+    for x, y in zip(checked, keyed):
+        if isinstance(x, torch.Tensor):
+            assert x.shape == y.shape and x.dtype == y.dtype  # C: a fresh output each call
+        elif hasattr(x, "base"):
+            assert (x.shape, x.strides, x.block_shape) == (y.shape, y.strides, y.block_shape)
+        else:
+            assert x == y
+
+
+def test_signature_caches_only_plain_cuda_calls():
+    from tilecore.tiles.launch import signature
+
+    t = torch.randn(4, 8)
+    assert signature(t, 1.0) is None  # CPU: plans there follow the environment (the interpreter)
+    assert signature(torch.empty(2, device="meta")) is None
+    assert signature([1, 2]) is None  # not a key item: uncached, the checks speak
+
+
+def test_eager_mode_routes_each_call():
+    t = torch.randn(3, requires_grad=True)
+    u = torch.randn(3)
+    assert dispatch.eager_mode(u, None) == "direct"
+    assert dispatch.eager_mode(t, u) == "autograd"
+    with torch.no_grad():
+        assert dispatch.eager_mode(t) == "direct"
+    assert dispatch.eager_mode(torch.empty(3, device="meta")) == "op"
+    assert dispatch.eager_mode([1.0]) == "op"
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        assert dispatch.eager_mode(torch.empty(3)) == "op"
+    assert torch.func.grad(lambda x: (dispatch.eager_mode(x) == "op") * x.sum())(u).eq(1).all()
+
+
+def test_eager_autograd_path_matches_the_custom_op():
+    """The eager autograd.Function path (gradients recorded without the custom op) gives the custom
+    op's gradients, first and second order."""
+    import tilecore
+
+    a = torch.randn(20, 12, dtype=torch.float64).float().requires_grad_()
+    b = torch.randn(12, 9).requires_grad_()
+    bias = torch.randn(9).requires_grad_()
+    c = tilecore.gemm(a, b, bias=bias)
+    assert c.grad_fn is not None and "GemmFunction" in type(c.grad_fn).__name__
+    g = torch.randn_like(c)
+    ga, gb, gbias = torch.autograd.grad(c, (a, b, bias), g, create_graph=True)
+    ra, rb, rbias = torch.autograd.grad(a @ b + bias, (a, b, bias), g, create_graph=True)
+    for x, y in ((ga, ra), (gb, rb), (gbias, rbias)):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+    # second order: d/db of sum(dA) through the backward's own gemm
+    torch.testing.assert_close(torch.autograd.grad(ga.sum(), b)[0], torch.autograd.grad(ra.sum(), b)[0])

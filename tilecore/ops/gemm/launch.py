@@ -19,9 +19,12 @@ _UNUSED: dict = {}  # per device: what whole-tile launches pass for the stream-K
 
 
 def launch(plan: Plan, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-           scales: tuple[torch.Tensor, torch.Tensor] | None = None, *, out: torch.Tensor | None = None):
+           scales: tuple[torch.Tensor, torch.Tensor] | None = None, *, out: torch.Tensor | None = None,
+           key: tuple | None = None):
     """Run ``plan`` (plan.plan of these operands) and return C. ``out``: an [M, N] tensor of the plan's
-    out_dtype to write C into (any strides on the tl path; one TMA can describe on the Gluon path)."""
+    out_dtype to write C into (any strides on the tl path; one TMA can describe on the Gluon path).
+    ``key``: the operands' signature (tiles.launch.signature, without ``out``), which the plan is a
+    function of: the Gluon launch is looked up by it (CachedLaunch.launch_keyed)."""
     M, N = a.shape[0], b.shape[1]
     if plan.notice:
         dispatch.notice_once(plan.notice)
@@ -38,7 +41,10 @@ def launch(plan: Plan, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | No
     sa, sb = (s.float().reshape(-1).contiguous() for s in scales) if scales is not None else (None, None)
     c = out if out is not None and out.dtype == plan.c_dtype else \
         torch.empty(M, N, dtype=plan.c_dtype, device=a.device)
-    (_gluon if plan.path == "gluon" else _tl)(plan, a, b, c, bias, sa, sb)
+    if plan.path == "gluon":
+        _gluon(plan, a, b, c, bias, sa, sb, None if out is not None else key)
+    else:
+        _tl(plan, a, b, c, bias, sa, sb)
     if c is out:
         return out
     if out is not None:
@@ -57,7 +63,7 @@ def _stream_k_buffers(plan: Plan, device, slots: int, slot_elems: int):
     return _UNUSED[device]
 
 
-def _gluon(plan: Plan, a, b, c, bias, scale_a, scale_b):
+def _gluon(plan: Plan, a, b, c, bias, scale_a, scale_b, key=None):
     """``num_warps`` consumer warps in all: with ``consumers=2`` two partitions of half as many, each
     taking half of every tile's rows (and its own stream-K workspace slot)."""
     cfg = plan.config
@@ -75,12 +81,18 @@ def _gluon(plan: Plan, a, b, c, bias, scale_a, scale_b):
     if plan.copy_b:
         b = b.contiguous()
     workspace, flags = _stream_k_buffers(plan, a.device, plan.grid[0] * consumers, rows * BN)
-    _GLUON_GEMM[plan.grid](TmaOperand(a, [BM, BK]), TmaOperand(b, [BN, BK] if plan.b_t else [BK, BN]),
-                           TmaOperand(c, [rows, slice_n]), M, N, K, bias if plan.has_bias else c,
-                           scale_a if scale_a is not None else c, scale_b if scale_b is not None else c,
-                           workspace, flags, plan.units, num_warps=cfg["num_warps"] // consumers, B_T=plan.b_t,
-                           GROUP_M=cfg["group_m"], HAS_BIAS=plan.has_bias, SCALES=plan.scales,
-                           STAGES=cfg["stages"], CONSUMERS=consumers, STREAM_K=plan.stream_k)
+    args = (TmaOperand(a, [BM, BK]), TmaOperand(b, [BN, BK] if plan.b_t else [BK, BN]),
+            TmaOperand(c, [rows, slice_n]), M, N, K, bias if plan.has_bias else c,
+            scale_a if scale_a is not None else c, scale_b if scale_b is not None else c,
+            workspace, flags, plan.units)
+    options = dict(num_warps=cfg["num_warps"] // consumers, B_T=plan.b_t, GROUP_M=cfg["group_m"],
+                   HAS_BIAS=plan.has_bias, SCALES=plan.scales, STAGES=cfg["stages"], CONSUMERS=consumers,
+                   STREAM_K=plan.stream_k)
+    if key is None:
+        _GLUON_GEMM[plan.grid](*args, **options)
+    else:  # C, the workspace and the flags are fresh or internal buffers: the key determines the rest
+        with dispatch.on_device(a.device):
+            _GLUON_GEMM.launch_keyed(key, plan.grid, args, options)
 
 
 def _tl(plan: Plan, a, b, c, bias, scale_a, scale_b):

@@ -12,6 +12,7 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.gemm import launch, plan
+from tilecore.tiles.launch import LRU, signature
 
 _IN = (torch.bfloat16, torch.float16)
 _IN_CPU = (torch.bfloat16, torch.float16, torch.float32)  # float32: CPU tensors (torch's CPU GEMM, or the interpreter)
@@ -65,6 +66,34 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
     dtype or fp32); ``out_dtype`` defaults to the operands' dtype (bf16, fp16 or fp32). Any M, N, K.
     Differentiable in a, b and bias. CPU tensors run torch's CPU matmul (see plan.py).
     """
+    # a CUDA call whose signature was planned before skips the checks and the plan (they depend on
+    # nothing else): the host time of an eager call (issue 31)
+    mode = dispatch.eager_mode(a, b, bias)
+    key = None if mode == "op" else signature(a, b, bias, out_dtype)
+    p = None if key is None else _PLANS.get(key)
+    if p is None:
+        _check(a, b, bias, out_dtype)
+    lead = a.shape[:-1]
+    if len(lead) != 1:
+        a = _rows(a)
+    if mode == "op":  # torch.compile, fake tensors, modes, transforms
+        c = torch.ops.tilecore.gemm(a, b, bias, a.dtype if out_dtype is None else out_dtype)
+    else:
+        if p is None:
+            p = plan.plan(a, b, out_dtype=a.dtype if out_dtype is None else out_dtype, bias=bias)
+            if key is not None:
+                _PLANS.put(key, p)
+        if mode == "direct":
+            c = launch.launch(p, a, b, bias, key=key)
+        else:
+            c = _GemmFunction.apply(a, b, bias, p, key)
+    return c if len(lead) == 1 else c.reshape(*lead, c.shape[1])
+
+
+_PLANS = LRU(256)  # gemm's signature -> its plan (CUDA calls)
+
+
+def _check(a, b, bias, out_dtype) -> None:
     _check_pair("gemm", a, b, _IN)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     _check_out("gemm", out_dtype)
@@ -76,12 +105,6 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
             raise TypeError(f"gemm: bias must be {_name(a.dtype)} or float32; got {_name(bias.dtype)}")
         if bias.device != a.device:
             raise ValueError(f"gemm: bias is on {bias.device} and a on {a.device}")
-    lead, a = a.shape[:-1], _rows(a)
-    if dispatch.plain_eager(a, b, bias):
-        c = _gemm_impl(a, b, bias, out_dtype)
-    else:
-        c = torch.ops.tilecore.gemm(a, b, bias, out_dtype)
-    return c if len(lead) == 1 else c.reshape(*lead, c.shape[1])
 
 
 def _gemm_impl(a, b, bias, out_dtype):
@@ -98,6 +121,17 @@ def _(a, b, bias, out_dtype):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
 
+def _gradients(saved, needs, bias_dtype, grad, mm):
+    """dA = dC B^T, dB = A^T dC, dbias = the column sums of dC, with ``mm(x, y, out_dtype)`` a GEMM
+    (the custom op, or the public function: each records what the backward's own graph needs)."""
+    a, b = saved
+    g = grad.to(a.dtype)
+    grad_a = mm(g, b.t(), a.dtype) if needs[0] else None
+    grad_b = mm(a.t(), g, b.dtype) if needs[1] else None
+    grad_bias = grad.float().sum(0).to(bias_dtype) if bias_dtype is not None and needs[2] else None
+    return grad_a, grad_b, grad_bias
+
+
 def _setup_context(ctx, inputs, output):
     a, b, bias, _ = inputs
     ctx.save_for_backward(a, b)
@@ -105,19 +139,29 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad):
-    a, b = ctx.saved_tensors
-    g = grad.to(a.dtype)
-    grad_a = grad_b = grad_bias = None
-    if ctx.needs_input_grad[0]:
-        grad_a = torch.ops.tilecore.gemm(g, b.t(), None, a.dtype)  # dA = dC B^T
-    if ctx.needs_input_grad[1]:
-        grad_b = torch.ops.tilecore.gemm(a.t(), g, None, b.dtype)  # dB = A^T dC
-    if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
-        grad_bias = grad.float().sum(0).to(ctx.bias_dtype)
-    return grad_a, grad_b, grad_bias, None
+    grads = _gradients(ctx.saved_tensors, ctx.needs_input_grad, ctx.bias_dtype, grad,
+                       lambda x, y, dtype: torch.ops.tilecore.gemm(x, y, None, dtype))
+    return *grads, None
 
 
 _gemm_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _GemmFunction(torch.autograd.Function):
+    """Eager calls that record a gradient (dispatch.eager_mode's "autograd"): the custom op's
+    autograd without the custom op's host time."""
+
+    @staticmethod
+    def forward(ctx, a, b, bias, p, key):
+        ctx.save_for_backward(a, b)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return launch.launch(p, a, b, bias, key=key)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grads = _gradients(ctx.saved_tensors, ctx.needs_input_grad, ctx.bias_dtype, grad,
+                           lambda x, y, dtype: gemm(x, y, out_dtype=dtype))
+        return *grads, None, None
 
 
 # --------------------------------------------------------------------------------------------

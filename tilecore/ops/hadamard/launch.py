@@ -14,8 +14,10 @@ from tilecore.tiles.launch import CachedLaunch
 _launch_hadamard = CachedLaunch(kernels.hadamard_kernel)
 
 
-def launch(plan: Plan, x: torch.Tensor, out: torch.Tensor, scale: float) -> None:
-    """out[r] = scale * H_n x[r] for the 2-D ``x`` and ``out`` (rows, n) that ``plan`` was made for."""
+def launch(plan: Plan, x: torch.Tensor, out: torch.Tensor, scale: float, key: tuple | None = None) -> None:
+    """out[r] = scale * H_n x[r] for the 2-D ``x`` and ``out`` (rows, n) that ``plan`` was made for.
+    ``key``: the call's signature, which the plan and the launch are functions of (the tl kernel's
+    launch is looked up by it: CachedLaunch.launch_keyed)."""
     if plan.path == "cpu":
         _cpu(x, out, scale, **plan.config)
     elif plan.path == "butterfly":
@@ -29,9 +31,14 @@ def launch(plan: Plan, x: torch.Tensor, out: torch.Tensor, scale: float) -> None
         cfg = plan.config
         load, store = cfg["TMA_LOAD"], cfg["TMA_STORE"]
         # CachedLaunch picks the device from the tensor arguments; with two descriptors there are none
-        with dispatch.on_device(x.device if load and store else None):
-            _launch_hadamard[plan.grid](_descriptor(x, cfg) if load else x, _descriptor(out, cfg) if store else out,
-                                        x.shape[0], x.stride(0), out.stride(0), scale, **cfg)
+        args = (_descriptor(x, cfg) if load else x, _descriptor(out, cfg) if store else out,
+                x.shape[0], x.stride(0), out.stride(0), scale)
+        if key is None:
+            with dispatch.on_device(x.device if load and store else None):
+                _launch_hadamard[plan.grid](*args, **cfg)
+        else:
+            with dispatch.on_device(x.device):
+                _launch_hadamard.launch_keyed(key, plan.grid, args, cfg)
 
 
 def _descriptor(t, cfg: dict):
