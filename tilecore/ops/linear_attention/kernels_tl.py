@@ -1,0 +1,625 @@
+"""Linear attention's portable kernels in Triton ``tl`` (any GPU, and the CPU through the interpreter):
+the chunked forward, the backward's dQ (a forward sweep) and dK/dV (a reverse sweep), and the decode
+step. reference.py states the math; chunked.py is the same chunked form in PyTorch.
+
+Layout (B, N, H, D), any strides: q, k (B, N, Hqk, Dk) with head h reading q/k head h // GROUP; v, o
+(B, N, H, Dv); log decay g (B, N, H) ("scalar", DECAY = 1) or (B, N, H, Dk) ("channel", DECAY = 2);
+beta (B, N, H) float32, a factor on each token's contribution beta_t phi(k_t) v_t^T (Mamba-2's dt);
+states (B, H, F, Dv) float32, any strides (Mamba-2's (b, h, p, s) states go in as a transposed view).
+Batch, head and token offsets are 64-bit.
+
+The chunked form. A program owns one head and a block of BV value columns, and walks the sequence a
+chunk of BT tokens at a time with the head's state S (F, BV) in registers (float32):
+
+    o_chunk = scale * [ mask(Q K^T * decay(i, j) * beta_j) V  +  exp(G_i) * (Q S) ]        (intra, inter)
+    S      <- exp(G_last) * S  +  (K * exp(G_last - G_j) * beta_j)^T V
+
+where G is the chunk's inclusive cumulative log decay, counted from the chunk's start, and
+decay(i, j) = exp(G_i - G_j) for j <= i. Both products are tensor-core dots (tl.dot).
+
+Keeping the cumulative decay stable. G is never summed past a chunk, only within one (<= BT terms),
+and every factor used is exp of a difference that is <= 0 for log decays <= 0: G_i - G_j (j <= i), G_i,
+and G_last - G_j; none is split into exp(G_i) * exp(-G_j), which overflows. Above the diagonal the
+exponent is replaced by -inf before exp (exp(G_i - G_j) there could be inf, and inf * 0 is NaN), and
+the product is masked again after (a NaN or inf in a later key of the chunk must not reach earlier
+rows). Each log decay is clamped at LOG_DECAY_FLOOR = -100 (exp(-100) = 4e-44, below every float32
+normal number, so a factor that small is already nothing next to the others): -inf (a reset) and
+-1e30 then give no NaN (-inf - -inf) and G stays >= -100 BT, so its rounding (|G| * 2^-24) stays
+below 4e-4 absolute even in a chunk made of such resets. NaN decays propagate (the clamp keeps NaN).
+
+Per-channel decay (GLA): decay(i, j) depends on the key channel d, so the intra-chunk scores are
+sum_d q_id k_jd exp(G_id - G_jd), taken elementwise over [BT, BT, KB] slices of the channels (KB of
+them at a time) rather than as a dot; the inter-chunk products are dots on q * exp(G) and
+k * exp(G_last - G) as above.
+
+Based (FEATURE = 1): q, k of Dk <= 16 (padded to 16). The intra-chunk scores are the polynomial
+1 + s + s^2 / 2 of s = scale q.k (one 16-deep dot), never the expanded features; the state lives in
+feature space, as three pieces S0 (1, BV), S1 (16, BV), S2 (256, BV) (the 1, x, vec(x x^T) / sqrt(2)
+features), and the inter-chunk products expand q and k to their 256 quadratic features in registers
+([BT, 16, 16] -> [BT, 256]), so they are never written to memory. The state's rows in memory are
+[1, Dk, Dk * Dk] (F = 1 + Dk + Dk^2).
+"""
+from __future__ import annotations
+
+import math
+
+import triton
+import triton.language as tl
+
+from tilecore.tiles.ops import block_ptrs
+
+LOG_DECAY_FLOOR = tl.constexpr(-100.0)
+SQRT_HALF = tl.constexpr(math.sqrt(0.5))
+
+
+# --------------------------------------------------------------------------------------------
+# tile steps
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """a @ b in float32; IEEE: full float32 products (float32 inputs), else the operands' own (tf32 is
+    never used: it would round float32 operands to 10 bits)."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _rows(base, t0, offs_t, cols, col_ok, N, s_n, s_d):
+    """Tokens t0 + offs_t (zeros past N) and columns ``cols`` (zeros where not col_ok) of one head."""
+    ok = ((t0 + offs_t) < N)[:, None] & col_ok[None, :]
+    return tl.load(block_ptrs(base, t0, offs_t, cols, s_n, s_d), mask=ok, other=0.0)
+
+
+@triton.jit
+def _store_rows(base, t0, offs_t, cols, col_ok, N, s_n, s_d, x):
+    ok = ((t0 + offs_t) < N)[:, None] & col_ok[None, :]
+    tl.store(block_ptrs(base, t0, offs_t, cols, s_n, s_d), x.to(base.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _token_values(base, t0, offs_t, N, s_n):
+    """One float32 a token (zeros past N): [BT]."""
+    rows = t0 + offs_t
+    return tl.load(base + rows.to(tl.int64) * s_n, mask=rows < N, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _cumulative(g):
+    """(G, G_last) of a chunk's log decays g [BT] (zeros past N): clamped at the floor (NaN kept), G the
+    inclusive cumulative sum from the chunk's start, G_last its last element, read exactly."""
+    g = tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g)
+    G = tl.cumsum(g, 0)
+    last = tl.arange(0, g.shape[0]) == g.shape[0] - 1
+    return G, tl.sum(tl.where(last, G, 0.0), 0)
+
+
+@triton.jit
+def _cumulative_channels(g):
+    """_cumulative for per-channel log decays g [BT, C]: G [BT, C], G_last [C]."""
+    g = tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g)
+    G = tl.cumsum(g, 0)
+    last = tl.arange(0, g.shape[0]) == g.shape[0] - 1
+    return G, tl.sum(tl.where(last[:, None], G, 0.0), 0)
+
+
+@triton.jit
+def _pair_decay(G, causal):
+    """exp(G_i - G_j) for j <= i, 0 above the diagonal (whose exponent is never evaluated): [BT, BT]."""
+    return tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
+
+
+@triton.jit
+def _channel_scores(a_base, b_base, g_base, t0, offs_t, N, DK, s_an, s_ad, s_bn, s_bd, s_gn, s_gd, causal,
+                    BK: tl.constexpr, KB: tl.constexpr):
+    """sum_d a_id b_jd exp(G_id - G_jd) for j <= i (0 above): per-channel decay's intra-chunk scores,
+    elementwise over [BT, BT, KB] slices of the Dk channels (a = q, b = k: the forward's scores; a = q,
+    b = k as well in the backward). [BT, BT] float32."""
+    BT: tl.constexpr = offs_t.shape[0]
+    s = tl.zeros([BT, BT], dtype=tl.float32)
+    for c0 in tl.static_range(0, BK, KB):
+        cols = c0 + tl.arange(0, KB)
+        ok = cols < DK
+        a = _rows(a_base, t0, offs_t, cols, ok, N, s_an, s_ad).to(tl.float32)
+        b = _rows(b_base, t0, offs_t, cols, ok, N, s_bn, s_bd).to(tl.float32)
+        G, _ = _cumulative_channels(_rows(g_base, t0, offs_t, cols, ok, N, s_gn, s_gd).to(tl.float32))
+        diff = tl.where(causal[:, :, None], G[:, None, :] - G[None, :, :], float("-inf"))
+        s += tl.sum(tl.where(causal[:, :, None], a[:, None, :] * b[None, :, :] * tl.exp(diff), 0.0), 2)
+    return s
+
+
+@triton.jit
+def _quadratic(x, BT: tl.constexpr, BK: tl.constexpr):
+    """Based's quadratic features vec(x x^T) of x [BT, BK] (float32), in registers: [BT, BK * BK]."""
+    return tl.reshape(x[:, :, None] * x[:, None, :], [BT, BK * BK])
+
+
+@triton.jit
+def _based_rows(DK, BK: tl.constexpr):
+    """(row in memory, valid) of the padded quadratic features a * BK + b: 1 + Dk + a * Dk + b."""
+    r = tl.arange(0, BK * BK)
+    a = r // BK
+    b = r % BK
+    return 1 + DK + a * DK + b, (a < DK) & (b < DK)
+
+
+@triton.jit
+def _state_block(base, rows, row_ok, cols, col_ok, s_f, s_v):
+    """A block of a head's state (float32): rows ``rows``, value columns ``cols``."""
+    ptrs = base + rows.to(tl.int64)[:, None] * s_f + cols.to(tl.int64)[None, :] * s_v
+    return tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_state_block(base, rows, row_ok, cols, col_ok, s_f, s_v, x):
+    ptrs = base + rows.to(tl.int64)[:, None] * s_f + cols.to(tl.int64)[None, :] * s_v
+    tl.store(ptrs, x.to(base.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _gate(o, v, d_row, z, HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
+    """Mamba-2's epilogue: (o + D v) * silu(z)."""
+    if HAS_D:
+        o = o + d_row[None, :] * v
+    if HAS_Z:
+        o = o * z * tl.sigmoid(z)
+    return o
+
+
+# --------------------------------------------------------------------------------------------
+# forward
+
+
+@triton.jit
+def la_fwd_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
+                  sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd,
+                  sgb, sgn, sgh, sgd, sbb, sbn, sbh, szb, szn, szh, szd, sob, son, soh, sod,
+                  s0b, s0h, s0f, s0v, stb, sth, stf, stv, sdh, sdv,
+                  N, H, GROUP, DK, DV, scale,
+                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
+                  DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_D: tl.constexpr,
+                  HAS_Z: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_OLIN: tl.constexpr,
+                  MMA: tl.constexpr, IEEE: tl.constexpr):
+    """Program (batch * head, value block): o (and o before D and z: OLIN) of every token, and the final
+    state, of its head's BV value columns. Grid: (B * H, cdiv(Dv, BV))."""
+    bh = tl.program_id(0)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    hk = h // GROUP
+    offs_t = tl.arange(0, BT)
+    causal = offs_t[:, None] >= offs_t[None, :]
+    offs_k = tl.arange(0, BK)
+    k_ok = offs_k < DK
+    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    v_ok = offs_v < DV
+    q_base = Q + b * sqb + hk * sqh
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + h * svh
+    g_base = G + b * sgb + h * sgh
+    d_row = tl.zeros([BV], dtype=tl.float32)
+    if HAS_D:
+        d_row = tl.load(DSKIP + h * sdh + offs_v * sdv, mask=v_ok, other=0.0).to(tl.float32)
+
+    # the head's state: S (Dk, BV), or Based's S0 (BV), S1 (16, BV), S2 (256, BV)
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if FEATURE == 1:
+        S0 = tl.zeros([BV], dtype=tl.float32)
+        S2 = tl.zeros([BK * BK, BV], dtype=tl.float32)
+        quad_rows, quad_ok = _based_rows(DK, BK)
+    if HAS_H0:
+        h0 = H0 + b * s0b + h * s0h
+        if FEATURE == 1:
+            S0 = tl.sum(_state_block(h0, offs_k * 0, offs_k == 0, offs_v, v_ok, s0f, s0v), 0)
+            S = _state_block(h0, 1 + offs_k, k_ok, offs_v, v_ok, s0f, s0v)
+            S2 = _state_block(h0, quad_rows, quad_ok, offs_v, v_ok, s0f, s0v)
+        else:
+            S = _state_block(h0, offs_k, k_ok, offs_v, v_ok, s0f, s0v)
+
+    for t0 in range(0, N, BT):
+        q = _rows(q_base, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, BK]
+        k = _rows(k_base, t0, offs_t, offs_k, k_ok, N, skn, skd)  # [BT, BK]
+        v = _rows(v_base, t0, offs_t, offs_v, v_ok, N, svn, svd).to(tl.float32)  # [BT, BV]
+        beta = tl.full([BT], 1.0, dtype=tl.float32)
+        if HAS_BETA:
+            beta = _token_values(BETA + b * sbb + h * sbh, t0, offs_t, N, sbn)
+
+        # intra-chunk scores P [BT, BT] (masked, decayed, times beta_j)
+        if DECAY == 2:
+            p = _channel_scores(q_base, k_base, g_base, t0, offs_t, N, DK, sqn, sqd, skn, skd, sgn, sgd, causal,
+                                BK, KB) * scale
+            Gc, G_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32))
+        else:
+            s = _dot(q.to(MMA), tl.trans(k.to(MMA)), IEEE) * scale
+            if FEATURE == 1:
+                s = 1.0 + s + 0.5 * s * s
+            if DECAY == 1:
+                Gc, G_last = _cumulative(_token_values(g_base, t0, offs_t, N, sgn))
+                s = s * _pair_decay(Gc, causal)
+            p = tl.where(causal, s, 0.0)
+        p = p * beta[None, :]
+        o = _dot(p.to(MMA), v.to(MMA), IEEE)
+
+        # inter-chunk: the state at the chunk's start, seen by each row (decayed to it)
+        qf = q.to(tl.float32)
+        if FEATURE == 1:
+            inter = S0[None, :] + _dot((qf * scale).to(MMA), S.to(MMA), IEEE) + _dot(
+                (_quadratic(qf, BT, BK) * (scale * scale * SQRT_HALF)).to(MMA), S2.to(MMA), IEEE)
+        elif DECAY == 2:
+            inter = _dot((qf * tl.exp(Gc)).to(MMA), S.to(MMA), IEEE) * scale
+        else:
+            inter = _dot(q.to(MMA), S.to(MMA), IEEE) * scale
+        if DECAY == 1:
+            inter = inter * tl.exp(Gc)[:, None]
+        o += inter
+
+        if STORE_OLIN:
+            _store_rows(OLIN + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod, o)
+        z = o
+        if HAS_Z:
+            z = _rows(Z + b * szb + h * szh, t0, offs_t, offs_v, v_ok, N, szn, szd).to(tl.float32)
+        _store_rows(O + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod, _gate(o, v, d_row, z, HAS_D, HAS_Z))
+
+        # the state at the chunk's end
+        kf = k.to(tl.float32)
+        if DECAY == 1:
+            w = tl.exp(G_last - Gc) * beta
+            S = S * tl.exp(G_last)
+        elif DECAY == 2:
+            w = beta
+            kf = kf * tl.exp(G_last[None, :] - Gc)
+            S = S * tl.exp(G_last)[:, None]
+        else:
+            w = beta
+        if FEATURE == 1:
+            if DECAY == 1:
+                S0 = S0 * tl.exp(G_last)
+                S2 = S2 * tl.exp(G_last)
+            S0 += tl.sum(w[:, None] * v, 0)
+            k2 = _quadratic(kf, BT, BK) * (SQRT_HALF * w[:, None])
+            S2 += _dot(tl.trans(k2.to(MMA)), v.to(MMA), IEEE)
+        S += _dot(tl.trans((kf * w[:, None]).to(MMA)), v.to(MMA), IEEE)
+
+    if STORE_HT:
+        ht = HT + b * stb + h * sth
+        if FEATURE == 1:
+            _store_state_block(ht, offs_k * 0, offs_k == 0, offs_v, v_ok, stf, stv,
+                               tl.where((offs_k == 0)[:, None], S0[None, :], 0.0))
+            _store_state_block(ht, 1 + offs_k, k_ok, offs_v, v_ok, stf, stv, S)
+            _store_state_block(ht, quad_rows, quad_ok, offs_v, v_ok, stf, stv, S2)
+        else:
+            _store_state_block(ht, offs_k, k_ok, offs_v, v_ok, stf, stv, S)
+
+
+# --------------------------------------------------------------------------------------------
+# backward
+#
+# With dS_t the gradient of the state after token t, the recurrence's adjoint runs backwards:
+# dS_{t-1} = diag(exp(g_t)) dS_t + scale phi_q(q_t) do_t^T (the output at t reads S_t), from dS_N =
+# the final state's gradient. Chunk by chunk that is the forward's form transposed: the dK/dV kernel
+# walks the chunks from the last with dS in registers, the dQ kernel from the first with S. dk and dv
+# come out without each token's own beta (dk_hat, dv_hat: the contribution beta_t phi(k_t) v_t^T is
+# linear in beta_t, so d beta_t = v_t . dv_hat_t and dv = beta dv_hat, dk = beta dk_hat: launch.py).
+
+
+@triton.jit
+def la_bwd_dq_kernel(Q, K, V, G, BETA, H0, DO, DQ,
+                     sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd,
+                     sgb, sgn, sgh, sgd, sbb, sbn, sbh, s_ob, s_on, s_oh, s_od, s_qb, s_qn, s_qh, s_qd,
+                     s0b, s0h, s0f, s0v,
+                     N, H, GROUP, DK, DV, scale,
+                     BT: tl.constexpr, BKQ: tl.constexpr, BVF: tl.constexpr,
+                     DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_H0: tl.constexpr,
+                     MMA: tl.constexpr, IEEE: tl.constexpr):
+    """Program (batch * head, block of BKQ key channels): dq of every token in those channels (per v
+    head h: the caller sums a q head's group), by a forward sweep that rebuilds the state (BKQ, Dv).
+    Grid: (B * H, cdiv(Dk, BKQ)); Based: one block of 16. Every value column at once (BVF >= Dv)."""
+    bh = tl.program_id(0)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    hk = h // GROUP
+    offs_t = tl.arange(0, BT)
+    causal = offs_t[:, None] >= offs_t[None, :]
+    offs_kq = tl.program_id(1) * BKQ + tl.arange(0, BKQ)
+    kq_ok = offs_kq < DK
+    offs_vf = tl.arange(0, BVF)
+    vf_ok = offs_vf < DV
+    q_base = Q + b * sqb + hk * sqh
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + h * svh
+    g_base = G + b * sgb + h * sgh
+    do_base = DO + b * s_ob + h * s_oh
+
+    S = tl.zeros([BKQ, BVF], dtype=tl.float32)  # Based: S1; S0 is not needed (phi_q's 1 is constant)
+    if FEATURE == 1:
+        S2 = tl.zeros([BKQ * BKQ, BVF], dtype=tl.float32)
+        quad_rows, quad_ok = _based_rows(DK, BKQ)
+    if HAS_H0:
+        h0 = H0 + b * s0b + h * s0h
+        if FEATURE == 1:
+            S = _state_block(h0, 1 + offs_kq, kq_ok, offs_vf, vf_ok, s0f, s0v)
+            S2 = _state_block(h0, quad_rows, quad_ok, offs_vf, vf_ok, s0f, s0v)
+        else:
+            S = _state_block(h0, offs_kq, kq_ok, offs_vf, vf_ok, s0f, s0v)
+
+    for t0 in range(0, N, BT):
+        do = _rows(do_base, t0, offs_t, offs_vf, vf_ok, N, s_on, s_od)  # [BT, BVF]
+        v = _rows(v_base, t0, offs_t, offs_vf, vf_ok, N, svn, svd)  # [BT, BVF]
+        kq = _rows(k_base, t0, offs_t, offs_kq, kq_ok, N, skn, skd)  # [BT, BKQ]
+        beta = tl.full([BT], 1.0, dtype=tl.float32)
+        if HAS_BETA:
+            beta = _token_values(BETA + b * sbb + h * sbh, t0, offs_t, N, sbn)
+        dp = _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE)  # [BT, BT]: do_i . v_j
+        if DECAY == 2:
+            Gq, Gq_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_kq, kq_ok, N, sgn, sgd).to(tl.float32))
+            a = tl.where(causal, dp * beta[None, :], 0.0)
+            causal3 = causal[:, :, None]
+            diff = tl.where(causal3, Gq[:, None, :] - Gq[None, :, :], float("-inf"))
+            dq = tl.sum(tl.where(causal3, a[:, :, None] * kq.to(tl.float32)[None, :, :] * tl.exp(diff), 0.0), 1)
+            dq = (dq + _dot(do.to(MMA), tl.trans(S.to(MMA)), IEEE) * tl.exp(Gq)) * scale
+        else:
+            a = dp * beta[None, :] * scale
+            if DECAY == 1:
+                Gc, G_last = _cumulative(_token_values(g_base, t0, offs_t, N, sgn))
+                a = a * _pair_decay(Gc, causal)
+            if FEATURE == 1:
+                q = _rows(q_base, t0, offs_t, offs_kq, kq_ok, N, sqn, sqd)
+                a = a * (1.0 + _dot(q.to(MMA), tl.trans(kq.to(MMA)), IEEE) * scale)
+            a = tl.where(causal, a, 0.0)
+            dq = _dot(a.to(MMA), kq.to(MMA), IEEE)
+            inter = _dot(do.to(MMA), tl.trans(S.to(MMA)), IEEE) * scale
+            if FEATURE == 1:
+                # d/dq of c q^T M q with M[a, b] = sum_v S2[a * 16 + b, v] do_v: c (M + M^T) q
+                m = tl.reshape(_dot(do.to(MMA), tl.trans(S2.to(MMA)), IEEE), [BT, BKQ, BKQ])
+                qf = q.to(tl.float32)
+                inter += (scale * scale * SQRT_HALF) * (tl.sum(m * qf[:, None, :], 2) + tl.sum(m * qf[:, :, None], 1))
+            if DECAY == 1:
+                inter = inter * tl.exp(Gc)[:, None]
+            dq += inter
+        _store_rows(DQ + b * s_qb + h * s_qh, t0, offs_t, offs_kq, kq_ok, N, s_qn, s_qd, dq)
+
+        # the state at the chunk's end (the forward's update, on these channels)
+        kf = kq.to(tl.float32)
+        if DECAY == 1:
+            w = tl.exp(G_last - Gc) * beta
+            S = S * tl.exp(G_last)
+            if FEATURE == 1:
+                S2 = S2 * tl.exp(G_last)
+        elif DECAY == 2:
+            w = beta
+            kf = kf * tl.exp(Gq_last[None, :] - Gq)
+            S = S * tl.exp(Gq_last)[:, None]
+        else:
+            w = beta
+        if FEATURE == 1:
+            k2 = _quadratic(kf, BT, BKQ) * (SQRT_HALF * w[:, None])
+            S2 += _dot(tl.trans(k2.to(MMA)), v.to(MMA), IEEE)
+        S += _dot(tl.trans((kf * w[:, None]).to(MMA)), v.to(MMA), IEEE)
+
+
+@triton.jit
+def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
+                      sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd,
+                      sgb, sgn, sgh, sgd, sbb, sbn, sbh, s_ob, s_on, s_oh, s_od,
+                      stb, sth, stf, stv, s_hb, s_hh, s_hf, s_hv, s_kp, s_vp,
+                      N, H, GROUP, DK, DV, scale,
+                      BT: tl.constexpr, BK: tl.constexpr, BKB: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
+                      DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_DHT: tl.constexpr,
+                      STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
+    """Program (batch * head, value block, key-channel block): dk_hat and dv_hat of every token, by a
+    reverse sweep with dS (BKB, BV) in registers; dh0 (the gradient of the initial state) at the end.
+
+    dk_hat sums over value blocks and dv_hat over key blocks: each program writes its part, to
+    DK_PART[value block] (B, N, H, Dk) and DV_PART[key block] (B, N, H, Dv), float32 (parts s_kp, s_vp
+    apart, each contiguous); the intra-chunk term of dv_hat is the first key block's. DHT (the final
+    state's gradient) and DH0: (B, H, F, Dv), any strides (stb... and s_hb...). Grid: (B * H, cdiv(Dv, BV), cdiv(Dk, BKB)); BKB = BK but for
+    per-channel decay."""
+    bh = tl.program_id(0)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    hk = h // GROUP
+    kblock = tl.program_id(2)
+    offs_t = tl.arange(0, BT)
+    causal = offs_t[:, None] >= offs_t[None, :]
+    offs_k = tl.arange(0, BK)
+    k_ok = offs_k < DK
+    offs_kb = kblock * BKB + tl.arange(0, BKB)
+    kb_ok = offs_kb < DK
+    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    v_ok = offs_v < DV
+    q_base = Q + b * sqb + hk * sqh
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + h * svh
+    g_base = G + b * sgb + h * sgh
+    do_base = DO + b * s_ob + h * s_oh
+    first_block = (kblock == 0).to(tl.float32)
+
+    dS = tl.zeros([BKB, BV], dtype=tl.float32)  # Based: dS1
+    if FEATURE == 1:
+        dS0 = tl.zeros([BV], dtype=tl.float32)
+        dS2 = tl.zeros([BKB * BKB, BV], dtype=tl.float32)
+        quad_rows, quad_ok = _based_rows(DK, BKB)
+    if HAS_DHT:
+        dht = DHT + b * stb + h * sth
+        if FEATURE == 1:
+            dS0 = tl.sum(_state_block(dht, offs_kb * 0, offs_kb == 0, offs_v, v_ok, stf, stv), 0)
+            dS = _state_block(dht, 1 + offs_kb, kb_ok, offs_v, v_ok, stf, stv)
+            dS2 = _state_block(dht, quad_rows, quad_ok, offs_v, v_ok, stf, stv)
+        else:
+            dS = _state_block(dht, offs_kb, kb_ok, offs_v, v_ok, stf, stv)
+
+    chunks = tl.cdiv(N, BT)
+    for i in range(0, chunks):
+        t0 = (chunks - 1 - i) * BT
+        v = _rows(v_base, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, BV]
+        do = _rows(do_base, t0, offs_t, offs_v, v_ok, N, s_on, s_od)  # [BT, BV]
+        qb = _rows(q_base, t0, offs_t, offs_kb, kb_ok, N, sqn, sqd)  # [BT, BKB]
+        kb = _rows(k_base, t0, offs_t, offs_kb, kb_ok, N, skn, skd)  # [BT, BKB]
+        beta = tl.full([BT], 1.0, dtype=tl.float32)
+        if HAS_BETA:
+            beta = _token_values(BETA + b * sbb + h * sbh, t0, offs_t, N, sbn)
+
+        # the intra-chunk scores over every channel, without beta: p [BT, BT]
+        if DECAY == 2:
+            p = _channel_scores(q_base, k_base, g_base, t0, offs_t, N, DK, sqn, sqd, skn, skd, sgn, sgd, causal,
+                                BK, KB) * scale
+        else:
+            if BKB == BK:
+                s = _dot(qb.to(MMA), tl.trans(kb.to(MMA)), IEEE) * scale
+            else:
+                q = _rows(q_base, t0, offs_t, offs_k, k_ok, N, sqn, sqd)
+                k = _rows(k_base, t0, offs_t, offs_k, k_ok, N, skn, skd)
+                s = _dot(q.to(MMA), tl.trans(k.to(MMA)), IEEE) * scale
+            p = s
+            if FEATURE == 1:
+                p = 1.0 + s + 0.5 * s * s
+            if DECAY == 1:
+                Gc, G_last = _cumulative(_token_values(g_base, t0, offs_t, N, sgn))
+                decay = _pair_decay(Gc, causal)
+                p = p * decay
+            p = tl.where(causal, p, 0.0)
+        dp = _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE)  # [BT, BT]: do_i . v_j over this value block
+
+        dv = _dot(tl.trans(p.to(MMA)), do.to(MMA), IEEE) * first_block  # [BT, BV]
+        kbf = kb.to(tl.float32)
+        if DECAY == 2:
+            Gb, Gb_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_kb, kb_ok, N, sgn, sgd).to(tl.float32))
+            causal3 = causal[:, :, None]
+            diff = tl.where(causal3, Gb[:, None, :] - Gb[None, :, :], float("-inf"))
+            qbf = qb.to(tl.float32)
+            dk = tl.sum(tl.where(causal3, dp[:, :, None] * qbf[:, None, :] * tl.exp(diff), 0.0), 0) * scale
+            w2 = tl.exp(Gb_last[None, :] - Gb)  # [BT, BKB]
+            dv += _dot((kbf * w2).to(MMA), dS.to(MMA), IEEE)
+            dk += _dot(v.to(MMA), tl.trans(dS.to(MMA)), IEEE) * w2
+        else:
+            a = dp * scale
+            if DECAY == 1:
+                a = a * decay
+            if FEATURE == 1:
+                a = a * (1.0 + s)
+            a = tl.where(causal, a, 0.0)
+            dk = _dot(tl.trans(a.to(MMA)), qb.to(MMA), IEEE)  # [BT, BKB]
+            dk_inter = _dot(v.to(MMA), tl.trans(dS.to(MMA)), IEEE)
+            if FEATURE == 1:
+                # d/dk of (vec(k k^T) / sqrt(2)) . (dS2 v): (N + N^T) k / sqrt(2), N[a, b] = (dS2 v)[a * 16 + b]
+                nmat = tl.reshape(_dot(v.to(MMA), tl.trans(dS2.to(MMA)), IEEE), [BT, BKB, BKB])
+                dk_inter += SQRT_HALF * (tl.sum(nmat * kbf[:, None, :], 2) + tl.sum(nmat * kbf[:, :, None], 1))
+                dv_inter = dS0[None, :] + _dot(kb.to(MMA), dS.to(MMA), IEEE) + _dot(
+                    (_quadratic(kbf, BT, BKB) * SQRT_HALF).to(MMA), dS2.to(MMA), IEEE)
+            else:
+                dv_inter = _dot(kb.to(MMA), dS.to(MMA), IEEE)
+            if DECAY == 1:
+                w = tl.exp(G_last - Gc)[:, None]
+                dk_inter = dk_inter * w
+                dv_inter = dv_inter * w
+            dk += dk_inter
+            dv += dv_inter
+        bh_rows = (b * N * H + h)  # (B, N, H, D) contiguous parts: row t of head (b, h) at (b N + t) H + h
+        _store_rows(DK_PART + tl.program_id(1).to(tl.int64) * s_kp + bh_rows * DK, t0, offs_t, offs_kb, kb_ok, N,
+                    H * DK, 1, dk)
+        _store_rows(DV_PART + kblock.to(tl.int64) * s_vp + bh_rows * DV, t0, offs_t, offs_v, v_ok, N, H * DV, 1, dv)
+
+        # dS at the chunk's start
+        qbf = qb.to(tl.float32)
+        if DECAY == 1:
+            eg = tl.exp(Gc)[:, None]
+            qbf = qbf * eg
+            dS = dS * tl.exp(G_last)
+            if FEATURE == 1:
+                dS0 = dS0 * tl.exp(G_last)
+                dS2 = dS2 * tl.exp(G_last)
+        elif DECAY == 2:
+            qbf = qbf * tl.exp(Gb)
+            dS = dS * tl.exp(Gb_last)[:, None]
+        if FEATURE == 1:
+            dof = do.to(tl.float32)
+            if DECAY == 1:
+                dS0 += tl.sum(eg * dof, 0)
+            else:
+                dS0 += tl.sum(dof, 0)
+            q2 = _quadratic(qb.to(tl.float32), BT, BKB) * (scale * scale * SQRT_HALF)
+            if DECAY == 1:
+                q2 = q2 * eg
+            dS2 += _dot(tl.trans(q2.to(MMA)), do.to(MMA), IEEE)
+        dS += _dot(tl.trans((qbf * scale).to(MMA)), do.to(MMA), IEEE)
+
+    if STORE_DH0:
+        dh0 = DH0 + b * s_hb + h * s_hh
+        if FEATURE == 1:
+            _store_state_block(dh0, offs_kb * 0, offs_kb == 0, offs_v, v_ok, s_hf, s_hv,
+                               tl.where((offs_kb == 0)[:, None], dS0[None, :], 0.0))
+            _store_state_block(dh0, 1 + offs_kb, kb_ok, offs_v, v_ok, s_hf, s_hv, dS)
+            _store_state_block(dh0, quad_rows, quad_ok, offs_v, v_ok, s_hf, s_hv, dS2)
+        else:
+            _store_state_block(dh0, offs_kb, kb_ok, offs_v, v_ok, s_hf, s_hv, dS)
+
+
+# --------------------------------------------------------------------------------------------
+# decode: one token against a carried state, updated in place
+
+
+@triton.jit
+def la_step_kernel(Q, K, V, G, BETA, DSKIP, Z, STATE, O,
+                   sqb, sqh, sqd, skb, skh, skd, svb, svh, svd, sgb, sgh, sgd, sbb, sbh,
+                   szb, szh, szd, sob, soh, sod, ssb, ssh, ssf, ssv, sdh, sdv,
+                   H, GROUP, DK, DV, scale,
+                   BK: tl.constexpr, BV: tl.constexpr, DECAY: tl.constexpr, FEATURE: tl.constexpr,
+                   HAS_BETA: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
+    """Program (batch * head, value block): S <- diag(exp(g)) S + beta phi(k) v^T, then o = scale
+    phi_q(q)^T S (Based: phi's pieces as in the forward), (o + D v) * silu(z); the state (B, H, F, Dv),
+    any strides and float dtype, read and written in place (float32 math). q, k (B, Hqk, Dk); v, o, z
+    (B, H, Dv); g (B, H) or (B, H, Dk); beta (B, H). Grid: (B * H, cdiv(Dv, BV)).
+
+    exp(g) is taken as it is here (no floor: there is no cumulative sum to keep finite), so g = -inf
+    gives exactly 0 (a reset)."""
+    bh = tl.program_id(0)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    hk = h // GROUP
+    offs_k = tl.arange(0, BK)
+    k_ok = offs_k < DK
+    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    v_ok = offs_v < DV
+    q = tl.load(Q + b * sqb + hk * sqh + offs_k * sqd, mask=k_ok, other=0.0).to(tl.float32)
+    k = tl.load(K + b * skb + hk * skh + offs_k * skd, mask=k_ok, other=0.0).to(tl.float32)
+    v = tl.load(V + b * svb + h * svh + offs_v * svd, mask=v_ok, other=0.0).to(tl.float32)
+    if HAS_BETA:
+        v_in = v * tl.load(BETA + b * sbb + h * sbh).to(tl.float32)  # beta on the token's contribution
+    else:
+        v_in = v
+    state = STATE + b * ssb + h * ssh
+    if DECAY == 1:
+        factor = tl.exp(tl.load(G + b * sgb + h * sgh).to(tl.float32))
+    elif DECAY == 2:
+        factor = tl.exp(tl.load(G + b * sgb + h * sgh + offs_k * sgd, mask=k_ok, other=0.0).to(tl.float32))[:, None]
+    else:
+        factor = 1.0
+    if FEATURE == 1:
+        quad_rows, quad_ok = _based_rows(DK, BK)
+        S0 = tl.sum(_state_block(state, offs_k * 0, offs_k == 0, offs_v, v_ok, ssf, ssv), 0)
+        S1 = _state_block(state, 1 + offs_k, k_ok, offs_v, v_ok, ssf, ssv)
+        S2 = _state_block(state, quad_rows, quad_ok, offs_v, v_ok, ssf, ssv)
+        k2 = tl.reshape(k[:, None] * k[None, :], [BK * BK]) * SQRT_HALF
+        q2 = tl.reshape(q[:, None] * q[None, :], [BK * BK]) * (scale * scale * SQRT_HALF)
+        S0 = S0 * factor + v_in
+        S1 = S1 * factor + k[:, None] * v_in[None, :]
+        S2 = S2 * factor + k2[:, None] * v_in[None, :]
+        o = S0 + tl.sum((q * scale)[:, None] * S1, 0) + tl.sum(q2[:, None] * S2, 0)
+        _store_state_block(state, offs_k * 0, offs_k == 0, offs_v, v_ok, ssf, ssv,
+                           tl.where((offs_k == 0)[:, None], S0[None, :], 0.0))
+        _store_state_block(state, 1 + offs_k, k_ok, offs_v, v_ok, ssf, ssv, S1)
+        _store_state_block(state, quad_rows, quad_ok, offs_v, v_ok, ssf, ssv, S2)
+    else:
+        S = _state_block(state, offs_k, k_ok, offs_v, v_ok, ssf, ssv)
+        S = S * factor + k[:, None] * v_in[None, :]
+        o = tl.sum(q[:, None] * S, 0) * scale
+        _store_state_block(state, offs_k, k_ok, offs_v, v_ok, ssf, ssv, S)
+    d_row = tl.zeros([BV], dtype=tl.float32)
+    if HAS_D:
+        d_row = tl.load(DSKIP + h * sdh + offs_v * sdv, mask=v_ok, other=0.0).to(tl.float32)
+        o = o + d_row * v
+    if HAS_Z:
+        z = tl.load(Z + b * szb + h * szh + offs_v * szd, mask=v_ok, other=0.0).to(tl.float32)
+        o = o * z * tl.sigmoid(z)
+    tl.store(O + b * sob + h * soh + offs_v * sod, o.to(O.dtype.element_ty), mask=v_ok)

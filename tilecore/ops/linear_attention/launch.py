@@ -1,0 +1,204 @@
+"""Linear attention's passes, run as their plan says (plan.py): the tl kernels (kernels_tl.py) or the
+PyTorch chunked form on the CPU (chunked.py). One way in a pass: ``forward``, ``backward``, ``step``.
+
+Tensors as the custom ops take them (op.py): q, k (B, N, Hqk, Dk); v (B, N, H, Dv); g (B, N, H) or
+(B, N, H, Dk) log decay, float32; beta (B, N, H) float32; d_skip (H, Dv); z (B, N, H, Dv); states
+(B, H, F, Dv). Any strides.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tilecore import dispatch
+from tilecore.ops.linear_attention import chunked, kernels_tl
+from tilecore.ops.linear_attention.plan import BASED, CHANNEL_DECAY, Plan, decay_kind
+
+LOG_DECAY_FLOOR = chunked.LOG_DECAY_FLOOR
+
+
+def feature_rows(feature: int, dk: int) -> int:
+    """F, the rows of a head's state."""
+    return 1 + dk + dk * dk if feature == BASED else dk
+
+
+def _strides(t: torch.Tensor | None, n: int) -> tuple:
+    """t's strides, or n zeros for an absent tensor."""
+    return tuple(t.stride()) if t is not None else (0,) * n
+
+
+def _gate(o_lin: torch.Tensor, v, d_skip, z) -> torch.Tensor:
+    """(o + D v) * silu(z) in float32."""
+    y = o_lin
+    if d_skip is not None:
+        y = y + d_skip.float() * v.float()
+    if z is not None:
+        y = y * F.silu(z.float())
+    return y
+
+
+# --------------------------------------------------------------------------------------------
+# forward
+
+
+def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: int, *, final_state: bool,
+            keep_linear: bool):
+    """(o, final state or None, o before D and z or None): o has v's dtype, the others are float32."""
+    B, N, H, Dv = v.shape
+    Fdim = feature_rows(feature, q.shape[-1])
+    if plan.path == "cpu":
+        o_lin, ht = chunked.chunked_forward(q, k, v, g, beta, h0, scale, feature, plan.chunk)
+        o = _gate(o_lin, v, d_skip, z).to(v.dtype)
+        return o, (ht if final_state else None), (o_lin if keep_linear else None)
+    o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
+    o_lin = torch.empty(B, N, H, Dv, dtype=torch.float32, device=v.device) if keep_linear else None
+    ht = torch.empty(B, H, Fdim, Dv, dtype=torch.float32, device=v.device) if final_state else None
+    if B * H == 0:
+        return o, ht, o_lin
+    cfg = plan.config
+    kind = decay_kind(g)
+    g_strides = _strides(g, 4) if kind == CHANNEL_DECAY else (*_strides(g, 3), 0)
+    gate_strides = o.stride()
+    dummy = v
+    with dispatch.on_device(v.device):
+        kernels_tl.la_fwd_kernel[(B * H, cfg["value_blocks"])](
+            q, k, v, dummy if g is None else g, dummy if beta is None else beta,
+            dummy if d_skip is None else d_skip, dummy if z is None else z, dummy if h0 is None else h0,
+            o, o if o_lin is None else o_lin, o if ht is None else ht,
+            *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *_strides(z, 4), *gate_strides,
+            *_strides(h0, 4), *_strides(ht, 4), *_strides(d_skip, 2),
+            N, H, H // q.shape[2], q.shape[-1], Dv, scale,
+            BT=cfg["BT"], BK=cfg["BK"], BV=cfg["BV"], KB=cfg["KB"], DECAY=kind, FEATURE=feature,
+            HAS_BETA=beta is not None, HAS_D=d_skip is not None, HAS_Z=z is not None, HAS_H0=h0 is not None,
+            STORE_HT=ht is not None, STORE_OLIN=o_lin is not None, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
+            num_warps=cfg["num_warps"])
+    return o, ht, o_lin
+
+
+# --------------------------------------------------------------------------------------------
+# backward
+
+
+def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float, feature: int):
+    """(dq, dk, dv, dg, dbeta, dh0) (None for an input that is None) of o (before D and z) and the final
+    state against their gradients do (float32) and dht (or None), as float32 tensors."""
+    if plan.path == "cpu":
+        return chunked.chunked_backward(do, q, k, v, g, beta, h0, dht, scale, feature, plan.chunk)
+    B, N, H, Dv = v.shape
+    Hqk, Dk = q.shape[2], q.shape[3]
+    group = H // Hqk
+    cfg = plan.config
+    kind = decay_kind(g)
+    f32 = torch.float32
+    dev = v.device
+    dq_heads = torch.empty(B, N, H, Dk, dtype=f32, device=dev)
+    nv, nk = cfg["value_blocks"], cfg["dkv_key_blocks"]
+    dk_parts = torch.empty(nv, B, N, H, Dk, dtype=f32, device=dev)
+    dv_parts = torch.empty(nk, B, N, H, Dv, dtype=f32, device=dev)
+    dh0 = torch.empty(B, H, feature_rows(feature, Dk), Dv, dtype=f32, device=dev) if h0 is not None else None
+    g_strides = _strides(g, 4) if kind == CHANNEL_DECAY else (*_strides(g, 3), 0)
+    dummy = v
+    if B * H > 0:
+        with dispatch.on_device(dev):
+            kernels_tl.la_bwd_dq_kernel[(B * H, cfg["key_blocks"])](
+                q, k, v, dummy if g is None else g, dummy if beta is None else beta, dummy if h0 is None else h0,
+                do, dq_heads,
+                *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *do.stride(),
+                *dq_heads.stride(), *_strides(h0, 4),
+                N, H, group, Dk, Dv, scale,
+                BT=cfg["BT"], BKQ=cfg["BKQ"], BVF=cfg["BVF"], DECAY=kind, FEATURE=feature,
+                HAS_BETA=beta is not None, HAS_H0=h0 is not None, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
+                num_warps=cfg["num_warps"])
+            kernels_tl.la_bwd_dkv_kernel[(B * H, nv, nk)](
+                q, k, v, dummy if g is None else g, dummy if beta is None else beta, do,
+                dummy if dht is None else dht, dk_parts, dv_parts, dk_parts if dh0 is None else dh0,
+                *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *do.stride(),
+                *_strides(dht, 4), *_strides(dh0, 4), dk_parts.stride(0), dv_parts.stride(0),
+                N, H, group, Dk, Dv, scale,
+                BT=cfg["BT"], BK=cfg["BK"], BKB=cfg["BKB"], BV=cfg["BV"], KB=cfg["KB"], DECAY=kind,
+                FEATURE=feature, HAS_BETA=beta is not None, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
+                MMA=cfg["MMA"], IEEE=cfg["IEEE"], num_warps=cfg["num_warps"])
+    dk_hat = dk_parts.sum(0) if nv > 1 else dk_parts[0]
+    dv_hat = dv_parts.sum(0) if nk > 1 else dv_parts[0]
+    vf = v.float()
+    if beta is not None:
+        bf = beta.float()[..., None]
+        dbeta = (vf * dv_hat).sum(-1)  # the token's contribution is linear in beta
+        dk_heads, dv = dk_hat * bf, dv_hat * bf
+    else:
+        dbeta, dk_heads, dv = None, dk_hat, dv_hat
+    dg = None
+    if g is not None:
+        dg = _decay_grad(do, q, k, vf, g, o_lin, ht, dht, dq_heads, dk_heads, dv, feature, group)
+    dq = dq_heads if group == 1 else dq_heads.view(B, N, Hqk, group, Dk).sum(3)
+    dk = dk_heads if group == 1 else dk_heads.view(B, N, Hqk, group, Dk).sum(3)
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+def _decay_grad(do, q, k, vf, g, o_lin, ht, dht, dq_heads, dk_heads, dv, feature: int, group: int):
+    """The log decay's gradient from the others'. Each factor exp(G_i - G_j) of the outputs and the
+    final state (G the cumulative log decay over the sequence) counts +1 towards dG_i and -1 towards
+    dG_j, so dG_t = (query side at t) - (key side at t): q_t . dq_t - k_t . dk_t per channel (for
+    phi(x) = x), or do_t . o_t - v_t . dv_t summed (any features), plus <dS_N, S_N> at the last token;
+    then dg_t = sum_{s >= t} dG_s, zero where the floor clamped g."""
+    channel = g.dim() == 4
+    if feature == BASED:  # (scalar decay: Based with per-channel decay is refused)
+        dG = (do * o_lin).sum(-1) - (vf * dv).sum(-1)
+    else:
+        qh = q.float().repeat_interleave(group, dim=2) if group > 1 else q.float()
+        kh = k.float().repeat_interleave(group, dim=2) if group > 1 else k.float()
+        dG = qh * dq_heads - kh * dk_heads
+        if not channel:
+            dG = dG.sum(-1)
+    if dht is not None and dG.shape[1] > 0:
+        last = (dht.float() * ht).sum(-1)  # (B, H, F)
+        dG[:, -1] += last if channel else last.sum(-1)
+    dg = dG.flip(1).cumsum(1).flip(1)
+    return torch.where(g < LOG_DECAY_FLOOR, 0.0, dg)
+
+
+# --------------------------------------------------------------------------------------------
+# decode step
+
+
+def step(plan: Plan, q, k, v, g, beta, d_skip, z, state, scale: float, feature: int) -> torch.Tensor:
+    """One token: state <- decayed state + beta phi(k) v^T in place; returns o (v's dtype). q, k (B, Hqk,
+    Dk); v, z (B, H, Dv); g (B, H) or (B, H, Dk); beta (B, H); state (B, H, F, Dv)."""
+    B, H, Dv = v.shape
+    if plan.path == "cpu":
+        return _step_torch(q, k, v, g, beta, d_skip, z, state, scale, feature)
+    o = torch.empty(B, H, Dv, dtype=v.dtype, device=v.device)
+    if B * H == 0:
+        return o
+    cfg = plan.config
+    kind = 0 if g is None else (1 if g.dim() == 2 else 2)  # no token axis here: (B, H) or (B, H, Dk)
+    g_strides = _strides(g, 3) if kind == CHANNEL_DECAY else (*_strides(g, 2), 0)
+    dummy = v
+    bv = min(cfg["BVF"], 64)
+    with dispatch.on_device(v.device):
+        kernels_tl.la_step_kernel[(B * H, -(-Dv // bv))](
+            q, k, v, dummy if g is None else g, dummy if beta is None else beta, dummy if d_skip is None else d_skip,
+            dummy if z is None else z, state, o,
+            *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 2), *_strides(z, 3), *o.stride(),
+            *state.stride(), *_strides(d_skip, 2),
+            H, H // q.shape[1], q.shape[-1], Dv, scale,
+            BK=cfg["BK"], BV=bv, DECAY=kind, FEATURE=feature, HAS_BETA=beta is not None, HAS_D=d_skip is not None,
+            HAS_Z=z is not None, num_warps=cfg["num_warps"])
+    return o
+
+
+def _step_torch(q, k, v, g, beta, d_skip, z, state, scale: float, feature: int) -> torch.Tensor:
+    """step() on torch's CPU ops, float32."""
+    H = v.shape[1]
+    # chunked.features takes (B, N, Hqk, Dk): a token axis of 1
+    phi_q, phi_k, out_scale = chunked.features(q[:, None], k[:, None], H, scale, feature)
+    phi_q, phi_k = phi_q[:, :, 0], phi_k[:, :, 0]  # (B, H, F)
+    vin = v.float() if beta is None else v.float() * beta.float()[..., None]
+    s = state.float()
+    if g is not None:
+        factor = g.float().exp()
+        s = s * (factor[..., None, None] if g.dim() == 2 else factor[..., None])
+    s = s + phi_k[..., None] * vin[..., None, :]
+    state.copy_(s)
+    o = out_scale * torch.einsum("bhf,bhfv->bhv", phi_q, s)
+    return _gate(o, v, d_skip, z).to(v.dtype)

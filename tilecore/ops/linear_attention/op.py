@@ -1,0 +1,480 @@
+"""``tilecore.linear_attention``, ``tilecore.mamba2_chunk_scan`` and their decode steps: the public
+functions, their checks, and the custom ops (forward, backward, step) with autograd.
+
+All four run on one core: causal linear attention with an optional log decay (scalar or per key
+channel), a per-token factor on each token's contribution (beta: Mamba-2's dt), grouped q/k heads,
+Based's feature map in the kernels, and Mamba-2's epilogue (o + D v) * silu(z). Mamba-2 maps onto it
+as q = C, k = B, v = x, beta = dt, log decay = dt A (scale 1).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from tilecore import dispatch
+from tilecore.ops.linear_attention import configs, launch
+from tilecore.ops.linear_attention.plan import BASED, IDENTITY, plan
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FEATURE_MAPS = (None, "based", "hedgehog")
+LAYOUT = ("linear_attention takes (batch, tokens, heads, head_dim) tensors, as flash-linear-attention does: "
+          "q, k (B, N, Hqk, Dk), v (B, N, H, Dv) with H a multiple of Hqk; (B, H, N, D) tensors go in as "
+          ".transpose(1, 2) (a view)")
+
+
+def _name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _shape(t) -> str:
+    return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _real(op: str, name: str, value) -> float:
+    """A finite real (Python or numpy number, or a one-element real tensor, read once)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_complex \
+            and value.dtype != torch.bool:
+        value = value.item()
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(float(value)):
+        raise TypeError(f"{op}: {name} must be a finite real number; got {value!r}")
+    return float(value)
+
+
+def _tensor(op: str, name: str, t, device, dims: tuple, float_only: bool = True) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor; got {type(t).__name__}")
+    if tuple(t.shape) != tuple(dims):
+        raise ValueError(f"{op}: {name} must have shape {tuple(dims)}; got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{op}: {name} is on {t.device} and the inputs on {device}")
+    if float_only and not t.dtype.is_floating_point:
+        raise TypeError(f"{op}: {name} must be a floating-point tensor; got {_name(t.dtype)}")
+
+
+def _check_qkv(op: str, q, k, v, what: str = LAYOUT) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor; got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{op}: {name} must be 4-D; got shape {tuple(t.shape)} ({what})")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{op}: inputs must be on one device; got {q.device}, {k.device}, {v.device}")
+    dispatch.backend_for(q.device)  # raises for devices tilecore does not run on
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"{op}: inputs must share one dtype among {', '.join(map(_name, DTYPES))}; got "
+                        f"{_name(q.dtype)}, {_name(k.dtype)}, {_name(v.dtype)}")
+    if q.shape != k.shape:
+        raise ValueError(f"{op}: q and k must have one shape; got {tuple(q.shape)} and {tuple(k.shape)} ({what})")
+    if v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"{op}: v must have q's batch and tokens {tuple(q.shape[:2])}; got v of shape "
+                         f"{tuple(v.shape)} ({what})")
+    if q.shape[2] == 0 or v.shape[2] % q.shape[2] != 0:
+        raise ValueError(f"{op}: v's heads ({v.shape[2]}) must be a multiple of q's and k's ({q.shape[2]}) ({what})")
+    for name, d in (("q and k", q.shape[3]), ("v", v.shape[3])):
+        if not 1 <= d <= configs.MAX_HEAD_DIM:
+            raise ValueError(f"{op}: {name}'s head_dim (last dimension) must be from 1 to {configs.MAX_HEAD_DIM}; "
+                             f"got {d} ({what})")
+
+
+def _check_chunk(op: str, chunk) -> None:
+    if chunk is not None and chunk not in configs.CHUNKS:
+        raise ValueError(f"{op}: chunk_size must be None or one of {configs.CHUNKS}; got {chunk!r}")
+
+
+def _hedgehog_weights(op: str, weights, heads: int, dk: int, device):
+    """(W_q, W_k), each (Hqk, Dk, F), from one tensor or a pair."""
+    pair = tuple(weights) if isinstance(weights, (tuple, list)) else (weights, weights)
+    if len(pair) != 2 or not all(isinstance(w, torch.Tensor) for w in pair):
+        raise TypeError(f"{op}: feature_map='hedgehog' needs feature_weights: one (heads, head_dim, features) "
+                        f"tensor for q and k, or a pair (W_q, W_k); got {weights!r}")
+    for w in pair:
+        if w.dim() != 3 or tuple(w.shape[:2]) != (heads, dk) or w.shape[2] != pair[0].shape[2] or w.shape[2] < 1:
+            raise ValueError(f"{op}: hedgehog feature_weights must be ({heads}, {dk}, features) (q/k heads, head_dim, "
+                             f"features), one shape for both; got {_shape(pair[0])} and {_shape(pair[1])}")
+        if 2 * w.shape[2] > configs.MAX_HEAD_DIM:
+            raise ValueError(f"{op}: hedgehog's features (2 x {w.shape[2]}) must be at most {configs.MAX_HEAD_DIM}")
+        if w.device != device or not w.dtype.is_floating_point:
+            raise TypeError(f"{op}: feature_weights must be floating-point tensors on {device}")
+    return pair
+
+
+def hedgehog_map(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Hedgehog's feature map [softmax(x W_h), softmax(-x W_h)] (x (..., Hqk, Dk), W (Hqk, Dk, F)),
+    computed in float32 and returned in x's dtype (values in [0, 1])."""
+    proj = torch.einsum("...hd,hdf->...hf", x.float(), weight.float())
+    return torch.cat([proj.softmax(-1), (-proj).softmax(-1)], dim=-1).to(x.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# the core's custom ops
+
+
+def _forward_impl(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk, final_state, keep_linear):
+    p = plan(q, v, g, feature, chunk or None)
+    return launch.forward(p, q, k, v, g, beta, d_skip, z, h0, scale, feature, final_state=final_state,
+                          keep_linear=keep_linear)
+
+
+def _none_to_empty(t, like):
+    return t if t is not None else like.new_empty(0, dtype=torch.float32)
+
+
+@torch.library.custom_op("tilecore::linear_attention_forward", mutates_args=())
+def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+                beta: Optional[torch.Tensor], d_skip: Optional[torch.Tensor], z: Optional[torch.Tensor],
+                h0: Optional[torch.Tensor], scale: float, feature: int, chunk: int, final_state: bool,
+                keep_linear: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    o, ht, o_lin = _forward_impl(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk, final_state, keep_linear)
+    return o, _none_to_empty(ht, v), _none_to_empty(o_lin, v)
+
+
+@_forward_op.register_fake
+def _(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk, final_state, keep_linear):
+    B, N, H, Dv = v.shape
+    rows = launch.feature_rows(feature, q.shape[-1])
+    ht = v.new_empty((B, H, rows, Dv), dtype=torch.float32) if final_state else v.new_empty(0, dtype=torch.float32)
+    o_lin = v.new_empty((B, N, H, Dv), dtype=torch.float32) if keep_linear else v.new_empty(0, dtype=torch.float32)
+    return v.new_empty((B, N, H, Dv)), ht, o_lin
+
+
+@torch.library.custom_op("tilecore::linear_attention_backward", mutates_args=())
+def _backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+                 beta: Optional[torch.Tensor], h0: Optional[torch.Tensor], o_lin: torch.Tensor,
+                 ht: Optional[torch.Tensor], dht: Optional[torch.Tensor], scale: float, feature: int,
+                 chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                      torch.Tensor]:
+    p = plan(q, v, g, feature, chunk or None)
+    grads = launch.backward(p, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature)
+    return tuple(_none_to_empty(t, v) for t in grads)
+
+
+@_backward_op.register_fake
+def _(do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, chunk):
+    def like(t):
+        return t.new_empty(t.shape, dtype=torch.float32) if t is not None else v.new_empty(0, dtype=torch.float32)
+    return like(q), like(k), like(v), like(g), like(beta), like(h0)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk, final_state, keep_linear = inputs
+    o, ht, o_lin = output
+    ctx.save_for_backward(q, k, v, g, beta, d_skip, z, h0, o, ht if final_state else None,
+                          o_lin if keep_linear else None)
+    ctx.options = (scale, feature, chunk)
+
+
+def _backward(ctx, do, dht, _do_lin):
+    q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin = ctx.saved_tensors
+    scale, feature, chunk = ctx.options
+    du = torch.zeros(o.shape, dtype=torch.float32, device=o.device) if do is None else do.float()
+    lin = (o_lin if o_lin is not None else o).float()  # o before D and z
+    dz = dd = None
+    if z is not None:
+        u = lin + d_skip.float() * v.float() if d_skip is not None else lin
+        zf = z.float()
+        sz = torch.sigmoid(zf)
+        dz = (du * u * sz * (1 + zf * (1 - sz))).to(z.dtype)
+        du = du * zf * sz
+    if d_skip is not None:
+        dd = (du * v.float()).sum((0, 1)).to(d_skip.dtype)
+    if ht is None or dht is None or dht.numel() == 0:
+        dht, ht = None, None
+    dq, dk, dv, dg, dbeta, dh0 = _backward_op(du, q, k, v, g, beta, h0, lin, ht, dht, scale, feature, chunk)
+    if d_skip is not None:
+        dv = dv + du * d_skip.float()
+
+    def cast(grad, t):
+        return None if t is None else grad.to(t.dtype)
+    return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dg, g), cast(dbeta, beta), dd, dz, cast(dh0, h0),
+            None, None, None, None, None)
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _run(q, k, v, g, beta, d_skip, z, h0, scale: float, feature: int, chunk, final_state: bool):
+    """(o, final state or None) of the core, through its custom op unless eager without gradients."""
+    tensors = (q, k, v, g, beta, d_skip, z, h0)
+    if dispatch.plain_eager(*tensors):
+        o, ht, _ = _forward_impl(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk or 0, final_state, False)
+        return o, ht
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    keep = grad and (d_skip is not None or z is not None)
+    o, ht, _ = _forward_op(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk or 0, final_state, keep)
+    return o, (ht if final_state else None)
+
+
+# --------------------------------------------------------------------------------------------
+# linear_attention
+
+
+def _prepare(op, q, k, v, feature_map, feature_weights, decay, scale, initial_state, step: bool = False):
+    """Checks; returns (q, k, feature, scale) with Hedgehog's features applied (in torch)."""
+    if feature_map not in FEATURE_MAPS:
+        raise ValueError(f"{op}: feature_map must be None, 'based' or 'hedgehog'; got {feature_map!r}")
+    B, N, Hqk, Dk = q.shape
+    H, Dv = v.shape[2], v.shape[3]
+    if feature_map == "based" and Dk > configs.MAX_BASED_DIM:
+        raise ValueError(f"{op}: feature_map='based' takes q/k head_dim up to {configs.MAX_BASED_DIM} (its features "
+                         f"are 1 + D + D^2); got {Dk}")
+    if feature_map != "hedgehog" and feature_weights is not None:
+        raise ValueError(f"{op}: feature_weights are Hedgehog's (feature_map='hedgehog'); got feature_map={feature_map!r}")
+    features = Dk
+    if feature_map == "hedgehog":
+        wq, wk = _hedgehog_weights(op, feature_weights, Hqk, Dk, q.device)
+        features = 2 * wq.shape[2]
+    if decay is not None:
+        if not isinstance(decay, torch.Tensor) or decay.device != q.device or not decay.dtype.is_floating_point:
+            raise TypeError(f"{op}: decay must be a floating-point tensor of log decays on {q.device}; "
+                            f"got {_shape(decay)}")
+        scalar, channel = (B, N, H), (B, N, H, features)
+        if tuple(decay.shape) not in (scalar, channel):
+            raise ValueError(f"{op}: decay (log decay) must be {scalar} (one per batch, token, head) or {channel} "
+                             f"(per key feature); got {tuple(decay.shape)}"
+                             + (" (step: the token axis of 1 may be left out)" if step else ""))
+        if feature_map == "based" and decay.dim() == 4:
+            raise ValueError(f"{op}: feature_map='based' takes a scalar decay {scalar} (per-channel decay would "
+                             f"be per expanded feature); got {tuple(decay.shape)}")
+    rows = 1 + features + features * features if feature_map == "based" else features
+    if initial_state is not None:
+        _tensor(op, "initial_state" if not step else "state", initial_state, q.device, (B, H, rows, Dv))
+    if scale is None:
+        scale = 1.0 if feature_map == "hedgehog" else Dk ** -0.5
+    else:
+        scale = _real(op, "scale", scale)
+    if feature_map == "hedgehog":
+        q, k = hedgehog_map(q, wq), hedgehog_map(k, wk)
+    return q, k, (BASED if feature_map == "based" else IDENTITY), scale
+
+
+def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, feature_map: str | None = None,
+                     feature_weights=None, decay: torch.Tensor | None = None, scale: float | None = None,
+                     initial_state: torch.Tensor | None = None, return_final_state: bool = False,
+                     chunk_size: int | None = None):
+    """Causal linear attention, in the chunked form: o_t = scale phi(q_t)^T S_t with the state
+    S_t = diag(exp(g_t)) S_{t-1} + phi(k_t) v_t^T (S_0 = initial_state, else zeros).
+
+    Layout (batch, tokens, heads, head_dim), as flash-linear-attention's: q, k (B, N, Hqk, Dk) and
+    v (B, N, H, Dv), H a multiple of Hqk (head h reads q/k head h // (H // Hqk)); (B, H, N, D)
+    tensors go in as ``x.transpose(1, 2)`` (a view: any strides are taken). float16, bfloat16 or
+    float32; any N; Dk and Dv from 1 to 256. Returns o (B, N, H, Dv) in v's dtype, and with
+    ``return_final_state=True`` also the final state (B, H, F, Dv), float32.
+
+    * ``feature_map``: None (phi(x) = x, F = Dk); "based": Based's Taylor map, so that
+      scale phi(q).phi(k) = 1 + s + s^2 / 2 with s = scale q.k, for Dk <= 16 (F = 1 + Dk + Dk^2,
+      in the kernels, never written to memory; the state's rows are [1, Dk, Dk x Dk]); "hedgehog":
+      [softmax(x W), softmax(-x W)] with ``feature_weights`` W (Hqk, Dk, F/2), one tensor for q and
+      k or a pair (W_q, W_k) (applied in PyTorch, then the same kernels; differentiable in W).
+    * ``decay``: log decays g (natural log, normally <= 0; exp(g) multiplies the state), (B, N, H)
+      (one per head and token: Mamba-2's SSD, simple GLA, RetNet) or (B, N, H, F) (per key feature:
+      GLA). Values below -100 count as -100 (exp(-100) ~ 4e-44: -inf resets the state).
+    * ``scale``: defaults to Dk^-0.5 (flash-linear-attention's), and 1 for Hedgehog.
+    * ``chunk_size``: the kernels' chunk, 16, 32 or 64 (None: 64, per-channel decay 16); results
+      agree across chunks up to rounding.
+
+    No normalization (flash-linear-attention's ``normalize``/``use_norm``): append a column of
+    ones to v and divide by it. Differentiable in q, k, v, decay, initial_state (and Hedgehog's W).
+    CUDA tensors run the Triton kernels; CPU tensors the same kernels under TRITON_INTERPRET=1, else
+    the chunked form on torch's CPU ops in float32.
+    """
+    op = "linear_attention"
+    _check_qkv(op, q, k, v)
+    _check_chunk(op, chunk_size)
+    if not isinstance(return_final_state, bool):
+        raise TypeError(f"{op}: return_final_state must be True or False; got {return_final_state!r}")
+    q, k, feature, scale = _prepare(op, q, k, v, feature_map, feature_weights, decay, scale, initial_state)
+    o, ht = _run(q, k, v, decay, None, None, None, initial_state, scale, feature, chunk_size, return_final_state)
+    return (o, ht) if return_final_state else o
+
+
+# --------------------------------------------------------------------------------------------
+# mamba2_chunk_scan
+
+
+def _check_mamba(op, x, dt, A, B, C, D, z, dt_bias, state, state_name: str, step: bool):
+    lead = "(batch, heads, headdim)" if step else "(batch, seqlen, nheads, headdim)"
+    if not isinstance(x, torch.Tensor) or x.dim() != (3 if step else 4):
+        raise ValueError(f"{op}: x must be {lead}; got {_shape(x)}")
+    dispatch.backend_for(x.device)
+    if x.dtype not in DTYPES:
+        raise TypeError(f"{op}: x must be one of {', '.join(map(_name, DTYPES))}; got {_name(x.dtype)}")
+    lead_shape = tuple(x.shape[:-2])
+    h, p = x.shape[-2], x.shape[-1]
+    if not isinstance(B, torch.Tensor) or B.dim() != x.dim() or tuple(B.shape[:-2]) != lead_shape:
+        raise ValueError(f"{op}: B must be {'(batch, ngroups, dstate)' if step else '(batch, seqlen, ngroups, dstate)'}"
+                         f" with x's {lead_shape}; got {_shape(B)}")
+    g, s = B.shape[-2], B.shape[-1]
+    if not isinstance(C, torch.Tensor) or C.shape != B.shape:
+        raise ValueError(f"{op}: C must have B's shape {tuple(B.shape)}; got {_shape(C)}")
+    if g == 0 or h % g != 0:
+        raise ValueError(f"{op}: nheads ({h}) must be a multiple of ngroups ({g})")
+    if B.dtype != x.dtype or C.dtype != x.dtype:
+        raise TypeError(f"{op}: B and C must have x's dtype ({_name(x.dtype)}); got {_name(B.dtype)}, {_name(C.dtype)}")
+    for name, d in (("headdim", p), ("dstate", s)):
+        if not 1 <= d <= configs.MAX_HEAD_DIM:
+            raise ValueError(f"{op}: {name} must be from 1 to {configs.MAX_HEAD_DIM}; got {d}")
+    _tensor(op, "dt", dt, x.device, lead_shape + (h,))
+    _tensor(op, "A", A, x.device, (h,))
+    if D is not None:
+        if not isinstance(D, torch.Tensor) or tuple(D.shape) not in ((h,), (h, p)):
+            raise ValueError(f"{op}: D must be ({h},) or ({h}, {p}); got {_shape(D)}")
+        _tensor(op, "D", D, x.device, tuple(D.shape))
+    if z is not None:
+        _tensor(op, "z", z, x.device, tuple(x.shape))
+        if z.dtype != x.dtype:
+            raise TypeError(f"{op}: z must have x's dtype ({_name(x.dtype)}); got {_name(z.dtype)}")
+    if dt_bias is not None:
+        _tensor(op, "dt_bias", dt_bias, x.device, (h,))
+    if state is not None:
+        _tensor(op, state_name, state, x.device, (x.shape[0], h, p, s))
+
+
+def _mamba_dt(dt, dt_bias, dt_softplus: bool, dt_limit) -> torch.Tensor:
+    """mamba's dt in float32: + dt_bias, softplus (linear past 20, as F.softplus), clamped to dt_limit."""
+    dt = dt.float()
+    if dt_bias is not None:
+        dt = dt + dt_bias.float()
+    if dt_softplus:
+        dt = F.softplus(dt)
+    lo, hi = dt_limit
+    if lo > float("-inf") or hi < float("inf"):
+        dt = dt.clamp(lo, hi)
+    return dt
+
+
+def _check_limit(op, dt_limit):
+    if not (isinstance(dt_limit, (tuple, list)) and len(dt_limit) == 2
+            and all(isinstance(x, numbers.Real) and not isinstance(x, bool) for x in dt_limit)
+            and dt_limit[0] <= dt_limit[1]):
+        raise ValueError(f"{op}: dt_limit must be a pair (min, max) of real numbers; got {dt_limit!r}")
+
+
+def mamba2_chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, *,
+                      chunk_size: int = 256, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                      dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
+                      initial_states: torch.Tensor | None = None, return_final_states: bool = False,
+                      dt_limit=(0.0, float("inf"))):
+    """Mamba-2's SSD scan with the semantics of mamba_ssm's ``mamba_chunk_scan_combined``.
+
+    x (batch, seqlen, nheads, headdim); dt (batch, seqlen, nheads); A (nheads,); B, C (batch,
+    seqlen, ngroups, dstate) with nheads a multiple of ngroups (grouped B/C); D (nheads,) or
+    (nheads, headdim): the skip D x; z (batch, seqlen, nheads, headdim): the gate y * silu(z);
+    dt_bias (nheads,); dt_softplus; dt_limit (mamba's clamp of dt, (0, inf) by default);
+    initial_states (batch, nheads, headdim, dstate). Per token dt = clamp(softplus?(dt + dt_bias)),
+    h_t = exp(dt A) h_{t-1} + dt x_t B_t^T, y_t = (C_t h_t + D x_t) * silu(z_t). Returns y (x's
+    shape and dtype) and with ``return_final_states=True`` the final states (batch, nheads,
+    headdim, dstate), float32. x, B, C, z share a dtype (float16, bfloat16, float32); dt, A, D,
+    dt_bias any float dtype (used in float32). headdim and dstate up to 256.
+
+    ``chunk_size`` only changes rounding (as in mamba_ssm): the kernels take chunks of
+    min(64, the largest power of two <= chunk_size), at least 16. Differentiable in every tensor.
+    """
+    op = "mamba2_chunk_scan"
+    _check_mamba(op, x, dt, A, B, C, D, z, dt_bias, initial_states, "initial_states", step=False)
+    _check_limit(op, dt_limit)
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise ValueError(f"{op}: chunk_size must be a positive int; got {chunk_size!r}")
+    chunk = max(min(configs.CHUNKS), min(max(configs.CHUNKS), 1 << (chunk_size.bit_length() - 1)))
+    dt_eff = _mamba_dt(dt, dt_bias, dt_softplus, dt_limit)
+    g = dt_eff * A.float()
+    h, p = x.shape[2], x.shape[3]
+    d_skip = None if D is None else (D.float()[:, None].expand(h, p) if D.dim() == 1 else D.float())
+    h0 = None if initial_states is None else initial_states.transpose(-1, -2)  # (b, h, dstate, headdim): a view
+    y, ht = _run(C, B, x, g, dt_eff, d_skip, z, h0, 1.0, IDENTITY, chunk, bool(return_final_states))
+    if return_final_states:
+        return y, ht.transpose(-1, -2).contiguous()
+    return y
+
+
+# --------------------------------------------------------------------------------------------
+# decode steps
+
+
+@torch.library.custom_op("tilecore::linear_attention_step", mutates_args=("state",))
+def _step_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+             beta: Optional[torch.Tensor], d_skip: Optional[torch.Tensor], z: Optional[torch.Tensor],
+             state: torch.Tensor, scale: float, feature: int, state_transposed: bool) -> torch.Tensor:
+    return _step_impl(q, k, v, g, beta, d_skip, z, state, scale, feature, state_transposed)
+
+
+@_step_op.register_fake
+def _(q, k, v, g, beta, d_skip, z, state, scale, feature, state_transposed):
+    return v.new_empty(v.shape)
+
+
+def _step_impl(q, k, v, g, beta, d_skip, z, state, scale, feature, state_transposed):
+    s = state.transpose(-1, -2) if state_transposed else state
+    p = plan(q[:, None], v[:, None], None, feature)
+    return launch.step(p, q, k, v, g, beta, d_skip, z, s, scale, feature)
+
+
+def _run_step(q, k, v, g, beta, d_skip, z, state, scale, feature, state_transposed):
+    tensors = (q, k, v, g, beta, d_skip, z, state)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise RuntimeError("the decode steps update their state in place and record no gradient: call them under "
+                           "torch.no_grad() (or with inputs that do not require grad); train with the chunked op")
+    if dispatch.plain_eager(*tensors):
+        return _step_impl(q, k, v, g, beta, d_skip, z, state, scale, feature, state_transposed)
+    return _step_op(q, k, v, g, beta, d_skip, z, state, scale, feature, state_transposed)
+
+
+def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor, *,
+                          feature_map: str | None = None, feature_weights=None, decay: torch.Tensor | None = None,
+                          scale: float | None = None) -> torch.Tensor:
+    """One decoding step of ``linear_attention``: the state (B, H, F, Dv) is updated in place,
+    S <- diag(exp(g)) S + phi(k) v^T, and o = scale phi(q)^T S is returned.
+
+    q, k (B, Hqk, Dk) and v (B, H, Dv), or with a token axis of 1 ((B, 1, Hqk, Dk) ...: o then has it
+    too); decay (B, H) or (B, H, F) (or with the token axis); the state any float dtype and strides
+    (float32 math). Feature maps, scale and the state's layout as in ``linear_attention`` (whose final
+    state is this step's state). Inference only (no gradient).
+    """
+    op = "linear_attention_step"
+    token_axis = isinstance(q, torch.Tensor) and q.dim() == 4
+    if token_axis:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4 or t.shape[1] != 1:
+                raise ValueError(f"{op}: with a token axis, q, k and v must be (B, 1, heads, head_dim); got {name} "
+                                 f"of shape {_shape(t)}")
+        q4, k4, v4 = q, k, v
+    else:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 3:
+                raise ValueError(f"{op}: q, k and v must be (B, heads, head_dim) (or (B, 1, heads, head_dim)); got "
+                                 f"{name} of shape {_shape(t)}")
+        q4, k4, v4 = q[:, None], k[:, None], v[:, None]
+    _check_qkv(op, q4, k4, v4, "q, k (B, Hqk, Dk), v (B, H, Dv), H a multiple of Hqk")
+    decay4 = decay
+    if isinstance(decay, torch.Tensor) and (decay.dim() == 2 or (
+            decay.dim() == 3 and tuple(decay.shape) != (v4.shape[0], 1, v4.shape[2]))):
+        decay4 = decay[:, None]  # no token axis: (B, H) or (B, H, F)
+    if not isinstance(state, torch.Tensor):
+        raise TypeError(f"{op}: state must be a torch.Tensor; got {type(state).__name__}")
+    q4, k4, feature, scale = _prepare(op, q4, k4, v4, feature_map, feature_weights, decay4, scale, state, step=True)
+    g = None if decay4 is None else decay4[:, 0]
+    o = _run_step(q4[:, 0], k4[:, 0], v4[:, 0], g, None, None, None, state, scale, feature, False)
+    return o[:, None] if token_axis else o
+
+
+def mamba2_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                C: torch.Tensor, *, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
+                dt_limit=(0.0, float("inf"))) -> torch.Tensor:
+    """One decoding step of ``mamba2_chunk_scan`` (mamba_ssm's ``selective_state_update`` for Mamba-2's
+    scalar A): state (batch, nheads, headdim, dstate) updated in place (any float dtype; float32 math),
+    x (batch, nheads, headdim), dt (batch, nheads), A (nheads,), B, C (batch, ngroups, dstate), D
+    (nheads,) or (nheads, headdim), z like x, dt_bias (nheads,). Returns y like x. Inference only.
+    (mamba's Mamba2.step passes dt, A, D, dt_bias expanded to headdim; pass them per head here.)"""
+    op = "mamba2_step"
+    _check_mamba(op, x, dt, A, B, C, D, z, dt_bias, state, "state", step=True)
+    if state is None:
+        raise TypeError(f"{op}: state must be a tensor (batch, nheads, headdim, dstate)")
+    _check_limit(op, dt_limit)
+    dt_eff = _mamba_dt(dt, dt_bias, dt_softplus, dt_limit)
+    h, p = x.shape[1], x.shape[2]
+    d_skip = None if D is None else (D.float()[:, None].expand(h, p) if D.dim() == 1 else D.float())
+    return _run_step(C, B, x, dt_eff * A.float(), dt_eff, d_skip, z, state, 1.0, IDENTITY, True)

@@ -1,0 +1,69 @@
+"""Which implementation runs a linear-attention pass, with which blocks: every fit check in one place.
+
+Paths: "tl" (kernels_tl.py: CUDA tensors, and CPU tensors through Triton's interpreter) and "cpu"
+(chunked.py on torch's CPU ops in float32, when the interpreter is off).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton.language as tl
+
+from tilecore import dispatch
+from tilecore.ops.linear_attention import configs
+from tilecore.tiles.launch import cdiv, next_power_of_2
+
+NO_DECAY, SCALAR_DECAY, CHANNEL_DECAY = 0, 1, 2
+IDENTITY, BASED = 0, 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    path: str  # "tl" | "cpu"
+    chunk: int
+    config: dict = dataclasses.field(default_factory=dict)  # the kernels' block sizes and options
+
+
+def decay_kind(g: torch.Tensor | None) -> int:
+    return NO_DECAY if g is None else (SCALAR_DECAY if g.dim() == 3 else CHANNEL_DECAY)
+
+
+def block(d: int) -> int:
+    """A head dimension padded to a power of two >= 16 (tl.dot's smallest)."""
+    return max(16, next_power_of_2(d))
+
+
+def mma_dtype(dtype: torch.dtype, device: torch.device):
+    """The dtype tl.dot's operands are cast to: the input's own (float32 with IEEE products), but float32
+    for bfloat16 in the interpreter (whose bf16 tl.dot is wrong; the upcast is exact)."""
+    if dtype == torch.float16:
+        return tl.float16, False
+    if dtype == torch.bfloat16 and not dispatch.interpreted(device):
+        return tl.bfloat16, False
+    return tl.float32, True
+
+
+def plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: int, chunk: int | None = None) -> Plan:
+    """The blocks of the forward, backward and step kernels for these inputs (q (B, N, Hqk, Dk), v (B, N,
+    H, Dv), log decay g or None); ``chunk`` overrides configs.CHUNK."""
+    kind = decay_kind(g)
+    chunk = chunk or configs.CHUNK[kind]
+    if dispatch.backend_for(q.device) == "reference":
+        return Plan("cpu", chunk)
+    dk, dv = q.shape[-1], v.shape[-1]
+    BK, BVF = block(dk), block(dv)
+    mma, ieee = mma_dtype(q.dtype, q.device)
+    state_rows = BK * BK if feature == BASED else BK
+    BV = min(BVF, max(16, next_power_of_2(configs.STATE_ELEMS // state_rows + 1) // 2))
+    KB = min(BK, max(1, configs.CHANNEL_SLICE_ELEMS // (chunk * chunk)))
+    if feature == BASED:
+        BKQ = BKB = BK
+    else:
+        BKQ = min(BK, max(16, next_power_of_2(configs.STATE_ELEMS // BVF + 1) // 2))
+        BKB = BK
+        if kind == CHANNEL_DECAY:  # their [BT, BT, block] products are elementwise
+            BKQ = BKB = max(16, KB)
+    return Plan("tl", chunk, dict(BT=chunk, BK=BK, BV=BV, BVF=BVF, KB=KB, BKQ=BKQ, BKB=BKB, MMA=mma, IEEE=ieee,
+                                  num_warps=configs.NUM_WARPS,
+                                  value_blocks=cdiv(dv, BV), key_blocks=cdiv(dk, BKQ), dkv_key_blocks=cdiv(dk, BKB)))
