@@ -28,6 +28,11 @@ def dropout_scale(p: float) -> float:
     return 1.0 / (1.0 - p) if p < 1.0 else 0.0
 
 
+def output(shape, dtype, device) -> torch.Tensor:
+    """A tensor that a kernel writes whole (tests fill it with NaN first, to see that it does)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _stride(t):
     return 0 if t is None else t.stride(0)
 
@@ -37,10 +42,10 @@ def forward(plan: Plan, x, residual, weight, bias, seed, p: float, eps: float, r
     """(y, h, mean, rstd): y (rows, N) in x's dtype; h (rows, N) in ``h_dtype`` with ``store_h``, else
     empty; mean (rows,) float32 (empty for RMSNorm); rstd (rows,) float32."""
     rows, n = x.shape
-    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    h = x.new_empty((rows, n) if store_h else (0,), dtype=h_dtype)
-    mean = x.new_empty((0 if rms else rows,), dtype=torch.float32)
-    rstd = x.new_empty((rows,), dtype=torch.float32)
+    y = output((rows, n), x.dtype, x.device)
+    h = output((rows, n) if store_h else (0,), h_dtype, x.device)
+    mean = output((0 if rms else rows,), torch.float32, x.device)
+    rstd = output((rows,), torch.float32, x.device)
     if rows == 0:
         return y, h, mean, rstd
     if plan.path == "cpu":
@@ -65,8 +70,8 @@ def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_
     recomputed from x, the residual and the seed). ``store_dres``: dres written on its own (else
     empty: it equals dx); dweight / dbias in weight's / bias's dtype (empty where there is none)."""
     rows, n = dy.shape
-    dx = dy.new_empty((rows, n), dtype=x_dtype)
-    dres = dy.new_empty((rows, n) if store_dres else (0,), dtype=h_dtype)
+    dx = output((rows, n), x_dtype, dy.device)
+    dres = output((rows, n) if store_dres else (0,), h_dtype, dy.device)
     if rows == 0 or plan.path == "cpu":
         if rows:
             dw, db = _cpu_backward(dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, p, rms, h_dtype,
@@ -84,12 +89,11 @@ def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_
     strides = (dy.stride(0), _stride(x), _stride(residual), _stride(h))
     sums = None
     if not plan.whole_row:
-        sums = dy.new_empty((rows, 2), dtype=torch.float32)
+        sums = output((rows, 2), torch.float32, dy.device)
         _row_sums[(cdiv(rows, plan.rows_per_tile),)](
             dy, x, residual, h, weight, mean_arg, rstd, seed, sums, rows, n, *strides, p, scale, **flags)
-    parts = dict(device=dy.device, dtype=torch.float32)
-    dw_part = torch.empty((plan.groups, n), **parts) if weight is not None else None
-    db_part = torch.empty((plan.groups, n), **parts) if bias is not None else None
+    dw_part = output((plan.groups, n), torch.float32, dy.device) if weight is not None else None
+    db_part = output((plan.groups, n), torch.float32, dy.device) if bias is not None else None
     _backward[(plan.groups, plan.column_blocks)](
         dy, x, residual, h, weight, mean_arg, rstd, sums, seed, dh_out, dx, dres if store_dres else None,
         dw_part, db_part, rows, n, *strides, _stride(dh_out), dx.stride(0), dres.stride(0) if store_dres else 0,
@@ -185,6 +189,10 @@ def _cpu_backward(dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, p,
         if w32 is not None:
             g = g * w32
         dh = (g - xhat * (g * xhat).mean(-1, keepdim=True)) * rstd[:, None]
+    elif n == 1:  # the normalized value is 0 whatever x is (torch's backward leaves rounding residue here)
+        dh = torch.zeros((rows, 1))
+        dw = torch.zeros(1) if weight is not None else None
+        db = dy.float().sum(0) if bias is not None else None
     else:  # in float32: torch's CPU backward of 16-bit inputs sums dweight and dbias at 4x their rounding floor
         dh, dw, db = torch.ops.aten.native_layer_norm_backward(
             dy.float(), h.float(), [n], mean.view(rows, 1), rstd.view(rows, 1), w32,
