@@ -195,17 +195,20 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     Every call first gathers each rank's sizes and settings (a small gloo all-gather on the CPU,
     waited on for at most ``timeout`` seconds): inputs one rank refuses, settings that differ across
     ranks, slices that are not a zigzag split, raise on every rank; a rank that never calls gives
-    the others a TimeoutError (a rank whose q, k or v is not even a tensor raises alone, at once).
+    the others a TimeoutError.
     """
-    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor):
-        raise TypeError(f"{NAME}: q, k and v must be torch.Tensors; got {type(q).__name__}, {type(k).__name__}, "
-                        f"{type(v).__name__}")
     group = groups.resolve(group, NAME)
     try:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{NAME}: q, k and v must be torch.Tensors; got {name}: {type(t).__name__}")
+            if t.dim() != 4:
+                raise ValueError(f"{NAME}: q, k and v must be 4-D (batch, heads, sequence slice, head_dim); got "
+                                 f"{name} of shape {tuple(t.shape)}")
         scale = q.shape[-1] ** -0.5 if scale is None else attention_op.scale_value(scale)
         check_settings(causal, mode, timeout)
     except (TypeError, ValueError) as err:  # the others must hear of it, or they would wait for this rank
-        check_across_ranks(q, k, v, group, causal, 1.0, mode, timeout if _positive(timeout) else 60.0,
+        check_across_ranks(None, None, None, group, causal, 1.0, mode, timeout if _positive(timeout) else 60.0,
                            type(err)(str(err).replace("attention: ", f"{NAME}: ")))
     if not dispatch.plain_eager(q, k, v):
         out, lse, _ = _forward_op(q, k, v, group.group_name, causal, scale, mode, timeout)

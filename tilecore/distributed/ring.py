@@ -34,6 +34,15 @@ from tilecore.distributed import sharding
 from tilecore.ops.attention import attention
 
 
+POISON = False  # tests: receive buffers start as NaN, so one a transfer did not fill shows
+
+
+def receive_buffer(like: torch.Tensor, shape) -> torch.Tensor:
+    """An uninitialized buffer of ``like``'s dtype and device (NaN-filled under POISON)."""
+    buffer = like.new_empty(shape)
+    return buffer.fill_(float("nan")) if POISON else buffer
+
+
 class Ring:
     """Sends to the next rank of ``group`` and receives from the previous one, a batch a call."""
 
@@ -95,7 +104,7 @@ def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float)
     for step in range(world):
         src = (rank - step) % world
         if step + 1 < world:
-            incoming = kv.new_empty((2, B, Hkv, lengths[(src - 1) % world], D))
+            incoming = receive_buffer(kv, (2, B, Hkv, lengths[(src - 1) % world], D))
             works = ring.exchange(kv, incoming, tag=step)
         span = step_span(step, src, rank, causal, chunks, lengths)
         if span is not None:
@@ -126,7 +135,7 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
     for step in range(world):
         src = (rank - step) % world
         if step + 1 < world:
-            incoming = kv.new_empty((2, B, Hkv, lengths[(src - 1) % world], D))
+            incoming = receive_buffer(kv, (2, B, Hkv, lengths[(src - 1) % world], D))
             kv_works = ring.exchange(kv, incoming, tag=2 * step)
         span = step_span(step, src, rank, causal, chunks, lengths)
         grads = None
@@ -145,7 +154,7 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
                 dq_acc[:, :, rows] += grads[0]
                 dkv[:, :, :, :keys] += torch.stack((grads[1], grads[2]))
         if world > 1:  # to the next rank, which holds src's block next (after the last step: its owner)
-            dkv_incoming = dkv.new_empty((2, B, Hkv, lengths[(src - 1) % world], D))
+            dkv_incoming = receive_buffer(dkv, (2, B, Hkv, lengths[(src - 1) % world], D))
             dkv_works = ring.exchange(dkv, dkv_incoming, tag=2 * step + 1)
         if step + 1 < world:
             wait_all(kv_works)

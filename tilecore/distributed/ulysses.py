@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import tilecore.ops.attention.op  # noqa: F401  (registers torch.ops.tilecore.attention_backward)
-from tilecore.distributed import sharding
+from tilecore.distributed import ring, sharding
 from tilecore.ops.attention import attention
 
 
@@ -52,7 +52,7 @@ def scatter_heads(tensors: list[torch.Tensor], group, lengths: list[int]) -> lis
     send = torch.cat([p.unflatten(1, (world, -1)).transpose(0, 1).reshape(world, -1) for p in parts], 1)
     per_position = [p.shape[0] * (p.shape[1] // world) * p.shape[3] for p in parts]  # elements a position
     recv_sizes = [lengths[j] * sum(per_position) for j in range(world)]
-    recv = send.new_empty(sum(recv_sizes))
+    recv = ring.receive_buffer(send, (sum(recv_sizes),))
     dist.all_to_all_single(recv, send.reshape(-1), recv_sizes, [send.shape[1]] * world, group=group)
     from_rank = recv.split(recv_sizes)
     gathered = []
@@ -85,7 +85,7 @@ def gather_heads(tensors: list[torch.Tensor], group, lengths: list[int]) -> list
     send_pieces = [torch.cat([slice_of(p, j).reshape(-1) for p in parts]) for j in range(world)]
     send_sizes = [s.numel() for s in send_pieces]
     per_rank = sum(p.shape[0] * p.shape[1] * lengths[rank] * p.shape[3] for p in parts)
-    recv = parts[0].new_empty(world * per_rank)
+    recv = ring.receive_buffer(parts[0], (world * per_rank,))
     dist.all_to_all_single(recv, torch.cat(send_pieces), [per_rank] * world, send_sizes, group=group)
     from_rank = recv.view(world, per_rank)
     results, offset = [], 0

@@ -1,0 +1,149 @@
+"""context_parallel_attention on gloo, 2 and 3 processes (cp_pool.py; cp_jobs.py holds what each
+rank runs): ring and all-to-all against one process's tilecore.attention on the whole sequence and
+the float64 reference, forward, lse and gradients; causal zigzag, grouped-query heads, lengths that
+do not divide, bf16 and fp16, Triton's interpreter, NaN and inf, torch.compile, and bad inputs."""
+import pytest
+import torch
+
+from tilecore.distributed import context_parallel_attention, zigzag_shard
+
+GRADS = ("dq", "dk", "dv")
+
+
+def shapes(n_list, causal_list=(False, True)):
+    # (b, hq, hkv): MHA, GQA, MQA (q heads divide by 2 and 3, for all-to-all); d = 8; n does not
+    # divide by 2P for most, and n = 1 leaves some ranks an empty slice
+    heads = ((2, 6, 6), (1, 6, 2), (1, 6, 1))
+    return [dict(b=b, hq=hq, hkv=hkv, n=n, d=8, causal=c) for n in n_list for c in causal_list
+            for b, hq, hkv in heads]
+
+
+def check_float32(rows):
+    """float32: the distributed results are one process's to float32's accumulation noise."""
+    for rank, cases in rows.items():
+        for row in cases or ():
+            where = f"rank {rank} {row['case']}"
+            assert row["finite"] and row["shapes_ok"], where
+            assert row["out"]["vs_single"] < 2e-5, where
+            assert row["lse"]["vs_single"] < 2e-5 and row["lse"]["vs_exact"] < 2e-5, where
+            for g in GRADS:
+                assert row[g]["vs_single"] < 5e-5, (where, g, row[g])
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("mode", ["ring", "all_to_all"])
+def test_matches_one_process_float32(pool, world, mode):
+    cases = [dict(c, mode=mode) for c in shapes([1, 7, 12, 17])]
+    check_float32(pool.run("compare", world=world, cases=cases))
+
+
+@pytest.mark.parametrize("mode", ["ring", "all_to_all"])
+def test_low_precision_near_the_rounding_floor(pool, mode):
+    """bf16 and fp16 on torch's CPU kernels: error over the rounding floor against float64, next to
+    one process's on the whole sequence. The ring rounds each step's O to the dtype before its
+    float32 merge and each step's block gradients before their float32 sums, so it may exceed one
+    process's error a little; all-to-all runs one attention per head, as one process does."""
+    cases = [dict(b=1, hq=6, hkv=2, n=64, d=16, causal=c, mode=mode, dtype=dt)
+             for c in (False, True) for dt in ("bfloat16", "float16")]
+    rows = pool.run("compare", world=3, cases=cases)
+    for rank, results in rows.items():
+        for row in results:
+            where = f"rank {rank} {row['case']}"
+            assert row["finite"] and row["shapes_ok"], where
+            assert row["lse"]["vs_exact"] < 2e-2, where
+            for name in ("out",) + GRADS:
+                mine, single = row[name]["floor_x"], row[name]["single_floor_x"]
+                assert mine < 1.3 * single + 0.3, (where, name, row[name])
+
+
+def test_triton_kernels_in_the_interpreter(pool):
+    """The path a GPU runs: tilecore's Triton kernels (forward, and the backward given the merged O
+    and lse) under Triton's interpreter, fp16 and float32."""
+    cases = [dict(b=1, hq=2, hkv=1, n=20, d=16, causal=c, mode="ring", dtype=dt, interpret=True)
+             for c, dt in ((True, "float16"), (False, "float32"))]
+    rows = pool.run("compare", world=2, cases=cases, timeout=90)
+    for rank, results in rows.items():
+        for row in results or ():
+            where = f"rank {rank} {row['case']}"
+            assert row["finite"] and row["shapes_ok"], where
+            if row["case"]["dtype"] == "float32":
+                assert row["out"]["vs_single"] < 2e-5 and row["lse"]["vs_single"] < 2e-5, where
+                assert all(row[g]["vs_single"] < 5e-5 for g in GRADS), (where, row)
+            else:
+                assert all(row[x]["floor_x"] < 1.3 * row[x]["single_floor_x"] + 0.3 for x in ("out",) + GRADS), row
+
+
+def test_gradient_of_lse_alone_and_of_out_alone(pool):
+    cases = [dict(b=1, hq=3, hkv=3, n=9, d=8, causal=True, mode=m, dlse=False) for m in ("ring", "all_to_all")]
+    check_float32(pool.run("compare", world=3, cases=cases))
+
+
+@pytest.mark.parametrize("mode", ["ring", "all_to_all"])
+def test_nan_and_inf_propagate_as_one_process(pool, mode):
+    for rank, result in pool.run("nonfinite", world=2, mode=mode, causal=True).items():
+        if result is not None:
+            assert result["same_nan"] and result["finite_diff"] < 2e-5, (rank, result)
+    assert any(r and r["nan_rows"] for r in pool.run("nonfinite", world=3, mode=mode, causal=False).values())
+
+
+def test_torch_compile_fullgraph(pool):
+    for rank, result in pool.run("compiled", world=2, mode="ring", timeout=90).items():
+        if result is not None:
+            assert result["out"] < 1e-6 and result["grads"] < 1e-6, (rank, result)
+
+
+BAD = {  # case -> (error type on every rank, words in it); rank-specific ones below
+    "length": ("ValueError", "not the zigzag split of 13 positions"),
+    "dtype": ("ValueError", "same dtype"),
+    "causal": ("ValueError", "same causal"),
+    "heads": ("ValueError", "must divide by the group's size (3)"),
+    "unshard": ("ValueError", "not a zigzag split"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_mismatched_inputs_raise_on_every_rank(pool, case):
+    results = pool.run("bad_input", world=3, case=case)
+    for rank, result in results.items():
+        assert result is not None, rank
+        kind, message = result
+        assert kind == BAD[case][0] and BAD[case][1] in message, (rank, result)
+
+
+@pytest.mark.parametrize("case, culprit, culprit_error", [
+    ("rank_refuses", 1, ("ValueError", "must be 4-D")),
+    ("not_a_tensor", 0, ("TypeError", "must be torch.Tensors")),
+    ("scale", 0, ("TypeError", "scale must be None or a finite real number")),
+    ("head_dim", 0, ("ValueError", "head_dim")),
+])
+def test_one_ranks_refusal_raises_on_every_rank(pool, case, culprit, culprit_error):
+    results = pool.run("bad_input", world=3, case=case)
+    for rank, (kind, message) in results.items():
+        if rank == culprit:
+            assert (kind, culprit_error[1] in message) == (culprit_error[0], True), (rank, message)
+            assert "context_parallel_attention" in message
+        else:
+            assert kind == "ValueError" and f"rank(s) [{culprit}] of the group refused" in message, (rank, message)
+
+
+def test_a_rank_that_never_calls_gives_a_timeout_not_a_hang(pool):
+    results = pool.run("bad_input", world=3, case="timeout")
+    assert results[1] == "did not call"
+    for rank in (0, 2):
+        kind, message = results[rank]
+        assert kind == "TimeoutError" and "waited 1 s" in message, (rank, message)
+
+
+def test_zigzag_unshard_roundtrip_and_gradient(pool):
+    for world in (2, 3):
+        for rank, result in pool.run("unshard", world=world).items():
+            if result is not None:
+                assert all(r["roundtrip"] and r["grad"] for r in result.values()), (world, rank, result)
+
+
+def test_uninitialized_group_is_a_clear_error():
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
+        context_parallel_attention(q, q, q)
+    with pytest.raises(RuntimeError, match="not initialized"):
+        zigzag_shard(q, 2)
