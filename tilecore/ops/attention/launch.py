@@ -37,6 +37,15 @@ GLUON_BWD = _gluon_kernel("gluon_backward", "attention_bwd_kernel")
 GLUON_DQ = _gluon_kernel("gluon_dq", "attention_dq_kernel")
 
 
+def run(kernel: CachedLaunch, plan, grid, args: tuple, options: dict):
+    """One launch of ``kernel`` for ``plan``: looked up by the plan's launch_key where it has one
+    (the signature of the call it was planned for, which determines every argument's specialization
+    here: the other tensors are fresh or cached buffers), else the checked way."""
+    if plan.launch_key is None:
+        return kernel[grid](*args, **options)
+    return kernel.launch_keyed(plan.launch_key, grid, args, options)
+
+
 def forward(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
     """out (B, Hq, N, D) and lse (B, Hq, N) float32, both contiguous, of attention(q, k, v) by
     ``plan`` (plan_forward's for these inputs)."""
@@ -75,11 +84,11 @@ def launch_forward_gluon(plan, q, k, v, out, lse, causal: bool, scale: float) ->
     cfg = plan.config
     block_m, block_n, consumers = cfg["block_m"], cfg["block_n"], cfg.get("consumers", 2)
     with dispatch.on_device(q.device):
-        GLUON_FWD[plan.grid](head_operand(q, block_m), head_operand(k, block_n), head_operand(v, block_n),
-                             head_operand(out, block_m), lse, H, N, Nk, H // Hkv, scale * LOG2E, B * H,
-                             plan.sizes["head_group"], plan.schedule, CAUSAL=causal, STAGES=cfg["stages"],
-                             CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1), CARRY=cfg.get("carry", False),
-                             Q_REGS=cfg.get("q_regs", False), num_warps=4)
+        run(GLUON_FWD, plan, plan.grid,
+            (head_operand(q, block_m), head_operand(k, block_n), head_operand(v, block_n), head_operand(out, block_m),
+             lse, H, N, Nk, H // Hkv, scale * LOG2E, B * H, plan.sizes["head_group"], plan.schedule),
+            dict(CAUSAL=causal, STAGES=cfg["stages"], CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1),
+                 CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False), num_warps=4))
 
 
 def launch_forward_tl(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
@@ -87,8 +96,9 @@ def launch_forward_tl(plan, q, k, v, out, lse, causal: bool, scale: float) -> No
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     q, k, v = tl_addressable(q), tl_addressable(k), tl_addressable(v)
-    FWD[plan.grid](q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-                   H, N, Nk, D, H // Hkv, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d(D), **plan.config)
+    run(FWD, plan, plan.grid, (q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+                               H, N, Nk, D, H // Hkv, scale * LOG2E),
+        dict(CAUSAL=causal, BLOCK_D=block_d(D), **plan.config))
 
 
 def launch_decode(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
@@ -105,12 +115,12 @@ def launch_decode(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
     else:
         o_part = out.new_empty((splits, rows_total, D), dtype=torch.float32)
         lse_part = lse.new_empty((splits, rows_total))
-    SPLIT_KEYS[plan.grid](q, k, v, out, lse, o_part, lse_part, *q.stride(), *k.stride(), *v.stride(),
-                          Hkv, N, Nk, D, Hq // Hkv, plan.sizes["keys_per_split"], scale * LOG2E,
-                          CAUSAL=causal, MERGED=merged, BLOCK_D=block_d(D), **plan.config)
+    run(SPLIT_KEYS, plan, plan.grid, (q, k, v, out, lse, o_part, lse_part, *q.stride(), *k.stride(), *v.stride(),
+                                      Hkv, N, Nk, D, Hq // Hkv, plan.sizes["keys_per_split"], scale * LOG2E),
+        dict(CAUSAL=causal, MERGED=merged, BLOCK_D=block_d(D), **plan.config))
     if not merged:
-        MERGE[(rows_total,)](out, lse, o_part, lse_part, rows_total, D, splits,
-                             SPLITS=next_power_of_2(splits), BLOCK_D=block_d(D))
+        run(MERGE, plan, (rows_total,), (out, lse, o_part, lse_part, rows_total, D, splits),
+            dict(SPLITS=next_power_of_2(splits), BLOCK_D=block_d(D)))
 
 
 def _forward_reference(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
@@ -216,12 +226,12 @@ def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale
              causal, scale)
 
 
-def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats: bool = False):
+def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats: bool = False, plan=None):
     """The backward's preprocess, one pass over the rows (kernels_tl.attn_bwd_delta): (delta (B, H, N)
     float32; with ``dq_sum`` a zeroed float32 (B, H, N, D) buffer for the Gluon kernel's dQ
     reductions, else a placeholder; with ``row_stats`` the (B * H, 2, N) view of a float32 buffer
     with rows padded to 16 bytes (what TMA reads) holding each row's lse (+inf for -inf) and delta,
-    else a placeholder)."""
+    else a placeholder). ``plan``: the backward's, whose launch_key the launch is looked up by."""
     B, H, N, D = out.shape
     dout = tl_addressable(dout)
     delta = torch.empty((B, H, N), dtype=torch.float32, device=out.device)
@@ -229,10 +239,15 @@ def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats
     n_pad = cdiv(N, 4) * 4
     stats = torch.empty((B * H, 2, n_pad) if row_stats else (1, 2, 4), dtype=torch.float32, device=out.device)
     block_m = configs.PREPROCESS_BLOCK_M[dispatch.interpreted(out.device)]
-    DELTA[row_block_grid(B * H, N, block_m)](
-        out, dout, lse, dlse if dlse is not None else lse, delta, stats, acc, *out.stride(), *dout.stride(), H, N, D,
-        n_pad, HAS_DLSE=dlse is not None, ZERO_DQ_SUM=dq_sum, ROW_STATS=row_stats, BLOCK_M=block_m,
-        BLOCK_D=block_d(D))
+    args = (out, dout, lse, dlse if dlse is not None else lse, delta, stats, acc, *out.stride(), *dout.stride(), H, N,
+            D, n_pad)
+    options = dict(HAS_DLSE=dlse is not None, ZERO_DQ_SUM=dq_sum, ROW_STATS=row_stats, BLOCK_M=block_m,
+                   BLOCK_D=block_d(D))
+    grid = row_block_grid(B * H, N, block_m)
+    if plan is None:
+        DELTA[grid](*args, **options)
+    else:
+        run(DELTA, plan, grid, args, options)
     return delta, acc, stats[..., :N]
 
 
@@ -240,7 +255,7 @@ def launch_backward_gluon(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causa
     """The preprocess, the Gluon backward kernel (dK, dV, and dQ where the plan has no dQ pass: its
     float32 sum then copied to dq), then the plan's dQ pass if any."""
     added = plan.dq is None
-    delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=added, row_stats=True)
+    delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=added, row_stats=True, plan=plan)
     launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale)
     if added:
         dq.copy_(dq_sum)
@@ -258,13 +273,14 @@ def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, cau
     cfg = plan.config
     block_m, block_n = cfg["block_m"], cfg["block_n"]
     with dispatch.on_device(q.device):
-        GLUON_BWD[plan.grid](head_operand(q, block_m), head_operand(k, 2 * block_n), head_operand(v, 2 * block_n),
-                             head_operand(dout, block_m), head_operand(dk, block_n), head_operand(dv, block_n),
-                             row_stats_operand(stats, block_m), TmaOperand(dq_sum, dq_box(block_m, D, cfg["dq_from"])),
-                             H, N, Nk, H // Hkv, scale, scale * LOG2E, B * Hkv, plan.sizes["head_group"],
-                             plan.schedule, tile_counter(q.device) if cfg.get("drawn") else None, CAUSAL=causal,
-                             STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
-                             KV_REGS=cfg.get("kv_regs", False), num_warps=4)
+        run(GLUON_BWD, plan, plan.grid,
+            (head_operand(q, block_m), head_operand(k, 2 * block_n), head_operand(v, 2 * block_n),
+             head_operand(dout, block_m), head_operand(dk, block_n), head_operand(dv, block_n),
+             row_stats_operand(stats, block_m), TmaOperand(dq_sum, dq_box(block_m, D, cfg["dq_from"])),
+             H, N, Nk, H // Hkv, scale, scale * LOG2E, B * Hkv, plan.sizes["head_group"],
+             plan.schedule, tile_counter(q.device) if cfg.get("drawn") else None),
+            dict(CAUSAL=causal, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
+                 KV_REGS=cfg.get("kv_regs", False), num_warps=4))
 
 
 def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float) -> None:
@@ -274,10 +290,11 @@ def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: fl
     Hkv, Nk = k.shape[1], k.shape[2]
     block_m, block_n = plan.config["block_m"], plan.config["block_n"]
     with dispatch.on_device(q.device):
-        GLUON_DQ[plan.grid](head_operand(q, 2 * block_m), head_operand(k, block_n), head_operand(v, block_n),
-                            head_operand(dout, 2 * block_m), head_operand(dq, block_m), head_operand(q, 2 * block_m),
-                            lse, delta, H, N, Nk, H // Hkv, scale, scale * LOG2E, B * H, plan.sizes["head_group"],
-                            plan.schedule, CAUSAL=causal, STAGES=plan.config["stages"], num_warps=4)
+        run(GLUON_DQ, plan, plan.grid,
+            (head_operand(q, 2 * block_m), head_operand(k, block_n), head_operand(v, block_n),
+             head_operand(dout, 2 * block_m), head_operand(dq, block_m), head_operand(q, 2 * block_m),
+             lse, delta, H, N, Nk, H // Hkv, scale, scale * LOG2E, B * H, plan.sizes["head_group"], plan.schedule),
+            dict(CAUSAL=causal, STAGES=plan.config["stages"], num_warps=4))
 
 
 def launch_backward_tl(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:
@@ -285,10 +302,10 @@ def launch_backward_tl(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: 
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     q, k, v, dout = tl_addressable(q), tl_addressable(k), tl_addressable(v), tl_addressable(dout)
-    delta, _, _ = backward_preprocess(out, dout, lse, dlse)
+    delta, _, _ = backward_preprocess(out, dout, lse, dlse, plan=plan)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
-    DKDV[plan.grid](q, k, v, dout, lse, delta, dk, dv, *strides, *dk.stride(), H, Hkv, N, Nk, D, H // Hkv,
-                    scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d(D), **plan.config)
+    run(DKDV, plan, plan.grid, (q, k, v, dout, lse, delta, dk, dv, *strides, *dk.stride(), H, Hkv, N, Nk, D, H // Hkv,
+                                scale, scale * LOG2E), dict(CAUSAL=causal, BLOCK_D=block_d(D), **plan.config))
     launch_dq_tl(plan.dq, dout, q, k, v, lse, delta, dq, causal, scale)
 
 
@@ -297,8 +314,9 @@ def launch_dq_tl(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float
     q, k, v, dout = tl_addressable(q), tl_addressable(k), tl_addressable(v), tl_addressable(dout)
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    DQ[plan.grid](q, k, v, dout, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(),
-                  H, N, Nk, D, H // Hkv, scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d(D), **plan.config)
+    run(DQ, plan, plan.grid, (q, k, v, dout, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *dout.stride(),
+                              *dq.stride(), H, N, Nk, D, H // Hkv, scale, scale * LOG2E),
+        dict(CAUSAL=causal, BLOCK_D=block_d(D), **plan.config))
 
 
 def _backward_reference(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -13,6 +14,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.attention import launch
 from tilecore.ops.attention.plan import plan_backward, plan_forward
+from tilecore.tiles.launch import LRU, signature
 
 DTYPES = (torch.float16, torch.bfloat16)  # everywhere
 CPU_DTYPES = DTYPES + (torch.float32,)  # CPU tensors (torch's CPU kernels, or the tl kernels interpreted)
@@ -89,16 +91,37 @@ def check(q, k, v, causal, scale) -> None:
 # implementations: a plan (plan.py: kernels or the reference, by device and inputs), launched
 
 
-def _forward_impl(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_impl(q, k, v, causal: bool, scale: float, key: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``key``: the call's signature (tiles.launch.signature), for the plan cache."""
     if q.numel() == 0:
         return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:3], dtype=torch.float32)
-    return launch.outputs(plan_forward(q, k, v, causal, scale), q, k, v, causal, scale)
+    plan = _cached(key, lambda: plan_forward(q, k, v, causal, scale))
+    return launch.outputs(plan, q, k, v, causal, scale)
 
 
-def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float):
+def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, cache: bool = False):
+    """``cache``: plan through the plan cache (eager calls)."""
     if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing flows back
         return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    return launch.gradients(plan_backward(dout, q, k, v, causal, scale), dout, q, k, v, out, lse, dlse, causal, scale)
+    key = signature("backward", dout, q, k, v, out, lse, dlse, causal, scale > 0) if cache else None
+    plan = _cached(key, lambda: plan_backward(dout, q, k, v, causal, scale))
+    return launch.gradients(plan, dout, q, k, v, out, lse, dlse, causal, scale)
+
+
+# a CUDA call's signature -> its plan, which launches by it (Plan.launch_key): plans depend on the
+# inputs' shapes, strides, dtypes, device and alignment, causal and the sign of scale, nothing else
+_PLANS = LRU(256)
+
+
+def _cached(key: tuple | None, make):
+    if key is None:
+        return make()
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = make()
+        plan = replace(plan, launch_key=key, dq=None if plan.dq is None else replace(plan.dq, launch_key=key))
+        _PLANS.put(key, plan)
+    return plan
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,6 +172,32 @@ def _backward(ctx, dout, dlse):
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _AttentionFunction(torch.autograd.Function):
+    """Eager calls that record a gradient (dispatch.eager_mode's "autograd"): the custom ops'
+    autograd without their host time (and without the first custom-op call's torch._dynamo import)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, key):
+        out, lse = _forward_impl(q, k, v, causal, scale, key)
+        ctx.set_materialize_grads(False)  # an unused output's gradient None, not zeros (no dlse pass)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.scale = causal, scale
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        if dlse is not None:
+            dlse = dlse.to(torch.float32).contiguous()
+        if torch.is_grad_enabled():  # create_graph: the custom op, as the op path records it
+            dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale)
+        else:
+            dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, cache=True)
+        return dq, dk, dv, None, None, None
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               scale: float | None = None, return_lse: bool = False):
     """softmax(scale q k^T) v, FlashAttention-style (never materializes the N x Nk scores).
@@ -172,10 +221,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     (SDPA's; float32 math where a score may not be finite), or the Triton kernels through Triton's
     interpreter under TRITON_INTERPRET=1 (bfloat16 on its exact float32 upcast there).
     """
-    check(q, k, v, causal, scale)
+    mode = dispatch.eager_mode(q, k, v)
+    # a CUDA call whose signature passed the checks before is planned already (the plan cache)
+    key = None if mode == "op" else signature("forward", q, k, v, causal, scale is None or scale_value(scale) > 0)
+    if key is None or key not in _PLANS:
+        check(q, k, v, causal, scale)
     scale = q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
-    if dispatch.plain_eager(q, k, v):
-        out, lse = _forward_impl(q, k, v, causal, scale)
+    if mode == "direct":
+        out, lse = _forward_impl(q, k, v, causal, scale, key)
+    elif mode == "autograd":
+        out, lse = _AttentionFunction.apply(q, k, v, causal, scale, key)
     else:
         out, lse = _forward_op(q, k, v, causal, scale)
     return (out, lse) if return_lse else out

@@ -41,7 +41,9 @@ class Plan:
     L2 together; keys_per_split: the split-key kernel's; max_scores: the reference's scores held at
     once), ``dq``, the backward's dQ pass where its first kernel does not add dQ, and
     ``operand_dtype``: the dtype the inputs are converted to first (exactly: bf16 to float32 in the
-    interpreter), the results computed in it and rounded once to the inputs' dtype."""
+    interpreter), the results computed in it and rounded once to the inputs' dtype. ``launch_key``:
+    the signature of the call it was planned for (op.py's plan cache), by which its launches are
+    looked up (tiles.launch.CachedLaunch.launch_keyed); None: each launch keyed by Triton's rules."""
     path: str
     config: dict = field(default_factory=dict)
     grid: tuple = ()
@@ -49,6 +51,7 @@ class Plan:
     sizes: dict = field(default_factory=dict)
     dq: Plan | None = None
     operand_dtype: torch.dtype | None = None
+    launch_key: tuple | None = None
 
 
 def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None, config: dict | None = None,

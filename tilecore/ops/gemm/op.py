@@ -178,6 +178,29 @@ def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
     ``bt`` of [N, K]); another layout is copied once on Hopper. Not differentiable (fp8 here is for
     inference: train through ``gemm`` in bf16).
     """
+    mode = dispatch.eager_mode(a, b, scale_a, scale_b)
+    key = None if mode == "op" else signature(a, b, scale_a, scale_b, out_dtype)
+    p = None if key is None else _FP8_PLANS.get(key)
+    if p is None:
+        _check_fp8(a, b, scale_a, scale_b, out_dtype)
+    lead, N = a.shape[:-1], b.shape[1]
+    a = _rows(a)
+    if mode != "direct":  # "autograd" too: the op's backward says why fp8 has none
+        c = torch.ops.tilecore.gemm_fp8(a, b, scale_a, scale_b, out_dtype)
+    else:
+        scales = (scale_a, scale_b)
+        if p is None:
+            p = plan.plan(a, b, out_dtype=out_dtype, scales=scales)
+            if key is not None:
+                _FP8_PLANS.put(key, p)
+        c = launch.launch(p, a, b, scales=scales, key=key)
+    return c if len(lead) == 1 else c.reshape(*lead, N)
+
+
+_FP8_PLANS = LRU(256)  # gemm_fp8's signature -> its plan (CUDA calls)
+
+
+def _check_fp8(a, b, scale_a, scale_b, out_dtype) -> None:
     _check_pair("gemm_fp8", a, b, _FP8)
     _check_out("gemm_fp8", out_dtype)
     lead = a.shape[:-1]
@@ -192,12 +215,6 @@ def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
             raise ValueError(f"gemm_fp8: {name} is on {s.device} and a on {a.device}")
     if (scale_a.numel() == 1) != (scale_b.numel() == 1) and M != 1 and N != 1:
         raise ValueError("gemm_fp8: scales are both per-tensor or both per-row/column (as torch._scaled_mm)")
-    a = _rows(a)
-    if dispatch.plain_eager(a, b, scale_a, scale_b):
-        c = _gemm_fp8_impl(a, b, scale_a, scale_b, out_dtype)
-    else:
-        c = torch.ops.tilecore.gemm_fp8(a, b, scale_a, scale_b, out_dtype)
-    return c if len(lead) == 1 else c.reshape(*lead, N)
 
 
 def _scale_fits(s: torch.Tensor, count: int, shape: tuple) -> bool:
