@@ -1,0 +1,57 @@
+"""One launch of a rotary plan (plan.py): out = x turned pair by pair (out may be x itself: in place)."""
+from __future__ import annotations
+
+import torch
+
+from tilecore.ops.rotary import kernels
+from tilecore.ops.rotary.plan import Plan
+from tilecore.tiles.launch import CachedLaunch
+
+_rotary = CachedLaunch(kernels.rotary_kernel)
+
+
+def output(shape, dtype, device) -> torch.Tensor:
+    """A tensor that the kernel writes whole (tests fill it with NaN first, to see that it does)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def launch(plan: Plan, x, cos, sin, position_ids, out, interleaved: bool, conjugate: bool) -> None:
+    """x, out: (B, N, H, D) with unit stride along D; cos, sin: (N_max, R) with unit stride along R;
+    position_ids: None or (B, N) integers (any strides, 0 included)."""
+    B, N, H, D = x.shape
+    if x.numel() == 0:
+        return
+    R = cos.shape[1]
+    in_place = out.data_ptr() == x.data_ptr()
+    if plan.path == "cpu":
+        _cpu(x, cos, sin, position_ids, out, interleaved, conjugate, in_place)
+        return
+    pos = position_ids
+    _rotary[plan.grid](
+        x, cos, sin, pos, out, N, H, cos.shape[0], x.stride(0), x.stride(1), x.stride(2),
+        out.stride(0), out.stride(1), out.stride(2), cos.stride(0), sin.stride(0),
+        0 if pos is None else pos.stride(0), 0 if pos is None else pos.stride(1),
+        R=R, BLOCK_R=plan.block_r, BLOCK_H=plan.block_h, PASS=0 if in_place else D - 2 * R,
+        BLOCK_PASS=plan.block_pass, INTERLEAVED=interleaved, CONJUGATE=conjugate, HAS_POS=pos is not None,
+        num_warps=plan.num_warps)
+
+
+def _cpu(x, cos, sin, position_ids, out, interleaved, conjugate, in_place) -> None:
+    """The same rotation with torch operations in float32, rounded once to out's dtype."""
+    B, N = x.shape[:2]
+    R = cos.shape[1]
+    rows = torch.arange(N) if position_ids is None else position_ids
+    c = cos[rows].float().unsqueeze(-2)  # (N, 1, R) or (B, N, 1, R)
+    s = sin[rows].float().unsqueeze(-2)
+    if conjugate:
+        s = -s
+    xf = x[..., :2 * R].float()
+    if interleaved:
+        a, b = xf[..., 0::2], xf[..., 1::2]
+    else:
+        a, b = xf[..., :R], xf[..., R:]
+    a2, b2 = a * c - b * s, b * c + a * s
+    rotated = torch.stack((a2, b2), -1).flatten(-2) if interleaved else torch.cat((a2, b2), -1)
+    out[..., :2 * R] = rotated
+    if not in_place and x.shape[-1] > 2 * R:
+        out[..., 2 * R:] = x[..., 2 * R:]

@@ -1,0 +1,154 @@
+"""``tilecore.apply_rotary``: the public function, its checks, custom ops and autograd."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from tilecore import dispatch
+from tilecore.ops.rotary import launch
+from tilecore.ops.rotary.plan import plan
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+POSITION_DTYPES = (torch.int32, torch.int64)
+
+
+def _name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check(x, cos, sin, position_ids) -> torch.Tensor | None:
+    """Raise TypeError/ValueError naming what is accepted; return position_ids expanded to (B, N)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"apply_rotary expects x of shape (batch, seqlen, heads, head_dim); got {got}")
+    if x.dtype not in DTYPES:
+        raise TypeError(f"apply_rotary accepts float16, bfloat16 and float32 x; got {_name(x.dtype)}")
+    dispatch.backend_for(x.device)  # raises for devices tilecore does not run on
+    B, N, H, D = x.shape
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[1] < 1:
+            got = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"apply_rotary: {name} must be (max_seqlen, rotary_dim / 2), rotary_dim >= 2; got {got}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"apply_rotary: {name} must be float16, bfloat16 or float32; got {_name(t.dtype)}")
+        if t.device != x.device:
+            raise ValueError(f"apply_rotary: {name} is on {t.device} and x on {x.device}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"apply_rotary: cos and sin must have one shape; got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    n_max, pairs = cos.shape
+    if 2 * pairs > D:
+        raise ValueError(f"apply_rotary: rotary_dim = 2 * cos.shape[1] = {2 * pairs} exceeds head_dim = {D} "
+                         f"(x of shape {tuple(x.shape)})")
+    if position_ids is None:
+        if N > n_max:
+            raise ValueError(f"apply_rotary: cos and sin hold {n_max} positions, fewer than x's seqlen {N}: "
+                             "pass longer tables or position_ids")
+        return None
+    if not isinstance(position_ids, torch.Tensor) or position_ids.dtype not in POSITION_DTYPES:
+        got = _name(position_ids.dtype) if isinstance(position_ids, torch.Tensor) else type(position_ids).__name__
+        raise TypeError(f"apply_rotary: position_ids must be an int32 or int64 tensor; got {got}")
+    if position_ids.device != x.device:
+        raise ValueError(f"apply_rotary: position_ids is on {position_ids.device} and x on {x.device}")
+    try:
+        pos = position_ids.expand(B, N)
+    except RuntimeError:
+        raise ValueError(f"apply_rotary: position_ids must be (batch, seqlen) = ({B}, {N}) or broadcast to it; "
+                         f"got shape {tuple(position_ids.shape)}") from None
+    # on a GPU the check would cost a sync, and under torch.compile a graph break: NaN tokens instead
+    if pos.device.type == "cpu" and pos.numel() and not torch.compiler.is_compiling():
+        low, high = pos.min().item(), pos.max().item()
+        if low < 0 or high >= n_max:
+            raise ValueError(f"apply_rotary: position_ids must lie in [0, {n_max}) (cos and sin's rows); "
+                             f"got values from {low} to {high}")
+    return pos
+
+
+def _unit_stride(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _rotate_into(x, cos, sin, pos, out, interleaved: bool, conjugate: bool) -> None:
+    B, N, H, D = x.shape
+    cos, sin = _unit_stride(cos), _unit_stride(sin)
+    p = plan(B, N, H, D, cos.shape[1], x.device)
+    launch.launch(p, x, cos, sin, pos, out, interleaved, conjugate)
+
+
+def _rotary_impl(x, cos, sin, pos, interleaved, conjugate):
+    out = launch.output(x.shape, x.dtype, x.device)
+    _rotate_into(_unit_stride(x), cos, sin, pos, out, interleaved, conjugate)
+    return out
+
+
+@torch.library.custom_op("tilecore::apply_rotary", mutates_args=())
+def _rotary_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: Optional[torch.Tensor],
+               interleaved: bool, conjugate: bool) -> torch.Tensor:
+    return _rotary_impl(x, cos, sin, position_ids, interleaved, conjugate)
+
+
+@_rotary_op.register_fake
+def _(x, cos, sin, position_ids, interleaved, conjugate):
+    return x.new_empty(x.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    _, cos, sin, pos, interleaved, conjugate = inputs
+    ctx.save_for_backward(cos, sin, pos)
+    ctx.interleaved, ctx.conjugate = interleaved, conjugate
+
+
+def _backward(ctx, grad):
+    # a rotation's transpose is the rotation by the opposite angle
+    cos, sin, pos = ctx.saved_tensors
+    return _rotary_op(grad, cos, sin, pos, ctx.interleaved, not ctx.conjugate), None, None, None, None, None
+
+
+_rotary_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("tilecore::apply_rotary_", mutates_args=("x",))
+def _rotary_inplace_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: Optional[torch.Tensor],
+                       interleaved: bool, conjugate: bool) -> None:
+    if x.stride(-1) == 1:
+        _rotate_into(x, cos, sin, position_ids, x, interleaved, conjugate)  # a program reads its pairs, then writes them
+    else:
+        x.copy_(_rotary_impl(x, cos, sin, position_ids, interleaved, conjugate))
+
+
+@_rotary_inplace_op.register_fake
+def _(x, cos, sin, position_ids, interleaved, conjugate):
+    return None
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False,
+                 inplace: bool = False, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotary position embedding, flash-attn's ``apply_rotary_emb`` convention.
+
+    x: (batch, seqlen, heads, head_dim) (any strides; q or k before attention, as flash-attn lays them
+    out: a (B, H, N, D) tensor goes in as ``t.transpose(1, 2)``). cos, sin: (max_seqlen, rotary_dim / 2),
+    rotary_dim <= head_dim: features past rotary_dim pass through unchanged. The pairs turned by angle
+    i are features (i, i + rotary_dim / 2) (half-split: GPT-NeoX, Llama) or (2i, 2i + 1)
+    (``interleaved``: GPT-J). Token n takes row n of cos and sin, or row position_ids[b, n]
+    (``position_ids``: int32/int64 (batch, seqlen), or anything that broadcasts to it, e.g. (seqlen,)).
+    Positions outside [0, max_seqlen) raise on CPU tensors (in eager mode) and give NaN for that
+    token on a GPU (checking them there would cost a sync).
+
+    float16, bfloat16 or float32 (cos and sin too, any of them), computed in float32, rounded once.
+    Differentiable in x (the gradient is the rotation by the opposite angle); cos and sin are taken
+    as constants (no gradient), as flash-attn does. ``inplace=True`` overwrites x and returns it (no
+    gradient recorded). CPU tensors run torch operations.
+    """
+    pos = check(x, cos, sin, position_ids)
+    interleaved = bool(interleaved)
+    if inplace:
+        if x.requires_grad and torch.is_grad_enabled():
+            raise RuntimeError("apply_rotary(inplace=True) cannot record a gradient; use inplace=False")
+        if dispatch.plain_eager(x, cos, sin, pos) and x.stride(-1) == 1:
+            _rotate_into(x, cos, sin, pos, x, interleaved, False)
+        else:
+            _rotary_inplace_op(x, cos, sin, pos, interleaved, False)
+        return x
+    if dispatch.plain_eager(x, cos, sin, pos):
+        return _rotary_impl(x, cos, sin, pos, interleaved, False)
+    return _rotary_op(x, cos, sin, pos, interleaved, False)

@@ -1,0 +1,35 @@
+"""How a rotary call runs: the path and the kernel's tile (every fit check in one place).
+
+* "cpu": CPU tensors without Triton's interpreter: torch operations in float32 (launch._cpu);
+* "tl": kernels.rotary_kernel (any CUDA GPU; the CPU through the interpreter).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from tilecore import dispatch
+from tilecore.ops.rotary import configs
+from tilecore.tiles.launch import cdiv, next_power_of_2
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    path: str  # "cpu" | "tl"
+    block_r: int = 1
+    block_h: int = 1
+    block_pass: int = 1
+    num_warps: int = 4
+    grid: tuple = ()
+
+
+def plan(batch: int, seqlen: int, heads: int, head_dim: int, pairs: int, device: torch.device) -> Plan:
+    """The plan for x of (batch, seqlen, heads, head_dim) with ``pairs`` rotated pairs (rotary_dim / 2)."""
+    if dispatch.backend_for(device) == "reference":
+        return Plan("cpu")
+    block_r = next_power_of_2(pairs)
+    block_h = min(next_power_of_2(heads), max(1, configs.TILE_ELEMS // (2 * block_r)))
+    block_pass = next_power_of_2(max(1, head_dim - 2 * pairs))
+    return Plan("tl", block_r=block_r, block_h=block_h, block_pass=block_pass,
+                num_warps=configs.num_warps(block_h * 2 * block_r), grid=(batch * seqlen, cdiv(heads, block_h)))
