@@ -65,5 +65,6 @@ CPU_CHUNK_ELEMS = 1 << 22
 # M_PAD x p float32 values fit this many (the power-of-two kernel's largest row, 32768, holds as many);
 # longer rows take two passes through a float32 workspace, the first in column chunks of this width
 KRON_MAX_TILE_ELEMS = 32768
+KRON_TILE_ELEMS = 8192  # a tile's elements where several rows fit (M_PAD < 64), as TUNING's 4096-16384
 KRON_CHUNK_COLUMNS = 64
 KRON_WAVES = 4  # programs per SM of the persistent grid (not yet timed on the H100)

@@ -36,32 +36,28 @@ from tilecore.tiles.hadamard import sylvester_tile
 def slice_offsets(tile, t, rows, stride, M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr,
                   Q: tl.constexpr, B: tl.constexpr, CHUNKS: tl.constexpr):
     """(element offsets, in-bounds mask, column index within the row) of slice t of ``tile``, each
-    [R, Q] with R = B rows (M_PAD == 1) or M_PAD sub-rows of one row (M_PAD > 1). 64-bit offsets."""
+    [B M_PAD, Q]: tile row b M_PAD + i is sub-row i (< M, else padding) of row tile B + b (of row
+    tile // CHUNKS, column chunk tile % CHUNKS, where CHUNKS > 1 and B == 1). 64-bit offsets."""
     q = tl.arange(0, Q)
-    if M_PAD == 1:
-        r = tl.arange(0, B).to(tl.int64) + tile * B
-        col = t * Q + q
-        offs = r[:, None] * stride + col[None, :]
-        mask = (r[:, None] < rows) & (q[None, :] < P)
-        col2 = tl.broadcast_to(col[None, :], (B, Q))
-    else:
-        i = tl.arange(0, M_PAD)
-        row = tl.zeros([M_PAD], tl.int64) + tile // CHUNKS
-        col = (tile % CHUNKS) * Q + t * Q + q
-        col2 = i[:, None] * P + col[None, :]
-        offs = row[:, None] * stride + col2
-        mask = (i[:, None] < M) & (q[None, :] < P) & (row[:, None] < rows)
+    r = tl.arange(0, B * M_PAD)
+    i = r % M_PAD
+    row = (r // M_PAD).to(tl.int64) + (tile // CHUNKS) * B
+    col = (tile % CHUNKS) * Q + t * Q + q
+    col2 = i[:, None] * P + col[None, :]
+    offs = row[:, None] * stride + col2
+    mask = (row[:, None] < rows) & (i[:, None] < M) & (q[None, :] < P)
     return offs, mask, col2
 
 
 @triton.jit
-def slice_transform(x, h_ptr, M_PAD: tl.constexpr, Q: tl.constexpr, P: tl.constexpr, MIX: tl.constexpr,
-                    TRANSFORM: tl.constexpr, IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
+def slice_transform(x, h_ptr, M_PAD: tl.constexpr, Q: tl.constexpr, P: tl.constexpr, B: tl.constexpr,
+                    MIX: tl.constexpr, TRANSFORM: tl.constexpr, IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
                     MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr):
-    """The [R, Q] float32 transform of one loaded slice ``x``: MIX (0: none, 1: H from ``h_ptr``, M_PAD x
-    M_PAD, 2: Sylvester H_M_PAD) along R, then (TRANSFORM) H_Q along Q (zero-padded where P < Q).
-    The first product takes the input exactly (16-bit; IN_PIECES bf16 pieces for float32), the
-    second the first's float32 result as MID_PIECES pieces."""
+    """The [B M_PAD, Q] float32 transform of one loaded slice ``x``: MIX (0: none, 1: H from ``h_ptr``,
+    M_PAD x M_PAD, 2: Sylvester H_M_PAD) over each row's M_PAD sub-rows (a batched product where B > 1:
+    rows never mix), then (TRANSFORM) H_Q along Q (zero-padded where P < Q). The first product takes
+    the input exactly (16-bit; IN_PIECES bf16 pieces for float32), the second the first's float32
+    result as MID_PIECES pieces."""
     if MIX == 0:
         if TRANSFORM:
             if IN_PIECES == 1:
@@ -76,10 +72,15 @@ def slice_transform(x, h_ptr, M_PAD: tl.constexpr, Q: tl.constexpr, P: tl.conste
             h = tl.load(h_ptr + i[:, None] * M_PAD + i[None, :])
         else:
             h = sylvester_tile(M_PAD, M_PAD, M_PAD, tl.float32)
+        if B > 1:
+            h = tl.broadcast_to(h[None, :, :], (B, M_PAD, M_PAD))
+            x = tl.reshape(x, (B, M_PAD, Q))
         if IN_PIECES == 1:
             y = tl.dot(h.to(MMA_DTYPE), x.to(MMA_DTYPE), out_dtype=tl.float32)
         else:
             y = _split_dot(h.to(PIECE_DTYPE), x.to(tl.float32), False, IN_PIECES, PIECE_DTYPE)
+        if B > 1:
+            y = tl.reshape(y, (B * M_PAD, Q))
         if TRANSFORM:
             z = _split_dot(y, sylvester_tile(Q, Q, P, PIECE_DTYPE), True, MID_PIECES, PIECE_DTYPE)
         else:
@@ -94,12 +95,12 @@ def load_slice_transform(x, h_ptr, signs, tile, t, rows, stride_x, M: tl.constex
                          IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
                          MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr):
     """Slice t of ``tile`` loaded (zeros out of bounds; times ``signs`` along the row where SIGNS: exact,
-    +-1) and transformed: [R, Q] float32."""
+    +-1) and transformed: [B M_PAD, Q] float32."""
     offs, mask, col = slice_offsets(tile, t, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS)
     v = tl.load(x + offs, mask=mask, other=0.0)
     if SIGNS:
         v = v * tl.load(signs + col, mask=mask, other=0.0).to(v.dtype)
-    return slice_transform(v, h_ptr, M_PAD, Q, P, MIX, TRANSFORM, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+    return slice_transform(v, h_ptr, M_PAD, Q, P, B, MIX, TRANSFORM, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
 
 
 @triton.jit
@@ -126,12 +127,9 @@ def kron_kernel(x, out, h, rows, stride_x, stride_out, scale,
                 IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr,
                 PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr):
     """out[r] = scale * (H_M (x) H_P) x[r] for ``rows`` rows of n = M P (module docstring); a persistent
-    grid of GRID programs, one row (M_PAD > 1; one column chunk of a row where CHUNKS > 1) or B rows
-    (M_PAD == 1) a tile. Shapes: a slice is [M_PAD, Q] (or [B, Q]); P = S Q (Q > P: zero-padded)."""
-    if M_PAD == 1:
-        tiles = tl.cdiv(rows, B)
-    else:
-        tiles = rows * CHUNKS
+    grid of GRID programs, B rows a tile (or with CHUNKS > 1 one column chunk of a row). Shapes: a
+    slice is [B M_PAD, Q]; P = S Q (Q > P: zero-padded)."""
+    tiles = tl.cdiv(rows, B) * CHUNKS
     for tile in range(tl.program_id(0), tiles, GRID):
         t0 = load_slice_transform(x, h, x, tile, 0, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX, TRANSFORM,
                                   False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)

@@ -59,18 +59,22 @@ def kron_plan(x: torch.Tensor, m: int, p: int, **tuning) -> KronPlan:
     m_pad = next_power_of_2(m)
     qs = slices(p)
     fused = qs is not None and m_pad * qs[0] * qs[1] <= configs.KRON_MAX_TILE_ELEMS and tuning.get("force") != "two-pass"
-    common = dict(M=m, M_PAD=m_pad, P=p, B=1, MIX=1, **_dtypes(x.dtype, interpret))
+    common = dict(M=m, M_PAD=m_pad, P=p, MIX=1, **_dtypes(x.dtype, interpret))
     if fused:
         Q, S = qs
-        warps = tuning.get("num_warps") or (8 if m_pad * Q * S >= 8192 else 4)
-        grid = max(1, min(rows, sms * (tuning.get("waves") or configs.KRON_WAVES)))
+        # rows a tile: up to KRON_TILE_ELEMS elements (a batched product for the mixing); one where
+        # M_PAD >= 64 (the power-of-two kernel measured batched products of 64+ rows 2-15x slower)
+        B = 1 if m_pad >= 64 else max(1, min(tuning.get("tile_elems") or configs.KRON_TILE_ELEMS,
+                                             configs.KRON_MAX_TILE_ELEMS) // (m_pad * Q * S))
+        warps = tuning.get("num_warps") or (8 if B * m_pad * Q * S >= 8192 else 4)
+        grid = max(1, min(cdiv(rows, B), sms * (tuning.get("waves") or configs.KRON_WAVES)))
         return KronPlan("fused", m, p, grid=(grid,), config=dict(
-            common, Q=Q, S=S, CHUNKS=1, TRANSFORM=True, GRID=grid, num_warps=warps, num_stages=2))
+            common, Q=Q, S=S, B=B, CHUNKS=1, TRANSFORM=p > 1, GRID=grid, num_warps=warps, num_stages=2))
     Q = min(p, configs.KRON_CHUNK_COLUMNS)
     chunks = p // Q
     grid = max(1, min(rows * chunks, sms * configs.KRON_WAVES))
     return KronPlan("two-pass", m, p, grid=(grid,), config=dict(
-        common, Q=Q, S=1, CHUNKS=chunks, TRANSFORM=False, GRID=grid, num_warps=4, num_stages=2))
+        common, Q=Q, S=1, B=1, CHUNKS=chunks, TRANSFORM=False, GRID=grid, num_warps=4, num_stages=2))
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,7 +136,10 @@ def _cpu(x, out, scale: float, m: int, p: int, transpose: bool, rows: int) -> No
     cfg = pow2_plan.cpu_plan(rows * m, p).config
     for i in range(0, x.shape[0], rows):
         xi, oi = x[i:i + rows], out[i:i + rows]
-        mixed = torch.matmul(h, xi.to(torch.float32).reshape(-1, m, p)).view(-1, p)  # xi read whole first
+        # (X^T H_m^T)^T: a 3-D times 2-D matmul folds into one GEMM (H_m @ X broadcast ran as many small
+        # products: 9 ms for 2 x 156 elements); xi is read whole before oi is written
+        xt = xi.to(torch.float32).reshape(-1, m, p).transpose(1, 2)
+        mixed = torch.matmul(xt, h.T).transpose(1, 2).contiguous().view(-1, p)
         if oi.dtype == torch.float32:
             pow2_launch._cpu(mixed, oi.view(-1, p), scale, **cfg)
         else:  # launch._cpu's float32 product writes an output of its input's dtype: in place, then round

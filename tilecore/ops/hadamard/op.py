@@ -7,7 +7,8 @@ import numbers
 import torch
 
 from tilecore import dispatch
-from tilecore.ops.hadamard import configs, launch, plan
+from tilecore.ops.hadamard import configs, kron, launch, orders, plan
+from tilecore.tiles.launch import LRU, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -21,9 +22,10 @@ def check(x: torch.Tensor, scale) -> float:
     if x.dim() == 0:
         raise ValueError("hadamard_transform transforms the last dimension; got a 0-d tensor")
     n = x.shape[-1]
-    if n not in configs.SPLITS:
-        raise ValueError(f"hadamard_transform needs the last dimension to be a power of two from 1 to "
-                         f"{configs.MAX_N}, got {n}")
+    parts = orders.split(n)
+    if parts is None or parts[1] > configs.MAX_N:
+        raise ValueError(f"hadamard_transform has no Hadamard matrix of order {n} (the last dimension): it takes "
+                         f"{orders.supported_text()}, with 2^k <= {configs.MAX_N}")
     return real_scale(scale)
 
 
@@ -49,8 +51,11 @@ def real_scale(scale) -> float:
     return value
 
 
-def _transform_into(x: torch.Tensor, out: torch.Tensor, scale: float) -> None:
-    """out = scale * H x over the last dimension; ``out`` is contiguous, ``x`` any layout."""
+def _transform_into(x: torch.Tensor, out: torch.Tensor, scale: float, key: tuple | None = None,
+                    transpose: bool = False) -> None:
+    """out = scale * H x over the last dimension (H^T x with ``transpose``); ``out`` is contiguous, ``x``
+    any layout. ``key``: the call's signature (tiles.launch.signature of x and whether out is x), for the
+    plan cache."""
     n = x.shape[-1]
     if x.numel() == 0:
         return
@@ -58,68 +63,113 @@ def _transform_into(x: torch.Tensor, out: torch.Tensor, scale: float) -> None:
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()  # (n = 1 may keep its stride: one element a row, it is moot there)
     out2 = out.view(-1, n)
-    launch.launch(plan.plan(x2, out2), x2, out2, float(scale))
+    m, p = orders.split(n)
+    if m > 1:  # n = m x 2^k, m not a power of two (kron.py): H_m (x) H_p, H_m^T with ``transpose``
+        kron.launch(kron.kron_plan(x2, m, p), x2, out2, float(scale), transpose and not orders.is_symmetric(m))
+        return
+    p = None if key is None else _PLANS.get(key)
+    if p is None:
+        p = plan.plan(x2, out2)
+        if key is not None:
+            _PLANS.put(key, p)
+    launch.launch(p, x2, out2, float(scale), key=key)
 
 
-def _hadamard_impl(x: torch.Tensor, scale: float) -> torch.Tensor:
+_PLANS = LRU(256)  # a CUDA call's signature -> its plan
+
+
+def _hadamard_impl(x: torch.Tensor, scale: float, key: tuple | None = None, transpose: bool = False) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _transform_into(x, out, scale)
+    _transform_into(x, out, scale, key, transpose)
     return out
 
 
 @torch.library.custom_op("tilecore::hadamard_transform", mutates_args=())
-def _hadamard_op(x: torch.Tensor, scale: float) -> torch.Tensor:
-    return _hadamard_impl(x, scale)
+def _hadamard_op(x: torch.Tensor, scale: float, transpose: bool = False) -> torch.Tensor:
+    return _hadamard_impl(x, scale, None, transpose)
 
 
 @_hadamard_op.register_fake
-def _(x, scale):
+def _(x, scale, transpose=False):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 def _setup_context(ctx, inputs, output):
     ctx.scale = inputs[1]
+    ctx.transpose = inputs[2] if len(inputs) > 2 else False
 
 
 def _backward(ctx, grad):
-    # H is symmetric, so the gradient of scale * H x is scale * H grad.
-    return _hadamard_op(grad, ctx.scale), None
+    # The gradient of scale * H x is scale * H^T grad (H^T = H but for m = 156 and 172: orders.py).
+    return _hadamard_op(grad, ctx.scale, not ctx.transpose), None, None
 
 
 _hadamard_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 @torch.library.custom_op("tilecore::hadamard_transform_", mutates_args=("x",))
-def _hadamard_inplace_op(x: torch.Tensor, scale: float) -> None:
+def _hadamard_inplace_op(x: torch.Tensor, scale: float, transpose: bool = False) -> None:
     if x.is_contiguous():
-        _transform_into(x, x, scale)  # safe: each tile is read whole before any of it is written
+        _transform_into(x, x, scale, None, transpose)  # safe: each row is read whole before it is written
     else:
-        x.copy_(_hadamard_op(x, scale))
+        x.copy_(_hadamard_op(x, scale, transpose))
 
 
 @_hadamard_inplace_op.register_fake
-def _(x, scale):
+def _(x, scale, transpose=False):
     return None
 
 
-def hadamard_transform(x: torch.Tensor, scale: float = 1.0, *, inplace: bool = False) -> torch.Tensor:
-    """scale * H_n x along the last dimension, H_n the n x n Sylvester Hadamard matrix (entries +-1).
+def hadamard_transform(x: torch.Tensor, scale: float = 1.0, *, inplace: bool = False,
+                       transpose: bool = False) -> torch.Tensor:
+    """scale * H_n x along the last dimension, H_n an n x n Hadamard matrix (entries +-1).
 
-    A drop-in for ``fast_hadamard_transform.hadamard_transform(x, scale)``: any leading dimensions;
-    float16, bfloat16 or float32; n a power of two from 1 to 32768; the output has x's dtype and
-    shape. ``scale`` is a real number (a numpy scalar or 0-d tensor too); ``scale=n ** -0.5`` makes
-    it orthonormal. Differentiable (the gradient is the same
-    transform times scale). With ``inplace=True`` the result overwrites x and x is returned.
+    n a power of two from 1 to 32768: H_n is Sylvester's, a drop-in for
+    ``fast_hadamard_transform.hadamard_transform(x, scale)``. n = m x 2^k for m in 12, 20, 28, 36, 40,
+    44, 52, 60, 108, 140, 148, 156, 172 (2^k <= 32768): H_n = H_m (x) H_2^k, the Kronecker order of Dao's
+    ``hadamard_transform_{12,20,28,40}N`` (the power-of-two transform along contiguous elements, H_m
+    across the m blocks of 2^k), with H_m tilecore's own (orders.py: Paley, Williamson; not Dao's
+    tables, so the two differ by signed permutations of the m blocks: rotate weights and activations
+    with the same library); ``hadamard_matrix(n)`` gives H_n. H_n is symmetric but for m = 156 and 172;
+    ``transpose=True`` multiplies by H_n^T (n times the inverse of the orthonormal rotation).
+
+    Any leading dimensions; float16, bfloat16 or float32; the output has x's dtype and shape.
+    ``scale`` is a real number (a numpy scalar or 0-d tensor too); ``scale=n ** -0.5`` makes it
+    orthonormal. Differentiable (the gradient is the transposed transform times scale). With
+    ``inplace=True`` the result overwrites x and x is returned.
     """
-    scale = check(x, scale)
+    transpose = bool(transpose)
+    mode = dispatch.eager_mode(x)
+    # a CUDA call whose signature passed the checks before is planned already (the plan cache)
+    key = None if mode == "op" else signature(x, inplace)
+    if key is None or key not in _PLANS:
+        scale = check(x, scale)
+    elif type(scale) is not float or not math.isfinite(scale):
+        scale = real_scale(scale)
     if inplace:
         if x.requires_grad and torch.is_grad_enabled():
             raise RuntimeError("hadamard_transform(inplace=True) cannot record a gradient; use inplace=False")
-        if dispatch.plain_eager(x) and x.is_contiguous():
-            _transform_into(x, x, scale)
+        if mode == "direct" and x.is_contiguous():
+            _transform_into(x, x, scale, key, transpose)
         else:
-            _hadamard_inplace_op(x, scale)
+            _hadamard_inplace_op(x, scale, transpose)
         return x
-    if dispatch.plain_eager(x):
-        return _hadamard_impl(x, scale)
-    return _hadamard_op(x, scale)
+    if mode == "direct":
+        return _hadamard_impl(x, scale, key, transpose)
+    if mode == "autograd":
+        return _HadamardFunction.apply(x, scale, key, transpose)
+    return _hadamard_op(x, scale, transpose)
+
+
+class _HadamardFunction(torch.autograd.Function):
+    """Eager calls that record a gradient (dispatch.eager_mode's "autograd"): the custom op's
+    autograd without the custom op's host time."""
+
+    @staticmethod
+    def forward(ctx, x, scale, key, transpose=False):
+        ctx.scale, ctx.transpose = scale, transpose
+        return _hadamard_impl(x, scale, key, transpose)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return hadamard_transform(grad, ctx.scale, transpose=not ctx.transpose), None, None, None
