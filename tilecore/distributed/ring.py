@@ -16,8 +16,10 @@ step (half its queries against a whole block, or all its queries against half a 
 Backward: the same ring, with the merged O and lse of each local query: the flash backward's
 P = exp(s - lse) and delta = rowsum(dO * O) are then the global ones, so each step's block gradients
 are exactly that block's share (tilecore's attention backward op, which takes O and lse). dQ sums
-locally in float32; each block's dK, dV sum in a float32 buffer that travels the ring one step behind
-its keys and values and arrives home after P steps.
+locally in float32; each foreign block's dK, dV sum in a float32 buffer that travels the ring behind
+its keys and values and goes home after the last rank's share. The rank's own block is done in two
+parts, one before the foreign blocks and one after, so that the first transfer of keys and values
+and the last hop of a sum both run under attention (ring_backward).
 
 Communication: one batch of isend/irecv a step (torch.distributed.batch_isend_irecv) to the next
 rank and from the previous; NCCL runs it on its own stream, ordered after the work queued before it,
@@ -93,9 +95,11 @@ def merge_into(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, 
     acc_lse.copy_(new_lse)
 
 
-def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float):
-    """(out in q's dtype, lse float32) of the local queries against the whole sequence's keys."""
-    ring = Ring(group)
+def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float, ring: Ring | None = None):
+    """(out in q's dtype, lse float32) of the local queries against the whole sequence's keys.
+    ``ring``: what passes the blocks on (default Ring(group); probes pass one that does not, to time
+    the compute alone)."""
+    ring = ring or Ring(group)
     rank, world = ring.rank, ring.world
     chunks = sharding.chunk_sizes(sum(lengths), world)
     B, Hkv, _, D = k.shape
@@ -121,46 +125,82 @@ def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float)
     return acc_out.to(q.dtype), acc_lse
 
 
-def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], causal: bool, scale: float):
-    """(dq, dk, dv) of the local slice (the inputs' dtypes): the ring forward's steps again, each
-    block's dK and dV carried around the ring behind it. ``out`` and ``lse``: ring_forward's."""
-    ring = Ring(group)
+def own_parts(rank: int, causal: bool, chunks: list[int], lengths: list[int]):
+    """The backward's own block in two (query rows, keys, causal) parts, the first computed before
+    the foreign blocks (while the first one is in flight) and the second after them (while the last
+    dK/dV sum comes home): causal, the early chunk against itself (causal) and the late chunk
+    against the whole slice (causal, aligned to the bottom right: it sees the early chunk whole);
+    else halves of the rows against every key. Empty parts are left out."""
+    n = lengths[rank]
+    if causal:
+        a = chunks[rank]
+        parts = [(slice(0, a), a, True), (slice(a, n), n, True)]
+    else:
+        parts = [(slice(0, n // 2), n, False), (slice(n // 2, n), n, False)]
+    return [p if p[0].stop > p[0].start and p[1] > 0 else None for p in parts]
+
+
+def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], causal: bool, scale: float,
+                  ring: Ring | None = None):
+    """(dq, dk, dv) of the local slice (the inputs' dtypes) from ring_forward's ``out`` and ``lse``.
+
+    Order at rank r: half its own block (the first block of keys and values to the next rank in
+    flight); then the foreign blocks r-1, r-2, ..., r-P+1 as they arrive, each one's float32 dK, dV
+    sum received from the previous rank (which added its share one step before), this rank's share
+    added and sent on; then the other half of its own block while its own block's sum makes the last
+    hop home. So every transfer, the last one included, runs under some attention."""
+    ring = ring or Ring(group)
     rank, world = ring.rank, ring.world
     chunks = sharding.chunk_sizes(sum(lengths), world)
-    B, Hkv, _, D = k.shape
+    B, Hkv, n, D = k.shape
     kv = torch.stack((k, v))
     lse = lse.contiguous()
-    dq_acc = dkv = None
-    dkv_works = []
-    for step in range(world):
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    own_dkv = torch.zeros((2, B, Hkv, n, D), dtype=torch.float32, device=k.device)
+
+    def block_grads(rows, keys, block_causal, block):
+        return torch.ops.tilecore.attention_backward(
+            dout[:, :, rows], q[:, :, rows], block[0, :, :, :keys], block[1, :, :, :keys], out[:, :, rows],
+            lse[:, :, rows], None if dlse is None else dlse[:, :, rows].contiguous(), block_causal, scale)
+
+    def own(part):
+        if part is not None:
+            rows, keys, part_causal = part
+            gq, gk, gv = block_grads(rows, keys, part_causal, kv_own)
+            dq[:, :, rows] += gq
+            own_dkv[:, :, :, :keys] += torch.stack((gk, gv))
+
+    kv_own = kv
+    first, last = own_parts(rank, causal, chunks, lengths)
+    if world > 1:
+        incoming = receive_buffer(kv, (2, B, Hkv, lengths[(rank - 1) % world], D))
+        kv_works = ring.exchange(kv, incoming, tag=0)
+    own(first)
+    sum_works = []
+    for step in range(1, world):
         src = (rank - step) % world
+        wait_all(kv_works)
+        kv = incoming
         if step + 1 < world:
             incoming = receive_buffer(kv, (2, B, Hkv, lengths[(src - 1) % world], D))
             kv_works = ring.exchange(kv, incoming, tag=2 * step)
         span = step_span(step, src, rank, causal, chunks, lengths)
-        grads = None
-        if span is not None:
-            rows, keys, step_causal = span
-            grads = torch.ops.tilecore.attention_backward(
-                dout[:, :, rows], q[:, :, rows], kv[0, :, :, :keys], kv[1, :, :, :keys], out[:, :, rows],
-                lse[:, :, rows], None if dlse is None else dlse[:, :, rows].contiguous(), step_causal, scale)
-        if step == 0:  # every local row and key
-            dq_acc = grads[0].float()
-            dkv = torch.stack((grads[1], grads[2])).float()
-        else:
-            wait_all(dkv_works)  # src's dK, dV so far, from the previous rank
-            dkv = dkv_incoming
-            if grads is not None:
-                dq_acc[:, :, rows] += grads[0]
-                dkv[:, :, :, :keys] += torch.stack((grads[1], grads[2]))
-        if world > 1:  # to the next rank, which holds src's block next (after the last step: its owner)
-            dkv_incoming = receive_buffer(dkv, (2, B, Hkv, lengths[(src - 1) % world], D))
-            dkv_works = ring.exchange(dkv, dkv_incoming, tag=2 * step + 1)
-        if step + 1 < world:
-            wait_all(kv_works)
-            kv = incoming
+        grads = block_grads(*span, kv) if span is not None else None
+        if step == 1:  # the first share of block src's sum
+            block_sum = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
+        else:  # the shares of the ranks before, from the previous rank
+            wait_all(sum_works)
+            block_sum = sum_incoming
+        if grads is not None:
+            rows, keys, _ = span
+            dq[:, :, rows] += grads[0]
+            block_sum[:, :, :, :keys] += torch.stack((grads[1], grads[2]))
+        # on to the next rank, which holds block src next; after the last step, block r+1 goes home
+        sum_incoming = receive_buffer(block_sum, (2, B, Hkv, lengths[(src - 1) % world], D))
+        sum_works = ring.exchange(block_sum, sum_incoming, tag=2 * step + 1)
+    own(last)
     if world > 1:
-        wait_all(dkv_works)
-        dkv = dkv_incoming
+        wait_all(sum_works)
+        own_dkv += sum_incoming  # the other ranks' shares of this rank's block
     # copies: two views of one buffer may not be a custom op's two results
-    return dq_acc.to(q.dtype), dkv[0].to(k.dtype, copy=True), dkv[1].to(v.dtype, copy=True)
+    return dq.to(q.dtype), own_dkv[0].to(k.dtype, copy=True), own_dkv[1].to(v.dtype, copy=True)
