@@ -32,8 +32,12 @@ import torch
 import torch.distributed as dist
 
 import tilecore.ops.attention.op  # noqa: F401  (registers torch.ops.tilecore.attention_backward)
-from tilecore.distributed import sharding
+from tilecore import dispatch
+from tilecore.distributed import kernels_tl, sharding
 from tilecore.ops.attention import attention
+from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2
+
+MERGE = CachedLaunch(kernels_tl.lse_merge_kernel)
 
 
 POISON = False  # tests: receive buffers start as NaN, so one a transfer did not fill shows
@@ -84,14 +88,26 @@ def step_span(step: int, src: int, rank: int, causal: bool, chunks: list[int], l
 
 
 def merge_into(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
-    """acc (float32 O and lse of the keys so far) <- the softmax-weighted union with a block's (out,
-    lse), in place. Rows with no key yet (lse -inf on both sides) stay 0 and -inf; a NaN lse makes
-    its row NaN (as one attention over all keys gives)."""
+    """acc (O, any float dtype, and float32 lse of the keys so far) <- the softmax-weighted union with
+    a block's (out, lse), in place, in float32. Rows with no key yet (lse -inf on both sides) stay 0
+    and -inf; a NaN lse makes its row NaN (as one attention over all keys gives). Where tilecore's
+    kernels run (CUDA, or the interpreter) one tl kernel pass; else torch's ops."""
+    if acc_out.numel() == 0:
+        return
+    if dispatch.backend_for(acc_out.device) == "kernel":
+        B, H, rows, D = acc_out.shape
+        block_m = 16 if dispatch.interpreted(acc_out.device) else 64
+        with dispatch.on_device(acc_out.device):
+            MERGE[(B * H, cdiv(rows, block_m), 1)](
+                acc_out, acc_lse, out, lse, H, rows, D, *acc_out.stride(), *acc_lse.stride(), *out.stride(),
+                *lse.stride(), BLOCK_M=block_m, BLOCK_D=next_power_of_2(D), num_warps=4)
+        return
     new_lse = torch.logaddexp(acc_lse, lse)
     # exp(lse - new) with new = -inf would be NaN; such a row has no key on either side: weights 0
     base = torch.where(torch.isneginf(new_lse), 0.0, new_lse)
-    acc_out.mul_(torch.exp(acc_lse - base).unsqueeze(-1))
-    acc_out.add_(out.float().mul_(torch.exp(lse - base).unsqueeze(-1)))
+    merged = acc_out.float().mul_(torch.exp(acc_lse - base).unsqueeze(-1))
+    merged.add_(out.float().mul_(torch.exp(lse - base).unsqueeze(-1)))
+    acc_out.copy_(merged)
     acc_lse.copy_(new_lse)
 
 
@@ -115,8 +131,10 @@ def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float,
             rows, keys, step_causal = span
             out, lse = attention(q[:, :, rows], kv[0, :, :, :keys], kv[1, :, :, :keys], causal=step_causal,
                                  scale=scale, return_lse=True)
-            if acc_out is None:  # step 0: every local row
-                acc_out, acc_lse = out.float(), lse.clone()
+            if acc_out is None:  # step 0: every local row. Two ranks merge once, into step 0's O in
+                # place (its float32 upcast is exact: the same result as a float32 accumulator);
+                # more merge into a float32 accumulator, rounded once at the end
+                acc_out, acc_lse = (out if world == 2 else out.float()), lse
             else:
                 merge_into(acc_out[:, :, rows], acc_lse[:, :, rows], out, lse)
         if step + 1 < world:
