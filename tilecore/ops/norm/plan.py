@@ -35,19 +35,28 @@ def plan(rows: int, n: int, device: torch.device, *, whole_row_max: int | None =
     """The plan for (rows, n) rows on ``device``; ``whole_row_max`` overrides configs.WHOLE_ROW_MAX."""
     if dispatch.backend_for(device) == "reference":
         return Plan("cpu")
+    sms = configs.INTERPRETER_SMS if dispatch.interpreted(device) else dispatch.num_sms(device)
+    return tl_plan(rows, n, sms, whole_row_max=whole_row_max)
+
+
+def tl_plan(rows: int, n: int, sms: int, *, whole_row_max: int | None = None, tile_elems: int | None = None,
+            wide_block: int | None = None, groups_per_sm: int | None = None, num_warps: int | None = None) -> Plan:
+    """The "tl" plan for (rows, n) rows on a GPU of ``sms`` SMs (no device asked: report.py and the GPU
+    check use it). The keywords override configs' WHOLE_ROW_MAX, TILE_ELEMS, WIDE_BLOCK,
+    BACKWARD_GROUPS_PER_SM and num_warps (for sweeps)."""
     whole_row_max = whole_row_max or configs.WHOLE_ROW_MAX
     whole_row = n <= whole_row_max
     if whole_row:
         block_n = next_power_of_2(n)
-        rows_per_tile = max(1, configs.TILE_ELEMS // block_n)
+        rows_per_tile = max(1, (tile_elems or configs.TILE_ELEMS) // block_n)
         rows_per_tile = min(rows_per_tile, next_power_of_2(rows))  # a few rows: no tile of empty ones
     else:
-        block_n = min(configs.WIDE_BLOCK, next_power_of_2(whole_row_max))
+        block_n = min(wide_block or configs.WIDE_BLOCK, next_power_of_2(whole_row_max))
         rows_per_tile = 1
     column_blocks = 1 if whole_row else cdiv(n, block_n)
     row_tiles = max(1, cdiv(rows, rows_per_tile))
-    sms = configs.INTERPRETER_SMS if dispatch.interpreted(device) else dispatch.num_sms(device)
-    groups = min(row_tiles, max(1, sms * configs.BACKWARD_GROUPS_PER_SM // column_blocks))
+    groups_per_sm = groups_per_sm or configs.BACKWARD_GROUPS_PER_SM
+    groups = min(row_tiles, max(1, sms * groups_per_sm // column_blocks))
     return Plan("tl", whole_row=whole_row, rows_per_tile=rows_per_tile, block_n=block_n,
-                num_warps=configs.num_warps(rows_per_tile * block_n), column_blocks=column_blocks,
+                num_warps=num_warps or configs.num_warps(rows_per_tile * block_n), column_blocks=column_blocks,
                 row_tiles=row_tiles, groups=groups)

@@ -4,9 +4,9 @@ angle of its token's position,
     a' = a cos - b sin,    b' = b cos + a sin        (CONJUGATE: by -sin, the backward)
 
 and the features past 2R pass through. A pair is (i, i + R) in the half-split (GPT-NeoX / Llama)
-layout and (2i, 2i + 1) in the interleaved (GPT-J) one: the kernel addresses pair element j of pair i
-at column i + j R or 2 i + j, loads the [heads, R, 2] tile at once and splits it, so both layouts
-read and write whole rows (no strided half-rows).
+layout: two [heads, R] row tiles; and (2i, 2i + 1) in the interleaved (GPT-J) one: the [heads, 2R]
+rows loaded whole, reshaped to [heads, R, 2] and split in registers (addressing the pairs as a 3-D
+tile instead made 4-byte loads; this way every access is a 16-byte vector: PTX of report.py).
 
 A program takes one token (b, n) and BLOCK_H of its heads: cos and sin are read once a token (from the
 row of its position: n, or position_ids[b, n]) and serve every head. A position outside [0, N_max)
@@ -41,23 +41,27 @@ def rotary_kernel(X, COS, SIN, POS, OUT, seqlen, heads, n_max,
     if CONJUGATE:
         sin = -sin
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    j = tl.arange(0, 2)
-    if INTERLEAVED:
-        col = 2 * i[None, :, None] + j[None, None, :]  # [1, BLOCK_R, 2]
-    else:
-        col = i[None, :, None] + R * j[None, None, :]
-    mask = (h < heads)[:, None, None] & (i < R)[None, :, None] & (j < 2)[None, None, :]
-    x_ptrs = X + b * stride_xb + n * stride_xn + h.to(tl.int64)[:, None, None] * stride_xh + col
-    o_ptrs = OUT + b * stride_ob + n * stride_on + h.to(tl.int64)[:, None, None] * stride_oh + col
-    pair = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_H, BLOCK_R, 2]
-    a, c = tl.split(pair)
+    x_rows = X + b * stride_xb + n * stride_xn + h.to(tl.int64)[:, None] * stride_xh  # [BLOCK_H, 1]
+    o_rows = OUT + b * stride_ob + n * stride_on + h.to(tl.int64)[:, None] * stride_oh
+    if INTERLEAVED:  # the pairs' 2R features are contiguous: load them as rows, split in registers
+        f = tl.arange(0, 2 * BLOCK_R)
+        fmask = (h < heads)[:, None] & (f < 2 * R)[None, :]
+        pair = tl.load(x_rows + f[None, :], mask=fmask, other=0.0).to(tl.float32)
+        a, c = tl.split(tl.reshape(pair, [BLOCK_H, BLOCK_R, 2]))
+    else:  # the halves (i) and (i + R): two row tiles
+        imask2 = (h < heads)[:, None] & (i < R)[None, :]
+        a = tl.load(x_rows + i[None, :], mask=imask2, other=0.0).to(tl.float32)
+        c = tl.load(x_rows + R + i[None, :], mask=imask2, other=0.0).to(tl.float32)
     a2 = a * cos[None, :] - c * sin[None, :]
     c2 = c * cos[None, :] + a * sin[None, :]
-    tl.store(o_ptrs, tl.join(a2, c2).to(OUT.dtype.element_ty), mask=mask)
+    if INTERLEAVED:
+        rotated = tl.reshape(tl.join(a2, c2), [BLOCK_H, 2 * BLOCK_R])
+        tl.store(o_rows + f[None, :], rotated.to(OUT.dtype.element_ty), mask=fmask)
+    else:
+        tl.store(o_rows + i[None, :], a2.to(OUT.dtype.element_ty), mask=imask2)
+        tl.store(o_rows + R + i[None, :], c2.to(OUT.dtype.element_ty), mask=imask2)
     if PASS > 0:  # features 2R .. D - 1, unchanged
         p = tl.arange(0, BLOCK_PASS)
         pmask = (h < heads)[:, None] & (p < PASS)[None, :]
-        rows_x = X + b * stride_xb + n * stride_xn + h.to(tl.int64)[:, None] * stride_xh
-        rows_o = OUT + b * stride_ob + n * stride_on + h.to(tl.int64)[:, None] * stride_oh
-        rest = tl.load(rows_x + 2 * R + p[None, :], mask=pmask)
-        tl.store(rows_o + 2 * R + p[None, :], rest, mask=pmask)
+        rest = tl.load(x_rows + 2 * R + p[None, :], mask=pmask)
+        tl.store(o_rows + 2 * R + p[None, :], rest, mask=pmask)

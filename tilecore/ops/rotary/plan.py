@@ -28,8 +28,16 @@ def plan(batch: int, seqlen: int, heads: int, head_dim: int, pairs: int, device:
     """The plan for x of (batch, seqlen, heads, head_dim) with ``pairs`` rotated pairs (rotary_dim / 2)."""
     if dispatch.backend_for(device) == "reference":
         return Plan("cpu")
+    return tl_plan(batch, seqlen, heads, head_dim, pairs)
+
+
+def tl_plan(batch: int, seqlen: int, heads: int, head_dim: int, pairs: int, *, tile_elems: int | None = None,
+            num_warps: int | None = None) -> Plan:
+    """The kernel's plan (no device asked: report.py and the GPU check use it); the keywords override
+    configs.TILE_ELEMS and the warps (for sweeps)."""
     block_r = next_power_of_2(pairs)
-    block_h = min(next_power_of_2(heads), max(1, configs.TILE_ELEMS // (2 * block_r)))
+    block_h = min(next_power_of_2(heads), max(1, (tile_elems or configs.TILE_ELEMS) // (2 * block_r)))
     block_pass = next_power_of_2(max(1, head_dim - 2 * pairs))
     return Plan("tl", block_r=block_r, block_h=block_h, block_pass=block_pass,
-                num_warps=configs.num_warps(block_h * 2 * block_r), grid=(batch * seqlen, cdiv(heads, block_h)))
+                num_warps=num_warps or configs.num_warps(block_h * 2 * block_r),
+                grid=(batch * seqlen, cdiv(heads, block_h)))
