@@ -47,6 +47,13 @@ torch.cuda.init(); torch.zeros(1, device="cuda"); torch.cuda.synchronize()
 t1 = time.perf_counter()
 import tilecore
 t2 = time.perf_counter()
+# torch's own first backward with a given gradient imports sympy (torch.autograd's _make_grads: ~2 s on
+# the H100's host), whatever the op: paid here, once, and timed apart
+t3 = time.perf_counter()
+w = torch.ones(2, device="cuda", requires_grad=True)
+(w * 2).backward(torch.ones(2, device="cuda"))
+torch.cuda.synchronize()
+t4 = time.perf_counter()
 {setup}
 torch.cuda.synchronize()
 
@@ -62,9 +69,18 @@ def step():
         _, tb = timed(lambda: out.backward(g))
     return tf, tb
 
-res = {{"import_torch_cuda_s": t1 - t0, "import_tilecore_s": t2 - t1}}
+res = {{"import_torch_cuda_s": t1 - t0, "import_tilecore_s": t2 - t1, "torch_first_backward_s": t4 - t3}}
+import cProfile, io, os, pstats
 for name in ("first", "second", "third"):
+    prof = cProfile.Profile() if name == "first" and os.environ.get("FIRST_CALL_PROFILE") else None
+    if prof:
+        prof.enable()
     tf, tb = step()
+    if prof:
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
+        res["first_profile"] = text.getvalue()[-6000:]
     res[name + "_fwd_s"] = tf
     res[name + "_bwd_s"] = tb
 print("RESULT " + json.dumps(res))
@@ -95,6 +111,10 @@ def main():
             cold = run(op, cache)
             warm = run(op, cache)
         rows.append({"op": op, "cold": cold, "warm": warm})
+    for r in rows:
+        for kind in ("cold", "warm"):
+            if "first_profile" in r[kind]:
+                print(f"== {r['op']} {kind}: first call's profile\n{r[kind].pop('first_profile')}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
@@ -103,7 +123,7 @@ def main():
         v = d.get(k)
         return "-" if v is None else f"{v * 1e3:.0f}"
 
-    print(f"{'op':20s} {'cache':5s} {'import':>7s} {'1st fwd':>8s} {'1st bwd':>8s} {'2nd fwd':>8s} {'2nd bwd':>8s} "
+    print(f"{'op':20s} {'cache':5s} {'import':>7s} {'torchbw':>8s} {'1st fwd':>8s} {'1st bwd':>8s} {'2nd fwd':>8s} {'2nd bwd':>8s} "
           f"{'3rd fwd':>8s} {'3rd bwd':>8s}  (ms)")
     for r in rows:
         for kind in ("cold", "warm"):
@@ -111,7 +131,8 @@ def main():
             if "error" in d:
                 print(f"{r['op']:20s} {kind:5s} ERROR {d['error'][-300:]}")
                 continue
-            print(f"{r['op']:20s} {kind:5s} {ms(d, 'import_tilecore_s'):>7s} {ms(d, 'first_fwd_s'):>8s} "
+            print(f"{r['op']:20s} {kind:5s} {ms(d, 'import_tilecore_s'):>7s} {ms(d, 'torch_first_backward_s'):>8s} "
+                  f"{ms(d, 'first_fwd_s'):>8s} "
                   f"{ms(d, 'first_bwd_s'):>8s} {ms(d, 'second_fwd_s'):>8s} {ms(d, 'second_bwd_s'):>8s} "
                   f"{ms(d, 'third_fwd_s'):>8s} {ms(d, 'third_bwd_s'):>8s}")
 

@@ -51,7 +51,7 @@ def test_keyed_launch_passes_the_same_arguments_as_the_checked_one(fast_launch, 
     key = (("sig",), "test")
     launch.launch(p, a, b)  # the checked launch
     launch.launch(p, a, b, key=key)  # first keyed launch: the checked way, then kept under the key
-    assert launch._GLUON_GEMM.keyed.get(key) is fake
+    assert launch._GLUON_GEMM.keyed.get(key)[0] is fake
     launch.launch(p, a, b, key=key)  # keyed hit
     assert len(fake.calls) == 3
     (g0, checked), _, (g2, keyed) = fake.calls
@@ -106,3 +106,30 @@ def test_eager_autograd_path_matches_the_custom_op():
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
     # second order: d/db of sum(dA) through the backward's own gemm
     torch.testing.assert_close(torch.autograd.grad(ga.sum(), b)[0], torch.autograd.grad(ra.sum(), b)[0])
+
+
+def test_direct_launch_calls_the_launcher_as_the_runner_does(monkeypatch):
+    """direct_launch hands Triton 3.6's launcher what the runner would (grid, stream, function,
+    cooperative, pdl, no scratch, packed metadata, no launch metadata or hooks, then the arguments),
+    and declines launchers it does not know or that need scratch memory."""
+    import types
+
+    import sys
+
+    import triton.runtime.driver  # noqa: F401 (the module, which triton.runtime's `driver` object shadows)
+    from tilecore.tiles.launch import direct_launch
+
+    monkeypatch.setattr(sys.modules["triton.runtime.driver"], "driver", types.SimpleNamespace(active=types.SimpleNamespace(
+        get_current_stream=lambda device: 1000 + device, get_current_device=lambda: 3)))
+    calls = []
+    CudaLauncher = type("CudaLauncher", (), dict(global_scratch_size=0, profile_scratch_size=0,
+                                                 launch_cooperative_grid=False, launch_pdl=True))
+    run = CudaLauncher()
+    run.launch = lambda *a: calls.append(a)
+    compiled = types.SimpleNamespace(run=run, function=77, packed_metadata="packed")
+    go = direct_launch(compiled)
+    go((4, 1, 1), ["x", 5])
+    assert calls == [(4, 1, 1, 1003, 77, False, True, None, None, "packed", None, None, None, "x", 5)]
+    run.global_scratch_size = 64
+    assert direct_launch(compiled) is None
+    assert direct_launch(types.SimpleNamespace(run=lambda *a: None, function=1, packed_metadata=1)) is None
