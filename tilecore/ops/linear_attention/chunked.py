@@ -68,22 +68,18 @@ def chunked_forward(q, k, v, g, beta, h0, scale: float, feature: int, chunk: int
 
 
 def chunked_backward(do, q, k, v, g, beta, h0, dht, scale: float, feature: int, chunk: int):
-    """(dq, dk, dv, dg, dbeta, dh0) of chunked_forward's (o, final state) against (do, dht), by torch's
-    autograd (None for an input that is None)."""
-    leaves = [t.detach().float().requires_grad_() if t is not None else None for t in (q, k, v, g, beta, h0)]
-    with torch.enable_grad():
-        o, ht = chunked_forward(*leaves, scale, feature, chunk)
-        outputs, grads = [o], [do.float()]
-        if dht is not None:
-            outputs.append(ht)
-            grads.append(dht.float())
-        wanted = [t for t in leaves if t is not None]
-        got = iter(torch.autograd.grad(outputs, wanted, grads, allow_unused=True))
-    out = []
-    for t in leaves:
-        if t is None:
-            out.append(None)
-        else:
-            gr = next(got)
-            out.append(torch.zeros_like(t) if gr is None else gr)
-    return tuple(out)
+    """(dq, dk, dv, dg, dbeta, dh0) of chunked_forward's (o, final state) against (do, dht), by
+    torch.func.vjp (a custom op's implementation runs below autograd, where torch.autograd.grad would
+    record nothing); None for an input that is None."""
+    given = [i for i, t in enumerate((q, k, v, g, beta, h0)) if t is not None]
+    inputs = (q, k, v, g, beta, h0)
+
+    def run(*tensors):
+        full = list(inputs)
+        for i, t in zip(given, tensors):
+            full[i] = t
+        return chunked_forward(*full, scale, feature, chunk)
+
+    (o, ht), vjp = torch.func.vjp(run, *(inputs[i].detach().float() for i in given))
+    grads = iter(vjp((do.float(), torch.zeros_like(ht) if dht is None else dht.float())))
+    return tuple(next(grads) if t is not None else None for t in inputs)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tilecore import dispatch
-from tilecore.ops.linear_attention import chunked, kernels_tl
+from tilecore.ops.linear_attention import chunked, configs, kernels_tl
 from tilecore.ops.linear_attention.plan import BASED, CHANNEL_DECAY, Plan, decay_kind
 
 LOG_DECAY_FLOOR = chunked.LOG_DECAY_FLOOR
@@ -50,29 +50,38 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
         o_lin, ht = chunked.chunked_forward(q, k, v, g, beta, h0, scale, feature, plan.chunk)
         o = _gate(o_lin, v, d_skip, z).to(v.dtype)
         return o, (ht if final_state else None), (o_lin if keep_linear else None)
+    out_dtype = v.dtype
+    if plan.config["upcast"]:
+        q, k, v, z = (None if t is None else t.float() for t in (q, k, v, z))
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     o_lin = torch.empty(B, N, H, Dv, dtype=torch.float32, device=v.device) if keep_linear else None
     ht = torch.empty(B, H, Fdim, Dv, dtype=torch.float32, device=v.device) if final_state else None
-    if B * H == 0:
-        return o, ht, o_lin
+    if B * H > 0:
+        kernel, grid, args, kw = forward_call(plan, q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scale, feature)
+        with dispatch.on_device(v.device):
+            kernel[grid](*args, **kw)
+    return o.to(out_dtype), ht, o_lin
+
+
+def forward_call(plan: Plan, q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scale: float, feature: int):
+    """(kernel, grid, arguments, options) of the forward kernel writing o, ht and o_lin (None: not
+    written)."""
+    B, N, H, Dv = v.shape
     cfg = plan.config
     kind = decay_kind(g)
     g_strides = _strides(g, 4) if kind == CHANNEL_DECAY else (*_strides(g, 3), 0)
-    gate_strides = o.stride()
     dummy = v
-    with dispatch.on_device(v.device):
-        kernels_tl.la_fwd_kernel[(B * H, cfg["value_blocks"])](
-            q, k, v, dummy if g is None else g, dummy if beta is None else beta,
+    args = (q, k, v, dummy if g is None else g, dummy if beta is None else beta,
             dummy if d_skip is None else d_skip, dummy if z is None else z, dummy if h0 is None else h0,
             o, o if o_lin is None else o_lin, o if ht is None else ht,
-            *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *_strides(z, 4), *gate_strides,
+            *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *_strides(z, 4), *o.stride(),
             *_strides(h0, 4), *_strides(ht, 4), *_strides(d_skip, 2),
-            N, H, H // q.shape[2], q.shape[-1], Dv, scale,
-            BT=cfg["BT"], BK=cfg["BK"], BV=cfg["BV"], KB=cfg["KB"], DECAY=kind, FEATURE=feature,
-            HAS_BETA=beta is not None, HAS_D=d_skip is not None, HAS_Z=z is not None, HAS_H0=h0 is not None,
-            STORE_HT=ht is not None, STORE_OLIN=o_lin is not None, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
-            num_warps=cfg["num_warps"])
-    return o, ht, o_lin
+            N, H, H // q.shape[2], q.shape[-1], Dv, scale)
+    kw = dict(BT=cfg["BT"], BK=cfg["BK"], BV=cfg["BV"], KB=cfg["KB"], DECAY=kind, FEATURE=feature,
+              HAS_BETA=beta is not None, HAS_D=d_skip is not None, HAS_Z=z is not None, HAS_H0=h0 is not None,
+              STORE_HT=ht is not None, STORE_OLIN=o_lin is not None, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
+              num_warps=cfg["num_warps"])
+    return kernels_tl.la_fwd_kernel, (B * H, cfg["value_blocks"]), args, kw
 
 
 # --------------------------------------------------------------------------------------------
@@ -88,7 +97,8 @@ def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float,
     Hqk, Dk = q.shape[2], q.shape[3]
     group = H // Hqk
     cfg = plan.config
-    kind = decay_kind(g)
+    if cfg["upcast"]:
+        q, k, v = q.float(), k.float(), v.float()
     f32 = torch.float32
     dev = v.device
     dq_heads = torch.empty(B, N, H, Dk, dtype=f32, device=dev)
@@ -96,28 +106,11 @@ def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float,
     dk_parts = torch.empty(nv, B, N, H, Dk, dtype=f32, device=dev)
     dv_parts = torch.empty(nk, B, N, H, Dv, dtype=f32, device=dev)
     dh0 = torch.empty(B, H, feature_rows(feature, Dk), Dv, dtype=f32, device=dev) if h0 is not None else None
-    g_strides = _strides(g, 4) if kind == CHANNEL_DECAY else (*_strides(g, 3), 0)
-    dummy = v
     if B * H > 0:
         with dispatch.on_device(dev):
-            kernels_tl.la_bwd_dq_kernel[(B * H, cfg["key_blocks"])](
-                q, k, v, dummy if g is None else g, dummy if beta is None else beta, dummy if h0 is None else h0,
-                do, dq_heads,
-                *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *do.stride(),
-                *dq_heads.stride(), *_strides(h0, 4),
-                N, H, group, Dk, Dv, scale,
-                BT=cfg["BT"], BKQ=cfg["BKQ"], BVF=cfg["BVF"], DECAY=kind, FEATURE=feature,
-                HAS_BETA=beta is not None, HAS_H0=h0 is not None, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
-                num_warps=cfg["num_warps"])
-            kernels_tl.la_bwd_dkv_kernel[(B * H, nv, nk)](
-                q, k, v, dummy if g is None else g, dummy if beta is None else beta, do,
-                dummy if dht is None else dht, dk_parts, dv_parts, dk_parts if dh0 is None else dh0,
-                *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *do.stride(),
-                *_strides(dht, 4), *_strides(dh0, 4), dk_parts.stride(0), dv_parts.stride(0),
-                N, H, group, Dk, Dv, scale,
-                BT=cfg["BT"], BK=cfg["BK"], BKB=cfg["BKB"], BV=cfg["BV"], KB=cfg["KB"], DECAY=kind,
-                FEATURE=feature, HAS_BETA=beta is not None, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-                MMA=cfg["MMA"], IEEE=cfg["IEEE"], num_warps=cfg["num_warps"])
+            for kernel, grid, args, kw in backward_calls(plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts,
+                                                         dv_parts, dh0, scale, feature):
+                kernel[grid](*args, **kw)
     dk_hat = dk_parts.sum(0) if nv > 1 else dk_parts[0]
     dv_hat = dv_parts.sum(0) if nk > 1 else dv_parts[0]
     vf = v.float()
@@ -133,6 +126,36 @@ def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float,
     dq = dq_heads if group == 1 else dq_heads.view(B, N, Hqk, group, Dk).sum(3)
     dk = dk_heads if group == 1 else dk_heads.view(B, N, Hqk, group, Dk).sum(3)
     return dq, dk, dv, dg, dbeta, dh0
+
+
+def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts, dv_parts, dh0, scale: float,
+                   feature: int):
+    """[(kernel, grid, arguments, options)] of the dQ and dK/dV kernels."""
+    B, N, H, Dv = v.shape
+    Dk = q.shape[3]
+    group = H // q.shape[2]
+    cfg = plan.config
+    kind = decay_kind(g)
+    g_strides = _strides(g, 4) if kind == CHANNEL_DECAY else (*_strides(g, 3), 0)
+    dummy = v
+    dq_args = (q, k, v, dummy if g is None else g, dummy if beta is None else beta, dummy if h0 is None else h0,
+               do, dq_heads,
+               *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *do.stride(),
+               *dq_heads.stride(), *_strides(h0, 4),
+               N, H, group, Dk, Dv, scale)
+    dq_kw = dict(BT=cfg["BT"], BKQ=cfg["BKQ"], BVF=cfg["BVF"], DECAY=kind, FEATURE=feature,
+                 HAS_BETA=beta is not None, HAS_H0=h0 is not None, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
+                 num_warps=cfg["num_warps"])
+    dkv_args = (q, k, v, dummy if g is None else g, dummy if beta is None else beta, do,
+                dummy if dht is None else dht, dk_parts, dv_parts, dk_parts if dh0 is None else dh0,
+                *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *do.stride(),
+                *_strides(dht, 4), *_strides(dh0, 4), dk_parts.stride(0), dv_parts.stride(0),
+                N, H, group, Dk, Dv, scale)
+    dkv_kw = dict(BT=cfg["BT"], BK=cfg["BK"], BKB=cfg["BKB"], BV=cfg["BV"], KB=cfg["KB"], DECAY=kind,
+                  FEATURE=feature, HAS_BETA=beta is not None, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
+                  MMA=cfg["MMA"], IEEE=cfg["IEEE"], num_warps=cfg["num_warps"])
+    return [(kernels_tl.la_bwd_dq_kernel, (B * H, cfg["key_blocks"]), dq_args, dq_kw),
+            (kernels_tl.la_bwd_dkv_kernel, (B * H, cfg["value_blocks"], cfg["dkv_key_blocks"]), dkv_args, dkv_kw)]
 
 
 def _decay_grad(do, q, k, vf, g, o_lin, ht, dht, dq_heads, dk_heads, dv, feature: int, group: int):
@@ -167,24 +190,33 @@ def step(plan: Plan, q, k, v, g, beta, d_skip, z, state, scale: float, feature: 
     B, H, Dv = v.shape
     if plan.path == "cpu":
         return _step_torch(q, k, v, g, beta, d_skip, z, state, scale, feature)
+    out_dtype = v.dtype
+    if plan.config["upcast"]:
+        q, k, v, z = (None if t is None else t.float() for t in (q, k, v, z))
     o = torch.empty(B, H, Dv, dtype=v.dtype, device=v.device)
-    if B * H == 0:
-        return o
+    if B * H > 0:
+        kernel, grid, args, kw = step_call(plan, q, k, v, g, beta, d_skip, z, state, o, scale, feature)
+        with dispatch.on_device(v.device):
+            kernel[grid](*args, **kw)
+    return o.to(out_dtype)
+
+
+def step_call(plan: Plan, q, k, v, g, beta, d_skip, z, state, o, scale: float, feature: int):
+    """(kernel, grid, arguments, options) of the decode step kernel."""
+    B, H, Dv = v.shape
     cfg = plan.config
     kind = 0 if g is None else (1 if g.dim() == 2 else 2)  # no token axis here: (B, H) or (B, H, Dk)
     g_strides = _strides(g, 3) if kind == CHANNEL_DECAY else (*_strides(g, 2), 0)
     dummy = v
-    bv = min(cfg["BVF"], 64)
-    with dispatch.on_device(v.device):
-        kernels_tl.la_step_kernel[(B * H, -(-Dv // bv))](
-            q, k, v, dummy if g is None else g, dummy if beta is None else beta, dummy if d_skip is None else d_skip,
+    bv = min(cfg["BVF"], configs.STEP_BV)
+    args = (q, k, v, dummy if g is None else g, dummy if beta is None else beta, dummy if d_skip is None else d_skip,
             dummy if z is None else z, state, o,
             *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 2), *_strides(z, 3), *o.stride(),
             *state.stride(), *_strides(d_skip, 2),
-            H, H // q.shape[1], q.shape[-1], Dv, scale,
-            BK=cfg["BK"], BV=bv, DECAY=kind, FEATURE=feature, HAS_BETA=beta is not None, HAS_D=d_skip is not None,
-            HAS_Z=z is not None, num_warps=cfg["num_warps"])
-    return o
+            H, H // q.shape[1], q.shape[-1], Dv, scale)
+    kw = dict(BK=cfg["BK"], BV=bv, DECAY=kind, FEATURE=feature, HAS_BETA=beta is not None, HAS_D=d_skip is not None,
+              HAS_Z=z is not None, num_warps=cfg["num_warps"])
+    return kernels_tl.la_step_kernel, (B * H, -(-Dv // bv)), args, kw
 
 
 def _step_torch(q, k, v, g, beta, d_skip, z, state, scale: float, feature: int) -> torch.Tensor:

@@ -232,13 +232,13 @@ def _prepare(op, q, k, v, feature_map, feature_weights, decay, scale, initial_st
             raise TypeError(f"{op}: decay must be a floating-point tensor of log decays on {q.device}; "
                             f"got {_shape(decay)}")
         scalar, channel = (B, N, H), (B, N, H, features)
+        if feature_map == "based" and decay.dim() == 4:
+            raise ValueError(f"{op}: feature_map='based' takes a scalar decay {scalar} (per-channel decay would "
+                             f"be per expanded feature); got {tuple(decay.shape)}")
         if tuple(decay.shape) not in (scalar, channel):
             raise ValueError(f"{op}: decay (log decay) must be {scalar} (one per batch, token, head) or {channel} "
                              f"(per key feature); got {tuple(decay.shape)}"
                              + (" (step: the token axis of 1 may be left out)" if step else ""))
-        if feature_map == "based" and decay.dim() == 4:
-            raise ValueError(f"{op}: feature_map='based' takes a scalar decay {scalar} (per-channel decay would "
-                             f"be per expanded feature); got {tuple(decay.shape)}")
     rows = 1 + features + features * features if feature_map == "based" else features
     if initial_state is not None:
         _tensor(op, "initial_state" if not step else "state", initial_state, q.device, (B, H, rows, Dv))

@@ -47,10 +47,15 @@ def mma_dtype(dtype: torch.dtype, device: torch.device):
 def plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: int, chunk: int | None = None) -> Plan:
     """The blocks of the forward, backward and step kernels for these inputs (q (B, N, Hqk, Dk), v (B, N,
     H, Dv), log decay g or None); ``chunk`` overrides configs.CHUNK."""
+    if dispatch.backend_for(q.device) == "reference":
+        return Plan("cpu", chunk or configs.CHUNK[decay_kind(g)])
+    return tl_plan(q, v, g, feature, chunk)
+
+
+def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: int, chunk: int | None = None) -> Plan:
+    """The tl kernels' plan (also for a compile report on a machine without a GPU)."""
     kind = decay_kind(g)
     chunk = chunk or configs.CHUNK[kind]
-    if dispatch.backend_for(q.device) == "reference":
-        return Plan("cpu", chunk)
     dk, dv = q.shape[-1], v.shape[-1]
     BK, BVF = block(dk), block(dv)
     mma, ieee = mma_dtype(q.dtype, q.device)
@@ -64,6 +69,10 @@ def plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: int,
         BKB = BK
         if kind == CHANNEL_DECAY:  # their [BT, BT, block] products are elementwise
             BKQ = BKB = max(16, KB)
+    # the interpreter's bf16 tl.dot and its float32 -> bf16 conversion are wrong: bf16 inputs run on their
+    # exact float32 upcast there, the results rounded once by torch (launch.py)
+    upcast = q.dtype == torch.bfloat16 and dispatch.interpreted(q.device)
     return Plan("tl", chunk, dict(BT=chunk, BK=BK, BV=BV, BVF=BVF, KB=KB, BKQ=BKQ, BKB=BKB, MMA=mma, IEEE=ieee,
+                                  upcast=upcast,
                                   num_warps=configs.NUM_WARPS,
                                   value_blocks=cdiv(dv, BV), key_blocks=cdiv(dk, BKQ), dkv_key_blocks=cdiv(dk, BKB)))
