@@ -19,8 +19,8 @@ zeros and rows with no key (lse = -inf) read lse = +inf, so their p, and dQ, are
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
-from tilecore.ops.attention.gluon_kernels import KV, LOG2E, head_of, query_tile
-from tilecore.tiles.gluon import Layout, TileOperand, mask_scores, needs_mask, ring, run, struct, wgmma_layout
+from tilecore.ops.attention.gluon_kernels import KV, head_of, query_tile
+from tilecore.tiles.gluon import LOG2E, Layout, TileOperand, mask_scores, needs_mask, ring, run, struct, wgmma_layout
 
 
 @struct
@@ -61,7 +61,7 @@ class AttentionDQ:
 
     @gluon.jit
     def setup(self, tile_id):
-        rows = query_tile(tile_id, self.N, self.Nk, self.num_bh, self.head_group, 2 * self.BM, self.BN, self.CAUSAL)
+        rows = query_tile(self, tile_id, 2 * self.BM)
         return rows, rows.n_blocks
 
     @gluon.jit

@@ -9,6 +9,8 @@ from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import builtin, fence_async_shared, gl, ir, tma
 
+LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+
 
 @gluon.constexpr_function
 def wgmma_layout(block_m, block_n, num_warps, in_bits=16):
@@ -27,6 +29,14 @@ def wgmma_layout(block_m, block_n, num_warps, in_bits=16):
     while n > block_n // warps[1] or block_n % n:
         n -= 8
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=warps, instr_shape=[16, n, 256 // in_bits])
+
+
+@gluon.constexpr_function
+def wgmma_lhs_layout(block_m, block_n, num_warps, in_bits=16):
+    """The layout of a wgmma's register (left) operand, [block_m, k] of ``in_bits``-bit elements, for
+    a [block_m, block_n] accumulator in ``wgmma_layout`` (attention's P of P V, or Q held in registers)."""
+    return gl.DotOperandLayout(operand_index=0, parent=wgmma_layout(block_m, block_n, num_warps, in_bits),
+                               k_width=32 // in_bits)
 
 
 @gluon.jit
@@ -105,6 +115,32 @@ def store_tile(x, out_desc, out_smem, off_m, off_n):
 
 
 @gluon.jit
+def store_block(x, out_desc, out_smem, coord):
+    """A register tile into ``out_desc``'s block at ``coord`` (any rank: the block holds x's
+    elements) by one TMA store through ``out_smem``, once the previous TMA store from it has read it."""
+    tma.store_wait(0)
+    out_smem.reshape(x.shape).store(x.to(out_desc.dtype))
+    fence_async_shared()
+    gl.thread_barrier()  # every warp's part is in shared memory before the store is issued
+    tma.async_copy_shared_to_global(out_desc, coord, out_smem)
+
+
+@gluon.jit
+def store_rows(x, ptr, vector, first_row, rows):
+    """A per-row vector x [m] (in a row slice of a tile's layout) into entries first_row + i of the
+    ``vector``-th vector of a [*, rows] float array at ``ptr`` (64-bit offsets), those from ``rows``
+    on left out (a tile's lse: vector batch * head)."""
+    offs = first_row + gl.arange(0, x.shape[0], layout=x.type.layout)
+    gl.store(ptr + vector.to(gl.int64) * rows + offs, x, mask=offs < rows)
+
+
+@gluon.jit
+def as_column(x, layout: gl.constexpr):
+    """A per-row vector x [m] as the column [m, 1] that broadcasts over a tile in ``layout``."""
+    return gl.expand_dims(gl.convert_layout(x, gl.SliceLayout(1, layout)), 1)
+
+
+@gluon.jit
 def join_n(lo, hi):
     """The inverse of ``split_n``: [m, n/2] left and right halves back into one [m, n] tile."""
     M: gl.constexpr = lo.shape[0]
@@ -132,6 +168,14 @@ def exp2_scaled(x, scale_log2e, row_shift):
 
 
 @gluon.jit
+def online_softmax_start(ROWS: gl.constexpr, layout: gl.constexpr):
+    """An online softmax's running row max and sum before any score, for the ROWS rows of a tile in
+    ``layout``: m = -inf (see ``online_softmax_update``), l = 0."""
+    row_layout: gl.constexpr = gl.SliceLayout(1, layout)
+    return gl.full([ROWS], float("-inf"), gl.float32, row_layout), gl.zeros([ROWS], gl.float32, row_layout)
+
+
+@gluon.jit
 def online_softmax_update(m_i, l_i, s, scale_log2e):
     """One online-softmax step on raw scores ``s`` (scale > 0, base 2): the new row max m (of the
     scaled scores), the new row sum l, the unnormalized probabilities P (float32), and alpha =
@@ -145,6 +189,18 @@ def online_softmax_update(m_i, l_i, s, scale_log2e):
     p = exp2_scaled(s, scale_log2e, m_ref)
     alpha = gl.exp2(m_i - m_ref)
     return m_new, l_i * alpha + row_sum(p), p, alpha
+
+
+@gluon.jit
+def online_softmax_result(m, l, acc):
+    """The rows' output acc / l and their lse (natural log: (m + log2 l) / log2 e) after the last
+    online-softmax step: a row with no key (l = 0) gets 0 and -inf; a row whose l is NaN (a NaN or
+    +inf score) NaN and NaN ("no key" is l == 0, not "not l > 0", which a NaN l passes too).
+    (kernels_tl.normalized is the ``tl`` twin, with lse in base 2.)"""
+    no_key = l == 0.0
+    l_safe = gl.where(no_key, 1.0, l)
+    out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, acc.type.layout)), 1)
+    return out, gl.where(no_key, float("-inf"), (m + gl.log2(l_safe)) / LOG2E)
 
 
 @gluon.jit

@@ -42,7 +42,7 @@ finished tile under it), ``finish`` is not called, and after a program's last ti
 """
 from triton.experimental import gluon
 
-from tilecore.tiles.gluon.compat import aggregate, base_value, gl, mbarrier, tma
+from tilecore.tiles.gluon.compat import aggregate, base_value, builtin, gl, mbarrier, tma
 from tilecore.tiles.schedule import next_tile, program_tiles, scheduled_tile
 
 TILE_ID_SLOTS = gl.constexpr(4)  # drawn tiles: ids the producer may hand out ahead of the consumers
@@ -60,8 +60,10 @@ def struct(cls):
     """A named struct for Gluon kernels: ``triton.language.core._aggregate`` with the constructor
     written from the annotations (positional, in order). Fields annotated ``gl.constexpr`` are
     compile-time values; fields annotated ``object`` take run-time values or constants (``field``).
-    Methods decorated ``@gluon.jit`` are the struct's; annotations must be real types, so a module that
-    defines structs must not use ``from __future__ import annotations``."""
+    ``x.replace(name=value, ...)`` is a copy with those fields replaced (Gluon has no attribute
+    assignment; the copy emits nothing). Methods decorated ``@gluon.jit`` are the struct's;
+    annotations must be real types, so a module that defines structs must not use
+    ``from __future__ import annotations``."""
     names = list(cls.__annotations__)
     constant = {name: kind is gl.constexpr for name, kind in cls.__annotations__.items()}
 
@@ -71,9 +73,31 @@ def struct(cls):
         for name, value in zip(names, values):
             setattr(self, name, gl.constexpr(value) if constant[name] else field(value))
 
+    @builtin
+    def replace(self, _semantic=None, **changes):
+        unknown = set(changes) - set(names)
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no field {', '.join(sorted(unknown))} (fields: {', '.join(names)})")
+        return type(self)(*[changes.get(name, getattr(self, name)) for name in names], _semantic=_semantic)
+
     __init__.__qualname__ = f"{cls.__name__}.__init__"
     cls.__init__ = gluon.constexpr_function(__init__)
+    cls.replace = replace
     return aggregate(cls)
+
+
+def stage(cls):
+    """A stage of the ring: a ``struct`` whose fields are the stage's named buffers, each a ring of
+    shared-memory buffers (``ring``), with ``index(s)``: the stage of ring slot s (every field's
+    buffer s) written for it."""
+    names = list(cls.__annotations__)
+
+    @builtin
+    def index(self, s, _semantic=None):
+        return type(self)(*[getattr(self, name).index(s, _semantic=_semantic) for name in names], _semantic=_semantic)
+
+    cls.index = index
+    return struct(cls)
 
 
 @aggregate
