@@ -23,7 +23,7 @@ def serve(rank, world, port, jobs, results):
         GROUPS[2] = pair if rank < 2 else None
         from tilecore.distributed import ring
 
-        ring.POISON = True  # receive buffers start as NaN: a transfer that did not fill one shows
+        ring.poison_receive_buffers()  # NaN in each receive buffer: a transfer that did not fill one shows
         results.put((rank, True, "ready"))
     except BaseException:  # noqa: BLE001 (reported to the parent)
         results.put((rank, False, traceback.format_exc()))

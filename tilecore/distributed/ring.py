@@ -40,7 +40,13 @@ from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2
 MERGE = CachedLaunch(kernels_tl.lse_merge_kernel)
 
 
-POISON = False  # tests: receive buffers start as NaN, so one a transfer did not fill shows
+POISON = False  # checks: receive buffers start as NaN, so one a transfer did not fill shows
+
+
+def poison_receive_buffers(on: bool = True) -> None:
+    """Checks and probes: fill every receive buffer with NaN before its transfer (off by default)."""
+    global POISON
+    POISON = bool(on)
 
 
 def receive_buffer(like: torch.Tensor, shape) -> torch.Tensor:

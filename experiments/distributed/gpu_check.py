@@ -1,0 +1,411 @@
+"""Context-parallel attention on the GPUs of one host (issue 38): correctness against one GPU and
+float64, then the ring's timing at B1 H32 D128 bf16: with its transfers and with the compute alone
+(the same steps, nothing sent), the transfers alone, speedup over one GPU's tilecore.attention at
+the same total sequence, peak memory per rank; all-to-all beside it.
+
+    torchrun --nproc_per_node=2 experiments/distributed/gpu_check.py          (from the repo root)
+    torchrun --nproc_per_node=2 experiments/distributed/gpu_check.py --sizes 32768 --skip-check
+
+Timing: ranks run each timed call in lockstep (a barrier, then CUDA events around the call on each
+rank; the median over fixed repetitions after one warm-up), since a ring call on one rank waits for
+the others; do_bench's adaptive repetition counts could differ between ranks. Rank 0's figures are
+reported (the ranks' medians are within a few percent of each other; the JSON has both).
+JSON: $OUT/distributed_gpu_check.json (OUT defaults to /tmp/out), rewritten after every case;
+the tables are printed last. Each case catches its own exceptions (printed and kept in the JSON);
+a rank that fails inside a ring step leaves the other waiting until NCCL's timeout (--nccl-timeout).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: tilecore, experiments
+
+from tilecore import accuracy  # noqa: E402
+from tilecore.distributed import context_parallel_attention, zigzag_shard  # noqa: E402
+from tilecore.distributed.ring import Ring, poison_receive_buffers, ring_backward, ring_forward  # noqa: E402
+from tilecore.ops.attention import attention, attention_reference  # noqa: E402
+
+
+DEVICE = "cuda"  # --dry: "cpu" (gloo, torch's CPU attention, small sizes: the script's logic only)
+
+
+class ComputeOnlyRing(Ring):
+    """The ring's steps with nothing sent: each step attends whatever its receive buffer holds (the
+    same shapes, so the same work)."""
+
+    def exchange(self, send, recv, tag):
+        return []
+
+
+def sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def lockstep_ms(fn, reps: int, warmup: int = 1) -> list[float]:
+    """fn's GPU time on this rank (ms), each repetition started together on every rank."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    if DEVICE == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(reps):
+        dist.barrier()
+        sync()
+        if DEVICE != "cuda":
+            began = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - began) * 1e3)
+            continue
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def memory_allocated() -> int:
+    return torch.cuda.memory_allocated() if DEVICE == "cuda" else 0
+
+
+def reset_peak() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak() -> int:
+    return torch.cuda.max_memory_allocated() if DEVICE == "cuda" else 0
+
+
+def empty_cache() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+
+
+def gathered(values: list[float]) -> list[list[float]]:
+    """Every rank's ``values`` (rank order)."""
+    t = torch.tensor(values, dtype=torch.float64, device=DEVICE)
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [o.tolist() for o in out]
+
+
+def all_ok(ok: bool) -> bool:
+    """Whether every rank's case went well (so all skip together what follows)."""
+    t = torch.tensor([1 if ok else 0], device=DEVICE)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+# --------------------------------------------------------------------------------------------
+# correctness
+
+
+def check_case(mode: str, causal: bool, n: int, hq: int, hkv: int, d: int, dtype: torch.dtype) -> dict:
+    g = torch.Generator(device=DEVICE).manual_seed(1234)
+    rnd = lambda *shape: torch.randn(*shape, generator=g, device=DEVICE)  # noqa: E731
+    q, k, v = rnd(1, hq, n, d).to(dtype), rnd(1, hkv, n, d).to(dtype), rnd(1, hkv, n, d).to(dtype)
+    dout, dlse = rnd(1, hq, n, d).to(dtype), rnd(1, hq, n)
+
+    def loss(o, lse, do, dl):
+        return (o.double() * do.double()).sum() + (lse.double() * dl.double()).sum()
+
+    whole = [t.clone().requires_grad_() for t in (q, k, v)]
+    o1, l1 = attention(*whole, causal=causal, return_lse=True)
+    g1 = torch.autograd.grad(loss(o1, l1, dout, dlse), whole)
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    o64, l64 = attention_reference(*ref, causal=causal, scale=d ** -0.5)
+    g64 = torch.autograd.grad(loss(o64, l64, dout, dlse), ref)
+    o64 = o64.detach()
+    del ref
+
+    shard = lambda t: zigzag_shard(t.detach(), 2)  # noqa: E731
+    local = [shard(t).requires_grad_() for t in (q, k, v)]
+    out, lse = context_parallel_attention(*local, causal=causal, mode=mode, return_lse=True)
+    grads = torch.autograd.grad(loss(out, lse, shard(dout), shard(dlse)), local)
+
+    row = {"finite": float(all(bool(torch.isfinite(t).all()) for t in (out, lse, *grads)))}
+    for name, mine, single, exact in (("out", out, o1, o64), ("dq", grads[0], g1[0], g64[0]),
+                                      ("dk", grads[1], g1[1], g64[1]), ("dv", grads[2], g1[2], g64[2])):
+        row[f"{name}_floor_x"] = accuracy.error_over_floor(mine.detach(), shard(exact))
+        row[f"{name}_single_floor_x"] = accuracy.error_over_floor(shard(single), shard(exact))
+    row["lse_abs_err"] = (lse.detach().double() - shard(l64)).abs().max().item()
+    row["lse_single_abs_err"] = (shard(l1).double() - shard(l64)).abs().max().item()
+    # the worst rank's figures
+    keys = sorted(row)
+    worst = torch.tensor([row[k] if k != "finite" else -row[k] for k in keys], dtype=torch.float64, device=DEVICE)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return {k: (-w if k == "finite" else w) for k, w in zip(keys, worst.tolist())}
+
+
+CHECKS = [  # (mode, causal, n, hq, hkv, d, dtype): n not a multiple of 2P for most; GQA and MQA
+    ("ring", False, 4099, 8, 2, 128, torch.bfloat16),
+    ("ring", True, 4099, 8, 2, 128, torch.bfloat16),
+    ("all_to_all", False, 4099, 8, 2, 128, torch.bfloat16),
+    ("all_to_all", True, 4099, 8, 2, 128, torch.bfloat16),
+    ("ring", True, 3001, 4, 4, 64, torch.float16),
+    ("ring", False, 2048, 4, 1, 128, torch.bfloat16),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# timing
+
+
+def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single: bool, a2a: bool) -> dict:
+    world, rank = dist.get_world_size(), dist.get_rank()
+    group = dist.group.WORLD
+    n = n_total // world
+    lengths = [n] * world
+    scale = d ** -0.5
+    g = torch.Generator(device=DEVICE).manual_seed(rank)
+    q, k, v = (torch.randn(1, heads, n, d, generator=g, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
+    dout = torch.randn_like(q)
+    row = {"N": n_total, "causal": causal, "n_per_rank": n}
+
+    def record(name, times):
+        every = gathered([statistics.median(times)])
+        row[name] = every[0][0]
+        row[name + "_ranks"] = [e[0] for e in every]
+
+    with torch.no_grad():
+        record("ring_fwd_ms", lockstep_ms(lambda: ring_forward(q, k, v, group, lengths, causal, scale), reps))
+        record("ring_fwd_compute_ms", lockstep_ms(
+            lambda: ring_forward(q, k, v, group, lengths, causal, scale, ring=ComputeOnlyRing(group)), reps))
+        ring = Ring(group)
+        kv = torch.stack((k, v))
+        kv_in = torch.empty_like(kv)
+        dkv = kv.float()
+        dkv_in = torch.empty_like(dkv)
+
+        def transfers(count, with_sums):
+            for step in range(count):
+                for work in ring.exchange(kv, kv_in, tag=2 * step):
+                    work.wait()
+                if with_sums:
+                    for work in ring.exchange(dkv, dkv_in, tag=2 * step + 1):
+                        work.wait()
+
+        record("ring_fwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, False), reps))
+        record("ring_bwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, True), reps))
+        del dkv, dkv_in, kv_in
+        out, lse = ring_forward(q, k, v, group, lengths, causal, scale)
+        record("ring_bwd_ms", lockstep_ms(
+            lambda: ring_backward(dout, None, q, k, v, out, lse, group, lengths, causal, scale), reps))
+        record("ring_bwd_compute_ms", lockstep_ms(
+            lambda: ring_backward(dout, None, q, k, v, out, lse, group, lengths, causal, scale,
+                                  ring=ComputeOnlyRing(group)), reps))
+        del out, lse
+        record("public_fwd_ms", lockstep_ms(
+            lambda: context_parallel_attention(q, k, v, causal=causal, mode="ring"), reps))
+
+    local = [t.clone().requires_grad_() for t in (q, k, v)]
+
+    def fwd_bwd(mode):
+        def run():
+            o = context_parallel_attention(*local, causal=causal, mode=mode)
+            torch.autograd.grad(o, local, dout)
+        return run
+
+    sync()
+    base = memory_allocated()
+    reset_peak()
+    record("public_fwd_bwd_ms", lockstep_ms(fwd_bwd("ring"), reps))
+    row["peak_extra_gb"] = (peak() - base) / 1e9
+    row["inputs_gb"] = 4 * q.numel() * q.element_size() / 1e9  # q, k, v, dO of this rank
+    if a2a and heads % world == 0:
+        record("a2a_fwd_bwd_ms", lockstep_ms(fwd_bwd("all_to_all"), reps))
+    del local
+
+    if single:  # one GPU, the whole sequence (each rank runs its own, at the same time)
+        gq, gk, gv = (torch.randn(1, heads, n_total, d, generator=g, device=DEVICE, dtype=torch.bfloat16)
+                      for _ in range(3))
+        gdout = torch.randn_like(gq)
+        with torch.no_grad():
+            record("single_fwd_ms", lockstep_ms(lambda: attention(gq, gk, gv, causal=causal), reps))
+        whole = [t.requires_grad_() for t in (gq, gk, gv)]
+
+        def single_fwd_bwd():
+            o = attention(*whole, causal=causal)
+            torch.autograd.grad(o, whole, gdout)
+
+        sync()
+        base = memory_allocated()
+        reset_peak()
+        record("single_fwd_bwd_ms", lockstep_ms(single_fwd_bwd, reps))
+        row["single_peak_extra_gb"] = (peak() - base) / 1e9
+        del whole, gq, gk, gv, gdout
+
+    # derived figures
+    row["fwd_overlap"] = row["ring_fwd_compute_ms"] / row["ring_fwd_ms"]  # 1: transfers fully hidden
+    row["bwd_overlap"] = row["ring_bwd_compute_ms"] / row["ring_bwd_ms"]
+    for p in ("fwd", "bwd"):
+        exposed = max(row[f"ring_{p}_ms"] - row[f"ring_{p}_compute_ms"], 0.0)
+        transfer = row[f"ring_{p}_transfer_ms"]
+        row[f"{p}_transfer_hidden"] = 1 - min(exposed / transfer, 1.0) if transfer > 0 else 1.0
+    if single:
+        row["speedup_fwd"] = row["single_fwd_ms"] / row["public_fwd_ms"]
+        row["speedup_fwd_bwd"] = row["single_fwd_bwd_ms"] / row["public_fwd_bwd_ms"]
+    flops = 4 * heads * n_total * n_total * d * (0.5 if causal else 1.0)
+    row["ring_fwd_tflops_per_gpu"] = flops / world / (row["public_fwd_ms"] * 1e-3) / 1e12
+    row["napkin"] = napkin_prediction(n_total, causal, heads, d, world)
+    if row["napkin"]:
+        row["napkin_fwd_over_measured"] = row["napkin"]["fwd_ms"] / row["ring_fwd_ms"]
+    return row
+
+
+def napkin_prediction(n_total, causal, heads, d, world):
+    """The napkin's ring prediction (tilecore.napkin.ring), or None where this tilecore has none."""
+    try:
+        from tilecore.napkin import ring as napkin_ring
+    except ImportError:
+        return None
+    try:
+        p = napkin_ring.predict(seq=n_total, heads=heads, d=d, world=world, causal=causal, gpu="h100")
+        return {"fwd_ms": p.forward_s * 1e3, "bwd_ms": p.backward_s * 1e3, "step_compute_ms": p.step_compute_s * 1e3,
+                "step_transfer_ms": p.step_transfer_s * 1e3, "hidden": p.hidden}
+    except Exception as err:  # noqa: BLE001
+        return {"error": f"{type(err).__name__}: {err}"}
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def fmt(x, spec=".2f"):
+    return "-" if x is None else format(x, spec)
+
+
+def tables(results) -> str:
+    lines = ["", "correctness (worst rank; error over the rounding floor against float64: ours / one GPU's):",
+             f"{'mode':<11}{'causal':<7}{'shape':<24}{'out':>12}{'dq':>12}{'dk':>12}{'dv':>12}{'lse err':>10}"]
+    for c in results["checks"]:
+        if "error" in c:
+            lines.append(f"{c['case']}: {c['error'].splitlines()[-1]}")
+            continue
+        r = c["result"]
+        cells = "".join(f"{fmt(r[f'{x}_floor_x'])}/{fmt(r[f'{x}_single_floor_x'])}".rjust(12)
+                        for x in ("out", "dq", "dk", "dv"))
+        lines.append(f"{c['mode']:<11}{str(c['causal']):<7}{c['shape']:<24}{cells}{r['lse_abs_err']:>10.1e}")
+    lines += ["", f"ring timing, B1 H{results['heads']} D{results['d']} bf16 on {results['world']} GPUs (rank 0, ms; "
+              "overlap = compute alone / with transfers; hidden = share of the transfers' own time hidden):",
+              f"{'N':>7} {'causal':<6}{'fwd':>8}{'compute':>8}{'xfer':>7}{'hidden':>7}{'1 GPU':>8}{'speedup':>8}"
+              f"{'fwd+bwd':>9}{'1 GPU':>8}{'speedup':>8}{'bwd':>8}{'compute':>8}{'hidden':>7}{'GB/rank':>8}"
+              f"{'1 GPU GB':>9}{'a2a f+b':>8}{'napkin':>7}"]
+    for t in results["timing"]:
+        if "error" in t:
+            lines.append(f"{t['N']:>7} {str(t['causal']):<6} {t['error'].splitlines()[-1]}")
+            continue
+        lines.append(
+            f"{t['N']:>7} {str(t['causal']):<6}{fmt(t['public_fwd_ms']):>8}{fmt(t['ring_fwd_compute_ms']):>8}"
+            f"{fmt(t['ring_fwd_transfer_ms']):>7}{fmt(t['fwd_transfer_hidden'], '.0%'):>7}"
+            f"{fmt(t.get('single_fwd_ms')):>8}{fmt(t.get('speedup_fwd')):>8}{fmt(t['public_fwd_bwd_ms']):>9}"
+            f"{fmt(t.get('single_fwd_bwd_ms')):>8}{fmt(t.get('speedup_fwd_bwd')):>8}{fmt(t['ring_bwd_ms']):>8}"
+            f"{fmt(t['ring_bwd_compute_ms']):>8}{fmt(t['bwd_transfer_hidden'], '.0%'):>7}"
+            f"{fmt(t['peak_extra_gb']):>8}{fmt(t.get('single_peak_extra_gb')):>9}{fmt(t.get('a2a_fwd_bwd_ms')):>8}"
+            f"{fmt(t.get('napkin_fwd_over_measured')):>7}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="32768,65536,131072", help="total sequence lengths to time")
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--d", type=int, default=128)
+    parser.add_argument("--skip-check", action="store_true")
+    parser.add_argument("--no-single", action="store_true", help="skip one GPU's timing")
+    parser.add_argument("--nccl-timeout", type=float, default=120.0)
+    parser.add_argument("--dry", action="store_true",
+                        help="CPU tensors on gloo, small sizes (the script's logic, without a GPU)")
+    args = parser.parse_args()
+
+    global DEVICE, CHECKS
+    if args.dry:
+        DEVICE = "cpu"
+        CHECKS = [(m, c, 37, 4, 2, 16, torch.bfloat16) for m, c, *_ in CHECKS[:4]]
+        args.sizes, args.heads, args.d = "64,96", 4, 16
+        dist.init_process_group("gloo")
+    else:
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=args.nccl_timeout))
+    poison_receive_buffers()  # the checks' transfers fill NaN buffers (turned off for the timing)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out_dir = Path(os.environ.get("OUT", "/tmp/out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "distributed_gpu_check.json"
+    results = {"world": world, "heads": args.heads, "d": args.d, "checks": [], "timing": [],
+               "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)", "torch": torch.__version__,
+               "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+    try:
+        from experiments.common.meta import meta
+        results["meta"] = meta()
+    except Exception as err:  # noqa: BLE001
+        results["meta"] = f"unavailable: {err}"
+    began = time.time()
+
+    def save():
+        if rank == 0:
+            results["wall_s"] = time.time() - began
+            path.write_text(json.dumps(results, indent=1))
+
+    if not args.skip_check:
+        for mode, causal, n, hq, hkv, d, dtype in CHECKS:
+            entry = {"mode": mode, "causal": causal, "shape": f"n{n} h{hq}/{hkv} d{d} {str(dtype)[6:]}",
+                     "case": f"{mode} causal={causal} n={n}"}
+            try:
+                entry["result"] = check_case(mode, causal, n, hq, hkv, d, dtype)
+                ok = True
+            except Exception:  # noqa: BLE001
+                entry["error"] = traceback.format_exc()
+                ok = False
+                print(f"rank {rank}: check {entry['case']} failed:\n{entry['error']}", flush=True)
+            all_ok(ok)
+            results["checks"].append(entry)
+            if rank == 0:
+                print(f"check {entry['case']}: {entry.get('result', 'failed')}", flush=True)
+            empty_cache()
+            save()
+
+    poison_receive_buffers(False)
+    for n_total in [int(s) for s in args.sizes.split(",") if s]:
+        for causal in (False, True):
+            reps = 5 if n_total <= 65536 else 3
+            try:
+                row = time_case(n_total, causal, args.heads, args.d, reps, single=not args.no_single, a2a=True)
+                ok = True
+            except Exception:  # noqa: BLE001
+                row = {"N": n_total, "causal": causal, "error": traceback.format_exc()}
+                ok = False
+                print(f"rank {rank}: timing N={n_total} causal={causal} failed:\n{row['error']}", flush=True)
+            all_ok(ok)
+            results["timing"].append(row)
+            if rank == 0:
+                print(f"timing N={n_total} causal={causal}: " + json.dumps(
+                    {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
+                     if not k.endswith("_ranks")}), flush=True)
+            empty_cache()
+            save()
+
+    save()
+    if rank == 0:
+        print(tables(results))
+        print(f"\nJSON: {path} ({time.time() - began:.0f} s)")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
