@@ -17,6 +17,7 @@ import collections
 import dataclasses
 import functools
 import inspect
+import os
 import threading
 
 import torch
@@ -462,3 +463,63 @@ def serialize_interpreter() -> None:
 
 
 serialize_interpreter()
+
+
+# TRITON_PTXAS_PATH as the user set it (None: Triton's own ptxas). Not torch's bundled ptxas, which
+# Inductor sets in the process when it compiles a kernel (torch/_inductor/runtime/compile_tasks.py):
+# that is Inductor's choice, not the user's
+_USER_PTXAS = os.environ.get("TRITON_PTXAS_PATH")
+_PTXAS_LOCK = threading.Lock()
+
+
+def _inductor_ptxas(path: str | None) -> bool:
+    return path is not None and os.path.normpath(path) == os.path.normpath(
+        os.path.join(os.path.dirname(torch.__file__), "bin", "ptxas"))
+
+
+if _inductor_ptxas(_USER_PTXAS):
+    _USER_PTXAS = None
+
+
+def pin_ptxas() -> None:
+    """Compile tilecore's kernels with the ptxas their configurations were measured with: Triton's
+    own, or the one the user named in TRITON_PTXAS_PATH before importing tilecore (installed on import).
+
+    torch.compile sets TRITON_PTXAS_PATH to torch's bundled ptxas in the process when it compiles a
+    Triton kernel, and every kernel compiled after it is then built by that ptxas. With CUDA 13.0's
+    ptxas (torch 2.11 cu130) the Hadamard transform at n = 2048 ran at 0.77x copy against 1.00x with
+    Triton 3.6's ptxas 12.8, and the GEMM at 0.99x cuBLAS against 1.03x (H100, fresh caches, same
+    process each; experiments/common/ptxas_check.py): issue 31's "intermittent slowdown" (processes
+    that compiled the kernel after torch.compile). A tilecore kernel's launch through Triton's JIT (the
+    one that may compile) runs with TRITON_PTXAS_PATH set back to the user's value, under a lock;
+    other kernels, Inductor's included, are left alone."""
+    from triton.runtime.jit import JITFunction
+
+    if not getattr(JITFunction.run, "_tilecore_ptxas", False):
+        JITFunction.run = with_pinned_ptxas(JITFunction.run)
+
+
+def with_pinned_ptxas(run):
+    """``run`` (JITFunction.run) that, for a kernel of a tilecore module, runs with TRITON_PTXAS_PATH
+    set back to the user's value (pin_ptxas)."""
+
+    @functools.wraps(run)
+    def run_with_pinned_ptxas(self, *args, **kwargs):
+        current = os.environ.get("TRITON_PTXAS_PATH")
+        if current == _USER_PTXAS or not getattr(self, "__module__", "").startswith("tilecore."):
+            return run(self, *args, **kwargs)
+        with _PTXAS_LOCK:
+            if _USER_PTXAS is None:
+                del os.environ["TRITON_PTXAS_PATH"]
+            else:
+                os.environ["TRITON_PTXAS_PATH"] = _USER_PTXAS
+            try:
+                return run(self, *args, **kwargs)
+            finally:
+                os.environ["TRITON_PTXAS_PATH"] = current
+
+    run_with_pinned_ptxas._tilecore_ptxas = True
+    return run_with_pinned_ptxas
+
+
+pin_ptxas()
