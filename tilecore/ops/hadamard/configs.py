@@ -25,6 +25,24 @@ TUNING = {n: (4096, 8, 3, 4) for n in SPLITS} | {n: (16384, 8, 3, 1) for n in (1
 # float32 inputs carry three pieces per stage: smaller tiles and two stages keep them in shared memory
 FP32_TUNING = (4096, 8, 2, 4)
 
+# GPUs whose blocks get less shared memory than TUNING asks for there: (bytes a block gets, (n, float32)
+# -> tl_config overrides), the first row whose bytes the GPU's reach (dispatch.shared_memory_fit), on
+# the pointer path (TMA_TUNING was timed on the H100 only). None: the tables as they are (sm_80: at
+# most 160 of its 163 KiB; sm_90a, sm_100a: 216 of 227). Each row is compiled for the GPUs it serves
+# by python -m tilecore.portability (CI: tests/test_portability.py; the table: notes/portability.md).
+# Untimed there: smaller tiles where they fit (the pipeline keeps its depth), else fewer stages.
+SHARED_FITS = (
+    (163 * 1024, None),
+    # sm_86, sm_89, sm_120 (99 KiB): n = 64, 128, 256 asked 104, 128, 144 KiB (sm_86) -> 56, 80, 72;
+    # float32 n = 32768 160 -> 32 with one stage
+    (99 * 1024, {(64, False): dict(tile_elems=8192), (128, False): dict(tile_elems=8192),
+                 (256, False): dict(tile_elems=16384), (32768, True): dict(num_stages=1)}),
+    # ROCm's MI200 and MI300 (64 KiB of LDS): 16-bit n = 16..128, 2048..16384 asked 72-96 KiB (gfx90a),
+    # two stages 32-64; n = 256 144 -> 40 (and half the tile); n = 32768 144 -> 32 with one stage
+    (64 * 1024, {**{(n, False): dict(num_stages=2) for n in (16, 32, 64, 128, 2048, 8192, 16384)},
+                 (256, False): dict(tile_elems=16384, num_stages=2), (32768, False): dict(num_stages=1)}),
+)
+
 # float16/bfloat16: n -> (which side goes through TMA descriptors, tuning that differs from TUNING's),
 # where that measured faster than pointers on the H100 (notes/hadamard/README.md, v7)
 TMA_TUNING = {
@@ -68,3 +86,4 @@ KRON_MAX_TILE_ELEMS = 32768
 KRON_TILE_ELEMS = 8192  # a tile's elements where several rows fit (M_PAD < 64), as TUNING's 4096-16384
 KRON_CHUNK_COLUMNS = 64
 KRON_WAVES = 4  # programs per SM of the persistent grid (not yet timed on the H100)
+QUANT_TILE_ELEMS = 8192  # hadamard_quantize's tile where several rows fit (quantize.plan_quantize; not yet timed)

@@ -99,7 +99,8 @@ def load_slice_transform(x, h_ptr, signs, tile, t, rows, stride_x, M: tl.constex
     offs, mask, col = slice_offsets(tile, t, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS)
     v = tl.load(x + offs, mask=mask, other=0.0)
     if SIGNS:
-        v = v * tl.load(signs + col, mask=mask, other=0.0).to(v.dtype)
+        # in float32 and back (exact: +-1): the interpreter multiplies bf16 as integers
+        v = (v.to(tl.float32) * tl.load(signs + col, mask=mask, other=0.0).to(tl.float32)).to(v.dtype)
     return slice_transform(v, h_ptr, M_PAD, Q, P, B, MIX, TRANSFORM, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
 
 

@@ -1,0 +1,291 @@
+"""``tilecore.hadamard_quantize``: rotate the last dimension by a Hadamard transform and quantize it in the
+same pass (one read of x, one write of codes and scales), and ``dequantize``. Formats and byte layouts:
+quantize_reference.py; the kernel: quantize_kernels.py.
+
+Paths (``plan_quantize``):
+* "cpu": CPU tensors without the interpreter: hadamard_transform's CPU path in float32, then the formats
+  in float32 with torch's operations (quantize_reference.quantize_rotated);
+* "fused": quantize_kernels.rotate_quantize_kernel, where a row's (or a tile's) rotated values fit one
+  program's registers (configs.KRON_MAX_TILE_ELEMS float32 values);
+* "unfused": longer rows (n = m 2^k with 2^k > 1024, or rows past that budget): hadamard_transform into a
+  float32 buffer, then the kernel without rotation.
+nvfp4 without a given global scale reads x twice: a first pass of the same kernel finds the rotated
+tensor's largest |y| (each program writes its own, no atomics), then the quantizing pass.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from tilecore import dispatch
+from tilecore.ops.hadamard import configs, kron, orders
+from tilecore.ops.hadamard.quantize_reference import (FORMATS, FP8_DTYPES, dequantize, nvfp4_global_scale,
+                                                      quantize_rotated, rotated_rows, shape_outputs)
+from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+BLOCKS = (16, 32, 64, 128)
+
+__all__ = ["hadamard_quantize", "dequantize", "FORMATS"]
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizePlan:
+    path: str  # "cpu" | "fused" | "unfused"
+    config: dict = dataclasses.field(default_factory=dict)
+    grid: tuple[int, ...] = ()
+    rscale: float = 1.0
+
+
+def _qslices(p: int, group: int | None):
+    """(Q, S) for sub-rows of p: kron.slices, with Q >= min(group, p) so that a group sits in one slice."""
+    qs = kron.slices(p)
+    if qs is None:
+        return None
+    q, s = qs
+    if group is not None and q < min(group, p):
+        q = min(group, p)
+        s = p // q
+    return max(q, 16), max(1, p // max(q, 16))
+
+
+def plan_quantize(x: torch.Tensor, fmt: str, group: int | None, block: int | None, rotate: bool,
+                  static: bool, signs: bool, **tuning) -> QuantizePlan:
+    """The plan for 2-D ``x`` (rows, n) (arguments checked). ``tuning``: tile_elems, num_warps, waves."""
+    rows, n = x.shape
+    if dispatch.backend_for(x.device) == "reference":
+        return QuantizePlan("cpu")
+    interpret = dispatch.interpreted(x.device)
+    f = FORMATS[fmt]
+    if rotate and block is None:
+        m, p = orders.split(n)
+        if m == 1 and n <= 1024:
+            M, mix, P = 1, 0, n
+        elif m == 1:
+            M = max(16, n // 1024)
+            mix, P = 2, n // M
+        else:
+            M, mix, P = m, 1, p
+        qs = _qslices(P, group)
+        butterfly, transform = True, P > 1
+        rscale = n**-0.5
+    else:
+        # sub-rows of the rotation block (or, unrotated, of a power of two dividing n), no mixing
+        P = block if rotate else min(128, n & -n)
+        M, mix, qs, butterfly, transform = n // P, 0, (max(P, 16), 1), False, rotate
+        rscale = P**-0.5 if rotate else 1.0
+    m_pad = next_power_of_2(M)
+    if qs is None or m_pad * qs[0] * qs[1] > configs.KRON_MAX_TILE_ELEMS:
+        return QuantizePlan("unfused", rscale=rscale)
+    Q, S = qs
+    if group is None:
+        mode, spg = 0, m_pad
+    elif group <= Q and P >= group:
+        mode, spg = 1, 1
+    else:  # groups of several sub-rows (P < group, one slice)
+        assert S == 1 and group % P == 0, (n, P, Q, group)
+        mode, spg = 0, group // P
+    tile_elems = min(tuning.get("tile_elems") or configs.QUANT_TILE_ELEMS, configs.KRON_MAX_TILE_ELEMS)
+    B = 1 if (mix and m_pad >= 64) else max(1, tile_elems // (m_pad * Q * S))
+    if (mix or transform) and B * m_pad < 16:
+        B = 16 // m_pad  # a tensor-core tile needs 16 rows
+    B = next_power_of_2(B) if B & (B - 1) else B
+    sms = configs.INTERPRETER_SMS if interpret else dispatch.num_sms(x.device)
+    grid = max(1, min(cdiv(rows, B), sms * (tuning.get("waves") or configs.KRON_WAVES)))
+    warps = tuning.get("num_warps") or (8 if B * m_pad * Q * S >= 8192 else 4)
+    return QuantizePlan("fused", grid=(grid,), rscale=rscale, config=dict(
+        M=M, M_PAD=m_pad, P=P, Q=Q, S=S, B=B, MIX=mix, TRANSFORM=transform, BUTTERFLY=butterfly, SIGNS=signs,
+        FORMAT=f.kernel_id, GROUP=mode, G=group or 1, SPG=spg, STATIC=static and fmt in FP8_DTYPES,
+        PACKED=f.packed, QMAX=f.qmax, GRID=grid, num_warps=warps, num_stages=2, **kron._dtypes(x.dtype, interpret)))
+
+
+def _kernel():
+    from tilecore.ops.hadamard.quantize_kernels import rotate_quantize_kernel
+    return rotate_quantize_kernel
+
+
+_launch = CachedLaunch(_kernel)
+
+
+def _outputs(rows: int, n: int, fmt: str, group: int | None, device):
+    """Empty codes and scales (the kernel's views: bytes) for rows of n."""
+    f = FORMATS[fmt]
+    if f.packed:
+        codes = torch.empty(rows, n // 2, dtype=torch.uint8, device=device)
+    elif fmt == "int8":
+        codes = torch.empty(rows, n, dtype=torch.int8, device=device)
+    else:
+        codes = torch.empty(rows, n, dtype=FP8_DTYPES[fmt], device=device)
+    per_row = n // group if group else 1
+    scale_dtype = torch.uint8 if fmt in ("mxfp4", "nvfp4") else torch.float32
+    return codes, torch.empty(rows, per_row, dtype=scale_dtype, device=device)
+
+
+def _run(x2, fmt, group, block, rotate, scale, signs):
+    """(codes, scales, global scale or None) for 2-D x2 (rows, n), contiguous rows; arguments checked."""
+    rows, n = x2.shape
+    f = FORMATS[fmt]
+    static = scale is not None
+    plan = plan_quantize(x2, fmt, group, block, rotate, static, signs is not None)
+    if plan.path == "cpu" or rows == 0:
+        y = rotated_rows(x2, block, rotate, signs, torch.float32)
+        gscale = scale if fmt != "nvfp4" or scale is not None else nvfp4_global_scale(y)
+        codes, scales = quantize_rotated(y, fmt, group, gscale)
+        if fmt == "nvfp4":
+            return codes, scales, gscale.reshape(1).to(torch.float32)
+        return codes, scales, None
+    if plan.path == "unfused":
+        y = rotated_rows(x2, block, rotate, signs, torch.float32)  # hadamard_transform's kernels
+        return _run(y, fmt, group, None, False, scale, None)
+    codes, scales = _outputs(rows, n, fmt, group if not static or fmt == "nvfp4" else None, x2.device)
+    if static and fmt in FP8_DTYPES:
+        scales = scale.reshape(1).to(torch.float32)
+    cfg = plan.config
+    h = x2
+    if cfg["MIX"] == 1:
+        h_dtype = torch.float32 if dispatch.interpreted(x2.device) else \
+            {torch.float16: torch.float16, torch.bfloat16: torch.bfloat16, torch.float32: torch.bfloat16}[x2.dtype]
+        h = kron.mixing_matrix(cfg["M"], False, h_dtype, x2.device)
+    sign_t = signs.to(x2.dtype).contiguous() if signs is not None else x2
+    gscale = scale if static else None
+    if fmt == "nvfp4" and gscale is None:
+        amax = torch.empty(plan.grid[0], dtype=torch.float32, device=x2.device)
+        _launch[plan.grid](x2, codes, scales, h, sign_t, x2, amax, rows, x2.stride(0), codes.stride(0),
+                           scales.stride(0), plan.rscale, **{**cfg, "FORMAT": 6})
+        a = torch.where(torch.isnan(amax).any(), torch.tensor(float("nan"), device=amax.device), amax.max())
+        gscale = torch.where(a == 0, torch.ones_like(a), a / (448.0 * 6.0)).reshape(1)
+    gs = gscale.reshape(1).to(torch.float32).contiguous() if gscale is not None else x2
+    byte_codes = codes.view(torch.uint8) if codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else codes
+    _launch[plan.grid](x2, byte_codes, scales, h, sign_t, gs, x2, rows, x2.stride(0), codes.stride(0),
+                       scales.stride(0), plan.rscale, **cfg)
+    if fmt == "mxfp4":
+        scales = scales.view(torch.float8_e8m0fnu)
+    elif fmt == "nvfp4":
+        return codes, scales.view(torch.float8_e4m3fn), gs
+    return codes, scales, None
+
+
+def _check(x, fmt, block, scale, rotate, signs, group):
+    """Raise naming what is accepted; return (group, scale as a float32 tensor or None)."""
+    name = "hadamard_quantize"
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} expects a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in DTYPES:
+        raise TypeError(f"{name} accepts float16, bfloat16 and float32 tensors, got {x.dtype}")
+    if x.dim() == 0:
+        raise ValueError(f"{name} quantizes the last dimension; got a 0-d tensor")
+    if fmt not in FORMATS:
+        raise ValueError(f"{name}: unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
+    f = FORMATS[fmt]
+    n = x.shape[-1]
+    group = f.default_group if group is None else group
+    if group not in f.groups:
+        raise ValueError(f"{name}: {fmt} takes group in {f.groups} (None: per token), got {group!r}")
+    if group and n % group:
+        raise ValueError(f"{name}: {fmt} groups of {group} must divide the last dimension, got {n}")
+    if f.packed and n % 2:
+        raise ValueError(f"{name}: {fmt} packs two codes a byte: the last dimension must be even, got {n}")
+    if block is not None:
+        if not rotate:
+            raise ValueError(f"{name}: block={block} rotates blocks; it needs rotate=True")
+        if block not in BLOCKS or n % block:
+            raise ValueError(f"{name}: block must be one of {BLOCKS} and divide the last dimension ({n}), got {block!r}")
+    elif rotate:
+        parts = orders.split(n)
+        if parts is None or parts[1] > configs.MAX_N:
+            raise ValueError(f"{name}: no Hadamard matrix of order {n} (the last dimension) to rotate by: "
+                             f"{orders.supported_text()}, 2^k <= {configs.MAX_N}; or pass block= to rotate blocks")
+    if scale is not None:
+        if not f.static:
+            raise ValueError(f"{name}: {fmt} takes no scale (its scales are dynamic); scale is for fp8_e4m3, "
+                             "fp8_e5m2 (static) and nvfp4 (the global scale)")
+        if fmt in FP8_DTYPES and group is not None:
+            raise ValueError(f"{name}: a static fp8 scale is per tensor: pass group=None")
+        if not isinstance(scale, torch.Tensor):
+            if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+                raise TypeError(f"{name}: scale must be a positive float or a 1-element tensor, got {type(scale).__name__}")
+            scale = torch.tensor([float(scale)], dtype=torch.float32, device=x.device)
+        if scale.numel() != 1:
+            raise ValueError(f"{name}: scale must hold one element (per tensor), got shape {tuple(scale.shape)}")
+        if scale.device != x.device:
+            raise ValueError(f"{name}: scale is on {scale.device} and x on {x.device}")
+        value = float(scale.reshape(()))
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name}: scale must be finite and > 0, got {value}")
+        scale = scale.reshape(1).to(torch.float32)
+    if signs is not None:
+        if not isinstance(signs, torch.Tensor) or signs.shape != (n,):
+            got = tuple(signs.shape) if isinstance(signs, torch.Tensor) else type(signs).__name__
+            raise ValueError(f"{name}: randomized_signs must be a tensor of {n} elements +-1 (the last dimension), "
+                             f"got {got}")
+        if signs.device != x.device:
+            raise ValueError(f"{name}: randomized_signs is on {signs.device} and x on {x.device}")
+        if not bool(((signs == 1) | (signs == -1)).all()):
+            raise ValueError(f"{name}: randomized_signs must hold only +1 and -1")
+    return group, scale
+
+
+@torch.library.custom_op("tilecore::hadamard_quantize", mutates_args=())
+def _quantize_op(x: torch.Tensor, format: str, block: int, group: int, scale: torch.Tensor | None, rotate: bool,
+                 signs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    codes, scales, gscale = _impl(x, format, block or None, group or None, scale, rotate, signs)
+    if gscale is None:
+        gscale = torch.empty(0, dtype=torch.float32, device=x.device)
+    if format in FP8_DTYPES and scale is not None:
+        scales = scales.clone()  # a custom op returns no alias of an input
+    return codes, scales, gscale
+
+
+@_quantize_op.register_fake
+def _(x, format, block, group, scale, rotate, signs):
+    n = x.shape[-1]
+    rows = x.numel() // n if n else 0
+    codes, scales = _outputs(0, n, format, group or None, x.device)
+    codes = x.new_empty((rows, codes.shape[1]), dtype=codes.dtype)
+    if format in FP8_DTYPES and scale is not None:
+        scales = x.new_empty((1,), dtype=torch.float32)
+    else:
+        scales = x.new_empty((rows, scales.shape[1]), dtype={"mxfp4": torch.float8_e8m0fnu,
+                                                          "nvfp4": torch.float8_e4m3fn}.get(format, torch.float32))
+    gscale = x.new_empty((1 if format == "nvfp4" else 0,), dtype=torch.float32)
+    return codes, scales, gscale
+
+
+def _impl(x, fmt, block, group, scale, rotate, signs):
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) != n):
+        x2 = x2.contiguous()
+    return _run(x2, fmt, group, block, rotate, scale, signs)
+
+
+def hadamard_quantize(x: torch.Tensor, *, format: str, block: int | None = None, scale=None, rotate: bool = True,
+                      randomized_signs: torch.Tensor | None = None, group: int | None = None):
+    """Rotate the last dimension of ``x`` and quantize it, in one pass: returns ``(codes, scales)``.
+
+    y = H (s * x) / sqrt(size): H the Hadamard transform of the whole last dimension (n a power of two up
+    to 32768, or m x 2^k as hadamard_transform takes), or of each block of ``block`` elements (16, 32, 64,
+    128; any n they divide); s the ``randomized_signs`` (n values +-1) or 1; no rotation with
+    ``rotate=False``. Then y is quantized to ``format``:
+
+    * "fp8_e4m3", "fp8_e5m2": a dynamic scale per token (``group=None``) or per 1 x ``group`` block
+      (16..128; DeepSeek-V3: 128), or the static per-tensor ``scale`` given;
+    * "int8": per token, symmetric (-127..127);
+    * "mxfp4": OCP MX, blocks of 32, e8m0 scales (torchao's "floor" scale), two e2m1 codes a byte;
+    * "nvfp4": blocks of 16, e4m3 block scales and a float32 global scale (``scale``, or computed from
+      the rotated tensor: then x is read twice); ``scales`` is the pair (block scales, global scale);
+    * "int4": per ``group`` of 128 (or 32, 64), symmetric, two's-complement nibbles, two a byte.
+
+    Byte layouts, scale formulas and NaN/inf behaviour: tilecore/ops/hadamard/quantize_reference.py.
+    ``dequantize(codes, scales, format=...)`` inverts each. Not differentiable.
+    """
+    group, scale = _check(x, format, block, scale, rotate, randomized_signs, group)
+    lead = x.shape[:-1]
+    if dispatch.plain_eager(x, scale, randomized_signs):
+        codes, scales, gscale = _impl(x, format, block, group, scale, rotate, randomized_signs)
+    else:
+        codes, scales, gscale = _quantize_op(x, format, block or 0, group or 0, scale, rotate, randomized_signs)
+        gscale = gscale if format == "nvfp4" else None
+    return shape_outputs(codes, scales, lead, gscale)

@@ -1,0 +1,342 @@
+"""hadamard_quantize's kernel: rotate a row (or each block of it) and quantize it in one pass: one read of
+x, one write of the codes and scales (quantize_reference.py defines every format and byte layout).
+
+A tile is kernels_kron's: B rows of M_PAD sub-rows of P elements, S slices of [B M_PAD, Q], each loaded
+(times the random signs), transformed (MIX: H_M over sub-rows, Sylvester or from memory; TRANSFORM: H_Q
+along the slice) and, with BUTTERFLY, combined over slices by H_S, so the whole rotated tile is in
+registers in float32. Which rotation a plan builds from these (quantize.plan_quantize):
+* the whole row, n a power of two <= 1024: B rows, M_PAD = 1, P = n, H_Q and H_S;
+* the whole row, n a power of two > 1024: one row, M_PAD sub-rows mixed by Sylvester's H_M (MIX 2);
+* the whole row, n = m 2^k: one row (or B), H_m from memory (MIX 1), as the transform;
+* blocks of ``block`` (or no rotation): sub-rows of P = block, H_P each (no mixing, no butterfly).
+
+The epilogue computes each group's largest |y| from the registers, its scale, and the codes:
+* GROUP 0, "spanning": a group is SPG consecutive tile rows across all slices (SPG = M_PAD: a whole
+  row, the per-token scale; SPG = g / P: groups of g spanning sub-rows);
+* GROUP 1, "within a slice": groups of G contiguous elements inside a slice (G divides Q).
+NaN-propagating maxima (Triton's max drops NaN): a NaN anywhere in a group makes its amax NaN.
+
+Rounding to the formats is done with float32 arithmetic and bit operations that run the same in the
+interpreter and on the GPU: a value is clamped, scaled to an integer count of its binade's quantum
+(exact: a power of two), rounded half to even, and its code assembled from the float32 bits.
+"""
+import triton
+import triton.language as tl
+
+from tilecore.ops.hadamard.kernels_kron import butterfly4, load_slice_transform, slice_offsets
+
+# FORMAT ids (quantize_reference.FORMATS), and the first pass of nvfp4's dynamic global scale
+E4M3: tl.constexpr = tl.constexpr(0)
+E5M2: tl.constexpr = tl.constexpr(1)
+INT8: tl.constexpr = tl.constexpr(2)
+MXFP4: tl.constexpr = tl.constexpr(3)
+NVFP4: tl.constexpr = tl.constexpr(4)
+INT4: tl.constexpr = tl.constexpr(5)
+AMAX: tl.constexpr = tl.constexpr(6)
+
+
+@triton.jit
+def _exponent(a):
+    """floor(log2 a) for a >= 0 from float32 bits (-127 for 0 and float32 subnormals)."""
+    return ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@triton.jit
+def _pow2(e):
+    """2^e as float32 for integer e in [-126, 127], from bits."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _round_half_even(t):
+    """t rounded to the nearest integer, ties to even (t exact in float32, |t| < 2^22)."""
+    f = tl.floor(t)
+    d = t - f
+    odd = (f.to(tl.int32) & 1) == 1
+    return f + tl.where((d > 0.5) | ((d == 0.5) & odd), 1.0, 0.0)
+
+
+@triton.jit
+def _clamp(v, lo, hi):
+    """v clamped to [lo, hi], NaN kept (comparisons with NaN are false)."""
+    return tl.where(v > hi, hi, tl.where(v < lo, lo, v))
+
+
+@triton.jit
+def _fp8_code(v, MANT: tl.constexpr, BIAS: tl.constexpr, QMAX: tl.constexpr):
+    """The fp8 byte (e4m3fn or e5m2) of float32 v, saturating; NaN -> 0x7F."""
+    c = _clamp(v, -QMAX, QMAX)
+    a = tl.abs(c)
+    min_exp: tl.constexpr = 1 - BIAS
+    e = tl.maximum(_exponent(a), min_exp)
+    quantum = _pow2(e - MANT)
+    r = _round_half_even(a / quantum) * quantum  # exact: division by a power of two
+    bits = r.to(tl.int32, bitcast=True)
+    normal = r >= _pow2(tl.full(r.shape, min_exp, tl.int32))
+    biased = tl.where(normal, ((bits >> 23) & 0xFF) - 127 + BIAS, 0)
+    sub = (r * _pow2(tl.full(r.shape, MANT - min_exp, tl.int32))).to(tl.int32)
+    mant = tl.where(normal, (bits >> (23 - MANT)) & ((1 << MANT) - 1), sub)
+    sign = (c.to(tl.int32, bitcast=True) >> 31) & 1
+    code = (sign << 7) | (biased << MANT) | mant
+    return tl.where(c != c, 0x7F, code)
+
+
+@triton.jit
+def _e2m1_code(v):
+    """The e2m1 nibble of float32 v (saturating at +-6, ties to even); NaN -> 0."""
+    c = _clamp(v, -6.0, 6.0)
+    a = tl.abs(c)
+    half = a < 2.0
+    step = tl.where(half, 0.5, tl.where(a < 4.0, 1.0, 2.0))
+    q = _round_half_even(a / step) * step  # exact: division by a power of two
+    mag = tl.where(q < 2.0, q * 2.0, tl.where(q < 4.0, q + 2.0, q * 0.5 + 4.0)).to(tl.int32)
+    sign = (c.to(tl.int32, bitcast=True) >> 31) & 1
+    return tl.where(c != c, 0, (sign << 3) | mag)
+
+
+@triton.jit
+def _int_code(v, QMAX: tl.constexpr):
+    """round-half-even(v) clamped to +-QMAX (int32); NaN -> 0."""
+    r = _round_half_even(_clamp(v, -QMAX, QMAX))
+    return tl.where(v != v, 0, r.to(tl.int32))
+
+
+@triton.jit
+def _nan_max(v, axis: tl.constexpr):
+    """max |v| along ``axis``, NaN where any element is NaN (Triton's max drops NaN)."""
+    a = tl.abs(v)
+    m = tl.max(tl.where(a != a, 0.0, a), axis=axis)
+    bad = tl.max((a != a).to(tl.int32), axis=axis)
+    return tl.where(bad > 0, float("nan"), m)
+
+
+@triton.jit
+def _nan_maximum(a, b):
+    """Elementwise max, NaN where either is NaN (tl.maximum's NaN behaviour differs between the GPU and
+    the interpreter)."""
+    return tl.where((a != a) | (b != b), float("nan"), tl.maximum(a, b))
+
+
+@triton.jit
+def _slices_max(o0, o1, o2, o3, o4, o5, o6, o7, S: tl.constexpr):
+    """Each tile row's largest |y| over the S slices (NaN-propagating)."""
+    a = _nan_max(o0, 1)
+    if S > 1:
+        a = _nan_maximum(a, _nan_max(o1, 1))
+    if S > 2:
+        a = _nan_maximum(_nan_maximum(a, _nan_max(o2, 1)), _nan_max(o3, 1))
+    if S > 4:
+        a = _nan_maximum(_nan_maximum(a, _nan_max(o4, 1)), _nan_max(o5, 1))
+        a = _nan_maximum(_nan_maximum(a, _nan_max(o6, 1)), _nan_max(o7, 1))
+    return a
+
+
+@triton.jit
+def _scale(amax, gscale_ptr, FORMAT: tl.constexpr, STATIC: tl.constexpr, QMAX: tl.constexpr):
+    """(what to divide y by, what to store) from a group's amax: fp8/int: (s, s); mxfp4: (2^e, e + 127 as
+    int, 255 where amax is not finite); nvfp4: (G s8, s8's e4m3 byte)."""
+    if FORMAT == MXFP4:
+        e = tl.minimum(tl.maximum(_exponent(amax) - 2, -127), 127)
+        finite = (amax == amax) & (amax < float("inf"))
+        div = tl.where(finite, _pow2(tl.maximum(e, -126)) * tl.where(e < -126, 0.5, 1.0), float("nan"))
+        stored = tl.where(finite, e + 127, 255)
+    elif FORMAT == NVFP4:
+        g = tl.load(gscale_ptr)
+        s = tl.math.div_rn(tl.math.div_rn(amax, 6.0), g)
+        s = tl.where(s != s, s, _clamp(s, 0.015625, 448.0))
+        stored = _fp8_code(s, 3, 7, 448.0)
+        # the e4m3 value of the stored byte (s > 0): s rounded as _fp8_code rounds it
+        e = tl.maximum(_exponent(s), -6)
+        quantum = _pow2(e - 3)
+        s8 = _round_half_even(s / quantum) * quantum
+        div = g * s8
+    else:
+        if STATIC:
+            div = tl.load(gscale_ptr) + tl.zeros_like(amax)
+        else:
+            div = tl.where(amax == 0, 1.0, tl.math.div_rn(amax, QMAX))
+        stored = div
+    return div, stored
+
+
+@triton.jit
+def _codes(y, div, stored, FORMAT: tl.constexpr):
+    """The codes (int32; nibbles for the 4-bit formats) of rotated values y with their group's scale."""
+    if FORMAT == MXFP4:
+        code = tl.where(stored == 255, 0, _e2m1_code(y * (1.0 / div)))  # 1 / 2^e is exact
+    elif FORMAT == NVFP4:
+        code = tl.where(div == div, _e2m1_code(tl.math.div_rn(y, div)), 0)
+        code = tl.where(div < float("inf"), code, 0)
+    elif FORMAT == E4M3:
+        code = _fp8_code(tl.math.div_rn(y, div), 3, 7, 448.0)
+    elif FORMAT == E5M2:
+        code = _fp8_code(tl.math.div_rn(y, div), 2, 15, 57344.0)
+    elif FORMAT == INT8:
+        code = _int_code(tl.math.div_rn(y, div), 127.0)
+    else:
+        code = _int_code(tl.math.div_rn(y, div), 7.0) & 0xF
+    return code
+
+
+@triton.jit
+def _store_codes(codes, tile, t, code, rows, stride_codes, M: tl.constexpr, M_PAD: tl.constexpr,
+                 P: tl.constexpr, Q: tl.constexpr, B: tl.constexpr, PACKED: tl.constexpr):
+    """A slice's codes: bytes at the elements' offsets, or (PACKED) nibble pairs, element 2j low, at
+    offset / 2 (Q, P even)."""
+    offs, mask, col = slice_offsets(tile, t, rows, stride_codes, M, M_PAD, P, Q, B, 1)
+    if PACKED:
+        R: tl.constexpr = B * M_PAD
+        lo, hi = tl.split(tl.reshape(code, (R, Q // 2, 2)))
+        even_offs, _ = tl.split(tl.reshape(offs - col + col // 2, (R, Q // 2, 2)))
+        even_mask, _ = tl.split(tl.reshape(mask, (R, Q // 2, 2)))
+        tl.store(codes + even_offs, (lo | (hi << 4)).to(tl.uint8), mask=even_mask)
+    else:
+        tl.store(codes + offs, code.to(codes.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _group_rows(tile, rows, M: tl.constexpr, M_PAD: tl.constexpr, B: tl.constexpr, SPG: tl.constexpr):
+    """For spanning groups (SPG tile rows each): each group's (row, index within the row, in bounds)."""
+    R: tl.constexpr = B * M_PAD
+    first = tl.arange(0, R // SPG) * SPG  # the group's first tile row
+    i = first % M_PAD
+    row = (first // M_PAD).to(tl.int64) + tile * B
+    return row, i // SPG, (row < rows) & (i < M)
+
+
+@triton.jit
+def _epilogue(codes, scales, gscale, tile, rows, stride_codes, stride_scales,
+              o0, o1, o2, o3, o4, o5, o6, o7, S: tl.constexpr,
+              M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr, Q: tl.constexpr, B: tl.constexpr,
+              FORMAT: tl.constexpr, GROUP: tl.constexpr, G: tl.constexpr, SPG: tl.constexpr,
+              STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr):
+    """Scales and codes of a tile's S rotated slices o0..o{S-1} (the rest are placeholders)."""
+    R: tl.constexpr = B * M_PAD
+    if GROUP == 0:
+        a = _slices_max(o0, o1, o2, o3, o4, o5, o6, o7, S)
+        ga = _nan_max(tl.reshape(a, (R // SPG, SPG)), 1)  # [groups]
+        div, stored = _scale(ga, gscale, FORMAT, STATIC, QMAX)
+        if not STATIC:
+            grow, gidx, gmask = _group_rows(tile, rows, M, M_PAD, B, SPG)
+            tl.store(scales + grow * stride_scales + gidx, stored.to(scales.dtype.element_ty), mask=gmask)
+        div_r = tl.reshape(tl.broadcast_to(div[:, None], (R // SPG, SPG)), (R,))[:, None]
+        st_r = tl.reshape(tl.broadcast_to(stored[:, None], (R // SPG, SPG)), (R,))[:, None]
+        _store_codes(codes, tile, 0, _codes(o0, div_r, st_r, FORMAT), rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
+        if S > 1:
+            _store_codes(codes, tile, 1, _codes(o1, div_r, st_r, FORMAT), rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
+        if S > 2:
+            _store_codes(codes, tile, 2, _codes(o2, div_r, st_r, FORMAT), rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
+            _store_codes(codes, tile, 3, _codes(o3, div_r, st_r, FORMAT), rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
+        if S > 4:
+            _store_codes(codes, tile, 4, _codes(o4, div_r, st_r, FORMAT), rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
+            _store_codes(codes, tile, 5, _codes(o5, div_r, st_r, FORMAT), rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
+            _store_codes(codes, tile, 6, _codes(o6, div_r, st_r, FORMAT), rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
+            _store_codes(codes, tile, 7, _codes(o7, div_r, st_r, FORMAT), rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
+    else:
+        _slice_groups(codes, scales, gscale, tile, 0, o0, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
+                      FORMAT, G, STATIC, PACKED, QMAX)
+        if S > 1:
+            _slice_groups(codes, scales, gscale, tile, 1, o1, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
+                          FORMAT, G, STATIC, PACKED, QMAX)
+        if S > 2:
+            _slice_groups(codes, scales, gscale, tile, 2, o2, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
+                          FORMAT, G, STATIC, PACKED, QMAX)
+            _slice_groups(codes, scales, gscale, tile, 3, o3, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
+                          FORMAT, G, STATIC, PACKED, QMAX)
+        if S > 4:
+            _slice_groups(codes, scales, gscale, tile, 4, o4, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
+                          FORMAT, G, STATIC, PACKED, QMAX)
+            _slice_groups(codes, scales, gscale, tile, 5, o5, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
+                          FORMAT, G, STATIC, PACKED, QMAX)
+            _slice_groups(codes, scales, gscale, tile, 6, o6, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
+                          FORMAT, G, STATIC, PACKED, QMAX)
+            _slice_groups(codes, scales, gscale, tile, 7, o7, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
+                          FORMAT, G, STATIC, PACKED, QMAX)
+
+
+@triton.jit
+def _slice_groups(codes, scales, gscale, tile, t, y, rows, stride_codes, stride_scales,
+                  M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr, Q: tl.constexpr, B: tl.constexpr,
+                  FORMAT: tl.constexpr, G: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr,
+                  QMAX: tl.constexpr):
+    """Groups of G contiguous elements inside slice t ([R, Q], G divides Q): scales and codes."""
+    R: tl.constexpr = B * M_PAD
+    y3 = tl.reshape(y, (R, Q // G, G))
+    div, stored = _scale(_nan_max(y3, 2), gscale, FORMAT, STATIC, QMAX)  # [R, Q / G]
+    r = tl.arange(0, R)
+    i = r % M_PAD
+    row = (r // M_PAD).to(tl.int64) + tile * B
+    k = tl.arange(0, Q // G)
+    col = (i[:, None] * P + t * Q) // G + k[None, :]
+    mask = (row[:, None] < rows) & (i[:, None] < M) & (k[None, :] * G < P)
+    tl.store(scales + row[:, None] * stride_scales + col, stored.to(scales.dtype.element_ty), mask=mask)
+    code = tl.reshape(_codes(y3, div[:, :, None], stored[:, :, None], FORMAT), (R, Q))
+    _store_codes(codes, tile, t, code, rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
+
+
+@triton.jit
+def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, stride_x, stride_codes,
+                           stride_scales, rscale,
+                           M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr, Q: tl.constexpr, S: tl.constexpr,
+                           B: tl.constexpr, MIX: tl.constexpr, TRANSFORM: tl.constexpr, BUTTERFLY: tl.constexpr,
+                           SIGNS: tl.constexpr, FORMAT: tl.constexpr, GROUP: tl.constexpr, G: tl.constexpr,
+                           SPG: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr,
+                           IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr,
+                           PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr):
+    """codes, scales = quantize(rscale * rotation(signs * x)) for ``rows`` rows (module docstring); a
+    persistent grid of GRID programs, B rows a tile. FORMAT == AMAX: only each program's largest |y|,
+    written to amax_out[program] (nvfp4's dynamic global scale, a first pass)."""
+    tiles = tl.cdiv(rows, B)
+    run_max = tl.zeros([B * M_PAD], tl.float32)
+    for tile in range(tl.program_id(0), tiles, GRID):
+        t0 = load_slice_transform(x, h, signs, tile, 0, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX, TRANSFORM,
+                                  SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale
+        o1 = t0
+        o2 = t0
+        o3 = t0
+        o4 = t0
+        o5 = t0
+        o6 = t0
+        o7 = t0
+        o0 = t0
+        if S > 1:
+            t1 = load_slice_transform(x, h, signs, tile, 1, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX, TRANSFORM,
+                                      SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale
+            if S == 2:
+                if BUTTERFLY:
+                    o0 = t0 + t1
+                    o1 = t0 - t1
+                else:
+                    o1 = t1
+            else:
+                t2 = load_slice_transform(x, h, signs, tile, 2, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
+                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale
+                t3 = load_slice_transform(x, h, signs, tile, 3, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
+                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale
+                if BUTTERFLY:
+                    a0, a1, a2, a3 = butterfly4(t0, t1, t2, t3)
+                else:
+                    a0, a1, a2, a3 = t0, t1, t2, t3
+                o0, o1, o2, o3 = a0, a1, a2, a3
+                if S == 8:
+                    t4 = load_slice_transform(x, h, signs, tile, 4, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale
+                    t5 = load_slice_transform(x, h, signs, tile, 5, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale
+                    t6 = load_slice_transform(x, h, signs, tile, 6, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale
+                    t7 = load_slice_transform(x, h, signs, tile, 7, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale
+                    if BUTTERFLY:
+                        b0, b1, b2, b3 = butterfly4(t4, t5, t6, t7)
+                        o0, o1, o2, o3 = a0 + b0, a1 + b1, a2 + b2, a3 + b3
+                        o4, o5, o6, o7 = a0 - b0, a1 - b1, a2 - b2, a3 - b3
+                    else:
+                        o4, o5, o6, o7 = t4, t5, t6, t7
+        if FORMAT == AMAX:
+            run_max = _nan_maximum(run_max, _slices_max(o0, o1, o2, o3, o4, o5, o6, o7, S))
+        else:
+            _epilogue(codes, scales, gscale, tile, rows, stride_codes, stride_scales, o0, o1, o2, o3, o4, o5, o6, o7,
+                      S, M, M_PAD, P, Q, B, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX)
+    if FORMAT == AMAX:
+        tl.store(amax_out + tl.program_id(0), _nan_max(run_max, 0))
