@@ -6,7 +6,8 @@
 * Inputs that would fit in L2 are rotated among several copies, so repeated calls measure HBM.
 * Every figure is also given as a ratio to a ceiling measured in the same run: the device-to-device
   copy bandwidth for memory-bound ops, cuBLAS bf16 matmul for compute-bound ones.
-* Results carry the device, versions and date, and are written as JSON and a PNG plot.
+* Results carry the device, versions, date and timing mode, and are written as JSON and a PNG plot
+  (tilecore.bench.plot draws it, and redraws committed JSONs: ``python -m tilecore.bench.plot``).
 """
 from __future__ import annotations
 
@@ -226,7 +227,8 @@ def run_suite(suite: Suite, *, quick: bool = False) -> Result:
     """Measure the ceiling, then every case of ``suite``: its series built together and timed in
     turn, REPEATS times (each figure the median of its repetitions)."""
     ceiling = CEILINGS[suite.ceiling]()
-    result = Result(suite.name, suite.metric, suite.x, ceiling, {**env.metadata(), "timing": suite.timing})
+    result = Result(suite.name, suite.metric, suite.x, ceiling,
+                    {**env.metadata(), "timing": suite.timing, "describe": suite.describe})
     cases = suite.cases(quick)
     for i, case in enumerate(cases):
         progress(i, len(cases), " ".join(f"{k}={v}" for k, v in case.params.items()))
@@ -284,43 +286,12 @@ def save(result: Result, root: Path) -> tuple[Path, Path]:
     return json_path, png_path
 
 
-def _lines(result: Result) -> dict[str, list[Row]]:
-    """Group rows into plot lines: one per series and combination of the non-x parameters."""
-    lines: dict[str, list[Row]] = {}
-    for r in result.rows:
-        others = ", ".join(f"{k}={v}" for k, v in r.params.items() if k != result.x)
-        lines.setdefault(f"{r.series}" + (f" ({others})" if others else ""), []).append(r)
-    return lines
-
-
 def plot(result: Result, path: Path) -> None:
-    import matplotlib
+    """The suite's PNG, drawn from its JSON form by tilecore.bench.plot (which redraws committed
+    results the same way: ``python -m tilecore.bench.plot``)."""
+    from tilecore.bench import plot as plotting
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_v, ax_r) = plt.subplots(1, 2, figsize=(13, 5))
-    for label, rows in _lines(result).items():
-        rows = sorted(rows, key=lambda r: r.params[result.x])
-        xs = [r.params[result.x] for r in rows]
-        ax_v.plot(xs, [r.value for r in rows], marker="o", label=label)
-        ax_r.plot(xs, [100 * r.ratio for r in rows], marker="o", label=label)
-    for ax in (ax_v, ax_r):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel(result.x)
-        ax.grid(True, alpha=0.3)
-    ax_v.set_ylabel(result.metric)
-    ax_r.set_ylabel(f"% of {result.ceiling.name}")
-    ax_r.axhline(100, color="black", lw=0.8)
-    ax_r.legend(fontsize=7)
-    gpu = (result.meta.get("gpu") or {}).get("name", "cpu")
-    v = result.meta["versions"]
-    fig.suptitle(f"tilecore bench {result.suite} | {gpu} | ceiling {result.ceiling.value:,.0f} "
-                 f"{result.ceiling.unit} | torch {v['torch']}, triton {v['triton']} | {result.meta['date'][:10]}",
-                 fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plotting.plot(plotting.Results.from_json(result.to_json()), path, describe=result.meta.get("describe"))
 
 
 def names(values: Iterable) -> str:
