@@ -7,7 +7,9 @@ reference as a multiple of the rounding floor) and timed (GPU time: ``triton.tes
 medians after warm-up, through the public ops). The table gives new / old per case (> 1: the port
 is faster) from the medians of the rounds.
 
-    python experiments/tiles/port_check.py --old .port/old --new .port/new [--rounds 3] [--out DIR]
+    python experiments/tiles/port_check.py --old .port/old --new .port/new [--rounds 3] [--out DIR] [--only attn]
+
+``--only TEXT`` keeps the cases whose name contains TEXT (``attn``: the attention forward and backward).
 """
 import argparse
 import hashlib
@@ -19,8 +21,10 @@ import subprocess
 import sys
 
 
-def cases():
+def cases(only: str = ""):
     """(name, kind, params): the ported kernels' shipped configurations, at sizes that fill the chip."""
+    if only:
+        return [c for c in cases() if only in c[0]]
     out = []
     for m, n, k in ((4096, 4096, 4096), (8192, 8192, 8192), (4096, 4096, 256), (1024, 1024, 16384)):
         out.append((f"gemm bf16 {m}x{n}x{k}", "gemm", dict(m=m, n=n, k=k)))
@@ -43,7 +47,7 @@ def cases():
     return out
 
 
-def worker(tree: str, save: str, check: bool):
+def worker(tree: str, save: str, check: bool, only: str = ""):
     sys.path.insert(0, tree)
     import torch
     import triton
@@ -52,7 +56,7 @@ def worker(tree: str, save: str, check: bool):
     assert tilecore.__file__.startswith(os.path.abspath(tree)), tilecore.__file__
     dev = "cuda"
     rows = []
-    for name, kind, p in cases():
+    for name, kind, p in cases(only):
         g = torch.Generator(device=dev).manual_seed(zlib.crc32(name.encode()))
         if kind in ("gemm", "gemm_fp8"):
             a = torch.randn(p["m"], p["k"], device=dev, generator=g)
@@ -127,9 +131,10 @@ def main():
     ap.add_argument("--worker")
     ap.add_argument("--save")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--only", default="", help="only the cases whose name contains this")
     a = ap.parse_args()
     if a.worker:
-        worker(a.worker, a.save, a.check)
+        worker(a.worker, a.save, a.check, a.only)
         return
     import torch
     import triton
@@ -138,7 +143,8 @@ def main():
     extra = {}
     for r in range(a.rounds):
         for tag, tree in (("old", a.old), ("new", a.new)):
-            cmd = [sys.executable, __file__, "--worker", tree, "--save", saves[tag]] + (["--check"] if r == 0 else [])
+            cmd = [sys.executable, __file__, "--worker", tree, "--save", saves[tag], "--only", a.only] + (
+                ["--check"] if r == 0 else [])
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode:
                 print(f"{tag} round {r} failed:\n{res.stderr[-4000:]}")
@@ -151,7 +157,7 @@ def main():
                 if row["digest"]:
                     extra.setdefault(row["case"], {})[f"digest_{tag}"] = row["digest"]
     table = []
-    for name, _, _ in cases():
+    for name, _, _ in cases(a.only):
         e = extra.get(name, {})
         same = e.get("digest_old") == e.get("digest_new")
         mo, mn = statistics.median(times["old"][name]), statistics.median(times["new"][name])
