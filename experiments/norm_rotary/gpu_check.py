@@ -387,7 +387,7 @@ def sweep_norm():
                     return
                 if tile < n:
                     continue  # a tile holds at least one whole row: a smaller one is the tile = n plan
-                plan = norm_tl_plan(rows, n, sms, tile_elems=tile, num_warps=warps)
+                plan = norm_tl_plan(rows, n, sms, tile_elems=tile, num_warps=warps, backward_warps=warps)
 
                 def one():
                     fwd = lambda: norm_launch.forward(plan, x, r, w, b, seed, 0.1, 1e-5, False, True, dtype)

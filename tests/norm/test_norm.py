@@ -82,6 +82,13 @@ def test_dropout_statistics_and_reproducibility():
         keep = dropout_mask(x, p, torch.Generator().manual_seed(11))
         sigma = math.sqrt(p * (1 - p) / keep.numel())
         assert abs(keep.float().mean().item() - (1 - p)) < 5 * sigma
+        # one Philox call serves 8 columns: each of the 8 lanes is kept as often, and neighbours
+        # (within a call, and across calls and rows) independently
+        lanes = keep.float().view(rows, n // 8, 8).mean((0, 1))
+        assert ((lanes - (1 - p)).abs() < 5 * sigma * math.sqrt(8)).all()
+        k = keep.float()
+        for both in ((k[:, :-1] * k[:, 1:]).mean(), (k[:, 7:-1:8] * k[:, 8::8]).mean(), (k[:-1] * k[1:]).mean()):
+            assert abs(both.item() - (1 - p) ** 2) < 0.02
         # h = dropout(1): mean 1, variance p / (1 - p)
         _, h = layer_norm(x, None, prenorm=True, dropout_p=p, generator=torch.Generator().manual_seed(11))
         assert torch.equal(h != 0, keep)

@@ -21,12 +21,12 @@ the mask: as many bytes as storing and reloading it, and no activation kept for 
 import triton
 import triton.language as tl
 
-from tilecore.ops.norm.forward import dropout_keep, load_tile, residual_stream
+from tilecore.ops.norm.forward import dropout_multiplier, load_tile, residual_stream
 
 
 @triton.jit
-def normalized_and_grad(DY, X, RES, H, W, MEAN, RSTD, SEED, r, r64, c, mask, N,
-                        stride_dy, stride_x, stride_res, stride_h, p, scale,
+def normalized_and_grad(DY, X, RES, H, W, MEAN, RSTD, r, r64, c, mask, N,
+                        stride_dy, stride_x, stride_res, stride_h, drop,
                         LOAD_H: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr,
                         DROPOUT: tl.constexpr, RMS: tl.constexpr, H_DTYPE: tl.constexpr):
     """(dy, xhat, g, rstd) on a tile: h loaded (LOAD_H) or recomputed; dy, xhat, g are 0 outside
@@ -35,8 +35,7 @@ def normalized_and_grad(DY, X, RES, H, W, MEAN, RSTD, SEED, r, r64, c, mask, N,
     if LOAD_H:
         h = load_tile(H, r64, c, stride_h, mask)
     else:
-        h = residual_stream(X, RES, SEED, r64, c, mask, N, stride_x, stride_res, p, scale,
-                            HAS_RES, DROPOUT, H_DTYPE)
+        h = residual_stream(X, RES, r64, c, mask, stride_x, stride_res, drop, HAS_RES, DROPOUT, H_DTYPE)
     rstd = tl.load(RSTD + r)  # (the caller maps rows past the end to row 0: no mask needed)
     if not RMS:
         h = h - tl.load(MEAN + r)[:, None]
@@ -50,7 +49,7 @@ def normalized_and_grad(DY, X, RES, H, W, MEAN, RSTD, SEED, r, r64, c, mask, N,
 @triton.jit
 def norm_backward_kernel(DY, X, RES, H, W, MEAN, RSTD, SUMS, SEED, DH_OUT, DX, DRES, DW_PART, DB_PART,
                          rows, N, stride_dy, stride_x, stride_res, stride_h, stride_dh_out, stride_dx,
-                         stride_dres, p, scale,
+                         stride_dres, p16, scale,
                          ROWS: tl.constexpr, BLOCK_N: tl.constexpr, WHOLE_ROW: tl.constexpr,
                          LOAD_H: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr,
                          DROPOUT: tl.constexpr, RMS: tl.constexpr, HAS_DH_OUT: tl.constexpr,
@@ -71,9 +70,12 @@ def norm_backward_kernel(DY, X, RES, H, W, MEAN, RSTD, SUMS, SEED, DH_OUT, DX, D
         r = tl.where(rmask, r, 0)  # masked rows read row 0's statistics (never stored)
         mask = rmask[:, None] & cmask[None, :]
         r64 = r.to(tl.int64)
+        drop = 1.0
+        if DROPOUT:  # drawn once: for the recomputed h and for dx
+            drop = dropout_multiplier(SEED, r64, tl.program_id(1) * BLOCK_N, N, p16, scale, ROWS, BLOCK_N)
         dy, xhat, g, rstd = normalized_and_grad(
-            DY, X, RES, H, W, MEAN, RSTD, SEED, r, r64, c, mask, N, stride_dy, stride_x, stride_res, stride_h,
-            p, scale, LOAD_H, HAS_RES, HAS_W, DROPOUT, RMS, H_DTYPE)
+            DY, X, RES, H, W, MEAN, RSTD, r, r64, c, mask, N, stride_dy, stride_x, stride_res, stride_h,
+            drop, LOAD_H, HAS_RES, HAS_W, DROPOUT, RMS, H_DTYPE)
         if WHOLE_ROW:
             mean_gx = tl.sum(g * xhat, axis=1) / N
         else:
@@ -91,7 +93,7 @@ def norm_backward_kernel(DY, X, RES, H, W, MEAN, RSTD, SUMS, SEED, DH_OUT, DX, D
         if STORE_DRES:
             tl.store(DRES + r64[:, None] * stride_dres + c[None, :], dh.to(DRES.dtype.element_ty), mask=mask)
         if DROPOUT:
-            dh = dh * tl.where(dropout_keep(SEED, r64, c, N, p), scale, 0.0)
+            dh = dh * drop
         tl.store(DX + r64[:, None] * stride_dx + c[None, :], dh.to(DX.dtype.element_ty), mask=mask)
         if DW:
             dw += tl.sum(dy * xhat, axis=0)
@@ -106,7 +108,7 @@ def norm_backward_kernel(DY, X, RES, H, W, MEAN, RSTD, SUMS, SEED, DH_OUT, DX, D
 
 @triton.jit
 def norm_row_sums_kernel(DY, X, RES, H, W, MEAN, RSTD, SEED, SUMS, rows, N,
-                         stride_dy, stride_x, stride_res, stride_h, p, scale,
+                         stride_dy, stride_x, stride_res, stride_h, p16, scale,
                          ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_H: tl.constexpr,
                          HAS_RES: tl.constexpr, HAS_W: tl.constexpr, DROPOUT: tl.constexpr,
                          RMS: tl.constexpr, H_DTYPE: tl.constexpr):
@@ -120,9 +122,12 @@ def norm_row_sums_kernel(DY, X, RES, H, W, MEAN, RSTD, SEED, SUMS, rows, N,
     for start in range(0, N, BLOCK_N):
         c = start + tl.arange(0, BLOCK_N)
         mask = rmask[:, None] & (c < N)[None, :]
+        drop = 1.0
+        if DROPOUT and not LOAD_H:
+            drop = dropout_multiplier(SEED, r64, start, N, p16, scale, ROWS, BLOCK_N)
         dy, xhat, g, rstd = normalized_and_grad(
-            DY, X, RES, H, W, MEAN, RSTD, SEED, r, r64, c, mask, N, stride_dy, stride_x, stride_res, stride_h,
-            p, scale, LOAD_H, HAS_RES, HAS_W, DROPOUT, RMS, H_DTYPE)
+            DY, X, RES, H, W, MEAN, RSTD, r, r64, c, mask, N, stride_dy, stride_x, stride_res, stride_h,
+            drop, LOAD_H, HAS_RES, HAS_W, DROPOUT, RMS, H_DTYPE)
         sum_gx += tl.sum(g * xhat, axis=1)
         if not RMS:
             sum_g += tl.sum(g, axis=1)

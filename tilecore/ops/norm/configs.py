@@ -15,8 +15,12 @@ WIDE_BLOCK = 4096
 # per step (a row of 256 bf16 elements is 512 bytes: too little to keep the loads in flight).
 TILE_ELEMS = 4096
 
-# warps per tile size (elements): 8-16 values a thread
-WARPS = ((1024, 4), (4096, 8), (1 << 62, 16))
+# warps: a tile's elements over 32-thread warps at this many values a thread (from 1 to 16 warps). The
+# backward keeps dy, h, xhat and g live: at 16 values a thread its 65536 x 1024 dropout case hit
+# ptxas's 128-register cap and spilled; at 8, 100 registers and no spill (report.py).
+FORWARD_VALUES_PER_THREAD = 16
+BACKWARD_VALUES_PER_THREAD = 8
+MAX_WARPS = 16
 
 # The backward's row groups (each writes a partial row of dweight and dbias: groups x N float32 each)
 # per SM: enough programs to fill the GPU, few enough that the partials are small beside the data.
@@ -26,5 +30,6 @@ BACKWARD_GROUPS_PER_SM = 2
 INTERPRETER_SMS = 4
 
 
-def num_warps(tile_elems: int) -> int:
-    return next(w for limit, w in WARPS if tile_elems <= limit)
+def num_warps(tile_elems: int, values_per_thread: int) -> int:
+    warps = max(1, tile_elems // (32 * values_per_thread))
+    return min(MAX_WARPS, 1 << (warps.bit_length() - 1))  # a power of two

@@ -8,9 +8,10 @@ A program works on a tile of ROWS rows by BLOCK_N columns, in float32 registers:
   each block's mean and squared deviations, Chan et al.'s pairwise update), then
   ``norm_forward_kernel`` over (row tiles, column blocks) reads x again and normalizes with them.
 
-Dropout keeps an element with probability 1 - p from one Philox draw keyed by the seed (a one-element
-int64 tensor) and the element's place in the (rows, N) matrix, row * N + column: the same mask for any
-tiling, forward or backward, so it is recomputed, never stored.
+Dropout keeps an element where 16 random bits of it are >= p16 = round(p * 2^16), the bits drawn by
+Philox from the seed (a one-element int64 tensor) and the element's place in the (rows, N) matrix (one
+call per 8 columns of a row): the same mask for any tiling, forward or backward, so it is recomputed,
+never stored. Kept elements are scaled by 1 / (1 - p).
 
 h, the residual stream, is rounded to its stored dtype before the statistics are taken: y is the norm
 of exactly the h that ``prenorm`` hands back (and that the backward recomputes).
@@ -26,18 +27,34 @@ def load_tile(ptr, r64, c, stride, mask):
 
 
 @triton.jit
-def dropout_keep(seed_ptr, r64, c, N, p):
-    """Keep (True) with probability 1 - p: one Philox draw for element (r, c), keyed by row * N + c."""
-    return tl.rand(tl.load(seed_ptr), r64[:, None] * N + c[None, :]) >= p
+def dropout_bits(seed_ptr, r64, c_start, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """16 random bits for each element (r, c_start + j) of a [ROWS, BLOCK_N] tile (c_start a multiple of
+    8): one Philox call (4 x 32 bits) per 8 columns of a row, keyed by (r, c // 8), so the bits of an
+    element do not depend on the tiling. (A call per element, 10 rounds of 32-bit multiplies, would
+    cost more than the pass's memory time on an H100.)"""
+    groups = (N + 7) // 8
+    key = r64[:, None] * groups + (c_start // 8 + tl.arange(0, BLOCK_N // 8))[None, :]
+    a, b, c, d = tl.randint4x(tl.load(seed_ptr), key)
+    bits = tl.join(tl.join(tl.join(a & 0xFFFF, a >> 16), tl.join(b & 0xFFFF, b >> 16)),
+                   tl.join(tl.join(c & 0xFFFF, c >> 16), tl.join(d & 0xFFFF, d >> 16)))  # [ROWS, BLOCK_N / 8, 2, 2, 2]
+    return tl.reshape(bits, [ROWS, BLOCK_N]).to(tl.int32)
 
 
 @triton.jit
-def residual_stream(X, RES, SEED, r64, c, mask, N, stride_x, stride_res, p, scale,
+def dropout_multiplier(seed_ptr, r64, c_start, N, p16, scale, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """scale where an element is kept (its 16 bits >= p16 = p * 2^16: kept with probability
+    1 - p16 / 2^16), else 0; x times it is dropout(x) (x * 0 where dropped: a NaN stays NaN, as torch's)."""
+    return tl.where(dropout_bits(seed_ptr, r64, c_start, N, ROWS, BLOCK_N) >= p16, scale, 0.0)
+
+
+@triton.jit
+def residual_stream(X, RES, r64, c, mask, stride_x, stride_res, drop,
                     HAS_RES: tl.constexpr, DROPOUT: tl.constexpr, H_DTYPE: tl.constexpr):
-    """h = dropout(x) + residual on a tile, in float32, rounded as it is stored (H_DTYPE)."""
+    """h = x * drop + residual on a tile (drop: dropout_multiplier's tile), in float32, rounded as it
+    is stored (H_DTYPE)."""
     h = load_tile(X, r64, c, stride_x, mask)
-    if DROPOUT:  # x * 0 where dropped, as torch's dropout: a NaN or inf there still gives NaN
-        h = h * tl.where(dropout_keep(SEED, r64, c, N, p), scale, 0.0)
+    if DROPOUT:
+        h = h * drop
     if HAS_RES:
         h = h + load_tile(RES, r64, c, stride_res, mask)
     if HAS_RES or DROPOUT:
@@ -47,7 +64,7 @@ def residual_stream(X, RES, SEED, r64, c, mask, N, stride_x, stride_res, p, scal
 
 @triton.jit
 def norm_forward_kernel(X, RES, W, B, Y, H, MEAN, RSTD, SEED,
-                        rows, N, stride_x, stride_res, stride_y, stride_h, eps, p, scale,
+                        rows, N, stride_x, stride_res, stride_y, stride_h, eps, p16, scale,
                         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, WHOLE_ROW: tl.constexpr,
                         HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
                         DROPOUT: tl.constexpr, RMS: tl.constexpr, STORE_H: tl.constexpr,
@@ -62,8 +79,10 @@ def norm_forward_kernel(X, RES, W, B, Y, H, MEAN, RSTD, SEED,
     rmask = r < rows
     mask = rmask[:, None] & (c < N)[None, :]
     r64 = r.to(tl.int64)
-    h = residual_stream(X, RES, SEED, r64, c, mask, N, stride_x, stride_res, p, scale,
-                        HAS_RES, DROPOUT, H_DTYPE)
+    drop = 1.0
+    if DROPOUT:
+        drop = dropout_multiplier(SEED, r64, tl.program_id(1) * BLOCK_N, N, p16, scale, ROWS, BLOCK_N)
+    h = residual_stream(X, RES, r64, c, mask, stride_x, stride_res, drop, HAS_RES, DROPOUT, H_DTYPE)
     if STORE_H:
         tl.store(H + r64[:, None] * stride_h + c[None, :], h.to(H_DTYPE), mask=mask)
     if WHOLE_ROW:
@@ -91,7 +110,7 @@ def norm_forward_kernel(X, RES, W, B, Y, H, MEAN, RSTD, SEED,
 
 
 @triton.jit
-def norm_stats_kernel(X, RES, MEAN, RSTD, SEED, rows, N, stride_x, stride_res, eps, p, scale,
+def norm_stats_kernel(X, RES, MEAN, RSTD, SEED, rows, N, stride_x, stride_res, eps, p16, scale,
                       ROWS: tl.constexpr, BLOCK_N: tl.constexpr, HAS_RES: tl.constexpr,
                       DROPOUT: tl.constexpr, RMS: tl.constexpr, H_DTYPE: tl.constexpr):
     """mean and rstd of rows wider than a tile: program_id(0)'s ROWS rows, BLOCK_N columns at a time.
@@ -106,8 +125,10 @@ def norm_stats_kernel(X, RES, MEAN, RSTD, SEED, rows, N, stride_x, stride_res, e
     for start in range(0, N, BLOCK_N):
         c = start + tl.arange(0, BLOCK_N)
         mask = rmask[:, None] & (c < N)[None, :]
-        h = residual_stream(X, RES, SEED, r64, c, mask, N, stride_x, stride_res, p, scale,
-                            HAS_RES, DROPOUT, H_DTYPE)
+        drop = 1.0
+        if DROPOUT:
+            drop = dropout_multiplier(SEED, r64, start, N, p16, scale, ROWS, BLOCK_N)
+        h = residual_stream(X, RES, r64, c, mask, stride_x, stride_res, drop, HAS_RES, DROPOUT, H_DTYPE)
         if RMS:
             m2 += tl.sum(h * h, axis=1)
         else:
@@ -125,11 +146,11 @@ def norm_stats_kernel(X, RES, MEAN, RSTD, SEED, rows, N, stride_x, stride_res, e
 
 
 @triton.jit
-def dropout_mask_kernel(SEED, OUT, rows, N, p, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+def dropout_mask_kernel(SEED, OUT, rows, N, p16, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
     """OUT (rows, N) int8: the dropout mask the kernels above draw for this seed (1: kept)."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     c = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (r < rows)[:, None] & (c < N)[None, :]
     r64 = r.to(tl.int64)
-    keep = dropout_keep(SEED, r64, c, N, p)
+    keep = dropout_bits(SEED, r64, tl.program_id(1) * BLOCK_N, N, ROWS, BLOCK_N) >= p16
     tl.store(OUT + r64[:, None] * N + c[None, :], keep.to(tl.int8), mask=mask)

@@ -28,6 +28,12 @@ def dropout_scale(p: float) -> float:
     return 1.0 / (1.0 - p) if p < 1.0 else 0.0
 
 
+def threshold16(p: float) -> int:
+    """The kernels' dropout threshold: an element is kept where its 16 random bits are >= p * 2^16,
+    rounded (p itself where it is a multiple of 2^-16; else within 2^-17 of it)."""
+    return min(1 << 16, max(0, round(p * (1 << 16))))
+
+
 def output(shape, dtype, device) -> torch.Tensor:
     """A tensor that a kernel writes whole (tests fill it with NaN first, to see that it does)."""
     return torch.empty(shape, dtype=dtype, device=device)
@@ -56,10 +62,11 @@ def forward(plan: Plan, x, residual, weight, bias, seed, p: float, eps: float, r
     mean_arg = None if rms else mean
     if not plan.whole_row:
         _stats[(cdiv(rows, plan.rows_per_tile),)](
-            x, residual, mean_arg, rstd, seed, rows, n, x.stride(0), _stride(residual), eps, p, scale, **flags)
+            x, residual, mean_arg, rstd, seed, rows, n, x.stride(0), _stride(residual), eps, threshold16(p), scale,
+            **flags)
     _forward[(plan.row_tiles, plan.column_blocks)](
         x, residual, weight, bias, y, h if store_h else None, mean_arg, rstd, seed,
-        rows, n, x.stride(0), _stride(residual), y.stride(0), _stride(h) if store_h else 0, eps, p, scale,
+        rows, n, x.stride(0), _stride(residual), y.stride(0), _stride(h) if store_h else 0, eps, threshold16(p), scale,
         WHOLE_ROW=plan.whole_row, HAS_W=weight is not None, HAS_B=bias is not None, STORE_H=store_h, **flags)
     return y, h, mean, rstd
 
@@ -84,20 +91,20 @@ def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_
     load_h = h is not None
     flags = dict(ROWS=plan.rows_per_tile, BLOCK_N=plan.block_n, LOAD_H=load_h, HAS_RES=residual is not None,
                  HAS_W=weight is not None, DROPOUT=seed is not None, RMS=rms, H_DTYPE=TL_DTYPES[h_dtype],
-                 num_warps=plan.num_warps)
+                 num_warps=plan.backward_warps)
     mean_arg = None if rms else mean
     strides = (dy.stride(0), _stride(x), _stride(residual), _stride(h))
     sums = None
     if not plan.whole_row:
         sums = output((rows, 2), torch.float32, dy.device)
         _row_sums[(cdiv(rows, plan.rows_per_tile),)](
-            dy, x, residual, h, weight, mean_arg, rstd, seed, sums, rows, n, *strides, p, scale, **flags)
+            dy, x, residual, h, weight, mean_arg, rstd, seed, sums, rows, n, *strides, threshold16(p), scale, **flags)
     dw_part = output((plan.groups, n), torch.float32, dy.device) if weight is not None else None
     db_part = output((plan.groups, n), torch.float32, dy.device) if bias is not None else None
     _backward[(plan.groups, plan.column_blocks)](
         dy, x, residual, h, weight, mean_arg, rstd, sums, seed, dh_out, dx, dres if store_dres else None,
         dw_part, db_part, rows, n, *strides, _stride(dh_out), dx.stride(0), dres.stride(0) if store_dres else 0,
-        p, scale, WHOLE_ROW=plan.whole_row, HAS_DH_OUT=dh_out is not None, STORE_DRES=store_dres,
+        threshold16(p), scale, WHOLE_ROW=plan.whole_row, HAS_DH_OUT=dh_out is not None, STORE_DRES=store_dres,
         DW=weight is not None, DB=bias is not None, **flags)
     dw = None if dw_part is None else dw_part.sum(0)  # the small sum over the groups' partials
     db = None if db_part is None else db_part.sum(0)
@@ -117,7 +124,7 @@ def dropout_mask(seed: torch.Tensor, rows: int, n: int, p: float, plan: Plan) ->
     out = torch.empty((rows, n), dtype=torch.int8, device=seed.device)
     if rows and n:
         _mask[(cdiv(rows, plan.rows_per_tile), cdiv(n, plan.block_n))](
-            seed, out, rows, n, p, ROWS=plan.rows_per_tile, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+            seed, out, rows, n, threshold16(p), ROWS=plan.rows_per_tile, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
     return out.bool()
 
 

@@ -30,7 +30,7 @@ def norm_variants(shapes=SHAPES) -> list[tuple[str, object, dict, int, bool]]:
             res = t if fused else None
             common = dict(ROWS=p.rows_per_tile, BLOCK_N=p.block_n, HAS_RES=fused, DROPOUT=fused, RMS=rms,
                           H_DTYPE=tl.bfloat16, rows=rows, N=n, stride_x=n, stride_res=n if fused else 0,
-                          p=0.1, scale=1 / 0.9, SEED=seed if fused else None)
+                          p16=6554, scale=1 / 0.9, SEED=seed if fused else None)
             fwd = dict(common, X=t, RES=res, W=t, B=None if rms else t, Y=t, H=t if fused else None,
                        MEAN=None if rms else f32, RSTD=f32, stride_y=n, stride_h=n if fused else 0, eps=1e-5,
                        WHOLE_ROW=p.whole_row, HAS_W=True, HAS_B=not rms, STORE_H=fused)
@@ -46,10 +46,10 @@ def norm_variants(shapes=SHAPES) -> list[tuple[str, object, dict, int, bool]]:
                        DRES=t if fused else None, DW_PART=f32, DB_PART=None if rms else f32,
                        stride_dh_out=n if fused else 0, stride_dx=n, stride_dres=n if fused else 0,
                        WHOLE_ROW=p.whole_row, HAS_DH_OUT=fused, STORE_DRES=fused, DW=True, DB=not rms)
-            out.append((f"backward {name}", backward.norm_backward_kernel, bwd, p.num_warps, False))
+            out.append((f"backward {name}", backward.norm_backward_kernel, bwd, p.backward_warps, False))
             if not p.whole_row:
                 sums = dict(bwd_common, SUMS=f32)
-                out.append((f"row sums {name}", backward.norm_row_sums_kernel, sums, p.num_warps, False))
+                out.append((f"row sums {name}", backward.norm_row_sums_kernel, sums, p.backward_warps, False))
     return out
 
 
