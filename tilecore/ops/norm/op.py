@@ -175,8 +175,9 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     NaN, as in torch's dropout). The mask comes from a seed drawn from ``generator`` (else the
     default generator of x's device) and is recomputed in the backward, never stored: the same
     generator state gives the same mask (``dropout_mask`` returns it). Kernels draw it with Triton's
-    Philox; CPU tensors without Triton's interpreter with torch's CPU generator seeded alike, so the
-    two masks differ (each is reproducible).
+    Philox, 16 bits an element (kept where they are >= round(dropout_p * 2^16): the keep rate is
+    1 - dropout_p to within 2^-17); CPU tensors without Triton's interpreter with torch's CPU
+    generator seeded alike, so the two masks differ (each is reproducible).
 
     Differentiable in x, weight, bias and residual (dresidual is dx's tensor itself when there is
     no dropout and residual has x's dtype). CPU tensors run torch's own CPU kernels.
