@@ -10,6 +10,8 @@ Ops never test ``x.is_cuda`` themselves; they call :func:`select`.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import dataclasses
 import functools
 import os
 import sys
@@ -50,11 +52,17 @@ def interpreter_enabled() -> bool:
 
 
 def backend_for(device: torch.device) -> Backend:
-    """Which implementation serves tensors on ``device``."""
+    """Which implementation serves tensors on ``device``. A GPU the kernels cannot serve (an NVIDIA GPU
+    older than compute capability 8.0) raises a RuntimeError saying so (:func:`gpu_problem`)."""
     if device.type == "cuda":
+        problem = _gpu_problem(device.index if device.index is not None else torch.cuda.current_device())
+        if problem is not None:
+            raise RuntimeError(problem)
         return "kernel"
     if device.type == "cpu":
         return "kernel" if interpreter_enabled() else "reference"
+    if device.type == "meta" and _PRETENDED.get() is not None:
+        return "kernel"  # a described GPU (pretend)
     raise TypeError(f"tilecore runs on CUDA and CPU tensors; got a tensor on '{device.type}'")
 
 
@@ -120,7 +128,10 @@ def eager_mode(*tensors: torch.Tensor | None) -> str:
 
 
 def num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (cached: the query costs microseconds per call)."""
+    """Streaming multiprocessors of a CUDA device (cached: the query costs microseconds per call), or
+    of the GPU a meta device stands for (:func:`pretend`)."""
+    if device.type == "meta":
+        return _described_or_raise(device).sms
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
@@ -141,16 +152,199 @@ def _properties(index: int):
 
 
 def capability(device: torch.device) -> tuple[int, int] | None:
-    """Compute capability of a CUDA device, None for the CPU (and the interpreter)."""
+    """Compute capability of a CUDA device as torch reports it (on ROCm the gfx architecture's: (9, 0)
+    for an MI200's gfx90a, so ask :func:`is_rocm` before reading it as NVIDIA's), that of the GPU a
+    meta device stands for (:func:`pretend`), None for the CPU (and the interpreter)."""
     if device.type != "cuda":
-        return None
+        target = described(device)
+        return None if target is None else target.capability
     p = properties(device)  # cached: torch's query costs ~10 us of host time a call
     return p.major, p.minor
 
 
+def is_rocm(device: torch.device) -> bool:
+    """True for a GPU under ROCm (torch.version.hip: torch's "cuda" devices are AMD GPUs there), which
+    runs the portable Triton kernels only: never the NVIDIA-only Gluon, TMA or wgmma code."""
+    if device.type == "cuda":
+        return torch.version.hip is not None
+    target = described(device)
+    return target is not None and target.rocm
+
+
 def is_hopper(device: torch.device) -> bool:
-    """True on sm_90 devices, where the Gluon (TMA, wgmma) kernels run."""
-    return capability(device) == (9, 0)
+    """True on NVIDIA sm_90 devices, where the Gluon (TMA, wgmma) kernels run (not on ROCm, whose
+    MI200 torch reports as capability (9, 0))."""
+    return capability(device) == (9, 0) and not is_rocm(device)
+
+
+def tma_ok(device: torch.device) -> bool:
+    """Whether the tl kernels' TMA descriptors are copied by TMA units on ``device``: NVIDIA from sm_90,
+    and Triton's interpreter (which runs them as loads). Elsewhere Triton lowers descriptors to plain
+    loads, which it does not pipeline: plans keep the pointer path there."""
+    if interpreted(device) or is_hopper(device):
+        return True
+    cap = capability(device)
+    return cap is not None and cap >= (9, 0) and not is_rocm(device)
+
+
+def fp8_ok(device: torch.device) -> bool:
+    """Whether ``device`` multiplies e4m3 (Triton's fp8e4nv) on its tensor cores: NVIDIA from sm_89.
+    Elsewhere (sm_80, sm_86, ROCm) Triton refuses the type ("fp8e4nv not supported"), and gemm_fp8
+    converts its operands to float16 exactly instead."""
+    if is_hopper(device):
+        return True
+    cap = capability(device)
+    return cap is not None and cap >= (8, 9) and not is_rocm(device)
+
+
+def shared_memory_per_block(device: torch.device) -> int | None:
+    """Bytes of shared memory (ROCm: LDS) one block may use on ``device``: what Triton checks a
+    kernel's against when it loads it (the opt-in maximum, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+    or where that cannot be asked, SHARED_MEMORY_PER_BLOCK's figure for its capability. That of the
+    GPU a meta device stands for (:func:`pretend`); None for the CPU and the interpreter (no limit)."""
+    if device.type != "cuda":
+        target = described(device)
+        return None if target is None else target.shared_memory
+    return _shared_memory(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_memory(index: int) -> int:
+    try:
+        from triton.runtime import driver
+
+        return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    except Exception:  # noqa: BLE001 (a driver that cannot be asked: the documented figure)
+        p = _properties(index)
+        return shared_memory_for(p.major, p.minor, rocm=torch.version.hip is not None)
+
+
+def shared_memory_fit(device: torch.device, rows, what: str):
+    """The value of the first of ``rows`` ((bytes, value) pairs, bytes decreasing) whose bytes the
+    shared memory a block gets on ``device`` reaches: an op's configurations for GPUs with less of it
+    (configs.SHARED_FITS, checked by tilecore.portability on the GPUs each row serves). The first
+    row's where there is no limit (the CPU, the interpreter). A GPU below every row gets a RuntimeError
+    naming ``what`` and both sizes."""
+    limit = shared_memory_per_block(device)
+    if limit is None:
+        return rows[0][1]
+    for least, value in rows:
+        if limit >= least:
+            return value
+    raise RuntimeError(f"{what} needs a GPU whose blocks get at least {rows[-1][0] // KIB} KiB of shared memory; "
+                       f"this one gives {limit // KIB} KiB")
+
+
+def shared_memory_for(major: int, minor: int, *, rocm: bool = False) -> int:
+    """SHARED_MEMORY_PER_BLOCK's figure for a capability; an unknown NVIDIA one gets the least that
+    its generation's parts give (a plan that fits it fits them all), ROCm 64 KiB."""
+    if rocm:
+        return ROCM_SHARED_MEMORY_PER_BLOCK
+    known = SHARED_MEMORY_PER_BLOCK.get((major, minor))
+    if known is not None:
+        return known
+    same_major = [v for (ma, _), v in SHARED_MEMORY_PER_BLOCK.items() if ma == major]
+    return min(same_major or SHARED_MEMORY_PER_BLOCK.values())
+
+
+def gpu_problem(device: torch.device) -> str | None:
+    """Why tilecore's kernels cannot serve the CUDA ``device``, or None: NVIDIA GPUs from compute
+    capability 8.0 (the tl kernels multiply bfloat16 on tensor cores and copy with cp.async, which
+    sm_75 and older lack) and ROCm GPUs. :func:`backend_for` raises it."""
+    if device.type != "cuda":
+        return None
+    return _gpu_problem(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_problem(index: int) -> str | None:
+    if torch.version.hip is not None:
+        return None
+    p = _properties(index)
+    if (p.major, p.minor) < MIN_CAPABILITY:
+        return (f"tilecore's GPU kernels need an NVIDIA GPU of compute capability {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} "
+                f"or newer (bfloat16 tensor cores); {p.name} is {p.major}.{p.minor}: move the tensors to the CPU, "
+                "where tilecore runs torch's own kernels")
+    return None
+
+
+MIN_CAPABILITY = (8, 0)
+KIB = 1024
+# Bytes of shared memory one block may use, by NVIDIA compute capability: the CUDA C++ Programming
+# Guide's per-capability table and the Ampere/Ada/Hopper/Blackwell tuning guides (each SM's shared
+# memory, less the 1 KiB CUDA reserves per block). For a device whose driver cannot be asked.
+SHARED_MEMORY_PER_BLOCK = {(7, 0): 96 * KIB, (7, 2): 96 * KIB, (7, 5): 64 * KIB,
+                           (8, 0): 163 * KIB, (8, 6): 99 * KIB, (8, 7): 163 * KIB, (8, 9): 99 * KIB,
+                           (9, 0): 227 * KIB, (10, 0): 227 * KIB, (10, 3): 227 * KIB,
+                           (12, 0): 99 * KIB, (12, 1): 99 * KIB}
+ROCM_SHARED_MEMORY_PER_BLOCK = 64 * KIB  # LDS per workgroup on CDNA2/CDNA3 (MI200, MI300)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A GPU as the plans see it and as Triton compiles for it, for compile-only sweeps and tests
+    (:func:`pretend`): ``name`` Triton's architecture (sm_86, sm_90a, gfx90a), the compute capability
+    torch reports for it (ROCm: the gfx architecture's), its SMs (compute units), the bytes of shared
+    memory (LDS) one block may use, ROCm or not, and a GPU of the kind."""
+    name: str
+    capability: tuple[int, int]
+    sms: int
+    shared_memory: int
+    rocm: bool = False
+    example: str = ""
+
+    def gpu_target(self):
+        """Triton's GPUTarget for it (what tilecore.tiles.compile.compile_kernel takes)."""
+        from triton.backends.compiler import GPUTarget
+
+        if self.rocm:
+            return GPUTarget("hip", self.name, 64)
+        return GPUTarget("cuda", self.capability[0] * 10 + self.capability[1], 32)
+
+
+# The GPUs tilecore's plans are checked for (tilecore.portability compiles every kernel a plan picks for
+# each and checks its shared memory against the block's limit): SM counts of the example parts
+TARGETS = {t.name: t for t in (
+    Target("sm_80", (8, 0), 108, SHARED_MEMORY_PER_BLOCK[8, 0], example="A100"),
+    Target("sm_86", (8, 6), 84, SHARED_MEMORY_PER_BLOCK[8, 6], example="A40, A10, RTX 3090"),
+    Target("sm_89", (8, 9), 142, SHARED_MEMORY_PER_BLOCK[8, 9], example="L40S, L4, RTX 4090"),
+    Target("sm_90a", (9, 0), 132, SHARED_MEMORY_PER_BLOCK[9, 0], example="H100"),
+    Target("sm_100a", (10, 0), 148, SHARED_MEMORY_PER_BLOCK[10, 0], example="B200"),
+    Target("sm_120a", (12, 0), 170, SHARED_MEMORY_PER_BLOCK[12, 0], example="RTX 5090"),
+    Target("gfx90a", (9, 0), 110, ROCM_SHARED_MEMORY_PER_BLOCK, rocm=True, example="MI250X (one die), MI210"),
+    Target("gfx942", (9, 4), 304, ROCM_SHARED_MEMORY_PER_BLOCK, rocm=True, example="MI300X"),
+)}
+
+# the GPU that meta devices stand for, inside pretend()
+_PRETENDED: contextvars.ContextVar[Target | None] = contextvars.ContextVar("tilecore_pretended_gpu", default=None)
+
+
+@contextlib.contextmanager
+def pretend(target: Target):
+    """Within this context (this thread's, or task's), meta tensors stand for tensors on a GPU described
+    by ``target``: :func:`backend_for` gives them the kernels, and :func:`capability`, :func:`num_sms`,
+    :func:`shared_memory_per_block`, :func:`is_rocm` (and so :func:`is_hopper`, :func:`gluon_ok`,
+    :func:`tma_ok`, :func:`fp8_ok`) answer for ``target``. An op's own plan then picks, with no GPU
+    here, what it would pick on that GPU (tilecore.portability compiles it); CUDA and CPU tensors are
+    untouched."""
+    token = _PRETENDED.set(target)
+    try:
+        yield target
+    finally:
+        _PRETENDED.reset(token)
+
+
+def described(device: torch.device) -> Target | None:
+    """The GPU a meta ``device`` stands for inside :func:`pretend`, else None."""
+    return _PRETENDED.get() if device.type == "meta" else None
+
+
+def _described_or_raise(device: torch.device) -> Target:
+    target = described(device)
+    if target is None:
+        raise TypeError(f"tilecore runs on CUDA and CPU tensors; got a tensor on '{device.type}' "
+                        "(meta tensors stand for a GPU only inside dispatch.pretend)")
+    return target
 
 
 def gluon_ok(device: torch.device) -> bool:

@@ -1,7 +1,8 @@
-"""Compile kernels for Hopper without a GPU, and read their resources.
+"""Compile kernels without a GPU, and read their resources.
 
 ``compile_kernel`` builds the signature from example arguments (tensors, TMA descriptors, ints),
-compiles for sm_90a and returns triton's CompiledKernel (``.asm["ptx"]``, ``.asm["cubin"]``).
+compiles for sm_90a (or any target Triton has a backend for) and returns triton's CompiledKernel
+(``.asm["ptx"]``, ``.asm["cubin"]``; ``.metadata.shared``: the bytes of shared memory it asks for).
 ``resources`` runs ptxas on the PTX for registers, spills, stack and shared memory.
 
 Run with TRITON_INTERPRET unset: under the interpreter ``triton.jit`` makes interpreted functions,
@@ -25,13 +26,14 @@ def compile_kernel(kernel, args: dict, *, num_warps: int = 4, target: GPUTarget 
     """Compile ``kernel`` (a triton.jit or gluon.jit function) for ``args`` given by name, as the JIT
     would: the same specialization (ints equal to 1 become constants; 16-divisible ints and 16-byte
     aligned pointers get divisibility hints, without which loads are not vectorized or pipelined and
-    the report misleads). ``options``: other compile options, e.g. num_stages."""
-    from triton.backends.nvidia.compiler import CUDABackend
+    the report misleads). ``options``: other compile options, e.g. num_stages. ``target``: any GPU
+    Triton compiles for (GPUTarget("cuda", 86, 32), GPUTarget("hip", "gfx90a", 64), ...)."""
+    from triton.compiler.compiler import make_backend
     from triton.runtime.jit import mangle_type
 
     from tilecore.tiles.launch import specialization
 
-    backend = CUDABackend(target)
+    backend = make_backend(target)
     signature, constexprs, attrs = {}, {}, {}
     for i, param in enumerate(kernel.params):
         value = args[param.name]

@@ -27,6 +27,20 @@ def backward_config(d: int, interpret: bool) -> dict:
     return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
 
 
+# GPUs whose blocks get less shared memory than the tl configurations above ask for there: (bytes a
+# block gets, kernel -> {largest head dim: overrides}), the first row whose bytes the GPU's reach
+# (dispatch.shared_memory_fit; plan.fitted). None: as above (sm_80: at most 138 of its 163 KiB).
+# Each row is compiled for the GPUs it serves by python -m tilecore.portability (notes/portability.md).
+# Untimed there: fewer stages, and on ROCm fewer keys a step.
+SHARED_FITS = (
+    (163 * 1024, None),
+    # sm_86, sm_89, sm_120 (99 KiB): the split-key kernel asked 102, 136, 138 KiB (sm_86) -> 70, 72, 74
+    (99 * 1024, {"decode": {64: dict(num_stages=3), 128: dict(num_stages=2), 256: dict(num_stages=2)}}),
+    # ROCm's MI200 and MI300 (64 KiB of LDS): split-key D128 and D256 128 KiB (gfx90a) -> 32; forward
+    # D128 72 -> 40
+    (64 * 1024, {"decode": {128: dict(BLOCK_N=64, num_stages=2), 256: dict(BLOCK_N=32, num_stages=2)},
+                 "forward": {128: dict(BLOCK_N=64, num_stages=2)}}),
+)
 PREPROCESS_BLOCK_M = {True: 16, False: 64}  # rows a program of the backward's preprocess; key: interpreted
 INTERPRETER_SMS = 4  # SMs as if the interpreter had them, for grids sized per SM (decode's splits)
 

@@ -70,7 +70,8 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
     if path in ("sdpa", "reference"):
         return Plan(path, sizes=dict(max_scores=configs.REFERENCE_MAX_SCORES))
     if path == "decode":
-        return _with_operands(_decode_plan(q, k, config or configs.decode_config(D, interpret), splits), q)
+        cfg = config or fitted("decode", D, configs.decode_config(D, interpret), q.device)
+        return _with_operands(_decode_plan(q, k, cfg, splits), q)
     if path == "gluon":
         cfg = dict(config or configs.gluon_forward_config(D, N, Nk, causal))
         if cfg.get("carry") and (cfg.get("q_regs") or cfg.get("consumers") == 3):
@@ -79,7 +80,7 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
         grid, head_group, schedule = query_tiling(q, k, cfg["block_m"] * cfg.get("consumers", 2), cfg["block_n"],
                                                   causal, cfg.get("balanced", True))
         return Plan("gluon", cfg, grid, schedule, dict(head_group=head_group))
-    cfg = config or configs.forward_config(D, interpret)
+    cfg = config or fitted("forward", D, configs.forward_config(D, interpret), q.device)
     return _with_operands(Plan("tl", cfg, row_block_grid(B * H, N, cfg["BLOCK_M"])), q)
 
 
@@ -102,7 +103,7 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
     if path in ("sdpa", "reference"):
         return Plan(path, sizes=dict(max_scores=configs.REFERENCE_MAX_SCORES))
     if path == "tl":
-        cfg = config or configs.backward_config(D, interpret)
+        cfg = config or fitted("backward", D, configs.backward_config(D, interpret), q.device)
         return _with_operands(Plan("tl", cfg, (B * Hkv, cdiv(Nk, cfg["BLOCK_N"])),
                                    dq=Plan("tl", cfg, row_block_grid(B * H, N, cfg["BLOCK_M"]))), q)
     cfg = dict(config or configs.gluon_backward_config(D, N, causal))
@@ -139,9 +140,19 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
                                                       cfg.get("balanced", True))
         dq = Plan("gluon", dq_cfg, dq_grid, dq_schedule, dict(head_group=dq_group))
     elif dq_from == "tl":
-        tl_cfg = configs.backward_config(D, interpret)
+        tl_cfg = fitted("backward", D, configs.backward_config(D, interpret), q.device)
         dq = Plan("tl", tl_cfg, row_block_grid(B * H, N, tl_cfg["BLOCK_M"]))
     return Plan("gluon", cfg, grid, schedule, dict(head_group=head_group), dq=dq)
+
+
+def fitted(kind: str, d: int, cfg: dict, device) -> dict:
+    """``cfg``, a tl kernel's configuration for head dim ``d`` (``kind``: "forward", "decode" or
+    "backward"), with configs.SHARED_FITS's overrides where the GPU's blocks get less shared memory
+    than it asks for there."""
+    fit = dispatch.shared_memory_fit(device, configs.SHARED_FITS, "attention")
+    rows = fit.get(kind, {}) if fit else {}
+    largest = next((b for b in sorted(rows) if d <= b), None)  # the row of the head dims up to b
+    return {**cfg, **rows[largest]} if largest is not None else cfg
 
 
 def _with_operands(plan: Plan, q) -> Plan:

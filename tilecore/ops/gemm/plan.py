@@ -46,6 +46,12 @@ class Plan:
     block: tuple[int, int] = (0, 0)  # cpu: rows of A and columns of B converted at a time
 
 
+NOT_HOPPER = ("gemm: the TMA + wgmma kernel needs NVIDIA Hopper (sm_90), and this GPU is older than Hopper, newer "
+              "or not NVIDIA's: running the portable tl GEMM kernel, which is slower")
+FP8_UPCAST = ("gemm_fp8: this GPU has no e4m3 tensor cores (NVIDIA from sm_89 has them): the operands are converted "
+              "exactly to float16 and multiplied there by the tl GEMM kernel (slower, same result)")
+
+
 def scales_code(scale_a: torch.Tensor, scale_b: torch.Tensor) -> int:
     """The kernels' SCALES: 1 + (per-row scales of A) + 2 * (per-column scales of B)."""
     return 1 + int(scale_a.numel() > 1) + 2 * int(scale_b.numel() > 1)
@@ -73,9 +79,13 @@ def plan(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype, bias: torc
         c_dtype = torch.float16 if operand == torch.float16 and out_dtype == torch.float16 else torch.float32
         return _tl(a, M, N, K, config or configs.TL_CPU, common, operand_dtype=operand, bias_dtype=torch.float32,
                    c_dtype=c_dtype)
-    if not dispatch.gluon_ok(a.device):  # an untested triton on Hopper: dispatch has warned once
-        notice = None if dispatch.is_hopper(a.device) else ("gemm: this GPU is older than Hopper (no TMA or wgmma): "
-                                                            "running the portable tl GEMM kernel, which is slower")
+    if fp8 and not dispatch.fp8_ok(a.device):
+        # no e4m3 tensor cores (sm_80, sm_86, ROCm), where Triton refuses the type: e4m3 converts to
+        # float16 exactly (3 mantissa bits, exponents -9..8), so the tl kernel multiplies the exact
+        # upcasts, accumulates in float32 and scales as on fp8 GPUs
+        return _tl(a, M, N, K, config or configs.TL_GPU, common, operand_dtype=torch.float16, notice=FP8_UPCAST)
+    if not dispatch.gluon_ok(a.device):  # not Hopper, or an untested triton on Hopper (dispatch has warned once)
+        notice = None if dispatch.is_hopper(a.device) else NOT_HOPPER
         return _tl(a, M, N, K, config or configs.TL_GPU, common, notice=notice)
     form = None if path == "tl" else _tma_form(a, b, out_dtype, fp8)
     if form is None:

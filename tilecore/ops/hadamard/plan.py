@@ -56,6 +56,13 @@ def plan(x: torch.Tensor, out: torch.Tensor, *, tma=None, gluon: bool | None = N
     if gluon and not interpret and gluon_fits(x, out):
         return gluon_plan(x)
     fp32 = x.dtype == torch.float32
+    if tma is None and not tuning:
+        # a GPU with less shared memory than TUNING asks for: configs.SHARED_FITS's row, on pointers
+        fit = dispatch.shared_memory_fit(x.device, configs.SHARED_FITS, "hadamard_transform")
+        if fit is not None:
+            tma, tuning = "none", fit.get((n, fp32), {})
+        elif not dispatch.tma_ok(x.device):
+            tma = "none"  # before sm_90 (and on ROCm) Triton makes descriptors plain loads, unpipelined
     tma_load, tma_store, tma_tuning = tma_sides(n, fp32, tma, tuning, rows * n)
     if (tma_load and not tma_fits(x)) or (tma_store and not tma_fits(out)):
         tma_load = tma_store = False

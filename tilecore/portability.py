@@ -1,0 +1,358 @@
+"""Every kernel each op's plan picks on each GPU of ``dispatch.TARGETS``, compiled for that GPU on the
+CPU (no GPU needed), with the shared memory it asks for against what one block may use there.
+
+    python -m tilecore.portability [--targets sm_86,gfx90a] [--ops hadamard,gemm] [--quick] [-j N] [--json OUT]
+
+For each target, inside ``dispatch.pretend(target)`` (meta tensors stand for tensors on that GPU):
+each op's cases are planned by the op's own plan and run by its own launch with Triton's launches
+recorded instead of made; each kernel launch recorded (kernel, arguments, options) is compiled for
+the target by ``tilecore.tiles.compile.compile_kernel`` (identical launches once) and its
+``metadata.shared`` compared with the target's limit. A plan that refuses a target raises its own
+error, which is a row too ("refused"). ``--quick``: the cases CI compiles (every kernel and every
+configuration class, less repeats: one 16-bit dtype, causal attention only; the Gluon kernels, which
+tests/tiles/test_compile_hopper.py and tests/attention compile for sm_90a, recorded but not
+compiled). Exit status 1 when a kernel fails to compile or does not fit.
+
+Run with TRITON_INTERPRET unset: under the interpreter ``triton.jit`` makes interpreted functions,
+which cannot be compiled.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import time
+
+
+@dataclasses.dataclass
+class Case:
+    """An op's call as its plan sees it: ``run(device)`` plans and launches it on tensors of ``device``."""
+    op: str
+    name: str
+    run: object
+    quick: bool = True
+
+
+def hadamard_cases(quick: bool) -> list[Case]:
+    import torch
+
+    from tilecore.ops.hadamard import configs, launch, plan
+
+    cases = []
+    dtypes = (torch.bfloat16, torch.float32) if quick else (torch.bfloat16, torch.float16, torch.float32)
+    for dtype in dtypes:
+        for n in sorted(configs.SPLITS):
+            # 2^24 elements: the size the TMA and Gluon paths take (TMA_MIN_ELEMENTS), and few rows
+            # (the pointer path wherever the large one is not)
+            for rows in sorted({max(1, configs.TMA_MIN_ELEMENTS // n), 64}):
+                def run(device, n=n, rows=rows, dtype=dtype):
+                    x = torch.empty(rows, n, dtype=dtype, device=device)
+                    out = torch.empty_like(x)
+                    p = plan.plan(x, out)
+                    launch.launch(p, x, out, 1.0)
+                    return p
+                # float32 from n = 16384: 2-5 minutes a compile for sm_80..sm_89 on a CI core: not in quick
+                cases.append(Case("hadamard", f"{str(dtype)[6:]} n={n} rows={rows}", run,
+                                  quick=not (dtype == torch.float32 and n >= 16384)))
+    return cases
+
+
+def gemm_cases(quick: bool) -> list[Case]:
+    import torch
+
+    from tilecore.ops.gemm import launch, plan
+
+    cases = []
+    shapes = {"4096^3": (4096, 4096, 4096), "K=128": (4096, 4096, 128), "1024x1024x16384": (1024, 1024, 16384),
+              "N=8 (tl)": (4096, 8, 4096)}
+    for dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
+        for shape_name, (M, N, K) in shapes.items():
+            for bias in (False, True):
+                fp8 = dtype == torch.float8_e4m3fn
+                if fp8 and bias:
+                    continue
+
+                def run(device, M=M, N=N, K=K, dtype=dtype, bias=bias, fp8=fp8):
+                    a = torch.empty(M, K, dtype=dtype, device=device)
+                    b = torch.empty(K, N, dtype=dtype, device=device)
+                    out_dtype = torch.bfloat16 if fp8 else dtype
+                    bias_t = torch.empty(N, dtype=dtype, device=device) if bias else None
+                    scales = (torch.empty(M, 1, device=device), torch.empty(1, device=device)) if fp8 else None
+                    p = plan.plan(a, b, out_dtype=out_dtype, bias=bias_t, scales=scales)
+                    launch.launch(p, a, b, bias_t, scales)
+                    return p
+                name = f"{'fp8 row scales' if fp8 else str(dtype)[6:]} {shape_name}{' bias' if bias else ''}"
+                cases.append(Case("gemm", name, run, quick=dtype != torch.float16 and shape_name != "1024x1024x16384"))
+    return cases
+
+
+def attention_cases(quick: bool) -> list[Case]:
+    import torch
+
+    from tilecore.ops.attention import launch, plan
+
+    cases = []
+    # B, Hq, Hkv, N, Nk: the query-block kernels, and decode (one query, grouped heads)
+    shapes = {"N=1024": (2, 4, 4, 1024, 1024), "decode": (2, 32, 8, 1, 4096)}
+    for dtype in (torch.bfloat16, torch.float16):
+        for d in (64, 128, 256):
+            for shape_name, (B, Hq, Hkv, N, Nk) in shapes.items():
+                for causal in (True, False):
+                    def run(device, B=B, Hq=Hq, Hkv=Hkv, N=N, Nk=Nk, d=d, causal=causal, dtype=dtype,
+                            decode=shape_name == "decode"):
+                        q = torch.empty(B, Hq, N, d, dtype=dtype, device=device)
+                        k = torch.empty(B, Hkv, Nk, d, dtype=dtype, device=device)
+                        v = torch.empty_like(k)
+                        scale = d ** -0.5
+                        p = plan.plan_forward(q, k, v, causal, scale)
+                        out = torch.empty_like(q)
+                        lse = torch.empty(B, Hq, N, device=device)
+                        launch.forward(p, q, k, v, out, lse, causal, scale)
+                        if decode:
+                            return p
+                        pb = plan.plan_backward(out, q, k, v, causal, scale)
+                        launch.backward(pb, out, q, k, v, out, lse, None, torch.empty_like(q), torch.empty_like(k),
+                                        torch.empty_like(v), causal, scale)
+                        return p, pb
+                    cases.append(Case("attention", f"{str(dtype)[6:]} d{d} {shape_name}{' causal' if causal else ''}",
+                                      run, quick=dtype == torch.bfloat16 and (causal or shape_name == "decode")))
+    return cases
+
+
+CASES = {"hadamard": hadamard_cases, "gemm": gemm_cases, "attention": attention_cases}
+
+
+# --------------------------------------------------------------------------------------------
+# recording launches
+
+
+@contextlib.contextmanager
+def recording(launches: list):
+    """Within: Triton launches (through triton.jit's ``kernel[grid](...)`` and tiles.launch.CachedLaunch)
+    append (kernel, args, kwargs) to ``launches`` instead of running."""
+    from triton.runtime.jit import JITFunction
+
+    from tilecore.tiles.launch import CachedLaunch
+
+    def jit_run(self, *args, grid, warmup, **kwargs):
+        launches.append((self, args, kwargs))
+
+    def cached(self, grid, args, kwargs):
+        launches.append((self.kernel, args, kwargs))
+
+    def cached_keyed(self, key, grid, args, kwargs):
+        launches.append((self.kernel, args, kwargs))
+
+    saved = [(JITFunction, "run", JITFunction.run), (CachedLaunch, "_launch", CachedLaunch._launch)]
+    JITFunction.run = jit_run
+    CachedLaunch._launch = cached
+    if hasattr(CachedLaunch, "launch_keyed"):
+        saved.append((CachedLaunch, "launch_keyed", CachedLaunch.launch_keyed))
+        CachedLaunch.launch_keyed = cached_keyed
+    try:
+        yield launches
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+def named_arguments(kernel, args: tuple, kwargs: dict) -> tuple[dict, dict]:
+    """(every parameter of ``kernel`` by name, as the launch gave it or its default; the launch options)."""
+    from tilecore.tiles.launch import jit_arg
+
+    params = kernel.params
+    named = {p.name: jit_arg(a) for p, a in zip(params, args)}
+    for p in params[len(args):]:
+        named[p.name] = jit_arg(kwargs[p.name]) if p.name in kwargs else p.default
+    return named, {k: kwargs[k] for k in OPTIONS if k in kwargs}
+
+
+def compile_key(kernel, named: dict, options: dict) -> tuple:
+    """What makes two launches the same compile: the kernel, each argument's specialization (tensors
+    by dtype and alignment, ints by 1 and divisibility, descriptors by dtype and box, constexprs by
+    value) and the options."""
+    from tilecore.tiles.launch import specialization
+
+    spec = []
+    for p in kernel.params:
+        value = named[p.name]
+        if p.is_constexpr:
+            spec.append(repr(value))
+            continue
+        try:
+            spec.append(specialization(value))
+        except TypeError:  # descriptors
+            base = getattr(value, "base", None)
+            spec.append((type(value).__name__, str(getattr(base, "dtype", None)), tuple(getattr(value, "block_shape", ())),
+                         repr(getattr(value, "layout", None))))
+    return (kernel.fn.__module__, kernel.fn.__qualname__, tuple(spec), tuple(sorted(options.items())))
+
+
+def kernel_name(kernel) -> str:
+    return f"{kernel.fn.__module__.removeprefix('tilecore.ops.')}.{kernel.fn.__name__}"
+
+
+def is_gluon(kernel) -> bool:
+    return bool(getattr(kernel, "is_gluon", lambda: False)())
+
+
+def _summary(kernel, named: dict, options: dict) -> str:
+    """The launch's configuration: its options and its small constexprs (block sizes, stages, flags)."""
+    consts = {p.name: named[p.name] for p in kernel.params if p.is_constexpr
+              and isinstance(named[p.name], (int, bool)) and p.name not in ("GRID",)}
+    return " ".join(f"{k}={v}" for k, v in {**options, **consts}.items())
+
+
+def plan_paths(result) -> str:
+    """The plan's path(s) in a row: "tl", "gluon", "decode", or forward/backward."""
+    plans = result if isinstance(result, tuple) else (result,)
+    return "/".join(getattr(p, "path", "?") for p in plans)
+
+
+# --------------------------------------------------------------------------------------------
+# the sweep
+
+
+def sweep_target(target_name: str, ops: list[str], quick: bool, compile_gluon: bool) -> list[dict]:
+    """The rows of one target: every case of ``ops``, each recorded launch compiled once."""
+    import torch
+
+    from tilecore import dispatch
+    from tilecore.tiles.compile import compile_kernel
+
+    target = dispatch.TARGETS[target_name]
+    gpu_target = target.gpu_target()
+    rows, compiled = [], {}
+    for op in ops:
+        for case in CASES[op](quick):
+            if quick and not case.quick:
+                continue
+            base = dict(target=target.name, op=op, case=case.name, limit=target.shared_memory)
+            launches = []
+            try:
+                with dispatch.pretend(target), recording(launches):
+                    result = case.run(torch.device("meta"))
+            except Exception as err:  # noqa: BLE001 (a plan's refusal is a row: its message is the point)
+                rows.append(dict(base, refused=f"{type(err).__name__}: {err}"))
+                continue
+            path = plan_paths(result)
+            for kernel, args, kwargs in launches:
+                named, options = named_arguments(kernel, args, kwargs)
+                key = compile_key(kernel, named, options)
+                row = dict(base, path=path, kernel=kernel_name(kernel), config=_summary(kernel, named, options))
+                if key in compiled:
+                    rows.append(dict(row, **compiled[key], repeat=True))
+                    continue
+                if is_gluon(kernel) and not compile_gluon:
+                    compiled[key] = dict(skipped="Gluon: compiled for sm_90a by the Hopper tests")
+                    rows.append(dict(row, **compiled[key]))
+                    continue
+                start = time.perf_counter()
+                try:
+                    k = compile_kernel(kernel, named, target=gpu_target, **{"num_warps": 4, **options})
+                    found = dict(shared=int(k.metadata.shared), fits=int(k.metadata.shared) <= target.shared_memory)
+                except Exception as err:  # noqa: BLE001 (every failure is reported, and the sweep goes on)
+                    found = dict(error=_innermost(err))
+                found["seconds"] = round(time.perf_counter() - start, 2)
+                compiled[key] = found
+                rows.append(dict(row, **found))
+                print(_line(rows[-1]), flush=True)
+    return rows
+
+
+def _innermost(err: BaseException) -> str:
+    while err.__cause__ is not None:
+        err = err.__cause__
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[-1] if text else ''}"[:300]
+
+
+def _line(r: dict) -> str:
+    what = (f"refused: {r['refused']}" if "refused" in r else f"ERROR {r['error']}" if "error" in r else
+            r["skipped"] if "skipped" in r else
+            f"{r['shared'] / 1024:6.1f} KiB of {r['limit'] // 1024} {'fits' if r['fits'] else 'DOES NOT FIT'}")
+    return f"{r['target']:8s} {r['op']:9s} {r['case']:32s} {r.get('kernel', ''):34s} {what}"
+
+
+def table(rows: list[dict]) -> str:
+    """Kernel x target: the most shared memory any launch of that kernel asks for there (KiB), with
+    the limit, or what failed."""
+    targets = list(dict.fromkeys(r["target"] for r in rows))
+    kernels = list(dict.fromkeys(r["kernel"] for r in rows if "kernel" in r))
+    lines = ["| kernel | " + " | ".join(f"{t} ({rows_limit(rows, t) // 1024} KiB)" for t in targets) + " |",
+             "| --- |" + " --- |" * len(targets)]
+    for kernel in kernels:
+        cells = []
+        for t in targets:
+            mine = [r for r in rows if r["target"] == t and r.get("kernel") == kernel]
+            sizes = [r["shared"] for r in mine if "shared" in r]
+            bad = [r for r in mine if "error" in r or ("fits" in r and not r["fits"])]
+            cell = f"{max(sizes) / 1024:.0f}" if sizes else ("Gluon" if any("skipped" in r for r in mine) else "-")
+            if bad:
+                cell += f" ({len(bad)} FAIL)"
+            cells.append(cell)
+        lines.append(f"| {kernel} | " + " | ".join(cells) + " |")
+    refused = [r for r in rows if "refused" in r]
+    for r in refused:
+        lines.append(f"refused on {r['target']}: {r['op']} {r['case']}: {r['refused'][:150]}")
+    return "\n".join(lines)
+
+
+def rows_limit(rows, target) -> int:
+    return next(r["limit"] for r in rows if r["target"] == target)
+
+
+def _run_target(job):
+    return sweep_target(*job)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tilecore.portability", description=__doc__.split("\n")[0])
+    ap.add_argument("--targets", default="", help="comma-separated names of dispatch.TARGETS (default: all)")
+    ap.add_argument("--ops", default="", help="comma-separated: " + ", ".join(CASES))
+    ap.add_argument("--quick", action="store_true", help="the cases CI compiles")
+    ap.add_argument("--gluon", action="store_true", help="compile the Gluon kernels too (sm_90a; slow)")
+    ap.add_argument("-j", type=int, default=1, help="targets compiled at once, a process each")
+    ap.add_argument("--json", help="write the rows to this file")
+    a = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes", "y"):
+        print("tilecore.portability compiles kernels: run it with TRITON_INTERPRET unset", file=sys.stderr)
+        return 2
+    from tilecore import dispatch
+
+    targets = [t for t in a.targets.split(",") if t] or list(dispatch.TARGETS)
+    unknown = [t for t in targets if t not in dispatch.TARGETS]
+    if unknown:
+        print(f"unknown targets {unknown}; known: {', '.join(dispatch.TARGETS)}", file=sys.stderr)
+        return 2
+    ops = [o for o in a.ops.split(",") if o] or list(CASES)
+    start = time.perf_counter()
+    jobs = [(t, ops, a.quick, a.gluon) for t in targets]
+    if a.j > 1 and len(jobs) > 1:
+        import concurrent.futures
+        import multiprocessing
+
+        with concurrent.futures.ProcessPoolExecutor(a.j, mp_context=multiprocessing.get_context("spawn")) as pool:
+            per_target = list(pool.map(_run_target, jobs))
+    else:
+        per_target = [_run_target(job) for job in jobs]
+    rows = [r for rs in per_target for r in rs]
+    seconds = time.perf_counter() - start
+    print(table(rows))
+    compiles = sum(1 for r in rows if "seconds" in r)
+    print(f"{len(rows)} launches, {compiles} compiles, {len(targets)} targets in {seconds:.0f} s")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(rows=rows, seconds=seconds), f, indent=1)
+    failed = [r for r in rows if "error" in r or ("fits" in r and not r["fits"])]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
