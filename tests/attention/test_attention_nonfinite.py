@@ -201,8 +201,9 @@ def test_gpu_kernels_scores_past_float32s_range(path):
     starts at -inf, so a row of finite scores below -1e30 is kept (its former -1e30 start wrote such
     a row as 0 with lse -inf). The scale makes scale * log2(e) a power of two, 2^120: the Gluon
     kernel takes that factor inside the exponent's FMA (exp2(s * c - m), m the rounded max of s * c),
-    which for a best score past 2^24 in magnitude leaves exp2 of the product's rounding error instead
-    of 1 (as in FlashAttention-3's kernels; notes/attention/README.md); exact products keep it 1."""
+    which gives the best score p = exp2(s c - rn(s c)) instead of 1, a factor every p of the row
+    shares until it overflows or flushes to 0 (|s c| past ~2^31, as at scale 1e38; as in
+    FlashAttention-2/3's kernels; notes/attention/README.md); exact products keep it 1."""
     dev = torch.device("cuda")
     if path == "gluon" and not dispatch.is_hopper(dev):
         pytest.skip("the Gluon kernels run on Hopper")

@@ -117,11 +117,12 @@ def store_tile(x, out_desc, out_smem, off_m, off_n):
 @gluon.jit
 def store_block(x, out_desc, out_smem, coord):
     """A register tile into ``out_desc``'s block at ``coord`` (any rank: the block holds x's
-    elements) by one TMA store through ``out_smem``, once the previous TMA store from it has read it."""
+    elements) by one TMA store through ``out_smem``, once the previous TMA store from it has read it.
+    (As in ``store_tile``, the compiler's barrier analysis puts the bar.sync between the threads'
+    shared stores and the TMA store: an explicit one compiled to the same PTX.)"""
     tma.store_wait(0)
     out_smem.reshape(x.shape).store(x.to(out_desc.dtype))
     fence_async_shared()
-    gl.thread_barrier()  # every warp's part is in shared memory before the store is issued
     tma.async_copy_shared_to_global(out_desc, coord, out_smem)
 
 
