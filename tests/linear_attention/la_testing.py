@@ -71,7 +71,7 @@ def backward_poisoned(do, q, k, v, g, s0, dht, *, feature=IDENTITY, scale=None, 
     Dk = q.shape[-1]
     nan = float("nan")
     dq = torch.full((B, N, H, Dk), nan)
-    dk_parts = torch.full((cfg["value_blocks"], B, N, H, Dk), nan)
+    dk_parts = torch.full((cfg["dkv_value_blocks"], B, N, H, Dk), nan)
     dv_parts = torch.full((cfg["dkv_key_blocks"], B, N, H, Dv), nan)
     dh0 = torch.full((B, H, launch.feature_rows(feature, Dk), Dv), nan) if s0 is not None else None
     for kernel, grid, args, kw in launch.backward_calls(p, do, q, k, v, g, beta, s0, dht, dq, dk_parts, dv_parts,

@@ -1,12 +1,14 @@
-"""Linear attention's tables (plan.py reads them). None of these is measured yet: they are first
-choices by register arithmetic (an H100 has 64K registers an SM, 255 a thread), to be replaced by
-experiments/linear_attention/gpu_check.py's sweep (notes/linear_attention/README.md)."""
+"""Linear attention's tables (plan.py reads them). None of these is timed yet: they are the choices
+that compile for sm_90a without spilling (``python -m tilecore.ops.linear_attention.report``; an H100
+has 64K registers an SM, 255 a thread), to be replaced by experiments/linear_attention/gpu_check.py's
+sweep (notes/linear_attention/README.md)."""
 from __future__ import annotations
 
-# tokens a chunk, by decay kind (0 none, 1 scalar, 2 per channel). Per-channel decay's intra-chunk
-# scores are elementwise over [BT, BT, KB] (no dot): its chunk is short, so those stay few (the
-# FLOPs a token of the dots do not depend on the chunk: 4 Dk Dv + BT (Dk + Dv))
-CHUNK = {0: 64, 1: 64, 2: 16}
+# tokens a chunk, by decay kind (0 none, 1 scalar, 2 per channel). 64 spilled at Dk = Dv = 128 (and for
+# Mamba-2 and Based) where 32 did not (sm_90a, 8 warps). Per-channel decay's intra-chunk scores are
+# elementwise over [BT, BT, KB] (no dot): its chunk is short, so those stay few (the dots' FLOPs a
+# token do not depend on the chunk: 4 Dk Dv + BT (Dk + Dv))
+CHUNK = {0: 32, 1: 32, 2: 16}
 CHUNKS = (16, 32, 64)  # what a caller may ask for (tl.dot needs >= 16 rows)
 
 # float32 elements of a program's state block in registers ([BK, BV], Based's [256, BV]): 8192 is 64
@@ -15,7 +17,16 @@ STATE_ELEMS = 8192
 # per-channel decay: elements of one [BT, BT, KB] slice of the intra-chunk scores
 CHANNEL_SLICE_ELEMS = 4096
 
-NUM_WARPS = 4
+# the backward's blocks where the forward's spill there (plan.tl_plan): Based's chunk and value block,
+# and for Dk > BWD_KEY_BLOCK the dK/dV kernel's key block and value block
+BASED_BWD_CHUNK = 16
+BASED_BWD_BV = 32
+BWD_KEY_BLOCK = 128
+WIDE_BWD_BV = 32
+
+NUM_WARPS = 8  # 4 spilled 316 bytes in the dK/dV kernel at Dk = Dv = 128
+NUM_STAGES = 2  # the chunk loop's software pipelining (loads of the next chunk in flight)
+STEP_WARPS = 4
 
 # the decode step's value block
 STEP_BV = 64

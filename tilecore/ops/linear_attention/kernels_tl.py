@@ -177,14 +177,16 @@ def la_fwd_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
                   sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd,
                   sgb, sgn, sgh, sgd, sbb, sbn, sbh, szb, szn, szh, szd, sob, son, soh, sod,
                   s0b, s0h, s0f, s0v, stb, sth, stf, stv, sdh, sdv,
-                  N, H, GROUP, DK, DV, scale,
+                  N, H, GROUP, DK, DV, scale, VBLOCKS,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
                   DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_D: tl.constexpr,
                   HAS_Z: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_OLIN: tl.constexpr,
                   MMA: tl.constexpr, IEEE: tl.constexpr):
     """Program (batch * head, value block): o (and o before D and z: OLIN) of every token, and the final
-    state, of its head's BV value columns. Grid: (B * H, cdiv(Dv, BV))."""
-    bh = tl.program_id(0)
+    state, of its head's BV value columns. Grid: (B * H * VBLOCKS,), a head's value blocks consecutive
+    (they run together and walk the chunks abreast, so q and k come from HBM once, then from L2)."""
+    bh = tl.program_id(0) // VBLOCKS
+    vblock = tl.program_id(0) % VBLOCKS
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     hk = h // GROUP
@@ -192,7 +194,7 @@ def la_fwd_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
     causal = offs_t[:, None] >= offs_t[None, :]
     offs_k = tl.arange(0, BK)
     k_ok = offs_k < DK
-    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    offs_v = vblock * BV + tl.arange(0, BV)
     v_ok = offs_v < DV
     q_base = Q + b * sqb + hk * sqh
     k_base = K + b * skb + hk * skh
@@ -308,20 +310,21 @@ def la_bwd_dq_kernel(Q, K, V, G, BETA, H0, DO, DQ,
                      sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd,
                      sgb, sgn, sgh, sgd, sbb, sbn, sbh, s_ob, s_on, s_oh, s_od, s_qb, s_qn, s_qh, s_qd,
                      s0b, s0h, s0f, s0v,
-                     N, H, GROUP, DK, DV, scale,
+                     N, H, GROUP, DK, DV, scale, KBLOCKS,
                      BT: tl.constexpr, BKQ: tl.constexpr, BVF: tl.constexpr,
                      DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_H0: tl.constexpr,
                      MMA: tl.constexpr, IEEE: tl.constexpr):
     """Program (batch * head, block of BKQ key channels): dq of every token in those channels (per v
     head h: the caller sums a q head's group), by a forward sweep that rebuilds the state (BKQ, Dv).
-    Grid: (B * H, cdiv(Dk, BKQ)); Based: one block of 16. Every value column at once (BVF >= Dv)."""
-    bh = tl.program_id(0)
+    Grid: (B * H * KBLOCKS,), a head's blocks consecutive; Based: one block of 16. Every value column at
+    once (BVF >= Dv)."""
+    bh = tl.program_id(0) // KBLOCKS
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     hk = h // GROUP
     offs_t = tl.arange(0, BT)
     causal = offs_t[:, None] >= offs_t[None, :]
-    offs_kq = tl.program_id(1) * BKQ + tl.arange(0, BKQ)
+    offs_kq = (tl.program_id(0) % KBLOCKS) * BKQ + tl.arange(0, BKQ)
     kq_ok = offs_kq < DK
     offs_vf = tl.arange(0, BVF)
     vf_ok = offs_vf < DV
@@ -403,7 +406,7 @@ def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                       sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd,
                       sgb, sgn, sgh, sgd, sbb, sbn, sbh, s_ob, s_on, s_oh, s_od,
                       stb, sth, stf, stv, s_hb, s_hh, s_hf, s_hv, s_kp, s_vp,
-                      N, H, GROUP, DK, DV, scale,
+                      N, H, GROUP, DK, DV, scale, VBLOCKS, KBLOCKS,
                       BT: tl.constexpr, BK: tl.constexpr, BKB: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
                       DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_DHT: tl.constexpr,
                       STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
@@ -413,20 +416,21 @@ def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
     dk_hat sums over value blocks and dv_hat over key blocks: each program writes its part, to
     DK_PART[value block] (B, N, H, Dk) and DV_PART[key block] (B, N, H, Dv), float32 (parts s_kp, s_vp
     apart, each contiguous); the intra-chunk term of dv_hat is the first key block's. DHT (the final
-    state's gradient) and DH0: (B, H, F, Dv), any strides (stb... and s_hb...). Grid: (B * H, cdiv(Dv, BV), cdiv(Dk, BKB)); BKB = BK but for
-    per-channel decay."""
-    bh = tl.program_id(0)
+    state's gradient) and DH0: (B, H, F, Dv), any strides (stb... and s_hb...). Grid: (B * H * VBLOCKS
+    * KBLOCKS,), a head's blocks consecutive (key blocks fastest); BKB = BK but for per-channel decay."""
+    bh = tl.program_id(0) // (VBLOCKS * KBLOCKS)
+    vblock = (tl.program_id(0) // KBLOCKS) % VBLOCKS
+    kblock = tl.program_id(0) % KBLOCKS
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     hk = h // GROUP
-    kblock = tl.program_id(2)
     offs_t = tl.arange(0, BT)
     causal = offs_t[:, None] >= offs_t[None, :]
     offs_k = tl.arange(0, BK)
     k_ok = offs_k < DK
     offs_kb = kblock * BKB + tl.arange(0, BKB)
     kb_ok = offs_kb < DK
-    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    offs_v = vblock * BV + tl.arange(0, BV)
     v_ok = offs_v < DV
     q_base = Q + b * sqb + hk * sqh
     k_base = K + b * skb + hk * skh
@@ -516,7 +520,7 @@ def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
             dk += dk_inter
             dv += dv_inter
         bh_rows = (b * N * H + h)  # (B, N, H, D) contiguous parts: row t of head (b, h) at (b N + t) H + h
-        _store_rows(DK_PART + tl.program_id(1).to(tl.int64) * s_kp + bh_rows * DK, t0, offs_t, offs_kb, kb_ok, N,
+        _store_rows(DK_PART + vblock.to(tl.int64) * s_kp + bh_rows * DK, t0, offs_t, offs_kb, kb_ok, N,
                     H * DK, 1, dk)
         _store_rows(DV_PART + kblock.to(tl.int64) * s_vp + bh_rows * DV, t0, offs_t, offs_v, v_ok, N, H * DV, 1, dv)
 
@@ -563,23 +567,23 @@ def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
 def la_step_kernel(Q, K, V, G, BETA, DSKIP, Z, STATE, O,
                    sqb, sqh, sqd, skb, skh, skd, svb, svh, svd, sgb, sgh, sgd, sbb, sbh,
                    szb, szh, szd, sob, soh, sod, ssb, ssh, ssf, ssv, sdh, sdv,
-                   H, GROUP, DK, DV, scale,
+                   H, GROUP, DK, DV, scale, VBLOCKS,
                    BK: tl.constexpr, BV: tl.constexpr, DECAY: tl.constexpr, FEATURE: tl.constexpr,
                    HAS_BETA: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
     """Program (batch * head, value block): S <- diag(exp(g)) S + beta phi(k) v^T, then o = scale
     phi_q(q)^T S (Based: phi's pieces as in the forward), (o + D v) * silu(z); the state (B, H, F, Dv),
     any strides and float dtype, read and written in place (float32 math). q, k (B, Hqk, Dk); v, o, z
-    (B, H, Dv); g (B, H) or (B, H, Dk); beta (B, H). Grid: (B * H, cdiv(Dv, BV)).
+    (B, H, Dv); g (B, H) or (B, H, Dk); beta (B, H). Grid: (B * H * VBLOCKS,).
 
     exp(g) is taken as it is here (no floor: there is no cumulative sum to keep finite), so g = -inf
     gives exactly 0 (a reset)."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0) // VBLOCKS
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     hk = h // GROUP
     offs_k = tl.arange(0, BK)
     k_ok = offs_k < DK
-    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    offs_v = (tl.program_id(0) % VBLOCKS) * BV + tl.arange(0, BV)
     v_ok = offs_v < DV
     q = tl.load(Q + b * sqb + hk * sqh + offs_k * sqd, mask=k_ok, other=0.0).to(tl.float32)
     k = tl.load(K + b * skb + hk * skh + offs_k * skd, mask=k_ok, other=0.0).to(tl.float32)

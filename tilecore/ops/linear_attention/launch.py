@@ -76,12 +76,12 @@ def forward_call(plan: Plan, q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scal
             o, o if o_lin is None else o_lin, o if ht is None else ht,
             *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *_strides(z, 4), *o.stride(),
             *_strides(h0, 4), *_strides(ht, 4), *_strides(d_skip, 2),
-            N, H, H // q.shape[2], q.shape[-1], Dv, scale)
+            N, H, H // q.shape[2], q.shape[-1], Dv, scale, cfg["value_blocks"])
     kw = dict(BT=cfg["BT"], BK=cfg["BK"], BV=cfg["BV"], KB=cfg["KB"], DECAY=kind, FEATURE=feature,
               HAS_BETA=beta is not None, HAS_D=d_skip is not None, HAS_Z=z is not None, HAS_H0=h0 is not None,
               STORE_HT=ht is not None, STORE_OLIN=o_lin is not None, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
-              num_warps=cfg["num_warps"])
-    return kernels_tl.la_fwd_kernel, (B * H, cfg["value_blocks"]), args, kw
+              num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return kernels_tl.la_fwd_kernel, (B * H * cfg["value_blocks"],), args, kw
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,7 +102,7 @@ def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float,
     f32 = torch.float32
     dev = v.device
     dq_heads = torch.empty(B, N, H, Dk, dtype=f32, device=dev)
-    nv, nk = cfg["value_blocks"], cfg["dkv_key_blocks"]
+    nv, nk = cfg["dkv_value_blocks"], cfg["dkv_key_blocks"]
     dk_parts = torch.empty(nv, B, N, H, Dk, dtype=f32, device=dev)
     dv_parts = torch.empty(nk, B, N, H, Dv, dtype=f32, device=dev)
     dh0 = torch.empty(B, H, feature_rows(feature, Dk), Dv, dtype=f32, device=dev) if h0 is not None else None
@@ -142,20 +142,21 @@ def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts
                do, dq_heads,
                *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *do.stride(),
                *dq_heads.stride(), *_strides(h0, 4),
-               N, H, group, Dk, Dv, scale)
-    dq_kw = dict(BT=cfg["BT"], BKQ=cfg["BKQ"], BVF=cfg["BVF"], DECAY=kind, FEATURE=feature,
+               N, H, group, Dk, Dv, scale, cfg["key_blocks"])
+    dq_kw = dict(BT=cfg["BT_BWD"], BKQ=cfg["BKQ"], BVF=cfg["BVF"], DECAY=kind, FEATURE=feature,
                  HAS_BETA=beta is not None, HAS_H0=h0 is not None, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
-                 num_warps=cfg["num_warps"])
+                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     dkv_args = (q, k, v, dummy if g is None else g, dummy if beta is None else beta, do,
                 dummy if dht is None else dht, dk_parts, dv_parts, dk_parts if dh0 is None else dh0,
                 *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *do.stride(),
                 *_strides(dht, 4), *_strides(dh0, 4), dk_parts.stride(0), dv_parts.stride(0),
-                N, H, group, Dk, Dv, scale)
-    dkv_kw = dict(BT=cfg["BT"], BK=cfg["BK"], BKB=cfg["BKB"], BV=cfg["BV"], KB=cfg["KB"], DECAY=kind,
+                N, H, group, Dk, Dv, scale, cfg["dkv_value_blocks"], cfg["dkv_key_blocks"])
+    dkv_kw = dict(BT=cfg["BT_BWD"], BK=cfg["BK"], BKB=cfg["BKB"], BV=cfg["BVB"], KB=cfg["KB"], DECAY=kind,
                   FEATURE=feature, HAS_BETA=beta is not None, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-                  MMA=cfg["MMA"], IEEE=cfg["IEEE"], num_warps=cfg["num_warps"])
-    return [(kernels_tl.la_bwd_dq_kernel, (B * H, cfg["key_blocks"]), dq_args, dq_kw),
-            (kernels_tl.la_bwd_dkv_kernel, (B * H, cfg["value_blocks"], cfg["dkv_key_blocks"]), dkv_args, dkv_kw)]
+                  MMA=cfg["MMA"], IEEE=cfg["IEEE"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return [(kernels_tl.la_bwd_dq_kernel, (B * H * cfg["key_blocks"],), dq_args, dq_kw),
+            (kernels_tl.la_bwd_dkv_kernel, (B * H * cfg["dkv_value_blocks"] * cfg["dkv_key_blocks"],), dkv_args,
+             dkv_kw)]
 
 
 def _decay_grad(do, q, k, vf, g, o_lin, ht, dht, dq_heads, dk_heads, dv, feature: int, group: int):
@@ -213,10 +214,10 @@ def step_call(plan: Plan, q, k, v, g, beta, d_skip, z, state, o, scale: float, f
             dummy if z is None else z, state, o,
             *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 2), *_strides(z, 3), *o.stride(),
             *state.stride(), *_strides(d_skip, 2),
-            H, H // q.shape[1], q.shape[-1], Dv, scale)
+            H, H // q.shape[1], q.shape[-1], Dv, scale, -(-Dv // bv))
     kw = dict(BK=cfg["BK"], BV=bv, DECAY=kind, FEATURE=feature, HAS_BETA=beta is not None, HAS_D=d_skip is not None,
-              HAS_Z=z is not None, num_warps=cfg["num_warps"])
-    return kernels_tl.la_step_kernel, (B * H, -(-Dv // bv)), args, kw
+              HAS_Z=z is not None, num_warps=cfg["step_warps"])
+    return kernels_tl.la_step_kernel, (B * H * -(-Dv // bv),), args, kw
 
 
 def _step_torch(q, k, v, g, beta, d_skip, z, state, scale: float, feature: int) -> torch.Tensor:

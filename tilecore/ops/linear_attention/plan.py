@@ -52,8 +52,11 @@ def plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: int,
     return tl_plan(q, v, g, feature, chunk)
 
 
-def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: int, chunk: int | None = None) -> Plan:
-    """The tl kernels' plan (also for a compile report on a machine without a GPU)."""
+def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: int, chunk: int | None = None,
+            **overrides) -> Plan:
+    """The tl kernels' plan (also for a compile report on a machine without a GPU). ``overrides``: the
+    config's BT_BWD, BV, BVB, BKQ, BKB, KB, num_warps, num_stages, step_warps (experiments/linear_attention
+    sweeps them)."""
     kind = decay_kind(g)
     chunk = chunk or configs.CHUNK[kind]
     dk, dv = q.shape[-1], v.shape[-1]
@@ -72,7 +75,23 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
     # the interpreter's bf16 tl.dot and its float32 -> bf16 conversion are wrong: bf16 inputs run on their
     # exact float32 upcast there, the results rounded once by torch (launch.py)
     upcast = q.dtype == torch.bfloat16 and dispatch.interpreted(q.device)
-    return Plan("tl", chunk, dict(BT=chunk, BK=BK, BV=BV, BVF=BVF, KB=KB, BKQ=BKQ, BKB=BKB, MMA=mma, IEEE=ieee,
-                                  upcast=upcast,
-                                  num_warps=configs.NUM_WARPS,
-                                  value_blocks=cdiv(dv, BV), key_blocks=cdiv(dk, BKQ), dkv_key_blocks=cdiv(dk, BKB)))
+    # the dK/dV kernel holds more than the forward (dS, dk and dv, Based's expanded q and k): without
+    # spilling (sm_90a, 8 warps) Based's took chunks of 16 and 32 value columns, Dk = 256 key blocks of
+    # 128 and 32 value columns (configs.py)
+    BT_BWD, BVB = chunk, BV
+    if feature == BASED:
+        BT_BWD, BVB = min(chunk, configs.BASED_BWD_CHUNK), min(BVF, configs.BASED_BWD_BV)
+    elif kind != CHANNEL_DECAY and BK > configs.BWD_KEY_BLOCK:
+        BKB, BVB = configs.BWD_KEY_BLOCK, min(BVF, configs.WIDE_BWD_BV)
+    cfg = dict(BT=chunk, BT_BWD=BT_BWD, BK=BK, BV=BV, BVB=BVB, BVF=BVF, KB=KB, BKQ=BKQ, BKB=BKB, MMA=mma,
+               IEEE=ieee, upcast=upcast, num_warps=configs.NUM_WARPS, num_stages=configs.NUM_STAGES, step_warps=configs.STEP_WARPS)
+    unknown = set(overrides) - {"BT_BWD", "BV", "BVB", "BKQ", "BKB", "KB", "num_warps", "num_stages",
+                                "step_warps"}
+    if unknown:
+        raise ValueError(f"tl_plan: unknown overrides {sorted(unknown)}")
+    cfg.update(overrides)
+    if feature == BASED and (cfg["BKQ"] != BK or cfg["BKB"] != BK):
+        raise ValueError("tl_plan: Based's kernels take its 16 channels in one block (BKQ = BKB = 16)")
+    cfg.update(value_blocks=cdiv(dv, cfg["BV"]), key_blocks=cdiv(dk, cfg["BKQ"]), dkv_key_blocks=cdiv(dk, cfg["BKB"]),
+               dkv_value_blocks=cdiv(dv, cfg["BVB"]))
+    return Plan("tl", chunk, cfg)

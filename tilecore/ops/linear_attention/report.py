@@ -45,7 +45,7 @@ def variants() -> list:
                                                   feature))]
         cfg = plan.config
         dq = torch.empty(B, N, H, dk, dtype=f32)
-        dk_parts = torch.empty(cfg["value_blocks"], B, N, H, dk, dtype=f32)
+        dk_parts = torch.empty(cfg["dkv_value_blocks"], B, N, H, dk, dtype=f32)
         dv_parts = torch.empty(cfg["dkv_key_blocks"], B, N, H, dv, dtype=f32)
         do = torch.empty(B, N, H, dv, dtype=f32)
         dq_call, dkv_call = launch.backward_calls(plan, do, q, k, v, g, beta, state, ht, dq, dk_parts, dv_parts,
