@@ -261,24 +261,44 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
         row["speedup_fwd_bwd"] = row["single_fwd_bwd_ms"] / row["public_fwd_bwd_ms"]
     flops = 4 * heads * n_total * n_total * d * (0.5 if causal else 1.0)
     row["ring_fwd_tflops_per_gpu"] = flops / world / (row["public_fwd_ms"] * 1e-3) / 1e12
-    row["napkin"] = napkin_prediction(n_total, causal, heads, d, world)
-    if row["napkin"]:
-        row["napkin_fwd_over_measured"] = row["napkin"]["fwd_ms"] / row["ring_fwd_ms"]
+    if single:
+        row["single_fwd_tflops"] = flops / (row["single_fwd_ms"] * 1e-3) / 1e12
     return row
 
 
-def napkin_prediction(n_total, causal, heads, d, world):
-    """The napkin's ring prediction (tilecore.napkin.ring), or None where this tilecore has none."""
-    try:
-        from tilecore.napkin import ring as napkin_ring
-    except ImportError:
-        return None
-    try:
-        p = napkin_ring.predict(seq=n_total, heads=heads, d=d, world=world, causal=causal, gpu="h100")
-        return {"fwd_ms": p.forward_s * 1e3, "bwd_ms": p.backward_s * 1e3, "step_compute_ms": p.step_compute_s * 1e3,
-                "step_transfer_ms": p.step_transfer_s * 1e3, "hidden": p.hidden}
-    except Exception as err:  # noqa: BLE001
-        return {"error": f"{type(err).__name__}: {err}"}
+def transfer_latency_us(reps: int = 20) -> float:
+    """One small ring exchange (4 KiB a rank), lockstep median: the link's fixed cost a transfer."""
+    ring = Ring(dist.group.WORLD)
+    send = torch.zeros(1024, device=DEVICE)
+    recv = torch.empty_like(send)
+
+    def hop():
+        for work in ring.exchange(send, recv, tag=0):
+            work.wait()
+
+    return gathered([statistics.median(lockstep_ms(hop, reps, warmup=3)) * 1e3])[0][0]
+
+
+def napkin_predictions(row, heads, d, world) -> dict:
+    """The napkin's ring (tilecore.napkin.ring) for this row: its own attention derivation, and with
+    the one-GPU attention rate measured here; predicted over measured."""
+    from tilecore.napkin import ring as napkin_ring
+
+    out = {}
+    rates = {"napkin": None}
+    if row.get("single_fwd_tflops"):
+        rates["measured_rate"] = row["single_fwd_tflops"]
+    for label, rate in rates.items():
+        p = napkin_ring.predict(seq=row["N"], heads=heads, d=d, world=world, causal=row["causal"],
+                                attention_tflops=rate, one_gpu=False)
+        out[label] = {"fwd_ms": p.forward_s * 1e3, "bwd_ms": p.backward_s * 1e3,
+                      "step_compute_ms": p.step_compute_s * 1e3, "step_transfer_ms": p.step_transfer_s * 1e3,
+                      "hidden": p.hidden,
+                      "fwd_over_measured": p.forward_s * 1e3 / row["ring_fwd_ms"],
+                      "bwd_over_measured": p.backward_s * 1e3 / row["ring_bwd_ms"],
+                      # a forward step's attention against the measured compute-only forward's per step
+                      "step_over_measured": p.step_compute_s * 1e3 / (row["ring_fwd_compute_ms"] / world)}
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -303,7 +323,7 @@ def tables(results) -> str:
               "overlap = compute alone / with transfers; hidden = share of the transfers' own time hidden):",
               f"{'N':>7} {'causal':<6}{'fwd':>8}{'compute':>8}{'xfer':>7}{'hidden':>7}{'1 GPU':>8}{'speedup':>8}"
               f"{'fwd+bwd':>9}{'1 GPU':>8}{'speedup':>8}{'bwd':>8}{'compute':>8}{'hidden':>7}{'GB/rank':>8}"
-              f"{'1 GPU GB':>9}{'a2a f+b':>8}{'napkin':>7}"]
+              f"{'1 GPU GB':>9}{'a2a f+b':>8}{'napkin fwd/bwd/step':>21}"]
     for t in results["timing"]:
         if "error" in t:
             lines.append(f"{t['N']:>7} {str(t['causal']):<6} {t['error'].splitlines()[-1]}")
@@ -315,8 +335,17 @@ def tables(results) -> str:
             f"{fmt(t.get('single_fwd_bwd_ms')):>8}{fmt(t.get('speedup_fwd_bwd')):>8}{fmt(t['ring_bwd_ms']):>8}"
             f"{fmt(t['ring_bwd_compute_ms']):>8}{fmt(t['bwd_transfer_hidden'], '.0%'):>7}"
             f"{fmt(t['peak_extra_gb']):>8}{fmt(t.get('single_peak_extra_gb')):>9}{fmt(t.get('a2a_fwd_bwd_ms')):>8}"
-            f"{fmt(t.get('napkin_fwd_over_measured')):>7}")
+            f"{napkin_cell(t.get('napkin')):>21}")
+    lines.append(f"transfer latency (4 KiB ring hop, lockstep median): {fmt(results.get('transfer_latency_us'), '.1f')} us;"
+                 " napkin columns: predicted over measured (forward, backward, a forward step's attention)")
     return "\n".join(lines)
+
+
+def napkin_cell(napkin) -> str:
+    if not isinstance(napkin, dict) or "napkin" not in napkin:
+        return "-"
+    p = napkin["napkin"]
+    return f"{p['fwd_over_measured']:.2f}/{p['bwd_over_measured']:.2f}/{p['step_over_measured']:.2f}"
 
 
 def main() -> int:
@@ -327,6 +356,8 @@ def main() -> int:
     parser.add_argument("--skip-check", action="store_true")
     parser.add_argument("--no-single", action="store_true", help="skip one GPU's timing")
     parser.add_argument("--nccl-timeout", type=float, default=120.0)
+    parser.add_argument("--napkin-after-s", type=float, default=210.0,
+                        help="skip the napkin's derivations (seconds of CPU each) past this many seconds")
     parser.add_argument("--dry", action="store_true",
                         help="CPU tensors on gloo, small sizes (the script's logic, without a GPU)")
     args = parser.parse_args()
@@ -380,6 +411,11 @@ def main() -> int:
             save()
 
     poison_receive_buffers(False)
+    try:
+        results["transfer_latency_us"] = transfer_latency_us()
+    except Exception:  # noqa: BLE001
+        results["transfer_latency_us"] = None
+        print(f"rank {rank}: latency probe failed:\n{traceback.format_exc()}", flush=True)
     for n_total in [int(s) for s in args.sizes.split(",") if s]:
         for causal in (False, True):
             reps = 5 if n_total <= 65536 else 3
@@ -399,6 +435,17 @@ def main() -> int:
             empty_cache()
             save()
 
+    if rank == 0:  # the napkin alone (pure Python; the other ranks are done)
+        for row in results["timing"]:
+            if "error" in row:
+                continue
+            if time.time() - began > args.napkin_after_s:
+                row["napkin"] = "skipped: out of time"
+                continue
+            try:
+                row["napkin"] = napkin_predictions(row, args.heads, args.d, world)
+            except Exception:  # noqa: BLE001
+                row["napkin"] = {"error": traceback.format_exc()}
     save()
     if rank == 0:
         print(tables(results))

@@ -1,0 +1,47 @@
+"""The cross-GPU level: links between the GPUs of one host, each with a bandwidth per direction and a
+fixed cost per transfer. A transfer of b bytes to a neighbour takes latency + b / bandwidth; the
+sends of a ring (every GPU to the next at once) each have their own direction of a link.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .errors import UnknownGPUError
+
+
+@dataclass(frozen=True)
+class Link:
+    """GPU-to-GPU transfers within one host."""
+    name: str
+    bandwidth: float   # bytes/s one GPU sends to one neighbour (one direction)
+    latency: float     # s: the fixed cost of one transfer (a batch of sends: launch and handshake)
+    gpus: int          # GPUs a host connects this way
+    source: str
+
+    def time(self, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` to a neighbour (0 for nothing)."""
+        return self.latency + nbytes / self.bandwidth if nbytes > 0 else 0.0
+
+
+NVLINK4 = Link(
+    "NVLink 4 (H100 SXM, 18 links)", bandwidth=450e9, latency=20e-6, gpus=8,
+    source="NVIDIA H100 datasheet: 900 GB/s NVLink per GPU, both directions together; latency an estimate "
+           "(NCCL P2P launch and handshake, ~10-30 us)")
+
+# The lent nvidia-h100-x2 (two H100 SXM, NV18): NCCL's batch_isend_irecv moved one rank's K and V of
+# B1 H32 N16K D128 bf16 (268 MB) around the ring in 0.92 ms (issue 38, 2026-11-25)
+H100_X2 = dataclasses.replace(
+    NVLINK4, name="NVLink 4, measured (lent nvidia-h100-x2)", bandwidth=291e9,
+    source="issue 38: NCCL batch_isend_irecv, 268 MB in 0.92 ms a direction (2026-11-25); latency as NVLINK4's")
+
+LINKS = {"nvlink4": NVLINK4, "h100-x2": H100_X2}
+
+
+def get_link(key) -> Link:
+    if isinstance(key, Link):
+        return key
+    k = str(key).lower()
+    if k not in LINKS:
+        raise UnknownGPUError(f"unknown link {key!r}; accepted: {', '.join(LINKS)}")
+    return LINKS[k]

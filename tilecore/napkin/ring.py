@@ -1,0 +1,213 @@
+"""Ring attention across the GPUs of one host, as tilecore.distributed runs it (zigzag slices, one
+K/V block in flight while the step's attention runs, partial results merged by lse; the backward's
+dK/dV sums travelling behind the blocks): each step's time from the napkin's attention derivation,
+its transfer from the cross-GPU link (interconnect.py), and whether the transfer hides under it.
+
+    from tilecore.napkin import ring
+    p = ring.predict(seq=65536, heads=32, d=128, world=2, causal=True)
+    print(p.summary())
+
+A step takes max(attention + its elementwise passes, the bytes in flight on one link direction): the
+transfers run on the link (and NCCL's copy engine) beside the SMs. Attention runs at the rate the
+napkin derives for the step's shape (the calibrated H100 by default: measured copy and matmul
+ceilings), or at ``attention_tflops`` where a measured rate is given. The backward does
+BACKWARD_FLOPS times the forward's FLOPs at BACKWARD_RATE times its rate (the napkin has no
+backward diagram). The elementwise passes (merges, sums, casts) move their bytes at HBM's bandwidth.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import models
+from .engine import plan
+from .hardware import GPU, dtype_bytes, get_gpu
+from .interconnect import Link, get_link
+
+BACKWARD_FLOPS = 2.5  # the backward's matmul FLOPs over the forward's (5 products of the 2's size)
+BACKWARD_RATE = 0.87  # cuDNN's backward TFLOP/s over its forward's at D128 (shared/anchors.md: 519 / 596)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of one rank (the slowest rank's, where ranks differ)."""
+    what: str
+    compute: float      # s: attention
+    elementwise: float  # s: merges, sums, casts (HBM bound)
+    transfer: float     # s: what is in flight on the link during the step
+
+    @property
+    def time(self) -> float:
+        return max(self.compute + self.elementwise, self.transfer)
+
+    @property
+    def hidden(self) -> bool:
+        return self.transfer <= self.compute + self.elementwise
+
+
+@dataclass
+class RingPrediction:
+    seq: int
+    world: int
+    causal: bool
+    shape: str
+    gpu: str
+    link: str
+    forward: list
+    backward: list
+    one_gpu_forward: float | None = None
+    one_gpu_backward: float | None = None
+
+    @property
+    def forward_s(self) -> float:
+        return sum(s.time for s in self.forward)
+
+    @property
+    def backward_s(self) -> float:
+        return sum(s.time for s in self.backward)
+
+    @property
+    def step_compute_s(self) -> float:
+        """A forward step's attention after the first (the first where there is one step)."""
+        return self.forward[min(1, len(self.forward) - 1)].compute
+
+    @property
+    def step_transfer_s(self) -> float:
+        """One K/V block's hop to the next GPU."""
+        return self.forward[0].transfer
+
+    @property
+    def hidden(self) -> bool:
+        """Every transfer, forward and backward, under its step's compute."""
+        return all(s.hidden for s in self.forward + self.backward)
+
+    @property
+    def exposed_s(self) -> float:
+        """Time the transfers add beyond the compute (forward + backward)."""
+        return sum(max(s.transfer - s.compute - s.elementwise, 0.0) for s in self.forward + self.backward)
+
+    def speedup(self) -> tuple[float | None, float | None]:
+        """(forward, forward + backward) over one GPU's at the whole sequence."""
+        if self.one_gpu_forward is None:
+            return None, None
+        return (self.one_gpu_forward / self.forward_s,
+                (self.one_gpu_forward + self.one_gpu_backward) / (self.forward_s + self.backward_s))
+
+    def summary(self) -> str:
+        ms = lambda x: f"{x * 1e3:9.3f}"  # noqa: E731
+        lines = [f"ring attention, {self.shape}, N = {self.seq}{' causal' if self.causal else ''} over {self.world} "
+                 f"GPUs ({self.gpu}; {self.link})",
+                 f"{'pass':<9}{'step':<34}{'attn ms':>9}{'elem ms':>9}{'xfer ms':>9}{'step ms':>9}  hidden"]
+        for name, steps in (("forward", self.forward), ("backward", self.backward)):
+            for s in steps:
+                lines.append(f"{name:<9}{s.what:<34}{ms(s.compute)}{ms(s.elementwise)}{ms(s.transfer)}{ms(s.time)}"
+                             f"  {'yes' if s.hidden else 'NO'}")
+        lines.append(f"forward {self.forward_s * 1e3:.3f} ms, backward {self.backward_s * 1e3:.3f} ms; transfers "
+                     f"{'all hidden' if self.hidden else f'exposed {self.exposed_s * 1e3:.3f} ms'}")
+        fwd, both = self.speedup()
+        if fwd is not None:
+            lines.append(f"one GPU at N = {self.seq}: forward {self.one_gpu_forward * 1e3:.3f} ms, backward "
+                         f"{self.one_gpu_backward * 1e3:.3f} ms; speedup {fwd:.2f}x forward, {both:.2f}x both")
+        return "\n".join(lines)
+
+
+def attention_flops(batch, heads, nq, nk, d, causal_pairs: float = 1.0) -> float:
+    """4 B H nq nk d times the share of (query, key) pairs attended."""
+    return 4.0 * batch * heads * nq * nk * d * causal_pairs
+
+
+_RATES: dict = {}  # (gpu key, shape) -> derived FLOP/s (a derivation searches for seconds)
+
+
+def _derived_rate(gpu: GPU, batch, heads, kv_heads, n, d, causal, dtype) -> float:
+    """FLOP/s (attention_flops' count: half the pairs when causal) the napkin derives for a square
+    n x n attention."""
+    key = (gpu.key, gpu.name, batch, heads, kv_heads, n, d, causal, dtype)
+    if key not in _RATES:
+        sched = plan(models.attention(batch=batch, heads=heads, kv_heads=kv_heads, seq=n, d=d, causal=causal,
+                                      dtype=dtype), gpu)
+        _RATES[key] = attention_flops(batch, heads, n, n, d, 0.5 if causal else 1.0) / sched.time
+    return _RATES[key]
+
+
+def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, batch: int = 1,
+            kv_heads: int | None = None, dtype: str = "bf16", gpu="h100", link="h100-x2", calibrate: bool = True,
+            attention_tflops: float | None = None, one_gpu: bool = True) -> RingPrediction:
+    """The ring's steps on ``world`` GPUs for a sequence of ``seq`` (each rank seq / world, in two
+    chunks). ``gpu``: a napkin GPU (calibrated to the measured H100 ceilings of napkin.validate
+    unless ``calibrate`` is False); ``link``: interconnect.LINKS' key or a Link; ``attention_tflops``:
+    a measured attention rate to use instead of the napkin's derivation; ``one_gpu``: also predict
+    one GPU at the whole sequence."""
+    if world < 1 or seq < 2 * world:
+        raise ValueError(f"ring.predict: need world >= 1 and seq >= 2 * world; got seq={seq}, world={world}")
+    kv_heads = kv_heads or heads
+    g = get_gpu(gpu)
+    if calibrate and attention_tflops is None:
+        from .validate import CALIBRATION
+        g = g.calibrated(**CALIBRATION)
+    lk: Link = get_link(link)
+    hbm = g.level("HBM").bandwidth
+    q = dtype_bytes(dtype)
+    n = seq / world           # a rank's slice
+    half = n / 2              # one chunk
+
+    def rate(size, is_causal):
+        if attention_tflops is not None:
+            return attention_tflops * 1e12
+        return _derived_rate(g, batch, heads, kv_heads, max(int(size), 1), d, is_causal, dtype)
+
+    def attn(nq, nk, pairs, is_causal, backward=False):
+        t = attention_flops(batch, heads, nq, nk, d, pairs) / rate(n, is_causal)
+        return t * BACKWARD_FLOPS / BACKWARD_RATE if backward else t
+
+    o_elems = batch * heads * d          # per query row
+    kv_elems = 2 * batch * kv_heads * d  # K and V, per key row
+    kv_bytes = kv_elems * n * q
+    sum_bytes = kv_elems * n * 4        # a block's float32 dK, dV sum
+    in_place = world == 2
+
+    # forward: step 0 (own slice, causal or full), then world - 1 foreign steps of half the pairs
+    # (causal) or all of them
+    stack = 2 * kv_elems * n * q / hbm  # K and V stacked into one buffer
+    upcast = (0 if in_place else o_elems * n * (q + 4)) / hbm
+    merge = o_elems * n * (3 * q if in_place else 8 + q) / hbm
+    fwd = [Step("own slice" + (" (causal)" if causal else ""), attn(n, n, 0.5 if causal else 1.0, causal),
+                stack + upcast, lk.time(kv_bytes) if world > 1 else 0.0)]
+    for s in range(1, world):
+        last = s == world - 1
+        what = "foreign block, half the pairs" if causal else "foreign block"
+        cast = (0 if in_place or not last else o_elems * n * (4 + q)) / hbm
+        fwd.append(Step(what, attn(n, n, 0.5 if causal else 1.0, False), merge + cast,
+                        0.0 if last else lk.time(kv_bytes)))
+
+    # backward: own block's first part, the foreign blocks, own block's second part
+    dq_add = o_elems * (8 + q) / hbm           # per row: float32 dq += a block's dq
+    dkv_add = kv_elems * (8 + 2 * q) / hbm     # per key row: float32 sum += stacked dk, dv
+    start = (o_elems * n * 4 + kv_elems * n * 4) / hbm + stack  # zeroed dq and own sum, K/V stacked
+    if causal:  # the early chunk against itself; the late chunk against the slice (3/4 of its pairs)
+        first = ("own early chunk (causal)", attn(half, half, 0.5, True, True), half, half)
+        second = ("own late chunk vs slice (causal)", attn(half, n, 0.75, True, True), half, n)
+    else:
+        first = ("own first half of rows", attn(half, n, 1.0, False, True), half, n)
+        second = ("own second half of rows", attn(half, n, 1.0, False, True), half, n)
+    bwd = [Step(first[0], first[1], start + first[2] * dq_add + first[3] * dkv_add,
+                lk.time(kv_bytes) if world > 1 else 0.0)]
+    for s in range(1, world):
+        rows = n  # the slowest rank's: all rows (causal: src < r steps)
+        in_flight = (kv_bytes if s < world - 1 else 0.0) + (sum_bytes if s >= 2 else 0.0)
+        zeros = kv_elems * n * 4 / hbm if s == 1 else 0.0
+        bwd.append(Step("foreign block" + (", half the pairs" if causal else ""),
+                        attn(n, n, 0.5 if causal else 1.0, False, True), zeros + rows * dq_add + n * dkv_add,
+                        lk.time(in_flight)))
+    home = (kv_elems * n * 12 + o_elems * n * (4 + q) + kv_elems * n * (4 + q)) / hbm  # sum in, casts out
+    bwd.append(Step(second[0], second[1], second[2] * dq_add + second[3] * dkv_add + home,
+                    lk.time(sum_bytes) if world > 1 else 0.0))
+
+    one_fwd = one_bwd = None
+    if one_gpu:
+        r1 = (attention_tflops * 1e12 if attention_tflops is not None else
+              _derived_rate(g, batch, heads, kv_heads, seq, d, causal, dtype))
+        one_fwd = attention_flops(batch, heads, seq, seq, d, 0.5 if causal else 1.0) / r1
+        one_bwd = one_fwd * BACKWARD_FLOPS / BACKWARD_RATE
+    shape = f"B{batch} H{heads}" + (f"/{kv_heads}" if kv_heads != heads else "") + f" D{d} {dtype}"
+    return RingPrediction(seq, world, causal, shape, g.name, f"{lk.name}, {lk.bandwidth / 1e9:.0f} GB/s a direction",
+                          fwd, bwd, one_fwd, one_bwd)
