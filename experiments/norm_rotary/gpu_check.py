@@ -236,11 +236,13 @@ def run_checks():
 # 2. timing
 
 
-def napkin_ms(model: str, rows: int, n: int) -> float | None:
+def napkin_ms(model: str, *sizes) -> float | None:
+    """The napkin's predicted time of ``model`` at these sizes on its H100 preset (datasheet bandwidth:
+    compare its ratio to copy, not its absolute ms)."""
     try:
         from tilecore.napkin import engine, models
 
-        return engine.derive(getattr(models, model)(rows, n), "h100").time * 1e3
+        return engine.derive(getattr(models, model)(*sizes), "h100").time * 1e3
     except Exception as err:  # noqa: BLE001
         print(f"napkin {model}: {err}")
         return None
@@ -259,7 +261,8 @@ def liger_functions():
 def record_time(name, ms, nbytes, peers=None, predicted_ms=None, extra=None):
     c = copy_ms(nbytes)
     row = {"case": name, "ms": ms, "GB/s": nbytes / ms / 1e6, "copy_ms": c, "pct_of_copy": 100 * c / ms,
-           "peers_ms": peers or {}, "napkin_ms": predicted_ms, **(extra or {})}
+           "peers_ms": peers or {}, "napkin_ms": predicted_ms,
+           "napkin_copy_ms": napkin_ms("copy", nbytes // 2) if predicted_ms else None, **(extra or {})}
     RESULTS["time"].append(row)
     peer_txt = ", ".join(f"{k} {v:.3f} ms ({v / ms:.2f}x)" for k, v in (peers or {}).items() if v)
     print(f"time {name}: {ms:.3f} ms, {row['GB/s']:.0f} GB/s, {row['pct_of_copy']:.1f}% of copy"
@@ -362,7 +365,8 @@ def time_rotary(interleaved):
     if elapsed() < COMPILE_UNTIL_S + 30:
         peers["torch.compile"] = guarded("rotary compile", lambda: (compiled(x), bench(lambda: compiled(x)))[1])
     name = f"rotary {'interleaved' if interleaved else 'half'} B{B} N{N} H{H} D{D}"
-    record_time(name, bench(lambda: apply_rotary(x, cos, sin, interleaved=interleaved)), 2 * x.numel() * 2, peers)
+    record_time(name, bench(lambda: apply_rotary(x, cos, sin, interleaved=interleaved)), 2 * x.numel() * 2, peers,
+                napkin_ms("rotary", B, N, H, D))
     xi = x.clone()
     record_time(name + " in place", bench(lambda: apply_rotary(xi, cos, sin, interleaved=interleaved, inplace=True)),
                 2 * x.numel() * 2)
@@ -440,6 +444,8 @@ def table() -> str:
         peers = ", ".join(f"{k} {v / r['ms']:.2f}x" for k, v in r["peers_ms"].items() if v)
         if r.get("napkin_ms"):
             peers += f", napkin {r['napkin_ms']:.3f} ms"
+            if r.get("napkin_copy_ms"):  # predicted % of copy, beside the measured one
+                peers += f" ({100 * r['napkin_copy_ms'] / r['napkin_ms']:.0f}% of copy predicted)"
         lines.append(f"{r['case']:<46} {r['ms']:>8.3f} {r['GB/s']:>7.0f} {r['pct_of_copy']:>7.1f}  {peers}")
     bad = [c for c in RESULTS["check"] if not c.get("ok")]
     lines.append(f"checks: {len(RESULTS['check']) - len(bad)} of {len(RESULTS['check'])} within 1.1x the rounding "

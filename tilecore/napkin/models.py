@@ -71,6 +71,24 @@ def rmsnorm(rows=65536, n=4096, dtype="bf16") -> Diagram:
     return layernorm(rows, n, dtype, rms=True)
 
 
+def rotary(batch=16, seq=4096, heads=32, d=128, rotary_dim=None, dtype="bf16") -> Diagram:
+    """Rotary embedding of x (batch, seq, heads, d): each of the rotary_dim / 2 pairs of a head turns by
+    its token's angle (cos, sin tables of seq x rotary_dim / 2, shared by every head and batch); the
+    d - rotary_dim other features are copied. Memory-bound: the bytes of x in and out."""
+    rotary_dim = rotary_dim or d
+    if rotary_dim % 2 or not 0 < rotary_dim <= d:
+        raise ShapeMismatchError(f"rotary: rotary_dim must be even and in [2, d = {d}], got {rotary_dim}")
+    g = Diagram("rotary", t=seq, h=heads, p=rotary_dim // 2, j=2)
+    X = g.input("X", "t h p j", dtype)  # j: the two features of a pair
+    C, S = g.input("cos", "t p", dtype), g.input("sin", "t p", dtype)
+    outs = [g.map("x cos -+ x' sin", X, C, S, name="Y", ops=3, dtype=dtype)]
+    if rotary_dim < d:
+        rest = g.input("Xrest", ("t", "h", g.axis("q", d - rotary_dim)), dtype)
+        outs.append(g.map("identity", rest, name="Yrest", ops=0, dtype=dtype))
+    g.output(*outs)
+    return g.weave("b", batch, ["X"] + (["Xrest"] if rotary_dim < d else []))
+
+
 def linear_attention(batch=16, heads=16, seq=4096, d=128, dtype="bf16") -> Diagram:
     """Non-causal linear attention O = phi(Q) (phi(K)^T V): the key axis is reduced into a d x d
     state first, so it streams with a plain sum accumulator."""
@@ -125,6 +143,7 @@ MODELS = {
     "gated_mlp": (gated_mlp, ("tokens", "model", "hidden"), "SwiGLU feed-forward"),
     "layernorm": (layernorm, ("rows", "n"), "layer normalization"),
     "rmsnorm": (rmsnorm, ("rows", "n"), "RMS normalization"),
+    "rotary": (rotary, ("batch", "seq", "heads", "d", "rotary_dim"), "rotary position embedding (pairs turned by angle)"),
     "linear_attention": (linear_attention, ("batch", "heads", "seq", "d"), "non-causal linear attention"),
     "hadamard": (hadamard, ("rows", "n", "radix"), "Hadamard transform along rows (H16 Kronecker stages; radix=2: fp32 butterflies)"),
     "copy": (copy, ("n",), "read and write once (bandwidth ceiling)"),
