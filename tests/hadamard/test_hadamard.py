@@ -285,8 +285,8 @@ def test_randomized_rotation_is_seeded_and_differs_from_plain():
 
 
 def test_rotation_rejects_bad_sizes():
-    with pytest.raises(ValueError, match="power of two"):
-        tilecore.nn.HadamardRotation(48)
+    with pytest.raises(ValueError, match=r"m = 1 \(powers of two\), 12, 20"):
+        tilecore.nn.HadamardRotation(6)
     with pytest.raises(ValueError, match="last dimension of 64; got a last dimension of 32"):
         tilecore.nn.HadamardRotation(64)(torch.randn(2, 32))
     for randomized in (False, True):
