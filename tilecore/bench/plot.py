@@ -42,7 +42,8 @@ X_LABELS = {
     "bytes": "buffer size (bytes)",
 }
 
-PARAM_NAMES = {"D": "head dim", "B": "batch", "n": "n", "pass": "pass"}
+# panel titles: "head dim 64" for D = 64; parameters not named here show their value alone ("fwd")
+PARAM_NAMES = {"D": "head dim", "B": "batch", "n": "n"}
 
 # what a figure's JSON cannot say for itself
 SUITE_NOTES = {
@@ -127,7 +128,7 @@ def _panel_title(lay: dict, row_v, col_v) -> str:
         if key is None:
             continue
         name = PARAM_NAMES.get(key)
-        parts.append(f"{name} {v}" if name and key not in ("pass",) else str(v))
+        parts.append(f"{name} {v}" if name else str(v))
     return ", ".join(parts)
 
 
