@@ -262,7 +262,7 @@ def record_time(name, ms, nbytes, peers=None, predicted_ms=None, extra=None):
     c = copy_ms(nbytes)
     row = {"case": name, "ms": ms, "GB/s": nbytes / ms / 1e6, "copy_ms": c, "pct_of_copy": 100 * c / ms,
            "peers_ms": peers or {}, "napkin_ms": predicted_ms,
-           "napkin_copy_ms": napkin_ms("copy", nbytes // 2) if predicted_ms else None, **(extra or {})}
+           "napkin_copy_ms": napkin_ms("copy", nbytes // 4) if predicted_ms else None, **(extra or {})}
     RESULTS["time"].append(row)
     peer_txt = ", ".join(f"{k} {v:.3f} ms ({v / ms:.2f}x)" for k, v in (peers or {}).items() if v)
     print(f"time {name}: {ms:.3f} ms, {row['GB/s']:.0f} GB/s, {row['pct_of_copy']:.1f}% of copy"
