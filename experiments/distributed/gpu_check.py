@@ -224,7 +224,8 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
     base = memory_allocated()
     reset_peak()
     record("public_fwd_bwd_ms", lockstep_ms(fwd_bwd("ring"), reps))
-    row["peak_extra_gb"] = (peak() - base) / 1e9
+    row["peak_extra_gb"] = (peak() - base) / 1e9  # over what was allocated before: activations, buffers
+    row["peak_gb"] = peak() / 1e9
     row["inputs_gb"] = 4 * q.numel() * q.element_size() / 1e9  # q, k, v, dO of this rank
     if a2a and heads % world == 0:
         record("a2a_fwd_bwd_ms", lockstep_ms(fwd_bwd("all_to_all"), reps))
@@ -247,6 +248,7 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
         reset_peak()
         record("single_fwd_bwd_ms", lockstep_ms(single_fwd_bwd, reps))
         row["single_peak_extra_gb"] = (peak() - base) / 1e9
+        row["single_peak_gb"] = peak() / 1e9
         del whole, gq, gk, gv, gdout
 
     # derived figures

@@ -192,7 +192,8 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
             rows, keys, part_causal = part
             gq, gk, gv = block_grads(rows, keys, part_causal, kv_own)
             dq[:, :, rows] += gq
-            own_dkv[:, :, :, :keys] += torch.stack((gk, gv))
+            own_dkv[0, :, :, :keys] += gk  # one add each: no stacked copy
+            own_dkv[1, :, :, :keys] += gv
 
     kv_own = kv
     first, last = own_parts(rank, causal, chunks, lengths)
@@ -218,7 +219,8 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
         if grads is not None:
             rows, keys, _ = span
             dq[:, :, rows] += grads[0]
-            block_sum[:, :, :, :keys] += torch.stack((grads[1], grads[2]))
+            block_sum[0, :, :, :keys] += grads[1]
+            block_sum[1, :, :, :keys] += grads[2]
         # on to the next rank, which holds block src next; after the last step, block r+1 goes home
         sum_incoming = receive_buffer(block_sum, (2, B, Hkv, lengths[(src - 1) % world], D))
         sum_works = ring.exchange(block_sum, sum_incoming, tag=2 * step + 1)

@@ -181,7 +181,7 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
 
     # backward: own block's first part, the foreign blocks, own block's second part
     dq_add = o_elems * (8 + q) / hbm           # per row: float32 dq += a block's dq
-    dkv_add = kv_elems * (8 + 2 * q) / hbm     # per key row: float32 sum += stacked dk, dv
+    dkv_add = kv_elems * (8 + q) / hbm         # per key row: float32 sums += dk, dv
     start = (o_elems * n * 4 + kv_elems * n * 4) / hbm + stack  # zeroed dq and own sum, K/V stacked
     if causal:  # the early chunk against itself; the late chunk against the slice (3/4 of its pairs)
         first = ("own early chunk (causal)", attn(half, half, 0.5, True, True), half, half)
