@@ -74,7 +74,8 @@ def test_triton_kernels_in_the_interpreter(pool):
 
 
 def test_gradient_of_lse_alone_and_of_out_alone(pool):
-    cases = [dict(b=1, hq=3, hkv=3, n=9, d=8, causal=True, mode=m, dlse=False) for m in ("ring", "all_to_all")]
+    cases = [dict(b=1, hq=3, hkv=3, n=9, d=8, causal=True, mode=m, dlse=dlse, out=not dlse)
+             for m in ("ring", "all_to_all") for dlse in (False, True)]
     check_float32(pool.run("compare", world=3, cases=cases))
 
 
