@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
 import traceback
 from pathlib import Path
 
-import torch
+DRY = "--dry" in sys.argv  # the check's logic on the CPU through Triton's interpreter, at small sizes
+if DRY:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -41,7 +44,12 @@ from tilecore.ops.linear_attention import (launch, linear_attention, linear_atte
 from tilecore.ops.linear_attention.plan import BASED, IDENTITY, tl_plan  # noqa: E402
 
 HBM_GBS = 3000.0
-DEV = "cuda"
+DEV = "cpu" if DRY else "cuda"
+
+
+def n(tokens: int) -> int:
+    """A sequence length, cut to at most 40 tokens in a dry run."""
+    return min(tokens, 40) if DRY else tokens
 RESULTS: dict = {"check": [], "time": [], "sweep": [], "errors": []}
 START = time.time()
 
@@ -76,6 +84,11 @@ def attempt(phase: str, name: str, fn):
 def save():
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "linear_attention.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+
+
+def sync():
+    if not DRY:
+        torch.cuda.synchronize()
 
 
 def bench(fn) -> float:
@@ -114,13 +127,14 @@ def grad_floors(got, ref):
 
 def check_case(name, B, N, Hqk, H, Dk, Dv, dtype, decay=None, feature_map=None, h0=True, fh=None, backward=True,
                chunk=None):
+    N = n(N)
     q, k, v, g, s0, w = inputs(B, N, Hqk, H, Dk, Dv, dtype, decay, feature_map, h0, fh)
     leaves = [t for t in (q, k, v, g, s0) if t is not None]
     for t in leaves:
         t.requires_grad_(backward)
     o, ht = linear_attention(q, k, v, feature_map=feature_map, feature_weights=w, decay=g, initial_state=s0,
                              return_final_state=True, chunk_size=chunk)
-    torch.cuda.synchronize()
+    sync()
     r = [t.detach().double().requires_grad_(backward) for t in leaves]
     it = iter(r)
     rq, rk, rv = next(it), next(it), next(it)
@@ -129,8 +143,9 @@ def check_case(name, B, N, Hqk, H, Dk, Dv, dtype, decay=None, feature_map=None, 
     ref, ref_state = linear_attention_reference(rq, rk, rv, feature_map=feature_map,
                                                 feature_weights=None if w is None else w.double(), decay=rg,
                                                 initial_state=rs)
-    row = dict(case=name, dtype=str(dtype).removeprefix("torch."), N=N, out_floor=round(
-        accuracy.error_over_floor(o.detach(), ref.detach()), 3), state_rel=accuracy.rel_rms(ht.detach(), ref_state.detach()),
+    row = dict(case=name, dtype=str(dtype).removeprefix("torch."), N=N,
+               out_floor=round(accuracy.error_over_floor(o.detach(), ref.detach()), 3),
+               state_rel=accuracy.rel_rms(ht.detach(), ref_state.detach()),
                nan=bool(torch.isnan(o).any() or torch.isnan(ht).any()))
     if backward:
         do = torch.randn_like(o)
@@ -150,6 +165,7 @@ def check_case(name, B, N, Hqk, H, Dk, Dv, dtype, decay=None, feature_map=None, 
 
 def check_poisoned(name, B, N, H, D, dtype, decay):
     """The forward kernel into NaN-filled buffers: every element written."""
+    N = n(N)
     q, k, v, g, s0, _ = inputs(B, N, H, H, D, D, dtype, decay, None, True)
     p = tl_plan(q, v, g, IDENTITY)
     o = torch.full_like(v, float("nan"))
@@ -158,21 +174,22 @@ def check_poisoned(name, B, N, H, D, dtype, decay):
     kernel, grid, args, kw = launch.forward_call(p, q, k, v, g, None, None, None, s0, o, ht, o_lin, D ** -0.5,
                                                  IDENTITY)
     kernel[grid](*args, **kw)
-    torch.cuda.synchronize()
+    sync()
     written = not (torch.isnan(o).any() or torch.isnan(ht).any() or torch.isnan(o_lin).any())
     RESULTS["check"].append(dict(case=name, all_written=bool(written)))
     print("check", name, "every output written:", written, flush=True)
 
 
-def check_mamba(name, b, n, h, g, p, s, dtype, backward=True):
+def check_mamba(name, b, n_, h, g, p, s, dtype, backward=True):
+    n_ = n(n_)
     torch.manual_seed(1)
-    x = torch.randn(b, n, h, p, device=DEV, dtype=dtype)
-    dt = torch.randn(b, n, h, device=DEV) - 2
+    x = torch.randn(b, n_, h, p, device=DEV, dtype=dtype)
+    dt = torch.randn(b, n_, h, device=DEV) - 2
     A = -torch.rand(h, device=DEV) * 8 - 0.5
-    Bm = torch.randn(b, n, g, s, device=DEV, dtype=dtype) * s ** -0.5
-    Cm = torch.randn(b, n, g, s, device=DEV, dtype=dtype) * s ** -0.5
+    Bm = torch.randn(b, n_, g, s, device=DEV, dtype=dtype) * s ** -0.5
+    Cm = torch.randn(b, n_, g, s, device=DEV, dtype=dtype) * s ** -0.5
     D = torch.randn(h, device=DEV)
-    z = torch.randn(b, n, h, p, device=DEV, dtype=dtype)
+    z = torch.randn(b, n_, h, p, device=DEV, dtype=dtype)
     bias = torch.randn(h, device=DEV) * 0.5
     s0 = torch.randn(b, h, p, s, device=DEV)
     leaves = [x, dt, A, Bm, Cm, D, z, bias, s0]
@@ -182,7 +199,7 @@ def check_mamba(name, b, n, h, g, p, s, dtype, backward=True):
                               initial_states=s0, return_final_states=True)
     r = [t.detach().double().requires_grad_(backward) for t in leaves]
     ry, rh = mamba2_reference(*r[:5], D=r[5], z=r[6], dt_bias=r[7], dt_softplus=True, initial_states=r[8])
-    row = dict(case=name, dtype=str(dtype).removeprefix("torch."), N=n,
+    row = dict(case=name, dtype=str(dtype).removeprefix("torch."), N=n_,
                out_floor=round(accuracy.error_over_floor(y.detach(), ry.detach()), 3),
                state_rel=accuracy.rel_rms(hT.detach(), rh.detach()), nan=bool(torch.isnan(y).any()))
     if backward:
@@ -214,7 +231,8 @@ def check_steps(dtype):
     st = torch.randn(b, h, p, s, device=DEV)
     ry, rs = mamba2_reference(x, dt, A, Bm, Cm, dt_softplus=True, initial_states=st)
     y = mamba2_step(st, x[:, 0], dt[:, 0], A, Bm[:, 0], Cm[:, 0], dt_softplus=True)
-    row.update(mamba_step_floor=round(accuracy.error_over_floor(y, ry[:, 0]), 3), mamba_state_rel=accuracy.rel_rms(st, rs))
+    row.update(mamba_step_floor=round(accuracy.error_over_floor(y, ry[:, 0]), 3),
+               mamba_state_rel=accuracy.rel_rms(st, rs))
     print("check", row, flush=True)
     RESULTS["check"].append(row)
 
@@ -410,7 +428,8 @@ def phase_sweep():
 
 
 def table() -> str:
-    lines = ["", "case | shape | tilecore fwd ms | bwd ms | peer fwd ms (x) | peer bwd ms (x) | % of HBM bound | copy ms"]
+    lines = ["", "case | shape | tilecore fwd ms | bwd ms | peer fwd ms (x) | peer bwd ms (x) | % of HBM bound "
+             "| copy ms"]
     for r in RESULTS["time"]:
         peer = next((r[k] for k in ("fla_fwd_ms", "mamba_ssm_fwd_ms", "fla_simple_gla_fwd_ms") if k in r), None)
         peer_b = r.get("fla_bwd_ms")
@@ -424,9 +443,10 @@ def table() -> str:
     for r in RESULTS["check"]:
         grads = {k: v for k, v in r.items() if k.endswith("_floor") and k != "out_floor" or k.endswith("_rel")
                  and k != "state_rel"}
-        lines.append(" | ".join(str(x) for x in (r["case"], r.get("dtype", "-"), r.get("N", "-"), r.get("out_floor", "-"),
-                                                 f"{r['state_rel']:.2e}" if "state_rel" in r else r.get("all_written", "-"),
-                                                 grads or "-", r.get("nan", "-"))))
+        state = f"{r['state_rel']:.2e}" if "state_rel" in r else r.get("all_written", "-")
+        cells = (r["case"], r.get("dtype", "-"), r.get("N", "-"), r.get("out_floor", "-"), state, grads or "-",
+                 r.get("nan", "-"))
+        lines.append(" | ".join(str(x) for x in cells))
     if RESULTS["sweep"]:
         best = {}
         for r in RESULTS["sweep"]:
@@ -443,6 +463,7 @@ def table() -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--phases", default="check,time,sweep")
+    parser.add_argument("--dry", action="store_true", help="the check phase on the CPU (interpreter), small")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     parser.add_argument("--budget", type=float, default=225.0, help="seconds; no new case past it (the check "
                         "and time phases stop earlier: 110 and 200 s at the default)")
@@ -453,15 +474,18 @@ def main():
     for key in BUDGET:
         BUDGET[key] *= scale
     phases = args.phases.split(",")
-    if not torch.cuda.is_available():
+    if DRY:
+        phases = [p for p in phases if p == "check"]
+        RESULTS["meta"] = {"dry": True}
+    elif not torch.cuda.is_available():
         print("no GPU here", file=sys.stderr)
         return 2
-    try:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-        from experiments.common.meta import meta
-        RESULTS["meta"] = meta()
-    except Exception as err:  # noqa: BLE001
-        RESULTS["meta"] = {"error": str(err), "gpu": torch.cuda.get_device_name()}
+    if not DRY:
+        try:
+            from experiments.common.meta import meta
+            RESULTS["meta"] = meta()
+        except Exception as err:  # noqa: BLE001
+            RESULTS["meta"] = {"error": str(err), "gpu": torch.cuda.get_device_name()}
     print(RESULTS["meta"], flush=True)
     if "check" in phases:
         phase_check()

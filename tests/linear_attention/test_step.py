@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from tilecore import accuracy
-from tilecore.ops.linear_attention import (linear_attention, linear_attention_step, mamba2_chunk_scan,
-                                           mamba2_reference, mamba2_step)
+from tilecore.ops.linear_attention import linear_attention_step, mamba2_reference, mamba2_step
 
 from la_testing import F16, F32, make, reference
 

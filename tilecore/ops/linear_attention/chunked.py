@@ -34,7 +34,8 @@ def chunked_forward(q, k, v, g, beta, h0, scale: float, feature: int, chunk: int
         phi_k = phi_k * beta.float().transpose(1, 2)[..., None]
     vh = v.float().transpose(1, 2)  # (B, H, N, Dv)
     F = phi_q.shape[-1]
-    S = torch.zeros(B, H, F, Dv, dtype=torch.float32, device=v.device) if h0 is None else h0.float()
+    # (a copy: with no token the final state is the initial one, and an op's output must not alias its input)
+    S = torch.zeros(B, H, F, Dv, dtype=torch.float32, device=v.device) if h0 is None else h0.float().clone()
     channel = g is not None and g.dim() == 4
     if g is not None:
         g = g.float().transpose(1, 2)  # (B, H, N) or (B, H, N, F)

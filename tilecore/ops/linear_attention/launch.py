@@ -49,6 +49,8 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
     if plan.path == "cpu":
         o_lin, ht = chunked.chunked_forward(q, k, v, g, beta, h0, scale, feature, plan.chunk)
         o = _gate(o_lin, v, d_skip, z).to(v.dtype)
+        if keep_linear and o.data_ptr() == o_lin.data_ptr():  # float32 without D and z: o is o_lin
+            o_lin = o_lin.clone()
         return o, (ht if final_state else None), (o_lin if keep_linear else None)
     out_dtype = v.dtype
     if plan.config["upcast"]:

@@ -84,7 +84,8 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
     elif kind != CHANNEL_DECAY and BK > configs.BWD_KEY_BLOCK:
         BKB, BVB = configs.BWD_KEY_BLOCK, min(BVF, configs.WIDE_BWD_BV)
     cfg = dict(BT=chunk, BT_BWD=BT_BWD, BK=BK, BV=BV, BVB=BVB, BVF=BVF, KB=KB, BKQ=BKQ, BKB=BKB, MMA=mma,
-               IEEE=ieee, upcast=upcast, num_warps=configs.NUM_WARPS, num_stages=configs.NUM_STAGES, step_warps=configs.STEP_WARPS)
+               IEEE=ieee, upcast=upcast, num_warps=configs.NUM_WARPS, num_stages=configs.NUM_STAGES,
+               step_warps=configs.STEP_WARPS)
     unknown = set(overrides) - {"BT_BWD", "BV", "BVB", "BKQ", "BKB", "KB", "num_warps", "num_stages",
                                 "step_warps"}
     if unknown:

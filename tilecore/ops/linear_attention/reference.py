@@ -54,9 +54,9 @@ def linear_attention_reference(q, k, v, *, feature_map=None, feature_weights=Non
     """(o, final state) in float64 by the recurrence above, one token at a time.
 
     ``decay``: log decay (B, N, H) or (B, N, H, F); ``beta``: a per-(batch, token, head) factor on each
-    token's contribution beta_t phi_k(k_t) v_t^T (Mamba-2's dt); ``feature_weights``: Hedgehog's W, one (H, Dk, F/2) tensor for q and k or a
-    pair (W_q, W_k); ``scale`` defaults to Dk^-0.5 (1 for Hedgehog). Returns o (B, N, H, Dv) and S
-    (B, H, F, Dv), both float64."""
+    token's contribution beta_t phi_k(k_t) v_t^T (Mamba-2's dt); ``feature_weights``: Hedgehog's W, one
+    (Hqk, Dk, F/2) tensor for q and k or a pair (W_q, W_k); ``scale`` defaults to Dk^-0.5 (1 for Hedgehog).
+    Returns o (B, N, H, Dv) and S (B, H, F, Dv), both float64."""
     f64 = torch.float64
     q, k, v = q.to(f64), k.to(f64), v.to(f64)
     B, N, Hqk, Dk = q.shape

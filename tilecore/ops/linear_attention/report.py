@@ -52,8 +52,9 @@ def variants() -> list:
                                                   state, 1.0, feature)
         calls += [("backward dq", dq_call), ("backward dk/dv", dkv_call)]
         g1 = None if g is None else g[:, 0]
-        calls.append(("step", launch.step_call(plan, q[:, 0], k[:, 0], v[:, 0], g1, None if beta is None else beta[:, 0],
-                                               d_skip, None if z is None else z[:, 0], ht, o[:, 0], 1.0, feature)))
+        beta1 = None if beta is None else beta[:, 0]
+        calls.append(("step", launch.step_call(plan, q[:, 0], k[:, 0], v[:, 0], g1, beta1, d_skip,
+                                               None if z is None else z[:, 0], ht, o[:, 0], 1.0, feature)))
         for what, (kernel, _, args, kw) in calls:
             kw = dict(kw)
             warps = kw.pop("num_warps")
