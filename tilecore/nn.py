@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from tilecore.ops.hadamard import hadamard_matrix, hadamard_transform, orders
+from tilecore.ops.hadamard import hadamard_reference, hadamard_transform, orders
 from tilecore.ops.hadamard.quantize import hadamard_quantize
 
 
@@ -96,7 +96,8 @@ class RotatedLinear(torch.nn.Module):
                 gen = torch.Generator().manual_seed(seed) if seed is not None else None
                 signs = (torch.randint(0, 2, (n,), generator=gen) * 2 - 1).to(torch.float32)
                 w = w * signs.to(torch.float64)
-            w = w @ hadamard_matrix(n).to(w.device).T / n**0.5  # W R^T = W diag(s) H^T / sqrt(n)
+            # W R^T = W diag(s) H^T / sqrt(n): row o is R w_o, the float64 transform of each row (no n x n matrix)
+            w = hadamard_reference(w, n**-0.5)
         codes, scales = quantize_rotated(w, "fp8_e4m3", None)  # per output channel, float32 scales
         bias = linear.bias.detach().clone() if linear.bias is not None else None
         layer = cls(codes, scales, bias, signs.to(w.device) if signs is not None else None, rotate)

@@ -45,6 +45,20 @@ def ordinal(codes: torch.Tensor, fmt: str) -> torch.Tensor:
     return torch.where(torch.isnan(codes.to(torch.float32)), torch.full_like(o, 1000), o)
 
 
+def assert_far_codes_are_tiny(codes, scales, ref_codes, ref_scales, fmt, far, group):
+    """Codes more than one step from the reference's must stand for values within the float32 rotation's
+    own error: below 2^-13 of their row's largest. (A rotated value that nearly cancels has an absolute
+    error of ~2^-17 of the row's size, the bf16 pieces' and float32's rounding; fp8_e5m2's subnormals
+    reach 2^-32 of the scale, far finer than float32 can place a value.)"""
+    if not far.any():
+        return
+    ours = dequantize(codes, scales, format=fmt, group=group).double()
+    ref = dequantize(ref_codes, ref_scales, format=fmt, group=group).double()
+    bound = 2.0**-13 * ref.abs().amax(dim=-1, keepdim=True)
+    far = far.reshape(ours.shape)
+    assert ((ours - ref).abs() <= bound)[far].all(), "a code more than one step away, on a value that is not tiny"
+
+
 def assert_matches_reference(x, **kwargs):
     fmt = kwargs["format"]
     codes, scales = hadamard_quantize(x, **kwargs)
@@ -52,7 +66,7 @@ def assert_matches_reference(x, **kwargs):
     assert codes.dtype == ref_codes.dtype and codes.shape == ref_codes.shape
     a, b = ordinal(codes, fmt), ordinal(ref_codes, fmt)
     assert (a == b).float().mean() >= 0.999, f"{(a != b).float().mean():.5f} of the codes differ"
-    assert (a - b).abs().max() <= 1, "a code more than one step from the reference"
+    assert_far_codes_are_tiny(codes, scales, ref_codes, ref_scales, fmt, (a - b).abs() > 1, kwargs.get("group"))
     pairs = zip(scales, ref_scales) if isinstance(scales, tuple) else [(scales, ref_scales)]
     for s, r in pairs:
         assert s.dtype == r.dtype and s.shape == r.shape
@@ -89,6 +103,15 @@ def test_matches_the_float64_reference(layout, fmt):
                                         ("int4", 64)])
 def test_group_sizes(fmt, group):
     assert_matches_reference(torch.randn(4, 256, dtype=torch.float16), format=fmt, group=group)
+
+
+def test_values_that_nearly_cancel_in_a_wide_format():
+    """fp8_e5m2's subnormals reach 2^-32 of a row's largest value: a rotated value that nearly cancels
+    can sit many codes from the float64 reference's, within the float32 rotation's error (found by the
+    GPU check's dry run: 11 codes apart on 0.05% of elements)."""
+    x = torch.randn(32, 2048, dtype=torch.float16)
+    x[:, 7] *= 80
+    assert_matches_reference(x, format="fp8_e5m2")
 
 
 @pytest.mark.parametrize("block", [16, 32, 64, 128])
