@@ -186,10 +186,9 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
         record("ring_fwd_compute_ms", lockstep_ms(
             lambda: ring_forward(q, k, v, group, lengths, causal, scale, ring=ComputeOnlyRing(group)), reps))
         ring = Ring(group)
-        kv = torch.stack((k, v))
-        kv_in = torch.empty_like(kv)
-        dkv = kv.float()
-        dkv_in = torch.empty_like(dkv)
+        kv, kv_in = (k, v), (torch.empty_like(k), torch.empty_like(v))  # as ring.py sends them
+        dkv = (k.float(), v.float())
+        dkv_in = (torch.empty_like(dkv[0]), torch.empty_like(dkv[1]))
 
         def transfers(count, with_sums):
             for step in range(count):

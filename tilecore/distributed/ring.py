@@ -21,8 +21,8 @@ its keys and values and goes home after the last rank's share. The rank's own bl
 parts, one before the foreign blocks and one after, so that the first transfer of keys and values
 and the last hop of a sum both run under attention (ring_backward).
 
-Communication: one batch of isend/irecv a step (torch.distributed.batch_isend_irecv) to the next
-rank and from the previous; NCCL runs it on its own stream, ordered after the work queued before it,
+Communication: one batch of isend/irecv a step (torch.distributed.batch_isend_irecv: K and V, each
+sent as it is where contiguous, else copied once) to the next rank and from the previous; NCCL runs it on its own stream, ordered after the work queued before it,
 so the step's attention (queued after the sends) overlaps the transfer, and wait() orders the next
 step after it. On gloo the same code runs (the transfer on gloo's threads).
 """
@@ -55,6 +55,16 @@ def receive_buffer(like: torch.Tensor, shape) -> torch.Tensor:
     return buffer.fill_(float("nan")) if POISON else buffer
 
 
+def receive_pair(like: torch.Tensor, shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two receive buffers of ``like``'s dtype (a block's K and V, or their gradients' sums)."""
+    return receive_buffer(like, shape), receive_buffer(like, shape)
+
+
+def sendable(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as NCCL and gloo send it: contiguous (a copy only where it is not)."""
+    return t if t.is_contiguous() else t.contiguous()
+
+
 class Ring:
     """Sends to the next rank of ``group`` and receives from the previous one, a batch a call."""
 
@@ -64,11 +74,15 @@ class Ring:
         self.next = dist.get_global_rank(group, (self.rank + 1) % self.world)
         self.prev = dist.get_global_rank(group, (self.rank - 1) % self.world)
 
-    def exchange(self, send: torch.Tensor, recv: torch.Tensor, tag: int) -> list:
-        """Start sending ``send`` (contiguous) to the next rank and receiving ``recv`` from the
-        previous one; returns the works to wait on."""
-        return dist.batch_isend_irecv([dist.P2POp(dist.isend, send, self.next, self.group, tag),
-                                       dist.P2POp(dist.irecv, recv, self.prev, self.group, tag)])
+    def exchange(self, send, recv, tag: int) -> list:
+        """Start sending ``send`` (a contiguous tensor, or a tuple of them) to the next rank and
+        receiving ``recv`` (as many, their shapes) from the previous one, in one batch; returns the
+        works to wait on."""
+        send = (send,) if isinstance(send, torch.Tensor) else send
+        recv = (recv,) if isinstance(recv, torch.Tensor) else recv
+        ops = [dist.P2POp(dist.isend, t, self.next, self.group, 4 * tag + i) for i, t in enumerate(send)]
+        ops += [dist.P2POp(dist.irecv, t, self.prev, self.group, 4 * tag + i) for i, t in enumerate(recv)]
+        return dist.batch_isend_irecv(ops)
 
 
 def wait_all(works) -> None:
@@ -125,17 +139,17 @@ def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float,
     rank, world = ring.rank, ring.world
     chunks = sharding.chunk_sizes(sum(lengths), world)
     B, Hkv, _, D = k.shape
-    kv = torch.stack((k, v))  # (2, B, Hkv, n, D): one contiguous buffer a step
+    kv = (sendable(k), sendable(v))  # the block this step attends, as it is sent on
     acc_out = acc_lse = None
     for step in range(world):
         src = (rank - step) % world
         if step + 1 < world:
-            incoming = receive_buffer(kv, (2, B, Hkv, lengths[(src - 1) % world], D))
+            incoming = receive_pair(k, (B, Hkv, lengths[(src - 1) % world], D))
             works = ring.exchange(kv, incoming, tag=step)
         span = step_span(step, src, rank, causal, chunks, lengths)
         if span is not None:
             rows, keys, step_causal = span
-            out, lse = attention(q[:, :, rows], kv[0, :, :, :keys], kv[1, :, :, :keys], causal=step_causal,
+            out, lse = attention(q[:, :, rows], kv[0][:, :, :keys], kv[1][:, :, :keys], causal=step_causal,
                                  scale=scale, return_lse=True)
             if acc_out is None:  # step 0: every local row. Two ranks merge once, into step 0's O in
                 # place (its float32 upcast is exact: the same result as a float32 accumulator);
@@ -177,14 +191,14 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
     rank, world = ring.rank, ring.world
     chunks = sharding.chunk_sizes(sum(lengths), world)
     B, Hkv, n, D = k.shape
-    kv = torch.stack((k, v))
+    kv = (sendable(k), sendable(v))
     lse = lse.contiguous()
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    own_dkv = torch.zeros((2, B, Hkv, n, D), dtype=torch.float32, device=k.device)
+    own_dk, own_dv = (torch.zeros((B, Hkv, n, D), dtype=torch.float32, device=k.device) for _ in range(2))
 
     def block_grads(rows, keys, block_causal, block):
         return torch.ops.tilecore.attention_backward(
-            dout[:, :, rows], q[:, :, rows], block[0, :, :, :keys], block[1, :, :, :keys], out[:, :, rows],
+            dout[:, :, rows], q[:, :, rows], block[0][:, :, :keys], block[1][:, :, :keys], out[:, :, rows],
             lse[:, :, rows], None if dlse is None else dlse[:, :, rows].contiguous(), block_causal, scale)
 
     def own(part):
@@ -192,13 +206,13 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
             rows, keys, part_causal = part
             gq, gk, gv = block_grads(rows, keys, part_causal, kv_own)
             dq[:, :, rows] += gq
-            own_dkv[0, :, :, :keys] += gk  # one add each: no stacked copy
-            own_dkv[1, :, :, :keys] += gv
+            own_dk[:, :, :keys] += gk
+            own_dv[:, :, :keys] += gv
 
     kv_own = kv
     first, last = own_parts(rank, causal, chunks, lengths)
     if world > 1:
-        incoming = receive_buffer(kv, (2, B, Hkv, lengths[(rank - 1) % world], D))
+        incoming = receive_pair(k, (B, Hkv, lengths[(rank - 1) % world], D))
         kv_works = ring.exchange(kv, incoming, tag=0)
     own(first)
     sum_works = []
@@ -207,26 +221,26 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
         wait_all(kv_works)
         kv = incoming
         if step + 1 < world:
-            incoming = receive_buffer(kv, (2, B, Hkv, lengths[(src - 1) % world], D))
+            incoming = receive_pair(k, (B, Hkv, lengths[(src - 1) % world], D))
             kv_works = ring.exchange(kv, incoming, tag=2 * step)
         span = step_span(step, src, rank, causal, chunks, lengths)
         grads = block_grads(*span, kv) if span is not None else None
         if step == 1:  # the first share of block src's sum
-            block_sum = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
+            block_sum = tuple(torch.zeros(kv[0].shape, dtype=torch.float32, device=k.device) for _ in range(2))
         else:  # the shares of the ranks before, from the previous rank
             wait_all(sum_works)
             block_sum = sum_incoming
         if grads is not None:
             rows, keys, _ = span
             dq[:, :, rows] += grads[0]
-            block_sum[0, :, :, :keys] += grads[1]
-            block_sum[1, :, :, :keys] += grads[2]
+            block_sum[0][:, :, :keys] += grads[1]
+            block_sum[1][:, :, :keys] += grads[2]
         # on to the next rank, which holds block src next; after the last step, block r+1 goes home
-        sum_incoming = receive_buffer(block_sum, (2, B, Hkv, lengths[(src - 1) % world], D))
+        sum_incoming = receive_pair(block_sum[0], (B, Hkv, lengths[(src - 1) % world], D))
         sum_works = ring.exchange(block_sum, sum_incoming, tag=2 * step + 1)
     own(last)
     if world > 1:
         wait_all(sum_works)
-        own_dkv += sum_incoming  # the other ranks' shares of this rank's block
-    # copies: two views of one buffer may not be a custom op's two results
-    return dq.to(q.dtype), own_dkv[0].to(k.dtype, copy=True), own_dkv[1].to(v.dtype, copy=True)
+        own_dk += sum_incoming[0]  # the other ranks' shares of this rank's block
+        own_dv += sum_incoming[1]
+    return dq.to(q.dtype), own_dk.to(k.dtype), own_dv.to(v.dtype)

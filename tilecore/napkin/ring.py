@@ -131,12 +131,13 @@ def _derived_rate(gpu: GPU, batch, heads, kv_heads, n, d, causal, dtype) -> floa
 
 def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, batch: int = 1,
             kv_heads: int | None = None, dtype: str = "bf16", gpu="h100", link="h100-x2", calibrate: bool = True,
-            attention_tflops: float | None = None, one_gpu: bool = True) -> RingPrediction:
+            attention_tflops: float | None = None, one_gpu: bool = True, kv_views: bool = False) -> RingPrediction:
     """The ring's steps on ``world`` GPUs for a sequence of ``seq`` (each rank seq / world, in two
     chunks). ``gpu``: a napkin GPU (calibrated to the measured H100 ceilings of napkin.validate
     unless ``calibrate`` is False); ``link``: interconnect.LINKS' key or a Link; ``attention_tflops``:
     a measured attention rate to use instead of the napkin's derivation; ``one_gpu``: also predict
-    one GPU at the whole sequence."""
+    one GPU at the whole sequence; ``kv_views``: K and V come as views (a (B, N, H, D) projection's
+    transpose), copied to contiguous buffers before they are sent."""
     if world < 1 or seq < 2 * world:
         raise ValueError(f"ring.predict: need world >= 1 and seq >= 2 * world; got seq={seq}, world={world}")
     kv_heads = kv_heads or heads
@@ -167,7 +168,7 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
 
     # forward: step 0 (own slice, causal or full), then world - 1 foreign steps of half the pairs
     # (causal) or all of them
-    stack = 2 * kv_elems * n * q / hbm  # K and V stacked into one buffer
+    stack = 2 * kv_elems * n * q / hbm if kv_views else 0.0  # K and V made contiguous to be sent
     upcast = (0 if in_place else o_elems * n * (q + 4)) / hbm
     merge = o_elems * n * (3 * q if in_place else 8 + q) / hbm
     fwd = [Step("own slice" + (" (causal)" if causal else ""), attn(n, n, 0.5 if causal else 1.0, causal),
@@ -182,7 +183,7 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
     # backward: own block's first part, the foreign blocks, own block's second part
     dq_add = o_elems * (8 + q) / hbm           # per row: float32 dq += a block's dq
     dkv_add = kv_elems * (8 + q) / hbm         # per key row: float32 sums += dk, dv
-    start = (o_elems * n * 4 + kv_elems * n * 4) / hbm + stack  # zeroed dq and own sum, K/V stacked
+    start = (o_elems * n * 4 + kv_elems * n * 4) / hbm + stack  # zeroed dq and own sums, K/V to send
     if causal:  # the early chunk against itself; the late chunk against the slice (3/4 of its pairs)
         first = ("own early chunk (causal)", attn(half, half, 0.5, True, True), half, half)
         second = ("own late chunk vs slice (causal)", attn(half, n, 0.75, True, True), half, n)
