@@ -1,0 +1,75 @@
+"""One convolution of a plan (plan.py): y = causal conv of u with the filter whose spectrum is K
+(rfft of length 2N, (H, N + 1) complex64), or with its conjugate (the backward's correlation)."""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from tilecore.ops.fft_conv import kernels
+from tilecore.ops.fft_conv.plan import Plan
+from tilecore.tiles.launch import CachedLaunch
+
+_conv = CachedLaunch(kernels.fft_conv_kernel)
+
+
+def output(shape, dtype, device) -> torch.Tensor:
+    """A tensor that the kernel writes whole (tests fill it with NaN first, to see that it does)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _dft(size: int, rows: int, cols: int, denominator: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """exp(-2 pi i r c / denominator) for r < rows, c < cols, as float32 (re, im), from float64."""
+    r = torch.arange(rows, dtype=torch.float64)[:, None]
+    c = torch.arange(cols, dtype=torch.float64)[None, :]
+    angle = -2 * math.pi * ((r * c) % denominator) / denominator  # reduced first: exact angles
+    return angle.cos().float(), angle.sin().float()
+
+
+@functools.lru_cache(maxsize=32)
+def dft_operands(n1: int, n2: int, device: torch.device) -> dict:
+    """The kernel's constant operands for L = n1 n2: F_N1, F_N2 and the twiddles W_L^(k1 n2)."""
+    f1re, f1im = _dft(n1, n1, n1, n1)
+    f2re, f2im = _dft(n2, n2, n2, n2)
+    twre, twim = _dft(n1 * n2, n1, n2, n1 * n2)
+    tensors = dict(F1RE=f1re, F1IM=f1im, F2RE=f2re, F2IM=f2im, TWRE=twre, TWIM=twim)
+    return {name: t.to(device) for name, t in tensors.items()}
+
+
+@functools.lru_cache(maxsize=32)
+def _permutation(n1: int, n2: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index into the rfft's N + 1 bins, whether to conjugate) for each f = k1 + n1 k2 of the kernel's
+    N1 x N2 spectrum tile (bins past N are the conjugates of L - f: the filter is real)."""
+    size, n = n1 * n2, n1 * n2 // 2
+    f = torch.arange(n1)[:, None] + n1 * torch.arange(n2)[None, :]
+    mirrored = f > n
+    return torch.where(mirrored, size - f, f).to(device), mirrored.to(device)
+
+
+def permuted_spectrum(spectrum: torch.Tensor, n1: int, n2: int, conj: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(re, im) float32 (H, n1, n2): the kernel's layout of the rfft ``spectrum`` (H, N + 1), conjugated
+    with ``conj``."""
+    index, mirrored = _permutation(n1, n2, spectrum.device)
+    full = spectrum[:, index]  # (H, n1, n2)
+    # the conjugates as negated imaginary parts: a lazy .conj() view read through .imag came out
+    # unconjugated inside torch.compile's graphs (aot_eager, torch 2.13)
+    im = torch.where(mirrored, -full.imag, full.imag)
+    return full.real.contiguous(), (-im if conj else im).contiguous()
+
+
+def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj: bool) -> None:
+    """y (B, H, N) = the causal convolution of u (B, H, N; unit stride along N) with the filter of
+    ``spectrum`` (or the correlation, with ``conj``)."""
+    B, H, N = u.shape
+    if u.numel() == 0:
+        return
+    if plan.path == "torch":
+        k = torch.conj_physical(spectrum) if conj else spectrum
+        y.copy_(torch.fft.irfft(torch.fft.rfft(u.float(), n=2 * N) * k, n=2 * N)[..., :N])
+        return
+    kre, kim = permuted_spectrum(spectrum, plan.n1, plan.n2, conj)
+    ops = dft_operands(plan.n1, plan.n2, u.device)
+    _conv[(B * H,)](u, kre, kim, y, ops["F1RE"], ops["F1IM"], ops["F2RE"], ops["F2IM"], ops["TWRE"], ops["TWIM"],
+                    H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), kre.stride(0),
+                    N1=plan.n1, N2=plan.n2, PRECISION=plan.precision, num_warps=plan.num_warps)

@@ -1,0 +1,147 @@
+"""``tilecore.fft_conv``: the public function, its checks, custom ops and autograd."""
+from __future__ import annotations
+
+import torch
+
+from tilecore import dispatch
+from tilecore.ops.fft_conv import launch
+from tilecore.ops.fft_conv.plan import plan
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def filter_spectrum(k: torch.Tensor, n: int) -> torch.Tensor:
+    """The spectrum fft_conv takes in place of a filter k (H, Nk), Nk <= n, for sequences of n:
+    torch.fft.rfft(k, n=2n) in float32, (H, n + 1) complex64. Precompute it where one filter serves
+    many calls (inference)."""
+    return torch.fft.rfft(k.float(), n=2 * n)
+
+
+def check(u, k) -> None:
+    if not isinstance(u, torch.Tensor) or u.dim() != 3:
+        got = f"shape {tuple(u.shape)}" if isinstance(u, torch.Tensor) else type(u).__name__
+        raise ValueError(f"fft_conv expects u of shape (batch, channels, seqlen); got {got}")
+    if u.dtype not in DTYPES:
+        raise TypeError(f"fft_conv accepts float16, bfloat16 and float32 u; got {_name(u.dtype)}")
+    dispatch.backend_for(u.device)
+    B, H, N = u.shape
+    if N < 1:
+        raise ValueError(f"fft_conv needs seqlen >= 1; got u of shape {tuple(u.shape)}")
+    if not isinstance(k, torch.Tensor):
+        raise TypeError(f"fft_conv: k must be a tensor (the filter or its spectrum); got {type(k).__name__}")
+    if k.device != u.device:
+        raise ValueError(f"fft_conv: k is on {k.device} and u on {u.device}")
+    if k.is_complex():
+        if k.dtype != torch.complex64 or k.shape != (H, N + 1):
+            raise ValueError(f"fft_conv: a spectrum k must be complex64 of shape (channels, seqlen + 1) = ({H}, "
+                             f"{N + 1}), as filter_spectrum(filter, {N}) gives; got {_name(k.dtype)} "
+                             f"{tuple(k.shape)}")
+        return
+    if k.dtype not in DTYPES:
+        raise TypeError(f"fft_conv: a filter k must be float16, bfloat16 or float32 (or a complex64 spectrum); "
+                        f"got {_name(k.dtype)}")
+    if k.dim() != 2 or k.shape[0] != H or not 1 <= k.shape[1] <= N:
+        raise ValueError(f"fft_conv: a filter k must be (channels, filter_len) with channels = {H} and "
+                         f"1 <= filter_len <= seqlen = {N}; got shape {tuple(k.shape)}")
+
+
+def _rows(u: torch.Tensor) -> torch.Tensor:
+    return u if u.stride(-1) == 1 else u.contiguous()
+
+
+def _conv_impl(u, spectrum, conj: bool):
+    y = launch.output(u.shape, u.dtype, u.device)
+    launch.launch(plan(u.shape[-1], u.device), _rows(u), spectrum, y, conj)
+    return y
+
+
+# the spectrum form: differentiable in u only
+
+
+@torch.library.custom_op("tilecore::fft_conv_spectrum", mutates_args=())
+def _spectrum_op(u: torch.Tensor, spectrum: torch.Tensor, conj: bool) -> torch.Tensor:
+    return _conv_impl(u, spectrum, conj)
+
+
+@_spectrum_op.register_fake
+def _(u, spectrum, conj):
+    return u.new_empty(u.shape)
+
+
+def _spectrum_setup(ctx, inputs, output):
+    _, spectrum, conj = inputs
+    ctx.save_for_backward(spectrum)
+    ctx.conj = conj
+
+
+def _spectrum_backward(ctx, dy):
+    if ctx.needs_input_grad[1]:
+        raise RuntimeError("fft_conv is not differentiable in a precomputed spectrum: pass the filter k itself "
+                           "(its gradient is then computed), or detach the spectrum")
+    (spectrum,) = ctx.saved_tensors
+    # y = first N of irfft(U K): its adjoint in u is the correlation with k, the product with conj(K)
+    return _spectrum_op(dy, spectrum, not ctx.conj), None, None
+
+
+_spectrum_op.register_autograd(_spectrum_backward, setup_context=_spectrum_setup)
+
+
+# the filter form: differentiable in u and k
+
+
+@torch.library.custom_op("tilecore::fft_conv", mutates_args=())
+def _filter_op(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    return _conv_impl(u, filter_spectrum(k, u.shape[-1]), False)
+
+
+@_filter_op.register_fake
+def _(u, k):
+    return u.new_empty(u.shape)
+
+
+def _filter_setup(ctx, inputs, output):
+    u, k = inputs
+    ctx.save_for_backward(u, k)
+
+
+def _filter_backward(ctx, dy):
+    u, k = ctx.saved_tensors
+    n = u.shape[-1]
+    du = dk = None
+    if ctx.needs_input_grad[0]:
+        du = _spectrum_op(dy, filter_spectrum(k, n), True)
+    if ctx.needs_input_grad[1]:
+        # dk[j] = sum over batch and n of dy[n] u[n - j]: the correlation of dy with u, summed over the
+        # batch in the frequency domain (torch.fft in float32)
+        cross = (torch.fft.rfft(dy.float(), n=2 * n) * torch.conj_physical(torch.fft.rfft(u.float(), n=2 * n))).sum(0)
+        dk = torch.fft.irfft(cross, n=2 * n)[:, :k.shape[-1]].to(k.dtype)
+    return du, dk
+
+
+_filter_op.register_autograd(_filter_backward, setup_context=_filter_setup)
+
+
+def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Causal long convolution along the sequence, y[b, h, n] = sum_{m <= n} u[b, h, m] k[h, n - m].
+
+    u: (batch, channels, seqlen), float16, bfloat16 or float32 (y has its dtype and shape). k: the
+    filter (channels, filter_len), filter_len <= seqlen (zero past its end), or its spectrum
+    ``filter_spectrum(k, seqlen)`` (complex64 (channels, seqlen + 1)), precomputed once for many calls.
+    Computed through a DFT of length 2 seqlen in float32: for seqlen in 256, 512, 1024 one
+    Triton kernel a sequence (the DFT factored into small matrices on tensor cores, u read once, y
+    written once); other lengths (any seqlen >= 1) and CPU tensors through torch.fft.
+
+    Differentiable in u and in the filter k (not in a precomputed spectrum).
+    """
+    check(u, k)
+    if k.is_complex():
+        if dispatch.plain_eager(u, k):
+            return _conv_impl(u, k, False)
+        return _spectrum_op(u, k, False)
+    if dispatch.plain_eager(u, k):
+        return _conv_impl(u, filter_spectrum(k, u.shape[-1]), False)
+    return _filter_op(u, k)
