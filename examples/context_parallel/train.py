@@ -77,7 +77,8 @@ def main() -> int:
     p.add_argument("--check", action="store_true", help="compare step 1 with one process on the whole sequence")
     args = p.parse_args()
     if args.dim % args.heads or args.heads % args.kv_heads:
-        p.error(f"--dim ({args.dim}) must divide by --heads ({args.heads}), and --heads by --kv-heads ({args.kv_heads})")
+        p.error(f"--dim ({args.dim}) must divide by --heads ({args.heads}), and --heads by --kv-heads "
+                f"({args.kv_heads})")
 
     if args.cpu:
         dist.init_process_group("gloo")
@@ -107,7 +108,8 @@ def main() -> int:
         began = time.perf_counter()
         logits = model(tokens, positions)
         # the mean over every rank's tokens: each rank sums its own, divided by the whole count
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum") / (args.batch * args.seq)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
+        loss = loss / (args.batch * args.seq)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         for param in model.parameters():  # every rank's share of each parameter's gradient

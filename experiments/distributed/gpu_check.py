@@ -337,7 +337,8 @@ def tables(results) -> str:
             f"{fmt(t['ring_bwd_compute_ms']):>8}{fmt(t['bwd_transfer_hidden'], '.0%'):>7}"
             f"{fmt(t['peak_extra_gb']):>8}{fmt(t.get('single_peak_extra_gb')):>9}{fmt(t.get('a2a_fwd_bwd_ms')):>8}"
             f"{napkin_cell(t.get('napkin')):>21}")
-    lines.append(f"transfer latency (4 KiB ring hop, lockstep median): {fmt(results.get('transfer_latency_us'), '.1f')} us;"
+    latency = fmt(results.get("transfer_latency_us"), ".1f")
+    lines.append(f"transfer latency (4 KiB ring hop, lockstep median): {latency} us;"
                  " napkin columns: predicted over measured (forward, backward, a forward step's attention)")
     return "\n".join(lines)
 

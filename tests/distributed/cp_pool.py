@@ -9,10 +9,8 @@ so a job may run tilecore's Triton kernels in the interpreter or, turning it off
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import queue
 import socket
-import sys
 import time
 
 import cp_jobs

@@ -2,7 +2,6 @@
 attention reference), and keeps its own queries' rows."""
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 
 from tilecore.distributed import groups, sharding

@@ -22,9 +22,10 @@ parts, one before the foreign blocks and one after, so that the first transfer o
 and the last hop of a sum both run under attention (ring_backward).
 
 Communication: one batch of isend/irecv a step (torch.distributed.batch_isend_irecv: K and V, each
-sent as it is where contiguous, else copied once) to the next rank and from the previous; NCCL runs it on its own stream, ordered after the work queued before it,
-so the step's attention (queued after the sends) overlaps the transfer, and wait() orders the next
-step after it. On gloo the same code runs (the transfer on gloo's threads).
+sent as it is where contiguous, else copied once) to the next rank and from the previous; NCCL runs
+it on its own stream, ordered after the work queued before it, so the step's attention (queued after
+the sends) overlaps the transfer, and wait() orders the next step after it. On gloo the same code
+runs (the transfer on gloo's threads).
 """
 from __future__ import annotations
 

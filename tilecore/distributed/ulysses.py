@@ -45,7 +45,7 @@ def _unwire(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def scatter_heads(tensors: list[torch.Tensor], group, lengths: list[int]) -> list[torch.Tensor]:
     """Each (B, H_i, n_rank, D_i) local slice -> (B, H_i / P, N, D_i): this rank's share of the heads
     (the rank-th 1/P of them) over the whole sequence, in its natural order. One all-to-all."""
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    world = dist.get_world_size(group)
     wire = tensors[0].dtype
     parts = [_wire(t, wire) for t in tensors]
     # send buffer: destination-major, each destination's heads of every tensor flattened together
