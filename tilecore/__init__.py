@@ -15,22 +15,34 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "hadamard_transform": "tilecore.ops.hadamard",
+    "hadamard_quantize": "tilecore.ops.hadamard",
+    "dequantize": "tilecore.ops.hadamard",
     "gemm": "tilecore.ops.gemm",
     "gemm_fp8": "tilecore.ops.gemm",
     "attention": "tilecore.ops.attention",
+    "layer_norm": "tilecore.ops.norm",
+    "apply_rotary": "tilecore.ops.rotary",
+    "linear_attention": "tilecore.ops.linear_attention",
+    "linear_attention_step": "tilecore.ops.linear_attention",
+    "mamba2_chunk_scan": "tilecore.ops.linear_attention",
+    "mamba2_step": "tilecore.ops.linear_attention",
     "nn": "tilecore.nn",
+    "distributed": "tilecore.distributed",
 }
+_MODULES = ("nn", "distributed")  # exported as modules
 __all__ = list(_EXPORTS)
 
 # the modules whose import registers the torch.ops.tilecore ops (torch.library.custom_op)
-OP_MODULES = ("tilecore.ops.gemm.op", "tilecore.ops.hadamard.op", "tilecore.ops.attention.op")
+OP_MODULES = ("tilecore.ops.gemm.op", "tilecore.ops.hadamard.op", "tilecore.ops.hadamard.quantize",
+              "tilecore.ops.attention.op", "tilecore.ops.norm.op", "tilecore.ops.rotary.op",
+              "tilecore.ops.linear_attention.op", "tilecore.distributed.op")
 
 
 def __getattr__(name):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'tilecore' has no attribute {name!r}")
     module = importlib.import_module(_EXPORTS[name])
-    value = module if name == "nn" else getattr(module, name)
+    value = module if name in _MODULES else getattr(module, name)
     globals()[name] = value
     return value
 
