@@ -63,7 +63,8 @@ __all__ = ["make", "reference", "forward_poisoned", "F16", "BF16", "F32", "BASED
 
 def backward_poisoned(do, q, k, v, g, s0, dht, *, feature=IDENTITY, scale=None, chunk=None, beta=None):
     """The backward kernels' raw outputs (dq per v head, dk_hat and dv_hat summed over their parts, dh0)
-    written into NaN-filled buffers; asserts every element was written."""
+    written into NaN-filled buffers (with the diagonal added back where the kernels leave it out, as
+    launch.backward does); asserts every element was written."""
     scale = (q.shape[-1] ** -0.5) if scale is None else scale
     p = plan(q, v, g, feature, chunk)
     cfg = p.config
@@ -74,12 +75,18 @@ def backward_poisoned(do, q, k, v, g, s0, dht, *, feature=IDENTITY, scale=None, 
     dk_parts = torch.full((cfg["dkv_value_blocks"], B, N, H, Dk), nan)
     dv_parts = torch.full((cfg["dkv_key_blocks"], B, N, H, Dv), nan)
     dh0 = torch.full((B, H, launch.feature_rows(feature, Dk), Dv), nan) if s0 is not None else None
+    r = torch.full((B, N, H), nan) if launch.strict_diagonal(feature, g) else None
     for kernel, grid, args, kw in launch.backward_calls(p, do, q, k, v, g, beta, s0, dht, dq, dk_parts, dv_parts,
-                                                        dh0, scale, feature):
+                                                        dh0, scale, feature, r):
         kernel[grid](*args, **kw)
-    for name, t in (("dq", dq), ("dk", dk_parts), ("dv", dv_parts), ("dh0", dh0)):
+    for name, t in (("dq", dq), ("dk", dk_parts), ("dv", dv_parts), ("dh0", dh0), ("r", r)):
         assert t is None or not torch.isnan(t).any(), f"{name}: some elements were never written"
-    return dq, dk_parts.sum(0), dv_parts.sum(0), dh0
+    dk = dk_parts.sum(0)
+    if r is not None:
+        group = H // q.shape[2]
+        dq = dq + r[..., None] * k.float().repeat_interleave(group, dim=2)
+        dk = dk + r[..., None] * q.float().repeat_interleave(group, dim=2)
+    return dq, dk, dv_parts.sum(0), dh0
 
 
 __all__ += ["backward_poisoned"]

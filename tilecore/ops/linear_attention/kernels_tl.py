@@ -306,16 +306,19 @@ def la_fwd_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
 
 
 @triton.jit
-def la_bwd_dq_kernel(Q, K, V, G, BETA, H0, DO, DQ,
+def la_bwd_dq_kernel(Q, K, V, G, BETA, H0, DO, DQ, R,
                      sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd,
                      sgb, sgn, sgh, sgd, sbb, sbn, sbh, s_ob, s_on, s_oh, s_od, s_qb, s_qn, s_qh, s_qd,
                      s0b, s0h, s0f, s0v,
                      N, H, GROUP, DK, DV, scale, KBLOCKS,
                      BT: tl.constexpr, BKQ: tl.constexpr, BVF: tl.constexpr,
                      DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_H0: tl.constexpr,
-                     MMA: tl.constexpr, IEEE: tl.constexpr):
+                     STRICT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
     """Program (batch * head, block of BKQ key channels): dq of every token in those channels (per v
     head h: the caller sums a q head's group), by a forward sweep that rebuilds the state (BKQ, Dv).
+    STRICT: without the diagonal (token t against itself), and R (B, N, H) float32 gets its factor
+    r_t = scale do_t . v_t (the caller adds beta_t r_t k_t: the decay's gradient then never carries the
+    diagonal's rounding, launch._decay_grad).
     Grid: (B * H * KBLOCKS,), a head's blocks consecutive; Based: one block of 16. Every value column at
     once (BVF >= Dv)."""
     bh = tl.program_id(0) // KBLOCKS
@@ -333,6 +336,8 @@ def la_bwd_dq_kernel(Q, K, V, G, BETA, H0, DO, DQ,
     v_base = V + b * svb + h * svh
     g_base = G + b * sgb + h * sgh
     do_base = DO + b * s_ob + h * s_oh
+    inside = (offs_t[:, None] > offs_t[None, :]) if STRICT else causal  # the intra-chunk terms taken
+    first_block = (tl.program_id(0) % KBLOCKS) == 0
 
     S = tl.zeros([BKQ, BVF], dtype=tl.float32)  # Based: S1; S0 is not needed (phi_q's 1 is constant)
     if FEATURE == 1:
@@ -354,12 +359,16 @@ def la_bwd_dq_kernel(Q, K, V, G, BETA, H0, DO, DQ,
         if HAS_BETA:
             beta = _token_values(BETA + b * sbb + h * sbh, t0, offs_t, N, sbn)
         dp = _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE)  # [BT, BT]: do_i . v_j
+        if STRICT:
+            rows_ok = (t0 + offs_t < N) & first_block
+            r = tl.sum(do.to(tl.float32) * v.to(tl.float32), 1) * scale
+            tl.store(R + ((b * N + t0 + offs_t) * H + h), r, mask=rows_ok)
         if DECAY == 2:
             Gq, Gq_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_kq, kq_ok, N, sgn, sgd).to(tl.float32))
-            a = tl.where(causal, dp * beta[None, :], 0.0)
-            causal3 = causal[:, :, None]
-            diff = tl.where(causal3, Gq[:, None, :] - Gq[None, :, :], float("-inf"))
-            dq = tl.sum(tl.where(causal3, a[:, :, None] * kq.to(tl.float32)[None, :, :] * tl.exp(diff), 0.0), 1)
+            a = tl.where(inside, dp * beta[None, :], 0.0)
+            inside3 = inside[:, :, None]
+            diff = tl.where(inside3, Gq[:, None, :] - Gq[None, :, :], float("-inf"))
+            dq = tl.sum(tl.where(inside3, a[:, :, None] * kq.to(tl.float32)[None, :, :] * tl.exp(diff), 0.0), 1)
             dq = (dq + _dot(do.to(MMA), tl.trans(S.to(MMA)), IEEE) * tl.exp(Gq)) * scale
         else:
             a = dp * beta[None, :] * scale
@@ -369,7 +378,7 @@ def la_bwd_dq_kernel(Q, K, V, G, BETA, H0, DO, DQ,
             if FEATURE == 1:
                 q = _rows(q_base, t0, offs_t, offs_kq, kq_ok, N, sqn, sqd)
                 a = a * (1.0 + _dot(q.to(MMA), tl.trans(kq.to(MMA)), IEEE) * scale)
-            a = tl.where(causal, a, 0.0)
+            a = tl.where(inside, a, 0.0)
             dq = _dot(a.to(MMA), kq.to(MMA), IEEE)
             inter = _dot(do.to(MMA), tl.trans(S.to(MMA)), IEEE) * scale
             if FEATURE == 1:
@@ -409,7 +418,7 @@ def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                       N, H, GROUP, DK, DV, scale, VBLOCKS, KBLOCKS,
                       BT: tl.constexpr, BK: tl.constexpr, BKB: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
                       DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_DHT: tl.constexpr,
-                      STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
+                      STORE_DH0: tl.constexpr, STRICT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
     """Program (batch * head, value block, key-channel block): dk_hat and dv_hat of every token, by a
     reverse sweep with dS (BKB, BV) in registers; dh0 (the gradient of the initial state) at the end.
 
@@ -417,7 +426,8 @@ def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
     DK_PART[value block] (B, N, H, Dk) and DV_PART[key block] (B, N, H, Dv), float32 (parts s_kp, s_vp
     apart, each contiguous); the intra-chunk term of dv_hat is the first key block's. DHT (the final
     state's gradient) and DH0: (B, H, F, Dv), any strides (stb... and s_hb...). Grid: (B * H * VBLOCKS
-    * KBLOCKS,), a head's blocks consecutive (key blocks fastest); BKB = BK but for per-channel decay."""
+    * KBLOCKS,), a head's blocks consecutive (key blocks fastest); BKB = BK but for per-channel decay.
+    STRICT: dk_hat without the diagonal (as la_bwd_dq_kernel's dq)."""
     bh = tl.program_id(0) // (VBLOCKS * KBLOCKS)
     vblock = (tl.program_id(0) // KBLOCKS) % VBLOCKS
     kblock = tl.program_id(0) % KBLOCKS
@@ -438,6 +448,7 @@ def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
     g_base = G + b * sgb + h * sgh
     do_base = DO + b * s_ob + h * s_oh
     first_block = (kblock == 0).to(tl.float32)
+    inside = (offs_t[:, None] > offs_t[None, :]) if STRICT else causal  # dk's intra-chunk terms
 
     dS = tl.zeros([BKB, BV], dtype=tl.float32)  # Based: dS1
     if FEATURE == 1:
@@ -489,10 +500,10 @@ def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
         kbf = kb.to(tl.float32)
         if DECAY == 2:
             Gb, Gb_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_kb, kb_ok, N, sgn, sgd).to(tl.float32))
-            causal3 = causal[:, :, None]
-            diff = tl.where(causal3, Gb[:, None, :] - Gb[None, :, :], float("-inf"))
+            inside3 = inside[:, :, None]
+            diff = tl.where(inside3, Gb[:, None, :] - Gb[None, :, :], float("-inf"))
             qbf = qb.to(tl.float32)
-            dk = tl.sum(tl.where(causal3, dp[:, :, None] * qbf[:, None, :] * tl.exp(diff), 0.0), 0) * scale
+            dk = tl.sum(tl.where(inside3, dp[:, :, None] * qbf[:, None, :] * tl.exp(diff), 0.0), 0) * scale
             w2 = tl.exp(Gb_last[None, :] - Gb)  # [BT, BKB]
             dv += _dot((kbf * w2).to(MMA), dS.to(MMA), IEEE)
             dk += _dot(v.to(MMA), tl.trans(dS.to(MMA)), IEEE) * w2
@@ -502,7 +513,7 @@ def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                 a = a * decay
             if FEATURE == 1:
                 a = a * (1.0 + s)
-            a = tl.where(causal, a, 0.0)
+            a = tl.where(inside, a, 0.0)
             dk = _dot(tl.trans(a.to(MMA)), qb.to(MMA), IEEE)  # [BT, BKB]
             dk_inter = _dot(v.to(MMA), tl.trans(dS.to(MMA)), IEEE)
             if FEATURE == 1:

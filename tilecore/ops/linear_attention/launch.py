@@ -108,31 +108,46 @@ def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float,
     dk_parts = torch.empty(nv, B, N, H, Dk, dtype=f32, device=dev)
     dv_parts = torch.empty(nk, B, N, H, Dv, dtype=f32, device=dev)
     dh0 = torch.empty(B, H, feature_rows(feature, Dk), Dv, dtype=f32, device=dev) if h0 is not None else None
+    # phi(x) = x with a decay: dq and dk without the diagonal, whose factor comes apart (r)
+    r = torch.empty(B, N, H, dtype=f32, device=dev) if strict_diagonal(feature, g) else None
     if B * H > 0:
         with dispatch.on_device(dev):
             for kernel, grid, args, kw in backward_calls(plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts,
-                                                         dv_parts, dh0, scale, feature):
+                                                         dv_parts, dh0, scale, feature, r):
                 kernel[grid](*args, **kw)
     dk_hat = dk_parts.sum(0) if nv > 1 else dk_parts[0]
     dv_hat = dv_parts.sum(0) if nk > 1 else dv_parts[0]
     vf = v.float()
-    if beta is not None:
-        bf = beta.float()[..., None]
-        dbeta = (vf * dv_hat).sum(-1)  # the token's contribution is linear in beta
-        dk_heads, dv = dk_hat * bf, dv_hat * bf
-    else:
-        dbeta, dk_heads, dv = None, dk_hat, dv_hat
+    bf = beta.float()[..., None] if beta is not None else None
+    dbeta = (vf * dv_hat).sum(-1) if beta is not None else None  # the token's contribution is linear in beta
+    dv = dv_hat * bf if beta is not None else dv_hat
     dg = None
-    if g is not None:
-        dg = _decay_grad(do, q, k, vf, g, o_lin, ht, dht, dq_heads, dk_heads, dv, feature, group)
+    if r is not None:
+        qh = q.float().repeat_interleave(group, dim=2) if group > 1 else q.float()
+        kh = k.float().repeat_interleave(group, dim=2) if group > 1 else k.float()
+        dk_off = dk_hat * bf if beta is not None else dk_hat
+        dg = _decay_grad(g, ht, dht, qh * dq_heads - kh * dk_off)
+        rf = r[..., None]
+        dq_heads = dq_heads + (rf * bf if beta is not None else rf) * kh  # the diagonal: beta_t r_t k_t
+        dk_hat = dk_hat + rf * qh  # and r_t q_t
+    elif g is not None:  # Based: do . o - v . dv (its features are not linear in q)
+        dg = _decay_grad(g, ht, dht, (do * o_lin).sum(-1) - (vf * dv).sum(-1))
+    dk_heads = dk_hat * bf if beta is not None else dk_hat
     dq = dq_heads if group == 1 else dq_heads.view(B, N, Hqk, group, Dk).sum(3)
     dk = dk_heads if group == 1 else dk_heads.view(B, N, Hqk, group, Dk).sum(3)
     return dq, dk, dv, dg, dbeta, dh0
 
 
+def strict_diagonal(feature: int, g) -> bool:
+    """Whether the backward kernels leave the diagonal out (launch._decay_grad's reason)."""
+    return feature != BASED and g is not None
+
+
 def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts, dv_parts, dh0, scale: float,
-                   feature: int):
-    """[(kernel, grid, arguments, options)] of the dQ and dK/dV kernels."""
+                   feature: int, r=None):
+    """[(kernel, grid, arguments, options)] of the dQ and dK/dV kernels; ``r`` (B, N, H) float32 where
+    strict_diagonal: the diagonal's factor, dq and dk_hat then without it."""
+    strict = r is not None
     B, N, H, Dv = v.shape
     Dk = q.shape[3]
     group = H // q.shape[2]
@@ -141,12 +156,12 @@ def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts
     g_strides = _strides(g, 4) if kind == CHANNEL_DECAY else (*_strides(g, 3), 0)
     dummy = v
     dq_args = (q, k, v, dummy if g is None else g, dummy if beta is None else beta, dummy if h0 is None else h0,
-               do, dq_heads,
+               do, dq_heads, dq_heads if r is None else r,
                *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *do.stride(),
                *dq_heads.stride(), *_strides(h0, 4),
                N, H, group, Dk, Dv, scale, cfg["key_blocks"])
     dq_kw = dict(BT=cfg["BT_BWD"], BKQ=cfg["BKQ"], BVF=cfg["BVF"], DECAY=kind, FEATURE=feature,
-                 HAS_BETA=beta is not None, HAS_H0=h0 is not None, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
+                 HAS_BETA=beta is not None, HAS_H0=h0 is not None, STRICT=strict, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     dkv_args = (q, k, v, dummy if g is None else g, dummy if beta is None else beta, do,
                 dummy if dht is None else dht, dk_parts, dv_parts, dk_parts if dh0 is None else dh0,
@@ -155,27 +170,27 @@ def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts
                 N, H, group, Dk, Dv, scale, cfg["dkv_value_blocks"], cfg["dkv_key_blocks"])
     dkv_kw = dict(BT=cfg["BT_BWD"], BK=cfg["BK"], BKB=cfg["BKB"], BV=cfg["BVB"], KB=cfg["KB"], DECAY=kind,
                   FEATURE=feature, HAS_BETA=beta is not None, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-                  MMA=cfg["MMA"], IEEE=cfg["IEEE"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                  STRICT=strict, MMA=cfg["MMA"], IEEE=cfg["IEEE"], num_warps=cfg["num_warps"],
+                  num_stages=cfg["num_stages"])
     return [(kernels_tl.la_bwd_dq_kernel, (B * H * cfg["key_blocks"],), dq_args, dq_kw),
             (kernels_tl.la_bwd_dkv_kernel, (B * H * cfg["dkv_value_blocks"] * cfg["dkv_key_blocks"],), dkv_args,
              dkv_kw)]
 
 
-def _decay_grad(do, q, k, vf, g, o_lin, ht, dht, dq_heads, dk_heads, dv, feature: int, group: int):
-    """The log decay's gradient from the others'. Each factor exp(G_i - G_j) of the outputs and the
-    final state (G the cumulative log decay over the sequence) counts +1 towards dG_i and -1 towards
-    dG_j, so dG_t = (query side at t) - (key side at t): q_t . dq_t - k_t . dk_t per channel (for
-    phi(x) = x), or do_t . o_t - v_t . dv_t summed (any features), plus <dS_N, S_N> at the last token;
-    then dg_t = sum_{s >= t} dG_s, zero where the floor clamped g."""
+def _decay_grad(g, ht, dht, dG):
+    """The log decay's gradient from dG, each token's (query side) - (key side). Each factor
+    exp(G_i - G_j) of the outputs and the final state (G the cumulative log decay over the sequence)
+    counts +1 towards dG_i and -1 towards dG_j, so dG_t = q_t . dq_t - k_t . dk_t per channel (for
+    phi(x) = x), or do_t . o_t - v_t . dv_t summed (any features); <dS_N, S_N> is added at the last
+    token, and dg_t = sum_{s >= t} dG_s, zero where the floor clamped g.
+
+    The diagonal (token t against itself, factor exp(0)) is on both sides and cancels; for phi(x) = x
+    dq and dk come without it (strict_diagonal), so its rounding in 16-bit dots, the largest term where
+    decays are strong, does not stay behind either (fp16 Mamba-2: dt_bias's gradient 2.1e-2 relative
+    error with it, notes/linear_attention/README.md)."""
     channel = g.dim() == 4
-    if feature == BASED:  # (scalar decay: Based with per-channel decay is refused)
-        dG = (do * o_lin).sum(-1) - (vf * dv).sum(-1)
-    else:
-        qh = q.float().repeat_interleave(group, dim=2) if group > 1 else q.float()
-        kh = k.float().repeat_interleave(group, dim=2) if group > 1 else k.float()
-        dG = qh * dq_heads - kh * dk_heads
-        if not channel:
-            dG = dG.sum(-1)
+    if not channel and dG.dim() == 4:
+        dG = dG.sum(-1)
     if dht is not None and dG.shape[1] > 0:
         last = (dht.float() * ht).sum(-1)  # (B, H, F)
         dG[:, -1] += last if channel else last.sum(-1)

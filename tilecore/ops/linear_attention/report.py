@@ -48,8 +48,9 @@ def variants() -> list:
         dk_parts = torch.empty(cfg["dkv_value_blocks"], B, N, H, dk, dtype=f32)
         dv_parts = torch.empty(cfg["dkv_key_blocks"], B, N, H, dv, dtype=f32)
         do = torch.empty(B, N, H, dv, dtype=f32)
+        r = torch.empty(B, N, H, dtype=f32) if launch.strict_diagonal(feature, g) else None
         dq_call, dkv_call = launch.backward_calls(plan, do, q, k, v, g, beta, state, ht, dq, dk_parts, dv_parts,
-                                                  state, 1.0, feature)
+                                                  state, 1.0, feature, r)
         calls += [("backward dq", dq_call), ("backward dk/dv", dkv_call)]
         g1 = None if g is None else g[:, 0]
         beta1 = None if beta is None else beta[:, 0]
