@@ -117,10 +117,8 @@ def quantize_rotated(y: torch.Tensor, fmt: str, group: int | None, scale: torch.
     amax = blocks.abs().amax(-1)
     finite = torch.isfinite(amax)
     if fmt == "mxfp4":
-        a32 = amax.to(torch.float32)  # the exponent of a as float32 (torchao reads a float32's bits)
-        mant, exp = torch.frexp(torch.where(finite & (a32 > 0), a32, torch.ones_like(a32)))
-        e = torch.where(a32 > 0, exp - 1, torch.full_like(exp, -127)) - 2
-        e = e.clamp(-127, 127)
+        a32 = amax.to(torch.float32)  # floor(log2 a) from a float32's exponent bits, as torchao (-127 for 0)
+        e = (((a32.view(torch.int32) >> 23) & 0xFF) - 127 - 2).clamp(-127, 127)
         stored = torch.where(finite, e + 127, torch.full_like(e, 255)).to(torch.uint8)
         mult = torch.exp2(-e.to(y.dtype))
         v = blocks * mult[..., None]
