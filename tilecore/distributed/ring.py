@@ -167,13 +167,14 @@ def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float,
 def own_parts(rank: int, causal: bool, chunks: list[int], lengths: list[int]):
     """The backward's own block in two (query rows, keys, causal) parts, the first computed before
     the foreign blocks (while the first one is in flight) and the second after them (while the last
-    dK/dV sum comes home): causal, the early chunk against itself (causal) and the late chunk
-    against the whole slice (causal, aligned to the bottom right: it sees the early chunk whole);
-    else halves of the rows against every key. Empty parts are left out."""
+    dK/dV sum comes home); each part's keys start at the slice's first. Causal: the late chunk
+    against the whole slice (causal, aligned to the bottom right: it sees the early chunk whole),
+    then the early chunk against itself; else halves of the rows against every key. The first part
+    covers every key where it has rows, so the own sums start as its copy. Empty parts are None."""
     n = lengths[rank]
     if causal:
         a = chunks[rank]
-        parts = [(slice(0, a), a, True), (slice(a, n), n, True)]
+        parts = [(slice(a, n), n, True), (slice(0, a), a, True)]
     else:
         parts = [(slice(0, n // 2), n, False), (slice(n // 2, n), n, False)]
     return [p if p[0].stop > p[0].start and p[1] > 0 else None for p in parts]
@@ -183,11 +184,12 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
                   ring: Ring | None = None):
     """(dq, dk, dv) of the local slice (the inputs' dtypes) from ring_forward's ``out`` and ``lse``.
 
-    Order at rank r: half its own block (the first block of keys and values to the next rank in
-    flight); then the foreign blocks r-1, r-2, ..., r-P+1 as they arrive, each one's float32 dK, dV
-    sum received from the previous rank (which added its share one step before), this rank's share
-    added and sent on; then the other half of its own block while its own block's sum makes the last
-    hop home. So every transfer, the last one included, runs under some attention."""
+    Order at rank r: part of its own block (the first block of keys and values to the next rank in
+    flight); then the foreign blocks r-1, r-2, ..., r-P+1 as they arrive, each one's dK, dV sum
+    received from the previous rank (which added its share one step before), this rank's share added
+    and sent on; then the rest of its own block while its own block's sum makes the last hop home. So
+    every transfer, the last one included, has attention queued beside it. A sum of one share travels
+    in the inputs' dtype (it is the backward op's output, exactly), of more in float32."""
     ring = ring or Ring(group)
     rank, world = ring.rank, ring.world
     chunks = sharding.chunk_sizes(sum(lengths), world)
@@ -195,53 +197,70 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
     kv = (sendable(k), sendable(v))
     lse = lse.contiguous()
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    own_dk, own_dv = (torch.zeros((B, Hkv, n, D), dtype=torch.float32, device=k.device) for _ in range(2))
+    own = [None, None]  # float32 dK, dV sums of the rank's own block
 
     def block_grads(rows, keys, block_causal, block):
         return torch.ops.tilecore.attention_backward(
             dout[:, :, rows], q[:, :, rows], block[0][:, :, :keys], block[1][:, :, :keys], out[:, :, rows],
             lse[:, :, rows], None if dlse is None else dlse[:, :, rows].contiguous(), block_causal, scale)
 
-    def own(part):
-        if part is not None:
-            rows, keys, part_causal = part
-            gq, gk, gv = block_grads(rows, keys, part_causal, kv_own)
-            dq[:, :, rows] += gq
-            own_dk[:, :, :keys] += gk
-            own_dv[:, :, :keys] += gv
+    def own_part(part):
+        if part is None:
+            return
+        rows, keys, part_causal = part
+        gq, gk, gv = block_grads(rows, keys, part_causal, kv_own)
+        dq[:, :, rows] += gq
+        for i, g in enumerate((gk, gv)):
+            if own[i] is None and keys == n:
+                own[i] = g.float()  # the first share: a copy (the op's own result where already float32)
+            else:
+                if own[i] is None:
+                    own[i] = torch.zeros((B, Hkv, n, D), dtype=torch.float32, device=k.device)
+                own[i][:, :, :keys] += g
+
+    def shape_of(r):
+        return (B, Hkv, lengths[r], D)
 
     kv_own = kv
     first, last = own_parts(rank, causal, chunks, lengths)
     if world > 1:
-        incoming = receive_pair(k, (B, Hkv, lengths[(rank - 1) % world], D))
+        incoming = receive_pair(k, shape_of((rank - 1) % world))
         kv_works = ring.exchange(kv, incoming, tag=0)
-    own(first)
+    own_part(first)
     sum_works = []
     for step in range(1, world):
         src = (rank - step) % world
         wait_all(kv_works)
         kv = incoming
         if step + 1 < world:
-            incoming = receive_pair(k, (B, Hkv, lengths[(src - 1) % world], D))
+            incoming = receive_pair(k, shape_of((src - 1) % world))
             kv_works = ring.exchange(kv, incoming, tag=2 * step)
         span = step_span(step, src, rank, causal, chunks, lengths)
         grads = block_grads(*span, kv) if span is not None else None
-        if step == 1:  # the first share of block src's sum
-            block_sum = tuple(torch.zeros(kv[0].shape, dtype=torch.float32, device=k.device) for _ in range(2))
-        else:  # the shares of the ranks before, from the previous rank
-            wait_all(sum_works)
-            block_sum = sum_incoming
+        keys = span[1] if span is not None else 0
         if grads is not None:
-            rows, keys, _ = span
-            dq[:, :, rows] += grads[0]
-            block_sum[0][:, :, :keys] += grads[1]
-            block_sum[1][:, :, :keys] += grads[2]
+            dq[:, :, span[0]] += grads[0]
+        if step == 1:  # the first share of block src's sum, sent as the op gave it
+            if grads is not None and keys == lengths[src]:
+                block_sum = (grads[1], grads[2])
+            else:
+                block_sum = tuple(torch.zeros(shape_of(src), dtype=k.dtype, device=k.device) for _ in range(2))
+                for i in range(2 if grads is not None else 0):
+                    block_sum[i][:, :, :keys] = grads[1 + i]
+        else:  # the shares of the ranks before, from the previous rank, in float32 from here on
+            wait_all(sum_works)
+            block_sum = tuple(t.float() for t in sum_incoming)
+            for i in range(2 if grads is not None else 0):
+                block_sum[i][:, :, :keys] += grads[1 + i]
         # on to the next rank, which holds block src next; after the last step, block r+1 goes home
-        sum_incoming = receive_pair(block_sum[0], (B, Hkv, lengths[(src - 1) % world], D))
+        sum_incoming = receive_pair(block_sum[0], shape_of((src - 1) % world))
         sum_works = ring.exchange(block_sum, sum_incoming, tag=2 * step + 1)
-    own(last)
+    own_part(last)
+    for i in range(2):
+        if own[i] is None:  # no own rows at all
+            own[i] = torch.zeros((B, Hkv, n, D), dtype=torch.float32, device=k.device)
     if world > 1:
         wait_all(sum_works)
-        own_dk += sum_incoming[0]  # the other ranks' shares of this rank's block
-        own_dv += sum_incoming[1]
-    return dq.to(q.dtype), own_dk.to(k.dtype), own_dv.to(v.dtype)
+        own[0] += sum_incoming[0]  # the other ranks' shares of this rank's block
+        own[1] += sum_incoming[1]
+    return dq.to(q.dtype), own[0].to(k.dtype), own[1].to(v.dtype)
