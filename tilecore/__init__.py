@@ -22,6 +22,7 @@ _EXPORTS = {
     "attention": "tilecore.ops.attention",
     "layer_norm": "tilecore.ops.norm",
     "apply_rotary": "tilecore.ops.rotary",
+    "fft_conv": "tilecore.ops.fft_conv",
     "linear_attention": "tilecore.ops.linear_attention",
     "linear_attention_step": "tilecore.ops.linear_attention",
     "mamba2_chunk_scan": "tilecore.ops.linear_attention",
@@ -35,7 +36,7 @@ __all__ = list(_EXPORTS)
 # the modules whose import registers the torch.ops.tilecore ops (torch.library.custom_op)
 OP_MODULES = ("tilecore.ops.gemm.op", "tilecore.ops.hadamard.op", "tilecore.ops.hadamard.quantize",
               "tilecore.ops.attention.op", "tilecore.ops.norm.op", "tilecore.ops.rotary.op",
-              "tilecore.ops.linear_attention.op", "tilecore.distributed.op")
+              "tilecore.ops.linear_attention.op", "tilecore.ops.fft_conv.op", "tilecore.distributed.op")
 
 
 def __getattr__(name):
