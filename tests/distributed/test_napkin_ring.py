@@ -17,12 +17,19 @@ def test_link_time_is_latency_plus_bytes_over_bandwidth():
 
 
 def test_steps_and_what_hides():
-    p = ring.predict(seq=32768, heads=32, d=128, world=4, causal=True, attention_tflops=550)
+    """Transfers hide only where the attention leaves the transfer's kernel SMs (sm_margin); at 0
+    (tilecore's persistent kernels) each waits for its step's attention, as measured on the h100-x2."""
+    kw = dict(seq=32768, heads=32, d=128, world=4, causal=True, attention_tflops=550)
+    p = ring.predict(**kw, sm_margin=8)
     assert len(p.forward) == 4 and len(p.backward) == 5
     assert p.forward[-1].transfer == 0.0  # nothing left to send after the last block
     assert p.hidden and p.exposed_s == 0.0
+    today = ring.predict(**kw)
+    transfers = sum(s.transfer for s in today.forward + today.backward)
+    assert not today.hidden and today.exposed_s == pytest.approx(transfers)
+    assert today.forward[1].compute < p.forward[1].compute  # the margin's SMs cost the attention
     slow = dataclasses.replace(interconnect.H100_X2, bandwidth=5e9)  # a PCIe-class link
-    q = ring.predict(seq=32768, heads=32, d=128, world=4, causal=True, attention_tflops=550, link=slow)
+    q = ring.predict(**kw, sm_margin=8, link=slow)
     assert not q.hidden and q.exposed_s > 0 and q.forward_s > p.forward_s
     assert "NO" in q.summary() and "exposed" in q.summary()
 
@@ -43,4 +50,5 @@ def test_predicted_step_matches_the_h100_x2_measurement():
     p = ring.predict(seq=32768, heads=32, d=128, world=2, causal=False, one_gpu=False)
     assert p.step_compute_s * 1e3 == pytest.approx(6.63, rel=0.15)
     assert p.step_transfer_s * 1e3 == pytest.approx(0.92, rel=0.05)
-    assert p.forward[0].hidden  # 14% of the step: hidden
+    assert not p.forward[0].hidden  # waits for the attention's SMs
+    assert ring.predict(seq=32768, heads=32, d=128, world=2, one_gpu=False, sm_margin=8).forward[0].hidden

@@ -1,6 +1,8 @@
 """The cross-GPU level: links between the GPUs of one host, each with a bandwidth per direction and a
 fixed cost per transfer. A transfer of b bytes to a neighbour takes latency + b / bandwidth; the
-sends of a ring (every GPU to the next at once) each have their own direction of a link.
+sends of a ring (every GPU to the next at once) each have their own direction of a link. NCCL moves
+the bytes with a kernel of its own, on ``sms`` SMs: beside a kernel that holds every SM (a
+persistent one) it runs only once that kernel is done.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ class Link:
     latency: float     # s: the fixed cost of one transfer (a batch of sends: launch and handshake)
     gpus: int          # GPUs a host connects this way
     source: str
+    sms: int = 4       # SMs the transfer's kernel (NCCL's P2P channels) occupies: an estimate
 
     def time(self, nbytes: float) -> float:
         """Seconds to move ``nbytes`` to a neighbour (0 for nothing)."""

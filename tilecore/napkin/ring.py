@@ -7,8 +7,11 @@ its transfer from the cross-GPU link (interconnect.py), and whether the transfer
     p = ring.predict(seq=65536, heads=32, d=128, world=2, causal=True)
     print(p.summary())
 
-A step takes max(attention + its elementwise passes, the bytes in flight on one link direction): the
-transfers run on the link (and NCCL's copy engine) beside the SMs. Attention runs at the rate the
+A step takes max(attention + its elementwise passes, the bytes in flight on one link direction)
+where the attention leaves the transfer's kernel its SMs (``sm_margin`` >= the link's ``sms``; the
+attention then runs on the rest), else their sum: tilecore's attention kernels are persistent, one
+program on every SM, and NCCL's kernel waits for them (the h100-x2 run of session 24 measured the
+transfers exposed, not hidden, at sm_margin 0). Attention runs at the rate the
 napkin derives for the step's shape (the calibrated H100 by default: measured copy and matmul
 ceilings), or at ``attention_tflops`` where a measured rate is given. The backward does
 BACKWARD_FLOPS times the forward's FLOPs at BACKWARD_RATE times its rate (the napkin has no
@@ -34,14 +37,16 @@ class Step:
     compute: float      # s: attention
     elementwise: float  # s: merges, sums, casts (HBM bound)
     transfer: float     # s: what is in flight on the link during the step
+    serial: bool = False  # the transfer waits for the attention's SMs
 
     @property
     def time(self) -> float:
-        return max(self.compute + self.elementwise, self.transfer)
+        busy = self.compute + self.elementwise
+        return busy + self.transfer if self.serial else max(busy, self.transfer)
 
     @property
     def hidden(self) -> bool:
-        return self.transfer <= self.compute + self.elementwise
+        return self.transfer == 0 or (not self.serial and self.transfer <= self.compute + self.elementwise)
 
 
 @dataclass
@@ -83,7 +88,8 @@ class RingPrediction:
     @property
     def exposed_s(self) -> float:
         """Time the transfers add beyond the compute (forward + backward)."""
-        return sum(max(s.transfer - s.compute - s.elementwise, 0.0) for s in self.forward + self.backward)
+        return sum(s.transfer if s.serial else max(s.transfer - s.compute - s.elementwise, 0.0)
+                   for s in self.forward + self.backward)
 
     def speedup(self) -> tuple[float | None, float | None]:
         """(forward, forward + backward) over one GPU's at the whole sequence."""
@@ -131,13 +137,16 @@ def _derived_rate(gpu: GPU, batch, heads, kv_heads, n, d, causal, dtype) -> floa
 
 def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, batch: int = 1,
             kv_heads: int | None = None, dtype: str = "bf16", gpu="h100", link="h100-x2", calibrate: bool = True,
-            attention_tflops: float | None = None, one_gpu: bool = True, kv_views: bool = False) -> RingPrediction:
+            attention_tflops: float | None = None, one_gpu: bool = True, kv_views: bool = False,
+            sm_margin: int = 0) -> RingPrediction:
     """The ring's steps on ``world`` GPUs for a sequence of ``seq`` (each rank seq / world, in two
     chunks). ``gpu``: a napkin GPU (calibrated to the measured H100 ceilings of napkin.validate
     unless ``calibrate`` is False); ``link``: interconnect.LINKS' key or a Link; ``attention_tflops``:
     a measured attention rate to use instead of the napkin's derivation; ``one_gpu``: also predict
     one GPU at the whole sequence; ``kv_views``: K and V come as views (a (B, N, H, D) projection's
-    transpose), copied to contiguous buffers before they are sent."""
+    transpose), copied to contiguous buffers before they are sent; ``sm_margin``: SMs the attention
+    leaves free (its persistent grid that much smaller): the transfers overlap it where that is at
+    least the link's ``sms``, else each waits for the step's attention."""
     if world < 1 or seq < 2 * world:
         raise ValueError(f"ring.predict: need world >= 1 and seq >= 2 * world; got seq={seq}, world={world}")
     kv_heads = kv_heads or heads
@@ -147,6 +156,8 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
         g = g.calibrated(**CALIBRATION)
     lk: Link = get_link(link)
     hbm = g.level("HBM").bandwidth
+    serial = sm_margin < lk.sms  # the transfer's kernel finds no SM until the attention is done
+    slower = g.sms / (g.sms - sm_margin)  # the attention on the SMs it keeps
     q = dtype_bytes(dtype)
     n = seq / world           # a rank's slice
     half = n / 2              # one chunk
@@ -157,13 +168,12 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
         return _derived_rate(g, batch, heads, kv_heads, max(int(size), 1), d, is_causal, dtype)
 
     def attn(nq, nk, pairs, is_causal, backward=False):
-        t = attention_flops(batch, heads, nq, nk, d, pairs) / rate(n, is_causal)
+        t = attention_flops(batch, heads, nq, nk, d, pairs) / rate(n, is_causal) * slower
         return t * BACKWARD_FLOPS / BACKWARD_RATE if backward else t
 
     o_elems = batch * heads * d          # per query row
     kv_elems = 2 * batch * kv_heads * d  # K and V, per key row
     kv_bytes = kv_elems * n * q
-    sum_bytes = kv_elems * n * 4        # a block's float32 dK, dV sum
     in_place = world == 2
 
     # forward: step 0 (own slice, causal or full), then world - 1 foreign steps of half the pairs
@@ -172,36 +182,44 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
     upcast = (0 if in_place else o_elems * n * (q + 4)) / hbm
     merge = o_elems * n * (3 * q if in_place else 8 + q) / hbm
     fwd = [Step("own slice" + (" (causal)" if causal else ""), attn(n, n, 0.5 if causal else 1.0, causal),
-                stack + upcast, lk.time(kv_bytes) if world > 1 else 0.0)]
+                stack + upcast, lk.time(kv_bytes) if world > 1 else 0.0, serial)]
     for s in range(1, world):
         last = s == world - 1
         what = "foreign block, half the pairs" if causal else "foreign block"
         cast = (0 if in_place or not last else o_elems * n * (4 + q)) / hbm
         fwd.append(Step(what, attn(n, n, 0.5 if causal else 1.0, False), merge + cast,
-                        0.0 if last else lk.time(kv_bytes)))
+                        0.0 if last else lk.time(kv_bytes), serial))
 
-    # backward: own block's first part, the foreign blocks, own block's second part
+    # backward: own block's first part, the foreign blocks, own block's second part. A dK/dV sum of
+    # one share (the hop after step 1) travels in the dtype, of more in float32
+    def sum_bytes(after_step):
+        return kv_elems * n * (q if after_step == 1 else 4)
+
     dq_add = o_elems * (8 + q) / hbm           # per row: float32 dq += a block's dq
     dkv_add = kv_elems * (8 + q) / hbm         # per key row: float32 sums += dk, dv
-    start = (o_elems * n * 4 + kv_elems * n * 4) / hbm + stack  # zeroed dq and own sums, K/V to send
-    if causal:  # the early chunk against itself; the late chunk against the slice (3/4 of its pairs)
-        first = ("own early chunk (causal)", attn(half, half, 0.5, True, True), half, half)
-        second = ("own late chunk vs slice (causal)", attn(half, n, 0.75, True, True), half, n)
+    start = o_elems * n * 4 / hbm + stack      # zeroed dq, K/V to send
+    if causal:  # the late chunk against the slice (3/4 of its pairs); the early chunk against itself
+        first = ("own late chunk vs slice (causal)", attn(half, n, 0.75, True, True), half, n)
+        second = ("own early chunk (causal)", attn(half, half, 0.5, True, True), half, half)
     else:
         first = ("own first half of rows", attn(half, n, 1.0, False, True), half, n)
         second = ("own second half of rows", attn(half, n, 1.0, False, True), half, n)
-    bwd = [Step(first[0], first[1], start + first[2] * dq_add + first[3] * dkv_add,
-                lk.time(kv_bytes) if world > 1 else 0.0)]
+    own_start = kv_elems * n * (q + 4) / hbm   # the own sums: a float32 copy of the first part's
+    bwd = [Step(first[0], first[1], start + first[2] * dq_add + own_start,
+                lk.time(kv_bytes) if world > 1 else 0.0, serial)]
     for s in range(1, world):
-        rows = n  # the slowest rank's: all rows (causal: src < r steps)
-        in_flight = (kv_bytes if s < world - 1 else 0.0) + (sum_bytes if s >= 2 else 0.0)
-        zeros = kv_elems * n * 4 / hbm if s == 1 else 0.0
+        in_flight = (kv_bytes if s < world - 1 else 0.0) + (sum_bytes(s - 1) if s >= 2 else 0.0)
+        if s == 1:  # the share sent as the op gave it (causal, the slowest rank's: half the keys, into zeros)
+            sums = kv_elems * n * 2 * q / hbm if causal else 0.0
+        else:  # the incoming sum in float32 (an upcast after a one-share hop), this share added
+            sums = kv_elems * n * ((q + 4) if s == 2 else 0) / hbm + n * dkv_add
         bwd.append(Step("foreign block" + (", half the pairs" if causal else ""),
-                        attn(n, n, 0.5 if causal else 1.0, False, True), zeros + rows * dq_add + n * dkv_add,
-                        lk.time(in_flight)))
-    home = (kv_elems * n * 12 + o_elems * n * (4 + q) + kv_elems * n * (4 + q)) / hbm  # sum in, casts out
-    bwd.append(Step(second[0], second[1], second[2] * dq_add + second[3] * dkv_add + home,
-                    lk.time(sum_bytes) if world > 1 else 0.0))
+                        attn(n, n, 0.5 if causal else 1.0, False, True), n * dq_add + sums,
+                        lk.time(in_flight), serial))
+    home = (kv_elems * n * (8 + (q if world == 2 else 4)) if world > 1 else 0.0) \
+        + o_elems * n * (4 + q) + kv_elems * n * (4 + q)  # the sum home added, casts out
+    bwd.append(Step(second[0], second[1], second[2] * dq_add + second[3] * dkv_add + home / hbm,
+                    lk.time(sum_bytes(world - 1)) if world > 1 else 0.0, serial))
 
     one_fwd = one_bwd = None
     if one_gpu:
