@@ -25,6 +25,11 @@ from tilecore.ops.norm.forward import dropout_multiplier, load_tile, residual_st
 
 
 @triton.jit
+def _add_pairs(a0, b0, a1, b1):
+    return a0 + a1, b0 + b1
+
+
+@triton.jit
 def normalized_and_grad(DY, X, RES, H, W, MEAN, RSTD, r, r64, c, mask, N,
                         stride_dy, stride_x, stride_res, stride_h, drop,
                         LOAD_H: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr,
@@ -62,8 +67,10 @@ def norm_backward_kernel(DY, X, RES, H, W, MEAN, RSTD, SUMS, SEED, DH_OUT, DX, D
     groups = tl.num_programs(0)
     c = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = c < N
-    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
-    db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    # the partials accumulate as whole tiles, summed over the rows once at the end: a sum across rows
+    # every tile went through shared memory and barriers (22 bar.sync a tile at 4 x 1024 before)
+    dw = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     for tile in range(group, tl.cdiv(rows, ROWS), groups):
         r = tile * ROWS + tl.arange(0, ROWS)
         rmask = r < rows
@@ -77,15 +84,17 @@ def norm_backward_kernel(DY, X, RES, H, W, MEAN, RSTD, SUMS, SEED, DH_OUT, DX, D
             DY, X, RES, H, W, MEAN, RSTD, r, r64, c, mask, N, stride_dy, stride_x, stride_res, stride_h,
             drop, LOAD_H, HAS_RES, HAS_W, DROPOUT, RMS, H_DTYPE)
         if WHOLE_ROW:
-            mean_gx = tl.sum(g * xhat, axis=1) / N
+            if RMS:
+                mean_gx = tl.sum(g * xhat, axis=1) / N
+            else:  # both row sums in one reduction (one round through shared memory)
+                sum_gx, sum_g = tl.reduce((g * xhat, g), 1, _add_pairs)
+                mean_gx, mean_g = sum_gx / N, sum_g / N
         else:
             mean_gx = tl.load(SUMS + 2 * r64)
+            if not RMS:
+                mean_g = tl.load(SUMS + 2 * r64 + 1)
         dh = g - xhat * mean_gx[:, None]
         if not RMS:
-            if WHOLE_ROW:
-                mean_g = tl.sum(g, axis=1) / N
-            else:
-                mean_g = tl.load(SUMS + 2 * r64 + 1)
             dh = dh - mean_g[:, None]
         dh = dh * rstd[:, None]
         if HAS_DH_OUT:
@@ -96,14 +105,14 @@ def norm_backward_kernel(DY, X, RES, H, W, MEAN, RSTD, SUMS, SEED, DH_OUT, DX, D
             dh = dh * drop
         tl.store(DX + r64[:, None] * stride_dx + c[None, :], dh.to(DX.dtype.element_ty), mask=mask)
         if DW:
-            dw += tl.sum(dy * xhat, axis=0)
+            dw += dy * xhat
         if DB:
-            db += tl.sum(tl.where(mask, dy, 0.0), axis=0)
+            db += dy  # (0 outside the mask)
     part = group.to(tl.int64) * N + c
     if DW:
-        tl.store(DW_PART + part, dw, mask=cmask)
+        tl.store(DW_PART + part, tl.sum(dw, axis=0), mask=cmask)
     if DB:
-        tl.store(DB_PART + part, db, mask=cmask)
+        tl.store(DB_PART + part, tl.sum(db, axis=0), mask=cmask)
 
 
 @triton.jit
@@ -128,8 +137,11 @@ def norm_row_sums_kernel(DY, X, RES, H, W, MEAN, RSTD, SEED, SUMS, rows, N,
         dy, xhat, g, rstd = normalized_and_grad(
             DY, X, RES, H, W, MEAN, RSTD, r, r64, c, mask, N, stride_dy, stride_x, stride_res, stride_h,
             drop, LOAD_H, HAS_RES, HAS_W, DROPOUT, RMS, H_DTYPE)
-        sum_gx += tl.sum(g * xhat, axis=1)
-        if not RMS:
-            sum_g += tl.sum(g, axis=1)
+        if RMS:
+            sum_gx += tl.sum(g * xhat, axis=1)
+        else:
+            block_gx, block_g = tl.reduce((g * xhat, g), 1, _add_pairs)
+            sum_gx += block_gx
+            sum_g += block_g
     tl.store(SUMS + 2 * r64, sum_gx / N, mask=rmask)
     tl.store(SUMS + 2 * r64 + 1, sum_g / N, mask=rmask)

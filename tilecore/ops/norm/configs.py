@@ -1,7 +1,7 @@
 """The norm's tables (plan.py reads them). Why each value: notes/norm/README.md.
 
-Not yet timed on the H100 (issue 37's first session wrote the kernels without a GPU): the values are the
-usual ones for a memory-bound row kernel, to be replaced by experiments/norm/gpu_check.py's figures.
+One H100 run so far (session 24: the forward at 97-100% of copy with these forward values; the backward
+at 11-91%, since reshaped below, untimed): experiments/norm_rotary/gpu_check.py sweeps the rest.
 """
 from __future__ import annotations
 
@@ -15,16 +15,23 @@ WIDE_BLOCK = 4096
 # per step (a row of 256 bf16 elements is 512 bytes: too little to keep the loads in flight).
 TILE_ELEMS = 4096
 
-# warps: a tile's elements over 32-thread warps at this many values a thread (from 1 to 16 warps). The
-# backward keeps dy, h, xhat and g live: at 16 values a thread its 65536 x 1024 dropout case hit
-# ptxas's 128-register cap and spilled; at 8, 100 registers and no spill (report.py).
+# warps: a tile's elements over 32-thread warps at this many values a thread (from MIN_WARPS to
+# MAX_WARPS warps). The backward's loop is latency-bound, so what counts is how many of its programs
+# are resident: at 16 values a thread, 1024 columns take 4 warps, 85 registers, 6 programs an SM; 4096
+# columns 8 warps, 128 registers, 2 an SM (at 8 values a thread: 16 warps, 91 registers, 1 an SM); no
+# spills (report.py, sm_90a).
 FORWARD_VALUES_PER_THREAD = 16
-BACKWARD_VALUES_PER_THREAD = 8
+BACKWARD_VALUES_PER_THREAD = 16
+MIN_WARPS = 4
 MAX_WARPS = 16
 
-# The backward's row groups (each writes a partial row of dweight and dbias: groups x N float32 each)
-# per SM: enough programs to fill the GPU, few enough that the partials are small beside the data.
-BACKWARD_GROUPS_PER_SM = 2
+# The backward's tiles (rows = BACKWARD_TILE_ELEMS // BLOCK_N, at least 1) and row groups per SM (each a
+# persistent program writing one partial row of dweight and dbias: groups x N float32 each). The first
+# H100 run (notes/norm/README.md, session 24) had 2 groups an SM of 4 x 1024 tiles at 16 warps: one
+# program resident an SM by registers, its loop latency-bound: 11-20% of copy at 1024 columns. Smaller
+# programs, more of them resident, hide the latency as the forward's grid does.
+BACKWARD_TILE_ELEMS = 1024
+BACKWARD_GROUPS_PER_SM = 8
 
 # SMs the interpreter pretends to have: a few groups, each running several row tiles
 INTERPRETER_SMS = 4
@@ -32,4 +39,4 @@ INTERPRETER_SMS = 4
 
 def num_warps(tile_elems: int, values_per_thread: int) -> int:
     warps = max(1, tile_elems // (32 * values_per_thread))
-    return min(MAX_WARPS, 1 << (warps.bit_length() - 1))  # a power of two
+    return min(MAX_WARPS, max(MIN_WARPS, 1 << (warps.bit_length() - 1)))  # a power of two

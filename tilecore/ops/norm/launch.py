@@ -89,7 +89,7 @@ def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_
         return dx, dres, _cast(dw, weight, dy), _cast(db, bias, dy)
     scale = dropout_scale(p)
     load_h = h is not None
-    flags = dict(ROWS=plan.rows_per_tile, BLOCK_N=plan.block_n, LOAD_H=load_h, HAS_RES=residual is not None,
+    flags = dict(ROWS=plan.backward_rows, BLOCK_N=plan.block_n, LOAD_H=load_h, HAS_RES=residual is not None,
                  HAS_W=weight is not None, DROPOUT=seed is not None, RMS=rms, H_DTYPE=TL_DTYPES[h_dtype],
                  num_warps=plan.backward_warps)
     mean_arg = None if rms else mean
@@ -97,7 +97,7 @@ def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_
     sums = None
     if not plan.whole_row:
         sums = output((rows, 2), torch.float32, dy.device)
-        _row_sums[(cdiv(rows, plan.rows_per_tile),)](
+        _row_sums[(cdiv(rows, plan.backward_rows),)](
             dy, x, residual, h, weight, mean_arg, rstd, seed, sums, rows, n, *strides, threshold16(p), scale, **flags)
     dw_part = output((plan.groups, n), torch.float32, dy.device) if weight is not None else None
     db_part = output((plan.groups, n), torch.float32, dy.device) if bias is not None else None

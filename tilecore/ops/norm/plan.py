@@ -23,7 +23,8 @@ from tilecore.tiles.launch import cdiv, next_power_of_2
 class Plan:
     path: str  # "cpu" | "tl"
     whole_row: bool = True
-    rows_per_tile: int = 1  # ROWS
+    rows_per_tile: int = 1  # ROWS of the forward kernels
+    backward_rows: int = 1  # ROWS of the backward kernels
     block_n: int = 1  # BLOCK_N: columns per tile
     num_warps: int = 4  # the forward kernels' (and the dropout mask's)
     backward_warps: int = 4
@@ -42,26 +43,30 @@ def plan(rows: int, n: int, device: torch.device, *, whole_row_max: int | None =
 
 def tl_plan(rows: int, n: int, sms: int, *, whole_row_max: int | None = None, tile_elems: int | None = None,
             wide_block: int | None = None, groups_per_sm: int | None = None, num_warps: int | None = None,
-            backward_warps: int | None = None) -> Plan:
+            backward_tile_elems: int | None = None, backward_warps: int | None = None) -> Plan:
     """The "tl" plan for (rows, n) rows on a GPU of ``sms`` SMs (no device asked: report.py and the GPU
     check use it). The keywords override configs' WHOLE_ROW_MAX, TILE_ELEMS, WIDE_BLOCK,
-    BACKWARD_GROUPS_PER_SM and the warps (for sweeps)."""
+    BACKWARD_GROUPS_PER_SM, BACKWARD_TILE_ELEMS and the warps (for sweeps)."""
     whole_row_max = whole_row_max or configs.WHOLE_ROW_MAX
     whole_row = n <= whole_row_max
     if whole_row:
         block_n = max(8, next_power_of_2(n))  # dropout draws its bits 8 columns at a time
         rows_per_tile = max(1, (tile_elems or configs.TILE_ELEMS) // block_n)
         rows_per_tile = min(rows_per_tile, next_power_of_2(rows))  # a few rows: no tile of empty ones
+        backward_rows = max(1, (backward_tile_elems or configs.BACKWARD_TILE_ELEMS) // block_n)
+        backward_rows = min(backward_rows, next_power_of_2(rows))
     else:
         block_n = min(wide_block or configs.WIDE_BLOCK, next_power_of_2(whole_row_max))
-        rows_per_tile = 1
+        rows_per_tile = backward_rows = 1
     column_blocks = 1 if whole_row else cdiv(n, block_n)
     row_tiles = max(1, cdiv(rows, rows_per_tile))
+    backward_tiles = max(1, cdiv(rows, backward_rows))
     groups_per_sm = groups_per_sm or configs.BACKWARD_GROUPS_PER_SM
-    groups = min(row_tiles, max(1, sms * groups_per_sm // column_blocks))
-    tile = rows_per_tile * block_n
-    return Plan("tl", whole_row=whole_row, rows_per_tile=rows_per_tile, block_n=block_n,
-                num_warps=num_warps or configs.num_warps(tile, configs.FORWARD_VALUES_PER_THREAD),
-                backward_warps=backward_warps or configs.num_warps(tile, configs.BACKWARD_VALUES_PER_THREAD),
+    groups = min(backward_tiles, max(1, sms * groups_per_sm // column_blocks))
+    return Plan("tl", whole_row=whole_row, rows_per_tile=rows_per_tile, backward_rows=backward_rows,
+                block_n=block_n,
+                num_warps=num_warps or configs.num_warps(rows_per_tile * block_n, configs.FORWARD_VALUES_PER_THREAD),
+                backward_warps=backward_warps or configs.num_warps(backward_rows * block_n,
+                                                                   configs.BACKWARD_VALUES_PER_THREAD),
                 column_blocks=column_blocks,
                 row_tiles=row_tiles, groups=groups)

@@ -39,7 +39,7 @@ def norm_variants(shapes=SHAPES) -> list[tuple[str, object, dict, int, bool]]:
             if not p.whole_row:
                 stats = dict(common, X=t, RES=res, MEAN=None if rms else f32, RSTD=f32, eps=1e-5)
                 out.append((f"stats {name}", forward.norm_stats_kernel, stats, p.num_warps, False))
-            bwd_common = dict(common, DY=t, X=None if fused else t, RES=None, H=t if fused else None, W=t,
+            bwd_common = dict(common, ROWS=p.backward_rows, DY=t, X=None if fused else t, RES=None, H=t if fused else None, W=t,
                               MEAN=None if rms else f32, RSTD=f32, stride_dy=n, stride_h=n if fused else 0,
                               LOAD_H=fused, HAS_W=True, HAS_RES=False)
             bwd = dict(bwd_common, SUMS=None if p.whole_row else f32, DH_OUT=t if fused else None, DX=t,
