@@ -15,8 +15,11 @@ def _cases(device: torch.device) -> list[TourCase]:
     from tilecore.ops.attention.tour import tour_cases as attention_cases
     from tilecore.ops.gemm.tour import cases as gemm_cases
     from tilecore.ops.hadamard.tour import tour_cases as hadamard_cases
+    from tilecore.ops.norm.tour import tour_cases as norm_cases
+    from tilecore.ops.rotary.tour import tour_cases as rotary_cases
 
-    return hadamard_cases(device) + gemm_cases(device) + attention_cases(device)
+    return (hadamard_cases(device) + gemm_cases(device) + attention_cases(device) + norm_cases(device)
+            + rotary_cases(device))
 
 
 def main(device_name: str | None = None) -> int:
