@@ -183,27 +183,36 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
 
     with torch.no_grad():
         record("ring_fwd_ms", lockstep_ms(lambda: ring_forward(q, k, v, group, lengths, causal, scale), reps))
+        # each transfer started before the step's attention instead of after it (ring.TRANSFERS_EARLY)
+        record("ring_fwd_early_ms", lockstep_ms(
+            lambda: ring_forward(q, k, v, group, lengths, causal, scale, early=True), reps))
         record("ring_fwd_compute_ms", lockstep_ms(
             lambda: ring_forward(q, k, v, group, lengths, causal, scale, ring=ComputeOnlyRing(group)), reps))
         ring = Ring(group)
         kv, kv_in = (k, v), (torch.empty_like(k), torch.empty_like(v))  # as ring.py sends them
-        dkv = (k.float(), v.float())
+        # the backward's sums: one share (the dtype) after step 1, float32 after later steps
+        dkv = (k.clone(), v.clone())
         dkv_in = (torch.empty_like(dkv[0]), torch.empty_like(dkv[1]))
+        dkv32 = (k.float(), v.float())
+        dkv32_in = (torch.empty_like(dkv32[0]), torch.empty_like(dkv32[1]))
 
         def transfers(count, with_sums):
             for step in range(count):
                 for work in ring.exchange(kv, kv_in, tag=2 * step):
                     work.wait()
                 if with_sums:
-                    for work in ring.exchange(dkv, dkv_in, tag=2 * step + 1):
+                    sums, sums_in = (dkv, dkv_in) if step == 0 else (dkv32, dkv32_in)
+                    for work in ring.exchange(sums, sums_in, tag=2 * step + 1):
                         work.wait()
 
         record("ring_fwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, False), reps))
         record("ring_bwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, True), reps))
-        del dkv, dkv_in, kv_in
+        del dkv, dkv_in, dkv32, dkv32_in, kv_in
         out, lse = ring_forward(q, k, v, group, lengths, causal, scale)
         record("ring_bwd_ms", lockstep_ms(
             lambda: ring_backward(dout, None, q, k, v, out, lse, group, lengths, causal, scale), reps))
+        record("ring_bwd_early_ms", lockstep_ms(
+            lambda: ring_backward(dout, None, q, k, v, out, lse, group, lengths, causal, scale, early=True), reps))
         record("ring_bwd_compute_ms", lockstep_ms(
             lambda: ring_backward(dout, None, q, k, v, out, lse, group, lengths, causal, scale,
                                   ring=ComputeOnlyRing(group)), reps))
@@ -321,9 +330,11 @@ def tables(results) -> str:
                         for x in ("out", "dq", "dk", "dv"))
         lines.append(f"{c['mode']:<11}{str(c['causal']):<7}{c['shape']:<24}{cells}{r['lse_abs_err']:>10.1e}")
     lines += ["", f"ring timing, B1 H{results['heads']} D{results['d']} bf16 on {results['world']} GPUs (rank 0, ms; "
-              "overlap = compute alone / with transfers; hidden = share of the transfers' own time hidden):",
+              "fwd, fwd+bwd: the public call; bwd, compute, hidden: ring_backward with transfers, without, and the "
+              "share of the transfers' own time hidden; early f/b: ring_forward/backward with each transfer started "
+              "before its step's attention):",
               f"{'N':>7} {'causal':<6}{'fwd':>8}{'compute':>8}{'xfer':>7}{'hidden':>7}{'1 GPU':>8}{'speedup':>8}"
-              f"{'fwd+bwd':>9}{'1 GPU':>8}{'speedup':>8}{'bwd':>8}{'compute':>8}{'hidden':>7}{'GB/rank':>8}"
+              f"{'fwd+bwd':>9}{'1 GPU':>8}{'speedup':>8}{'bwd':>8}{'compute':>8}{'hidden':>7}{'early f/b':>12}{'GB/rank':>8}"
               f"{'1 GPU GB':>9}{'a2a f+b':>8}{'napkin fwd/bwd/step':>21}"]
     for t in results["timing"]:
         if "error" in t:
@@ -335,6 +346,7 @@ def tables(results) -> str:
             f"{fmt(t.get('single_fwd_ms')):>8}{fmt(t.get('speedup_fwd')):>8}{fmt(t['public_fwd_bwd_ms']):>9}"
             f"{fmt(t.get('single_fwd_bwd_ms')):>8}{fmt(t.get('speedup_fwd_bwd')):>8}{fmt(t['ring_bwd_ms']):>8}"
             f"{fmt(t['ring_bwd_compute_ms']):>8}{fmt(t['bwd_transfer_hidden'], '.0%'):>7}"
+            f"{fmt(t['ring_fwd_early_ms']) + '/' + fmt(t['ring_bwd_early_ms']):>12}"
             f"{fmt(t['peak_extra_gb']):>8}{fmt(t.get('single_peak_extra_gb')):>9}{fmt(t.get('a2a_fwd_bwd_ms')):>8}"
             f"{napkin_cell(t.get('napkin')):>21}")
     latency = fmt(results.get("transfer_latency_us"), ".1f")

@@ -85,7 +85,7 @@ def compare(rank, world, cases):
     import torch
 
     from tilecore import accuracy
-    from tilecore.distributed import context_parallel_attention, zigzag_shard
+    from tilecore.distributed import context_parallel_attention, ring, zigzag_shard
     from tilecore.ops.attention import attention, attention_reference
 
     group = GROUPS[world]
@@ -94,6 +94,7 @@ def compare(rank, world, cases):
     rows = []
     for case in cases:
         _interpret(case.get("interpret", False))
+        ring.TRANSFERS_EARLY = case.get("early", False)  # the ring's two transfer orders
         q, k, v, dout, dlse = _full_inputs(case)
         causal, mode, with_dlse = case["causal"], case["mode"], case.get("dlse", True)
         with_out = case.get("out", True)
@@ -127,6 +128,7 @@ def compare(rank, world, cases):
                       "vs_exact": _max_abs(lse.double() - shard(l64))}
         rows.append(row)
     _interpret(True)
+    ring.TRANSFERS_EARLY = False
     return rows
 
 

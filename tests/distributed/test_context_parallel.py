@@ -33,7 +33,7 @@ def check_float32(rows):
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("mode", ["ring", "all_to_all"])
 def test_matches_one_process_float32(pool, world, mode):
-    cases = [dict(c, mode=mode) for c in shapes([1, 7, 12, 17])]
+    cases = [dict(c, mode=mode, early=i % 2 == 1) for i, c in enumerate(shapes([1, 7, 12, 17]))]
     check_float32(pool.run("compare", world=world, cases=cases))
 
 
@@ -59,7 +59,7 @@ def test_low_precision_near_the_rounding_floor(pool, mode):
 def test_triton_kernels_in_the_interpreter(pool):
     """The path a GPU runs: tilecore's Triton kernels (forward, and the backward given the merged O
     and lse) under Triton's interpreter, fp16 and float32."""
-    cases = [dict(b=1, hq=2, hkv=1, n=20, d=16, causal=c, mode="ring", dtype=dt, interpret=True)
+    cases = [dict(b=1, hq=2, hkv=1, n=20, d=16, causal=c, mode="ring", dtype=dt, interpret=True, early=c)
              for c, dt in ((True, "float16"), (False, "float32"))]
     rows = pool.run("compare", world=2, cases=cases, timeout=90)
     for rank, results in rows.items():

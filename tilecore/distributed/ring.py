@@ -86,9 +86,11 @@ class Ring:
         return dist.batch_isend_irecv(ops)
 
 
-def wait_all(works) -> None:
-    for work in works:
-        work.wait()
+def wait_all(works: list) -> None:
+    """Wait for (and drop) each work of ``works``: a second call on the same list waits for nothing
+    (gloo's wait() on a finished receive may block again)."""
+    while works:
+        works.pop(0).wait()
 
 
 def step_span(step: int, src: int, rank: int, causal: bool, chunks: list[int], lengths: list[int]):
@@ -132,11 +134,24 @@ def merge_into(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, 
     acc_lse.copy_(new_lse)
 
 
-def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float, ring: Ring | None = None):
+# When a step's transfer is started. Early (before the step's attention) overlaps it with the
+# attention only where the attention leaves the transfer's kernel (NCCL's) SMs; tilecore's attention
+# kernels are persistent, one program on every SM with a fixed share of the tiles, so beside them the
+# transfer either waits for the attention or, started first, holds a few SMs whose programs then
+# start late (on 2 H100s, session 24: transfers exposed 0-100%, up to 9x their own time in a step).
+# Late (after the step's attention is queued, waited on before the next): the transfer runs alone,
+# its whole time exposed but never more, beside the step's elementwise passes.
+TRANSFERS_EARLY = False
+
+
+def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float, ring: Ring | None = None,
+                 early: bool | None = None):
     """(out in q's dtype, lse float32) of the local queries against the whole sequence's keys.
     ``ring``: what passes the blocks on (default Ring(group); probes pass one that does not, to time
-    the compute alone)."""
+    the compute alone); ``early``: start each transfer before the step's attention (default
+    TRANSFERS_EARLY)."""
     ring = ring or Ring(group)
+    early = TRANSFERS_EARLY if early is None else early
     rank, world = ring.rank, ring.world
     chunks = sharding.chunk_sizes(sum(lengths), world)
     B, Hkv, _, D = k.shape
@@ -144,21 +159,30 @@ def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float,
     acc_out = acc_lse = None
     for step in range(world):
         src = (rank - step) % world
-        if step + 1 < world:
+        more = step + 1 < world
+
+        def start():
             incoming = receive_pair(k, (B, Hkv, lengths[(src - 1) % world], D))
-            works = ring.exchange(kv, incoming, tag=step)
+            return incoming, ring.exchange(kv, incoming, tag=step)
+
+        if more and early:
+            incoming, works = start()
         span = step_span(step, src, rank, causal, chunks, lengths)
+        out = lse = None
         if span is not None:
             rows, keys, step_causal = span
             out, lse = attention(q[:, :, rows], kv[0][:, :, :keys], kv[1][:, :, :keys], causal=step_causal,
                                  scale=scale, return_lse=True)
+        if more and not early:  # after the attention, beside the merge
+            incoming, works = start()
+        if span is not None:
             if acc_out is None:  # step 0: every local row. Two ranks merge once, into step 0's O in
                 # place (its float32 upcast is exact: the same result as a float32 accumulator);
                 # more merge into a float32 accumulator, rounded once at the end
                 acc_out, acc_lse = (out if world == 2 else out.float()), lse
             else:
                 merge_into(acc_out[:, :, rows], acc_lse[:, :, rows], out, lse)
-        if step + 1 < world:
+        if more:
             wait_all(works)
             kv = incoming
     return acc_out.to(q.dtype), acc_lse
@@ -181,16 +205,20 @@ def own_parts(rank: int, causal: bool, chunks: list[int], lengths: list[int]):
 
 
 def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], causal: bool, scale: float,
-                  ring: Ring | None = None):
+                  ring: Ring | None = None, early: bool | None = None):
     """(dq, dk, dv) of the local slice (the inputs' dtypes) from ring_forward's ``out`` and ``lse``.
 
-    Order at rank r: part of its own block (the first block of keys and values to the next rank in
-    flight); then the foreign blocks r-1, r-2, ..., r-P+1 as they arrive, each one's dK, dV sum
-    received from the previous rank (which added its share one step before), this rank's share added
-    and sent on; then the rest of its own block while its own block's sum makes the last hop home. So
-    every transfer, the last one included, has attention queued beside it. A sum of one share travels
-    in the inputs' dtype (it is the backward op's output, exactly), of more in float32."""
+    Order at rank r: part of its own block; then the foreign blocks r-1, r-2, ..., r-P+1 as they
+    arrive, each one's dK, dV sum received from the previous rank (which added its share one step
+    before), this rank's share added and sent on; then the rest of its own block, after which its
+    own block's sum has come home. With ``early`` (default TRANSFERS_EARLY) each block is sent on
+    before the attention that precedes its use and each sum travels during the next attention, so
+    that, where the attention leaves the transfers SMs, every transfer (the first and the last too)
+    has attention beside it; else each transfer starts after its step's attention and is waited on
+    before the next. A sum of one share travels in the inputs' dtype (it is the backward op's output,
+    exactly), of more in float32."""
     ring = ring or Ring(group)
+    early = TRANSFERS_EARLY if early is None else early
     rank, world = ring.rank, ring.world
     chunks = sharding.chunk_sizes(sum(lengths), world)
     B, Hkv, n, D = k.shape
@@ -205,38 +233,52 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
             lse[:, :, rows], None if dlse is None else dlse[:, :, rows].contiguous(), block_causal, scale)
 
     def own_part(part):
+        """The part's attention backward queued; returns the function that adds its gradients."""
         if part is None:
-            return
+            return lambda: None
         rows, keys, part_causal = part
         gq, gk, gv = block_grads(rows, keys, part_causal, kv_own)
-        dq[:, :, rows] += gq
-        for i, g in enumerate((gk, gv)):
-            if own[i] is None and keys == n:
-                own[i] = g.float()  # the first share: a copy (the op's own result where already float32)
-            else:
-                if own[i] is None:
-                    own[i] = torch.zeros((B, Hkv, n, D), dtype=torch.float32, device=k.device)
-                own[i][:, :, :keys] += g
+
+        def add():
+            dq[:, :, rows] += gq
+            for i, g in enumerate((gk, gv)):
+                if own[i] is None and keys == n:
+                    own[i] = g.float()  # the first share: a copy (the op's own result where already float32)
+                else:
+                    if own[i] is None:
+                        own[i] = torch.zeros((B, Hkv, n, D), dtype=torch.float32, device=k.device)
+                    own[i][:, :, :keys] += g
+        return add
 
     def shape_of(r):
         return (B, Hkv, lengths[r], D)
 
+    def send_block(block, to_use_at_step):  # the block the next rank attends at that step
+        incoming = receive_pair(k, shape_of((rank - to_use_at_step) % world))
+        return incoming, ring.exchange(block, incoming, tag=2 * to_use_at_step)
+
     kv_own = kv
     first, last = own_parts(rank, causal, chunks, lengths)
-    if world > 1:
-        incoming = receive_pair(k, shape_of((rank - 1) % world))
-        kv_works = ring.exchange(kv, incoming, tag=0)
-    own_part(first)
-    sum_works = []
+    kv_works, sum_works = [], []
+    if world > 1 and early:
+        incoming, kv_works = send_block(kv, 1)
+    add = own_part(first)
+    if world > 1 and not early:
+        incoming, kv_works = send_block(kv, 1)
+    add()
     for step in range(1, world):
         src = (rank - step) % world
         wait_all(kv_works)
+        if not early:
+            wait_all(sum_works)  # nothing in flight beside the attention
         kv = incoming
-        if step + 1 < world:
-            incoming = receive_pair(k, shape_of((src - 1) % world))
-            kv_works = ring.exchange(kv, incoming, tag=2 * step)
+        more = step + 1 < world
+        if more and early:
+            incoming, kv_works = send_block(kv, step + 1)
         span = step_span(step, src, rank, causal, chunks, lengths)
         grads = block_grads(*span, kv) if span is not None else None
+        if more and not early:
+            incoming, kv_works = send_block(kv, step + 1)
         keys = span[1] if span is not None else 0
         if grads is not None:
             dq[:, :, span[0]] += grads[0]
@@ -255,7 +297,9 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
         # on to the next rank, which holds block src next; after the last step, block r+1 goes home
         sum_incoming = receive_pair(block_sum[0], shape_of((src - 1) % world))
         sum_works = ring.exchange(block_sum, sum_incoming, tag=2 * step + 1)
-    own_part(last)
+    if world > 1 and not early:
+        wait_all(sum_works)
+    own_part(last)()
     for i in range(2):
         if own[i] is None:  # no own rows at all
             own[i] = torch.zeros((B, Hkv, n, D), dtype=torch.float32, device=k.device)
