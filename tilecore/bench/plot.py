@@ -259,16 +259,10 @@ def figure(res: Results, *, describe: str | None = None):
 
 
 def describe_of(suite: str, meta: dict) -> str | None:
-    """What the suite measures: the JSON's own description, else the suite's current one (its
-    registry imports torch, so only where torch is importable)."""
-    if meta.get("describe"):
-        return meta["describe"]
-    try:
-        from tilecore.bench.suites import SUITES
-    except Exception:  # no torch here: the plot goes without the description
-        return None
-    s = SUITES.get(suite)
-    return s.describe if s is not None else None
+    """What the suite measures, as its JSON records it (the harness writes the suite's description
+    into the meta; older JSONs plot without one). Not from the suites' registry: the suites import the
+    harness, which imports this module."""
+    return meta.get("describe") or None
 
 
 def suite_jsons(paths: list[Path]) -> list[Path]:
