@@ -88,6 +88,46 @@ def slice_transform(x, h_ptr, M_PAD: tl.constexpr, Q: tl.constexpr, P: tl.conste
     return z
 
 
+# H_m wider than this many sub-rows is applied in chunks of its columns (the mixing product's K): as one
+# operand, H_256 alone took 128 KiB of shared memory and the kernel 344-418 KiB (ptxas, sm_90a), past
+# the H100's 227 (experiments/hadamard/compile_kernels.py)
+K_CHUNK: tl.constexpr = tl.constexpr(64)
+
+
+@triton.jit
+def _load_sub_rows(x, signs, tile, t, rows, stride_x, K0, M: tl.constexpr, P: tl.constexpr, Q: tl.constexpr,
+                   CHUNKS: tl.constexpr, KB: tl.constexpr, SIGNS: tl.constexpr):
+    """Sub-rows K0 .. K0 + KB - 1 of slice t of one row (B == 1): [KB, Q], zeros out of bounds."""
+    q = tl.arange(0, Q)
+    i = K0 + tl.arange(0, KB)
+    row = tl.zeros([KB], tl.int64) + tile // CHUNKS
+    col2 = i[:, None] * P + ((tile % CHUNKS) * Q + t * Q + q)[None, :]
+    mask = (row[:, None] < rows) & (i[:, None] < M) & (q[None, :] < P)
+    v = tl.load(x + row[:, None] * stride_x + col2, mask=mask, other=0.0)
+    if SIGNS:
+        v = (v.to(tl.float32) * tl.load(signs + col2, mask=mask, other=0.0).to(tl.float32)).to(v.dtype)
+    return v
+
+
+@triton.jit
+def _chunked_mix(x, h_ptr, signs, tile, t, rows, stride_x, M: tl.constexpr, M_PAD: tl.constexpr,
+                 P: tl.constexpr, Q: tl.constexpr, CHUNKS: tl.constexpr, SIGNS: tl.constexpr,
+                 IN_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr):
+    """H_m X_t for one row (B == 1) with M_PAD > K_CHUNK: sum over column blocks of H of H[:, k] X_t[k],
+    each product exact as the whole one is; [M_PAD, Q] float32."""
+    i = tl.arange(0, M_PAD)
+    acc = tl.zeros([M_PAD, Q], tl.float32)
+    for kb in tl.static_range(M_PAD // K_CHUNK):
+        v = _load_sub_rows(x, signs, tile, t, rows, stride_x, kb * K_CHUNK, M, P, Q, CHUNKS, K_CHUNK, SIGNS)
+        k = kb * K_CHUNK + tl.arange(0, K_CHUNK)
+        h = tl.load(h_ptr + i[:, None] * M_PAD + k[None, :])
+        if IN_PIECES == 1:
+            acc = tl.dot(h.to(MMA_DTYPE), v.to(MMA_DTYPE), acc, out_dtype=tl.float32)
+        else:
+            acc += _split_dot(h.to(PIECE_DTYPE), v.to(tl.float32), False, IN_PIECES, PIECE_DTYPE)
+    return acc
+
+
 @triton.jit
 def load_slice_transform(x, h_ptr, signs, tile, t, rows, stride_x, M: tl.constexpr, M_PAD: tl.constexpr,
                          P: tl.constexpr, Q: tl.constexpr, B: tl.constexpr, CHUNKS: tl.constexpr,
@@ -96,6 +136,12 @@ def load_slice_transform(x, h_ptr, signs, tile, t, rows, stride_x, M: tl.constex
                          MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr):
     """Slice t of ``tile`` loaded (zeros out of bounds; times ``signs`` along the row where SIGNS: exact,
     +-1) and transformed: [B M_PAD, Q] float32."""
+    if MIX == 1 and M_PAD > K_CHUNK:  # (plans give B == 1 there)
+        y = _chunked_mix(x, h_ptr, signs, tile, t, rows, stride_x, M, M_PAD, P, Q, CHUNKS, SIGNS, IN_PIECES,
+                         MMA_DTYPE, PIECE_DTYPE)
+        if TRANSFORM:
+            return _split_dot(y, sylvester_tile(Q, Q, P, PIECE_DTYPE), True, MID_PIECES, PIECE_DTYPE)
+        return y
     offs, mask, col = slice_offsets(tile, t, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS)
     v = tl.load(x + offs, mask=mask, other=0.0)
     if SIGNS:

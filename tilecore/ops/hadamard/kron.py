@@ -50,26 +50,36 @@ def slices(p: int) -> tuple[int, int]:
 
 def kron_plan(x: torch.Tensor, m: int, p: int, **tuning) -> KronPlan:
     """The plan of out[r] = scale * (H_m (x) H_p) x[r] for 2-D ``x`` (rows, m p), unit stride along the
-    row. ``tuning``: overrides of the fused kernel's num_warps, waves, or force="two-pass"."""
+    row. ``tuning``: overrides of the fused kernel's num_warps, waves, tile_elems, or force="two-pass"."""
     rows = x.shape[0]
     if dispatch.backend_for(x.device) == "reference":
         return KronPlan("cpu", m, p, config=dict(rows=max(1, configs.CPU_CHUNK_ELEMS // (m * p))))
     interpret = dispatch.interpreted(x.device)
     sms = configs.INTERPRETER_SMS if interpret else dispatch.num_sms(x.device)
+    return kernel_plan(rows, m, p, x.dtype, sms, interpret, **tuning)
+
+
+def kernel_plan(rows: int, m: int, p: int, dtype: torch.dtype, sms: int, interpret: bool = False, **tuning) -> KronPlan:
+    """kron_plan's kernel paths for ``rows`` rows on a GPU of ``sms`` SMs (a function of its arguments
+    alone: experiments/hadamard/compile_kernels.py compiles its configurations without a GPU)."""
+    x_dtype = dtype
     m_pad = next_power_of_2(m)
     qs = slices(p)
     fused = qs is not None and m_pad * qs[0] * qs[1] <= configs.KRON_MAX_TILE_ELEMS and tuning.get("force") != "two-pass"
-    common = dict(M=m, M_PAD=m_pad, P=p, MIX=1, **_dtypes(x.dtype, interpret))
+    common = dict(M=m, M_PAD=m_pad, P=p, MIX=1, **_dtypes(x_dtype, interpret))
     if fused:
         Q, S = qs
         # rows a tile: up to KRON_TILE_ELEMS elements (a batched product for the mixing); one where
         # M_PAD >= 64 (the power-of-two kernel measured batched products of 64+ rows 2-15x slower)
         B = 1 if m_pad >= 64 else max(1, min(tuning.get("tile_elems") or configs.KRON_TILE_ELEMS,
                                              configs.KRON_MAX_TILE_ELEMS) // (m_pad * Q * S))
-        warps = tuning.get("num_warps") or (8 if B * m_pad * Q * S >= 8192 else 4)
+        elems = B * m_pad * Q * S  # float32 values a program holds: 16 warps at 32768 (8 spilled there)
+        warps = tuning.get("num_warps") or (16 if elems >= 32768 else 8 if elems >= 8192 else 4)
         grid = max(1, min(cdiv(rows, B), sms * (tuning.get("waves") or configs.KRON_WAVES)))
         return KronPlan("fused", m, p, grid=(grid,), config=dict(
-            common, Q=Q, S=S, B=B, CHUNKS=1, TRANSFORM=p > 1, GRID=grid, num_warps=warps, num_stages=2))
+            common, Q=Q, S=S, B=B, CHUNKS=1, TRANSFORM=p > 1, GRID=grid, num_warps=warps,
+            # two stages multi-buffer the chunked mixing's loads: 338-434 KiB of shared memory at M_PAD 256
+            num_stages=tuning.get("num_stages") or (1 if m_pad > 64 else 2)))
     Q = min(p, configs.KRON_CHUNK_COLUMNS)
     chunks = p // Q
     grid = max(1, min(rows * chunks, sms * configs.KRON_WAVES))

@@ -58,6 +58,14 @@ def plan_quantize(x: torch.Tensor, fmt: str, group: int | None, block: int | Non
     if dispatch.backend_for(x.device) == "reference":
         return QuantizePlan("cpu")
     interpret = dispatch.interpreted(x.device)
+    sms = configs.INTERPRETER_SMS if interpret else dispatch.num_sms(x.device)
+    return kernel_plan(rows, n, x.dtype, fmt, group, block, rotate, static, signs, sms, interpret, **tuning)
+
+
+def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None, block: int | None,
+                rotate: bool, static: bool, signs: bool, sms: int, interpret: bool = False, **tuning) -> QuantizePlan:
+    """plan_quantize's kernel paths on a GPU of ``sms`` SMs (a function of its arguments alone:
+    experiments/hadamard/compile_kernels.py compiles its configurations without a GPU)."""
     f = FORMATS[fmt]
     if rotate and block is None:
         m, p = orders.split(n)
@@ -92,13 +100,14 @@ def plan_quantize(x: torch.Tensor, fmt: str, group: int | None, block: int | Non
     if (mix or transform) and B * m_pad < 16:
         B = 16 // m_pad  # a tensor-core tile needs 16 rows
     B = next_power_of_2(B) if B & (B - 1) else B
-    sms = configs.INTERPRETER_SMS if interpret else dispatch.num_sms(x.device)
     grid = max(1, min(cdiv(rows, B), sms * (tuning.get("waves") or configs.KRON_WAVES)))
-    warps = tuning.get("num_warps") or (8 if B * m_pad * Q * S >= 8192 else 4)
+    elems = B * m_pad * Q * S  # float32 values a program holds: 16 warps at 32768 (8 spilled there)
+    warps = tuning.get("num_warps") or (16 if elems >= 32768 else 8 if elems >= 8192 else 4)
     return QuantizePlan("fused", grid=(grid,), rscale=rscale, config=dict(
         M=M, M_PAD=m_pad, P=P, Q=Q, S=S, B=B, MIX=mix, TRANSFORM=transform, BUTTERFLY=butterfly, SIGNS=signs,
         FORMAT=f.kernel_id, GROUP=mode, G=group or 1, SPG=spg, STATIC=static and fmt in FP8_DTYPES,
-        PACKED=f.packed, QMAX=f.qmax, GRID=grid, num_warps=warps, num_stages=2, **kron._dtypes(x.dtype, interpret)))
+        PACKED=f.packed, QMAX=f.qmax, GRID=grid, num_warps=warps, **kron._dtypes(dtype, interpret),
+        num_stages=tuning.get("num_stages") or (1 if m_pad > 64 and mix else 2)))  # as kron.kernel_plan
 
 
 def _kernel():
