@@ -264,16 +264,18 @@ def test_tilecore_kernels_compile_with_the_users_ptxas(monkeypatch):
 
     from tilecore.tiles import launch
 
+    from tilecore import dispatch
+
     inductor = os.path.join(os.path.dirname(torch.__file__), "bin", "ptxas")
-    assert launch._inductor_ptxas(inductor)
-    monkeypatch.setattr(launch, "_USER_PTXAS", None)
+    assert dispatch.inductor_ptxas(inductor)
+    monkeypatch.setattr(dispatch, "_USER_PTXAS", None)
     monkeypatch.setenv("TRITON_PTXAS_PATH", inductor)
     run = launch.with_pinned_ptxas(lambda self, *a, **k: (os.environ.get("TRITON_PTXAS_PATH"), a, k))
     ours, theirs = types.SimpleNamespace(__module__="tilecore.ops.x"), types.SimpleNamespace(__module__="user")
     assert run(ours, 1, grid=(1,)) == (None, (1,), {"grid": (1,)})
     assert os.environ["TRITON_PTXAS_PATH"] == inductor
     assert run(theirs)[0] == inductor
-    monkeypatch.setattr(launch, "_USER_PTXAS", "/opt/my/ptxas")
+    monkeypatch.setattr(dispatch, "_USER_PTXAS", "/opt/my/ptxas")
     assert run(ours)[0] == "/opt/my/ptxas" and os.environ["TRITON_PTXAS_PATH"] == inductor
     from triton.runtime.jit import JITFunction
     assert getattr(JITFunction.run, "_tilecore_ptxas", False)  # installed on import

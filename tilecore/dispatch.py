@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import os
 import sys
+import threading
 import warnings
 from typing import Callable, Literal
 
@@ -55,9 +56,10 @@ def backend_for(device: torch.device) -> Backend:
     """Which implementation serves tensors on ``device``. A GPU the kernels cannot serve (an NVIDIA GPU
     older than compute capability 8.0) raises a RuntimeError saying so (:func:`gpu_problem`)."""
     if device.type == "cuda":
-        problem = _gpu_problem(device.index if device.index is not None else torch.cuda.current_device())
-        if problem is not None:
-            raise RuntimeError(problem)
+        if torch.cuda.is_available():  # (a CPU-only torch still names CUDA devices: compiled kernels)
+            problem = _gpu_problem(device.index if device.index is not None else torch.cuda.current_device())
+            if problem is not None:
+                raise RuntimeError(problem)
         return "kernel"
     if device.type == "cpu":
         return "kernel" if interpreter_enabled() else "reference"
@@ -408,6 +410,47 @@ def on_device(device: torch.device | None):
             and device.index != torch.cuda.current_device():
         return torch.cuda.device(device)
     return contextlib.nullcontext()
+
+
+# TRITON_PTXAS_PATH as the user set it (None: Triton's own ptxas). Not torch's bundled ptxas, which
+# Inductor sets in the process when it compiles a kernel (torch/_inductor/runtime/compile_tasks.py):
+# that is Inductor's choice, not the user's (tiles.launch.pin_ptxas)
+_USER_PTXAS = os.environ.get("TRITON_PTXAS_PATH")
+_PTXAS_LOCK = threading.Lock()
+
+
+def inductor_ptxas(path: str | None) -> bool:
+    """Whether ``path`` is torch's bundled ptxas (what torch.compile sets TRITON_PTXAS_PATH to)."""
+    return path is not None and os.path.normpath(path) == os.path.normpath(
+        os.path.join(os.path.dirname(torch.__file__), "bin", "ptxas"))
+
+
+if inductor_ptxas(_USER_PTXAS):
+    _USER_PTXAS = None
+
+
+def ptxas_is_users() -> bool:
+    """Whether TRITON_PTXAS_PATH is now what the user set before importing tilecore."""
+    return os.environ.get("TRITON_PTXAS_PATH") == _USER_PTXAS
+
+
+@contextlib.contextmanager
+def users_ptxas():
+    """Within: TRITON_PTXAS_PATH as the user set it (unset: Triton's own ptxas), under a lock, and
+    put back as it was after."""
+    with _PTXAS_LOCK:
+        current = os.environ.get("TRITON_PTXAS_PATH")
+        if _USER_PTXAS is None:
+            os.environ.pop("TRITON_PTXAS_PATH", None)
+        else:
+            os.environ["TRITON_PTXAS_PATH"] = _USER_PTXAS
+        try:
+            yield
+        finally:
+            if current is None:
+                os.environ.pop("TRITON_PTXAS_PATH", None)
+            else:
+                os.environ["TRITON_PTXAS_PATH"] = current
 
 
 @functools.lru_cache(maxsize=None)

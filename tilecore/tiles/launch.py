@@ -17,7 +17,6 @@ import collections
 import dataclasses
 import functools
 import inspect
-import os
 import threading
 
 import torch
@@ -465,22 +464,6 @@ def serialize_interpreter() -> None:
 serialize_interpreter()
 
 
-# TRITON_PTXAS_PATH as the user set it (None: Triton's own ptxas). Not torch's bundled ptxas, which
-# Inductor sets in the process when it compiles a kernel (torch/_inductor/runtime/compile_tasks.py):
-# that is Inductor's choice, not the user's
-_USER_PTXAS = os.environ.get("TRITON_PTXAS_PATH")
-_PTXAS_LOCK = threading.Lock()
-
-
-def _inductor_ptxas(path: str | None) -> bool:
-    return path is not None and os.path.normpath(path) == os.path.normpath(
-        os.path.join(os.path.dirname(torch.__file__), "bin", "ptxas"))
-
-
-if _inductor_ptxas(_USER_PTXAS):
-    _USER_PTXAS = None
-
-
 def pin_ptxas() -> None:
     """Compile tilecore's kernels with the ptxas their configurations were measured with: Triton's
     own, or the one the user named in TRITON_PTXAS_PATH before importing tilecore (installed on import).
@@ -501,22 +484,14 @@ def pin_ptxas() -> None:
 
 def with_pinned_ptxas(run):
     """``run`` (JITFunction.run) that, for a kernel of a tilecore module, runs with TRITON_PTXAS_PATH
-    set back to the user's value (pin_ptxas)."""
+    set back to the user's value (pin_ptxas; dispatch.users_ptxas)."""
 
     @functools.wraps(run)
     def run_with_pinned_ptxas(self, *args, **kwargs):
-        current = os.environ.get("TRITON_PTXAS_PATH")
-        if current == _USER_PTXAS or not getattr(self, "__module__", "").startswith("tilecore."):
+        if dispatch.ptxas_is_users() or not getattr(self, "__module__", "").startswith("tilecore."):
             return run(self, *args, **kwargs)
-        with _PTXAS_LOCK:
-            if _USER_PTXAS is None:
-                del os.environ["TRITON_PTXAS_PATH"]
-            else:
-                os.environ["TRITON_PTXAS_PATH"] = _USER_PTXAS
-            try:
-                return run(self, *args, **kwargs)
-            finally:
-                os.environ["TRITON_PTXAS_PATH"] = current
+        with dispatch.users_ptxas():
+            return run(self, *args, **kwargs)
 
     run_with_pinned_ptxas._tilecore_ptxas = True
     return run_with_pinned_ptxas
