@@ -321,7 +321,9 @@ def main(argv=None) -> int:
     ap.add_argument("-j", type=int, default=1, help="targets compiled at once, a process each")
     ap.add_argument("--json", help="write the rows to this file")
     a = ap.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes", "y"):
+    from tilecore import dispatch
+
+    if dispatch.interpreter_enabled():
         print("tilecore.portability compiles kernels: run it with TRITON_INTERPRET unset", file=sys.stderr)
         return 2
     from tilecore import dispatch
