@@ -196,6 +196,18 @@ def test_nan_and_inf_reach_their_row_or_block():
     assert (codes[1, :16] == 0).all()
 
 
+def test_inf_in_a_non_power_of_two_row_matches_the_reference():
+    """Padded sub-rows and columns (zero rows of H_m, zero columns of H_Q) would give 0 x inf = NaN: they
+    stay out of the amax, so the scale is inf as the reference's."""
+    x = torch.randn(3, 12 * 8, dtype=torch.float16)
+    x[1, 4] = float("inf")
+    for fmt in ("fp8_e4m3", "int8"):
+        codes, scales = hadamard_quantize(x, format=fmt)
+        ref_codes, ref_scales = hadamard_quantize_reference(x, format=fmt)
+        assert torch.equal(torch.isinf(scales), torch.isinf(ref_scales)) and torch.isinf(scales[1]).all()
+        assert torch.equal(torch.isnan(scales), torch.isnan(ref_scales))
+
+
 def test_empty_and_leading_dimensions():
     codes, scales = hadamard_quantize(torch.randn(2, 0, 64, dtype=torch.float16), format="int8")
     assert codes.shape == (2, 0, 64) and scales.shape == (2, 0, 1)

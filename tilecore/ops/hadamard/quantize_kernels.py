@@ -275,6 +275,17 @@ def _slice_groups(codes, scales, gscale, tile, t, y, rows, stride_codes, stride_
 
 
 @triton.jit
+def _valid_only(y, M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr, Q: tl.constexpr, B: tl.constexpr):
+    """y with padded sub-rows (i >= M) and columns (q >= P) set to 0: there the zero rows of H_m and
+    columns of H_Q give 0 x NaN = NaN for a row holding inf or NaN, which must not reach the amax."""
+    if M_PAD > M or Q > P:
+        i = tl.arange(0, B * M_PAD) % M_PAD
+        q = tl.arange(0, Q)
+        y = tl.where((i[:, None] < M) & (q[None, :] < P), y, 0.0)
+    return y
+
+
+@triton.jit
 def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, stride_x, stride_codes,
                            stride_scales, rscale,
                            M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr, Q: tl.constexpr, S: tl.constexpr,
@@ -289,8 +300,8 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
     tiles = tl.cdiv(rows, B)
     run_max = tl.zeros([B * M_PAD], tl.float32)
     for tile in range(tl.program_id(0), tiles, GRID):
-        t0 = load_slice_transform(x, h, signs, tile, 0, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX, TRANSFORM,
-                                  SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale
+        t0 = _valid_only(load_slice_transform(x, h, signs, tile, 0, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX, TRANSFORM,
+                                  SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale, M, M_PAD, P, Q, B)
         o1 = t0
         o2 = t0
         o3 = t0
@@ -300,8 +311,8 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
         o7 = t0
         o0 = t0
         if S > 1:
-            t1 = load_slice_transform(x, h, signs, tile, 1, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX, TRANSFORM,
-                                      SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale
+            t1 = _valid_only(load_slice_transform(x, h, signs, tile, 1, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX, TRANSFORM,
+                                      SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale, M, M_PAD, P, Q, B)
             if S == 2:
                 if BUTTERFLY:
                     o0 = t0 + t1
@@ -309,24 +320,24 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
                 else:
                     o1 = t1
             else:
-                t2 = load_slice_transform(x, h, signs, tile, 2, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale
-                t3 = load_slice_transform(x, h, signs, tile, 3, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale
+                t2 = _valid_only(load_slice_transform(x, h, signs, tile, 2, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
+                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale, M, M_PAD, P, Q, B)
+                t3 = _valid_only(load_slice_transform(x, h, signs, tile, 3, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
+                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale, M, M_PAD, P, Q, B)
                 if BUTTERFLY:
                     a0, a1, a2, a3 = butterfly4(t0, t1, t2, t3)
                 else:
                     a0, a1, a2, a3 = t0, t1, t2, t3
                 o0, o1, o2, o3 = a0, a1, a2, a3
                 if S == 8:
-                    t4 = load_slice_transform(x, h, signs, tile, 4, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale
-                    t5 = load_slice_transform(x, h, signs, tile, 5, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale
-                    t6 = load_slice_transform(x, h, signs, tile, 6, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale
-                    t7 = load_slice_transform(x, h, signs, tile, 7, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale
+                    t4 = _valid_only(load_slice_transform(x, h, signs, tile, 4, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale, M, M_PAD, P, Q, B)
+                    t5 = _valid_only(load_slice_transform(x, h, signs, tile, 5, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale, M, M_PAD, P, Q, B)
+                    t6 = _valid_only(load_slice_transform(x, h, signs, tile, 6, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale, M, M_PAD, P, Q, B)
+                    t7 = _valid_only(load_slice_transform(x, h, signs, tile, 7, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale, M, M_PAD, P, Q, B)
                     if BUTTERFLY:
                         b0, b1, b2, b3 = butterfly4(t4, t5, t6, t7)
                         o0, o1, o2, o3 = a0 + b0, a1 + b1, a2 + b2, a3 + b3
