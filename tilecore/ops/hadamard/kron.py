@@ -59,6 +59,7 @@ def kron_plan(x: torch.Tensor, m: int, p: int, **tuning) -> KronPlan:
     return kernel_plan(rows, m, p, x.dtype, sms, interpret, **tuning)
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of its arguments: planned once per call signature
 def kernel_plan(rows: int, m: int, p: int, dtype: torch.dtype, sms: int, interpret: bool = False, **tuning) -> KronPlan:
     """kron_plan's kernel paths for ``rows`` rows on a GPU of ``sms`` SMs (a function of its arguments
     alone: experiments/hadamard/compile_kernels.py compiles its configurations without a GPU)."""

@@ -15,6 +15,7 @@ tensor's largest |y| (each program writes its own, no atomics), then the quantiz
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -62,6 +63,7 @@ def plan_quantize(x: torch.Tensor, fmt: str, group: int | None, block: int | Non
     return kernel_plan(rows, n, x.dtype, fmt, group, block, rotate, static, signs, sms, interpret, **tuning)
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of its arguments: planned once per call signature
 def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None, block: int | None,
                 rotate: bool, static: bool, signs: bool, sms: int, interpret: bool = False, **tuning) -> QuantizePlan:
     """plan_quantize's kernel paths on a GPU of ``sms`` SMs (a function of its arguments alone:
