@@ -39,24 +39,33 @@ class Case:
 def hadamard_cases(quick: bool) -> list[Case]:
     import torch
 
-    from tilecore.ops.hadamard import configs, launch, plan
+    from tilecore.ops.hadamard import configs, op, orders, plan
+
+    def case(n, rows, dtype, quick):
+        def run(device):
+            x = torch.empty(rows, n, dtype=dtype, device=device)
+            out = torch.empty_like(x)
+            op._transform_into(x, out, 1.0)  # as hadamard_transform: the power-of-two plan, or kron.py's
+            return plan.plan(x, out) if orders.split(n)[0] == 1 else "kron"
+        return Case("hadamard", f"{str(dtype)[6:]} n={n} rows={rows}", run, quick=quick)
 
     cases = []
-    dtypes = (torch.bfloat16, torch.float32) if quick else (torch.bfloat16, torch.float16, torch.float32)
-    for dtype in dtypes:
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for n in sorted(configs.SPLITS):
-            # 2^24 elements: the size the TMA and Gluon paths take (TMA_MIN_ELEMENTS), and few rows
-            # (the pointer path wherever the large one is not)
-            for rows in sorted({max(1, configs.TMA_MIN_ELEMENTS // n), 64}):
-                def run(device, n=n, rows=rows, dtype=dtype):
-                    x = torch.empty(rows, n, dtype=dtype, device=device)
-                    out = torch.empty_like(x)
-                    p = plan.plan(x, out)
-                    launch.launch(p, x, out, 1.0)
-                    return p
-                # float32 from n = 16384: 2-5 minutes a compile for sm_80..sm_89 on a CI core: not in quick
-                cases.append(Case("hadamard", f"{str(dtype)[6:]} n={n} rows={rows}", run,
-                                  quick=not (dtype == torch.float32 and n >= 16384)))
+            # 2^24 elements: the size the TMA and Gluon paths take (TMA_MIN_ELEMENTS), and 16 rows
+            # fewer: the pointer path (the same grid and divisibility, so one compile where the paths
+            # agree). quick: bfloat16 (float16's kernels ask the same shared memory) at each n a
+            # SHARED_FITS row names and the largest, float32 at 8192 (at most 50 KiB up to n = 8192 on
+            # sm_80; from 16384, 2-8 minutes a compile for sm_80..sm_120a on one core)
+            quick = n in ((8, 16, 64, 128, 256, 2048, 8192, 32768) if dtype == torch.bfloat16 else
+                          (8192,) if dtype == torch.float32 else ())
+            large = configs.TMA_MIN_ELEMENTS // n
+            for rows in sorted({large, max(1, large - 16)}):
+                cases.append(case(n, rows, dtype, quick))
+        # n = m x 2^k (kron.py): fused with several rows a tile, fused with one (M_PAD 256: Qwen2's
+        # 18944), and in two passes (the mixing, then the power-of-two plan)
+        for m, p in ((12, 16), (28, 64), (20, 1024), (148, 128), (172, 4096)):
+            cases.append(case(m * p, 4096, dtype, dtype == torch.bfloat16 and m in (12, 148)))
     return cases
 
 
@@ -85,7 +94,10 @@ def gemm_cases(quick: bool) -> list[Case]:
                     launch.launch(p, a, b, bias_t, scales)
                     return p
                 name = f"{'fp8 row scales' if fp8 else str(dtype)[6:]} {shape_name}{' bias' if bias else ''}"
-                cases.append(Case("gemm", name, run, quick=dtype != torch.float16 and shape_name != "1024x1024x16384"))
+                # quick: the tl kernel on each operand type, and N = 8 (the tl kernel on Hopper too)
+                quick = not bias and (shape_name == "4096^3" and dtype != torch.float16
+                                      or shape_name == "N=8 (tl)" and dtype == torch.bfloat16)
+                cases.append(Case("gemm", name, run, quick=quick))
     return cases
 
 
@@ -102,7 +114,7 @@ def attention_cases(quick: bool) -> list[Case]:
             for shape_name, (B, Hq, Hkv, N, Nk) in shapes.items():
                 for causal in (True, False):
                     def run(device, B=B, Hq=Hq, Hkv=Hkv, N=N, Nk=Nk, d=d, causal=causal, dtype=dtype,
-                            decode=shape_name == "decode"):
+                            decode=shape_name == "decode", backward=not (quick and d == 64)):
                         q = torch.empty(B, Hq, N, d, dtype=dtype, device=device)
                         k = torch.empty(B, Hkv, Nk, d, dtype=dtype, device=device)
                         v = torch.empty_like(k)
@@ -111,18 +123,22 @@ def attention_cases(quick: bool) -> list[Case]:
                         out = torch.empty_like(q)
                         lse = torch.empty(B, Hq, N, device=device)
                         launch.forward(p, q, k, v, out, lse, causal, scale)
-                        if decode:
+                        if decode or not backward:  # quick: D64's backward has D128's configuration
                             return p
                         pb = plan.plan_backward(out, q, k, v, causal, scale)
                         launch.backward(pb, out, q, k, v, out, lse, None, torch.empty_like(q), torch.empty_like(k),
                                         torch.empty_like(v), causal, scale)
                         return p, pb
                     cases.append(Case("attention", f"{str(dtype)[6:]} d{d} {shape_name}{' causal' if causal else ''}",
-                                      run, quick=dtype == torch.bfloat16 and (causal or shape_name == "decode")))
+                                      run, quick=dtype == torch.bfloat16 and causal))
     return cases
 
 
 CASES = {"hadamard": hadamard_cases, "gemm": gemm_cases, "attention": attention_cases}
+# --quick: the ops compiled for each target. sm_89, sm_120a and gfx942 ask the shared memory sm_86
+# and gfx90a ask, kernel for kernel (the full sweep, notes/portability.md): only what differs there,
+# the GEMM on e4m3 itself (sm_89, sm_120a) and on its float16 upcasts (gfx942)
+QUICK_OPS = {"sm_89": ("gemm",), "sm_120a": ("gemm",), "gfx942": ("gemm",)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,6 +246,8 @@ def sweep_target(target_name: str, ops: list[str], quick: bool, compile_gluon: b
     gpu_target = target.gpu_target()
     rows, compiled = [], {}
     for op in ops:
+        if quick and op not in QUICK_OPS.get(target_name, CASES):
+            continue
         for case in CASES[op](quick):
             if quick and not case.quick:
                 continue
@@ -335,7 +353,7 @@ def main(argv=None) -> int:
         return 2
     ops = [o for o in a.ops.split(",") if o] or list(CASES)
     start = time.perf_counter()
-    jobs = [(t, ops, a.quick, a.gluon) for t in targets]
+    jobs = [(t, [op], a.quick, a.gluon) for t in targets for op in ops]  # a process each, -j at once
     if a.j > 1 and len(jobs) > 1:
         import concurrent.futures
         import multiprocessing
@@ -347,7 +365,7 @@ def main(argv=None) -> int:
     rows = [r for rs in per_target for r in rs]
     seconds = time.perf_counter() - start
     print(table(rows))
-    compiles = sum(1 for r in rows if "seconds" in r)
+    compiles = sum(1 for r in rows if "seconds" in r and not r.get("repeat"))
     print(f"{len(rows)} launches, {compiles} compiles, {len(targets)} targets in {seconds:.0f} s")
     if a.json:
         with open(a.json, "w") as f:
