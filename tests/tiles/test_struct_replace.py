@@ -1,4 +1,4 @@
-"""tiles.gluon's ``struct.replace`` (a copy with some fields replaced) and ``@stage`` (a struct of
+"""tiles.gluon's ``struct.replace`` (a copy with some fields replaced) and ``@stage_struct`` (a struct of
 rings whose ``index(s)`` is written for it), compiled for sm_90a on this GPU-less machine: a toy
 kernel uses both and compiles, and replacing a field the struct lacks fails naming its fields."""
 import os
@@ -13,11 +13,11 @@ import sys
 import torch
 from triton.experimental import gluon
 from tilecore.tiles.compile import compile_kernel
-from tilecore.tiles.gluon import stage, struct
+from tilecore.tiles.gluon import stage_struct, struct
 from tilecore.tiles.gluon.compat import gl
 
 
-@stage
+@stage_struct
 class Pair:
     a: object
     b: object

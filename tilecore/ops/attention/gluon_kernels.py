@@ -27,12 +27,12 @@ from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.gluon import (Layout, TileOperand, as_column, mask_scores, needs_mask, online_softmax_result,
-                                  online_softmax_start, online_softmax_update, opaque_int, ring, run, stage,
+                                  online_softmax_start, online_softmax_update, opaque_int, ring, run, stage_struct,
                                   store_block, store_rows, struct, wgmma_layout, wgmma_lhs_layout)
 from tilecore.tiles.schedule import head_grouped_tile
 
 
-@stage
+@stage_struct
 class KV:
     """One stage: a block of keys and a block of values."""
     k: object  # [1, 1, BN, D]

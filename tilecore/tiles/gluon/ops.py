@@ -184,9 +184,11 @@ def online_softmax_update(m_i, l_i, s, scale_log2e):
     applies it to an accumulator; here the caller does, in the accumulator's layout, when it is
     done with the tensor cores). As the twin: m starts at -inf and masked scores are -inf; while a
     row's max is still -inf the shift is 0 (exp2(-inf - -inf) would be NaN), so such a row keeps
-    l = 0 and P = 0; a NaN or +inf score makes its row's P and l NaN."""
+    l = 0 and P = 0; a NaN or +inf score makes its row's P and l NaN. So does a finite score whose
+    scaled value overflows (m = +inf): the shift is then NaN, since exp2_scaled's FMA keeps s * c
+    exact and would give exp2(s * c - inf) = 0, where the twin's rounded s * c gives inf - inf."""
     m_new = gl.maximum(m_i, row_max(s) * scale_log2e)
-    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))
     p = exp2_scaled(s, scale_log2e, m_ref)
     alpha = gl.exp2(m_i - m_ref)
     return m_new, l_i * alpha + row_sum(p), p, alpha

@@ -86,7 +86,7 @@ def struct(cls):
     return aggregate(cls)
 
 
-def stage(cls):
+def stage_struct(cls):
     """A stage of the ring: a ``struct`` whose fields are the stage's named buffers, each a ring of
     shared-memory buffers (``ring``), with ``index(s)``: the stage of ring slot s (every field's
     buffer s) written for it."""
