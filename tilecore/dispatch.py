@@ -56,8 +56,11 @@ def backend_for(device: torch.device) -> Backend:
     """Which implementation serves tensors on ``device``. A GPU the kernels cannot serve (an NVIDIA GPU
     older than compute capability 8.0) raises a RuntimeError saying so (:func:`gpu_problem`)."""
     if device.type == "cuda":
-        if torch.cuda.is_available():  # (a CPU-only torch still names CUDA devices: compiled kernels)
-            problem = _gpu_problem(device.index if device.index is not None else torch.cuda.current_device())
+        index = device.index
+        if index is None and torch.cuda.is_available():  # (a CPU-only torch still names "cuda": kernels)
+            index = torch.cuda.current_device()
+        if index is not None:
+            problem = _gpu_problem(index)
             if problem is not None:
                 raise RuntimeError(problem)
         return "kernel"
