@@ -76,7 +76,7 @@ def gemm_cases(quick: bool) -> list[Case]:
 
     cases = []
     shapes = {"4096^3": (4096, 4096, 4096), "K=128": (4096, 4096, 128), "1024x1024x16384": (1024, 1024, 16384),
-              "N=8 (tl)": (4096, 8, 4096)}
+              "N=100": (4096, 100, 4096)}  # rows of 200 bytes: the tl kernel on Hopper too
     for dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
         for shape_name, (M, N, K) in shapes.items():
             for bias in (False, True):
@@ -94,9 +94,9 @@ def gemm_cases(quick: bool) -> list[Case]:
                     launch.launch(p, a, b, bias_t, scales)
                     return p
                 name = f"{'fp8 row scales' if fp8 else str(dtype)[6:]} {shape_name}{' bias' if bias else ''}"
-                # quick: the tl kernel on each operand type, and N = 8 (the tl kernel on Hopper too)
+                # quick: the tl kernel on each operand type, and N = 100 (the tl kernel on Hopper too)
                 quick = not bias and (shape_name == "4096^3" and dtype != torch.float16
-                                      or shape_name == "N=8 (tl)" and dtype == torch.bfloat16)
+                                      or shape_name == "N=100" and dtype == torch.bfloat16)
                 cases.append(Case("gemm", name, run, quick=quick))
     return cases
 
@@ -134,7 +134,50 @@ def attention_cases(quick: bool) -> list[Case]:
     return cases
 
 
-CASES = {"hadamard": hadamard_cases, "gemm": gemm_cases, "attention": attention_cases}
+def norm_cases(quick: bool) -> list[Case]:
+    """layer_norm's forward and backward (residual, dropout, LayerNorm and RMSNorm): the full sweep only."""
+    import torch
+
+    from tilecore.ops.norm import launch, op
+    from tilecore.ops.norm.plan import plan
+
+    cases = []
+    for n in (1024, 8192, 65536):
+        for rms in (False, True):
+            def run(device, n=n, rms=rms):
+                rows, dtype = 4096, torch.bfloat16
+                x, res = (torch.empty(rows, n, dtype=dtype, device=device) for _ in range(2))
+                w = torch.empty(n, dtype=dtype, device=device)
+                seed = torch.empty(1, dtype=torch.int64, device=device)
+                y, h, mean, rstd = op._forward_impl(x, w, None if rms else w, res, seed, 0.1, 1e-5, rms, True)
+                launch.backward(plan(rows, n, device), y, x, res, h, w, None if rms else w, mean, rstd, seed, None,
+                                0.1, rms, torch.bfloat16, torch.bfloat16, False)
+                return "tl"
+            cases.append(Case("norm", f"bfloat16 n={n} {'rms' if rms else 'layer'} residual dropout", run, quick=False))
+    return cases
+
+
+def rotary_cases(quick: bool) -> list[Case]:
+    """apply_rotary, both layouts, partial rotary dims: the full sweep only."""
+    import torch
+
+    from tilecore.ops.rotary import op
+
+    cases = []
+    for d, pairs in ((128, 64), (128, 32), (256, 128)):
+        for interleaved in (False, True):
+            def run(device, d=d, pairs=pairs, interleaved=interleaved):
+                x = torch.empty(4, 4096, 32, d, dtype=torch.bfloat16, device=device)
+                cos = torch.empty(4096, pairs, dtype=torch.float32, device=device)
+                op._rotate_into(x, cos, cos, None, torch.empty_like(x), interleaved, False)
+                return "tl"
+            cases.append(Case("rotary", f"bfloat16 D{d} pairs {pairs}{' interleaved' if interleaved else ''}", run,
+                              quick=False))
+    return cases
+
+
+CASES = {"hadamard": hadamard_cases, "gemm": gemm_cases, "attention": attention_cases, "norm": norm_cases,
+         "rotary": rotary_cases}
 # --quick: the ops compiled for each target. sm_89, sm_120a and gfx942 ask the shared memory sm_86
 # and gfx90a ask, kernel for kernel (the full sweep, notes/portability.md): only what differs there,
 # the GEMM on e4m3 itself (sm_89, sm_120a) and on its float16 upcasts (gfx942)

@@ -21,19 +21,6 @@ GLUON_KERNELS = {"gemm.gluon_kernels.gemm_kernel", "hadamard.gluon_kernels.hadam
                  "attention.gluon_kernels.attention_fwd_kernel", "attention.gluon_backward.attention_bwd_kernel"}
 
 
-# Launches found not to fit, with why; owned by their op, kept out of the test that every launch fits and
-# asserted by test_known_misfits (strict xfail: it fails once they fit, to be removed from here then)
-KNOWN_MISFITS = {
-    ("hadamard.kernels_kron.kron_kernel", "M_PAD=256"):
-        "kron.py with M_PAD = 256 (m = 140, 148, 156, 172: Qwen2's 18944 = 148 x 128) asks 208 KiB on sm_80, "
-        "408 on sm_90a (of 227: OutOfResources on the H100 too), 194 on gfx90a; issue 32's path, not yet run on a GPU",
-}
-
-
-def known_misfit(row) -> bool:
-    return any(row.get("kernel") == kernel and text in row.get("config", "") for kernel, text in KNOWN_MISFITS)
-
-
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("portability") / "sweep.json"
@@ -47,18 +34,10 @@ def sweep(tmp_path_factory):
 
 def test_every_kernel_compiles_and_fits(sweep):
     rows, run = sweep
-    failed = [r for r in rows if ("error" in r or ("fits" in r and not r["fits"])) and not known_misfit(r)]
+    failed = [r for r in rows if "error" in r or ("fits" in r and not r["fits"])]
     assert not failed, "\n".join(f"{r['target']} {r['case']} {r['kernel']}: {r.get('error') or r['shared']}"
                                  for r in failed)
-    assert run.returncode == 0 or any(known_misfit(r) for r in rows), run.stderr[-3000:]
-
-
-@pytest.mark.xfail(strict=True, reason="; ".join(KNOWN_MISFITS.values()))
-def test_known_misfits(sweep):
-    rows, _ = sweep
-    misfits = [r for r in rows if known_misfit(r) and not r.get("fits", False)]
-    assert not misfits, "\n".join(f"{r['target']} {r['case']}: {r.get('shared', 0) // 1024} KiB of "
-                                   f"{r['limit'] // 1024}" for r in misfits)
+    assert run.returncode == 0, run.stderr[-3000:]
 
 
 def test_every_target_gets_a_path(sweep):
