@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import os
 import sys
 import time
 
@@ -389,8 +388,6 @@ def main(argv=None) -> int:
     if dispatch.interpreter_enabled():
         print("tilecore.portability compiles kernels: run it with TRITON_INTERPRET unset", file=sys.stderr)
         return 2
-    from tilecore import dispatch
-
     targets = [t for t in a.targets.split(",") if t] or list(dispatch.TARGETS)
     unknown = [t for t in targets if t not in dispatch.TARGETS]
     if unknown:
