@@ -15,6 +15,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.norm import launch
 from tilecore.ops.norm.plan import plan
+from tilecore.tiles import eager
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SEED_HIGH = 2**62  # seeds are drawn from [0, 2^62)
@@ -105,14 +106,20 @@ def _(x, weight, bias, residual, seed, dropout_p, eps, rms, store_h):
             x.new_empty((0 if rms else rows,), dtype=torch.float32), x.new_empty((rows,), dtype=torch.float32))
 
 
+def _backward_impl(dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, dropout_p, rms, x_dtype, h_dtype,
+                   store_dres):
+    return launch.backward(plan(dy.shape[0], dy.shape[1], dy.device), dy, x, residual, h, weight, bias, mean, rstd,
+                           seed, dh_out, dropout_p, rms, x_dtype, h_dtype, store_dres)
+
+
 @torch.library.custom_op("tilecore::layer_norm_backward", mutates_args=())
 def _backward_op(dy: torch.Tensor, x: Optional[torch.Tensor], residual: Optional[torch.Tensor],
                  h: Optional[torch.Tensor], weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
                  mean: torch.Tensor, rstd: torch.Tensor, seed: Optional[torch.Tensor], dh_out: Optional[torch.Tensor],
                  dropout_p: float, rms: bool, x_dtype: torch.dtype, h_dtype: torch.dtype,
                  store_dres: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return launch.backward(plan(dy.shape[0], dy.shape[1], dy.device), dy, x, residual, h, weight, bias, mean, rstd,
-                           seed, dh_out, dropout_p, rms, x_dtype, h_dtype, store_dres)
+    return _backward_impl(dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, dropout_p, rms, x_dtype,
+                          h_dtype, store_dres)
 
 
 @_backward_op.register_fake
@@ -141,8 +148,8 @@ def _backward(ctx, dy, dh_out, _dmean, _drstd):
     dy = _rows(dy, ctx.shape[1])
     dh_out = None if dh_out is None or h is None else _rows(dh_out, ctx.shape[1])
     store_dres = ctx.has_residual and (seed is not None or ctx.h_dtype != ctx.x_dtype)
-    dx, dres, dw, db = _backward_op(dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, ctx.dropout_p,
-                                    ctx.rms, ctx.x_dtype, ctx.h_dtype, store_dres)
+    dx, dres, dw, db = eager.backward_call(_backward_op, _backward_impl, dy, x, residual, h, weight, bias, mean, rstd,
+                                           seed, dh_out, ctx.dropout_p, ctx.rms, ctx.x_dtype, ctx.h_dtype, store_dres)
     # without dropout and in one dtype, dresidual is dx itself (as flash-attn's layer_norm_fn returns it)
     dresidual = (dres if store_dres else dx) if ctx.has_residual else None
     return (dx, dw if weight is not None else None, db if bias is not None else None, dresidual,
@@ -150,6 +157,8 @@ def _backward(ctx, dy, dh_out, _dmean, _drstd):
 
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
+# eager calls that record a gradient: the same autograd without the custom op's host time
+_LayerNormFunction = eager.eager_autograd("_LayerNormFunction", _forward_impl, _setup_context, _backward)
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,10 +197,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     seed = draw_seed(generator, x.device) if dropout_p > 0 else None
     store_h = bool(prenorm) and (residual is not None or seed is not None)
     args = (x2, weight, bias, res2, seed, dropout_p, eps, bool(rms), store_h)
-    if dispatch.plain_eager(x2, weight, bias, res2):
-        y, h, _, _ = _forward_impl(*args)
-    else:
-        y, h, _, _ = _forward_op(*args)
+    y, h, _, _ = eager.run(_forward_op, _forward_impl, _LayerNormFunction, *args, tensors=(x2, weight, bias, res2))
     y = y.view(x.shape)
     if not prenorm:
         return y

@@ -8,6 +8,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.rotary import launch
 from tilecore.ops.rotary.plan import plan
+from tilecore.tiles import eager
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 POSITION_DTYPES = (torch.int32, torch.int64)
@@ -101,10 +102,15 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad):
     # a rotation's transpose is the rotation by the opposite angle
     cos, sin, pos = ctx.saved_tensors
-    return _rotary_op(grad, cos, sin, pos, ctx.interleaved, not ctx.conjugate), None, None, None, None, None
+    if grad is None:  # the output unused (the eager Function passes None)
+        return None, None, None, None, None, None
+    dx = eager.backward_call(_rotary_op, _rotary_impl, grad, cos, sin, pos, ctx.interleaved, not ctx.conjugate)
+    return dx, None, None, None, None, None
 
 
 _rotary_op.register_autograd(_backward, setup_context=_setup_context)
+# eager calls that record a gradient: the same autograd without the custom op's host time
+_RotaryFunction = eager.eager_autograd("_RotaryFunction", _rotary_impl, _setup_context, _backward)
 
 
 @torch.library.custom_op("tilecore::apply_rotary_", mutates_args=("x",))
@@ -149,6 +155,4 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inter
         else:
             _rotary_inplace_op(x, cos, sin, pos, interleaved, False)
         return x
-    if dispatch.plain_eager(x, cos, sin, pos):
-        return _rotary_impl(x, cos, sin, pos, interleaved, False)
-    return _rotary_op(x, cos, sin, pos, interleaved, False)
+    return eager.run(_rotary_op, _rotary_impl, _RotaryFunction, x, cos, sin, pos, interleaved, False)
