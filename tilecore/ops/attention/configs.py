@@ -15,7 +15,9 @@ def forward_config(d: int, interpret: bool) -> dict:
         return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
     if d <= 128:  # 128 x 64 with 8 warps: as fast without a mask, 13% slower with one (session 1)
         return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
-    return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+    if d <= 256:
+        return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+    return dict(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=1)  # past 256 (planned: decode takes it); untimed
 
 
 def backward_config(d: int, interpret: bool) -> dict:
@@ -24,7 +26,10 @@ def backward_config(d: int, interpret: bool) -> dict:
         return dict(BLOCK_M=16, BLOCK_N=32)
     if d <= 128:  # 1.4-2.1x the 8-warp and 128-wide variants tried (notes/attention, session 1)
         return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
-    return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+    if d <= 256:
+        return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+    # MLA's 576 / 512 (a 1024-wide padded tile): untimed, correctness first (issue 35)
+    return dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1)
 
 
 # GPUs whose blocks get less shared memory than the tl configurations above ask for there: (bytes a
@@ -76,7 +81,16 @@ def decode_config(d: int, interpret: bool) -> dict:
         return dict(BLOCK_N=128, num_warps=4, num_stages=4)
     if d <= 128:  # 128 keys a step: B 64 x 4096 keys 1.01x copy against 64's 0.93x
         return dict(BLOCK_N=128, num_warps=4, num_stages=3)
-    return dict(BLOCK_N=64, num_warps=4, num_stages=3)  # 0.89-1.00x copy, against 32 x 2's 0.64-0.92x
+    if d <= DECODE_WHOLE_HEAD_DIM:
+        return dict(BLOCK_N=64, num_warps=4, num_stages=3)  # 0.89-1.00x copy, against 32 x 2's 0.64-0.92x
+    # MLA decode (576 / 512): Q K^T by 64-column chunks, 32 rows x 512 float32 accumulator over 8 warps
+    # (64 registers a thread); untimed (issue 35: experiments/attention/gpu_features.py times it)
+    return dict(BLOCK_N=32, num_warps=8, num_stages=2)
+
+
+DECODE_WHOLE_HEAD_DIM = 256  # head dims up to this are held whole; past it (MLA's 576) Q K^T by chunks
+DECODE_HEAD_DIM_CHUNK = 64  # the chunk: 576 = 9 x 64
+DECODE_MAX_ROWS_LARGE_DV = 32  # rows a tile when v's head dim is past 256 (the accumulator's registers)
 
 
 # --------------------------------------------------------------------------------------------

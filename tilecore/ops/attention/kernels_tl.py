@@ -2,13 +2,23 @@
 written with tilecore.tiles' tile ops: the query-block forward, the split-key (decode) forward and
 its merge, and the backward's preprocess, dK/dV and dQ.
 
-Layout: q (B, Hq, N, D), k and v (B, Hkv, Nk, D), any strides; the outputs are contiguous. q head h
-reads kv head h // (Hq // Hkv). Batch and head offsets are 64-bit (B * H * N * D can pass 2^31).
+Layout: q (B, Hq, N, D), k (B, Hkv, Nk, D) and v (B, Hkv, Nk, DV), any strides (DV may differ from
+D: MLA); the outputs are contiguous. q head h reads kv head h // (Hq // Hkv). Batch and head offsets
+are 64-bit (B * H * N * D can pass 2^31).
 
 Masks, all by construction (the interpreter does not catch out-of-bounds loads):
 * bounds: query rows < N, key rows < Nk, head-dim columns < D (D is padded to a power of two
   >= 16 inside the kernel, the padding loads as 0 and so adds nothing to q k^T);
-* causal, aligned to the bottom right: query i sees key j <= i + (Nk - N).
+* causal, aligned to the bottom right: query i sees key j <= i + (Nk - N);
+* WINDOW (a sliding window, flash-attn's window_size): query i sees keys
+  i + shift - left <= j <= i + shift + right (shift = Nk - N; an unbounded side comes in as
+  max(N, Nk), past any distance). CAUSAL and WINDOW are never both set (the plan folds causal into
+  the window). The loops visit only the key (or query) blocks that some row's window touches
+  (key_range, query_range): time goes with the window, not with N.
+
+SOFTCAP: the base-2 score is cap log2(e) tanh(q.k scale / cap) (``scale_log2e`` carries
+cap log2(e), ``tanh_scale`` scale / cap); tanh is computed from exp2 (tanh_from_exp2: libdevice does
+not run in the interpreter), stable for any |x|. Its gradient is dS (1 - tanh^2).
 
 Scores are kept in base 2: s = q k^T * scale * log2(e), so every exponential is one ``exp2``, and
 are scaled before they are masked, so a negative scale cannot turn the -inf fill into +inf. The
@@ -30,8 +40,8 @@ import triton
 import triton.language as tl
 
 from tilecore.tiles.launch import cdiv, next_power_of_2
-from tilecore.tiles.ops import (LOG2E_IN_KERNEL, block_ptrs, bounds_mask, causal_mask, col_max, col_sum,
-                                mask_scores, masked, mma, mma_abt, online_softmax_update, row_sum)
+from tilecore.tiles.ops import (LOG2E_IN_KERNEL, block_ptrs, bounds_mask, col_max, col_sum, mma, mma_abt,
+                                online_softmax_update, row_sum)
 
 
 def block_d(d: int) -> int:
@@ -68,13 +78,78 @@ def _rows(base, b, h, start_m, N, D, sb, sh, sn, sd, BLOCK_M: tl.constexpr, BLOC
 
 
 @triton.jit
-def _keys_seen(start_m, N, Nk, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
-    """How many leading keys the query rows [start_m, start_m + BLOCK_M) attend to: all Nk, or when
-    causal (query i sees keys j <= i + Nk - N) up to the block's last row; <= 0 when they see none."""
+def key_range(first_query, last_query, N, Nk, left, right, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+              WINDOW: tl.constexpr):
+    """[lo, hi): the keys some query of first_query..last_query attends to, lo rounded down to a
+    block of BLOCK_N (hi <= lo: none). Causal: up to the last row's diagonal; WINDOW: from the first
+    row's left edge to the last row's right edge."""
+    shift = Nk - N
+    lo = 0
+    hi = Nk
     if CAUSAL:
-        return tl.minimum(Nk, start_m + BLOCK_M + (Nk - N))
+        hi = tl.minimum(Nk, last_query + shift + 1)
+    if WINDOW:
+        lo = (tl.maximum(first_query + shift - left, 0) // BLOCK_N) * BLOCK_N
+        hi = tl.minimum(Nk, last_query + shift + right + 1)
+    return lo, hi
+
+
+@triton.jit
+def query_range(first_key, last_key, N, Nk, left, right, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr,
+                WINDOW: tl.constexpr):
+    """[lo, hi): the queries that attend to some key of first_key..last_key, lo rounded down to a
+    block of BLOCK_M (the transpose of key_range)."""
+    shift = Nk - N
+    lo = 0
+    hi = N
+    if CAUSAL:
+        lo = (tl.maximum(first_key - shift, 0) // BLOCK_M) * BLOCK_M
+    if WINDOW:
+        lo = (tl.maximum(first_key - shift - right, 0) // BLOCK_M) * BLOCK_M
+        hi = tl.minimum(N, last_key - shift + left + 1)
+    return lo, hi
+
+
+@triton.jit
+def tanh_from_exp2(x):
+    """tanh(x) = sign(x) (1 - e) / (1 + e) with e = exp(-2 |x|) in (0, 1]: no overflow for any |x|
+    (tanh(+-inf) = +-1), NaN stays NaN; absolute error ~1e-7 near 0, which is what a score needs."""
+    e = tl.exp2(tl.abs(x) * (-2.0 * LOG2E_IN_KERNEL))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def scores_base2(qk, scale_log2e, tanh_scale, SOFTCAP: tl.constexpr):
+    """Base-2 scores of the raw products q.k: qk scale log2(e), or under SOFTCAP
+    cap log2(e) tanh(qk scale / cap) (scale_log2e then carries cap log2(e))."""
+    if SOFTCAP:
+        return tanh_from_exp2(qk * tanh_scale) * scale_log2e
     else:
-        return Nk
+        return qk * scale_log2e
+
+
+@triton.jit
+def softcap_slope(s, scale_log2e, SOFTCAP: tl.constexpr):
+    """d s / d(scaled q.k) of base-2 scores s: 1 - tanh^2 under SOFTCAP (tanh = s / (cap log2 e);
+    a masked -inf score's slope is irrelevant, its p is 0: taken as 0), else 1."""
+    if SOFTCAP:
+        t = s / scale_log2e
+        return tl.where(s == float("-inf"), 0.0, 1.0 - t * t)
+    else:
+        return 1.0
+
+
+@triton.jit
+def mask_keys(s, queries, keys, shift, key_end, left, right, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+    """s with -inf where the key is past key_end or outside the query's window (``queries`` and
+    ``keys`` broadcast to s's shape: [m, 1] and [1, n], or transposed)."""
+    ok = keys < key_end
+    if CAUSAL:
+        ok = ok & (keys <= queries + shift)
+    if WINDOW:
+        ok = ok & (keys <= queries + (shift + right)) & (keys >= queries + (shift - left))
+    return tl.where(ok, s, float("-inf"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -82,29 +157,36 @@ def _keys_seen(start_m, N, Nk, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def key_block(k_base, v_base, start_n, offs_n0, offs_d, d_ok, key_end, skn, skd, svn, svd):
-    """Keys start_n + offs_n0 of one head: K and V rows (zeros from key_end on and past D), and that
-    mask (64-bit offsets: tiles.ops.block_ptrs)."""
-    kv_ok = (start_n + offs_n0[:, None] < key_end) & d_ok[None, :]
-    k = tl.load(block_ptrs(k_base, start_n, offs_n0, offs_d, skn, skd), mask=kv_ok, other=0.0)
-    v = tl.load(block_ptrs(v_base, start_n, offs_n0, offs_d, svn, svd), mask=kv_ok, other=0.0)
-    return k, v, kv_ok
+def key_rows(base, start_n, offs_n0, offs_d, d_ok, key_end, sn, sd):
+    """Rows start_n + offs_n0 of one head's K or V (zeros from key_end on and past the head dim),
+    and that mask (64-bit offsets: tiles.ops.block_ptrs)."""
+    ok = (start_n + offs_n0[:, None] < key_end) & d_ok[None, :]
+    return tl.load(block_ptrs(base, start_n, offs_n0, offs_d, sn, sd), mask=ok, other=0.0), ok
 
 
 @triton.jit
-def attend_keys(q, k_base, v_base, start_n, offs_n0, offs_d, d_ok, key_end, skn, skd, svn, svd, query, shift,
-                m_i, l_i, acc, scale_log2e, CAUSAL: tl.constexpr):
-    """Fold keys start_n + offs_n0 (those before key_end) into the rows' running (max, sum, output):
-    S = Q K^T, masked (causal: query i sees keys j <= i + shift; ``query`` is each row's query, which
-    the split-key kernel's packed rows do not number consecutively), online softmax, O += P V."""
-    k, v, _ = key_block(k_base, v_base, start_n, offs_n0, offs_d, d_ok, key_end, skn, skd, svn, svd)
-    offs_n = start_n + offs_n0
-    s = mma_abt(q, k, tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32)) * scale_log2e
-    s = masked(s, offs_n[None, :] < key_end, float("-inf"))
-    if CAUSAL:
-        s = causal_mask(s, query + shift, offs_n, float("-inf"))
+def fold_keys(qk, v, offs_n, key_end, query, shift, left, right, m_i, l_i, acc, scale_log2e, tanh_scale,
+              CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
+    """Fold the raw products qk = Q K^T of keys ``offs_n`` (those before key_end; V rows ``v``) into
+    the rows' running (max, sum, output): scores (capped), masked (``query`` is each row's query,
+    which the split-key kernel's packed rows do not number consecutively), online softmax, O += P V."""
+    s = scores_base2(qk, scale_log2e, tanh_scale, SOFTCAP)
+    s = mask_keys(s, query[:, None], offs_n[None, :], shift, key_end, left, right, CAUSAL,
+                  WINDOW)
     m_i, l_i, acc, p = online_softmax_update(m_i, l_i, acc, s, 1.0)
     return m_i, l_i, mma(p.to(v.dtype), v, acc)
+
+
+@triton.jit
+def attend_keys(q, k_base, v_base, start_n, offs_n0, offs_d, d_ok, offs_dv, dv_ok, key_end, skn, skd, svn, svd,
+                query, shift, left, right, m_i, l_i, acc, scale_log2e, tanh_scale,
+                CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
+    """fold_keys of keys start_n + offs_n0, loaded here (K's columns offs_d, V's offs_dv)."""
+    k, _ = key_rows(k_base, start_n, offs_n0, offs_d, d_ok, key_end, skn, skd)
+    v, _ = key_rows(v_base, start_n, offs_n0, offs_dv, dv_ok, key_end, svn, svd)
+    qk = mma_abt(q, k, tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32))
+    return fold_keys(qk, v, start_n + offs_n0, key_end, query, shift, left, right, m_i, l_i, acc, scale_log2e,
+                     tanh_scale, CAUSAL, WINDOW, SOFTCAP)
 
 
 @triton.jit
@@ -123,13 +205,17 @@ def normalized(m_i, l_i, acc):
 @triton.jit
 def attn_fwd(Q, K, V, O, LSE,
              sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
-             H, N, Nk, D, GROUP, scale_log2e,
-             CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One program per (batch * q head, block of queries): its rows' O and lse over every key."""
+             H, N, Nk, D, DV, GROUP, left, right, scale_log2e, tanh_scale,
+             CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """One program per (batch * q head, block of queries): its rows' O (BLOCK_M x DV) and lse over
+    the keys their windows reach (key_range)."""
     bh, b, h, hk, start_m, offs_m = _query_block(H, N, GROUP, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_ok = offs_dv < DV
 
     q_ptrs, q_ok = _rows(Q, b, h, start_m, N, D, sqb, sqh, sqn, sqd, BLOCK_M, BLOCK_D)
     q = tl.load(q_ptrs, mask=q_ok, other=0.0)
@@ -138,16 +224,17 @@ def attn_fwd(Q, K, V, O, LSE,
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
-    shift = Nk - N  # causal: query i sees keys j <= i + shift
-    hi = _keys_seen(start_m, N, Nk, BLOCK_M, CAUSAL)
-    for start_n in range(0, hi, BLOCK_N):
-        m_i, l_i, acc = attend_keys(q, k_base, v_base, start_n, offs_n0, offs_d, d_ok, Nk, skn, skd, svn, svd,
-                                    offs_m, shift, m_i, l_i, acc, scale_log2e, CAUSAL)
+    shift = Nk - N  # query i sits at key position i + shift
+    lo, hi = key_range(start_m, start_m + BLOCK_M - 1, N, Nk, left, right, BLOCK_N, CAUSAL, WINDOW)
+    for start_n in range(lo, hi, BLOCK_N):
+        m_i, l_i, acc = attend_keys(q, k_base, v_base, start_n, offs_n0, offs_d, d_ok, offs_dv, dv_ok, Nk, skn, skd,
+                                    svn, svd, offs_m, shift, left, right, m_i, l_i, acc, scale_log2e, tanh_scale,
+                                    CAUSAL, WINDOW, SOFTCAP)
     out, lse2 = normalized(m_i, l_i, acc)
     lse = lse2 / LOG2E_IN_KERNEL
-    o_ptrs, o_ok = _rows(O, b, h, start_m, N, D, sob, soh, son, sod, BLOCK_M, BLOCK_D)
+    o_ptrs, o_ok = _rows(O, b, h, start_m, N, DV, sob, soh, son, sod, BLOCK_M, BLOCK_DV)
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_ok)
     tl.store(LSE + bh.to(tl.int64) * N + offs_m, lse, mask=offs_m < N)
 
@@ -159,15 +246,18 @@ def attn_fwd(Q, K, V, O, LSE,
 @triton.jit
 def attn_fwd_split_keys(Q, K, V, O, LSE, O_PART, LSE_PART,
                         sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                        Hkv, N, Nk, D, GROUP, keys_per_split, scale_log2e,
-                        CAUSAL: tl.constexpr, MERGED: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                        Hkv, N, Nk, D, DV, GROUP, keys_per_split, left, right, scale_log2e, tanh_scale,
+                        CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, MERGED: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_DV: tl.constexpr, BLOCK_DK: tl.constexpr):
     """Program (batch * kv head, split, row block): the attention over the split's keys of every
     (query, q head) row of the kv head, packed query-major (row r is query r // GROUP of q head
     hk * GROUP + r % GROUP: one pass over K and V serves the whole group; batch * kv head on the
     grid's first axis, the one that takes more than 65535 programs). MERGED (one split): write O and
     lse; else this split's float32 O, normalized over its own keys, and base-2 lse to the parts
-    (attn_merge_splits combines them; a row that sees none of the split's keys gets lse -inf)."""
+    (attn_merge_splits combines them; a row that sees none of the split's keys gets lse -inf).
+    BLOCK_DK < BLOCK_D (large head dims, MLA's 576): Q K^T summed over chunks of BLOCK_DK columns,
+    Q's chunks reloaded each key block (L1/L2) instead of held (a 64 x 1024 tile would spill)."""
     bhk = tl.program_id(0)
     split = tl.program_id(1)
     b = (bhk // Hkv).to(tl.int64)
@@ -176,37 +266,54 @@ def attn_fwd_split_keys(Q, K, V, O, LSE, O_PART, LSE_PART,
     row_ok = rows < N * GROUP
     query = rows // GROUP
     head = hk * GROUP + rows % GROUP
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    q = tl.load(Q + b * sqb + head[:, None] * sqh + query.to(tl.int64)[:, None] * sqn + offs_d[None, :] * sqd,
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_ok = offs_dv < DV
+    q_rows = Q + b * sqb + head[:, None] * sqh + query.to(tl.int64)[:, None] * sqn  # [BLOCK_M, 1] pointers
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
     lo = split * keys_per_split
     end = tl.minimum(lo + keys_per_split, Nk)  # the split's keys: [lo, end)
-    shift = Nk - N  # causal: query i sees keys j <= i + shift
-    hi = end
-    if CAUSAL:  # no key past what the tile's last query sees
-        last_query = tl.minimum((tl.program_id(2) * BLOCK_M + BLOCK_M - 1) // GROUP, N - 1)
-        hi = tl.minimum(end, last_query + shift + 1)
+    shift = Nk - N  # query i sits at key position i + shift
+    first_query = (tl.program_id(2) * BLOCK_M) // GROUP
+    last_query = tl.minimum((tl.program_id(2) * BLOCK_M + BLOCK_M - 1) // GROUP, N - 1)
+    seen_lo, seen_hi = key_range(first_query, last_query, N, Nk, left, right, BLOCK_N, CAUSAL, WINDOW)
+    hi = tl.minimum(end, seen_hi)  # no key past what the tile's rows see
     offs_n0 = tl.arange(0, BLOCK_N)
-    for start_n in range(lo, hi, BLOCK_N):
-        m_i, l_i, acc = attend_keys(q, k_base, v_base, start_n, offs_n0, offs_d, d_ok, end, skn, skd, svn, svd,
-                                    query, shift, m_i, l_i, acc, scale_log2e, CAUSAL)
+    if BLOCK_DK == BLOCK_D:
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        q = tl.load(q_rows + offs_d[None, :] * sqd, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        for start_n in range(tl.maximum(lo, seen_lo), hi, BLOCK_N):
+            m_i, l_i, acc = attend_keys(q, k_base, v_base, start_n, offs_n0, offs_d, d_ok, offs_dv, dv_ok, end,
+                                        skn, skd, svn, svd, query, shift, left, right, m_i, l_i, acc, scale_log2e,
+                                        tanh_scale, CAUSAL, WINDOW, SOFTCAP)
+    else:
+        offs_c0 = tl.arange(0, BLOCK_DK)
+        for start_n in range(tl.maximum(lo, seen_lo), hi, BLOCK_N):
+            qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for c in range(0, D, BLOCK_DK):  # Q K^T by column chunks
+                offs_c = c + offs_c0
+                q_c = tl.load(q_rows + offs_c[None, :] * sqd, mask=row_ok[:, None] & (offs_c < D)[None, :],
+                              other=0.0)
+                k_c, _ = key_rows(k_base, start_n, offs_n0, offs_c, offs_c < D, end, skn, skd)
+                qk = mma_abt(q_c, k_c, qk)
+            v, _ = key_rows(v_base, start_n, offs_n0, offs_dv, dv_ok, end, svn, svd)
+            m_i, l_i, acc = fold_keys(qk, v, start_n + offs_n0, end, query, shift, left, right, m_i, l_i, acc,
+                                      scale_log2e, tanh_scale, CAUSAL, WINDOW, SOFTCAP)
     out, lse2 = normalized(m_i, l_i, acc)
     row = (b * Hkv * GROUP + head) * N + query  # (batch, q head, query) in O's and LSE's row order
-    ok = row_ok[:, None] & d_ok[None, :]
+    ok = row_ok[:, None] & dv_ok[None, :]
     if MERGED:
-        tl.store(O + row[:, None] * D + offs_d[None, :], out.to(O.dtype.element_ty), mask=ok)
+        tl.store(O + row[:, None] * DV + offs_dv[None, :], out.to(O.dtype.element_ty), mask=ok)
         tl.store(LSE + row, lse2 / LOG2E_IN_KERNEL, mask=row_ok)
     else:
         part = split.to(tl.int64) * (tl.num_programs(0) * N * GROUP) + row  # (split, row)
-        tl.store(O_PART + part[:, None] * D + offs_d[None, :], out, mask=ok)
+        tl.store(O_PART + part[:, None] * DV + offs_dv[None, :], out, mask=ok)
         tl.store(LSE_PART + part, lse2, mask=row_ok)
 
 
@@ -278,14 +385,16 @@ def _row_max_log2(LSE, row, ok):
 
 
 @triton.jit
-def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
+def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT,
                   sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdn, sdd,
-                  sgb, sgh, sgn, sgd,
-                  H, HKV, N, Nk, D, GROUP, scale, scale_log2e,
-                  CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One program per (batch * kv head, block of keys): sums dk, dv over every query block of
-    every q head in the kv head's group (no atomics), computing the transposed tiles directly.
-    Query rows past N load as zeros (Q, dO, lse and delta): whatever their p, they add 0."""
+                  sgb, sgh, sgn, sgd, svgb, svgh, svgn, svgd,
+                  H, HKV, N, Nk, D, DV, GROUP, left, right, scale, scale_log2e, tanh_scale,
+                  CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """One program per (batch * kv head, block of keys): sums dk, dv over the query blocks that
+    see the keys (query_range) of every q head in the kv head's group (no atomics), computing the
+    transposed tiles directly. Query rows past N load as zeros (Q, dO, lse and delta): whatever
+    their p, they add 0."""
     # (batch * kv heads, key blocks) on the grid's axes: a 1-D grid with a kv head's blocks
     # consecutive, as the query-block kernels have, spilled 52-80 B at D128 (notes/attention, session 22)
     bhk = tl.program_id(0)
@@ -294,57 +403,65 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
     hk = (bhk % HKV).to(tl.int64)
     start_n = pid_n * BLOCK_N
     offs_m0 = tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_n = start_n + offs_n0
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    k, v, kv_ok = key_block(K + b * skb + hk * skh, V + b * svb + hk * svh, start_n, tl.arange(0, BLOCK_N), offs_d,
-                            d_ok, Nk, skn, skd, svn, svd)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_ok = offs_dv < DV
+    k, k_ok = key_rows(K + b * skb + hk * skh, start_n, offs_n0, offs_d, d_ok, Nk, skn, skd)
+    v, v_ok = key_rows(V + b * svb + hk * svh, start_n, offs_n0, offs_dv, dv_ok, Nk, svn, svd)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
-    lo = 0
-    if CAUSAL:
-        # the first query that sees key start_n is start_n - (Nk - N); start at its block
-        lo = (tl.maximum(start_n - (Nk - N), 0) // BLOCK_M) * BLOCK_M
+    shift = Nk - N
+    lo, hi = query_range(start_n, start_n + BLOCK_N - 1, N, Nk, left, right, BLOCK_M, CAUSAL, WINDOW)
     for g in range(0, GROUP):
         h = hk * GROUP + g
         row_base = (b * H + h) * N
-        for start_m in range(lo, N, BLOCK_M):
+        for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + offs_m0
             q_ptrs, q_ok = _rows(Q, b, h, start_m, N, D, sqb, sqh, sqn, sqd, BLOCK_M, BLOCK_D)
-            do_ptrs, _ = _rows(DO, b, h, start_m, N, D, sdb, sdh, sdn, sdd, BLOCK_M, BLOCK_D)
+            do_ptrs, do_ok = _rows(DO, b, h, start_m, N, DV, sdb, sdh, sdn, sdd, BLOCK_M, BLOCK_DV)
             q = tl.load(q_ptrs, mask=q_ok, other=0.0)
-            do = tl.load(do_ptrs, mask=q_ok, other=0.0)
+            do = tl.load(do_ptrs, mask=do_ok, other=0.0)
             m2 = _row_max_log2(LSE, row_base + offs_m, offs_m < N)
             delta = tl.load(DELTA + row_base + offs_m, mask=offs_m < N, other=0.0)
-            s_t = mma_abt(k, q, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)) * scale_log2e
-            s_t = mask_scores(s_t, start_m, start_n, N, Nk, CAUSAL, KEY_AXIS=0)
+            s_t = scores_base2(mma_abt(k, q, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)), scale_log2e,
+                               tanh_scale, SOFTCAP)
+            s_t = mask_keys(s_t, offs_m[None, :], offs_n[:, None], shift, Nk, left, right,
+                            CAUSAL, WINDOW)
             p_t = tl.exp2(s_t - m2[None, :])
             dv = mma(p_t.to(do.dtype), do, dv)
             dp_t = mma_abt(v, do, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32))
-            ds_t = p_t * (dp_t - delta[None, :])
+            ds_t = p_t * (dp_t - delta[None, :]) * softcap_slope(s_t, scale_log2e, SOFTCAP)
             dk = mma(ds_t.to(q.dtype), q, dk)
 
     dk_ptrs, _ = _rows(DK, b, hk, start_n, Nk, D, sgb, sgh, sgn, sgd, BLOCK_N, BLOCK_D)
-    dv_ptrs, _ = _rows(DV, b, hk, start_n, Nk, D, sgb, sgh, sgn, sgd, BLOCK_N, BLOCK_D)
-    tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=kv_ok)
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_ok)
+    dv_ptrs, _ = _rows(DV_OUT, b, hk, start_n, Nk, DV, svgb, svgh, svgn, svgd, BLOCK_N, BLOCK_DV)
+    tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=k_ok)
+    tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=v_ok)
 
 
 @triton.jit
 def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
                 sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdn, sdd,
                 sgb, sgh, sgn, sgd,
-                H, N, Nk, D, GROUP, scale, scale_log2e,
-                CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One program per (batch * q head, block of queries): dq = scale * sum over keys of dS k."""
+                H, N, Nk, D, DV, GROUP, left, right, scale, scale_log2e, tanh_scale,
+                CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """One program per (batch * q head, block of queries): dq = scale * sum over the keys its rows
+    see (key_range) of dS k."""
     bh, b, h, hk, start_m, offs_m = _query_block(H, N, GROUP, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_ok = offs_dv < DV
     q_ptrs, q_ok = _rows(Q, b, h, start_m, N, D, sqb, sqh, sqn, sqd, BLOCK_M, BLOCK_D)
-    do_ptrs, _ = _rows(DO, b, h, start_m, N, D, sdb, sdh, sdn, sdd, BLOCK_M, BLOCK_D)
+    do_ptrs, do_ok = _rows(DO, b, h, start_m, N, DV, sdb, sdh, sdn, sdd, BLOCK_M, BLOCK_DV)
     q = tl.load(q_ptrs, mask=q_ok, other=0.0)
-    do = tl.load(do_ptrs, mask=q_ok, other=0.0)
+    do = tl.load(do_ptrs, mask=do_ok, other=0.0)
     row = bh.to(tl.int64) * N + offs_m
     m2 = _row_max_log2(LSE, row, offs_m < N)
     delta = tl.load(DELTA + row, mask=offs_m < N, other=0.0)
@@ -352,14 +469,19 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     v_base = V + b * svb + hk * svh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    hi = _keys_seen(start_m, N, Nk, BLOCK_M, CAUSAL)
-    for start_n in range(0, hi, BLOCK_N):
-        k, v, _ = key_block(k_base, v_base, start_n, offs_n0, offs_d, d_ok, Nk, skn, skd, svn, svd)
-        s = mma_abt(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)) * scale_log2e
-        s = mask_scores(s, start_m, start_n, N, Nk, CAUSAL, KEY_AXIS=1)
+    shift = Nk - N
+    lo, hi = key_range(start_m, start_m + BLOCK_M - 1, N, Nk, left, right, BLOCK_N, CAUSAL, WINDOW)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        k, _ = key_rows(k_base, start_n, offs_n0, offs_d, d_ok, Nk, skn, skd)
+        v, _ = key_rows(v_base, start_n, offs_n0, offs_dv, dv_ok, Nk, svn, svd)
+        s = scores_base2(mma_abt(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)), scale_log2e, tanh_scale,
+                         SOFTCAP)
+        s = mask_keys(s, offs_m[:, None], offs_n[None, :], shift, Nk, left, right, CAUSAL,
+                      WINDOW)
         p = tl.exp2(s - m2[:, None])
         dp = mma_abt(do, v, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32))
-        ds = p * (dp - delta[:, None])
+        ds = p * (dp - delta[:, None]) * softcap_slope(s, scale_log2e, SOFTCAP)
         dq = mma(ds.to(k.dtype), k, dq)
 
     dq_ptrs, _ = _rows(DQ, b, h, start_m, N, D, sgb, sgh, sgn, sgd, BLOCK_M, BLOCK_D)

@@ -2,8 +2,12 @@
 nothing left to decide. ``forward`` and ``backward`` run a plan; ``forward_into`` and
 ``backward_into`` plan and run (what tests and probes call, with plan_forward's and plan_backward's
 options). On the CPU without the interpreter the "sdpa" path calls torch's CPU flash-attention
-kernel (SDPA's, forward and backward, with its lse) and "reference" the float32 math, a block of
-query rows at a time."""
+kernel (SDPA's, forward and backward, with its lse; a sliding window as its float mask) and
+"reference" the float32 math, a block of query rows at a time.
+
+Every pass takes ``window`` (flash-attn's window_size, (left, right), -1 unbounded) and ``softcap``
+(0: off) after ``causal`` and ``scale``; plan.py routes them to the tl, decode, sdpa (window only)
+and reference paths (the Gluon kernels take neither: a Gluon plan with them is refused)."""
 from __future__ import annotations
 
 import functools
@@ -15,7 +19,8 @@ from tilecore import dispatch
 from tilecore.ops.attention import configs, kernels_tl
 from tilecore.ops.attention.kernels_tl import block_d, row_block_grid
 from tilecore.ops.attention.plan import plan_backward, plan_forward
-from tilecore.ops.attention.reference import attention_backward_reference, attention_reference, causal_allowed
+from tilecore.ops.attention.reference import (attention_backward_reference, attention_reference, effective_window,
+                                              window_allowed)
 from tilecore.tiles.launch import CachedLaunch, TmaOperand, cdiv, next_power_of_2, tile_counter, tl_addressable
 from tilecore.tiles.ops import LOG2E
 
@@ -37,6 +42,38 @@ GLUON_BWD = _gluon_kernel("gluon_backward", "attention_bwd_kernel")
 GLUON_DQ = _gluon_kernel("gluon_dq", "attention_dq_kernel")
 
 
+NO_WINDOW = (-1, -1)
+
+
+def mask_options(causal: bool, window, n: int, nk: int) -> tuple[dict, int, int]:
+    """(the tl kernels' CAUSAL and WINDOW constexprs, left, right) of ``causal`` and ``window``: no
+    mask; causal (the window (-1, 0)); or a window whose unbounded side is max(n, nk) (past any
+    key distance: no wrap in 32 bits)."""
+    left, right = effective_window(causal, window)
+    if (left, right) == NO_WINDOW:
+        return dict(CAUSAL=False, WINDOW=False), 0, 0
+    if (left, right) == (-1, 0):
+        return dict(CAUSAL=True, WINDOW=False), 0, 0
+    unbounded = max(n, nk, 1)
+    left = unbounded if left < 0 else min(left, unbounded)
+    right = unbounded if right < 0 else min(right, unbounded)
+    return dict(CAUSAL=False, WINDOW=True), left, right
+
+
+def score_options(scale: float, softcap: float) -> tuple[dict, float, float]:
+    """(SOFTCAP constexpr, scale_log2e, tanh_scale) of the tl kernels' scores (kernels_tl.scores_base2):
+    under a softcap the base-2 score is cap log2(e) tanh(q.k scale / cap)."""
+    if softcap:
+        return dict(SOFTCAP=True), softcap * LOG2E, scale / softcap
+    return dict(SOFTCAP=False), scale * LOG2E, 0.0
+
+
+def _plain(window, softcap, what: str) -> None:
+    if effective_window(False, window) != NO_WINDOW or softcap:
+        raise ValueError(f"the Gluon {what} takes no sliding window and no softcap (plan.py routes them to the tl "
+                         f"kernels); got window_size={tuple(window)}, softcap={softcap}")
+
+
 def run(kernel: CachedLaunch, plan, grid, args: tuple, options: dict):
     """One launch of ``kernel`` for ``plan``: looked up by the plan's launch_key where it has one
     (the signature of the call it was planned for, which determines every argument's specialization
@@ -46,39 +83,45 @@ def run(kernel: CachedLaunch, plan, grid, args: tuple, options: dict):
     return kernel.launch_keyed(plan.launch_key, grid, args, options)
 
 
-def forward(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
-    """out (B, Hq, N, D) and lse (B, Hq, N) float32, both contiguous, of attention(q, k, v) by
+def forward(plan, q, k, v, out, lse, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0) -> None:
+    """out (B, Hq, N, Dv) and lse (B, Hq, N) float32, both contiguous, of attention(q, k, v) by
     ``plan`` (plan_forward's for these inputs)."""
     if plan.operand_dtype is not None:  # exact upcasts in, one rounding out
         q, k, v = (t.to(plan.operand_dtype) for t in (q, k, v))
         result = torch.empty(out.shape, dtype=plan.operand_dtype, device=out.device)
-        _FORWARD[plan.path](plan, q, k, v, result, lse, causal, scale)
+        _FORWARD[plan.path](plan, q, k, v, result, lse, causal, scale, window, softcap)
         out.copy_(result)
         return
-    _FORWARD[plan.path](plan, q, k, v, out, lse, causal, scale)
+    _FORWARD[plan.path](plan, q, k, v, out, lse, causal, scale, window, softcap)
 
 
-def outputs(plan, q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of attention(q, k, v) by ``plan``, allocated here (contiguous; lse float32):
-    the "sdpa" path keeps torch's own results (one copy to the contiguous layout, no buffer besides)."""
+def outputs(plan, q, k, v, causal: bool, scale: float, window=NO_WINDOW,
+            softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of attention(q, k, v) by ``plan``, allocated here (contiguous, (B, Hq, N, Dv); lse
+    float32): the "sdpa" path keeps torch's own results (one copy to the contiguous layout, no
+    buffer besides)."""
     if plan.path == "sdpa":
-        return forward_sdpa(q, k, v, causal, scale)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        return forward_sdpa(q, k, v, causal, scale, window)
+    out = torch.empty((*q.shape[:3], v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    forward(plan, q, k, v, out, lse, causal, scale)
+    forward(plan, q, k, v, out, lse, causal, scale, window, softcap)
     return out, lse
 
 
-def forward_into(q, k, v, out, lse, causal: bool, scale: float, **options) -> None:
-    """forward(plan_forward(q, k, v, causal, scale, **options), ...)."""
-    forward(plan_forward(q, k, v, causal, scale, **options), q, k, v, out, lse, causal, scale)
+def forward_into(q, k, v, out, lse, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0,
+                 **options) -> None:
+    """forward(plan_forward(q, k, v, causal, scale, window=window, softcap=softcap, **options), ...)."""
+    forward(plan_forward(q, k, v, causal, scale, window=window, softcap=softcap, **options), q, k, v, out, lse,
+            causal, scale, window, softcap)
 
 
-def launch_forward_gluon(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
+def launch_forward_gluon(plan, q, k, v, out, lse, causal: bool, scale: float, window=NO_WINDOW,
+                         softcap: float = 0.0) -> None:
     """Hopper's Gluon forward (gluon_kernels.py): ``consumers`` warpgroups (2 or 3, of 4 warps) of
     ``block_m`` query rows each share every K/V stage of ``block_n`` keys; ``q_buffers`` = 2
     loads a tile's Q blocks while the previous tile runs; ``carry`` keeps the pipeline running across
     tiles; ``q_regs`` holds each consumer's Q rows in registers for the tile."""
+    _plain(window, softcap, "forward")
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     cfg = plan.config
@@ -91,21 +134,25 @@ def launch_forward_gluon(plan, q, k, v, out, lse, causal: bool, scale: float) ->
                  CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False), num_warps=4))
 
 
-def launch_forward_tl(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
+def launch_forward_tl(plan, q, k, v, out, lse, causal: bool, scale: float, window=NO_WINDOW,
+                      softcap: float = 0.0) -> None:
     """The tl query-block forward (kernels_tl.attn_fwd)."""
     B, H, N, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
+    Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
     q, k, v = tl_addressable(q), tl_addressable(k), tl_addressable(v)
+    masks, left, right = mask_options(causal, window, N, Nk)
+    scores, scale_log2e, tanh_scale = score_options(scale, softcap)
     run(FWD, plan, plan.grid, (q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-                               H, N, Nk, D, H // Hkv, scale * LOG2E),
-        dict(CAUSAL=causal, BLOCK_D=block_d(D), **plan.config))
+                               H, N, Nk, D, Dv, H // Hkv, left, right, scale_log2e, tanh_scale),
+        dict(**masks, **scores, BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv), **plan.config))
 
 
-def launch_decode(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
+def launch_decode(plan, q, k, v, out, lse, causal: bool, scale: float, window=NO_WINDOW,
+                  softcap: float = 0.0) -> None:
     """The split-key kernel over the plan's key ranges (its grid's second axis), then, with more than
     one, the merge (each range's float32 O and base-2 lse through buffers of their own)."""
     B, Hq, N, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
+    Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
     q, k, v = tl_addressable(q), tl_addressable(k), tl_addressable(v)
     splits = plan.grid[1]
     merged = splits == 1
@@ -113,35 +160,44 @@ def launch_decode(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
     if merged:
         o_part = lse_part = out  # unused
     else:
-        o_part = out.new_empty((splits, rows_total, D), dtype=torch.float32)
+        o_part = out.new_empty((splits, rows_total, Dv), dtype=torch.float32)
         lse_part = lse.new_empty((splits, rows_total))
+    masks, left, right = mask_options(causal, window, N, Nk)
+    scores, scale_log2e, tanh_scale = score_options(scale, softcap)
+    # large head dims (MLA's 576): Q K^T by column chunks (the kernel's BLOCK_DK)
+    block_dk = block_d(D) if D <= configs.DECODE_WHOLE_HEAD_DIM else configs.DECODE_HEAD_DIM_CHUNK
     run(SPLIT_KEYS, plan, plan.grid, (q, k, v, out, lse, o_part, lse_part, *q.stride(), *k.stride(), *v.stride(),
-                                      Hkv, N, Nk, D, Hq // Hkv, plan.sizes["keys_per_split"], scale * LOG2E),
-        dict(CAUSAL=causal, MERGED=merged, BLOCK_D=block_d(D), **plan.config))
+                                      Hkv, N, Nk, D, Dv, Hq // Hkv, plan.sizes["keys_per_split"], left, right,
+                                      scale_log2e, tanh_scale),
+        dict(**masks, **scores, MERGED=merged, BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv), BLOCK_DK=block_dk,
+             **plan.config))
     if not merged:
-        run(MERGE, plan, (rows_total,), (out, lse, o_part, lse_part, rows_total, D, splits),
-            dict(SPLITS=next_power_of_2(splits), BLOCK_D=block_d(D)))
+        run(MERGE, plan, (rows_total,), (out, lse, o_part, lse_part, rows_total, Dv, splits),
+            dict(SPLITS=next_power_of_2(splits), BLOCK_D=block_d(Dv)))
 
 
-def _forward_reference(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
-    o, l = attention_reference(q, k, v, causal=causal, scale=scale, compute_dtype=torch.float32,
-                               max_scores=plan.sizes.get("max_scores"))
+def _forward_reference(plan, q, k, v, out, lse, causal: bool, scale: float, window=NO_WINDOW,
+                       softcap: float = 0.0) -> None:
+    o, l = attention_reference(q, k, v, causal=causal, scale=scale, window_size=window, softcap=softcap,
+                               compute_dtype=torch.float32, max_scores=plan.sizes.get("max_scores"))
     out.copy_(o)
     lse.copy_(l)
 
 
-def launch_forward_sdpa(plan, q, k, v, out, lse, causal: bool, scale: float) -> None:
-    """forward_sdpa into the given buffers."""
-    o, l = forward_sdpa(q, k, v, causal, scale)
+def launch_forward_sdpa(plan, q, k, v, out, lse, causal: bool, scale: float, window=NO_WINDOW,
+                        softcap: float = 0.0) -> None:
+    """forward_sdpa into the given buffers (no softcap: plan.py sends that to the reference)."""
+    o, l = forward_sdpa(q, k, v, causal, scale, window)
     out.copy_(o)
     lse.copy_(l)
 
 
-def forward_sdpa(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_sdpa(q, k, v, causal: bool, scale: float, window=NO_WINDOW) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse), contiguous, by torch's CPU flash-attention kernel (what SDPA runs on the CPU),
-    which gives lse too: causal with N = Nk its own causal mask, with N < Nk a bottom-right float
-    mask; with N > Nk the first N - Nk rows see no key (0, lse -inf) and the others are N = Nk's."""
-    first, is_causal, mask = _sdpa_rows(q, k, causal)
+    which gives lse too: causal with N = Nk its own causal mask, with N < Nk (or a sliding window)
+    a bottom-right float mask; the first rows that see no key (N > Nk causal, a window's right edge
+    before key 0) get 0 and lse -inf, the others the kernel's."""
+    first, is_causal, mask = _sdpa_rows(q, k, causal, window)
     if first == 0:
         o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, *_sdpa_kv(q, k, v), 0.0, is_causal, attn_mask=mask, scale=scale)
@@ -156,21 +212,26 @@ def forward_sdpa(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, tor
     return out, lse
 
 
-def _sdpa_rows(q, k, causal: bool):
+def _sdpa_rows(q, k, causal: bool, window=NO_WINDOW):
     """(first query row that sees a key, is_causal, attn_mask) of the flash kernel's call on rows
     [first, N): with N > Nk causal the rows before N - Nk see no key (masked, the kernel would give
     them lse 0, not -inf) and the rest are a square causal block; N < Nk causal takes the
     bottom-right mask (tilecore's causal: query i sees keys j <= i + Nk - N, where the kernel's
-    is_causal aligns to the top left)."""
+    is_causal aligns to the top left). A window (left, right): rows before N - Nk - right see no key
+    (a row's keys are [i' - left, i' + right] with i' = i + Nk - N <= Nk - 1: only its right edge
+    can fall before key 0), the others take the window's float mask."""
     n, nk = q.shape[2], k.shape[2]
+    left, right = effective_window(causal, window)
     if nk == 0:
         return n, False, None
-    if not causal:
+    if (left, right) == NO_WINDOW:
         return 0, False, None
-    if n >= nk:
-        return n - nk, True, None
-    mask = torch.zeros((n, nk), dtype=q.dtype, device=q.device)
-    return 0, False, mask.masked_fill_(~causal_allowed(n, nk, q.device), float("-inf"))
+    first = 0 if right < 0 else min(n, max(0, n - nk - right))
+    if (left, right) == (-1, 0) and n >= nk:
+        return first, True, None
+    mask = torch.zeros((n - first, nk), dtype=q.dtype, device=q.device)
+    allowed = window_allowed(n, nk, q.device, (left, right), slice(first, n))
+    return first, False, mask.masked_fill_(~allowed, float("-inf"))
 
 
 _TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
@@ -194,7 +255,7 @@ _FORWARD = {"gluon": launch_forward_gluon, "tl": launch_forward_tl, "decode": la
 # backward
 
 
-def backward(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:
+def backward(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0) -> None:
     """dq, dk, dv (contiguous, the inputs' shapes) from dout, the forward's out and lse, and an
     optional gradient of lse, by ``plan`` (plan_backward's for these inputs)."""
     # the kernels index lse and dlse as contiguous float32 (B, Hq, N) arrays
@@ -203,27 +264,28 @@ def backward(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scal
     if plan.operand_dtype is not None:  # exact upcasts in, one rounding out
         dout, q, k, v, out = (t.to(plan.operand_dtype) for t in (dout, q, k, v, out))
         grads = [torch.empty(g.shape, dtype=plan.operand_dtype, device=g.device) for g in (dq, dk, dv)]
-        _BACKWARD[plan.path](plan, dout, q, k, v, out, lse, dlse, *grads, causal, scale)
+        _BACKWARD[plan.path](plan, dout, q, k, v, out, lse, dlse, *grads, causal, scale, window, softcap)
         for g, result in zip((dq, dk, dv), grads):
             g.copy_(result)
         return
-    _BACKWARD[plan.path](plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale)
+    _BACKWARD[plan.path](plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal, scale, window, softcap)
 
 
-def gradients(plan, dout, q, k, v, out, lse, dlse, causal: bool, scale: float):
+def gradients(plan, dout, q, k, v, out, lse, dlse, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0):
     """(dq, dk, dv) by ``plan``, allocated here (contiguous, the inputs' shapes and dtype): the
     "sdpa" path keeps torch's own gradients (copied to the contiguous layout one at a time)."""
     if plan.path == "sdpa":
-        return backward_sdpa(dout, q, k, v, out, lse.contiguous(), dlse, causal, scale)
+        return backward_sdpa(dout, q, k, v, out, lse.contiguous(), dlse, causal, scale, window)
     grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v)]
-    backward(plan, dout, q, k, v, out, lse, dlse, *grads, causal, scale)
+    backward(plan, dout, q, k, v, out, lse, dlse, *grads, causal, scale, window, softcap)
     return tuple(grads)
 
 
-def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, **options) -> None:
-    """backward(plan_backward(dout, q, k, v, causal, scale, **options), ...)."""
-    backward(plan_backward(dout, q, k, v, causal, scale, **options), dout, q, k, v, out, lse, dlse, dq, dk, dv,
-             causal, scale)
+def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0,
+                  **options) -> None:
+    """backward(plan_backward(dout, q, k, v, causal, scale, window=window, softcap=softcap, **options), ...)."""
+    backward(plan_backward(dout, q, k, v, causal, scale, window=window, softcap=softcap, **options), dout, q, k, v,
+             out, lse, dlse, dq, dk, dv, causal, scale, window, softcap)
 
 
 def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats: bool = False, plan=None):
@@ -251,9 +313,11 @@ def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats
     return delta, acc, stats[..., :N]
 
 
-def launch_backward_gluon(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:
+def launch_backward_gluon(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float,
+                          window=NO_WINDOW, softcap: float = 0.0) -> None:
     """The preprocess, the Gluon backward kernel (dK, dV, and dQ where the plan has no dQ pass: its
     float32 sum then copied to dq), then the plan's dQ pass if any."""
+    _plain(window, softcap, "backward")
     added = plan.dq is None
     delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=added, row_stats=True, plan=plan)
     launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale)
@@ -283,9 +347,10 @@ def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, cau
                  KV_REGS=cfg.get("kv_regs", False), num_warps=4))
 
 
-def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float) -> None:
+def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0) -> None:
     """dq (contiguous, q's shape) by gluon_dq.py's kernel: tiles of 2 block_m query rows, block_n
     keys a step."""
+    _plain(window, softcap, "dq kernel")
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     block_m, block_n = plan.config["block_m"], plan.config["block_n"]
@@ -297,50 +362,60 @@ def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: fl
             dict(CAUSAL=causal, STAGES=plan.config["stages"], num_warps=4))
 
 
-def launch_backward_tl(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:
+def launch_backward_tl(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float,
+                       window=NO_WINDOW, softcap: float = 0.0) -> None:
     """The preprocess, the tl dk/dv kernel (a program per kv head's key block), then the tl dq pass."""
     B, H, N, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
+    Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
     q, k, v, dout = tl_addressable(q), tl_addressable(k), tl_addressable(v), tl_addressable(dout)
     delta, _, _ = backward_preprocess(out, dout, lse, dlse, plan=plan)
+    masks, left, right = mask_options(causal, window, N, Nk)
+    scores, scale_log2e, tanh_scale = score_options(scale, softcap)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
-    run(DKDV, plan, plan.grid, (q, k, v, dout, lse, delta, dk, dv, *strides, *dk.stride(), H, Hkv, N, Nk, D, H // Hkv,
-                                scale, scale * LOG2E), dict(CAUSAL=causal, BLOCK_D=block_d(D), **plan.config))
-    launch_dq_tl(plan.dq, dout, q, k, v, lse, delta, dq, causal, scale)
+    run(DKDV, plan, plan.grid, (q, k, v, dout, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(), H, Hkv, N,
+                                Nk, D, Dv, H // Hkv, left, right, scale, scale_log2e, tanh_scale),
+        dict(**masks, **scores, BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv), **plan.config))
+    launch_dq_tl(plan.dq, dout, q, k, v, lse, delta, dq, causal, scale, window, softcap)
 
 
-def launch_dq_tl(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float) -> None:
-    """The tl dq kernel: one program per (batch * q head, query block), looping over the keys."""
+def launch_dq_tl(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0) -> None:
+    """The tl dq kernel: one program per (batch * q head, query block), looping over the keys its
+    rows see."""
     q, k, v, dout = tl_addressable(q), tl_addressable(k), tl_addressable(v), tl_addressable(dout)
     B, H, N, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
+    Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    masks, left, right = mask_options(causal, window, N, Nk)
+    scores, scale_log2e, tanh_scale = score_options(scale, softcap)
     run(DQ, plan, plan.grid, (q, k, v, dout, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *dout.stride(),
-                              *dq.stride(), H, N, Nk, D, H // Hkv, scale, scale * LOG2E),
-        dict(CAUSAL=causal, BLOCK_D=block_d(D), **plan.config))
+                              *dq.stride(), H, N, Nk, D, Dv, H // Hkv, left, right, scale, scale_log2e, tanh_scale),
+        dict(**masks, **scores, BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv), **plan.config))
 
 
-def _backward_reference(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:
+def _backward_reference(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float,
+                        window=NO_WINDOW, softcap: float = 0.0) -> None:
     gq, gk, gv = attention_backward_reference(dout, q, k, v, out, lse, dlse, causal=causal, scale=scale,
+                                              window_size=window, softcap=softcap,
                                               max_scores=plan.sizes.get("max_scores"))
     dq.copy_(gq)
     dk.copy_(gk)
     dv.copy_(gv)
 
 
-def launch_backward_sdpa(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:
-    """backward_sdpa into the given buffers."""
-    for g, result in zip((dq, dk, dv), backward_sdpa(dout, q, k, v, out, lse, dlse, causal, scale)):
+def launch_backward_sdpa(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float,
+                         window=NO_WINDOW, softcap: float = 0.0) -> None:
+    """backward_sdpa into the given buffers (no softcap: plan.py sends that to the reference)."""
+    for g, result in zip((dq, dk, dv), backward_sdpa(dout, q, k, v, out, lse, dlse, causal, scale, window)):
         g.copy_(result)
 
 
-def backward_sdpa(dout, q, k, v, out, lse, dlse, causal: bool, scale: float):
+def backward_sdpa(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, window=NO_WINDOW):
     """(dq, dk, dv), contiguous, by torch's CPU flash-attention backward on the rows the forward's
     kernel ran (forward_sdpa), from the forward's out and lse. It takes no lse gradient, so a dlse
     (unless all zeros, as autograd gives where lse was not used) rides in extra head-dim columns
     (_dlse_columns), which make the kernel's delta = rowsum(dO * O) rowsum(dO * O) - dlse and change
     nothing else."""
     n, d = q.shape[2], q.shape[3]
-    first, is_causal, mask = _sdpa_rows(q, k, causal)
+    first, is_causal, mask = _sdpa_rows(q, k, causal, window)
     if first == n:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     rows = slice(first, n)

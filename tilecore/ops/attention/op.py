@@ -18,9 +18,11 @@ from tilecore.tiles.launch import LRU, signature
 
 DTYPES = (torch.float16, torch.bfloat16)  # everywhere
 CPU_DTYPES = DTYPES + (torch.float32,)  # CPU tensors (torch's CPU kernels, or the tl kernels interpreted)
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 576  # MLA decode's q/k (512 latent + 64 rope); 64 and 128 are the fast ones, past 256 untimed
 LAYOUT = ("attention takes q as (batch, heads, queries, head_dim) and k, v as (batch, kv_heads, keys, "
-          "head_dim); flash-attn's (batch, seqlen, heads, head_dim) tensors go in as .transpose(1, 2)")
+          "head_dim) (v's head_dim may differ from q's and k's); flash-attn's (batch, seqlen, heads, head_dim) "
+          "tensors go in as .transpose(1, 2)")
+NO_WINDOW = (-1, -1)
 SUSPECT_HEADS = 256  # more "heads" than this, and more than queries: likely flash-attn's layout
 
 
@@ -49,7 +51,31 @@ def scale_value(scale) -> float:
     return value
 
 
-def check(q, k, v, causal, scale) -> None:
+def window_value(window_size) -> tuple[int, int]:
+    """``window_size`` as (left, right) Python ints, each -1 (unbounded) or >= 0; refuses anything else."""
+    accepted = ("window_size must be a pair (left, right) of ints, each -1 (no bound on that side) or >= 0 "
+                "(flash-attn's: query i at key position i + Nk - N sees keys from i' - left to i' + right)")
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"attention: {accepted}; got {window_size!r}")
+    for w in window_size:
+        if isinstance(w, bool) or not isinstance(w, numbers.Integral):
+            raise TypeError(f"attention: {accepted}; got {window_size!r}")
+        if w < -1:
+            raise ValueError(f"attention: {accepted}; got {window_size!r}")
+    return int(window_size[0]), int(window_size[1])
+
+
+def softcap_value(softcap) -> float:
+    """``softcap`` as a Python float: a finite real number >= 0 (0: off)."""
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"attention: softcap must be a finite real number >= 0 (0: off), got {softcap!r}")
+    value = float(softcap)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"attention: softcap must be a finite real number >= 0 (0: off), got {softcap!r}")
+    return value
+
+
+def check(q, k, v, causal, scale, window_size=NO_WINDOW, softcap=0.0) -> None:
     """Raise TypeError/ValueError naming what is accepted (shape errors say the layout, LAYOUT)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -64,16 +90,17 @@ def check(q, k, v, causal, scale) -> None:
         where = " on the GPU (float32 is taken on the CPU)" if _compiled(q.device) else ""
         raise TypeError(f"attention: q, k and v must share one dtype among {', '.join(map(_name, dtypes))}"
                         f"{where}; got {_name(q.dtype)}, {_name(k.dtype)}, {_name(v.dtype)}")
-    if k.shape != v.shape:
-        raise ValueError(f"attention: k and v must have the same shape (batch, kv_heads, keys, head_dim); "
-                         f"got k {tuple(k.shape)} and v {tuple(v.shape)} ({LAYOUT})")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"attention: k and v must have the same (batch, kv_heads, keys); got k {tuple(k.shape)} "
+                         f"and v {tuple(v.shape)} ({LAYOUT})")
     B, Hq, _, D = q.shape
     if k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"attention: k and v must have q's batch ({B}) and head_dim ({D}); "
+        raise ValueError(f"attention: k must have q's batch ({B}) and head_dim ({D}); "
                          f"got k of shape {tuple(k.shape)} and q of shape {tuple(q.shape)} ({LAYOUT})")
-    if not 1 <= D <= MAX_HEAD_DIM:
-        raise ValueError(f"attention: head_dim (the last dimension) must be from 1 to {MAX_HEAD_DIM}; got {D} "
-                         f"({LAYOUT})")
+    for name, d in (("q's and k's", D), ("v's", v.shape[3])):
+        if not 1 <= d <= MAX_HEAD_DIM:
+            raise ValueError(f"attention: {name} head_dim (the last dimension) must be from 1 to {MAX_HEAD_DIM}; "
+                             f"got {d} ({LAYOUT})")
     Hkv = k.shape[1]
     if Hkv == 0 or Hq % Hkv != 0:
         raise ValueError(f"attention: q's heads ({Hq}) must be a multiple of k's and v's heads ({Hkv}) "
@@ -82,6 +109,8 @@ def check(q, k, v, causal, scale) -> None:
         raise TypeError(f"attention: causal must be True or False, got {causal!r}")
     if scale is not None:
         scale_value(scale)
+    window_value(window_size)
+    softcap_value(softcap)
     if Hq > SUSPECT_HEADS and Hq > q.shape[2]:
         warnings.warn(f"attention: q of shape {tuple(q.shape)} has {Hq} heads of {q.shape[2]} queries each: "
                       f"is it (batch, seqlen, heads, head_dim)? {LAYOUT}", stacklevel=3)
@@ -91,25 +120,31 @@ def check(q, k, v, causal, scale) -> None:
 # implementations: a plan (plan.py: kernels or the reference, by device and inputs), launched
 
 
-def _forward_impl(q, k, v, causal: bool, scale: float, key: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_impl(q, k, v, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0,
+                  key: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``key``: the call's signature (tiles.launch.signature), for the plan cache."""
-    if q.numel() == 0:
-        return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:3], dtype=torch.float32)
-    plan = _cached(key, lambda: plan_forward(q, k, v, causal, scale))
-    return launch.outputs(plan, q, k, v, causal, scale)
+    window = tuple(window)
+    if q.numel() == 0 or v.shape[-1] == 0:
+        return q.new_empty((*q.shape[:3], v.shape[-1])), q.new_empty(q.shape[:3], dtype=torch.float32)
+    plan = _cached(key, lambda: plan_forward(q, k, v, causal, scale, window=window, softcap=softcap))
+    return launch.outputs(plan, q, k, v, causal, scale, window, softcap)
 
 
-def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, cache: bool = False):
+def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, window=NO_WINDOW,
+                   softcap: float = 0.0, cache: bool = False):
     """``cache``: plan through the plan cache (eager calls)."""
+    window = tuple(window)
     if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing flows back
         return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    key = signature("backward", dout, q, k, v, out, lse, dlse, causal, scale > 0) if cache else None
-    plan = _cached(key, lambda: plan_backward(dout, q, k, v, causal, scale))
-    return launch.gradients(plan, dout, q, k, v, out, lse, dlse, causal, scale)
+    key = (signature("backward", dout, q, k, v, out, lse, dlse, causal, scale > 0, *window, softcap > 0)
+           if cache else None)
+    plan = _cached(key, lambda: plan_backward(dout, q, k, v, causal, scale, window=window, softcap=softcap))
+    return launch.gradients(plan, dout, q, k, v, out, lse, dlse, causal, scale, window, softcap)
 
 
 # a CUDA call's signature -> its plan, which launches by it (Plan.launch_key): plans depend on the
-# inputs' shapes, strides, dtypes, device and alignment, causal and the sign of scale, nothing else
+# inputs' shapes, strides, dtypes, device and alignment, causal, the sign of scale, the window (its
+# values: ints the kernels take, which Triton specializes) and whether there is a softcap, nothing else
 _PLANS = LRU(256)
 
 
@@ -129,34 +164,36 @@ def _cached(key: tuple | None, make):
 
 
 @torch.library.custom_op("tilecore::attention_forward", mutates_args=())
-def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward_impl(q, k, v, causal, scale)
+def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                window_left: int = -1, window_right: int = -1,
+                softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward_impl(q, k, v, causal, scale, (window_left, window_right), softcap)
 
 
 @_forward_op.register_fake
-def _(q, k, v, causal, scale):
-    B, H, N, D = q.shape
-    return q.new_empty((B, H, N, D)), q.new_empty((B, H, N), dtype=torch.float32)
+def _(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
+    B, H, N, _ = q.shape
+    return q.new_empty((B, H, N, v.shape[-1])), q.new_empty((B, H, N), dtype=torch.float32)
 
 
 @torch.library.custom_op("tilecore::attention_backward", mutates_args=())
 def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                 lse: torch.Tensor, dlse: Optional[torch.Tensor], causal: bool,
-                 scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward_impl(dout, q, k, v, out, lse, dlse, causal, scale)
+                 lse: torch.Tensor, dlse: Optional[torch.Tensor], causal: bool, scale: float,
+                 window_left: int = -1, window_right: int = -1,
+                 softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_impl(dout, q, k, v, out, lse, dlse, causal, scale, (window_left, window_right), softcap)
 
 
 @_backward_op.register_fake
-def _(dout, q, k, v, out, lse, dlse, causal, scale):
+def _(dout, q, k, v, out, lse, dlse, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale = inputs
+    q, k, v, causal, scale, window_left, window_right, softcap = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.scale = causal, scale
+    ctx.causal, ctx.scale, ctx.window, ctx.softcap = causal, scale, (window_left, window_right), softcap
 
 
 def _backward(ctx, dout, dlse):
@@ -165,8 +202,8 @@ def _backward(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     if dlse is not None:  # the kernels index it as a contiguous float32 (B, Hq, N) array
         dlse = dlse.to(torch.float32).contiguous()
-    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
+    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, *ctx.window, ctx.softcap)
+    return dq, dk, dv, None, None, None, None, None
 
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -177,11 +214,11 @@ class _AttentionFunction(torch.autograd.Function):
     autograd without their host time (and without the first custom-op call's torch._dynamo import)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, key):
-        out, lse = _forward_impl(q, k, v, causal, scale, key)
+    def forward(ctx, q, k, v, causal, scale, window, softcap, key):
+        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key)
         ctx.set_materialize_grads(False)  # an unused output's gradient None, not zeros (no dlse pass)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.causal, ctx.scale, ctx.window, ctx.softcap = causal, scale, window, softcap
         return out, lse
 
     @staticmethod
@@ -192,26 +229,33 @@ class _AttentionFunction(torch.autograd.Function):
         if dlse is not None:
             dlse = dlse.to(torch.float32).contiguous()
         if torch.is_grad_enabled():  # create_graph: the custom op, as the op path records it
-            dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale)
+            dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, *ctx.window, ctx.softcap)
         else:
-            dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, cache=True)
-        return dq, dk, dv, None, None, None
+            dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, ctx.window, ctx.softcap,
+                                        cache=True)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              scale: float | None = None, return_lse: bool = False):
+              scale: float | None = None, return_lse: bool = False, window_size: tuple[int, int] = NO_WINDOW,
+              softcap: float = 0.0):
     """softmax(scale q k^T) v, FlashAttention-style (never materializes the N x Nk scores).
 
-    Layout (B, H, N, D), as SDPA's: q (batch, heads, queries, head_dim); k, v (batch, kv_heads,
-    keys, head_dim) with Hq a multiple of Hkv (q head h uses kv head h // (Hq // Hkv): multi-,
-    grouped- and multi-query attention). flash-attn's (batch, seqlen, heads, head_dim) tensors go in
-    as ``x.transpose(1, 2)`` (a view; any strides are taken). float16 or bfloat16, and float32 on
-    the CPU; any N, Nk; D from 1 to 256 (64 and 128 are the fast ones). ``scale`` defaults to
-    D ** -0.5. ``causal`` masks query i to keys j <= i + Nk - N (aligned to the bottom right, as
-    FlashAttention does; SDPA's is_causal aligns to the top left when N != Nk); a row with no key to
-    attend to gives 0. Returns O (q's shape and dtype) and, with ``return_lse=True``, also the row
-    log-sum-exp of the scaled scores (float32, (B, Hq, N), natural log, -inf for rows with no key).
-    Differentiable in q, k, v (and through lse).
+    Layout (B, H, N, D), as SDPA's: q (batch, heads, queries, head_dim); k (batch, kv_heads, keys,
+    head_dim) and v (batch, kv_heads, keys, head_dim_v) with Hq a multiple of Hkv (q head h uses kv
+    head h // (Hq // Hkv): multi-, grouped- and multi-query attention). flash-attn's (batch,
+    seqlen, heads, head_dim) tensors go in as ``x.transpose(1, 2)`` (a view; any strides are taken).
+    float16 or bfloat16, and float32 on the CPU; any N, Nk; D and Dv from 1 to 576, each its own
+    (MLA: 192 / 128 prefill, 576 / 512 decode; 64 and 128 with D = Dv are the fast ones).
+    ``scale`` defaults to D ** -0.5. ``causal`` masks query i to keys j <= i + Nk - N (aligned to
+    the bottom right, as FlashAttention does; SDPA's is_causal aligns to the top left when N != Nk);
+    a row with no key to attend to gives 0. ``window_size = (left, right)`` (flash-attn's sliding
+    window): query i, at key position i' = i + Nk - N, attends keys i' - left <= j <= i' + right;
+    -1 leaves that side unbounded; causal=True is the window (left, 0). ``softcap`` > 0 replaces
+    each scaled score s by softcap * tanh(s / softcap) before the softmax (Gemma 2; 0: off; the
+    gradient goes through tanh). Returns O ((B, Hq, N, Dv), q's dtype) and, with
+    ``return_lse=True``, also the row log-sum-exp of the scaled (capped) scores (float32, (B, Hq,
+    N), natural log, -inf for rows with no key). Differentiable in q, k, v (and through lse).
 
     NaN and inf propagate as in SDPA's math: a row with a NaN or +inf score (a NaN or inf in its
     query, or a score past float32's range) gives NaN outputs and lse NaN, the other rows are
@@ -222,15 +266,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     interpreter under TRITON_INTERPRET=1 (bfloat16 on its exact float32 upcast there).
     """
     mode = dispatch.eager_mode(q, k, v)
+    window = window_value(window_size)
+    softcap = softcap_value(softcap)
     # a CUDA call whose signature passed the checks before is planned already (the plan cache)
-    key = None if mode == "op" else signature("forward", q, k, v, causal, scale is None or scale_value(scale) > 0)
+    key = None if mode == "op" else signature("forward", q, k, v, causal, scale is None or scale_value(scale) > 0,
+                                              *window, softcap > 0)
     if key is None or key not in _PLANS:
-        check(q, k, v, causal, scale)
+        check(q, k, v, causal, scale, window, softcap)
     scale = q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
     if mode == "direct":
-        out, lse = _forward_impl(q, k, v, causal, scale, key)
+        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key)
     elif mode == "autograd":
-        out, lse = _AttentionFunction.apply(q, k, v, causal, scale, key)
+        out, lse = _AttentionFunction.apply(q, k, v, causal, scale, window, softcap, key)
     else:
-        out, lse = _forward_op(q, k, v, causal, scale)
+        out, lse = _forward_op(q, k, v, causal, scale, *window, softcap)
     return (out, lse) if return_lse else out

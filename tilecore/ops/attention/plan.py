@@ -13,6 +13,12 @@ and operands TMA can describe; else "tl", the portable kernels (kernels_tl.py). 
 the kernel does not add it) where the Gluon forward fits, dO is TMA-describable and a tile's steps
 stay below 2^24; else "tl". In the interpreter, bfloat16 inputs run the tl kernels on their exact
 float32 upcasts (the interpreter's bf16 tl.dot is wrong), rounded once at the end.
+
+Issue 35's features (``features``): a sliding window, a softcap, v's head size Dv != D, or a head
+dim past 256 (MLA decode's 576 / 512) are served by the tl kernels (forward, decode and backward)
+and on the CPU by "sdpa" (a window alone, as its float mask, D = Dv <= 256) or "reference"; the
+Gluon kernels take none of them. Head dims past 256 take the split-key kernel whatever N (Q K^T by
+column chunks; the query-block forward would hold a 1024-wide tile).
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ import triton
 from tilecore import dispatch
 from tilecore.ops.attention import configs
 from tilecore.ops.attention.kernels_tl import row_block_grid
+from tilecore.ops.attention.reference import effective_window
 from tilecore.tiles.launch import cdiv, next_power_of_2, tma_describable
 from tilecore.tiles.schedule import balanced_schedule, dealt_schedule
 
@@ -54,24 +61,42 @@ class Plan:
     launch_key: tuple | None = None
 
 
+def features(q, v, causal: bool, window=(-1, -1), softcap: float = 0.0) -> set[str]:
+    """Which of issue 35's features a call uses: "window" (a window other than none or causal's),
+    "softcap", "dv" (v's head size differs from q's), "large_d" (a head dim past 256)."""
+    left, right = effective_window(causal, window)
+    used = set()
+    if (left, right) not in ((-1, -1), (-1, 0)):
+        used.add("window")
+    if softcap:
+        used.add("softcap")
+    if v.shape[-1] != q.shape[-1]:
+        used.add("dv")
+    if max(q.shape[-1], v.shape[-1]) > configs.DECODE_WHOLE_HEAD_DIM:
+        used.add("large_d")
+    return used
+
+
 def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None, config: dict | None = None,
-                 splits: int | None = None) -> Plan:
+                 splits: int | None = None, window=(-1, -1), softcap: float = 0.0) -> Plan:
     """The forward's plan. ``path`` forces a path (no fit check: tests, probes and reports),
-    ``config`` replaces its configuration, ``splits`` (decode) the number of key ranges."""
+    ``config`` replaces its configuration, ``splits`` (decode) the number of key ranges; ``window``
+    and ``softcap`` as attention's window_size and softcap."""
     B, H, N, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
+    Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
     interpret = dispatch.interpreted(q.device)
+    used = features(q, v, causal, window, softcap)
     if path is None:
-        path = (torch_path(q, k, scale) if dispatch.backend_for(q.device) == "reference" else
-                "decode" if decode_fits(q, k) else
-                "gluon" if (D in configs.GLUON_FORWARD and scale > 0 and dispatch.gluon_ok(q.device)
+        path = (torch_path(q, k, scale, v, used) if dispatch.backend_for(q.device) == "reference" else
+                "decode" if decode_fits(q, k) or "large_d" in used else
+                "gluon" if (not used and D in configs.GLUON_FORWARD and scale > 0 and dispatch.gluon_ok(q.device)
                             and tma_describable(q) and tma_describable(k) and tma_describable(v)) else
                 "tl")
     if path in ("sdpa", "reference"):
         return Plan(path, sizes=dict(max_scores=configs.REFERENCE_MAX_SCORES))
     if path == "decode":
-        cfg = config or fitted("decode", D, configs.decode_config(D, interpret), q.device)
-        return _with_operands(_decode_plan(q, k, cfg, splits), q)
+        cfg = config or fitted("decode", max(D, Dv), configs.decode_config(max(D, Dv), interpret), q.device)
+        return _with_operands(_decode_plan(q, k, cfg, splits, v), q)
     if path == "gluon":
         cfg = dict(config or configs.gluon_forward_config(D, N, Nk, causal))
         if cfg.get("carry") and (cfg.get("q_regs") or cfg.get("consumers") == 3):
@@ -80,22 +105,24 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
         grid, head_group, schedule = query_tiling(q, k, cfg["block_m"] * cfg.get("consumers", 2), cfg["block_n"],
                                                   causal, cfg.get("balanced", True))
         return Plan("gluon", cfg, grid, schedule, dict(head_group=head_group))
-    cfg = config or fitted("forward", D, configs.forward_config(D, interpret), q.device)
+    cfg = config or fitted("forward", max(D, Dv), configs.forward_config(max(D, Dv), interpret), q.device)
     return _with_operands(Plan("tl", cfg, row_block_grid(B * H, N, cfg["BLOCK_M"])), q)
 
 
 def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None = None,
-                  config: dict | None = None) -> Plan:
+                  config: dict | None = None, window=(-1, -1), softcap: float = 0.0) -> Plan:
     """The backward's plan (dout: the output's gradient). ``path`` forces a path (no fit check),
     ``config`` replaces its configuration. A dQ added in the Gluon kernel sums float32 TMA reductions
     in no fixed order, so with torch.use_deterministic_algorithms(True) dQ comes from the Gluon dq
     kernel instead (each row summed in registers in a fixed order: bitwise reproducible)."""
     B, H, N, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
+    Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
     interpret = dispatch.interpreted(q.device)
+    used = features(q, v, causal, window, softcap)
     if path is None:
-        path = (torch_path(q, k, scale) if dispatch.backend_for(q.device) == "reference" else
-                "gluon" if ((D, False) in configs.GLUON_BACKWARD and scale > 0 and dispatch.gluon_ok(q.device)
+        path = (torch_path(q, k, scale, v, used) if dispatch.backend_for(q.device) == "reference" else
+                "gluon" if (not used and (D, False) in configs.GLUON_BACKWARD and scale > 0
+                            and dispatch.gluon_ok(q.device)
                             and steps_exact(H // Hkv, N, 64)  # 64: the least block_m
                             and tma_describable(q) and tma_describable(k) and tma_describable(v)
                             and tma_describable(dout)) else
@@ -103,7 +130,7 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
     if path in ("sdpa", "reference"):
         return Plan(path, sizes=dict(max_scores=configs.REFERENCE_MAX_SCORES))
     if path == "tl":
-        cfg = config or fitted("backward", D, configs.backward_config(D, interpret), q.device)
+        cfg = config or fitted("backward", max(D, Dv), configs.backward_config(max(D, Dv), interpret), q.device)
         return _with_operands(Plan("tl", cfg, (B * Hkv, cdiv(Nk, cfg["BLOCK_N"])),
                                    dq=Plan("tl", cfg, row_block_grid(B * H, N, cfg["BLOCK_M"]))), q)
     cfg = dict(config or configs.gluon_backward_config(D, N, causal))
@@ -168,9 +195,13 @@ def _with_operands(plan: Plan, q) -> Plan:
 # the CPU without the interpreter: torch's own kernels
 
 
-def torch_path(q, k, scale: float) -> str:
+def torch_path(q, k, scale: float, v=None, used: set[str] = frozenset()) -> str:
     """"sdpa" (torch's CPU flash-attention kernel) where every score of q and k is sure to be
-    finite, else "reference" (float32 math a block of rows at a time, NaN- and inf-faithful)."""
+    finite and the call uses no feature the kernel lacks (a softcap; v's head size != q's; head
+    dims past 256: a sliding window it takes as a float mask), else "reference" (float32 math a
+    block of rows at a time, NaN- and inf-faithful)."""
+    if used - {"window"}:
+        return "reference"
     return "sdpa" if scores_finite(q, k, scale) else "reference"
 
 
@@ -207,11 +238,14 @@ def decode_fits(q, k) -> bool:
             or (n <= configs.DECODE_MAX_PACKED_QUERIES and n * group <= configs.DECODE_MAX_PACKED_ROWS))
 
 
-def _decode_plan(q, k, cfg: dict, splits: int | None) -> Plan:
+def _decode_plan(q, k, cfg: dict, splits: int | None, v=None) -> Plan:
     B, Hq, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
+    Dv = D if v is None else v.shape[3]
     block_n = cfg["BLOCK_N"]
-    block_m = tile_rows(N, Hq // Hkv)
+    # a 64 x 512 float32 accumulator would spill: fewer rows a tile past head dim 256
+    most_rows = configs.DECODE_MAX_ROWS if Dv <= configs.DECODE_WHOLE_HEAD_DIM else configs.DECODE_MAX_ROWS_LARGE_DV
+    block_m = tile_rows(N, Hq // Hkv, most_rows)
     row_blocks = cdiv(N * (Hq // Hkv), block_m)
     if splits is None:
         sms = configs.INTERPRETER_SMS if dispatch.interpreted(q.device) else dispatch.num_sms(q.device)
@@ -224,10 +258,10 @@ def _decode_plan(q, k, cfg: dict, splits: int | None) -> Plan:
                 sizes=dict(keys_per_split=keys_per_split))
 
 
-def tile_rows(queries: int, group: int) -> int:
+def tile_rows(queries: int, group: int, most: int = configs.DECODE_MAX_ROWS) -> int:
     """BLOCK_M of the split-key kernel: a kv head's packed rows (queries x group), as a power of
-    two from 16 (tl.dot's smallest) to DECODE_MAX_ROWS."""
-    return max(16, min(configs.DECODE_MAX_ROWS, next_power_of_2(queries * group)))
+    two from 16 (tl.dot's smallest) to ``most`` (DECODE_MAX_ROWS)."""
+    return max(16, min(most, next_power_of_2(queries * group)))
 
 
 def key_ranges(nk: int, splits: int, block_n: int) -> tuple[int, int]:
