@@ -1,0 +1,264 @@
+"""FP8 (e4m3) attention forward on Hopper: a layout and callbacks on the tiles template
+(:mod:`tilecore.tiles.gluon.pipeline`), the structure of the bf16 forward (ops/attention/gluon_kernels.py)
+with what FP8 changes.
+
+A tile is CONSUMERS x BLOCK_M query rows of one (batch, head); each consumer warpgroup takes BLOCK_M
+of them, and its steps walk the key blocks. Per step the producer warp TMA-loads a K block
+[BN, D] and a V^T block [D, BN] into one stage: e4m3 wgmma takes both shared operands K-major (the
+reduction dimension contiguous), which for P V is the keys, so V comes as V^T (B, Hkv, D, Nk),
+keys contiguous (op.py says who writes it). Rows or keys past N or Nk arrive as zeros. Step j issues
+
+    S_j = Q K_j^T  and  O += P8_{j-1} V_{j-1}     (two e4m3 wgmma, together)
+    m, l, P_j = online softmax(S_j * descales)    (registers, base 2, while P V runs)
+    O *= alpha                                    (once both are done)
+
+FP8's differences from the bf16 forward:
+* descales: q's and k's per (batch, head) fold into the base-2 score scale (no extra work); per row
+  (per block of rows, or per token), q's are a per-row factor loaded once a tile and k's a per-key
+  factor loaded each step (one multiply an element);
+* P is rounded to e4m3 as 2^8 p (``fp8_softmax_update`` shifts the exponent by 8: p in [0, 256],
+  FlashAttention-3's max offset; reference.py), converted in registers from the accumulator layout to
+  wgmma's register-operand layout (``p_operand``); l sums the float32 p, and the epilogue divides by
+  it and multiplies by v's descale.
+"""
+from triton.experimental import gluon
+
+from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
+from tilecore.tiles.gluon import (LOG2E, Layout, TileOperand, as_column, mask_scores, needs_mask, online_softmax_start,
+                                  row_max, row_sum, run, ring, stage_struct, store_block, store_rows, struct,
+                                  wgmma_layout, wgmma_lhs_layout)
+from tilecore.tiles.schedule import head_grouped_tile
+
+P_SHIFT: gl.constexpr = gl.constexpr(8.0)  # P is rounded to e4m3 as 2^P_SHIFT p (reference.P_SCALE = 256)
+
+
+@stage_struct
+class KVt:
+    """One stage: a block of keys [1, 1, BN, D] and the block of values as V^T [1, 1, D, BN]."""
+    k: object
+    vt: object
+
+
+@struct
+class Rows:
+    """Query rows of one head: the first, the flat batch * head index, the key blocks they see."""
+    first: object
+    bh: object
+    n_blocks: object
+
+
+@gluon.jit
+def head_of(bh, H, GROUP):
+    """(batch, q head, kv head) of the flat index bh = batch * H + q head."""
+    return bh // H, bh % H, (bh % H) // GROUP
+
+
+@gluon.jit
+def query_tile(op, tile_id, TILE_M: gl.constexpr):
+    """A tile of TILE_M query rows (as the bf16 forward's: heads in L2 groups of head_group; causal,
+    the heaviest query blocks first, counted from the last row)."""
+    bh, mb = head_grouped_tile(tile_id, gl.cdiv(op.N, TILE_M), op.num_bh, op.head_group)
+    if op.CAUSAL:  # query i sees keys j <= i + Nk - N
+        start_m = gl.maximum(op.N - (mb + 1) * TILE_M, 0)
+        hi = gl.maximum(gl.minimum(op.Nk, start_m + TILE_M + (op.Nk - op.N)), 0)
+    else:
+        start_m = mb * TILE_M
+        hi = op.Nk
+    return Rows(start_m, bh, gl.cdiv(hi, op.BN))
+
+
+@gluon.jit
+def fp8_softmax_update(m_i, l_i, s, row_scale, PER_ROW: gl.constexpr):
+    """One online-softmax step on raw scores ``s`` [m, n] with a positive base-2 scale (a scalar, or
+    with PER_ROW a [m] vector in s's row slice layout): the new row max m of the scaled scores, the
+    row sum l of P, P = 2^(s * scale - m + 8) in [0, 256] (float32; rounded to e4m3 by the caller),
+    and alpha = 2^(m_old - m). As tiles.gluon.online_softmax_update: m starts at -inf, the shift is 0
+    while it is -inf (a masked row keeps l = 0, P = 0), NaN where m is +inf."""
+    if PER_ROW:
+        m_new = gl.maximum(m_i, row_max(s) * row_scale)
+        c = gl.expand_dims(row_scale, 1)
+    else:
+        m_new = gl.maximum(m_i, row_max(s) * row_scale)
+        c = row_scale
+    m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))
+    p = gl.exp2(s * c - gl.expand_dims(m_ref - P_SHIFT, 1))
+    alpha = gl.exp2(m_i - m_ref)
+    return m_new, l_i * alpha + row_sum(p), p, alpha
+
+
+@struct
+class Running:
+    """A consumer's online softmax: row max m and sum l (base 2, l of 2^8 p), the output accumulator,
+    the last P (e4m3, the register operand of the next P V), its rows, and its rows' base-2 score
+    scale (q's descale x softmax scale x log2 e: one value, or per row)."""
+    m: object
+    l: object
+    acc: object
+    p: object
+    rows: object
+    q_scale: object
+
+
+@struct
+class AttentionFp8:
+    """The op: its globals (descriptors, descales, sizes, options, layouts), whose methods are the
+    template's callbacks."""
+    q_desc: object
+    k_desc: object
+    vt_desc: object
+    o_desc: object
+    lse: object
+    q_scales: object
+    k_scales: object
+    v_scales: object
+    H: object
+    N: object
+    Nk: object
+    GROUP: object  # q heads per kv head
+    scale_log2e: object
+    q_n_scales: object  # per-row descales: head bh's are scales[bh * n_scales + row // rows_per_scale]
+    q_rows_per_scale: object
+    k_n_scales: object
+    k_rows_per_scale: object
+    num_bh: object
+    head_group: object
+    CAUSAL: gl.constexpr
+    Q_PER_ROW: gl.constexpr
+    K_PER_ROW: gl.constexpr
+    BM: gl.constexpr  # a consumer's query rows
+    BN: gl.constexpr  # keys per step
+    D: gl.constexpr
+    CONSUMERS: gl.constexpr
+    S: gl.constexpr  # the layouts of S = Q K^T [BM, BN], of O [BM, D], and of P as P V's register operand
+    O: gl.constexpr
+    P: gl.constexpr
+
+    @gluon.jit
+    def setup(self, tile_id):
+        """The tile's rows and its steps: a step per key block and one for the last P V."""
+        rows = query_tile(self, tile_id, self.BM * self.CONSUMERS)
+        return rows, gl.where(rows.n_blocks > 0, rows.n_blocks + 1, 0)
+
+    @gluon.jit
+    def load(self, stage, bar, tile, step):
+        """Step ``step``'s K block and the V^T block of the step before (the first step reloads V block
+        0, the last step K block n - 1, unused: a stage's byte count is fixed)."""
+        b, h, hk = head_of(tile.bh, self.H, self.GROUP)
+        k_block = gl.minimum(step, tile.n_blocks - 1)
+        v_block = gl.maximum(step - 1, 0)
+        tma.async_copy_global_to_shared(self.k_desc, [b, hk, k_block * self.BN, 0], bar, stage.k)
+        tma.async_copy_global_to_shared(self.vt_desc, [b, hk, 0, v_block * self.BN], bar, stage.vt)
+
+    @gluon.jit
+    def load_tile(self, q_smem, bar, tile, consumer):
+        """Consumer ``consumer``'s BLOCK_M query rows (rows past N arrive as 0)."""
+        b, h, hk = head_of(tile.bh, self.H, self.GROUP)
+        tma.async_copy_global_to_shared(self.q_desc, [b, h, tile.first + consumer * self.BM, 0], bar, q_smem)
+
+    @gluon.jit
+    def start(self, ctx, tile, prev):
+        first = tile.first + ctx.index * self.BM  # this consumer's rows
+        n_own = tile.n_blocks
+        if self.CAUSAL:  # this consumer's rows skip the tile's later blocks (all masked for them) but for the last P V
+            own_hi = gl.maximum(gl.minimum(self.Nk, first + self.BM + (self.Nk - self.N)), 0)
+            n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, self.BN), 1), tile.n_blocks)
+        if self.Q_PER_ROW:
+            offs = first + gl.arange(0, self.BM, layout=gl.SliceLayout(1, self.S))
+            q_scale = gl.load(self.q_scales + tile.bh.to(gl.int64) * self.q_n_scales + offs // self.q_rows_per_scale,
+                              mask=offs < self.N, other=0.0) * self.scale_log2e
+        else:
+            q_scale = gl.load(self.q_scales + tile.bh) * self.scale_log2e
+        m, l = online_softmax_start(self.BM, self.S)
+        acc = gl.zeros([self.BM, self.D], gl.float32, self.O)
+        p = gl.zeros([self.BM, self.BN], self.q_desc.dtype, self.P)
+        return Running(m, l, acc, p, Rows(first, tile.bh, n_own), q_scale)
+
+    @gluon.jit
+    def softmax(self, s, st, first_key):
+        """Descale the scores, mask them where needed, one online-softmax step.
+        Returns (m, l, P in float32 (2^8 p), alpha in O's layout)."""
+        b, h, hk = head_of(st.rows.bh, self.H, self.GROUP)
+        bhk = b * (self.H // self.GROUP) + hk
+        if self.K_PER_ROW:
+            keys = first_key + gl.arange(0, self.BN, layout=gl.SliceLayout(0, self.S))
+            k_scale = gl.load(self.k_scales + bhk.to(gl.int64) * self.k_n_scales + keys // self.k_rows_per_scale,
+                              mask=keys < self.Nk, other=0.0)
+            s = s * gl.expand_dims(k_scale, 0)
+            row_scale = st.q_scale
+        else:
+            row_scale = st.q_scale * gl.load(self.k_scales + bhk)
+        if needs_mask(st.rows.first, first_key, self.BN, self.N, self.Nk, self.CAUSAL):
+            s = mask_scores(s, self.S, st.rows.first, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
+        m, l, p, alpha = fp8_softmax_update(st.m, st.l, s, row_scale, self.Q_PER_ROW)
+        return m, l, p, as_column(alpha, self.O)
+
+    @gluon.jit
+    def p_operand(self, p):
+        """P in e4m3 as the P V register operand (made with no wgmma in flight: ptxas C7513)."""
+        return gl.convert_layout(p.to(self.q_desc.dtype), self.P)
+
+    @gluon.jit
+    def s_and_pv(self, q, k_t, v, st, first_key):
+        """S = Q K^T and acc + P V issued together, the softmax of S while P V runs.
+        Returns (m, l, P in float32, alpha, acc + P V)."""
+        s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
+        o_tok = warpgroup_mma(st.p, v, st.acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
+        m, l, p32, alpha = self.softmax(s, st, first_key)
+        acc = warpgroup_mma_wait(0, deps=(o_tok,))
+        return m, l, p32, alpha, acc
+
+    @gluon.jit
+    def compute(self, ctx, st, stage, tile, step):
+        """Every branch ends with its wgmma complete, so the stage is free when compute returns."""
+        q = ctx.operand.reshape([self.BM, self.D])
+        k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))  # [D, BN], D contiguous: K-major
+        v = stage.vt.reshape([self.D, self.BN]).permute((1, 0))  # [BN, D], keys contiguous: K-major
+        if step == 0:
+            s = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False)
+            m, l, p32, alpha = self.softmax(s, st, 0)
+            st = st.replace(m=m, l=l, p=self.p_operand(p32))
+        elif step < st.rows.n_blocks:
+            m, l, p32, alpha, acc = self.s_and_pv(q, k_t, v, st, step * self.BN)
+            st = st.replace(m=m, l=l, acc=acc * alpha, p=self.p_operand(p32))
+        elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
+            st = st.replace(acc=warpgroup_mma(st.p, v, st.acc))
+        return st
+
+    @gluon.jit
+    def wait(self, ctx, st):
+        return st.replace(acc=warpgroup_mma_wait(0, deps=(st.acc,)))
+
+    @gluon.jit
+    def finish(self, ctx, st, tile):
+        """O = acc * v's descale / l and lse (natural log; l counts 2^8 p) of the rows: lse stored, O by
+        a TMA store (rows past N clipped). A row with no key: 0 and -inf; a NaN l: NaN and NaN."""
+        b, h, hk = head_of(st.rows.bh, self.H, self.GROUP)
+        v_scale = gl.load(self.v_scales + b * (self.H // self.GROUP) + hk)
+        no_key = st.l == 0.0
+        l_safe = gl.where(no_key, 1.0, st.l)
+        out = st.acc * gl.expand_dims(gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, self.O)), 1)
+        lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - P_SHIFT) / LOG2E)
+        store_rows(lse, self.lse, st.rows.bh, st.rows.first, self.N)
+        store_block(out, self.o_desc, ctx.out, [b, h, st.rows.first, 0])
+
+
+@gluon.jit
+def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
+                             scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh,
+                             head_group, schedule, CAUSAL: gl.constexpr, Q_PER_ROW: gl.constexpr,
+                             K_PER_ROW: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+                             Q_BUFFERS: gl.constexpr = 1):
+    """O and lse of FP8 attention for every (query block, batch * head); a persistent grid."""
+    gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")
+    BM: gl.constexpr = o_desc.block_type.shape[2]
+    BN: gl.constexpr = k_desc.block_type.shape[2]
+    D: gl.constexpr = k_desc.block_type.shape[3]
+    op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
+                      scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
+                      CAUSAL, Q_PER_ROW, K_PER_ROW, BM, BN, D, CONSUMERS,
+                      wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
+                      wgmma_lhs_layout(BM, D, gl.num_warps(), 8))
+    layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=0,
+                    tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
+    run(op, layout, KVt(ring(k_desc, STAGES), ring(vt_desc, STAGES)), gl.cdiv(N, op.BM * CONSUMERS) * num_bh)

@@ -1,0 +1,120 @@
+"""FP8 attention's portable kernel in Triton ``tl`` (any GPU, and the CPU through the interpreter): the
+twin of the Hopper kernel's math (reference.py's module docstring), FlashAttention-2's loop.
+
+Layout: q8 (B, Hq, N, D), k8 and v8 (B, Hkv, Nk, D), e4m3, any strides (v8 usually a keys-contiguous
+view, the Hopper kernel's layout); O (B, Hq, N, D) and lse (B, Hq, N) contiguous. q head h reads kv
+head h // (Hq // Hkv). Batch and head offsets are 64-bit.
+
+Descales: q's and k's per (batch, head) (``*_PER_ROW`` off: one value, ``scales[bh]``) or per row
+(``scales[bh * n_scales + row // rows_per_scale]``: per block of rows or per row), v's per (batch,
+kv head). They fold into the scores' base-2 scale, one multiply an element (per row) or none.
+
+``UPCAST``: the dots on the e4m3 codes' exact float16 upcasts, and P rounded to e4m3 values by
+float32 arithmetic (``round_to_e4m3``) kept in float16: what Triton's interpreter runs, whose
+float32 -> e4m3 cast is wrong. The products of two e4m3 numbers are exact in float32 either way.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tilecore.tiles.ops import LOG2E_IN_KERNEL, block_ptrs, bounds_mask, mask_scores, needs_mask, online_softmax_update
+
+P_SCALE_IN_KERNEL = tl.constexpr(256.0)  # reference.P_SCALE: P is rounded to e4m3 as 256 p
+
+
+@triton.jit
+def round_to_e4m3(x):
+    """x >= 0 (float32, at most 448) rounded to the nearest e4m3 value, ties to even, in float32
+    arithmetic: the interpreter's float32 -> float8e4nv cast is wrong (it gave 0.25 for 0.4907 and 0
+    for 0.001: tests/attention_fp8). e4m3 keeps 3 mantissa bits down to 2^-6 and steps of 2^-9 below."""
+    exponent = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    ulp = (((tl.maximum(exponent, -6) - 3) + 127) << 23).to(tl.float32, bitcast=True)
+    magic = 12582912.0  # 1.5 * 2^23: y + magic - magic rounds y (|y| <= 16 here) to an integer, ties to even
+    return ((x / ulp + magic) - magic) * ulp
+
+
+@triton.jit
+def row_descales(scales, bh, n_scales, rows_per_scale, rows, n_rows, PER_ROW: tl.constexpr):
+    """The descale of each of ``rows`` (a [m] vector of row indices, those from n_rows on get 0) of head
+    ``bh``, or, without PER_ROW, the head's one descale (a scalar)."""
+    if PER_ROW:
+        return tl.load(scales + bh.to(tl.int64) * n_scales + rows // rows_per_scale, mask=rows < n_rows, other=0.0)
+    else:
+        return tl.load(scales + bh)
+
+
+@triton.jit
+def attn_fp8_fwd(Q, K, V, O, LSE, QS, KS, VS,
+                 sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
+                 H, N, Nk, D, GROUP, scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale,
+                 CAUSAL: tl.constexpr, Q_PER_ROW: tl.constexpr, K_PER_ROW: tl.constexpr, UPCAST: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per (batch * q head, block of BLOCK_M queries): its rows' O and lse over every key."""
+    blocks = tl.cdiv(N, BLOCK_M)
+    bh = tl.program_id(0) // blocks
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    hk = h // GROUP
+    bhk = b * (H // GROUP) + hk
+    start_m = (tl.program_id(0) % blocks) * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+
+    q = tl.load(block_ptrs(Q + b * sqb + h * sqh, start_m, tl.arange(0, BLOCK_M), offs_d, sqn, sqd),
+                mask=bounds_mask(offs_m, offs_d, N, D), other=0.0)  # [BM, BD] e4m3
+    if UPCAST:
+        q = q.to(tl.float16)
+    # the rows' base-2 score scale: softmax scale * log2 e * q's descale (per row or the head's)
+    q_scale = row_descales(QS, bh, q_n_scales, q_rows_per_scale, offs_m, N, Q_PER_ROW) * scale_log2e
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + hk * svh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    hi = Nk
+    if CAUSAL:  # query i sees keys j <= i + Nk - N
+        hi = tl.maximum(tl.minimum(Nk, start_m + BLOCK_M + (Nk - N)), 0)
+    for start_n in range(0, hi, BLOCK_N):
+        kv_ok = (start_n + offs_n0[:, None] < Nk) & d_ok[None, :]
+        k = tl.load(block_ptrs(k_base, start_n, offs_n0, offs_d, skn, skd), mask=kv_ok, other=0.0)  # [BN, BD]
+        v = tl.load(block_ptrs(v_base, start_n, offs_n0, offs_d, svn, svd), mask=kv_ok, other=0.0)  # [BN, BD]
+        if UPCAST:
+            k = k.to(tl.float16)
+            v = v.to(tl.float16)
+        s = tl.dot(q, tl.trans(k))  # [BM, BN] float32: e4m3 products are exact
+        if K_PER_ROW:
+            k_scale = row_descales(KS, bhk, k_n_scales, k_rows_per_scale, start_n + offs_n0, Nk, True)
+            s = s * k_scale[None, :]
+            if Q_PER_ROW:
+                s = s * q_scale[:, None]
+            else:
+                s = s * q_scale
+        else:
+            k_scale = row_descales(KS, bhk, k_n_scales, k_rows_per_scale, start_n + offs_n0, Nk, False)
+            if Q_PER_ROW:
+                s = s * (q_scale * k_scale)[:, None]
+            else:
+                s = s * (q_scale * k_scale)
+        if needs_mask(start_m, start_n, BLOCK_N, N, Nk, CAUSAL):
+            s = mask_scores(s, start_m, start_n, N, Nk, CAUSAL, 1)
+        m_i, l_i, acc, p = online_softmax_update(m_i, l_i, acc, s, 1.0)
+        if UPCAST:  # e4m3 values are exact in float16
+            acc = tl.dot(round_to_e4m3(p * P_SCALE_IN_KERNEL).to(tl.float16), v, acc)
+        else:
+            acc = tl.dot((p * P_SCALE_IN_KERNEL).to(tl.float8e4nv), v, acc)  # P rounded to e4m3 as 256 p
+    v_scale = tl.load(VS + bhk)
+    no_key = l_i == 0.0  # not "not l > 0": a NaN l (a NaN score) stays NaN
+    l_safe = tl.where(no_key, 1.0, l_i)
+    out = acc * (v_scale / (P_SCALE_IN_KERNEL * l_safe))[:, None]
+    lse = tl.where(no_key, float("-inf"), (m_i + tl.log2(l_safe)) / LOG2E_IN_KERNEL)
+    tl.store(block_ptrs(O + b * sob + h * soh, start_m, tl.arange(0, BLOCK_M), offs_d, son, sod),
+             out.to(O.dtype.element_ty), mask=bounds_mask(offs_m, offs_d, N, D))
+    tl.store(LSE + bh.to(tl.int64) * N + offs_m, lse, mask=offs_m < N)
+
+
+def grid(heads: int, rows: int, block_m: int) -> tuple[int]:
+    return (heads * triton.cdiv(rows, block_m),)

@@ -1,0 +1,110 @@
+"""Which kernel serves an FP8 attention call (``plan``) and its launch (``forward``).
+
+Paths, the first that fits: "emulate" for CPU tensors without Triton's interpreter (reference.py's
+float32 emulation of the kernels' math, torch's CPU ops); "gluon", Hopper's kernel (gluon_fp8.py) at
+head dim 64 or 128; else "tl" (kernels_tl.py: any GPU with e4m3 tensor cores, sm_89 on, and the
+interpreter).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass, field
+
+import torch
+
+from tilecore import dispatch
+from tilecore.ops.attention_fp8 import configs, kernels_tl
+from tilecore.ops.attention_fp8.reference import SCALE_BLOCK, attention_fp8_emulated
+from tilecore.tiles.launch import CachedLaunch, TmaOperand, cdiv, next_power_of_2, tma_describable
+from tilecore.tiles.ops import LOG2E
+
+TL_FWD = CachedLaunch(kernels_tl.attn_fp8_fwd)
+GLUON_FWD = CachedLaunch(lambda: importlib.import_module("tilecore.ops.attention_fp8.gluon_fp8").attention_fp8_fwd_kernel)
+
+
+@dataclass(frozen=True)
+class Plan:
+    path: str  # "gluon", "tl" or "emulate"
+    config: dict = field(default_factory=dict)
+
+
+def plan(q, k, causal: bool, *, path: str | None = None, config: dict | None = None) -> Plan:
+    """The call's plan; ``path`` and ``config`` force them (tests, probes)."""
+    D = q.shape[-1]
+    if path is None:
+        path = ("emulate" if dispatch.backend_for(q.device) == "reference" else
+                "gluon" if D in configs.GLUON_FORWARD and dispatch.gluon_ok(q.device) else "tl")
+    if path == "emulate":
+        return Plan(path)
+    if path == "gluon":
+        return Plan(path, dict(config or configs.GLUON_FORWARD[D]))
+    return Plan(path, dict(config or configs.tl_config(D, dispatch.interpreted(q.device))))
+
+
+def scale_operand(scale: torch.Tensor, rows: int) -> tuple[torch.Tensor, bool, int, int]:
+    """A descale as the kernels take it: (float32 contiguous values, per row?, scales a head,
+    rows a scale): (B, H) -> one a head; (B, H, ceil(rows / SCALE_BLOCK)) -> a block of SCALE_BLOCK
+    rows each; (B, H, rows) -> one a row."""
+    values = scale.to(torch.float32).contiguous()
+    if scale.dim() == 2:
+        return values, False, 1, 1
+    n = scale.shape[2]
+    return values, True, n, 1 if n == rows else SCALE_BLOCK
+
+
+def keys_contiguous_v(v: torch.Tensor) -> torch.Tensor:
+    """v (B, Hkv, Nk, D) as the Hopper kernel reads it: a view whose transpose (B, Hkv, D, Nk) TMA can
+    describe (keys contiguous, 16-byte strides): v itself when it is one (attention_fp8's quantize
+    helpers write it so), else a copy (zero-padded to 16 keys, which the kernel never reads)."""
+    vt = v.transpose(2, 3)
+    if tma_describable(vt):
+        return v
+    B, H, Nk, D = v.shape
+    buf = torch.zeros((B, H, D, cdiv(max(Nk, 1), 16) * 16), dtype=v.dtype, device=v.device)
+    buf[..., :Nk].copy_(vt)
+    return buf[..., :Nk].transpose(2, 3)
+
+
+def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_scale: float,
+            out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O (B, Hq, N, D) in out_dtype, lse (B, Hq, N) float32), both contiguous, by plan ``p``."""
+    if p.path == "emulate":
+        return attention_fp8_emulated(q, k, v, q_scale, k_scale, v_scale, causal=causal, softmax_scale=softmax_scale,
+                                      out_dtype=out_dtype)
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    out = torch.empty((B, H, N, D), dtype=out_dtype, device=q.device)
+    lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
+    qs, q_per_row, q_n, q_rows = scale_operand(q_scale, N)
+    ks, k_per_row, k_n, k_rows = scale_operand(k_scale, Nk)
+    vs = v_scale.to(torch.float32).contiguous()
+    cfg = p.config
+    if p.path == "tl":
+        D_PAD = max(32, next_power_of_2(D))  # e4m3 dots take K >= 32
+        TL_FWD[kernels_tl.grid(B * H, N, cfg["BLOCK_M"])](
+            q, k, v, out, lse, qs, ks, vs, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+            H, N, Nk, D, H // Hkv, softmax_scale * LOG2E, q_n, q_rows, k_n, k_rows,
+            CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row, UPCAST=cfg.pop("UPCAST", False),
+            BLOCK_D=D_PAD, **cfg)
+        return out, lse
+    q = q if tma_describable(q) else q.contiguous()
+    k = k if tma_describable(k) else k.contiguous()
+    vt = keys_contiguous_v(v).transpose(2, 3)
+    block_m, block_n, consumers = cfg["block_m"], cfg["block_n"], cfg["consumers"]
+    grid, head_group, schedule = _tiling(q, k, block_m * consumers, block_n, causal)
+    with dispatch.on_device(q.device):
+        GLUON_FWD[grid](TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]),
+                        TmaOperand(vt, [1, 1, D, block_n]), TmaOperand(out, [1, 1, block_m, D]), lse, qs, ks, vs,
+                        H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows, k_n, k_rows, B * H, head_group,
+                        schedule, CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row, STAGES=cfg["stages"],
+                        CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1), num_warps=4)
+    return out, lse
+
+
+def _tiling(q, k, tile_rows: int, block_n: int, causal: bool):
+    """(grid, head_group, schedule): the bf16 forward's persistent tiling (its plan-level function;
+    its K and V counted at one byte an element)."""
+    from tilecore.ops.attention.plan import query_tiling
+
+    return query_tiling(q, k, tile_rows, block_n, causal, True)

@@ -1,0 +1,168 @@
+"""``attention_fp8``: FP8 (e4m3) attention forward, its checks and its custom-op registration.
+
+Forward only (inference, as FlashAttention-3's FP8 path): there is no gradient, and a call that
+would record one is refused.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from tilecore import dispatch
+from tilecore.ops.attention_fp8 import launch
+from tilecore.ops.attention_fp8.reference import SCALE_BLOCK
+
+FP8 = torch.float8_e4m3fn
+OUT_DTYPES = (torch.bfloat16, torch.float16)
+CPU_OUT_DTYPES = OUT_DTYPES + (torch.float32,)
+MAX_HEAD_DIM = 256
+LAYOUT = ("attention_fp8 takes q as (batch, heads, queries, head_dim) and k, v as (batch, kv_heads, keys, head_dim), "
+          "as tilecore.attention; flash-attn's (batch, seqlen, heads, head_dim) tensors go in as .transpose(1, 2)")
+FORWARD_ONLY = ("attention_fp8 is forward-only (inference, as FlashAttention-3's FP8 path): FP8 attention has no "
+                "backward. Call it under torch.no_grad() / torch.inference_mode(), or use tilecore.attention in "
+                "bf16/fp16 to train")
+
+
+def _name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _scale_shapes(B: int, H: int, rows: int, what: str) -> list[tuple]:
+    return [(B, H), (B, H, math.ceil(rows / SCALE_BLOCK)), (B, H, rows)] if what != "v" else [(B, H)]
+
+
+def check_scale(scale, what: str, B: int, H: int, rows: int, device) -> None:
+    """A descale: a float32 tensor on the inputs' device of one of the accepted shapes, every value
+    finite and > 0 (checked on the host: one synchronization a call)."""
+    shapes = _scale_shapes(B, H, rows, what)
+    accepted = " or ".join(str(s) for s in shapes)
+    meaning = ("per (batch, kv head)" if what == "v" else
+               f"per (batch, head), per block of {SCALE_BLOCK} {'queries' if what == 'q' else 'keys'}, or per "
+               f"{'query' if what == 'q' else 'key'}")
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+        got = _name(scale.dtype) if isinstance(scale, torch.Tensor) else type(scale).__name__
+        raise TypeError(f"attention_fp8: {what}_scale must be a float32 tensor of shape {accepted} ({meaning}: the "
+                        f"dequantized {what} is {what}8 * {what}_scale); got {got}")
+    if tuple(scale.shape) not in shapes:
+        raise ValueError(f"attention_fp8: {what}_scale must have shape {accepted} ({meaning}); got {tuple(scale.shape)}")
+    if scale.device != device:
+        raise ValueError(f"attention_fp8: {what}_scale must be on the inputs' device {device}; got {scale.device}")
+    if scale.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError(FORWARD_ONLY)
+    if scale.device.type != "meta" and not torch.compiler.is_compiling() and not dispatch.capturing(scale.device) \
+            and scale.numel() and not bool(((scale > 0) & torch.isfinite(scale)).all()):
+        raise ValueError(f"attention_fp8: {what}_scale must be finite and > 0 (a descale: amax / 448 of what "
+                         f"was quantized); got min {scale.min().item():g}, max {scale.max().item():g}")
+
+
+def check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype) -> float:
+    """Raise TypeError/ValueError naming what is accepted; returns the softmax scale."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"attention_fp8: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"attention_fp8: q, k and v must be 4-D; got {name} of shape {tuple(t.shape)} ({LAYOUT})")
+        if t.dtype != FP8:
+            raise TypeError(f"attention_fp8: q, k and v must be float8_e4m3fn (e4m3 codes; their descales come as "
+                            f"q_scale, k_scale, v_scale); got {name} in {_name(t.dtype)}. bf16/fp16 tensors: "
+                            f"attention_fp8_rotated (quantizes them) or tilecore.attention")
+        if t.requires_grad and torch.is_grad_enabled():
+            raise RuntimeError(FORWARD_ONLY)
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"attention_fp8: q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
+    dispatch.backend_for(q.device)  # raises for devices tilecore does not run on
+    if q.device.type == "cuda" and not dispatch.fp8_ok(q.device):
+        raise RuntimeError("attention_fp8 needs e4m3 tensor cores (NVIDIA sm_89 or later: Ada, Hopper); "
+                           "this GPU has none: use tilecore.attention in bf16/fp16")
+    if k.shape != v.shape:
+        raise ValueError(f"attention_fp8: k and v must have the same shape (batch, kv_heads, keys, head_dim); "
+                         f"got k {tuple(k.shape)} and v {tuple(v.shape)} ({LAYOUT})")
+    B, Hq, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"attention_fp8: k and v must have q's batch ({B}) and head_dim ({D}); got k of shape "
+                         f"{tuple(k.shape)} and q of shape {tuple(q.shape)} ({LAYOUT})")
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"attention_fp8: head_dim must be from 1 to {MAX_HEAD_DIM} (64 and 128 are the fast ones); "
+                         f"got {D} ({LAYOUT})")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise ValueError(f"attention_fp8: q's heads ({Hq}) must be a multiple of k's and v's heads ({Hkv}) "
+                         f"(grouped-query attention); got q {tuple(q.shape)}, k {tuple(k.shape)} ({LAYOUT})")
+    check_scale(q_scale, "q", B, Hq, N, q.device)
+    check_scale(k_scale, "k", B, Hkv, Nk, q.device)
+    check_scale(v_scale, "v", B, Hkv, Nk, q.device)
+    if not isinstance(causal, bool):
+        raise TypeError(f"attention_fp8: causal must be True or False, got {causal!r}")
+    compiled = q.device.type == "cuda"
+    dtypes = OUT_DTYPES if compiled else CPU_OUT_DTYPES
+    if out_dtype not in dtypes:
+        raise TypeError(f"attention_fp8: out_dtype must be one of {', '.join(map(_name, dtypes))}"
+                        f"{' on the GPU' if compiled else ''}; got {out_dtype!r}")
+    if softmax_scale is None:
+        return D ** -0.5
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) \
+            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"attention_fp8: softmax_scale must be None (head_dim ** -0.5) or a finite number > 0; "
+                         f"got {softmax_scale!r}")
+    return float(softmax_scale)
+
+
+def _impl(q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_scale: float, out_dtype: torch.dtype):
+    if q.numel() == 0 or k.shape[2] == 0:
+        out = torch.zeros(q.shape, dtype=out_dtype, device=q.device)
+        return out, torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+    return launch.forward(launch.plan(q, k, causal), q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale,
+                          out_dtype)
+
+
+@torch.library.custom_op("tilecore::attention_fp8", mutates_args=())
+def _attention_fp8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_scale: torch.Tensor,
+                      k_scale: torch.Tensor, v_scale: torch.Tensor, causal: bool, softmax_scale: float,
+                      out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    return _impl(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype)
+
+
+@_attention_fp8_op.register_fake
+def _(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype):
+    return q.new_empty(q.shape, dtype=out_dtype), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale: torch.Tensor, k_scale: torch.Tensor,
+                  v_scale: torch.Tensor, causal: bool = False, softmax_scale: float | None = None,
+                  out_dtype: torch.dtype = torch.bfloat16, return_lse: bool = False):
+    """softmax(softmax_scale q k^T) v on e4m3 inputs, FlashAttention-3's FP8 forward.
+
+    Layout (B, H, N, D), as tilecore.attention: q (batch, heads, queries, head_dim), k and v (batch,
+    kv_heads, keys, head_dim), all ``torch.float8_e4m3fn``, Hq a multiple of Hkv (GQA / MQA); any
+    strides. The Hopper kernel reads V keys-contiguous (it multiplies P V with V^T in shared memory):
+    v given as ``vt.transpose(2, 3)`` of a (B, Hkv, D, Nk) tensor (what ``quantize_fp8(v,
+    keys_contiguous=True)`` returns) is read as it is; any other v is copied to that layout first
+    (one pass over v's bytes).
+
+    Descales (float32; the dequantized tensor is codes x descale): ``q_scale`` (B, Hq) per (batch,
+    head), (B, Hq, ceil(N / 128)) per block of 128 queries, or (B, Hq, N) per query; ``k_scale`` the
+    same over (B, Hkv) and Nk keys; ``v_scale`` (B, Hkv) per (batch, kv head) only (a per-key v scale
+    would sit inside P V's sum). Every value finite and > 0 (checked: one host sync a call).
+
+    Math: scores in float32 from exact e4m3 products, online softmax in base 2, P rounded to e4m3 as
+    256 p (p <= 1, FlashAttention-3's scaling; reference.py), P V accumulated in float32, O = acc x
+    v_scale / l with l the float32 sum of 256 p. ``causal`` masks query i to keys j <= i + Nk - N
+    (bottom right, as tilecore.attention); a row with no key gives 0 (lse -inf). ``softmax_scale``
+    defaults to head_dim ** -0.5 and must be > 0. Any N, Nk; head_dim 1..256 (64 and 128 run
+    Hopper's Gluon kernel, others the portable Triton kernel). Returns O (B, Hq, N, D) in
+    ``out_dtype`` (bfloat16 or float16; float32 too on the CPU) and, with ``return_lse=True``, the
+    row log-sum-exp of the scaled scores (float32, (B, Hq, N), natural log).
+
+    CUDA tensors need e4m3 tensor cores (sm_89 on). CPU tensors run the float32 emulation of the
+    kernels' math with torch's ops (reference.attention_fp8_emulated), or the Triton kernel in the
+    interpreter under TRITON_INTERPRET=1. Not differentiable: a call that would record a gradient
+    raises (FP8 is forward-only).
+    """
+    scale = check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype)
+    if dispatch.plain_eager(q, k, v, q_scale, k_scale, v_scale):
+        out, lse = _impl(q, k, v, q_scale, k_scale, v_scale, causal, scale, out_dtype)
+    else:
+        out, lse = _attention_fp8_op(q, k, v, q_scale, k_scale, v_scale, causal, scale, out_dtype)
+    return (out, lse) if return_lse else out

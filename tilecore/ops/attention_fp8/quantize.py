@@ -1,0 +1,103 @@
+"""Quantizing attention's inputs to e4m3 for attention_fp8, and the convenience path
+``attention_fp8_rotated`` (bf16/fp16 in: rotate Q and K, quantize Q, K, V, attend in FP8).
+
+Descale conventions (op.py): codes x descale = the value; descale = amax / 448 (1 where amax = 0).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from tilecore.ops.attention_fp8.op import FORWARD_ONLY, LAYOUT, attention_fp8
+from tilecore.ops.attention_fp8.reference import SCALE_BLOCK
+
+E4M3_MAX = 448.0
+GRANULARITIES = ("head", "block", "token")
+SIGN_SEED = 0x7C0FE8  # the rotation's signs: torch.Generator seeded with SIGN_SEED + head_dim (CPU), cached
+
+
+def _descale(amax: torch.Tensor) -> torch.Tensor:
+    return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+
+
+def quantize_fp8(x: torch.Tensor, *, per: str = "head", keys_contiguous: bool = False):
+    """(codes, descale) of a (B, H, N, D) tensor in e4m3, saturating: descale = amax / 448 per (batch,
+    head) (``per="head"``: descale (B, H)), per block of 128 rows (``"block"``: (B, H, ceil(N / 128))) or
+    per row (``"token"``: (B, H, N)); codes = round(x / descale). ``keys_contiguous``: codes written
+    as (B, H, D, N) with N padded to 16 and returned as the (B, H, N, D) view of it: the layout the
+    Hopper kernel takes v in (attention_fp8 then reads it as it is, with no copy)."""
+    if per not in GRANULARITIES:
+        raise ValueError(f"quantize_fp8: per must be one of {', '.join(GRANULARITIES)}; got {per!r}")
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.dtype.is_floating_point:
+        raise ValueError(f"quantize_fp8 takes a floating-point (B, H, N, D) tensor ({LAYOUT})")
+    B, H, N, D = x.shape
+    xf = x.float()
+    if per == "head":
+        descale = _descale(xf.abs().amax(dim=(2, 3)))
+        per_row = descale[:, :, None, None]
+    elif per == "token":
+        descale = _descale(xf.abs().amax(dim=3))
+        per_row = descale[..., None]
+    else:
+        blocks = math.ceil(N / SCALE_BLOCK)
+        padded = torch.nn.functional.pad(xf.abs().amax(dim=3), (0, blocks * SCALE_BLOCK - N))
+        descale = _descale(padded.view(B, H, blocks, SCALE_BLOCK).amax(dim=3))
+        per_row = descale.repeat_interleave(SCALE_BLOCK, dim=2)[:, :, :N, None]
+    codes = (xf / per_row).clamp(-E4M3_MAX, E4M3_MAX)
+    if keys_contiguous:
+        buf = torch.zeros((B, H, D, -(-max(N, 1) // 16) * 16), dtype=torch.float8_e4m3fn, device=x.device)
+        buf[..., :N].copy_(codes.transpose(2, 3))
+        return buf[..., :N].transpose(2, 3), descale
+    return codes.to(torch.float8_e4m3fn), descale
+
+
+@functools.lru_cache(maxsize=None)
+def _signs_cpu(head_dim: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(SIGN_SEED + head_dim)
+    return torch.randint(0, 2, (head_dim,), generator=g).to(torch.float32) * 2 - 1
+
+
+_SIGNS: dict = {}
+
+
+def rotation_signs(head_dim: int, device) -> torch.Tensor:
+    """The random signs (+-1, float32) of the rotation for ``head_dim``: fixed (seeded by head_dim), one
+    copy a device, cached. The same for q and k, so the rotation H diag(s) / sqrt(D) is one orthogonal
+    matrix applied to both and q k^T is unchanged."""
+    key = (head_dim, str(device))
+    if key not in _SIGNS:
+        _SIGNS[key] = _signs_cpu(head_dim).to(device)
+    return _SIGNS[key]
+
+
+def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                          scale: float | None = None, rotate: bool = True, return_lse: bool = False):
+    """Attention of bf16/fp16 (and, on the CPU, float32) tensors in FP8, end to end: with ``rotate``,
+    q and k rotated by one random-sign Hadamard transform of the head dim (H diag(s) / sqrt(D), s
+    fixed per head_dim: q k^T unchanged, outliers spread over the head dim; FlashAttention-3's
+    incoherent processing) and quantized per token in the same pass (tilecore.hadamard_quantize,
+    fp8_e4m3), v quantized per (batch, kv head) into the keys-contiguous layout the Hopper kernel
+    reads, then ``attention_fp8``. Layout and masks as tilecore.attention ((B, H, N, D), GQA, causal
+    bottom right); O in q's dtype. ``rotate`` needs a head dim hadamard_transform takes (a power of
+    two, or m x 2^k). Forward only: a call that would record a gradient raises."""
+    from tilecore.ops.hadamard import hadamard_quantize
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"attention_fp8_rotated: {name} must be a 4-D tensor ({LAYOUT})")
+        if t.requires_grad and torch.is_grad_enabled():
+            raise RuntimeError(FORWARD_ONLY)
+    dtypes = (torch.bfloat16, torch.float16) + ((torch.float32,) if q.device.type == "cpu" else ())
+    if q.dtype not in dtypes or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"attention_fp8_rotated: q, k and v must share one dtype among "
+                        f"{', '.join(str(d).removeprefix('torch.') for d in dtypes)}; got {q.dtype}, {k.dtype}, "
+                        f"{v.dtype} (e4m3 inputs: attention_fp8)")
+    D = q.shape[-1]
+    signs = rotation_signs(D, q.device) if rotate else None
+    q8, q_scale = hadamard_quantize(q, format="fp8_e4m3", rotate=rotate, randomized_signs=signs)
+    k8, k_scale = hadamard_quantize(k, format="fp8_e4m3", rotate=rotate, randomized_signs=signs)
+    v8, v_scale = quantize_fp8(v, per="head", keys_contiguous=True)
+    return attention_fp8(q8, k8, v8, q_scale=q_scale.squeeze(-1), k_scale=k_scale.squeeze(-1), v_scale=v_scale,
+                         causal=causal, softmax_scale=scale, out_dtype=q.dtype, return_lse=return_lse)

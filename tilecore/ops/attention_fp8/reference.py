@@ -1,0 +1,117 @@
+"""FP8 attention with PyTorch operations: the exact reference (float64, no rounding but the inputs'),
+and the emulation of the kernels' math (float32, P rounded to e4m3 block by block), which is also
+the CPU path.
+
+Descales (see op.py): the dequantized inputs are q = q8 * q_scale, k = k8 * k_scale, v = v8 * v_scale,
+with q_scale and k_scale per (batch, head), per block of ``SCALE_BLOCK`` rows or per row, v_scale per
+(batch, kv head). Masks as tilecore.attention: causal aligned to the bottom right (query i sees keys
+j <= i + Nk - N); a row with no key gets 0 and lse -inf.
+
+The kernels' math (FlashAttention-3's FP8 forward), in base 2, for each block of ``block_n`` keys:
+
+    s    = (q8 k8^T) * (q_scale_i * k_scale_j * softmax_scale * log2 e)     float32
+    m    = max(m, rowmax s);  alpha = 2^(m_old - m);  p = 2^(s - m)          p in [0, 1]
+    l    = l alpha + rowsum p                                               (float32 p, not rounded)
+    acc  = acc alpha + e4m3(P_SCALE * p) v8                                 P_SCALE = 2^8
+    O    = acc * v_scale / (P_SCALE * l)
+
+P is rounded to e4m3 scaled by P_SCALE = 256 (FlashAttention-3's "max offset" of 8 in the exponent):
+the largest p (1) goes to 256 (< 448, e4m3's largest), and p down to 2^-14 stay normal e4m3 numbers
+(unscaled, everything under 2^-6 would be subnormal, losing bits). P's rounding is relative to the
+running max of the blocks so far, so the emulation walks the key blocks as the kernel does.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+P_SCALE = 256.0  # P is rounded to e4m3 as P_SCALE * p (p <= 1): see the module docstring
+SCALE_BLOCK = 128  # a per-block descale covers this many rows (queries or keys)
+LOG2E = math.log2(math.e)
+
+
+def expand_scale(scale: torch.Tensor, heads_rows: tuple[int, int, int], rows: int) -> torch.Tensor:
+    """A descale (B, H), (B, H, ceil(rows / SCALE_BLOCK)) or (B, H, rows) as one per row: (B, H, rows)."""
+    B, H, _ = heads_rows
+    if scale.dim() == 2:
+        return scale[:, :, None].expand(B, H, rows)
+    if scale.shape[2] == rows:
+        return scale
+    return scale.repeat_interleave(SCALE_BLOCK, dim=2)[:, :, :rows]
+
+
+def dequantized(q8, k8, v8, q_scale, k_scale, v_scale, dtype=torch.float64):
+    """(q, k, v) dequantized in ``dtype``: codes times their descales."""
+    q = q8.to(dtype) * expand_scale(q_scale, q8.shape[:3], q8.shape[2]).to(dtype)[..., None]
+    k = k8.to(dtype) * expand_scale(k_scale, k8.shape[:3], k8.shape[2]).to(dtype)[..., None]
+    v = v8.to(dtype) * v_scale.to(dtype)[:, :, None, None]
+    return q, k, v
+
+
+def _allowed(n: int, nk: int, device, causal: bool, rows: slice) -> torch.Tensor | None:
+    if not causal:
+        return None
+    i = torch.arange(rows.start, rows.stop, device=device)[:, None] + (nk - n)
+    return torch.arange(nk, device=device)[None, :] <= i
+
+
+def attention_fp8_exact(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=False, softmax_scale=None):
+    """(O, lse) in float64 of softmax(scale q k^T) v on the dequantized inputs: no rounding but the
+    inputs' (what the kernels approximate)."""
+    q, k, v = dequantized(q8, k8, v8, q_scale, k_scale, v_scale)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    s = (q @ k.transpose(-1, -2)) * scale
+    allowed = _allowed(q.shape[2], k.shape[2], q.device, causal, slice(0, q.shape[2]))
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    no_key = lse == float("-inf")
+    p = torch.exp(s - torch.where(no_key, 0.0, lse)[..., None])
+    return (p @ v).masked_fill(no_key[..., None], 0.0), lse
+
+
+def attention_fp8_emulated(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=False, softmax_scale=None,
+                           block_n: int = 128, out_dtype=torch.float32, rows_at_once: int = 1024):
+    """(O in ``out_dtype``, lse float32) by the kernels' math (module docstring) in float32, key block
+    by key block of ``block_n`` (the kernels': P's rounding depends on it), ``rows_at_once`` query
+    rows at a time. The CPU path of attention_fp8."""
+    B, Hq, N, D = q8.shape
+    Hkv, Nk = k8.shape[1], k8.shape[2]
+    group = Hq // Hkv
+    scale = D ** -0.5 if softmax_scale is None else softmax_scale
+    f32 = torch.float32
+    qs = expand_scale(q_scale, q8.shape[:3], N).to(f32) * (scale * LOG2E)
+    ks = expand_scale(k_scale, k8.shape[:3], Nk).to(f32).repeat_interleave(group, 1)
+    k = k8.to(f32).repeat_interleave(group, 1)
+    v = v8.to(f32).repeat_interleave(group, 1)
+    vs = v_scale.to(f32).repeat_interleave(group, 1)[:, :, None, None]
+    out = torch.empty((B, Hq, N, D), dtype=out_dtype, device=q8.device)
+    lse = torch.empty((B, Hq, N), dtype=f32, device=q8.device)
+    for r0 in range(0, N, rows_at_once):
+        rows = slice(r0, min(N, r0 + rows_at_once))
+        q = q8[:, :, rows].to(f32)
+        m = torch.full(q.shape[:3], float("-inf"), dtype=f32, device=q.device)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(q.shape, dtype=f32, device=q.device)
+        allowed = _allowed(N, Nk, q.device, causal, rows)
+        for j0 in range(0, Nk, block_n):
+            keys = slice(j0, min(Nk, j0 + block_n))
+            s = (q @ k[:, :, keys].transpose(-1, -2)) * qs[:, :, rows, None] * ks[:, :, None, keys]
+            if allowed is not None:
+                s = s.masked_fill(~allowed[:, keys], float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1))
+            m_ref = torch.where(m_new == float("-inf"), 0.0, m_new)
+            p = torch.exp2(s - m_ref[..., None])
+            alpha = torch.exp2(m - m_ref)
+            l = l * alpha + p.sum(-1)
+            p8 = (p * P_SCALE).to(torch.float8_e4m3fn).to(f32)
+            acc = acc * alpha[..., None] + p8 @ v[:, :, keys]
+            m = m_new
+        no_key = l == 0.0
+        l_safe = torch.where(no_key, 1.0, l)
+        out[:, :, rows] = (acc * vs / (P_SCALE * l_safe[..., None])).to(out_dtype)
+        lse[:, :, rows] = torch.where(no_key, float("-inf"), (m + torch.log2(l_safe)) / LOG2E)
+    return out, lse
