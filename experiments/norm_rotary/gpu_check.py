@@ -382,8 +382,10 @@ def sweep_norm():
     the backward, latency-bound, is what the sweep is for)."""
     sms = 4 if DRY else torch.cuda.get_device_properties(DEV).multi_processor_count
     dtype = torch.bfloat16
-    grid = {1024: ((1024, 4, 4), (1024, 4, 8), (1024, 4, 16), (2048, 4, 8), (2048, 8, 8), (1024, 8, 8)),
-            4096: ((4096, 8, 2), (4096, 8, 4), (4096, 8, 8), (4096, 16, 4), (4096, 4, 8))}
+    grid = {1024: ((1024, 4, 4), (1024, 4, 8), (1024, 4, 16), (2048, 4, 4), (2048, 4, 8), (2048, 8, 4),
+                   (2048, 8, 8), (1024, 8, 8), (4096, 8, 4)),
+            4096: ((4096, 8, 1), (4096, 8, 2), (4096, 8, 4), (4096, 16, 1), (4096, 16, 2), (4096, 4, 4),
+                   (4096, 4, 8))}
     for n, configs in grid.items():
         rows = SIZES["rows"]
         x = torch.randn(rows, n, device=DEV, dtype=dtype)

@@ -21,7 +21,7 @@ the mask: as many bytes as storing and reloading it, and no activation kept for 
 import triton
 import triton.language as tl
 
-from tilecore.ops.norm.forward import dropout_multiplier, load_tile, residual_stream
+from tilecore.ops.norm.forward import dropout_multiplier, load_tile
 
 
 @triton.jit
@@ -30,25 +30,56 @@ def _add_pairs(a0, b0, a1, b1):
 
 
 @triton.jit
-def normalized_and_grad(DY, X, RES, H, W, MEAN, RSTD, r, r64, c, mask, N,
-                        stride_dy, stride_x, stride_res, stride_h, drop,
-                        LOAD_H: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr,
-                        DROPOUT: tl.constexpr, RMS: tl.constexpr, H_DTYPE: tl.constexpr):
-    """(dy, xhat, g, rstd) on a tile: h loaded (LOAD_H) or recomputed; dy, xhat, g are 0 outside
-    ``mask``. ``r``: rows within range (a caller maps the tile's rows past the end to row 0)."""
-    dy = load_tile(DY, r64, c, stride_dy, mask)
+def tile_rows(tile, rows, c, cmask, ROWS: tl.constexpr):
+    """Row indices of row tile ``tile`` (rows past the end mapped to row 0, whose statistics they read;
+    nothing of theirs is stored), as int32 and int64, and the tile's mask."""
+    r = tile * ROWS + tl.arange(0, ROWS)
+    rmask = r < rows
+    r = tl.where(rmask, r, 0)
+    return r, r.to(tl.int64), rmask[:, None] & cmask[None, :]
+
+
+@triton.jit
+def load_operands(DY, X, RES, H, MEAN, RSTD, r, r64, c, mask, stride_dy, stride_x, stride_res, stride_h,
+                  LOAD_H: tl.constexpr, HAS_RES: tl.constexpr, RMS: tl.constexpr):
+    """A tile's inputs in their own dtypes, loaded and not yet used: dy, then h (LOAD_H) or x and the
+    residual, and the rows' rstd and mean (0 where not read)."""
+    dy = tl.load(DY + r64[:, None] * stride_dy + c[None, :], mask=mask, other=0.0)
     if LOAD_H:
-        h = load_tile(H, r64, c, stride_h, mask)
+        a = tl.load(H + r64[:, None] * stride_h + c[None, :], mask=mask, other=0.0)
     else:
-        h = residual_stream(X, RES, r64, c, mask, stride_x, stride_res, drop, HAS_RES, DROPOUT, H_DTYPE)
-    rstd = tl.load(RSTD + r)  # (the caller maps rows past the end to row 0: no mask needed)
+        a = tl.load(X + r64[:, None] * stride_x + c[None, :], mask=mask, other=0.0)
+    b = a
+    if HAS_RES and not LOAD_H:
+        b = tl.load(RES + r64[:, None] * stride_res + c[None, :], mask=mask, other=0.0)
+    rstd = tl.load(RSTD + r)
+    mean = rstd * 0.0
     if not RMS:
-        h = h - tl.load(MEAN + r)[:, None]
+        mean = tl.load(MEAN + r)
+    return dy, a, b, rstd, mean
+
+
+@triton.jit
+def grad_terms(dy, a, b, rstd, mean, W, c, mask, N, drop, LOAD_H: tl.constexpr, HAS_RES: tl.constexpr,
+               HAS_W: tl.constexpr, DROPOUT: tl.constexpr, RMS: tl.constexpr, H_DTYPE: tl.constexpr):
+    """(dy, xhat, g) in float32 from load_operands' tile: h = a (LOAD_H) or recomputed as x * drop +
+    residual, rounded as the forward stored it; dy, xhat, g are 0 outside ``mask``."""
+    dy = dy.to(tl.float32)
+    h = a.to(tl.float32)
+    if not LOAD_H:
+        if DROPOUT:
+            h = h * drop
+        if HAS_RES:
+            h = h + b.to(tl.float32)
+        if HAS_RES or DROPOUT:
+            h = h.to(H_DTYPE).to(tl.float32)
+    if not RMS:
+        h = h - mean[:, None]
     xhat = tl.where(mask, h * rstd[:, None], 0.0)
     g = dy
     if HAS_W:
         g = dy * tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)[None, :]
-    return dy, xhat, g, rstd
+    return dy, xhat, g
 
 
 @triton.jit
@@ -71,18 +102,22 @@ def norm_backward_kernel(DY, X, RES, H, W, MEAN, RSTD, SUMS, SEED, DH_OUT, DX, D
     # every tile went through shared memory and barriers (22 bar.sync a tile at 4 x 1024 before)
     dw = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     db = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    # the loop is latency-bound (a few programs an SM): the next tile's loads are issued before this
+    # tile's reductions, so that they are in flight while it computes (past the last tile: all masked)
+    r, r64, mask = tile_rows(group, rows, c, cmask, ROWS)
+    ahead = load_operands(DY, X, RES, H, MEAN, RSTD, r, r64, c, mask, stride_dy, stride_x, stride_res, stride_h,
+                          LOAD_H, HAS_RES, RMS)
     for tile in range(group, tl.cdiv(rows, ROWS), groups):
-        r = tile * ROWS + tl.arange(0, ROWS)
-        rmask = r < rows
-        r = tl.where(rmask, r, 0)  # masked rows read row 0's statistics (never stored)
-        mask = rmask[:, None] & cmask[None, :]
-        r64 = r.to(tl.int64)
+        dy, a, b, rstd, mean = ahead
+        r, r64, mask = tile_rows(tile, rows, c, cmask, ROWS)
+        r_next, r64_next, mask_next = tile_rows(tile + groups, rows, c, cmask, ROWS)
+        ahead = load_operands(DY, X, RES, H, MEAN, RSTD, r_next, r64_next, c, mask_next, stride_dy, stride_x,
+                              stride_res, stride_h, LOAD_H, HAS_RES, RMS)
         drop = 1.0
         if DROPOUT:  # drawn once: for the recomputed h and for dx
             drop = dropout_multiplier(SEED, r64, tl.program_id(1) * BLOCK_N, N, p16, scale, ROWS, BLOCK_N)
-        dy, xhat, g, rstd = normalized_and_grad(
-            DY, X, RES, H, W, MEAN, RSTD, r, r64, c, mask, N, stride_dy, stride_x, stride_res, stride_h,
-            drop, LOAD_H, HAS_RES, HAS_W, DROPOUT, RMS, H_DTYPE)
+        dy, xhat, g = grad_terms(dy, a, b, rstd, mean, W, c, mask, N, drop, LOAD_H, HAS_RES, HAS_W, DROPOUT, RMS,
+                                 H_DTYPE)
         if WHOLE_ROW:
             if RMS:
                 mean_gx = tl.sum(g * xhat, axis=1) / N
@@ -134,9 +169,10 @@ def norm_row_sums_kernel(DY, X, RES, H, W, MEAN, RSTD, SEED, SUMS, rows, N,
         drop = 1.0
         if DROPOUT and not LOAD_H:
             drop = dropout_multiplier(SEED, r64, start, N, p16, scale, ROWS, BLOCK_N)
-        dy, xhat, g, rstd = normalized_and_grad(
-            DY, X, RES, H, W, MEAN, RSTD, r, r64, c, mask, N, stride_dy, stride_x, stride_res, stride_h,
-            drop, LOAD_H, HAS_RES, HAS_W, DROPOUT, RMS, H_DTYPE)
+        dy, a, b, rstd, mean = load_operands(DY, X, RES, H, MEAN, RSTD, r, r64, c, mask, stride_dy, stride_x,
+                                             stride_res, stride_h, LOAD_H, HAS_RES, RMS)
+        dy, xhat, g = grad_terms(dy, a, b, rstd, mean, W, c, mask, N, drop, LOAD_H, HAS_RES, HAS_W, DROPOUT, RMS,
+                                 H_DTYPE)
         if RMS:
             sum_gx += tl.sum(g * xhat, axis=1)
         else:
