@@ -1,0 +1,412 @@
+"""Portable Triton (``tl``) kernels for packed variable-length batches and for attention against a
+(paged) KV cache.
+
+Packed layout (flash-attn's varlen): q (total_q, Hq, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv),
+any strides; sequence b owns query rows [cu_q[b], cu_q[b + 1]) and key rows [cu_k[b], cu_k[b + 1]).
+lse and delta are float32 (Hq, total_q), contiguous. q head h reads kv head h // GROUP.
+
+Grid of the packed kernels: (blocks, heads), where ``blocks`` is an upper bound on the number of
+row blocks over all sequences (cdiv(total, BLOCK) + B: no host sync, the shapes say it) and
+CU_BLOCKS (B + 1, int32, on the device) is the running count of each sequence's blocks (made by
+torch ops on the device). A program finds its sequence by a binary search of CU_BLOCKS
+(``sequence_of_block``), and a program past the last block returns at once. Blocks never straddle
+two sequences, so every mask is per sequence.
+
+Masks (flash-attn's, reference.py's): query i of a sequence with N queries and Nk keys sits at key
+position i' = i + Nk - N and attends keys j < Nk with i' - left <= j <= i' + right where LEFT /
+RIGHT say the bound is on (causal is RIGHT with right = 0). Key blocks wholly outside a block's
+window are skipped (the loops' bounds), so a window's cost is proportional to its width. softcap
+(SOFTCAP): s = softcap * tanh(scale * q.k / softcap), tanh through exp2 (libdevice does not run
+in the interpreter); the backward multiplies dS by 1 - tanh^2. Scores are scaled (and capped)
+before masking, then taken to base 2 for exp2; the online softmax, the "no key" rule (O = 0,
+lse = -inf) and NaN propagation are attention's (kernels_tl.py's docstring).
+
+KV cache: k_cache / v_cache either contiguous-per-sequence (B, Nmax, Hkv, D) (PAGED = False) or
+paged (num_pages, PAGE, Hkv, D) with BLOCK_TABLE (B, max_pages) int32 (PAGED = True); sequence b's
+length is SEQLENS[b] + Nnew (read on the device). A key row j of sequence b lives in page
+BLOCK_TABLE[b, j // PAGE], slot j % PAGE; every load is masked by j < length, so no row (and no
+block-table entry) past a sequence's length is read.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tilecore.tiles.ops import LOG2E_IN_KERNEL, col_max, col_sum, online_softmax_update
+
+
+@triton.jit
+def sequence_of_block(CU_BLOCKS, t, B, SEARCH_STEPS: tl.constexpr):
+    """The sequence b whose blocks hold block t: the largest b < B with CU_BLOCKS[b] <= t (a sequence
+    with no block has CU_BLOCKS[b] == CU_BLOCKS[b + 1] and is passed over). SEARCH_STEPS >= log2(B) + 1."""
+    lo = t * 0
+    hi = lo + B - 1
+    for _ in tl.static_range(SEARCH_STEPS):
+        mid = (lo + hi + 1) // 2
+        before = tl.load(CU_BLOCKS + mid) <= t
+        lo = tl.where(before, mid, lo)
+        hi = tl.where(before, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def key_range(first_position, last_position, key_end, left, right, BLOCK_N: tl.constexpr,
+              LEFT: tl.constexpr, RIGHT: tl.constexpr):
+    """[lo, hi) of the keys that queries at positions first..last may see, lo a multiple of BLOCK_N."""
+    lo = first_position * 0
+    hi = lo + key_end
+    if LEFT:
+        lo = (tl.maximum(first_position - left, 0) // BLOCK_N) * BLOCK_N
+    if RIGHT:
+        hi = tl.minimum(hi, last_position + right + 1)
+    return lo, hi
+
+
+@triton.jit
+def normalized(m_i, l_i, acc):
+    """acc / l and the base-2 lse (m + log2 l); a row with no key (l = 0): 0 and -inf; l NaN: NaN."""
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    return acc / l_safe[:, None], tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))
+
+
+@triton.jit
+def _packed_rows(base, first_row, offs, rows_ok, cols, cols_ok, s_row, s_col):
+    """(pointers, mask) of packed rows first_row + offs (64-bit) and columns ``cols`` of one head."""
+    rows = (first_row + offs).to(tl.int64)
+    return base + rows[:, None] * s_row + cols[None, :] * s_col, rows_ok[:, None] & cols_ok[None, :]
+
+
+# --------------------------------------------------------------------------------------------
+# packed forward
+
+
+@triton.jit
+def varlen_fwd(Q, K, V, O, LSE, CU_Q, CU_K, CU_BLOCKS,
+               sqt, sqh, sqd, skt, skh, skd, svt, svh, svd, sot, soh, sod,
+               B, total_q, D, DV, GROUP, scale, softcap, left, right,
+               LEFT: tl.constexpr, RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Program (query block over all sequences, q head): its rows' O (total_q, Hq, Dv) and lse."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    if t >= tl.load(CU_BLOCKS + B):
+        return
+    b = sequence_of_block(CU_BLOCKS, t, B, SEARCH_STEPS)
+    q0 = tl.load(CU_Q + b)
+    n = tl.load(CU_Q + b + 1) - q0
+    k0 = tl.load(CU_K + b)
+    nk = tl.load(CU_K + b + 1) - k0
+    start_m = (t - tl.load(CU_BLOCKS + b)) * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    hk = (h // GROUP).to(tl.int64)
+    h64 = h.to(tl.int64)
+    row_ok = offs_m < n
+    q_ptrs, q_ok = _packed_rows(Q + h64 * sqh, q0, offs_m, row_ok, offs_d, offs_d < D, sqt, sqd)
+    q = tl.load(q_ptrs, mask=q_ok, other=0.0)
+    k_base = K + hk * skh
+    v_base = V + hk * svh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    shift = nk - n
+    position = offs_m + shift
+    lo, hi = key_range(start_m + shift, tl.minimum(start_m + BLOCK_M, n) - 1 + shift, nk, left, right,
+                       BLOCK_N, LEFT, RIGHT)
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+    for start_n in range(lo, hi, BLOCK_N):
+        # the loop body is written out (no nested jit helpers but the softmax update): the
+        # interpreter pays ~7 ms a nested call, which made small tests minutes long
+        offs_n = start_n + offs_n0
+        key_ok = offs_n < nk
+        key_rows = (k0 + offs_n).to(tl.int64)
+        k = tl.load(k_base + key_rows[:, None] * skt + offs_d[None, :] * skd, mask=key_ok[:, None] & d_ok[None, :],
+                    other=0.0)
+        v = tl.load(v_base + key_rows[:, None] * svt + offs_dv[None, :] * svd,
+                    mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale
+        if SOFTCAP:  # softcap * tanh(s / softcap), tanh(x) = 1 - 2 / (e^2x + 1)
+            s = softcap - (2.0 * softcap) / (tl.exp2(s * (2.0 * LOG2E_IN_KERNEL / softcap)) + 1.0)
+        ok = key_ok[None, :]
+        if LEFT:
+            ok = ok & (offs_n[None, :] >= position[:, None] - left)
+        if RIGHT:
+            ok = ok & (offs_n[None, :] <= position[:, None] + right)
+        s = tl.where(ok, s * LOG2E_IN_KERNEL, float("-inf"))
+        m_i, l_i, acc, p = online_softmax_update(m_i, l_i, acc, s, 1.0)
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    out, lse2 = normalized(m_i, l_i, acc)
+    o_ptrs, o_ok = _packed_rows(O + h64 * soh, q0, offs_m, row_ok, offs_dv, offs_dv < DV, sot, sod)
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_ok)
+    tl.store(LSE + h64 * total_q + (q0 + offs_m).to(tl.int64), lse2 / LOG2E_IN_KERNEL, mask=row_ok)
+
+
+# --------------------------------------------------------------------------------------------
+# packed backward: delta = rowsum(dO * O) - dlse (torch, on the device), then dK/dV, then dQ
+
+
+@triton.jit
+def _row_max_log2(LSE, offs, ok):
+    """lse as a base-2 row max for exp2(s - m); 0 where lse = -inf (a row with no key: its p is 0)."""
+    lse = tl.load(LSE + offs, mask=ok, other=0.0)
+    return tl.where(lse == float("-inf"), 0.0, lse * LOG2E_IN_KERNEL)
+
+
+@triton.jit
+def varlen_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, CU_Q, CU_K, CU_BLOCKS,
+                    sqt, sqh, sqd, skt, skh, skd, svt, svh, svd, sdt, sdh, sdd,
+                    sgkt, sgkh, sgkd, sgvt, sgvh, sgvd,
+                    B, total_q, D, DV, GROUP, scale, softcap, left, right,
+                    LEFT: tl.constexpr, RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Program (key block over all sequences, kv head): dK, dV of its keys, summed over the query
+    blocks of every q head of the group that see them (no atomics)."""
+    t = tl.program_id(0)
+    hk = tl.program_id(1)
+    if t >= tl.load(CU_BLOCKS + B):
+        return
+    b = sequence_of_block(CU_BLOCKS, t, B, SEARCH_STEPS)
+    q0 = tl.load(CU_Q + b)
+    n = tl.load(CU_Q + b + 1) - q0
+    k0 = tl.load(CU_K + b)
+    nk = tl.load(CU_K + b + 1) - k0
+    start_n = (t - tl.load(CU_BLOCKS + b)) * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+    hk64 = hk.to(tl.int64)
+    key_ok = offs_n < nk
+    k_ptrs, k_ok = _packed_rows(K + hk64 * skh, k0, offs_n, key_ok, offs_d, d_ok, skt, skd)
+    v_ptrs, v_ok = _packed_rows(V + hk64 * svh, k0, offs_n, key_ok, offs_dv, dv_ok, svt, svd)
+    k = tl.load(k_ptrs, mask=k_ok, other=0.0)
+    v = tl.load(v_ptrs, mask=v_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+
+    shift = nk - n
+    # the queries that see key j have positions i' in [j - right, j + left]: their rows i' - shift
+    lo = start_n * 0
+    hi = lo + n
+    if RIGHT:
+        lo = (tl.maximum(start_n - right - shift, 0) // BLOCK_M) * BLOCK_M
+    if LEFT:
+        hi = tl.minimum(n, tl.minimum(start_n + BLOCK_N, nk) - 1 + left - shift + 1)
+    for g in range(0, GROUP):
+        h = hk64 * GROUP + g
+        for start_m in range(lo, hi, BLOCK_M):  # written out: see varlen_fwd's loop
+            offs_m = start_m + offs_m0
+            row_ok = offs_m < n
+            query_rows = (q0 + offs_m).to(tl.int64)
+            q = tl.load(Q + h * sqh + query_rows[:, None] * sqt + offs_d[None, :] * sqd,
+                        mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+            do = tl.load(DO + h * sdh + query_rows[:, None] * sdt + offs_dv[None, :] * sdd,
+                         mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
+            stat = h * total_q + query_rows
+            lse = tl.load(LSE + stat, mask=row_ok, other=0.0)
+            m2 = tl.where(lse == float("-inf"), 0.0, lse * LOG2E_IN_KERNEL)  # no key: p = 0, not NaN
+            delta = tl.load(DELTA + stat, mask=row_ok, other=0.0)
+            s_t = tl.dot(k, tl.trans(q)) * scale  # [keys, queries]
+            if SOFTCAP:
+                s_t = softcap - (2.0 * softcap) / (tl.exp2(s_t * (2.0 * LOG2E_IN_KERNEL / softcap)) + 1.0)
+            ok = key_ok[:, None] & row_ok[None, :]
+            if LEFT:
+                ok = ok & (offs_n[:, None] >= (offs_m + shift)[None, :] - left)
+            if RIGHT:
+                ok = ok & (offs_n[:, None] <= (offs_m + shift)[None, :] + right)
+            p_t = tl.where(ok, tl.exp2(s_t * LOG2E_IN_KERNEL - m2[None, :]), 0.0)
+            dv = tl.dot(p_t.to(do.dtype), do, dv)
+            dp_t = tl.dot(v, tl.trans(do))
+            ds_t = p_t * (dp_t - delta[None, :])
+            if SOFTCAP:  # d(softcap tanh(x / softcap)) / dx = 1 - tanh^2; masked scores have p = 0
+                th = tl.where(ok, s_t / softcap, 0.0)
+                ds_t = ds_t * (1.0 - th * th)
+            dk = tl.dot(ds_t.to(q.dtype), q, dk)
+
+    dk_ptrs, dk_ok = _packed_rows(DK + hk64 * sgkh, k0, offs_n, key_ok, offs_d, d_ok, sgkt, sgkd)
+    dv_ptrs, dv_ok2 = _packed_rows(DV_OUT + hk64 * sgvh, k0, offs_n, key_ok, offs_dv, dv_ok, sgvt, sgvd)
+    tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=dk_ok)
+    tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=dv_ok2)
+
+
+@triton.jit
+def varlen_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, CU_BLOCKS,
+                  sqt, sqh, sqd, skt, skh, skd, svt, svh, svd, sdt, sdh, sdd, sgt, sgh, sgd,
+                  B, total_q, D, DV, GROUP, scale, softcap, left, right,
+                  LEFT: tl.constexpr, RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Program (query block over all sequences, q head): dQ = scale * sum over its keys of dS K."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    if t >= tl.load(CU_BLOCKS + B):
+        return
+    b = sequence_of_block(CU_BLOCKS, t, B, SEARCH_STEPS)
+    q0 = tl.load(CU_Q + b)
+    n = tl.load(CU_Q + b + 1) - q0
+    k0 = tl.load(CU_K + b)
+    nk = tl.load(CU_K + b + 1) - k0
+    start_m = (t - tl.load(CU_BLOCKS + b)) * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+    hk = (h // GROUP).to(tl.int64)
+    h64 = h.to(tl.int64)
+    row_ok = offs_m < n
+    q_ptrs, q_ok = _packed_rows(Q + h64 * sqh, q0, offs_m, row_ok, offs_d, d_ok, sqt, sqd)
+    do_ptrs, do_ok = _packed_rows(DO + h64 * sdh, q0, offs_m, row_ok, offs_dv, dv_ok, sdt, sdd)
+    q = tl.load(q_ptrs, mask=q_ok, other=0.0)
+    do = tl.load(do_ptrs, mask=do_ok, other=0.0)
+    stat = h64 * total_q + (q0 + offs_m).to(tl.int64)
+    m2 = _row_max_log2(LSE, stat, row_ok)
+    delta = tl.load(DELTA + stat, mask=row_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    shift = nk - n
+    position = offs_m + shift
+    lo, hi = key_range(start_m + shift, tl.minimum(start_m + BLOCK_M, n) - 1 + shift, nk, left, right,
+                       BLOCK_N, LEFT, RIGHT)
+    for start_n in range(lo, hi, BLOCK_N):  # written out: see varlen_fwd's loop
+        offs_n = start_n + offs_n0
+        key_ok = offs_n < nk
+        key_rows = (k0 + offs_n).to(tl.int64)
+        k = tl.load(K + hk * skh + key_rows[:, None] * skt + offs_d[None, :] * skd,
+                    mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(V + hk * svh + key_rows[:, None] * svt + offs_dv[None, :] * svd,
+                    mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale
+        if SOFTCAP:
+            s = softcap - (2.0 * softcap) / (tl.exp2(s * (2.0 * LOG2E_IN_KERNEL / softcap)) + 1.0)
+        ok = key_ok[None, :]
+        if LEFT:
+            ok = ok & (offs_n[None, :] >= position[:, None] - left)
+        if RIGHT:
+            ok = ok & (offs_n[None, :] <= position[:, None] + right)
+        p = tl.where(ok, tl.exp2(s * LOG2E_IN_KERNEL - m2[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            th = tl.where(ok, s / softcap, 0.0)
+            ds = ds * (1.0 - th * th)
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+    dq_ptrs, dq_ok = _packed_rows(DQ + h64 * sgh, q0, offs_m, row_ok, offs_d, d_ok, sgt, sgd)
+    tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=dq_ok)
+
+
+# --------------------------------------------------------------------------------------------
+# KV cache: split-key forward over (paged) cache rows, merged by lse
+
+
+@triton.jit
+def kvcache_fwd_split(Q, KC, VC, BLOCK_TABLE, SEQLENS, O, LSE, O_PART, LSE_PART,
+                      sqb, sqn, sqh, sqd, skp, sks, skh, skd, svp, svs, svh, svd, stb, stp, sob, son, soh, sod,
+                      Hkv, Nq, Nnew, D, DV, GROUP, keys_per_split, scale, softcap, left, right,
+                      PAGE: tl.constexpr, PAGED: tl.constexpr, LEFT: tl.constexpr, RIGHT: tl.constexpr,
+                      SOFTCAP: tl.constexpr, MERGED: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Program (batch * kv head, split, row block): attention of the (query, q head) rows of the kv
+    head's group, packed query-major (row r: query r // GROUP, q head hk * GROUP + r % GROUP; one
+    pass over the cache rows serves the group), over the split's keys [split * keys_per_split, ...)
+    of sequence b's SEQLENS[b] + Nnew. MERGED (one split): O (B, Nq, Hq, Dv) strided and lse
+    (B, Hq, Nq); else the split's float32 O and base-2 lse to the parts (kvcache_merge_splits)."""
+    bhk = tl.program_id(0)
+    split = tl.program_id(1)
+    b = (bhk // Hkv).to(tl.int64)
+    hk = (bhk % Hkv).to(tl.int64)
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < Nq * GROUP
+    query = rows // GROUP
+    head = hk * GROUP + rows % GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+    q = tl.load(Q + b * sqb + query.to(tl.int64)[:, None] * sqn + head[:, None] * sqh + offs_d[None, :] * sqd,
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    nk = tl.load(SEQLENS + b) + Nnew
+    shift = nk - Nq
+    position = query + shift
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    first_query = (tl.program_id(2) * BLOCK_M) // GROUP
+    last_query = tl.minimum((tl.program_id(2) * BLOCK_M + BLOCK_M - 1) // GROUP, Nq - 1)
+    end = tl.minimum(split * keys_per_split + keys_per_split, nk)  # the split's keys: [.., end)
+    lo, hi = key_range(first_query + shift, last_query + shift, end, left, right, BLOCK_N, LEFT, RIGHT)
+    lo = tl.maximum(lo, split * keys_per_split)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        key_ok = offs_n < end
+        if PAGED:  # row j: page BLOCK_TABLE[b, j // PAGE], slot j % PAGE (entries past the length unread)
+            page = tl.load(BLOCK_TABLE + b * stb + (offs_n // PAGE) * stp, mask=key_ok, other=0).to(tl.int64)
+            k_rows = page * skp + (offs_n % PAGE) * sks
+            v_rows = page * svp + (offs_n % PAGE) * svs
+        else:
+            k_rows = b * skp + offs_n.to(tl.int64) * sks
+            v_rows = b * svp + offs_n.to(tl.int64) * svs
+        k = tl.load(KC + hk * skh + k_rows[:, None] + offs_d[None, :] * skd,
+                    mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(VC + hk * svh + v_rows[:, None] + offs_dv[None, :] * svd,
+                    mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale  # written out: see varlen_fwd's loop
+        if SOFTCAP:
+            s = softcap - (2.0 * softcap) / (tl.exp2(s * (2.0 * LOG2E_IN_KERNEL / softcap)) + 1.0)
+        ok = key_ok[None, :]
+        if LEFT:
+            ok = ok & (offs_n[None, :] >= position[:, None] - left)
+        if RIGHT:
+            ok = ok & (offs_n[None, :] <= position[:, None] + right)
+        s = tl.where(ok, s * LOG2E_IN_KERNEL, float("-inf"))
+        m_i, l_i, acc, p = online_softmax_update(m_i, l_i, acc, s, 1.0)
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    out, lse2 = normalized(m_i, l_i, acc)
+    lse_row = (b * Hkv * GROUP + head) * Nq + query  # (batch, q head, query): lse's row order
+    ok = row_ok[:, None] & dv_ok[None, :]
+    if MERGED:
+        o_ptrs = O + b * sob + query.to(tl.int64)[:, None] * son + head[:, None] * soh + offs_dv[None, :] * sod
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=ok)
+        tl.store(LSE + lse_row, lse2 / LOG2E_IN_KERNEL, mask=row_ok)
+    else:
+        part = split.to(tl.int64) * (tl.num_programs(0) * Nq * GROUP) + lse_row  # (split, row)
+        tl.store(O_PART + part[:, None] * DV + offs_dv[None, :], out, mask=ok)
+        tl.store(LSE_PART + part, lse2, mask=row_ok)
+
+
+@triton.jit
+def kvcache_merge_splits(O, LSE, O_PART, LSE_PART, rows_total, Hq, Nq, DV, splits, sob, son, soh, sod,
+                         SPLITS: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """O and lse of row (b, q head, query) from its ``splits`` parts: with L = log2(sum_s 2^lse_s),
+    O = sum_s 2^(lse_s - L) O_s; every part empty: 0, -inf; a NaN part: NaN. O strided (B, Nq, Hq, Dv)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, SPLITS)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    part = offs_s.to(tl.int64) * rows_total + row
+    lse_s = tl.load(LSE_PART + part, mask=offs_s < splits, other=float("-inf"))
+    top = col_max(lse_s)
+    top_ref = tl.where(top == float("-inf"), 0.0, top)
+    w = tl.exp2(lse_s - top_ref)
+    o_s = tl.load(O_PART + part[:, None] * DV + offs_dv[None, :],
+                  mask=(offs_s[:, None] < splits) & (offs_dv[None, :] < DV), other=0.0)
+    weight_sum = col_sum(w)
+    empty = weight_sum == 0.0
+    w_safe = tl.where(empty, 1.0, weight_sum)
+    out = col_sum(w[:, None] * o_s) / w_safe
+    b = row // (Hq * Nq)
+    head = (row // Nq) % Hq
+    query = row % Nq
+    tl.store(O + b * sob + query * son + head * soh + offs_dv * sod, out.to(O.dtype.element_ty), mask=offs_dv < DV)
+    tl.store(LSE + row, tl.where(empty, float("-inf"), (top_ref + tl.log2(w_safe)) / LOG2E_IN_KERNEL))
+
+
+__all__ = ["varlen_fwd", "varlen_bwd_dkdv", "varlen_bwd_dq", "kvcache_fwd_split", "kvcache_merge_splits"]

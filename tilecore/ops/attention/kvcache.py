@@ -1,0 +1,232 @@
+"""``tilecore.attention_with_kvcache``: attention of new queries against a KV cache, contiguous or
+paged, with the new tokens' K and V appended to the cache in the same call (flash-attn's
+``flash_attn_with_kvcache``; decode and chunked prefill). Forward only, as flash-attn's.
+
+Layout (flash-attn's, the serving API's): q (B, Nq, Hq, D); the caches either contiguous,
+(B, Nmax, Hkv, D) and (B, Nmax, Hkv, Dv), or paged, (num_pages, page_size, Hkv, D[v]) with
+block_table (B, max_pages) int32 naming sequence b's pages in order; cache_seqlens (B,) int32;
+k, v (B, Nnew, Hkv, D[v]). Returns O (B, Nq, Hq, Dv) and lse (B, Hq, Nq) float32.
+
+CUDA graphs: nothing here reads a device value on the host or makes a shape from one. The append is
+an index_put_ at positions computed on the device (cache_seqlens + arange(Nnew), through the block
+table when paged); the kernel reads each sequence's length on the device and the split count is a
+function of the cache's capacity (a shape), not of the lengths. Value checks (lengths within
+capacity, block-table entries in range) run on CPU tensors, and on CUDA tensors only with
+validate=True (a host sync).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from tilecore import dispatch
+from tilecore.ops.attention.op import scale_value
+from tilecore.ops.attention.reference_varlen import kvcache_reference
+from tilecore.ops.attention.varlen import (MAX_HEAD_DIM, block_d, check_dtypes, check_window, kernel_window,
+                                           should_validate)
+from tilecore.tiles.launch import cdiv, next_power_of_2
+
+LAYOUT = ("attention_with_kvcache takes q (batch, queries, heads, head_dim) (flash-attn's layout), caches "
+          "(batch, max_keys, kv_heads, head_dim[_v]) or paged (num_pages, page_size, kv_heads, head_dim[_v]) with "
+          "an int32 block_table (batch, max_pages), int32 cache_seqlens (batch,), and new k, v (batch, new_keys, "
+          "kv_heads, head_dim[_v])")
+PAGE_SIZES = (16, 256)  # page sizes accepted, inclusive (any size in between)
+MAX_SPLITS = 64  # the merge loads a row's parts at once
+MIN_SPLIT_KEYS = 256  # below it a split's fixed cost dominates (attention's decode measured 128..1024)
+MAX_ROWS = 64  # (query, q head) rows a tile packs
+
+
+def check(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, window_size, softcap, validate):
+    where = "attention_with_kvcache"
+    named = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens}
+    named.update({n: t for n, t in (("k", k), ("v", v), ("block_table", block_table)) if t is not None})
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if (k is None) != (v is None):
+        raise ValueError(f"{where}: pass k and v together (new keys and values to append), or neither")
+    devices = {t.device for t in named.values()}
+    if len(devices) != 1:
+        raise ValueError(f"{where}: every tensor must be on one device; got {sorted(map(str, devices))}")
+    dispatch.backend_for(q.device)
+    for name in ("q", "k_cache", "v_cache", "k", "v"):
+        if name in named and named[name].dim() != 4:
+            raise ValueError(f"{where}: {name} must be 4-D; got shape {tuple(named[name].shape)} ({LAYOUT})")
+    check_dtypes(where, {n: named[n] for n in ("q", "k_cache", "v_cache", "k", "v") if n in named}, q.device)
+    bsz, nq, hq, d = q.shape
+    pages, page, hkv, dk = k_cache.shape
+    dv = v_cache.shape[3]
+    if dk != d or v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(f"{where}: k_cache must have q's head_dim and v_cache k_cache's first three dims; got q "
+                         f"{tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)} ({LAYOUT})")
+    if not (1 <= d <= MAX_HEAD_DIM and 1 <= dv <= MAX_HEAD_DIM):
+        raise ValueError(f"{where}: head dims must be from 1 to {MAX_HEAD_DIM}; got {d} and {dv}")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"{where}: q's heads ({hq}) must be a multiple of the cache's kv heads ({hkv}) ({LAYOUT})")
+    if k is not None and (k.shape[0] != bsz or k.shape[2:] != (hkv, d) or v.shape[:3] != k.shape[:3]
+                          or v.shape[3] != dv):
+        raise ValueError(f"{where}: k must be (batch {bsz}, new_keys, {hkv}, {d}) and v (batch, new_keys, {hkv}, "
+                         f"{dv}); got k {tuple(k.shape)}, v {tuple(v.shape)} ({LAYOUT})")
+    if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (bsz,):
+        raise ValueError(f"{where}: cache_seqlens must be int32 of shape ({bsz},) (a length per sequence); got "
+                         f"{str(cache_seqlens.dtype).removeprefix('torch.')} of shape {tuple(cache_seqlens.shape)}")
+    if block_table is None:
+        if pages != bsz:
+            raise ValueError(f"{where}: a contiguous cache must be (batch {bsz}, max_keys, kv_heads, head_dim); got "
+                             f"{tuple(k_cache.shape)} (a paged cache needs block_table) ({LAYOUT})")
+        capacity = page
+    else:
+        if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != bsz:
+            raise ValueError(f"{where}: block_table must be int32 of shape (batch {bsz}, max_pages); got "
+                             f"{str(block_table.dtype).removeprefix('torch.')} of shape {tuple(block_table.shape)}")
+        if not PAGE_SIZES[0] <= page <= PAGE_SIZES[1]:
+            raise ValueError(f"{where}: page_size (k_cache.shape[1]) must be from {PAGE_SIZES[0]} to {PAGE_SIZES[1]}; "
+                             f"got {page}")
+        capacity = block_table.shape[1] * page
+    if scale is not None:
+        scale_value(scale)
+    check_window(where, causal, window_size, softcap)
+    if should_validate(validate, q.device):
+        new = 0 if k is None else k.shape[1]
+        lengths = cache_seqlens.tolist()
+        if min(lengths, default=0) < 0 or max(lengths, default=0) + new > capacity:
+            raise ValueError(f"{where}: cache_seqlens + new keys ({new}) must be from 0 to the cache's capacity "
+                             f"({capacity} keys a sequence); got cache_seqlens {lengths}")
+        if block_table is not None:
+            for b, length in enumerate(lengths):
+                used = block_table[b, :cdiv(length + new, page)]
+                if used.numel() and (int(used.min()) < 0 or int(used.max()) >= pages):
+                    raise ValueError(f"{where}: block_table[{b}] names pages outside [0, {pages}) among the "
+                                     f"{used.numel()} its {length + new} keys use: {used.tolist()}")
+    return capacity
+
+
+def append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
+    """Write k, v (B, Nnew, Hkv, D) at rows cache_seqlens[b] + t of each sequence, in place: one
+    index_put_ each, positions computed on the device (no host sync)."""
+    nnew = k.shape[1]
+    pos = cache_seqlens.long()[:, None] + torch.arange(nnew, device=k.device)  # (B, Nnew)
+    if block_table is None:
+        rows = torch.arange(k.shape[0], device=k.device)[:, None].expand_as(pos)
+        slots = pos
+    else:
+        page = k_cache.shape[1]
+        rows = block_table.long().gather(1, torch.div(pos, page, rounding_mode="floor"))
+        slots = pos % page
+    k_cache.index_put_((rows, slots), k)
+    v_cache.index_put_((rows, slots), v)
+
+
+def _splits(batch_kv_heads: int, capacity: int, device) -> int:
+    """How many key splits: enough programs for one wave of the GPU, from the capacity (a shape, so
+    the same for every call a CUDA graph replays), at least MIN_SPLIT_KEYS keys each."""
+    sms = 4 if dispatch.interpreted(device) else dispatch.num_sms(device)
+    want = cdiv(sms, max(batch_kv_heads, 1))
+    return max(1, min(want, MAX_SPLITS, cdiv(capacity, MIN_SPLIT_KEYS)))
+
+
+def forward_kernels(q, k_cache, v_cache, nnew, cache_seqlens, block_table, causal, scale, left, right, softcap,
+                    capacity, splits=None):
+    from tilecore.ops.attention.kernels_varlen import kvcache_fwd_split, kvcache_merge_splits
+
+    bsz, nq, hq, d = q.shape
+    hkv, dv = k_cache.shape[2], v_cache.shape[3]
+    group = hq // hkv
+    out = torch.empty((bsz, nq, hq, dv), dtype=q.dtype, device=q.device)
+    lse = torch.empty((bsz, hq, nq), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    interpret = dispatch.interpreted(q.device)
+    block_n = 16 if interpret else (64 if max(d, dv) > 128 else 128)
+    rows = nq * group
+    block_m = max(16, min(MAX_ROWS, next_power_of_2(rows)))
+    if splits is None:
+        splits = _splits(bsz * hkv, capacity, q.device)
+    keys_per_split = cdiv(cdiv(capacity, splits), block_n) * block_n
+    splits = cdiv(capacity, keys_per_split)
+    merged = splits == 1
+    parts = (None, None) if merged else (
+        torch.empty((splits, bsz * hq * nq, dv), dtype=torch.float32, device=q.device),
+        torch.empty((splits, bsz * hq * nq), dtype=torch.float32, device=q.device))
+    paged = block_table is not None
+    table = block_table if paged else cache_seqlens  # (an unused pointer when not paged)
+    wl, wr, has_left, has_right = kernel_window(causal, left, right)
+    options = {} if interpret else dict(num_warps=4, num_stages=3 if max(d, dv) <= 128 else 2)
+    kvcache_fwd_split[(bsz * hkv, splits, cdiv(rows, block_m))](
+        q, k_cache, v_cache, table, cache_seqlens, out, lse, *(p if p is not None else lse for p in parts),
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *(table.stride() if paged else (0, 0)), *out.stride(),
+        hkv, nq, nnew, d, dv, group, keys_per_split, scale, float(softcap), wl, wr,
+        PAGE=k_cache.shape[1] if paged else 1, PAGED=paged, LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap > 0,
+        MERGED=merged, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d(d), BLOCK_DV=block_d(dv), **options)
+    if not merged:
+        kvcache_merge_splits[(bsz * hq * nq,)](
+            out, lse, parts[0], parts[1], bsz * hq * nq, hq, nq, dv, splits, *out.stride(),
+            SPLITS=next_power_of_2(splits), BLOCK_DV=block_d(dv))
+    return out, lse
+
+
+def _impl(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, left, right, softcap, capacity):
+    if k is not None and k.shape[1] > 0:
+        append(k_cache, v_cache, k, v, cache_seqlens, block_table)
+    nnew = 0 if k is None else k.shape[1]
+    if dispatch.backend_for(q.device) == "kernel":
+        return forward_kernels(q, k_cache, v_cache, nnew, cache_seqlens, block_table, causal, scale, left, right,
+                               softcap, capacity)
+    out, lse = kvcache_reference(q, k_cache, v_cache, cache_seqlens + nnew, block_table=block_table, causal=causal,
+                                 scale=scale, window_size=(left, right), softcap=softcap,
+                                 compute_dtype=torch.float32)
+    return out.to(q.dtype), lse.float()
+
+
+@torch.library.custom_op("tilecore::attention_with_kvcache", mutates_args=("k_cache", "v_cache"))
+def _kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
+                v: Optional[torch.Tensor], cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
+                causal: bool, scale: float, window_left: int, window_right: int, softcap: float,
+                capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _impl(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, window_left, window_right,
+                 softcap, capacity)
+
+
+@_kvcache_op.register_fake
+def _(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, window_left, window_right, softcap,
+      capacity):
+    bsz, nq, hq, _ = q.shape
+    return q.new_empty((bsz, nq, hq, v_cache.shape[3])), q.new_empty((bsz, hq, nq), dtype=torch.float32)
+
+
+def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           k: torch.Tensor | None = None, v: torch.Tensor | None = None, *,
+                           cache_seqlens: torch.Tensor, block_table: torch.Tensor | None = None,
+                           causal: bool = False, scale: float | None = None,
+                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           return_lse: bool = False, validate: bool | None = None):
+    """Attention of q against each sequence's cached keys, after appending the new k, v to the cache.
+
+    Layout: flash-attn's (batch, seqlen, heads, head_dim), as its serving API has it: q (B, Nq, Hq, D);
+    k_cache, v_cache contiguous (B, Nmax, Hkv, D) / (B, Nmax, Hkv, Dv), or paged (num_pages, page_size,
+    Hkv, D[v]) with ``block_table`` (B, max_pages) int32 (sequence b's key j is in page
+    block_table[b, j // page_size], slot j % page_size; page sizes 16 to 256); ``cache_seqlens`` (B,)
+    int32, the keys already cached; k, v (B, Nnew, Hkv, D[v]) or None. float16 / bfloat16 (float32
+    on the CPU); Hq a multiple of Hkv.
+
+    With k, v given they are written into the caches in place at rows cache_seqlens[b] ..
+    cache_seqlens[b] + Nnew - 1 (the caches are mutated; ``cache_seqlens`` is NOT updated, as in
+    flash-attn: add Nnew yourself), and sequence b attends its cache_seqlens[b] + Nnew keys.
+    Decode is Nq = 1; chunked prefill is Nq > 1, with ``causal`` aligned to the bottom right of each
+    sequence (query i sees keys j <= i + length_b - Nq). ``window_size`` and ``softcap`` as in
+    tilecore.attention_varlen. Keys past a sequence's length (and block-table entries past its
+    pages) are never read.
+
+    Returns O (B, Nq, Hq, Dv) in q's dtype and, with ``return_lse=True``, lse (B, Hq, Nq) float32.
+    No gradient (inference). Captures in a CUDA graph: no host sync, no shape from a value (the
+    module docstring says how); ``validate`` (default: on for CPU tensors, off for CUDA tensors)
+    checks lengths against the capacity and block-table entries, which reads them on the host.
+    """
+    capacity = check(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, window_size, softcap,
+                     validate)
+    left, right = (int(w) for w in window_size)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
+    out, lse = _kvcache_op(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, left, right,
+                           float(softcap), capacity)
+    return (out, lse) if return_lse else out

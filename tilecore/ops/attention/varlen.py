@@ -1,0 +1,323 @@
+"""``tilecore.attention_varlen``: attention over packed variable-length batches (flash-attn's varlen
+layout), forward and backward, as ``torch.library`` custom ops with autograd.
+
+Layout: q (total_q, Hq, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv): the sequences' rows one
+after another; cu_seqlens_q / cu_seqlens_k int32 (B + 1,) with sequence b owning rows
+[cu[b], cu[b + 1]). lse is float32 (Hq, total_q), as flash-attn's varlen returns it.
+
+CUDA tensors run kernels_varlen's tl kernels: no host sync (the grid is sized from the shapes,
+cdiv(total, block) + B programs a head, and each program finds its sequence on the device), so a
+call can be captured in a CUDA graph. CPU tensors run the per-sequence reference in float32
+(reference_varlen.py, torch's CPU matmuls), or the tl kernels through Triton's interpreter under
+TRITON_INTERPRET=1.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional
+
+import torch
+
+from tilecore import dispatch
+from tilecore.ops.attention.op import scale_value
+from tilecore.ops.attention.reference_varlen import varlen_backward_reference, varlen_reference
+from tilecore.tiles.launch import cdiv, next_power_of_2, tl_addressable
+
+DTYPES = (torch.float16, torch.bfloat16)
+CPU_DTYPES = DTYPES + (torch.float32,)
+MAX_HEAD_DIM = 256
+LAYOUT = ("attention_varlen takes packed q (total_q, heads, head_dim), k and v (total_k, kv_heads, head_dim[_v]) "
+          "and int32 cu_seqlens_q / cu_seqlens_k of shape (batch + 1,) (flash-attn's varlen layout)")
+
+
+def _name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _compiled(device: torch.device) -> bool:
+    return dispatch.backend_for(device) == "kernel" and not dispatch.interpreted(device)
+
+
+# --------------------------------------------------------------------------------------------
+# checks shared with attention_with_kvcache
+
+
+def check_window(where: str, causal, window_size, softcap) -> tuple[int, int]:
+    """(left, right) of window_size as ints, after checking it, causal and softcap."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"{where}: causal must be True or False, got {causal!r}")
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise TypeError(f"{where}: window_size must be a pair (left, right) of ints >= -1 (-1: unbounded), "
+                        f"got {window_size!r}") from None
+    for side in (left, right):
+        if isinstance(side, bool) or not isinstance(side, numbers.Integral) or side < -1:
+            raise ValueError(f"{where}: window_size must be a pair (left, right) of ints >= -1 (-1: unbounded), "
+                             f"got {window_size!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not math.isfinite(softcap) \
+            or softcap < 0:
+        raise ValueError(f"{where}: softcap must be a finite number >= 0 (0: off), got {softcap!r}")
+    return int(left), int(right)
+
+
+def kernel_window(causal: bool, left: int, right: int) -> tuple[int, int, bool, bool]:
+    """(left, right, LEFT, RIGHT) as the kernels take them: causal is right = 0 (or a smaller given
+    right), an unbounded side off (its value 0)."""
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return max(left, 0), max(right, 0), left >= 0, right >= 0
+
+
+def check_dtypes(where: str, tensors: dict, device) -> None:
+    dtypes = DTYPES if _compiled(device) else CPU_DTYPES
+    first = next(iter(tensors.values()))
+    if first.dtype not in dtypes or any(t.dtype != first.dtype for t in tensors.values()):
+        on_gpu = " on the GPU (float32 is taken on the CPU)" if _compiled(device) else ""
+        got = ", ".join(f"{n} {_name(t.dtype)}" for n, t in tensors.items())
+        raise TypeError(f"{where}: {', '.join(tensors)} must share one dtype among "
+                        f"{', '.join(map(_name, dtypes))}{on_gpu}; got {got}")
+
+
+def should_validate(validate: Optional[bool], device: torch.device) -> bool:
+    """Value checks (which read device values on the host): always on CPU tensors; on the GPU only
+    with validate=True (a host sync: never on the hot path by default)."""
+    return device.type == "cpu" if validate is None else bool(validate)
+
+
+def check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_size, softcap,
+          validate) -> tuple[int, int]:
+    where = "attention_varlen"
+    for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"{where}: q, k and v must be 3-D; got {name} of shape {tuple(t.shape)} ({LAYOUT})")
+    devices = {t.device for t in (q, k, v, cu_seqlens_q, cu_seqlens_k)}
+    if len(devices) != 1:
+        raise ValueError(f"{where}: q, k, v and the cu_seqlens must be on one device; got {sorted(map(str, devices))}")
+    dispatch.backend_for(q.device)
+    check_dtypes(where, {"q": q, "k": k, "v": v}, q.device)
+    (total_q, hq, d), (total_k, hkv, dk), (total_v, hv, dv) = q.shape, k.shape, v.shape
+    if dk != d or (total_v, hv) != (total_k, hkv):
+        raise ValueError(f"{where}: k must be (total_k, kv_heads, head_dim) with q's head_dim and v (total_k, "
+                         f"kv_heads, head_dim_v); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not (1 <= d <= MAX_HEAD_DIM and 1 <= dv <= MAX_HEAD_DIM):
+        raise ValueError(f"{where}: head dims must be from 1 to {MAX_HEAD_DIM}; got q/k {d}, v {dv} ({LAYOUT})")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"{where}: q's heads ({hq}) must be a multiple of k's and v's ({hkv}) (grouped-query "
+                         f"attention) ({LAYOUT})")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
+            raise ValueError(f"{where}: {name} must be a 1-D int32 tensor of batch + 1 >= 2 offsets; got "
+                             f"{_name(cu.dtype)} of shape {tuple(cu.shape)}")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"{where}: cu_seqlens_q and cu_seqlens_k must have one entry per sequence + 1 each; "
+                         f"got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 0:
+            raise ValueError(f"{where}: {name} must be an int >= 0, got {m!r}")
+    if scale is not None:
+        scale_value(scale)
+    left, right = check_window(where, causal, window_size, softcap)
+    if should_validate(validate, q.device):
+        for name, cu, total, longest in (("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q),
+                                         ("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)):
+            values = cu.tolist()
+            lengths = [b - a for a, b in zip(values, values[1:])]
+            if values[0] != 0 or min(lengths) < 0:
+                raise ValueError(f"{where}: {name} must start at 0 and never decrease; got {values}")
+            if values[-1] != total:
+                raise ValueError(f"{where}: {name}[-1] must be the packed rows' count ({total}); got {values[-1]}")
+            if max(lengths) > longest:
+                raise ValueError(f"{where}: {name.replace('cu_seqlens', 'max_seqlen')} ({longest}) is less than the "
+                                 f"longest sequence ({max(lengths)})")
+    return left, right
+
+
+# --------------------------------------------------------------------------------------------
+# launches
+
+
+def _config(d: int, interpret: bool, backward: bool) -> dict:
+    """Blocks and launch options: the interpreter's smallest tl.dot blocks (odd lengths then span
+    several blocks in small tests); on a GPU attention's tl settings (configs.py: forward 64 x 64,
+    backward 64 x 64, 3 and 2 stages) for D <= 128, smaller blocks beyond."""
+    if interpret:
+        return dict(BLOCK_M=16, BLOCK_N=16)
+    if d <= 128:
+        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2 if backward else 3)
+    return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1) if backward else \
+        dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+
+
+def block_d(d: int) -> int:
+    return max(16, next_power_of_2(d))
+
+
+def _cu_blocks(cu: torch.Tensor, block: int) -> torch.Tensor:
+    """(B + 1,) int32: running count of each sequence's blocks of ``block`` rows (device torch ops)."""
+    blocks = torch.div(cu[1:] - cu[:-1] + (block - 1), block, rounding_mode="floor")
+    return torch.cat([cu.new_zeros(1), torch.cumsum(blocks, 0, dtype=torch.int32)])
+
+
+def _search_steps(batch: int) -> int:
+    return max(1, batch.bit_length())
+
+
+def _strides(t: torch.Tensor) -> tuple:
+    return tuple(t.stride())
+
+
+def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap):
+    from tilecore.ops.attention.kernels_varlen import varlen_fwd
+
+    total_q, hq, d = q.shape
+    hkv, dv = k.shape[1], v.shape[2]
+    batch = cu_q.numel() - 1
+    out = torch.empty((total_q, hq, dv), dtype=q.dtype, device=q.device)
+    lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
+    if total_q == 0:
+        return out, lse
+    q, k, v = (tl_addressable(t) for t in (q, k, v))
+    cfg = _config(max(d, dv), dispatch.interpreted(q.device), False)
+    bm = cfg["BLOCK_M"]
+    wl, wr, has_left, has_right = kernel_window(causal, left, right)
+    grid = (cdiv(total_q, bm) + batch, hq)
+    varlen_fwd[grid](q, k, v, out, lse, cu_q, cu_k, _cu_blocks(cu_q, bm),
+                     *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+                     batch, total_q, d, dv, hq // hkv, scale, float(softcap), wl, wr,
+                     LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap > 0, SEARCH_STEPS=_search_steps(batch),
+                     BLOCK_D=block_d(d), BLOCK_DV=block_d(dv), **cfg)
+    return out, lse
+
+
+def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap):
+    from tilecore.ops.attention.kernels_varlen import varlen_bwd_dkdv, varlen_bwd_dq
+
+    total_q, hq, d = q.shape
+    total_k, hkv, dv = v.shape
+    batch = cu_q.numel() - 1
+    dq, dk, dvv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    if total_q == 0 or total_k == 0:
+        return dq, dk, dvv
+    dq, dk, dvv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dout, q, k, v = (tl_addressable(t) for t in (dout, q, k, v))
+    delta = (out.float() * dout.float()).sum(-1).t().contiguous()  # (Hq, total_q)
+    if dlse is not None:
+        delta -= dlse
+    cfg = _config(max(d, dv), dispatch.interpreted(q.device), True)
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    wl, wr, has_left, has_right = kernel_window(causal, left, right)
+    common = dict(LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap > 0, SEARCH_STEPS=_search_steps(batch),
+                  BLOCK_D=block_d(d), BLOCK_DV=block_d(dv), **cfg)
+    scalars = (batch, total_q, d, dv, hq // hkv, scale, float(softcap), wl, wr)
+    varlen_bwd_dkdv[(cdiv(total_k, bn) + batch, hkv)](
+        q, k, v, dout, lse, delta, dk, dvv, cu_q, cu_k, _cu_blocks(cu_k, bn),
+        *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dk), *_strides(dvv), *scalars, **common)
+    varlen_bwd_dq[(cdiv(total_q, bm) + batch, hq)](
+        q, k, v, dout, lse, delta, dq, cu_q, cu_k, _cu_blocks(cu_q, bm),
+        *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq), *scalars, **common)
+    return dq, dk, dvv
+
+
+# --------------------------------------------------------------------------------------------
+# implementations, custom ops, autograd
+
+
+def _forward_impl(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap):
+    if dispatch.backend_for(q.device) == "kernel":
+        return forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap)
+    out, lse = varlen_reference(q, k, v, cu_q, cu_k, causal=causal, scale=scale, window_size=(left, right),
+                                softcap=softcap, compute_dtype=torch.float32)
+    return out.to(q.dtype), lse.float()
+
+
+def _backward_impl(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap):
+    if dispatch.backend_for(q.device) == "kernel":
+        return backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap)
+    grads = varlen_backward_reference(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal=causal, scale=scale,
+                                      window_size=(left, right), softcap=softcap, compute_dtype=torch.float32)
+    return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
+
+
+@torch.library.custom_op("tilecore::attention_varlen_forward", mutates_args=())
+def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                cu_seqlens_k: torch.Tensor, causal: bool, scale: float, window_left: int, window_right: int,
+                softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window_left, window_right, softcap)
+
+
+@_forward_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window_left, window_right, softcap):
+    return q.new_empty((q.shape[0], q.shape[1], v.shape[2])), q.new_empty((q.shape[1], q.shape[0]),
+                                                                          dtype=torch.float32)
+
+
+@torch.library.custom_op("tilecore::attention_varlen_backward", mutates_args=())
+def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, dlse: Optional[torch.Tensor], cu_seqlens_q: torch.Tensor,
+                 cu_seqlens_k: torch.Tensor, causal: bool, scale: float, window_left: int, window_right: int,
+                 softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_impl(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, causal, scale, window_left,
+                          window_right, softcap)
+
+
+@_backward_op.register_fake
+def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, causal, scale, window_left, window_right, softcap):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, causal, scale, left, right, softcap = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.options = (causal, scale, left, right, softcap)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    if dlse is not None:
+        dlse = dlse.to(torch.float32).contiguous()
+    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, *ctx.options)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
+                     scale: float | None = None, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                     return_lse: bool = False, validate: bool | None = None):
+    """Attention over a packed batch of variable-length sequences (flash-attn's varlen), each
+    sequence attending only its own keys.
+
+    q (total_q, Hq, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv) (any strides), Hq a multiple of
+    Hkv (q head h reads kv head h // (Hq // Hkv)); D, Dv from 1 to 256; float16 or bfloat16 (and
+    float32 on the CPU). cu_seqlens_q / cu_seqlens_k: int32 (B + 1,) offsets, sequence b's rows are
+    [cu[b], cu[b + 1]) (lengths 0 allowed). max_seqlen_q / max_seqlen_k: the longest sequence's
+    lengths (flash-attn's arguments; the kernels size their grid from the shapes and do not need
+    them, value checks compare them with the lengths). ``scale`` defaults to D ** -0.5.
+
+    Masks per sequence, aligned to the bottom right (flash-attn's): query i of N, key j of Nk,
+    i' = i + Nk - N; ``causal``: j <= i'; ``window_size=(left, right)``: i' - left <= j <= i' + right
+    (-1: unbounded; with causal, right <= 0). ``softcap`` > 0: scores softcap * tanh(scale q.k /
+    softcap). A row with no key gets O = 0 and lse = -inf.
+
+    Returns O (total_q, Hq, Dv) in q's dtype and, with ``return_lse=True``, lse (Hq, total_q) float32
+    (natural log). Differentiable in q, k, v (and through lse).
+
+    ``validate``: read cu_seqlens on the host to check them (start at 0, never decrease, end at the
+    packed counts, within max_seqlen): default on for CPU tensors, off for CUDA tensors (a host
+    sync; pass validate=True while debugging). Unchecked bad offsets on the GPU give wrong results.
+    """
+    left, right = check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_size,
+                        softcap, validate)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
+    out, lse = _forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, left, right, float(softcap))
+    return (out, lse) if return_lse else out
