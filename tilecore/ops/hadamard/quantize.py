@@ -19,9 +19,11 @@ import functools
 import math
 
 import torch
+import triton.language as tl
 
 from tilecore import dispatch
 from tilecore.ops.hadamard import configs, kron, orders
+from tilecore.ops.hadamard import plan as pow2_plan_module
 from tilecore.ops.hadamard.quantize_reference import (FORMATS, FP8_DTYPES, dequantize, nvfp4_global_scale,
                                                       quantize_rotated, rotated_rows, shape_outputs)
 from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2
@@ -60,6 +62,8 @@ def plan_quantize(x: torch.Tensor, fmt: str, group: int | None, block: int | Non
         return QuantizePlan("cpu")
     interpret = dispatch.interpreted(x.device)
     sms = configs.INTERPRETER_SMS if interpret else dispatch.num_sms(x.device)
+    if not pow2_plan_module.tma_fits(x) or not dispatch.tma_ok(x.device):
+        tuning = {**tuning, "tma": "none"}
     return kernel_plan(rows, n, x.dtype, fmt, group, block, rotate, static, signs, sms, interpret, **tuning)
 
 
@@ -69,6 +73,9 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
     """plan_quantize's kernel paths on a GPU of ``sms`` SMs (a function of its arguments alone:
     experiments/hadamard/compile_kernels.py compiles its configurations without a GPU)."""
     f = FORMATS[fmt]
+    pow2 = pow2_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, interpret, **tuning)
+    if pow2 is not None:
+        return pow2
     if rotate and block is None:
         m, p = orders.split(n)
         if m == 1 and n <= 1024:
@@ -112,12 +119,75 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
         num_stages=tuning.get("num_stages") or (1 if m_pad > 64 and mix else 2)))  # as kron.kernel_plan
 
 
+def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None, block: int | None,
+              rotate: bool, static: bool, signs: bool, sms: int, interpret: bool = False, **tuning):
+    """The "pow2" path (quantize_kernels.pow2_quantize_kernel: hadamard_transform's tile and pipeline with
+    the quantizing epilogue) where it applies, else None: a rotation of a whole power-of-two row of 16 to
+    configs.MAX_N, or of blocks whose groups lie inside a block (then the rows are the blocks: a
+    (rows n / block, block) view). ``tuning``: tma ("none" / "load"), split, tile_elems, num_warps,
+    num_stages, waves (plan.tl_config's)."""
+    if not rotate or tuning.get("legacy"):
+        return None
+    if block is not None:
+        if signs or (group or n) > block or (group is None and not (static and fmt in FP8_DTYPES)):
+            return None  # groups spanning blocks (or per-token scales): the kron-tiled kernel
+        rows, n = rows * (n // block), block
+    elif n < 16 or n > configs.MAX_N or n & (n - 1):
+        return None
+    static_fp8 = static and fmt in FP8_DTYPES
+    g = n if group is None or static_fp8 else group
+    fp32 = dtype == torch.float32
+    # the input through TMA where hadamard_transform's table loads it so (with that table's tile), else
+    # pointers with TUNING's tile; the codes always through pointers
+    load, _, preset = pow2_plan_module.tma_sides(n, fp32, tuning.get("tma"), {}, rows * n)
+    over = {k: tuning[k] for k in ("split", "tile_elems", "num_warps", "num_stages", "waves") if tuning.get(k)}
+    merged = {**(preset if load else {}), **over}
+    cfg = pow2_plan_module.tl_config(n, fp32=fp32, **merged)
+    if g < n and cfg["N1"] * cfg["N2"] < g:  # a group must sit inside a slice (n = 256: (4, 1, 64))
+        cfg = pow2_plan_module.tl_config(n, fp32=fp32, **{**merged, "split": (n // 128, 1, 128)})
+    if g < n and g > cfg["N2"] and cfg["N1"] % (g // cfg["N2"]):
+        return None
+    grid = max(1, min(cdiv(rows, cfg["B"]), sms * cfg["waves"]))
+    mma = {torch.float16: tl.float16, torch.bfloat16: tl.float32 if interpret else tl.bfloat16,
+           torch.float32: tl.bfloat16}[dtype]
+    f = FORMATS[fmt]
+    return QuantizePlan("pow2", grid=(grid,), rscale=n**-0.5, config=dict(
+        N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"], IN_PIECES=3 if fp32 else 1,
+        MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=tl.bfloat16, GRID=grid, TMA_LOAD=bool(load),
+        SIGNS=signs, FORMAT=f.kernel_id, G=g, STATIC=static_fp8, PACKED=f.packed, QMAX=f.qmax,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+
+
 def _kernel():
     from tilecore.ops.hadamard.quantize_kernels import rotate_quantize_kernel
     return rotate_quantize_kernel
 
 
+def _pow2_kernel():
+    from tilecore.ops.hadamard.quantize_kernels import pow2_quantize_kernel
+    return pow2_quantize_kernel
+
+
 _launch = CachedLaunch(_kernel)
+_launch_pow2 = CachedLaunch(_pow2_kernel)
+
+
+def _launch_pow2_plan(plan, x2, codes, scales, sign_t, gs, amax, fmt_id=None):
+    """pow2_quantize_kernel over the (rows, N) rows ``x2`` (a block view where the plan rotates blocks)."""
+    cfg = plan.config if fmt_id is None else {**plan.config, "FORMAT": fmt_id}
+    n = cfg["N"]  # (the block where the plan rotates blocks)
+    xv = x2.reshape(-1, n)
+    rows = xv.shape[0]
+    cv = codes.view(rows, -1)
+    sv = scales if cfg["STATIC"] else scales.view(rows, -1)
+    if cfg["TMA_LOAD"]:
+        from tilecore.ops.hadamard.launch import _descriptor
+        xa = _descriptor(xv, cfg)
+    else:
+        xa = xv
+    with dispatch.on_device(x2.device):
+        _launch_pow2[plan.grid](xa, cv, sv, sign_t, gs, amax, rows, xv.stride(0), cv.stride(0),
+                                sv.stride(0) if sv.dim() == 2 else 1, plan.rscale, **cfg)
 
 
 def _outputs(rows: int, n: int, fmt: str, group: int | None, device):
@@ -153,6 +223,8 @@ def _run(x2, fmt, group, block, rotate, scale, signs):
     codes, scales = _outputs(rows, n, fmt, group if not static or fmt == "nvfp4" else None, x2.device)
     if static and fmt in FP8_DTYPES:
         scales = scale.reshape(1).to(torch.float32)
+    if plan.path == "pow2":
+        return _run_pow2(plan, x2, codes, scales, fmt, scale, signs, static)
     cfg = plan.config
     h = x2
     if cfg["MIX"] == 1:
@@ -171,6 +243,27 @@ def _run(x2, fmt, group, block, rotate, scale, signs):
     byte_codes = codes.view(torch.uint8) if codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else codes
     _launch[plan.grid](x2, byte_codes, scales, h, sign_t, gs, x2, rows, x2.stride(0), codes.stride(0),
                        scales.stride(0), plan.rscale, **cfg)
+    if fmt == "mxfp4":
+        scales = scales.view(torch.float8_e8m0fnu)
+    elif fmt == "nvfp4":
+        return codes, scales.view(torch.float8_e4m3fn), gs
+    return codes, scales, None
+
+
+def _run_pow2(plan, x2, codes, scales, fmt, scale, signs, static):
+    """_run's "pow2" path: codes and scales (made empty) filled by pow2_quantize_kernel."""
+    if static and fmt in FP8_DTYPES:
+        scales = scale.reshape(1).to(torch.float32)
+    sign_t = signs.to(x2.dtype).contiguous() if signs is not None else x2
+    byte_codes = codes.view(torch.uint8) if codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else codes
+    gscale = scale if static else None
+    if fmt == "nvfp4" and gscale is None:
+        amax = torch.empty(plan.grid[0], dtype=torch.float32, device=x2.device)
+        _launch_pow2_plan(plan, x2, byte_codes, scales, sign_t, x2, amax, fmt_id=6)
+        a = amax.max()  # NaN if any program saw one (torch's max propagates NaN); no host sync
+        gscale = torch.where(a == 0, torch.ones_like(a), a / (448.0 * 6.0)).reshape(1)
+    gs = gscale.reshape(1).to(torch.float32).contiguous() if gscale is not None else x2
+    _launch_pow2_plan(plan, x2, byte_codes, scales, sign_t, gs, x2)
     if fmt == "mxfp4":
         scales = scales.view(torch.float8_e8m0fnu)
     elif fmt == "nvfp4":

@@ -23,6 +23,8 @@ interpreter and on the GPU: a value is clamped, scaled to an integer count of it
 import triton
 import triton.language as tl
 
+from tilecore.ops.hadamard import kernels
+from tilecore.ops.hadamard.kernels import _INTERPRETED
 from tilecore.ops.hadamard.kernels_kron import butterfly4, load_slice_transform, slice_offsets
 
 # FORMAT ids (quantize_reference.FORMATS), and the first pass of nvfp4's dynamic global scale
@@ -351,3 +353,231 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
                       S, M, M_PAD, P, Q, B, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX)
     if FORMAT == AMAX:
         tl.store(amax_out + tl.program_id(0), _nan_max(run_max, 0))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Power-of-two rows on the transform's own tile (issue 32's speed work). The kron-structured kernel above
+# rotates a row of 4096 as 16 sub-rows x 4 slices of 64 with batched 3-D products: its transform alone (the
+# AMAX pass) took 1.4 ms at 2^28 bf16 elements on the H100, 8x a copy. hadamard_transform's tl kernel
+# (kernels.py) runs the same rows at copy speed, so this kernel is that kernel with the quantizing epilogue
+# in place of its store: a tile is B rows as S slices of [B N1, N2] (configs.SPLITS / TMA_TUNING), each
+# slice transformed by kernels._slice_transform and combined by the H_S butterfly, then quantized.
+# Groups sit inside a slice (G <= N1 N2: quantize.pow2_split picks such a split) or are the whole row.
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)  # max.NaN.f32: one instruction
+
+
+@triton.jit
+def _amax(v, axis: tl.constexpr):
+    """max |v| along ``axis``, NaN where any element is NaN: one max.NaN a value (the interpreter's
+    np.maximum propagates NaN as well)."""
+    return tl.reduce(tl.abs(v), axis, _max_nan)
+
+
+@triton.jit
+def _rint(t):
+    """t rounded to the nearest integer, ties to even, for |t| <= 2^22: adding and subtracting 1.5 x 2^23
+    leaves no fraction bits, and float32 addition rounds half to even (two instructions, interpreter too)."""
+    return (t + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def _e2m1_fast(v):
+    """The e2m1 nibble of float32 v, saturating at +-6, ties to even; NaN -> 0 (as _e2m1_code). The
+    magnitude code counts the grid's midpoints below |v|: a tie (0.25, 1.25, 2.5, 5) stays on the even code
+    below, the others (0.75, 1.75, 3.5) go up to the even code above."""
+    a = tl.abs(v)
+    mag = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+           + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32))
+    sign = (v.to(tl.int32, bitcast=True) >> 28) & 8
+    return tl.where(v != v, 0, sign | mag)
+
+
+@triton.jit
+def _fp8_fast(v, FORMAT: tl.constexpr, QMAX: tl.constexpr):
+    """The fp8 byte of float32 v, saturating; NaN -> 0x7F (as _fp8_code). On the GPU one cvt.rn.satfinite
+    converts two values; the interpreter's fp8 conversion does not round to nearest, so there the bits are
+    assembled as _fp8_code does."""
+    if _INTERPRETED:
+        if FORMAT == E4M3:
+            code = _fp8_code(v, 3, 7, 448.0)
+        else:
+            code = _fp8_code(v, 2, 15, 57344.0)
+    else:
+        c = tl.minimum(tl.maximum(v, -QMAX, propagate_nan=tl.PropagateNan.ALL), QMAX, propagate_nan=tl.PropagateNan.ALL)
+        if FORMAT == E4M3:
+            code = c.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True).to(tl.int32)
+        else:
+            code = c.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True).to(tl.int32)
+        code = tl.where(v != v, 0x7F, code)
+    return code
+
+
+@triton.jit
+def _codes_fast(y, div, stored, FORMAT: tl.constexpr, QMAX: tl.constexpr):
+    """_codes with fewer instructions a value (the same codes: tests/hadamard/test_hadamard_quantize.py)."""
+    if FORMAT == MXFP4:
+        code = tl.where(stored == 255, 0, _e2m1_fast(y * (1.0 / div)))  # 1 / 2^e is exact
+    elif FORMAT == NVFP4:
+        code = tl.where(div == div, _e2m1_fast(tl.math.div_rn(y, div)), 0)
+        code = tl.where(div < float("inf"), code, 0)
+    elif FORMAT == E4M3 or FORMAT == E5M2:
+        code = _fp8_fast(tl.math.div_rn(y, div), FORMAT, QMAX)
+    else:
+        v = tl.math.div_rn(y, div)
+        c = tl.minimum(tl.maximum(v, -QMAX), QMAX)
+        code = tl.where(v != v, 0, _rint(c).to(tl.int32))
+        if FORMAT == INT4:
+            code = code & 0xF
+    return code
+
+
+@triton.jit
+def _pow2_transformed(x, signs, rows, stride_x, tile, s, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr,
+                      B: tl.constexpr, TMA: tl.constexpr, SIGNS: tl.constexpr, IN_PIECES: tl.constexpr,
+                      MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr):
+    """Slice s of ``tile``'s B rows, times the signs (exact: +-1), transformed: [B N1, N2] float32."""
+    v = kernels._load_slice(x, rows, stride_x, tile, s, N, N1, N2, B, TMA)  # [B, N1, N2]
+    if SIGNS:
+        i = tl.arange(0, N1)
+        j = tl.arange(0, N2)
+        sg = tl.load(signs + s * N1 * N2 + i[:, None] * N2 + j[None, :], mask=j[None, :] < N, other=0.0)
+        v = (v.to(tl.float32) * sg.to(tl.float32)[None, :, :]).to(v.dtype)
+    return kernels._slice_transform(v, N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+
+
+@triton.jit
+def _pow2_store_codes(codes, rows, stride_codes, tile, s, code, N: tl.constexpr, N1: tl.constexpr,
+                      N2: tl.constexpr, B: tl.constexpr, PACKED: tl.constexpr):
+    """A slice's codes ([B N1, N2] int32): bytes, or (PACKED) nibble pairs, element 2j low, at j / 2."""
+    r = tl.arange(0, B * N1)
+    row = (r // N1).to(tl.int64) + tile * B  # 64-bit: rows * stride may pass 2^31
+    col = s * N1 * N2 + (r % N1) * N2
+    if PACKED:
+        lo, hi = tl.split(tl.reshape(code, (B * N1, N2 // 2, 2)))
+        j = tl.arange(0, N2 // 2)
+        offs = row[:, None] * stride_codes + (col // 2)[:, None] + j[None, :]
+        mask = (row[:, None] < rows) & (j[None, :] * 2 < N)
+        tl.store(codes + offs, (lo | (hi << 4)).to(tl.uint8), mask=mask)
+    else:
+        j = tl.arange(0, N2)
+        offs = row[:, None] * stride_codes + col[:, None] + j[None, :]
+        mask = (row[:, None] < rows) & (j[None, :] < N)
+        tl.store(codes + offs, code.to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, s, y, row_div, row_stored,
+                         N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr, FORMAT: tl.constexpr,
+                         G: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr):
+    """Scales (groups of G inside this slice; G == N: the row's, given as row_div / row_stored, [B N1])
+    and codes of slice s, y: [B N1, N2] float32."""
+    R: tl.constexpr = B * N1
+    if G == N:
+        code = _codes_fast(y, row_div[:, None], row_stored[:, None], FORMAT, QMAX)
+    elif G <= N2:  # groups inside a tile row: [R, N2 / G, G]
+        y3 = tl.reshape(y, (R, N2 // G, G))
+        div, stored = _scale(_amax(y3, 2), gscale, FORMAT, STATIC, QMAX)  # [R, N2 / G]
+        r = tl.arange(0, R)
+        row = (r // N1).to(tl.int64) + tile * B
+        k = tl.arange(0, N2 // G)
+        col = (s * N1 * N2 + (r % N1) * N2) // G
+        tl.store(scales + row[:, None] * stride_scales + col[:, None] + k[None, :],
+                 stored.to(scales.dtype.element_ty), mask=row[:, None] < rows)
+        code = tl.reshape(_codes_fast(y3, div[:, :, None], stored[:, :, None], FORMAT, QMAX), (R, N2))
+    else:  # groups of SPAN consecutive tile rows (of one row: N1 % SPAN == 0)
+        SPAN: tl.constexpr = G // N2
+        ga = _amax(tl.reshape(_amax(y, 1), (R // SPAN, SPAN)), 1)  # [groups]
+        div, stored = _scale(ga, gscale, FORMAT, STATIC, QMAX)
+        gi = tl.arange(0, R // SPAN)
+        row = (gi // (N1 // SPAN)).to(tl.int64) + tile * B
+        col = (s * N1 * N2) // G + gi % (N1 // SPAN)
+        tl.store(scales + row * stride_scales + col, stored.to(scales.dtype.element_ty), mask=row < rows)
+        div_r = tl.reshape(tl.broadcast_to(div[:, None], (R // SPAN, SPAN)), (R,))
+        st_r = tl.reshape(tl.broadcast_to(stored[:, None], (R // SPAN, SPAN)), (R,))
+        code = _codes_fast(y, div_r[:, None], st_r[:, None], FORMAT, QMAX)
+    _pow2_store_codes(codes, rows, stride_codes, tile, s, code, N, N1, N2, B, PACKED)
+
+
+@triton.jit
+def _pow2_row_scale(scales, gscale, rows, stride_scales, tile, a, N1: tl.constexpr, B: tl.constexpr,
+                    FORMAT: tl.constexpr, STATIC: tl.constexpr, QMAX: tl.constexpr):
+    """The per-token scale from each tile row's largest |y| over the slices (a: [B N1]): stored once a
+    row, returned broadcast back to the tile rows ([B N1] each)."""
+    ra = _amax(tl.reshape(a, (B, N1)), 1)  # [B]
+    div, stored = _scale(ra, gscale, FORMAT, STATIC, QMAX)
+    if not STATIC:
+        row = tl.arange(0, B).to(tl.int64) + tile * B
+        tl.store(scales + row * stride_scales, stored.to(scales.dtype.element_ty), mask=row < rows)
+    div_r = tl.reshape(tl.broadcast_to(div[:, None], (B, N1)), (B * N1,))
+    st_r = tl.reshape(tl.broadcast_to(stored[:, None], (B, N1)), (B * N1,))
+    return div_r, st_r
+
+
+@triton.jit
+def pow2_quantize_kernel(x, codes, scales, signs, gscale, amax_out, rows, stride_x, stride_codes, stride_scales,
+                         rscale, N: tl.constexpr, S: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr,
+                         B: tl.constexpr, IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
+                         MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr,
+                         TMA_LOAD: tl.constexpr, SIGNS: tl.constexpr, FORMAT: tl.constexpr, G: tl.constexpr,
+                         STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr):
+    """codes, scales = quantize(rscale * H_N (signs * x)) for ``rows`` rows of N = S N1 N2 (a power of two);
+    a persistent grid of GRID programs, B rows a tile. ``x`` is a pointer, or with TMA_LOAD a descriptor
+    with [B, N1, N2] boxes (kernels._load_slice). Groups of G elements (G == N: per token). FORMAT == AMAX:
+    only each program's largest |y|, written to amax_out[program] (nvfp4's dynamic global scale)."""
+    tiles = tl.cdiv(rows, B)
+    run_max = tl.zeros([B * N1], tl.float32)
+    for tile in range(tl.program_id(0), tiles, GRID):
+        t0 = _pow2_transformed(x, signs, rows, stride_x, tile, 0, N, N1, N2, B, TMA_LOAD, SIGNS, IN_PIECES,
+                               MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+        o0 = t0
+        o1 = t0
+        o2 = t0
+        o3 = t0
+        if S > 1:
+            t1 = _pow2_transformed(x, signs, rows, stride_x, tile, 1, N, N1, N2, B, TMA_LOAD, SIGNS, IN_PIECES,
+                                   MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+            if S == 2:
+                o0 = t0 + t1
+                o1 = t0 - t1
+            else:  # S == 4
+                t2 = _pow2_transformed(x, signs, rows, stride_x, tile, 2, N, N1, N2, B, TMA_LOAD, SIGNS, IN_PIECES,
+                                       MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                t3 = _pow2_transformed(x, signs, rows, stride_x, tile, 3, N, N1, N2, B, TMA_LOAD, SIGNS, IN_PIECES,
+                                       MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                o0, o1, o2, o3 = butterfly4(t0, t1, t2, t3)
+        o0 = o0 * rscale
+        if S > 1:
+            o1 = o1 * rscale
+        if S > 2:
+            o2 = o2 * rscale
+            o3 = o3 * rscale
+        if FORMAT == AMAX or G == N:
+            a = _amax(o0, 1)
+            if S > 1:
+                a = _max_nan(a, _amax(o1, 1))
+            if S > 2:
+                a = _max_nan(_max_nan(a, _amax(o2, 1)), _amax(o3, 1))
+        if FORMAT == AMAX:
+            run_max = _max_nan(run_max, a)
+        else:
+            if G == N:
+                row_div, row_stored = _pow2_row_scale(scales, gscale, rows, stride_scales, tile, a, N1, B, FORMAT,
+                                                      STATIC, QMAX)
+            else:
+                row_div = tl.zeros([B * N1], tl.float32)
+                row_stored = row_div
+            _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 0, o0, row_div,
+                                 row_stored, N, N1, N2, B, FORMAT, G, STATIC, PACKED, QMAX)
+            if S > 1:
+                _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 1, o1, row_div,
+                                     row_stored, N, N1, N2, B, FORMAT, G, STATIC, PACKED, QMAX)
+            if S > 2:
+                _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 2, o2, row_div,
+                                     row_stored, N, N1, N2, B, FORMAT, G, STATIC, PACKED, QMAX)
+                _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 3, o3, row_div,
+                                     row_stored, N, N1, N2, B, FORMAT, G, STATIC, PACKED, QMAX)
+    if FORMAT == AMAX:
+        tl.store(amax_out + tl.program_id(0), _amax(run_max, 0))
