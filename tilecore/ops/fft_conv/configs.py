@@ -1,12 +1,34 @@
-"""The FFT convolution's tables (plan.py reads them). Not yet timed on a GPU: notes/fft_conv/README.md."""
+"""The FFT convolution's tables (plan.py reads them). GPU figures: notes/fft_conv/README.md."""
 from __future__ import annotations
 
-# N (the sequence; the DFT is 2N long) -> (N1, N2), 2N = N1 N2: the tl kernel's factors. N1 >= 32 so
-# that its first product (N1 x N1/2) has the 16-wide inner dimension tl.dot needs. The whole sequence
-# is one program's registers (the N1 x N2 complex tiles and the N2 x N2 DFT matrices as operands): at
-# N = 2048 (64 x 64) that spilled 1.7 KB (tf32x3, 8 warps; 0.6 KB at tf32; more warps cap the
-# registers lower and spill more: report.py), so 2048 and up run torch.fft (plan.py) until a kernel
-# that streams the matrices through shared memory. (64, 64) for 2048 is correct in the interpreter.
+# The pair kernel (kernels_pair.py: two sequences as one complex one, float16 DFT matrices on tensor
+# cores): N -> (N1, N2, pairs per program, warps), 2N = N1 N2. N1 >= 32 (the first product's inner
+# dimension N1/2 must be >= 16 for tl.dot). Compiled for sm_90a (python -m tilecore.ops.fft_conv.report):
+# no spills up to N = 2048 at these.
+PAIR_CONFIGS = {
+    256: (32, 16, 2, 4),
+    512: (32, 32, 2, 4),
+    1024: (64, 32, 1, 4),
+    2048: (64, 64, 1, 4),
+    4096: (128, 64, 1, 8),  # 108 bytes of spill (16 warps cap registers at 128: 1.7 KB)
+}
+
+# candidates the GPU check times per N (the first of each is PAIR_CONFIGS' until a run says otherwise)
+PAIR_CANDIDATES = {
+    256: [(32, 16, 2, 4), (32, 16, 1, 4), (32, 16, 4, 4), (32, 16, 4, 8)],
+    512: [(32, 32, 2, 4), (32, 32, 1, 4), (32, 32, 4, 8)],
+    1024: [(64, 32, 1, 4), (32, 64, 1, 4), (64, 32, 2, 8), (32, 64, 2, 8)],
+    2048: [(64, 64, 1, 4), (64, 64, 1, 8), (64, 64, 2, 8)],
+    4096: [(128, 64, 1, 8), (64, 128, 1, 8)],  # (16 warps cap registers at 128: 1.7-3.2 KB of spill)
+}
+
+# the dtypes the pair kernel serves: its float16 products give bf16 outputs at ~1.04x their rounding
+# floor and fp16 outputs at ~2.5x theirs (tests/fft_conv); float32 takes the float32 kernel below
+PAIR_DTYPES = ("bfloat16", "float16")
+
+# The float32 kernel (kernels.py, one sequence per program, float32 products): N -> (N1, N2), 2N =
+# N1 N2. The whole sequence is one program's registers: at N = 2048 (64 x 64) that spilled 1.7 KB
+# (tf32x3, 8 warps), so it serves float32 at 256..1024 (2048 is correct in the interpreter).
 TL_FACTORS = {256: (32, 16), 512: (32, 32), 1024: (32, 64)}
 
 # warps per program by N (1024: 170-255 registers, 0-8 bytes of spill)

@@ -7,11 +7,12 @@ import math
 
 import torch
 
-from tilecore.ops.fft_conv import kernels
+from tilecore.ops.fft_conv import kernels, kernels_pair
 from tilecore.ops.fft_conv.plan import Plan
 from tilecore.tiles.launch import CachedLaunch
 
 _conv = CachedLaunch(kernels.fft_conv_kernel)
+_conv_pair = CachedLaunch(kernels_pair.fft_conv_pair_kernel)
 
 
 def output(shape, dtype, device) -> torch.Tensor:
@@ -35,6 +36,14 @@ def dft_operands(n1: int, n2: int, device: torch.device) -> dict:
     twre, twim = _dft(n1 * n2, n1, n2, n1 * n2)
     tensors = dict(F1RE=f1re, F1IM=f1im, F2RE=f2re, F2IM=f2im, TWRE=twre, TWIM=twim)
     return {name: t.to(device) for name, t in tensors.items()}
+
+
+@functools.lru_cache(maxsize=32)
+def dft_operands16(n1: int, n2: int, device: torch.device) -> dict:
+    """The pair kernel's operands: F_N1, F_N2 in float16 (2^-12 relative), the twiddles in float32."""
+    ops = dft_operands(n1, n2, device)
+    half = {name: ops[name].half() for name in ("F1RE", "F1IM", "F2RE", "F2IM")}
+    return ops | half
 
 
 @functools.lru_cache(maxsize=32)
@@ -67,6 +76,16 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
     if plan.path == "torch":
         k = torch.conj_physical(spectrum) if conj else spectrum
         y.copy_(torch.fft.irfft(torch.fft.rfft(u.float(), n=2 * N) * k, n=2 * N)[..., :N])
+        return
+    if plan.path == "pair":  # the kernel reads the rfft's bins itself
+        spectrum = spectrum.resolve_conj()
+        spectrum_f32 = torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())
+        ops = dft_operands16(plan.n1, plan.n2, u.device)
+        groups = -(-B // (2 * plan.pairs))
+        _conv_pair[(H * groups,)](u, spectrum_f32, y, ops["F1RE"], ops["F1IM"], ops["F2RE"], ops["F2IM"],
+                                  ops["TWRE"], ops["TWIM"], B, H, u.stride(0), u.stride(1), y.stride(0),
+                                  y.stride(1), spectrum_f32.stride(0), N1=plan.n1, N2=plan.n2,
+                                  PAIRS=plan.pairs, CONJ=conj, num_warps=plan.num_warps)
         return
     kre, kim = permuted_spectrum(spectrum, plan.n1, plan.n2, conj)
     ops = dft_operands(plan.n1, plan.n2, u.device)

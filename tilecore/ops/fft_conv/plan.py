@@ -1,9 +1,13 @@
 """Which implementation convolves these sequences (every fit check in one place).
 
-* "tl": the Monarch kernel (kernels.py) for N in configs.TL_FACTORS (CUDA tensors, and CPU tensors
-  through Triton's interpreter);
+* "pair": the fast kernel (kernels_pair.py: two sequences as one complex one, float16 DFT matrices on
+  tensor cores) for bf16 / fp16 u at N in configs.PAIR_CONFIGS;
+* "tl": the float32 Monarch kernel (kernels.py) for the other dtypes (float32) at N in
+  configs.TL_FACTORS;
 * "torch": torch.fft in float32 (rfft of length 2N, product, irfft): every other N, and CPU tensors
   without the interpreter.
+
+The kernels run on CUDA tensors, and on CPU tensors through Triton's interpreter.
 """
 from __future__ import annotations
 
@@ -17,15 +21,24 @@ from tilecore.ops.fft_conv import configs
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    path: str  # "tl" | "torch"
+    path: str  # "pair" | "tl" | "torch"
     n1: int = 0
     n2: int = 0
     num_warps: int = 4
     precision: str = "ieee"
+    pairs: int = 1  # "pair": pairs of sequences per program
 
 
-def plan(n: int, device: torch.device) -> Plan:
-    if dispatch.backend_for(device) == "reference" or n not in configs.TL_FACTORS:
+def pair_plan(n1: int, n2: int, pairs: int, num_warps: int) -> Plan:
+    return Plan("pair", n1=n1, n2=n2, num_warps=num_warps, pairs=pairs)
+
+
+def plan(n: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Plan:
+    if dispatch.backend_for(device) == "reference":
+        return Plan("torch")
+    if str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.PAIR_CONFIGS:
+        return pair_plan(*configs.PAIR_CONFIGS[n])
+    if n not in configs.TL_FACTORS:
         return Plan("torch")
     n1, n2 = configs.TL_FACTORS[n]
     precision = "ieee" if dispatch.interpreted(device) else configs.TL_PRECISION

@@ -1,8 +1,42 @@
-"""``python -m tilecore.ops.fft_conv.report``: compile the Monarch kernel for sm_90a (no GPU needed) at
-every N it serves and print registers, spills and shared memory (tilecore.tiles.report's table)."""
+"""``python -m tilecore.ops.fft_conv.report``: compile the FFT convolution's kernels for sm_90a (no GPU
+needed) at every configuration the plans ship and the GPU check times (the pair kernel) and at every N
+of the float32 kernel; print registers, spills and shared memory (tilecore.tiles.report's table).
+``--shipped``: only the configurations plan.py picks."""
 from __future__ import annotations
 
 import sys
+
+
+def pair_variant(n1: int, n2: int, pairs: int, warps: int) -> tuple[str, object, dict, int, bool]:
+    import torch
+
+    from tilecore.ops.fft_conv import kernels_pair
+
+    n = n1 * n2 // 2
+    t = torch.empty(64, dtype=torch.bfloat16)
+    f16 = torch.empty(64, dtype=torch.float16)
+    f32 = torch.empty(64, dtype=torch.float32)
+    args = dict(U=t, K=f32, Y=t, F1RE=f16, F1IM=f16, F2RE=f16, F2IM=f16, TWRE=f32, TWIM=f32, batch=16, heads=768,
+                stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=2 * (n + 1),
+                N1=n1, N2=n2, PAIRS=pairs, CONJ=False)
+    return (f"fft_conv pair N{n} ({n1}x{n2}, {pairs} pairs, {warps} warps)", kernels_pair.fft_conv_pair_kernel,
+            args, warps, False)
+
+
+def pair_variants(shipped_only: bool = False) -> list:
+    from tilecore.ops.fft_conv import configs
+
+    seen, out = set(), []
+    for n, config in configs.PAIR_CONFIGS.items():
+        seen.add(config)
+        out.append(pair_variant(*config))
+    if not shipped_only:
+        for candidates in configs.PAIR_CANDIDATES.values():
+            for config in candidates:
+                if config not in seen:
+                    seen.add(config)
+                    out.append(pair_variant(*config))
+    return out
 
 
 def fft_conv_variants() -> list[tuple[str, object, dict, int, bool]]:
@@ -24,8 +58,12 @@ def fft_conv_variants() -> list[tuple[str, object, dict, int, bool]]:
 def main(argv=None) -> int:
     from tilecore.tiles import report
 
-    return report.main(fft_conv_variants, argv, prog="python -m tilecore.ops.fft_conv.report",
-                       description=__doc__.split("\n")[0])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    shipped = "--shipped" in argv
+    if shipped:
+        argv.remove("--shipped")
+    return report.main(lambda: pair_variants(shipped) + ([] if shipped else fft_conv_variants()), argv,
+                       prog="python -m tilecore.ops.fft_conv.report", description=__doc__.split("\n")[0])
 
 
 if __name__ == "__main__":

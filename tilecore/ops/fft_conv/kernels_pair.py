@@ -1,0 +1,158 @@
+"""The fast FFT convolution: two real sequences as one complex one, 16-bit DFT matrices on tensor cores.
+
+Two sequences of the same channel h share the filter, so they ride as the real and imaginary parts of
+one complex sequence z = u_a + i u_b: DFT(z) K = DFT(u_a) K + i DFT(u_b) K and, K being the spectrum of
+a real filter, the inverse of that product is y_a + i y_b. One complex DFT of length L = 2N (u zero-
+padded: the circular convolution is the causal one) then serves two real sequences, with no
+post-processing (the real-input FFT at half length costs the same, plus an index reversal).
+
+The DFT of length L = N1 N2 is Monarch / Cooley-Tukey as in kernels.py, written with every product as
+a right multiplication (rows of tiles times a DFT matrix) so that S pairs stack into the rows of one
+tl.dot:
+
+    x[s, n2, n1] = z_s[N2 n1 + n2]                              n1 < N1/2 (the rest is the padding)
+    a[s, n2, k1] = sum_n1 x[s, n2, n1] F_N1[n1, k1]              (S N2, N1/2) @ (N1/2, N1)
+    b[s, k1, n2] = a[s, n2, k1] W_L^(k1 n2)                     (transposed: the next sum is over n2)
+    X[s, k1, k2] = sum_n2 b[s, k1, n2] F_N2[n2, k2]              (S N1, N2) @ (N2, N2): X at f = k1 + N1 k2
+    Y = X K                                                     (K laid out the same way: launch.py)
+and backwards with conjugates; the last product forms only the first N1/2 columns (y's N outputs).
+
+Precision: the DFT matrices are float16 (2^-12 relative), each tile is cast to float16 before its
+product after a scale that keeps it in range: every sequence is divided by its largest |u| as it is
+loaded (so the pair's two halves are on one scale, whatever their own), the spectrum product by its
+largest |Y| per pair; the sums accumulate in float32 and the scales are undone on the way out. A
+non-finite element of a sequence is zeroed for the transform and its sequence's outputs set to NaN
+(as torch.fft's convolution gives it), so it does not reach the other half of the pair.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _cmul16(are, aim, bre, bim, CONJ_B: tl.constexpr):
+    """(are + i aim) @ (bre +- i bim): float16 operands, float32 sums (four real products)."""
+    rr = tl.dot(are, bre)
+    ii = tl.dot(aim, bim)
+    ri = tl.dot(are, bim)
+    ir = tl.dot(aim, bre)
+    if CONJ_B:
+        return rr + ii, ir - ri
+    return rr - ii, ri + ir
+
+
+@triton.jit
+def _amax3(x):
+    """max |x| over the last two axes of x [S, R, C] -> [S]."""
+    return tl.max(tl.max(tl.abs(x), axis=2), axis=1)
+
+
+@triton.jit
+def _load_sequence(ptr, b, batch, h, stride_b, stride_h, offsets):
+    """One half of the pairs: u[b[s], h, offsets] as float32 [S, N2, HALF], its non-finite elements
+    zeroed and each sequence divided by its largest |u|; also (the scale [S], whether the sequence had
+    a non-finite element [S])."""
+    valid = (b < batch)[:, None, None]
+    row = b.to(tl.int64)[:, None, None] * stride_b + h * stride_h
+    x = tl.load(ptr + row + offsets, mask=valid, other=0.0).to(tl.float32)
+    finite = tl.abs(x) < float("inf")  # False for NaN and +-inf
+    bad = tl.max(tl.max(tl.where(finite, 0, 1), axis=2), axis=1) > 0
+    x = tl.where(finite, x, 0.0)
+    scale = _amax3(x)
+    scale = tl.where(scale > 0, scale, 1.0)
+    return x / scale[:, None, None], scale, bad
+
+
+@triton.jit
+def fft_conv_pair_kernel(U, K, Y, F1RE, F1IM, F2RE, F2IM, TWRE, TWIM, batch, heads,
+                         stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
+                         N1: tl.constexpr, N2: tl.constexpr, PAIRS: tl.constexpr, CONJ: tl.constexpr):
+    """Y[b, h, :N] = first N of IDFT_L(DFT_L(pad(U[b, h])) * K[h]) for the 2 PAIRS sequences
+    b = g 2 PAIRS + j (j < 2 PAIRS, b < batch) of channel h, where program_id(0) = h * groups + g
+    (the batch groups of one channel adjacent: they read the same spectrum and matrices from L2).
+
+    U, Y: (batch, heads, N) rows, unit stride, N = N1 N2 / 2. K: the filter's rfft (heads, N + 1)
+    complex64 as float32 (re, im) pairs (torch.view_as_real), read at f = k1 + N1 k2 (bins past N as
+    the conjugates of L - f; all conjugated with CONJ, the backward's correlation). F1: (N1, N1), F2: (N2, N2)
+    float16 DFT matrices; TW: (N1, N2) float32 twiddles W_L^(k1 n2); W = exp(-2 pi i / size)."""
+    HALF: tl.constexpr = N1 // 2
+    L: tl.constexpr = N1 * N2
+    groups = tl.cdiv(batch, 2 * PAIRS)
+    pid = tl.program_id(0)
+    h = (pid // groups).to(tl.int64)
+    g = pid % groups
+    s = tl.arange(0, PAIRS)
+    b_re = g * 2 * PAIRS + s  # the pair's real half
+    b_im = b_re + PAIRS  # and its imaginary half
+    r_n2 = tl.arange(0, N2)
+    c_half = tl.arange(0, HALF)
+    r_n1 = tl.arange(0, N1)
+    # x[s, n2, n1] = u[N2 n1 + n2]: [PAIRS, N2, HALF]
+    seq = (N2 * c_half)[None, None, :] + r_n2[None, :, None]
+    xre, scale_re, bad_re = _load_sequence(U, b_re, batch, h, stride_ub, stride_uh, seq)
+    xim, scale_im, bad_im = _load_sequence(U, b_im, batch, h, stride_ub, stride_uh, seq)
+
+    # forward, first stage: a = x @ F_N1[:HALF, :]  ([PAIRS N2, HALF] @ [HALF, N1])
+    f1 = c_half[:, None] * N1 + r_n1[None, :]
+    are, aim = _cmul16(tl.reshape(xre, (PAIRS * N2, HALF)).to(tl.float16),
+                       tl.reshape(xim, (PAIRS * N2, HALF)).to(tl.float16),
+                       tl.load(F1RE + f1), tl.load(F1IM + f1), False)
+    are = tl.reshape(are, (PAIRS, N2, N1))
+    aim = tl.reshape(aim, (PAIRS, N2, N1))
+    # twiddles W_L^(k1 n2) as [N2, N1] (the table is [N1, N2])
+    tw_t = r_n1[None, :] * N2 + r_n2[:, None]
+    twre_t = tl.load(TWRE + tw_t)[None, :, :]
+    twim_t = tl.load(TWIM + tw_t)[None, :, :]
+    bre = are * twre_t - aim * twim_t  # |b| <= HALF sqrt(2): float16 holds it
+    bim = are * twim_t + aim * twre_t
+    # second stage over n2: [PAIRS N1, N2] @ F_N2
+    bre = tl.reshape(tl.permute(bre, (0, 2, 1)), (PAIRS * N1, N2)).to(tl.float16)
+    bim = tl.reshape(tl.permute(bim, (0, 2, 1)), (PAIRS * N1, N2)).to(tl.float16)
+    f2 = r_n2[:, None] * N2 + r_n2[None, :]
+    f2re = tl.load(F2RE + f2)
+    f2im = tl.load(F2IM + f2)
+    xre_f, xim_f = _cmul16(bre, bim, f2re, f2im, False)
+    xre_f = tl.reshape(xre_f, (PAIRS, N1, N2))
+    xim_f = tl.reshape(xim_f, (PAIRS, N1, N2))
+
+    # the product with the filter's spectrum, then a scale per pair for float16
+    f = r_n1[:, None] + N1 * r_n2[None, :]
+    mirrored = f > L // 2
+    bin = tl.where(mirrored, L - f, f)
+    kre = tl.load(K + h * stride_kh + 2 * bin)[None, :, :]
+    kim = tl.load(K + h * stride_kh + 2 * bin + 1)
+    kim = tl.where(mirrored != CONJ, -kim, kim)[None, :, :]
+    yre = xre_f * kre - xim_f * kim
+    yim = xre_f * kim + xim_f * kre
+    spec_scale = tl.maximum(_amax3(yre), _amax3(yim))
+    spec_scale = tl.where(spec_scale > 0, spec_scale, 1.0)  # (NaN stays NaN: a NaN filter's outputs)
+    inv = (1.0 / spec_scale)[:, None, None]
+    yre = tl.reshape(yre * inv, (PAIRS * N1, N2)).to(tl.float16)
+    yim = tl.reshape(yim * inv, (PAIRS * N1, N2)).to(tl.float16)
+
+    # inverse, second stage: c = y @ conj(F_N2) ([PAIRS N1, N2]), conjugate twiddles
+    cre, cim = _cmul16(yre, yim, f2re, f2im, True)
+    tw = r_n1[:, None] * N2 + r_n2[None, :]
+    twre = tl.load(TWRE + tw)[None, :, :]
+    twim = tl.load(TWIM + tw)[None, :, :]
+    cre = tl.reshape(cre, (PAIRS, N1, N2))
+    cim = tl.reshape(cim, (PAIRS, N1, N2))
+    dre = cre * twre + cim * twim  # |d| <= N2 sqrt(2)
+    dim = cim * twre - cre * twim
+    # inverse, first stage over k1, the first HALF outputs: [PAIRS N2, N1] @ conj(F_N1)[:, :HALF]
+    dre = tl.reshape(tl.permute(dre, (0, 2, 1)), (PAIRS * N2, N1)).to(tl.float16)
+    dim = tl.reshape(tl.permute(dim, (0, 2, 1)), (PAIRS * N2, N1)).to(tl.float16)
+    f1t = r_n1[:, None] * N1 + c_half[None, :]
+    ore, oim = _cmul16(dre, dim, tl.load(F1RE + f1t), tl.load(F1IM + f1t), True)
+    ore = tl.reshape(ore, (PAIRS, N2, HALF))
+    oim = tl.reshape(oim, (PAIRS, N2, HALF))
+
+    out_scale = spec_scale * (1.0 / L)
+    ore = ore * (out_scale * scale_re)[:, None, None]
+    oim = oim * (out_scale * scale_im)[:, None, None]
+    ore = tl.where(bad_re[:, None, None], float("nan"), ore)
+    oim = tl.where(bad_im[:, None, None], float("nan"), oim)
+    ty = Y.dtype.element_ty
+    y_re = b_re.to(tl.int64)[:, None, None] * stride_yb + h * stride_yh + seq
+    y_im = b_im.to(tl.int64)[:, None, None] * stride_yb + h * stride_yh + seq
+    tl.store(Y + y_re, ore.to(ty), mask=(b_re < batch)[:, None, None])
+    tl.store(Y + y_im, oim.to(ty), mask=(b_im < batch)[:, None, None])
