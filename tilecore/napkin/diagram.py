@@ -55,6 +55,34 @@ class Op:
     label: str = ""               # how to draw and print it, e.g. "exp" or "S @ V"
 
 
+@dataclass(frozen=True)
+class Combine:
+    """A user-defined streaming accumulator: `combine` is associative (state, state) -> state, so the
+    reduced axis can be streamed (a running state per output point) and split (partial states merged).
+    `lift(x)` makes the state of one element; `finish(state)` the result. Each is a Python callable
+    over numpy arrays (the float64 evaluator and `check()` use them); `state` is the number of floats
+    a state holds and `ops` the combine's ALU operations per element (the cost model's work)."""
+    name: str
+    lift: object
+    combine: object
+    finish: object = None
+    state: int = 1
+    ops: float = 1.0
+
+    def check(self, values, rtol: float = 1e-9) -> bool:
+        """Associativity on a sample: folding left and folding as a balanced tree agree."""
+        states = [self.lift(v) for v in values]
+        left = states[0]
+        for st in states[1:]:
+            left = self.combine(left, st)
+
+        def tree(xs):
+            return xs[0] if len(xs) == 1 else self.combine(tree(xs[:len(xs) // 2]), tree(xs[len(xs) // 2:]))
+        right = tree(states)
+        flat = lambda st: [float(v) for v in (st if isinstance(st, (tuple, list)) else (st,))]  # noqa: E731
+        return all(abs(a - b) <= rtol * max(1.0, abs(a), abs(b)) for a, b in zip(flat(left), flat(right)))
+
+
 @dataclass
 class Diagram:
     name: str
@@ -68,6 +96,7 @@ class Diagram:
     def __init__(self, name: str, **sizes):
         self.name, self.sizes, self.arrays, self.ops, self.outputs = name, {}, {}, [], []
         self.woven, self.recipe = [], []
+        self.rewrites = []            # what rewrite.py did to get here, one line each
         for axis, size in sizes.items():
             self.axis(axis, size)
 
@@ -190,6 +219,64 @@ class Diagram:
                 (Work("alu", "fp32", arr.axes, 1.0),), label=f"{kind} over {','.join(over)}")
         return self._add_op(op, tuple(a for a in arr.axes if a not in over), dtype)
 
+    def accumulate(self, x, over, combine: Combine, name: str, dtype: str = "fp32") -> Array:
+        """Reduce `over` with a user-defined associative accumulator (a Combine): streamable and
+        splittable as sum and max are. Examples: logsumexp, Welford's mean and variance, argmax."""
+        if not isinstance(combine, Combine):
+            raise TypeError(f"accumulate {name!r}: combine must be a napkin.Combine, got {type(combine).__name__}")
+        self.recipe.append(("accumulate", (x.name if isinstance(x, Array) else x,),
+                            {"over": over, "combine": combine, "name": name, "dtype": dtype}))
+        arr = self._get(x)
+        over = _axes(over)
+        self._check_axes(over, f"accumulate {name!r}")
+        for a in over:
+            if a not in arr.axes:
+                raise UnknownAxisError(f"accumulate {name!r}: {arr.name} has no axis {a!r}; it has {arr.axes}")
+        op = Op(name, "reduce", (arr.name,), name, arr.axes, over, combine.name,
+                (Work("alu", "fp32", arr.axes, float(combine.ops)),), label=f"{combine.name} over {','.join(over)}")
+        return self._add_op(op, tuple(a for a in arr.axes if a not in over), dtype)
+
+    def fuse_epilogue(self, contractions, maps, name: str, dtype: str | None = None) -> Array:
+        """One contraction op that computes several contractions sharing their output and reduced axes
+        (a dual GEMM: X W1 and X W3) and applies elementwise maps to the accumulators before the one
+        store (the epilogue). `contractions`: dicts (name, inputs, out, ops_per_point); `maps`: dicts
+        (fn, inputs, name, unit, ops), the last one's result is the op's output `name`. What
+        rewrite.fuse_epilogues makes of a contraction followed by maps; the intermediates never exist."""
+        self.recipe.append(("fuse_epilogue", (), {"contractions": contractions, "maps": maps, "name": name,
+                                                  "dtype": dtype}))
+        made, ins, every, reduced, out_axes, flop, in_dtype = {}, [], (), None, None, 0.0, None
+        for c in contractions:
+            arrs = [self._get(a) for a in c["inputs"]]
+            ins += [a.name for a in arrs if a.name not in ins]
+            every = self._union(arrs)
+            out = tuple(self._woven_of(arrs)) + tuple(a for a in _axes(c["out"]) if a not in self.woven)
+            red = tuple(a for a in every if a not in out)
+            if reduced is not None and (red != reduced or out != out_axes):
+                raise ShapeMismatchError(f"fuse_epilogue {name!r}: {c['name']} reduces {red} into {out}, "
+                                         f"the first contraction {reduced} into {out_axes}")
+            reduced, out_axes = red, out
+            flop += float(c.get("ops_per_point", 2.0))
+            in_dtype = max((a.dtype for a in arrs), key=lambda d: ("fp8", "fp16", "bf16", "tf32", "fp32").index(d))
+            made[c["name"]] = out
+        works = [Work("tensor" if in_dtype in TENSOR_DTYPES else "alu", in_dtype, every, flop)]
+        labels = []
+        for m in maps:
+            for i in m["inputs"]:
+                if i not in made:
+                    arr = self._get(i)
+                    if any(a not in out_axes for a in arr.axes):
+                        raise ShapeMismatchError(f"fuse_epilogue {name!r}: {i}{arr.axes} is not broadcast "
+                                                 f"over the contraction's output {out_axes}")
+                    if i not in ins:
+                        ins.append(i)
+            made[m["name"]] = out_axes
+            works.append(Work(m.get("unit", "alu"), "fp32", out_axes, float(m.get("ops", 1.0))))
+            labels.append(f"{m['fn']}({', '.join(m['inputs'])})")
+        label = "; ".join(f"{c['name']} = {' . '.join(c['inputs'])}" for c in contractions) + \
+            " -> " + "; ".join(labels)
+        op = Op(name, "contract", tuple(ins), name, every, reduced, "sum", tuple(works), label=label)
+        return self._add_op(op, out_axes, dtype or ("fp32" if in_dtype == "fp32" else in_dtype))
+
     def softmax_contract(self, scores, values, over: str, name: str, causal: str | None = None,
                          dtype: str | None = None) -> Array:
         """softmax(scores) along `over`, then contract with `values` over it: streamable with the
@@ -239,6 +326,12 @@ class Diagram:
                 target.output(*[rename.get(a, a) for a in args])
             elif method == "map":
                 getattr(target, method)(args[0], *[rename.get(a, a) for a in args[1:]], **kwargs)
+            elif method == "fuse_epilogue":
+                kw = dict(kwargs)
+                kw["contractions"] = [{**c, "inputs": [rename.get(a, a) for a in c["inputs"]]}
+                                      for c in kwargs["contractions"]]
+                kw["maps"] = [{**m, "inputs": [rename.get(a, a) for a in m["inputs"]]} for m in kwargs["maps"]]
+                target.fuse_epilogue(**kw)
             else:
                 getattr(target, method)(*[rename.get(a, a) for a in args], **kwargs)
 
@@ -335,6 +428,7 @@ class Diagram:
             red = f"  reduce {','.join(op.reduced)} ({op.accumulator or 'whole axis'})" if op.reduced else ""
             lines.append(f"  {op.kind:<16} {out.name}[{','.join(out.axes)}] = {op.label}{red}")
         lines.append(f"  output {', '.join(self.outputs)}")
+        lines += [f"  rewrite: {r}" for r in self.rewrites]
         return "\n".join(lines)
 
 

@@ -1,6 +1,9 @@
-"""Outputs of a derivation: pseudocode, a cost table, a one-line prediction and a picture.
+"""Outputs of a derivation: pseudocode, a cost table, a one-line prediction, a picture and an
+explanation of a measured time.
 
-The picture needs matplotlib (imported only when drawing)."""
+Pictures: `svg()` writes SVG by hand (no dependency); `draw()` draws .svg and .png with matplotlib
+(imported only when drawing); `draw_files()` uses matplotlib where it is installed and the hand-written
+SVG otherwise, with a note naming the extra (`pip install tilecore[bench]`)."""
 from __future__ import annotations
 
 import math
@@ -245,3 +248,142 @@ def draw(r: Derivation, path) -> list:
         written.append(p)
     plt.close(fig)
     return written
+
+
+# ------------------------------------------------------------------------ pictures without matplotlib
+def _esc(text) -> str:
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+def svg(r: Derivation) -> str:
+    """The relabelled diagram as an SVG document, written by hand: one row per array (a wire per axis,
+    coloured by the level it lives in, dashed when streamed), one box per op coloured by its unit,
+    the pseudocode below. Needs nothing but the standard library."""
+    d = r.diagram
+    stream_axis = next((a for a, p in r.parts.items() if p.kind == "stream"), None)
+    ins = [a for a in d.arrays.values() if a.role in ("input", "constant")]
+    order = [a.name for a in ins] + [op.output for op in d.ops]
+    col = {a.name: 0 for a in ins}
+    col.update({op.output: k + 1 for k, op in enumerate(d.ops)})
+    cw, wire, gap = 200, 18, 26          # column width, wire spacing, gap between arrays (pixels)
+    width = cw * (len(d.ops) + 2) + 40
+    y, ypos = 70, {}
+    for name in order:
+        ypos[name] = [y + wire * i for i in range(max(1, len(d.arrays[name].axes)))]
+        y = ypos[name][-1] + gap + 14
+    code = [ln for ln in pseudocode(r).splitlines() if not ln.startswith("#")]
+    height = y + 16 * len(code) + 40
+    blocks = f"{r.ctas} thread blocks, {r.warpgroups} warpgroup(s), SMEM {r.M['SMEM'] / 1024:.0f} KiB a block"
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'font-family="sans-serif" font-size="11">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="10" y="20" font-size="13" font-weight="bold">{_esc(r.summary())}</text>',
+           f'<text x="10" y="38">{_esc(blocks)}</text>']
+    legend_x = 10
+    for lvl in ("HBM", "SMEM", "RF"):
+        out.append(f'<line x1="{legend_x}" y1="52" x2="{legend_x + 24}" y2="52" stroke="{LEVEL_COLOURS[lvl]}" stroke-width="3"/>'
+                   f'<text x="{legend_x + 28}" y="56">{lvl}</text>')
+        legend_x += 80
+    for u, c in UNIT_COLOURS.items():
+        out.append(f'<rect x="{legend_x}" y="45" width="12" height="12" fill="{c}"/>'
+                   f'<text x="{legend_x + 16}" y="56">{UNIT_NAMES[u]}</text>')
+        legend_x += 110
+    for name in order:
+        arr = d.arrays[name]
+        x0 = 20 if arr.role != "intermediate" else 20 + cw * col[name] + 60
+        users = [k + 1 for k, op in enumerate(d.ops) if name in op.inputs]
+        x1 = (20 + cw * max(users) - 10) if users else width - 20
+        colour = {"input": LEVEL_COLOURS["SMEM"], "constant": LEVEL_COLOURS["RF"]}.get(arr.role, LEVEL_COLOURS["RF"])
+        if name in d.outputs:
+            colour = LEVEL_COLOURS["HBM"]
+        for a, yy in zip(arr.axes or ("",), ypos[name]):
+            dash = ' stroke-dasharray="6,4"' if a == stream_axis else ""
+            out.append(f'<line x1="{x0}" y1="{yy}" x2="{x1}" y2="{yy}" stroke="{colour}" stroke-width="2.5"{dash}/>')
+            if a:
+                p = r.parts.get(a)
+                extra = f" | stream {p.size}" if p is not None and p.kind == "stream" else (
+                    f" | group {r.T['SMEM'][a]}" if p is not None and p.kind == "group" and r.T["SMEM"][a] < d.sizes[a] else "")
+                out.append(f'<text x="{x0 + 4}" y="{yy - 3}" font-size="9">{_esc(f"{a}={d.sizes[a]}{extra}")}</text>')
+        out.append(f'<text x="{x0}" y="{ypos[name][0] - 12}" font-weight="bold">{_esc(f"{arr.name} {arr.dtype}")}</text>')
+    for k, op in enumerate(d.ops):
+        unit = max(op.works, key=lambda w: w.per_point * math.prod(d.sizes[a] for a in w.axes)).unit
+        bx, by = 20 + cw * (k + 1) - 5, ypos[op.output][0] - 14
+        out.append(f'<rect x="{bx}" y="{by}" width="60" height="28" rx="6" fill="{UNIT_COLOURS[unit]}" stroke="black"/>'
+                   f'<text x="{bx + 30}" y="{by + 18}" fill="white" text-anchor="middle" font-size="9">'
+                   f'{_esc(op.kind)}</text>'
+                   f'<text x="{bx + 30}" y="{by + 40}" text-anchor="middle" font-size="9">'
+                   f'{_esc(op.label if len(op.label) < 28 else op.name)}</text>')
+    for i, ln in enumerate(code):
+        out.append(f'<text x="10" y="{y + 16 * i + 10}" font-family="monospace" xml:space="preserve">{_esc(ln)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def write_svg(r: Derivation, path) -> Path:
+    p = Path(path).with_suffix(".svg")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(svg(r))
+    return p
+
+
+def draw_files(r: Derivation, path) -> tuple:
+    """(files written, note or None): matplotlib's .svg and .png where it is installed, else the
+    hand-written .svg and a note naming the extra that draws the .png."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return [write_svg(r, path)], ("note: the .png picture needs matplotlib (pip install 'tilecore[bench]'); "
+                                      "wrote the SVG without it")
+    return draw(r, path), None
+
+
+# ------------------------------------------------------------------------ a measured time explained
+def explain(diagram, gpu, measured_s: float, sched: Schedule | None = None) -> str:
+    """Compare a measured time with the prediction: the binding level, the other resources, and the
+    gap's likely cause, picked as the account whose prediction lands nearest the measurement:
+    overlap (the default), exposed exponentials (SFU), no overlap (serial), launch latency, too few
+    thread blocks for the SMs, wave quantization."""
+    from .engine import plan
+
+    if sched is None:
+        sched = plan(diagram, gpu)
+    gpu = sched.kernels[0].gpu
+    pred = sched.time
+    ratio = measured_s / pred
+    main = max(sched.kernels, key=lambda k: k.time)
+    L = [f"{diagram.name} on {gpu.name}: predicted {pred * 1e6:.2f} us ({sched.tflops:.0f} TFLOP/s), "
+         f"measured {measured_s * 1e6:.2f} us: measured / predicted = {ratio:.2f}",
+         f"binding level: {main.bound}" + (f" (kernel {diagram.name!r} of {len(sched.kernels)})"
+                                           if len(sched.kernels) > 1 else "")]
+    ranked = sorted(main.times.items(), key=lambda kv: -kv[1])
+    L.append("resources of the slowest kernel: " + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in ranked if v > 0))
+    accounts = {"overlap (every unit and level hidden behind the slowest)": pred}
+    t = main.times
+    others = pred - main.time
+    compute = [t.get(u, 0.0) for u in ("tensor", "sfu", "alu")]
+    transfer = max(t.get(k, 0.0) for k in ("HBM", "L2", "SMEM"))
+    if t.get("sfu", 0) > 0 and t.get("tensor", 0) > 0:
+        share = getattr(gpu, "exposed_sfu", 2 / 3)  # the paper's account of FA3: 2/3 of exp exposed
+        accounts["exposed SFU (exponentials between two dependent MMAs do not hide)"] = others + max(
+            transfer, t["tensor"] + share * t["sfu"])
+    accounts["no overlap (units and transfers one after another: a latency-bound pipeline)"] = others + sum(compute) + transfer
+    launch = getattr(gpu, "launch_s", 0.0) or 4.6e-6
+    accounts[f"launch latency ({launch * 1e6:.1f} us a kernel, {len(sched.kernels)} kernel(s))"] = \
+        pred + launch * len(sched.kernels)
+    if main.ctas < gpu.sms:
+        accounts[f"too few thread blocks ({main.ctas} for {gpu.sms} SMs: split a reduced axis, split-K or "
+                 "flash-decoding)"] = others + main.time * gpu.sms / main.ctas
+    if main.waves > 1 and any("wave" in n for n in main.notes):
+        accounts["wave quantization (" + next(n for n in main.notes if "wave" in n) + ")"] = pred
+    cause, best = min(accounts.items(), key=lambda kv: abs(math.log(kv[1] / measured_s)))
+    if abs(ratio - 1) <= 0.15:
+        L.append("agreement: within 15% of the prediction; the kernel runs at its bound")
+    elif ratio < 1:
+        L.append(f"the measurement beats the model by {1 / ratio:.2f}x: a constant of {main.bound} is too low "
+                 "(calibrate it: experiments/napkin/gpu_constants.py) or the kernel reuses data the model "
+                 "sends again (L2 hits)")
+    else:
+        L.append(f"gap: {100 * (ratio - 1):.0f}% slower than predicted; likely cause: {cause} "
+                 f"(that account predicts {best * 1e6:.2f} us)")
+    L.append("accounts tried: " + "; ".join(f"{k.split(' (')[0]} {v * 1e6:.2f} us" for k, v in accounts.items()))
+    return "\n".join(L)
