@@ -127,14 +127,19 @@ def _splits(batch_kv_heads: int, capacity: int, device) -> int:
 
 
 def forward_kernels(q, k_cache, v_cache, nnew, cache_seqlens, block_table, causal, scale, left, right, softcap,
-                    capacity, splits=None):
+                    capacity, splits=None, out=None, lse=None):
+    """O (B, Nq, Hq, Dv) and lse (B, Hq, Nq) over the cache as it is (k, v appended already: ``nnew``
+    of each sequence's keys are the new ones), into ``out`` / ``lse`` where given (the tests poison
+    them); ``splits``: the key splits (default: _splits)."""
     from tilecore.ops.attention.kernels_varlen import kvcache_fwd_split, kvcache_merge_splits
 
     bsz, nq, hq, d = q.shape
     hkv, dv = k_cache.shape[2], v_cache.shape[3]
     group = hq // hkv
-    out = torch.empty((bsz, nq, hq, dv), dtype=q.dtype, device=q.device)
-    lse = torch.empty((bsz, hq, nq), dtype=torch.float32, device=q.device)
+    if out is None:
+        out = torch.empty((bsz, nq, hq, dv), dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty((bsz, hq, nq), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
     interpret = dispatch.interpreted(q.device)

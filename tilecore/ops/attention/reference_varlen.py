@@ -33,7 +33,7 @@ def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     out = q.new_zeros((q.shape[0], q.shape[1], v.shape[2]), dtype=compute_dtype)
     lse = q.new_full((q.shape[1], q.shape[0]), float("-inf"), dtype=compute_dtype)
-    outs, lses, rows = [], [], []
+    outs, lses = [], []
     for qs, ks in _sequences(cu_seqlens_q, cu_seqlens_k):
         if qs.stop == qs.start:
             continue
@@ -41,7 +41,6 @@ def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale
                                    compute_dtype)
         outs.append(o[0].transpose(0, 1))
         lses.append(l[0])
-        rows.append(qs)
     if outs:  # every query row belongs to a sequence (cu_seqlens_q[-1] == total_q): cat, not scatter
         out, lse = torch.cat(outs, 0), torch.cat(lses, 1)
     return out, lse

@@ -81,8 +81,11 @@ def check_dtypes(where: str, tensors: dict, device) -> None:
 
 
 def should_validate(validate: Optional[bool], device: torch.device) -> bool:
-    """Value checks (which read device values on the host): always on CPU tensors; on the GPU only
-    with validate=True (a host sync: never on the hot path by default)."""
+    """Value checks (which read device values on the host): on CPU tensors by default; on the GPU only
+    with validate=True (a host sync: never on the hot path by default); never while torch.compile
+    traces."""
+    if torch.compiler.is_compiling():  # values are unknown while tracing (eager calls check them)
+        return False
     return device.type == "cpu" if validate is None else bool(validate)
 
 
@@ -171,14 +174,18 @@ def _strides(t: torch.Tensor) -> tuple:
     return tuple(t.stride())
 
 
-def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap):
+def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, out=None, lse=None):
+    """O (total_q, Hq, Dv) and lse (Hq, total_q) by the tl kernel, into ``out`` / ``lse`` where given
+    (contiguous: the tests poison them)."""
     from tilecore.ops.attention.kernels_varlen import varlen_fwd
 
     total_q, hq, d = q.shape
     hkv, dv = k.shape[1], v.shape[2]
     batch = cu_q.numel() - 1
-    out = torch.empty((total_q, hq, dv), dtype=q.dtype, device=q.device)
-    lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
+    if out is None:
+        out = torch.empty((total_q, hq, dv), dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
     if total_q == 0:
         return out, lse
     q, k, v = (tl_addressable(t) for t in (q, k, v))
@@ -194,7 +201,8 @@ def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap):
     return out, lse
 
 
-def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap):
+def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None):
+    """(dq, dk, dv) by the tl kernels (dK/dV per key block, then dQ), into ``grads`` where given."""
     from tilecore.ops.attention.kernels_varlen import varlen_bwd_dkdv, varlen_bwd_dq
 
     total_q, hq, d = q.shape
@@ -203,7 +211,7 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
     dq, dk, dvv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if total_q == 0 or total_k == 0:
         return dq, dk, dvv
-    dq, dk, dvv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dvv = grads or (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     dout, q, k, v = (tl_addressable(t) for t in (dout, q, k, v))
     delta = (out.float() * dout.float()).sum(-1).t().contiguous()  # (Hq, total_q)
     if dlse is not None:
