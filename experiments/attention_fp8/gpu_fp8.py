@@ -88,15 +88,21 @@ def main():
                 v = torch.randn(B, Hkv, Nk, D, device=dev, generator=g)
                 q8, qs = quantize_fp8(q, per=per)
                 k8, ks = quantize_fp8(k, per=per)
-                v8, vs = quantize_fp8(v, per="head", keys_contiguous=True)
+                v8, vs = quantize_fp8(v, per="head")
                 plan = fp8_launch.plan(q8, k8, causal, path=path)
                 rec["kernel"] = plan.path
-                o, lse = fp8_launch.forward(plan, q8, k8, v8, qs, ks, vs, causal, D ** -0.5, odt)
+                # the kernel layout's v (quantize_fp8's "keys_permuted") for every other case, else (B, H, Nk, D)
+                permuted = len(result["check"]) % 2 == 0
+                rec["v_layout"] = "keys_permuted" if permuted else "bhnd"
+                v_in = quantize_fp8(v, per="head", layout="keys_permuted")[0] if permuted else v8
+                o, lse = fp8_launch.forward(plan, q8, k8, v_in, qs, ks, vs, causal, D ** -0.5, odt, permuted)
                 if dev == "cuda":
                     torch.cuda.synchronize()
                 o_ref, lse_ref = attention_fp8_exact(q8, k8, v8, qs, ks, vs, causal=causal)
                 block_n = plan.config.get("block_n", plan.config.get("BLOCK_N", 128))
                 o_emu, _ = attention_fp8_emulated(q8, k8, v8, qs, ks, vs, causal=causal, block_n=block_n)
+                rec["emulation_err"] = rel_rms(o_emu, o_ref)
+                rec["vs_emulation_rel"] = rel_rms(o.float(), o_emu)
                 # bf16 attention's own error on the same (dequantized) inputs: the yardstick
                 from tilecore.ops.attention_fp8.reference import dequantized
                 qd, kd, vd = (t.to(odt) for t in dequantized(q8, k8, v8, qs, ks, vs, torch.float32))
@@ -135,9 +141,9 @@ def main():
             rows = {"bf16 (tilecore.attention)": rmse(tilecore.attention(q, k, v))}
             q8, qs = quantize_fp8(q, per="head")
             k8, ks = quantize_fp8(k, per="head")
-            v8, vs = quantize_fp8(v, per="head", keys_contiguous=True)
+            v8, vs = quantize_fp8(v, per="head", layout="keys_permuted")
             rows["fp8, per-head scales, no rotation (FA3's baseline)"] = rmse(
-                attention_fp8(q8, k8, v8, q_scale=qs, k_scale=ks, v_scale=vs, out_dtype=odt))
+                attention_fp8(q8, k8, v8, q_scale=qs, k_scale=ks, v_scale=vs, out_dtype=odt, v_layout="keys_permuted"))
             rows["fp8, per-token q/k scales, no rotation"] = rmse(attention_fp8_rotated(q, k, v, rotate=False))
             rows["fp8, per-token q/k scales, rotated (attention_fp8_rotated)"] = rmse(attention_fp8_rotated(q, k, v))
             result["outlier"] = [dict(case=name, rmse=val, B=B, H=H, N=N, D=D) for name, val in rows.items()]
@@ -169,9 +175,9 @@ def main():
                 q, k, v = (torch.randn(B, H, N, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
                 q8, qs = quantize_fp8(q, per="head")
                 k8, ks = quantize_fp8(k, per="head")
-                v8, vs = quantize_fp8(v, per="head", keys_contiguous=True)
+                v8, vs = quantize_fp8(v, per="head", layout="keys_permuted")
                 flops = 4 * B * H * N * N * D / (2 if causal else 1)
-                fns = {"fp8": lambda: attention_fp8(q8, k8, v8, q_scale=qs, k_scale=ks, v_scale=vs, causal=causal),
+                fns = {"fp8": lambda: attention_fp8(q8, k8, v8, q_scale=qs, k_scale=ks, v_scale=vs, causal=causal, v_layout="keys_permuted"),
                        "bf16": lambda: tilecore.attention(q, k, v, causal=causal),
                        "fp8_rotated_e2e": lambda: attention_fp8_rotated(q, k, v, causal=causal)}
                 for name, fn in fns.items():
@@ -179,6 +185,16 @@ def main():
                     ms = triton.testing.do_bench(fn, warmup=25, rep=100)
                     rec[f"{name}_ms"] = ms
                     rec[f"{name}_tflops"] = flops / ms / 1e9
+                if N == 4096:  # where the convenience path's time goes
+                    from tilecore.ops.attention_fp8.quantize import rotation_signs
+                    signs = rotation_signs(D, q.device)
+                    parts_fns = {"quant_qk_ms": lambda: tilecore.hadamard_quantize(q, format="fp8_e4m3", randomized_signs=signs),
+                                 "quant_v_ms": lambda: quantize_fp8(v, per="head", layout="keys_permuted"),
+                                 "fp8_per_token_ms": lambda: attention_fp8(q8, k8, v8, q_scale=qs[..., None].expand(B, H, N).contiguous(),
+                                                                           k_scale=ks[..., None].expand(B, H, N).contiguous(), v_scale=vs,
+                                                                           causal=causal, v_layout="keys_permuted")}
+                    for name, fn in parts_fns.items():
+                        rec[name] = triton.testing.do_bench(fn, warmup=10, rep=50)
                 rec["fp8_over_bf16"] = rec["bf16_ms"] / rec["fp8_ms"]
                 rec["e2e_over_bf16"] = rec["bf16_ms"] / rec["fp8_rotated_e2e_ms"]
             except Exception as e:  # noqa: BLE001

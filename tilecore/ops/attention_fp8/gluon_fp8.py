@@ -129,6 +129,7 @@ class AttentionFp8:
     BN: gl.constexpr  # keys per step
     D: gl.constexpr
     CONSUMERS: gl.constexpr
+    PERMUTED_V: gl.constexpr
     S: gl.constexpr  # the layouts of S = Q K^T [BM, BN], of O [BM, D], and of P as P V's register operand
     O: gl.constexpr
     P: gl.constexpr
@@ -194,8 +195,17 @@ class AttentionFp8:
 
     @gluon.jit
     def p_operand(self, p):
-        """P in e4m3 as the P V register operand (made with no wgmma in flight: ptxas C7513)."""
-        return gl.convert_layout(p.to(self.q_desc.dtype), self.P)
+        """P in e4m3 as the P V register operand (made with no wgmma in flight: ptxas C7513), its keys
+        permuted within each 32 (``KEY_ORDER``) so that each thread keeps its own values."""
+        p8 = p.to(self.q_desc.dtype)
+        if self.PERMUTED_V:
+            # column c = 32 t + 16 j_hi + 8 j_lo + 2 r + e (the accumulator's: lane r of a quad holds e = 0, 1
+            # of every 8) goes to k = 32 t + 16 j_hi + 4 r + 2 j_lo + e (the register operand's: lane r holds
+            # 4 consecutive k of every 16)
+            x = gl.reshape(p8, [self.BM, self.BN // 32, 2, 2, 4, 2])
+            x = gl.permute(x, (0, 1, 2, 4, 3, 5))
+            return gl.convert_layout(gl.reshape(x, [self.BM, self.BN]), self.P, assert_trivial=True)
+        return gl.convert_layout(p8, self.P)
 
     @gluon.jit
     def s_and_pv(self, q, k_t, v, st, first_key):
@@ -248,7 +258,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh,
                              head_group, schedule, CAUSAL: gl.constexpr, Q_PER_ROW: gl.constexpr,
                              K_PER_ROW: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-                             Q_BUFFERS: gl.constexpr = 1):
+                             Q_BUFFERS: gl.constexpr = 1, PERMUTED_V: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid."""
     gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")
     BM: gl.constexpr = o_desc.block_type.shape[2]
@@ -256,7 +266,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     D: gl.constexpr = k_desc.block_type.shape[3]
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
-                      CAUSAL, Q_PER_ROW, K_PER_ROW, BM, BN, D, CONSUMERS,
+                      CAUSAL, Q_PER_ROW, K_PER_ROW, BM, BN, D, CONSUMERS, PERMUTED_V,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8))
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=0,

@@ -1,8 +1,8 @@
 """FP8 attention's portable kernel in Triton ``tl`` (any GPU, and the CPU through the interpreter): the
 twin of the Hopper kernel's math (reference.py's module docstring), FlashAttention-2's loop.
 
-Layout: q8 (B, Hq, N, D), k8 and v8 (B, Hkv, Nk, D), e4m3, any strides (v8 usually a keys-contiguous
-view, the Hopper kernel's layout); O (B, Hq, N, D) and lse (B, Hq, N) contiguous. q head h reads kv
+Layout: q8 (B, Hq, N, D), k8 and v8 (B, Hkv, Nk, D), e4m3, any strides, or with ``PERMUTED_V`` v8 in
+the Hopper kernel's layout (reference.keys_permuted: (B, Hkv, D, keys), keys permuted within 32s); O (B, Hq, N, D) and lse (B, Hq, N) contiguous. q head h reads kv
 head h // (Hq // Hkv). Batch and head offsets are 64-bit.
 
 Descales: q's and k's per (batch, head) (``*_PER_ROW`` off: one value, ``scales[bh]``) or per row
@@ -35,6 +35,13 @@ def round_to_e4m3(x):
 
 
 @triton.jit
+def key_position(j):
+    """reference.key_position: where key j sits in the Hopper kernel's V layout (permuted within 32s)."""
+    c = j % 32
+    return j - c + 16 * (c // 16) + 4 * ((c % 8) // 2) + 2 * ((c // 8) % 2) + c % 2
+
+
+@triton.jit
 def row_descales(scales, bh, n_scales, rows_per_scale, rows, n_rows, PER_ROW: tl.constexpr):
     """The descale of each of ``rows`` (a [m] vector of row indices, those from n_rows on get 0) of head
     ``bh``, or, without PER_ROW, the head's one descale (a scalar)."""
@@ -49,7 +56,7 @@ def attn_fp8_fwd(Q, K, V, O, LSE, QS, KS, VS,
                  sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
                  H, N, Nk, D, GROUP, scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale,
                  CAUSAL: tl.constexpr, Q_PER_ROW: tl.constexpr, K_PER_ROW: tl.constexpr, UPCAST: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                 PERMUTED_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """One program per (batch * q head, block of BLOCK_M queries): its rows' O and lse over every key."""
     blocks = tl.cdiv(N, BLOCK_M)
     bh = tl.program_id(0) // blocks
@@ -81,7 +88,10 @@ def attn_fp8_fwd(Q, K, V, O, LSE, QS, KS, VS,
     for start_n in range(0, hi, BLOCK_N):
         kv_ok = (start_n + offs_n0[:, None] < Nk) & d_ok[None, :]
         k = tl.load(block_ptrs(k_base, start_n, offs_n0, offs_d, skn, skd), mask=kv_ok, other=0.0)  # [BN, BD]
-        v = tl.load(block_ptrs(v_base, start_n, offs_n0, offs_d, svn, svd), mask=kv_ok, other=0.0)  # [BN, BD]
+        if PERMUTED_V:  # the Hopper kernel's layout: key j at position key_position(j) (reference.py)
+            v = tl.load(block_ptrs(v_base, 0, key_position(start_n + offs_n0), offs_d, svn, svd), mask=kv_ok, other=0.0)
+        else:
+            v = tl.load(block_ptrs(v_base, start_n, offs_n0, offs_d, svn, svd), mask=kv_ok, other=0.0)  # [BN, BD]
         if UPCAST:
             k = k.to(tl.float16)
             v = v.to(tl.float16)

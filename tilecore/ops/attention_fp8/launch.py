@@ -15,8 +15,8 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.attention_fp8 import configs, kernels_tl
-from tilecore.ops.attention_fp8.reference import SCALE_BLOCK, attention_fp8_emulated
-from tilecore.tiles.launch import CachedLaunch, TmaOperand, cdiv, next_power_of_2, tma_describable
+from tilecore.ops.attention_fp8.reference import SCALE_BLOCK, attention_fp8_emulated, keys_permuted, keys_unpermuted
+from tilecore.tiles.launch import CachedLaunch, TmaOperand, next_power_of_2, tma_describable
 from tilecore.tiles.ops import LOG2E
 
 TL_FWD = CachedLaunch(kernels_tl.attn_fp8_fwd)
@@ -53,27 +53,18 @@ def scale_operand(scale: torch.Tensor, rows: int) -> tuple[torch.Tensor, bool, i
     return values, True, n, 1 if n == rows else SCALE_BLOCK
 
 
-def keys_contiguous_v(v: torch.Tensor) -> torch.Tensor:
-    """v (B, Hkv, Nk, D) as the Hopper kernel reads it: a view whose transpose (B, Hkv, D, Nk) TMA can
-    describe (keys contiguous, 16-byte strides): v itself when it is one (attention_fp8's quantize
-    helpers write it so), else a copy (zero-padded to 16 keys, which the kernel never reads)."""
-    vt = v.transpose(2, 3)
-    if tma_describable(vt):
-        return v
-    B, H, Nk, D = v.shape
-    buf = torch.zeros((B, H, D, cdiv(max(Nk, 1), 16) * 16), dtype=v.dtype, device=v.device)
-    buf[..., :Nk].copy_(vt)
-    return buf[..., :Nk].transpose(2, 3)
-
-
 def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_scale: float,
-            out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O (B, Hq, N, D) in out_dtype, lse (B, Hq, N) float32), both contiguous, by plan ``p``."""
+            out_dtype: torch.dtype, v_permuted: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O (B, Hq, N, D) in out_dtype, lse (B, Hq, N) float32), both contiguous, by plan ``p``. ``v``:
+    (B, Hkv, Nk, D), or with ``v_permuted`` the Hopper kernel's layout (reference.keys_permuted)."""
+    Nk = k.shape[2]
     if p.path == "emulate":
+        if v_permuted:
+            v = keys_unpermuted(v, Nk)
         return attention_fp8_emulated(q, k, v, q_scale, k_scale, v_scale, causal=causal, softmax_scale=softmax_scale,
                                       out_dtype=out_dtype)
     B, H, N, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
+    Hkv = k.shape[1]
     out = torch.empty((B, H, N, D), dtype=out_dtype, device=q.device)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     qs, q_per_row, q_n, q_rows = scale_operand(q_scale, N)
@@ -82,15 +73,17 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
     cfg = p.config
     if p.path == "tl":
         D_PAD = max(32, next_power_of_2(D))  # e4m3 dots take K >= 32
+        # v's strides in (B, H, keys, D) order (the permuted layout is (B, H, D, keys))
+        v_strides = (v.stride(0), v.stride(1), v.stride(3), v.stride(2)) if v_permuted else v.stride()
         TL_FWD[kernels_tl.grid(B * H, N, cfg["BLOCK_M"])](
-            q, k, v, out, lse, qs, ks, vs, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+            q, k, v, out, lse, qs, ks, vs, *q.stride(), *k.stride(), *v_strides, *out.stride(),
             H, N, Nk, D, H // Hkv, softmax_scale * LOG2E, q_n, q_rows, k_n, k_rows,
             CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row, UPCAST=cfg.pop("UPCAST", False),
-            BLOCK_D=D_PAD, **cfg)
+            PERMUTED_V=v_permuted, BLOCK_D=D_PAD, **cfg)
         return out, lse
     q = q if tma_describable(q) else q.contiguous()
     k = k if tma_describable(k) else k.contiguous()
-    vt = keys_contiguous_v(v).transpose(2, 3)
+    vt = v if v_permuted else keys_permuted(v)  # (B, Hkv, D, keys padded to 32), keys permuted in 32s
     block_m, block_n, consumers = cfg["block_m"], cfg["block_n"], cfg["consumers"]
     grid, head_group, schedule = _tiling(q, k, block_m * consumers, block_n, causal)
     with dispatch.on_device(q.device):
@@ -98,7 +91,7 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
                         TmaOperand(vt, [1, 1, D, block_n]), TmaOperand(out, [1, 1, block_m, D]), lse, qs, ks, vs,
                         H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows, k_n, k_rows, B * H, head_group,
                         schedule, CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row, STAGES=cfg["stages"],
-                        CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1), num_warps=4)
+                        CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1), PERMUTED_V=True, num_warps=4)
     return out, lse
 
 

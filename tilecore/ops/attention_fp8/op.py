@@ -12,7 +12,7 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.attention_fp8 import launch
-from tilecore.ops.attention_fp8.reference import SCALE_BLOCK
+from tilecore.ops.attention_fp8.reference import KEY_CHUNK, SCALE_BLOCK
 
 FP8 = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -57,8 +57,14 @@ def check_scale(scale, what: str, B: int, H: int, rows: int, device) -> None:
                          f"was quantized); got min {scale.min().item():g}, max {scale.max().item():g}")
 
 
-def check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype) -> float:
+V_LAYOUTS = ("bhnd", "keys_permuted")
+
+
+def check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_layout="bhnd") -> float:
     """Raise TypeError/ValueError naming what is accepted; returns the softmax scale."""
+    if v_layout not in V_LAYOUTS:
+        raise ValueError(f"attention_fp8: v_layout must be 'bhnd' (v as (B, Hkv, Nk, D)) or 'keys_permuted' (v as "
+                         f"quantize_fp8(v, layout='keys_permuted') writes it); got {v_layout!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"attention_fp8: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -76,7 +82,14 @@ def check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype) 
     if q.device.type == "cuda" and not dispatch.fp8_ok(q.device):
         raise RuntimeError("attention_fp8 needs e4m3 tensor cores (NVIDIA sm_89 or later: Ada, Hopper); "
                            "this GPU has none: use tilecore.attention in bf16/fp16")
-    if k.shape != v.shape:
+    if v_layout == "keys_permuted":
+        B, Hkv, Nk, D = k.shape
+        want = (B, Hkv, D, -(-Nk // KEY_CHUNK) * KEY_CHUNK)
+        if tuple(v.shape) != want or not v.is_contiguous():
+            raise ValueError(f"attention_fp8: v in v_layout 'keys_permuted' is the contiguous (batch, kv_heads, "
+                             f"head_dim, keys rounded up to {KEY_CHUNK}) tensor quantize_fp8(v, layout='keys_permuted') "
+                             f"writes: {want} for k of shape {tuple(k.shape)}; got {tuple(v.shape)}")
+    elif k.shape != v.shape:
         raise ValueError(f"attention_fp8: k and v must have the same shape (batch, kv_heads, keys, head_dim); "
                          f"got k {tuple(k.shape)} and v {tuple(v.shape)} ({LAYOUT})")
     B, Hq, N, D = q.shape
@@ -109,37 +122,41 @@ def check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype) 
     return float(softmax_scale)
 
 
-def _impl(q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_scale: float, out_dtype: torch.dtype):
+def _impl(q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_scale: float, out_dtype: torch.dtype,
+          v_permuted: bool):
     if q.numel() == 0 or k.shape[2] == 0:
         out = torch.zeros(q.shape, dtype=out_dtype, device=q.device)
         return out, torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
     return launch.forward(launch.plan(q, k, causal), q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale,
-                          out_dtype)
+                          out_dtype, v_permuted)
 
 
 @torch.library.custom_op("tilecore::attention_fp8", mutates_args=())
 def _attention_fp8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_scale: torch.Tensor,
                       k_scale: torch.Tensor, v_scale: torch.Tensor, causal: bool, softmax_scale: float,
-                      out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    return _impl(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype)
+                      out_dtype: torch.dtype, v_permuted: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _impl(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_permuted)
 
 
 @_attention_fp8_op.register_fake
-def _(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype):
+def _(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_permuted):
     return q.new_empty(q.shape, dtype=out_dtype), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale: torch.Tensor, k_scale: torch.Tensor,
                   v_scale: torch.Tensor, causal: bool = False, softmax_scale: float | None = None,
-                  out_dtype: torch.dtype = torch.bfloat16, return_lse: bool = False):
+                  out_dtype: torch.dtype = torch.bfloat16, return_lse: bool = False, v_layout: str = "bhnd"):
     """softmax(softmax_scale q k^T) v on e4m3 inputs, FlashAttention-3's FP8 forward.
 
     Layout (B, H, N, D), as tilecore.attention: q (batch, heads, queries, head_dim), k and v (batch,
     kv_heads, keys, head_dim), all ``torch.float8_e4m3fn``, Hq a multiple of Hkv (GQA / MQA); any
-    strides. The Hopper kernel reads V keys-contiguous (it multiplies P V with V^T in shared memory):
-    v given as ``vt.transpose(2, 3)`` of a (B, Hkv, D, Nk) tensor (what ``quantize_fp8(v,
-    keys_contiguous=True)`` returns) is read as it is; any other v is copied to that layout first
-    (one pass over v's bytes).
+    strides. The Hopper kernel reads V as V^T, keys contiguous (e4m3 wgmma takes shared operands
+    K-major, and P V's reduction runs over keys), with keys permuted within each 32 so that P goes
+    from the accumulator's layout to the register operand's without leaving its thread
+    (reference.key_position): ``v_layout="keys_permuted"`` takes v in that layout, (B, Hkv, D,
+    ceil(Nk / 32) * 32) as ``quantize_fp8(v, layout="keys_permuted")`` writes it (no copy); with the
+    default "bhnd" v is (B, Hkv, Nk, D) and the Hopper path copies it to that layout first (one pass
+    over v's bytes).
 
     Descales (float32; the dequantized tensor is codes x descale): ``q_scale`` (B, Hq) per (batch,
     head), (B, Hq, ceil(N / 128)) per block of 128 queries, or (B, Hq, N) per query; ``k_scale`` the
@@ -160,9 +177,10 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
     interpreter under TRITON_INTERPRET=1. Not differentiable: a call that would record a gradient
     raises (FP8 is forward-only).
     """
-    scale = check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype)
+    scale = check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_layout)
+    permuted = v_layout == "keys_permuted"
     if dispatch.plain_eager(q, k, v, q_scale, k_scale, v_scale):
-        out, lse = _impl(q, k, v, q_scale, k_scale, v_scale, causal, scale, out_dtype)
+        out, lse = _impl(q, k, v, q_scale, k_scale, v_scale, causal, scale, out_dtype, permuted)
     else:
-        out, lse = _attention_fp8_op(q, k, v, q_scale, k_scale, v_scale, causal, scale, out_dtype)
+        out, lse = _attention_fp8_op(q, k, v, q_scale, k_scale, v_scale, causal, scale, out_dtype, permuted)
     return (out, lse) if return_lse else out

@@ -11,7 +11,7 @@ import math
 import torch
 
 from tilecore.ops.attention_fp8.op import FORWARD_ONLY, LAYOUT, attention_fp8
-from tilecore.ops.attention_fp8.reference import SCALE_BLOCK
+from tilecore.ops.attention_fp8.reference import SCALE_BLOCK, keys_permuted
 
 E4M3_MAX = 448.0
 GRANULARITIES = ("head", "block", "token")
@@ -22,12 +22,12 @@ def _descale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
 
 
-def quantize_fp8(x: torch.Tensor, *, per: str = "head", keys_contiguous: bool = False):
+def quantize_fp8(x: torch.Tensor, *, per: str = "head", layout: str = "bhnd"):
     """(codes, descale) of a (B, H, N, D) tensor in e4m3, saturating: descale = amax / 448 per (batch,
     head) (``per="head"``: descale (B, H)), per block of 128 rows (``"block"``: (B, H, ceil(N / 128))) or
-    per row (``"token"``: (B, H, N)); codes = round(x / descale). ``keys_contiguous``: codes written
-    as (B, H, D, N) with N padded to 16 and returned as the (B, H, N, D) view of it: the layout the
-    Hopper kernel takes v in (attention_fp8 then reads it as it is, with no copy)."""
+    per row (``"token"``: (B, H, N)); codes = round(x / descale). ``layout="keys_permuted"``: codes
+    written as v's layout in the Hopper kernel (reference.keys_permuted: (B, H, D, ceil(N / 32) * 32),
+    keys contiguous and permuted within 32s), for ``attention_fp8(..., v_layout="keys_permuted")``."""
     if per not in GRANULARITIES:
         raise ValueError(f"quantize_fp8: per must be one of {', '.join(GRANULARITIES)}; got {per!r}")
     if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.dtype.is_floating_point:
@@ -46,10 +46,10 @@ def quantize_fp8(x: torch.Tensor, *, per: str = "head", keys_contiguous: bool = 
         descale = _descale(padded.view(B, H, blocks, SCALE_BLOCK).amax(dim=3))
         per_row = descale.repeat_interleave(SCALE_BLOCK, dim=2)[:, :, :N, None]
     codes = (xf / per_row).clamp(-E4M3_MAX, E4M3_MAX)
-    if keys_contiguous:
-        buf = torch.zeros((B, H, D, -(-max(N, 1) // 16) * 16), dtype=torch.float8_e4m3fn, device=x.device)
-        buf[..., :N].copy_(codes.transpose(2, 3))
-        return buf[..., :N].transpose(2, 3), descale
+    if layout == "keys_permuted":
+        return keys_permuted(codes).to(torch.float8_e4m3fn), descale
+    if layout != "bhnd":
+        raise ValueError(f"quantize_fp8: layout must be 'bhnd' or 'keys_permuted'; got {layout!r}")
     return codes.to(torch.float8_e4m3fn), descale
 
 
@@ -78,8 +78,8 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     q and k rotated by one random-sign Hadamard transform of the head dim (H diag(s) / sqrt(D), s
     fixed per head_dim: q k^T unchanged, outliers spread over the head dim; FlashAttention-3's
     incoherent processing) and quantized per token in the same pass (tilecore.hadamard_quantize,
-    fp8_e4m3), v quantized per (batch, kv head) into the keys-contiguous layout the Hopper kernel
-    reads, then ``attention_fp8``. Layout and masks as tilecore.attention ((B, H, N, D), GQA, causal
+    fp8_e4m3), v quantized per (batch, kv head) into the layout the Hopper kernel reads
+    (quantize_fp8's "keys_permuted"), then ``attention_fp8``. Layout and masks as tilecore.attention ((B, H, N, D), GQA, causal
     bottom right); O in q's dtype. ``rotate`` needs a head dim hadamard_transform takes (a power of
     two, or m x 2^k). Forward only: a call that would record a gradient raises."""
     from tilecore.ops.hadamard import hadamard_quantize
@@ -98,6 +98,7 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     signs = rotation_signs(D, q.device) if rotate else None
     q8, q_scale = hadamard_quantize(q, format="fp8_e4m3", rotate=rotate, randomized_signs=signs)
     k8, k_scale = hadamard_quantize(k, format="fp8_e4m3", rotate=rotate, randomized_signs=signs)
-    v8, v_scale = quantize_fp8(v, per="head", keys_contiguous=True)
+    v8, v_scale = quantize_fp8(v, per="head", layout="keys_permuted")
     return attention_fp8(q8, k8, v8, q_scale=q_scale.squeeze(-1), k_scale=k_scale.squeeze(-1), v_scale=v_scale,
-                         causal=causal, softmax_scale=scale, out_dtype=q.dtype, return_lse=return_lse)
+                         causal=causal, softmax_scale=scale, out_dtype=q.dtype, return_lse=return_lse,
+                         v_layout="keys_permuted")

@@ -31,6 +31,41 @@ SCALE_BLOCK = 128  # a per-block descale covers this many rows (queries or keys)
 LOG2E = math.log2(math.e)
 
 
+KEY_CHUNK = 32  # the Hopper kernel's V layout permutes keys within chunks of this many (key_position)
+
+
+def key_position(j: torch.Tensor) -> torch.Tensor:
+    """Where key j sits in the Hopper kernel's V layout ("keys_permuted"): within each chunk of 32 keys,
+    key c = 16 a + 8 b + 2 r + e goes to position 16 a + 4 r + 2 b + e. That is P's column order in
+    the wgmma accumulator (lane r of a quad holds columns 2 r, 2 r + 1 of every 8) read as the order
+    of the register operand's k (lane r holds k = 4 r .. 4 r + 3 of every 16): with V's keys so
+    placed, P goes from one layout to the other in each thread's own registers (gluon_fp8.p_operand)."""
+    c = j % KEY_CHUNK
+    return j - c + 16 * (c // 16) + 4 * ((c % 8) // 2) + 2 * ((c // 8) % 2) + c % 2
+
+
+def keys_permuted(v: torch.Tensor) -> torch.Tensor:
+    """v (B, H, Nk, D) in the Hopper kernel's layout: V^T (B, H, D, ceil(Nk / 32) * 32), keys contiguous,
+    key j at position key_position(j), zeros past Nk. One copy (e4m3 copied as bytes)."""
+    B, H, Nk, D = v.shape
+    padded = -(-Nk // KEY_CHUNK) * KEY_CHUNK
+    vt = v.transpose(2, 3)
+    raw = vt.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else vt
+    if padded != Nk:
+        raw = torch.nn.functional.pad(raw, (0, padded - Nk))
+    # (..., chunk, a, b, r, e) -> (..., chunk, a, r, b, e)
+    out = raw.reshape(B, H, D, padded // KEY_CHUNK, 2, 2, 4, 2).permute(0, 1, 2, 3, 4, 6, 5, 7).reshape(B, H, D, padded)
+    return out.view(v.dtype) if v.dtype == torch.float8_e4m3fn else out.contiguous()
+
+
+def keys_unpermuted(vp: torch.Tensor, nk: int) -> torch.Tensor:
+    """The inverse of keys_permuted: (B, H, Nk, D) from the kernel's layout."""
+    index = key_position(torch.arange(nk, device=vp.device))
+    raw = vp.view(torch.uint8) if vp.dtype == torch.float8_e4m3fn else vp
+    out = raw.index_select(3, index).transpose(2, 3)
+    return out.view(vp.dtype) if vp.dtype == torch.float8_e4m3fn else out
+
+
 def expand_scale(scale: torch.Tensor, heads_rows: tuple[int, int, int], rows: int) -> torch.Tensor:
     """A descale (B, H), (B, H, ceil(rows / SCALE_BLOCK)) or (B, H, rows) as one per row: (B, H, rows)."""
     B, H, _ = heads_rows
