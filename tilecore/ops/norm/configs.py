@@ -30,7 +30,7 @@ MAX_WARPS = 16
 # H100 run (notes/norm/README.md, session 24) had 2 groups an SM of 4 x 1024 tiles at 16 warps: one
 # program resident an SM by registers, its loop latency-bound: 11-20% of copy at 1024 columns. Smaller
 # programs, more of them resident, hide the latency as the forward's grid does.
-BACKWARD_TILE_ELEMS = 1024
+BACKWARD_TILE_ELEMS = 2048
 BACKWARD_GROUPS_PER_SM = 8
 
 # SMs the interpreter pretends to have: a few groups, each running several row tiles
