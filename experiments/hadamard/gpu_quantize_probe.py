@@ -1,0 +1,422 @@
+"""Issue 32's speed probe: hadamard_quantize's "pow2" path (quantize_kernels.pow2_quantize_kernel) and the
+m x 2^k transform's tile choices, each against a torch copy of the same bytes in the same run.
+
+One device call, under ~3 minutes:
+1. warm: a pool of processes runs every timed configuration once (Triton's disk cache then holds them);
+2. check (GPU, vectorized, float64): codes against quantize_reference.hadamard_quantize_reference (rotate in
+   float64, round into the format) for every format at a few n, outputs poisoned first; the m x 2^k
+   transform's error as a multiple of the rounding floor;
+3. time (bf16 in, 2^28 elements, do_bench medians): % of copy (bytes read + written, scales included);
+   the old kron-tiled kernel ("legacy") at 4096; the unfused pair (tilecore transform, then the quantizer
+   under torch.compile) at 4096 where asked (--compiled);
+4. a table last, JSON to $OUT/gpu_quantize_probe.json.
+
+    PYTHONPATH=. python3 experiments/hadamard/gpu_quantize_probe.py [--set quick|full|kron] [--compiled]
+    PYTHONPATH=. python3 experiments/hadamard/gpu_quantize_probe.py --smoke      (CPU, interpreter, toy sizes)
+"""
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+
+SMOKE = os.environ.get("GQP_SMOKE") == "1"
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"
+ELEMS = 2**12 if SMOKE else 2**28
+DEV = "cpu" if SMOKE else "cuda"
+FORMATS = ("fp8_e4m3", "fp8_e5m2", "int8", "mxfp4", "nvfp4", "int4")
+POW2 = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def _import():
+    sys.path.insert(0, os.getcwd())
+    import tilecore  # noqa: F401
+
+
+# --------------------------------------------------------------------------------------------- cases
+# a case: ("q", fmt, n, kwargs, tuning) for hadamard_quantize's kernel plan; ("k", m, p, tuning) for kron
+
+
+def quantize_cases(which):
+    if SMOKE:
+        return [("q", "fp8_e4m3", 256, {}, {}), ("q", "mxfp4", 256, {}, {}), ("q", "int4", 256, {}, {})]
+    first = [("q", "fp8_e4m3", n, {}, {}) for n in POW2]
+    first += [("q", f, n, {}, {}) for f in FORMATS[1:] for n in (1024, 4096, 32768)]
+    first += [("q", "fp8_e4m3", 4096, {}, {"legacy": True}), ("q", "mxfp4", 4096, {}, {"legacy": True})]
+    first += [("q", f, 4096, {}, t) for f in ("fp8_e4m3", "mxfp4") for t in ({"tma": "none"}, {"num_warps": 8})]
+    first += [("q", "fp8_e4m3", 4096, {"group": 128}, {}), ("q", "mxfp4", 4096, {"block": 32}, {})]
+    if which == "quick":
+        return first
+    rest = [("q", f, n, {}, {}) for f in FORMATS[1:] for n in POW2 if n not in (1024, 4096, 32768)]
+    rest += [("q", f, n, {}, {}) for f in FORMATS for n in (14336, 28672, 11008, 18944)]
+    return first + rest
+
+
+def kron_cases(which):
+    if SMOKE:
+        return [("k", 12, 16, {})]
+    cases = [("k", m, p, {}) for m in (12, 20, 28) for p in (64, 256, 1024, 2048)]
+    cases += [("k", m, 64, {}) for m in (140, 148, 156, 172)]
+    cases += [("k", 28, 512, t) for t in ({"num_warps": 4}, {"num_warps": 16}, {"waves": 1}, {"waves": 16})]
+    cases += [("k", 12, 64, t) for t in ({"tile_elems": 16384}, {"tile_elems": 4096}, {"waves": 16})]
+    return cases if which != "quick" else cases[:12]
+
+
+def _rows(n):
+    return max(1, ELEMS // n)
+
+
+def _quantize_runner(case, x):
+    """A callable running the case's kernel plan on x (2-D), and its outputs' byte count."""
+    import torch
+
+    from tilecore.ops.hadamard import quantize
+
+    _, fmt, n, kw, tuning = case
+    f = quantize.FORMATS[fmt]
+    group = kw.get("group", f.default_group)
+    block = kw.get("block")
+    scale = torch.tensor([0.002], device=x.device) if fmt == "nvfp4" else None
+    static = scale is not None
+    plan = quantize.plan_quantize(x, fmt, group, block, True, static, False, **tuning)
+    if plan.path == "unfused":
+        def run():
+            return quantize._run(x, fmt, group, block, True, scale, None)
+        return run, plan
+
+    def run():
+        codes, scales = quantize._outputs(x.shape[0], n, fmt, group if not static or fmt == "nvfp4" else None, x.device)
+        if plan.path == "pow2":
+            return quantize._run_pow2(plan, x, codes, scales, fmt, scale, None, static)
+        return _legacy(plan, x, codes, scales, fmt, scale)
+    return run, plan
+
+
+def _legacy(plan, x2, codes, scales, fmt, scale):
+    """quantize._run's fused launch for a kron-tiled plan (the kernel before issue 32's speed work)."""
+    import torch
+
+    from tilecore.ops.hadamard import kron, quantize
+
+    cfg = plan.config
+    h = x2
+    if cfg["MIX"] == 1:
+        h = kron.mixing_matrix(cfg["M"], False, torch.bfloat16 if x2.dtype != torch.float16 else torch.float16, x2.device)
+    gs = scale.reshape(1).to(torch.float32) if scale is not None else x2
+    byte_codes = codes.view(torch.uint8) if codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else codes
+    quantize._launch[plan.grid](x2, byte_codes, scales, h, x2, gs, x2, x2.shape[0], x2.stride(0), codes.stride(0),
+                                scales.stride(0), plan.rscale, **cfg)
+    return codes, scales
+
+
+def _kron_runner(case, x, y):
+    from tilecore.ops.hadamard import kron
+
+    _, m, p, tuning = case
+    plan = kron.kron_plan(x, m, p, **tuning)
+    n = m * p
+    return (lambda: kron.launch(plan, x, y, n**-0.5)), plan
+
+
+def _warm_one(case):
+    try:
+        _import()
+        import torch
+
+        n = case[2] if case[0] == "q" else case[1] * case[2]
+        x = torch.randn(_rows(n), n, dtype=torch.bfloat16, device=DEV)
+        if case[0] == "q":
+            run, _ = _quantize_runner(case, x)
+        else:
+            run, _ = _kron_runner(case, x, torch.empty_like(x))
+        run()
+        if not SMOKE:
+            torch.cuda.synchronize()
+        return None
+    except Exception as err:  # noqa: BLE001
+        return f"{case}: {type(err).__name__}: {str(err)[:300]}"
+
+
+# --------------------------------------------------------------------------------------------- check
+
+
+def ordinal(codes, fmt):
+    """Codes as integers in value order (grid neighbours differ by 1; fp8 NaN 1000)."""
+    import torch
+
+    from tilecore.ops.hadamard.quantize_reference import FORMATS as F, unpack_nibbles
+
+    if fmt == "int8":
+        return codes.to(torch.int64)
+    if fmt == "int4":
+        raw = unpack_nibbles(codes)
+        return (raw - ((raw & 8) << 1)).to(torch.int64)
+    if F[fmt].packed:
+        raw = unpack_nibbles(codes).to(torch.int64)
+        return torch.where(raw & 8 != 0, -(raw & 7), raw & 7)
+    b = codes.view(torch.uint8).to(torch.int64)
+    mag = b & 0x7F
+    o = torch.where(b & 0x80 != 0, -mag, mag)
+    return torch.where(torch.isnan(codes.to(torch.float32)), torch.full_like(o, 1000), o)
+
+
+def phase_check(result):
+    import torch
+
+    from tilecore import accuracy
+    from tilecore.ops.hadamard import hadamard_reference, kron, quantize
+    from tilecore.ops.hadamard.quantize import hadamard_quantize
+    from tilecore.ops.hadamard.quantize_reference import hadamard_quantize_reference
+
+    out = result.setdefault("check", {"quantize": [], "kron": []})
+    torch.manual_seed(0)
+    made = quantize._outputs
+
+    def poisoned(*args, **kwargs):  # every element the kernel does not write fails the comparison
+        codes, scales = made(*args, **kwargs)
+        codes.view(torch.uint8).fill_(0x5A)
+        scales.fill_(float("nan")) if scales.dtype == torch.float32 else scales.fill_(0x5A)
+        return codes, scales
+
+    quantize._outputs = poisoned
+    sizes = (256,) if SMOKE else (128, 256, 1024, 4096, 16384, 32768)
+    cases = [(f, n, {}, dt) for f in FORMATS for n in sizes for dt in (torch.bfloat16,)]
+    cases += [(f, 4096, {}, torch.float16) for f in FORMATS]
+    cases += [("fp8_e4m3", 4096, {"group": 128}, torch.bfloat16), ("fp8_e4m3", 256, {"group": 128}, torch.bfloat16),
+              ("mxfp4", 4096, {"block": 32}, torch.bfloat16), ("nvfp4", 4096, {"scale": 0.002}, torch.bfloat16),
+              ("int4", 4096, {"block": 128}, torch.bfloat16), ("fp8_e4m3", 1024, {"signs": True}, torch.bfloat16),
+              ("fp8_e4m3", 1024, {"scale": 0.01}, torch.bfloat16)]
+    if SMOKE:
+        cases = cases[:3] + cases[-3:]
+    for fmt, n, kw, dtype in cases:
+        case = {"format": fmt, "n": n, "dtype": str(dtype).removeprefix("torch."), **kw}
+        try:
+            kw = dict(kw)
+            rows = 4 if SMOKE else max(64, 2**20 // n)
+            x = torch.randn(rows, n, dtype=dtype, device=DEV)
+            x[:, 7] *= 80  # an outlier channel
+            x[1, 3] = float("nan")  # a NaN row
+            x[2, 5] = float("inf")  # an inf row
+            if kw.pop("signs", False):
+                kw["randomized_signs"] = (torch.randint(0, 2, (n,), device=DEV) * 2 - 1).to(dtype)
+            if "scale" in kw:
+                kw["scale"] = torch.tensor([kw["scale"]], device=DEV)
+            plan = quantize.plan_quantize(x.reshape(-1, n), fmt, kw.get("group", quantize.FORMATS[fmt].default_group),
+                                          kw.get("block"), True, "scale" in kw, "randomized_signs" in kw)
+            case["path"] = plan.path
+            codes, scales = hadamard_quantize(x, format=fmt, **kw)
+            ref_codes, ref_scales = hadamard_quantize_reference(x, format=fmt, **kw)
+            a, b = ordinal(codes, fmt), ordinal(ref_codes, fmt)
+            case["match"] = float((a == b).double().mean())
+            case["max_code_distance"] = int((a - b).abs().max())
+            pairs = zip(scales, ref_scales) if isinstance(scales, tuple) else [(scales, ref_scales)]
+            exact = True
+            for s, r in pairs:
+                if s.dtype == torch.float32:  # from the float32 rotation's amax: within 2^-15, NaN where NaN
+                    r = r.to(torch.float32)
+                    same_nan = bool(torch.equal(torch.isnan(s), torch.isnan(r)))
+                    close = ((s - r).abs() <= 2.0**-15 * r.abs()) | (s == r) | torch.isnan(r)
+                    exact = exact and same_nan and bool(close.all())
+                else:
+                    exact = exact and bool(torch.equal(s.view(torch.uint8), r.view(torch.uint8)))
+            case["scales_exact"] = exact
+            case["ok"] = case["match"] >= 0.999 and case["max_code_distance"] <= 1 and exact
+        except Exception as err:  # noqa: BLE001
+            case["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        out["quantize"].append(case)
+    quantize._outputs = made
+    for c in kron_cases("full"):
+        _, m, p, tuning = c
+        n = m * p
+        case = {"m": m, "p": p, **tuning}
+        try:
+            x = torch.randn(4 if SMOKE else max(16, 2**18 // n), n, dtype=torch.bfloat16, device=DEV)
+            y = torch.full_like(x, float("nan"))
+            plan = kron.kron_plan(x, m, p, **tuning)
+            kron.launch(plan, x, y, n**-0.5)
+            ref = hadamard_reference(x, n**-0.5, out_dtype=torch.float64)
+            case.update(path=plan.path, err_over_floor=round(accuracy.error_over_floor(y, ref), 4),
+                        all_written=bool(torch.isfinite(y).all()))
+            case["ok"] = case["all_written"] and case["err_over_floor"] <= 1.25
+        except Exception as err:  # noqa: BLE001
+            case["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        out["kron"].append(case)
+
+
+# --------------------------------------------------------------------------------------------- time
+
+
+def _bench(fn):
+    if SMOKE:
+        fn()
+        return 1.0
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+
+
+def phase_time(result, which, deadline, compiled):
+    import torch
+
+    out = result.setdefault("time", [])
+    copies = {}
+
+    def copy_ms(nbytes):
+        half = int(nbytes // 2) // 16 * 16
+        if half not in copies:
+            src = torch.empty(half, dtype=torch.uint8, device=DEV)
+            dst = torch.empty_like(src)
+            copies[half] = _bench(lambda: dst.copy_(src))
+            del src, dst
+        return copies[half]
+
+    cases = (quantize_cases(which) if which != "kron" else []) + (kron_cases(which) if which != "quick" or True else [])
+    for case in cases:
+        if time.time() > deadline - 8:
+            out.append({"case": repr(case), "skipped": "time"})
+            continue
+        row = {"case": repr(case)}
+        try:
+            n = case[2] if case[0] == "q" else case[1] * case[2]
+            x = torch.randn(_rows(n), n, dtype=torch.bfloat16, device=DEV)
+            if case[0] == "q":
+                run, plan = _quantize_runner(case, x)
+                codes, scales = run()[:2]
+                written = sum(t.numel() * t.element_size() for t in (codes, *(scales if isinstance(scales, tuple) else (scales,))))
+                nbytes = x.numel() * 2 + written
+            else:
+                y = torch.empty_like(x)
+                run, plan = _kron_runner(case, x, y)
+                nbytes = 2 * x.numel() * 2
+            ms = _bench(run)
+            row.update(path=plan.path, ms=round(ms, 4), copy_pct=round(100 * copy_ms(nbytes) / ms, 1),
+                       config={k: v for k, v in plan.config.items() if k in ("S", "N1", "N2", "Q", "B", "M_PAD", "TMA_LOAD", "num_warps", "num_stages", "GRID")})
+            del x
+        except Exception as err:  # noqa: BLE001
+            row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        out.append(row)
+    if compiled and not SMOKE:  # the unfused peer: tilecore's transform, then the quantizer under torch.compile
+        from tilecore.ops.hadamard import hadamard_transform
+        from tilecore.ops.hadamard.quantize import hadamard_quantize
+        from tilecore.ops.hadamard.quantize_reference import quantize_rotated
+
+        for fmt in ("fp8_e4m3", "mxfp4", "int8"):
+            if time.time() > deadline - 30:
+                break
+            row = {"case": f"unfused compiled {fmt} 4096"}
+            try:
+                n = 4096
+                x = torch.randn(_rows(n), n, dtype=torch.bfloat16, device=DEV)
+                group = {"mxfp4": 32}.get(fmt)
+                qc = torch.compile(lambda y: quantize_rotated(y.float(), fmt, group, None), dynamic=False)
+
+                def unfused():
+                    return qc(hadamard_transform(x, n**-0.5))
+                unfused()
+                t_u = _bench(unfused)
+                t_f = _bench(lambda: hadamard_quantize(x, format=fmt))
+                row.update(unfused_ms=round(t_u, 4), fused_ms=round(t_f, 4), fused_speedup=round(t_u / t_f, 2))
+            except Exception as err:  # noqa: BLE001
+                row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+            out.append(row)
+
+
+# --------------------------------------------------------------------------------------------- driver
+
+
+def _child(phase, path, deadline, which, compiled):
+    result = {}
+    try:
+        _import()
+        if phase == "check":
+            phase_check(result)
+        else:
+            phase_time(result, which, deadline, compiled)
+    except Exception:  # noqa: BLE001
+        result[f"{phase}_error"] = traceback.format_exc()[-2000:]
+    with open(path, "w") as f:
+        json.dump(result, f)
+
+
+def table(result):
+    lines = []
+    for c in result.get("check", {}).get("quantize", []) + result.get("check", {}).get("kron", []):
+        if not c.get("ok"):
+            lines.append(f"NOT OK: {c}")
+    nq = len(result.get("check", {}).get("quantize", []))
+    nk = len(result.get("check", {}).get("kron", []))
+    lines.append(f"check: {nq} quantize cases, {nk} kron cases; not ok listed above")
+    for r in result.get("time", []):
+        if "copy_pct" in r:
+            lines.append(f"{r['copy_pct']:6.1f}% {r['ms']:8.4f} ms  {r['case']}  {r['path']} {r['config']}")
+        else:
+            lines.append(f"  {r}")
+    for k in result:
+        if k.endswith("_error"):
+            lines.append(f"{k}: {str(result[k])[-800:]}")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--set", default="quick", choices=("quick", "full", "kron"))
+    ap.add_argument("--phases", default="warm,check,time")
+    ap.add_argument("--budget", type=float, default=180.0)
+    ap.add_argument("--compiled", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    if args.smoke and not SMOKE:
+        env = dict(os.environ, GQP_SMOKE="1", TRITON_INTERPRET="1")
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+    os.makedirs(args.out, exist_ok=True)
+    start = time.time()
+    deadline = start + args.budget
+    result = {"args": vars(args)}
+    try:
+        _import()
+        if not SMOKE:
+            from experiments.common.meta import meta
+            result["meta"] = meta()
+    except Exception as err:  # noqa: BLE001
+        result["meta_error"] = f"{type(err).__name__}: {err}"
+    ctx = mp.get_context("spawn")
+    for phase in args.phases.split(","):
+        t0 = time.time()
+        if phase == "warm":
+            cases = (quantize_cases(args.set) if args.set != "kron" else []) + kron_cases(args.set)
+            with ctx.Pool(2 if SMOKE else min(16, os.cpu_count() or 4)) as pool:
+                res = pool.map_async(_warm_one, cases, chunksize=1)
+                try:
+                    errors = [e for e in res.get(timeout=max(10, 0.45 * args.budget)) if e]
+                except mp.TimeoutError:
+                    errors = ["warm timed out"]
+            result["warm"] = {"cases": len(cases), "seconds": round(time.time() - t0, 1), "errors": errors[:30]}
+            continue
+        left = deadline - time.time()
+        limit = left - 3 if phase == "time" else min(left - 20, 0.25 * args.budget)
+        path = os.path.join(args.out, f"_{phase}.json")
+        proc = ctx.Process(target=_child, args=(phase, path, time.time() + limit, args.set, args.compiled))
+        proc.start()
+        proc.join(max(5, limit))
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(5)
+            result[f"{phase}_error"] = f"timed out after {limit:.0f} s"
+        if os.path.exists(path):
+            with open(path) as f:
+                result.update(json.load(f))
+            os.remove(path)
+        result.setdefault("seconds", {})[phase] = round(time.time() - t0, 1)
+        with open(os.path.join(args.out, "gpu_quantize_probe.json"), "w") as f:
+            json.dump(result, f, indent=1)
+    with open(os.path.join(args.out, "gpu_quantize_probe.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(table(result))
+
+
+if __name__ == "__main__":
+    main()
