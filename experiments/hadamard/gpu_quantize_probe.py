@@ -182,9 +182,11 @@ def phase_check(result):
         return codes, scales
 
     quantize._outputs = poisoned
-    sizes = (256,) if SMOKE else (128, 256, 1024, 4096, 16384, 32768)
+    # the timed sizes, at the timed row counts (the persistent grid is a compile-time constant: the same
+    # kernels as the warm phase compiled), then a few others
+    sizes = (256,) if SMOKE else (1024, 4096, 32768)
     cases = [(f, n, {}, dt) for f in FORMATS for n in sizes for dt in (torch.bfloat16,)]
-    cases += [(f, 4096, {}, torch.float16) for f in FORMATS]
+    cases += [(f, 4096, {}, torch.float16) for f in ("fp8_e4m3", "mxfp4")]
     cases += [("fp8_e4m3", 4096, {"group": 128}, torch.bfloat16), ("fp8_e4m3", 256, {"group": 128}, torch.bfloat16),
               ("mxfp4", 4096, {"block": 32}, torch.bfloat16), ("nvfp4", 4096, {"scale": 0.002}, torch.bfloat16),
               ("int4", 4096, {"block": 128}, torch.bfloat16), ("fp8_e4m3", 1024, {"signs": True}, torch.bfloat16),
@@ -195,7 +197,7 @@ def phase_check(result):
         case = {"format": fmt, "n": n, "dtype": str(dtype).removeprefix("torch."), **kw}
         try:
             kw = dict(kw)
-            rows = 4 if SMOKE else max(64, 2**20 // n)
+            rows = 4 if SMOKE else _rows(n)
             x = torch.randn(rows, n, dtype=dtype, device=DEV)
             x[:, 7] *= 80  # an outlier channel
             x[1, 3] = float("nan")  # a NaN row
@@ -273,7 +275,7 @@ def phase_time(result, which, deadline, compiled):
             del src, dst
         return copies[half]
 
-    cases = (quantize_cases(which) if which != "kron" else []) + (kron_cases(which) if which != "quick" or True else [])
+    cases = (quantize_cases(which) if which != "kron" else []) + kron_cases(which)
     for case in cases:
         if time.time() > deadline - 8:
             out.append({"case": repr(case), "skipped": "time"})
@@ -304,7 +306,7 @@ def phase_time(result, which, deadline, compiled):
         from tilecore.ops.hadamard.quantize_reference import quantize_rotated
 
         for fmt in ("fp8_e4m3", "mxfp4", "int8"):
-            if time.time() > deadline - 30:
+            if time.time() > deadline - 40:
                 break
             row = {"case": f"unfused compiled {fmt} 4096"}
             try:
@@ -391,13 +393,13 @@ def main():
             with ctx.Pool(2 if SMOKE else min(16, os.cpu_count() or 4)) as pool:
                 res = pool.map_async(_warm_one, cases, chunksize=1)
                 try:
-                    errors = [e for e in res.get(timeout=max(10, 0.45 * args.budget)) if e]
+                    errors = [e for e in res.get(timeout=max(10, 0.4 * args.budget)) if e]
                 except mp.TimeoutError:
                     errors = ["warm timed out"]
             result["warm"] = {"cases": len(cases), "seconds": round(time.time() - t0, 1), "errors": errors[:30]}
             continue
         left = deadline - time.time()
-        limit = left - 3 if phase == "time" else min(left - 20, 0.25 * args.budget)
+        limit = left - 3 if phase == "time" else min(left - 20, 0.3 * args.budget)
         path = os.path.join(args.out, f"_{phase}.json")
         proc = ctx.Process(target=_child, args=(phase, path, time.time() + limit, args.set, args.compiled))
         proc.start()
