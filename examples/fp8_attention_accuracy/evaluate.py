@@ -23,16 +23,17 @@ def _autocast(device: torch.device, dtype: Optional[torch.dtype]):
 
 
 def window_losses(model: GPT, windows: torch.Tensor, *, batch: int, device: torch.device,
-                  autocast_dtype: Optional[torch.dtype] = None, deadline: Optional[float] = None) -> torch.Tensor:
+                  autocast_dtype: Optional[torch.dtype] = None, seconds: Optional[float] = None) -> torch.Tensor:
     """Mean loss (nats per byte) of each window, (n,) float64, in window order; the model's current
-    attention. Stops early (fewer windows) past ``deadline`` (time.perf_counter()); halves the batch
-    on CUDA out-of-memory."""
+    attention. Stops early (fewer windows) ``seconds`` after the first batch (which compiles the
+    kernels: not counted); halves the batch on CUDA out-of-memory."""
     model.eval()
     out = []
     i = 0
+    deadline = None
     with torch.no_grad(), _autocast(device, autocast_dtype):
         while i < windows.shape[0]:
-            if deadline is not None and out and time.perf_counter() > deadline:
+            if deadline is not None and time.perf_counter() > deadline:
                 break
             chunk = windows[i:i + batch].to(device, non_blocking=True)
             try:
@@ -45,6 +46,8 @@ def window_losses(model: GPT, windows: torch.Tensor, *, batch: int, device: torc
                 print(f"  out of memory in evaluation: batch halved to {batch}", flush=True)
                 continue
             i += chunk.shape[0]
+            if deadline is None and seconds is not None:
+                deadline = time.perf_counter() + seconds
     return torch.cat(out) if out else torch.empty(0, dtype=torch.float64)
 
 
@@ -206,11 +209,12 @@ def compare(losses: dict[str, torch.Tensor], reference: str = "bf16", block: int
 def evaluate(model: GPT, windows: torch.Tensor, attentions: dict[str, Union[str, AttentionFn]], *,
              batch: int, device: torch.device, autocast_dtype: Optional[torch.dtype] = None,
              qk_hook: Optional[Callable] = None, seconds_each: Optional[float] = None,
-             reference: str = "bf16", log=print) -> dict:
+             reference: str = "bf16", fallback_reference: str = "sdpa", log=print) -> dict:
     """Every attention in ``attentions`` (name -> kind or callable) on the same weights and windows
-    (with ``qk_hook`` on Q and K, e.g. an OutlierInjection); ``compare`` of their per-window losses.
-    A failing attention is reported under ``errors`` and the others go on. The model's attention and
-    hook are restored afterwards."""
+    (with ``qk_hook`` on Q and K, e.g. an OutlierInjection); ``compare`` of their per-window losses
+    against ``reference`` (``fallback_reference`` if that one failed). A failing attention is
+    reported under ``errors`` and the others go on; each pass stops ``seconds_each`` after its first
+    batch. The model's attention and hook are restored afterwards."""
     saved_fn, saved_kind, saved_hook = model.attention.fn, model.attention.kind, model.attention.qk_hook
     losses, errors, seconds = {}, {}, {}
     try:
@@ -219,9 +223,8 @@ def evaluate(model: GPT, windows: torch.Tensor, attentions: dict[str, Union[str,
             try:
                 model.attention.set(kind)
                 model.attention.qk_hook = qk_hook
-                deadline = began + seconds_each if seconds_each else None
                 losses[name] = window_losses(model, windows, batch=batch, device=device,
-                                             autocast_dtype=autocast_dtype, deadline=deadline)
+                                             autocast_dtype=autocast_dtype, seconds=seconds_each)
                 if not torch.isfinite(losses[name]).all():
                     log(f"  {name}: {int((~torch.isfinite(losses[name])).sum())} windows with a non-finite loss")
             except Exception as e:  # noqa: BLE001 -- report it, evaluate the others
@@ -230,6 +233,9 @@ def evaluate(model: GPT, windows: torch.Tensor, attentions: dict[str, Union[str,
             seconds[name] = round(time.perf_counter() - began, 2)
     finally:
         model.attention.fn, model.attention.kind, model.attention.qk_hook = saved_fn, saved_kind, saved_hook
+    if reference not in losses and fallback_reference in losses:
+        log(f"  {reference} failed: differences are taken against {fallback_reference}")
+        reference = fallback_reference
     result = compare(losses, reference=reference) if losses else {"windows": 0, "by_attention": {}}
     result["errors"], result["seconds"] = errors, seconds
     return result

@@ -43,14 +43,12 @@ def _tilecore_bf16(q, k, v):
 
 
 def _tilecore_fp8(rotate: bool) -> AttentionFn:
-    # imported here: the example's other paths run where tilecore has no FP8 attention yet
-    from tilecore.ops.attention_fp8.op import attention_fp8_rotated
+    # imported when asked for: the example's other paths do not need the FP8 kernels
+    from tilecore.ops.attention_fp8 import attention_fp8_rotated
 
     def attend(q, k, v):
-        # the FP8 path takes bf16 tensors (it quantizes them itself); a float32 model (the CPU) casts
-        o = attention_fp8_rotated(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16),
-                                  causal=True, rotate=rotate)
-        return o.to(q.dtype)
+        # bf16 in (float32 on the CPU): it rotates and quantizes Q, K, V itself; O in q's dtype
+        return attention_fp8_rotated(q, k, v, causal=True, rotate=rotate)
     return attend
 
 

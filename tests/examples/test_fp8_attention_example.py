@@ -235,8 +235,9 @@ def test_the_command_runs_its_cpu_smoke(tmp_path):
     result = json.loads((tmp_path / "fp8_attention_accuracy.json").read_text())
     assert result["training"]["steps"] == 3 and math.isfinite(result["training"]["final_train_loss"])
     trained = result["evaluation"]["scenarios"]["trained"]
-    for name in ("bf16", "sdpa"):
+    assert trained["errors"] == {}, trained["errors"]
+    for name in ("bf16", "sdpa", "fp8", "fp8_rotate"):  # fp8: tilecore's FP8 attention (its CPU emulation)
         assert math.isfinite(trained["by_attention"][name]["loss"])
-    for name in ("fp8", "fp8_rotate"):  # tilecore's FP8 attention, once it exists; until then a reported error
-        assert name in trained["by_attention"] or "attention_fp8" in trained["errors"][name]
+    for name in ("fp8", "fp8_rotate"):
+        assert abs(trained["by_attention"][name]["rel_ppl"]) < 0.05  # a near-uniform model: FP8 barely moves it
     assert len(trained["qk_statistics"]) == 2 and not list(tmp_path.glob("*.pt"))  # no weights saved
