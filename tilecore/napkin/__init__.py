@@ -6,17 +6,22 @@
 
 Modules: diagram (arrays, ops, weave, compose), models (built-in diagrams), hardware (levels, compute
 units, GPU presets, calibration), engine (relabel a diagram with levels, cost it, search), closed_forms
-(the paper's formulas), render (pseudocode, cost table, pictures), validate (predicted vs measured).
+(the paper's formulas), render (pseudocode, cost table, pictures, explain), validate (predicted vs
+measured), rewrite (the planner's rewrites: online softmax, epilogue fusion, split-K / flash-decoding),
+compile (a diagram's fused plan as Triton source; tilecore.ops.napkin_compiled runs it).
 """
-from . import closed_forms, models
+from . import closed_forms, models, rewrite
+from .compile import CompileError, Program
+from .compile import compile  # noqa: A004 (napkin.compile(diagram), as the issue names it)
 from .engine import NONE, Derivation, Part, derive, group, relabel, stream
-from .diagram import Array, Diagram, Op, compose
+from .diagram import Array, Combine, Diagram, Op, compose
 from .errors import (CapacityError, ShapeMismatchError, UnknownAxisError, UnknownGPUError,
                      UnknownModelError, UnsupportedDtypeError)
 from .hardware import A100, GPUS, H100, H200, GPU, ComputeUnit, Level, abstract_level, get_gpu
 
 __all__ = [
-    "A100", "GPU", "GPUS", "H100", "H200", "NONE", "Array", "CapacityError", "ComputeUnit", "Derivation",
+    "A100", "GPU", "GPUS", "H100", "H200", "NONE", "Array", "CapacityError", "Combine", "CompileError",
+    "ComputeUnit", "Derivation", "Program", "compile", "rewrite",
     "Diagram", "Level", "Op", "Part", "ShapeMismatchError", "UnknownAxisError", "UnknownGPUError",
     "UnknownModelError", "UnsupportedDtypeError", "abstract_level", "closed_forms", "compose", "derive",
     "get_gpu", "group", "models", "relabel", "stream",

@@ -188,8 +188,7 @@ def find_epilogues(d: Diagram) -> list:
             prod = _producer(d, i)
             if prod is None:
                 ok &= all(a in op.axes for a in d.arrays[i].axes)    # an input broadcast over the tile
-            elif prod.kind == "contract" and prod.name not in roots and \
-                    all(w.unit == "tensor" for w in prod.works[:1]):
+            elif prod.kind == "contract" and prod.name not in roots:
                 roots.append(prod.name)
             elif prod.name in groups:
                 r, m = groups[prod.name]

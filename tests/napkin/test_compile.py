@@ -1,0 +1,122 @@
+"""napkin.compile: each compiled-diagram family through the Triton interpreter against the diagram's
+own float64 evaluation (fp16 / fp32: the interpreter's bf16 dot is wrong), error as a multiple of the
+rounding floor, every element written (outputs poisoned with NaN first), NaN propagated, bad input named."""
+import math
+
+import pytest
+import torch
+
+from tilecore.napkin import CompileError, Diagram, compose, models
+from tilecore.napkin import compile as napkin_compile
+from tilecore.ops.napkin_compiled import compile_diagram, evaluate
+
+DT = {"fp16": torch.float16, "fp32": torch.float32}
+
+
+def inputs_for(g, seed=0, scale=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    return {a.name: (torch.randn([g.sizes[x] for x in a.axes], generator=gen, dtype=torch.float64) * scale
+                     ).to(DT[a.dtype]) for a in g.inputs()}
+
+
+def error_over_floor(g, out, ref):
+    """rel-RMS error / rel-RMS of rounding the exact result to the output dtype (floor at least fp32's)."""
+    worst = 0.0
+    for o in g.outputs:
+        y, r = out[o], ref[o]
+        assert not torch.isnan(y).any(), f"{o}: an element was not written (NaN poison left)"
+        rms = r.pow(2).mean().sqrt()
+        floor = max(((r - r.to(y.dtype).double()).pow(2).mean().sqrt() / rms).item(), 2 ** -24)
+        worst = max(worst, ((y.double() - r).pow(2).mean().sqrt() / rms).item() / floor)
+    return worst
+
+
+def run_and_check(g, bound, scale=1.0, **blocks):
+    f = compile_diagram(g, blocks or None)
+    ins = inputs_for(g, scale=scale)
+    out = f(poison=True, **ins)
+    err = error_over_floor(g, out, evaluate(g, ins))
+    assert err < bound, f"{g.name} ({f.program.family}): error {err:.2f}x the rounding floor"
+    return f, ins, out
+
+
+@pytest.mark.parametrize("dtype, bound", [("fp16", 4.0), ("fp32", 8.0)])
+def test_chain_gated_mlp(dtype, bound):
+    # odd sizes: masked edges on every axis; G written once in the input dtype
+    g = models.gated_mlp(tokens=40, model=48, hidden=72, dtype=dtype)
+    f, _, _ = run_and_check(g, bound, scale=0.5)
+    assert f.program.family == "chain" and f.program.intermediates == ["G"]
+    assert "acc1 = tl.dot(a, w1, acc1)" in f.source and "tl.sigmoid" in f.source
+
+
+def test_chain_mlp_bias_epilogue_and_nan():
+    g = Diagram("mlp_bias", t=24, m=32, f=48, o=16)
+    X, W1, B1, W2 = g.input("X", "t m", "fp16"), g.input("W1", "m f", "fp16"), g.input("B1", "f", "fp16"), \
+        g.input("W2", "f o", "fp16")
+    h = g.map("add", g.contract(X, W1, out="t f", name="H", dtype="fp32"), B1, name="Hb", dtype="fp32")
+    g.output(g.contract(g.map("gelu", h, name="A", unit="sfu", dtype="fp16"), W2, out="t o", name="Y", dtype="fp16"))
+    f, ins, _ = run_and_check(g, 4.0, scale=0.5)
+    ins["X"][3, 5] = float("nan")
+    out, ref = f(**ins)["Y"], evaluate(g, ins)["Y"]
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[3]).all()
+
+
+def softcap_attention(causal, written_out=False, q=40, x=56, d=32):
+    g = Diagram("softcap_attention", q=q, x=x, d=d, e=d)
+    Q, K, V = g.input("Q", "q d", "fp16"), g.input("K", "x d", "fp16"), g.input("V", "x e", "fp16")
+    S = g.contract(Q, K, out="q x", name="S", dtype="fp32")
+    S = g.map("softcap(5.0)", g.map(f"scale({1 / math.sqrt(d)})", S, name="Ss", dtype="fp32"), name="Sc", dtype="fp32")
+    if written_out:
+        m = g.reduce(S, "x", kind="max", name="m")
+        P = g.map("exp(a - b)", S, m, name="P", unit="sfu", dtype="fp32")
+        z = g.reduce(P, "x", kind="sum", name="z")
+        O = g.map("a / b", g.contract(P, V, out="q e", name="U", dtype="fp32"), z, name="O", dtype="fp16")
+    else:
+        O = g.softmax_contract(S, V, over="x", name="O", causal="q" if causal else None, dtype="fp16")
+    return g.output(O).weave("h", 2, ["Q", "K", "V"]).weave("b", 2, ["Q", "K", "V"])
+
+
+@pytest.mark.parametrize("causal, written_out", [(False, False), (True, False), (False, True)])
+def test_attention_softcap_streamed(causal, written_out):
+    f, _, _ = run_and_check(softcap_attention(causal, written_out), 4.0)
+    assert f.program.family == "attention" and "_tanh(" in f.source
+    assert f.program.kernels[0].info["causal"] == causal and f.program.kernels[0].info["softmax"]
+
+
+def test_sigmoid_attention_plain_streamed_sum():
+    g = Diagram("sigmoid_attention", q=24, x=40, d=16, e=32)
+    Q, K, V = g.input("Q", "q d", "fp16"), g.input("K", "x d", "fp16"), g.input("V", "x e", "fp16")
+    P = g.map("sigmoid(a * 0.25 - 1.0)", g.contract(Q, K, out="q x", name="S", dtype="fp32"), name="P",
+              unit="sfu", dtype="fp32")
+    g = g.output(g.contract(P, V, out="q e", name="O", dtype="fp16")).weave("h", 3, ["Q", "K", "V"])
+    f, _, _ = run_and_check(g, 4.0)
+    assert not f.program.kernels[0].info["softmax"]
+
+
+def test_rmsnorm_then_gemm():
+    norm = models.rmsnorm(rows=40, n=96, dtype="fp16")
+    proj = Diagram("proj", t=40, n=96, o=48)
+    proj.output(proj.contract(proj.input("Xn", "t n", "fp16"), proj.input("P", "n o", "fp16"), out="t o",
+                              name="Z", dtype="fp16"))
+    g = compose(norm, proj, {"Xn": "Y"})
+    f, _, _ = run_and_check(g, 4.0)
+    assert f.program.family == "rownorm" and f.source.count("for k0 in range(0, N, BK)") == 2
+
+
+def test_compile_emits_text_and_names_what_it_takes():
+    src = napkin_compile(models.gated_mlp(tokens=64, model=64, hidden=64)).source
+    assert src.startswith("# generated by tilecore.napkin.compile") and "@triton.jit" in src
+    with pytest.raises(CompileError, match="matches no family"):
+        napkin_compile(models.hadamard(rows=16, n=256))
+    g = Diagram("odd", t=16, m=16, f=16)
+    g.output(g.map("frobnicate", g.contract(g.input("X", "t m"), g.input("W", "m f"), out="t f", name="H"), name="Y"))
+    with pytest.raises(CompileError, match="no known semantics; accepted: identity"):
+        napkin_compile(g)
+    f = compile_diagram(models.gated_mlp(tokens=16, model=16, hidden=16, dtype="fp16"))
+    ins = inputs_for(f.diagram)
+    with pytest.raises(ValueError, match="W2 must have shape"):
+        f(**{**ins, "W2": ins["W2"][:8]})
+    with pytest.raises(ValueError, match="torch.float16"):
+        f(**{**ins, "X": ins["X"].float()})
+    with pytest.raises(ValueError, match="missing"):
+        f(X=ins["X"])

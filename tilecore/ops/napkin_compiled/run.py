@@ -1,0 +1,163 @@
+"""Run a compiled diagram: napkin.compile's Triton source imported from a cache file, launched per kernel.
+
+    from tilecore.napkin import models
+    from tilecore.ops.napkin_compiled import compile_diagram
+    f = compile_diagram(models.gated_mlp(tokens=256, model=128, hidden=256, dtype="fp16"))
+    out = f(X=x, W1=w1, W3=w3, W2=w2)            # {"Y": tensor}
+
+Inputs are given by name, shaped as the diagram's axes say, in the diagram's dtype (fp16, bf16 or
+fp32), on one device; outputs and intermediates are allocated here in their diagram dtypes.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+
+from tilecore import dispatch
+from tilecore.napkin.compile import CompileError, Program, compile as napkin_compile
+from tilecore.napkin.diagram import Diagram
+
+TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+_MODULES: dict = {}
+
+
+def _module(source: str):
+    """Import the emitted source from a file named by its hash (Triton's JIT needs a source file)."""
+    key = hashlib.sha256(source.encode()).hexdigest()[:20]
+    if key not in _MODULES:
+        folder = Path(tempfile.gettempdir()) / "tilecore_napkin_compiled"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"diagram_{key}.py"
+        if not path.exists() or path.read_text() != source:
+            tmp = path.with_suffix(f".{id(source)}.tmp")
+            tmp.write_text(source)
+            tmp.replace(path)
+        spec = importlib.util.spec_from_file_location(f"tilecore_napkin_compiled_{key}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _MODULES[key] = mod
+    return _MODULES[key]
+
+
+def _blocks(device: torch.device, family: str) -> dict:
+    """Tile sizes: small where the interpreter runs (it is slow per element), H100-sized on a GPU."""
+    if device.type != "cuda":
+        return {"chain": dict(BM=16, BN=32, BK=16, GROUP=4), "attention": dict(BM=16, BN=16),
+                "rownorm": dict(BM=16, BO=32, BK=32)}[family]
+    return {"chain": dict(BM=128, BN=128, BK=64, GROUP=8, num_warps=8, num_stages=3),
+            "attention": dict(BM=128, BN=64, num_warps=8, num_stages=2),
+            "rownorm": dict(BM=64, BO=128, BK=64, num_warps=4, num_stages=3)}[family]
+
+
+class CompiledDiagram:
+    """A diagram's kernels, ready to launch: call it with the input tensors by name."""
+
+    def __init__(self, program: Program, blocks: dict | None = None):
+        self.program = program
+        self.diagram = program.diagram
+        self.blocks = blocks
+        self.module = _module(program.source)
+
+    @property
+    def source(self) -> str:
+        return self.program.source
+
+    def _check(self, inputs: dict) -> torch.device:
+        d = self.diagram
+        names = [a.name for a in d.inputs()]
+        missing = [n for n in names if n not in inputs]
+        extra = [n for n in inputs if n not in names]
+        if missing or extra:
+            raise ValueError(f"{d.name}: inputs {', '.join(names)} by name; "
+                             + (f"missing {missing}" if missing else f"unknown {extra}"))
+        devices = {t.device for t in inputs.values()}
+        if len(devices) != 1:
+            raise ValueError(f"{d.name}: inputs on one device, got {sorted(map(str, devices))}")
+        for n in names:
+            arr, t = d.arrays[n], inputs[n]
+            want = tuple(d.sizes[a] for a in arr.axes)
+            if tuple(t.shape) != want:
+                raise ValueError(f"{d.name}: {n} must have shape {want} (axes {arr.axes}), got {tuple(t.shape)}")
+            if t.dtype != TORCH_DTYPES[arr.dtype]:
+                raise ValueError(f"{d.name}: {n} must be {TORCH_DTYPES[arr.dtype]} ({arr.dtype}), got {t.dtype}")
+        return devices.pop()
+
+    def _empty(self, name, device, poison: bool):
+        arr = self.diagram.arrays[name]
+        shape = [self.diagram.sizes[a] for a in arr.axes]
+        t = torch.empty(shape, dtype=TORCH_DTYPES.get(arr.dtype, torch.float32), device=device)
+        return t.fill_(float("nan")) if poison else t
+
+    def __call__(self, poison: bool = False, **inputs) -> dict:
+        device = self._check(inputs)
+        if dispatch.backend_for(device) != "kernel":  # an old GPU gets its clear error here
+            raise ValueError(f"{self.diagram.name}: compiled diagrams run on CUDA tensors or under "
+                             "TRITON_INTERPRET=1; use tilecore.ops.napkin_compiled.evaluate on the CPU")
+        vals = dict(inputs)
+        for k in self.program.kernels:
+            out = k.args[-1]
+            vals[out] = self._empty(out, device, poison)
+            getattr(self, "_launch_" + k.family)(k, vals, device)
+        return {o: vals[o] for o in self.diagram.outputs}
+
+    # ---------------------------------------------------------------- launches
+    def _launch_chain(self, k, vals, device):
+        blk = dict(self.blocks or _blocks(device, "chain"))
+        t, kk, f = k.info["axes"]
+        A, out = vals[k.args[0]], vals[k.args[-1]]
+        ws = [vals[n] for n in k.args[1:-1] if n not in k.info["extras"]]
+        extras = [vals[n] for n in k.info["extras"]]
+        M, K, N = A.shape[0], A.shape[1], out.shape[1]
+        e_strides = []
+        for n, ax in k.info["extras"].items():
+            x = vals[n]
+            e_strides += [x.stride(ax.index(t)) if t in ax else 0, x.stride(ax.index(f)) if f in ax else 0]
+        grid = (triton.cdiv(M, blk["BM"]) * triton.cdiv(N, blk["BN"]),)
+        getattr(self.module, k.name)[grid](
+            A, *ws, *extras, out, M, N, K, A.stride(0), A.stride(1),
+            *[s for w in ws for s in (w.stride(0), w.stride(1))], *e_strides, out.stride(0), out.stride(1), **blk)
+
+    def _launch_attention(self, k, vals, device):
+        blk = dict(self.blocks or _blocks(device, "attention"))
+        Q, K, V, O = (vals[n] for n in k.args)
+        lead = len(k.info["lead"])
+
+        def four(t):  # [B, H, N, D] views of 2-, 3- or 4-D tensors
+            for _ in range(2 - lead):
+                t = t.unsqueeze(0)
+            return t
+        Q4, K4, V4, O4 = (four(t) for t in (Q, K, V, O))
+        B, H, NQ, D = Q4.shape
+        NX, E = K4.shape[2], V4.shape[3]
+        grid = (triton.cdiv(NQ, blk["BM"]), B * H)
+        self.module.attention_fwd[grid](
+            Q4, K4, V4, O4, H, NQ, NX, *Q4.stride(), *K4.stride(), *V4.stride(), *O4.stride(),
+            D=D, E=E, CAUSAL=k.info["causal"], **blk)
+
+    def _launch_rownorm(self, k, vals, device):
+        blk = dict(self.blocks or _blocks(device, "rownorm"))
+        X = vals[k.args[0]]
+        vecs = [vals[n] for n in k.info["vecs"]]
+        rows = [vals[n] for n in k.info["rows"]]
+        P, out = vals[k.args[-2]], vals[k.args[-1]]
+        M, N = X.shape
+        NO = P.shape[1]
+        grid = (triton.cdiv(M, blk["BM"]), triton.cdiv(NO, blk["BO"]))
+        self.module.rownorm_gemm[grid](X, *vecs, *rows, P, out, M, N, NO, X.stride(0), X.stride(1),
+                                       P.stride(0), P.stride(1), out.stride(0), out.stride(1), **blk)
+
+
+def compile_diagram(diagram: Diagram, blocks: dict | None = None) -> CompiledDiagram:
+    """napkin.compile(diagram), imported and ready to run. Raises CompileError (a ValueError) naming
+    the families where the diagram fits none."""
+    if not isinstance(diagram, Diagram):
+        raise TypeError(f"compile_diagram takes a tilecore.napkin.Diagram, got {type(diagram).__name__}")
+    return CompiledDiagram(napkin_compile(diagram), blocks)
+
+
+__all__ = ["CompileError", "CompiledDiagram", "compile_diagram"]
