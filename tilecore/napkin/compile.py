@@ -301,8 +301,8 @@ def _attention(d: Diagram) -> Program:
              "        hi = tl.minimum(NX, (pid_m + 1) * BM)  # keys past the tile's last query are masked",
              "    for n0 in range(0, hi, BN):",
              "        rn = n0 + tl.arange(0, BN)",
-             "        k = tl.load(k_base + rn[None, :].to(tl.int64) * skn + rd[:, None] * skd, mask=rn[None, :] < NX, other=0.0)",
-             f"        {_var(S.output)} = tl.dot(q, k)  # [BM, BN] fp32"]
+             "        k = tl.load(k_base + rn[:, None].to(tl.int64) * skn + rd[None, :] * skd, mask=rn[:, None] < NX, other=0.0)",
+             f"        {_var(S.output)} = tl.dot(q, tl.trans(k))  # [BM, BN] fp32"]
     for op in mods:
         lines.append(f"        {_var(op.output)} = {triton_expression(op.label, [_var(op.inputs[0])])}")
     s = _var(chain[-1])

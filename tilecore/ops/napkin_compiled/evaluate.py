@@ -3,7 +3,7 @@
 contract: an einsum over the op's axes; map: the map's expression (napkin.compile.map_expression) on
 its inputs broadcast over its axes; reduce: sum, mean or max; softmax_contract: softmax along the
 streamed axis (a causal mask drops keys after the query) then the contraction; fuse_epilogue ops: their
-contractions, then their maps. Accepts the arrays by name with their axes' sizes.
+contractions, then their maps. Accepts the arrays by name with their axes' sizes, on any one device.
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def evaluate(d: Diagram, inputs: dict) -> dict:
         if arr.role in ("input", "constant"):
             if arr.name not in inputs:
                 raise KeyError(f"evaluate: input {arr.name!r} missing; inputs: {', '.join(a.name for a in d.inputs())}")
-            t = inputs[arr.name].detach().to("cpu", torch.float64)
+            t = inputs[arr.name].detach().to(torch.float64)  # on its device (a GPU's float64 is fast enough)
             want = tuple(d.sizes[a] for a in arr.axes)
             if tuple(t.shape) != want:
                 raise ValueError(f"evaluate: {arr.name} has shape {tuple(t.shape)}, its axes {arr.axes} say {want}")
@@ -112,8 +112,8 @@ def evaluate(d: Diagram, inputs: dict) -> dict:
             s_axes = axes_of[s_name]
             if op.causal:
                 qa, xa = op.causal
-                qi = torch.arange(d.sizes[qa]).reshape([-1 if a == qa else 1 for a in s_axes])
-                xi = torch.arange(d.sizes[xa]).reshape([-1 if a == xa else 1 for a in s_axes])
+                qi = torch.arange(d.sizes[qa], device=s.device).reshape([-1 if a == qa else 1 for a in s_axes])
+                xi = torch.arange(d.sizes[xa], device=s.device).reshape([-1 if a == xa else 1 for a in s_axes])
                 s = s.masked_fill(xi > qi, float("-inf"))
             p = torch.softmax(s, dim=s_axes.index(over))
             tmp = dict(vals)

@@ -111,6 +111,8 @@ class CompiledDiagram:
         t, kk, f = k.info["axes"]
         A, out = vals[k.args[0]], vals[k.args[-1]]
         ws = [vals[n] for n in k.args[1:-1] if n not in k.info["extras"]]
+        if not self.blocks and len(ws) > 1 and device.type == "cuda":
+            blk["BN"] = max(32, blk["BN"] // len(ws))  # one accumulator a weight: keep them in registers
         extras = [vals[n] for n in k.info["extras"]]
         M, K, N = A.shape[0], A.shape[1], out.shape[1]
         e_strides = []
