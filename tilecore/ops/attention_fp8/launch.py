@@ -54,9 +54,11 @@ def scale_operand(scale: torch.Tensor, rows: int) -> tuple[torch.Tensor, bool, i
 
 
 def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_scale: float,
-            out_dtype: torch.dtype, v_permuted: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O (B, Hq, N, D) in out_dtype, lse (B, Hq, N) float32), both contiguous, by plan ``p``. ``v``:
-    (B, Hkv, Nk, D), or with ``v_permuted`` the Hopper kernel's layout (reference.keys_permuted)."""
+            out_dtype: torch.dtype, v_permuted: bool = False, out: torch.Tensor | None = None,
+            lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O (B, Hq, N, D) in out_dtype, lse (B, Hq, N) float32), both contiguous (into ``out`` and ``lse``
+    where given: the kernel paths), by plan ``p``. ``v``: (B, Hkv, Nk, D), or with ``v_permuted`` the
+    Hopper kernel's layout (reference.keys_permuted)."""
     Nk = k.shape[2]
     if p.path == "emulate":
         if v_permuted:
@@ -65,8 +67,8 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
                                       out_dtype=out_dtype)
     B, H, N, D = q.shape
     Hkv = k.shape[1]
-    out = torch.empty((B, H, N, D), dtype=out_dtype, device=q.device)
-    lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
+    out = torch.empty((B, H, N, D), dtype=out_dtype, device=q.device) if out is None else out
+    lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device) if lse is None else lse
     qs, q_per_row, q_n, q_rows = scale_operand(q_scale, N)
     ks, k_per_row, k_n, k_rows = scale_operand(k_scale, Nk)
     vs = v_scale.to(torch.float32).contiguous()
