@@ -35,12 +35,14 @@ from tilecore import accuracy  # noqa: E402
 from tilecore.ops.fft_conv import fft_conv, fft_conv_reference, filter_spectrum  # noqa: E402
 from tilecore.ops.fft_conv import launch as conv_launch  # noqa: E402
 from tilecore.ops.fft_conv import configs  # noqa: E402
-from tilecore.ops.fft_conv.plan import Plan, pair_plan, plan  # noqa: E402
+from tilecore.ops.fft_conv.plan import Plan, long_plan, pair_plan, plan  # noqa: E402
 
 START = time.time()
 SMOKE = "--smoke" in sys.argv
 DEV = torch.device("cpu" if SMOKE else "cuda")
 RESULTS: dict = {"check": [], "candidates": [], "time": [], "errors": []}
+DEADLINE_S = 100  # no new candidate checks past this (their compiles); candidates unchecked are not timed
+SMOKE_LONG = (32, 16, 16, 16, 16, 4, 4)  # the long form at a size the interpreter runs quickly
 
 
 def guarded(label, fn):
@@ -93,17 +95,21 @@ def check(n, dtype, B=2, H=8):
     print("check", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
 
 
+def plan_of(config) -> Plan:
+    """A candidate: (N1, N2, pairs, warps) of the pair kernel, or the 7 numbers of the long form."""
+    return pair_plan(*config) if len(config) == 4 else long_plan(*config)
+
+
 def check_candidate(config, B=3, H=4):
-    """The pair kernel at one configuration, bf16 (fp16 in the smoke run: the interpreter's bf16 store
+    """The pair kernel (or the long form) at one configuration, bf16 (fp16 in the smoke run: the interpreter's bf16 store
     truncates), against float64; an odd batch (the last pair half masked)."""
-    n1, n2, pairs, warps = config
-    n = n1 * n2 // 2
+    n = config[0] * config[1] // 2
     dtype = torch.float16 if SMOKE else torch.bfloat16
     poison_allocator()
     u = torch.randn(B, H, n, device=DEV).to(dtype)
     k = torch.randn(H, n, device=DEV) / math.sqrt(n)
     y = torch.full_like(u, float("nan"))
-    conv_launch.launch(pair_plan(*config), u, filter_spectrum(k, n), y, False)
+    conv_launch.launch(plan_of(config), u, filter_spectrum(k, n), y, False)
     row = {"n": n, "config": list(config), "y": accuracy.error_over_floor(y, fft_conv_reference(u, k)),
            "finite": bool(torch.isfinite(y).all())}
     RESULTS["candidates"].append(row)
@@ -131,16 +137,16 @@ def time_case(n, B=16, H=768):
     ours = run(lambda: fft_conv(u, spectrum))
     base = run(torch_fft)
     p = plan(n, DEV, dtype)
-    row = {"n": n, "B": B, "H": H, "path": p.path, "config": [p.n1, p.n2, p.pairs, p.num_warps], "ms": ours,
+    row = {"n": n, "B": B, "H": H, "path": p.path, "plan": vars(p), "ms": ours,
            "torch_fft_ms": base, "speedup_vs_torch_fft": base / ours, "bound_ms": copy,
            "pct_of_bound": 100 * copy / ours, "bytes": nbytes}
     row["candidates"] = {}
     y = torch.empty_like(u)
-    for config in configs.PAIR_CANDIDATES.get(n, []):
+    for config in configs.PAIR_CANDIDATES.get(n, []) + configs.LONG_CANDIDATES.get(n, []):
         if not any(c["config"] == list(config) and c["finite"] and c["y"] < 4 for c in RESULTS["candidates"]):
             continue  # not checked, or wrong: not timed
         try:
-            ms = run(lambda: conv_launch.launch(pair_plan(*config), u, spectrum, y, False))
+            ms = run(lambda: conv_launch.launch(plan_of(config), u, spectrum, y, False))
             row["candidates"]["x".join(map(str, config))] = ms
         except Exception as err:  # noqa: BLE001
             print(f"[error] time N={n} {config}: {type(err).__name__}: {err}")
@@ -156,6 +162,14 @@ def time_case(n, B=16, H=768):
     print("time", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
 
 
+def write(out_dir: Path) -> Path:
+    """The JSON so far (each phase rewrites it: a run cut short keeps what it measured)."""
+    RESULTS["wall_s"] = time.time() - START
+    path = out_dir / "fft_conv_gpu_check.json"
+    path.write_text(json.dumps(RESULTS, indent=1, default=str))
+    return path
+
+
 def main() -> int:
     out_dir = Path(os.environ.get("OUT", "/tmp/out"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -166,23 +180,27 @@ def main() -> int:
         RESULTS["meta"] = {"error": str(err)}
     torch.manual_seed(0)
     sizes = (256, 512, 1024, 2048, 4096, 8192, 16384)
-    for n in sizes if not SMOKE else (256, 512, 1024):
-        for dtype in (torch.bfloat16, torch.float16, torch.float32):
-            if n > 2048 and dtype != torch.bfloat16:
-                continue
+    # (fp16 and fp32 at a few N: every kernel variant is a compile, and the run has 3 minutes)
+    checks = [(n, torch.bfloat16) for n in sizes] + [(n, torch.float16) for n in (512, 2048, 8192)] + \
+        [(n, torch.float32) for n in (256, 1024)]
+    for n, dtype in checks:
+        if not (SMOKE and n > 1024):
             guarded(f"check N={n} {dtype}", lambda: check(n, dtype))
-    for n, candidates in configs.PAIR_CANDIDATES.items():
-        if SMOKE and n > 1024:
+    write(out_dir)
+    candidates = [c for cs in configs.PAIR_CANDIDATES.values() for c in cs] + \
+        [c for cs in configs.LONG_CANDIDATES.values() for c in cs]
+    for config in candidates if not SMOKE else [c for c in candidates if c[0] * c[1] <= 2048] + [SMOKE_LONG]:
+        if time.time() - START > DEADLINE_S:
+            print(f"[skip] candidate {config}: past {DEADLINE_S} s")
             continue
-        for config in candidates:
-            guarded(f"candidate N={n} {config}", lambda: check_candidate(config))
+        guarded(f"candidate {config}", lambda: check_candidate(config))
+    write(out_dir)
     for n in sizes if not SMOKE else (256, 512):
         guarded(f"time N={n}", lambda: time_case(n))
+        write(out_dir)
         if not SMOKE:
             torch.cuda.empty_cache()
-    RESULTS["wall_s"] = time.time() - START
-    path = out_dir / "fft_conv_gpu_check.json"
-    path.write_text(json.dumps(RESULTS, indent=1, default=str))
+    path = write(out_dir)
     print(f"\nwrote {path}\n")
     print(f"{'N':>6} {'path':>5} {'ms':>8} {'torch.fft':>9} {'speedup':>7} {'% bound':>7}  "
           f"{'best cand.':>14} {'ms':>7} {'speedup':>7} {'% bound':>7}")

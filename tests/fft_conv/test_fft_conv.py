@@ -183,3 +183,42 @@ def test_pair_kernel_nonfinite_stays_in_its_sequence():
     bad[:, 0] = True
     assert torch.isnan(y[bad]).all() and torch.isfinite(y[~bad]).all()
     assert torch.equal(torch.isfinite(y), torch.isfinite(fft_conv_reference(u, k)))
+
+
+@pytest.mark.parametrize("config", [(32, 16, 16, 16, 16, 4, 4)])
+def test_long_kernels(config):
+    """The three-pass form (kernels_long.py) at small N1 x N2 (the GPU's are 128 x 128 and 256 x 128):
+    the convolution and the backward's correlation (conj), an odd batch, a pair's halves 10^6 apart in
+    scale, a NaN in one sequence kept there and a NaN filter's channel."""
+    n1, n2 = config[:2]
+    n = n1 * n2 // 2
+    u = torch.randn(3, 2, n, dtype=torch.float64)
+    u[0] *= 1e3
+    u[1] *= 1e-3
+    u = u.half()
+    k = torch.randn(2, n) / math.sqrt(n)
+    spectrum = filter_spectrum(k, n)
+    y = torch.full_like(u, math.nan)
+    launch.launch(plan.long_plan(*config), u, spectrum, y, False)
+    ref = fft_conv_reference(u, k)
+    for b in range(3):
+        assert_close(y[b], ref[b], f"y[{b}]", pair=True)
+    launch.launch(plan.long_plan(*config), u, spectrum, y, True)
+    correlation = fft_conv_reference(u.double().flip(-1), k).flip(-1)
+    assert_close(y, correlation, "correlation", pair=True)
+    u[1, 0, 3] = math.nan
+    spectrum[1, 5] = math.nan
+    launch.launch(plan.long_plan(*config), u, spectrum, y, False)
+    bad = torch.zeros(3, 2, dtype=torch.bool)
+    bad[1, 0] = True
+    bad[:, 1] = True
+    assert torch.isnan(y[bad]).all() and torch.isfinite(y[~bad]).all()
+
+
+def test_plans():
+    cuda = torch.device("cuda")
+    assert plan.plan(8192, cuda, torch.bfloat16) == plan.long_plan(*configs.LONG_CONFIGS[8192])
+    assert plan.plan(1024, cuda, torch.float16) == plan.pair_plan(*configs.PAIR_CONFIGS[1024])
+    assert plan.plan(1024, cuda, torch.float32).path == "tl"
+    assert plan.plan(8192, cuda, torch.float32).path == "torch"
+    assert plan.plan(3000, cuda, torch.bfloat16).path == "torch"

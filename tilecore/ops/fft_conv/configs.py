@@ -22,6 +22,21 @@ PAIR_CANDIDATES = {
     4096: [(128, 64, 1, 8), (64, 128, 1, 8)],  # (16 warps cap registers at 128: 1.7-3.2 KB of spill)
 }
 
+# The three-pass form (kernels_long.py) for N whose pair does not fit a program's registers:
+# N -> (N1, N2, BN columns a program in passes 1 and 3, BK1 rows in pass 2, KC the chunk of N1 a
+# product takes, warps of passes 1 and 3, warps of pass 2). N2 <= 128: pass 2's F_N2 (re, im) whole
+# in registers or shared memory. Pass 1 runs unpipelined (num_stages 1: pipelining its loop over
+# column blocks asked 480 KiB of shared memory at 16384). sm_90a (report.py): 8192 no spills;
+# 16384 pass 1 16 bytes.
+LONG_CONFIGS = {
+    8192: (128, 128, 64, 16, 64, 4, 8),
+    16384: (256, 128, 64, 16, 32, 4, 8),
+}
+LONG_CANDIDATES = {
+    8192: [(128, 128, 64, 16, 64, 4, 8), (128, 128, 32, 32, 64, 4, 8)],
+    16384: [(256, 128, 64, 16, 32, 4, 8), (256, 128, 32, 32, 64, 4, 8)],
+}
+
 # the dtypes the pair kernel serves: its float16 products give bf16 outputs at ~1.04x their rounding
 # floor and fp16 outputs at ~2.5x theirs (tests/fft_conv); float32 takes the float32 kernel below
 PAIR_DTYPES = ("bfloat16", "float16")

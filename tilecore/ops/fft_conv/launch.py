@@ -7,12 +7,15 @@ import math
 
 import torch
 
-from tilecore.ops.fft_conv import kernels, kernels_pair
+from tilecore.ops.fft_conv import kernels, kernels_long, kernels_pair
 from tilecore.ops.fft_conv.plan import Plan
 from tilecore.tiles.launch import CachedLaunch
 
 _conv = CachedLaunch(kernels.fft_conv_kernel)
 _conv_pair = CachedLaunch(kernels_pair.fft_conv_pair_kernel)
+_long_columns = CachedLaunch(kernels_long.long_columns_kernel)
+_long_rows = CachedLaunch(kernels_long.long_rows_kernel)
+_long_inverse = CachedLaunch(kernels_long.long_inverse_columns_kernel)
 
 
 def output(shape, dtype, device) -> torch.Tensor:
@@ -77,9 +80,13 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
         k = torch.conj_physical(spectrum) if conj else spectrum
         y.copy_(torch.fft.irfft(torch.fft.rfft(u.float(), n=2 * N) * k, n=2 * N)[..., :N])
         return
-    if plan.path == "pair":  # the kernel reads the rfft's bins itself
+    if plan.path in ("pair", "long"):  # the kernels read the rfft's bins themselves
         spectrum = spectrum.resolve_conj()
         spectrum_f32 = torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())
+    if plan.path == "long":
+        _launch_long(plan, u, spectrum_f32, y, conj)
+        return
+    if plan.path == "pair":
         ops = dft_operands16(plan.n1, plan.n2, u.device)
         groups = -(-B // (2 * plan.pairs))
         _conv_pair[(H * groups,)](u, spectrum_f32, y, ops["F1RE"], ops["F1IM"], ops["F2RE"], ops["F2IM"],
@@ -92,3 +99,24 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
     _conv[(B * H,)](u, kre, kim, y, ops["F1RE"], ops["F1IM"], ops["F2RE"], ops["F2IM"], ops["TWRE"], ops["TWIM"],
                     H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), kre.stride(0),
                     N1=plan.n1, N2=plan.n2, PRECISION=plan.precision, num_warps=plan.num_warps)
+
+
+def _launch_long(plan: Plan, u: torch.Tensor, spectrum_f32: torch.Tensor, y: torch.Tensor, conj: bool) -> None:
+    """The three passes of kernels_long.py, through a float16 scratch of 2 L elements a pair."""
+    B, H, N = u.shape
+    n1, n2 = plan.n1, plan.n2
+    pairs = H * -(-B // 2)
+    ops = dft_operands16(n1, n2, u.device)
+    scratch = torch.empty((pairs, 2, n1, n2), dtype=torch.float16, device=u.device)
+    row_scale = torch.empty((pairs, n1), dtype=torch.float32, device=u.device)
+    seq_scale = torch.empty((pairs, 2), dtype=torch.float32, device=u.device)
+    warps = plan.num_warps
+    _long_columns[(pairs,)](u, scratch, seq_scale, ops["F1RE"], ops["F1IM"], ops["TWRE"], ops["TWIM"], B,
+                            u.stride(0), u.stride(1), N1=n1, N2=n2, BN=plan.bn, KC=plan.kc, CH=min(N, 1024),
+                            num_warps=warps, num_stages=1)
+    _long_rows[(pairs, n1 // plan.bk1)](scratch, row_scale, spectrum_f32, ops["F2RE"], ops["F2IM"], ops["TWRE"],
+                                        ops["TWIM"], B, spectrum_f32.stride(0), N1=n1, N2=n2, BK1=plan.bk1,
+                                        CONJ=conj, num_warps=plan.rows_warps)
+    _long_inverse[(pairs, n2 // plan.bn)](scratch, row_scale, seq_scale, y, ops["F1RE"], ops["F1IM"], B,
+                                          y.stride(0), y.stride(1), N1=n1, N2=n2, BN=plan.bn, KC=plan.kc,
+                                          num_warps=warps)

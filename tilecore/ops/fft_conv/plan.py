@@ -2,6 +2,8 @@
 
 * "pair": the fast kernel (kernels_pair.py: two sequences as one complex one, float16 DFT matrices on
   tensor cores) for bf16 / fp16 u at N in configs.PAIR_CONFIGS;
+* "long": the same method in three passes through a float16 scratch (kernels_long.py) for bf16 / fp16
+  u at N in configs.LONG_CONFIGS;
 * "tl": the float32 Monarch kernel (kernels.py) for the other dtypes (float32) at N in
   configs.TL_FACTORS;
 * "torch": torch.fft in float32 (rfft of length 2N, product, irfft): every other N, and CPU tensors
@@ -21,16 +23,24 @@ from tilecore.ops.fft_conv import configs
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    path: str  # "pair" | "tl" | "torch"
+    path: str  # "pair" | "long" | "tl" | "torch"
     n1: int = 0
     n2: int = 0
     num_warps: int = 4
     precision: str = "ieee"
     pairs: int = 1  # "pair": pairs of sequences per program
+    bn: int = 0  # "long": columns a program (passes 1 and 3)
+    bk1: int = 0  # "long": rows a program (pass 2)
+    kc: int = 0  # "long": the chunk of N1 a product takes (passes 1 and 3)
+    rows_warps: int = 0  # "long": warps of pass 2
 
 
 def pair_plan(n1: int, n2: int, pairs: int, num_warps: int) -> Plan:
     return Plan("pair", n1=n1, n2=n2, num_warps=num_warps, pairs=pairs)
+
+
+def long_plan(n1: int, n2: int, bn: int, bk1: int, kc: int, num_warps: int, rows_warps: int) -> Plan:
+    return Plan("long", n1=n1, n2=n2, num_warps=num_warps, bn=bn, bk1=bk1, kc=kc, rows_warps=rows_warps)
 
 
 def plan(n: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Plan:
@@ -38,6 +48,8 @@ def plan(n: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> P
         return Plan("torch")
     if str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.PAIR_CONFIGS:
         return pair_plan(*configs.PAIR_CONFIGS[n])
+    if str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.LONG_CONFIGS:
+        return long_plan(*configs.LONG_CONFIGS[n])
     if n not in configs.TL_FACTORS:
         return Plan("torch")
     n1, n2 = configs.TL_FACTORS[n]
