@@ -144,8 +144,11 @@ def main():
             v8, vs = quantize_fp8(v, per="head", layout="keys_permuted")
             rows["fp8, per-head scales, no rotation (FA3's baseline)"] = rmse(
                 attention_fp8(q8, k8, v8, q_scale=qs, k_scale=ks, v_scale=vs, out_dtype=odt, v_layout="keys_permuted"))
-            rows["fp8, per-token q/k scales, no rotation"] = rmse(attention_fp8_rotated(q, k, v, rotate=False))
-            rows["fp8, per-token q/k scales, rotated (attention_fp8_rotated)"] = rmse(attention_fp8_rotated(q, k, v))
+            rows["fp8, per-token q/k scales, no rotation"] = rmse(attention_fp8_rotated(q, k, v, rotate=False, k_scales="token"))
+            rows["fp8, per-token q/k scales, rotated"] = rmse(attention_fp8_rotated(q, k, v, k_scales="token"))
+            rows["fp8, per-token q, per-tensor k (norm bound), no rotation"] = rmse(attention_fp8_rotated(q, k, v, rotate=False))
+            rows["fp8, per-token q, per-tensor k (norm bound), rotated (attention_fp8_rotated's default)"] = rmse(
+                attention_fp8_rotated(q, k, v))
             result["outlier"] = [dict(case=name, rmse=val, B=B, H=H, N=N, D=D) for name, val in rows.items()]
             for name, val in rows.items():
                 print(f"outlier  {name}: RMSE {val:.3e}", flush=True)
@@ -158,7 +161,7 @@ def main():
     if "time" in parts and not args.smoke:
         import triton
 
-        cases = [(16, 16, 4096, 128, c) for c in (False, True)]
+        cases = [(16, 16, 4096, 128, c) for c in (False, True)] + [(16, 32, 4096, 64, c) for c in (False, True)]
         if not args.only_headline:
             cases += [(16384 // N, 2048 // D, N, D, c) for D in (128, 64) for c in (False, True)
                       for N in (512, 1024, 2048, 4096, 8192, 16384)]
@@ -185,11 +188,19 @@ def main():
                     ms = triton.testing.do_bench(fn, warmup=25, rep=100)
                     rec[f"{name}_ms"] = ms
                     rec[f"{name}_tflops"] = flops / ms / 1e9
-                if N == 4096:  # where the convenience path's time goes
-                    from tilecore.ops.attention_fp8.quantize import rotation_signs
+                if N == 4096:  # where the convenience path's time goes, and the kernel's variants
+                    from tilecore.ops.attention_fp8.quantize import quantize_v_permuted, rotation_signs
                     signs = rotation_signs(D, q.device)
+                    no_pingpong = dict(fp8_launch.plan(q8, k8, causal).config, pingpong=False)
                     parts_fns = {"quant_qk_ms": lambda: tilecore.hadamard_quantize(q, format="fp8_e4m3", randomized_signs=signs),
-                                 "quant_v_ms": lambda: quantize_fp8(v, per="head", layout="keys_permuted"),
+                                 "quant_v_ms": lambda: quantize_v_permuted(v),
+                                 "quant_v_torch_ms": lambda: quantize_fp8(v, per="head", layout="keys_permuted"),
+                                 "fp8_rotated_k_token_ms": lambda: attention_fp8_rotated(q, k, v, causal=causal, k_scales="token"),
+                                 "fp8_no_pingpong_ms": lambda: fp8_launch.forward(
+                                     fp8_launch.plan(q8, k8, causal, config=no_pingpong), q8, k8, v8, qs, ks, vs, causal,
+                                     D ** -0.5, torch.bfloat16, True),
+                                 "fp8_q_per_token_ms": lambda: attention_fp8(q8, k8, v8, q_scale=qs[..., None].expand(B, H, N).contiguous(),
+                                                                             k_scale=ks, v_scale=vs, causal=causal, v_layout="keys_permuted"),
                                  "fp8_per_token_ms": lambda: attention_fp8(q8, k8, v8, q_scale=qs[..., None].expand(B, H, N).contiguous(),
                                                                            k_scale=ks[..., None].expand(B, H, N).contiguous(), v_scale=vs,
                                                                            causal=causal, v_layout="keys_permuted")}

@@ -9,8 +9,9 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 
 # Gluon kernel (gluon_fp8.py): consumers warpgroups of block_m query rows each share a stage of block_n
 # keys (K and V^T blocks, e4m3: 128 x D bytes each); only head dims 64 and 128 (the fast ones)
-GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2),
-                 128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2)}
+# pingpong: the consumers issue their wgmma in turn (FlashAttention-3's warp-scheduler barriers)
+GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=True),
+                 128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=True)}
 
 
 def tl_config(d: int, interpret: bool) -> dict:

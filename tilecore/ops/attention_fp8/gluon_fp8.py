@@ -86,6 +86,21 @@ def fp8_softmax_update(m_i, l_i, s, row_scale, PER_ROW: gl.constexpr):
     return m_new, l_i * alpha + row_sum(p), p, alpha
 
 
+@gluon.jit
+def named_barrier(bar_id, ARRIVE: gl.constexpr):
+    """bar.sync (wait) or, with ARRIVE, bar.arrive (signal, no wait) on the named barrier ``bar_id``
+    (an int32 tensor) for the 256 threads of the two consumer warpgroups (Triton's own take ids 0..2)."""
+    if ARRIVE:
+        gl.inline_asm_elementwise("bar.arrive $1, 256;\n\tmov.b32 $0, $1;", "=r,r", [bar_id], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise("bar.sync $1, 256;\n\tmov.b32 $0, $1;", "=r,r", [bar_id], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+PINGPONG_BARRIER: gl.constexpr = gl.constexpr(8)  # consumer c waits on PINGPONG_BARRIER + c before issuing
+
+
 @struct
 class Running:
     """A consumer's online softmax: row max m and sum l (base 2, l of 2^8 p), the output accumulator,
@@ -130,6 +145,7 @@ class AttentionFp8:
     D: gl.constexpr
     CONSUMERS: gl.constexpr
     PERMUTED_V: gl.constexpr
+    PINGPONG: gl.constexpr
     S: gl.constexpr  # the layouts of S = Q K^T [BM, BN], of O [BM, D], and of P as P V's register operand
     O: gl.constexpr
     P: gl.constexpr
@@ -208,11 +224,27 @@ class AttentionFp8:
         return gl.convert_layout(p8, self.P)
 
     @gluon.jit
-    def s_and_pv(self, q, k_t, v, st, first_key):
+    def my_turn(self, ctx, step):
+        """PINGPONG (FlashAttention-3's warp-scheduler barriers): the two consumers issue their wgmma in
+        turn, so that one's softmax runs under the other's products. Consumer 0 waits for consumer 1's
+        issue of the step before (not at a tile's first step: its finish takes that wait), 1 for 0's."""
+        if self.PINGPONG:
+            if ctx.index == 1 or step > 0:
+                named_barrier(gl.program_id(0) * 0 + PINGPONG_BARRIER + ctx.index, False)
+
+    @gluon.jit
+    def their_turn(self, ctx):
+        """PINGPONG: this consumer has issued its step's wgmma: the other's turn."""
+        if self.PINGPONG:
+            named_barrier(gl.program_id(0) * 0 + PINGPONG_BARRIER + 1 - ctx.index, True)
+
+    @gluon.jit
+    def s_and_pv(self, ctx, q, k_t, v, st, first_key):
         """S = Q K^T and acc + P V issued together, the softmax of S while P V runs.
         Returns (m, l, P in float32, alpha, acc + P V)."""
         s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
         o_tok = warpgroup_mma(st.p, v, st.acc, is_async=True)
+        self.their_turn(ctx)
         s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
         m, l, p32, alpha = self.softmax(s, st, first_key)
         acc = warpgroup_mma_wait(0, deps=(o_tok,))
@@ -224,15 +256,23 @@ class AttentionFp8:
         q = ctx.operand.reshape([self.BM, self.D])
         k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))  # [D, BN], D contiguous: K-major
         v = stage.vt.reshape([self.D, self.BN]).permute((1, 0))  # [BN, D], keys contiguous: K-major
+        self.my_turn(ctx, step)
         if step == 0:
-            s = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False)
+            s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
+                                  is_async=True)
+            self.their_turn(ctx)
+            s = warpgroup_mma_wait(0, deps=(s_tok,))
             m, l, p32, alpha = self.softmax(s, st, 0)
             st = st.replace(m=m, l=l, p=self.p_operand(p32))
         elif step < st.rows.n_blocks:
-            m, l, p32, alpha, acc = self.s_and_pv(q, k_t, v, st, step * self.BN)
+            m, l, p32, alpha, acc = self.s_and_pv(ctx, q, k_t, v, st, step * self.BN)
             st = st.replace(m=m, l=l, acc=acc * alpha, p=self.p_operand(p32))
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
-            st = st.replace(acc=warpgroup_mma(st.p, v, st.acc))
+            o_tok = warpgroup_mma(st.p, v, st.acc, is_async=True)
+            self.their_turn(ctx)
+            st = st.replace(acc=warpgroup_mma_wait(0, deps=(o_tok,)))
+        else:  # causal: a step past this consumer's keys (the other's rows see more)
+            self.their_turn(ctx)
         return st
 
     @gluon.jit
@@ -243,6 +283,9 @@ class AttentionFp8:
     def finish(self, ctx, st, tile):
         """O = acc * v's descale / l and lse (natural log; l counts 2^8 p) of the rows: lse stored, O by
         a TMA store (rows past N clipped). A row with no key: 0 and -inf; a NaN l: NaN and NaN."""
+        if self.PINGPONG:  # consumer 0: the wait its next tile's first step skips (none for a tile with no step)
+            if ctx.index == 0 and tile.n_blocks > 0:
+                named_barrier(gl.program_id(0) * 0 + PINGPONG_BARRIER, False)
         b, h, hk = head_of(st.rows.bh, self.H, self.GROUP)
         v_scale = gl.load(self.v_scales + b * (self.H // self.GROUP) + hk)
         no_key = st.l == 0.0
@@ -258,7 +301,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh,
                              head_group, schedule, CAUSAL: gl.constexpr, Q_PER_ROW: gl.constexpr,
                              K_PER_ROW: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-                             Q_BUFFERS: gl.constexpr = 1, PERMUTED_V: gl.constexpr = False):
+                             Q_BUFFERS: gl.constexpr = 1, PERMUTED_V: gl.constexpr = False,
+                             PINGPONG: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid."""
     gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")
     BM: gl.constexpr = o_desc.block_type.shape[2]
@@ -266,7 +310,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     D: gl.constexpr = k_desc.block_type.shape[3]
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
-                      CAUSAL, Q_PER_ROW, K_PER_ROW, BM, BN, D, CONSUMERS, PERMUTED_V,
+                      CAUSAL, Q_PER_ROW, K_PER_ROW, BM, BN, D, CONSUMERS, PERMUTED_V, PINGPONG,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8))
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=0,

@@ -128,3 +128,26 @@ def attn_fp8_fwd(Q, K, V, O, LSE, QS, KS, VS,
 
 def grid(heads: int, rows: int, block_m: int) -> tuple[int]:
     return (heads * triton.cdiv(rows, block_m),)
+
+
+@triton.jit
+def quantize_v_permuted(V, OUT, DESCALE, svb, svh, svn, svd, H, Nk, D, n_out,
+                        EMULATE_CAST: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    """v (B, H, Nk, D), any strides, quantized to e4m3 with its head's descale (v / DESCALE[bh], saturated
+    at 448) into the Hopper kernel's layout (reference.keys_permuted): OUT (B, H, D, n_out) contiguous,
+    key j of a head at column key_position(j); the padding keys (Nk .. n_out) are written as 0. One
+    program per (batch * head, block of BLOCK_K keys, a multiple of 32). ``EMULATE_CAST``: the
+    interpreter (its e4m3 cast is wrong): rounded by round_to_e4m3 first."""
+    bh = tl.program_id(0)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    keys = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (keys[:, None] < Nk) & (offs_d[None, :] < D)
+    v = tl.load(block_ptrs(V + b * svb + h * svh, 0, keys, offs_d, svn, svd), mask=ok, other=0.0).to(tl.float32)
+    y = tl.minimum(tl.maximum(v / tl.load(DESCALE + bh), -448.0), 448.0)  # [BLOCK_K, BLOCK_D]
+    if EMULATE_CAST:
+        y = tl.where(y < 0, -round_to_e4m3(-y), round_to_e4m3(y))
+    out = OUT + bh.to(tl.int64) * D * n_out
+    tl.store(out + offs_d[None, :].to(tl.int64) * n_out + key_position(keys)[:, None], y.to(tl.float8e4nv),
+             mask=(keys[:, None] < n_out) & (offs_d[None, :] < D))

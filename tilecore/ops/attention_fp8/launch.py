@@ -93,7 +93,8 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
                         TmaOperand(vt, [1, 1, D, block_n]), TmaOperand(out, [1, 1, block_m, D]), lse, qs, ks, vs,
                         H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows, k_n, k_rows, B * H, head_group,
                         schedule, CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row, STAGES=cfg["stages"],
-                        CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1), PERMUTED_V=True, num_warps=4)
+                        CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1), PERMUTED_V=True,
+                        PINGPONG=cfg.get("pingpong", False), num_warps=4)
     return out, lse
 
 

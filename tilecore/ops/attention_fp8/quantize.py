@@ -11,15 +11,38 @@ import math
 import torch
 
 from tilecore.ops.attention_fp8.op import FORWARD_ONLY, LAYOUT, attention_fp8
-from tilecore.ops.attention_fp8.reference import SCALE_BLOCK, keys_permuted
+from tilecore import dispatch
+from tilecore.ops.attention_fp8 import kernels_tl
+from tilecore.ops.attention_fp8.reference import KEY_CHUNK, SCALE_BLOCK, keys_permuted
+from tilecore.tiles.launch import CachedLaunch
 
 E4M3_MAX = 448.0
+_QUANTIZE_V = CachedLaunch(kernels_tl.quantize_v_permuted)
 GRANULARITIES = ("head", "block", "token")
 SIGN_SEED = 0x7C0FE8  # the rotation's signs: torch.Generator seeded with SIGN_SEED + head_dim (CPU), cached
 
 
 def _descale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+
+
+def quantize_v_permuted(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, descale) of v (B, H, Nk, D) per (batch, head) into the Hopper kernel's layout (as
+    quantize_fp8(v, per="head", layout="keys_permuted")), by one read of v for its amax (torch) and one
+    tl kernel (read, quantize, write transposed and permuted) on kernel devices."""
+    B, H, N, D = v.shape
+    if dispatch.backend_for(v.device) != "kernel" or N == 0 or D > 256:
+        return quantize_fp8(v, per="head", layout="keys_permuted")
+    amax = torch.linalg.vector_norm(v, ord=float("inf"), dim=(2, 3), dtype=torch.float32)
+    descale = _descale(amax).contiguous()
+    n_out = -(-N // KEY_CHUNK) * KEY_CHUNK
+    out = torch.empty((B, H, D, n_out), dtype=torch.float8_e4m3fn, device=v.device)
+    block_k = 32 if dispatch.interpreted(v.device) else 128
+    with dispatch.on_device(v.device):
+        _QUANTIZE_V[(B * H, -(-n_out // block_k))](v, out, descale, *v.stride(), H, N, D, n_out,
+                                                    EMULATE_CAST=dispatch.interpreted(v.device), BLOCK_K=block_k,
+                                                    BLOCK_D=max(16, 1 << (D - 1).bit_length()))
+    return out, descale
 
 
 def quantize_fp8(x: torch.Tensor, *, per: str = "head", layout: str = "bhnd"):
@@ -72,8 +95,12 @@ def rotation_signs(head_dim: int, device) -> torch.Tensor:
     return _SIGNS[key]
 
 
+K_SCALES = ("tensor", "token")
+
+
 def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                          scale: float | None = None, rotate: bool = True, return_lse: bool = False):
+                          scale: float | None = None, rotate: bool = True, return_lse: bool = False,
+                          k_scales: str = "tensor"):
     """Attention of bf16/fp16 (and, on the CPU, float32) tensors in FP8, end to end: with ``rotate``,
     q and k rotated by one random-sign Hadamard transform of the head dim (H diag(s) / sqrt(D), s
     fixed per head_dim: q k^T unchanged, outliers spread over the head dim; FlashAttention-3's
@@ -81,7 +108,14 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     fp8_e4m3), v quantized per (batch, kv head) into the layout the Hopper kernel reads
     (quantize_fp8's "keys_permuted"), then ``attention_fp8``. Layout and masks as tilecore.attention ((B, H, N, D), GQA, causal
     bottom right); O in q's dtype. ``rotate`` needs a head dim hadamard_transform takes (a power of
-    two, or m x 2^k). Forward only: a call that would record a gradient raises."""
+    two, or m x 2^k). Forward only: a call that would record a gradient raises.
+
+    Descales: q's per token (a per-row factor in the kernel, free); k's (``k_scales``) one for the whole
+    tensor, "tensor" (default: the kernel's per-head path, the fastest), bounded without a pass over
+    the rotated k: no rotated entry exceeds its row's 2-norm (the rotation is orthonormal), so
+    descale = max_j |k_j|_2 / 448 never saturates (a few times more headroom than needed, which e4m3's
+    floating point loses nothing to but the subnormals), or "token" (hadamard_quantize's dynamic
+    per-token scales: a per-key factor in the kernel's every step, slower)."""
     from tilecore.ops.hadamard import hadamard_quantize
 
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -96,9 +130,18 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
                         f"{v.dtype} (e4m3 inputs: attention_fp8)")
     D = q.shape[-1]
     signs = rotation_signs(D, q.device) if rotate else None
+    if k_scales not in K_SCALES:
+        raise ValueError(f"attention_fp8_rotated: k_scales must be 'tensor' or 'token'; got {k_scales!r}")
     q8, q_scale = hadamard_quantize(q, format="fp8_e4m3", rotate=rotate, randomized_signs=signs)
-    k8, k_scale = hadamard_quantize(k, format="fp8_e4m3", rotate=rotate, randomized_signs=signs)
-    v8, v_scale = quantize_fp8(v, per="head", layout="keys_permuted")
-    return attention_fp8(q8, k8, v8, q_scale=q_scale.squeeze(-1), k_scale=k_scale.squeeze(-1), v_scale=v_scale,
+    if k_scales == "token":
+        k8, k_scale = hadamard_quantize(k, format="fp8_e4m3", rotate=rotate, randomized_signs=signs)
+        k_scale = k_scale.squeeze(-1)
+    else:
+        bound = torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32).amax().reshape(1)
+        k_descale = _descale(bound)
+        k8, _ = hadamard_quantize(k, format="fp8_e4m3", rotate=rotate, randomized_signs=signs, scale=k_descale)
+        k_scale = k_descale.expand(k.shape[0], k.shape[1]).contiguous()
+    v8, v_scale = quantize_v_permuted(v)
+    return attention_fp8(q8, k8, v8, q_scale=q_scale.squeeze(-1), k_scale=k_scale, v_scale=v_scale,
                          causal=causal, softmax_scale=scale, out_dtype=q.dtype, return_lse=return_lse,
                          v_layout="keys_permuted")
