@@ -1,23 +1,47 @@
-"""tilecore's own benchmark results join the napkin's predicted-over-measured table."""
+"""The validation reads every bench JSON's rows, tilecore's and the peers', with the run's own ceiling."""
 import json
+
+import pytest
 
 from tilecore.napkin import validate
 
 
-def test_tilecore_results_join_the_table(tmp_path):
-    (tmp_path / "hadamard.json").write_text(json.dumps({"rows": [
-        {"params": {"n": 4096, "dtype": "bf16"}, "series": "tilecore", "ratio": 0.93, "value": 2790},
-        {"params": {"n": 4096, "dtype": "fp16"}, "series": "tilecore", "ratio": 0.5, "value": 1500},
-        {"params": {"n": 64, "dtype": "bf16"}, "series": "tilecore", "ratio": 0.95, "value": 2850}]}))
-    (tmp_path / "gemm.json").write_text(json.dumps({"rows": [
-        {"params": {"case": "bf16 M=N=K", "K": 8192}, "series": "tilecore", "value": 700.0, "ratio": 1.0},
-        {"params": {"case": "bf16 M=N=K", "K": 8192}, "series": "cuBLAS (torch.matmul)", "value": 690.0, "ratio": 1.0}]}))
-    rows = {r[0]: r for r in validate.rows(results=tmp_path) if r[0].startswith("tilecore")}
-    assert set(rows) == {"tilecore hadamard_transform bf16 n=4096 (2^28 elements)", "tilecore gemm 8192^3"}
-    label, unit, measured, p_ds, p_cal, bound = rows["tilecore hadamard_transform bf16 n=4096 (2^28 elements)"]
-    assert unit == "% of copy" and measured == 93.0 and 90 < p_cal <= 100.5 and bound == "HBM"
-    assert rows["tilecore gemm 8192^3"][2] == 700.0
+def _suite(tmp_path, name, rows, ceiling=None, timing="eager"):
+    d = tmp_path / "x" / "h100"
+    d.mkdir(parents=True, exist_ok=True)
+    data = {"suite": name, "metric": "TFLOP/s" if name == "gemm" else "GB/s", "rows": rows,
+            "meta": {"timing": timing}}
+    if ceiling:
+        data["ceiling"] = ceiling
+    (d / f"{name}.json").write_text(json.dumps(data))
 
 
-def test_missing_results_leave_only_the_anchor_rows(tmp_path):
-    assert not [r for r in validate.rows(results=tmp_path) if r[0].startswith("tilecore")]
+def test_tilecore_and_peer_rows_are_both_predicted(tmp_path):
+    rows = [{"params": {"case": "bf16 M=N=K", "K": 8192}, "series": s, "ms": 1.55, "value": 709.0, "ratio": 1.0}
+            for s in ("tilecore", "cuBLAS (torch.matmul)")]
+    _suite(tmp_path, "gemm", rows, {"name": "torch.matmul bfloat16 8192^3 (cuBLAS)", "value": 729.0, "unit": "TFLOP/s"})
+    preds = validate.predict_all(tmp_path)
+    assert [p.series for p in preds] == ["tilecore", "cuBLAS (torch.matmul)"]
+    for p in preds:
+        assert p.op == "gemm" and p.ratio == pytest.approx(1.0, abs=0.15)
+        assert p.predicted == pytest.approx(p.measured * p.measured_s / p.predicted_s)
+
+
+def test_the_runs_ceiling_sets_the_tensor_rate(tmp_path):
+    rows = [{"params": {"case": "bf16 M=N=K", "K": 8192}, "series": "cuBLAS (torch.matmul)", "ms": 1.55,
+             "value": 709.0, "ratio": 1.0}]
+    out = []
+    for ceiling in (600.0, 750.0):
+        _suite(tmp_path, "gemm", rows, {"name": "torch.matmul bfloat16 8192^3 (cuBLAS)", "value": ceiling,
+                                         "unit": "TFLOP/s"})
+        out.append(validate.predict_all(tmp_path)[0].predicted)
+    assert out[1] / out[0] == pytest.approx(750 / 600, rel=0.02)
+
+
+def test_graph_timing_drops_the_host_launch(tmp_path):
+    rows = [{"params": {"B": 1, "Nk": 1024}, "series": "tilecore", "ms": 0.0074, "value": 566.0, "ratio": 0.19}]
+    _suite(tmp_path, "attention-decode", rows, timing="graph")
+    graph = validate.predict_all(tmp_path)[0].predicted_s
+    _suite(tmp_path, "attention-decode", rows, timing="eager")
+    eager = validate.predict_all(tmp_path)[0].predicted_s
+    assert eager > graph

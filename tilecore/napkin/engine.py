@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .diagram import Diagram, Op
 from .errors import CapacityError, UnknownAxisError
-from .hardware import GPU, dtype_bytes, get_gpu
+from .hardware import GPU, canonical_dtype, dtype_bytes, get_gpu
 
 RESOURCES = ("HBM", "L2", "SMEM", "tensor", "sfu", "alu")
 
@@ -72,6 +72,13 @@ class Derivation:
     supertile: dict
     time_model: str
     notes: list = field(default_factory=list)
+    thread_clocks: dict = field(default_factory=dict)  # (op, unit, dtype) -> clocks per thread a step
+    compute_time: float = 0.0    # the overlap schedule's compute time
+    transfer_time: float = 0.0   # the slowest memory level
+    fill_time: float = 0.0       # the first step's loads before any compute
+    launch_time: float = 0.0     # the fixed time of one kernel (GPU.launch_s)
+    mma: str = "wgmma"
+    acc_dtype: str = "fp32"
 
     @property
     def tflops(self) -> float:
@@ -139,13 +146,51 @@ def _layout_roundtrips(d: Diagram) -> list:
     return names
 
 
+def _between_mmas(d: Diagram, op: Op) -> bool:
+    """Does `op` sit between two dependent tensor-core ops (fed by one, feeding one or being one)?
+    Its SFU work then waits for the first MMA and holds up the second within a warpgroup's step: the
+    overlap schedule can hide only part of it behind other warpgroups' MMAs (softmax in attention)."""
+    def tensor(o):
+        return any(w.unit == "tensor" for w in o.works)
+
+    def upstream(name, seen):
+        prod = next((p for p in d.ops if p.output == name), None)
+        if prod is None or prod.name in seen:
+            return False
+        seen.add(prod.name)
+        return tensor(prod) or any(upstream(i, seen) for i in prod.inputs)
+
+    fed = any(upstream(i, set()) for i in op.inputs)
+    feeds = tensor(op) or any(tensor(c) for c in d._downstream(op.output))
+    return fed and feeds
+
+
 # ------------------------------------------------------------------------------------------ costing
+TIME_MODELS = ("overlap", "ideal", "serial", "exposed-sfu")
+MMAS = ("wgmma", "mma.sync")
+
+
 def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int | None = None,
-            time_model: str = "overlap", exposed_sfu: float = 2 / 3, split_axis: str | None = None,
-            check_alignment: bool = True) -> Derivation:
+            time_model: str = "overlap", exposed_sfu: float | None = None, split_axis: str | None = None,
+            check_alignment: bool = True, acc_dtype: str | None = None, mma: str = "wgmma") -> Derivation:
     """Cost one relabelling. `parts`: axis -> Part at the thread-block level (missing axes: group(1)
-    for axes every HBM array has, else none). Raises CapacityError when a level overflows."""
+    for axes every HBM array has, else none). Raises CapacityError when a level overflows.
+
+    time_model: "overlap" (default), the overlap schedule: units run concurrently, except the
+    exponentials that sit between two dependent tensor-core ops of one step (softmax between Q K^T and
+    P V), of which `exposed_sfu` (default: the GPU's, the paper's 2/3) adds to the tensor time; "ideal":
+    every unit overlaps (the paper's step 8 bound); "serial": units one after another (no warp
+    specialization); "exposed-sfu": all SFU work exposed by `exposed_sfu`.
+    acc_dtype: the register dtype of accumulated outputs (default fp32; the paper keeps O in fp16).
+    mma: "wgmma" (Hopper's warpgroup MMA) or "mma.sync" (the warp-level MMA of Ampere kernels, at the
+    GPU's `mma_sync_fraction` of the tensor rate)."""
+    if time_model not in TIME_MODELS:
+        raise ValueError(f"time_model {time_model!r}; accepted: {', '.join(TIME_MODELS)}")
+    if mma not in MMAS:
+        raise ValueError(f"mma {mma!r}; accepted: {', '.join(MMAS)}")
     gpu = get_gpu(gpu)
+    exposed_sfu = gpu.exposed_sfu if exposed_sfu is None else exposed_sfu
+    acc_bytes = dtype_bytes(acc_dtype) if acc_dtype else 4
     d = diagram
     n = d.sizes
     for a in parts:
@@ -194,6 +239,8 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
 
     # alignment: 128-byte coalescing of every HBM array's contiguous run, tensor-core granules
     m_gran, n_gran, k_bytes = gpu.tc_tile
+    if mma == "mma.sync":
+        m_gran = 16  # m16n8k16: one warp's 16 rows, not a warpgroup's 64
     if check_alignment and not abstract:
         for name, axes, q, _ in io:
             run, full = 1, 1
@@ -210,28 +257,55 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
     density = 1.0
     mask = next((op.causal for op in d.ops if op.causal), None)
     if mask:  # every op over both masked axes skips the chunks above the diagonal (S = Q K^T too)
-        density = _causal_density(n[mask[0]], n[mask[1]], T_s[mask[0]], S_s[mask[1]])
+        qa, ka = mask
+        if P[qa].kind == "stream" or (P[qa].kind == "none" and P[ka].kind == "group"):
+            # key blocks stationary, queries streamed (the backward): the same triangle, transposed
+            density = _causal_density(n[ka], n[qa], T_s[ka], S_s[qa])
+        else:
+            density = _causal_density(n[qa], n[ka], T_s[qa], S_s[ka])
     work = {}
+    step = {}       # (op label, unit, dtype) -> operations in one warpgroup step (the paper's step 7)
+    chain_sfu = {}  # SFU work between two dependent tensor-core ops of a step (exp in softmax . V)
     for op in d.ops:
         for w in op.works:
             pts = 1.0
+            per_step = w.per_point
             for a in w.axes:
                 pts *= math.ceil(n[a] / S_r[a]) * S_r[a]
+                per_step *= S_r[a]
             if w.unit == "tensor" and not abstract:
                 first = _first_operand_axes(d, op)
                 rows = math.prod(S_r[a] for a in first if a in w.axes)
                 cols = math.prod(S_r[a] for a in w.axes if a not in first and a not in op.reduced)
                 kk = math.prod(S_r[a] for a in op.reduced if a in w.axes)
                 k_gran = max(1, k_bytes // dtype_bytes(w.dtype))
-                pts *= (math.ceil(rows / m_gran) * m_gran / rows) * (math.ceil(cols / n_gran) * n_gran / cols) \
+                pad = (math.ceil(rows / m_gran) * m_gran / rows) * (math.ceil(cols / n_gran) * n_gran / cols) \
                     * (math.ceil(kk / k_gran) * k_gran / kk)
+                pts *= pad
+                per_step *= pad
             if mask and all(a in w.axes for a in mask):
                 pts *= density
             work[(w.unit, w.dtype)] = work.get((w.unit, w.dtype), 0.0) + pts * w.per_point
+            key = (op.label or op.name, w.unit, w.dtype)
+            step[key] = step.get(key, 0.0) + per_step
+            if w.unit == "sfu" and not abstract and _between_mmas(d, op):
+                chain_sfu[(w.unit, w.dtype)] = chain_sfu.get((w.unit, w.dtype), 0.0) + pts * w.per_point
+        if op.kind == "softmax_contract" and not abstract and P[op.reduced[0]].kind == "stream":
+            # the running output is rescaled by exp(mu' - mu) once per streamed chunk: 2 ops a point
+            acc_dt = canonical_dtype(acc_dtype) if acc_dtype else "fp32"
+            out_pts = math.prod(math.ceil(n[a] / S_r[a]) * S_r[a] for a in d.arrays[op.output].axes)
+            chunks = math.ceil(n[op.reduced[0]] / S_s[op.reduced[0]])
+            dens = density if op.causal else 1.0
+            work[("alu", acc_dt)] = work.get(("alu", acc_dt), 0.0) + 2 * out_pts * chunks * dens
+            key = ("rescale " + op.output, "alu", acc_dt)
+            step[key] = step.get(key, 0.0) + 2 * math.prod(S_r[a] for a in d.arrays[op.output].axes)
     causal_key = next((op.causal[1] for op in d.ops if op.causal), None)
     causal_q = next((op.causal[0] for op in d.ops if op.causal), None)
 
-    def masked(axes) -> float:  # arrays along the key axis but not the query axis skip masked chunks
+    if mask and (P[mask[0]].kind == "stream" or (P[mask[0]].kind == "none" and P[mask[1]].kind == "group")):
+        causal_q, causal_key = causal_key, causal_q  # the streamed axis is the queries: they skip
+
+    def masked(axes) -> float:  # arrays along the streamed masked axis but not the other skip chunks
         return density if (causal_key in axes and causal_q not in axes) else 1.0
 
     # memory per unit
@@ -253,7 +327,7 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
                 if arr.role == "input" and i not in tensor_inputs:
                     live[i] = math.prod(S_s[a] for a in arr.axes) * dtype_bytes(arr.dtype)
             out = d.arrays[op.output]
-            acc = 4 if op.output in d.outputs and op.reduced else dtype_bytes(out.dtype)
+            acc = acc_bytes if op.output in d.outputs and op.reduced else dtype_bytes(out.dtype)
             live[op.output] = math.prod(S_s[a] for a in out.axes) * acc
             if op.kind == "softmax_contract":  # P in the value dtype and three row statistics
                 s_arr = d.arrays[op.inputs[0]]
@@ -338,28 +412,47 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
     if not abstract:
         times["L2"] = H["L2"] / gpu.level("L2").bandwidth
         times["SMEM"] = H["SMEM"] / gpu.level("SMEM").bandwidth / wave_eff
+    mma_scale = gpu.mma_sync_fraction if mma == "mma.sync" else 1.0
+
+    def rate(unit, dt):
+        return gpu.rate(unit, dt) * (mma_scale if unit == "tensor" else 1.0)
+
+    busy = wave_eff if not abstract else 1.0
     for unit in ("tensor", "sfu", "alu"):
         t = 0.0
         for (u, dt), ops in work.items():
             if u == unit:
-                t += ops / gpu.rate(u, dt)
-        times[unit] = t / (wave_eff if not abstract else 1.0)
+                t += ops / rate(u, dt)
+        times[unit] = t / busy
+    chain_time = sum(ops / rate(u, dt) for (u, dt), ops in chain_sfu.items()) / busy
     transfer_time = max(times.get(k, 0.0) for k in ("HBM", "L2", "SMEM"))
-    if time_model == "overlap":
+    if time_model == "ideal":
         compute_time = max(times["tensor"], times["sfu"], times["alu"])
+    elif time_model == "overlap":
+        compute_time = max(times["tensor"] + exposed_sfu * chain_time, times["sfu"], times["alu"])
     elif time_model == "serial":
         compute_time = times["tensor"] + times["sfu"] + times["alu"]
-    elif time_model == "exposed-sfu":
+    else:  # exposed-sfu
         compute_time = max(times["tensor"] + exposed_sfu * times["sfu"], times["alu"])
-    else:
-        raise ValueError(f"time_model {time_model!r}; accepted: overlap, serial, exposed-sfu")
-    # pipeline fill: the first step of the first wave is loaded before any compute starts; later
-    # waves overlap with the previous wave's tail (a prologue per wave is a kernel-level detail)
+    # the paper's step 7: clocks per thread of one warpgroup step, op by op, at one SM's rates
+    thread_clocks = {}
+    if not abstract:
+        for (label, unit, dt), ops in step.items():
+            thread_clocks[(label, unit, dt)] = ops / 128 / gpu.per_sm_per_clock(rate(unit, dt))
+    # pipeline fill: the first step of the first wave is loaded before any compute starts, at the
+    # bandwidth the busy SMs share; later waves overlap with the previous wave's tail, except for one
+    # DRAM round trip a wave (a tile's first load waits for it: GPU.tile_latency_s)
     step_bytes = sum(math.prod(S_s[a] for a in axes) * q for _, axes, q, is_out in io if not is_out)
-    fill = 0.0 if abstract else step_bytes * ctas_per_sm / (hbm.bandwidth / gpu.sms)
-    time = max(transfer_time, compute_time) + fill
+    busy_sms = min(gpu.sms, ctas) if not abstract else 1
+    resident = min(ctas_per_sm, math.ceil(ctas / max(1, busy_sms))) if not abstract else 1
+    fill = 0.0 if abstract else step_bytes * resident / (hbm.bandwidth / busy_sms) + waves * gpu.tile_latency_s
+    # one buffer (stages = 1): a step's loads and its MMAs cannot overlap, they alternate
+    # The first step's loads precede any compute (fill); a transfer-bound kernel's time already holds them
+    overlapped = max(transfer_time, compute_time + fill) if stages > 1 or abstract else \
+        transfer_time + compute_time + fill
+    time = overlapped + (0.0 if abstract else gpu.launch_s)
     contenders = {k: v for k, v in times.items()}
-    if time_model != "overlap":
+    if time_model != "ideal":
         contenders["tensor"] = compute_time if compute_time >= times["tensor"] else times["tensor"]
     bound = max(contenders, key=contenders.get)
     notes = []
@@ -380,7 +473,9 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
                   "RF": gpu.max_rf_per_warpgroup if not abstract else None},
         work=work, times=times, time=time, flops=d.flops(), bound=bound, ctas=ctas,
         ctas_per_sm=ctas_per_sm, waves=waves, causal_density=density, supertile=supertile,
-        time_model=time_model, notes=notes)
+        time_model=time_model, notes=notes, thread_clocks=thread_clocks, compute_time=compute_time,
+        transfer_time=transfer_time, fill_time=fill, launch_time=0.0 if abstract else gpu.launch_s,
+        mma=mma, acc_dtype=acc_dtype or "fp32")
 
 
 # ------------------------------------------------------------------------------------------ search
@@ -426,9 +521,15 @@ def candidate_parts(d: Diagram, gpu: GPU) -> dict:
     return out
 
 
-def derive(diagram: Diagram, gpu="h100", time_model: str = "overlap", exposed_sfu: float = 2 / 3,
-           stages: int | None = None, max_warpgroups: int = 3) -> Derivation:
+def derive(diagram: Diagram, gpu="h100", time_model: str = "overlap", exposed_sfu: float | None = None,
+           stages: int | None = None, max_warpgroups: int = 3, acc_dtype: str | None = None,
+           mma: str = "wgmma") -> Derivation:
     """Search relabellings for the least predicted time. Raises CapacityError if none fits."""
+    if time_model not in TIME_MODELS:  # checked here: the search below skips relabellings that raise
+        raise ValueError(f"time_model {time_model!r}; accepted: {', '.join(TIME_MODELS)}")
+    if mma not in MMAS:
+        raise ValueError(f"mma {mma!r}; accepted: {', '.join(MMAS)}")
+    from .rewrite import online_softmax; diagram = online_softmax(diagram)  # noqa: E702 (max/exp/sum written out)
     gpu = get_gpu(gpu)
     abstract = len(gpu.levels) == 2
     for op in diagram.ops:  # an op this GPU cannot run at all is a dtype error, not a capacity one
@@ -458,7 +559,7 @@ def derive(diagram: Diagram, gpu="h100", time_model: str = "overlap", exposed_sf
             for w in wgs:
                 try:
                     r = relabel(diagram, gpu, parts, warpgroups=w, stages=stages, time_model=time_model,
-                                exposed_sfu=exposed_sfu)
+                                exposed_sfu=exposed_sfu, acc_dtype=acc_dtype, mma=mma)
                 except CapacityError as e:
                     first_error = first_error or e
                     continue
@@ -475,6 +576,8 @@ def derive(diagram: Diagram, gpu="h100", time_model: str = "overlap", exposed_sf
         inner_defaults = [{inner_batch[0]: opts[i]} for i in sorted({0, len(opts) // 2, len(opts) - 1})]
     for default in inner_defaults:
         try_all({**fixed, **default}, search_axes)
+    if best is None and inner_batch:  # none of the three sample tiles fits: try every one
+        try_all(fixed, search_axes + inner_batch)
     if best is not None and inner_batch:
         fixed = {a: p for a, p in best.parts.items() if a not in inner_batch}
         try_all(fixed, inner_batch)
@@ -548,3 +651,84 @@ def plan(diagram: Diagram, gpu="h100", **kwargs) -> Schedule:
     if len(bounds) - 1 not in best:
         raise errors[-1] if errors else CapacityError(f"no kernel split of {diagram.name!r} fits {gpu.name}")
     return Schedule(diagram, best[len(bounds) - 1][1])
+
+
+# ------------------------------------------------------------------------------------------ configs
+# Hopper GEMM tiles worth timing (M x N x K elements a thread block, ring stages, consumer warpgroups):
+# the shapes wgmma and TMA take (M a multiple of 64 a warpgroup), the ones the issue's claims name
+# (128x128, 128x256, 192x256, 256x128) and the napkin's own 384x128
+GEMM_CANDIDATES = tuple(
+    (bm, bn, bk, stages, wgs)
+    for bm, bn, wgs in ((64, 128, 1), (64, 256, 1), (128, 64, 2), (128, 128, 2), (128, 256, 2), (256, 128, 2),
+                        (192, 256, 3), (256, 256, 4), (384, 128, 3), (192, 128, 3))
+    for bk in (64, 128) for stages in (3, 4))
+
+
+@dataclass
+class RankedConfig:
+    block: tuple         # (M, N, K) a thread block
+    stages: int
+    warpgroups: int
+    time: float          # predicted seconds
+    derivation: Derivation
+
+    @property
+    def tflops(self) -> float:
+        return self.derivation.tflops
+
+
+def rank_gemm_configs(m: int, n: int, k: int, dtype: str = "bf16", gpu="h100", top_k: int | None = None,
+                      candidates=GEMM_CANDIDATES) -> list:
+    """GEMM tile configurations ranked by the napkin's predicted time (fastest first); those that do not
+    fit the GPU's shared memory or registers are left out. `top_k`: keep the first k."""
+    from . import models
+
+    gpu = get_gpu(gpu)
+    diag = models.matmul(m, n, k, dtype=dtype)
+    ranked = []
+    for bm, bn, bk, stages, wgs in candidates:
+        if bk * dtype_bytes(dtype) < 64:  # a TMA box's inner extent below 64 bytes wastes the swizzle
+            continue
+        try:
+            r = relabel(diag, gpu, {"m": group(bm), "n": group(bn), "k": stream(bk)}, warpgroups=wgs,
+                        stages=stages, split_axis="m")
+        except (CapacityError, ValueError):
+            continue
+        ranked.append(RankedConfig((bm, bn, bk), stages, wgs, r.time, r))
+    ranked.sort(key=lambda c: (c.time, -c.block[0] * c.block[1]))
+    return ranked[:top_k] if top_k else ranked
+
+
+def gemm_perf_model(gpu="h100", dtype: str = "bf16"):
+    """A `perf_model` for Triton's autotuner (`prune_configs_by={"perf_model": f, "top_k": k}`): called
+    with the kernel's named arguments and the config's (M, N, K; BLOCK_M / BLOCK_SIZE_M, BLOCK_N, BLOCK_K;
+    num_stages, num_warps), it returns the predicted time in ms (inf where the tile does not fit)."""
+    gpu = get_gpu(gpu)
+
+    def pick(kw, *names, default=None):
+        for name in names:
+            if name in kw:
+                return kw[name]
+        return default
+
+    def perf_model(**kw) -> float:
+        from . import models
+
+        m, n, k = pick(kw, "M", "m"), pick(kw, "N", "n"), pick(kw, "K", "k")
+        bm = pick(kw, "BLOCK_M", "BLOCK_SIZE_M", "block_m")
+        bn = pick(kw, "BLOCK_N", "BLOCK_SIZE_N", "block_n")
+        bk = pick(kw, "BLOCK_K", "BLOCK_SIZE_K", "block_k")
+        if None in (m, n, k, bm, bn, bk):
+            raise ValueError("gemm_perf_model needs M, N, K and BLOCK_M, BLOCK_N, BLOCK_K "
+                             f"(or BLOCK_SIZE_*); got {sorted(kw)}")
+        stages = int(pick(kw, "num_stages", default=3))
+        wgs = max(1, int(pick(kw, "num_warps", default=4)) // 4)
+        try:
+            r = relabel(models.matmul(int(m), int(n), int(k), dtype=dtype), gpu,
+                        {"m": group(int(bm)), "n": group(int(bn)), "k": stream(int(bk))},
+                        warpgroups=wgs, stages=stages, split_axis="m", check_alignment=False)
+        except (CapacityError, ValueError):
+            return float("inf")
+        return r.time * 1e3
+
+    return perf_model

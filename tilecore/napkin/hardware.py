@@ -70,6 +70,18 @@ class GPU:
     max_rf_per_warpgroup: int          # 128 threads x 255 registers x 4 bytes
     coalesce_bytes: int = 128
     notes: tuple = field(default_factory=tuple)
+    # fixed time of one kernel launched back to back (launch, first loads' latency, tail): a term every
+    # kernel pays once. Source in `constants_source`.
+    launch_s: float = 0.0
+    graph_launch_s: float = 0.0   # the same for a kernel replayed from a CUDA graph (no host launch)
+    tile_latency_s: float = 0.0   # one DRAM round trip: a tile's first load waits for it, once a wave
+    # fraction of the tensor-core rate an Ampere-style warp-level MMA (mma.sync) reaches; 1 where it is
+    # the GPU's native MMA
+    mma_sync_fraction: float = 1.0
+    # share of the exponentials (SFU) that cannot hide behind the tensor cores when exp sits between two
+    # dependent MMAs of one step (softmax between Q K^T and P V): the paper's account of FA3
+    exposed_sfu: float = 2 / 3
+    constants_source: tuple = field(default_factory=tuple)
 
     def level(self, name: str) -> Level:
         for lv in self.levels:
@@ -82,6 +94,31 @@ class GPU:
 
     def per_sm_per_clock(self, rate: float) -> float:
         return rate / (self.sms * self.clock_hz)
+
+    def with_constants(self, constants: dict, label: str = "measured") -> "GPU":
+        """A copy with measured constants folded in (the JSON `experiments/napkin/gpu_constants.py`
+        writes, or its `constants` dict): keys `hbm_bytes_per_s` (copy, bytes read + written per s),
+        `l2_bytes_per_s` (reads of an L2-resident working set), `launch_s`, `graph_launch_s`, `sfu_exp2_per_s`,
+        `matmul_flops` ({dtype: FLOP/s}). Missing keys keep the preset's value."""
+        c = dict(constants.get("constants", constants))
+        src = f"{label}: {constants.get('source', 'experiments/napkin/gpu_constants.py')}"
+        levels = list(self.levels)
+        for i, lv in enumerate(levels):
+            key = {"HBM": "hbm_bytes_per_s", "L2": "l2_bytes_per_s"}.get(lv.name)
+            if key and c.get(key):
+                levels[i] = dataclasses.replace(lv, bandwidth=float(c[key]), source=src)
+        units = dict(self.units)
+        if c.get("sfu_exp2_per_s"):
+            r = float(c["sfu_exp2_per_s"])
+            units["sfu"] = ComputeUnit("sfu", {d: r for d in units["sfu"].rates}, src)
+        out = dataclasses.replace(self, levels=tuple(levels), units=units,
+                                  launch_s=float(c.get("launch_s") or self.launch_s),
+                                  graph_launch_s=float(c.get("graph_launch_s") or self.graph_launch_s),
+                                  tile_latency_s=float(c.get("tile_latency_s") or self.tile_latency_s),
+                                  constants_source=self.constants_source + (src,))
+        if c.get("matmul_flops"):
+            out = out.calibrated(matmul_flops=c["matmul_flops"], label=label)
+        return out
 
     def calibrated(self, copy_bytes_per_s: float | None = None, matmul_flops: dict | None = None,
                    label: str = "calibrated") -> "GPU":
@@ -103,12 +140,14 @@ class GPU:
             scale = given[first] / tc.rate(first)
             rates = {dt: given.get(dt, r * scale) for dt, r in tc.rates.items()}
             units["tensor"] = ComputeUnit("tensor", rates, f"measured matmul ({label})")
-        return dataclasses.replace(self, key=f"{self.key}-{label}", name=f"{self.name} ({label})",
-                                   levels=tuple(levels), units=units)
+        key = self.key if self.key.endswith(f"-{label}") else f"{self.key}-{label}"
+        name = self.name if self.name.endswith(f"({label})") else f"{self.name} ({label})"
+        return dataclasses.replace(self, key=key, name=name, levels=tuple(levels), units=units)
 
 
 def _gpu(key, name, sms, clock_hz, hbm, hbm_src, l2_bytes, l2_bw, l2_src, smem_kb, smem_block_kb,
-         tensor, tensor_src, alu, alu_src, tc_tile, notes=()):
+         tensor, tensor_src, alu, alu_src, tc_tile, notes=(), launch_s=0.0, mma_sync_fraction=1.0,
+         constants_source=(), graph_launch_s=0.0, tile_latency_s=0.0):
     sfu = 16 * sms * clock_hz  # 16 exp2/clk/SM: CUDA C Programming Guide, arithmetic throughput table
     return GPU(
         key=key, name=name, sms=sms, clock_hz=clock_hz,
@@ -127,8 +166,12 @@ def _gpu(key, name, sms, clock_hz, hbm, hbm_src, l2_bytes, l2_bw, l2_src, smem_k
             "alu": ComputeUnit("alu", alu, alu_src),
         },
         tc_tile=tc_tile, max_smem_per_block=smem_block_kb * 1024,
-        max_rf_per_warpgroup=128 * 255 * 4, notes=tuple(notes))
+        max_rf_per_warpgroup=128 * 255 * 4, notes=tuple(notes), launch_s=launch_s, graph_launch_s=graph_launch_s,
+        tile_latency_s=tile_latency_s,
+        mma_sync_fraction=mma_sync_fraction, constants_source=tuple(constants_source))
 
+
+LAUNCH_S_H100 = 4.6e-6
 
 A100 = _gpu(
     "a100", "A100-SXM4-80GB", sms=108, clock_hz=1.41e9,
@@ -141,6 +184,8 @@ A100 = _gpu(
     alu={"fp32": 19.5e12, "fp16": 78e12, "bf16": 39e12},
     alu_src="A100 datasheet/whitepaper: FP32 19.5, FP16 78, BF16 39 TFLOP/s (non-tensor)",
     tc_tile=(64, 8, 32),  # mma.sync m16n8k16 per warp; 4 warps stacked -> 64 rows per consumer unit
+    launch_s=4.6e-6,
+    constants_source=("launch_s: not measured on an A100 here; the H100's figure (same launch path)",),
 )
 
 H100 = _gpu(
@@ -155,6 +200,20 @@ H100 = _gpu(
     alu={"fp32": 66.9e12, "fp16": 133.8e12, "bf16": 133.8e12},
     alu_src="NVIDIA H100 datasheet (SXM): FP32 67 TFLOP/s; FP16/BF16 non-tensor 2x FP32 (whitepaper)",
     tc_tile=(64, 8, 32),  # wgmma m64nNk16 (fp16) / k32 (fp8): 32 bytes of k per instruction
+    launch_s=LAUNCH_S_H100, graph_launch_s=2.5e-6, tile_latency_s=0.7e-6, mma_sync_fraction=2 / 3,
+    constants_source=(
+        "launch_s 4.6 us: benchmarks/results/h100-80gb-hbm3/copy.json, the 64 KiB-1 MiB copies "
+        "(torch copy_ and a Triton copy, eager do_bench medians) take 4.6-5.4 us where the bytes take "
+        "<= 0.7 us; experiments/napkin/gpu_constants.py measures it again (empty kernel, eager and graph)",
+        "graph_launch_s 2.5 us: an estimate (a graph kernel node's start, one DRAM round trip, the tail), "
+        "not yet measured; gpu_constants.py measures an empty kernel replayed from a CUDA graph",
+        "tile_latency_s 0.7 us: an estimate of a loaded H100's DRAM round trip (unloaded ~0.5 us, "
+        "Hopper microbenchmark papers; queueing under load adds); gpu_constants.py measures a pointer chase",
+        "mma_sync_fraction 2/3: FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608, sec. 2): Hopper's "
+        "mma.sync reaches about 2/3 of the tensor cores' peak; wgmma is needed for the rest",
+        "exposed_sfu 2/3: the napkin paper's account of FA3 (shared/napkin.md: softmax overhead costs 4/3 "
+        "of the time in fp16, 5/3 in fp8)",
+    ),
 )
 
 H200 = dataclasses.replace(
@@ -190,3 +249,14 @@ def abstract_level(capacity_values: float, dtype: str = "fp16", bandwidth: float
                "alu": ComputeUnit("alu", {d: big for d in DTYPE_BYTES}, "abstract")},
         tc_tile=(1, 1, 1), max_smem_per_block=int(capacity_values * q), max_rf_per_warpgroup=2**62,
         coalesce_bytes=1)
+
+
+def from_constants_json(path, base="h100", label: str = "measured") -> GPU:
+    """The preset `base` with the constants that experiments/napkin/gpu_constants.py wrote to `path`
+    (its JSON: {"constants": {...}, "source": ...}) folded in, each with that run as its source."""
+    import json
+    from pathlib import Path
+
+    data = json.loads(Path(path).read_text())
+    data.setdefault("source", str(path))
+    return get_gpu(base).with_constants(data, label=label)

@@ -132,6 +132,53 @@ def copy(n=2**29, dtype="bf16") -> Diagram:
     return g.output(g.map("identity", g.input("X", "i", dtype), name="Y", ops=0, dtype=dtype))
 
 
+def attention_backward(batch=16, heads=16, seq=4096, d=128, kv_heads=None, causal=False,
+                       dtype="bf16") -> Diagram:
+    """The FlashAttention backward: from Q, K, V, dO and the forward's row log-sum-exp L and
+    D = rowsum(dO * O), recompute S = Q K^T and P = exp(S - L), then dP = dO V^T, dS = P (dP - D),
+    dV = P^T dO, dK = dS^T Q, dQ = dS K: five contractions (2.5x the forward's FLOPs). dK and dV reduce
+    over the queries, dQ over the keys, so one of the two is summed across thread blocks in HBM."""
+    kv_heads = kv_heads or heads
+    if heads % kv_heads:
+        raise ShapeMismatchError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    g = Diagram("attention_backward", q=seq, x=seq, d=d, e=d)
+    Q, K, V = g.input("Q", "q d", dtype), g.input("K", "x d", dtype), g.input("V", "x e", dtype)
+    dO, L, Dl = g.input("dO", "q e", dtype), g.input("L", "q", "fp32"), g.input("D", "q", "fp32")
+    S = g.contract(Q, K, out="q x", name="S", dtype="fp32")
+    P = g.map("exp(S - L)", S, L, name="P", unit="sfu", ops=1, dtype=dtype)
+    dP = g.contract(dO, V, out="q x", name="dP", dtype="fp32")
+    dS = g.map("P (dP - D)", P, dP, Dl, name="dS", unit="alu", ops=2, dtype=dtype)
+    dV = g.contract(P, dO, out="x e", name="dV", dtype=dtype)
+    dK = g.contract(dS, Q, out="x d", name="dK", dtype=dtype)
+    dQ = g.contract(dS, K, out="q d", name="dQ", dtype=dtype)
+    g.output(dQ, dK, dV)
+    if causal:  # every op over both the query and the key axis skips the masked chunks
+        import dataclasses
+        g.ops = [dataclasses.replace(op, causal=("q", "x")) if {"q", "x"} <= set(op.axes) else op
+                 for op in g.ops]
+    if kv_heads != heads:
+        g = _reweave_causal(g, causal, "r", heads // kv_heads, ["Q", "dO", "L", "D"])
+    g = _reweave_causal(g, causal, "h", kv_heads, ["Q", "K", "V", "dO", "L", "D"])
+    g = _reweave_causal(g, causal, "b", batch, ["Q", "K", "V", "dO", "L", "D"])
+    g.name = ("causal " if causal else "") + "attention backward"
+    return g
+
+
+def _reweave_causal(g: Diagram, causal: bool, axis: str, size: int, inputs) -> Diagram:
+    """weave() replays the recipe, which does not carry a mask set after the fact: set it again."""
+    out = g.weave(axis, size, inputs)
+    if causal:
+        import dataclasses
+        out.ops = [dataclasses.replace(op, causal=("q", "x")) if {"q", "x"} <= set(op.axes) else op
+                   for op in out.ops]
+    return out
+
+
+def decode(batch=1, heads=32, kv_heads=8, kv_seq=4096, d=128, dtype="bf16") -> Diagram:
+    """One decoding step: one query a head against kv_seq cached keys (attention with seq = 1)."""
+    return attention(batch=batch, heads=heads, kv_heads=kv_heads, seq=1, kv_seq=kv_seq, d=d, dtype=dtype)
+
+
 # name -> (constructor, size keywords it accepts, one-line description)
 MODELS = {
     "matmul": (matmul, ("m", "n", "k"), "C = A B"),
@@ -140,6 +187,9 @@ MODELS = {
                   "multi-head attention (FlashAttention); kv_heads < heads: grouped-query"),
     "gqa": (lambda **kw: attention(**{"kv_heads": 2, **kw}),
             ("batch", "heads", "seq", "d", "kv_heads", "kv_seq", "causal"), "grouped-query attention"),
+    "attention_backward": (attention_backward, ("batch", "heads", "seq", "d", "kv_heads", "causal"),
+                           "the FlashAttention backward (dQ, dK, dV from Q, K, V, dO, L, D)"),
+    "decode": (decode, ("batch", "heads", "kv_heads", "kv_seq", "d"), "one decoding step against a KV cache"),
     "gated_mlp": (gated_mlp, ("tokens", "model", "hidden"), "SwiGLU feed-forward"),
     "layernorm": (layernorm, ("rows", "n"), "layer normalization"),
     "rmsnorm": (rmsnorm, ("rows", "n"), "RMS normalization"),
@@ -158,3 +208,68 @@ def build(name: str, dtype: str = "bf16", **sizes) -> Diagram:
     if bad:
         raise UnknownModelError(f"model {name!r} has no size {bad[0]!r}; accepted: {', '.join(accepted)}")
     return fn(dtype=dtype, **sizes)
+
+
+# ------------------------------------------------------------------ chunked forms (issue 36, the planner)
+def linear_attention_chunked(batch=16, heads=16, seq=4096, d=128, chunk=64, dtype="bf16") -> Diagram:
+    """Causal linear attention in chunks of L = `chunk` tokens (c = seq / L chunks): inside a chunk,
+    the masked L x L product (Q K^T * mask) V; across chunks, each chunk's d x e state K^T V, prefix-
+    summed over the chunks before it and applied as Q state. O(N L d + N d e) work instead of O(N^2 d).
+    The prefix over chunks is written as a map (one add an element): the diagram language has no scan,
+    so the engine may tile c where a kernel needs a second pass (the state kernel of chunked kernels)."""
+    if seq % chunk:
+        raise ShapeMismatchError(f"linear_attention_chunked: chunk ({chunk}) must divide seq ({seq})")
+    g = Diagram("linear_attention_chunked", c=seq // chunk, l=chunk, s=chunk, d=d, e=d)
+    Q, K, V = g.input("Q", "c l d", dtype), g.input("K", "c s d", dtype), g.input("V", "c s e", dtype)
+    S = g.contract(Q, K, out="c l s", name="S", dtype="fp32")
+    Sm = g.map("causal mask l >= s", S, name="Sm", ops=1, dtype=dtype)
+    intra = g.contract(Sm, V, out="c l e", name="Ointra", dtype="fp32")
+    H = g.contract(K, V, out="c d e", name="H", dtype="fp32")
+    Hp = g.map("exclusive prefix sum over c", H, name="Hprefix", ops=1, dtype=dtype)
+    inter = g.contract(Q, Hp, out="c l e", name="Ointer", dtype="fp32")
+    g.output(g.map("add", intra, inter, name="O", ops=1, dtype=dtype))
+    return g.weave("h", heads, ["Q", "K", "V"]).weave("b", batch, ["Q", "K", "V"])
+
+
+def linear_attention_causal_quadratic(batch=16, heads=16, seq=4096, d=128, dtype="bf16") -> Diagram:
+    """Causal linear attention as written: (Q K^T * mask) V over the whole sequence (the baseline the
+    chunked form beats for long sequences)."""
+    g = Diagram("linear_attention_quadratic", q=seq, x=seq, d=d, e=d)
+    Q, K, V = g.input("Q", "q d", dtype), g.input("K", "x d", dtype), g.input("V", "x e", dtype)
+    S = g.contract(Q, K, out="q x", name="S", dtype="fp32")
+    Sm = g.map("causal mask q >= x", S, name="Sm", ops=1, dtype=dtype)
+    g.output(g.contract(Sm, V, out="q e", name="O", dtype=dtype))
+    return g.weave("h", heads, ["Q", "K", "V"]).weave("b", batch, ["Q", "K", "V"])
+
+
+def mamba2_ssd(batch=16, heads=32, seq=4096, headdim=64, state=128, chunk=64, dtype="bf16") -> Diagram:
+    """Mamba-2's SSD scan in chunks of L tokens (Dao & Gu 2024, the chunked algorithm): per chunk,
+    the diagonal block Y_diag = (C B^T * decay mask) X; each chunk's state B^T (decay * X) (n x p);
+    states passed across chunks with their decays (a prefix, written as a map as in the chunked
+    linear attention); the off-diagonal output C state * exp(cumulative decay). Inputs X (tokens x
+    head dim p), B and C (tokens x state n), a (the per-token cumulative log decay, one a head; given
+    twice, indexed by the query and the key position of a chunk)."""
+    if seq % chunk:
+        raise ShapeMismatchError(f"mamba2_ssd: chunk ({chunk}) must divide seq ({seq})")
+    g = Diagram("mamba2_ssd", c=seq // chunk, l=chunk, s=chunk, n=state, p=headdim)
+    X, B, C = g.input("X", "c s p", dtype), g.input("B", "c s n", dtype), g.input("C", "c l n", dtype)
+    aq, ak = g.input("Aq", "c l", "fp32"), g.input("Ak", "c s", "fp32")
+    G = g.contract(C, B, out="c l s", name="G", dtype="fp32")
+    L = g.map("exp(segsum(a)) causal", aq, ak, name="Lmask", unit="sfu", ops=1, dtype="fp32")
+    M = g.map("mul", G, L, name="M", ops=1, dtype=dtype)
+    Yd = g.contract(M, X, out="c l p", name="Ydiag", dtype="fp32")
+    dec = g.map("exp(a_last - a)", ak, name="decay", unit="sfu", ops=1, dtype="fp32")
+    Bd = g.map("mul", B, dec, name="Bd", ops=1, dtype=dtype)
+    H = g.contract(Bd, X, out="c n p", name="H", dtype="fp32")
+    Hp = g.map("decayed exclusive prefix over c", H, name="Hprefix", ops=2, dtype=dtype)
+    Yo = g.contract(C, Hp, out="c l p", name="Yoff", dtype="fp32")
+    g.output(g.map("ydiag + exp(a) * yoff", Yd, Yo, aq, name="Y", unit="sfu", ops=2, dtype=dtype))
+    return g.weave("h", heads, ["X", "B", "C", "Aq", "Ak"]).weave("b", batch, ["X", "B", "C", "Aq", "Ak"])
+
+
+MODELS.update({
+    "linear_attention_chunked": (linear_attention_chunked, ("batch", "heads", "seq", "d", "chunk"),
+                                 "causal linear attention, chunked (intra-chunk masked product + state prefix)"),
+    "mamba2_ssd": (mamba2_ssd, ("batch", "heads", "seq", "headdim", "state", "chunk"),
+                   "Mamba-2 SSD scan, chunked"),
+})
