@@ -17,7 +17,7 @@ F16 = torch.float16
     ((1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 9, 64)),  # k, v differ
     ((1, 2, 8, 64), (1, 2, 8, 32), (1, 2, 8, 32)),  # head_dim
     ((2, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)),  # batch
-    ((1, 2, 8, 320),) * 3,                          # head_dim too large
+    ((1, 2, 8, 640),) * 3,                          # head_dim too large (past 576)
     ((1, 100, 8, 64), (1, 90, 8, 64), (1, 90, 8, 64)),  # flash-attn's layout, N = 100 and 90: "heads"
 ])
 def test_every_shape_error_says_the_layout(shapes):

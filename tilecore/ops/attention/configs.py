@@ -100,6 +100,10 @@ DECODE_MAX_ROWS_LARGE_DV = 32  # rows a tile when v's head dim is past 256 (the 
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2),
                  # two Q buffers: N = 512 +15% (causal +18%), N = 8192 +8% (notes/attention, sessions 5, 9)
                  128: dict(block_m=64, block_n=128, stages=2, consumers=2, q_buffers=2)}
+# issue 35's features the Gluon forward serves by default (plan.features: "window", "softcap"); the
+# kernel takes both (WINDOW, SOFTCAP), compile-checked only: empty until the H100 run of
+# experiments/attention/gpu_features.py finds it right (it forces the Gluon path), the tl kernels till then
+GLUON_FORWARD_FEATURES: frozenset = frozenset()
 SHORT_TILE_KEY_BLOCKS = 8  # tiles of at most this many key blocks (on average) are short: carried
 THREE_CONSUMERS_MIN_N = {False: 2048, True: 1024}  # D64 three consumers from here: N 4096 +5-8% (session 13)
 THREE_CONSUMERS_Q2_MAX_N = 4096  # ... with two Q buffers each up to here: +1.4-4.4% (session 13)

@@ -18,6 +18,14 @@ key end with l = 0 and get O = 0 and lse = -inf. NaN and inf propagate as in SDP
 +inf score makes its row's l NaN, so its O and lse are NaN ("no key" is l == 0, which a NaN fails).
 The epilogue divides by l, writes lse, and TMA-stores O.
 
+``WINDOW`` (a sliding window, flash-attn's window_size: query i, at key position i' = i + Nk - N,
+sees keys i' - left .. i' + right; not with CAUSAL, which the plan folds into the window, nor with
+CARRY): a tile's steps walk only the key blocks some of its rows see, from its ``first_block``;
+each consumer computes only its own rows' blocks (the others' stages it passes through), and masks
+only its edge blocks (``window_needs_mask``). ``SOFTCAP``: S becomes tanh(S scale / cap) before the
+online softmax, whose scale is then cap log2(e) (tanh from one exp2 and one approximate division:
+two more SFU operations a score besides the softmax's exp2).
+
 ``CARRY``: a consumer's pipeline does not drain between tiles. A tile's first step issues its first S
 with the previous tile's last P V (the stage holds this tile's first K block and the previous tile's
 last V block), runs the softmax under it, then stores the previous tile's O. ``Q_REGS``: each
@@ -26,9 +34,9 @@ consumer's Q rows are the register operand of S = Q K^T for the whole tile.
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
-from tilecore.tiles.gluon import (Layout, TileOperand, as_column, mask_scores, needs_mask, online_softmax_result,
-                                  online_softmax_start, online_softmax_update, opaque_int, ring, run, stage_struct,
-                                  store_block, store_rows, struct, wgmma_layout, wgmma_lhs_layout)
+from tilecore.tiles.gluon import (LOG2E, Layout, TileOperand, as_column, mask_scores, needs_mask,
+                                  online_softmax_result, online_softmax_start, online_softmax_update, opaque_int, ring,
+                                  run, stage_struct, store_block, store_rows, struct, wgmma_layout, wgmma_lhs_layout)
 from tilecore.tiles.schedule import head_grouped_tile
 
 
@@ -41,10 +49,44 @@ class KV:
 
 @struct
 class Rows:
-    """Query rows of one head: the first, the flat batch * head index, the key blocks they see."""
+    """Query rows of one head: the first, the flat batch * head index, the key blocks they see, and
+    (WINDOW) the first of them: a tile's is a key block index (its step 0), a consumer's the step of
+    its own first block, whose n_blocks is then the step its own blocks end at."""
     first: object
     bh: object
     n_blocks: object
+    first_block: object
+
+
+@gluon.jit
+def window_needs_mask(first_query, first_key, BM: gl.constexpr, BN: gl.constexpr, N, Nk, left, right):
+    """Whether a block of scores (BM queries from first_query, BN keys from first_key) has a score
+    outside the window (or a key past Nk): a key past the first query's right edge, or before the
+    last query's left edge."""
+    shift = Nk - N
+    past_right = first_key + BN - 1 > gl.minimum(first_query + shift + right, Nk - 1)
+    before_left = first_key < first_query + BM - 1 + shift - left
+    return past_right | before_left
+
+
+@gluon.jit
+def window_mask_scores(s, layout: gl.constexpr, first_query, first_key, N, Nk, left, right):
+    """s [queries, keys] (in ``layout``) with -inf outside the window or past Nk."""
+    keys = gl.expand_dims(first_key + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, layout)), 0)
+    queries = gl.expand_dims(first_query + gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, layout)), 1)
+    shift = Nk - N
+    ok = (keys < Nk) & (keys <= queries + (shift + right)) & (keys >= queries + (shift - left))
+    return gl.where(ok, s, float("-inf"))
+
+
+@gluon.jit
+def tanh_from_exp2(x):
+    """tanh(x) = sign(x) (1 - e) / (1 + e), e = exp2(-2 |x| log2 e) in (0, 1]: finite for any x
+    (tanh(+-inf) = +-1), NaN kept; the division approximate (div.full: 2 ulp), the denominator in
+    [1, 2]."""
+    e = gl.exp2(gl.abs(x) * (-2.0 * LOG2E))
+    t = gl.fdiv(1.0 - e, 1.0 + e)
+    return gl.where(x < 0, -t, t)
 
 
 @gluon.jit
@@ -61,13 +103,21 @@ def query_tile(op, tile_id, TILE_M: gl.constexpr):
     TILE_M) is the lightest; it starts at row 0 (a TMA coordinate before row 0 traps) and redoes
     the next block's first rows, bit for bit."""
     bh, mb = head_grouped_tile(tile_id, gl.cdiv(op.N, TILE_M), op.num_bh, op.head_group)
+    first_block = bh * 0
     if op.CAUSAL:  # query i sees keys j <= i + Nk - N
         start_m = gl.maximum(op.N - (mb + 1) * TILE_M, 0)
         hi = gl.maximum(gl.minimum(op.Nk, start_m + TILE_M + (op.Nk - op.N)), 0)
+        n_blocks = gl.cdiv(hi, op.BN)
+    elif op.WINDOW:  # from the first row's left edge to the last row's right edge
+        start_m = mb * TILE_M
+        first_block = gl.maximum(start_m + (op.Nk - op.N) - op.left, 0) // op.BN
+        last_query = gl.minimum(start_m + TILE_M, op.N) - 1
+        hi = gl.maximum(gl.minimum(op.Nk, last_query + (op.Nk - op.N) + op.right + 1), 0)
+        n_blocks = gl.maximum(gl.cdiv(hi, op.BN) - first_block, 0)
     else:
         start_m = mb * TILE_M
-        hi = op.Nk
-    return Rows(start_m, bh, gl.cdiv(hi, op.BN))
+        n_blocks = gl.cdiv(op.Nk, op.BN)
+    return Rows(start_m, bh, n_blocks, first_block)
 
 
 @struct
@@ -97,9 +147,12 @@ class Attention:
     N: object
     Nk: object
     GROUP: object  # q heads per kv head
-    scale_log2e: object
+    scale_log2e: object  # SOFTCAP: cap log2(e)
     num_bh: object
     head_group: object  # heads whose K and V stay in L2 together
+    left: object  # WINDOW: keys seen before and after a query's position (max(N, Nk): unbounded)
+    right: object
+    tanh_scale: object  # SOFTCAP: scale / cap
     CAUSAL: gl.constexpr
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
@@ -110,6 +163,8 @@ class Attention:
     S: gl.constexpr  # the layouts of S = Q K^T [BM, BN], of O [BM, D], and of P as P V's register operand
     O: gl.constexpr
     P: gl.constexpr
+    WINDOW: gl.constexpr
+    SOFTCAP: gl.constexpr
 
     @gluon.jit
     def setup(self, tile_id):
@@ -138,6 +193,9 @@ class Attention:
                 v_block = prev.n_blocks - 1
         else:
             v_block = gl.maximum(step - 1, 0)
+        if self.WINDOW:  # steps count from the tile's first key block
+            k_block += tile.first_block
+            v_block += tile.first_block
         tma.async_copy_global_to_shared(self.k_desc, [b, hk, k_block * self.BN, 0], bar, stage.k)
         tma.async_copy_global_to_shared(self.v_desc, [v_b, v_hk, v_block * self.BN, 0], bar, stage.v)
 
@@ -151,7 +209,7 @@ class Attention:
     def initial(self, ctx):
         """CARRY: the state before a program's first tile (nothing pending: 0 key blocks)."""
         zero = gl.program_id(0) * 0
-        return self.fresh(Rows(zero, zero, zero), Rows(zero, zero, zero), None)
+        return self.fresh(Rows(zero, zero, zero, zero), Rows(zero, zero, zero, zero), None)
 
     @gluon.jit
     def fresh(self, rows, pending, q):
@@ -164,23 +222,40 @@ class Attention:
     def start(self, ctx, tile, prev):
         first = tile.first + ctx.index * self.BM  # this consumer's rows
         if self.CARRY:  # the running m, l, acc, P stay the previous tile's (its last P V is still to come)
-            return prev.replace(rows=Rows(first, tile.bh, tile.n_blocks), pending=prev.rows)
+            return prev.replace(rows=Rows(first, tile.bh, tile.n_blocks, tile.first_block), pending=prev.rows)
         else:
             n_own = tile.n_blocks
+            own_first = tile.first_block
             if self.CAUSAL:
                 # this consumer's rows see fewer key blocks than the tile's last rows: it skips the
                 # tile's later blocks (all masked for it) but for its last P V
                 own_hi = gl.maximum(gl.minimum(self.Nk, first + self.BM + (self.Nk - self.N)), 0)
                 n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, self.BN), 1), tile.n_blocks)
+            if self.WINDOW:
+                # this consumer's own steps [own_first, n_own) of the tile's: at least one (all masked
+                # where its rows see no key), the stages before and after passed through
+                shift = self.Nk - self.N
+                own_lo = gl.maximum(first + shift - self.left, 0) // self.BN - tile.first_block
+                own_hi = gl.maximum(gl.minimum(self.Nk, gl.minimum(first + self.BM, self.N) - 1 + shift + self.right + 1),
+                                    0)
+                own_first = gl.minimum(gl.maximum(own_lo, 0), tile.n_blocks - 1)
+                n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, self.BN) - tile.first_block, own_first + 1),
+                                   tile.n_blocks)
             q = None
             if self.Q_REGS:
                 q = ctx.operand.reshape([self.BM, self.D]).load(wgmma_lhs_layout(self.BM, self.BN, gl.num_warps()))
-            return self.fresh(Rows(first, tile.bh, n_own), None, q)
+            return self.fresh(Rows(first, tile.bh, n_own, own_first), None, q)
 
     @gluon.jit
     def softmax(self, s, m, l, first_query, first_key):
-        """Mask the scores where needed, one online-softmax step. Returns (m, l, P, alpha in O's layout)."""
-        if needs_mask(first_query, first_key, self.BN, self.N, self.Nk, self.CAUSAL):
+        """Cap the scores (SOFTCAP), mask them where needed, one online-softmax step. Returns (m, l, P,
+        alpha in O's layout)."""
+        if self.SOFTCAP:
+            s = tanh_from_exp2(s * self.tanh_scale)
+        if self.WINDOW:
+            if window_needs_mask(first_query, first_key, self.BM, self.BN, self.N, self.Nk, self.left, self.right):
+                s = window_mask_scores(s, self.S, first_query, first_key, self.N, self.Nk, self.left, self.right)
+        elif needs_mask(first_query, first_key, self.BN, self.N, self.Nk, self.CAUSAL):
             s = mask_scores(s, self.S, first_query, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
         m, l, p, alpha = online_softmax_update(m, l, s, self.scale_log2e)
         return m, l, p, as_column(alpha, self.O)
@@ -213,7 +288,18 @@ class Attention:
         k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))
         v = stage.v.reshape([self.BN, self.D])
         zeros = gl.zeros([self.BM, self.D], gl.float32, self.O)
-        if not self.CARRY:
+        if self.WINDOW:  # this consumer's own steps only; the first key block is the tile's first_block
+            key = (tile.first_block + step) * self.BN
+            if step == st.rows.first_block:
+                s = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False)
+                m, l, p32, alpha = self.softmax(s, st.m, st.l, st.rows.first, opaque_int(key))
+                st = st.replace(m=m, l=l, p=self.p_operand(p32))
+            elif (step > st.rows.first_block) & (step < st.rows.n_blocks):
+                m, l, p32, alpha, acc = self.s_and_pv(q, k_t, v, st, st.acc, key)
+                st = st.replace(m=m, l=l, acc=acc * alpha, p=self.p_operand(p32))
+            elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
+                st = st.replace(acc=warpgroup_mma(st.p, v, st.acc))
+        elif not self.CARRY:
             if step == 0:
                 s = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False)
                 m, l, p32, alpha = self.softmax(s, st.m, st.l, st.rows.first, self.first_key(step))
@@ -269,18 +355,19 @@ class Attention:
 
 @gluon.jit
 def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh,
-                         head_group, schedule, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                         head_group, schedule, left, right, tanh_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                          CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr = 1, CARRY: gl.constexpr = False,
-                         Q_REGS: gl.constexpr = False):
+                         Q_REGS: gl.constexpr = False, WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False):
     """O and lse of attention for every (query block, batch * head); a persistent grid."""
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "two or three consumer warpgroups")
     gl.static_assert(not (CARRY and Q_REGS), "Q_REGS takes a pipeline that restarts at each tile")
+    gl.static_assert(not (WINDOW and (CARRY or CAUSAL)), "a window restarts the pipeline at each tile, causal folded in")
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
-    op = Attention(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh, head_group, CAUSAL,
-                   BM, BN, D, CONSUMERS, CARRY, Q_REGS, wgmma_layout(BM, BN, gl.num_warps()),
-                   wgmma_layout(BM, D, gl.num_warps()), wgmma_lhs_layout(BM, D, gl.num_warps()))
+    op = Attention(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh, head_group, left,
+                   right, tanh_scale, CAUSAL, BM, BN, D, CONSUMERS, CARRY, Q_REGS, wgmma_layout(BM, BN, gl.num_warps()),
+                   wgmma_layout(BM, D, gl.num_warps()), wgmma_lhs_layout(BM, D, gl.num_warps()), WINDOW, SOFTCAP)
     # three consumer warpgroups (13 warps) share the register file more thinly
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
                     PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0, CARRY=CARRY,

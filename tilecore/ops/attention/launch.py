@@ -69,6 +69,7 @@ def score_options(scale: float, softcap: float) -> tuple[dict, float, float]:
 
 
 def _plain(window, softcap, what: str) -> None:
+    """Refuse a window or softcap in the Gluon backward kernels, which take neither."""
     if effective_window(False, window) != NO_WINDOW or softcap:
         raise ValueError(f"the Gluon {what} takes no sliding window and no softcap (plan.py routes them to the tl "
                          f"kernels); got window_size={tuple(window)}, softcap={softcap}")
@@ -120,17 +121,21 @@ def launch_forward_gluon(plan, q, k, v, out, lse, causal: bool, scale: float, wi
     """Hopper's Gluon forward (gluon_kernels.py): ``consumers`` warpgroups (2 or 3, of 4 warps) of
     ``block_m`` query rows each share every K/V stage of ``block_n`` keys; ``q_buffers`` = 2
     loads a tile's Q blocks while the previous tile runs; ``carry`` keeps the pipeline running across
-    tiles; ``q_regs`` holds each consumer's Q rows in registers for the tile."""
-    _plain(window, softcap, "forward")
+    tiles; ``q_regs`` holds each consumer's Q rows in registers for the tile. A window and a softcap
+    as the tl kernels take them (WINDOW, SOFTCAP; plan_forward routes them here only where
+    configs.GLUON_FORWARD_FEATURES names them, or where the path is forced)."""
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     cfg = plan.config
     block_m, block_n, consumers = cfg["block_m"], cfg["block_n"], cfg.get("consumers", 2)
+    masks, left, right = mask_options(causal, window, N, Nk)  # the kernel's CAUSAL and WINDOW as the tl kernels'
+    scores, scale_log2e, tanh_scale = score_options(scale, softcap)
     with dispatch.on_device(q.device):
         run(GLUON_FWD, plan, plan.grid,
             (head_operand(q, block_m), head_operand(k, block_n), head_operand(v, block_n), head_operand(out, block_m),
-             lse, H, N, Nk, H // Hkv, scale * LOG2E, B * H, plan.sizes["head_group"], plan.schedule),
-            dict(CAUSAL=causal, STAGES=cfg["stages"], CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1),
+             lse, H, N, Nk, H // Hkv, scale_log2e, B * H, plan.sizes["head_group"], plan.schedule, left, right,
+             tanh_scale),
+            dict(**masks, **scores, STAGES=cfg["stages"], CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1),
                  CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False), num_warps=4))
 
 

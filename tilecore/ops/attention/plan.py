@@ -89,11 +89,20 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
     if path is None:
         path = (torch_path(q, k, scale, v, used) if dispatch.backend_for(q.device) == "reference" else
                 "decode" if decode_fits(q, k) or "large_d" in used else
-                "gluon" if (not used and D in configs.GLUON_FORWARD and scale > 0 and dispatch.gluon_ok(q.device)
-                            and tma_describable(q) and tma_describable(k) and tma_describable(v)) else
+                "gluon" if (used <= configs.GLUON_FORWARD_FEATURES and D in configs.GLUON_FORWARD and scale > 0
+                            and dispatch.gluon_ok(q.device) and tma_describable(q) and tma_describable(k)
+                            and tma_describable(v)) else
                 "tl")
     if path in ("sdpa", "reference"):
         return Plan(path, sizes=dict(max_scores=configs.REFERENCE_MAX_SCORES))
+    if path == "gluon" and used - {"window", "softcap"}:
+        raise ValueError(f"the Gluon forward takes head dims 64 and 128, v's as q's; got {D} and {Dv}")
+    if path == "gluon" and "window" in used:  # no causal schedule, no carried pipeline (gluon_kernels.py)
+        cfg = dict(config or configs.gluon_forward_config(D, N, Nk, False))
+        cfg["carry"] = False
+        grid, head_group, schedule = query_tiling(q, k, cfg["block_m"] * cfg.get("consumers", 2), cfg["block_n"],
+                                                  False, False)
+        return Plan("gluon", cfg, grid, schedule, dict(head_group=head_group))
     if path == "decode":
         cfg = config or fitted("decode", max(D, Dv), configs.decode_config(max(D, Dv), interpret), q.device)
         return _with_operands(_decode_plan(q, k, cfg, splits, v), q)

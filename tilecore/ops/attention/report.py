@@ -28,33 +28,38 @@ def _compile(kernel, args: dict, options: dict):
 
 
 def kernel_resources(d: int, causal: bool = True, dtype=torch.bfloat16, fwd_cfg: dict | None = None,
-                     bwd_cfg: dict | None = None) -> list[dict]:
+                     bwd_cfg: dict | None = None, dv: int | None = None, window: bool = False,
+                     softcap: bool = False, suffix: str = "") -> list[dict]:
     """Resources of the forward, dk/dv and dq kernels for head dim ``d`` (the default GPU configs
-    unless given)."""
+    unless given; ``dv``: v's head dim, ``window``/``softcap``: those kernel variants, ``suffix``
+    added to the rows' kernel names)."""
     from tilecore.tiles.compile import resources
 
-    fwd_cfg = dict(fwd_cfg or configs.forward_config(d, interpret=False))
-    bwd_cfg = dict(bwd_cfg or configs.backward_config(d, interpret=False))
+    dv = d if dv is None else dv
+    fwd_cfg = dict(fwd_cfg or configs.forward_config(max(d, dv), interpret=False))
+    bwd_cfg = dict(bwd_cfg or configs.backward_config(max(d, dv), interpret=False))
     t = torch.empty(64, dtype=dtype)  # only the type and alignment matter to the signature
     f32 = torch.empty(64, dtype=torch.float32)
     n = 4096  # contiguous (B=16, H=16, N=4096, D) tensors, as in the benchmark
-    strides = lambda p: {f"{p}b": 16 * n * d, f"{p}h": n * d, f"{p}n": d, f"{p}d": 1}
-    common = {"H": 16, "HKV": 16, "N": n, "Nk": n, "D": d, "GROUP": 1, "scale": 0.1, "scale_log2e": 0.1}
+    strides = lambda p, e=d: {f"{p}b": 16 * n * e, f"{p}h": n * e, f"{p}n": e, f"{p}d": 1}
+    common = {"H": 16, "HKV": 16, "N": n, "Nk": n, "D": d, "DV": dv, "GROUP": 1, "scale": 0.1, "scale_log2e": 0.1,
+              "tanh_scale": 0.1, "left": 1024, "right": 0}
     out = []
 
     def one(name, kernel, args, cfg):
         options = {k: cfg[k] for k in ("num_warps", "num_stages") if k in cfg}
         consts = {k: v for k, v in cfg.items() if k.startswith("BLOCK")}
-        full = dict(args, CAUSAL=causal, BLOCK_D=kernels_tl.block_d(d), **consts)
+        full = dict(args, CAUSAL=causal and not window, WINDOW=window, SOFTCAP=softcap, BLOCK_D=kernels_tl.block_d(d),
+                    BLOCK_DV=kernels_tl.block_d(dv), **consts)
         full = {p.name: full[p.name] for p in kernel.params}
         r = resources(_compile(kernel, full, options))
-        out.append(dict(kernel=name, D=d, causal=causal, cfg=cfg, registers=r.registers,
-                        spill_stores=r.spill_stores, spill_loads=r.spill_loads, stack=r.stack,
+        out.append(dict(kernel=name + suffix, D=d, Dv=dv, causal=causal, window=window, softcap=softcap, cfg=cfg,
+                        registers=r.registers, spill_stores=r.spill_stores, spill_loads=r.spill_loads, stack=r.stack,
                         shared=r.shared, threads=r.threads))
 
-    base = {"Q": t, "K": t, "V": t, "O": t, "DO": t, "DK": t, "DV": t, "DQ": t, "LSE": f32, "DELTA": f32}
-    base |= strides("sq") | strides("sk") | strides("sv") | strides("so") | strides("sd") | strides("sg")
-    base |= common
+    base = {"Q": t, "K": t, "V": t, "O": t, "DO": t, "DK": t, "DV_OUT": t, "DQ": t, "LSE": f32, "DELTA": f32}
+    base |= strides("sq") | strides("sk") | strides("sv", dv) | strides("so", dv) | strides("sd", dv)
+    base |= strides("sg") | strides("svg", dv) | common
     one("forward", kernels_tl.attn_fwd, base, fwd_cfg)
     one("backward dk/dv", kernels_tl.attn_bwd_dkdv, base, bwd_cfg)
     one("backward dq", kernels_tl.attn_bwd_dq, base, bwd_cfg)
@@ -109,23 +114,28 @@ def _schedule(causal: bool, cfg: dict):
     return torch.empty(64, dtype=torch.int32) if causal and cfg.get("balanced", True) and not drawn else None
 
 
-def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None) -> dict:
+def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None,
+                            window: bool = False, softcap: bool = False) -> dict:
     """Resources of Hopper's Gluon forward for head dim ``d`` at the launcher's config (or ``cfg``),
-    with whether its PTX holds wgmma and TMA and whether ptxas serialized its wgmma."""
+    with whether its PTX holds wgmma and TMA and whether ptxas serialized its wgmma; ``window`` and
+    ``softcap``: those variants (a window takes the non-causal config without carry, as plan.py)."""
     from tilecore.ops.attention.gluon_kernels import attention_fwd_kernel
     from tilecore.tiles.compile import has_hopper_instructions, resources
 
     cfg = dict(cfg or configs.GLUON_FORWARD[d])
+    if window:
+        cfg["carry"] = False
     n = 4096
     x = torch.empty(2, 2, 256, d, dtype=dtype)
     desc = functools.partial(_descriptor, x)  # as launch_forward_gluon builds them
 
     args = dict(q_desc=desc(cfg["block_m"]), k_desc=desc(cfg["block_n"]), v_desc=desc(cfg["block_n"]),
                 o_desc=desc(cfg["block_m"]), lse_ptr=torch.empty(64, dtype=torch.float32), H=16, N=n, Nk=n,
-                GROUP=1, scale_log2e=0.1, num_bh=256, head_group=12, schedule=_schedule(causal, cfg),
-                CAUSAL=causal, STAGES=cfg["stages"],
+                GROUP=1, scale_log2e=0.1, num_bh=256, head_group=12,
+                schedule=_schedule(causal and not window, cfg), left=1024, right=0, tanh_scale=0.1,
+                CAUSAL=causal and not window, STAGES=cfg["stages"],
                 CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"], CARRY=cfg.get("carry", False),
-                Q_REGS=cfg.get("q_regs", False))
+                Q_REGS=cfg.get("q_regs", False), WINDOW=window, SOFTCAP=softcap)
     compiled = _compile(attention_fwd_kernel, args, {"num_warps": 4})
     r = resources(compiled)
     name = ("forward (gluon, Q in registers)" if cfg.get("q_regs") else
@@ -134,7 +144,9 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
             "forward (gluon, short tiles)" if (cfg["q_buffers"], cfg["block_n"]) != (
                 configs.GLUON_FORWARD[d]["q_buffers"], configs.GLUON_FORWARD[d]["block_n"]) else
             "forward (gluon)")
-    return dict(kernel=name, D=d, causal=causal, cfg=cfg, **vars(r),
+    if window or softcap:
+        name = "forward (gluon, " + ", ".join(f for f, on in (("window", window), ("softcap", softcap)) if on) + ")"
+    return dict(kernel=name, D=d, causal=causal, window=window, softcap=softcap, cfg=cfg, **vars(r),
                 **has_hopper_instructions(compiled.asm["ptx"]))
 
 
@@ -198,23 +210,29 @@ def gluon_dq_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: d
                 **has_hopper_instructions(compiled.asm["ptx"]))
 
 
-def decode_resources(d: int, group: int = 4, queries: int = 1) -> list[dict]:
-    """Resources of the split-key (decode) kernels for head dim ``d`` at the plan's config, for
-    ``queries`` queries of a ``group``-head group, with whether the K/V loads are cp.async-pipelined."""
+def decode_resources(d: int, group: int = 4, queries: int = 1, dv: int | None = None, hkv: int = 8,
+                     suffix: str = "") -> list[dict]:
+    """Resources of the split-key (decode) kernels for head dim ``d`` (v's ``dv``) at the plan's
+    config, for ``queries`` queries of a ``group``-head group over ``hkv`` kv heads, with whether the
+    K/V loads are cp.async-pipelined (``suffix`` added to the rows' kernel names)."""
     from tilecore.tiles.compile import resources
 
-    cfg = configs.decode_config(d, interpret=False)
+    dv = d if dv is None else dv
+    cfg = configs.decode_config(max(d, dv), interpret=False)
     bf16, f32 = torch.empty(64, dtype=torch.bfloat16), torch.empty(64, dtype=torch.float32)
-    nk, hkv = 4096, 8
-    block_d = kernels_tl.block_d(d)
-    block_m = plan.tile_rows(queries, group)
-    strides = lambda p, n: {f"{p}b": hkv * group * n * d, f"{p}h": n * d, f"{p}n": d, f"{p}d": 1}
+    nk = 4096
+    block_d, block_dv = kernels_tl.block_d(d), kernels_tl.block_d(dv)
+    block_dk = block_d if d <= configs.DECODE_WHOLE_HEAD_DIM else configs.DECODE_HEAD_DIM_CHUNK
+    most_rows = configs.DECODE_MAX_ROWS if dv <= configs.DECODE_WHOLE_HEAD_DIM else configs.DECODE_MAX_ROWS_LARGE_DV
+    block_m = plan.tile_rows(queries, group, most_rows)
+    strides = lambda p, n, e=d: {f"{p}b": hkv * group * n * e, f"{p}h": n * e, f"{p}n": e, f"{p}d": 1}
     split_args = dict(Q=bf16, K=bf16, V=bf16, O=bf16, LSE=f32, O_PART=f32, LSE_PART=f32, **strides("sq", queries),
-                      **strides("sk", nk), **strides("sv", nk), Hkv=hkv, N=queries, Nk=nk, D=d, GROUP=group,
-                      keys_per_split=512, scale_log2e=0.1, CAUSAL=True, MERGED=False, BLOCK_M=block_m,
-                      BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d)
-    merge_args = dict(O=bf16, LSE=f32, O_PART=f32, LSE_PART=f32, rows_total=4096, D=d, splits=8, SPLITS=16,
-                      BLOCK_D=block_d)
+                      **strides("sk", nk), **strides("sv", nk, dv), Hkv=hkv, N=queries, Nk=nk, D=d, DV=dv,
+                      GROUP=group, keys_per_split=512, left=0, right=0, scale_log2e=0.1, tanh_scale=0.0, CAUSAL=True,
+                      WINDOW=False, SOFTCAP=False, MERGED=False, BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"],
+                      BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_DK=block_dk)
+    merge_args = dict(O=bf16, LSE=f32, O_PART=f32, LSE_PART=f32, rows_total=4096, D=dv, splits=8, SPLITS=16,
+                      BLOCK_D=block_dv)
     options = {k: cfg[k] for k in ("num_warps", "num_stages") if k in cfg}
     rows = []
     for name, kernel, args, opts, row_cfg in (
@@ -222,7 +240,7 @@ def decode_resources(d: int, group: int = 4, queries: int = 1) -> list[dict]:
             ("decode merge", kernels_tl.attn_merge_splits, merge_args, {}, dict(SPLITS=16))):
         compiled = _compile(kernel, args, opts)
         ptx = compiled.asm["ptx"]
-        rows.append(dict(kernel=name, D=d, causal=True, cfg=row_cfg, **vars(resources(compiled)),
+        rows.append(dict(kernel=name + suffix, D=d, Dv=dv, causal=True, cfg=row_cfg, **vars(resources(compiled)),
                          cp_async="cp.async.cg" in ptx or "cp.async.ca" in ptx, mma="mma.sync" in ptx))
     return rows
 
@@ -252,6 +270,17 @@ def main(argv=None) -> int:
                                                             kv_regs=False)))
     rows += [gluon_dq_resources(d, causal) for d in (64, 128) for causal in (False, True)]
     rows += [r for d in (64, 128, 256) for r in decode_resources(d)]
+    # issue 35: a sliding window with softcap at D 64 and 128; MLA prefill (192 / 128) and decode (576 / 512,
+    # 128 q heads over one latent)
+    rows += [r for d in (64, 128) for r in kernel_resources(d, window=True, softcap=True,
+                                                            suffix=" (window, softcap)")]
+    rows += kernel_resources(192, dv=128, suffix=" (MLA 192/128)")
+    # the Gluon forward's window and softcap (issue 35; compile-checked, not shipped by default:
+    # configs.GLUON_FORWARD_FEATURES)
+    rows += [gluon_forward_resources(d, False, window=True) for d in (64, 128)]
+    rows += [gluon_forward_resources(d, True, softcap=True) for d in (64, 128)]
+    rows.append(gluon_forward_resources(128, False, window=True, softcap=True))
+    rows += decode_resources(576, group=128, dv=512, hkv=1, suffix=" (MLA 576/512)")
     if "--json" in argv:
         print(json.dumps(rows))
     else:

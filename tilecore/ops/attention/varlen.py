@@ -144,16 +144,21 @@ def check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causa
 # launches
 
 
-def _config(d: int, interpret: bool, backward: bool) -> dict:
-    """Blocks and launch options: the interpreter's smallest tl.dot blocks (odd lengths then span
-    several blocks in small tests); on a GPU attention's tl settings (configs.py: forward 64 x 64,
-    backward 64 x 64, 3 and 2 stages) for D <= 128, smaller blocks beyond."""
+def _config(d: int, interpret: bool, kernel: str) -> dict:
+    """Blocks and launch options of ``kernel`` ("forward", "dkdv", "dq"): the interpreter's smallest
+    tl.dot blocks (odd lengths then span several blocks in small tests); on a GPU, untimed yet, the
+    largest that compile for sm_90a without spilling at D 128 with window and softcap on (ptxas:
+    forward 64 x 64 in 3 stages 194 registers; dK/dV 32 queries x 128 keys, 8 warps, 1 stage, 255
+    registers, where 64 x 64 in 2 stages spilled 612 B; dQ 64 x 64 in 2 stages 246 registers)."""
     if interpret:
         return dict(BLOCK_M=16, BLOCK_N=16)
     if d <= 128:
-        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2 if backward else 3)
-    return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1) if backward else \
-        dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+        return {"forward": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+                "dkdv": dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1),
+                "dq": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)}[kernel]
+    return {"forward": dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2),
+            "dkdv": dict(BLOCK_M=16, BLOCK_N=64, num_warps=8, num_stages=1),
+            "dq": dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)}[kernel]
 
 
 def block_d(d: int) -> int:
@@ -189,7 +194,7 @@ def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, ou
     if total_q == 0:
         return out, lse
     q, k, v = (tl_addressable(t) for t in (q, k, v))
-    cfg = _config(max(d, dv), dispatch.interpreted(q.device), False)
+    cfg = _config(max(d, dv), dispatch.interpreted(q.device), "forward")
     bm = cfg["BLOCK_M"]
     wl, wr, has_left, has_right = kernel_window(causal, left, right)
     grid = (cdiv(total_q, bm) + batch, hq)
@@ -216,18 +221,20 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
     delta = (out.float() * dout.float()).sum(-1).t().contiguous()  # (Hq, total_q)
     if dlse is not None:
         delta -= dlse
-    cfg = _config(max(d, dv), dispatch.interpreted(q.device), True)
-    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    interpret = dispatch.interpreted(q.device)
     wl, wr, has_left, has_right = kernel_window(causal, left, right)
     common = dict(LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap > 0, SEARCH_STEPS=_search_steps(batch),
-                  BLOCK_D=block_d(d), BLOCK_DV=block_d(dv), **cfg)
+                  BLOCK_D=block_d(d), BLOCK_DV=block_d(dv))
     scalars = (batch, total_q, d, dv, hq // hkv, scale, float(softcap), wl, wr)
-    varlen_bwd_dkdv[(cdiv(total_k, bn) + batch, hkv)](
-        q, k, v, dout, lse, delta, dk, dvv, cu_q, cu_k, _cu_blocks(cu_k, bn),
-        *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dk), *_strides(dvv), *scalars, **common)
-    varlen_bwd_dq[(cdiv(total_q, bm) + batch, hq)](
-        q, k, v, dout, lse, delta, dq, cu_q, cu_k, _cu_blocks(cu_q, bm),
-        *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq), *scalars, **common)
+    cfg = _config(max(d, dv), interpret, "dkdv")
+    varlen_bwd_dkdv[(cdiv(total_k, cfg["BLOCK_N"]) + batch, hkv)](
+        q, k, v, dout, lse, delta, dk, dvv, cu_q, cu_k, _cu_blocks(cu_k, cfg["BLOCK_N"]),
+        *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dk), *_strides(dvv), *scalars,
+        **common, **cfg)
+    cfg = _config(max(d, dv), interpret, "dq")
+    varlen_bwd_dq[(cdiv(total_q, cfg["BLOCK_M"]) + batch, hq)](
+        q, k, v, dout, lse, delta, dq, cu_q, cu_k, _cu_blocks(cu_q, cfg["BLOCK_M"]),
+        *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq), *scalars, **common, **cfg)
     return dq, dk, dvv
 
 
