@@ -47,3 +47,17 @@ def test_measured_constants_fold_into_the_preset(tmp_path):
     assert g.rate("tensor", "fp8") == pytest.approx(H100.rate("tensor", "fp8") * 750 / 989.4, rel=1e-3)
     partial = H100.with_constants({"constants": {"l2_bytes_per_s": 6e12}})
     assert partial.level("HBM").bandwidth == H100.level("HBM").bandwidth and partial.level("L2").bandwidth == 6e12
+
+
+@pytest.mark.parametrize("d,shipped", [(128, ((128, 128, 128), 2, 2)), (64, ((192, 128, 64), 3, 3))])
+def test_shipped_attention_forward_tile_is_in_the_top_k(d, shipped):
+    # tilecore/ops/attention/configs.py: D128 two consumers of 64 rows, 128 keys, 2 stages; D64 from
+    # N 2048 three consumers (192 rows), 3 stages. The napkin cannot tell these near-ties apart (they
+    # are all tensor-bound): the shipped tile is within 1% of its best and in its top 8
+    from tilecore.napkin.engine import rank_attention_configs
+
+    ranked = rank_attention_configs(16, 16, 4096, d)
+    top = [(c.block, c.warpgroups, c.stages) for c in ranked[:8]]
+    assert shipped in top
+    mine = next(c for c in ranked if (c.block, c.warpgroups, c.stages) == shipped)
+    assert mine.time <= 1.01 * ranked[0].time

@@ -732,3 +732,30 @@ def gemm_perf_model(gpu="h100", dtype: str = "bf16"):
         return r.time * 1e3
 
     return perf_model
+
+
+# (query rows a thread block, keys a step, consumer warpgroups, ring stages): Hopper forward tiles
+ATTENTION_CANDIDATES = tuple(
+    (bm, bn, wgs, stages)
+    for bm, wgs in ((64, 1), (128, 1), (128, 2), (192, 3), (256, 2), (256, 4))
+    for bn in (64, 128, 176, 256) for stages in (2, 3))
+
+
+def rank_attention_configs(batch: int, heads: int, seq: int, d: int, causal: bool = False, dtype: str = "bf16",
+                           gpu="h100", kv_heads: int | None = None, top_k: int | None = None,
+                           candidates=ATTENTION_CANDIDATES) -> list:
+    """Attention forward tiles ranked by predicted time (the overlap schedule), fastest first; those that
+    do not fit left out. `RankedConfig.block` is (query rows, keys a step, d)."""
+    from . import models
+
+    gpu = get_gpu(gpu)
+    diag = models.attention(batch=batch, heads=heads, seq=seq, d=d, causal=causal, dtype=dtype, kv_heads=kv_heads)
+    ranked = []
+    for bm, bn, wgs, stages in candidates:
+        try:
+            r = relabel(diag, gpu, {"q": group(bm), "x": stream(bn)}, warpgroups=wgs, stages=stages)
+        except (CapacityError, ValueError):
+            continue
+        ranked.append(RankedConfig((bm, bn, d), stages, wgs, r.time, r))
+    ranked.sort(key=lambda c: (c.time, -c.block[0]))
+    return ranked[:top_k] if top_k else ranked
