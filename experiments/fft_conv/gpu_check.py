@@ -10,6 +10,10 @@
    bound (a torch copy of the bytes the kernel must move: u read, y written, the spectrum read), in the
    same run; each candidate configuration of the pair kernel beside the plan's.
 
+Each N runs in a child process, step by step (torch.fft and the bound first, then each candidate's
+check and timing, then the plan's checks with gradients); a step that kills its process (an illegal
+memory access poisons the CUDA context) is recorded as an error and the child restarted after it.
+
     PYTHONPATH=. python3 experiments/fft_conv/gpu_check.py            # on the GPU
     TRITON_INTERPRET=1 PYTHONPATH=. python3 experiments/fft_conv/gpu_check.py --smoke   # CPU: shapes
 
@@ -41,7 +45,7 @@ START = time.time()
 SMOKE = "--smoke" in sys.argv
 DEV = torch.device("cpu" if SMOKE else "cuda")
 RESULTS: dict = {"check": [], "candidates": [], "time": [], "errors": []}
-DEADLINE_S = 100  # no new candidate checks past this (their compiles); candidates unchecked are not timed
+DEADLINE_S = 150  # no new child process past this (each N's compiles take a while)
 SMOKE_LONG = (32, 16, 16, 16, 16, 4, 4)  # the long form at a size the interpreter runs quickly
 
 
@@ -54,7 +58,10 @@ def guarded(label, fn):
         traceback.print_exc(limit=3)
         RESULTS["errors"].append({"case": label, "error": f"{type(err).__name__}: {err}"})
         if not SMOKE:
-            torch.cuda.synchronize()
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001  (a lost context: the child returns 3 after this)
+                pass
         return None
 
 
@@ -117,13 +124,10 @@ def check_candidate(config, B=3, H=4):
     return row["finite"] and row["y"] < 4
 
 
-def time_case(n, B=16, H=768):
-    dtype = torch.bfloat16
-    if SMOKE:
-        B, H = 2, 2
-    u = torch.randn(B, H, n, device=DEV, dtype=dtype)
-    k = (torch.randn(H, n, device=DEV) / math.sqrt(n)).to(dtype)
-    spectrum = filter_spectrum(k, n)
+def time_baseline(n, B=16, H=768):
+    """torch.fft's convolution and the HBM bound (a copy of the bytes the kernel must move)."""
+    u, spectrum = timing_inputs(n, B, H)
+    dtype = u.dtype
 
     def torch_fft():  # the issue's baseline: rfft, multiply, irfft in float32
         return torch.fft.irfft(torch.fft.rfft(u.float(), n=2 * n) * spectrum, n=2 * n)[..., :n].to(dtype)
@@ -132,34 +136,137 @@ def time_case(n, B=16, H=768):
     nbytes = 2 * u.numel() * u.element_size() + spectrum.numel() * 8
     src = torch.empty(nbytes // 2 // 2, dtype=dtype, device=DEV)
     dst = torch.empty_like(src)
-    run = (lambda fn: (fn(), 1.0)[1]) if SMOKE else bench
-    copy = run(lambda: dst.copy_(src))
-    ours = run(lambda: fft_conv(u, spectrum))
-    base = run(torch_fft)
-    p = plan(n, DEV, dtype)
-    row = {"n": n, "B": B, "H": H, "path": p.path, "plan": vars(p), "ms": ours,
-           "torch_fft_ms": base, "speedup_vs_torch_fft": base / ours, "bound_ms": copy,
-           "pct_of_bound": 100 * copy / ours, "bytes": nbytes}
-    row["candidates"] = {}
-    y = torch.empty_like(u)
-    for config in configs.PAIR_CANDIDATES.get(n, []) + configs.LONG_CANDIDATES.get(n, []):
-        if not any(c["config"] == list(config) and c["finite"] and c["y"] < 4 for c in RESULTS["candidates"]):
-            continue  # not checked, or wrong: not timed
-        try:
-            ms = run(lambda: conv_launch.launch(plan_of(config), u, spectrum, y, False))
-            row["candidates"]["x".join(map(str, config))] = ms
-        except Exception as err:  # noqa: BLE001
-            print(f"[error] time N={n} {config}: {type(err).__name__}: {err}")
-            RESULTS["errors"].append({"case": f"time N={n} {config}", "error": f"{type(err).__name__}: {err}"})
-    if row["candidates"]:
-        best = min(row["candidates"], key=row["candidates"].get)
-        row["best_candidate"], row["best_ms"] = best, row["candidates"][best]
-        row["best_speedup_vs_torch_fft"] = base / row["best_ms"]
-        row["best_pct_of_bound"] = 100 * copy / row["best_ms"]
-    flops = B * H * 8 * (2 * n) * math.log2(2 * n)  # ~ the FFT flops of two transforms of length 2N
-    row["fft_tflops_equiv"] = flops / ours / 1e9
+    row = {"n": n, "B": u.shape[0], "H": u.shape[1], "bytes": nbytes, "bound_ms": run_timed(lambda: dst.copy_(src)),
+           "torch_fft_ms": run_timed(torch_fft), "candidates": {}}
     RESULTS["time"].append(row)
-    print("time", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
+    print("baseline", row)
+
+
+_TIMING_INPUTS: dict = {}
+
+
+def timing_inputs(n, B, H):
+    if SMOKE:
+        B, H = 2, 2
+    if n not in _TIMING_INPUTS:
+        g = torch.Generator(device=DEV).manual_seed(n)
+        u = torch.randn(B, H, n, device=DEV, generator=g).to(torch.bfloat16)
+        k = (torch.randn(H, n, device=DEV, generator=g) / math.sqrt(n)).to(torch.bfloat16)
+        _TIMING_INPUTS[n] = (u, filter_spectrum(k, n))
+    return _TIMING_INPUTS[n]
+
+
+def run_timed(fn) -> float:
+    if SMOKE:
+        fn()
+        return 1.0
+    return bench(fn)
+
+
+def time_candidate(n, config, B=16, H=768):
+    """One checked candidate's time at B16 H768 (bf16), beside the baseline's row."""
+    u, spectrum = timing_inputs(n, B, H)
+    y = torch.empty_like(u)
+    ms = run_timed(lambda: conv_launch.launch(plan_of(config), u, spectrum, y, False))
+    (row,) = [r for r in RESULTS["time"] if r["n"] == n]
+    row["candidates"]["x".join(map(str, config))] = ms
+    print("time", n, config, ms)
+
+
+def time_plan(n, B=16, H=768):
+    """fft_conv itself (the plan's choice, its host path included)."""
+    u, spectrum = timing_inputs(n, B, H)
+    (row,) = [r for r in RESULTS["time"] if r["n"] == n]
+    row["plan"] = vars(plan(n, DEV, u.dtype))
+    row["ms"] = run_timed(lambda: fft_conv(u, spectrum))
+    print("time plan", n, row["plan"], row["ms"])
+
+
+def steps_for(n) -> list:
+    """(what, argument) of one N's steps, in order: the ones that cannot crash first."""
+    steps = [("baseline", None)]
+    for config in configs.PAIR_CANDIDATES.get(n, []) + configs.LONG_CANDIDATES.get(n, []):
+        steps += [("candidate", config), ("time_candidate", config)]
+    if SMOKE and n == 256:
+        steps += [("candidate", SMOKE_LONG)]
+    steps += [("time_plan", None)]
+    for dtype, sizes in CHECKS.items():
+        if n in sizes:
+            steps.append(("check", dtype))
+    return steps
+
+
+CHECKS = {"bfloat16": (256, 512, 1024, 2048, 4096, 8192, 16384), "float16": (512, 2048, 8192),
+          "float32": (256, 1024)}
+
+
+def run_step(n, what, arg):
+    if what == "baseline":
+        time_baseline(n)
+    elif what == "candidate":
+        check_candidate(tuple(arg))
+    elif what == "time_candidate":
+        ok = any(c["config"] == list(arg) and c["finite"] and c["y"] < 4 for c in RESULTS["candidates"])
+        if ok:  # a candidate that failed its check is not timed
+            time_candidate(n, tuple(arg))
+    elif what == "time_plan":
+        time_plan(n)
+    elif what == "check":
+        check(n, getattr(torch, arg))
+
+
+def child(n: int, start: int, part: Path) -> int:
+    """Steps start.. of N, the results written after each (the parent reads how far it got)."""
+    torch.manual_seed(n)
+    if part.exists():
+        RESULTS.update(json.loads(part.read_text()))
+    for i, (what, arg) in enumerate(steps_for(n)):
+        if i < start:
+            continue
+        RESULTS["started"] = i
+        part.write_text(json.dumps(RESULTS, default=str))
+        errors = len(RESULTS["errors"])
+        guarded(f"N={n} step {i}: {what} {arg}", lambda: run_step(n, what, arg))
+        RESULTS["done"] = i
+        part.write_text(json.dumps(RESULTS, default=str))
+        if len(RESULTS["errors"]) > errors and "CUDA" in RESULTS["errors"][-1]["error"]:
+            return 3  # the context is lost: the parent restarts a child after this step
+    return 0
+
+
+def parent(out_dir: Path) -> None:
+    """Each N in a child; a child that dies is restarted after the step it died in."""
+    import subprocess
+    import tempfile
+
+    sizes = (256, 512) if SMOKE else (256, 512, 1024, 2048, 4096, 8192, 16384)
+    for n in sizes:
+        part = Path(tempfile.mkdtemp()) / f"part_{n}.json"
+        start, restarts = 0, 0
+        while start < len(steps_for(n)) and restarts < 4:
+            if time.time() - START > DEADLINE_S:
+                RESULTS["errors"].append({"case": f"N={n} from step {start}", "error": "skipped: past the deadline"})
+                break
+            args = [sys.executable, __file__, "--child", str(n), str(start), str(part)] + (["--smoke"] * SMOKE)
+            try:
+                rc = subprocess.run(args, timeout=max(10, DEADLINE_S + 30 - (time.time() - START))).returncode
+            except subprocess.TimeoutExpired:
+                RESULTS["errors"].append({"case": f"N={n}", "error": "child timed out"})
+                break
+            got = json.loads(part.read_text()) if part.exists() else {}
+            if rc == 0:
+                break
+            died = got.get("started", start)
+            print(f"[error] N={n}: the child stopped (rc {rc}) in step {died}: {steps_for(n)[died]}; restarting after it")
+            if rc != 3:  # (rc 3: the child recorded the CUDA error itself)
+                got.setdefault("errors", []).append({"case": f"N={n} step {died}: {steps_for(n)[died]}",
+                                                    "error": f"process died (rc {rc})"})
+            part.write_text(json.dumps(got, default=str))
+            start, restarts = died + 1, restarts + 1
+        got = json.loads(part.read_text()) if part.exists() else {}
+        for key in ("check", "candidates", "time", "errors"):
+            RESULTS[key] += got.get(key, [])
+        write(out_dir)
 
 
 def write(out_dir: Path) -> Path:
@@ -171,6 +278,9 @@ def write(out_dir: Path) -> Path:
 
 
 def main() -> int:
+    if "--child" in sys.argv:
+        i = sys.argv.index("--child")
+        return child(int(sys.argv[i + 1]), int(sys.argv[i + 2]), Path(sys.argv[i + 3]))
     out_dir = Path(os.environ.get("OUT", "/tmp/out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -178,43 +288,34 @@ def main() -> int:
         RESULTS["meta"] = meta()
     except Exception as err:  # noqa: BLE001
         RESULTS["meta"] = {"error": str(err)}
-    torch.manual_seed(0)
-    sizes = (256, 512, 1024, 2048, 4096, 8192, 16384)
-    # (fp16 and fp32 at a few N: every kernel variant is a compile, and the run has 3 minutes)
-    checks = [(n, torch.bfloat16) for n in sizes] + [(n, torch.float16) for n in (512, 2048, 8192)] + \
-        [(n, torch.float32) for n in (256, 1024)]
-    for n, dtype in checks:
-        if not (SMOKE and n > 1024):
-            guarded(f"check N={n} {dtype}", lambda: check(n, dtype))
-    write(out_dir)
-    candidates = [c for cs in configs.PAIR_CANDIDATES.values() for c in cs] + \
-        [c for cs in configs.LONG_CANDIDATES.values() for c in cs]
-    for config in candidates if not SMOKE else [c for c in candidates if c[0] * c[1] <= 2048] + [SMOKE_LONG]:
-        if time.time() - START > DEADLINE_S:
-            print(f"[skip] candidate {config}: past {DEADLINE_S} s")
-            continue
-        guarded(f"candidate {config}", lambda: check_candidate(config))
-    write(out_dir)
-    for n in sizes if not SMOKE else (256, 512):
-        guarded(f"time N={n}", lambda: time_case(n))
-        write(out_dir)
-        if not SMOKE:
-            torch.cuda.empty_cache()
+    parent(out_dir)
+    for row in RESULTS["time"]:
+        if "ms" in row:
+            row["speedup_vs_torch_fft"] = row["torch_fft_ms"] / row["ms"]
+            row["pct_of_bound"] = 100 * row["bound_ms"] / row["ms"]
+        if row["candidates"]:
+            best = min(row["candidates"], key=row["candidates"].get)
+            row["best_candidate"], row["best_ms"] = best, row["candidates"][best]
+            row["best_speedup_vs_torch_fft"] = row["torch_fft_ms"] / row["best_ms"]
+            row["best_pct_of_bound"] = 100 * row["bound_ms"] / row["best_ms"]
     path = write(out_dir)
     print(f"\nwrote {path}\n")
+    nan = float("nan")
     print(f"{'N':>6} {'path':>5} {'ms':>8} {'torch.fft':>9} {'speedup':>7} {'% bound':>7}  "
-          f"{'best cand.':>14} {'ms':>7} {'speedup':>7} {'% bound':>7}")
+          f"{'best candidate':>22} {'ms':>7} {'speedup':>7} {'% bound':>7}")
     for r in RESULTS["time"]:
-        print(f"{r['n']:>6} {r['path']:>5} {r['ms']:>8.4f} {r['torch_fft_ms']:>9.4f} "
-              f"{r['speedup_vs_torch_fft']:>7.2f} {r['pct_of_bound']:>7.1f}  {r.get('best_candidate', '-'):>14} "
-              f"{r.get('best_ms', float('nan')):>7.4f} {r.get('best_speedup_vs_torch_fft', float('nan')):>7.2f} "
-              f"{r.get('best_pct_of_bound', float('nan')):>7.1f}")
+        print(f"{r['n']:>6} {r.get('plan', {}).get('path', '-'):>5} {r.get('ms', nan):>8.4f} {r['torch_fft_ms']:>9.4f} "
+              f"{r.get('speedup_vs_torch_fft', nan):>7.2f} {r.get('pct_of_bound', nan):>7.1f}  "
+              f"{r.get('best_candidate', '-'):>22} {r.get('best_ms', nan):>7.4f} "
+              f"{r.get('best_speedup_vs_torch_fft', nan):>7.2f} {r.get('best_pct_of_bound', nan):>7.1f}")
     for dtype in ("bfloat16", "float16"):
         rows = [r for r in RESULTS["check"] if r["dtype"] == dtype]
         worst = max((max(r["y"], r["du"], r["dk"]) for r in rows), default=None)
         print(f"{dtype}: worst error {worst} x floor over {len(rows)} checks")
     bad = [c for c in RESULTS["candidates"] if not (c["finite"] and c["y"] < 4)]
     print(f"candidates: {len(RESULTS['candidates'])} checked, {len(bad)} wrong; errors: {len(RESULTS['errors'])}")
+    for e in RESULTS["errors"]:
+        print("  error:", e["case"], e["error"][:160])
     return 0
 
 
