@@ -172,7 +172,9 @@ def _cu_blocks(cu: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def _search_steps(batch: int) -> int:
-    return max(1, batch.bit_length())
+    """Binary-search steps for ``batch`` sequences, rounded up to a multiple of 4 and at least 8 (a
+    constexpr: one compiled kernel serves every batch up to 255 sequences, not one per log2 B)."""
+    return max(8, -(-batch.bit_length() // 4) * 4)
 
 
 def _strides(t: torch.Tensor) -> tuple:

@@ -1,0 +1,473 @@
+"""GPU check and timing of tilecore.attention_varlen and tilecore.attention_with_kvcache (issue 35
+part B), with flash-attn's call signatures (tilecore.compat.flash_attn) checked too.
+
+    PYTHONPATH=. python3 experiments/attention/gpu_varlen.py            # on the H100: check, then time
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 experiments/attention/gpu_varlen.py --smoke   # CPU: tiny shapes
+
+check (bf16 and fp16 against float64, error as a multiple of the rounding floor): packed batches with
+    lengths 0, 1, odd and long (GQA, causal, window, softcap, Dv != D) forward into NaN-poisoned
+    outputs and backward; paged (16..256) and contiguous caches poisoned with NaN past every length,
+    decode and chunked prefill with the append; a CUDA graph of a paged decode step replayed after
+    its lengths changed on the device; the compat functions against tilecore's own.
+time (bf16, triton.testing.do_bench medians): a packed batch of 64K tokens, H 16, D 128, causal,
+    lengths long-tailed (and 16 x 4096 uniform), forward and forward + backward, against
+    tilecore.attention on the fixed-length batch B 16 x N 4096 (same tokens), FlexAttention compiled
+    with the document mask, and SDPA on the padded batch; paged decode (B 32, 4096 keys each, Hq 32 /
+    Hkv 8, D 128, one new token appended) for page sizes 16..256 against the contiguous cache and
+    tilecore.attention's decode, as CUDA-graph replays (GPU time), with the copy bandwidth of the run.
+Prints a table last; writes $OUT/gpu_varlen.json (default /tmp/out). Each case catches its errors.
+"""
+import argparse
+import json
+import math
+import os
+import time
+import traceback
+
+import torch
+
+SMOKE = False
+RESULTS = {"check": [], "time": [], "errors": []}
+
+
+def _device():
+    return "cpu" if SMOKE else "cuda"
+
+
+def _meta():
+    import triton
+
+    meta = {"torch": torch.__version__, "triton": triton.__version__, "smoke": SMOKE,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+    if torch.cuda.is_available() and not SMOKE:
+        p = torch.cuda.get_device_properties(0)
+        meta.update(gpu=p.name, sms=p.multi_processor_count, cuda=torch.version.cuda)
+    return meta
+
+
+def guarded(name):
+    def wrap(fn):
+        def run(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - report and go on
+                RESULTS["errors"].append({"case": name, "error": f"{type(e).__name__}: {e}"})
+                print(f"[error] {name}: {type(e).__name__}: {e}")
+                traceback.print_exc()
+        return run
+    return wrap
+
+
+def cu_of(lengths, device):
+    return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device=device)
+
+
+# --------------------------------------------------------------------------------------------
+# check
+
+
+def check_varlen(dtype, lens_q, lens_k, hq, hkv, d, dv, options):
+    from tilecore import accuracy
+    from tilecore.ops.attention import varlen
+    from tilecore.ops.attention.reference_varlen import varlen_reference
+
+    dev = _device()
+    cu_q, cu_k = cu_of(lens_q, dev), cu_of(lens_k, dev)
+    q = torch.randn(sum(lens_q), hq, d, dtype=dtype, device=dev)
+    k = torch.randn(sum(lens_k), hkv, d, dtype=dtype, device=dev)
+    v = torch.randn(sum(lens_k), hkv, dv, dtype=dtype, device=dev)
+    scale = options.get("scale", d ** -0.5)
+    left, right = options.get("window_size", (-1, -1))
+    args = (cu_q, cu_k, options.get("causal", False), scale, left, right, options.get("softcap", 0.0))
+    out = torch.full((q.shape[0], hq, dv), float("nan"), dtype=dtype, device=dev)
+    lse = torch.full((hq, q.shape[0]), float("nan"), device=dev)
+    varlen.forward_kernels(q, k, v, *args, out=out, lse=lse)
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    ref, ref_lse = varlen_reference(q64, k64, v64, cu_q, cu_k, **options)
+    dout = torch.randn_like(out)
+    dlse = torch.randn_like(lse)
+    loss = (ref * dout.double()).sum() + (torch.where(torch.isneginf(ref_lse), 0.0, ref_lse) * dlse.double()).sum()
+    ref_grads = torch.autograd.grad(loss, (q64, k64, v64))
+    grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+    varlen.backward_kernels(dout, q, k, v, out, lse, dlse, *args, grads=grads)
+    live = torch.isfinite(ref_lse)
+    row = {"case": f"varlen {str(dtype)[6:]} q{lens_q} k{lens_k} H{hq}/{hkv} D{d}/{dv} {options}",
+           "unwritten": int(out.isnan().sum() + lse.isnan().sum() + sum(g.isnan().sum() for g in grads)),
+           "O_x_floor": accuracy.error_over_floor(out, ref.detach()),
+           "lse_max_err": float((lse[live].double() - ref_lse.detach()[live]).abs().max()) if live.any() else 0.0,
+           "empty_rows_ok": bool(torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))),
+           **{f"d{n}_x_floor": accuracy.error_over_floor(g, r) for n, g, r in zip("qkv", grads, ref_grads)}}
+    row["ok"] = (row["unwritten"] == 0 and row["O_x_floor"] <= 2.0 and row["lse_max_err"] < 1e-3
+                 and row["empty_rows_ok"] and all(row[f"d{n}_x_floor"] <= 3.0 for n in "qkv"))
+    RESULTS["check"].append(row)
+
+
+def make_cache(lengths, hkv, d, dv, page, dtype, dev, max_pages):
+    """Caches with rows < length random and everything else NaN (paged: shuffled pages, page 0 NaN
+    and every unused table entry naming it)."""
+    b = len(lengths)
+    if page is None:
+        cap = max_pages
+        k_cache = torch.full((b, cap, hkv, d), float("nan"), dtype=dtype, device=dev)
+        v_cache = torch.full((b, cap, hkv, dv), float("nan"), dtype=dtype, device=dev)
+        for i, n in enumerate(lengths):
+            k_cache[i, :n] = torch.randn(n, hkv, d, dtype=dtype, device=dev)
+            v_cache[i, :n] = torch.randn(n, hkv, dv, dtype=dtype, device=dev)
+        return k_cache, v_cache, None
+    pages = 1 + b * max_pages
+    k_cache = torch.full((pages, page, hkv, d), float("nan"), dtype=dtype, device=dev)
+    v_cache = torch.full((pages, page, hkv, dv), float("nan"), dtype=dtype, device=dev)
+    table = (1 + torch.randperm(b * max_pages, device=dev)).view(b, max_pages).int()
+    for i, n in enumerate(lengths):
+        used = -(-n // page)
+        kk = torch.randn(used * page, hkv, d, dtype=dtype, device=dev)
+        vv = torch.randn(used * page, hkv, dv, dtype=dtype, device=dev)
+        kk[n:] = float("nan")
+        vv[n:] = float("nan")
+        k_cache[table[i, :used].long()] = kk.view(used, page, hkv, d)
+        v_cache[table[i, :used].long()] = vv.view(used, page, hkv, dv)
+        table[i, used:] = 0
+    return k_cache, v_cache, table
+
+
+def check_kvcache(dtype, lengths, nnew, nq, hq, hkv, d, dv, page, options, max_pages):
+    from tilecore import accuracy
+    from tilecore.ops.attention.kvcache import attention_with_kvcache
+    from tilecore.ops.attention.reference_varlen import kvcache_reference
+
+    dev = _device()
+    total = [n + nnew for n in lengths]
+    k_cache, v_cache, table = make_cache(total, hkv, d, dv, page, dtype, dev, max_pages)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=dev)
+    new_k = torch.randn(len(lengths), nnew, hkv, d, dtype=dtype, device=dev)
+    new_v = torch.randn(len(lengths), nnew, hkv, dv, dtype=dtype, device=dev)
+    clean_k, clean_v = k_cache.clone(), v_cache.clone()
+    q = torch.randn(len(lengths), nq, hq, d, dtype=dtype, device=dev)
+    ref, ref_lse = kvcache_reference(q, clean_k, clean_v, seqlens, k=new_k if nnew else None,
+                                     v=new_v if nnew else None, block_table=table, **options)
+    out, lse = attention_with_kvcache(q, k_cache, v_cache, new_k if nnew else None, new_v if nnew else None,
+                                      cache_seqlens=seqlens, block_table=table, return_lse=True, **options)
+    live = torch.isfinite(ref_lse)
+    row = {"case": f"kvcache {str(dtype)[6:]} lens{lengths}+{nnew} Nq{nq} H{hq}/{hkv} D{d}/{dv} page {page} {options}",
+           "nan_read_or_unwritten": int(out.isnan().sum() + lse.isnan().sum()),
+           "O_x_floor": accuracy.error_over_floor(out, ref),
+           "lse_max_err": float((lse[live].double() - ref_lse[live]).abs().max()) if live.any() else 0.0}
+    row["ok"] = row["nan_read_or_unwritten"] == 0 and row["O_x_floor"] <= 2.0 and row["lse_max_err"] < 1e-3
+    RESULTS["check"].append(row)
+
+
+def check_cuda_graph():
+    """A paged decode step captured once, replayed after cache_seqlens changed on the device."""
+    from tilecore import accuracy
+    from tilecore.ops.attention.kvcache import attention_with_kvcache
+    from tilecore.ops.attention.reference_varlen import kvcache_reference
+
+    if SMOKE:
+        RESULTS["check"].append({"case": "cuda graph (skipped on the CPU)", "ok": True})
+        return
+    dev = _device()
+    lengths = [100, 517, 1, 2000]
+    k_cache, v_cache, table = make_cache([n + 2 for n in lengths], 8, 128, 128, 64, torch.bfloat16, dev, 40)
+    k_cache, v_cache = k_cache.nan_to_num(), v_cache.nan_to_num()
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=dev)
+    q = torch.randn(4, 1, 32, 128, dtype=torch.bfloat16, device=dev)
+    k = torch.randn(4, 1, 8, 128, dtype=torch.bfloat16, device=dev)
+    v = torch.randn(4, 1, 8, 128, dtype=torch.bfloat16, device=dev)
+    attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, block_table=table)  # compile
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, block_table=table)
+    seqlens += 1  # the next step: one more key cached; the graph reads the lengths on the device
+    k.copy_(torch.randn_like(k))
+    v.copy_(torch.randn_like(v))
+    snapshot_k, snapshot_v = k_cache.clone(), v_cache.clone()
+    graph.replay()
+    torch.cuda.synchronize()
+    ref, _ = kvcache_reference(q, snapshot_k, snapshot_v, seqlens, k=k, v=v, block_table=table)
+    err = accuracy.error_over_floor(out, ref)
+    RESULTS["check"].append({"case": "cuda graph: paged decode replayed with new lengths", "O_x_floor": err,
+                             "ok": err <= 2.0})
+
+
+def check_compat():
+    import tilecore
+    from tilecore.compat import flash_attn as fa
+
+    dev = _device()
+    n, d, dtype = (20, 16, torch.float16) if SMOKE else (300, 128, torch.bfloat16)
+    q = torch.randn(2, n, 8, d, dtype=dtype, device=dev)
+    k = torch.randn(2, n, 2, d, dtype=dtype, device=dev)
+    v = torch.randn(2, n, 2, d, dtype=dtype, device=dev)
+    same = torch.equal(fa.flash_attn_func(q, k, v, causal=True, window_size=(7, 0), softcap=30.0),
+                       tilecore.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
+                                          window_size=(7, 0), softcap=30.0).transpose(1, 2))
+    cu = torch.tensor([0, n, 2 * n], dtype=torch.int32, device=dev)
+    packed = fa.flash_attn_varlen_func(q.reshape(2 * n, 8, d), k.reshape(2 * n, 2, d), v.reshape(2 * n, 2, d),
+                                       cu, cu, n, n, causal=True)
+    dense = fa.flash_attn_func(q, k, v, causal=True)
+    diff = float((packed.view(2, n, 8, d).float() - dense.float()).abs().max())
+    RESULTS["check"].append({"case": "compat: flash_attn_func = tilecore.attention; varlen of equal lengths ~ dense",
+                             "equal": same, "varlen_vs_dense_max_abs": diff, "ok": same and diff < 0.05})
+
+
+def run_checks():
+    f16, bf16 = torch.float16, torch.bfloat16
+    if SMOKE:
+        varlen_cases = [([5, 0, 1, 19], [5, 2, 1, 19], 2, 1, 16, 16, dict(causal=True))]
+        kv_cases = [([0, 17], 1, 1, 2, 1, 16, 16, 16, dict(), 4), ([3, 20], 2, 2, 2, 1, 16, 16, None, dict(causal=True), 32)]
+        dtypes = ()  # the fp16 pass below covers the smoke cases
+    else:
+        varlen_cases = [
+            ([1, 0, 777, 63, 1500, 2], [1, 0, 777, 63, 1500, 2], 16, 16, 128, 128, dict(causal=True)),
+            ([300, 1, 1025, 0], [300, 5, 1300, 7], 32, 8, 128, 128, dict()),
+            ([700, 129, 2000], [900, 129, 2000], 16, 4, 128, 128, dict(causal=True, window_size=(100, 50),
+                                                                       softcap=20.0)),
+            ([999, 1], [999, 1], 8, 2, 192, 128, dict(causal=True)),
+        ]
+        kv_cases = [
+            ([0, 1, 4095, 1000, 33], 1, 1, 32, 8, 128, 128, page, dict(), 4096 // page + 1) for page in (16, 256)
+        ] + [
+            ([17, 3000, 250], 16, 16, 32, 8, 128, 128, 32, dict(causal=True), 100),  # chunked prefill
+            ([17, 3000, 250], 7, 7, 16, 2, 128, 128, 128, dict(causal=True, window_size=(512, -1), softcap=30.0), 30),
+            ([5, 4000], 1, 1, 32, 8, 128, 128, None, dict(), 4200),  # contiguous
+        ]
+        dtypes = (bf16,)
+    # each case a few kernel compiles (~5 s each): fp16 on the first case of each only
+    for case in varlen_cases[:1] if not SMOKE else varlen_cases:
+        guarded(f"check varlen fp16 {case}")(check_varlen)(f16, *case)
+    for case in kv_cases[:1] if not SMOKE else kv_cases:
+        guarded(f"check kvcache fp16 {case}")(check_kvcache)(f16, *case)
+    for dtype in dtypes:
+        for case in varlen_cases:
+            guarded(f"check varlen {case}")(check_varlen)(dtype, *case)
+        for case in kv_cases:
+            guarded(f"check kvcache {case}")(check_kvcache)(dtype, *case)
+    guarded("check cuda graph")(check_cuda_graph)()
+    guarded("check compat")(check_compat)()
+
+
+# --------------------------------------------------------------------------------------------
+# time
+
+
+def bench(fn):
+    import triton
+
+    if SMOKE:  # shapes and imports only
+        fn()
+        return float("nan")
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def graph_bench(fn):
+    """GPU time of fn as a CUDA-graph replay (what a server that captures decode steps sees)."""
+    if SMOKE:
+        return bench(fn)
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return bench(graph.replay)
+
+
+def long_tailed_lengths(total, seed=0, longest=16384, shortest=16):
+    """Lengths from a log-normal (median ~800, a long tail to 16K) until ``total`` tokens."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = []
+    while sum(lengths) < total:
+        n = int(math.exp(torch.randn(1, generator=g).item() * 1.2 + math.log(800)))
+        lengths.append(max(shortest, min(longest, n, total - sum(lengths))))
+    return lengths
+
+
+def causal_flops(lengths, h, d):
+    return sum(4 * n * n / 2 * d * h for n in lengths)
+
+
+def time_packed(label, lengths, h=16, d=128):
+    import tilecore
+    from tilecore.ops.attention.varlen import attention_varlen
+
+    dev = _device()
+    total = sum(lengths)
+    cu = cu_of(lengths, dev)
+    dtype = torch.float16 if SMOKE else torch.bfloat16
+    q, k, v = (torch.randn(total, h, d, dtype=dtype, device=dev, requires_grad=True) for _ in range(3))
+    flops = causal_flops(lengths, h, d)
+    row = {"case": f"packed {label}: {len(lengths)} seqs, {total} tokens, longest {max(lengths)}, H{h} D{d} causal",
+           "lengths": lengths, "flops_fwd": flops}
+
+    def fwd():
+        return attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
+
+    with torch.no_grad():
+        row["varlen_fwd_ms"] = bench(fwd)
+    out = fwd()
+    dout = torch.randn_like(out)
+    row["varlen_bwd_ms"] = bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+    RESULTS["time"].append(row)
+
+    @guarded(f"time fixed-length tilecore.attention ({label})")
+    def fixed():
+        n = 16 if SMOKE else 4096
+        b = total // n
+        qf, kf, vf = (torch.randn(b, h, n, d, dtype=dtype, device=dev, requires_grad=True) for _ in range(3))
+        with torch.no_grad():
+            row["fixed_B%d_N%d_fwd_ms" % (b, n)] = t = bench(lambda: tilecore.attention(qf, kf, vf, causal=True))
+        of = tilecore.attention(qf, kf, vf, causal=True)
+        dof = torch.randn_like(of)
+        tb = bench(lambda: torch.autograd.grad(of, (qf, kf, vf), dof, retain_graph=True))
+        row["fixed_B%d_N%d_bwd_ms" % (b, n)] = tb
+        fixed_flops = causal_flops([n] * b, h, d)
+        row["fixed_fwd_tflops"] = fixed_flops / t / 1e9
+        row["fixed_bwd_tflops"] = 2.5 * fixed_flops / tb / 1e9
+    fixed()
+    row["varlen_fwd_tflops"] = flops / row["varlen_fwd_ms"] / 1e9
+    row["varlen_bwd_tflops"] = 2.5 * flops / row["varlen_bwd_ms"] / 1e9
+
+    @guarded(f"time sdpa padded ({label})")
+    def sdpa_padded():
+        import torch.nn.functional as F
+        nmax = max(lengths)
+        qp, kp, vp = (torch.randn(len(lengths), h, nmax, d, dtype=dtype, device=dev, requires_grad=True)
+                      for _ in range(3))
+        with torch.no_grad():
+            row["sdpa_padded_fwd_ms"] = bench(lambda: F.scaled_dot_product_attention(qp, kp, vp, is_causal=True))
+        op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True)
+        dop = torch.randn_like(op)
+        row["sdpa_padded_bwd_ms"] = bench(lambda: torch.autograd.grad(op, (qp, kp, vp), dop, retain_graph=True))
+        del qp, kp, vp, op, dop
+    sdpa_padded()
+
+    @guarded(f"time flex document mask ({label})")
+    def flex():
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        doc = torch.repeat_interleave(torch.arange(len(lengths), device=dev),
+                                      torch.tensor(lengths, device=dev))
+
+        def document_causal(b, hh, qi, ki):
+            return (doc[qi] == doc[ki]) & (qi >= ki)
+        mask = create_block_mask(document_causal, None, None, total, total, device=dev)
+        compiled = torch.compile(flex_attention)
+        qx, kx, vx = (t.detach().transpose(0, 1).unsqueeze(0).requires_grad_() for t in (q, k, v))
+        with torch.no_grad():
+            row["flex_fwd_ms"] = bench(lambda: compiled(qx, kx, vx, block_mask=mask))
+        ox = compiled(qx, kx, vx, block_mask=mask)
+        dox = torch.randn_like(ox)
+        row["flex_bwd_ms"] = bench(lambda: torch.autograd.grad(ox, (qx, kx, vx), dox, retain_graph=True))
+    if os.environ.get("GPU_VARLEN_FLEX", "1") != "0" and not SMOKE:
+        flex()
+
+
+def time_copy():
+    x = torch.empty(1 << (10 if SMOKE else 29), dtype=torch.bfloat16, device=_device())
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))
+    return 2 * x.numel() * 2 / ms / 1e6  # GB/s
+
+
+def time_decode(copy_gbs, b=32, n=4096, hq=32, hkv=8, d=128):
+    import tilecore
+    from tilecore.ops.attention.kvcache import attention_with_kvcache
+
+    dev = _device()
+    q = torch.randn(b, 1, hq, d, dtype=torch.bfloat16, device=dev)
+    k_new = torch.randn(b, 1, hkv, d, dtype=torch.bfloat16, device=dev)
+    v_new = torch.randn(b, 1, hkv, d, dtype=torch.bfloat16, device=dev)
+    seqlens = torch.full((b,), n - 1, dtype=torch.int32, device=dev)
+    bytes_read = 2 * b * n * hkv * d * 2
+    row = {"case": f"decode B{b} keys {n} H{hq}/{hkv} D{d} bf16 (GPU time, graph replays), copy {copy_gbs:.0f} GB/s"}
+    kc = torch.randn(b, n, hkv, d, dtype=torch.bfloat16, device=dev)
+    vc = torch.randn(b, n, hkv, d, dtype=torch.bfloat16, device=dev)
+    row["contiguous_us"] = 1e3 * graph_bench(lambda: attention_with_kvcache(q, kc, vc, k_new, v_new,
+                                                                            cache_seqlens=seqlens))
+    qa = q.transpose(1, 2)
+    ka, va = kc.transpose(1, 2), vc.transpose(1, 2)
+    row["tilecore_attention_decode_us"] = 1e3 * graph_bench(lambda: tilecore.attention(qa, ka, va))
+    del kc, vc
+    for page in (16, 32, 64, 128, 256):
+        @guarded(f"time paged decode page {page}")
+        def paged():
+            pages = b * n // page
+            kp = torch.randn(pages, page, hkv, d, dtype=torch.bfloat16, device=dev)
+            vp = torch.randn(pages, page, hkv, d, dtype=torch.bfloat16, device=dev)
+            table = torch.randperm(pages, device=dev).int().view(b, n // page)
+            row[f"paged{page}_us"] = 1e3 * graph_bench(
+                lambda: attention_with_kvcache(q, kp, vp, k_new, v_new, cache_seqlens=seqlens, block_table=table))
+        paged()
+    for key in [k for k in row if k.endswith("_us")]:
+        row[key.replace("_us", "_pct_copy")] = 100 * bytes_read / (row[key] * 1e-6) / 1e9 / copy_gbs
+    RESULTS["time"].append(row)
+
+
+def run_timing():
+    if SMOKE:  # one pass of each timed call at tiny shapes (float16: the interpreter's bf16 is not exact)
+        guarded("time packed smoke")(time_packed)("smoke", [16, 40, 8], h=2, d=16)
+        guarded("time decode smoke")(time_decode)(1.0, b=2, n=256, hq=4, hkv=2, d=16)
+        return
+    total = 65536
+    guarded("time packed long-tailed")(time_packed)("long-tailed", long_tailed_lengths(total))
+    guarded("time packed uniform")(time_packed)("uniform 16 x 4096", [4096] * 16)
+    copy = guarded("time copy")(time_copy)() or float("nan")
+    guarded("time decode")(time_decode)(copy)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def table():
+    print("\n== check ==")
+    for r in RESULTS["check"]:
+        extras = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()
+                          if k not in ("case", "ok"))
+        print(f"{'PASS' if r.get('ok') else 'FAIL'} {r['case']}\n     {extras}")
+    print("\n== time ==")
+    for r in RESULTS["time"]:
+        print(r["case"])
+        for k, v in r.items():
+            if k not in ("case", "lengths") and isinstance(v, float):
+                print(f"   {k:32s} {v:10.3f}")
+        if "varlen_fwd_ms" in r and "flex_fwd_ms" in r:
+            print(f"   flex / varlen fwd {r['flex_fwd_ms'] / r['varlen_fwd_ms']:.2f}x, "
+                  f"bwd {r['flex_bwd_ms'] / r['varlen_bwd_ms']:.2f}x")
+        if "varlen_fwd_tflops" in r and "fixed_fwd_tflops" in r:
+            print(f"   varlen / fixed TFLOP/s fwd {r['varlen_fwd_tflops'] / r['fixed_fwd_tflops']:.2f}x, "
+                  f"bwd {r['varlen_bwd_tflops'] / r['fixed_bwd_tflops']:.2f}x")
+        if "sdpa_padded_fwd_ms" in r:
+            print(f"   sdpa padded / varlen fwd {r['sdpa_padded_fwd_ms'] / r['varlen_fwd_ms']:.2f}x, "
+                  f"bwd {r['sdpa_padded_bwd_ms'] / r['varlen_bwd_ms']:.2f}x")
+        if "contiguous_us" in r:
+            for page in (16, 32, 64, 128, 256):
+                if f"paged{page}_us" in r:
+                    print(f"   paged {page} / contiguous speed {r['contiguous_us'] / r[f'paged{page}_us']:.2f}x")
+    print(f"\nerrors: {len(RESULTS['errors'])}")
+    for e in RESULTS["errors"]:
+        print(f"   {e['case']}: {e['error'][:200]}")
+
+
+def main():
+    global SMOKE
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, no timing (the CPU interpreter)")
+    parser.add_argument("--phases", default="check,time")
+    args = parser.parse_args()
+    SMOKE = args.smoke
+    torch.manual_seed(0)
+    start = time.time()
+    RESULTS["meta"] = _meta()
+    phases = args.phases.split(",")
+    if "check" in phases:
+        run_checks()
+    if "time" in phases:
+        run_timing()
+    RESULTS["meta"]["seconds"] = time.time() - start
+    out_dir = os.environ.get("OUT", "/tmp/out")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "gpu_varlen.json"), "w") as f:
+        json.dump(RESULTS, f, indent=1, default=str)
+    table()
+
+
+if __name__ == "__main__":
+    main()
