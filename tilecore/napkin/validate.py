@@ -377,6 +377,9 @@ def name_cause(p: Prediction) -> str:
                 "the model's host floor is today's (notes/host/runs/host_time_session24_h100.json)")
     if p.op.startswith(("attention", "attention-gqa")) and p.series.startswith("flash") and fast:
         return "missing algorithm (peer): FlashAttention-2 on Hopper, mma.sync rate and issue beyond the 2/3 account"
+    if "K/V repeated" in p.series:
+        return ("peer's extra passes: K and V repeated to every q head by eager PyTorch (allocations, "
+                "copies at less than the copy ceiling), costed here as ideal copies")
     if p.op.endswith("bwd") and fast:
         return ("backward: a term common to every backward kernel is missing (tilecore, cuDNN, FA2 all 1.15-1.4x "
                 "slower than predicted at large N); candidates: five MMAs' shared-memory operand traffic with dS "
