@@ -43,10 +43,10 @@ def _import():
 def quantize_cases(which):
     if SMOKE:
         return [("q", "fp8_e4m3", 256, {}, {}), ("q", "mxfp4", 256, {}, {}), ("q", "int4", 256, {}, {})]
-    first = [("q", "fp8_e4m3", n, {}, {}) for n in POW2]
-    first += [("q", f, n, {}, {}) for f in FORMATS[1:] for n in (1024, 4096, 32768)]
+    first = [("q", f, n, {}, {}) for f in FORMATS for n in POW2]
     first += [("q", "fp8_e4m3", 4096, {}, {"legacy": True}), ("q", "mxfp4", 4096, {}, {"legacy": True})]
-    first += [("q", f, 4096, {}, t) for f in ("fp8_e4m3", "mxfp4") for t in ({"tma": "none"}, {"num_warps": 8})]
+    first += [("q", f, 4096, {}, t) for f in ("fp8_e4m3", "mxfp4", "nvfp4") for t in ({"tma_store": False}, {"num_warps": 8})]
+    first += [("q", "nvfp4", 4096, {}, {"split": (2, 128, 16)})]
     first += [("q", "fp8_e4m3", 4096, {"group": 128}, {}), ("q", "mxfp4", 4096, {"block": 32}, {})]
     if which == "quick":
         return first
@@ -62,7 +62,8 @@ def kron_cases(which):
     cases += [("k", m, 64, {}) for m in (140, 148, 156, 172)]
     cases += [("k", 28, 512, t) for t in ({"num_warps": 4}, {"num_warps": 16}, {"waves": 1}, {"waves": 16})]
     cases += [("k", 12, 64, t) for t in ({"tile_elems": 16384}, {"tile_elems": 4096}, {"waves": 16})]
-    return cases if which != "quick" else cases[:12]
+    cases += [("k", 20, 64, t) for t in ({"tile_elems": 4096}, {"num_warps": 4})]
+    return cases if which != "quick" else cases[:12] + cases[16:]
 
 
 def _rows(n):
@@ -214,18 +215,44 @@ def phase_check(result):
             a, b = ordinal(codes, fmt), ordinal(ref_codes, fmt)
             case["match"] = float((a == b).double().mean())
             case["max_code_distance"] = int((a - b).abs().max())
+            # codes more than one step away must stand for values within the float32 rotation's error:
+            # below 2^-13 of their row's largest (as tests/hadamard/test_hadamard_quantize.py)
+            from tilecore.ops.hadamard.quantize_reference import dequantize
+
+            far = ((a - b).abs() > 1).reshape(x.shape)
+            case["far_codes"] = int(far.sum())
+            if case["far_codes"]:
+                g = kw.get("group")
+                ours = dequantize(codes, scales, format=fmt, group=g).double()
+                ref = dequantize(ref_codes, ref_scales, format=fmt, group=g).double()
+                bound = 2.0**-13 * ref.abs().nan_to_num(0.0, 0.0, 0.0).amax(dim=-1, keepdim=True)
+                case["far_codes_tiny"] = bool(((ours - ref).abs() <= bound)[far].all())
+            else:
+                case["far_codes_tiny"] = True
+            # the kernel before issue 32's speed work (quantize_kernels.rotate_quantize_kernel), same input
+            try:
+                lplan = quantize.plan_quantize(x.reshape(-1, n), fmt, kw.get("group", quantize.FORMATS[fmt].default_group),
+                                               kw.get("block"), True, "scale" in kw, "randomized_signs" in kw, legacy=True)
+                if lplan.path == "fused" and "randomized_signs" not in kw:
+                    lc, ls = _legacy(lplan, x.reshape(-1, n), *made(x.shape[0], n, fmt, None if ("scale" in kw and fmt != "nvfp4") else kw.get("group", quantize.FORMATS[fmt].default_group), x.device), fmt, kw.get("scale"))
+                    case["legacy_code_bytes_differ"] = int((lc.view(torch.uint8) != codes.reshape(lc.shape).view(torch.uint8)).sum())
+            except Exception as err:  # noqa: BLE001
+                case["legacy_error"] = f"{type(err).__name__}: {str(err)[:200]}"
             pairs = zip(scales, ref_scales) if isinstance(scales, tuple) else [(scales, ref_scales)]
             exact = True
+            case["scales_differ"] = 0
             for s, r in pairs:
                 if s.dtype == torch.float32:  # from the float32 rotation's amax: within 2^-15, NaN where NaN
                     r = r.to(torch.float32)
                     same_nan = bool(torch.equal(torch.isnan(s), torch.isnan(r)))
                     close = ((s - r).abs() <= 2.0**-15 * r.abs()) | (s == r) | torch.isnan(r)
                     exact = exact and same_nan and bool(close.all())
-                else:
-                    exact = exact and bool(torch.equal(s.view(torch.uint8), r.view(torch.uint8)))
-            case["scales_exact"] = exact
-            case["ok"] = case["match"] >= 0.999 and case["max_code_distance"] <= 1 and exact
+                else:  # discrete scales (e8m0, e4m3): equal, but where the amax sits on a rounding boundary
+                    differ = s.view(torch.uint8) != r.view(torch.uint8)
+                    case["scales_differ"] += int(differ.sum())
+                    exact = exact and case["scales_differ"] <= max(2, differ.numel() // 10**6)
+            case["scales_ok"] = exact
+            case["ok"] = case["match"] >= 0.999 and case["far_codes_tiny"] and exact
         except Exception as err:  # noqa: BLE001
             case["error"] = f"{type(err).__name__}: {str(err)[:300]}"
         out["quantize"].append(case)
@@ -239,7 +266,7 @@ def phase_check(result):
             y = torch.full_like(x, float("nan"))
             plan = kron.kron_plan(x, m, p, **tuning)
             kron.launch(plan, x, y, n**-0.5)
-            ref = hadamard_reference(x, n**-0.5, out_dtype=torch.float64)
+            ref = hadamard_reference(x.cpu(), n**-0.5, out_dtype=torch.float64).to(x.device)
             case.update(path=plan.path, err_over_floor=round(accuracy.error_over_floor(y, ref), 4),
                         all_written=bool(torch.isfinite(y).all()))
             case["ok"] = case["all_written"] and case["err_over_floor"] <= 1.25

@@ -154,6 +154,7 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
     return QuantizePlan("pow2", grid=(grid,), rscale=n**-0.5, config=dict(
         N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"], IN_PIECES=3 if fp32 else 1,
         MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=tl.bfloat16, GRID=grid, TMA_LOAD=bool(load),
+        TMA_STORE=bool(load) and tuning.get("tma_store", True) and (cfg["N2"] // (2 if f.packed else 1)) >= 16,
         SIGNS=signs, FORMAT=f.kernel_id, G=g, STATIC=static_fp8, PACKED=f.packed, QMAX=f.qmax,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
 
@@ -180,13 +181,18 @@ def _launch_pow2_plan(plan, x2, codes, scales, sign_t, gs, amax, fmt_id=None):
     rows = xv.shape[0]
     cv = codes.view(rows, -1)
     sv = scales if cfg["STATIC"] else scales.view(rows, -1)
-    if cfg["TMA_LOAD"]:
+    xa, ca = xv, cv
+    if cfg["TMA_LOAD"] or cfg["TMA_STORE"]:
         from tilecore.ops.hadamard.launch import _descriptor
-        xa = _descriptor(xv, cfg)
-    else:
-        xa = xv
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        if cfg["TMA_LOAD"]:
+            xa = _descriptor(xv, cfg)
+        if cfg["TMA_STORE"]:
+            w = cfg["N2"] // (2 if cfg["PACKED"] else 1)  # bytes a box's line
+            ca = TensorDescriptor(cv, [rows, cv.shape[1] // w, w], [cv.stride(0), w, 1], [cfg["B"], cfg["N1"], w])
     with dispatch.on_device(x2.device):
-        _launch_pow2[plan.grid](xa, cv, sv, sign_t, gs, amax, rows, xv.stride(0), cv.stride(0),
+        _launch_pow2[plan.grid](xa, ca, sv, sign_t, gs, amax, rows, xv.stride(0), cv.stride(0),
                                 sv.stride(0) if sv.dim() == 2 else 1, plan.rscale, **cfg)
 
 

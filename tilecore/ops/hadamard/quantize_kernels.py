@@ -151,7 +151,9 @@ def _scale(amax, gscale_ptr, FORMAT: tl.constexpr, STATIC: tl.constexpr, QMAX: t
         e = tl.maximum(_exponent(s), -6)
         quantum = _pow2(e - 3)
         s8 = _round_half_even(s / quantum) * quantum
-        div = g * s8
+        # a block whose amax is not finite has codes 0 (quantize_reference): its divisor NaN says so (a
+        # static global scale keeps s finite where amax is inf)
+        div = tl.where(amax < float("inf"), g * s8, float("nan"))
     else:
         if STATIC:
             div = tl.load(gscale_ptr) + tl.zeros_like(amax)
@@ -385,50 +387,75 @@ def _rint(t):
 
 @triton.jit
 def _e2m1_fast(v):
-    """The e2m1 nibble of float32 v, saturating at +-6, ties to even; NaN -> 0 (as _e2m1_code). The
-    magnitude code counts the grid's midpoints below |v|: a tie (0.25, 1.25, 2.5, 5) stays on the even code
-    below, the others (0.75, 1.75, 3.5) go up to the even code above."""
-    a = tl.abs(v)
-    mag = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-           + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32))
-    sign = (v.to(tl.int32, bitcast=True) >> 28) & 8
-    return tl.where(v != v, 0, sign | mag)
+    """The e2m1 nibble of float32 v, saturating at +-6, ties to even, for v not NaN (callers zero the codes
+    of blocks whose scale is not finite, the only blocks holding NaN quotients). The grid's steps are
+    0.5 below 2, 1 below 4, 2 up to 6: |v| times 2, 1 or 1/2 (exact), plus 1.5 x 2^23 plus the code of the
+    binade's first value (0, 2, 4), rounds half to even onto the code itself in the float's low bits:
+    one FMA and a few selects a value."""
+    a = tl.minimum(tl.abs(v), 6.0)
+    small = a < 2.0
+    mid = a < 4.0
+    k = tl.where(small, 2.0, tl.where(mid, 1.0, 0.5))
+    magic = tl.where(small, 12582912.0, tl.where(mid, 12582914.0, 12582916.0))
+    mag = (a * k + magic).to(tl.int32, bitcast=True) & 7
+    return mag | ((v.to(tl.int32, bitcast=True) >> 28) & 8)
 
 
 @triton.jit
-def _fp8_fast(v, FORMAT: tl.constexpr, QMAX: tl.constexpr):
-    """The fp8 byte of float32 v, saturating; NaN -> 0x7F (as _fp8_code). On the GPU one cvt.rn.satfinite
-    converts two values; the interpreter's fp8 conversion does not round to nearest, so there the bits are
-    assembled as _fp8_code does."""
+def _fp8_fast(v, FORMAT: tl.constexpr):
+    """The fp8 byte of float32 v, saturating (as _fp8_code). On the GPU one cvt.rn.satfinite converts two
+    values (it saturates by itself; NaN gives the format's NaN); the interpreter's fp8 conversion does not
+    round to nearest, so there the bits are assembled as _fp8_code does."""
     if _INTERPRETED:
         if FORMAT == E4M3:
             code = _fp8_code(v, 3, 7, 448.0)
         else:
             code = _fp8_code(v, 2, 15, 57344.0)
     else:
-        c = tl.minimum(tl.maximum(v, -QMAX, propagate_nan=tl.PropagateNan.ALL), QMAX, propagate_nan=tl.PropagateNan.ALL)
         if FORMAT == E4M3:
-            code = c.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True).to(tl.int32)
+            code = v.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
         else:
-            code = c.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True).to(tl.int32)
-        code = tl.where(v != v, 0x7F, code)
+            code = v.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
     return code
 
 
 @triton.jit
-def _codes_fast(y, div, stored, FORMAT: tl.constexpr, QMAX: tl.constexpr):
-    """_codes with fewer instructions a value (the same codes: tests/hadamard/test_hadamard_quantize.py)."""
+def _group_divisor(div):
+    """(1 / div correctly rounded, div with inf made 0): a group's once-computed operands of _quotient."""
+    return tl.math.div_rn(1.0, div), tl.where(div == float("inf"), 0.0, div)
+
+
+@triton.jit
+def _quotient(y, div, recip, div_e):
+    """y / div rounded to nearest as div.rn rounds it, in three instructions a value on the GPU: with
+    r = RN(1 / div) and q = RN(y r), the residual y - q div is exact in an FMA and q + (y - q div) r
+    rounds to RN(y / div) (Markstein's theorem; no overflow or underflow here: |y / div| <= the format's
+    qmax). div = inf (div_e = 0): q = y x 0, which is y / inf (0, NaN for inf). The interpreter's fma
+    rounds twice: there div_rn itself."""
+    if _INTERPRETED:
+        return tl.math.div_rn(y, div)
+    q = y * recip
+    return tl.fma(tl.fma(-q, div_e, y), recip, q)
+
+
+@triton.jit
+def _codes_fast(y, div, stored, recip, div_e, FORMAT: tl.constexpr, QMAX: tl.constexpr):
+    """_codes with fewer instructions a value (the same codes but for fp8 NaN's sign bit:
+    tests/hadamard/test_hadamard_quantize.py; the GPU check experiments/hadamard/gpu_quantize_probe.py)."""
     if FORMAT == MXFP4:
         code = tl.where(stored == 255, 0, _e2m1_fast(y * (1.0 / div)))  # 1 / 2^e is exact
     elif FORMAT == NVFP4:
-        code = tl.where(div == div, _e2m1_fast(tl.math.div_rn(y, div)), 0)
+        code = tl.where(div == div, _e2m1_fast(_quotient(y, div, recip, div_e)), 0)
         code = tl.where(div < float("inf"), code, 0)
     elif FORMAT == E4M3 or FORMAT == E5M2:
-        code = _fp8_fast(tl.math.div_rn(y, div), FORMAT, QMAX)
+        code = _fp8_fast(_quotient(y, div, recip, div_e), FORMAT)
     else:
-        v = tl.math.div_rn(y, div)
-        c = tl.minimum(tl.maximum(v, -QMAX), QMAX)
-        code = tl.where(v != v, 0, _rint(c).to(tl.int32))
+        # int8, int4: dynamic scales only, so |y / s| <= qmax (1 + 2^-23) rounds within +-qmax: no clamp
+        v = _quotient(y, div, recip, div_e)
+        if _INTERPRETED:
+            code = tl.where(v != v, 0, _rint(v).to(tl.int32))
+        else:
+            code = tl.extra.cuda.libdevice.float2int_rn(v)  # cvt.rni: half to even, NaN -> 0
         if FORMAT == INT4:
             code = code & 0xF
     return code
@@ -450,70 +477,93 @@ def _pow2_transformed(x, signs, rows, stride_x, tile, s, N: tl.constexpr, N1: tl
 
 @triton.jit
 def _pow2_store_codes(codes, rows, stride_codes, tile, s, code, N: tl.constexpr, N1: tl.constexpr,
-                      N2: tl.constexpr, B: tl.constexpr, PACKED: tl.constexpr):
-    """A slice's codes ([B N1, N2] int32): bytes, or (PACKED) nibble pairs, element 2j low, at j / 2."""
-    r = tl.arange(0, B * N1)
-    row = (r // N1).to(tl.int64) + tile * B  # 64-bit: rows * stride may pass 2^31
-    col = s * N1 * N2 + (r % N1) * N2
+                      N2: tl.constexpr, B: tl.constexpr, PACKED: tl.constexpr, TMA: tl.constexpr):
+    """A slice's codes ([B N1, N2] int32): bytes, or (PACKED) nibble pairs, element 2j low, at j / 2.
+    TMA: ``codes`` is a descriptor over the codes as (rows, columns / W, W) bytes with [B, N1, W] boxes
+    (W = N2, or N2 / 2 packed): registers -> shared memory -> one bulk copy, rows past the end clipped."""
     if PACKED:
         lo, hi = tl.split(tl.reshape(code, (B * N1, N2 // 2, 2)))
-        j = tl.arange(0, N2 // 2)
-        offs = row[:, None] * stride_codes + (col // 2)[:, None] + j[None, :]
-        mask = (row[:, None] < rows) & (j[None, :] * 2 < N)
-        tl.store(codes + offs, (lo | (hi << 4)).to(tl.uint8), mask=mask)
+        byte = (lo | (hi << 4)).to(tl.uint8)
+        W: tl.constexpr = N2 // 2
     else:
-        j = tl.arange(0, N2)
+        byte = code.to(tl.uint8)
+        W: tl.constexpr = N2
+    if TMA:
+        codes.store([tile * B, s * N1, 0], tl.reshape(byte, (B, N1, W)))
+    else:
+        r = tl.arange(0, B * N1)
+        row = (r // N1).to(tl.int64) + tile * B  # 64-bit: rows * stride may pass 2^31
+        col = (s * N1 * N2 + (r % N1) * N2) // (N2 // W)
+        j = tl.arange(0, W)
         offs = row[:, None] * stride_codes + col[:, None] + j[None, :]
-        mask = (row[:, None] < rows) & (j[None, :] < N)
-        tl.store(codes + offs, code.to(tl.uint8), mask=mask)
+        mask = (row[:, None] < rows) & (j[None, :] * (N2 // W) < N)
+        tl.store(codes + offs, byte, mask=mask)
 
 
 @triton.jit
 def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, s, y, row_div, row_stored,
-                         N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr, FORMAT: tl.constexpr,
-                         G: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr):
-    """Scales (groups of G inside this slice; G == N: the row's, given as row_div / row_stored, [B N1])
-    and codes of slice s, y: [B N1, N2] float32."""
+                         row_recip, row_div_e, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
+                         FORMAT: tl.constexpr, G: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr,
+                         QMAX: tl.constexpr, TMA_STORE: tl.constexpr):
+    """Scales (groups of G inside this slice; G == N: the row's, given as row_* [B N1]) and codes of
+    slice s, y: [B N1, N2] float32."""
     R: tl.constexpr = B * N1
     if G == N:
-        code = _codes_fast(y, row_div[:, None], row_stored[:, None], FORMAT, QMAX)
-    elif G <= N2:  # groups inside a tile row: [R, N2 / G, G]
+        code = _codes_fast(y, row_div[:, None], row_stored[:, None], row_recip[:, None], row_div_e[:, None],
+                           FORMAT, QMAX)
+    elif G < N2:  # groups inside a tile row: [R, N2 / G, G]
         y3 = tl.reshape(y, (R, N2 // G, G))
         div, stored = _scale(_amax(y3, 2), gscale, FORMAT, STATIC, QMAX)  # [R, N2 / G]
+        recip, div_e = _group_divisor(div)
         r = tl.arange(0, R)
         row = (r // N1).to(tl.int64) + tile * B
         k = tl.arange(0, N2 // G)
         col = (s * N1 * N2 + (r % N1) * N2) // G
         tl.store(scales + row[:, None] * stride_scales + col[:, None] + k[None, :],
                  stored.to(scales.dtype.element_ty), mask=row[:, None] < rows)
-        code = tl.reshape(_codes_fast(y3, div[:, :, None], stored[:, :, None], FORMAT, QMAX), (R, N2))
+        code = tl.reshape(_codes_fast(y3, div[:, :, None], stored[:, :, None], recip[:, :, None], div_e[:, :, None],
+                                      FORMAT, QMAX), (R, N2))
     else:  # groups of SPAN consecutive tile rows (of one row: N1 % SPAN == 0)
         SPAN: tl.constexpr = G // N2
-        ga = _amax(tl.reshape(_amax(y, 1), (R // SPAN, SPAN)), 1)  # [groups]
+        if SPAN == 1:
+            ga = _amax(y, 1)  # [R]
+        else:
+            ga = _amax(tl.reshape(_amax(y, 1), (R // SPAN, SPAN)), 1)  # [groups]
         div, stored = _scale(ga, gscale, FORMAT, STATIC, QMAX)
         gi = tl.arange(0, R // SPAN)
         row = (gi // (N1 // SPAN)).to(tl.int64) + tile * B
         col = (s * N1 * N2) // G + gi % (N1 // SPAN)
         tl.store(scales + row * stride_scales + col, stored.to(scales.dtype.element_ty), mask=row < rows)
-        div_r = tl.reshape(tl.broadcast_to(div[:, None], (R // SPAN, SPAN)), (R,))
-        st_r = tl.reshape(tl.broadcast_to(stored[:, None], (R // SPAN, SPAN)), (R,))
-        code = _codes_fast(y, div_r[:, None], st_r[:, None], FORMAT, QMAX)
-    _pow2_store_codes(codes, rows, stride_codes, tile, s, code, N, N1, N2, B, PACKED)
+        recip, div_e = _group_divisor(div)
+        if SPAN > 1:
+            div = tl.reshape(tl.broadcast_to(div[:, None], (R // SPAN, SPAN)), (R,))
+            stored = tl.reshape(tl.broadcast_to(stored[:, None], (R // SPAN, SPAN)), (R,))
+            recip = tl.reshape(tl.broadcast_to(recip[:, None], (R // SPAN, SPAN)), (R,))
+            div_e = tl.reshape(tl.broadcast_to(div_e[:, None], (R // SPAN, SPAN)), (R,))
+        code = _codes_fast(y, div[:, None], stored[:, None], recip[:, None], div_e[:, None], FORMAT, QMAX)
+    _pow2_store_codes(codes, rows, stride_codes, tile, s, code, N, N1, N2, B, PACKED, TMA_STORE)
 
 
 @triton.jit
 def _pow2_row_scale(scales, gscale, rows, stride_scales, tile, a, N1: tl.constexpr, B: tl.constexpr,
                     FORMAT: tl.constexpr, STATIC: tl.constexpr, QMAX: tl.constexpr):
     """The per-token scale from each tile row's largest |y| over the slices (a: [B N1]): stored once a
-    row, returned broadcast back to the tile rows ([B N1] each)."""
-    ra = _amax(tl.reshape(a, (B, N1)), 1)  # [B]
+    row, returned (divisor, stored, _group_divisor's pair) broadcast back to the tile rows ([B N1] each)."""
+    if N1 == 1:
+        ra = a
+    else:
+        ra = _amax(tl.reshape(a, (B, N1)), 1)  # [B]
     div, stored = _scale(ra, gscale, FORMAT, STATIC, QMAX)
     if not STATIC:
         row = tl.arange(0, B).to(tl.int64) + tile * B
         tl.store(scales + row * stride_scales, stored.to(scales.dtype.element_ty), mask=row < rows)
-    div_r = tl.reshape(tl.broadcast_to(div[:, None], (B, N1)), (B * N1,))
-    st_r = tl.reshape(tl.broadcast_to(stored[:, None], (B, N1)), (B * N1,))
-    return div_r, st_r
+    recip, div_e = _group_divisor(div)
+    if N1 > 1:
+        div = tl.reshape(tl.broadcast_to(div[:, None], (B, N1)), (B * N1,))
+        stored = tl.reshape(tl.broadcast_to(stored[:, None], (B, N1)), (B * N1,))
+        recip = tl.reshape(tl.broadcast_to(recip[:, None], (B, N1)), (B * N1,))
+        div_e = tl.reshape(tl.broadcast_to(div_e[:, None], (B, N1)), (B * N1,))
+    return div, stored, recip, div_e
 
 
 @triton.jit
@@ -521,11 +571,11 @@ def pow2_quantize_kernel(x, codes, scales, signs, gscale, amax_out, rows, stride
                          rscale, N: tl.constexpr, S: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr,
                          B: tl.constexpr, IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
                          MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr,
-                         TMA_LOAD: tl.constexpr, SIGNS: tl.constexpr, FORMAT: tl.constexpr, G: tl.constexpr,
-                         STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr):
+                         TMA_LOAD: tl.constexpr, TMA_STORE: tl.constexpr, SIGNS: tl.constexpr, FORMAT: tl.constexpr,
+                         G: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr):
     """codes, scales = quantize(rscale * H_N (signs * x)) for ``rows`` rows of N = S N1 N2 (a power of two);
     a persistent grid of GRID programs, B rows a tile. ``x`` is a pointer, or with TMA_LOAD a descriptor
-    with [B, N1, N2] boxes (kernels._load_slice). Groups of G elements (G == N: per token). FORMAT == AMAX:
+    with [B, N1, N2] boxes (kernels._load_slice); ``codes`` with TMA_STORE one too (_pow2_store_codes). Groups of G elements (G == N: per token). FORMAT == AMAX:
     only each program's largest |y|, written to amax_out[program] (nvfp4's dynamic global scale)."""
     tiles = tl.cdiv(rows, B)
     run_max = tl.zeros([B * N1], tl.float32)
@@ -564,20 +614,26 @@ def pow2_quantize_kernel(x, codes, scales, signs, gscale, amax_out, rows, stride
             run_max = _max_nan(run_max, a)
         else:
             if G == N:
-                row_div, row_stored = _pow2_row_scale(scales, gscale, rows, stride_scales, tile, a, N1, B, FORMAT,
-                                                      STATIC, QMAX)
+                row_div, row_stored, row_recip, row_div_e = _pow2_row_scale(scales, gscale, rows, stride_scales, tile,
+                                                                            a, N1, B, FORMAT, STATIC, QMAX)
             else:
                 row_div = tl.zeros([B * N1], tl.float32)
                 row_stored = row_div
+                row_recip = row_div
+                row_div_e = row_div
             _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 0, o0, row_div,
-                                 row_stored, N, N1, N2, B, FORMAT, G, STATIC, PACKED, QMAX)
+                                 row_stored, row_recip, row_div_e, N, N1, N2, B, FORMAT, G, STATIC, PACKED, QMAX,
+                                 TMA_STORE)
             if S > 1:
                 _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 1, o1, row_div,
-                                     row_stored, N, N1, N2, B, FORMAT, G, STATIC, PACKED, QMAX)
+                                     row_stored, row_recip, row_div_e, N, N1, N2, B, FORMAT, G, STATIC, PACKED, QMAX,
+                                     TMA_STORE)
             if S > 2:
                 _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 2, o2, row_div,
-                                     row_stored, N, N1, N2, B, FORMAT, G, STATIC, PACKED, QMAX)
+                                     row_stored, row_recip, row_div_e, N, N1, N2, B, FORMAT, G, STATIC, PACKED, QMAX,
+                                     TMA_STORE)
                 _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 3, o3, row_div,
-                                     row_stored, N, N1, N2, B, FORMAT, G, STATIC, PACKED, QMAX)
+                                     row_stored, row_recip, row_div_e, N, N1, N2, B, FORMAT, G, STATIC, PACKED, QMAX,
+                                     TMA_STORE)
     if FORMAT == AMAX:
         tl.store(amax_out + tl.program_id(0), _amax(run_max, 0))
