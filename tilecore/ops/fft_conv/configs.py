@@ -25,8 +25,8 @@ PAIR_CANDIDATES = {
 # The three-pass form (kernels_long.py) for N whose pair does not fit a program's registers:
 # N -> (N1, N2, BN columns a program in passes 1 and 3, BK1 rows in pass 2, KC the chunk of N1 a
 # product takes, warps of passes 1 and 3, warps of pass 2). N2 <= 128: pass 2's F_N2 (re, im) whole
-# in registers or shared memory. Pass 1 runs unpipelined (num_stages 1: pipelining its loop over
-# column blocks asked 480 KiB of shared memory at 16384). sm_90a (report.py): 8192 no spills;
+# in registers or shared memory. Pass 1's loop over column blocks is not pipelined (pipelined, it
+# asked 480 KiB of shared memory at 16384). sm_90a (report.py): 8192 no spills;
 # 16384 pass 1 16 bytes.
 LONG_CONFIGS = {
     8192: (128, 128, 64, 16, 64, 4, 8),

@@ -75,7 +75,7 @@ def long_columns_kernel(U, A, SCALE, F1RE, F1IM, TWRE, TWIM, batch, stride_ub, s
     tl.store(SCALE + 2 * q + 1, scale_im)
     n1 = tl.arange(0, HALF)
     a_base = A + q.to(tl.int64) * (2 * L)
-    for c in range(0, N2, BN):
+    for c in tl.range(0, N2, BN, num_stages=1):  # (pipelined, it asked 480 KiB of shared memory at 16384)
         n2 = c + tl.arange(0, BN)
         seq = n2[:, None] + (N2 * n1)[None, :]  # x[n2, n1]: [BN, HALF]
         xre = _load_columns(U, b_re, batch, h, stride_ub, stride_uh, seq, scale_re)

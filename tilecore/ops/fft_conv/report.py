@@ -23,6 +23,29 @@ def pair_variant(n1: int, n2: int, pairs: int, warps: int) -> tuple[str, object,
             args, warps, False)
 
 
+def long_variants(n1: int, n2: int, bn: int, bk1: int, kc: int, warps: int, rows_warps: int) -> list:
+    """The three passes of the long form at one configuration."""
+    import torch
+
+    from tilecore.ops.fft_conv import kernels_long as kl
+
+    n = n1 * n2 // 2
+    t = torch.empty(64, dtype=torch.bfloat16)
+    f16 = torch.empty(64, dtype=torch.float16)
+    f32 = torch.empty(64, dtype=torch.float32)
+    name = f"fft_conv long N{n} ({n1}x{n2}"
+    columns = dict(U=t, A=f16, SCALE=f32, F1RE=f16, F1IM=f16, TWRE=f32, TWIM=f32, batch=16, stride_ub=768 * n,
+                   stride_uh=n, N1=n1, N2=n2, BN=bn, KC=kc, CH=min(n, 1024))
+    rows = dict(A=f16, RSCALE=f32, K=f32, F2RE=f16, F2IM=f16, TWRE=f32, TWIM=f32, batch=16, stride_kh=2 * (n + 1),
+                N1=n1, N2=n2, BK1=bk1, CONJ=False)
+    inverse = dict(A=f16, RSCALE=f32, SCALE=f32, Y=t, F1RE=f16, F1IM=f16, batch=16, stride_yb=768 * n, stride_yh=n,
+                   N1=n1, N2=n2, BN=bn, KC=kc)
+    return [(f"{name}, pass 1: BN {bn}, KC {kc}, {warps} warps)", kl.long_columns_kernel, columns, warps, False),
+            (f"{name}, pass 2: BK1 {bk1}, {rows_warps} warps)", kl.long_rows_kernel, rows, rows_warps, False),
+            (f"{name}, pass 3: BN {bn}, KC {kc}, {warps} warps)", kl.long_inverse_columns_kernel, inverse, warps,
+             False)]
+
+
 def pair_variants(shipped_only: bool = False) -> list:
     from tilecore.ops.fft_conv import configs
 
@@ -30,12 +53,15 @@ def pair_variants(shipped_only: bool = False) -> list:
     for n, config in configs.PAIR_CONFIGS.items():
         seen.add(config)
         out.append(pair_variant(*config))
+    for n, config in configs.LONG_CONFIGS.items():
+        seen.add(config)
+        out += long_variants(*config)
     if not shipped_only:
-        for candidates in configs.PAIR_CANDIDATES.values():
+        for candidates in list(configs.PAIR_CANDIDATES.values()) + list(configs.LONG_CANDIDATES.values()):
             for config in candidates:
                 if config not in seen:
                     seen.add(config)
-                    out.append(pair_variant(*config))
+                    out += [pair_variant(*config)] if len(config) == 4 else long_variants(*config)
     return out
 
 
