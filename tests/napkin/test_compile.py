@@ -76,9 +76,12 @@ def softcap_attention(causal, written_out=False, q=40, x=56, d=32):
     return g.output(O).weave("h", 2, ["Q", "K", "V"]).weave("b", 2, ["Q", "K", "V"])
 
 
-@pytest.mark.parametrize("causal, written_out", [(False, False), (True, False), (False, True)])
-def test_attention_softcap_streamed(causal, written_out):
-    f, _, _ = run_and_check(softcap_attention(causal, written_out), 4.0)
+@pytest.mark.parametrize("causal, written_out, q, x", [
+    (True, False, 40, 56), (False, True, 40, 56),
+    (False, False, 32, 48), (True, False, 32, 48), (True, False, 48, 32),   # even tiles; more queries than keys
+])
+def test_attention_softcap_streamed(causal, written_out, q, x):
+    f, _, _ = run_and_check(softcap_attention(causal, written_out, q=q, x=x), 4.0)
     assert f.program.family == "attention" and "_tanh(" in f.source
     assert f.program.kernels[0].info["causal"] == causal and f.program.kernels[0].info["softmax"]
 
@@ -100,7 +103,18 @@ def test_rmsnorm_then_gemm():
                               name="Z", dtype="fp16"))
     g = compose(norm, proj, {"Xn": "Y"})
     f, _, _ = run_and_check(g, 4.0)
-    assert f.program.family == "rownorm" and f.source.count("for k0 in range(0, N, BK)") == 2
+    # the statistic is a row factor of x * inv * w: one pass, the factor applied to the accumulator
+    assert f.program.family == "rownorm" and f.program.kernels[0].info["one_pass"]
+    assert f.source.count("for k0 in range(0, N, BK)") == 1 and "acc = acc * " in f.source
+
+
+def test_row_centering_then_gemm_takes_two_passes():
+    g = Diagram("center_proj", t=24, n=80, o=40)
+    X, P = g.input("X", "t n", "fp16"), g.input("P", "n o", "fp16")
+    mu = g.reduce(X, "n", kind="mean", name="mu")
+    g.output(g.contract(g.map("a - b", X, mu, name="Xc", dtype="fp16"), P, out="t o", name="Z", dtype="fp16"))
+    f, _, _ = run_and_check(g, 6.0)
+    assert not f.program.kernels[0].info["one_pass"] and f.source.count("for k0 in range(0, N, BK)") == 2
 
 
 def test_compile_emits_text_and_names_what_it_takes():

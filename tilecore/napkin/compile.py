@@ -95,6 +95,38 @@ def triton_expression(fn: str, args: list) -> str:
     return "(" + ast.unparse(Sub().visit(tree)) + ")"
 
 
+def _substituted(node, args) -> str:
+    class Sub(ast.NodeTransformer):
+        def visit_Name(self, nd):
+            if nd.id in PLACEHOLDERS:
+                return ast.copy_location(ast.Name(args[PLACEHOLDERS.index(nd.id)], ast.Load()), nd)
+            return ast.copy_location(ast.Name(TRITON_FUNCTIONS[nd.id], ast.Load()), nd)
+    import copy
+    return "(" + ast.unparse(Sub().visit(copy.deepcopy(node))) + ")"
+
+
+def row_factor_split(fn: str, inputs: list, row_names: set):
+    """Split a map's expression, a product, into (tile factors, row factors): row factors read only
+    arrays in `row_names` (per-row statistics), tile factors none of them. None when some factor
+    mixes both or the expression is not a product. (RMSNorm's x * inv * w: tile x * w, row inv.)"""
+    tree = ast.parse(map_expression(fn), mode="eval").body
+
+    def factors(nd):
+        if isinstance(nd, ast.BinOp) and isinstance(nd.op, ast.Mult):
+            return factors(nd.left) + factors(nd.right)
+        return [nd]
+    tile, row = [], []
+    for f in factors(tree):
+        used = {inputs[PLACEHOLDERS.index(n.id)] for n in ast.walk(f) if isinstance(n, ast.Name) and n.id in PLACEHOLDERS}
+        if used and used <= row_names:
+            row.append(f)
+        elif not used & row_names:
+            tile.append(f)
+        else:
+            return None
+    return (tile, row) if row and tile else None
+
+
 @dataclass
 class KernelSpec:
     name: str              # the function in the source
@@ -279,9 +311,9 @@ def _attention(d: Diagram) -> Program:
              "@triton.jit",
              "def attention_fwd(Q, K, V, O, H, NQ, NX, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, sve,",
              "                  sob, soh, som, soe, D: tl.constexpr, E: tl.constexpr, BM: tl.constexpr,",
-             "                  BN: tl.constexpr, CAUSAL: tl.constexpr):",
+             "                  BN: tl.constexpr, CAUSAL: tl.constexpr, EVEN_Q: tl.constexpr, EVEN_X: tl.constexpr):",
              f"    # Q: [B, H, NQ, D], K: [B, H, NX, D], V: [B, H, NX, E] -> O: [B, H, NQ, E]; "
-             f"{'softmax' if softmax else 'plain sum'} over the keys, streamed",
+             f"{'softmax' if softmax else 'plain sum'} over the keys, streamed. EVEN_*: no bounds masks",
              "    pid_m = tl.program_id(0)",
              "    bh = tl.program_id(1)",
              "    b = (bh // H).to(tl.int64)",
@@ -289,44 +321,70 @@ def _attention(d: Diagram) -> Program:
              "    rm = pid_m * BM + tl.arange(0, BM)",
              "    rd = tl.arange(0, D)",
              "    re_ = tl.arange(0, E)",
-             "    q = tl.load(Q + b * sqb + h * sqh + rm[:, None].to(tl.int64) * sqm + rd[None, :] * sqd,",
-             "                mask=rm[:, None] < NQ, other=0.0)",
+             "    q_ptr = Q + b * sqb + h * sqh + rm[:, None].to(tl.int64) * sqm + rd[None, :] * sqd",
+             "    if EVEN_Q:",
+             "        q = tl.load(q_ptr)",
+             "    else:",
+             "        q = tl.load(q_ptr, mask=rm[:, None] < NQ, other=0.0)",
              "    k_base = K + b * skb + h * skh",
              "    v_base = V + b * svb + h * svh",
              "    acc = tl.zeros((BM, E), dtype=tl.float32)",
              "    m_i = tl.full((BM,), float('-inf'), dtype=tl.float32)",
-             "    l_i = tl.zeros((BM,), dtype=tl.float32)",
-             "    hi = NX",
-             "    if CAUSAL:",
-             "        hi = tl.minimum(NX, (pid_m + 1) * BM)  # keys past the tile's last query are masked",
-             "    for n0 in range(0, hi, BN):",
-             "        rn = n0 + tl.arange(0, BN)",
-             "        k = tl.load(k_base + rn[:, None].to(tl.int64) * skn + rd[None, :] * skd, mask=rn[:, None] < NX, other=0.0)",
-             f"        {_var(S.output)} = tl.dot(q, tl.trans(k))  # [BM, BN] fp32"]
-    for op in mods:
-        lines.append(f"        {_var(op.output)} = {triton_expression(op.label, [_var(op.inputs[0])])}")
-    s = _var(chain[-1])
-    lines += ["        valid = rn[None, :] < NX",
-              "        if CAUSAL:",
-              "            valid = valid & (rn[None, :] <= rm[:, None])",
-              "        v = tl.load(v_base + rn[:, None].to(tl.int64) * svn + re_[None, :] * sve, mask=rn[:, None] < NX, other=0.0)"]
-    if softmax:
-        lines += [f"        s = tl.where(valid, {s}, float('-inf'))",
-                  "        m_new = tl.maximum(m_i, tl.max(s, 1))",
-                  "        # a row with no key yet keeps m = -inf: shift by 0 there, not by -inf (no NaN)",
-                  "        shift = tl.where(m_new == float('-inf'), 0.0, m_new)",
-                  "        p = tl.exp(s - shift[:, None])",
-                  "        alpha = tl.exp(m_i - shift)",
-                  "        l_i = l_i * alpha + tl.sum(p, 1)",
-                  "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])",
-                  "        m_i = m_new",
-                  "    out = acc / l_i[:, None]"]
-    else:
-        lines += [f"        p = tl.where(valid, {s}, 0.0)",
-                  "        acc = tl.dot(p.to(v.dtype), v, acc)",
-                  "    out = acc"]
-    lines += ["    tl.store(O + b * sob + h * soh + rm[:, None].to(tl.int64) * som + re_[None, :] * soe,",
-              "             out.to(O.dtype.element_ty), mask=rm[:, None] < NQ)"]
+             "    l_i = tl.zeros((BM,), dtype=tl.float32)"]
+
+    def body(masked: bool, causal_tile: bool) -> list:
+        """One key tile: scores, modifiers, masks, the accumulator update (8 spaces in)."""
+        out = ["        rn = n0 + tl.arange(0, BN)",
+               "        k_ptr = k_base + rn[:, None].to(tl.int64) * skn + rd[None, :] * skd",
+               "        v_ptr = v_base + rn[:, None].to(tl.int64) * svn + re_[None, :] * sve"]
+        if masked:
+            out += ["        k = tl.load(k_ptr, mask=rn[:, None] < NX, other=0.0)",
+                    "        v = tl.load(v_ptr, mask=rn[:, None] < NX, other=0.0)"]
+        else:
+            out += ["        k = tl.load(k_ptr)", "        v = tl.load(v_ptr)"]
+        out.append(f"        {_var(S.output)} = tl.dot(q, tl.trans(k))  # [BM, BN] fp32")
+        out += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(op.inputs[0])])}" for op in mods]
+        s = _var(chain[-1])
+        conds = (["(rn[None, :] < NX)"] if masked else []) + (["(rn[None, :] <= rm[:, None])"] if causal_tile else [])
+        fill = "float('-inf')" if softmax else "0.0"
+        if conds:
+            out.append(f"        s = tl.where({' & '.join(conds)}, {s}, {fill})")
+        else:
+            out.append(f"        s = {s}")
+        if softmax:
+            out += ["        m_new = tl.maximum(m_i, tl.max(s, 1))",
+                    "        # a row with no key yet keeps m = -inf: shift by 0 there, not by -inf (no NaN)",
+                    "        shift = tl.where(m_new == float('-inf'), 0.0, m_new)",
+                    "        p = tl.exp(s - shift[:, None])",
+                    "        alpha = tl.exp(m_i - shift)",
+                    "        l_i = l_i * alpha + tl.sum(p, 1)",
+                    "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])",
+                    "        m_i = m_new"]
+        else:
+            out += ["        acc = tl.dot(s.to(v.dtype), v, acc)"]
+        return out
+    lines += ["    if CAUSAL:",
+              "        # keys before the tile's first query are seen by every row: no mask there; the diagonal",
+              "        # tiles (and a ragged last tile) take the masks",
+              "        lo = tl.minimum((pid_m * BM) // BN * BN, NX // BN * BN)",
+              "        hi = tl.minimum(NX, (pid_m + 1) * BM)",
+              "        for n0 in range(0, lo, BN):"]
+    lines += ["    " + ln for ln in body(False, False)]
+    lines += ["        for n0 in range(lo, hi, BN):"]
+    lines += ["    " + ln for ln in body(True, True)]
+    lines += ["    else:",
+              "        if EVEN_X:",
+              "            for n0 in range(0, NX, BN):"]
+    lines += ["        " + ln for ln in body(False, False)]
+    lines += ["        else:",
+              "            for n0 in range(0, NX, BN):"]
+    lines += ["        " + ln for ln in body(True, False)]
+    lines += ["    out = acc / l_i[:, None]" if softmax else "    out = acc",
+              "    o_ptr = O + b * sob + h * soh + rm[:, None].to(tl.int64) * som + re_[None, :] * soe",
+              "    if EVEN_Q:",
+              "        tl.store(o_ptr, out.to(O.dtype.element_ty))",
+              "    else:",
+              "        tl.store(o_ptr, out.to(O.dtype.element_ty), mask=rm[:, None] < NQ)"]
     spec = KernelSpec("attention_fwd", "attention", [Q, K, V, last.output],
                       {"lead": lead, "q": q, "x": x, "d": dd, "e": e, "causal": causal, "softmax": softmax})
     return Program(d, "attention", "\n".join(lines) + "\n", [spec], [])
@@ -377,52 +435,82 @@ def _rownorm(d: Diagram) -> Program:
             after_stats.add(op.output)
     if R.inputs[0] in after_stats:
         raise CompileError("the reduction's input needs its own statistics")
+    # one pass where the statistics enter the contraction's operand only as a row factor (RMSNorm):
+    # Z = rowfactor[t] * (tile part . P), the factor applied to the accumulator after the loop
+    y_op = next((op for op in tile_ops if op.output == Y), None)
+    split = None
+    if y_op is not None and all(op is y_op or op.output not in after_stats for op in tile_ops):
+        split = row_factor_split(y_op.label, list(y_op.inputs), stat_names | set(rows))
     params = ["X"] + [f"VN{j}" for j in range(len(vecs))] + [f"VT{j}" for j in range(len(rows))] + \
         ["P", "OUT", "M", "N", "NO", "stride_xm", "stride_xn", "stride_pn", "stride_po", "stride_om", "stride_oo",
-         "BM: tl.constexpr", "BO: tl.constexpr", "BK: tl.constexpr"]
+         "BM: tl.constexpr", "BO: tl.constexpr", "BK: tl.constexpr", "GROUP: tl.constexpr"]
     L = [HEADER.format(name=d.name, family="rownorm"), "", "", "@triton.jit",
          f"def rownorm_gemm({', '.join(params)}):",
-         f"    # X: [{t}=M, {n}=N] -> row statistic over N ({R.label}) -> operand [M, N] -> OUT = operand . P[N, {o}=NO]",
-         "    pid_m = tl.program_id(0)",
-         "    pid_o = tl.program_id(1)",
+         f"    # X: [{t}=M, {n}=N] -> row statistic over N ({R.label}) -> operand [M, N] -> OUT = operand . P[N, {o}=NO]"
+         + ("; one pass: the statistic is a row factor of the operand, applied to the accumulator" if split else
+            "; two passes over the row"),
+         "    pid = tl.program_id(0)",
+         "    num_m = tl.cdiv(M, BM)",
+         "    num_o = tl.cdiv(NO, BO)",
+         "    group = GROUP * num_o  # GROUP row tiles run together: their X rows and P's columns stay in L2",
+         "    first_m = (pid // group) * GROUP",
+         "    size_m = tl.minimum(num_m - first_m, GROUP)",
+         "    pid_m = first_m + (pid % group) % size_m",
+         "    pid_o = (pid % group) // size_m",
          "    rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)",
          "    ro = (pid_o * BO + tl.arange(0, BO)).to(tl.int64)",
          "    rk = tl.arange(0, BK).to(tl.int64)"]
     for j, v in enumerate(rows):
         L.append(f"    {_var(v)} = tl.load(VT{j} + rm, mask=rm < M, other=0.0).to(tl.float32)[:, None]")
     init = "float('-inf')" if kind == "max" else "0.0"
-    L += [f"    stat = tl.full((BM, 1), {init}, dtype=tl.float32)",
-          "    for k0 in range(0, N, BK):  # pass 1: the row statistic",
-          "        kk = k0 + rk",
-          "        inb = (rm[:, None] < M) & (kk[None, :] < N)",
-          f"        {_var(X.name)} = tl.load(X + rm[:, None] * stride_xm + kk[None, :] * stride_xn, mask=inb, other=0.0).to(tl.float32)"]
-    for j, v in enumerate(vecs):
-        L.append(f"        {_var(v)} = tl.load(VN{j} + kk, mask=kk < N, other=0.0).to(tl.float32)[None, :]")
-    for op in tile_ops:
-        if op.output not in after_stats:
-            L.append(f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}")
     src = _var(R.inputs[0])
-    if kind == "max":
-        L.append(f"        stat = tl.maximum(stat, tl.max(tl.where(inb, {src}, float('-inf')), 1)[:, None])")
+
+    def loads():
+        out = ["        kk = k0 + rk",
+               "        inb = (rm[:, None] < M) & (kk[None, :] < N)",
+               f"        {_var(X.name)} = tl.load(X + rm[:, None] * stride_xm + kk[None, :] * stride_xn, mask=inb, other=0.0).to(tl.float32)"]
+        out += [f"        {_var(v)} = tl.load(VN{j} + kk, mask=kk < N, other=0.0).to(tl.float32)[None, :]"
+                for j, v in enumerate(vecs)]
+        return out
+
+    def accumulate_stat():
+        if kind == "max":
+            return [f"        stat = tl.maximum(stat, tl.max(tl.where(inb, {src}, float('-inf')), 1)[:, None])"]
+        return [f"        stat += tl.sum(tl.where(inb, {src}, 0.0), 1)[:, None]"]
+
+    def finish_stat():
+        out = ["    stat = tl.where(rm[:, None] < M, stat, 1.0)  # rows past M: a finite statistic (masked at the store)",
+               f"    {_var(R.output)} = stat" + (" / N" if kind == "mean" else "")]
+        out += [f"    {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}" for op in row_ops]
+        return out
+    w_load = ("        w = tl.load(P + kk[:, None] * stride_pn + ro[None, :] * stride_po, "
+              "mask=(kk[:, None] < N) & (ro[None, :] < NO), other=0.0)")
+    L += [f"    stat = tl.full((BM, 1), {init}, dtype=tl.float32)", "    acc = tl.zeros((BM, BO), dtype=tl.float32)"]
+    if split:
+        tile_f, row_f = split
+        args = [_var(i) for i in y_op.inputs]
+        L += ["    for k0 in range(0, N, BK):  # one pass: the statistic and the contraction of the tile part"]
+        L += loads()
+        L += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}"
+              for op in tile_ops if op is not y_op]
+        L += accumulate_stat()
+        L += [f"        part = {' * '.join(_substituted(f, args) for f in tile_f)}", w_load,
+              "        acc = tl.dot(tl.where(inb, part, 0.0).to(w.dtype), w, acc)"]
+        L += finish_stat()
+        L += [f"    acc = acc * ({' * '.join(_substituted(f, args) for f in row_f)})"]
     else:
-        L.append(f"        stat += tl.sum(tl.where(inb, {src}, 0.0), 1)[:, None]")
-    L.append("    stat = tl.where(rm[:, None] < M, stat, 1.0)  # rows past M: a finite statistic (masked at the store)")
-    L.append(f"    {_var(R.output)} = stat" + (" / N" if kind == "mean" else ""))
-    for op in row_ops:
-        L.append(f"    {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}")
-    L += ["    acc = tl.zeros((BM, BO), dtype=tl.float32)",
-          "    for k0 in range(0, N, BK):  # pass 2: the operand made in registers, contracted",
-          "        kk = k0 + rk",
-          "        inb = (rm[:, None] < M) & (kk[None, :] < N)",
-          f"        {_var(X.name)} = tl.load(X + rm[:, None] * stride_xm + kk[None, :] * stride_xn, mask=inb, other=0.0).to(tl.float32)"]
-    for j, v in enumerate(vecs):
-        L.append(f"        {_var(v)} = tl.load(VN{j} + kk, mask=kk < N, other=0.0).to(tl.float32)[None, :]")
-    for op in tile_ops:
-        L.append(f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}")
-    L += ["        w = tl.load(P + kk[:, None] * stride_pn + ro[None, :] * stride_po, mask=(kk[:, None] < N) & (ro[None, :] < NO), other=0.0)",
-          f"        acc = tl.dot(tl.where(inb, {_var(Y)}, 0.0).to(w.dtype), w, acc)",
-          "    tl.store(OUT + rm[:, None] * stride_om + ro[None, :] * stride_oo, acc.to(OUT.dtype.element_ty),",
+        L += ["    for k0 in range(0, N, BK):  # pass 1: the row statistic"]
+        L += loads()
+        L += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}"
+              for op in tile_ops if op.output not in after_stats]
+        L += accumulate_stat()
+        L += finish_stat()
+        L += ["    for k0 in range(0, N, BK):  # pass 2: the operand made in registers, contracted"]
+        L += loads()
+        L += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}" for op in tile_ops]
+        L += [w_load, f"        acc = tl.dot(tl.where(inb, {_var(Y)}, 0.0).to(w.dtype), w, acc)"]
+    L += ["    tl.store(OUT + rm[:, None] * stride_om + ro[None, :] * stride_oo, acc.to(OUT.dtype.element_ty),",
           "             mask=(rm[:, None] < M) & (ro[None, :] < NO))"]
     spec = KernelSpec("rownorm_gemm", "rownorm", [X.name] + vecs + rows + [P, last.output],
-                      {"t": t, "n": n, "o": o, "vecs": vecs, "rows": rows})
+                      {"t": t, "n": n, "o": o, "vecs": vecs, "rows": rows, "one_pass": bool(split)})
     return Program(d, "rownorm", "\n".join(L) + "\n", [spec], [])

@@ -30,8 +30,8 @@ from .diagram import Diagram
 OP_METHODS = ("contract", "map", "reduce", "softmax_contract", "accumulate", "fuse_epilogue")
 # An SM draws at most this many times its even share (bandwidth / SMs) of HBM bandwidth: a kernel of
 # fewer thread blocks than SMs cannot reach the full bandwidth (too few loads in flight). An assumed
-# figure (Little's law with an SM's ~64 KiB in flight at ~1 us latency gives 2-3x), to be measured
-# by experiments/napkin/gpu_compile.py's decode rows; it belongs in the engine's HBM term.
+# figure (Little's law with an SM's ~64 KiB in flight at ~1 us latency gives 2-3x), not measured yet;
+# it belongs in the engine's HBM term.
 OCCUPANCY_SHARE = 2.0
 
 

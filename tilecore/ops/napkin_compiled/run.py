@@ -48,10 +48,10 @@ def _blocks(device: torch.device, family: str) -> dict:
     """Tile sizes: small where the interpreter runs (it is slow per element), H100-sized on a GPU."""
     if device.type != "cuda":
         return {"chain": dict(BM=16, BN=32, BK=16, GROUP=4), "attention": dict(BM=16, BN=16),
-                "rownorm": dict(BM=16, BO=32, BK=32)}[family]
+                "rownorm": dict(BM=16, BO=32, BK=32, GROUP=2)}[family]
     return {"chain": dict(BM=128, BN=128, BK=64, GROUP=8, num_warps=8, num_stages=3),
             "attention": dict(BM=128, BN=64, num_warps=8, num_stages=2),
-            "rownorm": dict(BM=64, BO=128, BK=64, num_warps=4, num_stages=3)}[family]
+            "rownorm": dict(BM=128, BO=128, BK=64, GROUP=8, num_warps=8, num_stages=3)}[family]
 
 
 class CompiledDiagram:
@@ -111,8 +111,9 @@ class CompiledDiagram:
         t, kk, f = k.info["axes"]
         A, out = vals[k.args[0]], vals[k.args[-1]]
         ws = [vals[n] for n in k.args[1:-1] if n not in k.info["extras"]]
-        if not self.blocks and len(ws) > 1 and device.type == "cuda":
-            blk["BN"] = max(32, blk["BN"] // len(ws))  # one accumulator a weight: keep them in registers
+        if len(ws) > 1 and device.type == "cuda":
+            # BN is the tile's total accumulator width: one accumulator a weight, all in registers
+            blk["BN"] = max(32, blk["BN"] // len(ws))
         extras = [vals[n] for n in k.info["extras"]]
         M, K, N = A.shape[0], A.shape[1], out.shape[1]
         e_strides = []
@@ -139,7 +140,7 @@ class CompiledDiagram:
         grid = (triton.cdiv(NQ, blk["BM"]), B * H)
         self.module.attention_fwd[grid](
             Q4, K4, V4, O4, H, NQ, NX, *Q4.stride(), *K4.stride(), *V4.stride(), *O4.stride(),
-            D=D, E=E, CAUSAL=k.info["causal"], **blk)
+            D=D, E=E, CAUSAL=k.info["causal"], EVEN_Q=NQ % blk["BM"] == 0, EVEN_X=NX % blk["BN"] == 0, **blk)
 
     def _launch_rownorm(self, k, vals, device):
         blk = dict(self.blocks or _blocks(device, "rownorm"))
@@ -149,7 +150,7 @@ class CompiledDiagram:
         P, out = vals[k.args[-2]], vals[k.args[-1]]
         M, N = X.shape
         NO = P.shape[1]
-        grid = (triton.cdiv(M, blk["BM"]), triton.cdiv(NO, blk["BO"]))
+        grid = (triton.cdiv(M, blk["BM"]) * triton.cdiv(NO, blk["BO"]),)
         self.module.rownorm_gemm[grid](X, *vecs, *rows, P, out, M, N, NO, X.stride(0), X.stride(1),
                                        P.stride(0), P.stride(1), out.stride(0), out.stride(1), **blk)
 
