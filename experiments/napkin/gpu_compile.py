@@ -108,8 +108,11 @@ def attention_diagram(B, H, N, D, dtype, modifiers=(), causal=False, softmax=Tru
     Q, K, V = g.input("Q", "q d", dtype), g.input("K", "x d", dtype), g.input("V", "x e", dtype)
     S = g.contract(Q, K, out="q x", name="S", dtype="fp32")
     for i, fn in enumerate(modifiers):
+        # the last modifier of a plain (sigmoid) attention is P, in the value dtype as the kernel casts it
+        # for the tensor cores (an fp32 P would be costed as an ALU contraction)
+        last = i == len(modifiers) - 1 and not softmax
         S = g.map(fn, S, name=f"S{i}", unit="sfu" if ("tanh" in fn or "softcap" in fn or "sigmoid" in fn) else "alu",
-                  dtype="fp32")
+                  dtype=dtype if last else "fp32")
     if softmax:
         O = g.softmax_contract(S, V, over="x", name="O", causal="q" if causal else None, dtype=dtype)
     else:

@@ -90,7 +90,7 @@ def test_sigmoid_attention_plain_streamed_sum():
     g = Diagram("sigmoid_attention", q=24, x=40, d=16, e=32)
     Q, K, V = g.input("Q", "q d", "fp16"), g.input("K", "x d", "fp16"), g.input("V", "x e", "fp16")
     P = g.map("sigmoid(a * 0.25 - 1.0)", g.contract(Q, K, out="q x", name="S", dtype="fp32"), name="P",
-              unit="sfu", dtype="fp32")
+              unit="sfu", dtype="fp16")
     g = g.output(g.contract(P, V, out="q e", name="O", dtype="fp16")).weave("h", 3, ["Q", "K", "V"])
     f, _, _ = run_and_check(g, 4.0)
     assert not f.program.kernels[0].info["softmax"]
