@@ -97,6 +97,25 @@ def check_case(name, b, hq, hkv, n, nk, d, dv, causal, window, softcap, dtype) -
                                        finite=finite, **{f"{k_}_over_floor": v_ for k_, v_ in errs.items()}))
     ROWS.append(("check", f"{name} {str(dtype)[6:]} [{fwd_path}]",
                  ("ok " if ok else "BAD ") + " ".join(f"{k_} {v_:.2f}" for k_, v_ in errs.items())))
+    if not SMOKE and d == dv and d in (64, 128) and fwd_path != "gluon":
+        check_gluon_forward(name, q.detach(), k.detach(), v.detach(), causal, window, softcap, ref.detach(),
+                            ref_lse.detach())
+
+
+def check_gluon_forward(name, q, k, v, causal, window, softcap, ref, ref_lse) -> None:
+    """The Gluon forward's window / softcap (not routed by default: configs.GLUON_FORWARD_FEATURES),
+    forced, into NaN-poisoned buffers."""
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
+    lse = torch.full(q.shape[:3], float("nan"), device=q.device)
+    launch.forward_into(q, k, v, out, lse, causal, q.shape[-1] ** -0.5, window, softcap, path="gluon")
+    err = accuracy.error_over_floor(out, ref)
+    live = torch.isfinite(ref_lse)
+    lse_ok = bool(torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)) and torch.allclose(
+        lse[live].double(), ref_lse[live], rtol=1e-3, atol=1e-3))
+    ok = bool(torch.isfinite(out).all()) and lse_ok and err <= 2.0
+    RESULTS["correctness"].append(dict(case=name, dtype=str(q.dtype), path="gluon (forced)", ok=ok, lse_ok=lse_ok,
+                                       out_over_floor=err))
+    ROWS.append(("check", f"{name} {str(q.dtype)[6:]} [gluon fwd, forced]", f"{'ok' if ok else 'BAD'} out {err:.2f}"))
 
 
 def check_mla_decode(dtype, heads=128, nk=2000, b=2) -> None:
@@ -131,7 +150,8 @@ def bench(fn) -> float:
 
 
 def fwd_bwd_times(q, k, v, causal, window, softcap, path=None):
-    """(forward ms, backward ms) of tilecore's attention (path: force the tl kernels)."""
+    """(forward ms, backward ms) of tilecore's attention (path: force "tl" for both passes, or
+    "gluon" for the forward, the backward then by its own plan)."""
     scale = q.shape[-1] ** -0.5
     if path is None:
         run = lambda: attention(q, k, v, causal=causal, window_size=window, softcap=softcap)
@@ -149,7 +169,7 @@ def fwd_bwd_times(q, k, v, causal, window, softcap, path=None):
     dout = torch.randn_like(out)
     grads = [torch.empty_like(t) for t in (q, k, v)]
     back = lambda: launch.backward_into(dout, q, k, v, out, lse, None, *grads, causal, scale, window, softcap,
-                                        path=path)
+                                        path=None if path == "gluon" else path)
     return bench(run), bench(back)
 
 
@@ -199,6 +219,9 @@ def time_window(dtype=torch.bfloat16):
     causal = timed("window", f"full causal N{n}", lambda: fwd_bwd_times(q, k, v, True, (-1, -1), 0.0))
     window = timed("window", f"window ({w}, 0) N{n}", lambda: fwd_bwd_times(q, k, v, True, (w, 0), 0.0))
     tl_causal = timed("window", f"tl causal N{n}", lambda: fwd_bwd_times(q, k, v, True, (-1, -1), 0.0, path="tl"))
+    gluon = (None, None) if SMOKE else timed(
+        "window", f"gluon window ({w}, 0) N{n}", lambda: fwd_bwd_times(q, k, v, True, (w, 0), 0.0, path="gluon"))
+    work = (min(w + 1, n) * n - min(w + 1, n) * (min(w + 1, n) - 1) / 2) / (n * (n + 1) / 2)  # scores seen / causal's
 
     def sliding(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (q_idx - kv_idx <= w)
@@ -206,9 +229,11 @@ def time_window(dtype=torch.bfloat16):
     flex = timed("window", "flex window (4096, 0)", lambda: flex_times(q, k, v, mask_mod=sliding))
     for i, what in enumerate(("fwd", "bwd")):
         ROWS.append(("time", f"window {w} / causal N{n} {what}",
-                     f"{fmt(window[i])} / {fmt(causal[i])} ms = {fmt(ratio(window[i], causal[i]))} (target ~0.125); "
-                     f"tl causal {fmt(tl_causal[i])}; flex {fmt(flex[i])} ms, tilecore x flex "
-                     f"{fmt(ratio(flex[i], window[i]))} (target >= 1.3)"))
+                     f"{fmt(window[i])} / {fmt(causal[i])} ms = {fmt(ratio(window[i], causal[i]))} (work {work:.3f}, "
+                     f"target ~0.125); gluon fwd {fmt(gluon[0]) if i == 0 else '-'} = "
+                     f"{fmt(ratio(gluon[0], causal[0])) if i == 0 else '-'}; tl causal {fmt(tl_causal[i])}; flex "
+                     f"{fmt(flex[i])} ms, x flex {fmt(ratio(flex[i], window[i]))}"
+                     f"{' gluon ' + fmt(ratio(flex[0], gluon[0])) if i == 0 else ''} (target >= 1.3)"))
 
 
 def time_softcap(dtype=torch.bfloat16):
@@ -216,6 +241,8 @@ def time_softcap(dtype=torch.bfloat16):
     plain = timed("softcap", "no softcap causal N4096", lambda: fwd_bwd_times(q, k, v, True, (-1, -1), 0.0))
     tl_plain = timed("softcap", "tl no softcap", lambda: fwd_bwd_times(q, k, v, True, (-1, -1), 0.0, path="tl"))
     capped = timed("softcap", "softcap 30", lambda: fwd_bwd_times(q, k, v, True, (-1, -1), 30.0))
+    gluon = (None, None) if SMOKE else timed(
+        "softcap", "gluon softcap 30", lambda: fwd_bwd_times(q, k, v, True, (-1, -1), 30.0, path="gluon"))
 
     def cap(score, b, h, q_idx, kv_idx):
         return torch.tanh(score / 30.0) * 30.0
@@ -226,7 +253,8 @@ def time_softcap(dtype=torch.bfloat16):
     flex = timed("softcap", "flex softcap 30", lambda: flex_times(q, k, v, mask_mod=causal_mask, score_mod=cap))
     for i, what in enumerate(("fwd", "bwd")):
         ROWS.append(("time", f"softcap 30 causal N{q.shape[2]} {what}",
-                     f"x no-softcap {fmt(ratio(plain[i], capped[i]))} (target >= 0.9); x tl no-softcap "
+                     f"x no-softcap {fmt(ratio(plain[i], capped[i]))} (target >= 0.9); gluon fwd x no-softcap "
+                     f"{fmt(ratio(plain[0], gluon[0])) if i == 0 else '-'}; x tl no-softcap "
                      f"{fmt(ratio(tl_plain[i], capped[i]))}; x flex {fmt(ratio(flex[i], capped[i]))} "
                      f"({fmt(capped[i])} ms)"))
 

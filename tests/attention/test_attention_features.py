@@ -108,30 +108,31 @@ def test_decode_path_matches_the_reference(window, softcap):
 
 
 def test_blocks_outside_every_window_are_never_loaded():
-    """Forward: 32 queries at key positions 224..255 with a window of 8 keys to the left: the key
-    blocks before 208 (16-key blocks) are outside every row's window; their V rows are NaN, which P V
-    would spread (p = 0 times NaN). Backward: 256 queries against 32 keys with window (0, 8): query
-    rows before 208 see no key, the dk/dv program must not load them (NaN Q and dO)."""
-    q, k, v = inputs(1, 2, 1, 32, 256, 16, 16)
-    v[:, :, :208] = NAN
-    k[:, :, :208] = NAN
+    """Forward: 32 queries at key positions 96..127 with a window of 8 keys to the left: the key
+    blocks before 80 (16-key blocks) are outside every row's window; their V rows are NaN, which P V
+    would spread (p = 0 times NaN). Backward: 128 queries against 16 keys with window (0, 8): query
+    rows before 104 see no key, and the dk/dv program must not load the blocks before 96 (NaN Q and
+    dO; 16-row blocks)."""
+    q, k, v = inputs(1, 2, 1, 32, 128, 16, 16)
+    v[:, :, :80] = NAN
+    k[:, :, :80] = NAN
     for path in ("tl", "decode"):
         out = torch.full((1, 2, 32, 16), NAN, dtype=F16)
         lse = torch.full((1, 2, 32), NAN)
         launch.forward_into(q, k, v, out, lse, False, 0.25, (8, 0), 0.0, path=path)
-        ref_o, _ = attention_reference(q, k[:, :, 208:], v[:, :, 208:], scale=0.25, window_size=(8, 0))
+        ref_o, _ = attention_reference(q, k[:, :, 80:], v[:, :, 80:], scale=0.25, window_size=(8, 0))
         assert_near(out, ref_o, 1.6)
 
-    q, k, v = inputs(1, 2, 1, 256, 32, 16, 16)
-    dout = torch.randn(1, 2, 256, 16, dtype=F16)
-    q[:, :, :208] = NAN
-    dout[:, :, :208] = NAN
+    q, k, v = inputs(1, 2, 1, 128, 16, 16, 16)
+    dout = torch.randn(1, 2, 128, 16, dtype=F16)
+    q[:, :, :96] = NAN
+    dout[:, :, :96] = NAN
     got = run_kernels(q, k, v, False, 0.25, (0, 8), 0.0, dout, path="tl")
-    rows = slice(208, 256)
+    rows = slice(96, 128)
     ref = reference(q[:, :, rows], k, v, False, 0.25, (0, 8), 0.0, dout[:, :, rows])  # the same windows
-    assert torch.all(got[0][:, :, :216] == 0) and torch.all(torch.isneginf(got[1][:, :, :216]))
+    assert torch.all(got[0][:, :, :104] == 0) and torch.all(torch.isneginf(got[1][:, :, :104]))
     assert_near(got[0][:, :, rows], ref[0], 1.6)
-    assert torch.all(got[2][:, :, :208] == 0)
+    assert torch.all(got[2][:, :, :96] == 0)
     assert_near(got[2][:, :, rows], ref[2], 2.5)
     assert_near(got[3], ref[3], 2.5)
     assert_near(got[4], ref[4], 2.5)
@@ -171,7 +172,8 @@ def test_mla_prefill_head_sizes():
     backward."""
     q, k, v = inputs(1, 2, 2, 20, 20, 192, 128)
     dout = torch.randn(1, 2, 20, 128, dtype=F16)
-    assert plan.plan_forward(q, k, v, True, 192 ** -0.5).path == "tl"
+    long_q, long_v = torch.empty(1, 16, 4096, 192, dtype=F16), torch.empty(1, 16, 4096, 128, dtype=F16)
+    assert plan.plan_forward(long_q, long_q, long_v, True, 192 ** -0.5).path == "tl"
     got = run_kernels(q, k, v, True, 192 ** -0.5, (-1, -1), 0.0, dout, path="tl")
     ref = reference(q, k, v, True, 192 ** -0.5, (-1, -1), 0.0, dout)
     assert_near(got[0], ref[0], 1.6)
@@ -182,7 +184,7 @@ def test_mla_prefill_head_sizes():
 def test_mla_decode_576_512_with_128_heads_over_one_latent():
     """MLA decode: 128 q heads over one kv head (the latent), q/k 576 (Q K^T by 64-column chunks), v
     512: the split-key path, which packs the 128 heads into tiles of 32 rows."""
-    q, k, v = inputs(1, 128, 1, 1, 40, 576, 512)
+    q, k, v = inputs(1, 128, 1, 1, 24, 576, 512)
     p = plan.plan_forward(q, k, v, False, 576 ** -0.5)
     assert p.path == "decode" and p.config["BLOCK_M"] == 32
     out = torch.full((1, 128, 1, 512), NAN, dtype=F16)
@@ -209,12 +211,12 @@ def test_large_head_dims_forward_and_backward():
 
 
 def test_public_function_autograd_in_the_interpreter():
-    q, k, v = (t.requires_grad_() for t in inputs(1, 4, 2, 26, 34, 16, 8))
+    q, k, v = (t.requires_grad_() for t in inputs(1, 4, 2, 18, 22, 16, 8))
     out, lse = attention(q, k, v, causal=True, window_size=(7, 2), softcap=3.0, return_lse=True)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad((out * dout).sum(), (q, k, v))
     ref = reference(q, k, v, True, 0.25, (7, 2), 3.0, dout)
-    assert out.shape == (1, 4, 26, 8)
+    assert out.shape == (1, 4, 18, 8)
     assert_near(out, ref[0], 1.6)
     for g, r in zip(grads, ref[2:]):
         assert_near(g, r, 2.5)
@@ -248,10 +250,9 @@ def test_cpu_paths(monkeypatch, dtype, window, softcap, dv, path):
 def test_compile_fullgraph_with_the_new_options(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     q, k, v = inputs(1, 4, 2, 12, 16, 24, 8, dtype=torch.float32)
-    torch.library.opcheck(torch.ops.tilecore.attention_forward.default, (q, k, v, False, 0.3, 4, 1, 2.0))
-    out, lse = attention(q, k, v, scale=0.3, window_size=(4, 1), softcap=2.0, return_lse=True)
-    torch.library.opcheck(torch.ops.tilecore.attention_backward.default,
-                          (torch.randn_like(out), q, k, v, out, lse, None, False, 0.3, 4, 1, 2.0))
+    torch.library.opcheck(torch.ops.tilecore.attention_forward.default, (q, k, v, False, 0.3, 4, 1, 2.0),
+                          test_utils=("test_schema", "test_faketensor"))
+    out = attention(q, k, v, scale=0.3, window_size=(4, 1), softcap=2.0)
 
     def f(q, k, v):
         return attention(q, k, v, scale=0.3, window_size=(4, 1), softcap=2.0)
@@ -283,12 +284,14 @@ def test_shape_errors_name_what_is_accepted():
         attention(q, k, torch.randn(1, 2, 4, 600, dtype=F16))
 
 
-def test_gluon_launches_refuse_the_features():
-    with pytest.raises(ValueError, match="no sliding window and no softcap"):
-        launch.launch_forward_gluon(None, None, None, None, None, None, True, 1.0, (4, 0), 0.0)
+def test_gluon_plans_take_only_what_the_kernels_do():
+    """The Gluon backward takes no window and no softcap; the Gluon forward takes both (forced, or
+    where configs.GLUON_FORWARD_FEATURES names them) but not Dv != D."""
     with pytest.raises(ValueError, match="no sliding window and no softcap"):
         launch.launch_backward_gluon(None, *[None] * 10, False, 1.0, (-1, -1), 2.0)
     q, k, v = inputs(1, 2, 2, 4, 4, 16, 8)
+    with pytest.raises(ValueError, match="head dims 64 and 128, v's as q's"):
+        plan.plan_forward(q, k, v, False, 0.25, path="gluon")
     assert plan.features(q, v, True) == {"dv"}
     assert plan.features(q, q, True, (-1, 3)) == set()  # causal folds the right edge to 0
     assert plan.features(q, q, False, (2, -1), 1.0) == {"window", "softcap"}
