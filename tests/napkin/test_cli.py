@@ -79,6 +79,16 @@ def test_diagram_file_make_and_diagram(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             napkin_main([str(bad), "--no-picture"])
         assert e.value.code == 2 and says in capsys.readouterr().err
+    acc = tmp_path / "lse.py"  # a user-defined streaming accumulator, printed and drawn
+    acc.write_text("import math\nfrom tilecore.napkin import Combine, Diagram\n"
+                   "lse = Combine('logsumexp', lambda x: (x, 1.0), lambda a, b: (max(a[0], b[0]), "
+                   "a[1] * math.exp(a[0] - max(a[0], b[0])) + b[1] * math.exp(b[0] - max(a[0], b[0]))), ops=4)\n"
+                   "def make(t=1024, n=65536, dtype='bf16'):\n"
+                   "    d = Diagram('lse_rows', t=t, n=n)\n"
+                   "    return d.output(d.accumulate(d.input('X', 't n', dtype), 'n', lse, name='L'))\n")
+    assert napkin_main([str(acc), "--picture", str(tmp_path / "lse")]) == 0
+    out = capsys.readouterr().out
+    assert "identity of logsumexp" in out and (tmp_path / "lse.svg").exists()
     with pytest.raises(SystemExit):  # a size the file's make() does not take
         napkin_main([str(f), "zz=4", "--no-picture"])
     assert "zz" in capsys.readouterr().err

@@ -50,7 +50,8 @@ def pseudocode(r: Derivation) -> str:
     acc_ops = [op for op in d.ops if stream_axis in op.reduced]
     for op in acc_ops:
         out = d.arrays[op.output]
-        init = {"sum": "0", "max": "-inf", "softmax": "0; mu = -inf; z = 0 (running max and sum)"}[op.accumulator]
+        init = {"sum": "0", "max": "-inf", "softmax": "0; mu = -inf; z = 0 (running max and sum)"}.get(
+            op.accumulator, f"identity of {op.accumulator} (a user's associative combine)")
         L.append(f"{ind}RF   {out.name}{_tile(r, out.axes)} fp32 = {init}")
     body = ind
     if stream_axis:
