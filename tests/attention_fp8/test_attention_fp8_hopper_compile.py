@@ -7,10 +7,11 @@ import sys
 
 import pytest
 
-# (head dim, causal, per-row descales): the headline's (per-head descales). One variant: a compile takes
-# ~30 s here. The per-token variants (the convenience path's) spill: D 64 causal 4-8 bytes, D 128 causal
-# ~200 (notes/attention_fp8/README.md); experiments/attention_fp8/gpu_fp8.py times them
-VARIANTS = [(128, False, False)]
+# (head dim, causal, per-row descales). One variant (a compile takes ~30 s here): D 64 causal, three
+# consumers, per-head descales (masks, the most code). D 128 non-causal (the headline) compiles to 168
+# registers, no spill (notes/attention_fp8/README.md). The per-token variants spill: D 64 causal 4-8
+# bytes, D 128 causal ~200; experiments/attention_fp8/gpu_fp8.py times them
+VARIANTS = [(64, True, False)]
 
 SCRIPT = r"""
 import json, sys, torch
@@ -32,7 +33,7 @@ for D, causal, per_row in json.loads(sys.argv[1]):
                 q_scales=f32, k_scales=f32, v_scales=f32, H=4, N=1000, Nk=1000, GROUP=2, scale_log2e=0.1,
                 q_n_scales=8, q_rows_per_scale=128, k_n_scales=1000, k_rows_per_scale=1, num_bh=8, head_group=4,
                 schedule=None, CAUSAL=causal, Q_PER_ROW=per_row, K_PER_ROW=per_row, STAGES=cfg["stages"],
-                CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"], PERMUTED_V=True)
+                CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"], PERMUTED_V=True, PINGPONG=cfg["pingpong"])
     c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, args, num_warps=4)
     ptx = c.asm["ptx"]
     r = resources(c)
@@ -56,7 +57,10 @@ def test_e4m3_wgmma_tma_and_no_spills(report):
     for r in report:
         assert r["wgmma"] and r["e4m3_wgmma"] and r["tma"] and r["mbarrier"], r
         assert not r["wgmma_serialized"], r
-        assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, r
+        # three consumers have 160 registers a thread: causal D 64 spills 132 bytes of scalars (the bf16
+        # forward's same configuration spills 84 and was its fastest at D 64: notes/attention)
+        allowed = 160 if (r["D"], r["causal"]) == (64, True) else 0
+        assert r["spill_stores"] <= allowed and r["spill_loads"] <= allowed and r["stack"] <= allowed, r
         assert r["shared"] <= 227 * 1024, r
 
 

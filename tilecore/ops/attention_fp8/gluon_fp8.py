@@ -304,7 +304,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              Q_BUFFERS: gl.constexpr = 1, PERMUTED_V: gl.constexpr = False,
                              PINGPONG: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid."""
-    gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")
+    gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not PINGPONG), "two or three consumer warpgroups "
+                     "(PINGPONG: two)")
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
@@ -313,6 +314,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                       CAUSAL, Q_PER_ROW, K_PER_ROW, BM, BN, D, CONSUMERS, PERMUTED_V, PINGPONG,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8))
-    layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=0,
+    # three consumer warpgroups (13 warps) share the register file more thinly
+    layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
+                    PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0,
                     tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
     run(op, layout, KVt(ring(k_desc, STAGES), ring(vt_desc, STAGES)), gl.cdiv(N, op.BM * CONSUMERS) * num_bh)
