@@ -5,9 +5,12 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from tilecore.ops.hadamard import quantize
 from tilecore.ops.hadamard.quantize import dequantize, hadamard_quantize
+from tilecore.ops.hadamard.quantize_kernels import _e2m1_code, _e2m1_fast
 from tilecore.ops.hadamard.quantize_reference import (E2M1_VALUES, FORMATS, FP8_DTYPES, hadamard_quantize_reference,
                                                       unpack_nibbles)
 
@@ -272,3 +275,73 @@ def test_dequantize_rejects_unknown_formats():
     with pytest.raises(ValueError, match="unknown format"):
         dequantize(torch.zeros(2, 4, dtype=torch.uint8), torch.ones(2, 1), format="e3m4")
     assert math.isclose(E2M1_VALUES[-1], 6.0)
+
+
+# ------------------------------------------------------------------------ issue 32's "pow2" path (speed work)
+
+def _plan(n, fmt, rows=64, **kw):
+    return quantize.kernel_plan(rows, n, torch.bfloat16, fmt, kw.pop("group", FORMATS[fmt].default_group),
+                                kw.pop("block", None), True, False, False, 4, True, **kw)
+
+
+def test_power_of_two_rows_take_the_transforms_tile():
+    """Power-of-two rows, and blocks that hold their groups, run pow2_quantize_kernel on hadamard_transform's
+    split; groups spanning blocks and n = m 2^k keep the kron-tiled kernel; a group never spans slices."""
+    assert _plan(4096, "fp8_e4m3").path == "pow2"
+    assert _plan(4096, "mxfp4", block=32).path == "pow2" and _plan(4096, "mxfp4", block=32).config["N"] == 32
+    assert _plan(512, "int4", block=16).path == "fused"  # int4's groups of 128 span blocks of 16
+    assert _plan(12 * 64, "fp8_e4m3").path == "fused"
+    cfg = _plan(256, "int4").config  # hadamard_transform's split of 256 is (4, 1, 64): slices of 64 < 128
+    assert cfg["N1"] * cfg["N2"] >= 128 and cfg["S"] * cfg["N1"] * cfg["N2"] == 256
+    assert _plan(4096, "fp8_e4m3", legacy=True).path == "fused"
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "mxfp4"])
+def test_codes_through_tma_descriptors(fmt):
+    """The input and the codes through TMA descriptors (the interpreter runs them as loads and stores),
+    rows past the last tile's end clipped."""
+    rows, n = 37, 1024
+    plan = _plan(n, fmt, rows=rows, tma="load")
+    assert plan.path == "pow2" and plan.config["TMA_LOAD"] and plan.config["TMA_STORE"]
+    x = torch.randn(rows, n, dtype=torch.bfloat16)
+    x[:, 3] *= 50
+    group = FORMATS[fmt].default_group
+    codes, scales = quantize._outputs(rows, n, fmt, group, x.device)  # poisoned (the fixture)
+    codes, scales, _ = quantize._run_pow2(plan, x, codes, scales, fmt, None, None, False)
+    ref_codes, ref_scales = hadamard_quantize_reference(x, format=fmt)
+    a, b = ordinal(codes, fmt), ordinal(ref_codes, fmt)
+    assert (a == b).float().mean() >= 0.999 and (a - b).abs().max() <= 1
+    assert torch.equal(scales.view(torch.uint8), ref_scales.view(torch.uint8)) if fmt == "mxfp4" else \
+        torch.allclose(scales, ref_scales, rtol=2**-15, atol=0)
+
+
+@triton.jit
+def _e2m1_both(v_ptr, fast_ptr, slow_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    v = tl.load(v_ptr + i)
+    tl.store(fast_ptr + i, _e2m1_fast(v))
+    tl.store(slow_ptr + i, _e2m1_code(v))
+
+
+def test_e2m1_by_one_fma_matches_the_bitwise_rounding():
+    """quantize_kernels._e2m1_fast (the pow2 path's) against _e2m1_code on every multiple of 2^-6 in
+    [-8, 8] (every grid value, midpoint and tie) and its float32 neighbours."""
+    base = torch.arange(-512, 513, dtype=torch.float32) / 64
+    v = torch.cat([base, torch.nextafter(base, torch.tensor(9.0)), torch.nextafter(base, torch.tensor(-9.0)),
+                   torch.tensor([-0.0, 100.0, -1e30])])
+    size = triton.next_power_of_2(v.numel())
+    v = torch.cat([v, torch.zeros(size - v.numel())])
+    fast, slow = torch.empty(size, dtype=torch.int32), torch.empty(size, dtype=torch.int32)
+    _e2m1_both[(1,)](v, fast, slow, N=size)
+    assert torch.equal(fast, slow)
+
+
+def test_nvfp4_static_global_scale_zeroes_blocks_with_inf():
+    """A block whose amax is inf has codes 0 (the reference's rule) under a given global scale too, where
+    the block scale clamps to 448 and stays finite (the kron-tiled kernel wrote code 7 there)."""
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    x[2, 9] = float("inf")
+    codes, (block_scales, g) = hadamard_quantize(x, format="nvfp4", scale=torch.tensor([0.001]))
+    ref_codes, (ref_scales, _) = hadamard_quantize_reference(x, format="nvfp4", scale=torch.tensor([0.001]))
+    assert (codes[2] == 0).all() and torch.equal(codes, ref_codes)
+    assert torch.equal(block_scales.view(torch.uint8), ref_scales.view(torch.uint8))
