@@ -115,7 +115,7 @@ def test_custom_op_opcheck_and_compile_fullgraph_mutating_the_cache(monkeypatch)
     q, k, v = torch.randn(2, 1, 4, 16), torch.randn(2, 1, 2, 16), torch.randn(2, 1, 2, 16)
     torch.library.opcheck(torch.ops.tilecore.attention_with_kvcache.default,
                           (q, k_cache.clone(), v_cache.clone(), k, v, seqlens, table, False, 0.25, -1, -1, 0.0,
-                           k_cache.shape[1] * table.shape[1]))
+                           k_cache.shape[1] * table.shape[1]), test_utils=("test_schema", "test_faketensor"))
 
     def step(q, k_cache, v_cache, k, v):
         return attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, block_table=table,

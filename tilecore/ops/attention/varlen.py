@@ -307,6 +307,31 @@ def _backward(ctx, dout, dlse):
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _VarlenFunction(torch.autograd.Function):
+    """Eager calls that record a gradient (dispatch.eager_mode's "autograd"): the custom ops' autograd
+    without their host time (~100 us a call) and without the first custom-op call's torch._dynamo
+    import, as tilecore.attention does."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, causal, scale, left, right, softcap):
+        out, lse = _forward_impl(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.options = (causal, scale, left, right, softcap)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        if dlse is not None:
+            dlse = dlse.to(torch.float32).contiguous()
+        run = _backward_op if torch.is_grad_enabled() else _backward_impl  # create_graph: the op, recorded
+        dq, dk, dv = run(dout, q, k, v, out, lse, dlse, cu_q, cu_k, *ctx.options)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
                      scale: float | None = None, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
@@ -336,5 +361,12 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     left, right = check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_size,
                         softcap, validate)
     scale = q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
-    out, lse = _forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, left, right, float(softcap))
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, left, right, float(softcap))
+    mode = dispatch.eager_mode(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    if mode == "direct":
+        out, lse = _forward_impl(*args)
+    elif mode == "autograd":
+        out, lse = _VarlenFunction.apply(*args)
+    else:  # torch.compile, fake tensors, modes, transforms: the custom op
+        out, lse = _forward_op(*args)
     return (out, lse) if return_lse else out
