@@ -14,7 +14,9 @@
    - rownorm: RMSNorm then GEMM (8192 x 4096 -> 4096) against tilecore.layer_norm(rms) + tilecore.gemm;
    each beside the napkin's prediction, the napkin's H100 calibrated with this run's copy bandwidth
    and cuBLAS bf16 8192^3 rate (torch.matmul), measured first. Targets: compiled within 20% of the
-   prediction and >= 0.8x the hand-written kernel.
+   prediction and >= 0.8x the hand-written kernel. The chain and attention kernels load through TMA
+   descriptors where the operands allow (Hopper, 16-byte aligned rows); one configuration a case is
+   also timed on the pointer path.
 3. a small block-size sweep per compiled case (the best is reported, every one listed in the JSON).
 
 Run from the repository root on the GPU machine:
@@ -222,6 +224,10 @@ ATT_CFGS = [dict(BM=128, BN=128, num_warps=8, num_stages=2), dict(BM=128, BN=64,
 NORM_CFGS = [dict(BM=128, BO=128, BK=64, GROUP=8, num_warps=8, num_stages=3),
              dict(BM=128, BO=256, BK=64, GROUP=8, num_warps=8, num_stages=3),
              dict(BM=64, BO=128, BK=64, GROUP=8, num_warps=4, num_stages=4)]
+# the first configuration again on the pointer path (no TMA descriptors): what TMA buys
+CHAIN_CFGS = CHAIN_CFGS + [{**CHAIN_CFGS[0], "tma": False}]
+DUAL_CFGS = CHAIN_CFGS
+ATT_CFGS = ATT_CFGS + [{**ATT_CFGS[0], "tma": False}]
 
 
 def record(case, t_compiled, t_pred, t_peer, peer, flops, cfg, rows):

@@ -40,11 +40,12 @@ def run_and_check(g, bound, scale=1.0, **blocks):
     return f, ins, out
 
 
-@pytest.mark.parametrize("dtype, bound", [("fp16", 4.0), ("fp32", 8.0)])
-def test_chain_gated_mlp(dtype, bound):
-    # odd sizes: masked edges on every axis; G written once in the input dtype
+@pytest.mark.parametrize("dtype, bound, tma", [("fp16", 4.0, True), ("fp32", 8.0, True), ("fp16", 4.0, False)])
+def test_chain_gated_mlp(dtype, bound, tma):
+    # ragged sizes: tiles past the edge on every axis (TMA zero-fills them; the pointer path masks);
+    # G written once in the input dtype
     g = models.gated_mlp(tokens=40, model=48, hidden=72, dtype=dtype)
-    f, _, _ = run_and_check(g, bound, scale=0.5)
+    f, _, _ = run_and_check(g, bound, scale=0.5, BM=16, BN=32, BK=16, GROUP=4, tma=tma)
     assert f.program.family == "chain" and f.program.intermediates == ["G"]
     assert "acc1 = tl.dot(a, w1, acc1)" in f.source and "tl.sigmoid" in f.source
 
@@ -76,12 +77,13 @@ def softcap_attention(causal, written_out=False, q=40, x=56, d=32):
     return g.output(O).weave("h", 2, ["Q", "K", "V"]).weave("b", 2, ["Q", "K", "V"])
 
 
-@pytest.mark.parametrize("causal, written_out, q, x", [
-    (True, False, 40, 56), (False, True, 40, 56),
-    (False, False, 32, 48), (True, False, 32, 48), (True, False, 48, 32),   # even tiles; more queries than keys
+@pytest.mark.parametrize("causal, written_out, q, x, tma", [
+    (True, False, 40, 56, True), (False, True, 40, 56, True), (True, False, 40, 56, False),
+    (False, False, 32, 48, False), (True, False, 32, 48, True), (True, False, 48, 32, True),   # even tiles; NQ > NX
 ])
-def test_attention_softcap_streamed(causal, written_out, q, x):
-    f, _, _ = run_and_check(softcap_attention(causal, written_out, q=q, x=x), 4.0)
+def test_attention_softcap_streamed(causal, written_out, q, x, tma):
+    # tma: Q, K, V through [B*H, N, D] descriptors (zero past N in each head), else pointers and masks
+    f, _, _ = run_and_check(softcap_attention(causal, written_out, q=q, x=x), 4.0, BM=16, BN=16, tma=tma)
     assert f.program.family == "attention" and "_tanh(" in f.source
     assert f.program.kernels[0].info["causal"] == causal and f.program.kernels[0].info["softmax"]
 

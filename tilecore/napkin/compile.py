@@ -225,46 +225,59 @@ def _chain(d: Diagram) -> Program:
             [f"stride_e{j}m, stride_e{j}n" for j in range(len(extras))] + ["stride_om", "stride_on",
                                                                             "BM: tl.constexpr", "BN: tl.constexpr",
                                                                             "BK: tl.constexpr", "GROUP: tl.constexpr"]
-        L = ["", "", "@triton.jit", f"def {kname}({', '.join(params)}):",
-             f"    # A: [{t}={'M'}, {k}=K] {d.arrays[A].dtype}; W_j: [K, {f}=N]; OUT: [M, N] {dtype} = "
-             f"epilogue(A W_0, A W_1, ...) ({name})",
-             "    pid = tl.program_id(0)",
-             "    num_m = tl.cdiv(M, BM)",
-             "    num_n = tl.cdiv(N, BN)",
-             "    group = GROUP * num_n  # GROUP row tiles share their W columns in L2",
-             "    first_m = (pid // group) * GROUP",
-             "    size_m = tl.minimum(num_m - first_m, GROUP)",
-             "    pid_m = first_m + (pid % group) % size_m",
-             "    pid_n = (pid % group) // size_m",
-             "    rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)",
-             "    rn = (pid_n * BN + tl.arange(0, BN)).to(tl.int64)",
-             "    rk = tl.arange(0, BK).to(tl.int64)"]
-        L += [f"    acc{j} = tl.zeros((BM, BN), dtype=tl.float32)" for j in range(len(ws))]
-        L += ["    for k0 in range(0, K, BK):",
-              "        kk = k0 + rk",
+        for tma in (False, True):
+            src.append("\n".join(_chain_kernel(d, kname + ("_tma" if tma else ""), params, A, ws, cons, maps, extras,
+                                                name, dtype, t, k, f, tma)))
+        kernels.append(KernelSpec(kname, "chain", [A] + ws + extras + [name],
+                                  {"axes": (t, k, f), "extras": {x: d.arrays[x].axes for x in extras}}))
+        if name not in d.outputs:
+            inter.append(name)
+    return Program(d, "chain", "\n".join(src) + "\n", kernels, inter)
+
+
+def _chain_kernel(d, kname, params, A, ws, cons, maps, extras, name, dtype, t, k, f, tma):
+    """One chain stage's kernel; tma: A and W are host tensor descriptors (TMA loads, bounds zero-filled
+    by the hardware), else pointers with masks."""
+    L = ["", "", "@triton.jit", f"def {kname}({', '.join(params)}):",
+         f"    # A: [{t}={'M'}, {k}=K] {d.arrays[A].dtype}; W_j: [K, {f}=N]; OUT: [M, N] {dtype} = "
+         f"epilogue(A W_0, A W_1, ...) ({name})",
+         "    pid = tl.program_id(0)",
+         "    num_m = tl.cdiv(M, BM)",
+         "    num_n = tl.cdiv(N, BN)",
+         "    group = GROUP * num_n  # GROUP row tiles share their W columns in L2",
+         "    first_m = (pid // group) * GROUP",
+         "    size_m = tl.minimum(num_m - first_m, GROUP)",
+         "    pid_m = first_m + (pid % group) % size_m",
+         "    pid_n = (pid % group) // size_m",
+         "    rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)",
+         "    rn = (pid_n * BN + tl.arange(0, BN)).to(tl.int64)",
+         "    rk = tl.arange(0, BK).to(tl.int64)"]
+    L += [f"    acc{j} = tl.zeros((BM, BN), dtype=tl.float32)" for j in range(len(ws))]
+    L += ["    for k0 in range(0, K, BK):"]
+    if tma:
+        L += ["        a = A.load([pid_m * BM, k0])"]
+        for j in range(len(ws)):
+            L += [f"        w{j} = W{j}.load([k0, pid_n * BN])", f"        acc{j} = tl.dot(a, w{j}, acc{j})"]
+    else:
+        L += ["        kk = k0 + rk",
               "        a = tl.load(A + rm[:, None] * stride_am + kk[None, :] * stride_ak, "
               "mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)"]
         for j in range(len(ws)):
             L += [f"        w{j} = tl.load(W{j} + kk[:, None] * stride_w{j}k + rn[None, :] * stride_w{j}n, "
                   "mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)",
                   f"        acc{j} = tl.dot(a, w{j}, acc{j})"]
-        L += [f"    {_var(c[0])} = acc{j}" for j, c in enumerate(cons)]
-        for j, x in enumerate(extras):
-            ax = d.arrays[x].axes
-            off = " + ".join(([f"rm[:, None] * stride_e{j}m"] if t in ax else []) +
-                             ([f"rn[None, :] * stride_e{j}n"] if f in ax else []))
-            msk = " & ".join(([f"(rm[:, None] < M)"] if t in ax else []) + ([f"(rn[None, :] < N)"] if f in ax else []))
-            L.append(f"    {_var(x)} = tl.load(E{j} + {off}, mask={msk}, other=0.0).to(tl.float32)")
-        for fn, ins, out in maps:
-            L.append(f"    {_var(out)} = {triton_expression(fn, [_var(x) for x in ins])}")
-        L.append(f"    tl.store(OUT + rm[:, None] * stride_om + rn[None, :] * stride_on, "
-                 f"{_var(name)}.to(OUT.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))")
-        src.append("\n".join(L))
-        kernels.append(KernelSpec(kname, "chain", [A] + ws + extras + [name],
-                                  {"axes": (t, k, f), "extras": {x: d.arrays[x].axes for x in extras}}))
-        if name not in d.outputs:
-            inter.append(name)
-    return Program(d, "chain", "\n".join(src) + "\n", kernels, inter)
+    L += [f"    {_var(c[0])} = acc{j}" for j, c in enumerate(cons)]
+    for j, x in enumerate(extras):
+        ax = d.arrays[x].axes
+        off = " + ".join(([f"rm[:, None] * stride_e{j}m"] if t in ax else []) +
+                         ([f"rn[None, :] * stride_e{j}n"] if f in ax else []))
+        msk = " & ".join(([f"(rm[:, None] < M)"] if t in ax else []) + ([f"(rn[None, :] < N)"] if f in ax else []))
+        L.append(f"    {_var(x)} = tl.load(E{j} + {off}, mask={msk}, other=0.0).to(tl.float32)")
+    for fn, ins, out in maps:
+        L.append(f"    {_var(out)} = {triton_expression(fn, [_var(x) for x in ins])}")
+    L.append(f"    tl.store(OUT + rm[:, None] * stride_om + rn[None, :] * stride_on, "
+             f"{_var(name)}.to(OUT.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))")
+    return L
 
 
 # ------------------------------------------------------------------------------------ attention
@@ -307,84 +320,92 @@ def _attention(d: Diagram) -> Program:
         if n < 16 or n & (n - 1):
             raise CompileError(f"head dim {what} = {n}: the emitted kernel takes powers of two >= 16")
     causal = bool(last.causal) if softmax else False
-    lines = [HEADER.format(name=d.name, family="attention"), "", "",
-             "@triton.jit",
-             "def attention_fwd(Q, K, V, O, H, NQ, NX, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, sve,",
-             "                  sob, soh, som, soe, D: tl.constexpr, E: tl.constexpr, BM: tl.constexpr,",
-             "                  BN: tl.constexpr, CAUSAL: tl.constexpr, EVEN_Q: tl.constexpr, EVEN_X: tl.constexpr):",
-             f"    # Q: [B, H, NQ, D], K: [B, H, NX, D], V: [B, H, NX, E] -> O: [B, H, NQ, E]; "
-             f"{'softmax' if softmax else 'plain sum'} over the keys, streamed. EVEN_*: no bounds masks",
-             "    pid_m = tl.program_id(0)",
-             "    bh = tl.program_id(1)",
-             "    b = (bh // H).to(tl.int64)",
-             "    h = (bh % H).to(tl.int64)",
-             "    rm = pid_m * BM + tl.arange(0, BM)",
-             "    rd = tl.arange(0, D)",
-             "    re_ = tl.arange(0, E)",
-             "    q_ptr = Q + b * sqb + h * sqh + rm[:, None].to(tl.int64) * sqm + rd[None, :] * sqd",
-             "    if EVEN_Q:",
-             "        q = tl.load(q_ptr)",
-             "    else:",
-             "        q = tl.load(q_ptr, mask=rm[:, None] < NQ, other=0.0)",
-             "    k_base = K + b * skb + h * skh",
-             "    v_base = V + b * svb + h * svh",
-             "    acc = tl.zeros((BM, E), dtype=tl.float32)",
-             "    m_i = tl.full((BM,), float('-inf'), dtype=tl.float32)",
-             "    l_i = tl.zeros((BM,), dtype=tl.float32)"]
+    def emit(tma: bool) -> list:
+      lines = ["", "",
+               "@triton.jit",
+               "def attention_fwd" + ("_tma" if tma else "") + "(Q, K, V, O, H, NQ, NX, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, sve,",
+               "                  sob, soh, som, soe, D: tl.constexpr, E: tl.constexpr, BM: tl.constexpr,",
+               "                  BN: tl.constexpr, CAUSAL: tl.constexpr, EVEN_Q: tl.constexpr, EVEN_X: tl.constexpr):",
+               f"    # Q: [B, H, NQ, D], K: [B, H, NX, D], V: [B, H, NX, E] -> O: [B, H, NQ, E]; "
+               f"{'softmax' if softmax else 'plain sum'} over the keys, streamed. EVEN_*: no bounds masks",
+               "    pid_m = tl.program_id(0)",
+               "    bh = tl.program_id(1)",
+               "    b = (bh // H).to(tl.int64)",
+               "    h = (bh % H).to(tl.int64)",
+               "    rm = pid_m * BM + tl.arange(0, BM)",
+               "    rd = tl.arange(0, D)",
+               "    re_ = tl.arange(0, E)",
+               ] + (["    q = Q.load([bh, pid_m * BM, 0]).reshape(BM, D)  # TMA: [B*H, NQ, D], zero past NQ"] if tma else [
+               "    q_ptr = Q + b * sqb + h * sqh + rm[:, None].to(tl.int64) * sqm + rd[None, :] * sqd",
+               "    if EVEN_Q:",
+               "        q = tl.load(q_ptr)",
+               "    else:",
+               "        q = tl.load(q_ptr, mask=rm[:, None] < NQ, other=0.0)"]) + [
+               ] + ([] if tma else ["    k_base = K + b * skb + h * skh", "    v_base = V + b * svb + h * svh"]) + [
+               "    acc = tl.zeros((BM, E), dtype=tl.float32)",
+               "    m_i = tl.full((BM,), float('-inf'), dtype=tl.float32)",
+               "    l_i = tl.zeros((BM,), dtype=tl.float32)"]
 
-    def body(masked: bool, causal_tile: bool) -> list:
-        """One key tile: scores, modifiers, masks, the accumulator update (8 spaces in)."""
-        out = ["        rn = n0 + tl.arange(0, BN)",
-               "        k_ptr = k_base + rn[:, None].to(tl.int64) * skn + rd[None, :] * skd",
-               "        v_ptr = v_base + rn[:, None].to(tl.int64) * svn + re_[None, :] * sve"]
-        if masked:
-            out += ["        k = tl.load(k_ptr, mask=rn[:, None] < NX, other=0.0)",
-                    "        v = tl.load(v_ptr, mask=rn[:, None] < NX, other=0.0)"]
-        else:
-            out += ["        k = tl.load(k_ptr)", "        v = tl.load(v_ptr)"]
-        out.append(f"        {_var(S.output)} = tl.dot(q, tl.trans(k))  # [BM, BN] fp32")
-        out += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(op.inputs[0])])}" for op in mods]
-        s = _var(chain[-1])
-        conds = (["(rn[None, :] < NX)"] if masked else []) + (["(rn[None, :] <= rm[:, None])"] if causal_tile else [])
-        fill = "float('-inf')" if softmax else "0.0"
-        if conds:
-            out.append(f"        s = tl.where({' & '.join(conds)}, {s}, {fill})")
-        else:
-            out.append(f"        s = {s}")
-        if softmax:
-            out += ["        m_new = tl.maximum(m_i, tl.max(s, 1))",
-                    "        # a row with no key yet keeps m = -inf: shift by 0 there, not by -inf (no NaN)",
-                    "        shift = tl.where(m_new == float('-inf'), 0.0, m_new)",
-                    "        p = tl.exp(s - shift[:, None])",
-                    "        alpha = tl.exp(m_i - shift)",
-                    "        l_i = l_i * alpha + tl.sum(p, 1)",
-                    "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])",
-                    "        m_i = m_new"]
-        else:
-            out += ["        acc = tl.dot(s.to(v.dtype), v, acc)"]
-        return out
-    lines += ["    if CAUSAL:",
-              "        # keys before the tile's first query are seen by every row: no mask there; the diagonal",
-              "        # tiles (and a ragged last tile) take the masks",
-              "        lo = tl.minimum((pid_m * BM) // BN * BN, NX // BN * BN)",
-              "        hi = tl.minimum(NX, (pid_m + 1) * BM)",
-              "        for n0 in range(0, lo, BN):"]
-    lines += ["    " + ln for ln in body(False, False)]
-    lines += ["        for n0 in range(lo, hi, BN):"]
-    lines += ["    " + ln for ln in body(True, True)]
-    lines += ["    else:",
-              "        if EVEN_X:",
-              "            for n0 in range(0, NX, BN):"]
-    lines += ["        " + ln for ln in body(False, False)]
-    lines += ["        else:",
-              "            for n0 in range(0, NX, BN):"]
-    lines += ["        " + ln for ln in body(True, False)]
-    lines += ["    out = acc / l_i[:, None]" if softmax else "    out = acc",
-              "    o_ptr = O + b * sob + h * soh + rm[:, None].to(tl.int64) * som + re_[None, :] * soe",
-              "    if EVEN_Q:",
-              "        tl.store(o_ptr, out.to(O.dtype.element_ty))",
-              "    else:",
-              "        tl.store(o_ptr, out.to(O.dtype.element_ty), mask=rm[:, None] < NQ)"]
+      def body(masked: bool, causal_tile: bool) -> list:
+          """One key tile: scores, modifiers, masks, the accumulator update (8 spaces in)."""
+          out = ["        rn = n0 + tl.arange(0, BN)",
+                 "        k_ptr = k_base + rn[:, None].to(tl.int64) * skn + rd[None, :] * skd",
+                 "        v_ptr = v_base + rn[:, None].to(tl.int64) * svn + re_[None, :] * sve"]
+          if tma:  # the descriptors are [B*H, NX, D]: zero past NX, never the next head's keys
+              out = ["        rn = n0 + tl.arange(0, BN)",
+                     "        k = K.load([bh, n0, 0]).reshape(BN, D)",
+                     "        v = V.load([bh, n0, 0]).reshape(BN, E)"]
+          elif masked:
+              out += ["        k = tl.load(k_ptr, mask=rn[:, None] < NX, other=0.0)",
+                      "        v = tl.load(v_ptr, mask=rn[:, None] < NX, other=0.0)"]
+          else:
+              out += ["        k = tl.load(k_ptr)", "        v = tl.load(v_ptr)"]
+          out.append(f"        {_var(S.output)} = tl.dot(q, tl.trans(k))  # [BM, BN] fp32")
+          out += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(op.inputs[0])])}" for op in mods]
+          s = _var(chain[-1])
+          conds = (["(rn[None, :] < NX)"] if masked else []) + (["(rn[None, :] <= rm[:, None])"] if causal_tile else [])
+          fill = "float('-inf')" if softmax else "0.0"
+          if conds:
+              out.append(f"        s = tl.where({' & '.join(conds)}, {s}, {fill})")
+          else:
+              out.append(f"        s = {s}")
+          if softmax:
+              out += ["        m_new = tl.maximum(m_i, tl.max(s, 1))",
+                      "        # a row with no key yet keeps m = -inf: shift by 0 there, not by -inf (no NaN)",
+                      "        shift = tl.where(m_new == float('-inf'), 0.0, m_new)",
+                      "        p = tl.exp(s - shift[:, None])",
+                      "        alpha = tl.exp(m_i - shift)",
+                      "        l_i = l_i * alpha + tl.sum(p, 1)",
+                      "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])",
+                      "        m_i = m_new"]
+          else:
+              out += ["        acc = tl.dot(s.to(v.dtype), v, acc)"]
+          return out
+      lines += ["    if CAUSAL:",
+                "        # keys before the tile's first query are seen by every row: no mask there; the diagonal",
+                "        # tiles (and a ragged last tile) take the masks",
+                "        lo = tl.minimum((pid_m * BM) // BN * BN, NX // BN * BN)",
+                "        hi = tl.minimum(NX, (pid_m + 1) * BM)",
+                "        for n0 in range(0, lo, BN):"]
+      lines += ["    " + ln for ln in body(False, False)]
+      lines += ["        for n0 in range(lo, hi, BN):"]
+      lines += ["    " + ln for ln in body(True, True)]
+      lines += ["    else:",
+                "        if EVEN_X:",
+                "            for n0 in range(0, NX, BN):"]
+      lines += ["        " + ln for ln in body(False, False)]
+      lines += ["        else:",
+                "            for n0 in range(0, NX, BN):"]
+      lines += ["        " + ln for ln in body(True, False)]
+      lines += ["    out = acc / l_i[:, None]" if softmax else "    out = acc",
+                "    o_ptr = O + b * sob + h * soh + rm[:, None].to(tl.int64) * som + re_[None, :] * soe",
+                "    if EVEN_Q:",
+                "        tl.store(o_ptr, out.to(O.dtype.element_ty))",
+                "    else:",
+                "        tl.store(o_ptr, out.to(O.dtype.element_ty), mask=rm[:, None] < NQ)"]
+      return lines
+
+    lines = [HEADER.format(name=d.name, family="attention")] + emit(False) + emit(True)
     spec = KernelSpec("attention_fwd", "attention", [Q, K, V, last.output],
                       {"lead": lead, "q": q, "x": x, "d": dd, "e": e, "causal": causal, "softmax": softmax})
     return Program(d, "attention", "\n".join(lines) + "\n", [spec], [])

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tilecore import dispatch
 from tilecore.napkin.compile import CompileError, Program, compile as napkin_compile
@@ -52,6 +53,23 @@ def _blocks(device: torch.device, family: str) -> dict:
     return {"chain": dict(BM=128, BN=128, BK=64, GROUP=8, num_warps=8, num_stages=3),
             "attention": dict(BM=128, BN=64, num_warps=8, num_stages=2),
             "rownorm": dict(BM=128, BO=128, BK=64, GROUP=8, num_warps=8, num_stages=3)}[family]
+
+
+def _tma_ok(device: torch.device, tensors) -> bool:
+    """Host tensor descriptors: a GPU with TMA (or the interpreter, which emulates them), rows
+    contiguous, row strides and base addresses 16-byte aligned."""
+    if not dispatch.tma_ok(device):
+        return False
+    for x in tensors:
+        q = x.element_size()
+        if x.stride(-1) != 1 or any((st * q) % 16 for st in x.stride()[:-1]) or x.data_ptr() % 16:
+            return False
+    return True
+
+
+def _heads_flat(t: torch.Tensor) -> bool:
+    """Can (B, H, N, D) be viewed as (B*H, N, D) without a copy?"""
+    return t.shape[0] == 1 or t.stride(0) == t.stride(1) * t.shape[1]
 
 
 class CompiledDiagram:
@@ -121,8 +139,16 @@ class CompiledDiagram:
             x = vals[n]
             e_strides += [x.stride(ax.index(t)) if t in ax else 0, x.stride(ax.index(f)) if f in ax else 0]
         grid = (triton.cdiv(M, blk["BM"]) * triton.cdiv(N, blk["BN"]),)
-        getattr(self.module, k.name)[grid](
-            A, *ws, *extras, out, M, N, K, A.stride(0), A.stride(1),
+        use_tma = blk.pop("tma", None)
+        if use_tma is None:
+            use_tma = _tma_ok(device, [A, *ws])
+        name, a_arg, w_args = k.name, A, ws
+        if use_tma:  # TMA loads: the hardware zero-fills past the bounds, no masks in the loop
+            name = k.name + "_tma"
+            a_arg = TensorDescriptor.from_tensor(A, [blk["BM"], blk["BK"]])
+            w_args = [TensorDescriptor.from_tensor(w, [blk["BK"], blk["BN"]]) for w in ws]
+        getattr(self.module, name)[grid](
+            a_arg, *w_args, *extras, out, M, N, K, A.stride(0), A.stride(1),
             *[s for w in ws for s in (w.stride(0), w.stride(1))], *e_strides, out.stride(0), out.stride(1), **blk)
 
     def _launch_attention(self, k, vals, device):
@@ -138,9 +164,18 @@ class CompiledDiagram:
         B, H, NQ, D = Q4.shape
         NX, E = K4.shape[2], V4.shape[3]
         grid = (triton.cdiv(NQ, blk["BM"]), B * H)
-        self.module.attention_fwd[grid](
-            Q4, K4, V4, O4, H, NQ, NX, *Q4.stride(), *K4.stride(), *V4.stride(), *O4.stride(),
-            D=D, E=E, CAUSAL=k.info["causal"], EVEN_Q=NQ % blk["BM"] == 0, EVEN_X=NX % blk["BN"] == 0, **blk)
+        use_tma = blk.pop("tma", None)
+        flat = [t.reshape(B * H, t.shape[2], t.shape[3]) if _heads_flat(t) else None for t in (Q4, K4, V4)]
+        if use_tma is None:
+            use_tma = all(f is not None for f in flat) and _tma_ok(device, [f[0] for f in flat])
+        kernel, args = self.module.attention_fwd, (Q4, K4, V4)
+        if use_tma:  # [B*H, N, D] descriptors: TMA zero-fills past N within each head
+            kernel = self.module.attention_fwd_tma
+            args = (TensorDescriptor.from_tensor(flat[0], [1, blk["BM"], D]),
+                    TensorDescriptor.from_tensor(flat[1], [1, blk["BN"], D]),
+                    TensorDescriptor.from_tensor(flat[2], [1, blk["BN"], E]))
+        kernel[grid](*args, O4, H, NQ, NX, *Q4.stride(), *K4.stride(), *V4.stride(), *O4.stride(),
+                     D=D, E=E, CAUSAL=k.info["causal"], EVEN_Q=NQ % blk["BM"] == 0, EVEN_X=NX % blk["BN"] == 0, **blk)
 
     def _launch_rownorm(self, k, vals, device):
         blk = dict(self.blocks or _blocks(device, "rownorm"))
