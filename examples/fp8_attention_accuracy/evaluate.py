@@ -15,7 +15,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from model import GPT, AttentionFn  # the example's folder is on sys.path (train.py puts it there)
+from model import GPT, AttentionFn, attention_function  # the example's folder is on sys.path (train.py puts it there)
 
 
 def _autocast(device: torch.device, dtype: Optional[torch.dtype]):
@@ -255,3 +255,58 @@ def qk_statistics(model: GPT, windows: torch.Tensor, *, batch: int, device: torc
     finally:
         model.attention.fn, model.attention.kind, model.attention.qk_hook = saved_fn, saved_kind, saved_hook
     return stats.summary()
+
+
+class AttentionErrors:
+    """An attention (for the switch) that, at every layer, runs each candidate attention on the Q, K,
+    V that layer produced and records its output's error against float64 attention on the same
+    inputs, rel-RMSE ||o - o64|| / ||o64||; it returns the ``follow`` attention's output, so every
+    layer sees what the model with that attention computes. FlashAttention-3's accuracy measure, on
+    the model's own activations."""
+
+    def __init__(self, model: GPT, candidates: dict[str, Union[str, AttentionFn]], follow: str = "bf16"):
+        self.switch = model.attention
+        self.candidates = {name: attention_function(kind) for name, kind in candidates.items()}
+        self.follow = follow
+        self.sums: dict[tuple[int, str], list[float]] = {}  # (layer, name) -> [squared error, squared norm]
+        self.errors: dict[str, str] = {}
+
+    def __call__(self, q, k, v):
+        with torch.autocast(q.device.type, enabled=False):
+            exact = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+            followed = None
+            for name, fn in self.candidates.items():
+                if name in self.errors:
+                    continue
+                try:
+                    o = fn(q, k, v)
+                except Exception as e:  # noqa: BLE001 -- report it, measure the others
+                    self.errors[name] = f"{type(e).__name__}: {e}"
+                    continue
+                entry = self.sums.setdefault((self.switch.layer, name), [0.0, 0.0])
+                entry[0] += float((o.double() - exact).square().sum())
+                entry[1] += float(exact.square().sum())
+                if name == self.follow:
+                    followed = o
+        return followed if followed is not None else exact.to(q.dtype)
+
+    def summary(self) -> list[dict]:
+        """Per layer: {"layer": i, name: rel-RMSE, ...}."""
+        rows = {}
+        for (layer, name), (err, norm) in sorted(self.sums.items()):
+            rows.setdefault(layer, {"layer": layer})[name] = math.sqrt(err / norm) if norm > 0 else float("nan")
+        return [rows[layer] for layer in sorted(rows)]
+
+
+def attention_errors(model: GPT, windows: torch.Tensor, candidates: dict[str, Union[str, AttentionFn]], *,
+                     batch: int, device: torch.device, autocast_dtype: Optional[torch.dtype] = None,
+                     qk_hook: Optional[Callable] = None, follow: str = "bf16") -> dict:
+    """AttentionErrors over ``windows`` (a few: float64 attention is materialized), after ``qk_hook``."""
+    probe = AttentionErrors(model, candidates, follow=follow)
+    saved_fn, saved_kind, saved_hook = model.attention.fn, model.attention.kind, model.attention.qk_hook
+    try:
+        model.attention.fn, model.attention.qk_hook = probe, qk_hook
+        window_losses(model, windows, batch=batch, device=device, autocast_dtype=autocast_dtype)
+    finally:
+        model.attention.fn, model.attention.kind, model.attention.qk_hook = saved_fn, saved_kind, saved_hook
+    return {"rel_rmse": probe.summary(), "errors": probe.errors, "windows": int(windows.shape[0])}

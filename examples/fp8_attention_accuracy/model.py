@@ -47,8 +47,10 @@ def _tilecore_fp8(rotate: bool) -> AttentionFn:
     from tilecore.ops.attention_fp8 import attention_fp8_rotated
 
     def attend(q, k, v):
-        # bf16 in (float32 on the CPU): it rotates and quantizes Q, K, V itself; O in q's dtype
-        return attention_fp8_rotated(q, k, v, causal=True, rotate=rotate)
+        # bf16 in (float32 on the CPU): it rotates and quantizes Q, K, V itself; O in q's dtype.
+        # Autocast off: the quantizer's own arithmetic is not autocast's to recast
+        with torch.autocast(q.device.type, enabled=False):
+            return attention_fp8_rotated(q, k, v, causal=True, rotate=rotate)
     return attend
 
 
@@ -81,6 +83,7 @@ class AttentionSwitch:
 
     def __init__(self, kind: Union[str, AttentionFn] = "bf16"):
         self.qk_hook: Optional[QKHook] = None
+        self.layer = -1
         self.set(kind)
 
     def set(self, kind: Union[str, AttentionFn]) -> None:
@@ -88,6 +91,7 @@ class AttentionSwitch:
         self.kind = kind if isinstance(kind, str) else getattr(kind, "__name__", "callable")
 
     def __call__(self, q, k, v, layer: int):
+        self.layer = layer  # which layer is calling (for probes that keep per-layer records)
         if self.qk_hook is not None:
             q, k = self.qk_hook(q, k, layer)
         return self.fn(q, k, v)

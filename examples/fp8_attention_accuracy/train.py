@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))  # data, model, evaluate
 sys.path.insert(1, str(HERE.parents[1]))  # tilecore, from a checkout
 
 from data import VOCAB, eval_windows, load_corpus, train_batches  # noqa: E402
-from evaluate import OutlierInjection, evaluate, qk_statistics  # noqa: E402
+from evaluate import OutlierInjection, attention_errors, evaluate, qk_statistics  # noqa: E402
 from model import ATTENTION_KINDS, GPT, GPTConfig  # noqa: E402
 
 PROGRESS_SECONDS = 30.0
@@ -44,7 +44,7 @@ def parse_args(argv=None):
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--batch", type=int, default=32, help="sequences a step")
-    p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate (cosine to 10%% of it)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (cosine to 10%% of it)")
     p.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--train-attention", default="bf16", choices=ATTENTION_KINDS[:1] + ("sdpa",),
@@ -52,11 +52,14 @@ def parse_args(argv=None):
     p.add_argument("--compile", action="store_true", help="torch.compile the training forward (eager on failure)")
     p.add_argument("--eval-windows", type=int, default=2048, help="held-out windows at most (context bytes each)")
     p.add_argument("--eval-batch", type=int, default=32)
-    p.add_argument("--eval-minutes", type=float, default=2.0,
+    p.add_argument("--eval-minutes", type=float, default=1.5,
                    help="evaluation's wall-clock budget, all passes (each pass's first batch, its compile, not counted)")
     p.add_argument("--stats-windows", type=int, default=64, help="windows the Q/K statistics are taken over")
-    p.add_argument("--outlier-factor", type=float, default=16.0, help="balanced injection's factor")
-    p.add_argument("--scaled-factor", type=float, default=4.0, help="scaled (function-changing) injection's factor")
+    p.add_argument("--error-windows", type=int, default=4,
+                   help="windows each layer's attention error against float64 is measured on")
+    p.add_argument("--inject", default="balanced:16,balanced:64,scaled:4,scaled:8",
+                   help="outlier injections evaluated besides the trained model, MODE:FACTOR,... (MODE balanced: "
+                        "Q K^T kept; scaled: the same channel of Q and K, the function changes); '' for none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="folder for the JSON (default $OUT, else /tmp/out)")
     p.add_argument("--save-weights", action="store_true", help="save the trained weights into --out")
@@ -66,8 +69,14 @@ def parse_args(argv=None):
         args.batch, args.eval_batch, args.warmup = 4, 8, 2
         args.steps = args.steps or 6
         args.eval_windows, args.stats_windows = min(args.eval_windows, 16), min(args.stats_windows, 4)
+        args.error_windows = min(args.error_windows, 2)
     if args.width % args.heads:
         p.error(f"--width ({args.width}) must divide by --heads ({args.heads})")
+    try:
+        args.injections = [OutlierInjection(mode, float(factor), pairs=1, seed=args.seed)
+                           for mode, factor in (spec.split(":") for spec in args.inject.split(",") if spec)]
+    except ValueError as e:
+        p.error(f"--inject takes MODE:FACTOR,... with MODE balanced or scaled and FACTOR > 0; got {args.inject!r} ({e})")
     return args
 
 
@@ -198,16 +207,12 @@ def _compiled_loss(compiled, x, y):
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
 
 
-def run_evaluation(model, corpus, args, device, autocast_dtype, log: Progress) -> dict:
+def run_evaluation(model, corpus, args, device, autocast_dtype, log: Progress, save=lambda evaluation: None) -> dict:
     windows = eval_windows(corpus.held_out, args.context, args.eval_windows)
     stats_windows = windows[:args.stats_windows]
-    balanced = OutlierInjection("balanced", args.outlier_factor, pairs=1, seed=args.seed)
-    scaled = OutlierInjection("scaled", args.scaled_factor, pairs=1, seed=args.seed)
-    scenarios = [  # (name, injection, attentions)
-        ("trained", None, {"bf16": "bf16", "sdpa": "sdpa", "fp8": "fp8", "fp8_rotate": "fp8_rotate"}),
-        ("balanced_outliers", balanced, {"bf16": "bf16", "sdpa": "sdpa", "fp8": "fp8", "fp8_rotate": "fp8_rotate"}),
-        ("scaled_outliers", scaled, {"bf16": "bf16", "sdpa": "sdpa", "fp8": "fp8", "fp8_rotate": "fp8_rotate"}),
-    ]
+    attentions = {"bf16": "bf16", "sdpa": "sdpa", "fp8": "fp8", "fp8_rotate": "fp8_rotate"}
+    scenarios = [("trained", None, attentions)]  # (name, injection, attentions)
+    scenarios += [(f"{i.mode}_x{i.factor:g}", i, attentions) for i in args.injections]
     passes = sum(len(a) for _, _, a in scenarios)
     seconds_each = args.eval_minutes * 60 / passes
     log(f"evaluating on {windows.shape[0]} held-out windows of {args.context} bytes "
@@ -216,12 +221,21 @@ def run_evaluation(model, corpus, args, device, autocast_dtype, log: Progress) -
     out = {"windows": int(windows.shape[0]), "tokens": int(windows.shape[0] * args.context), "scenarios": {}}
     for name, injection, attentions in scenarios:
         stats = qk_statistics(model, stats_windows, qk_hook=injection, **common)
+        errors = attention_errors(model, windows[:args.error_windows], attentions, qk_hook=injection,
+                                  **dict(common, batch=min(args.eval_batch, 4)))
         result = evaluate(model, windows, attentions, qk_hook=injection, seconds_each=seconds_each,
                           log=lambda m: log(m, force=True), **common)
         result["injection"] = injection.describe() if injection else None
         result["qk_statistics"] = stats
+        result["attention_rel_rmse"] = errors
         out["scenarios"][name] = result
+        if result["windows"] and result["windows"] < windows.shape[0]:
+            # passes stopped by the time budget: the next scenarios use the same (first) windows as this one
+            windows = windows[:result["windows"]]
+            out["windows"], out["tokens"] = int(windows.shape[0]), int(windows.shape[0] * args.context)
+            log(f"  the time budget cut the held-out set to {windows.shape[0]} windows", force=True)
         log(f"{name}: " + ", ".join(f"{k} {v['loss']:.4f}" for k, v in result["by_attention"].items()), force=True)
+        save(out)  # what is done so far, should the run be cut off
     return out
 
 
@@ -238,6 +252,18 @@ def stats_table(stats: list[dict]) -> str:
         lines.append(f"{row['layer']} | {q['max_over_rms']:.1f} | {q['head_max_over_rms']:.1f} | "
                      f"{q['channel_rms_ratio']:.1f} | {k['max_over_rms']:.1f} | {k['head_max_over_rms']:.1f} | "
                      f"{k['channel_rms_ratio']:.1f} | {q['top_channels']} | {k['top_channels']}")
+    return "\n".join(lines)
+
+
+def errors_table(evaluation: dict) -> str:
+    names = ["bf16", "sdpa", "fp8", "fp8_rotate"]
+    lines = ["model | layer | " + " | ".join(f"{n} rel-RMSE" for n in names)]
+    for scenario, result in evaluation["scenarios"].items():
+        for row in result["attention_rel_rmse"]["rel_rmse"]:
+            lines.append(f"{scenario} | {row['layer']} | " + " | ".join(
+                f"{row[n]:.2e}" if n in row else "-" for n in names))
+        for name, error in result["attention_rel_rmse"]["errors"].items():
+            lines.append(f"{scenario} | - | {name} failed: {error[:120]}")
     return "\n".join(lines)
 
 
@@ -298,7 +324,7 @@ def main(argv=None) -> int:
     log(f"model: {config} ({parameters / 1e6:.1f}M parameters) on {device}, training attention "
         f"{args.train_attention}", force=True)
 
-    result = {"args": vars(args), "config": config.__dict__, "parameters": parameters, "corpus": info,
+    result = {"args": {k: v for k, v in vars(args).items() if k != "injections"}, "config": config.__dict__, "parameters": parameters, "corpus": info,
               "environment": environment(device)}
     training = train(model, corpus, args, device, autocast_dtype, log)
     result["training"] = training
@@ -306,20 +332,30 @@ def main(argv=None) -> int:
         path = out_dir / "fp8_attention_accuracy_weights.pt"
         torch.save(model.state_dict(), path)
         log(f"weights saved to {path}", force=True)
-    evaluation = run_evaluation(model, corpus, args, device, autocast_dtype, log)
+    json_path = out_dir / "fp8_attention_accuracy.json"
+
+    def save(evaluation=None):
+        if evaluation is not None:
+            result["evaluation"] = evaluation
+        json_path.write_text(json.dumps(result, indent=1))
+    save()
+    evaluation = run_evaluation(model, corpus, args, device, autocast_dtype, log, save)
     result["evaluation"] = evaluation
     natural = evaluation["scenarios"]["trained"]["qk_statistics"]
     result["has_natural_outliers"] = has_outliers(natural)
     result["seconds_total"] = round(time.perf_counter() - started, 1)
-    (out_dir / "fp8_attention_accuracy.json").write_text(json.dumps(result, indent=1))
+    save()
 
     print("\nQ/K statistics of the trained model (as attention receives them, after rotary):")
     print(stats_table(natural))
     print(f"outlier channels (a channel RMS >= 8x the median): {'yes' if result['has_natural_outliers'] else 'no'}")
-    for name in ("balanced_outliers", "scaled_outliers"):
-        injection = evaluation["scenarios"][name]["injection"]
-        print(f"\nQ/K statistics with {name} injected ({injection}):")
-        print(stats_table(evaluation["scenarios"][name]["qk_statistics"]))
+    for name, scenario in evaluation["scenarios"].items():
+        if scenario["injection"]:
+            print(f"\nQ/K statistics with {name} injected ({scenario['injection']}):")
+            print(stats_table(scenario["qk_statistics"]))
+    print(f"\neach layer's attention output against float64 attention on the same Q, K, V (the layers fed by "
+          f"bf16 attention; {args.error_windows} windows):")
+    print(errors_table(evaluation))
     print(f"\nheld-out: {evaluation['windows']} windows, {evaluation['tokens']:,} tokens; trained {training['steps']} "
           f"steps ({training['tokens']:,} tokens, {training['tokens_per_s']:,} tokens/s); JSON in "
           f"{out_dir / 'fp8_attention_accuracy.json'}; {result['seconds_total']:.0f} s in all")

@@ -147,11 +147,17 @@ def test_the_attention_switch():
     torch.manual_seed(0)
     model = GPT(GPTConfig(layers=1, width=16, heads=2, context=16), attention="sdpa", compute_dtype=torch.float32)
     tokens = torch.randint(0, 256, (1, 16))
+    calls = []
+
+    def recorded(q, k, v):
+        calls.append((q.shape, model.attention.layer))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     with torch.no_grad():
         by_sdpa = model(tokens)
-        model.attention.set("bf16")  # tilecore.attention (here in float32, Triton's interpreter)
-        by_tilecore = model(tokens)
-    torch.testing.assert_close(by_tilecore, by_sdpa, atol=1e-5, rtol=1e-5)
+        model.attention.set(recorded)
+        assert torch.equal(model(tokens), by_sdpa)
+    assert calls == [((1, 2, 16, 8), 0)]  # (batch, heads, tokens, head_dim), layer 0
+    # tilecore.attention ("bf16") against SDPA: in test_the_command_runs_its_cpu_smoke (outside the interpreter)
     with pytest.raises(ValueError, match="bf16, fp8, fp8_rotate, sdpa"):
         attention_function("fp4")
 
@@ -206,7 +212,7 @@ def test_balanced_injection_keeps_the_function_and_makes_outliers():
     balanced = evaluate.OutlierInjection("balanced", factor=16.0)
     model.attention.qk_hook = balanced
     injected = evaluate.window_losses(model, windows, batch=8, device=cpu)
-    torch.testing.assert_close(injected, clean, atol=1e-5, rtol=1e-5)  # Q K^T unchanged
+    assert (injected - clean).abs().max() < 1e-5  # Q K^T unchanged (torch.testing's first call imports for seconds)
     model.attention.qk_hook = evaluate.OutlierInjection("scaled", factor=4.0)
     assert (evaluate.window_losses(model, windows, batch=8, device=cpu) - clean).abs().max() > 1e-4
     model.attention.qk_hook = None
@@ -222,13 +228,26 @@ def test_balanced_injection_keeps_the_function_and_makes_outliers():
     assert (q_scale == 16).sum(1).tolist() == (k_scale == 16).sum(1).tolist() == [1] * TINY.heads
 
 
+def test_attention_errors_against_float64_per_layer():
+    model, windows = _tiny_model_and_windows()
+    candidates = {"bf16": "sdpa", "fp8": fp8_stand_in(False), "fp8_rotate": fp8_stand_in(True)}
+    result = evaluate.attention_errors(model, windows[:2], candidates, batch=2, device=torch.device("cpu"),
+                                       qk_hook=evaluate.OutlierInjection("balanced", 16.0))
+    assert result["errors"] == {} and [row["layer"] for row in result["rel_rmse"]] == list(range(TINY.layers))
+    for row in result["rel_rmse"]:
+        assert row["bf16"] < 1e-5  # float32 SDPA against float64
+        assert 1e-3 < row["fp8"] < 0.2 and 1e-3 < row["fp8_rotate"] < 0.2  # e4m3's 2^-4 steps, averaged
+    assert model.attention.kind == "sdpa" and model.attention.qk_hook is None
+
+
 # -- the command ---------------------------------------------------------------------------------------
 
 def test_the_command_runs_its_cpu_smoke(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # tilecore on the CPU: torch's ops
     env["OMP_NUM_THREADS"] = "1"  # as _one_thread
     r = subprocess.run([sys.executable, str(EXAMPLE / "train.py"), "--device", "cpu", "--smoke", "--steps", "3",
-                        "--eval-windows", "4", "--stats-windows", "2", "--out", str(tmp_path)],
+                        "--eval-windows", "4", "--stats-windows", "2", "--inject", "balanced:16,scaled:4",
+                        "--out", str(tmp_path)],
                        capture_output=True, text=True, env=env, timeout=240)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "model | attention |" in r.stdout
@@ -236,8 +255,11 @@ def test_the_command_runs_its_cpu_smoke(tmp_path):
     assert result["training"]["steps"] == 3 and math.isfinite(result["training"]["final_train_loss"])
     trained = result["evaluation"]["scenarios"]["trained"]
     assert trained["errors"] == {}, trained["errors"]
+    assert trained["by_attention"]["sdpa"]["diff"] == pytest.approx(0, abs=1e-5)  # tilecore.attention = SDPA
     for name in ("bf16", "sdpa", "fp8", "fp8_rotate"):  # fp8: tilecore's FP8 attention (its CPU emulation)
         assert math.isfinite(trained["by_attention"][name]["loss"])
     for name in ("fp8", "fp8_rotate"):
         assert abs(trained["by_attention"][name]["rel_ppl"]) < 0.05  # a near-uniform model: FP8 barely moves it
     assert len(trained["qk_statistics"]) == 2 and not list(tmp_path.glob("*.pt"))  # no weights saved
+    assert all(row["fp8"] > row["bf16"] for row in trained["attention_rel_rmse"]["rel_rmse"])
+    assert set(result["evaluation"]["scenarios"]) == {"trained", "balanced_x16", "scaled_x4"}
