@@ -359,8 +359,20 @@ def main(argv=None) -> int:
     print(f"\nheld-out: {evaluation['windows']} windows, {evaluation['tokens']:,} tokens; trained {training['steps']} "
           f"steps ({training['tokens']:,} tokens, {training['tokens_per_s']:,} tokens/s); JSON in "
           f"{out_dir / 'fp8_attention_accuracy.json'}; {result['seconds_total']:.0f} s in all")
+    print(target_line(evaluation))
     print(results_table(evaluation))
     return 0
+
+
+def target_line(evaluation: dict, target: float = 0.005) -> str:
+    """Issue 34's target on the trained model: fp8_rotate's perplexity within 0.5% of bf16's."""
+    row = evaluation["scenarios"]["trained"]["by_attention"].get("fp8_rotate", {})
+    if "rel_ppl" not in row:
+        return "target (fp8_rotate within 0.5% of bf16's perplexity): not measured"
+    lo, hi = row["rel_ppl_ci95"]
+    verdict = "met" if max(abs(lo), abs(hi)) <= target else "not met" if min(abs(lo), abs(hi)) > target else "unclear"
+    return (f"target (fp8_rotate within {100 * target:.1f}% of bf16's perplexity, trained model): {verdict} "
+            f"({100 * row['rel_ppl']:+.3f}%, 95% CI [{100 * lo:+.3f}, {100 * hi:+.3f}])")
 
 
 if __name__ == "__main__":
