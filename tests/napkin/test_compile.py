@@ -136,3 +136,56 @@ def test_compile_emits_text_and_names_what_it_takes():
         f(**{**ins, "X": ins["X"].float()})
     with pytest.raises(ValueError, match="missing"):
         f(X=ins["X"])
+
+
+HOPPER_CHECK = r'''
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+from tilecore.napkin import Diagram, models
+from tilecore.napkin import compile as napkin_compile
+from tilecore.ops.napkin_compiled.run import _module
+from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
+bf = torch.bfloat16
+M, K, N = 8192, 4096, 14336
+X, W, G = torch.empty(M, K, dtype=bf), torch.empty(K, N, dtype=bf), torch.empty(M, N, dtype=bf)
+mod = _module(napkin_compile(models.gated_mlp(tokens=M, model=K, hidden=N)).source)
+dual = compile_kernel(mod.stage_0_G_tma, dict(
+    A=TensorDescriptor.from_tensor(X, [128, 64]), W0=TensorDescriptor.from_tensor(W, [64, 128]),
+    W1=TensorDescriptor.from_tensor(W, [64, 128]), OUT=G, M=M, N=N, K=K, stride_am=K, stride_ak=1,
+    stride_w0k=N, stride_w0n=1, stride_w1k=N, stride_w1n=1, stride_om=N, stride_on=1, BM=128, BN=128,
+    BK=64, GROUP=8), num_warps=8, num_stages=4)
+g = Diagram("a", q=4096, x=4096, d=128, e=128)
+Q, K_, V = g.input("Q", "q d"), g.input("K", "x d"), g.input("V", "x e")
+S = g.map("softcap(30.0)", g.contract(Q, K_, out="q x", name="S", dtype="fp32"), name="Sc", dtype="fp32")
+g = g.output(g.softmax_contract(S, V, over="x", name="O", causal="q")).weave("h", 16, ["Q", "K", "V"])
+mod = _module(napkin_compile(g).source)
+q, o = torch.empty(16, 4096, 128, dtype=bf), torch.empty(1, 16, 4096, 128, dtype=bf)
+att = compile_kernel(mod.attention_fwd_tma, dict(
+    Q=TensorDescriptor.from_tensor(q, [1, 128, 128]), K=TensorDescriptor.from_tensor(q, [1, 64, 128]),
+    V=TensorDescriptor.from_tensor(q, [1, 64, 128]), O=o, H=16, NQ=4096, NX=4096, sqb=0, sqh=0, sqm=0,
+    sqd=0, skb=0, skh=0, skn=0, skd=0, svb=0, svh=0, svn=0, sve=0, sob=16 * 4096 * 128, soh=4096 * 128,
+    som=128, soe=1, D=128, E=128, BM=128, BN=64, CAUSAL=True, EVEN_Q=True, EVEN_X=True), num_warps=8, num_stages=3)
+for name, ck in (("dual", dual), ("attention", att)):
+    r, ins = resources(ck), has_hopper_instructions(ck.asm["ptx"])
+    print(name, r.registers, r.spill_stores, r.spill_loads, r.shared, ins["wgmma"], ins["tma"])
+'''
+
+
+def test_compiled_kernels_compile_for_hopper_with_wgmma_and_tma():
+    # the GPU's compiler, on the CPU (TRITON_INTERPRET unset in a fresh process): the dual GEMM with its
+    # epilogue and the causal softcap attention take wgmma and TMA, without spills, within shared memory
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", HOPPER_CHECK], capture_output=True, text=True, timeout=300,
+                       env=env, cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.split()[:1] in (["dual"], ["attention"])]
+    assert len(rows) == 2
+    for name, regs, spill_st, spill_ld, shared, wgmma, tma in rows:
+        assert wgmma == "True" and tma == "True", name
+        assert spill_st == spill_ld == "0" and int(regs) <= 255 and int(shared) <= 227 * 1024, name
