@@ -6,8 +6,9 @@ Measured (triton.testing.do_bench medians after warm-up):
   l2_bytes_per_s    a Triton kernel in which every thread block reads its slice of a 16 MiB working set
                     (fits the 50 MB L2) PASSES times: bytes read / time (the first pass comes from HBM)
   sfu_exp2_per_s    a Triton kernel of chained exp2 in registers (one MUFU op each), 132 x 8 blocks
-  launch_s          an empty Triton kernel launched back to back (eager, as do_bench times a call)
-  graph_launch_s    the same kernel replayed 100 times from one CUDA graph, per launch
+  launch_s          a 64 KiB copy launched back to back (eager, as do_bench times a call); the empty
+                    Triton kernel's time beside it (empty_launch_s: the launch alone)
+  graph_launch_s    the same copy replayed 100 times from one CUDA graph, per call (and the empty kernel's)
   tile_latency_s    one DRAM round trip: a single-thread pointer chase over 64 MiB (random order)
   matmul_flops      torch.matmul bf16 8192^3 (the sustained tensor-core rate the presets calibrate to)
 Tile claims at 8192^3 bf16 (a plain Triton tl GEMM, grouped tile order, 8 warps, 3 and 4 stages):
@@ -185,18 +186,29 @@ def measure_exp2(dev, smoke, sms):
     return {"sfu_exp2_per_s": programs * block * iters / (ms * 1e-3)}
 
 
+def _graph_per_call(fn, calls=100):
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median") * 1e-3 / calls
+
+
 def measure_launch(dev, smoke):
+    # launch_s / graph_launch_s as the napkin uses them: the fixed time of a small kernel that does a
+    # little DRAM work (a 64 KiB copy), eager and replayed from a graph; the empty kernel's figures are
+    # the launch alone (lower bounds)
     out = torch.zeros(1, device=dev)
-    fn = lambda: empty_kernel[(1,)](out)  # noqa: E731
-    res = {"launch_s": bench(fn, smoke) * 1e-3}
+    empty = lambda: empty_kernel[(1,)](out)  # noqa: E731
+    x = torch.randn(1 << 15, device=dev).to(torch.float16)      # 64 KiB
+    y = torch.empty_like(x)
+    small_copy = lambda: y.copy_(x)  # noqa: E731
+    res = {"launch_s": bench(small_copy, smoke) * 1e-3, "empty_launch_s": bench(empty, smoke) * 1e-3}
     if not smoke:
-        fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(100):
-                fn()
-        res["graph_launch_s"] = bench(g.replay, smoke) * 1e-3 / 100
+        res["graph_launch_s"] = _graph_per_call(small_copy)
+        res["empty_graph_launch_s"] = _graph_per_call(empty)
     return res
 
 

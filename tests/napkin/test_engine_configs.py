@@ -1,5 +1,6 @@
 """The napkin ranks GEMM tile configurations (a Triton perf_model hook too) and folds measured
 constants into the presets."""
+import dataclasses
 import json
 import math
 
@@ -16,10 +17,15 @@ def test_shipped_gemm_tile_is_in_the_napkins_top_k_at_8192_cubed():
     assert (shipped["block"], shipped["stages"]) in [(c.block, c.stages) for c in top]
     ranked = rank_gemm_configs(8192, 8192, 8192, "bf16", "h100")
     assert [c.time for c in ranked] == sorted(c.time for c in ranked)
-    small = next(c for c in ranked if c.block == (128, 128, 64))
-    # the issue's claim, on the preset: 128 x 128 tiles are L2-bound near 635 TFLOP/s
-    assert small.derivation.bound.startswith("L2") and small.tflops == pytest.approx(635, rel=0.03)
     assert all(c.derivation.M["SMEM"] <= 227 * 1024 for c in ranked)
+    # the issue's claim came from the 10 TB/s L2 estimate: 128 x 128 tiles L2-bound near 635 TFLOP/s;
+    # at the measured 14.49 TB/s they are tensor-bound (notes/napkin: the claim's cause is refuted)
+    estimate = dataclasses.replace(H100, levels=(H100.levels[0], dataclasses.replace(H100.levels[1], bandwidth=10e12))
+                                   + H100.levels[2:])
+    old = next(c for c in rank_gemm_configs(8192, 8192, 8192, "bf16", estimate) if c.block == (128, 128, 64))
+    assert old.derivation.bound.startswith("L2") and old.tflops == pytest.approx(635, rel=0.03)
+    now = next(c for c in ranked if c.block == (128, 128, 64))
+    assert now.tflops > 1.05 * old.tflops and now.time > top[0].time
 
 
 def test_perf_model_hook_orders_triton_configs():
@@ -29,7 +35,8 @@ def test_perf_model_hook_orders_triton_configs():
                   num_warps=4)
     huge = model(M=8192, N=8192, K=8192, BLOCK_M=512, BLOCK_N=512, BLOCK_K=128, num_stages=4, num_warps=8)
     assert 0 < big < small and math.isinf(huge)
-    assert big == pytest.approx(2 * 8192 ** 3 / 842e12 * 1e3, rel=0.05)   # ms
+    same = next(c for c in rank_gemm_configs(8192, 8192, 8192) if (c.block, c.stages, c.warpgroups) == ((128, 256, 64), 3, 2))
+    assert big == pytest.approx(same.time * 1e3)   # ms
     with pytest.raises(ValueError, match="BLOCK_M"):
         model(M=1, N=1, K=1)
 

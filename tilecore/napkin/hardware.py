@@ -191,8 +191,10 @@ A100 = _gpu(
 H100 = _gpu(
     "h100", "H100-SXM5-80GB", sms=132, clock_hz=1.83e9,  # 989.4e12 / (132 SMs x 4096 FLOP/clk)
     hbm=(80e9, 3.35e12), hbm_src="NVIDIA H100 datasheet: HBM3 3.35 TB/s (SXM)",
-    l2_bytes=50 * 2**20, l2_bw=10e12,
-    l2_src="H100 whitepaper: 50 MB L2; bandwidth not published, 10 TB/s is an estimate (+-30%)",
+    l2_bytes=50 * 2**20, l2_bw=14.49e12,
+    l2_src="H100 whitepaper: 50 MB L2; bandwidth measured: 14.49 TB/s reading a 16 MiB working set 64 times "
+           "from 528 thread blocks (experiments/napkin/gpu_constants.py on the lent H200, the same GH100 die "
+           "and L2: notes/napkin/runs/napkin_gpu_constants_session25_h200.json); was a 10 TB/s estimate",
     smem_kb=228, smem_block_kb=227,
     tensor={"tf32": 494.7e12, "fp16": 989.4e12, "bf16": 989.4e12, "fp8": 1978.9e12},
     tensor_src="NVIDIA H100 datasheet (SXM), dense = half the sparse figures: TF32 494.7, "
@@ -205,10 +207,13 @@ H100 = _gpu(
         "launch_s 4.6 us: benchmarks/results/h100-80gb-hbm3/copy.json, the 64 KiB-1 MiB copies "
         "(torch copy_ and a Triton copy, eager do_bench medians) take 4.6-5.4 us where the bytes take "
         "<= 0.7 us; experiments/napkin/gpu_constants.py measures it again (empty kernel, eager and graph)",
-        "graph_launch_s 2.5 us: an estimate (a graph kernel node's start, one DRAM round trip, the tail), "
-        "not yet measured; gpu_constants.py measures an empty kernel replayed from a CUDA graph",
-        "tile_latency_s 0.7 us: an estimate of a loaded H100's DRAM round trip (unloaded ~0.5 us, "
-        "Hopper microbenchmark papers; queueing under load adds); gpu_constants.py measures a pointer chase",
+        "graph_launch_s 2.5 us: an estimate (a graph kernel node's start, its first loads, the tail); an "
+        "empty kernel replayed from a graph takes 0.55 us on the lent H200 (napkin_gpu_constants_session25_h200"
+        ".json), a lower bound: a real kernel's first loads and tail come on top (gpu_constants.py now also "
+        "times a 64 KiB copy replayed from a graph, the same quantity as launch_s)",
+        "tile_latency_s 0.7 us: an estimate of a DRAM round trip under load; unloaded, a pointer chase "
+        "over 64 MiB takes 0.34 us a step on the lent H200 (napkin_gpu_constants_session25_h200.json), a "
+        "lower bound (queueing behind a full wave's loads comes on top)",
         "mma_sync_fraction 2/3: FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608, sec. 2): Hopper's "
         "mma.sync reaches about 2/3 of the tensor cores' peak; wgmma is needed for the rest",
         "exposed_sfu 2/3: the napkin paper's account of FA3 (shared/napkin.md: softmax overhead costs 4/3 "
