@@ -55,6 +55,12 @@ def quantize_cases(which):
     first += [("q", f, 128, {}, t) for f in ("fp8_e4m3", "mxfp4") for t in
               ({"tile_elems": 8192}, {"num_warps": 4}, {"tile_elems": 4096, "num_warps": 4})]
     first += [("q", f, n, {}, {"num_stages": 2}) for f in ("fp8_e4m3", "mxfp4") for n in (1024, 16384, 32768)]
+    if which == "final":  # the shipped plans: every format at every size and model width, a few variants
+        cases = [("q", f, n, {}, {}) for f in FORMATS for n in POW2 + (14336, 28672, 11008, 18944)]
+        cases += [("q", f, 14336, {}, {"num_warps": 4}) for f in ("fp8_e4m3", "mxfp4")]
+        cases += [("q", "fp8_e4m3", 4096, {}, {"legacy": True}), ("q", "fp8_e4m3", 4096, {"group": 128}, {}),
+                  ("q", "mxfp4", 4096, {"block": 32}, {}), ("t", 4096), ("t", 14336)]
+        return cases
     if which == "quick":
         return first
     rest = [("q", f, n, {}, {}) for f in FORMATS[1:] for n in POW2 if n not in (1024, 4096, 32768)]
@@ -65,6 +71,9 @@ def quantize_cases(which):
 def kron_cases(which):
     if SMOKE:
         return [("k", 12, 16, {})]
+    if which == "final":
+        return [("k", m, p, {}) for m in (12, 20, 28) for p in (64, 256, 512, 1024, 2048)] + \
+               [("k", m, 64, {}) for m in (140, 148, 156, 172)] + [("k", 12, 64, {"num_warps": 8, "tile_elems": 8192})]
     cases = [("k", m, p, {}) for m in (12, 20, 28) for p in (64, 256, 1024, 2048)]
     cases += [("k", m, 64, {}) for m in (140, 148, 156, 172)]
     cases += [("k", 28, 512, t) for t in ({"num_warps": 4}, {"num_warps": 16}, {"waves": 1}, {"waves": 16})]
@@ -136,10 +145,13 @@ def _warm_one(case):
         _import()
         import torch
 
-        n = case[2] if case[0] == "q" else case[1] * case[2]
+        n = case[2] if case[0] == "q" else case[1] if case[0] == "t" else case[1] * case[2]
         x = torch.randn(_rows(n), n, dtype=torch.bfloat16, device=DEV)
         if case[0] == "q":
             run, _ = _quantize_runner(case, x)
+        elif case[0] == "t":
+            from tilecore.ops.hadamard import hadamard_transform
+            run = lambda: hadamard_transform(x, n**-0.5)  # noqa: E731
         else:
             run, _ = _kron_runner(case, x, torch.empty_like(x))
         run()
@@ -200,7 +212,9 @@ def phase_check(result, save=lambda: None):
     cases += [("fp8_e4m3", 4096, {"group": 128}, torch.bfloat16), ("fp8_e4m3", 256, {"group": 128}, torch.bfloat16),
               ("mxfp4", 4096, {"block": 32}, torch.bfloat16), ("nvfp4", 4096, {"scale": 0.002}, torch.bfloat16),
               ("int4", 4096, {"block": 128}, torch.bfloat16), ("fp8_e4m3", 1024, {"signs": True}, torch.bfloat16),
-              ("fp8_e4m3", 1024, {"scale": 0.01}, torch.bfloat16)]
+              ("fp8_e4m3", 1024, {"scale": 0.01}, torch.bfloat16), ("fp8_e4m3", 32768, {}, torch.bfloat16),
+              ("mxfp4", 32768, {}, torch.bfloat16), ("fp8_e4m3", 14336, {}, torch.bfloat16),
+              ("int8", 11008, {}, torch.float16), ("nvfp4", 14336, {}, torch.bfloat16)]
     if SMOKE:
         cases = cases[:3] + cases[-3:]
     for fmt, n, kw, dtype in cases:
@@ -320,8 +334,14 @@ def phase_time(result, which, deadline, compiled):
             continue
         row = {"case": repr(case)}
         try:
-            n = case[2] if case[0] == "q" else case[1] * case[2]
+            n = case[2] if case[0] == "q" else case[1] if case[0] == "t" else case[1] * case[2]
             x = torch.randn(_rows(n), n, dtype=torch.bfloat16, device=DEV)
+            if case[0] == "t":  # tilecore.hadamard_transform itself, bf16 in and out
+                from tilecore.ops.hadamard import hadamard_transform
+                ms = _bench(lambda: hadamard_transform(x, n**-0.5))
+                row.update(path="transform", ms=round(ms, 4), copy_pct=round(100 * copy_ms(4 * x.numel()) / ms, 1), config={})
+                out.append(row)
+                continue
             if case[0] == "q":
                 run, plan = _quantize_runner(case, x)
                 codes, scales = run()[:2]
@@ -343,7 +363,7 @@ def phase_time(result, which, deadline, compiled):
         from tilecore.ops.hadamard.quantize import hadamard_quantize
         from tilecore.ops.hadamard.quantize_reference import quantize_rotated
 
-        for fmt in ("fp8_e4m3", "mxfp4", "int8"):
+        for fmt in ("fp8_e4m3", "mxfp4"):
             if time.time() > deadline - 40:
                 break
             row = {"case": f"unfused compiled {fmt} 4096"}
@@ -405,7 +425,7 @@ def table(result):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--set", default="quick", choices=("quick", "full", "kron"))
+    ap.add_argument("--set", default="quick", choices=("quick", "full", "kron", "final"))
     ap.add_argument("--phases", default="warm,check,time")
     ap.add_argument("--budget", type=float, default=180.0)
     ap.add_argument("--compiled", action="store_true")

@@ -84,6 +84,15 @@ CPU_CHUNK_ELEMS = 1 << 22
 # longer rows take two passes through a float32 workspace, the first in column chunks of this width
 KRON_MAX_TILE_ELEMS = 32768
 KRON_TILE_ELEMS = 8192  # a tile's elements where several rows fit (M_PAD < 64), as TUNING's 4096-16384
+KRON_MAX_ROWS = 4  # ... at most this many rows (batched products of 4 rows: 43-56% of copy at 12/20/28 x 64
+#                    where 2 or 8 ran 26-42%, 4 warps; H200, session 25, notes/hadamard/README.md)
+KRON_WARPS = 4  # the fused kernel's warps: 4 ran 1.1-2.5x faster than 8 or 16 at every 12/20/28 x 2^k timed
 KRON_CHUNK_COLUMNS = 64
-KRON_WAVES = 4  # programs per SM of the persistent grid (not yet timed on the H100)
-QUANT_TILE_ELEMS = 8192  # hadamard_quantize's tile where several rows fit (quantize.plan_quantize; not yet timed)
+KRON_WAVES = 4  # programs per SM of the persistent grid (8 and 16 timed: within 1% but at 12 x 512)
+QUANT_TILE_ELEMS = 8192  # hadamard_quantize's kron-tiled tile where several rows fit (quantize.kernel_plan)
+
+# hadamard_quantize's "pow2" path (quantize.pow2_plan): hadamard_transform's TUNING / TMA_TUNING tile, with
+# these overrides by n (session 25, H200: 4096 at 3 stages 0.359 ms against 6 stages' 0.406, fp8), and
+# codes through TMA only for the packed 4-bit formats (fp8 at 4096: pointers 0.342 ms, TMA 0.359; mxfp4:
+# TMA 0.467, pointers 0.666)
+QUANT_POW2_TUNING = {4096: dict(num_stages=3)}

@@ -74,8 +74,13 @@ def kernel_plan(rows: int, m: int, p: int, dtype: torch.dtype, sms: int, interpr
         # M_PAD >= 64 (the power-of-two kernel measured batched products of 64+ rows 2-15x slower)
         B = 1 if m_pad >= 64 else max(1, min(tuning.get("tile_elems") or configs.KRON_TILE_ELEMS,
                                              configs.KRON_MAX_TILE_ELEMS) // (m_pad * Q * S))
-        elems = B * m_pad * Q * S  # float32 values a program holds: 16 warps at 32768 (8 spilled there)
-        warps = tuning.get("num_warps") or (16 if elems >= 32768 else 8 if elems >= 8192 else 4)
+        if not tuning.get("tile_elems"):
+            B = min(B, configs.KRON_MAX_ROWS)
+        # 4 warps measured fastest at every m < 64 timed, 32768-value rows included (they spill there, and
+        # 16 warps ran 3-10% slower; notes/hadamard/README.md, session 25); M_PAD 256 as before (untimed)
+        elems = B * m_pad * Q * S
+        warps = tuning.get("num_warps") or (configs.KRON_WARPS if m_pad < 64 else
+                                             16 if elems >= 32768 else 8 if elems >= 8192 else 4)
         grid = max(1, min(cdiv(rows, B), sms * (tuning.get("waves") or configs.KRON_WAVES)))
         return KronPlan("fused", m, p, grid=(grid,), config=dict(
             common, Q=Q, S=S, B=B, CHUNKS=1, TRANSFORM=p > 1, GRID=grid, num_warps=warps,

@@ -141,7 +141,7 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
     # pointers with TUNING's tile; the codes always through pointers
     load, _, preset = pow2_plan_module.tma_sides(n, fp32, tuning.get("tma"), {}, rows * n)
     over = {k: tuning[k] for k in ("split", "tile_elems", "num_warps", "num_stages", "waves") if tuning.get(k)}
-    merged = {**(preset if load else {}), **over}
+    merged = {**(preset if load else {}), **(configs.QUANT_POW2_TUNING.get(n, {}) if load else {}), **over}
     cfg = pow2_plan_module.tl_config(n, fp32=fp32, **merged)
     if g < n and cfg["N1"] * cfg["N2"] < g:  # a group must sit inside a slice (n = 256: (4, 1, 64))
         cfg = pow2_plan_module.tl_config(n, fp32=fp32, **{**merged, "split": (n // 128, 1, 128)})
@@ -154,7 +154,7 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
     return QuantizePlan("pow2", grid=(grid,), rscale=n**-0.5, config=dict(
         N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"], IN_PIECES=3 if fp32 else 1,
         MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=tl.bfloat16, GRID=grid, TMA_LOAD=bool(load),
-        TMA_STORE=bool(load) and tuning.get("tma_store", True) and (cfg["N2"] // (2 if f.packed else 1)) >= 16,
+        TMA_STORE=bool(load) and tuning.get("tma_store", f.packed) and (cfg["N2"] // (2 if f.packed else 1)) >= 16,
         SIGNS=signs, FORMAT=f.kernel_id, G=g, STATIC=static_fp8, PACKED=f.packed, QMAX=f.qmax,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
 

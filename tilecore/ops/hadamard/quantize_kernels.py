@@ -426,32 +426,36 @@ def _group_divisor(div):
 
 
 @triton.jit
-def _quotient(y, div, recip, div_e):
+def _quotient(y, div, recip, div_e, STATIC: tl.constexpr):
     """y / div rounded to nearest as div.rn rounds it, in three instructions a value on the GPU: with
     r = RN(1 / div) and q = RN(y r), the residual y - q div is exact in an FMA and q + (y - q div) r
     rounds to RN(y / div) (Markstein's theorem; no overflow or underflow here: |y / div| <= the format's
     qmax). div = inf (div_e = 0): q = y x 0, which is y / inf (0, NaN for inf). The interpreter's fma
-    rounds twice: there div_rn itself."""
+    rounds twice: there div_rn itself. STATIC (a given finite scale): y = +-inf keeps q = +-inf (the
+    residual would be inf - inf), which the format saturates, as inf / s does."""
     if _INTERPRETED:
         return tl.math.div_rn(y, div)
     q = y * recip
-    return tl.fma(tl.fma(-q, div_e, y), recip, q)
+    r = tl.fma(tl.fma(-q, div_e, y), recip, q)
+    if STATIC:
+        r = tl.where(tl.abs(q) == float("inf"), q, r)
+    return r
 
 
 @triton.jit
-def _codes_fast(y, div, stored, recip, div_e, FORMAT: tl.constexpr, QMAX: tl.constexpr):
+def _codes_fast(y, div, stored, recip, div_e, FORMAT: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr):
     """_codes with fewer instructions a value (the same codes but for fp8 NaN's sign bit:
     tests/hadamard/test_hadamard_quantize.py; the GPU check experiments/hadamard/gpu_quantize_probe.py)."""
     if FORMAT == MXFP4:
         code = tl.where(stored == 255, 0, _e2m1_fast(y * (1.0 / div)))  # 1 / 2^e is exact
     elif FORMAT == NVFP4:
-        code = tl.where(div == div, _e2m1_fast(_quotient(y, div, recip, div_e)), 0)
+        code = tl.where(div == div, _e2m1_fast(_quotient(y, div, recip, div_e, False)), 0)
         code = tl.where(div < float("inf"), code, 0)
     elif FORMAT == E4M3 or FORMAT == E5M2:
-        code = _fp8_fast(_quotient(y, div, recip, div_e), FORMAT)
+        code = _fp8_fast(_quotient(y, div, recip, div_e, STATIC), FORMAT)
     else:
         # int8, int4: dynamic scales only, so |y / s| <= qmax (1 + 2^-23) rounds within +-qmax: no clamp
-        v = _quotient(y, div, recip, div_e)
+        v = _quotient(y, div, recip, div_e, False)
         if _INTERPRETED:
             code = tl.where(v != v, 0, _rint(v).to(tl.int32))
         else:
@@ -510,7 +514,7 @@ def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scale
     R: tl.constexpr = B * N1
     if G == N:
         code = _codes_fast(y, row_div[:, None], row_stored[:, None], row_recip[:, None], row_div_e[:, None],
-                           FORMAT, QMAX)
+                           FORMAT, QMAX, STATIC)
     elif G < N2:  # groups inside a tile row: [R, N2 / G, G]
         y3 = tl.reshape(y, (R, N2 // G, G))
         div, stored = _scale(_amax(y3, 2), gscale, FORMAT, STATIC, QMAX)  # [R, N2 / G]
@@ -522,7 +526,7 @@ def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scale
         tl.store(scales + row[:, None] * stride_scales + col[:, None] + k[None, :],
                  stored.to(scales.dtype.element_ty), mask=row[:, None] < rows)
         code = tl.reshape(_codes_fast(y3, div[:, :, None], stored[:, :, None], recip[:, :, None], div_e[:, :, None],
-                                      FORMAT, QMAX), (R, N2))
+                                      FORMAT, QMAX, STATIC), (R, N2))
     else:  # groups of SPAN consecutive tile rows (of one row: N1 % SPAN == 0)
         SPAN: tl.constexpr = G // N2
         if SPAN == 1:
@@ -540,7 +544,7 @@ def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scale
             stored = tl.reshape(tl.broadcast_to(stored[:, None], (R // SPAN, SPAN)), (R,))
             recip = tl.reshape(tl.broadcast_to(recip[:, None], (R // SPAN, SPAN)), (R,))
             div_e = tl.reshape(tl.broadcast_to(div_e[:, None], (R // SPAN, SPAN)), (R,))
-        code = _codes_fast(y, div[:, None], stored[:, None], recip[:, None], div_e[:, None], FORMAT, QMAX)
+        code = _codes_fast(y, div[:, None], stored[:, None], recip[:, None], div_e[:, None], FORMAT, QMAX, STATIC)
     _pow2_store_codes(codes, rows, stride_codes, tile, s, code, N, N1, N2, B, PACKED, TMA_STORE)
 
 
