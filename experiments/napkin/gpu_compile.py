@@ -228,6 +228,7 @@ NORM_CFGS = [dict(BM=128, BO=128, BK=64, GROUP=8, num_warps=8, num_stages=3),
 CHAIN_CFGS = CHAIN_CFGS + [{**CHAIN_CFGS[0], "tma": False}]
 DUAL_CFGS = CHAIN_CFGS
 ATT_CFGS = ATT_CFGS + [{**ATT_CFGS[0], "tma": False}]
+NORM_CFGS = NORM_CFGS + [{**NORM_CFGS[1], "tma": False}]
 
 
 def record(case, t_compiled, t_pred, t_peer, peer, flops, cfg, rows):

@@ -320,6 +320,7 @@ def _attention(d: Diagram) -> Program:
         if n < 16 or n & (n - 1):
             raise CompileError(f"head dim {what} = {n}: the emitted kernel takes powers of two >= 16")
     causal = bool(last.causal) if softmax else False
+
     def emit(tma: bool) -> list:
       lines = ["", "",
                "@triton.jit",
@@ -462,76 +463,114 @@ def _rownorm(d: Diagram) -> Program:
     split = None
     if y_op is not None and all(op is y_op or op.output not in after_stats for op in tile_ops):
         split = row_factor_split(y_op.label, list(y_op.inputs), stat_names | set(rows))
+    # where the tile part is X itself times vector factors (RMSNorm's x * w), the factors go into the
+    # weight first (P' = w[:, None] * P, one pass over P): both MMA operands then come straight from
+    # memory. An operand made by ALU instructions in the loop makes ptxas serialize the wgmma (C7515).
+    prescale = None
+    if split:
+        def names(f):
+            return {y_op.inputs[PLACEHOLDERS.index(nd.id)] for nd in ast.walk(f)
+                    if isinstance(nd, ast.Name) and nd.id in PLACEHOLDERS}
+        x_f = [f for f in split[0] if names(f) == {X.name}]
+        v_f = [f for f in split[0] if names(f) <= set(vecs)]
+        if len(x_f) == 1 and isinstance(x_f[0], ast.Name) and len(x_f) + len(v_f) == len(split[0]) and v_f:
+            prescale = v_f
     params = ["X"] + [f"VN{j}" for j in range(len(vecs))] + [f"VT{j}" for j in range(len(rows))] + \
         ["P", "OUT", "M", "N", "NO", "stride_xm", "stride_xn", "stride_pn", "stride_po", "stride_om", "stride_oo",
          "BM: tl.constexpr", "BO: tl.constexpr", "BK: tl.constexpr", "GROUP: tl.constexpr"]
-    L = [HEADER.format(name=d.name, family="rownorm"), "", "", "@triton.jit",
-         f"def rownorm_gemm({', '.join(params)}):",
-         f"    # X: [{t}=M, {n}=N] -> row statistic over N ({R.label}) -> operand [M, N] -> OUT = operand . P[N, {o}=NO]"
-         + ("; one pass: the statistic is a row factor of the operand, applied to the accumulator" if split else
-            "; two passes over the row"),
-         "    pid = tl.program_id(0)",
-         "    num_m = tl.cdiv(M, BM)",
-         "    num_o = tl.cdiv(NO, BO)",
-         "    group = GROUP * num_o  # GROUP row tiles run together: their X rows and P's columns stay in L2",
-         "    first_m = (pid // group) * GROUP",
-         "    size_m = tl.minimum(num_m - first_m, GROUP)",
-         "    pid_m = first_m + (pid % group) % size_m",
-         "    pid_o = (pid % group) // size_m",
-         "    rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)",
-         "    ro = (pid_o * BO + tl.arange(0, BO)).to(tl.int64)",
-         "    rk = tl.arange(0, BK).to(tl.int64)"]
-    for j, v in enumerate(rows):
-        L.append(f"    {_var(v)} = tl.load(VT{j} + rm, mask=rm < M, other=0.0).to(tl.float32)[:, None]")
-    init = "float('-inf')" if kind == "max" else "0.0"
-    src = _var(R.inputs[0])
 
-    def loads():
-        out = ["        kk = k0 + rk",
-               "        inb = (rm[:, None] < M) & (kk[None, :] < N)",
-               f"        {_var(X.name)} = tl.load(X + rm[:, None] * stride_xm + kk[None, :] * stride_xn, mask=inb, other=0.0).to(tl.float32)"]
-        out += [f"        {_var(v)} = tl.load(VN{j} + kk, mask=kk < N, other=0.0).to(tl.float32)[None, :]"
-                for j, v in enumerate(vecs)]
-        return out
+    def emit(tma: bool) -> list:
+      L = ["", "", "@triton.jit",
+           f"def rownorm_gemm{'_tma' if tma else ''}({', '.join(params)}):",
+           f"    # X: [{t}=M, {n}=N] -> row statistic over N ({R.label}) -> operand [M, N] -> OUT = operand . P[N, {o}=NO]"
+           + ("; one pass: the statistic is a row factor of the operand, applied to the accumulator" if split else
+              "; two passes over the row"),
+           "    pid = tl.program_id(0)",
+           "    num_m = tl.cdiv(M, BM)",
+           "    num_o = tl.cdiv(NO, BO)",
+           "    group = GROUP * num_o  # GROUP row tiles run together: their X rows and P's columns stay in L2",
+           "    first_m = (pid // group) * GROUP",
+           "    size_m = tl.minimum(num_m - first_m, GROUP)",
+           "    pid_m = first_m + (pid % group) % size_m",
+           "    pid_o = (pid % group) // size_m",
+           "    rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)",
+           "    ro = (pid_o * BO + tl.arange(0, BO)).to(tl.int64)",
+           "    rk = tl.arange(0, BK).to(tl.int64)"]
+      for j, v in enumerate(rows):
+          L.append(f"    {_var(v)} = tl.load(VT{j} + rm, mask=rm < M, other=0.0).to(tl.float32)[:, None]")
+      init = "float('-inf')" if kind == "max" else "0.0"
+      src = _var(R.inputs[0])
 
-    def accumulate_stat():
-        if kind == "max":
-            return [f"        stat = tl.maximum(stat, tl.max(tl.where(inb, {src}, float('-inf')), 1)[:, None])"]
-        return [f"        stat += tl.sum(tl.where(inb, {src}, 0.0), 1)[:, None]"]
+      def loads():
+          out = ["        kk = k0 + rk",
+                 "        inb = (rm[:, None] < M) & (kk[None, :] < N)",
+                 ("        x_raw = X.load([pid_m * BM, k0])  # TMA: zero past the bounds" if tma else
+                  "        x_raw = tl.load(X + rm[:, None] * stride_xm + kk[None, :] * stride_xn, mask=inb, other=0.0)"),
+                 f"        {_var(X.name)} = x_raw.to(tl.float32)"]
+          out += [f"        {_var(v)} = tl.load(VN{j} + kk, mask=kk < N, other=0.0).to(tl.float32)[None, :]"
+                  for j, v in enumerate(vecs)]
+          return out
 
-    def finish_stat():
-        out = ["    stat = tl.where(rm[:, None] < M, stat, 1.0)  # rows past M: a finite statistic (masked at the store)",
-               f"    {_var(R.output)} = stat" + (" / N" if kind == "mean" else "")]
-        out += [f"    {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}" for op in row_ops]
-        return out
-    w_load = ("        w = tl.load(P + kk[:, None] * stride_pn + ro[None, :] * stride_po, "
-              "mask=(kk[:, None] < N) & (ro[None, :] < NO), other=0.0)")
-    L += [f"    stat = tl.full((BM, 1), {init}, dtype=tl.float32)", "    acc = tl.zeros((BM, BO), dtype=tl.float32)"]
-    if split:
-        tile_f, row_f = split
-        args = [_var(i) for i in y_op.inputs]
-        L += ["    for k0 in range(0, N, BK):  # one pass: the statistic and the contraction of the tile part"]
-        L += loads()
-        L += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}"
-              for op in tile_ops if op is not y_op]
-        L += accumulate_stat()
-        L += [f"        part = {' * '.join(_substituted(f, args) for f in tile_f)}", w_load,
-              "        acc = tl.dot(tl.where(inb, part, 0.0).to(w.dtype), w, acc)"]
-        L += finish_stat()
-        L += [f"    acc = acc * ({' * '.join(_substituted(f, args) for f in row_f)})"]
-    else:
-        L += ["    for k0 in range(0, N, BK):  # pass 1: the row statistic"]
-        L += loads()
-        L += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}"
-              for op in tile_ops if op.output not in after_stats]
-        L += accumulate_stat()
-        L += finish_stat()
-        L += ["    for k0 in range(0, N, BK):  # pass 2: the operand made in registers, contracted"]
-        L += loads()
-        L += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}" for op in tile_ops]
-        L += [w_load, f"        acc = tl.dot(tl.where(inb, {_var(Y)}, 0.0).to(w.dtype), w, acc)"]
-    L += ["    tl.store(OUT + rm[:, None] * stride_om + ro[None, :] * stride_oo, acc.to(OUT.dtype.element_ty),",
-          "             mask=(rm[:, None] < M) & (ro[None, :] < NO))"]
+      def accumulate_stat():
+          if kind == "max":
+              return [f"        stat = tl.maximum(stat, tl.max(tl.where(inb, {src}, float('-inf')), 1)[:, None])"]
+          return [f"        stat += tl.sum(tl.where(inb, {src}, 0.0), 1)[:, None]"]
+
+      def finish_stat():
+          out = ["    stat = tl.where(rm[:, None] < M, stat, 1.0)  # rows past M: a finite statistic (masked at the store)",
+                 f"    {_var(R.output)} = stat" + (" / N" if kind == "mean" else "")]
+          out += [f"    {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}" for op in row_ops]
+          return out
+      w_load = ("        w = P.load([k0, pid_o * BO])" if tma else
+                "        w = tl.load(P + kk[:, None] * stride_pn + ro[None, :] * stride_po, "
+                "mask=(kk[:, None] < N) & (ro[None, :] < NO), other=0.0)")
+      L += [f"    stat = tl.full((BM, 1), {init}, dtype=tl.float32)", "    acc = tl.zeros((BM, BO), dtype=tl.float32)"]
+      if split:
+          tile_f, row_f = split
+          args = [_var(i) for i in y_op.inputs]
+          L += ["    for k0 in range(0, N, BK):  # one pass: the statistic and the contraction of the tile part"]
+          L += loads()
+          L += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}"
+                for op in tile_ops if op is not y_op]
+          L += accumulate_stat()
+          if prescale:  # the weight was scaled by the vector factors: x straight into the MMA
+              L += [w_load, "        acc = tl.dot(x_raw, w, acc)"]
+          else:
+              L += [f"        part = {' * '.join(_substituted(f, args) for f in tile_f)}", w_load,
+                    "        acc = tl.dot(tl.where(inb, part, 0.0).to(w.dtype), w, acc)"]
+          L += finish_stat()
+          L += [f"    acc = acc * ({' * '.join(_substituted(f, args) for f in row_f)})"]
+      else:
+          L += ["    for k0 in range(0, N, BK):  # pass 1: the row statistic"]
+          L += loads()
+          L += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}"
+                for op in tile_ops if op.output not in after_stats]
+          L += accumulate_stat()
+          L += finish_stat()
+          L += ["    for k0 in range(0, N, BK):  # pass 2: the operand made in registers, contracted"]
+          L += loads()
+          L += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}" for op in tile_ops]
+          L += [w_load, f"        acc = tl.dot(tl.where(inb, {_var(Y)}, 0.0).to(w.dtype), w, acc)"]
+      L += ["    tl.store(OUT + rm[:, None] * stride_om + ro[None, :] * stride_oo, acc.to(OUT.dtype.element_ty),",
+            "             mask=(rm[:, None] < M) & (ro[None, :] < NO))"]
+      return L
+
+    L = [HEADER.format(name=d.name, family="rownorm")] + emit(False) + emit(True)
+    if prescale:
+        vargs = [_var(i) for i in y_op.inputs]
+        L += ["", "", "@triton.jit",
+              "def prescale_weight(P, " + "".join(f"VN{j}, " for j in range(len(vecs))) +
+              "P2, N, NO, stride_pn, stride_po, BK: tl.constexpr, BO: tl.constexpr):",
+              f"    # P2[N, NO] = P * ({' * '.join(ast.unparse(f) for f in prescale)}) along N (the operand's vector factors)",
+              "    rk = (tl.program_id(0) * BK + tl.arange(0, BK)).to(tl.int64)",
+              "    ro = (tl.program_id(1) * BO + tl.arange(0, BO)).to(tl.int64)",
+              "    inb = (rk[:, None] < N) & (ro[None, :] < NO)",
+              "    w = tl.load(P + rk[:, None] * stride_pn + ro[None, :] * stride_po, mask=inb, other=0.0).to(tl.float32)"]
+        L += [f"    {_var(v)} = tl.load(VN{j} + rk, mask=rk < N, other=0.0).to(tl.float32)[:, None]"
+              for j, v in enumerate(vecs)]
+        L += [f"    tl.store(P2 + rk[:, None] * NO + ro[None, :], (w * {' * '.join(_substituted(f, vargs) for f in prescale)})"
+              ".to(P2.dtype.element_ty), mask=inb)"]
     spec = KernelSpec("rownorm_gemm", "rownorm", [X.name] + vecs + rows + [P, last.output],
-                      {"t": t, "n": n, "o": o, "vecs": vecs, "rows": rows, "one_pass": bool(split)})
+                      {"t": t, "n": n, "o": o, "vecs": vecs, "rows": rows, "one_pass": bool(split),
+                       "prescale": bool(prescale)})
     return Program(d, "rownorm", "\n".join(L) + "\n", [spec], [])

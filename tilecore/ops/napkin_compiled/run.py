@@ -186,8 +186,21 @@ class CompiledDiagram:
         M, N = X.shape
         NO = P.shape[1]
         grid = (triton.cdiv(M, blk["BM"]) * triton.cdiv(NO, blk["BO"]),)
-        self.module.rownorm_gemm[grid](X, *vecs, *rows, P, out, M, N, NO, X.stride(0), X.stride(1),
-                                       P.stride(0), P.stride(1), out.stride(0), out.stride(1), **blk)
+        use_tma = blk.pop("tma", None)
+        if k.info["prescale"]:  # P' = vector factors * P first (one pass over P): x then goes straight to the MMA
+            P2 = torch.empty(P.shape, dtype=P.dtype, device=P.device)
+            pre = (triton.cdiv(N, 64), triton.cdiv(NO, 64))
+            self.module.prescale_weight[pre](P, *vecs, P2, N, NO, P.stride(0), P.stride(1), BK=64, BO=64)
+            P = P2
+        if use_tma is None:
+            use_tma = _tma_ok(device, [X, P])
+        kernel, x_arg, p_arg = self.module.rownorm_gemm, X, P
+        if use_tma:  # TMA loads of the rows and the weight; zero past the bounds
+            kernel = self.module.rownorm_gemm_tma
+            x_arg = TensorDescriptor.from_tensor(X, [blk["BM"], blk["BK"]])
+            p_arg = TensorDescriptor.from_tensor(P, [blk["BK"], blk["BO"]])
+        kernel[grid](x_arg, *vecs, *rows, p_arg, out, M, N, NO, X.stride(0), X.stride(1),
+                     P.stride(0), P.stride(1), out.stride(0), out.stride(1), **blk)
 
 
 def compile_diagram(diagram: Diagram, blocks: dict | None = None) -> CompiledDiagram:
