@@ -42,6 +42,8 @@ def expected_path(path, n, dtype):
         return "torch"
     if dtype != torch.float32 and n in configs.PAIR_CONFIGS:
         return "pair"
+    if dtype != torch.float32 and n in configs.LONG_CONFIGS:
+        return "long"
     return "tl" if n in configs.TL_FACTORS else "torch"
 
 
@@ -72,7 +74,7 @@ def test_matches_float64_with_gradients(path, n, dtype):
     u, k = inputs(2, 3, n, dtype, filter_len=max(1, n // 3) if n == 512 else None)
     y = fft_conv(u, k)
     assert y.shape == u.shape and y.dtype == dtype
-    pair = kind == "pair"
+    pair = kind in ("pair", "long")
     assert_close(y, fft_conv_reference(u.detach(), k.detach()), pair=pair)
     dy = torch.randn(u.shape).to(dtype)
     du, dk = torch.autograd.grad(y, (u, k), dy)
@@ -149,7 +151,7 @@ def test_rows_past_2_31_elements():
     assert_close(fft_conv(u, k), fft_conv_reference(u, k), pair=True)
 
 
-@pytest.mark.parametrize("config", [(32, 16, 2, 4), (64, 32, 1, 4), (32, 64, 2, 8)])
+@pytest.mark.parametrize("config", [(32, 16, 2, 4), (64, 32, 1, 4), (32, 64, 2, 8), (32, 16, 0, 4), (64, 32, 0, 4)])
 def test_pair_kernel_odd_batch_and_unequal_scales(config):
     """The pair kernel at configurations the GPU check times: an odd batch (the last pair's second
     half is masked), several pairs a program, and halves of a pair 10^6 apart in scale (each sequence
@@ -168,7 +170,8 @@ def test_pair_kernel_odd_batch_and_unequal_scales(config):
         assert_close(y[b], ref[b], f"y[{b}]", pair=True)
 
 
-def test_pair_kernel_nonfinite_stays_in_its_sequence():
+@pytest.mark.parametrize("config", [(32, 16, 4, 4), (32, 16, 0, 4)])
+def test_pair_kernel_nonfinite_stays_in_its_sequence(config):
     """A NaN or inf in one half of a pair makes that sequence's outputs NaN (as torch.fft's convolution)
     and leaves its partner's finite; a NaN filter makes its channel's outputs NaN."""
     u = torch.randn(4, 3, 256, dtype=torch.float16)
@@ -176,8 +179,8 @@ def test_pair_kernel_nonfinite_stays_in_its_sequence():
     u[0, 1, 5] = math.nan
     u[3, 2, 100] = math.inf
     k[0, 7] = math.nan
-    y = fft_conv(u, k)
-    assert plan.plan(256, u.device, u.dtype).path == ("pair" if dispatch.interpreter_enabled() else "torch")
+    y = torch.full_like(u, 0.0)
+    launch.launch(plan.pair_plan(*config), u, filter_spectrum(k, 256), y, False)
     bad = torch.zeros(4, 3, dtype=torch.bool)
     bad[0, 1] = bad[3, 2] = True
     bad[:, 0] = True

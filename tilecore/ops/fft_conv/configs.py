@@ -2,41 +2,44 @@
 from __future__ import annotations
 
 # The pair kernel (kernels_pair.py: two sequences as one complex one, float16 DFT matrices on tensor
-# cores): N -> (N1, N2, pairs per program, warps), 2N = N1 N2. N1 >= 32 (the first product's inner
-# dimension N1/2 must be >= 16 for tl.dot). Compiled for sm_90a (python -m tilecore.ops.fft_conv.report):
-# no spills up to N = 2048 at these.
+# cores): N -> (N1, N2, pairs per program, warps), 2N = N1 N2; pairs 0: one pair a program in the
+# transpose-free kernel (fft_conv_pair1_kernel). N1 >= 32 (the first product's inner dimension N1/2
+# must be >= 16 for tl.dot). Chosen from the H200 sweep of session 25 run 3 (notes/fft_conv/runs):
+# 256 (32, 16, 4, 4) 40 us against 44 (2 pairs) and 61 (1); 1024 (32, 64, 1, 4) 192 us against 203
+# (64 x 32). The PAIRS kernel gave illegal memory accesses at 64 x 64 and 128 x 32 and wrong results at
+# 64 x 64 with 2 pairs and 64 x 128 (Triton 3.6 on Hopper: its permute + reshape + dot chains), so 2048
+# runs the long form until the transpose-free kernel is timed there.
 PAIR_CONFIGS = {
-    256: (32, 16, 2, 4),
+    256: (32, 16, 4, 4),
     512: (32, 32, 2, 4),
-    1024: (64, 32, 1, 4),
-    2048: (64, 64, 1, 8),  # (64, 64, 1, 4): an illegal memory access on the H200 (session 25 run 1)
+    1024: (32, 64, 1, 4),
     4096: (128, 64, 1, 8),  # 108 bytes of spill (16 warps cap registers at 128: 1.7 KB)
 }
 
-# candidates the GPU check times per N (the first of each is PAIR_CONFIGS' until a run says otherwise)
+# candidates the GPU check times per N (correct ones only: those of run 3 that crashed or were wrong
+# are gone)
 PAIR_CANDIDATES = {
-    256: [(32, 16, 2, 4), (32, 16, 1, 4), (32, 16, 4, 4), (32, 16, 4, 8)],
-    512: [(32, 32, 2, 4), (32, 32, 1, 4), (32, 32, 4, 8)],
-    1024: [(64, 32, 1, 4), (32, 64, 1, 4), (64, 32, 2, 8), (32, 64, 2, 8)],
-    2048: [(64, 64, 1, 8), (128, 32, 1, 4), (64, 64, 2, 8), (64, 64, 1, 4)],
-    4096: [(128, 64, 1, 8), (64, 128, 1, 8)],  # (16 warps cap registers at 128: 1.7-3.2 KB of spill)
+    256: [(32, 16, 4, 4), (32, 16, 2, 4), (32, 16, 0, 4)],
+    512: [(32, 32, 2, 4), (32, 32, 0, 4)],
+    1024: [(32, 64, 1, 4), (32, 64, 0, 4), (64, 32, 0, 4)],
+    2048: [(64, 64, 0, 8), (64, 64, 0, 4)],
+    4096: [(128, 64, 1, 8), (64, 128, 0, 8)],
 }
 
 # The three-pass form (kernels_long.py) for N whose pair does not fit a program's registers:
 # N -> (N1, N2, BN columns a program in passes 1 and 3, BK1 rows in pass 2, KC the chunk of N1 a
 # product takes, warps of passes 1 and 3, warps of pass 2). N2 <= 128: pass 2's F_N2 (re, im) whole
 # in registers or shared memory. Pass 1's loop over column blocks is not pipelined (pipelined, it
-# asked 480 KiB of shared memory at 16384). sm_90a (report.py): 8192 no spills;
-# 16384 pass 1 16 bytes.
+# asked 480 KiB of shared memory at 16384). sm_90a: python -m tilecore.ops.fft_conv.report.
 LONG_CONFIGS = {
-    8192: (128, 128, 64, 16, 64, 4, 8),
-    16384: (256, 128, 64, 16, 32, 4, 8),
+    2048: (64, 64, 32, 16, 32, 4, 4),  # 454 us (1.73x torch.fft; run 3), the pair kernels crashed there
+    8192: (128, 128, 32, 32, 64, 4, 8),  # 2.31 ms against 2.65 (BN 64, BK1 16; run 3)
+    16384: (256, 128, 32, 32, 64, 4, 8),  # 5.86 ms against 9.58 (BN 64, BK1 16, KC 32; run 3)
 }
 LONG_CANDIDATES = {
     2048: [(64, 64, 32, 16, 32, 4, 4)],
-    4096: [(128, 64, 32, 16, 64, 4, 4)],
-    8192: [(128, 128, 64, 16, 64, 4, 8), (128, 128, 32, 32, 64, 4, 8)],
-    16384: [(256, 128, 64, 16, 32, 4, 8), (256, 128, 32, 32, 64, 4, 8)],
+    8192: [(128, 128, 32, 32, 64, 4, 8), (128, 128, 32, 64, 64, 4, 8), (128, 128, 16, 32, 64, 4, 8)],
+    16384: [(256, 128, 32, 32, 64, 4, 8), (256, 128, 32, 64, 64, 4, 8), (256, 128, 16, 32, 64, 4, 8)],
 }
 
 # the dtypes the pair kernel serves: its float16 products give bf16 outputs at ~1.04x their rounding

@@ -156,3 +156,90 @@ def fft_conv_pair_kernel(U, K, Y, F1RE, F1IM, F2RE, F2IM, TWRE, TWIM, batch, hea
     y_im = b_im.to(tl.int64)[:, None, None] * stride_yb + h * stride_yh + seq
     tl.store(Y + y_re, ore.to(ty), mask=(b_re < batch)[:, None, None])
     tl.store(Y + y_im, oim.to(ty), mask=(b_im < batch)[:, None, None])
+
+
+@triton.jit
+def _conj_cmul16(are, aim, bre, bim):
+    """conj(are + i aim) @ (bre + i bim): float16 operands, float32 sums."""
+    rr = tl.dot(are, bre)
+    ii = tl.dot(aim, bim)
+    ri = tl.dot(are, bim)
+    ir = tl.dot(aim, bre)
+    return rr + ii, ri - ir
+
+
+@triton.jit
+def _load_sequence_2d(ptr, b, batch, h, stride_b, stride_h, offsets):
+    """_load_sequence for one sequence b (a scalar) and 2-D offsets: (x [N2, HALF] float16, scale, bad)."""
+    x = tl.load(ptr + b.to(tl.int64) * stride_b + h * stride_h + offsets, mask=b < batch, other=0.0)
+    x = x.to(tl.float32)
+    finite = tl.abs(x) < float("inf")
+    bad = tl.max(tl.max(tl.where(finite, 0, 1), axis=1), axis=0) > 0
+    x = tl.where(finite, x, 0.0)
+    scale = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    scale = tl.where(scale > 0, scale, 1.0)
+    return (x / scale).to(tl.float16), scale, bad
+
+
+@triton.jit
+def fft_conv_pair1_kernel(U, K, Y, F1RE, F1IM, F2RE, F2IM, TWRE, TWIM, batch, heads,
+                          stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
+                          N1: tl.constexpr, N2: tl.constexpr, CONJ: tl.constexpr):
+    """fft_conv_pair_kernel for one pair a program, with no transposes: the second stage and its
+    inverse are left products (F_N2 @ b, conj(F_N2) @ Y) on the [N2, N1] tile the first stage leaves,
+    so no tile is permuted (the permute + reshape + dot chains of the PAIRS kernel hit illegal memory
+    accesses and wrong results at some N1 x N2 on the H200 under Triton 3.6: notes/fft_conv), and one
+    [N2, N1] twiddle tile serves both directions. Arguments as fft_conv_pair_kernel's (PAIRS = 1)."""
+    HALF: tl.constexpr = N1 // 2
+    L: tl.constexpr = N1 * N2
+    groups = tl.cdiv(batch, 2)
+    pid = tl.program_id(0)
+    h = (pid // groups).to(tl.int64)
+    b_re = 2 * (pid % groups)
+    b_im = b_re + 1
+    r_n2 = tl.arange(0, N2)
+    c_half = tl.arange(0, HALF)
+    r_n1 = tl.arange(0, N1)
+    # x[n2, n1] = u[N2 n1 + n2]: [N2, HALF]
+    seq = (N2 * c_half)[None, :] + r_n2[:, None]
+    xre, scale_re, bad_re = _load_sequence_2d(U, b_re, batch, h, stride_ub, stride_uh, seq)
+    xim, scale_im, bad_im = _load_sequence_2d(U, b_im, batch, h, stride_ub, stride_uh, seq)
+    # first stage: a = x @ F_N1[:HALF, :] ([N2, HALF] @ [HALF, N1]), twiddles W_L^(k1 n2)
+    f1 = c_half[:, None] * N1 + r_n1[None, :]
+    are, aim = _cmul16(xre, xim, tl.load(F1RE + f1), tl.load(F1IM + f1), False)
+    tw = r_n1[None, :] * N2 + r_n2[:, None]  # [N2, N1]
+    twre = tl.load(TWRE + tw)
+    twim = tl.load(TWIM + tw)
+    bre = (are * twre - aim * twim).to(tl.float16)  # |b| <= HALF sqrt(2)
+    bim = (are * twim + aim * twre).to(tl.float16)
+    # second stage over n2, a left product: X[k2, k1] = F_N2 @ b (F_N2 symmetric)
+    f2 = r_n2[:, None] * N2 + r_n2[None, :]
+    f2re = tl.load(F2RE + f2)
+    f2im = tl.load(F2IM + f2)
+    xre_f, xim_f = _cmul16(f2re, f2im, bre, bim, False)  # [N2, N1], f = k1 + N1 k2
+    f = r_n1[None, :] + N1 * r_n2[:, None]
+    mirrored = f > L // 2
+    bin = tl.where(mirrored, L - f, f)
+    kre = tl.load(K + h * stride_kh + 2 * bin)
+    kim = tl.load(K + h * stride_kh + 2 * bin + 1)
+    kim = tl.where(mirrored != CONJ, -kim, kim)
+    yre = xre_f * kre - xim_f * kim
+    yim = xre_f * kim + xim_f * kre
+    spec_scale = tl.maximum(tl.max(tl.max(tl.abs(yre), axis=1), axis=0),
+                            tl.max(tl.max(tl.abs(yim), axis=1), axis=0))
+    spec_scale = tl.where(spec_scale > 0, spec_scale, 1.0)
+    inv = 1.0 / spec_scale
+    # inverse second stage: C[n2, k1] = conj(F_N2) @ Y, conjugate twiddles
+    cre, cim = _conj_cmul16(f2re, f2im, (yre * inv).to(tl.float16), (yim * inv).to(tl.float16))
+    dre = (cre * twre + cim * twim).to(tl.float16)  # |d| <= N2 sqrt(2)
+    dim = (cim * twre - cre * twim).to(tl.float16)
+    # inverse first stage, the first HALF outputs: [N2, N1] @ conj(F_N1)[:, :HALF]
+    f1t = r_n1[:, None] * N1 + c_half[None, :]
+    ore, oim = _cmul16(dre, dim, tl.load(F1RE + f1t), tl.load(F1IM + f1t), True)
+    ore = ore * (spec_scale * (1.0 / L) * scale_re)
+    oim = oim * (spec_scale * (1.0 / L) * scale_im)
+    ore = tl.where(bad_re, float("nan"), ore)
+    oim = tl.where(bad_im, float("nan"), oim)
+    ty = Y.dtype.element_ty
+    tl.store(Y + b_re.to(tl.int64) * stride_yb + h * stride_yh + seq, ore.to(ty), mask=b_re < batch)
+    tl.store(Y + b_im.to(tl.int64) * stride_yb + h * stride_yh + seq, oim.to(ty), mask=b_im < batch)

@@ -13,6 +13,7 @@ from tilecore.tiles.launch import CachedLaunch
 
 _conv = CachedLaunch(kernels.fft_conv_kernel)
 _conv_pair = CachedLaunch(kernels_pair.fft_conv_pair_kernel)
+_conv_pair1 = CachedLaunch(kernels_pair.fft_conv_pair1_kernel)
 _long_columns = CachedLaunch(kernels_long.long_columns_kernel)
 _long_rows = CachedLaunch(kernels_long.long_rows_kernel)
 _long_inverse = CachedLaunch(kernels_long.long_inverse_columns_kernel)
@@ -88,6 +89,12 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
         return
     if plan.path == "pair":
         ops = dft_operands16(plan.n1, plan.n2, u.device)
+        if plan.pairs == 0:  # one pair a program, no transposes
+            _conv_pair1[(H * -(-B // 2),)](u, spectrum_f32, y, ops["F1RE"], ops["F1IM"], ops["F2RE"], ops["F2IM"],
+                                           ops["TWRE"], ops["TWIM"], B, H, u.stride(0), u.stride(1), y.stride(0),
+                                           y.stride(1), spectrum_f32.stride(0), N1=plan.n1, N2=plan.n2, CONJ=conj,
+                                           num_warps=plan.num_warps)
+            return
         groups = -(-B // (2 * plan.pairs))
         _conv_pair[(H * groups,)](u, spectrum_f32, y, ops["F1RE"], ops["F1IM"], ops["F2RE"], ops["F2IM"],
                                   ops["TWRE"], ops["TWIM"], B, H, u.stride(0), u.stride(1), y.stride(0),

@@ -1,9 +1,9 @@
 """Which implementation convolves these sequences (every fit check in one place).
 
 * "pair": the fast kernel (kernels_pair.py: two sequences as one complex one, float16 DFT matrices on
-  tensor cores) for bf16 / fp16 u at N in configs.PAIR_CONFIGS;
+  tensor cores) for bf16 / fp16 u at N in configs.PAIR_CONFIGS (256, 512, 1024, 4096);
 * "long": the same method in three passes through a float16 scratch (kernels_long.py) for bf16 / fp16
-  u at N in configs.LONG_CONFIGS;
+  u at N in configs.LONG_CONFIGS (8192, 16384; and 2048, where the pair kernels failed on the GPU);
 * "tl": the float32 Monarch kernel (kernels.py) for the other dtypes (float32) at N in
   configs.TL_FACTORS;
 * "torch": torch.fft in float32 (rfft of length 2N, product, irfft): every other N, and CPU tensors
@@ -28,7 +28,7 @@ class Plan:
     n2: int = 0
     num_warps: int = 4
     precision: str = "ieee"
-    pairs: int = 1  # "pair": pairs of sequences per program
+    pairs: int = 1  # "pair": pairs of sequences per program (0: one, the transpose-free kernel)
     bn: int = 0  # "long": columns a program (passes 1 and 3)
     bk1: int = 0  # "long": rows a program (pass 2)
     kc: int = 0  # "long": the chunk of N1 a product takes (passes 1 and 3)

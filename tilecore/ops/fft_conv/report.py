@@ -19,6 +19,10 @@ def pair_variant(n1: int, n2: int, pairs: int, warps: int) -> tuple[str, object,
     args = dict(U=t, K=f32, Y=t, F1RE=f16, F1IM=f16, F2RE=f16, F2IM=f16, TWRE=f32, TWIM=f32, batch=16, heads=768,
                 stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=2 * (n + 1),
                 N1=n1, N2=n2, PAIRS=pairs, CONJ=False)
+    if pairs == 0:  # the one-pair, transpose-free kernel
+        del args["PAIRS"]
+        return (f"fft_conv pair N{n} ({n1}x{n2}, one pair untransposed, {warps} warps)",
+                kernels_pair.fft_conv_pair1_kernel, args, warps, False)
     return (f"fft_conv pair N{n} ({n1}x{n2}, {pairs} pairs, {warps} warps)", kernels_pair.fft_conv_pair_kernel,
             args, warps, False)
 
