@@ -414,6 +414,87 @@ def run_timing():
 
 
 # --------------------------------------------------------------------------------------------
+# sweep: the kernels' block configurations (varlen._config's are ptxas-picked, untimed)
+
+FWD_CONFIGS = [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),  # the shipped one first
+               dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+               dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=3),
+               dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2)]
+DKDV_CONFIGS = [dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1),
+                dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2),
+                dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+                dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2),
+                dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2)]
+DQ_CONFIGS = [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+              dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
+              dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
+              dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=2)]
+
+
+def sweep_varlen(label, lengths, h=16, d=128):
+    from tilecore.ops.attention import varlen
+
+    dev = _device()
+    dtype = torch.float16 if SMOKE else torch.bfloat16
+    total = sum(lengths)
+    cu = cu_of(lengths, dev)
+    q, k, v = (torch.randn(total, h, d, dtype=dtype, device=dev) for _ in range(3))
+    args = (cu, cu, True, d ** -0.5, -1, -1, 0.0)
+    out, lse = varlen.forward_kernels(q, k, v, *args)
+    dout = torch.randn_like(out)
+    flops = causal_flops(lengths, h, d)
+    row = {"case": f"sweep {label}: {len(lengths)} seqs, {total} tokens, H{h} D{d} causal (kernels alone, ms)"}
+    small = (lambda c: dict(c, BLOCK_M=16, BLOCK_N=16)) if SMOKE else (lambda c: c)
+    for c in FWD_CONFIGS:
+        name = "fwd " + "x".join(str(c[x]) for x in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
+        guarded(f"sweep {label} {name}")(lambda: row.__setitem__(name, bench(
+            lambda: varlen.forward_kernels(q, k, v, *args, config=small(c)))))()
+    for kind, configs in (("dkdv", DKDV_CONFIGS), ("dq", DQ_CONFIGS)):
+        for c in configs:
+            name = f"{kind} " + "x".join(str(c[x]) for x in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
+            other = "dq" if kind == "dkdv" else "dkdv"
+            # time the pass alone: the other one at a tiny grid is not possible, so time both and
+            # subtract the other's shipped time measured once below
+            guarded(f"sweep {label} {name}")(lambda: row.__setitem__(name, bench(
+                lambda: varlen.backward_kernels(dout, q, k, v, out, lse, None, *args,
+                                                config={kind: small(c), other: small(varlen._config(d, SMOKE, other))}))))()
+    row["flops_fwd"] = flops
+    RESULTS["time"].append(row)
+
+
+def sweep_decode(b=32, n=4096, hq=32, hkv=8, d=128):
+    from tilecore.ops.attention import kvcache
+
+    dev = _device()
+    if SMOKE:
+        b, n, hq, hkv, d = 2, 256, 4, 2, 16
+    q = torch.randn(b, 1, hq, d, dtype=torch.bfloat16, device=dev)
+    kc = torch.randn(b, n, hkv, d, dtype=torch.bfloat16, device=dev)
+    vc = torch.randn(b, n, hkv, d, dtype=torch.bfloat16, device=dev)
+    k_new = torch.randn(b, 1, hkv, d, dtype=torch.bfloat16, device=dev)
+    v_new = torch.randn(b, 1, hkv, d, dtype=torch.bfloat16, device=dev)
+    seqlens = torch.full((b,), n - 1, dtype=torch.int32, device=dev)
+    row = {"case": f"sweep decode B{b} keys {n} H{hq}/{hkv} D{d} (graph replays, us)"}
+    row["append only"] = 1e3 * graph_bench(lambda: kvcache.append(kc, vc, k_new, v_new, seqlens, None))
+    for splits in (None, 1, 2, 4):
+        name = f"attention only, splits {splits or 'default'}"
+        guarded(f"sweep decode {name}")(lambda: row.__setitem__(name, 1e3 * graph_bench(
+            lambda: kvcache.forward_kernels(q, kc, vc, 1, seqlens, None, False, d ** -0.5, -1, -1, 0.0, n,
+                                            splits=splits))))()
+    RESULTS["time"].append(row)
+
+
+def run_sweep():
+    if SMOKE:
+        guarded("sweep smoke")(sweep_varlen)("smoke", [16, 40], h=2, d=16)
+        guarded("sweep decode smoke")(sweep_decode)()
+        return
+    guarded("sweep uniform")(sweep_varlen)("uniform 16 x 4096", [4096] * 16)
+    guarded("sweep long-tailed")(sweep_varlen)("long-tailed", long_tailed_lengths(65536))
+    guarded("sweep decode")(sweep_decode)()
+
+
+# --------------------------------------------------------------------------------------------
 
 
 def table():
@@ -427,7 +508,7 @@ def table():
         print(r["case"])
         for k, v in r.items():
             if k not in ("case", "lengths") and isinstance(v, float):
-                print(f"   {k:32s} {v:10.3f}")
+                print(f"   {k:40s} {v:10.3f}")
         if "varlen_fwd_ms" in r and "flex_fwd_ms" in r:
             print(f"   flex / varlen fwd {r['flex_fwd_ms'] / r['varlen_fwd_ms']:.2f}x, "
                   f"bwd {r['flex_bwd_ms'] / r['varlen_bwd_ms']:.2f}x")
@@ -461,6 +542,8 @@ def main():
         run_checks()
     if "time" in phases:
         run_timing()
+    if "sweep" in phases:
+        run_sweep()
     RESULTS["meta"]["seconds"] = time.time() - start
     out_dir = os.environ.get("OUT", "/tmp/out")
     os.makedirs(out_dir, exist_ok=True)

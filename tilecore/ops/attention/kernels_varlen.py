@@ -409,4 +409,39 @@ def kvcache_merge_splits(O, LSE, O_PART, LSE_PART, rows_total, Hq, Nq, DV, split
     tl.store(LSE + row, tl.where(empty, float("-inf"), (top_ref + tl.log2(w_safe)) / LOG2E_IN_KERNEL))
 
 
-__all__ = ["varlen_fwd", "varlen_bwd_dkdv", "varlen_bwd_dq", "kvcache_fwd_split", "kvcache_merge_splits"]
+
+
+@triton.jit
+def kvcache_append(K_NEW, V_NEW, KC, VC, BLOCK_TABLE, SEQLENS, Nnew, Hkv, D, DV,
+                   snb, snn, snh, snd, svnb, svnn, svnh, svnd,
+                   skp, sks, skh, skd, svp, svs, svh, svd, stb, stp,
+                   PAGE: tl.constexpr, PAGED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_DV: tl.constexpr):
+    """Program (batch * new token): writes that token's K and V rows (every kv head) to row
+    SEQLENS[b] + t of sequence b's cache (through BLOCK_TABLE when PAGED): one launch for both caches
+    where index_put_ took six small kernels."""
+    bt = tl.program_id(0)
+    b = (bt // Nnew).to(tl.int64)
+    t = bt % Nnew
+    pos = tl.load(SEQLENS + b) + t
+    if PAGED:
+        page = tl.load(BLOCK_TABLE + b * stb + (pos // PAGE) * stp).to(tl.int64)
+        k_row = page * skp + (pos % PAGE) * sks
+        v_row = page * svp + (pos % PAGE) * svs
+    else:
+        k_row = b * skp + pos.to(tl.int64) * sks
+        v_row = b * svp + pos.to(tl.int64) * svs
+    heads = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    h_ok = heads < Hkv
+    k_ok = h_ok[:, None] & (offs_d[None, :] < D)
+    v_ok = h_ok[:, None] & (offs_dv[None, :] < DV)
+    k = tl.load(K_NEW + b * snb + t * snn + heads[:, None] * snh + offs_d[None, :] * snd, mask=k_ok)
+    v = tl.load(V_NEW + b * svnb + t * svnn + heads[:, None] * svnh + offs_dv[None, :] * svnd, mask=v_ok)
+    tl.store(KC + k_row + heads[:, None] * skh + offs_d[None, :] * skd, k, mask=k_ok)
+    tl.store(VC + v_row + heads[:, None] * svh + offs_dv[None, :] * svd, v, mask=v_ok)
+
+
+__all__ = ["varlen_fwd", "varlen_bwd_dkdv", "varlen_bwd_dq", "kvcache_fwd_split", "kvcache_merge_splits",
+           "kvcache_append"]

@@ -103,8 +103,22 @@ def check(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, 
 
 
 def append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
-    """Write k, v (B, Nnew, Hkv, D) at rows cache_seqlens[b] + t of each sequence, in place: one
-    index_put_ each, positions computed on the device (no host sync)."""
+    """Write k, v (B, Nnew, Hkv, D) at rows cache_seqlens[b] + t of each sequence, in place, positions
+    computed on the device (no host sync): the tl kernel kvcache_append where kernels serve the
+    device (one launch for both caches: index_put_ took six small kernels, ~30 us of a 170 us decode
+    step in a CUDA graph on the H200), else torch's index_put_."""
+    if dispatch.backend_for(k.device) == "kernel":
+        from tilecore.ops.attention.kernels_varlen import kvcache_append
+
+        paged = block_table is not None
+        table = block_table if paged else cache_seqlens
+        hkv, d, dv = k.shape[2], k.shape[3], v.shape[3]
+        kvcache_append[(k.shape[0] * k.shape[1],)](
+            k, v, k_cache, v_cache, table, cache_seqlens, k.shape[1], hkv, d, dv, *k.stride(), *v.stride(),
+            *k_cache.stride(), *v_cache.stride(), *(table.stride() if paged else (0, 0)),
+            PAGE=k_cache.shape[1] if paged else 1, PAGED=paged, BLOCK_H=next_power_of_2(hkv),
+            BLOCK_D=next_power_of_2(d), BLOCK_DV=next_power_of_2(dv))
+        return
     nnew = k.shape[1]
     pos = cache_seqlens.long()[:, None] + torch.arange(nnew, device=k.device)  # (B, Nnew)
     if block_table is None:

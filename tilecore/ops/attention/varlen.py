@@ -181,9 +181,10 @@ def _strides(t: torch.Tensor) -> tuple:
     return tuple(t.stride())
 
 
-def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, out=None, lse=None):
+def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, out=None, lse=None, config=None):
     """O (total_q, Hq, Dv) and lse (Hq, total_q) by the tl kernel, into ``out`` / ``lse`` where given
-    (contiguous: the tests poison them)."""
+    (contiguous: the tests poison them); ``config``: blocks and launch options in place of
+    _config's (probes)."""
     from tilecore.ops.attention.kernels_varlen import varlen_fwd
 
     total_q, hq, d = q.shape
@@ -196,7 +197,7 @@ def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, ou
     if total_q == 0:
         return out, lse
     q, k, v = (tl_addressable(t) for t in (q, k, v))
-    cfg = _config(max(d, dv), dispatch.interpreted(q.device), "forward")
+    cfg = dict(config or _config(max(d, dv), dispatch.interpreted(q.device), "forward"))
     bm = cfg["BLOCK_M"]
     wl, wr, has_left, has_right = kernel_window(causal, left, right)
     grid = (cdiv(total_q, bm) + batch, hq)
@@ -208,8 +209,10 @@ def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, ou
     return out, lse
 
 
-def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None):
-    """(dq, dk, dv) by the tl kernels (dK/dV per key block, then dQ), into ``grads`` where given."""
+def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None,
+                     config=None):
+    """(dq, dk, dv) by the tl kernels (dK/dV per key block, then dQ), into ``grads`` where given;
+    ``config``: {"dkdv": ..., "dq": ...} blocks and launch options in place of _config's (probes)."""
     from tilecore.ops.attention.kernels_varlen import varlen_bwd_dkdv, varlen_bwd_dq
 
     total_q, hq, d = q.shape
@@ -228,12 +231,12 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
     common = dict(LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap > 0, SEARCH_STEPS=_search_steps(batch),
                   BLOCK_D=block_d(d), BLOCK_DV=block_d(dv))
     scalars = (batch, total_q, d, dv, hq // hkv, scale, float(softcap), wl, wr)
-    cfg = _config(max(d, dv), interpret, "dkdv")
+    cfg = dict((config or {}).get("dkdv") or _config(max(d, dv), interpret, "dkdv"))
     varlen_bwd_dkdv[(cdiv(total_k, cfg["BLOCK_N"]) + batch, hkv)](
         q, k, v, dout, lse, delta, dk, dvv, cu_q, cu_k, _cu_blocks(cu_k, cfg["BLOCK_N"]),
         *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dk), *_strides(dvv), *scalars,
         **common, **cfg)
-    cfg = _config(max(d, dv), interpret, "dq")
+    cfg = dict((config or {}).get("dq") or _config(max(d, dv), interpret, "dq"))
     varlen_bwd_dq[(cdiv(total_q, cfg["BLOCK_M"]) + batch, hq)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k, _cu_blocks(cu_q, cfg["BLOCK_M"]),
         *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq), *scalars, **common, **cfg)
