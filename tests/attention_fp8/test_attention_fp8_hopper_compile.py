@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-# (head dim, causal, per-row descales). One variant (a compile takes ~30 s here): D 64 causal, three
-# consumers, per-head descales (masks, the most code). D 128 non-causal (the headline) compiles to 168
+# (head dim, causal, per-row descales). One variant (a compile takes ~30 s here): D 64 causal, per-head
+# descales, ping-pong barriers (masks and barriers: the most code). D 128 non-causal (the headline) compiles to 168
 # registers, no spill (notes/attention_fp8/README.md). The per-token variants spill: D 64 causal 4-8
 # bytes, D 128 causal ~200; experiments/attention_fp8/gpu_fp8.py times them
 VARIANTS = [(64, True, False)]
@@ -21,7 +21,7 @@ from tilecore.tiles.launch import gluon_descriptor
 
 out = []
 for D, causal, per_row in json.loads(sys.argv[1]):
-    cfg = configs.GLUON_FORWARD[D]
+    cfg = configs.gluon_config(D, causal)
     bm, bn = cfg["block_m"], cfg["block_n"]
     f8 = torch.float8_e4m3fn
     q = torch.empty(2, 4, 1024, D, dtype=f8)

@@ -9,11 +9,18 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 
 # Gluon kernel (gluon_fp8.py): consumers warpgroups of block_m query rows each share a stage of block_n
 # keys (K and V^T blocks, e4m3: 128 x D bytes each); only head dims 64 and 128 (the fast ones)
-# pingpong: the consumers issue their wgmma in turn (FlashAttention-3's warp-scheduler barriers): off,
-# it was 10-15% slower on the H200 (run 3). D 64: three consumers (the bf16 forward's choice there; two
-# ran at 0.70x the bf16 forward in run 3). block_n 256 at D 128 spills 268 bytes and serializes wgmma
-GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=3, q_buffers=1, pingpong=False),
+# Measured on the H200 (notes/attention_fp8, runs 3-4, B16 N4096, kernel time without host syncs):
+# D 128 non-causal 3.22-3.26 ms whichever of pingpong (FlashAttention-3's warp-scheduler barriers) and
+# 2 or 3 stages, causal 1.80; D 64 two consumers 5.64 ms (three: 6.00, ping-pong 5.75), causal with
+# ping-pong 3.24 (without 3.36). block_n 256 at D 128 spills 268 bytes and serializes wgmma; three
+# consumers at D 128 spill and serialize too
+GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False),
                  128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False)}
+
+
+def gluon_config(d: int, causal: bool) -> dict:
+    """The Gluon kernel's configuration: GLUON_FORWARD[d], with ping-pong at D 64 causal."""
+    return dict(GLUON_FORWARD[d], pingpong=d == 64 and causal)
 
 
 def tl_config(d: int, interpret: bool) -> dict:

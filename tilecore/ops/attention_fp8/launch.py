@@ -16,7 +16,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.attention_fp8 import configs, kernels_tl
 from tilecore.ops.attention_fp8.reference import SCALE_BLOCK, attention_fp8_emulated, keys_permuted, keys_unpermuted
-from tilecore.tiles.launch import CachedLaunch, TmaOperand, next_power_of_2, tma_describable
+from tilecore.tiles.launch import CachedLaunch, TmaOperand, next_power_of_2, signature, tma_describable
 from tilecore.tiles.ops import LOG2E
 
 TL_FWD = CachedLaunch(kernels_tl.attn_fp8_fwd)
@@ -38,7 +38,7 @@ def plan(q, k, causal: bool, *, path: str | None = None, config: dict | None = N
     if path == "emulate":
         return Plan(path)
     if path == "gluon":
-        return Plan(path, dict(config or configs.GLUON_FORWARD[D]))
+        return Plan(path, dict(config or configs.gluon_config(D, causal)))
     return Plan(path, dict(config or configs.tl_config(D, dispatch.interpreted(q.device))))
 
 
@@ -88,13 +88,19 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
     vt = v if v_permuted else keys_permuted(v)  # (B, Hkv, D, keys padded to 32), keys permuted in 32s
     block_m, block_n, consumers = cfg["block_m"], cfg["block_n"], cfg["consumers"]
     grid, head_group, schedule = _tiling(q, k, block_m * consumers, block_n, causal)
+    args = (TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]), TmaOperand(vt, [1, 1, D, block_n]),
+            TmaOperand(out, [1, 1, block_m, D]), lse, qs, ks, vs, H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows,
+            k_n, k_rows, B * H, head_group, schedule)
+    options = dict(CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row, STAGES=cfg["stages"], CONSUMERS=consumers,
+                   Q_BUFFERS=cfg.get("q_buffers", 1), PERMUTED_V=True, PINGPONG=cfg.get("pingpong", False), num_warps=4)
+    # launched by the call's signature (its inputs' shapes, strides, dtypes, alignment and the options
+    # determine every argument's specialization; vt, out and lse are fresh or the inputs): ~10 us a call
+    key = signature("attention_fp8", q, k, vt, out, q_scale, k_scale, v_scale, causal, tuple(sorted(cfg.items())))
     with dispatch.on_device(q.device):
-        GLUON_FWD[grid](TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]),
-                        TmaOperand(vt, [1, 1, D, block_n]), TmaOperand(out, [1, 1, block_m, D]), lse, qs, ks, vs,
-                        H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows, k_n, k_rows, B * H, head_group,
-                        schedule, CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row, STAGES=cfg["stages"],
-                        CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1), PERMUTED_V=True,
-                        PINGPONG=cfg.get("pingpong", False), num_warps=4)
+        if key is None:
+            GLUON_FWD[grid](*args, **options)
+        else:
+            GLUON_FWD.launch_keyed(key, grid, args, options)
     return out, lse
 
 

@@ -33,9 +33,9 @@ def _scale_shapes(B: int, H: int, rows: int, what: str) -> list[tuple]:
     return [(B, H), (B, H, math.ceil(rows / SCALE_BLOCK)), (B, H, rows)] if what != "v" else [(B, H)]
 
 
-def check_scale(scale, what: str, B: int, H: int, rows: int, device) -> None:
-    """A descale: a float32 tensor on the inputs' device of one of the accepted shapes, every value
-    finite and > 0 (checked on the host: one synchronization a call)."""
+def check_scale(scale, what: str, B: int, H: int, rows: int, device, values: bool = True) -> None:
+    """A descale: a float32 tensor on the inputs' device of one of the accepted shapes, with ``values``
+    every value finite and > 0 (checked on the host: one synchronization)."""
     shapes = _scale_shapes(B, H, rows, what)
     accepted = " or ".join(str(s) for s in shapes)
     meaning = ("per (batch, kv head)" if what == "v" else
@@ -51,7 +51,7 @@ def check_scale(scale, what: str, B: int, H: int, rows: int, device) -> None:
         raise ValueError(f"attention_fp8: {what}_scale must be on the inputs' device {device}; got {scale.device}")
     if scale.requires_grad and torch.is_grad_enabled():
         raise RuntimeError(FORWARD_ONLY)
-    if scale.device.type != "meta" and not torch.compiler.is_compiling() and not dispatch.capturing(scale.device) \
+    if values and scale.device.type != "meta" and not torch.compiler.is_compiling() and not dispatch.capturing(scale.device) \
             and scale.numel() and not bool(((scale > 0) & torch.isfinite(scale)).all()):
         raise ValueError(f"attention_fp8: {what}_scale must be finite and > 0 (a descale: amax / 448 of what "
                          f"was quantized); got min {scale.min().item():g}, max {scale.max().item():g}")
@@ -60,7 +60,8 @@ def check_scale(scale, what: str, B: int, H: int, rows: int, device) -> None:
 V_LAYOUTS = ("bhnd", "keys_permuted")
 
 
-def check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_layout="bhnd") -> float:
+def check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_layout="bhnd",
+          check_scales=True) -> float:
     """Raise TypeError/ValueError naming what is accepted; returns the softmax scale."""
     if v_layout not in V_LAYOUTS:
         raise ValueError(f"attention_fp8: v_layout must be 'bhnd' (v as (B, Hkv, Nk, D)) or 'keys_permuted' (v as "
@@ -103,9 +104,17 @@ def check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, 
     if Hkv == 0 or Hq % Hkv != 0:
         raise ValueError(f"attention_fp8: q's heads ({Hq}) must be a multiple of k's and v's heads ({Hkv}) "
                          f"(grouped-query attention); got q {tuple(q.shape)}, k {tuple(k.shape)} ({LAYOUT})")
-    check_scale(q_scale, "q", B, Hq, N, q.device)
-    check_scale(k_scale, "k", B, Hkv, Nk, q.device)
-    check_scale(v_scale, "v", B, Hkv, Nk, q.device)
+    # the three value checks in one synchronization
+    check_scale(q_scale, "q", B, Hq, N, q.device, False)
+    check_scale(k_scale, "k", B, Hkv, Nk, q.device, False)
+    check_scale(v_scale, "v", B, Hkv, Nk, q.device, False)
+    if check_scales and q.device.type != "meta" and not torch.compiler.is_compiling() \
+            and not dispatch.capturing(q.device):
+        ok = torch.stack([((s > 0) & torch.isfinite(s)).all() for s in (q_scale, k_scale, v_scale)]).tolist()
+        for good, scale, what in zip(ok, (q_scale, k_scale, v_scale), "qkv"):
+            if not good:
+                check_scale(scale, what, scale.shape[0], scale.shape[1], scale.shape[2] if scale.dim() == 3 else 0,
+                            q.device)
     if not isinstance(causal, bool):
         raise TypeError(f"attention_fp8: causal must be True or False, got {causal!r}")
     compiled = q.device.type == "cuda"
@@ -145,7 +154,8 @@ def _(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_pe
 
 def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale: torch.Tensor, k_scale: torch.Tensor,
                   v_scale: torch.Tensor, causal: bool = False, softmax_scale: float | None = None,
-                  out_dtype: torch.dtype = torch.bfloat16, return_lse: bool = False, v_layout: str = "bhnd"):
+                  out_dtype: torch.dtype = torch.bfloat16, return_lse: bool = False, v_layout: str = "bhnd",
+                  check_scales: bool = True):
     """softmax(softmax_scale q k^T) v on e4m3 inputs, FlashAttention-3's FP8 forward.
 
     Layout (B, H, N, D), as tilecore.attention: q (batch, heads, queries, head_dim), k and v (batch,
@@ -161,7 +171,10 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
     Descales (float32; the dequantized tensor is codes x descale): ``q_scale`` (B, Hq) per (batch,
     head), (B, Hq, ceil(N / 128)) per block of 128 queries, or (B, Hq, N) per query; ``k_scale`` the
     same over (B, Hkv) and Nk keys; ``v_scale`` (B, Hkv) per (batch, kv head) only (a per-key v scale
-    would sit inside P V's sum). Every value finite and > 0 (checked: one host sync a call).
+    would sit inside P V's sum). Every value finite and > 0: checked with one host synchronization a
+    call, which on a GPU costs the call its overlap with the previous ones (at short sequences the
+    call's time); ``check_scales=False`` skips it where the scales come from a quantizer
+    (attention_fp8_rotated's do).
 
     Math: scores in float32 from exact e4m3 products, online softmax in base 2, P rounded to e4m3 as
     256 p (p <= 1, FlashAttention-3's scaling; reference.py), P V accumulated in float32, O = acc x
@@ -177,7 +190,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
     interpreter under TRITON_INTERPRET=1. Not differentiable: a call that would record a gradient
     raises (FP8 is forward-only).
     """
-    scale = check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_layout)
+    scale = check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_layout, check_scales)
     permuted = v_layout == "keys_permuted"
     if dispatch.plain_eager(q, k, v, q_scale, k_scale, v_scale):
         out, lse = _impl(q, k, v, q_scale, k_scale, v_scale, causal, scale, out_dtype, permuted)

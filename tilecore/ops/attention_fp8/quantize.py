@@ -144,4 +144,4 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     v8, v_scale = quantize_v_permuted(v)
     return attention_fp8(q8, k8, v8, q_scale=q_scale.squeeze(-1), k_scale=k_scale, v_scale=v_scale,
                          causal=causal, softmax_scale=scale, out_dtype=q.dtype, return_lse=return_lse,
-                         v_layout="keys_permuted")
+                         v_layout="keys_permuted", check_scales=False)
