@@ -1,6 +1,7 @@
 """The FFT convolution's kernels compile for sm_90a on this (GPU-less) machine: the float32 kernel at its
 largest N with at most a few bytes of register spill; the pair kernel at N = 1024 and the long form's
-three passes at N = 8192 as the plans ship them, with no spill, within the H100's shared memory
+three passes at N = 8192 as the plans ship them, with at most a few bytes of spill (pass 2 at 32 rows:
+24 bytes, measured the faster on the H200 all the same), within the H100's shared memory
 (python -m tilecore.ops.fft_conv.report compiles every configuration)."""
 import json
 import os
@@ -30,5 +31,5 @@ def test_compiles_for_hopper():
     assert pair_row["kernel"].startswith("fft_conv pair N1024"), pair_row
     assert len(long_rows) == 3 and all(r["kernel"].startswith("fft_conv long N8192") for r in long_rows)
     for row in [pair_row] + long_rows:
-        assert row["spill_stores"] == 0 and row["shared"] <= 227 * 1024, row
+        assert row["spill_stores"] <= 32 and row["shared"] <= 227 * 1024, row
     assert pair_row["wgmma"], pair_row  # (64 rows a product: Hopper's warpgroup MMA)
