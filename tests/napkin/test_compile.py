@@ -204,3 +204,12 @@ def test_compiled_kernels_compile_for_hopper_with_wgmma_and_tma():
         # pipeline (rownorm's operand made in registers did that: 0.5x; the weight is now prescaled)
         assert wgmma == "True" and tma == "True" and serialized == "False", name
         assert spill_st == spill_ld == "0" and int(regs) <= 255 and int(shared) <= 227 * 1024, name
+
+
+def test_attention_scale_folded_into_exp2():
+    g = Diagram("scaled_attention", q=32, x=48, d=16, e=16)
+    Q, K, V = g.input("Q", "q d", "fp16"), g.input("K", "x d", "fp16"), g.input("V", "x e", "fp16")
+    S = g.map("scale(0.3)", g.contract(Q, K, out="q x", name="S", dtype="fp32"), name="Ss", dtype="fp32")
+    g = g.output(g.softmax_contract(S, V, over="x", name="O", causal="q", dtype="fp16")).weave("h", 2, ["Q", "K", "V"])
+    f, _, _ = run_and_check(g, 4.0, scale=3.0, BM=16, BN=16)
+    assert f"tl.exp2(s * {0.3 * 1.4426950408889634!r}" in f.source and "v_Ss =" not in f.source

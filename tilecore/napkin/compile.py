@@ -320,6 +320,16 @@ def _attention(d: Diagram) -> Program:
         if n < 16 or n & (n - 1):
             raise CompileError(f"head dim {what} = {n}: the emitted kernel takes powers of two >= 16")
     causal = bool(last.causal) if softmax else False
+    # a trailing positive scale(c) folds into the softmax's exp2: p = exp2(s c log2(e) - m), one FMA an
+    # element instead of a multiply, a subtract and exp's own multiply
+    qk_scale = 1.4426950408889634
+    emitted = list(mods)
+    if softmax and mods:
+        m = re.fullmatch(r"scale\(\s*([0-9.eE+-]+)\s*\)", mods[-1].label.strip())
+        if m and float(m.group(1)) > 0:
+            qk_scale *= float(m.group(1))
+            emitted = mods[:-1]
+    s_in = _var(emitted[-1].output) if emitted else _var(S.output)
 
     def emit(tma: bool) -> list:
       lines = ["", "",
@@ -362,8 +372,8 @@ def _attention(d: Diagram) -> Program:
           else:
               out += ["        k = tl.load(k_ptr)", "        v = tl.load(v_ptr)"]
           out.append(f"        {_var(S.output)} = tl.dot(q, tl.trans(k))  # [BM, BN] fp32")
-          out += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(op.inputs[0])])}" for op in mods]
-          s = _var(chain[-1])
+          out += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(op.inputs[0])])}" for op in emitted]
+          s = s_in if softmax else _var(chain[-1])
           conds = (["(rn[None, :] < NX)"] if masked else []) + (["(rn[None, :] <= rm[:, None])"] if causal_tile else [])
           fill = "float('-inf')" if softmax else "0.0"
           if conds:
@@ -371,11 +381,11 @@ def _attention(d: Diagram) -> Program:
           else:
               out.append(f"        s = {s}")
           if softmax:
-              out += ["        m_new = tl.maximum(m_i, tl.max(s, 1))",
+              out += [f"        m_new = tl.maximum(m_i, tl.max(s, 1) * {qk_scale!r})  # the running max, log2 units",
                       "        # a row with no key yet keeps m = -inf: shift by 0 there, not by -inf (no NaN)",
                       "        shift = tl.where(m_new == float('-inf'), 0.0, m_new)",
-                      "        p = tl.exp(s - shift[:, None])",
-                      "        alpha = tl.exp(m_i - shift)",
+                      f"        p = tl.exp2(s * {qk_scale!r} - shift[:, None])",
+                      "        alpha = tl.exp2(m_i - shift)",
                       "        l_i = l_i * alpha + tl.sum(p, 1)",
                       "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])",
                       "        m_i = m_new"]
