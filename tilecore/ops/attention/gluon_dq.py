@@ -54,6 +54,7 @@ class AttentionDQ:
     BM: gl.constexpr
     BN: gl.constexpr
     D: gl.constexpr
+    WINDOW: gl.constexpr  # query_tile's (gluon_kernels.py): False, this kernel takes no window
 
     @gluon.jit
     def head(self, bh):
@@ -148,7 +149,7 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, qdo_desc, lse_
     gl.static_assert(q_desc.block_type.shape[2] == 2 * BM, "a tile is both consumers' query rows")
     op = AttentionDQ(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, H, N, Nk, GROUP, scale,
                      scale_log2e, num_bh, head_group, CAUSAL, BM, k_desc.block_type.shape[2],
-                     k_desc.block_type.shape[3])
+                     k_desc.block_type.shape[3], False)
     layout = Layout(dq_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0, schedule=schedule,
                     tile_operand=TileOperand(qdo_desc, COUNT=2, SHARED=True))
     run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), gl.cdiv(N, 2 * BM) * num_bh)
