@@ -214,7 +214,7 @@ def phase_check(result, save=lambda: None):
               ("int4", 4096, {"block": 128}, torch.bfloat16), ("fp8_e4m3", 1024, {"signs": True}, torch.bfloat16),
               ("fp8_e4m3", 1024, {"scale": 0.01}, torch.bfloat16), ("fp8_e4m3", 32768, {}, torch.bfloat16),
               ("mxfp4", 32768, {}, torch.bfloat16), ("fp8_e4m3", 14336, {}, torch.bfloat16),
-              ("int8", 11008, {}, torch.float16), ("nvfp4", 14336, {}, torch.bfloat16)]
+              ("int8", 11008, {}, torch.float16), ("nvfp4", 14336, {"scale": 0.002}, torch.bfloat16)]
     if SMOKE:
         cases = cases[:3] + cases[-3:]
     for fmt, n, kw, dtype in cases:
@@ -234,7 +234,16 @@ def phase_check(result, save=lambda: None):
                                           kw.get("block"), True, "scale" in kw, "randomized_signs" in kw)
             case["path"] = plan.path
             codes, scales = hadamard_quantize(x, format=fmt, **kw)
-            ref_codes, ref_scales = hadamard_quantize_reference(x, format=fmt, **kw)
+            if n & (n - 1):  # hadamard_reference's m x 2^k form runs on the CPU: the first 64 rows there
+                x, codes = x[:64], codes[:64]
+                scales = tuple(s if s.numel() == 1 else s[:64] for s in scales) if isinstance(scales, tuple) else \
+                    scales if scales.numel() == 1 else scales[:64]
+                cpu_kw = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+                ref_codes, ref_scales = hadamard_quantize_reference(x.cpu(), format=fmt, **cpu_kw)
+                ref_codes = ref_codes.to(DEV)
+                ref_scales = tuple(r.to(DEV) for r in ref_scales) if isinstance(ref_scales, tuple) else ref_scales.to(DEV)
+            else:
+                ref_codes, ref_scales = hadamard_quantize_reference(x, format=fmt, **kw)
             a, b = ordinal(codes, fmt), ordinal(ref_codes, fmt)
             case["match"] = float((a == b).double().mean())
             case["max_code_distance"] = int((a - b).abs().max())

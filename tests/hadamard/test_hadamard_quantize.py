@@ -301,7 +301,7 @@ def test_codes_through_tma_descriptors(fmt):
     """The input and the codes through TMA descriptors (the interpreter runs them as loads and stores),
     rows past the last tile's end clipped."""
     rows, n = 37, 1024
-    plan = _plan(n, fmt, rows=rows, tma="load")
+    plan = _plan(n, fmt, rows=rows, tma="load", tma_store=True)
     assert plan.path == "pow2" and plan.config["TMA_LOAD"] and plan.config["TMA_STORE"]
     x = torch.randn(rows, n, dtype=torch.bfloat16)
     x[:, 3] *= 50

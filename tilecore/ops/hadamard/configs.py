@@ -93,6 +93,7 @@ QUANT_TILE_ELEMS = 8192  # hadamard_quantize's kron-tiled tile where several row
 
 # hadamard_quantize's "pow2" path (quantize.pow2_plan): hadamard_transform's TUNING / TMA_TUNING tile, with
 # these overrides by n (session 25, H200: 4096 at 3 stages 0.359 ms against 6 stages' 0.406, fp8), and
-# codes through TMA only for the packed 4-bit formats (fp8 at 4096: pointers 0.342 ms, TMA 0.359; mxfp4:
-# TMA 0.467, pointers 0.666)
+# codes through TMA for the packed 4-bit formats (mxfp4 at 4096: TMA 0.467 ms, pointers 0.666) and, 8-bit,
+# at n = 256 only (fp8: TMA 0.269 ms, pointers 0.370; at 4096 pointers 0.342 against 0.359, and 512-32768
+# within 1-8% of each other, pointers ahead)
 QUANT_POW2_TUNING = {4096: dict(num_stages=3)}
