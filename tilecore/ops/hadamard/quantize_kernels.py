@@ -14,11 +14,13 @@ The epilogue computes each group's largest |y| from the registers, its scale, an
 * GROUP 0, "spanning": a group is SPG consecutive tile rows across all slices (SPG = M_PAD: a whole
   row, the per-token scale; SPG = g / P: groups of g spanning sub-rows);
 * GROUP 1, "within a slice": groups of G contiguous elements inside a slice (G divides Q).
-NaN-propagating maxima (Triton's max drops NaN): a NaN anywhere in a group makes its amax NaN.
+NaN-propagating maxima (max.NaN reductions; Triton's max drops NaN): a NaN in a group makes its amax NaN.
 
-Rounding to the formats is done with float32 arithmetic and bit operations that run the same in the
-interpreter and on the GPU: a value is clamped, scaled to an integer count of its binade's quantum
-(exact: a power of two), rounded half to even, and its code assembled from the float32 bits.
+The codes (_codes_fast, shared with pow2_quantize_kernel below): y / scale as one correctly rounded
+reciprocal a group and an FMA correction a value (Markstein; div.rn in the interpreter), then fp8 by the
+GPU's cvt.rn.satfinite (the interpreter's fp8 casts do not round to nearest: there float32 and bit
+arithmetic, _fp8_code), int8 / int4 by cvt.rni (the interpreter: 1.5 x 2^23 added and subtracted), e2m1
+by one FMA onto the code (_e2m1_fast, the same on both).
 """
 import triton
 import triton.language as tl
@@ -97,26 +99,15 @@ def _e2m1_code(v):
 
 
 @triton.jit
-def _int_code(v, QMAX: tl.constexpr):
-    """round-half-even(v) clamped to +-QMAX (int32); NaN -> 0."""
-    r = _round_half_even(_clamp(v, -QMAX, QMAX))
-    return tl.where(v != v, 0, r.to(tl.int32))
-
-
-@triton.jit
 def _nan_max(v, axis: tl.constexpr):
-    """max |v| along ``axis``, NaN where any element is NaN (Triton's max drops NaN)."""
-    a = tl.abs(v)
-    m = tl.max(tl.where(a != a, 0.0, a), axis=axis)
-    bad = tl.max((a != a).to(tl.int32), axis=axis)
-    return tl.where(bad > 0, float("nan"), m)
+    """max |v| along ``axis``, NaN where any element is NaN (Triton's max drops NaN): _amax's max.NaN."""
+    return _amax(v, axis)
 
 
 @triton.jit
 def _nan_maximum(a, b):
-    """Elementwise max, NaN where either is NaN (tl.maximum's NaN behaviour differs between the GPU and
-    the interpreter)."""
-    return tl.where((a != a) | (b != b), float("nan"), tl.maximum(a, b))
+    """Elementwise max, NaN where either is NaN (max.NaN; tl.maximum's default drops NaN on the GPU)."""
+    return _max_nan(a, b)
 
 
 @triton.jit
@@ -164,25 +155,6 @@ def _scale(amax, gscale_ptr, FORMAT: tl.constexpr, STATIC: tl.constexpr, QMAX: t
 
 
 @triton.jit
-def _codes(y, div, stored, FORMAT: tl.constexpr):
-    """The codes (int32; nibbles for the 4-bit formats) of rotated values y with their group's scale."""
-    if FORMAT == MXFP4:
-        code = tl.where(stored == 255, 0, _e2m1_code(y * (1.0 / div)))  # 1 / 2^e is exact
-    elif FORMAT == NVFP4:
-        code = tl.where(div == div, _e2m1_code(tl.math.div_rn(y, div)), 0)
-        code = tl.where(div < float("inf"), code, 0)
-    elif FORMAT == E4M3:
-        code = _fp8_code(tl.math.div_rn(y, div), 3, 7, 448.0)
-    elif FORMAT == E5M2:
-        code = _fp8_code(tl.math.div_rn(y, div), 2, 15, 57344.0)
-    elif FORMAT == INT8:
-        code = _int_code(tl.math.div_rn(y, div), 127.0)
-    else:
-        code = _int_code(tl.math.div_rn(y, div), 7.0) & 0xF
-    return code
-
-
-@triton.jit
 def _store_codes(codes, tile, t, code, rows, stride_codes, M: tl.constexpr, M_PAD: tl.constexpr,
                  P: tl.constexpr, Q: tl.constexpr, B: tl.constexpr, PACKED: tl.constexpr):
     """A slice's codes: bytes at the elements' offsets, or (PACKED) nibble pairs, element 2j low, at
@@ -223,19 +195,30 @@ def _epilogue(codes, scales, gscale, tile, rows, stride_codes, stride_scales,
         if not STATIC:
             grow, gidx, gmask = _group_rows(tile, rows, M, M_PAD, B, SPG)
             tl.store(scales + grow * stride_scales + gidx, stored.to(scales.dtype.element_ty), mask=gmask)
+        recip, div_e = _group_divisor(div)
         div_r = tl.reshape(tl.broadcast_to(div[:, None], (R // SPG, SPG)), (R,))[:, None]
         st_r = tl.reshape(tl.broadcast_to(stored[:, None], (R // SPG, SPG)), (R,))[:, None]
-        _store_codes(codes, tile, 0, _codes(o0, div_r, st_r, FORMAT), rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
+        rc_r = tl.reshape(tl.broadcast_to(recip[:, None], (R // SPG, SPG)), (R,))[:, None]
+        de_r = tl.reshape(tl.broadcast_to(div_e[:, None], (R // SPG, SPG)), (R,))[:, None]
+        _store_codes(codes, tile, 0, _codes_fast(o0, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC), rows,
+                     stride_codes, M, M_PAD, P, Q, B, PACKED)
         if S > 1:
-            _store_codes(codes, tile, 1, _codes(o1, div_r, st_r, FORMAT), rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
+            _store_codes(codes, tile, 1, _codes_fast(o1, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC), rows,
+                         stride_codes, M, M_PAD, P, Q, B, PACKED)
         if S > 2:
-            _store_codes(codes, tile, 2, _codes(o2, div_r, st_r, FORMAT), rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
-            _store_codes(codes, tile, 3, _codes(o3, div_r, st_r, FORMAT), rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
+            _store_codes(codes, tile, 2, _codes_fast(o2, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC), rows,
+                         stride_codes, M, M_PAD, P, Q, B, PACKED)
+            _store_codes(codes, tile, 3, _codes_fast(o3, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC), rows,
+                         stride_codes, M, M_PAD, P, Q, B, PACKED)
         if S > 4:
-            _store_codes(codes, tile, 4, _codes(o4, div_r, st_r, FORMAT), rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
-            _store_codes(codes, tile, 5, _codes(o5, div_r, st_r, FORMAT), rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
-            _store_codes(codes, tile, 6, _codes(o6, div_r, st_r, FORMAT), rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
-            _store_codes(codes, tile, 7, _codes(o7, div_r, st_r, FORMAT), rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
+            _store_codes(codes, tile, 4, _codes_fast(o4, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC), rows,
+                         stride_codes, M, M_PAD, P, Q, B, PACKED)
+            _store_codes(codes, tile, 5, _codes_fast(o5, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC), rows,
+                         stride_codes, M, M_PAD, P, Q, B, PACKED)
+            _store_codes(codes, tile, 6, _codes_fast(o6, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC), rows,
+                         stride_codes, M, M_PAD, P, Q, B, PACKED)
+            _store_codes(codes, tile, 7, _codes_fast(o7, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC), rows,
+                         stride_codes, M, M_PAD, P, Q, B, PACKED)
     else:
         _slice_groups(codes, scales, gscale, tile, 0, o0, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
                       FORMAT, G, STATIC, PACKED, QMAX)
@@ -267,6 +250,7 @@ def _slice_groups(codes, scales, gscale, tile, t, y, rows, stride_codes, stride_
     R: tl.constexpr = B * M_PAD
     y3 = tl.reshape(y, (R, Q // G, G))
     div, stored = _scale(_nan_max(y3, 2), gscale, FORMAT, STATIC, QMAX)  # [R, Q / G]
+    recip, div_e = _group_divisor(div)
     r = tl.arange(0, R)
     i = r % M_PAD
     row = (r // M_PAD).to(tl.int64) + tile * B
@@ -274,7 +258,8 @@ def _slice_groups(codes, scales, gscale, tile, t, y, rows, stride_codes, stride_
     col = (i[:, None] * P + t * Q) // G + k[None, :]
     mask = (row[:, None] < rows) & (i[:, None] < M) & (k[None, :] * G < P)
     tl.store(scales + row[:, None] * stride_scales + col, stored.to(scales.dtype.element_ty), mask=mask)
-    code = tl.reshape(_codes(y3, div[:, :, None], stored[:, :, None], FORMAT), (R, Q))
+    code = tl.reshape(_codes_fast(y3, div[:, :, None], stored[:, :, None], recip[:, :, None], div_e[:, :, None],
+                                  FORMAT, QMAX, STATIC), (R, Q))
     _store_codes(codes, tile, t, code, rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
 
 
