@@ -11,7 +11,8 @@ One device call, under ~3 minutes:
    under torch.compile) at 4096 where asked (--compiled);
 4. a table last, JSON to $OUT/gpu_quantize_probe.json.
 
-    PYTHONPATH=. python3 experiments/hadamard/gpu_quantize_probe.py [--set quick|full|kron] [--compiled]
+    PYTHONPATH=. python3 experiments/hadamard/gpu_quantize_probe.py [--set quick|full|kron|final] [--compiled]
+    (--set final: the shipped plans, every format and size, the model widths; session 25's last run)
     PYTHONPATH=. python3 experiments/hadamard/gpu_quantize_probe.py --smoke      (CPU, interpreter, toy sizes)
 """
 import argparse
