@@ -185,25 +185,34 @@ class AttentionFp8:
                               mask=offs < self.N, other=0.0) * self.scale_log2e
         else:
             q_scale = gl.load(self.q_scales + tile.bh) * self.scale_log2e
+        if not self.K_PER_ROW:  # the head's k descale folds in once a tile (not a load a step)
+            b, h, hk = head_of(tile.bh, self.H, self.GROUP)
+            q_scale = q_scale * gl.load(self.k_scales + b * (self.H // self.GROUP) + hk)
         m, l = online_softmax_start(self.BM, self.S)
         acc = gl.zeros([self.BM, self.D], gl.float32, self.O)
         p = gl.zeros([self.BM, self.BN], self.q_desc.dtype, self.P)
         return Running(m, l, acc, p, Rows(first, tile.bh, n_own), q_scale)
 
     @gluon.jit
-    def softmax(self, s, st, first_key):
-        """Descale the scores, mask them where needed, one online-softmax step.
-        Returns (m, l, P in float32 (2^8 p), alpha in O's layout)."""
-        b, h, hk = head_of(st.rows.bh, self.H, self.GROUP)
-        bhk = b * (self.H // self.GROUP) + hk
+    def key_scales(self, st, first_key):
+        """K_PER_ROW: the step's keys' descales (loaded before the step's wgmma are issued, so that the
+        load's latency hides under them); else None (the head's is in st.q_scale)."""
+        k_scale = None
         if self.K_PER_ROW:
+            b, h, hk = head_of(st.rows.bh, self.H, self.GROUP)
+            bhk = b * (self.H // self.GROUP) + hk
             keys = first_key + gl.arange(0, self.BN, layout=gl.SliceLayout(0, self.S))
             k_scale = gl.load(self.k_scales + bhk.to(gl.int64) * self.k_n_scales + keys // self.k_rows_per_scale,
                               mask=keys < self.Nk, other=0.0)
+        return k_scale
+
+    @gluon.jit
+    def softmax(self, s, st, first_key, k_scale):
+        """Descale the scores, mask them where needed, one online-softmax step.
+        Returns (m, l, P in float32 (2^8 p), alpha in O's layout)."""
+        if self.K_PER_ROW:
             s = s * gl.expand_dims(k_scale, 0)
-            row_scale = st.q_scale
-        else:
-            row_scale = st.q_scale * gl.load(self.k_scales + bhk)
+        row_scale = st.q_scale
         if needs_mask(st.rows.first, first_key, self.BN, self.N, self.Nk, self.CAUSAL):
             s = mask_scores(s, self.S, st.rows.first, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
         m, l, p, alpha = fp8_softmax_update(st.m, st.l, s, row_scale, self.Q_PER_ROW)
@@ -242,11 +251,12 @@ class AttentionFp8:
     def s_and_pv(self, ctx, q, k_t, v, st, first_key):
         """S = Q K^T and acc + P V issued together, the softmax of S while P V runs.
         Returns (m, l, P in float32, alpha, acc + P V)."""
+        k_scale = self.key_scales(st, first_key)
         s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
         o_tok = warpgroup_mma(st.p, v, st.acc, is_async=True)
         self.their_turn(ctx)
         s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
-        m, l, p32, alpha = self.softmax(s, st, first_key)
+        m, l, p32, alpha = self.softmax(s, st, first_key, k_scale)
         acc = warpgroup_mma_wait(0, deps=(o_tok,))
         return m, l, p32, alpha, acc
 
@@ -258,11 +268,12 @@ class AttentionFp8:
         v = stage.vt.reshape([self.D, self.BN]).permute((1, 0))  # [BN, D], keys contiguous: K-major
         self.my_turn(ctx, step)
         if step == 0:
+            k_scale = self.key_scales(st, 0)
             s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
                                   is_async=True)
             self.their_turn(ctx)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
-            m, l, p32, alpha = self.softmax(s, st, 0)
+            m, l, p32, alpha = self.softmax(s, st, 0, k_scale)
             st = st.replace(m=m, l=l, p=self.p_operand(p32))
         elif step < st.rows.n_blocks:
             m, l, p32, alpha, acc = self.s_and_pv(ctx, q, k_t, v, st, step * self.BN)
