@@ -110,8 +110,8 @@ def test_gluon_backward_holds_wgmma_tma_and_its_reduction_and_is_not_serialized(
 SPILL_BYTES_ALLOWED = {("backward dk/dv", 128): 64, ("backward (gluon)", 64): 64, ("backward (gluon)", 128): 256,
                        ("backward (gluon, grouped heads)", 64): 256, ("backward (gluon, grouped heads)", 128): 256,
                        ("forward (gluon, 3 consumers)", 64): 96,
-                       # the window's per-consumer first step and bounds: 20 bytes (issue 35; untimed)
-                       ("forward (gluon, window)", 128): 32}
+                       # the window's per-consumer first step and bounds: 20 bytes stored, 36 loaded (issue 35; untimed)
+                       ("forward (gluon, window)", 128): 48}
 
 
 def test_no_spills_and_shared_memory_fits(report):
