@@ -214,7 +214,8 @@ def run_checks():
     f16, bf16 = torch.float16, torch.bfloat16
     if SMOKE:
         varlen_cases = [([5, 0, 1, 19], [5, 2, 1, 19], 2, 1, 16, 16, dict(causal=True))]
-        kv_cases = [([0, 17], 1, 1, 2, 1, 16, 16, 16, dict(), 4), ([3, 20], 2, 2, 2, 1, 16, 16, None, dict(causal=True), 32)]
+        kv_cases = [([0, 17], 1, 1, 2, 1, 16, 16, 16, dict(), 4),
+                    ([3, 20], 2, 2, 2, 1, 16, 16, None, dict(causal=True), 32)]
         dtypes = ()  # the fp16 pass below covers the smoke cases
     else:
         varlen_cases = [
@@ -417,18 +418,26 @@ def run_timing():
 # sweep: the kernels' block configurations (varlen._config's are ptxas-picked, untimed)
 
 FWD_CONFIGS = [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),  # the shipped one first
+               dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, UNMASKED_MIDDLE=False),  # every block masked
                dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
                dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=3),
                dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2)]
 DKDV_CONFIGS = [dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1),
+                dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1, UNMASKED_MIDDLE=False),
                 dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2),
                 dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
                 dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2),
                 dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2)]
 DQ_CONFIGS = [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+              dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, UNMASKED_MIDDLE=False),
               dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
               dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
               dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=2)]
+
+
+def _config_name(c):
+    name = "x".join(str(c[x]) for x in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
+    return name + ("" if c.get("UNMASKED_MIDDLE", True) else " all-masked")
 
 
 def sweep_varlen(label, lengths, h=16, d=128):
@@ -446,18 +455,19 @@ def sweep_varlen(label, lengths, h=16, d=128):
     row = {"case": f"sweep {label}: {len(lengths)} seqs, {total} tokens, H{h} D{d} causal (kernels alone, ms)"}
     small = (lambda c: dict(c, BLOCK_M=16, BLOCK_N=16)) if SMOKE else (lambda c: c)
     for c in FWD_CONFIGS:
-        name = "fwd " + "x".join(str(c[x]) for x in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
+        name = "fwd " + _config_name(c)
         guarded(f"sweep {label} {name}")(lambda: row.__setitem__(name, bench(
             lambda: varlen.forward_kernels(q, k, v, *args, config=small(c)))))()
     for kind, configs in (("dkdv", DKDV_CONFIGS), ("dq", DQ_CONFIGS)):
         for c in configs:
-            name = f"{kind} " + "x".join(str(c[x]) for x in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
+            name = f"{kind} " + _config_name(c)
             other = "dq" if kind == "dkdv" else "dkdv"
             # time the pass alone: the other one at a tiny grid is not possible, so time both and
             # subtract the other's shipped time measured once below
             guarded(f"sweep {label} {name}")(lambda: row.__setitem__(name, bench(
                 lambda: varlen.backward_kernels(dout, q, k, v, out, lse, None, *args,
-                                                config={kind: small(c), other: small(varlen._config(d, SMOKE, other))}))))()
+                                                config={kind: small(c),
+                                                        other: small(varlen._config(d, SMOKE, other))}))))()
     row["flops_fwd"] = flops
     RESULTS["time"].append(row)
 

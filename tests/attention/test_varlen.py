@@ -42,8 +42,10 @@ CASES = [
     ([7, 1, 0, 30], [7, 1, 0, 21], 2, 2, 16, 16, dict(causal=True)),  # rows of the 34 past its 21 keys: no key
     ([19, 3, 20], [19, 9, 20], 2, 1, 16, 24, dict(causal=True, window_size=(5, -1), softcap=1.5)),
     ([21, 2, 17], [24, 2, 17], 2, 1, 24, 16, dict(window_size=(3, 6), scale=-0.4)),
+    ([60, 2], [64, 2], 2, 1, 16, 16, dict(window_size=(40, 8))),  # whole blocks inside the window: unmasked
 ]
-IDS = ["gqa-odd-lengths", "causal-empty-rows", "causal-window-softcap-dv", "two-sided-window-negative-scale"]
+IDS = ["gqa-odd-lengths", "causal-empty-rows", "causal-window-softcap-dv", "two-sided-window-negative-scale",
+       "wide-window-unmasked-blocks"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

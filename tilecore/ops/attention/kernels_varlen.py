@@ -63,6 +63,56 @@ def key_range(first_position, last_position, key_end, left, right, BLOCK_N: tl.c
 
 
 @triton.jit
+def unmasked_keys(first, last, key_end, lo, hi, left, right, BLOCK_N: tl.constexpr, LEFT: tl.constexpr,
+                  RIGHT: tl.constexpr):
+    """[mid_lo, mid_hi) within [lo, hi), both lo plus multiples of BLOCK_N: the key blocks that every
+    query at positions first..last sees whole (no key past key_end, none outside a window), which
+    skip the mask; rows past the sequence's end may see them too (their outputs are not stored)."""
+    mid_lo = lo
+    if LEFT:  # keys >= last - left
+        mid_lo = tl.maximum(lo, ((tl.maximum(last - left, 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N)
+    bound = key_end
+    if RIGHT:  # keys <= first + right
+        bound = tl.minimum(bound, first + right + 1)
+    mid_hi = (tl.maximum(bound, 0) // BLOCK_N) * BLOCK_N
+    mid_lo = tl.minimum(mid_lo, hi)
+    return mid_lo, tl.maximum(mid_lo, tl.minimum(mid_hi, hi))
+
+
+@triton.jit
+def _fwd_step(q, k_base, v_base, k0, start_n, offs_n0, offs_d, offs_dv, d_ok, dv_ok, nk, skt, skd, svt, svd,
+              position, left, right, scale, softcap, m_i, l_i, acc,
+              LEFT: tl.constexpr, RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, MASKED: tl.constexpr):
+    """Fold key block start_n into the rows' online softmax; MASKED: keys past nk and outside the
+    window to -inf (else every key of the block is seen by every row)."""
+    offs_n = start_n + offs_n0
+    key_rows = (k0 + offs_n).to(tl.int64)
+    if MASKED:
+        key_ok = offs_n < nk
+        k = tl.load(k_base + key_rows[:, None] * skt + offs_d[None, :] * skd, mask=key_ok[:, None] & d_ok[None, :],
+                    other=0.0)
+        v = tl.load(v_base + key_rows[:, None] * svt + offs_dv[None, :] * svd,
+                    mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
+    else:
+        k = tl.load(k_base + key_rows[:, None] * skt + offs_d[None, :] * skd, mask=d_ok[None, :], other=0.0)
+        v = tl.load(v_base + key_rows[:, None] * svt + offs_dv[None, :] * svd, mask=dv_ok[None, :], other=0.0)
+    s = tl.dot(q, tl.trans(k)) * scale
+    if SOFTCAP:  # softcap * tanh(s / softcap), tanh(x) = 1 - 2 / (e^2x + 1)
+        s = softcap - (2.0 * softcap) / (tl.exp2(s * (2.0 * LOG2E_IN_KERNEL / softcap)) + 1.0)
+    if MASKED:
+        ok = key_ok[None, :]
+        if LEFT:
+            ok = ok & (offs_n[None, :] >= position[:, None] - left)
+        if RIGHT:
+            ok = ok & (offs_n[None, :] <= position[:, None] + right)
+        s = tl.where(ok, s * LOG2E_IN_KERNEL, float("-inf"))
+    else:
+        s = s * LOG2E_IN_KERNEL
+    m_i, l_i, acc, p = online_softmax_update(m_i, l_i, acc, s, 1.0)
+    return m_i, l_i, tl.dot(p.to(v.dtype), v, acc)
+
+
+@triton.jit
 def normalized(m_i, l_i, acc):
     """acc / l and the base-2 lse (m + log2 l); a row with no key (l = 0): 0 and -inf; l NaN: NaN."""
     empty = l_i == 0.0
@@ -86,6 +136,7 @@ def varlen_fwd(Q, K, V, O, LSE, CU_Q, CU_K, CU_BLOCKS,
                sqt, sqh, sqd, skt, skh, skd, svt, svh, svd, sot, soh, sod,
                B, total_q, D, DV, GROUP, scale, softcap, left, right,
                LEFT: tl.constexpr, RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+               UNMASKED_MIDDLE: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     """Program (query block over all sequences, q head): its rows' O (total_q, Hq, Dv) and lse."""
     t = tl.program_id(0)
@@ -115,31 +166,29 @@ def varlen_fwd(Q, K, V, O, LSE, CU_Q, CU_K, CU_BLOCKS,
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     shift = nk - n
     position = offs_m + shift
-    lo, hi = key_range(start_m + shift, tl.minimum(start_m + BLOCK_M, n) - 1 + shift, nk, left, right,
-                       BLOCK_N, LEFT, RIGHT)
+    first, last = start_m + shift, tl.minimum(start_m + BLOCK_M, n) - 1 + shift
+    lo, hi = key_range(first, last, nk, left, right, BLOCK_N, LEFT, RIGHT)
     d_ok = offs_d < D
     dv_ok = offs_dv < DV
-    for start_n in range(lo, hi, BLOCK_N):
-        # the loop body is written out (no nested jit helpers but the softmax update): the
-        # interpreter pays ~7 ms a nested call, which made small tests minutes long
-        offs_n = start_n + offs_n0
-        key_ok = offs_n < nk
-        key_rows = (k0 + offs_n).to(tl.int64)
-        k = tl.load(k_base + key_rows[:, None] * skt + offs_d[None, :] * skd, mask=key_ok[:, None] & d_ok[None, :],
-                    other=0.0)
-        v = tl.load(v_base + key_rows[:, None] * svt + offs_dv[None, :] * svd,
-                    mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale
-        if SOFTCAP:  # softcap * tanh(s / softcap), tanh(x) = 1 - 2 / (e^2x + 1)
-            s = softcap - (2.0 * softcap) / (tl.exp2(s * (2.0 * LOG2E_IN_KERNEL / softcap)) + 1.0)
-        ok = key_ok[None, :]
-        if LEFT:
-            ok = ok & (offs_n[None, :] >= position[:, None] - left)
-        if RIGHT:
-            ok = ok & (offs_n[None, :] <= position[:, None] + right)
-        s = tl.where(ok, s * LOG2E_IN_KERNEL, float("-inf"))
-        m_i, l_i, acc, p = online_softmax_update(m_i, l_i, acc, s, 1.0)
-        acc = tl.dot(p.to(v.dtype), v, acc)
+    if UNMASKED_MIDDLE:  # masked key blocks at the window's left edge, unmasked in the middle, masked at the right
+        mid_lo, mid_hi = unmasked_keys(first, last, nk, lo, hi, left, right, BLOCK_N, LEFT, RIGHT)
+        for start_n in range(lo, mid_lo, BLOCK_N):
+            m_i, l_i, acc = _fwd_step(q, k_base, v_base, k0, start_n, offs_n0, offs_d, offs_dv, d_ok, dv_ok, nk,
+                                      skt, skd, svt, svd, position, left, right, scale, softcap, m_i, l_i, acc,
+                                      LEFT, RIGHT, SOFTCAP, True)
+        for start_n in range(mid_lo, mid_hi, BLOCK_N):
+            m_i, l_i, acc = _fwd_step(q, k_base, v_base, k0, start_n, offs_n0, offs_d, offs_dv, d_ok, dv_ok, nk,
+                                      skt, skd, svt, svd, position, left, right, scale, softcap, m_i, l_i, acc,
+                                      LEFT, RIGHT, SOFTCAP, False)
+        for start_n in range(mid_hi, hi, BLOCK_N):
+            m_i, l_i, acc = _fwd_step(q, k_base, v_base, k0, start_n, offs_n0, offs_d, offs_dv, d_ok, dv_ok, nk,
+                                      skt, skd, svt, svd, position, left, right, scale, softcap, m_i, l_i, acc,
+                                      LEFT, RIGHT, SOFTCAP, True)
+    else:  # every block masked: one loop (less code: the three loops made ptxas serialize wgmma with softcap)
+        for start_n in range(lo, hi, BLOCK_N):
+            m_i, l_i, acc = _fwd_step(q, k_base, v_base, k0, start_n, offs_n0, offs_d, offs_dv, d_ok, dv_ok, nk,
+                                      skt, skd, svt, svd, position, left, right, scale, softcap, m_i, l_i, acc,
+                                      LEFT, RIGHT, SOFTCAP, True)
     out, lse2 = normalized(m_i, l_i, acc)
     o_ptrs, o_ok = _packed_rows(O + h64 * soh, q0, offs_m, row_ok, offs_dv, offs_dv < DV, sot, sod)
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_ok)
@@ -158,11 +207,51 @@ def _row_max_log2(LSE, offs, ok):
 
 
 @triton.jit
+def _dkdv_step(Q, DO, LSE, DELTA, k, v, h, q0, n, start_m, offs_m0, offs_n, key_ok, offs_d, offs_dv, d_ok, dv_ok,
+               shift, sqh, sqt, sqd, sdh, sdt, sdd, total_q, left, right, scale, softcap, dk, dv,
+               LEFT: tl.constexpr, RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, MASKED: tl.constexpr):
+    """dk, dv += the query block start_m's part (transposed tiles: keys x queries); MASKED: keys past
+    nk, rows past n and pairs outside the window get p = 0."""
+    offs_m = start_m + offs_m0
+    row_ok = offs_m < n
+    query_rows = (q0 + offs_m).to(tl.int64)
+    q = tl.load(Q + h * sqh + query_rows[:, None] * sqt + offs_d[None, :] * sqd,
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    do = tl.load(DO + h * sdh + query_rows[:, None] * sdt + offs_dv[None, :] * sdd,
+                 mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
+    stat = h * total_q + query_rows
+    lse = tl.load(LSE + stat, mask=row_ok, other=0.0)
+    m2 = tl.where(lse == float("-inf"), 0.0, lse * LOG2E_IN_KERNEL)  # no key: p = 0, not NaN
+    delta = tl.load(DELTA + stat, mask=row_ok, other=0.0)
+    s_t = tl.dot(k, tl.trans(q)) * scale  # [keys, queries]
+    if SOFTCAP:
+        s_t = softcap - (2.0 * softcap) / (tl.exp2(s_t * (2.0 * LOG2E_IN_KERNEL / softcap)) + 1.0)
+    p_t = tl.exp2(s_t * LOG2E_IN_KERNEL - m2[None, :])
+    if MASKED:
+        ok = key_ok[:, None] & row_ok[None, :]
+        if LEFT:
+            ok = ok & (offs_n[:, None] >= (offs_m + shift)[None, :] - left)
+        if RIGHT:
+            ok = ok & (offs_n[:, None] <= (offs_m + shift)[None, :] + right)
+        p_t = tl.where(ok, p_t, 0.0)
+    dv = tl.dot(p_t.to(do.dtype), do, dv)
+    dp_t = tl.dot(v, tl.trans(do))
+    ds_t = p_t * (dp_t - delta[None, :])
+    if SOFTCAP:  # d(softcap tanh(x / softcap)) / dx = 1 - tanh^2; masked scores have p = 0
+        th = s_t / softcap
+        if MASKED:
+            th = tl.where(ok, th, 0.0)
+        ds_t = ds_t * (1.0 - th * th)
+    return tl.dot(ds_t.to(q.dtype), q, dk), dv
+
+
+@triton.jit
 def varlen_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, CU_Q, CU_K, CU_BLOCKS,
                     sqt, sqh, sqd, skt, skh, skd, svt, svh, svd, sdt, sdh, sdd,
                     sgkt, sgkh, sgkd, sgvt, sgvh, sgvd,
                     B, total_q, D, DV, GROUP, scale, softcap, left, right,
                     LEFT: tl.constexpr, RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+               UNMASKED_MIDDLE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     """Program (key block over all sequences, kv head): dK, dV of its keys, summed over the query
     blocks of every q head of the group that see them (no atomics)."""
@@ -199,36 +288,40 @@ def varlen_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, CU_Q, CU_K, CU_BLOCKS,
         lo = (tl.maximum(start_n - right - shift, 0) // BLOCK_M) * BLOCK_M
     if LEFT:
         hi = tl.minimum(n, tl.minimum(start_n + BLOCK_N, nk) - 1 + left - shift + 1)
-    for g in range(0, GROUP):
-        h = hk64 * GROUP + g
-        for start_m in range(lo, hi, BLOCK_M):  # written out: see varlen_fwd's loop
-            offs_m = start_m + offs_m0
-            row_ok = offs_m < n
-            query_rows = (q0 + offs_m).to(tl.int64)
-            q = tl.load(Q + h * sqh + query_rows[:, None] * sqt + offs_d[None, :] * sqd,
-                        mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-            do = tl.load(DO + h * sdh + query_rows[:, None] * sdt + offs_dv[None, :] * sdd,
-                         mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
-            stat = h * total_q + query_rows
-            lse = tl.load(LSE + stat, mask=row_ok, other=0.0)
-            m2 = tl.where(lse == float("-inf"), 0.0, lse * LOG2E_IN_KERNEL)  # no key: p = 0, not NaN
-            delta = tl.load(DELTA + stat, mask=row_ok, other=0.0)
-            s_t = tl.dot(k, tl.trans(q)) * scale  # [keys, queries]
-            if SOFTCAP:
-                s_t = softcap - (2.0 * softcap) / (tl.exp2(s_t * (2.0 * LOG2E_IN_KERNEL / softcap)) + 1.0)
-            ok = key_ok[:, None] & row_ok[None, :]
-            if LEFT:
-                ok = ok & (offs_n[:, None] >= (offs_m + shift)[None, :] - left)
-            if RIGHT:
-                ok = ok & (offs_n[:, None] <= (offs_m + shift)[None, :] + right)
-            p_t = tl.where(ok, tl.exp2(s_t * LOG2E_IN_KERNEL - m2[None, :]), 0.0)
-            dv = tl.dot(p_t.to(do.dtype), do, dv)
-            dp_t = tl.dot(v, tl.trans(do))
-            ds_t = p_t * (dp_t - delta[None, :])
-            if SOFTCAP:  # d(softcap tanh(x / softcap)) / dx = 1 - tanh^2; masked scores have p = 0
-                th = tl.where(ok, s_t / softcap, 0.0)
-                ds_t = ds_t * (1.0 - th * th)
-            dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    # query blocks whose every row sees every key of this block (rows past n are zeros: they add 0);
+    # (with UNMASKED_MIDDLE; else one masked loop)
+    mid_lo = lo
+    if RIGHT:  # rows with position >= last key - right
+        mid_lo = tl.maximum(lo, ((tl.maximum(start_n + BLOCK_N - 1 - right - shift, 0) + BLOCK_M - 1)
+                                 // BLOCK_M) * BLOCK_M)
+    mid_hi = hi
+    if LEFT:  # rows with position + BLOCK_M - 1 <= first key + left
+        last_first_row = start_n - BLOCK_M + 1 - shift + left
+        mid_hi = tl.where(last_first_row >= 0, (last_first_row // BLOCK_M + 1) * BLOCK_M, 0)
+    mid_lo = tl.minimum(mid_lo, hi)
+    mid_hi = tl.maximum(mid_lo, tl.minimum(mid_hi, hi))
+    if UNMASKED_MIDDLE:
+        for g in range(0, GROUP):
+            h = hk64 * GROUP + g
+            for start_m in range(lo, mid_lo, BLOCK_M):  # masked, unmasked, masked: as varlen_fwd
+                dk, dv = _dkdv_step(Q, DO, LSE, DELTA, k, v, h, q0, n, start_m, offs_m0, offs_n, key_ok, offs_d,
+                                    offs_dv, d_ok, dv_ok, shift, sqh, sqt, sqd, sdh, sdt, sdd, total_q, left, right,
+                                    scale, softcap, dk, dv, LEFT, RIGHT, SOFTCAP, True)
+            for start_m in range(mid_lo, mid_hi, BLOCK_M):
+                dk, dv = _dkdv_step(Q, DO, LSE, DELTA, k, v, h, q0, n, start_m, offs_m0, offs_n, key_ok, offs_d,
+                                    offs_dv, d_ok, dv_ok, shift, sqh, sqt, sqd, sdh, sdt, sdd, total_q, left, right,
+                                    scale, softcap, dk, dv, LEFT, RIGHT, SOFTCAP, False)
+            for start_m in range(mid_hi, hi, BLOCK_M):
+                dk, dv = _dkdv_step(Q, DO, LSE, DELTA, k, v, h, q0, n, start_m, offs_m0, offs_n, key_ok, offs_d,
+                                    offs_dv, d_ok, dv_ok, shift, sqh, sqt, sqd, sdh, sdt, sdd, total_q, left, right,
+                                    scale, softcap, dk, dv, LEFT, RIGHT, SOFTCAP, True)
+    else:
+        for g in range(0, GROUP):
+            h = hk64 * GROUP + g
+            for start_m in range(lo, hi, BLOCK_M):
+                dk, dv = _dkdv_step(Q, DO, LSE, DELTA, k, v, h, q0, n, start_m, offs_m0, offs_n, key_ok, offs_d,
+                                    offs_dv, d_ok, dv_ok, shift, sqh, sqt, sqd, sdh, sdt, sdd, total_q, left, right,
+                                    scale, softcap, dk, dv, LEFT, RIGHT, SOFTCAP, True)
 
     dk_ptrs, dk_ok = _packed_rows(DK + hk64 * sgkh, k0, offs_n, key_ok, offs_d, d_ok, sgkt, sgkd)
     dv_ptrs, dv_ok2 = _packed_rows(DV_OUT + hk64 * sgvh, k0, offs_n, key_ok, offs_dv, dv_ok, sgvt, sgvd)
@@ -237,10 +330,48 @@ def varlen_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, CU_Q, CU_K, CU_BLOCKS,
 
 
 @triton.jit
+def _dq_step(q, do, m2, delta, k_base, v_base, k0, start_n, offs_n0, offs_d, offs_dv, d_ok, dv_ok, nk,
+             skt, skd, svt, svd, position, left, right, scale, softcap, dq,
+             LEFT: tl.constexpr, RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, MASKED: tl.constexpr):
+    """dq += dS K over key block start_n (p recomputed from the rows' lse); MASKED as _fwd_step."""
+    offs_n = start_n + offs_n0
+    key_rows = (k0 + offs_n).to(tl.int64)
+    key_ok = offs_n < nk
+    if MASKED:
+        k = tl.load(k_base + key_rows[:, None] * skt + offs_d[None, :] * skd, mask=key_ok[:, None] & d_ok[None, :],
+                    other=0.0)
+        v = tl.load(v_base + key_rows[:, None] * svt + offs_dv[None, :] * svd,
+                    mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
+    else:
+        k = tl.load(k_base + key_rows[:, None] * skt + offs_d[None, :] * skd, mask=d_ok[None, :], other=0.0)
+        v = tl.load(v_base + key_rows[:, None] * svt + offs_dv[None, :] * svd, mask=dv_ok[None, :], other=0.0)
+    s = tl.dot(q, tl.trans(k)) * scale
+    if SOFTCAP:
+        s = softcap - (2.0 * softcap) / (tl.exp2(s * (2.0 * LOG2E_IN_KERNEL / softcap)) + 1.0)
+    p = tl.exp2(s * LOG2E_IN_KERNEL - m2[:, None])
+    if MASKED:
+        ok = key_ok[None, :]
+        if LEFT:
+            ok = ok & (offs_n[None, :] >= position[:, None] - left)
+        if RIGHT:
+            ok = ok & (offs_n[None, :] <= position[:, None] + right)
+        p = tl.where(ok, p, 0.0)
+    dp = tl.dot(do, tl.trans(v))
+    ds = p * (dp - delta[:, None])
+    if SOFTCAP:  # d(softcap tanh(x / softcap)) / dx = 1 - tanh^2; masked scores have p = 0
+        th = s / softcap
+        if MASKED:
+            th = tl.where(ok, th, 0.0)
+        ds = ds * (1.0 - th * th)
+    return tl.dot(ds.to(k.dtype), k, dq)
+
+
+@triton.jit
 def varlen_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, CU_BLOCKS,
                   sqt, sqh, sqd, skt, skh, skd, svt, svh, svd, sdt, sdh, sdd, sgt, sgh, sgd,
                   B, total_q, D, DV, GROUP, scale, softcap, left, right,
                   LEFT: tl.constexpr, RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+               UNMASKED_MIDDLE: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     """Program (query block over all sequences, q head): dQ = scale * sum over its keys of dS K."""
     t = tl.program_id(0)
@@ -273,31 +404,25 @@ def varlen_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, CU_BLOCKS,
 
     shift = nk - n
     position = offs_m + shift
-    lo, hi = key_range(start_m + shift, tl.minimum(start_m + BLOCK_M, n) - 1 + shift, nk, left, right,
-                       BLOCK_N, LEFT, RIGHT)
-    for start_n in range(lo, hi, BLOCK_N):  # written out: see varlen_fwd's loop
-        offs_n = start_n + offs_n0
-        key_ok = offs_n < nk
-        key_rows = (k0 + offs_n).to(tl.int64)
-        k = tl.load(K + hk * skh + key_rows[:, None] * skt + offs_d[None, :] * skd,
-                    mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(V + hk * svh + key_rows[:, None] * svt + offs_dv[None, :] * svd,
-                    mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale
-        if SOFTCAP:
-            s = softcap - (2.0 * softcap) / (tl.exp2(s * (2.0 * LOG2E_IN_KERNEL / softcap)) + 1.0)
-        ok = key_ok[None, :]
-        if LEFT:
-            ok = ok & (offs_n[None, :] >= position[:, None] - left)
-        if RIGHT:
-            ok = ok & (offs_n[None, :] <= position[:, None] + right)
-        p = tl.where(ok, tl.exp2(s * LOG2E_IN_KERNEL - m2[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v))
-        ds = p * (dp - delta[:, None])
-        if SOFTCAP:
-            th = tl.where(ok, s / softcap, 0.0)
-            ds = ds * (1.0 - th * th)
-        dq = tl.dot(ds.to(k.dtype), k, dq)
+    first, last = start_m + shift, tl.minimum(start_m + BLOCK_M, n) - 1 + shift
+    lo, hi = key_range(first, last, nk, left, right, BLOCK_N, LEFT, RIGHT)
+    k_base = K + hk * skh
+    v_base = V + hk * svh
+    if UNMASKED_MIDDLE:  # masked, unmasked, masked: as varlen_fwd
+        mid_lo, mid_hi = unmasked_keys(first, last, nk, lo, hi, left, right, BLOCK_N, LEFT, RIGHT)
+        for start_n in range(lo, mid_lo, BLOCK_N):
+            dq = _dq_step(q, do, m2, delta, k_base, v_base, k0, start_n, offs_n0, offs_d, offs_dv, d_ok, dv_ok, nk,
+                          skt, skd, svt, svd, position, left, right, scale, softcap, dq, LEFT, RIGHT, SOFTCAP, True)
+        for start_n in range(mid_lo, mid_hi, BLOCK_N):
+            dq = _dq_step(q, do, m2, delta, k_base, v_base, k0, start_n, offs_n0, offs_d, offs_dv, d_ok, dv_ok, nk,
+                          skt, skd, svt, svd, position, left, right, scale, softcap, dq, LEFT, RIGHT, SOFTCAP, False)
+        for start_n in range(mid_hi, hi, BLOCK_N):
+            dq = _dq_step(q, do, m2, delta, k_base, v_base, k0, start_n, offs_n0, offs_d, offs_dv, d_ok, dv_ok, nk,
+                          skt, skd, svt, svd, position, left, right, scale, softcap, dq, LEFT, RIGHT, SOFTCAP, True)
+    else:
+        for start_n in range(lo, hi, BLOCK_N):
+            dq = _dq_step(q, do, m2, delta, k_base, v_base, k0, start_n, offs_n0, offs_d, offs_dv, d_ok, dv_ok, nk,
+                          skt, skd, svt, svd, position, left, right, scale, softcap, dq, LEFT, RIGHT, SOFTCAP, True)
     dq_ptrs, dq_ok = _packed_rows(DQ + h64 * sgh, q0, offs_m, row_ok, offs_d, d_ok, sgt, sgd)
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=dq_ok)
 

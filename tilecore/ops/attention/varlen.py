@@ -201,6 +201,7 @@ def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, ou
     bm = cfg["BLOCK_M"]
     wl, wr, has_left, has_right = kernel_window(causal, left, right)
     grid = (cdiv(total_q, bm) + batch, hq)
+    cfg.setdefault("UNMASKED_MIDDLE", softcap == 0)
     varlen_fwd[grid](q, k, v, out, lse, cu_q, cu_k, _cu_blocks(cu_q, bm),
                      *_strides(q), *_strides(k), *_strides(v), *_strides(out),
                      batch, total_q, d, dv, hq // hkv, scale, float(softcap), wl, wr,
@@ -232,11 +233,13 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
                   BLOCK_D=block_d(d), BLOCK_DV=block_d(dv))
     scalars = (batch, total_q, d, dv, hq // hkv, scale, float(softcap), wl, wr)
     cfg = dict((config or {}).get("dkdv") or _config(max(d, dv), interpret, "dkdv"))
+    cfg.setdefault("UNMASKED_MIDDLE", softcap == 0)
     varlen_bwd_dkdv[(cdiv(total_k, cfg["BLOCK_N"]) + batch, hkv)](
         q, k, v, dout, lse, delta, dk, dvv, cu_q, cu_k, _cu_blocks(cu_k, cfg["BLOCK_N"]),
         *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dk), *_strides(dvv), *scalars,
         **common, **cfg)
     cfg = dict((config or {}).get("dq") or _config(max(d, dv), interpret, "dq"))
+    cfg.setdefault("UNMASKED_MIDDLE", softcap == 0)
     varlen_bwd_dq[(cdiv(total_q, cfg["BLOCK_M"]) + batch, hq)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k, _cu_blocks(cu_q, cfg["BLOCK_M"]),
         *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq), *scalars, **common, **cfg)
