@@ -15,7 +15,9 @@ two sequences, so every mask is per sequence.
 Masks (flash-attn's, reference.py's): query i of a sequence with N queries and Nk keys sits at key
 position i' = i + Nk - N and attends keys j < Nk with i' - left <= j <= i' + right where LEFT /
 RIGHT say the bound is on (causal is RIGHT with right = 0). Key blocks wholly outside a block's
-window are skipped (the loops' bounds), so a window's cost is proportional to its width. softcap
+window are skipped (the loops' bounds), so a window's cost is proportional to its width; with
+UNMASKED_MIDDLE, blocks every row sees whole run without the mask (masked edge, unmasked middle,
+masked edge: three loops). softcap
 (SOFTCAP): s = softcap * tanh(scale * q.k / softcap), tanh through exp2 (libdevice does not run
 in the interpreter); the backward multiplies dS by 1 - tanh^2. Scores are scaled (and capped)
 before masking, then taken to base 2 for exp2; the online softmax, the "no key" rule (O = 0,
