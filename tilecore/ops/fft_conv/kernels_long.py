@@ -15,6 +15,9 @@ of one channel), one pass per DFT stage that needs all of a dimension:
    holds them), the contraction over k1 in chunks of KC (the DFT matrices as wgmma's shared-memory
    operand: a 256 x 256 complex float16 pair would not fit).
 
+GAUSS: each complex product in three real ones (a quarter fewer tensor-core FLOPs; these passes are
+compute-bound at 8192 and 16384), its operand sums rounded to float16 once more.
+
 HBM traffic a pair: u and y (2 L bytes each in 16 bits) and the scratch written and read twice
 (4 L bytes each way, twice): 20 L bytes against the 4 L of one pass.
 """
@@ -22,6 +25,27 @@ import triton
 import triton.language as tl
 
 from tilecore.ops.fft_conv.kernels_pair import _cmul16
+
+
+@triton.jit
+def _cmul16_gauss(are, aim, bre, bim, CONJ_B: tl.constexpr):
+    """_cmul16 in three real products (Gauss): t1 = (Ar + Ai) Br, t2 = Ar (Bi - Br), t3 = Ai (Br + Bi),
+    re = t1 - t3, im = t1 + t2 (B conjugated with CONJ_B). The sums are rounded to float16 once more."""
+    if CONJ_B:
+        bim = -bim
+    br = bre.to(tl.float32)
+    bi = bim.to(tl.float32)
+    t1 = tl.dot((are.to(tl.float32) + aim.to(tl.float32)).to(tl.float16), bre)
+    t2 = tl.dot(are, (bi - br).to(tl.float16))
+    t3 = tl.dot(aim, (br + bi).to(tl.float16))
+    return t1 - t3, t1 + t2
+
+
+@triton.jit
+def _cmul(are, aim, bre, bim, CONJ_B: tl.constexpr, GAUSS: tl.constexpr):
+    if GAUSS:
+        return _cmul16_gauss(are, aim, bre, bim, CONJ_B)
+    return _cmul16(are, aim, bre, bim, CONJ_B)
 
 
 @triton.jit
@@ -62,7 +86,7 @@ def _load_columns(U, b, batch, h, stride_ub, stride_uh, offsets, scale):
 @triton.jit
 def long_columns_kernel(U, A, SCALE, F1RE, F1IM, TWRE, TWIM, batch, stride_ub, stride_uh,
                         N1: tl.constexpr, N2: tl.constexpr, BN: tl.constexpr, KC: tl.constexpr,
-                        CH: tl.constexpr):
+                        CH: tl.constexpr, GAUSS: tl.constexpr = False):
     """Pass 1 for the pair q = program_id(0): A[q, (re, im), k1, n2] float16 (Q, 2, N1, N2),
     SCALE[q, (re half, im half)] float32 (NaN: the sequence holds a non-finite element)."""
     HALF: tl.constexpr = N1 // 2
@@ -83,7 +107,7 @@ def long_columns_kernel(U, A, SCALE, F1RE, F1IM, TWRE, TWIM, batch, stride_ub, s
         for kc in tl.static_range(N1 // KC):
             k1 = kc * KC + tl.arange(0, KC)
             f1 = n1[:, None] * N1 + k1[None, :]  # F_N1[n1, k1]: [HALF, KC]
-            are, aim = _cmul16(xre, xim, tl.load(F1RE + f1), tl.load(F1IM + f1), False)  # [BN, KC]
+            are, aim = _cmul(xre, xim, tl.load(F1RE + f1), tl.load(F1IM + f1), False, GAUSS)  # [BN, KC]
             tw = k1[None, :] * N2 + n2[:, None]  # W_L^(k1 n2): [BN, KC]
             twre = tl.load(TWRE + tw)
             twim = tl.load(TWIM + tw)
@@ -93,7 +117,8 @@ def long_columns_kernel(U, A, SCALE, F1RE, F1IM, TWRE, TWIM, batch, stride_ub, s
 
 @triton.jit
 def long_rows_kernel(A, RSCALE, K, F2RE, F2IM, TWRE, TWIM, batch, stride_kh,
-                     N1: tl.constexpr, N2: tl.constexpr, BK1: tl.constexpr, CONJ: tl.constexpr):
+                     N1: tl.constexpr, N2: tl.constexpr, BK1: tl.constexpr, CONJ: tl.constexpr,
+                     GAUSS: tl.constexpr = False):
     """Pass 2 for rows k1 in [BK1 program_id(1), + BK1) of pair q = program_id(0): A's rows become D's
     (in place), RSCALE[q, k1] float32 (Q, N1) their scales. K: (heads, N + 1) complex64 as float32
     pairs, conjugated with CONJ (the backward)."""
@@ -109,7 +134,7 @@ def long_rows_kernel(A, RSCALE, K, F2RE, F2IM, TWRE, TWIM, batch, stride_kh,
     f2 = c2[:, None] * N2 + c2[None, :]
     f2re = tl.load(F2RE + f2)
     f2im = tl.load(F2IM + f2)
-    xre, xim = _cmul16(are, aim, f2re, f2im, False)  # X[k1, k2], f = k1 + N1 k2
+    xre, xim = _cmul(are, aim, f2re, f2im, False, GAUSS)  # X[k1, k2], f = k1 + N1 k2
     f = k1[:, None] + N1 * c2[None, :]
     mirrored = f > L // 2
     bin = tl.where(mirrored, L - f, f)
@@ -122,7 +147,7 @@ def long_rows_kernel(A, RSCALE, K, F2RE, F2IM, TWRE, TWIM, batch, stride_kh,
     scale = tl.where(scale > 0, scale, 1.0)
     tl.store(RSCALE + q.to(tl.int64) * N1 + k1, scale)
     inv = (1.0 / scale)[:, None]
-    cre, cim = _cmul16((yre * inv).to(tl.float16), (yim * inv).to(tl.float16), f2re, f2im, True)
+    cre, cim = _cmul((yre * inv).to(tl.float16), (yim * inv).to(tl.float16), f2re, f2im, True, GAUSS)
     twre = tl.load(TWRE + rows)
     twim = tl.load(TWIM + rows)
     tl.store(a_base + rows, (cre * twre + cim * twim).to(tl.float16))
@@ -131,7 +156,8 @@ def long_rows_kernel(A, RSCALE, K, F2RE, F2IM, TWRE, TWIM, batch, stride_kh,
 
 @triton.jit
 def long_inverse_columns_kernel(A, RSCALE, SCALE, Y, F1RE, F1IM, batch, stride_yb, stride_yh,
-                                N1: tl.constexpr, N2: tl.constexpr, BN: tl.constexpr, KC: tl.constexpr):
+                                N1: tl.constexpr, N2: tl.constexpr, BN: tl.constexpr, KC: tl.constexpr,
+                                GAUSS: tl.constexpr = False):
     """Pass 3 for columns n2 in [BN program_id(1), + BN) of pair q = program_id(0): y's elements
     N2 n1 + n2, n1 < N1 / 2, of the pair's two sequences."""
     HALF: tl.constexpr = N1 // 2
@@ -152,7 +178,7 @@ def long_inverse_columns_kernel(A, RSCALE, SCALE, Y, F1RE, F1IM, batch, stride_y
         dre = (tl.load(a_base + d).to(tl.float32) * rel).to(tl.float16)
         dim = (tl.load(a_base + L + d).to(tl.float32) * rel).to(tl.float16)
         f1 = k1[:, None] * N1 + n1[None, :]  # F_N1[k1, n1]: [KC, HALF]
-        pre, pim = _cmul16(dre, dim, tl.load(F1RE + f1), tl.load(F1IM + f1), True)
+        pre, pim = _cmul(dre, dim, tl.load(F1RE + f1), tl.load(F1IM + f1), True, GAUSS)
         ore += pre
         oim += pim
     out = rmax * (1.0 / L)

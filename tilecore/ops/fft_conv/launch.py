@@ -120,10 +120,10 @@ def _launch_long(plan: Plan, u: torch.Tensor, spectrum_f32: torch.Tensor, y: tor
     warps = plan.num_warps
     _long_columns[(pairs,)](u, scratch, seq_scale, ops["F1RE"], ops["F1IM"], ops["TWRE"], ops["TWIM"], B,
                             u.stride(0), u.stride(1), N1=n1, N2=n2, BN=plan.bn, KC=plan.kc, CH=min(N, 1024),
-                            num_warps=warps)
+                            GAUSS=plan.gauss, num_warps=warps)
     _long_rows[(pairs, n1 // plan.bk1)](scratch, row_scale, spectrum_f32, ops["F2RE"], ops["F2IM"], ops["TWRE"],
                                         ops["TWIM"], B, spectrum_f32.stride(0), N1=n1, N2=n2, BK1=plan.bk1,
-                                        CONJ=conj, num_warps=plan.rows_warps)
+                                        CONJ=conj, GAUSS=plan.gauss, num_warps=plan.rows_warps)
     _long_inverse[(pairs, n2 // plan.bn)](scratch, row_scale, seq_scale, y, ops["F1RE"], ops["F1IM"], B,
                                           y.stride(0), y.stride(1), N1=n1, N2=n2, BN=plan.bn, KC=plan.kc,
-                                          num_warps=warps)
+                                          GAUSS=plan.gauss, num_warps=warps)

@@ -33,14 +33,17 @@ class Plan:
     bk1: int = 0  # "long": rows a program (pass 2)
     kc: int = 0  # "long": the chunk of N1 a product takes (passes 1 and 3)
     rows_warps: int = 0  # "long": warps of pass 2
+    gauss: bool = False  # "long": complex products as three real ones
 
 
 def pair_plan(n1: int, n2: int, pairs: int, num_warps: int) -> Plan:
     return Plan("pair", n1=n1, n2=n2, num_warps=num_warps, pairs=pairs)
 
 
-def long_plan(n1: int, n2: int, bn: int, bk1: int, kc: int, num_warps: int, rows_warps: int) -> Plan:
-    return Plan("long", n1=n1, n2=n2, num_warps=num_warps, bn=bn, bk1=bk1, kc=kc, rows_warps=rows_warps)
+def long_plan(n1: int, n2: int, bn: int, bk1: int, kc: int, num_warps: int, rows_warps: int,
+              gauss: bool = False) -> Plan:
+    return Plan("long", n1=n1, n2=n2, num_warps=num_warps, bn=bn, bk1=bk1, kc=kc, rows_warps=rows_warps,
+                gauss=gauss)
 
 
 def plan(n: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Plan:
