@@ -144,3 +144,24 @@ def test_chunked_linear_attention_and_mamba2_derive():
     assert r.time > 0 and {"Ydiag", "H", "Yoff"} <= {op.name for op in ssd.ops}
     with pytest.raises(Exception, match="divide"):
         models.mamba2_ssd(seq=1000, chunk=64)
+
+
+def test_row_factor_hoisted_rmsnorm_then_gemm_one_pass():
+    import torch
+
+    from tilecore.napkin import compose
+    from tilecore.ops.napkin_compiled import evaluate
+
+    def model(t, n, o, dtype="bf16"):
+        proj = Diagram("proj", t=t, n=n, o=o)
+        proj.output(proj.contract(proj.input("Xn", "t n", dtype), proj.input("P", "n o", dtype), out="t o", name="Z"))
+        return compose(models.rmsnorm(rows=t, n=n, dtype=dtype), proj, {"Xn": "Y"})
+    g = model(24, 40, 16, "fp16")
+    r = rewrite.hoist_row_factors(g)
+    assert "Y" not in r.arrays and [op.name for op in r.ops][-3:] == ["P_scaled", "Z_acc", "Z"]
+    assert r.splittable("n") and not g.splittable("n")   # the statistic streams beside the contraction now
+    ins = {a.name: torch.randn([g.sizes[x] for x in a.axes], dtype=torch.float64).half() for a in g.inputs()}
+    torch.testing.assert_close(evaluate(r, ins)["Z"], evaluate(g, ins)["Z"], rtol=1e-12, atol=1e-12)
+    big = model(4096, 2048, 2048)
+    before, after = plan(big, "h100"), plan(rewrite.apply(big), "h100")
+    assert len(before.kernels) == 2 and len(after.kernels) == 1 and after.time < before.time

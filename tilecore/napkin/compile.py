@@ -27,57 +27,16 @@ import re
 from dataclasses import dataclass, field
 
 from .diagram import Diagram
-from .rewrite import fuse_epilogues, online_softmax
+from .errors import CompileError
+from .rewrite import (ELEMENTWISE, FUNCTIONS, PLACEHOLDERS, fuse_epilogues,  # noqa: F401 (re-exported)
+                      map_expression, online_softmax, row_factor_split)
 
-ELEMENTWISE = {
-    "identity": "a", "add": "a + b", "mul": "a * b", "sub": "a - b", "div": "a / b",
-    "silu": "a * sigmoid(a)", "sigmoid": "sigmoid(a)", "tanh": "tanh(a)", "exp": "exp(a)",
-    "relu": "maximum(a, 0.0)", "square": "a * a", "rsqrt": "rsqrt(a)",
-    "gelu": "0.5 * a * (1.0 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))",  # tanh form
-    "x*inv*w": "a * b * c",
-}
-FUNCTIONS = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "abs", "maximum", "minimum")
 # how the emitted Triton source spells each function (tanh through sigmoid: libdevice does not run in
 # the interpreter, and 2 sigmoid(2x) - 1 is accurate to fp32 rounding)
 TRITON_FUNCTIONS = {"exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt", "rsqrt": "tl.rsqrt",
                     "sigmoid": "tl.sigmoid", "tanh": "_tanh", "abs": "tl.abs", "maximum": "tl.maximum",
                     "minimum": "tl.minimum"}
-PLACEHOLDERS = "abcdefgh"
 TL_DTYPES = {"fp16": "tl.float16", "bf16": "tl.bfloat16", "fp32": "tl.float32"}
-
-
-class CompileError(ValueError):
-    """The diagram is outside the families compile() emits; the message says which and why."""
-
-
-def map_expression(fn: str) -> str:
-    """A map's fn -> an expression over a, b, c, ... (raises CompileError naming what is accepted)."""
-    fn = fn.strip()
-    if fn in ELEMENTWISE:
-        return ELEMENTWISE[fn]
-    m = re.fullmatch(r"softcap\(\s*([0-9.eE+-]+)\s*\)", fn)
-    if m:
-        return f"{float(m.group(1))!r} * tanh(a / {float(m.group(1))!r})"
-    m = re.fullmatch(r"scale\(\s*([0-9.eE+-]+)\s*\)", fn)
-    if m:
-        return f"a * {float(m.group(1))!r}"
-    try:
-        tree = ast.parse(fn, mode="eval")
-    except SyntaxError:
-        tree = None
-    ok = tree is not None
-    for node in ast.walk(tree) if tree is not None else ():
-        if isinstance(node, ast.Name) and node.id not in PLACEHOLDERS and node.id not in FUNCTIONS:
-            ok = False
-        elif isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in FUNCTIONS):
-            ok = False
-        elif not isinstance(node, (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Call, ast.Name, ast.Constant,
-                                   ast.Load, ast.operator, ast.unaryop)):
-            ok = False
-    if not ok:
-        raise CompileError(f"map {fn!r} has no known semantics; accepted: {', '.join(ELEMENTWISE)}, softcap(C), "
-                           f"scale(C), or an expression of a, b, c, ... with {', '.join(FUNCTIONS)}")
-    return fn
 
 
 def triton_expression(fn: str, args: list) -> str:
@@ -103,28 +62,6 @@ def _substituted(node, args) -> str:
             return ast.copy_location(ast.Name(TRITON_FUNCTIONS[nd.id], ast.Load()), nd)
     import copy
     return "(" + ast.unparse(Sub().visit(copy.deepcopy(node))) + ")"
-
-
-def row_factor_split(fn: str, inputs: list, row_names: set):
-    """Split a map's expression, a product, into (tile factors, row factors): row factors read only
-    arrays in `row_names` (per-row statistics), tile factors none of them. None when some factor
-    mixes both or the expression is not a product. (RMSNorm's x * inv * w: tile x * w, row inv.)"""
-    tree = ast.parse(map_expression(fn), mode="eval").body
-
-    def factors(nd):
-        if isinstance(nd, ast.BinOp) and isinstance(nd.op, ast.Mult):
-            return factors(nd.left) + factors(nd.right)
-        return [nd]
-    tile, row = [], []
-    for f in factors(tree):
-        used = {inputs[PLACEHOLDERS.index(n.id)] for n in ast.walk(f) if isinstance(n, ast.Name) and n.id in PLACEHOLDERS}
-        if used and used <= row_names:
-            row.append(f)
-        elif not used & row_names:
-            tile.append(f)
-        else:
-            return None
-    return (tile, row) if row and tile else None
 
 
 @dataclass

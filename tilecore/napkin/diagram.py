@@ -451,6 +451,9 @@ def compose(first: Diagram, second: Diagram, connect: dict, name: str | None = N
     out.woven = list(dict.fromkeys(first.woven + second.woven))
     first.replay(out)
     out.outputs = [o for o in out.outputs if o not in connect.values()]
+    # the recipe too, so that replaying the composed diagram (with_sizes, weave, rewrites) keeps them internal
+    out.recipe = [(m, tuple(a for a in args if a not in connect.values()), k) if m == "output" else (m, args, k)
+                  for m, args, k in out.recipe]
     second.replay(out, rename=dict(connect))
     return out
 

@@ -31,3 +31,8 @@ class ShapeMismatchError(ValueError):
 
 class CapacityError(ValueError):
     """No legal tiling fits: even the smallest tile overflows a memory level."""
+
+
+class CompileError(ValueError):
+    """A diagram or map outside what napkin.compile emits (or a map with no known semantics); the
+    message says which and why."""

@@ -5,6 +5,10 @@
     fuse_epilogues(d)     contraction(s) followed by elementwise maps  ->  one contraction whose epilogue
                           applies the maps before the store (gated MLP: silu(X W1) * (X W3) is written
                           once, in the input dtype, never H1 / H3 in fp32)
+    hoist_row_factors(d)  a contraction whose operand is X * (vectors over the contracted axis) * (row
+                          statistics): the vectors scale the weight first, the statistics scale the
+                          accumulator after (RMSNorm then GEMM in one pass over X: nothing normalized
+                          is written, the statistic's reduction streams beside the contraction)
     split_reduction(d, axis, chunks)   the final reduction over `axis` split into `chunks` partials
                           merged by a second pass (split-K for a GEMM, flash-decoding for attention)
     apply(d)              online_softmax then fuse_epilogues (always profitable: they only remove HBM
@@ -23,9 +27,12 @@ without one (an engine segment) is returned as it is. Pure Python: this module i
 """
 from __future__ import annotations
 
+import ast
+import re
 from dataclasses import dataclass
 
 from .diagram import Diagram
+from .errors import CompileError
 
 OP_METHODS = ("contract", "map", "reduce", "softmax_contract", "accumulate", "fuse_epilogue")
 # An SM draws at most this many times its even share (bandwidth / SMs) of HBM bandwidth: a kernel of
@@ -37,7 +44,7 @@ OCCUPANCY_SHARE = 2.0
 
 def apply(diagram: Diagram) -> Diagram:
     """The always-profitable rewrites (they only remove HBM traffic)."""
-    return fuse_epilogues(online_softmax(diagram))
+    return fuse_epilogues(hoist_row_factors(online_softmax(diagram)))
 
 
 # ------------------------------------------------------------------------------------ rebuilding
@@ -61,8 +68,9 @@ def _rebuild(d: Diagram, drop=(), insert=None, override=None, sizes=None, woven=
     for method, args, kwargs in d.recipe:
         name = _op_name(method, args, kwargs)
         if name in insert:
-            m, a, k = insert[name]
-            getattr(out, m)(*a, **k)
+            calls = insert[name] if isinstance(insert[name], list) else [insert[name]]
+            for m, a, k in calls:
+                getattr(out, m)(*a, **k)
         if name in drop:
             continue
         if method in ("input", "constant"):
@@ -378,3 +386,159 @@ def choose(diagram: Diagram, gpu, plan, derive, chunks=(2, 4, 8, 16, 32, 64), mi
         raise errors[-1]
     best.tried = tried
     return best
+
+
+# ------------------------------------------------------------------------------------ map semantics
+ELEMENTWISE = {
+    "identity": "a", "add": "a + b", "mul": "a * b", "sub": "a - b", "div": "a / b",
+    "silu": "a * sigmoid(a)", "sigmoid": "sigmoid(a)", "tanh": "tanh(a)", "exp": "exp(a)",
+    "relu": "maximum(a, 0.0)", "square": "a * a", "rsqrt": "rsqrt(a)",
+    "gelu": "0.5 * a * (1.0 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))",  # tanh form
+    "x*inv*w": "a * b * c",
+}
+FUNCTIONS = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "abs", "maximum", "minimum")
+PLACEHOLDERS = "abcdefgh"
+
+
+def map_expression(fn: str) -> str:
+    """A map's fn -> an expression over a, b, c, ... (raises CompileError naming what is accepted)."""
+    fn = fn.strip()
+    if fn in ELEMENTWISE:
+        return ELEMENTWISE[fn]
+    m = re.fullmatch(r"softcap\(\s*([0-9.eE+-]+)\s*\)", fn)
+    if m:
+        return f"{float(m.group(1))!r} * tanh(a / {float(m.group(1))!r})"
+    m = re.fullmatch(r"scale\(\s*([0-9.eE+-]+)\s*\)", fn)
+    if m:
+        return f"a * {float(m.group(1))!r}"
+    try:
+        tree = ast.parse(fn, mode="eval")
+    except SyntaxError:
+        tree = None
+    ok = tree is not None
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Name) and node.id not in PLACEHOLDERS and node.id not in FUNCTIONS:
+            ok = False
+        elif isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in FUNCTIONS):
+            ok = False
+        elif not isinstance(node, (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Call, ast.Name, ast.Constant,
+                                   ast.Load, ast.operator, ast.unaryop)):
+            ok = False
+    if not ok:
+        raise CompileError(f"map {fn!r} has no known semantics; accepted: {', '.join(ELEMENTWISE)}, softcap(C), "
+                           f"scale(C), or an expression of a, b, c, ... with {', '.join(FUNCTIONS)}")
+    return fn
+
+
+
+def row_factor_split(fn: str, inputs: list, row_names: set):
+    """Split a map's expression, a product, into (tile factors, row factors): row factors read only
+    arrays in `row_names` (per-row statistics), tile factors none of them. None when some factor
+    mixes both or the expression is not a product. (RMSNorm's x * inv * w: tile x * w, row inv.)"""
+    tree = ast.parse(map_expression(fn), mode="eval").body
+
+    def factors(nd):
+        if isinstance(nd, ast.BinOp) and isinstance(nd.op, ast.Mult):
+            return factors(nd.left) + factors(nd.right)
+        return [nd]
+    tile, row = [], []
+    for f in factors(tree):
+        used = {inputs[PLACEHOLDERS.index(n.id)] for n in ast.walk(f) if isinstance(n, ast.Name) and n.id in PLACEHOLDERS}
+        if used and used <= row_names:
+            row.append(f)
+        elif not used & row_names:
+            tile.append(f)
+        else:
+            return None
+    return (tile, row) if row and tile else None
+
+
+
+
+# ------------------------------------------------------------------------------------ row factors
+def _renumbered(node, old_inputs, new_inputs) -> str:
+    """A factor's expression with its placeholders renumbered from old_inputs to new_inputs."""
+    import copy
+
+    class Sub(ast.NodeTransformer):
+        def visit_Name(self, nd):
+            if nd.id in PLACEHOLDERS:
+                name = old_inputs[PLACEHOLDERS.index(nd.id)]
+                return ast.copy_location(ast.Name(PLACEHOLDERS[new_inputs.index(name)], ast.Load()), nd)
+            return nd
+    return ast.unparse(Sub().visit(copy.deepcopy(node)))
+
+
+@dataclass
+class RowFactorMatch:
+    contraction: str
+    operand_map: str
+    x: str
+    vec_factors: list
+    row_factors: list
+
+
+def find_row_factors(d: Diagram) -> list:
+    found = []
+    for c in d.ops:
+        if c.kind != "contract" or len(c.reduced) != 1 or len(c.inputs) != 2:
+            continue
+        Y = c.inputs[0]
+        y = _producer(d, Y)
+        if y is None or y.kind != "map" or not _only_used_by(d, Y, {c.name}):
+            continue
+        n = c.reduced[0]
+        rows = {i for i in y.inputs if n not in d.arrays[i].axes}
+        try:
+            split = row_factor_split(y.label, list(y.inputs), rows)
+        except CompileError:
+            continue
+        if split is None:
+            continue
+
+        def names(f):
+            return {y.inputs[PLACEHOLDERS.index(nd.id)] for nd in ast.walk(f)
+                    if isinstance(nd, ast.Name) and nd.id in PLACEHOLDERS}
+        xs = [f for f in split[0] if any(len(d.arrays[m].axes) > 1 for m in names(f))]
+        vec = [f for f in split[0] if not any(f is x for x in xs)]
+        if len(xs) != 1 or not isinstance(xs[0], ast.Name) or any(
+                any(d.arrays[m].axes != (n,) for m in names(f)) for f in vec):
+            continue
+        found.append(RowFactorMatch(c.name, y.name, y.inputs[PLACEHOLDERS.index(xs[0].id)], vec, split[1]))
+    return found
+
+
+def hoist_row_factors(d: Diagram) -> Diagram:
+    """RMSNorm then GEMM as one pass: Z = rowfactor * (X . (vecfactor * P)). The contraction reads X as
+    it is; the normalized operand is never made."""
+    matches = find_row_factors(d)
+    if not matches or not _has_recipe(d):
+        return d
+    drop, insert = set(), {}
+    for m in matches:
+        c, y = (next(o for o in d.ops if o.name == n) for n in (m.contraction, m.operand_map))
+        _, c_args, c_kw = _recipe_of(d, c.name)
+        P = c.inputs[1]
+        calls, weight = [], P
+        if m.vec_factors:
+            vec_in = [P] + sorted({i for i in y.inputs if d.arrays[i].axes == (c.reduced[0],)})
+            fn = "a * " + " * ".join(f"({_renumbered(f, list(y.inputs), vec_in)})" for f in m.vec_factors)
+            weight = f"{P}_scaled"
+            calls.append(("map", (fn, *vec_in), {"name": weight, "unit": "alu", "ops": len(m.vec_factors),
+                                                 "dtype": d.arrays[P].dtype}))
+        calls.append(("contract", (m.x, weight), {"out": c_kw["out"], "name": f"{c.name}_acc", "dtype": "fp32",
+                                                   "ops_per_point": c_kw.get("ops_per_point", 2.0)}))
+        row_in = [f"{c.name}_acc"] + sorted({i for i in y.inputs if c.reduced[0] not in d.arrays[i].axes})
+        fn = "a * " + " * ".join(f"({_renumbered(f, list(y.inputs), row_in)})" for f in m.row_factors)
+        calls.append(("map", (fn, *row_in), {"name": c.name, "unit": "alu", "ops": len(m.row_factors),
+                                             "dtype": d.arrays[c.output].dtype}))
+        drop |= {c.name, y.name}
+        insert[c.name] = calls
+    try:
+        out = _rebuild(d, drop, insert)
+    except _Unreplayable:
+        return d
+    out.rewrites.append("row factors hoisted: " + ", ".join(
+        f"{m.contraction} = row factor * ({m.x} . " + ("scaled weight" if m.vec_factors else "weight") + ")"
+        for m in matches))
+    return out
