@@ -193,8 +193,9 @@ def test_long_kernels(config):
     """The three-pass form (kernels_long.py) at small N1 x N2 (the GPU's are 128 x 128 and 256 x 128):
     the convolution and the backward's correlation (conj), an odd batch, a pair's halves 10^6 apart in
     scale, a NaN in one sequence kept there and a NaN filter's channel; also with Gauss's three-product
-    complex products (fp16 <= 3.5x its floor: one more float16 rounding of the operand sums)."""
+    complex products (fp16 <= 4.5x its floor: one more float16 rounding of the operand sums)."""
     n1, n2 = config[:2]
+    fp16_bound = 4.5 if len(config) > 7 and config[7] else 3.0
     n = n1 * n2 // 2
     u = torch.randn(3, 2, n, dtype=torch.float64)
     u[0] *= 1e3
@@ -206,10 +207,10 @@ def test_long_kernels(config):
     launch.launch(plan.long_plan(*config), u, spectrum, y, False)
     ref = fft_conv_reference(u, k)
     for b in range(3):
-        assert_close(y[b], ref[b], f"y[{b}]", pair=True, fp16_bound=3.5)
+        assert_close(y[b], ref[b], f"y[{b}]", pair=True, fp16_bound=fp16_bound)
     launch.launch(plan.long_plan(*config), u, spectrum, y, True)
     correlation = fft_conv_reference(u.double().flip(-1), k).flip(-1)
-    assert_close(y, correlation, "correlation", pair=True, fp16_bound=3.5)
+    assert_close(y, correlation, "correlation", pair=True, fp16_bound=fp16_bound)
     u[1, 0, 3] = math.nan
     spectrum[1, 5] = math.nan
     launch.launch(plan.long_plan(*config), u, spectrum, y, False)
