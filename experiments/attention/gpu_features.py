@@ -102,12 +102,17 @@ def check_case(name, b, hq, hkv, n, nk, d, dv, causal, window, softcap, dtype) -
                             ref_lse.detach())
 
 
-def check_gluon_forward(name, q, k, v, causal, window, softcap, ref, ref_lse) -> None:
+def check_gluon_forward(name, q, k, v, causal, window, softcap, ref, ref_lse, tanh_approx=False) -> None:
     """The Gluon forward's window / softcap (not routed by default: configs.GLUON_FORWARD_FEATURES),
-    forced, into NaN-poisoned buffers."""
+    forced, into NaN-poisoned buffers; ``tanh_approx``: the softcap's tanh by tanh.approx.f32."""
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
     lse = torch.full(q.shape[:3], float("nan"), device=q.device)
-    launch.forward_into(q, k, v, out, lse, causal, q.shape[-1] ** -0.5, window, softcap, path="gluon")
+    config = None
+    if tanh_approx:
+        config = plan.plan_forward(q, k, v, causal, q.shape[-1] ** -0.5, window=window, softcap=softcap,
+                                   path="gluon").config | dict(tanh_approx=True)
+        name = f"{name} tanh.approx"
+    launch.forward_into(q, k, v, out, lse, causal, q.shape[-1] ** -0.5, window, softcap, path="gluon", config=config)
     err = accuracy.error_over_floor(out, ref)
     live = torch.isfinite(ref_lse)
     lse_ok = bool(torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)) and torch.allclose(
@@ -116,6 +121,8 @@ def check_gluon_forward(name, q, k, v, causal, window, softcap, ref, ref_lse) ->
     RESULTS["correctness"].append(dict(case=name, dtype=str(q.dtype), path="gluon (forced)", ok=ok, lse_ok=lse_ok,
                                        out_over_floor=err))
     ROWS.append(("check", f"{name} {str(q.dtype)[6:]} [gluon fwd, forced]", f"{'ok' if ok else 'BAD'} out {err:.2f}"))
+    if softcap and not tanh_approx:
+        check_gluon_forward(name, q, k, v, causal, window, softcap, ref, ref_lse, tanh_approx=True)
 
 
 def check_mla_decode(dtype, heads=128, nk=2000, b=2) -> None:
@@ -149,7 +156,7 @@ def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def fwd_bwd_times(q, k, v, causal, window, softcap, path=None):
+def fwd_bwd_times(q, k, v, causal, window, softcap, path=None, config=None):
     """(forward ms, backward ms) of tilecore's attention (path: force "tl" for both passes, or
     "gluon" for the forward, the backward then by its own plan)."""
     scale = q.shape[-1] ** -0.5
@@ -164,7 +171,7 @@ def fwd_bwd_times(q, k, v, causal, window, softcap, path=None):
     b, h, n, _ = q.shape
     out = torch.empty(b, h, n, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.empty(b, h, n, dtype=torch.float32, device=q.device)
-    run = lambda: launch.forward_into(q, k, v, out, lse, causal, scale, window, softcap, path=path)
+    run = lambda: launch.forward_into(q, k, v, out, lse, causal, scale, window, softcap, path=path, config=config)
     run()
     dout = torch.randn_like(out)
     grads = [torch.empty_like(t) for t in (q, k, v)]
@@ -243,6 +250,11 @@ def time_softcap(dtype=torch.bfloat16):
     capped = timed("softcap", "softcap 30", lambda: fwd_bwd_times(q, k, v, True, (-1, -1), 30.0))
     gluon = (None, None) if SMOKE else timed(
         "softcap", "gluon softcap 30", lambda: fwd_bwd_times(q, k, v, True, (-1, -1), 30.0, path="gluon"))
+    approx_cfg = None if SMOKE else plan.plan_forward(q, k, v, True, q.shape[-1] ** -0.5, softcap=30.0,
+                                                      path="gluon").config | dict(tanh_approx=True)
+    approx = (None, None) if SMOKE else timed(
+        "softcap", "gluon softcap 30 tanh.approx",
+        lambda: fwd_bwd_times(q, k, v, True, (-1, -1), 30.0, path="gluon", config=approx_cfg))
 
     def cap(score, b, h, q_idx, kv_idx):
         return torch.tanh(score / 30.0) * 30.0
@@ -254,7 +266,8 @@ def time_softcap(dtype=torch.bfloat16):
     for i, what in enumerate(("fwd", "bwd")):
         ROWS.append(("time", f"softcap 30 causal N{q.shape[2]} {what}",
                      f"x no-softcap {fmt(ratio(plain[i], capped[i]))} (target >= 0.9); gluon fwd x no-softcap "
-                     f"{fmt(ratio(plain[0], gluon[0])) if i == 0 else '-'}; x tl no-softcap "
+                     f"{fmt(ratio(plain[0], gluon[0])) if i == 0 else '-'}, tanh.approx "
+                     f"{fmt(ratio(plain[0], approx[0])) if i == 0 else '-'}; x tl no-softcap "
                      f"{fmt(ratio(tl_plain[i], capped[i]))}; x flex {fmt(ratio(flex[i], capped[i]))} "
                      f"({fmt(capped[i])} ms)"))
 

@@ -23,8 +23,10 @@ sees keys i' - left .. i' + right; not with CAUSAL, which the plan folds into th
 CARRY): a tile's steps walk only the key blocks some of its rows see, from its ``first_block``;
 each consumer computes only its own rows' blocks (the others' stages it passes through), and masks
 only its edge blocks (``window_needs_mask``). ``SOFTCAP``: S becomes tanh(S scale / cap) before the
-online softmax, whose scale is then cap log2(e) (tanh from one exp2 and one approximate division:
-two more SFU operations a score besides the softmax's exp2).
+online softmax, whose scale is then cap log2(e): SOFTCAP 1 (True) tanh from one exp2 and one
+approximate division (two more SFU operations a score besides the softmax's exp2), SOFTCAP 2 the
+hardware's tanh.approx.f32 (one; relative error up to ~2^-11: a candidate, timed by
+experiments/attention/gpu_features.py, not planned).
 
 ``CARRY``: a consumer's pipeline does not drain between tiles. A tile's first step issues its first S
 with the previous tile's last P V (the stage holds this tile's first K block and the previous tile's
@@ -67,6 +69,13 @@ def window_needs_mask(first_query, first_key, BM: gl.constexpr, BN: gl.constexpr
     past_right = first_key + BN - 1 > gl.minimum(first_query + shift + right, Nk - 1)
     before_left = first_key < first_query + BM - 1 + shift - left
     return past_right | before_left
+
+
+@gluon.jit
+def tanh_approx(x):
+    """tanh(x) by the SFU's tanh.approx.f32 (sm_75+): one instruction, relative error ~2^-11."""
+    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True,
+                                     pack=1)
 
 
 @gluon.jit
@@ -250,7 +259,9 @@ class Attention:
     def softmax(self, s, m, l, first_query, first_key):
         """Cap the scores (SOFTCAP), mask them where needed, one online-softmax step. Returns (m, l, P,
         alpha in O's layout)."""
-        if self.SOFTCAP:
+        if self.SOFTCAP == 2:
+            s = tanh_approx(s * self.tanh_scale)
+        elif self.SOFTCAP:
             s = tanh_from_exp2(s * self.tanh_scale)
         if self.WINDOW:
             if window_needs_mask(first_query, first_key, self.BM, self.BN, self.N, self.Nk, self.left, self.right):

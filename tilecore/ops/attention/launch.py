@@ -121,7 +121,8 @@ def launch_forward_gluon(plan, q, k, v, out, lse, causal: bool, scale: float, wi
     """Hopper's Gluon forward (gluon_kernels.py): ``consumers`` warpgroups (2 or 3, of 4 warps) of
     ``block_m`` query rows each share every K/V stage of ``block_n`` keys; ``q_buffers`` = 2
     loads a tile's Q blocks while the previous tile runs; ``carry`` keeps the pipeline running across
-    tiles; ``q_regs`` holds each consumer's Q rows in registers for the tile. A window and a softcap
+    tiles; ``q_regs`` holds each consumer's Q rows in registers for the tile; ``tanh_approx`` (a
+    candidate, in no config) the softcap's tanh by tanh.approx.f32. A window and a softcap
     as the tl kernels take them (WINDOW, SOFTCAP; plan_forward routes them here only where
     configs.GLUON_FORWARD_FEATURES names them, or where the path is forced)."""
     B, H, N, D = q.shape
@@ -135,7 +136,8 @@ def launch_forward_gluon(plan, q, k, v, out, lse, causal: bool, scale: float, wi
             (head_operand(q, block_m), head_operand(k, block_n), head_operand(v, block_n), head_operand(out, block_m),
              lse, H, N, Nk, H // Hkv, scale_log2e, B * H, plan.sizes["head_group"], plan.schedule, left, right,
              tanh_scale),
-            dict(**masks, **scores, STAGES=cfg["stages"], CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1),
+            dict(**masks, SOFTCAP=2 if softcap and cfg.get("tanh_approx") else scores["SOFTCAP"], STAGES=cfg["stages"],
+                 CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1),
                  CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False), num_warps=4))
 
 
