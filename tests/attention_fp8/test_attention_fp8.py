@@ -196,3 +196,13 @@ def test_rotation_leaves_qk_unchanged_and_the_rotated_path_is_near_float64():
     for rotate in (True, False):
         out = attention_fp8_rotated(q, k, v, rotate=rotate)
         assert out.dtype == torch.float32 and rel_rms(out, ref) < 0.05
+
+
+def test_v_quantizer_kernel_writes_the_kernel_layout():
+    from tilecore.ops.attention_fp8.quantize import quantize_v_permuted
+
+    v = (torch.randn(1, 2, 45, 48) * 3).to(torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)  # strided
+    codes, descale = quantize_v_permuted(v)
+    want, want_descale = quantize_fp8(v, per="head", layout="keys_permuted")
+    assert codes.shape == (1, 2, 48, 64) and codes.is_contiguous()
+    assert torch.equal(descale, want_descale) and torch.equal(codes.float(), want.float())

@@ -2,7 +2,7 @@
 incoherent processing.
 
 * ``op``: ``attention_fp8`` (e4m3 q, k, v with descales), checks, the custom op;
-* ``quantize``: ``quantize_fp8`` (per head / block / token, V keys-contiguous) and
+* ``quantize``: ``quantize_fp8`` (per head / block / token; V in the Hopper kernel's layout), ``quantize_v_permuted`` and
   ``attention_fp8_rotated`` (bf16/fp16 in: rotate q and k, quantize, attend);
 * ``launch``: which kernel serves a call, and its launch; ``configs``: the tables;
 * ``kernels_tl``: the portable Triton kernel (the twin of the math); ``gluon_fp8``: Hopper's kernel on

@@ -221,7 +221,7 @@ class AttentionFp8:
     @gluon.jit
     def p_operand(self, p):
         """P in e4m3 as the P V register operand (made with no wgmma in flight: ptxas C7513), its keys
-        permuted within each 32 (``KEY_ORDER``) so that each thread keeps its own values."""
+        permuted within each 32 (reference.key_position) so that each thread keeps its own values."""
         p8 = p.to(self.q_desc.dtype)
         if self.PERMUTED_V:
             # column c = 32 t + 16 j_hi + 8 j_lo + 2 r + e (the accumulator's: lane r of a quad holds e = 0, 1
