@@ -306,8 +306,7 @@ def test_codes_through_tma_descriptors(fmt):
     x = torch.randn(rows, n, dtype=torch.bfloat16)
     x[:, 3] *= 50
     group = FORMATS[fmt].default_group
-    codes, scales = quantize._outputs(rows, n, fmt, group, x.device)  # poisoned (the fixture)
-    codes, scales, _ = quantize._run_pow2(plan, x, codes, scales, fmt, None, None, False)
+    codes, scales, _ = quantize.run_plan(plan, x, fmt, group, poison=True)
     ref_codes, ref_scales = hadamard_quantize_reference(x, format=fmt)
     a, b = ordinal(codes, fmt), ordinal(ref_codes, fmt)
     assert (a == b).float().mean() >= 0.999 and (a - b).abs().max() <= 1

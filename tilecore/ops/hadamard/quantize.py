@@ -31,7 +31,7 @@ from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCKS = (16, 32, 64, 128)
 
-__all__ = ["hadamard_quantize", "dequantize", "FORMATS"]
+__all__ = ["hadamard_quantize", "dequantize", "FORMATS", "plan_quantize", "kernel_plan", "run_plan"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,12 +210,23 @@ def _outputs(rows: int, n: int, fmt: str, group: int | None, device):
     return codes, torch.empty(rows, per_row, dtype=scale_dtype, device=device)
 
 
-def _run(x2, fmt, group, block, rotate, scale, signs):
+def run_plan(plan: QuantizePlan, x2: torch.Tensor, fmt: str, group: int | None, block: int | None = None,
+             rotate: bool = True, scale: torch.Tensor | None = None, signs: torch.Tensor | None = None, *,
+             poison: bool = False):
+    """Run ``plan`` (from plan_quantize or kernel_plan, with any tuning) on the 2-D rows ``x2`` (rows, n),
+    contiguous: (codes, scales, global scale or None), as hadamard_quantize's 2-D result before shaping
+    (quantize_reference.shape_outputs). For checks and probes: arguments are not checked; ``poison`` fills
+    the outputs with 0x5A bytes / NaN before the launch, so an element the kernel never writes shows."""
+    return _run(x2, fmt, group, block, rotate, scale, signs, plan=plan, poison=poison)
+
+
+def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False):
     """(codes, scales, global scale or None) for 2-D x2 (rows, n), contiguous rows; arguments checked."""
     rows, n = x2.shape
     f = FORMATS[fmt]
     static = scale is not None
-    plan = plan_quantize(x2, fmt, group, block, rotate, static, signs is not None)
+    if plan is None:
+        plan = plan_quantize(x2, fmt, group, block, rotate, static, signs is not None)
     if plan.path == "cpu" or rows == 0:
         y = rotated_rows(x2, block, rotate, signs, torch.float32)
         gscale = scale if fmt != "nvfp4" or scale is not None else nvfp4_global_scale(y)
@@ -225,8 +236,11 @@ def _run(x2, fmt, group, block, rotate, scale, signs):
         return codes, scales, None
     if plan.path == "unfused":
         y = rotated_rows(x2, block, rotate, signs, torch.float32)  # hadamard_transform's kernels
-        return _run(y, fmt, group, None, False, scale, None)
+        return _run(y, fmt, group, None, False, scale, None, poison=poison)
     codes, scales = _outputs(rows, n, fmt, group if not static or fmt == "nvfp4" else None, x2.device)
+    if poison:
+        codes.view(torch.uint8).fill_(0x5A)
+        scales.fill_(float("nan")) if scales.dtype == torch.float32 else scales.fill_(0x5A)
     if static and fmt in FP8_DTYPES:
         scales = scale.reshape(1).to(torch.float32)
     if plan.path == "pow2":
