@@ -116,7 +116,19 @@ def test_plans_fuse_model_widths_and_split_long_rows():
     def path(n):
         m, p = orders.split(n)
         return kron.kron_plan(torch.empty(1, n), m, p).path
-    assert [path(n) for n in (14336, 28672, 11008, 18944, 12 * 2048)] == ["fused"] * 4 + ["two-pass"]
+    assert [path(n) for n in (14336, 28672, 11008, 18944, 12 * 2048, 20 * 2048)] == ["fused"] * 5 + ["two-pass"]
+
+
+def test_long_rows_fold_a_factor_into_the_mixing():
+    """p = 2048: H_12 (x) H_2048 = (H_12 (x) H_2) (x) H_1024, one pass over 24 sub-rows of 1024 (the only
+    m whose m f sub-rows of 1024 fit a program: 12 x 2048; 20 x 2048 keeps two passes)."""
+    x = torch.randn(1, 12 * 2048, dtype=torch.float16)
+    plan = kron.kron_plan(x, 12, 2048)
+    assert plan.path == "fused" and plan.fold == 2 and plan.config["M"] == 24 and plan.config["P"] == 1024
+    out = torch.full_like(x, float("nan"))
+    kron.launch(plan, x, out, (12 * 2048) ** -0.5)
+    ref = hadamard_reference(x, (12 * 2048) ** -0.5, out_dtype=torch.float64)
+    assert torch.isfinite(out).all() and accuracy.error_over_floor(out, ref) <= 1.02
 
 
 def test_public_call_leading_dims_in_place_and_strides():

@@ -4,7 +4,8 @@ Paths (``kron_plan``):
 * "cpu": CPU tensors without the interpreter: torch's matmul in float32, H_m times each row's m x p
   matrix, then the power-of-two CPU path (launch._cpu) along p, one rounding at the end;
 * "fused": one pass, kernels_kron.kron_kernel, where a row fits one program: S <= 8 slices of Q <= 128
-  columns and M_PAD x p <= configs.KRON_MAX_TILE_ELEMS float32 values in registers;
+  columns and M_PAD x p <= configs.KRON_MAX_TILE_ELEMS float32 values in registers; for p > 1024 a factor
+  f = p / 1024 of H_p joins the mixing (H_m (x) H_f over m f sub-rows of 1024) where that fits (12 x 2048);
 * "two-pass": longer rows: kron_kernel with CHUNKS column chunks computes H_m X in float32 (exact for
   16-bit inputs) into a workspace, then the power-of-two kernel transforms its rows of p (float32 in,
   three pieces a product: kernels.py) into the output. Three round trips instead of one.
@@ -29,6 +30,7 @@ class KronPlan:
     p: int
     config: dict = dataclasses.field(default_factory=dict)
     grid: tuple[int, ...] = ()
+    fold: int = 1  # the mixing matrix is H_m (x) H_fold over m fold sub-rows of p / fold (kernel_plan)
 
 
 def _dtypes(dtype: torch.dtype, interpret: bool) -> dict:
@@ -86,6 +88,12 @@ def kernel_plan(rows: int, m: int, p: int, dtype: torch.dtype, sms: int, interpr
             common, Q=Q, S=S, B=B, CHUNKS=1, TRANSFORM=p > 1, GRID=grid, num_warps=warps,
             # two stages multi-buffer the chunked mixing's loads: 338-434 KiB of shared memory at M_PAD 256
             num_stages=tuning.get("num_stages") or (1 if m_pad > 64 else 2)))
+    # p > 1024: fold a factor f of H_p into the mixing (H_m (x) H_p = (H_m (x) H_f) (x) H_(p / f), the same
+    # element order: sub-row i f + j1 of p / f), one pass where m f sub-rows of 1024 fit a program
+    f = p // 1024
+    if p > 1024 and next_power_of_2(m * f) * 1024 <= configs.KRON_MAX_TILE_ELEMS and tuning.get("force") != "two-pass":
+        inner = kernel_plan(rows, m * f, 1024, dtype, sms, interpret, **tuning)
+        return KronPlan("fused", m, p, config=inner.config, grid=inner.grid, fold=f)
     Q = min(p, configs.KRON_CHUNK_COLUMNS)
     chunks = p // Q
     grid = max(1, min(rows * chunks, sms * configs.KRON_WAVES))
@@ -94,12 +102,17 @@ def kernel_plan(rows: int, m: int, p: int, dtype: torch.dtype, sms: int, interpr
 
 
 @functools.lru_cache(maxsize=None)
-def mixing_matrix(m: int, transpose: bool, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """H_m (H_m^T with ``transpose``) zero-padded to M_PAD x M_PAD, in ``dtype`` (exact: +-1 and 0), on
-    ``device``; cached (a few KiB each). Not to be modified."""
+def mixing_matrix(m: int, transpose: bool, dtype: torch.dtype, device: torch.device, fold: int = 1) -> torch.Tensor:
+    """H_m (H_m^T with ``transpose``) (x) H_fold (Sylvester, symmetric) zero-padded to the power of two
+    >= m fold, in ``dtype`` (exact: +-1 and 0), on ``device``; cached (a few KiB each). Not to be modified."""
+    from tilecore.ops.hadamard.reference import hadamard_matrix
+
     h = orders.hadamard_of_order(m)
     if transpose:
         h = h.T
+    if fold > 1:
+        h = torch.kron(h.to(torch.float64), hadamard_matrix(fold, torch.float64))
+    m = h.shape[0]
     m_pad = next_power_of_2(m)
     padded = torch.zeros(m_pad, m_pad, dtype=torch.float64)
     padded[:m, :m] = h
@@ -125,7 +138,7 @@ def launch(plan: KronPlan, x: torch.Tensor, out: torch.Tensor, scale: float, tra
     h_dtype = {torch.float16: torch.float16, torch.bfloat16: torch.bfloat16, torch.float32: torch.bfloat16}[x.dtype]
     if dispatch.interpreted(x.device):
         h_dtype = torch.float32  # the interpreter multiplies bf16 as integers (kernels._INTERPRETED)
-    h = mixing_matrix(plan.m, transpose, h_dtype, x.device)
+    h = mixing_matrix(plan.m, transpose, h_dtype, x.device, plan.fold)
     if plan.path == "fused":
         _launch_kron[plan.grid](x, out, h, x.shape[0], x.stride(0), out.stride(0), scale, **cfg)
         return
