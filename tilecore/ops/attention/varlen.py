@@ -219,9 +219,8 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
     total_q, hq, d = q.shape
     total_k, hkv, dv = v.shape
     batch = cu_q.numel() - 1
-    dq, dk, dvv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    if total_q == 0 or total_k == 0:
-        return dq, dk, dvv
+    if total_q == 0 or total_k == 0:  # no query or no key: nothing flows back
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dq, dk, dvv = grads or (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     dout, q, k, v = (tl_addressable(t) for t in (dout, q, k, v))
     delta = (out.float() * dout.float()).sum(-1).t().contiguous()  # (Hq, total_q)
