@@ -344,3 +344,12 @@ def test_nvfp4_static_global_scale_zeroes_blocks_with_inf():
     ref_codes, (ref_scales, _) = hadamard_quantize_reference(x, format="nvfp4", scale=torch.tensor([0.001]))
     assert (codes[2] == 0).all() and torch.equal(codes, ref_codes)
     assert torch.equal(block_scales.view(torch.uint8), ref_scales.view(torch.uint8))
+
+
+def test_float32_rows_on_the_pow2_path():
+    """float32 input: three bf16 pieces a product (kernels.py's accuracy design) on the pow2 path too."""
+    x = torch.randn(3, 512, dtype=torch.float32)
+    x[:, 3] *= 40
+    assert _plan(512, "fp8_e4m3").path == "pow2"
+    assert_matches_reference(x, format="fp8_e4m3")
+    assert_matches_reference(x, format="int4")
