@@ -209,6 +209,24 @@ def _row_max_log2(LSE, offs, ok):
 
 
 @triton.jit
+def varlen_bwd_delta(O, DO, DLSE, DELTA, total_q, DV, sot, soh, sod, sdt, sdh, sdd,
+                     HAS_DLSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Program (block of packed rows, q head): delta = rowsum(O * dO) - dlse in float32, (Hq, total_q)
+    (one read of O and dO, no float32 copies of them)."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    h = tl.program_id(1).to(tl.int64)
+    cols = tl.arange(0, BLOCK_DV)
+    ok = (rows[:, None] < total_q) & (cols[None, :] < DV)
+    rows64 = rows.to(tl.int64)
+    o = tl.load(O + h * soh + rows64[:, None] * sot + cols[None, :] * sod, mask=ok, other=0.0)
+    do = tl.load(DO + h * sdh + rows64[:, None] * sdt + cols[None, :] * sdd, mask=ok, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + h * total_q + rows64, mask=rows < total_q, other=0.0)
+    tl.store(DELTA + h * total_q + rows64, delta, mask=rows < total_q)
+
+
+@triton.jit
 def _dkdv_step(Q, DO, LSE, DELTA, k, v, h, q0, n, start_m, offs_m0, offs_n, key_ok, offs_d, offs_dv, d_ok, dv_ok,
                shift, sqh, sqt, sqd, sdh, sdt, sdd, total_q, left, right, scale, softcap, dk, dv,
                LEFT: tl.constexpr, RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, MASKED: tl.constexpr):
@@ -570,5 +588,5 @@ def kvcache_append(K_NEW, V_NEW, KC, VC, BLOCK_TABLE, SEQLENS, Nnew, Hkv, D, DV,
     tl.store(VC + v_row + heads[:, None] * svh + offs_dv[None, :] * svd, v, mask=v_ok)
 
 
-__all__ = ["varlen_fwd", "varlen_bwd_dkdv", "varlen_bwd_dq", "kvcache_fwd_split", "kvcache_merge_splits",
+__all__ = ["varlen_fwd", "varlen_bwd_delta", "varlen_bwd_dkdv", "varlen_bwd_dq", "kvcache_fwd_split", "kvcache_merge_splits",
            "kvcache_append"]

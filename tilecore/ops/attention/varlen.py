@@ -214,7 +214,7 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
                      config=None):
     """(dq, dk, dv) by the tl kernels (dK/dV per key block, then dQ), into ``grads`` where given;
     ``config``: {"dkdv": ..., "dq": ...} blocks and launch options in place of _config's (probes)."""
-    from tilecore.ops.attention.kernels_varlen import varlen_bwd_dkdv, varlen_bwd_dq
+    from tilecore.ops.attention.kernels_varlen import varlen_bwd_delta, varlen_bwd_dkdv, varlen_bwd_dq
 
     total_q, hq, d = q.shape
     total_k, hkv, dv = v.shape
@@ -223,10 +223,12 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dq, dk, dvv = grads or (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     dout, q, k, v = (tl_addressable(t) for t in (dout, q, k, v))
-    delta = (out.float() * dout.float()).sum(-1).t().contiguous()  # (Hq, total_q)
-    if dlse is not None:
-        delta -= dlse
     interpret = dispatch.interpreted(q.device)
+    delta = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
+    rows = 16 if interpret else 64
+    varlen_bwd_delta[(cdiv(total_q, rows), hq)](
+        out, dout, delta if dlse is None else dlse, delta, total_q, dv, *_strides(out), *_strides(dout),
+        HAS_DLSE=dlse is not None, BLOCK_M=rows, BLOCK_DV=block_d(dv))
     wl, wr, has_left, has_right = kernel_window(causal, left, right)
     common = dict(LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap > 0, SEARCH_STEPS=_search_steps(batch),
                   BLOCK_D=block_d(d), BLOCK_DV=block_d(dv))
