@@ -118,3 +118,17 @@ def test_svg_without_matplotlib(tmp_path):
     svg = (tmp_path / "a.svg").read_text()
     assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>") and "softmax_contract" in svg
     assert not (tmp_path / "a.png").exists() and "tilecore[bench]" in r.stderr
+
+
+def test_pseudocode_puts_post_loop_ops_after_the_loop():
+    from tilecore.napkin import Diagram, render
+
+    d = Diagram("mm_epilogue", m=2048, k=8192, n=2048)
+    A, B = d.input("A", "m k"), d.input("B", "k n")
+    d.output(d.map("gelu", d.contract(A, B, out="m n", name="C", dtype="fp32"), name="Y", unit="sfu"))
+    r = derive(d, "h100")
+    assert r.parts["k"].kind == "stream"
+    lines = render.pseudocode(r).splitlines()
+    loop = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("for k0"))
+    gelu = next(i for i, ln in enumerate(lines) if "= gelu" in ln)
+    assert gelu > loop and lines[gelu].startswith("    RF ") and "after the loop" in lines[gelu]

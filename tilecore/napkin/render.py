@@ -61,11 +61,25 @@ def pseudocode(r: Derivation) -> str:
         for arr in io_in:
             if stream_axis in arr.axes:
                 L.append(f"{body}SMEM {arr.name}{_tile(r, arr.axes)} {arr.dtype} <- HBM")
-    if r.warpgroups > 1 and r.split_axis:
-        L.append(f"{body}warpgroup w < {r.warpgroups} takes {r.split_axis} rows "
-                 f"[{r.S['RF'][r.split_axis]}*w, {r.S['RF'][r.split_axis]}*(w+1)):")
-        body += ind
+    # ops after a streamed reduction that do not use the streamed axis run once, after the loop
+    after = set()
     for op in d.ops:
+        if stream_axis and stream_axis not in op.axes and any(
+                i in {a.output for a in acc_ops} or i in after for i in op.inputs):
+            after.add(op.output)
+    if r.warpgroups > 1 and r.split_axis:
+        rows, tile = r.S["RF"][r.split_axis], r.S["SMEM"][r.split_axis]
+        if rows * r.warpgroups == tile:
+            L.append(f"{body}warpgroup w < {r.warpgroups} takes {r.split_axis} rows [{rows}*w, {rows}*(w+1)):")
+        else:  # the tile's rows do not divide: no split (the engine costs it unsplit)
+            L.append(f"{body}# {r.warpgroups} warpgroups, but {r.split_axis} = {tile} rows a tile do not divide "
+                     f"among them: each warpgroup's share is not split")
+        body += ind
+    post = []
+    for op in d.ops:
+        if op.output in after:
+            post.append(op)
+            continue
         out = d.arrays[op.output]
         units = "+".join(dict.fromkeys(UNIT_NAMES[w.unit] for w in op.works))
         lvl = "RF  "
@@ -83,6 +97,10 @@ def pseudocode(r: Derivation) -> str:
     for op in acc_ops:
         if op.accumulator == "softmax":
             L.append(f"{ind}RF   {op.output} = {op.output} / z")
+    for op in post:  # after the loop, once
+        out = d.arrays[op.output]
+        units = "+".join(dict.fromkeys(UNIT_NAMES[w.unit] for w in op.works))
+        L.append(f"{ind}RF   {out.name}{_tile(r, out.axes, level='RF')} {out.dtype} = {op.label}   ({units}, after the loop)")
     for o in d.outputs:
         arr = d.arrays[o]
         L.append(f"{ind}HBM  {o}{_tile(r, arr.axes)} {arr.dtype} <- SMEM <- RF")
