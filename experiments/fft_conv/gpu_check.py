@@ -103,7 +103,8 @@ def check(n, dtype, B=2, H=8):
 
 
 def plan_of(config) -> Plan:
-    """A candidate: (N1, N2, pairs, warps) of the pair kernel, or the 7 numbers of the long form."""
+    """A candidate: (N1, N2, pairs, warps) of the pair kernel (pairs 0: the transpose-free one-pair
+    kernel), or the 7 numbers of the long form (an 8th, True: GAUSS)."""
     return pair_plan(*config) if len(config) == 4 else long_plan(*config)
 
 
