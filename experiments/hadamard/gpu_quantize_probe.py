@@ -13,6 +13,7 @@ One device call, under ~3 minutes:
 
     PYTHONPATH=. python3 experiments/hadamard/gpu_quantize_probe.py [--set quick|full|kron|final] [--compiled]
     (--set final: the shipped plans, every format and size, the model widths; session 25's last run)
+    Plans are run through quantize.run_plan (public), outputs poisoned in the check.
     PYTHONPATH=. python3 experiments/hadamard/gpu_quantize_probe.py --smoke      (CPU, interpreter, toy sizes)
 """
 import argparse
