@@ -415,7 +415,7 @@ def run_timing():
 
 
 # --------------------------------------------------------------------------------------------
-# sweep: the kernels' block configurations (varlen._config's are ptxas-picked, untimed)
+# sweep: the kernels' block configurations (varlen.block_config's are ptxas-picked, untimed)
 
 FWD_CONFIGS = [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),  # the shipped one first
                dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, UNMASKED_MIDDLE=False),  # every block masked
@@ -467,7 +467,7 @@ def sweep_varlen(label, lengths, h=16, d=128):
             guarded(f"sweep {label} {name}")(lambda: row.__setitem__(name, bench(
                 lambda: varlen.backward_kernels(dout, q, k, v, out, lse, None, *args,
                                                 config={kind: small(c),
-                                                        other: small(varlen._config(d, SMOKE, other))}))))()
+                                                        other: small(varlen.block_config(d, SMOKE, other))}))))()
     row["flops_fwd"] = flops
     RESULTS["time"].append(row)
 

@@ -144,7 +144,7 @@ def check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causa
 # launches
 
 
-def _config(d: int, interpret: bool, kernel: str) -> dict:
+def block_config(d: int, interpret: bool, kernel: str) -> dict:
     """Blocks and launch options of ``kernel`` ("forward", "dkdv", "dq"): the interpreter's smallest
     tl.dot blocks (odd lengths then span several blocks in small tests); on a GPU, untimed yet, the
     largest that compile for sm_90a without spilling at D 128 with window and softcap on (ptxas:
@@ -184,7 +184,7 @@ def _strides(t: torch.Tensor) -> tuple:
 def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, out=None, lse=None, config=None):
     """O (total_q, Hq, Dv) and lse (Hq, total_q) by the tl kernel, into ``out`` / ``lse`` where given
     (contiguous: the tests poison them); ``config``: blocks and launch options in place of
-    _config's (probes)."""
+    block_config's (probes)."""
     from tilecore.ops.attention.kernels_varlen import varlen_fwd
 
     total_q, hq, d = q.shape
@@ -197,7 +197,7 @@ def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, ou
     if total_q == 0:
         return out, lse
     q, k, v = (tl_addressable(t) for t in (q, k, v))
-    cfg = dict(config or _config(max(d, dv), dispatch.interpreted(q.device), "forward"))
+    cfg = dict(config or block_config(max(d, dv), dispatch.interpreted(q.device), "forward"))
     bm = cfg["BLOCK_M"]
     wl, wr, has_left, has_right = kernel_window(causal, left, right)
     grid = (cdiv(total_q, bm) + batch, hq)
@@ -213,7 +213,7 @@ def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, ou
 def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None,
                      config=None):
     """(dq, dk, dv) by the tl kernels (dK/dV per key block, then dQ), into ``grads`` where given;
-    ``config``: {"dkdv": ..., "dq": ...} blocks and launch options in place of _config's (probes)."""
+    ``config``: {"dkdv": ..., "dq": ...} blocks and launch options in place of block_config's (probes)."""
     from tilecore.ops.attention.kernels_varlen import varlen_bwd_delta, varlen_bwd_dkdv, varlen_bwd_dq
 
     total_q, hq, d = q.shape
@@ -233,13 +233,13 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
     common = dict(LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap > 0, SEARCH_STEPS=_search_steps(batch),
                   BLOCK_D=block_d(d), BLOCK_DV=block_d(dv))
     scalars = (batch, total_q, d, dv, hq // hkv, scale, float(softcap), wl, wr)
-    cfg = dict((config or {}).get("dkdv") or _config(max(d, dv), interpret, "dkdv"))
+    cfg = dict((config or {}).get("dkdv") or block_config(max(d, dv), interpret, "dkdv"))
     cfg.setdefault("UNMASKED_MIDDLE", softcap == 0)
     varlen_bwd_dkdv[(cdiv(total_k, cfg["BLOCK_N"]) + batch, hkv)](
         q, k, v, dout, lse, delta, dk, dvv, cu_q, cu_k, _cu_blocks(cu_k, cfg["BLOCK_N"]),
         *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dk), *_strides(dvv), *scalars,
         **common, **cfg)
-    cfg = dict((config or {}).get("dq") or _config(max(d, dv), interpret, "dq"))
+    cfg = dict((config or {}).get("dq") or block_config(max(d, dv), interpret, "dq"))
     cfg.setdefault("UNMASKED_MIDDLE", softcap == 0)
     varlen_bwd_dq[(cdiv(total_q, cfg["BLOCK_M"]) + batch, hq)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k, _cu_blocks(cu_q, cfg["BLOCK_M"]),
