@@ -3,27 +3,27 @@ from __future__ import annotations
 
 # The pair kernel (kernels_pair.py: two sequences as one complex one, float16 DFT matrices on tensor
 # cores): N -> (N1, N2, pairs per program, warps), 2N = N1 N2; pairs 0: one pair a program in the
-# transpose-free kernel (fft_conv_pair1_kernel). N1 >= 32 (the first product's inner dimension N1/2
-# must be >= 16 for tl.dot). Chosen from the H200 sweep of session 25 run 3 (notes/fft_conv/runs):
-# 256 (32, 16, 4, 4) 40 us against 44 (2 pairs) and 61 (1); 1024 (32, 64, 1, 4) 192 us against 203
-# (64 x 32). The PAIRS kernel gave illegal memory accesses at 64 x 64 and 128 x 32 and wrong results at
-# 64 x 64 with 2 pairs and 64 x 128 (Triton 3.6 on Hopper: its permute + reshape + dot chains), so 2048
-# runs the long form until the transpose-free kernel is timed there.
+# transpose-free kernel (fft_conv_pair1_kernel, correct on the H200 at 256..4096 but 1.2-1.7x slower
+# than the PAIRS kernel: run 4). N1 >= 32 (the first product's inner dimension N1/2 must be >= 16 for
+# tl.dot). From the H200 sweeps of session 25 (notes/fft_conv/runs): 256 (32, 16, 2, 4) 44 us in
+# runs 3 and 4 (4 pairs: 40 and 61); 1024 (32, 64, 1, 4) 192 us against 203 (64 x 32). At 2048 every
+# pair configuration failed (illegal memory accesses, wrong results) but each time after a
+# CUFFT_INTERNAL_ERROR in the same process, the references included: the check now keeps cuFFT out
+# (gpu_check.py); 2048 runs the long form until a clean run clears them.
 PAIR_CONFIGS = {
-    256: (32, 16, 4, 4),
+    256: (32, 16, 2, 4),
     512: (32, 32, 2, 4),
     1024: (32, 64, 1, 4),
     4096: (128, 64, 1, 8),  # 108 bytes of spill (16 warps cap registers at 128: 1.7 KB)
 }
 
-# candidates the GPU check times per N (correct ones only: those of run 3 that crashed or were wrong
-# are gone)
+# candidates the GPU check times per N
 PAIR_CANDIDATES = {
-    256: [(32, 16, 4, 4), (32, 16, 2, 4), (32, 16, 0, 4)],
-    512: [(32, 32, 2, 4), (32, 32, 0, 4)],
-    1024: [(32, 64, 1, 4), (32, 64, 0, 4), (64, 32, 0, 4)],
-    2048: [(64, 64, 0, 8), (64, 64, 0, 4)],
-    4096: [(128, 64, 1, 8), (64, 128, 0, 8)],
+    256: [(32, 16, 2, 4), (32, 16, 4, 4)],
+    512: [(32, 32, 2, 4), (32, 32, 4, 8)],
+    1024: [(32, 64, 1, 4), (64, 32, 1, 4)],
+    2048: [(64, 64, 1, 8), (64, 64, 1, 4), (64, 64, 0, 8), (128, 32, 1, 4)],
+    4096: [(128, 64, 1, 8), (64, 128, 1, 8)],
 }
 
 # The three-pass form (kernels_long.py) for N whose pair does not fit a program's registers:
