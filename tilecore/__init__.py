@@ -20,6 +20,10 @@ _EXPORTS = {
     "gemm": "tilecore.ops.gemm",
     "gemm_fp8": "tilecore.ops.gemm",
     "attention": "tilecore.ops.attention",
+    "attention_varlen": "tilecore.ops.attention.varlen",
+    "attention_with_kvcache": "tilecore.ops.attention.kvcache",
+    "attention_fp8": "tilecore.ops.attention_fp8",
+    "attention_fp8_rotated": "tilecore.ops.attention_fp8",
     "layer_norm": "tilecore.ops.norm",
     "apply_rotary": "tilecore.ops.rotary",
     "fft_conv": "tilecore.ops.fft_conv",
@@ -29,13 +33,15 @@ _EXPORTS = {
     "mamba2_step": "tilecore.ops.linear_attention",
     "nn": "tilecore.nn",
     "distributed": "tilecore.distributed",
+    "compat": "tilecore.compat",
 }
-_MODULES = ("nn", "distributed")  # exported as modules
+_MODULES = ("nn", "distributed", "compat")  # exported as modules
 __all__ = list(_EXPORTS)
 
 # the modules whose import registers the torch.ops.tilecore ops (torch.library.custom_op)
 OP_MODULES = ("tilecore.ops.gemm.op", "tilecore.ops.hadamard.op", "tilecore.ops.hadamard.quantize",
-              "tilecore.ops.attention.op", "tilecore.ops.norm.op", "tilecore.ops.rotary.op",
+              "tilecore.ops.attention.op", "tilecore.ops.attention.varlen", "tilecore.ops.attention.kvcache",
+              "tilecore.ops.attention_fp8.op", "tilecore.ops.norm.op", "tilecore.ops.rotary.op",
               "tilecore.ops.linear_attention.op", "tilecore.ops.fft_conv.op", "tilecore.distributed.op")
 
 

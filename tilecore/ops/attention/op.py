@@ -238,7 +238,7 @@ class _AttentionFunction(torch.autograd.Function):
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               scale: float | None = None, return_lse: bool = False, window_size: tuple[int, int] = NO_WINDOW,
-              softcap: float = 0.0):
+              softcap: float = 0.0, precision: str | None = None, rotate: bool = True):
     """softmax(scale q k^T) v, FlashAttention-style (never materializes the N x Nk scores).
 
     Layout (B, H, N, D), as SDPA's: q (batch, heads, queries, head_dim); k (batch, kv_heads, keys,
@@ -264,7 +264,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     CUDA tensors run the Triton/Gluon kernels; CPU tensors run torch's own CPU attention kernel
     (SDPA's; float32 math where a score may not be finite), or the Triton kernels through Triton's
     interpreter under TRITON_INTERPRET=1 (bfloat16 on its exact float32 upcast there).
+
+    ``precision="fp8"`` (forward only, inference): q and k rotated by one random-sign Hadamard
+    transform (the same for both, so q k^T is unchanged; ``rotate=False``: not rotated), q, k, v
+    quantized to e4m3, then FP8 attention (``tilecore.attention_fp8_rotated``; FlashAttention-3's
+    FP8 path with incoherent processing); O in q's dtype. ``None`` (default) computes in q's dtype.
     """
+    if precision is not None:
+        return _fp8(q, k, v, causal, scale, return_lse, window_size, softcap, precision, rotate)
     mode = dispatch.eager_mode(q, k, v)
     window = window_value(window_size)
     softcap = softcap_value(softcap)
@@ -281,3 +288,26 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     else:
         out, lse = _forward_op(q, k, v, causal, scale, *window, softcap)
     return (out, lse) if return_lse else out
+
+
+PRECISIONS = (None, "fp8")
+
+
+def _fp8(q, k, v, causal, scale, return_lse, window_size, softcap, precision, rotate):
+    """attention(..., precision="fp8"): the FP8 convenience path, with its own errors."""
+    if precision != "fp8":
+        raise ValueError(f"attention: precision must be None (q's dtype) or 'fp8' (e4m3, forward only); "
+                         f"got {precision!r}")
+    if not isinstance(rotate, bool):
+        raise TypeError(f"attention: rotate must be True or False, got {rotate!r}")
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
+        raise RuntimeError("attention: precision='fp8' is forward-only (inference): no gradient flows through "
+                           "FP8 attention; call it under torch.no_grad() or with tensors that do not require grad, "
+                           "or use precision=None to train")
+    if window_value(window_size) != NO_WINDOW or softcap_value(softcap) != 0.0:
+        raise ValueError("attention: precision='fp8' takes neither window_size nor softcap (the FP8 kernel has "
+                         "no masks but causal); use precision=None for them")
+    from tilecore.ops.attention_fp8 import attention_fp8_rotated  # (imports the Hadamard ops only when used)
+
+    return attention_fp8_rotated(q, k, v, causal=causal, scale=None if scale is None else scale_value(scale),
+                                 rotate=rotate, return_lse=return_lse)
