@@ -113,8 +113,8 @@ def attention_diagram(B, H, N, D, dtype, modifiers=(), causal=False, softmax=Tru
         # the last modifier of a plain (sigmoid) attention is P, in the value dtype as the kernel casts it
         # for the tensor cores (an fp32 P would be costed as an ALU contraction)
         last = i == len(modifiers) - 1 and not softmax
-        S = g.map(fn, S, name=f"S{i}", unit="sfu" if ("tanh" in fn or "softcap" in fn or "sigmoid" in fn) else "alu",
-                  dtype=dtype if last else "fp32")
+        unit, ops = rewrite.map_cost(fn)  # the SFU instructions the emitted code spends (softcap's tanh: 2)
+        S = g.map(fn, S, name=f"S{i}", unit=unit, ops=ops, dtype=dtype if last else "fp32")
     if softmax:
         O = g.softmax_contract(S, V, over="x", name="O", causal="q" if causal else None, dtype=dtype)
     else:

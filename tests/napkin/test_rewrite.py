@@ -165,3 +165,10 @@ def test_row_factor_hoisted_rmsnorm_then_gemm_one_pass():
     big = model(4096, 2048, 2048)
     before, after = plan(big, "h100"), plan(rewrite.apply(big), "h100")
     assert len(before.kernels) == 2 and len(after.kernels) == 1 and after.time < before.time
+
+
+def test_map_cost_counts_the_emitted_special_functions():
+    assert rewrite.map_cost("softcap(30.0)") == ("sfu", 2.0)       # tanh as 2 sigmoid(2x) - 1
+    assert rewrite.map_cost("sigmoid(a * 0.125 - 2.0)") == ("sfu", 2.0)
+    assert rewrite.map_cost("exp(a - b)") == ("sfu", 1.0)
+    assert rewrite.map_cost("scale(0.5)") == ("alu", 1.0) and rewrite.map_cost("x*inv*w") == ("alu", 2.0)

@@ -400,6 +400,22 @@ FUNCTIONS = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "abs", "maximum",
 PLACEHOLDERS = "abcdefgh"
 
 
+# special-function-unit (MUFU) instructions a function costs as napkin.compile emits it: exp, log,
+# sqrt, rsqrt one each; sigmoid 1 / (1 + exp(-x)) two (ex2, rcp); tanh as 2 sigmoid(2x) - 1 two
+SFU_COST = {"exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "sigmoid": 2, "tanh": 2}
+
+
+def map_cost(fn: str) -> tuple:
+    """(unit, ops per element) of a map as compiled: the SFU instructions where it has any (they bind
+    first), else its ALU operations. What to give Diagram.map(unit=, ops=) so that the napkin costs the
+    kernel napkin.compile emits."""
+    tree = ast.parse(map_expression(fn), mode="eval")
+    sfu = sum(SFU_COST.get(nd.func.id, 0) for nd in ast.walk(tree) if isinstance(nd, ast.Call))
+    alu = sum(isinstance(nd, (ast.BinOp, ast.UnaryOp)) for nd in ast.walk(tree)) + \
+        sum(1 for nd in ast.walk(tree) if isinstance(nd, ast.Call) and nd.func.id in ("abs", "maximum", "minimum"))
+    return ("sfu", float(sfu)) if sfu else ("alu", float(max(alu, 1)))
+
+
 def map_expression(fn: str) -> str:
     """A map's fn -> an expression over a, b, c, ... (raises CompileError naming what is accepted)."""
     fn = fn.strip()
