@@ -27,7 +27,8 @@ def pair_variant(n1: int, n2: int, pairs: int, warps: int) -> tuple[str, object,
             args, warps, False)
 
 
-def long_variants(n1: int, n2: int, bn: int, bk1: int, kc: int, warps: int, rows_warps: int) -> list:
+def long_variants(n1: int, n2: int, bn: int, bk1: int, kc: int, warps: int, rows_warps: int,
+                  gauss: bool = False) -> list:
     """The three passes of the long form at one configuration."""
     import torch
 
@@ -39,11 +40,12 @@ def long_variants(n1: int, n2: int, bn: int, bk1: int, kc: int, warps: int, rows
     f32 = torch.empty(64, dtype=torch.float32)
     name = f"fft_conv long N{n} ({n1}x{n2}"
     columns = dict(U=t, A=f16, SCALE=f32, F1RE=f16, F1IM=f16, TWRE=f32, TWIM=f32, batch=16, stride_ub=768 * n,
-                   stride_uh=n, N1=n1, N2=n2, BN=bn, KC=kc, CH=min(n, 1024))
+                   stride_uh=n, N1=n1, N2=n2, BN=bn, KC=kc, CH=min(n, 1024), GAUSS=gauss)
     rows = dict(A=f16, RSCALE=f32, K=f32, F2RE=f16, F2IM=f16, TWRE=f32, TWIM=f32, batch=16, stride_kh=2 * (n + 1),
-                N1=n1, N2=n2, BK1=bk1, CONJ=False)
+                N1=n1, N2=n2, BK1=bk1, CONJ=False, GAUSS=gauss)
     inverse = dict(A=f16, RSCALE=f32, SCALE=f32, Y=t, F1RE=f16, F1IM=f16, batch=16, stride_yb=768 * n, stride_yh=n,
-                   N1=n1, N2=n2, BN=bn, KC=kc)
+                   N1=n1, N2=n2, BN=bn, KC=kc, GAUSS=gauss)
+    name += ", Gauss" if gauss else ""
     return [(f"{name}, pass 1: BN {bn}, KC {kc}, {warps} warps)", kl.long_columns_kernel, columns, warps, False),
             (f"{name}, pass 2: BK1 {bk1}, {rows_warps} warps)", kl.long_rows_kernel, rows, rows_warps, False),
             (f"{name}, pass 3: BN {bn}, KC {kc}, {warps} warps)", kl.long_inverse_columns_kernel, inverse, warps,
