@@ -37,6 +37,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=6.0, help="training wall-clock budget (compiles included)")
     p.add_argument("--steps", type=int, default=None, help="a fixed step count instead of the time budget")
+    p.add_argument("--max-epochs", type=float, default=8.0,
+                   help="stop the time-budgeted schedule at this many passes over the training bytes (a small "
+                        "stdlib overfits: the H200 run's 28 epochs did); 0 for no limit")
     p.add_argument("--device", default="cuda", help="cuda (bf16 autocast) or cpu (float32)")
     p.add_argument("--smoke", action="store_true", help="2 layers, width 64, context 128, a few steps, small eval")
     p.add_argument("--layers", type=int, default=8)
@@ -184,10 +187,17 @@ def train(model, corpus, args, device, autocast_dtype, log: Progress) -> dict:
             total = step + int((budget - (time.perf_counter() - began)) / step_seconds)
             log(f"step {step}: {step_seconds * 1e3:.1f} ms a step, {args.batch * args.context / step_seconds:,.0f} "
                 f"tokens/s: {total} steps fit the budget", force=True)
+            if args.max_epochs:
+                epoch_steps = int(args.max_epochs * corpus.train.numel() / (args.batch * args.context))
+                if epoch_steps < total:
+                    notes.append(f"{total} steps fit the budget; {epoch_steps} taken ({args.max_epochs:g} epochs of "
+                                 f"{corpus.train.numel() / 1e6:.1f} MB, --max-epochs)")
+                    log(notes[-1], force=True)
+                    total = max(step, epoch_steps)
             epochs = total * args.batch * args.context / max(corpus.train.numel(), 1)
             if epochs > 8:  # a trimmed stdlib (Debian's has no test/ package) is a third of CPython's
                 notes.append(f"{epochs:.0f} epochs of a {corpus.train.numel() / 1e6:.1f} MB corpus planned: the model "
-                             f"will overfit (fewer --minutes, or a full CPython Lib/)")
+                             f"will overfit (a lower --max-epochs, or a full CPython Lib/)")
                 log(notes[-1], force=True)
         if step % 10 == 0 or step == total or args.smoke:
             value = float(torch.stack([torch.as_tensor(r) for r in recent]).mean())
