@@ -34,6 +34,7 @@ _EXPORTS = {
     "nn": "tilecore.nn",
     "distributed": "tilecore.distributed",
     "compat": "tilecore.compat",
+    "compile_diagram": "tilecore.ops.napkin_compiled",
 }
 _MODULES = ("nn", "distributed", "compat")  # exported as modules
 __all__ = list(_EXPORTS)

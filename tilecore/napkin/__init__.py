@@ -13,16 +13,18 @@ compile (a diagram's fused plan as Triton source; tilecore.ops.napkin_compiled r
 from . import closed_forms, models, rewrite
 from .compile import CompileError, Program
 from .compile import compile  # noqa: A004 (napkin.compile(diagram), as the issue names it)
-from .engine import NONE, Derivation, Part, derive, group, relabel, stream
+from .engine import (NONE, Derivation, Part, derive, gemm_perf_model, group, rank_attention_configs,
+                     rank_gemm_configs, relabel, stream)
 from .diagram import Array, Combine, Diagram, Op, compose
 from .errors import (CapacityError, ShapeMismatchError, UnknownAxisError, UnknownGPUError,
                      UnknownModelError, UnsupportedDtypeError)
-from .hardware import A100, GPUS, H100, H200, GPU, ComputeUnit, Level, abstract_level, get_gpu
+from .hardware import A100, GPUS, H100, H200, GPU, ComputeUnit, Level, abstract_level, from_constants_json, get_gpu
 
 __all__ = [
     "A100", "GPU", "GPUS", "H100", "H200", "NONE", "Array", "CapacityError", "Combine", "CompileError",
     "ComputeUnit", "Derivation", "Program", "compile", "rewrite",
     "Diagram", "Level", "Op", "Part", "ShapeMismatchError", "UnknownAxisError", "UnknownGPUError",
     "UnknownModelError", "UnsupportedDtypeError", "abstract_level", "closed_forms", "compose", "derive",
-    "get_gpu", "group", "models", "relabel", "stream",
+    "get_gpu", "group", "models", "relabel", "stream", "gemm_perf_model", "rank_attention_configs",
+    "rank_gemm_configs", "from_constants_json",
 ]
