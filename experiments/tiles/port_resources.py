@@ -124,9 +124,11 @@ def main():
         args = dict(q_desc=head(cfg["block_m"]), k_desc=head(cfg["block_n"]), v_desc=head(cfg["block_n"]),
                     o_desc=head(cfg["block_m"]), lse_ptr=torch.empty(8, dtype=torch.float32), H=4, N=256, Nk=256,
                     GROUP=1, scale_log2e=0.1, num_bh=8, head_group=4,
-                    schedule=torch.empty(8, dtype=torch.int32) if causal else None, CAUSAL=causal,
+                    schedule=torch.empty(8, dtype=torch.int32) if causal else None, left=0, right=0,
+                    tanh_scale=0.0, CAUSAL=causal,
                     STAGES=cfg["stages"], OVERLAP=True, CONSUMERS=cfg["consumers"], PINGPONG=False,
-                    Q_BUFFERS=cfg["q_buffers"], CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False))
+                    Q_BUFFERS=cfg["q_buffers"], CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False),
+                    WINDOW=False, SOFTCAP=False)
         one(f"attention fwd {name}", attention_fwd_kernel, args, 4)
     # attention backward (dK/dV with its dQ modes) and the dq kernel: the shipped configurations
     from triton.experimental.gluon import language as gl
