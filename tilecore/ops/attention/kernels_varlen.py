@@ -52,6 +52,17 @@ def sequence_of_block(CU_BLOCKS, t, B, SEARCH_STEPS: tl.constexpr):
 
 
 @triton.jit
+def query_block(CU_Q, CU_K, CU_BLOCKS, t, B, SEARCH_STEPS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Query block t over all sequences: its sequence b, the sequence's first query row q0 and query
+    count n, first key row k0 and key count nk, and the block's first row within the sequence."""
+    b = sequence_of_block(CU_BLOCKS, t, B, SEARCH_STEPS)
+    q0 = tl.load(CU_Q + b)
+    k0 = tl.load(CU_K + b)
+    return (b, q0, tl.load(CU_Q + b + 1) - q0, k0, tl.load(CU_K + b + 1) - k0,
+            (t - tl.load(CU_BLOCKS + b)) * BLOCK_M)
+
+
+@triton.jit
 def key_range(first_position, last_position, key_end, left, right, BLOCK_N: tl.constexpr,
               LEFT: tl.constexpr, RIGHT: tl.constexpr):
     """[lo, hi) of the keys that queries at positions first..last may see, lo a multiple of BLOCK_N."""
@@ -145,12 +156,7 @@ def varlen_fwd(Q, K, V, O, LSE, CU_Q, CU_K, CU_BLOCKS,
     h = tl.program_id(1)
     if t >= tl.load(CU_BLOCKS + B):
         return
-    b = sequence_of_block(CU_BLOCKS, t, B, SEARCH_STEPS)
-    q0 = tl.load(CU_Q + b)
-    n = tl.load(CU_Q + b + 1) - q0
-    k0 = tl.load(CU_K + b)
-    nk = tl.load(CU_K + b + 1) - k0
-    start_m = (t - tl.load(CU_BLOCKS + b)) * BLOCK_M
+    b, q0, n, k0, nk, start_m = query_block(CU_Q, CU_K, CU_BLOCKS, t, B, SEARCH_STEPS, BLOCK_M)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -398,12 +404,7 @@ def varlen_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, CU_BLOCKS,
     h = tl.program_id(1)
     if t >= tl.load(CU_BLOCKS + B):
         return
-    b = sequence_of_block(CU_BLOCKS, t, B, SEARCH_STEPS)
-    q0 = tl.load(CU_Q + b)
-    n = tl.load(CU_Q + b + 1) - q0
-    k0 = tl.load(CU_K + b)
-    nk = tl.load(CU_K + b + 1) - k0
-    start_m = (t - tl.load(CU_BLOCKS + b)) * BLOCK_M
+    b, q0, n, k0, nk, start_m = query_block(CU_Q, CU_K, CU_BLOCKS, t, B, SEARCH_STEPS, BLOCK_M)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
