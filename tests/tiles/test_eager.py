@@ -6,6 +6,7 @@ from torch.overrides import TorchFunctionMode
 
 from tilecore import dispatch
 from tilecore.ops.norm.op import layer_norm
+from tilecore.ops.attention.varlen import attention_varlen
 from tilecore.ops.rotary.op import apply_rotary
 
 
@@ -40,7 +41,15 @@ def _rotary_case():
     return (lambda: apply_rotary(x, cos, sin)), [x]
 
 
-@pytest.mark.parametrize("case", [_norm_case, _rotary_case], ids=["layer_norm", "apply_rotary"])
+def _varlen_case():
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(9, 2, 16, generator=gen).requires_grad_() for _ in range(3))
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    return (lambda: attention_varlen(q, k, v, cu, cu, 5, 5, causal=True, return_lse=True)), [q, k, v]
+
+
+@pytest.mark.parametrize("case", [_norm_case, _rotary_case, _varlen_case],
+                         ids=["layer_norm", "apply_rotary", "attention_varlen"])
 def test_eager_function_matches_the_custom_op(case):
     fn, leaves = case()
     assert dispatch.eager_mode(*leaves) == "autograd"
@@ -52,7 +61,8 @@ def test_eager_function_matches_the_custom_op(case):
         assert torch.equal(a, b)
     # the eager path recorded a graph of its own Function, not the custom op's
     out = fn()
-    assert any(name.startswith(("_LayerNormFunction", "_RotaryFunction")) for name in _graph_nodes(out))
+    assert any(name.startswith(("_LayerNormFunction", "_RotaryFunction", "_VarlenFunction"))
+               for name in _graph_nodes(out))
 
 
 def _graph_nodes(out):

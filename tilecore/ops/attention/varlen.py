@@ -22,6 +22,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.attention.op import scale_value
 from tilecore.ops.attention.reference_varlen import varlen_backward_reference, varlen_reference
+from tilecore.tiles import eager
 from tilecore.tiles.launch import cdiv, next_power_of_2, tl_addressable
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -307,36 +308,18 @@ def _backward(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
-    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, *ctx.options)
+    # eager with nothing to record: the implementation; traced or create_graph: the op
+    dq, dk, dv = eager.backward_call(_backward_op, _backward_impl, dout, q, k, v, out, lse, dlse, cu_q, cu_k,
+                                     *ctx.options)
     return dq, dk, dv, None, None, None, None, None, None, None
 
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-class _VarlenFunction(torch.autograd.Function):
-    """Eager calls that record a gradient (dispatch.eager_mode's "autograd"): the custom ops' autograd
-    without their host time (~100 us a call) and without the first custom-op call's torch._dynamo
-    import, as tilecore.attention does."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, causal, scale, left, right, softcap):
-        out, lse = _forward_impl(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap)
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.options = (causal, scale, left, right, softcap)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        if dout is None:
-            dout = torch.zeros_like(out)
-        if dlse is not None:
-            dlse = dlse.to(torch.float32).contiguous()
-        run = _backward_op if torch.is_grad_enabled() else _backward_impl  # create_graph: the op, recorded
-        dq, dk, dv = run(dout, q, k, v, out, lse, dlse, cu_q, cu_k, *ctx.options)
-        return dq, dk, dv, None, None, None, None, None, None, None
+# eager calls that record a gradient: the custom ops' autograd without their host time (~100 us a
+# call) and without the first custom-op call's torch._dynamo import, as tilecore.attention does
+_VarlenFunction = eager.eager_autograd("_VarlenFunction", _forward_impl, _setup_context, _backward)
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -369,11 +352,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                         softcap, validate)
     scale = q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, left, right, float(softcap))
-    mode = dispatch.eager_mode(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    if mode == "direct":
-        out, lse = _forward_impl(*args)
-    elif mode == "autograd":
-        out, lse = _VarlenFunction.apply(*args)
-    else:  # torch.compile, fake tensors, modes, transforms: the custom op
-        out, lse = _forward_op(*args)
+    # eager: the implementation, or its autograd Function; torch.compile, fake tensors, modes: the op
+    out, lse = eager.run(_forward_op, _forward_impl, _VarlenFunction, *args,
+                         tensors=(q, k, v, cu_seqlens_q, cu_seqlens_k))
     return (out, lse) if return_lse else out
