@@ -157,32 +157,13 @@ def phase_warm(result):
 # ---------------------------------------------------------------------------------------------- check
 
 
-def ordinal(codes, fmt):
-    import torch
-
-    from tilecore.ops.hadamard.quantize_reference import FORMATS as F, unpack_nibbles
-
-    if fmt == "int8":
-        return codes.to(torch.int64)
-    if fmt == "int4":
-        raw = unpack_nibbles(codes)
-        return (raw - ((raw & 8) << 1)).to(torch.int64)
-    if F[fmt].packed:
-        raw = unpack_nibbles(codes).to(torch.int64)
-        return torch.where(raw & 8 != 0, -(raw & 7), raw & 7)
-    b = codes.view(torch.uint8).to(torch.int64)
-    mag = b & 0x7F
-    o = torch.where(b & 0x80 != 0, -mag, mag)
-    return torch.where(torch.isnan(codes.to(torch.float32)), torch.full_like(o, 1000), o)
-
-
 def phase_check(result):
     import torch
 
     from tilecore import accuracy
     from tilecore.ops.hadamard import hadamard_reference, hadamard_transform, kron, orders
     from tilecore.ops.hadamard.quantize import hadamard_quantize
-    from tilecore.ops.hadamard.quantize_reference import hadamard_quantize_reference
+    from tilecore.ops.hadamard.quantize_reference import code_order, hadamard_quantize_reference
 
     out = result.setdefault("check", {"transform": [], "quantize": []})
     dev = DEV
@@ -232,7 +213,7 @@ def phase_check(result):
                     ref_scales = tuple(r.to(dev) for r in ref_scales) if isinstance(ref_scales, tuple) else ref_scales.to(dev)
                 else:
                     ref_codes, ref_scales = hadamard_quantize_reference(x, format=fmt, **kwargs)
-                a, b = ordinal(codes, fmt), ordinal(ref_codes, fmt)
+                a, b = code_order(codes, fmt), code_order(ref_codes, fmt)
                 case["match"] = float((a == b).float().mean())
                 case["max_code_distance"] = int((a - b).abs().max())
                 # codes more than one step away must be tiny values (within the float32 rotation's error:

@@ -80,6 +80,23 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((p & 0xF, p >> 4), dim=-1).flatten(-2)
 
 
+def code_order(codes: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Codes of ``fmt`` as signed integers in value order, so that neighbours on the grid differ by 1
+    (+0 and -0 both 0; an fp8 NaN as a far-away 1000): how far two quantizations of a value are apart."""
+    if fmt == "int8":
+        return codes.to(torch.int64)
+    if fmt == "int4":
+        raw = unpack_nibbles(codes)
+        return (raw - ((raw & 8) << 1)).to(torch.int64)
+    if FORMATS[fmt].packed:
+        raw = unpack_nibbles(codes).to(torch.int64)
+        return torch.where(raw & 8 != 0, -(raw & 7), raw & 7)
+    b = codes.view(torch.uint8).to(torch.int64)
+    mag = b & 0x7F
+    o = torch.where(b & 0x80 != 0, -mag, mag)
+    return torch.where(torch.isnan(codes.to(torch.float32)), torch.full_like(o, 1000), o)
+
+
 def _nonzero_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
     """amax / qmax in float32 arithmetic (the formats' scales are float32 numbers), 1 where amax = 0."""
     a32 = amax.to(torch.float32)
