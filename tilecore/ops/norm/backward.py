@@ -21,7 +21,7 @@ the mask: as many bytes as storing and reloading it, and no activation kept for 
 import triton
 import triton.language as tl
 
-from tilecore.ops.norm.forward import dropout_multiplier, load_tile
+from tilecore.ops.norm.forward import combine_stream, dropout_multiplier, load_tile
 
 
 @triton.jit
@@ -65,14 +65,10 @@ def grad_terms(dy, a, b, rstd, mean, W, c, mask, N, drop, LOAD_H: tl.constexpr, 
     """(dy, xhat, g) in float32 from load_operands' tile: h = a (LOAD_H) or recomputed as x * drop +
     residual, rounded as the forward stored it; dy, xhat, g are 0 outside ``mask``."""
     dy = dy.to(tl.float32)
-    h = a.to(tl.float32)
-    if not LOAD_H:
-        if DROPOUT:
-            h = h * drop
-        if HAS_RES:
-            h = h + b.to(tl.float32)
-        if HAS_RES or DROPOUT:
-            h = h.to(H_DTYPE).to(tl.float32)
+    if LOAD_H:
+        h = a.to(tl.float32)
+    else:
+        h = combine_stream(a, b, drop, HAS_RES, DROPOUT, H_DTYPE)
     if not RMS:
         h = h - mean[:, None]
     xhat = tl.where(mask, h * rstd[:, None], 0.0)

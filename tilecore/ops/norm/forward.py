@@ -52,11 +52,20 @@ def residual_stream(X, RES, r64, c, mask, stride_x, stride_res, drop,
                     HAS_RES: tl.constexpr, DROPOUT: tl.constexpr, H_DTYPE: tl.constexpr):
     """h = x * drop + residual on a tile (drop: dropout_multiplier's tile), in float32, rounded as it
     is stored (H_DTYPE)."""
-    h = load_tile(X, r64, c, stride_x, mask)
+    res = 0.0
+    if HAS_RES:
+        res = load_tile(RES, r64, c, stride_res, mask)
+    return combine_stream(load_tile(X, r64, c, stride_x, mask), res, drop, HAS_RES, DROPOUT, H_DTYPE)
+
+
+@triton.jit
+def combine_stream(x, res, drop, HAS_RES: tl.constexpr, DROPOUT: tl.constexpr, H_DTYPE: tl.constexpr):
+    """h = x * drop + res from loaded tiles (any dtype), in float32, rounded as it is stored (H_DTYPE)."""
+    h = x.to(tl.float32)
     if DROPOUT:
         h = h * drop
     if HAS_RES:
-        h = h + load_tile(RES, r64, c, stride_res, mask)
+        h = h + res.to(tl.float32)
     if HAS_RES or DROPOUT:
         h = h.to(H_DTYPE).to(tl.float32)
     return h
