@@ -125,6 +125,47 @@ def test_online_softmax_fully_masked_leading_blocks_give_no_nan():
 
 
 @triton.jit
+def _softmax_result_kernel(s_ptr, v_ptr, o_ptr, lse_ptr, scale_log2e, M: tl.constexpr, N: tl.constexpr,
+                           D: tl.constexpr, BLOCKS: tl.constexpr):
+    # start / update / result, as a flash-attention kernel uses them
+    rm = tl.arange(0, M)
+    rn = tl.arange(0, N)
+    rd = tl.arange(0, D)
+    m_i, l_i = ops.online_softmax_start(M)
+    acc = tl.zeros([M, D], tl.float32)
+    for j in range(BLOCKS):
+        s = tl.load(s_ptr + rm[:, None] * (N * BLOCKS) + j * N + rn[None, :])
+        v = tl.load(v_ptr + (j * N + rn)[:, None] * D + rd[None, :])
+        m_i, l_i, acc, p = ops.online_softmax_update(m_i, l_i, acc, s, scale_log2e)
+        acc = ops.mma(p.to(tl.float16), v, acc)
+    out, lse = ops.online_softmax_result(m_i, l_i, acc)
+    tl.store(o_ptr + rm[:, None] * D + rd[None, :], out)
+    tl.store(lse_ptr + rm, lse)
+
+
+def test_online_softmax_start_and_result():
+    # rows: ordinary, every score masked (no key: 0 and -inf), one NaN score and one +inf score (NaN
+    # out and lse, as SDPA's softmax gives NaN there)
+    M, N, D, blocks = 16, 16, 16, 3
+    s = torch.randn(M, N * blocks) * 3
+    s[1] = float("-inf")
+    s[2, 5] = float("nan")
+    s[3, 20] = float("inf")
+    v = torch.randn(N * blocks, D, dtype=torch.float16)
+    o = torch.full((M, D), float("nan"))
+    lse = torch.full((M,), float("nan"))
+    scale = 0.5
+    _softmax_result_kernel[(1,)](s, v, o, lse, scale * math.log2(math.e), M, N, D, blocks)
+    ok = torch.tensor([r not in (1, 2, 3) for r in range(M)])
+    ref = torch.softmax(s[ok].double() * scale, dim=1) @ v.double()
+    assert ((o[ok].double() - ref).norm() / ref.norm()).item() < 2e-3  # p is rounded to fp16 for the mma
+    ref_lse = torch.logsumexp(s[ok].double() * scale, dim=1)
+    assert (lse[ok].double() - ref_lse).abs().max().item() < 1e-5
+    assert (o[1] == 0).all() and lse[1].item() == float("-inf")
+    assert o[2:4].isnan().all() and lse[2:4].isnan().all()
+
+
+@triton.jit
 def _quant_kernel(x_ptr, q_ptr, d_ptr, inv_scale, scale, n: tl.constexpr, QMAX: tl.constexpr):
     r = tl.arange(0, n)
     x = tl.load(x_ptr + r)

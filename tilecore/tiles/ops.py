@@ -109,6 +109,13 @@ def masked(x, mask, fill):
 
 
 @triton.jit
+def online_softmax_start(ROWS: tl.constexpr):
+    """An online softmax's running row max and sum before any score (the twin of
+    ``tiles.gluon.online_softmax_start``): m = -inf (see ``online_softmax_update``), l = 0."""
+    return tl.full([ROWS], float("-inf"), tl.float32), tl.zeros([ROWS], tl.float32)
+
+
+@triton.jit
 def online_softmax_update(m_i, l_i, acc, s, scale_log2e):
     """Fold a new block of scores ``s`` [m, n] into the running (max, sum, accumulator).
 
@@ -126,6 +133,17 @@ def online_softmax_update(m_i, l_i, acc, s, scale_log2e):
     p = tl.exp2(s * scale_log2e - m_ref[:, None])
     l_new = l_i * alpha + row_sum(p)
     return m_new, l_new, acc * alpha[:, None], p
+
+
+@triton.jit
+def online_softmax_result(m_i, l_i, acc):
+    """The rows' output acc / l and their natural-log lse ((m + log2 l) / log2 e) after the last
+    step (the twin of ``tiles.gluon.online_softmax_result``): a row with no key (l = 0) gets 0 and
+    -inf; a row whose l is NaN (a NaN or +inf score) NaN and NaN. "No key" is l == 0, not "not
+    l > 0", which a NaN l passes too."""
+    no_key = l_i == 0.0
+    l_safe = tl.where(no_key, 1.0, l_i)
+    return acc / l_safe[:, None], tl.where(no_key, float("-inf"), (m_i + tl.log2(l_safe)) / LOG2E_IN_KERNEL)
 
 
 # --------------------------------------------------------------------------------------------
