@@ -97,3 +97,7 @@ QUANT_TILE_ELEMS = 8192  # hadamard_quantize's kron-tiled tile where several row
 # at n = 256 only (fp8: TMA 0.269 ms, pointers 0.370; at 4096 pointers 0.342 against 0.359, and 512-32768
 # within 1-8% of each other, pointers ahead)
 QUANT_POW2_TUNING = {4096: dict(num_stages=3)}
+# the quantizing epilogue's quotient y / s: False, Markstein's correctly rounded one (three instructions a
+# value); True, y times 1 / s with the rotation's 1 / sqrt(n) folded in (one: codes may move by one step at
+# near-ties, quantize_kernels._codes_fast). Either by plan tuning "fast".
+QUANT_FAST = False

@@ -116,6 +116,7 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
         M=M, M_PAD=m_pad, P=P, Q=Q, S=S, B=B, MIX=mix, TRANSFORM=transform, BUTTERFLY=butterfly, SIGNS=signs,
         FORMAT=f.kernel_id, GROUP=mode, G=group or 1, SPG=spg, STATIC=static and fmt in FP8_DTYPES,
         PACKED=f.packed, QMAX=f.qmax, GRID=grid, num_warps=warps, **kron._dtypes(dtype, interpret),
+        FAST=bool(tuning.get("fast", configs.QUANT_FAST)),
         num_stages=tuning.get("num_stages") or (1 if m_pad > 64 and mix else 2)))  # as kron.kernel_plan
 
 
@@ -125,7 +126,7 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
     the quantizing epilogue) where it applies, else None: a rotation of a whole power-of-two row of 16 to
     configs.MAX_N, or of blocks whose groups lie inside a block (then the rows are the blocks: a
     (rows n / block, block) view). ``tuning``: tma ("none" / "load"), split, tile_elems, num_warps,
-    num_stages, waves (plan.tl_config's)."""
+    num_stages, waves (plan.tl_config's), fast (the epilogue's multiply by a reciprocal: configs.QUANT_FAST)."""
     if not rotate or tuning.get("legacy"):
         return None
     if block is not None:
@@ -156,7 +157,7 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
         MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=tl.bfloat16, GRID=grid, TMA_LOAD=bool(load),
         TMA_STORE=bool(load) and tuning.get("tma_store", f.packed or n <= 256) and (cfg["N2"] // (2 if f.packed else 1)) >= 16,
         SIGNS=signs, FORMAT=f.kernel_id, G=g, STATIC=static_fp8, PACKED=f.packed, QMAX=f.qmax,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+        FAST=bool(tuning.get("fast", configs.QUANT_FAST)), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
 
 
 def _kernel():

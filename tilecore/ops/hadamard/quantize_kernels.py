@@ -185,7 +185,7 @@ def _epilogue(codes, scales, gscale, tile, rows, stride_codes, stride_scales,
               o0, o1, o2, o3, o4, o5, o6, o7, S: tl.constexpr,
               M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr, Q: tl.constexpr, B: tl.constexpr,
               FORMAT: tl.constexpr, GROUP: tl.constexpr, G: tl.constexpr, SPG: tl.constexpr,
-              STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr):
+              STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr, FAST: tl.constexpr):
     """Scales and codes of a tile's S rotated slices o0..o{S-1} (the rest are placeholders)."""
     R: tl.constexpr = B * M_PAD
     if GROUP == 0:
@@ -200,52 +200,52 @@ def _epilogue(codes, scales, gscale, tile, rows, stride_codes, stride_scales,
         st_r = tl.reshape(tl.broadcast_to(stored[:, None], (R // SPG, SPG)), (R,))[:, None]
         rc_r = tl.reshape(tl.broadcast_to(recip[:, None], (R // SPG, SPG)), (R,))[:, None]
         de_r = tl.reshape(tl.broadcast_to(div_e[:, None], (R // SPG, SPG)), (R,))[:, None]
-        _store_codes(codes, tile, 0, _codes_fast(o0, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC), rows,
+        _store_codes(codes, tile, 0, _codes_fast(o0, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC, FAST), rows,
                      stride_codes, M, M_PAD, P, Q, B, PACKED)
         if S > 1:
-            _store_codes(codes, tile, 1, _codes_fast(o1, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC), rows,
+            _store_codes(codes, tile, 1, _codes_fast(o1, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC, FAST), rows,
                          stride_codes, M, M_PAD, P, Q, B, PACKED)
         if S > 2:
-            _store_codes(codes, tile, 2, _codes_fast(o2, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC), rows,
+            _store_codes(codes, tile, 2, _codes_fast(o2, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC, FAST), rows,
                          stride_codes, M, M_PAD, P, Q, B, PACKED)
-            _store_codes(codes, tile, 3, _codes_fast(o3, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC), rows,
+            _store_codes(codes, tile, 3, _codes_fast(o3, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC, FAST), rows,
                          stride_codes, M, M_PAD, P, Q, B, PACKED)
         if S > 4:
-            _store_codes(codes, tile, 4, _codes_fast(o4, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC), rows,
+            _store_codes(codes, tile, 4, _codes_fast(o4, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC, FAST), rows,
                          stride_codes, M, M_PAD, P, Q, B, PACKED)
-            _store_codes(codes, tile, 5, _codes_fast(o5, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC), rows,
+            _store_codes(codes, tile, 5, _codes_fast(o5, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC, FAST), rows,
                          stride_codes, M, M_PAD, P, Q, B, PACKED)
-            _store_codes(codes, tile, 6, _codes_fast(o6, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC), rows,
+            _store_codes(codes, tile, 6, _codes_fast(o6, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC, FAST), rows,
                          stride_codes, M, M_PAD, P, Q, B, PACKED)
-            _store_codes(codes, tile, 7, _codes_fast(o7, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC), rows,
+            _store_codes(codes, tile, 7, _codes_fast(o7, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC, FAST), rows,
                          stride_codes, M, M_PAD, P, Q, B, PACKED)
     else:
         _slice_groups(codes, scales, gscale, tile, 0, o0, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
-                      FORMAT, G, STATIC, PACKED, QMAX)
+                      FORMAT, G, STATIC, PACKED, QMAX, FAST)
         if S > 1:
             _slice_groups(codes, scales, gscale, tile, 1, o1, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
-                          FORMAT, G, STATIC, PACKED, QMAX)
+                          FORMAT, G, STATIC, PACKED, QMAX, FAST)
         if S > 2:
             _slice_groups(codes, scales, gscale, tile, 2, o2, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
-                          FORMAT, G, STATIC, PACKED, QMAX)
+                          FORMAT, G, STATIC, PACKED, QMAX, FAST)
             _slice_groups(codes, scales, gscale, tile, 3, o3, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
-                          FORMAT, G, STATIC, PACKED, QMAX)
+                          FORMAT, G, STATIC, PACKED, QMAX, FAST)
         if S > 4:
             _slice_groups(codes, scales, gscale, tile, 4, o4, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
-                          FORMAT, G, STATIC, PACKED, QMAX)
+                          FORMAT, G, STATIC, PACKED, QMAX, FAST)
             _slice_groups(codes, scales, gscale, tile, 5, o5, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
-                          FORMAT, G, STATIC, PACKED, QMAX)
+                          FORMAT, G, STATIC, PACKED, QMAX, FAST)
             _slice_groups(codes, scales, gscale, tile, 6, o6, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
-                          FORMAT, G, STATIC, PACKED, QMAX)
+                          FORMAT, G, STATIC, PACKED, QMAX, FAST)
             _slice_groups(codes, scales, gscale, tile, 7, o7, rows, stride_codes, stride_scales, M, M_PAD, P, Q, B,
-                          FORMAT, G, STATIC, PACKED, QMAX)
+                          FORMAT, G, STATIC, PACKED, QMAX, FAST)
 
 
 @triton.jit
 def _slice_groups(codes, scales, gscale, tile, t, y, rows, stride_codes, stride_scales,
                   M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr, Q: tl.constexpr, B: tl.constexpr,
                   FORMAT: tl.constexpr, G: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr,
-                  QMAX: tl.constexpr):
+                  QMAX: tl.constexpr, FAST: tl.constexpr):
     """Groups of G contiguous elements inside slice t ([R, Q], G divides Q): scales and codes."""
     R: tl.constexpr = B * M_PAD
     y3 = tl.reshape(y, (R, Q // G, G))
@@ -259,7 +259,7 @@ def _slice_groups(codes, scales, gscale, tile, t, y, rows, stride_codes, stride_
     mask = (row[:, None] < rows) & (i[:, None] < M) & (k[None, :] * G < P)
     tl.store(scales + row[:, None] * stride_scales + col, stored.to(scales.dtype.element_ty), mask=mask)
     code = tl.reshape(_codes_fast(y3, div[:, :, None], stored[:, :, None], recip[:, :, None], div_e[:, :, None],
-                                  FORMAT, QMAX, STATIC), (R, Q))
+                                  FORMAT, QMAX, STATIC, FAST), (R, Q))
     _store_codes(codes, tile, t, code, rows, stride_codes, M, M_PAD, P, Q, B, PACKED)
 
 
@@ -282,7 +282,7 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
                            SIGNS: tl.constexpr, FORMAT: tl.constexpr, GROUP: tl.constexpr, G: tl.constexpr,
                            SPG: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr,
                            IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr,
-                           PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr):
+                           PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr, FAST: tl.constexpr = False):
     """codes, scales = quantize(rscale * rotation(signs * x)) for ``rows`` rows (module docstring); a
     persistent grid of GRID programs, B rows a tile. FORMAT == AMAX: only each program's largest |y|,
     written to amax_out[program] (nvfp4's dynamic global scale, a first pass)."""
@@ -337,7 +337,7 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
             run_max = _nan_maximum(run_max, _slices_max(o0, o1, o2, o3, o4, o5, o6, o7, S))
         else:
             _epilogue(codes, scales, gscale, tile, rows, stride_codes, stride_scales, o0, o1, o2, o3, o4, o5, o6, o7,
-                      S, M, M_PAD, P, Q, B, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX)
+                      S, M, M_PAD, P, Q, B, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX, FAST)
     if FORMAT == AMAX:
         tl.store(amax_out + tl.program_id(0), _nan_max(run_max, 0))
 
@@ -428,9 +428,30 @@ def _quotient(y, div, recip, div_e, STATIC: tl.constexpr):
 
 
 @triton.jit
-def _codes_fast(y, div, stored, recip, div_e, FORMAT: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr):
+def _codes_fast(y, div, stored, recip, div_e, FORMAT: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr,
+                FAST: tl.constexpr = False):
     """_codes with fewer instructions a value (the same codes but for fp8 NaN's sign bit:
-    tests/hadamard/test_hadamard_quantize.py; the GPU check experiments/hadamard/gpu_quantize_probe.py)."""
+    tests/hadamard/test_hadamard_quantize.py; the GPU check experiments/hadamard/gpu_quantize_probe.py).
+    FAST: y times the group's reciprocal, one multiply a value (no Markstein correction), the same on the GPU
+    and in the interpreter; recip may carry the rotation's 1 / sqrt(n) (_pow2 kernel's fold). Two roundings
+    (of 1 / s, then of y r) instead of one: a quotient within ~1 ulp of a rounding boundary of the format
+    can land on the other side, so a code can move by one step there (<= 1e-4 of codes measured: tests)."""
+    if FAST:
+        q = y * recip  # recip = 0 where s = inf: y x 0 = y / inf (0, NaN for inf); NaN where s is NaN
+        if FORMAT == MXFP4:
+            code = tl.where(stored == 255, 0, _e2m1_fast(q))
+        elif FORMAT == NVFP4:
+            code = tl.where(div < float("inf"), _e2m1_fast(q), 0)  # NaN div: the comparison is false
+        elif FORMAT == E4M3 or FORMAT == E5M2:
+            code = _fp8_fast(q, FORMAT)
+        else:
+            if _INTERPRETED:
+                code = tl.where(q != q, 0, _rint(q).to(tl.int32))
+            else:
+                code = tl.extra.cuda.libdevice.float2int_rn(q)
+            if FORMAT == INT4:
+                code = code & 0xF
+        return code
     if FORMAT == MXFP4:
         code = tl.where(stored == 255, 0, _e2m1_fast(y * (1.0 / div)))  # 1 / 2^e is exact
     elif FORMAT == NVFP4:
@@ -491,19 +512,25 @@ def _pow2_store_codes(codes, rows, stride_codes, tile, s, code, N: tl.constexpr,
 
 @triton.jit
 def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, s, y, row_div, row_stored,
-                         row_recip, row_div_e, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, B: tl.constexpr,
-                         FORMAT: tl.constexpr, G: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr,
-                         QMAX: tl.constexpr, TMA_STORE: tl.constexpr):
+                         row_recip, row_div_e, rscale, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr,
+                         B: tl.constexpr, FORMAT: tl.constexpr, G: tl.constexpr, STATIC: tl.constexpr,
+                         PACKED: tl.constexpr, QMAX: tl.constexpr, TMA_STORE: tl.constexpr, FAST: tl.constexpr):
     """Scales (groups of G inside this slice; G == N: the row's, given as row_* [B N1]) and codes of
-    slice s, y: [B N1, N2] float32."""
+    slice s, y: [B N1, N2] float32 (FAST: not yet times rscale, which joins each group's amax and
+    reciprocal instead: RN(max |y| r) = max RN(|y| r), so the scales are the same)."""
     R: tl.constexpr = B * N1
     if G == N:
         code = _codes_fast(y, row_div[:, None], row_stored[:, None], row_recip[:, None], row_div_e[:, None],
-                           FORMAT, QMAX, STATIC)
+                           FORMAT, QMAX, STATIC, FAST)
     elif G < N2:  # groups inside a tile row: [R, N2 / G, G]
         y3 = tl.reshape(y, (R, N2 // G, G))
-        div, stored = _scale(_amax(y3, 2), gscale, FORMAT, STATIC, QMAX)  # [R, N2 / G]
+        ga = _amax(y3, 2)  # [R, N2 / G]
+        if FAST:
+            ga = ga * rscale
+        div, stored = _scale(ga, gscale, FORMAT, STATIC, QMAX)
         recip, div_e = _group_divisor(div)
+        if FAST:
+            recip = recip * rscale
         r = tl.arange(0, R)
         row = (r // N1).to(tl.int64) + tile * B
         k = tl.arange(0, N2 // G)
@@ -511,31 +538,36 @@ def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scale
         tl.store(scales + row[:, None] * stride_scales + col[:, None] + k[None, :],
                  stored.to(scales.dtype.element_ty), mask=row[:, None] < rows)
         code = tl.reshape(_codes_fast(y3, div[:, :, None], stored[:, :, None], recip[:, :, None], div_e[:, :, None],
-                                      FORMAT, QMAX, STATIC), (R, N2))
+                                      FORMAT, QMAX, STATIC, FAST), (R, N2))
     else:  # groups of SPAN consecutive tile rows (of one row: N1 % SPAN == 0)
         SPAN: tl.constexpr = G // N2
         if SPAN == 1:
             ga = _amax(y, 1)  # [R]
         else:
             ga = _amax(tl.reshape(_amax(y, 1), (R // SPAN, SPAN)), 1)  # [groups]
+        if FAST:
+            ga = ga * rscale
         div, stored = _scale(ga, gscale, FORMAT, STATIC, QMAX)
         gi = tl.arange(0, R // SPAN)
         row = (gi // (N1 // SPAN)).to(tl.int64) + tile * B
         col = (s * N1 * N2) // G + gi % (N1 // SPAN)
         tl.store(scales + row * stride_scales + col, stored.to(scales.dtype.element_ty), mask=row < rows)
         recip, div_e = _group_divisor(div)
+        if FAST:
+            recip = recip * rscale
         if SPAN > 1:
             div = tl.reshape(tl.broadcast_to(div[:, None], (R // SPAN, SPAN)), (R,))
             stored = tl.reshape(tl.broadcast_to(stored[:, None], (R // SPAN, SPAN)), (R,))
             recip = tl.reshape(tl.broadcast_to(recip[:, None], (R // SPAN, SPAN)), (R,))
             div_e = tl.reshape(tl.broadcast_to(div_e[:, None], (R // SPAN, SPAN)), (R,))
-        code = _codes_fast(y, div[:, None], stored[:, None], recip[:, None], div_e[:, None], FORMAT, QMAX, STATIC)
+        code = _codes_fast(y, div[:, None], stored[:, None], recip[:, None], div_e[:, None], FORMAT, QMAX, STATIC,
+                           FAST)
     _pow2_store_codes(codes, rows, stride_codes, tile, s, code, N, N1, N2, B, PACKED, TMA_STORE)
 
 
 @triton.jit
-def _pow2_row_scale(scales, gscale, rows, stride_scales, tile, a, N1: tl.constexpr, B: tl.constexpr,
-                    FORMAT: tl.constexpr, STATIC: tl.constexpr, QMAX: tl.constexpr):
+def _pow2_row_scale(scales, gscale, rows, stride_scales, tile, a, rscale, N1: tl.constexpr, B: tl.constexpr,
+                    FORMAT: tl.constexpr, STATIC: tl.constexpr, QMAX: tl.constexpr, FAST: tl.constexpr):
     """The per-token scale from each tile row's largest |y| over the slices (a: [B N1]): stored once a
     row, returned (divisor, stored, _group_divisor's pair) broadcast back to the tile rows ([B N1] each)."""
     if N1 == 1:
@@ -547,6 +579,8 @@ def _pow2_row_scale(scales, gscale, rows, stride_scales, tile, a, N1: tl.constex
         row = tl.arange(0, B).to(tl.int64) + tile * B
         tl.store(scales + row * stride_scales, stored.to(scales.dtype.element_ty), mask=row < rows)
     recip, div_e = _group_divisor(div)
+    if FAST:
+        recip = recip * rscale  # a was already scaled (the kernel's fold)
     if N1 > 1:
         div = tl.reshape(tl.broadcast_to(div[:, None], (B, N1)), (B * N1,))
         stored = tl.reshape(tl.broadcast_to(stored[:, None], (B, N1)), (B * N1,))
@@ -561,7 +595,8 @@ def pow2_quantize_kernel(x, codes, scales, signs, gscale, amax_out, rows, stride
                          B: tl.constexpr, IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
                          MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr,
                          TMA_LOAD: tl.constexpr, TMA_STORE: tl.constexpr, SIGNS: tl.constexpr, FORMAT: tl.constexpr,
-                         G: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr):
+                         G: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr,
+                         FAST: tl.constexpr = False):
     """codes, scales = quantize(rscale * H_N (signs * x)) for ``rows`` rows of N = S N1 N2 (a power of two);
     a persistent grid of GRID programs, B rows a tile. ``x`` is a pointer, or with TMA_LOAD a descriptor
     with [B, N1, N2] boxes (kernels._load_slice); ``codes`` with TMA_STORE one too (_pow2_store_codes). Groups of G elements (G == N: per token). FORMAT == AMAX:
@@ -587,42 +622,46 @@ def pow2_quantize_kernel(x, codes, scales, signs, gscale, amax_out, rows, stride
                 t3 = _pow2_transformed(x, signs, rows, stride_x, tile, 3, N, N1, N2, B, TMA_LOAD, SIGNS, IN_PIECES,
                                        MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
                 o0, o1, o2, o3 = butterfly4(t0, t1, t2, t3)
-        o0 = o0 * rscale
-        if S > 1:
-            o1 = o1 * rscale
-        if S > 2:
-            o2 = o2 * rscale
-            o3 = o3 * rscale
+        if not FAST:  # FAST: rscale joins the amax and the reciprocals instead (_pow2_quantize_slice)
+            o0 = o0 * rscale
+            if S > 1:
+                o1 = o1 * rscale
+            if S > 2:
+                o2 = o2 * rscale
+                o3 = o3 * rscale
         if FORMAT == AMAX or G == N:
             a = _amax(o0, 1)
             if S > 1:
                 a = _max_nan(a, _amax(o1, 1))
             if S > 2:
                 a = _max_nan(_max_nan(a, _amax(o2, 1)), _amax(o3, 1))
+            if FAST:
+                a = a * rscale
         if FORMAT == AMAX:
             run_max = _max_nan(run_max, a)
         else:
             if G == N:
                 row_div, row_stored, row_recip, row_div_e = _pow2_row_scale(scales, gscale, rows, stride_scales, tile,
-                                                                            a, N1, B, FORMAT, STATIC, QMAX)
+                                                                            a, rscale, N1, B, FORMAT, STATIC, QMAX,
+                                                                            FAST)
             else:
                 row_div = tl.zeros([B * N1], tl.float32)
                 row_stored = row_div
                 row_recip = row_div
                 row_div_e = row_div
             _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 0, o0, row_div,
-                                 row_stored, row_recip, row_div_e, N, N1, N2, B, FORMAT, G, STATIC, PACKED, QMAX,
-                                 TMA_STORE)
+                                 row_stored, row_recip, row_div_e, rscale, N, N1, N2, B, FORMAT, G, STATIC, PACKED,
+                                 QMAX, TMA_STORE, FAST)
             if S > 1:
                 _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 1, o1, row_div,
-                                     row_stored, row_recip, row_div_e, N, N1, N2, B, FORMAT, G, STATIC, PACKED, QMAX,
-                                     TMA_STORE)
+                                     row_stored, row_recip, row_div_e, rscale, N, N1, N2, B, FORMAT, G, STATIC, PACKED,
+                                     QMAX, TMA_STORE, FAST)
             if S > 2:
                 _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 2, o2, row_div,
-                                     row_stored, row_recip, row_div_e, N, N1, N2, B, FORMAT, G, STATIC, PACKED, QMAX,
-                                     TMA_STORE)
+                                     row_stored, row_recip, row_div_e, rscale, N, N1, N2, B, FORMAT, G, STATIC, PACKED,
+                                     QMAX, TMA_STORE, FAST)
                 _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 3, o3, row_div,
-                                     row_stored, row_recip, row_div_e, N, N1, N2, B, FORMAT, G, STATIC, PACKED, QMAX,
-                                     TMA_STORE)
+                                     row_stored, row_recip, row_div_e, rscale, N, N1, N2, B, FORMAT, G, STATIC, PACKED,
+                                     QMAX, TMA_STORE, FAST)
     if FORMAT == AMAX:
         tl.store(amax_out + tl.program_id(0), _amax(run_max, 0))
