@@ -1,0 +1,411 @@
+"""Linear attention's FORWARD speed on the GPU (issue 33): tilecore's forward against flash-linear-attention
+0.6.0 and a copy of the same bytes, all in one run; a sweep of the tl kernels' blocks; probes of where the
+time goes; each sweep point checked against the default's output and the best against the float64
+recurrence.
+
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_forward.py [--smoke] [--phases ...] [--out DIR]
+
+Cases (bf16, B16 H16 N4096 unless said): no decay d128 (peer chunk_linear_attn, normalize off), scalar decay
+d128 (chunk_simple_gla), Based d16 v64 (parallel_based and fused_chunk_based, use_norm off), Mamba-2 2.7B
+shape B16 H80 N4096 P64 S128 groups 1 (chunk_simple_gla on q = C, k = B expanded to the 80 heads).
+HBM bound: bytes of q, k, v, o (and the decays; Mamba-2: x, z, y, B, C, dt) at the copy bandwidth measured
+in the same run (a torch copy of those bytes). Phases:
+* time: the public op (default plan), the peers, the copy.
+* sweep: launch.forward with plan.tl_plan's overrides (chunk, BV, warps, stages); every point's output
+  against the default's (relative RMS; a wrong kernel shows), the best against the float64 reference.
+* probe: experiments/linear_attention/probe_fwd_kernels.py's modes (loads only; + intra; + inter; all).
+Compiles run first in a pool of processes (the Triton cache is on disk, so the timing process then only
+loads them). Prints a table last and writes linear_attention_forward.json to --out (default $OUT, else
+/tmp/out). --smoke: CPU, Triton's interpreter, tiny shapes, no timing (imports and shapes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tilecore import accuracy  # noqa: E402
+from tilecore.ops.linear_attention import (launch, linear_attention, linear_attention_reference,  # noqa: E402
+                                           mamba2_chunk_scan, mamba2_reference)
+from tilecore.ops.linear_attention.plan import BASED, IDENTITY, tl_plan  # noqa: E402
+
+DEV = "cpu" if SMOKE else "cuda"
+START = time.time()
+RESULTS: dict = {"time": [], "sweep": [], "check": [], "probe": [], "warm": [], "errors": []}
+OUT = Path(os.environ.get("OUT", "/tmp/out"))
+BUDGET = 300.0  # seconds from the start: no new timed case past it
+
+
+def elapsed() -> float:
+    return time.time() - START
+
+
+def save():
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "linear_attention_forward.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+
+
+def attempt(name, fn):
+    if elapsed() > BUDGET:
+        RESULTS["errors"].append(f"{name}: skipped, past the {BUDGET:.0f} s budget")
+        return None
+    try:
+        return fn()
+    except Exception as err:  # noqa: BLE001 (a probe goes on)
+        msg = f"{name}: {type(err).__name__}: {err}"
+        print("FAILED", msg, flush=True)
+        traceback.print_exc(limit=2)
+        RESULTS["errors"].append(msg)
+        return None
+
+
+def bench(fn) -> float:
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+# --------------------------------------------------------------------------------------------
+# cases: the inputs of launch.forward
+
+
+CASES = {
+    "linear d128": dict(H=16, Hqk=16, Dk=128, Dv=128, decay=None, feature=IDENTITY, peers=("chunk_linear_attn",)),
+    "simple gla d128": dict(H=16, Hqk=16, Dk=128, Dv=128, decay="scalar", feature=IDENTITY,
+                            peers=("chunk_simple_gla",)),
+    "based d16 v64": dict(H=16, Hqk=16, Dk=16, Dv=64, decay=None, feature=BASED,
+                          peers=("parallel_based", "fused_chunk_based")),
+    "mamba2 2.7B shape": dict(H=80, Hqk=1, Dk=128, Dv=64, decay="scalar", feature=IDENTITY, mamba=True,
+                              peers=("chunk_simple_gla",)),
+}
+
+
+def shape(smoke=SMOKE):
+    return (1, 64) if smoke else (16, 4096)
+
+
+def make(case: str, B: int, N: int, seed: int = 0) -> dict:
+    """launch.forward's inputs for a case (Mamba-2: q = C, k = B, v = x, g = dt A, beta = dt, D, z)."""
+    c = CASES[case]
+    H, Hqk, Dk, Dv = c["H"], c["Hqk"], c["Dk"], c["Dv"]
+    if SMOKE:
+        H, Hqk = min(H, 4), min(Hqk, 4)
+    torch.manual_seed(seed)
+    bf = torch.bfloat16
+    t = dict(q=torch.randn(B, N, Hqk, Dk, device=DEV, dtype=bf), k=torch.randn(B, N, Hqk, Dk, device=DEV, dtype=bf),
+             v=torch.randn(B, N, H, Dv, device=DEV, dtype=bf), g=None, beta=None, d_skip=None, z=None,
+             scale=Dk ** -0.5, feature=c["feature"])
+    if c.get("mamba"):
+        t["q"] *= Dk ** -0.5
+        t["k"] *= Dk ** -0.5
+        dt = torch.nn.functional.softplus(torch.randn(B, N, H, device=DEV) - 2)
+        A = -torch.rand(H, device=DEV) * 8 - 0.5
+        t.update(g=dt * A, beta=dt, d_skip=torch.randn(H, device=DEV)[:, None].expand(H, Dv), scale=1.0,
+                 z=torch.randn(B, N, H, Dv, device=DEV, dtype=bf), dt=dt, A=A)
+    elif c["decay"] == "scalar":
+        t["g"] = -torch.rand(B, N, H, device=DEV) * 0.3
+    return t
+
+
+def run_forward(t: dict, **over):
+    p = tl_plan(t["q"], t["v"], t["g"], t["feature"], over.pop("chunk", None), **over)
+    return launch.forward(p, t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"], t["z"], None, t["scale"],
+                          t["feature"], final_state=False, keep_linear=False)[0]
+
+
+def default_call(case: str, t: dict):
+    """The public op as a user calls it."""
+    if CASES[case].get("mamba"):
+        return lambda: mamba2_chunk_scan(t["v"], t["dt"], t["A"], t["k"], t["q"], D=t["d_skip"][:, 0], z=t["z"])
+    fm = "based" if t["feature"] == BASED else None
+    return lambda: linear_attention(t["q"], t["k"], t["v"], feature_map=fm, decay=t["g"])
+
+
+def nbytes(case: str, t: dict) -> int:
+    size = lambda x: x.numel() * x.element_size()  # noqa: E731
+    n = size(t["q"]) + size(t["k"]) + 2 * size(t["v"])
+    if t["g"] is not None:
+        n += size(t["g"])
+    if CASES[case].get("mamba"):
+        n += size(t["z"])  # g and beta are dt's: dt once
+    return n
+
+
+def copy_ms(n: int) -> float:
+    src = torch.empty(n // 2, dtype=torch.uint8, device=DEV)
+    dst = torch.empty_like(src)
+    return bench(lambda: dst.copy_(src))
+
+
+# --------------------------------------------------------------------------------------------
+# peers
+
+
+def fla_fn(name):
+    if name == "chunk_simple_gla":
+        from fla.ops.simple_gla import chunk_simple_gla as f
+    elif name == "chunk_linear_attn":
+        from fla.ops.linear_attn import chunk_linear_attn as f
+    elif name == "parallel_based":
+        from fla.ops.based import parallel_based as f
+    elif name == "fused_chunk_based":
+        from fla.ops.based import fused_chunk_based as f
+    else:
+        raise ValueError(name)
+    return f
+
+
+def fla_call(name: str, case: str, t: dict):
+    f = fla_fn(name)
+    q, k, v, g = t["q"], t["k"], t["v"], t["g"]
+    if CASES[case].get("mamba"):  # the same SSD math on FLA's layout: q/k per v head, dt folded into k
+        H = v.shape[2]
+        q = q.expand(-1, -1, H, -1).contiguous()
+        k = (k.float() * t["beta"][..., None]).to(k.dtype)
+        return lambda: f(q, k, v, g, scale=1.0)
+    if name == "chunk_simple_gla":
+        return lambda: f(q, k, v, g, scale=t["scale"])
+    if name == "chunk_linear_attn":
+        return lambda: f(q, k, v, scale=t["scale"], normalize=False)
+    return lambda: f(q, k, v, scale=t["scale"], use_norm=False)
+
+
+# --------------------------------------------------------------------------------------------
+# the sweep's points
+
+
+def sweep_points(case: str) -> list:
+    pts = []
+    if case == "simple gla d128":
+        grid = [(bt, bv, w, s) for bt in (32, 64) for bv in (32, 64, 128) for w in (4, 8) for s in (1, 2, 3)]
+    elif case == "linear d128":
+        grid = [(bt, bv, w, s) for bt in (32, 64) for bv in (32, 64) for w in (4, 8) for s in (2, 3)]
+    elif case == "based d16 v64":
+        grid = [(bt, bv, w, s) for bt in (16, 32, 64) for bv in (16, 32, 64) for w in (4, 8) for s in (1, 2)]
+    else:
+        grid = [(bt, bv, w, s) for bt in (32, 64) for bv in (32, 64) for w in (4, 8) for s in (1, 2, 3)]
+    for bt, bv, w, s in grid:
+        pts.append(dict(chunk=bt, BV=bv, num_warps=w, num_stages=s))
+    if SMOKE:
+        pts = pts[:2]
+    return pts
+
+
+PROBE_POINTS = [(32, 64, 8, 2), (64, 64, 8, 2), (64, 128, 8, 2), (64, 64, 4, 2)]
+
+
+def probe_run(t, mode, bt, bv, w, s):
+    from experiments.linear_attention.probe_fwd_kernels import probe_forward
+
+    s0 = t.setdefault("s0", torch.randn(t["q"].shape[-1], t["v"].shape[-1], device=DEV) * 0.01)
+    return probe_forward(t["q"], t["k"], t["v"], t["g"], s0, mode, bt, bv, w, s)
+
+
+# --------------------------------------------------------------------------------------------
+# warm: compile every kernel in a pool of processes first (B = 1: the kernels' arguments do not
+# depend on B, so the cache entries are those of B = 16; FLA's at the full shape, whose B some take)
+
+
+_WORKER_INPUTS: dict = {}
+
+
+def _worker(task):
+    t0 = time.time()
+    try:
+        kind, case = task[0], task[1]
+        key = (case, kind == "fla")
+        if key not in _WORKER_INPUTS:
+            B, N = shape()
+            _WORKER_INPUTS[key] = make(case, B if kind == "fla" else 1, N)
+        t = _WORKER_INPUTS[key]
+        if kind == "tl":
+            run_forward(t, **task[2])
+        elif kind == "default":
+            default_call(case, t)()
+        elif kind == "fla":
+            fla_call(task[2], case, t)()
+        elif kind == "probe":
+            probe_run(t, *task[2])
+        torch.cuda.synchronize()
+        return task, None, time.time() - t0
+    except Exception as err:  # noqa: BLE001
+        return task, f"{type(err).__name__}: {err}"[:300], time.time() - t0
+
+
+def warm(workers: int):
+    tasks = [("default", c) for c in CASES]
+    tasks += [("fla", c, p) for c, spec in CASES.items() for p in spec["peers"]]
+    tasks += [("probe", "simple gla d128", (m, *pt)) for pt in PROBE_POINTS for m in range(4)]
+    tasks += [("tl", c, p) for c in CASES for p in sweep_points(c)]
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        for task, err, secs in pool.map(_worker, tasks):
+            RESULTS["warm"].append(dict(task=str(task), error=err, s=round(secs, 1)))
+            if err:
+                print("warm", task, err, flush=True)
+    print(f"warm: {len(tasks)} tasks in {elapsed():.0f} s", flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# phases
+
+
+def reference_floor(case: str, over: dict | None) -> float:
+    """Error of the forward (default plan, or these overrides) over the rounding floor against the float64
+    recurrence, at B1 N1000 (smoke: N 40)."""
+    N = 40 if SMOKE else 1000
+    t = make(case, 1, N, seed=3)
+    if CASES[case].get("mamba"):
+        o = run_forward(t, **(over or {}))
+        H, P = t["v"].shape[2], t["v"].shape[3]
+        r = [x.double() for x in (t["v"], t["dt"], t["A"], t["k"], t["q"])]
+        ref, _ = mamba2_reference(*r, D=t["d_skip"][:, 0].double(), z=t["z"].double())
+    else:
+        o = run_forward(t, **(over or {}))
+        fm = "based" if t["feature"] == BASED else None
+        ref, _ = linear_attention_reference(t["q"].double(), t["k"].double(), t["v"].double(), feature_map=fm,
+                                            decay=None if t["g"] is None else t["g"].double())
+    return round(accuracy.error_over_floor(o, ref), 3)
+
+
+def phase_time(case: str, t: dict):
+    row = dict(case=case, shape=tuple(t["v"].shape), bytes=nbytes(case, t))
+    if not SMOKE:
+        row["copy_ms"] = copy_ms(row["bytes"])
+        row["default_ms"] = bench(default_call(case, t))
+    else:
+        default_call(case, t)()
+    row["default_floor"] = attempt(f"check {case}", lambda: reference_floor(case, None))
+    for peer in CASES[case]["peers"]:
+        try:
+            fn = fla_call(peer, case, t)
+            row[f"{peer}_ms"] = bench(fn) if not SMOKE else None
+        except Exception as err:  # noqa: BLE001
+            row[f"{peer}_error"] = f"{type(err).__name__}: {err}"[:300]
+            print(f"peer {peer} on {case}: {row[f'{peer}_error']}", flush=True)
+    print("time", row, flush=True)
+    RESULTS["time"].append(row)
+    return row
+
+
+def phase_sweep(case: str, t: dict, base_row: dict):
+    want = run_forward(t).float()
+    best = None
+    for over in sweep_points(case):
+        def one():
+            o = run_forward(t, **over)
+            rel = accuracy.rel_rms(o.float(), want)
+            row = dict(case=case, **over, rel_vs_default=rel, nan=bool(torch.isnan(o).any()))
+            if not SMOKE:
+                row["ms"] = bench(lambda: run_forward(t, **over))
+            RESULTS["sweep"].append(row)
+            print("sweep", row, flush=True)
+            return row
+        row = attempt(f"sweep {case} {over}", one)
+        if row and not row["nan"] and row["rel_vs_default"] < 2e-2 and (best is None or row.get("ms", 0) < best.get("ms", 0)):
+            best = row
+    if best is not None:
+        over = {k: best[k] for k in ("chunk", "BV", "num_warps", "num_stages")}
+        best["ref_floor"] = attempt(f"check best {case}", lambda: reference_floor(case, dict(over)))
+        base_row["best"] = over
+        base_row["best_ms"] = best.get("ms")
+        base_row["best_floor"] = best["ref_floor"]
+
+
+def phase_probe(t: dict):
+    for pt in PROBE_POINTS:
+        row = dict(BT=pt[0], BV=pt[1], num_warps=pt[2], num_stages=pt[3])
+        for mode in range(4):
+            def one():
+                probe_run(t, mode, *pt)
+                return None if SMOKE else bench(lambda: probe_run(t, mode, *pt))
+            row[f"mode{mode}_ms"] = attempt(f"probe {mode} {pt}", one)
+        if not SMOKE:
+            row["tl_ms"] = attempt("probe tl", lambda: bench(lambda: run_forward(
+                t, chunk=pt[0], BV=pt[1], num_warps=pt[2], num_stages=pt[3])))
+        print("probe", row, flush=True)
+        RESULTS["probe"].append(row)
+
+
+def table() -> str:
+    lines = ["", "case | copy = HBM bound ms | default ms (% bound) | best sweep ms (% bound) [chunk BV warps stages] "
+             "| err/floor default, best | FLA ms: x of best"]
+    for r in RESULTS["time"]:
+        bound = r.get("copy_ms")
+        pct = lambda ms: f"{ms:.3f} ({100 * bound / ms:.0f}%)" if ms and bound else "-"  # noqa: E731
+        best = r.get("best", {})
+        peers = "; ".join(f"{p} {r[p + '_ms']:.3f}: {r[p + '_ms'] / r['best_ms']:.2f}x"
+                          for p in CASES[r["case"]]["peers"] if r.get(p + "_ms") and r.get("best_ms"))
+        lines.append(" | ".join([r["case"], f"{bound:.3f}" if bound else "-", pct(r.get("default_ms")),
+                                 pct(r.get("best_ms")) + f" {list(best.values())}",
+                                 f"{r.get('default_floor')}, {r.get('best_floor')}", peers or "-"]))
+    if RESULTS["probe"]:
+        lines += ["", "probe (simple gla d128) BT BV warps stages | loads only | + intra | + inter | all | tl kernel"]
+        for r in RESULTS["probe"]:
+            cells = [f"{r['BT']} {r['BV']} {r['num_warps']} {r['num_stages']}"]
+            cells += [f"{r[k]:.3f}" if r.get(k) else "-" for k in ("mode0_ms", "mode1_ms", "mode2_ms", "mode3_ms",
+                                                                     "tl_ms")]
+            lines.append(" | ".join(cells))
+    if RESULTS["errors"]:
+        lines += [""] + [f"ERROR {e}" for e in RESULTS["errors"][:30]]
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--phases", default="warm,time,sweep,probe")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--workers", type=int, default=14)
+    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+    args = parser.parse_args()
+    global OUT
+    OUT = Path(args.out)
+    if not SMOKE and not torch.cuda.is_available():
+        print("no GPU here", file=sys.stderr)
+        return 2
+    try:
+        from experiments.common.meta import meta
+        RESULTS["meta"] = meta() if not SMOKE else {"smoke": True}
+    except Exception as err:  # noqa: BLE001
+        RESULTS["meta"] = {"error": str(err)}
+    print(RESULTS["meta"], flush=True)
+    phases = args.phases.split(",")
+    cases = args.cases.split(",")
+    if "warm" in phases and not SMOKE:
+        attempt("warm", lambda: warm(args.workers))
+    B, N = shape()
+    for case in cases:
+        t = make(case, B, N)
+        row = attempt(f"time {case}", lambda: phase_time(case, t)) if "time" in phases else None
+        row = row if row is not None else dict(case=case)
+        if "sweep" in phases:
+            attempt(f"sweep {case}", lambda: phase_sweep(case, t, row))
+        if "probe" in phases and case == "simple gla d128":
+            attempt("probe", lambda: phase_probe(t))
+        save()
+        del t
+        if not SMOKE:
+            torch.cuda.empty_cache()
+    save()
+    print(table())
+    print(f"\n{elapsed():.0f} s; JSON: {OUT / 'linear_attention_forward.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
