@@ -151,3 +151,76 @@ def quantize_v_permuted(V, OUT, DESCALE, svb, svh, svn, svd, H, Nk, D, n_out,
     out = OUT + bh.to(tl.int64) * D * n_out
     tl.store(out + offs_d[None, :].to(tl.int64) * n_out + key_position(keys)[:, None], y.to(tl.float8e4nv),
              mask=(keys[:, None] < n_out) & (offs_d[None, :] < D))
+
+
+@triton.jit
+def signed_hadamard(SIGNS, BLOCK_D: tl.constexpr):
+    """[BLOCK_D, BLOCK_D] float32 matrix diag(s) H, H Sylvester's Hadamard matrix (H[i, j] = (-1)^popcount(i & j),
+    the natural order of tilecore.hadamard_transform), s the signs at SIGNS: a row x times it is H (s * x).
+    Made in registers (a parity of 8 bits: BLOCK_D <= 256), nothing loaded but the signs."""
+    i = tl.arange(0, BLOCK_D)[:, None]
+    j = tl.arange(0, BLOCK_D)[None, :]
+    bits = i & j
+    bits = bits ^ (bits >> 4)
+    bits = bits ^ (bits >> 2)
+    bits = bits ^ (bits >> 1)
+    signs = tl.load(SIGNS + tl.arange(0, BLOCK_D))
+    return (1 - 2 * (bits & 1)).to(tl.float32) * signs[:, None]
+
+
+SCALE_ROW = tl.constexpr(0)  # rotate_quantize's SCALE: a descale per row, computed (q per token)
+SCALE_BLOCK_ROWS = tl.constexpr(1)  # per block of BLOCK_R rows, computed (k per block of 128 keys)
+SCALE_GIVEN = tl.constexpr(2)  # one given descale for the tensor (DESCALE[0], on the device: no host sync)
+
+
+@triton.jit
+def rotate_quantize(X, OUT, DESCALE, SIGNS, sxb, sxh, sxn, sxd, H, N, n_scales, out_scale,
+                    ROTATE: tl.constexpr, SCALE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_R: tl.constexpr,
+                    BLOCK_D: tl.constexpr, ROW_BLOCKS: tl.constexpr):
+    """x (B, H, N, D = BLOCK_D, a power of two), any strides, bf16/fp16 (float32 in the interpreter) ->
+    OUT (B, H, N, D) e4m3 contiguous: y = H (s * x) * out_scale (with ROTATE; else y = x), then codes =
+    y / descale saturated at 448, with descale = amax / 448 (1 where amax = 0) per row (SCALE_ROW:
+    DESCALE (B, H, N)), per block of BLOCK_R rows (SCALE_BLOCK_ROWS: DESCALE (B, H, n_scales)), or
+    DESCALE[0] as given (SCALE_GIVEN). One read of x, one write of the codes: the rotation is a
+    [BLOCK_R, D] x [D, D] tensor-core product on the exact 16-bit inputs (the +-1 matrix is exact in
+    them) in float32, rounded once, to e4m3. One program per (batch * head, ROW_BLOCKS blocks of
+    BLOCK_R rows): the matrix is made once a program. ``UPCAST``: the interpreter (float32 dot, and
+    its e4m3 cast is wrong: rounded by round_to_e4m3 first)."""
+    bh = tl.program_id(0)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    if ROTATE:
+        rotation = signed_hadamard(SIGNS, BLOCK_D)
+        if not UPCAST:
+            rotation = rotation.to(X.dtype.element_ty)  # +-1: exact in bf16/fp16
+    x_base = X + b * sxb + h * sxh
+    out_base = OUT + bh.to(tl.int64) * N * BLOCK_D
+    for i in range(ROW_BLOCKS):
+        block = tl.program_id(1) * ROW_BLOCKS + i
+        rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
+        ok = rows[:, None] < N
+        x = tl.load(block_ptrs(x_base, 0, rows, offs_d, sxn, sxd), mask=ok, other=0.0)  # [BLOCK_R, D]
+        if ROTATE:
+            if UPCAST:
+                y = tl.dot(x.to(tl.float32), rotation, input_precision="ieee") * out_scale
+            else:
+                y = tl.dot(x, rotation) * out_scale  # exact products, float32 sums
+        else:
+            y = x.to(tl.float32)
+        if SCALE == SCALE_ROW:
+            amax = tl.max(tl.abs(y), axis=1)
+            descale = tl.where(amax > 0, amax / 448.0, 1.0)
+            tl.store(DESCALE + bh.to(tl.int64) * N + rows, descale, mask=rows < N)
+            codes = y / descale[:, None]
+        elif SCALE == SCALE_BLOCK_ROWS:
+            amax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)
+            descale = tl.where(amax > 0, amax / 448.0, 1.0)
+            tl.store(DESCALE + bh.to(tl.int64) * n_scales + block, descale, mask=block * BLOCK_R < N)
+            codes = y / descale
+        else:
+            codes = y / tl.load(DESCALE)
+        codes = tl.minimum(tl.maximum(codes, -448.0, tl.PropagateNan.ALL), 448.0, tl.PropagateNan.ALL)
+        if UPCAST:
+            codes = tl.where(codes < 0, -round_to_e4m3(-codes), round_to_e4m3(codes))
+        tl.store(out_base + rows[:, None].to(tl.int64) * BLOCK_D + offs_d[None, :], codes.to(tl.float8e4nv), mask=ok)

@@ -18,6 +18,7 @@ from tilecore.tiles.launch import CachedLaunch
 
 E4M3_MAX = 448.0
 _QUANTIZE_V = CachedLaunch(kernels_tl.quantize_v_permuted)
+_ROTATE_QUANTIZE = CachedLaunch(kernels_tl.rotate_quantize)
 GRANULARITIES = ("head", "block", "token")
 SIGN_SEED = 0x7C0FE8  # the rotation's signs: torch.Generator seeded with SIGN_SEED + head_dim (CPU), cached
 
@@ -95,12 +96,76 @@ def rotation_signs(head_dim: int, device) -> torch.Tensor:
     return _SIGNS[key]
 
 
-K_SCALES = ("tensor", "token")
+ROW_SCALES = ("token", "block", "tensor")
+_SCALE_MODES = {"token": 0, "block": 1, "tensor": 2}  # kernels_tl.SCALE_ROW, SCALE_BLOCK_ROWS, SCALE_GIVEN
+
+
+def _signed_hadamard(signs: torch.Tensor) -> torch.Tensor:
+    """diag(s) H (float32, Sylvester's H): kernels_tl.signed_hadamard, for the torch path."""
+    n = signs.numel()
+    idx = torch.arange(n, device=signs.device)
+    bits = idx[:, None] & idx[None, :]
+    parity = torch.zeros_like(bits)
+    while bool(bits.any()):
+        parity ^= bits & 1
+        bits = bits >> 1
+    return (1 - 2 * parity).to(torch.float32) * signs.to(torch.float32)[:, None]
+
+
+def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor | None = None,
+                    scales: str = "token", descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, descale): x (B, H, N, D), bf16/fp16 (float32 on the CPU), rotated by y = H (s * x) / sqrt(D) (with
+    ``rotate``; s = ``signs``, +-1, or 1) and quantized to e4m3 in one pass, as attention_fp8 takes it:
+    codes (B, H, N, D) contiguous, descale = amax / 448 of y (1 where amax = 0) per row (``scales="token"``:
+    (B, H, N)), per block of 128 rows (``"block"``: (B, H, ceil(N / 128))), or the ``descale`` given
+    (``"tensor"``: a float32 tensor of one element on x's device, returned as it is; read by the kernel on
+    the device, so no host sync). codes = y / descale saturated at +-448.
+
+    On kernel devices with D a power of two (16..256) one tl kernel (kernels_tl.rotate_quantize: the rotation
+    a tensor-core product on the 16-bit inputs, in float32, rounded once); else torch's ops (the same math
+    in float32; D as tilecore.hadamard_transform takes it)."""
+    if scales not in ROW_SCALES:
+        raise ValueError(f"rotate_quantize: scales must be one of {', '.join(ROW_SCALES)}; got {scales!r}")
+    if (scales == "tensor") != (descale is not None):
+        raise ValueError("rotate_quantize: a descale is given with scales='tensor' (and only then)")
+    B, H, N, D = x.shape
+    signs = torch.ones(D, device=x.device) if signs is None else signs
+    pow2 = D >= 16 and D <= 256 and D & (D - 1) == 0
+    if dispatch.backend_for(x.device) == "kernel" and pow2 and N > 0 and x.dtype != torch.float64:
+        interp = dispatch.interpreted(x.device)
+        codes = torch.empty((B, H, N, D), dtype=torch.float8_e4m3fn, device=x.device)
+        n_scales = -(-N // SCALE_BLOCK)
+        out_scale = {"token": (B, H, N), "block": (B, H, n_scales)}
+        ds = descale.reshape(1).to(torch.float32) if scales == "tensor" else \
+            torch.empty(out_scale[scales], dtype=torch.float32, device=x.device)
+        row_blocks = 1 if interp else 4
+        with dispatch.on_device(x.device):
+            _ROTATE_QUANTIZE[(B * H, -(-N // (SCALE_BLOCK * row_blocks)))](
+                x, codes, ds, signs.to(torch.float32).contiguous(), *x.stride(), H, N, n_scales, D ** -0.5,
+                ROTATE=rotate, SCALE=_SCALE_MODES[scales], UPCAST=interp, BLOCK_R=SCALE_BLOCK, BLOCK_D=D,
+                ROW_BLOCKS=row_blocks, num_warps=8 if D >= 128 else 4)
+        return codes, (descale if scales == "tensor" else ds)
+    y = x.to(torch.float32)
+    if rotate:
+        if pow2:
+            y = (y @ _signed_hadamard(signs)) * D ** -0.5
+        else:
+            from tilecore.ops.hadamard import hadamard_transform
+
+            y = hadamard_transform(y * signs.to(torch.float32), scale=D ** -0.5)
+    if scales == "tensor":
+        return (y / descale.reshape(1).to(torch.float32)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), descale
+    codes, ds = quantize_fp8(y, per="token" if scales == "token" else "block")
+    return codes, ds
+
+
+K_SCALES = ("tensor", "token", "block")
+QUANTIZERS = ("hadamard_quantize", "fused")
 
 
 def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                           scale: float | None = None, rotate: bool = True, return_lse: bool = False,
-                          k_scales: str = "tensor"):
+                          k_scales: str = "tensor", quantizer: str = "hadamard_quantize"):
     """Attention of bf16/fp16 (and, on the CPU, float32) tensors in FP8, end to end: with ``rotate``,
     q and k rotated by one random-sign Hadamard transform of the head dim (H diag(s) / sqrt(D), s
     fixed per head_dim: q k^T unchanged, outliers spread over the head dim; FlashAttention-3's
@@ -115,7 +180,13 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     the rotated k: no rotated entry exceeds its row's 2-norm (the rotation is orthonormal), so
     descale = max_j |k_j|_2 / 448 never saturates (a few times more headroom than needed, which e4m3's
     floating point loses nothing to but the subnormals), or "token" (hadamard_quantize's dynamic
-    per-token scales: a per-key factor in the kernel's every step, slower)."""
+    per-token scales: a per-key factor in the kernel's every step, slower), or "block" (one per block of 128
+    keys, computed as k is quantized: the kernel's key block's one factor; ``quantizer="fused"`` only).
+
+    ``quantizer``: "hadamard_quantize" (tilecore.hadamard_quantize for q and k, each a kernel; k's
+    static scale costs a host sync there) or "fused" (``rotate_quantize``: one tl kernel a tensor that
+    rotates on the tensor cores and quantizes, no host sync; the per-tensor k bound read from the device).
+    V is quantized by quantize_v_permuted either way."""
     from tilecore.ops.hadamard import hadamard_quantize
 
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -131,7 +202,23 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     D = q.shape[-1]
     signs = rotation_signs(D, q.device) if rotate else None
     if k_scales not in K_SCALES:
-        raise ValueError(f"attention_fp8_rotated: k_scales must be 'tensor' or 'token'; got {k_scales!r}")
+        raise ValueError(f"attention_fp8_rotated: k_scales must be 'tensor', 'token' or 'block'; got {k_scales!r}")
+    if quantizer not in QUANTIZERS:
+        raise ValueError(f"attention_fp8_rotated: quantizer must be 'hadamard_quantize' or 'fused'; got {quantizer!r}")
+    if k_scales == "block" and quantizer != "fused":
+        raise ValueError("attention_fp8_rotated: k_scales='block' needs quantizer='fused'")
+    if quantizer == "fused":
+        q8, q_scale = rotate_quantize(q, rotate=rotate, signs=signs, scales="token")
+        if k_scales == "tensor":
+            bound = torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32).amax().reshape(1)
+            k8, k_descale = rotate_quantize(k, rotate=rotate, signs=signs, scales="tensor", descale=_descale(bound))
+            k_scale = k_descale.expand(k.shape[0], k.shape[1]).contiguous()
+        else:
+            k8, k_scale = rotate_quantize(k, rotate=rotate, signs=signs, scales=k_scales)
+        v8, v_scale = quantize_v_permuted(v)
+        return attention_fp8(q8, k8, v8, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, causal=causal,
+                             softmax_scale=scale, out_dtype=q.dtype, return_lse=return_lse, v_layout="keys_permuted",
+                             check_scales=False)
     q8, q_scale = hadamard_quantize(q, format="fp8_e4m3", rotate=rotate, randomized_signs=signs)
     if k_scales == "token":
         k8, k_scale = hadamard_quantize(k, format="fp8_e4m3", rotate=rotate, randomized_signs=signs)
