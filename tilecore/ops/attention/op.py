@@ -13,7 +13,7 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.attention import launch
-from tilecore.ops.attention.plan import plan_backward, plan_forward
+from tilecore.ops.attention.plan import plan_backward, plan_forward, sm_margin_value
 from tilecore.tiles.launch import LRU, signature
 
 DTYPES = (torch.float16, torch.bfloat16)  # everywhere
@@ -75,7 +75,7 @@ def softcap_value(softcap) -> float:
     return value
 
 
-def check(q, k, v, causal, scale, window_size=NO_WINDOW, softcap=0.0) -> None:
+def check(q, k, v, causal, scale, window_size=NO_WINDOW, softcap=0.0, sm_margin=0) -> None:
     """Raise TypeError/ValueError naming what is accepted (shape errors say the layout, LAYOUT)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -111,6 +111,7 @@ def check(q, k, v, causal, scale, window_size=NO_WINDOW, softcap=0.0) -> None:
         scale_value(scale)
     window_value(window_size)
     softcap_value(softcap)
+    sm_margin_value(sm_margin, q.device)
     if Hq > SUSPECT_HEADS and Hq > q.shape[2]:
         warnings.warn(f"attention: q of shape {tuple(q.shape)} has {Hq} heads of {q.shape[2]} queries each: "
                       f"is it (batch, seqlen, heads, head_dim)? {LAYOUT}", stacklevel=3)
@@ -121,30 +122,33 @@ def check(q, k, v, causal, scale, window_size=NO_WINDOW, softcap=0.0) -> None:
 
 
 def _forward_impl(q, k, v, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0,
-                  key: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``key``: the call's signature (tiles.launch.signature), for the plan cache."""
+                  key: tuple | None = None, sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``key``: the call's signature (tiles.launch.signature, sm_margin in it), for the plan cache."""
     window = tuple(window)
     if q.numel() == 0 or v.shape[-1] == 0:
         return q.new_empty((*q.shape[:3], v.shape[-1])), q.new_empty(q.shape[:3], dtype=torch.float32)
-    plan = _cached(key, lambda: plan_forward(q, k, v, causal, scale, window=window, softcap=softcap))
+    plan = _cached(key, lambda: plan_forward(q, k, v, causal, scale, window=window, softcap=softcap,
+                                             sm_margin=sm_margin))
     return launch.outputs(plan, q, k, v, causal, scale, window, softcap)
 
 
 def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, window=NO_WINDOW,
-                   softcap: float = 0.0, cache: bool = False):
+                   softcap: float = 0.0, cache: bool = False, sm_margin: int = 0):
     """``cache``: plan through the plan cache (eager calls)."""
     window = tuple(window)
     if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing flows back
         return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    key = (signature("backward", dout, q, k, v, out, lse, dlse, causal, scale > 0, *window, softcap > 0)
+    key = (signature("backward", dout, q, k, v, out, lse, dlse, causal, scale > 0, *window, softcap > 0, sm_margin)
            if cache else None)
-    plan = _cached(key, lambda: plan_backward(dout, q, k, v, causal, scale, window=window, softcap=softcap))
+    plan = _cached(key, lambda: plan_backward(dout, q, k, v, causal, scale, window=window, softcap=softcap,
+                                              sm_margin=sm_margin))
     return launch.gradients(plan, dout, q, k, v, out, lse, dlse, causal, scale, window, softcap)
 
 
 # a CUDA call's signature -> its plan, which launches by it (Plan.launch_key): plans depend on the
 # inputs' shapes, strides, dtypes, device and alignment, causal, the sign of scale, the window (its
-# values: ints the kernels take, which Triton specializes) and whether there is a softcap, nothing else
+# values: ints the kernels take, which Triton specializes), whether there is a softcap and sm_margin
+# (the persistent grids' size), nothing else
 _PLANS = LRU(256)
 
 
@@ -165,13 +169,13 @@ def _cached(key: tuple | None, make):
 
 @torch.library.custom_op("tilecore::attention_forward", mutates_args=())
 def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-                window_left: int = -1, window_right: int = -1,
-                softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward_impl(q, k, v, causal, scale, (window_left, window_right), softcap)
+                window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward_impl(q, k, v, causal, scale, (window_left, window_right), softcap, sm_margin=sm_margin)
 
 
 @_forward_op.register_fake
-def _(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
+def _(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0, sm_margin=0):
     B, H, N, _ = q.shape
     return q.new_empty((B, H, N, v.shape[-1])), q.new_empty((B, H, N), dtype=torch.float32)
 
@@ -179,21 +183,23 @@ def _(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
 @torch.library.custom_op("tilecore::attention_backward", mutates_args=())
 def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, dlse: Optional[torch.Tensor], causal: bool, scale: float,
-                 window_left: int = -1, window_right: int = -1,
-                 softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward_impl(dout, q, k, v, out, lse, dlse, causal, scale, (window_left, window_right), softcap)
+                 window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                 sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_impl(dout, q, k, v, out, lse, dlse, causal, scale, (window_left, window_right), softcap,
+                          sm_margin=sm_margin)
 
 
 @_backward_op.register_fake
-def _(dout, q, k, v, out, lse, dlse, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
+def _(dout, q, k, v, out, lse, dlse, causal, scale, window_left=-1, window_right=-1, softcap=0.0, sm_margin=0):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, window_left, window_right, softcap = inputs
+    q, k, v, causal, scale, window_left, window_right, softcap, sm_margin = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal, ctx.scale, ctx.window, ctx.softcap = causal, scale, (window_left, window_right), softcap
+    ctx.sm_margin = sm_margin
 
 
 def _backward(ctx, dout, dlse):
@@ -202,8 +208,9 @@ def _backward(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     if dlse is not None:  # the kernels index it as a contiguous float32 (B, Hq, N) array
         dlse = dlse.to(torch.float32).contiguous()
-    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, *ctx.window, ctx.softcap)
-    return dq, dk, dv, None, None, None, None, None
+    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, *ctx.window, ctx.softcap,
+                              ctx.sm_margin)
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -214,11 +221,11 @@ class _AttentionFunction(torch.autograd.Function):
     autograd without their host time (and without the first custom-op call's torch._dynamo import)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, window, softcap, key):
-        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key)
+    def forward(ctx, q, k, v, causal, scale, window, softcap, key, sm_margin):
+        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin)
         ctx.set_materialize_grads(False)  # an unused output's gradient None, not zeros (no dlse pass)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.scale, ctx.window, ctx.softcap = causal, scale, window, softcap
+        ctx.causal, ctx.scale, ctx.window, ctx.softcap, ctx.sm_margin = causal, scale, window, softcap, sm_margin
         return out, lse
 
     @staticmethod
@@ -229,16 +236,17 @@ class _AttentionFunction(torch.autograd.Function):
         if dlse is not None:
             dlse = dlse.to(torch.float32).contiguous()
         if torch.is_grad_enabled():  # create_graph: the custom op, as the op path records it
-            dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, *ctx.window, ctx.softcap)
+            dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, *ctx.window, ctx.softcap,
+                                      ctx.sm_margin)
         else:
             dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, ctx.window, ctx.softcap,
-                                        cache=True)
-        return dq, dk, dv, None, None, None, None, None
+                                        cache=True, sm_margin=ctx.sm_margin)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               scale: float | None = None, return_lse: bool = False, window_size: tuple[int, int] = NO_WINDOW,
-              softcap: float = 0.0, precision: str | None = None, rotate: bool = True):
+              softcap: float = 0.0, precision: str | None = None, rotate: bool = True, sm_margin: int = 0):
     """softmax(scale q k^T) v, FlashAttention-style (never materializes the N x Nk scores).
 
     Layout (B, H, N, D), as SDPA's: q (batch, heads, queries, head_dim); k (batch, kv_heads, keys,
@@ -269,24 +277,33 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     transform (the same for both, so q k^T is unchanged; ``rotate=False``: not rotated), q, k, v
     quantized to e4m3, then FP8 attention (``tilecore.attention_fp8_rotated``; FlashAttention-3's
     FP8 path with incoherent processing); O in q's dtype. ``None`` (default) computes in q's dtype.
+
+    ``sm_margin`` (FlashAttention-3's; default 0): SMs the persistent kernels (the Hopper forward,
+    backward and dQ kernels) leave free, forward and backward, for work on other streams beside them
+    (tilecore.distributed's ring: NCCL's transfer kernels); from 0 to the GPU's SMs - 1. The math is
+    the same; kernels launched a program per tile and CPU tensors ignore it. Not with precision="fp8".
     """
     if precision is not None:
+        if sm_margin != 0:
+            raise ValueError(f"attention: precision='fp8' takes no sm_margin (its kernel takes every SM); got "
+                             f"sm_margin={sm_margin!r}")
         return _fp8(q, k, v, causal, scale, return_lse, window_size, softcap, precision, rotate)
     mode = dispatch.eager_mode(q, k, v)
     window = window_value(window_size)
     softcap = softcap_value(softcap)
     # a CUDA call whose signature passed the checks before is planned already (the plan cache)
     key = None if mode == "op" else signature("forward", q, k, v, causal, scale is None or scale_value(scale) > 0,
-                                              *window, softcap > 0)
+                                              *window, softcap > 0, sm_margin)
     if key is None or key not in _PLANS:
-        check(q, k, v, causal, scale, window, softcap)
+        check(q, k, v, causal, scale, window, softcap, sm_margin)
     scale = q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
+    sm_margin = int(sm_margin)
     if mode == "direct":
-        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key)
+        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin)
     elif mode == "autograd":
-        out, lse = _AttentionFunction.apply(q, k, v, causal, scale, window, softcap, key)
+        out, lse = _AttentionFunction.apply(q, k, v, causal, scale, window, softcap, key, sm_margin)
     else:
-        out, lse = _forward_op(q, k, v, causal, scale, *window, softcap)
+        out, lse = _forward_op(q, k, v, causal, scale, *window, softcap, sm_margin)
     return (out, lse) if return_lse else out
 
 

@@ -19,12 +19,20 @@ dim past 256 (MLA decode's 576 / 512) are served by the tl kernels (forward, dec
 and on the CPU by "sdpa" (a window alone, as its float mask, D = Dv <= 256) or "reference"; the
 Gluon kernels take none of them. Head dims past 256 take the split-key kernel whatever N (Q K^T by
 column chunks; the query-block forward would hold a 1024-wide tile).
+
+``sm_margin`` (FlashAttention-3's): SMs the persistent launches leave free for kernels running beside
+them (NCCL's transfers in tilecore.distributed's ring): the Gluon forward, backward and dQ kernels
+launch on (SMs - sm_margin) programs, their causal schedules built for that many; the split-key
+kernel sizes its splits for that many SMs. The tl kernels launch a program per tile (no persistent
+grid) and the CPU's torch paths have no grid: they ignore it. 0 <= sm_margin < the SMs plans size
+grids by (the device's; the interpreter's configs.INTERPRETER_SMS).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
+import numbers
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -78,10 +86,12 @@ def features(q, v, causal: bool, window=(-1, -1), softcap: float = 0.0) -> set[s
 
 
 def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None, config: dict | None = None,
-                 splits: int | None = None, window=(-1, -1), softcap: float = 0.0) -> Plan:
+                 splits: int | None = None, window=(-1, -1), softcap: float = 0.0, sm_margin: int = 0) -> Plan:
     """The forward's plan. ``path`` forces a path (no fit check: tests, probes and reports),
     ``config`` replaces its configuration, ``splits`` (decode) the number of key ranges; ``window``
-    and ``softcap`` as attention's window_size and softcap."""
+    and ``softcap`` as attention's window_size and softcap; ``sm_margin``: SMs the persistent grid
+    leaves free (sm_margin_value)."""
+    sm_margin = sm_margin_value(sm_margin, q.device)
     B, H, N, D = q.shape
     Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
     interpret = dispatch.interpreted(q.device)
@@ -101,29 +111,30 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
         cfg = dict(config or configs.gluon_forward_config(D, N, Nk, False))
         cfg["carry"] = False
         grid, head_group, schedule = query_tiling(q, k, cfg["block_m"] * cfg.get("consumers", 2), cfg["block_n"],
-                                                  False, False)
+                                                  False, False, sm_margin)
         return Plan("gluon", cfg, grid, schedule, dict(head_group=head_group))
     if path == "decode":
         cfg = config or fitted("decode", max(D, Dv), configs.decode_config(max(D, Dv), interpret), q.device)
-        return _with_operands(_decode_plan(q, k, cfg, splits, v), q)
+        return _with_operands(_decode_plan(q, k, cfg, splits, v, sm_margin), q)
     if path == "gluon":
         cfg = dict(config or configs.gluon_forward_config(D, N, Nk, causal))
         if cfg.get("carry") and (cfg.get("q_regs") or cfg.get("consumers") == 3):
             # three carried consumers hit an illegal memory access on the H100 (N = 1, Nk = 17, causal)
             raise ValueError(f"the carried pipeline takes one or two consumers and Q in shared memory; got {cfg}")
         grid, head_group, schedule = query_tiling(q, k, cfg["block_m"] * cfg.get("consumers", 2), cfg["block_n"],
-                                                  causal, cfg.get("balanced", True))
+                                                  causal, cfg.get("balanced", True), sm_margin)
         return Plan("gluon", cfg, grid, schedule, dict(head_group=head_group))
     cfg = config or fitted("forward", max(D, Dv), configs.forward_config(max(D, Dv), interpret), q.device)
     return _with_operands(Plan("tl", cfg, row_block_grid(B * H, N, cfg["BLOCK_M"])), q)
 
 
 def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None = None,
-                  config: dict | None = None, window=(-1, -1), softcap: float = 0.0) -> Plan:
+                  config: dict | None = None, window=(-1, -1), softcap: float = 0.0, sm_margin: int = 0) -> Plan:
     """The backward's plan (dout: the output's gradient). ``path`` forces a path (no fit check),
-    ``config`` replaces its configuration. A dQ added in the Gluon kernel sums float32 TMA reductions
+    ``config`` replaces its configuration, ``sm_margin`` as plan_forward's. A dQ added in the Gluon kernel sums float32 TMA reductions
     in no fixed order, so with torch.use_deterministic_algorithms(True) dQ comes from the Gluon dq
     kernel instead (each row summed in registers in a fixed order: bitwise reproducible)."""
+    sm_margin = sm_margin_value(sm_margin, q.device)
     B, H, N, D = q.shape
     Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
     interpret = dispatch.interpreted(q.device)
@@ -157,7 +168,7 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
     if not steps_exact(H // Hkv, N, block_m):
         raise ValueError(f"the Gluon backward takes (Hq / Hkv) * N / {block_m} < 2^24 steps a tile; got "
                          f"{H // Hkv} q heads a kv head and N = {N}")
-    grid = (min(cdiv(Nk, 2 * block_n) * B * Hkv, dispatch.num_sms(q.device)),)
+    grid = (min(cdiv(Nk, 2 * block_n) * B * Hkv, persistent_sms(q.device, sm_margin)),)
     # kv heads kept together in L2 as if each had one q head: a kv head's tiles walk the query
     # blocks together, so they share a few blocks of the group's rows at a time
     head_group = heads_in_l2(2 * N * D * q.element_size())
@@ -173,12 +184,44 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
     if dq_from == "gluon":
         dq_cfg = configs.GLUON_DQ[D]
         dq_grid, dq_group, dq_schedule = query_tiling(q, k, 2 * dq_cfg["block_m"], dq_cfg["block_n"], causal,
-                                                      cfg.get("balanced", True))
+                                                      cfg.get("balanced", True), sm_margin)
         dq = Plan("gluon", dq_cfg, dq_grid, dq_schedule, dict(head_group=dq_group))
     elif dq_from == "tl":
         tl_cfg = fitted("backward", D, configs.backward_config(D, interpret), q.device)
         dq = Plan("tl", tl_cfg, row_block_grid(B * H, N, tl_cfg["BLOCK_M"]))
     return Plan("gluon", cfg, grid, schedule, dict(head_group=head_group), dq=dq)
+
+
+def grid_sms(device) -> int | None:
+    """The SMs plans size grids by on ``device``: the GPU's (or the GPU a meta device stands for),
+    configs.INTERPRETER_SMS in the interpreter, None where torch's CPU kernels run (no grid)."""
+    if dispatch.interpreted(device):
+        return configs.INTERPRETER_SMS
+    if dispatch.backend_for(device) != "kernel":
+        return None
+    return dispatch.num_sms(device)
+
+
+def sm_margin_value(sm_margin, device) -> int:
+    """``sm_margin`` as an int: from 0 to the grid's SMs (grid_sms) less one; any int >= 0 where
+    there is no grid (torch's CPU kernels, which ignore it). TypeError/ValueError otherwise."""
+    if isinstance(sm_margin, bool) or not isinstance(sm_margin, numbers.Integral):
+        raise TypeError(f"attention: sm_margin must be an int (SMs the persistent kernels leave free, 0 to the "
+                        f"GPU's SMs - 1), got {sm_margin!r}")
+    sm_margin = int(sm_margin)
+    sms = grid_sms(device)
+    if sm_margin < 0 or (sms is not None and sm_margin >= sms):
+        where = "" if sms is None else (f"; this {'interpreter stands for' if dispatch.interpreted(device) else 'GPU has'}"
+                                        f" {sms} SMs, so 0 to {sms - 1}")
+        raise ValueError(f"attention: sm_margin (SMs the persistent kernels leave free) must be >= 0 and below the "
+                         f"GPU's SMs{where}; got {sm_margin}")
+    return sm_margin
+
+
+def persistent_sms(device, sm_margin: int = 0) -> int:
+    """Programs of a persistent Gluon launch at most: one per SM of the GPU (dispatch.num_sms) less
+    ``sm_margin`` (validated by the plans)."""
+    return dispatch.num_sms(device) - sm_margin
 
 
 def fitted(kind: str, d: int, cfg: dict, device) -> dict:
@@ -247,7 +290,7 @@ def decode_fits(q, k) -> bool:
             or (n <= configs.DECODE_MAX_PACKED_QUERIES and n * group <= configs.DECODE_MAX_PACKED_ROWS))
 
 
-def _decode_plan(q, k, cfg: dict, splits: int | None, v=None) -> Plan:
+def _decode_plan(q, k, cfg: dict, splits: int | None, v=None, sm_margin: int = 0) -> Plan:
     B, Hq, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     Dv = D if v is None else v.shape[3]
@@ -257,8 +300,7 @@ def _decode_plan(q, k, cfg: dict, splits: int | None, v=None) -> Plan:
     block_m = tile_rows(N, Hq // Hkv, most_rows)
     row_blocks = cdiv(N * (Hq // Hkv), block_m)
     if splits is None:
-        sms = configs.INTERPRETER_SMS if dispatch.interpreted(q.device) else dispatch.num_sms(q.device)
-        programs = configs.DECODE_PROGRAMS_PER_SM * sms
+        programs = configs.DECODE_PROGRAMS_PER_SM * (grid_sms(q.device) - sm_margin)
         splits = decode_splits(B * Hkv * row_blocks, Nk, block_n, programs, configs.DECODE_MIN_SPLIT_KEYS)
     elif not 1 <= splits <= configs.DECODE_MAX_SPLITS:
         raise ValueError(f"attention decode: splits must be from 1 to {configs.DECODE_MAX_SPLITS}, got {splits}")
@@ -298,13 +340,14 @@ def heads_in_l2(bytes_per_head: int) -> int:
     return max(1, min(16, configs.L2_GROUP_BYTES // bytes_per_head))
 
 
-def query_tiling(q, k, tile_rows: int, block_n: int, causal: bool, balanced: bool):
+def query_tiling(q, k, tile_rows: int, block_n: int, causal: bool, balanced: bool, sm_margin: int = 0):
     """(grid, head_group, schedule) of a persistent launch over tiles of ``tile_rows`` query rows of
     one (batch, head) in the forward's order (its K and V blocks of ``block_n`` keys streamed): the
-    Gluon forward's and the Gluon dq kernel's."""
+    Gluon forward's and the Gluon dq kernel's; ``sm_margin`` SMs left free (the schedule is built
+    for the grid, so keyed by it)."""
     B, H, N, D = q.shape
     Nk = k.shape[2]
-    grid = (min(cdiv(N, tile_rows) * B * H, dispatch.num_sms(q.device)),)
+    grid = (min(cdiv(N, tile_rows) * B * H, persistent_sms(q.device, sm_margin)),)
     head_group = heads_in_l2(2 * Nk * D * q.element_size())  # their K and V stay in L2 together
     schedule = None
     if causal and balanced:
