@@ -40,19 +40,19 @@ def probe_fwd_kernel(Q, K, V, G, O, S0, N, H, scale, VBLOCKS, s_qn, s_vn,
         k = tl.load(k_base + rows64[:, None] * s_qn + offs_k[None, :], mask=ok, other=0.0)  # [BT, BK]
         v = tl.load(v_base + rows64[:, None] * s_vn + offs_v[None, :], mask=ok, other=0.0)  # [BT, BV]
         g = tl.load(g_base + rows64 * H, mask=rows < N, other=0.0)  # [BT]
-        G = tl.cumsum(g, 0)
-        G_last = tl.sum(tl.where(offs_t == BT - 1, G, 0.0), 0)
+        Gc = tl.cumsum(g, 0)
+        G_last = tl.sum(tl.where(offs_t == BT - 1, Gc, 0.0), 0)
         if MODE == 0:
-            o = v.to(tl.float32) + 1e-30 * (tl.sum(q.to(tl.float32), 1) + tl.sum(k.to(tl.float32), 1) + G)[:, None]
+            o = v.to(tl.float32) + 1e-30 * (tl.sum(q.to(tl.float32), 1) + tl.sum(k.to(tl.float32), 1) + Gc)[:, None]
         else:
             s = tl.dot(q, tl.trans(k)) * scale
-            s = s * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
+            s = s * tl.exp(tl.where(causal, Gc[:, None] - Gc[None, :], float("-inf")))
             p = tl.where(causal, s, 0.0)
             o = tl.dot(p.to(v.dtype), v)
             if MODE >= 2:
-                o += tl.dot(q, S.to(q.dtype)) * (scale * tl.exp(G))[:, None]
+                o += tl.dot(q, S.to(q.dtype)) * (scale * tl.exp(Gc))[:, None]
             if MODE == 3:
-                w = tl.exp(G_last - G)
+                w = tl.exp(G_last - Gc)
                 S = S * tl.exp(G_last) + tl.dot(tl.trans((k.to(tl.float32) * w[:, None]).to(v.dtype)), v)
         tl.store(o_base + rows64[:, None] * s_vn + offs_v[None, :], o.to(O.dtype.element_ty), mask=ok)
 
