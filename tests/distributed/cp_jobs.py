@@ -110,7 +110,8 @@ def compare(rank, world, cases):
         g64 = _grad(_loss(o64, l64, dout.double(), dlse.double(), with_dlse, with_out), ref)
         # distributed
         local = [shard(t).requires_grad_() for t in (q, k, v)]
-        out, lse = context_parallel_attention(*local, group=group, causal=causal, mode=mode, return_lse=True)
+        out, lse = context_parallel_attention(*local, group=group, causal=causal, mode=mode, return_lse=True,
+                                              sm_margin=case.get("sm_margin"))
         grads = _grad(_loss(out, lse, shard(dout), shard(dlse), with_dlse, with_out), local)
 
         row = {"case": case, "local_n": local[0].shape[2], "finite": bool(
@@ -223,6 +224,10 @@ def bad_input(rank, world, case):
         q = None
     elif case == "scale" and rank == 0:
         kwargs["scale"] = "big"
+    elif case == "sm_margin" and rank == 2:
+        kwargs["sm_margin"] = -1
+    elif case == "sm_margin_type" and rank == 0:
+        kwargs["sm_margin"] = 1.5
     elif case == "head_dim" and rank == 0:
         q = torch.randn(1, 6, q.shape[2], 300)
     elif case == "unshard":

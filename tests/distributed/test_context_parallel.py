@@ -58,9 +58,11 @@ def test_low_precision_near_the_rounding_floor(pool, mode):
 
 def test_triton_kernels_in_the_interpreter(pool):
     """The path a GPU runs: tilecore's Triton kernels (forward, and the backward given the merged O
-    and lse) under Triton's interpreter, fp16 and float32."""
-    cases = [dict(b=1, hq=2, hkv=1, n=20, d=16, causal=c, mode="ring", dtype=dt, interpret=True, early=c)
-             for c, dt in ((True, "float16"), (False, "float32"))]
+    and lse) under Triton's interpreter, fp16 and float32; fp16 with an sm_margin of 3 of the
+    interpreter's 4 SMs (the split-key kernel's splits follow it; transfers in the early order)."""
+    cases = [dict(b=1, hq=2, hkv=1, n=20, d=16, causal=c, mode="ring", dtype=dt, interpret=True, early=early,
+                  sm_margin=margin)
+             for c, dt, early, margin in ((True, "float16", None, 3), (False, "float32", False, 0))]
     rows = pool.run("compare", world=2, cases=cases, timeout=90)
     for rank, results in rows.items():
         for row in results or ():
@@ -116,6 +118,8 @@ def test_mismatched_inputs_raise_on_every_rank(pool, case):
     ("not_a_tensor", 0, ("TypeError", "must be torch.Tensors")),
     ("scale", 0, ("TypeError", "scale must be None or a finite real number")),
     ("head_dim", 0, ("ValueError", "head_dim")),
+    ("sm_margin", 2, ("ValueError", "sm_margin (SMs the persistent kernels leave free) must be >= 0")),
+    ("sm_margin_type", 0, ("TypeError", "sm_margin must be None (the ring's default) or an int")),
 ])
 def test_one_ranks_refusal_raises_on_every_rank(pool, case, culprit, culprit_error):
     results = pool.run("bad_input", world=3, case=case)
@@ -140,6 +144,23 @@ def test_zigzag_unshard_roundtrip_and_gradient(pool):
         for rank, result in pool.run("unshard", world=world).items():
             if result is not None:
                 assert all(r["roundtrip"] and r["grad"] for r in result.values()), (world, rank, result)
+
+
+def test_default_sm_margin_and_transfer_order(monkeypatch):
+    """sm_margin=None: the ring's RING_SM_MARGIN on CUDA with more than one rank, else 0; transfers
+    start early where the attention leaves SMs."""
+    from tilecore import dispatch
+    from tilecore.distributed import ring
+
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
+    cuda = torch.device("cuda", 0)
+    assert ring.default_sm_margin(cuda, 2) == ring.RING_SM_MARGIN == 8
+    assert ring.default_sm_margin(cuda, 1) == ring.default_sm_margin(cuda, 4, "all_to_all") == 0
+    assert ring.default_sm_margin(torch.device("cpu"), 3) == 0
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 6)
+    assert ring.default_sm_margin(cuda, 2) == 5
+    assert ring.transfer_order(None, 8) and not ring.transfer_order(None, 0) and not ring.transfer_order(False, 8)
+    assert ring.transfer_order(True, 0)
 
 
 def test_uninitialized_group_is_a_clear_error():

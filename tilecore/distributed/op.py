@@ -4,6 +4,7 @@ backward op, so torch.compile traces both as opaque calls)."""
 from __future__ import annotations
 
 import math
+import numbers
 import struct
 from typing import Optional
 
@@ -12,7 +13,7 @@ import torch.distributed as dist
 
 from tilecore import dispatch
 from tilecore.distributed import groups, sharding
-from tilecore.distributed.ring import ring_backward, ring_forward
+from tilecore.distributed.ring import default_sm_margin, ring_backward, ring_forward
 from tilecore.distributed.ulysses import ulysses_backward, ulysses_forward
 from tilecore.ops.attention import op as attention_op
 
@@ -40,10 +41,10 @@ def _shown(field: str, value: int):
             "causal": bool, "mode": lambda m: MODES[m] if 0 <= m < len(MODES) else "?"}.get(field, int)(value)
 
 
-def local_check(q, k, v, group: dist.ProcessGroup, causal, scale, mode, timeout) -> None:
+def local_check(q, k, v, group: dist.ProcessGroup, causal, scale, mode, timeout, sm_margin: int = 0) -> None:
     """What one rank can refuse alone: TypeError/ValueError naming what is accepted."""
     try:
-        attention_op.check(q, k, v, causal, scale)
+        attention_op.check(q, k, v, causal, scale, sm_margin=sm_margin)
     except (TypeError, ValueError) as err:
         raise type(err)(f"{NAME}: {str(err).removeprefix('attention: ')}") from None
     if k.shape[2] != q.shape[2]:
@@ -109,35 +110,38 @@ def check_across_ranks(q, k, v, group: dist.ProcessGroup, causal: bool, scale: f
 # implementations
 
 
-def _forward_impl(q, k, v, group_name: str, causal: bool, scale: float, mode: str, timeout: float):
+def _forward_impl(q, k, v, group_name: str, causal: bool, scale: float, mode: str, timeout: float,
+                  sm_margin: int = 0):
     group = groups.resolve(group_name, NAME)
     try:
-        local_check(q, k, v, group, causal, scale, mode, timeout)
+        local_check(q, k, v, group, causal, scale, mode, timeout, sm_margin)
         refusal = None
     except (TypeError, ValueError) as err:
         refusal = err
     lengths = check_across_ranks(q, k, v, group, causal, scale, mode, timeout, refusal)
     with torch.no_grad():
-        out, lse = _FORWARD[mode](q, k, v, group, lengths, causal, scale)
+        out, lse = _FORWARD[mode](q, k, v, group, lengths, causal, scale, sm_margin=sm_margin)
     return out, lse, torch.tensor(lengths, dtype=torch.int64)
 
 
-def _backward_impl(dout, dlse, q, k, v, out, lse, lengths, group_name: str, causal: bool, scale: float, mode: str):
+def _backward_impl(dout, dlse, q, k, v, out, lse, lengths, group_name: str, causal: bool, scale: float, mode: str,
+                   sm_margin: int = 0):
     group = groups.resolve(group_name, NAME)
     if dlse is not None:
         dlse = dlse.to(torch.float32)
     with torch.no_grad():
-        return _BACKWARD[mode](dout, dlse, q, k, v, out, lse, group, lengths.tolist(), causal, scale)
+        return _BACKWARD[mode](dout, dlse, q, k, v, out, lse, group, lengths.tolist(), causal, scale,
+                               sm_margin=sm_margin)
 
 
 @torch.library.custom_op("tilecore::context_parallel_attention_forward", mutates_args=())
 def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group_name: str, causal: bool, scale: float,
-                mode: str, timeout: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _forward_impl(q, k, v, group_name, causal, scale, mode, timeout)
+                mode: str, timeout: float, sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _forward_impl(q, k, v, group_name, causal, scale, mode, timeout, sm_margin)
 
 
 @_forward_op.register_fake
-def _(q, k, v, group_name, causal, scale, mode, timeout):
+def _(q, k, v, group_name, causal, scale, mode, timeout, sm_margin=0):
     world = dist.get_world_size(groups.resolve(group_name, NAME))
     B, H, n, D = q.shape
     return (q.new_empty((B, H, n, D)), q.new_empty((B, H, n), dtype=torch.float32),
@@ -147,20 +151,21 @@ def _(q, k, v, group_name, causal, scale, mode, timeout):
 @torch.library.custom_op("tilecore::context_parallel_attention_backward", mutates_args=())
 def _backward_op(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, lengths: torch.Tensor, group_name: str,
-                 causal: bool, scale: float, mode: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward_impl(dout, dlse, q, k, v, out, lse, lengths, group_name, causal, scale, mode)
+                 causal: bool, scale: float, mode: str,
+                 sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_impl(dout, dlse, q, k, v, out, lse, lengths, group_name, causal, scale, mode, sm_margin)
 
 
 @_backward_op.register_fake
-def _(dout, dlse, q, k, v, out, lse, lengths, group_name, causal, scale, mode):
+def _(dout, dlse, q, k, v, out, lse, lengths, group_name, causal, scale, mode, sm_margin=0):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, group_name, causal, scale, mode, timeout = inputs
+    q, k, v, group_name, causal, scale, mode, timeout, sm_margin = inputs
     out, lse, lengths = output
     ctx.save_for_backward(q, k, v, out, lse, lengths)
-    ctx.group_name, ctx.causal, ctx.scale, ctx.mode = group_name, causal, scale, mode
+    ctx.group_name, ctx.causal, ctx.scale, ctx.mode, ctx.sm_margin = group_name, causal, scale, mode, sm_margin
 
 
 def _backward(ctx, dout, dlse, dlengths):
@@ -168,8 +173,8 @@ def _backward(ctx, dout, dlse, dlengths):
     if dout is None:  # only lse was used
         dout = torch.zeros_like(out)
     dq, dk, dv = _backward_op(dout, dlse, q, k, v, out, lse, lengths, ctx.group_name, ctx.causal, ctx.scale,
-                              ctx.mode)
-    return dq, dk, dv, None, None, None, None, None
+                              ctx.mode, ctx.sm_margin)
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -177,7 +182,8 @@ _forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
                                causal: bool = False, scale: float | None = None, mode: str = "ring",
-                               return_lse: bool = False, timeout: float = groups.DEFAULT_TIMEOUT_S):
+                               return_lse: bool = False, timeout: float = groups.DEFAULT_TIMEOUT_S,
+                               sm_margin: int | None = None):
     """Attention over a sequence split across the ranks of ``group``: each rank passes its slice
     (q (B, Hq, n_rank, D), k and v (B, Hkv, n_rank, D), as tilecore.attention's layout) and gets its
     queries' output (and with ``return_lse`` their float32 log-sum-exp), as one
@@ -196,6 +202,12 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     waited on for at most ``timeout`` seconds): inputs one rank refuses, settings that differ across
     ranks, slices that are not a zigzag split, raise on every rank; a rank that never calls gives
     the others a TimeoutError.
+
+    ``sm_margin``: SMs each rank's attention (forward and backward) leaves free for the ring's
+    transfers (tilecore.attention's sm_margin): None (default) gives the ring on CUDA
+    ring.RING_SM_MARGIN SMs with each transfer started before the attention it hides under, and 0
+    elsewhere (all-to-all, one rank, CPU tensors); 0 keeps every SM for the attention, each ring
+    transfer then after its step's attention (ring.TRANSFERS_EARLY). From 0 to the GPU's SMs - 1.
     """
     group = groups.resolve(group, NAME)
     try:
@@ -207,13 +219,18 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                  f"{name} of shape {tuple(t.shape)}")
         scale = q.shape[-1] ** -0.5 if scale is None else attention_op.scale_value(scale)
         check_settings(causal, mode, timeout)
+        if sm_margin is not None and (isinstance(sm_margin, bool) or not isinstance(sm_margin, numbers.Integral)):
+            raise TypeError(f"{NAME}: sm_margin must be None (the ring's default) or an int (SMs the attention "
+                            f"leaves free, 0 to the GPU's SMs - 1); got {sm_margin!r}")
     except (TypeError, ValueError) as err:  # the others must hear of it, or they would wait for this rank
         check_across_ranks(None, None, None, group, causal, 1.0, mode, timeout if _positive(timeout) else 60.0,
                            type(err)(str(err).replace("attention: ", f"{NAME}: ")))
+    sm_margin = (default_sm_margin(q.device, dist.get_world_size(group), mode) if sm_margin is None
+                 else int(sm_margin))
     if not dispatch.plain_eager(q, k, v):
-        out, lse, _ = _forward_op(q, k, v, group.group_name, causal, scale, mode, timeout)
+        out, lse, _ = _forward_op(q, k, v, group.group_name, causal, scale, mode, timeout, sm_margin)
     else:
-        out, lse, _ = _forward_impl(q, k, v, group.group_name, causal, scale, mode, timeout)
+        out, lse, _ = _forward_impl(q, k, v, group.group_name, causal, scale, mode, timeout, sm_margin)
     return (out, lse) if return_lse else out
 
 

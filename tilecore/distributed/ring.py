@@ -23,9 +23,12 @@ and the last hop of a sum both run under attention (ring_backward).
 
 Communication: one batch of isend/irecv a step (torch.distributed.batch_isend_irecv: K and V, each
 sent as it is where contiguous, else copied once) to the next rank and from the previous; NCCL runs
-it on its own stream, ordered after the work queued before it, so the step's attention (queued after
-the sends) overlaps the transfer, and wait() orders the next step after it. On gloo the same code
-runs (the transfer on gloo's threads).
+it on its own stream, ordered after the work queued before it, and wait() orders the next step after
+it. NCCL moves the bytes with a kernel, on SMs, so the transfer overlaps the step's attention only
+where the attention leaves it some: ``sm_margin`` (tilecore.attention's: its persistent kernels'
+grids that many SMs smaller). With a margin each transfer starts before the attention it hides
+under (the early order); without one, after it (the late order, TRANSFERS_EARLY). On gloo the same
+code runs (the transfer on gloo's threads).
 """
 from __future__ import annotations
 
@@ -134,24 +137,47 @@ def merge_into(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, 
     acc_lse.copy_(new_lse)
 
 
-# When a step's transfer is started. Early (before the step's attention) overlaps it with the
-# attention only where the attention leaves the transfer's kernel (NCCL's) SMs; tilecore's attention
-# kernels are persistent, one program on every SM with a fixed share of the tiles, so beside them the
-# transfer either waits for the attention or, started first, holds a few SMs whose programs then
-# start late (on 2 H100s, session 24: transfers exposed 0-100%, up to 9x their own time in a step).
-# Late (after the step's attention is queued, waited on before the next): the transfer runs alone,
-# its whole time exposed but never more, beside the step's elementwise passes.
+# When a step's transfer is started where the attention takes every SM (sm_margin 0). Early (before
+# the step's attention) overlaps it with the attention only where the attention leaves the transfer's
+# kernel (NCCL's) SMs; tilecore's attention kernels are persistent, one program on every SM with a
+# fixed share of the tiles, so beside them the transfer either waits for the attention or, started
+# first, holds a few SMs whose programs then start late (on 2 H100s, session 24: transfers exposed
+# 0-100%, up to 9x their own time in a step). Late (after the step's attention is queued, waited on
+# before the next): the transfer runs alone, its whole time exposed but never more, beside the step's
+# elementwise passes. With sm_margin > 0 the order is early (transfer_order).
 TRANSFERS_EARLY = False
+
+# SMs the ring's attention leaves to NCCL's transfer kernel on CUDA by default (context_parallel_attention's
+# sm_margin=None): NCCL's P2P channels take a few blocks (napkin.interconnect.Link.sms estimates 4);
+# experiments/distributed/gpu_check.py times 0, 4, 8 and 16
+RING_SM_MARGIN = 8
+
+
+def default_sm_margin(device: torch.device, world: int, mode: str = "ring") -> int:
+    """sm_margin=None's value: RING_SM_MARGIN for the ring on CUDA with more than one rank (at most
+    the GPU's SMs less one), else 0 (all-to-all's transfers do not run beside its attention; the
+    CPU has no grid)."""
+    if mode != "ring" or world < 2 or device.type != "cuda":
+        return 0
+    return min(RING_SM_MARGIN, dispatch.num_sms(device) - 1)
+
+
+def transfer_order(early: bool | None, sm_margin: int) -> bool:
+    """Whether transfers start before the attention they overlap: ``early`` where given, else where
+    the attention leaves SMs (sm_margin > 0), else TRANSFERS_EARLY."""
+    if early is not None:
+        return early
+    return sm_margin > 0 or TRANSFERS_EARLY
 
 
 def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float, ring: Ring | None = None,
-                 early: bool | None = None):
+                 early: bool | None = None, sm_margin: int = 0):
     """(out in q's dtype, lse float32) of the local queries against the whole sequence's keys.
     ``ring``: what passes the blocks on (default Ring(group); probes pass one that does not, to time
-    the compute alone); ``early``: start each transfer before the step's attention (default
-    TRANSFERS_EARLY)."""
+    the compute alone); ``sm_margin``: SMs each step's attention leaves free (tilecore.attention's);
+    ``early``: start each transfer before the step's attention (default: transfer_order's)."""
     ring = ring or Ring(group)
-    early = TRANSFERS_EARLY if early is None else early
+    early = transfer_order(early, sm_margin)
     rank, world = ring.rank, ring.world
     chunks = sharding.chunk_sizes(sum(lengths), world)
     B, Hkv, _, D = k.shape
@@ -172,7 +198,7 @@ def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float,
         if span is not None:
             rows, keys, step_causal = span
             out, lse = attention(q[:, :, rows], kv[0][:, :, :keys], kv[1][:, :, :keys], causal=step_causal,
-                                 scale=scale, return_lse=True)
+                                 scale=scale, return_lse=True, sm_margin=sm_margin)
         if more and not early:  # after the attention, beside the merge
             incoming, works = start()
         if span is not None:
@@ -205,20 +231,21 @@ def own_parts(rank: int, causal: bool, chunks: list[int], lengths: list[int]):
 
 
 def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], causal: bool, scale: float,
-                  ring: Ring | None = None, early: bool | None = None):
+                  ring: Ring | None = None, early: bool | None = None, sm_margin: int = 0):
     """(dq, dk, dv) of the local slice (the inputs' dtypes) from ring_forward's ``out`` and ``lse``.
 
     Order at rank r: part of its own block; then the foreign blocks r-1, r-2, ..., r-P+1 as they
     arrive, each one's dK, dV sum received from the previous rank (which added its share one step
     before), this rank's share added and sent on; then the rest of its own block, after which its
-    own block's sum has come home. With ``early`` (default TRANSFERS_EARLY) each block is sent on
+    own block's sum has come home. With ``early`` each block is sent on
     before the attention that precedes its use and each sum travels during the next attention, so
     that, where the attention leaves the transfers SMs, every transfer (the first and the last too)
     has attention beside it; else each transfer starts after its step's attention and is waited on
     before the next. A sum of one share travels in the inputs' dtype (it is the backward op's output,
-    exactly), of more in float32."""
+    exactly), of more in float32. ``sm_margin``: SMs each attention backward leaves free (default
+    order: early where it is > 0, transfer_order)."""
     ring = ring or Ring(group)
-    early = TRANSFERS_EARLY if early is None else early
+    early = transfer_order(early, sm_margin)
     rank, world = ring.rank, ring.world
     chunks = sharding.chunk_sizes(sum(lengths), world)
     B, Hkv, n, D = k.shape
@@ -230,7 +257,8 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
     def block_grads(rows, keys, block_causal, block):
         return torch.ops.tilecore.attention_backward(
             dout[:, :, rows], q[:, :, rows], block[0][:, :, :keys], block[1][:, :, :keys], out[:, :, rows],
-            lse[:, :, rows], None if dlse is None else dlse[:, :, rows].contiguous(), block_causal, scale)
+            lse[:, :, rows], None if dlse is None else dlse[:, :, rows].contiguous(), block_causal, scale,
+            -1, -1, 0.0, sm_margin)
 
     def own_part(part):
         """The part's attention backward queued; returns the function that adds its gradients."""

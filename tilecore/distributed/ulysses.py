@@ -106,17 +106,19 @@ def _repeat_kv(k, v, repeats: int):
     return k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
 
 
-def ulysses_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float):
-    """(out in q's dtype, lse float32) of the local queries against the whole sequence."""
+def ulysses_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float, sm_margin: int = 0):
+    """(out in q's dtype, lse float32) of the local queries against the whole sequence (``sm_margin``:
+    the attention's, tilecore.attention's)."""
     world = dist.get_world_size(group)
     k, v = _repeat_kv(k, v, kv_repeats(q.shape[1], k.shape[1], world))
     qg, kg, vg = scatter_heads([q, k, v], group, lengths)
-    out, lse = attention(qg, kg, vg, causal=causal, scale=scale, return_lse=True)
+    out, lse = attention(qg, kg, vg, causal=causal, scale=scale, return_lse=True, sm_margin=sm_margin)
     out, lse = gather_heads([out, lse], group, lengths)
     return out, lse
 
 
-def ulysses_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], causal: bool, scale: float):
+def ulysses_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], causal: bool, scale: float,
+                     sm_margin: int = 0):
     """(dq, dk, dv) of the local slice: the gathered forward's inputs, O and lse again (one
     all-to-all), tilecore's attention backward on them, and the gradients traded back."""
     world = dist.get_world_size(group)
@@ -128,7 +130,8 @@ def ulysses_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], c
     gathered = scatter_heads(sent, group, lengths)
     qg, kg, vg, og, dog, lseg = gathered[:6]
     dlseg = gathered[6].contiguous() if with_dlse else None
-    dqg, dkg, dvg = torch.ops.tilecore.attention_backward(dog, qg, kg, vg, og, lseg.contiguous(), dlseg, causal, scale)
+    dqg, dkg, dvg = torch.ops.tilecore.attention_backward(dog, qg, kg, vg, og, lseg.contiguous(), dlseg, causal, scale,
+                                                          -1, -1, 0.0, sm_margin)
     dq, dk, dv = gather_heads([dqg, dkg, dvg], group, lengths)
     if repeats > 1:  # each kv head's repeats' gradients summed (in float32)
         dk = dk.unflatten(1, (hkv, repeats)).float().sum(2).to(dk.dtype)
