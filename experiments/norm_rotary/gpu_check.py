@@ -19,6 +19,12 @@
 Run from the repository root on the GPU machine:
 
     PYTHONPATH=. python3 experiments/norm_rotary/gpu_check.py [--skip-check] [--skip-sweep]
+    PYTHONPATH=. python3 experiments/norm_rotary/gpu_check.py --fused-backward   # ~1 min
+
+``--fused-backward`` runs only this: the fused variant's backward (residual + dropout + LayerNorm,
+prenorm, and the same with h recomputed) at 65536 x 1024 and x 4096, the plan without and with
+configs.FUSED_BACKWARD (plan.tl_plan(fused=...)), interleaved three times each in one run, and a check
+of the fused plan's gradients against float64 (dx, dresidual, dweight, dbias) at 4096.
 
 ``--dry`` runs the same code on the CPU through Triton's interpreter at tiny sizes, timing with a
 host clock (TRITON_INTERPRET=1 is set when it is not): a check of the script, not of the kernels.
@@ -449,6 +455,80 @@ def sweep_rotary():
 
 # --------------------------------------------------------------------------------------------
 
+# --fused-backward: configs.FUSED_BACKWARD against the default plan, same run
+
+
+def fused_backward():
+    """The fused backward with and without configs.FUSED_BACKWARD, alternated (medians of 3 do_bench
+    medians each), in both of its forms: h stored (prenorm) and h recomputed from x, the residual and
+    the mask."""
+    sms = 4 if DRY else torch.cuda.get_device_properties(DEV).multi_processor_count
+    dtype = torch.bfloat16
+    rows = SIZES["rows"]
+    for n in (1024, 4096):
+        x = torch.randn(rows, n, device=DEV, dtype=dtype)
+        r = torch.randn(rows, n, device=DEV, dtype=dtype)
+        w, b = torch.randn(n, device=DEV, dtype=dtype), torch.randn(n, device=DEV, dtype=dtype)
+        seed = torch.randint(0, 2**62, (1,), device=DEV)
+        dy = torch.randn(rows, n, device=DEV, dtype=dtype)
+        base = norm_tl_plan(rows, n, sms)
+        fused = norm_tl_plan(rows, n, sms, fused=True)
+        y, h, mean, rstd = norm_launch.forward(base, x, r, w, b, seed, 0.1, 1e-5, False, True, dtype)
+        for form in ("h stored", "h recomputed"):
+            def run(p, form=form):
+                if form == "h stored":  # dy, h, dh_out read; dx, dresidual written
+                    return lambda: norm_launch.backward(p, dy, None, None, h, w, b, mean, rstd, seed, dy, 0.1,
+                                                        False, dtype, dtype, True)
+                return lambda: norm_launch.backward(p, dy, x, r, None, w, b, mean, rstd, seed, None, 0.1,
+                                                    False, dtype, dtype, True)  # dy, x, residual read
+            nbytes = 5 * rows * n * 2
+            times = {"default": [], "fused": []}
+            for _ in range(3):
+                for name, p in (("default", base), ("fused", fused)):
+                    times[name].append(bench(run(p)))
+            med = {k: sorted(v)[1] for k, v in times.items()}
+            for name, p in (("default", base), ("fused", fused)):
+                record_time(f"norm bwd fused {form} {rows}x{n} {name} (w{p.backward_warps} r{p.backward_rows} "
+                            f"g{p.groups})", med[name], nbytes, extra={"all_ms": times[name], "plan": vars(p)})
+            print(f"fused backward {form} {rows}x{n}: default {med['default']:.4f} ms, fused plan "
+                  f"{med['fused']:.4f} ms ({med['default'] / med['fused']:.3f}x)")
+        del x, r, dy, y, h
+        if not DRY:
+            torch.cuda.empty_cache()
+    guarded("check fused plan 4096", lambda: check_fused_plan(sms))
+
+
+def check_fused_plan(sms):
+    """The fused plan's backward at 4096 columns (h recomputed) against float64, outputs poisoned."""
+    n, rows = 4096, (8 if DRY else 512)
+    dtype = torch.float16 if DRY else torch.bfloat16  # (the interpreter's bf16 sums are wrong)
+    x = torch.randn(rows, n, device=DEV, dtype=dtype)
+    r = torch.randn(rows, n, device=DEV, dtype=dtype)
+    w, b = torch.randn(n, device=DEV, dtype=dtype), torch.randn(n, device=DEV, dtype=dtype)
+    seed = torch.randint(0, 2**62, (1,), device=DEV)
+    dy = torch.randn(rows, n, device=DEV, dtype=dtype)
+    p = norm_tl_plan(rows, n, sms, fused=True)
+    y, h, mean, rstd = norm_launch.forward(p, x, r, w, b, seed, 0.1, 1e-5, False, True, dtype)
+    poison_allocator()
+    grads = norm_launch.backward(p, dy, x, r, None, w, b, mean, rstd, seed, None, 0.1, False, dtype, dtype, True)
+    keep = norm_launch.dropout_mask(seed, rows, n, 0.1, p).view(rows, n).double()
+    xs, rs, ws, bs = (t.detach().double().requires_grad_() for t in (x, r, w, b))
+    ref, _ = layer_norm_reference(xs, ws, bs, residual=rs, keep=keep.bool(), dropout_p=0.1, h_dtype=dtype)
+    ref_grads = torch.autograd.grad(ref, (xs, rs, ws, bs), dy.double())
+    names = ("dx", "dresidual", "dweight", "dbias")
+    row = {"case": f"fused plan backward {rows}x{n}", "plan": vars(p)}
+    for name, got, want in zip(names, grads, ref_grads):
+        if got is None or got.numel() != want.numel():
+            continue
+        row[name] = accuracy.error_over_floor(got.reshape(want.shape), want)
+        row[name + "_finite"] = bool(torch.isfinite(got).all())
+    row["ok"] = all(row.get(k, 0) < 1.5 for k in names) and all(row.get(k + "_finite", True) for k in names)
+    RESULTS["check"].append(row)
+    print("check", row)
+
+
+# --------------------------------------------------------------------------------------------
+
 
 def table() -> str:
     lines = [f"{'case':<46} {'ms':>8} {'GB/s':>7} {'% copy':>7}  peers (their ms / ours)"]
@@ -483,6 +563,8 @@ def main() -> int:
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--dry", action="store_true", help="the CPU through the interpreter, tiny sizes")
+    ap.add_argument("--fused-backward", action="store_true",
+                    help="only the fused backward with and without configs.FUSED_BACKWARD")
     args = ap.parse_args()
     if args.dry:
         global DEV, DRY, COMPILE_UNTIL_S
@@ -497,6 +579,14 @@ def main() -> int:
         RESULTS["meta"] = {"error": str(err)}
     print(RESULTS["meta"])
     torch.manual_seed(0)
+    if args.fused_backward:
+        guarded("fused backward", fused_backward)
+        RESULTS["wall_s"] = elapsed()
+        path = out_dir / "norm_fused_backward.json"
+        path.write_text(json.dumps(RESULTS, indent=1, default=str))
+        print(f"\nwrote {path} ({elapsed():.0f} s)\n")
+        print(table())
+        return 0
     if not args.skip_check:
         run_checks()
     print(f"[{elapsed():.0f} s] checks done")

@@ -33,22 +33,30 @@ class Plan:
     groups: int = 1  # the backward's row groups (rows of the dweight / dbias partials)
 
 
-def plan(rows: int, n: int, device: torch.device, *, whole_row_max: int | None = None) -> Plan:
-    """The plan for (rows, n) rows on ``device``; ``whole_row_max`` overrides configs.WHOLE_ROW_MAX."""
+def plan(rows: int, n: int, device: torch.device, *, whole_row_max: int | None = None, fused: bool = False) -> Plan:
+    """The plan for (rows, n) rows on ``device``; ``whole_row_max`` overrides configs.WHOLE_ROW_MAX;
+    ``fused``: a backward that reads or recomputes the residual stream and writes dresidual (its
+    backward tile, warps and groups from configs.FUSED_BACKWARD)."""
     if dispatch.backend_for(device) == "reference":
         return Plan("cpu")
     sms = configs.INTERPRETER_SMS if dispatch.interpreted(device) else dispatch.num_sms(device)
-    return tl_plan(rows, n, sms, whole_row_max=whole_row_max)
+    return tl_plan(rows, n, sms, whole_row_max=whole_row_max, fused=fused)
 
 
 def tl_plan(rows: int, n: int, sms: int, *, whole_row_max: int | None = None, tile_elems: int | None = None,
             wide_block: int | None = None, groups_per_sm: int | None = None, num_warps: int | None = None,
-            backward_tile_elems: int | None = None, backward_warps: int | None = None) -> Plan:
+            backward_tile_elems: int | None = None, backward_warps: int | None = None, fused: bool = False) -> Plan:
     """The "tl" plan for (rows, n) rows on a GPU of ``sms`` SMs (no device asked: report.py and the GPU
     check use it). The keywords override configs' WHOLE_ROW_MAX, TILE_ELEMS, WIDE_BLOCK,
-    BACKWARD_GROUPS_PER_SM, BACKWARD_TILE_ELEMS and the warps (for sweeps)."""
+    BACKWARD_GROUPS_PER_SM, BACKWARD_TILE_ELEMS and the warps (for sweeps); ``fused`` takes the backward's
+    from configs.FUSED_BACKWARD where it has the row's BLOCK_N (the keywords still win)."""
     whole_row_max = whole_row_max or configs.WHOLE_ROW_MAX
     whole_row = n <= whole_row_max
+    if fused and whole_row and next_power_of_2(n) in configs.FUSED_BACKWARD:
+        tile, warps, groups = configs.FUSED_BACKWARD[next_power_of_2(n)]
+        backward_tile_elems = backward_tile_elems or tile
+        backward_warps = backward_warps or warps
+        groups_per_sm = groups_per_sm or groups
     if whole_row:
         block_n = max(8, next_power_of_2(n))  # dropout draws its bits 8 columns at a time
         rows_per_tile = max(1, (tile_elems or configs.TILE_ELEMS) // block_n)
