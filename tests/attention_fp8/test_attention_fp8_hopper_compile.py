@@ -7,11 +7,12 @@ import sys
 
 import pytest
 
-# (head dim, causal, per-row descales). One variant (a compile takes ~30 s here): D 64 causal, per-head
-# descales, ping-pong barriers (masks and barriers: the most code). D 128 non-causal (the headline) compiles to 168
+# (head dim, causal, per-row descales, k descales per key block, exp2 one in n on the FMA units). One variant (a
+# compile takes ~30 s here): D 64 causal, q's descale per head, k's per block of 128 keys (a scalar a step), ping-pong
+# barriers, a quarter of the exp2 on the FMA units (masks, barriers and every session-26 switch: the most code). D 128 non-causal (the headline) compiles to 168
 # registers, no spill (notes/attention_fp8/README.md). The per-token variants spill: D 64 causal 4-8
 # bytes, D 128 causal ~200; experiments/attention_fp8/gpu_fp8.py times them
-VARIANTS = [(64, True, False)]
+VARIANTS = [(64, True, False, True, 4)]
 
 SCRIPT = r"""
 import json, sys, torch
@@ -20,7 +21,7 @@ from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, reso
 from tilecore.tiles.launch import gluon_descriptor
 
 out = []
-for D, causal, per_row in json.loads(sys.argv[1]):
+for D, causal, per_row, k_per_block, exp2_fma_every in json.loads(sys.argv[1]):
     cfg = configs.gluon_config(D, causal)
     bm, bn = cfg["block_m"], cfg["block_n"]
     f8 = torch.float8_e4m3fn
@@ -31,14 +32,17 @@ for D, causal, per_row in json.loads(sys.argv[1]):
     args = dict(q_desc=gluon_descriptor(q, [1, 1, bm, D]), k_desc=gluon_descriptor(q, [1, 1, bn, D]),
                 vt_desc=gluon_descriptor(vt, [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]), lse_ptr=f32,
                 q_scales=f32, k_scales=f32, v_scales=f32, H=4, N=1000, Nk=1000, GROUP=2, scale_log2e=0.1,
-                q_n_scales=8, q_rows_per_scale=128, k_n_scales=1000, k_rows_per_scale=1, num_bh=8, head_group=4,
+                q_n_scales=8, q_rows_per_scale=128, k_n_scales=8 if k_per_block else 1000,
+                k_rows_per_scale=128 if k_per_block else 1, num_bh=8, head_group=4,
                 schedule=None, CAUSAL=causal, Q_PER_ROW=per_row, K_PER_ROW=per_row, STAGES=cfg["stages"],
-                CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"], PERMUTED_V=True, PINGPONG=cfg["pingpong"])
+                CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"], PERMUTED_V=True, PINGPONG=cfg["pingpong"],
+                K_PER_BLOCK=k_per_block, EXP2_FMA_EVERY=exp2_fma_every)
     c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, args, num_warps=4)
     ptx = c.asm["ptx"]
     r = resources(c)
-    out.append(dict(D=D, causal=causal, per_row=per_row, **has_hopper_instructions(ptx), **vars(r),
-                    e4m3_wgmma="f32.e4m3.e4m3" in ptx, shfl=ptx.count("shfl.sync")))
+    out.append(dict(D=D, causal=causal, per_row=per_row, exp2_fma_every=exp2_fma_every, **has_hopper_instructions(ptx), **vars(r),
+                    e4m3_wgmma="f32.e4m3.e4m3" in ptx, shfl=ptx.count("shfl.sync"), ex2=ptx.count("ex2.approx"),
+                    fma_exp2=ptx.count("max.NaN.f32")))
 print(json.dumps(out))
 """
 
@@ -62,6 +66,13 @@ def test_e4m3_wgmma_tma_and_no_spills(report):
         allowed = 160 if (r["D"], r["causal"]) == (64, True) else 0
         assert r["spill_stores"] <= allowed and r["spill_loads"] <= allowed and r["stack"] <= allowed, r
         assert r["shared"] <= 227 * 1024, r
+
+
+def test_a_quarter_of_the_exp2_on_the_fma_units(report):
+    # exp2_split packs 4 elements: 3 ex2.approx and one cubic (two max.NaN each); the row rescales' ex2 stay
+    for r in report:
+        if r["exp2_fma_every"] == 4:
+            assert r["fma_exp2"] > 0 and r["fma_exp2"] // 2 * 3 <= r["ex2"] <= r["fma_exp2"] // 2 * 3 + 16, r
 
 
 def test_p_stays_in_its_threads(report):

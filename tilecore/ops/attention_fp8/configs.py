@@ -14,8 +14,11 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 # 2 or 3 stages, causal 1.80; D 64 two consumers 5.64 ms (three: 6.00, ping-pong 5.75), causal with
 # ping-pong 3.24 (without 3.36). block_n 256 at D 128 spills 268 bytes and serializes wgmma; three
 # consumers at D 128 spill and serialize too
-GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False),
-                 128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False)}
+# exp2_fma_every (session 26, not yet timed): one exp2 in 2 or 4 by a cubic on the FMA units (gluon_fp8.exp2_split;
+# 0 = all on MUFU). k_block_scalar: k descales per block of block_n keys read as one scalar a step (else per key)
+GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False, exp2_fma_every=0),
+                 128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False,
+                           exp2_fma_every=0)}
 
 
 def gluon_config(d: int, causal: bool) -> dict:

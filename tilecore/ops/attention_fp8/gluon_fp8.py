@@ -67,8 +67,58 @@ def query_tile(op, tile_id, TILE_M: gl.constexpr):
     return Rows(start_m, bh, gl.cdiv(hi, op.BN))
 
 
+# 2^x for x <= 8 (or NaN) by FMA-unit arithmetic, for one element of every pack: x clamped at -126 (max.NaN keeps a
+# NaN), j = round(x) by the 1.5 * 2^23 shift, 2^f for f = x - j in [-1/2, 1/2] by a cubic (relative error 7.5e-5,
+# a 50th of P's e4m3 step), j added to the exponent bits; the max with x (2^x > x everywhere) makes a NaN x NaN.
+# A masked x (-inf) gives 2^-126, not 0: it rounds to 0 in e4m3 and adds 1e-38 to l, which is >= 256 in a row with a
+# key (its max's term) and at most BN 2^-126 in one without (finish tells them apart by l < 1)
+_EXP2_FMA_PTX = ("max.NaN.f32 f, X, 0fC2FC0000;\n\t"
+                 "add.rn.f32 t, f, 0f4B400000;\n\t"
+                 "sub.rn.f32 j, t, 0f4B400000;\n\t"
+                 "sub.rn.f32 f, f, j;\n\t"
+                 "fma.rn.f32 p, f, 0f3D61FB53, 0f3E786EE6;\n\t"
+                 "fma.rn.f32 p, p, f, 0f3F31798D;\n\t"
+                 "fma.rn.f32 p, p, f, 0f3F7FFB4A;\n\t"
+                 "mov.b32 ti, t;\n\t"
+                 "shl.b32 ti, ti, 23;\n\t"
+                 "mov.b32 pi, p;\n\t"
+                 "add.s32 pi, pi, ti;\n\t"
+                 "mov.b32 p, pi;\n\t"
+                 "max.NaN.f32 Y, p, X;")
+
+
+def exp2_split_asm(every: int) -> tuple[str, str]:
+    """(PTX, constraints) of exp2_split's inline asm for packs of ``every`` elements: the first every - 1 by
+    ex2.approx, the last by _EXP2_FMA_PTX. Outputs $0..$(every - 1), inputs $every..$(2 every - 1)."""
+    mufu = "".join(f"ex2.approx.ftz.f32 ${i}, ${i + every};\n\t" for i in range(every - 1))
+    fma = _EXP2_FMA_PTX.replace("X", f"${2 * every - 1}").replace("Y", f"${every - 1}")
+    asm = "{\n\t.reg .f32 f, t, j, p;\n\t.reg .b32 ti, pi;\n\t" + mufu + fma + "\n\t}"
+    return asm, ",".join(["=f"] * every + ["f"] * every)
+
+
+EXP2_ASM_2: gl.constexpr = gl.constexpr(exp2_split_asm(2)[0])
+EXP2_CONSTRAINTS_2: gl.constexpr = gl.constexpr(exp2_split_asm(2)[1])
+EXP2_ASM_4: gl.constexpr = gl.constexpr(exp2_split_asm(4)[0])
+EXP2_CONSTRAINTS_4: gl.constexpr = gl.constexpr(exp2_split_asm(4)[1])
+
+
 @gluon.jit
-def fp8_softmax_update(m_i, l_i, s, row_scale, PER_ROW: gl.constexpr):
+def exp2_split(x, FMA_EVERY: gl.constexpr):
+    """2^x (x <= 8, float32), one element in FMA_EVERY (2 or 4) computed on the FMA units (_EXP2_FMA_PTX), the
+    others by MUFU's ex2: FlashAttention-4's way to take load off the MUFU (16 results a clock an SM, about the
+    tensor cores' pace at FP8 D 128). 0: every element by gl.exp2."""
+    gl.static_assert(FMA_EVERY == 0 or FMA_EVERY == 2 or FMA_EVERY == 4, "FMA_EVERY: 0, 2 or 4")
+    if FMA_EVERY == 2:
+        y = gl.inline_asm_elementwise(EXP2_ASM_2, EXP2_CONSTRAINTS_2, [x], dtype=gl.float32, is_pure=True, pack=2)
+    elif FMA_EVERY == 4:
+        y = gl.inline_asm_elementwise(EXP2_ASM_4, EXP2_CONSTRAINTS_4, [x], dtype=gl.float32, is_pure=True, pack=4)
+    else:
+        y = gl.exp2(x)
+    return y
+
+
+@gluon.jit
+def fp8_softmax_update(m_i, l_i, s, row_scale, PER_ROW: gl.constexpr, EXP2_FMA_EVERY: gl.constexpr = 0):
     """One online-softmax step on raw scores ``s`` [m, n] with a positive base-2 scale (a scalar, or
     with PER_ROW a [m] vector in s's row slice layout): the new row max m of the scaled scores, the
     row sum l of P, P = 2^(s * scale - m + 8) in [0, 256] (float32; rounded to e4m3 by the caller),
@@ -81,7 +131,7 @@ def fp8_softmax_update(m_i, l_i, s, row_scale, PER_ROW: gl.constexpr):
         m_new = gl.maximum(m_i, row_max(s) * row_scale)
         c = row_scale
     m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))
-    p = gl.exp2(s * c - gl.expand_dims(m_ref - P_SHIFT, 1))
+    p = exp2_split(s * c - gl.expand_dims(m_ref - P_SHIFT, 1), EXP2_FMA_EVERY)
     alpha = gl.exp2(m_i - m_ref)
     return m_new, l_i * alpha + row_sum(p), p, alpha
 
@@ -140,6 +190,8 @@ class AttentionFp8:
     CAUSAL: gl.constexpr
     Q_PER_ROW: gl.constexpr
     K_PER_ROW: gl.constexpr
+    K_PER_BLOCK: gl.constexpr  # k's descales per block of BN keys: one scalar a step (a factor of the row scale)
+    EXP2_FMA_EVERY: gl.constexpr  # exp2_split: one exp2 in this many on the FMA units (0: none)
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
     D: gl.constexpr
@@ -185,7 +237,7 @@ class AttentionFp8:
                               mask=offs < self.N, other=0.0) * self.scale_log2e
         else:
             q_scale = gl.load(self.q_scales + tile.bh) * self.scale_log2e
-        if not self.K_PER_ROW:  # the head's k descale folds in once a tile (not a load a step)
+        if not self.K_PER_ROW and not self.K_PER_BLOCK:  # the head's k descale folds in once a tile (not a load a step)
             b, h, hk = head_of(tile.bh, self.H, self.GROUP)
             q_scale = q_scale * gl.load(self.k_scales + b * (self.H // self.GROUP) + hk)
         m, l = online_softmax_start(self.BM, self.S)
@@ -195,10 +247,15 @@ class AttentionFp8:
 
     @gluon.jit
     def key_scales(self, st, first_key):
-        """K_PER_ROW: the step's keys' descales (loaded before the step's wgmma are issued, so that the
-        load's latency hides under them); else None (the head's is in st.q_scale)."""
+        """K_PER_ROW: the step's keys' descales; K_PER_BLOCK: the step's key block's one descale (a scalar);
+        loaded before the step's wgmma are issued, so that the load's latency hides under them; else None
+        (the head's is in st.q_scale)."""
         k_scale = None
-        if self.K_PER_ROW:
+        if self.K_PER_BLOCK:
+            b, h, hk = head_of(st.rows.bh, self.H, self.GROUP)
+            bhk = b * (self.H // self.GROUP) + hk
+            k_scale = gl.load(self.k_scales + bhk.to(gl.int64) * self.k_n_scales + first_key // self.BN)
+        elif self.K_PER_ROW:
             b, h, hk = head_of(st.rows.bh, self.H, self.GROUP)
             bhk = b * (self.H // self.GROUP) + hk
             keys = first_key + gl.arange(0, self.BN, layout=gl.SliceLayout(0, self.S))
@@ -213,9 +270,11 @@ class AttentionFp8:
         if self.K_PER_ROW:
             s = s * gl.expand_dims(k_scale, 0)
         row_scale = st.q_scale
+        if self.K_PER_BLOCK:
+            row_scale = row_scale * k_scale
         if needs_mask(st.rows.first, first_key, self.BN, self.N, self.Nk, self.CAUSAL):
             s = mask_scores(s, self.S, st.rows.first, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
-        m, l, p, alpha = fp8_softmax_update(st.m, st.l, s, row_scale, self.Q_PER_ROW)
+        m, l, p, alpha = fp8_softmax_update(st.m, st.l, s, row_scale, self.Q_PER_ROW, self.EXP2_FMA_EVERY)
         return m, l, p, as_column(alpha, self.O)
 
     @gluon.jit
@@ -299,7 +358,7 @@ class AttentionFp8:
                 named_barrier(gl.program_id(0) * 0 + PINGPONG_BARRIER, False)
         b, h, hk = head_of(st.rows.bh, self.H, self.GROUP)
         v_scale = gl.load(self.v_scales + b * (self.H // self.GROUP) + hk)
-        no_key = st.l == 0.0
+        no_key = st.l < 1.0  # l >= 256 where a row has a key (its max's 2^8); a NaN l stays NaN
         l_safe = gl.where(no_key, 1.0, st.l)
         out = st.acc * gl.expand_dims(gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, self.O)), 1)
         lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - P_SHIFT) / LOG2E)
@@ -313,7 +372,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              head_group, schedule, CAUSAL: gl.constexpr, Q_PER_ROW: gl.constexpr,
                              K_PER_ROW: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                              Q_BUFFERS: gl.constexpr = 1, PERMUTED_V: gl.constexpr = False,
-                             PINGPONG: gl.constexpr = False):
+                             PINGPONG: gl.constexpr = False, K_PER_BLOCK: gl.constexpr = False,
+                             EXP2_FMA_EVERY: gl.constexpr = 0):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not PINGPONG), "two or three consumer warpgroups "
                      "(PINGPONG: two)")
@@ -322,7 +382,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     D: gl.constexpr = k_desc.block_type.shape[3]
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
-                      CAUSAL, Q_PER_ROW, K_PER_ROW, BM, BN, D, CONSUMERS, PERMUTED_V, PINGPONG,
+                      CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, EXP2_FMA_EVERY, BM, BN, D, CONSUMERS, PERMUTED_V, PINGPONG,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8))
     # three consumer warpgroups (13 warps) share the register file more thinly

@@ -91,8 +91,12 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
     args = (TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]), TmaOperand(vt, [1, 1, D, block_n]),
             TmaOperand(out, [1, 1, block_m, D]), lse, qs, ks, vs, H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows,
             k_n, k_rows, B * H, head_group, schedule)
-    options = dict(CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row, STAGES=cfg["stages"], CONSUMERS=consumers,
-                   Q_BUFFERS=cfg.get("q_buffers", 1), PERMUTED_V=True, PINGPONG=cfg.get("pingpong", False), num_warps=4)
+    # k's descales per block of block_n keys: one scalar a step (k_block_scalar; else the per-key path)
+    k_per_block = k_per_row and k_rows == block_n and k_n == -(-Nk // block_n) and cfg.get("k_block_scalar", True)
+    options = dict(CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row and not k_per_block, STAGES=cfg["stages"],
+                   CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1), PERMUTED_V=True,
+                   PINGPONG=cfg.get("pingpong", False), K_PER_BLOCK=k_per_block,
+                   EXP2_FMA_EVERY=cfg.get("exp2_fma_every", 0), num_warps=4)
     # launched by the call's signature (its inputs' shapes, strides, dtypes, alignment and the options
     # determine every argument's specialization; vt, out and lse are fresh or the inputs): ~10 us a call
     key = signature("attention_fp8", q, k, vt, out, q_scale, k_scale, v_scale, causal, tuple(sorted(cfg.items())))
