@@ -158,8 +158,9 @@ def main():
                     dv_desc=head(bn), stats_desc=stats_desc, dq_desc=desc(dq_sum, box), H=16, N=4096, Nk=4096,
                     GROUP=group, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8,
                     schedule=torch.empty(64, dtype=torch.int32) if causal and not cfg.get("drawn") else None,
-                    tile_counter=torch.zeros(1, dtype=torch.int32) if cfg.get("drawn") else None, CAUSAL=causal,
-                    STAGES=2, DQ=modes[cfg["dq"]], KV_REGS=cfg.get("kv_regs", False))
+                    tile_counter=torch.zeros(1, dtype=torch.int32) if cfg.get("drawn") else None, left=0, right=0,
+                    tanh_scale=0.0, CAUSAL=causal, STAGES=2, DQ=modes[cfg["dq"]], KV_REGS=cfg.get("kv_regs", False),
+                    WINDOW=False, SOFTCAP=0)
         one(f"attention bwd {name}", attention_bwd_kernel, args, 4)
     for d, bn, stages in ((64, 128, 3), (128, 64, 4)):
         for causal in (False, True):
@@ -170,7 +171,8 @@ def main():
             args = dict(q_desc=head(2 * bm), k_desc=head(bn), v_desc=head(bn), do_desc=head(2 * bm), dq_desc=head(bm),
                         qdo_desc=head(2 * bm), lse_ptr=f32, delta_ptr=f32, H=16, N=4096, Nk=4096, GROUP=1, scale=0.1,
                         scale_log2e=0.1, num_bh=256, head_group=12,
-                        schedule=torch.empty(64, dtype=torch.int32) if causal else None, CAUSAL=causal, STAGES=stages)
+                        schedule=torch.empty(64, dtype=torch.int32) if causal else None, left=0, right=0,
+                        tanh_scale=0.0, CAUSAL=causal, STAGES=stages, WINDOW=False, SOFTCAP=0)
             one(f"attention dq d{d}{' causal' if causal else ''}", attention_dq_kernel, args, 4)
     if a.json:
         with open(a.json, "w") as f:

@@ -38,6 +38,7 @@ from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, w
 from tilecore.tiles.gluon import (Helper, Layout, TileOperand, mask_scores, needs_mask, ring, run, struct,
                                   tma_reduce_add, wgmma_layout)
 from tilecore.tiles.schedule import head_grouped_tile
+from tilecore.ops.attention.gluon_kernels import tanh_approx, tanh_from_exp2, window_mask_scores, window_needs_mask
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
@@ -118,12 +119,17 @@ class AttentionBackward:
     ds_full: object  # both halves written
     ds_free: object  # every reader done
     dq_staging: object  # dQ pieces on their way to TMA reductions
+    left: object  # WINDOW: keys seen before and after a query's position (max(N, Nk): unbounded)
+    right: object
+    tanh_scale: object  # SOFTCAP: scale / cap (scale_log2e is then cap log2(e))
     CAUSAL: gl.constexpr
     BM: gl.constexpr
     BN: gl.constexpr  # one consumer's keys
     D: gl.constexpr
     DQ: gl.constexpr  # where dQ comes from: see compute
     KV_REGS: gl.constexpr
+    WINDOW: gl.constexpr
+    SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
 
     @gluon.jit
     def kv_head(self, bhk):
@@ -156,7 +162,15 @@ class AttentionBackward:
         first_mb = 0
         if self.CAUSAL:  # query i sees keys j <= i + Nk - N: the first query that sees key start_n
             first_mb = gl.maximum(start_n - (self.Nk - self.N), 0) // self.BM
-        per_head = gl.maximum(gl.cdiv(self.N, self.BM) - first_mb, 0)
+        if self.WINDOW:
+            # query i sees keys i' - left .. i' + right, i' = i + Nk - N: the query blocks from the first
+            # that sees key start_n to the last that sees the tile's last key (none: 0 steps, dK = dV = 0)
+            first_mb = gl.maximum(start_n - (self.Nk - self.N) - self.right, 0) // self.BM
+            last_key = gl.minimum(start_n + TILE_N, self.Nk) - 1
+            last_row = gl.minimum(self.N - 1, last_key - (self.Nk - self.N) + self.left)
+            per_head = gl.maximum(gl.cdiv(gl.maximum(last_row + 1, 0), self.BM) - first_mb, 0)
+        else:
+            per_head = gl.maximum(gl.cdiv(self.N, self.BM) - first_mb, 0)
         shift = key_block % gl.maximum(per_head, 1)  # where this tile's walk starts (step_rows)
         b = bhk
         hk = bhk  # unused with one q head a kv head: tile_kv_head divides where used
@@ -231,11 +245,25 @@ class AttentionBackward:
     @gluon.jit
     def probabilities(self, s_t, lse, start_n, start_m):
         """P^T (keys x queries) from the scores S^T (keys from start_n, queries from start_m) and the
-        rows' lse as its columns (natural log; +inf for rows that must get p = 0)."""
+        rows' lse as its columns (natural log; +inf for rows that must get p = 0), and (SOFTCAP) the
+        cap's derivative 1 - tanh^2 of the unmasked scores (1.0 otherwise): dS takes it as a factor."""
         st_layout: gl.constexpr = s_t.type.layout
-        if needs_mask(start_m, start_n, s_t.shape[0], self.N, self.Nk, self.CAUSAL):
+        if self.SOFTCAP:  # S^T becomes tanh(S^T scale / cap), its base-2 scale cap log2(e), as in the forward
+            if self.SOFTCAP == 2:
+                s_t = tanh_approx(s_t * self.tanh_scale)
+            else:
+                s_t = tanh_from_exp2(s_t * self.tanh_scale)
+        if self.WINDOW:
+            if window_needs_mask(start_m, start_n, self.BM, s_t.shape[0], self.N, self.Nk, self.left, self.right):
+                s_t = window_mask_scores(s_t, st_layout, start_m, start_n, self.N, self.Nk, self.left, self.right,
+                                         KEY_AXIS=0)
+        elif needs_mask(start_m, start_n, s_t.shape[0], self.N, self.Nk, self.CAUSAL):
             s_t = mask_scores(s_t, st_layout, start_m, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=0)
-        return gl.exp2(s_t * self.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
+        p_t = gl.exp2(s_t * self.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
+        dtanh = 1.0
+        if self.SOFTCAP:  # from the masked tanh: a masked score's -inf gives min(inf, 1): a factor 0, not NaN
+            dtanh = (1.0 - gl.minimum(s_t * s_t, 1.0)).to(gl.float16)
+        return p_t, dtanh
 
     @gluon.jit
     def issue_dq(self, ctx, step):
@@ -311,11 +339,20 @@ class AttentionBackward:
         s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
         lse_cols = _stat_columns(stage.stats, 0, st_layout)
-        s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-        p_t = self.probabilities(s_t, lse_cols, start_n, start_m)
-        delta_cols = _stat_columns(stage.stats, 1, st_layout)
-        dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
-        ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
+        if self.SOFTCAP:
+            # both products first, then the softmax: the cap's derivative (float16, 16 registers a
+            # thread) kept across dP's wgmma spilled more at D128 (compile: 924 bytes against 632)
+            s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m)
+            delta_cols = _stat_columns(stage.stats, 1, st_layout)
+            # dS of the capped scores times the cap's derivative 1 - tanh^2 (0 where masked: p = 0 there)
+            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
+        else:
+            s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m)
+            delta_cols = _stat_columns(stage.stats, 1, st_layout)
+            dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
+            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
         # both register operands are written with no wgmma running: ptxas serializes every wgmma of a
         # kernel that writes a wgmma's input registers while another runs (its warning C7513)
         ds_t = ds_t.to(stage.q.dtype)
@@ -409,13 +446,17 @@ def _ds_layout(dtype):
 
 @gluon.jit
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
-                         scale, scale_log2e, num_bhk, head_group, schedule, tile_counter, CAUSAL: gl.constexpr,
-                         STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False):
+                         scale, scale_log2e, num_bhk, head_group, schedule, tile_counter, left, right, tanh_scale,
+                         CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False,
+                         WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0):
     """dK and dV (and with DQ 1, 3 or 4, dQ added to dq_desc's float32 tensor: see compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp. Each program takes its tiles from ``schedule`` (a balanced table), round-robin
     (both None), or draws them from ``tile_counter`` as it gets to them (in tile-id order: the head
-    groups' L2 reuse stays)."""
+    groups' L2 reuse stays). ``WINDOW`` (not with CAUSAL, which the launcher folds into the window)
+    and ``SOFTCAP`` as the forward's (gluon_kernels.py): left, right, and tanh_scale = scale / cap
+    with scale_log2e = cap log2(e)."""
+    gl.static_assert(not (WINDOW and CAUSAL), "causal is folded into the window")
     BM: gl.constexpr = q_desc.block_type.shape[2]
     BN: gl.constexpr = dk_desc.block_type.shape[2]  # one consumer's keys; k_desc's block holds both
     D: gl.constexpr = q_desc.block_type.shape[3]
@@ -437,8 +478,8 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
     else:
         dq_staging = ds_smem  # unused
     op = AttentionBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
-                           scale, scale_log2e, num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging, CAUSAL, BM,
-                           BN, D, DQ, KV_REGS)
+                           scale, scale_log2e, num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging, left, right,
+                           tanh_scale, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW, SOFTCAP)
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=200 if DQ == 4 else 240, PRODUCER_REGS=24,
                     LATE_RELEASE=0, tile_operand=TileOperand(k_desc, COUNT=2, SHARED=True), schedule=schedule,
                     tile_counter=tile_counter, helper=Helper(4, 88) if DQ == 4 else None)

@@ -19,18 +19,21 @@ zeros and rows with no key (lse = -inf) read lse = +inf, so their p, and dQ, are
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
-from tilecore.ops.attention.gluon_kernels import KV, head_of, query_tile
+from tilecore.ops.attention.gluon_kernels import (KV, head_of, query_tile, tanh_approx, tanh_from_exp2,
+                                                  window_mask_scores, window_needs_mask)
 from tilecore.tiles.gluon import LOG2E, Layout, TileOperand, mask_scores, needs_mask, ring, run, struct, wgmma_layout
 
 
 @struct
 class Gradient:
-    """A consumer's dQ accumulator, its rows' lse (times log2 e) and delta, first row, key blocks."""
+    """A consumer's dQ accumulator, its rows' lse (times log2 e) and delta, first row, and the tile's
+    steps that are its own: [own_first, n_own) (own_first 0 but with a window)."""
     dq: object
     lse2: object
     delta: object
     first: object
     n_own: object
+    own_first: object
 
 
 @struct
@@ -50,11 +53,15 @@ class AttentionDQ:
     scale_log2e: object
     num_bh: object
     head_group: object
+    left: object  # WINDOW: keys seen before and after a query's position (max(N, Nk): unbounded)
+    right: object
+    tanh_scale: object  # SOFTCAP: scale / cap (scale_log2e is then cap log2(e))
     CAUSAL: gl.constexpr
     BM: gl.constexpr
     BN: gl.constexpr
     D: gl.constexpr
-    WINDOW: gl.constexpr  # query_tile's (gluon_kernels.py): False, this kernel takes no window
+    WINDOW: gl.constexpr  # as the forward's (query_tile: a tile's steps from its first_block)
+    SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
 
     @gluon.jit
     def head(self, bh):
@@ -69,8 +76,9 @@ class AttentionDQ:
     def load(self, stage, bar, tile, step):
         """Step ``step``'s K and V blocks (rows past Nk arrive as zeros)."""
         b, h, hk = self.head(tile.bh)
-        tma.async_copy_global_to_shared(self.k_desc, [b, hk, step * self.BN, 0], bar, stage.k)
-        tma.async_copy_global_to_shared(self.v_desc, [b, hk, step * self.BN, 0], bar, stage.v)
+        key = (tile.first_block + step) * self.BN if self.WINDOW else step * self.BN
+        tma.async_copy_global_to_shared(self.k_desc, [b, hk, key, 0], bar, stage.k)
+        tma.async_copy_global_to_shared(self.v_desc, [b, hk, key, 0], bar, stage.v)
 
     @gluon.jit
     def load_tile(self, bufs, bar, tile, consumer):
@@ -92,17 +100,24 @@ class AttentionDQ:
         lse = gl.where(lse == float("-inf"), float("inf"), lse)
         delta = gl.load(self.delta + offs, mask=ok, other=0.0)
         n_own = tile.n_blocks
+        own_first = n_own * 0
         if self.CAUSAL:
             own_hi = gl.maximum(gl.minimum(self.Nk, first + self.BM + (self.Nk - self.N)), 0)
             n_own = gl.minimum(gl.cdiv(own_hi, self.BN), tile.n_blocks)
+        if self.WINDOW:  # this consumer's rows' key blocks, as steps of the tile's (from its first_block)
+            shift = self.Nk - self.N
+            own_first = gl.maximum(first + shift - self.left, 0) // self.BN - tile.first_block
+            own_hi = gl.maximum(gl.minimum(self.Nk, gl.minimum(first + self.BM, self.N) - 1 + shift + self.right + 1), 0)
+            n_own = gl.minimum(gl.cdiv(own_hi, self.BN) - tile.first_block, tile.n_blocks)
         dq = gl.zeros([self.BM, self.D], gl.float32, wgmma_layout(self.BM, self.D, gl.num_warps()))
-        return Gradient(dq, lse * LOG2E, delta, first, n_own)
+        return Gradient(dq, lse * LOG2E, delta, first, n_own, own_first)
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
         s_layout: gl.constexpr = wgmma_layout(self.BM, self.BN, gl.num_warps())
         dq = st.dq
-        if step < st.n_own:  # causal: the tile's later key blocks are all masked for this consumer
+        # causal: the tile's later key blocks are all masked for this consumer; a window: its earlier too
+        if (step < st.n_own) & (step >= st.own_first):
             q = ctx.operand.index(0).reshape([2 * self.BM, self.D]).slice(ctx.index * self.BM, self.BM)
             do = ctx.operand.index(1).reshape([2 * self.BM, self.D]).slice(ctx.index * self.BM, self.BM)
             k = stage.k.reshape([self.BN, self.D])
@@ -110,18 +125,31 @@ class AttentionDQ:
             s_tok = warpgroup_mma(q, k.permute((1, 0)), zeros, use_acc=False, is_async=True)
             dp_tok = warpgroup_mma(do, stage.v.reshape([self.BN, self.D]).permute((1, 0)), zeros, use_acc=False,
                                    is_async=True)
-            s = warpgroup_mma_wait(1, deps=(s_tok,))  # dP may still run
-            start_n = step * self.BN
-            if needs_mask(st.first, start_n, self.BN, self.N, self.Nk, self.CAUSAL):
+            if self.SOFTCAP:  # both first: the cap's derivative is not kept across dP's wgmma (backward's)
+                s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+            else:
+                s = warpgroup_mma_wait(1, deps=(s_tok,))  # dP may still run
+            start_n = (tile.first_block + step) * self.BN if self.WINDOW else step * self.BN
+            if self.SOFTCAP == 2:
+                s = tanh_approx(s * self.tanh_scale)
+            elif self.SOFTCAP:
+                s = tanh_from_exp2(s * self.tanh_scale)
+            if self.WINDOW:
+                if window_needs_mask(st.first, start_n, self.BM, self.BN, self.N, self.Nk, self.left, self.right):
+                    s = window_mask_scores(s, s_layout, st.first, start_n, self.N, self.Nk, self.left, self.right)
+            elif needs_mask(st.first, start_n, self.BN, self.N, self.Nk, self.CAUSAL):
                 s = mask_scores(s, s_layout, st.first, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
             p = gl.exp2(s * self.scale_log2e - gl.expand_dims(st.lse2, 1))
-            dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+            if not self.SOFTCAP:
+                dp = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds = p * (dp - gl.expand_dims(st.delta, 1))
+            if self.SOFTCAP:  # the cap's derivative 1 - tanh^2, 0 where masked (tanh -inf: min(inf, 1))
+                ds = ds * (1.0 - gl.minimum(s * s, 1.0))
             # written with no wgmma running (else ptxas serializes every wgmma: C7513)
             ds_layout: gl.constexpr = gl.DotOperandLayout(
                 operand_index=0, parent=wgmma_layout(self.BM, self.D, gl.num_warps()), k_width=2)
             dq = warpgroup_mma(gl.convert_layout(ds.to(stage.k.dtype), ds_layout), k, dq)
-        return Gradient(dq, st.lse2, st.delta, st.first, st.n_own)
+        return Gradient(dq, st.lse2, st.delta, st.first, st.n_own, st.own_first)
 
     @gluon.jit
     def wait(self, ctx, st):
@@ -140,16 +168,20 @@ class AttentionDQ:
 
 @gluon.jit
 def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, qdo_desc, lse_ptr, delta_ptr, H, N, Nk, GROUP,
-                        scale, scale_log2e, num_bh, head_group, schedule, CAUSAL: gl.constexpr,
-                        STAGES: gl.constexpr):
+                        scale, scale_log2e, num_bh, head_group, schedule, left, right, tanh_scale,
+                        CAUSAL: gl.constexpr, STAGES: gl.constexpr, WINDOW: gl.constexpr = False,
+                        SOFTCAP: gl.constexpr = 0):
     """dQ of attention for every (2 query blocks, batch * head); a persistent grid of two consumer
     warpgroups of 4 warps and a producer warp. q_desc/do_desc: the rows of both consumers (their
-    boxes), qdo_desc the same box (the tile operand's shape), dq_desc one consumer's rows."""
+    boxes), qdo_desc the same box (the tile operand's shape), dq_desc one consumer's rows. WINDOW
+    (not with CAUSAL: folded in) and SOFTCAP as the forward's: left, right, tanh_scale = scale / cap
+    with scale_log2e = cap log2(e)."""
+    gl.static_assert(not (WINDOW and CAUSAL), "causal is folded into the window")
     BM: gl.constexpr = dq_desc.block_type.shape[2]
     gl.static_assert(q_desc.block_type.shape[2] == 2 * BM, "a tile is both consumers' query rows")
     op = AttentionDQ(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, H, N, Nk, GROUP, scale,
-                     scale_log2e, num_bh, head_group, CAUSAL, BM, k_desc.block_type.shape[2],
-                     k_desc.block_type.shape[3], False)
+                     scale_log2e, num_bh, head_group, left, right, tanh_scale, CAUSAL, BM, k_desc.block_type.shape[2],
+                     k_desc.block_type.shape[3], WINDOW, SOFTCAP)
     layout = Layout(dq_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0, schedule=schedule,
                     tile_operand=TileOperand(qdo_desc, COUNT=2, SHARED=True))
     run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), gl.cdiv(N, 2 * BM) * num_bh)

@@ -79,10 +79,14 @@ def tanh_approx(x):
 
 
 @gluon.jit
-def window_mask_scores(s, layout: gl.constexpr, first_query, first_key, N, Nk, left, right):
-    """s [queries, keys] (in ``layout``) with -inf outside the window or past Nk."""
-    keys = gl.expand_dims(first_key + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, layout)), 0)
-    queries = gl.expand_dims(first_query + gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, layout)), 1)
+def window_mask_scores(s, layout: gl.constexpr, first_query, first_key, N, Nk, left, right, KEY_AXIS: gl.constexpr = 1):
+    """s (in ``layout``; keys along ``KEY_AXIS``: 1 for [queries, keys], 0 for the transposed [keys,
+    queries] of the backward) with -inf outside the window or past Nk."""
+    QUERY_AXIS: gl.constexpr = 1 - KEY_AXIS
+    keys = gl.expand_dims(first_key + gl.arange(0, s.shape[KEY_AXIS], layout=gl.SliceLayout(QUERY_AXIS, layout)),
+                          QUERY_AXIS)
+    queries = gl.expand_dims(first_query + gl.arange(0, s.shape[QUERY_AXIS], layout=gl.SliceLayout(KEY_AXIS, layout)),
+                             KEY_AXIS)
     shift = Nk - N
     ok = (keys < Nk) & (keys <= queries + (shift + right)) & (keys >= queries + (shift - left))
     return gl.where(ok, s, float("-inf"))

@@ -68,11 +68,13 @@ def score_options(scale: float, softcap: float) -> tuple[dict, float, float]:
     return dict(SOFTCAP=False), scale * LOG2E, 0.0
 
 
-def _plain(window, softcap, what: str) -> None:
-    """Refuse a window or softcap in the Gluon backward kernels, which take neither."""
-    if effective_window(False, window) != NO_WINDOW or softcap:
-        raise ValueError(f"the Gluon {what} takes no sliding window and no softcap (plan.py routes them to the tl "
-                         f"kernels); got window_size={tuple(window)}, softcap={softcap}")
+def gluon_softcap(softcap: float, cfg: dict) -> int:
+    """The Gluon kernels' SOFTCAP constexpr: 0 without a softcap; 2, tanh by tanh.approx.f32 (one SFU
+    instruction, relative error ~2^-11), unless the config's ``tanh_approx`` is False: 1, tanh from
+    exp2 and a division (gluon_kernels.tanh_from_exp2)."""
+    if not softcap:
+        return 0
+    return 2 if cfg.get("tanh_approx", True) else 1
 
 
 def run(kernel: CachedLaunch, plan, grid, args: tuple, options: dict):
@@ -121,8 +123,8 @@ def launch_forward_gluon(plan, q, k, v, out, lse, causal: bool, scale: float, wi
     """Hopper's Gluon forward (gluon_kernels.py): ``consumers`` warpgroups (2 or 3, of 4 warps) of
     ``block_m`` query rows each share every K/V stage of ``block_n`` keys; ``q_buffers`` = 2
     loads a tile's Q blocks while the previous tile runs; ``carry`` keeps the pipeline running across
-    tiles; ``q_regs`` holds each consumer's Q rows in registers for the tile; ``tanh_approx`` (a
-    candidate, in no config) the softcap's tanh by tanh.approx.f32. A window and a softcap
+    tiles; ``q_regs`` holds each consumer's Q rows in registers for the tile; the softcap's tanh by
+    tanh.approx.f32 unless ``tanh_approx`` is False (gluon_softcap). A window and a softcap
     as the tl kernels take them (WINDOW, SOFTCAP; plan_forward routes them here only where
     configs.GLUON_FORWARD_FEATURES names them, or where the path is forced)."""
     B, H, N, D = q.shape
@@ -136,7 +138,7 @@ def launch_forward_gluon(plan, q, k, v, out, lse, causal: bool, scale: float, wi
             (head_operand(q, block_m), head_operand(k, block_n), head_operand(v, block_n), head_operand(out, block_m),
              lse, H, N, Nk, H // Hkv, scale_log2e, B * H, plan.sizes["head_group"], plan.schedule, left, right,
              tanh_scale),
-            dict(**masks, SOFTCAP=2 if softcap and cfg.get("tanh_approx") else scores["SOFTCAP"], STAGES=cfg["stages"],
+            dict(**masks, SOFTCAP=gluon_softcap(softcap, cfg), STAGES=cfg["stages"],
                  CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1),
                  CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False), num_warps=4))
 
@@ -324,49 +326,54 @@ def launch_backward_gluon(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causa
                           window=NO_WINDOW, softcap: float = 0.0) -> None:
     """The preprocess, the Gluon backward kernel (dK, dV, and dQ where the plan has no dQ pass: its
     float32 sum then copied to dq), then the plan's dQ pass if any."""
-    _plain(window, softcap, "backward")
     added = plan.dq is None
     delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=added, row_stats=True, plan=plan)
-    launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale)
+    launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, window, softcap)
     if added:
         dq.copy_(dq_sum)
     else:
-        _DQ_PASS[plan.dq.path](plan.dq, dout, q, k, v, lse, delta, dq, causal, scale)
+        _DQ_PASS[plan.dq.path](plan.dq, dout, q, k, v, lse, delta, dq, causal, scale, window, softcap)
 
 
-def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, scale: float) -> None:
+def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, scale: float,
+                                 window=NO_WINDOW, softcap: float = 0.0) -> None:
     """The Gluon backward kernel alone (gluon_backward.py): dk, dv, and where the plan's dq_from adds
     it in the kernel scale * dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder
     otherwise), from the rows' lse and delta in ``stats`` (backward_preprocess's); with ``drawn``
-    each program draws its next tile from a counter as it gets to it."""
+    each program draws its next tile from a counter as it gets to it. A window and a softcap as the
+    forward takes them (WINDOW, SOFTCAP; causal folded into a window)."""
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     cfg = plan.config
     block_m, block_n = cfg["block_m"], cfg["block_n"]
+    masks, left, right = mask_options(causal, window, N, Nk)
+    scores, scale_log2e, tanh_scale = score_options(scale, softcap)
     with dispatch.on_device(q.device):
         run(GLUON_BWD, plan, plan.grid,
             (head_operand(q, block_m), head_operand(k, 2 * block_n), head_operand(v, 2 * block_n),
              head_operand(dout, block_m), head_operand(dk, block_n), head_operand(dv, block_n),
              row_stats_operand(stats, block_m), TmaOperand(dq_sum, dq_box(block_m, D, cfg["dq_from"])),
-             H, N, Nk, H // Hkv, scale, scale * LOG2E, B * Hkv, plan.sizes["head_group"],
-             plan.schedule, tile_counter(q.device) if cfg.get("drawn") else None),
-            dict(CAUSAL=causal, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
-                 KV_REGS=cfg.get("kv_regs", False), num_warps=4))
+             H, N, Nk, H // Hkv, scale, scale_log2e, B * Hkv, plan.sizes["head_group"],
+             plan.schedule, tile_counter(q.device) if cfg.get("drawn") else None, left, right, tanh_scale),
+            dict(**masks, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
+                 KV_REGS=cfg.get("kv_regs", False), SOFTCAP=gluon_softcap(softcap, cfg), num_warps=4))
 
 
 def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0) -> None:
     """dq (contiguous, q's shape) by gluon_dq.py's kernel: tiles of 2 block_m query rows, block_n
-    keys a step."""
-    _plain(window, softcap, "dq kernel")
+    keys a step; a window and a softcap as the forward takes them."""
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     block_m, block_n = plan.config["block_m"], plan.config["block_n"]
+    masks, left, right = mask_options(causal, window, N, Nk)
+    scores, scale_log2e, tanh_scale = score_options(scale, softcap)
     with dispatch.on_device(q.device):
         run(GLUON_DQ, plan, plan.grid,
             (head_operand(q, 2 * block_m), head_operand(k, block_n), head_operand(v, block_n),
              head_operand(dout, 2 * block_m), head_operand(dq, block_m), head_operand(q, 2 * block_m),
-             lse, delta, H, N, Nk, H // Hkv, scale, scale * LOG2E, B * H, plan.sizes["head_group"], plan.schedule),
-            dict(CAUSAL=causal, STAGES=plan.config["stages"], num_warps=4))
+             lse, delta, H, N, Nk, H // Hkv, scale, scale_log2e, B * H, plan.sizes["head_group"], plan.schedule,
+             left, right, tanh_scale),
+            dict(**masks, STAGES=plan.config["stages"], SOFTCAP=gluon_softcap(softcap, plan.config), num_warps=4))
 
 
 def launch_backward_tl(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float,

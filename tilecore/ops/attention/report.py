@@ -169,8 +169,10 @@ def compile_gluon_backward(d: int, causal: bool = True, dtype=torch.bfloat16, cf
                 dv_desc=desc(bn), stats_desc=launch.row_stats_operand(stats, bm).descriptor(),
                 dq_desc=gluon_descriptor(dq_sum, launch.dq_box(bm, d, cfg["dq_from"])), H=16, N=4096,
                 Nk=4096, GROUP=group, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, schedule=_schedule(causal, cfg),
-                tile_counter=torch.zeros(1, dtype=torch.int32) if cfg.get("drawn") else None, CAUSAL=causal,
-                STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]], KV_REGS=cfg.get("kv_regs", False))
+                tile_counter=torch.zeros(1, dtype=torch.int32) if cfg.get("drawn") else None, left=0, right=0,
+                tanh_scale=0.0, CAUSAL=causal,
+                STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]], KV_REGS=cfg.get("kv_regs", False),
+                WINDOW=False, SOFTCAP=0)
     return _compile(attention_bwd_kernel, args, {"num_warps": 4}), cfg
 
 
@@ -203,8 +205,8 @@ def gluon_dq_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: d
     f32 = torch.empty(64, dtype=torch.float32)
     args = dict(q_desc=desc(2 * bm), k_desc=desc(bn), v_desc=desc(bn), do_desc=desc(2 * bm), dq_desc=desc(bm),
                 qdo_desc=desc(2 * bm), lse_ptr=f32, delta_ptr=f32, H=16, N=4096, Nk=4096, GROUP=1, scale=0.1,
-                scale_log2e=0.1, num_bh=256, head_group=12, schedule=_schedule(causal, cfg), CAUSAL=causal,
-                STAGES=cfg["stages"])
+                scale_log2e=0.1, num_bh=256, head_group=12, schedule=_schedule(causal, cfg), left=0, right=0,
+                tanh_scale=0.0, CAUSAL=causal, STAGES=cfg["stages"], WINDOW=False, SOFTCAP=0)
     compiled = _compile(attention_dq_kernel, args, {"num_warps": 4})
     return dict(kernel="backward dq (gluon)", D=d, causal=causal, cfg=cfg, **vars(resources(compiled)),
                 **has_hopper_instructions(compiled.asm["ptx"]))
