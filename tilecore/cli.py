@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv == ["--version"]:  # without building the parser, which imports torch for the suites
         print(_version())
         return 0
+    if argv[:2] == ["napkin", "ring"]:  # ring attention across GPUs (tilecore.napkin.ring)
+        from tilecore.napkin.ring import main as ring_main
+
+        return ring_main(argv[2:])
     if argv[:1] == ["napkin"]:
         from tilecore.napkin.cli import main as napkin_main
 

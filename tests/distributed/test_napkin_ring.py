@@ -52,3 +52,20 @@ def test_predicted_step_matches_the_h100_x2_measurement():
     assert p.step_transfer_s * 1e3 == pytest.approx(0.92, rel=0.05)
     assert not p.forward[0].hidden  # waits for the attention's SMs
     assert ring.predict(seq=32768, heads=32, d=128, world=2, one_gpu=False, sm_margin=8).forward[0].hidden
+
+
+def test_margin_in_the_summary_and_the_command(capsys):
+    """The summary says what the margin does; `tilecore napkin ring` prints it; bad margins refused."""
+    from tilecore import cli
+
+    kw = dict(seq=32768, heads=32, d=128, world=2, causal=True, attention_tflops=550, one_gpu=False)
+    assert "waits for its step's attention" in ring.predict(**kw).summary()
+    assert "runs beside the attention, which runs on 124 SMs" in ring.predict(**kw, sm_margin=8).summary()
+    for bad in (-1, 132, 2.0):
+        with pytest.raises(ValueError, match="sm_margin"):
+            ring.predict(**kw, sm_margin=bad)
+    assert cli.main(["napkin", "ring", "--seq", "32768", "--causal", "--attention-tflops", "550"]) == 0
+    printed = capsys.readouterr().out
+    assert "sm_margin 8 of 132 SMs" in printed and "transfers all hidden" in printed and "speedup" in printed
+    assert cli.main(["napkin", "ring", "--seq", "3"]) == 2
+    assert "seq >= 2 * world" in capsys.readouterr().out

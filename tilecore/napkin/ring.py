@@ -61,6 +61,9 @@ class RingPrediction:
     backward: list
     one_gpu_forward: float | None = None
     one_gpu_backward: float | None = None
+    sm_margin: int = 0
+    sms: int = 0            # the GPU's SMs
+    transfer_sms: int = 0   # SMs the link's transfer kernel needs (Link.sms)
 
     @property
     def forward_s(self) -> float:
@@ -98,10 +101,21 @@ class RingPrediction:
         return (self.one_gpu_forward / self.forward_s,
                 (self.one_gpu_forward + self.one_gpu_backward) / (self.forward_s + self.backward_s))
 
+    def margin_line(self) -> str:
+        """What the sm_margin does to the transfers."""
+        if self.world < 2:
+            return f"sm_margin {self.sm_margin}: one GPU, nothing to transfer"
+        if self.sm_margin >= self.transfer_sms:
+            return (f"sm_margin {self.sm_margin} of {self.sms} SMs: the transfers' kernel ({self.transfer_sms} SMs) runs "
+                    f"beside the attention, which runs on {self.sms - self.sm_margin} SMs")
+        return (f"sm_margin {self.sm_margin} of {self.sms} SMs: below the {self.transfer_sms} the transfers' kernel "
+                f"needs, so each transfer waits for its step's attention (not hidden)")
+
     def summary(self) -> str:
         ms = lambda x: f"{x * 1e3:9.3f}"  # noqa: E731
         lines = [f"ring attention, {self.shape}, N = {self.seq}{' causal' if self.causal else ''} over {self.world} "
                  f"GPUs ({self.gpu}; {self.link})",
+                 self.margin_line(),
                  f"{'pass':<9}{'step':<34}{'attn ms':>9}{'elem ms':>9}{'xfer ms':>9}{'step ms':>9}  hidden"]
         for name, steps in (("forward", self.forward), ("backward", self.backward)):
             for s in steps:
@@ -149,6 +163,9 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
     least the link's ``sms``, else each waits for the step's attention."""
     if world < 1 or seq < 2 * world:
         raise ValueError(f"ring.predict: need world >= 1 and seq >= 2 * world; got seq={seq}, world={world}")
+    if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or sm_margin < 0:
+        raise ValueError(f"ring.predict: sm_margin must be an int >= 0 (SMs the attention leaves free); got "
+                         f"{sm_margin!r}")
     kv_heads = kv_heads or heads
     g = get_gpu(gpu)
     if calibrate and attention_tflops is None:
@@ -156,6 +173,8 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
         g = lab_gpu() if g.key == "h100" else g
     lk: Link = get_link(link)
     hbm = g.level("HBM").bandwidth
+    if sm_margin >= g.sms:
+        raise ValueError(f"ring.predict: sm_margin must be below the GPU's SMs ({g.sms}); got {sm_margin}")
     serial = sm_margin < lk.sms  # the transfer's kernel finds no SM until the attention is done
     slower = g.sms / (g.sms - sm_margin)  # the attention on the SMs it keeps
     q = dtype_bytes(dtype)
@@ -229,4 +248,39 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
         one_bwd = one_fwd * BACKWARD_FLOPS / BACKWARD_RATE
     shape = f"B{batch} H{heads}" + (f"/{kv_heads}" if kv_heads != heads else "") + f" D{d} {dtype}"
     return RingPrediction(seq, world, causal, shape, g.name, f"{lk.name}, {lk.bandwidth / 1e9:.0f} GB/s a direction",
-                          fwd, bwd, one_fwd, one_bwd)
+                          fwd, bwd, one_fwd, one_bwd, sm_margin, g.sms, lk.sms)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``tilecore napkin ring``: predict(...).summary() from the command line."""
+    import argparse
+
+    from .interconnect import LINKS
+
+    p = argparse.ArgumentParser(prog="tilecore napkin ring",
+                                description="Ring attention (tilecore.distributed) across the GPUs of one host: "
+                                            "each step's attention, transfer and whether it hides.")
+    p.add_argument("--seq", type=int, required=True, help="total sequence length (each GPU holds seq / world)")
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=None, help="grouped-query K/V heads (default: --heads)")
+    p.add_argument("--d", type=int, default=128, help="head dim")
+    p.add_argument("--world", type=int, default=2, help="GPUs in the ring")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--gpu", default="h100")
+    p.add_argument("--link", default="h100-x2", choices=sorted(LINKS))
+    p.add_argument("--sm-margin", type=int, default=8,
+                   help="SMs the attention leaves to the transfers (tilecore.distributed's ring default: 8)")
+    p.add_argument("--attention-tflops", type=float, default=None,
+                   help="a measured attention rate instead of the napkin's derivation")
+    args = p.parse_args(argv)
+    try:
+        pred = predict(args.seq, args.heads, args.d, args.world, causal=args.causal, batch=args.batch,
+                       kv_heads=args.kv_heads, dtype=args.dtype, gpu=args.gpu, link=args.link,
+                       attention_tflops=args.attention_tflops, sm_margin=args.sm_margin)
+    except Exception as err:  # noqa: BLE001 (a bad size or name: the message, not a traceback)
+        print(f"tilecore napkin ring: {err}")
+        return 2
+    print(pred.summary())
+    return 0
