@@ -1,0 +1,102 @@
+"""The chunked forward with the state held transposed: S^T [BV, BK] (value rows, key columns), for
+phi(x) = x with no decay or a scalar one (Mamba-2's SSD form included: beta, D, z, grouped q/k).
+
+Why transposed. In kernels_tl.la_fwd_kernel the state S [BK, BV] is the B operand of the inter-chunk
+product Q S, and a tensor-core dot takes its B operand from shared memory: every chunk S goes from
+registers to shared memory and back before the next chunk can start, on the one serial path of the
+walk (S_c -> Q S_c and S_{c+1}). Held as S^T it is the A operand instead, which wgmma takes from
+registers (as flash attention's P in P V), so the serial path stays in registers:
+
+    inter^T [BV, BT] = S^T [BV, BK] @ Q^T [BK, BT]                       (S^T in registers: A)
+    S^T     <- exp(G_last) S^T + V^T [BV, BT] @ (K exp(G_last - G_j) beta_j) [BT, BK]
+
+and o = mask(Q K^T decay beta) V + exp(G_i) scale inter (the transpose of inter^T costs one layout
+conversion, off the serial path). Layout, strides, the decay's stability and every argument are
+la_fwd_kernel's (kernels_tl.py's docstring); this kernel is a drop-in for those cases (launch.py picks
+it by the plan's ``transposed`` flag).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tilecore.ops.linear_attention.kernels_tl import (_cumulative, _dot, _gate, _pair_decay, _rows, _state_block,
+                                                      _store_rows, _store_state_block, _token_values)
+
+
+@triton.jit
+def la_fwd_transposed_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
+                             sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd,
+                             sgb, sgn, sgh, sgd, sbb, sbn, sbh, szb, szn, szh, szd, sob, son, soh, sod,
+                             s0b, s0h, s0f, s0v, stb, sth, stf, stv, sdh, sdv,
+                             N, H, GROUP, DK, DV, scale, VBLOCKS,
+                             BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
+                             DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr,
+                             HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_H0: tl.constexpr,
+                             STORE_HT: tl.constexpr, STORE_OLIN: tl.constexpr, MMA: tl.constexpr,
+                             IEEE: tl.constexpr):
+    """Program (batch * head, value block), as la_fwd_kernel's (same arguments; FEATURE must be 0 and
+    DECAY 0 or 1). Grid: (B * H * VBLOCKS,), a head's value blocks consecutive."""
+    bh = tl.program_id(0) // VBLOCKS
+    vblock = tl.program_id(0) % VBLOCKS
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    hk = h // GROUP
+    offs_t = tl.arange(0, BT)
+    causal = offs_t[:, None] >= offs_t[None, :]
+    offs_k = tl.arange(0, BK)
+    k_ok = offs_k < DK
+    offs_v = vblock * BV + tl.arange(0, BV)
+    v_ok = offs_v < DV
+    q_base = Q + b * sqb + hk * sqh
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + h * svh
+    g_base = G + b * sgb + h * sgh
+    d_row = tl.zeros([BV], dtype=tl.float32)
+    if HAS_D:
+        d_row = tl.load(DSKIP + h * sdh + offs_v * sdv, mask=v_ok, other=0.0).to(tl.float32)
+
+    ST = tl.zeros([BV, BK], dtype=tl.float32)  # the head's state, transposed: S^T [BV, BK]
+    if HAS_H0:
+        ST = tl.trans(_state_block(H0 + b * s0b + h * s0h, offs_k, k_ok, offs_v, v_ok, s0f, s0v))
+
+    for t0 in range(0, N, BT):
+        q = _rows(q_base, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, BK]
+        k = _rows(k_base, t0, offs_t, offs_k, k_ok, N, skn, skd)  # [BT, BK]
+        v = _rows(v_base, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, BV]
+        beta = tl.full([BT], 1.0, dtype=tl.float32)
+        if HAS_BETA:
+            beta = _token_values(BETA + b * sbb + h * sbh, t0, offs_t, N, sbn)
+
+        # intra-chunk: P [BT, BT] masked, decayed, times beta_j; o = P V
+        s = _dot(q.to(MMA), tl.trans(k.to(MMA)), IEEE) * scale
+        if DECAY == 1:
+            Gc, G_last = _cumulative(_token_values(g_base, t0, offs_t, N, sgn))
+            s = s * _pair_decay(Gc, causal)
+        p = tl.where(causal, s, 0.0) * beta[None, :]
+        o = _dot(p.to(MMA), v.to(MMA), IEEE)
+
+        # inter-chunk, transposed: (S^T Q^T)^T, S^T the A operand (registers)
+        inter = tl.trans(_dot(ST.to(MMA), tl.trans(q.to(MMA)), IEEE)) * scale
+        if DECAY == 1:
+            inter = inter * tl.exp(Gc)[:, None]
+        o += inter
+
+        if STORE_OLIN:
+            _store_rows(OLIN + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod, o)
+        z = o
+        if HAS_Z:
+            z = _rows(Z + b * szb + h * szh, t0, offs_t, offs_v, v_ok, N, szn, szd).to(tl.float32)
+        _store_rows(O + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod,
+                    _gate(o, v.to(tl.float32), d_row, z, HAS_D, HAS_Z))
+
+        # the state at the chunk's end: S^T <- exp(G_last) S^T + V^T (K w)
+        w = beta
+        if DECAY == 1:
+            w = tl.exp(G_last - Gc) * beta
+            ST = ST * tl.exp(G_last)
+        kw = (k.to(tl.float32) * w[:, None]).to(MMA)
+        ST += _dot(tl.trans(v.to(MMA)), kw, IEEE)
+
+    if STORE_HT:
+        _store_state_block(HT + b * stb + h * sth, offs_k, k_ok, offs_v, v_ok, stf, stv, tl.trans(ST))
