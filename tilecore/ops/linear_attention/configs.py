@@ -6,16 +6,20 @@ from __future__ import annotations
 
 # tokens a chunk, by decay kind (0 none, 1 scalar, 2 per channel). 64 spilled at Dk = Dv = 128 (and for
 # Mamba-2 and Based) where 32 did not (sm_90a, 8 warps). Per-channel decay's intra-chunk scores are
-# elementwise over [BT, BT, KB] (no dot): its chunk is short, so those stay few (the dots' FLOPs a
-# token do not depend on the chunk: 4 Dk Dv + BT (Dk + Dv))
-CHUNK = {0: 32, 1: 32, 2: 16}
+# dots through sub-chunk references but for their diagonal SUB x SUB blocks (elementwise): 64 (was 16
+# with every score elementwise, decision 3 of notes/linear_attention)
+CHUNK = {0: 32, 1: 32, 2: 64}
 CHUNKS = (16, 32, 64)  # what a caller may ask for (tl.dot needs >= 16 rows)
 
 # float32 elements of a program's state block in registers ([BK, BV], Based's [256, BV]): 8192 is 64
 # registers a thread at 4 warps
 STATE_ELEMS = 8192
-# per-channel decay: elements of one [BT, BT, KB] slice of the intra-chunk scores
-CHANNEL_SLICE_ELEMS = 4096
+# per-channel decay: tokens of a sub-chunk (kernels_tl.SUB: the intra-chunk scores' diagonal blocks are
+# elementwise, the rest tensor-core dots), elements of one [BT, SUB, KB] slice of the diagonal blocks,
+# and the backward's key-channel block (its diagonal blocks are elementwise over [BT, SUB, block])
+CHANNEL_SUB = 16
+CHANNEL_SLICE_ELEMS = 8192
+CHANNEL_BWD_KEY_BLOCK = 16
 
 # the backward's blocks where the forward's spill there (plan.tl_plan): Based's chunk and value block,
 # and for Dk > BWD_KEY_BLOCK the dK/dV kernel's key block and value block

@@ -50,6 +50,8 @@ from tilecore.tiles.ops import block_ptrs
 
 LOG_DECAY_FLOOR = tl.constexpr(-100.0)
 SQRT_HALF = tl.constexpr(math.sqrt(0.5))
+# per-channel decay: tokens of a sub-chunk (the diagonal blocks of the intra-chunk scores, elementwise)
+SUB = tl.constexpr(16)
 
 
 # --------------------------------------------------------------------------------------------
@@ -112,22 +114,143 @@ def _pair_decay(G, causal):
 
 
 @triton.jit
-def _channel_scores(a_base, b_base, g_base, t0, offs_t, N, DK, s_an, s_ad, s_bn, s_bd, s_gn, s_gd, causal,
-                    BK: tl.constexpr, KB: tl.constexpr):
-    """sum_d a_id b_jd exp(G_id - G_jd) for j <= i (0 above): per-channel decay's intra-chunk scores,
-    elementwise over [BT, BT, KB] slices of the Dk channels (a = q, b = k: the forward's scores; a = q,
-    b = k as well in the backward). [BT, BT] float32."""
-    BT: tl.constexpr = offs_t.shape[0]
+def _row(x, offs_t, r):
+    """Row r of x [BT, C] (exactly): [C]."""
+    return tl.sum(tl.where((offs_t == r)[:, None], x, 0.0), 0)
+
+
+@triton.jit
+def _sub_rows(base, t0, cols, col_ok, N, s_n, s_d, NC: tl.constexpr):
+    """A chunk's tokens as [NC, SUB, C] (sub-chunk, token within it, column), zeros past N and where not
+    col_ok."""
+    rows = t0 + tl.arange(0, NC)[:, None, None] * SUB + tl.arange(0, SUB)[None, :, None]
+    ptrs = base + rows.to(tl.int64) * s_n + cols.to(tl.int64)[None, None, :] * s_d
+    return tl.load(ptrs, mask=(rows < N) & col_ok[None, None, :], other=0.0)
+
+
+@triton.jit
+def _sub_cumulative(g):
+    """Per-channel log decays g [NC, SUB, C] clamped at the floor and summed within each sub-chunk (the
+    differences G_i - G_j of one sub-chunk do not depend on where the sum starts)."""
+    return tl.cumsum(tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g), 1)
+
+
+@triton.jit
+def _diagonal_decay(G, tri4):
+    """exp(G_id - G_jd) on a sub-chunk's pairs j <= i, 0 elsewhere (never evaluated there): G [NC, SUB, C]
+    -> [NC, SUB, SUB, C]."""
+    return tl.exp(tl.where(tri4, G[:, :, None, :] - G[:, None, :, :], float("-inf")))
+
+
+@triton.jit
+def _block_diagonal(d, NC: tl.constexpr):
+    """[NC, SUB, SUB] sub-chunk blocks placed on the diagonal of a [NC SUB, NC SUB] matrix (0 elsewhere)."""
+    c = tl.arange(0, NC)
+    same = (c[:, None] == c[None, :])[:, None, :, None]
+    return tl.reshape(tl.where(same, d[:, :, None, :], 0.0), [NC * SUB, NC * SUB])
+
+
+@triton.jit
+def _diagonal_of(x, NC: tl.constexpr):
+    """The [NC, SUB, SUB] sub-chunk blocks on the diagonal of x [NC SUB, NC SUB]."""
+    c = tl.arange(0, NC)
+    same = (c[:, None] == c[None, :])[:, None, :, None]
+    return tl.sum(tl.where(same, tl.reshape(x, [NC, SUB, NC, SUB]), 0.0), 2)
+
+
+@triton.jit
+def _sub_factors(G, offs_t, j: tl.constexpr):
+    """The factors of key sub-chunk j's reference r = its last token, per channel: (exp(G_i - G_r) on the
+    rows of later sub-chunks, exp(G_r - G_j) on sub-chunk j's rows), 0 on other rows; both exponents are
+    <= 0 for log decays <= 0, and the rows outside are -inf before exp. G [BT, C] -> two [BT, C]."""
+    sub = (offs_t // SUB)[:, None]
+    Gr = _row(G, offs_t, (j + 1) * SUB - 1)[None, :]
+    later = sub > j
+    here = sub == j
+    return (tl.exp(tl.where(later, G - Gr, float("-inf"))), tl.exp(tl.where(here, Gr - G, float("-inf"))))
+
+
+@triton.jit
+def _channel_scores(a, b, G, a_base, b_base, g_base, t0, N, DK, s_an, s_ad, s_bn, s_bd, s_gn, s_gd,
+                    BK: tl.constexpr, KD: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
+    """sum_d a_id b_jd exp(G_id - G_jd) for j <= i, 0 above: per-channel decay's intra-chunk scores
+    [BT, BT] float32 of a, b [BT, BK] (q and k, as loaded) with G [BT, BK] their chunk's cumulative log
+    decay, on tensor cores by sub-chunks of SUB tokens.
+
+    For a query sub-chunk after key sub-chunk j, with r the last token of j (per channel):
+    exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j), both exponents <= 0 (G is non-increasing), so
+    neither factor overflows, and one that underflows is one whose true product is below float32's
+    range too: score = (a_i exp(G_i - G_r)) . (b_j exp(G_r - G_j)), one dot per key sub-chunk. The
+    diagonal sub-chunks (i, j in one sub-chunk) are elementwise over [NC, SUB, SUB, KD] slices of the
+    channels, loaded again as [NC, SUB, KD] (a register tensor's channels cannot be sliced; they come from
+    L1 or L2, the chunk's q and k having just been loaded)."""
+    BT: tl.constexpr = a.shape[0]
+    NC: tl.constexpr = BT // SUB
+    offs_t = tl.arange(0, BT)
+    af = a.to(tl.float32)
+    bf = b.to(tl.float32)
     s = tl.zeros([BT, BT], dtype=tl.float32)
-    for c0 in tl.static_range(0, BK, KB):
-        cols = c0 + tl.arange(0, KB)
+    for j in tl.static_range(NC - 1):
+        fq, fk = _sub_factors(G, offs_t, j)
+        s += _dot((af * fq).to(MMA), tl.trans((bf * fk).to(MMA)), IEEE)
+    ii = tl.arange(0, SUB)
+    tri4 = (ii[:, None] >= ii[None, :])[None, :, :, None]
+    d = tl.zeros([NC, SUB, SUB], dtype=tl.float32)
+    # a loop, not unrolled nor pipelined: unrolled, its loads were staged in shared memory (248 KiB at 128
+    # channels in slices of 4, sm_90a)
+    for c0 in tl.range(0, BK, KD, num_stages=1):
+        cols = c0 + tl.arange(0, KD)
         ok = cols < DK
-        a = _rows(a_base, t0, offs_t, cols, ok, N, s_an, s_ad).to(tl.float32)
-        b = _rows(b_base, t0, offs_t, cols, ok, N, s_bn, s_bd).to(tl.float32)
-        G, _ = _cumulative_channels(_rows(g_base, t0, offs_t, cols, ok, N, s_gn, s_gd).to(tl.float32))
-        diff = tl.where(causal[:, :, None], G[:, None, :] - G[None, :, :], float("-inf"))
-        s += tl.sum(tl.where(causal[:, :, None], a[:, None, :] * b[None, :, :] * tl.exp(diff), 0.0), 2)
-    return s
+        a3 = _sub_rows(a_base, t0, cols, ok, N, s_an, s_ad, NC).to(tl.float32)
+        b3 = _sub_rows(b_base, t0, cols, ok, N, s_bn, s_bd, NC).to(tl.float32)
+        G3 = _sub_cumulative(_sub_rows(g_base, t0, cols, ok, N, s_gn, s_gd, NC).to(tl.float32))
+        d += tl.sum(tl.where(tri4, a3[:, :, None, :] * b3[:, None, :, :] * _diagonal_decay(G3, tri4), 0.0), 3)
+    s += _block_diagonal(d, NC)
+    causal = offs_t[:, None] >= offs_t[None, :]
+    return tl.where(causal, s, 0.0)  # a NaN or inf in a later key stays out of earlier rows
+
+
+@triton.jit
+def _channel_dq(a, kq, G, MMA: tl.constexpr, IEEE: tl.constexpr):
+    """sum_j a_ij k_jd exp(G_id - G_jd) (the backward's intra-chunk dq, per-channel decay) of a [BT, BT]
+    (masked: 0 above the diagonal), k and G [BT, C]: dots through each key sub-chunk's reference as in
+    _channel_scores, the diagonal sub-chunks elementwise over [NC, SUB, SUB, C]. [BT, C] float32."""
+    BT: tl.constexpr = a.shape[0]
+    C: tl.constexpr = kq.shape[1]
+    NC: tl.constexpr = BT // SUB
+    offs_t = tl.arange(0, BT)
+    kf = kq.to(tl.float32)
+    dq = tl.zeros([BT, C], dtype=tl.float32)
+    for j in tl.static_range(NC - 1):
+        fq, fk = _sub_factors(G, offs_t, j)
+        dq += fq * _dot(a.to(MMA), (kf * fk).to(MMA), IEEE)
+    ii = tl.arange(0, SUB)
+    tri4 = (ii[:, None] >= ii[None, :])[None, :, :, None]
+    G3 = tl.reshape(G, [NC, SUB, C])
+    e = _diagonal_decay(G3, tri4) * tl.reshape(kf, [NC, SUB, C])[:, None, :, :]  # [NC, SUB(i), SUB(j), C]
+    dq += tl.reshape(tl.sum(_diagonal_of(a, NC)[:, :, :, None] * e, 2), [BT, C])
+    return dq
+
+
+@triton.jit
+def _channel_dk(a, qb, G, MMA: tl.constexpr, IEEE: tl.constexpr):
+    """sum_i a_ij q_id exp(G_id - G_jd) (the backward's intra-chunk dk, per-channel decay) of a [BT, BT]
+    (masked: 0 above the diagonal), q and G [BT, C]; as _channel_dq, transposed. [BT, C] float32."""
+    BT: tl.constexpr = a.shape[0]
+    C: tl.constexpr = qb.shape[1]
+    NC: tl.constexpr = BT // SUB
+    offs_t = tl.arange(0, BT)
+    qf = qb.to(tl.float32)
+    dk = tl.zeros([BT, C], dtype=tl.float32)
+    for j in tl.static_range(NC - 1):
+        fq, fk = _sub_factors(G, offs_t, j)
+        dk += fk * _dot(tl.trans(a.to(MMA)), (qf * fq).to(MMA), IEEE)
+    ii = tl.arange(0, SUB)
+    tri4 = (ii[:, None] >= ii[None, :])[None, :, :, None]
+    G3 = tl.reshape(G, [NC, SUB, C])
+    e = _diagonal_decay(G3, tri4) * tl.reshape(qf, [NC, SUB, C])[:, :, None, :]  # [NC, SUB(i), SUB(j), C]
+    dk += tl.reshape(tl.sum(_diagonal_of(a, NC)[:, :, :, None] * e, 1), [BT, C])
+    return dk
 
 
 @triton.jit
@@ -229,9 +352,9 @@ def la_fwd_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
 
         # intra-chunk scores P [BT, BT] (masked, decayed, times beta_j)
         if DECAY == 2:
-            p = _channel_scores(q_base, k_base, g_base, t0, offs_t, N, DK, sqn, sqd, skn, skd, sgn, sgd, causal,
-                                BK, KB) * scale
             Gc, G_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32))
+            p = _channel_scores(q, k, Gc, q_base, k_base, g_base, t0, N, DK, sqn, sqd, skn, skd, sgn, sgd,
+                                BK, KB, MMA, IEEE) * scale
         else:
             s = _dot(q.to(MMA), tl.trans(k.to(MMA)), IEEE) * scale
             if FEATURE == 1:
@@ -366,9 +489,7 @@ def la_bwd_dq_kernel(Q, K, V, G, BETA, H0, DO, DQ, R,
         if DECAY == 2:
             Gq, Gq_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_kq, kq_ok, N, sgn, sgd).to(tl.float32))
             a = tl.where(inside, dp * beta[None, :], 0.0)
-            inside3 = inside[:, :, None]
-            diff = tl.where(inside3, Gq[:, None, :] - Gq[None, :, :], float("-inf"))
-            dq = tl.sum(tl.where(inside3, a[:, :, None] * kq.to(tl.float32)[None, :, :] * tl.exp(diff), 0.0), 1)
+            dq = _channel_dq(a, kq, Gq, MMA, IEEE)
             dq = (dq + _dot(do.to(MMA), tl.trans(S.to(MMA)), IEEE) * tl.exp(Gq)) * scale
         else:
             a = dp * beta[None, :] * scale
@@ -477,8 +598,13 @@ def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
 
         # the intra-chunk scores over every channel, without beta: p [BT, BT]
         if DECAY == 2:
-            p = _channel_scores(q_base, k_base, g_base, t0, offs_t, N, DK, sqn, sqd, skn, skd, sgn, sgd, causal,
-                                BK, KB) * scale
+            p = tl.zeros([BT, BT], dtype=tl.float32)
+            if kblock == 0:  # dv's intra-chunk term is the first key block's: the others skip the scores
+                q = _rows(q_base, t0, offs_t, offs_k, k_ok, N, sqn, sqd)
+                k = _rows(k_base, t0, offs_t, offs_k, k_ok, N, skn, skd)
+                Gc, _ = _cumulative_channels(_rows(g_base, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32))
+                p = _channel_scores(q, k, Gc, q_base, k_base, g_base, t0, N, DK, sqn, sqd, skn, skd, sgn, sgd,
+                                    BK, KB, MMA, IEEE) * scale
         else:
             if BKB == BK:
                 s = _dot(qb.to(MMA), tl.trans(kb.to(MMA)), IEEE) * scale
@@ -500,10 +626,7 @@ def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
         kbf = kb.to(tl.float32)
         if DECAY == 2:
             Gb, Gb_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_kb, kb_ok, N, sgn, sgd).to(tl.float32))
-            inside3 = inside[:, :, None]
-            diff = tl.where(inside3, Gb[:, None, :] - Gb[None, :, :], float("-inf"))
-            qbf = qb.to(tl.float32)
-            dk = tl.sum(tl.where(inside3, dp[:, :, None] * qbf[:, None, :] * tl.exp(diff), 0.0), 0) * scale
+            dk = _channel_dk(tl.where(inside, dp, 0.0), qb, Gb, MMA, IEEE) * scale
             w2 = tl.exp(Gb_last[None, :] - Gb)  # [BT, BKB]
             dv += _dot((kbf * w2).to(MMA), dS.to(MMA), IEEE)
             dk += _dot(v.to(MMA), tl.trans(dS.to(MMA)), IEEE) * w2

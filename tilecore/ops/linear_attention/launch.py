@@ -95,12 +95,18 @@ def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float,
     state against their gradients do (float32) and dht (or None), as float32 tensors."""
     if plan.path == "cpu":
         return chunked.chunked_backward(do, q, k, v, g, beta, h0, dht, scale, feature, plan.chunk)
-    B, N, H, Dv = v.shape
-    Hqk, Dk = q.shape[2], q.shape[3]
-    group = H // Hqk
-    cfg = plan.config
-    if cfg["upcast"]:
+    if plan.config["upcast"]:
         q, k, v = q.float(), k.float(), v.float()
+    buffers = backward_kernels(plan, do, q, k, v, g, beta, h0, dht, scale, feature)
+    return backward_combine(buffers, do, q, k, v, g, beta, o_lin, ht, dht)
+
+
+def backward_kernels(plan: Plan, do, q, k, v, g, beta, h0, dht, scale: float, feature: int):
+    """The dQ and dK/dV kernels' outputs: (dq per v head, dk parts, dv parts, dh0 or None, r or None),
+    float32 (backward_calls says what each holds)."""
+    B, N, H, Dv = v.shape
+    Dk = q.shape[3]
+    cfg = plan.config
     f32 = torch.float32
     dev = v.device
     dq_heads = torch.empty(B, N, H, Dk, dtype=f32, device=dev)
@@ -115,6 +121,17 @@ def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float,
             for kernel, grid, args, kw in backward_calls(plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts,
                                                          dv_parts, dh0, scale, feature, r):
                 kernel[grid](*args, **kw)
+    return dq_heads, dk_parts, dv_parts, dh0, r
+
+
+def backward_combine(buffers, do, q, k, v, g, beta, o_lin, ht, dht):
+    """(dq, dk, dv, dg, dbeta, dh0) from backward_kernels' buffers: the partial sums, beta's and the log
+    decay's gradients, the diagonal added back, the q/k head groups summed (torch passes)."""
+    dq_heads, dk_parts, dv_parts, dh0, r = buffers
+    B, N, H, Dv = v.shape
+    Hqk, Dk = q.shape[2], q.shape[3]
+    group = H // Hqk
+    nv, nk = dk_parts.shape[0], dv_parts.shape[0]
     dk_hat = dk_parts.sum(0) if nv > 1 else dk_parts[0]
     dv_hat = dv_parts.sum(0) if nk > 1 else dv_parts[0]
     vf = v.float()

@@ -64,14 +64,14 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
     mma, ieee = mma_dtype(q.dtype, q.device)
     state_rows = BK * BK if feature == BASED else BK
     BV = min(BVF, max(16, next_power_of_2(configs.STATE_ELEMS // state_rows + 1) // 2))
-    KB = min(BK, max(1, configs.CHANNEL_SLICE_ELEMS // (chunk * chunk)))
+    KB = min(BK, max(1, configs.CHANNEL_SLICE_ELEMS // (chunk * configs.CHANNEL_SUB)))
     if feature == BASED:
         BKQ = BKB = BK
     else:
         BKQ = min(BK, max(16, next_power_of_2(configs.STATE_ELEMS // BVF + 1) // 2))
         BKB = BK
         if kind == CHANNEL_DECAY:  # their [BT, BT, block] products are elementwise
-            BKQ = BKB = max(16, KB)
+            BKQ = BKB = configs.CHANNEL_BWD_KEY_BLOCK
     # the interpreter's bf16 tl.dot and its float32 -> bf16 conversion are wrong: bf16 inputs run on their
     # exact float32 upcast there, the results rounded once by torch (launch.py)
     upcast = q.dtype == torch.bfloat16 and dispatch.interpreted(q.device)
