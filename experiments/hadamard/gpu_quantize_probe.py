@@ -11,8 +11,12 @@ One device call, under ~3 minutes:
    under torch.compile) at 4096 where asked (--compiled);
 4. a table last, JSON to $OUT/gpu_quantize_probe.json.
 
-    PYTHONPATH=. python3 experiments/hadamard/gpu_quantize_probe.py [--set quick|full|kron|final] [--compiled]
+    PYTHONPATH=. python3 experiments/hadamard/gpu_quantize_probe.py [--set quick|full|kron|final|s26] [--compiled]
     (--set final: the shipped plans, every format and size, the model widths; session 25's last run)
+    (--set s26: session 26's first round: the FAST epilogue (multiply by the group's reciprocal) against the
+    exact one, every format at n = 128..32768 and the model widths, hadamard_transform at the same n, tile
+    and pipeline sweeps, the m x 2^k transform's tuning, the unfused peers (eager always, compiled at the end
+    where time is left); the check covers FAST's codes)
     Plans are run through quantize.run_plan (public), outputs poisoned in the check.
     PYTHONPATH=. python3 experiments/hadamard/gpu_quantize_probe.py --smoke      (CPU, interpreter, toy sizes)
 """
@@ -42,9 +46,41 @@ def _import():
 # a case: ("q", fmt, n, kwargs, tuning) for hadamard_quantize's kernel plan; ("k", m, p, tuning) for kron
 
 
+WIDTHS = (14336, 28672, 11008, 18944)
+FAST = {"fast": True}
+
+
+def s26_quantize_cases():
+    """Session 26's first round, most important first (a deadline cuts the tail)."""
+    fast = [("q", f, n, {}, FAST) for n in POW2 for f in FORMATS]
+    exact = [("q", f, n, {}, {"fast": False}) for n in (128, 1024, 4096, 32768) for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4")]
+    transform = [("t", n) for n in POW2 + (14336,)]
+    widths = [("q", f, n, {}, {"fast": False}) for n in WIDTHS for f in FORMATS]
+    widths += [("q", f, n, {}, FAST) for n in (14336, 11008) for f in ("fp8_e4m3", "mxfp4")]
+    widths += [("q", f, 14336, {}, {**FAST, **t}) for f in ("fp8_e4m3", "mxfp4")
+               for t in ({"num_warps": 4}, {"num_warps": 16}, {"num_stages": 1}, {"num_stages": 3})]
+    sweep = [("q", f, 4096, {}, {**FAST, **t}) for f in ("fp8_e4m3", "mxfp4") for t in
+             ({"num_stages": 2}, {"num_stages": 4}, {"waves": 8}, {"waves": 64}, {"num_warps": 8},
+              {"tma_store": f != "mxfp4"})]
+    sweep += [("q", f, n, {}, {**FAST, **t}) for f in ("fp8_e4m3", "mxfp4") for n, t in
+              ((1024, {"num_stages": 2}), (1024, {"num_stages": 4}), (1024, {"waves": 16}), (2048, {"split": (1, 64, 32)}),
+               (2048, {"num_warps": 4}), (2048, {"tma": "none"}), (128, {"tile_elems": 8192}), (128, {"num_warps": 4}),
+               (512, {"tile_elems": 16384}), (8192, {"num_stages": 3}), (16384, {"num_stages": 2}),
+               (32768, {"num_stages": 2}), (32768, {"waves": 2}))]
+    extra = [("q", "fp8_e4m3", 4096, {"group": 128}, FAST), ("q", "mxfp4", 4096, {"block": 32}, FAST),
+             ("q", "nvfp4", 4096, {"dynamic": True}, FAST), ("q", "int4", 4096, {"block": 128}, FAST)]
+    return fast + exact + transform + widths + extra, sweep
+
+
 def quantize_cases(which):
     if SMOKE:
+        if which == "s26":
+            return [("q", "fp8_e4m3", 256, {}, FAST), ("q", "mxfp4", 256, {}, {"fast": False}), ("t", 256),
+                    ("q", "nvfp4", 256, {"dynamic": True}, FAST)]
         return [("q", "fp8_e4m3", 256, {}, {}), ("q", "mxfp4", 256, {}, {}), ("q", "int4", 256, {}, {})]
+    if which == "s26":
+        first, sweep = s26_quantize_cases()
+        return first + sweep
     first = [("q", f, n, {}, {}) for f in FORMATS for n in POW2]
     first += [("q", "fp8_e4m3", 4096, {}, {"legacy": True}), ("q", "mxfp4", 4096, {}, {"legacy": True})]
     first += [("q", "fp8_e4m3", 4096, {"group": 128}, {}), ("q", "mxfp4", 4096, {"block": 32}, {})]
@@ -73,6 +109,14 @@ def quantize_cases(which):
 def kron_cases(which):
     if SMOKE:
         return [("k", 12, 16, {})]
+    if which == "s26":
+        cases = [("k", m, p, {}) for m in (12, 20, 28) for p in (64, 128, 256, 512, 1024, 2048)]
+        cases += [("k", m, 64, {}) for m in (140, 148, 156, 172)]
+        cases += [("k", m, p, t) for m, p in ((12, 64), (28, 512), (20, 1024)) for t in
+                  ({"num_stages": 1}, {"num_stages": 3}, {"waves": 2}, {"waves": 8}, {"num_warps": 8})]
+        cases += [("k", 12, 256, {"tile_elems": 16384}), ("k", 28, 64, {"tile_elems": 4096}),
+                  ("k", 12, 1024, {"num_warps": 8, "waves": 2})]
+        return cases
     if which == "final":
         return [("k", m, p, {}) for m in (12, 20, 28) for p in (64, 256, 512, 1024, 2048)] + \
                [("k", m, 64, {}) for m in (140, 148, 156, 172)] + [("k", 12, 64, {"num_warps": 8, "tile_elems": 8192})]
@@ -100,7 +144,7 @@ def _quantize_runner(case, x):
     f = quantize.FORMATS[fmt]
     group = kw.get("group", f.default_group)
     block = kw.get("block")
-    scale = torch.tensor([0.002], device=x.device) if fmt == "nvfp4" else None
+    scale = torch.tensor([0.002], device=x.device) if fmt == "nvfp4" and not kw.get("dynamic") else None
     static = scale is not None
     plan = quantize.plan_quantize(x, fmt, group, block, True, static, False, **tuning)
 
@@ -143,7 +187,26 @@ def _warm_one(case):
 # --------------------------------------------------------------------------------------------- check
 
 
-def phase_check(result, save=lambda: None):
+def s26_check_cases(torch):
+    """(format, n, kwargs, dtype): FAST at the timed sizes and row counts, every format, then layouts."""
+    bf16 = torch.bfloat16
+    if SMOKE:
+        return [("fp8_e4m3", 256, {"tuning": FAST}, bf16), ("mxfp4", 256, {"tuning": FAST}, bf16),
+                ("nvfp4", 256, {"tuning": FAST, "scale": 0.002}, bf16)]
+    cases = [(f, n, {"tuning": FAST, **({"scale": 0.002} if f == "nvfp4" else {})}, bf16)
+             for n in (128, 4096) for f in FORMATS]
+    cases += [(f, n, {"tuning": FAST, **({"scale": 0.002} if f == "nvfp4" else {})}, bf16)
+              for n in (2048, 32768) for f in ("fp8_e4m3", "int8", "mxfp4")]
+    cases += [("fp8_e4m3", 4096, {"tuning": FAST}, torch.float16), ("mxfp4", 4096, {"tuning": FAST}, torch.float16),
+              ("fp8_e4m3", 4096, {"group": 128, "tuning": FAST}, bf16), ("mxfp4", 4096, {"block": 32, "tuning": FAST}, bf16),
+              ("nvfp4", 4096, {"tuning": FAST}, bf16), ("int4", 4096, {"block": 128, "tuning": FAST}, bf16),
+              ("fp8_e4m3", 1024, {"signs": True, "tuning": FAST}, bf16), ("fp8_e4m3", 1024, {"scale": 0.01, "tuning": FAST}, bf16),
+              ("fp8_e4m3", 14336, {"tuning": FAST}, bf16), ("mxfp4", 14336, {"tuning": FAST}, bf16),
+              ("int8", 11008, {"tuning": FAST}, torch.float16), ("fp8_e4m3", 4096, {}, bf16), ("mxfp4", 4096, {}, bf16)]
+    return cases
+
+
+def phase_check(result, save=lambda: None, which="quick"):
     import torch
 
     from tilecore import accuracy
@@ -166,10 +229,13 @@ def phase_check(result, save=lambda: None):
               ("int8", 11008, {}, torch.float16), ("nvfp4", 14336, {"scale": 0.002}, torch.bfloat16)]
     if SMOKE:
         cases = cases[:3] + cases[-3:]
+    if which == "s26":
+        cases = s26_check_cases(torch)
     for fmt, n, kw, dtype in cases:
         case = {"format": fmt, "n": n, "dtype": str(dtype).removeprefix("torch."), **kw}
         try:
             kw = dict(kw)
+            tuning = kw.pop("tuning", {})
             rows = 4 if SMOKE else _rows(n)
             x = torch.randn(rows, n, dtype=dtype, device=DEV)
             x[:, 7] *= 80  # an outlier channel
@@ -180,8 +246,10 @@ def phase_check(result, save=lambda: None):
             if "scale" in kw:
                 kw["scale"] = torch.tensor([kw["scale"]], device=DEV)
             group = kw.get("group", quantize.FORMATS[fmt].default_group)
-            plan = quantize.plan_quantize(x, fmt, group, kw.get("block"), True, "scale" in kw, "randomized_signs" in kw)
+            plan = quantize.plan_quantize(x, fmt, group, kw.get("block"), True, "scale" in kw, "randomized_signs" in kw,
+                                          **tuning)
             case["path"] = plan.path
+            case["fast"] = bool(plan.config.get("FAST"))
             # the public call's plan, outputs poisoned first (every element not written fails the comparison)
             codes, scales, g = quantize.run_plan(plan, x, fmt, group, kw.get("block"), True, kw.get("scale"),
                                                  kw.get("randomized_signs"), poison=True)
@@ -217,7 +285,7 @@ def phase_check(result, save=lambda: None):
             try:
                 lplan = quantize.plan_quantize(x, fmt, group, kw.get("block"), True, "scale" in kw,
                                                "randomized_signs" in kw, legacy=True)
-                if lplan.path == "fused" and "randomized_signs" not in kw and n == 4096 and dtype == torch.bfloat16:
+                if lplan.path == "fused" and which != "s26" and "randomized_signs" not in kw and n == 4096 and dtype == torch.bfloat16:
                     lc = quantize.run_plan(lplan, x, fmt, group, kw.get("block"), True, kw.get("scale"))[0]
                     case["legacy_code_bytes_differ"] = int((lc.view(torch.uint8) != codes.reshape(lc.shape).view(torch.uint8)).sum())
             except Exception as err:  # noqa: BLE001
@@ -241,7 +309,7 @@ def phase_check(result, save=lambda: None):
             case["error"] = f"{type(err).__name__}: {str(err)[:300]}"
         out["quantize"].append(case)
         save()
-    for c in kron_cases("full")[:16]:
+    for c in (kron_cases("s26")[:22] if which == "s26" and not SMOKE else kron_cases("full")[:16]):
         _, m, p, tuning = c
         n = m * p
         case = {"m": m, "p": p, **tuning}
@@ -272,6 +340,60 @@ def _bench(fn):
     return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
 
 
+def timed_cases(which):
+    """Every timed case in order; s26: its first cases, the shipped m x 2^k plans, the sweeps, the rest."""
+    if which == "s26" and not SMOKE:
+        first, sweep = s26_quantize_cases()
+        kron = kron_cases(which)
+        return first + kron[:22] + sweep + kron[22:]
+    return (quantize_cases(which) if which != "kron" else []) + kron_cases(which)
+
+
+def unfused_peers(out, deadline, compiled):
+    """The unfused pair: tilecore's hadamard_transform (bf16 out), then the quantizer in eager PyTorch
+    (quantize_reference.quantize_rotated, float32 arithmetic) and, where time is left, under torch.compile;
+    against the fused kernel (shipped plan and FAST) on the same x, same run."""
+    import torch
+
+    from tilecore.ops.hadamard import hadamard_transform, quantize
+    from tilecore.ops.hadamard.quantize_reference import quantize_rotated
+
+    cases = [("fp8_e4m3", 4096, "eager"), ("int8", 4096, "eager"), ("mxfp4", 4096, "eager"), ("nvfp4", 4096, "eager"),
+             ("int4", 4096, "eager"), ("fp8_e4m3", 14336, "eager"), ("mxfp4", 1024, "eager")]
+    if compiled:
+        cases += [("fp8_e4m3", 4096, "compiled"), ("mxfp4", 4096, "compiled"), ("nvfp4", 4096, "compiled")]
+    if SMOKE:
+        cases = [("fp8_e4m3", 256, "eager"), ("nvfp4", 256, "eager")]
+    for fmt, n, mode in cases:
+        if time.time() > deadline - (45 if mode == "compiled" else 8):
+            out.append({"case": f"unfused {mode} {fmt} {n}", "skipped": "time"})
+            continue
+        row = {"case": f"unfused {mode} {fmt} {n}"}
+        try:
+            x = torch.randn(_rows(n), n, dtype=torch.bfloat16, device=DEV)
+            f = quantize.FORMATS[fmt]
+            gscale = torch.tensor([0.002], device=DEV) if fmt == "nvfp4" else None
+
+            def quant(y):
+                return quantize_rotated(y.float(), fmt, f.default_group, gscale)
+            qf = torch.compile(quant, dynamic=False) if mode == "compiled" else quant
+
+            def unfused():
+                return qf(hadamard_transform(x, n**-0.5))
+            unfused()
+            t_u = _bench(unfused)
+            row["unfused_ms"] = round(t_u, 4)
+            for name, tuning in (("shipped", {}), ("fast", FAST)):
+                plan = quantize.plan_quantize(x, fmt, f.default_group, None, True, gscale is not None, False, **tuning)
+                t_f = _bench(lambda: quantize.run_plan(plan, x, fmt, f.default_group, None, True, gscale))
+                row[f"{name}_ms"] = round(t_f, 4)
+                row[f"{name}_speedup"] = round(t_u / t_f, 2)
+            del x
+        except Exception as err:  # noqa: BLE001
+            row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        out.append(row)
+
+
 def phase_time(result, which, deadline, compiled):
     import torch
 
@@ -287,7 +409,7 @@ def phase_time(result, which, deadline, compiled):
             del src, dst
         return copies[half]
 
-    cases = (quantize_cases(which) if which != "kron" else []) + kron_cases(which)
+    cases = timed_cases(which)
     for case in cases:
         if time.time() > deadline - 8:
             out.append({"case": repr(case), "skipped": "time"})
@@ -313,11 +435,14 @@ def phase_time(result, which, deadline, compiled):
                 nbytes = 2 * x.numel() * 2
             ms = _bench(run)
             row.update(path=plan.path, ms=round(ms, 4), copy_pct=round(100 * copy_ms(nbytes) / ms, 1),
-                       config={k: v for k, v in plan.config.items() if k in ("S", "N1", "N2", "Q", "B", "M_PAD", "TMA_LOAD", "num_warps", "num_stages", "GRID")})
+                       config={k: v for k, v in plan.config.items() if k in ("S", "N1", "N2", "Q", "B", "M_PAD", "TMA_LOAD", "TMA_STORE", "FAST", "num_warps", "num_stages", "GRID")})
             del x
         except Exception as err:  # noqa: BLE001
             row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
         out.append(row)
+    if which == "s26":
+        unfused_peers(out, deadline, True)
+        return
     if compiled and not SMOKE:  # the unfused peer: tilecore's transform, then the quantizer under torch.compile
         from tilecore.ops.hadamard import hadamard_transform
         from tilecore.ops.hadamard.quantize import hadamard_quantize
@@ -355,7 +480,7 @@ def _child(phase, path, deadline, which, compiled):
             def save():  # after each case: a phase cut off by its time limit keeps what it checked
                 with open(path, "w") as f:
                     json.dump(result, f)
-            phase_check(result, save)
+            phase_check(result, save, which)
         else:
             phase_time(result, which, deadline, compiled)
     except Exception:  # noqa: BLE001
@@ -380,12 +505,48 @@ def table(result):
     for k in result:
         if k.endswith("_error"):
             lines.append(f"{k}: {str(result[k])[-800:]}")
+    lines += pivot(result)
     return "\n".join(lines)
+
+
+def pivot(result):
+    """% of copy by n (rows) and format (columns): the plain cases (no kwargs) with FAST, then exact."""
+    import ast
+
+    cells = {}
+    kron = {}
+    for r in result.get("time", []):
+        if "copy_pct" not in r:
+            continue
+        try:
+            case = ast.literal_eval(r["case"])
+        except (ValueError, SyntaxError):
+            continue
+        if case[0] == "q" and not case[3] and set(case[4]) <= {"fast"}:
+            cells[(bool(r["config"].get("FAST")), case[2], case[1])] = r["copy_pct"]
+        elif case[0] == "t":
+            cells[("transform", case[1], "bf16")] = r["copy_pct"]
+        elif case[0] == "k" and not case[3]:
+            kron[(case[1], case[2])] = r["copy_pct"]
+    lines = []
+    for mode, title in ((True, "FAST epilogue"), (False, "exact epilogue (Markstein)")):
+        ns = sorted({n for (m, n, _) in cells if m == mode})
+        if not ns:
+            continue
+        lines.append(f"hadamard_quantize, % of copy, {title} (bf16 in, 2^28 elements; nvfp4 static global scale)")
+        lines.append("n      " + " ".join(f"{f:>9s}" for f in FORMATS) + "  transform")
+        for n in ns:
+            t = cells.get(("transform", n, "bf16"))
+            lines.append(f"{n:<6d} " + " ".join(f"{cells[(mode, n, f)]:9.1f}" if (mode, n, f) in cells else f"{'-':>9s}"
+                                                for f in FORMATS) + (f"  {t:9.1f}" if t else ""))
+    if kron:
+        lines.append("m x 2^k transform, % of copy: " + ", ".join(f"{m}x{p} {v:.1f}" for (m, p), v in sorted(kron.items())))
+    return lines
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--set", default="quick", choices=("quick", "full", "kron", "final"))
+    ap.add_argument("--set", default="quick", choices=("quick", "full", "kron", "final", "s26"))
     ap.add_argument("--phases", default="warm,check,time")
     ap.add_argument("--budget", type=float, default=180.0)
     ap.add_argument("--compiled", action="store_true")
@@ -410,7 +571,7 @@ def main():
     for phase in args.phases.split(","):
         t0 = time.time()
         if phase == "warm":
-            cases = (quantize_cases(args.set) if args.set != "kron" else []) + kron_cases(args.set)
+            cases = timed_cases(args.set)
             with ctx.Pool(2 if SMOKE else min(16, os.cpu_count() or 4)) as pool:
                 res = pool.map_async(_warm_one, cases, chunksize=1)
                 try:

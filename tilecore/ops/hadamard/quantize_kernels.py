@@ -135,13 +135,24 @@ def _scale(amax, gscale_ptr, FORMAT: tl.constexpr, STATIC: tl.constexpr, QMAX: t
         stored = tl.where(finite, e + 127, 255)
     elif FORMAT == NVFP4:
         g = tl.load(gscale_ptr)
-        s = tl.math.div_rn(tl.math.div_rn(amax, 6.0), g)
-        s = tl.where(s != s, s, _clamp(s, 0.015625, 448.0))
-        stored = _fp8_code(s, 3, 7, 448.0)
-        # the e4m3 value of the stored byte (s > 0): s rounded as _fp8_code rounds it
-        e = tl.maximum(_exponent(s), -6)
-        quantum = _pow2(e - 3)
-        s8 = _round_half_even(s / quantum) * quantum
+        if _INTERPRETED:
+            s = tl.math.div_rn(tl.math.div_rn(amax, 6.0), g)
+            s = tl.where(s != s, s, _clamp(s, 0.015625, 448.0))
+            stored = _fp8_code(s, 3, 7, 448.0)
+            # the e4m3 value of the stored byte (s > 0): s rounded as _fp8_code rounds it
+            e = tl.maximum(_exponent(s), -6)
+            quantum = _pow2(e - 3)
+            s8 = _round_half_even(s / quantum) * quantum
+        else:
+            # the same values in fewer instructions (a group's scale is computed by each of the 4 threads
+            # holding its values: ~8 groups a thread at n = 4096): the two divisions correctly rounded by
+            # Markstein's correction with the reciprocals of 6 and of g (g once a tile), the e4m3 byte by
+            # cvt.rn.satfinite (s is clamped, NaN stays NaN: 0x7F) and its value by converting it back
+            s = _div_by(_div_by(amax, 6.0, 1.0 / 6.0), g, 1.0 / g)
+            s = tl.where(s != s, s, _clamp(s, 0.015625, 448.0))
+            s_fp8 = s.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+            stored = s_fp8.to(tl.uint8, bitcast=True)
+            s8 = s_fp8.to(tl.float32)
         # a block whose amax is not finite has codes 0 (quantize_reference): its divisor NaN says so (a
         # static global scale keeps s finite where amax is inf)
         div = tl.where(amax < float("inf"), g * s8, float("nan"))
@@ -152,6 +163,15 @@ def _scale(amax, gscale_ptr, FORMAT: tl.constexpr, STATIC: tl.constexpr, QMAX: t
             div = tl.where(amax == 0, 1.0, tl.math.div_rn(amax, QMAX))
         stored = div
     return div, stored
+
+
+@triton.jit
+def _div_by(y, d, r):
+    """y / d correctly rounded, given r = RN(1 / d) (Markstein: q = RN(y r), then q + (y - q d) r in two
+    FMAs; d finite and > 0, y / d not subnormal); q = +-inf (y infinite, or the quotient overflowing) is
+    kept, as y / d gives it (the correction would make it NaN)."""
+    q = y * r
+    return tl.where(tl.abs(q) == float("inf"), q, tl.fma(tl.fma(-q, d, y), r, q))
 
 
 @triton.jit
@@ -373,16 +393,16 @@ def _rint(t):
 @triton.jit
 def _e2m1_fast(v):
     """The e2m1 nibble of float32 v, saturating at +-6, ties to even, for v not NaN (callers zero the codes
-    of blocks whose scale is not finite, the only blocks holding NaN quotients). The grid's steps are
-    0.5 below 2, 1 below 4, 2 up to 6: |v| times 2, 1 or 1/2 (exact), plus 1.5 x 2^23 plus the code of the
-    binade's first value (0, 2, 4), rounds half to even onto the code itself in the float's low bits:
-    one FMA and a few selects a value."""
+    of blocks whose scale is not finite, the only blocks holding NaN quotients). The grid's step is
+    q = 2^(E - 1) with E the exponent of max(|v|, 1) (0.5 below 2, 1 below 4, 2 up to 6): adding
+    M = 1.5 x 2^23 q rounds |v| half to even onto a multiple of q, left as an integer in M's low mantissa
+    bits; M made from E's bits plus 2 E (the binade's first code: 0, 2, 4) leaves the code itself there.
+    No compares or selects: max, and, shift, add (M's bits), add, and; then the sign bit."""
     a = tl.minimum(tl.abs(v), 6.0)
-    small = a < 2.0
-    mid = a < 4.0
-    k = tl.where(small, 2.0, tl.where(mid, 1.0, 0.5))
-    magic = tl.where(small, 12582912.0, tl.where(mid, 12582914.0, 12582916.0))
-    mag = (a * k + magic).to(tl.int32, bitcast=True) & 7
+    eb = tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000  # (127 + E) << 23
+    # M's bits: (127 + 22 + E) << 23 | 1.5's mantissa, plus 2 E = (eb >> 22) - 254
+    magic = (eb + (eb >> 22) + 0x0B3FFF02).to(tl.float32, bitcast=True)
+    mag = (a + magic).to(tl.int32, bitcast=True) & 7
     return mag | ((v.to(tl.int32, bitcast=True) >> 28) & 8)
 
 
