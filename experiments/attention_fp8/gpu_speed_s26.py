@@ -11,9 +11,10 @@ check  each FP8 variant once into NaN-poisoned buffers: every element written (f
        (rel-RMS of the float64 result rounded to bf16, the output's dtype); the convenience paths end to end against float64
        attention of the bf16 inputs, beside tilecore's bf16 attention's own error.
 time   do_bench medians (TFLOP/s = 4 B H N^2 D / t, halved causal) of: tilecore.attention bf16, cuDNN bf16,
-       the FP8 kernel (per-head descales: default; exp2 one in 4 / one in 2 on the FMA units; q per token with
+       the FP8 kernel (per-head descales: default; cast_late: P rounded to e4m3 just before its wgmma, 4 k a
+       register, no byte unpacked between steps; exp2 one in 4 / one in 2 on the FMA units; q per token with
        k per head (the old convenience path's scales); q per token with k per block of 128 keys as one scalar a
-       step (the fused path's)), the convenience path end to end (hadamard_quantize: the default; fused
+       step (the fused path's), also with cast_late), the convenience path end to end (hadamard_quantize: the default; fused
        quantizer with k per tensor; fused with k per block), and its parts (rotate_quantize of q, of k; v's
        quantizer; hadamard_quantize of q; a clone of q as the copy yardstick, GB/s of each).
 
@@ -119,12 +120,15 @@ def main():
                 return dict(default, **kw) if gluon else None  # smoke: the interpreter's kernel as it is
 
             variants = {"fp8": (q8, qs, k8, ks, cfg()),
-                        "fp8_exp2_fma4": (q8, qs, k8, ks, cfg(exp2_fma_every=4))}
+                        "fp8_cast_late": (q8, qs, k8, ks, cfg(cast_late=True)),
+                        "fp8_cast_late_exp2_fma4": (q8, qs, k8, ks, cfg(cast_late=True, exp2_fma_every=4))}
             if depth == "full":
+                variants["fp8_exp2_fma4"] = (q8, qs, k8, ks, cfg(exp2_fma_every=4))
                 if D == 64 or not causal:
-                    variants["fp8_exp2_fma2"] = (q8, qs, k8, ks, cfg(exp2_fma_every=2))
+                    variants["fp8_cast_late_exp2_fma2"] = (q8, qs, k8, ks, cfg(cast_late=True, exp2_fma_every=2))
                 variants["fp8_qtoken_khead"] = (q8t, qst, k8, ks, cfg())
                 variants["fp8_qtoken_kblock"] = (q8t, qst, k8b, ksb, cfg())
+                variants["fp8_qtoken_kblock_cast_late"] = (q8t, qst, k8b, ksb, cfg(cast_late=True))
             # slices checked against float64: the first and the last (batch, head)
             sl = [(0, 0), (B - 1, H - 1)]
 

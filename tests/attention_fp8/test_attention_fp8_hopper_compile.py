@@ -7,12 +7,13 @@ import sys
 
 import pytest
 
-# (head dim, causal, per-row descales, k descales per key block, exp2 one in n on the FMA units). One variant (a
-# compile takes ~30 s here): D 64 causal, q's descale per head, k's per block of 128 keys (a scalar a step), ping-pong
-# barriers, a quarter of the exp2 on the FMA units (masks, barriers and every session-26 switch: the most code). D 128 non-causal (the headline) compiles to 168
+# (head dim, causal, per-row descales, k descales per key block, exp2 one in n on the FMA units, P cast late). One
+# variant (a compile takes ~30 s here): D 64 causal, q's descale per head, k's per block of 128 keys (a scalar a step),
+# ping-pong barriers, a quarter of the exp2 on the FMA units, P rounded before its wgmma (masks, barriers and every
+# session-26 switch: the most code). D 128 non-causal (the headline) compiles to 168
 # registers, no spill (notes/attention_fp8/README.md). The per-token variants spill: D 64 causal 4-8
 # bytes, D 128 causal ~200; experiments/attention_fp8/gpu_fp8.py times them
-VARIANTS = [(64, True, False, True, 4)]
+VARIANTS = [(64, True, False, True, 4, True)]
 
 SCRIPT = r"""
 import json, sys, torch
@@ -21,7 +22,7 @@ from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, reso
 from tilecore.tiles.launch import gluon_descriptor
 
 out = []
-for D, causal, per_row, k_per_block, exp2_fma_every in json.loads(sys.argv[1]):
+for D, causal, per_row, k_per_block, exp2_fma_every, cast_late in json.loads(sys.argv[1]):
     cfg = configs.gluon_config(D, causal)
     bm, bn = cfg["block_m"], cfg["block_n"]
     f8 = torch.float8_e4m3fn
@@ -36,13 +37,14 @@ for D, causal, per_row, k_per_block, exp2_fma_every in json.loads(sys.argv[1]):
                 k_rows_per_scale=128 if k_per_block else 1, num_bh=8, head_group=4,
                 schedule=None, CAUSAL=causal, Q_PER_ROW=per_row, K_PER_ROW=per_row, STAGES=cfg["stages"],
                 CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"], PERMUTED_V=True, PINGPONG=cfg["pingpong"],
-                K_PER_BLOCK=k_per_block, EXP2_FMA_EVERY=exp2_fma_every)
+                K_PER_BLOCK=k_per_block, EXP2_FMA_EVERY=exp2_fma_every, CAST_LATE=cast_late)
     c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, args, num_warps=4)
     ptx = c.asm["ptx"]
     r = resources(c)
-    out.append(dict(D=D, causal=causal, per_row=per_row, exp2_fma_every=exp2_fma_every, **has_hopper_instructions(ptx), **vars(r),
+    out.append(dict(D=D, causal=causal, per_row=per_row, exp2_fma_every=exp2_fma_every, cast_late=cast_late, **has_hopper_instructions(ptx), **vars(r),
                     e4m3_wgmma="f32.e4m3.e4m3" in ptx, shfl=ptx.count("shfl.sync"), ex2=ptx.count("ex2.approx"),
-                    fma_exp2=ptx.count("max.NaN.f32")))
+                    fma_exp2=ptx.count("max.NaN.f32"), e4m3x4=ptx.count("{lo, hi}"), prmt=ptx.count("prmt"),
+                    byte_moves=ptx.count("shr.s16")))
 print(json.dumps(out))
 """
 
@@ -73,6 +75,14 @@ def test_a_quarter_of_the_exp2_on_the_fma_units(report):
     for r in report:
         if r["exp2_fma_every"] == 4:
             assert r["fma_exp2"] > 0 and r["fma_exp2"] // 2 * 3 <= r["ex2"] <= r["fma_exp2"] // 2 * 3 + 16, r
+
+
+def test_p_cast_late_packs_four_bytes_a_register(report):
+    # cast_late: P is rounded just before its wgmma, two cvt and one mov a register; no byte of it is unpacked
+    # and packed again between steps (P carried as e4m3: 192 prmt and 128 shr.s16 in the PTX at D 128)
+    for r in report:
+        if r["cast_late"]:
+            assert r["e4m3x4"] > 0 and r["prmt"] == 0 and r["byte_moves"] == 0, r
 
 
 def test_p_stays_in_its_threads(report):

@@ -117,6 +117,20 @@ def exp2_split(x, FMA_EVERY: gl.constexpr):
     return y
 
 
+# float32 -> e4m3 for 4 elements at once, packed in one register in their order (cvt's first operand goes to
+# the high byte): what the wgmma register operand holds (4 consecutive k of one row)
+E4M3X4_PTX: gl.constexpr = gl.constexpr("{\n\t.reg .b16 lo, hi;\n\t"
+                                        "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n\t"
+                                        "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n\t"
+                                        "mov.b32 $0, {lo, hi};\n\t}")
+
+
+@gluon.jit
+def to_e4m3x4(x):
+    """x (float32) rounded to e4m3 (saturating), 4 elements an inline asm: pairs of cvt packed into one register."""
+    return gl.inline_asm_elementwise(E4M3X4_PTX, "=r,f,f,f,f", [x], dtype=gl.float8e4nv, is_pure=True, pack=4)
+
+
 @gluon.jit
 def fp8_softmax_update(m_i, l_i, s, row_scale, PER_ROW: gl.constexpr, EXP2_FMA_EVERY: gl.constexpr = 0):
     """One online-softmax step on raw scores ``s`` [m, n] with a positive base-2 scale (a scalar, or
@@ -192,6 +206,7 @@ class AttentionFp8:
     K_PER_ROW: gl.constexpr
     K_PER_BLOCK: gl.constexpr  # k's descales per block of BN keys: one scalar a step (a factor of the row scale)
     EXP2_FMA_EVERY: gl.constexpr  # exp2_split: one exp2 in this many on the FMA units (0: none)
+    CAST_LATE: gl.constexpr  # p_operand: P rounded to e4m3 after its move to the operand layout
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
     D: gl.constexpr
@@ -242,7 +257,7 @@ class AttentionFp8:
             q_scale = q_scale * gl.load(self.k_scales + b * (self.H // self.GROUP) + hk)
         m, l = online_softmax_start(self.BM, self.S)
         acc = gl.zeros([self.BM, self.D], gl.float32, self.O)
-        p = gl.zeros([self.BM, self.BN], self.q_desc.dtype, self.P)
+        p = gl.zeros([self.BM, self.BN], gl.float32 if self.CAST_LATE else self.q_desc.dtype, self.P)
         return Running(m, l, acc, p, Rows(first, tile.bh, n_own), q_scale)
 
     @gluon.jit
@@ -281,15 +296,28 @@ class AttentionFp8:
     def p_operand(self, p):
         """P in e4m3 as the P V register operand (made with no wgmma in flight: ptxas C7513), its keys
         permuted within each 32 (reference.key_position) so that each thread keeps its own values."""
-        p8 = p.to(self.q_desc.dtype)
         if self.PERMUTED_V:
             # column c = 32 t + 16 j_hi + 8 j_lo + 2 r + e (the accumulator's: lane r of a quad holds e = 0, 1
             # of every 8) goes to k = 32 t + 16 j_hi + 4 r + 2 j_lo + e (the register operand's: lane r holds
-            # 4 consecutive k of every 16)
-            x = gl.reshape(p8, [self.BM, self.BN // 32, 2, 2, 4, 2])
+            # 4 consecutive k of every 16). CAST_LATE: P stays float32 here (moved by register renaming only) and
+            # is rounded just before its wgmma (pv_operand); else rounded first, and its bytes, carried from step
+            # to step as single bytes, are unpacked and packed again (~190 PRMT/LOP3/SHF a step at D 128)
+            x = p if self.CAST_LATE else p.to(self.q_desc.dtype)
+            x = gl.reshape(x, [self.BM, self.BN // 32, 2, 2, 4, 2])
             x = gl.permute(x, (0, 1, 2, 4, 3, 5))
-            return gl.convert_layout(gl.reshape(x, [self.BM, self.BN]), self.P, assert_trivial=True)
-        return gl.convert_layout(p8, self.P)
+            x = gl.convert_layout(gl.reshape(x, [self.BM, self.BN]), self.P, assert_trivial=True)
+        else:
+            x = gl.convert_layout(p.to(self.q_desc.dtype), self.P)
+        return x
+
+    @gluon.jit
+    def pv_operand(self, p):
+        """The P V register operand from Running.p: with CAST_LATE rounded to e4m3 here, four k of a row a
+        register (to_e4m3x4), in the basic block of the wgmma, so that no byte is unpacked; else p as it is."""
+        operand = p
+        if self.CAST_LATE:
+            operand = to_e4m3x4(p)
+        return operand
 
     @gluon.jit
     def my_turn(self, ctx, step):
@@ -312,7 +340,7 @@ class AttentionFp8:
         Returns (m, l, P in float32, alpha, acc + P V)."""
         k_scale = self.key_scales(st, first_key)
         s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
-        o_tok = warpgroup_mma(st.p, v, st.acc, is_async=True)
+        o_tok = warpgroup_mma(self.pv_operand(st.p), v, st.acc, is_async=True)
         self.their_turn(ctx)
         s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
         m, l, p32, alpha = self.softmax(s, st, first_key, k_scale)
@@ -338,7 +366,7 @@ class AttentionFp8:
             m, l, p32, alpha, acc = self.s_and_pv(ctx, q, k_t, v, st, step * self.BN)
             st = st.replace(m=m, l=l, acc=acc * alpha, p=self.p_operand(p32))
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
-            o_tok = warpgroup_mma(st.p, v, st.acc, is_async=True)
+            o_tok = warpgroup_mma(self.pv_operand(st.p), v, st.acc, is_async=True)
             self.their_turn(ctx)
             st = st.replace(acc=warpgroup_mma_wait(0, deps=(o_tok,)))
         else:  # causal: a step past this consumer's keys (the other's rows see more)
@@ -373,7 +401,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              K_PER_ROW: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                              Q_BUFFERS: gl.constexpr = 1, PERMUTED_V: gl.constexpr = False,
                              PINGPONG: gl.constexpr = False, K_PER_BLOCK: gl.constexpr = False,
-                             EXP2_FMA_EVERY: gl.constexpr = 0):
+                             EXP2_FMA_EVERY: gl.constexpr = 0, CAST_LATE: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not PINGPONG), "two or three consumer warpgroups "
                      "(PINGPONG: two)")
@@ -382,7 +410,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     D: gl.constexpr = k_desc.block_type.shape[3]
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
-                      CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, EXP2_FMA_EVERY, BM, BN, D, CONSUMERS, PERMUTED_V, PINGPONG,
+                      CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, EXP2_FMA_EVERY, CAST_LATE, BM, BN, D, CONSUMERS, PERMUTED_V, PINGPONG,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8))
     # three consumer warpgroups (13 warps) share the register file more thinly

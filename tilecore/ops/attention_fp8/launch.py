@@ -96,7 +96,7 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
     options = dict(CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row and not k_per_block, STAGES=cfg["stages"],
                    CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1), PERMUTED_V=True,
                    PINGPONG=cfg.get("pingpong", False), K_PER_BLOCK=k_per_block,
-                   EXP2_FMA_EVERY=cfg.get("exp2_fma_every", 0), num_warps=4)
+                   EXP2_FMA_EVERY=cfg.get("exp2_fma_every", 0), CAST_LATE=cfg.get("cast_late", False), num_warps=4)
     # launched by the call's signature (its inputs' shapes, strides, dtypes, alignment and the options
     # determine every argument's specialization; vt, out and lse are fresh or the inputs): ~10 us a call
     key = signature("attention_fp8", q, k, vt, out, q_scale, k_scale, v_scale, causal, tuple(sorted(cfg.items())))
