@@ -20,6 +20,10 @@ STATE_ELEMS = 8192
 CHANNEL_SUB = 16
 CHANNEL_SLICE_ELEMS = 8192
 CHANNEL_BWD_KEY_BLOCK = 16
+# per-channel decay with head dims over CHANNEL_WIDE: chunks of CHANNEL_WIDE_CHUNK (at 64 and Dk = Dv = 256
+# the dQ kernel staged 236 KiB of shared memory and the forward spilled 2.2 KB, sm_90a)
+CHANNEL_WIDE = 128
+CHANNEL_WIDE_CHUNK = 32
 
 # the backward's blocks where the forward's spill there (plan.tl_plan): Based's chunk and value block,
 # and for Dk > BWD_KEY_BLOCK the dK/dV kernel's key block and value block
@@ -27,6 +31,17 @@ BASED_BWD_CHUNK = 16
 BASED_BWD_BV = 32
 BWD_KEY_BLOCK = 128
 WIDE_BWD_BV = 32
+
+# the forward's blocks (the session-26 sweeps, notes/linear_attention "Forward speed"): 4 warps ran
+# 1.5-2.3x faster than 8 at every block on the H100 and the H200 (B16 H16 N4096), and a state block of
+# 16384 float32 ([128, 128]: 128 registers a thread) beat 8192 for Dk = 128 (0.56 against 0.68 ms with a
+# scalar decay, H200). Based: value blocks of 32 (0.81 ms against 0.93 at 64). Per-channel decay keeps
+# the backward's (NUM_WARPS, NUM_STAGES: not swept)
+FWD_WARPS = 4
+FWD_STATE_ELEMS = 16384
+FWD_STAGES = {0: 3, 1: 2}  # by decay kind: no decay 0.344 ms at 3 against 0.392 at 2; scalar 0.564 at 2
+BASED_FWD_BV = 32
+BASED_FWD_STAGES = 3
 
 NUM_WARPS = 8  # 4 spilled 316 bytes in the dK/dV kernel at Dk = Dv = 128
 NUM_STAGES = 2  # the chunk loop's software pipelining (loads of the next chunk in flight)

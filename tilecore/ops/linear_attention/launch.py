@@ -82,7 +82,7 @@ def forward_call(plan: Plan, q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scal
     kw = dict(BT=cfg["BT"], BK=cfg["BK"], BV=cfg["BV"], KB=cfg["KB"], DECAY=kind, FEATURE=feature,
               HAS_BETA=beta is not None, HAS_D=d_skip is not None, HAS_Z=z is not None, HAS_H0=h0 is not None,
               STORE_HT=ht is not None, STORE_OLIN=o_lin is not None, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
-              num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+              num_warps=cfg["fwd_warps"], num_stages=cfg["fwd_stages"])
     return kernels_tl.la_fwd_kernel, (B * H * cfg["value_blocks"],), args, kw
 
 

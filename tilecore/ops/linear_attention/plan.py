@@ -56,10 +56,12 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
             **overrides) -> Plan:
     """The tl kernels' plan (also for a compile report on a machine without a GPU). ``overrides``: the
     config's BT_BWD, BV, BVB, BKQ, BKB, KB, num_warps, num_stages, step_warps (experiments/linear_attention
-    sweeps them)."""
+    sweeps them; fwd_warps, fwd_stages: the forward's alone)."""
     kind = decay_kind(g)
-    chunk = chunk or configs.CHUNK[kind]
     dk, dv = q.shape[-1], v.shape[-1]
+    if not chunk and kind == CHANNEL_DECAY and max(dk, dv) > configs.CHANNEL_WIDE:
+        chunk = configs.CHANNEL_WIDE_CHUNK
+    chunk = chunk or configs.CHUNK[kind]
     BK, BVF = block(dk), block(dv)
     mma, ieee = mma_dtype(q.dtype, q.device)
     state_rows = BK * BK if feature == BASED else BK
@@ -83,13 +85,25 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
         BT_BWD, BVB = min(chunk, configs.BASED_BWD_CHUNK), min(BVF, configs.BASED_BWD_BV)
     elif kind != CHANNEL_DECAY and BK > configs.BWD_KEY_BLOCK:
         BKB, BVB = configs.BWD_KEY_BLOCK, min(BVF, configs.WIDE_BWD_BV)
+    # the forward's own value block, warps and stages (configs.FWD_*: swept on the GPU); per-channel decay
+    # keeps the backward's
+    fwd_warps, fwd_stages = configs.NUM_WARPS, configs.NUM_STAGES
+    if kind != CHANNEL_DECAY:
+        fwd_warps = configs.FWD_WARPS
+        if feature == BASED:
+            BV, fwd_stages = min(BVF, configs.BASED_FWD_BV), configs.BASED_FWD_STAGES
+        else:
+            BV, fwd_stages = min(BVF, max(16, configs.FWD_STATE_ELEMS // BK)), configs.FWD_STAGES[kind]
     cfg = dict(BT=chunk, BT_BWD=BT_BWD, BK=BK, BV=BV, BVB=BVB, BVF=BVF, KB=KB, BKQ=BKQ, BKB=BKB, MMA=mma,
                IEEE=ieee, upcast=upcast, num_warps=configs.NUM_WARPS, num_stages=configs.NUM_STAGES,
-               step_warps=configs.STEP_WARPS)
+               fwd_warps=fwd_warps, fwd_stages=fwd_stages, step_warps=configs.STEP_WARPS)
     unknown = set(overrides) - {"BT_BWD", "BV", "BVB", "BKQ", "BKB", "KB", "num_warps", "num_stages",
-                                "step_warps"}
+                                "fwd_warps", "fwd_stages", "step_warps"}
     if unknown:
         raise ValueError(f"tl_plan: unknown overrides {sorted(unknown)}")
+    # num_warps and num_stages set every pass's (the forward's too, unless fwd_* say otherwise)
+    cfg.update({f"fwd_{key.removeprefix('num_')}": val for key, val in overrides.items()
+                if key in ("num_warps", "num_stages")})
     cfg.update(overrides)
     if feature == BASED and (cfg["BKQ"] != BK or cfg["BKB"] != BK):
         raise ValueError("tl_plan: Based's kernels take its 16 channels in one block (BKQ = BKB = 16)")
