@@ -36,14 +36,24 @@ from tilecore.ops.linear_attention.plan import BASED, IDENTITY, tl_plan  # noqa:
 DEV = "cpu" if SMOKE else "cuda"
 HBM_GBS = 3000.0
 RESULTS: dict = {"check": [], "pieces": [], "fla": [], "sweep": [], "errors": []}
-START = time.time()
+START = float(os.environ.get("LA_BWD_START", time.time()))  # a child keeps its parent's clock
 BUDGET = {"check": 70.0, "pieces": 170.0, "fla": 230.0, "sweep": 320.0}  # seconds from the start
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
+CHILD_FILE = "linear_attention_backward.json"
+TASK = [0]  # the task index this process has reached
+FIRST_TASK = 0  # a child process starts at --start (the tasks before it ran in an earlier process)
 # the timed shape, and the smoke run's
 SHAPE = dict(B=16, N=4096, H=16) if not SMOKE else dict(B=1, N=40, H=2)
 
 
 def attempt(phase, name, fn):
+    index = TASK[0]
+    TASK[0] += 1
+    if index < FIRST_TASK:  # an earlier process ran it
+        return None
+    print(f"@@TASK {index} {phase} {name}", flush=True)
+    if os.environ.get("LA_BWD_CRASH_TASK") == str(index):  # tests the recovery (--smoke)
+        os._exit(3)
     if time.time() - START > BUDGET[phase]:
         print(f"{phase} {name}: skipped (time budget)", flush=True)
         RESULTS["errors"].append(f"{phase} {name}: skipped, time budget")
@@ -55,10 +65,17 @@ def attempt(phase, name, fn):
         print("FAILED", msg, flush=True)
         traceback.print_exc(limit=2)
         RESULTS["errors"].append(msg)
+        if "CUDA" in str(err) or "illegal" in str(err):  # the context is gone: a fresh process goes on
+            save()
+            os._exit(3)
         return None
     finally:
-        OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / "linear_attention_backward.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+        save()
+
+
+def save():
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / CHILD_FILE).write_text(json.dumps(RESULTS, indent=1, default=str))
 
 
 def bench(fn) -> float:
@@ -155,6 +172,34 @@ def check_written(name, B, N, H, D, dtype, decay, chunk=None):
     RESULTS["check"].append(row)
 
 
+def check_kernels(D, N, decay):
+    """The forward, dQ and dK/dV kernels one at a time, synchronized, each named before it runs (a crash
+    names its kernel)."""
+    q, k, v, g = make(1, N, 1, D, D, torch.bfloat16, decay)
+    s0 = torch.randn(1, 1, D, D, device=DEV)
+    p = tl_plan(q, v, g, IDENTITY)
+    print("plan", {key: val for key, val in p.config.items() if key not in ("MMA",)}, flush=True)
+    o, ht, o_lin = torch.empty_like(v), torch.empty_like(s0), torch.empty(v.shape, device=DEV)
+    calls = [("forward", launch.forward_call(p, q, k, v, g, None, None, None, s0, o, ht, o_lin, D ** -0.5,
+                                             IDENTITY))]
+    cfg = p.config
+    do, dht = torch.randn(v.shape, device=DEV), torch.randn_like(s0)
+    dq = torch.empty(1, N, 1, D, device=DEV)
+    dkp = torch.empty(cfg["dkv_value_blocks"], 1, N, 1, D, device=DEV)
+    dvp = torch.empty(cfg["dkv_key_blocks"], 1, N, 1, D, device=DEV)
+    r = torch.empty(1, N, 1, device=DEV)
+    dq_call, dkv_call = launch.backward_calls(p, do, q, k, v, g, None, s0, dht, dq, dkp, dvp, torch.empty_like(s0),
+                                              D ** -0.5, IDENTITY, r)
+    calls += [("dq", dq_call), ("dkv", dkv_call)]
+    for name, (kernel, grid, args, kw) in calls:
+        print(f"kernel {name} d{D} N{N} {decay}: running", flush=True)
+        kernel[grid](*args, **kw)
+        if not SMOKE:
+            torch.cuda.synchronize()
+        print(f"kernel {name} d{D} N{N} {decay}: ok", flush=True)
+    RESULTS["check"].append(dict(case=f"kernels d{D} N{N} {decay}", all_written=True, unwritten=[]))
+
+
 def phase_check():
     bf, fp = torch.bfloat16, torch.float16
     cases = [
@@ -165,7 +210,6 @@ def phase_check():
                                                  strong=True)),
         ("gla d64 decays near 0, -inf, -1e30", dict(B=1, N=300, H=2, Dk=64, Dv=64, dtype=bf,
                                                      decay="channel_extreme")),
-        ("gla d256 N17", dict(B=1, N=17, H=1, Dk=256, Dv=256, dtype=bf, decay="channel")),
         ("gla d64 chunk 32", dict(B=1, N=600, H=2, Dk=64, Dv=64, dtype=bf, decay="channel", chunk=32)),
         ("simple gla d128", dict(B=2, N=1000, H=2, Dk=128, Dv=128, dtype=bf, decay="scalar")),
         ("linear d128", dict(B=2, N=1000, H=2, Dk=128, Dv=128, dtype=bf)),
@@ -179,6 +223,10 @@ def phase_check():
                                                           torch.bfloat16, "channel"))
     attempt("check", "written scalar", lambda: check_written("simple gla d128: every output written", 2, 999, 2,
                                                              128, torch.bfloat16, "scalar"))
+    # last: session 26's first run lost its CUDA context here (an illegal address); each kernel alone
+    for D, N, decay in ((256, 17, "channel"), (256, 100, "scalar"), (128, 17, "channel")):
+        attempt("check", f"kernels d{D} N{N} {decay}", lambda: check_kernels(D, N, decay))
+    attempt("check", "gla d256 N17", lambda: check_case("gla d256 N17", 1, 17, 1, 256, 256, bf, decay="channel"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -310,30 +358,76 @@ def phase_fla():
 
 
 SWEEP = [
-    # (case, chunk, overrides)
-    ("gla d128", 32, {}),
+    # (case, chunk, overrides): the backward kernels alone (and the forward for per-channel decay)
+    ("linear d128", 32, dict(num_warps=4)),
+    ("linear d128", 64, dict(num_warps=4)),
+    ("linear d128", 64, dict(num_warps=8)),
+    ("linear d128", 32, dict(BKQ=128, BVB=128, num_warps=4)),
+    ("linear d128", 64, dict(BKQ=128, BVB=128, num_warps=4)),
+    ("linear d128", 64, dict(BKQ=128, BVB=128, num_warps=8)),
+    ("linear d128", 64, dict(num_warps=4, num_stages=3)),
+    ("linear d128", 64, dict(BKQ=32, BVB=32, num_warps=4)),
+    ("simple gla d128", 64, dict(num_warps=4)),
+    ("simple gla d128", 32, dict(num_warps=4)),
+    ("simple gla d128", 64, dict(BKQ=128, BVB=128, num_warps=4)),
+    ("simple gla d128", 64, dict(BKQ=128, BVB=128, num_warps=8)),
+    ("based d16 v64", None, dict(num_warps=4)),
+    ("based d16 v64", 32, dict(num_warps=4, BT_BWD=32, BVB=16)),
     ("gla d128", 64, dict(BV=128)),
     ("gla d128", 64, dict(num_warps=4)),
+    ("gla d128", 32, {}),
     ("gla d128", 64, dict(BKQ=32, BKB=32)),
-    ("linear d128", 64, {}),
-    ("linear d128", None, dict(BVB=128)),
-    ("linear d128", None, dict(BKQ=128)),
-    ("linear d128", None, dict(num_warps=4)),
-    ("linear d128", None, dict(num_stages=3)),
-    ("linear d128", None, dict(BVB=32)),
-    ("simple gla d128", 64, {}),
-    ("simple gla d128", None, dict(BVB=128)),
-    ("simple gla d128", None, dict(BKQ=128)),
-    ("simple gla d128", None, dict(num_warps=4)),
-    ("based d16 v64", None, dict(BVB=64)),
-    ("based d16 v64", None, dict(num_warps=4)),
+    ("gla d128", 64, dict(BVB=128)),
 ]
+
+
+def variant_plan(case, chunk, over, q, v, g, feature):
+    over = dict(over)
+    if chunk is not None and "BT_BWD" not in over and case != "based d16 v64":
+        over["BT_BWD"] = chunk
+    return tl_plan(q, v, g, feature, chunk, **over)
+
+
+def sweep_kernels(case, chunk, over):
+    q, k, v, g, feature, scale = case_inputs(case)
+    p = variant_plan(case, chunk, over, q, v, g, feature)
+    do = torch.randn(v.shape, device=DEV)
+    dq, dkp, dvp, dh0, r = launch.backward_kernels(p, do, q, k, v, g, None, None, None, scale, feature)
+    (kq, gq, aq, wq), (kk, gk, ak, wk) = launch.backward_calls(p, do, q, k, v, g, None, None, None, dq, dkp, dvp,
+                                                               dh0, scale, feature, r)
+    row = dict(case=case, chunk=p.chunk, BT_BWD=p.config["BT_BWD"], **over,
+               dq_kernel_ms=bench(lambda: kq[gq](*aq, **wq)), dkv_kernel_ms=bench(lambda: kk[gk](*ak, **wk)),
+               dk_parts=dkp.shape[0], dv_parts=dvp.shape[0])
+    if g is not None and g.dim() == 4:
+        row["fwd_ms"] = bench(lambda: launch.forward(p, q, k, v, g, None, None, None, None, scale, feature,
+                                                     final_state=False, keep_linear=False))
+    row["kernels_ms"] = row["dq_kernel_ms"] + row["dkv_kernel_ms"]
+    print("sweep", row, flush=True)
+    RESULTS["sweep"].append(row)
+
+
+def warm(indices):
+    """Compile the sweep's variants (tiny shapes, the same specializations) into Triton's disk cache, in
+    processes beside the main one, so the sweep times rather than compiles."""
+    for i in indices:
+        case, chunk, over = SWEEP[i]
+        try:
+            c = CASES[case]
+            q, k, v, g = make(1, 256, 16, c["Dk"], c["Dv"], torch.bfloat16, c["decay"],
+                              "based" if c["feature"] == BASED else None)
+            p = variant_plan(case, chunk, over, q, v, g, c["feature"])
+            do = torch.randn(v.shape, device=DEV)
+            launch.backward_kernels(p, do, q, k, v, g, None, None, None, 1.0, c["feature"])
+            if g is not None and g.dim() == 4:
+                launch.forward(p, q, k, v, g, None, None, None, None, 1.0, c["feature"], final_state=False,
+                               keep_linear=False)
+        except Exception as err:  # noqa: BLE001 (the sweep reports it)
+            print(f"warm {SWEEP[i]}: {type(err).__name__}: {str(err)[:200]}", flush=True)
 
 
 def phase_sweep():
     for case, chunk, over in SWEEP:
-        attempt("sweep", f"{case} {chunk} {over}", lambda: pieces(case, chunk, f"{case} chunk {chunk} {over}",
-                                                                 **over))
+        attempt("sweep", f"{case} {chunk} {over}", lambda: sweep_kernels(case, chunk, over))
 
 
 # --------------------------------------------------------------------------------------------
@@ -362,6 +456,14 @@ def table() -> str:
                 f"{fmt(of)} ({r['fla_fwd_ms'] / of:.2f}x)" if of else "-",
                 fmt(fb) if fb else r.get("fla_bwd_error", "-")[:90],
                 f"{fmt(ob)} ({fb / ob:.2f}x)" if ob and fb else "-"]))
+    if RESULTS["sweep"]:
+        lines += ["", "sweep (ms) | dq kernel | dk/dv kernel | sum | parts (dk, dv) | fwd"]
+        for r in RESULTS["sweep"]:
+            opts = {k: v for k, v in r.items() if k not in ("case", "dq_kernel_ms", "dkv_kernel_ms", "kernels_ms",
+                                                              "dk_parts", "dv_parts", "fwd_ms")}
+            lines.append(" | ".join([f"{r['case']} {opts}", fmt(r["dq_kernel_ms"]), fmt(r["dkv_kernel_ms"]),
+                                     fmt(r["kernels_ms"]), f"{r['dk_parts']}, {r['dv_parts']}",
+                                     fmt(r.get("fwd_ms"))]))
     lines += ["", "check | dtype | N | chunk | out/floor | state rel | dq dk dv /floor | dg rel | ds0 rel | finite"]
     for r in RESULTS["check"]:
         if "all_written" in r:
@@ -376,11 +478,69 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def argv_phases(argv) -> list:
+    return argv[argv.index("--phases") + 1].split(",") if "--phases" in argv else ["check", "pieces", "fla", "sweep"]
+
+
+def run_children(argv) -> None:
+    """Run the tasks in child processes: one that breaks its CUDA context (an illegal address poisons
+    every later call) exits, and a fresh child goes on from the next task. Merges their results."""
+    import subprocess
+
+    env = dict(os.environ, LA_BWD_START=str(START))
+    warmers = []
+    if not SMOKE and "sweep" in argv_phases(argv):
+        n = min(len(SWEEP), max(1, (os.cpu_count() or 2) - 4))
+        for i in range(n):
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--warm", ",".join(
+                str(j) for j in range(i, len(SWEEP), n))]
+            warmers.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    first = 0
+    while True:
+        cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--child", "--start", str(first)]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        last = None
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            if line.startswith("@@TASK "):
+                last = int(line.split()[1])
+        rc = proc.wait()
+        part = OUT / f"child_{first}.json"
+        if part.exists():
+            got = json.loads(part.read_text())
+            for key in ("check", "pieces", "fla", "sweep", "errors"):
+                RESULTS[key] += got.get(key, [])
+            RESULTS.setdefault("meta", got.get("meta"))
+            part.unlink()
+        if rc == 0 or last is None or last < first:
+            for w in warmers:
+                w.kill()
+            return
+        RESULTS["errors"].append(f"task {last}: the process ended (rc {rc}); a new one went on after it")
+        first = last + 1
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--phases", default="check,pieces,fla,sweep")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (interpreter), no timing")
+    parser.add_argument("--child", action="store_true", help="(internal) run the tasks from --start")
+    parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--warm", help="(internal) compile these sweep variants")
     args = parser.parse_args()
+    if args.warm is not None:
+        warm([int(i) for i in args.warm.split(",")])
+        return 0
+    global CHILD_FILE, FIRST_TASK
+    if not args.child:
+        run_children([a for a in sys.argv[1:]])
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "linear_attention_backward.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+        print(table())
+        print(f"\n{time.time() - START:.0f} s; JSON: {OUT / 'linear_attention_backward.json'}")
+        return 0
+    if args.child:
+        CHILD_FILE, FIRST_TASK = f"child_{args.start}.json", args.start
     if not SMOKE and not torch.cuda.is_available():
         print("no GPU here", file=sys.stderr)
         return 2
@@ -397,14 +557,16 @@ def main():
     if SMOKE:  # the interpreter's time: one case a phase
         global CASES, SWEEP
         CASES = {k: CASES[k] for k in ("gla d128", "simple gla d128")}
-        SWEEP = SWEEP[:1]
+        SWEEP = [("gla d128", 64, dict(BV=128))]
         for k in BUDGET:
             BUDGET[k] = 1e9
     for phase in ("check", "pieces", "fla", "sweep"):
         if phase in phases:
             globals()[f"phase_{phase}"]()
-    print(table())
-    print(f"\n{time.time() - START:.0f} s; JSON: {OUT / 'linear_attention_backward.json'}")
+    save()
+    if not args.child:
+        print(table())
+        print(f"\n{time.time() - START:.0f} s; JSON: {OUT / CHILD_FILE}")
     return 0
 
 
