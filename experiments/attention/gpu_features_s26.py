@@ -85,16 +85,17 @@ def gluon_backward(dout, q, k, v, out, lse, causal, window, softcap, tanh_approx
     return grads, bwd_plan
 
 
-def forward(q, k, v, causal, window, softcap, path=None, tanh_approx=True):
+def forward(q, k, v, causal, window, softcap, path=None, tanh_approx=True, exp2_fma=False):
     """(out, lse) into NaN-poisoned buffers by the plan's path (or ``path``), the Gluon softcap's
-    tanh by tanh.approx unless ``tanh_approx`` is False."""
+    tanh by tanh.approx unless ``tanh_approx`` is False; ``exp2_fma``: half of the softmax's exp2 on
+    the FMA units (SOFTCAP 3, a candidate)."""
     scale = q.shape[-1] ** -0.5
     out = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), dtype=q.dtype, device=q.device)
     lse = torch.full(q.shape[:3], float("nan"), device=q.device)
     fwd_plan = plan.plan_forward(q, k, v, causal, scale, window=window, softcap=softcap, path=path)
-    if not tanh_approx and fwd_plan.path == "gluon":
+    if (not tanh_approx or exp2_fma) and fwd_plan.path == "gluon":
         fwd_plan = plan.plan_forward(q, k, v, causal, scale, window=window, softcap=softcap, path=fwd_plan.path,
-                                     config=fwd_plan.config | dict(tanh_approx=False))
+                                     config=fwd_plan.config | dict(tanh_approx=tanh_approx, exp2_fma=exp2_fma))
     launch.forward(fwd_plan, q, k, v, out, lse, causal, scale, window, softcap)
     return out, lse, fwd_plan.path
 
@@ -139,15 +140,15 @@ def check_case(name, b, hq, hkv, n, nk, d, causal, window, softcap, q_scale, dty
     # forward: the default plan (Gluon with tanh.approx), and with a softcap the exact form too
     variants = [True, False] if softcap and not SMOKE else [True]
     out = lse = None
-    for approx in variants:
-        o, l, path = forward(q, k, v, causal, window, softcap, tanh_approx=approx)
+    for approx, fma in [(a, False) for a in variants] + ([(True, True)] if softcap and not SMOKE else []):
+        o, l, path = forward(q, k, v, causal, window, softcap, tanh_approx=approx, exp2_fma=fma)
         err = accuracy.error_over_floor(o, ref)
         ok = bool(torch.isfinite(o).all()) and lse_ok(l) and err <= 2.0
-        label = f"{name} {str(dtype)[6:]} fwd [{path}{', exact tanh' if not approx else ''}]"
+        label = f"{name} {str(dtype)[6:]} fwd [{path}{', exact tanh' if not approx else ''}{', exp2 split' if fma else ''}]"
         RESULTS["correctness"].append(dict(case=name, dtype=str(dtype), what="forward", path=path, tanh_approx=approx,
-                                           ok=ok, lse_ok=lse_ok(l), out_over_floor=err))
+                                           exp2_fma=fma, ok=ok, lse_ok=lse_ok(l), out_over_floor=err))
         ROWS.append(("check", label, f"{'ok' if ok else 'BAD'} out {err:.2f}"))
-        if approx:
+        if approx and not fma:
             out, lse = o, l
     # backward: the forced Gluon path (from the forward's out and lse), tanh.approx and exact
     if SMOKE or (d in (64, 128) and q.is_cuda):
@@ -229,16 +230,23 @@ def default_times(q, k, v, causal, window, softcap):
     return bench(run), bench(back)
 
 
-def forced_times(q, k, v, causal, window, softcap, tanh_approx=True, backward=True):
-    """(forward ms, backward ms) with the forward by its plan (tanh_approx as given) and the backward
-    by the forced Gluon path (causal folded into the window)."""
-    out, lse, _ = forward(q, k, v, causal, window, softcap, tanh_approx=tanh_approx)
-    fwd = bench(lambda: forward(q, k, v, causal, window, softcap, tanh_approx=tanh_approx))
+def forced_times(q, k, v, causal, window, softcap, tanh_approx=True, backward=True, exp2_fma=False):
+    """(forward ms, backward ms) with the forward by its plan (tanh_approx, exp2_fma as given) and the
+    backward by the forced Gluon path (causal folded into the window): plans made once, launches into
+    buffers made once (as tilecore.attention's cached plans do)."""
+    scale = q.shape[-1] ** -0.5
+    out, lse, _ = forward(q, k, v, causal, window, softcap, tanh_approx=tanh_approx, exp2_fma=exp2_fma)
+    fwd_plan = plan.plan_forward(q, k, v, causal, scale, window=window, softcap=softcap)
+    if fwd_plan.path == "gluon":
+        fwd_plan = plan.plan_forward(q, k, v, causal, scale, window=window, softcap=softcap, path="gluon",
+                                     config=fwd_plan.config | dict(tanh_approx=tanh_approx, exp2_fma=exp2_fma))
+    fwd = bench(lambda: launch.forward(fwd_plan, q, k, v, out, lse, causal, scale, window, softcap))
     if not backward:
         return fwd, None
     dout = torch.randn_like(out)
-    gluon_backward(dout, q, k, v, out, lse, causal, window, softcap, tanh_approx)
-    return fwd, bench(lambda: gluon_backward(dout, q, k, v, out, lse, causal, window, softcap, tanh_approx))
+    grads, bwd_plan = gluon_backward(dout, q, k, v, out, lse, causal, window, softcap, tanh_approx)
+    c, w = folded(causal, window)
+    return fwd, bench(lambda: launch.backward(bwd_plan, dout, q, k, v, out, lse, None, *grads, c, scale, w, softcap))
 
 
 def flex_times(q, k, v, mask_mod=None, score_mod=None):
@@ -307,6 +315,9 @@ def time_softcap(dtype):
                                               lambda: forced_times(q, k, v, True, (-1, -1), 30.0))
     exact = (None, None) if SMOKE else timed("softcap", "softcap 30 gluon exact tanh",
                                              lambda: forced_times(q, k, v, True, (-1, -1), 30.0, tanh_approx=False))
+    split = (None, None) if SMOKE else timed("softcap", "softcap 30 gluon fwd exp2 split",
+                                             lambda: forced_times(q, k, v, True, (-1, -1), 30.0, backward=False,
+                                                                  exp2_fma=True))
 
     def cap(score, b, h, q_idx, kv_idx):
         return torch.tanh(score / 30.0) * 30.0
@@ -318,7 +329,8 @@ def time_softcap(dtype):
     for i, what in enumerate(("fwd", "bwd")):
         ROWS.append(("time", f"softcap 30 causal N{q.shape[2]} {what}",
                      f"x no-softcap: default {fmt(ratio(plain[i], default[i]))} gluon tanh.approx "
-                     f"{fmt(ratio(plain[i], approx[i]))} exact {fmt(ratio(plain[i], exact[i]))} (target >= 0.9); "
+                     f"{fmt(ratio(plain[i], approx[i]))} exact {fmt(ratio(plain[i], exact[i]))} exp2 split "
+                     f"{fmt(ratio(plain[i], split[i]))} (target >= 0.9); "
                      f"flex {fmt(flex[i])} ms, x flex {fmt(ratio(flex[i], default[i]))} / gluon "
                      f"{fmt(ratio(flex[i], approx[i]))}"))
 

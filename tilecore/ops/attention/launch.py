@@ -10,6 +10,7 @@ Every pass takes ``window`` (flash-attn's window_size, (left, right), -1 unbound
 and reference paths (the Gluon kernels take neither: a Gluon plan with them is refused)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 
@@ -21,7 +22,8 @@ from tilecore.ops.attention.kernels_tl import block_d, row_block_grid
 from tilecore.ops.attention.plan import plan_backward, plan_forward
 from tilecore.ops.attention.reference import (attention_backward_reference, attention_reference, effective_window,
                                               window_allowed)
-from tilecore.tiles.launch import CachedLaunch, TmaOperand, cdiv, next_power_of_2, tile_counter, tl_addressable
+from tilecore.tiles.launch import (CachedLaunch, TmaOperand, cdiv, next_power_of_2, tile_counter, tl_addressable,
+                                   tma_describable)
 from tilecore.tiles.ops import LOG2E
 
 FWD = CachedLaunch(kernels_tl.attn_fwd)
@@ -71,9 +73,12 @@ def score_options(scale: float, softcap: float) -> tuple[dict, float, float]:
 def gluon_softcap(softcap: float, cfg: dict) -> int:
     """The Gluon kernels' SOFTCAP constexpr: 0 without a softcap; 2, tanh by tanh.approx.f32 (one SFU
     instruction, relative error ~2^-11), unless the config's ``tanh_approx`` is False: 1, tanh from
-    exp2 and a division (gluon_kernels.tanh_from_exp2)."""
+    exp2 and a division (gluon_kernels.tanh_from_exp2); with ``exp2_fma`` (a candidate, in no config;
+    the forward only) 3: tanh.approx and half of the softmax's exp2 on the FMA units."""
     if not softcap:
         return 0
+    if cfg.get("exp2_fma"):
+        return 3
     return 2 if cfg.get("tanh_approx", True) else 1
 
 
@@ -288,6 +293,29 @@ def gradients(plan, dout, q, k, v, out, lse, dlse, causal: bool, scale: float, w
     grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v)]
     backward(plan, dout, q, k, v, out, lse, dlse, *grads, causal, scale, window, softcap)
     return tuple(grads)
+
+
+def gradients_adding_dq(plan, dout, q, k, v, out, lse, dlse, dq_sum, causal: bool, scale: float,
+                        window=NO_WINDOW, softcap: float = 0.0):
+    """(dk, dv) by ``plan``, allocated here, and dQ added to ``dq_sum``: float32, q's shape, any
+    strides (the rows of a larger accumulator: tilecore.distributed's ring sums its blocks' dQ so).
+    Where the plan's Gluon kernel adds dQ itself (configs.DQ_MODES > 0) its float32 TMA reductions add
+    to dq_sum directly: no zeroed buffer, no copy to q's dtype and no separate add (three passes over
+    a float32 dQ, and the buffer). Else dQ as gradients() gives it, added in float32."""
+    if dq_sum.dtype != torch.float32 or dq_sum.shape != q.shape or dq_sum.device != q.device:
+        raise ValueError(f"gradients_adding_dq: dq_sum must be float32 of q's shape {tuple(q.shape)} on {q.device}; "
+                         f"got {dq_sum.dtype} {tuple(dq_sum.shape)} on {dq_sum.device}")
+    if plan.path == "gluon" and plan.dq is None and plan.operand_dtype is None and tma_describable(dq_sum):
+        if plan.launch_key is not None:  # its launches differ from the plan's own (no zeroing: ZERO_DQ_SUM)
+            plan = dataclasses.replace(plan, launch_key=plan.launch_key + ("adding_dq",))
+        dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (k, v))
+        dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
+        _, _, stats = backward_preprocess(out, dout, lse.contiguous(), dlse, row_stats=True, plan=plan)
+        launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, window, softcap)
+        return dk, dv
+    dq, dk, dv = gradients(plan, dout, q, k, v, out, lse, dlse, causal, scale, window, softcap)
+    dq_sum += dq
+    return dk, dv
 
 
 def backward_into(dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0,

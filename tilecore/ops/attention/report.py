@@ -151,10 +151,11 @@ def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, c
 
 
 def compile_gluon_backward(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None,
-                           group: int = 1):
+                           group: int = 1, window: bool = False, softcap: int = 0):
     """Hopper's Gluon backward for head dim ``d``, compiled (no GPU needed) at the launcher's config
     (or ``cfg``) with the arguments launch_backward_gluon_kernel would pass, for ``group`` q heads a
-    kv head (1, specialized to a constant, or more): (compiled kernel, cfg)."""
+    kv head (1, specialized to a constant, or more); ``window`` and ``softcap`` (the SOFTCAP mode, 2:
+    tanh.approx) its issue-35 variants (a window not with causal): (compiled kernel, cfg)."""
     from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
     from tilecore.tiles.launch import gluon_descriptor
 
@@ -168,11 +169,12 @@ def compile_gluon_backward(d: int, causal: bool = True, dtype=torch.bfloat16, cf
     args = dict(q_desc=desc(bm), k_desc=desc(2 * bn), v_desc=desc(2 * bn), do_desc=desc(bm), dk_desc=desc(bn),
                 dv_desc=desc(bn), stats_desc=launch.row_stats_operand(stats, bm).descriptor(),
                 dq_desc=gluon_descriptor(dq_sum, launch.dq_box(bm, d, cfg["dq_from"])), H=16, N=4096,
-                Nk=4096, GROUP=group, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8, schedule=_schedule(causal, cfg),
-                tile_counter=torch.zeros(1, dtype=torch.int32) if cfg.get("drawn") else None, left=0, right=0,
-                tanh_scale=0.0, CAUSAL=causal,
+                Nk=4096, GROUP=group, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8,
+                schedule=_schedule(causal and not window, cfg),
+                tile_counter=torch.zeros(1, dtype=torch.int32) if cfg.get("drawn") else None,
+                left=1024 if window else 0, right=0, tanh_scale=0.1 if softcap else 0.0, CAUSAL=causal and not window,
                 STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]], KV_REGS=cfg.get("kv_regs", False),
-                WINDOW=False, SOFTCAP=0)
+                WINDOW=window, SOFTCAP=softcap)
     return _compile(attention_bwd_kernel, args, {"num_warps": 4}), cfg
 
 
@@ -192,11 +194,11 @@ def gluon_backward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, 
                 kv_operands_clobbered=clobbered)
 
 
-def gluon_dq_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None) -> dict:
-    """Resources of Hopper's Gluon dQ kernel (gluon_dq.py) for head dim ``d``, with whether its PTX
-    holds wgmma and TMA and whether ptxas serialized its wgmma."""
+def compile_gluon_dq(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None,
+                     window: bool = False, softcap: int = 0):
+    """Hopper's Gluon dQ kernel (gluon_dq.py) for head dim ``d``, compiled (no GPU needed) with the
+    arguments launch_dq_gluon would pass; ``window`` and ``softcap`` as compile_gluon_backward's."""
     from tilecore.ops.attention.gluon_dq import attention_dq_kernel
-    from tilecore.tiles.compile import has_hopper_instructions, resources
 
     cfg = dict(cfg or configs.GLUON_DQ[d])
     x = torch.empty(2, 2, 256, d, dtype=dtype)
@@ -205,9 +207,19 @@ def gluon_dq_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: d
     f32 = torch.empty(64, dtype=torch.float32)
     args = dict(q_desc=desc(2 * bm), k_desc=desc(bn), v_desc=desc(bn), do_desc=desc(2 * bm), dq_desc=desc(bm),
                 qdo_desc=desc(2 * bm), lse_ptr=f32, delta_ptr=f32, H=16, N=4096, Nk=4096, GROUP=1, scale=0.1,
-                scale_log2e=0.1, num_bh=256, head_group=12, schedule=_schedule(causal, cfg), left=0, right=0,
-                tanh_scale=0.0, CAUSAL=causal, STAGES=cfg["stages"], WINDOW=False, SOFTCAP=0)
-    compiled = _compile(attention_dq_kernel, args, {"num_warps": 4})
+                scale_log2e=0.1, num_bh=256, head_group=12, schedule=_schedule(causal and not window, cfg),
+                left=1024 if window else 0, right=0, tanh_scale=0.1 if softcap else 0.0, CAUSAL=causal and not window,
+                STAGES=cfg["stages"], WINDOW=window, SOFTCAP=softcap)
+    return _compile(attention_dq_kernel, args, {"num_warps": 4})
+
+
+def gluon_dq_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None) -> dict:
+    """Resources of Hopper's Gluon dQ kernel (gluon_dq.py) for head dim ``d``, with whether its PTX
+    holds wgmma and TMA and whether ptxas serialized its wgmma."""
+    from tilecore.tiles.compile import has_hopper_instructions, resources
+
+    cfg = dict(cfg or configs.GLUON_DQ[d])
+    compiled = compile_gluon_dq(d, causal, dtype, cfg)
     return dict(kernel="backward dq (gluon)", D=d, causal=causal, cfg=cfg, **vars(resources(compiled)),
                 **has_hopper_instructions(compiled.asm["ptx"]))
 
