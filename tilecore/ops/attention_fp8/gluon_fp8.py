@@ -339,8 +339,9 @@ class AttentionFp8:
         """S = Q K^T and acc + P V issued together, the softmax of S while P V runs.
         Returns (m, l, P in float32, alpha, acc + P V)."""
         k_scale = self.key_scales(st, first_key)
+        p8 = self.pv_operand(st.p)  # (CAST_LATE: before S's accumulator is allocated, so float32 P never meets it)
         s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
-        o_tok = warpgroup_mma(self.pv_operand(st.p), v, st.acc, is_async=True)
+        o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
         self.their_turn(ctx)
         s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
         m, l, p32, alpha = self.softmax(s, st, first_key, k_scale)
