@@ -1,4 +1,4 @@
-"""GPU check of tilecore.fft_conv (issue 37: the pair kernel), in about two minutes:
+"""GPU check of tilecore.fft_conv (issue 37), v7, in about three minutes:
 
 1. check: bf16 / fp16 / fp32 forward, du and dk on the GPU against float64 (the reference's float64 FFT)
    at N = 256 .. 16384 (the pair kernel at 256..4096 for bf16/fp16, the float32 kernel at 256..1024 for
@@ -8,7 +8,12 @@
 2. time: do_bench medians at B16 H768, N = 256 .. 16384, bf16: fft_conv(u, precomputed spectrum)
    against a torch.fft convolution (rfft, multiply, irfft in float32: the issue's baseline) and the HBM
    bound (a torch copy of the bytes the kernel must move: u read, y written, the spectrum read), in the
-   same run; each candidate configuration of the pair kernel beside the plan's.
+   same run; each candidate configuration of the pair kernel beside the plan's (v7: programs looping
+   over groups of pairs, their constants loaded once or again each group). v7 also times the backward
+   step: fft_conv(u, k) forward + backward (du through the kernel, dk through torch.fft) against torch.fft's
+   autograd of the same convolution, and du's kernel alone (the conjugate spectrum); N up to 65536
+   (32768 and 65536: torch.fft's path; B scaled so B N stays 16 x 16384); the model (model.py: each
+   pass's bytes and tensor FLOPs, the bound max(bytes / copy, FLOPs / 680 TFLOP/s)) beside each time.
 
 Each N runs in a child process, step by step (torch.fft and the bound first, then each candidate's
 check and timing, then the plan's checks with gradients); a step that kills its process (an illegal
@@ -39,13 +44,14 @@ from tilecore import accuracy  # noqa: E402
 from tilecore.ops.fft_conv import fft_conv, fft_conv_reference, filter_spectrum  # noqa: E402
 from tilecore.ops.fft_conv import launch as conv_launch  # noqa: E402
 from tilecore.ops.fft_conv import configs  # noqa: E402
-from tilecore.ops.fft_conv.plan import Plan, long_plan, pair_plan, plan  # noqa: E402
+from tilecore.ops.fft_conv import model  # noqa: E402
+from tilecore.ops.fft_conv.plan import Plan, plan, plan_of_config  # noqa: E402
 
 START = time.time()
 SMOKE = "--smoke" in sys.argv
 DEV = torch.device("cpu" if SMOKE else "cuda")
 RESULTS: dict = {"check": [], "candidates": [], "time": [], "errors": []}
-DEADLINE_S = 150  # no new child process past this (each N's compiles take a while)
+DEADLINE_S = 175  # no new child process past this (each N's compiles take a while)
 SMOKE_LONG = (32, 16, 16, 16, 16, 4, 4)  # the long form at a size the interpreter runs quickly
 
 
@@ -107,9 +113,9 @@ def check(n, dtype, B=2, H=8):
 
 
 def plan_of(config) -> Plan:
-    """A candidate: (N1, N2, pairs, warps) of the pair kernel (pairs 0: the transpose-free one-pair
-    kernel), or the 7 numbers of the long form (an 8th, True: GAUSS)."""
-    return pair_plan(*config) if len(config) == 4 else long_plan(*config)
+    """A candidate: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]) of the pair kernel (pairs 0: the
+    transpose-free one-pair kernel), or the 7 numbers of the long form (an 8th, True: GAUSS)."""
+    return plan_of_config(tuple(config))
 
 
 def check_candidate(config, B=3, H=4):
@@ -131,8 +137,14 @@ def check_candidate(config, B=3, H=4):
     return row["finite"] and row["y"] < 4
 
 
-def time_baseline(n, B=16, H=768):
+def batch_for(n) -> int:
+    """B16 up to N = 16384, then B N = 16 x 16384 (H768 throughout: the chip filled, memory bounded)."""
+    return 16 if n <= 16384 else max(1, 16 * 16384 // n)
+
+
+def time_baseline(n, B=None, H=768):
     """torch.fft's convolution and the HBM bound (a copy of the bytes the kernel must move)."""
+    B = B or batch_for(n)
     u, spectrum = timing_inputs(n, B, H)
     dtype = u.dtype
 
@@ -146,6 +158,18 @@ def time_baseline(n, B=16, H=768):
     row = time_row(n)
     row.update({"B": u.shape[0], "H": u.shape[1], "bytes": nbytes, "bound_ms": run_timed(lambda: dst.copy_(src)),
                 "torch_fft_ms": run_timed(torch_fft)})
+    del src, dst
+    # the backward step of torch.fft's convolution (autograd through rfft, product, irfft in float32),
+    # against which fft_conv's step (time_step) is set
+    uf, kf = u.detach().clone().requires_grad_(), _timing_filter(n, B, H).clone().requires_grad_()
+    dy = torch.randn_like(u)
+
+    def torch_step():
+        y = torch.fft.irfft(torch.fft.rfft(uf.float(), n=2 * n) * torch.fft.rfft(kf.float(), n=2 * n),
+                            n=2 * n)[..., :n].to(dtype)
+        return torch.autograd.grad(y, (uf, kf), dy)
+
+    row["torch_fft_step_ms"] = run_timed(torch_step)
     print("baseline", row)
 
 
@@ -169,7 +193,13 @@ def timing_inputs(n, B, H):
         u = torch.randn(B, H, n, device=DEV, generator=g).to(torch.bfloat16)
         k = (torch.randn(H, n, device=DEV, generator=g) / math.sqrt(n)).to(torch.bfloat16)
         _TIMING_INPUTS[n] = (u, filter_spectrum(k.cpu(), n).to(DEV))  # (cuFFT only in the baseline, last)
+        _TIMING_INPUTS[("k", n)] = k
     return _TIMING_INPUTS[n]
+
+
+def _timing_filter(n, B, H):
+    timing_inputs(n, B, H)
+    return _TIMING_INPUTS[("k", n)]
 
 
 def run_timed(fn) -> float:
@@ -179,8 +209,9 @@ def run_timed(fn) -> float:
     return bench(fn)
 
 
-def time_candidate(n, config, B=16, H=768):
+def time_candidate(n, config, B=None, H=768):
     """One checked candidate's time at B16 H768 (bf16), beside the baseline's row."""
+    B = B or batch_for(n)
     u, spectrum = timing_inputs(n, B, H)
     y = torch.empty_like(u)
     ms = run_timed(lambda: conv_launch.launch(plan_of(config), u, spectrum, y, False))
@@ -189,31 +220,52 @@ def time_candidate(n, config, B=16, H=768):
     print("time", n, config, ms)
 
 
-def time_plan(n, B=16, H=768):
-    """fft_conv itself (the plan's choice, its host path included)."""
+def time_plan(n, B=None, H=768):
+    """fft_conv itself (the plan's choice, its host path included), the model's bound beside it."""
+    B = B or batch_for(n)
     u, spectrum = timing_inputs(n, B, H)
     row = time_row(n)
-    row["plan"] = vars(plan(n, DEV, u.dtype))
+    p = plan(n, DEV, u.dtype)
+    row["plan"] = vars(p)
     row["ms"] = run_timed(lambda: fft_conv(u, spectrum))
-    print("time plan", n, row["plan"], row["ms"])
+    row["model"] = model.passes(p.path, u.shape[0], u.shape[1], n, p.n1, p.n2)
+    row["model_ms"] = sum(m["bound_ms"] for m in row["model"]) or None
+    print("time plan", n, row["plan"], row["ms"], "model bound", row["model_ms"])
+
+
+def time_step(n, B=None, H=768):
+    """The backward: du's kernel alone (the correlation: the conjugate spectrum), and fft_conv(u, k)'s
+    forward + backward through autograd (du through the kernel, dk through torch.fft)."""
+    B = B or batch_for(n)
+    u, spectrum = timing_inputs(n, B, H)
+    k = _timing_filter(n, B, H)
+    row = time_row(n)
+    p = plan(n, DEV, u.dtype)
+    du = torch.empty_like(u)
+    row["du_ms"] = run_timed(lambda: conv_launch.launch(p, u, spectrum, du, True))
+    uf, kf = u.detach().clone().requires_grad_(), k.clone().requires_grad_()
+    dy = torch.randn_like(u)
+    row["step_ms"] = run_timed(lambda: torch.autograd.grad(fft_conv(uf, kf), (uf, kf), dy))
+    print("time step", n, row["du_ms"], row["step_ms"])
 
 
 def steps_for(n) -> list:
     """(what, argument) of one N's steps, in order: the candidates, the plan, its checks, and torch.fft's
     baseline last (its cuFFT plans at B16 H768 came before every CUFFT_INTERNAL_ERROR of runs 3-4)."""
     steps = []
-    for config in configs.PAIR_CANDIDATES.get(n, []) + configs.LONG_CANDIDATES.get(n, []):
+    # (the long form's candidates at 8192 and 16384 ran in session 25, run 3: only its plan now)
+    for config in configs.PAIR_CANDIDATES.get(n, []) + (configs.LONG_CANDIDATES.get(n, []) if n == 2048 else []):
         steps += [("candidate", config), ("time_candidate", config)]
     if SMOKE and n == 256:
         steps += [("candidate", SMOKE_LONG)]
-    steps += [("time_plan", None)]
+    steps += [("time_plan", None), ("time_step", None)]
     for dtype, sizes in CHECKS.items():
         if n in sizes:
             steps.append(("check", dtype))
     return steps + [("baseline", None)]
 
 
-CHECKS = {"bfloat16": (256, 512, 1024, 2048, 4096, 8192, 16384), "float16": (512, 8192),
+CHECKS = {"bfloat16": (256, 512, 1024, 2048, 4096, 8192, 16384, 65536), "float16": (512, 8192),
           "float32": (256, 1024)}
 
 
@@ -228,6 +280,8 @@ def run_step(n, what, arg):
             time_candidate(n, tuple(arg))
     elif what == "time_plan":
         time_plan(n)
+    elif what == "time_step":
+        time_step(n)
     elif what == "check":
         check(n, getattr(torch, arg))
 
@@ -257,7 +311,7 @@ def parent(out_dir: Path) -> None:
     import tempfile
 
     # the issue's range first (a run that reaches its deadline loses the small N)
-    sizes = (256, 512) if SMOKE else (1024, 2048, 4096, 8192, 16384, 256, 512)
+    sizes = (256, 512) if SMOKE else (1024, 2048, 4096, 8192, 16384, 256, 512, 32768, 65536)
     for n in sizes:
         part = Path(tempfile.mkdtemp()) / f"part_{n}.json"
         start, restarts = 0, 0
@@ -322,13 +376,23 @@ def main() -> int:
     path = write(out_dir)
     print(f"\nwrote {path}\n")
     nan = float("nan")
-    print(f"{'N':>6} {'path':>5} {'ms':>8} {'torch.fft':>9} {'speedup':>7} {'% bound':>7}  "
-          f"{'best candidate':>22} {'ms':>7} {'speedup':>7} {'% bound':>7}")
+    print(f"{'N':>6} {'B':>3} {'path':>5} {'ms':>8} {'torch.fft':>9} {'speedup':>7} {'% bound':>7} {'model':>7} "
+          f"{'% model':>7}  {'best candidate':>20} {'ms':>7} {'speedup':>7} {'% bound':>7}  {'du ms':>7} "
+          f"{'step ms':>8} {'torch step':>10} {'step x':>6}")
     for r in sorted(RESULTS["time"], key=lambda r: r["n"]):
-        print(f"{r['n']:>6} {r.get('plan', {}).get('path', '-'):>5} {r.get('ms', nan):>8.4f} {r['torch_fft_ms']:>9.4f} "
-              f"{r.get('speedup_vs_torch_fft', nan):>7.2f} {r.get('pct_of_bound', nan):>7.1f}  "
-              f"{r.get('best_candidate', '-'):>22} {r.get('best_ms', nan):>7.4f} "
-              f"{r.get('best_speedup_vs_torch_fft', nan):>7.2f} {r.get('best_pct_of_bound', nan):>7.1f}")
+        model_ms = r.get("model_ms") or nan
+        step_x = r.get("torch_fft_step_ms", nan) / r.get("step_ms", nan)
+        print(f"{r['n']:>6} {r.get('B', 0):>3} {r.get('plan', {}).get('path', '-'):>5} {r.get('ms', nan):>8.4f} "
+              f"{r['torch_fft_ms']:>9.4f} {r.get('speedup_vs_torch_fft', nan):>7.2f} {r.get('pct_of_bound', nan):>7.1f} "
+              f"{model_ms:>7.4f} {100 * model_ms / r.get('ms', nan):>7.1f}  {r.get('best_candidate', '-'):>20} "
+              f"{r.get('best_ms', nan):>7.4f} {r.get('best_speedup_vs_torch_fft', nan):>7.2f} "
+              f"{r.get('best_pct_of_bound', nan):>7.1f}  {r.get('du_ms', nan):>7.4f} {r.get('step_ms', nan):>8.4f} "
+              f"{r.get('torch_fft_step_ms', nan):>10.4f} {step_x:>6.2f}")
+    print("(% bound: a copy of u, y and the spectrum over the time; model: model.py's bound of the plan's path, "
+          "max(bytes / copy, FLOPs / 680 TFLOP/s) a pass; step: forward + backward (du kernel, dk torch.fft))")
+    for r in sorted(RESULTS["time"], key=lambda r: r["n"]):
+        if r.get("candidates"):
+            print(f"{r['n']:>6} candidates ms: " + ", ".join(f"{k} {v:.4f}" for k, v in r["candidates"].items()))
     for dtype in ("bfloat16", "float16"):
         rows = [r for r in RESULTS["check"] if r["dtype"] == dtype]
         worst = max((max(r["y"], r["du"], r["dk"]) for r in rows), default=None)

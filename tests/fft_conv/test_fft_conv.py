@@ -151,12 +151,15 @@ def test_rows_past_2_31_elements():
     assert_close(fft_conv(u, k), fft_conv_reference(u, k), pair=True)
 
 
-@pytest.mark.parametrize("config", [(32, 16, 2, 4), (64, 32, 1, 4), (32, 64, 2, 8), (32, 16, 0, 4), (64, 32, 0, 4)])
+@pytest.mark.parametrize("config", [(32, 16, 2, 4), (64, 32, 1, 4), (32, 64, 2, 8), (32, 16, 0, 4), (64, 32, 0, 4),
+                                    (32, 16, 1, 4, 2), (32, 16, 1, 4, 4, 2), (32, 16, 2, 4, 2, 1, True)])
 def test_pair_kernel_odd_batch_and_unequal_scales(config):
     """The pair kernel at configurations the GPU check times: an odd batch (the last pair's second
-    half is masked), several pairs a program, and halves of a pair 10^6 apart in scale (each sequence
-    is scaled to its own largest |u| before pairing: the small one keeps its relative accuracy)."""
-    n1, n2, pairs, warps = config
+    half is masked), several pairs a program, a program looping over groups of pairs (LOOP 2: the
+    last program's second group half empty; LOOP 4: past the batch), and halves of a pair 10^6 apart
+    in scale (each sequence is scaled to its own largest |u| before pairing: the small one keeps its
+    relative accuracy)."""
+    n1, n2, pairs = config[:3]
     n = n1 * n2 // 2
     u = torch.randn(5, 2, n, dtype=torch.float64)
     u[0] *= 1e3

@@ -17,13 +17,18 @@ PAIR_CONFIGS = {
     4096: (128, 64, 1, 8),  # 108 bytes of spill (16 warps cap registers at 128: 1.7 KB)
 }
 
-# candidates the GPU check times per N
+# candidates the GPU check times per N: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]); loop: groups
+# of pairs a program runs (one program for LOOP groups of one channel), stages: that loop's software
+# pipelining, hoist: the DFT matrices, twiddles and spectrum loaded once before the loop (sm_90a at
+# 1024, 4 warps: loop 1 141 registers, loop 4 255 hoisted or not (no spill), loop 4 at 2 stages 8
+# bytes of spill and 84 KiB of shared memory)
 PAIR_CANDIDATES = {
-    256: [(32, 16, 2, 4), (32, 16, 4, 4)],
-    512: [(32, 32, 2, 4), (32, 32, 4, 8)],
-    1024: [(32, 64, 1, 4), (64, 32, 1, 4)],
-    2048: [(64, 64, 1, 8), (64, 64, 1, 4), (64, 64, 0, 8), (128, 32, 1, 4)],
-    4096: [(128, 64, 1, 8), (64, 128, 1, 8)],
+    256: [(32, 16, 2, 4), (32, 16, 2, 4, 4), (32, 16, 2, 4, 4, 1, True)],
+    512: [(32, 32, 2, 4), (32, 32, 2, 4, 4), (32, 32, 2, 4, 4, 1, True)],
+    1024: [(32, 64, 1, 4), (32, 64, 1, 4, 2), (32, 64, 1, 4, 4), (32, 64, 1, 4, 4, 1, True),
+           (32, 64, 1, 8, 4, 1, True)],
+    2048: [(64, 64, 1, 8), (64, 64, 1, 4), (64, 64, 1, 8, 4)],
+    4096: [(128, 64, 1, 8), (128, 64, 1, 8, 4)],
 }
 
 # The three-pass form (kernels_long.py) for N whose pair does not fit a program's registers:

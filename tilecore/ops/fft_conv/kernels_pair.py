@@ -63,12 +63,60 @@ def _load_sequence(ptr, b, batch, h, stride_b, stride_h, offsets):
 
 
 @triton.jit
+def _first_matrix(F1RE, F1IM, N1: tl.constexpr):
+    """F_N1[:HALF, :] ([HALF, N1] float16 re, im)."""
+    f1 = tl.arange(0, N1 // 2)[:, None] * N1 + tl.arange(0, N1)[None, :]
+    return tl.load(F1RE + f1), tl.load(F1IM + f1)
+
+
+@triton.jit
+def _last_matrix(F1RE, F1IM, N1: tl.constexpr):
+    """F_N1[:, :HALF] ([N1, HALF] float16 re, im; the product conjugates it)."""
+    f1t = tl.arange(0, N1)[:, None] * N1 + tl.arange(0, N1 // 2)[None, :]
+    return tl.load(F1RE + f1t), tl.load(F1IM + f1t)
+
+
+@triton.jit
+def _second_matrix(F2RE, F2IM, N2: tl.constexpr):
+    """F_N2 ([N2, N2] float16 re, im)."""
+    f2 = tl.arange(0, N2)[:, None] * N2 + tl.arange(0, N2)[None, :]
+    return tl.load(F2RE + f2), tl.load(F2IM + f2)
+
+
+@triton.jit
+def _twiddles(TWRE, TWIM, N1: tl.constexpr, N2: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """W_L^(k1 n2) as [1, N1, N2] (the table's layout), or [1, N2, N1] with TRANSPOSED."""
+    if TRANSPOSED:
+        tw = tl.arange(0, N1)[None, :] * N2 + tl.arange(0, N2)[:, None]
+    else:
+        tw = tl.arange(0, N1)[:, None] * N2 + tl.arange(0, N2)[None, :]
+    return tl.load(TWRE + tw)[None, :, :], tl.load(TWIM + tw)[None, :, :]
+
+
+@triton.jit
+def _spectrum(K, h, stride_kh, N1: tl.constexpr, N2: tl.constexpr, CONJ: tl.constexpr):
+    """The filter's spectrum at f = k1 + N1 k2 as [1, N1, N2] (re, im), bins past N the conjugates of
+    L - f, all conjugated with CONJ."""
+    L: tl.constexpr = N1 * N2
+    f = tl.arange(0, N1)[:, None] + N1 * tl.arange(0, N2)[None, :]
+    mirrored = f > L // 2
+    bin = tl.where(mirrored, L - f, f)
+    kre = tl.load(K + h * stride_kh + 2 * bin)
+    kim = tl.load(K + h * stride_kh + 2 * bin + 1)
+    return kre[None, :, :], tl.where(mirrored != CONJ, -kim, kim)[None, :, :]
+
+
+@triton.jit
 def fft_conv_pair_kernel(U, K, Y, F1RE, F1IM, F2RE, F2IM, TWRE, TWIM, batch, heads,
                          stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
-                         N1: tl.constexpr, N2: tl.constexpr, PAIRS: tl.constexpr, CONJ: tl.constexpr):
+                         N1: tl.constexpr, N2: tl.constexpr, PAIRS: tl.constexpr, CONJ: tl.constexpr,
+                         LOOP: tl.constexpr = 1, STAGES: tl.constexpr = 1, HOIST: tl.constexpr = False):
     """Y[b, h, :N] = first N of IDFT_L(DFT_L(pad(U[b, h])) * K[h]) for the 2 PAIRS sequences
-    b = g 2 PAIRS + j (j < 2 PAIRS, b < batch) of channel h, where program_id(0) = h * groups + g
-    (the batch groups of one channel adjacent: they read the same spectrum and matrices from L2).
+    b = g 2 PAIRS + j (j < 2 PAIRS, b < batch) of channel h, for the LOOP groups g = LOOP c + i
+    (i < LOOP) of program_id(0) = h * chunks + c (the programs of one channel adjacent: they read the
+    same spectrum from L2). STAGES: the loop's software pipelining; HOIST: the DFT matrices, the
+    twiddles and the channel's spectrum loaded once for the LOOP groups (else each group loads them,
+    after the first from L1, as the kernel without a loop did).
 
     U, Y: (batch, heads, N) rows, unit stride, N = N1 N2 / 2. K: the filter's rfft (heads, N + 1)
     complex64 as float32 (re, im) pairs (torch.view_as_real), read at f = k1 + N1 k2 (bins past N as
@@ -77,85 +125,90 @@ def fft_conv_pair_kernel(U, K, Y, F1RE, F1IM, F2RE, F2IM, TWRE, TWIM, batch, hea
     HALF: tl.constexpr = N1 // 2
     L: tl.constexpr = N1 * N2
     groups = tl.cdiv(batch, 2 * PAIRS)
+    chunks = tl.cdiv(groups, LOOP)
     pid = tl.program_id(0)
-    h = (pid // groups).to(tl.int64)
-    g = pid % groups
+    h = (pid // chunks).to(tl.int64)
+    c = pid % chunks
     s = tl.arange(0, PAIRS)
-    b_re = g * 2 * PAIRS + s  # the pair's real half
-    b_im = b_re + PAIRS  # and its imaginary half
     r_n2 = tl.arange(0, N2)
     c_half = tl.arange(0, HALF)
     r_n1 = tl.arange(0, N1)
     # x[s, n2, n1] = u[N2 n1 + n2]: [PAIRS, N2, HALF]
     seq = (N2 * c_half)[None, None, :] + r_n2[None, :, None]
-    xre, scale_re, bad_re = _load_sequence(U, b_re, batch, h, stride_ub, stride_uh, seq)
-    xim, scale_im, bad_im = _load_sequence(U, b_im, batch, h, stride_ub, stride_uh, seq)
+    if HOIST:  # once for the LOOP groups (live across the loop: more registers)
+        f1re, f1im = _first_matrix(F1RE, F1IM, N1)
+        twre_t, twim_t = _twiddles(TWRE, TWIM, N1, N2, True)
+        f2re, f2im = _second_matrix(F2RE, F2IM, N2)
+        kre, kim = _spectrum(K, h, stride_kh, N1, N2, CONJ)
+        twre, twim = _twiddles(TWRE, TWIM, N1, N2, False)
+        f1tre, f1tim = _last_matrix(F1RE, F1IM, N1)
+    for i in tl.range(0, LOOP, num_stages=STAGES):
+        g = c * LOOP + i
+        b_re = g * 2 * PAIRS + s  # the pair's real half
+        b_im = b_re + PAIRS  # and its imaginary half
+        xre, scale_re, bad_re = _load_sequence(U, b_re, batch, h, stride_ub, stride_uh, seq)
+        xim, scale_im, bad_im = _load_sequence(U, b_im, batch, h, stride_ub, stride_uh, seq)
 
-    # forward, first stage: a = x @ F_N1[:HALF, :]  ([PAIRS N2, HALF] @ [HALF, N1])
-    f1 = c_half[:, None] * N1 + r_n1[None, :]
-    are, aim = _cmul16(tl.reshape(xre, (PAIRS * N2, HALF)).to(tl.float16),
-                       tl.reshape(xim, (PAIRS * N2, HALF)).to(tl.float16),
-                       tl.load(F1RE + f1), tl.load(F1IM + f1), False)
-    are = tl.reshape(are, (PAIRS, N2, N1))
-    aim = tl.reshape(aim, (PAIRS, N2, N1))
-    # twiddles W_L^(k1 n2) as [N2, N1] (the table is [N1, N2])
-    tw_t = r_n1[None, :] * N2 + r_n2[:, None]
-    twre_t = tl.load(TWRE + tw_t)[None, :, :]
-    twim_t = tl.load(TWIM + tw_t)[None, :, :]
-    bre = are * twre_t - aim * twim_t  # |b| <= HALF sqrt(2): float16 holds it
-    bim = are * twim_t + aim * twre_t
-    # second stage over n2: [PAIRS N1, N2] @ F_N2
-    bre = tl.reshape(tl.permute(bre, (0, 2, 1)), (PAIRS * N1, N2)).to(tl.float16)
-    bim = tl.reshape(tl.permute(bim, (0, 2, 1)), (PAIRS * N1, N2)).to(tl.float16)
-    f2 = r_n2[:, None] * N2 + r_n2[None, :]
-    f2re = tl.load(F2RE + f2)
-    f2im = tl.load(F2IM + f2)
-    xre_f, xim_f = _cmul16(bre, bim, f2re, f2im, False)
-    xre_f = tl.reshape(xre_f, (PAIRS, N1, N2))
-    xim_f = tl.reshape(xim_f, (PAIRS, N1, N2))
+        # (without HOIST each constant is loaded where it is first used, again each group: from L1 after
+        # the first; fewer registers live across the chain)
+        # forward, first stage: a = x @ F_N1[:HALF, :]  ([PAIRS N2, HALF] @ [HALF, N1])
+        if not HOIST:
+            f1re, f1im = _first_matrix(F1RE, F1IM, N1)
+        are, aim = _cmul16(tl.reshape(xre, (PAIRS * N2, HALF)).to(tl.float16),
+                           tl.reshape(xim, (PAIRS * N2, HALF)).to(tl.float16), f1re, f1im, False)
+        are = tl.reshape(are, (PAIRS, N2, N1))
+        aim = tl.reshape(aim, (PAIRS, N2, N1))
+        if not HOIST:
+            twre_t, twim_t = _twiddles(TWRE, TWIM, N1, N2, True)
+        bre = are * twre_t - aim * twim_t  # |b| <= HALF sqrt(2): float16 holds it
+        bim = are * twim_t + aim * twre_t
+        # second stage over n2: [PAIRS N1, N2] @ F_N2
+        bre = tl.reshape(tl.permute(bre, (0, 2, 1)), (PAIRS * N1, N2)).to(tl.float16)
+        bim = tl.reshape(tl.permute(bim, (0, 2, 1)), (PAIRS * N1, N2)).to(tl.float16)
+        if not HOIST:
+            f2re, f2im = _second_matrix(F2RE, F2IM, N2)
+        xre_f, xim_f = _cmul16(bre, bim, f2re, f2im, False)
+        xre_f = tl.reshape(xre_f, (PAIRS, N1, N2))
+        xim_f = tl.reshape(xim_f, (PAIRS, N1, N2))
 
-    # the product with the filter's spectrum, then a scale per pair for float16
-    f = r_n1[:, None] + N1 * r_n2[None, :]
-    mirrored = f > L // 2
-    bin = tl.where(mirrored, L - f, f)
-    kre = tl.load(K + h * stride_kh + 2 * bin)[None, :, :]
-    kim = tl.load(K + h * stride_kh + 2 * bin + 1)
-    kim = tl.where(mirrored != CONJ, -kim, kim)[None, :, :]
-    yre = xre_f * kre - xim_f * kim
-    yim = xre_f * kim + xim_f * kre
-    spec_scale = tl.maximum(_amax3(yre), _amax3(yim))
-    spec_scale = tl.where(spec_scale > 0, spec_scale, 1.0)  # (NaN stays NaN: a NaN filter's outputs)
-    inv = (1.0 / spec_scale)[:, None, None]
-    yre = tl.reshape(yre * inv, (PAIRS * N1, N2)).to(tl.float16)
-    yim = tl.reshape(yim * inv, (PAIRS * N1, N2)).to(tl.float16)
+        # the product with the filter's spectrum, then a scale per pair for float16
+        if not HOIST:
+            kre, kim = _spectrum(K, h, stride_kh, N1, N2, CONJ)
+        yre = xre_f * kre - xim_f * kim
+        yim = xre_f * kim + xim_f * kre
+        spec_scale = tl.maximum(_amax3(yre), _amax3(yim))
+        spec_scale = tl.where(spec_scale > 0, spec_scale, 1.0)  # (NaN stays NaN: a NaN filter's outputs)
+        inv = (1.0 / spec_scale)[:, None, None]
+        yre = tl.reshape(yre * inv, (PAIRS * N1, N2)).to(tl.float16)
+        yim = tl.reshape(yim * inv, (PAIRS * N1, N2)).to(tl.float16)
 
-    # inverse, second stage: c = y @ conj(F_N2) ([PAIRS N1, N2]), conjugate twiddles
-    cre, cim = _cmul16(yre, yim, f2re, f2im, True)
-    tw = r_n1[:, None] * N2 + r_n2[None, :]
-    twre = tl.load(TWRE + tw)[None, :, :]
-    twim = tl.load(TWIM + tw)[None, :, :]
-    cre = tl.reshape(cre, (PAIRS, N1, N2))
-    cim = tl.reshape(cim, (PAIRS, N1, N2))
-    dre = cre * twre + cim * twim  # |d| <= N2 sqrt(2)
-    dim = cim * twre - cre * twim
-    # inverse, first stage over k1, the first HALF outputs: [PAIRS N2, N1] @ conj(F_N1)[:, :HALF]
-    dre = tl.reshape(tl.permute(dre, (0, 2, 1)), (PAIRS * N2, N1)).to(tl.float16)
-    dim = tl.reshape(tl.permute(dim, (0, 2, 1)), (PAIRS * N2, N1)).to(tl.float16)
-    f1t = r_n1[:, None] * N1 + c_half[None, :]
-    ore, oim = _cmul16(dre, dim, tl.load(F1RE + f1t), tl.load(F1IM + f1t), True)
-    ore = tl.reshape(ore, (PAIRS, N2, HALF))
-    oim = tl.reshape(oim, (PAIRS, N2, HALF))
+        # inverse, second stage: c = y @ conj(F_N2) ([PAIRS N1, N2]), conjugate twiddles
+        cre, cim = _cmul16(yre, yim, f2re, f2im, True)
+        cre = tl.reshape(cre, (PAIRS, N1, N2))
+        cim = tl.reshape(cim, (PAIRS, N1, N2))
+        if not HOIST:
+            twre, twim = _twiddles(TWRE, TWIM, N1, N2, False)
+        dre = cre * twre + cim * twim  # |d| <= N2 sqrt(2)
+        dim = cim * twre - cre * twim
+        # inverse, first stage over k1, the first HALF outputs: [PAIRS N2, N1] @ conj(F_N1)[:, :HALF]
+        dre = tl.reshape(tl.permute(dre, (0, 2, 1)), (PAIRS * N2, N1)).to(tl.float16)
+        dim = tl.reshape(tl.permute(dim, (0, 2, 1)), (PAIRS * N2, N1)).to(tl.float16)
+        if not HOIST:
+            f1tre, f1tim = _last_matrix(F1RE, F1IM, N1)
+        ore, oim = _cmul16(dre, dim, f1tre, f1tim, True)
+        ore = tl.reshape(ore, (PAIRS, N2, HALF))
+        oim = tl.reshape(oim, (PAIRS, N2, HALF))
 
-    out_scale = spec_scale * (1.0 / L)
-    ore = ore * (out_scale * scale_re)[:, None, None]
-    oim = oim * (out_scale * scale_im)[:, None, None]
-    ore = tl.where(bad_re[:, None, None], float("nan"), ore)
-    oim = tl.where(bad_im[:, None, None], float("nan"), oim)
-    ty = Y.dtype.element_ty
-    y_re = b_re.to(tl.int64)[:, None, None] * stride_yb + h * stride_yh + seq
-    y_im = b_im.to(tl.int64)[:, None, None] * stride_yb + h * stride_yh + seq
-    tl.store(Y + y_re, ore.to(ty), mask=(b_re < batch)[:, None, None])
-    tl.store(Y + y_im, oim.to(ty), mask=(b_im < batch)[:, None, None])
+        out_scale = spec_scale * (1.0 / L)
+        ore = ore * (out_scale * scale_re)[:, None, None]
+        oim = oim * (out_scale * scale_im)[:, None, None]
+        ore = tl.where(bad_re[:, None, None], float("nan"), ore)
+        oim = tl.where(bad_im[:, None, None], float("nan"), oim)
+        ty = Y.dtype.element_ty
+        y_re = b_re.to(tl.int64)[:, None, None] * stride_yb + h * stride_yh + seq
+        y_im = b_im.to(tl.int64)[:, None, None] * stride_yb + h * stride_yh + seq
+        tl.store(Y + y_re, ore.to(ty), mask=(b_re < batch)[:, None, None])
+        tl.store(Y + y_im, oim.to(ty), mask=(b_im < batch)[:, None, None])
 
 
 @triton.jit

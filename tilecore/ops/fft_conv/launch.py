@@ -95,11 +95,12 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
                                            y.stride(1), spectrum_f32.stride(0), N1=plan.n1, N2=plan.n2, CONJ=conj,
                                            num_warps=plan.num_warps)
             return
-        groups = -(-B // (2 * plan.pairs))
-        _conv_pair[(H * groups,)](u, spectrum_f32, y, ops["F1RE"], ops["F1IM"], ops["F2RE"], ops["F2IM"],
+        chunks = -(-(-(-B // (2 * plan.pairs))) // plan.loop)
+        _conv_pair[(H * chunks,)](u, spectrum_f32, y, ops["F1RE"], ops["F1IM"], ops["F2RE"], ops["F2IM"],
                                   ops["TWRE"], ops["TWIM"], B, H, u.stride(0), u.stride(1), y.stride(0),
                                   y.stride(1), spectrum_f32.stride(0), N1=plan.n1, N2=plan.n2,
-                                  PAIRS=plan.pairs, CONJ=conj, num_warps=plan.num_warps)
+                                  PAIRS=plan.pairs, CONJ=conj, LOOP=plan.loop, STAGES=plan.stages, HOIST=plan.hoist,
+                                  num_warps=plan.num_warps)
         return
     kre, kim = permuted_spectrum(spectrum, plan.n1, plan.n2, conj)
     ops = dft_operands(plan.n1, plan.n2, u.device)

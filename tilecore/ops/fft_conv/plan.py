@@ -34,16 +34,28 @@ class Plan:
     kc: int = 0  # "long": the chunk of N1 a product takes (passes 1 and 3)
     rows_warps: int = 0  # "long": warps of pass 2
     gauss: bool = False  # "long": complex products as three real ones
+    loop: int = 1  # "pair": groups of PAIRS pairs a program runs, its constants loaded once
+    stages: int = 1  # "pair": software-pipelining stages of that loop
+    hoist: bool = False  # "pair": the loop's constants loaded once before it
 
 
-def pair_plan(n1: int, n2: int, pairs: int, num_warps: int) -> Plan:
-    return Plan("pair", n1=n1, n2=n2, num_warps=num_warps, pairs=pairs)
+def pair_plan(n1: int, n2: int, pairs: int, num_warps: int, loop: int = 1, stages: int = 1,
+              hoist: bool = False) -> Plan:
+    return Plan("pair", n1=n1, n2=n2, num_warps=num_warps, pairs=pairs, loop=loop, stages=stages, hoist=hoist)
 
 
 def long_plan(n1: int, n2: int, bn: int, bk1: int, kc: int, num_warps: int, rows_warps: int,
               gauss: bool = False) -> Plan:
     return Plan("long", n1=n1, n2=n2, num_warps=num_warps, bn=bn, bk1=bk1, kc=kc, rows_warps=rows_warps,
                 gauss=gauss)
+
+
+def plan_of_config(config: tuple) -> Plan:
+    """A configs.py tuple as a plan: the pair kernel's (N1, N2, pairs, warps[, loop[, stages[, hoist]]])
+    (a 7th entry a bool), else the long form's 7 numbers (an 8th, True: Gauss's products)."""
+    if len(config) <= 6 or (len(config) == 7 and isinstance(config[6], bool)):
+        return pair_plan(*config)
+    return long_plan(*config)
 
 
 def plan(n: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Plan:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import sys
 
 
-def pair_variant(n1: int, n2: int, pairs: int, warps: int) -> tuple[str, object, dict, int, bool]:
+def pair_variant(n1: int, n2: int, pairs: int, warps: int, loop: int = 1, stages: int = 1,
+                 hoist: bool = False) -> tuple[str, object, dict, int, bool]:
     import torch
 
     from tilecore.ops.fft_conv import kernels_pair
@@ -18,12 +19,14 @@ def pair_variant(n1: int, n2: int, pairs: int, warps: int) -> tuple[str, object,
     f32 = torch.empty(64, dtype=torch.float32)
     args = dict(U=t, K=f32, Y=t, F1RE=f16, F1IM=f16, F2RE=f16, F2IM=f16, TWRE=f32, TWIM=f32, batch=16, heads=768,
                 stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=2 * (n + 1),
-                N1=n1, N2=n2, PAIRS=pairs, CONJ=False)
+                N1=n1, N2=n2, PAIRS=pairs, CONJ=False, LOOP=loop, STAGES=stages, HOIST=hoist)
     if pairs == 0:  # the one-pair, transpose-free kernel
-        del args["PAIRS"]
+        del args["PAIRS"], args["LOOP"], args["STAGES"], args["HOIST"]
         return (f"fft_conv pair N{n} ({n1}x{n2}, one pair untransposed, {warps} warps)",
                 kernels_pair.fft_conv_pair1_kernel, args, warps, False)
-    return (f"fft_conv pair N{n} ({n1}x{n2}, {pairs} pairs, {warps} warps)", kernels_pair.fft_conv_pair_kernel,
+    looped = (f", loop {loop}" + (f" ({stages} stages)" if stages > 1 else "") + (" hoisted" if hoist else "")
+              if loop > 1 else "")
+    return (f"fft_conv pair N{n} ({n1}x{n2}, {pairs} pairs{looped}, {warps} warps)", kernels_pair.fft_conv_pair_kernel,
             args, warps, False)
 
 
@@ -54,6 +57,7 @@ def long_variants(n1: int, n2: int, bn: int, bk1: int, kc: int, warps: int, rows
 
 def pair_variants(shipped_only: bool = False) -> list:
     from tilecore.ops.fft_conv import configs
+    from tilecore.ops.fft_conv.plan import plan_of_config
 
     seen, out = set(), []
     for n, config in configs.PAIR_CONFIGS.items():
@@ -67,7 +71,8 @@ def pair_variants(shipped_only: bool = False) -> list:
             for config in candidates:
                 if config not in seen:
                     seen.add(config)
-                    out += [pair_variant(*config)] if len(config) == 4 else long_variants(*config)
+                    out += ([pair_variant(*config)] if plan_of_config(config).path == "pair"
+                            else long_variants(*config))
     return out
 
 

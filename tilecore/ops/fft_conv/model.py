@@ -1,0 +1,86 @@
+"""What each FFT-convolution path must move and compute (pure Python: the GPU check prints it beside
+the measured time, notes/fft_conv/README.md reasons from it).
+
+Per call of B x H sequences of N (bf16 u and y, L = 2N = N1 N2, a pair = two sequences as one complex
+one, B H / 2 pairs):
+
+* the op's own bytes (the issue's bound): u read, y written (2 bytes an element each), the spectrum read
+  (complex64 (H, N + 1));
+* tensor-core FLOPs of the order-2 Monarch DFT a pair (every stage four real products):
+  forward x @ F_N1[:N1/2] (N2 x N1/2 x N1) and @ F_N2 (N1 x N2 x N2), the inverse the same:
+  8 L N1 + 16 L N2 (FLOPs = 2 multiply-adds);
+* "long" adds a float16 scratch of 2 L elements a pair written by pass 1, read and written by pass 2,
+  read by pass 3 (16 L bytes a pair), and reads u twice in pass 1 (its scales, then its columns).
+
+Ceilings: a copy's bandwidth and dense float16 tensor FLOP/s as measured on the H100
+(../shared/anchors.md: 2,997 GB/s copy, cuBLAS 680 TFLOP/s at 8192^3): a lower bound for each pass is
+max(bytes / bandwidth, FLOPs / tensor rate).
+"""
+from __future__ import annotations
+
+COPY_GBS = 2997.0  # H100 device-to-device copy, GB/s (read + written)
+TENSOR_TFLOPS = 680.0  # H100 bf16 / fp16 cuBLAS 8192^3
+
+
+def op_bytes(batch: int, heads: int, n: int, elem: int = 2) -> int:
+    """u read, y written, the spectrum read."""
+    return 2 * batch * heads * n * elem + heads * (n + 1) * 8
+
+
+def pair_flops(n1: int, n2: int) -> int:
+    """Tensor-core FLOPs of one pair's transform, forward and inverse (order 2)."""
+    size = n1 * n2
+    return 8 * size * n1 + 16 * size * n2
+
+
+def passes(path: str, batch: int, heads: int, n: int, n1: int = 0, n2: int = 0, elem: int = 2) -> list[dict]:
+    """[{pass, bytes, flops, bytes_ms, flops_ms, bound_ms}] of one call on ``path`` ("pair" | "long")."""
+    pairs = heads * -(-batch // 2)
+    size = 2 * n
+    spectrum = heads * (n + 1) * 8
+    seq = batch * heads * n * elem  # all of u (or of y)
+    scratch = pairs * 2 * size * 2  # float16 (re, im) of every pair
+    f = pairs * pair_flops(n1, n2) if n1 else 0
+    first = pairs * 4 * size * n1  # a pair's first forward stage (and its last inverse one)
+    if path == "pair":
+        rows = [("one pass", 2 * seq + spectrum, f)]
+    elif path == "long":
+        rows = [("1: columns", 2 * seq + scratch, first),
+                ("2: rows", 2 * scratch + spectrum, f - 2 * first),
+                ("3: inverse columns", scratch + seq, first)]
+    else:
+        return []
+    out = []
+    for name, nbytes, flops in rows:
+        bytes_ms = nbytes / COPY_GBS / 1e6
+        flops_ms = flops / TENSOR_TFLOPS / 1e9
+        out.append({"pass": name, "bytes": nbytes, "flops": flops, "bytes_ms": bytes_ms, "flops_ms": flops_ms,
+                    "bound_ms": max(bytes_ms, flops_ms)})
+    return out
+
+
+def bound_ms(path: str, batch: int, heads: int, n: int, n1: int = 0, n2: int = 0) -> float:
+    """The sum over the passes of each one's max(bytes, FLOPs) time: the best this path can do."""
+    return sum(p["bound_ms"] for p in passes(path, batch, heads, n, n1, n2))
+
+
+def table(batch: int = 16, heads: int = 768) -> str:
+    """The model at the issue's B16 H768 for the shipped plans (python -m tilecore.ops.fft_conv.model)."""
+    from tilecore.ops.fft_conv import configs
+
+    lines = [f"{'N':>6} {'path':>5} {'N1xN2':>8} {'pass':>19} {'MB':>8} {'GFLOP':>7} {'bytes ms':>8} "
+             f"{'flops ms':>8} {'bound ms':>8}   op bytes ms"]
+    plans = {n: ("pair", c[0], c[1]) for n, c in configs.PAIR_CONFIGS.items()}
+    plans.update({n: ("long", c[0], c[1]) for n, c in configs.LONG_CONFIGS.items()})
+    for n in sorted(plans):
+        path, n1, n2 = plans[n]
+        own = op_bytes(batch, heads, n) / COPY_GBS / 1e6
+        for p in passes(path, batch, heads, n, n1, n2):
+            lines.append(f"{n:>6} {path:>5} {f'{n1}x{n2}':>8} {p['pass']:>19} {p['bytes'] / 1e6:>8.1f} "
+                         f"{p['flops'] / 1e9:>7.1f} {p['bytes_ms']:>8.4f} {p['flops_ms']:>8.4f} "
+                         f"{p['bound_ms']:>8.4f}   {own:.4f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table())
