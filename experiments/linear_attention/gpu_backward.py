@@ -376,7 +376,10 @@ SWEEP = [
     ("gla d128", 64, dict(BV=128)),
     ("gla d128", 64, dict(num_warps=4)),
     ("gla d128", 32, {}),
-    ("gla d128", 64, dict(BKQ=32, BKB=32)),
+    ("gla d128", 64, dict(diag_loop=True)),
+    ("gla d128", 64, dict(diag_loop=True, BKQ=32, BKB=32)),
+    ("gla d128", 64, dict(diag_loop=True, BKQ=64, BKB=64)),
+    ("gla d128", 64, dict(diag_loop=True, BKQ=128, BKB=128)),
     ("gla d128", 64, dict(BVB=128)),
 ]
 

@@ -254,6 +254,63 @@ def _channel_dk(a, qb, G, MMA: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _pick(x3, sel):
+    """x3 [NC, SUB, C] at one token of each sub-chunk (sel [SUB], one True): [NC, C]."""
+    return tl.sum(tl.where(sel[None, :, None], x3, 0.0), 1)
+
+
+@triton.jit
+def _channel_dq_loop(a, kq, G, MMA: tl.constexpr, IEEE: tl.constexpr):
+    """_channel_dq with the diagonal sub-chunks a loop over the key token within them ([NC, SUB, C] at a
+    time, not [NC, SUB, SUB, C]: a quarter of the registers at SUB = 16, C = 64)."""
+    BT: tl.constexpr = a.shape[0]
+    C: tl.constexpr = kq.shape[1]
+    NC: tl.constexpr = BT // SUB
+    offs_t = tl.arange(0, BT)
+    kf = kq.to(tl.float32)
+    dq = tl.zeros([BT, C], dtype=tl.float32)
+    for j in tl.static_range(NC - 1):
+        fq, fk = _sub_factors(G, offs_t, j)
+        dq += fq * _dot(a.to(MMA), (kf * fk).to(MMA), IEEE)
+    ii = tl.arange(0, SUB)
+    a3 = _diagonal_of(a, NC)  # [NC, SUB(i), SUB(j)]
+    G3 = tl.reshape(G, [NC, SUB, C])
+    k3 = tl.reshape(kf, [NC, SUB, C])
+    dq3 = tl.zeros([NC, SUB, C], dtype=tl.float32)
+    for jj in range(SUB):
+        sel = ii == jj
+        a_col = tl.sum(tl.where(sel[None, None, :], a3, 0.0), 2)  # [NC, SUB(i)]
+        e = tl.exp(tl.where((ii >= jj)[None, :, None], G3 - _pick(G3, sel)[:, None, :], float("-inf")))
+        dq3 += a_col[:, :, None] * _pick(k3, sel)[:, None, :] * e
+    return dq + tl.reshape(dq3, [BT, C])
+
+
+@triton.jit
+def _channel_dk_loop(a, qb, G, MMA: tl.constexpr, IEEE: tl.constexpr):
+    """_channel_dk with the diagonal sub-chunks a loop over the query token within them."""
+    BT: tl.constexpr = a.shape[0]
+    C: tl.constexpr = qb.shape[1]
+    NC: tl.constexpr = BT // SUB
+    offs_t = tl.arange(0, BT)
+    qf = qb.to(tl.float32)
+    dk = tl.zeros([BT, C], dtype=tl.float32)
+    for j in tl.static_range(NC - 1):
+        fq, fk = _sub_factors(G, offs_t, j)
+        dk += fk * _dot(tl.trans(a.to(MMA)), (qf * fq).to(MMA), IEEE)
+    ii = tl.arange(0, SUB)
+    a3 = _diagonal_of(a, NC)  # [NC, SUB(i), SUB(j)]
+    G3 = tl.reshape(G, [NC, SUB, C])
+    q3 = tl.reshape(qf, [NC, SUB, C])
+    dk3 = tl.zeros([NC, SUB, C], dtype=tl.float32)
+    for i in range(SUB):
+        sel = ii == i
+        a_row = tl.sum(tl.where(sel[None, :, None], a3, 0.0), 1)  # [NC, SUB(j)]
+        e = tl.exp(tl.where((ii <= i)[None, :, None], _pick(G3, sel)[:, None, :] - G3, float("-inf")))
+        dk3 += a_row[:, :, None] * _pick(q3, sel)[:, None, :] * e
+    return dk + tl.reshape(dk3, [BT, C])
+
+
+@triton.jit
 def _quadratic(x, BT: tl.constexpr, BK: tl.constexpr):
     """Based's quadratic features vec(x x^T) of x [BT, BK] (float32), in registers: [BT, BK * BK]."""
     return tl.reshape(x[:, :, None] * x[:, None, :], [BT, BK * BK])
@@ -436,7 +493,7 @@ def la_bwd_dq_kernel(Q, K, V, G, BETA, H0, DO, DQ, R,
                      N, H, GROUP, DK, DV, scale, KBLOCKS,
                      BT: tl.constexpr, BKQ: tl.constexpr, BVF: tl.constexpr,
                      DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_H0: tl.constexpr,
-                     STRICT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
+                     STRICT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, DIAG_LOOP: tl.constexpr = False):
     """Program (batch * head, block of BKQ key channels): dq of every token in those channels (per v
     head h: the caller sums a q head's group), by a forward sweep that rebuilds the state (BKQ, Dv).
     STRICT: without the diagonal (token t against itself), and R (B, N, H) float32 gets its factor
@@ -489,7 +546,10 @@ def la_bwd_dq_kernel(Q, K, V, G, BETA, H0, DO, DQ, R,
         if DECAY == 2:
             Gq, Gq_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_kq, kq_ok, N, sgn, sgd).to(tl.float32))
             a = tl.where(inside, dp * beta[None, :], 0.0)
-            dq = _channel_dq(a, kq, Gq, MMA, IEEE)
+            if DIAG_LOOP:
+                dq = _channel_dq_loop(a, kq, Gq, MMA, IEEE)
+            else:
+                dq = _channel_dq(a, kq, Gq, MMA, IEEE)
             dq = (dq + _dot(do.to(MMA), tl.trans(S.to(MMA)), IEEE) * tl.exp(Gq)) * scale
         else:
             a = dp * beta[None, :] * scale
@@ -539,7 +599,8 @@ def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                       N, H, GROUP, DK, DV, scale, VBLOCKS, KBLOCKS,
                       BT: tl.constexpr, BK: tl.constexpr, BKB: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
                       DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_DHT: tl.constexpr,
-                      STORE_DH0: tl.constexpr, STRICT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
+                      STORE_DH0: tl.constexpr, STRICT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
+                      DIAG_LOOP: tl.constexpr = False):
     """Program (batch * head, value block, key-channel block): dk_hat and dv_hat of every token, by a
     reverse sweep with dS (BKB, BV) in registers; dh0 (the gradient of the initial state) at the end.
 
@@ -626,7 +687,10 @@ def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
         kbf = kb.to(tl.float32)
         if DECAY == 2:
             Gb, Gb_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_kb, kb_ok, N, sgn, sgd).to(tl.float32))
-            dk = _channel_dk(tl.where(inside, dp, 0.0), qb, Gb, MMA, IEEE) * scale
+            if DIAG_LOOP:
+                dk = _channel_dk_loop(tl.where(inside, dp, 0.0), qb, Gb, MMA, IEEE) * scale
+            else:
+                dk = _channel_dk(tl.where(inside, dp, 0.0), qb, Gb, MMA, IEEE) * scale
             w2 = tl.exp(Gb_last[None, :] - Gb)  # [BT, BKB]
             dv += _dot((kbf * w2).to(MMA), dS.to(MMA), IEEE)
             dk += _dot(v.to(MMA), tl.trans(dS.to(MMA)), IEEE) * w2

@@ -179,7 +179,7 @@ def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts
                N, H, group, Dk, Dv, scale, cfg["key_blocks"])
     dq_kw = dict(BT=cfg["BT_BWD"], BKQ=cfg["BKQ"], BVF=cfg["BVF"], DECAY=kind, FEATURE=feature,
                  HAS_BETA=beta is not None, HAS_H0=h0 is not None, STRICT=strict, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
-                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                 DIAG_LOOP=cfg.get("diag_loop", False), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     dkv_args = (q, k, v, dummy if g is None else g, dummy if beta is None else beta, do,
                 dummy if dht is None else dht, dk_parts, dv_parts, dk_parts if dh0 is None else dh0,
                 *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *do.stride(),
@@ -187,8 +187,8 @@ def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts
                 N, H, group, Dk, Dv, scale, cfg["dkv_value_blocks"], cfg["dkv_key_blocks"])
     dkv_kw = dict(BT=cfg["BT_BWD"], BK=cfg["BK"], BKB=cfg["BKB"], BV=cfg["BVB"], KB=cfg["KB"], DECAY=kind,
                   FEATURE=feature, HAS_BETA=beta is not None, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-                  STRICT=strict, MMA=cfg["MMA"], IEEE=cfg["IEEE"], num_warps=cfg["num_warps"],
-                  num_stages=cfg["num_stages"])
+                  STRICT=strict, MMA=cfg["MMA"], IEEE=cfg["IEEE"], DIAG_LOOP=cfg.get("diag_loop", False),
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return [(kernels_tl.la_bwd_dq_kernel, (B * H * cfg["key_blocks"],), dq_args, dq_kw),
             (kernels_tl.la_bwd_dkv_kernel, (B * H * cfg["dkv_value_blocks"] * cfg["dkv_key_blocks"],), dkv_args,
              dkv_kw)]
