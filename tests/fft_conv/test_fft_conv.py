@@ -230,3 +230,22 @@ def test_plans():
     assert plan.plan(1024, cuda, torch.float32).path == "tl"
     assert plan.plan(8192, cuda, torch.float32).path == "torch"
     assert plan.plan(3000, cuda, torch.bfloat16).path == "torch"
+
+
+def test_model_counts_the_kernels_products():
+    """model.py's FLOPs are the pair kernel's four products (each four real ones, 2 FLOPs a multiply-add:
+    [N2, N1/2] @ [N1/2, N1], [N1, N2] @ [N2, N2] twice, [N2, N1] @ [N1, N1/2]); the long form's bytes
+    are the op's plus the float16 scratch (16 L bytes a pair) and u read twice."""
+    from tilecore.ops.fft_conv import model
+
+    n1, n2 = 32, 64
+    products = [(n2, n1 // 2, n1), (n1, n2, n2), (n1, n2, n2), (n2, n1, n1 // 2)]
+    assert model.pair_flops(n1, n2) == sum(4 * 2 * m * k * n for m, k, n in products)
+    B, H, n = 4, 6, n1 * n2 // 2
+    pair, = model.passes("pair", B, H, n, n1, n2)
+    assert pair["bytes"] == model.op_bytes(B, H, n) and pair["flops"] == B // 2 * H * model.pair_flops(n1, n2)
+    long = model.passes("long", B, H, n, n1, n2)
+    assert sum(p["flops"] for p in long) == pair["flops"]
+    assert sum(p["bytes"] for p in long) == model.op_bytes(B, H, n) + B * H * n * 2 + B // 2 * H * 16 * 2 * n
+    assert model.bound_ms("long", B, H, n, n1, n2) > model.bound_ms("pair", B, H, n, n1, n2) > 0
+    assert model.passes("torch", B, H, n) == []
