@@ -6,6 +6,9 @@ transfers hidden, the public call's forward + backward, speedup over one GPU's t
 the same total sequence, the napkin's prediction at that margin, peak memory per rank; the transfers
 alone and all-to-all beside it.
 
+In the early order (margins above 0) only the attentions with a transfer beside them leave the
+margin (ring.step_margin); compute-only runs the same steps with the same margins.
+
     torchrun --nproc_per_node=2 experiments/distributed/gpu_check.py          (from the repo root)
     torchrun --nproc_per_node=2 experiments/distributed/gpu_check.py --sizes 32768 --margins 0,8 --skip-check
     torchrun --nproc_per_node=2 experiments/distributed/gpu_check.py --dry    (gloo, CPU: the logic only)
@@ -164,6 +167,7 @@ CHECKS = [  # (mode, causal, n, hq, hkv, d, dtype[, sm_margin]): n not a multipl
     ("ring", True, 4099, 8, 2, 128, torch.bfloat16),
     ("ring", True, 4099, 8, 2, 128, torch.bfloat16, 0),  # every SM, the late order
     ("ring", False, 8192, 8, 8, 128, torch.bfloat16, 16),
+    ("ring", True, 16384, 2, 2, 128, torch.bfloat16),  # causal parts of 4096 rows: dQ added in the Gluon kernel
     ("all_to_all", False, 4099, 8, 2, 128, torch.bfloat16),
     ("all_to_all", True, 4099, 8, 2, 128, torch.bfloat16),
     ("ring", True, 3001, 4, 4, 64, torch.float16),

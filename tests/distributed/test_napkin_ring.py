@@ -60,7 +60,7 @@ def test_margin_in_the_summary_and_the_command(capsys):
 
     kw = dict(seq=32768, heads=32, d=128, world=2, causal=True, attention_tflops=550, one_gpu=False)
     assert "waits for its step's attention" in ring.predict(**kw).summary()
-    assert "runs beside the attention, which runs on 124 SMs" in ring.predict(**kw, sm_margin=8).summary()
+    assert "runs beside the attention, which keeps 124 SMs" in ring.predict(**kw, sm_margin=8).summary()
     for bad in (-1, 132, 2.0):
         with pytest.raises(ValueError, match="sm_margin"):
             ring.predict(**kw, sm_margin=bad)

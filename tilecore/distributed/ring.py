@@ -15,8 +15,9 @@ step (half its queries against a whole block, or all its queries against half a 
 
 Backward: the same ring, with the merged O and lse of each local query: the flash backward's
 P = exp(s - lse) and delta = rowsum(dO * O) are then the global ones, so each step's block gradients
-are exactly that block's share (tilecore's attention backward op, which takes O and lse). dQ sums
-locally in float32; each foreign block's dK, dV sum in a float32 buffer that travels the ring behind
+are exactly that block's share (tilecore's attention backward, which takes O and lse). dQ sums
+locally in float32, each block's added into the rows of one accumulator (attention's
+backward_adding_dq: by the Gluon kernel's own float32 reductions, where it adds dQ); each foreign block's dK, dV sum in a float32 buffer that travels the ring behind
 its keys and values and goes home after the last rank's share. The rank's own block is done in two
 parts, one before the foreign blocks and one after, so that the first transfer of keys and values
 and the last hop of a sum both run under attention (ring_backward).
@@ -35,10 +36,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-import tilecore.ops.attention.op  # noqa: F401  (registers torch.ops.tilecore.attention_backward)
 from tilecore import dispatch
 from tilecore.distributed import kernels_tl, sharding
 from tilecore.ops.attention import attention
+from tilecore.ops.attention.op import backward_adding_dq
 from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2
 
 MERGE = CachedLaunch(kernels_tl.lse_merge_kernel)
@@ -170,6 +171,13 @@ def transfer_order(early: bool | None, sm_margin: int) -> bool:
     return sm_margin > 0 or TRANSFERS_EARLY
 
 
+def step_margin(sm_margin: int, early: bool, beside_transfer: bool) -> int:
+    """The margin an attention of the ring leaves: ``sm_margin`` beside a transfer (early order), 0
+    where nothing is in flight during it (its SMs would idle); in the late order the caller's as
+    given (nothing runs beside the attention there, so a margin only serves the caller's own work)."""
+    return sm_margin if beside_transfer or not early else 0
+
+
 def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float, ring: Ring | None = None,
                  early: bool | None = None, sm_margin: int = 0):
     """(out in q's dtype, lse float32) of the local queries against the whole sequence's keys.
@@ -198,7 +206,7 @@ def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float,
         if span is not None:
             rows, keys, step_causal = span
             out, lse = attention(q[:, :, rows], kv[0][:, :, :keys], kv[1][:, :, :keys], causal=step_causal,
-                                 scale=scale, return_lse=True, sm_margin=sm_margin)
+                                 scale=scale, return_lse=True, sm_margin=step_margin(sm_margin, early, more))
         if more and not early:  # after the attention, beside the merge
             incoming, works = start()
         if span is not None:
@@ -254,21 +262,22 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     own = [None, None]  # float32 dK, dV sums of the rank's own block
 
-    def block_grads(rows, keys, block_causal, block):
-        return torch.ops.tilecore.attention_backward(
+    def block_grads(rows, keys, block_causal, block, beside_transfer):
+        """(dK, dV) of the block's first ``keys`` keys for the local ``rows``; their dQ added to dq's
+        rows (by the Gluon kernel's own float32 reductions where it adds dQ: no buffer, no pass)."""
+        return backward_adding_dq(
             dout[:, :, rows], q[:, :, rows], block[0][:, :, :keys], block[1][:, :, :keys], out[:, :, rows],
-            lse[:, :, rows], None if dlse is None else dlse[:, :, rows].contiguous(), block_causal, scale,
-            -1, -1, 0.0, sm_margin)
+            lse[:, :, rows], None if dlse is None else dlse[:, :, rows].contiguous(), dq[:, :, rows], block_causal,
+            scale, step_margin(sm_margin, early, beside_transfer))
 
     def own_part(part):
         """The part's attention backward queued; returns the function that adds its gradients."""
         if part is None:
             return lambda: None
         rows, keys, part_causal = part
-        gq, gk, gv = block_grads(rows, keys, part_causal, kv_own)
+        gk, gv = block_grads(rows, keys, part_causal, kv_own, world > 1)  # the first K/V hop, or the last sum
 
         def add():
-            dq[:, :, rows] += gq
             for i, g in enumerate((gk, gv)):
                 if own[i] is None and keys == n:
                     own[i] = g.float()  # the first share: a copy (the op's own result where already float32)
@@ -304,24 +313,23 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
         if more and early:
             incoming, kv_works = send_block(kv, step + 1)
         span = step_span(step, src, rank, causal, chunks, lengths)
-        grads = block_grads(*span, kv) if span is not None else None
+        # in flight beside it (early order): the next block's K/V, and from step 2 the previous sum
+        grads = block_grads(*span, kv, more or step >= 2) if span is not None else None
         if more and not early:
             incoming, kv_works = send_block(kv, step + 1)
         keys = span[1] if span is not None else 0
-        if grads is not None:
-            dq[:, :, span[0]] += grads[0]
         if step == 1:  # the first share of block src's sum, sent as the op gave it
             if grads is not None and keys == lengths[src]:
-                block_sum = (grads[1], grads[2])
+                block_sum = (grads[0], grads[1])
             else:
                 block_sum = tuple(torch.zeros(shape_of(src), dtype=k.dtype, device=k.device) for _ in range(2))
                 for i in range(2 if grads is not None else 0):
-                    block_sum[i][:, :, :keys] = grads[1 + i]
+                    block_sum[i][:, :, :keys] = grads[i]
         else:  # the shares of the ranks before, from the previous rank, in float32 from here on
             wait_all(sum_works)
             block_sum = tuple(t.float() for t in sum_incoming)
             for i in range(2 if grads is not None else 0):
-                block_sum[i][:, :, :keys] += grads[1 + i]
+                block_sum[i][:, :, :keys] += grads[i]
         # on to the next rank, which holds block src next; after the last step, block r+1 goes home
         sum_incoming = receive_pair(block_sum[0], shape_of((src - 1) % world))
         sum_works = ring.exchange(block_sum, sum_incoming, tag=2 * step + 1)

@@ -9,7 +9,7 @@ its transfer from the cross-GPU link (interconnect.py), and whether the transfer
 
 A step takes max(attention + its elementwise passes, the bytes in flight on one link direction)
 where the attention leaves the transfer's kernel its SMs (``sm_margin`` >= the link's ``sms``; the
-attention then runs on the rest), else their sum: tilecore's attention kernels are persistent, one
+attention then runs on the rest, in the steps with a transfer beside it), else their sum: tilecore's attention kernels are persistent, one
 program on every SM, and NCCL's kernel waits for them (the h100-x2 run of session 24 measured the
 transfers exposed, not hidden, at sm_margin 0). Attention runs at the rate the
 napkin derives for the step's shape (the calibrated H100 by default: measured copy and matmul
@@ -107,7 +107,7 @@ class RingPrediction:
             return f"sm_margin {self.sm_margin}: one GPU, nothing to transfer"
         if self.sm_margin >= self.transfer_sms:
             return (f"sm_margin {self.sm_margin} of {self.sms} SMs: the transfers' kernel ({self.transfer_sms} SMs) runs "
-                    f"beside the attention, which runs on {self.sms - self.sm_margin} SMs")
+                    f"beside the attention, which keeps {self.sms - self.sm_margin} SMs in the steps with a transfer")
         return (f"sm_margin {self.sm_margin} of {self.sms} SMs: below the {self.transfer_sms} the transfers' kernel "
                 f"needs, so each transfer waits for its step's attention (not hidden)")
 
@@ -152,7 +152,7 @@ def _derived_rate(gpu: GPU, batch, heads, kv_heads, n, d, causal, dtype) -> floa
 def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, batch: int = 1,
             kv_heads: int | None = None, dtype: str = "bf16", gpu="h100", link="h100-x2", calibrate: bool = True,
             attention_tflops: float | None = None, one_gpu: bool = True, kv_views: bool = False,
-            sm_margin: int = 0) -> RingPrediction:
+            sm_margin: int = 0, dq_in_kernel: bool = True) -> RingPrediction:
     """The ring's steps on ``world`` GPUs for a sequence of ``seq`` (each rank seq / world, in two
     chunks). ``gpu``: a napkin GPU (calibrated to the measured H100 ceilings of napkin.validate
     unless ``calibrate`` is False); ``link``: interconnect.LINKS' key or a Link; ``attention_tflops``:
@@ -160,7 +160,9 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
     one GPU at the whole sequence; ``kv_views``: K and V come as views (a (B, N, H, D) projection's
     transpose), copied to contiguous buffers before they are sent; ``sm_margin``: SMs the attention
     leaves free (its persistent grid that much smaller): the transfers overlap it where that is at
-    least the link's ``sms``, else each waits for the step's attention."""
+    least the link's ``sms``, else each waits for the step's attention; ``dq_in_kernel``: each block's
+    dQ added to the float32 sum by the attention kernel (the Gluon backward's reductions: D64, D128
+    from 1024 rows, causal from 4096), else by a pass of its own."""
     if world < 1 or seq < 2 * world:
         raise ValueError(f"ring.predict: need world >= 1 and seq >= 2 * world; got seq={seq}, world={world}")
     if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or sm_margin < 0:
@@ -176,7 +178,7 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
     if sm_margin >= g.sms:
         raise ValueError(f"ring.predict: sm_margin must be below the GPU's SMs ({g.sms}); got {sm_margin}")
     serial = sm_margin < lk.sms  # the transfer's kernel finds no SM until the attention is done
-    slower = g.sms / (g.sms - sm_margin)  # the attention on the SMs it keeps
+    slower = g.sms / (g.sms - sm_margin)  # the attention on the SMs it keeps, beside a transfer
     q = dtype_bytes(dtype)
     n = seq / world           # a rank's slice
     half = n / 2              # one chunk
@@ -187,8 +189,13 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
         return _derived_rate(g, batch, heads, kv_heads, max(int(size), 1), d, is_causal, dtype)
 
     def attn(nq, nk, pairs, is_causal, backward=False):
-        t = attention_flops(batch, heads, nq, nk, d, pairs) / rate(n, is_causal) * slower
+        t = attention_flops(batch, heads, nq, nk, d, pairs) / rate(n, is_causal)
         return t * BACKWARD_FLOPS / BACKWARD_RATE if backward else t
+
+    def step(what, compute, elementwise, transfer):
+        """A step; its attention leaves the margin only beside a transfer (ring.py: a step with
+        nothing in flight takes every SM)."""
+        return Step(what, compute * (slower if transfer > 0 else 1.0), elementwise, transfer, serial)
 
     o_elems = batch * heads * d          # per query row
     kv_elems = 2 * batch * kv_heads * d  # K and V, per key row
@@ -200,21 +207,23 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
     stack = 2 * kv_elems * n * q / hbm if kv_views else 0.0  # K and V made contiguous to be sent
     upcast = (0 if in_place else o_elems * n * (q + 4)) / hbm
     merge = o_elems * n * (3 * q if in_place else 8 + q) / hbm
-    fwd = [Step("own slice" + (" (causal)" if causal else ""), attn(n, n, 0.5 if causal else 1.0, causal),
-                stack + upcast, lk.time(kv_bytes) if world > 1 else 0.0, serial)]
+    fwd = [step("own slice" + (" (causal)" if causal else ""), attn(n, n, 0.5 if causal else 1.0, causal),
+                stack + upcast, lk.time(kv_bytes) if world > 1 else 0.0)]
     for s in range(1, world):
         last = s == world - 1
         what = "foreign block, half the pairs" if causal else "foreign block"
         cast = (0 if in_place or not last else o_elems * n * (4 + q)) / hbm
-        fwd.append(Step(what, attn(n, n, 0.5 if causal else 1.0, False), merge + cast,
-                        0.0 if last else lk.time(kv_bytes), serial))
+        fwd.append(step(what, attn(n, n, 0.5 if causal else 1.0, False), merge + cast,
+                        0.0 if last else lk.time(kv_bytes)))
 
     # backward: own block's first part, the foreign blocks, own block's second part. A dK/dV sum of
     # one share (the hop after step 1) travels in the dtype, of more in float32
     def sum_bytes(after_step):
         return kv_elems * n * (q if after_step == 1 else 4)
 
-    dq_add = o_elems * (8 + q) / hbm           # per row: float32 dq += a block's dq
+    # per row: a block's dq into the float32 sum. The Gluon backward adds it in the kernel, into the
+    # ring's accumulator (attention.launch.gradients_adding_dq): no pass of its own
+    dq_add = 0.0 if dq_in_kernel else o_elems * (8 + q) / hbm
     dkv_add = kv_elems * (8 + q) / hbm         # per key row: float32 sums += dk, dv
     start = o_elems * n * 4 / hbm + stack      # zeroed dq, K/V to send
     if causal:  # the late chunk against the slice (3/4 of its pairs); the early chunk against itself
@@ -224,21 +233,21 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
         first = ("own first half of rows", attn(half, n, 1.0, False, True), half, n)
         second = ("own second half of rows", attn(half, n, 1.0, False, True), half, n)
     own_start = kv_elems * n * (q + 4) / hbm   # the own sums: a float32 copy of the first part's
-    bwd = [Step(first[0], first[1], start + first[2] * dq_add + own_start,
-                lk.time(kv_bytes) if world > 1 else 0.0, serial)]
+    bwd = [step(first[0], first[1], start + first[2] * dq_add + own_start,
+                lk.time(kv_bytes) if world > 1 else 0.0)]
     for s in range(1, world):
         in_flight = (kv_bytes if s < world - 1 else 0.0) + (sum_bytes(s - 1) if s >= 2 else 0.0)
         if s == 1:  # the share sent as the op gave it (causal, the slowest rank's: half the keys, into zeros)
             sums = kv_elems * n * 2 * q / hbm if causal else 0.0
         else:  # the incoming sum in float32 (an upcast after a one-share hop), this share added
             sums = kv_elems * n * ((q + 4) if s == 2 else 0) / hbm + n * dkv_add
-        bwd.append(Step("foreign block" + (", half the pairs" if causal else ""),
+        bwd.append(step("foreign block" + (", half the pairs" if causal else ""),
                         attn(n, n, 0.5 if causal else 1.0, False, True), n * dq_add + sums,
-                        lk.time(in_flight), serial))
+                        lk.time(in_flight)))
     home = (kv_elems * n * (8 + (q if world == 2 else 4)) if world > 1 else 0.0) \
         + o_elems * n * (4 + q) + kv_elems * n * (4 + q)  # the sum home added, casts out
-    bwd.append(Step(second[0], second[1], second[2] * dq_add + second[3] * dkv_add + home / hbm,
-                    lk.time(sum_bytes(world - 1)) if world > 1 else 0.0, serial))
+    bwd.append(step(second[0], second[1], second[2] * dq_add + second[3] * dkv_add + home / hbm,
+                    lk.time(sum_bytes(world - 1)) if world > 1 else 0.0))
 
     one_fwd = one_bwd = None
     if one_gpu:

@@ -145,6 +145,20 @@ def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, wi
     return launch.gradients(plan, dout, q, k, v, out, lse, dlse, causal, scale, window, softcap)
 
 
+def backward_adding_dq(dout, q, k, v, out, lse, dlse, dq_sum, causal: bool, scale: float,
+                       sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dk, dv) of attention's backward, with dQ added to ``dq_sum`` (float32, q's shape, any
+    strides: rows of a larger accumulator) instead of returned (launch.gradients_adding_dq: the
+    Gluon kernel's dQ reductions land in it directly). For sums of blocks' gradients, as
+    tilecore.distributed's ring makes, inside its own custom op (eager; no autograd, no custom op
+    here). No window or softcap."""
+    if q.numel() == 0 or k.numel() == 0:
+        return torch.zeros(k.shape, dtype=k.dtype, device=k.device), torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    key = signature("backward", dout, q, k, v, out, lse, dlse, causal, scale > 0, *NO_WINDOW, False, sm_margin)
+    plan = _cached(key, lambda: plan_backward(dout, q, k, v, causal, scale, sm_margin=sm_margin))
+    return launch.gradients_adding_dq(plan, dout, q, k, v, out, lse, dlse, dq_sum, causal, scale)
+
+
 # a CUDA call's signature -> its plan, which launches by it (Plan.launch_key): plans depend on the
 # inputs' shapes, strides, dtypes, device and alignment, causal, the sign of scale, the window (its
 # values: ints the kernels take, which Triton specializes), whether there is a softcap and sm_margin
