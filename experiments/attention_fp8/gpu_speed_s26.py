@@ -241,6 +241,12 @@ def main():
                         codes_within_one_e4m3_step=bool((diff <= 0.126).all().item()),
                         codes_equal_fraction=(diff == 0).float().mean().item(),
                         descale_rel_max=(slices(ds) / want_ds - 1).abs().max().item())
+                    q_nan = q[:1, :1, :64].clone()
+                    q_nan[0, 0, 5, 3] = float("nan")
+                    nan_codes, _ = rotate_quantize(q_nan, signs=signs, scales="token")
+                    rec["check"]["rotate_quantize_q"]["nan_row_is_nan_others_finite"] = bool(
+                        nan_codes[0, 0, 5].float().isnan().all().item()
+                        and torch.isfinite(nan_codes[0, 0, torch.arange(64, device=dev) != 5].float()).all().item())
                 except Exception as e:  # noqa: BLE001
                     rec["check"]["rotate_quantize_q"] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
                     traceback.print_exc()

@@ -221,6 +221,6 @@ def rotate_quantize(X, OUT, DESCALE, SIGNS, sxb, sxh, sxn, sxd, H, N, n_scales, 
         else:
             codes = y / tl.load(DESCALE)
         codes = tl.minimum(tl.maximum(codes, -448.0, tl.PropagateNan.ALL), 448.0, tl.PropagateNan.ALL)
-        if UPCAST:
-            codes = tl.where(codes < 0, -round_to_e4m3(-codes), round_to_e4m3(codes))
+        if UPCAST:  # (a NaN kept as it is: round_to_e4m3 reads exponent bits)
+            codes = tl.where(codes != codes, codes, tl.where(codes < 0, -round_to_e4m3(-codes), round_to_e4m3(codes)))
         tl.store(out_base + rows[:, None].to(tl.int64) * BLOCK_D + offs_d[None, :], codes.to(tl.float8e4nv), mask=ok)
