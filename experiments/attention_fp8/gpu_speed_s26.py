@@ -1,7 +1,7 @@
 """FP8 attention speed, session 26 (issue 34): the kernel's new switches and the fused rotate + quantize path,
 checked then timed against tilecore's bf16 attention and cuDNN (SDPA, bf16) in the same run.
 
-    PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s26.py [--smoke] [--cases headline|all]
+    PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s26.py [--smoke] [--cases all|headline|d128|d64|sweep]
 
 Per case (B16 H16 N4096, D 128 and 64, causal and not; then D 128 at N 1024 (B64) and N 16384 (B4)):
 
@@ -59,7 +59,8 @@ def exact_attention(q, k, v, causal):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--cases", default="all", choices=("headline", "all"))
+    ap.add_argument("--cases", default="all", choices=("all", "headline", "d128", "d64", "sweep"),
+                    help="headline: the four N 4096 cases; d128 / d64: two of them; sweep: D 128 at N 1024 and 16384")
     args = ap.parse_args()
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -84,9 +85,12 @@ def main():
     if args.smoke:
         cases = [(1, 1, 160, 64, True, "full")]
     else:
-        cases = [(16, 16, 4096, 128, False, "full"), (16, 16, 4096, 128, True, "full"),
-                 (16, 16, 4096, 64, False, "full"), (16, 16, 4096, 64, True, "full")]
-        if args.cases == "all":
+        cases = []
+        if args.cases in ("all", "headline", "d128"):
+            cases += [(16, 16, 4096, 128, False, "full"), (16, 16, 4096, 128, True, "full")]
+        if args.cases in ("all", "headline", "d64"):
+            cases += [(16, 16, 4096, 64, False, "full"), (16, 16, 4096, 64, True, "full")]
+        if args.cases in ("all", "sweep"):
             cases += [(64, 16, 1024, 128, c, "short") for c in (False, True)]
             cases += [(4, 16, 16384, 128, c, "short") for c in (False, True)]
 
