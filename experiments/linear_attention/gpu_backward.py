@@ -272,6 +272,8 @@ def pieces(name, chunk=None, label=None, **over):
     row["dq_kernel_ms"] = bench(lambda: kq[gq](*aq, **wq))
     row["dkv_kernel_ms"] = bench(lambda: kk[gk](*ak, **wk))
     row["torch_passes_ms"] = bench(lambda: launch.backward_combine(buffers, do, q, k, v, g, None, o_lin, None, None))
+    if not (feature == BASED and g is not None):
+        row["combine_kernel_ms"] = bench(lambda: launch.backward_combine_kernel(buffers, q, k, v, g, None, None, None))
     row["dk_parts"], row["dv_parts"] = dkp.shape[0], dvp.shape[0]
     if dkp.shape[0] > 1 or dvp.shape[0] > 1:
         row["partial_sums_ms"] = bench(lambda: (dkp.sum(0), dvp.sum(0)))
@@ -280,6 +282,9 @@ def pieces(name, chunk=None, label=None, **over):
         row["decay_grad_ms"] = bench(lambda: launch._decay_grad(g, None, None, dG))
     row["launch_backward_ms"] = bench(lambda: launch.backward(p, do, q, k, v, g, None, None, o_lin, None, None,
                                                               scale, feature))
+    p_torch = tl_plan(q, v, g, feature, chunk, combine="torch", **over)
+    row["launch_backward_torch_combine_ms"] = bench(lambda: launch.backward(p_torch, do, q, k, v, g, None, None, o_lin,
+                                                                            None, None, scale, feature))
     if not over and chunk is None:  # the public op's autograd (casts and the op's own passes included)
         leaves = [t.requires_grad_() for t in (q, k, v, g) if t is not None]
         o = linear_attention(q, k, v, feature_map=fm, decay=g)
@@ -441,12 +446,13 @@ def fmt(x):
 
 
 def table() -> str:
-    lines = ["", "backward pieces (ms) | fwd | fwd bound | dq kernel | dk/dv kernel | torch passes | launch bwd | "
-             "autograd bwd | bwd bound | parts (dk, dv)"]
+    lines = ["", "backward pieces (ms) | fwd | fwd bound | dq kernel | dk/dv kernel | torch combine | combine kernel "
+             "| launch bwd (torch combine) | launch bwd | autograd bwd | bwd bound | parts (dk, dv)"]
     for r in RESULTS["pieces"]:
         lines.append(" | ".join([r["case"]] + [fmt(r.get(k)) for k in (
-            "fwd_ms", "fwd_bound_ms", "dq_kernel_ms", "dkv_kernel_ms", "torch_passes_ms", "launch_backward_ms",
-            "autograd_bwd_ms", "bwd_bound_ms")] + [f"{r.get('dk_parts')}, {r.get('dv_parts')}"]))
+            "fwd_ms", "fwd_bound_ms", "dq_kernel_ms", "dkv_kernel_ms", "torch_passes_ms", "combine_kernel_ms",
+            "launch_backward_torch_combine_ms", "launch_backward_ms", "autograd_bwd_ms", "bwd_bound_ms")]
+            + [f"{r.get('dk_parts')}, {r.get('dv_parts')}"]))
     if RESULTS["fla"]:
         lines += ["", "FLA (same inputs) | fla fwd ms | ours fwd (x) | fla bwd ms | ours bwd (x)"]
         ours = {r["case"]: r for r in RESULTS["pieces"] if "autograd_bwd_ms" in r}

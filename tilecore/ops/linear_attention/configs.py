@@ -42,6 +42,13 @@ FWD_STATE_ELEMS = 16384
 FWD_STAGES = {0: 3, 1: 2}  # by decay kind: no decay 0.344 ms at 3 against 0.392 at 2; scalar 0.564 at 2
 BASED_FWD_BV = 32
 BASED_FWD_STAGES = 3
+# the Gluon forward (gluon_forward.py: the tiles template, TMA and wgmma) on Hopper for phi(x) = x with
+# no or a scalar decay; off until its GPU check (experiments/linear_attention/gpu_forward.py) passes
+GLUON_FORWARD = False
+GLUON_STAGES = 3
+
+# the backward's combine kernel (kernels_backward.py): tokens a step of its walk
+COMBINE_TOKENS = 32
 
 NUM_WARPS = 8  # 4 spilled 316 bytes in the dK/dV kernel at Dk = Dv = 128
 NUM_STAGES = 2  # the chunk loop's software pipelining (loads of the next chunk in flight)

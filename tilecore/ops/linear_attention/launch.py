@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from tilecore import dispatch
-from tilecore.ops.linear_attention import chunked, configs, kernels_tl
-from tilecore.ops.linear_attention.plan import BASED, CHANNEL_DECAY, Plan, decay_kind
+from tilecore.ops.linear_attention import chunked, configs, kernels_backward, kernels_tl
+from tilecore.ops.linear_attention.plan import BASED, CHANNEL_DECAY, Plan, block, decay_kind
 
 LOG_DECAY_FLOOR = chunked.LOG_DECAY_FLOOR
 
@@ -98,6 +98,8 @@ def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float,
     if plan.config["upcast"]:
         q, k, v = q.float(), k.float(), v.float()
     buffers = backward_kernels(plan, do, q, k, v, g, beta, h0, dht, scale, feature)
+    if plan.config.get("combine", "kernel") == "kernel" and not (feature == BASED and g is not None):
+        return backward_combine_kernel(buffers, q, k, v, g, beta, ht, dht)
     return backward_combine(buffers, do, q, k, v, g, beta, o_lin, ht, dht)
 
 
@@ -152,6 +154,47 @@ def backward_combine(buffers, do, q, k, v, g, beta, o_lin, ht, dht):
     dk_heads = dk_hat * bf if beta is not None else dk_hat
     dq = dq_heads if group == 1 else dq_heads.view(B, N, Hqk, group, Dk).sum(3)
     dk = dk_heads if group == 1 else dk_heads.view(B, N, Hqk, group, Dk).sum(3)
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+def backward_combine_kernel(buffers, q, k, v, g, beta, ht, dht):
+    """backward_combine in one kernel (kernels_backward.la_bwd_combine_kernel: each buffer read once, the
+    log decay's reverse sum along the sequence in it) for phi(x) = x (any decay) and Based without a
+    decay (Based's decay gradient, do . o - v . dv, stays backward_combine's)."""
+    dq_heads, dk_parts, dv_parts, dh0, r = buffers
+    B, N, H, Dv = v.shape
+    Hqk, Dk = q.shape[2], q.shape[3]
+    group = H // Hqk
+    strict = r is not None
+    if not strict and beta is None and dk_parts.shape[0] == 1 and dv_parts.shape[0] == 1:  # nothing to combine
+        return backward_combine(buffers, None, q, k, v, g, beta, None, ht, dht)
+    f32, dev = torch.float32, v.device
+    dq = torch.empty_like(dq_heads) if strict else dq_heads
+    dk = torch.empty(B, N, H, Dk, dtype=f32, device=dev)
+    dv = torch.empty(B, N, H, Dv, dtype=f32, device=dev)
+    dg = torch.empty(g.shape, dtype=f32, device=dev) if strict else None
+    dbeta = torch.empty(B, N, H, dtype=f32, device=dev) if beta is not None else None
+    has_dht = dht is not None and ht is not None
+    if B * H > 0 and N > 0:
+        kind = decay_kind(g)
+        g_strides = _strides(g, 4) if kind == CHANNEL_DECAY else (*_strides(g, 3), 0)
+        dummy = dk
+        BK, BV = block(Dk), block(Dv)
+        args = (q, k, v, dummy if g is None else g, dummy if beta is None else beta,
+                ht if has_dht else dummy, dht if has_dht else dummy, dq_heads, dk_parts, dv_parts,
+                dummy if r is None else r, dq, dk, dv, dummy if dg is None else dg, dummy if dbeta is None else dbeta,
+                *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3),
+                *_strides(ht if has_dht else None, 4), *_strides(dht if has_dht else None, 4),
+                dk_parts.stride(0), dv_parts.stride(0), N, H, group, Dk, Dv, dk_parts.shape[0], dv_parts.shape[0])
+        with dispatch.on_device(dev):
+            kernels_backward.la_bwd_combine_kernel[(B * H * 2,)](
+                *args, BT=configs.COMBINE_TOKENS, BK=BK, BV=BV, DECAY=kind, STRICT=strict, HAS_BETA=beta is not None,
+                HAS_DHT=has_dht, num_warps=4 if max(BK, BV) <= 128 else 8)
+    elif strict:
+        dg.zero_()
+    if group > 1:
+        dq = dq.view(B, N, Hqk, group, Dk).sum(3)
+        dk = dk.view(B, N, Hqk, group, Dk).sum(3)
     return dq, dk, dv, dg, dbeta, dh0
 
 

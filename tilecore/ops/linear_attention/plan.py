@@ -56,7 +56,7 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
             **overrides) -> Plan:
     """The tl kernels' plan (also for a compile report on a machine without a GPU). ``overrides``: the
     config's BT_BWD, BV, BVB, BKQ, BKB, KB, num_warps, num_stages, step_warps (experiments/linear_attention
-    sweeps them; fwd_warps, fwd_stages: the forward's alone)."""
+    sweeps them; fwd_warps, fwd_stages: the forward's alone; fwd_gluon, gluon_stages: the Gluon forward's)."""
     kind = decay_kind(g)
     dk, dv = q.shape[-1], v.shape[-1]
     if not chunk and kind == CHANNEL_DECAY and max(dk, dv) > configs.CHANNEL_WIDE:
@@ -94,11 +94,15 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
             BV, fwd_stages = min(BVF, configs.BASED_FWD_BV), configs.BASED_FWD_STAGES
         else:
             BV, fwd_stages = min(BVF, max(16, configs.FWD_STATE_ELEMS // BK)), configs.FWD_STAGES[kind]
+    # the Gluon forward on Hopper (launch.forward runs it where gluon_forward.fits takes the tensors)
+    fwd_gluon = (configs.GLUON_FORWARD and kind != CHANNEL_DECAY and feature != BASED
+                 and not dispatch.interpreted(q.device) and dispatch.gluon_ok(q.device))
     cfg = dict(BT=chunk, BT_BWD=BT_BWD, BK=BK, BV=BV, BVB=BVB, BVF=BVF, KB=KB, BKQ=BKQ, BKB=BKB, MMA=mma,
                IEEE=ieee, upcast=upcast, num_warps=configs.NUM_WARPS, num_stages=configs.NUM_STAGES,
-               fwd_warps=fwd_warps, fwd_stages=fwd_stages, step_warps=configs.STEP_WARPS)
+               fwd_warps=fwd_warps, fwd_stages=fwd_stages, fwd_gluon=fwd_gluon, gluon_stages=configs.GLUON_STAGES,
+               step_warps=configs.STEP_WARPS)
     unknown = set(overrides) - {"BT_BWD", "BV", "BVB", "BKQ", "BKB", "KB", "num_warps", "num_stages",
-                                "fwd_warps", "fwd_stages", "step_warps", "diag_loop"}
+                                "fwd_warps", "fwd_stages", "fwd_gluon", "gluon_stages", "step_warps", "diag_loop", "combine"}
     if unknown:
         raise ValueError(f"tl_plan: unknown overrides {sorted(unknown)}")
     # num_warps and num_stages set every pass's (the forward's too, unless fwd_* say otherwise)
