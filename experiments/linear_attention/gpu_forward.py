@@ -199,26 +199,26 @@ def fla_call(name: str, case: str, t: dict):
 
 
 def sweep_points(case: str) -> list:
-    """Points of the sweep: chunk, BV, warps, stages, and transposed (kernels_forward's S^T kernel). Run 1
-    (H100) and 2 (H200): 4 warps beat 8 at BV <= 64 (1.5-2.3x); the best were BV 128 (Dk 128), Based's BV
-    32. Run 3: those, their neighbours, 8 warps at BV 128, and the transposed kernel."""
-    near = [(32, 64, 4, 3), (32, 128, 4, 2), (32, 128, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (32, 128, 8, 2),
-            (64, 128, 8, 2), (64, 128, 8, 3), (64, 128, 4, 2)]
-    if case in ("simple gla d128", "linear d128"):
-        grid = [(*p, tr) for p in near for tr in (False, True)]
+    """Points of the sweep (launch.forward's plan overrides). Runs 1-3 (session 26) swept the tl kernels'
+    blocks (4 warps, BV 128 at Dk 128, Based BV 32) and the transposed-state kernel; run 4 times the Gluon
+    forward (gluon_forward.py: fwd_gluon, gluon_stages) beside the tl defaults' nearest rivals."""
+    gluon = [dict(fwd_gluon=True, gluon_stages=st) for st in (2, 3)]
+    if case == "linear d128":
+        pts = gluon + [dict(chunk=64, BV=128, num_warps=8, num_stages=3, transposed=True),
+                       dict(chunk=64, BV=64, num_warps=4, num_stages=3)]
+    elif case == "simple gla d128":
+        pts = gluon + [dict(chunk=32, BV=128, num_warps=4, num_stages=2, transposed=True)]
     elif case == "based d16 v64":
-        grid = [(32, 32, 4, 3, False), (32, 32, 4, 4, False), (16, 32, 4, 4, False), (16, 64, 4, 3, False),
-                (32, 64, 4, 2, False), (32, 16, 4, 3, False)]
+        pts = [dict(chunk=32, BV=32, num_warps=4, num_stages=3)]
     else:
-        grid = [(*p, tr) for p in [(32, 64, 4, 4), (32, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 8, 2),
-                                   (32, 64, 8, 3), (64, 32, 4, 2)] for tr in (False, True)]
-    pts = [dict(chunk=bt, BV=bv, num_warps=w, num_stages=st, transposed=tr) for bt, bv, w, st, tr in grid]
+        pts = gluon + [dict(chunk=32, BV=64, num_warps=4, num_stages=4, transposed=True),
+                       dict(chunk=32, BV=64, num_warps=4, num_stages=4)]
     if SMOKE:
-        pts = [p for p in pts if p["chunk"] == 32][:2] + [p for p in pts if p["transposed"]][:1]
+        pts = [p for p in pts if not p.get("fwd_gluon")][:2]
     return pts
 
 
-PROBE_POINTS = [(32, 128, 4, 2), (64, 64, 4, 2)]
+PROBE_POINTS = [(32, 128, 4, 2)]
 
 
 def probe_run(t, mode, bt, bv, w, s):
@@ -241,6 +241,9 @@ def _worker(task):
     t0 = time.time()
     try:
         kind, case = task[0], task[1]
+        if kind == "gluoncheck":
+            check_gluon(*GLUON_CHECKS[case])
+            return task, None, None, time.time() - t0
         if case not in _WORKER_INPUTS:
             _WORKER_INPUTS[case] = make(case, *shape())
         t = _WORKER_INPUTS[case]
@@ -267,7 +270,8 @@ PASSED: set = set()
 
 
 def warm(workers: int, cases):
-    tasks = [("default", c) for c in cases]
+    tasks = [("gluoncheck", i) for i in range(len(GLUON_CHECKS))]
+    tasks += [("default", c) for c in cases]
     tasks += [("fla", c, p) for c in cases for p in CASES[c]["peers"]]
     if "simple gla d128" in cases:
         tasks += [("probe", "simple gla d128", (m, *pt)) for pt in PROBE_POINTS for m in range(4)]
@@ -313,6 +317,73 @@ def reference_floor(case: str, over: dict | None) -> float:
     return round(accuracy.error_over_floor(o, ref), 3)
 
 
+def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, decay: bool, mamba: bool,
+                stages: int = 3):
+    """The Gluon forward (gluon_forward.la_fwd_gluon_kernel) into NaN-filled o and final states, with
+    initial states, against the float64 recurrence: o's error over the rounding floor, the states'
+    relative error, every element written."""
+    from tilecore.ops.linear_attention import gluon_forward as gf
+
+    torch.manual_seed(5)
+    bf = torch.bfloat16
+    sc = Dk ** -0.5 if mamba else 1.0
+    q = (torch.randn(B, N, Hqk, Dk, device=DEV) * sc).to(bf)
+    k = (torch.randn(B, N, Hqk, Dk, device=DEV) * sc).to(bf)
+    v = torch.randn(B, N, H, Dv, device=DEV, dtype=bf)
+    g = beta = d_skip = z = None
+    if mamba:
+        dt = torch.nn.functional.softplus(torch.randn(B, N, H, device=DEV) - 2)
+        A = -torch.rand(H, device=DEV) * 8 - 0.5
+        g, beta, z = dt * A, dt, torch.randn(B, N, H, Dv, device=DEV, dtype=bf)
+        D = torch.randn(H, device=DEV)
+        d_skip = D[:, None].expand(H, Dv).contiguous()
+    elif decay:
+        g = -torch.rand(B, N, H, device=DEV) * 0.3
+        g[:, N // 3] = float("-inf")  # a reset
+    h0 = torch.randn(B, H, Dk, Dv, device=DEV)
+    scale = 1.0 if mamba else Dk ** -0.5
+    row = dict(case=name, N=N, fits=gf.fits(q, k, v, g, 0))
+    o = torch.full_like(v, float("nan"))
+    ht = torch.full_like(h0, float("nan"))
+    G = None if g is None else gf.chunk_cumulative(g, gf.BT_GLUON)
+    grid, args, warps = gf.launch_args(q, k, v, G, beta, d_skip, z, h0, o, ht, scale, stages)
+    gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
+    torch.cuda.synchronize()
+    row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(ht).any())
+    if mamba:
+        ref, ref_state = mamba2_reference(v.double(), beta.double(), A.double(), k.double(), q.double(), D=D.double(),
+                                          z=z.double(), initial_states=h0.transpose(-1, -2).double())
+        ref_state = ref_state.transpose(-1, -2)
+    else:
+        ref, ref_state = linear_attention_reference(q.double(), k.double(), v.double(), scale=scale,
+                                                    decay=None if g is None else g.double(), initial_state=h0.double())
+    row["out_floor"] = round(accuracy.error_over_floor(o.nan_to_num(), ref), 3)
+    row["state_rel"] = accuracy.rel_rms(ht.nan_to_num(), ref_state)
+    # the tl forward on the same inputs, for comparison
+    p = tl_plan(q, v, g, IDENTITY)
+    o_tl, ht_tl, _ = launch.forward(p, q, k, v, g, beta, d_skip, z, h0, scale, IDENTITY, final_state=True,
+                                    keep_linear=False)
+    row["tl_out_floor"] = round(accuracy.error_over_floor(o_tl, ref), 3)
+    row["tl_state_rel"] = accuracy.rel_rms(ht_tl, ref_state)
+    print("check gluon", row, flush=True)
+    RESULTS["check"].append(row)
+
+
+GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
+                ("gluon scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False),
+                ("gluon scalar decay d64 v128 N 77", 2, 77, 2, 2, 64, 128, True, False),
+                ("gluon mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True),
+                ("gluon mamba2 N 33 stages 2", 1, 33, 1, 4, 128, 64, True, True, 2))
+
+
+def phase_gluon_check():
+    for i, args in enumerate(GLUON_CHECKS):
+        if not passed(("gluoncheck", i)):
+            RESULTS["errors"].append(f"check {args[0]}: failed in the warm phase")
+            continue
+        attempt(f"check {args[0]}", lambda: check_gluon(*args))
+
+
 def phase_time(case: str, t: dict):
     row = dict(case=case, shape=tuple(t["v"].shape), bytes=nbytes(case, t))
     if not SMOKE:
@@ -348,6 +419,10 @@ def phase_sweep(case: str, t: dict, base_row: dict):
             o = run_forward(t, **over)
             rel = accuracy.rel_rms(o.float(), want)
             row = dict(case=case, **over, rel_vs_default=rel, nan=bool(torch.isnan(o).any()))
+            if over.get("fwd_gluon"):
+                from tilecore.ops.linear_attention.gluon_forward import fits
+
+                row["gluon_fits"] = fits(t["q"], t["k"], t["v"], t["g"], t["feature"])  # None: the Gluon kernel ran
             if not SMOKE:
                 row["ms"] = bench(lambda: run_forward(t, **over))
             RESULTS["sweep"].append(row)
@@ -357,11 +432,13 @@ def phase_sweep(case: str, t: dict, base_row: dict):
         if row and not row["nan"] and row["rel_vs_default"] < 2e-2:
             if best is None or row.get("ms", 0) < best.get("ms", 0):
                 best = row
-            key = "best_transposed_ms" if over.get("transposed") else "best_standard_ms"
+            key = ("best_gluon_ms" if over.get("fwd_gluon") else
+                   "best_transposed_ms" if over.get("transposed") else "best_standard_ms")
             if row.get("ms") and row["ms"] < base_row.get(key, float("inf")):
                 base_row[key] = row["ms"]
     if best is not None:
-        over = {k: best[k] for k in ("chunk", "BV", "num_warps", "num_stages", "transposed")}
+        over = {k: best[k] for k in ("chunk", "BV", "num_warps", "num_stages", "transposed", "fwd_gluon",
+                                      "gluon_stages") if k in best}
         best["ref_floor"] = attempt(f"check best {case}", lambda: reference_floor(case, dict(over)))
         base_row["best"] = over
         base_row["best_ms"] = best.get("ms")
@@ -389,7 +466,7 @@ def phase_probe(t: dict):
 
 def table() -> str:
     lines = ["", "case | copy = HBM bound ms | default ms (% bound) | best sweep ms (% bound) [chunk BV warps stages "
-             "transposed, best standard / transposed] "
+             "transposed gluon, best tl / transposed / gluon] "
              "| err/floor default, best | FLA ms: x of best"]
     for r in RESULTS["time"]:
         bound = r.get("copy_ms")
@@ -397,10 +474,16 @@ def table() -> str:
         best = dict(r.get("best", {}))
         peers = "; ".join(f"{p} {r[p + '_ms']:.3f}: {r[p + '_ms'] / r['best_ms']:.2f}x"
                           for p in CASES[r["case"]]["peers"] if r.get(p + "_ms") and r.get("best_ms"))
-        best["std / transposed ms"] = f"{r.get('best_standard_ms', 0):.3f} / {r.get('best_transposed_ms', 0):.3f}"
+        best["tl / transposed / gluon ms"] = (f"{r.get('best_standard_ms', 0):.3f} / {r.get('best_transposed_ms', 0):.3f}"
+                                              f" / {r.get('best_gluon_ms', 0):.3f}")
         lines.append(" | ".join([r["case"], f"{bound:.3f}" if bound else "-", pct(r.get("default_ms")),
                                  pct(r.get("best_ms")) + f" {list(best.values())}",
                                  f"{r.get('default_floor')}, {r.get('best_floor')}", peers or "-"]))
+    if RESULTS["check"]:
+        lines += ["", "check (bf16, float64 reference) | N | fits | all written | out/floor | state rel | tl out/floor | tl state rel"]
+        for r in RESULTS["check"]:
+            lines.append(" | ".join(str(r.get(k, "-")) for k in ("case", "N", "fits", "all_written", "out_floor",
+                                                                  "state_rel", "tl_out_floor", "tl_state_rel")))
     if RESULTS["probe"]:
         lines += ["", "probe (simple gla d128) BT BV warps stages | loads only | + intra | + inter | all | tl kernel"]
         for r in RESULTS["probe"]:
@@ -416,7 +499,7 @@ def table() -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--phases", default="warm,time,sweep,probe")
+    parser.add_argument("--phases", default="warm,gluon,time,sweep,probe")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--workers", type=int, default=14)
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
@@ -436,6 +519,8 @@ def main():
     cases = args.cases.split(",")
     if "warm" in phases and not SMOKE:
         attempt("warm", lambda: warm(args.workers, cases))
+    if "gluon" in phases and not SMOKE:
+        phase_gluon_check()
     B, N = shape()
     for case in cases:
         t = make(case, B, N)

@@ -1,0 +1,348 @@
+"""The chunked linear-attention forward for Hopper on the tiles template (tilecore/tiles/gluon/pipeline.py):
+phi(x) = x with no decay or a scalar log decay, Mamba-2's beta (dt), D and z, grouped q/k heads.
+
+The template's parts:
+
+* a tile is two units of (head, BV = 64 value columns) of one batch row that read the same q/k head
+  (one head's two value blocks at Dv = 128; two heads of one q/k group at Dv = 64, Mamba-2's);
+  ``setup`` gives its cdiv(N, BT) steps, one chunk of BT = 64 tokens each;
+* a stage is the chunk's q and k [BT, Dk] and each unit's v [BT, BV], TMA-loaded by the 1-warp producer
+  through 4-D descriptors of (B, H, N, D) views (tokens past N arrive as zeros);
+* consumer c (a warpgroup) owns unit c: its state S [Dk, BV] float32 lives in registers as a wgmma
+  accumulator for the whole walk. Each step (chunk):
+
+      P      = mask(Q K^T * exp(G_i - G_j) * beta_j) * scale           wgmma, Q and K from shared memory
+      o      = P V + exp(G_i) scale (Q S)                              P from registers; S as bf16 in
+                                                                       shared memory (the B operand)
+      S     <- exp(G_last) S + K^T (exp(G_last - G_j) beta_j V_j)      K^T from shared memory (transposed)
+      o      = (o + D v) * silu(z), TMA-stored (rows past N clipped)
+
+The cumulative decay G counts from the chunk's start as in kernels_tl.py (every exponent a difference
+<= 0, log decays clamped at -100); the host sums it (``chunk_cumulative``: a torch cumsum over
+(B, N, H) float32, 1/32 of q's bytes at Dk 128), so the consumers hold no [BT, BT] reductions. The rounding is la_fwd_kernel's: P,
+S and exp(G_last - G_j) beta_j V_j rounded to the input dtype for the tensor cores, o from float32.
+
+launch_args builds the descriptors and checks the fit (``fits``); the tl kernels (kernels_tl.py,
+kernels_forward.py) are this kernel's twins for other GPUs and the interpreter.
+"""
+import torch
+from triton.experimental import gluon
+
+from tilecore.tiles.gluon import Layout, ring, run, stage_struct, store_block, struct, wgmma_layout, wgmma_lhs_layout
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma
+
+LOG_DECAY_FLOOR = gl.constexpr(-100.0)
+BT_GLUON = 64  # tokens a chunk (a wgmma's M)
+BV_GLUON = 64  # value columns a consumer
+
+
+@stage_struct
+class Chunk:
+    q: object  # [1, 1, BT, BK]
+    k: object  # [1, 1, BT, BK]
+    va: object  # [1, 1, BT, BV]: unit 0's values
+    vb: object  # [1, 1, BT, BV]: unit 1's
+
+
+@struct
+class Units:
+    b: object  # batch row
+    u0: object  # the first unit: (head, value block) = (u0 // VB, u0 % VB)
+
+
+@struct
+class Walk:
+    S: object  # [BK, BV] float32: the unit's state, a wgmma accumulator
+
+
+@struct
+class LinearAttentionForward:
+    q_desc: object
+    k_desc: object
+    v_desc: object
+    o_desc: object
+    G: object
+    BETA: object
+    DSKIP: object
+    Z: object
+    H0: object
+    HT: object
+    sgb: object
+    sgn: object
+    sgh: object
+    sbb: object
+    sbn: object
+    sbh: object
+    szb: object
+    szn: object
+    szh: object
+    sdh: object
+    s0b: object
+    s0h: object
+    s0f: object
+    s0v: object
+    stb: object
+    sth: object
+    stf: object
+    stv: object
+    N: object
+    H: object
+    VB: object
+    GROUP: object
+    scale: object
+    state_smem: object  # [2, BK, BV]: each consumer's S in the input dtype (the B operand of Q S)
+    wv_smem: object  # [2, BT, BV]: each consumer's weighted values (the B operand of K^T V)
+    BT: gl.constexpr
+    BK: gl.constexpr
+    BV: gl.constexpr
+    DECAY: gl.constexpr
+    HAS_BETA: gl.constexpr
+    HAS_D: gl.constexpr
+    HAS_Z: gl.constexpr
+    HAS_H0: gl.constexpr
+    STORE_HT: gl.constexpr
+    SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
+    STL: gl.constexpr  # [BK, BV] state
+    PL: gl.constexpr  # P as the register operand of P V
+
+    @gluon.jit
+    def setup(self, tile_id):
+        units = self.H * self.VB // 2
+        return Units(tile_id // units, (tile_id % units) * 2), gl.cdiv(self.N, self.BT)
+
+    @gluon.jit
+    def unit(self, tile, c: gl.constexpr):
+        """(head, first value column) of the tile's unit c."""
+        u = tile.u0 + c
+        return u // self.VB, (u % self.VB) * self.BV
+
+    @gluon.jit
+    def load(self, stage, bar, tile, step):
+        h0, c0 = self.unit(tile, 0)
+        h1, c1 = self.unit(tile, 1)
+        t0 = step * self.BT
+        tma.async_copy_global_to_shared(self.q_desc, [tile.b, h0 // self.GROUP, t0, 0], bar, stage.q)
+        tma.async_copy_global_to_shared(self.k_desc, [tile.b, h0 // self.GROUP, t0, 0], bar, stage.k)
+        tma.async_copy_global_to_shared(self.v_desc, [tile.b, h0, t0, c0], bar, stage.va)
+        tma.async_copy_global_to_shared(self.v_desc, [tile.b, h1, t0, c1], bar, stage.vb)
+
+    @gluon.jit
+    def start(self, ctx, tile, prev):
+        S = gl.zeros([self.BK, self.BV], gl.float32, self.STL)
+        if self.HAS_H0:
+            h, col = self.unit(tile, ctx.index)
+            S = gl.load(self.state_ptrs(self.H0, tile.b, h, col, self.s0b, self.s0h, self.s0f, self.s0v))
+        return Walk(S)
+
+    @gluon.jit
+    def state_ptrs(self, base, b, h, col, sb, sh, sf, sv):
+        rows = gl.arange(0, self.BK, layout=gl.SliceLayout(1, self.STL))
+        cols = col + gl.arange(0, self.BV, layout=gl.SliceLayout(0, self.STL))
+        return (base + b.to(gl.int64) * sb + h.to(gl.int64) * sh + gl.expand_dims(rows.to(gl.int64) * sf, 1)
+                + gl.expand_dims(cols.to(gl.int64) * sv, 0))
+
+    @gluon.jit
+    def compute(self, ctx, walk, stage, tile, step):
+        """One chunk. Ordered so that few [BT, BT] / [BT, BV] tiles are live beside S: the state goes to
+        shared memory and is updated first (S's old value is then read there), the scores next, o last."""
+        c: gl.constexpr = ctx.index
+        h, col = self.unit(tile, c)
+        b64 = tile.b.to(gl.int64)
+        h64 = h.to(gl.int64)
+        q = stage.q.reshape([self.BT, self.BK])
+        k = stage.k.reshape([self.BT, self.BK])
+        if c == 0:
+            v = stage.va.reshape([self.BT, self.BV])
+        else:
+            v = stage.vb.reshape([self.BT, self.BV])
+        dtype: gl.constexpr = self.q_desc.dtype
+        t0 = step * self.BT
+        rows = t0 + gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SL))
+        cols = t0 + gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
+        row_ok = rows < self.N
+        col_ok = cols < self.N
+
+        # per-token factors: G (the chunk's cumulative log decay, from the host), beta
+        # (64-bit bases at the chunk's first token, 32-bit offsets within it)
+        g_base = self.G + b64 * self.sgb + h64 * self.sgh + t0.to(gl.int64) * self.sgn
+        b_base = self.BETA + b64 * self.sbb + h64 * self.sbh + t0.to(gl.int64) * self.sbn
+        offs_r = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SL))
+        offs_c = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
+        w_rows = gl.where(row_ok, 1.0, 0.0)  # each token's weight in the state update
+        S_decay = 1.0
+        if self.DECAY:
+            G_r = gl.load(g_base + offs_r * self.sgn, mask=row_ok, other=0.0)
+            G_c = gl.load(g_base + offs_c * self.sgn, mask=col_ok, other=0.0)
+            G_last = gl.load(g_base + (gl.minimum(self.BT, self.N - t0) - 1) * self.sgn)
+            w_rows = w_rows * gl.exp(G_last - G_r)
+            S_decay = gl.exp(G_last)
+        if self.HAS_BETA:
+            w_rows = w_rows * gl.load(b_base + offs_r * self.sbn, mask=row_ok, other=0.0)
+
+        # the old state to shared memory (the B operand of Q S); with beta, beta_j V_j as P V's B operand
+        # (beta on V's rows, not P's columns: one [BT, BV] product, and the scores keep no column factor
+        # but the decay's, which spilled 1 KB at Mamba-2's shape)
+        S_smem = self.state_smem.index(c)
+        wv = self.wv_smem.index(c)
+        gl.thread_barrier()  # the previous step's wgmmas have read both buffers
+        S_smem.store(walk.S.to(dtype))
+        if self.HAS_BETA:
+            beta_r = gl.load(b_base + offs_r * self.sbn, mask=row_ok, other=0.0)
+            wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(beta_r, 1)).to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+
+        # intra-chunk scores P = mask(Q K^T exp(G_i - G_j)) scale
+        s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False)
+        causal = gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)
+        row_scale = gl.zeros([self.BT], gl.float32, gl.SliceLayout(1, self.SL)) + self.scale
+        if self.DECAY:
+            s = s * gl.exp(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
+            row_scale = row_scale * gl.exp(G_r)
+        p = gl.convert_layout(gl.where(causal, s * self.scale, 0.0).to(dtype), self.PL)
+
+        # o = exp(G_i) scale (Q S_old) + P (beta V)
+        o = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False)
+        if self.HAS_BETA:
+            o = warpgroup_mma(p, wv, o * gl.expand_dims(row_scale, 1))
+        else:
+            o = warpgroup_mma(p, v, o * gl.expand_dims(row_scale, 1))
+
+        # S <- exp(G_last) S + K^T (exp(G_last - G_j) beta_j V_j)
+        gl.thread_barrier()  # P V has read wv
+        wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(w_rows, 1)).to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        S = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay)
+
+        # Mamba-2's epilogue and the store (rows past N clipped by TMA)
+        offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(0, self.SL))
+        if self.HAS_D:
+            d_row = gl.load(self.DSKIP + (h64 * self.sdh + col) + offs_v)
+            o = o + gl.expand_dims(d_row, 0) * v.load(self.SL).to(gl.float32)
+        if self.HAS_Z:
+            z_base = self.Z + b64 * self.szb + h64 * self.szh + t0.to(gl.int64) * self.szn + col
+            z_offs = gl.expand_dims(offs_r * self.szn, 1) + gl.expand_dims(offs_v, 0)
+            z = gl.load(z_base + z_offs, mask=gl.expand_dims(row_ok, 1), other=0.0).to(gl.float32)
+            o = o * z / (1.0 + gl.exp(-z))
+        store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
+        return Walk(S)
+
+    @gluon.jit
+    def wait(self, ctx, walk):
+        return walk
+
+    @gluon.jit
+    def finish(self, ctx, walk, tile):
+        if self.STORE_HT:
+            h, col = self.unit(tile, ctx.index)
+            gl.store(self.state_ptrs(self.HT, tile.b, h, col, self.stb, self.sth, self.stf, self.stv), walk.S)
+
+
+@gluon.jit
+def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, G, BETA, DSKIP, Z, H0, HT,
+                        sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv,
+                        N, H, VB, GROUP, scale, num_tiles,
+                        STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
+                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
+    """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
+    consumer warpgroups (num_warps = 4) and a producer warp."""
+    BT: gl.constexpr = q_desc.block_type.shape[2]
+    BK: gl.constexpr = q_desc.block_type.shape[3]
+    BV: gl.constexpr = v_desc.block_type.shape[3]
+    gl.static_assert(BT == BV, "the scores' and the outputs' layouts are one: BT == BV")
+    SL: gl.constexpr = wgmma_layout(BT, BV, gl.num_warps())
+    STL: gl.constexpr = wgmma_layout(BK, BV, gl.num_warps())
+    PL: gl.constexpr = wgmma_lhs_layout(BT, BV, gl.num_warps())
+    operand_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
+    wv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
+    op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, G, BETA, DSKIP, Z, H0, HT,
+                                sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv,
+                                N, H, VB, GROUP, scale, state_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z,
+                                HAS_H0, STORE_HT, SL, STL, PL)
+    stages = Chunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES))
+    run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
+
+
+# --------------------------------------------------------------------------------------------
+# host side
+
+
+def _head_major(t: torch.Tensor):
+    """(shape, strides) of a (B, N, H, D) tensor as the (B, H, N, D) view the descriptors take."""
+    B, N, H, D = t.shape
+    return [B, H, N, D], [t.stride(0), t.stride(2), t.stride(1), t.stride(3)]
+
+
+def fits(q, k, v, g, feature: int, h0=None) -> str | None:
+    """None where this kernel takes these inputs, else why not (the tl kernels run them)."""
+    if feature != 0:
+        return "a feature map"
+    if g is not None and g.dim() != 3:
+        return "a per-channel decay"
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return "not bf16/fp16"
+    Dk, Dv = q.shape[-1], v.shape[-1]
+    if Dk not in (64, 128) or Dv % BV_GLUON:
+        return f"Dk {Dk} (takes 64, 128) or Dv {Dv} (a multiple of {BV_GLUON})"
+    VB = Dv // BV_GLUON
+    H, Hqk = v.shape[2], q.shape[2]
+    if VB % 2 and (H // Hqk) % 2:
+        return "a tile's two units would read different q/k heads"
+    for t in (q, k, v):
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return "strides or alignment TMA does not take"
+    return None
+
+
+def chunk_cumulative(g: torch.Tensor, chunk: int) -> torch.Tensor:
+    """The log decay g (B, N, H) clamped at the floor (NaN kept) and summed within each chunk of
+    ``chunk`` tokens, inclusive, from the chunk's start: what the kernel reads as G (float32)."""
+    B, N, H = g.shape
+    pad = (-N) % chunk
+    g = torch.nn.functional.pad(g.float().clamp_min(float(LOG_DECAY_FLOOR)), (0, 0, 0, pad))
+    return g.view(B, (N + pad) // chunk, chunk, H).cumsum(2).view(B, N + pad, H)[:, :N]
+
+
+def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3):
+    """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output."""
+    from tilecore.tiles.launch import gluon_descriptor
+    from tilecore.tiles.schedule import persistent_programs
+
+    B, N, H, Dv = v.shape
+    Dk = q.shape[-1]
+    BT, BV = BT_GLUON, BV_GLUON
+    VB = Dv // BV
+    descs = [gluon_descriptor(t, [1, 1, BT, blk], *_head_major(t)) for t, blk in ((q, Dk), (k, Dk), (v, BV), (o, BV))]
+    dummy = torch.empty(1, dtype=torch.float32, device=v.device)
+    st = lambda t, n: tuple(t.stride()) if t is not None else (0,) * n  # noqa: E731
+    num_tiles = B * H * VB // 2
+    args = dict(q_desc=descs[0], k_desc=descs[1], v_desc=descs[2], o_desc=descs[3],
+                G=g if g is not None else dummy, BETA=beta if beta is not None else dummy,
+                DSKIP=d_skip if d_skip is not None else dummy, Z=z if z is not None else v,
+                H0=h0 if h0 is not None else dummy, HT=ht if ht is not None else dummy)
+    sg, sbt, sz, s0, sht = st(g, 3), st(beta, 3), st(z, 4), st(h0, 4), st(ht, 4)
+    args.update(sgb=sg[0], sgn=sg[1], sgh=sg[2], sbb=sbt[0], sbn=sbt[1], sbh=sbt[2], szb=sz[0], szn=sz[1],
+                szh=sz[2], sdh=st(d_skip, 2)[0], s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1],
+                stf=sht[2], stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles,
+                STAGES=stages, DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None,
+                HAS_Z=z is not None, HAS_H0=h0 is not None, STORE_HT=ht is not None)
+    return (persistent_programs(num_tiles, v.device),), args, 4
+
+
+def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3):
+    """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
+    columns must be contiguous (stride 1), as Mamba-2's are."""
+    B, N, H, Dv = v.shape
+    o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
+    ht = torch.empty(B, H, q.shape[-1], Dv, dtype=torch.float32, device=v.device) if final_state else None
+    if g is not None:
+        g = chunk_cumulative(g, BT_GLUON)
+    if d_skip is not None:
+        d_skip = d_skip.float().contiguous()
+    if z is not None and z.stride(-1) != 1:
+        z = z.contiguous()
+    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages)
+    la_fwd_gluon_kernel[grid](**args, num_warps=warps)
+    return o, ht
