@@ -133,3 +133,16 @@ def test_gluon_backward_and_dq_with_window_and_softcap_compile(compiled):
         else:
             assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
     assert compiled["backward d64 warpgroup"]["clobbered"] is False
+
+
+def test_backward_plan_folds_causal_into_the_window(monkeypatch):
+    # the kernels see a window, not causal: the plan takes the non-causal config and no causal schedule
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
+    q, k, v, do = _inputs(n=4096, nk=4096)
+    windowed = plan.plan_backward(do, q, k, v, True, 0.1, path="gluon", window=(1000, -1))
+    assert windowed.schedule is None and windowed.config == configs.gluon_backward_config(128, 4096, False)
+    capped = plan.plan_backward(do, q, k, v, True, 0.1, path="gluon", softcap=30.0)
+    assert capped.schedule is not None and capped.config == configs.gluon_backward_config(128, 4096, True)
+    assert {"window", "softcap"} <= configs.GLUON_BACKWARD_FEATURES  # routed by default (H100 run, session 26)
+    with pytest.raises(ValueError, match="v's as q's"):
+        plan.plan_backward(do, q, k, v[..., :64], True, 0.1, path="gluon", window=(1000, -1))

@@ -105,6 +105,11 @@ GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buff
 # 1.24-1.42x the floor) and faster than the tl forward there (window 4096 over N 32768: 3.78 against
 # 6.16 ms; softcap 30: 0.61 against 0.45 of the no-softcap speed)
 GLUON_FORWARD_FEATURES: frozenset = frozenset({"window", "softcap"})
+# issue 35's features the Gluon backward (and dq kernel) serve by default: checked on the H100 with
+# the path forced (session 26, gpu_features_s26 round 1: bf16/fp16 at 1.38-2.05x the floor) and
+# faster than the tl kernels (window 4096 over N 32768: 11.0 against 16.8 ms; softcap 30 causal
+# N 4096: 0.82 against 0.38 of the no-softcap speed)
+GLUON_BACKWARD_FEATURES: frozenset = frozenset({"window", "softcap"})
 SHORT_TILE_KEY_BLOCKS = 8  # tiles of at most this many key blocks (on average) are short: carried
 THREE_CONSUMERS_MIN_N = {False: 2048, True: 1024}  # D64 three consumers from here: N 4096 +5-8% (session 13)
 THREE_CONSUMERS_Q2_MAX_N = 4096  # ... with two Q buffers each up to here: +1.4-4.4% (session 13)

@@ -17,7 +17,8 @@ float32 upcasts (the interpreter's bf16 tl.dot is wrong), rounded once at the en
 Issue 35's features (``features``): a sliding window, a softcap, v's head size Dv != D, or a head
 dim past 256 (MLA decode's 576 / 512) are served by the tl kernels (forward, decode and backward)
 and on the CPU by "sdpa" (a window alone, as its float mask, D = Dv <= 256) or "reference"; the
-Gluon kernels take none of them. Head dims past 256 take the split-key kernel whatever N (Q K^T by
+Gluon forward and backward take a window and a softcap (configs.GLUON_FORWARD_FEATURES and
+GLUON_BACKWARD_FEATURES; causal folded into a window), not Dv != D. Head dims past 256 take the split-key kernel whatever N (Q K^T by
 column chunks; the query-block forward would hold a 1024-wide tile).
 
 ``sm_margin`` (FlashAttention-3's): SMs the persistent launches leave free for kernels running beside
@@ -141,7 +142,7 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
     used = features(q, v, causal, window, softcap)
     if path is None:
         path = (torch_path(q, k, scale, v, used) if dispatch.backend_for(q.device) == "reference" else
-                "gluon" if (not used and (D, False) in configs.GLUON_BACKWARD and scale > 0
+                "gluon" if (used <= configs.GLUON_BACKWARD_FEATURES and (D, False) in configs.GLUON_BACKWARD and scale > 0
                             and dispatch.gluon_ok(q.device)
                             and steps_exact(H // Hkv, N, 64)  # 64: the least block_m
                             and tma_describable(q) and tma_describable(k) and tma_describable(v)
@@ -153,6 +154,10 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
         cfg = config or fitted("backward", max(D, Dv), configs.backward_config(max(D, Dv), interpret), q.device)
         return _with_operands(Plan("tl", cfg, (B * Hkv, cdiv(Nk, cfg["BLOCK_N"])),
                                    dq=Plan("tl", cfg, row_block_grid(B * H, N, cfg["BLOCK_M"]))), q)
+    if used - {"window", "softcap"}:
+        raise ValueError(f"the Gluon backward takes head dims 64 and 128, v's as q's; got {D} and {Dv}")
+    if "window" in used:  # the kernels fold causal into the window: no causal schedule or config
+        causal = False
     cfg = dict(config or configs.gluon_backward_config(D, N, causal))
     if cfg["dq_from"] not in configs.DQ_MODES:
         raise ValueError(f"dq_from is one of {', '.join(configs.DQ_MODES)}; got {cfg['dq_from']!r}")
