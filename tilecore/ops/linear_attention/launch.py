@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tilecore import dispatch
-from tilecore.ops.linear_attention import chunked, configs, kernels_backward, kernels_tl
+from tilecore.ops.linear_attention import chunked, configs, gluon_forward, kernels_backward, kernels_tl
 from tilecore.ops.linear_attention.plan import BASED, CHANNEL_DECAY, Plan, block, decay_kind
 
 LOG_DECAY_FLOOR = chunked.LOG_DECAY_FLOOR
@@ -52,6 +52,11 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
         if keep_linear and o.data_ptr() == o_lin.data_ptr():  # float32 without D and z: o is o_lin
             o_lin = o_lin.clone()
         return o, (ht if final_state else None), (o_lin if keep_linear else None)
+    if plan.config.get("fwd_gluon") and not keep_linear and gluon_forward.fits(q, k, v, g, feature) is None:
+        with dispatch.on_device(v.device):  # Hopper: the Gluon forward (o before D and z not kept)
+            o, ht = gluon_forward.forward(q, k, v, g, beta, d_skip, z, h0, scale, final_state,
+                                          plan.config["gluon_stages"])
+        return o, ht, None
     out_dtype = v.dtype
     if plan.config["upcast"]:
         q, k, v, z = (None if t is None else t.float() for t in (q, k, v, z))
