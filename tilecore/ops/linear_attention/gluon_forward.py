@@ -279,6 +279,8 @@ def fits(q, k, v, g, feature: int, h0=None) -> str | None:
     """None where this kernel takes these inputs, else why not (the tl kernels run them)."""
     if feature != 0:
         return "a feature map"
+    if q.device.type != "cuda" or v.numel() == 0:
+        return "not a CUDA tensor, or empty"
     if g is not None and g.dim() != 3:
         return "a per-channel decay"
     if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
