@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from tilecore import accuracy  # noqa: E402
 from tilecore.distributed import context_parallel_attention, zigzag_shard  # noqa: E402
-from tilecore.distributed.ring import (Ring, poison_receive_buffers, ring_backward, ring_forward,  # noqa: E402
-                                       transfer_order)
+from tilecore.distributed.ring import (Ring, poison_receive_buffers, ring_backward, ring_for,  # noqa: E402
+                                       ring_forward, transfer_order)
 from tilecore.ops.attention import attention, attention_reference  # noqa: E402
 
 
@@ -167,7 +167,7 @@ CHECKS = [  # (mode, causal, n, hq, hkv, d, dtype[, sm_margin]): n not a multipl
     ("ring", True, 4099, 8, 2, 128, torch.bfloat16),
     ("ring", True, 4099, 8, 2, 128, torch.bfloat16, 0),  # every SM, the late order
     ("ring", False, 8192, 8, 8, 128, torch.bfloat16, 16),
-    ("ring", True, 16384, 2, 2, 128, torch.bfloat16),  # causal parts of 4096 rows: dQ added in the Gluon kernel
+    ("ring", True, 16384, 2, 2, 128, torch.bfloat16, 8),  # causal parts of 4096 rows: dQ added in the Gluon kernel
     ("all_to_all", False, 4099, 8, 2, 128, torch.bfloat16),
     ("all_to_all", True, 4099, 8, 2, 128, torch.bfloat16),
     ("ring", True, 3001, 4, 4, 64, torch.float16),
@@ -212,21 +212,26 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
         dkv32 = (k.float(), v.float())
         dkv32_in = (torch.empty_like(dkv32[0]), torch.empty_like(dkv32[1]))
 
-        def transfers(count, with_sums):
+        def transfers(count, with_sums, through=ring):
             for step in range(count):
-                for work in ring.exchange(kv, kv_in, tag=2 * step):
+                for work in through.exchange(kv, kv_in, tag=2 * step):
                     work.wait()
                 if with_sums:
                     sums, sums_in = (dkv, dkv_in) if step == 0 else (dkv32, dkv32_in)
-                    for work in ring.exchange(sums, sums_in, tag=2 * step + 1):
+                    for work in through.exchange(sums, sums_in, tag=2 * step + 1):
                         work.wait()
 
         record("ring_fwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, False), reps))
         record("ring_bwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, True), reps))
+        for m in margins:  # the K/V hops alone through the ring each margin's calls use (NCCL's CTAs capped)
+            through = ring_for(group, q.device, m, transfer_order(None, m))
+            row["margins"][m] = {"early": transfer_order(None, m), "transfer_group": through.group.group_name}
+            record("fwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, False, through), reps), row["margins"][m])
+            record("bwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, True, through), reps), row["margins"][m])
         del dkv, dkv_in, dkv32, dkv32_in, kv_in
         out, lse = ring_forward(q, k, v, group, lengths, causal, scale)
         for m in margins:  # the ring's default order for each: late at 0, early above (ring.transfer_order)
-            cell = row["margins"][m] = {"early": transfer_order(None, m)}
+            cell = row["margins"][m]
             record("fwd_ms", lockstep_ms(
                 lambda: ring_forward(q, k, v, group, lengths, causal, scale, sm_margin=m), reps), cell)
             record("fwd_compute_ms", lockstep_ms(
@@ -289,7 +294,7 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
     for m, cell in row["margins"].items():
         for p in ("fwd", "bwd"):
             exposed = max(cell[f"{p}_ms"] - cell[f"{p}_compute_ms"], 0.0)
-            transfer = row[f"ring_{p}_transfer_ms"]
+            transfer = cell[f"{p}_transfer_ms"]  # through the margin's ring
             cell[f"{p}_hidden"] = 1 - min(exposed / transfer, 1.0) if transfer > 0 else 1.0
             if best is not None:
                 cell[f"{p}_vs_best_compute"] = cell[f"{p}_ms"] / best[f"{p}_compute_ms"]
@@ -372,10 +377,11 @@ def tables(results) -> str:
               "(rank 0, ms; margin 0: transfers after each step's attention, above 0: before it; fwd, bwd: "
               "ring_forward/backward with transfers; comp: the same steps with nothing sent; hid: share of the "
               "transfers' own time hidden; /c0: with transfers over margin 0's compute alone; f+b: the public "
-              "call's forward + backward; x1: speedup over one GPU; napkin: predicted fwd/bwd ms and their ratio "
+              "call's forward + backward; x1: speedup over one GPU; hop: the forward's K/V hops alone through the "
+              "margin's ring (NCCL's CTAs capped at the margin); napkin: predicted fwd/bwd ms and their ratio "
               "to the measured, and whether it predicts every transfer hidden):",
               f"{'N':>7} {'causal':<6}{'m':>3}{'fwd':>8}{'comp':>8}{'hid':>5}{'/c0':>6}{'bwd':>8}{'comp':>8}"
-              f"{'hid':>5}{'/c0':>6}{'f+b':>8}{'x1 fwd':>7}{'x1 f+b':>7}{'GB':>6}{'napkin fwd/bwd':>16}"
+              f"{'hid':>5}{'/c0':>6}{'f+b':>8}{'x1 fwd':>7}{'x1 f+b':>7}{'GB':>6}{'hop':>6}{'napkin fwd/bwd':>16}"
               f"{'p/m':>11}{'hides':>6}"]
     for t in results["timing"]:
         if "error" in t:
@@ -389,7 +395,7 @@ def tables(results) -> str:
                 f"{fmt(c['fwd_hidden'], '.0%'):>5}{fmt(c.get('fwd_vs_best_compute')):>6}{fmt(c['bwd_ms']):>8}"
                 f"{fmt(c['bwd_compute_ms']):>8}{fmt(c['bwd_hidden'], '.0%'):>5}{fmt(c.get('bwd_vs_best_compute')):>6}"
                 f"{fmt(c['fwd_bwd_ms']):>8}{fmt(c.get('speedup_fwd')):>7}{fmt(c.get('speedup_fwd_bwd')):>7}"
-                f"{fmt(c['peak_extra_gb']):>6}"
+                f"{fmt(c['peak_extra_gb']):>6}{fmt(c.get('fwd_transfer_ms')):>6}"
                 f"{(fmt(p['fwd_ms'], '.1f') + '/' + fmt(p['bwd_ms'], '.1f')) if p else '-':>16}"
                 f"{(fmt(p['fwd_over_measured']) + '/' + fmt(p['bwd_over_measured'])) if p else '-':>11}"
                 f"{('yes' if p['hidden'] else 'no') if p else '-':>6}")

@@ -224,6 +224,8 @@ def bad_input(rank, world, case):
         q = None
     elif case == "scale" and rank == 0:
         kwargs["scale"] = "big"
+    elif case == "margin_differs" and rank == 1:
+        kwargs["sm_margin"] = 1
     elif case == "sm_margin" and rank == 2:
         kwargs["sm_margin"] = -1
     elif case == "sm_margin_type" and rank == 0:

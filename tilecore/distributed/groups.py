@@ -112,3 +112,32 @@ def describe_meta(row: list[int]) -> str:
     dim, ndim, dtype, device = row[:4]
     shape = ["N" if s == -1 else str(s) for s in row[4:4 + ndim]]
     return f"dim {dim} of a ({', '.join(shape)}) {dtype_name(dtype)} tensor on {device_name(device)}"
+
+
+_transfer_groups: dict[tuple[tuple[int, ...], int], dist.ProcessGroup] = {}
+MAX_TRANSFER_CTAS = 32  # NCCL's channels (one CTA each) a kernel may use at most
+
+
+def transfer_group(group: dist.ProcessGroup, max_ctas: int) -> dist.ProcessGroup:
+    """An NCCL group of ``group``'s ranks (in its order) whose kernels use at most ``max_ctas`` CTAs
+    (ncclConfig_t's maxCTAs, as Megatron caps its overlapped communication), on a high-priority
+    stream: NCCL's transfers then fit in the SMs an sm_margin leaves beside the attention. Made at
+    the first call by the group's members (every rank of the ring calls with the same margin: the
+    metadata gather checks it) and kept; ``group`` itself where this torch has no
+    ProcessGroupNCCL.Options (then NCCL picks its CTAs)."""
+    options_type = getattr(dist, "ProcessGroupNCCL", None)
+    if options_type is None or not hasattr(options_type, "Options"):
+        return group
+    ctas = max(1, min(int(max_ctas), MAX_TRANSFER_CTAS))
+    ranks = tuple(dist.get_process_group_ranks(group))
+    key = (ranks, ctas)
+    with _metadata_lock:
+        if key not in _transfer_groups:
+            options = options_type.Options()
+            options.config.min_ctas = 1
+            options.config.max_ctas = ctas
+            options.is_high_priority_stream = True
+            _transfer_groups[key] = dist.new_group(list(ranks), backend="nccl", pg_options=options,
+                                                   use_local_synchronization=True,
+                                                   group_desc=f"tilecore_ring_{ctas}_ctas")
+        return _transfer_groups[key]

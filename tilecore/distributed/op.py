@@ -23,8 +23,9 @@ _FORWARD = {"ring": ring_forward, "all_to_all": ulysses_forward}
 _BACKWARD = {"ring": ring_backward, "all_to_all": ulysses_backward}
 # the metadata every rank sends: its refusal (0: none, 1: TypeError, 2: ValueError), then its inputs
 _FIELDS = ("refused", "batch", "q heads", "kv heads", "head_dim", "length", "dtype", "device", "causal", "mode",
-           "scale")
-_SAME = ("batch", "q heads", "kv heads", "head_dim", "dtype", "device", "causal", "mode", "scale")
+           "scale", "sm_margin")
+# the margin too: with one, the ring's transfers go through a group made for it (ring.ring_for)
+_SAME = ("batch", "q heads", "kv heads", "head_dim", "dtype", "device", "causal", "mode", "scale", "sm_margin")
 _REFUSALS = {TypeError: 1, ValueError: 2}
 
 
@@ -69,7 +70,7 @@ def check_settings(causal, mode, timeout) -> None:
 
 
 def check_across_ranks(q, k, v, group: dist.ProcessGroup, causal: bool, scale: float, mode: str, timeout: float,
-                       refusal: Exception | None = None) -> list[int]:
+                       refusal: Exception | None = None, sm_margin: int = 0) -> list[int]:
     """Every rank's sizes and settings, gathered (on the CPU, within ``timeout`` seconds) and checked
     alike on every rank: any rank's refusal, settings that differ, slice lengths that are not a
     zigzag split of their sum, heads that all-to-all cannot share out raise on every rank.
@@ -81,7 +82,7 @@ def check_across_ranks(q, k, v, group: dist.ProcessGroup, causal: bool, scale: f
     else:
         B, Hq, n, D = q.shape
         mine = [0, B, Hq, k.shape[1], D, n, groups.dtype_code(q.dtype), groups.device_code(q.device), int(causal),
-                MODES.index(mode), _scale_bits(scale)]
+                MODES.index(mode), _scale_bits(scale), sm_margin]
     rows = groups.gather_ints(mine, group, timeout, NAME)
     refused = [r for r, row in enumerate(rows) if row[0]]
     if refusal is not None:
@@ -118,7 +119,7 @@ def _forward_impl(q, k, v, group_name: str, causal: bool, scale: float, mode: st
         refusal = None
     except (TypeError, ValueError) as err:
         refusal = err
-    lengths = check_across_ranks(q, k, v, group, causal, scale, mode, timeout, refusal)
+    lengths = check_across_ranks(q, k, v, group, causal, scale, mode, timeout, refusal, sm_margin)
     with torch.no_grad():
         out, lse = _FORWARD[mode](q, k, v, group, lengths, causal, scale, sm_margin=sm_margin)
     return out, lse, torch.tensor(lengths, dtype=torch.int64)

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from tilecore import dispatch
-from tilecore.distributed import kernels_tl, sharding
+from tilecore.distributed import groups, kernels_tl, sharding
 from tilecore.ops.attention import attention
 from tilecore.ops.attention.op import backward_adding_dq
 from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2
@@ -149,9 +149,23 @@ def merge_into(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, 
 TRANSFERS_EARLY = False
 
 # SMs the ring's attention leaves to NCCL's transfer kernel on CUDA by default (context_parallel_attention's
-# sm_margin=None): NCCL's P2P channels take a few blocks (napkin.interconnect.Link.sms estimates 4);
-# experiments/distributed/gpu_check.py times 0, 4, 8 and 16
-RING_SM_MARGIN = 8
+# sm_margin=None). 0: on 2 H200s (session 26, notes/distributed/runs) margins 4, 8 and 16 with early
+# transfers were never faster than 0 with late ones (32K-128K): the attention lost more than the
+# hidden transfer, NCCL's kernel then taking as many CTAs as it liked (up to 32). Margins now cap
+# NCCL's CTAs at the margin (CAP_TRANSFER_CTAS); experiments/distributed/gpu_check.py times 0, 4, 8, 16
+RING_SM_MARGIN = 0
+# With a margin, the ring's transfers go through an NCCL group of the same ranks whose kernels take at
+# most that many CTAs (groups.transfer_group), so they fit beside the attention's grid
+CAP_TRANSFER_CTAS = True
+
+
+def ring_for(group, device: torch.device, sm_margin: int, early: bool) -> Ring:
+    """The Ring a call's transfers go through: ``group``'s, or with a margin in the early order on an
+    NCCL group its ranks' group capped at sm_margin CTAs (CAP_TRANSFER_CTAS)."""
+    if (CAP_TRANSFER_CTAS and early and sm_margin > 0 and device.type == "cuda"
+            and "nccl" in str(dist.get_backend(group))):
+        return Ring(groups.transfer_group(group, sm_margin))
+    return Ring(group)
 
 
 def default_sm_margin(device: torch.device, world: int, mode: str = "ring") -> int:
@@ -184,8 +198,8 @@ def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float,
     ``ring``: what passes the blocks on (default Ring(group); probes pass one that does not, to time
     the compute alone); ``sm_margin``: SMs each step's attention leaves free (tilecore.attention's);
     ``early``: start each transfer before the step's attention (default: transfer_order's)."""
-    ring = ring or Ring(group)
     early = transfer_order(early, sm_margin)
+    ring = ring or ring_for(group, q.device, sm_margin, early)
     rank, world = ring.rank, ring.world
     chunks = sharding.chunk_sizes(sum(lengths), world)
     B, Hkv, _, D = k.shape
@@ -252,8 +266,8 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
     before the next. A sum of one share travels in the inputs' dtype (it is the backward op's output,
     exactly), of more in float32. ``sm_margin``: SMs each attention backward leaves free (default
     order: early where it is > 0, transfer_order)."""
-    ring = ring or Ring(group)
     early = transfer_order(early, sm_margin)
+    ring = ring or ring_for(group, q.device, sm_margin, early)
     rank, world = ring.rank, ring.world
     chunks = sharding.chunk_sizes(sum(lengths), world)
     B, Hkv, n, D = k.shape

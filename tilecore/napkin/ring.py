@@ -279,8 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--gpu", default="h100")
     p.add_argument("--link", default="h100-x2", choices=sorted(LINKS))
-    p.add_argument("--sm-margin", type=int, default=8,
-                   help="SMs the attention leaves to the transfers (tilecore.distributed's ring default: 8)")
+    p.add_argument("--sm-margin", type=int, default=0,
+                   help="SMs the attention leaves to the transfers beside it (default 0, the ring's: each "
+                        "transfer after its step's attention)")
     p.add_argument("--attention-tflops", type=float, default=None,
                    help="a measured attention rate instead of the napkin's derivation")
     args = p.parse_args(argv)
