@@ -101,3 +101,6 @@ QUANT_POW2_TUNING = {4096: dict(num_stages=3)}
 # value); True, y times 1 / s with the rotation's 1 / sqrt(n) folded in (one: codes may move by one step at
 # near-ties, quantize_kernels._codes_fast). Either by plan tuning "fast".
 QUANT_FAST = False
+# the m x 2^k kernels' loads (and the transform's stores) through TMA descriptors: "none", "load", "both"
+# (kron.kernel_plan; hadamard_quantize's kron-tiled plans take "load" at most). Untimed: "none" until a GPU run
+KRON_TMA = "none"

@@ -133,9 +133,11 @@ def load_slice_transform(x, h_ptr, signs, tile, t, rows, stride_x, M: tl.constex
                          P: tl.constexpr, Q: tl.constexpr, B: tl.constexpr, CHUNKS: tl.constexpr,
                          MIX: tl.constexpr, TRANSFORM: tl.constexpr, SIGNS: tl.constexpr,
                          IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
-                         MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr):
+                         MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, TMA: tl.constexpr = False):
     """Slice t of ``tile`` loaded (zeros out of bounds; times ``signs`` along the row where SIGNS: exact,
-    +-1) and transformed: [B M_PAD, Q] float32."""
+    +-1) and transformed: [B M_PAD, Q] float32. TMA: ``x`` is a descriptor over the rows seen as
+    (rows, M, P) with [B, M_PAD, Q] boxes (Q <= P, CHUNKS == 1): one bulk copy a slice, the copy engine
+    zero-filling sub-rows past M and rows past the end."""
     if MIX == 1 and M_PAD > K_CHUNK:  # (plans give B == 1 there)
         y = _chunked_mix(x, h_ptr, signs, tile, t, rows, stride_x, M, M_PAD, P, Q, CHUNKS, SIGNS, IN_PIECES,
                          MMA_DTYPE, PIECE_DTYPE)
@@ -143,7 +145,10 @@ def load_slice_transform(x, h_ptr, signs, tile, t, rows, stride_x, M: tl.constex
             return _split_dot(y, sylvester_tile(Q, Q, P, PIECE_DTYPE), True, MID_PIECES, PIECE_DTYPE)
         return y
     offs, mask, col = slice_offsets(tile, t, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS)
-    v = tl.load(x + offs, mask=mask, other=0.0)
+    if TMA:
+        v = tl.reshape(x.load([tile * B, 0, t * Q]), (B * M_PAD, Q))
+    else:
+        v = tl.load(x + offs, mask=mask, other=0.0)
     if SIGNS:
         # in float32 and back (exact: +-1): the interpreter multiplies bf16 as integers
         v = (v.to(tl.float32) * tl.load(signs + col, mask=mask, other=0.0).to(tl.float32)).to(v.dtype)
@@ -162,9 +167,14 @@ def butterfly4(t0, t1, t2, t3):
 
 @triton.jit
 def _store(out, tile, t, y, rows, stride_out, scale, M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr,
-           Q: tl.constexpr, B: tl.constexpr, CHUNKS: tl.constexpr):
-    offs, mask, col = slice_offsets(tile, t, rows, stride_out, M, M_PAD, P, Q, B, CHUNKS)
-    tl.store(out + offs, (y * scale).to(out.dtype.element_ty), mask=mask)
+           Q: tl.constexpr, B: tl.constexpr, CHUNKS: tl.constexpr, TMA: tl.constexpr = False):
+    """Slice t of the tile's output; TMA: ``out`` a descriptor as load_slice_transform's ``x`` (sub-rows past
+    M and rows past the end clipped)."""
+    if TMA:
+        out.store([tile * B, 0, t * Q], tl.reshape((y * scale).to(out.dtype), (B, M_PAD, Q)))
+    else:
+        offs, mask, col = slice_offsets(tile, t, rows, stride_out, M, M_PAD, P, Q, B, CHUNKS)
+        tl.store(out + offs, (y * scale).to(out.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -172,48 +182,50 @@ def kron_kernel(x, out, h, rows, stride_x, stride_out, scale,
                 M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr, Q: tl.constexpr, S: tl.constexpr,
                 B: tl.constexpr, CHUNKS: tl.constexpr, MIX: tl.constexpr, TRANSFORM: tl.constexpr,
                 IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr,
-                PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr):
+                PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr, TMA_LOAD: tl.constexpr = False,
+                TMA_STORE: tl.constexpr = False):
     """out[r] = scale * (H_M (x) H_P) x[r] for ``rows`` rows of n = M P (module docstring); a persistent
     grid of GRID programs, B rows a tile (or with CHUNKS > 1 one column chunk of a row). Shapes: a
-    slice is [B M_PAD, Q]; P = S Q (Q > P: zero-padded)."""
+    slice is [B M_PAD, Q]; P = S Q (Q > P: zero-padded). TMA_LOAD / TMA_STORE: ``x`` / ``out`` are
+    descriptors (load_slice_transform, _store)."""
     tiles = tl.cdiv(rows, B) * CHUNKS
     for tile in range(tl.program_id(0), tiles, GRID):
         t0 = load_slice_transform(x, h, x, tile, 0, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX, TRANSFORM,
-                                  False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                                  False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD)
         if S == 1:
-            _store(out, tile, 0, t0, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+            _store(out, tile, 0, t0, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS, TMA_STORE)
         else:
             t1 = load_slice_transform(x, h, x, tile, 1, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX, TRANSFORM,
-                                      False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                                      False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD)
             if S == 2:
-                _store(out, tile, 0, t0 + t1, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
-                _store(out, tile, 1, t0 - t1, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+                _store(out, tile, 0, t0 + t1, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS, TMA_STORE)
+                _store(out, tile, 1, t0 - t1, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS, TMA_STORE)
             else:
                 t2 = load_slice_transform(x, h, x, tile, 2, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX,
-                                          TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                                          TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD)
                 t3 = load_slice_transform(x, h, x, tile, 3, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX,
-                                          TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                                          TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD)
                 a0, a1, a2, a3 = butterfly4(t0, t1, t2, t3)
                 if S == 4:
-                    _store(out, tile, 0, a0, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
-                    _store(out, tile, 1, a1, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
-                    _store(out, tile, 2, a2, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
-                    _store(out, tile, 3, a3, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+                    _store(out, tile, 0, a0, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS, TMA_STORE)
+                    _store(out, tile, 1, a1, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS, TMA_STORE)
+                    _store(out, tile, 2, a2, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS, TMA_STORE)
+                    _store(out, tile, 3, a3, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS, TMA_STORE)
                 else:  # S == 8: H_8 = H_2 (x) H_4 over the slice index
                     t4 = load_slice_transform(x, h, x, tile, 4, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX,
-                                              TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                                              TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD)
                     t5 = load_slice_transform(x, h, x, tile, 5, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX,
-                                              TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                                              TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD)
                     t6 = load_slice_transform(x, h, x, tile, 6, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX,
-                                              TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                                              TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD)
                     t7 = load_slice_transform(x, h, x, tile, 7, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, MIX,
-                                              TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                                              TRANSFORM, False, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD)
                     b0, b1, b2, b3 = butterfly4(t4, t5, t6, t7)
-                    _store(out, tile, 0, a0 + b0, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
-                    _store(out, tile, 1, a1 + b1, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
-                    _store(out, tile, 2, a2 + b2, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
-                    _store(out, tile, 3, a3 + b3, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
-                    _store(out, tile, 4, a0 - b0, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
-                    _store(out, tile, 5, a1 - b1, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
-                    _store(out, tile, 6, a2 - b2, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
-                    _store(out, tile, 7, a3 - b3, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS)
+                    _store(out, tile, 0, a0 + b0, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS, TMA_STORE)
+                    _store(out, tile, 1, a1 + b1, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS, TMA_STORE)
+                    _store(out, tile, 2, a2 + b2, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS, TMA_STORE)
+                    _store(out, tile, 3, a3 + b3, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS, TMA_STORE)
+                    _store(out, tile, 4, a0 - b0, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS, TMA_STORE)
+                    _store(out, tile, 5, a1 - b1, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS, TMA_STORE)
+                    _store(out, tile, 6, a2 - b2, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS, TMA_STORE)
+                    _store(out, tile, 7, a3 - b3, rows, stride_out, scale, M, M_PAD, P, Q, B, CHUNKS, TMA_STORE)

@@ -58,6 +58,10 @@ def kron_plan(x: torch.Tensor, m: int, p: int, **tuning) -> KronPlan:
         return KronPlan("cpu", m, p, config=dict(rows=max(1, configs.CPU_CHUNK_ELEMS // (m * p))))
     interpret = dispatch.interpreted(x.device)
     sms = configs.INTERPRETER_SMS if interpret else dispatch.num_sms(x.device)
+    from tilecore.ops.hadamard import plan as pow2_plan
+
+    if not pow2_plan.tma_fits(x) or not dispatch.tma_ok(x.device):
+        tuning = {**tuning, "tma": "none"}
     return kernel_plan(rows, m, p, x.dtype, sms, interpret, **tuning)
 
 
@@ -84,8 +88,13 @@ def kernel_plan(rows: int, m: int, p: int, dtype: torch.dtype, sms: int, interpr
         warps = tuning.get("num_warps") or (configs.KRON_WARPS if m_pad < 64 else
                                              16 if elems >= 32768 else 8 if elems >= 8192 else 4)
         grid = max(1, min(cdiv(rows, B), sms * (tuning.get("waves") or configs.KRON_WAVES)))
+        # TMA boxes [B, M_PAD, Q] over the rows as (rows, m, p): slices as wide as the sub-rows, and not
+        # the chunked mixing (M_PAD > K_CHUNK loads its sub-rows by pointers)
+        tma = tuning.get("tma") or configs.KRON_TMA
+        tma_ok = Q <= p and m_pad <= 64 and dtype != torch.float32
         return KronPlan("fused", m, p, grid=(grid,), config=dict(
             common, Q=Q, S=S, B=B, CHUNKS=1, TRANSFORM=p > 1, GRID=grid, num_warps=warps,
+            TMA_LOAD=tma_ok and tma in ("load", "both"), TMA_STORE=tma_ok and tma == "both",
             # two stages multi-buffer the chunked mixing's loads: 338-434 KiB of shared memory at M_PAD 256
             num_stages=tuning.get("num_stages") or (1 if m_pad > 64 else 2)))
     # p > 1024: fold a factor f of H_p into the mixing (H_m (x) H_p = (H_m (x) H_f) (x) H_(p / f), the same
@@ -119,6 +128,15 @@ def mixing_matrix(m: int, transpose: bool, dtype: torch.dtype, device: torch.dev
     return padded.to(dtype).contiguous().to(device)
 
 
+def descriptor(t: torch.Tensor, cfg: dict):
+    """The rows of ``t`` (rows, M P) as a (rows, M, P) TMA descriptor with [B, M_PAD, Q] boxes (a slice of a
+    tile: kernels_kron.load_slice_transform)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    M, P = cfg["M"], cfg["P"]
+    return TensorDescriptor(t, [t.shape[0], M, P], [t.stride(0), P, 1], [cfg["B"], cfg["M_PAD"], cfg["Q"]])
+
+
 def _kernel():
     from tilecore.ops.hadamard.kernels_kron import kron_kernel
     return kron_kernel
@@ -140,7 +158,18 @@ def launch(plan: KronPlan, x: torch.Tensor, out: torch.Tensor, scale: float, tra
         h_dtype = torch.float32  # the interpreter multiplies bf16 as integers (kernels._INTERPRETED)
     h = mixing_matrix(plan.m, transpose, h_dtype, x.device, plan.fold)
     if plan.path == "fused":
-        _launch_kron[plan.grid](x, out, h, x.shape[0], x.stride(0), out.stride(0), scale, **cfg)
+        xa, oa = x, out
+        if cfg.get("TMA_LOAD"):
+            xa = descriptor(x, cfg)
+        if cfg.get("TMA_STORE"):
+            from tilecore.ops.hadamard import plan as pow2_plan
+
+            if pow2_plan.tma_fits(out):
+                oa = descriptor(out, cfg)
+            else:
+                cfg = {**cfg, "TMA_STORE": False}
+        with dispatch.on_device(x.device):
+            _launch_kron[plan.grid](xa, oa, h, x.shape[0], x.stride(0), out.stride(0), scale, **cfg)
         return
     # two passes: H_m X into a float32 workspace, then H_p along each sub-row
     from tilecore.ops.hadamard import launch as pow2_launch

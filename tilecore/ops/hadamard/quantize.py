@@ -63,7 +63,7 @@ def plan_quantize(x: torch.Tensor, fmt: str, group: int | None, block: int | Non
     interpret = dispatch.interpreted(x.device)
     sms = configs.INTERPRETER_SMS if interpret else dispatch.num_sms(x.device)
     if not pow2_plan_module.tma_fits(x) or not dispatch.tma_ok(x.device):
-        tuning = {**tuning, "tma": "none"}
+        tuning = {**tuning, "tma": "none", "kron_tma": False}
     return kernel_plan(rows, n, x.dtype, fmt, group, block, rotate, static, signs, sms, interpret, **tuning)
 
 
@@ -117,6 +117,10 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
         FORMAT=f.kernel_id, GROUP=mode, G=group or 1, SPG=spg, STATIC=static and fmt in FP8_DTYPES,
         PACKED=f.packed, QMAX=f.qmax, GRID=grid, num_warps=warps, **kron._dtypes(dtype, interpret),
         FAST=bool(tuning.get("fast", configs.QUANT_FAST)),
+        # the input through TMA boxes [B, M_PAD, Q] (kernels_kron.load_slice_transform) where asked and the
+        # slices fit the sub-rows (not the chunked mixing past 64 sub-rows, not float32)
+        TMA_LOAD=bool(tuning.get("kron_tma", configs.KRON_TMA != "none")) and Q <= P and dtype != torch.float32
+        and not (mix == 1 and m_pad > 64),
         num_stages=tuning.get("num_stages") or (1 if m_pad > 64 and mix else 2)))  # as kron.kernel_plan
 
 
@@ -247,6 +251,9 @@ def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False):
     if plan.path == "pow2":
         return _run_pow2(plan, x2, codes, scales, fmt, scale, signs, static)
     cfg = plan.config
+    xa = x2
+    if cfg.get("TMA_LOAD"):
+        xa = kron.descriptor(x2, cfg)
     h = x2
     if cfg["MIX"] == 1:
         h_dtype = torch.float32 if dispatch.interpreted(x2.device) else \
@@ -256,13 +263,13 @@ def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False):
     gscale = scale if static else None
     if fmt == "nvfp4" and gscale is None:
         amax = torch.empty(plan.grid[0], dtype=torch.float32, device=x2.device)
-        _launch[plan.grid](x2, codes, scales, h, sign_t, x2, amax, rows, x2.stride(0), codes.stride(0),
+        _launch[plan.grid](xa, codes, scales, h, sign_t, x2, amax, rows, x2.stride(0), codes.stride(0),
                            scales.stride(0), plan.rscale, **{**cfg, "FORMAT": 6})
         a = amax.max()  # NaN if any program saw one (torch's max propagates NaN); no host sync
         gscale = torch.where(a == 0, torch.ones_like(a), a / (448.0 * 6.0)).reshape(1)
     gs = gscale.reshape(1).to(torch.float32).contiguous() if gscale is not None else x2
     byte_codes = codes.view(torch.uint8) if codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else codes
-    _launch[plan.grid](x2, byte_codes, scales, h, sign_t, gs, x2, rows, x2.stride(0), codes.stride(0),
+    _launch[plan.grid](xa, byte_codes, scales, h, sign_t, gs, x2, rows, x2.stride(0), codes.stride(0),
                        scales.stride(0), plan.rscale, **cfg)
     if fmt == "mxfp4":
         scales = scales.view(torch.float8_e8m0fnu)

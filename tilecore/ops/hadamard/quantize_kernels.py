@@ -302,15 +302,17 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
                            SIGNS: tl.constexpr, FORMAT: tl.constexpr, GROUP: tl.constexpr, G: tl.constexpr,
                            SPG: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr,
                            IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr,
-                           PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr, FAST: tl.constexpr = False):
+                           PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr, FAST: tl.constexpr = False,
+                           TMA_LOAD: tl.constexpr = False):
     """codes, scales = quantize(rscale * rotation(signs * x)) for ``rows`` rows (module docstring); a
     persistent grid of GRID programs, B rows a tile. FORMAT == AMAX: only each program's largest |y|,
-    written to amax_out[program] (nvfp4's dynamic global scale, a first pass)."""
+    written to amax_out[program] (nvfp4's dynamic global scale, a first pass). TMA_LOAD: ``x`` is a
+    descriptor over (rows, M, P) with [B, M_PAD, Q] boxes (kernels_kron.load_slice_transform)."""
     tiles = tl.cdiv(rows, B)
     run_max = tl.zeros([B * M_PAD], tl.float32)
     for tile in range(tl.program_id(0), tiles, GRID):
         t0 = _valid_only(load_slice_transform(x, h, signs, tile, 0, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX, TRANSFORM,
-                                  SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale, M, M_PAD, P, Q, B)
+                                  SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD) * rscale, M, M_PAD, P, Q, B)
         o1 = t0
         o2 = t0
         o3 = t0
@@ -321,7 +323,7 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
         o0 = t0
         if S > 1:
             t1 = _valid_only(load_slice_transform(x, h, signs, tile, 1, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX, TRANSFORM,
-                                      SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale, M, M_PAD, P, Q, B)
+                                      SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD) * rscale, M, M_PAD, P, Q, B)
             if S == 2:
                 if BUTTERFLY:
                     o0 = t0 + t1
@@ -330,9 +332,9 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
                     o1 = t1
             else:
                 t2 = _valid_only(load_slice_transform(x, h, signs, tile, 2, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale, M, M_PAD, P, Q, B)
+                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD) * rscale, M, M_PAD, P, Q, B)
                 t3 = _valid_only(load_slice_transform(x, h, signs, tile, 3, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale, M, M_PAD, P, Q, B)
+                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD) * rscale, M, M_PAD, P, Q, B)
                 if BUTTERFLY:
                     a0, a1, a2, a3 = butterfly4(t0, t1, t2, t3)
                 else:
@@ -340,13 +342,13 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
                 o0, o1, o2, o3 = a0, a1, a2, a3
                 if S == 8:
                     t4 = _valid_only(load_slice_transform(x, h, signs, tile, 4, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale, M, M_PAD, P, Q, B)
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD) * rscale, M, M_PAD, P, Q, B)
                     t5 = _valid_only(load_slice_transform(x, h, signs, tile, 5, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale, M, M_PAD, P, Q, B)
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD) * rscale, M, M_PAD, P, Q, B)
                     t6 = _valid_only(load_slice_transform(x, h, signs, tile, 6, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale, M, M_PAD, P, Q, B)
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD) * rscale, M, M_PAD, P, Q, B)
                     t7 = _valid_only(load_slice_transform(x, h, signs, tile, 7, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE) * rscale, M, M_PAD, P, Q, B)
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD) * rscale, M, M_PAD, P, Q, B)
                     if BUTTERFLY:
                         b0, b1, b2, b3 = butterfly4(t4, t5, t6, t7)
                         o0, o1, o2, o3 = a0 + b0, a1 + b1, a2 + b2, a3 + b3
