@@ -46,6 +46,7 @@ START = time.time()
 RESULTS: dict = {"time": [], "sweep": [], "check": [], "probe": [], "warm": [], "errors": []}
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 BUDGET = 300.0  # seconds from the start: no new timed case past it
+WARM_BUDGET = 170.0  # seconds from the start for the warm phase's compiles and checks
 
 
 def elapsed() -> float:
@@ -279,14 +280,27 @@ def warm(workers: int, cases):
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                                max_tasks_per_child=1) as pool:
-        for task, err, rel, secs in pool.map(_worker, tasks):
-            RESULTS["warm"].append(dict(task=str(task), error=err, rel_vs_default=rel, s=round(secs, 1)))
-            if err or (rel is not None and not rel < 2e-2):
-                print("warm", task, err, rel, flush=True)
-            else:
-                PASSED.add(str(task))
+    pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), max_tasks_per_child=1)
+    futures = [pool.submit(_worker, task) for task in tasks]
+    deadline = START + WARM_BUDGET  # a kernel that never returns (a barrier never completed) is left behind
+    hung = False
+    for task, fut in zip(tasks, futures):
+        try:
+            task, err, rel, secs = fut.result(timeout=max(1.0, deadline - time.time()))
+        except cf.TimeoutError:
+            hung = True
+            err, rel, secs = f"no result within the warm phase's {WARM_BUDGET:.0f} s (hung?)", None, 0.0
+        except Exception as exc:  # noqa: BLE001 (a worker that died)
+            err, rel, secs = f"{type(exc).__name__}: {exc}"[:300], None, 0.0
+        RESULTS["warm"].append(dict(task=str(task), error=err, rel_vs_default=rel, s=round(secs, 1)))
+        if err or (rel is not None and not rel < 2e-2):
+            print("warm", task, err, rel, flush=True)
+        else:
+            PASSED.add(str(task))
+    if hung:
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.kill()
+    pool.shutdown(wait=not hung, cancel_futures=True)
     print(f"warm: {len(tasks)} tasks in {elapsed():.0f} s", flush=True)
 
 
