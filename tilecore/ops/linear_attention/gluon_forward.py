@@ -348,3 +348,34 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages)
     la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     return o, ht
+
+
+# --------------------------------------------------------------------------------------------
+# compile report (no GPU): compile_report(CASE) compiles the kernel for sm_90a and returns its resources and
+# Hopper instructions; CASE: linear, decay (scalar decay, initial and final states), mamba2 (beta, D, z, 80
+# heads on one q/k head). TRITON_INTERPRET must be unset (tests/linear_attention/test_forward_gluon_compile.py
+# runs it in a fresh process).
+
+COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
+    "linear": (16, 16, 128, 128, False, False, False),
+    "decay": (16, 16, 128, 128, True, False, True),
+    "mamba2": (1, 80, 128, 64, True, True, False),
+}
+
+
+def compile_report(case: str) -> dict:
+    from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
+
+    Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
+    B, N, bf = 2, 4096, torch.bfloat16
+    q = torch.empty(B, N, Hqk, Dk, dtype=bf)
+    v = torch.empty(B, N, H, Dv, dtype=bf)
+    f32 = lambda *shape: torch.empty(*shape, dtype=torch.float32)  # noqa: E731
+    h0 = f32(B, H, Dk, Dv) if states else None
+    grid, args, warps = launch_args(q, q, v, f32(B, N, H) if decay else None, f32(B, N, H) if mamba else None,
+                                    f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
+                                    torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0)
+    compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
+    r = resources(compiled)
+    return dict(case=case, spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
+                wgmma_serialized=r.wgmma_serialized, **has_hopper_instructions(compiled.asm["ptx"]))
