@@ -160,7 +160,7 @@ def main():
                     schedule=torch.empty(64, dtype=torch.int32) if causal and not cfg.get("drawn") else None,
                     tile_counter=torch.zeros(1, dtype=torch.int32) if cfg.get("drawn") else None, left=0, right=0,
                     tanh_scale=0.0, CAUSAL=causal, STAGES=2, DQ=modes[cfg["dq"]], KV_REGS=cfg.get("kv_regs", False),
-                    WINDOW=False, SOFTCAP=0)
+                    WINDOW=False, SOFTCAP=0, SOFTCAP_OVERLAP=False)
         one(f"attention bwd {name}", attention_bwd_kernel, args, 4)
     for d, bn, stages in ((64, 128, 3), (128, 64, 4)):
         for causal in (False, True):
