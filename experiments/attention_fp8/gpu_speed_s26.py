@@ -1,7 +1,13 @@
 """FP8 attention speed, session 26 (issue 34): the kernel's new switches and the fused rotate + quantize path,
 checked then timed against tilecore's bf16 attention and cuDNN (SDPA, bf16) in the same run.
 
-    PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s26.py [--smoke] [--cases all|headline|d128|d64|sweep]
+    PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s26.py [--smoke] [--round 1|2] [--outlier]
+        [--cases all|headline|d128|d64|sweep]
+
+Round 2 (the default; after round 1, notes/attention_fp8/runs/gpu_speed_s26_round1_h100.*): kernel variants
+cast_late (and ping-pong flipped with it), the convenience path's new default (fused, k per block) with V's amax by
+torch or by a kernel, the old default, rotate_quantize's shapes, and with --outlier FlashAttention-3's outlier test.
+Round 1: the set below.
 
 Per case (B16 H16 N4096, D 128 and 64, causal and not; then D 128 at N 1024 (B64) and N 16384 (B4)):
 
@@ -59,6 +65,9 @@ def exact_attention(q, k, v, causal):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--round", type=int, default=2, choices=(1, 2),
+                    help="1: the first set (exp2 on the FMA units, k per tensor); 2: after round 1's run")
+    ap.add_argument("--outlier", action="store_true", help="also FlashAttention-3's outlier test (RMSE vs float64)")
     ap.add_argument("--cases", default="all", choices=("all", "headline", "d128", "d64", "sweep"),
                     help="headline: the four N 4096 cases; d128 / d64: two of them; sweep: D 128 at N 1024 and 16384")
     args = ap.parse_args()
@@ -100,6 +109,41 @@ def main():
         fn()
         return triton.testing.do_bench(fn, warmup=10, rep=rep)
 
+    if args.outlier:  # FlashAttention-3's test: N(0, 1) entries plus N(0, 100) ones with probability 0.001
+        B, H, N, D = (1, 2, 64, 64) if args.smoke else (1, 16, 2048, 128)
+        try:
+            g = torch.Generator(device=dev).manual_seed(1)
+
+            def outliers():
+                x = torch.randn(B, H, N, D, device=dev, generator=g)
+                big = torch.rand(B, H, N, D, device=dev, generator=g) < 0.001
+                return (x + big * torch.randn(B, H, N, D, device=dev, generator=g) * 10.0).to(dt)
+
+            q, k, v = outliers(), outliers(), outliers()
+            ref = exact_attention(q, k, v, False)
+            rmse = lambda o: (o.double() - ref).pow(2).mean().sqrt().item()
+            from tilecore.ops.attention_fp8 import attention_fp8
+
+            q8, qs = quantize_fp8(q, per="head")
+            k8, ks = quantize_fp8(k, per="head")
+            v8, vs = quantize_fp8(v, per="head")
+            rows = {"bf16 (tilecore.attention)": rmse(tilecore.attention(q, k, v)),
+                    "fp8 per-head scales, no rotation (FA3's baseline)": rmse(
+                        attention_fp8(q8, k8, v8, q_scale=qs, k_scale=ks, v_scale=vs, out_dtype=dt)),
+                    "default: fused, q per token, k per 128-key block, rotated": rmse(attention_fp8_rotated(q, k, v)),
+                    "fused, q per token, k per 128-key block, no rotation": rmse(
+                        attention_fp8_rotated(q, k, v, rotate=False)),
+                    "fused, k per tensor (norm bound), rotated": rmse(attention_fp8_rotated(q, k, v, k_scales="tensor")),
+                    "hadamard_quantize, k per tensor, rotated (the old default)": rmse(
+                        attention_fp8_rotated(q, k, v, k_scales="tensor", quantizer="hadamard_quantize"))}
+            result["outlier"] = dict(B=B, H=H, N=N, D=D, target_rotated=9.1e-3, rmse=rows)
+            for name, val in rows.items():
+                print(f"outlier  {name}: RMSE {val:.3e}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            result["outlier"] = dict(error=f"{type(e).__name__}: {str(e)[:400]}")
+            traceback.print_exc()
+        save()
+
     for (B, H, N, D, causal, depth) in cases:
         if left() < 20:
             print("out of time budget", flush=True)
@@ -124,9 +168,16 @@ def main():
                 return dict(default, **kw) if gluon else None  # smoke: the interpreter's kernel as it is
 
             variants = {"fp8": (q8, qs, k8, ks, cfg()),
-                        "fp8_cast_late": (q8, qs, k8, ks, cfg(cast_late=True)),
-                        "fp8_cast_late_exp2_fma4": (q8, qs, k8, ks, cfg(cast_late=True, exp2_fma_every=4))}
-            if depth == "full":
+                        "fp8_cast_late": (q8, qs, k8, ks, cfg(cast_late=True))}
+            if args.round == 2:  # round 1: exp2 on the FMA units slower everywhere; the convenience path's scales
+                variants["fp8_qtoken_kblock"] = (q8t, qst, k8b, ksb, cfg())
+                variants["fp8_qtoken_kblock_cast_late"] = (q8t, qst, k8b, ksb, cfg(cast_late=True))
+                if gluon:
+                    flip = not default["pingpong"]
+                    variants[f"fp8_cast_late_pingpong_{'on' if flip else 'off'}"] = (
+                        q8, qs, k8, ks, cfg(cast_late=True, pingpong=flip))
+            elif depth == "full":
+                variants["fp8_cast_late_exp2_fma4"] = (q8, qs, k8, ks, cfg(cast_late=True, exp2_fma_every=4))
                 variants["fp8_exp2_fma4"] = (q8, qs, k8, ks, cfg(exp2_fma_every=4))
                 if D == 64 or not causal:
                     variants["fp8_cast_late_exp2_fma2"] = (q8, qs, k8, ks, cfg(cast_late=True, exp2_fma_every=2))
@@ -176,11 +227,20 @@ def main():
             o_exact = exact_attention(slices(q), slices(k), slices(v), causal)
             floor = rel_rms(o_exact.to(torch.bfloat16), o_exact)
             e2e = {"bf16": lambda: tilecore.attention(q, k, v, causal=causal),
-                   "e2e_hadamard_quantize": lambda: attention_fp8_rotated(q, k, v, causal=causal),
-                   "e2e_fused_ktensor": lambda: attention_fp8_rotated(q, k, v, causal=causal, quantizer="fused"),
+                   "e2e_hadamard_quantize": lambda: attention_fp8_rotated(q, k, v, causal=causal, k_scales="tensor",
+                                                                          quantizer="hadamard_quantize"),
+                   "e2e_fused_ktensor": lambda: attention_fp8_rotated(q, k, v, causal=causal, quantizer="fused",
+                                                                      k_scales="tensor"),
                    "e2e_fused_kblock": lambda: attention_fp8_rotated(q, k, v, causal=causal, quantizer="fused",
                                                                      k_scales="block")}
-            if depth != "full":
+            if args.round == 2:  # the new default (fused, k per block) first, then its V amax by the tl kernel
+                e2e = {"bf16": e2e["bf16"],
+                       "e2e_fused_kblock": lambda: attention_fp8_rotated(q, k, v, causal=causal),
+                       "e2e_fused_kblock_vamax": lambda: attention_fp8_rotated(q, k, v, causal=causal,
+                                                                               v_amax_kernel=True),
+                       "e2e_hadamard_quantize": lambda: attention_fp8_rotated(q, k, v, causal=causal, k_scales="tensor",
+                                                                              quantizer="hadamard_quantize")}
+            elif depth != "full":
                 e2e.pop("e2e_fused_ktensor")
             for name, fn in e2e.items():
                 if left() < 10:
@@ -222,6 +282,18 @@ def main():
                                                                                     randomized_signs=signs),
                                                  nbytes + q.numel() + 4 * B * H * N),
                          "quantize_v_permuted": (lambda: quantize_v_permuted(v), 2 * nbytes + v.numel())}
+                if args.round == 2:  # the fused quantizer's shape (rows a program, warps), V's amax by a kernel
+                    parts = {n: parts[n] for n in ("copy_q", "rotate_quantize_q_token", "rotate_quantize_k_block",
+                                                   "quantize_v_permuted")}
+                    for rb, w in ((1, 4), (1, 8), (2, 8), (4, 4), (8, 4), (8, 8), (16, 8)):
+                        parts[f"rotate_quantize_k_block_rb{rb}_w{w}"] = (
+                            lambda rb=rb, w=w: rotate_quantize(k, signs=signs, scales="block",
+                                                               config=dict(row_blocks=rb, num_warps=w)),
+                            nbytes + q.numel())
+                    parts["quantize_v_permuted_amax_kernel"] = (lambda: quantize_v_permuted(v, amax_kernel=True),
+                                                                2 * nbytes + v.numel())
+                    parts["v_amax_torch"] = (lambda: torch.linalg.vector_norm(v, ord=float("inf"), dim=(2, 3),
+                                                                              dtype=torch.float32), nbytes)
                 if not args.smoke:
                     for name, (fn, moved) in parts.items():
                         try:
@@ -235,9 +307,9 @@ def main():
                         fn()
                 # the fused quantizer's codes and descales against torch's (rotated in float64)
                 try:
-                    from tilecore.ops.attention_fp8.quantize import _signed_hadamard
+                    from tilecore.ops.attention_fp8.quantize import signed_hadamard
 
-                    y = (slices(q).double() @ _signed_hadamard(signs).double()) * D ** -0.5
+                    y = (slices(q).double() @ signed_hadamard(signs).double()) * D ** -0.5
                     codes, ds = rotate_quantize(q, signs=signs, scales="token")
                     want, want_ds = quantize_fp8(y.float(), per="token")
                     diff = (slices(codes).float() - want.float()).abs() / want.float().abs().clamp_min(2 ** -6)
@@ -277,6 +349,8 @@ def main():
         checks = "  ".join(f"{n}: {c['err_over_floor']:.2f}{'' if c['written'] else ' NOT WRITTEN'}" if "err_over_floor" in c
                            else f"{n}: {c}" for n, c in r["check"].items())
         print(f"{head} | {checks}")
+    if "outlier" in result:
+        print(f"outlier test (target rotated <= 9.1e-3): {result['outlier']}")
     print("\nTFLOP/s (x tilecore bf16) | parts ms (GB/s)")
     for r in result["cases"]:
         if "error" in r:
@@ -284,6 +358,10 @@ def main():
         head = f"B{r['B']} H{r['H']} N{r['N']} D{r['D']} {'causal' if r['causal'] else 'full'}"
         tf = "  ".join(f"{n} {t:.0f} ({r.get('over_bf16', {}).get(n, float('nan')):.2f}x)" for n, t in r.get("tflops", {}).items())
         parts = "  ".join(f"{n} {r['ms'][n]:.3f} ({g:.0f})" for n, g in r.get("gbps", {}).items())
+        ms = r["ms"]
+        if {"e2e_fused_kblock", "fp8_qtoken_kblock", "fp8_qtoken_kblock_cast_late", "bf16"} <= set(ms):
+            est = ms["e2e_fused_kblock"] - ms["fp8_qtoken_kblock"] + ms["fp8_qtoken_kblock_cast_late"]
+            tf += f"  [e2e with cast_late, estimated: {ms['bf16'] / est:.2f}x]"
         print(f"{head} | {tf}\n    {parts}")
     return 0
 

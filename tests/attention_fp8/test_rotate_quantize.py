@@ -7,17 +7,17 @@ import torch
 
 import tilecore
 from tilecore.ops.attention_fp8 import attention_fp8_rotated, quantize_fp8
-from tilecore.ops.attention_fp8.quantize import _signed_hadamard, rotate_quantize, rotation_signs
+from tilecore.ops.attention_fp8.quantize import signed_hadamard, rotate_quantize, rotation_signs
 
 E4M3_STEP = 0.126  # a relative step of e4m3's 3 mantissa bits (1/8), with room for float32 ties
 
 
 def rotated64(x, signs):
     D = x.shape[-1]
-    return (x.double() @ _signed_hadamard(signs).double()) * D ** -0.5
+    return (x.double() @ signed_hadamard(signs).double()) * D ** -0.5
 
 
-def test_signed_hadamard_is_the_hadamard_transform_with_signs():
+def testsigned_hadamard_is_the_hadamard_transform_with_signs():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 64, generator=g)
     signs = rotation_signs(64, x.device)
@@ -86,10 +86,20 @@ def test_bad_arguments_say_what_is_accepted():
     with pytest.raises(ValueError, match="quantizer must be"):
         attention_fp8_rotated(x, x, x, quantizer="triton")
     with pytest.raises(ValueError, match="needs quantizer='fused'"):
-        attention_fp8_rotated(x, x, x, k_scales="block")
+        attention_fp8_rotated(x, x, x, k_scales="block", quantizer="hadamard_quantize")
     with pytest.raises(ValueError, match="k_scales must be"):
         attention_fp8_rotated(x, x, x, k_scales="row")
     with pytest.raises(ValueError, match="scales must be one of"):
         rotate_quantize(x, scales="head")
     with pytest.raises(ValueError, match="descale is given"):
         rotate_quantize(x, scales="tensor")
+
+
+def test_v_quantizer_with_the_amax_kernel_is_the_same():
+    from tilecore.ops.attention_fp8.quantize import quantize_v_permuted
+
+    g = torch.Generator().manual_seed(4)
+    v = (torch.randn(2, 2, 45, 48, generator=g) * 3).to(torch.float16)
+    codes, descale = quantize_v_permuted(v, amax_kernel=True)
+    want, want_descale = quantize_fp8(v, per="head", layout="keys_permuted")
+    assert torch.equal(descale, want_descale) and torch.equal(codes.float(), want.float())

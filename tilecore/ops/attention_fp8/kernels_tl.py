@@ -224,3 +224,17 @@ def rotate_quantize(X, OUT, DESCALE, SIGNS, sxb, sxh, sxn, sxd, H, N, n_scales, 
         if UPCAST:  # (a NaN kept as it is: round_to_e4m3 reads exponent bits)
             codes = tl.where(codes != codes, codes, tl.where(codes < 0, -round_to_e4m3(-codes), round_to_e4m3(codes)))
         tl.store(out_base + rows[:, None].to(tl.int64) * BLOCK_D + offs_d[None, :], codes.to(tl.float8e4nv), mask=ok)
+
+
+@triton.jit
+def head_amax(X, AMAX, sxb, sxh, sxn, sxd, H, N, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """AMAX[bh] = max |x| over head bh's rows (AMAX zeroed first: atomic maxima of non-negative floats). One
+    program per (batch * head, block of BLOCK_R rows). A NaN is not propagated (the caller's codes carry it)."""
+    bh = tl.program_id(0)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    x = tl.load(block_ptrs(X + b * sxb + h * sxh, 0, rows, offs_d, sxn, sxd), mask=bounds_mask(rows, offs_d, N, D),
+                other=0.0)
+    tl.atomic_max(AMAX + bh, tl.max(tl.max(tl.abs(x.to(tl.float32)), axis=1), axis=0))
