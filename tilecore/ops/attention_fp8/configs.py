@@ -14,8 +14,10 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 # 2 or 3 stages, causal 1.80; D 64 two consumers 5.64 ms (three: 6.00, ping-pong 5.75), causal with
 # ping-pong 3.24 (without 3.36). block_n 256 at D 128 spills 268 bytes and serializes wgmma; three
 # consumers at D 128 spill and serialize too
-# exp2_fma_every (session 26, not yet timed): one exp2 in 2 or 4 by a cubic on the FMA units (gluon_fp8.exp2_split;
-# 0 = all on MUFU). k_block_scalar: k descales per block of block_n keys read as one scalar a step (else per key)
+# exp2_fma_every: one exp2 in 2 or 4 by a cubic on the FMA units (gluon_fp8.exp2_split; 0 = all on MUFU): slower
+# everywhere on the H100 (session 26 round 1: D128 1.05x / 0.95x bf16 against 1.11x; D64 0.78x / 0.66x against
+# 0.80x): the step is issue-bound, not MUFU-bound. cast_late (P rounded just before its wgmma): see the notes.
+# k_block_scalar: k descales per block of block_n keys read as one scalar a step (else per key)
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False, exp2_fma_every=0),
                  128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False,
                            exp2_fma_every=0)}
