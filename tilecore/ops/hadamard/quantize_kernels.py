@@ -112,16 +112,17 @@ def _nan_maximum(a, b):
 
 @triton.jit
 def _slices_max(o0, o1, o2, o3, o4, o5, o6, o7, S: tl.constexpr):
-    """Each tile row's largest |y| over the S slices (NaN-propagating)."""
-    a = _nan_max(o0, 1)
+    """Each tile row's largest |y| over the S slices (NaN-propagating): elementwise over the slices, then
+    one reduction across threads (not one a slice)."""
+    m = tl.abs(o0)
     if S > 1:
-        a = _nan_maximum(a, _nan_max(o1, 1))
+        m = _nan_maximum(m, tl.abs(o1))
     if S > 2:
-        a = _nan_maximum(_nan_maximum(a, _nan_max(o2, 1)), _nan_max(o3, 1))
+        m = _nan_maximum(_nan_maximum(m, tl.abs(o2)), tl.abs(o3))
     if S > 4:
-        a = _nan_maximum(_nan_maximum(a, _nan_max(o4, 1)), _nan_max(o5, 1))
-        a = _nan_maximum(_nan_maximum(a, _nan_max(o6, 1)), _nan_max(o7, 1))
-    return a
+        m = _nan_maximum(_nan_maximum(m, tl.abs(o4)), tl.abs(o5))
+        m = _nan_maximum(_nan_maximum(m, tl.abs(o6)), tl.abs(o7))
+    return _nan_max(m, 1)
 
 
 @triton.jit
@@ -210,16 +211,28 @@ def _epilogue(codes, scales, gscale, tile, rows, stride_codes, stride_scales,
     R: tl.constexpr = B * M_PAD
     if GROUP == 0:
         a = _slices_max(o0, o1, o2, o3, o4, o5, o6, o7, S)
-        ga = _nan_max(tl.reshape(a, (R // SPG, SPG)), 1)  # [groups]
-        div, stored = _scale(ga, gscale, FORMAT, STATIC, QMAX)
-        if not STATIC:
-            grow, gidx, gmask = _group_rows(tile, rows, M, M_PAD, B, SPG)
-            tl.store(scales + grow * stride_scales + gidx, stored.to(scales.dtype.element_ty), mask=gmask)
-        recip, div_e = _group_divisor(div)
-        div_r = tl.reshape(tl.broadcast_to(div[:, None], (R // SPG, SPG)), (R,))[:, None]
-        st_r = tl.reshape(tl.broadcast_to(stored[:, None], (R // SPG, SPG)), (R,))[:, None]
-        rc_r = tl.reshape(tl.broadcast_to(recip[:, None], (R // SPG, SPG)), (R,))[:, None]
-        de_r = tl.reshape(tl.broadcast_to(div_e[:, None], (R // SPG, SPG)), (R,))[:, None]
+        if SPG == R:  # one group a tile (a whole row, B == 1): scalars, broadcast without layout changes
+            div, stored = _scale(_nan_max(a, 0), gscale, FORMAT, STATIC, QMAX)
+            if not STATIC:
+                tl.store(scales + tile.to(tl.int64) * stride_scales, stored.to(scales.dtype.element_ty),
+                         mask=tile < rows)
+            recip, div_e = _group_divisor(div)
+            zero = tl.zeros([R, 1], tl.float32)
+            div_r = div + zero
+            st_r = stored + tl.zeros([R, 1], stored.dtype)
+            rc_r = recip + zero
+            de_r = div_e + zero
+        else:
+            ga = _nan_max(tl.reshape(a, (R // SPG, SPG)), 1)  # [groups]
+            div, stored = _scale(ga, gscale, FORMAT, STATIC, QMAX)
+            if not STATIC:
+                grow, gidx, gmask = _group_rows(tile, rows, M, M_PAD, B, SPG)
+                tl.store(scales + grow * stride_scales + gidx, stored.to(scales.dtype.element_ty), mask=gmask)
+            recip, div_e = _group_divisor(div)
+            div_r = tl.reshape(tl.broadcast_to(div[:, None], (R // SPG, SPG)), (R,))[:, None]
+            st_r = tl.reshape(tl.broadcast_to(stored[:, None], (R // SPG, SPG)), (R,))[:, None]
+            rc_r = tl.reshape(tl.broadcast_to(recip[:, None], (R // SPG, SPG)), (R,))[:, None]
+            de_r = tl.reshape(tl.broadcast_to(div_e[:, None], (R // SPG, SPG)), (R,))[:, None]
         _store_codes(codes, tile, 0, _codes_fast(o0, div_r, st_r, rc_r, de_r, FORMAT, QMAX, STATIC, FAST), rows,
                      stride_codes, M, M_PAD, P, Q, B, PACKED)
         if S > 1:
@@ -591,7 +604,18 @@ def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scale
 def _pow2_row_scale(scales, gscale, rows, stride_scales, tile, a, rscale, N1: tl.constexpr, B: tl.constexpr,
                     FORMAT: tl.constexpr, STATIC: tl.constexpr, QMAX: tl.constexpr, FAST: tl.constexpr):
     """The per-token scale from each tile row's largest |y| over the slices (a: [B N1]): stored once a
-    row, returned (divisor, stored, _group_divisor's pair) broadcast back to the tile rows ([B N1] each)."""
+    row, returned (divisor, stored, _group_divisor's pair) broadcast back to the tile rows ([B N1] each).
+    One row a tile (B == 1): the scale is a scalar, broadcast for free (no reshape: Triton converts the
+    layouts of the reshaped vectors through shared memory, with barriers)."""
+    if B == 1 and N1 > 1:
+        div, stored = _scale(_amax(a, 0), gscale, FORMAT, STATIC, QMAX)
+        if not STATIC:
+            tl.store(scales + tile.to(tl.int64) * stride_scales, stored.to(scales.dtype.element_ty), mask=tile < rows)
+        recip, div_e = _group_divisor(div)
+        if FAST:
+            recip = recip * rscale
+        zero = tl.zeros([N1], tl.float32)
+        return div + zero, stored + tl.zeros([N1], stored.dtype), recip + zero, div_e + zero
     if N1 == 1:
         ra = a
     else:
@@ -652,11 +676,14 @@ def pow2_quantize_kernel(x, codes, scales, signs, gscale, amax_out, rows, stride
                 o2 = o2 * rscale
                 o3 = o3 * rscale
         if FORMAT == AMAX or G == N:
-            a = _amax(o0, 1)
+            # elementwise over the slices first, then one reduction along the slice's columns (each
+            # reduction crosses threads: S of them cost S times the shuffles)
+            m = tl.abs(o0)
             if S > 1:
-                a = _max_nan(a, _amax(o1, 1))
+                m = _max_nan(m, tl.abs(o1))
             if S > 2:
-                a = _max_nan(_max_nan(a, _amax(o2, 1)), _amax(o3, 1))
+                m = _max_nan(_max_nan(m, tl.abs(o2)), tl.abs(o3))
+            a = _amax(m, 1)
             if FAST:
                 a = a * rscale
         if FORMAT == AMAX:
