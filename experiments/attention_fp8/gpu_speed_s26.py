@@ -285,11 +285,17 @@ def main():
                 if args.round == 2:  # the fused quantizer's shape (rows a program, warps), V's amax by a kernel
                     parts = {n: parts[n] for n in ("copy_q", "rotate_quantize_q_token", "rotate_quantize_k_block",
                                                    "quantize_v_permuted")}
-                    for rb, w in ((1, 4), (1, 8), (2, 8), (4, 4), (8, 4), (8, 8), (16, 8)):
-                        parts[f"rotate_quantize_k_block_rb{rb}_w{w}"] = (
-                            lambda rb=rb, w=w: rotate_quantize(k, signs=signs, scales="block",
-                                                               config=dict(row_blocks=rb, num_warps=w)),
+                    for rb, w, st in ((1, 4, 3), (1, 8, 3), (2, 8, 3), (4, 4, 3), (8, 4, 3), (8, 8, 3), (16, 8, 3),
+                                      (4, 8, 2), (8, 4, 2), (4, 4, 1)):
+                        parts[f"rotate_quantize_k_block_rb{rb}_w{w}_s{st}"] = (
+                            lambda rb=rb, w=w, st=st: rotate_quantize(
+                                k, signs=signs, scales="block", config=dict(row_blocks=rb, num_warps=w, num_stages=st)),
                             nbytes + q.numel())
+                    parts["quantize_v_permuted_in_registers"] = (
+                        lambda: quantize_v_permuted(v, permute_in_registers=True), 2 * nbytes + v.numel())
+                    parts["quantize_v_permuted_in_registers_amax_kernel"] = (
+                        lambda: quantize_v_permuted(v, permute_in_registers=True, amax_kernel=True),
+                        2 * nbytes + v.numel())
                     parts["quantize_v_permuted_amax_kernel"] = (lambda: quantize_v_permuted(v, amax_kernel=True),
                                                                 2 * nbytes + v.numel())
                     parts["v_amax_torch"] = (lambda: torch.linalg.vector_norm(v, ord=float("inf"), dim=(2, 3),

@@ -95,11 +95,12 @@ def test_bad_arguments_say_what_is_accepted():
         rotate_quantize(x, scales="tensor")
 
 
-def test_v_quantizer_with_the_amax_kernel_is_the_same():
+def test_v_quantizer_options_write_the_same():
     from tilecore.ops.attention_fp8.quantize import quantize_v_permuted
 
     g = torch.Generator().manual_seed(4)
     v = (torch.randn(2, 2, 45, 48, generator=g) * 3).to(torch.float16)
-    codes, descale = quantize_v_permuted(v, amax_kernel=True)
     want, want_descale = quantize_fp8(v, per="head", layout="keys_permuted")
-    assert torch.equal(descale, want_descale) and torch.equal(codes.float(), want.float())
+    for options in (dict(amax_kernel=True), dict(permute_in_registers=True)):
+        codes, descale = quantize_v_permuted(v, **options)
+        assert torch.equal(descale, want_descale) and torch.equal(codes.float(), want.float()), options

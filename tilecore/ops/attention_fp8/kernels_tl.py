@@ -132,7 +132,8 @@ def grid(heads: int, rows: int, block_m: int) -> tuple[int]:
 
 @triton.jit
 def quantize_v_permuted(V, OUT, DESCALE, svb, svh, svn, svd, H, Nk, D, n_out,
-                        EMULATE_CAST: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+                        EMULATE_CAST: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+                        PERMUTE_IN_REGISTERS: tl.constexpr = False):
     """v (B, H, Nk, D), any strides, quantized to e4m3 with its head's descale (v / DESCALE[bh], saturated
     at 448) into the Hopper kernel's layout (reference.keys_permuted): OUT (B, H, D, n_out) contiguous,
     key j of a head at column key_position(j); the padding keys (Nk .. n_out) are written as 0. One
@@ -149,8 +150,17 @@ def quantize_v_permuted(V, OUT, DESCALE, svb, svh, svn, svd, H, Nk, D, n_out,
     if EMULATE_CAST:
         y = tl.where(y < 0, -round_to_e4m3(-y), round_to_e4m3(y))
     out = OUT + bh.to(tl.int64) * D * n_out
-    tl.store(out + offs_d[None, :].to(tl.int64) * n_out + key_position(keys)[:, None], y.to(tl.float8e4nv),
-             mask=(keys[:, None] < n_out) & (offs_d[None, :] < D))
+    if PERMUTE_IN_REGISTERS:
+        # the tile transposed to [BLOCK_D, BLOCK_K] and its keys put in key_position's order in registers
+        # ((chunk, a, b, r, e) -> (chunk, a, r, b, e)), so that the store's addresses run contiguous along keys
+        # (coalesced), not scattered by a computed permutation
+        yt = tl.reshape(tl.trans(y.to(tl.float8e4nv)), [BLOCK_D, BLOCK_K // 32, 2, 2, 4, 2])
+        yt = tl.reshape(tl.permute(yt, (0, 1, 2, 4, 3, 5)), [BLOCK_D, BLOCK_K])
+        tl.store(out + offs_d[:, None].to(tl.int64) * n_out + keys[None, :], yt,
+                 mask=(keys[None, :] < n_out) & (offs_d[:, None] < D))
+    else:
+        tl.store(out + offs_d[None, :].to(tl.int64) * n_out + key_position(keys)[:, None], y.to(tl.float8e4nv),
+                 mask=(keys[:, None] < n_out) & (offs_d[None, :] < D))
 
 
 @triton.jit

@@ -28,11 +28,13 @@ def _descale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
 
 
-def quantize_v_permuted(v: torch.Tensor, *, amax_kernel: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_v_permuted(v: torch.Tensor, *, amax_kernel: bool = False,
+                        permute_in_registers: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, descale) of v (B, H, Nk, D) per (batch, head) into the Hopper kernel's layout (as
     quantize_fp8(v, per="head", layout="keys_permuted")), by one read of v for its amax (torch's
     vector_norm; ``amax_kernel``: kernels_tl.head_amax, atomic maxima) and one tl kernel (read, quantize,
-    write transposed and permuted) on kernel devices."""
+    write transposed and permuted; ``permute_in_registers``: the tile transposed and permuted in registers,
+    stored with contiguous addresses) on kernel devices."""
     B, H, N, D = v.shape
     if dispatch.backend_for(v.device) != "kernel" or N == 0 or D > 256:
         return quantize_fp8(v, per="head", layout="keys_permuted")
@@ -51,7 +53,8 @@ def quantize_v_permuted(v: torch.Tensor, *, amax_kernel: bool = False) -> tuple[
     with dispatch.on_device(v.device):
         _QUANTIZE_V[(B * H, -(-n_out // block_k))](v, out, descale, *v.stride(), H, N, D, n_out,
                                                     EMULATE_CAST=dispatch.interpreted(v.device), BLOCK_K=block_k,
-                                                    BLOCK_D=max(16, 1 << (D - 1).bit_length()))
+                                                    BLOCK_D=max(16, 1 << (D - 1).bit_length()),
+                                                    PERMUTE_IN_REGISTERS=permute_in_registers)
     return out, descale
 
 
@@ -134,7 +137,7 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
     On kernel devices with D a power of two (16..256) one tl kernel (kernels_tl.rotate_quantize: the rotation
     a tensor-core product on the 16-bit inputs, in float32, rounded once); else torch's ops (the same math
     in float32; D as tilecore.hadamard_transform takes it). ``config`` (probes): the kernel's ``row_blocks``
-    (blocks of 128 rows a program) and ``num_warps``."""
+    (blocks of 128 rows a program), ``num_warps`` and ``num_stages``."""
     if scales not in ROW_SCALES:
         raise ValueError(f"rotate_quantize: scales must be one of {', '.join(ROW_SCALES)}; got {scales!r}")
     if (scales == "tensor") != (descale is not None):
@@ -155,7 +158,8 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
             _ROTATE_QUANTIZE[(B * H, -(-N // (SCALE_BLOCK * row_blocks)))](
                 x, codes, ds, signs.to(torch.float32).contiguous(), *x.stride(), H, N, n_scales, D ** -0.5,
                 ROTATE=rotate, SCALE=_SCALE_MODES[scales], UPCAST=interp, BLOCK_R=SCALE_BLOCK, BLOCK_D=D,
-                ROW_BLOCKS=row_blocks, num_warps=cfg["num_warps"])
+                ROW_BLOCKS=row_blocks, num_warps=cfg["num_warps"],
+                **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {}))
         return codes, (descale if scales == "tensor" else ds)
     y = x.to(torch.float32)
     if rotate:
