@@ -7,13 +7,14 @@ and the Gluon forward's softcap by tanh.approx.f32 (now its default), on the GPU
      plan's N and D) for window, softcap (tanh.approx and the exact form), both, grouped heads,
      N != Nk, rows that see no key; a saturating softcap (scores past the cap);
    - the default forward (Gluon, softcap by tanh.approx) and its exact form (config tanh_approx False);
-   - varlen (gpu_varlen.check_varlen: lengths 0, 1, odd; the tl kernels, unchanged).
+   - varlen (gpu_varlen.check_varlen: lengths 0, 1, odd; the tl kernels, softcap by tanh.approx).
 2. Timing (bf16, triton.testing.do_bench medians, peers in the same run; gpu_features.py's shapes):
    - window 4096 over N 32768 (B 2, H 16, D 128): default (forward Gluon, backward tl) and the
      forced Gluon backward, against full causal and FlexAttention with the same block mask;
    - softcap 30 causal (B 16, H 16, N 4096, D 128): no softcap, default, forward exact form, the
      Gluon backward (tanh.approx and exact), FlexAttention;
-   - varlen packed long-tailed 64K tokens against fixed B16 N4096 (gpu_varlen.time_packed).
+   - varlen packed long-tailed 64K tokens against fixed B16 N4096 (gpu_varlen.time_packed), and with
+     softcap 30 against none.
 Prints a table last; writes JSON to $OUT (default /tmp/out)/attention_features_s26.json. Under 4 minutes.
 
   PYTHONPATH=. python experiments/attention/gpu_features_s26.py            # on the GPU
@@ -86,17 +87,16 @@ def gluon_backward(dout, q, k, v, out, lse, causal, window, softcap, tanh_approx
     return grads, bwd_plan
 
 
-def forward(q, k, v, causal, window, softcap, path=None, tanh_approx=True, exp2_fma=False):
+def forward(q, k, v, causal, window, softcap, path=None, tanh_approx=True):
     """(out, lse) into NaN-poisoned buffers by the plan's path (or ``path``), the Gluon softcap's
-    tanh by tanh.approx unless ``tanh_approx`` is False; ``exp2_fma``: half of the softmax's exp2 on
-    the FMA units (SOFTCAP 3, a candidate)."""
+    tanh by tanh.approx unless ``tanh_approx`` is False."""
     scale = q.shape[-1] ** -0.5
     out = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), dtype=q.dtype, device=q.device)
     lse = torch.full(q.shape[:3], float("nan"), device=q.device)
     fwd_plan = plan.plan_forward(q, k, v, causal, scale, window=window, softcap=softcap, path=path)
-    if (not tanh_approx or exp2_fma) and fwd_plan.path == "gluon":
+    if not tanh_approx and fwd_plan.path == "gluon":
         fwd_plan = plan.plan_forward(q, k, v, causal, scale, window=window, softcap=softcap, path=fwd_plan.path,
-                                     config=fwd_plan.config | dict(tanh_approx=tanh_approx, exp2_fma=exp2_fma))
+                                     config=fwd_plan.config | dict(tanh_approx=False))
     launch.forward(fwd_plan, q, k, v, out, lse, causal, scale, window, softcap)
     return out, lse, fwd_plan.path
 
@@ -141,15 +141,15 @@ def check_case(name, b, hq, hkv, n, nk, d, causal, window, softcap, q_scale, dty
     # forward: the default plan (Gluon with tanh.approx), and with a softcap the exact form too
     variants = [True, False] if softcap and not SMOKE else [True]
     out = lse = None
-    for approx, fma in [(a, False) for a in variants] + ([(True, True)] if softcap and not SMOKE else []):
-        o, l, path = forward(q, k, v, causal, window, softcap, tanh_approx=approx, exp2_fma=fma)
+    for approx in variants:
+        o, l, path = forward(q, k, v, causal, window, softcap, tanh_approx=approx)
         err = accuracy.error_over_floor(o, ref)
         ok = bool(torch.isfinite(o).all()) and lse_ok(l) and err <= 2.0
-        label = f"{name} {str(dtype)[6:]} fwd [{path}{', exact tanh' if not approx else ''}{', exp2 split' if fma else ''}]"
+        label = f"{name} {str(dtype)[6:]} fwd [{path}{', exact tanh' if not approx else ''}]"
         RESULTS["correctness"].append(dict(case=name, dtype=str(dtype), what="forward", path=path, tanh_approx=approx,
-                                           exp2_fma=fma, ok=ok, lse_ok=lse_ok(l), out_over_floor=err))
+                                           ok=ok, lse_ok=lse_ok(l), out_over_floor=err))
         ROWS.append(("check", label, f"{'ok' if ok else 'BAD'} out {err:.2f}"))
-        if approx and not fma:
+        if approx:
             out, lse = o, l
     # backward: the forced Gluon path (from the forward's out and lse), tanh.approx and exact, and the
     # softmax under dP's wgmma (softcap_overlap); then the default autograd path (tilecore.attention)
@@ -246,16 +246,16 @@ def default_times(q, k, v, causal, window, softcap):
     return bench(run), bench(back)
 
 
-def forced_times(q, k, v, causal, window, softcap, tanh_approx=True, backward=True, exp2_fma=False, extra=None):
-    """(forward ms, backward ms) with the forward by its plan (tanh_approx, exp2_fma as given) and the
+def forced_times(q, k, v, causal, window, softcap, tanh_approx=True, backward=True, extra=None):
+    """(forward ms, backward ms) with the forward by its plan (tanh_approx as given) and the
     backward by the forced Gluon path (causal folded into the window): plans made once, launches into
     buffers made once (as tilecore.attention's cached plans do)."""
     scale = q.shape[-1] ** -0.5
-    out, lse, _ = forward(q, k, v, causal, window, softcap, tanh_approx=tanh_approx, exp2_fma=exp2_fma)
+    out, lse, _ = forward(q, k, v, causal, window, softcap, tanh_approx=tanh_approx)
     fwd_plan = plan.plan_forward(q, k, v, causal, scale, window=window, softcap=softcap)
     if fwd_plan.path == "gluon":
         fwd_plan = plan.plan_forward(q, k, v, causal, scale, window=window, softcap=softcap, path="gluon",
-                                     config=fwd_plan.config | dict(tanh_approx=tanh_approx, exp2_fma=exp2_fma))
+                                     config=fwd_plan.config | dict(tanh_approx=tanh_approx))
     fwd = bench(lambda: launch.forward(fwd_plan, q, k, v, out, lse, causal, scale, window, softcap))
     if not backward:
         return fwd, None
@@ -334,9 +334,6 @@ def time_softcap(dtype):
                                                                    extra=dict(softcap_overlap=True)))
     exact = (None, None) if SMOKE else timed("softcap", "softcap 30 gluon exact tanh",
                                              lambda: forced_times(q, k, v, True, (-1, -1), 30.0, tanh_approx=False))
-    split = (None, None) if SMOKE else timed("softcap", "softcap 30 gluon fwd exp2 split",
-                                             lambda: forced_times(q, k, v, True, (-1, -1), 30.0, backward=False,
-                                                                  exp2_fma=True))
 
     def cap(score, b, h, q_idx, kv_idx):
         return torch.tanh(score / 30.0) * 30.0
@@ -348,7 +345,7 @@ def time_softcap(dtype):
     for i, what in enumerate(("fwd", "bwd")):
         ROWS.append(("time", f"softcap 30 causal N{q.shape[2]} {what}",
                      f"x no-softcap: default {fmt(ratio(plain[i], default[i]))} "
-                     + (f"overlap {fmt(ratio(plain[i], approx[i]))} " if i else f"exp2 split {fmt(ratio(plain[i], split[i]))} ")
+                     + (f"overlap {fmt(ratio(plain[i], approx[i]))} " if i else f"forced {fmt(ratio(plain[i], approx[i]))} ")
                      + f"exact tanh {fmt(ratio(plain[i], exact[i]))} (target >= 0.9); "
                      f"flex {fmt(flex[i])} ms, x flex {fmt(ratio(flex[i], default[i]))}"))
 
@@ -364,6 +361,30 @@ def time_varlen(dtype):
         figures = {k_: v_ for k_, v_ in row.items() if isinstance(v_, (int, float))}
         ROWS.append(("time", "varlen packed long-tailed 64K (tl, unchanged)",
                      " ".join(f"{k_} {v_:.3g}" for k_, v_ in figures.items() if "tflops" in k_ or k_.endswith("_ms"))))
+    # softcap 30 on the same batch (tl varlen kernels: tanh.approx on the GPU since this round)
+    from tilecore.ops.attention.varlen import attention_varlen
+
+    cu = mod.cu_of(lengths, device())
+    total, longest = int(cu[-1]), max(lengths)
+    g = torch.Generator(device=device()).manual_seed(3)
+    q, k, v = (torch.randn(total, 16, 128, dtype=dtype, device=device(), generator=g) for _ in range(3))
+    times = {}
+    for cap in (0.0, 30.0):
+        try:
+            run = lambda: attention_varlen(q, k, v, cu, cu, longest, longest, causal=True, softcap=cap)
+            out = run()
+            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+            out_g = attention_varlen(qg, kg, vg, cu, cu, longest, longest, causal=True, softcap=cap)
+            dout = torch.randn_like(out)
+            back = lambda: torch.autograd.grad(out_g, (qg, kg, vg), dout, retain_graph=True)
+            times[cap] = (bench(run), bench(back))
+            RESULTS["timing"].append(dict(section="varlen", case=f"varlen long-tailed softcap {cap}",
+                                          fwd_ms=times[cap][0], bwd_ms=times[cap][1]))
+        except Exception as exc:  # noqa: BLE001
+            note_error(f"varlen softcap {cap}", exc)
+    if len(times) == 2:
+        ROWS.append(("time", "varlen long-tailed softcap 30 x no-softcap",
+                     f"fwd {fmt(ratio(times[0.0][0], times[30.0][0]))} bwd {fmt(ratio(times[0.0][1], times[30.0][1]))}"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -374,7 +395,7 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="CPU, Triton's interpreter, tiny shapes, no timing")
     ap.add_argument("--skip", default="", help="comma-separated: checks,window,softcap,varlen")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
-    ap.add_argument("--budget", type=float, default=215.0, help="seconds; later sections are skipped past it")
+    ap.add_argument("--budget", type=float, default=200.0, help="seconds; later sections are skipped past it")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     t0 = time.time()

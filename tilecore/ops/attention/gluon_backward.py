@@ -250,7 +250,7 @@ class AttentionBackward:
         cap's derivative 1 - tanh^2 of the unmasked scores (1.0 otherwise): dS takes it as a factor."""
         st_layout: gl.constexpr = s_t.type.layout
         if self.SOFTCAP:  # S^T becomes tanh(S^T scale / cap), its base-2 scale cap log2(e), as in the forward
-            if self.SOFTCAP >= 2:  # 3 (the forward's exp2 split) as 2 here
+            if self.SOFTCAP == 2:
                 s_t = tanh_approx(s_t * self.tanh_scale)
             else:
                 s_t = tanh_from_exp2(s_t * self.tanh_scale)

@@ -130,7 +130,7 @@ class AttentionDQ:
             else:
                 s = warpgroup_mma_wait(1, deps=(s_tok,))  # dP may still run
             start_n = (tile.first_block + step) * self.BN if self.WINDOW else step * self.BN
-            if self.SOFTCAP >= 2:  # 3 (the forward's exp2 split) as 2 here
+            if self.SOFTCAP == 2:
                 s = tanh_approx(s * self.tanh_scale)
             elif self.SOFTCAP:
                 s = tanh_from_exp2(s * self.tanh_scale)

@@ -25,8 +25,8 @@ each consumer computes only its own rows' blocks (the others' stages it passes t
 only its edge blocks (``window_needs_mask``). ``SOFTCAP``: S becomes tanh(S scale / cap) before the
 online softmax, whose scale is then cap log2(e): SOFTCAP 1 (True) tanh from one exp2 and one
 approximate division (two more SFU operations a score besides the softmax's exp2), SOFTCAP 2 the
-hardware's tanh.approx.f32 (one; relative error up to ~2^-11: a candidate, timed by
-experiments/attention/gpu_features.py, not planned).
+hardware's tanh.approx.f32 (one; relative error up to ~2^-11, invisible at bf16 / fp16 on the H100:
+the launches' default since session 26, launch.gluon_softcap).
 
 ``CARRY``: a consumer's pipeline does not drain between tiles. A tile's first step issues its first S
 with the previous tile's last P V (the stage holds this tile's first K block and the previous tile's
@@ -76,41 +76,6 @@ def tanh_approx(x):
     """tanh(x) by the SFU's tanh.approx.f32 (sm_75+): one instruction, relative error ~2^-11."""
     return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True,
                                      pack=1)
-
-
-# 2^f on [-1/2, 1/2] by a cubic (a weighted least-squares fit to the relative error, this project's):
-# relative error 7.5e-5 (2^-13.7), below bf16's and fp16's rounding of P
-EXP2_C0: gl.constexpr = gl.constexpr(0.9999280571937561)
-EXP2_C1: gl.constexpr = gl.constexpr(0.6932610273361206)
-EXP2_C2: gl.constexpr = gl.constexpr(0.24261116981506348)
-EXP2_C3: gl.constexpr = gl.constexpr(0.05517161637544632)
-ROUNDER: gl.constexpr = gl.constexpr(12582912.0)  # 1.5 * 2^23: x + it holds round(x) in its low mantissa bits
-
-
-@gluon.jit
-def exp2_fma(x):
-    """2^x for x <= 0 (the softmax's shifted scores) on the FMA and integer units, no SFU: n =
-    round(x) by the 1.5 * 2^23 addition, 2^(x - n) by a cubic, n added to its exponent bits (the
-    rounder's low bits shifted up: 2^23 n mod 2^32). x below -125 gives 0 (a masked -inf too) and a
-    NaN stays NaN, as exp2's."""
-    kept = x >= -125.0
-    xc = gl.maximum(x, -125.0)
-    r = xc + ROUNDER
-    f = xc - (r - ROUNDER)
-    poly = ((EXP2_C3 * f + EXP2_C2) * f + EXP2_C1) * f + EXP2_C0
-    p = (poly.to(gl.int32, bitcast=True) + (r.to(gl.int32, bitcast=True) << 23)).to(gl.float32, bitcast=True)
-    return gl.where(kept, p, gl.where(x != x, x, 0.0))
-
-
-@gluon.jit
-def exp2_split(x, layout: gl.constexpr):
-    """exp2 of a [rows, cols] tile in ``layout``: even columns by the SFU, odd ones by exp2_fma
-    (FlashAttention-4's idea, for a softmax whose SFU is shared with a softcap's tanh). Each thread
-    holds column pairs in the wgmma layouts, so the split and join move no data."""
-    ROWS: gl.constexpr = x.shape[0]
-    COLS: gl.constexpr = x.shape[1]
-    even, odd = gl.split(gl.reshape(x, [ROWS, COLS // 2, 2]))
-    return gl.convert_layout(gl.reshape(gl.join(gl.exp2(even), exp2_fma(odd)), [ROWS, COLS]), layout)
 
 
 @gluon.jit
@@ -298,7 +263,7 @@ class Attention:
     def softmax(self, s, m, l, first_query, first_key):
         """Cap the scores (SOFTCAP), mask them where needed, one online-softmax step. Returns (m, l, P,
         alpha in O's layout)."""
-        if self.SOFTCAP >= 2:
+        if self.SOFTCAP == 2:
             s = tanh_approx(s * self.tanh_scale)
         elif self.SOFTCAP:
             s = tanh_from_exp2(s * self.tanh_scale)
@@ -307,14 +272,7 @@ class Attention:
                 s = window_mask_scores(s, self.S, first_query, first_key, self.N, self.Nk, self.left, self.right)
         elif needs_mask(first_query, first_key, self.BN, self.N, self.Nk, self.CAUSAL):
             s = mask_scores(s, self.S, first_query, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
-        if self.SOFTCAP == 3:  # online_softmax_update's step with half of P's exp2 off the SFU
-            m_new = gl.maximum(m, gl.max(s, axis=1) * self.scale_log2e)
-            m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))
-            p = exp2_split(s * self.scale_log2e - gl.expand_dims(m_ref, 1), self.S)
-            alpha = gl.exp2(m - m_ref)
-            m, l = m_new, l * alpha + gl.sum(p, axis=1)
-        else:
-            m, l, p, alpha = online_softmax_update(m, l, s, self.scale_log2e)
+        m, l, p, alpha = online_softmax_update(m, l, s, self.scale_log2e)
         return m, l, p, as_column(alpha, self.O)
 
     @gluon.jit

@@ -18,7 +18,8 @@ RIGHT say the bound is on (causal is RIGHT with right = 0). Key blocks wholly ou
 window are skipped (the loops' bounds), so a window's cost is proportional to its width; with
 UNMASKED_MIDDLE, blocks every row sees whole run without the mask (masked edge, unmasked middle,
 masked edge: three loops). softcap
-(SOFTCAP): s = softcap * tanh(scale * q.k / softcap), tanh through exp2 (libdevice does not run
+(SOFTCAP): s = softcap * tanh(scale * q.k / softcap), tanh by tanh.approx.f32 on the GPU (SOFTCAP 2),
+through exp2 in the interpreter (SOFTCAP 1: neither libdevice nor inline asm runs
 in the interpreter); the backward multiplies dS by 1 - tanh^2. Scores are scaled (and capped)
 before masking, then taken to base 2 for exp2; the online softmax, the "no key" rule (O = 0,
 lse = -inf) and NaN propagation are attention's (kernels_tl.py's docstring).
@@ -35,6 +36,33 @@ import triton
 import triton.language as tl
 
 from tilecore.tiles.ops import LOG2E_IN_KERNEL, col_max, col_sum, online_softmax_update
+
+
+@triton.jit
+def tanh_approx(x):
+    """tanh(x) by the SFU's tanh.approx.f32 (one instruction, relative error ~2^-11; GPU only: inline
+    asm does not run in the interpreter)."""
+    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
+def capped(s, softcap, SOFTCAP: tl.constexpr):
+    """softcap tanh(s / softcap) of scaled scores s: SOFTCAP 2 by tanh.approx.f32 (the GPU's), else
+    softcap - 2 softcap / (e^(2 s / softcap) + 1) through exp2 (the interpreter's)."""
+    if SOFTCAP == 2:
+        return softcap * tanh_approx(s * (1.0 / softcap))
+    else:
+        return softcap - (2.0 * softcap) / (tl.exp2(s * (2.0 * LOG2E_IN_KERNEL / softcap)) + 1.0)
+
+
+@triton.jit
+def tanh_of(capped_s, softcap, SOFTCAP: tl.constexpr):
+    """tanh(s / softcap) back from capped(s) (for the derivative 1 - tanh^2)."""
+    if SOFTCAP == 2:
+        return capped_s * (1.0 / softcap)
+    else:
+        return capped_s / softcap
 
 
 @triton.jit
@@ -110,8 +138,8 @@ def _fwd_step(q, k_base, v_base, k0, start_n, offs_n0, offs_d, offs_dv, d_ok, dv
         k = tl.load(k_base + key_rows[:, None] * skt + offs_d[None, :] * skd, mask=d_ok[None, :], other=0.0)
         v = tl.load(v_base + key_rows[:, None] * svt + offs_dv[None, :] * svd, mask=dv_ok[None, :], other=0.0)
     s = tl.dot(q, tl.trans(k)) * scale
-    if SOFTCAP:  # softcap * tanh(s / softcap), tanh(x) = 1 - 2 / (e^2x + 1)
-        s = softcap - (2.0 * softcap) / (tl.exp2(s * (2.0 * LOG2E_IN_KERNEL / softcap)) + 1.0)
+    if SOFTCAP:  # softcap * tanh(s / softcap)
+        s = capped(s, softcap, SOFTCAP)
     if MASKED:
         ok = key_ok[None, :]
         if LEFT:
@@ -251,7 +279,7 @@ def _dkdv_step(Q, DO, LSE, DELTA, k, v, h, q0, n, start_m, offs_m0, offs_n, key_
     delta = tl.load(DELTA + stat, mask=row_ok, other=0.0)
     s_t = tl.dot(k, tl.trans(q)) * scale  # [keys, queries]
     if SOFTCAP:
-        s_t = softcap - (2.0 * softcap) / (tl.exp2(s_t * (2.0 * LOG2E_IN_KERNEL / softcap)) + 1.0)
+        s_t = capped(s_t, softcap, SOFTCAP)
     p_t = tl.exp2(s_t * LOG2E_IN_KERNEL - m2[None, :])
     if MASKED:
         ok = key_ok[:, None] & row_ok[None, :]
@@ -264,7 +292,7 @@ def _dkdv_step(Q, DO, LSE, DELTA, k, v, h, q0, n, start_m, offs_m0, offs_n, key_
     dp_t = tl.dot(v, tl.trans(do))
     ds_t = p_t * (dp_t - delta[None, :])
     if SOFTCAP:  # d(softcap tanh(x / softcap)) / dx = 1 - tanh^2; masked scores have p = 0
-        th = s_t / softcap
+        th = tanh_of(s_t, softcap, SOFTCAP)
         if MASKED:
             th = tl.where(ok, th, 0.0)
         ds_t = ds_t * (1.0 - th * th)
@@ -373,7 +401,7 @@ def _dq_step(q, do, m2, delta, k_base, v_base, k0, start_n, offs_n0, offs_d, off
         v = tl.load(v_base + key_rows[:, None] * svt + offs_dv[None, :] * svd, mask=dv_ok[None, :], other=0.0)
     s = tl.dot(q, tl.trans(k)) * scale
     if SOFTCAP:
-        s = softcap - (2.0 * softcap) / (tl.exp2(s * (2.0 * LOG2E_IN_KERNEL / softcap)) + 1.0)
+        s = capped(s, softcap, SOFTCAP)
     p = tl.exp2(s * LOG2E_IN_KERNEL - m2[:, None])
     if MASKED:
         ok = key_ok[None, :]
@@ -385,7 +413,7 @@ def _dq_step(q, do, m2, delta, k_base, v_base, k0, start_n, offs_n0, offs_d, off
     dp = tl.dot(do, tl.trans(v))
     ds = p * (dp - delta[:, None])
     if SOFTCAP:  # d(softcap tanh(x / softcap)) / dx = 1 - tanh^2; masked scores have p = 0
-        th = s / softcap
+        th = tanh_of(s, softcap, SOFTCAP)
         if MASKED:
             th = tl.where(ok, th, 0.0)
         ds = ds * (1.0 - th * th)

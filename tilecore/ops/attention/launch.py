@@ -73,12 +73,9 @@ def score_options(scale: float, softcap: float) -> tuple[dict, float, float]:
 def gluon_softcap(softcap: float, cfg: dict) -> int:
     """The Gluon kernels' SOFTCAP constexpr: 0 without a softcap; 2, tanh by tanh.approx.f32 (one SFU
     instruction, relative error ~2^-11), unless the config's ``tanh_approx`` is False: 1, tanh from
-    exp2 and a division (gluon_kernels.tanh_from_exp2); with ``exp2_fma`` (a candidate, in no config;
-    the forward only) 3: tanh.approx and half of the softmax's exp2 on the FMA units."""
+    exp2 and a division (gluon_kernels.tanh_from_exp2)."""
     if not softcap:
         return 0
-    if cfg.get("exp2_fma"):
-        return 3
     return 2 if cfg.get("tanh_approx", True) else 1
 
 

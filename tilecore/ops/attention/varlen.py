@@ -162,6 +162,15 @@ def block_config(d: int, interpret: bool, kernel: str) -> dict:
             "dq": dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)}[kernel]
 
 
+def softcap_mode(softcap: float, device) -> int:
+    """The varlen kernels' SOFTCAP constexpr: 0 without a softcap; on a GPU 2, tanh by tanh.approx.f32
+    (the Gluon kernels' default: its error did not show at bf16 / fp16, session 26); in the
+    interpreter (no inline asm) 1, tanh through exp2."""
+    if softcap <= 0:
+        return 0
+    return 1 if dispatch.interpreted(device) else 2
+
+
 def block_d(d: int) -> int:
     return max(16, next_power_of_2(d))
 
@@ -206,7 +215,7 @@ def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, ou
     varlen_fwd[grid](q, k, v, out, lse, cu_q, cu_k, _cu_blocks(cu_q, bm),
                      *_strides(q), *_strides(k), *_strides(v), *_strides(out),
                      batch, total_q, d, dv, hq // hkv, scale, float(softcap), wl, wr,
-                     LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap > 0, SEARCH_STEPS=_search_steps(batch),
+                     LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap_mode(softcap, q.device), SEARCH_STEPS=_search_steps(batch),
                      BLOCK_D=block_d(d), BLOCK_DV=block_d(dv), **cfg)
     return out, lse
 
@@ -231,7 +240,7 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
         out, dout, delta if dlse is None else dlse, delta, total_q, dv, *_strides(out), *_strides(dout),
         HAS_DLSE=dlse is not None, BLOCK_M=rows, BLOCK_DV=block_d(dv))
     wl, wr, has_left, has_right = kernel_window(causal, left, right)
-    common = dict(LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap > 0, SEARCH_STEPS=_search_steps(batch),
+    common = dict(LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap_mode(softcap, q.device), SEARCH_STEPS=_search_steps(batch),
                   BLOCK_D=block_d(d), BLOCK_DV=block_d(dv))
     scalars = (batch, total_q, d, dv, hq // hkv, scale, float(softcap), wl, wr)
     cfg = dict((config or {}).get("dkdv") or block_config(max(d, dv), interpret, "dkdv"))
