@@ -116,6 +116,9 @@ CHECKS = [  # name, B, Hq, Hkv, N, Nk, D, causal, window, softcap, q_scale
     ("softcap 30, scores past it, D128", 1, 4, 4, 1500, 1500, 128, False, (-1, -1), 30.0, 12.0),
     ("window + softcap D128 GQA N2048", 1, 8, 2, 2048, 2048, 128, True, (200, -1), 20.0, 1.0),
     ("window + softcap D64 N1500", 1, 4, 4, 1500, 1500, 64, False, (500, 100), 50.0, 4.0),
+    # keys no query sees (key tiles of no step: dK = dV = 0) and, D64, the dQ warpgroup's empty tiles
+    ("window (0, 0) N<Nk D128", 1, 2, 2, 300, 1000, 128, False, (0, 0), 0.0, 1.0),
+    ("window (3, 1) N<Nk D64 GQA softcap", 1, 4, 2, 200, 900, 64, False, (3, 1), 10.0, 1.0),
 ]
 SMOKE_CHECKS = [("window (9, 3) smoke", 1, 2, 1, 40, 50, 16, False, (9, 3), 0.0, 1.0),
                 ("softcap smoke", 1, 2, 2, 24, 24, 32, True, (-1, -1), 2.0, 1.0)]
