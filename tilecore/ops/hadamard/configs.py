@@ -96,11 +96,14 @@ QUANT_TILE_ELEMS = 8192  # hadamard_quantize's kron-tiled tile where several row
 # codes through TMA for the packed 4-bit formats (mxfp4 at 4096: TMA 0.467 ms, pointers 0.666) and, 8-bit,
 # at n = 256 only (fp8: TMA 0.269 ms, pointers 0.370; at 4096 pointers 0.342 against 0.359, and 512-32768
 # within 1-8% of each other, pointers ahead)
-QUANT_POW2_TUNING = {4096: dict(num_stages=3)}
+QUANT_POW2_TUNING = {4096: dict(num_stages=4), 1024: dict(waves=16), 2048: dict(num_warps=4)}
+# session 26 (H100, FAST epilogue, fp8 / mxfp4 % of copy): 1024 with 16 programs an SM 88.0 / 55.1 against
+# 64's 78.8 / 52.4; 2048 on 4 warps 80.2 / 44.9 against 8's 59.1 / 37.6; 4096 with 4 stages 85.8 against 3's
+# 84.6 (mxfp4 equal), 2 stages 75.3
 # the quantizing epilogue's quotient y / s: False, Markstein's correctly rounded one (three instructions a
 # value); True, y times 1 / s with the rotation's 1 / sqrt(n) folded in (one: codes may move by one step at
 # near-ties, quantize_kernels._codes_fast). Either by plan tuning "fast".
-QUANT_FAST = False
+QUANT_FAST = True  # session 26, H100: fp8 4096 84.6% of copy against 78.5, 128 79.6 / 73.7, nvfp4 47.2 / 43.2
 # the m x 2^k kernels' loads (and the transform's stores) through TMA descriptors: "none", "load", "both"
 # (kron.kernel_plan; hadamard_quantize's kron-tiled plans take "load" at most). Untimed: "none" until a GPU run
 KRON_TMA = "none"

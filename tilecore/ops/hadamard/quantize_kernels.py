@@ -216,7 +216,7 @@ def _epilogue(codes, scales, gscale, tile, rows, stride_codes, stride_scales,
             if not STATIC:
                 tl.store(scales + tile.to(tl.int64) * stride_scales, stored.to(scales.dtype.element_ty),
                          mask=tile < rows)
-            recip, div_e = _group_divisor(div)
+            recip, div_e = _group_divisor(div, FORMAT)
             zero = tl.zeros([R, 1], tl.float32)
             div_r = div + zero
             st_r = stored + tl.zeros([R, 1], stored.dtype)
@@ -228,7 +228,7 @@ def _epilogue(codes, scales, gscale, tile, rows, stride_codes, stride_scales,
             if not STATIC:
                 grow, gidx, gmask = _group_rows(tile, rows, M, M_PAD, B, SPG)
                 tl.store(scales + grow * stride_scales + gidx, stored.to(scales.dtype.element_ty), mask=gmask)
-            recip, div_e = _group_divisor(div)
+            recip, div_e = _group_divisor(div, FORMAT)
             div_r = tl.reshape(tl.broadcast_to(div[:, None], (R // SPG, SPG)), (R,))[:, None]
             st_r = tl.reshape(tl.broadcast_to(stored[:, None], (R // SPG, SPG)), (R,))[:, None]
             rc_r = tl.reshape(tl.broadcast_to(recip[:, None], (R // SPG, SPG)), (R,))[:, None]
@@ -283,7 +283,7 @@ def _slice_groups(codes, scales, gscale, tile, t, y, rows, stride_codes, stride_
     R: tl.constexpr = B * M_PAD
     y3 = tl.reshape(y, (R, Q // G, G))
     div, stored = _scale(_nan_max(y3, 2), gscale, FORMAT, STATIC, QMAX)  # [R, Q / G]
-    recip, div_e = _group_divisor(div)
+    recip, div_e = _group_divisor(div, FORMAT)
     r = tl.arange(0, R)
     i = r % M_PAD
     row = (r // M_PAD).to(tl.int64) + tile * B
@@ -440,9 +440,17 @@ def _fp8_fast(v, FORMAT: tl.constexpr):
 
 
 @triton.jit
-def _group_divisor(div):
-    """(1 / div correctly rounded, div with inf made 0): a group's once-computed operands of _quotient."""
-    return tl.math.div_rn(1.0, div), tl.where(div == float("inf"), 0.0, div)
+def _group_divisor(div, FORMAT: tl.constexpr):
+    """(1 / div correctly rounded, div with inf made 0): a group's once-computed operands of _quotient.
+    mxfp4's divisor is a power of two, 2^-127..2^127 (or NaN: its codes are zeroed): its reciprocal from
+    the exponent bits, exact, without a division (a division's reciprocal, FCHK and slow path per group)."""
+    if FORMAT == MXFP4:
+        biased = (div.to(tl.int32, bitcast=True) >> 23) & 0xFF  # 0 for 2^-127 (subnormal): 2^127 below
+        bits = tl.where(biased == 254, 0x00400000, (254 - biased) << 23)  # 2^127: 2^-127, subnormal
+        recip = bits.to(tl.float32, bitcast=True)
+    else:
+        recip = tl.math.div_rn(1.0, div)
+    return recip, tl.where(div == float("inf"), 0.0, div)
 
 
 @triton.jit
@@ -563,7 +571,7 @@ def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scale
         if FAST:
             ga = ga * rscale
         div, stored = _scale(ga, gscale, FORMAT, STATIC, QMAX)
-        recip, div_e = _group_divisor(div)
+        recip, div_e = _group_divisor(div, FORMAT)
         if FAST:
             recip = recip * rscale
         r = tl.arange(0, R)
@@ -587,7 +595,7 @@ def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scale
         row = (gi // (N1 // SPAN)).to(tl.int64) + tile * B
         col = (s * N1 * N2) // G + gi % (N1 // SPAN)
         tl.store(scales + row * stride_scales + col, stored.to(scales.dtype.element_ty), mask=row < rows)
-        recip, div_e = _group_divisor(div)
+        recip, div_e = _group_divisor(div, FORMAT)
         if FAST:
             recip = recip * rscale
         if SPAN > 1:
@@ -611,7 +619,7 @@ def _pow2_row_scale(scales, gscale, rows, stride_scales, tile, a, rscale, N1: tl
         div, stored = _scale(_amax(a, 0), gscale, FORMAT, STATIC, QMAX)
         if not STATIC:
             tl.store(scales + tile.to(tl.int64) * stride_scales, stored.to(scales.dtype.element_ty), mask=tile < rows)
-        recip, div_e = _group_divisor(div)
+        recip, div_e = _group_divisor(div, FORMAT)
         if FAST:
             recip = recip * rscale
         zero = tl.zeros([N1], tl.float32)
@@ -624,7 +632,7 @@ def _pow2_row_scale(scales, gscale, rows, stride_scales, tile, a, rscale, N1: tl
     if not STATIC:
         row = tl.arange(0, B).to(tl.int64) + tile * B
         tl.store(scales + row * stride_scales, stored.to(scales.dtype.element_ty), mask=row < rows)
-    recip, div_e = _group_divisor(div)
+    recip, div_e = _group_divisor(div, FORMAT)
     if FAST:
         recip = recip * rscale  # a was already scaled (the kernel's fold)
     if N1 > 1:
