@@ -72,6 +72,38 @@ def s26_quantize_cases():
     return fast + exact + transform + widths + extra, sweep
 
 
+def s26b_quantize_cases():
+    """Session 26's second round: the shipped plans (FAST, the round-1 tuning), then sweeps."""
+    fmts = ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
+    first = [("q", f, n, {}, {}) for n in POW2 for f in fmts] + [("q", "fp8_e5m2", 4096, {}, {})]
+    first += [("t", 4096), ("t", 14336)]
+    first += [("q", f, n, {}, {}) for n in (14336, 11008, 28672, 18944) for f in ("fp8_e4m3", "mxfp4")]
+    first += [("q", f, n, {}, {}) for n in (14336,) for f in ("int8", "nvfp4", "int4")]
+    first += [("q", f, 14336, {}, t) for f in ("fp8_e4m3", "mxfp4") for t in
+              ({"kron_tma": True}, {"num_stages": 3}, {"kron_tma": True, "num_stages": 3}, {"num_warps": 4})]
+    first += [("q", "fp8_e4m3", 11008, {}, t) for t in ({"num_warps": 16}, {"num_warps": 4})]
+    sweep = [("q", f, n, {}, t) for f in ("fp8_e4m3", "mxfp4") for n, t in
+             ((128, {"waves": 2}), (128, {"waves": 4}), (128, {"num_stages": 4}), (128, {"num_stages": 2}),
+              (1024, {"waves": 8}), (1024, {"waves": 32}), (2048, {"num_warps": 4, "waves": 16}),
+              (2048, {"num_warps": 4, "waves": 32}), (8192, {"num_warps": 4}), (8192, {"waves": 16}),
+              (16384, {"num_warps": 4}), (32768, {"num_warps": 4}), (4096, {"num_stages": 5}), (4096, {"num_stages": 3}),
+              (512, {"waves": 16}), (256, {"waves": 16}))]
+    sweep += [("q", f, n, {}, t) for f in ("nvfp4", "int4") for n, t in
+              ((1024, {"waves": 8}), (2048, {"num_warps": 4, "waves": 16}), (4096, {"num_stages": 3}))]
+    return first, sweep
+
+
+def s26b_kron_cases():
+    shapes = [(m, p) for m in (12, 20, 28) for p in (64, 128, 256, 512, 1024)]
+    shipped = [("k", m, p, {}) for m, p in shapes] + [("k", m, 2048, {}) for m in (12, 20, 28)]
+    shipped += [("k", m, 64, {}) for m in (140, 172)]
+    variants = [("k", m, p, {"num_stages": st}) for m, p in shapes for st in (1, 3)]
+    variants += [("k", m, p, {"tma": "both"}) for m, p in ((12, 64), (28, 256), (28, 512), (20, 1024), (12, 128))]
+    variants += [("k", m, p, {"tma": "both", "num_stages": 3}) for m, p in ((28, 512), (12, 256))]
+    variants += [("k", m, 1024, {"num_warps": 8, "num_stages": st}) for m in (12, 20, 28) for st in (2, 3)]
+    return shipped, variants
+
+
 def quantize_cases(which):
     if SMOKE:
         if which == "s26":
@@ -80,6 +112,9 @@ def quantize_cases(which):
         return [("q", "fp8_e4m3", 256, {}, {}), ("q", "mxfp4", 256, {}, {}), ("q", "int4", 256, {}, {})]
     if which == "s26":
         first, sweep = s26_quantize_cases()
+        return first + sweep
+    if which == "s26b":
+        first, sweep = s26b_quantize_cases()
         return first + sweep
     first = [("q", f, n, {}, {}) for f in FORMATS for n in POW2]
     first += [("q", "fp8_e4m3", 4096, {}, {"legacy": True}), ("q", "mxfp4", 4096, {}, {"legacy": True})]
@@ -109,6 +144,9 @@ def quantize_cases(which):
 def kron_cases(which):
     if SMOKE:
         return [("k", 12, 16, {})]
+    if which == "s26b":
+        shipped, variants = s26b_kron_cases()
+        return shipped + variants
     if which == "s26":
         cases = [("k", m, p, {}) for m in (12, 20, 28) for p in (64, 128, 256, 512, 1024, 2048)]
         cases += [("k", m, 64, {}) for m in (140, 148, 156, 172)]
@@ -229,8 +267,12 @@ def phase_check(result, save=lambda: None, which="quick"):
               ("int8", 11008, {}, torch.float16), ("nvfp4", 14336, {"scale": 0.002}, torch.bfloat16)]
     if SMOKE:
         cases = cases[:3] + cases[-3:]
-    if which == "s26":
+    if which in ("s26", "s26b"):
         cases = s26_check_cases(torch)
+        if which == "s26b":  # the shipped plans (FAST by default since round 1) and the TMA kron-tiled quantize
+            cases = [(f, n, {k: v for k, v in kw.items() if k != "tuning"}, dt) for f, n, kw, dt in cases]
+            cases += [("fp8_e4m3", 14336, {"tuning": {"kron_tma": True}}, torch.bfloat16),
+                      ("mxfp4", 14336, {"tuning": {"kron_tma": True}}, torch.bfloat16)]
     for fmt, n, kw, dtype in cases:
         case = {"format": fmt, "n": n, "dtype": str(dtype).removeprefix("torch."), **kw}
         try:
@@ -302,14 +344,31 @@ def phase_check(result, save=lambda: None, which="quick"):
                 else:  # discrete scales (e8m0, e4m3): equal, but where the amax sits on a rounding boundary
                     differ = s.view(torch.uint8) != r.view(torch.uint8)
                     case["scales_differ"] += int(differ.sum())
+                    case["scales_differ_fraction"] = float(differ.double().mean())
                     exact = exact and case["scales_differ"] <= max(2, differ.numel() // 10**6)
+                    # far codes only inside blocks whose scale the float32 rotation put across a boundary
+                    # (session 25: such blocks' codes sit 2 steps off, by the scale's factor of 2)
+                    if differ.dim() == 2 and far.any():
+                        blk = far.shape[-1] // differ.shape[-1]
+                        rescaled = differ.repeat_interleave(blk, dim=-1).reshape(far.shape)
+                        case["far_codes_in_rescaled_blocks"] = bool((~far | rescaled).all())
             case["scales_ok"] = exact
             case["ok"] = case["match"] >= 0.999 and case["far_codes_tiny"] and exact
+            # the known exposure (notes: scale boundaries within the float32 rotation's error): every far
+            # code in a block whose discrete scale differs, and <= 1e-4 of the scales differing
+            case["ok_but_scale_boundaries"] = (not case["ok"] and case["match"] >= 0.999
+                                               and (case["far_codes_tiny"] or case.get("far_codes_in_rescaled_blocks", False))
+                                               and case.get("scales_differ_fraction", 0.0) <= 1e-4)
         except Exception as err:  # noqa: BLE001
             case["error"] = f"{type(err).__name__}: {str(err)[:300]}"
         out["quantize"].append(case)
         save()
-    for c in (kron_cases("s26")[:22] if which == "s26" and not SMOKE else kron_cases("full")[:16]):
+    kchecks = kron_cases("full")[:16]
+    if which == "s26" and not SMOKE:
+        kchecks = kron_cases("s26")[:22]
+    elif which == "s26b" and not SMOKE:
+        kchecks = s26b_kron_cases()[0] + [("k", m, p, {"tma": "both"}) for m, p in ((12, 64), (28, 512), (20, 1024))]
+    for c in kchecks:
         _, m, p, tuning = c
         n = m * p
         case = {"m": m, "p": p, **tuning}
@@ -346,6 +405,10 @@ def timed_cases(which):
         first, sweep = s26_quantize_cases()
         kron = kron_cases(which)
         return first + kron[:22] + sweep + kron[22:]
+    if which == "s26b" and not SMOKE:
+        first, sweep = s26b_quantize_cases()
+        shipped, variants = s26b_kron_cases()
+        return first + shipped + variants + sweep
     return (quantize_cases(which) if which != "kron" else []) + kron_cases(which)
 
 
@@ -443,6 +506,9 @@ def phase_time(result, which, deadline, compiled):
     if which == "s26":
         unfused_peers(out, deadline, True)
         return
+    if which == "s26b":  # the eager peers again for the shipped plans; compiled where time is left
+        unfused_peers(out, deadline, True)
+        return
     if compiled and not SMOKE:  # the unfused peer: tilecore's transform, then the quantizer under torch.compile
         from tilecore.ops.hadamard import hadamard_transform
         from tilecore.ops.hadamard.quantize import hadamard_quantize
@@ -492,7 +558,11 @@ def _child(phase, path, deadline, which, compiled):
 def table(result):
     lines = []
     for c in result.get("check", {}).get("quantize", []) + result.get("check", {}).get("kron", []):
-        if not c.get("ok"):
+        if c.get("ok_but_scale_boundaries"):
+            lines.append(f"ok but scale boundaries: {c.get('format')} {c.get('n')} {c.get('dtype')} "
+                         f"{c.get('tuning', '')}: scales differ {c.get('scales_differ')} "
+                         f"({c.get('scales_differ_fraction', 0):.1e}), far codes {c.get('far_codes')}, match {c.get('match')}")
+        elif not c.get("ok"):
             lines.append(f"NOT OK: {c}")
     nq = len(result.get("check", {}).get("quantize", []))
     nk = len(result.get("check", {}).get("kron", []))
@@ -546,7 +616,7 @@ def pivot(result):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--set", default="quick", choices=("quick", "full", "kron", "final", "s26"))
+    ap.add_argument("--set", default="quick", choices=("quick", "full", "kron", "final", "s26", "s26b"))
     ap.add_argument("--phases", default="warm,check,time")
     ap.add_argument("--budget", type=float, default=None, help="seconds in all (180; s26: 175)")
     ap.add_argument("--compiled", action="store_true")
@@ -554,7 +624,7 @@ def main():
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     if args.budget is None:
-        args.budget = 900.0 if args.smoke else 175.0 if args.set == "s26" else 180.0
+        args.budget = 900.0 if args.smoke else 175.0 if args.set in ("s26", "s26b") else 180.0
     if args.smoke and not SMOKE:
         env = dict(os.environ, GQP_SMOKE="1", TRITON_INTERPRET="1")
         os.execve(sys.executable, [sys.executable] + sys.argv, env)
