@@ -47,6 +47,16 @@ BASED_FWD_STAGES = 3
 GLUON_FORWARD = False
 GLUON_STAGES = 3
 
+# the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
+# B16 H16 N4096 bf16, Dk = Dv = 128, dQ + dK/dV kernels): no decay 2.36 ms at chunks of 64, one key block
+# a dQ program and one value block a dK/dV one, 8 warps (4.76 at the forward's blocks: chunks of 32, key
+# and value blocks of 64); scalar decay 3.72 the same at 4 warps (6.23; 3.36 with blocks of 64, whose
+# two dk parts cost the combine pass more); Based 4 warps 4.79 (5.88 at 8)
+BWD_CHUNK = 64
+BWD_STATE_ELEMS = 16384
+BWD_WARPS = {0: 8, 1: 4}
+BASED_BWD_WARPS = 4
+
 # the backward's combine kernel (kernels_backward.py): tokens a step of its walk
 COMBINE_TOKENS = 32
 

@@ -58,6 +58,7 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
     config's BT_BWD, BV, BVB, BKQ, BKB, KB, num_warps, num_stages, step_warps (experiments/linear_attention
     sweeps them; fwd_warps, fwd_stages: the forward's alone; fwd_gluon, gluon_stages: the Gluon forward's)."""
     kind = decay_kind(g)
+    chunk_given = bool(chunk)
     dk, dv = q.shape[-1], v.shape[-1]
     if not chunk and kind == CHANNEL_DECAY and max(dk, dv) > configs.CHANNEL_WIDE:
         chunk = configs.CHANNEL_WIDE_CHUNK
@@ -85,6 +86,15 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
         BT_BWD, BVB = min(chunk, configs.BASED_BWD_CHUNK), min(BVF, configs.BASED_BWD_BV)
     elif kind != CHANNEL_DECAY and BK > configs.BWD_KEY_BLOCK:
         BKB, BVB = configs.BWD_KEY_BLOCK, min(BVF, configs.WIDE_BWD_BV)
+    # the backward's blocks from the session-26 sweep (H100, B16 H16 N4096, Dk = Dv = 128): chunks of 64
+    # and a head's every key channel a dQ program, every value column a dK/dV one (configs.BWD_*)
+    bwd_warps = configs.NUM_WARPS
+    if feature == BASED:
+        bwd_warps = configs.BASED_BWD_WARPS
+    elif kind != CHANNEL_DECAY and BK <= configs.BWD_KEY_BLOCK and BK * BVF <= configs.BWD_STATE_ELEMS:
+        BT_BWD = chunk if chunk_given else configs.BWD_CHUNK
+        BKQ, BVB = BK, BVF
+        bwd_warps = configs.BWD_WARPS[kind]
     # the forward's own value block, warps and stages (configs.FWD_*: swept on the GPU); per-channel decay
     # keeps the backward's
     fwd_warps, fwd_stages = configs.NUM_WARPS, configs.NUM_STAGES
@@ -98,7 +108,7 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
     fwd_gluon = (configs.GLUON_FORWARD and kind != CHANNEL_DECAY and feature != BASED
                  and not dispatch.interpreted(q.device) and dispatch.gluon_ok(q.device))
     cfg = dict(BT=chunk, BT_BWD=BT_BWD, BK=BK, BV=BV, BVB=BVB, BVF=BVF, KB=KB, BKQ=BKQ, BKB=BKB, MMA=mma,
-               IEEE=ieee, upcast=upcast, num_warps=configs.NUM_WARPS, num_stages=configs.NUM_STAGES,
+               IEEE=ieee, upcast=upcast, num_warps=bwd_warps, num_stages=configs.NUM_STAGES,
                fwd_warps=fwd_warps, fwd_stages=fwd_stages, fwd_gluon=fwd_gluon, gluon_stages=configs.GLUON_STAGES,
                step_warps=configs.STEP_WARPS)
     unknown = set(overrides) - {"BT_BWD", "BV", "BVB", "BKQ", "BKB", "KB", "num_warps", "num_stages",
