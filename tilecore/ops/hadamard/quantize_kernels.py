@@ -412,11 +412,11 @@ def _e2m1_fast(v):
     q = 2^(E - 1) with E the exponent of max(|v|, 1) (0.5 below 2, 1 below 4, 2 up to 6): adding
     M = 1.5 x 2^23 q rounds |v| half to even onto a multiple of q, left as an integer in M's low mantissa
     bits; M made from E's bits plus 2 E (the binade's first code: 0, 2, 4) leaves the code itself there.
-    No compares or selects: max, and, shift, add (M's bits), add, and; then the sign bit."""
+    No compares or selects: shift, integer max, one multiply-add (M's bits), add, and; then the sign bit."""
     a = tl.minimum(tl.abs(v), 6.0)
-    eb = tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000  # (127 + E) << 23
-    # M's bits: (127 + 22 + E) << 23 | 1.5's mantissa, plus 2 E = (eb >> 22) - 254
-    magic = (eb + (eb >> 22) + 0x0B3FFF02).to(tl.float32, bitcast=True)
+    e = tl.maximum(a.to(tl.int32, bitcast=True) >> 23, 127)  # 127 + E (a >= 0: its bits order as it does)
+    # M's bits: (e + 22) << 23 | 1.5's mantissa, plus 2 E = 2 e - 254: e (2^23 + 2) + 0x0B3FFF02
+    magic = (e * 0x800002 + 0x0B3FFF02).to(tl.float32, bitcast=True)
     mag = (a + magic).to(tl.int32, bitcast=True) & 7
     return mag | ((v.to(tl.int32, bitcast=True) >> 28) & 8)
 
