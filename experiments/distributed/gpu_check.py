@@ -226,8 +226,9 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
         for m in margins:  # the K/V hops alone through the ring each margin's calls use (NCCL's CTAs capped)
             through = ring_for(group, q.device, m, transfer_order(None, m))
             row["margins"][m] = {"early": transfer_order(None, m), "transfer_group": through.group.group_name}
-            record("fwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, False, through), reps), row["margins"][m])
-            record("bwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, True, through), reps), row["margins"][m])
+            cell = row["margins"][m]
+            record("fwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, False, through), reps), cell)
+            record("bwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, True, through), reps), cell)
         del dkv, dkv_in, dkv32, dkv32_in, kv_in
         out, lse = ring_forward(q, k, v, group, lengths, causal, scale)
         for m in margins:  # the ring's default order for each: late at 0, early above (ring.transfer_order)
@@ -400,7 +401,8 @@ def tables(results) -> str:
                 f"{(fmt(p['fwd_over_measured']) + '/' + fmt(p['bwd_over_measured'])) if p else '-':>11}"
                 f"{('yes' if p['hidden'] else 'no') if p else '-':>6}")
         lines.append(
-            f"{'':>7} {'':<6}    one GPU: fwd {fmt(t.get('single_fwd_ms'))}, fwd+bwd {fmt(t.get('single_fwd_bwd_ms'))}, "
+            f"{'':>7} {'':<6}    one GPU: fwd {fmt(t.get('single_fwd_ms'))}, "
+            f"fwd+bwd {fmt(t.get('single_fwd_bwd_ms'))}, "
             f"{fmt(t.get('single_peak_extra_gb'))} GB; transfers alone fwd {fmt(t['ring_fwd_transfer_ms'])}, bwd "
             f"{fmt(t['ring_bwd_transfer_ms'])}; public fwd (default margin) {fmt(t['public_fwd_ms'])}; "
             f"all-to-all f+b {fmt(t.get('a2a_fwd_bwd_ms'))}")

@@ -64,7 +64,8 @@ def test_margin_in_the_summary_and_the_command(capsys):
     for bad in (-1, 132, 2.0):
         with pytest.raises(ValueError, match="sm_margin"):
             ring.predict(**kw, sm_margin=bad)
-    assert cli.main(["napkin", "ring", "--seq", "32768", "--causal", "--attention-tflops", "550", "--sm-margin", "8"]) == 0
+    command = ["napkin", "ring", "--seq", "32768", "--causal", "--attention-tflops", "550", "--sm-margin", "8"]
+    assert cli.main(command) == 0
     printed = capsys.readouterr().out
     assert "sm_margin 8 of 132 SMs" in printed and "transfers all hidden" in printed and "speedup" in printed
     assert cli.main(["napkin", "ring", "--seq", "3"]) == 2

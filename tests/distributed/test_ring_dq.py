@@ -57,6 +57,7 @@ def test_other_paths_add_the_computed_dq():
     gk, gv = backward_adding_dq(do, q, k, v, out, lse, None, accumulator[:, :, 4:16], True, 0.25, sm_margin=1)
     assert torch.equal(gk, dk) and torch.equal(gv, dv)
     assert torch.equal(accumulator[:, :, 4:16], before[:, :, 4:16] + dq.float())
-    assert torch.equal(accumulator[:, :, :4], before[:, :, :4]) and torch.equal(accumulator[:, :, 16:], before[:, :, 16:])
+    assert torch.equal(accumulator[:, :, :4], before[:, :, :4])
+    assert torch.equal(accumulator[:, :, 16:], before[:, :, 16:])
     with pytest.raises(ValueError, match="dq_sum must be float32"):
         launch.gradients_adding_dq(p, do, q, k, v, out, lse, None, accumulator[:, :, 4:16].half(), True, 0.25)

@@ -17,10 +17,11 @@ Backward: the same ring, with the merged O and lse of each local query: the flas
 P = exp(s - lse) and delta = rowsum(dO * O) are then the global ones, so each step's block gradients
 are exactly that block's share (tilecore's attention backward, which takes O and lse). dQ sums
 locally in float32, each block's added into the rows of one accumulator (attention's
-backward_adding_dq: by the Gluon kernel's own float32 reductions, where it adds dQ); each foreign block's dK, dV sum in a float32 buffer that travels the ring behind
-its keys and values and goes home after the last rank's share. The rank's own block is done in two
-parts, one before the foreign blocks and one after, so that the first transfer of keys and values
-and the last hop of a sum both run under attention (ring_backward).
+backward_adding_dq: by the Gluon kernel's own float32 reductions, where it adds dQ); each foreign
+block's dK, dV sum in a float32 buffer that travels the ring behind its keys and values and goes
+home after the last rank's share. The rank's own block is done in two parts, one before the foreign
+blocks and one after, so that the first transfer of keys and values and the last hop of a sum both
+run under attention (ring_backward).
 
 Communication: one batch of isend/irecv a step (torch.distributed.batch_isend_irecv: K and V, each
 sent as it is where contiguous, else copied once) to the next rank and from the previous; NCCL runs

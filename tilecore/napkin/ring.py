@@ -9,7 +9,8 @@ its transfer from the cross-GPU link (interconnect.py), and whether the transfer
 
 A step takes max(attention + its elementwise passes, the bytes in flight on one link direction)
 where the attention leaves the transfer's kernel its SMs (``sm_margin`` >= the link's ``sms``; the
-attention then runs on the rest, in the steps with a transfer beside it), else their sum: tilecore's attention kernels are persistent, one
+attention then runs on the rest, in the steps with a transfer beside it), else their sum:
+tilecore's attention kernels are persistent, one
 program on every SM, and NCCL's kernel waits for them (the h100-x2 run of session 24 measured the
 transfers exposed, not hidden, at sm_margin 0). Attention runs at the rate the
 napkin derives for the step's shape (the calibrated H100 by default: measured copy and matmul
@@ -106,8 +107,9 @@ class RingPrediction:
         if self.world < 2:
             return f"sm_margin {self.sm_margin}: one GPU, nothing to transfer"
         if self.sm_margin >= self.transfer_sms:
-            return (f"sm_margin {self.sm_margin} of {self.sms} SMs: the transfers' kernel ({self.transfer_sms} SMs) runs "
-                    f"beside the attention, which keeps {self.sms - self.sm_margin} SMs in the steps with a transfer")
+            return (f"sm_margin {self.sm_margin} of {self.sms} SMs: the transfers' kernel ({self.transfer_sms} SMs) "
+                    f"runs beside the attention, which keeps {self.sms - self.sm_margin} SMs in the steps with a "
+                    f"transfer")
         return (f"sm_margin {self.sm_margin} of {self.sms} SMs: below the {self.transfer_sms} the transfers' kernel "
                 f"needs, so each transfer waits for its step's attention (not hidden)")
 

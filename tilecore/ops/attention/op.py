@@ -153,7 +153,7 @@ def backward_adding_dq(dout, q, k, v, out, lse, dlse, dq_sum, causal: bool, scal
     tilecore.distributed's ring makes, inside its own custom op (eager; no autograd, no custom op
     here). No window or softcap."""
     if q.numel() == 0 or k.numel() == 0:
-        return torch.zeros(k.shape, dtype=k.dtype, device=k.device), torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+        return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (k, v))
     key = signature("backward", dout, q, k, v, out, lse, dlse, causal, scale > 0, *NO_WINDOW, False, sm_margin)
     plan = _cached(key, lambda: plan_backward(dout, q, k, v, causal, scale, sm_margin=sm_margin))
     return launch.gradients_adding_dq(plan, dout, q, k, v, out, lse, dlse, dq_sum, causal, scale)

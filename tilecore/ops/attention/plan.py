@@ -132,8 +132,8 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
 def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None = None,
                   config: dict | None = None, window=(-1, -1), softcap: float = 0.0, sm_margin: int = 0) -> Plan:
     """The backward's plan (dout: the output's gradient). ``path`` forces a path (no fit check),
-    ``config`` replaces its configuration, ``sm_margin`` as plan_forward's. A dQ added in the Gluon kernel sums float32 TMA reductions
-    in no fixed order, so with torch.use_deterministic_algorithms(True) dQ comes from the Gluon dq
+    ``config`` replaces its configuration, ``sm_margin`` as plan_forward's. A dQ added in the Gluon
+    kernel sums float32 TMA reductions in no fixed order, so with torch.use_deterministic_algorithms(True) dQ comes from the Gluon dq
     kernel instead (each row summed in registers in a fixed order: bitwise reproducible)."""
     sm_margin = sm_margin_value(sm_margin, q.device)
     B, H, N, D = q.shape
@@ -216,8 +216,8 @@ def sm_margin_value(sm_margin, device) -> int:
     sm_margin = int(sm_margin)
     sms = grid_sms(device)
     if sm_margin < 0 or (sms is not None and sm_margin >= sms):
-        where = "" if sms is None else (f"; this {'interpreter stands for' if dispatch.interpreted(device) else 'GPU has'}"
-                                        f" {sms} SMs, so 0 to {sms - 1}")
+        what = "interpreter stands for" if dispatch.interpreted(device) else "GPU has"
+        where = "" if sms is None else f"; this {what} {sms} SMs, so 0 to {sms - 1}"
         raise ValueError(f"attention: sm_margin (SMs the persistent kernels leave free) must be >= 0 and below the "
                          f"GPU's SMs{where}; got {sm_margin}")
     return sm_margin
