@@ -31,7 +31,7 @@ from triton.experimental import gluon
 from tilecore.tiles.gluon import Layout, ring, run, stage_struct, store_block, struct, wgmma_layout, wgmma_lhs_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma
 
-LOG_DECAY_FLOOR = gl.constexpr(-100.0)
+LOG_DECAY_FLOOR_HOST = -100.0  # kernels_tl.LOG_DECAY_FLOOR's (a float for torch: a constexpr is no number)
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
 BV_GLUON = 64  # value columns a consumer
 
@@ -303,7 +303,7 @@ def chunk_cumulative(g: torch.Tensor, chunk: int) -> torch.Tensor:
     ``chunk`` tokens, inclusive, from the chunk's start: what the kernel reads as G (float32)."""
     B, N, H = g.shape
     pad = (-N) % chunk
-    g = torch.nn.functional.pad(g.float().clamp_min(float(LOG_DECAY_FLOOR)), (0, 0, 0, pad))
+    g = torch.nn.functional.pad(g.float().clamp_min(LOG_DECAY_FLOOR_HOST), (0, 0, 0, pad))
     return g.view(B, (N + pad) // chunk, chunk, H).cumsum(2).view(B, N + pad, H)[:, :N]
 
 
