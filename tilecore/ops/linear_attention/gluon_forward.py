@@ -279,8 +279,6 @@ def fits(q, k, v, g, feature: int, h0=None) -> str | None:
     """None where this kernel takes these inputs, else why not (the tl kernels run them)."""
     if feature != 0:
         return "a feature map"
-    if q.device.type != "cuda" or v.numel() == 0:
-        return "not a CUDA tensor, or empty"
     if g is not None and g.dim() != 3:
         return "a per-channel decay"
     if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -292,6 +290,8 @@ def fits(q, k, v, g, feature: int, h0=None) -> str | None:
     H, Hqk = v.shape[2], q.shape[2]
     if VB % 2 and (H // Hqk) % 2:
         return "a tile's two units would read different q/k heads"
+    if q.device.type != "cuda" or v.numel() == 0:
+        return "not a CUDA tensor, or empty"
     for t in (q, k, v):
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
             return "strides or alignment TMA does not take"
