@@ -6,6 +6,7 @@ group of the same ranks made once), so the host never waits on the GPU's queue t
 """
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 
@@ -130,6 +131,11 @@ def transfer_group(group: dist.ProcessGroup, max_ctas: int) -> dist.ProcessGroup
         return group
     ctas = max(1, min(int(max_ctas), MAX_TRANSFER_CTAS))
     ranks = tuple(dist.get_process_group_ranks(group))
+    in_order = {}  # the new group's ranks in ``group``'s order (the ring's direction and zigzag slices)
+    if "sort_ranks" in inspect.signature(dist.new_group).parameters:
+        in_order = dict(sort_ranks=False)
+    elif list(ranks) != sorted(ranks):
+        return group
     key = (ranks, ctas)
     with _metadata_lock:
         if key not in _transfer_groups:
@@ -139,5 +145,5 @@ def transfer_group(group: dist.ProcessGroup, max_ctas: int) -> dist.ProcessGroup
             options.is_high_priority_stream = True
             _transfer_groups[key] = dist.new_group(list(ranks), backend="nccl", pg_options=options,
                                                    use_local_synchronization=True,
-                                                   group_desc=f"tilecore_ring_{ctas}_ctas")
+                                                   group_desc=f"tilecore_ring_{ctas}_ctas", **in_order)
         return _transfer_groups[key]
