@@ -37,7 +37,7 @@ DEV = "cpu" if SMOKE else "cuda"
 HBM_GBS = 3000.0
 RESULTS: dict = {"check": [], "pieces": [], "fla": [], "sweep": [], "errors": []}
 START = float(os.environ.get("LA_BWD_START", time.time()))  # a child keeps its parent's clock
-BUDGET = {"check": 70.0, "pieces": 170.0, "fla": 230.0, "sweep": 320.0}  # seconds from the start
+BUDGET = {"check": 60.0, "pieces": 150.0, "fla": 260.0, "sweep": 320.0}  # seconds from the start
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 CHILD_FILE = "linear_attention_backward.json"
 TASK = [0]  # the task index this process has reached
@@ -223,9 +223,6 @@ def phase_check():
                                                           torch.bfloat16, "channel"))
     attempt("check", "written scalar", lambda: check_written("simple gla d128: every output written", 2, 999, 2,
                                                              128, torch.bfloat16, "scalar"))
-    # last: session 26's first run lost its CUDA context here (an illegal address); each kernel alone
-    for D, N, decay in ((256, 17, "channel"), (256, 100, "scalar"), (128, 17, "channel")):
-        attempt("check", f"kernels d{D} N{N} {decay}", lambda: check_kernels(D, N, decay))
     attempt("check", "gla d256 N17", lambda: check_case("gla d256 N17", 1, 17, 1, 256, 256, bf, decay="channel"))
 
 
@@ -364,28 +361,15 @@ def phase_fla():
 
 SWEEP = [
     # (case, chunk, overrides): the backward kernels alone (and the forward for per-channel decay)
-    ("linear d128", 32, dict(num_warps=4)),
-    ("linear d128", 64, dict(num_warps=4)),
-    ("linear d128", 64, dict(num_warps=8)),
-    ("linear d128", 32, dict(BKQ=128, BVB=128, num_warps=4)),
-    ("linear d128", 64, dict(BKQ=128, BVB=128, num_warps=4)),
-    ("linear d128", 64, dict(BKQ=128, BVB=128, num_warps=8)),
-    ("linear d128", 64, dict(num_warps=4, num_stages=3)),
-    ("linear d128", 64, dict(BKQ=32, BVB=32, num_warps=4)),
-    ("simple gla d128", 64, dict(num_warps=4)),
-    ("simple gla d128", 32, dict(num_warps=4)),
-    ("simple gla d128", 64, dict(BKQ=128, BVB=128, num_warps=4)),
-    ("simple gla d128", 64, dict(BKQ=128, BVB=128, num_warps=8)),
-    ("based d16 v64", None, dict(num_warps=4)),
-    ("based d16 v64", 32, dict(num_warps=4, BT_BWD=32, BVB=16)),
-    ("gla d128", 64, dict(BV=128)),
-    ("gla d128", 64, dict(num_warps=4)),
-    ("gla d128", 32, {}),
-    ("gla d128", 64, dict(diag_loop=True)),
-    ("gla d128", 64, dict(diag_loop=True, BKQ=32, BKB=32)),
-    ("gla d128", 64, dict(diag_loop=True, BKQ=64, BKB=64)),
-    ("gla d128", 64, dict(diag_loop=True, BKQ=128, BKB=128)),
+    ("gla d128", 64, dict(diag=0)),
     ("gla d128", 64, dict(BVB=128)),
+    ("gla d128", 64, dict(BKQ=32, BKB=32)),
+    ("gla d128", 64, dict(BKQ=64, BKB=64)),
+    ("gla d128", 32, {}),
+    ("gla d128", 64, dict(BV=128)),
+    ("linear d128", 64, dict(num_warps=4, num_stages=3)),
+    ("simple gla d128", 64, dict(BKQ=64, BVB=64)),
+    ("gla d128", 64, dict(num_warps=4)),  # lost its CUDA context in session 26's second run (diag 0)
 ]
 
 

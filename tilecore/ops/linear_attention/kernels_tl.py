@@ -172,7 +172,8 @@ def _sub_factors(G, offs_t, j: tl.constexpr):
 
 @triton.jit
 def _channel_scores(a, b, G, a_base, b_base, g_base, t0, N, DK, s_an, s_ad, s_bn, s_bd, s_gn, s_gd,
-                    BK: tl.constexpr, KD: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
+                    BK: tl.constexpr, KD: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, gl_base=None, s_ln=0,
+                    DIAG: tl.constexpr = 0):
     """sum_d a_id b_jd exp(G_id - G_jd) for j <= i, 0 above: per-channel decay's intra-chunk scores
     [BT, BT] float32 of a, b [BT, BK] (q and k, as loaded) with G [BT, BK] their chunk's cumulative log
     decay, on tensor cores by sub-chunks of SUB tokens.
@@ -193,6 +194,13 @@ def _channel_scores(a, b, G, a_base, b_base, g_base, t0, N, DK, s_an, s_ad, s_bn
     for j in tl.static_range(NC - 1):
         fq, fk = _sub_factors(G, offs_t, j)
         s += _dot((af * fq).to(MMA), tl.trans((bf * fk).to(MMA)), IEEE)
+    if DIAG == 2:  # gathered (the default: launch.py passes GL, the sub-chunk-local cumulative log decay)
+        offs_k = tl.arange(0, BK)
+        k_ok = offs_k < DK
+        gl = _rows(gl_base, t0, offs_t, offs_k, k_ok, N, s_ln, 1)
+        s += _diagonal_scores(af, gl, b_base, gl_base, t0, offs_k, k_ok, N, s_bn, s_bd, s_ln)
+        causal = offs_t[:, None] >= offs_t[None, :]
+        return tl.where(causal, s, 0.0)
     ii = tl.arange(0, SUB)
     tri4 = (ii[:, None] >= ii[None, :])[None, :, :, None]
     d = tl.zeros([NC, SUB, SUB], dtype=tl.float32)
@@ -311,6 +319,95 @@ def _channel_dk_loop(a, qb, G, MMA: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _sub_gather(base, t0, offs_t, jj, cols, col_ok, N, s_n, s_d):
+    """For each row i of a chunk, token jj of i's sub-chunk (t0 + (i // SUB) SUB + jj), columns ``cols``:
+    [BT, C] (rows repeat: they come from L1), zeros past N."""
+    rows = t0 + (offs_t // SUB) * SUB + jj
+    ok = (rows < N)[:, None] & col_ok[None, :]
+    return tl.load(base + rows.to(tl.int64)[:, None] * s_n + cols.to(tl.int64)[None, :] * s_d, mask=ok, other=0.0)
+
+
+@triton.jit
+def _diagonal_scores(af, gl, b_base, gl_base, t0, offs_k, k_ok, N, s_bn, s_bd, s_ln):
+    """The diagonal sub-chunks of the per-channel scores, sum_d a_id b_jd exp(GL_id - GL_jd) for i, j in one
+    sub-chunk, j <= i (0 elsewhere), one key token of every sub-chunk at a time: af [BT, C] (float32), gl
+    [BT, C] the sub-chunk-local cumulative log decay of the chunk's rows, b and GL of the key token
+    gathered from memory ([BT, C], elementwise: no [.., SUB, SUB, C] tensor, no layout change). [BT, BT]."""
+    BT: tl.constexpr = af.shape[0]
+    offs_t = tl.arange(0, BT)
+    pos = offs_t % SUB
+    s = tl.zeros([BT, BT], dtype=tl.float32)
+    for jj in range(SUB):
+        kj = _sub_gather(b_base, t0, offs_t, jj, offs_k, k_ok, N, s_bn, s_bd).to(tl.float32)
+        glj = _sub_gather(gl_base, t0, offs_t, jj, offs_k, k_ok, N, s_ln, 1)
+        live = (pos >= jj) & (t0 + offs_t < N)  # and row i past N: its GL is 0, GL_j's is not (exp > 1)
+        col = tl.sum(af * kj * tl.exp(tl.where(live[:, None], gl - glj, float("-inf"))), 1)
+        s += tl.where(offs_t[None, :] == ((offs_t // SUB) * SUB + jj)[:, None], col[:, None], 0.0)
+    return s
+
+
+@triton.jit
+def _diagonal_dq(a, gl, k_base, gl_base, t0, cols, col_ok, N, s_kn, s_kd, s_ln):
+    """sum_j a_ij k_jd exp(GL_id - GL_jd) over the diagonal sub-chunks (j in i's, j <= i), as
+    _diagonal_scores: [BT, C]."""
+    BT: tl.constexpr = a.shape[0]
+    offs_t = tl.arange(0, BT)
+    pos = offs_t % SUB
+    dq = tl.zeros(gl.shape, dtype=tl.float32)
+    for jj in range(SUB):
+        target = (offs_t // SUB) * SUB + jj
+        a_col = tl.sum(tl.where(offs_t[None, :] == target[:, None], a, 0.0), 1)  # a[i, its sub-chunk's jj]
+        kj = _sub_gather(k_base, t0, offs_t, jj, cols, col_ok, N, s_kn, s_kd).to(tl.float32)
+        glj = _sub_gather(gl_base, t0, offs_t, jj, cols, col_ok, N, s_ln, 1)
+        live = (pos >= jj) & (t0 + offs_t < N)
+        dq += a_col[:, None] * kj * tl.exp(tl.where(live[:, None], gl - glj, float("-inf")))
+    return dq
+
+
+@triton.jit
+def _diagonal_dk(a, gl, q_base, gl_base, t0, cols, col_ok, N, s_qn, s_qd, s_ln):
+    """sum_i a_ij q_id exp(GL_id - GL_jd) over the diagonal sub-chunks (i in j's, i >= j): [BT, C]."""
+    BT: tl.constexpr = a.shape[0]
+    offs_t = tl.arange(0, BT)
+    pos = offs_t % SUB
+    dk = tl.zeros(gl.shape, dtype=tl.float32)
+    for ii in range(SUB):
+        source = (offs_t // SUB) * SUB + ii
+        a_row = tl.sum(tl.where(offs_t[:, None] == source[None, :], a, 0.0), 0)  # a[its sub-chunk's ii, j]
+        qi = _sub_gather(q_base, t0, offs_t, ii, cols, col_ok, N, s_qn, s_qd).to(tl.float32)
+        gli = _sub_gather(gl_base, t0, offs_t, ii, cols, col_ok, N, s_ln, 1)
+        live = (pos <= ii) & (source + t0 < N)  # query token ii past N: its GL is 0 (exp > 1)
+        dk += a_row[:, None] * qi * tl.exp(tl.where(live[:, None], gli - gl, float("-inf")))
+    return dk
+
+
+@triton.jit
+def _offdiagonal_dq(a, kq, G, MMA: tl.constexpr, IEEE: tl.constexpr):
+    """The off-diagonal sub-chunks of _channel_dq (dots through each key sub-chunk's reference)."""
+    BT: tl.constexpr = a.shape[0]
+    offs_t = tl.arange(0, BT)
+    kf = kq.to(tl.float32)
+    dq = tl.zeros(G.shape, dtype=tl.float32)
+    for j in tl.static_range(BT // SUB - 1):
+        fq, fk = _sub_factors(G, offs_t, j)
+        dq += fq * _dot(a.to(MMA), (kf * fk).to(MMA), IEEE)
+    return dq
+
+
+@triton.jit
+def _offdiagonal_dk(a, qb, G, MMA: tl.constexpr, IEEE: tl.constexpr):
+    """The off-diagonal sub-chunks of _channel_dk."""
+    BT: tl.constexpr = a.shape[0]
+    offs_t = tl.arange(0, BT)
+    qf = qb.to(tl.float32)
+    dk = tl.zeros(G.shape, dtype=tl.float32)
+    for j in tl.static_range(BT // SUB - 1):
+        fq, fk = _sub_factors(G, offs_t, j)
+        dk += fk * _dot(tl.trans(a.to(MMA)), (qf * fq).to(MMA), IEEE)
+    return dk
+
+
+@triton.jit
 def _quadratic(x, BT: tl.constexpr, BK: tl.constexpr):
     """Based's quadratic features vec(x x^T) of x [BT, BK] (float32), in registers: [BT, BK * BK]."""
     return tl.reshape(x[:, :, None] * x[:, None, :], [BT, BK * BK])
@@ -361,9 +458,10 @@ def la_fwd_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
                   DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_D: tl.constexpr,
                   HAS_Z: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_OLIN: tl.constexpr,
-                  MMA: tl.constexpr, IEEE: tl.constexpr):
+                  MMA: tl.constexpr, IEEE: tl.constexpr, GL=None, DIAG: tl.constexpr = 2):
     """Program (batch * head, value block): o (and o before D and z: OLIN) of every token, and the final
-    state, of its head's BV value columns. Grid: (B * H * VBLOCKS,), a head's value blocks consecutive
+    state, of its head's BV value columns. GL (per-channel decay): the sub-chunk-local cumulative log
+    decay, contiguous (B, N, H, Dk) float32 (launch.sub_cumulative). Grid: (B * H * VBLOCKS,), a head's value blocks consecutive
     (they run together and walk the chunks abreast, so q and k come from HBM once, then from L2)."""
     bh = tl.program_id(0) // VBLOCKS
     vblock = tl.program_id(0) % VBLOCKS
@@ -411,7 +509,7 @@ def la_fwd_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
         if DECAY == 2:
             Gc, G_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32))
             p = _channel_scores(q, k, Gc, q_base, k_base, g_base, t0, N, DK, sqn, sqd, skn, skd, sgn, sgd,
-                                BK, KB, MMA, IEEE) * scale
+                                BK, KB, MMA, IEEE, GL + (b * N * H + h) * DK, H * DK, DIAG) * scale
         else:
             s = _dot(q.to(MMA), tl.trans(k.to(MMA)), IEEE) * scale
             if FEATURE == 1:
@@ -486,14 +584,14 @@ def la_fwd_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
 
 
 @triton.jit
-def la_bwd_dq_kernel(Q, K, V, G, BETA, H0, DO, DQ, R,
+def la_bwd_dq_kernel(Q, K, V, G, GL, BETA, H0, DO, DQ, R,
                      sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd,
                      sgb, sgn, sgh, sgd, sbb, sbn, sbh, s_ob, s_on, s_oh, s_od, s_qb, s_qn, s_qh, s_qd,
                      s0b, s0h, s0f, s0v,
                      N, H, GROUP, DK, DV, scale, KBLOCKS,
                      BT: tl.constexpr, BKQ: tl.constexpr, BVF: tl.constexpr,
                      DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_H0: tl.constexpr,
-                     STRICT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, DIAG_LOOP: tl.constexpr = False):
+                     STRICT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, DIAG: tl.constexpr = 2):
     """Program (batch * head, block of BKQ key channels): dq of every token in those channels (per v
     head h: the caller sums a q head's group), by a forward sweep that rebuilds the state (BKQ, Dv).
     STRICT: without the diagonal (token t against itself), and R (B, N, H) float32 gets its factor
@@ -546,7 +644,12 @@ def la_bwd_dq_kernel(Q, K, V, G, BETA, H0, DO, DQ, R,
         if DECAY == 2:
             Gq, Gq_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_kq, kq_ok, N, sgn, sgd).to(tl.float32))
             a = tl.where(inside, dp * beta[None, :], 0.0)
-            if DIAG_LOOP:
+            if DIAG == 2:
+                gl_base = GL + (b * N * H + h) * DK
+                gl = _rows(gl_base, t0, offs_t, offs_kq, kq_ok, N, H * DK, 1)
+                dq = _offdiagonal_dq(a, kq, Gq, MMA, IEEE) + _diagonal_dq(a, gl, k_base, gl_base, t0, offs_kq, kq_ok,
+                                                                           N, skn, skd, H * DK)
+            elif DIAG == 1:
                 dq = _channel_dq_loop(a, kq, Gq, MMA, IEEE)
             else:
                 dq = _channel_dq(a, kq, Gq, MMA, IEEE)
@@ -592,7 +695,7 @@ def la_bwd_dq_kernel(Q, K, V, G, BETA, H0, DO, DQ, R,
 
 
 @triton.jit
-def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
+def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                       sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd,
                       sgb, sgn, sgh, sgd, sbb, sbn, sbh, s_ob, s_on, s_oh, s_od,
                       stb, sth, stf, stv, s_hb, s_hh, s_hf, s_hv, s_kp, s_vp,
@@ -600,7 +703,7 @@ def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                       BT: tl.constexpr, BK: tl.constexpr, BKB: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
                       DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_DHT: tl.constexpr,
                       STORE_DH0: tl.constexpr, STRICT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
-                      DIAG_LOOP: tl.constexpr = False):
+                      DIAG: tl.constexpr = 2):
     """Program (batch * head, value block, key-channel block): dk_hat and dv_hat of every token, by a
     reverse sweep with dS (BKB, BV) in registers; dh0 (the gradient of the initial state) at the end.
 
@@ -665,7 +768,7 @@ def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                 k = _rows(k_base, t0, offs_t, offs_k, k_ok, N, skn, skd)
                 Gc, _ = _cumulative_channels(_rows(g_base, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32))
                 p = _channel_scores(q, k, Gc, q_base, k_base, g_base, t0, N, DK, sqn, sqd, skn, skd, sgn, sgd,
-                                    BK, KB, MMA, IEEE) * scale
+                                    BK, KB, MMA, IEEE, GL + (b * N * H + h) * DK, H * DK, DIAG) * scale
         else:
             if BKB == BK:
                 s = _dot(qb.to(MMA), tl.trans(kb.to(MMA)), IEEE) * scale
@@ -687,7 +790,13 @@ def la_bwd_dkv_kernel(Q, K, V, G, BETA, DO, DHT, DK_PART, DV_PART, DH0,
         kbf = kb.to(tl.float32)
         if DECAY == 2:
             Gb, Gb_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_kb, kb_ok, N, sgn, sgd).to(tl.float32))
-            if DIAG_LOOP:
+            if DIAG == 2:
+                gl_base = GL + (b * N * H + h) * DK
+                gl = _rows(gl_base, t0, offs_t, offs_kb, kb_ok, N, H * DK, 1)
+                a = tl.where(inside, dp, 0.0)
+                dk = (_offdiagonal_dk(a, qb, Gb, MMA, IEEE) + _diagonal_dk(a, gl, q_base, gl_base, t0, offs_kb, kb_ok,
+                                                                          N, sqn, sqd, H * DK)) * scale
+            elif DIAG == 1:
                 dk = _channel_dk_loop(tl.where(inside, dp, 0.0), qb, Gb, MMA, IEEE) * scale
             else:
                 dk = _channel_dk(tl.where(inside, dp, 0.0), qb, Gb, MMA, IEEE) * scale

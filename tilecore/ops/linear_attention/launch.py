@@ -88,7 +88,23 @@ def forward_call(plan: Plan, q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scal
               HAS_BETA=beta is not None, HAS_D=d_skip is not None, HAS_Z=z is not None, HAS_H0=h0 is not None,
               STORE_HT=ht is not None, STORE_OLIN=o_lin is not None, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
               num_warps=cfg["fwd_warps"], num_stages=cfg["fwd_stages"])
+    if kind == CHANNEL_DECAY:
+        kw.update(GL=sub_cumulative(g), DIAG=cfg.get("diag", 2))
     return kernels_tl.la_fwd_kernel, (B * H * cfg["value_blocks"],), args, kw
+
+
+def sub_cumulative(g: torch.Tensor) -> torch.Tensor:
+    """Per-channel log decays g (B, N, H, Dk), clamped at the floor (NaN kept) and summed within each
+    sub-chunk of kernels_tl.SUB tokens from the sequence's start (sub-chunks never straddle a chunk):
+    contiguous (B, N, H, Dk) float32, read by the kernels' diagonal sub-chunks (their G_i - G_j)."""
+    B, N, H, Dk = g.shape
+    sub = configs.CHANNEL_SUB
+    gf = g.float()
+    gf = torch.where(gf < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, gf)
+    pad = -N % sub
+    if pad:
+        gf = F.pad(gf, (0, 0, 0, 0, 0, pad))
+    return gf.reshape(B, (N + pad) // sub, sub, H, Dk).cumsum(2).reshape(B, N + pad, H, Dk)[:, :N].contiguous()
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,22 +236,23 @@ def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts
     kind = decay_kind(g)
     g_strides = _strides(g, 4) if kind == CHANNEL_DECAY else (*_strides(g, 3), 0)
     dummy = v
-    dq_args = (q, k, v, dummy if g is None else g, dummy if beta is None else beta, dummy if h0 is None else h0,
+    gl = sub_cumulative(g) if kind == CHANNEL_DECAY else dummy
+    dq_args = (q, k, v, dummy if g is None else g, gl, dummy if beta is None else beta, dummy if h0 is None else h0,
                do, dq_heads, dq_heads if r is None else r,
                *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *do.stride(),
                *dq_heads.stride(), *_strides(h0, 4),
                N, H, group, Dk, Dv, scale, cfg["key_blocks"])
     dq_kw = dict(BT=cfg["BT_BWD"], BKQ=cfg["BKQ"], BVF=cfg["BVF"], DECAY=kind, FEATURE=feature,
                  HAS_BETA=beta is not None, HAS_H0=h0 is not None, STRICT=strict, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
-                 DIAG_LOOP=cfg.get("diag_loop", False), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    dkv_args = (q, k, v, dummy if g is None else g, dummy if beta is None else beta, do,
+                 DIAG=cfg.get("diag", 2), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    dkv_args = (q, k, v, dummy if g is None else g, gl, dummy if beta is None else beta, do,
                 dummy if dht is None else dht, dk_parts, dv_parts, dk_parts if dh0 is None else dh0,
                 *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *do.stride(),
                 *_strides(dht, 4), *_strides(dh0, 4), dk_parts.stride(0), dv_parts.stride(0),
                 N, H, group, Dk, Dv, scale, cfg["dkv_value_blocks"], cfg["dkv_key_blocks"])
     dkv_kw = dict(BT=cfg["BT_BWD"], BK=cfg["BK"], BKB=cfg["BKB"], BV=cfg["BVB"], KB=cfg["KB"], DECAY=kind,
                   FEATURE=feature, HAS_BETA=beta is not None, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-                  STRICT=strict, MMA=cfg["MMA"], IEEE=cfg["IEEE"], DIAG_LOOP=cfg.get("diag_loop", False),
+                  STRICT=strict, MMA=cfg["MMA"], IEEE=cfg["IEEE"], DIAG=cfg.get("diag", 2),
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return [(kernels_tl.la_bwd_dq_kernel, (B * H * cfg["key_blocks"],), dq_args, dq_kw),
             (kernels_tl.la_bwd_dkv_kernel, (B * H * cfg["dkv_value_blocks"] * cfg["dkv_key_blocks"],), dkv_args,
