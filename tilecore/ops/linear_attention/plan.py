@@ -112,7 +112,7 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
                fwd_warps=fwd_warps, fwd_stages=fwd_stages, fwd_gluon=fwd_gluon, gluon_stages=configs.GLUON_STAGES,
                step_warps=configs.STEP_WARPS)
     unknown = set(overrides) - {"BT_BWD", "BV", "BVB", "BKQ", "BKB", "KB", "num_warps", "num_stages",
-                                "fwd_warps", "fwd_stages", "fwd_gluon", "gluon_stages", "step_warps", "diag_loop", "combine"}
+                                "fwd_warps", "fwd_stages", "fwd_gluon", "gluon_stages", "step_warps", "diag", "combine"}
     if unknown:
         raise ValueError(f"tl_plan: unknown overrides {sorted(unknown)}")
     # num_warps and num_stages set every pass's (the forward's too, unless fwd_* say otherwise)
