@@ -174,3 +174,37 @@ def test_uninitialized_group_is_a_clear_error():
         context_parallel_attention(q, q, q)
     with pytest.raises(RuntimeError, match="not initialized"):
         zigzag_shard(q, 2)
+
+
+def test_transfer_group_caps_nccl_ctas(monkeypatch):
+    """With a margin the ring's transfers go through a group of the same ranks, in their order, whose
+    NCCL kernels take at most that many CTAs; made once per ranks and cap (stand-ins for NCCL here)."""
+    from types import SimpleNamespace
+
+    from tilecore.distributed import groups
+
+    made = []
+
+    class Options:
+        def __init__(self):
+            self.config = SimpleNamespace(min_ctas=None, max_ctas=None)
+            self.is_high_priority_stream = False
+
+    def new_group(ranks, sort_ranks=True, **kwargs):
+        made.append((ranks, dict(kwargs, sort_ranks=sort_ranks)))
+        return f"group{len(made)}"
+
+    monkeypatch.setattr(groups.dist, "ProcessGroupNCCL", SimpleNamespace(Options=Options), raising=False)
+    monkeypatch.setattr(groups.dist, "new_group", new_group)
+    monkeypatch.setattr(groups.dist, "get_process_group_ranks", lambda group: [3, 1, 2])
+    monkeypatch.setattr(groups, "_transfer_groups", {})
+    first = groups.transfer_group("parent", 8)
+    assert groups.transfer_group("parent", 8) == first and len(made) == 1  # kept
+    ranks, kwargs = made[0]
+    assert ranks == [3, 1, 2] and not kwargs["sort_ranks"] and kwargs["backend"] == "nccl"
+    options = kwargs["pg_options"]
+    assert options.config.max_ctas == 8 and options.config.min_ctas == 1 and options.is_high_priority_stream
+    groups.transfer_group("parent", 100)
+    assert made[1][1]["pg_options"].config.max_ctas == groups.MAX_TRANSFER_CTAS
+    monkeypatch.setattr(groups.dist, "new_group", lambda ranks, **kwargs: made.append(ranks))  # no sort_ranks
+    assert groups.transfer_group("parent", 4) == "parent" and len(made) == 2  # unsorted ranks: left as they are
