@@ -92,6 +92,7 @@ def compile_case(fmt, n, fast, dtype=torch.bfloat16, block=None, group=None, sta
     plan = quantize.kernel_plan(rows, n, dtype, fmt, group, block, True, static, False, SMS, fast=fast, **tuning)
     cfg = dict(plan.config)
     warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+    options = {"maxnreg": cfg.pop("maxnreg")} if "maxnreg" in cfg else {}
     x = torch.empty(64, n, dtype=dtype)
     codes = torch.empty(64, n // 2 if f.packed else n, dtype=torch.uint8)
     scales = torch.empty(64, n // (group or n), dtype=torch.uint8 if fmt in ("mxfp4", "nvfp4") else torch.float32)
@@ -109,11 +110,11 @@ def compile_case(fmt, n, fast, dtype=torch.bfloat16, block=None, group=None, sta
             w = cfg["N2"] // (2 if cfg["PACKED"] else 1)
             ca = TensorDescriptor(codes, [64, codes.shape[1] // w, w], [codes.shape[1], w, 1], [cfg["B"], cfg["N1"], w])
         k = compile_kernel(pow2_quantize_kernel, dict(x=xa, codes=ca, scales=scales, stride_x=nn, **common),
-                           num_warps=warps, num_stages=stages)
+                           num_warps=warps, num_stages=stages, **options)
     elif plan.path == "fused":
         h = torch.empty(cfg["M_PAD"], cfg["M_PAD"], dtype=dtype)
         k = compile_kernel(rotate_quantize_kernel, dict(x=x, codes=codes, scales=scales, h=h, stride_x=n, **common),
-                           num_warps=warps, num_stages=stages)
+                           num_warps=warps, num_stages=stages, **options)
     else:
         return plan, None
     return plan, k

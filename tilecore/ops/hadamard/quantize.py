@@ -121,7 +121,15 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
         # slices fit the sub-rows (not the chunked mixing past 64 sub-rows, not float32)
         TMA_LOAD=bool(tuning.get("kron_tma", configs.KRON_TMA != "none")) and Q <= P and dtype != torch.float32
         and not (mix == 1 and m_pad > 64),
-        num_stages=tuning.get("num_stages") or (1 if m_pad > 64 and mix else 2)))  # as kron.kernel_plan
+        num_stages=tuning.get("num_stages") or (1 if m_pad > 64 and mix else 2),  # as kron.kernel_plan
+        **_maxnreg(tuning, {})))
+
+
+def _maxnreg(tuning: dict, table: dict) -> dict:
+    """The launch option maxnreg (registers a thread: fewer registers, more programs an SM) where the tuning
+    or the table gives it, else nothing (Triton's default)."""
+    value = tuning.get("maxnreg") or table.get("maxnreg")
+    return {"maxnreg": value} if value else {}
 
 
 def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None, block: int | None,
@@ -147,6 +155,7 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
     load, _, preset = pow2_plan_module.tma_sides(n, fp32, tuning.get("tma"), {}, rows * n)
     over = {k: tuning[k] for k in ("split", "tile_elems", "num_warps", "num_stages", "waves") if tuning.get(k)}
     merged = {**(preset if load else {}), **(configs.QUANT_POW2_TUNING.get(n, {}) if load else {}), **over}
+    merged.pop("maxnreg", None)  # a launch option (_maxnreg), not the tile's
     cfg = pow2_plan_module.tl_config(n, fp32=fp32, **merged)
     if g < n and cfg["N1"] * cfg["N2"] < g:  # a group must sit inside a slice (n = 256: (4, 1, 64))
         cfg = pow2_plan_module.tl_config(n, fp32=fp32, **{**merged, "split": (n // 128, 1, 128)})
@@ -161,7 +170,8 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
         MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=tl.bfloat16, GRID=grid, TMA_LOAD=bool(load),
         TMA_STORE=bool(load) and tuning.get("tma_store", f.packed or n <= 256) and (cfg["N2"] // (2 if f.packed else 1)) >= 16,
         SIGNS=signs, FORMAT=f.kernel_id, G=g, STATIC=static_fp8, PACKED=f.packed, QMAX=f.qmax,
-        FAST=bool(tuning.get("fast", configs.QUANT_FAST)), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+        FAST=bool(tuning.get("fast", configs.QUANT_FAST)), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **_maxnreg(tuning, configs.QUANT_POW2_TUNING.get(n, {}) if load else {})))
 
 
 def _kernel():
