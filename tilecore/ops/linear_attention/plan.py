@@ -105,7 +105,7 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
         else:
             BV, fwd_stages = min(BVF, max(16, configs.FWD_STATE_ELEMS // BK)), configs.FWD_STAGES[kind]
     # the Gluon forward on Hopper (launch.forward runs it where gluon_forward.fits takes the tensors)
-    fwd_gluon = (configs.GLUON_FORWARD and kind != CHANNEL_DECAY and feature != BASED
+    fwd_gluon = (configs.GLUON_FORWARD and (kind, BK) in configs.GLUON_CHECKED and feature != BASED
                  and not dispatch.interpreted(q.device) and dispatch.gluon_ok(q.device))
     cfg = dict(BT=chunk, BT_BWD=BT_BWD, BK=BK, BV=BV, BVB=BVB, BVF=BVF, KB=KB, BKQ=BKQ, BKB=BKB, MMA=mma,
                IEEE=ieee, upcast=upcast, num_warps=bwd_warps, num_stages=configs.NUM_STAGES,
