@@ -5,11 +5,17 @@ recurrence.
 
     PYTHONPATH=. python3 experiments/linear_attention/gpu_forward.py [--smoke] [--phases ...] [--out DIR]
 
+(FLA: pip install --no-index --no-deps --target /tmp/site .whl/*.whl and put /tmp/site on PYTHONPATH; without
+it the peers are recorded as errors.) About 2 minutes on an H100 with --phases warm,gluon,time,sweep.
+
 Cases (bf16, B16 H16 N4096 unless said): no decay d128 (peer chunk_linear_attn, normalize off), scalar decay
 d128 (chunk_simple_gla), Based d16 v64 (parallel_based and fused_chunk_based, use_norm off), Mamba-2 2.7B
 shape B16 H80 N4096 P64 S128 groups 1 (chunk_simple_gla on q = C, k = B expanded to the 80 heads).
 HBM bound: bytes of q, k, v, o (and the decays; Mamba-2: x, z, y, B, C, dt) at the copy bandwidth measured
 in the same run (a torch copy of those bytes). Phases:
+* gluon: gluon_forward.la_fwd_gluon_kernel into NaN-filled outputs with initial states, against the float64
+  recurrence (no decay, a scalar decay with a reset and N 4097, Dk 64, Mamba-2's beta/D/z), beside the tl
+  kernel on the same inputs.
 * time: the public op (default plan), the peers, the copy.
 * sweep: launch.forward with plan.tl_plan's overrides (chunk, BV, warps, stages); every point's output
   against the default's (relative RMS; a wrong kernel shows), the best against the float64 reference.
