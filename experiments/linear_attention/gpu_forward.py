@@ -326,7 +326,6 @@ def reference_floor(case: str, over: dict | None) -> float:
     t = make(case, 1, N, seed=3)
     if CASES[case].get("mamba"):
         o = run_forward(t, **(over or {}))
-        H, P = t["v"].shape[2], t["v"].shape[3]
         r = [x.double() for x in (t["v"], t["dt"], t["A"], t["k"], t["q"])]
         ref, _ = mamba2_reference(*r, D=t["d_skip"][:, 0].double(), z=t["z"].double())
     else:
@@ -494,13 +493,14 @@ def table() -> str:
         best = dict(r.get("best", {}))
         peers = "; ".join(f"{p} {r[p + '_ms']:.3f}: {r[p + '_ms'] / r['best_ms']:.2f}x"
                           for p in CASES[r["case"]]["peers"] if r.get(p + "_ms") and r.get("best_ms"))
-        best["tl / transposed / gluon ms"] = (f"{r.get('best_standard_ms', 0):.3f} / {r.get('best_transposed_ms', 0):.3f}"
-                                              f" / {r.get('best_gluon_ms', 0):.3f}")
+        best["tl / transposed / gluon ms"] = " / ".join(f"{r.get(k, 0):.3f}" for k in (
+            "best_standard_ms", "best_transposed_ms", "best_gluon_ms"))
         lines.append(" | ".join([r["case"], f"{bound:.3f}" if bound else "-", pct(r.get("default_ms")),
                                  pct(r.get("best_ms")) + f" {list(best.values())}",
                                  f"{r.get('default_floor')}, {r.get('best_floor')}", peers or "-"]))
     if RESULTS["check"]:
-        lines += ["", "check (bf16, float64 reference) | N | fits | all written | out/floor | state rel | tl out/floor | tl state rel"]
+        lines += ["", "check (bf16, float64 reference) | N | fits | all written | out/floor | state rel | tl out/floor "
+                  "| tl state rel"]
         for r in RESULTS["check"]:
             lines.append(" | ".join(str(r.get(k, "-")) for k in ("case", "N", "fits", "all_written", "out_floor",
                                                                   "state_rel", "tl_out_floor", "tl_state_rel")))
@@ -551,7 +551,7 @@ def main():
         if "probe" in phases and case == "simple gla d128":
             attempt("probe", lambda: phase_probe(t))
         save()
-        del t
+        t = row = None  # the case's tensors go before the next case's
         if not SMOKE:
             torch.cuda.empty_cache()
     save()

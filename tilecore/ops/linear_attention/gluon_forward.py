@@ -19,8 +19,10 @@ The template's parts:
 
 The cumulative decay G counts from the chunk's start as in kernels_tl.py (every exponent a difference
 <= 0, log decays clamped at -100); the host sums it (``chunk_cumulative``: a torch cumsum over
-(B, N, H) float32, 1/32 of q's bytes at Dk 128), so the consumers hold no [BT, BT] reductions. The rounding is la_fwd_kernel's: P,
-S and exp(G_last - G_j) beta_j V_j rounded to the input dtype for the tensor cores, o from float32.
+(B, N, H) float32, 1/32 of q's bytes at Dk 128), so the consumers hold no [BT, BT] reductions.
+Rounding: P, S and exp(G_last - G_j) beta_j V_j go to the tensor cores in the input dtype, as in
+la_fwd_kernel; with beta (Mamba-2), beta_j V_j too (la_fwd_kernel keeps beta in float32 on P's columns:
+here that column factor spilled 1 KB of registers), as mamba_ssm rounds x dt.
 
 launch_args builds the descriptors and checks the fit (``fits``); the tl kernels (kernels_tl.py,
 kernels_forward.py) are this kernel's twins for other GPUs and the interpreter.
@@ -258,9 +260,9 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, G, BETA, DSKIP, Z, H0, H
     state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
     wv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
     op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, G, BETA, DSKIP, Z, H0, HT,
-                                sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv,
-                                N, H, VB, GROUP, scale, state_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z,
-                                HAS_H0, STORE_HT, SL, STL, PL)
+                                sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf,
+                                stv, N, H, VB, GROUP, scale, state_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D,
+                                HAS_Z, HAS_H0, STORE_HT, SL, STL, PL)
     stages = Chunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES))
     run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
 
