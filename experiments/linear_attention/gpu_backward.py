@@ -278,7 +278,7 @@ def pieces(name, chunk=None, label=None, **over):
         row["partial_sums_ms"] = bench(lambda: (dkp.sum(0), dvp.sum(0)))
     if g is not None:
         dG = torch.randn(g.shape if g.dim() == 4 else (*g.shape, q.shape[-1]), device=DEV)
-        row["decay_grad_ms"] = bench(lambda: launch._decay_grad(g, None, None, dG))
+        row["decay_grad_ms"] = bench(lambda: launch.decay_grad(g, None, None, dG))
     row["launch_backward_ms"] = bench(lambda: launch.backward(p, do, q, k, v, g, None, None, o_lin, None, None,
                                                               scale, feature))
     p_torch = tl_plan(q, v, g, feature, chunk, combine="torch", **over)

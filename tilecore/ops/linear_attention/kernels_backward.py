@@ -9,7 +9,7 @@ are contiguous float32: DQ (B, N, H, Dk) (per v head), DK_PART (NV, B, N, H, Dk)
 H, Dv), R (B, N, H). Outputs contiguous float32: dq, dk (B, N, H, Dk) per v head (the caller sums a q
 head's group), dv (B, N, H, Dv), dg like g, dbeta (B, N, H).
 
-The log decay's gradient (launch._decay_grad says why): dG_t = q_t . dq_t - k_t . dk_t (per channel,
+The log decay's gradient (launch.decay_grad says why): dG_t = q_t . dq_t - k_t . dk_t (per channel,
 or summed over them for a scalar decay) with dq and dk without the diagonal, plus <dS_N, S_N> at the
 last token, and dg_t = sum_{s >= t} dG_s: a program walks its head's tokens from the last, a block of
 BT at a time, with the sum so far carried; 0 where the floor clamped g.

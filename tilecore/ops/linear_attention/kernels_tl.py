@@ -596,7 +596,7 @@ def la_bwd_dq_kernel(Q, K, V, G, GL, BETA, H0, DO, DQ, R,
     head h: the caller sums a q head's group), by a forward sweep that rebuilds the state (BKQ, Dv).
     STRICT: without the diagonal (token t against itself), and R (B, N, H) float32 gets its factor
     r_t = scale do_t . v_t (the caller adds beta_t r_t k_t: the decay's gradient then never carries the
-    diagonal's rounding, launch._decay_grad).
+    diagonal's rounding, launch.decay_grad).
     Grid: (B * H * KBLOCKS,), a head's blocks consecutive; Based: one block of 16. Every value column at
     once (BVF >= Dv)."""
     bh = tl.program_id(0) // KBLOCKS

@@ -166,12 +166,12 @@ def backward_combine(buffers, do, q, k, v, g, beta, o_lin, ht, dht):
         qh = q.float().repeat_interleave(group, dim=2) if group > 1 else q.float()
         kh = k.float().repeat_interleave(group, dim=2) if group > 1 else k.float()
         dk_off = dk_hat * bf if beta is not None else dk_hat
-        dg = _decay_grad(g, ht, dht, qh * dq_heads - kh * dk_off)
+        dg = decay_grad(g, ht, dht, qh * dq_heads - kh * dk_off)
         rf = r[..., None]
         dq_heads = dq_heads + (rf * bf if beta is not None else rf) * kh  # the diagonal: beta_t r_t k_t
         dk_hat = dk_hat + rf * qh  # and r_t q_t
     elif g is not None:  # Based: do . o - v . dv (its features are not linear in q)
-        dg = _decay_grad(g, ht, dht, (do * o_lin).sum(-1) - (vf * dv).sum(-1))
+        dg = decay_grad(g, ht, dht, (do * o_lin).sum(-1) - (vf * dv).sum(-1))
     dk_heads = dk_hat * bf if beta is not None else dk_hat
     dq = dq_heads if group == 1 else dq_heads.view(B, N, Hqk, group, Dk).sum(3)
     dk = dk_heads if group == 1 else dk_heads.view(B, N, Hqk, group, Dk).sum(3)
@@ -220,7 +220,7 @@ def backward_combine_kernel(buffers, q, k, v, g, beta, ht, dht):
 
 
 def strict_diagonal(feature: int, g) -> bool:
-    """Whether the backward kernels leave the diagonal out (launch._decay_grad's reason)."""
+    """Whether the backward kernels leave the diagonal out (launch.decay_grad's reason)."""
     return feature != BASED and g is not None
 
 
@@ -259,7 +259,7 @@ def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts
              dkv_kw)]
 
 
-def _decay_grad(g, ht, dht, dG):
+def decay_grad(g, ht, dht, dG):
     """The log decay's gradient from dG, each token's (query side) - (key side). Each factor
     exp(G_i - G_j) of the outputs and the final state (G the cumulative log decay over the sequence)
     counts +1 towards dG_i and -1 towards dG_j, so dG_t = q_t . dq_t - k_t . dk_t per channel (for
