@@ -1,4 +1,4 @@
-"""GPU check of tilecore.fft_conv (issue 37), v7, in about three minutes:
+"""GPU check of tilecore.fft_conv (issue 37), v8, in about three minutes:
 
 1. check: bf16 / fp16 / fp32 forward, du and dk on the GPU against float64 (the reference's float64 FFT)
    at N = 256 .. 16384 (the pair kernel at 256..4096 for bf16/fp16, the float32 kernel at 256..1024 for
@@ -14,6 +14,9 @@
    autograd of the same convolution, and du's kernel alone (the conjugate spectrum); N up to 65536
    (32768 and 65536: torch.fft's path; B scaled so B N stays 16 x 16384); the model (model.py: each
    pass's bytes and tensor FLOPs, the bound max(bytes / copy, FLOPs / 680 TFLOP/s)) beside each time.
+   v8: the filter-gradient kernel's candidates (configs.DK_CANDIDATES: launch.dk_pair) checked against
+   float64 and timed against torch.fft's dk (two rfft, a product summed over the batch, an irfft), the
+   piece the backward step spends most on; 2048's pair kernel at other shapes (which ones fault).
 
 Each N runs in a child process, step by step (torch.fft and the bound first, then each candidate's
 check and timing, then the plan's checks with gradients); a step that kills its process (an illegal
@@ -142,6 +145,42 @@ def batch_for(n) -> int:
     return 16 if n <= 16384 else max(1, 16 * 16384 // n)
 
 
+def torch_dk(u, dy, n, filter_len):
+    """dk as op.py's backward computes it without the kernel (torch.fft in float32)."""
+    cross = (torch.fft.rfft(dy.float(), n=2 * n) * torch.conj_physical(torch.fft.rfft(u.float(), n=2 * n))).sum(0)
+    return torch.fft.irfft(cross, n=2 * n)[:, :filter_len]
+
+
+def check_dk(config, B=5, H=4):
+    """The filter-gradient kernel (launch.dk_pair) at one configuration against float64 (CPU), bf16
+    and an odd batch; the partials start as whatever the allocator held (NaN: poisoned)."""
+    n = config[0] * config[1] // 2
+    dtype = torch.float16 if SMOKE else torch.bfloat16
+    poison_allocator()
+    u = torch.randn(B, H, n, device=DEV).to(dtype)
+    dy = torch.randn(B, H, n, device=DEV).to(dtype)
+    k = torch.zeros(H, n, dtype=torch.float64, requires_grad=True)
+    want, = torch.autograd.grad(fft_conv_reference(u.cpu().double(), k), k, dy.cpu().double())
+    got = conv_launch.dk_pair(tuple(config), u, dy, n).cpu()
+    row = {"n": n, "dk_config": list(config), "y": accuracy.error_over_floor(got.to(dtype), want),
+           "finite": bool(torch.isfinite(got).all())}
+    RESULTS["candidates"].append(row)
+    print("dk candidate", row)
+
+
+def time_dk(n, config, B=None, H=768):
+    """The kernel's dk against torch.fft's at B16 H768 (the same inputs)."""
+    B = B or batch_for(n)
+    u, _ = timing_inputs(n, B, H)
+    dy = torch.randn_like(u)
+    row = time_row(n)
+    row.setdefault("dk", {})["x".join(map(str, config))] = run_timed(lambda: conv_launch.dk_pair(tuple(config), u,
+                                                                                                 dy, n))
+    if "torch" not in row["dk"]:
+        row["dk"]["torch"] = run_timed(lambda: torch_dk(u, dy, n, n))
+    print("time dk", n, row["dk"])
+
+
 def time_baseline(n, B=None, H=768):
     """torch.fft's convolution and the HBM bound (a copy of the bytes the kernel must move)."""
     B = B or batch_for(n)
@@ -258,6 +297,8 @@ def steps_for(n) -> list:
         steps += [("candidate", config), ("time_candidate", config)]
     if SMOKE and n == 256:
         steps += [("candidate", SMOKE_LONG)]
+    for config in configs.DK_CANDIDATES.get(n, []):
+        steps += [("check_dk", config), ("time_dk", config)]
     steps += [("time_plan", None), ("time_step", None)]
     for dtype, sizes in CHECKS.items():
         if n in sizes:
@@ -275,13 +316,19 @@ def run_step(n, what, arg):
     elif what == "candidate":
         check_candidate(tuple(arg))
     elif what == "time_candidate":
-        ok = any(c["config"] == list(arg) and c["finite"] and c["y"] < 4 for c in RESULTS["candidates"])
+        ok = any(c.get("config") == list(arg) and c["finite"] and c["y"] < 4 for c in RESULTS["candidates"])
         if ok:  # a candidate that failed its check is not timed
             time_candidate(n, tuple(arg))
     elif what == "time_plan":
         time_plan(n)
     elif what == "time_step":
         time_step(n)
+    elif what == "check_dk":
+        check_dk(tuple(arg))
+    elif what == "time_dk":
+        ok = any(c.get("dk_config") == list(arg) and c["finite"] and c["y"] < 4 for c in RESULTS["candidates"])
+        if ok:  # a configuration that failed its check is not timed
+            time_dk(n, tuple(arg))
     elif what == "check":
         check(n, getattr(torch, arg))
 
@@ -393,10 +440,15 @@ def main() -> int:
     for r in sorted(RESULTS["time"], key=lambda r: r["n"]):
         if r.get("candidates"):
             print(f"{r['n']:>6} candidates ms: " + ", ".join(f"{k} {v:.4f}" for k, v in r["candidates"].items()))
+        if r.get("dk"):
+            print(f"{r['n']:>6} dk ms (kernel configs, torch.fft): " + ", ".join(f"{k} {v:.4f}" for k, v in r["dk"].items()))
     for dtype in ("bfloat16", "float16"):
         rows = [r for r in RESULTS["check"] if r["dtype"] == dtype]
         worst = max((max(r["y"], r["du"], r["dk"]) for r in rows), default=None)
         print(f"{dtype}: worst error {worst} x floor over {len(rows)} checks")
+    for c in RESULTS["candidates"]:
+        if "dk_config" in c:
+            print(f"dk kernel {c['dk_config']}: {c['y']:.3f} x floor (bf16), finite {c['finite']}")
     bad = [c for c in RESULTS["candidates"] if not (c["finite"] and c["y"] < 4)]
     print(f"candidates: {len(RESULTS['candidates'])} checked, {len(bad)} wrong; errors: {len(RESULTS['errors'])}")
     for e in RESULTS["errors"]:

@@ -249,3 +249,57 @@ def test_model_counts_the_kernels_products():
     assert sum(p["bytes"] for p in long) == model.op_bytes(B, H, n) + B * H * n * 2 + B // 2 * H * 16 * 2 * n
     assert model.bound_ms("long", B, H, n, n1, n2) > model.bound_ms("pair", B, H, n, n1, n2) > 0
     assert model.passes("torch", B, H, n) == []
+
+
+@pytest.mark.parametrize("config,batch", [((32, 16, 2, 4), 5), ((32, 32, 8, 4), 4)])
+def test_filter_gradient_kernel(config, batch):
+    """dk through the pair kernel's transforms (launch.dk_pair): against float64 at a filter shorter
+    than N, an odd batch (a masked half), groups past the batch (loop 8), sequences 10^6 apart in scale
+    (float16 products: at a bf16 dk's floor); a NaN in u makes its channel's dk NaN, the others finite."""
+    n1, n2 = config[:2]
+    n = n1 * n2 // 2
+    u = torch.randn(batch, 3, n, dtype=torch.float64)
+    u[0] *= 1e3
+    u[1] *= 1e-3
+    u = u.half()
+    dy = torch.randn(batch, 3, n).half()
+    k = torch.zeros(3, n // 2 + 3, dtype=torch.float64, requires_grad=True)
+    want, = torch.autograd.grad(fft_conv_reference(u.double(), k), k, dy.double())
+    got = launch.dk_pair(config, u, dy, k.shape[-1])
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert accuracy.error_over_floor(got.bfloat16(), want) < 1.1
+    top = want.abs().max()  # (fp16's range: u at 10^3 makes dk ~10^5)
+    assert accuracy.error_over_floor((got / top).half(), want / top) < 3.0
+    u[batch - 1, 1, 7] = math.nan
+    got = launch.dk_pair(config, u, dy, k.shape[-1])
+    assert torch.isnan(got[1]).all() and torch.isfinite(got[[0, 2]]).all()
+
+
+def test_filter_gradient_kernel_through_autograd(monkeypatch):
+    """fft_conv(u, k)'s backward takes dk from the kernel where configs.DK_CONFIGS has N (bf16 u and k):
+    du and dk against float64; the torch path's backward (N not in the plans) shares rfft(dy)."""
+    monkeypatch.setitem(configs.DK_CONFIGS, 256, (32, 16, 4, 4))
+    for n in (256, 300):
+        u = torch.randn(3, 2, n).half().requires_grad_()
+        k = (torch.randn(2, n - 5) / math.sqrt(n)).half().requires_grad_()
+        dy = torch.randn(3, 2, n).half()
+        du, dk = torch.autograd.grad(fft_conv(u, k), (u, k), dy)
+        u64, k64 = u.detach().double().requires_grad_(), k.detach().double().requires_grad_()
+        ref_du, ref_dk = torch.autograd.grad(fft_conv_reference(u64, k64), (u64, k64), dy.double())
+        assert accuracy.error_over_floor(du, ref_du) < 3.0 and accuracy.error_over_floor(dk, ref_dk) < 3.0
+
+
+def test_filter_gradient_kernel_under_torch_compile(monkeypatch):
+    """The dk kernel's custom op (tilecore::fft_conv_filter_grad) traces with its fake: fullgraph
+    forward + backward, the same gradients as eager."""
+    monkeypatch.setitem(configs.DK_CONFIGS, 256, (32, 16, 2, 4))
+    u = torch.randn(3, 2, 256).half().requires_grad_()
+    k = (torch.randn(2, 256) / 16).half().requires_grad_()
+
+    def f(u, k):
+        return fft_conv(u, k).float().sum()
+
+    got = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(u, k), (u, k))
+    want = torch.autograd.grad(f(u, k), (u, k))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)

@@ -25,12 +25,26 @@ PAIR_CONFIGS = {
 # 1024, 4 warps: loop 1 141 registers, loop 4 255 hoisted or not (no spill), loop 4 at 2 stages 8
 # bytes of spill and 84 KiB of shared memory)
 PAIR_CANDIDATES = {
-    256: [(32, 16, 2, 4), (32, 16, 2, 4, 4), (32, 16, 2, 4, 4, 1, True)],
-    512: [(32, 32, 2, 4), (32, 32, 2, 4, 4), (32, 32, 2, 4, 4, 1, True)],
-    1024: [(32, 64, 1, 4), (32, 64, 1, 4, 2), (32, 64, 1, 4, 4), (32, 64, 1, 4, 4, 1, True),
-           (32, 64, 1, 8, 4, 1, True)],
-    2048: [(64, 64, 1, 8), (64, 64, 1, 4), (64, 64, 1, 8, 4)],
-    4096: [(128, 64, 1, 8), (128, 64, 1, 8, 4)],
+    256: [(32, 16, 2, 4)],
+    512: [(32, 32, 2, 4)],
+    1024: [(32, 64, 1, 4), (32, 64, 1, 4, 4, 1, True)],
+    2048: [(64, 64, 1, 8), (64, 64, 2, 8), (128, 32, 1, 8)],  # (which shapes fault at 2048: v8)
+    4096: [(128, 64, 1, 8)],
+}
+# v7 (H100, session 26) also timed, ms: 256 loop 4 0.0495, hoisted 0.0549 (0.0448 without); 512 0.1017 /
+# 0.0853 (0.0836); 1024 loop 2 0.2129, loop 4 0.2090, hoisted 8 warps 0.3575; 4096 loop 4 1.603 (0.823)
+
+# The filter's gradient through the pair kernel's transforms (kernels_pair.fft_conv_dk_pair_kernel: u's
+# and dy's pairs transformed, Y conj(X) summed over a program's pairs, the batch sum and one inverse
+# DFT a channel on the host): N -> (N1, N2, pair groups a program, warps). Empty until a GPU run
+# checks it: dk goes through torch.fft (two rfft of B H sequences of 2N, a product, a batch sum, an
+# irfft), the backward step's largest part (notes/fft_conv, v7). The GPU check times the candidates.
+DK_CONFIGS: dict = {}
+DK_CANDIDATES = {
+    256: [(32, 16, 8, 4)],
+    512: [(32, 32, 8, 4)],
+    1024: [(32, 64, 8, 4), (32, 64, 4, 4)],
+    4096: [(128, 64, 8, 8)],
 }
 
 # The three-pass form (kernels_long.py) for N whose pair does not fit a program's registers:

@@ -296,3 +296,77 @@ def fft_conv_pair1_kernel(U, K, Y, F1RE, F1IM, F2RE, F2IM, TWRE, TWIM, batch, he
     ty = Y.dtype.element_ty
     tl.store(Y + b_re.to(tl.int64) * stride_yb + h * stride_yh + seq, ore.to(ty), mask=b_re < batch)
     tl.store(Y + b_im.to(tl.int64) * stride_yb + h * stride_yh + seq, oim.to(ty), mask=b_im < batch)
+
+
+@triton.jit
+def _pair_spectrum(xre, xim, f1re, f1im, twre_t, twim_t, f2re, f2im, N1: tl.constexpr, N2: tl.constexpr):
+    """The forward DFT of the pair x [N2, HALF] (x[n2, n1] = z[N2 n1 + n2], already scaled, float32):
+    X [N1, N2] float32 (re, im) at f = k1 + N1 k2 (fft_conv_pair_kernel's first two stages)."""
+    are, aim = _cmul16(xre.to(tl.float16), xim.to(tl.float16), f1re, f1im, False)  # [N2, N1]
+    bre = are * twre_t - aim * twim_t
+    bim = are * twim_t + aim * twre_t
+    bre = tl.permute(bre, (1, 0)).to(tl.float16)  # [N1, N2]
+    bim = tl.permute(bim, (1, 0)).to(tl.float16)
+    return _cmul16(bre, bim, f2re, f2im, False)
+
+
+@triton.jit
+def fft_conv_dk_pair_kernel(U, DY, P, F1RE, F1IM, F2RE, F2IM, TWRE, TWIM, batch, heads,
+                            stride_ub, stride_uh, stride_db, stride_dh,
+                            N1: tl.constexpr, N2: tl.constexpr, LOOP: tl.constexpr):
+    """The filter's gradient in the frequency domain, summed over the batch: for the pairs g = LOOP c + i
+    (i < LOOP) of channel h (program_id(0) = h * chunks + c), P[program_id(0)] = sum over its pairs of
+    c_g DFT(z_dy) conj(DFT(z_u)), (2, N1, N2) float32 (re, im) at f = k1 + N1 k2, where z_u = u_a / a
+    + i u_b / b and z_dy = dy_a t_a + i dy_b t_b, the scales chosen so that both halves weigh 1 / c_g.
+
+    Why it works: for real sequences the cross terms of Z_dy conj(Z_u) (i (DY_b conj U_a - DY_a conj U_b))
+    are anti-Hermitian, so its Hermitian part is DY_a conj U_a + DY_b conj U_b: dk = the real part of
+    IDFT(sum P), its first filter_len elements (launch.dk_pair), no index reversal. A non-finite element
+    in any sequence makes the program's P NaN (as torch.fft's dk: every element of its channel)."""
+    HALF: tl.constexpr = N1 // 2
+    groups = tl.cdiv(batch, 2)
+    chunks = tl.cdiv(groups, LOOP)
+    pid = tl.program_id(0)
+    h = (pid // chunks).to(tl.int64)
+    c = pid % chunks
+    zero = tl.zeros([1], dtype=tl.int32)  # b as a [1] vector: _load_sequence's [S] pairs, S = 1
+    r_n2 = tl.arange(0, N2)
+    c_half = tl.arange(0, HALF)
+    r_n1 = tl.arange(0, N1)
+    seq = (N2 * c_half)[None, None, :] + r_n2[None, :, None]  # [1, N2, HALF]
+    f1re, f1im = _first_matrix(F1RE, F1IM, N1)
+    twre_t, twim_t = _twiddles(TWRE, TWIM, N1, N2, True)
+    f2re, f2im = _second_matrix(F2RE, F2IM, N2)
+    twre_t = tl.reshape(twre_t, (N2, N1))
+    twim_t = tl.reshape(twim_t, (N2, N1))
+    acc_re = tl.zeros([N1, N2], dtype=tl.float32)
+    acc_im = tl.zeros([N1, N2], dtype=tl.float32)
+    bad = tl.zeros([1], dtype=tl.int1)
+    for i in range(LOOP):
+        b_a = 2 * (c * LOOP + i) + zero
+        b_b = b_a + 1
+        ua, sa, bad_ua = _load_sequence(U, b_a, batch, h, stride_ub, stride_uh, seq)
+        ub, sb, bad_ub = _load_sequence(U, b_b, batch, h, stride_ub, stride_uh, seq)
+        da, ta, bad_da = _load_sequence(DY, b_a, batch, h, stride_db, stride_dh, seq)
+        db, tb, bad_db = _load_sequence(DY, b_b, batch, h, stride_db, stride_dh, seq)
+        bad = bad | bad_ua | bad_ub | bad_da | bad_db
+        # both halves' products weigh 1 / weight: dy's halves rescaled by (their scales) / weight <= 1
+        wa = sa * ta
+        wb = sb * tb
+        weight = tl.maximum(wa, wb)
+        da = da * (wa / weight)[:, None, None]
+        db = db * (wb / weight)[:, None, None]
+        xre, xim = _pair_spectrum(tl.reshape(ua, (N2, HALF)), tl.reshape(ub, (N2, HALF)), f1re, f1im, twre_t,
+                                  twim_t, f2re, f2im, N1, N2)
+        yre, yim = _pair_spectrum(tl.reshape(da, (N2, HALF)), tl.reshape(db, (N2, HALF)), f1re, f1im, twre_t,
+                                  twim_t, f2re, f2im, N1, N2)
+        w = tl.reshape(weight, (1, 1))
+        acc_re += (yre * xre + yim * xim) * w  # Y conj(X)
+        acc_im += (yim * xre - yre * xim) * w
+    nan = tl.reshape(bad, (1, 1))
+    acc_re = tl.where(nan, float("nan"), acc_re)
+    acc_im = tl.where(nan, float("nan"), acc_im)
+    out = r_n1[:, None] * N2 + r_n2[None, :]
+    base = P + pid.to(tl.int64) * (2 * N1 * N2)
+    tl.store(base + out, acc_re)
+    tl.store(base + N1 * N2 + out, acc_im)

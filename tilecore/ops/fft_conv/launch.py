@@ -14,6 +14,7 @@ from tilecore.tiles.launch import CachedLaunch
 _conv = CachedLaunch(kernels.fft_conv_kernel)
 _conv_pair = CachedLaunch(kernels_pair.fft_conv_pair_kernel)
 _conv_pair1 = CachedLaunch(kernels_pair.fft_conv_pair1_kernel)
+_dk_pair = CachedLaunch(kernels_pair.fft_conv_dk_pair_kernel)
 _long_columns = CachedLaunch(kernels_long.long_columns_kernel)
 _long_rows = CachedLaunch(kernels_long.long_rows_kernel)
 _long_inverse = CachedLaunch(kernels_long.long_inverse_columns_kernel)
@@ -128,3 +129,23 @@ def _launch_long(plan: Plan, u: torch.Tensor, spectrum_f32: torch.Tensor, y: tor
     _long_inverse[(pairs, n2 // plan.bn)](scratch, row_scale, seq_scale, y, ops["F1RE"], ops["F1IM"], B,
                                           y.stride(0), y.stride(1), N1=n1, N2=n2, BN=plan.bn, KC=plan.kc,
                                           GAUSS=plan.gauss, num_warps=warps)
+
+
+def dk_pair(config: tuple, u: torch.Tensor, dy: torch.Tensor, filter_len: int) -> torch.Tensor:
+    """The filter's gradient dk[h, j] = sum_b sum_n dy[b, h, n] u[b, h, n - j], j < filter_len, float32
+    (H, filter_len), through kernels_pair.fft_conv_dk_pair_kernel (u, dy: (B, H, N) 16-bit rows, unit
+    stride); config = (N1, N2, pair groups a program, warps), N1 N2 = 2N."""
+    n1, n2, loop, warps = config
+    B, H, N = u.shape
+    chunks = -(-(-(-B // 2)) // loop)
+    partial = torch.empty((H * chunks, 2, n1, n2), dtype=torch.float32, device=u.device)
+    if B == 0:
+        partial.zero_()
+    else:
+        ops = dft_operands16(n1, n2, u.device)
+        _dk_pair[(H * chunks,)](u, dy, partial, ops["F1RE"], ops["F1IM"], ops["F2RE"], ops["F2IM"], ops["TWRE"],
+                                ops["TWIM"], B, H, u.stride(0), u.stride(1), dy.stride(0), dy.stride(1), N1=n1, N2=n2,
+                                LOOP=loop, num_warps=warps)
+    total = partial.view(H, chunks, 2, n1, n2).sum(1)  # (H, 2, N1, N2) at f = k1 + N1 k2
+    spectrum = torch.complex(total[:, 0], total[:, 1]).transpose(1, 2).reshape(H, n1 * n2)  # natural order
+    return torch.fft.ifft(spectrum, dim=-1).real[:, :filter_len]

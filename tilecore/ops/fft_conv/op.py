@@ -5,7 +5,7 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.fft_conv import launch
-from tilecore.ops.fft_conv.plan import plan
+from tilecore.ops.fft_conv.plan import dk_config, plan
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -108,16 +108,39 @@ def _filter_setup(ctx, inputs, output):
     ctx.save_for_backward(u, k)
 
 
+@torch.library.custom_op("tilecore::fft_conv_filter_grad", mutates_args=())
+def _filter_grad_op(u: torch.Tensor, dy: torch.Tensor, filter_len: int) -> torch.Tensor:
+    """dk (float32 (H, filter_len)) through the pair kernel's transforms (plan.dk_config)."""
+    config = dk_config(u.shape[-1], u.device, u.dtype, dy.dtype)
+    return launch.dk_pair(config, _rows(u), _rows(dy), filter_len)
+
+
+@_filter_grad_op.register_fake
+def _(u, dy, filter_len):
+    return u.new_empty((u.shape[1], filter_len), dtype=torch.float32)
+
+
 def _filter_backward(ctx, dy):
     u, k = ctx.saved_tensors
     n = u.shape[-1]
+    need_du, need_dk = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    spectrum = filter_spectrum(k, n)
+    torch_du = need_du and plan(n, u.device, u.dtype).path == "torch"
+    kernel_dk = need_dk and dk_config(n, u.device, u.dtype, k.dtype) is not None
+    # rfft(dy) once where torch.fft takes both du and dk (the torch path: long N, CPU tensors)
+    dy_spectrum = torch.fft.rfft(dy.float(), n=2 * n) if torch_du or (need_dk and not kernel_dk) else None
     du = dk = None
-    if ctx.needs_input_grad[0]:
-        du = _spectrum_op(dy, filter_spectrum(k, n), True)
-    if ctx.needs_input_grad[1]:
+    if need_du and torch_du:
+        # y = first N of irfft(U K): its adjoint in u is the correlation with k, the product with conj(K)
+        du = torch.fft.irfft(dy_spectrum * torch.conj_physical(spectrum), n=2 * n)[..., :n].to(u.dtype)
+    elif need_du:
+        du = _spectrum_op(dy, spectrum, True)
+    if kernel_dk:
+        dk = _filter_grad_op(u, dy, k.shape[-1]).to(k.dtype)
+    elif need_dk:
         # dk[j] = sum over batch and n of dy[n] u[n - j]: the correlation of dy with u, summed over the
         # batch in the frequency domain (torch.fft in float32)
-        cross = (torch.fft.rfft(dy.float(), n=2 * n) * torch.conj_physical(torch.fft.rfft(u.float(), n=2 * n))).sum(0)
+        cross = (dy_spectrum * torch.conj_physical(torch.fft.rfft(u.float(), n=2 * n))).sum(0)
         dk = torch.fft.irfft(cross, n=2 * n)[:, :k.shape[-1]].to(k.dtype)
     return du, dk
 

@@ -70,3 +70,15 @@ def plan(n: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> P
     n1, n2 = configs.TL_FACTORS[n]
     precision = "ieee" if dispatch.interpreted(device) else configs.TL_PRECISION
     return Plan("tl", n1=n1, n2=n2, num_warps=configs.TL_WARPS[n], precision=precision)
+
+
+def dk_config(n: int, device: torch.device, u_dtype: torch.dtype, k_dtype: torch.dtype) -> tuple | None:
+    """(N1, N2, pair groups a program, warps) of the filter-gradient kernel for this call, or None
+    (torch.fft): 16-bit u and filter (its float16 products are at a 16-bit output's floor, not at
+    float32's), N in configs.DK_CONFIGS, a GPU or the interpreter."""
+    if dispatch.backend_for(device) == "reference":
+        return None
+    names = {str(t).removeprefix("torch.") for t in (u_dtype, k_dtype)}
+    if not names <= set(configs.PAIR_DTYPES):
+        return None
+    return configs.DK_CONFIGS.get(n)
