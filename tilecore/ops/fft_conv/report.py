@@ -30,6 +30,22 @@ def pair_variant(n1: int, n2: int, pairs: int, warps: int, loop: int = 1, stages
             args, warps, False)
 
 
+def dk_variant(n1: int, n2: int, loop: int, warps: int) -> tuple[str, object, dict, int, bool]:
+    """The filter-gradient kernel (kernels_pair.fft_conv_dk_pair_kernel) at one configuration."""
+    import torch
+
+    from tilecore.ops.fft_conv import kernels_pair
+
+    n = n1 * n2 // 2
+    t = torch.empty(64, dtype=torch.bfloat16)
+    f16 = torch.empty(64, dtype=torch.float16)
+    f32 = torch.empty(64, dtype=torch.float32)
+    args = dict(U=t, DY=t, P=f32, F1RE=f16, F1IM=f16, F2RE=f16, F2IM=f16, TWRE=f32, TWIM=f32, batch=16, heads=768,
+                stride_ub=768 * n, stride_uh=n, stride_db=768 * n, stride_dh=n, N1=n1, N2=n2, LOOP=loop)
+    return (f"fft_conv dk N{n} ({n1}x{n2}, loop {loop}, {warps} warps)", kernels_pair.fft_conv_dk_pair_kernel, args,
+            warps, False)
+
+
 def long_variants(n1: int, n2: int, bn: int, bk1: int, kc: int, warps: int, rows_warps: int,
                   gauss: bool = False) -> list:
     """The three passes of the long form at one configuration."""
@@ -66,7 +82,11 @@ def pair_variants(shipped_only: bool = False) -> list:
     for n, config in configs.LONG_CONFIGS.items():
         seen.add(config)
         out += long_variants(*config)
+    for n, config in configs.DK_CONFIGS.items():
+        out.append(dk_variant(*config))
     if not shipped_only:
+        for candidates in configs.DK_CANDIDATES.values():
+            out += [dk_variant(*config) for config in candidates if config not in configs.DK_CONFIGS.values()]
         for candidates in list(configs.PAIR_CANDIDATES.values()) + list(configs.LONG_CANDIDATES.values()):
             for config in candidates:
                 if config not in seen:
