@@ -584,7 +584,7 @@ def pivot(result):
     import ast
 
     cells = {}
-    kron = {}
+    kron_pct = {}
     for r in result.get("time", []):
         if "copy_pct" not in r:
             continue
@@ -597,7 +597,7 @@ def pivot(result):
         elif case[0] == "t":
             cells[("transform", case[1], "bf16")] = r["copy_pct"]
         elif case[0] == "k" and not case[3]:
-            kron[(case[1], case[2])] = r["copy_pct"]
+            kron_pct[(case[1], case[2])] = r["copy_pct"]
     lines = []
     for mode, title in ((True, "FAST epilogue"), (False, "exact epilogue (Markstein)")):
         ns = sorted({n for (m, n, _) in cells if m == mode})
@@ -609,8 +609,8 @@ def pivot(result):
             t = cells.get(("transform", n, "bf16"))
             lines.append(f"{n:<6d} " + " ".join(f"{cells[(mode, n, f)]:9.1f}" if (mode, n, f) in cells else f"{'-':>9s}"
                                                 for f in FORMATS) + (f"  {t:9.1f}" if t else ""))
-    if kron:
-        lines.append("m x 2^k transform, % of copy: " + ", ".join(f"{m}x{p} {v:.1f}" for (m, p), v in sorted(kron.items())))
+    if kron_pct:
+        lines.append("m x 2^k transform, % of copy: " + ", ".join(f"{m}x{p} {v:.1f}" for (m, p), v in sorted(kron_pct.items())))
     return lines
 
 
