@@ -4,7 +4,10 @@ checked then timed against tilecore's bf16 attention and cuDNN (SDPA, bf16) in t
     PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s26.py [--smoke] [--round 1|2] [--outlier]
         [--cases all|headline|d128|d64|sweep]
 
-Round 2 (the default; after round 1, notes/attention_fp8/runs/gpu_speed_s26_round1_h100.*): kernel variants
+Round 3 (the default): the defaults after round 2 (cast_late on, rotate_quantize 8 blocks x 4 warps x 2 stages at
+D128) checked at tails / GQA / per-block and per-token descales against float64 (outputs poisoned), then every case
+(--cases all) timed: fp8 default, the former (cast early), the convenience path's scales, e2e new and old.
+Round 2 (after round 1, notes/attention_fp8/runs/gpu_speed_s26_round1_h100.*): kernel variants
 cast_late (and ping-pong flipped with it), the convenience path's new default (fused, k per block) with V's amax by
 torch or by a kernel, the old default, rotate_quantize's shapes, and with --outlier FlashAttention-3's outlier test.
 Round 1: the set below.
@@ -65,8 +68,9 @@ def exact_attention(q, k, v, causal):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--round", type=int, default=2, choices=(1, 2),
-                    help="1: the first set (exp2 on the FMA units, k per tensor); 2: after round 1's run")
+    ap.add_argument("--round", type=int, default=3, choices=(1, 2, 3),
+                    help="1: the first set (exp2 on the FMA units, k per tensor); 2: after round 1's run; 3: the "
+                         "defaults after round 2 (cast_late on, the fused quantizer's shape) checked at tails, timed")
     ap.add_argument("--outlier", action="store_true", help="also FlashAttention-3's outlier test (RMSE vs float64)")
     ap.add_argument("--cases", default="all", choices=("all", "headline", "d128", "d64", "sweep"),
                     help="headline: the four N 4096 cases; d128 / d64: two of them; sweep: D 128 at N 1024 and 16384")
@@ -144,6 +148,51 @@ def main():
             traceback.print_exc()
         save()
 
+    if args.round == 3:  # the defaults at tails, GQA, per-block / per-token descales, against float64, outputs poisoned
+        from tilecore.ops.attention_fp8.reference import attention_fp8_exact
+
+        tails = ([(1, 2, 1, 40, 70, 64, True, "block")] if args.smoke else
+                 [(2, 8, 2, 1000, 1100, D, c, per) for D in (128, 64) for c in (True, False) for per in ("head", "block")] +
+                 [(1, 4, 1, 333, 257, 128, True, "token"), (1, 4, 2, 1, 4000, 128, False, "head"),
+                  (1, 4, 2, 700, 300, 64, True, "token")])
+        result["tails"] = []
+        for (B, Hq, Hkv, N, Nk, D, causal, per) in tails:
+            if left() < 100:
+                print("tails: out of time budget", flush=True)
+                break
+            rec = dict(B=B, Hq=Hq, Hkv=Hkv, N=N, Nk=Nk, D=D, causal=causal, per=per)
+            try:
+                g = torch.Generator(device=dev).manual_seed(N + Nk + D)
+                q = torch.randn(B, Hq, N, D, device=dev, generator=g)
+                k = torch.randn(B, Hkv, Nk, D, device=dev, generator=g)
+                v = torch.randn(B, Hkv, Nk, D, device=dev, generator=g)
+                q8, qs = quantize_fp8(q, per=per)
+                k8, ks = quantize_fp8(k, per=per)
+                v8, vs = quantize_fp8(v, per="head")
+                vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
+                p = fp8_launch.plan(q8, k8, causal)
+                rec["config"] = dict(p.config, path=p.path)
+                o = torch.full((B, Hq, N, D), float("nan"), dtype=dt, device=dev)
+                lse = torch.full((B, Hq, N), float("nan"), dtype=torch.float32, device=dev)
+                fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, causal, D ** -0.5, dt, True, out=o, lse=lse)
+                o_ref, lse_ref = attention_fp8_exact(q8, k8, v8, qs, ks, vs, causal=causal)
+                o_emu, _ = attention_fp8_emulated(q8, k8, v8, qs, ks, vs, causal=causal,
+                                                  block_n=p.config.get("block_n", p.config.get("BLOCK_N", 128)))
+                rows = torch.isfinite(lse_ref)
+                sel = rows[..., None].expand_as(o_ref)
+                floor = rel_rms(o_ref[sel].to(torch.bfloat16), o_ref[sel])
+                rec.update(written=bool(torch.isfinite(o).all().item()),
+                           err_over_floor=rel_rms(o[sel], o_ref[sel]) / floor,
+                           emulation_over_floor=rel_rms(o_emu[sel], o_ref[sel]) / floor,
+                           lse_max_err=(lse.double()[rows] - lse_ref[rows]).abs().max().item() if rows.any() else 0.0,
+                           no_key_rows_ok=bool(((o[~rows] == 0).all() & (lse[~rows] == float("-inf")).all()).item()))
+            except Exception as e:  # noqa: BLE001
+                rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                traceback.print_exc()
+            print("tail", rec, flush=True)
+            result["tails"].append(rec)
+            save()
+
     for (B, H, N, D, causal, depth) in cases:
         if left() < 20:
             print("out of time budget", flush=True)
@@ -169,7 +218,12 @@ def main():
 
             variants = {"fp8": (q8, qs, k8, ks, cfg()),
                         "fp8_cast_late": (q8, qs, k8, ks, cfg(cast_late=True))}
-            if args.round == 2:  # round 1: exp2 on the FMA units slower everywhere; the convenience path's scales
+            if args.round == 3:  # the default is cast_late since round 2; the former default beside it
+                variants = {"fp8": (q8, qs, k8, ks, cfg()),
+                            "fp8_cast_early": (q8, qs, k8, ks, cfg(cast_late=False))}
+                if depth == "full":
+                    variants["fp8_qtoken_kblock"] = (q8t, qst, k8b, ksb, cfg())
+            elif args.round == 2:  # round 1: exp2 on the FMA units slower everywhere; the convenience path's scales
                 variants["fp8_qtoken_kblock"] = (q8t, qst, k8b, ksb, cfg())
                 variants["fp8_qtoken_kblock_cast_late"] = (q8t, qst, k8b, ksb, cfg(cast_late=True))
                 if gluon:
@@ -233,7 +287,10 @@ def main():
                                                                       k_scales="tensor"),
                    "e2e_fused_kblock": lambda: attention_fp8_rotated(q, k, v, causal=causal, quantizer="fused",
                                                                      k_scales="block")}
-            if args.round == 2:  # the new default (fused, k per block) first, then its V amax by the tl kernel
+            if args.round == 3:
+                e2e = {"bf16": e2e["bf16"], "e2e_fused_kblock": lambda: attention_fp8_rotated(q, k, v, causal=causal),
+                       "e2e_hadamard_quantize": e2e["e2e_hadamard_quantize"]}
+            elif args.round == 2:  # the new default (fused, k per block) first, then its V amax by the tl kernel
                 e2e = {"bf16": e2e["bf16"],
                        "e2e_fused_kblock": lambda: attention_fp8_rotated(q, k, v, causal=causal),
                        "e2e_fused_kblock_vamax": lambda: attention_fp8_rotated(q, k, v, causal=causal,
@@ -282,7 +339,10 @@ def main():
                                                                                     randomized_signs=signs),
                                                  nbytes + q.numel() + 4 * B * H * N),
                          "quantize_v_permuted": (lambda: quantize_v_permuted(v), 2 * nbytes + v.numel())}
-                if args.round == 2 and causal:  # the quantizers do not depend on causal: timed in the full cases
+                if args.round == 3:
+                    parts = {} if causal else {n: parts[n] for n in ("copy_q", "rotate_quantize_q_token",
+                                                                      "rotate_quantize_k_block", "quantize_v_permuted")}
+                elif args.round == 2 and causal:  # the quantizers do not depend on causal: timed in the full cases
                     parts = {}
                 elif args.round == 2:  # the fused quantizer's shape (rows a program, warps), V's amax by a kernel
                     parts = {n: parts[n] for n in ("copy_q", "rotate_quantize_q_token", "rotate_quantize_k_block",
@@ -334,7 +394,7 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     rec["check"]["rotate_quantize_q"] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
                     traceback.print_exc()
-            tf = {name: flops / ms / 1e9 for name, ms in rec["ms"].items() if not name.startswith(("copy", "rotate", "k_norm", "hadamard", "quantize"))}
+            tf = {name: flops / ms / 1e9 for name, ms in rec["ms"].items() if not name.startswith(("copy", "rotate", "k_norm", "hadamard", "quantize", "v_amax"))}
             rec["tflops"] = tf
             if "bf16" in rec["ms"]:
                 rec["over_bf16"] = {name: rec["ms"]["bf16"] / ms for name, ms in rec["ms"].items() if name in tf}
@@ -357,6 +417,11 @@ def main():
         checks = "  ".join(f"{n}: {c['err_over_floor']:.2f}{'' if c['written'] else ' NOT WRITTEN'}" if "err_over_floor" in c
                            else f"{n}: {c}" for n, c in r["check"].items())
         print(f"{head} | {checks}")
+    for r in result.get("tails", []):
+        print(f"tail B{r['B']} Hq{r['Hq']} Hkv{r['Hkv']} N{r['N']} Nk{r['Nk']} D{r['D']} causal={r['causal']} {r['per']}: "
+              + (f"ERROR {r['error'][:150]}" if "error" in r else
+                 f"err/floor {r['err_over_floor']:.2f} (emulation {r['emulation_over_floor']:.2f}) lse {r['lse_max_err']:.1e} "
+                 f"written {r['written']} no-key rows {r['no_key_rows_ok']}"))
     if "outlier" in result:
         print(f"outlier test (target rotated <= 9.1e-3): {result['outlier']}")
     print("\nTFLOP/s (x tilecore bf16) | parts ms (GB/s)")

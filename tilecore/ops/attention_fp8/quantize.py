@@ -152,7 +152,10 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
         out_scale = {"token": (B, H, N), "block": (B, H, n_scales)}
         ds = descale.reshape(1).to(torch.float32) if scales == "tensor" else \
             torch.empty(out_scale[scales], dtype=torch.float32, device=x.device)
-        cfg = {"row_blocks": 1 if interp else 4, "num_warps": 8 if D >= 128 else 4, **(config or {})}
+        # H100 (session 26 round 2), B16 H16 N4096: D128 8 blocks, 4 warps, 2 stages 0.160 ms (2,510 GB/s, 85% of
+        # the copy) against 0.196 with 4, 8, 3; D64 4, 4, 3: 0.078 (2,566 GB/s, 89%), every shape but 8 x 8 alike
+        cfg = {"row_blocks": 1 if interp else 8 if D >= 128 else 4, "num_warps": 4,
+               **({"num_stages": 2} if D >= 128 and not interp else {}), **(config or {})}
         row_blocks = cfg["row_blocks"]
         with dispatch.on_device(x.device):
             _ROTATE_QUANTIZE[(B * H, -(-N // (SCALE_BLOCK * row_blocks)))](
