@@ -45,10 +45,12 @@ BASED_FWD_STAGES = 3
 # the Gluon forward (gluon_forward.py: the tiles template, TMA and wgmma) on Hopper for phi(x) = x, in the
 # (decay kind, Dk) cases its GPU check passed (experiments/linear_attention/gpu_forward.py, run 4, H100):
 # no decay at Dk 128, 1.41x the bf16 rounding floor, 0.367 ms at B16 H16 N4096 (98% of the copy bound;
-# tl 0.402). Its scalar decay (and Mamba-2) and Dk 64 compile but have not run on a GPU: add them once
-# gpu_forward's gluon checks pass. 2 stages: 0.367 ms against 0.375 at 3
+# tl 0.402). Scalar decay at Dk 128 (and Mamba-2, d_state 128) checked in run 5 (1.00-1.42x the floor, a
+# reset at N 4097, D and z, N 33; every element written) and timed in run 6: simple GLA 0.489 ms against
+# tl 0.585, Mamba-2 2.7B 1.884 against 2.474. Dk 64 compiles and its decay case passed run 5's check but
+# is untimed. 2 stages: 0.367 ms against 0.375 at 3
 GLUON_FORWARD = True
-GLUON_CHECKED = {(0, 128)}
+GLUON_CHECKED = {(0, 128), (1, 128)}
 GLUON_STAGES = 2
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
