@@ -93,6 +93,23 @@ def s26b_quantize_cases():
     return first, sweep
 
 
+def s26c_quantize_cases():
+    """Session 26's third round: registers a thread (maxnreg: more programs an SM) for every format, n = 128 through
+    TMA, the model widths' warps; the shipped plans beside each in the same run."""
+    fmts = ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
+    ns = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+    cases = []
+    for n in ns:
+        for f in fmts:
+            cases += [("q", f, n, {}, {}), ("q", f, n, {}, {"maxnreg": 96})]
+    cases += [("q", f, n, {}, {"maxnreg": 80}) for f in ("mxfp4", "nvfp4") for n in (1024, 4096)]
+    cases += [("q", f, 128, {}, t) for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4") for t in
+              ({}, {"tma": "load"}, {"tma": "load", "tma_store": True}, {"tma": "load", "waves": 4})]
+    cases += [("q", f, n, {}, t) for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4") for n in (14336, 11008, 28672, 18944)
+              for t in ({}, {"num_warps": 4})]
+    return cases, []
+
+
 def s26b_kron_cases():
     shapes = [(m, p) for m in (12, 20, 28) for p in (64, 128, 256, 512, 1024)]
     shipped = [("k", m, p, {}) for m, p in shapes] + [("k", m, 2048, {}) for m in (12, 20, 28)]
@@ -116,6 +133,8 @@ def quantize_cases(which):
     if which == "s26b":
         first, sweep = s26b_quantize_cases()
         return first + sweep
+    if which == "s26c":
+        return s26c_quantize_cases()[0]
     first = [("q", f, n, {}, {}) for f in FORMATS for n in POW2]
     first += [("q", "fp8_e4m3", 4096, {}, {"legacy": True}), ("q", "mxfp4", 4096, {}, {"legacy": True})]
     first += [("q", "fp8_e4m3", 4096, {"group": 128}, {}), ("q", "mxfp4", 4096, {"block": 32}, {})]
@@ -147,6 +166,8 @@ def kron_cases(which):
     if which == "s26b":
         shipped, variants = s26b_kron_cases()
         return shipped + variants
+    if which == "s26c":
+        return []
     if which == "s26":
         cases = [("k", m, p, {}) for m in (12, 20, 28) for p in (64, 128, 256, 512, 1024, 2048)]
         cases += [("k", m, 64, {}) for m in (140, 148, 156, 172)]
@@ -267,9 +288,9 @@ def phase_check(result, save=lambda: None, which="quick"):
               ("int8", 11008, {}, torch.float16), ("nvfp4", 14336, {"scale": 0.002}, torch.bfloat16)]
     if SMOKE:
         cases = cases[:3] + cases[-3:]
-    if which in ("s26", "s26b"):
+    if which in ("s26", "s26b", "s26c"):
         cases = s26_check_cases(torch)
-        if which == "s26b":  # the shipped plans (FAST by default since round 1) and the TMA kron-tiled quantize
+        if which in ("s26b", "s26c"):  # the shipped plans (FAST by default since round 1) and the TMA kron-tiled quantize
             cases = [(f, n, {k: v for k, v in kw.items() if k != "tuning"}, dt) for f, n, kw, dt in cases]
             cases += [("fp8_e4m3", 14336, {"tuning": {"kron_tma": True}}, torch.bfloat16),
                       ("mxfp4", 14336, {"tuning": {"kron_tma": True}}, torch.bfloat16)]
@@ -366,6 +387,8 @@ def phase_check(result, save=lambda: None, which="quick"):
     kchecks = kron_cases("full")[:16]
     if which == "s26" and not SMOKE:
         kchecks = kron_cases("s26")[:22]
+    elif which == "s26c":
+        kchecks = []
     elif which == "s26b" and not SMOKE:
         kchecks = s26b_kron_cases()[0] + [("k", m, p, {"tma": "both"}) for m, p in ((12, 64), (28, 512), (20, 1024))]
     for c in kchecks:
@@ -405,6 +428,8 @@ def timed_cases(which):
         first, sweep = s26_quantize_cases()
         kron = kron_cases(which)
         return first + kron[:22] + sweep + kron[22:]
+    if which == "s26c" and not SMOKE:
+        return s26c_quantize_cases()[0] + [("t", 4096), ("t", 14336)]
     if which == "s26b" and not SMOKE:
         first, sweep = s26b_quantize_cases()
         shipped, variants = s26b_kron_cases()
@@ -505,6 +530,8 @@ def phase_time(result, which, deadline, compiled):
         out.append(row)
     if which == "s26":
         unfused_peers(out, deadline, True)
+        return
+    if which == "s26c":
         return
     if which == "s26b":  # the eager peers again for the shipped plans; compiled where time is left
         unfused_peers(out, deadline, True)
@@ -616,7 +643,7 @@ def pivot(result):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--set", default="quick", choices=("quick", "full", "kron", "final", "s26", "s26b"))
+    ap.add_argument("--set", default="quick", choices=("quick", "full", "kron", "final", "s26", "s26b", "s26c"))
     ap.add_argument("--phases", default="warm,check,time")
     ap.add_argument("--budget", type=float, default=None, help="seconds in all (180; s26: 175)")
     ap.add_argument("--compiled", action="store_true")
@@ -624,7 +651,7 @@ def main():
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     if args.budget is None:
-        args.budget = 900.0 if args.smoke else 175.0 if args.set in ("s26", "s26b") else 180.0
+        args.budget = 900.0 if args.smoke else 175.0 if args.set in ("s26", "s26b", "s26c") else 180.0
     if args.smoke and not SMOKE:
         env = dict(os.environ, GQP_SMOKE="1", TRITON_INTERPRET="1")
         os.execve(sys.executable, [sys.executable] + sys.argv, env)
