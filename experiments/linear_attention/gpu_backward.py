@@ -365,7 +365,7 @@ SWEEP = [
     # (case, chunk, overrides): the backward kernels alone (and the forward for per-channel decay)
     ("gla d128", 64, dict(diag=0)),
     ("gla d128", 64, dict(BVB=128)),
-    ("gla d128", 64, dict(BKQ=32, BKB=32)),
+    ("gla d128", 64, dict(BKQ=16, BKB=16)),
     ("gla d128", 64, dict(BKQ=64, BKB=64)),
     ("gla d128", 32, {}),
     ("gla d128", 64, dict(BV=128)),

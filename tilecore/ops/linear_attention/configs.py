@@ -19,7 +19,10 @@ STATE_ELEMS = 8192
 # and the backward's key-channel block (its diagonal blocks are elementwise over [BT, SUB, block])
 CHANNEL_SUB = 16
 CHANNEL_SLICE_ELEMS = 8192
-CHANNEL_BWD_KEY_BLOCK = 16
+# key blocks of 32: run 2 (H100, GLA d128, chunk 64, the register-loop diagonal) dQ 12.2 ms and dK/dV 47.6
+# at 32 against 14.8 and 60.5 at 16 (half the dv partial sums, half the dQ programs' repeated do v^T);
+# the gathered diagonal compiles at 32 with 36 / 584 bytes spilled (dQ / dK/dV; 0 / 516 at 16)
+CHANNEL_BWD_KEY_BLOCK = 32
 # per-channel decay with head dims over CHANNEL_WIDE: chunks of CHANNEL_WIDE_CHUNK (at 64 and Dk = Dv = 256
 # the dQ kernel staged 236 KiB of shared memory and the forward spilled 2.2 KB, sm_90a)
 CHANNEL_WIDE = 128
