@@ -303,3 +303,25 @@ def test_filter_gradient_kernel_under_torch_compile(monkeypatch):
     want = torch.autograd.grad(f(u, k), (u, k))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("config", [(64, 64, 1, 8), (64, 64, 2, 8), (128, 32, 1, 8)])
+def test_pair_kernel_2048_stays_in_bounds(config):
+    """N = 2048's pair configurations (which fault on the H100: notes/fft_conv) read and write only
+    their own elements: u, y and the spectrum are views inside NaN-filled buffers, so a read past them
+    would make y NaN and a write past y would touch the guards (the interpreter checks no bounds)."""
+    n, batch, heads = 2048, 3, 2
+    u_buf = torch.full((batch + 2, heads, n + 64), math.nan, dtype=torch.float16)
+    u = u_buf[1:-1, :, 32:32 + n]
+    u.copy_(torch.randn(batch, heads, n))
+    y_buf = torch.full_like(u_buf, math.nan)
+    y = y_buf[1:-1, :, 32:32 + n]
+    k = torch.randn(heads, n) / math.sqrt(n)
+    s_buf = torch.full((heads + 2, n + 1 + 16), complex(math.nan, math.nan), dtype=torch.complex64)
+    spectrum = s_buf[1:-1, 8:8 + n + 1]
+    spectrum.copy_(filter_spectrum(k, n))
+    launch.launch(plan.pair_plan(*config), u, spectrum, y, False)
+    assert_close(y, fft_conv_reference(u, k), pair=True)
+    guard = torch.ones_like(y_buf, dtype=torch.bool)
+    guard[1:-1, :, 32:32 + n] = False
+    assert torch.isnan(y_buf[guard]).all()
