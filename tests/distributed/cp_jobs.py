@@ -95,6 +95,7 @@ def compare(rank, world, cases):
     for case in cases:
         _interpret(case.get("interpret", False))
         ring.TRANSFERS_EARLY = case.get("early", False)  # the ring's two transfer orders
+        ring.DQ_IN_KERNEL = case.get("dq_in_kernel", False)  # dQ summed by backward_adding_dq
         q, k, v, dout, dlse = _full_inputs(case)
         causal, mode, with_dlse = case["causal"], case["mode"], case.get("dlse", True)
         with_out = case.get("out", True)
@@ -130,6 +131,7 @@ def compare(rank, world, cases):
         rows.append(row)
     _interpret(True)
     ring.TRANSFERS_EARLY = False
+    ring.DQ_IN_KERNEL = False
     return rows
 
 

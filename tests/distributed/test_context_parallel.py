@@ -59,10 +59,11 @@ def test_low_precision_near_the_rounding_floor(pool, mode):
 def test_triton_kernels_in_the_interpreter(pool):
     """The path a GPU runs: tilecore's Triton kernels (forward, and the backward given the merged O
     and lse) under Triton's interpreter, fp16 and float32; fp16 with an sm_margin of 3 of the
-    interpreter's 4 SMs (the split-key kernel's splits follow it; transfers in the early order)."""
+    interpreter's 4 SMs (the split-key kernel's splits follow it; transfers in the early order) and
+    dQ summed by backward_adding_dq (ring.DQ_IN_KERNEL)."""
     cases = [dict(b=1, hq=2, hkv=1, n=20, d=16, causal=c, mode="ring", dtype=dt, interpret=True, early=early,
-                  sm_margin=margin)
-             for c, dt, early, margin in ((True, "float16", None, 3), (False, "float32", False, 0))]
+                  sm_margin=margin, dq_in_kernel=dq)
+             for c, dt, early, margin, dq in ((True, "float16", None, 3, True), (False, "float32", False, 0, False))]
     rows = pool.run("compare", world=2, cases=cases, timeout=90)
     for rank, results in rows.items():
         for row in results or ():

@@ -16,8 +16,8 @@ step (half its queries against a whole block, or all its queries against half a 
 Backward: the same ring, with the merged O and lse of each local query: the flash backward's
 P = exp(s - lse) and delta = rowsum(dO * O) are then the global ones, so each step's block gradients
 are exactly that block's share (tilecore's attention backward, which takes O and lse). dQ sums
-locally in float32, each block's added into the rows of one accumulator (attention's
-backward_adding_dq: by the Gluon kernel's own float32 reductions, where it adds dQ); each foreign
+locally in float32, each block's added into the rows of one accumulator (with DQ_IN_KERNEL by
+attention's backward_adding_dq: the Gluon kernel's own float32 reductions, where it adds dQ); each foreign
 block's dK, dV sum in a float32 buffer that travels the ring behind its keys and values and goes
 home after the last rank's share. The rank's own block is done in two parts, one before the foreign
 blocks and one after, so that the first transfer of keys and values and the last hop of a sum both
@@ -156,8 +156,15 @@ TRANSFERS_EARLY = False
 # NCCL's CTAs at the margin (CAP_TRANSFER_CTAS); experiments/distributed/gpu_check.py times 0, 4, 8, 16
 RING_SM_MARGIN = 0
 # With a margin, the ring's transfers go through an NCCL group of the same ranks whose kernels take at
-# most that many CTAs (groups.transfer_group), so they fit beside the attention's grid
+# most that many CTAs (groups.transfer_group), so they fit beside the attention's grid. Not yet run on
+# a GPU (the session 26 device budget ran out first); only margins > 0 use it
 CAP_TRANSFER_CTAS = True
+# Each block's dQ added by the attention backward itself into the ring's float32 accumulator
+# (attention's backward_adding_dq: the Gluon kernel's own reductions, no buffer, copy or add), rather
+# than returned in the dtype by the backward op and added here. Off until a GPU run checks it (the
+# launch is checked without a GPU, the other paths in the interpreter): the session 26 runs measured
+# the op path
+DQ_IN_KERNEL = False
 
 
 def ring_for(group, device: torch.device, sm_margin: int, early: bool) -> Ring:
@@ -279,11 +286,16 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
 
     def block_grads(rows, keys, block_causal, block, beside_transfer):
         """(dK, dV) of the block's first ``keys`` keys for the local ``rows``; their dQ added to dq's
-        rows (by the Gluon kernel's own float32 reductions where it adds dQ: no buffer, no pass)."""
-        return backward_adding_dq(
-            dout[:, :, rows], q[:, :, rows], block[0][:, :, :keys], block[1][:, :, :keys], out[:, :, rows],
-            lse[:, :, rows], None if dlse is None else dlse[:, :, rows].contiguous(), dq[:, :, rows], block_causal,
-            scale, step_margin(sm_margin, early, beside_transfer))
+        rows (with DQ_IN_KERNEL by the Gluon kernel's own float32 reductions where it adds dQ: no
+        buffer, no pass)."""
+        inputs = (dout[:, :, rows], q[:, :, rows], block[0][:, :, :keys], block[1][:, :, :keys], out[:, :, rows],
+                  lse[:, :, rows], None if dlse is None else dlse[:, :, rows].contiguous())
+        margin = step_margin(sm_margin, early, beside_transfer)
+        if DQ_IN_KERNEL:
+            return backward_adding_dq(*inputs, dq[:, :, rows], block_causal, scale, margin)
+        gq, gk, gv = torch.ops.tilecore.attention_backward(*inputs, block_causal, scale, -1, -1, 0.0, margin)
+        dq[:, :, rows] += gq
+        return gk, gv
 
     def own_part(part):
         """The part's attention backward queued; returns the function that adds its gradients."""

@@ -154,7 +154,7 @@ def _derived_rate(gpu: GPU, batch, heads, kv_heads, n, d, causal, dtype) -> floa
 def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, batch: int = 1,
             kv_heads: int | None = None, dtype: str = "bf16", gpu="h100", link="h100-x2", calibrate: bool = True,
             attention_tflops: float | None = None, one_gpu: bool = True, kv_views: bool = False,
-            sm_margin: int = 0, dq_in_kernel: bool = True) -> RingPrediction:
+            sm_margin: int = 0, dq_in_kernel: bool = False) -> RingPrediction:
     """The ring's steps on ``world`` GPUs for a sequence of ``seq`` (each rank seq / world, in two
     chunks). ``gpu``: a napkin GPU (calibrated to the measured H100 ceilings of napkin.validate
     unless ``calibrate`` is False); ``link``: interconnect.LINKS' key or a Link; ``attention_tflops``:
@@ -223,8 +223,8 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
     def sum_bytes(after_step):
         return kv_elems * n * (q if after_step == 1 else 4)
 
-    # per row: a block's dq into the float32 sum. The Gluon backward adds it in the kernel, into the
-    # ring's accumulator (attention.launch.gradients_adding_dq): no pass of its own
+    # per row: a block's dq into the float32 sum; with dq_in_kernel the Gluon backward adds it in the
+    # kernel, into the ring's accumulator (ring.DQ_IN_KERNEL, off by default): no pass of its own
     dq_add = 0.0 if dq_in_kernel else o_elems * (8 + q) / hbm
     dkv_add = kv_elems * (8 + q) / hbm         # per key row: float32 sums += dk, dv
     start = o_elems * n * 4 / hbm + stack      # zeroed dq, K/V to send
