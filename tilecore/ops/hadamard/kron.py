@@ -70,6 +70,8 @@ def kernel_plan(rows: int, m: int, p: int, dtype: torch.dtype, sms: int, interpr
     """kron_plan's kernel paths for ``rows`` rows on a GPU of ``sms`` SMs (a function of its arguments
     alone: experiments/hadamard/compile_kernels.py compiles its configurations without a GPU)."""
     x_dtype = dtype
+    if dtype != torch.float32:
+        tuning = {**configs.KRON_TUNING.get((m, p), {}), **tuning}  # the measured shapes; the caller's first
     m_pad = next_power_of_2(m)
     qs = slices(p)
     fused = qs is not None and m_pad * qs[0] * qs[1] <= configs.KRON_MAX_TILE_ELEMS and tuning.get("force") != "two-pass"

@@ -77,6 +77,8 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
     if pow2 is not None:
         return pow2
     if rotate and block is None:
+        if dtype != torch.float32:
+            tuning = {**configs.QUANT_KRON_TUNING.get(n, {}), **tuning}  # the measured widths; the caller's first
         m, p = orders.split(n)
         if m == 1 and n <= 1024:
             M, mix, P = 1, 0, n
