@@ -108,8 +108,10 @@ def _(x, weight, bias, residual, seed, dropout_p, eps, rms, store_h):
 
 def _backward_impl(dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, dropout_p, rms, x_dtype, h_dtype,
                    store_dres):
-    return launch.backward(plan(dy.shape[0], dy.shape[1], dy.device), dy, x, residual, h, weight, bias, mean, rstd,
-                           seed, dh_out, dropout_p, rms, x_dtype, h_dtype, store_dres)
+    # a residual stream (h stored or recomputed) takes the fused backward's own settings (configs.FUSED_BACKWARD)
+    fused = h is not None or residual is not None
+    return launch.backward(plan(dy.shape[0], dy.shape[1], dy.device, fused=fused), dy, x, residual, h, weight, bias,
+                           mean, rstd, seed, dh_out, dropout_p, rms, x_dtype, h_dtype, store_dres)
 
 
 @torch.library.custom_op("tilecore::layer_norm_backward", mutates_args=())
