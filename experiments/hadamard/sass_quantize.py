@@ -4,7 +4,9 @@ split by kind, for the plans the GPU would run (quantize.kernel_plan at 2^28 ele
 exact epilogue and with FAST (configs.QUANT_FAST). Issue 32's compile report: a change's effect on the
 instruction count before the GPU.
 
-    python experiments/hadamard/sass_quantize.py [--quick] [--json PATH]      (TRITON_INTERPRET unset)
+    python experiments/hadamard/sass_quantize.py [--quick | --check] [--json PATH]      (TRITON_INTERPRET unset)
+    (--check: the shipped FAST plans of fp8, mxfp4 and nvfp4 at 4096, with the PTX's conversions: what
+    tests/hadamard/test_hadamard_quantize_compile.py asserts)
 """
 import argparse
 import json
@@ -123,6 +125,7 @@ def compile_case(fmt, n, fast, dtype=torch.bfloat16, block=None, group=None, sta
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--check", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     cases = [("fp8_e4m3", 4096, {}), ("int8", 4096, {}), ("mxfp4", 4096, {}), ("nvfp4", 4096, {"static": True}),
@@ -130,9 +133,13 @@ def main():
              ("fp8_e4m3", 14336, {}), ("mxfp4", 14336, {})]
     if args.quick:
         cases = cases[:2]
+    modes = (False, True)
+    if args.check:
+        cases = [("fp8_e4m3", 4096, {}), ("mxfp4", 4096, {}), ("nvfp4", 4096, {"static": True})]
+        modes = (True,)
     out = []
     for fmt, n, kw in cases:
-        for fast in (False, True):
+        for fast in modes:
             t = time.time()
             row = {"format": fmt, "n": n, **kw, "fast": fast}
             try:
@@ -141,16 +148,21 @@ def main():
                 if k is not None:
                     body = loop_body(sass_lines(k.asm["cubin"]))
                     r = resources(k)
+                    ptx = k.asm["ptx"]
+                    row.update(ptx_e4m3_satfinite="cvt.rn.satfinite.e4m3x2.f32" in ptx, ptx_div_rn="div.rn.f32" in ptx,
+                               ptx_wgmma="wgmma.mma_async" in ptx, ptx_tma="cp.async.bulk.tensor" in ptx)
                     row.update(loop=len(body), **kinds(body), registers=r.registers, spills=r.spill_stores,
                                values_a_thread=(plan.config.get("B", 1) * plan.config.get("N", n)) // (32 * plan.config["num_warps"]))
             except Exception as err:  # noqa: BLE001
                 row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
             row["s"] = round(time.time() - t, 1)
             out.append(row)
-            print(row, flush=True)
+            print(row, flush=True, file=sys.stderr if args.check else sys.stdout)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
+    if args.check:
+        print(json.dumps(out))
 
 
 if __name__ == "__main__":
