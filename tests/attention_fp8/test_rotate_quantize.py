@@ -104,3 +104,14 @@ def test_v_quantizer_options_write_the_same():
     for options in (dict(amax_kernel=True), dict(permute_in_registers=True)):
         codes, descale = quantize_v_permuted(v, **options)
         assert torch.equal(descale, want_descale) and torch.equal(codes.float(), want.float()), options
+
+
+def test_programs_of_several_row_blocks_write_the_same():
+    # the GPU's shape takes several blocks of 128 rows a program (D128: 8); the interpreter's default takes one
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 1, 300, 32, generator=g).to(torch.float16)
+    signs = rotation_signs(32, x.device)
+    for scales in ("token", "block"):
+        one = rotate_quantize(x, signs=signs, scales=scales)
+        three = rotate_quantize(x, signs=signs, scales=scales, config=dict(row_blocks=3))
+        assert torch.equal(one[0].float(), three[0].float()) and torch.equal(one[1], three[1]), scales
