@@ -22,7 +22,13 @@ CHANNEL_SLICE_ELEMS = 8192
 # key blocks of 32: run 2 (H100, GLA d128, chunk 64, the register-loop diagonal) dQ 12.2 ms and dK/dV 47.6
 # at 32 against 14.8 and 60.5 at 16 (half the dv partial sums, half the dQ programs' repeated do v^T);
 # the gathered diagonal compiles at 32 with 36 / 584 bytes spilled (dQ / dK/dV; 0 / 516 at 16)
-CHANNEL_BWD_KEY_BLOCK = 32
+# What ships is what a GPU check passed (bf16 against float64 on the H100, run 2 of gpu_backward.py): key
+# blocks of 16 and the [NC, SUB, SUB, C] diagonal (CHANNEL_DIAG 0). The register-loop (1) and gathered (2)
+# diagonals with key blocks of 32 pass the interpreter's tests and compile for sm_90a, but a gated
+# backward must be checked on Hopper itself (flash-linear-attention's issue 640: a miscompile there), so
+# they stay overrides (plan diag=..., BKQ/BKB=32) until gpu_backward.py has checked them
+CHANNEL_BWD_KEY_BLOCK = 16
+CHANNEL_DIAG = 0
 # per-channel decay with head dims over CHANNEL_WIDE: chunks of CHANNEL_WIDE_CHUNK (at 64 and Dk = Dv = 256
 # the dQ kernel staged 236 KiB of shared memory and the forward spilled 2.2 KB, sm_90a)
 CHANNEL_WIDE = 128
@@ -64,6 +70,9 @@ GLUON_STAGES = 2
 BWD_CHUNK = 64
 BWD_STATE_ELEMS = 16384
 BWD_WARPS = {0: 8, 1: 4}
+# the decay kinds those blocks are the default for: the scalar decay's (a gated backward) were timed by the
+# sweep, not yet checked on the GPU (see CHANNEL_DIAG's comment); it keeps the blocks run 2 checked
+BWD_BLOCK_KINDS = (0,)
 BASED_BWD_WARPS = 4
 
 # the backward's combine kernel (kernels_backward.py): tokens a step of its walk

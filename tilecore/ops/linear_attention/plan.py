@@ -91,7 +91,7 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
     bwd_warps = configs.NUM_WARPS
     if feature == BASED:
         bwd_warps = configs.BASED_BWD_WARPS
-    elif kind != CHANNEL_DECAY and BK <= configs.BWD_KEY_BLOCK and BK * BVF <= configs.BWD_STATE_ELEMS:
+    elif kind in configs.BWD_BLOCK_KINDS and BK <= configs.BWD_KEY_BLOCK and BK * BVF <= configs.BWD_STATE_ELEMS:
         BT_BWD = chunk if chunk_given else configs.BWD_CHUNK
         BKQ, BVB = BK, BVF
         bwd_warps = configs.BWD_WARPS[kind]
