@@ -115,3 +115,14 @@ def test_programs_of_several_row_blocks_write_the_same():
         one = rotate_quantize(x, signs=signs, scales=scales)
         three = rotate_quantize(x, signs=signs, scales=scales, config=dict(row_blocks=3))
         assert torch.equal(one[0].float(), three[0].float()) and torch.equal(one[1], three[1]), scales
+
+
+def test_convenience_path_traces_under_torch_compile_fullgraph():
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 40, 32, generator=g) for _ in range(3))
+
+    def f(q, k, v):
+        return attention_fp8_rotated(q, k, v, causal=True) * 2
+
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
+    assert torch.equal(got, f(q, k, v))

@@ -197,3 +197,25 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
     else:
         out, lse = _attention_fp8_op(q, k, v, q_scale, k_scale, v_scale, causal, scale, out_dtype, permuted)
     return (out, lse) if return_lse else out
+
+
+@torch.library.custom_op("tilecore::attention_fp8_quantize", mutates_args=())
+def quantize_inputs_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotate: bool, k_scales: str, quantizer: str,
+                       v_amax_kernel: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                     torch.Tensor, torch.Tensor]:
+    """attention_fp8_rotated's rotate-and-quantize step as one custom op, so that the convenience path traces under
+    torch.compile (its kernels are launched directly, not as ops). Its CPU and CUDA kernels are
+    quantize.quantize_inputs, registered by the quantize module (which imports this one)."""
+    raise NotImplementedError("tilecore::attention_fp8_quantize: import tilecore.ops.attention_fp8 (its quantize "
+                              "module registers the kernels)")
+
+
+@quantize_inputs_op.register_fake
+def _(q, k, v, rotate, k_scales, quantizer, v_amax_kernel):
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    k_scale_shape = {"tensor": (B, Hkv), "block": (B, Hkv, math.ceil(Nk / SCALE_BLOCK)), "token": (B, Hkv, Nk)}
+    f32 = torch.float32
+    return (q.new_empty(q.shape, dtype=FP8), q.new_empty((B, H, N), dtype=f32), k.new_empty(k.shape, dtype=FP8),
+            k.new_empty(k_scale_shape[k_scales], dtype=f32),
+            v.new_empty((B, Hkv, D, -(-Nk // KEY_CHUNK) * KEY_CHUNK), dtype=FP8), v.new_empty((B, Hkv), dtype=f32))

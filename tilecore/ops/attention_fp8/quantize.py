@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from tilecore.ops.attention_fp8.op import FORWARD_ONLY, LAYOUT, attention_fp8
+from tilecore.ops.attention_fp8.op import FORWARD_ONLY, LAYOUT, attention_fp8, quantize_inputs_op
 from tilecore import dispatch
 from tilecore.ops.attention_fp8 import kernels_tl
 from tilecore.ops.attention_fp8.reference import KEY_CHUNK, SCALE_BLOCK, keys_permuted
@@ -207,8 +207,6 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     loses nothing to but the subnormals; the norms cost a pass over k), or "token" (per key: a per-key
     factor in the kernel's every step, slower). V: quantize_v_permuted (``v_amax_kernel``: its amax by
     kernels_tl.head_amax instead of torch's vector_norm)."""
-    from tilecore.ops.hadamard import hadamard_quantize
-
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"attention_fp8_rotated: {name} must be a 4-D tensor ({LAYOUT})")
@@ -219,14 +217,28 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
         raise TypeError(f"attention_fp8_rotated: q, k and v must share one dtype among "
                         f"{', '.join(str(d).removeprefix('torch.') for d in dtypes)}; got {q.dtype}, {k.dtype}, "
                         f"{v.dtype} (e4m3 inputs: attention_fp8)")
-    D = q.shape[-1]
-    signs = rotation_signs(D, q.device) if rotate else None
     if k_scales not in K_SCALES:
         raise ValueError(f"attention_fp8_rotated: k_scales must be 'tensor', 'token' or 'block'; got {k_scales!r}")
     if quantizer not in QUANTIZERS:
         raise ValueError(f"attention_fp8_rotated: quantizer must be 'hadamard_quantize' or 'fused'; got {quantizer!r}")
     if k_scales == "block" and quantizer != "fused":
         raise ValueError("attention_fp8_rotated: k_scales='block' needs quantizer='fused'")
+    if dispatch.plain_eager(q, k, v):
+        q8, q_scale, k8, k_scale, v8, v_scale = quantize_inputs(q, k, v, rotate, k_scales, quantizer, v_amax_kernel)
+    else:  # traced (torch.compile) or under a mode: the custom op (op.py), whose fake gives the shapes
+        q8, q_scale, k8, k_scale, v8, v_scale = quantize_inputs_op(q, k, v, rotate, k_scales, quantizer, v_amax_kernel)
+    return attention_fp8(q8, k8, v8, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, causal=causal,
+                         softmax_scale=scale, out_dtype=q.dtype, return_lse=return_lse, v_layout="keys_permuted",
+                         check_scales=False)
+
+
+def quantize_inputs(q, k, v, rotate: bool, k_scales: str, quantizer: str, v_amax_kernel: bool):
+    """attention_fp8_rotated's quantization (its arguments checked): (q8, q_scale (B, Hq, N), k8, k_scale,
+    v8 in the kernel's layout, v_scale (B, Hkv)); k_scale (B, Hkv) ("tensor"), (B, Hkv, ceil(Nk / 128))
+    ("block") or (B, Hkv, Nk) ("token")."""
+    from tilecore.ops.hadamard import hadamard_quantize
+
+    signs = rotation_signs(q.shape[-1], q.device) if rotate else None
     if quantizer == "fused":
         q8, q_scale = rotate_quantize(q, rotate=rotate, signs=signs, scales="token")
         if k_scales == "tensor":
@@ -236,9 +248,7 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
         else:
             k8, k_scale = rotate_quantize(k, rotate=rotate, signs=signs, scales=k_scales)
         v8, v_scale = quantize_v_permuted(v, amax_kernel=v_amax_kernel)
-        return attention_fp8(q8, k8, v8, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, causal=causal,
-                             softmax_scale=scale, out_dtype=q.dtype, return_lse=return_lse, v_layout="keys_permuted",
-                             check_scales=False)
+        return q8, q_scale, k8, k_scale, v8, v_scale
     q8, q_scale = hadamard_quantize(q, format="fp8_e4m3", rotate=rotate, randomized_signs=signs)
     if k_scales == "token":
         k8, k_scale = hadamard_quantize(k, format="fp8_e4m3", rotate=rotate, randomized_signs=signs)
@@ -249,6 +259,7 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
         k8, _ = hadamard_quantize(k, format="fp8_e4m3", rotate=rotate, randomized_signs=signs, scale=k_descale)
         k_scale = k_descale.expand(k.shape[0], k.shape[1]).contiguous()
     v8, v_scale = quantize_v_permuted(v, amax_kernel=v_amax_kernel)
-    return attention_fp8(q8, k8, v8, q_scale=q_scale.squeeze(-1), k_scale=k_scale, v_scale=v_scale,
-                         causal=causal, softmax_scale=scale, out_dtype=q.dtype, return_lse=return_lse,
-                         v_layout="keys_permuted", check_scales=False)
+    return q8, q_scale.squeeze(-1), k8, k_scale, v8, v_scale
+
+
+quantize_inputs_op.register_kernel(("cpu", "cuda"))(quantize_inputs)
