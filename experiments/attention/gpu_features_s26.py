@@ -364,30 +364,65 @@ def time_varlen(dtype):
         figures = {k_: v_ for k_, v_ in row.items() if isinstance(v_, (int, float))}
         ROWS.append(("time", "varlen packed long-tailed 64K (tl, unchanged)",
                      " ".join(f"{k_} {v_:.3g}" for k_, v_ in figures.items() if "tflops" in k_ or k_.endswith("_ms"))))
-    # softcap 30 on the same batch (tl varlen kernels: tanh.approx on the GPU since this round)
-    from tilecore.ops.attention.varlen import attention_varlen
+    # softcap 30 on the same batch, the varlen kernels' tanh by exp2 (default) and by tanh.approx
+    from tilecore.ops.attention import varlen
 
     cu = mod.cu_of(lengths, device())
-    total, longest = int(cu[-1]), max(lengths)
     g = torch.Generator(device=device()).manual_seed(3)
-    q, k, v = (torch.randn(total, 16, 128, dtype=dtype, device=device(), generator=g) for _ in range(3))
+    q, k, v = (torch.randn(int(cu[-1]), 16, 128, dtype=dtype, device=device(), generator=g) for _ in range(3))
     times = {}
-    for cap in (0.0, 30.0):
+    for name, cap, approx in (("no softcap", 0.0, None), ("softcap 30 exp2", 30.0, False),
+                              ("softcap 30 tanh.approx", 30.0, True)):
         try:
-            run = lambda: attention_varlen(q, k, v, cu, cu, longest, longest, causal=True, softcap=cap)
-            out = run()
-            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-            out_g = attention_varlen(qg, kg, vg, cu, cu, longest, longest, causal=True, softcap=cap)
+            args = (cu, cu, True, 128 ** -0.5, -1, 0, cap)
+            out, lse = varlen.forward_kernels(q, k, v, *args, tanh_approx=approx)
             dout = torch.randn_like(out)
-            back = lambda: torch.autograd.grad(out_g, (qg, kg, vg), dout, retain_graph=True)
-            times[cap] = (bench(run), bench(back))
-            RESULTS["timing"].append(dict(section="varlen", case=f"varlen long-tailed softcap {cap}",
-                                          fwd_ms=times[cap][0], bwd_ms=times[cap][1]))
+            fwd = bench(lambda: varlen.forward_kernels(q, k, v, *args, out=out, lse=lse, tanh_approx=approx))
+            bwd = bench(lambda: varlen.backward_kernels(dout, q, k, v, out, lse, None, *args, tanh_approx=approx))
+            times[name] = (fwd, bwd)
+            RESULTS["timing"].append(dict(section="varlen", case=f"varlen long-tailed {name}", fwd_ms=fwd, bwd_ms=bwd))
         except Exception as exc:  # noqa: BLE001
-            note_error(f"varlen softcap {cap}", exc)
-    if len(times) == 2:
-        ROWS.append(("time", "varlen long-tailed softcap 30 x no-softcap",
-                     f"fwd {fmt(ratio(times[0.0][0], times[30.0][0]))} bwd {fmt(ratio(times[0.0][1], times[30.0][1]))}"))
+            note_error(f"varlen {name}", exc)
+    base = times.get("no softcap", (None, None))
+    for name in ("softcap 30 exp2", "softcap 30 tanh.approx"):
+        t = times.get(name, (None, None))
+        ROWS.append(("time", f"varlen long-tailed {name} x no-softcap",
+                     f"fwd {fmt(ratio(base[0], t[0]))} bwd {fmt(ratio(base[1], t[1]))}"))
+
+
+def check_varlen_tanh_approx(dtype) -> None:
+    """The varlen kernels' softcap by tanh.approx (VARLEN_TANH_APPROX's candidate) against float64, into
+    NaN-poisoned buffers, forward and backward with a window and GQA."""
+    from tilecore.ops.attention import varlen
+    from tilecore.ops.attention.reference_varlen import varlen_reference
+
+    mod = load_varlen_script()
+    lens_q, lens_k, hq, hkv, d = ([7, 1, 0, 20], [9, 5, 3, 20], 2, 1, 16) if SMOKE else (
+        [700, 1, 0, 2000], [900, 5, 3, 2000], 16, 4, 128)
+    cu_q, cu_k = mod.cu_of(lens_q, device()), mod.cu_of(lens_k, device())
+    g = torch.Generator(device=device()).manual_seed(4)
+    q = torch.randn(sum(lens_q), hq, d, dtype=dtype, device=device(), generator=g)
+    k, v = (torch.randn(sum(lens_k), hkv, d, dtype=dtype, device=device(), generator=g) for _ in range(2))
+    args = (cu_q, cu_k, True, d ** -0.5, 100, 0, 20.0)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((hq, q.shape[0]), float("nan"), device=q.device)
+    varlen.forward_kernels(q, k, v, *args, out=out, lse=lse, tanh_approx=True)
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    ref, ref_lse = varlen_reference(q64, k64, v64, cu_q, cu_k, causal=True, scale=d ** -0.5, window_size=(100, 0),
+                                    softcap=20.0)
+    dout = torch.randn_like(out)
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+    grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+    varlen.backward_kernels(dout, q, k, v, out, lse, None, *args, grads=grads, tanh_approx=True)
+    unwritten = int(out.isnan().sum() + sum(t.isnan().sum() for t in grads))
+    err_out = accuracy.error_over_floor(out, ref.detach())
+    errs = errors(grads, ref_grads)
+    ok = unwritten == 0 and err_out <= 2.0 and max(errs.values()) <= 3.0
+    RESULTS["correctness"].append(dict(what="varlen tanh.approx", dtype=str(dtype), ok=ok, unwritten=unwritten,
+                                       out_over_floor=err_out, **{f"{k_}_over_floor": v_ for k_, v_ in errs.items()}))
+    ROWS.append(("check", f"varlen softcap 20 window tanh.approx {str(dtype)[6:]}",
+                 ("ok " if ok else "BAD ") + f"out {err_out:.2f} " + " ".join(f"{k_} {v_:.2f}" for k_, v_ in errs.items())
+                 + f" unwritten {unwritten}"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -426,6 +461,10 @@ def main():
         checks(check_dtype, SMOKE_CHECKS if args.smoke else CHECKS)
         if within_budget("check varlen"):
             check_varlen(check_dtype)
+            try:
+                check_varlen_tanh_approx(check_dtype)
+            except Exception as exc:  # noqa: BLE001
+                note_error("check varlen tanh.approx", exc)
     for name, fn in (("window", time_window), ("softcap", time_softcap), ("varlen", time_varlen)):
         if name not in skip and within_budget(f"timing {name}"):
             try:

@@ -19,7 +19,6 @@ from tilecore.tiles.compile import compile_kernel, resources
 
 def main() -> int:
     target = dispatch.TARGETS["sm_90a"]
-    lengths = [700, 129, 2000]
     cu = torch.tensor([0, 700, 829, 2829], dtype=torch.int32, device="meta")
     q = torch.empty(2829, 16, 128, dtype=torch.bfloat16, device="meta")
     k = torch.empty(2829, 4, 128, dtype=torch.bfloat16, device="meta")
@@ -27,13 +26,9 @@ def main() -> int:
     for mode in (2, 1):
         launches = []
         with dispatch.pretend(target), recording(launches):
-            original = varlen.softcap_mode
-            varlen.softcap_mode = lambda softcap, device: mode if softcap else 0
-            try:
-                out, lse = varlen.forward_kernels(q, k, k, cu, cu, True, 0.1, 100, 0, 30.0)
-                varlen.backward_kernels(out, q, k, k, out, lse, None, cu, cu, True, 0.1, 100, 0, 30.0)
-            finally:
-                varlen.softcap_mode = original
+            out, lse = varlen.forward_kernels(q, k, k, cu, cu, True, 0.1, 100, 0, 30.0, tanh_approx=mode == 2)
+            varlen.backward_kernels(out, q, k, k, out, lse, None, cu, cu, True, 0.1, 100, 0, 30.0,
+                                    tanh_approx=mode == 2)
         for kernel, args, kwargs in launches:
             named, options = named_arguments(kernel, args, kwargs)
             if "SOFTCAP" not in named:

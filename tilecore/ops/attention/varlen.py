@@ -162,13 +162,21 @@ def block_config(d: int, interpret: bool, kernel: str) -> dict:
             "dq": dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)}[kernel]
 
 
-def softcap_mode(softcap: float, device) -> int:
-    """The varlen kernels' SOFTCAP constexpr: 0 without a softcap; on a GPU 2, tanh by tanh.approx.f32
-    (the Gluon kernels' default: its error did not show at bf16 / fp16, session 26); in the
-    interpreter (no inline asm) 1, tanh through exp2."""
+# tanh by tanh.approx.f32 in the varlen kernels on a GPU: compiled (sm_90a: forward div 99 -> 67, ex2
+# 66 -> 34, no spill; experiments/attention/probe_varlen_softcap_compile.py) but not run on one yet
+# (gpu_features_s26.py round 3 checks and times it): off until it is
+VARLEN_TANH_APPROX = False
+
+
+def softcap_mode(softcap: float, device, tanh_approx: bool | None = None) -> int:
+    """The varlen kernels' SOFTCAP constexpr: 0 without a softcap; 1, tanh through exp2 (the
+    interpreter's: no inline asm there); 2, tanh by tanh.approx.f32, on a GPU where
+    VARLEN_TANH_APPROX (the Gluon kernels' default since session 26, its error invisible at bf16 /
+    fp16 there); ``tanh_approx`` (probes) in place of VARLEN_TANH_APPROX."""
     if softcap <= 0:
         return 0
-    return 1 if dispatch.interpreted(device) else 2
+    approx = VARLEN_TANH_APPROX if tanh_approx is None else tanh_approx
+    return 2 if approx and not dispatch.interpreted(device) else 1
 
 
 def block_d(d: int) -> int:
@@ -191,10 +199,11 @@ def _strides(t: torch.Tensor) -> tuple:
     return tuple(t.stride())
 
 
-def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, out=None, lse=None, config=None):
+def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, out=None, lse=None, config=None,
+                    tanh_approx=None):
     """O (total_q, Hq, Dv) and lse (Hq, total_q) by the tl kernel, into ``out`` / ``lse`` where given
     (contiguous: the tests poison them); ``config``: blocks and launch options in place of
-    block_config's (probes)."""
+    block_config's, ``tanh_approx``: softcap_mode's (probes)."""
     from tilecore.ops.attention.kernels_varlen import varlen_fwd
 
     total_q, hq, d = q.shape
@@ -215,15 +224,16 @@ def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, ou
     varlen_fwd[grid](q, k, v, out, lse, cu_q, cu_k, _cu_blocks(cu_q, bm),
                      *_strides(q), *_strides(k), *_strides(v), *_strides(out),
                      batch, total_q, d, dv, hq // hkv, scale, float(softcap), wl, wr,
-                     LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap_mode(softcap, q.device), SEARCH_STEPS=_search_steps(batch),
-                     BLOCK_D=block_d(d), BLOCK_DV=block_d(dv), **cfg)
+                     LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap_mode(softcap, q.device, tanh_approx),
+                     SEARCH_STEPS=_search_steps(batch), BLOCK_D=block_d(d), BLOCK_DV=block_d(dv), **cfg)
     return out, lse
 
 
 def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None,
-                     config=None):
+                     config=None, tanh_approx=None):
     """(dq, dk, dv) by the tl kernels (dK/dV per key block, then dQ), into ``grads`` where given;
-    ``config``: {"dkdv": ..., "dq": ...} blocks and launch options in place of block_config's (probes)."""
+    ``config``: {"dkdv": ..., "dq": ...} blocks and launch options in place of block_config's,
+    ``tanh_approx``: softcap_mode's (probes)."""
     from tilecore.ops.attention.kernels_varlen import varlen_bwd_delta, varlen_bwd_dkdv, varlen_bwd_dq
 
     total_q, hq, d = q.shape
@@ -240,7 +250,8 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
         out, dout, delta if dlse is None else dlse, delta, total_q, dv, *_strides(out), *_strides(dout),
         HAS_DLSE=dlse is not None, BLOCK_M=rows, BLOCK_DV=block_d(dv))
     wl, wr, has_left, has_right = kernel_window(causal, left, right)
-    common = dict(LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap_mode(softcap, q.device), SEARCH_STEPS=_search_steps(batch),
+    common = dict(LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap_mode(softcap, q.device, tanh_approx),
+                  SEARCH_STEPS=_search_steps(batch),
                   BLOCK_D=block_d(d), BLOCK_DV=block_d(dv))
     scalars = (batch, total_q, d, dv, hq // hkv, scale, float(softcap), wl, wr)
     cfg = dict((config or {}).get("dkdv") or block_config(max(d, dv), interpret, "dkdv"))
