@@ -1,7 +1,8 @@
-"""Linear attention's tables (plan.py reads them). None of these is timed yet: they are the choices
-that compile for sm_90a without spilling (``python -m tilecore.ops.linear_attention.report``; an H100
-has 64K registers an SM, 255 a thread), to be replaced by experiments/linear_attention/gpu_check.py's
-sweep (notes/linear_attention/README.md)."""
+"""Linear attention's tables (plan.py reads them). The forward's and the no-decay backward's blocks come
+from the session-26 GPU sweeps (experiments/linear_attention/gpu_forward.py, gpu_backward.py; each
+comment names its figure); the rest are the choices that compile for sm_90a without spilling
+(``python -m tilecore.ops.linear_attention.report``; an H100 has 64K registers an SM, 255 a thread)
+or what a GPU check passed (notes/linear_attention/README.md)."""
 from __future__ import annotations
 
 # tokens a chunk, by decay kind (0 none, 1 scalar, 2 per channel). 64 spilled at Dk = Dv = 128 (and for
