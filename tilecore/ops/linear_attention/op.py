@@ -171,7 +171,10 @@ def _backward(ctx, do, dht, _do_lin):
     q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin = ctx.saved_tensors
     scale, feature, chunk = ctx.options
     du = torch.zeros(o.shape, dtype=torch.float32, device=o.device) if do is None else do.float()
-    lin = (o_lin if o_lin is not None else o).float()  # o before D and z
+    # o before D and z, in float32: for the gate's gradient and Based's decay gradient (do . o) only;
+    # elsewhere the backward never reads it, so it is not made (a pass over o saved)
+    based_decay = feature == BASED and g is not None
+    lin = (o_lin if o_lin is not None else o).float() if z is not None or based_decay else None
     dz = dd = None
     if z is not None:
         u = lin + d_skip.float() * v.float() if d_skip is not None else lin
@@ -183,7 +186,8 @@ def _backward(ctx, do, dht, _do_lin):
         dd = (du * v.float()).sum((0, 1)).to(d_skip.dtype)
     if ht is None or dht is None or dht.numel() == 0:
         dht, ht = None, None
-    dq, dk, dv, dg, dbeta, dh0 = _backward_op(du, q, k, v, g, beta, h0, lin, ht, dht, scale, feature, chunk)
+    lin_in = lin if based_decay else o.new_empty(0, dtype=torch.float32)
+    dq, dk, dv, dg, dbeta, dh0 = _backward_op(du, q, k, v, g, beta, h0, lin_in, ht, dht, scale, feature, chunk)
     if d_skip is not None:
         dv = dv + du * d_skip.float()
 
