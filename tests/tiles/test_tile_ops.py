@@ -84,49 +84,8 @@ def test_exp2_and_masks():
 
 
 @triton.jit
-def _softmax_kernel(s_ptr, v_ptr, o_ptr, scale_log2e, M: tl.constexpr, N: tl.constexpr, D: tl.constexpr,
+def _softmax_kernel(s_ptr, v_ptr, o_ptr, lse_ptr, scale_log2e, M: tl.constexpr, N: tl.constexpr, D: tl.constexpr,
                     BLOCKS: tl.constexpr):
-    rm = tl.arange(0, M)
-    rn = tl.arange(0, N)
-    rd = tl.arange(0, D)
-    m_i = tl.full([M], float("-inf"), tl.float32)
-    l_i = tl.zeros([M], tl.float32)
-    acc = tl.zeros([M, D], tl.float32)
-    for j in range(BLOCKS):
-        s = tl.load(s_ptr + rm[:, None] * (N * BLOCKS) + j * N + rn[None, :])
-        v = tl.load(v_ptr + (j * N + rn)[:, None] * D + rd[None, :])
-        m_i, l_i, acc, p = ops.online_softmax_update(m_i, l_i, acc, s, scale_log2e)
-        acc = ops.mma(p.to(tl.float16), v, acc)
-    tl.store(o_ptr + rm[:, None] * D + rd[None, :], acc / l_i[:, None])
-
-
-def test_online_softmax_matches_softmax():
-    M, N, D, blocks = 16, 16, 16, 4
-    s = torch.randn(M, N * blocks) * 3
-    v = torch.randn(N * blocks, D, dtype=torch.float16)
-    o = torch.full((M, D), float("nan"))
-    scale = 0.5
-    _softmax_kernel[(1,)](s, v, o, scale * math.log2(math.e), M, N, D, blocks)
-    ref = torch.softmax(s.double() * scale, dim=1) @ v.double()
-    assert ((o.double() - ref).norm() / ref.norm()).item() < 2e-3  # p is rounded to fp16 for the mma
-
-
-def test_online_softmax_fully_masked_leading_blocks_give_no_nan():
-    # Causal attention's first key blocks can mask whole rows: those rows must stay at zero, not NaN.
-    M, N, D, blocks = 16, 16, 16, 4
-    s = torch.randn(M, N * blocks) * 3
-    s[:, : 2 * N] = float("-inf")  # the first two blocks are masked for every row
-    v = torch.randn(N * blocks, D, dtype=torch.float16)
-    o = torch.full((M, D), float("nan"))
-    _softmax_kernel[(1,)](s, v, o, 0.5 * math.log2(math.e), M, N, D, blocks)
-    ref = torch.softmax(s.double() * 0.5, dim=1) @ v.double()
-    assert not torch.isnan(o).any()
-    assert ((o.double() - ref).norm() / ref.norm()).item() < 2e-3
-
-
-@triton.jit
-def _softmax_result_kernel(s_ptr, v_ptr, o_ptr, lse_ptr, scale_log2e, M: tl.constexpr, N: tl.constexpr,
-                           D: tl.constexpr, BLOCKS: tl.constexpr):
     # start / update / result, as a flash-attention kernel uses them
     rm = tl.arange(0, M)
     rn = tl.arange(0, N)
@@ -143,6 +102,30 @@ def _softmax_result_kernel(s_ptr, v_ptr, o_ptr, lse_ptr, scale_log2e, M: tl.cons
     tl.store(lse_ptr + rm, lse)
 
 
+def test_online_softmax_matches_softmax():
+    M, N, D, blocks = 16, 16, 16, 4
+    s = torch.randn(M, N * blocks) * 3
+    v = torch.randn(N * blocks, D, dtype=torch.float16)
+    o = torch.full((M, D), float("nan"))
+    scale = 0.5
+    _softmax_kernel[(1,)](s, v, o, torch.empty(M), scale * math.log2(math.e), M, N, D, blocks)
+    ref = torch.softmax(s.double() * scale, dim=1) @ v.double()
+    assert ((o.double() - ref).norm() / ref.norm()).item() < 2e-3  # p is rounded to fp16 for the mma
+
+
+def test_online_softmax_fully_masked_leading_blocks_give_no_nan():
+    # Causal attention's first key blocks can mask whole rows: those rows must stay at zero, not NaN.
+    M, N, D, blocks = 16, 16, 16, 4
+    s = torch.randn(M, N * blocks) * 3
+    s[:, : 2 * N] = float("-inf")  # the first two blocks are masked for every row
+    v = torch.randn(N * blocks, D, dtype=torch.float16)
+    o = torch.full((M, D), float("nan"))
+    _softmax_kernel[(1,)](s, v, o, torch.empty(M), 0.5 * math.log2(math.e), M, N, D, blocks)
+    ref = torch.softmax(s.double() * 0.5, dim=1) @ v.double()
+    assert not torch.isnan(o).any()
+    assert ((o.double() - ref).norm() / ref.norm()).item() < 2e-3
+
+
 def test_online_softmax_start_and_result():
     # rows: ordinary, every score masked (no key: 0 and -inf), one NaN score and one +inf score (NaN
     # out and lse, as SDPA's softmax gives NaN there)
@@ -155,7 +138,7 @@ def test_online_softmax_start_and_result():
     o = torch.full((M, D), float("nan"))
     lse = torch.full((M,), float("nan"))
     scale = 0.5
-    _softmax_result_kernel[(1,)](s, v, o, lse, scale * math.log2(math.e), M, N, D, blocks)
+    _softmax_kernel[(1,)](s, v, o, lse, scale * math.log2(math.e), M, N, D, blocks)
     ok = torch.tensor([r not in (1, 2, 3) for r in range(M)])
     ref = torch.softmax(s[ok].double() * scale, dim=1) @ v.double()
     assert ((o[ok].double() - ref).norm() / ref.norm()).item() < 2e-3  # p is rounded to fp16 for the mma

@@ -89,7 +89,7 @@ def forward_call(plan: Plan, q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scal
               STORE_HT=ht is not None, STORE_OLIN=o_lin is not None, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
               num_warps=cfg["fwd_warps"], num_stages=cfg["fwd_stages"])
     if kind == CHANNEL_DECAY:
-        kw.update(GL=sub_cumulative(g), DIAG=cfg.get("diag", configs.CHANNEL_DIAG))
+        kw.update(GL=sub_cumulative(g), DIAG=cfg["diag"])
     return kernels_tl.la_fwd_kernel, (B * H * cfg["value_blocks"],), args, kw
 
 
@@ -244,7 +244,7 @@ def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts
                N, H, group, Dk, Dv, scale, cfg["key_blocks"])
     dq_kw = dict(BT=cfg["BT_BWD"], BKQ=cfg["BKQ"], BVF=cfg["BVF"], DECAY=kind, FEATURE=feature,
                  HAS_BETA=beta is not None, HAS_H0=h0 is not None, STRICT=strict, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
-                 DIAG=cfg.get("diag", configs.CHANNEL_DIAG), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                 DIAG=cfg["diag"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     dkv_args = (q, k, v, dummy if g is None else g, gl, dummy if beta is None else beta, do,
                 dummy if dht is None else dht, dk_parts, dv_parts, dk_parts if dh0 is None else dh0,
                 *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *do.stride(),
@@ -252,7 +252,7 @@ def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts
                 N, H, group, Dk, Dv, scale, cfg["dkv_value_blocks"], cfg["dkv_key_blocks"])
     dkv_kw = dict(BT=cfg["BT_BWD"], BK=cfg["BK"], BKB=cfg["BKB"], BV=cfg["BVB"], KB=cfg["KB"], DECAY=kind,
                   FEATURE=feature, HAS_BETA=beta is not None, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-                  STRICT=strict, MMA=cfg["MMA"], IEEE=cfg["IEEE"], DIAG=cfg.get("diag", configs.CHANNEL_DIAG),
+                  STRICT=strict, MMA=cfg["MMA"], IEEE=cfg["IEEE"], DIAG=cfg["diag"],
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return [(kernels_tl.la_bwd_dq_kernel, (B * H * cfg["key_blocks"],), dq_args, dq_kw),
             (kernels_tl.la_bwd_dkv_kernel, (B * H * cfg["dkv_value_blocks"] * cfg["dkv_key_blocks"],), dkv_args,
