@@ -2,7 +2,8 @@
 and kernel runs into NaN-filled buffers (so an unwritten element shows)."""
 import torch
 
-from tilecore.ops.linear_attention import launch, linear_attention_reference
+from tilecore import accuracy
+from tilecore.ops.linear_attention import launch, linear_attention, linear_attention_reference
 from tilecore.ops.linear_attention.plan import BASED, IDENTITY, plan
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
@@ -90,3 +91,26 @@ def backward_poisoned(do, q, k, v, g, s0, dht, *, feature=IDENTITY, scale=None, 
 
 
 __all__ += ["backward_poisoned"]
+
+
+def check_extreme_decays(q, k, v, g, s0, chunk, *, reference_dg_vanishes=True):
+    """float32 forward and gradients (through autograd) of log decays g holding extremes (near 0, -1e30,
+    -inf, below the -100 floor) against the float64 reference: all finite, at float32 noise, the decay's
+    gradient 0 where the floor clamps (and the reference's below 1e-40 there, unless told otherwise)."""
+    inputs = [t.requires_grad_() for t in (q, k, v, g, s0)]
+    o, ht = linear_attention(q, k, v, decay=g, initial_state=s0, return_final_state=True, chunk_size=chunk)
+    dout, dstate = torch.randn_like(o), torch.randn_like(ht)
+    grads = torch.autograd.grad((o * dout).sum() + (ht * dstate).sum(), inputs)
+    ref, ref_state, ref_grads = reference(q, k, v, g, s0, dout=dout, dstate=dstate)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert accuracy.rel_rms(o, ref) < 1e-5 and accuracy.rel_rms(ht, ref_state) < 1e-5
+    for name, got, r in zip(("dq", "dk", "dv", "dg", "ds0"), grads, ref_grads):
+        assert torch.isfinite(got).all(), name
+        if name == "dg":  # where the floor clamps, 0; elsewhere the float32 reverse sum of differences
+            assert (got[g < -100] == 0).all()
+            if reference_dg_vanishes:
+                assert (r[g < -100].abs() < 1e-40).all()
+            live = g >= -100
+            assert accuracy.rel_rms(got[live], r[live]) < 1e-3, name
+        else:
+            assert accuracy.rel_rms(got, r) < 2e-5, name
