@@ -4,7 +4,11 @@ check that the cached path (plans per signature, launches by key) gives the bits
 Host time: back-to-back calls on small inputs whose GPU work is shorter than the host's, timed on the
 host and divided by the calls (the GPU queue never empties then: what a user's eager loop sees).
 
-    python experiments/common/host_time.py [--calls 3000] [--json out.json]
+    python experiments/common/host_time.py [--calls 3000] [--json out.json] [--ops all|first|later]
+
+--ops first: the session-24 set (gemm, hadamard, attention); later: every op added since (norm, rotary,
+fft_conv, linear attention and its decode steps, hadamard_quantize, FP8 attention, varlen, the KV
+cache), each against the torch code a user would otherwise write for it.
 """
 import argparse
 import json
@@ -41,6 +45,84 @@ def cases():
         "hadamard (grad recorded)": (lambda: tilecore.hadamard_transform(xg), lambda: xg @ h),
         "attention N256 (grad recorded)": (lambda: tilecore.attention(qg, kg, vg),
                                            lambda: F.scaled_dot_product_attention(qg, kg, vg)),
+    }
+
+
+def later_cases():
+    """The ops added after session 24, each with the torch code it stands for (the same small shapes)."""
+    import tilecore
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(64, 4096, **bf)
+    w, bias = torch.randn(4096, **bf), torch.randn(4096, **bf)
+    xg = x.clone().requires_grad_()
+    wg = w.clone().requires_grad_()
+    xr = torch.randn(1, 64, 8, 128, **bf)  # rotary (B, N, H, D)
+    cos, sin = torch.randn(64, 64, **bf), torch.randn(64, 64, **bf)
+
+    def rotary_torch():
+        c, s_ = cos[:, None], sin[:, None]
+        a, b = xr[..., :64], xr[..., 64:]
+        return torch.cat((a * c - b * s_, b * c + a * s_), -1)
+
+    u = torch.randn(2, 64, 1024, **bf)
+    kf = torch.randn(64, 1024, device="cuda")
+
+    def fft_torch():
+        n = 2 * u.shape[-1]
+        return torch.fft.irfft(torch.fft.rfft(u.float(), n) * torch.fft.rfft(kf, n), n)[..., :u.shape[-1]].to(u.dtype)
+
+    ql, kl, vl = (torch.randn(1, 256, 4, 64, **bf) for _ in range(3))
+    ql2, kl2, vl2 = (torch.randn(4, 8, 64, **bf) for _ in range(3))
+    state = torch.randn(4, 8, 64, 64, device="cuda")
+    xm = torch.randn(4, 32, 64, **bf)
+    dt, A = torch.rand(4, 32, device="cuda"), -torch.rand(32, device="cuda")
+    Bm, Cm = torch.randn(4, 1, 128, **bf), torch.randn(4, 1, 128, **bf)
+    mstate = torch.randn(4, 32, 64, 128, device="cuda")
+
+    def mamba_torch():  # what mamba_ssm's reference selective_state_update does, in torch
+        da = torch.exp(dt * A)[..., None, None]
+        mstate.mul_(da).add_((dt[..., None] * xm.float())[..., None] * Bm.float()[:, :, None, :])
+        return torch.einsum("bhps,bgs->bhp", mstate, Cm.float()).to(xm.dtype)
+
+    xq = torch.randn(64, 4096, **bf)
+    h = torch.randn(4096, 4096, **bf) / 64
+    q8 = torch.randn(1, 8, 256, 128, **bf)
+    f8 = torch.float8_e4m3fn
+    q8f, k8f = q8.to(f8), q8.to(f8)
+    from tilecore.ops.attention_fp8 import quantize_fp8
+    v8f, v8s = quantize_fp8(q8, layout="keys_permuted")
+    one = torch.ones(1, 8, device="cuda")
+    lens = torch.tensor([0, 100, 300, 512], dtype=torch.int32, device="cuda")
+    qv = torch.randn(512, 8, 64, **bf)
+    qpad = torch.randn(3, 8, 212, 64, **bf)
+    B, pages, psize = 4, 64, 64
+    kc, vc = torch.randn(pages, psize, 8, 128, **bf), torch.randn(pages, psize, 8, 128, **bf)
+    table = torch.arange(pages, dtype=torch.int32, device="cuda").view(B, pages // B)
+    seqlens = torch.full((B,), 1000, dtype=torch.int32, device="cuda")
+    qd = torch.randn(B, 1, 32, 128, **bf)
+    kd = torch.randn(B, 8, 1000, 128, **bf)
+    return {
+        "layer_norm": (lambda: tilecore.layer_norm(x, w, bias), lambda: F.layer_norm(x, (4096,), w, bias)),
+        "rms_norm": (lambda: tilecore.layer_norm(x, w, rms=True), lambda: F.rms_norm(x, (4096,), w)),
+        "rms_norm (grad recorded)": (lambda: tilecore.layer_norm(xg, wg, rms=True),
+                                     lambda: F.rms_norm(xg, (4096,), wg)),
+        "apply_rotary": (lambda: tilecore.apply_rotary(xr, cos, sin), rotary_torch),
+        "fft_conv": (lambda: tilecore.fft_conv(u, kf), fft_torch),
+        "linear_attention": (lambda: tilecore.linear_attention(ql, kl, vl),
+                             lambda: torch.tril(ql.transpose(1, 2) @ kl.transpose(1, 2).transpose(-1, -2)) @ vl.transpose(1, 2)),
+        "linear_attention_step": (lambda: tilecore.linear_attention_step(ql2, kl2, vl2, state),
+                                  lambda: (state.add_(kl2.float()[..., None] * vl2.float()[..., None, :]),
+                                           torch.einsum("bhf,bhfv->bhv", ql2.float(), state))),
+        "mamba2_step": (lambda: tilecore.mamba2_step(mstate, xm, dt, A, Bm, Cm), mamba_torch),
+        "hadamard_quantize fp8": (lambda: tilecore.hadamard_quantize(xq, format="fp8_e4m3"),
+                                  lambda: (xq @ h).to(torch.float8_e4m3fn)),
+        "attention_fp8 N256": (lambda: tilecore.attention_fp8(q8f, k8f, v8f, q_scale=one, k_scale=one, v_scale=v8s,
+                                                              v_layout="keys_permuted", check_scales=False),
+                               lambda: F.scaled_dot_product_attention(q8, q8, q8)),
+        "attention_varlen 3 seqs": (lambda: tilecore.attention_varlen(qv, qv, qv, lens, lens, 212, 212, causal=True),
+                                    lambda: F.scaled_dot_product_attention(qpad, qpad, qpad, is_causal=True)),
+        "paged decode": (lambda: tilecore.attention_with_kvcache(qd, kc, vc, cache_seqlens=seqlens, block_table=table),
+                         lambda: F.scaled_dot_product_attention(qd.transpose(1, 2), kd, kd, enable_gqa=True)),
     }
 
 
@@ -94,14 +176,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--json")
+    ap.add_argument("--ops", choices=("all", "first", "later"), default="all")
     a = ap.parse_args()
     rows = []
-    for name, (ours, peer) in cases().items():
+    table = {}
+    for make in ((cases,) if a.ops == "first" else (later_cases,) if a.ops == "later" else (cases, later_cases)):
+        try:
+            table.update(make())
+        except Exception as err:  # noqa: BLE001
+            rows.append({"op": make.__name__, "error": f"{type(err).__name__}: {err}"})
+    for name, (ours, peer) in table.items():
         try:
             rows.append({"op": name, "tilecore_us": per_call_us(ours, a.calls), "torch_us": per_call_us(peer, a.calls)})
         except Exception as err:  # noqa: BLE001
             rows.append({"op": name, "error": f"{type(err).__name__}: {err}"})
-    bits = same_bits_each_call()
+    bits = same_bits_each_call() if a.ops != "later" else {}
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
