@@ -138,6 +138,15 @@ def gluon_forward_config(d: int, n: int, nk: int, causal: bool) -> dict:
     return cfg
 
 
+# attention_varlen's Gluon forward (gluon_varlen.py; varlen.forward_gluon): off until a GPU run checks
+# it (session 27: compile-checked for sm_90a only); True routes eligible CUDA calls there (Hopper,
+# bf16/fp16, D == Dv in VARLEN_GLUON_FORWARD_CONFIG, no window, TMA-describable inputs)
+VARLEN_GLUON_FORWARD = False
+# the fixed forward's blocks (GLUON_FORWARD) with tiles drawn from a counter in the work table's
+# longest-first order (drawn=False: program p takes tiles p, p + P, ...); untimed
+VARLEN_GLUON_FORWARD_CONFIG = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, drawn=True),
+                               128: dict(block_m=64, block_n=128, stages=2, consumers=2, q_buffers=2, drawn=True)}
+
 # --------------------------------------------------------------------------------------------
 # Hopper's Gluon backward (gluon_backward.py): query rows a step (block_m), keys a consumer
 # (block_n; a tile is two), ring depth, and where dQ comes from (dq_from, DQ_MODES)

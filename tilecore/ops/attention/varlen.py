@@ -13,6 +13,7 @@ TRITON_INTERPRET=1.
 """
 from __future__ import annotations
 
+import importlib
 import math
 import numbers
 from typing import Optional
@@ -23,7 +24,7 @@ from tilecore import dispatch
 from tilecore.ops.attention.op import scale_value
 from tilecore.ops.attention.reference_varlen import varlen_backward_reference, varlen_reference
 from tilecore.tiles import eager
-from tilecore.tiles.launch import cdiv, next_power_of_2, tl_addressable
+from tilecore.tiles.launch import CachedLaunch, TmaOperand, cdiv, next_power_of_2, tl_addressable, tma_describable
 
 DTYPES = (torch.float16, torch.bfloat16)
 CPU_DTYPES = DTYPES + (torch.float32,)
@@ -199,6 +200,99 @@ def _strides(t: torch.Tensor) -> tuple:
     return tuple(t.stride())
 
 
+# --------------------------------------------------------------------------------------------
+# Hopper's Gluon forward (gluon_varlen.py)
+
+GLUON_VARLEN_FWD = CachedLaunch(
+    lambda: importlib.import_module("tilecore.ops.attention.gluon_varlen").attention_varlen_fwd_kernel)
+
+
+def gluon_forward_fits(q, k, v, causal, left, right, use_gluon=None) -> bool:
+    """Whether the Gluon varlen forward serves these inputs: configs.VARLEN_GLUON_FORWARD (or
+    ``use_gluon``), a Hopper device under a compile-checked triton (dispatch.gluon_ok), not
+    interpreted, D == Dv with a config, no window (causal is served), TMA-describable tensors."""
+    from tilecore.ops.attention import configs
+
+    wanted = configs.VARLEN_GLUON_FORWARD if use_gluon is None else use_gluon
+    if not wanted or q.device.type != "cuda" or dispatch.interpreted(q.device) or not dispatch.gluon_ok(q.device):
+        return False
+    wl, wr, has_left, has_right = kernel_window(causal, left, right)
+    if has_left or (has_right and not (causal and wr == 0)):
+        return False
+    d, dv = q.shape[2], v.shape[2]
+    return (d == dv and d in configs.VARLEN_GLUON_FORWARD_CONFIG and q.dtype in DTYPES
+            and all(tma_describable(t.transpose(0, 1)) for t in (q, k, v)))
+
+
+def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int, tile_m: int) -> torch.Tensor:
+    """The Gluon varlen forward's work items, (tiles, 4) int32 on cu_q's device, built by torch ops
+    there (no host sync): (sequence, query tile counted from the sequence's last row, q head, 0),
+    sequences longest first (by N x Nk; stable), a sequence's tiles head by head, a head's from the
+    last rows to the first. Its length is an upper bound from the shapes, (cdiv(total_q, tile_m) + B)
+    x heads; entries past the real tiles have sequence -1."""
+    batch = cu_q.numel() - 1
+    lens_q = (cu_q[1:] - cu_q[:-1]).long()
+    lens_k = (cu_k[1:] - cu_k[:-1]).long()
+    order = torch.argsort(lens_q * lens_k, descending=True, stable=True)
+    tiles = torch.div(lens_q[order] + (tile_m - 1), tile_m, rounding_mode="floor")
+    per_sequence = tiles * heads
+    ends = torch.cumsum(per_sequence, 0)
+    t = torch.arange((cdiv(total_q, tile_m) + batch) * heads, device=cu_q.device)
+    rank = torch.searchsorted(ends, t, right=True)
+    real = rank < batch
+    rank = rank.clamp(max=batch - 1)
+    local = t - (ends[rank] - per_sequence[rank])
+    count = tiles[rank].clamp(min=1)
+    sequence = torch.where(real, order[rank], -1)
+    table = torch.stack([sequence, local % count, torch.div(local, count, rounding_mode="floor"),
+                         torch.zeros_like(t)], 1)
+    return table.to(torch.int32)
+
+
+def packed_operand(t: torch.Tensor, rows: int) -> TmaOperand:
+    """A packed (total, heads, D) tensor as a TMA operand over its (heads, total, D) view, boxes of
+    ``rows`` rows of one head."""
+    view = t.transpose(0, 1)
+    return TmaOperand(view, [1, rows, t.shape[2]])
+
+
+def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, out=None, lse=None, config=None, tanh_approx=None):
+    """O (total_q, Hq, D) and lse (Hq, total_q) by the Gluon varlen forward (gluon_varlen.py), into
+    ``out`` (contiguous) / ``lse`` where given; ``config`` in place of
+    configs.VARLEN_GLUON_FORWARD_CONFIG[D]; the softcap's tanh by tanh.approx.f32 unless
+    ``tanh_approx`` is False (the fixed Gluon forward's default)."""
+    from tilecore.ops.attention import configs
+    from tilecore.tiles.launch import tile_counter
+    from tilecore.tiles.ops import LOG2E
+
+    total_q, hq, d = q.shape
+    hkv = k.shape[1]
+    if out is None:
+        out = torch.empty((total_q, hq, d), dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
+    if total_q == 0:
+        return out, lse
+    cfg = dict(config or configs.VARLEN_GLUON_FORWARD_CONFIG[d])
+    block_m, block_n, consumers = cfg["block_m"], cfg["block_n"], cfg.get("consumers", 2)
+    work = work_table(cu_q, cu_k, total_q, hq, block_m * consumers)
+    num_tiles = work.shape[0]
+    if softcap:
+        scale_log2e, tanh_scale = softcap * LOG2E, scale / softcap
+        mode = 1 if tanh_approx is False else 2
+    else:
+        scale_log2e, tanh_scale, mode = scale * LOG2E, 0.0, 0
+    grid = (min(num_tiles, dispatch.num_sms(q.device)),)
+    with dispatch.on_device(q.device):
+        GLUON_VARLEN_FWD[grid](
+            packed_operand(q, block_m), packed_operand(k, block_n), packed_operand(v, block_n),
+            packed_operand(out, block_m), out, out.stride(0), lse, cu_q, cu_k, work, num_tiles, hq // hkv, total_q,
+            scale_log2e, tanh_scale, tile_counter(q.device) if cfg.get("drawn", True) else None,
+            CAUSAL=causal, SOFTCAP=mode, STAGES=cfg["stages"], CONSUMERS=consumers,
+            Q_BUFFERS=cfg.get("q_buffers", 2), num_warps=4)
+    return out, lse
+
+
 def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, out=None, lse=None, config=None,
                     tanh_approx=None):
     """O (total_q, Hq, Dv) and lse (Hq, total_q) by the tl kernel, into ``out`` / ``lse`` where given
@@ -274,6 +368,8 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
 
 def _forward_impl(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap):
     if dispatch.backend_for(q.device) == "kernel":
+        if gluon_forward_fits(q, k, v, causal, left, right):
+            return forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap)
         return forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap)
     out, lse = varlen_reference(q, k, v, cu_q, cu_k, causal=causal, scale=scale, window_size=(left, right),
                                 softcap=softcap, compute_dtype=torch.float32)

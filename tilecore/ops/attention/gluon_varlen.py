@@ -1,0 +1,279 @@
+"""The packed variable-length attention forward on Hopper (``attention_varlen``'s Gluon kernel): the
+fixed-length forward's pipeline (gluon_kernels.py: FlashAttention-3's S = Q K^T issued with the last
+P V, the softmax under it) on the tiles template, over a device-built list of work items.
+
+Layout: q (total_q, Hq, D), k (total_k, Hkv, D), v (total_k, Hkv, D), each described by TMA as its
+(heads, total, D) view (``packed_operand``): a box is ``rows`` rows of one head, at any row offset.
+
+Work items (``work_table``, torch ops on the device: no host sync, so a call captures in a CUDA
+graph): a tile is TILE_M = CONSUMERS x BLOCK_M query rows of one (sequence, q head). Sequences come
+longest first (by N x Nk), each sequence's tiles head by head (a head's tiles one after another:
+they read the same K and V, which stay in L2), within a head its query tiles from the last rows (the
+heaviest, causal) to the first. Tiles are counted from a sequence's last row, so every tile but a
+sequence's first rows' is whole; that one starts at row 0 and, where the sequence is longer than a
+tile, redoes the next tile's first rows bit for bit (the fixed kernel's causal rule). The table has
+an upper bound of entries from the shapes alone (cdiv(total_q, TILE_M) + B tiles a head); entries
+past the real tiles are (-1, ...): no keys, nothing stored. Programs draw tiles from a counter in
+that order (``Layout.tile_counter``): greedy longest-first, so a long-tailed batch's tail is short.
+
+Per tile: its sequence's offsets q0, k0 and lengths N, Nk come from cu_seqlens; the producer loads K
+and V blocks at row k0 + j BLOCK_N and each consumer its Q block at q0 + its first row. Rows past a
+sequence's end belong to the next sequence (or are zeros past the packed end): keys there are masked
+in the scores (key < Nk, ``needs_mask`` / ``mask_scores`` with the sequence's local positions, the
+causal diagonal bottom-right aligned per sequence), so their P is 0; queries there are computed and
+never stored. The output goes by one TMA store where a consumer's rows all lie inside the sequence,
+else by a masked register store (rows < N only): no other sequence's rows are ever written. lse
+(Hq, total_q) float32 natural log, as the tl path's. SOFTCAP as the fixed kernel's (1: tanh from
+exp2, 2: tanh.approx.f32). No window (the tl kernels serve it).
+
+A limit: a P of 0 times a neighbour's V row that holds inf or NaN is NaN, so a non-finite V in the
+first BLOCK_N rows after a sequence's end reaches that sequence's last rows (the tl kernels read
+zeros there). Finite inputs are never affected.
+"""
+from triton.experimental import gluon
+
+from tilecore.ops.attention.gluon_kernels import tanh_approx, tanh_from_exp2
+from tilecore.tiles.gluon import (Layout, TileOperand, as_column, mask_scores, needs_mask, online_softmax_result,
+                                  online_softmax_start, online_softmax_update, opaque_int, ring, run, stage_struct,
+                                  store_block, struct, wgmma_layout, wgmma_lhs_layout)
+from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
+
+WORK_FIELDS = 4  # a work-table entry: sequence (-1: none), query tile from the last row, q head, unused
+
+
+@stage_struct
+class KV:
+    """One stage: a block of keys and a block of values."""
+    k: object  # [1, BN, D]
+    v: object
+
+
+@struct
+class Rows:
+    """A tile's (or a consumer's) query rows: ``first`` local to the sequence, the q head, the key
+    blocks they see, and the sequence's first packed query and key rows and its lengths."""
+    first: object
+    h: object
+    n_blocks: object
+    q0: object
+    k0: object
+    N: object
+    Nk: object
+
+
+@struct
+class Running:
+    """A consumer's online softmax: row max m, row sum l (base 2), the output accumulator, the last P
+    (the next P V's register operand) and its rows."""
+    m: object
+    l: object
+    acc: object
+    p: object
+    rows: object
+
+
+@struct
+class VarlenAttention:
+    """The op: its globals, whose methods are the template's callbacks."""
+    q_desc: object
+    k_desc: object
+    v_desc: object
+    o_desc: object
+    out: object  # O's pointer, for the masked stores of rows that end a sequence
+    o_row_stride: object
+    lse: object
+    cu_q: object
+    cu_k: object
+    work: object  # (tiles, WORK_FIELDS) int32
+    GROUP: object  # q heads per kv head
+    total_q: object
+    scale_log2e: object  # SOFTCAP: cap log2(e)
+    tanh_scale: object  # SOFTCAP: scale / cap
+    CAUSAL: gl.constexpr
+    BM: gl.constexpr  # a consumer's query rows
+    BN: gl.constexpr  # keys a step
+    D: gl.constexpr
+    CONSUMERS: gl.constexpr
+    S: gl.constexpr  # layouts: S = Q K^T [BM, BN], O [BM, D], P as P V's register operand
+    O: gl.constexpr
+    P: gl.constexpr
+    SOFTCAP: gl.constexpr
+
+    @gluon.jit
+    def setup(self, tile_id):
+        """The work item's rows and steps: a step per key block it sees and one for the last P V."""
+        TILE_M: gl.constexpr = self.BM * self.CONSUMERS
+        entry = self.work + tile_id.to(gl.int64) * 4
+        seq = gl.load(entry)
+        tile = gl.load(entry + 1)
+        h = gl.load(entry + 2)
+        real = seq >= 0
+        b = gl.maximum(seq, 0)
+        q0 = gl.load(self.cu_q + b)
+        k0 = gl.load(self.cu_k + b)
+        N = gl.where(real, gl.load(self.cu_q + b + 1) - q0, 0)
+        Nk = gl.where(real, gl.load(self.cu_k + b + 1) - k0, 0)
+        first = gl.maximum(N - (tile + 1) * TILE_M, 0)  # counted from the last row
+        if self.CAUSAL:  # query i sees keys j <= i + Nk - N
+            hi = gl.maximum(gl.minimum(Nk, first + TILE_M + (Nk - N)), 0)
+        else:
+            hi = Nk
+        n_blocks = gl.where(N > 0, gl.cdiv(hi, self.BN), 0)
+        steps = gl.where(n_blocks > 0, n_blocks + 1, 0)
+        return Rows(first, h, n_blocks, q0, k0, N, Nk), steps
+
+    @gluon.jit
+    def load(self, stage, bar, tile, step):
+        """Step ``step``'s K block and the V block of the step before (the first step reloads V block
+        0, the last K block n - 1, unused: a stage's byte count is fixed)."""
+        hk = tile.h // self.GROUP
+        k_block = gl.minimum(step, tile.n_blocks - 1)
+        v_block = gl.maximum(step - 1, 0)
+        tma.async_copy_global_to_shared(self.k_desc, [hk, tile.k0 + k_block * self.BN, 0], bar, stage.k)
+        tma.async_copy_global_to_shared(self.v_desc, [hk, tile.k0 + v_block * self.BN, 0], bar, stage.v)
+
+    @gluon.jit
+    def load_tile(self, q_smem, bar, tile, consumer):
+        """Consumer ``consumer``'s BLOCK_M query rows."""
+        tma.async_copy_global_to_shared(self.q_desc, [tile.h, tile.q0 + tile.first + consumer * self.BM, 0], bar,
+                                        q_smem)
+
+    @gluon.jit
+    def start(self, ctx, tile, prev):
+        first = tile.first + ctx.index * self.BM  # this consumer's rows
+        n_own = tile.n_blocks
+        if self.CAUSAL:  # its rows see fewer key blocks than the tile's last: it skips the later ones
+            own_hi = gl.maximum(gl.minimum(tile.Nk, first + self.BM + (tile.Nk - tile.N)), 0)
+            n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, self.BN), 1), tile.n_blocks)
+        m, l = online_softmax_start(self.BM, self.S)
+        acc = gl.zeros([self.BM, self.D], gl.float32, self.O)
+        p = gl.zeros([self.BM, self.BN], self.q_desc.dtype, self.P)
+        return Running(m, l, acc, p, tile.replace(first=first, n_blocks=n_own))
+
+    @gluon.jit
+    def softmax(self, s, st, first_key):
+        """Cap the scores (SOFTCAP), mask them where the block needs it (keys past the sequence's Nk,
+        the causal diagonal), one online-softmax step. Returns (m, l, P, alpha in O's layout)."""
+        if self.SOFTCAP == 2:
+            s = tanh_approx(s * self.tanh_scale)
+        elif self.SOFTCAP:
+            s = tanh_from_exp2(s * self.tanh_scale)
+        rows = st.rows
+        if needs_mask(rows.first, first_key, self.BN, rows.N, rows.Nk, self.CAUSAL):
+            s = mask_scores(s, self.S, rows.first, first_key, rows.N, rows.Nk, self.CAUSAL, KEY_AXIS=1)
+        m, l, p, alpha = online_softmax_update(st.m, st.l, s, self.scale_log2e)
+        return m, l, p, as_column(alpha, self.O)
+
+    @gluon.jit
+    def p_operand(self, p):
+        """P in the inputs' dtype as P V's register operand (made with no wgmma in flight: C7513)."""
+        return gl.convert_layout(p.to(self.q_desc.dtype), self.P)
+
+    @gluon.jit
+    def compute(self, ctx, st, stage, tile, step):
+        """Step 0: S and its softmax; then S_j with P_{j-1} V_{j-1}; the step after this consumer's last
+        block: its last P V. Every branch ends with its wgmma complete."""
+        q = ctx.operand.reshape([self.BM, self.D])
+        k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))
+        v = stage.v.reshape([self.BN, self.D])
+        if step == 0:
+            # the first key hidden from the compiler where causal (gluon_kernels.Attention.first_key)
+            first_key = opaque_int(step * self.BN) if self.CAUSAL else 0
+            s = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False)
+            m, l, p32, alpha = self.softmax(s, st, first_key)
+            st = st.replace(m=m, l=l, p=self.p_operand(p32))
+        elif step < st.rows.n_blocks:
+            s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
+                                  is_async=True)
+            o_tok = warpgroup_mma(st.p, v, st.acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
+            m, l, p32, alpha = self.softmax(s, st, step * self.BN)
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            st = st.replace(m=m, l=l, acc=acc * alpha, p=self.p_operand(p32))
+        elif step == st.rows.n_blocks:
+            st = st.replace(acc=warpgroup_mma(st.p, v, st.acc))
+        return st
+
+    @gluon.jit
+    def wait(self, ctx, st):
+        return st.replace(acc=warpgroup_mma_wait(0, deps=(st.acc,)))
+
+    @gluon.jit
+    def finish(self, ctx, st, tile):
+        """O = acc / l and lse of this consumer's rows that lie in the sequence: O by one TMA store when
+        all BLOCK_M do, else by a masked store; lse masked."""
+        out, lse = online_softmax_result(st.m, st.l, st.acc)
+        rows = st.rows
+        lse_rows = rows.first + gl.arange(0, self.BM, layout=lse.type.layout)
+        lse_at = self.lse + rows.h.to(gl.int64) * self.total_q + rows.q0 + lse_rows
+        gl.store(lse_at, lse, mask=lse_rows < rows.N)
+        if rows.first + self.BM <= rows.N:
+            store_block(out, self.o_desc, ctx.out, [rows.h, rows.q0 + rows.first, 0])
+        else:
+            o_rows = rows.first + gl.arange(0, self.BM, layout=gl.SliceLayout(1, self.O))
+            cols = gl.arange(0, self.D, layout=gl.SliceLayout(0, self.O))
+            at = gl.expand_dims((rows.q0 + o_rows).to(gl.int64) * self.o_row_stride + rows.h * self.D, 1) \
+                + gl.expand_dims(cols, 0)
+            row_ok = gl.expand_dims(o_rows < rows.N, 1) & gl.expand_dims(cols < self.D, 0)
+            gl.store(self.out + at, out.to(self.q_desc.dtype), mask=row_ok)
+
+
+@gluon.jit
+def attention_varlen_fwd_kernel(q_desc, k_desc, v_desc, o_desc, out_ptr, o_row_stride, lse_ptr, cu_q, cu_k, work,
+                                num_tiles, GROUP, total_q, scale_log2e, tanh_scale, tile_counter,
+                                CAUSAL: gl.constexpr, SOFTCAP: gl.constexpr, STAGES: gl.constexpr,
+                                CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr = 2):
+    """O and lse of packed attention for every work item (``work_table``); a persistent grid drawing
+    its tiles from ``tile_counter`` (or, None, program p takes tiles p, p + P, ...)."""
+    gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")
+    BM: gl.constexpr = o_desc.block_type.shape[1]
+    BN: gl.constexpr = k_desc.block_type.shape[1]
+    D: gl.constexpr = k_desc.block_type.shape[2]
+    op = VarlenAttention(q_desc, k_desc, v_desc, o_desc, out_ptr, o_row_stride, lse_ptr, cu_q, cu_k, work, GROUP,
+                         total_q, scale_log2e, tanh_scale, CAUSAL, BM, BN, D, CONSUMERS,
+                         wgmma_layout(BM, BN, gl.num_warps()), wgmma_layout(BM, D, gl.num_warps()),
+                         wgmma_lhs_layout(BM, D, gl.num_warps()), SOFTCAP)
+    layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=0,
+                    tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), tile_counter=tile_counter)
+    run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), num_tiles)
+
+
+def compiled_forward(d: int = 128, causal: bool = True, softcap: int = 0, dtype=None, cfg: dict | None = None,
+                     drawn: bool | None = None):
+    """The kernel compiled for sm_90a without a GPU (TRITON_INTERPRET unset), with the arguments
+    varlen.forward_gluon passes (packed (total, heads, D) tensors of 4096 rows, 16 heads)."""
+    import torch
+
+    from tilecore.ops.attention import configs, varlen
+    from tilecore.tiles.compile import compile_kernel
+
+    dtype = dtype or torch.bfloat16
+    cfg = dict(cfg or configs.VARLEN_GLUON_FORWARD_CONFIG[d])
+    drawn = cfg.get("drawn", True) if drawn is None else drawn
+    x = torch.empty(4096, 16, d, dtype=dtype)
+    desc = lambda rows: varlen.packed_operand(x, rows).descriptor()  # noqa: E731 - as forward_gluon builds them
+    i32 = torch.empty(64, dtype=torch.int32)
+    args = dict(q_desc=desc(cfg["block_m"]), k_desc=desc(cfg["block_n"]), v_desc=desc(cfg["block_n"]),
+                o_desc=desc(cfg["block_m"]), out_ptr=x, o_row_stride=16 * d, lse_ptr=torch.empty(64),
+                cu_q=i32, cu_k=i32, work=i32, num_tiles=4096, GROUP=1, total_q=4096, scale_log2e=0.1,
+                tanh_scale=0.1, tile_counter=torch.zeros(1, dtype=torch.int32) if drawn else None, CAUSAL=causal,
+                SOFTCAP=softcap, STAGES=cfg["stages"], CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"])
+    return compile_kernel(attention_varlen_fwd_kernel, args, num_warps=4)
+
+
+def report(cases=((128, True, 0), (128, False, 0), (64, True, 0), (128, True, 2))) -> list[dict]:
+    """Resources and Hopper instructions of the compiled kernel for (D, causal, SOFTCAP) cases."""
+    from tilecore.tiles.compile import has_hopper_instructions, resources
+
+    rows = []
+    for d, causal, softcap in cases:
+        compiled = compiled_forward(d, causal, softcap)
+        rows.append(dict(D=d, causal=causal, softcap=softcap, **vars(resources(compiled)),
+                         **has_hopper_instructions(compiled.asm["ptx"])))
+    return rows
+
+
+if __name__ == "__main__":  # python -m tilecore.ops.attention.gluon_varlen (TRITON_INTERPRET unset): JSON rows
+    import json
+
+    print(json.dumps(report()))
