@@ -76,6 +76,21 @@ BWD_WARPS = {0: 8, 1: 4}
 BWD_BLOCK_KINDS = (0,)
 BASED_BWD_WARPS = 4
 
+# the split dK/dV backward (launch.backward_plan; kernels_tl.la_bwd_dkv_kernel PART 1 and 2): one kernel
+# writes dk (programs of BKB key channels by every value column), one dv (BV value columns by every key
+# channel), so neither has partial sums and both store the input's dtype; the dQ kernel takes its own
+# blocks there (session 26 sweep: key blocks of 64, 4 warps, 3 stages 0.553 ms against 0.679 at 128 and 8
+# warps). From run 1 of session 27 (no decay, d128): dQ 0.68 + dK/dV 1.67 ms, the dK/dV kernel's 8-warp
+# program holding dS [128, 128] and two [64, 128] float32 outputs; the dQ kernel, the same walk with half
+# the state and one output, 0.55. Off (no decay kind) until gpu_backward.py checks it on the GPU
+BWD_SPLIT_KINDS: tuple = ()
+BWD_SPLIT_MAX_DIM = 128
+BWD_SPLIT = dict(BT=64, BKB=64, BV=64, warps=4, stages=2)
+BWD_SPLIT_DQ = dict(BKQ=64, warps=4, stages=3)
+# dq, dk, dv stored by the kernels in the inputs' dtype where nothing is combined after them (op.py: no
+# float32 buffers cast by torch passes afterwards)
+BWD_NATIVE_GRADS = True
+
 # the backward's combine kernel (kernels_backward.py): tokens a step of its walk
 COMBINE_TOKENS = 32
 

@@ -703,7 +703,7 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                       BT: tl.constexpr, BK: tl.constexpr, BKB: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
                       DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_DHT: tl.constexpr,
                       STORE_DH0: tl.constexpr, STRICT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
-                      DIAG: tl.constexpr = 2):
+                      DIAG: tl.constexpr = 2, PART: tl.constexpr = 0):
     """Program (batch * head, value block, key-channel block): dk_hat and dv_hat of every token, by a
     reverse sweep with dS (BKB, BV) in registers; dh0 (the gradient of the initial state) at the end.
 
@@ -712,7 +712,12 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
     apart, each contiguous); the intra-chunk term of dv_hat is the first key block's. DHT (the final
     state's gradient) and DH0: (B, H, F, Dv), any strides (stb... and s_hb...). Grid: (B * H * VBLOCKS
     * KBLOCKS,), a head's blocks consecutive (key blocks fastest); BKB = BK but for per-channel decay.
-    STRICT: dk_hat without the diagonal (as la_bwd_dq_kernel's dq)."""
+    STRICT: dk_hat without the diagonal (as la_bwd_dq_kernel's dq).
+
+    PART (the split backward, launch.backward_calls): 0 writes dk_hat and dv_hat; 1 dk_hat only, 2 dv_hat
+    only. Both walk the same dS recurrence; PART 1 runs with every value column in a program (VBLOCKS 1,
+    BV >= Dv) and PART 2 with every key channel (KBLOCKS 1, BKB = BK), so each output comes whole from
+    one program: no partial sums, and the kernels store it in the output's dtype (the caller's bf16)."""
     bh = tl.program_id(0) // (VBLOCKS * KBLOCKS)
     vblock = (tl.program_id(0) // KBLOCKS) % VBLOCKS
     kblock = tl.program_id(0) % KBLOCKS
@@ -760,76 +765,90 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
         if HAS_BETA:
             beta = _token_values(BETA + b * sbb + h * sbh, t0, offs_t, N, sbn)
 
-        # the intra-chunk scores over every channel, without beta: p [BT, BT]
+        # the intra-chunk scores over every channel, without beta: p [BT, BT] (dv's intra-chunk term)
         if DECAY == 2:
-            p = tl.zeros([BT, BT], dtype=tl.float32)
-            if kblock == 0:  # dv's intra-chunk term is the first key block's: the others skip the scores
-                q = _rows(q_base, t0, offs_t, offs_k, k_ok, N, sqn, sqd)
-                k = _rows(k_base, t0, offs_t, offs_k, k_ok, N, skn, skd)
-                Gc, _ = _cumulative_channels(_rows(g_base, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32))
-                p = _channel_scores(q, k, Gc, q_base, k_base, g_base, t0, N, DK, sqn, sqd, skn, skd, sgn, sgd,
-                                    BK, KB, MMA, IEEE, GL + (b * N * H + h) * DK, H * DK, DIAG) * scale
+            if PART != 1:
+                p = tl.zeros([BT, BT], dtype=tl.float32)
+                if kblock == 0:  # dv's intra-chunk term is the first key block's: the others skip the scores
+                    q = _rows(q_base, t0, offs_t, offs_k, k_ok, N, sqn, sqd)
+                    k = _rows(k_base, t0, offs_t, offs_k, k_ok, N, skn, skd)
+                    Gc, _ = _cumulative_channels(_rows(g_base, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32))
+                    p = _channel_scores(q, k, Gc, q_base, k_base, g_base, t0, N, DK, sqn, sqd, skn, skd, sgn, sgd,
+                                        BK, KB, MMA, IEEE, GL + (b * N * H + h) * DK, H * DK, DIAG) * scale
         else:
-            if BKB == BK:
-                s = _dot(qb.to(MMA), tl.trans(kb.to(MMA)), IEEE) * scale
-            else:
-                q = _rows(q_base, t0, offs_t, offs_k, k_ok, N, sqn, sqd)
-                k = _rows(k_base, t0, offs_t, offs_k, k_ok, N, skn, skd)
-                s = _dot(q.to(MMA), tl.trans(k.to(MMA)), IEEE) * scale
-            p = s
-            if FEATURE == 1:
-                p = 1.0 + s + 0.5 * s * s
+            if (PART != 1) | (FEATURE == 1):  # s: dv's scores, and Based's dk factor (1 + s)
+                if BKB == BK:
+                    s = _dot(qb.to(MMA), tl.trans(kb.to(MMA)), IEEE) * scale
+                else:
+                    q = _rows(q_base, t0, offs_t, offs_k, k_ok, N, sqn, sqd)
+                    k = _rows(k_base, t0, offs_t, offs_k, k_ok, N, skn, skd)
+                    s = _dot(q.to(MMA), tl.trans(k.to(MMA)), IEEE) * scale
             if DECAY == 1:
                 Gc, G_last = _cumulative(_token_values(g_base, t0, offs_t, N, sgn))
                 decay = _pair_decay(Gc, causal)
-                p = p * decay
-            p = tl.where(causal, p, 0.0)
-        dp = _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE)  # [BT, BT]: do_i . v_j over this value block
-
-        dv = _dot(tl.trans(p.to(MMA)), do.to(MMA), IEEE) * first_block  # [BT, BV]
+                w = tl.exp(G_last - Gc)[:, None]
+            if PART != 1:
+                p = s
+                if FEATURE == 1:
+                    p = 1.0 + s + 0.5 * s * s
+                if DECAY == 1:
+                    p = p * decay
+                p = tl.where(causal, p, 0.0)
+        if PART != 1:
+            dv = _dot(tl.trans(p.to(MMA)), do.to(MMA), IEEE) * first_block  # [BT, BV]
+        if PART != 2:
+            dp = _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE)  # [BT, BT]: do_i . v_j over this value block
         kbf = kb.to(tl.float32)
         if DECAY == 2:
             Gb, Gb_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_kb, kb_ok, N, sgn, sgd).to(tl.float32))
-            if DIAG == 2:
-                gl_base = GL + (b * N * H + h) * DK
-                gl = _rows(gl_base, t0, offs_t, offs_kb, kb_ok, N, H * DK, 1)
-                a = tl.where(inside, dp, 0.0)
-                dk = (_offdiagonal_dk(a, qb, Gb, MMA, IEEE) + _diagonal_dk(a, gl, q_base, gl_base, t0, offs_kb, kb_ok,
-                                                                          N, sqn, sqd, H * DK)) * scale
-            elif DIAG == 1:
-                dk = _channel_dk_loop(tl.where(inside, dp, 0.0), qb, Gb, MMA, IEEE) * scale
-            else:
-                dk = _channel_dk(tl.where(inside, dp, 0.0), qb, Gb, MMA, IEEE) * scale
             w2 = tl.exp(Gb_last[None, :] - Gb)  # [BT, BKB]
-            dv += _dot((kbf * w2).to(MMA), dS.to(MMA), IEEE)
-            dk += _dot(v.to(MMA), tl.trans(dS.to(MMA)), IEEE) * w2
+            if PART != 2:
+                if DIAG == 2:
+                    gl_base = GL + (b * N * H + h) * DK
+                    gl = _rows(gl_base, t0, offs_t, offs_kb, kb_ok, N, H * DK, 1)
+                    a = tl.where(inside, dp, 0.0)
+                    dk = (_offdiagonal_dk(a, qb, Gb, MMA, IEEE) + _diagonal_dk(a, gl, q_base, gl_base, t0, offs_kb,
+                                                                              kb_ok, N, sqn, sqd, H * DK)) * scale
+                elif DIAG == 1:
+                    dk = _channel_dk_loop(tl.where(inside, dp, 0.0), qb, Gb, MMA, IEEE) * scale
+                else:
+                    dk = _channel_dk(tl.where(inside, dp, 0.0), qb, Gb, MMA, IEEE) * scale
+                dk += _dot(v.to(MMA), tl.trans(dS.to(MMA)), IEEE) * w2
+            if PART != 1:
+                dv += _dot((kbf * w2).to(MMA), dS.to(MMA), IEEE)
         else:
-            a = dp * scale
-            if DECAY == 1:
-                a = a * decay
-            if FEATURE == 1:
-                a = a * (1.0 + s)
-            a = tl.where(inside, a, 0.0)
-            dk = _dot(tl.trans(a.to(MMA)), qb.to(MMA), IEEE)  # [BT, BKB]
-            dk_inter = _dot(v.to(MMA), tl.trans(dS.to(MMA)), IEEE)
-            if FEATURE == 1:
-                # d/dk of (vec(k k^T) / sqrt(2)) . (dS2 v): (N + N^T) k / sqrt(2), N[a, b] = (dS2 v)[a * 16 + b]
-                nmat = tl.reshape(_dot(v.to(MMA), tl.trans(dS2.to(MMA)), IEEE), [BT, BKB, BKB])
-                dk_inter += SQRT_HALF * (tl.sum(nmat * kbf[:, None, :], 2) + tl.sum(nmat * kbf[:, :, None], 1))
-                dv_inter = dS0[None, :] + _dot(kb.to(MMA), dS.to(MMA), IEEE) + _dot(
-                    (_quadratic(kbf, BT, BKB) * SQRT_HALF).to(MMA), dS2.to(MMA), IEEE)
-            else:
-                dv_inter = _dot(kb.to(MMA), dS.to(MMA), IEEE)
-            if DECAY == 1:
-                w = tl.exp(G_last - Gc)[:, None]
-                dk_inter = dk_inter * w
-                dv_inter = dv_inter * w
-            dk += dk_inter
-            dv += dv_inter
+            if PART != 2:
+                a = dp * scale
+                if DECAY == 1:
+                    a = a * decay
+                if FEATURE == 1:
+                    a = a * (1.0 + s)
+                a = tl.where(inside, a, 0.0)
+                dk = _dot(tl.trans(a.to(MMA)), qb.to(MMA), IEEE)  # [BT, BKB]
+                dk_inter = _dot(v.to(MMA), tl.trans(dS.to(MMA)), IEEE)
+                if FEATURE == 1:
+                    # d/dk of (vec(k k^T) / sqrt(2)) . (dS2 v): (N + N^T) k / sqrt(2), N[a, b] = (dS2 v)[a * 16 + b]
+                    nmat = tl.reshape(_dot(v.to(MMA), tl.trans(dS2.to(MMA)), IEEE), [BT, BKB, BKB])
+                    dk_inter += SQRT_HALF * (tl.sum(nmat * kbf[:, None, :], 2) + tl.sum(nmat * kbf[:, :, None], 1))
+                if DECAY == 1:
+                    dk_inter = dk_inter * w
+                dk += dk_inter
+            if PART != 1:
+                if FEATURE == 1:
+                    dv_inter = dS0[None, :] + _dot(kb.to(MMA), dS.to(MMA), IEEE) + _dot(
+                        (_quadratic(kbf, BT, BKB) * SQRT_HALF).to(MMA), dS2.to(MMA), IEEE)
+                else:
+                    dv_inter = _dot(kb.to(MMA), dS.to(MMA), IEEE)
+                if DECAY == 1:
+                    dv_inter = dv_inter * w
+                dv += dv_inter
         bh_rows = (b * N * H + h)  # (B, N, H, D) contiguous parts: row t of head (b, h) at (b N + t) H + h
-        _store_rows(DK_PART + vblock.to(tl.int64) * s_kp + bh_rows * DK, t0, offs_t, offs_kb, kb_ok, N,
-                    H * DK, 1, dk)
-        _store_rows(DV_PART + kblock.to(tl.int64) * s_vp + bh_rows * DV, t0, offs_t, offs_v, v_ok, N, H * DV, 1, dv)
+        if PART != 2:
+            _store_rows(DK_PART + vblock.to(tl.int64) * s_kp + bh_rows * DK, t0, offs_t, offs_kb, kb_ok, N,
+                        H * DK, 1, dk)
+        if PART != 1:
+            _store_rows(DV_PART + kblock.to(tl.int64) * s_vp + bh_rows * DV, t0, offs_t, offs_v, v_ok, N, H * DV, 1,
+                        dv)
 
         # dS at the chunk's start
         qbf = qb.to(tl.float32)

@@ -7,6 +7,8 @@ Tensors as the custom ops take them (op.py): q, k (B, N, Hqk, Dk); v (B, N, H, D
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -111,31 +113,95 @@ def sub_cumulative(g: torch.Tensor) -> torch.Tensor:
 # backward
 
 
-def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float, feature: int):
+SPLIT_KEYS = ("split", "split_BT", "split_BKB", "split_BV", "split_warps", "split_stages", "dq_BKQ", "dq_warps",
+              "dq_stages")
+
+
+def backward_plan(plan: Plan, q, v, g, feature: int, chunk: int | None = None, **overrides) -> Plan:
+    """The plan with the backward's split dK/dV settings (configs.BWD_SPLIT*, the split_* and dq_* keys;
+    ``split`` says whether it runs): the default where configs.BWD_SPLIT_KINDS has this decay kind (phi(x)
+    = x, head dims <= configs.BWD_SPLIT_MAX_DIM), else off. ``chunk``: the caller's chunk_size (None: the
+    split path's own chunk). ``overrides``: any of SPLIT_KEYS (experiments/linear_attention sweeps them)."""
+    unknown = set(overrides) - set(SPLIT_KEYS)
+    if unknown:
+        raise ValueError(f"backward_plan: unknown overrides {sorted(unknown)}; known: {SPLIT_KEYS}")
+    if plan.path != "tl":
+        return plan
+    kind = decay_kind(g)
+    fits = feature != BASED and max(q.shape[-1], v.shape[-1]) <= configs.BWD_SPLIT_MAX_DIM
+    cfg = dict(plan.config)
+    cfg.update(split=fits and kind in configs.BWD_SPLIT_KINDS, split_BT=chunk or configs.BWD_SPLIT["BT"],
+               split_BKB=configs.BWD_SPLIT["BKB"], split_BV=configs.BWD_SPLIT["BV"],
+               split_warps=configs.BWD_SPLIT["warps"], split_stages=configs.BWD_SPLIT["stages"],
+               dq_BKQ=configs.BWD_SPLIT_DQ["BKQ"], dq_warps=configs.BWD_SPLIT_DQ["warps"],
+               dq_stages=configs.BWD_SPLIT_DQ["stages"])
+    cfg.update(overrides)
+    return dataclasses.replace(plan, config=cfg)
+
+
+def part_counts(plan: Plan) -> tuple[int, int]:
+    """(dk parts, dv parts): the dK/dV kernel's partial sums (one each on the split path)."""
+    cfg = plan.config
+    return (1, 1) if cfg.get("split") else (cfg["dkv_value_blocks"], cfg["dkv_key_blocks"])
+
+
+def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float, feature: int, *,
+             native: bool = False):
     """(dq, dk, dv, dg, dbeta, dh0) (None for an input that is None) of o (before D and z) and the final
-    state against their gradients do (float32) and dht (or None), as float32 tensors."""
+    state against their gradients do (any float dtype, read as it is) and dht (or None). float32, but
+    with ``native`` dq, dk, dv in q's, k's, v's dtypes: the kernels then store them so where nothing is
+    combined after them (no torch pass casts them)."""
+    dtypes = (q.dtype, k.dtype, v.dtype)
     if plan.path == "cpu":
-        return chunked.chunked_backward(do, q, k, v, g, beta, h0, dht, scale, feature, plan.chunk)
-    if plan.config["upcast"]:
-        q, k, v = q.float(), k.float(), v.float()
-    buffers = backward_kernels(plan, do, q, k, v, g, beta, h0, dht, scale, feature)
-    if plan.config.get("combine", "kernel") == "kernel" and not (feature == BASED and g is not None):
-        return backward_combine_kernel(buffers, q, k, v, g, beta, ht, dht)
-    return backward_combine(buffers, do, q, k, v, g, beta, o_lin, ht, dht)
+        grads = chunked.chunked_backward(do, q, k, v, g, beta, h0, dht, scale, feature, plan.chunk)
+        return _cast_grads(grads, dtypes) if native else grads
+    if plan.config["upcast"]:  # the interpreter: bf16 on its float32 upcast, rounded once at the end
+        q, k, v, do = q.float(), k.float(), v.float(), do.float()
+    out = dict(zip(("dq", "dk", "dv"), dtypes)) if native and not plan.config["upcast"] else None
+    torch_combine = plan.config.get("combine", "kernel") != "kernel" or (feature == BASED and g is not None)
+    buffers = backward_kernels(plan, do, q, k, v, g, beta, h0, dht, scale, feature,
+                               out_dtypes=None if torch_combine else out)
+    if not torch_combine:
+        grads = backward_combine_kernel(buffers, q, k, v, g, beta, ht, dht, out_dtypes=out)
+    else:
+        grads = backward_combine(buffers, do, q, k, v, g, beta, o_lin, ht, dht)
+    return _cast_grads(grads, dtypes) if native else grads
 
 
-def backward_kernels(plan: Plan, do, q, k, v, g, beta, h0, dht, scale: float, feature: int):
+def _cast_grads(grads, dtypes):
+    """dq, dk, dv in the inputs' dtypes (a no-op where the kernels stored them so)."""
+    dq, dk, dv, *rest = grads
+    return (dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2]), *rest)
+
+
+def _buffer_dtypes(plan: Plan, q, v, g, beta, feature: int, out_dtypes) -> tuple:
+    """The dtypes of the kernels' dq, dk and dv buffers: float32, but an output's own dtype where nothing
+    after the kernels reads the buffer (no diagonal to add back, no beta, one part, a q/k head per v head
+    for dq and dk)."""
+    f32 = torch.float32
+    if not out_dtypes:
+        return f32, f32, f32
+    nv, nk = part_counts(plan)
+    group = v.shape[2] // q.shape[2]
+    plain = not strict_diagonal(feature, g) and beta is None and nv == 1 and nk == 1
+    own = group == 1 and plain
+    return (out_dtypes["dq"] if group == 1 and not strict_diagonal(feature, g) else f32,
+            out_dtypes["dk"] if own else f32, out_dtypes["dv"] if plain else f32)
+
+
+def backward_kernels(plan: Plan, do, q, k, v, g, beta, h0, dht, scale: float, feature: int, out_dtypes=None):
     """The dQ and dK/dV kernels' outputs: (dq per v head, dk parts, dv parts, dh0 or None, r or None),
-    float32 (backward_calls says what each holds)."""
+    float32 but where ``out_dtypes`` ({"dq", "dk", "dv"}: dtypes) lets a buffer be the output itself
+    (_buffer_dtypes; backward_calls says what each holds)."""
     B, N, H, Dv = v.shape
     Dk = q.shape[3]
-    cfg = plan.config
     f32 = torch.float32
     dev = v.device
-    dq_heads = torch.empty(B, N, H, Dk, dtype=f32, device=dev)
-    nv, nk = cfg["dkv_value_blocks"], cfg["dkv_key_blocks"]
-    dk_parts = torch.empty(nv, B, N, H, Dk, dtype=f32, device=dev)
-    dv_parts = torch.empty(nk, B, N, H, Dv, dtype=f32, device=dev)
+    dq_dtype, dk_dtype, dv_dtype = _buffer_dtypes(plan, q, v, g, beta, feature, out_dtypes)
+    dq_heads = torch.empty(B, N, H, Dk, dtype=dq_dtype, device=dev)
+    nv, nk = part_counts(plan)
+    dk_parts = torch.empty(nv, B, N, H, Dk, dtype=dk_dtype, device=dev)
+    dv_parts = torch.empty(nk, B, N, H, Dv, dtype=dv_dtype, device=dev)
     dh0 = torch.empty(B, H, feature_rows(feature, Dk), Dv, dtype=f32, device=dev) if h0 is not None else None
     # phi(x) = x with a decay: dq and dk without the diagonal, whose factor comes apart (r)
     r = torch.empty(B, N, H, dtype=f32, device=dev) if strict_diagonal(feature, g) else None
@@ -178,7 +244,7 @@ def backward_combine(buffers, do, q, k, v, g, beta, o_lin, ht, dht):
     return dq, dk, dv, dg, dbeta, dh0
 
 
-def backward_combine_kernel(buffers, q, k, v, g, beta, ht, dht):
+def backward_combine_kernel(buffers, q, k, v, g, beta, ht, dht, out_dtypes=None):
     """backward_combine in one kernel (kernels_backward.la_bwd_combine_kernel: each buffer read once, the
     log decay's reverse sum along the sequence in it) for phi(x) = x (any decay) and Based without a
     decay (Based's decay gradient, do . o - v . dv, stays backward_combine's)."""
@@ -190,9 +256,12 @@ def backward_combine_kernel(buffers, q, k, v, g, beta, ht, dht):
     if not strict and beta is None and dk_parts.shape[0] == 1 and dv_parts.shape[0] == 1:  # nothing to combine
         return backward_combine(buffers, None, q, k, v, g, beta, None, ht, dht)
     f32, dev = torch.float32, v.device
-    dq = torch.empty_like(dq_heads) if strict else dq_heads
-    dk = torch.empty(B, N, H, Dk, dtype=f32, device=dev)
-    dv = torch.empty(B, N, H, Dv, dtype=f32, device=dev)
+    # out_dtypes: dq, dk, dv stored in the outputs' dtypes where no q/k head group is summed after
+    own = out_dtypes if out_dtypes and group == 1 else dict(dq=f32, dk=f32)
+    dv_dtype = out_dtypes["dv"] if out_dtypes else f32
+    dq = torch.empty(dq_heads.shape, dtype=own["dq"], device=dev) if strict else dq_heads
+    dk = torch.empty(B, N, H, Dk, dtype=own["dk"], device=dev)
+    dv = torch.empty(B, N, H, Dv, dtype=dv_dtype, device=dev)
     dg = torch.empty(g.shape, dtype=f32, device=dev) if strict else None
     dbeta = torch.empty(B, N, H, dtype=f32, device=dev) if beta is not None else None
     has_dht = dht is not None and ht is not None
@@ -226,8 +295,9 @@ def strict_diagonal(feature: int, g) -> bool:
 
 def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts, dv_parts, dh0, scale: float,
                    feature: int, r=None):
-    """[(kernel, grid, arguments, options)] of the dQ and dK/dV kernels; ``r`` (B, N, H) float32 where
-    strict_diagonal: the diagonal's factor, dq and dk_hat then without it."""
+    """[(kernel, grid, arguments, options)] of the dQ and dK/dV kernels (the split path: dQ, dK, dV);
+    ``r`` (B, N, H) float32 where strict_diagonal: the diagonal's factor, dq and dk_hat then without
+    it. dk_parts and dv_parts hold part_counts(plan) parts."""
     strict = r is not None
     B, N, H, Dv = v.shape
     Dk = q.shape[3]
@@ -237,26 +307,40 @@ def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts
     g_strides = _strides(g, 4) if kind == CHANNEL_DECAY else (*_strides(g, 3), 0)
     dummy = v
     gl = sub_cumulative(g) if kind == CHANNEL_DECAY else dummy
+    split = bool(cfg.get("split"))  # backward_plan's split dK/dV (and its own dQ blocks)
+    bt = cfg["split_BT"] if split else cfg["BT_BWD"]
+    bkq = cfg["dq_BKQ"] if split else cfg["BKQ"]
+    key_blocks = -(-Dk // bkq)
     dq_args = (q, k, v, dummy if g is None else g, gl, dummy if beta is None else beta, dummy if h0 is None else h0,
                do, dq_heads, dq_heads if r is None else r,
                *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *do.stride(),
                *dq_heads.stride(), *_strides(h0, 4),
-               N, H, group, Dk, Dv, scale, cfg["key_blocks"])
-    dq_kw = dict(BT=cfg["BT_BWD"], BKQ=cfg["BKQ"], BVF=cfg["BVF"], DECAY=kind, FEATURE=feature,
+               N, H, group, Dk, Dv, scale, key_blocks)
+    dq_kw = dict(BT=bt, BKQ=bkq, BVF=cfg["BVF"], DECAY=kind, FEATURE=feature,
                  HAS_BETA=beta is not None, HAS_H0=h0 is not None, STRICT=strict, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
-                 DIAG=cfg["diag"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    dkv_args = (q, k, v, dummy if g is None else g, gl, dummy if beta is None else beta, do,
-                dummy if dht is None else dht, dk_parts, dv_parts, dk_parts if dh0 is None else dh0,
+                 DIAG=cfg["diag"], num_warps=cfg["dq_warps"] if split else cfg["num_warps"],
+                 num_stages=cfg["dq_stages"] if split else cfg["num_stages"])
+    dq_call = (kernels_tl.la_bwd_dq_kernel, (B * H * key_blocks,), dq_args, dq_kw)
+
+    def dkv_call(part: int, bkb: int, bv: int, warps: int, stages: int, store_dh0: bool):
+        vblocks, kblocks = -(-Dv // bv), -(-Dk // bkb)
+        args = (q, k, v, dummy if g is None else g, gl, dummy if beta is None else beta, do,
+                dummy if dht is None else dht, dk_parts, dv_parts, dh0 if store_dh0 else dk_parts,
                 *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 3), *do.stride(),
-                *_strides(dht, 4), *_strides(dh0, 4), dk_parts.stride(0), dv_parts.stride(0),
-                N, H, group, Dk, Dv, scale, cfg["dkv_value_blocks"], cfg["dkv_key_blocks"])
-    dkv_kw = dict(BT=cfg["BT_BWD"], BK=cfg["BK"], BKB=cfg["BKB"], BV=cfg["BVB"], KB=cfg["KB"], DECAY=kind,
-                  FEATURE=feature, HAS_BETA=beta is not None, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-                  STRICT=strict, MMA=cfg["MMA"], IEEE=cfg["IEEE"], DIAG=cfg["diag"],
-                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return [(kernels_tl.la_bwd_dq_kernel, (B * H * cfg["key_blocks"],), dq_args, dq_kw),
-            (kernels_tl.la_bwd_dkv_kernel, (B * H * cfg["dkv_value_blocks"] * cfg["dkv_key_blocks"],), dkv_args,
-             dkv_kw)]
+                *_strides(dht, 4), *_strides(dh0 if store_dh0 else None, 4), dk_parts.stride(0), dv_parts.stride(0),
+                N, H, group, Dk, Dv, scale, vblocks, kblocks)
+        kw = dict(BT=bt, BK=cfg["BK"], BKB=bkb, BV=bv, KB=cfg["KB"], DECAY=kind, FEATURE=feature,
+                  HAS_BETA=beta is not None, HAS_DHT=dht is not None, STORE_DH0=store_dh0, STRICT=strict,
+                  MMA=cfg["MMA"], IEEE=cfg["IEEE"], DIAG=cfg["diag"], PART=part, num_warps=warps, num_stages=stages)
+        return kernels_tl.la_bwd_dkv_kernel, (B * H * vblocks * kblocks,), args, kw
+
+    if not split:
+        return [dq_call, dkv_call(0, cfg["BKB"], cfg["BVB"], cfg["num_warps"], cfg["num_stages"], dh0 is not None)]
+    # the split dK/dV: dk from programs of split_BKB key channels by every value column (it stores dh0's rows),
+    # dv from programs of split_BV value columns by every key channel; each output whole, from one program
+    sw, ss = cfg["split_warps"], cfg["split_stages"]
+    return [dq_call, dkv_call(1, cfg["split_BKB"], cfg["BVF"], sw, ss, dh0 is not None),
+            dkv_call(2, cfg["BK"], cfg["split_BV"], sw, ss, False)]
 
 
 def decay_grad(g, ht, dht, dG):

@@ -145,18 +145,22 @@ def _(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk, final_state, keep_
 def _backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
                  beta: Optional[torch.Tensor], h0: Optional[torch.Tensor], o_lin: torch.Tensor,
                  ht: Optional[torch.Tensor], dht: Optional[torch.Tensor], scale: float, feature: int,
-                 chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                      torch.Tensor]:
-    p = plan(q, v, g, feature, chunk or None)
-    grads = launch.backward(p, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature)
+                 chunk: int, native: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                    torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dg, dbeta, dh0), float32, but dq, dk, dv in q's, k's, v's dtypes where ``native`` (the
+    kernels store them so: no cast after); do in any float dtype (read as it is)."""
+    p = launch.backward_plan(plan(q, v, g, feature, chunk or None), q, v, g, feature, chunk or None)
+    grads = launch.backward(p, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, native=native)
     return tuple(_none_to_empty(t, v) for t in grads)
 
 
 @_backward_op.register_fake
-def _(do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, chunk):
-    def like(t):
-        return t.new_empty(t.shape, dtype=torch.float32) if t is not None else v.new_empty(0, dtype=torch.float32)
-    return like(q), like(k), like(v), like(g), like(beta), like(h0)
+def _(do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, chunk, native):
+    def like(t, own=False):
+        if t is None:
+            return v.new_empty(0, dtype=torch.float32)
+        return t.new_empty(t.shape, dtype=t.dtype if own else torch.float32)
+    return like(q, native), like(k, native), like(v, native), like(g), like(beta), like(h0)
 
 
 def _setup_context(ctx, inputs, output):
@@ -170,7 +174,11 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, do, dht, _do_lin):
     q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin = ctx.saved_tensors
     scale, feature, chunk = ctx.options
-    du = torch.zeros(o.shape, dtype=torch.float32, device=o.device) if do is None else do.float()
+    # do goes to the kernels in its own dtype (they read it as it is); the gate's and D's terms take float32
+    if do is None:
+        du = torch.zeros(o.shape, dtype=o.dtype, device=o.device)
+    else:
+        du = do.float() if z is not None else do
     # o before D and z, in float32: for the gate's gradient and Based's decay gradient (do . o) only;
     # elsewhere the backward never reads it, so it is not made (a pass over o saved)
     based_decay = feature == BASED and g is not None
@@ -183,13 +191,17 @@ def _backward(ctx, do, dht, _do_lin):
         dz = (du * u * sz * (1 + zf * (1 - sz))).to(z.dtype)
         du = du * zf * sz
     if d_skip is not None:
-        dd = (du * v.float()).sum((0, 1)).to(d_skip.dtype)
+        dd = (du.float() * v.float()).sum((0, 1)).to(d_skip.dtype)
     if ht is None or dht is None or dht.numel() == 0:
         dht, ht = None, None
     lin_in = lin if based_decay else o.new_empty(0, dtype=torch.float32)
-    dq, dk, dv, dg, dbeta, dh0 = _backward_op(du, q, k, v, g, beta, h0, lin_in, ht, dht, scale, feature, chunk)
+    # dq, dk, dv straight in the inputs' dtypes from the kernels (no float32 buffers cast here), but where D's
+    # term is added to dv after them
+    native = configs.BWD_NATIVE_GRADS and d_skip is None
+    dq, dk, dv, dg, dbeta, dh0 = _backward_op(du, q, k, v, g, beta, h0, lin_in, ht, dht, scale, feature, chunk,
+                                              native)
     if d_skip is not None:
-        dv = dv + du * d_skip.float()
+        dv = dv + du.float() * d_skip.float()
 
     def cast(grad, t):
         return None if t is None else grad.to(t.dtype)
