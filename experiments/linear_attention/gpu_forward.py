@@ -3,7 +3,13 @@
 time goes; each sweep point checked against the default's output and the best against the float64
 recurrence.
 
-    PYTHONPATH=. python3 experiments/linear_attention/gpu_forward.py [--smoke] [--phases ...] [--out DIR]
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_forward.py [--full] [--smoke] [--phases ...] [--out DIR]
+
+Default (quick, under 90 s on an H100): the Gluon checks (phi(x) = x, and Based's gluon_based kernel: bf16 and
+fp16 against float64, tails, initial and final states, NaN-poisoned outputs), then the four forward cases plus
+Dk 64 (no decay, scalar decay) timed with their peers and the copy bound, Based's Gluon kernel and the Gluon
+forward at Dk 64 beside the defaults, and Mamba-2's pieces (the kernel alone against the op: the torch side).
+--full: also the tl sweep and the probes (about 5 minutes).
 
 (FLA: pip install --no-index --no-deps --target /tmp/site .whl/*.whl and put /tmp/site on PYTHONPATH; without
 it the peers are recorded as errors.) About 2 minutes on an H100 with --phases warm,gluon,time,sweep.
@@ -35,6 +41,7 @@ import traceback
 from pathlib import Path
 
 SMOKE = "--smoke" in sys.argv
+QUICK = "--full" not in sys.argv
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"
 
@@ -51,8 +58,8 @@ DEV = "cpu" if SMOKE else "cuda"
 START = time.time()
 RESULTS: dict = {"time": [], "sweep": [], "check": [], "probe": [], "warm": [], "errors": []}
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
-BUDGET = 300.0  # seconds from the start: no new timed case past it
-WARM_BUDGET = 170.0  # seconds from the start for the warm phase's compiles and checks
+BUDGET = 85.0 if QUICK else 300.0  # seconds from the start: no new timed case past it
+WARM_BUDGET = 55.0 if QUICK else 170.0  # seconds from the start for the warm phase's compiles and checks
 
 
 def elapsed() -> float:
@@ -94,6 +101,10 @@ CASES = {
                             peers=("chunk_simple_gla",)),
     "based d16 v64": dict(H=16, Hqk=16, Dk=16, Dv=64, decay=None, feature=BASED,
                           peers=("parallel_based", "fused_chunk_based")),
+    "linear d64 v128": dict(H=16, Hqk=16, Dk=64, Dv=128, decay=None, feature=IDENTITY, peers=("chunk_linear_attn",),
+                            gluon_override=True),
+    "simple gla d64 v128": dict(H=16, Hqk=16, Dk=64, Dv=128, decay="scalar", feature=IDENTITY,
+                                peers=("chunk_simple_gla",), gluon_override=True),
     "mamba2 2.7B shape": dict(H=80, Hqk=1, Dk=128, Dv=64, decay="scalar", feature=IDENTITY, mamba=True,
                               peers=("chunk_simple_gla",)),
 }
@@ -251,6 +262,9 @@ def _worker(task):
         if kind == "gluoncheck":
             check_gluon(*GLUON_CHECKS[case])
             return task, None, None, time.time() - t0
+        if kind == "basedcheck":
+            check_based(*BASED_CHECKS[case])
+            return task, None, None, time.time() - t0
         if case not in _WORKER_INPUTS:
             _WORKER_INPUTS[case] = make(case, *shape())
         t = _WORKER_INPUTS[case]
@@ -265,6 +279,9 @@ def _worker(task):
             default_call(case, t)()
         elif kind == "fla":
             fla_call(task[2], case, t)()
+        elif kind == "extra":
+            for fn in extra_calls(case, t).values():
+                fn()
         elif kind == "probe":
             probe_run(t, *task[2])
         torch.cuda.synchronize()
@@ -278,11 +295,14 @@ PASSED: set = set()
 
 def warm(workers: int, cases):
     tasks = [("gluoncheck", i) for i in range(len(GLUON_CHECKS))]
+    tasks += [("basedcheck", i) for i in range(len(BASED_CHECKS))]
     tasks += [("default", c) for c in cases]
+    tasks += [("extra", c) for c in cases if extra_calls(c, None, names_only=True)]
     tasks += [("fla", c, p) for c in cases for p in CASES[c]["peers"]]
-    if "simple gla d128" in cases:
-        tasks += [("probe", "simple gla d128", (m, *pt)) for pt in PROBE_POINTS for m in range(4)]
-    tasks += [("tl", c, p) for c in cases for p in sweep_points(c)]
+    if not QUICK:
+        if "simple gla d128" in cases:
+            tasks += [("probe", "simple gla d128", (m, *pt)) for pt in PROBE_POINTS for m in range(4)]
+        tasks += [("tl", c, p) for c in cases for p in sweep_points(c)]
     import concurrent.futures as cf
     import multiprocessing as mp
 
@@ -395,12 +415,95 @@ GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
                 ("gluon mamba2 N 33 stages 2", 1, 33, 1, 4, 128, 64, True, True, 2))
 
 
+def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype: str = "bf16"):
+    """Based's Gluon forward (gluon_based.based_fwd_gluon_kernel) into NaN-filled o and final states (the
+    kernel's rows), with or without an initial state, against the float64 recurrence; beside the tl kernel."""
+    from tilecore.ops.linear_attention import gluon_based as gb
+
+    torch.manual_seed(7)
+    dt = torch.bfloat16 if dtype == "bf16" else torch.float16
+    q = torch.randn(B, N, H, gb.DK, device=DEV).to(dt)
+    k = torch.randn(B, N, H, gb.DK, device=DEV).to(dt)
+    v = torch.randn(B, N, H, Dv, device=DEV).to(dt)
+    h0 = torch.randn(B, H, 1 + gb.DK + gb.DK ** 2, Dv, device=DEV) * 0.1 if with_h0 else None
+    scale = gb.DK ** -0.5
+    row = dict(case=name, N=N, fits=gb.fits(q, k, v, None))
+    o = torch.full_like(v, float("nan"))
+    xt = torch.full((B, H, gb.FEATURES, Dv), float("nan"), device=DEV)
+    x0 = gb.compress(h0) if h0 is not None else None
+    grid, args, warps = gb.launch_args(q, k, v, x0, o, xt, scale)
+    gb.based_fwd_gluon_kernel[grid](**args, num_warps=warps)
+    torch.cuda.synchronize()
+    row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(xt).any())
+    ht = gb.expand(xt) + (h0 - gb.expand(x0) if h0 is not None else 0.0)
+    ref, ref_state = linear_attention_reference(q.double(), k.double(), v.double(), feature_map="based", scale=scale,
+                                                initial_state=None if h0 is None else h0.double())
+    row["out_floor"] = round(accuracy.error_over_floor(o.nan_to_num(), ref), 3)
+    row["state_rel"] = accuracy.rel_rms(ht.nan_to_num(), ref_state)
+    o2, ht2 = gb.forward(q, k, v, h0, scale, True)  # the host path (compress, expand) as the op will call it
+    row["forward_matches"] = bool(torch.equal(o2, o)) and accuracy.rel_rms(ht2, ht) < 1e-6
+    p = tl_plan(q, v, None, BASED)
+    o_tl, ht_tl, _ = launch.forward(p, q, k, v, None, None, None, None, h0, scale, BASED, final_state=True,
+                                    keep_linear=False)
+    row["tl_out_floor"] = round(accuracy.error_over_floor(o_tl, ref), 3)
+    row["tl_state_rel"] = accuracy.rel_rms(ht_tl, ref_state)
+    print("check based", row, flush=True)
+    RESULTS["check"].append(row)
+
+
+BASED_CHECKS = (("gluon based d16 v64 h0 N 1000", 2, 1000, 4, 64, True),
+                ("gluon based d16 v128 N 77 (a tail chunk)", 1, 77, 3, 128, False),
+                ("gluon based fp16 v64 h0 N 4097", 1, 4097, 2, 64, True, "fp16"))
+
+
 def phase_gluon_check():
     for i, args in enumerate(GLUON_CHECKS):
         if not passed(("gluoncheck", i)):
             RESULTS["errors"].append(f"check {args[0]}: failed in the warm phase")
             continue
         attempt(f"check {args[0]}", lambda: check_gluon(*args))
+    for i, args in enumerate(BASED_CHECKS):
+        if not passed(("basedcheck", i)):
+            RESULTS["errors"].append(f"check {args[0]}: failed in the warm phase")
+            continue
+        attempt(f"check {args[0]}", lambda: check_based(*args))
+
+
+def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
+    """The case's timed variants beside the default (name -> call): Based on its Gluon kernel
+    (gluon_based.forward), the Gluon forward at Dk 64 (plan override fwd_gluon), Mamba-2's pieces (the
+    Gluon kernel alone on prepared arguments; the torch side before it: dt A and the chunk sums)."""
+    c = CASES[case]
+    names = []
+    if c["feature"] == BASED:
+        names = ["gluon_based"]
+    elif c.get("gluon_override"):
+        names = ["gluon"]
+    elif c.get("mamba"):
+        names = ["kernel_only", "torch_prep"]
+    if names_only or not names:
+        return dict.fromkeys(names)
+    from tilecore.ops.linear_attention import gluon_based as gb
+    from tilecore.ops.linear_attention import gluon_forward as gf
+
+    if c["feature"] == BASED:
+        if gb.fits(t["q"], t["k"], t["v"], None) is not None:
+            raise ValueError(f"gluon_based does not take the case: {gb.fits(t['q'], t['k'], t['v'], None)}")
+        return {"gluon_based": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False)[0]}
+    if c.get("gluon_override"):
+        return {"gluon": lambda: run_forward(t, fwd_gluon=True, gluon_stages=2)}
+    # Mamba-2: what mamba2_chunk_scan runs before the kernel (dt in float32, g = dt A, D expanded; in
+    # gluon_forward.forward the chunk sums of g and D's float copy), and the kernel alone
+    v = t["v"]
+    o = torch.empty_like(v)
+
+    def prep():
+        dt = t["dt"].float()
+        g = dt * t["A"].float()
+        return gf.chunk_cumulative(g, gf.BT_GLUON), dt, t["d_skip"].float().contiguous()
+    G, beta, d_skip = prep()
+    grid, args, warps = gf.launch_args(t["q"], t["k"], v, G, beta, d_skip, t["z"], None, o, None, 1.0, 2)
+    return {"kernel_only": lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps), "torch_prep": prep}
 
 
 def phase_time(case: str, t: dict):
@@ -411,6 +514,16 @@ def phase_time(case: str, t: dict):
     else:
         default_call(case, t)()
     row["default_floor"] = attempt(f"check {case}", lambda: reference_floor(case, None))
+    if extra_calls(case, None, names_only=True) and not SMOKE:
+        if passed(("extra", case)):
+            want = default_call(case, t)().float()
+            for name, fn in (attempt(f"extra {case}", lambda: extra_calls(case, t)) or {}).items():
+                out = fn()
+                if isinstance(out, torch.Tensor) and out.shape == want.shape:
+                    row[f"{name}_rel_vs_default"] = accuracy.rel_rms(out.float(), want)
+                row[f"{name}_ms"] = attempt(f"time {case} {name}", lambda: bench(fn))
+        else:
+            row["extra_error"] = "failed in the warm phase"
     for peer in CASES[case]["peers"]:
         if not passed(("fla", case, peer)):
             row[f"{peer}_error"] = "failed in the warm phase"
@@ -486,15 +599,24 @@ def phase_probe(t: dict):
 def table() -> str:
     lines = ["", "case | copy = HBM bound ms | default ms (% bound) | best sweep ms (% bound) [chunk BV warps stages "
              "transposed gluon, best tl / transposed / gluon] "
-             "| err/floor default, best | FLA ms: x of best"]
+             "| err/floor default, best | FLA ms: x of best (quick: of default); extras (% bound), FLA / extra"]
     for r in RESULTS["time"]:
         bound = r.get("copy_ms")
         pct = lambda ms: f"{ms:.3f} ({100 * bound / ms:.0f}%)" if ms and bound else "-"  # noqa: E731
         best = dict(r.get("best", {}))
-        peers = "; ".join(f"{p} {r[p + '_ms']:.3f}: {r[p + '_ms'] / r['best_ms']:.2f}x"
-                          for p in CASES[r["case"]]["peers"] if r.get(p + "_ms") and r.get("best_ms"))
+        ours = r.get("best_ms") or r.get("default_ms")  # quick runs have no sweep: the default
+        peers = "; ".join(f"{p} {r[p + '_ms']:.3f}: {r[p + '_ms'] / ours:.2f}x"
+                          for p in CASES[r["case"]]["peers"] if r.get(p + "_ms") and ours)
         best["tl / transposed / gluon ms"] = " / ".join(f"{r.get(k, 0):.3f}" for k in (
             "best_standard_ms", "best_transposed_ms", "best_gluon_ms"))
+        extras = "; ".join(f"{k[:-3]} {pct(r[k])}" for k in r if k.endswith("_ms") and k.split("_")[0] in (
+            "gluon", "kernel", "torch") and r.get(k))
+        if extras:
+            peers = (peers + "; " if peers else "") + extras
+            for p in CASES[r["case"]]["peers"]:
+                for k in ("gluon_based_ms", "gluon_ms"):
+                    if r.get(p + "_ms") and r.get(k):
+                        peers += f"; {p} / {k[:-3]}: {r[p + '_ms'] / r[k]:.2f}x"
         lines.append(" | ".join([r["case"], f"{bound:.3f}" if bound else "-", pct(r.get("default_ms")),
                                  pct(r.get("best_ms")) + f" {list(best.values())}",
                                  f"{r.get('default_floor')}, {r.get('best_floor')}", peers or "-"]))
@@ -503,7 +625,8 @@ def table() -> str:
                   "| tl state rel"]
         for r in RESULTS["check"]:
             lines.append(" | ".join(str(r.get(k, "-")) for k in ("case", "N", "fits", "all_written", "out_floor",
-                                                                  "state_rel", "tl_out_floor", "tl_state_rel")))
+                                                                  "state_rel", "tl_out_floor", "tl_state_rel",
+                                                                  "forward_matches")))
     if RESULTS["probe"]:
         lines += ["", "probe (simple gla d128) BT BV warps stages | loads only | + intra | + inter | all | tl kernel"]
         for r in RESULTS["probe"]:
@@ -519,7 +642,8 @@ def table() -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--phases", default="warm,gluon,time,sweep,probe")
+    parser.add_argument("--full", action="store_true", help="also the tl sweep and the probes (about 5 minutes)")
+    parser.add_argument("--phases", default="warm,gluon,time" if QUICK else "warm,gluon,time,sweep,probe")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--workers", type=int, default=14)
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))

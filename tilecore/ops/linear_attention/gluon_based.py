@@ -1,0 +1,496 @@
+"""Based's linear attention forward for Hopper on the tiles template (tilecore/tiles/gluon/pipeline.py):
+feature dim Dk = 16 (Based's 2nd-order Taylor map), no decay, value dims a multiple of 64.
+
+Based's map phi(x) = [1, x, vec(x x^T) / sqrt(2)] (1 + 16 + 256 features; phi(q) . phi(k) = 1 + s + s^2 / 2
+with s = scale q . k) has 136 distinct quadratic products (x_a x_b, a <= b), so this kernel runs on the
+153 SYMMETRIC features, padded to F = 160:
+
+    f = 0          1                         (q side weight 1)
+    f = 1 + a      x_a                       (q side weight scale)
+    f = 17 + t     x_a x_b, pair t = (a, b), a <= b   (q side weight scale^2, or scale^2 / 2 on the diagonal)
+    f = 153..159   0
+
+so phi_q . phi_k = 1 + s + s^2 / 2 with the weights on the query side only. Each feature is a product of two
+"selected" columns of x~ = [x, 1]; the selections are two [16, F] 0/1 matrices (``selection``, built on the
+host), so a piece of 32 features is two K = 16 wgmmas (exact: bf16 values picked out in float32) plus a
+column constant (the 1) and one product, rounded once to bf16: no gather, no [BT, 16, 16] tensor.
+
+The template's parts:
+
+* a tile is two units of (head, BV = 64 value columns) of one batch row (consecutive units: two heads at
+  Dv = 64); ``setup`` gives cdiv(N, BT) steps, one chunk of BT = 64 tokens each;
+* a stage is each unit's q, k [BT, 16] and v [BT, BV], TMA-loaded by the 1-warp producer through 4-D
+  descriptors of (B, H, N, D) views (tokens past N arrive as zeros: their k features are 0 but the constant,
+  whose v row is 0, so they add nothing);
+* consumer c (a warpgroup) owns unit c: its state, held TRANSPOSED, S^T [BV, F] float32 (80 registers a
+  thread), lives in registers as a wgmma accumulator for the whole walk (as [BV, F] its M is the 64 value
+  columns, so the 160 features are the instruction's N). Each step (chunk):
+
+      phi_q, phi_k [BT, F]  = (x Sel_a + c_a) * (x Sel_b + c_b) (* w)      10 + 10 K=16 wgmmas, to shared memory
+      P    = mask(1 + s + s^2 / 2),  s = scale Q K^T                       wgmma, Q and K from shared memory
+      o    = phi_q S + P V                                                 S^T as bf16 in shared memory (B operand)
+      S^T <- S^T + V^T phi_k                                               V^T and phi_k from shared memory
+      o TMA-stored (rows past N clipped)
+
+Rounding: phi_q, phi_k, P and S go to the tensor cores in the input dtype (bf16/fp16), as la_fwd_kernel's
+(decision 8 of notes/linear_attention); S accumulates in float32.
+
+States in memory are the op's layout [1, Dk, Dk x Dk] rows (all Dk^2 quadratic products, each / sqrt(2));
+the host maps an initial state to the kernel's symmetric rows (``compress``: the pair (a, b)'s row carries
+(h[ab] + h[ba]) / sqrt(2), the diagonal's sqrt(2) h[aa]) and the final state back (``expand``), adding the
+initial state's antisymmetric part back so the final state is the recurrence's, element for element.
+"""
+import math
+
+import torch
+from triton.experimental import gluon
+
+from tilecore.tiles.gluon import Layout, ring, run, stage_struct, store_block, struct, wgmma_layout, wgmma_lhs_layout
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma
+
+DK = 16  # Based's feature dim (the kernel's q/k head dim)
+FEATURES = 160  # 1 + 16 + 136 symmetric features, padded to 5 pieces of 32
+PIECE = 32  # features built a step (two [BT, PIECE] float32 tiles live)
+BT_BASED = 64  # tokens a chunk (a wgmma's M)
+BV_BASED = 64  # value columns a consumer
+
+
+@stage_struct
+class BasedChunk:
+    qa: object  # [1, 1, BT, 16]: unit 0's
+    ka: object
+    va: object  # [1, 1, BT, BV]
+    qb: object  # unit 1's
+    kb: object
+    vb: object
+
+
+@struct
+class BasedUnits:
+    b: object  # batch row
+    u0: object  # the first unit: (head, value block) = (u0 // VB, u0 % VB)
+
+
+@struct
+class BasedWalk:
+    S: object  # [BV, 128] float32: the unit's state, transposed (S^T), features 0..127: a wgmma accumulator
+    T: object  # [BV, 32] float32: features 128..159
+
+
+@struct
+class BasedForward:
+    q_desc: object
+    k_desc: object
+    v_desc: object
+    o_desc: object
+    SEL: object  # [2, F, 16] bf16/fp16: the selections Sel_a^T, Sel_b^T (host: selection())
+    H0: object  # [B, H, F, Dv] float32: the initial state in the kernel's rows (compress())
+    HT: object  # [B, H, F, Dv] float32: the final state in the kernel's rows
+    s0b: object
+    s0h: object
+    s0f: object
+    s0v: object
+    stb: object
+    sth: object
+    stf: object
+    stv: object
+    N: object
+    H: object
+    VB: object
+    scale: object
+    # shared memory (power-of-two shapes: the features are a block of 128 and a tail of 32)
+    sel_main: object  # [2, 128, 16]: Sel_a^T, Sel_b^T of features 0..127 (both consumers read them)
+    sel_tail: object  # [2, 32, 16]: of features 128..159
+    phiq_main: object  # [2, BT, 128]: each consumer's phi_q (the A operand of phi_q S)
+    phiq_tail: object  # [2, BT, 32]
+    phik_main: object  # [2, BT, 128]: each consumer's phi_k (the B operand of V^T phi_k)
+    phik_tail: object  # [2, BT, 32]
+    state_main: object  # [2, BV, 128]: each consumer's S^T in the input dtype (S: the B operand of phi_q S)
+    state_tail: object  # [2, BV, 32]
+    BT: gl.constexpr
+    BV: gl.constexpr
+    F: gl.constexpr
+    HAS_H0: gl.constexpr
+    STORE_HT: gl.constexpr
+    SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV)
+    STL: gl.constexpr  # [BV, 128] state
+    TTL: gl.constexpr  # [BV, 32] state's tail
+    FL: gl.constexpr  # [BT, PIECE] feature pieces
+    PL: gl.constexpr  # P as the register operand of P V
+
+    @gluon.jit
+    def setup(self, tile_id):
+        units = self.H * self.VB // 2
+        return BasedUnits(tile_id // units, (tile_id % units) * 2), gl.cdiv(self.N, self.BT)
+
+    @gluon.jit
+    def unit(self, tile, c: gl.constexpr):
+        """(head, first value column) of the tile's unit c."""
+        u = tile.u0 + c
+        return u // self.VB, (u % self.VB) * self.BV
+
+    @gluon.jit
+    def load(self, stage, bar, tile, step):
+        h0, c0 = self.unit(tile, 0)
+        h1, c1 = self.unit(tile, 1)
+        t0 = step * self.BT
+        tma.async_copy_global_to_shared(self.q_desc, [tile.b, h0, t0, 0], bar, stage.qa)
+        tma.async_copy_global_to_shared(self.k_desc, [tile.b, h0, t0, 0], bar, stage.ka)
+        tma.async_copy_global_to_shared(self.v_desc, [tile.b, h0, t0, c0], bar, stage.va)
+        tma.async_copy_global_to_shared(self.q_desc, [tile.b, h1, t0, 0], bar, stage.qb)
+        tma.async_copy_global_to_shared(self.k_desc, [tile.b, h1, t0, 0], bar, stage.kb)
+        tma.async_copy_global_to_shared(self.v_desc, [tile.b, h1, t0, c1], bar, stage.vb)
+
+    @gluon.jit
+    def start(self, ctx, tile, prev):
+        c: gl.constexpr = ctx.index
+        # the selections into shared memory (each consumer writes the same values, every tile)
+        sel_layout: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [gl.num_warps(), 1], [1, 0])
+        cols = gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, sel_layout)), 0)
+        rows_main = gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(1, sel_layout)), 1)
+        rows_tail = gl.expand_dims(128 + gl.arange(0, 32, layout=gl.SliceLayout(1, sel_layout)), 1)
+        gl.thread_barrier()  # the previous tile's wgmmas have read them
+        for side in gl.static_range(2):
+            base = self.SEL + side * self.F * 16
+            self.sel_main.index(side).store(gl.load(base + rows_main * 16 + cols))
+            self.sel_tail.index(side).store(gl.load(base + rows_tail * 16 + cols))
+        fence_async_shared()
+        gl.thread_barrier()
+        S = gl.zeros([self.BV, 128], gl.float32, self.STL)
+        T = gl.zeros([self.BV, 32], gl.float32, self.TTL)
+        if self.HAS_H0:
+            h, col = self.unit(tile, c)
+            S = gl.load(self.state_ptrs(self.H0, tile.b, h, col, self.s0b, self.s0h, self.s0f, self.s0v, 0, 128,
+                                        self.STL))
+            T = gl.load(self.state_ptrs(self.H0, tile.b, h, col, self.s0b, self.s0h, self.s0f, self.s0v, 128, 32,
+                                        self.TTL))
+        return BasedWalk(S, T)
+
+    @gluon.jit
+    def state_ptrs(self, base, b, h, col, sb, sh, sf, sv, f0: gl.constexpr, FN: gl.constexpr,
+                   layout: gl.constexpr):
+        """[BV, FN] pointers of a (B, H, F, Dv) state's features f0.. f0 + FN, value columns col.. col + BV
+        (transposed): a 64-bit base, 32-bit offsets within the head's F x Dv state (64-bit offsets spilled
+        3 KB: [64, 128] pointers are 128 registers a thread)."""
+        vcols = col + gl.arange(0, self.BV, layout=gl.SliceLayout(1, layout))
+        feats = f0 + gl.arange(0, FN, layout=gl.SliceLayout(0, layout))
+        head = base + b.to(gl.int64) * sb + h.to(gl.int64) * sh
+        return head + (gl.expand_dims(vcols * sv, 1) + gl.expand_dims(feats * sf, 0))
+
+    @gluon.jit
+    def features(self, x, sel_a, sel_b, out, PIECE_KIND: gl.constexpr, QUERY: gl.constexpr):
+        """A piece of 32 features of x [BT, 16] (shared memory) into ``out`` [BT, 32] (shared memory, the input
+        dtype): (x Sel_a + c_a) * (x Sel_b + c_b), times w on the query side (sel_a, sel_b [32, 16]).
+        PIECE_KIND 0: features 0..31 (the squares, w = scale^2 / 2; the linear ones, c_b = 1, w = scale);
+        1: pairs a < b (w = scale^2); 2: the tail (pairs, then the constant at column 24: c_a = c_b = 1,
+        w = 1). The column constants come from the column index (no loads: loop-invariant loads were
+        hoisted out of the walk and spilled)."""
+        zero = gl.zeros([self.BT, 32], gl.float32, self.FL)
+        xa = warpgroup_mma(x, sel_a.permute((1, 0)), zero, use_acc=False)
+        xb = warpgroup_mma(x, sel_b.permute((1, 0)), zero, use_acc=False)
+        col = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, self.FL)), 0)
+        sq = self.scale * self.scale
+        if PIECE_KIND == 0:
+            phi = xa * (xb + gl.where(col >= 16, 1.0, 0.0))
+            if QUERY:
+                phi = phi * gl.where(col < 16, 0.5 * sq, self.scale)
+        elif PIECE_KIND == 1:
+            phi = xa * xb
+            if QUERY:
+                phi = phi * sq
+        else:
+            one = gl.where(col == 24, 1.0, 0.0)
+            phi = (xa + one) * (xb + one)
+            if QUERY:
+                phi = phi * gl.where(col == 24, 1.0, sq)
+        out.store(phi.to(out.dtype))
+
+    @gluon.jit
+    def compute(self, ctx, walk, stage, tile, step):
+        c: gl.constexpr = ctx.index
+        h, col = self.unit(tile, c)
+        if c == 0:
+            q = stage.qa.reshape([self.BT, 16])
+            k = stage.ka.reshape([self.BT, 16])
+            v = stage.va.reshape([self.BT, self.BV])
+        else:
+            q = stage.qb.reshape([self.BT, 16])
+            k = stage.kb.reshape([self.BT, 16])
+            v = stage.vb.reshape([self.BT, self.BV])
+        dtype: gl.constexpr = self.q_desc.dtype
+        t0 = step * self.BT
+        phiq = self.phiq_main.index(c)
+        phik = self.phik_main.index(c)
+        phiq_t = self.phiq_tail.index(c)
+        phik_t = self.phik_tail.index(c)
+        S_smem = self.state_main.index(c)
+        T_smem = self.state_tail.index(c)
+
+        # the old state and the chunk's features to shared memory (operands of the chunk's wgmmas)
+        gl.thread_barrier()  # the previous step's wgmmas have read phi_q, phi_k and S
+        S_smem.store(walk.S.to(dtype))
+        T_smem.store(walk.T.to(dtype))
+        for p in gl.static_range(4):
+            sel_a = self.sel_main.index(0).slice(p * 32, 32)
+            sel_b = self.sel_main.index(1).slice(p * 32, 32)
+            self.features(q, sel_a, sel_b, phiq.slice(p * 32, 32, dim=1), 0 if p == 0 else 1, True)
+            self.features(k, sel_a, sel_b, phik.slice(p * 32, 32, dim=1), 0 if p == 0 else 1, False)
+        self.features(q, self.sel_tail.index(0), self.sel_tail.index(1), phiq_t, 2, True)
+        self.features(k, self.sel_tail.index(0), self.sel_tail.index(1), phik_t, 2, False)
+        fence_async_shared()
+        gl.thread_barrier()
+
+        # intra-chunk: P = mask(1 + s + s^2 / 2), s = scale Q K^T
+        s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False)
+        s = s * self.scale
+        rows = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SL))
+        cols = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
+        causal = gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)
+        p = gl.convert_layout(gl.where(causal, 1.0 + s + 0.5 * s * s, 0.0).to(dtype), self.PL)
+
+        # o = phi_q S + P V;  S^T <- S^T + V^T phi_k (both feature blocks)
+        o = warpgroup_mma(phiq, S_smem.permute((1, 0)), gl.zeros([self.BT, self.BV], gl.float32, self.SL),
+                          use_acc=False)
+        o = warpgroup_mma(phiq_t, T_smem.permute((1, 0)), o)
+        o = warpgroup_mma(p, v, o)
+        S = warpgroup_mma(v.permute((1, 0)), phik, walk.S)
+        T = warpgroup_mma(v.permute((1, 0)), phik_t, walk.T)
+        store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
+        return BasedWalk(S, T)
+
+    @gluon.jit
+    def wait(self, ctx, walk):
+        return walk
+
+    @gluon.jit
+    def finish(self, ctx, walk, tile):
+        if self.STORE_HT:
+            h, col = self.unit(tile, ctx.index)
+            gl.store(self.state_ptrs(self.HT, tile.b, h, col, self.stb, self.sth, self.stf, self.stv, 0, 128, self.STL),
+                     walk.S)
+            gl.store(self.state_ptrs(self.HT, tile.b, h, col, self.stb, self.sth, self.stf, self.stv, 128, 32, self.TTL),
+                     walk.T)
+
+
+@gluon.jit
+def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
+                           s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, scale, num_tiles,
+                           STAGES: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
+    """o (and the final states) of every unit of (batch, head, 64 value columns) under Based's map; a
+    persistent grid, two consumer warpgroups (num_warps = 4) and a producer warp."""
+    BT: gl.constexpr = q_desc.block_type.shape[2]
+    BV: gl.constexpr = v_desc.block_type.shape[3]
+    F: gl.constexpr = 160
+    gl.static_assert(BT == BV, "the scores' and the outputs' layouts are one: BT == BV")
+    gl.static_assert(q_desc.block_type.shape[3] == 16, "Based's q/k head dim is 16")
+    SL: gl.constexpr = wgmma_layout(BT, BV, gl.num_warps())
+    STL: gl.constexpr = wgmma_layout(BV, 128, gl.num_warps())
+    TTL: gl.constexpr = wgmma_layout(BV, 32, gl.num_warps())
+    FL: gl.constexpr = wgmma_layout(BT, 32, gl.num_warps())
+    PL: gl.constexpr = wgmma_lhs_layout(BT, BV, gl.num_warps())
+    # 64-byte swizzle: 32 columns, so a feature piece of 32 is one swizzle atom wide
+    wide: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    narrow: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
+    dt: gl.constexpr = q_desc.dtype
+    op = BasedForward(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT, s0b, s0h, s0f, s0v, stb, sth, stf, stv,
+                      N, H, VB, scale,
+                      gl.allocate_shared_memory(dt, [2, 128, 16], narrow), gl.allocate_shared_memory(dt, [2, 32, 16], narrow),
+                      gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
+                      gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
+                      gl.allocate_shared_memory(dt, [2, BV, 128], wide), gl.allocate_shared_memory(dt, [2, BV, 32], wide),
+                      BT, BV, F, HAS_H0, STORE_HT, SL, STL, TTL, FL, PL)
+    stages = BasedChunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES),
+                        ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES))
+    run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
+
+
+# --------------------------------------------------------------------------------------------
+# host side
+
+SQRT_HALF = math.sqrt(0.5)
+
+
+def feature_pairs() -> list[tuple[int, int]]:
+    """The kernel's F features as pairs (a, b) of x~ = [x_0 .. x_15, 1] columns (16: the constant 1;
+    -1: a padding feature, 0), in the order its pieces of 32 take them (``features``' PIECE_KIND): the
+    squares, the linear ones, the pairs a < b, the constant (tail column 24), padding."""
+    pairs = ([(a, a) for a in range(DK)] + [(a, DK) for a in range(DK)]
+             + [(a, b) for a in range(DK) for b in range(a + 1, DK)] + [(DK, DK)])
+    assert pairs.index((DK, DK)) == 128 + 24
+    return pairs + [(-1, -1)] * (FEATURES - len(pairs))
+
+
+_TABLES: dict = {}
+
+
+def selection(dtype: torch.dtype, device) -> torch.Tensor:
+    """SEL [2, F, 16] in ``dtype``: Sel_a^T, Sel_b^T (row f picks column a, resp. b, of x; none for the
+    constant 1 and padding)."""
+    key = (dtype, str(device))
+    if key not in _TABLES:
+        sel = torch.zeros(2, FEATURES, DK, dtype=torch.float32)
+        for f, pair in enumerate(feature_pairs()):
+            for side, x in enumerate(pair):
+                if 0 <= x < DK:
+                    sel[side, f, x] = 1.0
+        _TABLES[key] = sel.to(dtype).to(device)
+    return _TABLES[key]
+
+
+def feature_constants(scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(c_a, c_b, w) [F] float32: what the kernel adds to the selected columns and the query side's weights
+    (``features`` computes the same from the column index), so phi_q . phi_k = 1 + s + s^2 / 2."""
+    ca, cb, w = (torch.zeros(FEATURES) for _ in range(3))
+    for f, (a, b) in enumerate(feature_pairs()):
+        if a == DK:
+            ca[f] = cb[f] = w[f] = 1.0
+        elif b == DK:
+            cb[f], w[f] = 1.0, scale
+        elif a >= 0:
+            w[f] = scale * scale * (0.5 if a == b else 1.0)
+    return ca, cb, w
+
+
+def emulate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x0: torch.Tensor | None, scale: float, chunk: int = 64):
+    """The kernel's math in float64 torch (the features from the selections and constants, the chunked walk
+    with S^T in the kernel's rows): (o, final kernel-row state). For tests of the tables and maps on the
+    CPU (the kernel itself cannot run in the interpreter)."""
+    B, N, H, Dv = v.shape
+    sel = selection(torch.float64, q.device)
+    ca, cb, w = (t.double().to(q.device) for t in feature_constants(scale))
+    qd, kd, vd = q.double(), k.double(), v.double()
+    phi_q = (qd @ sel[0].T + ca) * (qd @ sel[1].T + cb) * w  # (B, N, H, F)
+    phi_k = (kd @ sel[0].T + ca) * (kd @ sel[1].T + cb)
+    S = x0.double().clone() if x0 is not None else torch.zeros(B, H, FEATURES, Dv, dtype=torch.float64)
+    o = torch.empty(B, N, H, Dv, dtype=torch.float64)
+    for t0 in range(0, N, chunk):
+        t1 = min(N, t0 + chunk)
+        s = torch.einsum("bihd,bjhd->bhij", qd[:, t0:t1], kd[:, t0:t1]) * scale
+        n = t1 - t0
+        p = torch.where(torch.ones(n, n, dtype=torch.bool).tril(), 1 + s + 0.5 * s * s, 0.0)
+        o[:, t0:t1] = (torch.einsum("bhij,bjhv->bihv", p, vd[:, t0:t1])
+                       + torch.einsum("bihf,bhfv->bihv", phi_q[:, t0:t1], S))
+        S = S + torch.einsum("bjhf,bjhv->bhfv", phi_k[:, t0:t1], vd[:, t0:t1])
+    return o, S
+
+
+def _maps(device):
+    """(rows of the op's state layout each kernel feature reads on compress: two [F] index tensors and
+    their [F] weights; the kernel feature each op-layout row reads on expand: [1 + Dk + Dk^2] indices and
+    weights)."""
+    key = ("maps", str(device))
+    if key not in _TABLES:
+        pairs = feature_pairs()
+        ra, rb, wc = [], [], []
+        rows = 1 + DK + DK * DK
+        fe, we = [0] * rows, [0.0] * rows
+        for f, (a, b) in enumerate(pairs):
+            if a == DK:  # the constant: row 0
+                ra.append(0), rb.append(0), wc.append(0.5)
+                fe[0], we[0] = f, 1.0
+            elif b == DK:  # linear: row 1 + a
+                ra.append(1 + a), rb.append(1 + a), wc.append(0.5)
+                fe[1 + a], we[1 + a] = f, 1.0
+            elif a >= 0:  # the pair's two rows (the same row on the diagonal: sqrt(2) h[aa] in all)
+                ra.append(1 + DK + a * DK + b), rb.append(1 + DK + b * DK + a), wc.append(SQRT_HALF)
+                fe[1 + DK + a * DK + b], we[1 + DK + a * DK + b] = f, SQRT_HALF
+                fe[1 + DK + b * DK + a], we[1 + DK + b * DK + a] = f, SQRT_HALF
+            else:
+                ra.append(0), rb.append(0), wc.append(0.0)
+        t = lambda x, dt: torch.tensor(x, dtype=dt, device=device)  # noqa: E731
+        _TABLES[key] = (t(ra, torch.long), t(rb, torch.long), t(wc, torch.float32), t(fe, torch.long),
+                        t(we, torch.float32))
+    return _TABLES[key]
+
+
+def compress(h: torch.Tensor) -> torch.Tensor:
+    """An op-layout state (B, H, 1 + 16 + 256, Dv) as the kernel's rows: (B, H, F, Dv) float32, contiguous."""
+    ra, rb, wc, _, _ = _maps(h.device)
+    hf = h.float()
+    return (hf[:, :, ra] + hf[:, :, rb]) * wc[:, None]
+
+
+def expand(x: torch.Tensor) -> torch.Tensor:
+    """The kernel's rows (B, H, F, Dv) as the op's state layout (B, H, 1 + 16 + 256, Dv)."""
+    _, _, _, fe, we = _maps(x.device)
+    return x[:, :, fe] * we[:, None]
+
+
+def fits(q, k, v, g, beta=None, d_skip=None, z=None) -> str | None:
+    """None where this kernel takes these (Based) inputs, else why not (the tl kernels run them)."""
+    if g is not None or beta is not None or d_skip is not None or z is not None:
+        return "a decay or Mamba-2's terms"
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return "not bf16/fp16"
+    if q.shape[-1] != DK or q.shape[2] != v.shape[2] or v.shape[-1] % BV_BASED:
+        return f"Dk {q.shape[-1]} (takes {DK}), grouped heads, or Dv {v.shape[-1]} (a multiple of {BV_BASED})"
+    if (v.shape[2] * (v.shape[-1] // BV_BASED)) % 2:
+        return "an odd number of (head, value block) units a batch row"
+    if q.device.type != "cuda" or v.numel() == 0:
+        return "not a CUDA tensor, or empty"
+    for t in (q, k, v):
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return "strides or alignment TMA does not take"
+    return None
+
+
+def _head_major(t: torch.Tensor):
+    B, N, H, D = t.shape
+    return [B, H, N, D], [t.stride(0), t.stride(2), t.stride(1), t.stride(3)]
+
+
+def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2):
+    """(grid, arguments by name, num_warps) of based_fwd_gluon_kernel; x0, xt: kernel-row states or None."""
+    from tilecore.tiles.launch import gluon_descriptor
+    from tilecore.tiles.schedule import persistent_programs
+
+    B, N, H, Dv = v.shape
+    BT, BV = BT_BASED, BV_BASED
+    VB = Dv // BV
+    descs = [gluon_descriptor(t, [1, 1, BT, blk], *_head_major(t)) for t, blk in ((q, DK), (k, DK), (v, BV), (o, BV))]
+    sel = selection(q.dtype, q.device)
+    dummy = torch.empty(1, dtype=torch.float32, device=v.device)
+    st = lambda t: tuple(t.stride()) if t is not None else (0,) * 4  # noqa: E731
+    s0, sht = st(x0), st(xt)
+    num_tiles = B * H * VB // 2
+    args = dict(q_desc=descs[0], k_desc=descs[1], v_desc=descs[2], o_desc=descs[3], SEL=sel,
+                H0=x0 if x0 is not None else dummy, HT=xt if xt is not None else dummy,
+                s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1], stf=sht[2], stv=sht[3],
+                N=N, H=H, VB=VB, scale=scale, num_tiles=num_tiles, STAGES=stages, HAS_H0=x0 is not None, STORE_HT=xt is not None)
+    return (persistent_programs(num_tiles, v.device),), args, 4
+
+
+def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2):
+    """(o, final state (B, H, 1 + 16 + 256, Dv) float32 or None) by the Gluon kernel (``fits`` must have
+    said None). h0: the op-layout initial state or None."""
+    B, N, H, Dv = v.shape
+    o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
+    x0 = compress(h0) if h0 is not None else None
+    xt = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32, device=v.device) if final_state else None
+    grid, args, warps = launch_args(q, k, v, x0, o, xt, scale, stages)
+    based_fwd_gluon_kernel[grid](**args, num_warps=warps)
+    ht = None
+    if final_state:
+        ht = expand(xt)
+        if h0 is not None:  # the initial state's part the symmetric rows do not carry, back as it was
+            ht += h0.float() - expand(x0)
+    return o, ht
+
+
+# --------------------------------------------------------------------------------------------
+# compile report (no GPU): compile_report(states) compiles the kernel for sm_90a; TRITON_INTERPRET must be unset
+
+
+def compile_report(states: bool = True, stages: int = 2) -> dict:
+    from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
+
+    B, N, H, Dv, bf = 2, 4096, 16, 64, torch.bfloat16
+    q = torch.empty(B, N, H, DK, dtype=bf)
+    v = torch.empty(B, N, H, Dv, dtype=bf)
+    x = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32) if states else None
+    grid, args, warps = launch_args(q, q, v, x, torch.empty_like(v), x, 0.25, stages)
+    compiled = compile_kernel(based_fwd_gluon_kernel, args, num_warps=warps)
+    r = resources(compiled)
+    return dict(case=f"based states={states} stages={stages}", spill_bytes=r.spill_stores, registers=r.registers,
+                shared=r.shared, threads=r.threads, wgmma_serialized=r.wgmma_serialized,
+                **has_hopper_instructions(compiled.asm["ptx"]))
