@@ -7,22 +7,23 @@ import sys
 
 import pytest
 
-# (head dim, causal, per-row descales, k descales per key block, exp2 one in n on the FMA units, P cast late). One
-# variant (a compile takes ~30 s here): D 64 causal, q's descale per head, k's per block of 128 keys (a scalar a step),
-# ping-pong barriers, a quarter of the exp2 on the FMA units, P rounded before its wgmma (masks, barriers and every
-# session-26 switch: the most code). D 128 non-causal (the headline) compiles to 168
+# (head dim, causal, per-row descales, k descales per key block, exp2 one in n on the FMA units, P cast late,
+# conditional rescaling's tau (P_SHIFT 8)). One variant (a compile takes ~5-30 s here), with and without tau: D 64
+# causal, q's descale per head, k's per block of 128 keys (a scalar a step), ping-pong barriers, a quarter of the
+# exp2 on the FMA units, P rounded before its wgmma, and O rescaled only where a row's max grew by more than 0.8 (a
+# branch on the warpgroup's rows): masks, barriers and every session-26/27 switch, the most code. D 128 non-causal (the headline) compiles to 168
 # registers, no spill (notes/attention_fp8/README.md). The per-token variants spill: D 64 causal 4-8
 # bytes, D 128 causal ~200; experiments/attention_fp8/gpu_fp8.py times them
-VARIANTS = [(64, True, False, True, 4, True)]
+VARIANTS = [(64, True, False, True, 4, True, 0.0), (64, True, False, True, 4, True, 0.8)]
 
 SCRIPT = r"""
-import json, sys, torch
+import json, re, sys, torch
 from tilecore.ops.attention_fp8 import configs, gluon_fp8
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 from tilecore.tiles.launch import gluon_descriptor
 
 out = []
-for D, causal, per_row, k_per_block, exp2_fma_every, cast_late in json.loads(sys.argv[1]):
+for D, causal, per_row, k_per_block, exp2_fma_every, cast_late, tau in json.loads(sys.argv[1]):
     cfg = configs.gluon_config(D, causal)
     bm, bn = cfg["block_m"], cfg["block_n"]
     f8 = torch.float8_e4m3fn
@@ -37,11 +38,13 @@ for D, causal, per_row, k_per_block, exp2_fma_every, cast_late in json.loads(sys
                 k_rows_per_scale=128 if k_per_block else 1, num_bh=8, head_group=4,
                 schedule=None, CAUSAL=causal, Q_PER_ROW=per_row, K_PER_ROW=per_row, STAGES=cfg["stages"],
                 CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"], PERMUTED_V=True, PINGPONG=cfg["pingpong"],
-                K_PER_BLOCK=k_per_block, EXP2_FMA_EVERY=exp2_fma_every, CAST_LATE=cast_late)
+                K_PER_BLOCK=k_per_block, EXP2_FMA_EVERY=exp2_fma_every, CAST_LATE=cast_late, P_SHIFT=8.0,
+                RESCALE_TAU=tau)
     c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, args, num_warps=4)
     ptx = c.asm["ptx"]
     r = resources(c)
-    out.append(dict(D=D, causal=causal, per_row=per_row, exp2_fma_every=exp2_fma_every, cast_late=cast_late, **has_hopper_instructions(ptx), **vars(r),
+    out.append(dict(D=D, causal=causal, per_row=per_row, exp2_fma_every=exp2_fma_every, cast_late=cast_late, tau=tau,
+                    **has_hopper_instructions(ptx), **vars(r), bar_sync=len(re.findall(r"bar\.sync\s+\d+, 128;", ptx)),
                     e4m3_wgmma="f32.e4m3.e4m3" in ptx, shfl=ptx.count("shfl.sync"), ex2=ptx.count("ex2.approx"),
                     fma_exp2=ptx.count("max.NaN.f32"), e4m3x4=ptx.count("{lo, hi}"), prmt=ptx.count("prmt"),
                     byte_moves=ptx.count("shr.s16")))
@@ -91,3 +94,12 @@ def test_p_stays_in_its_threads(report):
     # of a quad... a few dozen in all), against ~100 with P moved between lanes
     for r in report:
         assert r["shfl"] < 60, r
+
+
+def test_rescale_adds_one_reduction_a_consumer(report):
+    # tau > 0: the warpgroup's "any row moved" is a cross-warp reduction (shared memory and a 128-thread barrier,
+    # two a consumer: SASS 331 instructions in the steady step's softmax against 359 with its 64 FMUL of O *= alpha
+    # moved into a branch taken only where a row moved)
+    without, with_tau = report
+    assert with_tau["tau"] > 0 == without["tau"]
+    assert with_tau["bar_sync"] > without["bar_sync"], (with_tau, without)

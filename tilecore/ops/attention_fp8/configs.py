@@ -20,10 +20,16 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 # k_block_scalar: k descales per block of block_n keys read as one scalar a step (else per key)
 # cast_late on (session 26 round 2, H100, B16 H16 N4096, per-head descales): D128 817 TFLOP/s against 694 (1.25x the
 # bf16 forward against 1.07x), causal 723 against 619; D64 471 against 391, causal 390 against 347; errors identical
+# rescale_tau / p_shift (session 27, not yet run on a GPU: OFF): conditional rescaling (reference.py): a row's max
+# moves only where it grows by more than rescale_tau (base 2), O *= alpha skipped where no row of the warpgroup moved;
+# P rounded as 2^p_shift p, p_shift + tau <= log2(448). SASS (sm_90a, D128): the steady step's softmax block 331
+# instructions against 359 (64 FMUL moved into the branch, ~40 added by the warpgroup's vote); O's error 4% (0.8, 8)
+# to 8% (2.8, 6) above the default's (the row max's P is no longer exactly 2^p_shift). On at D128 by
+# rescale_tau=0.8 (p_shift 8) if experiments/attention_fp8/gpu_speed_s27.py shows it faster and correct
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False, exp2_fma_every=0,
-                          cast_late=True),
+                          cast_late=True, rescale_tau=0.0, p_shift=8),
                  128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False,
-                           exp2_fma_every=0, cast_late=True)}
+                           exp2_fma_every=0, cast_late=True, rescale_tau=0.0, p_shift=8)}
 
 
 def gluon_config(d: int, causal: bool) -> dict:

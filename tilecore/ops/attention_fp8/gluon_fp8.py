@@ -29,7 +29,6 @@ from tilecore.tiles.gluon import (LOG2E, Layout, TileOperand, as_column, mask_sc
                                   wgmma_layout, wgmma_lhs_layout)
 from tilecore.tiles.schedule import head_grouped_tile
 
-P_SHIFT: gl.constexpr = gl.constexpr(8.0)  # P is rounded to e4m3 as 2^P_SHIFT p (reference.P_SCALE = 256)
 
 
 @stage_struct
@@ -132,22 +131,30 @@ def to_e4m3x4(x):
 
 
 @gluon.jit
-def fp8_softmax_update(m_i, l_i, s, row_scale, PER_ROW: gl.constexpr, EXP2_FMA_EVERY: gl.constexpr = 0):
+def fp8_softmax_update(m_i, l_i, s, row_scale, PER_ROW: gl.constexpr, EXP2_FMA_EVERY: gl.constexpr = 0,
+                       P_SHIFT: gl.constexpr = 8.0, RESCALE_TAU: gl.constexpr = 0.0):
     """One online-softmax step on raw scores ``s`` [m, n] with a positive base-2 scale (a scalar, or
     with PER_ROW a [m] vector in s's row slice layout): the new row max m of the scaled scores, the
-    row sum l of P, P = 2^(s * scale - m + 8) in [0, 256] (float32; rounded to e4m3 by the caller),
-    and alpha = 2^(m_old - m). As tiles.gluon.online_softmax_update: m starts at -inf, the shift is 0
-    while it is -inf (a masked row keeps l = 0, P = 0), NaN where m is +inf."""
+    row sum l of P, P = 2^(s * scale - m + P_SHIFT) in [0, 2^P_SHIFT] (float32; rounded to e4m3 by the
+    caller), alpha = 2^(m_old - m), and whether any row's m moved (an int32 scalar, 1 without RESCALE_TAU).
+    As tiles.gluon.online_softmax_update: m starts at -inf, the shift is 0 while it is -inf (a masked row
+    keeps l = 0, P = 0), NaN where m is +inf. RESCALE_TAU > 0 (reference.py, FlashAttention-4): m moves
+    only where the row max exceeds it by more than RESCALE_TAU (then P <= 2^(P_SHIFT + RESCALE_TAU));
+    elsewhere alpha is exactly 1, and where no row moved the caller skips O *= alpha."""
+    m_new = gl.maximum(m_i, row_max(s) * row_scale)
     if PER_ROW:
-        m_new = gl.maximum(m_i, row_max(s) * row_scale)
         c = gl.expand_dims(row_scale, 1)
     else:
-        m_new = gl.maximum(m_i, row_max(s) * row_scale)
         c = row_scale
+    moved = 1
+    if RESCALE_TAU > 0:
+        grew = m_new > m_i + RESCALE_TAU  # m_i = -inf: any finite max moves it; a NaN max does not
+        m_new = gl.where(grew, m_new, m_i)
+        moved = gl.max(grew.to(gl.int32), axis=0)  # the warpgroup's rows: one scalar for a uniform branch
     m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))
     p = exp2_split(s * c - gl.expand_dims(m_ref - P_SHIFT, 1), EXP2_FMA_EVERY)
     alpha = gl.exp2(m_i - m_ref)
-    return m_new, l_i * alpha + row_sum(p), p, alpha
+    return m_new, l_i * alpha + row_sum(p), p, alpha, moved
 
 
 @gluon.jit
@@ -207,6 +214,8 @@ class AttentionFp8:
     K_PER_BLOCK: gl.constexpr  # k's descales per block of BN keys: one scalar a step (a factor of the row scale)
     EXP2_FMA_EVERY: gl.constexpr  # exp2_split: one exp2 in this many on the FMA units (0: none)
     CAST_LATE: gl.constexpr  # p_operand: P rounded to e4m3 after its move to the operand layout
+    P_SHIFT: gl.constexpr  # P is rounded to e4m3 as 2^P_SHIFT p (reference.P_SHIFT: 8)
+    RESCALE_TAU: gl.constexpr  # > 0: O rescaled only where a row's max grew by more than this (reference.py)
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
     D: gl.constexpr
@@ -281,7 +290,7 @@ class AttentionFp8:
     @gluon.jit
     def softmax(self, s, st, first_key, k_scale):
         """Descale the scores, mask them where needed, one online-softmax step.
-        Returns (m, l, P in float32 (2^8 p), alpha in O's layout)."""
+        Returns (m, l, P in float32 (2^P_SHIFT p), alpha in O's layout, whether any row's m moved)."""
         if self.K_PER_ROW:
             s = s * gl.expand_dims(k_scale, 0)
         row_scale = st.q_scale
@@ -289,8 +298,9 @@ class AttentionFp8:
             row_scale = row_scale * k_scale
         if needs_mask(st.rows.first, first_key, self.BN, self.N, self.Nk, self.CAUSAL):
             s = mask_scores(s, self.S, st.rows.first, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
-        m, l, p, alpha = fp8_softmax_update(st.m, st.l, s, row_scale, self.Q_PER_ROW, self.EXP2_FMA_EVERY)
-        return m, l, p, as_column(alpha, self.O)
+        m, l, p, alpha, moved = fp8_softmax_update(st.m, st.l, s, row_scale, self.Q_PER_ROW, self.EXP2_FMA_EVERY,
+                                                   self.P_SHIFT, self.RESCALE_TAU)
+        return m, l, p, as_column(alpha, self.O), moved
 
     @gluon.jit
     def p_operand(self, p):
@@ -337,16 +347,16 @@ class AttentionFp8:
     @gluon.jit
     def s_and_pv(self, ctx, q, k_t, v, st, first_key):
         """S = Q K^T and acc + P V issued together, the softmax of S while P V runs.
-        Returns (m, l, P in float32, alpha, acc + P V)."""
+        Returns (m, l, P in float32, alpha, acc + P V, whether any row's m moved)."""
         k_scale = self.key_scales(st, first_key)
         p8 = self.pv_operand(st.p)  # (CAST_LATE: before S's accumulator is allocated, so float32 P never meets it)
         s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
         o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
         self.their_turn(ctx)
         s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
-        m, l, p32, alpha = self.softmax(s, st, first_key, k_scale)
+        m, l, p32, alpha, moved = self.softmax(s, st, first_key, k_scale)
         acc = warpgroup_mma_wait(0, deps=(o_tok,))
-        return m, l, p32, alpha, acc
+        return m, l, p32, alpha, acc, moved
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
@@ -361,11 +371,16 @@ class AttentionFp8:
                                   is_async=True)
             self.their_turn(ctx)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
-            m, l, p32, alpha = self.softmax(s, st, 0, k_scale)
+            m, l, p32, alpha, moved = self.softmax(s, st, 0, k_scale)
             st = st.replace(m=m, l=l, p=self.p_operand(p32))
         elif step < st.rows.n_blocks:
-            m, l, p32, alpha, acc = self.s_and_pv(ctx, q, k_t, v, st, step * self.BN)
-            st = st.replace(m=m, l=l, acc=acc * alpha, p=self.p_operand(p32))
+            m, l, p32, alpha, acc, moved = self.s_and_pv(ctx, q, k_t, v, st, step * self.BN)
+            if self.RESCALE_TAU > 0:
+                if moved > 0:  # else alpha is 1 in every row: 64 or 32 multiplies a thread saved (D 128, 64)
+                    acc = acc * alpha
+            else:
+                acc = acc * alpha
+            st = st.replace(m=m, l=l, acc=acc, p=self.p_operand(p32))
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
             o_tok = warpgroup_mma(self.pv_operand(st.p), v, st.acc, is_async=True)
             self.their_turn(ctx)
@@ -387,10 +402,10 @@ class AttentionFp8:
                 named_barrier(gl.program_id(0) * 0 + PINGPONG_BARRIER, False)
         b, h, hk = head_of(st.rows.bh, self.H, self.GROUP)
         v_scale = gl.load(self.v_scales + b * (self.H // self.GROUP) + hk)
-        no_key = st.l < 1.0  # l >= 256 where a row has a key (its max's 2^8); a NaN l stays NaN
+        no_key = st.l < 1.0  # l >= 2^P_SHIFT where a row has a key (its max's term); a NaN l stays NaN
         l_safe = gl.where(no_key, 1.0, st.l)
         out = st.acc * gl.expand_dims(gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, self.O)), 1)
-        lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - P_SHIFT) / LOG2E)
+        lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - self.P_SHIFT) / LOG2E)
         store_rows(lse, self.lse, st.rows.bh, st.rows.first, self.N)
         store_block(out, self.o_desc, ctx.out, [b, h, st.rows.first, 0])
 
@@ -402,7 +417,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              K_PER_ROW: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                              Q_BUFFERS: gl.constexpr = 1, PERMUTED_V: gl.constexpr = False,
                              PINGPONG: gl.constexpr = False, K_PER_BLOCK: gl.constexpr = False,
-                             EXP2_FMA_EVERY: gl.constexpr = 0, CAST_LATE: gl.constexpr = False):
+                             EXP2_FMA_EVERY: gl.constexpr = 0, CAST_LATE: gl.constexpr = False,
+                             P_SHIFT: gl.constexpr = 8.0, RESCALE_TAU: gl.constexpr = 0.0):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not PINGPONG), "two or three consumer warpgroups "
                      "(PINGPONG: two)")
@@ -411,7 +427,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     D: gl.constexpr = k_desc.block_type.shape[3]
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
-                      CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, EXP2_FMA_EVERY, CAST_LATE, BM, BN, D, CONSUMERS, PERMUTED_V, PINGPONG,
+                      CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, EXP2_FMA_EVERY, CAST_LATE, P_SHIFT, RESCALE_TAU, BM, BN, D,
+                      CONSUMERS, PERMUTED_V, PINGPONG,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8))
     # three consumer warpgroups (13 warps) share the register file more thinly

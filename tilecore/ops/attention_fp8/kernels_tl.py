@@ -12,15 +12,17 @@ kv head). They fold into the scores' base-2 scale, one multiply an element (per 
 ``UPCAST``: the dots on the e4m3 codes' exact float16 upcasts, and P rounded to e4m3 values by
 float32 arithmetic (``round_to_e4m3``) kept in float16: what Triton's interpreter runs, whose
 float32 -> e4m3 cast is wrong. The products of two e4m3 numbers are exact in float32 either way.
+
+``RESCALE_TAU`` > 0 and ``P_SHIFT``: conditional rescaling and P's scale 2^P_SHIFT (reference.py): the Hopper
+kernel's math, here without the skipped multiply (alpha is exactly 1 where a row's m stays).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from tilecore.tiles.ops import LOG2E_IN_KERNEL, block_ptrs, bounds_mask, mask_scores, needs_mask, online_softmax_update
-
-P_SCALE_IN_KERNEL = tl.constexpr(256.0)  # reference.P_SCALE: P is rounded to e4m3 as 256 p
+from tilecore.tiles.ops import (LOG2E_IN_KERNEL, block_ptrs, bounds_mask, mask_scores, needs_mask,
+                                online_softmax_update, row_max, row_sum)
 
 
 @triton.jit
@@ -56,7 +58,8 @@ def attn_fp8_fwd(Q, K, V, O, LSE, QS, KS, VS,
                  sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
                  H, N, Nk, D, GROUP, scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale,
                  CAUSAL: tl.constexpr, Q_PER_ROW: tl.constexpr, K_PER_ROW: tl.constexpr, UPCAST: tl.constexpr,
-                 PERMUTED_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                 PERMUTED_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 P_SHIFT: tl.constexpr = 8, RESCALE_TAU: tl.constexpr = 0.0):
     """One program per (batch * q head, block of BLOCK_M queries): its rows' O and lse over every key."""
     blocks = tl.cdiv(N, BLOCK_M)
     bh = tl.program_id(0) // blocks
@@ -79,6 +82,7 @@ def attn_fp8_fwd(Q, K, V, O, LSE, QS, KS, VS,
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
 
+    P_SCALE: tl.constexpr = 2.0 ** P_SHIFT  # P is rounded to e4m3 as 2^P_SHIFT p (reference.P_SCALE: 256)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -111,15 +115,25 @@ def attn_fp8_fwd(Q, K, V, O, LSE, QS, KS, VS,
                 s = s * (q_scale * k_scale)
         if needs_mask(start_m, start_n, BLOCK_N, N, Nk, CAUSAL):
             s = mask_scores(s, start_m, start_n, N, Nk, CAUSAL, 1)
-        m_i, l_i, acc, p = online_softmax_update(m_i, l_i, acc, s, 1.0)
-        if UPCAST:  # e4m3 values are exact in float16
-            acc = tl.dot(round_to_e4m3(p * P_SCALE_IN_KERNEL).to(tl.float16), v, acc)
+        if RESCALE_TAU > 0:  # m moves only where the row max grows by more than RESCALE_TAU (reference.py)
+            m_new = tl.maximum(m_i, row_max(s))
+            m_new = tl.where(m_new > m_i + RESCALE_TAU, m_new, m_i)
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_ref)
+            p = tl.exp2(s - m_ref[:, None])
+            l_i = l_i * alpha + row_sum(p)
+            acc = acc * alpha[:, None]
+            m_i = m_new
         else:
-            acc = tl.dot((p * P_SCALE_IN_KERNEL).to(tl.float8e4nv), v, acc)  # P rounded to e4m3 as 256 p
+            m_i, l_i, acc, p = online_softmax_update(m_i, l_i, acc, s, 1.0)
+        if UPCAST:  # e4m3 values are exact in float16
+            acc = tl.dot(round_to_e4m3(p * P_SCALE).to(tl.float16), v, acc)
+        else:
+            acc = tl.dot((p * P_SCALE).to(tl.float8e4nv), v, acc)  # P rounded to e4m3 as 2^P_SHIFT p
     v_scale = tl.load(VS + bhk)
     no_key = l_i == 0.0  # not "not l > 0": a NaN l (a NaN score) stays NaN
     l_safe = tl.where(no_key, 1.0, l_i)
-    out = acc * (v_scale / (P_SCALE_IN_KERNEL * l_safe))[:, None]
+    out = acc * (v_scale / (P_SCALE * l_safe))[:, None]
     lse = tl.where(no_key, float("-inf"), (m_i + tl.log2(l_safe)) / LOG2E_IN_KERNEL)
     tl.store(block_ptrs(O + b * sob + h * soh, start_m, tl.arange(0, BLOCK_M), offs_d, son, sod),
              out.to(O.dtype.element_ty), mask=bounds_mask(offs_m, offs_d, N, D))

@@ -15,7 +15,8 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.attention_fp8 import configs, kernels_tl
-from tilecore.ops.attention_fp8.reference import SCALE_BLOCK, attention_fp8_emulated, keys_permuted, keys_unpermuted
+from tilecore.ops.attention_fp8.reference import (P_SHIFT, SCALE_BLOCK, attention_fp8_emulated, check_rescale,
+                                                  keys_permuted, keys_unpermuted)
 from tilecore.tiles.launch import CachedLaunch, TmaOperand, next_power_of_2, signature, tma_describable
 from tilecore.tiles.ops import LOG2E
 
@@ -72,8 +73,9 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
     qs, q_per_row, q_n, q_rows = scale_operand(q_scale, N)
     ks, k_per_row, k_n, k_rows = scale_operand(k_scale, Nk)
     vs = v_scale.to(torch.float32).contiguous()
-    cfg = p.config
+    cfg = dict(p.config)  # (the tl path pops UPCAST)
     if p.path == "tl":
+        check_rescale(cfg.get("RESCALE_TAU", 0.0), cfg.get("P_SHIFT", P_SHIFT))
         D_PAD = max(32, next_power_of_2(D))  # e4m3 dots take K >= 32
         # v's strides in (B, H, keys, D) order (the permuted layout is (B, H, D, keys))
         v_strides = (v.stride(0), v.stride(1), v.stride(3), v.stride(2)) if v_permuted else v.stride()
@@ -96,7 +98,9 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
     options = dict(CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row and not k_per_block, STAGES=cfg["stages"],
                    CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1), PERMUTED_V=True,
                    PINGPONG=cfg.get("pingpong", False), K_PER_BLOCK=k_per_block,
-                   EXP2_FMA_EVERY=cfg.get("exp2_fma_every", 0), CAST_LATE=cfg.get("cast_late", False), num_warps=4)
+                   EXP2_FMA_EVERY=cfg.get("exp2_fma_every", 0), CAST_LATE=cfg.get("cast_late", False),
+                   P_SHIFT=float(cfg.get("p_shift", P_SHIFT)), RESCALE_TAU=float(cfg.get("rescale_tau", 0.0)), num_warps=4)
+    check_rescale(options["RESCALE_TAU"], options["P_SHIFT"])
     # launched by the call's signature (its inputs' shapes, strides, dtypes, alignment and the options
     # determine every argument's specialization; vt, out and lse are fresh or the inputs): ~10 us a call
     key = signature("attention_fp8", q, k, vt, out, q_scale, k_scale, v_scale, causal, tuple(sorted(cfg.items())))

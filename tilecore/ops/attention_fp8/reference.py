@@ -19,6 +19,12 @@ P is rounded to e4m3 scaled by P_SCALE = 256 (FlashAttention-3's "max offset" of
 the largest p (1) goes to 256 (< 448, e4m3's largest), and p down to 2^-14 stay normal e4m3 numbers
 (unscaled, everything under 2^-6 would be subnormal, losing bits). P's rounding is relative to the
 running max of the blocks so far, so the emulation walks the key blocks as the kernel does.
+
+Conditional rescaling (``rescale_tau`` > 0, FlashAttention-4's idea; the kernels' ``RESCALE_TAU``): a row's m
+moves to the new row max only where that exceeds m by more than tau (base 2); otherwise m stays, alpha is exactly
+1 and the kernel skips ``acc * alpha`` where no row of a warpgroup moved. Exact in real arithmetic (l and acc use
+the same m); p may reach 2^tau, so P is rounded as 2^p_shift p with p_shift + tau <= log2(448) (e4m3's largest:
+MAX_SHIFT_PLUS_TAU), e.g. (8, 0.8) or (6, 2.8). Per row, so the emulation follows the kernel exactly.
 """
 from __future__ import annotations
 
@@ -29,6 +35,15 @@ import torch
 P_SCALE = 256.0  # P is rounded to e4m3 as P_SCALE * p (p <= 1): see the module docstring
 SCALE_BLOCK = 128  # a per-block descale covers this many rows (queries or keys)
 LOG2E = math.log2(math.e)
+P_SHIFT = 8  # P_SCALE = 2^P_SHIFT
+MAX_SHIFT_PLUS_TAU = math.log2(448.0)  # 2^(p_shift + rescale_tau) stays within e4m3's range
+
+
+def check_rescale(rescale_tau: float, p_shift: int) -> None:
+    """Raise unless (rescale_tau, p_shift) keep P = 2^p_shift p (p <= 2^tau) within e4m3's range."""
+    if not (rescale_tau >= 0 and 1 <= p_shift <= 8 and p_shift + rescale_tau <= MAX_SHIFT_PLUS_TAU):
+        raise ValueError(f"rescale_tau {rescale_tau} and p_shift {p_shift}: need tau >= 0, p_shift in 1..8 and "
+                         f"p_shift + tau <= log2(448) = {MAX_SHIFT_PLUS_TAU:.3f}")
 
 
 KEY_CHUNK = 32  # the Hopper kernel's V layout permutes keys within chunks of this many (key_position)
@@ -109,10 +124,14 @@ def attention_fp8_exact(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=False, 
 
 
 def attention_fp8_emulated(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=False, softmax_scale=None,
-                           block_n: int = 128, out_dtype=torch.float32, rows_at_once: int = 1024):
+                           block_n: int = 128, out_dtype=torch.float32, rows_at_once: int = 1024,
+                           rescale_tau: float = 0.0, p_shift: int = P_SHIFT):
     """(O in ``out_dtype``, lse float32) by the kernels' math (module docstring) in float32, key block
     by key block of ``block_n`` (the kernels': P's rounding depends on it), ``rows_at_once`` query
-    rows at a time. The CPU path of attention_fp8."""
+    rows at a time. The CPU path of attention_fp8. ``rescale_tau``, ``p_shift``: conditional rescaling
+    and P's scale 2^p_shift (module docstring; the kernels' defaults 0 and 8)."""
+    check_rescale(rescale_tau, p_shift)
+    p_scale = float(2 ** p_shift)
     B, Hq, N, D = q8.shape
     Hkv, Nk = k8.shape[1], k8.shape[2]
     group = Hq // Hkv
@@ -138,15 +157,17 @@ def attention_fp8_emulated(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=Fals
             if allowed is not None:
                 s = s.masked_fill(~allowed[:, keys], float("-inf"))
             m_new = torch.maximum(m, s.amax(-1))
+            if rescale_tau > 0:  # m moves only where the max grows by more than tau
+                m_new = torch.where(m_new > m + rescale_tau, m_new, m)
             m_ref = torch.where(m_new == float("-inf"), 0.0, m_new)
             p = torch.exp2(s - m_ref[..., None])
             alpha = torch.exp2(m - m_ref)
             l = l * alpha + p.sum(-1)
-            p8 = (p * P_SCALE).to(torch.float8_e4m3fn).to(f32)
+            p8 = (p * p_scale).to(torch.float8_e4m3fn).to(f32)
             acc = acc * alpha[..., None] + p8 @ v[:, :, keys]
             m = m_new
         no_key = l == 0.0
         l_safe = torch.where(no_key, 1.0, l)
-        out[:, :, rows] = (acc * vs / (P_SCALE * l_safe[..., None])).to(out_dtype)
+        out[:, :, rows] = (acc * vs / (p_scale * l_safe[..., None])).to(out_dtype)
         lse[:, :, rows] = torch.where(no_key, float("-inf"), (m + torch.log2(l_safe)) / LOG2E)
     return out, lse

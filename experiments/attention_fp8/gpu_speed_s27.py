@@ -1,0 +1,240 @@
+"""FP8 attention speed, session 27 (issue 34): the kernel's new switches, checked against float64 then timed beside
+the current default, tilecore's bf16 attention and cuDNN (SDPA, bf16) in the same run.
+
+    PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s27.py [--smoke] [--full]
+
+Variants (configs.GLUON_FORWARD keys; all off by default):
+  rescale_tau / p_shift   conditional rescaling (FlashAttention-4): a row's running max moves only where the block's
+                          max exceeds it by more than tau (base 2), and O *= alpha is skipped where no row of the
+                          warpgroup moved; P is rounded as 2^p_shift p with p_shift + tau <= log2(448).
+                          "tau0.8" = (0.8, 8), "tau2.8" = (2.8, 6); --full adds "tau1.8" = (1.8, 7).
+  (l_mma: l by the tensor cores, where present in launch.VARIANTS)
+
+check  every variant into NaN-poisoned buffers at a tail shape with GQA (B2 Hq8 Hkv2 N1000 Nk1100, D 128 causal and
+       D 64 non-causal: masks, rows with no key) and on two (batch, head) slices of each timed problem: every element
+       written, rel-RMS error of O against float64 attention on the dequantized inputs and against the float32
+       emulation of the same math (reference.attention_fp8_emulated with the variant's tau and shift), as multiples
+       of the bf16 rounding floor; lse against float64.
+time   B16 H16 N4096, D 128 then D 64, non-causal then causal (--quick: the default): do_bench medians, TFLOP/s =
+       4 B H N^2 D / t (halved causal), x tilecore bf16. --full adds N 1024 (B64) and N 16384 (B4) at D 128.
+
+Stops gracefully past FP8_BUDGET_S (default 85 s; --full 170). Prints a table last, JSON to
+$OUT/attention_fp8_speed_s27.json (default /tmp/out). --smoke: tiny shapes on the CPU under TRITON_INTERPRET=1
+(imports, shapes, the checks' code; the variants run on the interpreter's tl kernel with the same rule), no timing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+T0 = time.time()
+
+# name -> (Gluon config overrides, the emulation's / tl kernel's (rescale_tau, p_shift))
+VARIANTS = {"tau0.8": (dict(rescale_tau=0.8, p_shift=8), (0.8, 8)),
+            "tau2.8": (dict(rescale_tau=2.8, p_shift=6), (2.8, 6))}
+FULL_VARIANTS = {"tau1.8": (dict(rescale_tau=1.8, p_shift=7), (1.8, 7))}
+
+
+def rel_rms(x, ref) -> float:
+    x, ref = x.double(), ref.double()
+    return ((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-300)).item()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--full", action="store_true", help="more variants and N 1024 / 16384 (~170 s)")
+    args = ap.parse_args()
+    budget = float(os.environ.get("FP8_BUDGET_S", "170" if args.full else "85"))
+    left = lambda: budget - (time.time() - T0)
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import tilecore
+    from tilecore.ops.attention_fp8 import quantize_fp8
+    from tilecore.ops.attention_fp8 import launch as fp8_launch
+    from tilecore.ops.attention_fp8.reference import attention_fp8_emulated, attention_fp8_exact
+
+    variants = dict(VARIANTS, **(FULL_VARIANTS if args.full else {}))
+    dev = "cpu" if args.smoke else "cuda"
+    dt = torch.float32 if args.smoke else torch.bfloat16
+    out_dir = os.environ.get("OUT", "/tmp/out")
+    os.makedirs(out_dir, exist_ok=True)
+    result = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (interpreter smoke)",
+              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "variants": {n: v[0] for n, v in variants.items()}, "tails": [], "cases": []}
+    path = os.path.join(out_dir, "attention_fp8_speed_s27.json")
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+    def bench(fn):
+        import triton
+
+        fn()
+        return triton.testing.do_bench(fn, warmup=10, rep=50)
+
+    def plan_for(q8, k8, causal, name):
+        """(plan, (tau, shift)) of variant ``name`` ("default": the shipped config); on the interpreter the tl
+        kernel with the same rule."""
+        p = fp8_launch.plan(q8, k8, causal)
+        tau_shift = (0.0, 8) if name == "default" else variants[name][1]
+        if p.path == "gluon":
+            if name != "default":
+                p = fp8_launch.plan(q8, k8, causal, config=dict(p.config, **variants[name][0]))
+        else:
+            p.config.update(RESCALE_TAU=tau_shift[0], P_SHIFT=tau_shift[1])
+        return p, tau_shift
+
+    def block_n(p):
+        return p.config.get("block_n", p.config.get("BLOCK_N", 128))
+
+    def check(name, q8, k8, v8, vt8, qs, ks, vs, causal, sl=None):
+        """Run variant ``name`` into poisoned buffers; errors against float64 and the emulation (on the (batch,
+        head) slices ``sl``, or all), as multiples of the bf16 floor. Returns (record, plan)."""
+        B, Hq, N, D = q8.shape
+        p, (tau, shift) = plan_for(q8, k8, causal, name)
+        o = torch.full((B, Hq, N, D), float("nan"), dtype=dt, device=dev)
+        lse = torch.full((B, Hq, N), float("nan"), dtype=torch.float32, device=dev)
+        fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, causal, D ** -0.5, dt, True, out=o, lse=lse)
+        written = bool(torch.isfinite(o).all().item() and (~lse.isnan()).all().item())
+        if sl is not None:  # the slices (GQA: the kv head of q head h is h // group; here Hq == Hkv)
+            pick = lambda t: torch.stack([t[b, h] for b, h in sl])[None]
+            q8, k8, v8, qs, ks, vs, o, lse = map(pick, (q8, k8, v8, qs, ks, vs, o, lse))
+        o_ref, lse_ref = attention_fp8_exact(q8, k8, v8, qs, ks, vs, causal=causal)
+        o_emu, _ = attention_fp8_emulated(q8, k8, v8, qs, ks, vs, causal=causal, block_n=block_n(p),
+                                          rescale_tau=tau, p_shift=shift)
+        rows = torch.isfinite(lse_ref)
+        sel = rows[..., None].expand_as(o_ref)
+        floor = rel_rms(o_ref[sel].to(torch.bfloat16), o_ref[sel])
+        rec = dict(written=written, err_over_floor=rel_rms(o[sel], o_ref[sel]) / floor,
+                   emulation_over_floor=rel_rms(o_emu[sel], o_ref[sel]) / floor,
+                   vs_emulation_over_floor=rel_rms(o[sel].float(), o_emu[sel]) / floor,
+                   lse_max_err=(lse.double()[rows] - lse_ref[rows]).abs().max().item() if rows.any() else 0.0,
+                   no_key_rows_ok=bool(((o[~rows] == 0).all() & (lse[~rows] == float("-inf")).all()).item()))
+        return rec, p
+
+    # 1. tails with GQA: every variant and the default
+    tails = ([(1, 2, 1, 40, 70, 64, True)] if args.smoke else
+             [(2, 8, 2, 1000, 1100, 128, True), (2, 8, 2, 1000, 1100, 64, False)])
+    for (B, Hq, Hkv, N, Nk, D, causal) in tails:
+        g = torch.Generator(device=dev).manual_seed(N + Nk + D)
+        q = torch.randn(B, Hq, N, D, device=dev, generator=g)
+        k = torch.randn(B, Hkv, Nk, D, device=dev, generator=g) * 1.5
+        v = torch.randn(B, Hkv, Nk, D, device=dev, generator=g)
+        q8, qs = quantize_fp8(q, per="block")
+        k8, ks = quantize_fp8(k, per="block")
+        v8, vs = quantize_fp8(v, per="head")
+        vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
+        for name in ["default", *variants]:
+            if left() < 60:
+                print("tails: out of time budget", flush=True)
+                break
+            rec = dict(B=B, Hq=Hq, Hkv=Hkv, N=N, Nk=Nk, D=D, causal=causal, variant=name)
+            try:
+                c, p = check(name, q8, k8, v8, vt8, qs, ks, vs, causal)
+                rec.update(c, path=p.path)
+            except Exception as e:  # noqa: BLE001 -- report and go on
+                rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                traceback.print_exc()
+            print("tail", rec, flush=True)
+            result["tails"].append(rec)
+            save()
+
+    # 2. the timed problems
+    if args.smoke:
+        cases = [(1, 1, 160, 64, True)]
+    else:
+        cases = [(16, 16, 4096, 128, False), (16, 16, 4096, 128, True), (16, 16, 4096, 64, False),
+                 (16, 16, 4096, 64, True)]
+        if args.full:
+            cases += [(64, 16, 1024, 128, c) for c in (False, True)] + [(4, 16, 16384, 128, c) for c in (False, True)]
+    for (B, H, N, D, causal) in cases:
+        if left() < 12:
+            print("cases: out of time budget", flush=True)
+            break
+        rec = dict(B=B, H=H, N=N, D=D, causal=causal, check={}, ms={})
+        try:
+            g = torch.Generator(device=dev).manual_seed(N + D + causal)
+            q, k, v = (torch.randn(B, H, N, D, device=dev, generator=g).to(dt) for _ in range(3))
+            flops = 4 * B * H * N * N * D / (2 if causal else 1)
+            q8, qs = quantize_fp8(q, per="head")
+            k8, ks = quantize_fp8(k, per="head")
+            v8, vs = quantize_fp8(v, per="head")
+            vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
+            sl = [(0, 0), (B - 1, H - 1)]
+            for name in ["default", *variants]:
+                if left() < 8:
+                    break
+                try:
+                    rec["check"][name], p = check(name, q8, k8, v8, vt8, qs, ks, vs, causal, sl)
+                    if not args.smoke:
+                        rec["ms"][name] = bench(lambda p=p: fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, causal,
+                                                                               D ** -0.5, dt, True))
+                except Exception as e:  # noqa: BLE001
+                    rec["check"][name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+                    traceback.print_exc()
+                print(name, rec["check"][name], rec["ms"].get(name), flush=True)
+            if not args.smoke and left() > 5:
+                try:
+                    rec["ms"]["bf16"] = bench(lambda: tilecore.attention(q, k, v, causal=causal))
+                except Exception as e:  # noqa: BLE001
+                    rec["bf16_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            if not args.smoke and left() > 4:
+                try:
+                    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        rec["ms"]["cudnn_bf16"] = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                            q, k, v, is_causal=causal))
+                except Exception as e:  # noqa: BLE001
+                    rec["cudnn_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            rec["tflops"] = {n: flops / ms / 1e9 for n, ms in rec["ms"].items()}
+            if "bf16" in rec["ms"]:
+                rec["over_bf16"] = {n: rec["ms"]["bf16"] / ms for n, ms in rec["ms"].items()}
+            if "default" in rec["ms"]:
+                rec["over_default"] = {n: rec["ms"]["default"] / ms for n, ms in rec["ms"].items()}
+        except Exception as e:  # noqa: BLE001
+            rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+            traceback.print_exc()
+        print("case", json.dumps(rec), flush=True)
+        result["cases"].append(rec)
+        save()
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+
+    save()
+    print(f"\n{result['device']}  ({time.time() - T0:.0f} s)  variants {result['variants']}")
+    print("checks: O err / bf16 floor (emulation's; kernel vs emulation), lse err, written, no-key rows")
+    for r in result["tails"]:
+        head = f"tail B{r['B']} Hq{r['Hq']} Hkv{r['Hkv']} N{r['N']} Nk{r['Nk']} D{r['D']} causal={r['causal']} {r['variant']}"
+        print(head + ": " + (f"ERROR {r['error'][:150]}" if "error" in r else
+                             f"{r['err_over_floor']:.2f} ({r['emulation_over_floor']:.2f}; {r['vs_emulation_over_floor']:.2f}) "
+                             f"lse {r['lse_max_err']:.1e} written {r['written']} no-key {r['no_key_rows_ok']}"))
+    for r in result["cases"]:
+        head = f"B{r['B']} H{r['H']} N{r['N']} D{r['D']} {'causal' if r['causal'] else 'full'}"
+        if "error" in r:
+            print(f"{head}: ERROR {r['error'][:200]}")
+            continue
+        print(head + " | " + "  ".join(
+            f"{n}: {c['err_over_floor']:.2f} ({c['vs_emulation_over_floor']:.2f}){'' if c['written'] else ' NOT WRITTEN'}"
+            if "err_over_floor" in c else f"{n}: {c}" for n, c in r["check"].items()))
+    print("\nTFLOP/s (x tilecore bf16, x default)")
+    for r in result["cases"]:
+        if "error" in r:
+            continue
+        head = f"B{r['B']} H{r['H']} N{r['N']} D{r['D']} {'causal' if r['causal'] else 'full'}"
+        print(head + " | " + "  ".join(
+            f"{n} {t:.0f} ({r.get('over_bf16', {}).get(n, float('nan')):.2f}x, {r.get('over_default', {}).get(n, float('nan')):.3f})"
+            for n, t in r.get("tflops", {}).items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
