@@ -2,6 +2,8 @@
 part B), with flash-attn's call signatures (tilecore.compat.flash_attn) checked too.
 
     PYTHONPATH=. python3 experiments/attention/gpu_varlen.py            # on the H100: check, then time
+    PYTHONPATH=. python3 experiments/attention/gpu_varlen.py --quick    # the Gluon forward only, <= 90 s
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 experiments/attention/gpu_varlen.py --smoke --quick
     TRITON_INTERPRET=1 PYTHONPATH=. python3 experiments/attention/gpu_varlen.py --smoke   # CPU: tiny shapes
 
 check (bf16 and fp16 against float64, error as a multiple of the rounding floor): packed batches with
@@ -15,6 +17,11 @@ time (bf16, triton.testing.do_bench medians): a packed batch of 64K tokens, H 16
     with the document mask, and SDPA on the padded batch; paged decode (B 32, 4096 keys each, Hq 32 /
     Hkv 8, D 128, one new token appended) for page sizes 16..256 against the contiguous cache and
     tilecore.attention's decode, as CUDA-graph replays (GPU time), with the copy bandwidth of the run.
+quick (--quick, session 27): the Gluon varlen forward (gluon_varlen.py) in bf16/fp16 against float64
+    (lengths 0, 1, odd, Nk != N, GQA, softcap, D64, a 64K-token long-tailed batch on 2 heads) into
+    NaN-poisoned outputs with a sentinel past the end, and in a CUDA graph replayed with new
+    cu_seqlens; then its time against the tl varlen forward, the fixed-length Gluon forward (B16 N4096,
+    same tokens), SDPA on the padded batch and FlexAttention with the document mask (compiled, last).
 Prints a table last; writes $OUT/gpu_varlen.json (default /tmp/out). Each case catches its errors.
 """
 import argparse
@@ -505,6 +512,193 @@ def run_sweep():
 
 
 # --------------------------------------------------------------------------------------------
+# --quick: the Gluon varlen forward (gluon_varlen.py, session 27), checked and timed in <= 90 s
+
+QUICK_BUDGET_S = 80.0  # optional cases are skipped (and said so) once the run is past this
+START = [time.time()]
+
+
+def over_budget(name):
+    if not SMOKE and time.time() - START[0] > QUICK_BUDGET_S:
+        RESULTS["errors"].append({"case": name, "error": f"skipped: past the {QUICK_BUDGET_S:.0f} s budget"})
+        print(f"[skip] {name}: past the budget")
+        return True
+    return False
+
+
+def gluon_forward(q, k, v, cu_q, cu_k, causal, scale, softcap, out=None, lse=None):
+    """The Gluon varlen forward; under --smoke (the CPU interpreter, where Gluon does not run) the tl
+    forward in its place, so that shapes and the script's paths are exercised."""
+    from tilecore.ops.attention import varlen
+
+    if SMOKE:
+        return varlen.forward_kernels(q, k, v, cu_q, cu_k, causal, scale, -1, -1, softcap, out=out, lse=lse)
+    return varlen.forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, out=out, lse=lse)
+
+
+def check_gluon(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None):
+    """The Gluon forward into NaN-poisoned O / lse (O a slice of a larger buffer whose tail holds a
+    sentinel: never written) against float64 (on the first ``ref_heads`` heads where given: 64K
+    tokens), and against the tl forward on every head."""
+    from tilecore import accuracy
+    from tilecore.ops.attention import varlen
+    from tilecore.ops.attention.reference_varlen import varlen_reference
+
+    dev = _device()
+    cu_q, cu_k = cu_of(lens_q, dev), cu_of(lens_k, dev)
+    total_q, total_k = sum(lens_q), sum(lens_k)
+    q = torch.randn(total_q, hq, d, dtype=dtype, device=dev)
+    k = torch.randn(total_k, hkv, d, dtype=dtype, device=dev)
+    v = torch.randn(total_k, hkv, d, dtype=dtype, device=dev)
+    causal, softcap = options.get("causal", False), options.get("softcap", 0.0)
+    scale = d ** -0.5
+    buf = torch.full(((total_q + 64) * hq * d,), 7.0, dtype=dtype, device=dev)
+    out = buf[:total_q * hq * d].view(total_q, hq, d).fill_(float("nan"))
+    lse = torch.full((hq, total_q), float("nan"), device=dev)
+    gluon_forward(q, k, v, cu_q, cu_k, causal, scale, softcap, out=out, lse=lse)
+    tl_out, tl_lse = varlen.forward_kernels(q, k, v, cu_q, cu_k, causal, scale, -1, -1, softcap)
+    heads = hq if ref_heads is None else ref_heads
+    group = hq // hkv
+    kh = max(1, heads // group)
+    ref, ref_lse = varlen_reference(q[:, :heads].double(), k[:, :kh].double(), v[:, :kh].double(), cu_q, cu_k,
+                                    causal=causal, softcap=softcap)
+    live = torch.isfinite(ref_lse)
+    lse_h = lse[:heads]
+    row = {"case": f"gluon varlen fwd {str(dtype)[6:]} q{lens_q if len(lens_q) <= 8 else f'[{len(lens_q)} seqs, {total_q}]'}"
+                   f" k{lens_k if len(lens_k) <= 8 else f'[{len(lens_k)} seqs, {total_k}]'} H{hq}/{hkv} D{d} {options}"
+                   + (f" (float64 on {heads} heads)" if ref_heads else ""),
+           "unwritten": int(out.isnan().sum() + lse.isnan().sum()),
+           "written_past_end": int((buf[total_q * hq * d:] != 7.0).sum()),
+           "O_x_floor": accuracy.error_over_floor(out[:, :heads], ref),
+           "tl_O_x_floor": accuracy.error_over_floor(tl_out[:, :heads], ref),
+           "vs_tl_max_abs": float((out.float() - tl_out.float()).abs().max()),
+           "lse_max_err": float((lse_h[live].double() - ref_lse[live]).abs().max()) if live.any() else 0.0,
+           "empty_rows_ok": bool(torch.equal(torch.isneginf(lse_h), torch.isneginf(ref_lse))),
+           "empty_rows_zero": bool((out[:, :heads].transpose(0, 1)[torch.isneginf(ref_lse)] == 0).all())}
+    row["ok"] = (row["unwritten"] == 0 and row["written_past_end"] == 0 and row["O_x_floor"] <= 2.0
+                 and row["lse_max_err"] < 1e-3 and row["empty_rows_ok"] and row["empty_rows_zero"])
+    RESULTS["check"].append(row)
+
+
+def check_gluon_graph():
+    """The Gluon forward captured in a CUDA graph, replayed after cu_seqlens changed on the device
+    (same totals): the work table is rebuilt on the device at each replay."""
+    from tilecore import accuracy
+    from tilecore.ops.attention.reference_varlen import varlen_reference
+
+    if SMOKE:
+        RESULTS["check"].append({"case": "gluon cuda graph (skipped on the CPU)", "ok": True})
+        return
+    dev = _device()
+    cu = cu_of([1000, 24, 3000, 72], dev)
+    q, k, v = (torch.randn(4096, 8, 128, dtype=torch.bfloat16, device=dev) for _ in range(3))
+    gluon_forward(q, k, v, cu, cu, True, 128 ** -0.5, 0.0)  # compile
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _ = gluon_forward(q, k, v, cu, cu, True, 128 ** -0.5, 0.0)
+    cu.copy_(cu_of([7, 4000, 1, 88], dev))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref, _ = varlen_reference(q.double(), k.double(), v.double(), cu, cu, causal=True)
+    err = accuracy.error_over_floor(out, ref)
+    RESULTS["check"].append({"case": "gluon cuda graph: replayed with new cu_seqlens", "O_x_floor": err,
+                             "ok": err <= 2.0})
+
+
+def time_gluon(label, lengths, h=16, d=128, causal=True, peers=True):
+    import tilecore
+    from tilecore.ops.attention import varlen
+
+    dev = _device()
+    total = sum(lengths)
+    cu = cu_of(lengths, dev)
+    dtype = torch.float16 if SMOKE else torch.bfloat16
+    q, k, v = (torch.randn(total, h, d, dtype=dtype, device=dev) for _ in range(3))
+    flops = causal_flops(lengths, h, d) if causal else sum(4 * n * n * d * h for n in lengths)
+    row = {"case": f"gluon fwd {label}: {len(lengths)} seqs, {total} tokens, longest {max(lengths)}, H{h} D{d}"
+                   f"{' causal' if causal else ''}", "lengths": lengths, "flops_fwd": flops}
+    scale = d ** -0.5
+    RESULTS["time"].append(row)
+    row["gluon_varlen_fwd_ms"] = bench(lambda: gluon_forward(q, k, v, cu, cu, causal, scale, 0.0))
+    row["tl_varlen_fwd_ms"] = bench(lambda: varlen.forward_kernels(q, k, v, cu, cu, causal, scale, -1, -1, 0.0))
+    row["gluon_varlen_fwd_tflops"] = flops / row["gluon_varlen_fwd_ms"] / 1e9
+    row["tl_varlen_fwd_tflops"] = flops / row["tl_varlen_fwd_ms"] / 1e9
+    if not peers:
+        return
+
+    @guarded(f"time fixed-length Gluon forward ({label})")
+    def fixed():
+        n = 16 if SMOKE else 4096
+        b = total // n
+        qf, kf, vf = (torch.randn(b, h, n, d, dtype=dtype, device=dev) for _ in range(3))
+        row[f"fixed_B{b}_N{n}_fwd_ms"] = t = bench(lambda: tilecore.attention(qf, kf, vf, causal=causal))
+        fixed_flops = causal_flops([n] * b, h, d) if causal else 4 * n * n * d * h * b
+        row["fixed_fwd_tflops"] = fixed_flops / t / 1e9
+    fixed()
+
+    @guarded(f"time sdpa padded ({label})")
+    def sdpa_padded():
+        import torch.nn.functional as F
+        nmax = max(lengths)
+        qp, kp, vp = (torch.randn(len(lengths), h, nmax, d, dtype=dtype, device=dev) for _ in range(3))
+        row["sdpa_padded_fwd_ms"] = bench(lambda: F.scaled_dot_product_attention(qp, kp, vp, is_causal=causal))
+    if not over_budget(f"sdpa padded ({label})"):
+        sdpa_padded()
+
+    @guarded(f"time flex document mask ({label})")
+    def flex():
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        doc = torch.repeat_interleave(torch.arange(len(lengths), device=dev), torch.tensor(lengths, device=dev))
+
+        def document_mask(b, hh, qi, ki):
+            return (doc[qi] == doc[ki]) & ((qi >= ki) if causal else True)
+        mask = create_block_mask(document_mask, None, None, total, total, device=dev)
+        compiled = torch.compile(flex_attention)
+        qx, kx, vx = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        row["flex_fwd_ms"] = bench(lambda: compiled(qx, kx, vx, block_mask=mask))
+    if not SMOKE and os.environ.get("GPU_VARLEN_FLEX", "1") != "0" and not over_budget(f"flex ({label})"):
+        flex()
+
+
+def run_quick():
+    """Checks first (each a few seconds; every Gluon variant compiles once), then times; flex (a
+    torch.compile) last."""
+    f16, bf16 = torch.float16, torch.bfloat16
+    if SMOKE:
+        guarded("gluon check smoke")(check_gluon)(f16, [5, 0, 1, 19], [5, 2, 1, 19], 2, 1, 16, dict(causal=True))
+        guarded("gluon check smoke gqa")(check_gluon)(f16, [3, 20], [7, 20], 4, 2, 16, dict(), ref_heads=2)
+        guarded("gluon time smoke")(time_gluon)("smoke", [16, 40, 8], h=2, d=16)
+        return
+    tail = long_tailed_lengths(65536)
+    first = [
+        (bf16, [1, 0, 777, 63, 1500, 2], [1, 0, 777, 63, 1500, 2], 16, 16, 128, dict(causal=True)),
+        (bf16, [300, 1, 1025, 0, 129], [300, 5, 1300, 7, 129], 32, 8, 128, dict()),  # GQA, Nk != N
+        (bf16, [700, 129, 2000, 64], [900, 129, 2000, 70], 16, 4, 128, dict(causal=True)),  # bottom-right
+        (bf16, tail, tail, 16, 16, 128, dict(causal=True), 2),  # 64K tokens: float64 on 2 heads
+    ]
+    later = [
+        (f16, [1, 0, 777, 63, 1500, 2], [1, 0, 777, 63, 1500, 2], 16, 16, 128, dict(causal=True)),
+        (bf16, [700, 129, 2000, 64], [900, 129, 2000, 70], 16, 4, 128, dict(causal=True, softcap=20.0)),
+        (bf16, [129, 4096, 17, 0, 300], [129, 4096, 17, 5, 300], 8, 8, 64, dict(causal=True)),  # D64
+    ]
+
+    def checks(cases):
+        for case in cases:
+            name = f"gluon check {case[0]} {case[1][:8]} {case[5:]}"
+            if not over_budget(name):
+                guarded(name)(check_gluon)(*case)
+    checks(first)
+    guarded("gluon time long-tailed")(time_gluon)("long-tailed", tail)  # its peers skipped past the budget
+    checks(later)
+    if not over_budget("gluon cuda graph"):
+        guarded("gluon cuda graph")(check_gluon_graph)()
+    if not over_budget("gluon time uniform"):
+        guarded("gluon time uniform")(time_gluon)("uniform 16 x 4096", [4096] * 16, peers=False)
+    if not over_budget("gluon time long-tailed, not causal"):
+        guarded("gluon time long-tailed, not causal")(time_gluon)("long-tailed", tail, causal=False, peers=False)
+
+
+# --------------------------------------------------------------------------------------------
 
 
 def table():
@@ -525,6 +719,15 @@ def table():
         if "varlen_fwd_tflops" in r and "fixed_fwd_tflops" in r:
             print(f"   varlen / fixed TFLOP/s fwd {r['varlen_fwd_tflops'] / r['fixed_fwd_tflops']:.2f}x, "
                   f"bwd {r['varlen_bwd_tflops'] / r['fixed_bwd_tflops']:.2f}x")
+        if "gluon_varlen_fwd_ms" in r:
+            g = r["gluon_varlen_fwd_ms"]
+            print(f"   gluon varlen fwd: {r['tl_varlen_fwd_ms'] / g:.2f}x the tl varlen"
+                  + (f", {r['gluon_varlen_fwd_tflops'] / r['fixed_fwd_tflops']:.2f}x fixed-length TFLOP/s"
+                     if "fixed_fwd_tflops" in r else "")
+                  + (f", flex {r['flex_fwd_ms'] / g:.2f}x its time" if "flex_fwd_ms" in r else "")
+                  + (f", sdpa padded {r['sdpa_padded_fwd_ms'] / g:.2f}x its time" if "sdpa_padded_fwd_ms" in r
+                     else ""))
+            continue
         if "sdpa_padded_fwd_ms" in r:
             print(f"   sdpa padded / varlen fwd {r['sdpa_padded_fwd_ms'] / r['varlen_fwd_ms']:.2f}x, "
                   f"bwd {r['sdpa_padded_bwd_ms'] / r['varlen_bwd_ms']:.2f}x")
@@ -542,8 +745,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, no timing (the CPU interpreter)")
     parser.add_argument("--phases", default="check,time")
+    parser.add_argument("--quick", action="store_true",
+                        help="the Gluon varlen forward only: checks and times in <= 90 s (phases ignored)")
     args = parser.parse_args()
     SMOKE = args.smoke
+    if args.quick:
+        args.phases = "quick"
+    START[0] = time.time()
     torch.manual_seed(0)
     start = time.time()
     RESULTS["meta"] = _meta()
@@ -554,6 +762,8 @@ def main():
         run_timing()
     if "sweep" in phases:
         run_sweep()
+    if "quick" in phases:
+        run_quick()
     RESULTS["meta"]["seconds"] = time.time() - start
     out_dir = os.environ.get("OUT", "/tmp/out")
     os.makedirs(out_dir, exist_ok=True)

@@ -1,0 +1,178 @@
+"""attention_varlen's Gluon forward (gluon_varlen.py) without a GPU: its work table (device torch ops:
+every (row, head) of every sequence in exactly the tiles it should be, longest first, an upper bound
+from the shapes), the kernel's tile rules mirrored in float64 against the reference (the key blocks a
+consumer walks cover every key its rows see; rows past a sequence never stored), the launch's
+arguments against the kernel's parameters, routing (off by default), and the sm_90a compile (wgmma,
+TMA, no spills). The kernel itself runs only on a GPU (experiments/attention/gpu_varlen.py --quick)."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tilecore import accuracy
+from tilecore.ops.attention import configs, varlen
+from tilecore.ops.attention.reference_varlen import varlen_reference
+
+
+def cu_of(lengths):
+    return torch.tensor([0] + torch.tensor(lengths, dtype=torch.long).cumsum(0).tolist(), dtype=torch.int32)
+
+
+def tile_rows(entry, cu_q, cu_k, tile_m, block_n, causal):
+    """gluon_varlen.VarlenAttention.setup in Python: (q0, k0, N, Nk, first row, key blocks)."""
+    seq, tile = int(entry[0]), int(entry[1])
+    b = max(seq, 0)
+    q0, k0 = int(cu_q[b]), int(cu_k[b])
+    n = int(cu_q[b + 1]) - q0 if seq >= 0 else 0
+    nk = int(cu_k[b + 1]) - k0 if seq >= 0 else 0
+    first = max(n - (tile + 1) * tile_m, 0)
+    hi = max(min(nk, first + tile_m + nk - n), 0) if causal else nk
+    return q0, k0, n, nk, first, (-(-hi // block_n) if n > 0 else 0)
+
+
+def consumer_blocks(first, n, nk, n_blocks, block_m, block_n, causal):
+    """gluon_varlen.VarlenAttention.start: the key blocks a consumer's rows from ``first`` walk."""
+    if not causal:
+        return n_blocks
+    own_hi = max(min(nk, first + block_m + nk - n), 0)
+    return min(max(-(-own_hi // block_n), 1), n_blocks)
+
+
+def emulate(q, k, v, cu_q, cu_k, causal, block_m=64, block_n=128, consumers=2):
+    """The kernel's tiles in float64: each consumer's rows against the keys of the blocks it walks
+    (keys past the sequence masked), stored where the kernel stores them (rows < N only). Returns
+    (O, lse, times each (row, head) was stored)."""
+    total_q, hq, d = q.shape
+    group = hq // k.shape[1]
+    tile_m = block_m * consumers
+    out = torch.full((total_q, hq, v.shape[2]), float("nan"), dtype=torch.float64)
+    lse = torch.full((hq, total_q), float("nan"), dtype=torch.float64)
+    stores = torch.zeros(total_q, hq, dtype=torch.long)
+    for entry in varlen.work_table(cu_q, cu_k, total_q, hq, tile_m).tolist():
+        q0, k0, n, nk, first, n_blocks = tile_rows(entry, cu_q, cu_k, tile_m, block_n, causal)
+        h = entry[2]
+        for c in range(consumers):
+            own_first = first + c * block_m
+            walked = consumer_blocks(own_first, n, nk, n_blocks, block_m, block_n, causal) * block_n
+            rows = torch.arange(own_first, max(own_first, min(own_first + block_m, n)))
+            if rows.numel() == 0:
+                continue
+            keys = torch.arange(min(walked, nk))
+            s = (q[q0 + rows, h].double() @ k[k0 + keys, h // group].double().T) * d ** -0.5
+            if causal:
+                s = s.masked_fill(keys[None, :] > rows[:, None] + (nk - n), float("-inf"))
+            m = torch.logsumexp(s, 1) if keys.numel() else torch.full((rows.numel(),), float("-inf"), dtype=s.dtype)
+            p = torch.exp(s - torch.where(torch.isinf(m), 0.0, m)[:, None])
+            o = p @ v[k0 + keys, h // group].double() / torch.where(torch.isinf(m), 1.0, p.sum(1))[:, None]
+            out[q0 + rows, h] = o
+            lse[h, q0 + rows] = m
+            stores[q0 + rows, h] += 1
+    return out, lse, stores
+
+
+# lengths 0, 1, odd, one tile (128 rows) and one past it, several tiles; N != Nk (bottom-right)
+LENGTHS = [([1, 0, 127, 128, 129, 300, 2], [1, 0, 127, 128, 129, 300, 2]),
+           ([300, 1, 64, 0, 65], [300, 5, 200, 7, 1])]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("lens_q, lens_k", LENGTHS)
+def test_tiles_cover_every_row_once_or_bit_for_bit_and_match_the_reference(lens_q, lens_k, causal):
+    hq, hkv, d = 4, 2, 16
+    cu_q, cu_k = cu_of(lens_q), cu_of(lens_k)
+    q = torch.randn(sum(lens_q), hq, d)
+    k = torch.randn(sum(lens_k), hkv, d)
+    v = torch.randn(sum(lens_k), hkv, d)
+    out, lse, stores = emulate(q, k, v, cu_q, cu_k, causal)
+    ref, ref_lse = varlen_reference(q.double(), k.double(), v.double(), cu_q, cu_k, causal=causal)
+    assert (stores >= 1).all()  # every row of every head, no row past a sequence (those have no slot)
+    # a row is stored twice only by a sequence's first-rows tile redoing the next tile's rows
+    for b, n in enumerate(lens_q):
+        rows = stores[int(cu_q[b]):int(cu_q[b + 1])]
+        redone = (128 - n % 128) % 128 if n > 128 else 0
+        assert (rows <= 2).all() and int((rows == 2).sum()) == redone * hq
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    live = torch.isfinite(ref_lse)
+    assert torch.allclose(lse[live], ref_lse[live], atol=1e-9)
+    assert torch.allclose(out, ref, atol=1e-9)
+    assert (out.transpose(0, 1)[torch.isneginf(ref_lse)] == 0).all()  # rows with no key: O = 0
+
+
+def test_work_table_is_longest_first_and_bounded_by_the_shapes():
+    lengths = [5, 4000, 0, 1, 700, 4000, 129]
+    cu = cu_of(lengths)
+    hq, tile_m = 3, 128
+    table = varlen.work_table(cu, cu, sum(lengths), hq, tile_m)
+    assert table.dtype == torch.int32 and table.shape == ((math.ceil(sum(lengths) / tile_m) + len(lengths)) * hq, 4)
+    real = table[table[:, 0] >= 0]
+    assert len(real) == sum(math.ceil(n / tile_m) for n in lengths) * hq
+    assert (table[len(real):, 0] == -1).all()  # the padding entries come last
+    # sequences in order of N x Nk (ties: batch order), each one's tiles head by head, heaviest first
+    seqs = list(dict.fromkeys(real[:, 0].tolist()))
+    assert seqs == [1, 5, 4, 6, 0, 3]
+    first = real[real[:, 0] == 1]
+    tiles = math.ceil(4000 / tile_m)
+    assert first[:, 2].tolist() == sum(([h] * tiles for h in range(hq)), [])
+    assert first[:, 1].tolist() == list(range(tiles)) * hq
+
+
+def test_work_table_of_an_empty_batch_has_only_padding():
+    cu = cu_of([0, 0])
+    table = varlen.work_table(cu, cu, 0, 2, 128)
+    assert table.shape == (4, 4) and (table[:, 0] == -1).all()
+
+
+def test_launch_passes_every_kernel_parameter(monkeypatch):
+    from tilecore.ops.attention import gluon_varlen
+
+    calls = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
+
+    monkeypatch.setattr(varlen, "GLUON_VARLEN_FWD", Recorder())
+    monkeypatch.setattr(varlen.dispatch, "num_sms", lambda device: 132)
+    lengths = [300, 1, 0, 77]
+    cu = cu_of(lengths)
+    q = torch.randn(sum(lengths), 8, 128, dtype=torch.bfloat16)
+    k = torch.randn(sum(lengths), 2, 128, dtype=torch.bfloat16)
+    out, lse = varlen.forward_gluon(q, k, k, cu, cu, True, 0.1, 30.0)
+    (grid, args, kwargs), = calls
+    params = gluon_varlen.attention_varlen_fwd_kernel.arg_names
+    assert kwargs.pop("num_warps") == 4 and sorted(params[len(args):]) == sorted(kwargs)
+    named = dict(zip(params, args))
+    assert named["GROUP"] == 4 and named["total_q"] == sum(lengths) and named["num_tiles"] == len(named["work"])
+    assert grid == (min(132, len(named["work"])),)
+    assert kwargs["CAUSAL"] is True and kwargs["SOFTCAP"] == 2  # tanh.approx, as the fixed Gluon forward
+    assert named["q_desc"].shape == [8, sum(lengths), 128] and named["q_desc"].strides == [128, 8 * 128, 1]
+    assert named["k_desc"].block_shape == [1, 128, 128] and named["o_desc"].base.data_ptr() == out.data_ptr()
+    assert out.shape == (sum(lengths), 8, 128) and lse.shape == (8, sum(lengths))
+
+
+def test_gluon_path_is_off_by_default_and_never_on_the_cpu():
+    assert configs.VARLEN_GLUON_FORWARD is False
+    q = torch.randn(10, 2, 128, dtype=torch.bfloat16)
+    assert not varlen.gluon_forward_fits(q, q, q, True, -1, -1)
+    assert not varlen.gluon_forward_fits(q, q, q, True, -1, -1, use_gluon=True)  # a CPU tensor
+
+
+@pytest.fixture(scope="module")
+def compiled_report():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
+    r = subprocess.run([sys.executable, "-m", "tilecore.ops.attention.gluon_varlen", "--quick"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_compiles_for_sm90a_with_wgmma_and_tma_and_no_spills(compiled_report):
+    assert {(r["D"], r["causal"], r["softcap"]) for r in compiled_report} == {(128, True, 0), (128, False, 2)}
+    for r in compiled_report:
+        assert r["wgmma"] and r["tma"] and r["mbarrier"] and not r["wgmma_serialized"], r
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, r
+        assert r["shared"] <= 227 * 1024, r
