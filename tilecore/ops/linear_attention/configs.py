@@ -62,6 +62,11 @@ BASED_FWD_STAGES = 3
 GLUON_FORWARD = True
 GLUON_CHECKED = {(0, 128), (1, 128)}
 GLUON_STAGES = 2
+# Based's Gluon forward (gluon_based.py: Dk 16, no decay, Dv a multiple of 64; its 153 symmetric features
+# padded to 160, S^T in wgmma registers): compiles for sm_90a, its tables and state maps match float64 on
+# the CPU; off until gpu_forward.py's check passes on the GPU (then True; launch.forward routes it)
+GLUON_BASED = False
+GLUON_BASED_STAGES = 2  # 3 stages do not fit beside its feature buffers (227 KiB)
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
 # B16 H16 N4096 bf16, Dk = Dv = 128, dQ + dK/dV kernels): no decay 2.36 ms at chunks of 64, one key block
