@@ -244,14 +244,16 @@ def compiled_forward(d: int = 128, causal: bool = True, softcap: int = 0, dtype=
     varlen.forward_gluon passes (packed (total, heads, D) tensors of 4096 rows, 16 heads)."""
     import torch
 
-    from tilecore.ops.attention import configs, varlen
+    from tilecore.ops.attention import configs
     from tilecore.tiles.compile import compile_kernel
+    from tilecore.tiles.launch import TmaOperand
 
     dtype = dtype or torch.bfloat16
     cfg = dict(cfg or configs.VARLEN_GLUON_FORWARD_CONFIG[d])
     drawn = cfg.get("drawn", True) if drawn is None else drawn
     x = torch.empty(4096, 16, d, dtype=dtype)
-    desc = lambda rows: varlen.packed_operand(x, rows).descriptor()  # noqa: E731 - as forward_gluon builds them
+    # varlen.packed_operand's (not imported: varlen imports this module at its first launch)
+    desc = lambda rows: TmaOperand(x.transpose(0, 1), [1, rows, d]).descriptor()  # noqa: E731
     i32 = torch.empty(64, dtype=torch.int32)
     args = dict(q_desc=desc(cfg["block_m"]), k_desc=desc(cfg["block_n"]), v_desc=desc(cfg["block_n"]),
                 o_desc=desc(cfg["block_m"]), out_ptr=x, o_row_stride=16 * d, lse_ptr=torch.empty(64),
