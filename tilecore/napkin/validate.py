@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import models
+from .backward import attention_backward_time
 from .engine import derive, group, relabel, stream
 from .errors import CapacityError
 from .hardware import H100
@@ -170,33 +171,27 @@ FA2_FORWARD = {64: (128, 128), 128: (128, 64)}
 
 @_memo
 def attention_time(batch, heads, kv_heads, seq, d, causal, backward, gpu, impl):
-    """tilecore and cuDNN: wgmma with the overlap schedule (the engine's default). flash (SDPA) is
-    FlashAttention-2: mma.sync, no warp specialization, so its units run one after another."""
+    """impl: tilecore, cudnn or flash. Forward: tilecore and cuDNN wgmma with the overlap schedule (the
+    engine's default); flash (SDPA) is FlashAttention-2: mma.sync, no warp specialization, so its units
+    run one after another. Backward: backward.attention_backward_time, each implementation's structure."""
+    if backward:  # the backward's own model (backward.py): its step chain, dQ, the passes around it
+        b = attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu, impl)
+        return b.time, b.bound
     kw = dict(mma="mma.sync", time_model="serial") if impl == "flash" else {}
-    if backward:
-        diag = models.attention_backward(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, d=d, causal=causal)
-        # key-stationary: a block of 128 keys holds dK, dV; queries stream by; dQ summed across blocks
-        parts = {"x": group(128), "q": stream(64)}
-        wgs = 1 if d <= 64 else 2
+    diag = models.attention(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, d=d, causal=causal)
+    if impl == "flash":
+        bm, bn = FA2_FORWARD.get(d, (128, 64))
+        parts, wgs = {"q": group(bm), "x": stream(bn)}, 1
     else:
-        diag = models.attention(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, d=d, causal=causal)
-        if impl == "flash":
-            bm, bn = FA2_FORWARD.get(d, (128, 64))
-            parts, wgs = {"q": group(bm), "x": stream(bn)}, 1
-        else:
-            three = d <= 64 and seq >= (1024 if causal else 2048)  # configs.THREE_CONSUMERS_MIN_N
-            parts, wgs = {"q": group(192 if three else 128), "x": stream(128)}, 3 if three else 2
+        three = d <= 64 and seq >= (1024 if causal else 2048)  # configs.THREE_CONSUMERS_MIN_N
+        parts, wgs = {"q": group(192 if three else 128), "x": stream(128)}, 3 if three else 2
     if kv_heads != heads:  # a kv head's q heads are walked one after another
         parts["r"] = group(1)
     try:
         r = relabel(diag, gpu, parts, warpgroups=wgs, **kw)
     except CapacityError:  # the peer's tile spread over one more warpgroup (8 warps)
         r = relabel(diag, gpu, parts, warpgroups=wgs + 1, **kw)
-    t = r.time
-    if backward:  # the preprocess kernel: D = rowsum(dO * O) reads O and dO, writes D (fp32)
-        moved = batch * heads * seq * (2 * d * 2 + 4)
-        t += copy_time(moved // 2, gpu)[0]
-    return t, r.bound
+    return r.time, r.bound
 
 
 @_memo
@@ -233,6 +228,10 @@ def decode_time(batch, heads, kv_heads, kv_seq, d, gpu):
 
 # ------------------------------------------------------------------------------------------ rows
 _GQA = re.compile(r"Hq(\d+)/Hkv(\d+) D(\d+)")
+
+
+def _attention_impl(series: str) -> str:
+    return "flash" if series.startswith("flash") else "tilecore" if series.startswith("tilecore") else "cudnn"
 
 
 def _row_value(row):
@@ -291,7 +290,7 @@ def _predict_row(path: Path, data: dict, row: dict, gpu, cfg, host) -> Predictio
         bwd = params["pass"] == "bwd"
         op = "attention " + params["pass"]
         n_ = params["N"]
-        impl = "flash" if series.startswith("flash") else "wgmma"
+        impl = _attention_impl(series)
         t, bound = attention_time(65536 // n_, 16, 16, n_, params["D"], params["causal"], bwd, gpu, impl)
     elif suite == "attention-gqa":
         bwd = params["pass"] == "bwd"
@@ -299,7 +298,7 @@ def _predict_row(path: Path, data: dict, row: dict, gpu, cfg, host) -> Predictio
         hq, hkv, d = (int(v) for v in _GQA.search(params["model"]).groups())
         n_ = params["N"]
         batch = max(1, 2 ** 20 // (hq * n_))
-        impl = "flash" if series.startswith("flash") else "wgmma"
+        impl = _attention_impl(series)
         if "K/V repeated" in series:
             # K and V copied out to every q head (one kernel a tensor), then multi-head attention;
             # the backward also sums dK and dV back over each group
@@ -375,16 +374,22 @@ def name_cause(p: Prediction) -> str:
                              (p.op in ("gemm", "gemm_fp8", "hadamard"))):
         return ("host time: an eager call on the host path the bench ran with (before issue 31's host work); "
                 "the model's host floor is today's (notes/host/runs/host_time_session24_h100.json)")
+    if p.op.endswith("bwd") and p.series.startswith("flash") and fast:
+        return ("missing algorithm (peer): FlashAttention-2's backward on Hopper, beyond mma.sync's 2/3 rate and "
+                "the serial schedule: each warp reads its MMA operands from shared memory, dQ by fp32 atomics "
+                "(not modelled)")
     if p.op.startswith(("attention", "attention-gqa")) and p.series.startswith("flash") and fast:
         return "missing algorithm (peer): FlashAttention-2 on Hopper, mma.sync rate and issue beyond the 2/3 account"
     if "K/V repeated" in p.series:
         return ("peer's extra passes: K and V repeated to every q head by eager PyTorch (allocations, "
                 "copies at less than the copy ceiling), costed here as ideal copies")
+    if p.op.endswith("bwd") and fast and q.get("N", 1 << 30) <= 2048:
+        return ("short tiles (backward): a key tile's prologue and epilogue (K, V in; dK, dV out) and the causal "
+                "tail over few query steps, not modelled per tile; the preprocess and dQ conversion are")
     if p.op.endswith("bwd") and fast:
-        return ("backward: a term common to every backward kernel is missing (tilecore, cuDNN, FA2 all 1.15-1.4x "
-                "slower than predicted at large N); candidates: five MMAs' shared-memory operand traffic with dS "
-                "transposed through SMEM (60-80% of the tensor time at 128 B/clk/SM), P and dS conversions, dQ's "
-                "reduction in L2; not measured yet")
+        return ("backward against this run's ceiling: the model's step latency comes from anchors.md's run "
+                "(cuBLAS 680 TFLOP/s, cuDNN's backward 519); this run's cuBLAS is 10-12% higher but its backwards "
+                "are not faster (they run power-limited at their own clock: notes/attention, session 19)")
     if p.op.startswith("attention") and q.get("N", 1 << 30) <= 1024 and fast:
         return "short rows: prologue/epilogue per tile and the causal tail (latency), not modelled per tile"
     if p.op == "decode":
@@ -449,7 +454,9 @@ def table(root: Path = RESULTS) -> str:
               "GPU: the H100 preset; HBM = the copy ceiling of the same run (else copy.json's 1 GiB copy, "
               "3,002 GB/s); tensor cores = the same run's cuBLAS bf16 8192^3 ceiling (else the mean of the "
               "committed ceilings), fp8 x 1230/680 (shared/anchors.md); launch 4.6 us a kernel (copy.json); "
-              "tilecore's eager host floor from notes/host/runs/host_time_session24_h100.json."]
+              "tilecore's eager host floor from notes/host/runs/host_time_session24_h100.json. The attention "
+              "backward: tilecore.napkin.backward (each implementation's step chain, dQ, the passes around "
+              "it; one step latency derived from shared/anchors.md's cuDNN row)."]
     return "\n".join(lines)
 
 

@@ -1,0 +1,295 @@
+"""The attention backward's own time model: a FlashAttention backward step as a chain of dependent MMAs.
+
+The engine costs any diagram with one overlap rule: every unit runs concurrently, except the
+exponentials that sit between two dependent MMAs, of which the paper's 2/3 is exposed (its account of
+FlashAttention-3's forward). The backward is not forward-like. A thread block holds Bc keys (their dK
+and dV accumulate in registers) and streams Br query rows a step; each step is five MMAs in three
+dependent groups:
+
+    group 1   S^T  = K Q^T,  dP^T = V dO^T            (issued together; the softmax waits for S only)
+    link 1    P^T  = exp(S^T - L)                     (SFU: runs under dP's MMA, the paper's 2/3 exposed)
+    link 2    dS^T = P^T (dP^T - D), P^T and dS^T to the operand dtype   (ALU, after dP: exposed)
+    link 3    dS stored to shared memory, fenced      (dQ contracts the keys: dS^T's rows; a transpose)
+    group 2   dV += P^T dO,  dK += dS^T Q,  dQ = dS K (dQ's fp32 partial staged, added in L2)
+
+2.5x the forward's MMAs. The consumers (two warpgroups of Bc/2 keys) read the same ring stage and meet
+at the dS exchange, so they run in lockstep: where one waits on a link the other does too, and no MMA
+of another warpgroup fills the tensor cores (FA3's forward ping-pongs its consumers instead; the
+backward has no such order). So the links' work adds to the MMAs, except the exponentials (they run
+under dP, the paper's share exposed) and a dQ from a warpgroup of its own (tilecore's D64: that
+warpgroup's MMA runs while the consumers are on their links). Without warp specialization
+(FlashAttention-2: mma.sync, every warp does everything) every unit adds.
+
+Around the main kernel: the preprocess D = rowsum(dO o O) (reads O and dO, writes D, zeroes the fp32
+dQ accumulator), and the conversion of the fp32 dQ to the input dtype (reads 4 bytes, writes 2 an
+element). Where dQ comes from a second kernel (tilecore's D128 on short tiles), that kernel recomputes
+S, P, dP and dS for query-stationary tiles (three MMAs) and writes dQ itself: no accumulator, no
+conversion.
+
+Shared memory: every MMA's operands read from it (wgmma: B always, A unless it is a register operand),
+the ring's TMA writes, dS's store, dQ's staging (written, then read by the TMA reduction). A bound, not
+a sum: the engine's preset rate (128 B/clk/SM) leaves it under the tensor time (64-75% of it).
+
+Constants: the GPU preset's (and the run's calibrated tensor rate), the paper's exposed share of the
+exponentials, and one latency a step (`STEP_LATENCY_CLOCKS`), whose source is given where it is defined.
+No figure is fitted to the rows this model predicts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from . import models
+from .diagram import Diagram
+from .engine import group, relabel, stream
+from .errors import CapacityError
+from .hardware import get_gpu
+
+DQ_MODES = ("staged", "atomic", "warpgroup", "kernel")
+SCHEDULES = ("lockstep", "serial")
+
+
+@dataclass(frozen=True)
+class BackwardKernel:
+    """How one implementation runs the backward (what the model needs of it)."""
+    name: str
+    mma: str = "wgmma"             # wgmma | mma.sync
+    schedule: str = "lockstep"     # lockstep: warp-specialized consumers that meet every step; serial: none (FA2)
+    block_q: int = 64              # query rows a step (Br)
+    block_k: int = 128             # keys a thread block (Bc), split over the consumers
+    consumers: int = 2             # MMA warpgroups over the block's keys
+    dq: str = "staged"             # staged (fp32 partial through SMEM, TMA reduction in L2) | atomic (fp32
+                                   # atomics from registers) | warpgroup (staged, from an MMA warpgroup of its
+                                   # own) | kernel (a second, query-stationary kernel)
+    kv_registers: bool = False     # K and V rows as register operands of S^T and dP^T (else read from SMEM)
+    smem_operands: tuple = ("dS",)  # register intermediates stored to SMEM as MMA operands (FA2: P and dS)
+    source: str = ""
+
+    def __post_init__(self):
+        if self.dq not in DQ_MODES:
+            raise ValueError(f"dq {self.dq!r}; accepted: {', '.join(DQ_MODES)}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule {self.schedule!r}; accepted: {', '.join(SCHEDULES)}")
+
+
+# tilecore's configs (tilecore/ops/attention/configs.py: GLUON_BACKWARD, FUSED_DQ_MIN_N): a tile of 128
+# keys, two consumers of 64, 64 query rows a step; D64: K and V in registers, dQ from a warpgroup of its
+# own; D128: dQ staged in the consumers ("lagged" or "fused"), or the Gluon dq kernel below FUSED_DQ_MIN_N
+FUSED_DQ_MIN_N = {False: 1024, True: 4096}
+
+
+def tilecore_kernel(d: int, seq: int, causal: bool) -> BackwardKernel:
+    src = "tilecore/ops/attention/configs.py GLUON_BACKWARD, FUSED_DQ_MIN_N"
+    if d <= 64:
+        return BackwardKernel("tilecore", dq="warpgroup", kv_registers=True, source=src)
+    return BackwardKernel("tilecore", dq="kernel" if seq < FUSED_DQ_MIN_N[causal] else "staged", source=src)
+
+
+# cuDNN's Hopper kernel is not published: costed as FlashAttention-3's structure (Shah et al. 2024: Br 64,
+# Bc 128, two consumer warpgroups, dQ's fp32 partial staged and added by a TMA reduction)
+CUDNN = BackwardKernel("cuDNN", source="FlashAttention-3's backward structure (cuDNN's is not published)")
+
+
+def flash2_kernel(d: int) -> BackwardKernel:
+    """FlashAttention-2 (SDPA's flash backend): 8 warps, no warp specialization, mma.sync; Br x Bc =
+    128 x 128 at D64, 64 x 128 at D128 (its sm80 kernel traits); P and dS through shared memory (the
+    dV, dK and dQ MMAs read them there); dQ added by fp32 atomics, then converted."""
+    return BackwardKernel("flash", mma="mma.sync", schedule="serial", block_q=128 if d <= 64 else 64,
+                          consumers=2, dq="atomic", smem_operands=("P", "dS"),
+                          source="flash-attn 2 kernel traits (sm80): 8 warps, Br x Bc 128 x 128 (D64), 64 x 128 (D128)")
+
+
+def kernel_for(impl: str, d: int, seq: int, causal: bool) -> BackwardKernel:
+    """The implementation named by a bench row's series: tilecore, cudnn, flash."""
+    impl = impl.lower()
+    if impl == "tilecore":
+        return tilecore_kernel(d, seq, causal)
+    if impl in ("cudnn", "wgmma", "fa3"):
+        return CUDNN
+    if impl in ("flash", "fa2"):
+        return flash2_kernel(d)
+    raise ValueError(f"backward implementation {impl!r}; accepted: tilecore, cudnn, flash")
+
+
+# The one latency a step the model adds, in SM clocks: a lockstep step waits three times on its own
+# MMAs (S, dP, then dV/dK/dQ) and once on the ring and the dS exchange; each wait drains a wgmma group
+# before the dependent instructions issue, and no other warpgroup fills the gap. Neither the paper nor
+# the datasheets give it, so it is derived once from the measured anchors (../shared/anchors.md: cuDNN's
+# backward, B16 H16 N4096 D128, 519 TFLOP/s where cuBLAS ran 680 in the same run) by
+# `step_latency_from_anchor()`, and checked on the anchors' three other cuDNN backward rows (D64 430,
+# D64 causal 379, D128 causal 461: predicted 440, 405, 474). No committed bench row is used.
+ANCHOR = dict(impl="cudnn", batch=16, heads=16, seq=4096, d=128, causal=False, tflops=519.0,
+              ceiling_tflops=680.0, copy_bytes_per_s=2997e9)
+ANCHOR_CHECKS = ((64, False, 430.0), (64, True, 379.0), (128, True, 461.0))
+STEP_LATENCY_CLOCKS = 182.0
+
+
+def backward_flops(batch, heads, seq, d, causal) -> float:
+    """The bench's convention: 2.5x the forward's 4 B H N^2 D, halved when causal."""
+    return 2.5 * 4 * batch * heads * seq * seq * d * (0.5 if causal else 1.0)
+
+
+def anchor_gpu(gpu="h100"):
+    """The preset with the anchors' run's two ceilings (copy, cuBLAS bf16 8192^3)."""
+    return get_gpu(gpu).calibrated(copy_bytes_per_s=ANCHOR["copy_bytes_per_s"],
+                                   matmul_flops={"bf16": ANCHOR["ceiling_tflops"] * 1e12}, label="anchors")
+
+
+def step_latency_from_anchor(gpu="h100") -> float:
+    """The step latency (clocks) at which the model gives the anchor row's TFLOP/s (bisection)."""
+    a, g = ANCHOR, anchor_gpu(gpu)
+    flops = backward_flops(a["batch"], a["heads"], a["seq"], a["d"], a["causal"])
+    lo, hi = 0.0, 4000.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        t = attention_backward_time(a["batch"], a["heads"], a["heads"], a["seq"], a["d"], a["causal"], g,
+                                    a["impl"], step_latency_clocks=mid).time
+        lo, hi = (mid, hi) if flops / t / 1e12 > a["tflops"] else (lo, mid)
+    return (lo + hi) / 2
+
+
+@dataclass
+class BackwardTime:
+    """The predicted backward: its kernels and the main kernel's terms (seconds, whole GPU)."""
+    kernel: BackwardKernel
+    time: float
+    bound: str
+    kernels: list = field(default_factory=list)      # (name, seconds, bound)
+    terms: dict = field(default_factory=dict)        # the main kernel's: mma, exp exposed, links, smem, l2
+    steps: float = 0.0                                # (tile, step) pairs the main kernel runs
+
+    def breakdown(self) -> str:
+        rows = [f"{self.kernel.name} backward: {self.time * 1e3:.3f} ms, bound by {self.bound}"]
+        rows += [f"  kernel {name}: {t * 1e3:.3f} ms ({b})" for name, t, b in self.kernels]
+        rows += [f"  {k}: {v * 1e3:.3f} ms" for k, v in self.terms.items()]
+        return "\n".join(rows)
+
+
+def _copy_pass(nbytes: float, gpu) -> float:
+    """A memory-bound pass moving `nbytes` (read + written): a copy's time (launch included)."""
+    n = max(1, int(nbytes // 4))
+    r = relabel(models.copy(n=n, dtype="bf16"), gpu, {"i": group(min(n, 8192))})
+    return r.time
+
+
+def dq_diagram(batch, heads, kv_heads, seq, d, causal, dtype="bf16") -> Diagram:
+    """The separate dQ pass: recompute S, P, dP, dS from Q, K, V, dO, L, D, then dQ = dS K (three MMAs)."""
+    import dataclasses
+    g = Diagram("attention dq", q=seq, x=seq, d=d, e=d)
+    Q, K, V = g.input("Q", "q d", dtype), g.input("K", "x d", dtype), g.input("V", "x e", dtype)
+    dO, L, Dl = g.input("dO", "q e", dtype), g.input("L", "q", "fp32"), g.input("D", "q", "fp32")
+    S = g.contract(Q, K, out="q x", name="S", dtype="fp32")
+    P = g.map("exp(S - L)", S, L, name="P", unit="sfu", ops=1, dtype=dtype)
+    dP = g.contract(dO, V, out="q x", name="dP", dtype="fp32")
+    dS = g.map("P (dP - D)", P, dP, Dl, name="dS", unit="alu", ops=2, dtype=dtype)
+    g.output(g.contract(dS, K, out="q d", name="dQ", dtype=dtype))
+    ins = ["Q", "dO", "L", "D"]
+    for axis, size, inputs in ((("r", heads // kv_heads, ins),) if kv_heads != heads else ()) + (
+            ("h", kv_heads, ["Q", "K", "V", "dO", "L", "D"]), ("b", batch, ["Q", "K", "V", "dO", "L", "D"])):
+        g = g.weave(axis, size, inputs)
+    if causal:
+        g.ops = [dataclasses.replace(op, causal=("q", "x")) if {"q", "x"} <= set(op.axes) else op for op in g.ops]
+    return g
+
+
+def _relabel(diag, gpu, parts, kernel):
+    try:
+        return relabel(diag, gpu, parts, warpgroups=kernel.consumers, mma=kernel.mma)
+    except CapacityError:  # the tile spread over one more warpgroup
+        return relabel(diag, gpu, parts, warpgroups=kernel.consumers + 1, mma=kernel.mma)
+
+
+def _smem_bytes_per_step(kernel: BackwardKernel, d: int, dq: bool) -> float:
+    """Shared-memory bytes one thread block moves in a step (operand reads, TMA writes, staging)."""
+    br, bc, w = kernel.block_q, kernel.block_k, kernel.consumers
+    m = bc // w                      # keys a consumer
+    q_tile = br * d * 2              # Q or dO rows of the step (bf16)
+    kv_c = m * d * 2                 # a consumer's K or V rows
+    reads = 0.0
+    for _ in range(w):
+        reads += 2 * (q_tile + (0 if kernel.kv_registers else kv_c))  # S^T, dP^T: B = Q / dO, A = K_c / V_c
+        reads += 2 * q_tile                                            # dV, dK: A in registers, B = dO / Q
+    if dq:  # dQ = dS K: A = dS (Br x Bc) from SMEM, B = K (Bc x d), split over the consumers' columns
+        reads += br * bc * 2 * (1 if kernel.dq == "warpgroup" else w) + bc * d * 2
+    writes = 2 * q_tile + br * 8                                       # the ring: Q, dO, L, D
+    writes += br * bc * 2 * len(kernel.smem_operands)                  # dS (and P) stored as operands
+    if dq and kernel.dq in ("staged", "warpgroup"):
+        writes += br * d * 4
+        reads += br * d * 4                                            # the TMA reduction reads the staging
+    return reads + writes
+
+
+def attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu="h100", impl="tilecore",
+                            kernel: BackwardKernel | None = None,
+                            step_latency_clocks: float | None = None) -> BackwardTime:
+    """Predicted time of one attention backward (dQ, dK, dV from Q, K, V, O, dO, L), all its kernels.
+    impl: tilecore, cudnn or flash (`kernel_for`), or `kernel` given; kv_heads < heads: grouped."""
+    gpu = get_gpu(gpu)
+    kv_heads = kv_heads or heads
+    kernel = kernel or kernel_for(impl, d, seq, causal)
+    diag = models.attention_backward(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, d=d, causal=causal)
+    parts = {"x": group(kernel.block_k), "q": stream(kernel.block_q)}
+    if kv_heads != heads:  # a kv head's q heads are walked one after another inside a key tile
+        parts["r"] = group(1)
+    r = _relabel(diag, gpu, parts, kernel)
+
+    points = r.work[("sfu", "fp32")]                      # (query, key) points visited (padding, mask)
+    busy = points / gpu.rate("sfu", "fp32") / r.times["sfu"]   # the last wave's busy share
+    alu = gpu.rate("alu", "fp32") * busy
+    smem_bw = gpu.level("SMEM").bandwidth * busy
+    steps = points / (kernel.block_q * kernel.block_k)
+    fused_dq = kernel.dq != "kernel"
+
+    t_mma = r.times["tensor"] * (1.0 if fused_dq else 4 / 5)   # five equal MMAs; four without dQ
+    t_dq_mma = r.times["tensor"] / 5
+    t_exp = r.times["sfu"]
+    t_ds = points * 4 / alu                               # dS: 2 ops; P and dS converted: 1 op each
+    t_stage = points * 2 * len(kernel.smem_operands) / smem_bw if fused_dq or len(kernel.smem_operands) > 1 else 0.0
+    lat = STEP_LATENCY_CLOCKS if step_latency_clocks is None else step_latency_clocks
+    t_latency = steps * lat / gpu.clock_hz / gpu.sms / busy
+
+    if kernel.schedule == "serial":
+        compute = t_mma + t_exp + t_ds + t_stage + t_latency
+        exp_exposed = t_exp
+    else:
+        exp_exposed = gpu.exposed_sfu * t_exp
+        links = exp_exposed + t_ds + t_stage + t_latency
+        if kernel.dq == "warpgroup":  # dQ's MMA runs while the consumers are on their links
+            compute = t_mma - t_dq_mma + max(links, t_dq_mma)
+        else:
+            compute = t_mma + links
+
+    smem = steps * _smem_bytes_per_step(kernel, d, fused_dq) / smem_bw
+    # dQ's fp32 partials: a row of d floats for every (query row, key tile) pair, read and written in L2
+    dq_l2 = points / kernel.block_k * d * 4 * 2 if fused_dq else 0.0
+    l2 = (r.H["L2"] + dq_l2) / gpu.level("L2").bandwidth
+    transfer = {"HBM": r.times["HBM"], "L2": l2, "SMEM": smem}
+    binding = max(transfer, key=transfer.get)
+    main = max(transfer[binding], compute + r.fill_time) + r.launch_time
+    main_bound = binding if transfer[binding] > compute + r.fill_time else (
+        "tensor" if t_mma >= compute - t_mma else "links")
+
+    rows_q = batch * heads * seq
+    kernels = []
+    pre_bytes = rows_q * (2 * 2 * d + 4) + (rows_q * d * 4 if fused_dq else 0)   # O, dO in; D out; dQ zeroed
+    kernels.append(("preprocess", _copy_pass(pre_bytes, gpu), "HBM"))
+    kernels.append(("main", main, main_bound))
+    if fused_dq:
+        kernels.append(("dq convert", _copy_pass(rows_q * d * 6, gpu), "HBM"))
+    else:
+        dq_kernel = BackwardKernel(kernel.name + " dq", block_q=128, block_k=64, consumers=2, dq="kernel",
+                                   smem_operands=())
+        dparts = {"q": group(dq_kernel.block_q), "x": stream(dq_kernel.block_k)}
+        if kv_heads != heads:
+            dparts["r"] = group(1)
+        rq = _relabel(dq_diagram(batch, heads, kv_heads, seq, d, causal), gpu, dparts, dq_kernel)
+        q_points = rq.work[("sfu", "fp32")]
+        q_busy = q_points / gpu.rate("sfu", "fp32") / rq.times["sfu"]
+        q_compute = rq.times["tensor"] + gpu.exposed_sfu * rq.times["sfu"] + q_points * 4 / (gpu.rate("alu", "fp32") * q_busy)
+        kernels.append(("dq kernel", max(rq.transfer_time, q_compute + rq.fill_time) + rq.launch_time, "tensor"))
+    total = sum(t for _, t, _ in kernels)
+    terms = {"mma": t_mma, "exp exposed": exp_exposed, "dS link (ALU)": t_ds,
+             "dS through SMEM": t_stage, "step latency": t_latency, "compute": compute,
+             "SMEM (bound)": smem, "L2 with dQ partials": l2, "HBM": r.times["HBM"], "fill": r.fill_time,
+             "launch": r.launch_time}
+    return BackwardTime(kernel, total, main_bound, kernels, terms, steps)
