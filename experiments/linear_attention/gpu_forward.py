@@ -259,12 +259,10 @@ def _worker(task):
     t0 = time.time()
     try:
         kind, case = task[0], task[1]
-        if kind == "gluoncheck":
-            check_gluon(*GLUON_CHECKS[case])
-            return task, None, None, time.time() - t0
+        if kind == "gluoncheck":  # the row comes back to the main process (no second run there)
+            return task, None, None, time.time() - t0, check_gluon(*GLUON_CHECKS[case])
         if kind == "basedcheck":
-            check_based(*BASED_CHECKS[case])
-            return task, None, None, time.time() - t0
+            return task, None, None, time.time() - t0, check_based(*BASED_CHECKS[case])
         if case not in _WORKER_INPUTS:
             _WORKER_INPUTS[case] = make(case, *shape())
         t = _WORKER_INPUTS[case]
@@ -285,12 +283,13 @@ def _worker(task):
         elif kind == "probe":
             probe_run(t, *task[2])
         torch.cuda.synchronize()
-        return task, None, rel, time.time() - t0
+        return task, None, rel, time.time() - t0, None
     except Exception as err:  # noqa: BLE001
-        return task, f"{type(err).__name__}: {err}"[:300], None, time.time() - t0
+        return task, f"{type(err).__name__}: {err}"[:300], None, time.time() - t0, None
 
 
 PASSED: set = set()
+CHECKED: set = set()  # the check tasks whose rows the warm phase brought back
 
 
 def warm(workers: int, cases):
@@ -312,12 +311,15 @@ def warm(workers: int, cases):
     hung = False
     for task, fut in zip(tasks, futures):
         try:
-            task, err, rel, secs = fut.result(timeout=max(1.0, deadline - time.time()))
+            task, err, rel, secs, row = fut.result(timeout=max(1.0, deadline - time.time()))
         except cf.TimeoutError:
             hung = True
-            err, rel, secs = f"no result within the warm phase's {WARM_BUDGET:.0f} s (hung?)", None, 0.0
+            err, rel, secs, row = f"no result within the warm phase's {WARM_BUDGET:.0f} s (hung?)", None, 0.0, None
         except Exception as exc:  # noqa: BLE001 (a worker that died)
-            err, rel, secs = f"{type(exc).__name__}: {exc}"[:300], None, 0.0
+            err, rel, secs, row = f"{type(exc).__name__}: {exc}"[:300], None, 0.0, None
+        if row is not None:
+            RESULTS["check"].append(row)
+            CHECKED.add(str(task))
         RESULTS["warm"].append(dict(task=str(task), error=err, rel_vs_default=rel, s=round(secs, 1)))
         if err or (rel is not None and not rel < 2e-2):
             print("warm", task, err, rel, flush=True)
@@ -357,7 +359,7 @@ def reference_floor(case: str, over: dict | None) -> float:
 
 
 def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, decay: bool, mamba: bool,
-                stages: int = 3):
+                stages: int = 3, prefetch: bool = False):
     """The Gluon forward (gluon_forward.la_fwd_gluon_kernel) into NaN-filled o and final states, with
     initial states, against the float64 recurrence: o's error over the rounding floor, the states'
     relative error, every element written."""
@@ -381,11 +383,11 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
         g[:, N // 3] = float("-inf")  # a reset
     h0 = torch.randn(B, H, Dk, Dv, device=DEV)
     scale = 1.0 if mamba else Dk ** -0.5
-    row = dict(case=name, N=N, fits=gf.fits(q, k, v, g, 0))
+    row = dict(case=name, N=N, fits=gf.fits(q, k, v, g, 0), prefetch=prefetch)
     o = torch.full_like(v, float("nan"))
     ht = torch.full_like(h0, float("nan"))
     G = None if g is None else gf.chunk_cumulative(g, gf.BT_GLUON)
-    grid, args, warps = gf.launch_args(q, k, v, G, beta, d_skip, z, h0, o, ht, scale, stages)
+    grid, args, warps = gf.launch_args(q, k, v, G, beta, d_skip, z, h0, o, ht, scale, stages, prefetch)
     gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     torch.cuda.synchronize()
     row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(ht).any())
@@ -406,13 +408,19 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
     row["tl_state_rel"] = accuracy.rel_rms(ht_tl, ref_state)
     print("check gluon", row, flush=True)
     RESULTS["check"].append(row)
+    return row
 
 
 GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
                 ("gluon scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False),
                 ("gluon scalar decay d64 v128 N 77", 2, 77, 2, 2, 64, 128, True, False),
                 ("gluon mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True),
-                ("gluon mamba2 N 33 stages 2", 1, 33, 1, 4, 128, 64, True, True, 2))
+                ("gluon mamba2 N 33 stages 2", 1, 33, 1, 4, 128, 64, True, True, 2),
+                # PREFETCH (configs.GLUON_PREFETCH): decay and beta a chunk ahead, z through the stage
+                ("gluon prefetch scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False, 2, True),
+                ("gluon prefetch scalar decay d64 v128 N 77", 2, 77, 2, 2, 64, 128, True, False, 2, True),
+                ("gluon prefetch mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True, 2, True),
+                ("gluon prefetch mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, True))
 
 
 def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype: str = "bf16"):
@@ -449,6 +457,7 @@ def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype
     row["tl_state_rel"] = accuracy.rel_rms(ht_tl, ref_state)
     print("check based", row, flush=True)
     RESULTS["check"].append(row)
+    return row
 
 
 BASED_CHECKS = (("gluon based d16 v64 h0 N 1000", 2, 1000, 4, 64, True),
@@ -458,11 +467,15 @@ BASED_CHECKS = (("gluon based d16 v64 h0 N 1000", 2, 1000, 4, 64, True),
 
 def phase_gluon_check():
     for i, args in enumerate(GLUON_CHECKS):
+        if str(("gluoncheck", i)) in CHECKED:
+            continue
         if not passed(("gluoncheck", i)):
             RESULTS["errors"].append(f"check {args[0]}: failed in the warm phase")
             continue
         attempt(f"check {args[0]}", lambda: check_gluon(*args))
     for i, args in enumerate(BASED_CHECKS):
+        if str(("basedcheck", i)) in CHECKED:
+            continue
         if not passed(("basedcheck", i)):
             RESULTS["errors"].append(f"check {args[0]}: failed in the warm phase")
             continue
@@ -478,9 +491,11 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
     if c["feature"] == BASED:
         names = ["gluon_based"]
     elif c.get("gluon_override"):
-        names = ["gluon"]
+        names = ["gluon", "gluon_prefetch"] if c["decay"] else ["gluon"]
     elif c.get("mamba"):
-        names = ["kernel_only", "torch_prep"]
+        names = ["kernel_only", "torch_prep", "gluon_direct", "gluon_prefetch"]
+    elif c["decay"]:
+        names = ["gluon_direct", "gluon_prefetch"]
     if names_only or not names:
         return dict.fromkeys(names)
     from tilecore.ops.linear_attention import gluon_based as gb
@@ -490,8 +505,16 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
         if gb.fits(t["q"], t["k"], t["v"], None) is not None:
             raise ValueError(f"gluon_based does not take the case: {gb.fits(t['q'], t['k'], t['v'], None)}")
         return {"gluon_based": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False)[0]}
+    def direct(prefetch):  # gluon_forward.forward as launch.forward calls it, PREFETCH on or off
+        return lambda: gf.forward(t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"], t["z"], None, t["scale"],
+                                  False, 2, prefetch=prefetch)[0]
     if c.get("gluon_override"):
-        return {"gluon": lambda: run_forward(t, fwd_gluon=True, gluon_stages=2)}
+        calls = {"gluon": lambda: run_forward(t, fwd_gluon=True, gluon_stages=2)}
+        if c["decay"]:
+            calls["gluon_prefetch"] = direct(True)
+        return calls
+    if not c.get("mamba"):
+        return {"gluon_direct": direct(False), "gluon_prefetch": direct(True)}
     # Mamba-2: what mamba2_chunk_scan runs before the kernel (dt in float32, g = dt A, D expanded; in
     # gluon_forward.forward the chunk sums of g and D's float copy), and the kernel alone
     v = t["v"]
@@ -503,7 +526,8 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
         return gf.chunk_cumulative(g, gf.BT_GLUON), dt, t["d_skip"].float().contiguous()
     G, beta, d_skip = prep()
     grid, args, warps = gf.launch_args(t["q"], t["k"], v, G, beta, d_skip, t["z"], None, o, None, 1.0, 2)
-    return {"kernel_only": lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps), "torch_prep": prep}
+    return {"kernel_only": lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps), "torch_prep": prep,
+            "gluon_direct": direct(False), "gluon_prefetch": direct(True)}
 
 
 def phase_time(case: str, t: dict):
@@ -614,7 +638,7 @@ def table() -> str:
         if extras:
             peers = (peers + "; " if peers else "") + extras
             for p in CASES[r["case"]]["peers"]:
-                for k in ("gluon_based_ms", "gluon_ms"):
+                for k in ("gluon_based_ms", "gluon_ms", "gluon_prefetch_ms"):
                     if r.get(p + "_ms") and r.get(k):
                         peers += f"; {p} / {k[:-3]}: {r[p + '_ms'] / r[k]:.2f}x"
         lines.append(" | ".join([r["case"], f"{bound:.3f}" if bound else "-", pct(r.get("default_ms")),
@@ -622,7 +646,7 @@ def table() -> str:
                                  f"{r.get('default_floor')}, {r.get('best_floor')}", peers or "-"]))
     if RESULTS["check"]:
         lines += ["", "check (bf16, float64 reference) | N | fits | all written | out/floor | state rel | tl out/floor "
-                  "| tl state rel"]
+                  "| tl state rel | (Based) forward() = kernel"]
         for r in RESULTS["check"]:
             lines.append(" | ".join(str(r.get(k, "-")) for k in ("case", "N", "fits", "all_written", "out_floor",
                                                                   "state_rel", "tl_out_floor", "tl_state_rel",

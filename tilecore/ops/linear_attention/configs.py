@@ -62,6 +62,10 @@ BASED_FWD_STAGES = 3
 GLUON_FORWARD = True
 GLUON_CHECKED = {(0, 128), (1, 128)}
 GLUON_STAGES = 2
+# the Gluon forward's PREFETCH (each chunk's decay and beta loaded during the chunk before, Mamba-2's z
+# TMA-loaded with the stage: the per-chunk global loads off the walk's serial path). Off until
+# gpu_forward.py checks it on the GPU (its rows "prefetch")
+GLUON_PREFETCH = False
 # Based's Gluon forward (gluon_based.py: Dk 16, no decay, Dv a multiple of 64; its 153 symmetric features
 # padded to 160, S^T in wgmma registers): compiles for sm_90a, its tables and state maps match float64 on
 # the CPU; off until gpu_forward.py's check passes on the GPU (then True; launch.forward routes it)

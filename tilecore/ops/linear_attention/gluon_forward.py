@@ -46,6 +46,17 @@ class Chunk:
     vb: object  # [1, 1, BT, BV]: unit 1's
 
 
+@stage_struct
+class ChunkZ:
+    """A stage with Mamba-2's gate z TMA-loaded beside v (PREFETCH)."""
+    q: object
+    k: object
+    va: object
+    vb: object
+    za: object  # [1, 1, BT, BV]: unit 0's z
+    zb: object  # unit 1's
+
+
 @struct
 class Units:
     b: object  # batch row
@@ -55,6 +66,10 @@ class Units:
 @struct
 class Walk:
     S: object  # [BK, BV] float32: the unit's state, a wgmma accumulator
+    # PREFETCH: this chunk's per-token factors, loaded during the previous chunk (else 0)
+    G_r: object  # [BT] the cumulative log decay by row
+    G_last: object  # the chunk's last token's
+    beta_r: object  # [BT] beta by row
 
 
 @struct
@@ -63,6 +78,7 @@ class LinearAttentionForward:
     k_desc: object
     v_desc: object
     o_desc: object
+    z_desc: object  # PREFETCH with z: z's TMA descriptor (else unused)
     G: object
     BETA: object
     DSKIP: object
@@ -103,6 +119,7 @@ class LinearAttentionForward:
     HAS_Z: gl.constexpr
     HAS_H0: gl.constexpr
     STORE_HT: gl.constexpr
+    PREFETCH: gl.constexpr  # G and beta a chunk ahead (registers), z through the stage (TMA)
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BK, BV] state
     PL: gl.constexpr  # P as the register operand of P V
@@ -127,6 +144,9 @@ class LinearAttentionForward:
         tma.async_copy_global_to_shared(self.k_desc, [tile.b, h0 // self.GROUP, t0, 0], bar, stage.k)
         tma.async_copy_global_to_shared(self.v_desc, [tile.b, h0, t0, c0], bar, stage.va)
         tma.async_copy_global_to_shared(self.v_desc, [tile.b, h1, t0, c1], bar, stage.vb)
+        if self.PREFETCH and self.HAS_Z:
+            tma.async_copy_global_to_shared(self.z_desc, [tile.b, h0, t0, c0], bar, stage.za)
+            tma.async_copy_global_to_shared(self.z_desc, [tile.b, h1, t0, c1], bar, stage.zb)
 
     @gluon.jit
     def start(self, ctx, tile, prev):
@@ -134,7 +154,32 @@ class LinearAttentionForward:
         if self.HAS_H0:
             h, col = self.unit(tile, ctx.index)
             S = gl.load(self.state_ptrs(self.H0, tile.b, h, col, self.s0b, self.s0h, self.s0f, self.s0v))
-        return Walk(S)
+        walk = Walk(S, 0, 0, 0)
+        if self.PREFETCH:
+            G_r, G_last, beta_r = self.chunk_factors(tile, ctx.index, 0)
+            walk = Walk(S, G_r, G_last, beta_r)
+        return walk
+
+    @gluon.jit
+    def chunk_factors(self, tile, c: gl.constexpr, step):
+        """(G by row, G of the last token, beta by row) of chunk ``step`` of unit c (0 where absent; rows
+        past N 0; a step past the walk reads nothing)."""
+        h, col = self.unit(tile, c)
+        t0 = step * self.BT
+        offs_r = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SL))
+        row_ok = t0 + offs_r < self.N
+        G_r = gl.zeros([self.BT], gl.float32, gl.SliceLayout(1, self.SL))
+        beta_r = gl.zeros([self.BT], gl.float32, gl.SliceLayout(1, self.SL))
+        G_last = 0.0
+        if self.DECAY:
+            g_base = self.G + tile.b.to(gl.int64) * self.sgb + h.to(gl.int64) * self.sgh + t0.to(gl.int64) * self.sgn
+            G_r = gl.load(g_base + offs_r * self.sgn, mask=row_ok, other=0.0)
+            last = gl.maximum(gl.minimum(self.BT, self.N - t0) - 1, 0)
+            G_last = gl.load(g_base + last * self.sgn, mask=t0 < self.N, other=0.0)
+        if self.HAS_BETA:
+            b_base = self.BETA + tile.b.to(gl.int64) * self.sbb + h.to(gl.int64) * self.sbh + t0.to(gl.int64) * self.sbn
+            beta_r = gl.load(b_base + offs_r * self.sbn, mask=row_ok, other=0.0)
+        return G_r, G_last, beta_r
 
     @gluon.jit
     def state_ptrs(self, base, b, h, col, sb, sh, sf, sv):
@@ -172,14 +217,25 @@ class LinearAttentionForward:
         offs_c = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
         w_rows = gl.where(row_ok, 1.0, 0.0)  # each token's weight in the state update
         S_decay = 1.0
+        if self.PREFETCH:
+            # the next chunk's factors now (their latency under this chunk's work); this chunk's came
+            # with the walk. G by column reads what the last chunk's prefetch brought into L1
+            nxt_G_r, nxt_G_last, nxt_beta_r = self.chunk_factors(tile, c, step + 1)
+            G_r, G_last, beta_r = walk.G_r, walk.G_last, walk.beta_r
+            if self.DECAY:
+                G_c = gl.load(g_base + offs_c * self.sgn, mask=col_ok, other=0.0)
+        else:
+            if self.DECAY:
+                G_r = gl.load(g_base + offs_r * self.sgn, mask=row_ok, other=0.0)
+                G_c = gl.load(g_base + offs_c * self.sgn, mask=col_ok, other=0.0)
+                G_last = gl.load(g_base + (gl.minimum(self.BT, self.N - t0) - 1) * self.sgn)
+            if self.HAS_BETA:
+                beta_r = gl.load(b_base + offs_r * self.sbn, mask=row_ok, other=0.0)
         if self.DECAY:
-            G_r = gl.load(g_base + offs_r * self.sgn, mask=row_ok, other=0.0)
-            G_c = gl.load(g_base + offs_c * self.sgn, mask=col_ok, other=0.0)
-            G_last = gl.load(g_base + (gl.minimum(self.BT, self.N - t0) - 1) * self.sgn)
             w_rows = w_rows * gl.exp(G_last - G_r)
             S_decay = gl.exp(G_last)
         if self.HAS_BETA:
-            w_rows = w_rows * gl.load(b_base + offs_r * self.sbn, mask=row_ok, other=0.0)
+            w_rows = w_rows * beta_r
 
         # the old state to shared memory (the B operand of Q S); with beta, beta_j V_j as P V's B operand
         # (beta on V's rows, not P's columns: one [BT, BV] product, and the scores keep no column factor
@@ -189,7 +245,6 @@ class LinearAttentionForward:
         gl.thread_barrier()  # the previous step's wgmmas have read both buffers
         S_smem.store(walk.S.to(dtype))
         if self.HAS_BETA:
-            beta_r = gl.load(b_base + offs_r * self.sbn, mask=row_ok, other=0.0)
             wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(beta_r, 1)).to(dtype))
         fence_async_shared()
         gl.thread_barrier()
@@ -223,12 +278,21 @@ class LinearAttentionForward:
             d_row = gl.load(self.DSKIP + (h64 * self.sdh + col) + offs_v)
             o = o + gl.expand_dims(d_row, 0) * v.load(self.SL).to(gl.float32)
         if self.HAS_Z:
-            z_base = self.Z + b64 * self.szb + h64 * self.szh + t0.to(gl.int64) * self.szn + col
-            z_offs = gl.expand_dims(offs_r * self.szn, 1) + gl.expand_dims(offs_v, 0)
-            z = gl.load(z_base + z_offs, mask=gl.expand_dims(row_ok, 1), other=0.0).to(gl.float32)
+            if self.PREFETCH:  # z came with the stage
+                if c == 0:
+                    z = stage.za.reshape([self.BT, self.BV]).load(self.SL).to(gl.float32)
+                else:
+                    z = stage.zb.reshape([self.BT, self.BV]).load(self.SL).to(gl.float32)
+            else:
+                z_base = self.Z + b64 * self.szb + h64 * self.szh + t0.to(gl.int64) * self.szn + col
+                z_offs = gl.expand_dims(offs_r * self.szn, 1) + gl.expand_dims(offs_v, 0)
+                z = gl.load(z_base + z_offs, mask=gl.expand_dims(row_ok, 1), other=0.0).to(gl.float32)
             o = o * z / (1.0 + gl.exp(-z))
         store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
-        return Walk(S)
+        walk = Walk(S, 0, 0, 0)
+        if self.PREFETCH:
+            walk = Walk(S, nxt_G_r, nxt_G_last, nxt_beta_r)
+        return walk
 
     @gluon.jit
     def wait(self, ctx, walk):
@@ -242,13 +306,15 @@ class LinearAttentionForward:
 
 
 @gluon.jit
-def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, G, BETA, DSKIP, Z, H0, HT,
+def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, G, BETA, DSKIP, Z, H0, HT,
                         sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv,
                         N, H, VB, GROUP, scale, num_tiles,
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
-                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
+                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
+                        PREFETCH: gl.constexpr = False):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
-    consumer warpgroups (num_warps = 4) and a producer warp."""
+    consumer warpgroups (num_warps = 4) and a producer warp. PREFETCH: each chunk's decay and beta loaded
+    a chunk ahead, z TMA-loaded with the stage (off the walk's serial path)."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -259,11 +325,15 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, G, BETA, DSKIP, Z, H0, H
     operand_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
     wv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
-    op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, G, BETA, DSKIP, Z, H0, HT,
+    op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, G, BETA, DSKIP, Z, H0, HT,
                                 sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf,
                                 stv, N, H, VB, GROUP, scale, state_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D,
-                                HAS_Z, HAS_H0, STORE_HT, SL, STL, PL)
-    stages = Chunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES))
+                                HAS_Z, HAS_H0, STORE_HT, PREFETCH, SL, STL, PL)
+    if PREFETCH and HAS_Z:
+        stages = ChunkZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
+                        ring(z_desc, STAGES), ring(z_desc, STAGES))
+    else:
+        stages = Chunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES))
     run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
 
 
@@ -309,8 +379,9 @@ def chunk_cumulative(g: torch.Tensor, chunk: int) -> torch.Tensor:
     return g.view(B, (N + pad) // chunk, chunk, H).cumsum(2).view(B, N + pad, H)[:, :N]
 
 
-def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3):
-    """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output."""
+def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, prefetch: bool = False):
+    """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
+    prefetch: the kernel's PREFETCH (z must then be TMA-able: ``tma_ok``)."""
     from tilecore.tiles.launch import gluon_descriptor
     from tilecore.tiles.schedule import persistent_programs
 
@@ -322,7 +393,8 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
     dummy = torch.empty(1, dtype=torch.float32, device=v.device)
     st = lambda t, n: tuple(t.stride()) if t is not None else (0,) * n  # noqa: E731
     num_tiles = B * H * VB // 2
-    args = dict(q_desc=descs[0], k_desc=descs[1], v_desc=descs[2], o_desc=descs[3],
+    z_desc = gluon_descriptor(z, [1, 1, BT, BV], *_head_major(z)) if prefetch and z is not None else descs[3]
+    args = dict(q_desc=descs[0], k_desc=descs[1], v_desc=descs[2], o_desc=descs[3], z_desc=z_desc,
                 G=g if g is not None else dummy, BETA=beta if beta is not None else dummy,
                 DSKIP=d_skip if d_skip is not None else dummy, Z=z if z is not None else v,
                 H0=h0 if h0 is not None else dummy, HT=ht if ht is not None else dummy)
@@ -331,13 +403,24 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                 szh=sz[2], sdh=st(d_skip, 2)[0], s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1],
                 stf=sht[2], stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles,
                 STAGES=stages, DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None,
-                HAS_Z=z is not None, HAS_H0=h0 is not None, STORE_HT=ht is not None)
+                HAS_Z=z is not None, HAS_H0=h0 is not None, STORE_HT=ht is not None, PREFETCH=prefetch)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
-def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3):
+def tma_ok(t: torch.Tensor) -> bool:
+    """Whether TMA takes t's strides and alignment (unit last stride, 16-byte aligned base and strides)."""
+    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0
+                                                                 for s in t.stride()[:-1])
+
+
+def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3,
+            prefetch: bool | None = None):
     """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
-    columns must be contiguous (stride 1), as Mamba-2's are."""
+    columns must be contiguous (stride 1), as Mamba-2's are. prefetch: the kernel's PREFETCH (None:
+    configs.GLUON_PREFETCH)."""
+    from tilecore.ops.linear_attention import configs
+
+    prefetch = configs.GLUON_PREFETCH if prefetch is None else prefetch
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     ht = torch.empty(B, H, q.shape[-1], Dv, dtype=torch.float32, device=v.device) if final_state else None
@@ -345,17 +428,17 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
         g = chunk_cumulative(g, BT_GLUON)
     if d_skip is not None:
         d_skip = d_skip.float().contiguous()
-    if z is not None and z.stride(-1) != 1:
+    if z is not None and (z.stride(-1) != 1 or (prefetch and not tma_ok(z))):
         z = z.contiguous()
-    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages)
+    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, prefetch)
     la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     return o, ht
 
 
 # --------------------------------------------------------------------------------------------
-# compile report (no GPU): compile_report(CASE) compiles the kernel for sm_90a and returns its resources and
-# Hopper instructions; CASE: linear, decay (scalar decay, initial and final states), mamba2 (beta, D, z, 80
-# heads on one q/k head). TRITON_INTERPRET must be unset (tests/linear_attention/test_forward_gluon_compile.py
+# compile report (no GPU): compile_report(CASE, prefetch, stages) compiles the kernel for sm_90a and returns its
+# resources and Hopper instructions; CASE: linear, decay (scalar decay, initial and final states), mamba2 (beta,
+# D, z, 80 heads on one q/k head); stages: configs.GLUON_STAGES's 2 (with PREFETCH's z stages 3 pass 227 KiB). TRITON_INTERPRET must be unset (tests/linear_attention/test_forward_gluon_compile.py
 # runs it in a fresh process).
 
 COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
@@ -365,7 +448,7 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 }
 
 
-def compile_report(case: str) -> dict:
+def compile_report(case: str, prefetch: bool = False, stages: int = 2) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -376,8 +459,9 @@ def compile_report(case: str) -> dict:
     h0 = f32(B, H, Dk, Dv) if states else None
     grid, args, warps = launch_args(q, q, v, f32(B, N, H) if decay else None, f32(B, N, H) if mamba else None,
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
-                                    torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0)
+                                    torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0,
+                                    stages=stages, prefetch=prefetch)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     r = resources(compiled)
-    return dict(case=case, spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
+    return dict(case=case, prefetch=prefetch, spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
                 wgmma_serialized=r.wgmma_serialized, **has_hopper_instructions(compiled.asm["ptx"]))
