@@ -556,6 +556,8 @@ def check_gluon(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None):
     out = buf[:total_q * hq * d].view(total_q, hq, d).fill_(float("nan"))
     lse = torch.full((hq, total_q), float("nan"), device=dev)
     gluon_forward(q, k, v, cu_q, cu_k, causal, scale, softcap, out=out, lse=lse)
+    table_ok = torch.equal(varlen.work_table(cu_q, cu_k, total_q, hq, 128),
+                           varlen.work_table_torch(cu_q, cu_k, total_q, hq, 128))  # the tl kernel = its twin
     tl_out, tl_lse = varlen.forward_kernels(q, k, v, cu_q, cu_k, causal, scale, -1, -1, softcap)
     heads = hq if ref_heads is None else ref_heads
     group = hq // hkv
@@ -567,7 +569,7 @@ def check_gluon(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None):
     row = {"case": f"gluon varlen fwd {str(dtype)[6:]} q{lens_q if len(lens_q) <= 8 else f'[{len(lens_q)} seqs, {total_q}]'}"
                    f" k{lens_k if len(lens_k) <= 8 else f'[{len(lens_k)} seqs, {total_k}]'} H{hq}/{hkv} D{d} {options}"
                    + (f" (float64 on {heads} heads)" if ref_heads else ""),
-           "unwritten": int(out.isnan().sum() + lse.isnan().sum()),
+           "table_ok": table_ok, "unwritten": int(out.isnan().sum() + lse.isnan().sum()),
            "written_past_end": int((buf[total_q * hq * d:] != 7.0).sum()),
            "O_x_floor": accuracy.error_over_floor(out[:, :heads], ref),
            "tl_O_x_floor": accuracy.error_over_floor(tl_out[:, :heads], ref),
@@ -575,7 +577,7 @@ def check_gluon(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None):
            "lse_max_err": float((lse_h[live].double() - ref_lse[live]).abs().max()) if live.any() else 0.0,
            "empty_rows_ok": bool(torch.equal(torch.isneginf(lse_h), torch.isneginf(ref_lse))),
            "empty_rows_zero": bool((out[:, :heads].transpose(0, 1)[torch.isneginf(ref_lse)] == 0).all())}
-    row["ok"] = (row["unwritten"] == 0 and row["written_past_end"] == 0 and row["O_x_floor"] <= 2.0
+    row["ok"] = (table_ok and row["unwritten"] == 0 and row["written_past_end"] == 0 and row["O_x_floor"] <= 2.0
                  and row["lse_max_err"] < 1e-3 and row["empty_rows_ok"] and row["empty_rows_zero"])
     RESULTS["check"].append(row)
 

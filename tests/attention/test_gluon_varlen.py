@@ -82,7 +82,7 @@ LENGTHS = [([1, 0, 127, 128, 129, 300, 2], [1, 0, 127, 128, 129, 300, 2]),
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("lens_q, lens_k", LENGTHS)
 def test_tiles_cover_every_row_once_or_bit_for_bit_and_match_the_reference(lens_q, lens_k, causal):
-    hq, hkv, d = 4, 2, 16
+    hq, hkv, d = 2, 1, 16  # GQA
     cu_q, cu_k = cu_of(lens_q), cu_of(lens_k)
     q = torch.randn(sum(lens_q), hq, d)
     k = torch.randn(sum(lens_k), hkv, d)
@@ -176,3 +176,14 @@ def test_compiles_for_sm90a_with_wgmma_and_tma_and_no_spills(compiled_report):
         assert r["wgmma"] and r["tma"] and r["mbarrier"] and not r["wgmma_serialized"], r
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, r
         assert r["shared"] <= 227 * 1024, r
+
+
+@pytest.mark.parametrize("lengths_q, lengths_k", [
+    ([5, 4000, 0, 1, 700, 4000, 129], [5, 4000, 0, 1, 700, 4000, 129]),
+    ([0, 0], [3, 0]),
+    ([128, 256, 127, 3, 3, 300], [1, 256, 900, 3, 0, 300])])
+def test_work_table_kernel_matches_its_torch_twin(lengths_q, lengths_k):
+    cu_q, cu_k = cu_of(lengths_q), cu_of(lengths_k)
+    for heads in (1, 3):
+        fast = varlen.work_table(cu_q, cu_k, sum(lengths_q), heads, 128)
+        assert torch.equal(fast, varlen.work_table_torch(cu_q, cu_k, sum(lengths_q), heads, 128))

@@ -224,17 +224,44 @@ def gluon_forward_fits(q, k, v, causal, left, right, use_gluon=None) -> bool:
             and all(tma_describable(t.transpose(0, 1)) for t in (q, k, v)))
 
 
-def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int, tile_m: int) -> torch.Tensor:
-    """The Gluon varlen forward's work items, (tiles, 4) int32 on cu_q's device, built by torch ops
-    there (no host sync): (sequence, query tile counted from the sequence's last row, q head, 0),
-    sequences longest first (by N x Nk; stable), a sequence's tiles head by head, a head's from the
-    last rows to the first. Its length is an upper bound from the shapes, (cdiv(total_q, tile_m) + B)
-    x heads; entries past the real tiles have sequence -1."""
-    batch = cu_q.numel() - 1
+WORK_TABLE_MAX_BATCH = 4096  # past it the table is built by torch ops (the tl kernel holds every sequence)
+
+
+def work_order(cu_q: torch.Tensor, cu_k: torch.Tensor) -> torch.Tensor:
+    """The sequences longest first: by N x Nk, descending, ties in batch order (device torch ops)."""
     lens_q = (cu_q[1:] - cu_q[:-1]).long()
     lens_k = (cu_k[1:] - cu_k[:-1]).long()
-    order = torch.argsort(lens_q * lens_k, descending=True, stable=True)
-    tiles = torch.div(lens_q[order] + (tile_m - 1), tile_m, rounding_mode="floor")
+    return torch.argsort(lens_q * lens_k, descending=True, stable=True)
+
+
+def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int, tile_m: int) -> torch.Tensor:
+    """The Gluon varlen forward's work items, (tiles, 4) int32 on cu_q's device, built there (no host
+    sync): (sequence, query tile counted from the sequence's last row, q head, 0), sequences longest
+    first (``work_order``), a sequence's tiles head by head, a head's from the last rows to the
+    first. Its length is an upper bound from the shapes, (cdiv(total_q, tile_m) + B) x heads;
+    entries past the real tiles are (-1, 0, 0, 0). One tl launch after the sort
+    (kernels_varlen.varlen_work_table) up to WORK_TABLE_MAX_BATCH sequences, else
+    ``work_table_torch``."""
+    from tilecore.ops.attention.kernels_varlen import varlen_work_table
+
+    batch = cu_q.numel() - 1
+    if dispatch.backend_for(cu_q.device) != "kernel" or batch > WORK_TABLE_MAX_BATCH:
+        return work_table_torch(cu_q, cu_k, total_q, heads, tile_m)
+    order = work_order(cu_q, cu_k).to(torch.int32)
+    entries = (cdiv(total_q, tile_m) + batch) * heads
+    table = torch.empty((entries, 4), dtype=torch.int32, device=cu_q.device)
+    block_b = max(16, next_power_of_2(batch))
+    block_t = max(1, 4096 // block_b)  # [BLOCK_T, BLOCK_B] compares of 4096: no spill on sm_90a (16384 spilled 9 KB)
+    varlen_work_table[(cdiv(entries, block_t),)](cu_q, order, table, batch, entries, heads, TILE_M=tile_m,
+                                                 BLOCK_B=block_b, BLOCK_T=block_t)
+    return table
+
+
+def work_table_torch(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int, tile_m: int) -> torch.Tensor:
+    """``work_table`` by torch ops alone (~25 small launches; the tl kernel's twin and its fallback)."""
+    batch = cu_q.numel() - 1
+    order = work_order(cu_q, cu_k)
+    tiles = torch.div((cu_q[1:] - cu_q[:-1]).long()[order] + (tile_m - 1), tile_m, rounding_mode="floor")
     per_sequence = tiles * heads
     ends = torch.cumsum(per_sequence, 0)
     t = torch.arange((cdiv(total_q, tile_m) + batch) * heads, device=cu_q.device)
@@ -243,9 +270,9 @@ def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int,
     rank = rank.clamp(max=batch - 1)
     local = t - (ends[rank] - per_sequence[rank])
     count = tiles[rank].clamp(min=1)
-    sequence = torch.where(real, order[rank], -1)
-    table = torch.stack([sequence, local % count, torch.div(local, count, rounding_mode="floor"),
-                         torch.zeros_like(t)], 1)
+    zero = torch.zeros_like(t)
+    table = torch.stack([torch.where(real, order[rank], -1), torch.where(real, local % count, zero),
+                         torch.where(real, torch.div(local, count, rounding_mode="floor"), zero), zero], 1)
     return table.to(torch.int32)
 
 
