@@ -110,6 +110,16 @@ GLUON_FORWARD_FEATURES: frozenset = frozenset({"window", "softcap"})
 # faster than the tl kernels (window 4096 over N 32768: 11.0 against 16.8 ms; softcap 30 causal
 # N 4096: 0.82 against 0.38 of the no-softcap speed)
 GLUON_BACKWARD_FEATURES: frozenset = frozenset({"window", "softcap"})
+# issue 35's MLA prefill head sizes (q/k head dim, v's) on the Gluon forward (gluon_kernels.py,
+# QK_PIECES 3: Q and K by 64-column pieces, no power-of-two TMA box holding 192 columns). Registers
+# as D128's (S 64 x 128, O 64 x 128: 168 a thread, no spill; causal 20 B); shared memory is the bound
+# (227 KiB): 128-key stages of K (48 KiB) and V (32 KiB) twice, one Q buffer of the tile's 128 rows
+# shared by the consumers (48 KiB), O stored in two halves through 8 KiB epilogue buffers: 224 KiB.
+# Compile-checked only (session 27): routed only where GLUON_FORWARD_DV_ROUTED, set once the
+# lead's H100 run (experiments/attention/gpu_mla.py) checks it; forced (path="gluon") it runs anyway.
+GLUON_FORWARD_DV = {(192, 128): dict(block_m=64, block_n=128, stages=2, consumers=2, q_buffers=1, qk_pieces=3,
+                                     o_halves=True)}
+GLUON_FORWARD_DV_ROUTED = False
 SHORT_TILE_KEY_BLOCKS = 8  # tiles of at most this many key blocks (on average) are short: carried
 THREE_CONSUMERS_MIN_N = {False: 2048, True: 1024}  # D64 three consumers from here: N 4096 +5-8% (session 13)
 THREE_CONSUMERS_Q2_MAX_N = 4096  # ... with two Q buffers each up to here: +1.4-4.4% (session 13)
@@ -117,14 +127,21 @@ SHORT_CAUSAL_KEYS = 512  # causal rows seeing at most this many keys: 64-key blo
 SHORT_CAUSAL_STAGES = {128: 3}  # ... in 3 stages at D128: N 512 causal 0.87 -> 0.95x (session 22)
 
 
-def gluon_forward_config(d: int, n: int, nk: int, causal: bool) -> dict:
-    """The Gluon forward's configuration for head dim ``d`` and these lengths: GLUON_FORWARD[d]; at
-    D = 64 from THREE_CONSUMERS_MIN_N[causal], three consumers (tiles short and not causal: not);
-    else short tiles carry the pipeline across tiles (not at D128 causal: -1 to -2%, session 9);
-    else D128 without a mask holds Q in registers (+1.3-2.2%, session 14); causal rows seeing at
-    most SHORT_CAUSAL_KEYS keys take 64-key blocks."""
-    cfg = dict(GLUON_FORWARD[d])
+def gluon_forward_config(d: int, n: int, nk: int, causal: bool, dv: int | None = None) -> dict:
+    """The Gluon forward's configuration for head dim ``d`` (v's ``dv``, default d) and these lengths:
+    GLUON_FORWARD[d]; at D = 64 from THREE_CONSUMERS_MIN_N[causal], three consumers (tiles short and
+    not causal: not); else short tiles carry the pipeline across tiles (not at D128 causal: -1 to
+    -2%, session 9); else D128 without a mask holds Q in registers (+1.3-2.2%, session 14); causal
+    rows seeing at most SHORT_CAUSAL_KEYS keys take 64-key blocks. Dv != D: GLUON_FORWARD_DV[d, dv]
+    (no carry, no Q in registers: Q is in column pieces), 64-key blocks in 3 stages for short causal
+    rows as D128's (untimed)."""
     keys = max(nk - n / 2, nk / 2) if causal else nk  # keys a query row sees, on average (about)
+    if dv is not None and dv != d:
+        cfg = dict(GLUON_FORWARD_DV[d, dv])
+        if causal and keys <= SHORT_CAUSAL_KEYS:
+            cfg.update(block_n=64, stages=3)  # 184 KiB of shared memory
+        return cfg
+    cfg = dict(GLUON_FORWARD[d])
     short = keys / cfg["block_n"] <= SHORT_TILE_KEY_BLOCKS
     if causal and keys <= SHORT_CAUSAL_KEYS:
         cfg["block_n"] = 64

@@ -38,7 +38,8 @@ from triton.experimental import gluon
 from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.gluon import (LOG2E, Layout, TileOperand, as_column, mask_scores, needs_mask,
                                   online_softmax_result, online_softmax_start, online_softmax_update, opaque_int, ring,
-                                  run, stage_struct, store_block, store_rows, struct, wgmma_layout, wgmma_lhs_layout)
+                                  run, split_n, stage_struct, store_block, store_rows, struct, wgmma_layout,
+                                  wgmma_lhs_layout)
 from tilecore.tiles.schedule import head_grouped_tile
 
 
@@ -47,6 +48,24 @@ class KV:
     """One stage: a block of keys and a block of values."""
     k: object  # [1, 1, BN, D]
     v: object
+
+
+@stage_struct
+class KVPieces:
+    """One stage with K in three column pieces (MLA's D 192 = 3 x 64: no power-of-two TMA box or
+    shared buffer holds 192 columns)."""
+    k0: object  # [1, 1, BN, 64]
+    k1: object
+    k2: object
+    v: object  # [1, 1, BN, DV]
+
+
+@struct
+class QPieces:
+    """A consumer's rows of Q's three column pieces (MLA's D 192), each [BM, 64] in shared memory."""
+    q0: object
+    q1: object
+    q2: object
 
 
 @struct
@@ -169,15 +188,17 @@ class Attention:
     CAUSAL: gl.constexpr
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
-    D: gl.constexpr
+    D: gl.constexpr  # q's and k's head dim
+    DV: gl.constexpr  # v's (and O's) head dim: D but for MLA's 192 / 128
     CONSUMERS: gl.constexpr
     CARRY: gl.constexpr
     Q_REGS: gl.constexpr
-    S: gl.constexpr  # the layouts of S = Q K^T [BM, BN], of O [BM, D], and of P as P V's register operand
+    S: gl.constexpr  # the layouts of S = Q K^T [BM, BN], of O [BM, DV], and of P as P V's register operand
     O: gl.constexpr
     P: gl.constexpr
     WINDOW: gl.constexpr
     SOFTCAP: gl.constexpr
+    QK_PIECES: gl.constexpr  # 1; MLA's D 192: Q and K in 3 column pieces of 64 (q_desc, k_desc: a piece's box)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -209,14 +230,27 @@ class Attention:
         if self.WINDOW:  # steps count from the tile's first key block
             k_block += tile.first_block
             v_block += tile.first_block
-        tma.async_copy_global_to_shared(self.k_desc, [b, hk, k_block * self.BN, 0], bar, stage.k)
+        if self.QK_PIECES == 1:
+            tma.async_copy_global_to_shared(self.k_desc, [b, hk, k_block * self.BN, 0], bar, stage.k)
+        else:  # K's column pieces, each a buffer of the stage's k ring
+            PIECE: gl.constexpr = self.D // self.QK_PIECES
+            row = k_block * self.BN
+            tma.async_copy_global_to_shared(self.k_desc, [b, hk, row, 0], bar, stage.k0)
+            tma.async_copy_global_to_shared(self.k_desc, [b, hk, row, PIECE], bar, stage.k1)
+            tma.async_copy_global_to_shared(self.k_desc, [b, hk, row, 2 * PIECE], bar, stage.k2)
         tma.async_copy_global_to_shared(self.v_desc, [v_b, v_hk, v_block * self.BN, 0], bar, stage.v)
 
     @gluon.jit
     def load_tile(self, q_smem, bar, tile, consumer):
-        """Consumer ``consumer``'s BLOCK_M query rows (rows past N arrive as 0)."""
+        """Consumer ``consumer``'s BLOCK_M query rows (rows past N arrive as 0); in QK_PIECES column
+        pieces, the tile's rows for every consumer at once (a shared tile operand)."""
         b, h, hk = head_of(tile.bh, self.H, self.GROUP)
-        tma.async_copy_global_to_shared(self.q_desc, [b, h, tile.first + consumer * self.BM, 0], bar, q_smem)
+        if self.QK_PIECES == 1:
+            tma.async_copy_global_to_shared(self.q_desc, [b, h, tile.first + consumer * self.BM, 0], bar, q_smem)
+        else:
+            PIECE: gl.constexpr = self.D // self.QK_PIECES
+            for j in gl.static_range(self.QK_PIECES):
+                tma.async_copy_global_to_shared(self.q_desc, [b, h, tile.first, j * PIECE], bar, q_smem.index(j))
 
     @gluon.jit
     def initial(self, ctx):
@@ -228,7 +262,7 @@ class Attention:
     def fresh(self, rows, pending, q):
         """No key seen yet: m = -inf, l = 0, O = 0 (and P = 0)."""
         m, l = online_softmax_start(self.BM, self.S)
-        acc = gl.zeros([self.BM, self.D], gl.float32, self.O)
+        acc = gl.zeros([self.BM, self.DV], gl.float32, self.O)
         return Running(m, l, acc, gl.zeros([self.BM, self.BN], self.q_desc.dtype, self.P), rows, pending, q)
 
     @gluon.jit
@@ -285,7 +319,11 @@ class Attention:
     def s_and_pv(self, q, k_t, v, st, acc, first_key):
         """S = Q K^T and acc + P V issued together, the softmax of S while P V runs.
         Returns (m, l, P in float32, alpha, acc + P V)."""
-        s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
+        if self.QK_PIECES == 1:
+            s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
+                                  is_async=True)
+        else:
+            s_tok = self.scores_by_pieces(q, k_t)
         o_tok = warpgroup_mma(st.p, v, acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
         m, l, p32, alpha = self.softmax(s, st.m, st.l, st.rows.first, first_key)
@@ -299,14 +337,18 @@ class Attention:
         softmax, then its store), and the tail step (step = key blocks, the template's last call)
         finishes this one. Fresh accumulators are explicit zeros (run-time ``use_acc`` flags gave
         wrong sums on the H100, and a select of acc or zeros would move acc's registers)."""
-        q = st.q if self.Q_REGS else ctx.operand.reshape([self.BM, self.D])
-        k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))
-        v = stage.v.reshape([self.BN, self.D])
-        zeros = gl.zeros([self.BM, self.D], gl.float32, self.O)
+        if self.QK_PIECES == 1:
+            q = st.q if self.Q_REGS else ctx.operand.reshape([self.BM, self.D])
+            k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))
+        else:  # this consumer's rows of each Q piece, and the stage (scores_by_pieces reads its k0, k1, k2)
+            q = QPieces(self.consumer_rows(ctx, 0), self.consumer_rows(ctx, 1), self.consumer_rows(ctx, 2))
+            k_t = stage
+        v = stage.v.reshape([self.BN, self.DV])
+        zeros = gl.zeros([self.BM, self.DV], gl.float32, self.O)
         if self.WINDOW:  # this consumer's own steps only; the first key block is the tile's first_block
             key = (tile.first_block + step) * self.BN
             if step == st.rows.first_block:
-                s = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False)
+                s = self.scores(q, k_t)
                 m, l, p32, alpha = self.softmax(s, st.m, st.l, st.rows.first, opaque_int(key))
                 st = st.replace(m=m, l=l, p=self.p_operand(p32))
             elif (step > st.rows.first_block) & (step < st.rows.n_blocks):
@@ -316,7 +358,7 @@ class Attention:
                 st = st.replace(acc=warpgroup_mma(st.p, v, st.acc))
         elif not self.CARRY:
             if step == 0:
-                s = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False)
+                s = self.scores(q, k_t)
                 m, l, p32, alpha = self.softmax(s, st.m, st.l, st.rows.first, self.first_key(step))
                 st = st.replace(m=m, l=l, p=self.p_operand(p32))
             elif step < st.rows.n_blocks:
@@ -350,6 +392,32 @@ class Attention:
         return st
 
     @gluon.jit
+    def scores(self, q, k_t):
+        """S = Q K^T, waited for."""
+        if self.QK_PIECES == 1:
+            s = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False)
+        else:
+            s = warpgroup_mma_wait(0, deps=(self.scores_by_pieces(q, k_t),))
+        return s
+
+    @gluon.jit
+    def consumer_rows(self, ctx, piece: gl.constexpr):
+        """This consumer's BM rows of Q's column piece ``piece`` (of the tile's shared buffers)."""
+        PIECE: gl.constexpr = self.D // self.QK_PIECES
+        rows = ctx.operand.index(piece).reshape([self.CONSUMERS * self.BM, PIECE])
+        return rows.slice(ctx.index * self.BM, self.BM)
+
+    @gluon.jit
+    def scores_by_pieces(self, q, stage):
+        """S = sum_j Q_j K_j^T over the three column pieces (q: QPieces; the stage's k0, k1, k2 [1, 1,
+        BN, 64] in shared memory): wgmma issued one after another into one accumulator, not waited for."""
+        PIECE: gl.constexpr = self.D // self.QK_PIECES
+        s = warpgroup_mma(q.q0, stage.k0.reshape([self.BN, PIECE]).permute((1, 0)),
+                          gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
+        s = warpgroup_mma(q.q1, stage.k1.reshape([self.BN, PIECE]).permute((1, 0)), s, is_async=True)
+        return warpgroup_mma(q.q2, stage.k2.reshape([self.BN, PIECE]).permute((1, 0)), s, is_async=True)
+
+    @gluon.jit
     def first_key(self, step):
         """A tile's first key (step 0): hidden from the compiler where causal, which otherwise hoists
         the first block's mask to the tile's start at every tile (notes/attention, session 13)."""
@@ -361,11 +429,19 @@ class Attention:
 
     @gluon.jit
     def finish(self, ctx, st, tile):
-        """O = acc / l and lse of the state's rows: lse stored, O by a TMA store (rows past N clipped)."""
+        """O = acc / l and lse of the state's rows: lse stored, O by a TMA store (rows past N clipped);
+        where o_desc's block is half of O's columns (MLA's 192 / 128: the epilogue buffers' shared
+        memory halved to fit), by two, the second once the first has read the buffer."""
         out, lse = online_softmax_result(st.m, st.l, st.acc)
         store_rows(lse, self.lse, st.rows.bh, st.rows.first, self.N)
         b, h, hk = head_of(st.rows.bh, self.H, self.GROUP)
-        store_block(out, self.o_desc, ctx.out, [b, h, st.rows.first, 0])
+        O_COLS: gl.constexpr = self.o_desc.block_type.shape[3]
+        if O_COLS == self.DV:
+            store_block(out, self.o_desc, ctx.out, [b, h, st.rows.first, 0])
+        else:
+            left_half, right_half = split_n(out)
+            store_block(left_half, self.o_desc, ctx.out, [b, h, st.rows.first, 0])
+            store_block(right_half, self.o_desc, ctx.out, [b, h, st.rows.first, O_COLS])
 
 
 @gluon.jit
@@ -373,18 +449,38 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROU
                          head_group, schedule, left, right, tanh_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                          CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr = 1, CARRY: gl.constexpr = False,
                          Q_REGS: gl.constexpr = False, WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False):
-    """O and lse of attention for every (query block, batch * head); a persistent grid."""
+    """O and lse of attention for every (query block, batch * head); a persistent grid. Shapes come
+    from the descriptors' boxes: BM from O's, BN from K's, v's head dim from V's. Q's box of the
+    whole tile's rows (CONSUMERS x BM, not BM) means MLA's q/k head dim 192, which no power-of-two
+    TMA box or shared buffer holds: q_desc's and k_desc's boxes are then one 64-column piece of
+    three (QK_PIECES), loaded piece by piece, and Q is one set of buffers shared by the consumers
+    (no second Q buffer, no CARRY, no Q_REGS)."""
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "two or three consumer warpgroups")
+    QK_PIECES: gl.constexpr = 3 if q_desc.block_type.shape[2] != o_desc.block_type.shape[2] else 1
+    gl.static_assert(QK_PIECES == 1 or q_desc.block_type.shape[2] == CONSUMERS * o_desc.block_type.shape[2],
+                     "Q's box: a consumer's rows, or (in column pieces) the tile's")
+    gl.static_assert(QK_PIECES == 1 or (QK_PIECES == 3 and not (CARRY or Q_REGS)),
+                     "Q and K in three column pieces (D 192), without CARRY or Q_REGS")
     gl.static_assert(not (CARRY and Q_REGS), "Q_REGS takes a pipeline that restarts at each tile")
     gl.static_assert(not (WINDOW and (CARRY or CAUSAL)), "a window restarts the pipeline at each tile, causal folded in")
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
-    D: gl.constexpr = k_desc.block_type.shape[3]
+    D: gl.constexpr = k_desc.block_type.shape[3] * QK_PIECES
+    DV: gl.constexpr = v_desc.block_type.shape[3]
+    gl.static_assert(o_desc.block_type.shape[3] == DV or 2 * o_desc.block_type.shape[3] == DV,
+                     "O's block: v's head dim, or half of it (stored in two)")
     op = Attention(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh, head_group, left,
-                   right, tanh_scale, CAUSAL, BM, BN, D, CONSUMERS, CARRY, Q_REGS, wgmma_layout(BM, BN, gl.num_warps()),
-                   wgmma_layout(BM, D, gl.num_warps()), wgmma_lhs_layout(BM, D, gl.num_warps()), WINDOW, SOFTCAP)
+                   right, tanh_scale, CAUSAL, BM, BN, D, DV, CONSUMERS, CARRY, Q_REGS,
+                   wgmma_layout(BM, BN, gl.num_warps()), wgmma_layout(BM, DV, gl.num_warps()),
+                   wgmma_lhs_layout(BM, DV, gl.num_warps()), WINDOW, SOFTCAP, QK_PIECES)
     # three consumer warpgroups (13 warps) share the register file more thinly
+    if QK_PIECES == 1:
+        q_operand = TileOperand(q_desc, BUFFERS=Q_BUFFERS)
+        stages = KV(ring(k_desc, STAGES), ring(v_desc, STAGES))
+    else:  # Q's pieces: one set of buffers of the tile's rows, shared by the consumers
+        q_operand = TileOperand(q_desc, COUNT=QK_PIECES, SHARED=True)
+        stages = KVPieces(ring(k_desc, STAGES), ring(k_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES))
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
                     PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0, CARRY=CARRY,
-                    tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
-    run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), gl.cdiv(N, op.BM * CONSUMERS) * num_bh)
+                    tile_operand=q_operand, schedule=schedule)
+    run(op, layout, stages, gl.cdiv(N, op.BM * CONSUMERS) * num_bh)

@@ -128,16 +128,25 @@ def launch_forward_gluon(plan, q, k, v, out, lse, causal: bool, scale: float, wi
     tiles; ``q_regs`` holds each consumer's Q rows in registers for the tile; the softcap's tanh by
     tanh.approx.f32 unless ``tanh_approx`` is False (gluon_softcap). A window and a softcap
     as the tl kernels take them (WINDOW, SOFTCAP; plan_forward routes them here only where
-    configs.GLUON_FORWARD_FEATURES names them, or where the path is forced)."""
+    configs.GLUON_FORWARD_FEATURES names them, or where the path is forced). MLA's 192 / 128
+    (``qk_pieces`` 3): q's and k's boxes one 64-column piece, q's of the tile's rows (the kernel
+    reads the layout from the boxes); ``o_halves``: O stored in two halves of its columns."""
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     cfg = plan.config
     block_m, block_n, consumers = cfg["block_m"], cfg["block_n"], cfg.get("consumers", 2)
     masks, left, right = mask_options(causal, window, N, Nk)  # the kernel's CAUSAL and WINDOW as the tl kernels'
     scores, scale_log2e, tanh_scale = score_options(scale, softcap)
+    pieces = cfg.get("qk_pieces", 1)
+    if pieces == 1:
+        q_op, k_op = head_operand(q, block_m), head_operand(k, block_n)
+    else:
+        q_op = TmaOperand(q, [1, 1, consumers * block_m, D // pieces])
+        k_op = TmaOperand(k, [1, 1, block_n, D // pieces])
+    o_op = TmaOperand(out, [1, 1, block_m, out.shape[-1] // 2]) if cfg.get("o_halves") else head_operand(out, block_m)
     with dispatch.on_device(q.device):
         run(GLUON_FWD, plan, plan.grid,
-            (head_operand(q, block_m), head_operand(k, block_n), head_operand(v, block_n), head_operand(out, block_m),
+            (q_op, k_op, head_operand(v, block_n), o_op,
              lse, H, N, Nk, H // Hkv, scale_log2e, B * H, plan.sizes["head_group"], plan.schedule, left, right,
              tanh_scale),
             dict(**masks, SOFTCAP=gluon_softcap(softcap, cfg), STAGES=cfg["stages"],

@@ -100,16 +100,17 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
     if path is None:
         path = (torch_path(q, k, scale, v, used) if dispatch.backend_for(q.device) == "reference" else
                 "decode" if decode_fits(q, k) or "large_d" in used else
-                "gluon" if (used <= configs.GLUON_FORWARD_FEATURES and D in configs.GLUON_FORWARD and scale > 0
+                "gluon" if (used - {"dv"} <= configs.GLUON_FORWARD_FEATURES and gluon_forward_dims(D, Dv) and scale > 0
                             and dispatch.gluon_ok(q.device) and tma_describable(q) and tma_describable(k)
                             and tma_describable(v)) else
                 "tl")
     if path in ("sdpa", "reference"):
         return Plan(path, sizes=dict(max_scores=configs.REFERENCE_MAX_SCORES))
-    if path == "gluon" and used - {"window", "softcap"}:
-        raise ValueError(f"the Gluon forward takes head dims 64 and 128, v's as q's; got {D} and {Dv}")
+    if path == "gluon" and (used - {"window", "softcap", "dv"} or ("dv" in used and (D, Dv) not in configs.GLUON_FORWARD_DV)):
+        raise ValueError(f"the Gluon forward takes head dims 64 and 128 with v's as q's, or (q's, v's) in "
+                         f"{sorted(configs.GLUON_FORWARD_DV)}; got {D} and {Dv}")
     if path == "gluon" and "window" in used:  # no causal schedule, no carried pipeline (gluon_kernels.py)
-        cfg = dict(config or configs.gluon_forward_config(D, N, Nk, False))
+        cfg = dict(config or configs.gluon_forward_config(D, N, Nk, False, Dv))
         cfg["carry"] = False
         grid, head_group, schedule = query_tiling(q, k, cfg["block_m"] * cfg.get("consumers", 2), cfg["block_n"],
                                                   False, False, sm_margin)
@@ -118,7 +119,10 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
         cfg = config or fitted("decode", max(D, Dv), configs.decode_config(max(D, Dv), interpret), q.device)
         return _with_operands(_decode_plan(q, k, cfg, splits, v, sm_margin), q)
     if path == "gluon":
-        cfg = dict(config or configs.gluon_forward_config(D, N, Nk, causal))
+        cfg = dict(config or configs.gluon_forward_config(D, N, Nk, causal, Dv))
+        if cfg.get("qk_pieces", 1) != 1 and (cfg.get("carry") or cfg.get("q_regs") or D != 64 * cfg["qk_pieces"]):
+            raise ValueError(f"Q and K in column pieces take D = 64 x qk_pieces, no carry and Q in shared memory; "
+                             f"got D {D} and {cfg}")
         if cfg.get("carry") and (cfg.get("q_regs") or cfg.get("consumers") == 3):
             # three carried consumers hit an illegal memory access on the H100 (N = 1, Nk = 17, causal)
             raise ValueError(f"the carried pipeline takes one or two consumers and Q in shared memory; got {cfg}")
@@ -127,6 +131,14 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
         return Plan("gluon", cfg, grid, schedule, dict(head_group=head_group))
     cfg = config or fitted("forward", max(D, Dv), configs.forward_config(max(D, Dv), interpret), q.device)
     return _with_operands(Plan("tl", cfg, row_block_grid(B * H, N, cfg["BLOCK_M"])), q)
+
+
+def gluon_forward_dims(d: int, dv: int) -> bool:
+    """Whether the Gluon forward serves q/k head dim ``d`` and v's ``dv`` by default: 64 and 128 with
+    dv = d; MLA's (192, 128) once configs.GLUON_FORWARD_DV_ROUTED (issue 35; off until GPU-checked)."""
+    if d == dv:
+        return d in configs.GLUON_FORWARD
+    return (d, dv) in configs.GLUON_FORWARD_DV and configs.GLUON_FORWARD_DV_ROUTED
 
 
 def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None = None,

@@ -1,0 +1,298 @@
+"""Issue 35, session 27: MLA prefill head sizes (q/k 192, v 128) on the Gluon forward, on the GPU.
+
+1. Correctness (bf16; fp16 on one case), against the float64 reference (reference.py), error as a
+   multiple of the rounding floor, into NaN-poisoned buffers (every element written):
+   - the forced Gluon forward at 192 / 128 (gluon_kernels.py, Q and K by 64-column pieces, O stored
+     in two halves): O and lse; causal and not, a tail N (not a multiple of the 128-row tile), N != Nk,
+     grouped-query heads; with --full also the short causal config (64-key blocks) and window + softcap;
+   - dq, dk, dv by the backward the plan picks (the tl kernels at 192 / 128) from the Gluon forward's
+     O and lse (what tilecore.attention runs once configs.GLUON_FORWARD_DV_ROUTED is set).
+2. Timing (bf16, B8 H16 N4096, causal and not; triton.testing.do_bench medians, all in this run):
+   forward and forward + backward of 192 / 128 (Gluon forward, and the tl forward as today), of
+   128 / 128 (Gluon, the default), and SDPA's cuDNN / flash / efficient backends on 192 / 128 where
+   they run. The rate is FLOPs per second, FLOPs counted per problem (forward 2 B H N Nk (D + Dv),
+   backward 2 B H N Nk (3 D + 2 Dv): S, dP, dV, dK, dQ; halved causal), and the issue's ratio is the
+   192 / 128 rate over the 128 / 128 rate (target >= 0.9).
+Prints a table last; writes JSON to $OUT (default /tmp/out)/attention_mla_s27.json. --quick (the
+default) runs in about a minute; --full adds checks.
+
+  PYTHONPATH=. python experiments/attention/gpu_mla.py            # on the GPU
+  PYTHONPATH=. python experiments/attention/gpu_mla.py --smoke    # CPU, interpreter, tiny, no timing
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE:  # before triton is imported: the kernels run in its interpreter
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+from tilecore import accuracy  # noqa: E402
+from tilecore.ops.attention import configs, launch, plan  # noqa: E402
+from tilecore.ops.attention.reference import attention_reference  # noqa: E402
+
+ROWS = []  # the table: (section, case, figures)
+RESULTS = {"correctness": [], "timing": [], "errors": []}
+
+
+def device() -> str:
+    return "cpu" if SMOKE else "cuda"
+
+
+def note_error(what: str, exc: BaseException) -> None:
+    text = f"{type(exc).__name__}: {exc}"
+    print(f"[{what}] FAILED: {text}")
+    traceback.print_exc(limit=4)
+    RESULTS["errors"].append(dict(case=what, error=text[:2000]))
+    ROWS.append(("error", what, text[:100]))
+
+
+def make(b, hq, hkv, n, nk, d, dv, dtype, seed=0):
+    g = torch.Generator(device=device()).manual_seed(seed)
+    q = torch.randn(b, hq, n, d, dtype=dtype, device=device(), generator=g)
+    k = torch.randn(b, hkv, nk, d, dtype=dtype, device=device(), generator=g)
+    v = torch.randn(b, hkv, nk, dv, dtype=dtype, device=device(), generator=g)
+    return q, k, v
+
+
+def gluon_path() -> str:
+    """The path the Gluon rows force: "gluon" on the GPU; the interpreter cannot run Gluon, so the
+    smoke run plans the Gluon path (checking its config) and launches the tl one."""
+    return "tl" if SMOKE else "gluon"
+
+
+def forward(q, k, v, causal, path, window=(-1, -1), softcap=0.0, config=None):
+    """(out, lse, plan) into NaN-poisoned buffers by the forced ``path``."""
+    scale = q.shape[-1] ** -0.5
+    out = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), dtype=q.dtype, device=q.device)
+    lse = torch.full(q.shape[:3], float("nan"), device=q.device)
+    if q.shape[-1] != v.shape[-1]:  # the Gluon config (the smoke run too: planning a Gluon grid needs a GPU)
+        cfg = config or configs.gluon_forward_config(q.shape[-1], q.shape[2], k.shape[2], causal, v.shape[-1])
+        assert cfg.get("qk_pieces") == 3 and cfg.get("o_halves"), cfg
+    fwd_plan = plan.plan_forward(q, k, v, causal, scale, path=path, window=window, softcap=softcap,
+                                 config=config if path == "gluon" else None)
+    launch.forward(fwd_plan, q, k, v, out, lse, causal, scale, window, softcap)
+    return out, lse, fwd_plan
+
+
+def backward(dout, q, k, v, out, lse, causal, window=(-1, -1), softcap=0.0):
+    """dq, dk, dv into NaN-poisoned buffers by the backward's own plan (tl at 192 / 128)."""
+    scale = q.shape[-1] ** -0.5
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    bwd_plan = plan.plan_backward(dout, q, k, v, causal, scale, window=window, softcap=softcap)
+    launch.backward(bwd_plan, dout, q, k, v, out, lse, None, *grads, causal, scale, window, softcap)
+    return grads, bwd_plan
+
+
+# --------------------------------------------------------------------------------------------
+# correctness
+
+# lengths multiples of 16 but of no tile (the timings' specialization: fewer compiles), one odd
+CHECKS = [  # name, B, Hq, Hkv, N, Nk, causal, window, softcap, config override
+    ("192/128 N1000 GQA 4/2", 1, 4, 2, 1000, 1000, False, (-1, -1), 0.0, None),
+    ("192/128 causal N1040 GQA 4/2", 1, 4, 2, 1040, 1040, True, (-1, -1), 0.0, None),
+    ("192/128 causal N720 Nk1104", 1, 2, 2, 720, 1104, True, (-1, -1), 0.0, None),
+    ("192/128 N1104 Nk720", 1, 2, 1, 1104, 720, False, (-1, -1), 0.0, None),
+    ("192/128 causal N4096 (schedule)", 1, 2, 2, 4096, 4096, True, (-1, -1), 0.0, None),
+]
+FULL_CHECKS = [
+    ("192/128 causal N384 (64-key blocks)", 1, 4, 4, 384, 384, True, (-1, -1), 0.0, None),
+    ("192/128 window (256, 0) + softcap 30", 1, 4, 2, 1500, 1500, False, (256, 0), 30.0, None),
+    ("192/128 causal N2048, 128-key blocks forced", 2, 2, 2, 2048, 2048, True, (-1, -1), 0.0,
+     dict(configs.GLUON_FORWARD_DV[192, 128])),
+]
+SMOKE_CHECKS = [("192/128 smoke causal N40 Nk50 GQA", 1, 2, 1, 40, 50, True, (-1, -1), 0.0, None),
+                ("192/128 smoke N33", 1, 2, 2, 33, 33, False, (-1, -1), 0.0, None)]
+
+
+def check_case(name, b, hq, hkv, n, nk, causal, window, softcap, config, dtype) -> None:
+    q, k, v = make(b, hq, hkv, n, nk, 192, 128, dtype)
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    ref, ref_lse = attention_reference(q64, k64, v64, causal=causal, window_size=window, softcap=softcap)
+    dout = torch.randn(ref.shape, dtype=dtype, device=q.device)
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+    ref, ref_lse = ref.detach(), ref_lse.detach()
+    live = torch.isfinite(ref_lse)
+    out, lse, fwd_plan = forward(q, k, v, causal, gluon_path(), window, softcap, config)
+    unwritten = int(out.isnan().sum()) + int(lse.isnan().sum())
+    err = accuracy.error_over_floor(out, ref)
+    lse_ok = bool(torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)) and torch.allclose(
+        lse[live].double(), ref_lse[live], rtol=1e-3, atol=1e-3))
+    ok = unwritten == 0 and lse_ok and err <= 2.0
+    cfg = fwd_plan.config
+    RESULTS["correctness"].append(dict(case=name, dtype=str(dtype), what="forward", path=fwd_plan.path, config=cfg,
+                                       ok=ok, lse_ok=lse_ok, unwritten=unwritten, out_over_floor=err))
+    ROWS.append(("check", f"{name} {str(dtype)[6:]} fwd [{fwd_plan.path} BN{cfg.get('BLOCK_N', cfg.get('block_n'))}]",
+                 f"{'ok' if ok else 'BAD'} out {err:.2f} lse {'ok' if lse_ok else 'BAD'}"
+                 + (f" unwritten {unwritten}" if unwritten else "")))
+    try:
+        grads, bwd_plan = backward(dout, q, k, v, out, lse, causal, window, softcap)
+    except Exception as exc:  # noqa: BLE001
+        note_error(f"check {name} {dtype} backward", exc)
+        return
+    unwritten = int(sum(g.isnan().sum() for g in grads))
+    errs = {nm: accuracy.error_over_floor(g, r) for nm, g, r in zip(("dq", "dk", "dv"), grads, ref_grads)}
+    ok = unwritten == 0 and max(errs.values()) <= 3.0
+    RESULTS["correctness"].append(dict(case=name, dtype=str(dtype), what="backward", path=bwd_plan.path, ok=ok,
+                                       unwritten=unwritten, **{f"{nm}_over_floor": e for nm, e in errs.items()}))
+    ROWS.append(("check", f"{name} {str(dtype)[6:]} bwd [{bwd_plan.path}, from the {fwd_plan.path} forward]",
+                 ("ok " if ok else "BAD ") + " ".join(f"{nm} {e:.2f}" for nm, e in errs.items())
+                 + (f" unwritten {unwritten}" if unwritten else "")))
+
+
+# --------------------------------------------------------------------------------------------
+# timing
+
+
+def bench(fn) -> float:
+    """Median ms of fn (do_bench: warm-up, then repeats); --smoke: one call, wall time."""
+    if SMOKE:
+        t0 = time.time()
+        fn()
+        return (time.time() - t0) * 1e3
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def flops(b, h, n, nk, d, dv, causal):
+    """(forward, backward) FLOPs of the problem (causal: half the scores)."""
+    pairs = b * h * n * nk * (0.5 if causal else 1.0)
+    return 2 * pairs * (d + dv), 2 * pairs * (3 * d + 2 * dv)
+
+
+def tilecore_times(q, k, v, causal, fwd_path):
+    """(forward ms, forward + backward ms): the forward by the forced ``fwd_path``, the backward by
+    its own plan; plans made once, launches into buffers made once."""
+    scale = q.shape[-1] ** -0.5
+    out, lse, fwd_plan = forward(q, k, v, causal, fwd_path)
+    dout = torch.randn_like(out)
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    bwd_plan = plan.plan_backward(dout, q, k, v, causal, scale)
+    fwd = lambda: launch.forward(fwd_plan, q, k, v, out, lse, causal, scale)
+    bwd = lambda: launch.backward(bwd_plan, dout, q, k, v, out, lse, None, *grads, causal, scale)
+
+    def both():
+        fwd()
+        bwd()
+
+    return bench(fwd), bench(both), f"{fwd_plan.path}+{bwd_plan.path}"
+
+
+def sdpa_times(q, k, v, causal, backend):
+    """(forward ms, forward + backward ms) of torch's SDPA with one backend (raises where it does not run)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    which = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+             "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel([which]):
+        out = sdpa(q, k, v, is_causal=causal)
+        dout = torch.randn_like(out)
+
+        def both():
+            o = sdpa(qg, kg, vg, is_causal=causal)
+            torch.autograd.grad(o, (qg, kg, vg), dout)
+
+        both()
+        return bench(lambda: sdpa(q, k, v, is_causal=causal)), bench(both), f"sdpa {backend}"
+
+
+def time_all(quick: bool) -> None:
+    b, h, n = (1, 2, 64) if SMOKE else (8, 16, 4096)
+    dtype = torch.bfloat16
+    for causal in (False, True):
+        mla = make(b, h, h, n, n, 192, 128, dtype, seed=1)
+        square = make(b, h, h, n, n, 128, 128, dtype, seed=2)
+        runs = [("192/128", mla, gluon_path(), "tilecore gluon fwd"), ("192/128", mla, "tl", "tilecore tl fwd"),
+                ("128/128", square, None, "tilecore default")]
+        if not SMOKE:
+            runs += [("192/128", mla, backend, f"sdpa {backend}") for backend in ("cudnn", "flash", "efficient")
+                     if backend != "efficient" or not quick]
+        rates = {}
+        for dims, (q, k, v), how, label in runs:
+            name = f"{dims} {'causal' if causal else 'full'} B{b} H{h} N{n} {label}"
+            try:
+                t0 = time.time()
+                if label.startswith("sdpa"):
+                    fwd, both, paths = sdpa_times(q, k, v, causal, how)
+                elif how is None:  # the default plans (Gluon forward and backward at 128 / 128)
+                    scale = q.shape[-1] ** -0.5
+                    fwd_plan = plan.plan_forward(q, k, v, causal, scale)
+                    fwd, both, paths = tilecore_times(q, k, v, causal, fwd_plan.path)
+                else:
+                    fwd, both, paths = tilecore_times(q, k, v, causal, how)
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                note_error(f"time {name}", exc)
+                continue
+            f_fwd, f_bwd = flops(b, h, n, n, q.shape[-1], v.shape[-1], causal)
+            fwd_rate, both_rate = f_fwd / fwd * 1e-9, (f_fwd + f_bwd) / both * 1e-9  # TFLOP/s
+            rates[label, dims] = (fwd_rate, both_rate)
+            RESULTS["timing"].append(dict(case=name, paths=paths, causal=causal, fwd_ms=fwd, fwd_bwd_ms=both,
+                                          fwd_tflops=fwd_rate, fwd_bwd_tflops=both_rate, wall_s=time.time() - t0))
+            ROWS.append(("time", name, f"[{paths}] fwd {fwd:.3f} ms {fwd_rate:.0f} TFLOP/s, fwd+bwd {both:.3f} ms "
+                                       f"{both_rate:.0f} TFLOP/s"))
+        base = rates.get(("tilecore default", "128/128"))
+        for label in ("tilecore gluon fwd", "tilecore tl fwd"):
+            got = rates.get((label, "192/128"))
+            if base and got:
+                ratios = dict(fwd=got[0] / base[0], fwd_bwd=got[1] / base[1])
+                RESULTS["timing"].append(dict(case=f"ratio {label} 192/128 vs 128/128", causal=causal, **ratios))
+                ROWS.append(("ratio", f"192/128 {label} / 128/128 {'causal' if causal else 'full'} (rate)",
+                             f"fwd {ratios['fwd']:.3f}, fwd+bwd {ratios['fwd_bwd']:.3f} (target >= 0.9)"))
+        gluon = rates.get(("tilecore gluon fwd", "192/128"))
+        for backend in ("cudnn", "flash", "efficient"):
+            peer = rates.get((f"sdpa {backend}", "192/128"))
+            if gluon and peer:
+                ratios = dict(fwd=gluon[0] / peer[0], fwd_bwd=gluon[1] / peer[1])
+                RESULTS["timing"].append(dict(case=f"ratio gluon fwd 192/128 vs sdpa {backend}", causal=causal, **ratios))
+                ROWS.append(("ratio", f"192/128 tilecore gluon fwd / sdpa {backend} {'causal' if causal else 'full'}",
+                             f"fwd {ratios['fwd']:.3f}, fwd+bwd {ratios['fwd_bwd']:.3f}"))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="CPU, interpreter, tiny shapes, no timing")
+    parser.add_argument("--quick", action="store_true", help="the default: the checks above and the timings")
+    parser.add_argument("--full", action="store_true", help="more checks (short causal, window + softcap)")
+    args = parser.parse_args()
+    t_start = time.time()
+    if SMOKE:
+        cases = [(c, torch.bfloat16) for c in SMOKE_CHECKS]
+    else:
+        cases = [(c, torch.bfloat16) for c in CHECKS + (FULL_CHECKS if args.full else [])]
+        cases.append((CHECKS[1], torch.float16))
+    for case, dtype in cases:
+        try:
+            check_case(*case, dtype)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            note_error(f"check {case[0]} {dtype}", exc)
+    time_all(not args.full)
+    if not SMOKE:
+        RESULTS["device"] = torch.cuda.get_device_name()
+    RESULTS["versions"] = dict(torch=torch.__version__, triton=__import__("triton").__version__)
+    RESULTS["wall_s"] = time.time() - t_start
+    out_dir = os.environ.get("OUT", "/tmp/out")
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "attention_mla_s27" + ("_smoke" if SMOKE else "") + ".json")
+    with open(path, "w") as f:
+        json.dump(RESULTS, f, indent=1, default=str)
+    width = max(len(r[1]) for r in ROWS) if ROWS else 10
+    print(f"\n{'=' * 20} MLA 192/128 on Gluon (session 27) {RESULTS.get('device', 'cpu')}, {RESULTS['wall_s']:.0f} s")
+    for section, name, figures in ROWS:
+        print(f"{section:6s} {name:{width}s}  {figures}")
+    bad = [r for r in RESULTS["correctness"] if not r["ok"]]
+    print(f"checks: {len(RESULTS['correctness']) - len(bad)} ok, {len(bad)} bad; errors: {len(RESULTS['errors'])}; "
+          f"JSON: {path}")
+
+
+if __name__ == "__main__":
+    main()

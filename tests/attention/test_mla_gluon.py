@@ -1,0 +1,137 @@
+"""Issue 35's MLA prefill head sizes (q/k 192, v 128) on the Gluon forward, without a GPU: the plan
+(off by default: configs.GLUON_FORWARD_DV_ROUTED; forced it takes the pieces config), the launch's
+TMA boxes (Q and K by 64-column pieces, Q's box the tile's rows, O's half of v's columns), and the
+kernel compiled for sm_90a (wgmma and TMA, not serialized, no spills beyond a few scalars, within
+227 KiB of shared memory). The numbers are checked on the GPU by experiments/attention/gpu_mla.py
+(Gluon kernels cannot run in Triton's interpreter)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tilecore import dispatch
+from tilecore.ops.attention import configs, launch, plan
+
+H100 = dispatch.TARGETS["sm_90a"]
+
+
+def meta(*shape):
+    return torch.empty(*shape, dtype=torch.bfloat16, device="meta")
+
+
+def mla_inputs(n=4096, nk=4096, hq=16, hkv=16, device="meta"):
+    make = meta if device == "meta" else (lambda *s: torch.randn(*s, dtype=torch.bfloat16))
+    return make(2, hq, n, 192), make(2, hkv, nk, 192), make(2, hkv, nk, 128)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_mla_forward_is_off_by_default_and_forced_takes_column_pieces(causal):
+    q, k, v = mla_inputs()
+    with dispatch.pretend(H100):
+        assert not configs.GLUON_FORWARD_DV_ROUTED  # until the lead's H100 run checks it
+        assert plan.plan_forward(q, k, v, causal, 192**-0.5).path == "tl"
+        forced = plan.plan_forward(q, k, v, causal, 192**-0.5, path="gluon")
+        assert forced.path == "gluon"
+        assert forced.config == configs.GLUON_FORWARD_DV[192, 128]
+        assert forced.grid == (132,) and (forced.schedule is not None) == causal
+        # 64-key blocks in 3 stages for short causal rows, as D128's
+        short = plan.plan_forward(*mla_inputs(n=384, nk=384), causal, 192**-0.5, path="gluon").config
+        assert (short["block_n"], short["stages"]) == ((64, 3) if causal else (128, 2))
+        # the backward stays on the tl kernels (no Gluon backward at 192 / 128 yet)
+        assert plan.plan_backward(q, q, k, v, causal, 192**-0.5).path == "tl"
+
+
+def test_mla_forward_routes_to_gluon_once_switched_on(monkeypatch):
+    q, k, v = mla_inputs()
+    monkeypatch.setattr(configs, "GLUON_FORWARD_DV_ROUTED", True)
+    with dispatch.pretend(H100):
+        assert plan.plan_forward(q, k, v, True, 192**-0.5).path == "gluon"
+        assert plan.plan_forward(q, k, v, False, 192**-0.5, window=(256, 0), softcap=30.0).path == "gluon"
+        # other unequal head sizes stay off Gluon; 64 / 128 square ones unchanged
+        q2, k2, v2 = meta(2, 16, 4096, 128), meta(2, 16, 4096, 128), meta(2, 16, 4096, 64)
+        assert plan.plan_forward(q2, k2, v2, True, 0.1).path == "tl"
+        q3 = meta(2, 16, 4096, 128)
+        assert plan.plan_forward(q3, q3, q3, True, 0.1).path == "gluon"
+
+
+def test_forced_gluon_refuses_other_unequal_head_sizes():
+    with dispatch.pretend(H100):
+        q, v = meta(1, 2, 512, 256), meta(1, 2, 512, 128)
+        with pytest.raises(ValueError, match=r"\(192, 128\)"):
+            plan.plan_forward(q, q, v, False, 0.1, path="gluon")
+        q, k, v = mla_inputs(n=512, nk=512)
+        with pytest.raises(ValueError, match="column pieces"):
+            plan.plan_forward(q, k, v, False, 0.1, path="gluon",
+                              config=dict(configs.GLUON_FORWARD_DV[192, 128], carry=True))
+
+
+def test_mla_forward_launch_passes_piece_boxes(fast_launch, monkeypatch):
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
+    q, k, v = mla_inputs(n=256, nk=320, hq=4, hkv=2, device="cpu")
+    out, lse = torch.empty(2, 4, 256, 128, dtype=torch.bfloat16), torch.empty(2, 4, 256)
+    fake = fast_launch(launch.GLUON_FWD)
+    launch.forward_into(q, k, v, out, lse, False, 0.1, path="gluon")
+    (grid, args), = fake.calls
+    bound = dict(zip(launch.GLUON_FWD.kernel.arg_names, args))
+    # Q: the tile's 128 rows (two consumers of 64) by 64 columns; K: 128 keys by 64; V whole rows;
+    # O: a consumer's 64 rows by half of v's 128 columns
+    assert bound["q_desc"].block_shape == [1, 1, 128, 64] and bound["q_desc"].base is q
+    assert bound["k_desc"].block_shape == [1, 1, 128, 64] and bound["k_desc"].base is k
+    assert bound["v_desc"].block_shape == [1, 1, 128, 128]
+    assert bound["o_desc"].block_shape == [1, 1, 64, 64] and bound["o_desc"].base is out
+    assert (bound["CAUSAL"], bound["STAGES"], bound["CONSUMERS"], bound["CARRY"], bound["Q_REGS"]) == (
+        False, 2, 2, False, False)
+    assert bound["GROUP"] == 2
+
+
+_COMPILE = """
+import json, torch
+from tilecore.ops.attention import configs, launch
+from tilecore.ops.attention.gluon_kernels import attention_fwd_kernel
+from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
+from tilecore.tiles.launch import TmaOperand
+rows = []
+q = torch.empty(2, 2, 256, 192, dtype=torch.bfloat16)
+v = torch.empty(2, 2, 256, 128, dtype=torch.bfloat16)
+for causal, n in ((False, 4096), (True, 4096)):
+    cfg = configs.gluon_forward_config(192, n, n, causal, 128)
+    bm, bn = cfg["block_m"], cfg["block_n"]
+    args = dict(q_desc=TmaOperand(q, [1, 1, 2 * bm, 64]).descriptor(), k_desc=TmaOperand(q, [1, 1, bn, 64]).descriptor(),
+                v_desc=launch.head_operand(v, bn).descriptor(), o_desc=TmaOperand(v, [1, 1, bm, 64]).descriptor(),
+                lse_ptr=torch.empty(64, dtype=torch.float32), H=16, N=n, Nk=n, GROUP=1, scale_log2e=0.1, num_bh=256,
+                head_group=12, schedule=torch.empty(64, dtype=torch.int32) if causal else None, left=0, right=0,
+                tanh_scale=0.1, CAUSAL=causal, STAGES=cfg["stages"], CONSUMERS=2, Q_BUFFERS=1, CARRY=False,
+                Q_REGS=False, WINDOW=False, SOFTCAP=0)
+    compiled = compile_kernel(attention_fwd_kernel, args)
+    ptx = compiled.asm["ptx"]
+    rows.append(dict(causal=causal, n=n, block_n=bn, **vars(resources(compiled)), **has_hopper_instructions(ptx),
+                     tma_loads=ptx.count("cp.async.bulk.tensor.4d.shared"),
+                     tma_stores=ptx.count("cp.async.bulk.tensor.4d.global.shared")))
+print(json.dumps(rows))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """The 192 / 128 forward at N 4096 (causal and not), compiled
+    for sm_90a in a process of its own (the tests run under the interpreter)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_mla_forward_compiles_lean_for_sm90(compiled):
+    assert len(compiled) == 2
+    for r in compiled:
+        assert r["wgmma"] and r["tma"] and r["mbarrier"] and not r["wgmma_serialized"], r
+        # registers as D128's (S and O 64 x 128 float32 a consumer); causal keeps a few scalars
+        # (20 bytes stored, 36 loaded at 128-key blocks)
+        allowed = 48 if r["causal"] else 0
+        assert r["spill_stores"] <= allowed and r["spill_loads"] <= allowed and r["registers"] <= 232, r
+        assert r["shared"] <= 227 * 1024, r
+        # K's three pieces a stage and Q's three a tile (one TMA copy each); O in two halves
+        assert r["tma_loads"] >= 7 and r["tma_stores"] >= 2, r
