@@ -25,6 +25,15 @@ def test_features_are_the_taylor_kernel():
         assert (phi_k[:, 153:] == 0).all()  # padding
 
 
+def test_kernel_selection_holds_each_piece_a_then_b():
+    sel = gb.selection(torch.float32, "cpu")
+    pieces = gb.kernel_selection(torch.float32, "cpu")
+    assert pieces.shape == (2 * gb.FEATURES, gb.DK)
+    for p in range(gb.FEATURES // gb.PIECE):
+        torch.testing.assert_close(pieces[64 * p:64 * p + 32], sel[0, 32 * p:32 * p + 32], rtol=0, atol=0)
+        torch.testing.assert_close(pieces[64 * p + 32:64 * p + 64], sel[1, 32 * p:32 * p + 32], rtol=0, atol=0)
+
+
 def test_feature_order_is_the_kernels_pieces():
     pairs = gb.feature_pairs()
     assert len(pairs) == gb.FEATURES

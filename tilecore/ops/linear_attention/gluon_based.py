@@ -45,8 +45,9 @@ import math
 import torch
 from triton.experimental import gluon
 
-from tilecore.tiles.gluon import Layout, ring, run, stage_struct, store_block, struct, wgmma_layout, wgmma_lhs_layout
-from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma
+from tilecore.tiles.gluon import (Layout, ring, run, split_n, stage_struct, store_block, struct, wgmma_layout,
+                                  wgmma_lhs_layout)
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 
 DK = 16  # Based's feature dim (the kernel's q/k head dim)
 FEATURES = 160  # 1 + 16 + 136 symmetric features, padded to 5 pieces of 32
@@ -83,7 +84,7 @@ class BasedForward:
     k_desc: object
     v_desc: object
     o_desc: object
-    SEL: object  # [2, F, 16] bf16/fp16: the selections Sel_a^T, Sel_b^T (host: selection())
+    SEL: object  # [2 F, 16] bf16/fp16: the selections by pieces (host: kernel_selection())
     H0: object  # [B, H, F, Dv] float32: the initial state in the kernel's rows (compress())
     HT: object  # [B, H, F, Dv] float32: the final state in the kernel's rows
     s0b: object
@@ -99,8 +100,8 @@ class BasedForward:
     VB: object
     scale: object
     # shared memory (power-of-two shapes: the features are a block of 128 and a tail of 32)
-    sel_main: object  # [2, 128, 16]: Sel_a^T, Sel_b^T of features 0..127 (both consumers read them)
-    sel_tail: object  # [2, 32, 16]: of features 128..159
+    sel_main: object  # [256, 16]: pieces 0..3 of 32 features, each its Sel_a^T rows then its Sel_b^T rows
+    sel_tail: object  # [64, 16]: piece 4 (features 128..159): both consumers read them
     phiq_main: object  # [2, BT, 128]: each consumer's phi_q (the A operand of phi_q S)
     phiq_tail: object  # [2, BT, 32]
     phik_main: object  # [2, BT, 128]: each consumer's phi_k (the B operand of V^T phi_k)
@@ -115,7 +116,6 @@ class BasedForward:
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV)
     STL: gl.constexpr  # [BV, 128] state
     TTL: gl.constexpr  # [BV, 32] state's tail
-    FL: gl.constexpr  # [BT, PIECE] feature pieces
     PL: gl.constexpr  # P as the register operand of P V
 
     @gluon.jit
@@ -147,13 +147,11 @@ class BasedForward:
         # the selections into shared memory (each consumer writes the same values, every tile)
         sel_layout: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [gl.num_warps(), 1], [1, 0])
         cols = gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, sel_layout)), 0)
-        rows_main = gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(1, sel_layout)), 1)
-        rows_tail = gl.expand_dims(128 + gl.arange(0, 32, layout=gl.SliceLayout(1, sel_layout)), 1)
+        rows_main = gl.expand_dims(gl.arange(0, 256, layout=gl.SliceLayout(1, sel_layout)), 1)
+        rows_tail = gl.expand_dims(256 + gl.arange(0, 64, layout=gl.SliceLayout(1, sel_layout)), 1)
         gl.thread_barrier()  # the previous tile's wgmmas have read them
-        for side in gl.static_range(2):
-            base = self.SEL + side * self.F * 16
-            self.sel_main.index(side).store(gl.load(base + rows_main * 16 + cols))
-            self.sel_tail.index(side).store(gl.load(base + rows_tail * 16 + cols))
+        self.sel_main.store(gl.load(self.SEL + rows_main * 16 + cols))
+        self.sel_tail.store(gl.load(self.SEL + rows_tail * 16 + cols))
         fence_async_shared()
         gl.thread_barrier()
         S = gl.zeros([self.BV, 128], gl.float32, self.STL)
@@ -170,40 +168,58 @@ class BasedForward:
     def state_ptrs(self, base, b, h, col, sb, sh, sf, sv, f0: gl.constexpr, FN: gl.constexpr,
                    layout: gl.constexpr):
         """[BV, FN] pointers of a (B, H, F, Dv) state's features f0.. f0 + FN, value columns col.. col + BV
-        (transposed): a 64-bit base, 32-bit offsets within the head's F x Dv state (64-bit offsets spilled
-        3 KB: [64, 128] pointers are 128 registers a thread)."""
+        (transposed): a 64-bit base, 32-bit offsets within the head's F x Dv state."""
         vcols = col + gl.arange(0, self.BV, layout=gl.SliceLayout(1, layout))
         feats = f0 + gl.arange(0, FN, layout=gl.SliceLayout(0, layout))
         head = base + b.to(gl.int64) * sb + h.to(gl.int64) * sh
         return head + (gl.expand_dims(vcols * sv, 1) + gl.expand_dims(feats * sf, 0))
 
     @gluon.jit
-    def features(self, x, sel_a, sel_b, out, PIECE_KIND: gl.constexpr, QUERY: gl.constexpr):
-        """A piece of 32 features of x [BT, 16] (shared memory) into ``out`` [BT, 32] (shared memory, the input
-        dtype): (x Sel_a + c_a) * (x Sel_b + c_b), times w on the query side (sel_a, sel_b [32, 16]).
-        PIECE_KIND 0: features 0..31 (the squares, w = scale^2 / 2; the linear ones, c_b = 1, w = scale);
-        1: pairs a < b (w = scale^2); 2: the tail (pairs, then the constant at column 24: c_a = c_b = 1,
-        w = 1). The column constants come from the column index (no loads: loop-invariant loads were
-        hoisted out of the walk and spilled)."""
-        zero = gl.zeros([self.BT, 32], gl.float32, self.FL)
-        xa = warpgroup_mma(x, sel_a.permute((1, 0)), zero, use_acc=False)
-        xb = warpgroup_mma(x, sel_b.permute((1, 0)), zero, use_acc=False)
-        col = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, self.FL)), 0)
-        sq = self.scale * self.scale
+    def selected(self, x, sel, PIECE_KIND: gl.constexpr, QUERY: gl.constexpr):
+        """Issue [x Sel_a + c_a (* w), x Sel_b + c_b] [BT, 64] of a piece of 32 features (sel [64, 16]: the
+        piece's Sel_a^T rows, then its Sel_b^T rows; x [BT, 16] in shared memory). The column constants
+        ride in the accumulator, the query side's weights w come after (``product``). PIECE_KIND 0:
+        features 0..31 (the squares; the linear ones, c_b = 1); 1: pairs a < b; 2: the tail (pairs, then
+        the constant at column 24: c_a = c_b = 1). The constants come from the column index (loads of
+        them were hoisted out of the walk and spilled)."""
+        col = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, self.SL)), 0)
+        zero = gl.zeros([self.BT, 64], gl.float32, self.SL)
         if PIECE_KIND == 0:
-            phi = xa * (xb + gl.where(col >= 16, 1.0, 0.0))
-            if QUERY:
-                phi = phi * gl.where(col < 16, 0.5 * sq, self.scale)
+            acc = zero + gl.where(col >= 48, 1.0, 0.0)
         elif PIECE_KIND == 1:
-            phi = xa * xb
-            if QUERY:
-                phi = phi * sq
+            acc = zero
         else:
-            one = gl.where(col == 24, 1.0, 0.0)
-            phi = (xa + one) * (xb + one)
-            if QUERY:
-                phi = phi * gl.where(col == 24, 1.0, sq)
-        out.store(phi.to(out.dtype))
+            acc = zero + gl.where(col % 32 == 24, 1.0, 0.0)
+        return warpgroup_mma(x, sel.permute((1, 0)), acc, is_async=True)
+
+    @gluon.jit
+    def product(self, acc, out, PIECE_KIND: gl.constexpr, QUERY: gl.constexpr):
+        """The piece's features (x Sel_a + c_a) * (x Sel_b + c_b) (* w on the query side: scale^2 / 2 on
+        the squares, scale on the linear ones, scale^2 on the pairs, 1 on the constant) into ``out``
+        [BT, 32] (shared memory, the input dtype). The halves split without data movement (split_n)."""
+        if QUERY:
+            col = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, self.SL)), 0)
+            sq = self.scale * self.scale
+            if PIECE_KIND == 0:
+                w = gl.where(col < 16, 0.5 * sq, self.scale)
+            elif PIECE_KIND == 1:
+                w = gl.where(col < 32, sq, 1.0) + gl.zeros([1, 64], gl.float32, self.SL)
+            else:
+                w = gl.where(col == 24, 1.0, sq)
+            acc = acc * gl.where(col < 32, w, 1.0)
+        xa, xb = split_n(acc)
+        out.store((xa * xb).to(out.dtype))
+
+    @gluon.jit
+    def features(self, q, k, sel, phiq, phik, PIECE_KIND: gl.constexpr):
+        """A piece of 32 features of q and of k (k's selection runs under q's product; both in flight at once
+        spilled 150 B more)."""
+        tq = self.selected(q, sel, PIECE_KIND, True)
+        aq = warpgroup_mma_wait(0, deps=(tq,))
+        tk = self.selected(k, sel, PIECE_KIND, False)
+        self.product(aq, phiq, PIECE_KIND, True)
+        ak = warpgroup_mma_wait(0, deps=(tk,))
+        self.product(ak, phik, PIECE_KIND, False)
 
     @gluon.jit
     def compute(self, ctx, walk, stage, tile, step):
@@ -231,12 +247,9 @@ class BasedForward:
         S_smem.store(walk.S.to(dtype))
         T_smem.store(walk.T.to(dtype))
         for p in gl.static_range(4):
-            sel_a = self.sel_main.index(0).slice(p * 32, 32)
-            sel_b = self.sel_main.index(1).slice(p * 32, 32)
-            self.features(q, sel_a, sel_b, phiq.slice(p * 32, 32, dim=1), 0 if p == 0 else 1, True)
-            self.features(k, sel_a, sel_b, phik.slice(p * 32, 32, dim=1), 0 if p == 0 else 1, False)
-        self.features(q, self.sel_tail.index(0), self.sel_tail.index(1), phiq_t, 2, True)
-        self.features(k, self.sel_tail.index(0), self.sel_tail.index(1), phik_t, 2, False)
+            self.features(q, k, self.sel_main.slice(p * 64, 64), phiq.slice(p * 32, 32, dim=1),
+                          phik.slice(p * 32, 32, dim=1), 0 if p == 0 else 1)
+        self.features(q, k, self.sel_tail, phiq_t, phik_t, 2)
         fence_async_shared()
         gl.thread_barrier()
 
@@ -248,13 +261,14 @@ class BasedForward:
         causal = gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)
         p = gl.convert_layout(gl.where(causal, 1.0 + s + 0.5 * s * s, 0.0).to(dtype), self.PL)
 
-        # o = phi_q S + P V;  S^T <- S^T + V^T phi_k (both feature blocks)
+        # o = phi_q S + P V and S^T <- S^T + V^T phi_k (both feature blocks), issued together
         o = warpgroup_mma(phiq, S_smem.permute((1, 0)), gl.zeros([self.BT, self.BV], gl.float32, self.SL),
-                          use_acc=False)
-        o = warpgroup_mma(phiq_t, T_smem.permute((1, 0)), o)
-        o = warpgroup_mma(p, v, o)
-        S = warpgroup_mma(v.permute((1, 0)), phik, walk.S)
-        T = warpgroup_mma(v.permute((1, 0)), phik_t, walk.T)
+                          use_acc=False, is_async=True)
+        o = warpgroup_mma(phiq_t, T_smem.permute((1, 0)), o, is_async=True)
+        o = warpgroup_mma(p, v, o, is_async=True)
+        S = warpgroup_mma(v.permute((1, 0)), phik, walk.S, is_async=True)
+        T = warpgroup_mma(v.permute((1, 0)), phik_t, walk.T, is_async=True)
+        o, S, T = warpgroup_mma_wait(0, deps=(o, S, T))
         store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
         return BasedWalk(S, T)
 
@@ -286,7 +300,6 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
     SL: gl.constexpr = wgmma_layout(BT, BV, gl.num_warps())
     STL: gl.constexpr = wgmma_layout(BV, 128, gl.num_warps())
     TTL: gl.constexpr = wgmma_layout(BV, 32, gl.num_warps())
-    FL: gl.constexpr = wgmma_layout(BT, 32, gl.num_warps())
     PL: gl.constexpr = wgmma_lhs_layout(BT, BV, gl.num_warps())
     # 64-byte swizzle: 32 columns, so a feature piece of 32 is one swizzle atom wide
     wide: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
@@ -294,11 +307,11 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
     dt: gl.constexpr = q_desc.dtype
     op = BasedForward(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT, s0b, s0h, s0f, s0v, stb, sth, stf, stv,
                       N, H, VB, scale,
-                      gl.allocate_shared_memory(dt, [2, 128, 16], narrow), gl.allocate_shared_memory(dt, [2, 32, 16], narrow),
+                      gl.allocate_shared_memory(dt, [256, 16], narrow), gl.allocate_shared_memory(dt, [64, 16], narrow),
                       gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
                       gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
                       gl.allocate_shared_memory(dt, [2, BV, 128], wide), gl.allocate_shared_memory(dt, [2, BV, 32], wide),
-                      BT, BV, F, HAS_H0, STORE_HT, SL, STL, TTL, FL, PL)
+                      BT, BV, F, HAS_H0, STORE_HT, SL, STL, TTL, PL)
     stages = BasedChunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES),
                         ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES))
     run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
@@ -325,7 +338,7 @@ _TABLES: dict = {}
 
 def selection(dtype: torch.dtype, device) -> torch.Tensor:
     """SEL [2, F, 16] in ``dtype``: Sel_a^T, Sel_b^T (row f picks column a, resp. b, of x; none for the
-    constant 1 and padding)."""
+    constant 1 and padding). The kernel reads it as ``kernel_selection``'s pieces."""
     key = (dtype, str(device))
     if key not in _TABLES:
         sel = torch.zeros(2, FEATURES, DK, dtype=torch.float32)
@@ -334,6 +347,16 @@ def selection(dtype: torch.dtype, device) -> torch.Tensor:
                 if 0 <= x < DK:
                     sel[side, f, x] = 1.0
         _TABLES[key] = sel.to(dtype).to(device)
+    return _TABLES[key]
+
+
+def kernel_selection(dtype: torch.dtype, device) -> torch.Tensor:
+    """The selections as the kernel reads them: [2 F, 16], piece p of 32 features in rows 64 p .. 64 p + 63
+    (its Sel_a^T rows, then its Sel_b^T rows: one K = 16, N = 64 wgmma selects both factors)."""
+    key = ("pieces", dtype, str(device))
+    if key not in _TABLES:
+        sel = selection(dtype, device)
+        _TABLES[key] = sel.view(2, FEATURES // PIECE, PIECE, DK).transpose(0, 1).reshape(2 * FEATURES, DK).contiguous()
     return _TABLES[key]
 
 
@@ -448,7 +471,7 @@ def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2):
     BT, BV = BT_BASED, BV_BASED
     VB = Dv // BV
     descs = [gluon_descriptor(t, [1, 1, BT, blk], *_head_major(t)) for t, blk in ((q, DK), (k, DK), (v, BV), (o, BV))]
-    sel = selection(q.dtype, q.device)
+    sel = kernel_selection(q.dtype, q.device)
     dummy = torch.empty(1, dtype=torch.float32, device=v.device)
     st = lambda t: tuple(t.stride()) if t is not None else (0,) * 4  # noqa: E731
     s0, sht = st(x0), st(xt)
