@@ -48,10 +48,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import tilecore  # noqa: E402
-from tilecore.napkin import H100, Diagram, compose, derive, models, rewrite  # noqa: E402
-from tilecore.napkin import compile as napkin_compile  # noqa: E402
-from tilecore.napkin.diagram import segment  # noqa: E402
-from tilecore.napkin.engine import plan  # noqa: E402
+from tilecore.napkin import H100, Diagram, compose, models, rewrite  # noqa: E402
+from tilecore.napkin.compile import predicted_time as napkin_predicted_time  # noqa: E402
 from tilecore.ops.napkin_compiled import CompiledDiagram, compile_diagram, evaluate  # noqa: E402
 
 START = time.time()
@@ -186,17 +184,10 @@ def ceilings():
 
 
 def predict(g, gpu) -> float:
-    """The napkin's time for the plan compile() emits: one derivation per compiled kernel."""
-    prog = napkin_compile(g)
-    d = prog.diagram
-    if prog.family == "rownorm":  # the planner's one-pass form (rewrite.hoist_row_factors), as compiled
-        return plan(rewrite.apply(g), gpu).time
-    if prog.family == "chain" and len(d.ops) > 1:
-        return sum(derive(segment(d, i, i + 1), gpu).time for i in range(len(d.ops)))
-    try:
-        return derive(d, gpu).time
-    except ValueError:
-        return plan(d, gpu).time
+    """The napkin's time for the kernels compile() emits (napkin.compile.predicted_time: the engine's
+    plan plus what the emitted tl code does that the diagram does not say: the attention family's SFU
+    work exposed in full, rownorm's statistic recomputed a column tile and its prescale pass)."""
+    return napkin_predicted_time(g, gpu).seconds
 
 
 def sweep(g, ins, configs):

@@ -23,6 +23,7 @@ with exp, log, sqrt, rsqrt, sigmoid, tanh, abs, maximum, minimum and numbers.
 from __future__ import annotations
 
 import ast
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -521,3 +522,70 @@ def _rownorm(d: Diagram) -> Program:
                       {"t": t, "n": n, "o": o, "vecs": vecs, "rows": rows, "one_pass": bool(split),
                        "prescale": bool(prescale)})
     return Program(d, "rownorm", "\n".join(L) + "\n", [spec], [])
+
+
+# ------------------------------------------------------------------------------------ predicted time
+# ALU operations an element of X costs where the one-pass rownorm kernel recomputes the row statistic:
+# its conversion to float32 and the multiply-add of the square into the row sum (an FMA: 2 ops at the
+# preset's rate, which counts FLOPs)
+ROWNORM_STAT_OPS = 3
+
+
+@dataclass
+class PredictedTime:
+    seconds: float
+    terms: dict            # what makes it up (seconds)
+    family: str
+
+
+def predicted_time(diagram: Diagram, gpu="h100") -> PredictedTime:
+    """The napkin's time for the kernels compile() emits: the engine's derivation of the plan, plus what
+    the emitted code does that the diagram does not say.
+
+    - Every family is a plain Triton (`tl`) loop: no warp specialization, no ping-pong between consumer
+      warpgroups. In attention the SFU work between a step's two dependent dots (the softmax's exp, a
+      modifier's tanh or sigmoid, at what the emitted code spends: rewrite.map_cost) is issued by the
+      warps that issue the dots, so all of it adds to the tensor time (exposed share 1). The paper's 2/3
+      is FlashAttention-3's, whose consumers ping-pong; tilecore's hand-written Gluon forward is that.
+    - rownorm in one pass: each output-column tile recomputes the row statistic in the loop, from X's
+      tile read back out of shared memory (ROWNORM_STAT_OPS ALU operations and 2 bytes an element, on
+      the loop's issue path); the weight's vector factors are a pass of their own (prescale_weight)."""
+    from .diagram import segment
+    from .engine import derive, group, plan, relabel
+    from .hardware import dtype_bytes, get_gpu
+    from .models import copy as copy_diagram
+    from .rewrite import apply as planner_rewrites
+
+    gpu = get_gpu(gpu)
+    prog = compile(diagram)
+    d = prog.diagram
+    terms = {}
+    if prog.family == "attention":
+        kw = dict(time_model="exposed-sfu", exposed_sfu=1.0)
+        try:
+            r = derive(d, gpu, **kw)
+            terms["kernel"] = r.time
+            terms["of which SFU"] = r.times["sfu"]
+        except ValueError:
+            terms["kernels"] = plan(d, gpu, **kw).time
+    elif prog.family == "chain":
+        for i in range(len(d.ops)):
+            terms[f"kernel {d.ops[i].name}"] = derive(segment(d, i, i + 1), gpu).time
+    else:  # rownorm
+        s = plan(planner_rewrites(diagram), gpu)
+        terms["GEMM (the one-pass plan)"] = s.time
+        info = prog.kernels[0].info
+        if info.get("one_pass"):
+            t, n, o = (d.sizes[info[a]] for a in ("t", "n", "o"))
+            main = max(s.kernels, key=lambda k: k.time)
+            o_tiles = math.ceil(o / main.T["SMEM"].get(info["o"], o))
+            x_bytes = dtype_bytes(next(a for a in d.inputs() if a.axes == (info["t"], info["n"])).dtype)
+            elems = o_tiles * t * n
+            terms["row statistic recomputed a column tile"] = (
+                elems * ROWNORM_STAT_OPS / gpu.rate("alu", "fp32")
+                + elems * x_bytes / gpu.level("SMEM").bandwidth)
+        if info.get("prescale"):
+            nn, oo = d.sizes[info["n"]], d.sizes[info["o"]]
+            elems = nn * oo
+            terms["prescale_weight pass"] = relabel(copy_diagram(n=elems), gpu, {"i": group(min(elems, 8192))}).time
+    return PredictedTime(sum(v for k, v in terms.items() if not k.startswith("of which")), terms, prog.family)
