@@ -375,8 +375,10 @@ def chunk_cumulative(g: torch.Tensor, chunk: int) -> torch.Tensor:
     ``chunk`` tokens, inclusive, from the chunk's start: what the kernel reads as G (float32)."""
     B, N, H = g.shape
     pad = (-N) % chunk
-    g = torch.nn.functional.pad(g.float().clamp_min(LOG_DECAY_FLOOR_HOST), (0, 0, 0, pad))
-    return g.view(B, (N + pad) // chunk, chunk, H).cumsum(2).view(B, N + pad, H)[:, :N]
+    g = g.float().clamp_min(LOG_DECAY_FLOOR_HOST)  # one pass (a new tensor: the pad and view below take it)
+    if pad:  # only a partial last chunk needs the copy
+        g = torch.nn.functional.pad(g, (0, 0, 0, pad))
+    return g.reshape(B, (N + pad) // chunk, chunk, H).cumsum(2).view(B, N + pad, H)[:, :N]
 
 
 def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, prefetch: bool = False):
