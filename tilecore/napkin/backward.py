@@ -36,6 +36,7 @@ No figure is fitted to the rows this model predicts.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -63,6 +64,8 @@ class BackwardKernel:
                                    # own) | kernel (a second, query-stationary kernel)
     kv_registers: bool = False     # K and V rows as register operands of S^T and dP^T (else read from SMEM)
     smem_operands: tuple = ("dS",)  # register intermediates stored to SMEM as MMA operands (FA2: P and dS)
+    softmax_under_dp: bool = True  # the softmax waits for S only and runs under dP's MMA (else both first)
+    tanh_sfu: int = 1              # SFU instructions of a softcap's tanh (tanh.approx: 1; through ex2, rcp: 2)
     source: str = ""
 
     def __post_init__(self):
@@ -99,16 +102,43 @@ def flash2_kernel(d: int) -> BackwardKernel:
                           source="flash-attn 2 kernel traits (sm80): 8 warps, Br x Bc 128 x 128 (D64), 64 x 128 (D128)")
 
 
-def kernel_for(impl: str, d: int, seq: int, causal: bool) -> BackwardKernel:
-    """The implementation named by a bench row's series: tilecore, cudnn, flash."""
+# FlexAttention (torch.nn.attention.flex_attention, compiled by Inductor): a Triton backward template, no
+# warp specialization (every unit adds, as FA2, but with wgmma), dK/dV for key blocks and dQ for query
+# blocks in one launch (S, P, dP, dS recomputed for dQ: seven MMAs, dQ written once: no atomics, no
+# conversion); a score_mod's torch.tanh through libdevice (ex2 and rcp: two SFU instructions)
+FLEX = BackwardKernel("flex", schedule="serial", dq="kernel", smem_operands=(), tanh_sfu=2,
+                      source="torch Inductor's flex_attention backward template (Triton; dQ and dK/dV programs)")
+
+
+def kernel_for(impl: str, d: int, seq: int, causal: bool, softcap: bool = False) -> BackwardKernel:
+    """The implementation named by a bench row's series: tilecore, cudnn, flash, flex."""
     impl = impl.lower()
     if impl == "tilecore":
-        return tilecore_kernel(d, seq, causal)
+        k = tilecore_kernel(d, seq, causal)
+        # with a softcap the Gluon backward waits for S and dP together, then runs the softmax
+        # (configs: softcap_overlap off; its tanh by tanh.approx.f32: one SFU instruction)
+        return dataclasses.replace(k, softmax_under_dp=False) if softcap else k
     if impl in ("cudnn", "wgmma", "fa3"):
         return CUDNN
     if impl in ("flash", "fa2"):
         return flash2_kernel(d)
-    raise ValueError(f"backward implementation {impl!r}; accepted: tilecore, cudnn, flash")
+    if impl == "flex":
+        return FLEX
+    raise ValueError(f"backward implementation {impl!r}; accepted: tilecore, cudnn, flash, flex")
+
+
+def window_density(seq: int, block_k: int, block_q: int, left: int, right: int) -> float:
+    """Share of the (query step, key tile) pairs a key-stationary backward visits when a query q sees
+    the keys [q - left, q + right] (causal: right = 0, left = seq): each key tile walks the query
+    steps from the first that sees its first key to the last that sees its last key."""
+    visited = 0
+    steps = math.ceil(seq / block_q)
+    for j in range(math.ceil(seq / block_k)):
+        k0, k1 = j * block_k, min(seq, (j + 1) * block_k) - 1
+        q0, q1 = max(0, k0 - right), min(seq - 1, k1 + left)
+        if q0 <= q1:
+            visited += q1 // block_q - q0 // block_q + 1
+    return visited / (steps * math.ceil(seq / block_k))
 
 
 # The one latency a step the model adds, in SM clocks: a lockstep step waits three times on its own
@@ -220,13 +250,20 @@ def _smem_bytes_per_step(kernel: BackwardKernel, d: int, dq: bool) -> float:
 
 
 def attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu="h100", impl="tilecore",
-                            kernel: BackwardKernel | None = None,
-                            step_latency_clocks: float | None = None) -> BackwardTime:
+                            kernel: BackwardKernel | None = None, step_latency_clocks: float | None = None,
+                            softcap: bool = False, window: tuple | None = None) -> BackwardTime:
     """Predicted time of one attention backward (dQ, dK, dV from Q, K, V, O, dO, L), all its kernels.
-    impl: tilecore, cudnn or flash (`kernel_for`), or `kernel` given; kv_heads < heads: grouped."""
+    impl: tilecore, cudnn, flash or flex (`kernel_for`), or `kernel` given; kv_heads < heads: grouped.
+    softcap: tanh on the scores (its SFU instructions: kernel.tanh_sfu; its derivative 1 - tanh^2 on
+    the dS link: 3 ALU operations a point). window: (left, right) keys a query sees (causal folded in
+    as right = 0): the visited share of the key tiles' query steps (`window_density`) scales the step
+    work; tilecore takes its non-causal configuration there (its launches fold causal into the window)."""
     gpu = get_gpu(gpu)
     kv_heads = kv_heads or heads
-    kernel = kernel or kernel_for(impl, d, seq, causal)
+    if window is not None:
+        causal = False
+    kernel = kernel or kernel_for(impl, d, seq, causal, softcap)
+    density = 1.0 if window is None else window_density(seq, kernel.block_k, kernel.block_q, *window)
     diag = models.attention_backward(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, d=d, causal=causal)
     parts = {"x": group(kernel.block_k), "q": stream(kernel.block_q)}
     if kv_heads != heads:  # a kv head's q heads are walked one after another inside a key tile
@@ -240,29 +277,33 @@ def attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu="h100", 
     steps = points / (kernel.block_q * kernel.block_k)
     fused_dq = kernel.dq != "kernel"
 
-    t_mma = r.times["tensor"] * (1.0 if fused_dq else 4 / 5)   # five equal MMAs; four without dQ
-    t_dq_mma = r.times["tensor"] / 5
-    t_exp = r.times["sfu"]
-    t_ds = points * 4 / alu                               # dS: 2 ops; P and dS converted: 1 op each
-    t_stage = points * 2 * len(kernel.smem_operands) / smem_bw if fused_dq or len(kernel.smem_operands) > 1 else 0.0
+    sfu_a_point = 1 + (kernel.tanh_sfu if softcap else 0)     # exp (and the cap's tanh)
+    t_mma = r.times["tensor"] * (1.0 if fused_dq else 4 / 5) * density   # five equal MMAs; four without dQ
+    t_dq_mma = r.times["tensor"] / 5 * density
+    t_exp = r.times["sfu"] * sfu_a_point * density
+    # dS: 2 ops; P and dS converted: 1 op each; a cap's derivative 3
+    t_ds = points * (4 + (3 if softcap else 0)) / alu * density
+    # dS goes through SMEM for the dQ MMA (without dQ in the kernel it stays in registers); FA2's P too
+    staged = len(kernel.smem_operands) if fused_dq else len([o for o in kernel.smem_operands if o != "dS"])
+    t_stage = points * 2 * staged / smem_bw * density
     lat = STEP_LATENCY_CLOCKS if step_latency_clocks is None else step_latency_clocks
-    t_latency = steps * lat / gpu.clock_hz / gpu.sms / busy
+    t_latency = steps * density * lat / gpu.clock_hz / gpu.sms / busy
 
     if kernel.schedule == "serial":
         compute = t_mma + t_exp + t_ds + t_stage + t_latency
         exp_exposed = t_exp
     else:
-        exp_exposed = gpu.exposed_sfu * t_exp
+        exp_exposed = (gpu.exposed_sfu if kernel.softmax_under_dp else 1.0) * t_exp
         links = exp_exposed + t_ds + t_stage + t_latency
         if kernel.dq == "warpgroup":  # dQ's MMA runs while the consumers are on their links
             compute = t_mma - t_dq_mma + max(links, t_dq_mma)
         else:
             compute = t_mma + links
 
-    smem = steps * _smem_bytes_per_step(kernel, d, fused_dq) / smem_bw
+    smem = steps * density * _smem_bytes_per_step(kernel, d, fused_dq) / smem_bw
     # dQ's fp32 partials: a row of d floats for every (query row, key tile) pair, read and written in L2
-    dq_l2 = points / kernel.block_k * d * 4 * 2 if fused_dq else 0.0
-    l2 = (r.H["L2"] + dq_l2) / gpu.level("L2").bandwidth
+    dq_l2 = points * density / kernel.block_k * d * 4 * 2 if fused_dq else 0.0
+    l2 = (r.H["L2"] * density + dq_l2) / gpu.level("L2").bandwidth
     transfer = {"HBM": r.times["HBM"], "L2": l2, "SMEM": smem}
     binding = max(transfer, key=transfer.get)
     main = max(transfer[binding], compute + r.fill_time) + r.launch_time
@@ -285,8 +326,18 @@ def attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu="h100", 
         rq = _relabel(dq_diagram(batch, heads, kv_heads, seq, d, causal), gpu, dparts, dq_kernel)
         q_points = rq.work[("sfu", "fp32")]
         q_busy = q_points / gpu.rate("sfu", "fp32") / rq.times["sfu"]
-        q_compute = rq.times["tensor"] + gpu.exposed_sfu * rq.times["sfu"] + q_points * 4 / (gpu.rate("alu", "fp32") * q_busy)
-        kernels.append(("dq kernel", max(rq.transfer_time, q_compute + rq.fill_time) + rq.launch_time, "tensor"))
+        q_alu = q_points * (4 + (3 if softcap else 0)) / (gpu.rate("alu", "fp32") * q_busy)
+        q_sfu = rq.times["sfu"] * sfu_a_point
+        if kernel.schedule == "serial":   # the same launch's dQ programs (FlexAttention): units add
+            q_compute = rq.times["tensor"] + q_sfu + q_alu
+        else:
+            q_compute = rq.times["tensor"] + gpu.exposed_sfu * q_sfu + q_alu
+        q_compute *= density
+        q_time = max(rq.transfer_time * density, q_compute + rq.fill_time)
+        if kernel.schedule == "serial":   # one launch: no second launch time
+            kernels[-1] = ("main", kernels[-1][1] + q_time, kernels[-1][2])
+        else:
+            kernels.append(("dq kernel", q_time + rq.launch_time, "tensor"))
     total = sum(t for _, t, _ in kernels)
     terms = {"mma": t_mma, "exp exposed": exp_exposed, "dS link (ALU)": t_ds,
              "dS through SMEM": t_stage, "step latency": t_latency, "compute": compute,
