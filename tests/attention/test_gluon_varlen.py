@@ -23,7 +23,7 @@ def cu_of(lengths):
 
 
 def tile_rows(entry, cu_q, cu_k, tile_m, block_n, causal):
-    """gluon_varlen.VarlenAttention.setup in Python: (q0, k0, N, Nk, first row, key blocks)."""
+    """gluon_varlen.VarlenAttention.setup in Python: (q0, k0, N, Nk, first row, key blocks, end)."""
     seq, tile = int(entry[0]), int(entry[1])
     b = max(seq, 0)
     q0, k0 = int(cu_q[b]), int(cu_k[b])
@@ -31,11 +31,13 @@ def tile_rows(entry, cu_q, cu_k, tile_m, block_n, causal):
     nk = int(cu_k[b + 1]) - k0 if seq >= 0 else 0
     first = max(n - (tile + 1) * tile_m, 0)
     hi = max(min(nk, first + tile_m + nk - n), 0) if causal else nk
-    return q0, k0, n, nk, first, (-(-hi // block_n) if n > 0 else 0)
+    return q0, k0, n, nk, first, (-(-hi // block_n) if n > 0 else 0), n - tile * tile_m
 
 
-def consumer_blocks(first, n, nk, n_blocks, block_m, block_n, causal):
+def consumer_blocks(first, n, nk, n_blocks, end, block_m, block_n, causal):
     """gluon_varlen.VarlenAttention.start: the key blocks a consumer's rows from ``first`` walk."""
+    if first >= end:
+        return 0
     if not causal:
         return n_blocks
     own_hi = max(min(nk, first + block_m + nk - n), 0)
@@ -44,7 +46,7 @@ def consumer_blocks(first, n, nk, n_blocks, block_m, block_n, causal):
 
 def emulate(q, k, v, cu_q, cu_k, causal, block_m=64, block_n=128, consumers=2):
     """The kernel's tiles in float64: each consumer's rows against the keys of the blocks it walks
-    (keys past the sequence masked), stored where the kernel stores them (rows < N only). Returns
+    (keys past the sequence masked), stored where the kernel stores them (the tile's own rows). Returns
     (O, lse, times each (row, head) was stored)."""
     total_q, hq, d = q.shape
     group = hq // k.shape[1]
@@ -53,12 +55,12 @@ def emulate(q, k, v, cu_q, cu_k, causal, block_m=64, block_n=128, consumers=2):
     lse = torch.full((hq, total_q), float("nan"), dtype=torch.float64)
     stores = torch.zeros(total_q, hq, dtype=torch.long)
     for entry in varlen.work_table(cu_q, cu_k, total_q, hq, tile_m).tolist():
-        q0, k0, n, nk, first, n_blocks = tile_rows(entry, cu_q, cu_k, tile_m, block_n, causal)
+        q0, k0, n, nk, first, n_blocks, end = tile_rows(entry, cu_q, cu_k, tile_m, block_n, causal)
         h = entry[2]
         for c in range(consumers):
             own_first = first + c * block_m
-            walked = consumer_blocks(own_first, n, nk, n_blocks, block_m, block_n, causal) * block_n
-            rows = torch.arange(own_first, max(own_first, min(own_first + block_m, n)))
+            walked = consumer_blocks(own_first, n, nk, n_blocks, end, block_m, block_n, causal) * block_n
+            rows = torch.arange(own_first, max(own_first, min(own_first + block_m, end)))
             if rows.numel() == 0:
                 continue
             keys = torch.arange(min(walked, nk))
@@ -81,7 +83,7 @@ LENGTHS = [([1, 0, 127, 128, 129, 300, 2], [1, 0, 127, 128, 129, 300, 2]),
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("lens_q, lens_k", LENGTHS)
-def test_tiles_cover_every_row_once_or_bit_for_bit_and_match_the_reference(lens_q, lens_k, causal):
+def test_tiles_store_every_row_once_and_match_the_reference(lens_q, lens_k, causal):
     hq, hkv, d = 2, 1, 16  # GQA
     cu_q, cu_k = cu_of(lens_q), cu_of(lens_k)
     q = torch.randn(sum(lens_q), hq, d)
@@ -89,12 +91,7 @@ def test_tiles_cover_every_row_once_or_bit_for_bit_and_match_the_reference(lens_
     v = torch.randn(sum(lens_k), hkv, d)
     out, lse, stores = emulate(q, k, v, cu_q, cu_k, causal)
     ref, ref_lse = varlen_reference(q.double(), k.double(), v.double(), cu_q, cu_k, causal=causal)
-    assert (stores >= 1).all()  # every row of every head, no row past a sequence (those have no slot)
-    # a row is stored twice only by a sequence's first-rows tile redoing the next tile's rows
-    for b, n in enumerate(lens_q):
-        rows = stores[int(cu_q[b]):int(cu_q[b + 1])]
-        redone = (128 - n % 128) % 128 if n > 128 else 0
-        assert (rows <= 2).all() and int((rows == 2).sum()) == redone * hq
+    assert (stores == 1).all()  # every row of every head once, no row past a sequence (those have no slot)
     assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
     live = torch.isfinite(ref_lse)
     assert torch.allclose(lse[live], ref_lse[live], atol=1e-9)
@@ -171,7 +168,9 @@ def compiled_report():
 
 
 def test_compiles_for_sm90a_with_wgmma_and_tma_and_no_spills(compiled_report):
-    assert {(r["D"], r["causal"], r["softcap"]) for r in compiled_report} == {(128, True, 0), (128, False, 2)}
+    # one compile (~20 s here): causal with the softcap, the most code (python -m
+    # tilecore.ops.attention.gluon_varlen compiles D 64 / 128, causal and not: no spill in any)
+    assert {(r["D"], r["causal"], r["softcap"]) for r in compiled_report} == {(128, True, 2)}
     for r in compiled_report:
         assert r["wgmma"] and r["tma"] and r["mbarrier"] and not r["wgmma_serialized"], r
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, r
