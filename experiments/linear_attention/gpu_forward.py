@@ -293,11 +293,12 @@ CHECKED: set = set()  # the check tasks whose rows the warm phase brought back
 
 
 def warm(workers: int, cases):
-    tasks = [("gluoncheck", i) for i in range(len(GLUON_CHECKS))]
-    tasks += [("basedcheck", i) for i in range(len(BASED_CHECKS))]
-    tasks += [("default", c) for c in cases]
+    # the new kernels first (workers take tasks in order; one past the warm budget is skipped after)
+    tasks = [("basedcheck", i) for i in range(len(BASED_CHECKS))]
+    tasks += [("gluoncheck", i) for i in reversed(range(len(GLUON_CHECKS)))]  # PREFETCH's are last in the list
     tasks += [("extra", c) for c in cases if extra_calls(c, None, names_only=True)]
     tasks += [("fla", c, p) for c in cases for p in CASES[c]["peers"]]
+    tasks += [("default", c) for c in cases]
     if not QUICK:
         if "simple gla d128" in cases:
             tasks += [("probe", "simple gla d128", (m, *pt)) for pt in PROBE_POINTS for m in range(4)]
