@@ -186,3 +186,25 @@ def test_work_table_kernel_matches_its_torch_twin(lengths_q, lengths_k):
     for heads in (1, 3):
         fast = varlen.work_table(cu_q, cu_k, sum(lengths_q), heads, 128)
         assert torch.equal(fast, varlen.work_table_torch(cu_q, cu_k, sum(lengths_q), heads, 128))
+
+
+def test_switched_on_the_public_op_routes_eligible_calls_to_the_gluon_forward(monkeypatch):
+    # what flipping configs.VARLEN_GLUON_FORWARD does, on a pretended Hopper (CPU tensors stand in)
+    monkeypatch.setattr(configs, "VARLEN_GLUON_FORWARD", True)
+    monkeypatch.setattr(varlen, "gluon_device", lambda device: True)
+    taken = []
+    monkeypatch.setattr(varlen, "forward_gluon", lambda *args: taken.append(args) or ("out", "lse"))
+    cu = cu_of([3, 0, 70])
+    q = torch.randn(73, 4, 128, dtype=torch.bfloat16)
+    kv = torch.randn(73, 2, 128, dtype=torch.bfloat16)
+    fits = varlen.gluon_forward_fits
+    assert fits(q, kv, kv, True, -1, -1) and fits(q, kv, kv, False, -1, -1) and fits(q[..., :64], kv[..., :64],
+                                                                                     kv[..., :64], True, -1, -1)
+    assert not fits(q, kv, kv, True, 100, -1) and not fits(q, kv, kv, False, -1, 0)  # windows: the tl kernels
+    assert not fits(q[..., :96], kv[..., :96], kv[..., :96], True, -1, -1)  # D 96
+    assert not fits(q, kv, kv[..., :64].contiguous(), True, -1, -1)  # Dv != D
+    assert not fits(q.float(), kv.float(), kv.float(), True, -1, -1)
+    assert not fits(q, kv.transpose(1, 2).contiguous().transpose(1, 2), kv, True, -1, -1)  # D's stride 2: no TMA
+    assert not fits(q, kv, kv, True, -1, -1, use_gluon=False)
+    assert varlen._forward_impl(q, kv, kv, cu, cu, True, 0.1, -1, -1, 0.0) == ("out", "lse")
+    assert len(taken) == 1 and taken[0][5] is True

@@ -207,6 +207,11 @@ GLUON_VARLEN_FWD = CachedLaunch(
     lambda: importlib.import_module("tilecore.ops.attention.gluon_varlen").attention_varlen_fwd_kernel)
 
 
+def gluon_device(device: torch.device) -> bool:
+    """A CUDA device the Gluon kernels run on (Hopper, a compile-checked triton), not interpreted."""
+    return device.type == "cuda" and not dispatch.interpreted(device) and dispatch.gluon_ok(device)
+
+
 def gluon_forward_fits(q, k, v, causal, left, right, use_gluon=None) -> bool:
     """Whether the Gluon varlen forward serves these inputs: configs.VARLEN_GLUON_FORWARD (or
     ``use_gluon``), a Hopper device under a compile-checked triton (dispatch.gluon_ok), not
@@ -214,7 +219,7 @@ def gluon_forward_fits(q, k, v, causal, left, right, use_gluon=None) -> bool:
     from tilecore.ops.attention import configs
 
     wanted = configs.VARLEN_GLUON_FORWARD if use_gluon is None else use_gluon
-    if not wanted or q.device.type != "cuda" or dispatch.interpreted(q.device) or not dispatch.gluon_ok(q.device):
+    if not wanted or not gluon_device(q.device):
         return False
     wl, wr, has_left, has_right = kernel_window(causal, left, right)
     if has_left or (has_right and not (causal and wr == 0)):
