@@ -1,17 +1,19 @@
 """FP8 attention speed, session 27 (issue 34): the kernel's new switches, checked against float64 then timed beside
 the current default, tilecore's bf16 attention and cuDNN (SDPA, bf16) in the same run.
 
-    PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s27.py [--smoke] [--full]
+    PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s27.py [--smoke] [--full] [--d all|128|64]
 
 Variants (configs.GLUON_FORWARD keys; all off by default):
+  l_mma                   l (the softmax's row sum) by the tensor cores: P times a [BN, 8] block of ones in shared
+                          memory, a wgmma of N = 8 beside P V, in place of 64 FADD a thread and step; l then sums P
+                          as rounded to e4m3 (O's weights sum to 1; lse off by up to P's rounding, ~5e-3).
   rescale_tau / p_shift   conditional rescaling (FlashAttention-4): a row's running max moves only where the block's
                           max exceeds it by more than tau (base 2), and O *= alpha is skipped where no row of the
                           warpgroup moved; P is rounded as 2^p_shift p with p_shift + tau <= log2(448).
-                          "tau0.8" = (0.8, 8), "tau2.8" = (2.8, 6); --full adds "tau1.8" = (1.8, 7).
-  (l_mma: l by the tensor cores, where present in launch.VARIANTS)
+  quick: "l_mma", "l_mma_tau0.8" (both), "tau0.8" = (0.8, 8); --full adds "tau2.8" = (2.8, 6), "l_mma_tau2.8".
 
-check  every variant into NaN-poisoned buffers at a tail shape with GQA (B2 Hq8 Hkv2 N1000 Nk1100, D 128 causal and
-       D 64 non-causal: masks, rows with no key) and on two (batch, head) slices of each timed problem: every element
+check  every variant into NaN-poisoned buffers at a tail shape with GQA (B2 Hq8 Hkv2 N1000 Nk1100, D 128 causal;
+       with --d 64 D 64 non-causal: masks, rows with no key) and on two (batch, head) slices of each timed problem: every element
        written, rel-RMS error of O against float64 attention on the dequantized inputs and against the float32
        emulation of the same math (reference.attention_fp8_emulated with the variant's tau and shift), as multiples
        of the bf16 rounding floor; lse against float64.
@@ -35,10 +37,13 @@ import torch
 
 T0 = time.time()
 
-# name -> (Gluon config overrides, the emulation's / tl kernel's (rescale_tau, p_shift))
-VARIANTS = {"tau0.8": (dict(rescale_tau=0.8, p_shift=8), (0.8, 8)),
-            "tau2.8": (dict(rescale_tau=2.8, p_shift=6), (2.8, 6))}
-FULL_VARIANTS = {"tau1.8": (dict(rescale_tau=1.8, p_shift=7), (1.8, 7))}
+# name -> (Gluon config overrides, the emulation's keywords (reference.attention_fp8_emulated))
+VARIANTS = {"l_mma": (dict(l_mma=True), dict(l_rounded=True)),
+            "l_mma_tau0.8": (dict(l_mma=True, rescale_tau=0.8, p_shift=8), dict(l_rounded=True, rescale_tau=0.8)),
+            "tau0.8": (dict(rescale_tau=0.8, p_shift=8), dict(rescale_tau=0.8))}
+FULL_VARIANTS = {"tau2.8": (dict(rescale_tau=2.8, p_shift=6), dict(rescale_tau=2.8, p_shift=6)),
+                 "l_mma_tau2.8": (dict(l_mma=True, rescale_tau=2.8, p_shift=6),
+                                  dict(l_rounded=True, rescale_tau=2.8, p_shift=6))}
 
 
 def rel_rms(x, ref) -> float:
@@ -50,6 +55,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--full", action="store_true", help="more variants and N 1024 / 16384 (~170 s)")
+    ap.add_argument("--d", default="all", choices=("all", "128", "64"), help="the head dims timed (and tails checked)")
     args = ap.parse_args()
     budget = float(os.environ.get("FP8_BUDGET_S", "170" if args.full else "85"))
     left = lambda: budget - (time.time() - T0)
@@ -81,16 +87,17 @@ def main():
         return triton.testing.do_bench(fn, warmup=10, rep=50)
 
     def plan_for(q8, k8, causal, name):
-        """(plan, (tau, shift)) of variant ``name`` ("default": the shipped config); on the interpreter the tl
-        kernel with the same rule."""
+        """(plan, the emulation's keywords) of variant ``name`` ("default": the shipped config); on the interpreter
+        the tl kernel with the same rules."""
         p = fp8_launch.plan(q8, k8, causal)
-        tau_shift = (0.0, 8) if name == "default" else variants[name][1]
+        emulation = {} if name == "default" else variants[name][1]
         if p.path == "gluon":
             if name != "default":
                 p = fp8_launch.plan(q8, k8, causal, config=dict(p.config, **variants[name][0]))
         else:
-            p.config.update(RESCALE_TAU=tau_shift[0], P_SHIFT=tau_shift[1])
-        return p, tau_shift
+            p.config.update(RESCALE_TAU=emulation.get("rescale_tau", 0.0), P_SHIFT=emulation.get("p_shift", 8),
+                            L_ROUNDED=emulation.get("l_rounded", False))
+        return p, emulation
 
     def block_n(p):
         return p.config.get("block_n", p.config.get("BLOCK_N", 128))
@@ -99,7 +106,7 @@ def main():
         """Run variant ``name`` into poisoned buffers; errors against float64 and the emulation (on the (batch,
         head) slices ``sl``, or all), as multiples of the bf16 floor. Returns (record, plan)."""
         B, Hq, N, D = q8.shape
-        p, (tau, shift) = plan_for(q8, k8, causal, name)
+        p, emulation = plan_for(q8, k8, causal, name)
         o = torch.full((B, Hq, N, D), float("nan"), dtype=dt, device=dev)
         lse = torch.full((B, Hq, N), float("nan"), dtype=torch.float32, device=dev)
         fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, causal, D ** -0.5, dt, True, out=o, lse=lse)
@@ -108,8 +115,8 @@ def main():
             pick = lambda t: torch.stack([t[b, h] for b, h in sl])[None]
             q8, k8, v8, qs, ks, vs, o, lse = map(pick, (q8, k8, v8, qs, ks, vs, o, lse))
         o_ref, lse_ref = attention_fp8_exact(q8, k8, v8, qs, ks, vs, causal=causal)
-        o_emu, _ = attention_fp8_emulated(q8, k8, v8, qs, ks, vs, causal=causal, block_n=block_n(p),
-                                          rescale_tau=tau, p_shift=shift)
+        o_emu, lse_emu = attention_fp8_emulated(q8, k8, v8, qs, ks, vs, causal=causal, block_n=block_n(p),
+                                                **emulation)
         rows = torch.isfinite(lse_ref)
         sel = rows[..., None].expand_as(o_ref)
         floor = rel_rms(o_ref[sel].to(torch.bfloat16), o_ref[sel])
@@ -117,12 +124,13 @@ def main():
                    emulation_over_floor=rel_rms(o_emu[sel], o_ref[sel]) / floor,
                    vs_emulation_over_floor=rel_rms(o[sel].float(), o_emu[sel]) / floor,
                    lse_max_err=(lse.double()[rows] - lse_ref[rows]).abs().max().item() if rows.any() else 0.0,
+                   lse_vs_emulation=(lse[rows] - lse_emu[rows]).abs().max().item() if rows.any() else 0.0,
                    no_key_rows_ok=bool(((o[~rows] == 0).all() & (lse[~rows] == float("-inf")).all()).item()))
         return rec, p
 
     # 1. tails with GQA: every variant and the default
     tails = ([(1, 2, 1, 40, 70, 64, True)] if args.smoke else
-             [(2, 8, 2, 1000, 1100, 128, True), (2, 8, 2, 1000, 1100, 64, False)])
+             [(2, 8, 2, 1000, 1100, 128, True)] * (args.d != "64") + [(2, 8, 2, 1000, 1100, 64, False)] * (args.d == "64"))
     for (B, Hq, Hkv, N, Nk, D, causal) in tails:
         g = torch.Generator(device=dev).manual_seed(N + Nk + D)
         q = torch.randn(B, Hq, N, D, device=dev, generator=g)
@@ -133,7 +141,7 @@ def main():
         v8, vs = quantize_fp8(v, per="head")
         vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
         for name in ["default", *variants]:
-            if left() < 60:
+            if left() < 45:
                 print("tails: out of time budget", flush=True)
                 break
             rec = dict(B=B, Hq=Hq, Hkv=Hkv, N=N, Nk=Nk, D=D, causal=causal, variant=name)
@@ -151,8 +159,7 @@ def main():
     if args.smoke:
         cases = [(1, 1, 160, 64, True)]
     else:
-        cases = [(16, 16, 4096, 128, False), (16, 16, 4096, 128, True), (16, 16, 4096, 64, False),
-                 (16, 16, 4096, 64, True)]
+        cases = [(16, 16, 4096, d, c) for d in (128, 64) if args.d in ("all", str(d)) for c in (False, True)]
         if args.full:
             cases += [(64, 16, 1024, 128, c) for c in (False, True)] + [(4, 16, 16384, 128, c) for c in (False, True)]
     for (B, H, N, D, causal) in cases:
@@ -216,7 +223,8 @@ def main():
         head = f"tail B{r['B']} Hq{r['Hq']} Hkv{r['Hkv']} N{r['N']} Nk{r['Nk']} D{r['D']} causal={r['causal']} {r['variant']}"
         print(head + ": " + (f"ERROR {r['error'][:150]}" if "error" in r else
                              f"{r['err_over_floor']:.2f} ({r['emulation_over_floor']:.2f}; {r['vs_emulation_over_floor']:.2f}) "
-                             f"lse {r['lse_max_err']:.1e} written {r['written']} no-key {r['no_key_rows_ok']}"))
+                             f"lse {r['lse_max_err']:.1e} (vs emulation {r['lse_vs_emulation']:.1e}) written {r['written']} "
+                             f"no-key {r['no_key_rows_ok']}"))
     for r in result["cases"]:
         head = f"B{r['B']} H{r['H']} N{r['N']} D{r['D']} {'causal' if r['causal'] else 'full'}"
         if "error" in r:

@@ -8,13 +8,14 @@ import sys
 import pytest
 
 # (head dim, causal, per-row descales, k descales per key block, exp2 one in n on the FMA units, P cast late,
-# conditional rescaling's tau (P_SHIFT 8)). One variant (a compile takes ~5-30 s here), with and without tau: D 64
-# causal, q's descale per head, k's per block of 128 keys (a scalar a step), ping-pong barriers, a quarter of the
-# exp2 on the FMA units, P rounded before its wgmma, and O rescaled only where a row's max grew by more than 0.8 (a
-# branch on the warpgroup's rows): masks, barriers and every session-26/27 switch, the most code. D 128 non-causal (the headline) compiles to 168
+# conditional rescaling's tau (P_SHIFT 8), l by the tensor cores). One variant (a compile takes ~5-30 s here), with
+# and without the session-27 switches: D 64 causal, q's descale per head, k's per block of 128 keys (a scalar a
+# step), ping-pong barriers, a quarter of the exp2 on the FMA units, P rounded before its wgmma, and O rescaled only
+# where a row's max grew by more than 0.8 (a branch on the warpgroup's rows), l summed by wgmma (P times ones):
+# masks, barriers and every switch, the most code. D 128 non-causal (the headline) compiles to 168
 # registers, no spill (notes/attention_fp8/README.md). The per-token variants spill: D 64 causal 4-8
 # bytes, D 128 causal ~200; experiments/attention_fp8/gpu_fp8.py times them
-VARIANTS = [(64, True, False, True, 4, True, 0.0), (64, True, False, True, 4, True, 0.8)]
+VARIANTS = [(64, True, False, True, 4, True, 0.0, False), (64, True, False, True, 4, True, 0.8, True)]
 
 SCRIPT = r"""
 import json, re, sys, torch
@@ -23,7 +24,7 @@ from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, reso
 from tilecore.tiles.launch import gluon_descriptor
 
 out = []
-for D, causal, per_row, k_per_block, exp2_fma_every, cast_late, tau in json.loads(sys.argv[1]):
+for D, causal, per_row, k_per_block, exp2_fma_every, cast_late, tau, l_mma in json.loads(sys.argv[1]):
     cfg = configs.gluon_config(D, causal)
     bm, bn = cfg["block_m"], cfg["block_n"]
     f8 = torch.float8_e4m3fn
@@ -39,11 +40,12 @@ for D, causal, per_row, k_per_block, exp2_fma_every, cast_late, tau in json.load
                 schedule=None, CAUSAL=causal, Q_PER_ROW=per_row, K_PER_ROW=per_row, STAGES=cfg["stages"],
                 CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"], PERMUTED_V=True, PINGPONG=cfg["pingpong"],
                 K_PER_BLOCK=k_per_block, EXP2_FMA_EVERY=exp2_fma_every, CAST_LATE=cast_late, P_SHIFT=8.0,
-                RESCALE_TAU=tau)
+                RESCALE_TAU=tau, L_MMA=l_mma)
     c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, args, num_warps=4)
     ptx = c.asm["ptx"]
     r = resources(c)
-    out.append(dict(D=D, causal=causal, per_row=per_row, exp2_fma_every=exp2_fma_every, cast_late=cast_late, tau=tau,
+    out.append(dict(D=D, causal=causal, per_row=per_row, exp2_fma_every=exp2_fma_every, cast_late=cast_late, tau=tau, l_mma=l_mma,
+                    add_f32=ptx.count("add.f32"), wgmma_n8=ptx.count("m64n8k32.f32.e4m3.e4m3"),
                     **has_hopper_instructions(ptx), **vars(r), bar_sync=len(re.findall(r"bar\.sync\s+\d+, 128;", ptx)),
                     e4m3_wgmma="f32.e4m3.e4m3" in ptx, shfl=ptx.count("shfl.sync"), ex2=ptx.count("ex2.approx"),
                     fma_exp2=ptx.count("max.NaN.f32"), e4m3x4=ptx.count("{lo, hi}"), prmt=ptx.count("prmt"),
@@ -103,3 +105,13 @@ def test_rescale_adds_one_reduction_a_consumer(report):
     without, with_tau = report
     assert with_tau["tau"] > 0 == without["tau"]
     assert with_tau["bar_sync"] > without["bar_sync"], (with_tau, without)
+
+
+def test_l_mma_sums_p_on_the_tensor_cores(report):
+    # L_MMA: P times a [BN, 8] block of ones (m64n8k32 e4m3 wgmma: 4 a P V, in the steady step and the last) in place
+    # of the row sum's additions (64 FADD a thread and step at BN 128; SASS at D 128: the steady softmax block 291
+    # instructions against 359)
+    without, with_l = report
+    assert with_l["l_mma"] and not without["l_mma"]
+    assert with_l["wgmma_n8"] >= 8 and without["wgmma_n8"] == 0, (with_l, without)
+    assert with_l["add_f32"] < without["add_f32"] / 2, (with_l, without)

@@ -23,7 +23,7 @@ FP8's differences from the bf16 forward:
 """
 from triton.experimental import gluon
 
-from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.gluon import (LOG2E, Layout, TileOperand, as_column, mask_scores, needs_mask, online_softmax_start,
                                   row_max, row_sum, run, ring, stage_struct, store_block, store_rows, struct,
                                   wgmma_layout, wgmma_lhs_layout)
@@ -132,7 +132,7 @@ def to_e4m3x4(x):
 
 @gluon.jit
 def fp8_softmax_update(m_i, l_i, s, row_scale, PER_ROW: gl.constexpr, EXP2_FMA_EVERY: gl.constexpr = 0,
-                       P_SHIFT: gl.constexpr = 8.0, RESCALE_TAU: gl.constexpr = 0.0):
+                       P_SHIFT: gl.constexpr = 8.0, RESCALE_TAU: gl.constexpr = 0.0, ROW_SUM: gl.constexpr = True):
     """One online-softmax step on raw scores ``s`` [m, n] with a positive base-2 scale (a scalar, or
     with PER_ROW a [m] vector in s's row slice layout): the new row max m of the scaled scores, the
     row sum l of P, P = 2^(s * scale - m + P_SHIFT) in [0, 2^P_SHIFT] (float32; rounded to e4m3 by the
@@ -140,7 +140,8 @@ def fp8_softmax_update(m_i, l_i, s, row_scale, PER_ROW: gl.constexpr, EXP2_FMA_E
     As tiles.gluon.online_softmax_update: m starts at -inf, the shift is 0 while it is -inf (a masked row
     keeps l = 0, P = 0), NaN where m is +inf. RESCALE_TAU > 0 (reference.py, FlashAttention-4): m moves
     only where the row max exceeds it by more than RESCALE_TAU (then P <= 2^(P_SHIFT + RESCALE_TAU));
-    elsewhere alpha is exactly 1, and where no row moved the caller skips O *= alpha."""
+    elsewhere alpha is exactly 1, and where no row moved the caller skips O *= alpha. Without ROW_SUM l is
+    returned as given (the caller sums P on the tensor cores: AttentionFp8.L_MMA)."""
     m_new = gl.maximum(m_i, row_max(s) * row_scale)
     if PER_ROW:
         c = gl.expand_dims(row_scale, 1)
@@ -154,7 +155,10 @@ def fp8_softmax_update(m_i, l_i, s, row_scale, PER_ROW: gl.constexpr, EXP2_FMA_E
     m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))
     p = exp2_split(s * c - gl.expand_dims(m_ref - P_SHIFT, 1), EXP2_FMA_EVERY)
     alpha = gl.exp2(m_i - m_ref)
-    return m_new, l_i * alpha + row_sum(p), p, alpha, moved
+    l_new = l_i
+    if ROW_SUM:
+        l_new = l_i * alpha + row_sum(p)
+    return m_new, l_new, p, alpha, moved
 
 
 @gluon.jit
@@ -183,6 +187,10 @@ class Running:
     p: object
     rows: object
     q_scale: object
+    l_acc: object  # L_MMA: l in every column of a [BM, L_COLS] wgmma accumulator (else None)
+
+
+L_COLS: gl.constexpr = gl.constexpr(8)  # L_MMA: P times a [BN, 8] block of ones (wgmma's narrowest N)
 
 
 @struct
@@ -216,6 +224,8 @@ class AttentionFp8:
     CAST_LATE: gl.constexpr  # p_operand: P rounded to e4m3 after its move to the operand layout
     P_SHIFT: gl.constexpr  # P is rounded to e4m3 as 2^P_SHIFT p (reference.P_SHIFT: 8)
     RESCALE_TAU: gl.constexpr  # > 0: O rescaled only where a row's max grew by more than this (reference.py)
+    L_MMA: gl.constexpr  # l = the rows' sum of the e4m3 P, by P times ones on the tensor cores (reference.py)
+    ones: object  # L_MMA: [L_COLS, BN] e4m3 ones in shared memory (else None)
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
     D: gl.constexpr
@@ -225,6 +235,8 @@ class AttentionFp8:
     S: gl.constexpr  # the layouts of S = Q K^T [BM, BN], of O [BM, D], and of P as P V's register operand
     O: gl.constexpr
     P: gl.constexpr
+    L: gl.constexpr  # L_MMA: l's accumulator [BM, L_COLS], and P as its register operand
+    PL: gl.constexpr
 
     @gluon.jit
     def setup(self, tile_id):
@@ -267,7 +279,10 @@ class AttentionFp8:
         m, l = online_softmax_start(self.BM, self.S)
         acc = gl.zeros([self.BM, self.D], gl.float32, self.O)
         p = gl.zeros([self.BM, self.BN], gl.float32 if self.CAST_LATE else self.q_desc.dtype, self.P)
-        return Running(m, l, acc, p, Rows(first, tile.bh, n_own), q_scale)
+        l_acc = gl.constexpr(None)  # (a constexpr: nothing carried through the loop)
+        if self.L_MMA:
+            l_acc = gl.zeros([self.BM, L_COLS], gl.float32, self.L)
+        return Running(m, l, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc)
 
     @gluon.jit
     def key_scales(self, st, first_key):
@@ -290,7 +305,7 @@ class AttentionFp8:
     @gluon.jit
     def softmax(self, s, st, first_key, k_scale):
         """Descale the scores, mask them where needed, one online-softmax step.
-        Returns (m, l, P in float32 (2^P_SHIFT p), alpha in O's layout, whether any row's m moved)."""
+        Returns (m, l, P in float32 (2^P_SHIFT p), alpha (a row vector), whether any row's m moved)."""
         if self.K_PER_ROW:
             s = s * gl.expand_dims(k_scale, 0)
         row_scale = st.q_scale
@@ -298,9 +313,8 @@ class AttentionFp8:
             row_scale = row_scale * k_scale
         if needs_mask(st.rows.first, first_key, self.BN, self.N, self.Nk, self.CAUSAL):
             s = mask_scores(s, self.S, st.rows.first, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
-        m, l, p, alpha, moved = fp8_softmax_update(st.m, st.l, s, row_scale, self.Q_PER_ROW, self.EXP2_FMA_EVERY,
-                                                   self.P_SHIFT, self.RESCALE_TAU)
-        return m, l, p, as_column(alpha, self.O), moved
+        return fp8_softmax_update(st.m, st.l, s, row_scale, self.Q_PER_ROW, self.EXP2_FMA_EVERY, self.P_SHIFT,
+                                  self.RESCALE_TAU, not self.L_MMA)
 
     @gluon.jit
     def p_operand(self, p):
@@ -330,6 +344,28 @@ class AttentionFp8:
         return operand
 
     @gluon.jit
+    def row_sum_mma(self, p8, l_acc):
+        """L_MMA: l_acc + P ones, issued (async) on the e4m3 P operand: each of the L_COLS columns the rows' sum of
+        P as rounded (the P that multiplies V); 4 wgmma of N = 8 in place of BN / 2 FADD a thread and row."""
+        ones_t = self.ones.permute((1, 0))  # [BN, L_COLS], keys contiguous: K-major
+        return warpgroup_mma(gl.convert_layout(p8, self.PL, assert_trivial=True), ones_t, l_acc, is_async=True)
+
+    @gluon.jit
+    def rescale(self, acc, l_acc, alpha, moved):
+        """O (and L_MMA's l) times alpha; with RESCALE_TAU only where a row of the warpgroup moved (else alpha is 1
+        in every row: 64 or 32 multiplies a thread saved at D 128, 64)."""
+        if self.RESCALE_TAU > 0:
+            if moved > 0:
+                acc = acc * as_column(alpha, self.O)
+                if self.L_MMA:
+                    l_acc = l_acc * as_column(alpha, self.L)
+        else:
+            acc = acc * as_column(alpha, self.O)
+            if self.L_MMA:
+                l_acc = l_acc * as_column(alpha, self.L)
+        return acc, l_acc
+
+    @gluon.jit
     def my_turn(self, ctx, step):
         """PINGPONG (FlashAttention-3's warp-scheduler barriers): the two consumers issue their wgmma in
         turn, so that one's softmax runs under the other's products. Consumer 0 waits for consumer 1's
@@ -347,16 +383,23 @@ class AttentionFp8:
     @gluon.jit
     def s_and_pv(self, ctx, q, k_t, v, st, first_key):
         """S = Q K^T and acc + P V issued together, the softmax of S while P V runs.
-        Returns (m, l, P in float32, alpha, acc + P V, whether any row's m moved)."""
+        Returns (m, l, P in float32, alpha, acc + P V, whether any row's m moved, L_MMA: l_acc + P ones)."""
         k_scale = self.key_scales(st, first_key)
         p8 = self.pv_operand(st.p)  # (CAST_LATE: before S's accumulator is allocated, so float32 P never meets it)
         s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
-        o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
-        self.their_turn(ctx)
-        s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
+        l_acc = 0  # (without L_MMA a placeholder: a jit function returns no None)
+        if self.L_MMA:  # issued before P V, so that the wait for S (at most one group left) covers it too
+            l_tok = self.row_sum_mma(p8, st.l_acc)
+            o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
+            self.their_turn(ctx)
+            s, l_acc = warpgroup_mma_wait(1, deps=(s_tok, l_tok))  # S and P ones are done; P V may still run
+        else:
+            o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
+            self.their_turn(ctx)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
         m, l, p32, alpha, moved = self.softmax(s, st, first_key, k_scale)
         acc = warpgroup_mma_wait(0, deps=(o_tok,))
-        return m, l, p32, alpha, acc, moved
+        return m, l, p32, alpha, acc, moved, l_acc
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
@@ -374,17 +417,24 @@ class AttentionFp8:
             m, l, p32, alpha, moved = self.softmax(s, st, 0, k_scale)
             st = st.replace(m=m, l=l, p=self.p_operand(p32))
         elif step < st.rows.n_blocks:
-            m, l, p32, alpha, acc, moved = self.s_and_pv(ctx, q, k_t, v, st, step * self.BN)
-            if self.RESCALE_TAU > 0:
-                if moved > 0:  # else alpha is 1 in every row: 64 or 32 multiplies a thread saved (D 128, 64)
-                    acc = acc * alpha
+            m, l, p32, alpha, acc, moved, l_acc = self.s_and_pv(ctx, q, k_t, v, st, step * self.BN)
+            acc, l_acc = self.rescale(acc, l_acc, alpha, moved)
+            if self.L_MMA:
+                st = st.replace(m=m, l=l, acc=acc, p=self.p_operand(p32), l_acc=l_acc)
             else:
-                acc = acc * alpha
-            st = st.replace(m=m, l=l, acc=acc, p=self.p_operand(p32))
+                st = st.replace(m=m, l=l, acc=acc, p=self.p_operand(p32))
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
-            o_tok = warpgroup_mma(self.pv_operand(st.p), v, st.acc, is_async=True)
-            self.their_turn(ctx)
-            st = st.replace(acc=warpgroup_mma_wait(0, deps=(o_tok,)))
+            p8 = self.pv_operand(st.p)
+            if self.L_MMA:
+                l_tok = self.row_sum_mma(p8, st.l_acc)
+                o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
+                self.their_turn(ctx)
+                acc, l_acc = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
+                st = st.replace(acc=acc, l_acc=l_acc)
+            else:
+                o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
+                self.their_turn(ctx)
+                st = st.replace(acc=warpgroup_mma_wait(0, deps=(o_tok,)))
         else:  # causal: a step past this consumer's keys (the other's rows see more)
             self.their_turn(ctx)
         return st
@@ -402,6 +452,8 @@ class AttentionFp8:
                 named_barrier(gl.program_id(0) * 0 + PINGPONG_BARRIER, False)
         b, h, hk = head_of(st.rows.bh, self.H, self.GROUP)
         v_scale = gl.load(self.v_scales + b * (self.H // self.GROUP) + hk)
+        if self.L_MMA:  # every column holds the row's sum (a NaN stays NaN: the max propagates it)
+            st = st.replace(l=gl.convert_layout(gl.max(st.l_acc, axis=1), gl.SliceLayout(1, self.S)))
         no_key = st.l < 1.0  # l >= 2^P_SHIFT where a row has a key (its max's term); a NaN l stays NaN
         l_safe = gl.where(no_key, 1.0, st.l)
         out = st.acc * gl.expand_dims(gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, self.O)), 1)
@@ -418,19 +470,29 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              Q_BUFFERS: gl.constexpr = 1, PERMUTED_V: gl.constexpr = False,
                              PINGPONG: gl.constexpr = False, K_PER_BLOCK: gl.constexpr = False,
                              EXP2_FMA_EVERY: gl.constexpr = 0, CAST_LATE: gl.constexpr = False,
-                             P_SHIFT: gl.constexpr = 8.0, RESCALE_TAU: gl.constexpr = 0.0):
+                             P_SHIFT: gl.constexpr = 8.0, RESCALE_TAU: gl.constexpr = 0.0,
+                             L_MMA: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not PINGPONG), "two or three consumer warpgroups "
                      "(PINGPONG: two)")
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
+    ones = gl.constexpr(None)  # (a constexpr: nothing passed to the partitions)
+    if L_MMA:  # [L_COLS, BN] e4m3 ones, written once by the kernel's warps before the partitions start
+        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([L_COLS, BN], gl.float8e4nv)
+        ones = gl.allocate_shared_memory(gl.float8e4nv, [L_COLS, BN], ones_layout,
+                                         gl.full([L_COLS, BN], 1.0, gl.float16,  # (no e4m3 constants in 3.6)
+                                                 gl.BlockedLayout([1, 16], [4, 8], [gl.num_warps(), 1], [1, 0]))
+                                         .to(gl.float8e4nv))
+        fence_async_shared()
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
-                      CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, EXP2_FMA_EVERY, CAST_LATE, P_SHIFT, RESCALE_TAU, BM, BN, D,
-                      CONSUMERS, PERMUTED_V, PINGPONG,
+                      CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, EXP2_FMA_EVERY, CAST_LATE, P_SHIFT, RESCALE_TAU, L_MMA, ones,
+                      BM, BN, D, CONSUMERS, PERMUTED_V, PINGPONG,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
-                      wgmma_lhs_layout(BM, D, gl.num_warps(), 8))
+                      wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
+                      wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), 8))
     # three consumer warpgroups (13 warps) share the register file more thinly
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
                     PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0,

@@ -14,7 +14,8 @@ float32 arithmetic (``round_to_e4m3``) kept in float16: what Triton's interprete
 float32 -> e4m3 cast is wrong. The products of two e4m3 numbers are exact in float32 either way.
 
 ``RESCALE_TAU`` > 0 and ``P_SHIFT``: conditional rescaling and P's scale 2^P_SHIFT (reference.py): the Hopper
-kernel's math, here without the skipped multiply (alpha is exactly 1 where a row's m stays).
+kernel's math, here without the skipped multiply (alpha is exactly 1 where a row's m stays). ``L_ROUNDED``: l sums
+P as rounded to e4m3 (the Hopper kernel's ``L_MMA``, which sums it on the tensor cores).
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def attn_fp8_fwd(Q, K, V, O, LSE, QS, KS, VS,
                  H, N, Nk, D, GROUP, scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale,
                  CAUSAL: tl.constexpr, Q_PER_ROW: tl.constexpr, K_PER_ROW: tl.constexpr, UPCAST: tl.constexpr,
                  PERMUTED_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                 P_SHIFT: tl.constexpr = 8, RESCALE_TAU: tl.constexpr = 0.0):
+                 P_SHIFT: tl.constexpr = 8, RESCALE_TAU: tl.constexpr = 0.0, L_ROUNDED: tl.constexpr = False):
     """One program per (batch * q head, block of BLOCK_M queries): its rows' O and lse over every key."""
     blocks = tl.cdiv(N, BLOCK_M)
     bh = tl.program_id(0) // blocks
@@ -115,21 +116,27 @@ def attn_fp8_fwd(Q, K, V, O, LSE, QS, KS, VS,
                 s = s * (q_scale * k_scale)
         if needs_mask(start_m, start_n, BLOCK_N, N, Nk, CAUSAL):
             s = mask_scores(s, start_m, start_n, N, Nk, CAUSAL, 1)
-        if RESCALE_TAU > 0:  # m moves only where the row max grows by more than RESCALE_TAU (reference.py)
+        if RESCALE_TAU > 0 or L_ROUNDED:
             m_new = tl.maximum(m_i, row_max(s))
-            m_new = tl.where(m_new > m_i + RESCALE_TAU, m_new, m_i)
+            if RESCALE_TAU > 0:  # m moves only where the row max grows by more than RESCALE_TAU (reference.py)
+                m_new = tl.where(m_new > m_i + RESCALE_TAU, m_new, m_i)
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m_i - m_ref)
             p = tl.exp2(s - m_ref[:, None])
-            l_i = l_i * alpha + row_sum(p)
+            l_i = l_i * alpha
+            if not L_ROUNDED:
+                l_i = l_i + row_sum(p)
             acc = acc * alpha[:, None]
             m_i = m_new
         else:
             m_i, l_i, acc, p = online_softmax_update(m_i, l_i, acc, s, 1.0)
         if UPCAST:  # e4m3 values are exact in float16
-            acc = tl.dot(round_to_e4m3(p * P_SCALE).to(tl.float16), v, acc)
+            p8 = round_to_e4m3(p * P_SCALE).to(tl.float16)
         else:
-            acc = tl.dot((p * P_SCALE).to(tl.float8e4nv), v, acc)  # P rounded to e4m3 as 2^P_SHIFT p
+            p8 = (p * P_SCALE).to(tl.float8e4nv)  # P rounded to e4m3 as 2^P_SHIFT p
+        if L_ROUNDED:  # l of the P that multiplies V
+            l_i = l_i + row_sum(p8.to(tl.float32)) / P_SCALE
+        acc = tl.dot(p8, v, acc)
     v_scale = tl.load(VS + bhk)
     no_key = l_i == 0.0  # not "not l > 0": a NaN l (a NaN score) stays NaN
     l_safe = tl.where(no_key, 1.0, l_i)

@@ -25,6 +25,9 @@ moves to the new row max only where that exceeds m by more than tau (base 2); ot
 1 and the kernel skips ``acc * alpha`` where no row of a warpgroup moved. Exact in real arithmetic (l and acc use
 the same m); p may reach 2^tau, so P is rounded as 2^p_shift p with p_shift + tau <= log2(448) (e4m3's largest:
 MAX_SHIFT_PLUS_TAU), e.g. (8, 0.8) or (6, 2.8). Per row, so the emulation follows the kernel exactly.
+
+``l_rounded`` (the Hopper kernel's ``L_MMA``, which sums P on the tensor cores as P times a block of ones): l sums P
+as rounded to e4m3 (the weights that multiply V) instead of the float32 p, so O's weights sum to exactly 1.
 """
 from __future__ import annotations
 
@@ -125,11 +128,12 @@ def attention_fp8_exact(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=False, 
 
 def attention_fp8_emulated(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=False, softmax_scale=None,
                            block_n: int = 128, out_dtype=torch.float32, rows_at_once: int = 1024,
-                           rescale_tau: float = 0.0, p_shift: int = P_SHIFT):
+                           rescale_tau: float = 0.0, p_shift: int = P_SHIFT, l_rounded: bool = False):
     """(O in ``out_dtype``, lse float32) by the kernels' math (module docstring) in float32, key block
     by key block of ``block_n`` (the kernels': P's rounding depends on it), ``rows_at_once`` query
     rows at a time. The CPU path of attention_fp8. ``rescale_tau``, ``p_shift``: conditional rescaling
-    and P's scale 2^p_shift (module docstring; the kernels' defaults 0 and 8)."""
+    and P's scale 2^p_shift (module docstring; the kernels' defaults 0 and 8); ``l_rounded``: l sums the
+    rounded P (module docstring; the Hopper kernel's L_MMA)."""
     check_rescale(rescale_tau, p_shift)
     p_scale = float(2 ** p_shift)
     B, Hq, N, D = q8.shape
@@ -162,8 +166,8 @@ def attention_fp8_emulated(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=Fals
             m_ref = torch.where(m_new == float("-inf"), 0.0, m_new)
             p = torch.exp2(s - m_ref[..., None])
             alpha = torch.exp2(m - m_ref)
-            l = l * alpha + p.sum(-1)
             p8 = (p * p_scale).to(torch.float8_e4m3fn).to(f32)
+            l = l * alpha + (p8.sum(-1) / p_scale if l_rounded else p.sum(-1))
             acc = acc * alpha[..., None] + p8 @ v[:, :, keys]
             m = m_new
         no_key = l == 0.0
