@@ -20,38 +20,44 @@ from tilecore import dispatch
 def eager_autograd(name: str, impl: Callable, setup_context: Callable, backward: Callable) -> type:
     """The ``torch.autograd.Function`` of a custom op registered as
     ``op.register_autograd(backward, setup_context=setup_context)`` whose implementation is ``impl``.
-    Gradients of unused outputs reach ``backward`` as None (no zero tensors made), as its checks expect."""
+    Gradients of unused outputs reach ``backward`` as None (no zero tensors made), as its checks expect.
+    ``apply(key, *args)``: ``key`` is :func:`run`'s launch key (None: none), handed to ``impl`` as
+    ``key=`` and kept as ``ctx.launch_key`` for the backward (a custom op's ctx has none)."""
 
-    def forward(ctx, *args):
-        out = impl(*args)
+    def forward(ctx, key, *args):
+        out = impl(*args) if key is None else impl(*args, key=key)
         ctx.set_materialize_grads(False)
+        ctx.launch_key = key
         setup_context(ctx, args, out)
         return out
 
     def backward_(ctx, *grads):
-        return backward(ctx, *grads)
+        return (None, *backward(ctx, *grads))
 
     return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
                                                    "backward": staticmethod(backward_)})
 
 
-def run(op, impl: Callable, function: type, *args, tensors=None):
+def run(op, impl: Callable, function: type, *args, tensors=None, key=None):
     """``op(*args)``, the same through ``impl`` (nothing to record) or ``function`` (a gradient to
     record) where the call is plain eager; ``tensors``: the arguments that decide (default: every
-    tensor among ``args``)."""
+    tensor among ``args``). ``key``: the call's launch key (its signature, tiles.launch.signature, with
+    what else its plan reads), handed to ``impl`` as ``key=`` on the eager paths: the implementation's
+    plan cache and keyed launches (CachedLaunch.launch_keyed) use it; None: the plain calls."""
     mode = dispatch.eager_mode(*(tensors if tensors is not None else
                                  [a for a in args if isinstance(a, torch.Tensor)]))
     if mode == "direct":
-        return impl(*args)
+        return impl(*args) if key is None else impl(*args, key=key)
     if mode == "autograd":
-        return function.apply(*args)
+        return function.apply(key, *args)
     return op(*args)
 
 
-def backward_call(op, impl: Callable, *args):
+def backward_call(op, impl: Callable, *args, key=None):
     """A backward op's call from an autograd backward: ``impl`` where the backward runs eagerly with
-    nothing to record (no create_graph), else ``op`` (torch.compile's trace, double backward)."""
+    nothing to record (no create_graph), with ``key=`` where a key is given (see :func:`run`), else
+    ``op`` (torch.compile's trace, double backward)."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if dispatch.eager_mode(*tensors) == "direct":
-        return impl(*args)
+        return impl(*args) if key is None else impl(*args, key=key)
     return op(*args)

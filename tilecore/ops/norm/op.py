@@ -16,6 +16,7 @@ from tilecore import dispatch
 from tilecore.ops.norm import launch
 from tilecore.ops.norm.plan import plan
 from tilecore.tiles import eager
+from tilecore.tiles.launch import LRU, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SEED_HIGH = 2**62  # seeds are drawn from [0, 2^62)
@@ -85,10 +86,24 @@ def draw_seed(generator: torch.Generator | None, device: torch.device) -> torch.
 # implementations, custom ops, autograd
 
 
-def _forward_impl(x, weight, bias, residual, seed, dropout_p, eps, rms, store_h):
+def _forward_impl(x, weight, bias, residual, seed, dropout_p, eps, rms, store_h, key=None):
     h_dtype = residual.dtype if residual is not None else x.dtype
-    return launch.forward(plan(x.shape[0], x.shape[1], x.device), x, residual, weight, bias, seed, dropout_p,
-                          eps, rms, store_h, h_dtype)
+    return launch.forward(_plan(key, x.shape[0], x.shape[1], x.device), x, residual, weight, bias, seed,
+                          dropout_p, eps, rms, store_h, h_dtype, key=key)
+
+
+_PLANS = LRU(256)  # a CUDA call's launch key (its signature) -> its plan
+
+
+def _plan(key, rows: int, n: int, device, fused: bool = False):
+    """plan(...), kept per launch key (a function of the key's shapes and device alone)."""
+    if key is None:
+        return plan(rows, n, device, fused=fused)
+    p = _PLANS.get(key)
+    if p is None:
+        p = plan(rows, n, device, fused=fused)
+        _PLANS.put(key, p)
+    return p
 
 
 @torch.library.custom_op("tilecore::layer_norm_forward", mutates_args=())
@@ -107,11 +122,11 @@ def _(x, weight, bias, residual, seed, dropout_p, eps, rms, store_h):
 
 
 def _backward_impl(dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, dropout_p, rms, x_dtype, h_dtype,
-                   store_dres):
+                   store_dres, key=None):
     # a residual stream (h stored or recomputed) takes the fused backward's own settings (configs.FUSED_BACKWARD)
     fused = h is not None or residual is not None
-    return launch.backward(plan(dy.shape[0], dy.shape[1], dy.device, fused=fused), dy, x, residual, h, weight, bias,
-                           mean, rstd, seed, dh_out, dropout_p, rms, x_dtype, h_dtype, store_dres)
+    return launch.backward(_plan(key, dy.shape[0], dy.shape[1], dy.device, fused), dy, x, residual, h, weight, bias,
+                           mean, rstd, seed, dh_out, dropout_p, rms, x_dtype, h_dtype, store_dres, key=key)
 
 
 @torch.library.custom_op("tilecore::layer_norm_backward", mutates_args=())
@@ -150,8 +165,13 @@ def _backward(ctx, dy, dh_out, _dmean, _drstd):
     dy = _rows(dy, ctx.shape[1])
     dh_out = None if dh_out is None or h is None else _rows(dh_out, ctx.shape[1])
     store_dres = ctx.has_residual and (seed is not None or ctx.h_dtype != ctx.x_dtype)
-    dx, dres, dw, db = eager.backward_call(_backward_op, _backward_impl, dy, x, residual, h, weight, bias, mean, rstd,
-                                           seed, dh_out, ctx.dropout_p, ctx.rms, ctx.x_dtype, ctx.h_dtype, store_dres)
+    args = (dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, ctx.dropout_p, ctx.rms, ctx.x_dtype,
+            ctx.h_dtype, store_dres)
+    # an eager forward's key, with what the backward adds: the gradients' layouts (autograd's choice)
+    key = getattr(ctx, "launch_key", None)
+    grads = None if key is None else signature(dy, dh_out)
+    key = None if grads is None else ("backward", key, grads)
+    dx, dres, dw, db = eager.backward_call(_backward_op, _backward_impl, *args, key=key)
     # without dropout and in one dtype, dresidual is dx itself (as flash-attn's layer_norm_fn returns it)
     dresidual = (dres if store_dres else dx) if ctx.has_residual else None
     return (dx, dw if weight is not None else None, db if bias is not None else None, dresidual,
@@ -193,17 +213,30 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     Differentiable in x, weight, bias and residual (dresidual is dx's tensor itself when there is
     no dropout and residual has x's dtype). CPU tensors run torch's own CPU kernels.
     """
-    dropout_p, eps = check(x, weight, bias, residual, dropout_p, eps, generator)
+    # a CUDA call whose signature was checked before skips the checks; its key also finds the plan and
+    # the kernels (keyed launches): the host time of an eager call (issue 31)
+    key = signature(x, weight, bias, residual, dropout_p, eps, bool(rms), bool(prenorm)) \
+        if generator is None else None
+    if key is None or _CHECKED.get(key) is None:
+        dropout_p, eps = check(x, weight, bias, residual, dropout_p, eps, generator)
+        if key is not None:
+            _CHECKED.put(key, True)
+    else:
+        dropout_p, eps = float(dropout_p), float(eps)
     n = x.shape[-1]
     x2, res2 = _rows(x, n), _rows(residual, n)
     seed = draw_seed(generator, x.device) if dropout_p > 0 else None
     store_h = bool(prenorm) and (residual is not None or seed is not None)
     args = (x2, weight, bias, res2, seed, dropout_p, eps, bool(rms), store_h)
-    y, h, _, _ = eager.run(_forward_op, _forward_impl, _LayerNormFunction, *args, tensors=(x2, weight, bias, res2))
+    y, h, _, _ = eager.run(_forward_op, _forward_impl, _LayerNormFunction, *args, tensors=(x2, weight, bias, res2),
+                           key=key)
     y = y.view(x.shape)
     if not prenorm:
         return y
     return y, (h.view(x.shape) if store_h else x)
+
+
+_CHECKED = LRU(256)  # signatures of CUDA calls whose checks passed (the checks read nothing else)
 
 
 def dropout_mask(x: torch.Tensor, dropout_p: float, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from tilecore import dispatch
 from tilecore.ops.rotary import kernels
 from tilecore.ops.rotary.plan import Plan
 from tilecore.tiles.launch import CachedLaunch
@@ -15,9 +16,10 @@ def output(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def launch(plan: Plan, x, cos, sin, position_ids, out, interleaved: bool, conjugate: bool) -> None:
+def launch(plan: Plan, x, cos, sin, position_ids, out, interleaved: bool, conjugate: bool, key=None) -> None:
     """x, out: (B, N, H, D) with unit stride along D; cos, sin: (N_max, R) with unit stride along R;
-    position_ids: None or (B, N) integers (any strides, 0 included)."""
+    position_ids: None or (B, N) integers (any strides, 0 included). ``key``: the call's launch key
+    (op.py: its signature, which fixes every argument's specialization), or None."""
     B, N, H, D = x.shape
     if x.numel() == 0:
         return
@@ -27,13 +29,17 @@ def launch(plan: Plan, x, cos, sin, position_ids, out, interleaved: bool, conjug
         _cpu(x, cos, sin, position_ids, out, interleaved, conjugate, in_place)
         return
     pos = position_ids
-    _rotary[plan.grid](
-        x, cos, sin, pos, out, N, H, cos.shape[0], x.stride(0), x.stride(1), x.stride(2),
-        out.stride(0), out.stride(1), out.stride(2), cos.stride(0), sin.stride(0),
-        0 if pos is None else pos.stride(0), 0 if pos is None else pos.stride(1),
-        R=R, BLOCK_R=plan.block_r, BLOCK_H=plan.block_h, PASS=0 if in_place else D - 2 * R,
-        BLOCK_PASS=plan.block_pass, INTERLEAVED=interleaved, CONJUGATE=conjugate, HAS_POS=pos is not None,
-        num_warps=plan.num_warps)
+    args = (x, cos, sin, pos, out, N, H, cos.shape[0], x.stride(0), x.stride(1), x.stride(2),
+            out.stride(0), out.stride(1), out.stride(2), cos.stride(0), sin.stride(0),
+            0 if pos is None else pos.stride(0), 0 if pos is None else pos.stride(1))
+    options = dict(R=R, BLOCK_R=plan.block_r, BLOCK_H=plan.block_h, PASS=0 if in_place else D - 2 * R,
+                   BLOCK_PASS=plan.block_pass, INTERLEAVED=interleaved, CONJUGATE=conjugate, HAS_POS=pos is not None,
+                   num_warps=plan.num_warps)
+    if key is None:
+        _rotary[plan.grid](*args, **options)
+    else:
+        with dispatch.on_device(x.device):
+            _rotary.launch_keyed(key, plan.grid, args, options)
 
 
 def _cpu(x, cos, sin, position_ids, out, interleaved, conjugate, in_place) -> None:

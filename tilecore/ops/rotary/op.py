@@ -9,6 +9,7 @@ from tilecore import dispatch
 from tilecore.ops.rotary import launch
 from tilecore.ops.rotary.plan import plan
 from tilecore.tiles import eager
+from tilecore.tiles.launch import LRU, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 POSITION_DTYPES = (torch.int32, torch.int64)
@@ -69,16 +70,24 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _rotate_into(x, cos, sin, pos, out, interleaved: bool, conjugate: bool) -> None:
+_CHECKED = LRU(256)  # signatures of CUDA calls whose checks passed (the checks read nothing else)
+_PLANS = LRU(256)  # a CUDA call's launch key -> its plan
+
+
+def _rotate_into(x, cos, sin, pos, out, interleaved: bool, conjugate: bool, key=None) -> None:
     B, N, H, D = x.shape
     cos, sin = _unit_stride(cos), _unit_stride(sin)
-    p = plan(B, N, H, D, cos.shape[1], x.device)
-    launch.launch(p, x, cos, sin, pos, out, interleaved, conjugate)
+    p = None if key is None else _PLANS.get(key)
+    if p is None:
+        p = plan(B, N, H, D, cos.shape[1], x.device)
+        if key is not None:
+            _PLANS.put(key, p)
+    launch.launch(p, x, cos, sin, pos, out, interleaved, conjugate, key=key)
 
 
-def _rotary_impl(x, cos, sin, pos, interleaved, conjugate):
+def _rotary_impl(x, cos, sin, pos, interleaved, conjugate, key=None):
     out = launch.output(x.shape, x.dtype, x.device)
-    _rotate_into(_unit_stride(x), cos, sin, pos, out, interleaved, conjugate)
+    _rotate_into(_unit_stride(x), cos, sin, pos, out, interleaved, conjugate, key=key)
     return out
 
 
@@ -104,7 +113,12 @@ def _backward(ctx, grad):
     cos, sin, pos = ctx.saved_tensors
     if grad is None:  # the output unused (the eager Function passes None)
         return None, None, None, None, None, None
-    dx = eager.backward_call(_rotary_op, _rotary_impl, grad, cos, sin, pos, ctx.interleaved, not ctx.conjugate)
+    # an eager forward's key, with the gradient's layout (autograd's choice)
+    key = getattr(ctx, "launch_key", None)
+    grads = None if key is None else signature(grad)
+    key = None if grads is None else ("backward", key, grads)
+    dx = eager.backward_call(_rotary_op, _rotary_impl, grad, cos, sin, pos, ctx.interleaved, not ctx.conjugate,
+                             key=key)
     return dx, None, None, None, None, None
 
 
@@ -145,14 +159,22 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inter
     as constants (no gradient), as flash-attn does. ``inplace=True`` overwrites x and returns it (no
     gradient recorded). CPU tensors run torch operations.
     """
-    pos = check(x, cos, sin, position_ids)
-    interleaved = bool(interleaved)
+    # a CUDA call whose signature was checked before skips the checks; its key also finds the plan and
+    # the kernel (a keyed launch): the host time of an eager call (issue 31)
+    interleaved, inplace = bool(interleaved), bool(inplace)
+    key = signature(x, cos, sin, position_ids, interleaved, inplace)
+    if key is None or _CHECKED.get(key) is None:
+        pos = check(x, cos, sin, position_ids)
+        if key is not None:
+            _CHECKED.put(key, True)
+    else:
+        pos = None if position_ids is None else position_ids.expand(x.shape[0], x.shape[1])
     if inplace:
         if x.requires_grad and torch.is_grad_enabled():
             raise RuntimeError("apply_rotary(inplace=True) cannot record a gradient; use inplace=False")
         if dispatch.plain_eager(x, cos, sin, pos) and x.stride(-1) == 1:
-            _rotate_into(x, cos, sin, pos, x, interleaved, False)
+            _rotate_into(x, cos, sin, pos, x, interleaved, False, key=key)
         else:
             _rotary_inplace_op(x, cos, sin, pos, interleaved, False)
         return x
-    return eager.run(_rotary_op, _rotary_impl, _RotaryFunction, x, cos, sin, pos, interleaved, False)
+    return eager.run(_rotary_op, _rotary_impl, _RotaryFunction, x, cos, sin, pos, interleaved, False, key=key)

@@ -1,0 +1,160 @@
+"""The eager host path of layer_norm and apply_rotary (issue 31): a CUDA call's signature skips the checks,
+finds the plan and launches each kernel by key (CachedLaunch.launch_keyed). The keyed launch is sound
+only where the key fixes every argument's specialization, so here, with the signature let through for
+CPU tensors (the interpreter runs the kernels), every keyed launch is recorded with Triton's own key of
+its arguments (a compiled-mode JITFunction's): one launch key must never meet two Triton keys, and the
+keyed calls give the plain calls' bits."""
+import contextlib
+
+import pytest
+import torch
+from triton.runtime.jit import JITFunction
+
+from tilecore.ops.norm import op
+from tilecore.ops.rotary import op as rotary_op
+from tilecore.tiles import launch as tiles_launch
+from tilecore.tiles.launch import CachedLaunch
+
+MODULES = (op, rotary_op)
+
+
+def _cpu_signature(*items):
+    """tiles.launch.signature with CPU tensors let through."""
+    out = []
+    for t in items:
+        if isinstance(t, torch.Tensor):
+            out.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
+        elif t is None or isinstance(t, tiles_launch._KEY_SCALARS):
+            out.append(t)
+        else:
+            return None
+    return tuple(out)
+
+
+class Keyed(dict):
+    """{(kernel name, launch key): {Triton keys}} of every keyed launch; ``plain()``: calls without keys."""
+
+    def __init__(self, monkeypatch):
+        super().__init__()
+        self.monkeypatch = monkeypatch
+
+    @contextlib.contextmanager
+    def plain(self):
+        for module in MODULES:
+            self.monkeypatch.setattr(module, "signature", lambda *items: None)
+        try:
+            yield
+        finally:
+            for module in MODULES:
+                self.monkeypatch.setattr(module, "signature", _cpu_signature)
+
+
+@pytest.fixture
+def keyed(monkeypatch):
+    seen = Keyed(monkeypatch)
+
+    def launch_keyed(self, key, grid, args, kwargs):  # recorded, then launched as a plain launch
+        triton_key, _ = CachedLaunch(JITFunction(self.kernel.fn)).key(args, kwargs)
+        seen.setdefault((self.kernel.fn.__name__, key), set()).add(triton_key)
+        return self[grid](*args, **kwargs)
+
+    caches = (op._CHECKED, op._PLANS, rotary_op._CHECKED, rotary_op._PLANS)
+    for module in MODULES:
+        monkeypatch.setattr(module, "signature", _cpu_signature)
+    monkeypatch.setattr(CachedLaunch, "launch_keyed", launch_keyed)
+    for cache in caches:
+        cache.clear()
+    yield seen
+    for cache in caches:
+        cache.clear()
+
+
+def _norm_call(x, w, b, res, rms, prenorm):
+    out = op.layer_norm(x, w, b, residual=res, rms=rms, prenorm=prenorm)
+    y, h = out if prenorm else (out, None)
+    loss = (y.float() * torch.linspace(-1, 1, y.shape[-1])).sum()
+    if h is not None:
+        loss = loss + h.float().square().sum()
+    loss.backward()
+    return y
+
+
+def _leaves(*ts):
+    return [None if t is None else t.detach().clone().requires_grad_() for t in ts]
+
+
+@pytest.mark.parametrize("rms", [False, True])
+def test_norm_one_launch_key_one_specialization_and_the_plain_bits(keyed, rms):
+    torch.manual_seed(0)
+    shapes = [(3, 48), (16, 48), (3, 48), (5, 37), (16, 48), (2, 3, 40)]
+    for i, shape in enumerate(shapes):
+        n = shape[-1]
+        x = torch.randn(shape, dtype=torch.float16)
+        w = torch.randn(n, dtype=torch.float16)
+        b = None if rms else torch.randn(n, dtype=torch.float16)
+        res = torch.randn(shape, dtype=torch.float16) if i % 2 else None
+        runs = []
+        for plain in (False, True):
+            leaves = _leaves(x, w, b, res)
+            with keyed.plain() if plain else contextlib.nullcontext():
+                before = len(keyed)
+                y = _norm_call(*leaves, rms, prenorm=bool(i % 2))
+                assert (len(keyed) == before) if plain else True  # the plain call makes no keyed launch
+            runs.append([y] + [t.grad for t in leaves if t is not None])
+        assert all(torch.equal(a, c) for a, c in zip(*runs))
+    assert {name for name, _ in keyed} >= {"norm_forward_kernel", "norm_backward_kernel"}
+    assert all(len(triton_keys) == 1 for triton_keys in keyed.values())
+    # repeated signatures found their checks: one entry each
+    assert len(op._CHECKED) == len({(s, i % 2) for i, s in enumerate(shapes)})
+
+
+def test_norm_misaligned_and_strided_inputs_get_their_own_keys(keyed):
+    torch.manual_seed(1)
+    n = 32
+    w = torch.randn(n, dtype=torch.float16)
+    base = torch.randn(8 * n + 1, dtype=torch.float16)
+    aligned, misaligned = base[:8 * n].view(8, n), base[1:].view(8, n)
+    wide = torch.randn(8, 2 * n, dtype=torch.float16)[:, :n]  # row stride 2n
+    for x in (aligned, misaligned, wide, aligned):
+        y = op.layer_norm(x, w, rms=True)
+        ref = torch.nn.functional.rms_norm(x.float(), (n,), w.float(), eps=1e-5)
+        assert (y.float() - ref).abs().max() < 1e-2
+    assert len([k for name, k in keyed if name == "norm_forward_kernel"]) == 3
+    assert all(len(v) == 1 for v in keyed.values())
+
+
+def test_norm_generator_or_bad_argument_takes_the_checked_path(keyed):
+    x = torch.randn(4, 16, dtype=torch.float16)
+    w = torch.randn(16, dtype=torch.float16)
+    op.layer_norm(x, w, dropout_p=0.5, generator=torch.Generator().manual_seed(0))
+    assert len(op._CHECKED) == 0  # a generator: no key
+    for _ in range(2):  # refused each time: a failed check is never remembered
+        with pytest.raises(ValueError, match="eps"):
+            op.layer_norm(x, w, eps=-1.0)
+    assert len(op._CHECKED) == 0
+
+
+def test_rotary_keyed_forward_backward_and_in_place(keyed):
+    torch.manual_seed(2)
+    cos, sin = torch.randn(40, 8), torch.randn(40, 8)
+    cases = [((2, 5, 3, 32), False), ((2, 5, 3, 32), True), ((1, 7, 2, 20), False), ((2, 5, 3, 32), False)]
+    for i, (shape, with_pos) in enumerate(cases):
+        x = torch.randn(shape, dtype=torch.float16)
+        pos = torch.randint(0, 40, shape[:2]) if with_pos else None
+        grad = torch.randn(shape, dtype=torch.float16)
+        runs = []
+        for plain in (False, True):
+            with keyed.plain() if plain else contextlib.nullcontext():
+                (xi,) = _leaves(x)
+                y = rotary_op.apply_rotary(xi, cos, sin, position_ids=pos, interleaved=bool(i % 2))
+                y.backward(grad)
+                z = x.clone()
+                rotary_op.apply_rotary(z, cos, sin, position_ids=pos, interleaved=bool(i % 2), inplace=True)
+            runs.append((y.detach(), xi.grad, z))
+        assert all(torch.equal(a, c) for a, c in zip(*runs))
+    assert {name for name, _ in keyed} == {"rotary_kernel"}
+    assert len(keyed) >= 5  # forward, backward and in-place keys of three signatures
+    assert all(len(v) == 1 for v in keyed.values())
+    with pytest.raises(ValueError, match="position_ids"):  # a cached signature still checks new positions' shape
+        rotary_op.apply_rotary(torch.randn(2, 5, 3, 32, dtype=torch.float16), cos, sin,
+                               position_ids=torch.zeros(3, 5, dtype=torch.int64))
