@@ -526,14 +526,14 @@ def over_budget(name):
     return False
 
 
-def gluon_forward(q, k, v, cu_q, cu_k, causal, scale, softcap, out=None, lse=None):
+def gluon_forward(q, k, v, cu_q, cu_k, causal, scale, softcap, out=None, lse=None, config=None):
     """The Gluon varlen forward; under --smoke (the CPU interpreter, where Gluon does not run) the tl
     forward in its place, so that shapes and the script's paths are exercised."""
     from tilecore.ops.attention import varlen
 
     if SMOKE:
         return varlen.forward_kernels(q, k, v, cu_q, cu_k, causal, scale, -1, -1, softcap, out=out, lse=lse)
-    return varlen.forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, out=out, lse=lse)
+    return varlen.forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, out=out, lse=lse, config=config)
 
 
 def check_gluon(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None):
@@ -662,11 +662,28 @@ def time_gluon(label, lengths, h=16, d=128, causal=True, peers=True):
         flex()
 
 
+def time_gluon_configs(label, lengths, configs_by_name, h=16, d=128, causal=True):
+    """The Gluon varlen forward at other configs (configs.VARLEN_GLUON_FORWARD_CONFIG's variants)."""
+    dev = _device()
+    total = sum(lengths)
+    cu = cu_of(lengths, dev)
+    dtype = torch.float16 if SMOKE else torch.bfloat16
+    q, k, v = (torch.randn(total, h, d, dtype=dtype, device=dev) for _ in range(3))
+    flops = causal_flops(lengths, h, d)
+    row = {"case": f"gluon fwd configs {label}: {len(lengths)} seqs, {total} tokens, H{h} D{d} (TFLOP/s)"}
+    RESULTS["time"].append(row)
+    for name, cfg in configs_by_name.items():
+        if not over_budget(f"gluon config {name}"):
+            guarded(f"gluon config {name}")(lambda: row.__setitem__(name, flops / 1e9 / bench(
+                lambda: gluon_forward(q, k, v, cu, cu, causal, d ** -0.5, 0.0, config=cfg))))()
+
+
 def run_quick():
     """Checks first (each a few seconds; every Gluon variant compiles once), then times; flex (a
     torch.compile) last."""
     f16, bf16 = torch.float16, torch.bfloat16
     if SMOKE:
+        guarded("gluon configs smoke")(time_gluon_configs)("smoke", [16, 40], {"shipped": None}, h=2, d=16)
         guarded("gluon check smoke")(check_gluon)(f16, [5, 0, 1, 19], [5, 2, 1, 19], 2, 1, 16, dict(causal=True))
         guarded("gluon check smoke gqa")(check_gluon)(f16, [3, 20], [7, 20], 4, 2, 16, dict(), ref_heads=2)
         guarded("gluon time smoke")(time_gluon)("smoke", [16, 40, 8], h=2, d=16)
@@ -698,6 +715,11 @@ def run_quick():
         guarded("gluon time uniform")(time_gluon)("uniform 16 x 4096", [4096] * 16, peers=False)
     if not over_budget("gluon time long-tailed, not causal"):
         guarded("gluon time long-tailed, not causal")(time_gluon)("long-tailed", tail, causal=False, peers=False)
+    from tilecore.ops.attention import configs
+    shipped = configs.VARLEN_GLUON_FORWARD_CONFIG[128]
+    time_gluon_configs("long-tailed", tail, {"drawn (shipped)": shipped,
+                                             "round-robin tiles": dict(shipped, drawn=False),
+                                             "one Q buffer": dict(shipped, q_buffers=1)})
 
 
 # --------------------------------------------------------------------------------------------
