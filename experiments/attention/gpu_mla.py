@@ -1,14 +1,17 @@
-"""Issue 35, session 27: MLA prefill head sizes (q/k 192, v 128) on the Gluon forward, on the GPU.
+"""Issue 35, session 27: MLA prefill head sizes (q/k 192, v 128) on the Gluon kernels, on the GPU.
 
 1. Correctness (bf16; fp16 on one case), against the float64 reference (reference.py), error as a
    multiple of the rounding floor, into NaN-poisoned buffers (every element written):
    - the forced Gluon forward at 192 / 128 (gluon_kernels.py, Q and K by 64-column pieces, O stored
      in two halves): O and lse; causal and not, a tail N (not a multiple of the 128-row tile), N != Nk,
      grouped-query heads; with --full also the short causal config (64-key blocks) and window + softcap;
-   - dq, dk, dv by the backward the plan picks (the tl kernels at 192 / 128) from the Gluon forward's
-     O and lse (what tilecore.attention runs once configs.GLUON_FORWARD_DV_ROUTED is set).
+   - dq, dk, dv from the Gluon forward's O and lse by the backward the plan picks (the tl kernels at
+     192 / 128: what tilecore.attention runs once configs.GLUON_FORWARD_DV_ROUTED is set) and by the
+     forced Gluon backward (gluon_backward.attention_bwd_mla_kernel's dK and dV by 64-column pieces,
+     32 query rows a step, then the tl dq kernel: configs.GLUON_BACKWARD_DV);
 2. Timing (bf16, B8 H16 N4096, causal and not; triton.testing.do_bench medians, all in this run):
-   forward and forward + backward of 192 / 128 (Gluon forward, and the tl forward as today), of
+   forward and forward + backward of 192 / 128 (Gluon forward with the tl backward, Gluon forward and
+   backward, and the tl forward as today), of
    128 / 128 (Gluon, the default), and SDPA's cuDNN / flash / efficient backends on 192 / 128 where
    they run. The rate is FLOPs per second, FLOPs counted per problem (forward 2 B H N Nk (D + Dv),
    backward 2 B H N Nk (3 D + 2 Dv): S, dP, dV, dK, dQ; halved causal), and the issue's ratio is the
@@ -82,11 +85,15 @@ def forward(q, k, v, causal, path, window=(-1, -1), softcap=0.0, config=None):
     return out, lse, fwd_plan
 
 
-def backward(dout, q, k, v, out, lse, causal, window=(-1, -1), softcap=0.0):
-    """dq, dk, dv into NaN-poisoned buffers by the backward's own plan (tl at 192 / 128)."""
+def backward(dout, q, k, v, out, lse, causal, window=(-1, -1), softcap=0.0, path=None):
+    """dq, dk, dv into NaN-poisoned buffers by the backward's own plan (tl at 192 / 128) or the forced
+    ``path`` ("gluon": gluon_backward.attention_bwd_mla_kernel's dK and dV, then the tl dq kernel)."""
     scale = q.shape[-1] ** -0.5
     grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-    bwd_plan = plan.plan_backward(dout, q, k, v, causal, scale, window=window, softcap=softcap)
+    if q.shape[-1] != v.shape[-1]:  # the Gluon backward's config (the smoke run too)
+        cfg = configs.gluon_backward_config(q.shape[-1], q.shape[2], causal, v.shape[-1])
+        assert cfg.get("qk_pieces") == 3 and cfg["dq_from"] == "tl", cfg
+    bwd_plan = plan.plan_backward(dout, q, k, v, causal, scale, window=window, softcap=softcap, path=path)
     launch.backward(bwd_plan, dout, q, k, v, out, lse, None, *grads, causal, scale, window, softcap)
     return grads, bwd_plan
 
@@ -133,19 +140,21 @@ def check_case(name, b, hq, hkv, n, nk, causal, window, softcap, config, dtype) 
     ROWS.append(("check", f"{name} {str(dtype)[6:]} fwd [{fwd_plan.path} BN{cfg.get('BLOCK_N', cfg.get('block_n'))}]",
                  f"{'ok' if ok else 'BAD'} out {err:.2f} lse {'ok' if lse_ok else 'BAD'}"
                  + (f" unwritten {unwritten}" if unwritten else "")))
-    try:
-        grads, bwd_plan = backward(dout, q, k, v, out, lse, causal, window, softcap)
-    except Exception as exc:  # noqa: BLE001
-        note_error(f"check {name} {dtype} backward", exc)
-        return
-    unwritten = int(sum(g.isnan().sum() for g in grads))
-    errs = {nm: accuracy.error_over_floor(g, r) for nm, g, r in zip(("dq", "dk", "dv"), grads, ref_grads)}
-    ok = unwritten == 0 and max(errs.values()) <= 3.0
-    RESULTS["correctness"].append(dict(case=name, dtype=str(dtype), what="backward", path=bwd_plan.path, ok=ok,
-                                       unwritten=unwritten, **{f"{nm}_over_floor": e for nm, e in errs.items()}))
-    ROWS.append(("check", f"{name} {str(dtype)[6:]} bwd [{bwd_plan.path}, from the {fwd_plan.path} forward]",
-                 ("ok " if ok else "BAD ") + " ".join(f"{nm} {e:.2f}" for nm, e in errs.items())
-                 + (f" unwritten {unwritten}" if unwritten else "")))
+    for bwd_path in (None,) if SMOKE else (None, "gluon"):  # the interpreter cannot run Gluon
+        try:
+            grads, bwd_plan = backward(dout, q, k, v, out, lse, causal, window, softcap, bwd_path)
+        except Exception as exc:  # noqa: BLE001
+            note_error(f"check {name} {dtype} backward {bwd_path or 'default'}", exc)
+            continue
+        unwritten = int(sum(g.isnan().sum() for g in grads))
+        errs = {nm: accuracy.error_over_floor(g, r) for nm, g, r in zip(("dq", "dk", "dv"), grads, ref_grads)}
+        ok = unwritten == 0 and max(errs.values()) <= 3.0
+        paths = bwd_plan.path + (f" + dq {bwd_plan.dq.path}" if bwd_plan.path == "gluon" else "")
+        RESULTS["correctness"].append(dict(case=name, dtype=str(dtype), what="backward", path=paths, ok=ok,
+                                           unwritten=unwritten, **{f"{nm}_over_floor": e for nm, e in errs.items()}))
+        ROWS.append(("check", f"{name} {str(dtype)[6:]} bwd [{paths}, from the {fwd_plan.path} forward]",
+                     ("ok " if ok else "BAD ") + " ".join(f"{nm} {e:.2f}" for nm, e in errs.items())
+                     + (f" unwritten {unwritten}" if unwritten else "")))
 
 
 # --------------------------------------------------------------------------------------------
@@ -169,14 +178,14 @@ def flops(b, h, n, nk, d, dv, causal):
     return 2 * pairs * (d + dv), 2 * pairs * (3 * d + 2 * dv)
 
 
-def tilecore_times(q, k, v, causal, fwd_path):
+def tilecore_times(q, k, v, causal, fwd_path, bwd_path=None):
     """(forward ms, forward + backward ms): the forward by the forced ``fwd_path``, the backward by
-    its own plan; plans made once, launches into buffers made once."""
+    its own plan or the forced ``bwd_path``; plans made once, launches into buffers made once."""
     scale = q.shape[-1] ** -0.5
     out, lse, fwd_plan = forward(q, k, v, causal, fwd_path)
     dout = torch.randn_like(out)
     grads = [torch.empty_like(t) for t in (q, k, v)]
-    bwd_plan = plan.plan_backward(dout, q, k, v, causal, scale)
+    bwd_plan = plan.plan_backward(dout, q, k, v, causal, scale, path=bwd_path)
     fwd = lambda: launch.forward(fwd_plan, q, k, v, out, lse, causal, scale)
     bwd = lambda: launch.backward(bwd_plan, dout, q, k, v, out, lse, None, *grads, causal, scale)
 
@@ -184,7 +193,8 @@ def tilecore_times(q, k, v, causal, fwd_path):
         fwd()
         bwd()
 
-    return bench(fwd), bench(both), f"{fwd_plan.path}+{bwd_plan.path}"
+    dq_pass = f" (dq {bwd_plan.dq.path})" if bwd_plan.dq is not None and bwd_plan.path == "gluon" else ""
+    return bench(fwd), bench(both), f"{fwd_plan.path}+{bwd_plan.path}{dq_pass}"
 
 
 def sdpa_times(q, k, v, causal, backend):
@@ -216,6 +226,8 @@ def time_all(quick: bool) -> None:
         runs = [("192/128", mla, gluon_path(), "tilecore gluon fwd"), ("192/128", mla, "tl", "tilecore tl fwd"),
                 ("128/128", square, None, "tilecore default")]
         if not SMOKE:
+            runs.insert(1, ("192/128", mla, "gluon", "tilecore gluon fwd+bwd"))
+        if not SMOKE:
             runs += [("192/128", mla, backend, f"sdpa {backend}") for backend in ("cudnn", "flash", "efficient")
                      if backend != "efficient" or not quick]
         rates = {}
@@ -229,6 +241,8 @@ def time_all(quick: bool) -> None:
                     scale = q.shape[-1] ** -0.5
                     fwd_plan = plan.plan_forward(q, k, v, causal, scale)
                     fwd, both, paths = tilecore_times(q, k, v, causal, fwd_plan.path)
+                elif label == "tilecore gluon fwd+bwd":
+                    fwd, both, paths = tilecore_times(q, k, v, causal, "gluon", "gluon")
                 else:
                     fwd, both, paths = tilecore_times(q, k, v, causal, how)
             except Exception as exc:  # noqa: BLE001 - report and go on
@@ -242,7 +256,7 @@ def time_all(quick: bool) -> None:
             ROWS.append(("time", name, f"[{paths}] fwd {fwd:.3f} ms {fwd_rate:.0f} TFLOP/s, fwd+bwd {both:.3f} ms "
                                        f"{both_rate:.0f} TFLOP/s"))
         base = rates.get(("tilecore default", "128/128"))
-        for label in ("tilecore gluon fwd", "tilecore tl fwd"):
+        for label in ("tilecore gluon fwd", "tilecore gluon fwd+bwd", "tilecore tl fwd"):
             got = rates.get((label, "192/128"))
             if base and got:
                 ratios = dict(fwd=got[0] / base[0], fwd_bwd=got[1] / base[1])

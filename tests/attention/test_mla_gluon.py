@@ -40,8 +40,13 @@ def test_mla_forward_is_off_by_default_and_forced_takes_column_pieces(causal):
         # 64-key blocks in 3 stages for short causal rows, as D128's
         short = plan.plan_forward(*mla_inputs(n=384, nk=384), causal, 192**-0.5, path="gluon").config
         assert (short["block_n"], short["stages"]) == ((64, 3) if causal else (128, 2))
-        # the backward stays on the tl kernels (no Gluon backward at 192 / 128 yet)
-        assert plan.plan_backward(q, q, k, v, causal, 192**-0.5).path == "tl"
+        # the backward: tl by default; forced, dK and dV by 64-column pieces, then the tl dq kernel
+        assert not configs.GLUON_BACKWARD_DV_ROUTED
+        do = meta(2, 16, 4096, 128)
+        assert plan.plan_backward(do, q, k, v, causal, 192**-0.5).path == "tl"
+        bwd = plan.plan_backward(do, q, k, v, causal, 192**-0.5, path="gluon")
+        assert bwd.config == configs.GLUON_BACKWARD_DV[192, 128] and bwd.dq.path == "tl"
+        assert bwd.grid == (132,) and (bwd.schedule is not None) == causal
 
 
 def test_mla_forward_routes_to_gluon_once_switched_on(monkeypatch):
@@ -50,6 +55,9 @@ def test_mla_forward_routes_to_gluon_once_switched_on(monkeypatch):
     with dispatch.pretend(H100):
         assert plan.plan_forward(q, k, v, True, 192**-0.5).path == "gluon"
         assert plan.plan_forward(q, k, v, False, 192**-0.5, window=(256, 0), softcap=30.0).path == "gluon"
+        assert plan.plan_backward(meta(2, 16, 4096, 128), q, k, v, True, 192**-0.5).path == "tl"  # its own switch
+        monkeypatch.setattr(configs, "GLUON_BACKWARD_DV_ROUTED", True)
+        assert plan.plan_backward(meta(2, 16, 4096, 128), q, k, v, True, 192**-0.5).path == "gluon"
         # other unequal head sizes stay off Gluon; 64 / 128 square ones unchanged
         q2, k2, v2 = meta(2, 16, 4096, 128), meta(2, 16, 4096, 128), meta(2, 16, 4096, 64)
         assert plan.plan_forward(q2, k2, v2, True, 0.1).path == "tl"
@@ -62,10 +70,15 @@ def test_forced_gluon_refuses_other_unequal_head_sizes():
         q, v = meta(1, 2, 512, 256), meta(1, 2, 512, 128)
         with pytest.raises(ValueError, match=r"\(192, 128\)"):
             plan.plan_forward(q, q, v, False, 0.1, path="gluon")
+        with pytest.raises(ValueError, match=r"\(192, 128\)"):
+            plan.plan_backward(v, q, q, v, False, 0.1, path="gluon")
         q, k, v = mla_inputs(n=512, nk=512)
         with pytest.raises(ValueError, match="column pieces"):
             plan.plan_forward(q, k, v, False, 0.1, path="gluon",
                               config=dict(configs.GLUON_FORWARD_DV[192, 128], carry=True))
+        with pytest.raises(ValueError, match="column pieces"):
+            plan.plan_backward(v, q, k, v, False, 0.1, path="gluon",
+                               config=dict(configs.GLUON_BACKWARD_DV[192, 128], dq_from="fused"))
 
 
 def test_mla_forward_launch_passes_piece_boxes(fast_launch, monkeypatch):
@@ -87,16 +100,36 @@ def test_mla_forward_launch_passes_piece_boxes(fast_launch, monkeypatch):
     assert bound["GROUP"] == 2
 
 
+def test_mla_backward_launch_passes_piece_boxes(fast_launch, monkeypatch):
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
+    q, k, v = mla_inputs(n=256, nk=320, hq=4, hkv=2, device="cpu")
+    do = torch.randn(2, 4, 256, 128, dtype=torch.bfloat16)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    stats, dq_sum = torch.randn(8, 2, 256), torch.zeros(1, 1, 1, 192)
+    fake = fast_launch(launch.GLUON_BWD_MLA)
+    bwd_plan = plan.plan_backward(do, q, k, v, True, 0.1, path="gluon")
+    launch.launch_backward_gluon_kernel(bwd_plan, do, q, k, v, stats, dq_sum, dk, dv, True, 0.1)
+    (grid, args), = fake.calls
+    bound = dict(zip(launch.GLUON_BWD_MLA.kernel.arg_names, args))
+    # 32 query rows a step, 2 x 64 keys a tile, every box 64 columns wide
+    boxes = {name: bound[name].block_shape for name in ("q_desc", "k_desc", "v_desc", "do_desc", "dk_desc", "dv_desc")}
+    assert boxes == dict(q_desc=[1, 1, 32, 64], k_desc=[1, 1, 128, 64], v_desc=[1, 1, 128, 64], do_desc=[1, 1, 32, 64],
+                         dk_desc=[1, 1, 64, 64], dv_desc=[1, 1, 64, 64])
+    assert bound["dk_desc"].base is dk and bound["dv_desc"].base is dv and bound["stats_desc"].block_shape == [1, 2, 32]
+    assert (bound["CAUSAL"], bound["STAGES"], bound["GROUP"], bound["scale"]) == (True, 3, 2, 0.1)
+
+
 _COMPILE = """
 import json, torch
 from tilecore.ops.attention import configs, launch
 from tilecore.ops.attention.gluon_kernels import attention_fwd_kernel
+from tilecore.ops.attention.gluon_backward import attention_bwd_mla_kernel
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 from tilecore.tiles.launch import TmaOperand
 rows = []
 q = torch.empty(2, 2, 256, 192, dtype=torch.bfloat16)
 v = torch.empty(2, 2, 256, 128, dtype=torch.bfloat16)
-for causal, n in ((False, 4096), (True, 4096)):
+for causal, n in ((True, 4096),):  # causal: the masks and the schedule on top of the plain loop
     cfg = configs.gluon_forward_config(192, n, n, causal, 128)
     bm, bn = cfg["block_m"], cfg["block_n"]
     args = dict(q_desc=TmaOperand(q, [1, 1, 2 * bm, 64]).descriptor(), k_desc=TmaOperand(q, [1, 1, bn, 64]).descriptor(),
@@ -107,16 +140,30 @@ for causal, n in ((False, 4096), (True, 4096)):
                 Q_REGS=False, WINDOW=False, SOFTCAP=0)
     compiled = compile_kernel(attention_fwd_kernel, args)
     ptx = compiled.asm["ptx"]
-    rows.append(dict(causal=causal, n=n, block_n=bn, **vars(resources(compiled)), **has_hopper_instructions(ptx),
-                     tma_loads=ptx.count("cp.async.bulk.tensor.4d.shared"),
+    rows.append(dict(kernel="forward", causal=causal, n=n, block_n=bn, **vars(resources(compiled)),
+                     **has_hopper_instructions(ptx), tma_loads=ptx.count("cp.async.bulk.tensor.4d.shared"),
                      tma_stores=ptx.count("cp.async.bulk.tensor.4d.global.shared")))
+cfg = configs.gluon_backward_config(192, 4096, True, 128)
+bm, bn = cfg["block_m"], cfg["block_n"]
+piece = lambda t, rows: TmaOperand(t, [1, 1, rows, 64]).descriptor()
+stats = torch.empty(4, 2, 256, dtype=torch.float32)
+args = dict(q_desc=piece(q, bm), k_desc=piece(q, 2 * bn), v_desc=piece(v, 2 * bn), do_desc=piece(v, bm),
+            dk_desc=piece(q, bn), dv_desc=piece(v, bn), stats_desc=launch.row_stats_operand(stats, bm).descriptor(),
+            H=16, N=4096, Nk=4096, GROUP=1, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=12,
+            schedule=torch.empty(64, dtype=torch.int32), left=0, right=0, tanh_scale=0.1, CAUSAL=True,
+            STAGES=cfg["stages"], WINDOW=False, SOFTCAP=0, SOFTCAP_OVERLAP=False)
+compiled = compile_kernel(attention_bwd_mla_kernel, args)
+ptx = compiled.asm["ptx"]
+rows.append(dict(kernel="backward", causal=True, n=4096, block_n=bn, **vars(resources(compiled)),
+                 **has_hopper_instructions(ptx), tma_loads=ptx.count("cp.async.bulk.tensor.4d.shared"),
+                 tma_stores=ptx.count("cp.async.bulk.tensor.4d.global.shared")))
 print(json.dumps(rows))
 """
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    """The 192 / 128 forward at N 4096 (causal and not), compiled
+    """The 192 / 128 forward and dK/dV kernel at N 4096, causal, compiled
     for sm_90a in a process of its own (the tests run under the interpreter)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
@@ -124,14 +171,17 @@ def compiled():
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_mla_forward_compiles_lean_for_sm90(compiled):
-    assert len(compiled) == 2
+def test_mla_forward_and_backward_compile_lean_for_sm90(compiled):
+    assert [r["kernel"] for r in compiled] == ["forward", "backward"]
     for r in compiled:
         assert r["wgmma"] and r["tma"] and r["mbarrier"] and not r["wgmma_serialized"], r
-        # registers as D128's (S and O 64 x 128 float32 a consumer); causal keeps a few scalars
-        # (20 bytes stored, 36 loaded at 128-key blocks)
+        # forward: registers as D128's (S and O 64 x 128 float32 a consumer), causal keeps a few
+        # scalars (20 bytes stored, 36 loaded); backward (dK 96 + dV 64 registers a thread, S^T and dP^T
+        # 16 each at 32 rows a step) 8 bytes causal; at 64 rows a step 820 B and serialized wgmma
         allowed = 48 if r["causal"] else 0
         assert r["spill_stores"] <= allowed and r["spill_loads"] <= allowed and r["registers"] <= 232, r
         assert r["shared"] <= 227 * 1024, r
-        # K's three pieces a stage and Q's three a tile (one TMA copy each); O in two halves
-        assert r["tma_loads"] >= 7 and r["tma_stores"] >= 2, r
+        # forward: K's three pieces a stage and Q's three a tile (one TMA copy each), O in two halves;
+        # backward: Q's three and dO's two a stage, K's three and V's two a tile; dK's three, dV's two
+        assert r["tma_loads"] >= (7 if r["kernel"] == "forward" else 10), r
+        assert r["tma_stores"] >= (2 if r["kernel"] == "forward" else 5), r

@@ -42,6 +42,7 @@ def _gluon_kernel(module: str, name: str):
 GLUON_FWD = _gluon_kernel("gluon_kernels", "attention_fwd_kernel")
 GLUON_BWD = _gluon_kernel("gluon_backward", "attention_bwd_kernel")
 GLUON_DQ = _gluon_kernel("gluon_dq", "attention_dq_kernel")
+GLUON_BWD_MLA = _gluon_kernel("gluon_backward", "attention_bwd_mla_kernel")
 
 
 NO_WINDOW = (-1, -1)
@@ -382,6 +383,16 @@ def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, cau
     block_m, block_n = cfg["block_m"], cfg["block_n"]
     masks, left, right = mask_options(causal, window, N, Nk)
     scores, scale_log2e, tanh_scale = score_options(scale, softcap)
+    if cfg.get("qk_pieces", 1) != 1:  # MLA's 192 / 128: dK and dV by 64-column pieces (every box 64 wide)
+        piece = lambda t, rows: TmaOperand(t, [1, 1, rows, 64])
+        with dispatch.on_device(q.device):
+            run(GLUON_BWD_MLA, plan, plan.grid,
+                (piece(q, block_m), piece(k, 2 * block_n), piece(v, 2 * block_n), piece(dout, block_m),
+                 piece(dk, block_n), piece(dv, block_n), row_stats_operand(stats, block_m), H, N, Nk, H // Hkv, scale,
+                 scale_log2e, B * Hkv, plan.sizes["head_group"], plan.schedule, left, right, tanh_scale),
+                dict(**masks, STAGES=cfg["stages"], SOFTCAP=gluon_softcap(softcap, cfg),
+                     SOFTCAP_OVERLAP=cfg.get("softcap_overlap", False), num_warps=4))
+        return
     with dispatch.on_device(q.device):
         run(GLUON_BWD, plan, plan.grid,
             (head_operand(q, block_m), head_operand(k, 2 * block_n), head_operand(v, 2 * block_n),

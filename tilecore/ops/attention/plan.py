@@ -141,6 +141,14 @@ def gluon_forward_dims(d: int, dv: int) -> bool:
     return (d, dv) in configs.GLUON_FORWARD_DV and configs.GLUON_FORWARD_DV_ROUTED
 
 
+def gluon_backward_dims(d: int, dv: int) -> bool:
+    """Whether the Gluon backward serves q/k head dim ``d`` and v's ``dv`` by default: 64 and 128 with
+    dv = d; MLA's (192, 128) once configs.GLUON_BACKWARD_DV_ROUTED (issue 35; off until GPU-checked)."""
+    if d == dv:
+        return (d, False) in configs.GLUON_BACKWARD
+    return (d, dv) in configs.GLUON_BACKWARD_DV and configs.GLUON_BACKWARD_DV_ROUTED
+
+
 def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None = None,
                   config: dict | None = None, window=(-1, -1), softcap: float = 0.0, sm_margin: int = 0) -> Plan:
     """The backward's plan (dout: the output's gradient). ``path`` forces a path (no fit check),
@@ -154,7 +162,7 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
     used = features(q, v, causal, window, softcap)
     if path is None:
         path = (torch_path(q, k, scale, v, used) if dispatch.backend_for(q.device) == "reference" else
-                "gluon" if (used <= configs.GLUON_BACKWARD_FEATURES and (D, False) in configs.GLUON_BACKWARD and scale > 0
+                "gluon" if (used - {"dv"} <= configs.GLUON_BACKWARD_FEATURES and gluon_backward_dims(D, Dv) and scale > 0
                             and dispatch.gluon_ok(q.device)
                             and steps_exact(H // Hkv, N, 64)  # 64: the least block_m
                             and tma_describable(q) and tma_describable(k) and tma_describable(v)
@@ -166,11 +174,16 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
         cfg = config or fitted("backward", max(D, Dv), configs.backward_config(max(D, Dv), interpret), q.device)
         return _with_operands(Plan("tl", cfg, (B * Hkv, cdiv(Nk, cfg["BLOCK_N"])),
                                    dq=Plan("tl", cfg, row_block_grid(B * H, N, cfg["BLOCK_M"]))), q)
-    if used - {"window", "softcap"}:
-        raise ValueError(f"the Gluon backward takes head dims 64 and 128, v's as q's; got {D} and {Dv}")
+    if used - {"window", "softcap", "dv"} or ("dv" in used and (D, Dv) not in configs.GLUON_BACKWARD_DV):
+        raise ValueError(f"the Gluon backward takes head dims 64 and 128 with v's as q's, or (q's, v's) in "
+                         f"{sorted(configs.GLUON_BACKWARD_DV)}; got {D} and {Dv}")
     if "window" in used:  # the kernels fold causal into the window: no causal schedule or config
         causal = False
-    cfg = dict(config or configs.gluon_backward_config(D, N, causal))
+    cfg = dict(config or configs.gluon_backward_config(D, N, causal, Dv))
+    if cfg.get("qk_pieces", 1) != 1 and (cfg["dq_from"] != "tl" or cfg.get("kv_regs") or D != 64 * cfg["qk_pieces"]
+                                         or Dv != 128):
+        raise ValueError(f"the backward by column pieces takes D = 64 x qk_pieces, Dv = 128, dq_from 'tl' and K "
+                         f"and V in shared memory; got D {D}, Dv {Dv} and {cfg}")
     if cfg["dq_from"] not in configs.DQ_MODES:
         raise ValueError(f"dq_from is one of {', '.join(configs.DQ_MODES)}; got {cfg['dq_from']!r}")
     if torch.are_deterministic_algorithms_enabled() and configs.DQ_MODES[cfg["dq_from"]] > 0:
