@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (["--explain", "matmul", "m=256", "--measured-us", "-3"], "positive"),
     (["matmul", "--time-model", "bogus"], "invalid choice"),
     (["--validate", "--docs", "missing/napkin.md"], "no such file"),
+    (["attention_backward", "--impl", "fa9"], "accepted: tilecore, cudnn, flash, flex"),
 ])
 def test_bad_input_is_a_clear_error(argv, says, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -132,3 +133,11 @@ def test_pseudocode_puts_post_loop_ops_after_the_loop():
     loop = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("for k0"))
     gelu = next(i for i, ln in enumerate(lines) if "= gelu" in ln)
     assert gelu > loop and lines[gelu].startswith("    RF ") and "after the loop" in lines[gelu]
+
+
+def test_attention_backward_prints_the_backward_model(capsys):
+    assert napkin_main(["attention_backward", "seq=1024", "d=64", "causal=1", "--impl", "tilecore,flex",
+                        "--no-picture"]) == 0
+    out = capsys.readouterr().out
+    assert "the backward's own model" in out and "tilecore backward" in out and "flex backward" in out
+    assert "step latency" in out and "(backward model)" in out

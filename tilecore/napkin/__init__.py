@@ -5,12 +5,14 @@
     print(r.summary())
 
 Modules: diagram (arrays, ops, weave, compose), models (built-in diagrams), hardware (levels, compute
-units, GPU presets, calibration), engine (relabel a diagram with levels, cost it, search), closed_forms
+units, GPU presets, calibration), engine (relabel a diagram with levels, cost it, search), backward (the attention backward's own time
+model: its step chain per implementation), closed_forms
 (the paper's formulas), render (pseudocode, cost table, pictures, explain), validate (predicted vs
 measured), rewrite (the planner's rewrites: online softmax, epilogue fusion, split-K / flash-decoding),
 compile (a diagram's fused plan as Triton source; tilecore.ops.napkin_compiled runs it).
 """
-from . import closed_forms, models, rewrite
+from . import backward, closed_forms, models, rewrite
+from .backward import attention_backward_time
 from .compile import CompileError, Program
 from .compile import compile  # noqa: A004 (napkin.compile(diagram), as the issue names it)
 from .engine import (NONE, Derivation, Part, derive, gemm_perf_model, group, rank_attention_configs,
@@ -21,7 +23,7 @@ from .errors import (CapacityError, ShapeMismatchError, UnknownAxisError, Unknow
 from .hardware import A100, GPUS, H100, H200, GPU, ComputeUnit, Level, abstract_level, from_constants_json, get_gpu
 
 __all__ = [
-    "A100", "GPU", "GPUS", "H100", "H200", "NONE", "Array", "CapacityError", "Combine", "CompileError",
+    "A100", "GPU", "GPUS", "H100", "H200", "NONE", "Array", "attention_backward_time", "backward", "CapacityError", "Combine", "CompileError",
     "ComputeUnit", "Derivation", "Program", "compile", "rewrite",
     "Diagram", "Level", "Op", "Part", "ShapeMismatchError", "UnknownAxisError", "UnknownGPUError",
     "UnknownModelError", "UnsupportedDtypeError", "abstract_level", "closed_forms", "compose", "derive",

@@ -110,6 +110,9 @@ FLEX = BackwardKernel("flex", schedule="serial", dq="kernel", smem_operands=(), 
                       source="torch Inductor's flex_attention backward template (Triton; dQ and dK/dV programs)")
 
 
+IMPLS = ("tilecore", "cudnn", "flash", "flex")
+
+
 def kernel_for(impl: str, d: int, seq: int, causal: bool, softcap: bool = False) -> BackwardKernel:
     """The implementation named by a bench row's series: tilecore, cudnn, flash, flex."""
     impl = impl.lower()

@@ -4,6 +4,7 @@
     tilecore napkin matmul --gpu a100,h100,h200 --dtype bf16,fp8 m=8192 n=8192 k=8192
     tilecore napkin my_block.py t=4096            # a Python file defining `diagram` or `make(**sizes)`
     tilecore napkin --explain attention seq=4096 d=128 --measured-us 812
+    tilecore napkin attention_backward seq=4096 d=128 --impl tilecore,cudnn,flash   # the backward's own model
     tilecore napkin --validate                    # print predicted / measured on H100
     tilecore napkin --validate --docs docs/napkin.md   # and rewrite that file's table
 
@@ -59,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--explain", action="store_true",
                    help="compare --measured-us with the prediction: the binding level and the gap's likely cause")
     p.add_argument("--measured-us", type=float, default=None, help="measured time in microseconds (--explain)")
+    p.add_argument("--impl", default="tilecore,cudnn,flash",
+                   help="attention_backward only: comma-separated implementations the backward's own model "
+                        "(tilecore.napkin.backward) costs: tilecore, cudnn, flash, flex (default: the first three)")
     p.add_argument("--validate", action="store_true",
                    help="predict the measured H100 figures and print the table (--docs FILE: rewrite its table)")
     p.add_argument("--docs", type=Path, default=None,
@@ -161,6 +165,22 @@ def _build(args, sizes, dtype):
     return models.build(args.model, dtype=dtype, **sizes)
 
 
+def _backward_rows(sizes: dict, gpu, dtype: str, impls: list) -> list:
+    """(impl, BackwardTime) for the attention_backward model's sizes (its defaults where not given)."""
+    import inspect
+
+    from . import models
+    from .backward import attention_backward_time
+
+    if dtype not in ("bf16", "fp16"):
+        raise ValueError(f"the backward model costs bf16 / fp16 kernels; got {dtype}")
+    kw = {k: v.default for k, v in inspect.signature(models.attention_backward).parameters.items()
+          if k not in ("dtype",)}
+    kw.update(sizes)
+    return [(impl, attention_backward_time(kw["batch"], kw["heads"], kw["kv_heads"] or kw["heads"], kw["seq"],
+                                           kw["d"], bool(kw["causal"]), gpu, impl)) for impl in impls]
+
+
 def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_intermixed_args(argv)
@@ -205,6 +225,11 @@ def main(argv: list[str]) -> int:
         parser.error(str(e))
     if args.explain and len(gpus) * len(dtypes) > 1:
         parser.error("--explain compares one measurement: give one --gpu and one --dtype")
+    impls = [i.strip().lower() for i in args.impl.split(",") if i.strip()]
+    from .backward import IMPLS as BACKWARD_IMPLS
+    bad_impl = [i for i in impls if i not in BACKWARD_IMPLS]
+    if bad_impl or not impls:
+        parser.error(f"--impl {args.impl!r}: accepted: {', '.join(BACKWARD_IMPLS)} (comma-separated)")
     name = Path(args.model).stem if is_file else args.model
     summary = []
     for gpu in gpus:
@@ -221,7 +246,23 @@ def main(argv: list[str]) -> int:
                     print(f"== {name} on {gpu.name}, {dtype}: {e}", file=sys.stderr)
                     continue
                 parser.error(str(e))
-            summary.append((gpu.key, dtype, sched.time, sched.tflops, sched.bound))
+            if args.model == "attention_backward":  # the backward's own model, not the forward-like plan
+                try:
+                    rows = _backward_rows(sizes, gpu, dtype, impls)
+                except ValueError as e:
+                    summary.append((gpu.key, dtype, None, None, f"error: {e}"))
+                    print(f"== {name} on {gpu.name}, {dtype}: {e}", file=sys.stderr)
+                    continue
+                for impl, b in rows:
+                    summary.append((f"{gpu.key}", f"{dtype} {impl}", b.time, diagram.flops() / b.time / 1e12,
+                                    f"{b.bound} (backward model)"))
+                if not args.quiet:
+                    print(f"== {name} on {gpu.name}, {dtype}: the backward's own model (tilecore.napkin.backward)")
+                    for _, b in rows:
+                        print(b.breakdown())
+                    print("(the engine's forward-like plan, for comparison:)")
+            else:
+                summary.append((gpu.key, dtype, sched.time, sched.tflops, sched.bound))
             if args.explain:
                 print(render.explain(diagram, gpu, args.measured_us * 1e-6, sched))
                 return 0
