@@ -10,7 +10,10 @@ Variants (configs.GLUON_FORWARD keys; all off by default):
   rescale_tau / p_shift   conditional rescaling (FlashAttention-4): a row's running max moves only where the block's
                           max exceeds it by more than tau (base 2), and O *= alpha is skipped where no row of the
                           warpgroup moved; P is rounded as 2^p_shift p with p_shift + tau <= log2(448).
-  quick: "l_mma", "l_mma_tau0.8" (both), "tau0.8" = (0.8, 8); --full adds "tau2.8" = (2.8, 6), "l_mma_tau2.8".
+  exp2_fma_every 8        one exp2 in 8 on the FMA units (FlashAttention-4's cubic; 2 and 4 were slower in session 26,
+                          when the step was issue-bound: with l_mma and tau its MUFU work is the longer chain).
+  quick: "l_mma", "l_mma_tau0.8" (both, tau 0.8, p_shift 8), "l_mma_tau0.8_fma8"; --full adds "tau0.8" alone,
+  "tau2.8" = (2.8, 6), "l_mma_tau2.8".
 
 check  every variant into NaN-poisoned buffers at a tail shape with GQA (B2 Hq8 Hkv2 N1000 Nk1100, D 128 causal;
        with --d 64 D 64 non-causal: masks, rows with no key) and on two (batch, head) slices of each timed problem: every element
@@ -40,8 +43,10 @@ T0 = time.time()
 # name -> (Gluon config overrides, the emulation's keywords (reference.attention_fp8_emulated))
 VARIANTS = {"l_mma": (dict(l_mma=True), dict(l_rounded=True)),
             "l_mma_tau0.8": (dict(l_mma=True, rescale_tau=0.8, p_shift=8), dict(l_rounded=True, rescale_tau=0.8)),
-            "tau0.8": (dict(rescale_tau=0.8, p_shift=8), dict(rescale_tau=0.8))}
-FULL_VARIANTS = {"tau2.8": (dict(rescale_tau=2.8, p_shift=6), dict(rescale_tau=2.8, p_shift=6)),
+            "l_mma_tau0.8_fma8": (dict(l_mma=True, rescale_tau=0.8, p_shift=8, exp2_fma_every=8),
+                                  dict(l_rounded=True, rescale_tau=0.8))}
+FULL_VARIANTS = {"tau0.8": (dict(rescale_tau=0.8, p_shift=8), dict(rescale_tau=0.8)),
+                 "tau2.8": (dict(rescale_tau=2.8, p_shift=6), dict(rescale_tau=2.8, p_shift=6)),
                  "l_mma_tau2.8": (dict(l_mma=True, rescale_tau=2.8, p_shift=6),
                                   dict(l_rounded=True, rescale_tau=2.8, p_shift=6))}
 

@@ -118,3 +118,13 @@ def test_l_of_the_rounded_p_normalizes_the_weights_that_multiply_v():
     want = (v8[:, :, :1].float() * vs[:, :, None, None]).expand_as(rounded)
     assert (rounded - want).abs().max() < 1e-5 * want.abs().max()
     assert (plain - want).abs().max() > 1e-4 * want.abs().max()
+
+
+def test_exp2_one_in_eight_on_the_fma_units_asm():
+    # exp2_fma_every 8 (session 27): 7 ex2.approx on $8..$14 into $0..$6, the cubic on $15 into $7; 8 outputs, 8 inputs
+    from tilecore.ops.attention_fp8.gluon_fp8 import exp2_split_asm
+
+    asm, constraints = exp2_split_asm(8)
+    assert asm.count("ex2.approx.ftz.f32") == 7 and constraints == ",".join(["=f"] * 8 + ["f"] * 8)
+    assert all(f"ex2.approx.ftz.f32 ${i}, ${i + 8};" in asm for i in range(7))
+    assert "max.NaN.f32 f, $15," in asm and "max.NaN.f32 $7, p, $15;" in asm and "$16" not in asm

@@ -24,12 +24,15 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 # moves only where it grows by more than rescale_tau (base 2), O *= alpha skipped where no row of the warpgroup moved;
 # P rounded as 2^p_shift p, p_shift + tau <= log2(448). SASS (sm_90a, D128): the steady step's softmax block 331
 # instructions against 359 (64 FMUL moved into the branch, ~40 added by the warpgroup's vote); O's error 4% (0.8, 8)
-# to 8% (2.8, 6) above the default's (the row max's P is no longer exactly 2^p_shift). On at D128 by
-# rescale_tau=0.8 (p_shift 8) if experiments/attention_fp8/gpu_speed_s27.py shows it faster and correct
+# to 8% (2.8, 6) above the default's (the row max's P is no longer exactly 2^p_shift).
+# l_mma (session 27, OFF): l by a wgmma of P times a [BN, 8] block of ones (no row-sum FADD: 379 instructions a
+# steady step at D128 against 444; with rescale_tau 0.8: 339); l then sums the rounded P (reference.py).
+# exp2_fma_every 8: one exp2 in 8 on the FMA units (new in session 27). Turned on per head dim only where
+# experiments/attention_fp8/gpu_speed_s27.py shows a variant faster and its checks pass
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False, exp2_fma_every=0,
-                          cast_late=True, rescale_tau=0.0, p_shift=8),
+                          cast_late=True, rescale_tau=0.0, p_shift=8, l_mma=False),
                  128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False,
-                           exp2_fma_every=0, cast_late=True, rescale_tau=0.0, p_shift=8)}
+                           exp2_fma_every=0, cast_late=True, rescale_tau=0.0, p_shift=8, l_mma=False)}
 
 
 def gluon_config(d: int, causal: bool) -> dict:

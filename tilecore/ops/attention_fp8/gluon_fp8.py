@@ -99,15 +99,19 @@ EXP2_ASM_2: gl.constexpr = gl.constexpr(exp2_split_asm(2)[0])
 EXP2_CONSTRAINTS_2: gl.constexpr = gl.constexpr(exp2_split_asm(2)[1])
 EXP2_ASM_4: gl.constexpr = gl.constexpr(exp2_split_asm(4)[0])
 EXP2_CONSTRAINTS_4: gl.constexpr = gl.constexpr(exp2_split_asm(4)[1])
+EXP2_ASM_8: gl.constexpr = gl.constexpr(exp2_split_asm(8)[0])
+EXP2_CONSTRAINTS_8: gl.constexpr = gl.constexpr(exp2_split_asm(8)[1])
 
 
 @gluon.jit
 def exp2_split(x, FMA_EVERY: gl.constexpr):
-    """2^x (x <= 8, float32), one element in FMA_EVERY (2 or 4) computed on the FMA units (_EXP2_FMA_PTX), the
+    """2^x (x <= 9, float32), one element in FMA_EVERY (2, 4 or 8) computed on the FMA units (_EXP2_FMA_PTX), the
     others by MUFU's ex2: FlashAttention-4's way to take load off the MUFU (16 results a clock an SM, about the
     tensor cores' pace at FP8 D 128). 0: every element by gl.exp2."""
-    gl.static_assert(FMA_EVERY == 0 or FMA_EVERY == 2 or FMA_EVERY == 4, "FMA_EVERY: 0, 2 or 4")
-    if FMA_EVERY == 2:
+    gl.static_assert(FMA_EVERY == 0 or FMA_EVERY == 2 or FMA_EVERY == 4 or FMA_EVERY == 8, "FMA_EVERY: 0, 2, 4 or 8")
+    if FMA_EVERY == 8:
+        y = gl.inline_asm_elementwise(EXP2_ASM_8, EXP2_CONSTRAINTS_8, [x], dtype=gl.float32, is_pure=True, pack=8)
+    elif FMA_EVERY == 2:
         y = gl.inline_asm_elementwise(EXP2_ASM_2, EXP2_CONSTRAINTS_2, [x], dtype=gl.float32, is_pure=True, pack=2)
     elif FMA_EVERY == 4:
         y = gl.inline_asm_elementwise(EXP2_ASM_4, EXP2_CONSTRAINTS_4, [x], dtype=gl.float32, is_pure=True, pack=4)
