@@ -101,12 +101,12 @@ CASES = {
                             peers=("chunk_simple_gla",)),
     "based d16 v64": dict(H=16, Hqk=16, Dk=16, Dv=64, decay=None, feature=BASED,
                           peers=("parallel_based", "fused_chunk_based")),
+    "mamba2 2.7B shape": dict(H=80, Hqk=1, Dk=128, Dv=64, decay="scalar", feature=IDENTITY, mamba=True,
+                              peers=("chunk_simple_gla",)),
     "linear d64 v128": dict(H=16, Hqk=16, Dk=64, Dv=128, decay=None, feature=IDENTITY, peers=("chunk_linear_attn",),
                             gluon_override=True),
     "simple gla d64 v128": dict(H=16, Hqk=16, Dk=64, Dv=128, decay="scalar", feature=IDENTITY,
                                 peers=("chunk_simple_gla",), gluon_override=True),
-    "mamba2 2.7B shape": dict(H=80, Hqk=1, Dk=128, Dv=64, decay="scalar", feature=IDENTITY, mamba=True,
-                              peers=("chunk_simple_gla",)),
 }
 
 
@@ -360,7 +360,7 @@ def reference_floor(case: str, over: dict | None) -> float:
 
 
 def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, decay: bool, mamba: bool,
-                stages: int = 3, prefetch: bool = False):
+                stages: int = 3, prefetch: bool = False, overlap: bool = False):
     """The Gluon forward (gluon_forward.la_fwd_gluon_kernel) into NaN-filled o and final states, with
     initial states, against the float64 recurrence: o's error over the rounding floor, the states'
     relative error, every element written."""
@@ -384,11 +384,11 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
         g[:, N // 3] = float("-inf")  # a reset
     h0 = torch.randn(B, H, Dk, Dv, device=DEV)
     scale = 1.0 if mamba else Dk ** -0.5
-    row = dict(case=name, N=N, fits=gf.fits(q, k, v, g, 0), prefetch=prefetch)
+    row = dict(case=name, N=N, fits=gf.fits(q, k, v, g, 0), prefetch=prefetch, overlap=overlap)
     o = torch.full_like(v, float("nan"))
     ht = torch.full_like(h0, float("nan"))
     G = None if g is None else gf.chunk_cumulative(g, gf.BT_GLUON)
-    grid, args, warps = gf.launch_args(q, k, v, G, beta, d_skip, z, h0, o, ht, scale, stages, prefetch)
+    grid, args, warps = gf.launch_args(q, k, v, G, beta, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap)
     gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     torch.cuda.synchronize()
     row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(ht).any())
@@ -421,7 +421,15 @@ GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
                 ("gluon prefetch scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False, 2, True),
                 ("gluon prefetch scalar decay d64 v128 N 77", 2, 77, 2, 2, 64, 128, True, False, 2, True),
                 ("gluon prefetch mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True, 2, True),
-                ("gluon prefetch mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, True))
+                ("gluon prefetch mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, True),
+                # OVERLAP (configs.GLUON_OVERLAP): the chunk's wgmmas issued together; with PREFETCH
+                ("gluon overlap linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False, 2, False, True),
+                ("gluon overlap scalar decay d64 v128 N 77", 2, 77, 2, 2, 64, 128, True, False, 2, False, True),
+                ("gluon overlap+prefetch scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False, 2,
+                 True, True),
+                ("gluon overlap+prefetch mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True, 2, True,
+                 True),
+                ("gluon overlap mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, False, True))
 
 
 def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype: str = "bf16"):
@@ -492,11 +500,13 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
     if c["feature"] == BASED:
         names = ["gluon_based"]
     elif c.get("gluon_override"):
-        names = ["gluon", "gluon_prefetch"] if c["decay"] else ["gluon"]
+        names = ["gluon", "gluon_prefetch", "gluon_overlap", "gluon_both"] if c["decay"] else ["gluon", "gluon_overlap"]
     elif c.get("mamba"):
-        names = ["kernel_only", "torch_prep", "gluon_direct", "gluon_prefetch"]
+        names = ["kernel_only", "torch_prep", "gluon_direct", "gluon_prefetch", "gluon_overlap", "gluon_both"]
     elif c["decay"]:
-        names = ["gluon_direct", "gluon_prefetch"]
+        names = ["gluon_direct", "gluon_prefetch", "gluon_overlap", "gluon_both"]
+    else:
+        names = ["gluon_direct", "gluon_overlap"]
     if names_only or not names:
         return dict.fromkeys(names)
     from tilecore.ops.linear_attention import gluon_based as gb
@@ -506,16 +516,17 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
         if gb.fits(t["q"], t["k"], t["v"], None) is not None:
             raise ValueError(f"gluon_based does not take the case: {gb.fits(t['q'], t['k'], t['v'], None)}")
         return {"gluon_based": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False)[0]}
-    def direct(prefetch):  # gluon_forward.forward as launch.forward calls it, PREFETCH on or off
+    def direct(prefetch, overlap=False):  # gluon_forward.forward as launch.forward calls it, PREFETCH/OVERLAP
         return lambda: gf.forward(t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"], t["z"], None, t["scale"],
-                                  False, 2, prefetch=prefetch)[0]
+                                  False, 2, prefetch=prefetch, overlap=overlap)[0]
+    variants = {"gluon_direct": direct(False), "gluon_prefetch": direct(True), "gluon_overlap": direct(False, True),
+                "gluon_both": direct(True, True)}
     if c.get("gluon_override"):
         calls = {"gluon": lambda: run_forward(t, fwd_gluon=True, gluon_stages=2)}
-        if c["decay"]:
-            calls["gluon_prefetch"] = direct(True)
+        calls.update({n: variants[n] for n in names if n in variants})
         return calls
     if not c.get("mamba"):
-        return {"gluon_direct": direct(False), "gluon_prefetch": direct(True)}
+        return {n: variants[n] for n in names}
     # Mamba-2: what mamba2_chunk_scan runs before the kernel (dt in float32, g = dt A, D expanded; in
     # gluon_forward.forward the chunk sums of g and D's float copy), and the kernel alone
     v = t["v"]
@@ -528,7 +539,7 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
     G, beta, d_skip = prep()
     grid, args, warps = gf.launch_args(t["q"], t["k"], v, G, beta, d_skip, t["z"], None, o, None, 1.0, 2)
     return {"kernel_only": lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps), "torch_prep": prep,
-            "gluon_direct": direct(False), "gluon_prefetch": direct(True)}
+            **variants}
 
 
 def phase_time(case: str, t: dict):
@@ -639,7 +650,8 @@ def table() -> str:
         if extras:
             peers = (peers + "; " if peers else "") + extras
             for p in CASES[r["case"]]["peers"]:
-                for k in ("gluon_based_ms", "gluon_ms", "gluon_prefetch_ms"):
+                for k in ("gluon_based_ms", "gluon_ms", "gluon_direct_ms", "gluon_prefetch_ms", "gluon_overlap_ms",
+                          "gluon_both_ms"):
                     if r.get(p + "_ms") and r.get(k):
                         peers += f"; {p} / {k[:-3]}: {r[p + '_ms'] / r[k]:.2f}x"
         lines.append(" | ".join([r["case"], f"{bound:.3f}" if bound else "-", pct(r.get("default_ms")),

@@ -66,6 +66,9 @@ GLUON_STAGES = 2
 # TMA-loaded with the stage: the per-chunk global loads off the walk's serial path). Off until
 # gpu_forward.py checks it on the GPU (its rows "prefetch")
 GLUON_PREFETCH = False
+# the Gluon forward's OVERLAP (Q K^T, Q S_old and the state update issued together as async wgmmas, P made
+# while the last two run; the weighted values in buffers of their own): off until gpu_forward.py checks it
+GLUON_OVERLAP = False
 # Based's Gluon forward (gluon_based.py: Dk 16, no decay, Dv a multiple of 64; its 153 symmetric features
 # padded to 160, S^T in wgmma registers): compiles for sm_90a, its tables and state maps match float64 on
 # the CPU; off until gpu_forward.py's check passes on the GPU (then True; launch.forward routes it)

@@ -31,7 +31,7 @@ import torch
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon import Layout, ring, run, stage_struct, store_block, struct, wgmma_layout, wgmma_lhs_layout
-from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 
 LOG_DECAY_FLOOR_HOST = -100.0  # kernels_tl.LOG_DECAY_FLOOR's (a float for torch: a constexpr is no number)
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
@@ -109,7 +109,7 @@ class LinearAttentionForward:
     GROUP: object
     scale: object
     state_smem: object  # [2, BK, BV]: each consumer's S in the input dtype (the B operand of Q S)
-    wv_smem: object  # [2, BT, BV]: each consumer's weighted values (the B operand of K^T V)
+    wv_smem: object  # [2, BT, BV] (OVERLAP: [4, ..]): each consumer's weighted values (B operands of K^T V, P V)
     BT: gl.constexpr
     BK: gl.constexpr
     BV: gl.constexpr
@@ -120,6 +120,7 @@ class LinearAttentionForward:
     HAS_H0: gl.constexpr
     STORE_HT: gl.constexpr
     PREFETCH: gl.constexpr  # G and beta a chunk ahead (registers), z through the stage (TMA)
+    OVERLAP: gl.constexpr  # Q K^T, Q S and the state update issued together (async wgmma)
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BK, BV] state
     PL: gl.constexpr  # P as the register operand of P V
@@ -237,40 +238,72 @@ class LinearAttentionForward:
         if self.HAS_BETA:
             w_rows = w_rows * beta_r
 
-        # the old state to shared memory (the B operand of Q S); with beta, beta_j V_j as P V's B operand
-        # (beta on V's rows, not P's columns: one [BT, BV] product, and the scores keep no column factor
-        # but the decay's, which spilled 1 KB at Mamba-2's shape)
         S_smem = self.state_smem.index(c)
-        wv = self.wv_smem.index(c)
-        gl.thread_barrier()  # the previous step's wgmmas have read both buffers
-        S_smem.store(walk.S.to(dtype))
-        if self.HAS_BETA:
-            wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(beta_r, 1)).to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-
-        # intra-chunk scores P = mask(Q K^T exp(G_i - G_j)) scale
-        s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False)
         causal = gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)
         row_scale = gl.zeros([self.BT], gl.float32, gl.SliceLayout(1, self.SL)) + self.scale
-        if self.DECAY:
-            s = s * gl.exp(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
-            row_scale = row_scale * gl.exp(G_r)
-        p = gl.convert_layout(gl.where(causal, s * self.scale, 0.0).to(dtype), self.PL)
-
-        # o = exp(G_i) scale (Q S_old) + P (beta V)
-        o = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False)
-        if self.HAS_BETA:
-            o = warpgroup_mma(p, wv, o * gl.expand_dims(row_scale, 1))
+        if self.OVERLAP:
+            # every operand to shared memory first (the old S; beta V and the state update's weighted V in
+            # buffers of their own), then Q K^T, Q S_old and the state update issued together; P is made
+            # while Q S and the update run, P V chained after Q S
+            wv = self.wv_smem.index(2 * c)  # the state update's exp(G_last - G_j) beta_j V_j
+            bv = self.wv_smem.index(2 * c + 1)  # beta_j V_j (P V's B operand, with beta)
+            gl.thread_barrier()  # the previous step's wgmmas have read the buffers
+            S_smem.store(walk.S.to(dtype))
+            v_f = v.load(self.SL).to(gl.float32)
+            wv.store((v_f * gl.expand_dims(w_rows, 1)).to(dtype))
+            if self.HAS_BETA:
+                bv.store((v_f * gl.expand_dims(beta_r, 1)).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            s_tok = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL),
+                                  use_acc=False, is_async=True)
+            o_tok = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False,
+                                  is_async=True)
+            S_tok = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay, is_async=True)
+            s = warpgroup_mma_wait(2, deps=(s_tok,))
+            if self.DECAY:
+                s = s * gl.exp(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
+                row_scale = row_scale * gl.exp(G_r)
+            p = gl.convert_layout(gl.where(causal, s * self.scale, 0.0).to(dtype), self.PL)
+            o = warpgroup_mma_wait(1, deps=(o_tok,)) * gl.expand_dims(row_scale, 1)
+            if self.HAS_BETA:
+                o_tok = warpgroup_mma(p, bv, o, is_async=True)
+            else:
+                o_tok = warpgroup_mma(p, v, o, is_async=True)
+            o, S = warpgroup_mma_wait(0, deps=(o_tok, S_tok))
         else:
-            o = warpgroup_mma(p, v, o * gl.expand_dims(row_scale, 1))
+            # the old state to shared memory (the B operand of Q S); with beta, beta_j V_j as P V's B operand
+            # (beta on V's rows, not P's columns: one [BT, BV] product, and the scores keep no column factor
+            # but the decay's, which spilled 1 KB at Mamba-2's shape)
+            wv = self.wv_smem.index(c)
+            gl.thread_barrier()  # the previous step's wgmmas have read both buffers
+            S_smem.store(walk.S.to(dtype))
+            if self.HAS_BETA:
+                wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(beta_r, 1)).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
 
-        # S <- exp(G_last) S + K^T (exp(G_last - G_j) beta_j V_j)
-        gl.thread_barrier()  # P V has read wv
-        wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(w_rows, 1)).to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        S = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay)
+            # intra-chunk scores P = mask(Q K^T exp(G_i - G_j)) scale
+            s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL),
+                              use_acc=False)
+            if self.DECAY:
+                s = s * gl.exp(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
+                row_scale = row_scale * gl.exp(G_r)
+            p = gl.convert_layout(gl.where(causal, s * self.scale, 0.0).to(dtype), self.PL)
+
+            # o = exp(G_i) scale (Q S_old) + P (beta V)
+            o = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False)
+            if self.HAS_BETA:
+                o = warpgroup_mma(p, wv, o * gl.expand_dims(row_scale, 1))
+            else:
+                o = warpgroup_mma(p, v, o * gl.expand_dims(row_scale, 1))
+
+            # S <- exp(G_last) S + K^T (exp(G_last - G_j) beta_j V_j)
+            gl.thread_barrier()  # P V has read wv
+            wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(w_rows, 1)).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            S = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay)
 
         # Mamba-2's epilogue and the store (rows past N clipped by TMA)
         offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(0, self.SL))
@@ -311,10 +344,11 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, G, BETA, DSKIP, 
                         N, H, VB, GROUP, scale, num_tiles,
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
                         HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                        PREFETCH: gl.constexpr = False):
+                        PREFETCH: gl.constexpr = False, OVERLAP: gl.constexpr = False):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. PREFETCH: each chunk's decay and beta loaded
-    a chunk ahead, z TMA-loaded with the stage (off the walk's serial path)."""
+    a chunk ahead, z TMA-loaded with the stage (off the walk's serial path). OVERLAP: the chunk's three
+    independent wgmmas in flight together."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -324,11 +358,11 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, G, BETA, DSKIP, 
     PL: gl.constexpr = wgmma_lhs_layout(BT, BV, gl.num_warps())
     operand_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
-    wv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
+    wv_smem = gl.allocate_shared_memory(q_desc.dtype, [4 if OVERLAP else 2, BT, BV], operand_layout)
     op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, G, BETA, DSKIP, Z, H0, HT,
                                 sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf,
                                 stv, N, H, VB, GROUP, scale, state_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D,
-                                HAS_Z, HAS_H0, STORE_HT, PREFETCH, SL, STL, PL)
+                                HAS_Z, HAS_H0, STORE_HT, PREFETCH, OVERLAP, SL, STL, PL)
     if PREFETCH and HAS_Z:
         stages = ChunkZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                         ring(z_desc, STAGES), ring(z_desc, STAGES))
@@ -381,9 +415,10 @@ def chunk_cumulative(g: torch.Tensor, chunk: int) -> torch.Tensor:
     return g.reshape(B, (N + pad) // chunk, chunk, H).cumsum(2).view(B, N + pad, H)[:, :N]
 
 
-def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, prefetch: bool = False):
+def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, prefetch: bool = False,
+                overlap: bool = False):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
-    prefetch: the kernel's PREFETCH (z must then be TMA-able: ``tma_ok``)."""
+    prefetch, overlap: the kernel's PREFETCH (z must then be TMA-able: ``tma_ok``) and OVERLAP."""
     from tilecore.tiles.launch import gluon_descriptor
     from tilecore.tiles.schedule import persistent_programs
 
@@ -405,7 +440,8 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                 szh=sz[2], sdh=st(d_skip, 2)[0], s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1],
                 stf=sht[2], stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles,
                 STAGES=stages, DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None,
-                HAS_Z=z is not None, HAS_H0=h0 is not None, STORE_HT=ht is not None, PREFETCH=prefetch)
+                HAS_Z=z is not None, HAS_H0=h0 is not None, STORE_HT=ht is not None, PREFETCH=prefetch,
+                OVERLAP=overlap)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -416,13 +452,14 @@ def tma_ok(t: torch.Tensor) -> bool:
 
 
 def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3,
-            prefetch: bool | None = None):
+            prefetch: bool | None = None, overlap: bool | None = None):
     """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
-    columns must be contiguous (stride 1), as Mamba-2's are. prefetch: the kernel's PREFETCH (None:
-    configs.GLUON_PREFETCH)."""
+    columns must be contiguous (stride 1), as Mamba-2's are. prefetch, overlap: the kernel's PREFETCH and
+    OVERLAP (None: configs.GLUON_PREFETCH, configs.GLUON_OVERLAP)."""
     from tilecore.ops.linear_attention import configs
 
     prefetch = configs.GLUON_PREFETCH if prefetch is None else prefetch
+    overlap = configs.GLUON_OVERLAP if overlap is None else overlap
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     ht = torch.empty(B, H, q.shape[-1], Dv, dtype=torch.float32, device=v.device) if final_state else None
@@ -432,7 +469,7 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
         d_skip = d_skip.float().contiguous()
     if z is not None and (z.stride(-1) != 1 or (prefetch and not tma_ok(z))):
         z = z.contiguous()
-    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, prefetch)
+    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap)
     la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     return o, ht
 
@@ -450,7 +487,7 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 }
 
 
-def compile_report(case: str, prefetch: bool = False, stages: int = 2) -> dict:
+def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: bool = False) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -462,8 +499,8 @@ def compile_report(case: str, prefetch: bool = False, stages: int = 2) -> dict:
     grid, args, warps = launch_args(q, q, v, f32(B, N, H) if decay else None, f32(B, N, H) if mamba else None,
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
                                     torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0,
-                                    stages=stages, prefetch=prefetch)
+                                    stages=stages, prefetch=prefetch, overlap=overlap)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     r = resources(compiled)
-    return dict(case=case, prefetch=prefetch, spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
+    return dict(case=case, prefetch=prefetch, overlap=overlap, spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
                 wgmma_serialized=r.wgmma_serialized, **has_hopper_instructions(compiled.asm["ptx"]))
