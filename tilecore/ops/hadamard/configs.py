@@ -114,3 +114,8 @@ KRON_TUNING = {(28, 512): dict(num_stages=3), (12, 64): dict(num_stages=1), (20,
 # hadamard_quantize's kron-tiled plans by n (quantize.kernel_plan), 16-bit inputs: 14336 on 4 warps (session 26,
 # H100, FAST: fp8 47.9% of copy against 8 warps' 35.9 and 16 warps' 17.5; mxfp4 8.8 against 8.6)
 QUANT_KRON_TUNING = {14336: dict(num_warps=4)}
+# session 27: hadamard_quantize's kron-tiled kernel (the model widths) with interleaved slices (slice t = columns
+# q S + t of each sub-row: a quantization group's amax without other warps, a thread's codes as one vector;
+# quantize_kernels._epilogue_interleaved; plan tuning "interleave"). Off until a GPU run checks and times it
+# (experiments/hadamard/gpu_quantize_probe.py --set s27)
+QUANT_INTERLEAVE = False

@@ -34,15 +34,21 @@ from tilecore.tiles.hadamard import sylvester_tile
 
 @triton.jit
 def slice_offsets(tile, t, rows, stride, M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr,
-                  Q: tl.constexpr, B: tl.constexpr, CHUNKS: tl.constexpr):
+                  Q: tl.constexpr, B: tl.constexpr, CHUNKS: tl.constexpr, IL: tl.constexpr = 0):
     """(element offsets, in-bounds mask, column index within the row) of slice t of ``tile``, each
     [B M_PAD, Q]: tile row b M_PAD + i is sub-row i (< M, else padding) of row tile B + b (of row
-    tile // CHUNKS, column chunk tile % CHUNKS, where CHUNKS > 1 and B == 1). 64-bit offsets."""
+    tile // CHUNKS, column chunk tile % CHUNKS, where CHUNKS > 1 and B == 1). 64-bit offsets.
+    IL > 0 (interleaved slices, IL = S, Q S = P, CHUNKS == 1): slice t is the columns q IL + t of each
+    sub-row instead of t Q + q (H_P = H_Q (x) H_S as well as H_S (x) H_Q: the same products, and then
+    a group of consecutive outputs lies in few columns of every slice, so its amax needs no other warp)."""
     q = tl.arange(0, Q)
     r = tl.arange(0, B * M_PAD)
     i = r % M_PAD
     row = (r // M_PAD).to(tl.int64) + (tile // CHUNKS) * B
-    col = (tile % CHUNKS) * Q + t * Q + q
+    if IL > 0:
+        col = q * IL + t
+    else:
+        col = (tile % CHUNKS) * Q + t * Q + q
     col2 = i[:, None] * P + col[None, :]
     offs = row[:, None] * stride + col2
     mask = (row[:, None] < rows) & (i[:, None] < M) & (q[None, :] < P)
@@ -96,12 +102,16 @@ K_CHUNK: tl.constexpr = tl.constexpr(64)
 
 @triton.jit
 def _load_sub_rows(x, signs, tile, t, rows, stride_x, K0, M: tl.constexpr, P: tl.constexpr, Q: tl.constexpr,
-                   CHUNKS: tl.constexpr, KB: tl.constexpr, SIGNS: tl.constexpr):
-    """Sub-rows K0 .. K0 + KB - 1 of slice t of one row (B == 1): [KB, Q], zeros out of bounds."""
+                   CHUNKS: tl.constexpr, KB: tl.constexpr, SIGNS: tl.constexpr, IL: tl.constexpr = 0):
+    """Sub-rows K0 .. K0 + KB - 1 of slice t of one row (B == 1): [KB, Q], zeros out of bounds (IL:
+    interleaved slices, slice_offsets)."""
     q = tl.arange(0, Q)
     i = K0 + tl.arange(0, KB)
     row = tl.zeros([KB], tl.int64) + tile // CHUNKS
-    col2 = i[:, None] * P + ((tile % CHUNKS) * Q + t * Q + q)[None, :]
+    if IL > 0:
+        col2 = i[:, None] * P + (q * IL + t)[None, :]
+    else:
+        col2 = i[:, None] * P + ((tile % CHUNKS) * Q + t * Q + q)[None, :]
     mask = (row[:, None] < rows) & (i[:, None] < M) & (q[None, :] < P)
     v = tl.load(x + row[:, None] * stride_x + col2, mask=mask, other=0.0)
     if SIGNS:
@@ -112,13 +122,13 @@ def _load_sub_rows(x, signs, tile, t, rows, stride_x, K0, M: tl.constexpr, P: tl
 @triton.jit
 def _chunked_mix(x, h_ptr, signs, tile, t, rows, stride_x, M: tl.constexpr, M_PAD: tl.constexpr,
                  P: tl.constexpr, Q: tl.constexpr, CHUNKS: tl.constexpr, SIGNS: tl.constexpr,
-                 IN_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr):
+                 IN_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, IL: tl.constexpr = 0):
     """H_m X_t for one row (B == 1) with M_PAD > K_CHUNK: sum over column blocks of H of H[:, k] X_t[k],
     each product exact as the whole one is; [M_PAD, Q] float32."""
     i = tl.arange(0, M_PAD)
     acc = tl.zeros([M_PAD, Q], tl.float32)
     for kb in tl.static_range(M_PAD // K_CHUNK):
-        v = _load_sub_rows(x, signs, tile, t, rows, stride_x, kb * K_CHUNK, M, P, Q, CHUNKS, K_CHUNK, SIGNS)
+        v = _load_sub_rows(x, signs, tile, t, rows, stride_x, kb * K_CHUNK, M, P, Q, CHUNKS, K_CHUNK, SIGNS, IL)
         k = kb * K_CHUNK + tl.arange(0, K_CHUNK)
         h = tl.load(h_ptr + i[:, None] * M_PAD + k[None, :])
         if IN_PIECES == 1:
@@ -133,18 +143,19 @@ def load_slice_transform(x, h_ptr, signs, tile, t, rows, stride_x, M: tl.constex
                          P: tl.constexpr, Q: tl.constexpr, B: tl.constexpr, CHUNKS: tl.constexpr,
                          MIX: tl.constexpr, TRANSFORM: tl.constexpr, SIGNS: tl.constexpr,
                          IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
-                         MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, TMA: tl.constexpr = False):
+                         MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, TMA: tl.constexpr = False,
+                         IL: tl.constexpr = 0):
     """Slice t of ``tile`` loaded (zeros out of bounds; times ``signs`` along the row where SIGNS: exact,
     +-1) and transformed: [B M_PAD, Q] float32. TMA: ``x`` is a descriptor over the rows seen as
     (rows, M, P) with [B, M_PAD, Q] boxes (Q <= P, CHUNKS == 1): one bulk copy a slice, the copy engine
     zero-filling sub-rows past M and rows past the end."""
     if MIX == 1 and M_PAD > K_CHUNK:  # (plans give B == 1 there)
         y = _chunked_mix(x, h_ptr, signs, tile, t, rows, stride_x, M, M_PAD, P, Q, CHUNKS, SIGNS, IN_PIECES,
-                         MMA_DTYPE, PIECE_DTYPE)
+                         MMA_DTYPE, PIECE_DTYPE, IL)
         if TRANSFORM:
             return _split_dot(y, sylvester_tile(Q, Q, P, PIECE_DTYPE), True, MID_PIECES, PIECE_DTYPE)
         return y
-    offs, mask, col = slice_offsets(tile, t, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS)
+    offs, mask, col = slice_offsets(tile, t, rows, stride_x, M, M_PAD, P, Q, B, CHUNKS, IL)
     if TMA:
         v = tl.reshape(x.load([tile * B, 0, t * Q]), (B * M_PAD, Q))
     else:

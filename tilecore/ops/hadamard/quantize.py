@@ -124,6 +124,11 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
         TMA_LOAD=bool(tuning.get("kron_tma", configs.KRON_TMA != "none")) and Q <= P and dtype != torch.float32
         and not (mix == 1 and m_pad > 64),
         num_stages=tuning.get("num_stages") or (1 if m_pad > 64 and mix else 2),  # as kron.kernel_plan
+        # interleaved slices (quantize_kernels._epilogue_interleaved): one row a tile, S >= 2 slices filling
+        # the sub-row, groups a multiple of S or the whole row; pointer loads
+        IL=S if (tuning.get("interleave", configs.QUANT_INTERLEAVE) and B == 1 and S >= 2 and Q * S == P
+                 and (mode == 1 and group % S == 0 or mode == 0 and spg == m_pad)
+                 and not tuning.get("kron_tma", configs.KRON_TMA != "none")) else 0,
         **_maxnreg(tuning, {})))
 
 
@@ -229,10 +234,11 @@ def _outputs(rows: int, n: int, fmt: str, group: int | None, device):
 
 def run_plan(plan: QuantizePlan, x2: torch.Tensor, fmt: str, group: int | None, block: int | None = None,
              rotate: bool = True, scale: torch.Tensor | None = None, signs: torch.Tensor | None = None, *,
-             poison: bool = False):
+             poison: bool | int = False):
     """Run ``plan`` (from plan_quantize or kernel_plan, with any tuning) on the 2-D rows ``x2`` (rows, n),
     contiguous: (codes, scales, global scale or None), as hadamard_quantize's 2-D result before shaping
-    (quantize_reference.shape_outputs). For checks and probes: arguments are not checked; ``poison`` fills
+    (quantize_reference.shape_outputs). For checks and probes: arguments are not checked; ``poison`` (True or
+    a byte value other than 0x5A: two runs with different bytes show an element neither wrote) fills
     the outputs with 0x5A bytes / NaN before the launch, so an element the kernel never writes shows."""
     return _run(x2, fmt, group, block, rotate, scale, signs, plan=plan, poison=poison)
 
@@ -256,8 +262,8 @@ def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False):
         return _run(y, fmt, group, None, False, scale, None, poison=poison)
     codes, scales = _outputs(rows, n, fmt, group if not static or fmt == "nvfp4" else None, x2.device)
     if poison:
-        codes.view(torch.uint8).fill_(0x5A)
-        scales.fill_(float("nan")) if scales.dtype == torch.float32 else scales.fill_(0x5A)
+        codes.view(torch.uint8).fill_(0x5A if poison is True else int(poison))
+        scales.fill_(float("nan")) if scales.dtype == torch.float32 else scales.fill_(0x5A if poison is True else int(poison))
     if static and fmt in FP8_DTYPES:
         scales = scale.reshape(1).to(torch.float32)
     if plan.path == "pow2":

@@ -214,7 +214,7 @@ def _epilogue(codes, scales, gscale, tile, rows, stride_codes, stride_scales,
         if SPG == R:  # one group a tile (a whole row, B == 1): scalars, broadcast without layout changes
             div, stored = _scale(_nan_max(a, 0), gscale, FORMAT, STATIC, QMAX)
             if not STATIC:
-                tl.store(scales + tile.to(tl.int64) * stride_scales, stored.to(scales.dtype.element_ty),
+                tl.store(scales + tl.cast(tile, tl.int64) * stride_scales, stored.to(scales.dtype.element_ty),
                          mask=tile < rows)
             recip, div_e = _group_divisor(div, FORMAT)
             zero = tl.zeros([R, 1], tl.float32)
@@ -307,6 +307,134 @@ def _valid_only(y, M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr, Q: tl.
     return y
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Interleaved slices (session 27, plan tuning "interleave"; kernels_kron.slice_offsets' IL): slice t holds
+# the columns q S + t of every sub-row, so output column c S + s of a sub-row is column c of slice s. A thread
+# then holds, for each of its (sub-row, c), the S consecutive outputs c S .. c S + S - 1 (one in each slice):
+# a group of G consecutive outputs is G / S consecutive columns of every slice (nvfp4 at S = 8: the two columns
+# a thread holds; mxfp4: four, one lane pair), so its amax is an elementwise max over the slices and a
+# reduction within a thread or a lane pair, where contiguous slices spread a group over several warps (the
+# mma layout puts warps along the columns at M_PAD = 32) and reduce it through shared memory, with barriers,
+# once a slice and group. The codes of a (sub-row, c) are S / 2 bytes (packed) or S bytes in a row: joined
+# into one vector a thread stores.
+
+@triton.jit
+def _codes_il(y, div, stored, recip, div_e, R: tl.constexpr, Q: tl.constexpr, C: tl.constexpr,
+              FORMAT: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr, FAST: tl.constexpr):
+    """Codes of one slice [R, Q] with a scale every C consecutive columns (div etc. [R, Q / C])."""
+    if C == 1:
+        return _codes_fast(y, div, stored, recip, div_e, FORMAT, QMAX, STATIC, FAST)
+    y3 = tl.reshape(y, (R, Q // C, C))
+    code = _codes_fast(y3, div[:, :, None], stored[:, :, None], recip[:, :, None], div_e[:, :, None], FORMAT, QMAX,
+                       STATIC, FAST)
+    return tl.reshape(code, (R, Q))
+
+
+@triton.jit
+def _nibbles(a, b):
+    """One byte of two codes' nibbles, a low (the even element)."""
+    return ((a & 0xF) | ((b & 0xF) << 4)).to(tl.uint8)
+
+
+@triton.jit
+def _store_il(codes, tile, rows, stride_codes, c0, c1, c2, c3, c4, c5, c6, c7, S: tl.constexpr, M: tl.constexpr,
+              M_PAD: tl.constexpr, P: tl.constexpr, Q: tl.constexpr, PACKED: tl.constexpr):
+    """The codes of one row (B == 1) from its S >= 2 interleaved slices: column c of slice s is element c S + s
+    of its sub-row; each (sub-row, c) is K = S / 2 (packed) or S bytes in a row, stored as one vector. tl.join
+    adds a last (fastest) index: byte f = 4 a + 2 b + c of a (sub-row, c) is joined at [..., a, b, c]."""
+    K: tl.constexpr = S // 2 if PACKED else S
+    if PACKED:
+        if S == 2:
+            v = _nibbles(c0, c1)
+        elif S == 4:
+            v = tl.join(_nibbles(c0, c1), _nibbles(c2, c3))
+        else:
+            v = tl.join(tl.join(_nibbles(c0, c1), _nibbles(c4, c5)), tl.join(_nibbles(c2, c3), _nibbles(c6, c7)))
+    else:
+        b0 = c0.to(tl.uint8)
+        b1 = c1.to(tl.uint8)
+        if S == 2:
+            v = tl.join(b0, b1)
+        elif S == 4:
+            v = tl.join(tl.join(b0, c2.to(tl.uint8)), tl.join(b1, c3.to(tl.uint8)))
+        else:
+            v = tl.join(tl.join(tl.join(b0, c4.to(tl.uint8)), tl.join(c2.to(tl.uint8), c6.to(tl.uint8))),
+                        tl.join(tl.join(b1, c5.to(tl.uint8)), tl.join(c3.to(tl.uint8), c7.to(tl.uint8))))
+    v = tl.reshape(v, (M_PAD, Q * K))
+    i = tl.arange(0, M_PAD)
+    j = tl.arange(0, Q * K)
+    W: tl.constexpr = P // 2 if PACKED else P  # bytes a sub-row
+    row = tl.zeros([M_PAD], tl.int64) + tile  # 64-bit offsets
+    offs = row[:, None] * stride_codes + i[:, None] * W + j[None, :]
+    tl.store(codes + offs, v, mask=(i[:, None] < M) & (tile < rows))
+
+
+@triton.jit
+def _epilogue_interleaved(codes, scales, gscale, tile, rows, stride_codes, stride_scales,
+                          o0, o1, o2, o3, o4, o5, o6, o7, S: tl.constexpr, M: tl.constexpr, M_PAD: tl.constexpr,
+                          P: tl.constexpr, Q: tl.constexpr, FORMAT: tl.constexpr, GROUP: tl.constexpr,
+                          G: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr,
+                          FAST: tl.constexpr):
+    """_epilogue for one row (B == 1) of S interleaved slices: a per-token scale (GROUP 0) or groups of G
+    consecutive elements (GROUP 1, G a multiple of S: C = G / S consecutive columns of every slice)."""
+    if GROUP == 0:
+        C: tl.constexpr = 1
+        a = _slices_max(o0, o1, o2, o3, o4, o5, o6, o7, S)  # [M_PAD]: each sub-row's, over slices and columns
+        div, stored = _scale(_nan_max(a, 0), gscale, FORMAT, STATIC, QMAX)
+        if not STATIC:
+            first = tl.arange(0, M_PAD) == 0  # the row's scale, stored once
+            tl.store(scales + (tl.zeros([M_PAD], tl.int64) + tile) * stride_scales + tl.zeros([M_PAD], tl.int32),
+                     stored.to(scales.dtype.element_ty) + tl.zeros([M_PAD], scales.dtype.element_ty),
+                     mask=first & (tile < rows))
+        recip, div_e = _group_divisor(div, FORMAT)
+        zero = tl.zeros([M_PAD, Q], tl.float32)
+        div_r = div + zero
+        st_r = stored + tl.zeros([M_PAD, Q], stored.dtype)
+        rc_r = recip + zero
+        de_r = div_e + zero
+    else:
+        C: tl.constexpr = G // S
+        m = tl.abs(o0)
+        if S > 1:
+            m = _nan_maximum(m, tl.abs(o1))
+        if S > 2:
+            m = _nan_maximum(_nan_maximum(m, tl.abs(o2)), tl.abs(o3))
+        if S > 4:
+            m = _nan_maximum(_nan_maximum(m, tl.abs(o4)), tl.abs(o5))
+            m = _nan_maximum(_nan_maximum(m, tl.abs(o6)), tl.abs(o7))
+        if C == 1:
+            ga = m  # [M_PAD, Q]
+        else:
+            ga = _nan_max(tl.reshape(m, (M_PAD, Q // C, C)), 2)  # [M_PAD, Q / C]: the groups of each sub-row
+        div_r, st_r = _scale(ga, gscale, FORMAT, STATIC, QMAX)
+        if not STATIC:
+            i = tl.arange(0, M_PAD)
+            k = tl.arange(0, Q // C)
+            row = tl.zeros([M_PAD], tl.int64) + tile  # 64-bit: rows * stride may pass 2^31
+            tl.store(scales + row[:, None] * stride_scales + i[:, None] * (P // G) + k[None, :],
+                     st_r.to(scales.dtype.element_ty), mask=(i[:, None] < M) & (tile < rows))
+        rc_r, de_r = _group_divisor(div_r, FORMAT)
+    c0 = _codes_il(o0, div_r, st_r, rc_r, de_r, M_PAD, Q, C, FORMAT, QMAX, STATIC, FAST)
+    c1 = c0
+    c2 = c0
+    c3 = c0
+    c4 = c0
+    c5 = c0
+    c6 = c0
+    c7 = c0
+    if S > 1:
+        c1 = _codes_il(o1, div_r, st_r, rc_r, de_r, M_PAD, Q, C, FORMAT, QMAX, STATIC, FAST)
+    if S > 2:
+        c2 = _codes_il(o2, div_r, st_r, rc_r, de_r, M_PAD, Q, C, FORMAT, QMAX, STATIC, FAST)
+        c3 = _codes_il(o3, div_r, st_r, rc_r, de_r, M_PAD, Q, C, FORMAT, QMAX, STATIC, FAST)
+    if S > 4:
+        c4 = _codes_il(o4, div_r, st_r, rc_r, de_r, M_PAD, Q, C, FORMAT, QMAX, STATIC, FAST)
+        c5 = _codes_il(o5, div_r, st_r, rc_r, de_r, M_PAD, Q, C, FORMAT, QMAX, STATIC, FAST)
+        c6 = _codes_il(o6, div_r, st_r, rc_r, de_r, M_PAD, Q, C, FORMAT, QMAX, STATIC, FAST)
+        c7 = _codes_il(o7, div_r, st_r, rc_r, de_r, M_PAD, Q, C, FORMAT, QMAX, STATIC, FAST)
+    _store_il(codes, tile, rows, stride_codes, c0, c1, c2, c3, c4, c5, c6, c7, S, M, M_PAD, P, Q, PACKED)
+
+
 @triton.jit
 def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, stride_x, stride_codes,
                            stride_scales, rscale,
@@ -316,7 +444,7 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
                            SPG: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr,
                            IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr,
                            PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr, FAST: tl.constexpr = False,
-                           TMA_LOAD: tl.constexpr = False):
+                           TMA_LOAD: tl.constexpr = False, IL: tl.constexpr = 0):
     """codes, scales = quantize(rscale * rotation(signs * x)) for ``rows`` rows (module docstring); a
     persistent grid of GRID programs, B rows a tile. FORMAT == AMAX: only each program's largest |y|,
     written to amax_out[program] (nvfp4's dynamic global scale, a first pass). TMA_LOAD: ``x`` is a
@@ -325,7 +453,7 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
     run_max = tl.zeros([B * M_PAD], tl.float32)
     for tile in range(tl.program_id(0), tiles, GRID):
         t0 = _valid_only(load_slice_transform(x, h, signs, tile, 0, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX, TRANSFORM,
-                                  SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD) * rscale, M, M_PAD, P, Q, B)
+                                  SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL) * rscale, M, M_PAD, P, Q, B)
         o1 = t0
         o2 = t0
         o3 = t0
@@ -336,7 +464,7 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
         o0 = t0
         if S > 1:
             t1 = _valid_only(load_slice_transform(x, h, signs, tile, 1, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX, TRANSFORM,
-                                      SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD) * rscale, M, M_PAD, P, Q, B)
+                                      SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL) * rscale, M, M_PAD, P, Q, B)
             if S == 2:
                 if BUTTERFLY:
                     o0 = t0 + t1
@@ -345,9 +473,9 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
                     o1 = t1
             else:
                 t2 = _valid_only(load_slice_transform(x, h, signs, tile, 2, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD) * rscale, M, M_PAD, P, Q, B)
+                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL) * rscale, M, M_PAD, P, Q, B)
                 t3 = _valid_only(load_slice_transform(x, h, signs, tile, 3, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD) * rscale, M, M_PAD, P, Q, B)
+                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL) * rscale, M, M_PAD, P, Q, B)
                 if BUTTERFLY:
                     a0, a1, a2, a3 = butterfly4(t0, t1, t2, t3)
                 else:
@@ -355,13 +483,13 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
                 o0, o1, o2, o3 = a0, a1, a2, a3
                 if S == 8:
                     t4 = _valid_only(load_slice_transform(x, h, signs, tile, 4, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD) * rscale, M, M_PAD, P, Q, B)
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL) * rscale, M, M_PAD, P, Q, B)
                     t5 = _valid_only(load_slice_transform(x, h, signs, tile, 5, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD) * rscale, M, M_PAD, P, Q, B)
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL) * rscale, M, M_PAD, P, Q, B)
                     t6 = _valid_only(load_slice_transform(x, h, signs, tile, 6, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD) * rscale, M, M_PAD, P, Q, B)
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL) * rscale, M, M_PAD, P, Q, B)
                     t7 = _valid_only(load_slice_transform(x, h, signs, tile, 7, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD) * rscale, M, M_PAD, P, Q, B)
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL) * rscale, M, M_PAD, P, Q, B)
                     if BUTTERFLY:
                         b0, b1, b2, b3 = butterfly4(t4, t5, t6, t7)
                         o0, o1, o2, o3 = a0 + b0, a1 + b1, a2 + b2, a3 + b3
@@ -370,6 +498,9 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
                         o4, o5, o6, o7 = t4, t5, t6, t7
         if FORMAT == AMAX:
             run_max = _nan_maximum(run_max, _slices_max(o0, o1, o2, o3, o4, o5, o6, o7, S))
+        elif IL > 0:
+            _epilogue_interleaved(codes, scales, gscale, tile, rows, stride_codes, stride_scales, o0, o1, o2, o3, o4,
+                                  o5, o6, o7, S, M, M_PAD, P, Q, FORMAT, GROUP, G, STATIC, PACKED, QMAX, FAST)
         else:
             _epilogue(codes, scales, gscale, tile, rows, stride_codes, stride_scales, o0, o1, o2, o3, o4, o5, o6, o7,
                       S, M, M_PAD, P, Q, B, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX, FAST)
@@ -618,7 +749,7 @@ def _pow2_row_scale(scales, gscale, rows, stride_scales, tile, a, rscale, N1: tl
     if B == 1 and N1 > 1:
         div, stored = _scale(_amax(a, 0), gscale, FORMAT, STATIC, QMAX)
         if not STATIC:
-            tl.store(scales + tile.to(tl.int64) * stride_scales, stored.to(scales.dtype.element_ty), mask=tile < rows)
+            tl.store(scales + tl.cast(tile, tl.int64) * stride_scales, stored.to(scales.dtype.element_ty), mask=tile < rows)
         recip, div_e = _group_divisor(div, FORMAT)
         if FAST:
             recip = recip * rscale

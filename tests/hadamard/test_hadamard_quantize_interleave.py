@@ -1,0 +1,86 @@
+"""hadamard_quantize's kron-tiled kernel (n = m x 2^k) with interleaved slices (plan tuning ``interleave``,
+configs.QUANT_INTERLEAVE; quantize_kernels._epilogue_interleaved): slice t is the columns q S + t of each
+sub-row, so a quantization group lies in a few columns of every slice and a thread's codes are consecutive
+bytes. The same products as contiguous slices (H_P = H_Q (x) H_S = H_S (x) H_Q up to the index split) summed
+in another order: codes within one step of the contiguous plan's and of the float64 reference's (>= 99.9%
+equal to it), float32 scales within 2^-20 of the contiguous plan's, discrete scales equal. Through the
+interpreter, outputs poisoned (once with two different bytes: every element written), rows with NaN and inf,
+more rows than programs (the persistent loop)."""
+import pytest
+import torch
+
+from tilecore.ops.hadamard import quantize
+from tilecore.ops.hadamard.quantize_reference import FORMATS, code_order, hadamard_quantize_reference
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered")
+
+
+def _run(x, fmt, interleave, scale=None, signs=None, poison=True, tile_elems=None):
+    rows, n = x.shape
+    group = FORMATS[fmt].default_group
+    plan = quantize.kernel_plan(rows, n, x.dtype, fmt, group, None, True, scale is not None, signs is not None,
+                                2, True, interleave=interleave, tile_elems=tile_elems)
+    codes, scales, _ = quantize.run_plan(plan, x, fmt, group, None, True, scale, signs, poison=poison)
+    return plan, codes, scales
+
+
+def _bytes(t):
+    return t.contiguous().view(torch.uint8) if t.dtype != torch.float32 else t.nan_to_num(7.0)
+
+
+def _same_scales(a, b):
+    if a.dtype == torch.float32:  # another summation order: the float32 amax may move by an ulp
+        a, b = a.nan_to_num(7.0), b.nan_to_num(7.0)
+        return bool(((a - b).abs() <= 2.0**-20 * b.abs()).all())
+    return torch.equal(_bytes(a), _bytes(b))
+
+
+# (format, m, p, slices S): the join trees of 1, 2, 4 and 8 bytes a column, groups of 2..64 columns a slice
+CASES = [("mxfp4", 12, 128, 2), ("fp8_e4m3", 12, 256, 4), ("int4", 12, 256, 2), ("int8", 12, 512, 8),
+         ("nvfp4", 12, 512, 8)]
+
+
+@pytest.mark.parametrize("fmt, m, p, S", CASES)
+def test_interleaved_slices_match_the_contiguous_plan_and_the_reference(fmt, m, p, S):
+    torch.manual_seed(1)
+    n = m * p
+    x = torch.randn(3, n, dtype=torch.float16)  # 3 rows on 2 programs: the persistent loop, a partial last pass
+    x[:, 7] *= 60  # an outlier channel
+    x[1, 3] = float("nan")
+    x[2, 9] = float("inf")
+    scale = torch.tensor([0.002]) if fmt == "nvfp4" else None
+    plan, codes, scales = _run(x, fmt, True, scale, tile_elems=16 * p)
+    assert plan.path == "fused" and plan.config["IL"] == S == plan.config["S"] and plan.config["B"] == 1
+    if S == 8 and fmt == "nvfp4":
+        _, codes2, scales2 = _run(x, fmt, True, scale, poison=0xA5, tile_elems=16 * p)
+        assert torch.equal(_bytes(codes), _bytes(codes2)) and torch.equal(_bytes(scales), _bytes(scales2))
+    base, base_codes, base_scales = _run(x, fmt, False, scale, tile_elems=16 * p)
+    assert base.config["IL"] == 0 and base.config["S"] == S
+    assert _same_scales(scales, base_scales)
+    kw = {"scale": scale} if scale is not None else {}
+    ref_codes, _ = hadamard_quantize_reference(x, format=fmt, **kw)
+    a, b = code_order(codes.reshape(ref_codes.shape), fmt), code_order(ref_codes, fmt)
+    e = code_order(base_codes.reshape(ref_codes.shape), fmt)
+    finite = torch.isfinite(x).all(dim=-1)
+    assert (a == b).double().mean() >= 0.999
+    assert (a - b)[finite].abs().max() <= 1
+    assert (a - e)[finite].abs().max() <= 1
+    assert torch.equal(a[~finite], e[~finite])  # NaN / inf rows: the formats' rules, as the contiguous plan
+
+
+def test_interleaved_slices_with_random_signs_and_where_the_plan_does_not_apply():
+    torch.manual_seed(2)
+    n = 12 * 128
+    x = torch.randn(2, n, dtype=torch.bfloat16)
+    signs = (torch.randint(0, 2, (n,)) * 2 - 1).to(torch.bfloat16)
+    plan, codes, scales = _run(x, "mxfp4", True, signs=signs, tile_elems=2048)
+    assert plan.config["IL"] == 2
+    _, base_codes, base_scales = _run(x, "mxfp4", False, signs=signs, tile_elems=2048)
+    a, e = code_order(codes, "mxfp4"), code_order(base_codes, "mxfp4")
+    assert (a - e).abs().max() <= 1 and (a == e).double().mean() >= 0.999
+    assert _same_scales(scales, base_scales)
+    # several rows a tile (B > 1) or one slice: the contiguous epilogue, whatever the tuning asks
+    for n in (12 * 64, 20 * 128):
+        plan = quantize.kernel_plan(64, n, torch.bfloat16, "mxfp4", 32, None, True, False, False, 2, True,
+                                    interleave=True)
+        assert plan.config["IL"] == 0, (n, plan.config)
