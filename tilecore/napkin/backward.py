@@ -232,6 +232,13 @@ def _relabel(diag, gpu, parts, kernel):
         return relabel(diag, gpu, parts, warpgroups=kernel.consumers + 1, mma=kernel.mma)
 
 
+def _op_share(diag: Diagram, r, output: str) -> float:
+    """The share of a derivation's tensor-core clocks a step that the op writing `output` takes."""
+    label = next(op.label or op.name for op in diag.ops if op.output == output)
+    tensor = {k: v for k, v in r.thread_clocks.items() if k[1] == "tensor"}
+    return sum(v for k, v in tensor.items() if k[0] == label) / sum(tensor.values())
+
+
 def _smem_bytes_per_step(kernel: BackwardKernel, d: int, dq: bool) -> float:
     """Shared-memory bytes one thread block moves in a step (operand reads, TMA writes, staging)."""
     br, bc, w = kernel.block_q, kernel.block_k, kernel.consumers
@@ -281,8 +288,10 @@ def attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu="h100", 
     fused_dq = kernel.dq != "kernel"
 
     sfu_a_point = 1 + (kernel.tanh_sfu if softcap else 0)     # exp (and the cap's tanh)
-    t_mma = r.times["tensor"] * (1.0 if fused_dq else 4 / 5) * density   # five equal MMAs; four without dQ
-    t_dq_mma = r.times["tensor"] / 5 * density
+    # dQ's share of the step's MMA work, from the diagram's per-op clocks (the paper's step 7): 1/5
+    dq_share = _op_share(diag, r, "dQ")
+    t_dq_mma = r.times["tensor"] * dq_share * density
+    t_mma = r.times["tensor"] * density - (0.0 if fused_dq else t_dq_mma)   # without dQ: four MMAs here
     t_exp = r.times["sfu"] * sfu_a_point * density
     # dS: 2 ops; P and dS converted: 1 op each; a cap's derivative 3
     t_ds = points * (4 + (3 if softcap else 0)) / alu * density
