@@ -582,6 +582,30 @@ def check_gluon(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None):
     RESULTS["check"].append(row)
 
 
+def check_gluon_neighbour_nonfinite():
+    """A sequence's last key block reads the next sequence's rows (TMA): inf in the next sequence's V
+    and NaN in its K must not reach this sequence's O (gluon_varlen zeroes those V rows)."""
+    from tilecore import accuracy
+    from tilecore.ops.attention.reference_varlen import varlen_reference
+
+    dev = _device()
+    dtype = torch.float16 if SMOKE else torch.bfloat16
+    lengths, d = ([10, 5, 7], 16) if SMOKE else ([100, 50, 77], 128)
+    cu = cu_of(lengths, dev)
+    q, k, v = (torch.randn(sum(lengths), 4, d, dtype=dtype, device=dev) for _ in range(3))
+    a, b = lengths[0], lengths[0] + lengths[1]
+    v[a:b] = float("inf")
+    k[a:b] = float("nan")
+    out, _ = gluon_forward(q, k, v, cu, cu, True, d ** -0.5, 0.0)
+    keep = torch.ones(sum(lengths), dtype=torch.bool, device=dev)
+    keep[a:b] = False
+    ref, _ = varlen_reference(q.double(), k.double(), v.double(), cu, cu, causal=True)
+    finite = bool(torch.isfinite(out[keep]).all())
+    err = accuracy.error_over_floor(out[keep], ref[keep])
+    RESULTS["check"].append({"case": "gluon varlen fwd: inf V / NaN K in the next sequence, causal",
+                             "others_finite": finite, "O_x_floor": err, "ok": finite and err <= 2.0})
+
+
 def check_gluon_graph():
     """The Gluon forward captured in a CUDA graph, replayed after cu_seqlens changed on the device
     (same totals): the work table is rebuilt on the device at each replay."""
@@ -685,6 +709,7 @@ def run_quick():
     if SMOKE:
         guarded("gluon configs smoke")(time_gluon_configs)("smoke", [16, 40], {"shipped": None}, h=2, d=16)
         guarded("gluon check smoke")(check_gluon)(f16, [5, 0, 1, 19], [5, 2, 1, 19], 2, 1, 16, dict(causal=True))
+        guarded("gluon check smoke neighbour")(check_gluon_neighbour_nonfinite)()
         guarded("gluon check smoke gqa")(check_gluon)(f16, [3, 20], [7, 20], 4, 2, 16, dict(), ref_heads=2)
         guarded("gluon time smoke")(time_gluon)("smoke", [16, 40, 8], h=2, d=16)
         return
@@ -707,6 +732,7 @@ def run_quick():
             if not over_budget(name):
                 guarded(name)(check_gluon)(*case)
     checks(first)
+    guarded("gluon check: a neighbour's inf / NaN")(check_gluon_neighbour_nonfinite)()
     guarded("gluon time long-tailed")(time_gluon)("long-tailed", tail)  # its peers skipped past the budget
     checks(later)
     if not over_budget("gluon cuda graph"):

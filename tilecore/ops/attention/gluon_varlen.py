@@ -28,9 +28,9 @@ rows are ever written. lse
 (Hq, total_q) float32 natural log, as the tl path's. SOFTCAP as the fixed kernel's (1: tanh from
 exp2, 2: tanh.approx.f32). No window (the tl kernels serve it).
 
-A limit: a P of 0 times a neighbour's V row that holds inf or NaN is NaN, so a non-finite V in the
-first BLOCK_N rows after a sequence's end reaches that sequence's last rows (the tl kernels read
-zeros there). Finite inputs are never affected.
+A P of 0 times a neighbour's V row holding inf or NaN would be NaN: before a sequence's last, partial
+key block's P V, the consumer zeroes that block's V rows past the sequence in shared memory
+(``zero_rows_from``; a neighbour's K is harmless: its scores are replaced by -inf).
 """
 from triton.experimental import gluon
 
@@ -38,7 +38,7 @@ from tilecore.ops.attention.gluon_kernels import tanh_approx, tanh_from_exp2
 from tilecore.tiles.gluon import (Layout, TileOperand, as_column, mask_scores, needs_mask, online_softmax_result,
                                   online_softmax_start, online_softmax_update, opaque_int, ring, run, stage_struct,
                                   store_block, struct, wgmma_layout, wgmma_lhs_layout)
-from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 
 WORK_FIELDS = 4  # a work-table entry: sequence (-1: none), query tile from the last row, q head, unused
 
@@ -198,8 +198,24 @@ class VarlenAttention:
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             st = st.replace(m=m, l=l, acc=acc * alpha, p=self.p_operand(p32))
         elif (step == st.rows.n_blocks) & (step > 0):
+            if (step == tile.n_blocks) & (step * self.BN > tile.Nk):  # the sequence's last, partial key block
+                self.zero_rows_from(stage.v.reshape([self.BN, self.D]), tile.Nk - (step - 1) * self.BN)
             st = st.replace(acc=warpgroup_mma(st.p, v, st.acc))
         return st
+
+    @gluon.jit
+    def zero_rows_from(self, v_smem, keep):
+        """V rows from ``keep`` on (the next sequence's) set to 0 in shared memory before the last P V:
+        their P is 0, but 0 times an inf or NaN there would be NaN. Both consumers may do it to the
+        same stage: each writes the rows it keeps unchanged and zeros elsewhere, so whatever order
+        their stores land in, every row a wgmma reads is the kept value or 0."""
+        ROWS: gl.constexpr = v_smem.shape[0]
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+        x = v_smem.load(layout)
+        rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        v_smem.store(gl.where(gl.expand_dims(rows < keep, 1), x, gl.zeros_like(x)))
+        fence_async_shared()
+        gl.thread_barrier()
 
     @gluon.jit
     def wait(self, ctx, st):
