@@ -1,15 +1,25 @@
-"""Linear attention's backward and per-channel decay (GLA) on the GPU (issue 33, session 26): correctness
-against the float64 recurrence (bf16 and fp16, the gated backward included: FLA refuses its own on Hopper
-under triton 3.6), where the backward's time goes (each kernel and the torch passes alone), block
-variants, and flash-linear-attention's chunk_linear_attn / chunk_simple_gla / chunk_gla / parallel_based
-forward and backward in the same run.
+"""Linear attention's backward and per-channel decay (GLA) on the GPU (issue 33): correctness against the
+float64 recurrence (bf16, the gated backward included: FLA refuses its own on Hopper under triton 3.6),
+the backward's time against flash-linear-attention's in the same run, and block variants.
 
-    PYTHONPATH=. python3 experiments/linear_attention/gpu_backward.py [--smoke] [--phases check,pieces,fla,sweep]
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_backward.py            # --quick (default), < 90 s
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_backward.py --smoke    # CPU, interpreter, tiny
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_backward.py --full [--phases check,pieces,fla,sweep]
 
---smoke: tiny shapes on the CPU through Triton's interpreter, no timing (imports and shapes checked).
-Every case runs in its own try (a failure is printed and the run goes on); the JSON is rewritten after
-each case. Prints a table last and writes linear_attention_backward.json to $OUT (default /tmp/out).
-Timing: triton.testing.do_bench medians (warm-up 10, 60 ms of repetitions), bf16, B16 H16 N4096.
+--quick (session 27): (1) checks, bf16 against float64 (initial and final states, N = 1000), of every
+backward path this session changed or added: the default autograd backward without a decay, with a
+scalar decay, per-channel (GLA) and Based (gradients now stored by the kernels in the inputs' dtype);
+the split dK/dV path (launch.backward_plan(split=True)) without a decay, with a scalar decay, and with
+beta and grouped heads (Mamba-2's form), each into NaN-filled buffers (every element written); and the
+pending gated variants (GLA's gathered diagonal diag=2, key blocks of 32, both; the scalar decay's swept
+blocks). The checks run in worker processes beside kernel-compiling warm-ups. (2) Timing, serial, after
+them: the autograd backward of the four cases, FLA chunk_linear_attn's backward (and forward), the split
+path and its kernels (and block variants), the pending variants. Each task in its own try; a lost CUDA
+context costs one process.
+
+--smoke: the quick run's tasks on the CPU through Triton's interpreter, shapes cut (imports, shapes and
+the orchestration checked; no timing). Prints a table last and writes linear_attention_backward.json to
+$OUT (default /tmp/out). Timing: triton.testing.do_bench medians, bf16, B16 H16 N4096.
 """
 from __future__ import annotations
 
@@ -35,9 +45,9 @@ from tilecore.ops.linear_attention.plan import BASED, IDENTITY, tl_plan  # noqa:
 
 DEV = "cpu" if SMOKE else "cuda"
 HBM_GBS = 3000.0
-RESULTS: dict = {"check": [], "pieces": [], "fla": [], "sweep": [], "errors": []}
+RESULTS: dict = {"check": [], "pieces": [], "fla": [], "sweep": [], "time": [], "errors": []}
 START = float(os.environ.get("LA_BWD_START", time.time()))  # a child keeps its parent's clock
-BUDGET = {"check": 45.0, "pieces": 130.0, "fla": 215.0, "sweep": 250.0}  # seconds from the start
+BUDGET = {"check": 45.0, "pieces": 130.0, "fla": 215.0, "sweep": 250.0, "time": 88.0}  # seconds from the start
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 CHILD_FILE = "linear_attention_backward.json"
 TASK = [0]  # the task index this process has reached
@@ -130,6 +140,7 @@ def check_case(name, B, N, H, Dk, Dv, dtype, decay=None, feature_map=None, stron
                out_floor=round(accuracy.error_over_floor(o.detach(), ref.detach()), 3),
                state_rel=accuracy.rel_rms(ht.detach(), ref_state.detach()),
                finite=bool(torch.isfinite(o).all() and torch.isfinite(ht).all()))
+    row["grad_dtypes"] = [str(t.dtype).removeprefix("torch.") for t in got[:3]]
     names = ["dq", "dk", "dv"] + (["dg"] if g is not None else []) + ["ds0"]
     for n_, a, b in zip(names, got, want):
         row["finite"] = row["finite"] and bool(torch.isfinite(a).all())
@@ -425,6 +436,314 @@ def phase_sweep():
 
 
 # --------------------------------------------------------------------------------------------
+# --quick (session 27): checks and warm-ups in worker processes, then timing in one process
+
+
+QUICK_BUDGET = 88.0  # seconds for the whole run; a timing task starting later is skipped
+CHECK_DEADLINE = 58.0  # the workers (checks, warm-ups) are waited for until then, then stopped
+CHECK_N = 1008  # a multiple of 16, as the timed N (one compiled specialization), ragged against chunks of 64
+SPLIT_VARIANTS = [  # (label, backward_plan overrides) timed on "linear d128" beside the split default
+    ("split 8 warps", dict(split_warps=8)),
+    ("split chunk 32", dict(split_BT=32)),
+    ("split BKB 128 BV 128", dict(split_BKB=128, split_BV=128)),
+    ("split dq BKQ 128 8 warps", dict(dq_BKQ=128, dq_warps=8, dq_stages=2)),
+    ("split stages 3", dict(split_stages=3)),
+]
+PENDING = [  # (case, tl_plan overrides): gated variants shipped off until a GPU check (configs.py says each)
+    ("gla d128", dict(diag=2)),
+    ("gla d128", dict(BKQ=32, BKB=32)),
+    ("gla d128", dict(diag=2, BKQ=32, BKB=32)),
+    ("simple gla d128", dict(BT_BWD=64, BKQ=128, BVB=128, num_warps=4)),  # BWD_BLOCK_KINDS = (0, 1)
+]
+NATIVE = True  # launch.backward(native=True): dq, dk, dv in the inputs' dtype, as op.py asks
+
+
+def quick_inputs(B, N, Hqk, group, Dk, Dv, decay, beta, seed=0):
+    torch.manual_seed(seed)
+    H = Hqk * group
+    q = torch.randn(B, N, Hqk, Dk, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(B, N, Hqk, Dk, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn(B, N, H, Dv, device=DEV, dtype=torch.bfloat16)
+    g = None
+    if decay == "scalar":
+        g = -torch.rand(B, N, H, device=DEV) * 0.3
+    elif decay == "channel":
+        g = -torch.rand(B, N, H, Dk, device=DEV) * 0.3
+    bt = torch.rand(B, N, H, device=DEV) + 0.5 if beta else None
+    return q, k, v, g, bt
+
+
+def quick_plan(q, v, g, feature=IDENTITY, plan_over=None, split=False, split_over=None):
+    p = tl_plan(q, v, g, feature, None, **(plan_over or {}))
+    return launch.backward_plan(p, q, v, g, feature, None, split=split, **(split_over or {}))
+
+
+def check_launch(name, Dk=128, Dv=128, decay=None, beta=False, group=1, split=False, plan_over=None,
+                 split_over=None, B=2, N=CHECK_N, Hqk=2, states=True):
+    """launch.forward and launch.backward (native dtypes) at a plan (the split path, a pending variant) against
+    the float64 recurrence, initial and final states (unless ``states`` is False: then the kernels compiled
+    are the timed ones, so the check is their warm-up too), beta and grouped heads as asked; and the
+    backward's kernels into NaN-filled buffers (every element written)."""
+    if SMOKE:
+        N, Dk, Dv = min(N, 70), min(Dk, 32), min(Dv, 32)
+    q, k, v, g, bt = quick_inputs(B, N, Hqk, group, Dk, Dv, decay, beta)
+    H = Hqk * group
+    s0 = torch.randn(B, H, Dk, Dv, device=DEV) if states else None
+    dht = torch.randn_like(s0) if states else None
+    scale = Dk ** -0.5
+    p = quick_plan(q, v, g, IDENTITY, plan_over, split, split_over)
+    o, ht, _ = launch.forward(p, q, k, v, g, bt, None, None, s0, scale, IDENTITY, final_state=states,
+                              keep_linear=False)
+    do = torch.randn_like(o)
+    # the kernels into NaN-filled buffers
+    nan = float("nan")
+    nv, nk = launch.part_counts(p)
+    bufs = dict(dq=torch.full((B, N, H, Dk), nan, device=DEV), dk_parts=torch.full((nv, B, N, H, Dk), nan, device=DEV),
+                dv_parts=torch.full((nk, B, N, H, Dv), nan, device=DEV),
+                dh0=torch.full_like(s0, nan) if states else None,
+                r=torch.full((B, N, H), nan, device=DEV) if launch.strict_diagonal(IDENTITY, g) else None)
+    qk, kk, vk, dok = (t.float() for t in (q, k, v, do)) if p.config["upcast"] else (q, k, v, do)
+    for kernel, grid, args, kw in launch.backward_calls(p, dok, qk, kk, vk, g, bt, s0, dht, bufs["dq"], bufs["dk_parts"],
+                                                        bufs["dv_parts"], bufs["dh0"], scale, IDENTITY, bufs["r"]):
+        kernel[grid](*args, **kw)
+    unwritten = [n_ for n_, t in bufs.items() if t is not None and torch.isnan(t).any()]
+    grads = launch.backward(p, do, q, k, v, g, bt, s0, None, ht, dht, scale, IDENTITY, native=NATIVE)
+    leaves = [t.detach().double().requires_grad_() if t is not None else None for t in (q, k, v, g, bt, s0)]
+    ref, ref_state = linear_attention_reference(leaves[0], leaves[1], leaves[2], decay=leaves[3], scale=scale,
+                                                initial_state=leaves[5], beta=leaves[4])
+    given = [t for t in leaves if t is not None]
+    loss = (ref * do.double()).sum() + ((ref_state * dht.double()).sum() if states else 0.0)
+    want = iter(torch.autograd.grad(loss, given))
+    want = [next(want) if t is not None else None for t in leaves]
+    row = dict(case=name, dtype="bfloat16", N=N, chunk=p.config.get("split_BT") if split else p.config["BT_BWD"],
+               split=split, **(plan_over or {}), **(split_over or {}),
+               out_floor=round(accuracy.error_over_floor(o, ref.detach()), 3),
+               state_rel=accuracy.rel_rms(ht, ref_state.detach()) if states else None, all_written=not unwritten,
+               unwritten=unwritten,
+               grad_dtypes=[str(t.dtype).removeprefix("torch.") for t in grads[:3]])
+    finite = bool(torch.isfinite(o).all() and (not states or torch.isfinite(ht).all()))
+    for n_, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "ds0"), grads, want):
+        if a is None or b is None:
+            continue
+        finite = finite and bool(torch.isfinite(a).all())
+        if n_ in ("dq", "dk", "dv"):
+            row[n_ + "_floor"] = round(accuracy.error_over_floor(a.to(q.dtype), b), 3)
+        else:
+            row[n_ + "_rel"] = accuracy.rel_rms(a, b)
+    row["finite"] = finite
+    print("check", row, flush=True)
+    RESULTS["check"].append(row)
+
+
+def quick_checks():
+    """(name, thunk) of the quick checks, the slowest to compile (per-channel decay) first. The per-channel
+    ones run without states and carry the timed task's name: they compile exactly its kernels (a warm-up
+    each, where another would cost a GLA compile of tens of seconds)."""
+    bf = torch.bfloat16
+    out = []
+    for case, over in PENDING[:3]:
+        out.append((f"pending {case} {over}", lambda over=over: check_launch(
+            f"gla d128 {over} (no states)", decay="channel", plan_over=over, B=1, states=False)))
+    out += [
+        ("autograd gla d128", lambda: check_launch("gla d128 default plan (no states)", decay="channel", B=1,
+                                                   states=False)),
+        ("autograd linear d128", lambda: check_case("autograd linear d128", 2, CHECK_N, 2, 128, 128, bf)),
+        ("autograd simple gla d128", lambda: check_case("autograd simple gla d128", 2, CHECK_N, 2, 128, 128, bf,
+                                                        decay="scalar")),
+        ("autograd based d16 v64", lambda: check_case("autograd based d16 v64", 2, CHECK_N, 2, 16, 64, bf,
+                                                      feature_map="based")),
+        ("split linear d128", lambda: check_launch("split linear d128", split=True)),
+        ("split simple gla d128", lambda: check_launch("split simple gla d128", decay="scalar", split=True)),
+        ("split mamba-like beta group 2 p64 s128", lambda: check_launch(
+            "split scalar beta group 2 Dk128 Dv64", Dv=64, decay="scalar", beta=True, group=2, Hqk=1, split=True)),
+        ("split linear d64", lambda: check_launch("split linear d64 N 17", Dk=64, Dv=64, split=True, N=17)),
+        (f"pending {PENDING[3][0]} {PENDING[3][1]}", lambda: check_launch(
+            f"simple gla d128 {PENDING[3][1]}", decay="scalar", plan_over=PENDING[3][1])),
+    ]
+    return out
+
+
+def quick_times():
+    """(name, thunk, warm thunk) of the timed tasks, in the order they run (the most wanted first); the warm
+    thunk compiles the same kernels on a small shape (run by a worker before the timing starts)."""
+    out = [("autograd linear d128", lambda: time_autograd("linear d128")),
+           ("fla linear d128 chunk_linear_attn", lambda: fla_case("linear d128", "chunk_linear_attn")),
+           ("split linear d128", lambda: time_launch("linear d128", split=True, pieces=True)),
+           ("plan linear d128", lambda: time_launch("linear d128", pieces=True)),
+           ("autograd simple gla d128", lambda: time_autograd("simple gla d128")),
+           ("split simple gla d128", lambda: time_launch("simple gla d128", split=True, pieces=True)),
+           ("autograd based d16 v64", lambda: time_autograd("based d16 v64")),
+           ("autograd gla d128", lambda: time_autograd("gla d128"))]
+    for case, over in PENDING:
+        out.append((f"pending {case} {over}", lambda case=case, over=over: time_launch(case, plan_over=over)))
+    for label, over in SPLIT_VARIANTS:
+        out.append((label, lambda label=label, over=over: time_launch("linear d128", split=True, split_over=over,
+                                                                      label=label, pieces=True)))
+    return out
+
+
+def time_autograd(name):
+    q, k, v, g, feature, scale = case_inputs(name)
+    fm = "based" if feature == BASED else None
+    leaves = [t.requires_grad_() for t in (q, k, v, g) if t is not None]
+    row = dict(case=name, what="autograd bwd (default path)")
+    with torch.no_grad():
+        row["fwd_ms"] = bench(lambda: linear_attention(q, k, v, feature_map=fm, decay=g))
+    o = linear_attention(q, k, v, feature_map=fm, decay=g)
+    dob = torch.randn_like(o)
+    row["bwd_ms"] = bench(lambda: torch.autograd.grad(o, leaves, dob, retain_graph=True))
+    row["bwd_bound_ms"] = bwd_bound(q, k, v, g)
+    print("time", row, flush=True)
+    RESULTS["time"].append(row)
+
+
+def bwd_bound(q, k, v, g):
+    """The backward's HBM bound: q, k, v, do read, dq, dk, dv written (bf16), g read and dg written (fp32)."""
+    return (bytes_of(q, k, v) * 2 + v.numel() * 2 + (2 * bytes_of(g) if g is not None else 0)) / HBM_GBS / 1e6
+
+
+def time_launch(name, split=False, plan_over=None, split_over=None, label=None, pieces=False):
+    """launch.backward (kernels and combine, native dtypes: what the autograd backward runs) at a plan, and
+    with ``pieces`` each kernel alone."""
+    q, k, v, g, feature, scale = case_inputs(name)
+    p = quick_plan(q, v, g, feature, plan_over, split, split_over)
+    do = torch.randn(v.shape, device=DEV, dtype=v.dtype)
+    row = dict(case=name, what=label or ("split" if split else "plan"), **(plan_over or {}), **(split_over or {}))
+    row["bwd_ms"] = bench(lambda: launch.backward(p, do, q, k, v, g, None, None, None, None, None, scale, feature,
+                                                  native=NATIVE))
+    if pieces:
+        out = dict(dq=q.dtype, dk=k.dtype, dv=v.dtype)
+        dq, dkp, dvp, dh0, r = launch.backward_kernels(p, do, q, k, v, g, None, None, None, scale, feature,
+                                                       out_dtypes=out)
+        calls = launch.backward_calls(p, do, q, k, v, g, None, None, None, dq, dkp, dvp, dh0, scale, feature, r)
+        names = ["dq", "dk", "dv"] if len(calls) == 3 else ["dq", "dkv"]
+        for n_, (kern, grid, args, kw) in zip(names, calls):
+            row[f"{n_}_kernel_ms"] = bench(lambda: kern[grid](*args, **kw))
+    row["bwd_bound_ms"] = bwd_bound(q, k, v, g)
+    print("time", row, flush=True)
+    RESULTS["time"].append(row)
+
+
+def warm_times():
+    """(name, thunk): the timed tasks' kernels compiled on a small shape with the same specializations
+    (B1 H16 N256: every stride and N a multiple of 16, as at B16 H16 N4096). None under --smoke (the
+    interpreter compiles nothing)."""
+    out = []
+    if SMOKE:
+        return out
+    checked = {name for name, _ in quick_checks()}
+    for name, fn in quick_times():
+        if name in checked:  # the check compiles its kernels
+            continue
+        out.append((f"warm {name}", lambda fn=fn, name=name: with_shape(dict(B=1, N=256, H=16), fn, name)))
+    return out
+
+
+def with_shape(shape, fn, name):
+    saved = dict(SHAPE)
+    SHAPE.update(shape)
+    kept = {k: list(v) for k, v in RESULTS.items() if isinstance(v, list)}
+    try:
+        fn()
+    finally:
+        SHAPE.update(saved)
+        for k, v in kept.items():  # a warm-up's rows are not results
+            RESULTS[k] = v
+    RESULTS.setdefault("warmed", []).append(name)  # (an exception above leaves it out)
+
+
+def quick_worker(index, workers):
+    jobs = quick_checks() + warm_times()
+    try:
+        import fla  # noqa: F401
+    except Exception:  # noqa: BLE001 (the timer reports it)
+        jobs = [j for j in jobs if not j[0].startswith("warm fla")]
+    for j, (name, fn) in enumerate(jobs):
+        if j % workers == index:
+            attempt("check", name, lambda fn=fn, name=name: (fn(), RESULTS.setdefault("warmed", []).append(name)))
+
+
+def quick_timer():
+    try:
+        import fla  # noqa: F401
+        has_fla = True
+    except Exception as err:  # noqa: BLE001
+        has_fla = False
+        RESULTS["errors"].append(f"fla does not import: {err}")
+    warmed = os.environ.get("LA_BWD_WARMED")
+    warmed = None if warmed is None else set(warmed.split(";"))
+    for name, fn in quick_times():
+        if name.startswith("fla") and not has_fla:
+            continue
+        if not SMOKE and warmed is not None and name not in warmed and ("gla d128 {" in name or name == "autograd gla d128"):
+            # per-channel decay compiles for tens of seconds: not inside the timing's budget
+            attempt("time", name, lambda name=name: (_ for _ in ()).throw(
+                RuntimeError(f"{name}: not compiled by the workers' deadline; not timed")))
+            continue
+        attempt("time", name, fn)
+
+
+def run_quick(argv) -> None:
+    """Workers (checks and warm-ups) in parallel, then the timing in one process (a fresh one after a crash)."""
+    import subprocess
+
+    env = dict(os.environ, LA_BWD_START=str(START))
+    workers = 2 if SMOKE else max(2, min(12, (os.cpu_count() or 4) - 2))
+    procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv, "--child", "--worker", str(i),
+                               "--workers", str(workers)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for i in range(workers)]
+    logs = [[] for _ in procs]
+    import threading
+
+    def pump(i, proc):
+        for line in proc.stdout:
+            logs[i].append(line)
+            if line.startswith(("check ", "FAILED", "@@TASK")):
+                print(f"[w{i}] {line}", end="", flush=True)
+
+    threads = [threading.Thread(target=pump, args=(i, pr), daemon=True) for i, pr in enumerate(procs)]
+    for t in threads:
+        t.start()
+    deadline = START + (1e9 if SMOKE else CHECK_DEADLINE)
+    for i, proc in enumerate(procs):
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            RESULTS["errors"].append(f"worker {i} stopped at the {CHECK_DEADLINE:.0f} s deadline")
+    for i in range(workers):
+        merge(OUT / f"worker_{i}.json")
+    print(f"workers done at {time.time() - START:.0f} s", flush=True)
+    env["LA_BWD_WARMED"] = ";".join(RESULTS.get("warmed", []))
+    first = 0
+    while time.time() - START < QUICK_BUDGET or SMOKE:
+        cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--child", "--timer", "--start", str(first)]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        last = None
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            if line.startswith("@@TASK "):
+                last = int(line.split()[1])
+        rc = proc.wait()
+        merge(OUT / f"timer_{first}.json")
+        if rc == 0 or last is None or last < first:
+            return
+        RESULTS["errors"].append(f"timing task {last}: the process ended (rc {rc}); a new one went on after it")
+        first = last + 1
+
+
+def merge(path):
+    if path.exists():
+        got = json.loads(path.read_text())
+        for key in ("check", "pieces", "fla", "sweep", "time", "errors", "warmed"):
+            RESULTS.setdefault(key, [])
+            RESULTS[key] += got.get(key, [])
+        if got.get("meta") and not RESULTS.get("meta"):
+            RESULTS["meta"] = got["meta"]
+        path.unlink()
+
+
+# --------------------------------------------------------------------------------------------
 
 
 def fmt(x):
@@ -515,26 +834,70 @@ def run_children(argv) -> None:
         first = last + 1
 
 
+def quick_table() -> str:
+    lines = ["", "time (ms, B16 H16 N4096 bf16) | fwd | bwd | dq | dk/dv (dk, dv) | bwd bound | vs FLA bwd"]
+    fla_bwd = {r["case"]: r.get("fla_bwd_ms") for r in RESULTS["fla"]}
+    for r in RESULTS["time"]:
+        opts = {k: v for k, v in r.items() if k not in ("case", "what", "fwd_ms", "bwd_ms", "bwd_bound_ms")
+                and not k.endswith("_kernel_ms")}
+        dkv = r.get("dkv_kernel_ms")
+        if dkv is None and r.get("dk_kernel_ms") is not None:
+            dkv = f"{r['dk_kernel_ms'] + r['dv_kernel_ms']:.3f} ({r['dk_kernel_ms']:.3f}, {r['dv_kernel_ms']:.3f})"
+        fb = fla_bwd.get(r["case"])
+        lines.append(" | ".join([f"{r['case']} {r['what']} {opts if opts else ''}".strip(), fmt(r.get("fwd_ms")),
+                                 fmt(r.get("bwd_ms")), fmt(r.get("dq_kernel_ms")), fmt(dkv), fmt(r.get("bwd_bound_ms")),
+                                 f"{fb / r['bwd_ms']:.2f}x" if fb and r.get("bwd_ms") else "-"]))
+    for r in RESULTS["fla"]:
+        lines.append(f"FLA {r['peer']} ({r['case']}) | {fmt(r.get('fla_fwd_ms'))} | "
+                     f"{fmt(r.get('fla_bwd_ms')) if r.get('fla_bwd_ms') else r.get('fla_bwd_error', '-')[:90]}")
+    lines += ["", "check (bf16 vs float64) | N | out/floor | state rel | dq dk dv /floor | dg dbeta ds0 rel | written "
+              "| grads dtype | finite"]
+    for r in RESULTS["check"]:
+        lines.append(" | ".join(fmt(x) for x in (
+            r["case"], r.get("N"), r.get("out_floor"), r.get("state_rel"),
+            f"{r.get('dq_floor')} {r.get('dk_floor')} {r.get('dv_floor')}",
+            " ".join(fmt(r.get(k)) for k in ("dg_rel", "dbeta_rel", "ds0_rel")), r.get("all_written", "-"),
+            ",".join(r.get("grad_dtypes", [])) or "-", r.get("finite"))))
+    if RESULTS["errors"]:
+        lines += [""] + [f"ERROR {e}" for e in RESULTS["errors"]]
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--phases", default="check,pieces,fla,sweep")
+    parser.add_argument("--quick", action="store_true", help="(the default) checks and timing in under 90 s")
+    parser.add_argument("--full", action="store_true", help="session 26's phases (minutes)")
+    parser.add_argument("--phases", default="check,pieces,fla,sweep", help="--full's phases")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (interpreter), no timing")
     parser.add_argument("--child", action="store_true", help="(internal) run the tasks from --start")
     parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--worker", type=int, help="(internal, --quick) this worker's index")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--timer", action="store_true", help="(internal, --quick) the timing process")
     parser.add_argument("--warm", help="(internal) compile these sweep variants")
     args = parser.parse_args()
     if args.warm is not None:
         warm([int(i) for i in args.warm.split(",")])
         return 0
     global CHILD_FILE, FIRST_TASK
+    quick = not args.full
+    if quick:
+        BUDGET.update(check=1e9 if SMOKE else CHECK_DEADLINE, time=1e9 if SMOKE else QUICK_BUDGET)
     if not args.child:
-        run_children([a for a in sys.argv[1:]])
+        if quick:
+            run_quick([a for a in sys.argv[1:]])
+        else:
+            run_children([a for a in sys.argv[1:]])
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / "linear_attention_backward.json").write_text(json.dumps(RESULTS, indent=1, default=str))
-        print(table())
+        print(quick_table() if quick else table())
         print(f"\n{time.time() - START:.0f} s; JSON: {OUT / 'linear_attention_backward.json'}")
         return 0
-    if args.child:
+    if args.worker is not None:
+        CHILD_FILE = f"worker_{args.worker}.json"
+    elif args.timer:
+        CHILD_FILE, FIRST_TASK = f"timer_{args.start}.json", args.start
+    else:
         CHILD_FILE, FIRST_TASK = f"child_{args.start}.json", args.start
     if not SMOKE and not torch.cuda.is_available():
         print("no GPU here", file=sys.stderr)
@@ -547,6 +910,14 @@ def main():
         except Exception as err:  # noqa: BLE001
             meta = {"error": str(err), "gpu": torch.cuda.get_device_name()}
     RESULTS["meta"] = meta
+    if quick:
+        if args.worker is not None:
+            quick_worker(args.worker, args.workers)
+        else:
+            print(meta, flush=True)
+            quick_timer()
+        save()
+        return 0
     print(meta, flush=True)
     phases = args.phases.split(",")
     if SMOKE:  # the interpreter's time: one case a phase
@@ -559,9 +930,6 @@ def main():
         if phase in phases:
             globals()[f"phase_{phase}"]()
     save()
-    if not args.child:
-        print(table())
-        print(f"\n{time.time() - START:.0f} s; JSON: {OUT / CHILD_FILE}")
     return 0
 
 
