@@ -423,6 +423,42 @@ def _fmt_params(q: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in q.items())
 
 
+# Attention backward rows of the feature runs (no bench format): (case in the run's "timing", impl,
+# batch, heads, seq, d, window, softcap). B H N D as the run's script made them (gpu_features_s26.py).
+FEATURE_RUN = ROOT / "notes" / "attention" / "runs" / "gpu_features_s26_round2_h100.json"
+FEATURE_BACKWARDS = (
+    ("full causal N32768", "tilecore", 2, 16, 32768, 128, None, False),
+    ("window (4096, 0) gluon bwd", "tilecore", 2, 16, 32768, 128, (4096, 0), False),
+    ("flex window (4096, 0)", "flex", 2, 16, 32768, 128, (4096, 0), False),
+    ("no softcap causal N4096", "tilecore", 16, 16, 4096, 128, None, False),
+    ("softcap 30 gluon bwd tanh.approx", "tilecore", 16, 16, 4096, 128, None, True),
+    ("flex softcap 30", "flex", 16, 16, 4096, 128, None, True),
+)
+
+
+def feature_backwards(path: Path = FEATURE_RUN) -> list:
+    """(case, impl, measured ms, predicted ms, cause) for the feature run's causal backwards (window,
+    softcap; tilecore's Gluon and FlexAttention), on the lab GPU (that run measured no ceiling)."""
+    if not Path(path).exists():
+        return []
+    measured = {r["case"]: r.get("bwd_ms") for r in json.loads(Path(path).read_text())["timing"]}
+    gpu = lab_gpu()
+    out = []
+    for case, impl, b, h, n, d, window, softcap in FEATURE_BACKWARDS:
+        if measured.get(case) is None:
+            continue
+        t = attention_backward_time(b, h, h, n, d, True, gpu, impl, window=window, softcap=softcap).time * 1e3
+        ratio = measured[case] / t
+        cause = ""
+        if abs(ratio - 1) > TOLERANCE:
+            cause = ("FlexAttention's score_mod tanh (libdevice) costs more than its two SFU instructions, "
+                     "in the forward recompute of both backward programs; not modelled" if impl == "flex" and softcap
+                     else "window: the band's edge tiles (masked steps at both ends of a key tile's walk), "
+                          "not modelled beyond the visited steps")
+        out.append((case, impl, measured[case], t, cause))
+    return out
+
+
 def table(root: Path = RESULTS) -> str:
     preds = predict_all(root)
     ops = sorted({p.op for p in preds})
@@ -442,6 +478,13 @@ def table(root: Path = RESULTS) -> str:
     lines += ["", "### Misses over 15%, by named cause", "", "| cause | rows | ops |", "| --- | --- | --- |"]
     for cause, ps in sorted(causes.items(), key=lambda kv: -len(kv[1])):
         lines.append(f"| {cause} | {len(ps)} | {', '.join(sorted({p.op for p in ps}))} |")
+    feats = feature_backwards() if Path(root) == RESULTS else []
+    if feats:
+        lines += ["", f"### Attention backward rows of {FEATURE_RUN.relative_to(ROOT)} (causal, B H N D as its script; "
+                  "no ceiling in that run: the lab GPU)", "",
+                  "| case | implementation | measured ms | predicted ms | pred/meas (speed) | cause |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {c} | {i} | {m:.3f} | {t:.3f} | {m / t:.2f} | {cause} |" for c, i, m, t, cause in feats]
     lines += ["", "### Every row", "",
               "| file | op | series | params | metric | measured | predicted | pred/meas | bound | cause |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
