@@ -1,7 +1,7 @@
 """FP8 attention speed, session 27 (issue 34): the kernel's new switches, checked against float64 then timed beside
 the current default, tilecore's bf16 attention and cuDNN (SDPA, bf16) in the same run.
 
-    PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s27.py [--smoke] [--full] [--d all|128|64]
+    PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s27.py [--smoke] [--full] [--d all|128|64] [--e2e]
 
 Variants (configs.GLUON_FORWARD keys; all off by default):
   l_mma                   l (the softmax's row sum) by the tensor cores: P times a [BN, 8] block of ones in shared
@@ -22,6 +22,9 @@ check  every variant into NaN-poisoned buffers at a tail shape with GQA (B2 Hq8 
        of the bf16 rounding floor; lse against float64.
 time   B16 H16 N4096, D 128 then D 64, non-causal then causal (--quick: the default): do_bench medians, TFLOP/s =
        4 B H N^2 D / t (halved causal), x tilecore bf16. --full adds N 1024 (B64) and N 16384 (B4) at D 128.
+--e2e  instead: the convenience path end to end (attention_fp8_rotated's work: quantize.quantize_inputs, fused
+       rotate + quantize, q per token, k per 128-key block, then the kernel) with each variant's kernel, beside
+       attention_fp8_rotated itself and tilecore bf16, checked against float64 attention of the bf16 inputs.
 
 Stops gracefully past FP8_BUDGET_S (default 85 s; --full 170). Prints a table last, JSON to
 $OUT/attention_fp8_speed_s27.json (default /tmp/out). --smoke: tiny shapes on the CPU under TRITON_INTERPRET=1
@@ -61,6 +64,7 @@ def main():
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--full", action="store_true", help="more variants and N 1024 / 16384 (~170 s)")
     ap.add_argument("--d", default="all", choices=("all", "128", "64"), help="the head dims timed (and tails checked)")
+    ap.add_argument("--e2e", action="store_true", help="the convenience path end to end with each variant instead")
     args = ap.parse_args()
     budget = float(os.environ.get("FP8_BUDGET_S", "170" if args.full else "85"))
     left = lambda: budget - (time.time() - T0)
@@ -132,6 +136,9 @@ def main():
                    lse_vs_emulation=(lse[rows] - lse_emu[rows]).abs().max().item() if rows.any() else 0.0,
                    no_key_rows_ok=bool(((o[~rows] == 0).all() & (lse[~rows] == float("-inf")).all()).item()))
         return rec, p
+
+    if args.e2e:
+        return e2e(args, variants, dev, dt, left, bench, plan_for, result, save)
 
     # 1. tails with GQA: every variant and the default
     tails = ([(1, 2, 1, 40, 70, 64, True)] if args.smoke else
@@ -247,6 +254,83 @@ def main():
             f"{n} {t:.0f} ({r.get('over_bf16', {}).get(n, float('nan')):.2f}x, {r.get('over_default', {}).get(n, float('nan')):.3f})"
             for n, t in r.get("tflops", {}).items()))
     return 0
+
+
+def e2e(args, variants, dev, dt, left, bench, plan_for, result, save):
+    """--e2e: rotate + quantize + attend with each variant's kernel (the convenience path's work), timed and checked."""
+    import tilecore
+    from tilecore.ops.attention_fp8 import attention_fp8_rotated
+    from tilecore.ops.attention_fp8 import launch as fp8_launch
+    from tilecore.ops.attention_fp8.quantize import quantize_inputs
+
+    cases = ([(1, 2, 160, 64, True)] if args.smoke else
+             [(16, 16, 4096, d, c) for d in (128, 64) if args.d in ("all", str(d)) for c in (False, True)])
+    for (B, H, N, D, causal) in cases:
+        if left() < 10:
+            print("e2e: out of time budget", flush=True)
+            break
+        rec = dict(B=B, H=H, N=N, D=D, causal=causal, e2e=True, check={}, ms={})
+        try:
+            g = torch.Generator(device=dev).manual_seed(N + D + causal)
+            q, k, v = (torch.randn(B, H, N, D, device=dev, generator=g).to(dt) for _ in range(3))
+            flops = 4 * B * H * N * N * D / (2 if causal else 1)
+            o_exact = exact_attention(q[:1, :2], k[:1, :2], v[:1, :2], causal)
+            floor = rel_rms(o_exact.to(torch.bfloat16), o_exact)
+            q8, qs, k8, ks, v8, vs = quantize_inputs(q, k, v, True, "block", "fused", False)
+            runs = {"e2e_default_public": lambda: attention_fp8_rotated(q, k, v, causal=causal),
+                    "bf16": lambda: tilecore.attention(q, k, v, causal=causal)}
+            for name in ["default", *variants]:
+                p, _ = plan_for(q8, k8, causal, name)
+
+                def run(p=p):
+                    q8, qs, k8, ks, v8, vs = quantize_inputs(q, k, v, True, "block", "fused", False)
+                    return fp8_launch.forward(p, q8, k8, v8, qs, ks, vs, causal, D ** -0.5, dt, True)[0]
+
+                runs[f"e2e_{name}"] = run
+            for name, fn in runs.items():
+                if left() < 6:
+                    break
+                try:
+                    with torch.no_grad():
+                        o = fn()
+                    rec["check"][name] = dict(written=bool(torch.isfinite(o).all().item()),
+                                              err_over_floor=rel_rms(o[:1, :2], o_exact) / floor)
+                    if not args.smoke:
+                        rec["ms"][name] = bench(fn)
+                except Exception as e:  # noqa: BLE001
+                    rec["check"][name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+                    traceback.print_exc()
+                print(name, rec["check"][name], rec["ms"].get(name), flush=True)
+            rec["tflops"] = {n: flops / ms / 1e9 for n, ms in rec["ms"].items()}
+            if "bf16" in rec["ms"]:
+                rec["over_bf16"] = {n: rec["ms"]["bf16"] / ms for n, ms in rec["ms"].items()}
+        except Exception as e:  # noqa: BLE001
+            rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+            traceback.print_exc()
+        print("case", json.dumps(rec), flush=True)
+        result["cases"].append(rec)
+        save()
+    print(f"\n{result['device']}  e2e: err / bf16 floor (written); TFLOP/s (x tilecore bf16)")
+    for r in result["cases"]:
+        head = f"B{r['B']} H{r['H']} N{r['N']} D{r['D']} {'causal' if r['causal'] else 'full'}"
+        if "error" in r:
+            print(f"{head}: ERROR {r['error'][:200]}")
+            continue
+        print(head + " | " + "  ".join(f"{n}: {c['err_over_floor']:.2f}{'' if c['written'] else ' NOT WRITTEN'}"
+                                       if "err_over_floor" in c else f"{n}: {c}" for n, c in r["check"].items()))
+        print("    " + "  ".join(f"{n} {t:.0f} ({r.get('over_bf16', {}).get(n, float('nan')):.2f}x)"
+                                 for n, t in r.get("tflops", {}).items()))
+    return 0
+
+
+def exact_attention(q, k, v, causal):
+    """float64 softmax(q k^T / sqrt(D)) v of (B, H, N, D) tensors, causal bottom right (N == Nk here)."""
+    q, k, v = q.double(), k.double(), v.double()
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    if causal:
+        n, nk = s.shape[-2], s.shape[-1]
+        s = s.masked_fill(torch.ones(n, nk, dtype=torch.bool, device=s.device).triu(nk - n + 1), float("-inf"))
+    return torch.softmax(s, -1) @ v
 
 
 if __name__ == "__main__":
