@@ -456,7 +456,7 @@ class AttentionFp8:
                 named_barrier(gl.program_id(0) * 0 + PINGPONG_BARRIER, False)
         b, h, hk = head_of(st.rows.bh, self.H, self.GROUP)
         v_scale = gl.load(self.v_scales + b * (self.H // self.GROUP) + hk)
-        if self.L_MMA:  # every column holds the row's sum (a NaN stays NaN: the max propagates it)
+        if self.L_MMA:  # every column holds the row's sum (all NaN where one is: a NaN l stays NaN)
             st = st.replace(l=gl.convert_layout(gl.max(st.l_acc, axis=1), gl.SliceLayout(1, self.S)))
         no_key = st.l < 1.0  # l >= 2^P_SHIFT where a row has a key (its max's term); a NaN l stays NaN
         l_safe = gl.where(no_key, 1.0, st.l)
