@@ -136,8 +136,9 @@ def test_pseudocode_puts_post_loop_ops_after_the_loop():
 
 
 def test_attention_backward_prints_the_backward_model(capsys):
-    assert napkin_main(["attention_backward", "seq=1024", "d=64", "causal=1", "--impl", "tilecore,flex",
-                        "--no-picture"]) == 0
+    # at this size the engine's forward-like plan finds no tiling (a note on stderr); the model still answers
+    assert napkin_main(["attention_backward", "seq=256", "d=64", "batch=1", "heads=2", "causal=1",
+                        "--impl", "tilecore,flex", "--no-picture"]) == 0
     out = capsys.readouterr().out
     assert "the backward's own model" in out and "tilecore backward" in out and "flex backward" in out
     assert "step latency" in out and "(backward model)" in out

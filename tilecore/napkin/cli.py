@@ -232,8 +232,27 @@ def main(argv: list[str]) -> int:
         parser.error(f"--impl {args.impl!r}: accepted: {', '.join(BACKWARD_IMPLS)} (comma-separated)")
     name = Path(args.model).stem if is_file else args.model
     summary = []
+    backward_model = args.model == "attention_backward" and not is_file
     for gpu in gpus:
         for dtype in dtypes:
+            if backward_model:  # the backward's own model first: it does not need the engine's plan
+                try:
+                    diagram = _build(args, sizes, dtype)
+                    rows = _backward_rows(sizes, gpu, dtype, impls)
+                except (UnknownModelError, ShapeMismatchError, UnknownAxisError) as e:
+                    parser.error(str(e))
+                except ValueError as e:
+                    summary.append((gpu.key, dtype, None, None, f"error: {e}"))
+                    print(f"== {name} on {gpu.name}, {dtype}: {e}", file=sys.stderr)
+                    continue
+                for impl, b in rows:
+                    summary.append((gpu.key, f"{dtype} {impl}", b.time, diagram.flops() / b.time / 1e12,
+                                    f"{b.bound} (backward model)"))
+                if not args.quiet:
+                    print(f"== {name} on {gpu.name}, {dtype}: the backward's own model (tilecore.napkin.backward)")
+                    for _, b in rows:
+                        print(b.breakdown())
+                    print("(the engine's forward-like plan, for comparison:)")
             try:
                 diagram = _build(args, sizes, dtype)
                 diagram = rewrite(diagram)
@@ -242,26 +261,12 @@ def main(argv: list[str]) -> int:
                 parser.error(str(e))
             except ValueError as e:
                 if isinstance(e, (CapacityError, UnsupportedDtypeError)):
-                    summary.append((gpu.key, dtype, None, None, f"error: {e}"))
+                    if not backward_model:
+                        summary.append((gpu.key, dtype, None, None, f"error: {e}"))
                     print(f"== {name} on {gpu.name}, {dtype}: {e}", file=sys.stderr)
                     continue
                 parser.error(str(e))
-            if args.model == "attention_backward":  # the backward's own model, not the forward-like plan
-                try:
-                    rows = _backward_rows(sizes, gpu, dtype, impls)
-                except ValueError as e:
-                    summary.append((gpu.key, dtype, None, None, f"error: {e}"))
-                    print(f"== {name} on {gpu.name}, {dtype}: {e}", file=sys.stderr)
-                    continue
-                for impl, b in rows:
-                    summary.append((f"{gpu.key}", f"{dtype} {impl}", b.time, diagram.flops() / b.time / 1e12,
-                                    f"{b.bound} (backward model)"))
-                if not args.quiet:
-                    print(f"== {name} on {gpu.name}, {dtype}: the backward's own model (tilecore.napkin.backward)")
-                    for _, b in rows:
-                        print(b.breakdown())
-                    print("(the engine's forward-like plan, for comparison:)")
-            else:
+            if not backward_model:
                 summary.append((gpu.key, dtype, sched.time, sched.tflops, sched.bound))
             if args.explain:
                 print(render.explain(diagram, gpu, args.measured_us * 1e-6, sched))
