@@ -2,9 +2,10 @@
 tilecore's rows and the peers'), predicted by the napkin's engine.
 
 Each row becomes a kernel (or two) the engine costs: the op's diagram, the relabelling the
-implementation uses where it is known (tilecore's shipped GEMM tiles, the backward's key-stationary
-loop, flash-decoding splits) or the engine's own search (the peers), its MMA kind (wgmma, or mma.sync for
-FlashAttention-2) and schedule. The GPU is the H100 preset with two constants measured in the same run
+implementation uses where it is known (tilecore's shipped GEMM tiles, flash-decoding splits) or the
+engine's own search (the peers), its MMA kind (wgmma, or mma.sync for FlashAttention-2) and schedule.
+Attention backward rows go through the backward's own model (backward.py: each implementation's step
+chain, dQ, the passes around the kernel); so do the feature run's backwards (`feature_backwards`). The GPU is the H100 preset with two constants measured in the same run
 where the file has them: its ceiling (a copy's bandwidth or cuBLAS's bf16 GEMM at 8192^3, which sets
 the sustained tensor-core rate) and otherwise the committed runs' figures (`lab_gpu`).
 
