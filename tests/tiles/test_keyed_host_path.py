@@ -1,4 +1,4 @@
-"""The eager host path of layer_norm and apply_rotary (issue 31): a CUDA call's signature skips the checks,
+"""The eager host path of layer_norm, apply_rotary and attention_with_kvcache (issue 31): a CUDA call's signature skips the checks,
 finds the plan and launches each kernel by key (CachedLaunch.launch_keyed). The keyed launch is sound
 only where the key fixes every argument's specialization, so here, with the signature let through for
 CPU tensors (the interpreter runs the kernels), every keyed launch is recorded with Triton's own key of
@@ -10,12 +10,14 @@ import pytest
 import torch
 from triton.runtime.jit import JITFunction
 
+from tilecore.ops.attention import kvcache
+from tilecore.ops.attention.reference_varlen import kvcache_reference
 from tilecore.ops.norm import op
 from tilecore.ops.rotary import op as rotary_op
 from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.launch import CachedLaunch
 
-MODULES = (op, rotary_op)
+MODULES = (op, rotary_op, kvcache)
 
 
 def _cpu_signature(*items):
@@ -58,7 +60,7 @@ def keyed(monkeypatch):
         seen.setdefault((self.kernel.fn.__name__, key), set()).add(triton_key)
         return self[grid](*args, **kwargs)
 
-    caches = (op._CHECKED, op._PLANS, rotary_op._CHECKED, rotary_op._PLANS)
+    caches = (op._CHECKED, op._PLANS, rotary_op._CHECKED, rotary_op._PLANS, kvcache._CHECKED)
     for module in MODULES:
         monkeypatch.setattr(module, "signature", _cpu_signature)
     monkeypatch.setattr(CachedLaunch, "launch_keyed", launch_keyed)
@@ -158,3 +160,33 @@ def test_rotary_keyed_forward_backward_and_in_place(keyed):
     with pytest.raises(ValueError, match="position_ids"):  # a cached signature still checks new positions' shape
         rotary_op.apply_rotary(torch.randn(2, 5, 3, 32, dtype=torch.float16), cos, sin,
                                position_ids=torch.zeros(3, 5, dtype=torch.int64))
+
+
+def test_kvcache_keyed_decode_steps_append_and_attend_as_the_plain_path(keyed):
+    """Paged decode steps with the new token appended: the keyed call (checks skipped from the second
+    step, three kernels launched by key) writes the same caches and outputs as the plain call."""
+    torch.manual_seed(3)
+    B, Hq, Hkv, D, page, pages = 2, 4, 2, 32, 16, 8
+    table = torch.randperm(pages, dtype=torch.int32).view(B, pages // B)
+    caches = [torch.randn(pages, page, Hkv, D, dtype=torch.float16) for _ in range(2)]
+    runs = []
+    for plain in (False, True):
+        kc, vc = (c.clone() for c in caches)
+        lengths = torch.tensor([5, 40], dtype=torch.int32)
+        outs = []
+        with keyed.plain() if plain else contextlib.nullcontext():
+            for step in range(3):
+                gen = torch.Generator().manual_seed(step)
+                q = torch.randn(B, 1, Hq, D, dtype=torch.float16, generator=gen)
+                k, v = (torch.randn(B, 1, Hkv, D, dtype=torch.float16, generator=gen) for _ in range(2))
+                outs.append(kvcache.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=lengths, block_table=table,
+                                                           causal=True))
+                ref, _ = kvcache_reference(q.double(), kc.double(), vc.double(), lengths + 1, block_table=table,
+                                           causal=True)
+                assert (outs[-1].double() - ref).abs().max() < 5e-3
+                lengths = lengths + 1
+        runs.append(outs + [kc, vc])
+    assert all(torch.equal(a, c) for a, c in zip(*runs))
+    assert {name for name, _ in keyed} >= {"kvcache_append", "kvcache_fwd_split"}
+    assert len(kvcache._CHECKED) == 1  # one signature over the three steps
+    assert all(len(v) == 1 for v in keyed.values())

@@ -16,6 +16,7 @@ validate=True (a host sync).
 """
 from __future__ import annotations
 
+import importlib
 from typing import Optional
 
 import torch
@@ -25,7 +26,7 @@ from tilecore.ops.attention.op import scale_value
 from tilecore.ops.attention.reference_varlen import kvcache_reference
 from tilecore.ops.attention.varlen import (MAX_HEAD_DIM, block_d, check_dtypes, check_window, kernel_window,
                                            should_validate)
-from tilecore.tiles.launch import cdiv, next_power_of_2
+from tilecore.tiles.launch import LRU, CachedLaunch, cdiv, next_power_of_2, signature
 
 LAYOUT = ("attention_with_kvcache takes q (batch, queries, heads, head_dim) (flash-attn's layout), caches "
           "(batch, max_keys, kv_heads, head_dim[_v]) or paged (num_pages, page_size, kv_heads, head_dim[_v]) with "
@@ -35,6 +36,26 @@ PAGE_SIZES = (16, 256)  # page sizes accepted, inclusive (any size in between)
 MAX_SPLITS = 64  # the merge loads a row's parts at once
 MIN_SPLIT_KEYS = 256  # below it a split's fixed cost dominates (attention's decode measured 128..1024)
 MAX_ROWS = 64  # (query, q head) rows a tile packs
+
+
+def _kernel(name: str) -> CachedLaunch:
+    """A CachedLaunch of a kernel of kernels_varlen, imported at its first launch."""
+    return CachedLaunch(lambda: getattr(importlib.import_module("tilecore.ops.attention.kernels_varlen"), name))
+
+
+_APPEND, _FWD_SPLIT, _MERGE = _kernel("kvcache_append"), _kernel("kvcache_fwd_split"), _kernel("kvcache_merge_splits")
+_CHECKED = LRU(256)  # a CUDA call's signature -> the capacity its checks returned (they read nothing else)
+
+
+def _launch(kernel: CachedLaunch, key, grid, args: tuple, options: dict) -> None:
+    """``kernel[grid](*args, **options)``; with the call's key (its signature, which fixes every
+    argument's specialization: the ints are its sizes and strides, the other tensors fresh), looked up
+    by it (CachedLaunch.launch_keyed: the host time of an eager decode step)."""
+    if key is None:
+        kernel[grid](*args, **options)
+    else:
+        with dispatch.on_device(args[0].device):
+            kernel.launch_keyed(key, grid, args, options)
 
 
 def check(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, window_size, softcap, validate):
@@ -102,22 +123,20 @@ def check(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, 
     return capacity
 
 
-def append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
+def append(k_cache, v_cache, k, v, cache_seqlens, block_table, key=None) -> None:
     """Write k, v (B, Nnew, Hkv, D) at rows cache_seqlens[b] + t of each sequence, in place, positions
     computed on the device (no host sync): the tl kernel kvcache_append where kernels serve the
     device (one launch for both caches: index_put_ took six small kernels, ~30 us of a 170 us decode
     step in a CUDA graph on the H200), else torch's index_put_."""
     if dispatch.backend_for(k.device) == "kernel":
-        from tilecore.ops.attention.kernels_varlen import kvcache_append
-
         paged = block_table is not None
         table = block_table if paged else cache_seqlens
         hkv, d, dv = k.shape[2], k.shape[3], v.shape[3]
-        kvcache_append[(k.shape[0] * k.shape[1],)](
-            k, v, k_cache, v_cache, table, cache_seqlens, k.shape[1], hkv, d, dv, *k.stride(), *v.stride(),
-            *k_cache.stride(), *v_cache.stride(), *(table.stride() if paged else (0, 0)),
-            PAGE=k_cache.shape[1] if paged else 1, PAGED=paged, BLOCK_H=next_power_of_2(hkv),
-            BLOCK_D=next_power_of_2(d), BLOCK_DV=next_power_of_2(dv))
+        _launch(_APPEND, key, (k.shape[0] * k.shape[1],),
+                (k, v, k_cache, v_cache, table, cache_seqlens, k.shape[1], hkv, d, dv, *k.stride(), *v.stride(),
+                 *k_cache.stride(), *v_cache.stride(), *(table.stride() if paged else (0, 0))),
+                dict(PAGE=k_cache.shape[1] if paged else 1, PAGED=paged, BLOCK_H=next_power_of_2(hkv),
+                     BLOCK_D=next_power_of_2(d), BLOCK_DV=next_power_of_2(dv)))
         return
     nnew = k.shape[1]
     pos = cache_seqlens.long()[:, None] + torch.arange(nnew, device=k.device)  # (B, Nnew)
@@ -141,12 +160,10 @@ def _splits(batch_kv_heads: int, capacity: int, device) -> int:
 
 
 def forward_kernels(q, k_cache, v_cache, nnew, cache_seqlens, block_table, causal, scale, left, right, softcap,
-                    capacity, splits=None, out=None, lse=None):
+                    capacity, splits=None, out=None, lse=None, key=None):
     """O (B, Nq, Hq, Dv) and lse (B, Hq, Nq) over the cache as it is (k, v appended already: ``nnew``
     of each sequence's keys are the new ones), into ``out`` / ``lse`` where given (the tests poison
-    them); ``splits``: the key splits (default: _splits)."""
-    from tilecore.ops.attention.kernels_varlen import kvcache_fwd_split, kvcache_merge_splits
-
+    them); ``splits``: the key splits (default: _splits); ``key``: the call's launch key or None."""
     bsz, nq, hq, d = q.shape
     hkv, dv = k_cache.shape[2], v_cache.shape[3]
     group = hq // hkv
@@ -172,26 +189,28 @@ def forward_kernels(q, k_cache, v_cache, nnew, cache_seqlens, block_table, causa
     table = block_table if paged else cache_seqlens  # (an unused pointer when not paged)
     wl, wr, has_left, has_right = kernel_window(causal, left, right)
     options = {} if interpret else dict(num_warps=4, num_stages=3 if max(d, dv) <= 128 else 2)
-    kvcache_fwd_split[(bsz * hkv, splits, cdiv(rows, block_m))](
-        q, k_cache, v_cache, table, cache_seqlens, out, lse, *(p if p is not None else lse for p in parts),
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *(table.stride() if paged else (0, 0)), *out.stride(),
-        hkv, nq, nnew, d, dv, group, keys_per_split, scale, float(softcap), wl, wr,
-        PAGE=k_cache.shape[1] if paged else 1, PAGED=paged, LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap > 0,
-        MERGED=merged, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d(d), BLOCK_DV=block_d(dv), **options)
+    _launch(_FWD_SPLIT, key, (bsz * hkv, splits, cdiv(rows, block_m)),
+            (q, k_cache, v_cache, table, cache_seqlens, out, lse, *(p if p is not None else lse for p in parts),
+             *q.stride(), *k_cache.stride(), *v_cache.stride(), *(table.stride() if paged else (0, 0)), *out.stride(),
+             hkv, nq, nnew, d, dv, group, keys_per_split, scale, float(softcap), wl, wr),
+            dict(PAGE=k_cache.shape[1] if paged else 1, PAGED=paged, LEFT=has_left, RIGHT=has_right,
+                 SOFTCAP=softcap > 0, MERGED=merged, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d(d),
+                 BLOCK_DV=block_d(dv), **options))
     if not merged:
-        kvcache_merge_splits[(bsz * hq * nq,)](
-            out, lse, parts[0], parts[1], bsz * hq * nq, hq, nq, dv, splits, *out.stride(),
-            SPLITS=next_power_of_2(splits), BLOCK_DV=block_d(dv))
+        _launch(_MERGE, key, (bsz * hq * nq,),
+                (out, lse, parts[0], parts[1], bsz * hq * nq, hq, nq, dv, splits, *out.stride()),
+                dict(SPLITS=next_power_of_2(splits), BLOCK_DV=block_d(dv)))
     return out, lse
 
 
-def _impl(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, left, right, softcap, capacity):
+def _impl(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, left, right, softcap, capacity,
+          key=None):
     if k is not None and k.shape[1] > 0:
-        append(k_cache, v_cache, k, v, cache_seqlens, block_table)
+        append(k_cache, v_cache, k, v, cache_seqlens, block_table, key=key)
     nnew = 0 if k is None else k.shape[1]
     if dispatch.backend_for(q.device) == "kernel":
         return forward_kernels(q, k_cache, v_cache, nnew, cache_seqlens, block_table, causal, scale, left, right,
-                               softcap, capacity)
+                               softcap, capacity, key=key)
     out, lse = kvcache_reference(q, k_cache, v_cache, cache_seqlens + nnew, block_table=block_table, causal=causal,
                                  scale=scale, window_size=(left, right), softcap=softcap,
                                  compute_dtype=torch.float32)
@@ -242,11 +261,20 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     module docstring says how); ``validate`` (default: on for CPU tensors, off for CUDA tensors)
     checks lengths against the capacity and block-table entries, which reads them on the host.
     """
-    capacity = check(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, window_size, softcap,
-                     validate)
+    # a plain eager call skips the custom op's dispatch (~100 us of host time a decode step), and where
+    # its signature passed the checks before (without value checks: validate off), the checks too; the
+    # signature is then its kernels' launch key (issue 31)
+    direct = dispatch.eager_mode(q, k_cache, v_cache, k, v) == "direct"
+    key = signature(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, *window_size, softcap) \
+        if direct and not validate and isinstance(window_size, tuple) and len(window_size) == 2 else None
+    capacity = None if key is None else _CHECKED.get(key)
+    if capacity is None:
+        capacity = check(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, window_size, softcap,
+                         validate)
+        if key is not None:
+            _CHECKED.put(key, capacity)
     left, right = (int(w) for w in window_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, left, right, float(softcap), capacity)
-    # a plain eager call skips the custom op's dispatch (~100 us of host time a decode step)
-    out, lse = _impl(*args) if dispatch.eager_mode(q, k_cache, v_cache, k, v) == "direct" else _kvcache_op(*args)
+    out, lse = _impl(*args, key=key) if direct else _kvcache_op(*args)
     return (out, lse) if return_lse else out
