@@ -8,7 +8,7 @@
    - dq, dk, dv from the Gluon forward's O and lse by the backward the plan picks (the tl kernels at
      192 / 128: what tilecore.attention runs once configs.GLUON_FORWARD_DV_ROUTED is set) and by the
      forced Gluon backward (gluon_backward.attention_bwd_mla_kernel's dK and dV by 64-column pieces,
-     32 query rows a step, then the tl dq kernel: configs.GLUON_BACKWARD_DV);
+     32 query rows a step, then gluon_dq.attention_dq_mla_kernel's dQ: configs.GLUON_BACKWARD_DV);
 2. Timing (bf16, B8 H16 N4096, causal and not; triton.testing.do_bench medians, all in this run):
    forward and forward + backward of 192 / 128 (Gluon forward with the tl backward, Gluon forward and
    backward, and the tl forward as today), of
@@ -92,7 +92,7 @@ def backward(dout, q, k, v, out, lse, causal, window=(-1, -1), softcap=0.0, path
     grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
     if q.shape[-1] != v.shape[-1]:  # the Gluon backward's config (the smoke run too)
         cfg = configs.gluon_backward_config(q.shape[-1], q.shape[2], causal, v.shape[-1])
-        assert cfg.get("qk_pieces") == 3 and cfg["dq_from"] == "tl", cfg
+        assert cfg.get("qk_pieces") == 3 and cfg["dq_from"] == "gluon", cfg
     bwd_plan = plan.plan_backward(dout, q, k, v, causal, scale, window=window, softcap=softcap, path=path)
     launch.backward(bwd_plan, dout, q, k, v, out, lse, None, *grads, causal, scale, window, softcap)
     return grads, bwd_plan
@@ -178,14 +178,14 @@ def flops(b, h, n, nk, d, dv, causal):
     return 2 * pairs * (d + dv), 2 * pairs * (3 * d + 2 * dv)
 
 
-def tilecore_times(q, k, v, causal, fwd_path, bwd_path=None):
+def tilecore_times(q, k, v, causal, fwd_path, bwd_path=None, bwd_config=None):
     """(forward ms, forward + backward ms): the forward by the forced ``fwd_path``, the backward by
     its own plan or the forced ``bwd_path``; plans made once, launches into buffers made once."""
     scale = q.shape[-1] ** -0.5
     out, lse, fwd_plan = forward(q, k, v, causal, fwd_path)
     dout = torch.randn_like(out)
     grads = [torch.empty_like(t) for t in (q, k, v)]
-    bwd_plan = plan.plan_backward(dout, q, k, v, causal, scale, path=bwd_path)
+    bwd_plan = plan.plan_backward(dout, q, k, v, causal, scale, path=bwd_path, config=bwd_config)
     fwd = lambda: launch.forward(fwd_plan, q, k, v, out, lse, causal, scale)
     bwd = lambda: launch.backward(bwd_plan, dout, q, k, v, out, lse, None, *grads, causal, scale)
 
@@ -227,6 +227,7 @@ def time_all(quick: bool) -> None:
                 ("128/128", square, None, "tilecore default")]
         if not SMOKE:
             runs.insert(1, ("192/128", mla, "gluon", "tilecore gluon fwd+bwd"))
+            runs.insert(2, ("192/128", mla, "gluon", "tilecore gluon fwd+bwd, dq tl"))
         if not SMOKE:
             runs += [("192/128", mla, backend, f"sdpa {backend}") for backend in ("cudnn", "flash", "efficient")
                      if backend != "efficient" or not quick]
@@ -243,6 +244,9 @@ def time_all(quick: bool) -> None:
                     fwd, both, paths = tilecore_times(q, k, v, causal, fwd_plan.path)
                 elif label == "tilecore gluon fwd+bwd":
                     fwd, both, paths = tilecore_times(q, k, v, causal, "gluon", "gluon")
+                elif label == "tilecore gluon fwd+bwd, dq tl":
+                    fwd, both, paths = tilecore_times(q, k, v, causal, "gluon", "gluon",
+                                                      dict(configs.GLUON_BACKWARD_DV[192, 128], dq_from="tl"))
                 else:
                     fwd, both, paths = tilecore_times(q, k, v, causal, how)
             except Exception as exc:  # noqa: BLE001 - report and go on
@@ -256,7 +260,8 @@ def time_all(quick: bool) -> None:
             ROWS.append(("time", name, f"[{paths}] fwd {fwd:.3f} ms {fwd_rate:.0f} TFLOP/s, fwd+bwd {both:.3f} ms "
                                        f"{both_rate:.0f} TFLOP/s"))
         base = rates.get(("tilecore default", "128/128"))
-        for label in ("tilecore gluon fwd", "tilecore gluon fwd+bwd", "tilecore tl fwd"):
+        for label in ("tilecore gluon fwd", "tilecore gluon fwd+bwd", "tilecore gluon fwd+bwd, dq tl",
+                      "tilecore tl fwd"):
             got = rates.get((label, "192/128"))
             if base and got:
                 ratios = dict(fwd=got[0] / base[0], fwd_bwd=got[1] / base[1])

@@ -40,13 +40,17 @@ def test_mla_forward_is_off_by_default_and_forced_takes_column_pieces(causal):
         # 64-key blocks in 3 stages for short causal rows, as D128's
         short = plan.plan_forward(*mla_inputs(n=384, nk=384), causal, 192**-0.5, path="gluon").config
         assert (short["block_n"], short["stages"]) == ((64, 3) if causal else (128, 2))
-        # the backward: tl by default; forced, dK and dV by 64-column pieces, then the tl dq kernel
+        # the backward: tl by default; forced, dK and dV by 64-column pieces, then dQ by pieces too
         assert not configs.GLUON_BACKWARD_DV_ROUTED
         do = meta(2, 16, 4096, 128)
         assert plan.plan_backward(do, q, k, v, causal, 192**-0.5).path == "tl"
         bwd = plan.plan_backward(do, q, k, v, causal, 192**-0.5, path="gluon")
-        assert bwd.config == configs.GLUON_BACKWARD_DV[192, 128] and bwd.dq.path == "tl"
-        assert bwd.grid == (132,) and (bwd.schedule is not None) == causal
+        assert bwd.config == configs.GLUON_BACKWARD_DV[192, 128]
+        assert bwd.dq.path == "gluon" and bwd.dq.config == configs.GLUON_DQ_DV[192, 128]
+        assert bwd.grid == bwd.dq.grid == (132,) and (bwd.schedule is not None) == (bwd.dq.schedule is not None) == causal
+        tl_dq = plan.plan_backward(do, q, k, v, causal, 192**-0.5, path="gluon",
+                                   config=dict(configs.GLUON_BACKWARD_DV[192, 128], dq_from="tl"))
+        assert tl_dq.dq.path == "tl"
 
 
 def test_mla_forward_routes_to_gluon_once_switched_on(monkeypatch):
@@ -119,11 +123,29 @@ def test_mla_backward_launch_passes_piece_boxes(fast_launch, monkeypatch):
     assert (bound["CAUSAL"], bound["STAGES"], bound["GROUP"], bound["scale"]) == (True, 3, 2, 0.1)
 
 
+def test_mla_dq_launch_passes_piece_boxes(fast_launch, monkeypatch):
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
+    q, k, v = mla_inputs(n=256, nk=320, hq=4, hkv=2, device="cpu")
+    do = torch.randn(2, 4, 256, 128, dtype=torch.bfloat16)
+    dq, lse, delta = torch.empty_like(q), torch.randn(2, 4, 256), torch.randn(2, 4, 256)
+    bwd_plan = plan.plan_backward(do, q, k, v, False, 0.1, path="gluon")
+    fake = fast_launch(launch.GLUON_DQ_MLA)
+    launch.launch_dq_gluon(bwd_plan.dq, do, q, k, v, lse, delta, dq, False, 0.1)
+    (grid, args), = fake.calls
+    bound = dict(zip(launch.GLUON_DQ_MLA.kernel.arg_names, args))
+    boxes = {name: bound[name].block_shape for name in ("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc")}
+    assert boxes == dict(q_desc=[1, 1, 128, 64], k_desc=[1, 1, 64, 64], v_desc=[1, 1, 64, 64], do_desc=[1, 1, 128, 64],
+                         dq_desc=[1, 1, 64, 64])
+    assert bound["dq_desc"].base is dq and bound["lse_ptr"] is lse and bound["delta_ptr"] is delta
+    assert (bound["CAUSAL"], bound["STAGES"], bound["GROUP"]) == (False, 3, 2)
+
+
 _COMPILE = """
 import json, torch
 from tilecore.ops.attention import configs, launch
 from tilecore.ops.attention.gluon_kernels import attention_fwd_kernel
 from tilecore.ops.attention.gluon_backward import attention_bwd_mla_kernel
+from tilecore.ops.attention.gluon_dq import attention_dq_mla_kernel
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 from tilecore.tiles.launch import TmaOperand
 rows = []
@@ -157,13 +179,25 @@ ptx = compiled.asm["ptx"]
 rows.append(dict(kernel="backward", causal=True, n=4096, block_n=bn, **vars(resources(compiled)),
                  **has_hopper_instructions(ptx), tma_loads=ptx.count("cp.async.bulk.tensor.4d.shared"),
                  tma_stores=ptx.count("cp.async.bulk.tensor.4d.global.shared")))
+cfg = configs.GLUON_DQ_DV[192, 128]
+bm, bn = cfg["block_m"], cfg["block_n"]
+f32 = torch.empty(64, dtype=torch.float32)
+args = dict(q_desc=piece(q, 2 * bm), k_desc=piece(q, bn), v_desc=piece(v, bn), do_desc=piece(v, 2 * bm),
+            dq_desc=piece(q, bm), lse_ptr=f32, delta_ptr=f32, H=16, N=4096, Nk=4096, GROUP=1, scale=0.1,
+            scale_log2e=0.1, num_bh=256, head_group=12, schedule=torch.empty(64, dtype=torch.int32), left=0, right=0,
+            tanh_scale=0.1, CAUSAL=True, STAGES=cfg["stages"], WINDOW=False, SOFTCAP=0)
+compiled = compile_kernel(attention_dq_mla_kernel, args)
+ptx = compiled.asm["ptx"]
+rows.append(dict(kernel="dq", causal=True, n=4096, block_n=bn, **vars(resources(compiled)),
+                 **has_hopper_instructions(ptx), tma_loads=ptx.count("cp.async.bulk.tensor.4d.shared"),
+                 tma_stores=ptx.count("cp.async.bulk.tensor.4d.global.shared")))
 print(json.dumps(rows))
 """
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    """The 192 / 128 forward and dK/dV kernel at N 4096, causal, compiled
+    """The 192 / 128 forward, dK/dV and dQ kernels at N 4096, causal, compiled
     for sm_90a in a process of its own (the tests run under the interpreter)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
@@ -172,7 +206,7 @@ def compiled():
 
 
 def test_mla_forward_and_backward_compile_lean_for_sm90(compiled):
-    assert [r["kernel"] for r in compiled] == ["forward", "backward"]
+    assert [r["kernel"] for r in compiled] == ["forward", "backward", "dq"]
     for r in compiled:
         assert r["wgmma"] and r["tma"] and r["mbarrier"] and not r["wgmma_serialized"], r
         # forward: registers as D128's (S and O 64 x 128 float32 a consumer), causal keeps a few
@@ -182,6 +216,7 @@ def test_mla_forward_and_backward_compile_lean_for_sm90(compiled):
         assert r["spill_stores"] <= allowed and r["spill_loads"] <= allowed and r["registers"] <= 232, r
         assert r["shared"] <= 227 * 1024, r
         # forward: K's three pieces a stage and Q's three a tile (one TMA copy each), O in two halves;
-        # backward: Q's three and dO's two a stage, K's three and V's two a tile; dK's three, dV's two
+        # backward: Q's three and dO's two a stage, K's three and V's two a tile; dK's three, dV's two;
+        # dq: the same loads the other way round, dQ's three stores
         assert r["tma_loads"] >= (7 if r["kernel"] == "forward" else 10), r
-        assert r["tma_stores"] >= (2 if r["kernel"] == "forward" else 5), r
+        assert r["tma_stores"] >= dict(forward=2, backward=5, dq=3)[r["kernel"]], r

@@ -43,6 +43,7 @@ GLUON_FWD = _gluon_kernel("gluon_kernels", "attention_fwd_kernel")
 GLUON_BWD = _gluon_kernel("gluon_backward", "attention_bwd_kernel")
 GLUON_DQ = _gluon_kernel("gluon_dq", "attention_dq_kernel")
 GLUON_BWD_MLA = _gluon_kernel("gluon_backward", "attention_bwd_mla_kernel")
+GLUON_DQ_MLA = _gluon_kernel("gluon_dq", "attention_dq_mla_kernel")
 
 
 NO_WINDOW = (-1, -1)
@@ -413,6 +414,15 @@ def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: fl
     block_m, block_n = plan.config["block_m"], plan.config["block_n"]
     masks, left, right = mask_options(causal, window, N, Nk)
     scores, scale_log2e, tanh_scale = score_options(scale, softcap)
+    if plan.config.get("qk_pieces", 1) != 1:  # MLA's 192 / 128: every box 64 columns wide
+        piece = lambda t, rows: TmaOperand(t, [1, 1, rows, 64])
+        with dispatch.on_device(q.device):
+            run(GLUON_DQ_MLA, plan, plan.grid,
+                (piece(q, 2 * block_m), piece(k, block_n), piece(v, block_n), piece(dout, 2 * block_m),
+                 piece(dq, block_m), lse, delta, H, N, Nk, H // Hkv, scale, scale_log2e, B * H,
+                 plan.sizes["head_group"], plan.schedule, left, right, tanh_scale),
+                dict(**masks, STAGES=plan.config["stages"], SOFTCAP=gluon_softcap(softcap, plan.config), num_warps=4))
+        return
     with dispatch.on_device(q.device):
         run(GLUON_DQ, plan, plan.grid,
             (head_operand(q, 2 * block_m), head_operand(k, block_n), head_operand(v, block_n),

@@ -180,10 +180,10 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
     if "window" in used:  # the kernels fold causal into the window: no causal schedule or config
         causal = False
     cfg = dict(config or configs.gluon_backward_config(D, N, causal, Dv))
-    if cfg.get("qk_pieces", 1) != 1 and (cfg["dq_from"] != "tl" or cfg.get("kv_regs") or D != 64 * cfg["qk_pieces"]
-                                         or Dv != 128):
-        raise ValueError(f"the backward by column pieces takes D = 64 x qk_pieces, Dv = 128, dq_from 'tl' and K "
-                         f"and V in shared memory; got D {D}, Dv {Dv} and {cfg}")
+    if cfg.get("qk_pieces", 1) != 1 and (cfg["dq_from"] not in ("gluon", "tl") or cfg.get("kv_regs")
+                                         or D != 64 * cfg["qk_pieces"] or Dv != 128):
+        raise ValueError(f"the backward by column pieces takes D = 64 x qk_pieces, Dv = 128, dq_from 'gluon' or "
+                         f"'tl' and K and V in shared memory; got D {D}, Dv {Dv} and {cfg}")
     if cfg["dq_from"] not in configs.DQ_MODES:
         raise ValueError(f"dq_from is one of {', '.join(configs.DQ_MODES)}; got {cfg['dq_from']!r}")
     if torch.are_deterministic_algorithms_enabled() and configs.DQ_MODES[cfg["dq_from"]] > 0:
@@ -212,7 +212,7 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
                                        build=paired_table)
     dq = None
     if dq_from == "gluon":
-        dq_cfg = configs.GLUON_DQ[D]
+        dq_cfg = configs.GLUON_DQ[D] if D == Dv else configs.GLUON_DQ_DV[D, Dv]
         dq_grid, dq_group, dq_schedule = query_tiling(q, k, 2 * dq_cfg["block_m"], dq_cfg["block_n"], causal,
                                                       cfg.get("balanced", True), sm_margin)
         dq = Plan("gluon", dq_cfg, dq_grid, dq_schedule, dict(head_group=dq_group))
