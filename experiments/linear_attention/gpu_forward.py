@@ -435,7 +435,8 @@ GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
                 ("gluon overlap mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, False, True))
 
 
-def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype: str = "bf16"):
+def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype: str = "bf16",
+                overlap: bool = False):
     """Based's Gluon forward (gluon_based.based_fwd_gluon_kernel) into NaN-filled o and final states (the
     kernel's rows), with or without an initial state, against the float64 recurrence; beside the tl kernel."""
     from tilecore.ops.linear_attention import gluon_based as gb
@@ -447,11 +448,11 @@ def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype
     v = torch.randn(B, N, H, Dv, device=DEV).to(dt)
     h0 = torch.randn(B, H, 1 + gb.DK + gb.DK ** 2, Dv, device=DEV) * 0.1 if with_h0 else None
     scale = gb.DK ** -0.5
-    row = dict(case=name, N=N, fits=gb.fits(q, k, v, None))
+    row = dict(case=name, N=N, fits=gb.fits(q, k, v, None), overlap=overlap)
     o = torch.full_like(v, float("nan"))
     xt = torch.full((B, H, gb.FEATURES, Dv), float("nan"), device=DEV)
     x0 = gb.compress(h0) if h0 is not None else None
-    grid, args, warps = gb.launch_args(q, k, v, x0, o, xt, scale)
+    grid, args, warps = gb.launch_args(q, k, v, x0, o, xt, scale, 2, overlap)
     gb.based_fwd_gluon_kernel[grid](**args, num_warps=warps)
     torch.cuda.synchronize()
     row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(xt).any())
@@ -460,7 +461,7 @@ def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype
                                                 initial_state=None if h0 is None else h0.double())
     row["out_floor"] = round(accuracy.error_over_floor(o.nan_to_num(), ref), 3)
     row["state_rel"] = accuracy.rel_rms(ht.nan_to_num(), ref_state)
-    o2, ht2 = gb.forward(q, k, v, h0, scale, True)  # the host path (compress, expand) as the op will call it
+    o2, ht2 = gb.forward(q, k, v, h0, scale, True, overlap=overlap)  # the host path (compress, expand) as the op will call it
     row["forward_matches"] = bool(torch.equal(o2, o)) and accuracy.rel_rms(ht2, ht) < 1e-6
     p = tl_plan(q, v, None, BASED)
     o_tl, ht_tl, _ = launch.forward(p, q, k, v, None, None, None, None, h0, scale, BASED, final_state=True,
@@ -474,7 +475,11 @@ def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype
 
 BASED_CHECKS = (("gluon based d16 v64 h0 N 1000", 2, 1000, 4, 64, True),
                 ("gluon based d16 v128 N 77 (a tail chunk)", 1, 77, 3, 128, False),
-                ("gluon based fp16 v64 h0 N 4097", 1, 4097, 2, 64, True, "fp16"))
+                ("gluon based fp16 v64 h0 N 4097 (one tile)", 1, 4097, 2, 64, True, "fp16"),
+                # OVERLAP (configs.GLUON_BASED_OVERLAP): paired selections, the chunk's wgmmas together
+                ("gluon based overlap d16 v64 h0 N 1000", 2, 1000, 4, 64, True, "bf16", True),
+                ("gluon based overlap d16 v128 N 77", 1, 77, 3, 128, False, "bf16", True),
+                ("gluon based overlap fp16 v64 h0 N 4097 (one tile)", 1, 4097, 2, 64, True, "fp16", True))
 
 
 def phase_gluon_check():
@@ -501,7 +506,7 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
     c = CASES[case]
     names = []
     if c["feature"] == BASED:
-        names = ["gluon_based"]
+        names = ["gluon_based", "gluon_based_overlap"]
     elif c.get("gluon_override"):
         names = ["gluon", "gluon_prefetch", "gluon_overlap", "gluon_both"] if c["decay"] else ["gluon", "gluon_overlap"]
     elif c.get("mamba"):
@@ -518,7 +523,9 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
     if c["feature"] == BASED:
         if gb.fits(t["q"], t["k"], t["v"], None) is not None:
             raise ValueError(f"gluon_based does not take the case: {gb.fits(t['q'], t['k'], t['v'], None)}")
-        return {"gluon_based": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False)[0]}
+        return {"gluon_based": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False, overlap=False)[0],
+                "gluon_based_overlap": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False,
+                                                          overlap=True)[0]}
     def direct(prefetch, overlap=False):  # gluon_forward.forward as launch.forward calls it, PREFETCH/OVERLAP
         return lambda: gf.forward(t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"], t["z"], None, t["scale"],
                                   False, 2, prefetch=prefetch, overlap=overlap)[0]
@@ -653,7 +660,7 @@ def table() -> str:
         if extras:
             peers = (peers + "; " if peers else "") + extras
             for p in CASES[r["case"]]["peers"]:
-                for k in ("gluon_based_ms", "gluon_ms", "gluon_direct_ms", "gluon_prefetch_ms", "gluon_overlap_ms",
+                for k in ("gluon_based_ms", "gluon_based_overlap_ms", "gluon_ms", "gluon_direct_ms", "gluon_prefetch_ms", "gluon_overlap_ms",
                           "gluon_both_ms"):
                     if r.get(p + "_ms") and r.get(k):
                         peers += f"; {p} / {k[:-3]}: {r[p + '_ms'] / r[k]:.2f}x"

@@ -74,6 +74,9 @@ GLUON_OVERLAP = False
 # the CPU; off until gpu_forward.py's check passes on the GPU (then True; launch.forward routes it)
 GLUON_BASED = False
 GLUON_BASED_STAGES = 2  # 3 stages do not fit beside its feature buffers (227 KiB)
+# its OVERLAP (paired selections, the chunk's wgmmas in flight together): run 7 (H100) checked and timed the
+# form without it (0.203 ms, 9.98x parallel_based); OVERLAP off until a check passes
+GLUON_BASED_OVERLAP = False
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
 # B16 H16 N4096 bf16, Dk = Dv = 128, dQ + dK/dV kernels): no decay 2.36 ms at chunks of 64, one key block
@@ -99,6 +102,10 @@ BWD_SPLIT_KINDS: tuple = ()
 BWD_SPLIT_MAX_DIM = 128
 BWD_SPLIT = dict(BT=64, BKB=64, BV=64, warps=4, stages=2)
 BWD_SPLIT_DQ = dict(BKQ=64, warps=4, stages=3)
+# on the split path with a scalar decay the kernels do the combine kernel's work (kernels_tl EPILOGUE: the
+# diagonal added back, beta applied, the decay's and beta's per-token parts), so no combine kernel runs
+# (1.69 ms at B16 H16 N4096 d128 in run 1 of session 27)
+BWD_SPLIT_EPILOGUE = True
 # dq, dk, dv stored by the kernels in the inputs' dtype where nothing is combined after them (op.py: no
 # float32 buffers cast by torch passes afterwards)
 BWD_NATIVE_GRADS = True

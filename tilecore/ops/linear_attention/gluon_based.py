@@ -113,9 +113,11 @@ class BasedForward:
     F: gl.constexpr
     HAS_H0: gl.constexpr
     STORE_HT: gl.constexpr
+    OVERLAP: gl.constexpr  # paired selections (one N = 64 wgmma a piece) and the chunk's wgmmas issued together
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV)
     STL: gl.constexpr  # [BV, 128] state
     TTL: gl.constexpr  # [BV, 32] state's tail
+    FL: gl.constexpr  # [BT, 32] a feature piece's factor (not OVERLAP)
     PL: gl.constexpr  # P as the register operand of P V
 
     @gluon.jit
@@ -222,6 +224,34 @@ class BasedForward:
         self.product(ak, phik, PIECE_KIND, False)
 
     @gluon.jit
+    def features_single(self, x, sel_a, sel_b, out, PIECE_KIND: gl.constexpr, QUERY: gl.constexpr):
+        """(Not OVERLAP: run 7's form.) A piece of 32 features of x [BT, 16] (shared memory) into ``out``
+        [BT, 32] (shared memory, the input dtype), two synchronous N = 32 selections: (x Sel_a + c_a) * (x Sel_b + c_b), times w on the query side (sel_a, sel_b [32, 16]).
+        PIECE_KIND 0: features 0..31 (the squares, w = scale^2 / 2; the linear ones, c_b = 1, w = scale);
+        1: pairs a < b (w = scale^2); 2: the tail (pairs, then the constant at column 24: c_a = c_b = 1,
+        w = 1). The column constants come from the column index (no loads: loop-invariant loads were
+        hoisted out of the walk and spilled)."""
+        zero = gl.zeros([self.BT, 32], gl.float32, self.FL)
+        xa = warpgroup_mma(x, sel_a.permute((1, 0)), zero, use_acc=False)
+        xb = warpgroup_mma(x, sel_b.permute((1, 0)), zero, use_acc=False)
+        col = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, self.FL)), 0)
+        sq = self.scale * self.scale
+        if PIECE_KIND == 0:
+            phi = xa * (xb + gl.where(col >= 16, 1.0, 0.0))
+            if QUERY:
+                phi = phi * gl.where(col < 16, 0.5 * sq, self.scale)
+        elif PIECE_KIND == 1:
+            phi = xa * xb
+            if QUERY:
+                phi = phi * sq
+        else:
+            one = gl.where(col == 24, 1.0, 0.0)
+            phi = (xa + one) * (xb + one)
+            if QUERY:
+                phi = phi * gl.where(col == 24, 1.0, sq)
+        out.store(phi.to(out.dtype))
+
+    @gluon.jit
     def compute(self, ctx, walk, stage, tile, step):
         c: gl.constexpr = ctx.index
         h, col = self.unit(tile, c)
@@ -246,10 +276,21 @@ class BasedForward:
         gl.thread_barrier()  # the previous step's wgmmas have read phi_q, phi_k and S
         S_smem.store(walk.S.to(dtype))
         T_smem.store(walk.T.to(dtype))
-        for p in gl.static_range(4):
-            self.features(q, k, self.sel_main.slice(p * 64, 64), phiq.slice(p * 32, 32, dim=1),
-                          phik.slice(p * 32, 32, dim=1), 0 if p == 0 else 1)
-        self.features(q, k, self.sel_tail, phiq_t, phik_t, 2)
+        if self.OVERLAP:
+            for p in gl.static_range(4):
+                self.features(q, k, self.sel_main.slice(p * 64, 64), phiq.slice(p * 32, 32, dim=1),
+                              phik.slice(p * 32, 32, dim=1), 0 if p == 0 else 1)
+            self.features(q, k, self.sel_tail, phiq_t, phik_t, 2)
+        else:
+            for p in gl.static_range(4):
+                sel_a = self.sel_main.slice(p * 64, 32)
+                sel_b = self.sel_main.slice(p * 64 + 32, 32)
+                self.features_single(q, sel_a, sel_b, phiq.slice(p * 32, 32, dim=1), 0 if p == 0 else 1, True)
+                self.features_single(k, sel_a, sel_b, phik.slice(p * 32, 32, dim=1), 0 if p == 0 else 1, False)
+            sel_a = self.sel_tail.slice(0, 32)
+            sel_b = self.sel_tail.slice(32, 32)
+            self.features_single(q, sel_a, sel_b, phiq_t, 2, True)
+            self.features_single(k, sel_a, sel_b, phik_t, 2, False)
         fence_async_shared()
         gl.thread_barrier()
 
@@ -261,14 +302,21 @@ class BasedForward:
         causal = gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)
         p = gl.convert_layout(gl.where(causal, 1.0 + s + 0.5 * s * s, 0.0).to(dtype), self.PL)
 
-        # o = phi_q S + P V and S^T <- S^T + V^T phi_k (both feature blocks), issued together
-        o = warpgroup_mma(phiq, S_smem.permute((1, 0)), gl.zeros([self.BT, self.BV], gl.float32, self.SL),
-                          use_acc=False, is_async=True)
-        o = warpgroup_mma(phiq_t, T_smem.permute((1, 0)), o, is_async=True)
-        o = warpgroup_mma(p, v, o, is_async=True)
-        S = warpgroup_mma(v.permute((1, 0)), phik, walk.S, is_async=True)
-        T = warpgroup_mma(v.permute((1, 0)), phik_t, walk.T, is_async=True)
-        o, S, T = warpgroup_mma_wait(0, deps=(o, S, T))
+        # o = phi_q S + P V and S^T <- S^T + V^T phi_k (both feature blocks); OVERLAP: issued together
+        zero_o = gl.zeros([self.BT, self.BV], gl.float32, self.SL)
+        if self.OVERLAP:
+            o = warpgroup_mma(phiq, S_smem.permute((1, 0)), zero_o, use_acc=False, is_async=True)
+            o = warpgroup_mma(phiq_t, T_smem.permute((1, 0)), o, is_async=True)
+            o = warpgroup_mma(p, v, o, is_async=True)
+            S = warpgroup_mma(v.permute((1, 0)), phik, walk.S, is_async=True)
+            T = warpgroup_mma(v.permute((1, 0)), phik_t, walk.T, is_async=True)
+            o, S, T = warpgroup_mma_wait(0, deps=(o, S, T))
+        else:
+            o = warpgroup_mma(phiq, S_smem.permute((1, 0)), zero_o, use_acc=False)
+            o = warpgroup_mma(phiq_t, T_smem.permute((1, 0)), o)
+            o = warpgroup_mma(p, v, o)
+            S = warpgroup_mma(v.permute((1, 0)), phik, walk.S)
+            T = warpgroup_mma(v.permute((1, 0)), phik_t, walk.T)
         store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
         return BasedWalk(S, T)
 
@@ -289,7 +337,8 @@ class BasedForward:
 @gluon.jit
 def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                            s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, scale, num_tiles,
-                           STAGES: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
+                           STAGES: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
+                           OVERLAP: gl.constexpr = False):
     """o (and the final states) of every unit of (batch, head, 64 value columns) under Based's map; a
     persistent grid, two consumer warpgroups (num_warps = 4) and a producer warp."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
@@ -300,6 +349,7 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
     SL: gl.constexpr = wgmma_layout(BT, BV, gl.num_warps())
     STL: gl.constexpr = wgmma_layout(BV, 128, gl.num_warps())
     TTL: gl.constexpr = wgmma_layout(BV, 32, gl.num_warps())
+    FL: gl.constexpr = wgmma_layout(BT, 32, gl.num_warps())
     PL: gl.constexpr = wgmma_lhs_layout(BT, BV, gl.num_warps())
     # 64-byte swizzle: 32 columns, so a feature piece of 32 is one swizzle atom wide
     wide: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
@@ -311,7 +361,7 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                       gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
                       gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
                       gl.allocate_shared_memory(dt, [2, BV, 128], wide), gl.allocate_shared_memory(dt, [2, BV, 32], wide),
-                      BT, BV, F, HAS_H0, STORE_HT, SL, STL, TTL, PL)
+                      BT, BV, F, HAS_H0, STORE_HT, OVERLAP, SL, STL, TTL, FL, PL)
     stages = BasedChunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES),
                         ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES))
     # a tensor even where the launch specialized num_tiles == 1 to a constant (the template's _Pipeline holds a
@@ -465,8 +515,9 @@ def _head_major(t: torch.Tensor):
     return [B, H, N, D], [t.stride(0), t.stride(2), t.stride(1), t.stride(3)]
 
 
-def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2):
-    """(grid, arguments by name, num_warps) of based_fwd_gluon_kernel; x0, xt: kernel-row states or None."""
+def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool = False):
+    """(grid, arguments by name, num_warps) of based_fwd_gluon_kernel; x0, xt: kernel-row states or None;
+    overlap: the kernel's OVERLAP."""
     from tilecore.tiles.launch import gluon_descriptor
     from tilecore.tiles.schedule import persistent_programs
 
@@ -482,18 +533,23 @@ def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2):
     args = dict(q_desc=descs[0], k_desc=descs[1], v_desc=descs[2], o_desc=descs[3], SEL=sel,
                 H0=x0 if x0 is not None else dummy, HT=xt if xt is not None else dummy,
                 s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1], stf=sht[2], stv=sht[3],
-                N=N, H=H, VB=VB, scale=scale, num_tiles=num_tiles, STAGES=stages, HAS_H0=x0 is not None, STORE_HT=xt is not None)
+                N=N, H=H, VB=VB, scale=scale, num_tiles=num_tiles, STAGES=stages, HAS_H0=x0 is not None, STORE_HT=xt is not None,
+                OVERLAP=overlap)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
-def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2):
+def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overlap: bool | None = None):
     """(o, final state (B, H, 1 + 16 + 256, Dv) float32 or None) by the Gluon kernel (``fits`` must have
-    said None). h0: the op-layout initial state or None."""
+    said None). h0: the op-layout initial state or None. overlap: the kernel's OVERLAP (None:
+    configs.GLUON_BASED_OVERLAP)."""
+    from tilecore.ops.linear_attention import configs
+
+    overlap = configs.GLUON_BASED_OVERLAP if overlap is None else overlap
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     x0 = compress(h0) if h0 is not None else None
     xt = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32, device=v.device) if final_state else None
-    grid, args, warps = launch_args(q, k, v, x0, o, xt, scale, stages)
+    grid, args, warps = launch_args(q, k, v, x0, o, xt, scale, stages, overlap)
     based_fwd_gluon_kernel[grid](**args, num_warps=warps)
     ht = None
     if final_state:
@@ -507,16 +563,16 @@ def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2):
 # compile report (no GPU): compile_report(states) compiles the kernel for sm_90a; TRITON_INTERPRET must be unset
 
 
-def compile_report(states: bool = True, stages: int = 2) -> dict:
+def compile_report(states: bool = True, stages: int = 2, overlap: bool = False) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     B, N, H, Dv, bf = 2, 4096, 16, 64, torch.bfloat16
     q = torch.empty(B, N, H, DK, dtype=bf)
     v = torch.empty(B, N, H, Dv, dtype=bf)
     x = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32) if states else None
-    grid, args, warps = launch_args(q, q, v, x, torch.empty_like(v), x, 0.25, stages)
+    grid, args, warps = launch_args(q, q, v, x, torch.empty_like(v), x, 0.25, stages, overlap)
     compiled = compile_kernel(based_fwd_gluon_kernel, args, num_warps=warps)
     r = resources(compiled)
-    return dict(case=f"based states={states} stages={stages}", spill_bytes=r.spill_stores, registers=r.registers,
+    return dict(case=f"based states={states} stages={stages} overlap={overlap}", spill_bytes=r.spill_stores, registers=r.registers,
                 shared=r.shared, threads=r.threads, wgmma_serialized=r.wgmma_serialized,
                 **has_hopper_instructions(compiled.asm["ptx"]))
