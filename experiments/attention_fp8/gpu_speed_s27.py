@@ -12,8 +12,11 @@ Variants (configs.GLUON_FORWARD keys; all off by default):
                           warpgroup moved; P is rounded as 2^p_shift p with p_shift + tau <= log2(448).
   exp2_fma_every 8        one exp2 in 8 on the FMA units (FlashAttention-4's cubic; 2 and 4 were slower in session 26,
                           when the step was issue-bound: with l_mma and tau its MUFU work is the longer chain).
-  quick: "l_mma", "l_mma_tau0.8" (both, tau 0.8, p_shift 8), "l_mma_tau0.8_fma8"; --full adds "tau0.8" alone,
-  "tau2.8" = (2.8, 6), "l_mma_tau2.8".
+  pingpong                FlashAttention-3's barriers (no gain at D128 in session 26; with fewer instructions a step
+                          the two consumers' softmaxes, which share each sub-partition's MUFU, may gain from taking
+                          turns).
+  quick: "l_mma", "l_mma_tau0.8" (both, tau 0.8, p_shift 8), "l_mma_tau0.8_fma8", "l_mma_tau0.8_pingpong" (flipped
+  where the default has it on); --full adds "tau0.8" alone, "tau2.8" = (2.8, 6), "l_mma_tau2.8".
 
 check  every variant into NaN-poisoned buffers at a tail shape with GQA (B2 Hq8 Hkv2 N1000 Nk1100, D 128 causal;
        with --d 64 D 64 non-causal: masks, rows with no key) and on two (batch, head) slices of each timed problem: every element
@@ -47,7 +50,9 @@ T0 = time.time()
 VARIANTS = {"l_mma": (dict(l_mma=True), dict(l_rounded=True)),
             "l_mma_tau0.8": (dict(l_mma=True, rescale_tau=0.8, p_shift=8), dict(l_rounded=True, rescale_tau=0.8)),
             "l_mma_tau0.8_fma8": (dict(l_mma=True, rescale_tau=0.8, p_shift=8, exp2_fma_every=8),
-                                  dict(l_rounded=True, rescale_tau=0.8))}
+                                  dict(l_rounded=True, rescale_tau=0.8)),
+            "l_mma_tau0.8_pingpong": (dict(l_mma=True, rescale_tau=0.8, p_shift=8, pingpong="flip"),
+                                      dict(l_rounded=True, rescale_tau=0.8))}
 FULL_VARIANTS = {"tau0.8": (dict(rescale_tau=0.8, p_shift=8), dict(rescale_tau=0.8)),
                  "tau2.8": (dict(rescale_tau=2.8, p_shift=6), dict(rescale_tau=2.8, p_shift=6)),
                  "l_mma_tau2.8": (dict(l_mma=True, rescale_tau=2.8, p_shift=6),
@@ -102,7 +107,10 @@ def main():
         emulation = {} if name == "default" else variants[name][1]
         if p.path == "gluon":
             if name != "default":
-                p = fp8_launch.plan(q8, k8, causal, config=dict(p.config, **variants[name][0]))
+                overrides = dict(variants[name][0])
+                if overrides.get("pingpong") == "flip":  # the other setting than the default's
+                    overrides["pingpong"] = not p.config["pingpong"]
+                p = fp8_launch.plan(q8, k8, causal, config=dict(p.config, **overrides))
         else:
             p.config.update(RESCALE_TAU=emulation.get("rescale_tau", 0.0), P_SHIFT=emulation.get("p_shift", 8),
                             L_ROUNDED=emulation.get("l_rounded", False))
