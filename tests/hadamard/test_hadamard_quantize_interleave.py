@@ -5,7 +5,8 @@ bytes. The same products as contiguous slices (H_P = H_Q (x) H_S = H_S (x) H_Q u
 in another order: codes within one step of the contiguous plan's and of the float64 reference's (>= 99.9%
 equal to it), float32 scales within 2^-20 of the contiguous plan's, discrete scales equal. Through the
 interpreter, outputs poisoned (once with two different bytes: every element written), rows with NaN and inf,
-more rows than programs (the persistent loop)."""
+more rows than programs (the persistent loop). interleave=2 loads all S slices as one vector a column
+(quantize_kernels._load_il) and splits them in registers: the same values as the strided loads."""
 import pytest
 import torch
 
@@ -35,13 +36,14 @@ def _same_scales(a, b):
     return torch.equal(_bytes(a), _bytes(b))
 
 
-# (format, m, p, slices S): the join trees of 1, 2, 4 and 8 bytes a column, groups of 2..64 columns a slice
-CASES = [("mxfp4", 12, 128, 2), ("fp8_e4m3", 12, 256, 4), ("int4", 12, 256, 2), ("int8", 12, 512, 8),
-         ("nvfp4", 12, 512, 8)]
+# (format, m, p, slices S, interleave: True, each slice loaded strided; 2, one vector load a column): the join
+# trees of 1, 2, 4 and 8 bytes a column, groups of 2..64 columns a slice, the split trees of 2, 4 and 8 slices
+CASES = [("mxfp4", 12, 128, 2, True), ("fp8_e4m3", 12, 256, 4, 2), ("int4", 12, 256, 2, 2), ("int8", 12, 512, 8, True),
+         ("nvfp4", 12, 512, 8, 2)]
 
 
-@pytest.mark.parametrize("fmt, m, p, S", CASES)
-def test_interleaved_slices_match_the_contiguous_plan_and_the_reference(fmt, m, p, S):
+@pytest.mark.parametrize("fmt, m, p, S, interleave", CASES)
+def test_interleaved_slices_match_the_contiguous_plan_and_the_reference(fmt, m, p, S, interleave):
     torch.manual_seed(1)
     n = m * p
     x = torch.randn(3, n, dtype=torch.float16)  # 3 rows on 2 programs: the persistent loop, a partial last pass
@@ -49,10 +51,11 @@ def test_interleaved_slices_match_the_contiguous_plan_and_the_reference(fmt, m, 
     x[1, 3] = float("nan")
     x[2, 9] = float("inf")
     scale = torch.tensor([0.002]) if fmt == "nvfp4" else None
-    plan, codes, scales = _run(x, fmt, True, scale, tile_elems=16 * p)
+    plan, codes, scales = _run(x, fmt, interleave, scale, tile_elems=16 * p)
     assert plan.path == "fused" and plan.config["IL"] == S == plan.config["S"] and plan.config["B"] == 1
+    assert plan.config["ILV"] == (interleave == 2)
     if S == 8 and fmt == "nvfp4":
-        _, codes2, scales2 = _run(x, fmt, True, scale, poison=0xA5, tile_elems=16 * p)
+        _, codes2, scales2 = _run(x, fmt, interleave, scale, poison=0xA5, tile_elems=16 * p)
         assert torch.equal(_bytes(codes), _bytes(codes2)) and torch.equal(_bytes(scales), _bytes(scales2))
     base, base_codes, base_scales = _run(x, fmt, False, scale, tile_elems=16 * p)
     assert base.config["IL"] == 0 and base.config["S"] == S
@@ -73,12 +76,14 @@ def test_interleaved_slices_with_random_signs_and_where_the_plan_does_not_apply(
     n = 12 * 128
     x = torch.randn(2, n, dtype=torch.bfloat16)
     signs = (torch.randint(0, 2, (n,)) * 2 - 1).to(torch.bfloat16)
-    plan, codes, scales = _run(x, "mxfp4", True, signs=signs, tile_elems=2048)
-    assert plan.config["IL"] == 2
     _, base_codes, base_scales = _run(x, "mxfp4", False, signs=signs, tile_elems=2048)
-    a, e = code_order(codes, "mxfp4"), code_order(base_codes, "mxfp4")
-    assert (a - e).abs().max() <= 1 and (a == e).double().mean() >= 0.999
-    assert _same_scales(scales, base_scales)
+    e = code_order(base_codes, "mxfp4")
+    for interleave in (True, 2):
+        plan, codes, scales = _run(x, "mxfp4", interleave, signs=signs, tile_elems=2048)
+        assert plan.config["IL"] == 2 and plan.config["ILV"] == (interleave == 2)
+        a = code_order(codes, "mxfp4")
+        assert (a - e).abs().max() <= 1 and (a == e).double().mean() >= 0.999
+        assert _same_scales(scales, base_scales)
     # several rows a tile (B > 1) or one slice: the contiguous epilogue, whatever the tuning asks
     for n in (12 * 64, 20 * 128):
         plan = quantize.kernel_plan(64, n, torch.bfloat16, "mxfp4", 32, None, True, False, False, 2, True,

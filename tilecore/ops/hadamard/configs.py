@@ -118,4 +118,4 @@ QUANT_KRON_TUNING = {14336: dict(num_warps=4)}
 # q S + t of each sub-row: a quantization group's amax without other warps, a thread's codes as one vector;
 # quantize_kernels._epilogue_interleaved; plan tuning "interleave"). Off until a GPU run checks and times it
 # (experiments/hadamard/gpu_quantize_probe.py --set s27)
-QUANT_INTERLEAVE = False
+QUANT_INTERLEAVE = False  # True: interleaved slices, loaded slice by slice (strided); 2: loaded as one vector a column

@@ -114,6 +114,14 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
     grid = max(1, min(cdiv(rows, B), sms * (tuning.get("waves") or configs.KRON_WAVES)))
     elems = B * m_pad * Q * S  # float32 values a program holds: 16 warps at 32768 (8 spilled there)
     warps = tuning.get("num_warps") or (16 if elems >= 32768 else 8 if elems >= 8192 else 4)
+    # interleaved slices (quantize_kernels._epilogue_interleaved): one row a tile, S >= 2 slices filling the
+    # sub-row, groups a multiple of S or the whole row, pointer loads; interleave=2: loaded as one vector a
+    # column (quantize_kernels._load_il) where the mixing is one product (not K-chunked past 64 sub-rows)
+    interleave = tuning.get("interleave", configs.QUANT_INTERLEAVE)
+    il = S if (interleave and B == 1 and S >= 2 and Q * S == P
+               and (mode == 1 and group % S == 0 or mode == 0 and spg == m_pad)
+               and not tuning.get("kron_tma", configs.KRON_TMA != "none")) else 0
+    ilv = bool(il) and interleave == 2 and not (mix == 1 and m_pad > 64)
     return QuantizePlan("fused", grid=(grid,), rscale=rscale, config=dict(
         M=M, M_PAD=m_pad, P=P, Q=Q, S=S, B=B, MIX=mix, TRANSFORM=transform, BUTTERFLY=butterfly, SIGNS=signs,
         FORMAT=f.kernel_id, GROUP=mode, G=group or 1, SPG=spg, STATIC=static and fmt in FP8_DTYPES,
@@ -126,9 +134,7 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
         num_stages=tuning.get("num_stages") or (1 if m_pad > 64 and mix else 2),  # as kron.kernel_plan
         # interleaved slices (quantize_kernels._epilogue_interleaved): one row a tile, S >= 2 slices filling
         # the sub-row, groups a multiple of S or the whole row; pointer loads
-        IL=S if (tuning.get("interleave", configs.QUANT_INTERLEAVE) and B == 1 and S >= 2 and Q * S == P
-                 and (mode == 1 and group % S == 0 or mode == 0 and spg == m_pad)
-                 and not tuning.get("kron_tma", configs.KRON_TMA != "none")) else 0,
+        IL=il, ILV=ilv,
         **_maxnreg(tuning, {})))
 
 

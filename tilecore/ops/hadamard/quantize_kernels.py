@@ -27,7 +27,7 @@ import triton.language as tl
 
 from tilecore.ops.hadamard import kernels
 from tilecore.ops.hadamard.kernels import _INTERPRETED
-from tilecore.ops.hadamard.kernels_kron import butterfly4, load_slice_transform, slice_offsets
+from tilecore.ops.hadamard.kernels_kron import butterfly4, load_slice_transform, slice_offsets, slice_transform
 
 # FORMAT ids (quantize_reference.FORMATS), and the first pass of nvfp4's dynamic global scale
 E4M3: tl.constexpr = tl.constexpr(0)
@@ -436,6 +436,54 @@ def _epilogue_interleaved(codes, scales, gscale, tile, rows, stride_codes, strid
 
 
 @triton.jit
+def _load_il(x, signs, tile, rows, stride_x, M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr, Q: tl.constexpr,
+             S: tl.constexpr, SIGNS: tl.constexpr):
+    """One row's S interleaved slices (B == 1, Q S = P) by one load of [M_PAD, Q, S]: the S elements c S .. c S +
+    S - 1 of a sub-row are one vector of a thread (16 bytes at S = 8, 16-bit x), split in registers into the
+    slices [M_PAD, Q] (the rest are placeholders); sub-rows past M and rows past the end are zeros."""
+    i = tl.arange(0, M_PAD)
+    c = tl.arange(0, Q)
+    s = tl.arange(0, S)
+    col = i[:, None, None] * P + (c[:, None] * S + s[None, :])[None, :, :]  # [M_PAD, Q, S]
+    row = tl.zeros([M_PAD], tl.int64) + tile  # 64-bit: rows * stride may pass 2^31
+    mask = (i[:, None, None] < M) & (row[:, None, None] < rows)
+    v = tl.load(x + row[:, None, None] * stride_x + col, mask=mask, other=0.0)
+    if SIGNS:  # in float32 and back (exact: +-1)
+        v = (v.to(tl.float32) * tl.load(signs + col, mask=mask, other=0.0).to(tl.float32)).to(v.dtype)
+    if S == 2:
+        s0, s1 = tl.split(v)
+        return s0, s1, s0, s0, s0, s0, s0, s0
+    elif S == 4:  # s = 2 a + b: the last index b first
+        e, o = tl.split(tl.reshape(v, (M_PAD, Q, 2, 2)))
+        s0, s2 = tl.split(e)
+        s1, s3 = tl.split(o)
+        return s0, s1, s2, s3, s0, s0, s0, s0
+    else:  # S == 8, s = 4 a + 2 b + c
+        e, o = tl.split(tl.reshape(v, (M_PAD, Q, 2, 2, 2)))
+        ee, eo = tl.split(e)
+        oe, oo = tl.split(o)
+        s0, s4 = tl.split(ee)
+        s2, s6 = tl.split(eo)
+        s1, s5 = tl.split(oe)
+        s3, s7 = tl.split(oo)
+        return s0, s1, s2, s3, s4, s5, s6, s7
+
+
+@triton.jit
+def _slice_il(x, h, signs, tile, t, rows, stride_x, M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr,
+              Q: tl.constexpr, B: tl.constexpr, MIX: tl.constexpr, TRANSFORM: tl.constexpr, SIGNS: tl.constexpr,
+              IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr,
+              PIECE_DTYPE: tl.constexpr, TMA_LOAD: tl.constexpr, IL: tl.constexpr, ILV: tl.constexpr, v):
+    """Slice t transformed: from ``v`` (already loaded by _load_il, ILV) or loaded here."""
+    if ILV:
+        y = slice_transform(v, h, M_PAD, Q, P, B, MIX, TRANSFORM, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+    else:
+        y = load_slice_transform(x, h, signs, tile, t, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX, TRANSFORM, SIGNS,
+                                 IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL)
+    return y
+
+
+@triton.jit
 def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, stride_x, stride_codes,
                            stride_scales, rscale,
                            M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr, Q: tl.constexpr, S: tl.constexpr,
@@ -444,7 +492,8 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
                            SPG: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr,
                            IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr,
                            PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr, FAST: tl.constexpr = False,
-                           TMA_LOAD: tl.constexpr = False, IL: tl.constexpr = 0):
+                           TMA_LOAD: tl.constexpr = False, IL: tl.constexpr = 0,
+                           ILV: tl.constexpr = False):
     """codes, scales = quantize(rscale * rotation(signs * x)) for ``rows`` rows (module docstring); a
     persistent grid of GRID programs, B rows a tile. FORMAT == AMAX: only each program's largest |y|,
     written to amax_out[program] (nvfp4's dynamic global scale, a first pass). TMA_LOAD: ``x`` is a
@@ -452,8 +501,12 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
     tiles = tl.cdiv(rows, B)
     run_max = tl.zeros([B * M_PAD], tl.float32)
     for tile in range(tl.program_id(0), tiles, GRID):
-        t0 = _valid_only(load_slice_transform(x, h, signs, tile, 0, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX, TRANSFORM,
-                                  SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL) * rscale, M, M_PAD, P, Q, B)
+        if ILV:  # interleaved slices by one vector load of each column's S elements (_load_il)
+            v0, v1, v2, v3, v4, v5, v6, v7 = _load_il(x, signs, tile, rows, stride_x, M, M_PAD, P, Q, S, SIGNS)
+        else:  # placeholders: each slice loads its own
+            v0, v1, v2, v3, v4, v5, v6, v7 = tile, tile, tile, tile, tile, tile, tile, tile
+        t0 = _valid_only(_slice_il(x, h, signs, tile, 0, rows, stride_x, M, M_PAD, P, Q, B, MIX, TRANSFORM,
+                                  SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v0) * rscale, M, M_PAD, P, Q, B)
         o1 = t0
         o2 = t0
         o3 = t0
@@ -463,8 +516,8 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
         o7 = t0
         o0 = t0
         if S > 1:
-            t1 = _valid_only(load_slice_transform(x, h, signs, tile, 1, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX, TRANSFORM,
-                                      SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL) * rscale, M, M_PAD, P, Q, B)
+            t1 = _valid_only(_slice_il(x, h, signs, tile, 1, rows, stride_x, M, M_PAD, P, Q, B, MIX, TRANSFORM,
+                                      SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v1) * rscale, M, M_PAD, P, Q, B)
             if S == 2:
                 if BUTTERFLY:
                     o0 = t0 + t1
@@ -472,24 +525,24 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
                 else:
                     o1 = t1
             else:
-                t2 = _valid_only(load_slice_transform(x, h, signs, tile, 2, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL) * rscale, M, M_PAD, P, Q, B)
-                t3 = _valid_only(load_slice_transform(x, h, signs, tile, 3, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL) * rscale, M, M_PAD, P, Q, B)
+                t2 = _valid_only(_slice_il(x, h, signs, tile, 2, rows, stride_x, M, M_PAD, P, Q, B, MIX,
+                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v2) * rscale, M, M_PAD, P, Q, B)
+                t3 = _valid_only(_slice_il(x, h, signs, tile, 3, rows, stride_x, M, M_PAD, P, Q, B, MIX,
+                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v3) * rscale, M, M_PAD, P, Q, B)
                 if BUTTERFLY:
                     a0, a1, a2, a3 = butterfly4(t0, t1, t2, t3)
                 else:
                     a0, a1, a2, a3 = t0, t1, t2, t3
                 o0, o1, o2, o3 = a0, a1, a2, a3
                 if S == 8:
-                    t4 = _valid_only(load_slice_transform(x, h, signs, tile, 4, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL) * rscale, M, M_PAD, P, Q, B)
-                    t5 = _valid_only(load_slice_transform(x, h, signs, tile, 5, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL) * rscale, M, M_PAD, P, Q, B)
-                    t6 = _valid_only(load_slice_transform(x, h, signs, tile, 6, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL) * rscale, M, M_PAD, P, Q, B)
-                    t7 = _valid_only(load_slice_transform(x, h, signs, tile, 7, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL) * rscale, M, M_PAD, P, Q, B)
+                    t4 = _valid_only(_slice_il(x, h, signs, tile, 4, rows, stride_x, M, M_PAD, P, Q, B, MIX,
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v4) * rscale, M, M_PAD, P, Q, B)
+                    t5 = _valid_only(_slice_il(x, h, signs, tile, 5, rows, stride_x, M, M_PAD, P, Q, B, MIX,
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v5) * rscale, M, M_PAD, P, Q, B)
+                    t6 = _valid_only(_slice_il(x, h, signs, tile, 6, rows, stride_x, M, M_PAD, P, Q, B, MIX,
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v6) * rscale, M, M_PAD, P, Q, B)
+                    t7 = _valid_only(_slice_il(x, h, signs, tile, 7, rows, stride_x, M, M_PAD, P, Q, B, MIX,
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v7) * rscale, M, M_PAD, P, Q, B)
                     if BUTTERFLY:
                         b0, b1, b2, b3 = butterfly4(t4, t5, t6, t7)
                         o0, o1, o2, o3 = a0 + b0, a1 + b1, a2 + b2, a3 + b3
