@@ -148,7 +148,7 @@ def main():
     if args.e2e:
         return e2e(args, variants, dev, dt, left, bench, plan_for, result, save)
 
-    # 1. tails with GQA: every variant and the default
+    # 1. tails with GQA: every variant
     tails = ([(1, 2, 1, 40, 70, 64, True)] if args.smoke else
              [(2, 8, 2, 1000, 1100, 128, True)] * (args.d != "64") + [(2, 8, 2, 1000, 1100, 64, False)] * (args.d == "64"))
     for (B, Hq, Hkv, N, Nk, D, causal) in tails:
@@ -160,7 +160,7 @@ def main():
         k8, ks = quantize_fp8(k, per="block")
         v8, vs = quantize_fp8(v, per="head")
         vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
-        for name in ["default", *variants]:
+        for name in variants:  # (the default passed this shape in session 27's first run)
             if left() < 45:
                 print("tails: out of time budget", flush=True)
                 break
