@@ -320,7 +320,10 @@ class LinearAttentionForward:
                 z_base = self.Z + b64 * self.szb + h64 * self.szh + t0.to(gl.int64) * self.szn + col
                 z_offs = gl.expand_dims(offs_r * self.szn, 1) + gl.expand_dims(offs_v, 0)
                 z = gl.load(z_base + z_offs, mask=gl.expand_dims(row_ok, 1), other=0.0).to(gl.float32)
-            o = o * z / (1.0 + gl.exp(-z))
+            if self.PREFETCH:  # silu by an approximate division (div.full: 2 ulp of float32, then rounded to bf16)
+                o = gl.fdiv(o * z, 1.0 + gl.exp2(-z * 1.4426950408889634), ieee_rounding=False)
+            else:
+                o = o * z / (1.0 + gl.exp(-z))
         store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
         walk = Walk(S, 0, 0, 0)
         if self.PREFETCH:
