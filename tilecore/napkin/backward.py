@@ -30,9 +30,11 @@ Shared memory: every MMA's operands read from it (wgmma: B always, A unless it i
 the ring's TMA writes, dS's store, dQ's staging (written, then read by the TMA reduction). A bound, not
 a sum: the engine's preset rate (128 B/clk/SM) leaves it under the tensor time (64-75% of it).
 
-Constants: the GPU preset's (and the run's calibrated tensor rate), the paper's exposed share of the
-exponentials, and one latency a step (`STEP_LATENCY_CLOCKS`), whose source is given where it is defined.
-No figure is fitted to the rows this model predicts.
+Constants: the datasheet's per-clock rates at the backward's own sustained clock (BACKWARD_CLOCK_HZ,
+measured: the backwards run power-limited, and not at the clock the run's GEMM ceiling implies; the
+engine's convention, the run's cuBLAS rate, is `rates="ceiling"`), the paper's exposed share of the
+exponentials, and one latency a step (`STEP_LATENCY_CLOCKS`), derived from one shared/anchors.md row.
+Sources are given where each is defined. No figure is fitted to the rows this model predicts.
 """
 from __future__ import annotations
 
@@ -144,17 +146,46 @@ def window_density(seq: int, block_k: int, block_q: int, left: int, right: int) 
     return visited / (steps * math.ceil(seq / block_k))
 
 
+# Which rates the SM-clocked units (tensor cores, SFU, ALU, shared memory) run at:
+#   "clock" (default): the datasheet's per-clock rates at the backward's own sustained clock,
+#       BACKWARD_CLOCK_HZ, measured on the lent H100 with tilecore's and cuDNN's D128 backwards each run
+#       back to back at the board's 700 W limit: 1545 MHz both (notes/attention/runs/
+#       attention_power_session19_h100.json). Why not the run's cuBLAS ceiling: the backward runs
+#       power-limited at its own clock, and the GEMM's ceiling moves between runs without it
+#       (shared/anchors.md: cuBLAS 680, cuDNN's backward 519; the committed bench: cuBLAS 752, the same
+#       backward 505);
+#   "ceiling": the tensor rate the run's cuBLAS 8192^3 gives (the engine's convention), the other units
+#       at the datasheet's clock.
+RATES = ("clock", "ceiling")
+BACKWARD_CLOCK_HZ = 1545e6
+
 # The one latency a step the model adds, in SM clocks: a lockstep step waits three times on its own
 # MMAs (S, dP, then dV/dK/dQ) and once on the ring and the dS exchange; each wait drains a wgmma group
 # before the dependent instructions issue, and no other warpgroup fills the gap. Neither the paper nor
 # the datasheets give it, so it is derived once from the measured anchors (../shared/anchors.md: cuDNN's
 # backward, B16 H16 N4096 D128, 519 TFLOP/s where cuBLAS ran 680 in the same run) by
-# `step_latency_from_anchor()`, and checked on the anchors' three other cuDNN backward rows (D64 430,
-# D64 causal 379, D128 causal 461: predicted 440, 405, 474). No committed bench row is used.
+# `step_latency_from_anchor(rates)`, and checked on the anchors' three other cuDNN backward rows (D64
+# 430, D64 causal 379, D128 causal 461: predicted 392, 362, 474 with "clock"; 440, 405, 474 with
+# "ceiling"). No committed bench row is used.
 ANCHOR = dict(impl="cudnn", batch=16, heads=16, seq=4096, d=128, causal=False, tflops=519.0,
               ceiling_tflops=680.0, copy_bytes_per_s=2997e9)
 ANCHOR_CHECKS = ((64, False, 430.0), (64, True, 379.0), (128, True, 461.0))
-STEP_LATENCY_CLOCKS = 182.0
+STEP_LATENCY_CLOCKS = {"clock": 646.6, "ceiling": 181.6}
+
+
+def at_backward_clock(gpu):
+    """The GPU with its SM-clocked units (tensor cores, SFU, ALU, shared memory) at BACKWARD_CLOCK_HZ:
+    the datasheet preset's per-clock rates (its own where the GPU is not a preset's calibration) times
+    that clock; HBM, L2 and the launch terms as given."""
+    prefix = gpu.key.split("-")[0]
+    base = get_gpu(prefix) if prefix in ("a100", "h100", "h200") else gpu
+    f = BACKWARD_CLOCK_HZ / base.clock_hz
+    units = {name: dataclasses.replace(u, rates={dt: r * f for dt, r in u.rates.items()},
+                                       source=f"{u.source}; at the backward's clock {BACKWARD_CLOCK_HZ / 1e6:.0f} MHz")
+             for name, u in base.units.items()}
+    levels = tuple(dataclasses.replace(lv, bandwidth=base.level("SMEM").bandwidth * f) if lv.name == "SMEM" else lv
+                   for lv in gpu.levels)
+    return dataclasses.replace(gpu, units=units, levels=levels, key=gpu.key + "-bwdclock")
 
 
 def backward_flops(batch, heads, seq, d, causal) -> float:
@@ -168,7 +199,7 @@ def anchor_gpu(gpu="h100"):
                                    matmul_flops={"bf16": ANCHOR["ceiling_tflops"] * 1e12}, label="anchors")
 
 
-def step_latency_from_anchor(gpu="h100") -> float:
+def step_latency_from_anchor(gpu="h100", rates: str = "clock") -> float:
     """The step latency (clocks) at which the model gives the anchor row's TFLOP/s (bisection)."""
     a, g = ANCHOR, anchor_gpu(gpu)
     flops = backward_flops(a["batch"], a["heads"], a["seq"], a["d"], a["causal"])
@@ -176,7 +207,7 @@ def step_latency_from_anchor(gpu="h100") -> float:
     for _ in range(50):
         mid = (lo + hi) / 2
         t = attention_backward_time(a["batch"], a["heads"], a["heads"], a["seq"], a["d"], a["causal"], g,
-                                    a["impl"], step_latency_clocks=mid).time
+                                    a["impl"], step_latency_clocks=mid, rates=rates).time
         lo, hi = (mid, hi) if flops / t / 1e12 > a["tflops"] else (lo, mid)
     return (lo + hi) / 2
 
@@ -261,14 +292,19 @@ def _smem_bytes_per_step(kernel: BackwardKernel, d: int, dq: bool) -> float:
 
 def attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu="h100", impl="tilecore",
                             kernel: BackwardKernel | None = None, step_latency_clocks: float | None = None,
-                            softcap: bool = False, window: tuple | None = None) -> BackwardTime:
+                            softcap: bool = False, window: tuple | None = None,
+                            rates: str = "clock") -> BackwardTime:
     """Predicted time of one attention backward (dQ, dK, dV from Q, K, V, O, dO, L), all its kernels.
     impl: tilecore, cudnn, flash or flex (`kernel_for`), or `kernel` given; kv_heads < heads: grouped.
     softcap: tanh on the scores (its SFU instructions: kernel.tanh_sfu; its derivative 1 - tanh^2 on
     the dS link: 3 ALU operations a point). window: (left, right) keys a query sees (causal folded in
     as right = 0): the visited share of the key tiles' query steps (`window_density`) scales the step
-    work; tilecore takes its non-causal configuration there (its launches fold causal into the window)."""
-    gpu = get_gpu(gpu)
+    work; tilecore takes its non-causal configuration there (its launches fold causal into the window).
+    rates: "clock" (the backward's own sustained clock) or "ceiling" (the run's cuBLAS rate): RATES."""
+    if rates not in RATES:
+        raise ValueError(f"rates {rates!r}; accepted: {', '.join(RATES)}")
+    gpu = at_backward_clock(get_gpu(gpu)) if rates == "clock" else get_gpu(gpu)
+    sm_clock = BACKWARD_CLOCK_HZ if rates == "clock" else gpu.clock_hz
     kv_heads = kv_heads or heads
     if window is not None:
         causal = False
@@ -298,8 +334,8 @@ def attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu="h100", 
     # dS goes through SMEM for the dQ MMA (without dQ in the kernel it stays in registers); FA2's P too
     staged = len(kernel.smem_operands) if fused_dq else len([o for o in kernel.smem_operands if o != "dS"])
     t_stage = points * 2 * staged / smem_bw * density
-    lat = STEP_LATENCY_CLOCKS if step_latency_clocks is None else step_latency_clocks
-    t_latency = steps * density * lat / gpu.clock_hz / gpu.sms / busy
+    lat = STEP_LATENCY_CLOCKS[rates] if step_latency_clocks is None else step_latency_clocks
+    t_latency = steps * density * lat / sm_clock / gpu.sms / busy
 
     if kernel.schedule == "serial":
         compute = t_mma + t_exp + t_ds + t_stage + t_latency

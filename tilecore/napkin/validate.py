@@ -387,10 +387,13 @@ def name_cause(p: Prediction) -> str:
     if p.op.endswith("bwd") and fast and q.get("N", 1 << 30) <= 2048:
         return ("short tiles (backward): a key tile's prologue and epilogue (K, V in; dK, dV out) and the causal "
                 "tail over few query steps, not modelled per tile; the preprocess and dQ conversion are")
+    if p.op.endswith("bwd") and not fast:
+        return ("backward predicted slow: tilecore's separate dQ kernel (short D128 tiles, grouped heads) is costed "
+                "with the key tiles' lockstep links; that query-stationary kernel overlaps its softmax as the "
+                "forward does (not modelled)")
     if p.op.endswith("bwd") and fast:
-        return ("backward against this run's ceiling: the model's step latency comes from anchors.md's run "
-                "(cuBLAS 680 TFLOP/s, cuDNN's backward 519); this run's cuBLAS is 10-12% higher but its backwards "
-                "are not faster (they run power-limited at their own clock: notes/attention, session 19)")
+        return ("backward at long N, predicted fast: this run below the model's clock (1545 MHz, the power probe's "
+                "at 700 W) or a per-step cost the step chain does not name")
     if p.op.startswith("attention") and q.get("N", 1 << 30) <= 1024 and fast:
         return "short rows: prologue/epilogue per tile and the causal tail (latency), not modelled per tile"
     if p.op == "decode":
