@@ -3,8 +3,9 @@
 1. Correctness (bf16; fp16 on one case), against the float64 reference (reference.py), error as a
    multiple of the rounding floor, into NaN-poisoned buffers (every element written):
    - the forced Gluon forward at 192 / 128 (gluon_kernels.py, Q and K by 64-column pieces, O stored
-     in two halves): O and lse; causal and not, a tail N (not a multiple of the 128-row tile), N != Nk,
-     grouped-query heads; with --full also the short causal config (64-key blocks) and window + softcap;
+     in two halves): O and lse; causal and not, tails N (not a multiple of the 128-row tile), N != Nk;
+     with --full also grouped-query heads, an odd N, the short causal config (64-key blocks) and
+     window + softcap (more compiles: ~7 s a Gluon kernel on the device host);
    - dq, dk, dv from the Gluon forward's O and lse by the backward the plan picks (the tl kernels at
      192 / 128: what tilecore.attention runs once configs.GLUON_FORWARD_DV_ROUTED is set) and by the
      forced Gluon backward (gluon_backward.attention_bwd_mla_kernel's dK and dV by 64-column pieces,
@@ -45,6 +46,12 @@ ROWS = []  # the table: (section, case, figures)
 RESULTS = {"correctness": [], "timing": [], "errors": []}
 
 
+def row(entry) -> None:
+    """A table row: kept for the table printed last, and printed now (a run cut short keeps them)."""
+    ROWS.append(entry)
+    print(" | ".join(str(x) for x in entry), flush=True)
+
+
 def device() -> str:
     return "cpu" if SMOKE else "cuda"
 
@@ -54,7 +61,7 @@ def note_error(what: str, exc: BaseException) -> None:
     print(f"[{what}] FAILED: {text}")
     traceback.print_exc(limit=4)
     RESULTS["errors"].append(dict(case=what, error=text[:2000]))
-    ROWS.append(("error", what, text[:100]))
+    row(("error", what, text[:100]))
 
 
 def make(b, hq, hkv, n, nk, d, dv, dtype, seed=0):
@@ -101,18 +108,20 @@ def backward(dout, q, k, v, out, lse, causal, window=(-1, -1), softcap=0.0, path
 # --------------------------------------------------------------------------------------------
 # correctness
 
-# lengths multiples of 16 (the timings' specialization: fewer compiles) but of no 128-row tile
+# --quick: one q head a kv head and lengths multiples of 16, as the timings (their compiled variants:
+# on the device host a Gluon kernel compiles in ~7 s), tails of no 128-row tile; --full: GQA, odd N
 CHECKS = [  # name, B, Hq, Hkv, N, Nk, causal, window, softcap, config override
-    ("192/128 N1008 GQA 4/2", 1, 4, 2, 1008, 1008, False, (-1, -1), 0.0, None),
-    ("192/128 causal N1040 GQA 4/2", 1, 4, 2, 1040, 1040, True, (-1, -1), 0.0, None),
+    ("192/128 N1008", 1, 2, 2, 1008, 1008, False, (-1, -1), 0.0, None),
+    ("192/128 causal N1040", 1, 2, 2, 1040, 1040, True, (-1, -1), 0.0, None),
     ("192/128 causal N720 Nk1104", 1, 2, 2, 720, 1104, True, (-1, -1), 0.0, None),
-    ("192/128 N1104 Nk720", 1, 2, 1, 1104, 720, False, (-1, -1), 0.0, None),
+    ("192/128 N1104 Nk720", 1, 2, 2, 1104, 720, False, (-1, -1), 0.0, None),
     ("192/128 causal N4096 (schedule)", 1, 2, 2, 4096, 4096, True, (-1, -1), 0.0, None),
 ]
 FULL_CHECKS = [
-    ("192/128 N1000 (odd)", 1, 2, 2, 1000, 1000, False, (-1, -1), 0.0, None),
+    ("192/128 N1000 GQA 4/2 (odd)", 1, 4, 2, 1000, 1000, False, (-1, -1), 0.0, None),
+    ("192/128 causal N1040 GQA 8/2", 1, 8, 2, 1040, 1040, True, (-1, -1), 0.0, None),
     ("192/128 causal N384 (64-key blocks)", 1, 4, 4, 384, 384, True, (-1, -1), 0.0, None),
-    ("192/128 window (256, 0) + softcap 30", 1, 4, 2, 1500, 1500, False, (256, 0), 30.0, None),
+    ("192/128 window (256, 0) + softcap 30 GQA", 1, 4, 2, 1500, 1500, False, (256, 0), 30.0, None),
     ("192/128 causal N2048, 128-key blocks forced", 2, 2, 2, 2048, 2048, True, (-1, -1), 0.0,
      dict(configs.GLUON_FORWARD_DV[192, 128])),
 ]
@@ -137,7 +146,7 @@ def check_case(name, b, hq, hkv, n, nk, causal, window, softcap, config, dtype) 
     cfg = fwd_plan.config
     RESULTS["correctness"].append(dict(case=name, dtype=str(dtype), what="forward", path=fwd_plan.path, config=cfg,
                                        ok=ok, lse_ok=lse_ok, unwritten=unwritten, out_over_floor=err))
-    ROWS.append(("check", f"{name} {str(dtype)[6:]} fwd [{fwd_plan.path} BN{cfg.get('BLOCK_N', cfg.get('block_n'))}]",
+    row(("check", f"{name} {str(dtype)[6:]} fwd [{fwd_plan.path} BN{cfg.get('BLOCK_N', cfg.get('block_n'))}]",
                  f"{'ok' if ok else 'BAD'} out {err:.2f} lse {'ok' if lse_ok else 'BAD'}"
                  + (f" unwritten {unwritten}" if unwritten else "")))
     for bwd_path in (None,) if SMOKE else (None, "gluon"):  # the interpreter cannot run Gluon
@@ -152,7 +161,7 @@ def check_case(name, b, hq, hkv, n, nk, causal, window, softcap, config, dtype) 
         paths = bwd_plan.path + (f" + dq {bwd_plan.dq.path}" if bwd_plan.path == "gluon" else "")
         RESULTS["correctness"].append(dict(case=name, dtype=str(dtype), what="backward", path=paths, ok=ok,
                                            unwritten=unwritten, **{f"{nm}_over_floor": e for nm, e in errs.items()}))
-        ROWS.append(("check", f"{name} {str(dtype)[6:]} bwd [{paths}, from the {fwd_plan.path} forward]",
+        row(("check", f"{name} {str(dtype)[6:]} bwd [{paths}, from the {fwd_plan.path} forward]",
                      ("ok " if ok else "BAD ") + " ".join(f"{nm} {e:.2f}" for nm, e in errs.items())
                      + (f" unwritten {unwritten}" if unwritten else "")))
 
@@ -257,7 +266,7 @@ def time_all(quick: bool) -> None:
             rates[label, dims] = (fwd_rate, both_rate)
             RESULTS["timing"].append(dict(case=name, paths=paths, causal=causal, fwd_ms=fwd, fwd_bwd_ms=both,
                                           fwd_tflops=fwd_rate, fwd_bwd_tflops=both_rate, wall_s=time.time() - t0))
-            ROWS.append(("time", name, f"[{paths}] fwd {fwd:.3f} ms {fwd_rate:.0f} TFLOP/s, fwd+bwd {both:.3f} ms "
+            row(("time", name, f"[{paths}] fwd {fwd:.3f} ms {fwd_rate:.0f} TFLOP/s, fwd+bwd {both:.3f} ms "
                                        f"{both_rate:.0f} TFLOP/s"))
         base = rates.get(("tilecore default", "128/128"))
         for label in ("tilecore gluon fwd", "tilecore gluon fwd+bwd", "tilecore gluon fwd+bwd, dq tl",
@@ -266,7 +275,7 @@ def time_all(quick: bool) -> None:
             if base and got:
                 ratios = dict(fwd=got[0] / base[0], fwd_bwd=got[1] / base[1])
                 RESULTS["timing"].append(dict(case=f"ratio {label} 192/128 vs 128/128", causal=causal, **ratios))
-                ROWS.append(("ratio", f"192/128 {label} / 128/128 {'causal' if causal else 'full'} (rate)",
+                row(("ratio", f"192/128 {label} / 128/128 {'causal' if causal else 'full'} (rate)",
                              f"fwd {ratios['fwd']:.3f}, fwd+bwd {ratios['fwd_bwd']:.3f} (target >= 0.9)"))
         gluon = rates.get(("tilecore gluon fwd", "192/128"))
         for backend in ("cudnn", "flash", "efficient"):
@@ -274,7 +283,7 @@ def time_all(quick: bool) -> None:
             if gluon and peer:
                 ratios = dict(fwd=gluon[0] / peer[0], fwd_bwd=gluon[1] / peer[1])
                 RESULTS["timing"].append(dict(case=f"ratio gluon fwd 192/128 vs sdpa {backend}", causal=causal, **ratios))
-                ROWS.append(("ratio", f"192/128 tilecore gluon fwd / sdpa {backend} {'causal' if causal else 'full'}",
+                row(("ratio", f"192/128 tilecore gluon fwd / sdpa {backend} {'causal' if causal else 'full'}",
                              f"fwd {ratios['fwd']:.3f}, fwd+bwd {ratios['fwd_bwd']:.3f}"))
 
 
@@ -301,7 +310,7 @@ def time_tl_backward(budget_s: float, t_start: float) -> None:
         for cfg in TL_BACKWARD_CANDIDATES[:1] if SMOKE else TL_BACKWARD_CANDIDATES:
             name = f"tl bwd 192/128 {'causal' if causal else 'full'} B{b} H{h} N{n} {cfg}"
             if time.time() - t_start > budget_s:
-                ROWS.append(("skip", name, f"past the {budget_s:.0f} s budget"))
+                row(("skip", name, f"past the {budget_s:.0f} s budget"))
                 continue
             try:
                 grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
@@ -321,7 +330,7 @@ def time_tl_backward(budget_s: float, t_start: float) -> None:
             rate = f_bwd / ms * 1e-9
             RESULTS["timing"].append(dict(case=name, config=cfg, causal=causal, bwd_ms=ms, bwd_tflops=rate,
                                           unwritten=unwritten, rel_rms_vs_shipped=agree))
-            ROWS.append(("time", name, f"bwd {ms:.3f} ms {rate:.0f} TFLOP/s; vs shipped rel rms {agree:.2e}"
+            row(("time", name, f"bwd {ms:.3f} ms {rate:.0f} TFLOP/s; vs shipped rel rms {agree:.2e}"
                                        + (f" UNWRITTEN {unwritten}" if unwritten else "")))
 
 
