@@ -16,7 +16,9 @@ Variants (configs.GLUON_FORWARD keys; all off by default):
                           the two consumers' softmaxes, which share each sub-partition's MUFU, may gain from taking
                           turns).
   quick: "l_mma", "l_mma_tau0.8" (both, tau 0.8, p_shift 8), "l_mma_tau0.8_fma8", "l_mma_tau0.8_pingpong" (flipped
-  where the default has it on); --full adds "tau0.8" alone, "tau2.8" = (2.8, 6), "l_mma_tau2.8".
+  where the default has it on); --full adds "tau0.8" alone, "tau2.8" = (2.8, 6), "l_mma_tau2.8", "l_mma_tau0.8_fma4".
+  Probe (timed, not checked: wrong results by design), D128 non-causal: "probe_no_softmax" (P = S: the step
+  without its max, exp2 and sum: what the tensor cores, loads, P's cvt and O *= alpha cost alone).
 
 check  every variant into NaN-poisoned buffers at a tail shape with GQA (B2 Hq8 Hkv2 N1000 Nk1100, D 128 causal;
        with --d 64 D 64 non-causal: masks, rows with no key) and on two (batch, head) slices of each timed problem: every element
@@ -53,7 +55,10 @@ VARIANTS = {"l_mma": (dict(l_mma=True), dict(l_rounded=True)),
                                   dict(l_rounded=True, rescale_tau=0.8)),
             "l_mma_tau0.8_pingpong": (dict(l_mma=True, rescale_tau=0.8, p_shift=8, pingpong="flip"),
                                       dict(l_rounded=True, rescale_tau=0.8))}
+PROBES = {"probe_no_softmax": dict(probe_no_softmax=True)}
 FULL_VARIANTS = {"tau0.8": (dict(rescale_tau=0.8, p_shift=8), dict(rescale_tau=0.8)),
+                 "l_mma_tau0.8_fma4": (dict(l_mma=True, rescale_tau=0.8, p_shift=8, exp2_fma_every=4),
+                                       dict(l_rounded=True, rescale_tau=0.8)),
                  "tau2.8": (dict(rescale_tau=2.8, p_shift=6), dict(rescale_tau=2.8, p_shift=6)),
                  "l_mma_tau2.8": (dict(l_mma=True, rescale_tau=2.8, p_shift=6),
                                   dict(l_rounded=True, rescale_tau=2.8, p_shift=6))}
@@ -208,6 +213,19 @@ def main():
                     rec["check"][name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
                     traceback.print_exc()
                 print(name, rec["check"][name], rec["ms"].get(name), flush=True)
+            if not args.smoke and (D, causal) == (128, False):  # probes: timed only
+                for name, overrides in PROBES.items():
+                    if left() < 8:
+                        break
+                    try:
+                        p = fp8_launch.plan(q8, k8, causal, config=dict(fp8_launch.plan(q8, k8, causal).config,
+                                                                           **overrides))
+                        rec["ms"][name] = bench(lambda p=p: fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, causal,
+                                                                               D ** -0.5, dt, True))
+                    except Exception as e:  # noqa: BLE001
+                        rec["check"][name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+                        traceback.print_exc()
+                    print(name, rec["ms"].get(name), flush=True)
             if not args.smoke and left() > 5:
                 try:
                     rec["ms"]["bf16"] = bench(lambda: tilecore.attention(q, k, v, causal=causal))

@@ -230,6 +230,7 @@ class AttentionFp8:
     RESCALE_TAU: gl.constexpr  # > 0: O rescaled only where a row's max grew by more than this (reference.py)
     L_MMA: gl.constexpr  # l = the rows' sum of the e4m3 P, by P times ones on the tensor cores (reference.py)
     ones: object  # L_MMA: [L_COLS, BN] e4m3 ones in shared memory (else None)
+    PROBE_NO_SOFTMAX: gl.constexpr  # a timing probe, wrong results: P = S (no max, exp2 or sum), alpha = 1
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
     D: gl.constexpr
@@ -317,6 +318,8 @@ class AttentionFp8:
             row_scale = row_scale * k_scale
         if needs_mask(st.rows.first, first_key, self.BN, self.N, self.Nk, self.CAUSAL):
             s = mask_scores(s, self.S, st.rows.first, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
+        if self.PROBE_NO_SOFTMAX:  # what the step costs without its softmax (the wgmma, loads, P's cvt, O *= alpha)
+            return st.m, st.l, s, st.m * 0.0 + 1.0, 1
         return fp8_softmax_update(st.m, st.l, s, row_scale, self.Q_PER_ROW, self.EXP2_FMA_EVERY, self.P_SHIFT,
                                   self.RESCALE_TAU, not self.L_MMA)
 
@@ -475,7 +478,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              PINGPONG: gl.constexpr = False, K_PER_BLOCK: gl.constexpr = False,
                              EXP2_FMA_EVERY: gl.constexpr = 0, CAST_LATE: gl.constexpr = False,
                              P_SHIFT: gl.constexpr = 8.0, RESCALE_TAU: gl.constexpr = 0.0,
-                             L_MMA: gl.constexpr = False):
+                             L_MMA: gl.constexpr = False, PROBE_NO_SOFTMAX: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not PINGPONG), "two or three consumer warpgroups "
                      "(PINGPONG: two)")
@@ -493,7 +496,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
                       CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, EXP2_FMA_EVERY, CAST_LATE, P_SHIFT, RESCALE_TAU, L_MMA, ones,
-                      BM, BN, D, CONSUMERS, PERMUTED_V, PINGPONG,
+                      PROBE_NO_SOFTMAX, BM, BN, D, CONSUMERS, PERMUTED_V, PINGPONG,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), 8))
