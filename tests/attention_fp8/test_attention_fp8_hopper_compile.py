@@ -40,7 +40,7 @@ for D, causal, per_row, k_per_block, exp2_fma_every, cast_late, tau, l_mma in js
                 schedule=None, CAUSAL=causal, Q_PER_ROW=per_row, K_PER_ROW=per_row, STAGES=cfg["stages"],
                 CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"], PERMUTED_V=True, PINGPONG=cfg["pingpong"],
                 K_PER_BLOCK=k_per_block, EXP2_FMA_EVERY=exp2_fma_every, CAST_LATE=cast_late, P_SHIFT=8.0,
-                RESCALE_TAU=tau, L_MMA=l_mma)
+                RESCALE_TAU=tau, L_MMA=l_mma, PROBE_NO_SOFTMAX=False)
     c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, args, num_warps=4)
     ptx = c.asm["ptx"]
     r = resources(c)
