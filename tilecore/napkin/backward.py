@@ -378,8 +378,8 @@ def attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu="h100", 
         q_sfu = rq.times["sfu"] * sfu_a_point
         if kernel.schedule == "serial":   # the same launch's dQ programs (FlexAttention): units add
             q_compute = rq.times["tensor"] + q_sfu + q_alu
-        else:
-            q_compute = rq.times["tensor"] + gpu.exposed_sfu * q_sfu + q_alu
+        else:  # query-stationary like the forward: the forward's rule (2/3 of the exps, the ALU overlapped)
+            q_compute = max(rq.times["tensor"] + gpu.exposed_sfu * q_sfu, q_alu)
         q_compute *= density
         q_time = max(rq.transfer_time * density, q_compute + rq.fill_time)
         if kernel.schedule == "serial":   # one launch: no second launch time

@@ -388,9 +388,8 @@ def name_cause(p: Prediction) -> str:
         return ("short tiles (backward): a key tile's prologue and epilogue (K, V in; dK, dV out) and the causal "
                 "tail over few query steps, not modelled per tile; the preprocess and dQ conversion are")
     if p.op.endswith("bwd") and not fast:
-        return ("backward predicted slow: tilecore's separate dQ kernel (short D128 tiles, grouped heads) is costed "
-                "with the key tiles' lockstep links; that query-stationary kernel overlaps its softmax as the "
-                "forward does (not modelled)")
+        return ("backward predicted slow: tilecore's separate dQ kernel (short D128 tiles, grouped heads), costed "
+                "by the forward's rule; its overlap of the key tiles' kernel with it is not modelled")
     if p.op.endswith("bwd") and fast:
         return ("backward at long N, predicted fast: this run below the model's clock (1545 MHz, the power probe's "
                 "at 700 W) or a per-step cost the step chain does not name")
