@@ -32,6 +32,12 @@ the launches' default since session 26, launch.gluon_softcap).
 with the previous tile's last P V (the stage holds this tile's first K block and the previous tile's
 last V block), runs the softmax under it, then stores the previous tile's O. ``Q_REGS``: each
 consumer's Q rows are the register operand of S = Q K^T for the whole tile.
+
+MLA's head sizes (q/k 192, v 128; issue 35): 192 columns fit no power-of-two TMA box or shared
+buffer, so Q and K come in three 64-column pieces (``QK_PIECES``, told by Q's box holding the tile's
+rows): Q one set of buffers shared by the consumers, K three buffers a stage (``KVPieces``), S the
+sum of three wgmma chained on one accumulator; O (v's 128 columns) is stored in two halves through
+halved epilogue buffers (224 KiB of shared memory in all). Not with CARRY or Q_REGS.
 """
 from triton.experimental import gluon
 
