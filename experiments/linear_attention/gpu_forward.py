@@ -103,7 +103,7 @@ CASES = {
                           peers=("parallel_based", "fused_chunk_based")),
     "mamba2 2.7B shape": dict(H=80, Hqk=1, Dk=128, Dv=64, decay="scalar", feature=IDENTITY, mamba=True,
                               peers=("chunk_simple_gla",)),
-    "linear d64 v128": dict(H=16, Hqk=16, Dk=64, Dv=128, decay=None, feature=IDENTITY, peers=("chunk_linear_attn",),
+    "linear d64 v128": dict(H=16, Hqk=16, Dk=64, Dv=128, decay=None, feature=IDENTITY, peers=(),
                             gluon_override=True),
     "simple gla d64 v128": dict(H=16, Hqk=16, Dk=64, Dv=128, decay="scalar", feature=IDENTITY,
                                 peers=(), gluon_override=True),  # FLA's d64 compile: left out for the budget
@@ -300,7 +300,8 @@ def warm(workers: int, cases):
     tasks += [("gluoncheck", i) for i in reversed(range(len(GLUON_CHECKS)))]  # PREFETCH's are last in the list
     tasks += [("extra", c) for c in cases if extra_calls(c, None, names_only=True)]
     tasks += [("fla", c, p) for c in cases for p in CASES[c]["peers"] if p != "chunk_simple_gla"]
-    tasks += [("default", c) for c in cases]
+    # a default the extras do not compile already (the Gluon cases' gluon_direct / gluon is their default)
+    tasks += [("default", c) for c in cases if CASES[c]["feature"] == BASED]
     if not QUICK:
         if "simple gla d128" in cases:
             tasks += [("probe", "simple gla d128", (m, *pt)) for pt in PROBE_POINTS for m in range(4)]
@@ -362,7 +363,7 @@ def reference_floor(case: str, over: dict | None) -> float:
 
 
 def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, decay: bool, mamba: bool,
-                stages: int = 3, prefetch: bool = False, overlap: bool = False):
+                stages: int = 3, prefetch: bool = False, overlap: bool = False, z_stage: bool = False):
     """The Gluon forward (gluon_forward.la_fwd_gluon_kernel) into NaN-filled o and final states, with
     initial states, against the float64 recurrence: o's error over the rounding floor, the states'
     relative error, every element written."""
@@ -386,11 +387,12 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
         g[:, N // 3] = float("-inf")  # a reset
     h0 = torch.randn(B, H, Dk, Dv, device=DEV)
     scale = 1.0 if mamba else Dk ** -0.5
-    row = dict(case=name, N=N, fits=gf.fits(q, k, v, g, 0), prefetch=prefetch, overlap=overlap)
+    row = dict(case=name, N=N, fits=gf.fits(q, k, v, g, 0), prefetch=prefetch, overlap=overlap, z_stage=z_stage)
     o = torch.full_like(v, float("nan"))
     ht = torch.full_like(h0, float("nan"))
     G = None if g is None else gf.chunk_cumulative(g, gf.BT_GLUON)
-    grid, args, warps = gf.launch_args(q, k, v, G, beta, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap)
+    grid, args, warps = gf.launch_args(q, k, v, G, beta, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap,
+                                       z_stage)
     gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     torch.cuda.synchronize()
     row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(ht).any())
@@ -420,19 +422,17 @@ GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
                 ("gluon scalar decay d64 v128 N 77", 2, 77, 2, 2, 64, 128, True, False),
                 ("gluon mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True),
                 ("gluon mamba2 N 33 stages 2", 1, 33, 1, 4, 128, 64, True, True, 2),
-                # PREFETCH (configs.GLUON_PREFETCH): decay and beta a chunk ahead, z through the stage
-                ("gluon prefetch scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False, 2, True),
-                ("gluon prefetch scalar decay d64 v128 N 77", 2, 77, 2, 2, 64, 128, True, False, 2, True),
-                ("gluon prefetch mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True, 2, True),
-                ("gluon prefetch mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, True),
-                # OVERLAP (configs.GLUON_OVERLAP): the chunk's wgmmas issued together; with PREFETCH
+                # (stages, PREFETCH, OVERLAP, Z_STAGE): configs.GLUON_PREFETCH (decay and beta a chunk ahead:
+                # Mamba-2 only), GLUON_Z_STAGE (z through the stage), GLUON_OVERLAP (the chunk's wgmmas together)
+                ("gluon z_stage mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False, False,
+                 True),
+                ("gluon prefetch+z_stage mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, True, False, True),
                 ("gluon overlap linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False, 2, False, True),
                 ("gluon overlap scalar decay d64 v128 N 77", 2, 77, 2, 2, 64, 128, True, False, 2, False, True),
-                ("gluon overlap+prefetch scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False, 2,
-                 True, True),
-                ("gluon overlap+prefetch mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True, 2, True,
+                ("gluon overlap scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False, 2, False,
                  True),
-                ("gluon overlap mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, False, True))
+                ("gluon overlap mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, False, True),
+                ("gluon overlap+prefetch+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, 2, True, True, True))
 
 
 def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype: str = "bf16",
@@ -508,11 +508,10 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
     if c["feature"] == BASED:
         names = ["gluon_based", "gluon_based_overlap"]
     elif c.get("gluon_override"):
-        names = ["gluon", "gluon_both"] if c["decay"] else ["gluon", "gluon_overlap"]  # fewer compiles at Dk 64
+        names = ["gluon", "gluon_overlap"]
     elif c.get("mamba"):
-        names = ["kernel_only", "torch_prep", "gluon_direct", "gluon_prefetch", "gluon_overlap", "gluon_both"]
-    elif c["decay"]:
-        names = ["gluon_direct", "gluon_prefetch", "gluon_overlap", "gluon_both"]
+        names = ["kernel_only", "torch_prep", "gluon_direct", "gluon_zstage", "gluon_prefetch", "gluon_overlap",
+                 "gluon_overlap_zstage", "gluon_all"]
     else:
         names = ["gluon_direct", "gluon_overlap"]
     if names_only or not names:
@@ -526,11 +525,12 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
         return {"gluon_based": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False, overlap=False)[0],
                 "gluon_based_overlap": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False,
                                                           overlap=True)[0]}
-    def direct(prefetch, overlap=False):  # gluon_forward.forward as launch.forward calls it, PREFETCH/OVERLAP
+    def direct(prefetch, overlap=False, z_stage=False):  # gluon_forward.forward as launch.forward calls it
         return lambda: gf.forward(t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"], t["z"], None, t["scale"],
-                                  False, 2, prefetch=prefetch, overlap=overlap)[0]
-    variants = {"gluon_direct": direct(False), "gluon_prefetch": direct(True), "gluon_overlap": direct(False, True),
-                "gluon_both": direct(True, True)}
+                                  False, 2, prefetch=prefetch, overlap=overlap, z_stage=z_stage)[0]
+    variants = {"gluon_direct": direct(False), "gluon_zstage": direct(False, False, True),
+                "gluon_prefetch": direct(True, False, True), "gluon_overlap": direct(False, True),
+                "gluon_overlap_zstage": direct(False, True, True), "gluon_all": direct(True, True, True)}
     if c.get("gluon_override"):
         calls = {"gluon": lambda: run_forward(t, fwd_gluon=True, gluon_stages=2)}
         calls.update({n: variants[n] for n in names if n in variants})
@@ -660,8 +660,8 @@ def table() -> str:
         if extras:
             peers = (peers + "; " if peers else "") + extras
             for p in CASES[r["case"]]["peers"]:
-                for k in ("gluon_based_ms", "gluon_based_overlap_ms", "gluon_ms", "gluon_direct_ms", "gluon_prefetch_ms", "gluon_overlap_ms",
-                          "gluon_both_ms"):
+                for k in ("gluon_based_ms", "gluon_based_overlap_ms", "gluon_ms", "gluon_direct_ms", "gluon_zstage_ms",
+                          "gluon_prefetch_ms", "gluon_overlap_ms", "gluon_overlap_zstage_ms", "gluon_all_ms"):
                     if r.get(p + "_ms") and r.get(k):
                         peers += f"; {p} / {k[:-3]}: {r[p + '_ms'] / r[k]:.2f}x"
         lines.append(" | ".join([r["case"], f"{bound:.3f}" if bound else "-", pct(r.get("default_ms")),

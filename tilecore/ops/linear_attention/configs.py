@@ -64,10 +64,13 @@ BASED_FWD_STAGES = 3
 GLUON_FORWARD = True
 GLUON_CHECKED = {(0, 128), (1, 128), (0, 64), (1, 64)}
 GLUON_STAGES = 2
-# the Gluon forward's PREFETCH (each chunk's decay and beta loaded during the chunk before, Mamba-2's z
-# TMA-loaded with the stage: the per-chunk global loads off the walk's serial path). Off until
-# gpu_forward.py checks it on the GPU (its rows "prefetch")
+# the Gluon forward's PREFETCH (each chunk's decay and beta loaded during the chunk before) and Z_STAGE
+# (Mamba-2's z TMA-loaded with the stage, its silu by an approximate division). Run 8 (H100, both as one
+# flag then): Mamba-2 2.7B 1.773 ms against 1.886, checks pass; the scalar decay d128 slower (0.527 against
+# 0.487: 832 B spilled against 252), d64 equal. So PREFETCH only where z is given (gluon_forward.forward);
+# both off until the split is checked and timed (gpu_forward.py's z_stage / prefetch rows)
 GLUON_PREFETCH = False
+GLUON_Z_STAGE = False
 # the Gluon forward's OVERLAP (Q K^T, Q S_old and the state update issued together as async wgmmas, P made
 # while the last two run; the weighted values in buffers of their own): off until gpu_forward.py checks it
 GLUON_OVERLAP = False
@@ -100,10 +103,12 @@ BASED_BWD_WARPS = 4
 # warps). From run 1 of session 27 (no decay, d128): dQ 0.68 + dK/dV 1.67 ms, the dK/dV kernel's 8-warp
 # program holding dS [128, 128] and two [64, 128] float32 outputs; the dQ kernel, the same walk with half
 # the state and one output, 0.55. Off (no decay kind) until gpu_backward.py checks it on the GPU
+# By decay kind: a scalar decay's kernels take chunks of 32 (at 64 and 4 warps ptxas spilled 204 / 392 / 104
+# bytes in dQ / dK / dV, sm_90a; at 32: 8 / 64 / 0)
 BWD_SPLIT_KINDS: tuple = ()
 BWD_SPLIT_MAX_DIM = 128
-BWD_SPLIT = dict(BT=64, BKB=64, BV=64, warps=4, stages=2)
-BWD_SPLIT_DQ = dict(BKQ=64, warps=4, stages=3)
+BWD_SPLIT = {0: dict(BT=64, BKB=64, BV=64, warps=4, stages=2), 1: dict(BT=32, BKB=64, BV=64, warps=4, stages=2)}
+BWD_SPLIT_DQ = {0: dict(BKQ=64, warps=4, stages=3), 1: dict(BKQ=64, warps=4, stages=3)}
 # on the split path with a scalar decay the kernels do the combine kernel's work (kernels_tl EPILOGUE: the
 # diagonal added back, beta applied, the decay's and beta's per-token parts), so no combine kernel runs
 # (1.69 ms at B16 H16 N4096 d128 in run 1 of session 27)

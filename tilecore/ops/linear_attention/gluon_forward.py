@@ -48,7 +48,7 @@ class Chunk:
 
 @stage_struct
 class ChunkZ:
-    """A stage with Mamba-2's gate z TMA-loaded beside v (PREFETCH)."""
+    """A stage with Mamba-2's gate z TMA-loaded beside v (Z_STAGE)."""
     q: object
     k: object
     va: object
@@ -78,7 +78,7 @@ class LinearAttentionForward:
     k_desc: object
     v_desc: object
     o_desc: object
-    z_desc: object  # PREFETCH with z: z's TMA descriptor (else unused)
+    z_desc: object  # Z_STAGE with z: z's TMA descriptor (else unused)
     G: object
     BETA: object
     DSKIP: object
@@ -119,7 +119,8 @@ class LinearAttentionForward:
     HAS_Z: gl.constexpr
     HAS_H0: gl.constexpr
     STORE_HT: gl.constexpr
-    PREFETCH: gl.constexpr  # G and beta a chunk ahead (registers), z through the stage (TMA)
+    PREFETCH: gl.constexpr  # G and beta a chunk ahead (registers)
+    Z_STAGE: gl.constexpr  # z through the stage (TMA), silu by an approximate division
     OVERLAP: gl.constexpr  # Q K^T, Q S and the state update issued together (async wgmma)
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BK, BV] state
@@ -145,7 +146,7 @@ class LinearAttentionForward:
         tma.async_copy_global_to_shared(self.k_desc, [tile.b, h0 // self.GROUP, t0, 0], bar, stage.k)
         tma.async_copy_global_to_shared(self.v_desc, [tile.b, h0, t0, c0], bar, stage.va)
         tma.async_copy_global_to_shared(self.v_desc, [tile.b, h1, t0, c1], bar, stage.vb)
-        if self.PREFETCH and self.HAS_Z:
+        if self.Z_STAGE and self.HAS_Z:
             tma.async_copy_global_to_shared(self.z_desc, [tile.b, h0, t0, c0], bar, stage.za)
             tma.async_copy_global_to_shared(self.z_desc, [tile.b, h1, t0, c1], bar, stage.zb)
 
@@ -311,7 +312,7 @@ class LinearAttentionForward:
             d_row = gl.load(self.DSKIP + (h64 * self.sdh + col) + offs_v)
             o = o + gl.expand_dims(d_row, 0) * v.load(self.SL).to(gl.float32)
         if self.HAS_Z:
-            if self.PREFETCH:  # z came with the stage
+            if self.Z_STAGE:  # z came with the stage
                 if c == 0:
                     z = stage.za.reshape([self.BT, self.BV]).load(self.SL).to(gl.float32)
                 else:
@@ -320,7 +321,7 @@ class LinearAttentionForward:
                 z_base = self.Z + b64 * self.szb + h64 * self.szh + t0.to(gl.int64) * self.szn + col
                 z_offs = gl.expand_dims(offs_r * self.szn, 1) + gl.expand_dims(offs_v, 0)
                 z = gl.load(z_base + z_offs, mask=gl.expand_dims(row_ok, 1), other=0.0).to(gl.float32)
-            if self.PREFETCH:  # silu by an approximate division (div.full: 2 ulp of float32, then rounded to bf16)
+            if self.Z_STAGE:  # silu by an approximate division (div.full: 2 ulp of float32, then rounded to bf16)
                 o = gl.fdiv(o * z, 1.0 + gl.exp2(-z * 1.4426950408889634), ieee_rounding=False)
             else:
                 o = o * z / (1.0 + gl.exp(-z))
@@ -347,11 +348,11 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, G, BETA, DSKIP, 
                         N, H, VB, GROUP, scale, num_tiles,
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
                         HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                        PREFETCH: gl.constexpr = False, OVERLAP: gl.constexpr = False):
+                        PREFETCH: gl.constexpr = False, OVERLAP: gl.constexpr = False, Z_STAGE: gl.constexpr = False):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. PREFETCH: each chunk's decay and beta loaded
-    a chunk ahead, z TMA-loaded with the stage (off the walk's serial path). OVERLAP: the chunk's three
-    independent wgmmas in flight together."""
+    a chunk ahead. Z_STAGE: z TMA-loaded with the stage (off the walk's serial path). OVERLAP: the chunk's
+    three independent wgmmas in flight together."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -365,8 +366,8 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, G, BETA, DSKIP, 
     op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, G, BETA, DSKIP, Z, H0, HT,
                                 sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf,
                                 stv, N, H, VB, GROUP, scale, state_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D,
-                                HAS_Z, HAS_H0, STORE_HT, PREFETCH, OVERLAP, SL, STL, PL)
-    if PREFETCH and HAS_Z:
+                                HAS_Z, HAS_H0, STORE_HT, PREFETCH, Z_STAGE, OVERLAP, SL, STL, PL)
+    if Z_STAGE and HAS_Z:
         stages = ChunkZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                         ring(z_desc, STAGES), ring(z_desc, STAGES))
     else:
@@ -422,9 +423,10 @@ def chunk_cumulative(g: torch.Tensor, chunk: int) -> torch.Tensor:
 
 
 def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, prefetch: bool = False,
-                overlap: bool = False):
+                overlap: bool = False, z_stage: bool = False):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
-    prefetch, overlap: the kernel's PREFETCH (z must then be TMA-able: ``tma_ok``) and OVERLAP."""
+    prefetch, overlap, z_stage: the kernel's PREFETCH, OVERLAP and Z_STAGE (z must then be TMA-able:
+    ``tma_ok``)."""
     from tilecore.tiles.launch import gluon_descriptor
     from tilecore.tiles.schedule import persistent_programs
 
@@ -436,7 +438,7 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
     dummy = torch.empty(1, dtype=torch.float32, device=v.device)
     st = lambda t, n: tuple(t.stride()) if t is not None else (0,) * n  # noqa: E731
     num_tiles = B * H * VB // 2
-    z_desc = gluon_descriptor(z, [1, 1, BT, BV], *_head_major(z)) if prefetch and z is not None else descs[3]
+    z_desc = gluon_descriptor(z, [1, 1, BT, BV], *_head_major(z)) if z_stage and z is not None else descs[3]
     args = dict(q_desc=descs[0], k_desc=descs[1], v_desc=descs[2], o_desc=descs[3], z_desc=z_desc,
                 G=g if g is not None else dummy, BETA=beta if beta is not None else dummy,
                 DSKIP=d_skip if d_skip is not None else dummy, Z=z if z is not None else v,
@@ -447,7 +449,7 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                 stf=sht[2], stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles,
                 STAGES=stages, DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None,
                 HAS_Z=z is not None, HAS_H0=h0 is not None, STORE_HT=ht is not None, PREFETCH=prefetch,
-                OVERLAP=overlap)
+                OVERLAP=overlap, Z_STAGE=z_stage)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -458,14 +460,16 @@ def tma_ok(t: torch.Tensor) -> bool:
 
 
 def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3,
-            prefetch: bool | None = None, overlap: bool | None = None):
+            prefetch: bool | None = None, overlap: bool | None = None, z_stage: bool | None = None):
     """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
-    columns must be contiguous (stride 1), as Mamba-2's are. prefetch, overlap: the kernel's PREFETCH and
-    OVERLAP (None: configs.GLUON_PREFETCH, configs.GLUON_OVERLAP)."""
+    columns must be contiguous (stride 1), as Mamba-2's are. prefetch, overlap, z_stage: the kernel's
+    PREFETCH, OVERLAP and Z_STAGE (None: configs.GLUON_PREFETCH (where z is given: Mamba-2),
+    configs.GLUON_OVERLAP, configs.GLUON_Z_STAGE)."""
     from tilecore.ops.linear_attention import configs
 
-    prefetch = configs.GLUON_PREFETCH if prefetch is None else prefetch
+    prefetch = (configs.GLUON_PREFETCH and z is not None) if prefetch is None else prefetch
     overlap = configs.GLUON_OVERLAP if overlap is None else overlap
+    z_stage = configs.GLUON_Z_STAGE if z_stage is None else z_stage
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     ht = torch.empty(B, H, q.shape[-1], Dv, dtype=torch.float32, device=v.device) if final_state else None
@@ -473,9 +477,9 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
         g = chunk_cumulative(g, BT_GLUON)
     if d_skip is not None:
         d_skip = d_skip.float().contiguous()
-    if z is not None and (z.stride(-1) != 1 or (prefetch and not tma_ok(z))):
+    if z is not None and (z.stride(-1) != 1 or (z_stage and not tma_ok(z))):
         z = z.contiguous()
-    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap)
+    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap, z_stage)
     la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     return o, ht
 
@@ -483,7 +487,7 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
 # --------------------------------------------------------------------------------------------
 # compile report (no GPU): compile_report(CASE, prefetch, stages) compiles the kernel for sm_90a and returns its
 # resources and Hopper instructions; CASE: linear, decay (scalar decay, initial and final states), mamba2 (beta,
-# D, z, 80 heads on one q/k head); stages: configs.GLUON_STAGES's 2 (with PREFETCH's z stages 3 pass 227 KiB). TRITON_INTERPRET must be unset (tests/linear_attention/test_forward_gluon_compile.py
+# D, z, 80 heads on one q/k head); stages: configs.GLUON_STAGES's 2 (with Z_STAGE's z stages 3 pass 227 KiB). TRITON_INTERPRET must be unset (tests/linear_attention/test_forward_gluon_compile.py
 # runs it in a fresh process).
 
 COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
@@ -493,7 +497,8 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 }
 
 
-def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: bool = False) -> dict:
+def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: bool = False,
+                   z_stage: bool = False) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -505,8 +510,8 @@ def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: 
     grid, args, warps = launch_args(q, q, v, f32(B, N, H) if decay else None, f32(B, N, H) if mamba else None,
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
                                     torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0,
-                                    stages=stages, prefetch=prefetch, overlap=overlap)
+                                    stages=stages, prefetch=prefetch, overlap=overlap, z_stage=z_stage)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     r = resources(compiled)
-    return dict(case=case, prefetch=prefetch, overlap=overlap, spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
+    return dict(case=case, prefetch=prefetch, overlap=overlap, z_stage=z_stage, spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
                 wgmma_serialized=r.wgmma_serialized, **has_hopper_instructions(compiled.asm["ptx"]))
