@@ -526,14 +526,15 @@ def over_budget(name):
     return False
 
 
-def gluon_forward(q, k, v, cu_q, cu_k, causal, scale, softcap, out=None, lse=None, config=None):
+def gluon_forward(q, k, v, cu_q, cu_k, causal, scale, softcap, out=None, lse=None, config=None, left=-1, right=-1):
     """The Gluon varlen forward; under --smoke (the CPU interpreter, where Gluon does not run) the tl
     forward in its place, so that shapes and the script's paths are exercised."""
     from tilecore.ops.attention import varlen
 
     if SMOKE:
-        return varlen.forward_kernels(q, k, v, cu_q, cu_k, causal, scale, -1, -1, softcap, out=out, lse=lse)
-    return varlen.forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, out=out, lse=lse, config=config)
+        return varlen.forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, out=out, lse=lse)
+    return varlen.forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left, right, out=out, lse=lse,
+                                config=config)
 
 
 def check_gluon(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None):
@@ -551,19 +552,20 @@ def check_gluon(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None):
     k = torch.randn(total_k, hkv, d, dtype=dtype, device=dev)
     v = torch.randn(total_k, hkv, d, dtype=dtype, device=dev)
     causal, softcap = options.get("causal", False), options.get("softcap", 0.0)
+    left, right = options.get("window_size", (-1, -1))
     scale = d ** -0.5
     buf = torch.full(((total_q + 64) * hq * d,), 7.0, dtype=dtype, device=dev)
     out = buf[:total_q * hq * d].view(total_q, hq, d).fill_(float("nan"))
     lse = torch.full((hq, total_q), float("nan"), device=dev)
-    gluon_forward(q, k, v, cu_q, cu_k, causal, scale, softcap, out=out, lse=lse)
+    gluon_forward(q, k, v, cu_q, cu_k, causal, scale, softcap, out=out, lse=lse, left=left, right=right)
     table_ok = torch.equal(varlen.work_table(cu_q, cu_k, total_q, hq, 128),
                            varlen.work_table_torch(cu_q, cu_k, total_q, hq, 128))  # the tl kernel = its twin
-    tl_out, tl_lse = varlen.forward_kernels(q, k, v, cu_q, cu_k, causal, scale, -1, -1, softcap)
+    tl_out, tl_lse = varlen.forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap)
     heads = hq if ref_heads is None else ref_heads
     group = hq // hkv
     kh = max(1, heads // group)
     ref, ref_lse = varlen_reference(q[:, :heads].double(), k[:, :kh].double(), v[:, :kh].double(), cu_q, cu_k,
-                                    causal=causal, softcap=softcap)
+                                    causal=causal, softcap=softcap, window_size=(left, right))
     live = torch.isfinite(ref_lse)
     lse_h = lse[:heads]
     row = {"case": f"gluon varlen fwd {str(dtype)[6:]} q{lens_q if len(lens_q) <= 8 else f'[{len(lens_q)} seqs, {total_q}]'}"
@@ -702,14 +704,32 @@ def time_gluon_configs(label, lengths, configs_by_name, h=16, d=128, causal=True
                 lambda: gluon_forward(q, k, v, cu, cu, causal, d ** -0.5, 0.0, config=cfg))))()
 
 
+def time_gluon_window(label, lengths, window, h=16, d=128):
+    """A causal sliding window (left, 0) on the packed batch: the Gluon forward (forced) against the tl one."""
+    from tilecore.ops.attention import varlen
+
+    dev = _device()
+    cu = cu_of(lengths, dev)
+    dtype = torch.float16 if SMOKE else torch.bfloat16
+    q, k, v = (torch.randn(sum(lengths), h, d, dtype=dtype, device=dev) for _ in range(3))
+    row = {"case": f"gluon fwd window {window} causal {label}: {len(lengths)} seqs, {sum(lengths)} tokens, H{h} D{d}"}
+    RESULTS["time"].append(row)
+    row["gluon_varlen_fwd_ms"] = bench(lambda: gluon_forward(q, k, v, cu, cu, True, d ** -0.5, 0.0,
+                                                             left=window[0], right=window[1]))
+    row["tl_varlen_fwd_ms"] = bench(lambda: varlen.forward_kernels(q, k, v, cu, cu, True, d ** -0.5, *window, 0.0))
+
+
 def run_quick():
     """Checks first (each a few seconds; every Gluon variant compiles once), then times; flex (a
     torch.compile) last."""
     f16, bf16 = torch.float16, torch.bfloat16
     if SMOKE:
         guarded("gluon configs smoke")(time_gluon_configs)("smoke", [16, 40], {"shipped": None}, h=2, d=16)
+        guarded("gluon window smoke")(time_gluon_window)("smoke", [16, 40], (8, 0), h=2, d=16)
         guarded("gluon check smoke")(check_gluon)(f16, [5, 0, 1, 19], [5, 2, 1, 19], 2, 1, 16, dict(causal=True))
         guarded("gluon check smoke neighbour")(check_gluon_neighbour_nonfinite)()
+        guarded("gluon check smoke window")(check_gluon)(f16, [9, 40], [12, 40], 2, 1, 16,
+                                                        dict(causal=True, window_size=(5, -1)))
         guarded("gluon check smoke gqa")(check_gluon)(f16, [3, 20], [7, 20], 4, 2, 16, dict(), ref_heads=2)
         guarded("gluon time smoke")(time_gluon)("smoke", [16, 40, 8], h=2, d=16)
         return
@@ -724,6 +744,10 @@ def run_quick():
         (f16, [1, 0, 777, 63, 1500, 2], [1, 0, 777, 63, 1500, 2], 16, 16, 128, dict(causal=True)),
         (bf16, [700, 129, 2000, 64], [900, 129, 2000, 70], 16, 4, 128, dict(causal=True, softcap=20.0)),
         (bf16, [129, 4096, 17, 0, 300], [129, 4096, 17, 5, 300], 8, 8, 64, dict(causal=True)),  # D64
+        # the window (not routed by default: configs.VARLEN_GLUON_FEATURES), forced here
+        (bf16, [700, 129, 2000, 64], [900, 129, 2000, 70], 16, 4, 128, dict(window_size=(100, 37))),
+        (bf16, [700, 129, 3000, 1], [900, 129, 3000, 1], 16, 4, 128, dict(causal=True, window_size=(300, -1),
+                                                                          softcap=20.0)),
     ]
 
     def checks(cases):
@@ -741,6 +765,8 @@ def run_quick():
         guarded("gluon time uniform")(time_gluon)("uniform 16 x 4096", [4096] * 16, peers=False)
     if not over_budget("gluon time long-tailed, not causal"):
         guarded("gluon time long-tailed, not causal")(time_gluon)("long-tailed", tail, causal=False, peers=False)
+    if not over_budget("gluon time window"):
+        guarded("gluon time window")(time_gluon_window)("long-tailed", tail, (1024, 0))
     from tilecore.ops.attention import configs
     shipped = configs.VARLEN_GLUON_FORWARD_CONFIG[128]
     time_gluon_configs("long-tailed", tail, {"drawn (shipped)": shipped,

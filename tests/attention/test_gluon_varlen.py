@@ -22,32 +22,48 @@ def cu_of(lengths):
     return torch.tensor([0] + torch.tensor(lengths, dtype=torch.long).cumsum(0).tolist(), dtype=torch.int32)
 
 
-def tile_rows(entry, cu_q, cu_k, tile_m, block_n, causal):
-    """gluon_varlen.VarlenAttention.setup in Python: (q0, k0, N, Nk, first row, key blocks, end)."""
+def tile_rows(entry, cu_q, cu_k, tile_m, block_n, causal, window=None):
+    """gluon_varlen.VarlenAttention.setup in Python: (q0, k0, N, Nk, first row, key blocks, end, first
+    key block); ``window``: the kernel's (left, right)."""
     seq, tile = int(entry[0]), int(entry[1])
     b = max(seq, 0)
     q0, k0 = int(cu_q[b]), int(cu_k[b])
     n = int(cu_q[b + 1]) - q0 if seq >= 0 else 0
     nk = int(cu_k[b + 1]) - k0 if seq >= 0 else 0
     first = max(n - (tile + 1) * tile_m, 0)
-    hi = max(min(nk, first + tile_m + nk - n), 0) if causal else nk
-    return q0, k0, n, nk, first, (-(-hi // block_n) if n > 0 else 0), n - tile * tile_m
+    first_block = 0
+    if causal:
+        hi = max(min(nk, first + tile_m + nk - n), 0)
+    elif window:
+        left, right = window
+        first_block = max(first + nk - n - left, 0) // block_n
+        hi = max(min(nk, min(first + tile_m, n) - 1 + nk - n + right + 1), 0)
+    else:
+        hi = nk
+    n_blocks = max(-(-hi // block_n) - first_block, 0) if n > 0 else 0
+    return q0, k0, n, nk, first, n_blocks, n - tile * tile_m, first_block
 
 
-def consumer_blocks(first, n, nk, n_blocks, end, block_m, block_n, causal):
-    """gluon_varlen.VarlenAttention.start: the key blocks a consumer's rows from ``first`` walk."""
-    if first >= end:
-        return 0
-    if not causal:
-        return n_blocks
-    own_hi = max(min(nk, first + block_m + nk - n), 0)
-    return min(max(-(-own_hi // block_n), 1), n_blocks)
+def consumer_steps(first, n, nk, n_blocks, end, first_block, block_m, block_n, causal, window=None):
+    """gluon_varlen.VarlenAttention.start: the steps [own_first, n_own) a consumer's rows from
+    ``first`` walk."""
+    own_first, n_own = 0, n_blocks
+    if causal:
+        own_hi = max(min(nk, first + block_m + nk - n), 0)
+        n_own = min(max(-(-own_hi // block_n), 1), n_blocks)
+    if window:
+        left, right = window
+        own_lo = max(first + nk - n - left, 0) // block_n - first_block
+        own_hi = max(min(nk, min(first + block_m, n) - 1 + nk - n + right + 1), 0)
+        own_first = min(max(own_lo, 0), n_blocks - 1)
+        n_own = min(max(-(-own_hi // block_n) - first_block, own_first + 1), n_blocks)
+    return own_first, (n_own if first < end else 0)
 
 
-def emulate(q, k, v, cu_q, cu_k, causal, block_m=64, block_n=128, consumers=2):
+def emulate(q, k, v, cu_q, cu_k, causal, window=None, block_m=64, block_n=128, consumers=2):
     """The kernel's tiles in float64: each consumer's rows against the keys of the blocks it walks
-    (keys past the sequence masked), stored where the kernel stores them (the tile's own rows). Returns
-    (O, lse, times each (row, head) was stored)."""
+    (keys past the sequence, after the diagonal or outside the window masked), stored where the
+    kernel stores them (the tile's own rows). Returns (O, lse, times each (row, head) was stored)."""
     total_q, hq, d = q.shape
     group = hq // k.shape[1]
     tile_m = block_m * consumers
@@ -55,18 +71,24 @@ def emulate(q, k, v, cu_q, cu_k, causal, block_m=64, block_n=128, consumers=2):
     lse = torch.full((hq, total_q), float("nan"), dtype=torch.float64)
     stores = torch.zeros(total_q, hq, dtype=torch.long)
     for entry in varlen.work_table(cu_q, cu_k, total_q, hq, tile_m).tolist():
-        q0, k0, n, nk, first, n_blocks, end = tile_rows(entry, cu_q, cu_k, tile_m, block_n, causal)
+        q0, k0, n, nk, first, n_blocks, end, first_block = tile_rows(entry, cu_q, cu_k, tile_m, block_n, causal,
+                                                                     window)
         h = entry[2]
         for c in range(consumers):
             own_first = first + c * block_m
-            walked = consumer_blocks(own_first, n, nk, n_blocks, end, block_m, block_n, causal) * block_n
+            lo, hi = consumer_steps(own_first, n, nk, n_blocks, end, first_block, block_m, block_n, causal, window)
             rows = torch.arange(own_first, max(own_first, min(own_first + block_m, end)))
             if rows.numel() == 0:
                 continue
-            keys = torch.arange(min(walked, nk))
+            keys = torch.arange((first_block + lo) * block_n, max((first_block + lo) * block_n,
+                                                                  min((first_block + hi) * block_n, nk)))
             s = (q[q0 + rows, h].double() @ k[k0 + keys, h // group].double().T) * d ** -0.5
             if causal:
                 s = s.masked_fill(keys[None, :] > rows[:, None] + (nk - n), float("-inf"))
+            if window:
+                position = rows[:, None] + (nk - n)
+                s = s.masked_fill((keys[None, :] < position - window[0]) | (keys[None, :] > position + window[1]),
+                                  float("-inf"))
             m = torch.logsumexp(s, 1) if keys.numel() else torch.full((rows.numel(),), float("-inf"), dtype=s.dtype)
             p = torch.exp(s - torch.where(torch.isinf(m), 0.0, m)[:, None])
             o = p @ v[k0 + keys, h // group].double() / torch.where(torch.isinf(m), 1.0, p.sum(1))[:, None]
@@ -81,16 +103,27 @@ LENGTHS = [([1, 0, 127, 128, 129, 300, 2], [1, 0, 127, 128, 129, 300, 2]),
            ([300, 1, 64, 0, 65], [300, 5, 200, 7, 1])]
 
 
-@pytest.mark.parametrize("causal", [True, False])
+# (causal, window_size as the caller gives it): a window takes the kernel's WINDOW (causal folded in)
+MASKS = [(True, (-1, -1)), (False, (-1, -1)), (False, (100, 37)), (True, (130, -1)), (False, (0, 0))]
+
+
+@pytest.mark.parametrize("causal, window_size", MASKS)
 @pytest.mark.parametrize("lens_q, lens_k", LENGTHS)
-def test_tiles_store_every_row_once_and_match_the_reference(lens_q, lens_k, causal):
+def test_tiles_store_every_row_once_and_match_the_reference(lens_q, lens_k, causal, window_size):
     hq, hkv, d = 2, 1, 16  # GQA
     cu_q, cu_k = cu_of(lens_q), cu_of(lens_k)
     q = torch.randn(sum(lens_q), hq, d)
     k = torch.randn(sum(lens_k), hkv, d)
     v = torch.randn(sum(lens_k), hkv, d)
-    out, lse, stores = emulate(q, k, v, cu_q, cu_k, causal)
-    ref, ref_lse = varlen_reference(q.double(), k.double(), v.double(), cu_q, cu_k, causal=causal)
+    is_causal, is_window = varlen.gluon_masks(causal, *window_size)
+    window = None
+    if is_window:  # the kernel's left / right, as forward_gluon passes them
+        wl, wr, has_left, has_right = varlen.kernel_window(causal, *window_size)
+        unbounded = max(sum(lens_q), sum(lens_k))
+        window = (wl if has_left else unbounded, wr if has_right else unbounded)
+    out, lse, stores = emulate(q, k, v, cu_q, cu_k, is_causal, window)
+    ref, ref_lse = varlen_reference(q.double(), k.double(), v.double(), cu_q, cu_k, causal=causal,
+                                    window_size=window_size)
     assert (stores == 1).all()  # every row of every head once, no row past a sequence (those have no slot)
     assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
     live = torch.isfinite(ref_lse)
@@ -138,14 +171,16 @@ def test_launch_passes_every_kernel_parameter(monkeypatch):
     cu = cu_of(lengths)
     q = torch.randn(sum(lengths), 8, 128, dtype=torch.bfloat16)
     k = torch.randn(sum(lengths), 2, 128, dtype=torch.bfloat16)
-    out, lse = varlen.forward_gluon(q, k, k, cu, cu, True, 0.1, 30.0)
+    out, lse = varlen.forward_gluon(q, k, k, cu, cu, True, 0.1, 30.0, 100, -1)
     (grid, args, kwargs), = calls
     params = gluon_varlen.attention_varlen_fwd_kernel.arg_names
     assert kwargs.pop("num_warps") == 4 and sorted(params[len(args):]) == sorted(kwargs)
     named = dict(zip(params, args))
     assert named["GROUP"] == 4 and named["total_q"] == sum(lengths) and named["num_tiles"] == len(named["work"])
     assert grid == (min(132, len(named["work"])),)
-    assert kwargs["CAUSAL"] is True and kwargs["SOFTCAP"] == 2  # tanh.approx, as the fixed Gluon forward
+    assert kwargs["SOFTCAP"] == 2  # tanh.approx, as the fixed Gluon forward
+    # causal with a left edge: a window (100, 0); the unbounded side past any distance
+    assert kwargs["CAUSAL"] is False and kwargs["WINDOW"] is True and (named["left"], named["right"]) == (100, 0)
     assert named["q_desc"].shape == [8, sum(lengths), 128] and named["q_desc"].strides == [128, 8 * 128, 1]
     assert named["k_desc"].block_shape == [1, 128, 128] and named["o_desc"].base.data_ptr() == out.data_ptr()
     assert out.shape == (sum(lengths), 8, 128) and lse.shape == (8, sum(lengths))
@@ -170,10 +205,14 @@ def compiled_report():
 def test_compiles_for_sm90a_with_wgmma_and_tma_and_no_spills(compiled_report):
     # one compile (~20 s here): causal with the softcap, the most code (python -m
     # tilecore.ops.attention.gluon_varlen compiles D 64 / 128, causal and not: no spill in any)
-    assert {(r["D"], r["causal"], r["softcap"]) for r in compiled_report} == {(128, True, 2)}
+    assert {(r["D"], r["causal"], r["softcap"], r["window"]) for r in compiled_report} == {
+        (128, True, 2, False), (128, False, 2, True)}
     for r in compiled_report:
         assert r["wgmma"] and r["tma"] and r["mbarrier"] and not r["wgmma_serialized"], r
-        assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, r
+        # the window's per-consumer first step and bounds: 8 bytes stored, 16 loaded (scalars; the fixed
+        # forward's window spills 20 / 36)
+        allowed = 16 if r["window"] else 0
+        assert r["spill_stores"] <= allowed and r["spill_loads"] <= allowed and r["stack"] <= allowed, r
         assert r["shared"] <= 227 * 1024, r
 
 
@@ -200,11 +239,15 @@ def test_switched_on_the_public_op_routes_eligible_calls_to_the_gluon_forward(mo
     fits = varlen.gluon_forward_fits
     assert fits(q, kv, kv, True, -1, -1) and fits(q, kv, kv, False, -1, -1) and fits(q[..., :64], kv[..., :64],
                                                                                      kv[..., :64], True, -1, -1)
-    assert not fits(q, kv, kv, True, 100, -1) and not fits(q, kv, kv, False, -1, 0)  # windows: the tl kernels
+    assert fits(q, kv, kv, False, -1, 0)  # the window (-1, 0) is causal
+    assert not fits(q, kv, kv, True, 100, -1) and not fits(q, kv, kv, False, 5, 5)  # windows: the tl kernels
+    assert fits(q, kv, kv, False, 5, 5, features={"window"})  # until configs.VARLEN_GLUON_FEATURES names them
     assert not fits(q[..., :96], kv[..., :96], kv[..., :96], True, -1, -1)  # D 96
     assert not fits(q, kv, kv[..., :64].contiguous(), True, -1, -1)  # Dv != D
     assert not fits(q.float(), kv.float(), kv.float(), True, -1, -1)
     assert not fits(q, kv.transpose(1, 2).contiguous().transpose(1, 2), kv, True, -1, -1)  # D's stride 2: no TMA
     assert not fits(q, kv, kv, True, -1, -1, use_gluon=False)
     assert varlen._forward_impl(q, kv, kv, cu, cu, True, 0.1, -1, -1, 0.0) == ("out", "lse")
-    assert len(taken) == 1 and taken[0][5] is True
+    assert len(taken) == 1 and taken[0][5] is True and taken[0][-2:] == (-1, -1)
+    assert varlen.gluon_masks(True, -1, -1) == (True, False) and varlen.gluon_masks(False, -1, -1) == (False, False)
+    assert varlen.gluon_masks(True, 100, -1) == (False, True) and varlen.gluon_masks(False, -1, 3) == (False, True)

@@ -159,6 +159,9 @@ def gluon_forward_config(d: int, n: int, nk: int, causal: bool, dv: int | None =
 # it (session 27: compile-checked for sm_90a only); True routes eligible CUDA calls there (Hopper,
 # bf16/fp16, D == Dv in VARLEN_GLUON_FORWARD_CONFIG, no window, TMA-describable inputs)
 VARLEN_GLUON_FORWARD = False
+# features of it routed there when VARLEN_GLUON_FORWARD is on ("window": a sliding window, flash-attn's
+# window_size); empty until a GPU run checks them (the tl kernels serve them meanwhile)
+VARLEN_GLUON_FEATURES: frozenset = frozenset()
 # the fixed forward's blocks (GLUON_FORWARD) with tiles drawn from a counter in the work table's
 # longest-first order (drawn=False: program p takes tiles p, p + P, ...); untimed
 VARLEN_GLUON_FORWARD_CONFIG = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, drawn=True),

@@ -34,7 +34,7 @@ key block's P V, the consumer zeroes that block's V rows past the sequence in sh
 """
 from triton.experimental import gluon
 
-from tilecore.ops.attention.gluon_kernels import tanh_approx, tanh_from_exp2
+from tilecore.ops.attention.gluon_kernels import tanh_approx, tanh_from_exp2, window_mask_scores, window_needs_mask
 from tilecore.tiles.gluon import (Layout, TileOperand, as_column, mask_scores, needs_mask, online_softmax_result,
                                   online_softmax_start, online_softmax_update, opaque_int, ring, run, stage_struct,
                                   store_block, struct, wgmma_layout, wgmma_lhs_layout)
@@ -63,6 +63,7 @@ class Rows:
     N: object
     Nk: object
     end: object
+    first_block: object  # WINDOW: a tile's first key block (its step 0); a consumer's, the step of its first
 
 
 @struct
@@ -91,6 +92,8 @@ class VarlenAttention:
     work: object  # (tiles, WORK_FIELDS) int32
     GROUP: object  # q heads per kv head
     total_q: object
+    left: object  # WINDOW: keys seen before and after a query's position (max(total_q, total_k): unbounded)
+    right: object
     scale_log2e: object  # SOFTCAP: cap log2(e)
     tanh_scale: object  # SOFTCAP: scale / cap
     CAUSAL: gl.constexpr
@@ -102,6 +105,7 @@ class VarlenAttention:
     O: gl.constexpr
     P: gl.constexpr
     SOFTCAP: gl.constexpr
+    WINDOW: gl.constexpr
 
     @gluon.jit
     def setup(self, tile_id):
@@ -119,21 +123,26 @@ class VarlenAttention:
         Nk = gl.where(real, gl.load(self.cu_k + b + 1) - k0, 0)
         first = gl.maximum(N - (tile + 1) * TILE_M, 0)  # counted from the last row
         end = N - tile * TILE_M
+        first_block = 0
         if self.CAUSAL:  # query i sees keys j <= i + Nk - N
             hi = gl.maximum(gl.minimum(Nk, first + TILE_M + (Nk - N)), 0)
+        elif self.WINDOW:  # from the first row's left edge to the last row's right edge
+            first_block = gl.maximum(first + (Nk - N) - self.left, 0) // self.BN
+            last_query = gl.minimum(first + TILE_M, N) - 1
+            hi = gl.maximum(gl.minimum(Nk, last_query + (Nk - N) + self.right + 1), 0)
         else:
             hi = Nk
-        n_blocks = gl.where(N > 0, gl.cdiv(hi, self.BN), 0)
+        n_blocks = gl.where(N > 0, gl.maximum(gl.cdiv(hi, self.BN) - first_block, 0), 0)
         steps = gl.where(n_blocks > 0, n_blocks + 1, 0)
-        return Rows(first, h, n_blocks, q0, k0, N, Nk, end), steps
+        return Rows(first, h, n_blocks, q0, k0, N, Nk, end, first_block), steps
 
     @gluon.jit
     def load(self, stage, bar, tile, step):
         """Step ``step``'s K block and the V block of the step before (the first step reloads V block
         0, the last K block n - 1, unused: a stage's byte count is fixed)."""
         hk = tile.h // self.GROUP
-        k_block = gl.minimum(step, tile.n_blocks - 1)
-        v_block = gl.maximum(step - 1, 0)
+        k_block = gl.minimum(step, tile.n_blocks - 1) + tile.first_block
+        v_block = gl.maximum(step - 1, 0) + tile.first_block
         tma.async_copy_global_to_shared(self.k_desc, [hk, tile.k0 + k_block * self.BN, 0], bar, stage.k)
         tma.async_copy_global_to_shared(self.v_desc, [hk, tile.k0 + v_block * self.BN, 0], bar, stage.v)
 
@@ -147,15 +156,25 @@ class VarlenAttention:
     def start(self, ctx, tile, prev):
         first = tile.first + ctx.index * self.BM  # this consumer's rows
         n_own = tile.n_blocks
+        own_first = 0
         if self.CAUSAL:  # its rows see fewer key blocks than the tile's last: it skips the later ones
             own_hi = gl.maximum(gl.minimum(tile.Nk, first + self.BM + (tile.Nk - tile.N)), 0)
             n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, self.BN), 1), tile.n_blocks)
+        if self.WINDOW:
+            # its own steps [own_first, n_own) of the tile's (gluon_kernels.Attention.start's): at
+            # least one (all masked where its rows see no key), the stages before and after passed by
+            shift = tile.Nk - tile.N
+            own_lo = gl.maximum(first + shift - self.left, 0) // self.BN - tile.first_block
+            own_hi = gl.maximum(gl.minimum(tile.Nk, gl.minimum(first + self.BM, tile.N) - 1 + shift + self.right + 1),
+                                0)
+            own_first = gl.minimum(gl.maximum(own_lo, 0), tile.n_blocks - 1)
+            n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, self.BN) - tile.first_block, own_first + 1), tile.n_blocks)
         # none of its rows the tile's own (all the next tile's, or past N): it passes every stage by
         n_own = gl.where(first < tile.end, n_own, 0)
         m, l = online_softmax_start(self.BM, self.S)
         acc = gl.zeros([self.BM, self.D], gl.float32, self.O)
         p = gl.zeros([self.BM, self.BN], self.q_desc.dtype, self.P)
-        return Running(m, l, acc, p, tile.replace(first=first, n_blocks=n_own))
+        return Running(m, l, acc, p, tile.replace(first=first, n_blocks=n_own, first_block=own_first))
 
     @gluon.jit
     def softmax(self, s, st, first_key):
@@ -166,7 +185,10 @@ class VarlenAttention:
         elif self.SOFTCAP:
             s = tanh_from_exp2(s * self.tanh_scale)
         rows = st.rows
-        if needs_mask(rows.first, first_key, self.BN, rows.N, rows.Nk, self.CAUSAL):
+        if self.WINDOW:
+            if window_needs_mask(rows.first, first_key, self.BM, self.BN, rows.N, rows.Nk, self.left, self.right):
+                s = window_mask_scores(s, self.S, rows.first, first_key, rows.N, rows.Nk, self.left, self.right)
+        elif needs_mask(rows.first, first_key, self.BN, rows.N, rows.Nk, self.CAUSAL):
             s = mask_scores(s, self.S, rows.first, first_key, rows.N, rows.Nk, self.CAUSAL, KEY_AXIS=1)
         m, l, p, alpha = online_softmax_update(st.m, st.l, s, self.scale_log2e)
         return m, l, p, as_column(alpha, self.O)
@@ -178,11 +200,44 @@ class VarlenAttention:
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
-        """Step 0: S and its softmax; then S_j with P_{j-1} V_{j-1}; the step after this consumer's last
-        block: its last P V. Every branch ends with its wgmma complete."""
+        """This consumer's first step: S and its softmax; then S_j with P_{j-1} V_{j-1}; the step after
+        its last block: its last P V; other steps pass by. Every branch ends with its wgmma complete."""
         q = ctx.operand.reshape([self.BM, self.D])
         k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))
         v = stage.v.reshape([self.BN, self.D])
+        if self.WINDOW:
+            return self.window_step(q, k_t, v, st, stage, tile, step)
+        else:  # apart: the window's conditions in the plain kernel spilled 8 bytes (D128 causal)
+            return self.plain_step(q, k_t, v, st, stage, tile, step)
+
+    @gluon.jit
+    def window_step(self, q, k_t, v, st, stage, tile, step):
+        """``compute`` with a window: this consumer's steps [own first, n_own) of the tile's, the tile's
+        first key block its step 0."""
+        own_first = st.rows.first_block
+        n_own = st.rows.n_blocks
+        key = (tile.first_block + step) * self.BN
+        if (step == own_first) & (n_own > 0):
+            s = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False)
+            m, l, p32, alpha = self.softmax(s, st, opaque_int(key))
+            st = st.replace(m=m, l=l, p=self.p_operand(p32))
+        elif (step > own_first) & (step < n_own):
+            s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
+                                  is_async=True)
+            o_tok = warpgroup_mma(st.p, v, st.acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
+            m, l, p32, alpha = self.softmax(s, st, key)
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            st = st.replace(m=m, l=l, acc=acc * alpha, p=self.p_operand(p32))
+        elif (step == n_own) & (step > own_first):
+            if (step == tile.n_blocks) & (key > tile.Nk):  # the sequence's last key block, partial
+                self.zero_rows_from(stage.v.reshape([self.BN, self.D]), tile.Nk - (key - self.BN))
+            st = st.replace(acc=warpgroup_mma(st.p, v, st.acc))
+        return st
+
+    @gluon.jit
+    def plain_step(self, q, k_t, v, st, stage, tile, step):
+        """``compute`` without a window: step 0, the middle steps, the last P V."""
         if (step == 0) & (st.rows.n_blocks > 0):
             # the first key hidden from the compiler where causal (gluon_kernels.Attention.first_key)
             first_key = opaque_int(step * self.BN) if self.CAUSAL else 0
@@ -198,7 +253,7 @@ class VarlenAttention:
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             st = st.replace(m=m, l=l, acc=acc * alpha, p=self.p_operand(p32))
         elif (step == st.rows.n_blocks) & (step > 0):
-            if (step == tile.n_blocks) & (step * self.BN > tile.Nk):  # the sequence's last, partial key block
+            if (step == tile.n_blocks) & (step * self.BN > tile.Nk):  # the sequence's last key block, partial
                 self.zero_rows_from(stage.v.reshape([self.BN, self.D]), tile.Nk - (step - 1) * self.BN)
             st = st.replace(acc=warpgroup_mma(st.p, v, st.acc))
         return st
@@ -244,26 +299,27 @@ class VarlenAttention:
 
 @gluon.jit
 def attention_varlen_fwd_kernel(q_desc, k_desc, v_desc, o_desc, out_ptr, o_row_stride, lse_ptr, cu_q, cu_k, work,
-                                num_tiles, GROUP, total_q, scale_log2e, tanh_scale, tile_counter,
+                                num_tiles, GROUP, total_q, scale_log2e, tanh_scale, left, right, tile_counter,
                                 CAUSAL: gl.constexpr, SOFTCAP: gl.constexpr, STAGES: gl.constexpr,
-                                CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr = 2):
+                                CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr = 2, WINDOW: gl.constexpr = False):
     """O and lse of packed attention for every work item (``work_table``); a persistent grid drawing
     its tiles from ``tile_counter`` (or, None, program p takes tiles p, p + P, ...)."""
     gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")
+    gl.static_assert(not (WINDOW and CAUSAL), "causal folded into the window (right = 0)")
     BM: gl.constexpr = o_desc.block_type.shape[1]
     BN: gl.constexpr = k_desc.block_type.shape[1]
     D: gl.constexpr = k_desc.block_type.shape[2]
     op = VarlenAttention(q_desc, k_desc, v_desc, o_desc, out_ptr, o_row_stride, lse_ptr, cu_q, cu_k, work, GROUP,
-                         total_q, scale_log2e, tanh_scale, CAUSAL, BM, BN, D, CONSUMERS,
+                         total_q, left, right, scale_log2e, tanh_scale, CAUSAL, BM, BN, D, CONSUMERS,
                          wgmma_layout(BM, BN, gl.num_warps()), wgmma_layout(BM, D, gl.num_warps()),
-                         wgmma_lhs_layout(BM, D, gl.num_warps()), SOFTCAP)
+                         wgmma_lhs_layout(BM, D, gl.num_warps()), SOFTCAP, WINDOW)
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=0,
                     tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), tile_counter=tile_counter)
     run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), num_tiles)
 
 
 def compiled_forward(d: int = 128, causal: bool = True, softcap: int = 0, dtype=None, cfg: dict | None = None,
-                     drawn: bool | None = None):
+                     drawn: bool | None = None, window: bool = False):
     """The kernel compiled for sm_90a without a GPU (TRITON_INTERPRET unset), with the arguments
     varlen.forward_gluon passes (packed (total, heads, D) tensors of 4096 rows, 16 heads)."""
     import torch
@@ -282,19 +338,21 @@ def compiled_forward(d: int = 128, causal: bool = True, softcap: int = 0, dtype=
     args = dict(q_desc=desc(cfg["block_m"]), k_desc=desc(cfg["block_n"]), v_desc=desc(cfg["block_n"]),
                 o_desc=desc(cfg["block_m"]), out_ptr=x, o_row_stride=16 * d, lse_ptr=torch.empty(64),
                 cu_q=i32, cu_k=i32, work=i32, num_tiles=4096, GROUP=1, total_q=4096, scale_log2e=0.1,
-                tanh_scale=0.1, tile_counter=torch.zeros(1, dtype=torch.int32) if drawn else None, CAUSAL=causal,
-                SOFTCAP=softcap, STAGES=cfg["stages"], CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"])
+                tanh_scale=0.1, left=1000, right=0, tile_counter=torch.zeros(1, dtype=torch.int32) if drawn else None,
+                CAUSAL=causal and not window, SOFTCAP=softcap, STAGES=cfg["stages"], CONSUMERS=cfg["consumers"],
+                Q_BUFFERS=cfg["q_buffers"], WINDOW=window)
     return compile_kernel(attention_varlen_fwd_kernel, args, num_warps=4)
 
 
-def report(cases=((128, True, 0), (128, False, 0), (64, True, 0), (128, True, 2))) -> list[dict]:
-    """Resources and Hopper instructions of the compiled kernel for (D, causal, SOFTCAP) cases."""
+def report(cases=((128, True, 0, False), (128, False, 0, False), (64, True, 0, False), (128, True, 2, False),
+                  (128, False, 0, True))) -> list[dict]:
+    """Resources and Hopper instructions of the compiled kernel for (D, causal, SOFTCAP, WINDOW) cases."""
     from tilecore.tiles.compile import has_hopper_instructions, resources
 
     rows = []
-    for d, causal, softcap in cases:
-        compiled = compiled_forward(d, causal, softcap)
-        rows.append(dict(D=d, causal=causal, softcap=softcap, **vars(resources(compiled)),
+    for d, causal, softcap, window in cases:
+        compiled = compiled_forward(d, causal, softcap, window=window)
+        rows.append(dict(D=d, causal=causal, softcap=softcap, window=window, **vars(resources(compiled)),
                          **has_hopper_instructions(compiled.asm["ptx"])))
     return rows
 
@@ -303,4 +361,4 @@ if __name__ == "__main__":  # python -m tilecore.ops.attention.gluon_varlen [--q
     import json
     import sys
 
-    print(json.dumps(report(((128, True, 2),)) if "--quick" in sys.argv else report()))
+    print(json.dumps(report(((128, True, 2, False), (128, False, 2, True))) if "--quick" in sys.argv else report()))

@@ -212,17 +212,29 @@ def gluon_device(device: torch.device) -> bool:
     return device.type == "cuda" and not dispatch.interpreted(device) and dispatch.gluon_ok(device)
 
 
-def gluon_forward_fits(q, k, v, causal, left, right, use_gluon=None) -> bool:
+def gluon_masks(causal: bool, left: int, right: int) -> tuple[bool, bool]:
+    """(CAUSAL, WINDOW) of the Gluon varlen forward: no mask; causal (also a window (-1, 0)); or a
+    window."""
+    wl, wr, has_left, has_right = kernel_window(causal, left, right)
+    if not has_left and not has_right:
+        return False, False
+    if not has_left and wr == 0:
+        return True, False
+    return False, True
+
+
+def gluon_forward_fits(q, k, v, causal, left, right, use_gluon=None, features=None) -> bool:
     """Whether the Gluon varlen forward serves these inputs: configs.VARLEN_GLUON_FORWARD (or
     ``use_gluon``), a Hopper device under a compile-checked triton (dispatch.gluon_ok), not
-    interpreted, D == Dv with a config, no window (causal is served), TMA-describable tensors."""
+    interpreted, D == Dv with a config, a window only where configs.VARLEN_GLUON_FEATURES (or
+    ``features``) names it, TMA-describable tensors."""
     from tilecore.ops.attention import configs
 
     wanted = configs.VARLEN_GLUON_FORWARD if use_gluon is None else use_gluon
     if not wanted or not gluon_device(q.device):
         return False
-    wl, wr, has_left, has_right = kernel_window(causal, left, right)
-    if has_left or (has_right and not (causal and wr == 0)):
+    if gluon_masks(causal, left, right)[1] and "window" not in (configs.VARLEN_GLUON_FEATURES if features is None
+                                                                else features):
         return False
     d, dv = q.shape[2], v.shape[2]
     return (d == dv and d in configs.VARLEN_GLUON_FORWARD_CONFIG and q.dtype in DTYPES
@@ -288,11 +300,12 @@ def packed_operand(t: torch.Tensor, rows: int) -> TmaOperand:
     return TmaOperand(view, [1, rows, t.shape[2]])
 
 
-def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, out=None, lse=None, config=None, tanh_approx=None):
+def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1, out=None, lse=None, config=None,
+                  tanh_approx=None):
     """O (total_q, Hq, D) and lse (Hq, total_q) by the Gluon varlen forward (gluon_varlen.py), into
-    ``out`` (contiguous) / ``lse`` where given; ``config`` in place of
-    configs.VARLEN_GLUON_FORWARD_CONFIG[D]; the softcap's tanh by tanh.approx.f32 unless
-    ``tanh_approx`` is False (the fixed Gluon forward's default)."""
+    ``out`` (contiguous) / ``lse`` where given; ``left`` / ``right``: window_size's (-1: unbounded);
+    ``config`` in place of configs.VARLEN_GLUON_FORWARD_CONFIG[D]; the softcap's tanh by
+    tanh.approx.f32 unless ``tanh_approx`` is False (the fixed Gluon forward's default)."""
     from tilecore.ops.attention import configs
     from tilecore.tiles.launch import tile_counter
     from tilecore.tiles.ops import LOG2E
@@ -314,14 +327,18 @@ def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, out=None, lse=Non
         mode = 1 if tanh_approx is False else 2
     else:
         scale_log2e, tanh_scale, mode = scale * LOG2E, 0.0, 0
+    is_causal, window = gluon_masks(causal, left, right)
+    wl, wr, has_left, has_right = kernel_window(causal, left, right)
+    unbounded = max(total_q, k.shape[0], 1)  # past any key distance in a sequence (no wrap in 32 bits)
+    wl, wr = (wl if has_left else unbounded), (wr if has_right else unbounded)
     grid = (min(num_tiles, dispatch.num_sms(q.device)),)
     with dispatch.on_device(q.device):
         GLUON_VARLEN_FWD[grid](
             packed_operand(q, block_m), packed_operand(k, block_n), packed_operand(v, block_n),
             packed_operand(out, block_m), out, out.stride(0), lse, cu_q, cu_k, work, num_tiles, hq // hkv, total_q,
-            scale_log2e, tanh_scale, tile_counter(q.device) if cfg.get("drawn", True) else None,
-            CAUSAL=causal, SOFTCAP=mode, STAGES=cfg["stages"], CONSUMERS=consumers,
-            Q_BUFFERS=cfg.get("q_buffers", 2), num_warps=4)
+            scale_log2e, tanh_scale, wl, wr, tile_counter(q.device) if cfg.get("drawn", True) else None,
+            CAUSAL=is_causal, SOFTCAP=mode, STAGES=cfg["stages"], CONSUMERS=consumers,
+            Q_BUFFERS=cfg.get("q_buffers", 2), WINDOW=window, num_warps=4)
     return out, lse
 
 
@@ -401,7 +418,7 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
 def _forward_impl(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap):
     if dispatch.backend_for(q.device) == "kernel":
         if gluon_forward_fits(q, k, v, causal, left, right):
-            return forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap)
+            return forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left, right)
         return forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap)
     out, lse = varlen_reference(q, k, v, cu_q, cu_k, causal=causal, scale=scale, window_size=(left, right),
                                 softcap=softcap, compute_dtype=torch.float32)
