@@ -4,7 +4,9 @@ split by kind, for the plans the GPU would run (quantize.kernel_plan at 2^28 ele
 exact epilogue and with FAST (configs.QUANT_FAST). Issue 32's compile report: a change's effect on the
 instruction count before the GPU.
 
-    python experiments/hadamard/sass_quantize.py [--quick | --check] [--json PATH]      (TRITON_INTERPRET unset)
+    python experiments/hadamard/sass_quantize.py [--quick | --check | --s27] [--json PATH]      (TRITON_INTERPRET unset)
+    (--s27: the kron-tiled kernel at the model widths, shipped against interleaved slices (plan tuning
+    interleave True / 2), FAST only, with the loop's barriers and the whole kernel's spills)
     (--check: the shipped FAST plans of fp8, mxfp4 and nvfp4 at 4096, with the PTX's conversions: what
     tests/hadamard/test_hadamard_quantize_compile.py asserts)
 """
@@ -27,11 +29,13 @@ from tilecore.tiles.compile import compile_kernel, resources  # noqa: E402
 
 SMS = 132
 ELEMS = 1 << 28
-KINDS = {  # opcode prefixes, by what they cost
+KINDS = {  # opcode prefixes, by what they cost; the first match counts (SHFL before int's SHF: session 26's
+    # counts had the shuffles under int)
     "mma": ("HGMMA", "HMMA"), "mufu": ("MUFU",), "fp32": ("FADD", "FMUL", "FFMA", "FMNMX", "FSETP", "FSEL", "FCHK"),
-    "convert": ("F2F", "F2FP", "F2I", "I2F", "FRND"), "int": ("IADD", "IMAD", "LOP", "SHF", "ISETP", "SEL", "LEA", "PRMT", "IABS", "IMNMX"),
+    "convert": ("F2F", "F2FP", "F2I", "I2F", "FRND"), "shuffle": ("SHFL",),
+    "int": ("IADD", "IMAD", "LOP", "SHF", "ISETP", "SEL", "LEA", "PRMT", "IABS", "IMNMX"),
     "memory": ("LDG", "STG", "LDS", "STS", "UTMALDG", "UTMASTG", "LDSM", "STSM", "SYNCS", "UBLKCP"),
-    "shuffle": ("SHFL",), "branch": ("BRA", "BSSY", "BSYNC", "WARPSYNC", "BAR"),
+    "branch": ("BRA", "BSSY", "BSYNC", "WARPSYNC", "BAR"),
 }
 
 
@@ -126,6 +130,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--s27", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     cases = [("fp8_e4m3", 4096, {}), ("int8", 4096, {}), ("mxfp4", 4096, {}), ("nvfp4", 4096, {"static": True}),
@@ -136,6 +141,13 @@ def main():
     modes = (False, True)
     if args.check:
         cases = [("fp8_e4m3", 4096, {}), ("mxfp4", 4096, {}), ("nvfp4", 4096, {"static": True})]
+        modes = (True,)
+    if args.s27:
+        cases = [(f, 14336, {**kw, **il}) for f, kw in (("mxfp4", {}), ("nvfp4", {"static": True}), ("int4", {}),
+                                                        ("fp8_e4m3", {}))
+                 for il in ({}, {"interleave": True}, {"interleave": 2})]
+        cases += [("mxfp4", 28672, il) for il in ({}, {"interleave": 2})]
+        cases += [("mxfp4", 14336, {"interleave": 2, "num_warps": 8, "maxnreg": 128})]
         modes = (True,)
     out = []
     for fmt, n, kw in cases:
@@ -152,6 +164,7 @@ def main():
                     row.update(ptx_e4m3_satfinite="cvt.rn.satfinite.e4m3x2.f32" in ptx, ptx_div_rn="div.rn.f32" in ptx,
                                ptx_wgmma="wgmma.mma_async" in ptx, ptx_tma="cp.async.bulk.tensor" in ptx)
                     row.update(loop=len(body), **kinds(body), registers=r.registers, spills=r.spill_stores,
+                               barriers=sum(ins.startswith("BAR") for ins in body),
                                values_a_thread=(plan.config.get("B", 1) * plan.config.get("N", n)) // (32 * plan.config["num_warps"]))
             except Exception as err:  # noqa: BLE001
                 row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
