@@ -518,8 +518,9 @@ QUICK_BUDGET_S = 80.0  # optional cases are skipped (and said so) once the run i
 START = [time.time()]
 
 
-def over_budget(name):
-    if not SMOKE and time.time() - START[0] > QUICK_BUDGET_S:
+def over_budget(name, reserve=0.0):
+    """Past the budget (less ``reserve`` seconds: what the case itself may take, e.g. a compile)?"""
+    if not SMOKE and time.time() - START[0] > QUICK_BUDGET_S - reserve:
         RESULTS["errors"].append({"case": name, "error": f"skipped: past the {QUICK_BUDGET_S:.0f} s budget"})
         print(f"[skip] {name}: past the budget")
         return True
@@ -684,7 +685,8 @@ def time_gluon(label, lengths, h=16, d=128, causal=True, peers=True):
         compiled = torch.compile(flex_attention)
         qx, kx, vx = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
         row["flex_fwd_ms"] = bench(lambda: compiled(qx, kx, vx, block_mask=mask))
-    if not SMOKE and os.environ.get("GPU_VARLEN_FLEX", "1") != "0" and not over_budget(f"flex ({label})"):
+    # torch.compile of flex_attention and its block mask: ~20-30 s
+    if not SMOKE and os.environ.get("GPU_VARLEN_FLEX", "1") != "0" and not over_budget(f"flex ({label})", 25.0):
         flex()
 
 
