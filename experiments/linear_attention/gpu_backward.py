@@ -10,7 +10,8 @@ the backward's time against flash-linear-attention's in the same run, and block 
 backward path this session changed or added: the default autograd backward without a decay, with a
 scalar decay, per-channel (GLA) and Based (gradients now stored by the kernels in the inputs' dtype);
 the split dK/dV path (launch.backward_plan(split=True)) without a decay, with a scalar decay, and with
-beta and grouped heads (Mamba-2's form), each into NaN-filled buffers (every element written); and the
+beta and grouped heads (Mamba-2's form; the scalar decay's kernels doing the combine's work, the
+EPILOGUE, and without it), each into NaN-filled buffers (every element written); and the
 pending gated variants (GLA's gathered diagonal diag=2, key blocks of 32, both; the scalar decay's swept
 blocks). The checks run in worker processes beside kernel-compiling warm-ups. (2) Timing, serial, after
 them: the autograd backward of the four cases, FLA chunk_linear_attn's backward (and forward), the split
@@ -442,12 +443,15 @@ def phase_sweep():
 QUICK_BUDGET = 88.0  # seconds for the whole run; a timing task starting later is skipped
 CHECK_DEADLINE = 58.0  # the workers (checks, warm-ups) are waited for until then, then stopped
 CHECK_N = 1008  # a multiple of 16, as the timed N (one compiled specialization), ragged against chunks of 64
-SPLIT_VARIANTS = [  # (label, backward_plan overrides) timed on "linear d128" beside the split default
-    ("split 8 warps", dict(split_warps=8)),
-    ("split chunk 32", dict(split_BT=32)),
-    ("split BKB 128 BV 128", dict(split_BKB=128, split_BV=128)),
-    ("split dq BKQ 128 8 warps", dict(dq_BKQ=128, dq_warps=8, dq_stages=2)),
-    ("split stages 3", dict(split_stages=3)),
+SPLIT_VARIANTS = [  # (case, label, backward_plan overrides) timed beside the split default
+    ("linear d128", "split 8 warps", dict(split_warps=8)),
+    ("linear d128", "split chunk 32", dict(split_BT=32)),
+    ("linear d128", "split BKB 128 BV 128", dict(split_BKB=128, split_BV=128)),
+    ("linear d128", "split dq BKQ 128 8 warps", dict(dq_BKQ=128, dq_warps=8, dq_stages=2)),
+    ("linear d128", "split stages 3", dict(split_stages=3)),
+    ("simple gla d128", "split no epilogue (combine kernel)", dict(split_epilogue=False)),
+    ("simple gla d128", "split chunk 64", dict(split_BT=64)),
+    ("simple gla d128", "split 8 warps", dict(split_warps=8, dq_warps=8)),
 ]
 PENDING = [  # (case, tl_plan overrides): gated variants shipped off until a GPU check (configs.py says each)
     ("gla d128", dict(diag=2)),
@@ -553,7 +557,10 @@ def quick_checks():
         ("autograd based d16 v64", lambda: check_case("autograd based d16 v64", 2, CHECK_N, 2, 16, 64, bf,
                                                       feature_map="based")),
         ("split linear d128", lambda: check_launch("split linear d128", split=True)),
-        ("split simple gla d128", lambda: check_launch("split simple gla d128", decay="scalar", split=True)),
+        ("split simple gla d128", lambda: check_launch("split simple gla d128 (epilogue)", decay="scalar",
+                                                       split=True)),
+        ("split simple gla d128 no epilogue", lambda: check_launch(
+            "split simple gla d128 no epilogue", decay="scalar", split=True, split_over=dict(split_epilogue=False))),
         ("split mamba-like beta group 2 p64 s128", lambda: check_launch(
             "split scalar beta group 2 Dk128 Dv64", Dv=64, decay="scalar", beta=True, group=2, Hqk=1, split=True)),
         ("split linear d64", lambda: check_launch("split linear d64 N 17", Dk=64, Dv=64, split=True, N=17)),
@@ -576,9 +583,9 @@ def quick_times():
            ("autograd gla d128", lambda: time_autograd("gla d128"))]
     for case, over in PENDING:
         out.append((f"pending {case} {over}", lambda case=case, over=over: time_launch(case, plan_over=over)))
-    for label, over in SPLIT_VARIANTS:
-        out.append((label, lambda label=label, over=over: time_launch("linear d128", split=True, split_over=over,
-                                                                      label=label, pieces=True)))
+    for case, label, over in SPLIT_VARIANTS:
+        out.append((f"{case} {label}", lambda case=case, label=label, over=over: time_launch(
+            case, split=True, split_over=over, label=label, pieces=True)))
     return out
 
 

@@ -67,8 +67,10 @@ def test_autograd_gradients_in_the_inputs_dtype(monkeypatch, split, decay):
     reference's (the kernels store them; no float32 buffers cast after)."""
     if split:
         monkeypatch.setattr(configs, "BWD_SPLIT_KINDS", (0, 1))
-        monkeypatch.setattr(configs, "BWD_SPLIT", dict(configs.BWD_SPLIT, BT=16, BKB=16, BV=16))
-        monkeypatch.setattr(configs, "BWD_SPLIT_DQ", dict(configs.BWD_SPLIT_DQ, BKQ=16))
+        small = dict(BT=16, BKB=16, BV=16, warps=4, stages=2)
+        monkeypatch.setattr(configs, "BWD_SPLIT", {0: small, 1: small})
+        small_dq = dict(BKQ=16, warps=4, stages=3)
+        monkeypatch.setattr(configs, "BWD_SPLIT_DQ", {0: small_dq, 1: small_dq})
     torch.manual_seed(2)
     B, N, H, D = 1, 40, 2, 32
     q, k, v, g, s0 = make(B, N, H, H, D, D, dtype=F16, decay=decay, h0=True)
@@ -106,3 +108,47 @@ def test_backward_plan_rejects_unknown_options():
     q, k, v, g, _ = make(1, 4, 1, 1, 16, 16, dtype=F32)
     with pytest.raises(ValueError, match="split_BKB"):
         launch.backward_plan(tl_plan(q, v, None, IDENTITY), q, v, None, IDENTITY, None, split_bkb=16)
+
+
+@pytest.mark.parametrize("beta,group", [(True, 2), (False, 1)])
+def test_split_epilogue_writes_every_element_and_matches_the_combine(beta, group):
+    """The split path's kernels doing the combine's work (scalar decay: the diagonal added back, beta applied,
+    the decay's and beta's per-token parts) against the same kernels followed by the combine kernel and
+    against float64; every element of dq, dk, dv and the parts written."""
+    torch.manual_seed(3)
+    B, N, Hqk, Dk, Dv = 1, 37, 1, 32, 48
+    H = Hqk * group
+    q, k, v, g, s0 = make(B, N, Hqk, H, Dk, Dv, dtype=F32, decay="scalar", h0=True)
+    g[:, 5] = float("-inf")  # a reset: the floor's zero gradient
+    bt = torch.rand(B, N, H) + 0.5 if beta else None
+    do, dht = torch.randn(B, N, H, Dv), torch.randn(B, H, Dk, Dv)
+    scale = Dk ** -0.5
+    p = _split_plan(q, v, g)
+    p_combine = _split_plan(q, v, g, split_epilogue=False)
+    assert launch.split_epilogue(p, g, IDENTITY) and not launch.split_epilogue(p_combine, g, IDENTITY)
+    nan = float("nan")
+    bufs = [torch.full((B, N, H, Dk), nan), torch.full((1, B, N, H, Dk), nan), torch.full((1, B, N, H, Dv), nan)]
+    parts = (torch.full((2, B, N, H), nan), torch.full((2, B, N, H), nan), torch.full((3, B, N, H), nan) if beta
+             else None)
+    for kernel, grid, args, kw in launch.backward_calls(p, do, q, k, v, g, bt, None, None, *bufs, None, scale,
+                                                        IDENTITY, bufs[0], epilogue=parts):
+        kernel[grid](*args, **kw)
+    for name, t in zip(("dq", "dk", "dv", "dG q", "dG k", "dbeta"), (*bufs, *parts)):
+        assert t is None or not torch.isnan(t).any(), f"{name}: some elements were never written"
+    _, ht, _ = launch.forward(p, q, k, v, g, bt, None, None, s0, scale, IDENTITY, final_state=True, keep_linear=False)
+    got = launch.backward(p, do, q, k, v, g, bt, s0, None, ht, dht, scale, IDENTITY)
+    want = launch.backward(p_combine, do, q, k, v, g, bt, s0, None, ht, dht, scale, IDENTITY)
+    names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+    for name, a, b in zip(names, got, want):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert accuracy.rel_rms(a, b) < 2e-6, (name, accuracy.rel_rms(a, b))
+    assert (got[3][:, 5] == 0).all()
+    leaves = [t.double().requires_grad_() for t in (q, k, v, g)] + ([bt.double().requires_grad_()] if beta else [])
+    from tilecore.ops.linear_attention import linear_attention_reference
+    o_ref, st_ref = linear_attention_reference(*leaves[:3], decay=leaves[3], scale=scale, initial_state=s0.double(),
+                                               beta=leaves[4] if beta else None)
+    ref = torch.autograd.grad((o_ref * do.double()).sum() + (st_ref * dht.double()).sum(), leaves)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), [t for t in got if t is not None], ref):
+        live = g >= -100 if name == "dg" else slice(None)
+        assert accuracy.rel_rms(a[live], b[live]) < 1e-4, (name, accuracy.rel_rms(a[live], b[live]))

@@ -591,9 +591,14 @@ def la_bwd_dq_kernel(Q, K, V, G, GL, BETA, H0, DO, DQ, R,
                      N, H, GROUP, DK, DV, scale, KBLOCKS,
                      BT: tl.constexpr, BKQ: tl.constexpr, BVF: tl.constexpr,
                      DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_H0: tl.constexpr,
-                     STRICT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, DIAG: tl.constexpr = 2):
+                     STRICT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, DIAG: tl.constexpr = 2,
+                     DG_PART=0, s_gp=0, EPILOGUE: tl.constexpr = False):
     """Program (batch * head, block of BKQ key channels): dq of every token in those channels (per v
     head h: the caller sums a q head's group), by a forward sweep that rebuilds the state (BKQ, Dv).
+    EPILOGUE (STRICT with a scalar decay, on the split path: the combine kernel's work done here): dq
+    comes with its diagonal beta_t r_t k_t added back (r from this program's do and v rows), and
+    DG_PART[key block] (B, N, H) float32 (parts s_gp apart) gets the decay gradient's query side
+    q_t . dq_t without the diagonal over these channels; R is not written.
     STRICT: without the diagonal (token t against itself), and R (B, N, H) float32 gets its factor
     r_t = scale do_t . v_t (the caller adds beta_t r_t k_t: the decay's gradient then never carries the
     diagonal's rounding, launch.decay_grad).
@@ -637,7 +642,7 @@ def la_bwd_dq_kernel(Q, K, V, G, GL, BETA, H0, DO, DQ, R,
         if HAS_BETA:
             beta = _token_values(BETA + b * sbb + h * sbh, t0, offs_t, N, sbn)
         dp = _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE)  # [BT, BT]: do_i . v_j
-        if STRICT:
+        if STRICT and not EPILOGUE:
             rows_ok = (t0 + offs_t < N) & first_block
             r = tl.sum(do.to(tl.float32) * v.to(tl.float32), 1) * scale
             tl.store(R + ((b * N + t0 + offs_t) * H + h), r, mask=rows_ok)
@@ -673,6 +678,13 @@ def la_bwd_dq_kernel(Q, K, V, G, GL, BETA, H0, DO, DQ, R,
             if DECAY == 1:
                 inter = inter * tl.exp(Gc)[:, None]
             dq += inter
+        if EPILOGUE:
+            qe = _rows(q_base, t0, offs_t, offs_kq, kq_ok, N, sqn, sqd).to(tl.float32)
+            tokens = (b * N + t0 + offs_t) * H + h
+            kblock = (tl.program_id(0) % KBLOCKS).to(tl.int64)
+            tl.store(DG_PART + kblock * s_gp + tokens, tl.sum(qe * dq, 1), mask=t0 + offs_t < N)
+            r = tl.sum(do.to(tl.float32) * v.to(tl.float32), 1) * scale
+            dq += (beta * r)[:, None] * kq.to(tl.float32)
         _store_rows(DQ + b * s_qb + h * s_qh, t0, offs_t, offs_kq, kq_ok, N, s_qn, s_qd, dq)
 
         # the state at the chunk's end (the forward's update, on these channels)
@@ -703,7 +715,8 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                       BT: tl.constexpr, BK: tl.constexpr, BKB: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
                       DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_DHT: tl.constexpr,
                       STORE_DH0: tl.constexpr, STRICT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
-                      DIAG: tl.constexpr = 2, PART: tl.constexpr = 0):
+                      DIAG: tl.constexpr = 2, PART: tl.constexpr = 0, DG_PART=0, s_gp=0,
+                      EPILOGUE: tl.constexpr = False):
     """Program (batch * head, value block, key-channel block): dk_hat and dv_hat of every token, by a
     reverse sweep with dS (BKB, BV) in registers; dh0 (the gradient of the initial state) at the end.
 
@@ -717,7 +730,12 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
     PART (the split backward, launch.backward_calls): 0 writes dk_hat and dv_hat; 1 dk_hat only, 2 dv_hat
     only. Both walk the same dS recurrence; PART 1 runs with every value column in a program (VBLOCKS 1,
     BV >= Dv) and PART 2 with every key channel (KBLOCKS 1, BKB = BK), so each output comes whole from
-    one program: no partial sums, and the kernels store it in the output's dtype (the caller's bf16)."""
+    one program: no partial sums, and the kernels store it in the output's dtype (the caller's bf16).
+    EPILOGUE (split, STRICT with a scalar decay: the combine kernel's work done here): PART 1 stores dk
+    itself, (dk_hat + r_t q_t) beta_t with the diagonal's r_t from its do and v rows, and DG_PART[key
+    block] gets the decay gradient's key side k_t . dk_t without the diagonal over its channels; PART 2
+    stores dv = beta_t dv_hat and DG_PART[value block] the part of d beta_t = v_t . dv_hat_t over its
+    columns ((B, N, H) float32 parts s_gp apart)."""
     bh = tl.program_id(0) // (VBLOCKS * KBLOCKS)
     vblock = (tl.program_id(0) // KBLOCKS) % VBLOCKS
     kblock = tl.program_id(0) % KBLOCKS
@@ -842,6 +860,18 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                 if DECAY == 1:
                     dv_inter = dv_inter * w
                 dv += dv_inter
+        if EPILOGUE:
+            tokens = (b * N + t0 + offs_t) * H + h
+            rows_ok = t0 + offs_t < N
+            if PART == 1:
+                dk_beta = dk * beta[:, None]
+                tl.store(DG_PART + kblock.to(tl.int64) * s_gp + tokens, tl.sum(kbf * dk_beta, 1), mask=rows_ok)
+                r = tl.sum(do.to(tl.float32) * v.to(tl.float32), 1) * scale
+                dk = dk_beta + (r * beta)[:, None] * qb.to(tl.float32)
+            if PART == 2:
+                tl.store(DG_PART + vblock.to(tl.int64) * s_gp + tokens, tl.sum(v.to(tl.float32) * dv, 1),
+                         mask=rows_ok)
+                dv = dv * beta[:, None]
         bh_rows = (b * N * H + h)  # (B, N, H, D) contiguous parts: row t of head (b, h) at (b N + t) H + h
         if PART != 2:
             _store_rows(DK_PART + vblock.to(tl.int64) * s_kp + bh_rows * DK, t0, offs_t, offs_kb, kb_ok, N,

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from tilecore import dispatch
 from tilecore.ops.linear_attention import chunked, configs, gluon_forward, kernels_backward, kernels_tl
-from tilecore.ops.linear_attention.plan import BASED, CHANNEL_DECAY, Plan, block, decay_kind
+from tilecore.ops.linear_attention.plan import BASED, CHANNEL_DECAY, SCALAR_DECAY, Plan, block, decay_kind
 
 LOG_DECAY_FLOOR = chunked.LOG_DECAY_FLOOR
 
@@ -114,7 +114,7 @@ def sub_cumulative(g: torch.Tensor) -> torch.Tensor:
 
 
 SPLIT_KEYS = ("split", "split_BT", "split_BKB", "split_BV", "split_warps", "split_stages", "dq_BKQ", "dq_warps",
-              "dq_stages")
+              "dq_stages", "split_epilogue")
 
 
 def backward_plan(plan: Plan, q, v, g, feature: int, chunk: int | None = None, **overrides) -> Plan:
@@ -130,11 +130,10 @@ def backward_plan(plan: Plan, q, v, g, feature: int, chunk: int | None = None, *
     kind = decay_kind(g)
     fits = feature != BASED and max(q.shape[-1], v.shape[-1]) <= configs.BWD_SPLIT_MAX_DIM
     cfg = dict(plan.config)
-    cfg.update(split=fits and kind in configs.BWD_SPLIT_KINDS, split_BT=chunk or configs.BWD_SPLIT["BT"],
-               split_BKB=configs.BWD_SPLIT["BKB"], split_BV=configs.BWD_SPLIT["BV"],
-               split_warps=configs.BWD_SPLIT["warps"], split_stages=configs.BWD_SPLIT["stages"],
-               dq_BKQ=configs.BWD_SPLIT_DQ["BKQ"], dq_warps=configs.BWD_SPLIT_DQ["warps"],
-               dq_stages=configs.BWD_SPLIT_DQ["stages"])
+    dkv, dq = configs.BWD_SPLIT[min(kind, 1)], configs.BWD_SPLIT_DQ[min(kind, 1)]
+    cfg.update(split=fits and kind in configs.BWD_SPLIT_KINDS, split_BT=chunk or dkv["BT"], split_BKB=dkv["BKB"],
+               split_BV=dkv["BV"], split_warps=dkv["warps"], split_stages=dkv["stages"], dq_BKQ=dq["BKQ"],
+               dq_warps=dq["warps"], dq_stages=dq["stages"], split_epilogue=configs.BWD_SPLIT_EPILOGUE)
     cfg.update(overrides)
     return dataclasses.replace(plan, config=cfg)
 
@@ -159,6 +158,9 @@ def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float,
         q, k, v, do = q.float(), k.float(), v.float(), do.float()
     out = dict(zip(("dq", "dk", "dv"), dtypes)) if native and not plan.config["upcast"] else None
     torch_combine = plan.config.get("combine", "kernel") != "kernel" or (feature == BASED and g is not None)
+    if split_epilogue(plan, g, feature) and not torch_combine:
+        grads = backward_epilogue(plan, do, q, k, v, g, beta, h0, ht, dht, scale, feature, out)
+        return _cast_grads(grads, dtypes) if native else grads
     buffers = backward_kernels(plan, do, q, k, v, g, beta, h0, dht, scale, feature,
                                out_dtypes=None if torch_combine else out)
     if not torch_combine:
@@ -166,6 +168,49 @@ def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float,
     else:
         grads = backward_combine(buffers, do, q, k, v, g, beta, o_lin, ht, dht)
     return _cast_grads(grads, dtypes) if native else grads
+
+
+def split_epilogue(plan: Plan, g, feature: int) -> bool:
+    """Whether the split path's kernels do the combine's work themselves (kernels_tl EPILOGUE: a scalar
+    decay with phi(x) = x): no combine kernel, only sums over (B, N, H) parts in torch."""
+    cfg = plan.config
+    return bool(cfg.get("split")) and bool(cfg.get("split_epilogue")) and decay_kind(g) == SCALAR_DECAY \
+        and feature != BASED
+
+
+def backward_epilogue(plan: Plan, do, q, k, v, g, beta, h0, ht, dht, scale: float, feature: int, out_dtypes):
+    """backward() on the split path with the kernels' EPILOGUE: dq, dk, dv written whole (the diagonal added
+    back, beta applied; the inputs' dtypes where ``out_dtypes`` says so and no q/k head group is summed),
+    and the decay's and beta's gradients from the kernels' per-token parts: dG_t = sum of q_t . dq_t parts
+    - sum of k_t . dk_t parts (both without the diagonal), its reverse sum (decay_grad), d beta_t the sum
+    of v_t . dv_hat_t parts."""
+    B, N, H, Dv = v.shape
+    Dk = q.shape[3]
+    group = H // q.shape[2]
+    cfg, f32, dev = plan.config, torch.float32, v.device
+    own = out_dtypes if out_dtypes and group == 1 else dict(dq=f32, dk=f32)
+    dq = torch.empty(B, N, H, Dk, dtype=own["dq"], device=dev)
+    dk = torch.empty(1, B, N, H, Dk, dtype=own["dk"], device=dev)
+    dv = torch.empty(1, B, N, H, Dv, dtype=out_dtypes["dv"] if out_dtypes else f32, device=dev)
+    dg_q = torch.empty(-(-Dk // cfg["dq_BKQ"]), B, N, H, dtype=f32, device=dev)
+    dg_k = torch.empty(-(-Dk // cfg["split_BKB"]), B, N, H, dtype=f32, device=dev)
+    dbeta_parts = torch.empty(-(-Dv // cfg["split_BV"]), B, N, H, dtype=f32, device=dev) if beta is not None else None
+    dh0 = torch.empty(B, H, feature_rows(feature, Dk), Dv, dtype=f32, device=dev) if h0 is not None else None
+    if B * H > 0:
+        with dispatch.on_device(dev):
+            for kernel, grid, args, kw in backward_calls(plan, do, q, k, v, g, beta, h0, dht, dq, dk, dv, dh0, scale,
+                                                         feature, dq, epilogue=(dg_q, dg_k, dbeta_parts)):
+                kernel[grid](*args, **kw)
+    has_dht = dht is not None and ht is not None
+    dG = dg_q.sum(0) - dg_k.sum(0) if B * H * N > 0 else torch.zeros(g.shape, dtype=f32, device=dev)
+    dg = decay_grad(g, ht if has_dht else None, dht if has_dht else None, dG)
+    dbeta = dbeta_parts.sum(0) if beta is not None else None
+    dk, dv = dk[0], dv[0]
+    if group > 1:
+        Hqk = q.shape[2]
+        dq = dq.view(B, N, Hqk, group, Dk).sum(3)
+        dk = dk.view(B, N, Hqk, group, Dk).sum(3)
+    return dq, dk, dv, dg, dbeta, dh0
 
 
 def _cast_grads(grads, dtypes):
@@ -294,10 +339,12 @@ def strict_diagonal(feature: int, g) -> bool:
 
 
 def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts, dv_parts, dh0, scale: float,
-                   feature: int, r=None):
+                   feature: int, r=None, epilogue=None):
     """[(kernel, grid, arguments, options)] of the dQ and dK/dV kernels (the split path: dQ, dK, dV);
     ``r`` (B, N, H) float32 where strict_diagonal: the diagonal's factor, dq and dk_hat then without
-    it. dk_parts and dv_parts hold part_counts(plan) parts."""
+    it. dk_parts and dv_parts hold part_counts(plan) parts. ``epilogue`` (backward_epilogue, split path):
+    the (dG query side, dG key side, d beta or None) part buffers, the kernels then writing dq, dk, dv
+    whole (``r`` only says the diagonal is left out: R is not written)."""
     strict = r is not None
     B, N, H, Dv = v.shape
     Dk = q.shape[3]
@@ -320,9 +367,13 @@ def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts
                  HAS_BETA=beta is not None, HAS_H0=h0 is not None, STRICT=strict, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
                  DIAG=cfg["diag"], num_warps=cfg["dq_warps"] if split else cfg["num_warps"],
                  num_stages=cfg["dq_stages"] if split else cfg["num_stages"])
+    # (always named: the compile reports pass every argument)
+    dq_kw.update(EPILOGUE=False, DG_PART=dummy, s_gp=0)
+    if epilogue is not None:
+        dq_kw.update(EPILOGUE=True, DG_PART=epilogue[0], s_gp=epilogue[0].stride(0))
     dq_call = (kernels_tl.la_bwd_dq_kernel, (B * H * key_blocks,), dq_args, dq_kw)
 
-    def dkv_call(part: int, bkb: int, bv: int, warps: int, stages: int, store_dh0: bool):
+    def dkv_call(part: int, bkb: int, bv: int, warps: int, stages: int, store_dh0: bool, parts=None):
         vblocks, kblocks = -(-Dv // bv), -(-Dk // bkb)
         args = (q, k, v, dummy if g is None else g, gl, dummy if beta is None else beta, do,
                 dummy if dht is None else dht, dk_parts, dv_parts, dh0 if store_dh0 else dk_parts,
@@ -332,6 +383,9 @@ def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts
         kw = dict(BT=bt, BK=cfg["BK"], BKB=bkb, BV=bv, KB=cfg["KB"], DECAY=kind, FEATURE=feature,
                   HAS_BETA=beta is not None, HAS_DHT=dht is not None, STORE_DH0=store_dh0, STRICT=strict,
                   MMA=cfg["MMA"], IEEE=cfg["IEEE"], DIAG=cfg["diag"], PART=part, num_warps=warps, num_stages=stages)
+        kw.update(EPILOGUE=False, DG_PART=dummy, s_gp=0)
+        if parts is not None:
+            kw.update(EPILOGUE=True, DG_PART=parts, s_gp=parts.stride(0))
         return kernels_tl.la_bwd_dkv_kernel, (B * H * vblocks * kblocks,), args, kw
 
     if not split:
@@ -339,8 +393,9 @@ def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts
     # the split dK/dV: dk from programs of split_BKB key channels by every value column (it stores dh0's rows),
     # dv from programs of split_BV value columns by every key channel; each output whole, from one program
     sw, ss = cfg["split_warps"], cfg["split_stages"]
-    return [dq_call, dkv_call(1, cfg["split_BKB"], cfg["BVF"], sw, ss, dh0 is not None),
-            dkv_call(2, cfg["BK"], cfg["split_BV"], sw, ss, False)]
+    dg_k, dbeta_parts = (None, None) if epilogue is None else epilogue[1:]
+    return [dq_call, dkv_call(1, cfg["split_BKB"], cfg["BVF"], sw, ss, dh0 is not None, dg_k),
+            dkv_call(2, cfg["BK"], cfg["split_BV"], sw, ss, False, dbeta_parts)]
 
 
 def decay_grad(g, ht, dht, dG):
