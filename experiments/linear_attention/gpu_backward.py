@@ -539,6 +539,51 @@ def check_launch(name, Dk=128, Dv=128, decay=None, beta=False, group=1, split=Fa
     RESULTS["check"].append(row)
 
 
+def check_mamba(name, z_gate=False, b=1, n=CHECK_N, h=4, g=1, p=64, s=128):
+    """mamba2_chunk_scan (D per head, dt_bias, softplus, initial and final states; the gate z if asked) through
+    autograd in bf16 against mamba2_reference in float64: without z, do reaches the kernels in bf16 (session 27)."""
+    from tilecore.ops.linear_attention import mamba2_chunk_scan, mamba2_reference
+
+    if SMOKE:
+        n, p, s = min(n, 70), min(p, 32), min(s, 32)
+    torch.manual_seed(0)
+    bf = torch.bfloat16
+    x = torch.randn(b, n, h, p, device=DEV, dtype=bf)
+    dt = torch.randn(b, n, h, device=DEV)
+    A = -torch.rand(h, device=DEV) * 3 - 0.1
+    Bm = torch.randn(b, n, g, s, device=DEV, dtype=bf)
+    Cm = torch.randn(b, n, g, s, device=DEV, dtype=bf)
+    D = torch.randn(h, device=DEV)
+    z = torch.randn(b, n, h, p, device=DEV, dtype=bf) if z_gate else None
+    dt_bias = torch.randn(h, device=DEV) * 0.1
+    s0 = torch.randn(b, h, p, s, device=DEV)
+    inputs = [t for t in (x, dt, A, Bm, Cm, D, z, dt_bias, s0) if t is not None]
+    for t in inputs:
+        t.requires_grad_()
+    y, hT = mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, dt_bias=dt_bias, dt_softplus=True, initial_states=s0,
+                              return_final_states=True)
+    dy, dh = torch.randn_like(y), torch.randn_like(hT)
+    got = torch.autograd.grad((y.float() * dy.float()).sum() + (hT * dh).sum(), inputs)
+    r = [t.detach().double().requires_grad_() for t in inputs]
+    rd = dict(zip([n_ for n_, t in zip(("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "s0"),
+                                         (x, dt, A, Bm, Cm, D, z, dt_bias, s0)) if t is not None], r))
+    ry, rh = mamba2_reference(rd["x"], rd["dt"], rd["A"], rd["B"], rd["C"], D=rd["D"], z=rd.get("z"),
+                              dt_bias=rd["dt_bias"], dt_softplus=True, initial_states=rd["s0"])
+    want = torch.autograd.grad((ry * dy.double()).sum() + (rh * dh.double()).sum(), r)
+    row = dict(case=name, dtype="bfloat16", N=n, out_floor=round(accuracy.error_over_floor(y, ry.detach()), 3),
+               state_rel=accuracy.rel_rms(hT, rh.detach()), finite=bool(torch.isfinite(y).all()))
+    for n_, a, w in zip(rd, got, want):
+        row["finite"] = row["finite"] and bool(torch.isfinite(a).all())
+        if n_ in ("x", "B", "C", "z"):
+            row[f"d{n_}_floor"] = round(accuracy.error_over_floor(a.to(bf), w), 3)
+        else:
+            row[f"d{n_}_rel"] = accuracy.rel_rms(a, w)
+    row["dq_floor"], row["dk_floor"], row["dv_floor"] = row["dC_floor"], row["dB_floor"], row["dx_floor"]
+    row["dg_rel"], row["ds0_rel"] = row["ddt_rel"], row["ds0_rel"]
+    print("check", row, flush=True)
+    RESULTS["check"].append(row)
+
+
 def quick_checks():
     """(name, thunk) of the quick checks, the slowest to compile (per-channel decay) first. The per-channel
     ones run without states and carry the timed task's name: they compile exactly its kernels (a warm-up
@@ -564,6 +609,8 @@ def quick_checks():
         ("split mamba-like beta group 2 p64 s128", lambda: check_launch(
             "split scalar beta group 2 Dk128 Dv64", Dv=64, decay="scalar", beta=True, group=2, Hqk=1, split=True)),
         ("split linear d64", lambda: check_launch("split linear d64 N 17", Dk=64, Dv=64, split=True, N=17)),
+        ("autograd mamba2 p64 s128 D (bf16 do into the kernels)", lambda: check_mamba("autograd mamba2 p64 s128 D")),
+        ("autograd mamba2 p64 s128 D z", lambda: check_mamba("autograd mamba2 p64 s128 D z", z_gate=True)),
         (f"pending {PENDING[3][0]} {PENDING[3][1]}", lambda: check_launch(
             f"simple gla d128 {PENDING[3][1]}", decay="scalar", plan_over=PENDING[3][1])),
     ]
