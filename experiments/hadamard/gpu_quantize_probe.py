@@ -113,22 +113,28 @@ def s26c_quantize_cases():
 
 IL = {"interleave": True}  # interleaved slices, each loaded strided
 ILV = {"interleave": 2}  # ... all S loaded as one vector a column
+PERM = {"perm": True}  # pow2: the second product's columns permuted (a thread holds 8 consecutive outputs)
 
 
 def s27_quantize_cases(quick=True):
     """Session 27 (issue 32, the 4-bit formats and the model widths): the shipped plans and the variants, most
     important first (the deadline cuts the tail): interleaved slices for the kron-tiled kernel (plan tuning
     "interleave", configs.QUANT_INTERLEAVE: True, each slice loaded strided; 2, one vector load a column) at
-    the model widths, maxnreg (more programs an SM); without --quick, more formats and session 26's round 3."""
+    the model widths, the pow2 kernel's permuted columns (plan tuning "perm", configs.QUANT_PERM_COLUMNS: codes
+    to shared memory by stmatrix, not 16 byte stores a thread) at 4096 / 2048, maxnreg (more programs an SM);
+    without --quick, more sizes and formats and session 26's round 3."""
     fmts = ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
     cases = [("q", f, 4096, {}, {}) for f in fmts]
     cases += [("q", f, 14336, {}, t) for f in ("mxfp4", "fp8_e4m3") for t in ({}, IL, ILV)]
     cases += [("q", f, 14336, {}, t) for f in ("nvfp4", "int4") for t in ({}, ILV)]
     cases += [("q", f, 28672, {}, t) for f in ("mxfp4", "fp8_e4m3") for t in ({}, ILV)]
     cases += [("q", "mxfp4", 18944, {}, t) for t in ({}, IL)] + [("q", "mxfp4", 11008, {}, {})]
+    cases += [("q", f, 4096, {}, PERM) for f in ("mxfp4", "nvfp4", "int4")]
     cases += [("q", "mxfp4", 14336, {}, {**ILV, "num_warps": 8, "maxnreg": 128})]
-    cases += [("q", "mxfp4", 4096, {}, {"maxnreg": 96})]
-    if not quick:  # the rest of the widths and formats, then session 26's round 3
+    cases += [("q", "mxfp4", 4096, {}, {"maxnreg": 96}), ("q", "mxfp4", 2048, {}, {}), ("q", "mxfp4", 2048, {}, PERM)]
+    if not quick:
+        cases += [("q", f, n, {}, t) for f in ("mxfp4", "nvfp4", "int4") for n in (1024, 8192, 32768) for t in ({}, PERM)]
+        cases += [("q", f, 4096, {}, {**PERM, "maxnreg": 96}) for f in ("mxfp4", "nvfp4")]  # the rest of the widths and formats, then session 26's round 3
         cases += [("q", f, 14336, {}, IL) for f in ("nvfp4", "int4")]
         cases += [("q", f, 28672, {}, IL) for f in ("mxfp4", "fp8_e4m3")]
         cases += [("q", f, 18944, {}, t) for f in ("fp8_e4m3", "nvfp4") for t in ({}, IL)]
@@ -146,13 +152,15 @@ def s27_check_cases(torch):
     bf16 = torch.bfloat16
     if SMOKE:  # interpreter: m x 2^k rows where the interleaved plan applies (one row a tile, S >= 2)
         return [("mxfp4", 28 * 256, {"tuning": IL}, bf16), ("nvfp4", 12 * 512, {"tuning": ILV, "scale": 0.002}, bf16),
-                ("fp8_e4m3", 12 * 512, {"tuning": ILV}, bf16)]
+                ("fp8_e4m3", 12 * 512, {"tuning": ILV}, bf16), ("nvfp4", 512, {"tuning": PERM, "scale": 0.002}, bf16)]
     nv = {"scale": 0.002}
     cases = [("mxfp4", 14336, {"tuning": IL}, bf16)]
     cases += [(f, 14336, {"tuning": ILV, **(nv if f == "nvfp4" else {})}, bf16) for f in ("mxfp4", "nvfp4", "int4", "fp8_e4m3")]
     cases += [("mxfp4", 28672, {"tuning": ILV}, bf16), ("fp8_e4m3", 28672, {"tuning": ILV}, bf16),
               ("mxfp4", 18944, {"tuning": IL}, bf16), ("mxfp4", 14336, {"tuning": {**ILV, "num_warps": 8, "maxnreg": 128}}, bf16),
               ("mxfp4", 4096, {"tuning": {"maxnreg": 96}}, bf16)]
+    cases += [(f, 4096, {"tuning": PERM, **(nv if f == "nvfp4" else {})}, bf16) for f in ("mxfp4", "nvfp4", "int4")]
+    cases += [("mxfp4", 2048, {"tuning": PERM}, bf16)]
     cases += [("mxfp4", 14336, {}, bf16)]
     if not QUICK:  # another kernel (float16): compiled here, not warmed
         cases += [("mxfp4", 14336, {"tuning": IL}, torch.float16), ("nvfp4", 18944, {"tuning": IL, **nv}, bf16)]
@@ -498,7 +506,7 @@ def timed_cases(which):
         return s27_quantize_cases(QUICK) + [("t", 4096), ("t", 14336)]
     if which == "s27":
         return [("q", "mxfp4", 28 * 256, {}, {}), ("q", "mxfp4", 28 * 256, {}, IL), ("q", "mxfp4", 28 * 256, {}, ILV),
-                ("t", 256)]
+                ("q", "mxfp4", 512, {}, PERM), ("t", 256)]
     if which == "s26b" and not SMOKE:
         first, sweep = s26b_quantize_cases()
         shipped, variants = s26b_kron_cases()

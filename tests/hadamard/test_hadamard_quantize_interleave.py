@@ -6,7 +6,8 @@ in another order: codes within one step of the contiguous plan's and of the floa
 equal to it), float32 scales within 2^-20 of the contiguous plan's, discrete scales equal. Through the
 interpreter, outputs poisoned (once with two different bytes: every element written), rows with NaN and inf,
 more rows than programs (the persistent loop). interleave=2 loads all S slices as one vector a column
-(quantize_kernels._load_il) and splits them in registers: the same values as the strided loads."""
+(quantize_kernels._load_il) and splits them in registers: the same values as the strided loads. Last, the
+pow2 kernel's permuted columns (plan tuning ``perm``), bit for bit the shipped codes."""
 import pytest
 import torch
 
@@ -89,3 +90,27 @@ def test_interleaved_slices_with_random_signs_and_where_the_plan_does_not_apply(
         plan = quantize.kernel_plan(64, n, torch.bfloat16, "mxfp4", 32, None, True, False, False, 2, True,
                                     interleave=True)
         assert plan.config["IL"] == 0, (n, plan.config)
+
+
+@pytest.mark.parametrize("fmt, n", [("nvfp4", 512), ("mxfp4", 2048), ("fp8_e4m3", 1024)])
+def test_pow2_permuted_columns_give_the_shipped_codes(fmt, n):
+    """The pow2 kernel with the second product's columns permuted (plan tuning ``perm``, configs.
+    QUANT_PERM_COLUMNS): each output is the same dot product, so codes and scales equal the shipped plan's
+    bit for bit, and every element is written (poisoned outputs)."""
+    torch.manual_seed(3)
+    x = torch.randn(4, n, dtype=torch.float16)
+    x[:, 5] *= 60
+    x[1, 3] = float("nan")
+    group = FORMATS[fmt].default_group
+    scale = torch.tensor([0.002]) if fmt == "nvfp4" else None
+    out = []
+    for perm in (False, True):
+        plan = quantize.kernel_plan(4, n, x.dtype, fmt, group, None, True, scale is not None, False, 2, True, perm=perm)
+        assert plan.path == "pow2" and plan.config["PERM"] == perm
+        out.append(quantize.run_plan(plan, x, fmt, group, None, True, scale, poison=True)[:2])
+    (c0, s0), (c1, s1) = out
+    assert torch.equal(_bytes(c0), _bytes(c1)) and torch.equal(_bytes(s0), _bytes(s1))
+    kw = {"scale": scale} if scale is not None else {}
+    ref_codes, _ = hadamard_quantize_reference(x, format=fmt, **kw)
+    a, b = code_order(c1.reshape(ref_codes.shape), fmt), code_order(ref_codes, fmt)
+    assert (a == b).double().mean() >= 0.999

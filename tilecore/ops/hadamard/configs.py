@@ -119,3 +119,6 @@ QUANT_KRON_TUNING = {14336: dict(num_warps=4)}
 # quantize_kernels._epilogue_interleaved; plan tuning "interleave"). Off until a GPU run checks and times it
 # (experiments/hadamard/gpu_quantize_probe.py --set s27)
 QUANT_INTERLEAVE = False  # True: interleaved slices, loaded slice by slice (strided); 2: loaded as one vector a column
+# session 27: hadamard_quantize's pow2 kernel with the second product's columns permuted (a thread's values are 8
+# consecutive outputs: codes stored as words, not bytes 8 apart; plan tuning "perm"). Off until a GPU run checks it
+QUANT_PERM_COLUMNS = False

@@ -184,6 +184,9 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
         TMA_STORE=bool(load) and tuning.get("tma_store", f.packed or n <= 256) and (cfg["N2"] // (2 if f.packed else 1)) >= 16,
         SIGNS=signs, FORMAT=f.kernel_id, G=g, STATIC=static_fp8, PACKED=f.packed, QMAX=f.qmax,
         FAST=bool(tuning.get("fast", configs.QUANT_FAST)), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        # the second product's columns permuted so that a thread holds 8 consecutive outputs (quantize_kernels.
+        # _sylvester_cols_permuted; configs.QUANT_PERM_COLUMNS)
+        PERM=bool(tuning.get("perm", configs.QUANT_PERM_COLUMNS)) and cfg["N1"] > 1 and cfg["N2"] % 8 == 0 and cfg["N2"] >= 16,
         **_maxnreg(tuning, configs.QUANT_POW2_TUNING.get(n, {}) if load else {})))
 
 

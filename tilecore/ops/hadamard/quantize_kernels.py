@@ -28,6 +28,7 @@ import triton.language as tl
 from tilecore.ops.hadamard import kernels
 from tilecore.ops.hadamard.kernels import _INTERPRETED
 from tilecore.ops.hadamard.kernels_kron import butterfly4, load_slice_transform, slice_offsets, slice_transform
+from tilecore.tiles.hadamard import sylvester_tile
 
 # FORMAT ids (quantize_reference.FORMATS), and the first pass of nvfp4's dynamic global scale
 E4M3: tl.constexpr = tl.constexpr(0)
@@ -699,17 +700,58 @@ def _codes_fast(y, div, stored, recip, div_e, FORMAT: tl.constexpr, QMAX: tl.con
 
 
 @triton.jit
+def _sylvester_cols_permuted(N2: tl.constexpr, dtype: tl.constexpr):
+    """H_N2 with its columns permuted: column 8 j + 2 q + b of the tile is column q N2 / 4 + 2 j + b of H_N2
+    (j < N2 / 8, q < 4, b < 2). In the tensor cores' accumulator a thread holds columns 8 j + 2 q + b for one
+    q (its lane mod 4): with this tile they are the 8 consecutive outputs q N2 / 4 .. q N2 / 4 + 7."""
+    i = tl.arange(0, N2)[:, None]
+    c = tl.arange(0, N2)[None, :]
+    v = i & (((c // 2) % 4) * (N2 // 4) + (c // 8) * 2 + c % 2)
+    v = v ^ (v >> 8)  # the parity of popcount(i & column), as tiles.hadamard.sylvester_tile
+    v = v ^ (v >> 4)
+    v = v ^ (v >> 2)
+    v = v ^ (v >> 1)
+    return tl.where((v & 1) == 0, 1.0, -1.0).to(dtype)
+
+
+@triton.jit
 def _pow2_transformed(x, signs, rows, stride_x, tile, s, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr,
                       B: tl.constexpr, TMA: tl.constexpr, SIGNS: tl.constexpr, IN_PIECES: tl.constexpr,
-                      MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr):
-    """Slice s of ``tile``'s B rows, times the signs (exact: +-1), transformed: [B N1, N2] float32."""
+                      MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr,
+                      PERM: tl.constexpr = False):
+    """Slice s of ``tile``'s B rows, times the signs (exact: +-1), transformed: [B N1, N2] float32.
+    PERM (N1 > 1, N2 a multiple of 8): the second product by _sylvester_cols_permuted, then the columns
+    relabelled back to their order (reshape and permute: no data moves), so that each thread holds 8
+    consecutive outputs of a row (one 4-byte word of nibbles, 8 bytes of fp8) instead of 4 pairs 8 apart."""
     v = kernels._load_slice(x, rows, stride_x, tile, s, N, N1, N2, B, TMA)  # [B, N1, N2]
     if SIGNS:
         i = tl.arange(0, N1)
         j = tl.arange(0, N2)
         sg = tl.load(signs + s * N1 * N2 + i[:, None] * N2 + j[None, :], mask=j[None, :] < N, other=0.0)
         v = (v.to(tl.float32) * sg.to(tl.float32)[None, :, :]).to(v.dtype)
-    return kernels._slice_transform(v, N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+    if PERM:
+        if IN_PIECES == 1:
+            h1 = sylvester_tile(N1, N1, N1, MMA_DTYPE)
+        else:
+            h1 = sylvester_tile(N1, N1, N1, PIECE_DTYPE)
+        if B == 1:
+            x1 = tl.reshape(v, (N1, N2))
+            if IN_PIECES == 1:
+                y = tl.dot(h1, x1.to(MMA_DTYPE), out_dtype=tl.float32)
+            else:
+                y = kernels._split_dot(h1, x1.to(tl.float32), False, IN_PIECES, PIECE_DTYPE)
+        else:  # one product per row (batched), so that rows never mix
+            h1b = tl.broadcast_to(h1[None, :, :], (B, N1, N1))
+            if IN_PIECES == 1:
+                y = tl.dot(h1b, v.to(MMA_DTYPE), out_dtype=tl.float32)
+            else:
+                y = kernels._split_dot(h1b, v.to(tl.float32), False, IN_PIECES, PIECE_DTYPE)
+            y = tl.reshape(y, (B * N1, N2))
+        z = kernels._split_dot(y, _sylvester_cols_permuted(N2, PIECE_DTYPE), True, MID_PIECES, PIECE_DTYPE)
+        z = tl.reshape(tl.permute(tl.reshape(z, (B * N1, N2 // 8, 4, 2)), (0, 2, 1, 3)), (B * N1, N2))
+    else:
+        z = kernels._slice_transform(v, N, N1, N2, B, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+    return z
 
 
 @triton.jit
@@ -834,7 +876,7 @@ def pow2_quantize_kernel(x, codes, scales, signs, gscale, amax_out, rows, stride
                          MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr,
                          TMA_LOAD: tl.constexpr, TMA_STORE: tl.constexpr, SIGNS: tl.constexpr, FORMAT: tl.constexpr,
                          G: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr,
-                         FAST: tl.constexpr = False):
+                         FAST: tl.constexpr = False, PERM: tl.constexpr = False):
     """codes, scales = quantize(rscale * H_N (signs * x)) for ``rows`` rows of N = S N1 N2 (a power of two);
     a persistent grid of GRID programs, B rows a tile. ``x`` is a pointer, or with TMA_LOAD a descriptor
     with [B, N1, N2] boxes (kernels._load_slice); ``codes`` with TMA_STORE one too (_pow2_store_codes). Groups of G elements (G == N: per token). FORMAT == AMAX:
@@ -843,22 +885,22 @@ def pow2_quantize_kernel(x, codes, scales, signs, gscale, amax_out, rows, stride
     run_max = tl.zeros([B * N1], tl.float32)
     for tile in range(tl.program_id(0), tiles, GRID):
         t0 = _pow2_transformed(x, signs, rows, stride_x, tile, 0, N, N1, N2, B, TMA_LOAD, SIGNS, IN_PIECES,
-                               MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                               MID_PIECES, MMA_DTYPE, PIECE_DTYPE, PERM)
         o0 = t0
         o1 = t0
         o2 = t0
         o3 = t0
         if S > 1:
             t1 = _pow2_transformed(x, signs, rows, stride_x, tile, 1, N, N1, N2, B, TMA_LOAD, SIGNS, IN_PIECES,
-                                   MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                                   MID_PIECES, MMA_DTYPE, PIECE_DTYPE, PERM)
             if S == 2:
                 o0 = t0 + t1
                 o1 = t0 - t1
             else:  # S == 4
                 t2 = _pow2_transformed(x, signs, rows, stride_x, tile, 2, N, N1, N2, B, TMA_LOAD, SIGNS, IN_PIECES,
-                                       MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                                       MID_PIECES, MMA_DTYPE, PIECE_DTYPE, PERM)
                 t3 = _pow2_transformed(x, signs, rows, stride_x, tile, 3, N, N1, N2, B, TMA_LOAD, SIGNS, IN_PIECES,
-                                       MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
+                                       MID_PIECES, MMA_DTYPE, PIECE_DTYPE, PERM)
                 o0, o1, o2, o3 = butterfly4(t0, t1, t2, t3)
         if not FAST:  # FAST: rscale joins the amax and the reciprocals instead (_pow2_quantize_slice)
             o0 = o0 * rscale
