@@ -1,9 +1,11 @@
-"""Issue 35's MLA prefill head sizes (q/k 192, v 128) on the Gluon forward, without a GPU: the plan
-(off by default: configs.GLUON_FORWARD_DV_ROUTED; forced it takes the pieces config), the launch's
-TMA boxes (Q and K by 64-column pieces, Q's box the tile's rows, O's half of v's columns), and the
-kernel compiled for sm_90a (wgmma and TMA, not serialized, no spills beyond a few scalars, within
-227 KiB of shared memory). The numbers are checked on the GPU by experiments/attention/gpu_mla.py
-(Gluon kernels cannot run in Triton's interpreter)."""
+"""Issue 35's MLA prefill head sizes (q/k 192, v 128) on the Gluon kernels, without a GPU: the plans
+(the forward routed by configs.GLUON_FORWARD_DV_ROUTED, the backward off until
+GLUON_BACKWARD_DV_ROUTED; forced they take the pieces configs), the launches' TMA boxes (Q and K by
+64-column pieces, the forward's Q box the tile's rows, its O box half of v's columns; every box of
+the backward's kernels 64 columns wide), and the kernels compiled for sm_90a (wgmma and TMA, not
+serialized, no spills beyond a few scalars, within 227 KiB of shared memory). The numbers are
+checked on the GPU by experiments/attention/gpu_mla.py (Gluon kernels cannot run in Triton's
+interpreter)."""
 import json
 import os
 import subprocess
@@ -28,10 +30,12 @@ def mla_inputs(n=4096, nk=4096, hq=16, hkv=16, device="meta"):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_mla_forward_is_off_by_default_and_forced_takes_column_pieces(causal):
+def test_mla_plans_take_column_pieces(causal, monkeypatch):
     q, k, v = mla_inputs()
     with dispatch.pretend(H100):
-        assert not configs.GLUON_FORWARD_DV_ROUTED  # until the lead's H100 run checks it
+        assert configs.GLUON_FORWARD_DV_ROUTED  # checked on the H100 (session 27)
+        assert plan.plan_forward(q, k, v, causal, 192**-0.5).path == "gluon"
+        monkeypatch.setattr(configs, "GLUON_FORWARD_DV_ROUTED", False)
         assert plan.plan_forward(q, k, v, causal, 192**-0.5).path == "tl"
         forced = plan.plan_forward(q, k, v, causal, 192**-0.5, path="gluon")
         assert forced.path == "gluon"
@@ -53,9 +57,8 @@ def test_mla_forward_is_off_by_default_and_forced_takes_column_pieces(causal):
         assert tl_dq.dq.path == "tl"
 
 
-def test_mla_forward_routes_to_gluon_once_switched_on(monkeypatch):
+def test_mla_routes_to_gluon_where_switched_on(monkeypatch):
     q, k, v = mla_inputs()
-    monkeypatch.setattr(configs, "GLUON_FORWARD_DV_ROUTED", True)
     with dispatch.pretend(H100):
         assert plan.plan_forward(q, k, v, True, 192**-0.5).path == "gluon"
         assert plan.plan_forward(q, k, v, False, 192**-0.5, window=(256, 0), softcap=30.0).path == "gluon"

@@ -26,6 +26,8 @@ def backward_config(d: int, interpret: bool) -> dict:
         return dict(BLOCK_M=16, BLOCK_N=32)
     if d <= 128:  # 1.4-2.1x the 8-warp and 128-wide variants tried (notes/attention, session 1)
         return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+    if d <= 192:  # MLA's 192 / 128: 169-173 TFLOP/s against 32 x 32's 87-89 (H100, session 27, gpu_mla_session27_h100)
+        return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
     if d <= 256:
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
     # MLA's 576 / 512 (a 1024-wide padded tile): untimed, correctness first (issue 35)
@@ -115,11 +117,12 @@ GLUON_BACKWARD_FEATURES: frozenset = frozenset({"window", "softcap"})
 # as D128's (S 64 x 128, O 64 x 128: 168 a thread, no spill; causal 20 B); shared memory is the bound
 # (227 KiB): 128-key stages of K (48 KiB) and V (32 KiB) twice, one Q buffer of the tile's 128 rows
 # shared by the consumers (48 KiB), O stored in two halves through 8 KiB epilogue buffers: 224 KiB.
-# Compile-checked only (session 27): routed only where GLUON_FORWARD_DV_ROUTED, set once the
-# lead's H100 run (experiments/attention/gpu_mla.py) checks it; forced (path="gluon") it runs anyway.
+# H100 (session 27, runs/gpu_mla_session27_h100): checks right (bf16, causal and not, tails, N != Nk,
+# GQA: 1.25-1.34x the floor), B8 H16 N4096 624 TFLOP/s = 1.04x the D128 forward's rate, causal 579 =
+# 0.96x; 1.01-1.04x cuDNN on the same 192 / 128 (the tl forward: 0.42-0.45x). Routed since.
 GLUON_FORWARD_DV = {(192, 128): dict(block_m=64, block_n=128, stages=2, consumers=2, q_buffers=1, qk_pieces=3,
                                      o_halves=True)}
-GLUON_FORWARD_DV_ROUTED = False
+GLUON_FORWARD_DV_ROUTED = True
 SHORT_TILE_KEY_BLOCKS = 8  # tiles of at most this many key blocks (on average) are short: carried
 THREE_CONSUMERS_MIN_N = {False: 2048, True: 1024}  # D64 three consumers from here: N 4096 +5-8% (session 13)
 THREE_CONSUMERS_Q2_MAX_N = 4096  # ... with two Q buffers each up to here: +1.4-4.4% (session 13)
