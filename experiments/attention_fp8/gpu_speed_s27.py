@@ -2,6 +2,7 @@
 the current default, tilecore's bf16 attention and cuDNN (SDPA, bf16) in the same run.
 
     PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s27.py [--smoke] [--full] [--d all|128|64] [--e2e]
+        [--diag-lmma]
 
 Variants (configs.GLUON_FORWARD keys; all off by default):
   l_mma                   l (the softmax's row sum) by the tensor cores: P times a [BN, 8] block of ones in shared
@@ -75,6 +76,7 @@ def main():
     ap.add_argument("--full", action="store_true", help="more variants and N 1024 / 16384 (~170 s)")
     ap.add_argument("--d", default="all", choices=("all", "128", "64"), help="the head dims timed (and tails checked)")
     ap.add_argument("--e2e", action="store_true", help="the convenience path end to end with each variant instead")
+    ap.add_argument("--diag-lmma", action="store_true", help="instead: where l_mma's l goes wrong (run 3: lse off by 1-3)")
     args = ap.parse_args()
     budget = float(os.environ.get("FP8_BUDGET_S", "170" if args.full else "85"))
     left = lambda: budget - (time.time() - T0)
@@ -152,6 +154,8 @@ def main():
 
     if args.e2e:
         return e2e(args, variants, dev, dt, left, bench, plan_for, result, save)
+    if args.diag_lmma:
+        return diag_lmma(dev, dt, result, save)
 
     # 1. tails with GQA: every variant
     tails = ([(1, 2, 1, 40, 70, 64, True)] if args.smoke else
@@ -346,6 +350,66 @@ def e2e(args, variants, dev, dt, left, bench, plan_for, result, save):
                                        if "err_over_floor" in c else f"{n}: {c}" for n, c in r["check"].items()))
         print("    " + "  ".join(f"{n} {t:.0f} ({r.get('over_bf16', {}).get(n, float('nan')):.2f}x)"
                                  for n, t in r.get("tflops", {}).items()))
+    return 0
+
+
+def diag_lmma(dev, dt, result, save):
+    """--diag-lmma: l_mma's l against the expected, row by row, on problems that isolate its paths. Each case runs the
+    Gluon kernel with l_mma (and without, as a control) and reports, per (tile, consumer), the ratio l_kernel / l
+    (from lse: exp(lse_kernel - lse_expected)) min / median / max. Cases: q = 0 (every score 0: P = 256 everywhere,
+    m constant so alpha = 1, l = 256 Nk exactly) with Nk 128 (one key block: only the last-P-V step adds to l) and
+    Nk 512 (steady steps, no rescale); random inputs Nk 512 (rescales); and v = 1 (O must be v_scale everywhere: O / l
+    consistent)."""
+    from tilecore.ops.attention_fp8 import launch as fp8_launch
+    from tilecore.ops.attention_fp8 import quantize_fp8
+    from tilecore.ops.attention_fp8.reference import attention_fp8_emulated
+
+    D, N = 128, 256  # two tiles of 2 x 64 rows
+    result["diag_lmma"] = []
+    for name, nk, zero_q in (("q0_nk128", 128, True), ("q0_nk512", 512, True), ("random_nk512", 512, False),
+                             ("random_nk2048", 2048, False)):
+        for l_mma in (False, True):
+            rec = dict(case=name, l_mma=l_mma)
+            try:
+                g = torch.Generator(device=dev).manual_seed(nk)
+                q = torch.randn(1, 1, N, D, device=dev, generator=g) * (0.0 if zero_q else 1.0)
+                k = torch.randn(1, 1, nk, D, device=dev, generator=g)
+                v = torch.randn(1, 1, nk, D, device=dev, generator=g)
+                q8, qs = quantize_fp8(q + (1e-3 if zero_q else 0.0), per="head")
+                if zero_q:
+                    q8 = torch.zeros_like(q8)
+                k8, ks = quantize_fp8(k, per="head")
+                v8, vs = quantize_fp8(v, per="head")
+                vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
+                p = fp8_launch.plan(q8, k8, False)
+                if p.path == "gluon":
+                    p = fp8_launch.plan(q8, k8, False, config=dict(p.config, l_mma=l_mma))
+                o = torch.full((1, 1, N, D), float("nan"), dtype=dt, device=dev)
+                lse = torch.full((1, 1, N), float("nan"), dtype=torch.float32, device=dev)
+                fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, False, D ** -0.5, dt, True, out=o, lse=lse)
+                o_emu, lse_emu = attention_fp8_emulated(q8, k8, v8, qs, ks, vs, block_n=128, l_rounded=l_mma)
+                ratio = torch.exp(lse.double() - lse_emu.double())[0, 0]  # l_kernel / l per row
+                groups = {}
+                for t in range(N // 128):
+                    for c in range(2):
+                        r = ratio[t * 128 + c * 64: t * 128 + c * 64 + 64]
+                        groups[f"tile{t}_consumer{c}"] = [round(r.min().item(), 4), round(r.median().item(), 4),
+                                                          round(r.max().item(), 4)]
+                rec.update(l_ratio_min_median_max=groups,
+                           o_rel_err_vs_emulation=rel_rms(o.float(), o_emu.float()),
+                           lse_first_rows=[round(x, 4) for x in lse[0, 0, :3].tolist()],
+                           lse_expected_first_rows=[round(x, 4) for x in lse_emu[0, 0, :3].tolist()])
+            except Exception as e:  # noqa: BLE001
+                rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                traceback.print_exc()
+            print("diag", json.dumps(rec), flush=True)
+            result["diag_lmma"].append(rec)
+            save()
+    print(f"\n{result['device']}  l_mma diagnosis: l_kernel / l (min, median, max) per tile and consumer")
+    for r in result["diag_lmma"]:
+        print(f"{r['case']:14s} l_mma={r['l_mma']!s:5s} " + (f"ERROR {r['error'][:150]}" if "error" in r else
+              f"O err vs emulation {r['o_rel_err_vs_emulation']:.2e}  " + "  ".join(
+                  f"{k}: {v}" for k, v in r["l_ratio_min_median_max"].items())))
     return 0
 
 
