@@ -7,7 +7,9 @@ the current default, tilecore's bf16 attention and cuDNN (SDPA, bf16) in the sam
 Variants (configs.GLUON_FORWARD keys; all off by default):
   l_mma                   l (the softmax's row sum) by the tensor cores: P times a [BN, 8] block of ones in shared
                           memory, a wgmma of N = 8 beside P V, in place of 64 FADD a thread and step; l then sums P
-                          as rounded to e4m3 (O's weights sum to 1; lse off by up to P's rounding, ~5e-3).
+                          as rounded to e4m3 (O's weights sum to 1; lse off by up to P's rounding, ~5e-3). Runs 3-4
+                          (l accumulated across blocks in the tensor cores): WRONG, lse off by 0.8-2.6; now a fresh
+                          accumulator a block, added to l in float32 registers (4 FADD a step).
   rescale_tau / p_shift   conditional rescaling (FlashAttention-4): a row's running max moves only where the block's
                           max exceeds it by more than tau (base 2), and O *= alpha is skipped where no row of the
                           warpgroup moved; P is rounded as 2^p_shift p with p_shift + tau <= log2(448).

@@ -191,7 +191,7 @@ class Running:
     p: object
     rows: object
     q_scale: object
-    l_acc: object  # L_MMA: l in every column of a [BM, L_COLS] wgmma accumulator (else None)
+    l_acc: object  # L_MMA: l in every column of a [BM, L_COLS] tile in the wgmma layout, float32 (else None)
 
 
 L_COLS: gl.constexpr = gl.constexpr(8)  # L_MMA: P times a [BN, 8] block of ones (wgmma's narrowest N)
@@ -351,11 +351,16 @@ class AttentionFp8:
         return operand
 
     @gluon.jit
-    def row_sum_mma(self, p8, l_acc):
-        """L_MMA: l_acc + P ones, issued (async) on the e4m3 P operand: each of the L_COLS columns the rows' sum of
-        P as rounded (the P that multiplies V); 4 wgmma of N = 8 in place of BN / 2 FADD a thread and row."""
+    def row_sum_mma(self, p8):
+        """L_MMA: P ones, issued (async) on the e4m3 P operand: each of the L_COLS columns the rows' sum of P as
+        rounded (the P that multiplies V) over this key block; 4 wgmma of N = 8 in place of BN / 2 FADD a thread and
+        row. A fresh accumulator each block, added to l in float32 registers by the caller: accumulated across the
+        blocks in the tensor cores (session 27 run 3), l was off by factors of 2 to 13 (lse by 0.8 to 2.6): FP8 wgmma
+        adds with a narrow accumulator (about 14 bits kept, DeepSeek-V3), which drops the small positive terms once
+        the sum is large (O's signed sums stay far smaller than l)."""
         ones_t = self.ones.permute((1, 0))  # [BN, L_COLS], keys contiguous: K-major
-        return warpgroup_mma(gl.convert_layout(p8, self.PL, assert_trivial=True), ones_t, l_acc, is_async=True)
+        return warpgroup_mma(gl.convert_layout(p8, self.PL, assert_trivial=True), ones_t,
+                             gl.zeros([self.BM, L_COLS], gl.float32, self.L), use_acc=False, is_async=True)
 
     @gluon.jit
     def rescale(self, acc, l_acc, alpha, moved):
@@ -396,10 +401,11 @@ class AttentionFp8:
         s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
         l_acc = 0  # (without L_MMA a placeholder: a jit function returns no None)
         if self.L_MMA:  # issued before P V, so that the wait for S (at most one group left) covers it too
-            l_tok = self.row_sum_mma(p8, st.l_acc)
+            l_tok = self.row_sum_mma(p8)
             o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
             self.their_turn(ctx)
-            s, l_acc = warpgroup_mma_wait(1, deps=(s_tok, l_tok))  # S and P ones are done; P V may still run
+            s, l_block = warpgroup_mma_wait(1, deps=(s_tok, l_tok))  # S and P ones are done; P V may still run
+            l_acc = st.l_acc + l_block  # float32 (4 adds a thread); times alpha with O
         else:
             o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
             self.their_turn(ctx)
@@ -433,11 +439,11 @@ class AttentionFp8:
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
             p8 = self.pv_operand(st.p)
             if self.L_MMA:
-                l_tok = self.row_sum_mma(p8, st.l_acc)
+                l_tok = self.row_sum_mma(p8)
                 o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
                 self.their_turn(ctx)
-                acc, l_acc = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
-                st = st.replace(acc=acc, l_acc=l_acc)
+                acc, l_block = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
+                st = st.replace(acc=acc, l_acc=st.l_acc + l_block)
             else:
                 o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
                 self.their_turn(ctx)
