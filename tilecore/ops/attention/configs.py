@@ -158,15 +158,17 @@ def gluon_forward_config(d: int, n: int, nk: int, causal: bool, dv: int | None =
     return cfg
 
 
-# attention_varlen's Gluon forward (gluon_varlen.py; varlen.forward_gluon): off until a GPU run checks
-# it (session 27: compile-checked for sm_90a only); True routes eligible CUDA calls there (Hopper,
-# bf16/fp16, D == Dv in VARLEN_GLUON_FORWARD_CONFIG, no window, TMA-describable inputs)
-VARLEN_GLUON_FORWARD = False
+# attention_varlen's Gluon forward (gluon_varlen.py; varlen.forward_gluon) for eligible CUDA calls
+# (Hopper, bf16/fp16, D == Dv in VARLEN_GLUON_FORWARD_CONFIG, TMA-describable inputs): session 27's
+# H100 runs 2-3 checked it (bf16/fp16 1.23-1.32x the floor, lengths 0/1/odd, GQA, softcap, D64, 64K
+# long-tailed, a CUDA graph) and timed it at 0.92x the fixed-length forward's TFLOP/s, 1.63x the tl
+# varlen kernel, Flex 1.73x its time (runs/gpu_varlen_gluon_run2_session27_h100)
+VARLEN_GLUON_FORWARD = True
 # features of it routed there when VARLEN_GLUON_FORWARD is on ("window": a sliding window, flash-attn's
 # window_size); empty until a GPU run checks them (the tl kernels serve them meanwhile)
 VARLEN_GLUON_FEATURES: frozenset = frozenset()
 # the fixed forward's blocks (GLUON_FORWARD) with tiles drawn from a counter in the work table's
-# longest-first order (drawn=False: program p takes tiles p, p + P, ...); untimed
+# longest-first order (drawn=False: program p takes tiles p, p + P, ...; gpu_varlen --quick times it)
 VARLEN_GLUON_FORWARD_CONFIG = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, drawn=True),
                                128: dict(block_m=64, block_n=128, stages=2, consumers=2, q_buffers=2, drawn=True)}
 

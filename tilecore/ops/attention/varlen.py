@@ -163,10 +163,11 @@ def block_config(d: int, interpret: bool, kernel: str) -> dict:
             "dq": dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)}[kernel]
 
 
-# tanh by tanh.approx.f32 in the varlen kernels on a GPU: compiled (sm_90a: forward div 99 -> 67, ex2
-# 66 -> 34, no spill; experiments/attention/probe_varlen_softcap_compile.py) but not run on one yet
-# (gpu_features_s26.py round 3 checks and times it): off until it is
-VARLEN_TANH_APPROX = False
+# tanh by tanh.approx.f32 in the varlen tl kernels on a GPU (sm_90a: forward div 99 -> 67, ex2 66 -> 34,
+# no spill): session 27's H100 run (gpu_features_s26 --quick) checked it (window + softcap 20, GQA,
+# lengths 0/1: out 1.27x the floor, dq/dk/dv 1.41-1.46x) and timed softcap 30 at 0.828x / 0.874x the
+# no-softcap forward / backward, against exp2's 0.715x / 0.776x
+VARLEN_TANH_APPROX = True
 
 
 def softcap_mode(softcap: float, device, tanh_approx: bool | None = None) -> int:
