@@ -194,7 +194,7 @@ class Running:
     l_acc: object  # L_MMA: l in every column of a [BM, L_COLS] tile in the wgmma layout, float32 (else None)
 
 
-L_COLS: gl.constexpr = gl.constexpr(8)  # L_MMA: P times a [BN, 8] block of ones (wgmma's narrowest N)
+L_COLS: gl.constexpr = gl.constexpr(8)  # L_MMA: P times a [32, 8] block of ones (wgmma's narrowest N)
 
 
 @struct
@@ -229,7 +229,7 @@ class AttentionFp8:
     P_SHIFT: gl.constexpr  # P is rounded to e4m3 as 2^P_SHIFT p (reference.P_SHIFT: 8)
     RESCALE_TAU: gl.constexpr  # > 0: O rescaled only where a row's max grew by more than this (reference.py)
     L_MMA: gl.constexpr  # l = the rows' sum of the e4m3 P, by P times ones on the tensor cores (reference.py)
-    ones: object  # L_MMA: [L_COLS, BN] e4m3 ones in shared memory (else None)
+    ones: object  # L_MMA: [L_COLS, 32] e4m3 ones in shared memory (else None)
     PROBE_NO_SOFTMAX: gl.constexpr  # a timing probe, wrong results: P = S (no max, exp2 or sum), alpha = 1
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
@@ -352,15 +352,30 @@ class AttentionFp8:
 
     @gluon.jit
     def row_sum_mma(self, p8):
-        """L_MMA: P ones, issued (async) on the e4m3 P operand: each of the L_COLS columns the rows' sum of P as
-        rounded (the P that multiplies V) over this key block; 4 wgmma of N = 8 in place of BN / 2 FADD a thread and
-        row. A fresh accumulator each block, added to l in float32 registers by the caller: accumulated across the
-        blocks in the tensor cores (session 27 run 3), l was off by factors of 2 to 13 (lse by 0.8 to 2.6): FP8 wgmma
-        adds with a narrow accumulator (about 14 bits kept, DeepSeek-V3), which drops the small positive terms once
-        the sum is large (O's signed sums stay far smaller than l)."""
-        ones_t = self.ones.permute((1, 0))  # [BN, L_COLS], keys contiguous: K-major
-        return warpgroup_mma(gl.convert_layout(p8, self.PL, assert_trivial=True), ones_t,
-                             gl.zeros([self.BM, L_COLS], gl.float32, self.L), use_acc=False, is_async=True)
+        """L_MMA: the rows' sums of P as rounded (the P that multiplies V) over this key block, on the tensor cores:
+        each 32-key chunk of the e4m3 P operand times a [32, L_COLS] block of ones, one m64n8k32 wgmma from a zero
+        accumulator each (4 issued async, in place of BN / 2 FADD a thread and row); the caller adds the 4 partial
+        sums and l in float32 registers. Why chunks: FP8 wgmma adds into its accumulator with a narrow internal
+        precision (about 14 bits kept, DeepSeek-V3's finding), which drops the small positive terms once the sum is
+        large: l accumulated across key blocks in the tensor cores (session 27 runs 3-4) was off by factors of 2
+        to 13; 32 terms from zero lose only what is under 2^-13 of the chunk's largest."""
+        gl.static_assert(self.BN == 128, "L_MMA: key blocks of 128 (4 chunks of 32)")
+        ones_t = self.ones.permute((1, 0))  # [32, L_COLS], keys contiguous: K-major
+        # the chunk index is K's bits 32 and 64, register bits of the operand layout: the split moves no data
+        x = gl.permute(gl.reshape(p8, [self.BM, 2, 2, 32]), (0, 3, 1, 2))
+        lo, hi = gl.split(x)
+        c0, c1 = gl.split(lo)
+        c2, c3 = gl.split(hi)
+        zero = gl.zeros([self.BM, L_COLS], gl.float32, self.L)
+        t0 = warpgroup_mma(gl.convert_layout(c0, self.PL, assert_trivial=True), ones_t, zero, use_acc=False,
+                           is_async=True)
+        t1 = warpgroup_mma(gl.convert_layout(c1, self.PL, assert_trivial=True), ones_t, zero, use_acc=False,
+                           is_async=True)
+        t2 = warpgroup_mma(gl.convert_layout(c2, self.PL, assert_trivial=True), ones_t, zero, use_acc=False,
+                           is_async=True)
+        t3 = warpgroup_mma(gl.convert_layout(c3, self.PL, assert_trivial=True), ones_t, zero, use_acc=False,
+                           is_async=True)
+        return t0, t1, t2, t3
 
     @gluon.jit
     def rescale(self, acc, l_acc, alpha, moved):
@@ -401,11 +416,11 @@ class AttentionFp8:
         s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
         l_acc = 0  # (without L_MMA a placeholder: a jit function returns no None)
         if self.L_MMA:  # issued before P V, so that the wait for S (at most one group left) covers it too
-            l_tok = self.row_sum_mma(p8)
+            t0, t1, t2, t3 = self.row_sum_mma(p8)
             o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
             self.their_turn(ctx)
-            s, l_block = warpgroup_mma_wait(1, deps=(s_tok, l_tok))  # S and P ones are done; P V may still run
-            l_acc = st.l_acc + l_block  # float32 (4 adds a thread); times alpha with O
+            s, l0, l1, l2, l3 = warpgroup_mma_wait(1, deps=(s_tok, t0, t1, t2, t3))  # all but P V are done
+            l_acc = st.l_acc + ((l0 + l1) + (l2 + l3))  # float32 (16 adds a thread); times alpha with O
         else:
             o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
             self.their_turn(ctx)
@@ -439,11 +454,11 @@ class AttentionFp8:
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
             p8 = self.pv_operand(st.p)
             if self.L_MMA:
-                l_tok = self.row_sum_mma(p8)
+                t0, t1, t2, t3 = self.row_sum_mma(p8)
                 o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
                 self.their_turn(ctx)
-                acc, l_block = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
-                st = st.replace(acc=acc, l_acc=st.l_acc + l_block)
+                acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
+                st = st.replace(acc=acc, l_acc=st.l_acc + ((l0 + l1) + (l2 + l3)))
             else:
                 o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
                 self.their_turn(ctx)
@@ -492,11 +507,11 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
     ones = gl.constexpr(None)  # (a constexpr: nothing passed to the partitions)
-    if L_MMA:  # [L_COLS, BN] e4m3 ones, written once by the kernel's warps before the partitions start
-        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([L_COLS, BN], gl.float8e4nv)
-        ones = gl.allocate_shared_memory(gl.float8e4nv, [L_COLS, BN], ones_layout,
-                                         gl.full([L_COLS, BN], 1.0, gl.float16,  # (no e4m3 constants in 3.6)
-                                                 gl.BlockedLayout([1, 16], [4, 8], [gl.num_warps(), 1], [1, 0]))
+    if L_MMA:  # [L_COLS, 32] e4m3 ones, written once by the kernel's warps before the partitions start
+        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([L_COLS, 32], gl.float8e4nv)
+        ones = gl.allocate_shared_memory(gl.float8e4nv, [L_COLS, 32], ones_layout,
+                                         gl.full([L_COLS, 32], 1.0, gl.float16,  # (no e4m3 constants in 3.6)
+                                                 gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0]))
                                          .to(gl.float8e4nv))
         fence_async_shared()
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
