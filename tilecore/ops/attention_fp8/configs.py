@@ -20,13 +20,14 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 # k_block_scalar: k descales per block of block_n keys read as one scalar a step (else per key)
 # cast_late on (session 26 round 2, H100, B16 H16 N4096, per-head descales): D128 817 TFLOP/s against 694 (1.25x the
 # bf16 forward against 1.07x), causal 723 against 619; D64 471 against 391, causal 390 against 347; errors identical
-# rescale_tau / p_shift (session 27, not yet run on a GPU: OFF): conditional rescaling (reference.py): a row's max
+# rescale_tau / p_shift (session 27, OFF: H100 runs 3-4, correct but 0.95-0.98x the default): conditional rescaling (reference.py): a row's max
 # moves only where it grows by more than rescale_tau (base 2), O *= alpha skipped where no row of the warpgroup moved;
 # P rounded as 2^p_shift p, p_shift + tau <= log2(448). SASS (sm_90a, D128): the steady step's softmax block 331
 # instructions against 359 (64 FMUL moved into the branch, ~40 added by the warpgroup's vote); O's error 4% (0.8, 8)
 # to 8% (2.8, 6) above the default's (the row max's P is no longer exactly 2^p_shift).
-# l_mma (session 27, OFF): l by a wgmma of P times a [BN, 8] block of ones (no row-sum FADD: 379 instructions a
-# steady step at D128 against 444; with rescale_tau 0.8: 339); l then sums the rounded P (reference.py).
+# l_mma (session 27, OFF): l by wgmma of P's 32-key chunks times a [32, 8] block of ones (16 FADD a step instead of
+# 64); l then sums the rounded P (reference.py). Its first form (l accumulated in the wgmma accumulator across key
+# blocks) was 1.07x at D128 but WRONG (runs 3-4: FP8 wgmma's narrow accumulation); the chunked form is unmeasured.
 # exp2_fma_every 8: one exp2 in 8 on the FMA units (new in session 27). Turned on per head dim only where
 # experiments/attention_fp8/gpu_speed_s27.py shows a variant faster and its checks pass
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False, exp2_fma_every=0,
