@@ -117,53 +117,46 @@ PERM = {"perm": True}  # pow2: the second product's columns permuted (a thread h
 
 
 def s27_quantize_cases(quick=True):
-    """Session 27 (issue 32, the 4-bit formats and the model widths): the shipped plans and the variants, most
-    important first (the deadline cuts the tail): interleaved slices for the kron-tiled kernel (plan tuning
-    "interleave", configs.QUANT_INTERLEAVE: True, each slice loaded strided; 2, one vector load a column) at
-    the model widths, the pow2 kernel's permuted columns (plan tuning "perm", configs.QUANT_PERM_COLUMNS: codes
-    to shared memory by stmatrix, not 16 byte stores a thread) at 4096 / 2048, maxnreg (more programs an SM);
-    without --quick, more sizes and formats and session 26's round 3."""
+    """Session 27 (issue 32, the 4-bit formats and the model widths), most important first (the deadline cuts the
+    tail). Run 4 (7bcae5a) measured the kron-tiled kernel's interleaved slices (plan tuning "interleave": True,
+    each slice loaded strided; 2, one vector load a column) and shipped 2 for mxfp4 / nvfp4 / int4
+    (configs.QUANT_INTERLEAVE); this set checks and times the shipped plans at the widths run 4 did not cover,
+    the old plan (interleave 0) once, and the pow2 kernel's permuted columns (plan tuning "perm",
+    configs.QUANT_PERM_COLUMNS: codes to shared memory by stmatrix, not 16 byte stores a thread) at 1024..32768.
+    Without --quick: more sizes and formats, run 4's variants, then session 26's round 3."""
     fmts = ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
     cases = [("q", f, 4096, {}, {}) for f in fmts]
-    cases += [("q", f, 14336, {}, t) for f in ("mxfp4", "fp8_e4m3") for t in ({}, IL, ILV)]
-    cases += [("q", f, 14336, {}, t) for f in ("nvfp4", "int4") for t in ({}, ILV)]
-    cases += [("q", f, 28672, {}, t) for f in ("mxfp4", "fp8_e4m3") for t in ({}, ILV)]
-    cases += [("q", "mxfp4", 18944, {}, t) for t in ({}, IL)] + [("q", "mxfp4", 11008, {}, {})]
     cases += [("q", f, 4096, {}, PERM) for f in ("mxfp4", "nvfp4", "int4")]
-    cases += [("q", "mxfp4", 14336, {}, {**ILV, "num_warps": 8, "maxnreg": 128})]
-    cases += [("q", "mxfp4", 4096, {}, {"maxnreg": 96}), ("q", "mxfp4", 2048, {}, {}), ("q", "mxfp4", 2048, {}, PERM)]
+    cases += [("q", "mxfp4", n, {}, t) for n in (2048, 1024, 32768) for t in ({}, PERM)]
+    cases += [("q", f, 14336, {}, {}) for f in ("mxfp4", "nvfp4", "int4", "fp8_e4m3")]
+    cases += [("q", "mxfp4", 14336, {}, {"interleave": 0})]
+    cases += [("q", f, 28672, {}, {}) for f in ("mxfp4", "nvfp4", "int4")]
+    cases += [("q", f, 18944, {}, {}) for f in ("mxfp4", "nvfp4")] + [("q", "mxfp4", 11008, {}, {})]
     if not quick:
-        cases += [("q", f, n, {}, t) for f in ("mxfp4", "nvfp4", "int4") for n in (1024, 8192, 32768) for t in ({}, PERM)]
-        cases += [("q", f, 4096, {}, {**PERM, "maxnreg": 96}) for f in ("mxfp4", "nvfp4")]  # the rest of the widths and formats, then session 26's round 3
-        cases += [("q", f, 14336, {}, IL) for f in ("nvfp4", "int4")]
-        cases += [("q", f, 28672, {}, IL) for f in ("mxfp4", "fp8_e4m3")]
-        cases += [("q", f, 18944, {}, t) for f in ("fp8_e4m3", "nvfp4") for t in ({}, IL)]
-        cases += [("q", f, n, {}, {}) for n in (11008,) for f in ("fp8_e4m3", "nvfp4", "int4")]
-        cases += [("q", f, 14336, {}, t) for f in ("int8",) for t in ({}, IL, ILV)]
-        cases += [("q", "mxfp4", 14336, {}, {**IL, "num_warps": 8}), ("q", "mxfp4", 14336, {}, {**ILV, "num_warps": 8})]
-        cases += [("q", f, 4096, {}, {"maxnreg": 96}) for f in ("nvfp4", "int4")]
-    if not quick:
+        cases += [("q", f, n, {}, t) for f in ("nvfp4", "int4") for n in (1024, 2048, 8192, 32768) for t in ({}, PERM)]
+        cases += [("q", f, 4096, {}, {**PERM, "maxnreg": 96}) for f in ("mxfp4", "nvfp4")]
+        cases += [("q", f, n, {}, {}) for n in (28672, 18944, 11008) for f in ("fp8_e4m3", "int8")]
+        cases += [("q", f, 14336, {}, t) for f in ("mxfp4", "nvfp4", "int4") for t in ({"interleave": 0}, IL)]
+        cases += [("q", f, n, {}, {"interleave": 0}) for f in ("mxfp4", "nvfp4") for n in (28672, 18944)]
+        cases += [("q", "mxfp4", 14336, {}, {**ILV, "num_warps": 8, "maxnreg": 128}), ("q", "fp8_e4m3", 14336, {}, ILV)]
         cases += [c for c in s26c_quantize_cases()[0] if c not in cases]
     return cases
 
 
 def s27_check_cases(torch):
-    """(format, n, kwargs, dtype) of each new variant (the timed plans), nvfp4 with a static global scale."""
+    """(format, n, kwargs, dtype): the variants and the newly shipped plans at the timed sizes; nvfp4 with a
+    static global scale."""
     bf16 = torch.bfloat16
     if SMOKE:  # interpreter: m x 2^k rows where the interleaved plan applies (one row a tile, S >= 2)
-        return [("mxfp4", 28 * 256, {"tuning": IL}, bf16), ("nvfp4", 12 * 512, {"tuning": ILV, "scale": 0.002}, bf16),
+        return [("mxfp4", 28 * 256, {"tuning": IL}, bf16), ("nvfp4", 12 * 512, {"scale": 0.002}, bf16),
                 ("fp8_e4m3", 12 * 512, {"tuning": ILV}, bf16), ("nvfp4", 512, {"tuning": PERM, "scale": 0.002}, bf16)]
     nv = {"scale": 0.002}
-    cases = [("mxfp4", 14336, {"tuning": IL}, bf16)]
-    cases += [(f, 14336, {"tuning": ILV, **(nv if f == "nvfp4" else {})}, bf16) for f in ("mxfp4", "nvfp4", "int4", "fp8_e4m3")]
-    cases += [("mxfp4", 28672, {"tuning": ILV}, bf16), ("fp8_e4m3", 28672, {"tuning": ILV}, bf16),
-              ("mxfp4", 18944, {"tuning": IL}, bf16), ("mxfp4", 14336, {"tuning": {**ILV, "num_warps": 8, "maxnreg": 128}}, bf16),
-              ("mxfp4", 4096, {"tuning": {"maxnreg": 96}}, bf16)]
-    cases += [(f, 4096, {"tuning": PERM, **(nv if f == "nvfp4" else {})}, bf16) for f in ("mxfp4", "nvfp4", "int4")]
-    cases += [("mxfp4", 2048, {"tuning": PERM}, bf16)]
-    cases += [("mxfp4", 14336, {}, bf16)]
+    cases = [(f, 4096, {"tuning": PERM, **(nv if f == "nvfp4" else {})}, bf16) for f in ("mxfp4", "nvfp4", "int4")]
+    cases += [("mxfp4", n, {"tuning": PERM}, bf16) for n in (2048, 1024, 32768)]
+    cases += [("nvfp4", 28672, nv, bf16), ("int4", 28672, {}, bf16), ("nvfp4", 18944, nv, bf16),
+              ("mxfp4", 14336, {}, bf16), ("int4", 14336, {}, bf16)]
     if not QUICK:  # another kernel (float16): compiled here, not warmed
-        cases += [("mxfp4", 14336, {"tuning": IL}, torch.float16), ("nvfp4", 18944, {"tuning": IL, **nv}, bf16)]
+        cases += [("mxfp4", 14336, {}, torch.float16), ("nvfp4", 4096, {"tuning": PERM, **nv}, torch.float16)]
     return cases
 
 
@@ -505,7 +498,7 @@ def timed_cases(which):
     if which == "s27" and not SMOKE:
         return s27_quantize_cases(QUICK) + [("t", 4096), ("t", 14336)]
     if which == "s27":
-        return [("q", "mxfp4", 28 * 256, {}, {}), ("q", "mxfp4", 28 * 256, {}, IL), ("q", "mxfp4", 28 * 256, {}, ILV),
+        return [("q", "mxfp4", 28 * 256, {}, {}), ("q", "mxfp4", 28 * 256, {}, {"interleave": 0}),
                 ("q", "mxfp4", 512, {}, PERM), ("t", 256)]
     if which == "s26b" and not SMOKE:
         first, sweep = s26b_quantize_cases()

@@ -85,6 +85,14 @@ def test_interleaved_slices_with_random_signs_and_where_the_plan_does_not_apply(
         a = code_order(codes, "mxfp4")
         assert (a - e).abs().max() <= 1 and (a == e).double().mean() >= 0.999
         assert _same_scales(scales, base_scales)
+    # the shipped plans (configs.QUANT_INTERLEAVE): one vector load a column for the 4-bit formats at 16 bits,
+    # the contiguous slices for fp8 / int8 (per token: slower interleaved on the H100) and float32 inputs
+    for fmt, dtype, mode in (("mxfp4", torch.bfloat16, (8, True)), ("nvfp4", torch.float16, (8, True)),
+                             ("int4", torch.bfloat16, (4, True)), ("fp8_e4m3", torch.bfloat16, (0, False)),
+                             ("mxfp4", torch.float32, (0, False))):
+        plan = quantize.kernel_plan(18724, 14336, dtype, fmt, FORMATS[fmt].default_group, None, True, fmt == "nvfp4",
+                                    False, 132)
+        assert (plan.config["IL"], plan.config["ILV"]) == mode, (fmt, dtype, plan.config)
     # several rows a tile (B > 1) or one slice: the contiguous epilogue, whatever the tuning asks
     for n in (12 * 64, 20 * 128):
         plan = quantize.kernel_plan(64, n, torch.bfloat16, "mxfp4", 32, None, True, False, False, 2, True,
