@@ -122,7 +122,8 @@ def s27_quantize_cases(quick=True):
     each slice loaded strided; 2, one vector load a column) and shipped 2 for mxfp4 / nvfp4 / int4
     (configs.QUANT_INTERLEAVE); this set checks and times the shipped plans at the widths run 4 did not cover,
     the old plan (interleave 0) once, and the pow2 kernel's permuted columns (plan tuning "perm",
-    configs.QUANT_PERM_COLUMNS: codes to shared memory by stmatrix, not 16 byte stores a thread) at 1024..32768.
+    configs.QUANT_PERM_COLUMNS: codes to shared memory by stmatrix, not 16 byte stores a thread) at 1024..32768,
+    and the interleaved vector load through TMA (plan tuning "il_tma", configs.QUANT_INTERLEAVE_TMA) at 14336.
     Without --quick: more sizes and formats, run 4's variants, then session 26's round 3."""
     fmts = ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
     cases = [("q", f, 4096, {}, {}) for f in fmts]
@@ -130,6 +131,7 @@ def s27_quantize_cases(quick=True):
     cases += [("q", "mxfp4", n, {}, t) for n in (2048, 1024, 32768) for t in ({}, PERM)]
     cases += [("q", f, 14336, {}, {}) for f in ("mxfp4", "nvfp4", "int4", "fp8_e4m3")]
     cases += [("q", "mxfp4", 14336, {}, {"interleave": 0})]
+    cases += [("q", f, 14336, {}, {**ILV, "il_tma": True}) for f in ("mxfp4", "fp8_e4m3")]
     cases += [("q", f, 28672, {}, {}) for f in ("mxfp4", "nvfp4", "int4")]
     cases += [("q", f, 18944, {}, {}) for f in ("mxfp4", "nvfp4")] + [("q", "mxfp4", 11008, {}, {})]
     if not quick:
@@ -155,6 +157,7 @@ def s27_check_cases(torch):
     cases += [("mxfp4", n, {"tuning": PERM}, bf16) for n in (2048, 1024, 32768)]
     cases += [("nvfp4", 28672, nv, bf16), ("int4", 28672, {}, bf16), ("nvfp4", 18944, nv, bf16),
               ("mxfp4", 14336, {}, bf16), ("int4", 14336, {}, bf16)]
+    cases += [(f, 14336, {"tuning": {**ILV, "il_tma": True}}, bf16) for f in ("mxfp4", "fp8_e4m3")]
     if not QUICK:  # another kernel (float16): compiled here, not warmed
         cases += [("mxfp4", 14336, {}, torch.float16), ("nvfp4", 4096, {"tuning": PERM, **nv}, torch.float16)]
     return cases

@@ -55,9 +55,15 @@ def test_interleaved_slices_match_the_contiguous_plan_and_the_reference(fmt, m, 
     plan, codes, scales = _run(x, fmt, interleave, scale, tile_elems=16 * p)
     assert plan.path == "fused" and plan.config["IL"] == S == plan.config["S"] and plan.config["B"] == 1
     assert plan.config["ILV"] == (interleave == 2)
-    if S == 8 and fmt == "nvfp4":
+    if S == 8 and fmt == "nvfp4":  # every element written; and the vector load through TMA (il_tma) alike
         _, codes2, scales2 = _run(x, fmt, interleave, scale, poison=0xA5, tile_elems=16 * p)
         assert torch.equal(_bytes(codes), _bytes(codes2)) and torch.equal(_bytes(scales), _bytes(scales2))
+        tplan = quantize.plan_quantize(x, fmt, FORMATS[fmt].default_group, None, True, True, False,
+                                       interleave=2, il_tma=True, tile_elems=16 * p)
+        assert tplan.config["TMA_LOAD"] and tplan.config["ILV"]
+        tcodes, tscales, _ = quantize.run_plan(tplan, x, fmt, FORMATS[fmt].default_group, None, True, scale,
+                                               poison=True)
+        assert torch.equal(_bytes(codes), _bytes(tcodes)) and torch.equal(_bytes(scales), _bytes(tscales))
     base, base_codes, base_scales = _run(x, fmt, False, scale, tile_elems=16 * p)
     assert base.config["IL"] == 0 and base.config["S"] == S
     assert _same_scales(scales, base_scales)

@@ -125,3 +125,6 @@ QUANT_INTERLEAVE = {"mxfp4": 2, "nvfp4": 2, "int4": 2}
 # session 27: hadamard_quantize's pow2 kernel with the second product's columns permuted (a thread's values are 8
 # consecutive outputs: codes stored as words, not bytes 8 apart; plan tuning "perm"). Off until a GPU run checks it
 QUANT_PERM_COLUMNS = False
+# ... and the interleaved slices' vector load through TMA (boxes [1, M_PAD, Q, S]; plan tuning "il_tma"). Off
+# until a GPU run checks and times it
+QUANT_INTERLEAVE_TMA = False

@@ -136,6 +136,9 @@ def descriptor(t: torch.Tensor, cfg: dict):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     M, P = cfg["M"], cfg["P"]
+    if cfg.get("ILV"):  # interleaved slices loaded whole (quantize_kernels._load_il): (rows, M, Q, S), [1, M_PAD, Q, S]
+        Q, S = cfg["Q"], cfg["S"]
+        return TensorDescriptor(t, [t.shape[0], M, Q, S], [t.stride(0), P, S, 1], [1, cfg["M_PAD"], Q, S])
     return TensorDescriptor(t, [t.shape[0], M, P], [t.stride(0), P, 1], [cfg["B"], cfg["M_PAD"], cfg["Q"]])
 
 

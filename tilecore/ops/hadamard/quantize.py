@@ -63,7 +63,7 @@ def plan_quantize(x: torch.Tensor, fmt: str, group: int | None, block: int | Non
     interpret = dispatch.interpreted(x.device)
     sms = configs.INTERPRETER_SMS if interpret else dispatch.num_sms(x.device)
     if not pow2_plan_module.tma_fits(x) or not dispatch.tma_ok(x.device):
-        tuning = {**tuning, "tma": "none", "kron_tma": False}
+        tuning = {**tuning, "tma": "none", "kron_tma": False, "il_tma": False}
     return kernel_plan(rows, n, x.dtype, fmt, group, block, rotate, static, signs, sms, interpret, **tuning)
 
 
@@ -121,6 +121,7 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
     il = S if (interleave and B == 1 and S >= 2 and Q * S == P
                and (mode == 1 and group % S == 0 or mode == 0 and spg == m_pad)
                and not tuning.get("kron_tma", configs.KRON_TMA != "none")) else 0
+    # ... and (il_tma) that vector load by TMA: boxes [1, M_PAD, Q, S] of the rows seen as (rows, M, Q, S)
     ilv = bool(il) and interleave == 2 and not (mix == 1 and m_pad > 64)
     return QuantizePlan("fused", grid=(grid,), rscale=rscale, config=dict(
         M=M, M_PAD=m_pad, P=P, Q=Q, S=S, B=B, MIX=mix, TRANSFORM=transform, BUTTERFLY=butterfly, SIGNS=signs,
@@ -129,8 +130,9 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
         FAST=bool(tuning.get("fast", configs.QUANT_FAST)),
         # the input through TMA boxes [B, M_PAD, Q] (kernels_kron.load_slice_transform) where asked and the
         # slices fit the sub-rows (not the chunked mixing past 64 sub-rows, not float32)
-        TMA_LOAD=bool(tuning.get("kron_tma", configs.KRON_TMA != "none")) and Q <= P and dtype != torch.float32
-        and not (mix == 1 and m_pad > 64),
+        TMA_LOAD=(bool(tuning.get("kron_tma", configs.KRON_TMA != "none")) and Q <= P and dtype != torch.float32
+                  and not (mix == 1 and m_pad > 64)) or (ilv and bool(tuning.get("il_tma", configs.QUANT_INTERLEAVE_TMA))
+                                                          and dtype != torch.float32 and S == 8),  # 16-byte lines
         num_stages=tuning.get("num_stages") or (1 if m_pad > 64 and mix else 2),  # as kron.kernel_plan
         # interleaved slices (quantize_kernels._epilogue_interleaved): one row a tile, S >= 2 slices filling
         # the sub-row, groups a multiple of S or the whole row; pointer loads

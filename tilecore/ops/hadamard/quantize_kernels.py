@@ -438,7 +438,7 @@ def _epilogue_interleaved(codes, scales, gscale, tile, rows, stride_codes, strid
 
 @triton.jit
 def _load_il(x, signs, tile, rows, stride_x, M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr, Q: tl.constexpr,
-             S: tl.constexpr, SIGNS: tl.constexpr):
+             S: tl.constexpr, SIGNS: tl.constexpr, TMA: tl.constexpr = False):
     """One row's S interleaved slices (B == 1, Q S = P) by one load of [M_PAD, Q, S]: the S elements c S .. c S +
     S - 1 of a sub-row are one vector of a thread (16 bytes at S = 8, 16-bit x), split in registers into the
     slices [M_PAD, Q] (the rest are placeholders); sub-rows past M and rows past the end are zeros."""
@@ -448,7 +448,10 @@ def _load_il(x, signs, tile, rows, stride_x, M: tl.constexpr, M_PAD: tl.constexp
     col = i[:, None, None] * P + (c[:, None] * S + s[None, :])[None, :, :]  # [M_PAD, Q, S]
     row = tl.zeros([M_PAD], tl.int64) + tile  # 64-bit: rows * stride may pass 2^31
     mask = (i[:, None, None] < M) & (row[:, None, None] < rows)
-    v = tl.load(x + row[:, None, None] * stride_x + col, mask=mask, other=0.0)
+    if TMA:  # x: a descriptor over (rows, M, Q, S) with [1, M_PAD, Q, S] boxes (kron.descriptor), zero-filled
+        v = tl.reshape(x.load([tile, 0, 0, 0]), (M_PAD, Q, S))
+    else:
+        v = tl.load(x + row[:, None, None] * stride_x + col, mask=mask, other=0.0)
     if SIGNS:  # in float32 and back (exact: +-1)
         v = (v.to(tl.float32) * tl.load(signs + col, mask=mask, other=0.0).to(tl.float32)).to(v.dtype)
     if S == 2:
@@ -503,7 +506,7 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
     run_max = tl.zeros([B * M_PAD], tl.float32)
     for tile in range(tl.program_id(0), tiles, GRID):
         if ILV:  # interleaved slices by one vector load of each column's S elements (_load_il)
-            v0, v1, v2, v3, v4, v5, v6, v7 = _load_il(x, signs, tile, rows, stride_x, M, M_PAD, P, Q, S, SIGNS)
+            v0, v1, v2, v3, v4, v5, v6, v7 = _load_il(x, signs, tile, rows, stride_x, M, M_PAD, P, Q, S, SIGNS, TMA_LOAD)
         else:  # placeholders: each slice loads its own
             v0, v1, v2, v3, v4, v5, v6, v7 = tile, tile, tile, tile, tile, tile, tile, tile
         t0 = _valid_only(_slice_il(x, h, signs, tile, 0, rows, stride_x, M, M_PAD, P, Q, B, MIX, TRANSFORM,
