@@ -206,6 +206,7 @@ def _strides(t: torch.Tensor) -> tuple:
 
 GLUON_VARLEN_FWD = CachedLaunch(
     lambda: importlib.import_module("tilecore.ops.attention.gluon_varlen").attention_varlen_fwd_kernel)
+WORK_TABLE = CachedLaunch(lambda: importlib.import_module("tilecore.ops.attention.kernels_varlen").varlen_work_table)
 
 
 def gluon_device(device: torch.device) -> bool:
@@ -260,8 +261,6 @@ def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int,
     entries past the real tiles are (-1, 0, 0, 0). One tl launch after the sort
     (kernels_varlen.varlen_work_table) up to WORK_TABLE_MAX_BATCH sequences, else
     ``work_table_torch``."""
-    from tilecore.ops.attention.kernels_varlen import varlen_work_table
-
     batch = cu_q.numel() - 1
     if dispatch.backend_for(cu_q.device) != "kernel" or batch > WORK_TABLE_MAX_BATCH:
         return work_table_torch(cu_q, cu_k, total_q, heads, tile_m)
@@ -270,8 +269,8 @@ def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int,
     table = torch.empty((entries, 4), dtype=torch.int32, device=cu_q.device)
     block_b = max(16, next_power_of_2(batch))
     block_t = max(1, 4096 // block_b)  # [BLOCK_T, BLOCK_B] compares of 4096: no spill on sm_90a (16384 spilled 9 KB)
-    varlen_work_table[(cdiv(entries, block_t),)](cu_q, order, table, batch, entries, heads, TILE_M=tile_m,
-                                                 BLOCK_B=block_b, BLOCK_T=block_t)
+    WORK_TABLE[(cdiv(entries, block_t),)](cu_q, order, table, batch, entries, heads, TILE_M=tile_m,
+                                          BLOCK_B=block_b, BLOCK_T=block_t)
     return table
 
 
