@@ -134,10 +134,14 @@ def s27_quantize_cases(quick=True):
     cases += [("q", f, 14336, {}, {**ILV, "il_tma": True}) for f in ("mxfp4", "fp8_e4m3")]
     cases += [("q", f, 28672, {}, {}) for f in ("mxfp4", "nvfp4", "int4")]
     cases += [("q", f, 18944, {}, {}) for f in ("mxfp4", "nvfp4")] + [("q", "mxfp4", 11008, {}, {})]
+    # every format at the four model widths (the shipped plans), then perm at two more sizes
+    cases += [("q", f, n, {}, {}) for f, n in (("nvfp4", 11008), ("int4", 18944), ("int4", 11008),
+                                              ("fp8_e4m3", 28672), ("fp8_e4m3", 18944), ("fp8_e4m3", 11008),
+                                              ("int8", 14336), ("int8", 28672), ("int8", 18944), ("int8", 11008))]
+    cases += [("q", f, n, {}, t) for f in ("nvfp4", "int4") for n in (2048, 32768) for t in ({}, PERM)]
     if not quick:
-        cases += [("q", f, n, {}, t) for f in ("nvfp4", "int4") for n in (1024, 2048, 8192, 32768) for t in ({}, PERM)]
+        cases += [("q", f, n, {}, t) for f in ("nvfp4", "int4") for n in (1024, 8192) for t in ({}, PERM)]
         cases += [("q", f, 4096, {}, {**PERM, "maxnreg": 96}) for f in ("mxfp4", "nvfp4")]
-        cases += [("q", f, n, {}, {}) for n in (28672, 18944, 11008) for f in ("fp8_e4m3", "int8")]
         cases += [("q", f, 14336, {}, t) for f in ("mxfp4", "nvfp4", "int4") for t in ({"interleave": 0}, IL)]
         cases += [("q", f, n, {}, {"interleave": 0}) for f in ("mxfp4", "nvfp4") for n in (28672, 18944)]
         cases += [("q", "mxfp4", 14336, {}, {**ILV, "num_warps": 8, "maxnreg": 128}), ("q", "fp8_e4m3", 14336, {}, ILV)]
