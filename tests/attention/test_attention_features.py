@@ -286,10 +286,11 @@ def test_shape_errors_name_what_is_accepted():
 
 def test_gluon_plans_take_only_what_the_kernels_do():
     """The Gluon forward takes a window and a softcap (forced, or where configs.GLUON_FORWARD_FEATURES
-    names them) but not Dv != D (the Gluon backward and dq kernels take both too since session 26:
-    tests/attention/test_window_softcap_gluon.py)."""
+    names them) and of the Dv != D pairs only MLA's (192, 128) (session 27; tests/attention/test_mla_gluon.py);
+    the Gluon backward and dq kernels take window and softcap too since session 26
+    (tests/attention/test_window_softcap_gluon.py)."""
     q, k, v = inputs(1, 2, 2, 4, 4, 16, 8)
-    with pytest.raises(ValueError, match="head dims 64 and 128, v's as q's"):
+    with pytest.raises(ValueError, match=r"head dims 64 and 128 with v's as q's, or \(q's, v's\) in \[\(192, 128\)\]"):
         plan.plan_forward(q, k, v, False, 0.25, path="gluon")
     assert plan.features(q, v, True) == {"dv"}
     assert plan.features(q, q, True, (-1, 3)) == set()  # causal folds the right edge to 0
