@@ -1,7 +1,7 @@
 """Issue 35's MLA prefill head sizes (q/k 192, v 128) on the Gluon kernels, without a GPU: the plans
-(the forward routed by configs.GLUON_FORWARD_DV_ROUTED, the backward off until
-GLUON_BACKWARD_DV_ROUTED; forced they take the pieces configs), the launches' TMA boxes (Q and K by
-64-column pieces, the forward's Q box the tile's rows, its O box half of v's columns; every box of
+(routed by configs.GLUON_FORWARD_DV_ROUTED and GLUON_BACKWARD_DV_ROUTED, the backward with grouped
+heads only where GLUON_BACKWARD_DV_GROUPED; forced they take the pieces configs), the launches' TMA
+boxes (Q and K by 64-column pieces, the forward's Q box the tile's rows, its O box half of v's columns; every box of
 the backward's kernels 64 columns wide), and the kernels compiled for sm_90a (wgmma and TMA, not
 serialized, no spills beyond a few scalars, within 227 KiB of shared memory). The numbers are
 checked on the GPU by experiments/attention/gpu_mla.py (Gluon kernels cannot run in Triton's
@@ -44,10 +44,10 @@ def test_mla_plans_take_column_pieces(causal, monkeypatch):
         # 64-key blocks in 3 stages for short causal rows, as D128's
         short = plan.plan_forward(*mla_inputs(n=384, nk=384), causal, 192**-0.5, path="gluon").config
         assert (short["block_n"], short["stages"]) == ((64, 3) if causal else (128, 2))
-        # the backward: tl by default; forced, dK and dV by 64-column pieces, then dQ by pieces too
-        assert not configs.GLUON_BACKWARD_DV_ROUTED
+        # the backward: dK and dV by 64-column pieces, then dQ by pieces too (checked on the H100)
+        assert configs.GLUON_BACKWARD_DV_ROUTED
         do = meta(2, 16, 4096, 128)
-        assert plan.plan_backward(do, q, k, v, causal, 192**-0.5).path == "tl"
+        assert plan.plan_backward(do, q, k, v, causal, 192**-0.5).path == "gluon"
         bwd = plan.plan_backward(do, q, k, v, causal, 192**-0.5, path="gluon")
         assert bwd.config == configs.GLUON_BACKWARD_DV[192, 128]
         assert bwd.dq.path == "gluon" and bwd.dq.config == configs.GLUON_DQ_DV[192, 128]
@@ -62,9 +62,16 @@ def test_mla_routes_to_gluon_where_switched_on(monkeypatch):
     with dispatch.pretend(H100):
         assert plan.plan_forward(q, k, v, True, 192**-0.5).path == "gluon"
         assert plan.plan_forward(q, k, v, False, 192**-0.5, window=(256, 0), softcap=30.0).path == "gluon"
-        assert plan.plan_backward(meta(2, 16, 4096, 128), q, k, v, True, 192**-0.5).path == "tl"  # its own switch
-        monkeypatch.setattr(configs, "GLUON_BACKWARD_DV_ROUTED", True)
-        assert plan.plan_backward(meta(2, 16, 4096, 128), q, k, v, True, 192**-0.5).path == "gluon"
+        do = meta(2, 16, 4096, 128)
+        assert plan.plan_backward(do, q, k, v, True, 192**-0.5).path == "gluon"
+        # grouped heads: the Gluon backward at 192 / 128 waits for its own GPU check
+        kg, vg = meta(2, 4, 4096, 192), meta(2, 4, 4096, 128)
+        assert plan.plan_forward(q, kg, vg, True, 192**-0.5).path == "gluon"
+        assert plan.plan_backward(do, q, kg, vg, True, 192**-0.5).path == "tl"
+        monkeypatch.setattr(configs, "GLUON_BACKWARD_DV_GROUPED", True)
+        assert plan.plan_backward(do, q, kg, vg, True, 192**-0.5).path == "gluon"
+        monkeypatch.setattr(configs, "GLUON_BACKWARD_DV_ROUTED", False)
+        assert plan.plan_backward(do, q, k, v, True, 192**-0.5).path == "tl"
         # other unequal head sizes stay off Gluon; 64 / 128 square ones unchanged
         q2, k2, v2 = meta(2, 16, 4096, 128), meta(2, 16, 4096, 128), meta(2, 16, 4096, 64)
         assert plan.plan_forward(q2, k2, v2, True, 0.1).path == "tl"

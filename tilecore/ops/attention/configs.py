@@ -192,11 +192,17 @@ GLUON_BACKWARD = {
 # gluon_dq.attention_dq_mla_kernel (dq_from "gluon"; "tl": the tl dq kernel, D padded to 256). dK/dV:
 # 32 query rows a step: at 64 the accumulators (dK 96 + dV 64 registers a thread) with S^T and dP^T
 # spilled 820 B and ptxas serialized every wgmma (C7512); at 32 no spill (causal 8 B), 157 KiB of
-# shared memory in 3 stages. dQ: 64-key stages x 3, no spill, 216 KiB. Compile-checked only (session
-# 27): routed only where GLUON_BACKWARD_DV_ROUTED (after the GPU check).
+# shared memory in 3 stages. dQ: 64-key stages x 3, no spill, 216 KiB. H100 (session 27, runs/
+# gpu_mla_run2_session27_h100): checks right (bf16, causal and not, tails, N != Nk: dq 1.42-1.49x the
+# floor, dk 1.40-1.49, dv 1.37-1.43, the tl backward's errors to two digits); forward + backward at
+# B8 H16 N4096 504 TFLOP/s = 0.87x the D128 rate, causal 447 = 0.91x (the tl backward 0.37 / 0.43x,
+# with the tl dq kernel 0.67 / 0.73x); 1.47x / 1.01x cuDNN's. Routed since, with one q head a kv head:
+# grouped heads (the same walk as D128's, untested at 192 / 128 on the GPU) wait for
+# GLUON_BACKWARD_DV_GROUPED.
 GLUON_BACKWARD_DV = {(192, 128): dict(block_m=32, block_n=64, stages=3, dq_from="gluon", qk_pieces=3)}
 GLUON_DQ_DV = {(192, 128): dict(block_m=64, block_n=64, stages=3, qk_pieces=3)}
-GLUON_BACKWARD_DV_ROUTED = False
+GLUON_BACKWARD_DV_ROUTED = True
+GLUON_BACKWARD_DV_GROUPED = False
 FUSED_DQ_MIN_N = {False: 1024, True: 4096}  # D128 below this N: dQ by the Gluon dq kernel (sessions 14, 15)
 GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3),  # gluon_dq.py: rows a consumer, keys a step, stages
             128: dict(block_m=64, block_n=64, stages=4)}  # 4 stages: causal 383 -> 388 TFLOP/s (session 9)

@@ -141,12 +141,15 @@ def gluon_forward_dims(d: int, dv: int) -> bool:
     return (d, dv) in configs.GLUON_FORWARD_DV and configs.GLUON_FORWARD_DV_ROUTED
 
 
-def gluon_backward_dims(d: int, dv: int) -> bool:
-    """Whether the Gluon backward serves q/k head dim ``d`` and v's ``dv`` by default: 64 and 128 with
-    dv = d; MLA's (192, 128) once configs.GLUON_BACKWARD_DV_ROUTED (issue 35; off until GPU-checked)."""
+def gluon_backward_dims(d: int, dv: int, group: int = 1) -> bool:
+    """Whether the Gluon backward serves q/k head dim ``d`` and v's ``dv`` (``group`` q heads a kv
+    head) by default: 64 and 128 with dv = d; MLA's (192, 128) where configs.GLUON_BACKWARD_DV_ROUTED
+    (issue 35; checked on the H100 with one q head a kv head: grouped heads where
+    GLUON_BACKWARD_DV_GROUPED)."""
     if d == dv:
         return (d, False) in configs.GLUON_BACKWARD
-    return (d, dv) in configs.GLUON_BACKWARD_DV and configs.GLUON_BACKWARD_DV_ROUTED
+    return ((d, dv) in configs.GLUON_BACKWARD_DV and configs.GLUON_BACKWARD_DV_ROUTED
+            and (group == 1 or configs.GLUON_BACKWARD_DV_GROUPED))
 
 
 def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None = None,
@@ -162,7 +165,8 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
     used = features(q, v, causal, window, softcap)
     if path is None:
         path = (torch_path(q, k, scale, v, used) if dispatch.backend_for(q.device) == "reference" else
-                "gluon" if (used - {"dv"} <= configs.GLUON_BACKWARD_FEATURES and gluon_backward_dims(D, Dv) and scale > 0
+                "gluon" if (used - {"dv"} <= configs.GLUON_BACKWARD_FEATURES and gluon_backward_dims(D, Dv, H // Hkv)
+                            and scale > 0
                             and dispatch.gluon_ok(q.device)
                             and steps_exact(H // Hkv, N, 64)  # 64: the least block_m
                             and tma_describable(q) and tma_describable(k) and tma_describable(v)
