@@ -10,6 +10,7 @@
      192 / 128: what tilecore.attention runs once configs.GLUON_FORWARD_DV_ROUTED is set) and by the
      forced Gluon backward (gluon_backward.attention_bwd_mla_kernel's dK and dV by 64-column pieces,
      32 query rows a step, then gluon_dq.attention_dq_mla_kernel's dQ: configs.GLUON_BACKWARD_DV);
+   - tilecore.attention through autograd (the default plans: the custom ops and the eager plan cache);
 2. Timing (bf16, B8 H16 N4096, causal and not; triton.testing.do_bench medians, all in this run):
    forward and forward + backward of 192 / 128 (Gluon forward with the tl backward, Gluon forward and
    backward, and the tl forward: the route before session 27), of
@@ -39,7 +40,7 @@ if SMOKE:  # before triton is imported: the kernels run in its interpreter
 import torch  # noqa: E402
 
 from tilecore import accuracy  # noqa: E402
-from tilecore.ops.attention import configs, launch, plan  # noqa: E402
+from tilecore.ops.attention import attention, configs, launch, plan  # noqa: E402
 from tilecore.ops.attention.reference import attention_reference  # noqa: E402
 
 ROWS = []  # the table: (section, case, figures)
@@ -164,6 +165,20 @@ def check_case(name, b, hq, hkv, n, nk, causal, window, softcap, config, dtype) 
         row(("check", f"{name} {str(dtype)[6:]} bwd [{paths}, from the {fwd_plan.path} forward]",
                      ("ok " if ok else "BAD ") + " ".join(f"{nm} {e:.2f}" for nm, e in errs.items())
                      + (f" unwritten {unwritten}" if unwritten else "")))
+    # tilecore.attention through autograd: the default plans (the custom ops, the eager plan cache)
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    out_d = attention(qg, kg, vg, causal=causal, window_size=window, softcap=softcap)
+    grads = torch.autograd.grad(out_d, (qg, kg, vg), dout)
+    errs = {nm: accuracy.error_over_floor(g, r) for nm, g, r in zip(("dq", "dk", "dv"), grads, ref_grads)}
+    err_out = accuracy.error_over_floor(out_d.detach(), ref)
+    scale = q.shape[-1] ** -0.5
+    paths = (f"{plan.plan_forward(q, k, v, causal, scale, window=window, softcap=softcap).path}+"
+             f"{plan.plan_backward(dout, q, k, v, causal, scale, window=window, softcap=softcap).path}")
+    ok = all(bool(torch.isfinite(g).all()) for g in grads) and err_out <= 2.0 and max(errs.values()) <= 3.0
+    RESULTS["correctness"].append(dict(case=name, dtype=str(dtype), what="default autograd", path=paths, ok=ok,
+                                       out_over_floor=err_out, **{f"{nm}_over_floor": e for nm, e in errs.items()}))
+    row(("check", f"{name} {str(dtype)[6:]} tilecore.attention autograd [{paths}]",
+         ("ok " if ok else "BAD ") + f"out {err_out:.2f} " + " ".join(f"{nm} {e:.2f}" for nm, e in errs.items())))
 
 
 # --------------------------------------------------------------------------------------------
