@@ -66,21 +66,27 @@ GLUON_CHECKED = {(0, 128), (1, 128), (0, 64), (1, 64)}
 GLUON_STAGES = 2
 # the Gluon forward's PREFETCH (each chunk's decay and beta loaded during the chunk before) and Z_STAGE
 # (Mamba-2's z TMA-loaded with the stage, its silu by an approximate division). Run 8 (H100, both as one
-# flag then): Mamba-2 2.7B 1.773 ms against 1.886, checks pass; the scalar decay d128 slower (0.527 against
-# 0.487: 832 B spilled against 252), d64 equal. So PREFETCH only where z is given (gluon_forward.forward);
-# both off until the split is checked and timed (gpu_forward.py's z_stage / prefetch rows)
+# flag then): Mamba-2 2.7B 1.773 ms against 1.886, the scalar decay d128 slower (0.527 against 0.487: 832 B
+# spilled against 252). Run 9 (H100, session 27, split; every check passed: Mamba-2 h0 N 1000, N 33):
+# Mamba-2 2.7B z_stage 1.553 ms, prefetch + z_stage 1.647, plain 1.885 (FLA chunk_simple_gla 3.393: 2.18x
+# the kernel). So Z_STAGE on, PREFETCH off (it applies only where z is given: gluon_forward.forward)
 GLUON_PREFETCH = False
-GLUON_Z_STAGE = False
+GLUON_Z_STAGE = True
 # the Gluon forward's OVERLAP (Q K^T, Q S_old and the state update issued together as async wgmmas, P made
-# while the last two run; the weighted values in buffers of their own): off until gpu_forward.py checks it
+# while the last two run; the weighted values in buffers of their own): checked in run 9 (H100) but no
+# faster: no decay 0.368 ms against 0.367, scalar decay d128 0.488 against 0.487, d64 0.410 against 0.413,
+# Mamba-2 2.008 against 1.885 (with Z_STAGE 1.604 against 1.553). Off
 GLUON_OVERLAP = False
 # Based's Gluon forward (gluon_based.py: Dk 16, no decay, Dv a multiple of 64; its 153 symmetric features
-# padded to 160, S^T in wgmma registers): compiles for sm_90a, its tables and state maps match float64 on
-# the CPU; off until gpu_forward.py's check passes on the GPU (then True; launch.forward routes it)
-GLUON_BASED = False
+# padded to 160, S^T in wgmma registers). Runs 7-9 (H100, session 27, B16 H16 N4096 d16 v64 bf16): 0.200-0.212
+# ms against the tl kernel's 0.804 and FLA parallel_based's 2.04 (9.65-10.26x), 55-58% of the copy bound;
+# checked in run 9 as it is now (bf16 h0 N 1000 1.413x the floor, v128 N 77 1.425x, fp16 one tile N 4097
+# 1.405x; every element written; final states 1.6e-3 / 2e-4 relative, as the tl kernel's). launch.forward
+# runs it where plan's fwd_gluon_based is set and gluon_based.fits takes the tensors
+GLUON_BASED = True
 GLUON_BASED_STAGES = 2  # 3 stages do not fit beside its feature buffers (227 KiB)
-# its OVERLAP (paired selections, the chunk's wgmmas in flight together): run 7 (H100) checked and timed the
-# form without it (0.203 ms, 9.98x parallel_based); OVERLAP off until a check passes
+# its OVERLAP (paired selections, the chunk's wgmmas in flight together): checked in run 9, slower (0.211 ms
+# against 0.200). Off
 GLUON_BASED_OVERLAP = False
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
