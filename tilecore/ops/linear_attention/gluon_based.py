@@ -226,7 +226,8 @@ class BasedForward:
     @gluon.jit
     def features_single(self, x, sel_a, sel_b, out, PIECE_KIND: gl.constexpr, QUERY: gl.constexpr):
         """(Not OVERLAP: run 7's form.) A piece of 32 features of x [BT, 16] (shared memory) into ``out``
-        [BT, 32] (shared memory, the input dtype), two synchronous N = 32 selections: (x Sel_a + c_a) * (x Sel_b + c_b), times w on the query side (sel_a, sel_b [32, 16]).
+        [BT, 32] (shared memory, the input dtype), two synchronous N = 32 selections: (x Sel_a + c_a) *
+        (x Sel_b + c_b), times w on the query side (sel_a, sel_b [32, 16]).
         PIECE_KIND 0: features 0..31 (the squares, w = scale^2 / 2; the linear ones, c_b = 1, w = scale);
         1: pairs a < b (w = scale^2); 2: the tail (pairs, then the constant at column 24: c_a = c_b = 1,
         w = 1). The column constants come from the column index (no loads: loop-invariant loads were
@@ -330,7 +331,8 @@ class BasedForward:
             h, col = self.unit(tile, ctx.index)
             gl.store(self.state_ptrs(self.HT, tile.b, h, col, self.stb, self.sth, self.stf, self.stv, 0, 128, self.STL),
                      walk.S)
-            gl.store(self.state_ptrs(self.HT, tile.b, h, col, self.stb, self.sth, self.stf, self.stv, 128, 32, self.TTL),
+            gl.store(self.state_ptrs(self.HT, tile.b, h, col, self.stb, self.sth, self.stf, self.stv, 128, 32,
+                                     self.TTL),
                      walk.T)
 
 
@@ -357,7 +359,8 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
     dt: gl.constexpr = q_desc.dtype
     op = BasedForward(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT, s0b, s0h, s0f, s0v, stb, sth, stf, stv,
                       N, H, VB, scale,
-                      gl.allocate_shared_memory(dt, [256, 16], narrow), gl.allocate_shared_memory(dt, [64, 16], narrow),
+                      gl.allocate_shared_memory(dt, [256, 16], narrow),
+                      gl.allocate_shared_memory(dt, [64, 16], narrow),
                       gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
                       gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
                       gl.allocate_shared_memory(dt, [2, BV, 128], wide), gl.allocate_shared_memory(dt, [2, BV, 32], wide),
@@ -533,7 +536,8 @@ def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool
     args = dict(q_desc=descs[0], k_desc=descs[1], v_desc=descs[2], o_desc=descs[3], SEL=sel,
                 H0=x0 if x0 is not None else dummy, HT=xt if xt is not None else dummy,
                 s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1], stf=sht[2], stv=sht[3],
-                N=N, H=H, VB=VB, scale=scale, num_tiles=num_tiles, STAGES=stages, HAS_H0=x0 is not None, STORE_HT=xt is not None,
+                N=N, H=H, VB=VB, scale=scale, num_tiles=num_tiles, STAGES=stages, HAS_H0=x0 is not None,
+                STORE_HT=xt is not None,
                 OVERLAP=overlap)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
@@ -573,6 +577,7 @@ def compile_report(states: bool = True, stages: int = 2, overlap: bool = False) 
     grid, args, warps = launch_args(q, q, v, x, torch.empty_like(v), x, 0.25, stages, overlap)
     compiled = compile_kernel(based_fwd_gluon_kernel, args, num_warps=warps)
     r = resources(compiled)
-    return dict(case=f"based states={states} stages={stages} overlap={overlap}", spill_bytes=r.spill_stores, registers=r.registers,
+    return dict(case=f"based states={states} stages={stages} overlap={overlap}", spill_bytes=r.spill_stores,
+                registers=r.registers,
                 shared=r.shared, threads=r.threads, wgmma_serialized=r.wgmma_serialized,
                 **has_hopper_instructions(compiled.asm["ptx"]))
