@@ -119,8 +119,8 @@ PERM = {"perm": True}  # pow2: the second product's columns permuted (a thread h
 def s27_quantize_cases(quick=True):
     """Session 27 (issue 32, the 4-bit formats and the model widths), most important first (the deadline cuts the
     tail). Run 4 (7bcae5a) measured the kron-tiled kernel's interleaved slices (plan tuning "interleave": True,
-    each slice loaded strided; 2, one vector load a column) and shipped 2 for mxfp4 / nvfp4 / int4
-    (configs.QUANT_INTERLEAVE); this set checks and times the shipped plans at the widths run 4 did not cover,
+    each slice loaded strided; 2, one vector load a column) and shipped 2 where it checked them
+    (configs.QUANT_INTERLEAVE); this set checks and times nvfp4 / int4 interleaved where run 4 did not,
     the old plan (interleave 0) once, and the pow2 kernel's permuted columns (plan tuning "perm",
     configs.QUANT_PERM_COLUMNS: codes to shared memory by stmatrix, not 16 byte stores a thread) at 1024..32768,
     and the interleaved vector load through TMA (plan tuning "il_tma", configs.QUANT_INTERLEAVE_TMA) at 14336.
@@ -132,8 +132,9 @@ def s27_quantize_cases(quick=True):
     cases += [("q", f, 14336, {}, {}) for f in ("mxfp4", "nvfp4", "int4", "fp8_e4m3")]
     cases += [("q", "mxfp4", 14336, {}, {"interleave": 0})]
     cases += [("q", f, 14336, {}, {**ILV, "il_tma": True}) for f in ("mxfp4", "fp8_e4m3")]
-    cases += [("q", f, 28672, {}, {}) for f in ("mxfp4", "nvfp4", "int4")]
-    cases += [("q", f, 18944, {}, {}) for f in ("mxfp4", "nvfp4")] + [("q", "mxfp4", 11008, {}, {})]
+    cases += [("q", "mxfp4", 28672, {}, {})] + [("q", f, 28672, {}, t) for f in ("nvfp4", "int4") for t in ({}, ILV)]
+    cases += [("q", "mxfp4", 18944, {}, {})] + [("q", "nvfp4", 18944, {}, t) for t in ({}, ILV)]
+    cases += [("q", "mxfp4", 11008, {}, {})]
     # every format at the four model widths (the shipped plans), then perm at two more sizes
     cases += [("q", f, n, {}, {}) for f, n in (("nvfp4", 11008), ("int4", 18944), ("int4", 11008),
                                               ("fp8_e4m3", 28672), ("fp8_e4m3", 18944), ("fp8_e4m3", 11008),
@@ -159,8 +160,8 @@ def s27_check_cases(torch):
     nv = {"scale": 0.002}
     cases = [(f, 4096, {"tuning": PERM, **(nv if f == "nvfp4" else {})}, bf16) for f in ("mxfp4", "nvfp4", "int4")]
     cases += [("mxfp4", n, {"tuning": PERM}, bf16) for n in (2048, 1024, 32768)]
-    cases += [("nvfp4", 28672, nv, bf16), ("int4", 28672, {}, bf16), ("nvfp4", 18944, nv, bf16),
-              ("mxfp4", 14336, {}, bf16), ("int4", 14336, {}, bf16)]
+    cases += [("nvfp4", 28672, {"tuning": ILV, **nv}, bf16), ("int4", 28672, {"tuning": ILV}, bf16),
+              ("nvfp4", 18944, {"tuning": ILV, **nv}, bf16), ("mxfp4", 14336, {}, bf16), ("int4", 14336, {}, bf16)]
     cases += [(f, 14336, {"tuning": {**ILV, "il_tma": True}}, bf16) for f in ("mxfp4", "fp8_e4m3")]
     if not QUICK:  # another kernel (float16): compiled here, not warmed
         cases += [("mxfp4", 14336, {}, torch.float16), ("nvfp4", 4096, {"tuning": PERM, **nv}, torch.float16)]

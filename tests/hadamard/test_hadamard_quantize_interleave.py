@@ -99,6 +99,8 @@ def test_interleaved_slices_with_random_signs_and_where_the_plan_does_not_apply(
         plan = quantize.kernel_plan(18724, 14336, dtype, fmt, FORMATS[fmt].default_group, None, True, fmt == "nvfp4",
                                     False, 132)
         assert (plan.config["IL"], plan.config["ILV"]) == mode, (fmt, dtype, plan.config)
+    plan = quantize.kernel_plan(9448, 28672, torch.bfloat16, "nvfp4", 16, None, True, True, False, 132)
+    assert plan.config["IL"] == 0  # not yet checked on the GPU at that width (configs.QUANT_INTERLEAVE)
     # several rows a tile (B > 1) or one slice: the contiguous epilogue, whatever the tuning asks
     for n in (12 * 64, 20 * 128):
         plan = quantize.kernel_plan(64, n, torch.bfloat16, "mxfp4", 32, None, True, False, False, 2, True,

@@ -120,8 +120,11 @@ QUANT_KRON_TUNING = {14336: dict(num_warps=4)}
 # loaded as one vector a column), by format, 16-bit inputs. H100 (run 4 of session 27, checks ok: codes
 # 99.999% equal to the float64 reference's, every element written): mxfp4 14336 8.6 -> 31.9% of copy (2 against
 # True's 13.9), nvfp4 8.7 -> 31.9, int4 7.9 -> 22.2, mxfp4 28672 7.6 -> 16.9; fp8 per token loses (55.2 -> 39.1
-# at 14336, 26.0 -> 19.7 at 28672): off for fp8 and int8
-QUANT_INTERLEAVE = {"mxfp4": 2, "nvfp4": 2, "int4": 2}
+# at 14336, 26.0 -> 19.7 at 28672): off for fp8 and int8. Keys: (format, n), else the format. On where run 4
+# checked it on the GPU (18944: K-chunked mixing, strided loads, 1.03x); the same code at the other widths of
+# nvfp4 / int4 waits for the next s27 run's checks (then: {"mxfp4": 2, "nvfp4": 2, "int4": 2})
+QUANT_INTERLEAVE = {("mxfp4", 14336): 2, ("mxfp4", 28672): 2, ("mxfp4", 18944): 2, ("nvfp4", 14336): 2,
+                    ("int4", 14336): 2}
 # session 27: hadamard_quantize's pow2 kernel with the second product's columns permuted (a thread's values are 8
 # consecutive outputs: codes stored as words, not bytes 8 apart; plan tuning "perm"). Off until a GPU run checks it
 QUANT_PERM_COLUMNS = False

@@ -117,7 +117,8 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
     # interleaved slices (quantize_kernels._epilogue_interleaved): one row a tile, S >= 2 slices filling the
     # sub-row, groups a multiple of S or the whole row, pointer loads; interleave=2: loaded as one vector a
     # column (quantize_kernels._load_il) where the mixing is one product (not K-chunked past 64 sub-rows)
-    interleave = tuning.get("interleave", configs.QUANT_INTERLEAVE.get(fmt, 0) if dtype != torch.float32 else 0)
+    shipped = configs.QUANT_INTERLEAVE.get((fmt, n), configs.QUANT_INTERLEAVE.get(fmt, 0))
+    interleave = tuning.get("interleave", shipped if dtype != torch.float32 else 0)
     il = S if (interleave and B == 1 and S >= 2 and Q * S == P
                and (mode == 1 and group % S == 0 or mode == 0 and spg == m_pad)
                and not tuning.get("kron_tma", configs.KRON_TMA != "none")) else 0
