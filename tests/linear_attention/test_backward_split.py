@@ -152,3 +152,18 @@ def test_split_epilogue_writes_every_element_and_matches_the_combine(beta, group
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), [t for t in got if t is not None], ref):
         live = g >= -100 if name == "dg" else slice(None)
         assert accuracy.rel_rms(a[live], b[live]) < 1e-4, (name, accuracy.rel_rms(a[live], b[live]))
+
+
+def test_kernels_read_do_as_the_gpu_checked_them():
+    """launch.kernel_do: the unsplit backward with a decay reads float32 do (its dQ kernel reading bf16 do
+    was wrong on the H100, run 2 of session 27: Mamba-2 with D and no gate), the split path do in v's dtype
+    (bf16 checked there), and without a decay do as it comes."""
+    q, k, v, g, _ = make(1, 8, 1, 1, 16, 16, dtype=torch.bfloat16, decay="scalar")
+    do = torch.randn(v.shape, dtype=torch.bfloat16)
+    unsplit = launch.backward_plan(tl_plan(q, v, g, IDENTITY), q, v, g, IDENTITY, None, split=False)
+    split = launch.backward_plan(tl_plan(q, v, g, IDENTITY), q, v, g, IDENTITY, None, split=True)
+    assert launch.kernel_do(unsplit, do, v, g).dtype == F32
+    assert launch.kernel_do(split, do.float(), v, g).dtype == torch.bfloat16
+    assert launch.kernel_do(unsplit, do, v, None) is do
+    assert configs.BWD_SPLIT_KINDS == (1,)  # the scalar decay's default (GPU-checked); no decay: the unsplit
+    assert launch.backward_plan(tl_plan(q, v, g, IDENTITY), q, v, g, IDENTITY).config["split"]

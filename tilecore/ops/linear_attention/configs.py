@@ -99,6 +99,9 @@ BWD_STATE_ELEMS = 16384
 BWD_WARPS = {0: 8, 1: 4}
 # the decay kinds those blocks are the default for: the scalar decay's (a gated backward) were timed by the
 # sweep, not yet checked on the GPU (see CHANNEL_DIAG's comment); it keeps the blocks run 2 checked
+# (the scalar decay's were checked on the H100 in run 2 of session 27 with bf16 do, 1.34-1.43x the floor; the
+# unsplit gated path now reads float32 do (launch.kernel_do), and with the split path on for the scalar
+# decay these blocks' domain, Dk and Dv <= 128, is the split path's: left as it was)
 BWD_BLOCK_KINDS = (0,)
 BASED_BWD_WARPS = 4
 
@@ -111,7 +114,13 @@ BASED_BWD_WARPS = 4
 # the state and one output, 0.55. Off (no decay kind) until gpu_backward.py checks it on the GPU
 # By decay kind: a scalar decay's kernels take chunks of 32 (at 64 and 4 warps ptxas spilled 204 / 392 / 104
 # bytes in dQ / dK / dV, sm_90a; at 32: 8 / 64 / 0)
-BWD_SPLIT_KINDS: tuple = ()
+# Run 2 of session 27 (H100, bf16 against float64, N 1008, states, NaN-poisoned buffers: every element
+# written) checked the split path without a decay (d128 1.41-1.66x the floor, d64 N 17) and with a scalar
+# decay (with and without the EPILOGUE; beta and grouped heads, Dk 128 Dv 64: 1.36-1.73x, dg 0.025, dbeta
+# 1.7e-3 relative); the run's time budget cut its timing. On for the scalar decay (it drops the combine
+# kernel, 1.69 ms in run 1, and the dk partial sums); without a decay the unsplit backward's 2.02 ms (run 2)
+# stays the default until the split one is timed: (0, 1) turns it on there too
+BWD_SPLIT_KINDS: tuple = (1,)
 BWD_SPLIT_MAX_DIM = 128
 BWD_SPLIT = {0: dict(BT=64, BKB=64, BV=64, warps=4, stages=2), 1: dict(BT=32, BKB=64, BV=64, warps=4, stages=2)}
 BWD_SPLIT_DQ = {0: dict(BKQ=64, warps=4, stages=3), 1: dict(BKQ=64, warps=4, stages=3)}

@@ -154,6 +154,7 @@ def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float,
     if plan.path == "cpu":
         grads = chunked.chunked_backward(do, q, k, v, g, beta, h0, dht, scale, feature, plan.chunk)
         return _cast_grads(grads, dtypes) if native else grads
+    do = kernel_do(plan, do, v, g)
     if plan.config["upcast"]:  # the interpreter: bf16 on its float32 upcast, rounded once at the end
         q, k, v, do = q.float(), k.float(), v.float(), do.float()
     out = dict(zip(("dq", "dk", "dv"), dtypes)) if native and not plan.config["upcast"] else None
@@ -211,6 +212,20 @@ def backward_epilogue(plan: Plan, do, q, k, v, g, beta, h0, ht, dht, scale: floa
         dq = dq.view(B, N, Hqk, group, Dk).sum(3)
         dk = dk.view(B, N, Hqk, group, Dk).sum(3)
     return dq, dk, dv, dg, dbeta, dh0
+
+
+def kernel_do(plan: Plan, do, v, g):
+    """do in the dtype the backward kernels read it in, as the H100 checked them (run 2 of session 27): the
+    split path in v's dtype (bf16 do checked there, beta and grouped heads included); the unsplit path with a
+    decay in float32: its dQ kernel reading bf16 do directly was WRONG on the H100 (Mamba-2 with D and no
+    gate, Dk 128, Dv 64, 8 warps: dC 13.9x the rounding floor; with float32 do, as checked in sessions 24-27,
+    1.4x) while the interpreter, which runs bf16 on a float32 upcast, cannot see it; without a decay bf16 as
+    it comes (checked: d128, Based)."""
+    if plan.config.get("split"):
+        return do.to(v.dtype) if do.dtype != v.dtype and v.dtype != torch.float32 else do
+    if g is not None:
+        return do.float()
+    return do
 
 
 def _cast_grads(grads, dtypes):
