@@ -28,9 +28,11 @@ rows are ever written. lse
 (Hq, total_q) float32 natural log, as the tl path's. SOFTCAP as the fixed kernel's (1: tanh from
 exp2, 2: tanh.approx.f32). No window (the tl kernels serve it).
 
-A P of 0 times a neighbour's V row holding inf or NaN would be NaN: before a sequence's last, partial
-key block's P V, the consumer zeroes that block's V rows past the sequence in shared memory
-(``zero_rows_from``; a neighbour's K is harmless: its scores are replaced by -inf).
+A P of 0 times a neighbour's V row holding inf or NaN is NaN, so a non-finite V within BLOCK_N rows
+after a sequence's end reaches that sequence's last rows (finite inputs are never affected; a
+neighbour's K is harmless: its scores become -inf). ``ZERO_TAIL_V`` zeroes those V rows in shared
+memory before the last P V (``zero_rows_from``): compiled, not yet run on a GPU, so off by default
+(configs.VARLEN_GLUON_FORWARD_CONFIG's ``zero_tail_v``).
 """
 from triton.experimental import gluon
 
@@ -106,6 +108,7 @@ class VarlenAttention:
     P: gl.constexpr
     SOFTCAP: gl.constexpr
     WINDOW: gl.constexpr
+    ZERO_TAIL_V: gl.constexpr  # zero the next sequence's V rows in a partial last key block (zero_rows_from)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -230,8 +233,9 @@ class VarlenAttention:
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             st = st.replace(m=m, l=l, acc=acc * alpha, p=self.p_operand(p32))
         elif (step == n_own) & (step > own_first):
-            if (step == tile.n_blocks) & (key > tile.Nk):  # the sequence's last key block, partial
-                self.zero_rows_from(stage.v.reshape([self.BN, self.D]), tile.Nk - (key - self.BN))
+            if self.ZERO_TAIL_V:
+                if (step == tile.n_blocks) & (key > tile.Nk):  # the sequence's last key block, partial
+                    self.zero_rows_from(stage.v.reshape([self.BN, self.D]), tile.Nk - (key - self.BN))
             st = st.replace(acc=warpgroup_mma(st.p, v, st.acc))
         return st
 
@@ -253,8 +257,9 @@ class VarlenAttention:
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             st = st.replace(m=m, l=l, acc=acc * alpha, p=self.p_operand(p32))
         elif (step == st.rows.n_blocks) & (step > 0):
-            if (step == tile.n_blocks) & (step * self.BN > tile.Nk):  # the sequence's last key block, partial
-                self.zero_rows_from(stage.v.reshape([self.BN, self.D]), tile.Nk - (step - 1) * self.BN)
+            if self.ZERO_TAIL_V:
+                if (step == tile.n_blocks) & (step * self.BN > tile.Nk):  # the sequence's last key block, partial
+                    self.zero_rows_from(stage.v.reshape([self.BN, self.D]), tile.Nk - (step - 1) * self.BN)
             st = st.replace(acc=warpgroup_mma(st.p, v, st.acc))
         return st
 
@@ -301,7 +306,8 @@ class VarlenAttention:
 def attention_varlen_fwd_kernel(q_desc, k_desc, v_desc, o_desc, out_ptr, o_row_stride, lse_ptr, cu_q, cu_k, work,
                                 num_tiles, GROUP, total_q, scale_log2e, tanh_scale, left, right, tile_counter,
                                 CAUSAL: gl.constexpr, SOFTCAP: gl.constexpr, STAGES: gl.constexpr,
-                                CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr = 2, WINDOW: gl.constexpr = False):
+                                CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr = 2, WINDOW: gl.constexpr = False,
+                                ZERO_TAIL_V: gl.constexpr = False):
     """O and lse of packed attention for every work item (``work_table``); a persistent grid drawing
     its tiles from ``tile_counter`` (or, None, program p takes tiles p, p + P, ...)."""
     gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")
@@ -312,7 +318,7 @@ def attention_varlen_fwd_kernel(q_desc, k_desc, v_desc, o_desc, out_ptr, o_row_s
     op = VarlenAttention(q_desc, k_desc, v_desc, o_desc, out_ptr, o_row_stride, lse_ptr, cu_q, cu_k, work, GROUP,
                          total_q, left, right, scale_log2e, tanh_scale, CAUSAL, BM, BN, D, CONSUMERS,
                          wgmma_layout(BM, BN, gl.num_warps()), wgmma_layout(BM, D, gl.num_warps()),
-                         wgmma_lhs_layout(BM, D, gl.num_warps()), SOFTCAP, WINDOW)
+                         wgmma_lhs_layout(BM, D, gl.num_warps()), SOFTCAP, WINDOW, ZERO_TAIL_V)
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=0,
                     tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), tile_counter=tile_counter)
     run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), num_tiles)
@@ -340,7 +346,7 @@ def compiled_forward(d: int = 128, causal: bool = True, softcap: int = 0, dtype=
                 cu_q=i32, cu_k=i32, work=i32, num_tiles=4096, GROUP=1, total_q=4096, scale_log2e=0.1,
                 tanh_scale=0.1, left=1000, right=0, tile_counter=torch.zeros(1, dtype=torch.int32) if drawn else None,
                 CAUSAL=causal and not window, SOFTCAP=softcap, STAGES=cfg["stages"], CONSUMERS=cfg["consumers"],
-                Q_BUFFERS=cfg["q_buffers"], WINDOW=window)
+                Q_BUFFERS=cfg["q_buffers"], WINDOW=window, ZERO_TAIL_V=cfg.get("zero_tail_v", False))
     return compile_kernel(attention_varlen_fwd_kernel, args, num_warps=4)
 
 

@@ -338,7 +338,7 @@ def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1
             packed_operand(out, block_m), out, out.stride(0), lse, cu_q, cu_k, work, num_tiles, hq // hkv, total_q,
             scale_log2e, tanh_scale, wl, wr, tile_counter(q.device) if cfg.get("drawn", True) else None,
             CAUSAL=is_causal, SOFTCAP=mode, STAGES=cfg["stages"], CONSUMERS=consumers,
-            Q_BUFFERS=cfg.get("q_buffers", 2), WINDOW=window, num_warps=4)
+            Q_BUFFERS=cfg.get("q_buffers", 2), WINDOW=window, ZERO_TAIL_V=cfg.get("zero_tail_v", False), num_warps=4)
     return out, lse
 
 
