@@ -117,10 +117,12 @@ BASED_BWD_WARPS = 4
 # Run 2 of session 27 (H100, bf16 against float64, N 1008, states, NaN-poisoned buffers: every element
 # written) checked the split path without a decay (d128 1.41-1.66x the floor, d64 N 17) and with a scalar
 # decay (with and without the EPILOGUE; beta and grouped heads, Dk 128 Dv 64: 1.36-1.73x, dg 0.025, dbeta
-# 1.7e-3 relative); the run's time budget cut its timing. On for the scalar decay (it drops the combine
-# kernel, 1.69 ms in run 1, and the dk partial sums); without a decay the unsplit backward's 2.02 ms (run 2)
-# stays the default until the split one is timed: (0, 1) turns it on there too
-BWD_SPLIT_KINDS: tuple = (1,)
+# 1.7e-3 relative); the run's time budget cut its timing. Off (lead's call at the session's end): untimed
+# (it drops the combine kernel, 1.69 ms in run 1, and the dk partial sums, but nothing measured it), and
+# Mamba-2 with D on it (float32 dv store) never ran as-is, while the unsplit gated path with float32 do is
+# the form every GPU check since session 24 passed (run 2's Mamba-2 D + z). (1,) for the scalar decay,
+# (0, 1) for both, once gpu_backward.py times them
+BWD_SPLIT_KINDS: tuple = ()
 BWD_SPLIT_MAX_DIM = 128
 BWD_SPLIT = {0: dict(BT=64, BKB=64, BV=64, warps=4, stages=2), 1: dict(BT=32, BKB=64, BV=64, warps=4, stages=2)}
 BWD_SPLIT_DQ = {0: dict(BKQ=64, warps=4, stages=3), 1: dict(BKQ=64, warps=4, stages=3)}

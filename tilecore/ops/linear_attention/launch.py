@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from tilecore import dispatch
-from tilecore.ops.linear_attention import chunked, configs, gluon_forward, kernels_backward, kernels_tl
+from tilecore.ops.linear_attention import chunked, configs, gluon_based, gluon_forward, kernels_backward, kernels_tl
 from tilecore.ops.linear_attention.plan import BASED, CHANNEL_DECAY, SCALAR_DECAY, Plan, block, decay_kind
 
 LOG_DECAY_FLOOR = chunked.LOG_DECAY_FLOOR
@@ -58,6 +58,11 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
         with dispatch.on_device(v.device):  # Hopper: the Gluon forward (o before D and z not kept)
             o, ht = gluon_forward.forward(q, k, v, g, beta, d_skip, z, h0, scale, final_state,
                                           plan.config["gluon_stages"])
+        return o, ht, None
+    if (plan.config.get("fwd_gluon_based") and not keep_linear
+            and gluon_based.fits(q, k, v, g, beta, d_skip, z) is None):
+        with dispatch.on_device(v.device):  # Hopper: Based's Gluon forward
+            o, ht = gluon_based.forward(q, k, v, h0, scale, final_state, plan.config["gluon_based_stages"])
         return o, ht, None
     out_dtype = v.dtype
     if plan.config["upcast"]:
