@@ -240,12 +240,7 @@ def dq_diagram(batch, heads, kv_heads, seq, d, causal, dtype="bf16") -> Diagram:
     """The separate dQ pass: recompute S, P, dP, dS from Q, K, V, dO, L, D, then dQ = dS K (three MMAs)."""
     import dataclasses
     g = Diagram("attention dq", q=seq, x=seq, d=d, e=d)
-    Q, K, V = g.input("Q", "q d", dtype), g.input("K", "x d", dtype), g.input("V", "x e", dtype)
-    dO, L, Dl = g.input("dO", "q e", dtype), g.input("L", "q", "fp32"), g.input("D", "q", "fp32")
-    S = g.contract(Q, K, out="q x", name="S", dtype="fp32")
-    P = g.map("exp(S - L)", S, L, name="P", unit="sfu", ops=1, dtype=dtype)
-    dP = g.contract(dO, V, out="q x", name="dP", dtype="fp32")
-    dS = g.map("P (dP - D)", P, dP, Dl, name="dS", unit="alu", ops=2, dtype=dtype)
+    _, K, _, _, dS = models.backward_recompute(g, dtype)
     g.output(g.contract(dS, K, out="q d", name="dQ", dtype=dtype))
     ins = ["Q", "dO", "L", "D"]
     for axis, size, inputs in ((("r", heads // kv_heads, ins),) if kv_heads != heads else ()) + (

@@ -132,6 +132,18 @@ def copy(n=2**29, dtype="bf16") -> Diagram:
     return g.output(g.map("identity", g.input("X", "i", dtype), name="Y", ops=0, dtype=dtype))
 
 
+def backward_recompute(g: Diagram, dtype: str):
+    """The attention backward's inputs on ``g`` (axes q, x, d, e) and its recomputed P and dS:
+    S = Q K^T, P = exp(S - L), dP = dO V^T, dS = P (dP - D). Returns (Q, K, dO, P, dS)."""
+    Q, K, V = g.input("Q", "q d", dtype), g.input("K", "x d", dtype), g.input("V", "x e", dtype)
+    dO, L, Dl = g.input("dO", "q e", dtype), g.input("L", "q", "fp32"), g.input("D", "q", "fp32")
+    S = g.contract(Q, K, out="q x", name="S", dtype="fp32")
+    P = g.map("exp(S - L)", S, L, name="P", unit="sfu", ops=1, dtype=dtype)
+    dP = g.contract(dO, V, out="q x", name="dP", dtype="fp32")
+    dS = g.map("P (dP - D)", P, dP, Dl, name="dS", unit="alu", ops=2, dtype=dtype)
+    return Q, K, dO, P, dS
+
+
 def attention_backward(batch=16, heads=16, seq=4096, d=128, kv_heads=None, causal=False,
                        dtype="bf16") -> Diagram:
     """The FlashAttention backward: from Q, K, V, dO and the forward's row log-sum-exp L and
@@ -142,12 +154,7 @@ def attention_backward(batch=16, heads=16, seq=4096, d=128, kv_heads=None, causa
     if heads % kv_heads:
         raise ShapeMismatchError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
     g = Diagram("attention_backward", q=seq, x=seq, d=d, e=d)
-    Q, K, V = g.input("Q", "q d", dtype), g.input("K", "x d", dtype), g.input("V", "x e", dtype)
-    dO, L, Dl = g.input("dO", "q e", dtype), g.input("L", "q", "fp32"), g.input("D", "q", "fp32")
-    S = g.contract(Q, K, out="q x", name="S", dtype="fp32")
-    P = g.map("exp(S - L)", S, L, name="P", unit="sfu", ops=1, dtype=dtype)
-    dP = g.contract(dO, V, out="q x", name="dP", dtype="fp32")
-    dS = g.map("P (dP - D)", P, dP, Dl, name="dS", unit="alu", ops=2, dtype=dtype)
+    Q, K, dO, P, dS = backward_recompute(g, dtype)
     dV = g.contract(P, dO, out="x e", name="dV", dtype=dtype)
     dK = g.contract(dS, Q, out="x d", name="dK", dtype=dtype)
     dQ = g.contract(dS, K, out="q d", name="dQ", dtype=dtype)
