@@ -23,8 +23,8 @@ HOPPER = GPUTarget("cuda", 90, 32)
 
 
 def compile_kernel(kernel, args: dict, *, num_warps: int = 4, target: GPUTarget = HOPPER, **options):
-    """Compile ``kernel`` (a triton.jit or gluon.jit function) for ``args`` given by name, as the JIT
-    would: the same specialization (ints equal to 1 become constants; 16-divisible ints and 16-byte
+    """Compile ``kernel`` (a triton.jit or gluon.jit function) for ``args`` given by name (arguments with
+    a default may be left out), as the JIT would: the same specialization (ints equal to 1 become constants; 16-divisible ints and 16-byte
     aligned pointers get divisibility hints, without which loads are not vectorized or pipelined and
     the report misleads). ``options``: other compile options, e.g. num_stages. ``target``: any GPU
     Triton compiles for (GPUTarget("cuda", 86, 32), GPUTarget("hip", "gfx90a", 64), ...)."""
@@ -36,7 +36,10 @@ def compile_kernel(kernel, args: dict, *, num_warps: int = 4, target: GPUTarget 
     backend = make_backend(target)
     signature, constexprs, attrs = {}, {}, {}
     for i, param in enumerate(kernel.params):
-        value = args[param.name]
+        if param.name not in args and not param.has_default:
+            name = getattr(kernel, "__name__", "the kernel")
+            raise KeyError(f"compile_kernel: no value for {name}'s argument {param.name!r}")
+        value = args[param.name] if param.name in args else param.default  # a default, as the JIT takes it
         if param.is_constexpr:
             signature[param.name] = "constexpr"
             constexprs[(i,)] = value
