@@ -2,7 +2,6 @@
 linear-attention report's forward kernel has GL=None), a missing required one names itself."""
 import pytest
 import torch
-
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
