@@ -188,6 +188,15 @@ class CachedLaunch:
         options = tuple((k, kwargs[k]) for k in self.OPTIONS if k in kwargs)
         return (options, spec), ordered
 
+    def run(self, key, grid, args: tuple, kwargs: dict):
+        """``self[grid](*args, **kwargs)``, or with a launch ``key`` (an op's call signature with what its
+        plan reads: :meth:`launch_keyed`'s contract) the keyed launch, on the device of the first CUDA
+        tensor argument. One call site for ops that launch keyed on their eager path and plainly else."""
+        if key is None:
+            return self._launch(tuple(grid), args, kwargs)
+        with dispatch.on_device(_device_of(args)):
+            return self.launch_keyed(key, tuple(grid), args, kwargs)
+
     def launch_keyed(self, key, grid, args, kwargs):
         """``self[grid](*args, **kwargs)`` for a CUDA launch on the current device, looked up by the
         caller's ``key`` instead of by what Triton specializes: ~10 us less host time a call.
@@ -217,9 +226,7 @@ class CachedLaunch:
 
     def _launch(self, grid, args, kwargs):
         # Triton launches on the current device: make it the device of the first CUDA tensor argument
-        device = next((t.device for t in (a.base if type(a) is TmaOperand else a for a in args)
-                       if isinstance(t, torch.Tensor) and t.is_cuda), None)
-        with dispatch.on_device(device):
+        with dispatch.on_device(_device_of(args)):
             return self._launch_here(grid, args, kwargs)
 
     def _jit_launch(self, grid, args, kwargs):
@@ -253,6 +260,12 @@ class CachedLaunch:
                 return compiled
         compiled[grid + (1,) * (3 - len(grid))](*ordered)  # another thread filled it meanwhile
         return compiled
+
+
+def _device_of(args) -> torch.device | None:
+    """The device of the first CUDA tensor among launch arguments (a TmaOperand's base counts)."""
+    return next((t.device for t in (a.base if type(a) is TmaOperand else a for a in args)
+                 if isinstance(t, torch.Tensor) and t.is_cuda), None)
 
 
 def direct_launch(compiled):

@@ -47,17 +47,6 @@ _APPEND, _FWD_SPLIT, _MERGE = _kernel("kvcache_append"), _kernel("kvcache_fwd_sp
 _CHECKED = LRU(256)  # a CUDA call's signature -> the capacity its checks returned (they read nothing else)
 
 
-def _launch(kernel: CachedLaunch, key, grid, args: tuple, options: dict) -> None:
-    """``kernel[grid](*args, **options)``; with the call's key (its signature, which fixes every
-    argument's specialization: the ints are its sizes and strides, the other tensors fresh), looked up
-    by it (CachedLaunch.launch_keyed: the host time of an eager decode step)."""
-    if key is None:
-        kernel[grid](*args, **options)
-    else:
-        with dispatch.on_device(args[0].device):
-            kernel.launch_keyed(key, grid, args, options)
-
-
 def check(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, window_size, softcap, validate):
     where = "attention_with_kvcache"
     named = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens}
@@ -132,11 +121,11 @@ def append(k_cache, v_cache, k, v, cache_seqlens, block_table, key=None) -> None
         paged = block_table is not None
         table = block_table if paged else cache_seqlens
         hkv, d, dv = k.shape[2], k.shape[3], v.shape[3]
-        _launch(_APPEND, key, (k.shape[0] * k.shape[1],),
-                (k, v, k_cache, v_cache, table, cache_seqlens, k.shape[1], hkv, d, dv, *k.stride(), *v.stride(),
-                 *k_cache.stride(), *v_cache.stride(), *(table.stride() if paged else (0, 0))),
-                dict(PAGE=k_cache.shape[1] if paged else 1, PAGED=paged, BLOCK_H=next_power_of_2(hkv),
-                     BLOCK_D=next_power_of_2(d), BLOCK_DV=next_power_of_2(dv)))
+        _APPEND.run(key, (k.shape[0] * k.shape[1],),
+                    (k, v, k_cache, v_cache, table, cache_seqlens, k.shape[1], hkv, d, dv, *k.stride(), *v.stride(),
+                     *k_cache.stride(), *v_cache.stride(), *(table.stride() if paged else (0, 0))),
+                    dict(PAGE=k_cache.shape[1] if paged else 1, PAGED=paged, BLOCK_H=next_power_of_2(hkv),
+                         BLOCK_D=next_power_of_2(d), BLOCK_DV=next_power_of_2(dv)))
         return
     nnew = k.shape[1]
     pos = cache_seqlens.long()[:, None] + torch.arange(nnew, device=k.device)  # (B, Nnew)
@@ -189,17 +178,17 @@ def forward_kernels(q, k_cache, v_cache, nnew, cache_seqlens, block_table, causa
     table = block_table if paged else cache_seqlens  # (an unused pointer when not paged)
     wl, wr, has_left, has_right = kernel_window(causal, left, right)
     options = {} if interpret else dict(num_warps=4, num_stages=3 if max(d, dv) <= 128 else 2)
-    _launch(_FWD_SPLIT, key, (bsz * hkv, splits, cdiv(rows, block_m)),
-            (q, k_cache, v_cache, table, cache_seqlens, out, lse, *(p if p is not None else lse for p in parts),
-             *q.stride(), *k_cache.stride(), *v_cache.stride(), *(table.stride() if paged else (0, 0)), *out.stride(),
-             hkv, nq, nnew, d, dv, group, keys_per_split, scale, float(softcap), wl, wr),
-            dict(PAGE=k_cache.shape[1] if paged else 1, PAGED=paged, LEFT=has_left, RIGHT=has_right,
-                 SOFTCAP=softcap > 0, MERGED=merged, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d(d),
-                 BLOCK_DV=block_d(dv), **options))
+    _FWD_SPLIT.run(key, (bsz * hkv, splits, cdiv(rows, block_m)),
+                   (q, k_cache, v_cache, table, cache_seqlens, out, lse, *(p if p is not None else lse for p in parts),
+                    *q.stride(), *k_cache.stride(), *v_cache.stride(), *(table.stride() if paged else (0, 0)),
+                    *out.stride(), hkv, nq, nnew, d, dv, group, keys_per_split, scale, float(softcap), wl, wr),
+                   dict(PAGE=k_cache.shape[1] if paged else 1, PAGED=paged, LEFT=has_left, RIGHT=has_right,
+                        SOFTCAP=softcap > 0, MERGED=merged, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d(d),
+                        BLOCK_DV=block_d(dv), **options))
     if not merged:
-        _launch(_MERGE, key, (bsz * hq * nq,),
-                (out, lse, parts[0], parts[1], bsz * hq * nq, hq, nq, dv, splits, *out.stride()),
-                dict(SPLITS=next_power_of_2(splits), BLOCK_DV=block_d(dv)))
+        _MERGE.run(key, (bsz * hq * nq,),
+                   (out, lse, parts[0], parts[1], bsz * hq * nq, hq, nq, dv, splits, *out.stride()),
+                   dict(SPLITS=next_power_of_2(splits), BLOCK_DV=block_d(dv)))
     return out, lse
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from tilecore import dispatch
 from tilecore.ops.norm import backward as bwd_kernels
 from tilecore.ops.norm import forward as fwd_kernels
 from tilecore.ops.norm.plan import Plan
@@ -44,22 +43,12 @@ def _stride(t):
     return 0 if t is None else t.stride(0)
 
 
-def _run(kernel: CachedLaunch, key, grid, args: tuple, options: dict) -> None:
-    """``kernel[grid](*args, **options)``; with a launch key, looked up by it (CachedLaunch.launch_keyed).
-    The key is the call's signature (op.py), so it fixes every argument's specialization: the ints are
-    its sizes and strides, the other tensors fresh allocations or the dropout seed."""
-    if key is None:
-        kernel[grid](*args, **options)
-    else:
-        with dispatch.on_device(args[0].device):
-            kernel.launch_keyed(key, grid, args, options)
-
-
 def forward(plan: Plan, x, residual, weight, bias, seed, p: float, eps: float, rms: bool, store_h: bool,
             h_dtype: torch.dtype, key=None):
     """(y, h, mean, rstd): y (rows, N) in x's dtype; h (rows, N) in ``h_dtype`` with ``store_h``, else
     empty; mean (rows,) float32 (empty for RMSNorm); rstd (rows,) float32. ``key``: the call's launch
-    key (op.py), or None."""
+    key (op.py: its signature, which fixes every argument's specialization: the ints are its sizes and
+    strides, the other tensors fresh allocations or the dropout seed), or None."""
     rows, n = x.shape
     y = output((rows, n), x.dtype, x.device)
     h = output((rows, n) if store_h else (0,), h_dtype, x.device)
@@ -74,13 +63,14 @@ def forward(plan: Plan, x, residual, weight, bias, seed, p: float, eps: float, r
                  DROPOUT=seed is not None, RMS=rms, H_DTYPE=TL_DTYPES[h_dtype], num_warps=plan.num_warps)
     mean_arg = None if rms else mean
     if not plan.whole_row:
-        _run(_stats, key, (cdiv(rows, plan.rows_per_tile),),
-             (x, residual, mean_arg, rstd, seed, rows, n, x.stride(0), _stride(residual), eps, threshold16(p), scale),
-             flags)
-    _run(_forward, key, (plan.row_tiles, plan.column_blocks),
-         (x, residual, weight, bias, y, h if store_h else None, mean_arg, rstd, seed, rows, n, x.stride(0),
-          _stride(residual), y.stride(0), _stride(h) if store_h else 0, eps, threshold16(p), scale),
-         dict(WHOLE_ROW=plan.whole_row, HAS_W=weight is not None, HAS_B=bias is not None, STORE_H=store_h, **flags))
+        _stats.run(key, (cdiv(rows, plan.rows_per_tile),),
+                   (x, residual, mean_arg, rstd, seed, rows, n, x.stride(0), _stride(residual), eps,
+                    threshold16(p), scale), flags)
+    _forward.run(key, (plan.row_tiles, plan.column_blocks),
+                 (x, residual, weight, bias, y, h if store_h else None, mean_arg, rstd, seed, rows, n, x.stride(0),
+                  _stride(residual), y.stride(0), _stride(h) if store_h else 0, eps, threshold16(p), scale),
+                 dict(WHOLE_ROW=plan.whole_row, HAS_W=weight is not None, HAS_B=bias is not None, STORE_H=store_h,
+                      **flags))
     return y, h, mean, rstd
 
 
@@ -110,16 +100,17 @@ def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_
     sums = None
     if not plan.whole_row:
         sums = output((rows, 2), torch.float32, dy.device)
-        _run(_row_sums, key, (cdiv(rows, plan.backward_rows),),
-             (dy, x, residual, h, weight, mean_arg, rstd, seed, sums, rows, n, *strides, threshold16(p), scale), flags)
+        _row_sums.run(key, (cdiv(rows, plan.backward_rows),),
+                      (dy, x, residual, h, weight, mean_arg, rstd, seed, sums, rows, n, *strides, threshold16(p),
+                       scale), flags)
     dw_part = output((plan.groups, n), torch.float32, dy.device) if weight is not None else None
     db_part = output((plan.groups, n), torch.float32, dy.device) if bias is not None else None
-    _run(_backward, key, (plan.groups, plan.column_blocks),
-         (dy, x, residual, h, weight, mean_arg, rstd, sums, seed, dh_out, dx, dres if store_dres else None,
-          dw_part, db_part, rows, n, *strides, _stride(dh_out), dx.stride(0), dres.stride(0) if store_dres else 0,
-          threshold16(p), scale),
-         dict(WHOLE_ROW=plan.whole_row, HAS_DH_OUT=dh_out is not None, STORE_DRES=store_dres,
-              DW=weight is not None, DB=bias is not None, **flags))
+    _backward.run(key, (plan.groups, plan.column_blocks),
+                  (dy, x, residual, h, weight, mean_arg, rstd, sums, seed, dh_out, dx, dres if store_dres else None,
+                   dw_part, db_part, rows, n, *strides, _stride(dh_out), dx.stride(0),
+                   dres.stride(0) if store_dres else 0, threshold16(p), scale),
+                  dict(WHOLE_ROW=plan.whole_row, HAS_DH_OUT=dh_out is not None, STORE_DRES=store_dres,
+                       DW=weight is not None, DB=bias is not None, **flags))
     dw = None if dw_part is None else dw_part.sum(0)  # the small sum over the groups' partials
     db = None if db_part is None else db_part.sum(0)
     return dx, dres, _cast(dw, weight, dy), _cast(db, bias, dy)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from tilecore import dispatch
 from tilecore.ops.rotary import kernels
 from tilecore.ops.rotary.plan import Plan
 from tilecore.tiles.launch import CachedLaunch
@@ -35,11 +34,7 @@ def launch(plan: Plan, x, cos, sin, position_ids, out, interleaved: bool, conjug
     options = dict(R=R, BLOCK_R=plan.block_r, BLOCK_H=plan.block_h, PASS=0 if in_place else D - 2 * R,
                    BLOCK_PASS=plan.block_pass, INTERLEAVED=interleaved, CONJUGATE=conjugate, HAS_POS=pos is not None,
                    num_warps=plan.num_warps)
-    if key is None:
-        _rotary[plan.grid](*args, **options)
-    else:
-        with dispatch.on_device(x.device):
-            _rotary.launch_keyed(key, plan.grid, args, options)
+    _rotary.run(key, plan.grid, args, options)
 
 
 def _cpu(x, cos, sin, position_ids, out, interleaved, conjugate, in_place) -> None:
