@@ -14,10 +14,11 @@ from tilecore.ops.attention import kvcache
 from tilecore.ops.attention.reference_varlen import kvcache_reference
 from tilecore.ops.norm import op
 from tilecore.ops.rotary import op as rotary_op
+from tilecore.tiles import eager
 from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.launch import CachedLaunch
 
-MODULES = (op, rotary_op, kvcache)
+MODULES = (op, rotary_op, kvcache, eager)  # each one's signature (eager's: the backward's key)
 
 
 def _cpu_signature(*items):

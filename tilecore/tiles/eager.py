@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from tilecore import dispatch
+from tilecore.tiles.launch import signature
 
 
 def eager_autograd(name: str, impl: Callable, setup_context: Callable, backward: Callable) -> type:
@@ -51,6 +52,14 @@ def run(op, impl: Callable, function: type, *args, tensors=None, key=None):
     if mode == "autograd":
         return function.apply(key, *args)
     return op(*args)
+
+
+def backward_key(ctx, *grads):
+    """The launch key of an eager forward's backward (``ctx.launch_key``, :func:`eager_autograd`) with
+    what the backward adds, the gradients' layouts (autograd's choice); None without one."""
+    key = getattr(ctx, "launch_key", None)
+    grads_signature = None if key is None else signature(*grads)
+    return None if grads_signature is None else ("backward", key, grads_signature)
 
 
 def backward_call(op, impl: Callable, *args, key=None):

@@ -78,6 +78,17 @@ class LRU:
             data[key] = [value, False]
             data.move_to_end(key)
 
+    def memo(self, key, make):
+        """The value kept for ``key``, made by ``make()`` and kept at the key's first lookup; ``make()``
+        each call where ``key`` is None (an uncached call). A ``make`` that raises keeps nothing."""
+        if key is None:
+            return make()
+        value = self.get(key)
+        if value is None:
+            value = make()
+            self.put(key, value)
+        return value
+
     def __len__(self) -> int:
         return len(self._data)
 

@@ -256,12 +256,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     direct = dispatch.eager_mode(q, k_cache, v_cache, k, v) == "direct"
     key = signature(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, *window_size, softcap) \
         if direct and not validate and isinstance(window_size, tuple) and len(window_size) == 2 else None
-    capacity = None if key is None else _CHECKED.get(key)
-    if capacity is None:
-        capacity = check(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, window_size, softcap,
-                         validate)
-        if key is not None:
-            _CHECKED.put(key, capacity)
+    capacity = _CHECKED.memo(key, lambda: check(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale,
+                                                window_size, softcap, validate))
     left, right = (int(w) for w in window_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, left, right, float(softcap), capacity)

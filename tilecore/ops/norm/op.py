@@ -97,13 +97,7 @@ _PLANS = LRU(256)  # a CUDA call's launch key (its signature) -> its plan
 
 def _plan(key, rows: int, n: int, device, fused: bool = False):
     """plan(...), kept per launch key (a function of the key's shapes and device alone)."""
-    if key is None:
-        return plan(rows, n, device, fused=fused)
-    p = _PLANS.get(key)
-    if p is None:
-        p = plan(rows, n, device, fused=fused)
-        _PLANS.put(key, p)
-    return p
+    return _PLANS.memo(key, lambda: plan(rows, n, device, fused=fused))
 
 
 @torch.library.custom_op("tilecore::layer_norm_forward", mutates_args=())
@@ -167,11 +161,7 @@ def _backward(ctx, dy, dh_out, _dmean, _drstd):
     store_dres = ctx.has_residual and (seed is not None or ctx.h_dtype != ctx.x_dtype)
     args = (dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, ctx.dropout_p, ctx.rms, ctx.x_dtype,
             ctx.h_dtype, store_dres)
-    # an eager forward's key, with what the backward adds: the gradients' layouts (autograd's choice)
-    key = getattr(ctx, "launch_key", None)
-    grads = None if key is None else signature(dy, dh_out)
-    key = None if grads is None else ("backward", key, grads)
-    dx, dres, dw, db = eager.backward_call(_backward_op, _backward_impl, *args, key=key)
+    dx, dres, dw, db = eager.backward_call(_backward_op, _backward_impl, *args, key=eager.backward_key(ctx, dy, dh_out))
     # without dropout and in one dtype, dresidual is dx itself (as flash-attn's layer_norm_fn returns it)
     dresidual = (dres if store_dres else dx) if ctx.has_residual else None
     return (dx, dw if weight is not None else None, db if bias is not None else None, dresidual,
@@ -217,12 +207,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     # the kernels (keyed launches): the host time of an eager call (issue 31)
     key = signature(x, weight, bias, residual, dropout_p, eps, bool(rms), bool(prenorm)) \
         if generator is None else None
-    if key is None or _CHECKED.get(key) is None:
-        dropout_p, eps = check(x, weight, bias, residual, dropout_p, eps, generator)
-        if key is not None:
-            _CHECKED.put(key, True)
-    else:
-        dropout_p, eps = float(dropout_p), float(eps)
+    dropout_p, eps = _CHECKED.memo(key, lambda: check(x, weight, bias, residual, dropout_p, eps, generator))
     n = x.shape[-1]
     x2, res2 = _rows(x, n), _rows(residual, n)
     seed = draw_seed(generator, x.device) if dropout_p > 0 else None
@@ -236,7 +221,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     return y, (h.view(x.shape) if store_h else x)
 
 
-_CHECKED = LRU(256)  # signatures of CUDA calls whose checks passed (the checks read nothing else)
+_CHECKED = LRU(256)  # signatures of CUDA calls whose checks passed -> (dropout_p, eps) (the checks read nothing else)
 
 
 def dropout_mask(x: torch.Tensor, dropout_p: float, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -77,11 +77,7 @@ _PLANS = LRU(256)  # a CUDA call's launch key -> its plan
 def _rotate_into(x, cos, sin, pos, out, interleaved: bool, conjugate: bool, key=None) -> None:
     B, N, H, D = x.shape
     cos, sin = _unit_stride(cos), _unit_stride(sin)
-    p = None if key is None else _PLANS.get(key)
-    if p is None:
-        p = plan(B, N, H, D, cos.shape[1], x.device)
-        if key is not None:
-            _PLANS.put(key, p)
+    p = _PLANS.memo(key, lambda: plan(B, N, H, D, cos.shape[1], x.device))
     launch.launch(p, x, cos, sin, pos, out, interleaved, conjugate, key=key)
 
 
@@ -113,12 +109,8 @@ def _backward(ctx, grad):
     cos, sin, pos = ctx.saved_tensors
     if grad is None:  # the output unused (the eager Function passes None)
         return None, None, None, None, None, None
-    # an eager forward's key, with the gradient's layout (autograd's choice)
-    key = getattr(ctx, "launch_key", None)
-    grads = None if key is None else signature(grad)
-    key = None if grads is None else ("backward", key, grads)
     dx = eager.backward_call(_rotary_op, _rotary_impl, grad, cos, sin, pos, ctx.interleaved, not ctx.conjugate,
-                             key=key)
+                             key=eager.backward_key(ctx, grad))
     return dx, None, None, None, None, None
 
 
