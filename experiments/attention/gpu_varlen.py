@@ -824,14 +824,17 @@ def table():
 
 
 def main():
-    global SMOKE
+    global SMOKE, QUICK_BUDGET_S
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, no timing (the CPU interpreter)")
     parser.add_argument("--phases", default="check,time")
     parser.add_argument("--quick", action="store_true",
                         help="the Gluon varlen forward only: checks and times in <= 90 s (phases ignored)")
+    parser.add_argument("--budget", type=float, default=QUICK_BUDGET_S,
+                        help="--quick: seconds after which optional cases are skipped")
     args = parser.parse_args()
     SMOKE = args.smoke
+    QUICK_BUDGET_S = args.budget
     if args.quick:
         args.phases = "quick"
     START[0] = time.time()

@@ -924,6 +924,9 @@ def main():
     parser.add_argument("--full", action="store_true", help="session 26's phases (minutes)")
     parser.add_argument("--phases", default="check,pieces,fla,sweep", help="--full's phases")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (interpreter), no timing")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="--quick: seconds for the whole run (88; the checks' deadline grows by a third "
+                             "of the extra)")
     parser.add_argument("--child", action="store_true", help="(internal) run the tasks from --start")
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--worker", type=int, help="(internal, --quick) this worker's index")
@@ -934,7 +937,10 @@ def main():
     if args.warm is not None:
         warm([int(i) for i in args.warm.split(",")])
         return 0
-    global CHILD_FILE, FIRST_TASK
+    global CHILD_FILE, FIRST_TASK, QUICK_BUDGET, CHECK_DEADLINE
+    if args.budget:
+        CHECK_DEADLINE += max(0.0, args.budget - QUICK_BUDGET) / 3
+        QUICK_BUDGET = args.budget
     quick = not args.full
     if quick:
         BUDGET.update(check=1e9 if SMOKE else CHECK_DEADLINE, time=1e9 if SMOKE else QUICK_BUDGET)

@@ -165,6 +165,6 @@ def test_kernels_read_do_as_the_gpu_checked_them():
     assert launch.kernel_do(unsplit, do, v, g).dtype == F32
     assert launch.kernel_do(split, do.float(), v, g).dtype == torch.bfloat16
     assert launch.kernel_do(unsplit, do, v, None) is do
-    # the default follows configs.BWD_SPLIT_KINDS (off at the session-27 end: checked, untimed)
+    # the default follows configs.BWD_SPLIT_KINDS (the scalar decay: checked, untimed, off)
     assert bool(launch.backward_plan(tl_plan(q, v, g, IDENTITY), q, v, g, IDENTITY).config.get("split")) \
         == (1 in configs.BWD_SPLIT_KINDS)

@@ -506,11 +506,10 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     (-1: unbounded; with causal, right <= 0). ``softcap`` > 0: scores softcap * tanh(scale q.k /
     softcap). A row with no key gets O = 0 and lse = -inf.
 
-    Known limitation (Hopper, the Gluon forward, configs.VARLEN_GLUON_FORWARD): its TMA boxes read past
-    a sequence's end into the next sequence's rows, whose keys are masked (P = 0) but whose V rows enter
-    P V; an inf or NaN among the next sequence's first 128 V rows therefore also reaches this
-    sequence's last rows (finite inputs are unaffected). The fix (VARLEN_GLUON_FORWARD_CONFIG
-    zero_tail_v) awaits its GPU check; the tl kernels (other GPUs, the backward) do not have this.
+    Non-finite values stay in their own sequence: the Gluon forward's TMA boxes read past a sequence's
+    end into the next one's rows, whose keys are masked and whose V rows it zeroes in shared memory
+    (VARLEN_GLUON_FORWARD_CONFIG zero_tail_v, checked on the H100), so an inf or NaN there cannot
+    reach this sequence; the tl kernels mask by pointer.
 
     Returns O (total_q, Hq, Dv) in q's dtype and, with ``return_lse=True``, lse (Hq, total_q) float32
     (natural log). Differentiable in q, k, v (and through lse).

@@ -123,11 +123,16 @@ QUANT_KRON_TUNING = {14336: dict(num_warps=4)}
 # at 14336, 26.0 -> 19.7 at 28672): off for fp8 and int8. Keys: (format, n), else the format. On where run 4
 # checked it on the GPU (18944: K-chunked mixing, strided loads, 1.03x); the same code at the other widths of
 # nvfp4 / int4 waits for the next s27 run's checks (then: {"mxfp4": 2, "nvfp4": 2, "int4": 2})
+# Session 28 (H100, s27 probe --quick, checks ok: codes 99.9986-99.9996% equal, every element written): nvfp4
+# 28672 7.6 -> 16.7% of copy (2.18x), int4 28672 7.5 -> 16.9 (2.24x), nvfp4 18944 8.8 -> 9.2 (1.05x)
 QUANT_INTERLEAVE = {("mxfp4", 14336): 2, ("mxfp4", 28672): 2, ("mxfp4", 18944): 2, ("nvfp4", 14336): 2,
-                    ("int4", 14336): 2}
+                    ("int4", 14336): 2, ("nvfp4", 28672): 2, ("int4", 28672): 2, ("nvfp4", 18944): 2}
 # session 27: hadamard_quantize's pow2 kernel with the second product's columns permuted (a thread's values are 8
-# consecutive outputs: codes stored as words, not bytes 8 apart; plan tuning "perm"). Off until a GPU run checks it
-QUANT_PERM_COLUMNS = False
-# ... and the interleaved slices' vector load through TMA (boxes [1, M_PAD, Q, S]; plan tuning "il_tma"). Off
-# until a GPU run checks and times it
-QUANT_INTERLEAVE_TMA = False
+# consecutive outputs: codes stored as words, not bytes 8 apart; plan tuning "perm"). Keys: (format, n), else the
+# format. Session 28 (H100, checks ok at 1024-32768): nvfp4 1.12x at 4096, 1.25-1.26x at 2048 and 32768; mxfp4
+# 1.03x at 2048, 1.07x at 32768, 0.98-0.99x at 1024 and 4096; int4 1.00-1.02x (left off)
+QUANT_PERM_COLUMNS = {"nvfp4": True, ("mxfp4", 2048): True, ("mxfp4", 32768): True}
+# ... and the interleaved slices' vector load through TMA (boxes [1, M_PAD, Q, S]; plan tuning "il_tma"). Keys as
+# above. Session 28 (H100, checks ok): mxfp4 14336 1.10x (31.3 -> 34.6% of copy); fp8 14336 0.80x (interleave
+# is off for fp8 anyway); the other widths untimed
+QUANT_INTERLEAVE_TMA = {("mxfp4", 14336): True}

@@ -42,6 +42,11 @@ class QuantizePlan:
     rscale: float = 1.0
 
 
+def _by_format(table: dict, fmt: str, n: int, default=False):
+    """A configs table keyed by (format, n), else by the format."""
+    return table.get((fmt, n), table.get(fmt, default))
+
+
 def _qslices(p: int, group: int | None):
     """(Q, S) for sub-rows of p: kron.slices, with Q >= min(group, p) so that a group sits in one slice."""
     qs = kron.slices(p)
@@ -117,7 +122,7 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
     # interleaved slices (quantize_kernels._epilogue_interleaved): one row a tile, S >= 2 slices filling the
     # sub-row, groups a multiple of S or the whole row, pointer loads; interleave=2: loaded as one vector a
     # column (quantize_kernels._load_il) where the mixing is one product (not K-chunked past 64 sub-rows)
-    shipped = configs.QUANT_INTERLEAVE.get((fmt, n), configs.QUANT_INTERLEAVE.get(fmt, 0))
+    shipped = _by_format(configs.QUANT_INTERLEAVE, fmt, n, 0)
     interleave = tuning.get("interleave", shipped if dtype != torch.float32 else 0)
     il = S if (interleave and B == 1 and S >= 2 and Q * S == P
                and (mode == 1 and group % S == 0 or mode == 0 and spg == m_pad)
@@ -132,7 +137,7 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
         # the input through TMA boxes [B, M_PAD, Q] (kernels_kron.load_slice_transform) where asked and the
         # slices fit the sub-rows (not the chunked mixing past 64 sub-rows, not float32)
         TMA_LOAD=(bool(tuning.get("kron_tma", configs.KRON_TMA != "none")) and Q <= P and dtype != torch.float32
-                  and not (mix == 1 and m_pad > 64)) or (ilv and bool(tuning.get("il_tma", configs.QUANT_INTERLEAVE_TMA))
+                  and not (mix == 1 and m_pad > 64)) or (ilv and bool(tuning.get("il_tma", _by_format(configs.QUANT_INTERLEAVE_TMA, fmt, n)))
                                                           and dtype != torch.float32 and S == 8),  # 16-byte lines
         num_stages=tuning.get("num_stages") or (1 if m_pad > 64 and mix else 2),  # as kron.kernel_plan
         # interleaved slices (quantize_kernels._epilogue_interleaved): one row a tile, S >= 2 slices filling
@@ -189,7 +194,7 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
         FAST=bool(tuning.get("fast", configs.QUANT_FAST)), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         # the second product's columns permuted so that a thread holds 8 consecutive outputs (quantize_kernels.
         # _sylvester_cols_permuted; configs.QUANT_PERM_COLUMNS)
-        PERM=bool(tuning.get("perm", configs.QUANT_PERM_COLUMNS)) and cfg["N1"] > 1 and cfg["N2"] % 8 == 0 and cfg["N2"] >= 16,
+        PERM=bool(tuning.get("perm", _by_format(configs.QUANT_PERM_COLUMNS, fmt, n))) and cfg["N1"] > 1 and cfg["N2"] % 8 == 0 and cfg["N2"] >= 16,
         **_maxnreg(tuning, configs.QUANT_POW2_TUNING.get(n, {}) if load else {})))
 
 

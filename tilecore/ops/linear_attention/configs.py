@@ -121,8 +121,10 @@ BASED_BWD_WARPS = 4
 # (it drops the combine kernel, 1.69 ms in run 1, and the dk partial sums, but nothing measured it), and
 # Mamba-2 with D on it (float32 dv store) never ran as-is, while the unsplit gated path with float32 do is
 # the form every GPU check since session 24 passed (run 2's Mamba-2 D + z). (1,) for the scalar decay,
-# (0, 1) for both, once gpu_backward.py times them
-BWD_SPLIT_KINDS: tuple = ()
+# (0, 1) for both, once gpu_backward.py times them. Session 28, run 1 (H100, bf16, B16 H16 N4096 d128; checks as
+# run 2's, all pass): no decay split 1.681 ms against the unsplit 2.013 (1.20x) and FLA chunk_linear_attn's
+# backward 3.348 (1.99x): on for no decay; the scalar decay's split is checked but its timing was cut again
+BWD_SPLIT_KINDS: tuple = (0,)
 BWD_SPLIT_MAX_DIM = 128
 BWD_SPLIT = {0: dict(BT=64, BKB=64, BV=64, warps=4, stages=2), 1: dict(BT=32, BKB=64, BV=64, warps=4, stages=2)}
 BWD_SPLIT_DQ = {0: dict(BKQ=64, warps=4, stages=3), 1: dict(BKQ=64, warps=4, stages=3)}
