@@ -191,3 +191,103 @@ def test_kvcache_keyed_decode_steps_append_and_attend_as_the_plain_path(keyed):
     assert {name for name, _ in keyed} >= {"kvcache_append", "kvcache_fwd_split"}
     assert len(kvcache._CHECKED) == 1  # one signature over the three steps
     assert all(len(v) == 1 for v in keyed.values())
+
+
+# --------------------------------------------------------------------------------------------
+# linear attention, its decode steps (session 28)
+
+from tilecore.ops.linear_attention import gluon_forward as la_gluon  # noqa: E402
+from tilecore.ops.linear_attention import op as la_op  # noqa: E402
+from tilecore.tiles.launch import TmaOperand  # noqa: E402
+
+
+@pytest.fixture
+def keyed_la(keyed, monkeypatch):
+    monkeypatch.setattr(la_op, "signature", _cpu_signature)
+    la_op._CHECKED.clear()
+    la_op._PLANS.clear()
+    yield keyed
+    la_op._CHECKED.clear()
+    la_op._PLANS.clear()
+
+
+def _plain(keyed, monkeypatch, plain):
+    """keyed.plain() with linear attention's signature off too."""
+    if not plain:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(keyed.plain())
+    stack.enter_context(monkeypatch.context())
+    monkeypatch.setattr(la_op, "signature", lambda *items: None)
+
+    def restore():
+        monkeypatch.setattr(la_op, "signature", _cpu_signature)
+    stack.callback(restore)
+    return stack
+
+
+def test_linear_attention_keyed_forward_and_steps_as_the_plain_calls(keyed_la, monkeypatch):
+    """linear_attention (tl forward), linear_attention_step (with and without the token axis, a decay) and
+    mamba2_step: keyed calls (checks skipped from the second call, kernels launched by key) give the plain
+    calls' bits, states included; one launch key, one specialization."""
+    torch.manual_seed(4)
+    f16 = dict(dtype=torch.float16)
+    B, N, H, D = 1, 20, 2, 16
+    q, k, v = (torch.randn(B, N, H, D, **f16) for _ in range(3))
+    g = -torch.rand(B, N, H)
+    qs, ks, vs = (torch.randn(2, H, D, **f16) for _ in range(3))
+    gs = -torch.rand(2, H)
+    x, dt, A = torch.randn(2, 4, 8, **f16), torch.rand(2, 4), -torch.rand(4)
+    Bm, Cm, Dm, z = torch.randn(2, 1, 16, **f16), torch.randn(2, 1, 16, **f16), torch.randn(4), torch.randn(2, 4, 8, **f16)
+    state0, mstate0 = torch.randn(2, H, D, D), torch.randn(2, 4, 8, 16)
+    runs = []
+    for plain in (False, True, False):
+        outs = []
+        with _plain(keyed_la, monkeypatch, plain):
+            for _ in range(2):
+                outs += list(la_op.linear_attention(q, k, v, decay=g, return_final_state=True))
+                outs.append(la_op.linear_attention(q, k, v, chunk_size=16))
+                state, mstate = state0.clone(), mstate0.clone()
+                outs.append(la_op.linear_attention_step(qs, ks, vs, state, decay=gs))
+                outs.append(la_op.linear_attention_step(qs[:, None], ks[:, None], vs[:, None], state, decay=gs))
+                outs.append(la_op.mamba2_step(mstate, x, dt, A, Bm, Cm, D=Dm, z=z, dt_softplus=True))
+                outs.append(la_op.mamba2_step(mstate, x, dt, A, Bm, Cm))
+                outs += [state, mstate]
+        runs.append(outs)
+    for keyed_run in (runs[0], runs[2]):
+        assert all(a.shape == c.shape and torch.equal(a, c) for a, c in zip(keyed_run, runs[1]))
+    names = {name for name, _ in keyed_la}
+    assert names >= {"la_fwd_kernel", "la_step_kernel"}
+    assert all(len(v) == 1 for v in keyed_la.values())
+    assert len(la_op._CHECKED) == 6  # two forward signatures, two step signatures, two mamba2 ones
+
+
+def test_linear_attention_step_keyed_refuses_what_the_checks_refuse(keyed_la):
+    qs, ks, vs = (torch.randn(2, 2, 16, dtype=torch.float16) for _ in range(3))
+    state = torch.zeros(2, 2, 16, 16)
+    la_op.linear_attention_step(qs, ks, vs, state)
+    for _ in range(2):  # a bad state never reaches the cache
+        with pytest.raises(ValueError, match="state"):
+            la_op.linear_attention_step(qs, ks, vs, torch.zeros(2, 2, 16, 8))
+    with pytest.raises(TypeError, match="scale"):
+        la_op.linear_attention_step(qs, ks, vs, state, scale=float("nan"))
+    assert len(la_op._CHECKED) == 1
+
+
+def test_gluon_forward_launch_args_as_tma_operands():
+    """The keyed Gluon forward's arguments: TmaOperands whose descriptors are the plain launch's."""
+    B, N, H, D = 1, 128, 2, 64
+    q, k, v = (torch.randn(B, N, H, D, dtype=torch.bfloat16) for _ in range(3))
+    o = torch.empty_like(v)
+    try:
+        plain = la_gluon.launch_args(q, k, v, None, None, None, None, None, o, None, 0.1)
+    except Exception as err:  # noqa: BLE001 (no Gluon descriptor on this machine)
+        pytest.skip(f"gluon descriptors: {err}")
+    ops = la_gluon.launch_args(q, k, v, None, None, None, None, None, o, None, 0.1, operand=TmaOperand)
+    assert plain[2] == ops[2] and set(plain[1]) == set(ops[1])
+    for name in ("q_desc", "k_desc", "v_desc", "o_desc", "z_desc"):
+        a, b = plain[1][name], ops[1][name].descriptor()
+        assert (a.shape, a.strides, a.block_shape, a.base.data_ptr()) == (b.shape, b.strides, b.block_shape,
+                                                                          b.base.data_ptr())
+    assert all(plain[1][n] is ops[1][n] or not isinstance(plain[1][n], torch.Tensor) or
+               plain[1][n].shape == ops[1][n].shape for n in plain[1])

@@ -36,6 +36,10 @@ from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_m
 LOG_DECAY_FLOOR_HOST = -100.0  # kernels_tl.LOG_DECAY_FLOOR's (a float for torch: a constexpr is no number)
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
 BV_GLUON = 64  # value columns a consumer
+LOG2E = 1.4426950408889634
+# FACTORED's largest span of a chunk's G (log2 units): 2^+-60 factors, whose products stay in float32's
+# normal range (2^+-126)
+FACTOR_SPAN: gl.constexpr = 120.0
 
 
 @stage_struct
@@ -55,6 +59,30 @@ class ChunkZ:
     vb: object
     za: object  # [1, 1, BT, BV]: unit 0's z
     zb: object  # unit 1's
+
+
+@stage_struct
+class ChunkG:
+    """A stage with each unit's cumulative log decay TMA-loaded beside v (G_STAGE)."""
+    q: object
+    k: object
+    va: object
+    vb: object
+    ga: object  # [1, 1, BT] float32: unit 0's G (log2 units, from chunk_cumulative_heads)
+    gb: object  # unit 1's
+
+
+@stage_struct
+class ChunkGZ:
+    """G_STAGE and Z_STAGE together."""
+    q: object
+    k: object
+    va: object
+    vb: object
+    za: object
+    zb: object
+    ga: object
+    gb: object
 
 
 @struct
@@ -79,6 +107,7 @@ class LinearAttentionForward:
     v_desc: object
     o_desc: object
     z_desc: object  # Z_STAGE with z: z's TMA descriptor (else unused)
+    g_desc: object  # G_STAGE with a decay: the head-major G's TMA descriptor (else unused)
     G: object
     BETA: object
     DSKIP: object
@@ -122,6 +151,9 @@ class LinearAttentionForward:
     PREFETCH: gl.constexpr  # G and beta a chunk ahead (registers)
     Z_STAGE: gl.constexpr  # z through the stage (TMA), silu by an approximate division
     OVERLAP: gl.constexpr  # Q K^T, Q S and the state update issued together (async wgmma)
+    G_STAGE: gl.constexpr  # G (head-major, log2 units) through the stage (TMA): no global load on the walk
+    FACTORED: gl.constexpr  # (with G_STAGE) exp2(G_i - G_j) as a row times a column factor where the chunk's
+    # range of G allows it (no [BT, BT] exps); the elementwise exps where it does not
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BK, BV] state
     PL: gl.constexpr  # P as the register operand of P V
@@ -149,6 +181,9 @@ class LinearAttentionForward:
         if self.Z_STAGE and self.HAS_Z:
             tma.async_copy_global_to_shared(self.z_desc, [tile.b, h0, t0, c0], bar, stage.za)
             tma.async_copy_global_to_shared(self.z_desc, [tile.b, h1, t0, c1], bar, stage.zb)
+        if self.G_STAGE and self.DECAY:
+            tma.async_copy_global_to_shared(self.g_desc, [tile.b, h0, t0], bar, stage.ga)
+            tma.async_copy_global_to_shared(self.g_desc, [tile.b, h1, t0], bar, stage.gb)
 
     @gluon.jit
     def start(self, ctx, tile, prev):
@@ -191,6 +226,26 @@ class LinearAttentionForward:
                 + gl.expand_dims(cols.to(gl.int64) * sv, 0))
 
     @gluon.jit
+    def decay_factors(self, G_r, G_c, causal):
+        """[BT, BT] 2^(G_i - G_j) on and below the diagonal (G in log2 units; above it anything finite or
+        not: the caller masks P there). FACTORED: where the chunk's G spans at most FACTOR_SPAN, the outer
+        product of 2^(G_i - m) and 2^(m - G_j) about the middle m of that span (each factor within
+        2^+-FACTOR_SPAN/2, so neither overflows nor leaves float32's normal range: a few ulp, as the exp2)
+        and 18 exps a thread instead of 32; strong decays or a reset in the chunk: the elementwise exp2 of
+        the masked difference (a NaN in G: the same rows and columns NaN either way)."""
+        if self.FACTORED:
+            hi = gl.max(G_c, axis=0)
+            lo = gl.min(G_c, axis=0)
+            if hi - lo <= FACTOR_SPAN:
+                mid = 0.5 * (hi + lo)
+                f = gl.expand_dims(gl.exp2(G_r - mid), 1) * gl.expand_dims(gl.exp2(mid - G_c), 0)
+            else:
+                f = gl.exp2(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
+        else:
+            f = gl.exp2(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
+        return f
+
+    @gluon.jit
     def compute(self, ctx, walk, stage, tile, step):
         """One chunk. Ordered so that few [BT, BT] / [BT, BV] tiles are live beside S: the state goes to
         shared memory and is updated first (S's old value is then read there), the scores next, o last."""
@@ -219,7 +274,21 @@ class LinearAttentionForward:
         offs_c = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
         w_rows = gl.where(row_ok, 1.0, 0.0)  # each token's weight in the state update
         S_decay = 1.0
-        if self.PREFETCH:
+        if self.G_STAGE:
+            # G (log2 units) by row and by column from the stage (the TMA brought it with q, k, v: nothing to
+            # wait for on the walk); the chunk's last token's from the column copy (the host pads G past N
+            # with the last token's, so row BT - 1 is it)
+            if self.DECAY:
+                if c == 0:
+                    g_smem = stage.ga.reshape([self.BT])
+                else:
+                    g_smem = stage.gb.reshape([self.BT])
+                G_r = g_smem.load(gl.SliceLayout(1, self.SL))
+                G_c = g_smem.load(gl.SliceLayout(0, self.SL))
+                G_last = gl.sum(gl.where(offs_c == self.BT - 1, G_c, 0.0), axis=0)
+            if self.HAS_BETA:
+                beta_r = gl.load(b_base + offs_r * self.sbn, mask=row_ok, other=0.0)
+        elif self.PREFETCH:
             # the next chunk's factors now (their latency under this chunk's work); this chunk's came
             # with the walk. G by column reads what the last chunk's prefetch brought into L1
             nxt_G_r, nxt_G_last, nxt_beta_r = self.chunk_factors(tile, c, step + 1)
@@ -234,8 +303,12 @@ class LinearAttentionForward:
             if self.HAS_BETA:
                 beta_r = gl.load(b_base + offs_r * self.sbn, mask=row_ok, other=0.0)
         if self.DECAY:
-            w_rows = w_rows * gl.exp(G_last - G_r)
-            S_decay = gl.exp(G_last)
+            if self.G_STAGE:
+                w_rows = w_rows * gl.exp2(G_last - G_r)
+                S_decay = gl.exp2(G_last)
+            else:
+                w_rows = w_rows * gl.exp(G_last - G_r)
+                S_decay = gl.exp(G_last)
         if self.HAS_BETA:
             w_rows = w_rows * beta_r
 
@@ -263,8 +336,12 @@ class LinearAttentionForward:
             S_tok = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay, is_async=True)
             s = warpgroup_mma_wait(2, deps=(s_tok,))
             if self.DECAY:
-                s = s * gl.exp(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
-                row_scale = row_scale * gl.exp(G_r)
+                if self.G_STAGE:
+                    s = s * self.decay_factors(G_r, G_c, causal)
+                    row_scale = row_scale * gl.exp2(G_r)
+                else:
+                    s = s * gl.exp(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
+                    row_scale = row_scale * gl.exp(G_r)
             p = gl.convert_layout(gl.where(causal, s * self.scale, 0.0).to(dtype), self.PL)
             o = warpgroup_mma_wait(1, deps=(o_tok,)) * gl.expand_dims(row_scale, 1)
             if self.HAS_BETA:
@@ -288,8 +365,12 @@ class LinearAttentionForward:
             s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL),
                               use_acc=False)
             if self.DECAY:
-                s = s * gl.exp(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
-                row_scale = row_scale * gl.exp(G_r)
+                if self.G_STAGE:
+                    s = s * self.decay_factors(G_r, G_c, causal)
+                    row_scale = row_scale * gl.exp2(G_r)
+                else:
+                    s = s * gl.exp(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
+                    row_scale = row_scale * gl.exp(G_r)
             p = gl.convert_layout(gl.where(causal, s * self.scale, 0.0).to(dtype), self.PL)
 
             # o = exp(G_i) scale (Q S_old) + P (beta V)
@@ -343,16 +424,19 @@ class LinearAttentionForward:
 
 
 @gluon.jit
-def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, G, BETA, DSKIP, Z, H0, HT,
+def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, G, BETA, DSKIP, Z, H0, HT,
                         sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv,
                         N, H, VB, GROUP, scale, num_tiles,
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
                         HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                        PREFETCH: gl.constexpr = False, OVERLAP: gl.constexpr = False, Z_STAGE: gl.constexpr = False):
+                        PREFETCH: gl.constexpr = False, OVERLAP: gl.constexpr = False, Z_STAGE: gl.constexpr = False,
+                        G_STAGE: gl.constexpr = False, FACTORED: gl.constexpr = False):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. PREFETCH: each chunk's decay and beta loaded
     a chunk ahead. Z_STAGE: z TMA-loaded with the stage (off the walk's serial path). OVERLAP: the chunk's
-    three independent wgmmas in flight together."""
+    three independent wgmmas in flight together. G_STAGE: G (head-major, log2 units: chunk_cumulative_heads)
+    TMA-loaded with the stage. FACTORED (with G_STAGE): the intra-chunk decay as row times column factors
+    where the chunk's span of G allows."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -363,11 +447,19 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, G, BETA, DSKIP, 
     operand_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
     wv_smem = gl.allocate_shared_memory(q_desc.dtype, [4 if OVERLAP else 2, BT, BV], operand_layout)
-    op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, G, BETA, DSKIP, Z, H0, HT,
+    gl.static_assert(not (G_STAGE and PREFETCH), "G_STAGE replaces PREFETCH's G loads")
+    op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, G, BETA, DSKIP, Z, H0, HT,
                                 sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf,
                                 stv, N, H, VB, GROUP, scale, state_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D,
-                                HAS_Z, HAS_H0, STORE_HT, PREFETCH, Z_STAGE, OVERLAP, SL, STL, PL)
-    if Z_STAGE and HAS_Z:
+                                HAS_Z, HAS_H0, STORE_HT, PREFETCH, Z_STAGE, OVERLAP, G_STAGE and DECAY,
+                                FACTORED and G_STAGE and DECAY, SL, STL, PL)
+    if G_STAGE and DECAY and Z_STAGE and HAS_Z:
+        stages = ChunkGZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
+                         ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES))
+    elif G_STAGE and DECAY:
+        stages = ChunkG(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
+                        ring(g_desc, STAGES), ring(g_desc, STAGES))
+    elif Z_STAGE and HAS_Z:
         stages = ChunkZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                         ring(z_desc, STAGES), ring(z_desc, STAGES))
     else:
@@ -423,11 +515,14 @@ def chunk_cumulative(g: torch.Tensor, chunk: int) -> torch.Tensor:
 
 
 def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, prefetch: bool = False,
-                overlap: bool = False, z_stage: bool = False):
+                overlap: bool = False, z_stage: bool = False, operand=None):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
     prefetch, overlap, z_stage: the kernel's PREFETCH, OVERLAP and Z_STAGE (z must then be TMA-able:
-    ``tma_ok``)."""
+    ``tma_ok``). ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor;
+    tiles.launch.TmaOperand for a CachedLaunch)."""
     from tilecore.tiles.launch import gluon_descriptor
+
+    gluon_descriptor = operand or gluon_descriptor
     from tilecore.tiles.schedule import persistent_programs
 
     B, N, H, Dv = v.shape

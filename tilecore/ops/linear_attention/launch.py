@@ -15,6 +15,13 @@ import torch.nn.functional as F
 from tilecore import dispatch
 from tilecore.ops.linear_attention import chunked, configs, gluon_based, gluon_forward, kernels_backward, kernels_tl
 from tilecore.ops.linear_attention.plan import BASED, CHANNEL_DECAY, SCALAR_DECAY, Plan, block, decay_kind
+from tilecore.tiles.launch import CachedLaunch, TmaOperand
+
+# the forward and step kernels launched by CachedLaunch: with an eager call's launch key (op.py: its
+# signature) by key, else the cached plain launch (issue 31's host time)
+_FORWARD = CachedLaunch(kernels_tl.la_fwd_kernel)
+_STEP = CachedLaunch(kernels_tl.la_step_kernel)
+_GLUON_FORWARD = CachedLaunch(gluon_forward.la_fwd_gluon_kernel)
 
 LOG_DECAY_FLOOR = chunked.LOG_DECAY_FLOOR
 
@@ -44,8 +51,9 @@ def _gate(o_lin: torch.Tensor, v, d_skip, z) -> torch.Tensor:
 
 
 def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: int, *, final_state: bool,
-            keep_linear: bool):
-    """(o, final state or None, o before D and z or None): o has v's dtype, the others are float32."""
+            keep_linear: bool, key=None):
+    """(o, final state or None, o before D and z or None): o has v's dtype, the others are float32.
+    ``key``: the call's launch key (op.py; None: plain launches)."""
     B, N, H, Dv = v.shape
     Fdim = feature_rows(feature, q.shape[-1])
     if plan.path == "cpu":
@@ -56,8 +64,12 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
         return o, (ht if final_state else None), (o_lin if keep_linear else None)
     if plan.config.get("fwd_gluon") and not keep_linear and gluon_forward.fits(q, k, v, g, feature) is None:
         with dispatch.on_device(v.device):  # Hopper: the Gluon forward (o before D and z not kept)
-            o, ht = gluon_forward.forward(q, k, v, g, beta, d_skip, z, h0, scale, final_state,
-                                          plan.config["gluon_stages"])
+            if key is not None:
+                o, ht = gluon_forward_keyed(key, q, k, v, g, beta, d_skip, z, h0, scale, final_state,
+                                            plan.config["gluon_stages"])
+            else:
+                o, ht = gluon_forward.forward(q, k, v, g, beta, d_skip, z, h0, scale, final_state,
+                                              plan.config["gluon_stages"])
         return o, ht, None
     if (plan.config.get("fwd_gluon_based") and not keep_linear
             and gluon_based.fits(q, k, v, g, beta, d_skip, z) is None):
@@ -71,10 +83,30 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
     o_lin = torch.empty(B, N, H, Dv, dtype=torch.float32, device=v.device) if keep_linear else None
     ht = torch.empty(B, H, Fdim, Dv, dtype=torch.float32, device=v.device) if final_state else None
     if B * H > 0:
-        kernel, grid, args, kw = forward_call(plan, q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scale, feature)
-        with dispatch.on_device(v.device):
-            kernel[grid](*args, **kw)
+        _, grid, args, kw = forward_call(plan, q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scale, feature)
+        _FORWARD.run(key, grid, args, kw)
     return o.to(out_dtype), ht, o_lin
+
+
+def gluon_forward_keyed(key, q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int):
+    """gluon_forward.forward (its defaults for prefetch, overlap and z_stage) launched by ``key``: the
+    descriptors as TmaOperands (built and checked at the key's first launch only). Every argument's
+    specialization follows from the key (the inputs' signature): the ints are their sizes and strides,
+    the other tensors fresh or the inputs' own."""
+    prefetch = configs.GLUON_PREFETCH and z is not None
+    B, N, H, Dv = v.shape
+    o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
+    ht = torch.empty(B, H, q.shape[-1], Dv, dtype=torch.float32, device=v.device) if final_state else None
+    if g is not None:
+        g = gluon_forward.chunk_cumulative(g, gluon_forward.BT_GLUON)
+    if d_skip is not None:
+        d_skip = d_skip.float().contiguous()
+    if z is not None and (z.stride(-1) != 1 or (configs.GLUON_Z_STAGE and not gluon_forward.tma_ok(z))):
+        z = z.contiguous()
+    grid, args, warps = gluon_forward.launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, prefetch,
+                                                  configs.GLUON_OVERLAP, configs.GLUON_Z_STAGE, operand=TmaOperand)
+    _GLUON_FORWARD.run(key, grid, (), dict(args, num_warps=warps))
+    return o, ht
 
 
 def forward_call(plan: Plan, q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scale: float, feature: int):
@@ -443,9 +475,10 @@ def decay_grad(g, ht, dht, dG):
 # decode step
 
 
-def step(plan: Plan, q, k, v, g, beta, d_skip, z, state, scale: float, feature: int) -> torch.Tensor:
+def step(plan: Plan, q, k, v, g, beta, d_skip, z, state, scale: float, feature: int, key=None) -> torch.Tensor:
     """One token: state <- decayed state + beta phi(k) v^T in place; returns o (v's dtype). q, k (B, Hqk,
-    Dk); v, z (B, H, Dv); g (B, H) or (B, H, Dk); beta (B, H); state (B, H, F, Dv)."""
+    Dk); v, z (B, H, Dv); g (B, H) or (B, H, Dk); beta (B, H); state (B, H, F, Dv). ``key``: the call's
+    launch key (op.py; None: a plain launch)."""
     B, H, Dv = v.shape
     if plan.path == "cpu":
         return _step_torch(q, k, v, g, beta, d_skip, z, state, scale, feature)
@@ -454,9 +487,8 @@ def step(plan: Plan, q, k, v, g, beta, d_skip, z, state, scale: float, feature: 
         q, k, v, z = (None if t is None else t.float() for t in (q, k, v, z))
     o = torch.empty(B, H, Dv, dtype=v.dtype, device=v.device)
     if B * H > 0:
-        kernel, grid, args, kw = step_call(plan, q, k, v, g, beta, d_skip, z, state, o, scale, feature)
-        with dispatch.on_device(v.device):
-            kernel[grid](*args, **kw)
+        _, grid, args, kw = step_call(plan, q, k, v, g, beta, d_skip, z, state, o, scale, feature)
+        _STEP.run(key, grid, args, kw)
     return o.to(out_dtype)
 
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from tilecore import dispatch
 from tilecore.ops.linear_attention import configs, launch
 from tilecore.ops.linear_attention.plan import BASED, IDENTITY, plan
+from tilecore.tiles.launch import LRU, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FEATURE_MAPS = (None, "based", "hedgehog")
@@ -113,10 +114,17 @@ def hedgehog_map(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 # the core's custom ops
 
 
-def _forward_impl(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk, final_state, keep_linear):
-    p = plan(q, v, g, feature, chunk or None)
+def _forward_impl(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk, final_state, keep_linear, key=None):
+    p = _PLANS.memo(key, lambda: plan(q, v, g, feature, chunk or None))
     return launch.forward(p, q, k, v, g, beta, d_skip, z, h0, scale, feature, final_state=final_state,
-                          keep_linear=keep_linear)
+                          keep_linear=keep_linear, key=key)
+
+
+# The eager host path (issue 31): a CUDA call's launch key (its signature: tiles.launch.signature of its
+# tensors with the arguments the checks and plans read) finds the checks' result in _CHECKED, the plan
+# in _PLANS and each kernel by key (CachedLaunch.run); plans read configs at a key's first call
+_CHECKED = LRU(256)  # a call's key -> what its checks returned
+_PLANS = LRU(256)  # a launch key -> its plan
 
 
 def _none_to_empty(t, like):
@@ -212,11 +220,13 @@ def _backward(ctx, do, dht, _do_lin):
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _run(q, k, v, g, beta, d_skip, z, h0, scale: float, feature: int, chunk, final_state: bool):
-    """(o, final state or None) of the core, through its custom op unless eager without gradients."""
+def _run(q, k, v, g, beta, d_skip, z, h0, scale: float, feature: int, chunk, final_state: bool, key=None):
+    """(o, final state or None) of the core, through its custom op unless eager without gradients
+    (``key``: the call's launch key there, or None)."""
     tensors = (q, k, v, g, beta, d_skip, z, h0)
     if dispatch.plain_eager(*tensors):
-        o, ht, _ = _forward_impl(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk or 0, final_state, False)
+        o, ht, _ = _forward_impl(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk or 0, final_state, False,
+                                 key=key)
         return o, ht
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     # o before D and z in float32: the gate's gradient needs it, and Based's decay gradient (do . o: o
@@ -301,12 +311,26 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, featu
     the chunked form on torch's CPU ops in float32.
     """
     op = "linear_attention"
-    _check_qkv(op, q, k, v)
-    _check_chunk(op, chunk_size)
-    if not isinstance(return_final_state, bool):
-        raise TypeError(f"{op}: return_final_state must be True or False; got {return_final_state!r}")
-    q, k, feature, scale = _prepare(op, q, k, v, feature_map, feature_weights, decay, scale, initial_state)
-    o, ht = _run(q, k, v, decay, None, None, None, initial_state, scale, feature, chunk_size, return_final_state)
+    # a CUDA call seen before skips the checks (Hedgehog's map runs torch ops on q and k, a tensor scale is
+    # read each call: never keyed)
+    key = signature(q, k, v, decay, initial_state, feature_map, scale, return_final_state, chunk_size) \
+        if feature_weights is None and not isinstance(scale, torch.Tensor) else None
+    if key is not None:
+        key = ("linear_attention", key)
+
+    def check():
+        _check_qkv(op, q, k, v)
+        _check_chunk(op, chunk_size)
+        if not isinstance(return_final_state, bool):
+            raise TypeError(f"{op}: return_final_state must be True or False; got {return_final_state!r}")
+        return _prepare(op, q, k, v, feature_map, feature_weights, decay, scale, initial_state)
+
+    if key is None:
+        q, k, feature, scale = check()
+    else:
+        feature, scale = _CHECKED.memo(key, lambda: check()[2:])
+    o, ht = _run(q, k, v, decay, None, None, None, initial_state, scale, feature, chunk_size, return_final_state,
+                 key=key)
     return (o, ht) if return_final_state else o
 
 
@@ -425,19 +449,19 @@ def _(q, k, v, g, beta, d_skip, z, state, scale, feature, state_transposed):
     return v.new_empty(v.shape)
 
 
-def _step_impl(q, k, v, g, beta, d_skip, z, state, scale, feature, state_transposed):
+def _step_impl(q, k, v, g, beta, d_skip, z, state, scale, feature, state_transposed, key=None):
     s = state.transpose(-1, -2) if state_transposed else state
-    p = plan(q[:, None], v[:, None], None, feature)
-    return launch.step(p, q, k, v, g, beta, d_skip, z, s, scale, feature)
+    p = _PLANS.memo(key, lambda: plan(q[:, None], v[:, None], None, feature))
+    return launch.step(p, q, k, v, g, beta, d_skip, z, s, scale, feature, key=key)
 
 
-def _run_step(q, k, v, g, beta, d_skip, z, state, scale, feature, state_transposed):
+def _run_step(q, k, v, g, beta, d_skip, z, state, scale, feature, state_transposed, key=None):
     tensors = (q, k, v, g, beta, d_skip, z, state)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         raise RuntimeError("the decode steps update their state in place and record no gradient: call them under "
                            "torch.no_grad() (or with inputs that do not require grad); train with the chunked op")
     if dispatch.plain_eager(*tensors):
-        return _step_impl(q, k, v, g, beta, d_skip, z, state, scale, feature, state_transposed)
+        return _step_impl(q, k, v, g, beta, d_skip, z, state, scale, feature, state_transposed, key=key)
     return _step_op(q, k, v, g, beta, d_skip, z, state, scale, feature, state_transposed)
 
 
@@ -453,6 +477,16 @@ def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
     state is this step's state). Inference only (no gradient).
     """
     op = "linear_attention_step"
+    key = signature(q, k, v, state, decay, feature_map, scale) \
+        if feature_weights is None and not isinstance(scale, torch.Tensor) else None
+    if key is not None:  # a CUDA call seen before: its checks passed (the reshapes below read shapes alone)
+        key = ("linear_attention_step", key)
+        checked = _CHECKED.get(key)
+        if checked is not None:
+            g = None if decay is None else (decay if checked[2] else decay[:, 0])
+            o = _run_step(q[:, 0] if checked[0] else q, k[:, 0] if checked[0] else k, v[:, 0] if checked[0] else v,
+                          g, None, None, None, state, checked[1][1], checked[1][0], False, key=key)
+            return o[:, None] if checked[0] else o
     token_axis = isinstance(q, torch.Tensor) and q.dim() == 4
     if token_axis:
         for name, t in (("q", q), ("k", k), ("v", v)):
@@ -468,14 +502,17 @@ def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
         q4, k4, v4 = q[:, None], k[:, None], v[:, None]
     _check_qkv(op, q4, k4, v4, "q, k (B, Hqk, Dk), v (B, H, Dv), H a multiple of Hqk")
     decay4 = decay
-    if isinstance(decay, torch.Tensor) and (decay.dim() == 2 or (
-            decay.dim() == 3 and tuple(decay.shape) != (v4.shape[0], 1, v4.shape[2]))):
+    decay_axis_added = isinstance(decay, torch.Tensor) and (decay.dim() == 2 or (
+        decay.dim() == 3 and tuple(decay.shape) != (v4.shape[0], 1, v4.shape[2])))
+    if decay_axis_added:
         decay4 = decay[:, None]  # no token axis: (B, H) or (B, H, F)
     if not isinstance(state, torch.Tensor):
         raise TypeError(f"{op}: state must be a torch.Tensor; got {type(state).__name__}")
     q4, k4, feature, scale = _prepare(op, q4, k4, v4, feature_map, feature_weights, decay4, scale, state, step=True)
+    if key is not None:  # the checks passed: (token axis, (feature, scale), decay's axis added)
+        _CHECKED.put(key, (token_axis, (feature, scale), decay_axis_added))
     g = None if decay4 is None else decay4[:, 0]
-    o = _run_step(q4[:, 0], k4[:, 0], v4[:, 0], g, None, None, None, state, scale, feature, False)
+    o = _run_step(q4[:, 0], k4[:, 0], v4[:, 0], g, None, None, None, state, scale, feature, False, key=key)
     return o[:, None] if token_axis else o
 
 
@@ -489,11 +526,22 @@ def mamba2_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
     (nheads,) or (nheads, headdim), z like x, dt_bias (nheads,). Returns y like x. Inference only.
     (mamba's Mamba2.step passes dt, A, D, dt_bias expanded to headdim; pass them per head here.)"""
     op = "mamba2_step"
-    _check_mamba(op, x, dt, A, B, C, D, z, dt_bias, state, "state", step=True)
-    if state is None:
-        raise TypeError(f"{op}: state must be a tensor (batch, nheads, headdim, dstate)")
-    _check_limit(op, dt_limit)
+    # a CUDA call seen before skips the checks (they read the signature alone); the launch key covers the
+    # tensors made below from dt, A and D (their layouts follow from the inputs')
+    key = signature(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, *dt_limit) \
+        if isinstance(dt_limit, (tuple, list)) else None
+    if key is not None:
+        key = ("mamba2_step", key)
+
+    def check():
+        _check_mamba(op, x, dt, A, B, C, D, z, dt_bias, state, "state", step=True)
+        if state is None:
+            raise TypeError(f"{op}: state must be a tensor (batch, nheads, headdim, dstate)")
+        _check_limit(op, dt_limit)
+        return True
+
+    _CHECKED.memo(key, check)
     dt_eff = _mamba_dt(dt, dt_bias, dt_softplus, dt_limit)
     h, p = x.shape[1], x.shape[2]
     d_skip = None if D is None else (D.float()[:, None].expand(h, p) if D.dim() == 1 else D.float())
-    return _run_step(C, B, x, dt_eff * A.float(), dt_eff, d_skip, z, state, 1.0, IDENTITY, True)
+    return _run_step(C, B, x, dt_eff * A.float(), dt_eff, d_skip, z, state, 1.0, IDENTITY, True, key=key)
