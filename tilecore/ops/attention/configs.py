@@ -176,6 +176,21 @@ VARLEN_GLUON_FORWARD_CONFIG = {64: dict(block_m=64, block_n=128, stages=3, consu
                                         zero_tail_v=True),
                                128: dict(block_m=64, block_n=128, stages=2, consumers=2, q_buffers=2, drawn=True,
                                          zero_tail_v=True)}
+# attention_varlen's Gluon backward (gluon_varlen_backward.py; varlen.backward_gluon): off until a GPU run
+# checks it (session 28, issue 35: compiled for sm_90a only); the tl kernels serve the backward meanwhile.
+# Its features beyond causal / no mask / softcap ("window") routed only where VARLEN_GLUON_BACKWARD_FEATURES
+# names them. Blocks as the fixed D128 backward's (GLUON_BACKWARD: fused dQ causal, lagged otherwise)
+VARLEN_GLUON_BACKWARD = False
+VARLEN_GLUON_BACKWARD_FEATURES: frozenset = frozenset()
+VARLEN_GLUON_BACKWARD_CONFIG = {(64, False): dict(block_m=64, block_n=64, stages=2, dq_from="lagged"),
+                                (64, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused"),
+                                (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="lagged"),
+                                (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused")}
+
+
+def varlen_gluon_backward_config(d: int, causal: bool) -> dict:
+    """The Gluon varlen backward's blocks, stages and dQ mode for head dim ``d`` (causal: also a window)."""
+    return dict(VARLEN_GLUON_BACKWARD_CONFIG[d, bool(causal)])
 
 # --------------------------------------------------------------------------------------------
 # Hopper's Gluon backward (gluon_backward.py): query rows a step (block_m), keys a consumer

@@ -342,6 +342,81 @@ def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1
     return out, lse
 
 
+# --------------------------------------------------------------------------------------------
+# Hopper's Gluon backward (gluon_varlen_backward.py)
+
+GLUON_VARLEN_BWD = CachedLaunch(
+    lambda: importlib.import_module("tilecore.ops.attention.gluon_varlen_backward").attention_varlen_bwd_kernel)
+
+
+def gluon_backward_fits(q, k, v, causal, left, right, use_gluon=None, features=None) -> bool:
+    """Whether the Gluon varlen backward serves these inputs: configs.VARLEN_GLUON_BACKWARD (or
+    ``use_gluon``), a Hopper device under a compile-checked triton (dispatch.gluon_ok), not
+    interpreted, D == Dv with a config, a window only where configs.VARLEN_GLUON_BACKWARD_FEATURES (or
+    ``features``) names it, TMA-describable q, k, v."""
+    from tilecore.ops.attention import configs
+
+    wanted = configs.VARLEN_GLUON_BACKWARD if use_gluon is None else use_gluon
+    if not wanted or not gluon_device(q.device):
+        return False
+    is_causal, window = gluon_masks(causal, left, right)
+    if window and "window" not in (configs.VARLEN_GLUON_BACKWARD_FEATURES if features is None else features):
+        return False
+    d, dv = q.shape[2], v.shape[2]
+    return (d == dv and (d, is_causal or window) in configs.VARLEN_GLUON_BACKWARD_CONFIG and q.dtype in DTYPES
+            and all(tma_describable(t.transpose(0, 1)) for t in (q, k, v)))
+
+
+def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None,
+                   config=None, tanh_approx=None):
+    """(dq, dk, dv) by the Gluon varlen backward (gluon_varlen_backward.py) after the fixed path's
+    preprocess (launch.backward_preprocess on the packed tensors as one batch of total_q rows: delta,
+    the (Hq, 2, total_q) row statistics, a zeroed float32 (Hq, total_q, D) dQ), into ``grads``
+    (contiguous) where given; ``config`` in place of configs.varlen_gluon_backward_config; the
+    softcap's tanh by tanh.approx.f32 unless ``tanh_approx`` is False."""
+    from tilecore.ops.attention import configs
+    from tilecore.ops.attention.launch import backward_preprocess, row_stats_operand
+    from tilecore.tiles.launch import tile_counter
+    from tilecore.tiles.ops import LOG2E
+
+    total_q, hq, d = q.shape
+    total_k, hkv, _ = k.shape
+    if total_q == 0 or total_k == 0:  # no query or no key: nothing flows back
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    if grads is None:
+        grads = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dq, dk, dvv = grads
+    if not tma_describable(dout.transpose(0, 1)):
+        dout = dout.contiguous()
+    is_causal, window = gluon_masks(causal, left, right)
+    cfg = dict(config or configs.varlen_gluon_backward_config(d, is_causal or window))
+    block_m, block_n = cfg["block_m"], cfg["block_n"]
+    _, dq_sum, stats = backward_preprocess(out.transpose(0, 1).unsqueeze(0), dout.transpose(0, 1).unsqueeze(0),
+                                           lse.contiguous(), dlse, dq_sum=True, row_stats=True)
+    dq_sum = dq_sum[0]  # (Hq, total_q, D) float32, zeroed
+    work = work_table(cu_k, cu_q, total_k, hkv, 2 * block_n)  # over the keys: (sequence, key tile, kv head, 0)
+    num_tiles = work.shape[0]
+    if softcap:
+        scale_log2e, tanh_scale = softcap * LOG2E, scale / softcap
+        mode = 1 if tanh_approx is False else 2
+    else:
+        scale_log2e, tanh_scale, mode = scale * LOG2E, 0.0, 0
+    wl, wr, has_left, has_right = kernel_window(causal, left, right)
+    unbounded = max(total_q, total_k, 1)
+    wl, wr = (wl if has_left else unbounded), (wr if has_right else unbounded)
+    grid = (min(num_tiles, dispatch.num_sms(q.device)),)
+    with dispatch.on_device(q.device):
+        GLUON_VARLEN_BWD[grid](
+            packed_operand(q, block_m), packed_operand(k, 2 * block_n), packed_operand(v, 2 * block_n),
+            packed_operand(dout, block_m), packed_operand(dk, block_n), packed_operand(dvv, block_n),
+            row_stats_operand(stats, block_m), TmaOperand(dq_sum, [1, block_m, d // 2]), dk, dvv, dk.stride(0),
+            cu_q, cu_k, work, num_tiles, hq // hkv, scale, scale_log2e, wl, wr, tanh_scale, tile_counter(q.device),
+            CAUSAL=is_causal, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
+            KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=mode, num_warps=4)
+    dq.copy_(dq_sum.transpose(0, 1))
+    return dq, dk, dvv
+
+
 def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, out=None, lse=None, config=None,
                     tanh_approx=None):
     """O (total_q, Hq, Dv) and lse (Hq, total_q) by the tl kernel, into ``out`` / ``lse`` where given
@@ -427,6 +502,8 @@ def _forward_impl(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap):
 
 def _backward_impl(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap):
     if dispatch.backend_for(q.device) == "kernel":
+        if gluon_backward_fits(q, k, v, causal, left, right):
+            return backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap)
         return backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap)
     grads = varlen_backward_reference(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal=causal, scale=scale,
                                       window_size=(left, right), softcap=softcap, compute_dtype=torch.float32)

@@ -1,0 +1,364 @@
+"""GPU check and timing of attention_varlen's Gluon backward (gluon_varlen_backward.py; issue 35,
+session 28), <= 90 s on an H100 including compiles.
+
+    PYTHONPATH=. python3 experiments/attention/gpu_varlen_bwd.py                 # check, then time (--quick)
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 experiments/attention/gpu_varlen_bwd.py --smoke   # CPU: tiny shapes
+
+check (bf16 / fp16 against float64, error as a multiple of the rounding floor): varlen.backward_gluon
+    into NaN-poisoned dq / dk / dv, each a slice of a larger buffer whose tail holds a sentinel (never
+    written), with dlse; lengths 0, 1, odd, non-multiples of 128, Nk != N, GQA, causal and not,
+    softcap, window, D64; the tl varlen backward's error on the same inputs beside it.
+time (bf16, triton.testing.do_bench medians): the 64K-token long-tailed batch of gpu_varlen (54 seqs,
+    H16 D128, causal): backward alone and forward + backward, Gluon against the tl varlen backward,
+    the fixed-length tilecore backward (B16 N4096, same tokens: TFLOP/s per token), SDPA on the
+    padded batch and FlexAttention with the document mask (compiled, last, where the budget allows).
+Under --smoke (the CPU interpreter: Gluon does not run there) the tl backward stands in for the Gluon
+one, so that shapes and the script's paths are exercised.
+Prints a table last; writes $OUT/gpu_varlen_bwd.json (default /tmp/out). Each case catches its errors.
+"""
+import argparse
+import json
+import math
+import os
+import time
+import traceback
+
+import torch
+
+SMOKE = False
+BUDGET_S = 75.0
+START = [time.time()]
+RESULTS = {"check": [], "time": [], "errors": []}
+
+
+def _device():
+    return "cpu" if SMOKE else "cuda"
+
+
+def _meta():
+    import triton
+
+    meta = {"torch": torch.__version__, "triton": triton.__version__, "smoke": SMOKE,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+    if torch.cuda.is_available() and not SMOKE:
+        p = torch.cuda.get_device_properties(0)
+        meta.update(gpu=p.name, sms=p.multi_processor_count, cuda=torch.version.cuda)
+    return meta
+
+
+def guarded(name):
+    def wrap(fn):
+        def run(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - report and go on
+                RESULTS["errors"].append({"case": name, "error": f"{type(e).__name__}: {e}"})
+                print(f"[error] {name}: {type(e).__name__}: {e}")
+                traceback.print_exc()
+        return run
+    return wrap
+
+
+def over_budget(name, reserve=0.0):
+    if not SMOKE and time.time() - START[0] > BUDGET_S - reserve:
+        RESULTS["errors"].append({"case": name, "error": f"skipped: past the {BUDGET_S:.0f} s budget"})
+        print(f"[skip] {name}: past the budget")
+        return True
+    return False
+
+
+def cu_of(lengths, device):
+    return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device=device)
+
+
+def gluon_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None):
+    from tilecore.ops.attention import varlen
+
+    if SMOKE:
+        return varlen.backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap,
+                                       grads=grads)
+    return varlen.backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap,
+                                 grads=grads)
+
+
+def forward(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap):
+    from tilecore.ops.attention import varlen
+
+    if SMOKE:
+        return varlen.forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap)
+    return varlen.forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left, right)
+
+
+def poisoned(shape, dtype, dev):
+    """A NaN-filled tensor of ``shape``, the head of a larger buffer whose tail (64 rows) holds 7.0."""
+    rows = shape[0]
+    per_row = math.prod(shape[1:])
+    buf = torch.full(((rows + 64) * per_row,), 7.0, dtype=dtype, device=dev)
+    return buf, buf[:rows * per_row].view(shape).fill_(float("nan"))
+
+
+# --------------------------------------------------------------------------------------------
+# check
+
+
+def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None):
+    from tilecore import accuracy
+    from tilecore.ops.attention import varlen
+    from tilecore.ops.attention.reference_varlen import varlen_reference
+
+    name = (f"gluon varlen bwd {str(dtype)[6:]} q{lens_q if len(lens_q) <= 8 else f'[{len(lens_q)} seqs]'}"
+            f" k{lens_k if len(lens_k) <= 8 else f'[{len(lens_k)} seqs]'} H{hq}/{hkv} D{d} {options}")
+    if over_budget(name):
+        return
+    dev = _device()
+    cu_q, cu_k = cu_of(lens_q, dev), cu_of(lens_k, dev)
+    total_q, total_k = sum(lens_q), sum(lens_k)
+    q = torch.randn(total_q, hq, d, dtype=dtype, device=dev)
+    k = torch.randn(total_k, hkv, d, dtype=dtype, device=dev)
+    v = torch.randn(total_k, hkv, d, dtype=dtype, device=dev)
+    causal, softcap = options.get("causal", False), options.get("softcap", 0.0)
+    left, right = options.get("window_size", (-1, -1))
+    scale = d ** -0.5
+    out, lse = varlen.forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap)
+    dout = torch.randn_like(out)
+    dlse = torch.randn_like(lse)
+    bufs, grads = zip(*(poisoned(t.shape, dtype, dev) for t in (q, k, v)))
+    gluon_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=grads)
+    tl_grads = varlen.backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap)
+    heads = hq if ref_heads is None else ref_heads
+    kh = max(1, heads // (hq // hkv))
+    heads = kh * (hq // hkv)
+    q64, k64, v64 = (t[:, :n].double().requires_grad_() for t, n in ((q, heads), (k, kh), (v, kh)))
+    ref, ref_lse = varlen_reference(q64, k64, v64, cu_q, cu_k, causal=causal, softcap=softcap,
+                                    window_size=(left, right))
+    live = torch.isfinite(ref_lse)
+    loss = (ref * dout[:, :heads].double()).sum() + (torch.where(live, ref_lse, 0.0) * dlse[:heads].double()).sum()
+    ref_grads = torch.autograd.grad(loss, (q64, k64, v64))
+    row = {"case": name + (f" (float64 on {heads} heads)" if ref_heads else ""),
+           "unwritten": int(sum(g.isnan().sum() for g in grads)),
+           "written_past_end": int(sum((b[g.numel():] != 7.0).sum() for b, g in zip(bufs, grads)))}
+    for n, g, tg, r in zip("qkv", grads, tl_grads, ref_grads):
+        cols = r.shape[1]
+        row[f"d{n}_x_floor"] = accuracy.error_over_floor(g[:, :cols], r)
+        row[f"tl_d{n}_x_floor"] = accuracy.error_over_floor(tg[:, :cols], r)
+        row[f"d{n}_vs_tl_max_abs"] = float((g.float() - tg.float()).abs().max())
+    row["ok"] = (row["unwritten"] == 0 and row["written_past_end"] == 0
+                 and all(row[f"d{n}_x_floor"] <= max(3.0, 1.25 * row[f"tl_d{n}_x_floor"]) for n in "qkv"))
+    RESULTS["check"].append(row)
+    print(("PASS " if row["ok"] else "FAIL ") + row["case"], flush=True)
+
+
+def check_neighbour_nonfinite():
+    """Informational (the documented limitation): inf in the next sequence's V and NaN in its K; are
+    the other sequences' gradients finite?"""
+    from tilecore.ops.attention import varlen
+
+    if over_budget("gluon varlen bwd: non-finite neighbour"):
+        return
+    dev = _device()
+    lens = [20, 30, 9] if SMOKE else [100, 300, 129]
+    d = 16 if SMOKE else 128
+    cu = cu_of(lens, dev)
+    q, k, v = (torch.randn(sum(lens), 4, d, dtype=torch.float16 if SMOKE else torch.bfloat16, device=dev)
+               for _ in range(3))
+    out, lse = varlen.forward_kernels(q, k, v, cu, cu, True, d ** -0.5, -1, -1, 0.0)
+    v[lens[0]:lens[0] + 10] = float("inf")
+    k[lens[0]:lens[0] + 10] = float("nan")
+    dout = torch.randn_like(out)
+    dq, dk, dv = gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, d ** -0.5, -1, -1, 0.0)
+    first = slice(0, lens[0])
+    RESULTS["check"].append({"case": "gluon varlen bwd: inf V / NaN K in the next sequence (informational)",
+                             "first_sequence_finite": bool(all(torch.isfinite(g[first]).all() for g in (dq, dk, dv))),
+                             "ok": True})
+
+
+def run_checks():
+    bf16, fp16 = torch.bfloat16, torch.float16
+    if SMOKE:
+        cases = [(fp16, [1, 0, 37, 5, 20], [1, 0, 37, 5, 20], 2, 2, 16, {"causal": True}),
+                 (fp16, [9, 1, 30, 0], [12, 3, 30, 5], 4, 2, 16, {}),
+                 (fp16, [20, 3, 33], [25, 3, 40], 2, 1, 16, {"causal": True, "softcap": 5.0}),
+                 (fp16, [20, 3, 33], [25, 3, 40], 2, 2, 16, {"window_size": (7, 3)})]
+    else:
+        cases = [(bf16, [1, 0, 777, 63, 1500, 2], [1, 0, 777, 63, 1500, 2], 16, 16, 128, {"causal": True}),
+                 (bf16, [300, 1, 1025, 0, 129], [300, 5, 1300, 7, 129], 32, 8, 128, {}),
+                 (bf16, [700, 129, 2000, 64], [900, 129, 2000, 70], 16, 4, 128, {"causal": True}),
+                 (fp16, [1, 0, 777, 63, 1500, 2], [1, 0, 777, 63, 1500, 2], 16, 16, 128, {"causal": True}),
+                 (bf16, [129, 4096, 17, 0, 300], [129, 4096, 17, 5, 300], 8, 8, 64, {"causal": True}),
+                 (bf16, [700, 129, 2000, 64], [900, 129, 2000, 70], 16, 4, 128, {"causal": True, "softcap": 20.0}),
+                 (bf16, [700, 129, 2000, 64], [900, 129, 2000, 70], 16, 4, 128, {"window_size": (100, 37)})]
+    for case in cases[:2]:
+        guarded(f"check {case[1]}")(check)(*case)
+    return cases[2:]
+
+
+# --------------------------------------------------------------------------------------------
+# time
+
+
+def bench(fn):
+    import triton
+
+    if SMOKE:
+        fn()
+        return float("nan")
+    return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+
+
+def long_tailed_lengths(total, seed=0, longest=16384, shortest=16):
+    """gpu_varlen.py's: log-normal lengths (median ~800, a tail to 16K) until ``total`` tokens."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = []
+    while sum(lengths) < total:
+        n = int(math.exp(torch.randn(1, generator=g).item() * 1.2 + math.log(800)))
+        lengths.append(max(shortest, min(longest, n, total - sum(lengths))))
+    return lengths
+
+
+def causal_flops(lengths, h, d):
+    return sum(4 * n * n / 2 * d * h for n in lengths)
+
+
+def time_backward(lengths, h=16, d=128):
+    import tilecore
+    from tilecore.ops.attention import varlen
+
+    dev = _device()
+    total = sum(lengths)
+    cu = cu_of(lengths, dev)
+    dtype = torch.float16 if SMOKE else torch.bfloat16
+    scale = d ** -0.5
+    q, k, v = (torch.randn(total, h, d, dtype=dtype, device=dev) for _ in range(3))
+    flops = causal_flops(lengths, h, d)
+    row = {"case": f"long-tailed: {len(lengths)} seqs, {total} tokens, longest {max(lengths)}, H{h} D{d} causal",
+           "flops_fwd": flops}
+    RESULTS["time"].append(row)
+    out, lse = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
+    dout = torch.randn_like(out)
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+    row["gluon_bwd_ms"] = bench(lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1, -1,
+                                                       0.0, grads=grads))
+    row["tl_bwd_ms"] = bench(lambda: varlen.backward_kernels(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1,
+                                                             -1, 0.0, grads=grads))
+
+    def fwd_bwd():
+        o, l_ = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
+        gluon_backward(dout, q, k, v, o, l_, None, cu, cu, True, scale, -1, -1, 0.0, grads=grads)
+    row["gluon_fwd_bwd_ms"] = bench(fwd_bwd)
+    row["gluon_bwd_tflops"] = 2.5 * flops / row["gluon_bwd_ms"] / 1e9
+    row["tl_bwd_tflops"] = 2.5 * flops / row["tl_bwd_ms"] / 1e9
+    row["gluon_fwd_bwd_tflops"] = 3.5 * flops / row["gluon_fwd_bwd_ms"] / 1e9
+
+    @guarded("time fixed-length tilecore backward")
+    def fixed():
+        n = 16 if SMOKE else 4096
+        b = max(1, total // n)
+        qf, kf, vf = (torch.randn(b, h, n, d, dtype=dtype, device=dev, requires_grad=True) for _ in range(3))
+        of = tilecore.attention(qf, kf, vf, causal=True)
+        dof = torch.randn_like(of)
+        tb = bench(lambda: torch.autograd.grad(of, (qf, kf, vf), dof, retain_graph=True))
+
+        def fixed_fwd_bwd():
+            o = tilecore.attention(qf, kf, vf, causal=True)
+            torch.autograd.grad(o, (qf, kf, vf), dof)
+        tfb = bench(fixed_fwd_bwd)
+        fixed_flops = causal_flops([n] * b, h, d)
+        row[f"fixed_B{b}_N{n}_bwd_ms"] = tb
+        row[f"fixed_B{b}_N{n}_fwd_bwd_ms"] = tfb
+        row["fixed_bwd_tflops"] = 2.5 * fixed_flops / tb / 1e9
+        row["fixed_fwd_bwd_tflops"] = 3.5 * fixed_flops / tfb / 1e9
+        row["bwd_vs_fixed"] = row["gluon_bwd_tflops"] / row["fixed_bwd_tflops"]
+        row["fwd_bwd_vs_fixed"] = row["gluon_fwd_bwd_tflops"] / row["fixed_fwd_bwd_tflops"]
+    fixed()
+    return row, (q, k, v, cu, dout)
+
+
+def time_peers(row, lengths, tensors, h=16, d=128):
+    q, k, v, cu, dout = tensors
+    dev = _device()
+    dtype = q.dtype
+    total = sum(lengths)
+
+    @guarded("time sdpa padded")
+    def sdpa_padded():
+        import torch.nn.functional as F
+        nmax = max(lengths)
+        qp, kp, vp = (torch.randn(len(lengths), h, nmax, d, dtype=dtype, device=dev, requires_grad=True)
+                      for _ in range(3))
+        op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True)
+        dop = torch.randn_like(op)
+        row["sdpa_padded_bwd_ms"] = bench(lambda: torch.autograd.grad(op, (qp, kp, vp), dop, retain_graph=True))
+        row["sdpa_padded_bwd_over_gluon"] = row["sdpa_padded_bwd_ms"] / row["gluon_bwd_ms"]
+    if not over_budget("sdpa padded", 5.0):
+        sdpa_padded()
+
+    @guarded("time flex document mask")
+    def flex():
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        doc = torch.repeat_interleave(torch.arange(len(lengths), device=dev), torch.tensor(lengths, device=dev))
+
+        def document_causal(b, hh, qi, ki):
+            return (doc[qi] == doc[ki]) & (qi >= ki)
+        mask = create_block_mask(document_causal, None, None, total, total, device=dev)
+        compiled = torch.compile(flex_attention)
+        qx, kx, vx = (t.detach().transpose(0, 1).unsqueeze(0).requires_grad_() for t in (q, k, v))
+        ox = compiled(qx, kx, vx, block_mask=mask)
+        dox = dout.transpose(0, 1).unsqueeze(0)
+        row["flex_bwd_ms"] = bench(lambda: torch.autograd.grad(ox, (qx, kx, vx), dox, retain_graph=True))
+        row["flex_bwd_over_gluon"] = row["flex_bwd_ms"] / row["gluon_bwd_ms"]
+    if not SMOKE and os.environ.get("GPU_VARLEN_FLEX", "1") != "0" and not over_budget("flex", 35.0):
+        flex()
+
+
+def table():
+    lines = ["", "== check =="]
+    for r in RESULTS["check"]:
+        lines.append(("PASS " if r.get("ok") else "FAIL ") + r["case"])
+        lines.append("     " + " ".join(f"{k}={(round(v, 3) if isinstance(v, float) else v)}" for k, v in r.items()
+                                        if k not in ("case", "ok")))
+    lines.append("")
+    lines.append("== time ==")
+    for r in RESULTS["time"]:
+        lines.append(r["case"])
+        for k, v in r.items():
+            if k != "case":
+                lines.append(f"   {k:40s} {v:12.3f}" if isinstance(v, float) else f"   {k:40s} {v}")
+    if RESULTS["errors"]:
+        lines.append("")
+        lines.append(f"errors: {len(RESULTS['errors'])}")
+        lines.extend(f"   {e['case']}: {e['error'][:300]}" for e in RESULTS["errors"])
+    return "\n".join(lines)
+
+
+def main():
+    global SMOKE, BUDGET_S
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, no timing (the CPU interpreter)")
+    parser.add_argument("--quick", action="store_true", help="the default: checks and the 64K timing, <= 90 s")
+    parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds before later cases are skipped")
+    parser.add_argument("--no-time", action="store_true")
+    args = parser.parse_args()
+    SMOKE, BUDGET_S = args.smoke, args.budget
+    START[0] = time.time()
+    later = run_checks()
+    timed = None
+    if not args.no_time:
+        lengths = [16, 40, 3, 25] if SMOKE else long_tailed_lengths(65536)
+        timed = guarded("time long-tailed backward")(time_backward)(lengths, h=2 if SMOKE else 16,
+                                                                    d=16 if SMOKE else 128)
+    for case in later:
+        guarded(f"check {case[1]}")(check)(*case)
+    guarded("check non-finite neighbour")(check_neighbour_nonfinite)()
+    if not args.no_time and timed is not None:
+        guarded("time peers")(time_peers)(timed[0], lengths, timed[1], h=2 if SMOKE else 16, d=16 if SMOKE else 128)
+    text = table()
+    out_dir = os.environ.get("OUT", "/tmp/out")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "gpu_varlen_bwd.json"), "w") as f:
+        json.dump({"meta": _meta(), **RESULTS, "elapsed_s": time.time() - START[0]}, f, indent=1, default=str)
+    print(text)
+    print(f"elapsed {time.time() - START[0]:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,411 @@
+"""The packed variable-length attention backward on Hopper (``attention_varlen``'s Gluon backward):
+the fixed-length Gluon backward's step (gluon_backward.py: S^T, dP^T, P^T, dS^T, dV += P^T dO,
+dK += dS^T Q, dQ = dS K added by TMA reductions, FlashAttention-3's five matmuls a step) on the
+tiles template, over a device-built list of (sequence, key tile, kv head) work items.
+
+Layout: q, dO (total_q, Hq, D), k, v (total_k, Hkv, D), each described by TMA as its (heads, total,
+D) view (varlen.packed_operand): a box is ``rows`` rows of one head at any row offset. dK and dV are
+packed (total_k, Hkv, D), contiguous. dQ goes to a float32 (Hq, total_q, D) buffer (zeroed by the
+preprocess) by TMA reductions; the row statistics (lse with -inf as +inf, and delta) come from the
+preprocess's (Hq, 2, total_q padded to 16 bytes) buffer (launch.backward_preprocess on the packed
+tensors seen as one batch of total_q rows).
+
+Work items (varlen.work_table over the keys: cu_seqlens_k's sequences, tiles of TILE_N = 2 BLOCK_N
+keys): (sequence, key tile, kv head). Sequences come longest first (by N x Nk), a sequence's tiles
+kv head by kv head, a head's key tiles from the first (the heaviest, causal); programs draw them from
+a counter. A tile is TILE_N keys of one (sequence, kv head) counted from the sequence's first key;
+each consumer owns BLOCK_N of them and keeps their dK and dV in registers. Its steps are the query
+blocks of BLOCK_M rows (counted from the sequence's first query) that see one of its keys, for each
+q head of the kv head's group, in the fixed kernel's walk (``step_rows``).
+
+Masks, per sequence (local positions, the causal diagonal and the window aligned to the bottom right
+as varlen.py defines them): keys past Nk and queries past N (a box's rows past a sequence's end are
+the next sequence's: their scores are -inf, so P = 0 and dS = 0) and, causal or with a window, keys
+outside a query's range. dK and dV of a consumer's rows go by one TMA store when all BLOCK_N are the
+sequence's, else by a masked register store (its own rows only): no other sequence's rows are ever
+written. dQ's reductions of a last query block add exact zeros to the next sequence's first rows
+(their dS is 0).
+
+Limitation (as the forward's without ``zero_tail_v``): a box reads the next sequence's rows, and an
+inf or NaN there (in K, V, Q or dO) times a P or dS of 0 is NaN, which reaches this sequence's
+gradients. Finite inputs are never affected.
+"""
+from triton.experimental import gluon
+
+from tilecore.ops.attention.gluon_backward import (AttentionBackward, Grads, QStage, _ds_layout, _operand_layout,
+                                                   _stat_columns)
+from tilecore.ops.attention.gluon_kernels import tanh_approx, tanh_from_exp2
+from tilecore.tiles.gluon import Layout, TileOperand, ring, run, struct, wgmma_layout
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+
+
+@struct
+class VarlenKeyTile:
+    """A work item: its first key (local to the sequence), kv head, first query block, query blocks
+    per q head, where its walk starts (step_rows), the q head its walk starts at, 1 / group size, and
+    its sequence's first packed query and key rows and lengths."""
+    start_n: object
+    hk: object
+    first_mb: object
+    per_head: object
+    shift: object
+    head0: object
+    inv_group: object
+    q0: object
+    k0: object
+    N: object
+    Nk: object
+
+
+@struct
+class VarlenBackward:
+    q_desc: object  # [1, BM, D] boxes of the (Hq, total_q, D) view
+    k_desc: object  # [1, 2 BN, D]: both consumers' keys
+    v_desc: object
+    do_desc: object
+    dk_desc: object  # [1, BN, D]: one consumer's keys
+    dv_desc: object
+    stats_desc: object  # [1, 2, BM] of the (Hq, 2, total_q) row statistics
+    dq_desc: object  # [1, BM, D / 2] of the float32 (Hq, total_q, D) dQ
+    dk_ptr: object  # dK and dV, for the masked stores of a sequence's last keys
+    dv_ptr: object
+    kv_row_stride: object
+    cu_q: object
+    cu_k: object
+    work: object  # (tiles, 4) int32: sequence (-1: none), key tile, kv head, unused
+    GROUP: object  # q heads per kv head
+    scale: object
+    scale_log2e: object
+    ds_smem: object  # dS^T of a step, both consumers' halves, double-buffered
+    ds_full: object
+    ds_free: object
+    dq_staging: object
+    left: object  # WINDOW: keys seen before and after a query's position (unbounded: past any distance)
+    right: object
+    tanh_scale: object  # SOFTCAP: scale / cap (scale_log2e is then cap log2(e))
+    CAUSAL: gl.constexpr
+    BM: gl.constexpr
+    BN: gl.constexpr  # one consumer's keys
+    D: gl.constexpr
+    DQ: gl.constexpr  # 1: fused, 3: lagged (gluon_backward.AttentionBackward.compute)
+    KV_REGS: gl.constexpr
+    WINDOW: gl.constexpr
+    SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
+
+    @gluon.jit
+    def setup(self, tile_id):
+        """The work item and its steps: every query block of the sequence that sees one of its keys,
+        for each q head of the group (none for entries past the real ones: N = Nk = 0)."""
+        TILE_N: gl.constexpr = 2 * self.BN
+        entry = self.work + tile_id.to(gl.int64) * 4
+        seq = gl.load(entry)
+        key_block = gl.load(entry + 1)
+        hk = gl.load(entry + 2)
+        real = seq >= 0
+        b = gl.maximum(seq, 0)
+        q0 = gl.load(self.cu_q + b)
+        k0 = gl.load(self.cu_k + b)
+        N = gl.where(real, gl.load(self.cu_q + b + 1) - q0, 0)
+        Nk = gl.where(real, gl.load(self.cu_k + b + 1) - k0, 0)
+        start_n = key_block * TILE_N
+        first_mb = 0
+        if self.CAUSAL:  # query i sees keys j <= i + Nk - N: the first query that sees key start_n
+            first_mb = gl.maximum(start_n - (Nk - N), 0) // self.BM
+        if self.WINDOW:  # from the first query block that sees start_n to the last that sees the tile's last key
+            first_mb = gl.maximum(start_n - (Nk - N) - self.right, 0) // self.BM
+            last_key = gl.minimum(start_n + TILE_N, Nk) - 1
+            last_row = gl.minimum(N - 1, last_key - (Nk - N) + self.left)
+            per_head = gl.maximum(gl.cdiv(gl.maximum(last_row + 1, 0), self.BM) - first_mb, 0)
+        else:
+            per_head = gl.maximum(gl.cdiv(N, self.BM) - first_mb, 0)
+        shift = key_block % gl.maximum(per_head, 1)
+        tile = VarlenKeyTile(start_n, hk, first_mb, per_head, shift, key_block % self.GROUP, 1.0 / self.GROUP, q0, k0,
+                             N, Nk)
+        return tile, per_head * self.GROUP
+
+    @gluon.jit
+    def step_rows(self, tile, step):
+        """The step's (q head, first query row local to the sequence), in the fixed kernel's walk
+        (gluon_backward.AttentionBackward.step_rows): one q head a kv head, the tiles of a head start
+        at different query blocks (their dQ reductions add to different rows); grouped heads, every
+        tile walks the blocks from the last down and at each block the group's q heads."""
+        if self.GROUP == 1:
+            head = step * 0
+            walked = step + tile.shift
+            block = tile.first_mb + gl.where(walked >= tile.per_head, walked - tile.per_head, walked)
+        else:
+            group = self.GROUP
+            walked = (step.to(gl.float32) * tile.inv_group).to(gl.int32)  # step // group, or one off
+            head = step - walked * group
+            walked = gl.where(head >= group, walked + 1, gl.where(head < 0, walked - 1, walked))
+            head = step - walked * group + tile.head0
+            head = gl.where(head >= group, head - group, head)
+            block = tile.first_mb + tile.per_head - 1 - walked
+        return tile.hk * self.GROUP + head, block * self.BM
+
+    @gluon.jit
+    def load(self, stage, bar, tile, step):
+        """The step's Q and dO blocks and its rows' lse and delta (rows past the sequence's end: the
+        next sequence's, masked; past the packed end: zeros)."""
+        h, start_m = self.step_rows(tile, step)
+        row = tile.q0 + start_m
+        tma.async_copy_global_to_shared(self.q_desc, [h, row, 0], bar, stage.q)
+        tma.async_copy_global_to_shared(self.do_desc, [h, row, 0], bar, stage.do)
+        tma.async_copy_global_to_shared(self.stats_desc, [h, 0, row], bar, stage.stats)
+
+    @gluon.jit
+    def load_tile(self, kv_smem, bar, tile, consumer):
+        """The tile's K and V blocks (keys past Nk: the next sequence's, masked)."""
+        tma.async_copy_global_to_shared(self.k_desc, [tile.hk, tile.k0 + tile.start_n, 0], bar, kv_smem.index(0))
+        tma.async_copy_global_to_shared(self.v_desc, [tile.hk, tile.k0 + tile.start_n, 0], bar, kv_smem.index(1))
+
+    @gluon.jit
+    def start(self, ctx, tile, prev):
+        return AttentionBackward.start(self, ctx, tile, prev)
+
+    @gluon.jit
+    def probabilities(self, s_t, lse, start_n, start_m, N, Nk):
+        """P^T (keys x queries, keys from start_n, queries from start_m, local to the sequence of N
+        queries and Nk keys) from S^T and the rows' lse as its columns, and (SOFTCAP) the cap's
+        derivative (1.0 otherwise). Masked where a key is past Nk, a query past N, or (causal,
+        window) a key outside the query's range: only in blocks that have such a score."""
+        st_layout: gl.constexpr = s_t.type.layout
+        BN: gl.constexpr = s_t.shape[0]
+        if self.SOFTCAP:
+            if self.SOFTCAP == 2:
+                s_t = tanh_approx(s_t * self.tanh_scale)
+            else:
+                s_t = tanh_from_exp2(s_t * self.tanh_scale)
+        shift = Nk - N
+        if self.WINDOW:
+            masked = (start_n + BN - 1 > gl.minimum(start_m + shift + self.right, Nk - 1)) \
+                | (start_n < start_m + self.BM - 1 + shift - self.left)
+        else:
+            bound = Nk
+            if self.CAUSAL:
+                bound = gl.minimum(bound, start_m + 1 + shift)  # the first query's last key + 1
+            masked = start_n + BN > bound
+        if masked | (start_m + self.BM > N):
+            keys = gl.expand_dims(start_n + gl.arange(0, BN, layout=gl.SliceLayout(1, st_layout)), 1)
+            queries = gl.expand_dims(start_m + gl.arange(0, self.BM, layout=gl.SliceLayout(0, st_layout)), 0)
+            ok = (keys < Nk) & (queries < N)
+            if self.CAUSAL:
+                ok = ok & (keys <= queries + shift)
+            if self.WINDOW:
+                ok = ok & (keys <= queries + (shift + self.right)) & (keys >= queries + (shift - self.left))
+            s_t = gl.where(ok, s_t, float("-inf"))
+        p_t = gl.exp2(s_t * self.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
+        dtanh = 1.0
+        if self.SOFTCAP:  # a masked score's -inf gives min(inf, 1): a factor 0, not NaN
+            dtanh = (1.0 - gl.minimum(s_t * s_t, 1.0)).to(gl.float16)
+        return p_t, dtanh
+
+    @gluon.jit
+    def issue_dq(self, ctx, step):
+        return AttentionBackward.issue_dq(self, ctx, step)
+
+    @gluon.jit
+    def ds_times_k(self, buf, kv_smem, first_col: gl.constexpr, COLS: gl.constexpr):
+        return AttentionBackward.ds_times_k(self, buf, kv_smem, first_col, COLS)
+
+    @gluon.jit
+    def reduce_dq(self, staging, dq, coord, PENDING: gl.constexpr):
+        return AttentionBackward.reduce_dq(self, staging, dq, coord, PENDING)
+
+    @gluon.jit
+    def add_dq(self, ctx, tile, step, dq):
+        """Add scale * dq (this consumer's half of the columns of the step's rows) to the float32 dQ
+        (rows past the packed end dropped by the TMA reduction)."""
+        h, start_m = self.step_rows(tile, step)
+        self.reduce_dq(self.dq_staging.index(ctx.index), dq, [h, tile.q0 + start_m, ctx.index * (self.D // 2)], 0)
+
+    @gluon.jit
+    def compute(self, ctx, st, stage, tile, step):
+        """One step, dQ fused (DQ 1: this step's, once both consumers wrote their dS) or lagged (DQ 3:
+        the previous step's, issued with this step's dV and dK): gluon_backward's compute with the
+        sequence's lengths in the masks and its first query row in dQ's coordinates."""
+        BM: gl.constexpr = self.BM
+        BN: gl.constexpr = self.BN
+        D: gl.constexpr = self.D
+        MODE: gl.constexpr = self.DQ
+        c: gl.constexpr = ctx.index  # this consumer: keys [c BN, (c + 1) BN) of the tile
+        i = ctx.ring_step
+        st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
+        dk = st.dk
+        dv = st.dv
+        h, start_m = self.step_rows(tile, step)
+        start_n = tile.start_n + c * BN
+        q = stage.q.reshape([BM, D])
+        do = stage.do.reshape([BM, D])
+        if self.KV_REGS:
+            k_c = st.k_regs
+            v_c = st.v_regs
+        else:
+            k_c = ctx.operand.index(0).reshape([2 * BN, D]).slice(c * BN, BN)
+            v_c = ctx.operand.index(1).reshape([2 * BN, D]).slice(c * BN, BN)
+
+        zeros = gl.zeros([BN, BM], gl.float32, st_layout)
+        s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        lse_cols = _stat_columns(stage.stats, 0, st_layout)
+        if self.SOFTCAP:  # both products first, then the softmax (the fixed kernel's default)
+            s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile.N, tile.Nk)
+            delta_cols = _stat_columns(stage.stats, 1, st_layout)
+            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
+        else:
+            s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile.N, tile.Nk)
+            delta_cols = _stat_columns(stage.stats, 1, st_layout)
+            dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
+            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
+        # both register operands written with no wgmma running (else ptxas serializes them: C7513)
+        ds_t = ds_t.to(stage.q.dtype)
+        p_op = gl.convert_layout(p_t.to(stage.q.dtype), _operand_layout(BN, D, gl.num_warps()))
+        ds_op = gl.convert_layout(ds_t, _operand_layout(BN, D, gl.num_warps()))
+        mbarrier.wait(self.ds_free.index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
+        if MODE == 3:
+            dq_tok = self.issue_dq(ctx, i - 1)
+        dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
+        if MODE != 1:
+            dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
+        self.ds_smem.index(i % 2).slice(c * BN, BN).store(ds_t)
+        fence_async_shared()
+        mbarrier.arrive(self.ds_full.index(i % 2))
+        if MODE == 1:  # dK after dQ: dQ's staging and reduction run under it
+            dq_tok = self.issue_dq(ctx, i)
+            dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
+            dq, dv = warpgroup_mma_wait(1, deps=(dq_tok, dv_tok))
+            mbarrier.arrive(self.ds_free.index(i % 2))
+            self.add_dq(ctx, tile, step, dq)
+            dk = warpgroup_mma_wait(0, deps=(dk_tok,))
+        else:  # 3 (lagged)
+            dq = warpgroup_mma_wait(2, deps=(dq_tok,))  # dV and dK still run
+            mbarrier.arrive(self.ds_free.index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
+            if step > 0:
+                self.add_dq(ctx, tile, step - 1, dq)
+            if step == tile.per_head * self.GROUP - 1:  # the tile's last step: its own dQ now
+                dq_tok = self.issue_dq(ctx, i)
+                dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
+                self.add_dq(ctx, tile, step, dq)
+            else:
+                dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+        return Grads(dk, dv, st.k_regs, st.v_regs)
+
+    @gluon.jit
+    def wait(self, ctx, st):
+        return st  # every step ends with its wgmma complete
+
+    @gluon.jit
+    def store_rows(self, ctx, x, desc, ptr, tile, start_n):
+        """This consumer's BN rows of dV or dK from ``start_n`` (local): one TMA store when all are the
+        sequence's, else a masked store of those that are (none: nothing)."""
+        if start_n + self.BN <= tile.Nk:
+            out = ctx.out.reshape([self.BN, self.D])
+            tma.store_wait(0)  # the buffer's previous TMA store has read it
+            out.store(x.to(ctx.out.dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(desc, [tile.hk, tile.k0 + start_n, 0], ctx.out)
+        elif start_n < tile.Nk:
+            layout: gl.constexpr = x.type.layout
+            rows = start_n + gl.arange(0, self.BN, layout=gl.SliceLayout(1, layout))
+            cols = gl.arange(0, self.D, layout=gl.SliceLayout(0, layout))
+            at = gl.expand_dims((tile.k0 + rows).to(gl.int64) * self.kv_row_stride + tile.hk * self.D, 1) \
+                + gl.expand_dims(cols, 0)
+            ok = gl.expand_dims(rows < tile.Nk, 1) & gl.expand_dims(cols < self.D, 0)
+            gl.store(ptr + at, x.to(ctx.out.dtype), mask=ok)
+
+    @gluon.jit
+    def finish(self, ctx, st, tile):
+        """dV, then dK (times the scale) of this consumer's keys that are the sequence's."""
+        start_n = tile.start_n + ctx.index * self.BN
+        self.store_rows(ctx, st.dv, self.dv_desc, self.dv_ptr, tile, start_n)
+        self.store_rows(ctx, st.dk * self.scale, self.dk_desc, self.dk_ptr, tile, start_n)
+
+
+@gluon.jit
+def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, dk_ptr,
+                                dv_ptr, kv_row_stride, cu_q, cu_k, work, num_tiles, GROUP, scale, scale_log2e, left,
+                                right, tanh_scale, tile_counter, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                                DQ: gl.constexpr, KV_REGS: gl.constexpr = False, WINDOW: gl.constexpr = False,
+                                SOFTCAP: gl.constexpr = 0):
+    """dK, dV and (added to dq_desc's float32 tensor) dQ of packed attention for every work item
+    (varlen.work_table over the keys); a persistent grid of 2 consumer warpgroups of 4 warps and a
+    producer warp drawing its tiles from ``tile_counter`` (None: program p takes tiles p, p + P, ...).
+    WINDOW (not with CAUSAL: folded in) and SOFTCAP as the fixed kernel's."""
+    gl.static_assert(not (WINDOW and CAUSAL), "causal is folded into the window")
+    gl.static_assert(DQ == 1 or DQ == 3, "dQ fused (1) or lagged (3)")
+    BM: gl.constexpr = q_desc.block_type.shape[1]
+    BN: gl.constexpr = dk_desc.block_type.shape[1]  # one consumer's keys; k_desc's block holds both
+    D: gl.constexpr = q_desc.block_type.shape[2]
+    gl.static_assert(k_desc.block_type.shape[1] == 2 * BN, "K and V blocks hold both consumers' keys")
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM], _ds_layout(q_desc.dtype))
+    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(2):
+        mbarrier.init(ds_full.index(j), count=2)
+        mbarrier.init(ds_free.index(j), count=2)
+    dq_staging = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape, dq_desc.layout)
+    op = VarlenBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, dk_ptr, dv_ptr,
+                        kv_row_stride, cu_q, cu_k, work, GROUP, scale, scale_log2e, ds_smem, ds_full, ds_free,
+                        dq_staging, left, right, tanh_scale, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW, SOFTCAP)
+    layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
+                    tile_operand=TileOperand(k_desc, COUNT=2, SHARED=True), tile_counter=tile_counter)
+    stages = QStage(ring(q_desc, STAGES), ring(stats_desc, STAGES), ring(do_desc, STAGES))
+    run(op, layout, stages, num_tiles)
+    for j in gl.static_range(2):
+        mbarrier.invalidate(ds_full.index(j))
+        mbarrier.invalidate(ds_free.index(j))
+
+
+def compiled_backward(d: int = 128, causal: bool = True, softcap: int = 0, dtype=None, cfg: dict | None = None,
+                      window: bool = False, group: int = 1):
+    """The kernel compiled for sm_90a without a GPU (TRITON_INTERPRET unset), with the arguments
+    varlen.backward_gluon passes (packed (total, heads, D) tensors of 4096 rows, 16 q heads)."""
+    import torch
+
+    from tilecore.ops.attention import configs
+    from tilecore.ops.attention.launch import row_stats_operand
+    from tilecore.tiles.compile import compile_kernel
+    from tilecore.tiles.launch import TmaOperand
+
+    dtype = dtype or torch.bfloat16
+    cfg = dict(cfg or configs.varlen_gluon_backward_config(d, causal))
+    bm, bn = cfg["block_m"], cfg["block_n"]
+    x = torch.empty(4096, 16, d, dtype=dtype)
+    kv = torch.empty(4096, 16 // group, d, dtype=dtype)
+    desc = lambda t, rows: TmaOperand(t.transpose(0, 1), [1, rows, d]).descriptor()  # noqa: E731
+    stats = torch.empty(16, 2, 4096)
+    dq_sum = torch.empty(16, 4096, d)
+    i32 = torch.empty(64, dtype=torch.int32)
+    args = dict(q_desc=desc(x, bm), k_desc=desc(kv, 2 * bn), v_desc=desc(kv, 2 * bn), do_desc=desc(x, bm),
+                dk_desc=desc(kv, bn), dv_desc=desc(kv, bn), stats_desc=row_stats_operand(stats, bm).descriptor(),
+                dq_desc=TmaOperand(dq_sum, [1, bm, d // 2]).descriptor(), dk_ptr=kv, dv_ptr=kv,
+                kv_row_stride=kv.stride(0), cu_q=i32, cu_k=i32, work=i32, num_tiles=4096, GROUP=group, scale=0.1,
+                scale_log2e=0.1, left=1000, right=0, tanh_scale=0.1, tile_counter=torch.zeros(1, dtype=torch.int32),
+                CAUSAL=causal and not window, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
+                KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=softcap)
+    return compile_kernel(attention_varlen_bwd_kernel, args, num_warps=4)
+
+
+def report(cases=((128, True, 0, False, 1), (128, False, 0, False, 1), (128, True, 0, False, 4),
+                  (64, True, 0, False, 1), (128, True, 2, False, 1), (128, False, 0, True, 1))) -> list[dict]:
+    """Resources and Hopper instructions of the compiled kernel for (D, causal, SOFTCAP, WINDOW, GROUP)."""
+    from tilecore.tiles.compile import has_hopper_instructions, resources
+
+    rows = []
+    for d, causal, softcap, window, group in cases:
+        compiled = compiled_backward(d, causal, softcap, window=window, group=group)
+        rows.append(dict(D=d, causal=causal, softcap=softcap, window=window, group=group,
+                         **vars(resources(compiled)), **has_hopper_instructions(compiled.asm["ptx"])))
+    return rows
+
+
+if __name__ == "__main__":  # python -m tilecore.ops.attention.gluon_varlen_backward [--quick] (TRITON_INTERPRET unset)
+    import json
+    import sys
+
+    print(json.dumps(report(((128, True, 0, False, 1),)) if "--quick" in sys.argv else report()))
