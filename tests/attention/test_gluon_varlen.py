@@ -186,8 +186,8 @@ def test_launch_passes_every_kernel_parameter(monkeypatch):
     assert out.shape == (sum(lengths), 8, 128) and lse.shape == (8, sum(lengths))
 
 
-def test_gluon_path_is_never_taken_on_the_cpu_and_windows_wait_for_a_gpu_check():
-    assert configs.VARLEN_GLUON_FEATURES == frozenset()
+def test_gluon_path_is_never_taken_on_the_cpu_and_windows_go_to_it_after_their_gpu_check():
+    assert configs.VARLEN_GLUON_FEATURES == frozenset({"window"})  # session 28's H100 check
     q = torch.randn(10, 2, 128, dtype=torch.bfloat16)
     assert not varlen.gluon_forward_fits(q, q, q, True, -1, -1)
     assert not varlen.gluon_forward_fits(q, q, q, True, -1, -1, use_gluon=True)  # a CPU tensor
@@ -240,8 +240,8 @@ def test_switched_on_the_public_op_routes_eligible_calls_to_the_gluon_forward(mo
     assert fits(q, kv, kv, True, -1, -1) and fits(q, kv, kv, False, -1, -1) and fits(q[..., :64], kv[..., :64],
                                                                                      kv[..., :64], True, -1, -1)
     assert fits(q, kv, kv, False, -1, 0)  # the window (-1, 0) is causal
-    assert not fits(q, kv, kv, True, 100, -1) and not fits(q, kv, kv, False, 5, 5)  # windows: the tl kernels
-    assert fits(q, kv, kv, False, 5, 5, features={"window"})  # until configs.VARLEN_GLUON_FEATURES names them
+    assert fits(q, kv, kv, True, 100, -1) and fits(q, kv, kv, False, 5, 5)  # configs.VARLEN_GLUON_FEATURES
+    assert not fits(q, kv, kv, False, 5, 5, features=frozenset())  # without "window": the tl kernels
     assert not fits(q[..., :96], kv[..., :96], kv[..., :96], True, -1, -1)  # D 96
     assert not fits(q, kv, kv[..., :64].contiguous(), True, -1, -1)  # Dv != D
     assert not fits(q.float(), kv.float(), kv.float(), True, -1, -1)
