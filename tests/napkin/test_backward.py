@@ -93,9 +93,14 @@ def test_backward_rows_of_every_implementation_are_predicted_closer():
     series = {p.series.split(" ")[0] for p in preds}
     assert {"tilecore", "cuDNN", "flash"} <= series
     # session 27: 77 of 120 within 15% (0 with the forward-like model), median ratio 1.04 (1.39-1.45),
-    # every tilecore and cuDNN row at N >= 4096 within; bounds with room for new bench runs
+    # every tilecore and cuDNN row at N >= 4096 within; session 28 (one-tile blocks' prologue and
+    # epilogue, FlashAttention-2's operand reads at its clock, its grouped sums): 115 of 120, FA2 33 of
+    # 36 (2 of 36 before); bounds with room for new bench runs
     within = sum(p.miss <= validate.TOLERANCE for p in preds)
-    assert within >= 0.55 * len(preds)
+    assert within >= 0.9 * len(preds)
+    flash = [p for p in preds if p.series.startswith("flash")]
+    assert sum(p.miss <= validate.TOLERANCE for p in flash) >= 0.8 * len(flash)
+    assert all(p.params["N"] <= 1024 for p in preds if p.miss > validate.TOLERANCE)   # the misses: short tiles
     assert statistics.median(p.ratio for p in preds) < 1.1
     wgmma_long = [p for p in preds if not p.series.startswith("flash") and p.params["N"] >= 4096]
     assert sum(p.miss <= validate.TOLERANCE for p in wgmma_long) >= 0.85 * len(wgmma_long)
@@ -130,3 +135,61 @@ def test_window_softcap_and_flex_rows_of_the_features_run():
     assert backward.window_density(4096, 128, 64, 4096, 0) == pytest.approx(
         backward.window_density(4096, 128, 64, 10 ** 6, 0))   # a window past N is causal
     assert 0.11 < backward.window_density(32768, 128, 64, 4096, 0) < 0.13
+
+
+def test_one_tile_blocks_pay_their_prologue_and_epilogue():
+    """cuDNN (FA3's grid of tiles) and FlashAttention-2 run one key tile a thread block: K, V and the first
+    stage in, dK and dV out, at the SM's even share of the measured L2 bandwidth, and two DRAM round
+    trips, with nothing else on the SM; tilecore's persistent kernel loads the next tile under the
+    current one. The same tile count at every N (B N fixed): the term weighs ~5x more at N 512 than 4096."""
+    gpu = H100
+    assert backward.tile_clocks(backward.kernel_for("tilecore", 128, 4096, False), 128, gpu, 1545e6) == 0
+    cudnn = backward.tile_clocks(backward.CUDNN, 128, gpu, 1545e6)
+    by_hand = ((2 * 128 * 128 * 2 + 2 * 64 * 128 * 2 + 64 * 8 + 2 * 128 * 128 * 2) / (gpu.level("L2").bandwidth / gpu.sms)
+               + 2 * gpu.tile_latency_s) * 1545e6
+    assert cudnn == pytest.approx(by_hand) and 3000 < cudnn < 6000
+    short = backward.attention_backward_time(128, 16, 16, 512, 128, False, gpu, "cudnn")
+    long = backward.attention_backward_time(16, 16, 16, 4096, 128, False, gpu, "cudnn")
+    share = lambda t: t.terms["tile prologue/epilogue"] / t.time  # noqa: E731
+    assert short.terms["tile prologue/epilogue"] == pytest.approx(long.terms["tile prologue/epilogue"])
+    assert share(short) > 5 * share(long) > 0   # the time is not all steps: the passes are fixed too
+    assert backward.attention_backward_time(128, 16, 16, 512, 128, False, gpu, "tilecore").terms[
+        "tile prologue/epilogue"] == 0
+
+
+def test_flash2_reads_its_operands_per_warp_at_its_own_clock():
+    """FlashAttention-2's warps (8: along S/dP rows, dK/dV rows, dQ rows (2, 4, 2) at D128) each read their
+    MMA operands from shared memory: 576 KiB a step at both head dims (by hand: S and dP 128 KiB each,
+    dV and dK 96, dQ 128 at D128); they add to the MMAs (serial), with no wgmma step latency, at the
+    clock it ran at (1920 MHz); grouped heads add the two dK, dV group sums."""
+    k128, k64 = backward.flash2_kernel(128), backward.flash2_kernel(64)
+    assert backward._warp_operand_bytes(k128, 128) == (128 + 128 + 96 + 96 + 128) * 1024
+    assert backward._warp_operand_bytes(k64, 64) == 576 * 1024
+    t = backward.attention_backward_time(4, 16, 16, 16384, 128, False, H100, "flash")
+    assert t.terms["step latency"] == 0 and t.terms["operand reads (mma.sync)"] > t.terms["mma"]
+    assert t.terms["compute"] == pytest.approx(sum(t.terms[k] for k in (
+        "mma", "operand reads (mma.sync)", "exp exposed", "dS link (ALU)", "dS through SMEM")))
+    slow = backward.attention_backward_time(4, 16, 16, 16384, 128, False, H100,
+                                            kernel=dataclasses.replace(k128, clock_hz=1545e6))
+    assert slow.time / t.time == pytest.approx(1920 / 1545, rel=0.05)
+    gqa = backward.attention_backward_time(8, 32, 8, 4096, 128, True, H100, "flash")
+    assert [k for k, _, _ in gqa.kernels][-2:] == ["dK group sum", "dV group sum"]
+    assert "dK group sum" not in [k for k, _, _ in backward.attention_backward_time(
+        8, 32, 8, 4096, 128, True, H100, "cudnn").kernels]
+
+
+def test_the_session28_clock_run_is_predicted_within_ten_percent():
+    """notes/napkin/runs/napkin_gpu_backward_clock_session28_h100.json (H100, its own ceilings): tilecore,
+    cuDNN and FlashAttention-2, D128 N4096, causal and not. Only FA2's clock is taken from this run."""
+    import json
+
+    run = json.loads((validate.ROOT / "notes" / "napkin" / "runs" /
+                      "napkin_gpu_backward_clock_session28_h100.json").read_text())
+    c = run["ceilings"]
+    gpu = H100.calibrated(copy_bytes_per_s=c["copy_bytes_per_s"],
+                          matmul_flops={"bf16": c["matmul_bf16_flops"], "fp16": c["matmul_bf16_flops"]})
+    impls = {"tilecore": "tilecore", "cuDNN (SDPA)": "cudnn", "flash (SDPA)": "flash"}
+    assert len(run["backward"]) == 6
+    for r in run["backward"]:
+        t = backward.attention_backward_time(r["B"], r["H"], r["H"], r["N"], r["d"], r["causal"], gpu, impls[r["impl"]]).time
+        assert r["ms"] * 1e-3 / t == pytest.approx(1.0, abs=0.1), r["impl"]

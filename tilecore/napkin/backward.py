@@ -30,6 +30,14 @@ Shared memory: every MMA's operands read from it (wgmma: B always, A unless it i
 the ring's TMA writes, dS's store, dQ's staging (written, then read by the TMA reduction). A bound, not
 a sum: the engine's preset rate (128 B/clk/SM) leaves it under the tensor time (64-75% of it).
 
+One key tile a thread block (cuDNN costed as FA3's grid of tiles, FlashAttention-2): the tile's first
+loads and its dK, dV stores run with nothing else on the SM (`tile_clocks`): a cost a tile, which weighs
+on short sequences (the tile count is B H N / Bc). tilecore's persistent kernel loads the next tile under
+the current one: none. FlashAttention-2 (mma.sync, 8 warps): each warp reads its own MMA operands from
+shared memory (ldmatrix; `_warp_operand_bytes`: 576 KiB a step, more than its MMAs' time at 128 B/clk),
+and, without warp specialization, adds them to its MMAs; no wgmma step latency; at its own measured clock; its
+grouped heads write dK, dV per q head and sum them after (two reductions).
+
 Constants: the datasheet's per-clock rates at the backward's own sustained clock (BACKWARD_CLOCK_HZ,
 measured: the backwards run power-limited, and not at the clock the run's GEMM ceiling implies; the
 engine's convention, the run's cuBLAS rate, is `rates="ceiling"`), the paper's exposed share of the
@@ -68,6 +76,14 @@ class BackwardKernel:
     smem_operands: tuple = ("dS",)  # register intermediates stored to SMEM as MMA operands (FA2: P and dS)
     softmax_under_dp: bool = True  # the softmax waits for S only and runs under dP's MMA (else both first)
     tanh_sfu: int = 1              # SFU instructions of a softcap's tanh (tanh.approx: 1; through ex2, rcp: 2)
+    persistent: bool = True        # tiles stream through resident programs (a producer loads the next tile
+                                   # under the current one); else one tile a thread block: its prologue and
+                                   # epilogue exposed (`tile_clocks`)
+    warp_layout: tuple | None = None  # mma.sync kernels: warps along (S/dP rows, dK/dV rows, dQ rows); each
+                                   # warp reads its own operands from shared memory (`_warp_operand_bytes`)
+    warps: int = 8
+    clock_hz: float | None = None  # its sustained SM clock where measured (else BACKWARD_CLOCK_HZ)
+    group_sum: bool = False        # grouped heads: dK and dV written per q head, then summed over each group
     source: str = ""
 
     def __post_init__(self):
@@ -91,24 +107,40 @@ def tilecore_kernel(d: int, seq: int, causal: bool) -> BackwardKernel:
 
 
 # cuDNN's Hopper kernel is not published: costed as FlashAttention-3's structure (Shah et al. 2024: Br 64,
-# Bc 128, two consumer warpgroups, dQ's fp32 partial staged and added by a TMA reduction)
-CUDNN = BackwardKernel("cuDNN", source="FlashAttention-3's backward structure (cuDNN's is not published)")
+# Bc 128, two consumer warpgroups, dQ's fp32 partial staged and added by a TMA reduction, one key tile a
+# thread block: FA3's backward launches a grid of tiles, no persistent scheduler)
+CUDNN = BackwardKernel("cuDNN", persistent=False,
+                       source="FlashAttention-3's backward structure (cuDNN's is not published)")
+
+
+# FlashAttention-2's backward runs at its own clock: SDPA's flash backward D128 back to back at 1920 MHz
+# (1935 causal), 682-696 W, where tilecore's and cuDNN's ran at 1605-1665 MHz in the same run
+# (notes/napkin/runs/napkin_gpu_backward_clock_session28_h100.json): mma.sync at 2/3 of the tensor rate
+# draws less power a clock than wgmma, so the board holds a higher clock
+FLASH2_CLOCK_HZ = 1920e6
 
 
 def flash2_kernel(d: int) -> BackwardKernel:
     """FlashAttention-2 (SDPA's flash backend): 8 warps, no warp specialization, mma.sync; Br x Bc =
-    128 x 128 at D64, 64 x 128 at D128 (its sm80 kernel traits); P and dS through shared memory (the
-    dV, dK and dQ MMAs read them there); dQ added by fp32 atomics, then converted."""
+    128 x 128 at D64, 64 x 128 at D128, warps along (S/dP rows, dK/dV rows, dQ rows) (4, 4, 4) at D64,
+    (2, 4, 2) at D128 (its kernel traits where a block may take 144 KiB of shared memory, as on the
+    H100); P and dS through shared memory (the dV, dK and dQ MMAs read them there); dQ added by fp32
+    atomics, then converted; one key tile a thread block (a grid of key blocks x batch x heads). Grouped
+    heads: dK and dV written per q head (its mha_bwd's dk_expanded, dv_expanded), then summed over each
+    group by two reductions."""
     return BackwardKernel("flash", mma="mma.sync", schedule="serial", block_q=128 if d <= 64 else 64,
-                          consumers=2, dq="atomic", smem_operands=("P", "dS"),
-                          source="flash-attn 2 kernel traits (sm80): 8 warps, Br x Bc 128 x 128 (D64), 64 x 128 (D128)")
+                          consumers=2, dq="atomic", smem_operands=("P", "dS"), persistent=False,
+                          warp_layout=(4, 4, 4) if d <= 64 else (2, 4, 2), warps=8, clock_hz=FLASH2_CLOCK_HZ,
+                          group_sum=True,
+                          source="flash-attn 2 kernel traits (sm80+, 144 KiB blocks): 8 warps, Br x Bc 128 x 128 "
+                                 "(D64), 64 x 128 (D128); its clock: napkin_gpu_backward_clock_session28_h100")
 
 
 # FlexAttention (torch.nn.attention.flex_attention, compiled by Inductor): a Triton backward template, no
 # warp specialization (every unit adds, as FA2, but with wgmma), dK/dV for key blocks and dQ for query
 # blocks in one launch (S, P, dP, dS recomputed for dQ: seven MMAs, dQ written once: no atomics, no
 # conversion); a score_mod's torch.tanh through libdevice (ex2 and rcp: two SFU instructions)
-FLEX = BackwardKernel("flex", schedule="serial", dq="kernel", smem_operands=(), tanh_sfu=2,
+FLEX = BackwardKernel("flex", schedule="serial", dq="kernel", smem_operands=(), tanh_sfu=2, persistent=False,
                       source="torch Inductor's flex_attention backward template (Triton; dQ and dK/dV programs)")
 
 
@@ -165,27 +197,59 @@ BACKWARD_CLOCK_HZ = 1545e6
 # the datasheets give it, so it is derived once from the measured anchors (../shared/anchors.md: cuDNN's
 # backward, B16 H16 N4096 D128, 519 TFLOP/s where cuBLAS ran 680 in the same run) by
 # `step_latency_from_anchor(rates)`, and checked on the anchors' three other cuDNN backward rows (D64
-# 430, D64 causal 379, D128 causal 461: predicted 392, 362, 474 with "clock"; 440, 405, 474 with
-# "ceiling"). No committed bench row is used.
+# 430, D64 causal 379, D128 causal 461: predicted 394, 358, 467 with "clock"; 444, 400, 467 with
+# "ceiling"). No committed bench row is used. Session 28: re-derived with cuDNN's tile prologue and
+# epilogue (646.6 and 181.6 before: the per-tile cost was inside the per-step one).
 ANCHOR = dict(impl="cudnn", batch=16, heads=16, seq=4096, d=128, causal=False, tflops=519.0,
               ceiling_tflops=680.0, copy_bytes_per_s=2997e9)
 ANCHOR_CHECKS = ((64, False, 430.0), (64, True, 379.0), (128, True, 461.0))
-STEP_LATENCY_CLOCKS = {"clock": 646.6, "ceiling": 181.6}
+STEP_LATENCY_CLOCKS = {"clock": 576.6, "ceiling": 98.8}
 
 
-def at_backward_clock(gpu):
-    """The GPU with its SM-clocked units (tensor cores, SFU, ALU, shared memory) at BACKWARD_CLOCK_HZ:
-    the datasheet preset's per-clock rates (its own where the GPU is not a preset's calibration) times
-    that clock; HBM, L2 and the launch terms as given."""
+def at_backward_clock(gpu, clock_hz: float = BACKWARD_CLOCK_HZ):
+    """The GPU with its SM-clocked units (tensor cores, SFU, ALU, shared memory) at `clock_hz` (default
+    BACKWARD_CLOCK_HZ): the datasheet preset's per-clock rates (its own where the GPU is not a preset's
+    calibration) times that clock; HBM, L2 and the launch terms as given."""
     prefix = gpu.key.split("-")[0]
     base = get_gpu(prefix) if prefix in ("a100", "h100", "h200") else gpu
-    f = BACKWARD_CLOCK_HZ / base.clock_hz
+    f = clock_hz / base.clock_hz
     units = {name: dataclasses.replace(u, rates={dt: r * f for dt, r in u.rates.items()},
-                                       source=f"{u.source}; at the backward's clock {BACKWARD_CLOCK_HZ / 1e6:.0f} MHz")
+                                       source=f"{u.source}; at the backward's clock {clock_hz / 1e6:.0f} MHz")
              for name, u in base.units.items()}
     levels = tuple(dataclasses.replace(lv, bandwidth=base.level("SMEM").bandwidth * f) if lv.name == "SMEM" else lv
                    for lv in gpu.levels)
-    return dataclasses.replace(gpu, units=units, levels=levels, key=gpu.key + "-bwdclock")
+    return dataclasses.replace(gpu, units=units, levels=levels, key=f"{gpu.key}-bwdclock{clock_hz / 1e6:.0f}")
+
+
+def tile_clocks(kernel: BackwardKernel, d: int, gpu, sm_clock: float) -> float:
+    """SM clocks a key tile costs outside its steps where one tile is a thread block's whole life (not
+    persistent): nothing else runs on the SM while the tile's first loads arrive (K, V and the first
+    ring stage: a DRAM round trip, then the bytes) or while its dK and dV are stored and the stores
+    complete before the block exits (the bytes, then a round trip). Bytes at the SM's even share of the
+    L2 bandwidth (measured); the round trip is the preset's tile_latency_s. Persistent kernels (a
+    producer loading the next tile under the current one's last steps): 0."""
+    if kernel.persistent:
+        return 0.0
+    bc, br = kernel.block_k, kernel.block_q
+    loads = 2 * bc * d * 2 + 2 * br * d * 2 + br * 8      # K, V; the first stage's Q, dO, L, D (bf16, fp32)
+    stores = 2 * bc * d * 2                                # dK, dV (bf16)
+    sm_bw = gpu.level("L2").bandwidth / gpu.sms
+    return ((loads + stores) / sm_bw + 2 * gpu.tile_latency_s) * sm_clock
+
+
+def _warp_operand_bytes(kernel: BackwardKernel, d: int) -> float:
+    """Shared-memory bytes the warps of an mma.sync kernel read as MMA operands in one step (ldmatrix): a
+    warp grid of a x (warps / a) over an M x N output reads its M / a rows of A and N / (warps / a)
+    columns of B over the whole reduction, so each operand is read once per warp row or column.
+    S^T, dP^T (Br x Bc over d: Q / dO rows and K / V rows), dV, dK (Bc x d over Br: P^T / dS^T and dO / Q),
+    dQ (Br x d over Bc: dS and K)."""
+    a, c, e = kernel.warp_layout
+    w, br, bc = kernel.warps, kernel.block_q, kernel.block_k
+
+    def grid(m, n, k, rows):   # elements read by a (rows x w / rows) warp grid over an m x n output
+        return (w // rows) * m * k + rows * n * k
+
+    return 2 * (2 * grid(br, bc, d, a) + 2 * grid(bc, d, br, c) + grid(br, d, bc, e))
 
 
 def backward_flops(batch, heads, seq, d, causal) -> float:
@@ -298,12 +362,13 @@ def attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu="h100", 
     rates: "clock" (the backward's own sustained clock) or "ceiling" (the run's cuBLAS rate): RATES."""
     if rates not in RATES:
         raise ValueError(f"rates {rates!r}; accepted: {', '.join(RATES)}")
-    gpu = at_backward_clock(get_gpu(gpu)) if rates == "clock" else get_gpu(gpu)
-    sm_clock = BACKWARD_CLOCK_HZ if rates == "clock" else gpu.clock_hz
     kv_heads = kv_heads or heads
     if window is not None:
         causal = False
     kernel = kernel or kernel_for(impl, d, seq, causal, softcap)
+    sm_clock = (kernel.clock_hz or BACKWARD_CLOCK_HZ) if rates == "clock" else None
+    gpu = at_backward_clock(get_gpu(gpu), sm_clock) if rates == "clock" else get_gpu(gpu)
+    sm_clock = sm_clock or gpu.clock_hz
     density = 1.0 if window is None else window_density(seq, kernel.block_k, kernel.block_q, *window)
     diag = models.attention_backward(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, d=d, causal=causal)
     parts = {"x": group(kernel.block_k), "q": stream(kernel.block_q)}
@@ -329,11 +394,22 @@ def attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu="h100", 
     # dS goes through SMEM for the dQ MMA (without dQ in the kernel it stays in registers); FA2's P too
     staged = len(kernel.smem_operands) if fused_dq else len([o for o in kernel.smem_operands if o != "dS"])
     t_stage = points * 2 * staged / smem_bw * density
+    # the step latency is wgmma's: a warpgroup drains its asynchronous MMA group before the dependent
+    # instructions issue. mma.sync is synchronous a warp and scoreboarded a register: eight warps' MMAs
+    # and loads cover each other's latencies, so its time is the units' work (all of it, serial)
     lat = STEP_LATENCY_CLOCKS[rates] if step_latency_clocks is None else step_latency_clocks
+    lat = lat if kernel.mma == "wgmma" else 0.0
     t_latency = steps * density * lat / sm_clock / gpu.sms / busy
+    # one key tile a thread block: its prologue and epilogue (tile_clocks), once a tile
+    tiles = batch * heads * math.ceil(seq / kernel.block_k)
+    t_tile = tiles * tile_clocks(kernel, d, gpu, sm_clock) / sm_clock / gpu.sms / busy
+    # mma.sync: every warp reads its own operands from shared memory (ldmatrix)
+    t_operands = (steps * density * _warp_operand_bytes(kernel, d) / smem_bw) if kernel.warp_layout else 0.0
 
     if kernel.schedule == "serial":
-        compute = t_mma + t_exp + t_ds + t_stage + t_latency
+        # no warp specialization: the warps that issue the MMAs also load their operands, run the
+        # softmax and store P and dS, so every unit adds
+        compute = t_mma + t_operands + t_exp + t_ds + t_stage + t_latency
         exp_exposed = t_exp
     else:
         exp_exposed = (gpu.exposed_sfu if kernel.softmax_under_dp else 1.0) * t_exp
@@ -349,7 +425,7 @@ def attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu="h100", 
     l2 = (r.H["L2"] * density + dq_l2) / gpu.level("L2").bandwidth
     transfer = {"HBM": r.times["HBM"], "L2": l2, "SMEM": smem}
     binding = max(transfer, key=transfer.get)
-    main = max(transfer[binding], compute + r.fill_time) + r.launch_time
+    main = max(transfer[binding], compute + r.fill_time) + t_tile + r.launch_time
     main_bound = binding if transfer[binding] > compute + r.fill_time else (
         "tensor" if t_mma >= compute - t_mma else "links")
 
@@ -381,9 +457,14 @@ def attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu="h100", 
             kernels[-1] = ("main", kernels[-1][1] + q_time, kernels[-1][2])
         else:
             kernels.append(("dq kernel", q_time + rq.launch_time, "tensor"))
+    if kernel.group_sum and kv_heads != heads:   # dK, dV per q head (bf16), each summed over its group
+        per_q_head = batch * heads * seq * d * 2
+        per_kv_head = batch * kv_heads * seq * d * 2
+        kernels += [(f"{g} group sum", _copy_pass(per_q_head + per_kv_head, gpu), "HBM") for g in ("dK", "dV")]
     total = sum(t for _, t, _ in kernels)
     terms = {"mma": t_mma, "exp exposed": exp_exposed, "dS link (ALU)": t_ds,
-             "dS through SMEM": t_stage, "step latency": t_latency, "compute": compute,
+             "dS through SMEM": t_stage, "step latency": t_latency, "operand reads (mma.sync)": t_operands,
+             "compute": compute, "tile prologue/epilogue": t_tile,
              "SMEM (bound)": smem, "L2 with dQ partials": l2, "HBM": r.times["HBM"], "fill": r.fill_time,
              "launch": r.launch_time}
     return BackwardTime(kernel, total, main_bound, kernels, terms, steps)

@@ -375,18 +375,22 @@ def name_cause(p: Prediction) -> str:
                              (p.op in ("gemm", "gemm_fp8", "hadamard"))):
         return ("host time: an eager call on the host path the bench ran with (before issue 31's host work); "
                 "the model's host floor is today's (notes/host/runs/host_time_session24_h100.json)")
+    if p.op.endswith("bwd") and fast and q.get("N", 1 << 30) <= 1024:
+        return ("short tiles (backward): at N <= 1024 a key tile walks few query steps (2-8 causal at N = 512), "
+                "the diagonal's masked steps computed whole; the model has each tile's prologue and epilogue where "
+                "a thread block runs one tile (cuDNN, FlashAttention-2), the passes around the kernel and the "
+                "visited points, not the mask's work on the diagonal or a persistent schedule's tail")
     if p.op.endswith("bwd") and p.series.startswith("flash") and fast:
-        return ("missing algorithm (peer): FlashAttention-2's backward on Hopper, beyond mma.sync's 2/3 rate and "
-                "the serial schedule: each warp reads its MMA operands from shared memory, dQ by fp32 atomics "
-                "(not modelled)")
+        return ("peer's kernel (FlashAttention-2's backward on Hopper): beyond mma.sync's 2/3 rate, its warps' "
+                "operand reads, its own clock and the serial schedule (modelled): dQ's fp32 atomics in L2")
     if p.op.startswith(("attention", "attention-gqa")) and p.series.startswith("flash") and fast:
         return "missing algorithm (peer): FlashAttention-2 on Hopper, mma.sync rate and issue beyond the 2/3 account"
     if "K/V repeated" in p.series:
         return ("peer's extra passes: K and V repeated to every q head by eager PyTorch (allocations, "
                 "copies at less than the copy ceiling), costed here as ideal copies")
     if p.op.endswith("bwd") and fast and q.get("N", 1 << 30) <= 2048:
-        return ("short tiles (backward): a key tile's prologue and epilogue (K, V in; dK, dV out) and the causal "
-                "tail over few query steps, not modelled per tile; the preprocess and dQ conversion are")
+        return ("short tiles (backward): the causal tail over few query steps and a persistent schedule's last "
+                "tiles, not modelled per tile; the prologue and epilogue of one-tile thread blocks are")
     if p.op.endswith("bwd") and not fast:
         return ("backward predicted slow: tilecore's separate dQ kernel (short D128 tiles, grouped heads), costed "
                 "by the forward's rule; its overlap of the key tiles' kernel with it is not modelled")
@@ -502,7 +506,9 @@ def table(root: Path = RESULTS) -> str:
               "committed ceilings), fp8 x 1230/680 (shared/anchors.md); launch 4.6 us a kernel (copy.json); "
               "tilecore's eager host floor from notes/host/runs/host_time_session24_h100.json. The attention "
               "backward: tilecore.napkin.backward (each implementation's step chain, dQ, the passes around "
-              "it; one step latency derived from shared/anchors.md's cuDNN row)."]
+              "it, a one-tile thread block's prologue and epilogue, FlashAttention-2's per-warp operand reads "
+              "at its measured clock and its grouped heads' dK, dV sums; one step latency derived from "
+              "shared/anchors.md's cuDNN row)."]
     return "\n".join(lines)
 
 
