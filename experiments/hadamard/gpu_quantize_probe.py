@@ -17,6 +17,9 @@ One device call, under ~3 minutes:
     exact one, every format at n = 128..32768 and the model widths, hadamard_transform at the same n, tile
     and pipeline sweeps, the m x 2^k transform's tuning, the unfused peers (eager always, compiled at the end
     where time is left); the check covers FAST's codes)
+    (--set s28 --quick: session 28's wide kernel (quantize_wide.py) at 11008 and 18944 against the shipped plans,
+    every format checked (codes >= 99.98% equal to the float64 reference's, every element written), the
+    transform alone at those widths; <= 90 s on the H100 with compiles)
     Plans are run through quantize.run_plan (public), outputs poisoned in the check.
     PYTHONPATH=. python3 experiments/hadamard/gpu_quantize_probe.py --smoke      (CPU, interpreter, toy sizes)
 """
@@ -150,6 +153,47 @@ def s27_quantize_cases(quick=True):
     return cases
 
 
+WIDE = {"wide": True}  # quantize_wide.wide_quantize_kernel (m > 64: output blocks of 64 sub-rows, K chunks of 16)
+
+
+def s28_quantize_cases(quick=True):
+    """Session 28 (issue 32, the widths with m > 64: 11008 = 172 x 64, 18944 = 148 x 128, where the kron-tiled
+    kernel mixes M_PAD = 256 sub-rows): the transform alone there, then every format's shipped plan against the
+    "wide" kernel (plan tuning "wide"), its K chunk of 32, and for the block-scaled formats its blocks one at a
+    time (j_outer). Without --quick: more variants."""
+    fmts = ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
+    cases = [("t", 11008), ("t", 18944)]
+    cases += [("q", f, n, {}, t) for n in (11008, 18944) for f in fmts for t in ({}, WIDE)]
+    cases += [("q", f, n, {}, {**WIDE, "j_outer": True}) for n in (11008, 18944) for f in ("mxfp4", "nvfp4", "int4")]
+    cases += [("q", f, n, {}, {**WIDE, "kc": 32}) for n in (11008, 18944) for f in ("fp8_e4m3", "mxfp4")]
+    if not quick:
+        cases += [("q", f, n, {}, {**WIDE, "waves": w}) for n in (11008, 18944) for f in ("fp8_e4m3", "mxfp4")
+                  for w in (1, 2)]
+        cases += [("q", f, n, {}, {**WIDE, "num_warps": 4, "j_outer": True}) for n in (11008, 18944)
+                  for f in ("mxfp4", "nvfp4")]
+        cases += [("q", f, n, {}, {**WIDE, "num_stages": 2}) for n in (11008, 18944) for f in ("fp8_e4m3", "mxfp4")]
+    return cases
+
+
+def s28_check_cases(torch):
+    """(format, n, kwargs, dtype): the wide kernel at both widths, every format (nvfp4 static and once dynamic:
+    its AMAX pass), and its variants."""
+    bf16 = torch.bfloat16
+    if SMOKE:  # interpreter: m = 108, 140 with small 2^k (one block of 64 sub-rows short, two or three blocks)
+        return [("fp8_e4m3", 140 * 16, {"tuning": WIDE}, bf16), ("mxfp4", 108 * 32, {"tuning": {**WIDE, "j_outer": True}}, bf16),
+                ("nvfp4", 140 * 32, {"tuning": WIDE}, bf16), ("int4", 108 * 64, {"tuning": {**WIDE, "kc": 32}}, bf16)]
+    nv = {"scale": 0.002}
+    fmts = ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
+    cases = [(f, n, {"tuning": WIDE, **(nv if f == "nvfp4" else {})}, bf16) for n in (11008, 18944) for f in fmts]
+    cases += [(f, n, {"tuning": {**WIDE, "j_outer": True}, **(nv if f == "nvfp4" else {})}, bf16)
+              for n in (11008, 18944) for f in ("mxfp4", "nvfp4", "int4")]
+    cases += [(f, n, {"tuning": {**WIDE, "kc": 32}}, bf16) for n in (11008, 18944) for f in ("fp8_e4m3", "mxfp4")]
+    cases += [("nvfp4", 11008, {"tuning": WIDE}, bf16)]  # the dynamic global scale (the AMAX pass)
+    if not QUICK:
+        cases += [("fp8_e4m3", 11008, {"tuning": WIDE, "signs": True}, bf16), ("mxfp4", 11008, {"tuning": WIDE}, torch.float16)]
+    return cases
+
+
 def s27_check_cases(torch):
     """(format, n, kwargs, dtype): the variants and the newly shipped plans at the timed sizes; nvfp4 with a
     static global scale."""
@@ -195,6 +239,8 @@ def quantize_cases(which):
         return s26c_quantize_cases()[0]
     if which == "s27":
         return s27_quantize_cases(QUICK)
+    if which == "s28":
+        return s28_quantize_cases(QUICK)
     first = [("q", f, n, {}, {}) for f in FORMATS for n in POW2]
     first += [("q", "fp8_e4m3", 4096, {}, {"legacy": True}), ("q", "mxfp4", 4096, {}, {"legacy": True})]
     first += [("q", "fp8_e4m3", 4096, {"group": 128}, {}), ("q", "mxfp4", 4096, {"block": 32}, {})]
@@ -226,7 +272,7 @@ def kron_cases(which):
     if which == "s26b":
         shipped, variants = s26b_kron_cases()
         return shipped + variants
-    if which in ("s26c", "s27"):
+    if which in ("s26c", "s27", "s28"):
         return []
     if which == "s26":
         cases = [("k", m, p, {}) for m in (12, 20, 28) for p in (64, 128, 256, 512, 1024, 2048)]
@@ -356,13 +402,15 @@ def phase_check(result, save=lambda: None, which="quick"):
                       ("mxfp4", 14336, {"tuning": {"kron_tma": True}}, torch.bfloat16)]
     if which == "s27":
         cases = s27_check_cases(torch)
+    if which == "s28":
+        cases = s28_check_cases(torch)
     for fmt, n, kw, dtype in cases:
         case = {"format": fmt, "n": n, "dtype": str(dtype).removeprefix("torch."), **kw}
         try:
             kw = dict(kw)
             tuning = kw.pop("tuning", {})
             rows = 4 if SMOKE else _rows(n)
-            if which == "s27" and not SMOKE:  # fewer rows, the same kernels (persistent grids of the timed size)
+            if which in ("s27", "s28") and not SMOKE:  # fewer rows, the same kernels (persistent grids of the timed size)
                 rows = max(8192 if n <= 4096 else 2048, 2**25 // n)
             x = torch.randn(rows, n, dtype=dtype, device=DEV)
             x[:, 7] *= 80  # an outlier channel
@@ -380,13 +428,14 @@ def phase_check(result, save=lambda: None, which="quick"):
             # the public call's plan, outputs poisoned first (every element not written fails the comparison)
             codes, scales, g = quantize.run_plan(plan, x, fmt, group, kw.get("block"), True, kw.get("scale"),
                                                  kw.get("randomized_signs"), poison=True)
-            if which == "s27":  # every element written: a second run over other poison bytes gives the same bytes
+            if which in ("s27", "s28"):  # every element written: a second run over other poison bytes gives the same bytes
                 codes2, scales2, _ = quantize.run_plan(plan, x, fmt, group, kw.get("block"), True, kw.get("scale"),
                                                        kw.get("randomized_signs"), poison=0xA5)
                 same = [torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
                         for a, b in ((codes, codes2), (scales, scales2)) if isinstance(a, torch.Tensor)]
                 case["written"] = all(same)
-                case["config"] = {k: plan.config.get(k) for k in ("IL", "Q", "S", "num_warps", "maxnreg") if k in plan.config}
+                case["config"] = {k: plan.config.get(k) for k in ("IL", "Q", "S", "num_warps", "maxnreg", "MB", "NB", "KC",
+                                                                  "J_OUTER") if k in plan.config}
             codes, scales = shape_outputs(codes, scales, x.shape[:-1], g)
             if n & (n - 1):  # hadamard_reference's m x 2^k form runs on the CPU: the first 64 rows there
                 x, codes = x[:64], codes[:64]
@@ -419,7 +468,7 @@ def phase_check(result, save=lambda: None, which="quick"):
             try:
                 lplan = quantize.plan_quantize(x, fmt, group, kw.get("block"), True, "scale" in kw,
                                                "randomized_signs" in kw, legacy=True)
-                if lplan.path == "fused" and which not in ("s26", "s27") and "randomized_signs" not in kw and n == 4096 and dtype == torch.bfloat16:
+                if lplan.path == "fused" and which not in ("s26", "s27", "s28") and "randomized_signs" not in kw and n == 4096 and dtype == torch.bfloat16:
                     lc = quantize.run_plan(lplan, x, fmt, group, kw.get("block"), True, kw.get("scale"))[0]
                     case["legacy_code_bytes_differ"] = int((lc.view(torch.uint8) != codes.reshape(lc.shape).view(torch.uint8)).sum())
             except Exception as err:  # noqa: BLE001
@@ -460,7 +509,7 @@ def phase_check(result, save=lambda: None, which="quick"):
     kchecks = kron_cases("full")[:16]
     if which == "s26" and not SMOKE:
         kchecks = kron_cases("s26")[:22]
-    elif which in ("s26c", "s27"):
+    elif which in ("s26c", "s27", "s28"):
         kchecks = []
     elif which == "s26b" and not SMOKE:
         kchecks = s26b_kron_cases()[0] + [("k", m, p, {"tma": "both"}) for m, p in ((12, 64), (28, 512), (20, 1024))]
@@ -505,6 +554,11 @@ def timed_cases(which):
         return s26c_quantize_cases()[0] + [("t", 4096), ("t", 14336)]
     if which == "s27" and not SMOKE:
         return s27_quantize_cases(QUICK) + [("t", 4096), ("t", 14336)]
+    if which == "s28" and not SMOKE:
+        return s28_quantize_cases(QUICK)
+    if which == "s28":
+        return [("q", "fp8_e4m3", 140 * 16, {}, {}), ("q", "fp8_e4m3", 140 * 16, {}, WIDE),
+                ("q", "mxfp4", 108 * 32, {}, {**WIDE, "j_outer": True}), ("t", 140 * 16)]
     if which == "s27":
         return [("q", "mxfp4", 28 * 256, {}, {}), ("q", "mxfp4", 28 * 256, {}, {"interleave": 0}),
                 ("q", "mxfp4", 512, {}, PERM), ("t", 256)]
@@ -601,7 +655,8 @@ def phase_time(result, which, deadline, compiled):
                 nbytes = 2 * x.numel() * 2
             ms = _bench(run)
             row.update(path=plan.path, ms=round(ms, 4), copy_pct=round(100 * copy_ms(nbytes) / ms, 1),
-                       config={k: v for k, v in plan.config.items() if k in ("S", "N1", "N2", "Q", "B", "M_PAD", "TMA_LOAD", "TMA_STORE", "FAST", "num_warps", "num_stages", "GRID")})
+                       config={k: v for k, v in plan.config.items() if k in ("S", "N1", "N2", "Q", "B", "M_PAD", "TMA_LOAD", "TMA_STORE", "FAST", "num_warps", "num_stages", "GRID",
+                                                                        "MB", "NB", "KC", "J_OUTER")})
             del x
         except Exception as err:  # noqa: BLE001
             row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
@@ -681,7 +736,7 @@ def table(result):
         if k.endswith("_error"):
             lines.append(f"{k}: {str(result[k])[-800:]}")
     lines += pivot(result)
-    if result.get("args", {}).get("set") == "s27":
+    if result.get("args", {}).get("set") in ("s27", "s28"):
         lines += variants_table(result)
     return "\n".join(lines)
 
@@ -691,7 +746,7 @@ def variants_table(result):
     the shipped plan's at the same format and n (same run)."""
     import ast
 
-    lines = ["s27 checks (codes equal to the float64 reference's, >= 99.98%; every element written):"]
+    lines = [f"{result.get('args', {}).get('set')} checks (codes equal to the float64 reference's, >= 99.98%; every element written):"]
     for c in result.get("check", {}).get("quantize", []):
         lines.append(f"  {'ok ' if c.get('ok_9998') else 'BAD'} {c.get('format'):9s} {c.get('n'):6d} {c.get('dtype'):9s} "
                      f"{c.get('tuning', {})} match {c.get('match', float('nan')):.6f} written {c.get('written')} "
@@ -711,7 +766,7 @@ def variants_table(result):
         if not case[3] and not case[4]:
             base[key] = r["ms"]
         rows.append((f"{case[1]:9s} {case[2]:6d} {case[4] or 'shipped'}", r["copy_pct"], r["ms"], key))
-    lines.append("s27 timings (bf16 in, 2^28 elements, % of a copy of the same bytes in this run; x: shipped ms / this ms)")
+    lines.append(f"{result.get('args', {}).get('set')} timings (bf16 in, 2^28 elements, % of a copy of the same bytes in this run; x: shipped ms / this ms)")
     for name, pct, ms, key in rows:
         speed = f"  x{base[key] / ms:5.2f}" if key in base else ""
         lines.append(f"  {pct:6.1f}%  {ms:8.4f} ms{speed}  {name}")
@@ -755,8 +810,8 @@ def pivot(result):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--set", default="quick", choices=("quick", "full", "kron", "final", "s26", "s26b", "s26c", "s27"))
-    ap.add_argument("--quick", action="store_true", help="s27: the short run (<= 90 s on the H100, compiles included)")
+    ap.add_argument("--set", default="quick", choices=("quick", "full", "kron", "final", "s26", "s26b", "s26c", "s27", "s28"))
+    ap.add_argument("--quick", action="store_true", help="s27, s28: the short run (<= 90 s on the H100, compiles included)")
     ap.add_argument("--phases", default="warm,check,time")
     ap.add_argument("--budget", type=float, default=None, help="seconds in all (180; s26: 175)")
     ap.add_argument("--compiled", action="store_true")
@@ -764,7 +819,7 @@ def main():
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     if args.budget is None:
-        args.budget = 900.0 if args.smoke else 85.0 if args.quick else 175.0 if args.set in ("s26", "s26b", "s26c", "s27") else 180.0
+        args.budget = 900.0 if args.smoke else 85.0 if args.quick else 175.0 if args.set in ("s26", "s26b", "s26c", "s27", "s28") else 180.0
     if args.quick and not QUICK:
         os.environ["GQP_QUICK"] = "1"
         globals()["QUICK"] = True

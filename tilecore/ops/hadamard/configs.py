@@ -136,3 +136,11 @@ QUANT_PERM_COLUMNS = {"nvfp4": True, ("mxfp4", 2048): True, ("mxfp4", 32768): Tr
 # above. Session 28 (H100, checks ok): mxfp4 14336 1.10x (31.3 -> 34.6% of copy); fp8 14336 0.80x (interleave
 # is off for fp8 anyway); the other widths untimed
 QUANT_INTERLEAVE_TMA = {("mxfp4", 14336): True}
+# session 28 (issue 32): hadamard_quantize's "wide" kernel for m x 2^k with m > 64 (quantize_wide.py: output
+# sub-rows in NB blocks of QUANT_WIDE_MB, the mixing's K in chunks of QUANT_WIDE_KC, both stopping at m, where the
+# kron-tiled kernel mixes all M_PAD = 256: 2.2x the work at 172). Keys: (format, n), else the format; plan tuning
+# "wide". Off until a GPU run checks it (experiments/hadamard/gpu_quantize_probe.py --set s28)
+QUANT_WIDE = {}
+QUANT_WIDE_MB = 64
+QUANT_WIDE_KC = 16
+QUANT_WIDE_J_OUTER = False  # block-scaled formats: the blocks one at a time (quantize_wide's J_OUTER); untimed

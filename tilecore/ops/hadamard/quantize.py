@@ -7,6 +7,8 @@ Paths (``plan_quantize``):
   in float32 with torch's operations (quantize_reference.quantize_rotated);
 * "fused": quantize_kernels.rotate_quantize_kernel, where a row's (or a tile's) rotated values fit one
   program's registers (configs.KRON_MAX_TILE_ELEMS float32 values);
+* "wide": quantize_wide.wide_quantize_kernel, m x 2^k rows with m > 64 (11008, 18944), where configs.QUANT_WIDE
+  or the plan tuning "wide" asks for it: the mixing in blocks of sub-rows that stop at m, not M_PAD;
 * "unfused": longer rows (n = m 2^k with 2^k > 1024, or rows past that budget): hadamard_transform into a
   float32 buffer, then the kernel without rotation.
 nvfp4 without a given global scale reads x twice: a first pass of the same kernel finds the rotated
@@ -36,7 +38,7 @@ __all__ = ["hadamard_quantize", "dequantize", "FORMATS", "plan_quantize", "kerne
 
 @dataclasses.dataclass(frozen=True)
 class QuantizePlan:
-    path: str  # "cpu" | "fused" | "unfused"
+    path: str  # "cpu" | "pow2" | "fused" | "wide" | "unfused"
     config: dict = dataclasses.field(default_factory=dict)
     grid: tuple[int, ...] = ()
     rscale: float = 1.0
@@ -111,6 +113,10 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
     else:  # groups of several sub-rows (P < group, one slice)
         assert S == 1 and group % P == 0, (n, P, Q, group)
         mode, spg = 0, group // P
+    wide = _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms,
+                      interpret, tuning)
+    if wide is not None:
+        return wide
     tile_elems = min(tuning.get("tile_elems") or configs.QUANT_TILE_ELEMS, configs.KRON_MAX_TILE_ELEMS)
     B = 1 if (mix and m_pad >= 64) else max(1, tile_elems // (m_pad * Q * S))
     if (mix or transform) and B * m_pad < 16:
@@ -144,6 +150,33 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
         # the sub-row, groups a multiple of S or the whole row; pointer loads
         IL=il, ILV=ilv,
         **_maxnreg(tuning, {})))
+
+
+def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms, interpret,
+               tuning):
+    """The "wide" path (quantize_wide.wide_quantize_kernel: output sub-rows in blocks of MB, the mixing's K in
+    chunks of KC, both stopping at m instead of M_PAD) where it applies and is asked for (plan tuning "wide", or
+    configs.QUANT_WIDE by (format, n)), else None: m > 64 from memory, S <= 2 slices, 16-bit inputs, groups
+    inside a block or the whole row. Tuning: mb, kc, j_outer, num_warps, num_stages, waves."""
+    on = tuning.get("wide", _by_format(configs.QUANT_WIDE, fmt, n, False))
+    if not on or mix != 1 or m_pad <= 64 or S > 2 or dtype == torch.float32:
+        return None
+    mb = tuning.get("mb") or configs.QUANT_WIDE_MB
+    kc = tuning.get("kc") or configs.QUANT_WIDE_KC
+    nb = cdiv(M, mb)
+    if nb > 4 or mb > m_pad or kc > m_pad or (mode == 0 and spg != m_pad and (spg >= mb or mb % spg)):
+        return None
+    grid = max(1, min(rows, sms * (tuning.get("waves") or configs.KRON_WAVES)))
+    f = FORMATS[fmt]
+    dt = kron._dtypes(dtype, interpret)
+    return QuantizePlan("wide", grid=(grid,), rscale=rscale, config=dict(
+        M=M, M_PAD=m_pad, P=P, Q=Q, S=S, MB=mb, NB=nb, KC=kc, NK=cdiv(M, kc), SIGNS=signs, FORMAT=f.kernel_id,
+        GROUP=mode, G=group or 1, SPG=spg, STATIC=static and fmt in FP8_DTYPES, PACKED=f.packed, QMAX=f.qmax,
+        MMA_DTYPE=dt["MMA_DTYPE"], MID_PIECES=dt["MID_PIECES"], PIECE_DTYPE=dt["PIECE_DTYPE"], GRID=grid,
+        FAST=bool(tuning.get("fast", configs.QUANT_FAST)),
+        J_OUTER=bool(tuning.get("j_outer", configs.QUANT_WIDE_J_OUTER)) and not (mode == 0 and spg == m_pad),
+        num_warps=tuning.get("num_warps") or 8,
+        num_stages=tuning.get("num_stages") or 1, **_maxnreg(tuning, {})))
 
 
 def _maxnreg(tuning: dict, table: dict) -> dict:
@@ -203,6 +236,11 @@ def _kernel():
     return rotate_quantize_kernel
 
 
+def _wide_kernel():
+    from tilecore.ops.hadamard.quantize_wide import wide_quantize_kernel
+    return wide_quantize_kernel
+
+
 def _pow2_kernel():
     from tilecore.ops.hadamard.quantize_kernels import pow2_quantize_kernel
     return pow2_quantize_kernel
@@ -210,6 +248,7 @@ def _pow2_kernel():
 
 _launch = CachedLaunch(_kernel)
 _launch_pow2 = CachedLaunch(_pow2_kernel)
+_launch_wide = CachedLaunch(_wide_kernel)
 
 
 def _launch_pow2_plan(plan, x2, codes, scales, sign_t, gs, amax, fmt_id=None):
@@ -290,7 +329,8 @@ def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False):
     if cfg.get("TMA_LOAD"):
         xa = kron.descriptor(x2, cfg)
     h = x2
-    if cfg["MIX"] == 1:
+    launch = _launch_wide if plan.path == "wide" else _launch
+    if cfg.get("MIX", 1) == 1:
         h_dtype = torch.float32 if dispatch.interpreted(x2.device) else \
             {torch.float16: torch.float16, torch.bfloat16: torch.bfloat16, torch.float32: torch.bfloat16}[x2.dtype]
         h = kron.mixing_matrix(cfg["M"], False, h_dtype, x2.device)
@@ -298,14 +338,14 @@ def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False):
     gscale = scale if static else None
     if fmt == "nvfp4" and gscale is None:
         amax = torch.empty(plan.grid[0], dtype=torch.float32, device=x2.device)
-        _launch[plan.grid](xa, codes, scales, h, sign_t, x2, amax, rows, x2.stride(0), codes.stride(0),
-                           scales.stride(0), plan.rscale, **{**cfg, "FORMAT": 6})
+        launch[plan.grid](xa, codes, scales, h, sign_t, x2, amax, rows, x2.stride(0), codes.stride(0),
+                          scales.stride(0), plan.rscale, **{**cfg, "FORMAT": 6})
         a = amax.max()  # NaN if any program saw one (torch's max propagates NaN); no host sync
         gscale = torch.where(a == 0, torch.ones_like(a), a / (448.0 * 6.0)).reshape(1)
     gs = gscale.reshape(1).to(torch.float32).contiguous() if gscale is not None else x2
     byte_codes = codes.view(torch.uint8) if codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else codes
-    _launch[plan.grid](xa, byte_codes, scales, h, sign_t, gs, x2, rows, x2.stride(0), codes.stride(0),
-                       scales.stride(0), plan.rscale, **cfg)
+    launch[plan.grid](xa, byte_codes, scales, h, sign_t, gs, x2, rows, x2.stride(0), codes.stride(0),
+                      scales.stride(0), plan.rscale, **cfg)
     if fmt == "mxfp4":
         scales = scales.view(torch.float8_e8m0fnu)
     elif fmt == "nvfp4":
