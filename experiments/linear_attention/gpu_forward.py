@@ -107,6 +107,9 @@ CASES = {
                             gluon_override=True),
     "simple gla d64 v128": dict(H=16, Hqk=16, Dk=64, Dv=128, decay="scalar", feature=IDENTITY,
                                 peers=(), gluon_override=True),  # FLA's d64 compile: left out for the budget
+    # per-channel decay (GLA): the tl forward (kernels_tl, sub-chunks of 16) and its gathered diagonal (plan
+    # diag=2) against FLA's chunk_gla, first timed in session 28
+    "gla d128": dict(H=16, Hqk=16, Dk=128, Dv=128, decay="channel", feature=IDENTITY, peers=("chunk_gla",)),
 }
 
 
@@ -134,6 +137,8 @@ def make(case: str, B: int, N: int, seed: int = 0) -> dict:
                  z=torch.randn(B, N, H, Dv, device=DEV, dtype=bf), dt=dt, A=A)
     elif c["decay"] == "scalar":
         t["g"] = -torch.rand(B, N, H, device=DEV) * 0.3
+    elif c["decay"] == "channel":
+        t["g"] = -torch.rand(B, N, H, Dk, device=DEV) * 0.3
     return t
 
 
@@ -192,6 +197,8 @@ def fla_fn(name):
         from fla.ops.based import parallel_based as f
     elif name == "fused_chunk_based":
         from fla.ops.based import fused_chunk_based as f
+    elif name == "chunk_gla":
+        from fla.ops.gla import chunk_gla as f
     else:
         raise ValueError(name)
     return f
@@ -205,7 +212,7 @@ def fla_call(name: str, case: str, t: dict):
         q = q.expand(-1, -1, H, -1).contiguous()
         k = (k.float() * t["beta"][..., None]).to(k.dtype)
         return lambda: f(q, k, v, g, scale=1.0)
-    if name == "chunk_simple_gla":
+    if name in ("chunk_simple_gla", "chunk_gla"):
         return lambda: f(q, k, v, g, scale=t["scale"])
     if name == "chunk_linear_attn":
         return lambda: f(q, k, v, scale=t["scale"], normalize=False)
@@ -295,13 +302,13 @@ CHECKED: set = set()  # the check tasks whose rows the warm phase brought back
 def warm(workers: int, cases):
     # FLA's chunk_simple_gla first (its autotuned compiles took past run 7's 55 s warm budget behind the
     # rest), then the new kernels (workers take tasks in order; one past the warm budget is skipped after)
-    tasks = [("fla", c, p) for c in cases for p in CASES[c]["peers"] if p == "chunk_simple_gla"]
+    tasks = [("fla", c, p) for c in cases for p in CASES[c]["peers"] if p in ("chunk_simple_gla", "chunk_gla")]
     tasks += [("basedcheck", i) for i in range(len(BASED_CHECKS))]
     tasks += [("gluoncheck", i) for i in reversed(range(len(GLUON_CHECKS)))]  # PREFETCH's are last in the list
     tasks += [("extra", c) for c in cases if extra_calls(c, None, names_only=True)]
-    tasks += [("fla", c, p) for c in cases for p in CASES[c]["peers"] if p != "chunk_simple_gla"]
+    tasks += [("fla", c, p) for c in cases for p in CASES[c]["peers"] if p not in ("chunk_simple_gla", "chunk_gla")]
     # a default the extras do not compile already (the Gluon cases' gluon_direct / gluon is their default)
-    tasks += [("default", c) for c in cases if CASES[c]["feature"] == BASED]
+    tasks += [("default", c) for c in cases if CASES[c]["feature"] == BASED or CASES[c]["decay"] == "channel"]
     if not QUICK:
         if "simple gla d128" in cases:
             tasks += [("probe", "simple gla d128", (m, *pt)) for pt in PROBE_POINTS for m in range(4)]
@@ -363,10 +370,13 @@ def reference_floor(case: str, over: dict | None) -> float:
 
 
 def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, decay: bool, mamba: bool,
-                stages: int = 3, prefetch: bool = False, overlap: bool = False, z_stage: bool = False):
+                stages: int = 3, prefetch: bool = False, overlap: bool = False, z_stage: bool = False,
+                g_stage: bool = False, factored: bool = False, strength: str = "mild"):
     """The Gluon forward (gluon_forward.la_fwd_gluon_kernel) into NaN-filled o and final states, with
     initial states, against the float64 recurrence: o's error over the rounding floor, the states'
-    relative error, every element written."""
+    relative error, every element written. strength (scalar decay): "mild" (log decays in [-0.3, 0] and a
+    reset: with FACTORED the reset's chunk takes the elementwise exps, the others the factors), "strong"
+    ([-4, -1]: every chunk's span past FACTOR_SPAN), "tiny" ([-1e-4, 0])."""
     from tilecore.ops.linear_attention import gluon_forward as gf
 
     torch.manual_seed(5)
@@ -382,17 +392,22 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
         g, beta, z = dt * A, dt, torch.randn(B, N, H, Dv, device=DEV, dtype=bf)
         D = torch.randn(H, device=DEV)
         d_skip = D[:, None].expand(H, Dv).contiguous()
+    elif decay and strength == "strong":
+        g = -torch.rand(B, N, H, device=DEV) * 3 - 1
+    elif decay and strength == "tiny":
+        g = -torch.rand(B, N, H, device=DEV) * 1e-4
     elif decay:
         g = -torch.rand(B, N, H, device=DEV) * 0.3
         g[:, N // 3] = float("-inf")  # a reset
     h0 = torch.randn(B, H, Dk, Dv, device=DEV)
     scale = 1.0 if mamba else Dk ** -0.5
-    row = dict(case=name, N=N, fits=gf.fits(q, k, v, g, 0), prefetch=prefetch, overlap=overlap, z_stage=z_stage)
+    row = dict(case=name, N=N, fits=gf.fits(q, k, v, g, 0), prefetch=prefetch, overlap=overlap, z_stage=z_stage,
+               g_stage=g_stage, factored=factored)
     o = torch.full_like(v, float("nan"))
     ht = torch.full_like(h0, float("nan"))
-    G = None if g is None else gf.chunk_cumulative(g, gf.BT_GLUON)
+    G = None if g is None else (gf.chunk_cumulative_heads if g_stage else gf.chunk_cumulative)(g, gf.BT_GLUON)
     grid, args, warps = gf.launch_args(q, k, v, G, beta, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap,
-                                       z_stage)
+                                       z_stage, g_stage=g_stage, factored=factored)
     gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     torch.cuda.synchronize()
     row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(ht).any())
@@ -411,28 +426,41 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
                                     keep_linear=False)
     row["tl_out_floor"] = round(accuracy.error_over_floor(o_tl, ref), 3)
     row["tl_state_rel"] = accuracy.rel_rms(ht_tl, ref_state)
+    if g_stage:  # gluon_forward.forward (its host side: chunk_cumulative_heads) gives the same o
+        o2, _ = gf.forward(q, k, v, g, beta, d_skip, z, h0, scale, False, stages, prefetch, overlap, z_stage,
+                           g_stage=True, factored=factored)
+        row["forward_matches"] = bool(torch.equal(o2, o))
     print("check gluon", row, flush=True)
     RESULTS["check"].append(row)
     return row
 
 
+# (name, B, N, Hqk, H, Dk, Dv, decay, mamba[, stages, PREFETCH, OVERLAP, Z_STAGE, G_STAGE, FACTORED, strength]).
+# Run 9 (session 27) checked PREFETCH and OVERLAP (off since); these are the defaults and session 28's G_STAGE
+# (configs.GLUON_G_STAGE: G head-major through the TMA stage) and FACTORED (configs.GLUON_FACTORED: the
+# intra-chunk decay as row x column factors where a chunk's G spans <= 120 in log2 units)
 GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
                 ("gluon linear d128 B1 H1 N 100 (one tile: num_tiles == 1)", 1, 100, 1, 1, 128, 128, False, False, 2),
                 ("gluon scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False),
                 ("gluon scalar decay d64 v128 N 77", 2, 77, 2, 2, 64, 128, True, False),
-                ("gluon mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True),
-                ("gluon mamba2 N 33 stages 2", 1, 33, 1, 4, 128, 64, True, True, 2),
-                # (stages, PREFETCH, OVERLAP, Z_STAGE): configs.GLUON_PREFETCH (decay and beta a chunk ahead:
-                # Mamba-2 only), GLUON_Z_STAGE (z through the stage), GLUON_OVERLAP (the chunk's wgmmas together)
                 ("gluon z_stage mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False, False,
                  True),
-                ("gluon prefetch+z_stage mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, True, False, True),
-                ("gluon overlap linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False, 2, False, True),
-                ("gluon overlap scalar decay d64 v128 N 77", 2, 77, 2, 2, 64, 128, True, False, 2, False, True),
-                ("gluon overlap scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False, 2, False,
+                ("gluon mamba2 N 33 stages 2", 1, 33, 1, 4, 128, 64, True, True, 2),
+                ("gluon g_stage scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False, 2, False,
+                 False, False, True),
+                ("gluon factored scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False, 2, False,
+                 False, False, True, True),
+                ("gluon factored scalar decay d128 strong decays N 1000", 2, 1000, 2, 2, 128, 128, True, False, 2, False,
+                 False, False, True, True, "strong"),
+                ("gluon factored scalar decay d128 tiny decays N 300", 2, 300, 2, 2, 128, 128, True, False, 2, False,
+                 False, False, True, True, "tiny"),
+                ("gluon factored scalar decay d64 v128 N 77", 2, 77, 2, 2, 64, 128, True, False, 2, False, False, False,
+                 True, True),
+                ("gluon g_stage+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False, False, True, True),
+                ("gluon factored+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False, False, True, True,
                  True),
-                ("gluon overlap mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, False, True),
-                ("gluon overlap+prefetch+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, 2, True, True, True))
+                ("gluon factored+z_stage mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, False, False, True, True,
+                 True))
 
 
 def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype: str = "bf16",
@@ -475,11 +503,7 @@ def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype
 
 BASED_CHECKS = (("gluon based d16 v64 h0 N 1000", 2, 1000, 4, 64, True),
                 ("gluon based d16 v128 N 77 (a tail chunk)", 1, 77, 3, 128, False),
-                ("gluon based fp16 v64 h0 N 4097 (one tile)", 1, 4097, 2, 64, True, "fp16"),
-                # OVERLAP (configs.GLUON_BASED_OVERLAP): paired selections, the chunk's wgmmas together
-                ("gluon based overlap d16 v64 h0 N 1000", 2, 1000, 4, 64, True, "bf16", True),
-                ("gluon based overlap d16 v128 N 77", 1, 77, 3, 128, False, "bf16", True),
-                ("gluon based overlap fp16 v64 h0 N 4097 (one tile)", 1, 4097, 2, 64, True, "fp16", True))
+                ("gluon based fp16 v64 h0 N 4097 (one tile)", 1, 4097, 2, 64, True, "fp16"))
 
 
 def phase_gluon_check():
@@ -505,17 +529,23 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
     Gluon kernel alone on prepared arguments; the torch side before it: dt A and the chunk sums)."""
     c = CASES[case]
     names = []
+    # run 9 (session 27) timed OVERLAP and PREFETCH (off since); session 28 times G_STAGE and FACTORED
     if c["feature"] == BASED:
-        names = ["gluon_based", "gluon_based_overlap"]
+        names = ["gluon_based"]
+    elif c["decay"] == "channel":
+        names = ["gla_diag2"]
     elif c.get("gluon_override"):
-        names = ["gluon", "gluon_overlap"]
+        names = ["gluon"] + (["gluon_gstage", "gluon_factored"] if c["decay"] else [])
     elif c.get("mamba"):
-        names = ["kernel_only", "torch_prep", "gluon_direct", "gluon_zstage", "gluon_prefetch", "gluon_overlap",
-                 "gluon_overlap_zstage", "gluon_all"]
+        names = ["kernel_only", "torch_prep", "gluon_zstage", "gluon_zstage_gstage", "gluon_zstage_factored"]
+    elif c["decay"]:
+        names = ["gluon_direct", "gluon_gstage", "gluon_factored"]
     else:
-        names = ["gluon_direct", "gluon_overlap"]
+        names = ["gluon_direct"]
     if names_only or not names:
         return dict.fromkeys(names)
+    if c["decay"] == "channel":  # the gathered diagonal (decision 18: an override, checked in session 27's run 2)
+        return {"gla_diag2": lambda: run_forward(t, diag=2)}
     from tilecore.ops.linear_attention import gluon_based as gb
     from tilecore.ops.linear_attention import gluon_forward as gf
 
@@ -525,12 +555,14 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
         return {"gluon_based": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False, overlap=False)[0],
                 "gluon_based_overlap": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False,
                                                           overlap=True)[0]}
-    def direct(prefetch, overlap=False, z_stage=False):  # gluon_forward.forward as launch.forward calls it
+    def direct(prefetch, overlap=False, z_stage=False, g_stage=False, factored=False):  # as launch.forward calls it
         return lambda: gf.forward(t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"], t["z"], None, t["scale"],
-                                  False, 2, prefetch=prefetch, overlap=overlap, z_stage=z_stage)[0]
+                                  False, 2, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage,
+                                  factored=factored)[0]
     variants = {"gluon_direct": direct(False), "gluon_zstage": direct(False, False, True),
-                "gluon_prefetch": direct(True, False, True), "gluon_overlap": direct(False, True),
-                "gluon_overlap_zstage": direct(False, True, True), "gluon_all": direct(True, True, True)}
+                "gluon_gstage": direct(False, g_stage=True), "gluon_factored": direct(False, g_stage=True, factored=True),
+                "gluon_zstage_gstage": direct(False, False, True, True),
+                "gluon_zstage_factored": direct(False, False, True, True, True)}
     if c.get("gluon_override"):
         calls = {"gluon": lambda: run_forward(t, fwd_gluon=True, gluon_stages=2)}
         calls.update({n: variants[n] for n in names if n in variants})
@@ -547,9 +579,10 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
         g = dt * t["A"].float()
         return gf.chunk_cumulative(g, gf.BT_GLUON), dt, t["d_skip"].float().contiguous()
     G, beta, d_skip = prep()
-    grid, args, warps = gf.launch_args(t["q"], t["k"], v, G, beta, d_skip, t["z"], None, o, None, 1.0, 2)
+    grid, args, warps = gf.launch_args(t["q"], t["k"], v, G, beta, d_skip, t["z"], None, o, None, 1.0, 2,
+                                       z_stage=True)  # the default's kernel (Z_STAGE)
     return {"kernel_only": lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps), "torch_prep": prep,
-            **variants}
+            **{n: variants[n] for n in names if n in variants}}
 
 
 def phase_time(case: str, t: dict):
@@ -655,21 +688,21 @@ def table() -> str:
                           for p in CASES[r["case"]]["peers"] if r.get(p + "_ms") and ours)
         best["tl / transposed / gluon ms"] = " / ".join(f"{r.get(k, 0):.3f}" for k in (
             "best_standard_ms", "best_transposed_ms", "best_gluon_ms"))
-        extras = "; ".join(f"{k[:-3]} {pct(r[k])}" for k in r if k.endswith("_ms") and k.split("_")[0] in (
-            "gluon", "kernel", "torch") and r.get(k))
+        extra_keys = [k for k in r if k.endswith("_ms") and k.split("_")[0] in ("gluon", "kernel", "torch", "gla")
+                      and r.get(k)]
+        extras = "; ".join(f"{k[:-3]} {pct(r[k])}" for k in extra_keys)
         if extras:
             peers = (peers + "; " if peers else "") + extras
             for p in CASES[r["case"]]["peers"]:
-                for k in ("gluon_based_ms", "gluon_based_overlap_ms", "gluon_ms", "gluon_direct_ms", "gluon_zstage_ms",
-                          "gluon_prefetch_ms", "gluon_overlap_ms", "gluon_overlap_zstage_ms", "gluon_all_ms"):
-                    if r.get(p + "_ms") and r.get(k):
+                for k in extra_keys:
+                    if r.get(p + "_ms") and k.split("_")[0] in ("gluon", "gla"):
                         peers += f"; {p} / {k[:-3]}: {r[p + '_ms'] / r[k]:.2f}x"
         lines.append(" | ".join([r["case"], f"{bound:.3f}" if bound else "-", pct(r.get("default_ms")),
                                  pct(r.get("best_ms")) + f" {list(best.values())}",
                                  f"{r.get('default_floor')}, {r.get('best_floor')}", peers or "-"]))
     if RESULTS["check"]:
         lines += ["", "check (bf16, float64 reference) | N | fits | all written | out/floor | state rel | tl out/floor "
-                  "| tl state rel | (Based) forward() = kernel"]
+                  "| tl state rel | forward() = kernel (Based, G_STAGE)"]
         for r in RESULTS["check"]:
             lines.append(" | ".join(str(r.get(k, "-")) for k in ("case", "N", "fits", "all_written", "out_floor",
                                                                   "state_rel", "tl_out_floor", "tl_state_rel",

@@ -77,6 +77,14 @@ GLUON_Z_STAGE = True
 # faster: no decay 0.368 ms against 0.367, scalar decay d128 0.488 against 0.487, d64 0.410 against 0.413,
 # Mamba-2 2.008 against 1.885 (with Z_STAGE 1.604 against 1.553). Off
 GLUON_OVERLAP = False
+# the Gluon forward's G_STAGE (the chunk's cumulative log decay, head-major in log2 units, TMA-loaded with
+# the stage: session 28's sm_90a compile put the plain kernel's G loads, and their global latency, before each
+# chunk's first wgmma) and FACTORED (the intra-chunk decay 2^(G_i - G_j) as a row times a column factor where
+# the chunk's G spans <= 120 in log2 units, else the [64, 64] exps), by whether beta is given (False: linear
+# attention's scalar decay; True: Mamba-2). Session 28 (helper HA): compiled, not yet run on a GPU: off until
+# gpu_forward.py checks and times them (its g_stage / factored rows); on: (False,) or (False, True)
+GLUON_G_STAGE: tuple = ()
+GLUON_FACTORED: tuple = ()
 # Based's Gluon forward (gluon_based.py: Dk 16, no decay, Dv a multiple of 64; its 153 symmetric features
 # padded to 160, S^T in wgmma registers). Runs 7-9 (H100, session 27, B16 H16 N4096 d16 v64 bf16): 0.200-0.212
 # ms against the tl kernel's 0.804 and FLA parallel_based's 2.04 (9.65-10.26x), 55-58% of the copy bound;

@@ -39,7 +39,7 @@ BV_GLUON = 64  # value columns a consumer
 LOG2E = 1.4426950408889634
 # FACTORED's largest span of a chunk's G (log2 units): 2^+-60 factors, whose products stay in float32's
 # normal range (2^+-126)
-FACTOR_SPAN: gl.constexpr = 120.0
+FACTOR_SPAN = gl.constexpr(120.0)
 
 
 @stage_struct
@@ -514,12 +514,26 @@ def chunk_cumulative(g: torch.Tensor, chunk: int) -> torch.Tensor:
     return g.reshape(B, (N + pad) // chunk, chunk, H).cumsum(2).view(B, N + pad, H)[:, :N]
 
 
+def chunk_cumulative_heads(g: torch.Tensor, chunk: int) -> torch.Tensor:
+    """G_STAGE's G: the log decay g (B, N, H) clamped at the floor (NaN kept), summed within each chunk of
+    ``chunk`` tokens from its start, in log2 units, head-major and padded to whole chunks: (B, H, N_pad)
+    float32, contiguous (TMA boxes of one chunk). The pad's g is 0, so a chunk's last row holds its last
+    real token's G (what the state update decays by)."""
+    B, N, H = g.shape
+    pad = (-N) % chunk
+    g = g.float().clamp_min(LOG_DECAY_FLOOR_HOST).mul_(LOG2E)
+    g = torch.nn.functional.pad(g.transpose(1, 2), (0, pad)).contiguous()  # (B, H, N_pad)
+    return g.view(B, H, (N + pad) // chunk, chunk).cumsum(-1).view(B, H, N + pad)
+
+
 def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, prefetch: bool = False,
-                overlap: bool = False, z_stage: bool = False, operand=None):
+                overlap: bool = False, z_stage: bool = False, operand=None, g_stage: bool = False,
+                factored: bool = False):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
-    prefetch, overlap, z_stage: the kernel's PREFETCH, OVERLAP and Z_STAGE (z must then be TMA-able:
-    ``tma_ok``). ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor;
-    tiles.launch.TmaOperand for a CachedLaunch)."""
+    prefetch, overlap, z_stage, g_stage, factored: the kernel's PREFETCH, OVERLAP, Z_STAGE (z must then be
+    TMA-able: ``tma_ok``), G_STAGE and FACTORED; g: ``chunk_cumulative``'s G, or with g_stage
+    ``chunk_cumulative_heads``'s. ``operand(t, block, shape, strides)`` makes the descriptors (default
+    gluon_descriptor; tiles.launch.TmaOperand for a CachedLaunch)."""
     from tilecore.tiles.launch import gluon_descriptor
 
     gluon_descriptor = operand or gluon_descriptor
@@ -534,17 +548,23 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
     st = lambda t, n: tuple(t.stride()) if t is not None else (0,) * n  # noqa: E731
     num_tiles = B * H * VB // 2
     z_desc = gluon_descriptor(z, [1, 1, BT, BV], *_head_major(z)) if z_stage and z is not None else descs[3]
-    args = dict(q_desc=descs[0], k_desc=descs[1], v_desc=descs[2], o_desc=descs[3], z_desc=z_desc,
-                G=g if g is not None else dummy, BETA=beta if beta is not None else dummy,
+    g_stage = g_stage and g is not None
+    g_desc = descs[3]
+    if g_stage:
+        if g.dim() != 3 or tuple(g.shape[:2]) != (B, H) or g.shape[2] % BT or not g.is_contiguous():
+            raise ValueError(f"g_stage takes chunk_cumulative_heads's (B, H, N_pad) G, got {tuple(g.shape)}")
+        g_desc = gluon_descriptor(g, [1, 1, BT], list(g.shape), list(g.stride()))
+    args = dict(q_desc=descs[0], k_desc=descs[1], v_desc=descs[2], o_desc=descs[3], z_desc=z_desc, g_desc=g_desc,
+                G=g if g is not None and not g_stage else dummy, BETA=beta if beta is not None else dummy,
                 DSKIP=d_skip if d_skip is not None else dummy, Z=z if z is not None else v,
                 H0=h0 if h0 is not None else dummy, HT=ht if ht is not None else dummy)
-    sg, sbt, sz, s0, sht = st(g, 3), st(beta, 3), st(z, 4), st(h0, 4), st(ht, 4)
+    sg, sbt, sz, s0, sht = st(None if g_stage else g, 3), st(beta, 3), st(z, 4), st(h0, 4), st(ht, 4)
     args.update(sgb=sg[0], sgn=sg[1], sgh=sg[2], sbb=sbt[0], sbn=sbt[1], sbh=sbt[2], szb=sz[0], szn=sz[1],
                 szh=sz[2], sdh=st(d_skip, 2)[0], s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1],
                 stf=sht[2], stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles,
                 STAGES=stages, DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None,
                 HAS_Z=z is not None, HAS_H0=h0 is not None, STORE_HT=ht is not None, PREFETCH=prefetch,
-                OVERLAP=overlap, Z_STAGE=z_stage)
+                OVERLAP=overlap, Z_STAGE=z_stage, G_STAGE=g_stage, FACTORED=factored and g_stage)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -555,26 +575,34 @@ def tma_ok(t: torch.Tensor) -> bool:
 
 
 def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3,
-            prefetch: bool | None = None, overlap: bool | None = None, z_stage: bool | None = None):
+            prefetch: bool | None = None, overlap: bool | None = None, z_stage: bool | None = None,
+            g_stage: bool | None = None, factored: bool | None = None):
     """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
-    columns must be contiguous (stride 1), as Mamba-2's are. prefetch, overlap, z_stage: the kernel's
-    PREFETCH, OVERLAP and Z_STAGE (None: configs.GLUON_PREFETCH (where z is given: Mamba-2),
-    configs.GLUON_OVERLAP, configs.GLUON_Z_STAGE)."""
+    columns must be contiguous (stride 1), as Mamba-2's are. prefetch, overlap, z_stage, g_stage, factored:
+    the kernel's PREFETCH, OVERLAP, Z_STAGE, G_STAGE and FACTORED (None: configs.GLUON_PREFETCH (where z is
+    given: Mamba-2), configs.GLUON_OVERLAP, configs.GLUON_Z_STAGE, configs.GLUON_G_STAGE and
+    configs.GLUON_FACTORED (by whether beta is given: Mamba-2 or not)). G_STAGE takes PREFETCH's place."""
     from tilecore.ops.linear_attention import configs
 
+    mamba = beta is not None
+    g_stage = (mamba in configs.GLUON_G_STAGE) if g_stage is None else g_stage
+    g_stage = g_stage and g is not None
+    factored = (mamba in configs.GLUON_FACTORED) if factored is None else factored
     prefetch = (configs.GLUON_PREFETCH and z is not None) if prefetch is None else prefetch
+    prefetch = prefetch and not g_stage
     overlap = configs.GLUON_OVERLAP if overlap is None else overlap
     z_stage = configs.GLUON_Z_STAGE if z_stage is None else z_stage
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     ht = torch.empty(B, H, q.shape[-1], Dv, dtype=torch.float32, device=v.device) if final_state else None
     if g is not None:
-        g = chunk_cumulative(g, BT_GLUON)
+        g = chunk_cumulative_heads(g, BT_GLUON) if g_stage else chunk_cumulative(g, BT_GLUON)
     if d_skip is not None:
         d_skip = d_skip.float().contiguous()
     if z is not None and (z.stride(-1) != 1 or (z_stage and not tma_ok(z))):
         z = z.contiguous()
-    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap, z_stage)
+    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap, z_stage,
+                                    g_stage=g_stage, factored=factored)
     la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     return o, ht
 
@@ -593,7 +621,8 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 
 
 def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: bool = False,
-                   z_stage: bool = False) -> dict:
+                   z_stage: bool = False, g_stage: bool = False, factored: bool = False, compiled_out: list | None = None
+                   ) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -602,11 +631,16 @@ def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: 
     v = torch.empty(B, N, H, Dv, dtype=bf)
     f32 = lambda *shape: torch.empty(*shape, dtype=torch.float32)  # noqa: E731
     h0 = f32(B, H, Dk, Dv) if states else None
-    grid, args, warps = launch_args(q, q, v, f32(B, N, H) if decay else None, f32(B, N, H) if mamba else None,
+    g = (f32(B, H, N) if g_stage else f32(B, N, H)) if decay else None
+    grid, args, warps = launch_args(q, q, v, g, f32(B, N, H) if mamba else None,
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
                                     torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0,
-                                    stages=stages, prefetch=prefetch, overlap=overlap, z_stage=z_stage)
+                                    stages=stages, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage,
+                                    factored=factored)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
+    if compiled_out is not None:
+        compiled_out.append(compiled)
     r = resources(compiled)
-    return dict(case=case, prefetch=prefetch, overlap=overlap, z_stage=z_stage, spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
+    return dict(case=case, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage, factored=factored,
+                spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
                 wgmma_serialized=r.wgmma_serialized, **has_hopper_instructions(compiled.asm["ptx"]))
