@@ -291,3 +291,47 @@ def test_gluon_forward_launch_args_as_tma_operands():
                                                                           b.base.data_ptr())
     assert all(plain[1][n] is ops[1][n] or not isinstance(plain[1][n], torch.Tensor) or
                plain[1][n].shape == ops[1][n].shape for n in plain[1])
+
+
+# --------------------------------------------------------------------------------------------
+# attention_varlen (session 28)
+
+from tilecore.ops.attention import varlen as varlen_op  # noqa: E402
+from tilecore.ops.attention.reference_varlen import varlen_reference  # noqa: E402
+
+
+def test_varlen_keyed_forward_reads_new_lengths_each_call(keyed, monkeypatch):
+    """attention_varlen keyed: one signature, different cu_seqlens values on each call (the checks and
+    launches found by key, the lengths read each time: no stale table), the plain call's bits, through
+    the eager Function (a gradient recorded)."""
+    monkeypatch.setattr(varlen_op, "signature", _cpu_signature)
+    varlen_op._CHECKED.clear()
+    varlen_op._GLUON_FITS.clear()
+    torch.manual_seed(5)
+    total, H, D = 24, 1, 16
+    q, k, v = (torch.randn(total, H, D, dtype=torch.float16) for _ in range(3))
+    lengths = ([0, 5, 24], [0, 20, 24], [0, 5, 24])
+    runs = []
+    for plain in (False, True):
+        outs = []
+        with keyed.plain() if plain else contextlib.nullcontext():
+            if plain:
+                monkeypatch.setattr(varlen_op, "signature", lambda *items: None)
+            for values in lengths:
+                cu = torch.tensor(values, dtype=torch.int32)
+                leaves = _leaves(q, k, v)
+                out = varlen_op.attention_varlen(*leaves, cu, cu, 24, 24, causal=True, validate=False)
+                ref, _ = varlen_reference(q.double(), k.double(), v.double(), cu, cu, causal=True)
+                assert (out.double() - ref).abs().max() < 5e-3  # the lengths of this call, not a cached table's
+                assert out.requires_grad  # through the eager Function (its forward keyed)
+                outs.append(out.detach())
+            monkeypatch.setattr(varlen_op, "signature", _cpu_signature)
+        runs.append(outs)
+    assert all(torch.equal(a, c) for a, c in zip(*runs))
+    assert "varlen_fwd" in {name for name, _ in keyed}
+    assert all(len(v) == 1 for v in keyed.values())
+    assert len(varlen_op._CHECKED) == 1
+    with pytest.raises(ValueError, match="window_size"):  # a new window is checked
+        varlen_op.attention_varlen(q, k, v, cu, cu, 24, 24, window_size=(-2, 0), validate=False)
+    varlen_op._CHECKED.clear()
+    varlen_op._GLUON_FITS.clear()

@@ -24,7 +24,8 @@ from tilecore import dispatch
 from tilecore.ops.attention.op import scale_value
 from tilecore.ops.attention.reference_varlen import varlen_backward_reference, varlen_reference
 from tilecore.tiles import eager
-from tilecore.tiles.launch import CachedLaunch, TmaOperand, cdiv, next_power_of_2, tl_addressable, tma_describable
+from tilecore.tiles.launch import (LRU, CachedLaunch, TmaOperand, cdiv, next_power_of_2, signature, tl_addressable,
+                                   tma_describable)
 
 DTYPES = (torch.float16, torch.bfloat16)
 CPU_DTYPES = DTYPES + (torch.float32,)
@@ -253,14 +254,16 @@ def work_order(cu_q: torch.Tensor, cu_k: torch.Tensor) -> torch.Tensor:
     return torch.argsort(lens_q * lens_k, descending=True, stable=True)
 
 
-def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int, tile_m: int) -> torch.Tensor:
+def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int, tile_m: int,
+               key=None) -> torch.Tensor:
     """The Gluon varlen forward's work items, (tiles, 4) int32 on cu_q's device, built there (no host
     sync): (sequence, query tile counted from the sequence's last row, q head, 0), sequences longest
     first (``work_order``), a sequence's tiles head by head, a head's from the last rows to the
     first. Its length is an upper bound from the shapes, (cdiv(total_q, tile_m) + B) x heads;
     entries past the real tiles are (-1, 0, 0, 0). One tl launch after the sort
     (kernels_varlen.varlen_work_table) up to WORK_TABLE_MAX_BATCH sequences, else
-    ``work_table_torch``."""
+    ``work_table_torch``. ``key``: the call's launch key (the table kernel launched by it; the table itself
+    is built every call: it reads cu_q's values)."""
     batch = cu_q.numel() - 1
     if dispatch.backend_for(cu_q.device) != "kernel" or batch > WORK_TABLE_MAX_BATCH:
         return work_table_torch(cu_q, cu_k, total_q, heads, tile_m)
@@ -269,8 +272,8 @@ def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int,
     table = torch.empty((entries, 4), dtype=torch.int32, device=cu_q.device)
     block_b = max(16, next_power_of_2(batch))
     block_t = max(1, 4096 // block_b)  # [BLOCK_T, BLOCK_B] compares of 4096: no spill on sm_90a (16384 spilled 9 KB)
-    WORK_TABLE[(cdiv(entries, block_t),)](cu_q, order, table, batch, entries, heads, TILE_M=tile_m,
-                                          BLOCK_B=block_b, BLOCK_T=block_t)
+    WORK_TABLE.run(key, (cdiv(entries, block_t),), (cu_q, order, table, batch, entries, heads),
+                   dict(TILE_M=tile_m, BLOCK_B=block_b, BLOCK_T=block_t))
     return table
 
 
@@ -301,11 +304,12 @@ def packed_operand(t: torch.Tensor, rows: int) -> TmaOperand:
 
 
 def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1, out=None, lse=None, config=None,
-                  tanh_approx=None):
+                  tanh_approx=None, key=None):
     """O (total_q, Hq, D) and lse (Hq, total_q) by the Gluon varlen forward (gluon_varlen.py), into
     ``out`` (contiguous) / ``lse`` where given; ``left`` / ``right``: window_size's (-1: unbounded);
     ``config`` in place of configs.VARLEN_GLUON_FORWARD_CONFIG[D]; the softcap's tanh by
-    tanh.approx.f32 unless ``tanh_approx`` is False (the fixed Gluon forward's default)."""
+    tanh.approx.f32 unless ``tanh_approx`` is False (the fixed Gluon forward's default). ``key``: the call's
+    launch key (attention_varlen's signature: fresh out and lse, the default config), or None."""
     from tilecore.ops.attention import configs
     from tilecore.tiles.launch import tile_counter
     from tilecore.tiles.ops import LOG2E
@@ -320,7 +324,7 @@ def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1
         return out, lse
     cfg = dict(config or configs.VARLEN_GLUON_FORWARD_CONFIG[d])
     block_m, block_n, consumers = cfg["block_m"], cfg["block_n"], cfg.get("consumers", 2)
-    work = work_table(cu_q, cu_k, total_q, hq, block_m * consumers)
+    work = work_table(cu_q, cu_k, total_q, hq, block_m * consumers, key=key)
     num_tiles = work.shape[0]
     if softcap:
         scale_log2e, tanh_scale = softcap * LOG2E, scale / softcap
@@ -332,13 +336,16 @@ def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1
     unbounded = max(total_q, k.shape[0], 1)  # past any key distance in a sequence (no wrap in 32 bits)
     wl, wr = (wl if has_left else unbounded), (wr if has_right else unbounded)
     grid = (min(num_tiles, dispatch.num_sms(q.device)),)
-    with dispatch.on_device(q.device):
-        GLUON_VARLEN_FWD[grid](
-            packed_operand(q, block_m), packed_operand(k, block_n), packed_operand(v, block_n),
+    args = (packed_operand(q, block_m), packed_operand(k, block_n), packed_operand(v, block_n),
             packed_operand(out, block_m), out, out.stride(0), lse, cu_q, cu_k, work, num_tiles, hq // hkv, total_q,
-            scale_log2e, tanh_scale, wl, wr, tile_counter(q.device) if cfg.get("drawn", True) else None,
-            CAUSAL=is_causal, SOFTCAP=mode, STAGES=cfg["stages"], CONSUMERS=consumers,
-            Q_BUFFERS=cfg.get("q_buffers", 2), WINDOW=window, ZERO_TAIL_V=cfg.get("zero_tail_v", False), num_warps=4)
+            scale_log2e, tanh_scale, wl, wr, tile_counter(q.device) if cfg.get("drawn", True) else None)
+    options = dict(CAUSAL=is_causal, SOFTCAP=mode, STAGES=cfg["stages"], CONSUMERS=consumers,
+                   Q_BUFFERS=cfg.get("q_buffers", 2), WINDOW=window, ZERO_TAIL_V=cfg.get("zero_tail_v", False),
+                   num_warps=4)
+    if key is None:
+        GLUON_VARLEN_FWD[grid](*args, **options)  # on q's device (CachedLaunch)
+    else:
+        GLUON_VARLEN_FWD.run(key, grid, args, options)
     return out, lse
 
 
@@ -417,13 +424,14 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
     return dq, dk, dvv
 
 
+VARLEN_FWD = CachedLaunch(lambda: importlib.import_module("tilecore.ops.attention.kernels_varlen").varlen_fwd)
+
+
 def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, out=None, lse=None, config=None,
-                    tanh_approx=None):
+                    tanh_approx=None, key=None):
     """O (total_q, Hq, Dv) and lse (Hq, total_q) by the tl kernel, into ``out`` / ``lse`` where given
     (contiguous: the tests poison them); ``config``: blocks and launch options in place of
-    block_config's, ``tanh_approx``: softcap_mode's (probes)."""
-    from tilecore.ops.attention.kernels_varlen import varlen_fwd
-
+    block_config's, ``tanh_approx``: softcap_mode's (probes); ``key``: forward_gluon's."""
     total_q, hq, d = q.shape
     hkv, dv = k.shape[1], v.shape[2]
     batch = cu_q.numel() - 1
@@ -439,11 +447,11 @@ def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, ou
     wl, wr, has_left, has_right = kernel_window(causal, left, right)
     grid = (cdiv(total_q, bm) + batch, hq)
     cfg.setdefault("UNMASKED_MIDDLE", softcap == 0)
-    varlen_fwd[grid](q, k, v, out, lse, cu_q, cu_k, _cu_blocks(cu_q, bm),
-                     *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-                     batch, total_q, d, dv, hq // hkv, scale, float(softcap), wl, wr,
-                     LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap_mode(softcap, q.device, tanh_approx),
-                     SEARCH_STEPS=_search_steps(batch), BLOCK_D=block_d(d), BLOCK_DV=block_d(dv), **cfg)
+    VARLEN_FWD.run(key, grid, (q, k, v, out, lse, cu_q, cu_k, _cu_blocks(cu_q, bm),
+                               *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+                               batch, total_q, d, dv, hq // hkv, scale, float(softcap), wl, wr),
+                   dict(LEFT=has_left, RIGHT=has_right, SOFTCAP=softcap_mode(softcap, q.device, tanh_approx),
+                        SEARCH_STEPS=_search_steps(batch), BLOCK_D=block_d(d), BLOCK_DV=block_d(dv), **cfg))
     return out, lse
 
 
@@ -490,11 +498,15 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
 # implementations, custom ops, autograd
 
 
-def _forward_impl(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap):
+_GLUON_FITS = LRU(256)  # an eager CUDA call's launch key -> gluon_forward_fits (a function of the key)
+
+
+def _forward_impl(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, key=None):
     if dispatch.backend_for(q.device) == "kernel":
-        if gluon_forward_fits(q, k, v, causal, left, right):
-            return forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left, right)
-        return forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap)
+        keyed = {} if key is None else {"key": key}
+        if _GLUON_FITS.memo(key, lambda: gluon_forward_fits(q, k, v, causal, left, right)):
+            return forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left, right, **keyed)
+        return forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, **keyed)
     out, lse = varlen_reference(q, k, v, cu_q, cu_k, causal=causal, scale=scale, window_size=(left, right),
                                 softcap=softcap, compute_dtype=torch.float32)
     return out.to(q.dtype), lse.float()
@@ -595,11 +607,24 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     packed counts, within max_seqlen): default on for CPU tensors, off for CUDA tensors (a host
     sync; pass validate=True while debugging). Unchecked bad offsets on the GPU give wrong results.
     """
-    left, right = check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_size,
-                        softcap, validate)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
+    # a CUDA call whose signature was checked before skips the checks (they read no values unless validate
+    # asks) and launches its kernels by key; the work table is built every call (it reads cu_seqlens)
+    key = signature(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, softcap,
+                    *window_size) \
+        if isinstance(q, torch.Tensor) and not should_validate(validate, q.device) \
+        and isinstance(window_size, (tuple, list)) and not isinstance(scale, torch.Tensor) else None
+
+    def checked():
+        left, right = check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                            window_size, softcap, validate)
+        return left, right, (q.shape[-1] ** -0.5 if scale is None else scale_value(scale))
+
+    left, right, scale = _CHECKED.memo(key and ("attention_varlen", key), checked)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, left, right, float(softcap))
     # eager: the implementation, or its autograd Function; torch.compile, fake tensors, modes: the op
     out, lse = eager.run(_forward_op, _forward_impl, _VarlenFunction, *args,
-                         tensors=(q, k, v, cu_seqlens_q, cu_seqlens_k))
+                         tensors=(q, k, v, cu_seqlens_q, cu_seqlens_k), key=key and ("attention_varlen", key))
     return (out, lse) if return_lse else out
+
+
+_CHECKED = LRU(256)  # an eager CUDA call's key -> (left, right, scale): what its checks returned
