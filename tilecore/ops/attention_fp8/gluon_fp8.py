@@ -195,6 +195,20 @@ class Running:
 
 
 L_COLS: gl.constexpr = gl.constexpr(8)  # L_MMA: P times a [32, 8] block of ones (wgmma's narrowest N)
+L_MMA_MODES = (1, 2, 3, 4, 5)  # how the ones block is stored and read (AttentionFp8.L_MMA); session 28 checks them
+
+
+@gluon.constexpr_function
+def ones_shape(mode):
+    """L_MMA: the ones block's shape in shared memory, [rows, keys] (keys contiguous: the K-major B operand)."""
+    return [16 if mode in (3, 4, 5) else 8, 128 if mode in (2, 5) else 32]
+
+
+@gluon.constexpr_function
+def ones_layout(mode):
+    """L_MMA: the ones block's shared layout, the default for its shape (32 keys: a 32-byte swizzle; 128: 128-byte;
+    an unswizzled one does not compile in 3.6)."""
+    return gl.NVMMASharedLayout.get_default_for(ones_shape(mode), gl.float8e4nv)
 
 
 @struct
@@ -228,8 +242,13 @@ class AttentionFp8:
     CAST_LATE: gl.constexpr  # p_operand: P rounded to e4m3 after its move to the operand layout
     P_SHIFT: gl.constexpr  # P is rounded to e4m3 as 2^P_SHIFT p (reference.P_SHIFT: 8)
     RESCALE_TAU: gl.constexpr  # > 0: O rescaled only where a row's max grew by more than this (reference.py)
-    L_MMA: gl.constexpr  # l = the rows' sum of the e4m3 P, by P times ones on the tensor cores (reference.py)
-    ones: object  # L_MMA: [L_COLS, 32] e4m3 ones in shared memory (else None)
+    L_MMA: gl.constexpr  # l = the rows' sum of the e4m3 P, by P times ones on the tensor cores (reference.py): 0 off,
+    # else how the ones block is stored and read (ones_shape): 1 [8, 32] 32-byte swizzle (the descriptor's stride SBO
+    # 0); 2 [8, 128] 128-byte swizzle, its first 32 keys (SBO 0); 3 [16, 32] 32-byte swizzle, N = 16 (SBO 256); 4 [16,
+    # 32] 32-byte swizzle, its first 8 rows (N = 8, SBO 256); 5 [16, 128] 128-byte swizzle, its first 8 rows and 32
+    # keys (N = 8, SBO 1024)
+    ones: object  # L_MMA: the ones block (e4m3) in shared memory, [LC, 32 or 128] (else None)
+    LC: gl.constexpr  # L_MMA: the columns of the row-sum wgmma (its N: 8, or 16 for mode 3)
     PROBE_NO_SOFTMAX: gl.constexpr  # a timing probe, wrong results: P = S (no max, exp2 or sum), alpha = 1
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
@@ -286,7 +305,7 @@ class AttentionFp8:
         p = gl.zeros([self.BM, self.BN], gl.float32 if self.CAST_LATE else self.q_desc.dtype, self.P)
         l_acc = gl.constexpr(None)  # (a constexpr: nothing carried through the loop)
         if self.L_MMA:
-            l_acc = gl.zeros([self.BM, L_COLS], gl.float32, self.L)
+            l_acc = gl.zeros([self.BM, self.LC], gl.float32, self.L)
         return Running(m, l, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc)
 
     @gluon.jit
@@ -360,13 +379,18 @@ class AttentionFp8:
         large: l accumulated across key blocks in the tensor cores (session 27 runs 3-4) was off by factors of 2
         to 13; 32 terms from zero lose only what is under 2^-13 of the chunk's largest."""
         gl.static_assert(self.BN == 128, "L_MMA: key blocks of 128 (4 chunks of 32)")
-        ones_t = self.ones.permute((1, 0))  # [32, L_COLS], keys contiguous: K-major
+        ones = self.ones
+        if self.L_MMA == 2 or self.L_MMA == 5:  # 128 keys with the K operand's 128-byte swizzle: the first 32
+            ones = ones.slice(0, 32, dim=1)
+        if self.L_MMA == 4 or self.L_MMA == 5:  # 16 rows: the first 8 (N = 8, the descriptor's stride that of 16)
+            ones = ones.slice(0, 8, dim=0)
+        ones_t = ones.permute((1, 0))  # [32, LC], keys contiguous: K-major
         # the chunk index is K's bits 32 and 64, register bits of the operand layout: the split moves no data
         x = gl.permute(gl.reshape(p8, [self.BM, 2, 2, 32]), (0, 3, 1, 2))
         lo, hi = gl.split(x)
         c0, c1 = gl.split(lo)
         c2, c3 = gl.split(hi)
-        zero = gl.zeros([self.BM, L_COLS], gl.float32, self.L)
+        zero = gl.zeros([self.BM, self.LC], gl.float32, self.L)
         t0 = warpgroup_mma(gl.convert_layout(c0, self.PL, assert_trivial=True), ones_t, zero, use_acc=False,
                            is_async=True)
         t1 = warpgroup_mma(gl.convert_layout(c1, self.PL, assert_trivial=True), ones_t, zero, use_acc=False,
@@ -507,20 +531,21 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
     ones = gl.constexpr(None)  # (a constexpr: nothing passed to the partitions)
-    if L_MMA:  # [L_COLS, 32] e4m3 ones, written once by the kernel's warps before the partitions start
-        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([L_COLS, 32], gl.float8e4nv)
-        ones = gl.allocate_shared_memory(gl.float8e4nv, [L_COLS, 32], ones_layout,
-                                         gl.full([L_COLS, 32], 1.0, gl.float16,  # (no e4m3 constants in 3.6)
+    LC: gl.constexpr = 16 if L_MMA == 3 else L_COLS
+    if L_MMA:  # e4m3 ones, written once by the kernel's warps before the partitions start
+        ONES_SHAPE: gl.constexpr = ones_shape(L_MMA)
+        ones = gl.allocate_shared_memory(gl.float8e4nv, ONES_SHAPE, ones_layout(L_MMA),
+                                         gl.full(ONES_SHAPE, 1.0, gl.float16,  # (no e4m3 constants in 3.6)
                                                  gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0]))
                                          .to(gl.float8e4nv))
         fence_async_shared()
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
                       CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, EXP2_FMA_EVERY, CAST_LATE, P_SHIFT, RESCALE_TAU, L_MMA, ones,
-                      PROBE_NO_SOFTMAX, BM, BN, D, CONSUMERS, PERMUTED_V, PINGPONG,
+                      LC, PROBE_NO_SOFTMAX, BM, BN, D, CONSUMERS, PERMUTED_V, PINGPONG,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
-                      wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
-                      wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), 8))
+                      wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, LC, gl.num_warps(), 8),
+                      wgmma_lhs_layout(BM, LC, gl.num_warps(), 8))
     # three consumer warpgroups (13 warps) share the register file more thinly
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
                     PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0,
