@@ -1,0 +1,254 @@
+"""attention_varlen's Gluon backward (gluon_varlen_backward.py) without a GPU: the kernel's work items,
+walk and masks mirrored in float64 against the reference backward (every key of every kv head
+stored once, none past a sequence; dQ's reductions past a sequence's end add zeros), the launch's
+arguments against the kernel's parameters, routing (off by default), and the sm_90a compile (wgmma,
+TMA, spills bounded). The kernel itself runs only on a GPU (experiments/attention/gpu_varlen_bwd.py)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tilecore.ops.attention import configs, varlen
+from tilecore.ops.attention.reference_varlen import varlen_backward_reference, varlen_reference
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The float64 twin's small products on one thread (on a loaded 2-core machine, torch's two
+    threads made them 20x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def cu_of(lengths):
+    return torch.tensor([0] + torch.tensor(lengths, dtype=torch.long).cumsum(0).tolist(), dtype=torch.int32)
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def key_tile(entry, cu_q, cu_k, block_m, block_n, causal, window):
+    """gluon_varlen_backward.VarlenBackward.setup in Python: a dict of the tile's fields."""
+    seq, key_block, hk = (int(x) for x in entry[:3])
+    b = max(seq, 0)
+    q0, k0 = int(cu_q[b]), int(cu_k[b])
+    n = int(cu_q[b + 1]) - q0 if seq >= 0 else 0
+    nk = int(cu_k[b + 1]) - k0 if seq >= 0 else 0
+    start_n = key_block * 2 * block_n
+    first_mb = 0
+    if causal:
+        first_mb = max(start_n - (nk - n), 0) // block_m
+    if window:
+        left, right = window
+        first_mb = max(start_n - (nk - n) - right, 0) // block_m
+        last_key = min(start_n + 2 * block_n, nk) - 1
+        last_row = min(n - 1, last_key - (nk - n) + left)
+        per_head = max(cdiv(max(last_row + 1, 0), block_m) - first_mb, 0)
+    else:
+        per_head = max(cdiv(n, block_m) - first_mb, 0)
+    return dict(start_n=start_n, hk=hk, first_mb=first_mb, per_head=per_head, shift=key_block % max(per_head, 1),
+                head0=key_block, q0=q0, k0=k0, N=n, Nk=nk)
+
+
+def step_rows(t, step, group, block_m):
+    """VarlenBackward.step_rows: (q head, first query row local to the sequence)."""
+    if group == 1:
+        walked = step + t["shift"]
+        block = t["first_mb"] + (walked - t["per_head"] if walked >= t["per_head"] else walked)
+        head = 0
+    else:
+        walked = step // group
+        head = (step - walked * group + t["head0"] % group) % group
+        block = t["first_mb"] + t["per_head"] - 1 - walked
+    return t["hk"] * group + head, block * block_m
+
+
+def emulate(q, k, v, dout, lse, delta, cu_q, cu_k, causal, window, scale, block_m=64, block_n=64):
+    """The kernel's tiles in float64, with its boxes: a step's query rows and a tile's keys read past a
+    sequence's end (the next sequence's rows; zeros past the packed end), masked as the kernel masks
+    them; dK / dV stored where the kernel stores them. Returns (dq, dk, dv, times each (key, kv head)
+    was stored)."""
+    total_q, hq, d = q.shape
+    total_k, hkv, _ = k.shape
+    group = hq // hkv
+
+    def rows(x, first, count, total):  # a TMA box: rows past the packed end arrive as zeros
+        idx = torch.arange(first, first + count)
+        box = torch.zeros((count,) + x.shape[1:], dtype=x.dtype)
+        box[idx < total] = x[idx[idx < total]]
+        return box
+
+    stats_lse = torch.where(torch.isneginf(lse), float("inf"), lse)  # the preprocess's row statistics
+    dq = torch.zeros(total_q, hq, d, dtype=torch.float64)
+    dk = torch.full((total_k, hkv, d), float("nan"), dtype=torch.float64)
+    dv = torch.full((total_k, hkv, d), float("nan"), dtype=torch.float64)
+    stores = torch.zeros(total_k, hkv, dtype=torch.long)
+    # the table kernel's torch twin (equal: test_gluon_varlen; the interpreted kernel is slow here)
+    for entry in varlen.work_table_torch(cu_k, cu_q, total_k, hkv, 2 * block_n).tolist():
+        t = key_tile(entry, cu_q, cu_k, block_m, block_n, causal, window)
+        n, nk, hk = t["N"], t["Nk"], t["hk"]
+        for c in range(2):
+            start_n = t["start_n"] + c * block_n
+            keys = start_n + torch.arange(block_n)
+            k_c = rows(k[:, hk], t["k0"] + start_n, block_n, total_k)
+            v_c = rows(v[:, hk], t["k0"] + start_n, block_n, total_k)
+            dk_c = torch.zeros(block_n, d, dtype=torch.float64)
+            dv_c = torch.zeros(block_n, d, dtype=torch.float64)
+            for step in range(t["per_head"] * group):
+                h, start_m = step_rows(t, step, group, block_m)
+                queries = start_m + torch.arange(block_m)
+                row0 = t["q0"] + start_m
+                q_b, do_b = rows(q[:, h], row0, block_m, total_q), rows(dout[:, h], row0, block_m, total_q)
+                lse_b, delta_b = rows(stats_lse[h], row0, block_m, total_q), rows(delta[h], row0, block_m, total_q)
+                s_t = k_c @ q_b.T  # [keys, queries]
+                ok = (keys[:, None] < nk) & (queries[None, :] < n)
+                if causal:
+                    ok &= keys[:, None] <= queries[None, :] + (nk - n)
+                if window:
+                    ok &= (keys[:, None] <= queries[None, :] + (nk - n) + window[1]) \
+                        & (keys[:, None] >= queries[None, :] + (nk - n) - window[0])
+                p_t = torch.exp(torch.where(ok, s_t, float("-inf")) * scale - lse_b[None, :])
+                ds_t = p_t * (v_c @ do_b.T - delta_b[None, :])
+                dv_c += p_t @ do_b
+                dk_c += ds_t @ q_b
+                live = (row0 + torch.arange(block_m)) < total_q  # the reduction drops rows past the end
+                dq[row0 + torch.arange(block_m)[live], h] += (scale * ds_t.T @ k_c)[live]
+            own = keys < nk
+            dk[t["k0"] + keys[own], hk] = (scale * dk_c)[own]
+            dv[t["k0"] + keys[own], hk] = dv_c[own]
+            stores[t["k0"] + keys[own], hk] += 1
+    return dq, dk, dv, stores
+
+
+# lengths 0, 1, odd, one tile (128 keys) and one past it, several tiles; N != Nk (bottom-right)
+LENGTHS = [([1, 0, 127, 128, 129, 300, 2], [1, 0, 127, 128, 129, 300, 2]),
+           ([300, 1, 64, 0, 65], [300, 5, 200, 7, 1])]
+MASKS = [(True, (-1, -1)), (False, (-1, -1)), (False, (100, 37)), (True, (130, -1))]
+
+
+@pytest.mark.parametrize("causal, window_size", MASKS)
+@pytest.mark.parametrize("lens_q, lens_k", LENGTHS)
+@pytest.mark.parametrize("hq, hkv", [(2, 1), (3, 3)])  # GQA's walk and one q head a kv head's
+def test_tiles_store_every_key_once_and_match_the_reference(lens_q, lens_k, causal, window_size, hq, hkv):
+    d = 16
+    cu_q, cu_k = cu_of(lens_q), cu_of(lens_k)
+    g = torch.Generator().manual_seed(len(lens_q) + hq)
+    q, dout = (torch.randn(sum(lens_q), hq, d, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(sum(lens_k), hkv, d, generator=g, dtype=torch.float64) for _ in range(2))
+    dlse = torch.randn(hq, sum(lens_q), generator=g, dtype=torch.float64)
+    scale = d ** -0.5
+    out, lse = varlen_reference(q, k, v, cu_q, cu_k, causal=causal, window_size=window_size)
+    delta = (out * dout).sum(-1).T - dlse
+    is_causal, is_window = varlen.gluon_masks(causal, *window_size)
+    window = None
+    if is_window:  # the kernel's left / right, as backward_gluon passes them
+        wl, wr, has_left, has_right = varlen.kernel_window(causal, *window_size)
+        unbounded = max(sum(lens_q), sum(lens_k))
+        window = (wl if has_left else unbounded, wr if has_right else unbounded)
+    dq, dk, dv, stores = emulate(q, k, v, dout, lse, delta, cu_q, cu_k, is_causal, window, scale)
+    ref = varlen_backward_reference(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal=causal, scale=scale,
+                                    window_size=window_size, compute_dtype=torch.float64)
+    assert (stores == 1).all()  # every key of every kv head once, none past a sequence (no slot there)
+    for got, want in zip((dq, dk, dv), ref):
+        assert torch.allclose(got, want, atol=1e-9), (got - want).abs().max()
+
+
+def test_launch_passes_every_kernel_parameter(monkeypatch):
+    from tilecore.ops.attention import gluon_varlen_backward
+
+    calls = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
+
+    monkeypatch.setattr(varlen, "GLUON_VARLEN_BWD", Recorder())
+    monkeypatch.setattr(varlen.dispatch, "num_sms", lambda device: 132)
+    lengths = [70, 1, 0, 20]
+    cu = cu_of(lengths)
+    total = sum(lengths)
+    q, dout, out = (torch.randn(total, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    k = torch.randn(total, 1, 128, dtype=torch.bfloat16)
+    lse = torch.randn(4, total)
+    dq, dk, dv = varlen.backward_gluon(dout, q, k, k, out, lse, None, cu, cu, True, 0.1, 100, -1, 30.0)
+    (grid, args, kwargs), = calls
+    params = gluon_varlen_backward.attention_varlen_bwd_kernel.arg_names
+    assert kwargs.pop("num_warps") == 4 and sorted(params[len(args):]) == sorted(kwargs)
+    named = dict(zip(params, args))
+    assert named["GROUP"] == 4 and named["num_tiles"] == len(named["work"])
+    assert grid == (min(132, len(named["work"])),)
+    assert kwargs["SOFTCAP"] == 2 and kwargs["DQ"] == configs.DQ_MODES["fused"]
+    # causal with a left edge: a window (100, 0)
+    assert kwargs["CAUSAL"] is False and kwargs["WINDOW"] is True and (named["left"], named["right"]) == (100, 0)
+    assert named["q_desc"].shape == [4, total, 128] and named["q_desc"].block_shape == [1, 64, 128]
+    assert named["k_desc"].block_shape == [1, 128, 128] and named["dk_desc"].block_shape == [1, 64, 128]
+    assert named["dk_desc"].base.data_ptr() == dk.data_ptr() and named["dk_ptr"] is dk
+    assert named["kv_row_stride"] == 128
+    assert named["dq_desc"].shape == [4, total, 128] and named["dq_desc"].block_shape == [1, 64, 64]
+    assert named["stats_desc"].shape == [4, 2, total] and named["stats_desc"].block_shape == [1, 2, 64]
+    # the work table over the keys: (sequence, key tile of 128 keys, kv head)
+    assert torch.equal(named["work"], varlen.work_table_torch(cu, cu, total, 1, 128))
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == k.shape
+
+
+def test_gluon_backward_is_off_by_default_and_never_taken_on_the_cpu():
+    assert configs.VARLEN_GLUON_BACKWARD is False and configs.VARLEN_GLUON_BACKWARD_FEATURES == frozenset()
+    q = torch.randn(10, 2, 128, dtype=torch.bfloat16)
+    assert not varlen.gluon_backward_fits(q, q, q, True, -1, -1)
+    assert not varlen.gluon_backward_fits(q, q, q, True, -1, -1, use_gluon=True)  # a CPU tensor
+
+
+def test_switched_on_the_backward_routes_eligible_calls_to_the_gluon_kernel(monkeypatch):
+    # what flipping configs.VARLEN_GLUON_BACKWARD does, on a pretended Hopper (CPU tensors stand in)
+    monkeypatch.setattr(configs, "VARLEN_GLUON_BACKWARD", True)
+    monkeypatch.setattr(varlen, "gluon_device", lambda device: True)
+    monkeypatch.setattr(varlen.dispatch, "backend_for", lambda device: "kernel")
+    taken = []
+    monkeypatch.setattr(varlen, "backward_gluon", lambda *args: taken.append(args) or ("dq", "dk", "dv"))
+    cu = cu_of([3, 0, 70])
+    q = torch.randn(73, 4, 128, dtype=torch.bfloat16)
+    kv = torch.randn(73, 2, 128, dtype=torch.bfloat16)
+    fits = varlen.gluon_backward_fits
+    assert fits(q, kv, kv, True, -1, -1) and fits(q, kv, kv, False, -1, -1)
+    assert fits(q[..., :64], kv[..., :64], kv[..., :64], True, -1, -1)
+    assert not fits(q, kv, kv, True, 100, -1) and not fits(q, kv, kv, False, 5, 5)  # windows wait for a GPU check
+    assert fits(q, kv, kv, False, 5, 5, features={"window"})
+    assert not fits(q[..., :96], kv[..., :96], kv[..., :96], True, -1, -1)  # D 96
+    assert not fits(q, kv, kv[..., :64].contiguous(), True, -1, -1)  # Dv != D
+    assert not fits(q.float(), kv.float(), kv.float(), True, -1, -1)
+    assert not fits(q, kv, kv, True, -1, -1, use_gluon=False)
+    lse = torch.zeros(4, 73)
+    assert varlen._backward_impl(q, q, kv, kv, q, lse, None, cu, cu, True, 0.1, -1, -1, 0.0) == ("dq", "dk", "dv")
+    assert len(taken) == 1 and taken[0][9] is True
+
+
+def test_configs_name_a_dq_mode_the_kernel_takes():
+    for (d, causal), cfg in configs.VARLEN_GLUON_BACKWARD_CONFIG.items():
+        assert configs.DQ_MODES[cfg["dq_from"]] in (1, 3) and d in (64, 128)
+        assert configs.varlen_gluon_backward_config(d, causal) == cfg
+
+
+@pytest.fixture(scope="module")
+def compiled_report():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
+    r = subprocess.run([sys.executable, "-m", "tilecore.ops.attention.gluon_varlen_backward", "--quick"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_compiles_for_sm90a_with_wgmma_and_tma(compiled_report):
+    # one compile (D128 causal, the fused dQ): the full report (python -m
+    # tilecore.ops.attention.gluon_varlen_backward) adds D64, no mask, GQA, softcap and the window
+    assert {(r["D"], r["causal"]) for r in compiled_report} == {(128, True)}
+    for r in compiled_report:
+        assert r["wgmma"] and r["tma"] and r["mbarrier"] and not r["wgmma_serialized"], r
+        assert r["shared"] <= 227 * 1024, r
+        # the fixed D128 causal kernel spills 192 bytes; the sequence's query mask adds to it
+        assert r["spill_stores"] <= 512, r
