@@ -174,6 +174,43 @@ def main():
                         schedule=torch.empty(64, dtype=torch.int32) if causal else None, left=0, right=0,
                         tanh_scale=0.0, CAUSAL=causal, STAGES=stages, WINDOW=False, SOFTCAP=0)
             one(f"attention dq d{d}{' causal' if causal else ''}", attention_dq_kernel, args, 4)
+    # a window and a softcap (tanh.approx) on the D64 backward and dq: the options' code paths
+    bm, bn = 64, 64
+    t = torch.empty(2, 2, 256, 64, dtype=torch.bfloat16)
+    head = lambda rows: desc(t, [1, 1, rows, 64])
+    stats = torch.empty(4, 2, 256, dtype=torch.float32)
+    stats_desc = TensorDescriptor(stats, list(stats.shape), list(stats.stride()), [1, 2, bm],
+                                  gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3))
+    dq_sum = torch.empty(2, 2, 256, 64, dtype=torch.float32)
+    f32 = torch.empty(64, dtype=torch.float32)
+    window = dict(H=16, N=4096, Nk=4096, GROUP=1, scale=0.1, scale_log2e=2.0, head_group=8, schedule=None, left=100,
+                  right=3, tanh_scale=0.01, CAUSAL=False, WINDOW=True, SOFTCAP=2)
+    one("attention bwd d64 warpgroup window softcap", attention_bwd_kernel,
+        dict(window, q_desc=head(bm), k_desc=head(2 * bn), v_desc=head(2 * bn), do_desc=head(bm), dk_desc=head(bn),
+             dv_desc=head(bn), stats_desc=stats_desc, dq_desc=desc(dq_sum, [1, 1, bm, 32]), num_bhk=256,
+             tile_counter=None, STAGES=2, DQ=4, KV_REGS=True, SOFTCAP_OVERLAP=False), 4)
+    one("attention dq d64 window softcap", attention_dq_kernel,
+        dict(window, q_desc=head(2 * bm), k_desc=head(128), v_desc=head(128), do_desc=head(2 * bm), dq_desc=head(bm),
+             qdo_desc=head(2 * bm), lse_ptr=f32, delta_ptr=f32, num_bh=256, STAGES=3), 4)
+    # MLA's 192 / 128 (configs.GLUON_BACKWARD_DV, GLUON_DQ_DV): every box 64 columns wide
+    from tilecore.ops.attention.gluon_backward import attention_bwd_mla_kernel
+    from tilecore.ops.attention.gluon_dq import attention_dq_mla_kernel
+    q192 = torch.empty(2, 2, 256, 192, dtype=torch.bfloat16)
+    v128 = torch.empty(2, 2, 256, 128, dtype=torch.bfloat16)
+    piece = lambda x, rows: desc(x, [1, 1, rows, 64])
+    for causal in (False, True):
+        mla = dict(H=16, N=4096, Nk=4096, GROUP=1, scale=0.1, scale_log2e=0.1, head_group=8,
+                   schedule=torch.empty(64, dtype=torch.int32) if causal else None, left=0, right=0, tanh_scale=0.0,
+                   CAUSAL=causal, STAGES=3, WINDOW=False, SOFTCAP=0)
+        one(f"attention bwd mla{' causal' if causal else ''}", attention_bwd_mla_kernel,
+            dict(mla, q_desc=piece(q192, 32), k_desc=piece(q192, 128), v_desc=piece(v128, 128), do_desc=piece(v128, 32),
+                 dk_desc=piece(q192, 64), dv_desc=piece(v128, 64), stats_desc=TensorDescriptor(
+                     stats, list(stats.shape), list(stats.stride()), [1, 2, 32],
+                     gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)),
+                 num_bhk=256, SOFTCAP_OVERLAP=False), 4)
+        one(f"attention dq mla{' causal' if causal else ''}", attention_dq_mla_kernel,
+            dict(mla, q_desc=piece(q192, 128), k_desc=piece(q192, 64), v_desc=piece(v128, 64), do_desc=piece(v128, 128),
+                 dq_desc=piece(q192, 64), lse_ptr=f32, delta_ptr=f32, num_bh=256), 4)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -35,24 +35,20 @@ is exp(0) = 1 but meets zero dO and zero dP, so they add nothing. Rows with no k
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-from tilecore.tiles.gluon import (Helper, Layout, TileOperand, mask_scores, needs_mask, ring, run, struct,
-                                  tma_reduce_add, wgmma_layout)
+from tilecore.tiles.gluon import (Helper, Layout, TileOperand, mask_scores, needs_mask, ring, run, stage_struct,
+                                  struct, tma_reduce_add, wgmma_layout)
 from tilecore.tiles.schedule import head_grouped_tile
 from tilecore.ops.attention.gluon_kernels import tanh_approx, tanh_from_exp2, window_mask_scores, window_needs_mask
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
 
-@struct
+@stage_struct
 class QStage:
     """One stage: a block of query rows' Q, their lse and delta (the side buffer), their dO."""
     q: object
     stats: object
     do: object
-
-    @gluon.jit
-    def index(self, s):
-        return QStage(self.q.index(s), self.stats.index(s), self.do.index(s))
 
 
 @struct
@@ -398,7 +394,7 @@ class AttentionBackward:
                 self.add_dq(ctx, tile, step, dq)
             else:
                 dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-        return Grads(dk, dv, st.k_regs, st.v_regs)
+        return st.replace(dk=dk, dv=dv)
 
     @gluon.jit
     def help(self, ctx, tile, step):
@@ -500,7 +496,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
 # MLA's head sizes (q/k 192, v 128; issue 35): dK and dV by 64-column pieces
 
 
-@struct
+@stage_struct
 class QStagePieces:
     """One stage at q/k head dim 192 and v's 128: Q's three 64-column pieces, the rows' lse and
     delta, dO's two (no power-of-two TMA box or shared buffer holds 192 columns)."""
@@ -510,11 +506,6 @@ class QStagePieces:
     stats: object
     do0: object
     do1: object
-
-    @gluon.jit
-    def index(self, s):
-        return QStagePieces(self.q0.index(s), self.q1.index(s), self.q2.index(s), self.stats.index(s),
-                            self.do0.index(s), self.do1.index(s))
 
 
 @struct

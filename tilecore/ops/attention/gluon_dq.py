@@ -150,7 +150,7 @@ class AttentionDQ:
             ds_layout: gl.constexpr = gl.DotOperandLayout(
                 operand_index=0, parent=wgmma_layout(self.BM, self.D, gl.num_warps()), k_width=2)
             dq = warpgroup_mma(gl.convert_layout(ds.to(stage.k.dtype), ds_layout), k, dq)
-        return Gradient(dq, st.lse2, st.delta, st.first, st.n_own, st.own_first)
+        return st.replace(dq=dq)
 
     @gluon.jit
     def wait(self, ctx, st):

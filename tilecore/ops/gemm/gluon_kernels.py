@@ -9,19 +9,15 @@ partials meet in its own workspace slots (program * CONSUMERS + consumer).
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
-from tilecore.tiles.gluon import (Layout, add_cols, fix_up, ring, run, scale_cols, scale_rows, store_tile, struct,
-                                  wgmma_layout)
+from tilecore.tiles.gluon import (Layout, add_cols, fix_up, ring, run, scale_cols, scale_rows, stage_struct,
+                                  store_tile, struct, wgmma_layout)
 from tilecore.tiles.schedule import FINAL, WHOLE, stream_k_work, tile_origin
 
 
-@struct
+@stage_struct
 class Stage:
     a: object  # [BM, BK]
     b: object  # [BK, BN], or [BN, BK] with B_T
-
-    @gluon.jit
-    def index(self, s):
-        return Stage(self.a.index(s), self.b.index(s))
 
 
 @struct

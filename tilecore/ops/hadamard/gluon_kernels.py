@@ -23,21 +23,17 @@ never wait for each other.
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
-from tilecore.tiles.gluon import Layout, TileOperand, ring, run, struct, wgmma_layout
+from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
 from tilecore.tiles.hadamard import bf16_pieces
 
 LINES = gl.constexpr(64)  # a slice half: lines of 64 elements; also H_64's size
 
 
-@struct
+@stage_struct
 class Slice:
     """One stage: a slice's two 64-line halves."""
     top: object
     bottom: object
-
-    @gluon.jit
-    def index(self, s):
-        return Slice(self.top.index(s), self.bottom.index(s))
 
 
 @struct
