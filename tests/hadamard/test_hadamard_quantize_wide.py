@@ -1,0 +1,100 @@
+"""hadamard_quantize's wide kernel (quantize_wide.wide_quantize_kernel; plan tuning ``wide``, configs.QUANT_WIDE):
+n = m x 2^k with m > 64, the mixing in output blocks of 64 sub-rows and K chunks that stop at m instead of the
+kron-tiled kernel's M_PAD. The same products up to the order of the float32 sums: codes >= 99.9% equal to the
+float64 reference's and within one step of the kron-tiled plan's (equal on rows holding NaN or inf), float32
+scales within 2^-20 of it, discrete scales equal. Through the interpreter at m = 108 (two blocks, the second
+short) and 140 (three), outputs poisoned twice with different bytes (every element written), more rows than
+programs (the persistent loop), each epilogue: per token, groups inside a slice, groups spanning sub-rows, the
+blocks one at a time (j_outer), nvfp4's dynamic global scale (the AMAX pass), random signs."""
+import pytest
+import torch
+
+from tilecore.ops.hadamard import configs, quantize
+from tilecore.ops.hadamard.quantize_reference import FORMATS, code_order, hadamard_quantize_reference
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered")
+
+
+def _plan(x, fmt, scale, signs, **tuning):
+    rows, n = x.shape
+    return quantize.kernel_plan(rows, n, x.dtype, fmt, FORMATS[fmt].default_group, None, True, scale is not None,
+                                signs is not None, 2, True, **tuning)
+
+
+def _run(plan, x, fmt, scale, signs, poison=True):
+    return quantize.run_plan(plan, x, fmt, FORMATS[fmt].default_group, None, True, scale, signs, poison=poison)
+
+
+def _bytes(t):
+    return t.contiguous().view(torch.uint8) if t.dtype != torch.float32 else t.nan_to_num(7.0)
+
+
+def _same_scales(a, b):
+    if a.dtype == torch.float32:  # another summation order: the float32 amax may move by an ulp
+        a, b = a.nan_to_num(7.0), b.nan_to_num(7.0)
+        return bool(((a - b).abs() <= 2.0**-20 * b.abs()).all())
+    return torch.equal(_bytes(a), _bytes(b))
+
+
+# (format, m, p, rows, tuning, compare with the kron-tiled plan, random signs): per token over 2 blocks; groups
+# of 32 in a slice over 3 blocks, one at a time, with signs; int4's groups of 128 spanning 4 sub-rows of 32 with
+# K chunks of 32 (2 rows); nvfp4's dynamic global scale (the AMAX pass) with S = 2 slices (p = 128: Q 64), one row
+CASES = [("fp8_e4m3", 108, 16, 3, {}, True, False), ("mxfp4", 140, 16, 3, {"j_outer": True, "kc": 32}, False, True),
+         ("int4", 108, 32, 2, {"kc": 32}, False, False), ("nvfp4", 108, 128, 1, {"kc": 32}, False, False)]
+
+
+@pytest.mark.parametrize("fmt, m, p, rows, tuning, compare, with_signs", CASES)
+def test_wide_kernel_matches_the_reference_and_the_kron_tiled_plan(fmt, m, p, rows, tuning, compare, with_signs):
+    torch.manual_seed(4)
+    n = m * p
+    x = torch.randn(rows, n, dtype=torch.bfloat16)  # 3 rows on 2 programs: the persistent loop
+    x[:, 7] *= 60  # an outlier channel
+    if rows > 1:
+        x[1, 3] = float("nan")
+        x[-1, 70 * p + 5] = float("inf")  # in the second block of sub-rows
+    signs = (torch.randint(0, 2, (n,)) * 2 - 1).to(torch.bfloat16) if with_signs else None
+    plan = _plan(x, fmt, None, signs, wide=True, **tuning)
+    assert plan.path == "wide" and plan.config["NB"] == -(-m // 64) and plan.config["S"] == (2 if p == 128 else 1)
+    assert plan.config["J_OUTER"] == bool(tuning.get("j_outer")) and plan.config["KC"] == tuning.get("kc", 16)
+    codes, scales, gs = _run(plan, x, fmt, None, signs)
+    if fmt in ("fp8_e4m3", "int4"):  # every element written: other poison bytes, the same outputs
+        codes2, scales2, _ = _run(plan, x, fmt, None, signs, poison=0xA5)
+        assert torch.equal(_bytes(codes), _bytes(codes2)) and torch.equal(_bytes(scales), _bytes(scales2))
+    kw = {"randomized_signs": signs} if signs is not None else {}
+    ref_codes, ref_scales = hadamard_quantize_reference(x, format=fmt, **kw)
+    a, b = code_order(codes.reshape(ref_codes.shape), fmt), code_order(ref_codes, fmt)
+    finite = torch.isfinite(x).all(dim=-1)
+    assert (a == b)[finite].double().mean() >= 0.999
+    assert (a - b)[finite].abs().max() <= 1
+    if fmt == "nvfp4":  # the dynamic global scale: the largest |y| over the tensor / (448 x 6), as the reference's
+        assert torch.allclose(gs.reshape(()), ref_scales[1].reshape(()).to(torch.float32), rtol=2.0**-20)
+    if compare:
+        base = _plan(x, fmt, None, signs)
+        assert base.path == "fused"
+        base_codes, base_scales, _ = _run(base, x, fmt, None, signs)
+        assert _same_scales(scales, base_scales)
+        e = code_order(base_codes.reshape(ref_codes.shape), fmt)
+        assert (a - e)[finite].abs().max() <= 1
+        assert torch.equal(a[~finite], e[~finite])  # NaN / inf rows: the formats' rules, as the kron-tiled plan
+
+
+def test_wide_plan_only_where_asked_and_where_it_applies():
+    bf16 = torch.bfloat16
+
+    def plan(n, fmt="mxfp4", dtype=bf16, **tuning):
+        return quantize.kernel_plan(24385, n, dtype, fmt, FORMATS[fmt].default_group, None, True, fmt == "nvfp4",
+                                    False, 132, **tuning)
+
+    for n in (11008, 18944):  # off by default (configs.QUANT_WIDE) until a GPU run checks it
+        for fmt in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4"):
+            assert plan(n, fmt).path == ("wide" if quantize._by_format(configs.QUANT_WIDE, fmt, n) else "fused")
+    p = plan(11008, wide=True)
+    assert (p.path, p.config["M"], p.config["NB"], p.config["NK"], p.config["S"]) == ("wide", 172, 3, 11, 1)
+    p = plan(18944, "fp8_e4m3", wide=True)
+    assert (p.path, p.config["M"], p.config["NB"], p.config["NK"], p.config["S"]) == ("wide", 148, 3, 10, 2)
+    assert not p.config["J_OUTER"] and not plan(18944, "fp8_e4m3", wide=True, j_outer=True).config["J_OUTER"]
+    # not: m <= 64 (14336 = 28 x 512), float32 inputs, more than 2 slices (172 x 512), more than 4 blocks
+    assert plan(14336, wide=True).path == "fused"
+    assert plan(11008, dtype=torch.float32, wide=True).path == "fused"
+    assert plan(172 * 512, wide=True).path != "wide"
+    assert plan(11008, wide=True, mb=32).path == "fused"
