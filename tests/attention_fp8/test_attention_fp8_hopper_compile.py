@@ -15,7 +15,10 @@ import pytest
 # masks, barriers and every switch, the most code. D 128 non-causal (the headline) compiles to 168
 # registers, no spill (notes/attention_fp8/README.md). The per-token variants spill: D 64 causal 4-8
 # bytes, D 128 causal ~200; experiments/attention_fp8/gpu_fp8.py times them
-VARIANTS = [(64, True, False, True, 4, True, 0.0, False), (64, True, False, True, 4, True, 0.8, True)]
+# l_mma: gluon_fp8.L_MMA's mode, how the row sum's ones block is stored (mode 1, session 27's [8, 32] with a 32-byte
+# swizzle, gave half of l on the H100: notes/attention_fp8/README.md)
+L_MMA_MODE = 4
+VARIANTS = [(64, True, False, True, 4, True, 0.0, 0), (64, True, False, True, 4, True, 0.8, L_MMA_MODE)]
 
 SCRIPT = r"""
 import json, re, sys, torch
@@ -43,11 +46,18 @@ for D, causal, per_row, k_per_block, exp2_fma_every, cast_late, tau, l_mma in js
                 RESCALE_TAU=tau, L_MMA=l_mma, PROBE_NO_SOFTMAX=False)
     c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, args, num_warps=4)
     ptx = c.asm["ptx"]
+    # the row-sum wgmma's B descriptor: its swizzle (bits 62-63: 1 128-byte, 2 64-byte, 3 32-byte) and stride (SBO)
+    ones_desc = []
+    for reg in sorted(set(re.findall(r"m64n(?:8|16)k32\.f32\.e4m3\.e4m3 \{[^}]*\}, \{[^}]*\}, (%rd\d+)", ptx))):
+        const = re.search(r"or\.b64\s+" + reg + r", %rd\d+, (-?\d+);", ptx)
+        if const:
+            bits = int(const.group(1)) & (2 ** 64 - 1)
+            ones_desc.append(dict(swizzle=bits >> 62, sbo=((bits >> 32) & 0x3FFF) * 16))
     r = resources(c)
     out.append(dict(D=D, causal=causal, per_row=per_row, exp2_fma_every=exp2_fma_every, cast_late=cast_late, tau=tau, l_mma=l_mma,
                     add_f32=ptx.count("add.f32"), wgmma_n8=ptx.count("m64n8k32.f32.e4m3.e4m3"),
                     **has_hopper_instructions(ptx), **vars(r), bar_sync=len(re.findall(r"bar\.sync\s+\d+, 128;", ptx)),
-                    e4m3_wgmma="f32.e4m3.e4m3" in ptx, shfl=ptx.count("shfl.sync"), ex2=ptx.count("ex2.approx"),
+                    e4m3_wgmma="f32.e4m3.e4m3" in ptx, ones_desc=ones_desc, shfl=ptx.count("shfl.sync"), ex2=ptx.count("ex2.approx"),
                     fma_exp2=ptx.count("max.NaN.f32"), e4m3x4=ptx.count("{lo, hi}"), prmt=ptx.count("prmt"),
                     byte_moves=ptx.count("shr.s16")))
 print(json.dumps(out))
@@ -115,3 +125,12 @@ def test_l_mma_sums_p_on_the_tensor_cores(report):
     assert with_l["l_mma"] and not without["l_mma"]
     assert with_l["wgmma_n8"] >= 8 and without["wgmma_n8"] == 0, (with_l, without)
     assert with_l["add_f32"] < without["add_f32"] / 2, (with_l, without)
+
+
+def test_l_mma_ones_block_layout(report):
+    # the ones block's descriptor as the mode stores it (gluon_fp8.ones_shape): 32-byte swizzle for [16, 32] (mode 4:
+    # the same descriptor as session 27's, with 256 more bytes of ones after B), 128-byte for the 128-key blocks
+    swizzle = {1: 3, 2: 1, 3: 3, 4: 3, 5: 1}[L_MMA_MODE]
+    without, with_l = report
+    assert without["ones_desc"] == [], without
+    assert with_l["ones_desc"] and all(d["swizzle"] == swizzle for d in with_l["ones_desc"]), with_l["ones_desc"]
