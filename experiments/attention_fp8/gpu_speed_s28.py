@@ -1,6 +1,7 @@
 """FP8 attention, session 28 (issue 34): which way of storing the ones block makes l_mma right, then its speed.
 
     PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s28.py [--smoke] [--modes 4,2,5,3] [--all-modes] [--d64]
+        [--extra fma8,fma4,pingpong,tau0.8] [--default-has-lmma]
 
 Session 28's diagnosis (notes/attention_fp8/runs/diag_lmma_session28_h100.txt): with l_mma the kernel's l is half the
 true l (0.500-0.5015 for q = 0, 0.42-0.60 a row for random scores), in every tile and consumer: the row-sum wgmma
@@ -51,7 +52,11 @@ def main():
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--modes", default="4,2,5,3", help="l_mma modes diagnosed, in order (1: session 27's, wrong)")
     ap.add_argument("--all-modes", action="store_true", help="diagnose every mode listed (else stop at the first right)")
-    ap.add_argument("--d64", action="store_true", help="time D64 too (~40 s more)")
+    ap.add_argument("--d64", action="store_true", help="check a D64 tail and time D64 too (~40 s more)")
+    ap.add_argument("--extra", default="fma8", help="variants timed beside l_mma at D128 non-causal, comma-separated: "
+                    "fma8, fma4 (exp2 one in 8 / 4 on the FMA units), pingpong (flipped), tau0.8 (conditional rescaling)")
+    ap.add_argument("--default-has-lmma", action="store_true",
+                    help="the shipped config already has l_mma: time l_mma off as the other variant")
     args = ap.parse_args()
     budget = float(os.environ.get("FP8_BUDGET_S", "85"))
     left = lambda: budget - (time.time() - T0)
@@ -86,12 +91,18 @@ def main():
         """(plan, the emulation's keywords) with the Gluon config ``overrides``; on the interpreter the tl kernel with
         the same rule for l (L_ROUNDED)."""
         p = fp8_launch.plan(q8, k8, causal)
-        l_mma = overrides.get("l_mma", 0)
         if p.path == "gluon":
+            overrides = dict(overrides)
+            if overrides.get("pingpong") == "flip":  # the other setting than the default's
+                overrides["pingpong"] = not p.config["pingpong"]
             p = fp8_launch.plan(q8, k8, causal, config=dict(p.config, **overrides))
+            l_mma = p.config.get("l_mma", 0)
         else:
-            p.config.update(L_ROUNDED=bool(l_mma))
-        return p, dict(l_rounded=bool(l_mma))
+            l_mma = overrides.get("l_mma", 0)
+            p.config.update(L_ROUNDED=bool(l_mma), RESCALE_TAU=overrides.get("rescale_tau", 0.0),
+                            P_SHIFT=overrides.get("p_shift", 8))
+        return p, dict(l_rounded=bool(l_mma), rescale_tau=overrides.get("rescale_tau", 0.0),
+                       p_shift=overrides.get("p_shift", 8))
 
     def block_n(p):
         return p.config.get("block_n", p.config.get("BLOCK_N", 128))
@@ -177,21 +188,28 @@ def main():
     chosen = next((m for m in (*FAST_MODES, 3) if m in result["passing_modes"]), None)
     result["chosen_mode"] = chosen
     variants = {"default": {}}
+    extras = dict(fma8=dict(exp2_fma_every=8), fma4=dict(exp2_fma_every=4), pingpong=dict(pingpong="flip"),
+                  **{"tau0.8": dict(rescale_tau=0.8, p_shift=8)})
+    if args.default_has_lmma:
+        variants["no_l_mma"] = dict(l_mma=0)
     if chosen is not None:
         variants[f"l_mma{chosen}"] = dict(l_mma=chosen)
-        variants[f"l_mma{chosen}_fma8"] = dict(l_mma=chosen, exp2_fma_every=8)
+        for e in [e for e in args.extra.split(",") if e]:
+            variants[f"l_mma{chosen}_{e}"] = dict(l_mma=chosen, **extras[e])
 
     # 2. a GQA tail, causal, each variant but the fma one (same l path)
-    if chosen is not None:
-        B, Hq, Hkv, N, Nk, D = (1, 2, 1, 40, 70, 64) if args.smoke else (2, 8, 2, 1000, 1100, 128)
+    tails = [(1, 2, 1, 40, 70, 64, True)] if args.smoke else [(2, 8, 2, 1000, 1100, 128, True)]
+    if args.d64 and not args.smoke:
+        tails.append((2, 8, 2, 1000, 1100, 64, False))
+    for (B, Hq, Hkv, N, Nk, D, causal) in tails if chosen is not None else []:
         data = quantized(B, Hq, Hkv, N, Nk, D, N + Nk + D, per="block")
-        for name in (f"l_mma{chosen}",):  # (the default passed this tail in session 27)
+        for name in (f"l_mma{chosen}",):  # (the default passed these tails in session 27)
             if left() < 35:
                 print("tails: out of time budget", flush=True)
                 break
-            rec = dict(B=B, Hq=Hq, Hkv=Hkv, N=N, Nk=Nk, D=D, causal=True, variant=name)
+            rec = dict(B=B, Hq=Hq, Hkv=Hkv, N=N, Nk=Nk, D=D, causal=causal, variant=name)
             try:
-                c, p = check(variants[name], *data, True)
+                c, p = check(variants[name], *data, causal)
                 rec.update(c, path=p.path)
             except Exception as e:  # noqa: BLE001
                 rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -221,9 +239,10 @@ def main():
             v8, vs = quantize_fp8(v, per="head")
             vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
             sl = [(0, 0), (B - 1, H - 1)]
-            # bf16 before the extra variant: the ratio needs it
-            names = [n for n in variants if not n.endswith("_fma8")] + ["bf16"]
-            names += [n for n in variants if n.endswith("_fma8") and (D, causal) == (128, False)]
+            # bf16 before the extra variants (D128 non-causal only): the ratio needs it
+            base = ["default", "no_l_mma", f"l_mma{chosen}"]
+            names = [n for n in variants if n in base] + ["bf16"]
+            names += [n for n in variants if n not in base and (D, causal) == (128, False)]
             for name in names:
                 if left() < 8:
                     break
@@ -269,7 +288,8 @@ def main():
             for case, c in r["cases"].items()))
     print(f"passing modes {result['passing_modes']}, chosen {chosen}")
     for r in result["tails"]:
-        head = f"tail B{r['B']} Hq{r['Hq']} Hkv{r['Hkv']} N{r['N']} Nk{r['Nk']} D{r['D']} causal {r['variant']}"
+        head = (f"tail B{r['B']} Hq{r['Hq']} Hkv{r['Hkv']} N{r['N']} Nk{r['Nk']} D{r['D']} "
+                f"{'causal' if r['causal'] else 'full'} {r['variant']}")
         print(head + ": " + (f"ERROR {r['error'][:150]}" if "error" in r else
                              f"O {r['err_over_floor']:.2f}x floor (emulation {r['emulation_over_floor']:.2f}, vs it "
                              f"{r['vs_emulation_over_floor']:.2f}) lse {r['lse_max_err']:.1e} (vs emulation "
