@@ -371,7 +371,7 @@ def reference_floor(case: str, over: dict | None) -> float:
 
 def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, decay: bool, mamba: bool,
                 stages: int = 3, prefetch: bool = False, overlap: bool = False, z_stage: bool = False,
-                g_stage: bool = False, factored: bool = False, strength: str = "mild"):
+                g_stage: bool = False, factored: bool = False, strength: str = "mild", early_wv: bool = False):
     """The Gluon forward (gluon_forward.la_fwd_gluon_kernel) into NaN-filled o and final states, with
     initial states, against the float64 recurrence: o's error over the rounding floor, the states'
     relative error, every element written. strength (scalar decay): "mild" (log decays in [-0.3, 0] and a
@@ -402,12 +402,13 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
     h0 = torch.randn(B, H, Dk, Dv, device=DEV)
     scale = 1.0 if mamba else Dk ** -0.5
     row = dict(case=name, N=N, fits=gf.fits(q, k, v, g, 0), prefetch=prefetch, overlap=overlap, z_stage=z_stage,
-               g_stage=g_stage, factored=factored)
+               g_stage=g_stage, factored=factored, early_wv=early_wv)
     o = torch.full_like(v, float("nan"))
     ht = torch.full_like(h0, float("nan"))
     G = None if g is None else (gf.chunk_cumulative_heads if g_stage else gf.chunk_cumulative)(g, gf.BT_GLUON)
-    grid, args, warps = gf.launch_args(q, k, v, G, beta, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap,
-                                       z_stage, g_stage=g_stage, factored=factored)
+    beta_k = gf.chunk_heads(beta, gf.BT_GLUON) if g_stage and beta is not None else beta
+    grid, args, warps = gf.launch_args(q, k, v, G, beta_k, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap,
+                                       z_stage, g_stage=g_stage, factored=factored, early_wv=early_wv)
     gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     torch.cuda.synchronize()
     row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(ht).any())
@@ -428,17 +429,19 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
     row["tl_state_rel"] = accuracy.rel_rms(ht_tl, ref_state)
     if g_stage:  # gluon_forward.forward (its host side: chunk_cumulative_heads) gives the same o
         o2, _ = gf.forward(q, k, v, g, beta, d_skip, z, h0, scale, False, stages, prefetch, overlap, z_stage,
-                           g_stage=True, factored=factored)
+                           g_stage=True, factored=factored, early_wv=early_wv)
         row["forward_matches"] = bool(torch.equal(o2, o))
     print("check gluon", row, flush=True)
     RESULTS["check"].append(row)
     return row
 
 
-# (name, B, N, Hqk, H, Dk, Dv, decay, mamba[, stages, PREFETCH, OVERLAP, Z_STAGE, G_STAGE, FACTORED, strength]).
+# (name, B, N, Hqk, H, Dk, Dv, decay, mamba[, stages, PREFETCH, OVERLAP, Z_STAGE, G_STAGE, FACTORED, strength,
+# EARLY_WV]).
 # Run 9 (session 27) checked PREFETCH and OVERLAP (off since); these are the defaults and session 28's G_STAGE
-# (configs.GLUON_G_STAGE: G head-major through the TMA stage) and FACTORED (configs.GLUON_FACTORED: the
-# intra-chunk decay as row x column factors where a chunk's G spans <= 120 in log2 units)
+# (configs.GLUON_G_STAGE: G head-major through the TMA stage), FACTORED (configs.GLUON_FACTORED: the
+# intra-chunk decay as row x column factors where a chunk's G spans <= 120 in log2 units) and EARLY_WV
+# (configs.GLUON_EARLY_WV: the state update's weighted values stored with the old state)
 GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
                 ("gluon linear d128 B1 H1 N 100 (one tile: num_tiles == 1)", 1, 100, 1, 1, 128, 128, False, False, 2),
                 ("gluon scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False),
@@ -460,7 +463,17 @@ GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
                 ("gluon factored+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False, False, True, True,
                  True),
                 ("gluon factored+z_stage mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, False, False, True, True,
-                 True))
+                 True),
+                ("gluon g_stage+early_wv scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False,
+                 2, False, False, False, True, False, "mild", True),
+                ("gluon factored+early_wv scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False,
+                 2, False, False, False, True, True, "mild", True),
+                ("gluon factored+early_wv scalar decay d64 v128 strong decays N 77", 2, 77, 2, 2, 64, 128, True, False,
+                 2, False, False, False, True, True, "strong", True),
+                ("gluon factored+early_wv+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False, False, True,
+                 True, True, "mild", True),
+                ("gluon g_stage+early_wv+z_stage mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, False, False, True,
+                 True, False, "mild", True))
 
 
 def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype: str = "bf16",
@@ -535,11 +548,12 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
     elif c["decay"] == "channel":
         names = ["gla_diag2"]
     elif c.get("gluon_override"):
-        names = ["gluon"] + (["gluon_gstage", "gluon_factored"] if c["decay"] else [])
+        names = ["gluon"] + (["gluon_gstage_early", "gluon_factored_early"] if c["decay"] else [])
     elif c.get("mamba"):
-        names = ["kernel_only", "torch_prep", "gluon_zstage", "gluon_zstage_gstage", "gluon_zstage_factored"]
+        names = ["kernel_only", "torch_prep", "gluon_zstage", "gluon_zstage_gstage", "gluon_zstage_gstage_early",
+                 "gluon_zstage_factored_early"]
     elif c["decay"]:
-        names = ["gluon_direct", "gluon_gstage", "gluon_factored"]
+        names = ["gluon_direct", "gluon_gstage", "gluon_gstage_early", "gluon_factored", "gluon_factored_early"]
     else:
         names = ["gluon_direct"]
     if names_only or not names:
@@ -555,16 +569,19 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
         return {"gluon_based": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False, overlap=False)[0],
                 "gluon_based_overlap": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False,
                                                           overlap=True)[0]}
-    def direct(prefetch, overlap=False, z_stage=False, g_stage=False, factored=False):  # as launch.forward calls it
+    def direct(prefetch, overlap=False, z_stage=False, g_stage=False, factored=False, early_wv=False):
         return lambda: gf.forward(t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"], t["z"], None, t["scale"],
                                   False, 2, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage,
-                                  factored=factored)[0]
+                                  factored=factored, early_wv=early_wv)[0]  # as launch.forward calls it
     variants = {"gluon_direct": direct(False), "gluon_zstage": direct(False, False, True),
                 "gluon_gstage": direct(False, g_stage=True), "gluon_factored": direct(False, g_stage=True, factored=True),
+                "gluon_gstage_early": direct(False, g_stage=True, early_wv=True),
+                "gluon_factored_early": direct(False, g_stage=True, factored=True, early_wv=True),
                 "gluon_zstage_gstage": direct(False, False, True, True),
-                "gluon_zstage_factored": direct(False, False, True, True, True)}
+                "gluon_zstage_gstage_early": direct(False, False, True, True, False, True),
+                "gluon_zstage_factored_early": direct(False, False, True, True, True, True)}
     if c.get("gluon_override"):
-        calls = {"gluon": lambda: run_forward(t, fwd_gluon=True, gluon_stages=2)}
+        calls = {"gluon": lambda: run_forward(t, fwd_gluon=True, gluon_stages=2)}  # the default (GLUON_CHECKED)
         calls.update({n: variants[n] for n in names if n in variants})
         return calls
     if not c.get("mamba"):

@@ -85,6 +85,10 @@ GLUON_OVERLAP = False
 # gpu_forward.py checks and times them (its g_stage / factored rows); on: (False,) or (False, True)
 GLUON_G_STAGE: tuple = ()
 GLUON_FACTORED: tuple = ()
+# EARLY_WV (with a decay): the state update's weighted values stored with the old state at the chunk's start
+# (one barrier pair a chunk fewer; with beta its own [BT, BV] buffer for beta V), by whether beta is given as
+# above. Session 28: compiled, not yet run: off
+GLUON_EARLY_WV: tuple = ()
 # Based's Gluon forward (gluon_based.py: Dk 16, no decay, Dv a multiple of 64; its 153 symmetric features
 # padded to 160, S^T in wgmma registers). Runs 7-9 (H100, session 27, B16 H16 N4096 d16 v64 bf16): 0.200-0.212
 # ms against the tl kernel's 0.804 and FLA parallel_based's 2.04 (9.65-10.26x), 55-58% of the copy bound;

@@ -85,6 +85,34 @@ class ChunkGZ:
     gb: object
 
 
+@stage_struct
+class ChunkGB:
+    """G_STAGE with beta (Mamba-2's dt): beta head-major through the stage too."""
+    q: object
+    k: object
+    va: object
+    vb: object
+    ga: object
+    gb: object
+    ba: object  # [1, 1, BT] float32: unit 0's beta
+    bb: object  # unit 1's
+
+
+@stage_struct
+class ChunkGBZ:
+    """G_STAGE with beta, and Z_STAGE."""
+    q: object
+    k: object
+    va: object
+    vb: object
+    za: object
+    zb: object
+    ga: object
+    gb: object
+    ba: object
+    bb: object
+
+
 @struct
 class Units:
     b: object  # batch row
@@ -108,6 +136,7 @@ class LinearAttentionForward:
     o_desc: object
     z_desc: object  # Z_STAGE with z: z's TMA descriptor (else unused)
     g_desc: object  # G_STAGE with a decay: the head-major G's TMA descriptor (else unused)
+    b_desc: object  # G_STAGE with beta: the head-major beta's (else unused)
     G: object
     BETA: object
     DSKIP: object
@@ -154,6 +183,7 @@ class LinearAttentionForward:
     G_STAGE: gl.constexpr  # G (head-major, log2 units) through the stage (TMA): no global load on the walk
     FACTORED: gl.constexpr  # (with G_STAGE) exp2(G_i - G_j) as a row times a column factor where the chunk's
     # range of G allows it (no [BT, BT] exps); the elementwise exps where it does not
+    EARLY_WV: gl.constexpr  # the state update's weighted values stored with the old state (one barrier pair)
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BK, BV] state
     PL: gl.constexpr  # P as the register operand of P V
@@ -184,6 +214,9 @@ class LinearAttentionForward:
         if self.G_STAGE and self.DECAY:
             tma.async_copy_global_to_shared(self.g_desc, [tile.b, h0, t0], bar, stage.ga)
             tma.async_copy_global_to_shared(self.g_desc, [tile.b, h1, t0], bar, stage.gb)
+            if self.HAS_BETA:
+                tma.async_copy_global_to_shared(self.b_desc, [tile.b, h0, t0], bar, stage.ba)
+                tma.async_copy_global_to_shared(self.b_desc, [tile.b, h1, t0], bar, stage.bb)
 
     @gluon.jit
     def start(self, ctx, tile, prev):
@@ -286,7 +319,12 @@ class LinearAttentionForward:
                 G_r = g_smem.load(gl.SliceLayout(1, self.SL))
                 G_c = g_smem.load(gl.SliceLayout(0, self.SL))
                 G_last = gl.sum(gl.where(offs_c == self.BT - 1, G_c, 0.0), axis=0)
-            if self.HAS_BETA:
+                if self.HAS_BETA:  # (0 past N: the host's pad)
+                    if c == 0:
+                        beta_r = stage.ba.reshape([self.BT]).load(gl.SliceLayout(1, self.SL))
+                    else:
+                        beta_r = stage.bb.reshape([self.BT]).load(gl.SliceLayout(1, self.SL))
+            elif self.HAS_BETA:
                 beta_r = gl.load(b_base + offs_r * self.sbn, mask=row_ok, other=0.0)
         elif self.PREFETCH:
             # the next chunk's factors now (their latency under this chunk's work); this chunk's came
@@ -353,10 +391,18 @@ class LinearAttentionForward:
             # the old state to shared memory (the B operand of Q S); with beta, beta_j V_j as P V's B operand
             # (beta on V's rows, not P's columns: one [BT, BV] product, and the scores keep no column factor
             # but the decay's, which spilled 1 KB at Mamba-2's shape)
-            wv = self.wv_smem.index(c)
+            # EARLY_WV: the state update's weighted values stored here too (beta V, with beta, in a buffer of
+            # its own), so one barrier pair a chunk serves every shared-memory operand
+            wv = self.wv_smem.index(2 * c if self.EARLY_WV else c)
             gl.thread_barrier()  # the previous step's wgmmas have read both buffers
             S_smem.store(walk.S.to(dtype))
-            if self.HAS_BETA:
+            if self.EARLY_WV:
+                v_f = v.load(self.SL).to(gl.float32)
+                wv.store((v_f * gl.expand_dims(w_rows, 1)).to(dtype))
+                if self.HAS_BETA:
+                    bv = self.wv_smem.index(2 * c + 1)
+                    bv.store((v_f * gl.expand_dims(beta_r, 1)).to(dtype))
+            elif self.HAS_BETA:
                 wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(beta_r, 1)).to(dtype))
             fence_async_shared()
             gl.thread_barrier()
@@ -376,15 +422,19 @@ class LinearAttentionForward:
             # o = exp(G_i) scale (Q S_old) + P (beta V)
             o = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False)
             if self.HAS_BETA:
-                o = warpgroup_mma(p, wv, o * gl.expand_dims(row_scale, 1))
+                if self.EARLY_WV:
+                    o = warpgroup_mma(p, bv, o * gl.expand_dims(row_scale, 1))
+                else:
+                    o = warpgroup_mma(p, wv, o * gl.expand_dims(row_scale, 1))
             else:
                 o = warpgroup_mma(p, v, o * gl.expand_dims(row_scale, 1))
 
             # S <- exp(G_last) S + K^T (exp(G_last - G_j) beta_j V_j)
-            gl.thread_barrier()  # P V has read wv
-            wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(w_rows, 1)).to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
+            if not self.EARLY_WV:
+                gl.thread_barrier()  # P V has read wv
+                wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(w_rows, 1)).to(dtype))
+                fence_async_shared()
+                gl.thread_barrier()
             S = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay)
 
         # Mamba-2's epilogue and the store (rows past N clipped by TMA)
@@ -424,19 +474,21 @@ class LinearAttentionForward:
 
 
 @gluon.jit
-def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, G, BETA, DSKIP, Z, H0, HT,
+def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, G, BETA, DSKIP, Z, H0, HT,
                         sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv,
                         N, H, VB, GROUP, scale, num_tiles,
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
                         HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
                         PREFETCH: gl.constexpr = False, OVERLAP: gl.constexpr = False, Z_STAGE: gl.constexpr = False,
-                        G_STAGE: gl.constexpr = False, FACTORED: gl.constexpr = False):
+                        G_STAGE: gl.constexpr = False, FACTORED: gl.constexpr = False,
+                        EARLY_WV: gl.constexpr = False):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. PREFETCH: each chunk's decay and beta loaded
     a chunk ahead. Z_STAGE: z TMA-loaded with the stage (off the walk's serial path). OVERLAP: the chunk's
     three independent wgmmas in flight together. G_STAGE: G (head-major, log2 units: chunk_cumulative_heads)
-    TMA-loaded with the stage. FACTORED (with G_STAGE): the intra-chunk decay as row times column factors
-    where the chunk's span of G allows."""
+    TMA-loaded with the stage, and with beta (chunk_heads) beta too. FACTORED (with G_STAGE): the intra-chunk decay as row times column factors
+    where the chunk's span of G allows. EARLY_WV: the state update's weighted values stored beside the old
+    state at the chunk's start (one barrier pair a chunk fewer; not with OVERLAP)."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -446,14 +498,22 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, G, BETA,
     PL: gl.constexpr = wgmma_lhs_layout(BT, BV, gl.num_warps())
     operand_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
-    wv_smem = gl.allocate_shared_memory(q_desc.dtype, [4 if OVERLAP else 2, BT, BV], operand_layout)
+    wv_smem = gl.allocate_shared_memory(q_desc.dtype, [4 if OVERLAP or (EARLY_WV and HAS_BETA) else 2, BT, BV],
+                                        operand_layout)
     gl.static_assert(not (G_STAGE and PREFETCH), "G_STAGE replaces PREFETCH's G loads")
-    op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, G, BETA, DSKIP, Z, H0, HT,
+    op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, G, BETA, DSKIP, Z, H0, HT,
                                 sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf,
                                 stv, N, H, VB, GROUP, scale, state_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D,
                                 HAS_Z, HAS_H0, STORE_HT, PREFETCH, Z_STAGE, OVERLAP, G_STAGE and DECAY,
-                                FACTORED and G_STAGE and DECAY, SL, STL, PL)
-    if G_STAGE and DECAY and Z_STAGE and HAS_Z:
+                                FACTORED and G_STAGE and DECAY, EARLY_WV and not OVERLAP, SL, STL, PL)
+    if G_STAGE and DECAY and HAS_BETA and Z_STAGE and HAS_Z:
+        stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
+                          ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
+                          ring(b_desc, STAGES), ring(b_desc, STAGES))
+    elif G_STAGE and DECAY and HAS_BETA:
+        stages = ChunkGB(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
+                         ring(g_desc, STAGES), ring(g_desc, STAGES), ring(b_desc, STAGES), ring(b_desc, STAGES))
+    elif G_STAGE and DECAY and Z_STAGE and HAS_Z:
         stages = ChunkGZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                          ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES))
     elif G_STAGE and DECAY:
@@ -526,13 +586,53 @@ def chunk_cumulative_heads(g: torch.Tensor, chunk: int) -> torch.Tensor:
     return g.view(B, H, (N + pad) // chunk, chunk).cumsum(-1).view(B, H, N + pad)
 
 
+def chunk_heads(beta: torch.Tensor, chunk: int) -> torch.Tensor:
+    """G_STAGE's beta: (B, N, H) as float32 (B, H, N_pad), contiguous, 0 past N."""
+    B, N, H = beta.shape
+    return torch.nn.functional.pad(beta.float().transpose(1, 2), (0, (-N) % chunk)).contiguous()
+
+
+def decay_factors_reference(G: torch.Tensor, factored: bool = True) -> torch.Tensor:
+    """The kernel's decay_factors in torch float32 for one chunk's G [BT] (log2 units): [BT, BT] 2^(G_i - G_j)
+    on and below the diagonal (0 above), by the row and column factors about the span's middle where the
+    span is at most FACTOR_SPAN (and ``factored``), else elementwise."""
+    G = G.float()
+    causal = torch.ones(len(G), len(G), dtype=torch.bool, device=G.device).tril()
+    hi, lo = G.nan_to_num(nan=-float("inf")).max(), G.nan_to_num(nan=float("inf")).min()  # fmax/fmin skip NaN
+    if factored and hi - lo <= FACTOR_SPAN.value:
+        mid = 0.5 * (hi + lo)
+        f = torch.exp2(G - mid)[:, None] * torch.exp2(mid - G)[None, :]
+    else:
+        f = torch.exp2((G[:, None] - G[None, :]).masked_fill(~causal, -float("inf")))
+    return torch.where(causal, f, 0.0)
+
+
+def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
+    """(chunk_cumulative_heads(g), chunk_heads(beta) or None) by one pass of kernels_forward.chunk_heads_kernel
+    (the torch forms take four or five)."""
+    import triton
+
+    from tilecore.ops.linear_attention.kernels_forward import chunk_heads_kernel
+
+    B, N, H = g.shape
+    n_pad = triton.cdiv(N, chunk) * chunk
+    G = torch.empty(B, H, n_pad, dtype=torch.float32, device=g.device)
+    beta_h = torch.empty_like(G) if beta is not None else None
+    sb = beta.stride() if beta is not None else (0, 0, 0)
+    chunk_heads_kernel[(n_pad // chunk, B)](g, beta if beta is not None else g, G, beta_h if beta is not None else G,
+                                            N, H, n_pad, *g.stride(), *sb, LOG_DECAY_FLOOR_HOST, BT=chunk,
+                                            BH=triton.next_power_of_2(H), HAS_G=True, HAS_BETA=beta is not None,
+                                            num_warps=4)
+    return G, beta_h
+
+
 def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, prefetch: bool = False,
                 overlap: bool = False, z_stage: bool = False, operand=None, g_stage: bool = False,
-                factored: bool = False):
+                factored: bool = False, early_wv: bool = False):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
-    prefetch, overlap, z_stage, g_stage, factored: the kernel's PREFETCH, OVERLAP, Z_STAGE (z must then be
-    TMA-able: ``tma_ok``), G_STAGE and FACTORED; g: ``chunk_cumulative``'s G, or with g_stage
-    ``chunk_cumulative_heads``'s. ``operand(t, block, shape, strides)`` makes the descriptors (default
+    prefetch, overlap, z_stage, g_stage, factored, early_wv: the kernel's PREFETCH, OVERLAP, Z_STAGE (z must
+    then be TMA-able: ``tma_ok``), G_STAGE, FACTORED and EARLY_WV; g: ``chunk_cumulative``'s G, or with g_stage
+    ``chunk_cumulative_heads``'s (and beta ``chunk_heads``'s). ``operand(t, block, shape, strides)`` makes the descriptors (default
     gluon_descriptor; tiles.launch.TmaOperand for a CachedLaunch)."""
     from tilecore.tiles.launch import gluon_descriptor
 
@@ -554,17 +654,23 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
         if g.dim() != 3 or tuple(g.shape[:2]) != (B, H) or g.shape[2] % BT or not g.is_contiguous():
             raise ValueError(f"g_stage takes chunk_cumulative_heads's (B, H, N_pad) G, got {tuple(g.shape)}")
         g_desc = gluon_descriptor(g, [1, 1, BT], list(g.shape), list(g.stride()))
+    b_desc = descs[3]
+    if g_stage and beta is not None:
+        if tuple(beta.shape) != tuple(g.shape) or not beta.is_contiguous():
+            raise ValueError(f"g_stage takes chunk_heads's (B, H, N_pad) beta, got {tuple(beta.shape)}")
+        b_desc = gluon_descriptor(beta, [1, 1, BT], list(beta.shape), list(beta.stride()))
     args = dict(q_desc=descs[0], k_desc=descs[1], v_desc=descs[2], o_desc=descs[3], z_desc=z_desc, g_desc=g_desc,
-                G=g if g is not None and not g_stage else dummy, BETA=beta if beta is not None else dummy,
+                b_desc=b_desc, G=g if g is not None and not g_stage else dummy,
+                BETA=beta if beta is not None and not g_stage else dummy,
                 DSKIP=d_skip if d_skip is not None else dummy, Z=z if z is not None else v,
                 H0=h0 if h0 is not None else dummy, HT=ht if ht is not None else dummy)
-    sg, sbt, sz, s0, sht = st(None if g_stage else g, 3), st(beta, 3), st(z, 4), st(h0, 4), st(ht, 4)
+    sg, sbt, sz, s0, sht = st(None if g_stage else g, 3), st(None if g_stage else beta, 3), st(z, 4), st(h0, 4), st(ht, 4)
     args.update(sgb=sg[0], sgn=sg[1], sgh=sg[2], sbb=sbt[0], sbn=sbt[1], sbh=sbt[2], szb=sz[0], szn=sz[1],
                 szh=sz[2], sdh=st(d_skip, 2)[0], s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1],
                 stf=sht[2], stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles,
                 STAGES=stages, DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None,
                 HAS_Z=z is not None, HAS_H0=h0 is not None, STORE_HT=ht is not None, PREFETCH=prefetch,
-                OVERLAP=overlap, Z_STAGE=z_stage, G_STAGE=g_stage, FACTORED=factored and g_stage)
+                OVERLAP=overlap, Z_STAGE=z_stage, G_STAGE=g_stage, FACTORED=factored and g_stage, EARLY_WV=early_wv)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -576,18 +682,20 @@ def tma_ok(t: torch.Tensor) -> bool:
 
 def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3,
             prefetch: bool | None = None, overlap: bool | None = None, z_stage: bool | None = None,
-            g_stage: bool | None = None, factored: bool | None = None):
+            g_stage: bool | None = None, factored: bool | None = None, early_wv: bool | None = None):
     """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
-    columns must be contiguous (stride 1), as Mamba-2's are. prefetch, overlap, z_stage, g_stage, factored:
-    the kernel's PREFETCH, OVERLAP, Z_STAGE, G_STAGE and FACTORED (None: configs.GLUON_PREFETCH (where z is
-    given: Mamba-2), configs.GLUON_OVERLAP, configs.GLUON_Z_STAGE, configs.GLUON_G_STAGE and
-    configs.GLUON_FACTORED (by whether beta is given: Mamba-2 or not)). G_STAGE takes PREFETCH's place."""
+    columns must be contiguous (stride 1), as Mamba-2's are. prefetch, overlap, z_stage, g_stage, factored,
+    early_wv: the kernel's PREFETCH, OVERLAP, Z_STAGE, G_STAGE, FACTORED and EARLY_WV (None:
+    configs.GLUON_PREFETCH (where z is given: Mamba-2), configs.GLUON_OVERLAP, configs.GLUON_Z_STAGE, and
+    configs.GLUON_G_STAGE, GLUON_FACTORED, GLUON_EARLY_WV by whether beta is given: Mamba-2 or not).
+    G_STAGE takes PREFETCH's place."""
     from tilecore.ops.linear_attention import configs
 
     mamba = beta is not None
     g_stage = (mamba in configs.GLUON_G_STAGE) if g_stage is None else g_stage
     g_stage = g_stage and g is not None
     factored = (mamba in configs.GLUON_FACTORED) if factored is None else factored
+    early_wv = (mamba in configs.GLUON_EARLY_WV and g is not None) if early_wv is None else early_wv
     prefetch = (configs.GLUON_PREFETCH and z is not None) if prefetch is None else prefetch
     prefetch = prefetch and not g_stage
     overlap = configs.GLUON_OVERLAP if overlap is None else overlap
@@ -595,14 +703,17 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     ht = torch.empty(B, H, q.shape[-1], Dv, dtype=torch.float32, device=v.device) if final_state else None
-    if g is not None:
-        g = chunk_cumulative_heads(g, BT_GLUON) if g_stage else chunk_cumulative(g, BT_GLUON)
+    if g_stage:
+        g, beta_h = chunk_heads_prep(g, beta, BT_GLUON)
+        beta = beta_h if beta is not None else None
+    elif g is not None:
+        g = chunk_cumulative(g, BT_GLUON)
     if d_skip is not None:
         d_skip = d_skip.float().contiguous()
     if z is not None and (z.stride(-1) != 1 or (z_stage and not tma_ok(z))):
         z = z.contiguous()
     grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap, z_stage,
-                                    g_stage=g_stage, factored=factored)
+                                    g_stage=g_stage, factored=factored, early_wv=early_wv)
     la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     return o, ht
 
@@ -621,8 +732,8 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 
 
 def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: bool = False,
-                   z_stage: bool = False, g_stage: bool = False, factored: bool = False, compiled_out: list | None = None
-                   ) -> dict:
+                   z_stage: bool = False, g_stage: bool = False, factored: bool = False, early_wv: bool = False,
+                   compiled_out: list | None = None) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -632,15 +743,16 @@ def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: 
     f32 = lambda *shape: torch.empty(*shape, dtype=torch.float32)  # noqa: E731
     h0 = f32(B, H, Dk, Dv) if states else None
     g = (f32(B, H, N) if g_stage else f32(B, N, H)) if decay else None
-    grid, args, warps = launch_args(q, q, v, g, f32(B, N, H) if mamba else None,
+    grid, args, warps = launch_args(q, q, v, g, (f32(B, H, N) if g_stage else f32(B, N, H)) if mamba else None,
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
                                     torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0,
                                     stages=stages, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage,
-                                    factored=factored)
+                                    factored=factored, early_wv=early_wv)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)
     r = resources(compiled)
     return dict(case=case, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage, factored=factored,
+                early_wv=early_wv,
                 spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
                 wgmma_serialized=r.wgmma_serialized, **has_hopper_instructions(compiled.asm["ptx"]))

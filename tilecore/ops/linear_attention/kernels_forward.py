@@ -100,3 +100,30 @@ def la_fwd_transposed_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
 
     if STORE_HT:
         _store_state_block(HT + b * stb + h * sth, offs_k, k_ok, offs_v, v_ok, stf, stv, tl.trans(ST))
+
+
+@triton.jit
+def chunk_heads_kernel(G, BETA, GOUT, BOUT, N, H, N_PAD, sgb, sgn, sgh, sbb, sbn, sbh, floor,
+                       BT: tl.constexpr, BH: tl.constexpr, HAS_G: tl.constexpr, HAS_BETA: tl.constexpr):
+    """The Gluon forward's G_STAGE inputs in one pass (gluon_forward.chunk_cumulative_heads and chunk_heads
+    are its torch references). Program (chunk, batch) reads the chunk's [BT, H] tile of the log decay g
+    (B, N, H) (any strides), clamps it at ``floor`` (NaN kept), scales it to log2 units and sums it down
+    the chunk's tokens (inclusive), storing it head-major into GOUT (B, H, N_PAD) float32; tokens past N
+    count g = 0, so they carry the chunk's last real token's sum (what the kernel's last row must hold).
+    beta (B, N, H) goes to BOUT (B, H, N_PAD) float32 the same way, unsummed, 0 past N."""
+    c = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    t = c * BT + tl.arange(0, BT)  # [BT] tokens
+    h = tl.arange(0, BH)  # [BH] heads
+    t64 = t.to(tl.int64)
+    h64 = h.to(tl.int64)
+    inside = (t[:, None] < N) & (h[None, :] < H)  # [BT, BH]
+    out = b * H * N_PAD + h64[None, :] * N_PAD + t64[:, None]  # [BT, BH] offsets into (B, H, N_PAD)
+    head_ok = (h[None, :] < H) & (t[:, None] < N_PAD)
+    if HAS_G:
+        g = tl.load(G + b * sgb + t64[:, None] * sgn + h64[None, :] * sgh, mask=inside, other=0.0).to(tl.float32)
+        g = tl.where(g < floor, floor, g) * 1.4426950408889634  # NaN stays NaN
+        tl.store(GOUT + out, tl.cumsum(g, axis=0), mask=head_ok)
+    if HAS_BETA:
+        beta = tl.load(BETA + b * sbb + t64[:, None] * sbn + h64[None, :] * sbh, mask=inside, other=0.0)
+        tl.store(BOUT + out, beta.to(tl.float32), mask=head_ok)
