@@ -1,7 +1,7 @@
 """FP8 attention, session 28 (issue 34): which way of storing the ones block makes l_mma right, then its speed.
 
     PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s28.py [--smoke] [--modes 4,2,5,3] [--all-modes] [--d64]
-        [--extra fma8,fma4,pingpong,tau0.8] [--default-has-lmma]
+        [--extra fma8,fma4,pingpong,tau0.8,tree,tree_fma8,tree_fma4] [--default-has-lmma]
 
 Session 28's diagnosis (notes/attention_fp8/runs/diag_lmma_session28_h100.txt): with l_mma the kernel's l is half the
 true l (0.500-0.5015 for q = 0, 0.42-0.60 a row for random scores), in every tile and consumer: the row-sum wgmma
@@ -54,7 +54,8 @@ def main():
     ap.add_argument("--all-modes", action="store_true", help="diagnose every mode listed (else stop at the first right)")
     ap.add_argument("--d64", action="store_true", help="check a D64 tail and time D64 too (~40 s more)")
     ap.add_argument("--extra", default="fma8", help="variants timed beside l_mma at D128 non-causal, comma-separated: "
-                    "fma8, fma4 (exp2 one in 8 / 4 on the FMA units), pingpong (flipped), tau0.8 (conditional rescaling)")
+                    "fma8, fma4 (exp2 one in 8 / 4 on the FMA units), pingpong (flipped), tau0.8 (conditional rescaling), "
+                    "tree (the row max as a tree: gluon_fp8.row_max_tree), tree_fma8, tree_fma4")
     ap.add_argument("--default-has-lmma", action="store_true",
                     help="the shipped config already has l_mma: time l_mma off as the other variant")
     args = ap.parse_args()
@@ -189,7 +190,8 @@ def main():
     result["chosen_mode"] = chosen
     variants = {"default": {}}
     extras = dict(fma8=dict(exp2_fma_every=8), fma4=dict(exp2_fma_every=4), pingpong=dict(pingpong="flip"),
-                  **{"tau0.8": dict(rescale_tau=0.8, p_shift=8)})
+                  tree=dict(max_tree=True), tree_fma8=dict(max_tree=True, exp2_fma_every=8),
+                  tree_fma4=dict(max_tree=True, exp2_fma_every=4), **{"tau0.8": dict(rescale_tau=0.8, p_shift=8)})
     if args.default_has_lmma:
         variants["no_l_mma"] = dict(l_mma=0)
     if chosen is not None:

@@ -16,7 +16,8 @@ import pytest
 # registers, no spill (notes/attention_fp8/README.md). The per-token variants spill: D 64 causal 4-8
 # bytes, D 128 causal ~200; experiments/attention_fp8/gpu_fp8.py times them
 # l_mma: gluon_fp8.L_MMA's mode, how the row sum's ones block is stored (mode 1, session 27's [8, 32] with a 32-byte
-# swizzle, gave half of l on the H100: notes/attention_fp8/README.md)
+# swizzle, gave half of l on the H100: notes/attention_fp8/README.md); the l_mma variant also takes the row max as a
+# tree (MAX_TREE)
 L_MMA_MODE = 4
 VARIANTS = [(64, True, False, True, 4, True, 0.0, 0), (64, True, False, True, 4, True, 0.8, L_MMA_MODE)]
 
@@ -43,7 +44,7 @@ for D, causal, per_row, k_per_block, exp2_fma_every, cast_late, tau, l_mma in js
                 schedule=None, CAUSAL=causal, Q_PER_ROW=per_row, K_PER_ROW=per_row, STAGES=cfg["stages"],
                 CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"], PERMUTED_V=True, PINGPONG=cfg["pingpong"],
                 K_PER_BLOCK=k_per_block, EXP2_FMA_EVERY=exp2_fma_every, CAST_LATE=cast_late, P_SHIFT=8.0,
-                RESCALE_TAU=tau, L_MMA=l_mma, PROBE_NO_SOFTMAX=False)
+                RESCALE_TAU=tau, L_MMA=l_mma, PROBE_NO_SOFTMAX=False, MAX_TREE=bool(l_mma))
     c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, args, num_warps=4)
     ptx = c.asm["ptx"]
     # the row-sum wgmma's B descriptor: its swizzle (bits 62-63: 1 128-byte, 2 64-byte, 3 32-byte) and stride (SBO)

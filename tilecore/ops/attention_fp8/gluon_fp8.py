@@ -25,7 +25,7 @@ from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.gluon import (LOG2E, Layout, TileOperand, as_column, mask_scores, needs_mask, online_softmax_start,
-                                  row_max, row_sum, run, ring, stage_struct, store_block, store_rows, struct,
+                                  row_max, row_sum, run, ring, split_n, stage_struct, store_block, store_rows, struct,
                                   wgmma_layout, wgmma_lhs_layout)
 from tilecore.tiles.schedule import head_grouped_tile
 
@@ -135,8 +135,28 @@ def to_e4m3x4(x):
 
 
 @gluon.jit
+def row_max_tree(s):
+    """The max of each row of a [m, 128] tile in the wgmma accumulator layout, as a tree: four halvings on the column
+    bits that are register bits (64, 32, 16, 8: split_n moves no data), each an elementwise max of independent pairs,
+    then gl.max of the last 8 columns (2 a thread and row, then the quad's shuffles). gl.max alone is a chain of 31
+    dependent FMNMX a row (sm_90a SASS), the two rows of a thread one after the other: with two consumer warps a
+    sub-partition, little hides its latency before the exp2 can start."""
+    gl.static_assert(s.shape[1] == 128, "row_max_tree: 128 columns")
+    a, b = split_n(s)
+    x = gl.maximum(a, b)  # [m, 64]
+    a, b = split_n(x)
+    x = gl.maximum(a, b)  # [m, 32]
+    a, b = split_n(x)
+    x = gl.maximum(a, b)  # [m, 16]
+    a, b = split_n(x)
+    x = gl.maximum(a, b)  # [m, 8]
+    return gl.convert_layout(row_max(x), gl.SliceLayout(1, s.type.layout))
+
+
+@gluon.jit
 def fp8_softmax_update(m_i, l_i, s, row_scale, PER_ROW: gl.constexpr, EXP2_FMA_EVERY: gl.constexpr = 0,
-                       P_SHIFT: gl.constexpr = 8.0, RESCALE_TAU: gl.constexpr = 0.0, ROW_SUM: gl.constexpr = True):
+                       P_SHIFT: gl.constexpr = 8.0, RESCALE_TAU: gl.constexpr = 0.0, ROW_SUM: gl.constexpr = True,
+                       MAX_TREE: gl.constexpr = False):
     """One online-softmax step on raw scores ``s`` [m, n] with a positive base-2 scale (a scalar, or
     with PER_ROW a [m] vector in s's row slice layout): the new row max m of the scaled scores, the
     row sum l of P, P = 2^(s * scale - m + P_SHIFT) in [0, 2^P_SHIFT] (float32; rounded to e4m3 by the
@@ -145,8 +165,13 @@ def fp8_softmax_update(m_i, l_i, s, row_scale, PER_ROW: gl.constexpr, EXP2_FMA_E
     keeps l = 0, P = 0), NaN where m is +inf. RESCALE_TAU > 0 (reference.py, FlashAttention-4): m moves
     only where the row max exceeds it by more than RESCALE_TAU (then P <= 2^(P_SHIFT + RESCALE_TAU));
     elsewhere alpha is exactly 1, and where no row moved the caller skips O *= alpha. Without ROW_SUM l is
-    returned as given (the caller sums P on the tensor cores: AttentionFp8.L_MMA)."""
-    m_new = gl.maximum(m_i, row_max(s) * row_scale)
+    returned as given (the caller sums P on the tensor cores: AttentionFp8.L_MMA). MAX_TREE: the row max by
+    row_max_tree (the same value)."""
+    if MAX_TREE:
+        s_max = row_max_tree(s)
+    else:
+        s_max = row_max(s)
+    m_new = gl.maximum(m_i, s_max * row_scale)
     if PER_ROW:
         c = gl.expand_dims(row_scale, 1)
     else:
@@ -249,6 +274,7 @@ class AttentionFp8:
     # keys (N = 8, SBO 1024)
     ones: object  # L_MMA: the ones block (e4m3) in shared memory, [LC, 32 or 128] (else None)
     LC: gl.constexpr  # L_MMA: the columns of the row-sum wgmma (its N: 8, or 16 for mode 3)
+    MAX_TREE: gl.constexpr  # the row max as a tree (row_max_tree) instead of gl.max's chain
     PROBE_NO_SOFTMAX: gl.constexpr  # a timing probe, wrong results: P = S (no max, exp2 or sum), alpha = 1
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
@@ -340,7 +366,7 @@ class AttentionFp8:
         if self.PROBE_NO_SOFTMAX:  # what the step costs without its softmax (the wgmma, loads, P's cvt, O *= alpha)
             return st.m, st.l, s, st.m * 0.0 + 1.0, 1
         return fp8_softmax_update(st.m, st.l, s, row_scale, self.Q_PER_ROW, self.EXP2_FMA_EVERY, self.P_SHIFT,
-                                  self.RESCALE_TAU, not self.L_MMA)
+                                  self.RESCALE_TAU, not self.L_MMA, self.MAX_TREE)
 
     @gluon.jit
     def p_operand(self, p):
@@ -523,7 +549,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              PINGPONG: gl.constexpr = False, K_PER_BLOCK: gl.constexpr = False,
                              EXP2_FMA_EVERY: gl.constexpr = 0, CAST_LATE: gl.constexpr = False,
                              P_SHIFT: gl.constexpr = 8.0, RESCALE_TAU: gl.constexpr = 0.0,
-                             L_MMA: gl.constexpr = False, PROBE_NO_SOFTMAX: gl.constexpr = False):
+                             L_MMA: gl.constexpr = False, PROBE_NO_SOFTMAX: gl.constexpr = False,
+                             MAX_TREE: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not PINGPONG), "two or three consumer warpgroups "
                      "(PINGPONG: two)")
@@ -542,7 +569,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
                       CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, EXP2_FMA_EVERY, CAST_LATE, P_SHIFT, RESCALE_TAU, L_MMA, ones,
-                      LC, PROBE_NO_SOFTMAX, BM, BN, D, CONSUMERS, PERMUTED_V, PINGPONG,
+                      LC, MAX_TREE, PROBE_NO_SOFTMAX, BM, BN, D, CONSUMERS, PERMUTED_V, PINGPONG,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, LC, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, LC, gl.num_warps(), 8))

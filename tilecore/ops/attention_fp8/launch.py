@@ -100,7 +100,8 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
                    PINGPONG=cfg.get("pingpong", False), K_PER_BLOCK=k_per_block,
                    EXP2_FMA_EVERY=cfg.get("exp2_fma_every", 0), CAST_LATE=cfg.get("cast_late", False),
                    P_SHIFT=float(cfg.get("p_shift", P_SHIFT)), RESCALE_TAU=float(cfg.get("rescale_tau", 0.0)),
-                   L_MMA=cfg.get("l_mma", False), PROBE_NO_SOFTMAX=cfg.get("probe_no_softmax", False), num_warps=4)
+                   L_MMA=cfg.get("l_mma", False), PROBE_NO_SOFTMAX=cfg.get("probe_no_softmax", False),
+                   MAX_TREE=cfg.get("max_tree", False), num_warps=4)
     check_rescale(options["RESCALE_TAU"], options["P_SHIFT"])
     # launched by the call's signature (its inputs' shapes, strides, dtypes, alignment and the options
     # determine every argument's specialization; vt, out and lse are fresh or the inputs): ~10 us a call
