@@ -36,7 +36,8 @@ on short sequences (the tile count is B H N / Bc). tilecore's persistent kernel 
 the current one: none. FlashAttention-2 (mma.sync, 8 warps): each warp reads its own MMA operands from
 shared memory (ldmatrix; `_warp_operand_bytes`: 576 KiB a step, more than its MMAs' time at 128 B/clk),
 and, without warp specialization, adds them to its MMAs; no wgmma step latency; at its own measured clock; its
-grouped heads write dK, dV per q head and sum them after (two reductions).
+grouped heads write dK, dV per q head and sum them after (two reductions); through SDPA, dO and O are
+first copied into its layout (two copies).
 
 Constants: the datasheet's per-clock rates at the backward's own sustained clock (BACKWARD_CLOCK_HZ,
 measured: the backwards run power-limited, and not at the clock the run's GEMM ceiling implies; the
@@ -84,6 +85,7 @@ class BackwardKernel:
     warps: int = 8
     clock_hz: float | None = None  # its sustained SM clock where measured (else BACKWARD_CLOCK_HZ)
     group_sum: bool = False        # grouped heads: dK and dV written per q head, then summed over each group
+    layout_copies: int = 0         # (B, H, N, D) tensors copied into the kernel's layout before it (SDPA's flash)
     source: str = ""
 
     def __post_init__(self):
@@ -127,11 +129,13 @@ def flash2_kernel(d: int) -> BackwardKernel:
     H100); P and dS through shared memory (the dV, dK and dQ MMAs read them there); dQ added by fp32
     atomics, then converted; one key tile a thread block (a grid of key blocks x batch x heads). Grouped
     heads: dK and dV written per q head (its mha_bwd's dk_expanded, dv_expanded), then summed over each
-    group by two reductions."""
+    group by two reductions. Through SDPA: dO and O are made contiguous in FA2's (B, N, H, D) layout
+    first (PyTorch's _flash_attention_backward: grad_out.contiguous(), out.contiguous(), of SDPA's
+    transposed views): two transposing copies, each the size of Q."""
     return BackwardKernel("flash", mma="mma.sync", schedule="serial", block_q=128 if d <= 64 else 64,
                           consumers=2, dq="atomic", smem_operands=("P", "dS"), persistent=False,
                           warp_layout=(4, 4, 4) if d <= 64 else (2, 4, 2), warps=8, clock_hz=FLASH2_CLOCK_HZ,
-                          group_sum=True,
+                          group_sum=True, layout_copies=2,
                           source="flash-attn 2 kernel traits (sm80+, 144 KiB blocks): 8 warps, Br x Bc 128 x 128 "
                                  "(D64), 64 x 128 (D128); its clock: napkin_gpu_backward_clock_session28_h100")
 
@@ -430,7 +434,7 @@ def attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu="h100", 
         "tensor" if t_mma >= compute - t_mma else "links")
 
     rows_q = batch * heads * seq
-    kernels = []
+    kernels = [(f"layout copy {i + 1}", _copy_pass(2 * rows_q * d * 2, gpu), "HBM") for i in range(kernel.layout_copies)]
     pre_bytes = rows_q * (2 * 2 * d + 4) + (rows_q * d * 4 if fused_dq else 0)   # O, dO in; D out; dQ zeroed
     kernels.append(("preprocess", _copy_pass(pre_bytes, gpu), "HBM"))
     kernels.append(("main", main, main_bound))

@@ -507,7 +507,7 @@ def table(root: Path = RESULTS) -> str:
               "tilecore's eager host floor from notes/host/runs/host_time_session24_h100.json. The attention "
               "backward: tilecore.napkin.backward (each implementation's step chain, dQ, the passes around "
               "it, a one-tile thread block's prologue and epilogue, FlashAttention-2's per-warp operand reads "
-              "at its measured clock and its grouped heads' dK, dV sums; one step latency derived from "
+              "at its measured clock, its grouped heads' dK, dV sums and SDPA's two layout copies; one step latency derived from "
               "shared/anchors.md's cuDNN row)."]
     return "\n".join(lines)
 
