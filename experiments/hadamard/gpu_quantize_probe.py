@@ -159,19 +159,23 @@ WIDE = {"wide": True}  # quantize_wide.wide_quantize_kernel (m > 64: output bloc
 def s28_quantize_cases(quick=True):
     """Session 28 (issue 32, the widths with m > 64: 11008 = 172 x 64, 18944 = 148 x 128, where the kron-tiled
     kernel mixes M_PAD = 256 sub-rows): the transform alone there, then every format's shipped plan against the
-    "wide" kernel (plan tuning "wide"), its K chunk of 32, and for the block-scaled formats its blocks one at a
-    time (j_outer). Without --quick: more variants."""
+    "wide" kernel (plan tuning "wide"), its K loop pipelined (num_stages 2), its K chunk of 32, and for the
+    block-scaled formats its blocks one at a time (j_outer). Without --quick: more variants."""
     fmts = ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
     cases = [("t", 11008), ("t", 18944)]
     cases += [("q", f, n, {}, t) for n in (11008, 18944) for f in fmts for t in ({}, WIDE)]
-    cases += [("q", f, n, {}, {**WIDE, "j_outer": True}) for n in (11008, 18944) for f in ("mxfp4", "nvfp4", "int4")]
-    cases += [("q", f, n, {}, {**WIDE, "kc": 32}) for n in (11008, 18944) for f in ("fp8_e4m3", "mxfp4")]
+    cases += [("q", f, n, {}, {**WIDE, "j_outer": True}) for n in (11008, 18944) for f in ("mxfp4", "nvfp4")]
+    cases += [("q", f, n, {}, {**WIDE, "num_stages": 2}) for f, n in (("fp8_e4m3", 11008), ("mxfp4", 11008),
+                                                                      ("fp8_e4m3", 18944))]
+    cases += [("q", "fp8_e4m3", 11008, {}, {**WIDE, "kc": 32})]
     if not quick:
+        cases += [("q", "int4", n, {}, {**WIDE, "j_outer": True}) for n in (11008, 18944)]
+        cases += [("q", "mxfp4", n, {}, {**WIDE, "kc": 32}) for n in (11008, 18944)]
         cases += [("q", f, n, {}, {**WIDE, "waves": w}) for n in (11008, 18944) for f in ("fp8_e4m3", "mxfp4")
                   for w in (1, 2)]
         cases += [("q", f, n, {}, {**WIDE, "num_warps": 4, "j_outer": True}) for n in (11008, 18944)
                   for f in ("mxfp4", "nvfp4")]
-        cases += [("q", f, n, {}, {**WIDE, "num_stages": 2}) for n in (11008, 18944) for f in ("fp8_e4m3", "mxfp4")]
+        cases += [("q", f, n, {}, {**WIDE, "num_stages": 3}) for n in (11008, 18944) for f in ("fp8_e4m3", "mxfp4")]
     return cases
 
 
@@ -185,10 +189,12 @@ def s28_check_cases(torch):
     nv = {"scale": 0.002}
     fmts = ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
     cases = [(f, n, {"tuning": WIDE, **(nv if f == "nvfp4" else {})}, bf16) for n in (11008, 18944) for f in fmts]
-    cases += [(f, n, {"tuning": {**WIDE, "j_outer": True}, **(nv if f == "nvfp4" else {})}, bf16)
-              for n in (11008, 18944) for f in ("mxfp4", "nvfp4", "int4")]
-    cases += [(f, n, {"tuning": {**WIDE, "kc": 32}}, bf16) for n in (11008, 18944) for f in ("fp8_e4m3", "mxfp4")]
     cases += [("nvfp4", 11008, {"tuning": WIDE}, bf16)]  # the dynamic global scale (the AMAX pass)
+    cases += [(f, n, {"tuning": {**WIDE, "j_outer": True}, **(nv if f == "nvfp4" else {})}, bf16)
+              for n in (11008, 18944) for f in ("mxfp4", "nvfp4")]
+    cases += [(f, n, {"tuning": {**WIDE, "num_stages": 2}}, bf16) for f, n in (("fp8_e4m3", 11008), ("mxfp4", 11008),
+                                                                                ("fp8_e4m3", 18944))]
+    cases += [("fp8_e4m3", 11008, {"tuning": {**WIDE, "kc": 32}}, bf16)]
     if not QUICK:
         cases += [("fp8_e4m3", 11008, {"tuning": WIDE, "signs": True}, bf16), ("mxfp4", 11008, {"tuning": WIDE}, torch.float16)]
     return cases

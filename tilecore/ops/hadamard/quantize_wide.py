@@ -110,7 +110,7 @@ def wide_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, str
             for j in tl.static_range(NB):
                 b0 = tl.zeros([MB, Q], tl.float32)
                 b1 = tl.zeros([MB, Q], tl.float32)
-                for kc in tl.static_range(NK):
+                for kc in range(NK):  # a loop, not unrolled: the compiler pipelines its loads (num_stages)
                     v0 = _load_sub_rows(x, signs, tile, 0, rows, stride_x, kc * KC, M, P, Q, 1, KC, SIGNS)
                     b0 = _mix_step(b0, h, v0, j, kc * KC, MB, KC, M_PAD, MMA_DTYPE)
                     if S == 2:
@@ -131,7 +131,7 @@ def wide_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, str
             a21 = tl.zeros([MB, Q], tl.float32)
             a30 = tl.zeros([MB, Q], tl.float32)
             a31 = tl.zeros([MB, Q], tl.float32)
-            for kc in tl.static_range(NK):
+            for kc in range(NK):  # a loop, not unrolled: the compiler pipelines its loads (num_stages)
                 v0 = _load_sub_rows(x, signs, tile, 0, rows, stride_x, kc * KC, M, P, Q, 1, KC, SIGNS)
                 a00 = _mix_step(a00, h, v0, 0, kc * KC, MB, KC, M_PAD, MMA_DTYPE)
                 if NB > 1:
