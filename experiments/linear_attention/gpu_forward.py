@@ -95,21 +95,22 @@ def bench(fn) -> float:
 # cases: the inputs of launch.forward
 
 
+# in the order a cut budget (BUDGET) should keep: the scalar decay, GLA, then the regressions to watch
 CASES = {
-    "linear d128": dict(H=16, Hqk=16, Dk=128, Dv=128, decay=None, feature=IDENTITY, peers=("chunk_linear_attn",)),
     "simple gla d128": dict(H=16, Hqk=16, Dk=128, Dv=128, decay="scalar", feature=IDENTITY,
                             peers=("chunk_simple_gla",)),
+    # per-channel decay (GLA): the tl forward (kernels_tl, sub-chunks of 16) and its gathered diagonal (plan
+    # diag=2) against FLA's chunk_gla, first timed in session 28
+    "gla d128": dict(H=16, Hqk=16, Dk=128, Dv=128, decay="channel", feature=IDENTITY, peers=("chunk_gla",)),
+    "linear d128": dict(H=16, Hqk=16, Dk=128, Dv=128, decay=None, feature=IDENTITY, peers=("chunk_linear_attn",)),
     "based d16 v64": dict(H=16, Hqk=16, Dk=16, Dv=64, decay=None, feature=BASED,
                           peers=("parallel_based", "fused_chunk_based")),
     "mamba2 2.7B shape": dict(H=80, Hqk=1, Dk=128, Dv=64, decay="scalar", feature=IDENTITY, mamba=True,
                               peers=("chunk_simple_gla",)),
-    "linear d64 v128": dict(H=16, Hqk=16, Dk=64, Dv=128, decay=None, feature=IDENTITY, peers=(),
-                            gluon_override=True),
     "simple gla d64 v128": dict(H=16, Hqk=16, Dk=64, Dv=128, decay="scalar", feature=IDENTITY,
                                 peers=(), gluon_override=True),  # FLA's d64 compile: left out for the budget
-    # per-channel decay (GLA): the tl forward (kernels_tl, sub-chunks of 16) and its gathered diagonal (plan
-    # diag=2) against FLA's chunk_gla, first timed in session 28
-    "gla d128": dict(H=16, Hqk=16, Dk=128, Dv=128, decay="channel", feature=IDENTITY, peers=("chunk_gla",)),
+    "linear d64 v128": dict(H=16, Hqk=16, Dk=64, Dv=128, decay=None, feature=IDENTITY, peers=(),
+                            gluon_override=True),
 }
 
 
@@ -285,8 +286,7 @@ def _worker(task):
         elif kind == "fla":
             fla_call(task[2], case, t)()
         elif kind == "extra":
-            for fn in extra_calls(case, t).values():
-                fn()
+            extra_calls(case, t)[task[2]]()
         elif kind == "probe":
             probe_run(t, *task[2])
         torch.cuda.synchronize()
@@ -305,7 +305,8 @@ def warm(workers: int, cases):
     tasks = [("fla", c, p) for c in cases for p in CASES[c]["peers"] if p in ("chunk_simple_gla", "chunk_gla")]
     tasks += [("basedcheck", i) for i in range(len(BASED_CHECKS))]
     tasks += [("gluoncheck", i) for i in reversed(range(len(GLUON_CHECKS)))]  # PREFETCH's are last in the list
-    tasks += [("extra", c) for c in cases if extra_calls(c, None, names_only=True)]
+    # one task a variant (a case's compiles in parallel: one slow compile costs only its own row)
+    tasks += [("extra", c, n) for c in cases for n in extra_calls(c, None, names_only=True) if n != "torch_prep"]
     tasks += [("fla", c, p) for c in cases for p in CASES[c]["peers"] if p not in ("chunk_simple_gla", "chunk_gla")]
     # a default the extras do not compile already (the Gluon cases' gluon_direct / gluon is their default)
     tasks += [("default", c) for c in cases if CASES[c]["feature"] == BASED or CASES[c]["decay"] == "channel"]
@@ -443,33 +444,22 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
 # intra-chunk decay as row x column factors where a chunk's G spans <= 120 in log2 units) and EARLY_WV
 # (configs.GLUON_EARLY_WV: the state update's weighted values stored with the old state)
 GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
-                ("gluon linear d128 B1 H1 N 100 (one tile: num_tiles == 1)", 1, 100, 1, 1, 128, 128, False, False, 2),
                 ("gluon scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False),
-                ("gluon scalar decay d64 v128 N 77", 2, 77, 2, 2, 64, 128, True, False),
                 ("gluon z_stage mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False, False,
                  True),
-                ("gluon mamba2 N 33 stages 2", 1, 33, 1, 4, 128, 64, True, True, 2),
                 ("gluon g_stage scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False, 2, False,
                  False, False, True),
                 ("gluon factored scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False, 2, False,
                  False, False, True, True),
-                ("gluon factored scalar decay d128 strong decays N 1000", 2, 1000, 2, 2, 128, 128, True, False, 2, False,
-                 False, False, True, True, "strong"),
-                ("gluon factored scalar decay d128 tiny decays N 300", 2, 300, 2, 2, 128, 128, True, False, 2, False,
-                 False, False, True, True, "tiny"),
-                ("gluon factored scalar decay d64 v128 N 77", 2, 77, 2, 2, 64, 128, True, False, 2, False, False, False,
-                 True, True),
-                ("gluon g_stage+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False, False, True, True),
-                ("gluon factored+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False, False, True, True,
-                 True),
-                ("gluon factored+z_stage mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, False, False, True, True,
-                 True),
                 ("gluon g_stage+early_wv scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False,
                  2, False, False, False, True, False, "mild", True),
                 ("gluon factored+early_wv scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False,
                  2, False, False, False, True, True, "mild", True),
                 ("gluon factored+early_wv scalar decay d64 v128 strong decays N 77", 2, 77, 2, 2, 64, 128, True, False,
                  2, False, False, False, True, True, "strong", True),
+                ("gluon factored scalar decay d128 tiny decays N 300", 2, 300, 2, 2, 128, 128, True, False, 2, False,
+                 False, False, True, True, "tiny"),
+                ("gluon g_stage+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False, False, True, True),
                 ("gluon factored+early_wv+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False, False, True,
                  True, True, "mild", True),
                 ("gluon g_stage+early_wv+z_stage mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, False, False, True,
@@ -514,9 +504,7 @@ def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype
     return row
 
 
-BASED_CHECKS = (("gluon based d16 v64 h0 N 1000", 2, 1000, 4, 64, True),
-                ("gluon based d16 v128 N 77 (a tail chunk)", 1, 77, 3, 128, False),
-                ("gluon based fp16 v64 h0 N 4097 (one tile)", 1, 4097, 2, 64, True, "fp16"))
+BASED_CHECKS = (("gluon based d16 v64 h0 N 1000", 2, 1000, 4, 64, True),)  # run 9 checked v128 N 77 and fp16
 
 
 def phase_gluon_check():
@@ -543,19 +531,20 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
     c = CASES[case]
     names = []
     # run 9 (session 27) timed OVERLAP and PREFETCH (off since); session 28 times G_STAGE and FACTORED
+    # (Based's Gluon kernel and the no-decay Gluon forward are the defaults: their default rows time them)
     if c["feature"] == BASED:
-        names = ["gluon_based"]
+        names = []
     elif c["decay"] == "channel":
         names = ["gla_diag2"]
     elif c.get("gluon_override"):
-        names = ["gluon"] + (["gluon_gstage_early", "gluon_factored_early"] if c["decay"] else [])
+        names = ["gluon", "gluon_factored_early"] if c["decay"] else []
     elif c.get("mamba"):
         names = ["kernel_only", "torch_prep", "gluon_zstage", "gluon_zstage_gstage", "gluon_zstage_gstage_early",
                  "gluon_zstage_factored_early"]
     elif c["decay"]:
         names = ["gluon_direct", "gluon_gstage", "gluon_gstage_early", "gluon_factored", "gluon_factored_early"]
     else:
-        names = ["gluon_direct"]
+        names = []
     if names_only or not names:
         return dict.fromkeys(names)
     if c["decay"] == "channel":  # the gathered diagonal (decision 18: an override, checked in session 27's run 2)
@@ -611,15 +600,15 @@ def phase_time(case: str, t: dict):
         default_call(case, t)()
     row["default_floor"] = attempt(f"check {case}", lambda: reference_floor(case, None))
     if extra_calls(case, None, names_only=True) and not SMOKE:
-        if passed(("extra", case)):
-            want = default_call(case, t)().float()
-            for name, fn in (attempt(f"extra {case}", lambda: extra_calls(case, t)) or {}).items():
-                out = fn()
-                if isinstance(out, torch.Tensor) and out.shape == want.shape:
-                    row[f"{name}_rel_vs_default"] = accuracy.rel_rms(out.float(), want)
-                row[f"{name}_ms"] = attempt(f"time {case} {name}", lambda: bench(fn))
-        else:
-            row["extra_error"] = "failed in the warm phase"
+        want = default_call(case, t)().float()
+        for name, fn in (attempt(f"extra {case}", lambda: extra_calls(case, t)) or {}).items():
+            if name != "torch_prep" and not passed(("extra", case, name)):
+                row[f"{name}_error"] = "failed in the warm phase"
+                continue
+            out = attempt(f"run {case} {name}", fn)
+            if isinstance(out, torch.Tensor) and out.shape == want.shape:
+                row[f"{name}_rel_vs_default"] = accuracy.rel_rms(out.float(), want)
+            row[f"{name}_ms"] = attempt(f"time {case} {name}", lambda: bench(fn))
     for peer in CASES[case]["peers"]:
         if not passed(("fla", case, peer)):
             row[f"{peer}_error"] = "failed in the warm phase"
