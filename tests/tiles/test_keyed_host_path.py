@@ -335,3 +335,42 @@ def test_varlen_keyed_forward_reads_new_lengths_each_call(keyed, monkeypatch):
         varlen_op.attention_varlen(q, k, v, cu, cu, 24, 24, window_size=(-2, 0), validate=False)
     varlen_op._CHECKED.clear()
     varlen_op._GLUON_FITS.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# hadamard_quantize (session 28)
+
+from tilecore.ops.hadamard import quantize as hq  # noqa: E402
+
+
+def test_hadamard_quantize_keyed_as_the_plain_calls(keyed, monkeypatch):
+    """hadamard_quantize keyed (no scale, no signs): the plain calls' codes and scales, nvfp4's two
+    launches of one kernel under two keys; a scale or signs (values the checks read) are never keyed."""
+    hq._CHECKED.clear()
+    hq._PLANS.clear()
+    torch.manual_seed(6)
+    # the fused path (n = 3 x 16; the pow2 kernel takes ~6 s a call in the interpreter: the GPU script
+    # host_time.py checks its keyed bits); fp8 twice: the second call a cached signature
+    cases = [((2, 48), "fp8_e4m3"), ((2, 48), "nvfp4"), ((2, 48), "fp8_e4m3"), ((3, 48), "int8")]
+    xs = [torch.randn(shape, dtype=torch.float16) for shape, _ in cases]
+    runs = []
+    for signature_of in (_cpu_signature, lambda *items: None):
+        monkeypatch.setattr(hq, "signature", signature_of)
+        outs = []
+        for x, (_, fmt) in zip(xs, cases):
+            codes, scales = hq.hadamard_quantize(x, format=fmt)
+            outs += [codes.view(torch.uint8)] + [s.view(torch.uint8) if s.dtype.itemsize == 1 else s
+                                                 for s in (scales if isinstance(scales, tuple) else (scales,))]
+        runs.append(outs)
+    assert all(a.shape == c.shape and torch.equal(a, c) for a, c in zip(*runs))
+    assert len(hq._CHECKED) == 3 and len(hq._PLANS) == 3
+    assert all(len(v) == 1 for v in keyed.values())
+    assert len([k for name, k in keyed if name == "rotate_quantize_kernel"]) == 4  # nvfp4: amax and codes keys
+    monkeypatch.setattr(hq, "signature", _cpu_signature)
+    x = xs[0]
+    hq.hadamard_quantize(x, format="fp8_e4m3", scale=0.5)
+    with pytest.raises(ValueError, match="scale"):  # a scale's value is checked each call
+        hq.hadamard_quantize(x, format="fp8_e4m3", scale=-1.0)
+    assert len(hq._CHECKED) == 3
+    hq._CHECKED.clear()
+    hq._PLANS.clear()

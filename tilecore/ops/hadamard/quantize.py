@@ -28,7 +28,7 @@ from tilecore.ops.hadamard import configs, kron, orders
 from tilecore.ops.hadamard import plan as pow2_plan_module
 from tilecore.ops.hadamard.quantize_reference import (FORMATS, FP8_DTYPES, dequantize, nvfp4_global_scale,
                                                       quantize_rotated, rotated_rows, shape_outputs)
-from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2
+from tilecore.tiles.launch import LRU, CachedLaunch, cdiv, next_power_of_2, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCKS = (16, 32, 64, 128)
@@ -251,8 +251,9 @@ _launch_pow2 = CachedLaunch(_pow2_kernel)
 _launch_wide = CachedLaunch(_wide_kernel)
 
 
-def _launch_pow2_plan(plan, x2, codes, scales, sign_t, gs, amax, fmt_id=None):
-    """pow2_quantize_kernel over the (rows, N) rows ``x2`` (a block view where the plan rotates blocks)."""
+def _launch_pow2_plan(plan, x2, codes, scales, sign_t, gs, amax, fmt_id=None, key=None):
+    """pow2_quantize_kernel over the (rows, N) rows ``x2`` (a block view where the plan rotates blocks);
+    ``key``: the call's launch key (hadamard_quantize's signature), or None."""
     cfg = plan.config if fmt_id is None else {**plan.config, "FORMAT": fmt_id}
     n = cfg["N"]  # (the block where the plan rotates blocks)
     xv = x2.reshape(-1, n)
@@ -269,9 +270,9 @@ def _launch_pow2_plan(plan, x2, codes, scales, sign_t, gs, amax, fmt_id=None):
         if cfg["TMA_STORE"]:
             w = cfg["N2"] // (2 if cfg["PACKED"] else 1)  # bytes a box's line
             ca = TensorDescriptor(cv, [rows, cv.shape[1] // w, w], [cv.stride(0), w, 1], [cfg["B"], cfg["N1"], w])
-    with dispatch.on_device(x2.device):
-        _launch_pow2[plan.grid](xa, ca, sv, sign_t, gs, amax, rows, xv.stride(0), cv.stride(0),
-                                sv.stride(0) if sv.dim() == 2 else 1, plan.rscale, **cfg)
+    _launch_pow2.run(key if fmt_id is None or key is None else (key, fmt_id), plan.grid,
+                     (xa, ca, sv, sign_t, gs, amax, rows, xv.stride(0), cv.stride(0),
+                      sv.stride(0) if sv.dim() == 2 else 1, plan.rscale), cfg)
 
 
 def _outputs(rows: int, n: int, fmt: str, group: int | None, device):
@@ -299,13 +300,13 @@ def run_plan(plan: QuantizePlan, x2: torch.Tensor, fmt: str, group: int | None, 
     return _run(x2, fmt, group, block, rotate, scale, signs, plan=plan, poison=poison)
 
 
-def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False):
-    """(codes, scales, global scale or None) for 2-D x2 (rows, n), contiguous rows; arguments checked."""
+def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False, key=None):
+    """(codes, scales, global scale or None) for 2-D x2 (rows, n), contiguous rows; arguments checked.
+    ``key``: the call's launch key (hadamard_quantize: no scale, no signs), or None."""
     rows, n = x2.shape
-    f = FORMATS[fmt]
     static = scale is not None
     if plan is None:
-        plan = plan_quantize(x2, fmt, group, block, rotate, static, signs is not None)
+        plan = _PLANS.memo(key, lambda: plan_quantize(x2, fmt, group, block, rotate, static, signs is not None))
     if plan.path == "cpu" or rows == 0:
         y = rotated_rows(x2, block, rotate, signs, torch.float32)
         gscale = scale if fmt != "nvfp4" or scale is not None else nvfp4_global_scale(y)
@@ -323,7 +324,7 @@ def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False):
     if static and fmt in FP8_DTYPES:
         scales = scale.reshape(1).to(torch.float32)
     if plan.path == "pow2":
-        return _run_pow2(plan, x2, codes, scales, fmt, scale, signs, static)
+        return _run_pow2(plan, x2, codes, scales, fmt, scale, signs, static, key=key)
     cfg = plan.config
     xa = x2
     if cfg.get("TMA_LOAD"):
@@ -338,14 +339,14 @@ def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False):
     gscale = scale if static else None
     if fmt == "nvfp4" and gscale is None:
         amax = torch.empty(plan.grid[0], dtype=torch.float32, device=x2.device)
-        launch[plan.grid](xa, codes, scales, h, sign_t, x2, amax, rows, x2.stride(0), codes.stride(0),
-                          scales.stride(0), plan.rscale, **{**cfg, "FORMAT": 6})
+        launch.run(key and (key, 6), plan.grid, (xa, codes, scales, h, sign_t, x2, amax, rows, x2.stride(0),
+                                                 codes.stride(0), scales.stride(0), plan.rscale), {**cfg, "FORMAT": 6})
         a = amax.max()  # NaN if any program saw one (torch's max propagates NaN); no host sync
         gscale = torch.where(a == 0, torch.ones_like(a), a / (448.0 * 6.0)).reshape(1)
     gs = gscale.reshape(1).to(torch.float32).contiguous() if gscale is not None else x2
     byte_codes = codes.view(torch.uint8) if codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else codes
-    launch[plan.grid](xa, byte_codes, scales, h, sign_t, gs, x2, rows, x2.stride(0), codes.stride(0),
-                      scales.stride(0), plan.rscale, **cfg)
+    launch.run(key, plan.grid, (xa, byte_codes, scales, h, sign_t, gs, x2, rows, x2.stride(0), codes.stride(0),
+                                scales.stride(0), plan.rscale), cfg)
     if fmt == "mxfp4":
         scales = scales.view(torch.float8_e8m0fnu)
     elif fmt == "nvfp4":
@@ -353,7 +354,7 @@ def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False):
     return codes, scales, None
 
 
-def _run_pow2(plan, x2, codes, scales, fmt, scale, signs, static):
+def _run_pow2(plan, x2, codes, scales, fmt, scale, signs, static, key=None):
     """_run's "pow2" path: codes and scales (made empty) filled by pow2_quantize_kernel."""
     if static and fmt in FP8_DTYPES:
         scales = scale.reshape(1).to(torch.float32)
@@ -362,11 +363,11 @@ def _run_pow2(plan, x2, codes, scales, fmt, scale, signs, static):
     gscale = scale if static else None
     if fmt == "nvfp4" and gscale is None:
         amax = torch.empty(plan.grid[0], dtype=torch.float32, device=x2.device)
-        _launch_pow2_plan(plan, x2, byte_codes, scales, sign_t, x2, amax, fmt_id=6)
+        _launch_pow2_plan(plan, x2, byte_codes, scales, sign_t, x2, amax, fmt_id=6, key=key)
         a = amax.max()  # NaN if any program saw one (torch's max propagates NaN); no host sync
         gscale = torch.where(a == 0, torch.ones_like(a), a / (448.0 * 6.0)).reshape(1)
     gs = gscale.reshape(1).to(torch.float32).contiguous() if gscale is not None else x2
-    _launch_pow2_plan(plan, x2, byte_codes, scales, sign_t, gs, x2)
+    _launch_pow2_plan(plan, x2, byte_codes, scales, sign_t, gs, x2, key=key)
     if fmt == "mxfp4":
         scales = scales.view(torch.float8_e8m0fnu)
     elif fmt == "nvfp4":
@@ -461,12 +462,18 @@ def _(x, format, block, group, scale, rotate, signs):
     return codes, scales, gscale
 
 
-def _impl(x, fmt, block, group, scale, rotate, signs):
+def _impl(x, fmt, block, group, scale, rotate, signs, key=None):
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
     if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) != n):
         x2 = x2.contiguous()
-    return _run(x2, fmt, group, block, rotate, scale, signs)
+    return _run(x2, fmt, group, block, rotate, scale, signs, key=key)
+
+
+# The eager host path (issue 31): a CUDA call without a scale or signs (whose checks read their values) is
+# keyed by its signature: its checks' result (_CHECKED), its plan (_PLANS) and its kernels (launched by key)
+_CHECKED = LRU(256)  # a call's key -> the group its checks returned
+_PLANS = LRU(256)  # a launch key -> its QuantizePlan
 
 
 def hadamard_quantize(x: torch.Tensor, *, format: str, block: int | None = None, scale=None, rotate: bool = True,
@@ -489,10 +496,14 @@ def hadamard_quantize(x: torch.Tensor, *, format: str, block: int | None = None,
     Byte layouts, scale formulas and NaN/inf behaviour: tilecore/ops/hadamard/quantize_reference.py.
     ``dequantize(codes, scales, format=...)`` inverts each. Not differentiable.
     """
-    group, scale = _check(x, format, block, scale, rotate, randomized_signs, group)
+    key = signature(x, format, block, rotate, group) if scale is None and randomized_signs is None else None
+    if key is None:
+        group, scale = _check(x, format, block, scale, rotate, randomized_signs, group)
+    else:
+        group = _CHECKED.memo(key, lambda: _check(x, format, block, None, rotate, None, group)[0])
     lead = x.shape[:-1]
     if dispatch.plain_eager(x, scale, randomized_signs):
-        codes, scales, gscale = _impl(x, format, block, group, scale, rotate, randomized_signs)
+        codes, scales, gscale = _impl(x, format, block, group, scale, rotate, randomized_signs, key=key)
     else:
         codes, scales, gscale = _quantize_op(x, format, block or 0, group or 0, scale, rotate, randomized_signs)
         gscale = gscale if format == "nvfp4" else None
