@@ -542,7 +542,8 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
         names = ["kernel_only", "torch_prep", "gluon_zstage", "gluon_zstage_gstage", "gluon_zstage_gstage_early",
                  "gluon_zstage_factored_early"]
     elif c["decay"]:
-        names = ["gluon_direct", "gluon_gstage", "gluon_gstage_early", "gluon_factored", "gluon_factored_early"]
+        names = ["gluon_direct", "gluon_gstage", "gluon_gstage_early", "gluon_factored", "gluon_factored_early",
+                 "gluon_factored_early_s3"]
     else:
         names = []
     if names_only or not names:
@@ -558,14 +559,15 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
         return {"gluon_based": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False, overlap=False)[0],
                 "gluon_based_overlap": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False,
                                                           overlap=True)[0]}
-    def direct(prefetch, overlap=False, z_stage=False, g_stage=False, factored=False, early_wv=False):
+    def direct(prefetch, overlap=False, z_stage=False, g_stage=False, factored=False, early_wv=False, stages=2):
         return lambda: gf.forward(t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"], t["z"], None, t["scale"],
-                                  False, 2, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage,
+                                  False, stages, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage,
                                   factored=factored, early_wv=early_wv)[0]  # as launch.forward calls it
     variants = {"gluon_direct": direct(False), "gluon_zstage": direct(False, False, True),
                 "gluon_gstage": direct(False, g_stage=True), "gluon_factored": direct(False, g_stage=True, factored=True),
                 "gluon_gstage_early": direct(False, g_stage=True, early_wv=True),
                 "gluon_factored_early": direct(False, g_stage=True, factored=True, early_wv=True),
+                "gluon_factored_early_s3": direct(False, g_stage=True, factored=True, early_wv=True, stages=3),
                 "gluon_zstage_gstage": direct(False, False, True, True),
                 "gluon_zstage_gstage_early": direct(False, False, True, True, False, True),
                 "gluon_zstage_factored_early": direct(False, False, True, True, True, True)}
