@@ -92,6 +92,7 @@ def compare(rank, world, cases):
     if group is None:
         return None
     rows = []
+    dq_in_kernel = ring.DQ_IN_KERNEL
     for case in cases:
         _interpret(case.get("interpret", False))
         ring.TRANSFERS_EARLY = case.get("early", False)  # the ring's two transfer orders
@@ -131,7 +132,7 @@ def compare(rank, world, cases):
         rows.append(row)
     _interpret(True)
     ring.TRANSFERS_EARLY = False
-    ring.DQ_IN_KERNEL = False
+    ring.DQ_IN_KERNEL = dq_in_kernel
     return rows
 
 
