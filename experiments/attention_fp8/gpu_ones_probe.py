@@ -38,7 +38,8 @@ def b_layout(rows, keys):
 @gluon.jit
 def wgmma_b_probe(a_ptr, b_ptr, d_ptr, ROWS: gl.constexpr, KEYS: gl.constexpr, N: gl.constexpr,
                   FIRST_ROWS: gl.constexpr, FIRST_KEYS: gl.constexpr, ONES: gl.constexpr):
-    """d [64, N] float32 = a [64, 32] @ B[:N, :32]^T, B [ROWS, KEYS] e4m3 from b_ptr (or ones: ONES) in shared memory."""
+    """d [64, N] float32 = a [64, 32] @ B[:N, :32]^T, B [ROWS, KEYS] e4m3 from b_ptr (or ones: ONES) in shared
+    memory."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 32])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=4)
     rows = gl.arange(0, 64, layout=gl.SliceLayout(1, a_layout))

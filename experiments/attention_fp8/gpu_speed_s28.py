@@ -15,14 +15,17 @@ swizzle read differently for e4m3 than for 16-bit types) fits. gluon_fp8.L_MMA i
   4  [16, 32] 32-byte swizzle, its first 8 rows (N = 8, the descriptor as mode 1): 256 more bytes of ones after B
   5  [16, 128] 128-byte swizzle, its first 8 rows and 32 keys (as 2, with ones after B)
 
-1. diag: per mode (in --modes order, up to the first right one), D128 one head N 256 (two tiles x two consumers), Nk 512: q = 0 (every P = 256: l = 256 Nk exactly)
-   and random; l_kernel / l (from lse) min / median / max and O vs the emulation (l_rounded). A mode passes where every
-   ratio is within 1e-3 of 1 and O matches the emulation (rel-RMS < 2e-2).
-2. check (the first passing mode of the fast ones 4, 2, 5, else 3): NaN-poisoned buffers, a GQA tail (B2 Hq8 Hkv2 N1000
-   Nk1100 D128 causal, per-block descales) and two (batch, head) slices of each timed problem, against float64 attention of the dequantized
-   inputs and the float32 emulation; O error as multiples of the bf16 floor, lse error, every element written.
+1. diag: per mode (in --modes order, up to the first right one), D128 one head N 256 (two tiles x two consumers),
+   Nk 512: q = 0 (every P = 256: l = 256 Nk exactly) and random; l_kernel / l (from lse) min / median / max and O vs
+   the emulation (l_rounded). A mode passes where every ratio is within 1e-3 of 1 and O matches the emulation (rel-RMS
+   < 2e-2).
+2. check (the first passing mode of the fast ones 4, 2, 5, else 3): NaN-poisoned buffers, a GQA tail (B2 Hq8 Hkv2
+   N1000 Nk1100 D128 causal, per-block descales) and two (batch, head) slices of each timed problem, against float64
+   attention of the dequantized inputs and the float32 emulation; O error as multiples of the bf16 floor, lse error,
+   every element written.
 3. time: B16 H16 N4096 D128 (--d64: and D64), non-causal then causal: the default, l_mma (mode m), tilecore bf16, then
-   l_mma + exp2 one in 8 on the FMA units (D128 non-causal); do_bench medians, TFLOP/s = 4 B H N^2 D / t (halved causal).
+   (--extra, default tree,tree_fma8; D128 non-causal) l_mma + the row max as a tree (gluon_fp8.row_max_tree), and + one
+   exp2 in 8 on the FMA units; do_bench medians, TFLOP/s = 4 B H N^2 D / t (halved causal).
 
 Stops gracefully past FP8_BUDGET_S (default 85 s). Table last; JSON to $OUT/attention_fp8_speed_s28.json (default
 /tmp/out). --smoke: CPU, TRITON_INTERPRET=1, tiny shapes on the tl kernel (imports, shapes and the checks' code), no
@@ -51,11 +54,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--modes", default="4,2,5,3", help="l_mma modes diagnosed, in order (1: session 27's, wrong)")
-    ap.add_argument("--all-modes", action="store_true", help="diagnose every mode listed (else stop at the first right)")
+    ap.add_argument("--all-modes", action="store_true",
+                    help="diagnose every mode listed (else stop at the first right)")
     ap.add_argument("--d64", action="store_true", help="check a D64 tail and time D64 too (~40 s more)")
-    ap.add_argument("--extra", default="fma8", help="variants timed beside l_mma at D128 non-causal, comma-separated: "
-                    "fma8, fma4 (exp2 one in 8 / 4 on the FMA units), pingpong (flipped), tau0.8 (conditional rescaling), "
-                    "tree (the row max as a tree: gluon_fp8.row_max_tree), tree_fma8, tree_fma4")
+    ap.add_argument("--extra", default="tree,tree_fma8",
+                    help="variants timed beside l_mma at D128 non-causal, comma-separated: fma8, fma4 (exp2 one in 8 "
+                    "/ 4 on the FMA units), pingpong (flipped), tau0.8 (conditional rescaling), tree (the row max "
+                    "as a tree: gluon_fp8.row_max_tree), tree_fma8, tree_fma4")
     ap.add_argument("--default-has-lmma", action="store_true",
                     help="the shipped config already has l_mma: time l_mma off as the other variant")
     args = ap.parse_args()
@@ -244,7 +249,7 @@ def main():
             # bf16 before the extra variants (D128 non-causal only): the ratio needs it
             base = ["default", "no_l_mma", f"l_mma{chosen}"]
             names = [n for n in variants if n in base] + ["bf16"]
-            names += [n for n in variants if n not in base and (D, causal) == (128, False)]
+            names += [n for n in variants if n not in base and ((D, causal) == (128, False) or args.smoke)]
             for name in names:
                 if left() < 8:
                     break
@@ -286,7 +291,8 @@ def main():
             print(f"mode {r['mode']}: ERROR {r['error'][:200]}")
             continue
         print(f"mode {r['mode']} {'OK   ' if r['ok'] else 'WRONG'} " + "  ".join(
-            f"{case}: O {c['o_vs_emulation']:.1e} " + " ".join(f"{g}{v}" for g, v in c["l_ratio_min_median_max"].items())
+            f"{case}: O {c['o_vs_emulation']:.1e} "
+            + " ".join(f"{g}{v}" for g, v in c["l_ratio_min_median_max"].items())
             for case, c in r["cases"].items()))
     print(f"passing modes {result['passing_modes']}, chosen {chosen}")
     for r in result["tails"]:
