@@ -110,3 +110,21 @@ def test_g_stage_factored_early_wv_compile(reports, case):
     assert r["g_stage"] and r["factored"] and r["early_wv"], r
     assert r["shared"] <= 227 * 1024 and r["threads"] == 384, r
     assert r["spill_bytes"] <= SPILLS_ALLOWED[case], r
+
+
+def test_variant_flags_follow_configs_and_need_a_decay(monkeypatch):
+    from tilecore.ops.linear_attention import configs
+
+    g, beta, z = torch.empty(1, 8, 2), torch.empty(1, 8, 2), torch.empty(1, 8, 2, 64)
+    off = dict(prefetch=False, g_stage=False, factored=False, early_wv=False)
+    monkeypatch.setattr(configs, "GLUON_PREFETCH", False)
+    for name in ("GLUON_G_STAGE", "GLUON_FACTORED", "GLUON_EARLY_WV"):
+        monkeypatch.setattr(configs, name, ())
+    assert gf.variant(g, None, None) == off and gf.variant(g, beta, z) == off  # the checked kernel
+    for name in ("GLUON_G_STAGE", "GLUON_FACTORED", "GLUON_EARLY_WV"):
+        monkeypatch.setattr(configs, name, (False,))  # the scalar decay's only
+    assert gf.variant(g, None, None) == dict(prefetch=False, g_stage=True, factored=True, early_wv=True)
+    assert gf.variant(g, beta, z) == off and gf.variant(None, None, None) == off
+    assert gf.variant(g, beta, z, prefetch=True, g_stage=True)["prefetch"] is False  # G_STAGE replaces it
+    G, b = gf.prepare_decay(g.uniform_(-1, 0), None, False)
+    assert b is None and torch.equal(G, gf.chunk_cumulative(g, gf.BT_GLUON))

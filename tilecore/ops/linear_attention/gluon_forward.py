@@ -680,6 +680,30 @@ def tma_ok(t: torch.Tensor) -> bool:
                                                                  for s in t.stride()[:-1])
 
 
+def variant(g, beta, z, prefetch: bool | None = None, g_stage: bool | None = None, factored: bool | None = None,
+            early_wv: bool | None = None) -> dict:
+    """The kernel's PREFETCH, G_STAGE, FACTORED and EARLY_WV for these inputs (launch_args's prefetch, g_stage,
+    factored, early_wv): the given ones, else configs' (GLUON_PREFETCH where z is given; the others by
+    whether beta is given: Mamba-2 or not). G_STAGE takes PREFETCH's place; all but PREFETCH need a decay."""
+    from tilecore.ops.linear_attention import configs
+
+    mamba = beta is not None
+    g_stage = (mamba in configs.GLUON_G_STAGE if g_stage is None else g_stage) and g is not None
+    factored = (mamba in configs.GLUON_FACTORED if factored is None else factored) and g_stage
+    early_wv = (mamba in configs.GLUON_EARLY_WV if early_wv is None else early_wv) and g is not None
+    prefetch = (configs.GLUON_PREFETCH and z is not None if prefetch is None else prefetch) and not g_stage
+    return dict(prefetch=prefetch, g_stage=g_stage, factored=factored, early_wv=early_wv)
+
+
+def prepare_decay(g, beta, g_stage: bool):
+    """(G, beta) as the kernel reads them: with G_STAGE head-major by chunk_heads_prep, else
+    chunk_cumulative's G and beta as given (either may be None)."""
+    if g_stage:
+        G, beta_h = chunk_heads_prep(g, beta, BT_GLUON)
+        return G, beta_h
+    return (chunk_cumulative(g, BT_GLUON) if g is not None else None), beta
+
+
 def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3,
             prefetch: bool | None = None, overlap: bool | None = None, z_stage: bool | None = None,
             g_stage: bool | None = None, factored: bool | None = None, early_wv: bool | None = None):
@@ -691,23 +715,14 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     G_STAGE takes PREFETCH's place."""
     from tilecore.ops.linear_attention import configs
 
-    mamba = beta is not None
-    g_stage = (mamba in configs.GLUON_G_STAGE) if g_stage is None else g_stage
-    g_stage = g_stage and g is not None
-    factored = (mamba in configs.GLUON_FACTORED) if factored is None else factored
-    early_wv = (mamba in configs.GLUON_EARLY_WV and g is not None) if early_wv is None else early_wv
-    prefetch = (configs.GLUON_PREFETCH and z is not None) if prefetch is None else prefetch
-    prefetch = prefetch and not g_stage
+    flags = variant(g, beta, z, prefetch=prefetch, g_stage=g_stage, factored=factored, early_wv=early_wv)
+    prefetch, g_stage, factored, early_wv = flags["prefetch"], flags["g_stage"], flags["factored"], flags["early_wv"]
     overlap = configs.GLUON_OVERLAP if overlap is None else overlap
     z_stage = configs.GLUON_Z_STAGE if z_stage is None else z_stage
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     ht = torch.empty(B, H, q.shape[-1], Dv, dtype=torch.float32, device=v.device) if final_state else None
-    if g_stage:
-        g, beta_h = chunk_heads_prep(g, beta, BT_GLUON)
-        beta = beta_h if beta is not None else None
-    elif g is not None:
-        g = chunk_cumulative(g, BT_GLUON)
+    g, beta = prepare_decay(g, beta, g_stage)
     if d_skip is not None:
         d_skip = d_skip.float().contiguous()
     if z is not None and (z.stride(-1) != 1 or (z_stage and not tma_ok(z))):
