@@ -21,6 +21,10 @@ Run from the repository root on the GPU machine:
 
     PYTHONPATH=. python3 experiments/napkin/gpu_backward_tiles.py
 
+``--short``: instead, N 128, 256, 512 (not causal), 512 and 1024 causal: whether the short causal rows' excess
+over the model (1.12-1.27 on cuDNN's and tilecore's main kernels in run 5) is the mask or the tiles' length.
+Writes napkin_gpu_backward_tiles_short.json.
+
 ``--smoke``: the same code on the CPU (tiny shapes, tilecore only, no timing, no profiler, no clocks).
 Writes $OUT/napkin_gpu_backward_tiles.json ($OUT defaults to /tmp/out); prints a table last.
 """
@@ -57,6 +61,12 @@ RESULTS = {"device": "cpu (smoke)" if SMOKE else torch.cuda.get_device_name(), "
 H = 2 if SMOKE else 16
 TOKENS = 128 if SMOKE else 65536          # B N
 SEQS = (64, 128) if SMOKE else (512, 4096)
+# --short: which of the short causal rows' excess is the mask and which the tiles' length: non-causal
+# N 128 and 256 (2 and 4 query steps a 128-key tile: as short as causal N 512's 2-8) beside causal and
+# non-causal N 512 and causal 1024, D64 and D128, the one-tile peers and tilecore
+SHORT = "--short" in sys.argv
+SHORT_CASES = tuple((n, causal) for n in ((64, 128) if SMOKE else (128, 256, 512, 1024))
+                    for causal in (False, True) if not (n <= 256 and causal) and not (n == 1024 and not causal))
 ORDER = ("cuDNN (SDPA)", "flash (SDPA)", "tilecore")   # the one-tile peers first: they test the new terms
 
 
@@ -169,8 +179,11 @@ def main():
     mm = c["matmul_bf16_flops"]
     gpu = H100.calibrated(copy_bytes_per_s=c["copy_bytes_per_s"], matmul_flops={"bf16": mm, "fp16": mm},
                           label="this run")
-    cases = [(name, d, n, causal, H) for name in ORDER for d in (64, 128) for n in SEQS for causal in (False, True)]
-    cases.insert(len(cases) // 3 * 2, ("flash (SDPA)", 128, 1024 if not SMOKE else 64, True, None))  # GQA 32 / 8
+    if SHORT:
+        cases = [(name, d, n, causal, H) for name in ORDER for d in (64, 128) for n, causal in SHORT_CASES]
+    else:
+        cases = [(name, d, n, causal, H) for name in ORDER for d in (64, 128) for n in SEQS for causal in (False, True)]
+        cases.insert(len(cases) // 3 * 2, ("flash (SDPA)", 128, 1024 if not SMOKE else 64, True, None))  # GQA 32 / 8
     for name, d, n, causal, hkv in cases:
         if SMOKE and name != "tilecore":
             continue   # SDPA's CPU backends are not the ones timed
@@ -193,9 +206,11 @@ def main():
         if not SMOKE:
             torch.cuda.empty_cache()
     RESULTS["wall_s"] = time.time() - START
-    (OUT / "napkin_gpu_backward_tiles.json").write_text(json.dumps(RESULTS, indent=1))
+    RESULTS["mode"] = "short" if SHORT else "default"
+    name = "napkin_gpu_backward_tiles_short.json" if SHORT else "napkin_gpu_backward_tiles.json"
+    (OUT / name).write_text(json.dumps(RESULTS, indent=1))
     f = lambda x, fmt="%.0f": "-" if x is None or x != x else fmt % x  # noqa: E731
-    print(f"\ndevice: {RESULTS['device']}; {RESULTS['wall_s']:.0f} s; JSON: {OUT / 'napkin_gpu_backward_tiles.json'}")
+    print(f"\ndevice: {RESULTS['device']}; {RESULTS['wall_s']:.0f} s; JSON: {OUT / name}")
     print(f"ceilings: cuBLAS bf16 8192^3 {f(mm / 1e12)} TFLOP/s, copy {f(c['copy_bytes_per_s'] / 1e9)} GB/s")
     for r in RESULTS["checks"]:
         print(f"check tilecore D{r['d']} causal={r['causal']} N{r['n']}: {r['grad_err_over_floor']:.2f}x the floor "
