@@ -71,14 +71,25 @@ def cu_of(lengths, device):
     return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device=device)
 
 
-def gluon_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None):
+def gluon_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None,
+                   config=None):
     from tilecore.ops.attention import varlen
 
     if SMOKE:
         return varlen.backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap,
                                        grads=grads)
     return varlen.backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap,
-                                 grads=grads)
+                                 grads=grads, config=config)
+
+
+def variant(d, causal, **changes):
+    """The shipped config of the Gluon varlen backward with ``changes`` (None under --smoke: the tl
+    backward stands in)."""
+    from tilecore.ops.attention import configs
+
+    if SMOKE:
+        return None
+    return dict(configs.varlen_gluon_backward_config(d, causal), **changes)
 
 
 def forward(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap):
@@ -148,12 +159,15 @@ def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None):
     print(("PASS " if row["ok"] else "FAIL ") + row["case"], flush=True)
 
 
-def check_neighbour_nonfinite():
-    """Informational (the documented limitation): inf in the next sequence's V and NaN in its K; are
-    the other sequences' gradients finite?"""
+def check_neighbour_nonfinite(zero_tail):
+    """inf in the next sequence's V and NaN in its K, Q and dO: are the first sequence's gradients
+    finite (and right)? With zero_tail off: informational (the documented limitation); on: the check
+    of the kernel's ZERO_TAIL (the next sequence's rows zeroed in shared memory)."""
+    from tilecore import accuracy
     from tilecore.ops.attention import varlen
+    from tilecore.ops.attention.reference_varlen import varlen_backward_reference
 
-    if over_budget("gluon varlen bwd: non-finite neighbour"):
+    if over_budget(f"gluon varlen bwd: non-finite neighbour, zero_tail={zero_tail}"):
         return
     dev = _device()
     lens = [20, 30, 9] if SMOKE else [100, 300, 129]
@@ -162,14 +176,28 @@ def check_neighbour_nonfinite():
     q, k, v = (torch.randn(sum(lens), 4, d, dtype=torch.float16 if SMOKE else torch.bfloat16, device=dev)
                for _ in range(3))
     out, lse = varlen.forward_kernels(q, k, v, cu, cu, True, d ** -0.5, -1, -1, 0.0)
-    v[lens[0]:lens[0] + 10] = float("inf")
-    k[lens[0]:lens[0] + 10] = float("nan")
     dout = torch.randn_like(out)
-    dq, dk, dv = gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, d ** -0.5, -1, -1, 0.0)
     first = slice(0, lens[0])
-    RESULTS["check"].append({"case": "gluon varlen bwd: inf V / NaN K in the next sequence (informational)",
-                             "first_sequence_finite": bool(all(torch.isfinite(g[first]).all() for g in (dq, dk, dv))),
-                             "ok": True})
+    ref = varlen_backward_reference(dout[first].double(), q[first].double(), k[first].double(), v[first].double(),
+                                    out[first].double(), lse[:, first].double(), None, cu[:2], cu[:2], causal=True,
+                                    scale=d ** -0.5, compute_dtype=torch.float64)
+    nxt = slice(lens[0], lens[0] + 10)
+    v[nxt] = float("inf")
+    k[nxt] = float("nan")
+    q[nxt] = float("nan")
+    dout[nxt] = float("inf")
+    lse[:, nxt] = float("nan")
+    out[nxt] = float("nan")
+    grads = gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, d ** -0.5, -1, -1, 0.0,
+                           config=variant(d, True, zero_tail=zero_tail))
+    finite = bool(all(torch.isfinite(g[first]).all() for g in grads))
+    row = {"case": f"gluon varlen bwd: inf/NaN in the next sequence's K, V, Q, dO, O, lse, zero_tail={zero_tail}"
+                   + ("" if zero_tail else " (informational)"), "first_sequence_finite": finite}
+    if finite:
+        row.update({f"d{n}_x_floor": accuracy.error_over_floor(g[first], r) for n, g, r in zip("qkv", grads, ref)})
+    row["ok"] = (not zero_tail) or (finite and all(row[f"d{n}_x_floor"] <= 3.0 for n in "qkv"))
+    RESULTS["check"].append(row)
+    print(("PASS " if row["ok"] else "FAIL ") + row["case"], flush=True)
 
 
 def run_checks():
@@ -273,6 +301,20 @@ def time_backward(lengths, h=16, d=128):
     return row, (q, k, v, cu, dout)
 
 
+def time_variants(row, tensors, d=128):
+    """The backward at other configs: zero_tail on (what an inf / NaN next door costs to keep out) and,
+    causal, the lagged dQ (the fixed kernel's non-causal mode)."""
+    q, k, v, cu, dout = tensors
+    scale = d ** -0.5
+    out, lse = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+    for name, cfg in (("zero_tail", variant(d, True, zero_tail=True)), ("lagged", variant(d, True, dq_from="lagged"))):
+        if over_budget(f"time variant {name}", 10.0):
+            continue
+        row[f"gluon_bwd_{name}_ms"] = bench(lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale,
+                                                                   -1, -1, 0.0, grads=grads, config=cfg))
+
+
 def time_peers(row, lengths, tensors, h=16, d=128):
     q, k, v, cu, dout = tensors
     dev = _device()
@@ -348,7 +390,10 @@ def main():
                                                                     d=16 if SMOKE else 128)
     for case in later:
         guarded(f"check {case[1]}")(check)(*case)
-    guarded("check non-finite neighbour")(check_neighbour_nonfinite)()
+    guarded("check non-finite neighbour, zero_tail")(check_neighbour_nonfinite)(True)
+    guarded("check non-finite neighbour")(check_neighbour_nonfinite)(False)
+    if not args.no_time and timed is not None:
+        guarded("time variants")(time_variants)(timed[0], timed[1], d=16 if SMOKE else 128)
     if not args.no_time and timed is not None:
         guarded("time peers")(time_peers)(timed[0], lengths, timed[1], h=2 if SMOKE else 16, d=16 if SMOKE else 128)
     text = table()

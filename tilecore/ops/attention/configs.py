@@ -188,10 +188,16 @@ VARLEN_GLUON_BACKWARD_CONFIG = {(64, False): dict(block_m=64, block_n=64, stages
                                 (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="lagged"),
                                 (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused")}
 
+# zero_tail: the next sequence's rows that a box reads (K / V past Nk once a tile; Q, dO, lse, delta past N
+# in a sequence's last query block) zeroed in shared memory, so that an inf / NaN there stays in its
+# sequence (gluon_varlen_backward.ZERO_TAIL; +68 B of spills at D128 causal; unchecked on a GPU)
+VARLEN_GLUON_BACKWARD_ZERO_TAIL = False
+
 
 def varlen_gluon_backward_config(d: int, causal: bool) -> dict:
-    """The Gluon varlen backward's blocks, stages and dQ mode for head dim ``d`` (causal: also a window)."""
-    return dict(VARLEN_GLUON_BACKWARD_CONFIG[d, bool(causal)])
+    """The Gluon varlen backward's blocks, stages, dQ mode and zero_tail for head dim ``d`` (causal: also
+    a window)."""
+    return dict(VARLEN_GLUON_BACKWARD_CONFIG[d, bool(causal)], zero_tail=VARLEN_GLUON_BACKWARD_ZERO_TAIL)
 
 # --------------------------------------------------------------------------------------------
 # Hopper's Gluon backward (gluon_backward.py): query rows a step (block_m), keys a consumer
@@ -218,12 +224,13 @@ GLUON_BACKWARD = {
 # floor, dk 1.40-1.49, dv 1.37-1.43, the tl backward's errors to two digits); forward + backward at
 # B8 H16 N4096 504 TFLOP/s = 0.87x the D128 rate, causal 447 = 0.91x (the tl backward 0.37 / 0.43x,
 # with the tl dq kernel 0.67 / 0.73x); 1.47x / 1.01x cuDNN's. Routed since, with one q head a kv head:
-# grouped heads (the same walk as D128's, untested at 192 / 128 on the GPU) wait for
-# GLUON_BACKWARD_DV_GROUPED.
+# grouped heads (the same walk as D128's) since session 28: gpu_mla --full checked them on the H100
+# (Hq 16 over fewer kv heads, window (256, 0) + softcap 30: dq 1.46x, dk 1.45, dv 1.38 the floor, as the tl
+# backward's), untimed with groups.
 GLUON_BACKWARD_DV = {(192, 128): dict(block_m=32, block_n=64, stages=3, dq_from="gluon", qk_pieces=3)}
 GLUON_DQ_DV = {(192, 128): dict(block_m=64, block_n=64, stages=3, qk_pieces=3)}
 GLUON_BACKWARD_DV_ROUTED = True
-GLUON_BACKWARD_DV_GROUPED = False
+GLUON_BACKWARD_DV_GROUPED = True
 FUSED_DQ_MIN_N = {False: 1024, True: 4096}  # D128 below this N: dQ by the Gluon dq kernel (sessions 14, 15)
 GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3),  # gluon_dq.py: rows a consumer, keys a step, stages
             128: dict(block_m=64, block_n=64, stages=4)}  # 4 stages: causal 383 -> 388 TFLOP/s (session 9)

@@ -93,6 +93,7 @@ class VarlenBackward:
     KV_REGS: gl.constexpr
     WINDOW: gl.constexpr
     SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
+    ZERO_TAIL: gl.constexpr  # zero the next sequence's rows in shared memory (zero_rows_from)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -163,7 +164,41 @@ class VarlenBackward:
 
     @gluon.jit
     def start(self, ctx, tile, prev):
+        if self.ZERO_TAIL:  # this consumer's K and V rows past Nk (the next sequence's) set to 0, once a tile
+            keep = tile.Nk - (tile.start_n + ctx.index * self.BN)
+            if keep < self.BN:
+                for j in gl.static_range(2):
+                    rows = ctx.operand.index(j).reshape([2 * self.BN, self.D]).slice(ctx.index * self.BN, self.BN)
+                    self.zero_rows_from(rows, keep)
         return AttentionBackward.start(self, ctx, tile, prev)
+
+    @gluon.jit
+    def zero_rows_from(self, smem, keep):
+        """Rows from ``keep`` on of a [rows, D] shared buffer set to 0 (the next sequence's: their P and
+        dS are 0, but 0 times an inf or NaN there is NaN). Where both consumers do it to one stage, each
+        writes the rows it keeps unchanged and zeros elsewhere: whatever order their stores land in,
+        every row a wgmma reads is the kept value or 0 (gluon_varlen.VarlenAttention.zero_rows_from)."""
+        ROWS: gl.constexpr = smem.shape[0]
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+        x = smem.load(layout)
+        rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        smem.store(gl.where(gl.expand_dims(rows < keep, 1), x, gl.zeros_like(x)))
+        fence_async_shared()
+        gl.thread_barrier()
+
+    @gluon.jit
+    def zero_stats_from(self, stats_smem, keep):
+        """The step's rows from ``keep`` on (the next sequence's) get lse +inf and delta 0 in the side
+        buffer: a neighbour's NaN lse would make their masked p NaN."""
+        BM: gl.constexpr = stats_smem.shape[2]
+        flat = stats_smem._reinterpret(gl.float32, [2 * BM], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        x = flat.load(layout)
+        at = gl.arange(0, 2 * BM, layout=layout)
+        row = gl.where(at < BM, at, at - BM)
+        fill = gl.where(at < BM, float("inf"), 0.0)
+        flat.store(gl.where(row < keep, x, fill))
+        gl.thread_barrier()
 
     @gluon.jit
     def probabilities(self, s_t, lse, start_n, start_m, N, Nk):
@@ -239,6 +274,12 @@ class VarlenBackward:
         start_n = tile.start_n + c * BN
         q = stage.q.reshape([BM, D])
         do = stage.do.reshape([BM, D])
+        if self.ZERO_TAIL:  # the step's rows past N (the next sequence's): Q, dO 0, lse +inf, delta 0
+            keep = tile.N - start_m
+            if keep < BM:
+                self.zero_stats_from(stage.stats, keep)
+                self.zero_rows_from(q, keep)
+                self.zero_rows_from(do, keep)
         if self.KV_REGS:
             k_c = st.k_regs
             v_c = st.v_regs
@@ -331,11 +372,12 @@ def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_des
                                 dv_ptr, kv_row_stride, cu_q, cu_k, work, num_tiles, GROUP, scale, scale_log2e, left,
                                 right, tanh_scale, tile_counter, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                                 DQ: gl.constexpr, KV_REGS: gl.constexpr = False, WINDOW: gl.constexpr = False,
-                                SOFTCAP: gl.constexpr = 0):
+                                SOFTCAP: gl.constexpr = 0, ZERO_TAIL: gl.constexpr = False):
     """dK, dV and (added to dq_desc's float32 tensor) dQ of packed attention for every work item
     (varlen.work_table over the keys); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp drawing its tiles from ``tile_counter`` (None: program p takes tiles p, p + P, ...).
-    WINDOW (not with CAUSAL: folded in) and SOFTCAP as the fixed kernel's."""
+    WINDOW (not with CAUSAL: folded in) and SOFTCAP as the fixed kernel's; ZERO_TAIL: the next
+    sequence's rows a box reads are zeroed in shared memory (an inf or NaN there stays there)."""
     gl.static_assert(not (WINDOW and CAUSAL), "causal is folded into the window")
     gl.static_assert(DQ == 1 or DQ == 3, "dQ fused (1) or lagged (3)")
     BM: gl.constexpr = q_desc.block_type.shape[1]
@@ -351,7 +393,8 @@ def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_des
     dq_staging = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape, dq_desc.layout)
     op = VarlenBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, dk_ptr, dv_ptr,
                         kv_row_stride, cu_q, cu_k, work, GROUP, scale, scale_log2e, ds_smem, ds_full, ds_free,
-                        dq_staging, left, right, tanh_scale, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW, SOFTCAP)
+                        dq_staging, left, right, tanh_scale, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW, SOFTCAP,
+                        ZERO_TAIL)
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(k_desc, COUNT=2, SHARED=True), tile_counter=tile_counter)
     stages = QStage(ring(q_desc, STAGES), ring(stats_desc, STAGES), ring(do_desc, STAGES))
@@ -387,7 +430,8 @@ def compiled_backward(d: int = 128, causal: bool = True, softcap: int = 0, dtype
                 kv_row_stride=kv.stride(0), cu_q=i32, cu_k=i32, work=i32, num_tiles=4096, GROUP=group, scale=0.1,
                 scale_log2e=0.1, left=1000, right=0, tanh_scale=0.1, tile_counter=torch.zeros(1, dtype=torch.int32),
                 CAUSAL=causal and not window, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
-                KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=softcap)
+                KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=softcap,
+                ZERO_TAIL=cfg.get("zero_tail", False))
     return compile_kernel(attention_varlen_bwd_kernel, args, num_warps=4)
 
 

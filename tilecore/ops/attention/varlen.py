@@ -419,7 +419,8 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
             row_stats_operand(stats, block_m), TmaOperand(dq_sum, [1, block_m, d // 2]), dk, dvv, dk.stride(0),
             cu_q, cu_k, work, num_tiles, hq // hkv, scale, scale_log2e, wl, wr, tanh_scale, tile_counter(q.device),
             CAUSAL=is_causal, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
-            KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=mode, num_warps=4)
+            KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=mode, ZERO_TAIL=cfg.get("zero_tail", False),
+            num_warps=4)
     dq.copy_(dq_sum.transpose(0, 1))
     return dq, dk, dvv
 
