@@ -128,29 +128,39 @@ class AttentionDQ:
                                    is_async=True)
             if self.SOFTCAP:  # both first: the cap's derivative is not kept across dP's wgmma (backward's)
                 s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+                ds = self.ds_operand(s, dp, st, tile, step)
             else:
                 s = warpgroup_mma_wait(1, deps=(s_tok,))  # dP may still run
-            start_n = (tile.first_block + step) * self.BN if self.WINDOW else step * self.BN
-            if self.SOFTCAP == 2:
-                s = tanh_approx(s * self.tanh_scale)
-            elif self.SOFTCAP:
-                s = tanh_from_exp2(s * self.tanh_scale)
-            if self.WINDOW:
-                if window_needs_mask(st.first, start_n, self.BM, self.BN, self.N, self.Nk, self.left, self.right):
-                    s = window_mask_scores(s, s_layout, st.first, start_n, self.N, self.Nk, self.left, self.right)
-            elif needs_mask(st.first, start_n, self.BN, self.N, self.Nk, self.CAUSAL):
-                s = mask_scores(s, s_layout, st.first, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
-            p = gl.exp2(s * self.scale_log2e - gl.expand_dims(st.lse2, 1))
-            if not self.SOFTCAP:
-                dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-            ds = p * (dp - gl.expand_dims(st.delta, 1))
-            if self.SOFTCAP:  # the cap's derivative 1 - tanh^2, 0 where masked (tanh -inf: min(inf, 1))
-                ds = ds * (1.0 - gl.minimum(s * s, 1.0))
-            # written with no wgmma running (else ptxas serializes every wgmma: C7513)
-            ds_layout: gl.constexpr = gl.DotOperandLayout(
-                operand_index=0, parent=wgmma_layout(self.BM, self.D, gl.num_warps()), k_width=2)
-            dq = warpgroup_mma(gl.convert_layout(ds.to(stage.k.dtype), ds_layout), k, dq)
+                ds = self.ds_operand(s, dp_tok, st, tile, step)
+            dq = warpgroup_mma(ds, k, dq)
         return st.replace(dq=dq)
+
+    @gluon.jit
+    def ds_operand(self, s, dp, st, tile, step):
+        """dS = P (dP - delta) of the step's scores ``s`` (waited for; capped and masked here), as the
+        register operand of dQ += dS K. ``dp``: dP, or without a softcap its wgmma, waited for once P is
+        made (its wgmma runs under the softmax)."""
+        s_layout: gl.constexpr = wgmma_layout(self.BM, self.BN, gl.num_warps())
+        start_n = (tile.first_block + step) * self.BN if self.WINDOW else step * self.BN
+        if self.SOFTCAP == 2:
+            s = tanh_approx(s * self.tanh_scale)
+        elif self.SOFTCAP:
+            s = tanh_from_exp2(s * self.tanh_scale)
+        if self.WINDOW:
+            if window_needs_mask(st.first, start_n, self.BM, self.BN, self.N, self.Nk, self.left, self.right):
+                s = window_mask_scores(s, s_layout, st.first, start_n, self.N, self.Nk, self.left, self.right)
+        elif needs_mask(st.first, start_n, self.BN, self.N, self.Nk, self.CAUSAL):
+            s = mask_scores(s, s_layout, st.first, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
+        p = gl.exp2(s * self.scale_log2e - gl.expand_dims(st.lse2, 1))
+        if not self.SOFTCAP:
+            dp = warpgroup_mma_wait(0, deps=(dp,))
+        ds = p * (dp - gl.expand_dims(st.delta, 1))
+        if self.SOFTCAP:  # the cap's derivative 1 - tanh^2, 0 where masked (tanh -inf: min(inf, 1))
+            ds = ds * (1.0 - gl.minimum(s * s, 1.0))
+        # written with no wgmma running (else ptxas serializes every wgmma: C7513)
+        ds_layout: gl.constexpr = gl.DotOperandLayout(
+            operand_index=0, parent=wgmma_layout(self.BM, self.D, gl.num_warps()), k_width=2)
+        return gl.convert_layout(ds.to(self.k_desc.dtype), ds_layout)
 
     @gluon.jit
     def wait(self, ctx, st):
@@ -300,28 +310,10 @@ class AttentionDQPieces:
                                    is_async=True)
             if self.SOFTCAP:
                 s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+                ds_op = AttentionDQ.ds_operand(self, s, dp, st, tile, step)
             else:
                 s = warpgroup_mma_wait(2, deps=(s_tok,))  # dP's two groups may still run
-            start_n = (tile.first_block + step) * self.BN if self.WINDOW else step * self.BN
-            if self.SOFTCAP == 2:
-                s = tanh_approx(s * self.tanh_scale)
-            elif self.SOFTCAP:
-                s = tanh_from_exp2(s * self.tanh_scale)
-            if self.WINDOW:
-                if window_needs_mask(st.first, start_n, self.BM, self.BN, self.N, self.Nk, self.left, self.right):
-                    s = window_mask_scores(s, s_layout, st.first, start_n, self.N, self.Nk, self.left, self.right)
-            elif needs_mask(st.first, start_n, self.BN, self.N, self.Nk, self.CAUSAL):
-                s = mask_scores(s, s_layout, st.first, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
-            p = gl.exp2(s * self.scale_log2e - gl.expand_dims(st.lse2, 1))
-            if not self.SOFTCAP:
-                dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-            ds = p * (dp - gl.expand_dims(st.delta, 1))
-            if self.SOFTCAP:
-                ds = ds * (1.0 - gl.minimum(s * s, 1.0))
-            # written with no wgmma running (else ptxas serializes every wgmma: C7513)
-            ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=wgmma_layout(self.BM, 64, gl.num_warps()),
-                                                          k_width=2)
-            ds_op = gl.convert_layout(ds.to(stage.k0.dtype), ds_layout)
+                ds_op = AttentionDQ.ds_operand(self, s, dp_tok, st, tile, step)  # (its D: a piece's 64)
             dq0 = warpgroup_mma(ds_op, k0, dq.dq0, is_async=True)
             dq1 = warpgroup_mma(ds_op, k1, dq.dq1, is_async=True)
             dq2 = warpgroup_mma(ds_op, k2, dq.dq2, is_async=True)
