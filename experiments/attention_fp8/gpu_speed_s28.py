@@ -1,7 +1,7 @@
 """FP8 attention, session 28 (issue 34): which way of storing the ones block makes l_mma right, then its speed.
 
     PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s28.py [--smoke] [--modes 4,2,5,3] [--all-modes] [--d64]
-        [--extra fma8,fma4,pingpong,tau0.8,tree,tree_fma8,tree_fma4] [--default-has-lmma]
+        [--extra fma8,fma4,pingpong,tau0.8,tree,tree_fma8,tree_fma4] [--with max_tree=1] [--default-has-lmma]
 
 Session 28's diagnosis (notes/attention_fp8/runs/diag_lmma_session28_h100.txt): with l_mma the kernel's l is half the
 true l (0.500-0.5015 for q = 0, 0.42-0.60 a row for random scores), in every tile and consumer: the row-sum wgmma
@@ -61,6 +61,8 @@ def main():
                     help="variants timed beside l_mma at D128 non-causal, comma-separated: fma8, fma4 (exp2 one in 8 "
                     "/ 4 on the FMA units), pingpong (flipped), tau0.8 (conditional rescaling), tree (the row max "
                     "as a tree: gluon_fp8.row_max_tree), tree_fma8, tree_fma4")
+    ap.add_argument("--with", dest="with_", default="",
+                    help="more config keys of the l_mma variant (and its extras), e.g. max_tree=1 (k=v, comma-separated)")
     ap.add_argument("--default-has-lmma", action="store_true",
                     help="the shipped config already has l_mma: time l_mma off as the other variant")
     args = ap.parse_args()
@@ -199,10 +201,13 @@ def main():
                   tree_fma4=dict(max_tree=True, exp2_fma_every=4), **{"tau0.8": dict(rescale_tau=0.8, p_shift=8)})
     if args.default_has_lmma:
         variants["no_l_mma"] = dict(l_mma=0)
+    with_ = {k: int(v) if v.isdigit() else float(v) for k, v in (kv.split("=") for kv in args.with_.split(",") if kv)}
+    lmma = f"l_mma{chosen}" + "".join(f"_{k}{v}" for k, v in with_.items())
+    result["l_mma_variant"] = lmma
     if chosen is not None:
-        variants[f"l_mma{chosen}"] = dict(l_mma=chosen)
+        variants[lmma] = dict(with_, l_mma=chosen)
         for e in [e for e in args.extra.split(",") if e]:
-            variants[f"l_mma{chosen}_{e}"] = dict(l_mma=chosen, **extras[e])
+            variants[f"{lmma}_{e}"] = dict(with_, l_mma=chosen, **extras[e])
 
     # 2. a GQA tail, causal, each variant but the fma one (same l path)
     tails = [(1, 2, 1, 40, 70, 64, True)] if args.smoke else [(2, 8, 2, 1000, 1100, 128, True)]
@@ -210,7 +215,7 @@ def main():
         tails.append((2, 8, 2, 1000, 1100, 64, False))
     for (B, Hq, Hkv, N, Nk, D, causal) in tails if chosen is not None else []:
         data = quantized(B, Hq, Hkv, N, Nk, D, N + Nk + D, per="block")
-        for name in (f"l_mma{chosen}",):  # (the default passed these tails in session 27)
+        for name in (lmma,):  # (the default passed these tails in session 27)
             if left() < 35:
                 print("tails: out of time budget", flush=True)
                 break
@@ -247,7 +252,7 @@ def main():
             vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
             sl = [(0, 0), (B - 1, H - 1)]
             # bf16 before the extra variants (D128 non-causal only): the ratio needs it
-            base = ["default", "no_l_mma", f"l_mma{chosen}"]
+            base = ["default", "no_l_mma", lmma]
             names = [n for n in variants if n in base] + ["bf16"]
             names += [n for n in variants if n not in base and ((D, causal) == (128, False) or args.smoke)]
             for name in names:
