@@ -376,10 +376,11 @@ def name_cause(p: Prediction) -> str:
         return ("host time: an eager call on the host path the bench ran with (before issue 31's host work); "
                 "the model's host floor is today's (notes/host/runs/host_time_session24_h100.json)")
     if p.op.endswith("bwd") and fast and q.get("N", 1 << 30) <= 1024:
-        return ("short tiles (backward): at N <= 1024 a key tile walks few query steps (2-8 causal at N = 512), "
-                "the diagonal's masked steps computed whole; the model has each tile's prologue and epilogue where "
-                "a thread block runs one tile (cuDNN, FlashAttention-2), the passes around the kernel and the "
-                "visited points, not the mask's work on the diagonal or a persistent schedule's tail")
+        return ("short causal tiles (backward): at N = 512 a key tile walks 2-8 query steps; the warp-specialized "
+                "kernels' main kernels run 1.12-1.27x the model's time there (cuDNN, tilecore; "
+                "notes/napkin/runs/napkin_gpu_backward_tiles_run5_session28_h100) while FlashAttention-2's causal "
+                "rows carry no excess over its non-causal ones: the lockstep chain over short tiles, not the "
+                "mask's work; the one-tile blocks' prologue and epilogue and the passes are modelled")
     if p.op.endswith("bwd") and p.series.startswith("flash") and fast:
         return ("peer's kernel (FlashAttention-2's backward on Hopper): beyond mma.sync's 2/3 rate, its warps' "
                 "operand reads, its own clock and the serial schedule (modelled): dQ's fp32 atomics in L2")
