@@ -64,12 +64,12 @@ def test_mla_routes_to_gluon_where_switched_on(monkeypatch):
         assert plan.plan_forward(q, k, v, False, 192**-0.5, window=(256, 0), softcap=30.0).path == "gluon"
         do = meta(2, 16, 4096, 128)
         assert plan.plan_backward(do, q, k, v, True, 192**-0.5).path == "gluon"
-        # grouped heads: the Gluon backward at 192 / 128 waits for its own GPU check
+        # grouped heads: the Gluon backward at 192 / 128 since its GPU check (session 28)
         kg, vg = meta(2, 4, 4096, 192), meta(2, 4, 4096, 128)
         assert plan.plan_forward(q, kg, vg, True, 192**-0.5).path == "gluon"
-        assert plan.plan_backward(do, q, kg, vg, True, 192**-0.5).path == "tl"
-        monkeypatch.setattr(configs, "GLUON_BACKWARD_DV_GROUPED", True)
         assert plan.plan_backward(do, q, kg, vg, True, 192**-0.5).path == "gluon"
+        monkeypatch.setattr(configs, "GLUON_BACKWARD_DV_GROUPED", False)
+        assert plan.plan_backward(do, q, kg, vg, True, 192**-0.5).path == "tl"
         monkeypatch.setattr(configs, "GLUON_BACKWARD_DV_ROUTED", False)
         assert plan.plan_backward(do, q, k, v, True, 192**-0.5).path == "tl"
         # other unequal head sizes stay off Gluon; 64 / 128 square ones unchanged
