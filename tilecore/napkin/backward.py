@@ -431,7 +431,7 @@ def attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu="h100", 
     binding = max(transfer, key=transfer.get)
     main = max(transfer[binding], compute + r.fill_time) + t_tile + r.launch_time
     main_bound = binding if transfer[binding] > compute + r.fill_time else (
-        "tensor" if t_mma >= compute - t_mma else "links")
+        "SMEM (operand reads)" if t_operands > t_mma else "tensor" if t_mma >= compute - t_mma else "links")
 
     rows_q = batch * heads * seq
     kernels = [(f"layout copy {i + 1}", _copy_pass(2 * rows_q * d * 2, gpu), "HBM") for i in range(kernel.layout_copies)]
