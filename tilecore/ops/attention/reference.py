@@ -19,12 +19,6 @@ from __future__ import annotations
 import torch
 
 
-def causal_allowed(n: int, nk: int, device, rows: slice | None = None) -> torch.Tensor:
-    """[n, nk] boolean (or the query ``rows`` of it): may query i attend key j (bottom-right
-    aligned causal mask)."""
-    return window_allowed(n, nk, device, (-1, 0), rows)
-
-
 def window_allowed(n: int, nk: int, device, window_size=(-1, -1), rows: slice | None = None) -> torch.Tensor:
     """[n, nk] boolean (or the query ``rows`` of it): may query i attend key j, for
     ``window_size = (left, right)``: i' - left <= j <= i' + right with i' = i + nk - n (-1: no bound)."""
