@@ -374,3 +374,62 @@ def test_hadamard_quantize_keyed_as_the_plain_calls(keyed, monkeypatch):
     assert len(hq._CHECKED) == 3
     hq._CHECKED.clear()
     hq._PLANS.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# attention_fp8 (session 28)
+
+from tilecore.ops.attention_fp8 import op as fp8_op  # noqa: E402
+
+
+def test_attention_fp8_keyed_as_the_plain_calls_and_scales_checked_each_call(keyed, monkeypatch):
+    fp8_op._CHECKED.clear()
+    fp8_op._PLANS.clear()
+    torch.manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 20, 32).to(torch.float8_e4m3fn) for _ in range(3))
+    qs, ks, vs = (torch.rand(1, 2) + 0.5 for _ in range(3))
+    runs = []
+    for signature_of in (_cpu_signature, lambda *items: None):
+        monkeypatch.setattr(fp8_op, "signature", signature_of)
+        runs.append([fp8_op.attention_fp8(q, k, v, q_scale=qs, k_scale=ks, v_scale=vs, causal=causal,
+                                          out_dtype=torch.float16, check_scales=check)
+                     for causal, check in ((True, True), (False, False), (True, False))])
+    assert all(torch.equal(a, c) for a, c in zip(*runs))
+    assert len(fp8_op._CHECKED) == 2 and all(len(v) == 1 for v in keyed.values())
+    assert {name for name, _ in keyed} == {"attn_fp8_fwd"}
+    monkeypatch.setattr(fp8_op, "signature", _cpu_signature)
+    with pytest.raises(ValueError, match="k_scale"):  # a cached signature still checks the descales' values
+        fp8_op.attention_fp8(q, k, v, q_scale=qs, k_scale=-ks, v_scale=vs, causal=True, out_dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="forward-only"):  # a gradient to record is never keyed
+        fp8_op.attention_fp8(q, k, v, q_scale=qs.requires_grad_(), k_scale=ks, v_scale=vs, causal=True,
+                             out_dtype=torch.float16)
+    fp8_op._CHECKED.clear()
+    fp8_op._PLANS.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# fft_conv (session 28)
+
+from tilecore.ops.fft_conv import op as fft_op  # noqa: E402
+
+
+def test_fft_conv_keyed_reads_the_new_filter_each_call(monkeypatch):
+    """fft_conv keyed: the checks and plan found by signature, the filter's spectrum computed from this
+    call's values (two filters of one signature give their own results, as the plain calls do)."""
+    fft_op._CHECKED.clear()
+    fft_op._PLANS.clear()
+    torch.manual_seed(8)
+    u = torch.randn(1, 2, 64, dtype=torch.float16)
+    filters = [torch.randn(2, 16) for _ in range(2)]
+    runs = []
+    for signature_of in (_cpu_signature, lambda *items: None):
+        monkeypatch.setattr(fft_op, "signature", signature_of)
+        runs.append([fft_op.fft_conv(u, k) for k in filters + filters[:1]])
+    assert all(torch.equal(a, c) for a, c in zip(*runs))
+    assert not torch.equal(runs[0][0], runs[0][1]) and torch.equal(runs[0][0], runs[0][2])
+    assert len(fft_op._CHECKED) == 1 and len(fft_op._PLANS) == 1
+    monkeypatch.setattr(fft_op, "signature", _cpu_signature)
+    with pytest.raises(ValueError, match="filter_len"):  # a new filter shape is checked
+        fft_op.fft_conv(u, torch.randn(2, 65))
+    fft_op._CHECKED.clear()
+    fft_op._PLANS.clear()

@@ -17,7 +17,7 @@ from tilecore import dispatch
 from tilecore.ops.attention_fp8 import configs, kernels_tl
 from tilecore.ops.attention_fp8.reference import (P_SHIFT, SCALE_BLOCK, attention_fp8_emulated, check_rescale,
                                                   keys_permuted, keys_unpermuted)
-from tilecore.tiles.launch import CachedLaunch, TmaOperand, next_power_of_2, signature, tma_describable
+from tilecore.tiles.launch import LRU, CachedLaunch, TmaOperand, next_power_of_2, signature, tma_describable
 from tilecore.tiles.ops import LOG2E
 
 TL_FWD = CachedLaunch(kernels_tl.attn_fp8_fwd)
@@ -56,10 +56,11 @@ def scale_operand(scale: torch.Tensor, rows: int) -> tuple[torch.Tensor, bool, i
 
 def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_scale: float,
             out_dtype: torch.dtype, v_permuted: bool = False, out: torch.Tensor | None = None,
-            lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            lse: torch.Tensor | None = None, key=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(O (B, Hq, N, D) in out_dtype, lse (B, Hq, N) float32), both contiguous (into ``out`` and ``lse``
     where given: the kernel paths), by plan ``p``. ``v``: (B, Hkv, Nk, D), or with ``v_permuted`` the
-    Hopper kernel's layout (reference.keys_permuted)."""
+    Hopper kernel's layout (reference.keys_permuted). ``key``: the call's launch key (op.py: its signature,
+    with fresh ``out`` and ``lse`` and ``p`` its plan), or None."""
     Nk = k.shape[2]
     if p.path == "emulate":
         if v_permuted:
@@ -79,17 +80,17 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
         D_PAD = max(32, next_power_of_2(D))  # e4m3 dots take K >= 32
         # v's strides in (B, H, keys, D) order (the permuted layout is (B, H, D, keys))
         v_strides = (v.stride(0), v.stride(1), v.stride(3), v.stride(2)) if v_permuted else v.stride()
-        TL_FWD[kernels_tl.grid(B * H, N, cfg["BLOCK_M"])](
+        TL_FWD.run(key, kernels_tl.grid(B * H, N, cfg["BLOCK_M"]), (
             q, k, v, out, lse, qs, ks, vs, *q.stride(), *k.stride(), *v_strides, *out.stride(),
-            H, N, Nk, D, H // Hkv, softmax_scale * LOG2E, q_n, q_rows, k_n, k_rows,
+            H, N, Nk, D, H // Hkv, softmax_scale * LOG2E, q_n, q_rows, k_n, k_rows), dict(
             CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row, UPCAST=cfg.pop("UPCAST", False),
-            PERMUTED_V=v_permuted, BLOCK_D=D_PAD, **cfg)
+            PERMUTED_V=v_permuted, BLOCK_D=D_PAD, **cfg))
         return out, lse
     q = q if tma_describable(q) else q.contiguous()
     k = k if tma_describable(k) else k.contiguous()
     vt = v if v_permuted else keys_permuted(v)  # (B, Hkv, D, keys padded to 32), keys permuted in 32s
     block_m, block_n, consumers = cfg["block_m"], cfg["block_n"], cfg["consumers"]
-    grid, head_group, schedule = _tiling(q, k, block_m * consumers, block_n, causal)
+    grid, head_group, schedule = _TILINGS.memo(key, lambda: _tiling(q, k, block_m * consumers, block_n, causal))
     args = (TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]), TmaOperand(vt, [1, 1, D, block_n]),
             TmaOperand(out, [1, 1, block_m, D]), lse, qs, ks, vs, H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows,
             k_n, k_rows, B * H, head_group, schedule)
@@ -105,13 +106,18 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
     check_rescale(options["RESCALE_TAU"], options["P_SHIFT"])
     # launched by the call's signature (its inputs' shapes, strides, dtypes, alignment and the options
     # determine every argument's specialization; vt, out and lse are fresh or the inputs): ~10 us a call
-    key = signature("attention_fp8", q, k, vt, out, q_scale, k_scale, v_scale, causal, tuple(sorted(cfg.items())))
+    if key is None:  # (the op's key: its inputs' signature, whose plan is p)
+        key = signature("attention_fp8", q, k, vt, out, q_scale, k_scale, v_scale, causal,
+                        tuple(sorted(cfg.items())))
     with dispatch.on_device(q.device):
         if key is None:
             GLUON_FWD[grid](*args, **options)
         else:
             GLUON_FWD.launch_keyed(key, grid, args, options)
     return out, lse
+
+
+_TILINGS = LRU(256)  # an op call's launch key -> _tiling's (a function of its shapes and device)
 
 
 def _tiling(q, k, tile_rows: int, block_n: int, causal: bool):

@@ -13,6 +13,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.attention_fp8 import launch
 from tilecore.ops.attention_fp8.reference import KEY_CHUNK, SCALE_BLOCK
+from tilecore.tiles.launch import LRU, signature
 
 FP8 = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -104,17 +105,11 @@ def check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, 
     if Hkv == 0 or Hq % Hkv != 0:
         raise ValueError(f"attention_fp8: q's heads ({Hq}) must be a multiple of k's and v's heads ({Hkv}) "
                          f"(grouped-query attention); got q {tuple(q.shape)}, k {tuple(k.shape)} ({LAYOUT})")
-    # the three value checks in one synchronization
     check_scale(q_scale, "q", B, Hq, N, q.device, False)
     check_scale(k_scale, "k", B, Hkv, Nk, q.device, False)
     check_scale(v_scale, "v", B, Hkv, Nk, q.device, False)
-    if check_scales and q.device.type != "meta" and not torch.compiler.is_compiling() \
-            and not dispatch.capturing(q.device):
-        ok = torch.stack([((s > 0) & torch.isfinite(s)).all() for s in (q_scale, k_scale, v_scale)]).tolist()
-        for good, scale, what in zip(ok, (q_scale, k_scale, v_scale), "qkv"):
-            if not good:
-                check_scale(scale, what, scale.shape[0], scale.shape[1], scale.shape[2] if scale.dim() == 3 else 0,
-                            q.device)
+    if check_scales:
+        check_scale_values(q_scale, k_scale, v_scale)
     if not isinstance(causal, bool):
         raise TypeError(f"attention_fp8: causal must be True or False, got {causal!r}")
     compiled = q.device.type == "cuda"
@@ -131,13 +126,35 @@ def check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, 
     return float(softmax_scale)
 
 
+def check_scale_values(q_scale, k_scale, v_scale) -> None:
+    """The three descales' value checks (finite, > 0) in one synchronization (none while compiling or
+    capturing)."""
+    device = q_scale.device
+    if device.type != "meta" and not torch.compiler.is_compiling() and not dispatch.capturing(device):
+        ok = torch.stack([((s > 0) & torch.isfinite(s)).all() for s in (q_scale, k_scale, v_scale)]).tolist()
+        for good, scale, what in zip(ok, (q_scale, k_scale, v_scale), "qkv"):
+            if not good:
+                check_scale(scale, what, scale.shape[0], scale.shape[1], scale.shape[2] if scale.dim() == 3 else 0,
+                            device)
+
+
 def _impl(q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_scale: float, out_dtype: torch.dtype,
-          v_permuted: bool):
+          v_permuted: bool, key=None):
     if q.numel() == 0 or k.shape[2] == 0:
         out = torch.zeros(q.shape, dtype=out_dtype, device=q.device)
         return out, torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
-    return launch.forward(launch.plan(q, k, causal), q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale,
-                          out_dtype, v_permuted)
+    if key is None:
+        return launch.forward(launch.plan(q, k, causal), q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale,
+                              out_dtype, v_permuted)
+    return launch.forward(_PLANS.memo(key, lambda: launch.plan(q, k, causal)), q, k, v, q_scale, k_scale, v_scale,
+                          causal, softmax_scale, out_dtype, v_permuted, key=key)
+
+
+# The eager host path (issue 31): a CUDA call's signature (with no tensor that would record a gradient: the
+# checks refuse those) finds its checks' result (_CHECKED; the descales' values are still checked each call
+# unless check_scales=False), its plan (_PLANS) and its launch (by key)
+_CHECKED = LRU(256)  # a call's key -> its softmax scale
+_PLANS = LRU(256)  # a call's key -> its launch.Plan
 
 
 @torch.library.custom_op("tilecore::attention_fp8", mutates_args=())
@@ -190,10 +207,22 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
     interpreter under TRITON_INTERPRET=1. Not differentiable: a call that would record a gradient
     raises (FP8 is forward-only).
     """
-    scale = check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_layout, check_scales)
+    grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v, q_scale, k_scale,
+                                                                                       v_scale))
+    key = None if grad else signature(q, k, v, q_scale, k_scale, v_scale, causal is True, causal is False,
+                                      softmax_scale, out_dtype, v_layout)
+    if key is None:
+        scale = check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_layout, check_scales)
+    else:
+        scale = _CHECKED.get(key)
+        if scale is None:
+            scale = check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_layout, False)
+            _CHECKED.put(key, scale)
+        if check_scales:
+            check_scale_values(q_scale, k_scale, v_scale)
     permuted = v_layout == "keys_permuted"
     if dispatch.plain_eager(q, k, v, q_scale, k_scale, v_scale):
-        out, lse = _impl(q, k, v, q_scale, k_scale, v_scale, causal, scale, out_dtype, permuted)
+        out, lse = _impl(q, k, v, q_scale, k_scale, v_scale, causal, scale, out_dtype, permuted, key=key)
     else:
         out, lse = _attention_fp8_op(q, k, v, q_scale, k_scale, v_scale, causal, scale, out_dtype, permuted)
     return (out, lse) if return_lse else out

@@ -6,6 +6,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.fft_conv import launch
 from tilecore.ops.fft_conv.plan import dk_config, plan
+from tilecore.tiles.launch import LRU, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -53,10 +54,17 @@ def _rows(u: torch.Tensor) -> torch.Tensor:
     return u if u.stride(-1) == 1 else u.contiguous()
 
 
-def _conv_impl(u, spectrum, conj: bool):
+def _conv_impl(u, spectrum, conj: bool, key=None):
     y = launch.output(u.shape, u.dtype, u.device)
-    launch.launch(plan(u.shape[-1], u.device, u.dtype), _rows(u), spectrum, y, conj)
+    launch.launch(_PLANS.memo(key, lambda: plan(u.shape[-1], u.device, u.dtype)), _rows(u), spectrum, y, conj)
     return y
+
+
+# The eager host path (issue 31): a CUDA call's signature (u's and k's) skips the checks and finds the plan.
+# The filter's spectrum is computed every call (it reads k's values); pass filter_spectrum(k, seqlen) where
+# one filter serves many calls
+_CHECKED = LRU(256)  # signatures of CUDA calls whose checks passed
+_PLANS = LRU(256)  # a call's signature -> its plan (a function of seqlen, device and dtype)
 
 
 # the spectrum form: differentiable in u only
@@ -163,11 +171,12 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
     Differentiable in u and in the filter k (not in a precomputed spectrum).
     """
-    check(u, k)
+    key = signature(u, k)
+    _CHECKED.memo(key, lambda: check(u, k) or True)
     if k.is_complex():
         if dispatch.plain_eager(u, k):
-            return _conv_impl(u, k, False)
+            return _conv_impl(u, k, False, key=key)
         return _spectrum_op(u, k, False)
     if dispatch.plain_eager(u, k):
-        return _conv_impl(u, filter_spectrum(k, u.shape[-1]), False)
+        return _conv_impl(u, filter_spectrum(k, u.shape[-1]), False, key=key)
     return _filter_op(u, k)
