@@ -19,7 +19,8 @@ One device call, under ~3 minutes:
     where time is left); the check covers FAST's codes)
     (--set s28 --quick: session 28's wide kernel (quantize_wide.py) at 11008 and 18944 against the shipped plans,
     every format checked (codes >= 99.98% equal to the float64 reference's, every element written), the
-    transform alone at those widths; <= 90 s on the H100 with compiles)
+    transform alone at those widths, and on the wide kernel's tiling (quantize.wide_transform, error over the
+    rounding floor checked); <= 90 s on the H100 with compiles)
     Plans are run through quantize.run_plan (public), outputs poisoned in the check.
     PYTHONPATH=. python3 experiments/hadamard/gpu_quantize_probe.py --smoke      (CPU, interpreter, toy sizes)
 """
@@ -162,14 +163,14 @@ def s28_quantize_cases(quick=True):
     "wide" kernel (plan tuning "wide"), its K loop pipelined (num_stages 2), its K chunk of 32, and for the
     block-scaled formats its blocks one at a time (j_outer). Without --quick: more variants."""
     fmts = ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
-    cases = [("t", 11008), ("t", 18944)]
+    cases = [("t", 11008), ("t", 18944), ("w", 11008, {}), ("w", 18944, {})]  # "w": quantize.wide_transform
     cases += [("q", f, n, {}, t) for n in (11008, 18944) for f in fmts for t in ({}, WIDE)]
     cases += [("q", f, n, {}, {**WIDE, "j_outer": True}) for n in (11008, 18944) for f in ("mxfp4", "nvfp4")]
     cases += [("q", f, n, {}, {**WIDE, "num_stages": 2}) for f, n in (("fp8_e4m3", 11008), ("mxfp4", 11008),
                                                                       ("fp8_e4m3", 18944))]
-    cases += [("q", "fp8_e4m3", 11008, {}, {**WIDE, "kc": 32})]
+    cases += [("q", "fp8_e4m3", 11008, {}, {**WIDE, "kc": 32}), ("q", "int4", 18944, {}, {**WIDE, "j_outer": True})]
     if not quick:
-        cases += [("q", "int4", n, {}, {**WIDE, "j_outer": True}) for n in (11008, 18944)]
+        cases += [("q", "int4", 11008, {}, {**WIDE, "j_outer": True})]
         cases += [("q", "mxfp4", n, {}, {**WIDE, "kc": 32}) for n in (11008, 18944)]
         cases += [("q", f, n, {}, {**WIDE, "waves": w}) for n in (11008, 18944) for f in ("fp8_e4m3", "mxfp4")
                   for w in (1, 2)]
@@ -194,7 +195,7 @@ def s28_check_cases(torch):
               for n in (11008, 18944) for f in ("mxfp4", "nvfp4")]
     cases += [(f, n, {"tuning": {**WIDE, "num_stages": 2}}, bf16) for f, n in (("fp8_e4m3", 11008), ("mxfp4", 11008),
                                                                                 ("fp8_e4m3", 18944))]
-    cases += [("fp8_e4m3", 11008, {"tuning": {**WIDE, "kc": 32}}, bf16)]
+    cases += [("fp8_e4m3", 11008, {"tuning": {**WIDE, "kc": 32}}, bf16), ("int4", 18944, {"tuning": {**WIDE, "j_outer": True}}, bf16)]
     if not QUICK:
         cases += [("fp8_e4m3", 11008, {"tuning": WIDE, "signs": True}, bf16), ("mxfp4", 11008, {"tuning": WIDE}, torch.float16)]
     return cases
@@ -338,10 +339,14 @@ def _warm_one(case):
         _import()
         import torch
 
-        n = case[2] if case[0] == "q" else case[1] if case[0] == "t" else case[1] * case[2]
+        n = case[2] if case[0] == "q" else case[1] if case[0] in ("t", "w") else case[1] * case[2]
         x = torch.randn(_rows(n), n, dtype=torch.bfloat16, device=DEV)
         if case[0] == "q":
             run, _ = _quantize_runner(case, x)
+        elif case[0] == "w":
+            from tilecore.ops.hadamard import quantize
+            y = torch.empty_like(x)
+            run = lambda: quantize.wide_transform(x, y, **case[2])  # noqa: E731
         elif case[0] == "t":
             from tilecore.ops.hadamard import hadamard_transform
             run = lambda: hadamard_transform(x, n**-0.5)  # noqa: E731
@@ -512,6 +517,24 @@ def phase_check(result, save=lambda: None, which="quick"):
             case["error"] = f"{type(err).__name__}: {str(err)[:300]}"
         out["quantize"].append(case)
         save()
+    if which == "s28":  # the plain transform on the wide kernel's tiling: error over the rounding floor, all written
+        from tilecore.ops.hadamard.quantize import wide_transform
+
+        for n, tuning in (((140 * 16, {}), (108 * 128, {"j_outer": True})) if SMOKE else
+                          ((11008, {}), (18944, {}), (11008, {"j_outer": True}))):
+            case = {"wide_transform": n, **tuning}
+            try:
+                x = torch.randn(4 if SMOKE else 2048, n, dtype=torch.bfloat16, device=DEV)
+                y = torch.full_like(x, float("nan"))
+                wide_transform(x, y, **tuning)
+                ref = hadamard_reference(x[:64].cpu(), n**-0.5, out_dtype=torch.float64).to(x.device)
+                case.update(path="wide", err_over_floor=round(accuracy.error_over_floor(y[:64], ref), 4),
+                            all_written=bool(torch.isfinite(y).all()))
+                case["ok"] = case["all_written"] and case["err_over_floor"] <= (2.5 if SMOKE else 1.25)  # interpreter: bf16
+            except Exception as err:  # noqa: BLE001
+                case["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+            out["kron"].append(case)
+            save()
     kchecks = kron_cases("full")[:16]
     if which == "s26" and not SMOKE:
         kchecks = kron_cases("s26")[:22]
@@ -564,7 +587,7 @@ def timed_cases(which):
         return s28_quantize_cases(QUICK)
     if which == "s28":
         return [("q", "fp8_e4m3", 140 * 16, {}, {}), ("q", "fp8_e4m3", 140 * 16, {}, WIDE),
-                ("q", "mxfp4", 108 * 32, {}, {**WIDE, "j_outer": True}), ("t", 140 * 16)]
+                ("q", "mxfp4", 108 * 32, {}, {**WIDE, "j_outer": True}), ("t", 140 * 16), ("w", 140 * 16, {})]
     if which == "s27":
         return [("q", "mxfp4", 28 * 256, {}, {}), ("q", "mxfp4", 28 * 256, {}, {"interleave": 0}),
                 ("q", "mxfp4", 512, {}, PERM), ("t", 256)]
@@ -642,8 +665,18 @@ def phase_time(result, which, deadline, compiled):
             continue
         row = {"case": repr(case)}
         try:
-            n = case[2] if case[0] == "q" else case[1] if case[0] == "t" else case[1] * case[2]
+            n = case[2] if case[0] == "q" else case[1] if case[0] in ("t", "w") else case[1] * case[2]
             x = torch.randn(_rows(n), n, dtype=torch.bfloat16, device=DEV)
+            if case[0] == "w":  # the plain transform on the wide kernel's tiling (quantize.wide_transform)
+                from tilecore.ops.hadamard import quantize
+                y = torch.empty_like(x)
+                wplan = quantize.wide_transform(x, y, **case[2])
+                ms = _bench(lambda: quantize.wide_transform(x, y, **case[2]))
+                row.update(path="wide transform", ms=round(ms, 4), copy_pct=round(100 * copy_ms(4 * x.numel()) / ms, 1),
+                           config={k: wplan.config.get(k) for k in ("MB", "NB", "KC", "J_OUTER", "num_warps", "num_stages")})
+                out.append(row)
+                del x, y
+                continue
             if case[0] == "t":  # tilecore.hadamard_transform itself, bf16 in and out
                 from tilecore.ops.hadamard import hadamard_transform
                 ms = _bench(lambda: hadamard_transform(x, n**-0.5))
@@ -757,6 +790,11 @@ def variants_table(result):
         lines.append(f"  {'ok ' if c.get('ok_9998') else 'BAD'} {c.get('format'):9s} {c.get('n'):6d} {c.get('dtype'):9s} "
                      f"{c.get('tuning', {})} match {c.get('match', float('nan')):.6f} written {c.get('written')} "
                      f"scales_differ {c.get('scales_differ', '-')} {c.get('error', '')}")
+    for c in result.get("check", {}).get("kron", []):
+        if "wide_transform" in c:
+            lines.append(f"  {'ok ' if c.get('ok') else 'BAD'} wide transform {c['wide_transform']} "
+                         f"{ {k: v for k, v in c.items() if k == 'j_outer'} } error {c.get('err_over_floor')} x the floor, "
+                         f"written {c.get('all_written')} {c.get('error', '')}")
     base, rows = {}, []
     for r in result.get("time", []):
         if "copy_pct" not in r:
@@ -766,7 +804,8 @@ def variants_table(result):
         except (ValueError, SyntaxError):
             continue
         if case[0] != "q":
-            rows.append((f"transform {case[1]}", r["copy_pct"], r["ms"], None))
+            label = f"wide transform {case[1]} {case[2] or ''}" if case[0] == "w" else f"transform {case[1]}"
+            rows.append((label, r["copy_pct"], r["ms"], None))
             continue
         key = (case[1], case[2])
         if not case[3] and not case[4]:

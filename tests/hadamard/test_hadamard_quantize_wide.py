@@ -98,3 +98,22 @@ def test_wide_plan_only_where_asked_and_where_it_applies():
     assert plan(11008, dtype=torch.float32, wide=True).path == "fused"
     assert plan(172 * 512, wide=True).path != "wide"
     assert plan(11008, wide=True, mb=32).path == "fused"
+
+
+def test_wide_transform_is_the_transform_at_the_rounding_floor():
+    """quantize.wide_transform (the kernel's FORMAT STORE: the plain transform on its tiling, for the GPU probe):
+    float16 (the interpreter's bf16 products are not the GPU's) within 1.25x the rounding floor of the float64
+    transform, every element written (NaN-poisoned output); no wide plan for m <= 64: a clear error."""
+    from tilecore import accuracy
+    from tilecore.ops.hadamard import hadamard_reference
+
+    torch.manual_seed(5)
+    n = 108 * 16
+    x = torch.randn(3, n, dtype=torch.float16)
+    out = torch.full_like(x, float("nan"))
+    plan = quantize.wide_transform(x, out)
+    assert plan.path == "wide" and bool(torch.isfinite(out).all())
+    ref = hadamard_reference(x, n**-0.5, out_dtype=torch.float64)
+    assert accuracy.error_over_floor(out, ref) <= 1.25
+    with pytest.raises(ValueError, match="no wide plan"):
+        quantize.wide_transform(torch.randn(2, 12 * 64, dtype=torch.float16), torch.empty(2, 12 * 64, dtype=torch.float16))

@@ -179,6 +179,25 @@ def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, si
         num_stages=tuning.get("num_stages") or 1, **_maxnreg(tuning, {})))
 
 
+def wide_transform(x2: torch.Tensor, out: torch.Tensor, **tuning) -> QuantizePlan:
+    """out = (H_m (x) H_p) x2 / sqrt(n) on the wide kernel's tiling (quantize_wide's FORMAT STORE): the plain
+    transform there, for probes to time and check against hadamard_transform (not wired into it). x2, out:
+    (rows, n) contiguous, 16-bit, n = m p with m > 64 and at most 2 slices; ``tuning`` as the "wide" plan's.
+    Returns the plan it ran."""
+    from tilecore.ops.hadamard.quantize_wide import STORE
+
+    rows, n = x2.shape
+    plan = plan_quantize(x2, "mxfp4", 32, None, True, False, False, **{**tuning, "wide": True})
+    if plan.path != "wide":
+        raise ValueError(f"wide_transform: n = {n} ({x2.dtype}) has no wide plan (m > 64, <= 2 slices, 16-bit)")
+    cfg = {**plan.config, "FORMAT": STORE.value, "PACKED": False}
+    h_dtype = torch.float32 if dispatch.interpreted(x2.device) else x2.dtype
+    h = kron.mixing_matrix(cfg["M"], False, h_dtype, x2.device)
+    with dispatch.on_device(x2.device):
+        _launch_wide[plan.grid](x2, out, x2, h, x2, x2, x2, rows, x2.stride(0), out.stride(0), 0, plan.rscale, **cfg)
+    return plan
+
+
 def _maxnreg(tuning: dict, table: dict) -> dict:
     """The launch option maxnreg (registers a thread: fewer registers, more programs an SM) where the tuning
     or the table gives it, else nothing (Triton's default)."""

@@ -24,10 +24,15 @@ import triton
 import triton.language as tl
 
 from tilecore.ops.hadamard.kernels import _split_dot
-from tilecore.ops.hadamard.kernels_kron import _load_sub_rows
+from tilecore.ops.hadamard.kernels_kron import _load_sub_rows, _store
 from tilecore.ops.hadamard.quantize_kernels import (AMAX, _codes_fast, _epilogue, _group_divisor, _nan_max,
                                                     _nan_maximum, _scale, _slices_max, _store_codes, _valid_only)
 from tilecore.tiles.hadamard import sylvester_tile
+
+# FORMAT id beyond quantize_kernels' (0-6): the rotated values themselves into ``codes`` (a tensor of x's dtype,
+# rows of n): the plain transform on this kernel's tiling, for experiments/hadamard/gpu_quantize_probe.py to time
+# against hadamard_transform's kron-tiled kernel (not wired into hadamard_transform)
+STORE: tl.constexpr = tl.constexpr(7)
 
 
 @triton.jit
@@ -64,15 +69,21 @@ def _block_epilogue(codes, scales, gscale, tile, rows, stride_codes, stride_scal
                     FORMAT: tl.constexpr, GROUP: tl.constexpr, G: tl.constexpr, SPG: tl.constexpr,
                     STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr, FAST: tl.constexpr):
     """Block J's codes and scales where its groups lie inside it (within a slice, or SPG | MB sub-rows):
-    quantize_kernels._epilogue on pointers advanced to the block's first sub-row."""
+    quantize_kernels._epilogue on pointers advanced to the block's first sub-row (FORMAT == STORE: the
+    rotated values themselves into ``codes``)."""
     first = J * MB * P  # the block's first element in the row
-    cj = codes + (first // 2 if PACKED else first)
-    if GROUP == 1:
-        sj = scales + first // G
+    if FORMAT == STORE:
+        _store(codes + first, tile, 0, o0, rows, stride_codes, 1.0, M - J * MB, MB, P, Q, 1, 1)
+        if S == 2:
+            _store(codes + first, tile, 1, o1, rows, stride_codes, 1.0, M - J * MB, MB, P, Q, 1, 1)
     else:
-        sj = scales + (J * MB) // SPG
-    _epilogue(cj, sj, gscale, tile, rows, stride_codes, stride_scales, o0, o1, o0, o0, o0, o0, o0, o0, S,
-              M - J * MB, MB, P, Q, 1, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX, FAST)
+        cj = codes + (first // 2 if PACKED else first)
+        if GROUP == 1:
+            sj = scales + first // G
+        else:
+            sj = scales + (J * MB) // SPG
+        _epilogue(cj, sj, gscale, tile, rows, stride_codes, stride_scales, o0, o1, o0, o0, o0, o0, o0, o0, S,
+                  M - J * MB, MB, P, Q, 1, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX, FAST)
 
 
 @triton.jit
