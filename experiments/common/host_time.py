@@ -6,12 +6,16 @@ host and divided by the calls (the GPU queue never empties then: what a user's e
 
     python experiments/common/host_time.py [--calls 3000] [--json out.json] [--ops all|first|later]
 
+--json defaults to $OUT/host_time_<ops>.json ($OUT: /tmp/out unset). Later ops: calls 1..10 give the
+first call's bits (the keyed path, session 28) as well.
+
 --ops first: the session-24 set (gemm, hadamard, attention); later: every op added since (norm, rotary,
 fft_conv, linear attention and its decode steps, hadamard_quantize, FP8 attention, varlen, the KV
 cache), each against the torch code a user would otherwise write for it.
 """
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -206,6 +210,10 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--ops", choices=("all", "first", "later"), default="all")
     a = ap.parse_args()
+    if a.json is None:  # $OUT (the GPU runs' folder), else /tmp/out
+        out_dir = os.environ.get("OUT", "/tmp/out")
+        os.makedirs(out_dir, exist_ok=True)
+        a.json = os.path.join(out_dir, f"host_time_{a.ops}.json")
     rows = []
     table = {}
     for make in ((cases,) if a.ops == "first" else (later_cases,) if a.ops == "later" else (cases, later_cases)):
