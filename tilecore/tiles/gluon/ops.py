@@ -199,7 +199,7 @@ def online_softmax_result(m, l, acc):
     """The rows' output acc / l and their lse (natural log: (m + log2 l) / log2 e) after the last
     online-softmax step: a row with no key (l = 0) gets 0 and -inf; a row whose l is NaN (a NaN or
     +inf score) NaN and NaN ("no key" is l == 0, not "not l > 0", which a NaN l passes too).
-    (kernels_tl.normalized is the ``tl`` twin, with lse in base 2.)"""
+    The ``tl`` twin is ``tiles.ops.online_softmax_result``."""
     no_key = l == 0.0
     l_safe = gl.where(no_key, 1.0, l)
     out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, acc.type.layout)), 1)
