@@ -5,11 +5,13 @@ session 28), <= 90 s on an H100 including compiles.
     TRITON_INTERPRET=1 PYTHONPATH=. python3 experiments/attention/gpu_varlen_bwd.py --smoke   # CPU: tiny shapes
 
 check (bf16 / fp16 against float64, error as a multiple of the rounding floor): varlen.backward_gluon
+    (the shipped fused dQ, and dq_from "gluon": dK/dV alone, then attention_varlen_dq_kernel)
     into NaN-poisoned dq / dk / dv, each a slice of a larger buffer whose tail holds a sentinel (never
     written), with dlse; lengths 0, 1, odd, non-multiples of 128, Nk != N, GQA, causal and not,
     softcap, window, D64; the tl varlen backward's error on the same inputs beside it.
 time (bf16, triton.testing.do_bench medians): the 64K-token long-tailed batch of gpu_varlen (54 seqs,
-    H16 D128, causal): backward alone and forward + backward, Gluon against the tl varlen backward,
+    H16 D128, causal): backward alone and forward + backward, Gluon (fused dQ and split) against the tl
+    varlen backward,
     the fixed-length tilecore backward (B16 N4096, same tokens: TFLOP/s per token), SDPA on the
     padded batch and FlexAttention with the document mask (compiled, last, where the budget allows).
 Under --smoke (the CPU interpreter: Gluon does not run there) the tl backward stands in for the Gluon
@@ -112,13 +114,14 @@ def poisoned(shape, dtype, dev):
 # check
 
 
-def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None):
+def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None, dq_from=None):
     from tilecore import accuracy
     from tilecore.ops.attention import varlen
     from tilecore.ops.attention.reference_varlen import varlen_reference
 
     name = (f"gluon varlen bwd {str(dtype)[6:]} q{lens_q if len(lens_q) <= 8 else f'[{len(lens_q)} seqs]'}"
-            f" k{lens_k if len(lens_k) <= 8 else f'[{len(lens_k)} seqs]'} H{hq}/{hkv} D{d} {options}")
+            f" k{lens_k if len(lens_k) <= 8 else f'[{len(lens_k)} seqs]'} H{hq}/{hkv} D{d} {options}"
+            + (f" dq_from={dq_from}" if dq_from else ""))
     if over_budget(name):
         return
     dev = _device()
@@ -134,7 +137,10 @@ def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None):
     dout = torch.randn_like(out)
     dlse = torch.randn_like(lse)
     bufs, grads = zip(*(poisoned(t.shape, dtype, dev) for t in (q, k, v)))
-    gluon_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=grads)
+    is_causal = causal or left >= 0 or right >= 0
+    config = variant(d, is_causal, dq_from=dq_from) if dq_from else None
+    gluon_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=grads,
+                   config=config)
     tl_grads = varlen.backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap)
     heads = hq if ref_heads is None else ref_heads
     kh = max(1, heads // (hq // hkv))
@@ -215,9 +221,13 @@ def run_checks():
                  (bf16, [129, 4096, 17, 0, 300], [129, 4096, 17, 5, 300], 8, 8, 64, {"causal": True}),
                  (bf16, [700, 129, 2000, 64], [900, 129, 2000, 70], 16, 4, 128, {"causal": True, "softcap": 20.0}),
                  (bf16, [700, 129, 2000, 64], [900, 129, 2000, 70], 16, 4, 128, {"window_size": (100, 37)})]
-    for case in cases[:2]:
+    # first: the shipped fused dQ and the split one (dK/dV, then attention_varlen_dq_kernel) on the odd
+    # lengths, causal; then no mask with GQA and N != Nk
+    first = [cases[0], cases[0] + (None, "gluon"), cases[1]]
+    later = cases[2:] + [cases[1] + (None, "gluon"), cases[2] + (None, "gluon"), cases[-1] + (None, "gluon")]
+    for case in first:
         guarded(f"check {case[1]}")(check)(*case)
-    return cases[2:]
+    return later
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,6 +283,16 @@ def time_backward(lengths, h=16, d=128):
         o, l_ = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
         gluon_backward(dout, q, k, v, o, l_, None, cu, cu, True, scale, -1, -1, 0.0, grads=grads)
     row["gluon_fwd_bwd_ms"] = bench(fwd_bwd)
+    split = variant(d, True, dq_from="gluon")
+    row["gluon_split_bwd_ms"] = bench(lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1,
+                                                             -1, 0.0, grads=grads, config=split))
+
+    def fwd_bwd_split():
+        o, l_ = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
+        gluon_backward(dout, q, k, v, o, l_, None, cu, cu, True, scale, -1, -1, 0.0, grads=grads, config=split)
+    row["gluon_split_fwd_bwd_ms"] = bench(fwd_bwd_split)
+    row["gluon_split_bwd_tflops"] = 2.5 * flops / row["gluon_split_bwd_ms"] / 1e9
+    row["gluon_split_fwd_bwd_tflops"] = 3.5 * flops / row["gluon_split_fwd_bwd_ms"] / 1e9
     row["gluon_bwd_tflops"] = 2.5 * flops / row["gluon_bwd_ms"] / 1e9
     row["tl_bwd_tflops"] = 2.5 * flops / row["tl_bwd_ms"] / 1e9
     row["gluon_fwd_bwd_tflops"] = 3.5 * flops / row["gluon_fwd_bwd_ms"] / 1e9
@@ -297,6 +317,8 @@ def time_backward(lengths, h=16, d=128):
         row["fixed_fwd_bwd_tflops"] = 3.5 * fixed_flops / tfb / 1e9
         row["bwd_vs_fixed"] = row["gluon_bwd_tflops"] / row["fixed_bwd_tflops"]
         row["fwd_bwd_vs_fixed"] = row["gluon_fwd_bwd_tflops"] / row["fixed_fwd_bwd_tflops"]
+        row["split_bwd_vs_fixed"] = row["gluon_split_bwd_tflops"] / row["fixed_bwd_tflops"]
+        row["split_fwd_bwd_vs_fixed"] = row["gluon_split_fwd_bwd_tflops"] / row["fixed_fwd_bwd_tflops"]
     fixed()
     return row, (q, k, v, cu, dout)
 
@@ -331,6 +353,7 @@ def time_peers(row, lengths, tensors, h=16, d=128):
         dop = torch.randn_like(op)
         row["sdpa_padded_bwd_ms"] = bench(lambda: torch.autograd.grad(op, (qp, kp, vp), dop, retain_graph=True))
         row["sdpa_padded_bwd_over_gluon"] = row["sdpa_padded_bwd_ms"] / row["gluon_bwd_ms"]
+        row["sdpa_padded_bwd_over_gluon_split"] = row["sdpa_padded_bwd_ms"] / row["gluon_split_bwd_ms"]
     if not over_budget("sdpa padded", 5.0):
         sdpa_padded()
 
@@ -348,6 +371,7 @@ def time_peers(row, lengths, tensors, h=16, d=128):
         dox = dout.transpose(0, 1).unsqueeze(0)
         row["flex_bwd_ms"] = bench(lambda: torch.autograd.grad(ox, (qx, kx, vx), dox, retain_graph=True))
         row["flex_bwd_over_gluon"] = row["flex_bwd_ms"] / row["gluon_bwd_ms"]
+        row["flex_bwd_over_gluon_split"] = row["flex_bwd_ms"] / row["gluon_split_bwd_ms"]
     if not SMOKE and os.environ.get("GPU_VARLEN_FLEX", "1") != "0" and not over_budget("flex", 35.0):
         flex()
 

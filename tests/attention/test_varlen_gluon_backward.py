@@ -159,6 +159,87 @@ def test_tiles_store_every_key_once_and_match_the_reference(lens_q, lens_k, caus
         assert torch.allclose(got, want, atol=1e-9), (got - want).abs().max()
 
 
+def emulate_dq(q, k, v, dout, lse, delta, cu_q, cu_k, causal, window, scale, block_m=64, block_n=64):
+    """attention_varlen_dq_kernel's tiles in float64 (the forward's work items, 2 block_m rows counted
+    from a sequence's last row; a consumer's steps from its rows' first to last key block), its own
+    rows stored. Returns (dq, times each (row, q head) was stored)."""
+    total_q, hq, d = q.shape
+    group = hq // k.shape[1]
+    tile_m = 2 * block_m
+    dq = torch.full(q.shape, float("nan"), dtype=torch.float64)
+    stores = torch.zeros(total_q, hq, dtype=torch.long)
+    for seq, tile, h, _ in varlen.work_table_torch(cu_q, cu_k, total_q, hq, tile_m).tolist():
+        b = max(seq, 0)
+        q0, k0 = int(cu_q[b]), int(cu_k[b])
+        n = int(cu_q[b + 1]) - q0 if seq >= 0 else 0
+        nk = int(cu_k[b + 1]) - k0 if seq >= 0 else 0
+        first, end = max(n - (tile + 1) * tile_m, 0), n - tile * tile_m
+        first_block = 0  # gluon_varlen.VarlenAttention.setup
+        if causal:
+            hi = max(min(nk, first + tile_m + nk - n), 0)
+        elif window:
+            first_block = max(first + nk - n - window[0], 0) // block_n
+            hi = max(min(nk, min(first + tile_m, n) - 1 + nk - n + window[1] + 1), 0)
+        else:
+            hi = nk
+        n_blocks = max(cdiv(hi, block_n) - first_block, 0) if n > 0 else 0
+        for c in range(2):
+            own_first_row = first + c * block_m
+            own_first, n_own = 0, n_blocks  # VarlenDQ.start
+            if causal:
+                n_own = min(cdiv(max(min(nk, own_first_row + block_m + nk - n), 0), block_n), n_blocks)
+            if window:
+                own_first = max(max(own_first_row + nk - n - window[0], 0) // block_n - first_block, 0)
+                own_hi = max(min(nk, min(own_first_row + block_m, n) - 1 + nk - n + window[1] + 1), 0)
+                n_own = min(cdiv(own_hi, block_n) - first_block, n_blocks)
+            if own_first_row >= end:
+                continue
+            rows = torch.arange(own_first_row, min(own_first_row + block_m, end))  # its own rows
+            acc = torch.zeros(len(rows), d, dtype=torch.float64)
+            for step in range(own_first, n_own):
+                keys = (first_block + step) * block_n + torch.arange(block_n)
+                keys = keys[keys < nk]  # past Nk: masked (the next sequence's keys)
+                s = q[q0 + rows, h] @ k[k0 + keys, h // group].T * scale
+                ok = torch.ones_like(s, dtype=torch.bool)
+                if causal:
+                    ok &= keys[None, :] <= rows[:, None] + (nk - n)
+                if window:
+                    ok &= (keys[None, :] <= rows[:, None] + (nk - n) + window[1]) \
+                        & (keys[None, :] >= rows[:, None] + (nk - n) - window[0])
+                row_lse = torch.where(torch.isneginf(lse[h, q0 + rows]), float("inf"), lse[h, q0 + rows])
+                p = torch.exp(torch.where(ok, s, float("-inf")) - row_lse[:, None])
+                ds = p * (dout[q0 + rows, h] @ v[k0 + keys, h // group].T - delta[h, q0 + rows][:, None])
+                acc += ds @ k[k0 + keys, h // group]
+            dq[q0 + rows, h] = scale * acc
+            stores[q0 + rows, h] += 1
+    return dq, stores
+
+
+@pytest.mark.parametrize("causal, window_size", MASKS)
+@pytest.mark.parametrize("lens_q, lens_k", LENGTHS)
+def test_dq_tiles_store_every_row_once_and_match_the_reference(lens_q, lens_k, causal, window_size):
+    hq, hkv, d = 2, 1, 16
+    cu_q, cu_k = cu_of(lens_q), cu_of(lens_k)
+    g = torch.Generator().manual_seed(len(lens_q))
+    q, dout = (torch.randn(sum(lens_q), hq, d, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(sum(lens_k), hkv, d, generator=g, dtype=torch.float64) for _ in range(2))
+    dlse = torch.randn(hq, sum(lens_q), generator=g, dtype=torch.float64)
+    scale = d ** -0.5
+    out, lse = varlen_reference(q, k, v, cu_q, cu_k, causal=causal, window_size=window_size)
+    delta = (out * dout).sum(-1).T - dlse
+    is_causal, is_window = varlen.gluon_masks(causal, *window_size)
+    window = None
+    if is_window:
+        wl, wr, has_left, has_right = varlen.kernel_window(causal, *window_size)
+        unbounded = max(sum(lens_q), sum(lens_k))
+        window = (wl if has_left else unbounded, wr if has_right else unbounded)
+    dq, stores = emulate_dq(q, k, v, dout, lse, delta, cu_q, cu_k, is_causal, window, scale)
+    ref = varlen_backward_reference(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal=causal, scale=scale,
+                                    window_size=window_size, compute_dtype=torch.float64)
+    assert (stores == 1).all()  # every row of every q head once, none past a sequence
+    assert torch.allclose(dq, ref[0], atol=1e-9), (dq - ref[0]).abs().max()
+
+
 def test_launch_passes_every_kernel_parameter(monkeypatch):
     from tilecore.ops.attention import gluon_varlen_backward
 
@@ -197,6 +278,43 @@ def test_launch_passes_every_kernel_parameter(monkeypatch):
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == k.shape
 
 
+def test_split_launch_runs_dkdv_without_dq_then_the_dq_kernel(monkeypatch):
+    from tilecore.ops.attention import gluon_varlen_backward
+
+    calls = {}
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.setdefault(self.name, (grid, args, kwargs))
+
+    monkeypatch.setattr(varlen, "GLUON_VARLEN_BWD", Recorder("dkdv"))
+    monkeypatch.setattr(varlen, "GLUON_VARLEN_DQ", Recorder("dq"))
+    monkeypatch.setattr(varlen.dispatch, "num_sms", lambda device: 132)
+    lengths = [70, 1, 0, 20]
+    cu = cu_of(lengths)
+    total = sum(lengths)
+    q, dout, out = (torch.randn(total, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    k = torch.randn(total, 2, 128, dtype=torch.bfloat16)
+    lse = torch.randn(4, total)
+    cfg = dict(configs.varlen_gluon_backward_config(128, False), dq_from="gluon")
+    dq, dk, dv = varlen.backward_gluon(dout, q, k, k, out, lse, None, cu, cu, False, 0.1, -1, -1, 0.0, config=cfg)
+    assert calls["dkdv"][2]["DQ"] == 0
+    grid, args, kwargs = calls["dq"]
+    params = gluon_varlen_backward.attention_varlen_dq_kernel.arg_names
+    assert kwargs.pop("num_warps") == 4 and sorted(params[len(args):]) == sorted(kwargs)
+    named = dict(zip(params, args))
+    bm = configs.GLUON_DQ[128]["block_m"]
+    assert named["GROUP"] == 2 and named["total_q"] == total and named["num_tiles"] == len(named["work"])
+    assert torch.equal(named["work"], varlen.work_table_torch(cu, cu, total, 4, 2 * bm))  # the forward's table
+    assert named["q_desc"].block_shape == [1, 2 * bm, 128] and named["dq_desc"].block_shape == [1, bm, 128]
+    assert named["dq_desc"].base.data_ptr() == dq.data_ptr() and named["dq_ptr"] is dq
+    assert named["lse_ptr"].shape == (4, total) and named["delta_ptr"].shape == (1, 4, total)
+    assert kwargs["CAUSAL"] is False and kwargs["WINDOW"] is False
+
+
 def test_gluon_backward_is_off_by_default_and_never_taken_on_the_cpu():
     assert configs.VARLEN_GLUON_BACKWARD is False and configs.VARLEN_GLUON_BACKWARD_FEATURES == frozenset()
     q = torch.randn(10, 2, 128, dtype=torch.bfloat16)
@@ -230,7 +348,7 @@ def test_switched_on_the_backward_routes_eligible_calls_to_the_gluon_kernel(monk
 
 def test_configs_name_a_dq_mode_the_kernel_takes():
     for (d, causal), cfg in configs.VARLEN_GLUON_BACKWARD_CONFIG.items():
-        assert configs.DQ_MODES[cfg["dq_from"]] in (1, 3) and d in (64, 128)
+        assert configs.DQ_MODES[cfg["dq_from"]] in (0, 1, 3) and d in (64, 128) and cfg["dq_from"] != "tl"
         assert configs.varlen_gluon_backward_config(d, causal) == dict(cfg, zero_tail=False)
 
 

@@ -34,8 +34,9 @@ from triton.experimental import gluon
 
 from tilecore.ops.attention.gluon_backward import (AttentionBackward, Grads, QStage, _ds_layout, _operand_layout,
                                                    _stat_columns)
-from tilecore.ops.attention.gluon_kernels import tanh_approx, tanh_from_exp2
-from tilecore.tiles.gluon import Layout, TileOperand, ring, run, struct, wgmma_layout
+from tilecore.ops.attention.gluon_kernels import tanh_approx, tanh_from_exp2, window_mask_scores, window_needs_mask
+from tilecore.ops.attention.gluon_varlen import KV, VarlenAttention
+from tilecore.tiles.gluon import Layout, TileOperand, mask_scores, needs_mask, ring, run, struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
@@ -89,7 +90,7 @@ class VarlenBackward:
     BM: gl.constexpr
     BN: gl.constexpr  # one consumer's keys
     D: gl.constexpr
-    DQ: gl.constexpr  # 1: fused, 3: lagged (gluon_backward.AttentionBackward.compute)
+    DQ: gl.constexpr  # 0: after the kernel, 1: fused, 3: lagged (gluon_backward.AttentionBackward.compute)
     KV_REGS: gl.constexpr
     WINDOW: gl.constexpr
     SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
@@ -258,8 +259,9 @@ class VarlenBackward:
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
-        """One step, dQ fused (DQ 1: this step's, once both consumers wrote their dS) or lagged (DQ 3:
-        the previous step's, issued with this step's dV and dK): gluon_backward's compute with the
+        """One step, dQ after the kernel (DQ 0: attention_varlen_dq_kernel), fused (DQ 1: this step's,
+        once both consumers wrote their dS) or lagged (DQ 3: the previous step's, issued with this
+        step's dV and dK): gluon_backward's compute with the
         sequence's lengths in the masks and its first query row in dQ's coordinates."""
         BM: gl.constexpr = self.BM
         BN: gl.constexpr = self.BN
@@ -306,16 +308,20 @@ class VarlenBackward:
         ds_t = ds_t.to(stage.q.dtype)
         p_op = gl.convert_layout(p_t.to(stage.q.dtype), _operand_layout(BN, D, gl.num_warps()))
         ds_op = gl.convert_layout(ds_t, _operand_layout(BN, D, gl.num_warps()))
-        mbarrier.wait(self.ds_free.index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
+        if MODE != 0:
+            mbarrier.wait(self.ds_free.index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
         if MODE == 3:
             dq_tok = self.issue_dq(ctx, i - 1)
         dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
         if MODE != 1:
             dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-        self.ds_smem.index(i % 2).slice(c * BN, BN).store(ds_t)
-        fence_async_shared()
-        mbarrier.arrive(self.ds_full.index(i % 2))
-        if MODE == 1:  # dK after dQ: dQ's staging and reduction run under it
+        if MODE != 0:
+            self.ds_smem.index(i % 2).slice(c * BN, BN).store(ds_t)
+            fence_async_shared()
+            mbarrier.arrive(self.ds_full.index(i % 2))
+        if MODE == 0:  # dQ by attention_varlen_dq_kernel after this one
+            dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+        elif MODE == 1:  # dK after dQ: dQ's staging and reduction run under it
             dq_tok = self.issue_dq(ctx, i)
             dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
             dq, dv = warpgroup_mma_wait(1, deps=(dq_tok, dv_tok))
@@ -379,7 +385,7 @@ def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_des
     WINDOW (not with CAUSAL: folded in) and SOFTCAP as the fixed kernel's; ZERO_TAIL: the next
     sequence's rows a box reads are zeroed in shared memory (an inf or NaN there stays there)."""
     gl.static_assert(not (WINDOW and CAUSAL), "causal is folded into the window")
-    gl.static_assert(DQ == 1 or DQ == 3, "dQ fused (1) or lagged (3)")
+    gl.static_assert(DQ == 0 or DQ == 1 or DQ == 3, "dQ after the kernel (0), fused (1) or lagged (3)")
     BM: gl.constexpr = q_desc.block_type.shape[1]
     BN: gl.constexpr = dk_desc.block_type.shape[1]  # one consumer's keys; k_desc's block holds both
     D: gl.constexpr = q_desc.block_type.shape[2]
@@ -402,6 +408,184 @@ def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_des
     for j in gl.static_range(2):
         mbarrier.invalidate(ds_full.index(j))
         mbarrier.invalidate(ds_free.index(j))
+
+
+# --------------------------------------------------------------------------------------------
+# dQ after the dK/dV kernel (DQ 0; the fixed path's "gluon" dq_from, faster for short sequences there)
+
+
+@struct
+class OwnRows:
+    """A consumer's dQ accumulator, its rows' lse (times log2 e, +inf where p must be 0) and delta, its
+    first row (local), and the tile's steps that are its own: [own_first, n_own)."""
+    dq: object
+    lse2: object
+    delta: object
+    first: object
+    n_own: object
+    own_first: object
+
+
+@struct
+class VarlenDQ:
+    """dQ of packed attention over the forward's work items (varlen.work_table over the queries): a
+    tile is 2 BLOCK_M query rows of one (sequence, q head) counted from the sequence's last row, the
+    ring streams its sequence's K and V blocks, each consumer owns BLOCK_M rows (gluon_dq.AttentionDQ's
+    step: S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K). Rows past the tile's own (the next
+    tile's, or the next sequence's) read lse +inf: their p, dS and dQ are 0, and they are never stored."""
+    q_desc: object  # [1, 2 BM, D]: both consumers' rows (the tile operand)
+    do_desc: object
+    k_desc: object  # [1, BN, D]
+    v_desc: object
+    dq_desc: object  # [1, BM, D]: one consumer's rows
+    dq_ptr: object
+    dq_row_stride: object
+    lse: object  # (Hq, total_q) float32, natural log
+    delta: object  # (Hq, total_q) float32
+    total_q: object
+    cu_q: object
+    cu_k: object
+    work: object
+    GROUP: object
+    scale: object
+    scale_log2e: object
+    left: object
+    right: object
+    tanh_scale: object
+    CAUSAL: gl.constexpr
+    BM: gl.constexpr
+    BN: gl.constexpr
+    D: gl.constexpr
+    CONSUMERS: gl.constexpr
+    WINDOW: gl.constexpr
+    SOFTCAP: gl.constexpr
+
+    @gluon.jit
+    def setup(self, tile_id):
+        """The forward's work item (gluon_varlen.VarlenAttention.setup): its rows and key blocks; a step
+        per key block (no extra step: no P V to finish)."""
+        rows, steps = VarlenAttention.setup(self, tile_id)
+        return rows, rows.n_blocks
+
+    @gluon.jit
+    def load(self, stage, bar, tile, step):
+        hk = tile.h // self.GROUP
+        key = tile.k0 + (tile.first_block + step) * self.BN
+        tma.async_copy_global_to_shared(self.k_desc, [hk, key, 0], bar, stage.k)
+        tma.async_copy_global_to_shared(self.v_desc, [hk, key, 0], bar, stage.v)
+
+    @gluon.jit
+    def load_tile(self, bufs, bar, tile, consumer):
+        """Both consumers' rows of Q and of dO."""
+        tma.async_copy_global_to_shared(self.q_desc, [tile.h, tile.q0 + tile.first, 0], bar, bufs.index(0))
+        tma.async_copy_global_to_shared(self.do_desc, [tile.h, tile.q0 + tile.first, 0], bar, bufs.index(1))
+
+    @gluon.jit
+    def start(self, ctx, tile, prev):
+        """dQ = 0, this consumer's own rows' lse and delta (+inf and 0 elsewhere), and its steps (causal:
+        up to its rows' diagonal; a window: gluon_varlen.VarlenAttention.start's; none without own rows)."""
+        s_layout: gl.constexpr = wgmma_layout(self.BM, self.BN, gl.num_warps())
+        first = tile.first + ctx.index * self.BM
+        rows = first + gl.arange(0, self.BM, layout=gl.SliceLayout(1, s_layout))
+        own = rows < tile.end
+        offs = tile.h.to(gl.int64) * self.total_q + tile.q0 + rows
+        lse = gl.load(self.lse + offs, mask=own, other=float("inf"))
+        lse = gl.where(lse == float("-inf"), float("inf"), lse)
+        delta = gl.load(self.delta + offs, mask=own, other=0.0)
+        n_own = tile.n_blocks
+        own_first = n_own * 0
+        if self.CAUSAL:
+            own_hi = gl.maximum(gl.minimum(tile.Nk, first + self.BM + (tile.Nk - tile.N)), 0)
+            n_own = gl.minimum(gl.cdiv(own_hi, self.BN), tile.n_blocks)
+        if self.WINDOW:
+            shift = tile.Nk - tile.N
+            own_lo = gl.maximum(first + shift - self.left, 0) // self.BN - tile.first_block
+            own_hi = gl.maximum(gl.minimum(tile.Nk, gl.minimum(first + self.BM, tile.N) - 1 + shift + self.right + 1),
+                                0)
+            own_first = gl.maximum(own_lo, 0)
+            n_own = gl.minimum(gl.cdiv(own_hi, self.BN) - tile.first_block, tile.n_blocks)
+        n_own = gl.where(first < tile.end, n_own, 0)
+        dq = gl.zeros([self.BM, self.D], gl.float32, wgmma_layout(self.BM, self.D, gl.num_warps()))
+        return OwnRows(dq, lse * LOG2E, delta, first, n_own, own_first)
+
+    @gluon.jit
+    def compute(self, ctx, st, stage, tile, step):
+        s_layout: gl.constexpr = wgmma_layout(self.BM, self.BN, gl.num_warps())
+        dq = st.dq
+        if (step < st.n_own) & (step >= st.own_first):
+            q = ctx.operand.index(0).reshape([2 * self.BM, self.D]).slice(ctx.index * self.BM, self.BM)
+            do = ctx.operand.index(1).reshape([2 * self.BM, self.D]).slice(ctx.index * self.BM, self.BM)
+            k = stage.k.reshape([self.BN, self.D])
+            zeros = gl.zeros([self.BM, self.BN], gl.float32, s_layout)
+            s_tok = warpgroup_mma(q, k.permute((1, 0)), zeros, use_acc=False, is_async=True)
+            dp_tok = warpgroup_mma(do, stage.v.reshape([self.BN, self.D]).permute((1, 0)), zeros, use_acc=False,
+                                   is_async=True)
+            if self.SOFTCAP:
+                s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+            else:
+                s = warpgroup_mma_wait(1, deps=(s_tok,))  # dP may still run
+            start_n = (tile.first_block + step) * self.BN
+            if self.SOFTCAP == 2:
+                s = tanh_approx(s * self.tanh_scale)
+            elif self.SOFTCAP:
+                s = tanh_from_exp2(s * self.tanh_scale)
+            if self.WINDOW:
+                if window_needs_mask(st.first, start_n, self.BM, self.BN, tile.N, tile.Nk, self.left, self.right):
+                    s = window_mask_scores(s, s_layout, st.first, start_n, tile.N, tile.Nk, self.left, self.right)
+            elif needs_mask(st.first, start_n, self.BN, tile.N, tile.Nk, self.CAUSAL):
+                s = mask_scores(s, s_layout, st.first, start_n, tile.N, tile.Nk, self.CAUSAL, KEY_AXIS=1)
+            p = gl.exp2(s * self.scale_log2e - gl.expand_dims(st.lse2, 1))
+            if not self.SOFTCAP:
+                dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+            ds = p * (dp - gl.expand_dims(st.delta, 1))
+            if self.SOFTCAP:
+                ds = ds * (1.0 - gl.minimum(s * s, 1.0))
+            ds_layout: gl.constexpr = gl.DotOperandLayout(
+                operand_index=0, parent=wgmma_layout(self.BM, self.D, gl.num_warps()), k_width=2)
+            dq = warpgroup_mma(gl.convert_layout(ds.to(stage.k.dtype), ds_layout), k, dq)
+        return st.replace(dq=dq)
+
+    @gluon.jit
+    def wait(self, ctx, st):
+        return st  # every step ends with its wgmma complete
+
+    @gluon.jit
+    def finish(self, ctx, st, tile):
+        """dQ * scale of this consumer's own rows: one TMA store when all BLOCK_M are, else a masked store."""
+        out = st.dq * self.scale
+        if st.first + self.BM <= tile.end:
+            tma.store_wait(0)  # the buffer's previous TMA store has read it
+            ctx.out.reshape([self.BM, self.D]).store(out.to(ctx.out.dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(self.dq_desc, [tile.h, tile.q0 + st.first, 0], ctx.out)
+        elif st.first < tile.end:
+            layout: gl.constexpr = out.type.layout
+            rows = st.first + gl.arange(0, self.BM, layout=gl.SliceLayout(1, layout))
+            cols = gl.arange(0, self.D, layout=gl.SliceLayout(0, layout))
+            at = gl.expand_dims((tile.q0 + rows).to(gl.int64) * self.dq_row_stride + tile.h * self.D, 1) \
+                + gl.expand_dims(cols, 0)
+            ok = gl.expand_dims(rows < tile.end, 1) & gl.expand_dims(cols < self.D, 0)
+            gl.store(self.dq_ptr + at, out.to(ctx.out.dtype), mask=ok)
+
+
+@gluon.jit
+def attention_varlen_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, dq_row_stride, lse_ptr, delta_ptr,
+                               total_q, cu_q, cu_k, work, num_tiles, GROUP, scale, scale_log2e, left, right,
+                               tanh_scale, tile_counter, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                               WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0):
+    """dQ of packed attention for every work item of the forward's table (2 BLOCK_M query rows of a
+    (sequence, q head)); a persistent grid of 2 consumer warpgroups and a producer warp drawing tiles
+    from ``tile_counter`` (None: round-robin). q_desc / do_desc: both consumers' rows, dq_desc one's."""
+    gl.static_assert(not (WINDOW and CAUSAL), "causal is folded into the window")
+    BM: gl.constexpr = dq_desc.block_type.shape[1]
+    gl.static_assert(q_desc.block_type.shape[1] == 2 * BM, "a tile is both consumers' query rows")
+    op = VarlenDQ(q_desc, do_desc, k_desc, v_desc, dq_desc, dq_ptr, dq_row_stride, lse_ptr, delta_ptr, total_q, cu_q,
+                  cu_k, work, GROUP, scale, scale_log2e, left, right, tanh_scale, CAUSAL, BM,
+                  k_desc.block_type.shape[1], k_desc.block_type.shape[2], 2, WINDOW, SOFTCAP)
+    layout = Layout(dq_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0, tile_operand=TileOperand(q_desc, COUNT=2, SHARED=True),
+                    tile_counter=tile_counter)
+    run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), num_tiles)
 
 
 def compiled_backward(d: int = 128, causal: bool = True, softcap: int = 0, dtype=None, cfg: dict | None = None,
@@ -435,16 +619,48 @@ def compiled_backward(d: int = 128, causal: bool = True, softcap: int = 0, dtype
     return compile_kernel(attention_varlen_bwd_kernel, args, num_warps=4)
 
 
+def compiled_dq(d: int = 128, causal: bool = True, softcap: int = 0, dtype=None, window: bool = False,
+                group: int = 1):
+    """attention_varlen_dq_kernel compiled for sm_90a without a GPU, with the arguments
+    varlen.backward_gluon passes (configs.GLUON_DQ's blocks)."""
+    import torch
+
+    from tilecore.ops.attention import configs
+    from tilecore.tiles.compile import compile_kernel
+    from tilecore.tiles.launch import TmaOperand
+
+    dtype = dtype or torch.bfloat16
+    cfg = configs.GLUON_DQ[d]
+    bm, bn = cfg["block_m"], cfg["block_n"]
+    x = torch.empty(4096, 16, d, dtype=dtype)
+    kv = torch.empty(4096, 16 // group, d, dtype=dtype)
+    desc = lambda t, rows: TmaOperand(t.transpose(0, 1), [1, rows, d]).descriptor()  # noqa: E731
+    i32 = torch.empty(64, dtype=torch.int32)
+    f32 = torch.empty(64)
+    args = dict(q_desc=desc(x, 2 * bm), k_desc=desc(kv, bn), v_desc=desc(kv, bn), do_desc=desc(x, 2 * bm),
+                dq_desc=desc(x, bm), dq_ptr=x, dq_row_stride=x.stride(0), lse_ptr=f32, delta_ptr=f32, total_q=4096,
+                cu_q=i32, cu_k=i32, work=i32, num_tiles=4096, GROUP=group, scale=0.1, scale_log2e=0.1, left=1000,
+                right=0, tanh_scale=0.1, tile_counter=torch.zeros(1, dtype=torch.int32), CAUSAL=causal and not window,
+                STAGES=cfg["stages"], WINDOW=window, SOFTCAP=softcap)
+    return compile_kernel(attention_varlen_dq_kernel, args, num_warps=4)
+
+
 def report(cases=((128, True, 0, False, 1), (128, False, 0, False, 1), (128, True, 0, False, 4),
-                  (64, True, 0, False, 1), (128, True, 2, False, 1), (128, False, 0, True, 1))) -> list[dict]:
-    """Resources and Hopper instructions of the compiled kernel for (D, causal, SOFTCAP, WINDOW, GROUP)."""
+                  (64, True, 0, False, 1), (128, True, 2, False, 1), (128, False, 0, True, 1)),
+           dq: bool = True) -> list[dict]:
+    """Resources and Hopper instructions of the compiled kernels (the dK/dV kernel with its config's dQ,
+    and with ``dq`` the dQ kernel) for (D, causal, SOFTCAP, WINDOW, GROUP) cases."""
     from tilecore.tiles.compile import has_hopper_instructions, resources
 
     rows = []
     for d, causal, softcap, window, group in cases:
-        compiled = compiled_backward(d, causal, softcap, window=window, group=group)
-        rows.append(dict(D=d, causal=causal, softcap=softcap, window=window, group=group,
-                         **vars(resources(compiled)), **has_hopper_instructions(compiled.asm["ptx"])))
+        for kernel in ("dkdv", "dq"):
+            if kernel == "dq" and not dq:
+                continue
+            compiled = (compiled_backward(d, causal, softcap, window=window, group=group) if kernel == "dkdv" else
+                        compiled_dq(d, causal, softcap, window=window, group=group))
+            rows.append(dict(kernel=kernel, D=d, causal=causal, softcap=softcap, window=window, group=group,
+                             **vars(resources(compiled)), **has_hopper_instructions(compiled.asm["ptx"])))
     return rows
 
 
@@ -452,4 +668,4 @@ if __name__ == "__main__":  # python -m tilecore.ops.attention.gluon_varlen_back
     import json
     import sys
 
-    print(json.dumps(report(((128, True, 0, False, 1),)) if "--quick" in sys.argv else report()))
+    print(json.dumps(report(((128, True, 0, False, 1),), dq=False) if "--quick" in sys.argv else report()))

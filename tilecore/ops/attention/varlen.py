@@ -208,6 +208,11 @@ def _strides(t: torch.Tensor) -> tuple:
 GLUON_VARLEN_FWD = CachedLaunch(
     lambda: importlib.import_module("tilecore.ops.attention.gluon_varlen").attention_varlen_fwd_kernel)
 WORK_TABLE = CachedLaunch(lambda: importlib.import_module("tilecore.ops.attention.kernels_varlen").varlen_work_table)
+WORK_TABLE_RANKED = CachedLaunch(
+    lambda: importlib.import_module("tilecore.ops.attention.varlen_work").varlen_work_table_ranked)
+# the work table with its order in one launch (varlen_work.py) for batches up to its RANKED_MAX_BATCH: off
+# until a GPU run checks it (host_time.py's varlen table check); on: True
+VARLEN_RANKED_TABLE = False
 
 
 def gluon_device(device: torch.device) -> bool:
@@ -255,7 +260,7 @@ def work_order(cu_q: torch.Tensor, cu_k: torch.Tensor) -> torch.Tensor:
 
 
 def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int, tile_m: int,
-               key=None) -> torch.Tensor:
+               key=None, ranked: bool | None = None) -> torch.Tensor:
     """The Gluon varlen forward's work items, (tiles, 4) int32 on cu_q's device, built there (no host
     sync): (sequence, query tile counted from the sequence's last row, q head, 0), sequences longest
     first (``work_order``), a sequence's tiles head by head, a head's from the last rows to the
@@ -263,10 +268,21 @@ def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int,
     entries past the real tiles are (-1, 0, 0, 0). One tl launch after the sort
     (kernels_varlen.varlen_work_table) up to WORK_TABLE_MAX_BATCH sequences, else
     ``work_table_torch``. ``key``: the call's launch key (the table kernel launched by it; the table itself
-    is built every call: it reads cu_q's values)."""
+    is built every call: it reads cu_q's values). ``ranked`` (None: VARLEN_RANKED_TABLE): the order and the
+    table in one launch (varlen_work.py) where the batch has at most its RANKED_MAX_BATCH sequences."""
+    from tilecore.ops.attention.varlen_work import RANKED_MAX_BATCH
+
     batch = cu_q.numel() - 1
     if dispatch.backend_for(cu_q.device) != "kernel" or batch > WORK_TABLE_MAX_BATCH:
         return work_table_torch(cu_q, cu_k, total_q, heads, tile_m)
+    if (VARLEN_RANKED_TABLE if ranked is None else ranked) and batch <= RANKED_MAX_BATCH:
+        entries = (cdiv(total_q, tile_m) + batch) * heads
+        table = torch.empty((entries, 4), dtype=torch.int32, device=cu_q.device)
+        block_b = max(16, next_power_of_2(batch))
+        block_t = max(1, 4096 // block_b)
+        WORK_TABLE_RANKED.run(key, (cdiv(entries, block_t),), (cu_q, cu_k, table, batch, entries, heads),
+                              dict(TILE_M=tile_m, BLOCK_B=block_b, BLOCK_T=block_t))
+        return table
     order = work_order(cu_q, cu_k).to(torch.int32)
     entries = (cdiv(total_q, tile_m) + batch) * heads
     table = torch.empty((entries, 4), dtype=torch.int32, device=cu_q.device)
@@ -324,7 +340,7 @@ def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1
         return out, lse
     cfg = dict(config or configs.VARLEN_GLUON_FORWARD_CONFIG[d])
     block_m, block_n, consumers = cfg["block_m"], cfg["block_n"], cfg.get("consumers", 2)
-    work = work_table(cu_q, cu_k, total_q, hq, block_m * consumers, key=key)
+    work = work_table(cu_q, cu_k, total_q, hq, block_m * consumers, key=key, ranked=cfg.get("ranked_table"))
     num_tiles = work.shape[0]
     if softcap:
         scale_log2e, tanh_scale = softcap * LOG2E, scale / softcap
@@ -354,6 +370,8 @@ def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1
 
 GLUON_VARLEN_BWD = CachedLaunch(
     lambda: importlib.import_module("tilecore.ops.attention.gluon_varlen_backward").attention_varlen_bwd_kernel)
+GLUON_VARLEN_DQ = CachedLaunch(
+    lambda: importlib.import_module("tilecore.ops.attention.gluon_varlen_backward").attention_varlen_dq_kernel)
 
 
 def gluon_backward_fits(q, k, v, causal, left, right, use_gluon=None, features=None) -> bool:
@@ -378,9 +396,11 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
                    config=None, tanh_approx=None):
     """(dq, dk, dv) by the Gluon varlen backward (gluon_varlen_backward.py) after the fixed path's
     preprocess (launch.backward_preprocess on the packed tensors as one batch of total_q rows: delta,
-    the (Hq, 2, total_q) row statistics, a zeroed float32 (Hq, total_q, D) dQ), into ``grads``
-    (contiguous) where given; ``config`` in place of configs.varlen_gluon_backward_config; the
-    softcap's tanh by tanh.approx.f32 unless ``tanh_approx`` is False."""
+    the (Hq, 2, total_q) row statistics, and for a dQ in the kernel a zeroed float32 (Hq, total_q, D)
+    dQ), into ``grads`` (contiguous) where given; with the config's dq_from "gluon", dK/dV alone and
+    then dQ by attention_varlen_dq_kernel over the forward's work table (configs.GLUON_DQ's blocks);
+    ``config`` in place of configs.varlen_gluon_backward_config; the softcap's tanh by
+    tanh.approx.f32 unless ``tanh_approx`` is False."""
     from tilecore.ops.attention import configs
     from tilecore.ops.attention.launch import backward_preprocess, row_stats_operand
     from tilecore.tiles.launch import tile_counter
@@ -398,9 +418,11 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
     is_causal, window = gluon_masks(causal, left, right)
     cfg = dict(config or configs.varlen_gluon_backward_config(d, is_causal or window))
     block_m, block_n = cfg["block_m"], cfg["block_n"]
-    _, dq_sum, stats = backward_preprocess(out.transpose(0, 1).unsqueeze(0), dout.transpose(0, 1).unsqueeze(0),
-                                           lse.contiguous(), dlse, dq_sum=True, row_stats=True)
-    dq_sum = dq_sum[0]  # (Hq, total_q, D) float32, zeroed
+    dq_after = configs.DQ_MODES[cfg["dq_from"]] == 0
+    lse = lse.contiguous()
+    delta, dq_sum, stats = backward_preprocess(out.transpose(0, 1).unsqueeze(0), dout.transpose(0, 1).unsqueeze(0),
+                                               lse, dlse, dq_sum=not dq_after, row_stats=True)
+    dq_sum = dq_sum[0]  # (Hq, total_q, D) float32, zeroed (a placeholder with dQ after the kernel)
     work = work_table(cu_k, cu_q, total_k, hkv, 2 * block_n)  # over the keys: (sequence, key tile, kv head, 0)
     num_tiles = work.shape[0]
     if softcap:
@@ -416,12 +438,25 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
         GLUON_VARLEN_BWD[grid](
             packed_operand(q, block_m), packed_operand(k, 2 * block_n), packed_operand(v, 2 * block_n),
             packed_operand(dout, block_m), packed_operand(dk, block_n), packed_operand(dvv, block_n),
-            row_stats_operand(stats, block_m), TmaOperand(dq_sum, [1, block_m, d // 2]), dk, dvv, dk.stride(0),
+            row_stats_operand(stats, block_m), TmaOperand(dq_sum, [1, 1 if dq_after else block_m, d // 2]), dk, dvv,
+            dk.stride(0),
             cu_q, cu_k, work, num_tiles, hq // hkv, scale, scale_log2e, wl, wr, tanh_scale, tile_counter(q.device),
             CAUSAL=is_causal, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
             KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=mode, ZERO_TAIL=cfg.get("zero_tail", False),
             num_warps=4)
-    dq.copy_(dq_sum.transpose(0, 1))
+    if not dq_after:
+        dq.copy_(dq_sum.transpose(0, 1))
+        return dq, dk, dvv
+    dq_cfg = configs.GLUON_DQ[d]
+    dq_m, dq_n = dq_cfg["block_m"], dq_cfg["block_n"]
+    work = work_table(cu_q, cu_k, total_q, hq, 2 * dq_m)  # the forward's: (sequence, query tile, q head, 0)
+    grid = (min(work.shape[0], dispatch.num_sms(q.device)),)
+    with dispatch.on_device(q.device):
+        GLUON_VARLEN_DQ[grid](
+            packed_operand(q, 2 * dq_m), packed_operand(k, dq_n), packed_operand(v, dq_n),
+            packed_operand(dout, 2 * dq_m), packed_operand(dq, dq_m), dq, dq.stride(0), lse, delta, total_q, cu_q,
+            cu_k, work, work.shape[0], hq // hkv, scale, scale_log2e, wl, wr, tanh_scale, tile_counter(q.device),
+            CAUSAL=is_causal, STAGES=dq_cfg["stages"], WINDOW=window, SOFTCAP=mode, num_warps=4)
     return dq, dk, dvv
 
 
