@@ -1,35 +1,42 @@
 """The packed variable-length attention backward on Hopper (``attention_varlen``'s Gluon backward):
 the fixed-length Gluon backward's step (gluon_backward.py: S^T, dP^T, P^T, dS^T, dV += P^T dO,
 dK += dS^T Q, dQ = dS K added by TMA reductions, FlashAttention-3's five matmuls a step) on the
-tiles template, over a device-built list of (sequence, key tile, kv head) work items.
+tiles template, over a device-built list of (sequence, key tile, kv head) work items; or (dq_from
+"gluon", DQ 0) dK and dV alone, then dQ by ``attention_varlen_dq_kernel`` over the forward's query
+tiles (seven matmuls a block, the fixed path's choice for short sequences).
 
 Layout: q, dO (total_q, Hq, D), k, v (total_k, Hkv, D), each described by TMA as its (heads, total,
-D) view (varlen.packed_operand): a box is ``rows`` rows of one head at any row offset. dK and dV are
-packed (total_k, Hkv, D), contiguous. dQ goes to a float32 (Hq, total_q, D) buffer (zeroed by the
-preprocess) by TMA reductions; the row statistics (lse with -inf as +inf, and delta) come from the
-preprocess's (Hq, 2, total_q padded to 16 bytes) buffer (launch.backward_preprocess on the packed
-tensors seen as one batch of total_q rows).
+D) view (varlen.packed_operand): a box is ``rows`` rows of one head at any row offset. dK, dV (and
+the split path's dQ) are packed like their inputs, contiguous. The fused dQ goes to a float32 (Hq,
+total_q, D) buffer (zeroed by the preprocess) by TMA reductions; the row statistics (lse with -inf
+as +inf, and delta) come from the preprocess's (Hq, 2, total_q padded to 16 bytes) buffer
+(launch.backward_preprocess on the packed tensors seen as one batch of total_q rows).
 
-Work items (varlen.work_table over the keys: cu_seqlens_k's sequences, tiles of TILE_N = 2 BLOCK_N
-keys): (sequence, key tile, kv head). Sequences come longest first (by N x Nk), a sequence's tiles
-kv head by kv head, a head's key tiles from the first (the heaviest, causal); programs draw them from
-a counter. A tile is TILE_N keys of one (sequence, kv head) counted from the sequence's first key;
-each consumer owns BLOCK_N of them and keeps their dK and dV in registers. Its steps are the query
-blocks of BLOCK_M rows (counted from the sequence's first query) that see one of its keys, for each
-q head of the kv head's group, in the fixed kernel's walk (``step_rows``).
+Work items of the dK/dV kernel (varlen.work_table over the keys: cu_seqlens_k's sequences, tiles of
+TILE_N = 2 BLOCK_N keys): (sequence, key tile, kv head). Sequences come longest first (by N x Nk), a
+sequence's tiles kv head by kv head, a head's key tiles from the first (the heaviest, causal);
+programs draw them from a counter. A tile is TILE_N keys of one (sequence, kv head) counted from the
+sequence's first key; each consumer owns BLOCK_N of them and keeps their dK and dV in registers. Its
+steps are the query blocks of BLOCK_M rows (counted from the sequence's first query) that see one of
+its keys, for each q head of the kv head's group, in the fixed kernel's walk (``step_rows``).
 
 Masks, per sequence (local positions, the causal diagonal and the window aligned to the bottom right
 as varlen.py defines them): keys past Nk and queries past N (a box's rows past a sequence's end are
 the next sequence's: their scores are -inf, so P = 0 and dS = 0) and, causal or with a window, keys
 outside a query's range. dK and dV of a consumer's rows go by one TMA store when all BLOCK_N are the
 sequence's, else by a masked register store (its own rows only): no other sequence's rows are ever
-written. dQ's reductions of a last query block add exact zeros to the next sequence's first rows
-(their dS is 0).
+written. The fused dQ's reductions of a last query block add exact zeros to the next sequence's
+first rows (their dS is 0). The dQ kernel (``VarlenDQ``) takes the forward's tiles (2 BLOCK_M rows
+counted from a sequence's last row), reads lse +inf for rows not its own, and stores its own rows.
 
-Limitation (as the forward's without ``zero_tail_v``): a box reads the next sequence's rows, and an
-inf or NaN there (in K, V, Q or dO) times a P or dS of 0 is NaN, which reaches this sequence's
-gradients. Finite inputs are never affected.
+Non-finite values next door: a box reads the next sequence's rows, and an inf or NaN there times a
+P or dS of 0 is NaN, which would reach this sequence's gradients. ``ZERO_TAIL`` (config zero_tail,
+configs.VARLEN_GLUON_BACKWARD_ZERO_TAIL) zeroes them in shared memory: a tile's K and V rows past Nk
+once (each consumer its own rows), a step's Q and dO rows past N (lse +inf, delta 0) in a sequence's
+last query block. Off until a GPU run checks it; finite inputs are never affected either way. The
+dQ kernel's tiles read the next sequence's K / V rows in a last key block (masked, not zeroed).
 """
+
 from triton.experimental import gluon
 
 from tilecore.ops.attention.gluon_backward import (AttentionBackward, Grads, QStage, _ds_layout, _operand_layout,
