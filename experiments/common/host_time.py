@@ -182,6 +182,45 @@ def same_bits_each_call():
     return results
 
 
+def varlen_ranked_cases():
+    """varlen's work table in one launch (varlen_work.py, off by default: VARLEN_RANKED_TABLE) against the
+    two-step table: the Gluon forward keyed with and without it (host us a call, and the same output)."""
+    from tilecore.ops.attention import configs, varlen
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([0, 100, 300, 512], dtype=torch.int32, device="cuda")
+    qv = torch.randn(512, 8, 64, **bf)
+    config = configs.VARLEN_GLUON_FORWARD_CONFIG[64]
+
+    def forward(ranked):
+        return varlen.forward_gluon(qv, qv, qv, lens, lens, True, 0.125, 0.0, config={**config, "ranked_table": ranked},
+                                    key=("host_time varlen", ranked))[0]
+    return {"varlen Gluon forward, ranked table": (lambda: forward(True), lambda: forward(False))}
+
+
+def varlen_ranked_table_check():
+    """The one-launch table (ranked) equals the sorted two-step table and work_table_torch on the GPU:
+    random batches of 1..64 sequences with ties and zero lengths. Returns {case: True/False/error}."""
+    from tilecore.ops.attention import varlen
+    results = {}
+    gen = torch.Generator().manual_seed(0)
+    for batch, tile_m, heads in ((1, 128, 8), (3, 128, 8), (17, 128, 4), (64, 128, 2), (64, 64, 3)):
+        try:
+            lens_q = torch.randint(0, 700, (batch,), generator=gen)
+            lens_q[::3] = lens_q[0]
+            lens_k = torch.where(torch.arange(batch) % 2 == 0, lens_q, torch.randint(0, 700, (batch,), generator=gen))
+            cu_q = torch.cat([torch.zeros(1, dtype=torch.int64), lens_q.cumsum(0)]).to(torch.int32).cuda()
+            cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lens_k.cumsum(0)]).to(torch.int32).cuda()
+            total = int(cu_q[-1])
+            ranked = varlen.work_table(cu_q, cu_k, total, heads, tile_m, ranked=True)
+            two_step = varlen.work_table(cu_q, cu_k, total, heads, tile_m, ranked=False)
+            torch_ops = varlen.work_table_torch(cu_q, cu_k, total, heads, tile_m)
+            results[f"B{batch} tile{tile_m} H{heads}"] = bool(torch.equal(ranked, two_step)
+                                                              and torch.equal(ranked, torch_ops))
+        except Exception as err:  # noqa: BLE001
+            results[f"B{batch} tile{tile_m} H{heads}"] = f"{type(err).__name__}: {err}"
+    return results
+
+
 def same_bits_later(table, calls=10):
     """The later ops: calls 1 (checked, planned), 2 (keyed first launch) and 3..``calls`` (keyed, cached)
     give the first call's bits (ops with a state are given a fresh copy each call)."""
@@ -227,22 +266,36 @@ def main():
         except Exception as err:  # noqa: BLE001
             rows.append({"op": name, "error": f"{type(err).__name__}: {err}"})
     bits = same_bits_each_call() if a.ops != "later" else {}
+    ranked_check = {}
     if a.ops != "first":
         try:
             bits.update(same_bits_later(later_cases()))
         except Exception as err:  # noqa: BLE001
             bits["later"] = f"{type(err).__name__}: {err}"
+        try:
+            ranked = varlen_ranked_cases()
+            for name, (with_ranked, two_step) in ranked.items():
+                same = all(torch.equal(with_ranked(), two_step()) for _ in range(3))
+                rows.append({"op": name + " (torch column: the two-step table)", "same_output": same,
+                             "tilecore_us": per_call_us(with_ranked, a.calls), "torch_us": per_call_us(two_step, a.calls)})
+        except Exception as err:  # noqa: BLE001
+            rows.append({"op": "varlen ranked table", "error": f"{type(err).__name__}: {err}"})
+        ranked_check = varlen_ranked_table_check()
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "host_us": rows, "same_bits_each_call": bits}, f, indent=1)
+                       "host_us": rows, "same_bits_each_call": bits, "varlen_ranked_table_equal": ranked_check},
+                      f, indent=1)
     print("same bits on calls 1..10 (outputs and gradients):", bits)
+    if ranked_check:
+        print("varlen ranked work table == two-step table == torch ops table (GPU):", ranked_check)
     print(f"{'op':34s} {'tilecore us':>12s} {'torch us':>9s}")
     for r in rows:
         if "error" in r:
             print(f"{r['op']:34s} {r['error']}")
         else:
-            print(f"{r['op']:34s} {r['tilecore_us']:12.1f} {r['torch_us']:9.1f}")
+            same = "" if "same_output" not in r else f"  same output: {r['same_output']}"
+            print(f"{r['op']:34s} {r['tilecore_us']:12.1f} {r['torch_us']:9.1f}{same}")
 
 
 if __name__ == "__main__":

@@ -433,3 +433,20 @@ def test_fft_conv_keyed_reads_the_new_filter_each_call(monkeypatch):
         fft_op.fft_conv(u, torch.randn(2, 65))
     fft_op._CHECKED.clear()
     fft_op._PLANS.clear()
+
+
+def test_ranked_work_table_is_the_sorted_table():
+    """varlen_work.varlen_work_table_ranked (the order and the table in one launch): entry for entry
+    work_table_torch's (argsort descending, stable: ties in batch order), zero lengths, ties, Nk != N."""
+    torch.manual_seed(9)
+    for batch, tile_m, heads in ((1, 16, 1), (5, 16, 2), (37, 32, 3)):
+        lens_q = torch.randint(0, 40, (batch,))
+        lens_q[::3] = lens_q[0]  # ties
+        lens_k = torch.where(torch.arange(batch) % 2 == 0, lens_q, torch.randint(0, 40, (batch,)))
+        cu_q = torch.cat([torch.zeros(1, dtype=torch.int64), lens_q.cumsum(0)]).to(torch.int32)
+        cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lens_k.cumsum(0)]).to(torch.int32)
+        total = int(cu_q[-1])
+        ranked = varlen_op.work_table(cu_q, cu_k, total, heads, tile_m, ranked=True)
+        expected = varlen_op.work_table_torch(cu_q, cu_k, total, heads, tile_m)
+        assert torch.equal(ranked, expected)
+        assert torch.equal(varlen_op.work_table(cu_q, cu_k, total, heads, tile_m, ranked=False), expected)
