@@ -23,6 +23,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.attention.op import scale_value
 from tilecore.ops.attention.reference_varlen import varlen_backward_reference, varlen_reference
+from tilecore.ops.attention.varlen_work import RANKED_MAX_BATCH
 from tilecore.tiles import eager
 from tilecore.tiles.launch import (LRU, CachedLaunch, TmaOperand, cdiv, next_power_of_2, signature, tl_addressable,
                                    tma_describable)
@@ -270,8 +271,6 @@ def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int,
     ``work_table_torch``. ``key``: the call's launch key (the table kernel launched by it; the table itself
     is built every call: it reads cu_q's values). ``ranked`` (None: VARLEN_RANKED_TABLE): the order and the
     table in one launch (varlen_work.py) where the batch has at most its RANKED_MAX_BATCH sequences."""
-    from tilecore.ops.attention.varlen_work import RANKED_MAX_BATCH
-
     batch = cu_q.numel() - 1
     if dispatch.backend_for(cu_q.device) != "kernel" or batch > WORK_TABLE_MAX_BATCH:
         return work_table_torch(cu_q, cu_k, total_q, heads, tile_m)
