@@ -306,7 +306,8 @@ def warm(workers: int, cases):
     tasks += [("basedcheck", i) for i in range(len(BASED_CHECKS))]
     tasks += [("gluoncheck", i) for i in reversed(range(len(GLUON_CHECKS)))]  # PREFETCH's are last in the list
     # one task a variant (a case's compiles in parallel: one slow compile costs only its own row)
-    tasks += [("extra", c, n) for c in cases for n in extra_calls(c, None, names_only=True) if n != "torch_prep"]
+    tasks += [("extra", c, n) for c in cases for n in extra_calls(c, None, names_only=True)
+              if n not in ("torch_prep", "kernel_only")]  # (kernel_only: gluon_zstage's compile)
     tasks += [("fla", c, p) for c in cases for p in CASES[c]["peers"] if p not in ("chunk_simple_gla", "chunk_gla")]
     # a default the extras do not compile already (the Gluon cases' gluon_direct / gluon is their default)
     tasks += [("default", c) for c in cases if CASES[c]["feature"] == BASED or CASES[c]["decay"] == "channel"]
@@ -372,7 +373,8 @@ def reference_floor(case: str, over: dict | None) -> float:
 
 def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, decay: bool, mamba: bool,
                 stages: int = 3, prefetch: bool = False, overlap: bool = False, z_stage: bool = False,
-                g_stage: bool = False, factored: bool = False, strength: str = "mild", early_wv: bool = False):
+                g_stage: bool = False, factored: bool = False, strength: str = "mild", early_wv: bool = False,
+                async_update: bool = False):
     """The Gluon forward (gluon_forward.la_fwd_gluon_kernel) into NaN-filled o and final states, with
     initial states, against the float64 recurrence: o's error over the rounding floor, the states'
     relative error, every element written. strength (scalar decay): "mild" (log decays in [-0.3, 0] and a
@@ -403,13 +405,14 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
     h0 = torch.randn(B, H, Dk, Dv, device=DEV)
     scale = 1.0 if mamba else Dk ** -0.5
     row = dict(case=name, N=N, fits=gf.fits(q, k, v, g, 0), prefetch=prefetch, overlap=overlap, z_stage=z_stage,
-               g_stage=g_stage, factored=factored, early_wv=early_wv)
+               g_stage=g_stage, factored=factored, early_wv=early_wv, async_update=async_update)
     o = torch.full_like(v, float("nan"))
     ht = torch.full_like(h0, float("nan"))
     G = None if g is None else (gf.chunk_cumulative_heads if g_stage else gf.chunk_cumulative)(g, gf.BT_GLUON)
     beta_k = gf.chunk_heads(beta, gf.BT_GLUON) if g_stage and beta is not None else beta
     grid, args, warps = gf.launch_args(q, k, v, G, beta_k, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap,
-                                       z_stage, g_stage=g_stage, factored=factored, early_wv=early_wv)
+                                       z_stage, g_stage=g_stage, factored=factored, early_wv=early_wv,
+                                       async_update=async_update)
     gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     torch.cuda.synchronize()
     row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(ht).any())
@@ -430,7 +433,7 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
     row["tl_state_rel"] = accuracy.rel_rms(ht_tl, ref_state)
     if g_stage:  # gluon_forward.forward (its host side: chunk_cumulative_heads) gives the same o
         o2, _ = gf.forward(q, k, v, g, beta, d_skip, z, h0, scale, False, stages, prefetch, overlap, z_stage,
-                           g_stage=True, factored=factored, early_wv=early_wv)
+                           g_stage=True, factored=factored, early_wv=early_wv, async_update=async_update)
         row["forward_matches"] = bool(torch.equal(o2, o))
     print("check gluon", row, flush=True)
     RESULTS["check"].append(row)
@@ -438,32 +441,33 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
 
 
 # (name, B, N, Hqk, H, Dk, Dv, decay, mamba[, stages, PREFETCH, OVERLAP, Z_STAGE, G_STAGE, FACTORED, strength,
-# EARLY_WV]).
-# Run 9 (session 27) checked PREFETCH and OVERLAP (off since); these are the defaults and session 28's G_STAGE
-# (configs.GLUON_G_STAGE: G head-major through the TMA stage), FACTORED (configs.GLUON_FACTORED: the
-# intra-chunk decay as row x column factors where a chunk's G spans <= 120 in log2 units) and EARLY_WV
-# (configs.GLUON_EARLY_WV: the state update's weighted values stored with the old state)
+# EARLY_WV, ASYNC_UPDATE]). Run 9 (session 27) checked PREFETCH and OVERLAP (off since); these are the defaults
+# and session 28's G_STAGE (configs.GLUON_G_STAGE: G head-major through the TMA stage), FACTORED
+# (configs.GLUON_FACTORED: the intra-chunk decay as row x column factors where a chunk's G spans <= 120 in
+# log2 units), EARLY_WV (configs.GLUON_EARLY_WV: the state update's weighted values stored with the old state)
+# and ASYNC_UPDATE (configs.GLUON_ASYNC_UPDATE: Q S_old and the state update async under P)
+_GS, _GSF = (2, False, False, False, True, False), (2, False, False, False, True, True)  # stages .. FACTORED
+_GSZ, _GSFZ = (2, False, False, True, True, False), (2, False, False, True, True, True)  # with Z_STAGE
 GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
                 ("gluon scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False),
                 ("gluon z_stage mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False, False,
                  True),
-                ("gluon g_stage scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False, 2, False,
-                 False, False, True),
-                ("gluon factored scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False, 2, False,
-                 False, False, True, True),
                 ("gluon g_stage+early_wv scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False,
-                 2, False, False, False, True, False, "mild", True),
+                 *_GS, "mild", True),
                 ("gluon factored+early_wv scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False,
-                 2, False, False, False, True, True, "mild", True),
-                ("gluon factored+early_wv scalar decay d64 v128 strong decays N 77", 2, 77, 2, 2, 64, 128, True, False,
-                 2, False, False, False, True, True, "strong", True),
-                ("gluon factored scalar decay d128 tiny decays N 300", 2, 300, 2, 2, 128, 128, True, False, 2, False,
-                 False, False, True, True, "tiny"),
-                ("gluon g_stage+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False, False, True, True),
-                ("gluon factored+early_wv+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False, False, True,
-                 True, True, "mild", True),
-                ("gluon g_stage+early_wv+z_stage mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, 2, False, False, True,
-                 True, False, "mild", True))
+                 *_GSF, "mild", True),
+                ("gluon g_stage+early_wv+async scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True,
+                 False, *_GS, "mild", True, True),
+                ("gluon factored+early_wv+async scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True,
+                 False, *_GSF, "mild", True, True),
+                ("gluon factored+early_wv+async scalar decay d64 v128 strong decays N 77", 2, 77, 2, 2, 64, 128, True,
+                 False, *_GSF, "strong", True, True),
+                ("gluon factored+early_wv+async scalar decay d128 tiny decays N 300", 2, 300, 2, 2, 128, 128, True,
+                 False, *_GSF, "tiny", True, True),
+                ("gluon g_stage+early_wv+async+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, *_GSZ, "mild",
+                 True, True),
+                ("gluon factored+early_wv+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, *_GSFZ, "mild", True),
+                ("gluon g_stage+early_wv+z_stage mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, *_GSZ, "mild", True))
 
 
 def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype: str = "bf16",
@@ -540,10 +544,10 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
         names = ["gluon", "gluon_factored_early"] if c["decay"] else []
     elif c.get("mamba"):
         names = ["kernel_only", "torch_prep", "gluon_zstage", "gluon_zstage_gstage", "gluon_zstage_gstage_early",
-                 "gluon_zstage_factored_early"]
+                 "gluon_zstage_gstage_early_async", "gluon_zstage_factored_early"]
     elif c["decay"]:
-        names = ["gluon_direct", "gluon_gstage", "gluon_gstage_early", "gluon_factored", "gluon_factored_early",
-                 "gluon_factored_early_s3"]
+        names = ["gluon_direct", "gluon_gstage", "gluon_gstage_early", "gluon_gstage_early_async",
+                 "gluon_factored_early", "gluon_factored_early_async", "gluon_factored_early_s3"]
     else:
         names = []
     if names_only or not names:
@@ -559,15 +563,20 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
         return {"gluon_based": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False, overlap=False)[0],
                 "gluon_based_overlap": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False,
                                                           overlap=True)[0]}
-    def direct(prefetch, overlap=False, z_stage=False, g_stage=False, factored=False, early_wv=False, stages=2):
+    def direct(prefetch, overlap=False, z_stage=False, g_stage=False, factored=False, early_wv=False, stages=2,
+               async_update=False):
         return lambda: gf.forward(t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"], t["z"], None, t["scale"],
                                   False, stages, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage,
-                                  factored=factored, early_wv=early_wv)[0]  # as launch.forward calls it
+                                  factored=factored, early_wv=early_wv, async_update=async_update)[0]
     variants = {"gluon_direct": direct(False), "gluon_zstage": direct(False, False, True),
                 "gluon_gstage": direct(False, g_stage=True), "gluon_factored": direct(False, g_stage=True, factored=True),
                 "gluon_gstage_early": direct(False, g_stage=True, early_wv=True),
                 "gluon_factored_early": direct(False, g_stage=True, factored=True, early_wv=True),
                 "gluon_factored_early_s3": direct(False, g_stage=True, factored=True, early_wv=True, stages=3),
+                "gluon_gstage_early_async": direct(False, g_stage=True, early_wv=True, async_update=True),
+                "gluon_factored_early_async": direct(False, g_stage=True, factored=True, early_wv=True,
+                                                     async_update=True),
+                "gluon_zstage_gstage_early_async": direct(False, False, True, True, False, True, async_update=True),
                 "gluon_zstage_gstage": direct(False, False, True, True),
                 "gluon_zstage_gstage_early": direct(False, False, True, True, False, True),
                 "gluon_zstage_factored_early": direct(False, False, True, True, True, True)}
@@ -604,7 +613,7 @@ def phase_time(case: str, t: dict):
     if extra_calls(case, None, names_only=True) and not SMOKE:
         want = default_call(case, t)().float()
         for name, fn in (attempt(f"extra {case}", lambda: extra_calls(case, t)) or {}).items():
-            if name != "torch_prep" and not passed(("extra", case, name)):
+            if name not in ("torch_prep", "kernel_only") and not passed(("extra", case, name)):
                 row[f"{name}_error"] = "failed in the warm phase"
                 continue
             out = attempt(f"run {case} {name}", fn)

@@ -82,12 +82,12 @@ def test_g_stage_takes_only_the_head_major_g():
     assert args["G_STAGE"] and args["FACTORED"] and args["EARLY_WV"] and args["sgn"] == 0 and args["sbn"] == 0
 
 
-# bytes ptxas spills (sm_90a, triton 3.6.0, session 28): scalar decay with states 96-124 (252 without G_STAGE),
-# Mamba-2 (beta, D, z) 24-44 (408)
-SPILLS_ALLOWED = {"decay": 160, "mamba2": 96}
+# bytes ptxas spills (sm_90a, triton 3.6.0, session 28), every flag on: scalar decay with states 192 (252 without
+# G_STAGE; none in the chunk loop), Mamba-2 (beta, D, z) ~60 (408)
+SPILLS_ALLOWED = {"decay": 256, "mamba2": 128}
 CODE = ("import json, sys; from tilecore.ops.linear_attention.gluon_forward import compile_report; "
         "print(json.dumps(compile_report(sys.argv[1], z_stage=sys.argv[1] == 'mamba2', g_stage=True, factored=True, "
-        "early_wv=True)))")
+        "early_wv=True, async_update=True)))")
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +104,10 @@ def reports():
 
 
 @pytest.mark.parametrize("case", list(SPILLS_ALLOWED))
-def test_g_stage_factored_early_wv_compile(reports, case):
+def test_g_stage_factored_early_wv_async_compile(reports, case):
     r = reports[case]
     assert r["tma"] and r["wgmma"] and r["mbarrier"] and not r["wgmma_serialized"], r
-    assert r["g_stage"] and r["factored"] and r["early_wv"], r
+    assert r["g_stage"] and r["factored"] and r["early_wv"] and r["async_update"], r
     assert r["shared"] <= 227 * 1024 and r["threads"] == 384, r
     assert r["spill_bytes"] <= SPILLS_ALLOWED[case], r
 
@@ -116,14 +116,16 @@ def test_variant_flags_follow_configs_and_need_a_decay(monkeypatch):
     from tilecore.ops.linear_attention import configs
 
     g, beta, z = torch.empty(1, 8, 2), torch.empty(1, 8, 2), torch.empty(1, 8, 2, 64)
-    off = dict(prefetch=False, g_stage=False, factored=False, early_wv=False)
+    off = dict(prefetch=False, g_stage=False, factored=False, early_wv=False, async_update=False)
+    names = ("GLUON_G_STAGE", "GLUON_FACTORED", "GLUON_EARLY_WV", "GLUON_ASYNC_UPDATE")
     monkeypatch.setattr(configs, "GLUON_PREFETCH", False)
-    for name in ("GLUON_G_STAGE", "GLUON_FACTORED", "GLUON_EARLY_WV"):
+    for name in names:
         monkeypatch.setattr(configs, name, ())
     assert gf.variant(g, None, None) == off and gf.variant(g, beta, z) == off  # the checked kernel
-    for name in ("GLUON_G_STAGE", "GLUON_FACTORED", "GLUON_EARLY_WV"):
+    for name in names:
         monkeypatch.setattr(configs, name, (False,))  # the scalar decay's only
-    assert gf.variant(g, None, None) == dict(prefetch=False, g_stage=True, factored=True, early_wv=True)
+    assert gf.variant(g, None, None) == dict(prefetch=False, g_stage=True, factored=True, early_wv=True,
+                                             async_update=True)
     assert gf.variant(g, beta, z) == off and gf.variant(None, None, None) == off
     assert gf.variant(g, beta, z, prefetch=True, g_stage=True)["prefetch"] is False  # G_STAGE replaces it
     G, b = gf.prepare_decay(g.uniform_(-1, 0), None, False)

@@ -89,6 +89,9 @@ GLUON_FACTORED: tuple = ()
 # (one barrier pair a chunk fewer; with beta its own [BT, BV] buffer for beta V), by whether beta is given as
 # above. Session 28: compiled, not yet run: off
 GLUON_EARLY_WV: tuple = ()
+# ASYNC_UPDATE (with EARLY_WV): Q S_old and the state update issued async right after Q K^T, so the tensor
+# cores run them while P is made (a lighter OVERLAP: no extra buffers). Session 28: compiled, not yet run: off
+GLUON_ASYNC_UPDATE: tuple = ()
 # Based's Gluon forward (gluon_based.py: Dk 16, no decay, Dv a multiple of 64; its 153 symmetric features
 # padded to 160, S^T in wgmma registers). Runs 7-9 (H100, session 27, B16 H16 N4096 d16 v64 bf16): 0.200-0.212
 # ms against the tl kernel's 0.804 and FLA parallel_based's 2.04 (9.65-10.26x), 55-58% of the copy bound;

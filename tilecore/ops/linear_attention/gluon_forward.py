@@ -184,6 +184,7 @@ class LinearAttentionForward:
     FACTORED: gl.constexpr  # (with G_STAGE) exp2(G_i - G_j) as a row times a column factor where the chunk's
     # range of G allows it (no [BT, BT] exps); the elementwise exps where it does not
     EARLY_WV: gl.constexpr  # the state update's weighted values stored with the old state (one barrier pair)
+    ASYNC_UPDATE: gl.constexpr  # (with EARLY_WV) Q S_old and the state update issued async after Q K^T, under P
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BK, BV] state
     PL: gl.constexpr  # P as the register operand of P V
@@ -410,6 +411,12 @@ class LinearAttentionForward:
             # intra-chunk scores P = mask(Q K^T exp(G_i - G_j)) scale
             s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL),
                               use_acc=False)
+            if self.ASYNC_UPDATE:
+                # Q S_old and the state update (their operands in shared memory since the chunk's one barrier
+                # pair: EARLY_WV) on the tensor cores while P is made
+                o_tok = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False,
+                                      is_async=True)
+                S_tok = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay, is_async=True)
             if self.DECAY:
                 if self.G_STAGE:
                     s = s * self.decay_factors(G_r, G_c, causal)
@@ -420,7 +427,10 @@ class LinearAttentionForward:
             p = gl.convert_layout(gl.where(causal, s * self.scale, 0.0).to(dtype), self.PL)
 
             # o = exp(G_i) scale (Q S_old) + P (beta V)
-            o = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False)
+            if self.ASYNC_UPDATE:
+                o = warpgroup_mma_wait(1, deps=(o_tok,))
+            else:
+                o = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False)
             if self.HAS_BETA:
                 if self.EARLY_WV:
                     o = warpgroup_mma(p, bv, o * gl.expand_dims(row_scale, 1))
@@ -435,7 +445,10 @@ class LinearAttentionForward:
                 wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(w_rows, 1)).to(dtype))
                 fence_async_shared()
                 gl.thread_barrier()
-            S = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay)
+            if self.ASYNC_UPDATE:
+                S = warpgroup_mma_wait(0, deps=(S_tok,))  # (P V's wait retired it: wgmma groups end in order)
+            else:
+                S = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay)
 
         # Mamba-2's epilogue and the store (rows past N clipped by TMA)
         offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(0, self.SL))
@@ -481,14 +494,15 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                         HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
                         PREFETCH: gl.constexpr = False, OVERLAP: gl.constexpr = False, Z_STAGE: gl.constexpr = False,
                         G_STAGE: gl.constexpr = False, FACTORED: gl.constexpr = False,
-                        EARLY_WV: gl.constexpr = False):
+                        EARLY_WV: gl.constexpr = False, ASYNC_UPDATE: gl.constexpr = False):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. PREFETCH: each chunk's decay and beta loaded
     a chunk ahead. Z_STAGE: z TMA-loaded with the stage (off the walk's serial path). OVERLAP: the chunk's
     three independent wgmmas in flight together. G_STAGE: G (head-major, log2 units: chunk_cumulative_heads)
     TMA-loaded with the stage, and with beta (chunk_heads) beta too. FACTORED (with G_STAGE): the intra-chunk decay as row times column factors
     where the chunk's span of G allows. EARLY_WV: the state update's weighted values stored beside the old
-    state at the chunk's start (one barrier pair a chunk fewer; not with OVERLAP)."""
+    state at the chunk's start (one barrier pair a chunk fewer; not with OVERLAP). ASYNC_UPDATE (with
+    EARLY_WV): Q S_old and the state update issued async right after Q K^T, so they run while P is made."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -505,7 +519,8 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                 sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf,
                                 stv, N, H, VB, GROUP, scale, state_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D,
                                 HAS_Z, HAS_H0, STORE_HT, PREFETCH, Z_STAGE, OVERLAP, G_STAGE and DECAY,
-                                FACTORED and G_STAGE and DECAY, EARLY_WV and not OVERLAP, SL, STL, PL)
+                                FACTORED and G_STAGE and DECAY, EARLY_WV and not OVERLAP,
+                                ASYNC_UPDATE and EARLY_WV and not OVERLAP, SL, STL, PL)
     if G_STAGE and DECAY and HAS_BETA and Z_STAGE and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -628,10 +643,10 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
 
 def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, prefetch: bool = False,
                 overlap: bool = False, z_stage: bool = False, operand=None, g_stage: bool = False,
-                factored: bool = False, early_wv: bool = False):
+                factored: bool = False, early_wv: bool = False, async_update: bool = False):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
-    prefetch, overlap, z_stage, g_stage, factored, early_wv: the kernel's PREFETCH, OVERLAP, Z_STAGE (z must
-    then be TMA-able: ``tma_ok``), G_STAGE, FACTORED and EARLY_WV; g: ``chunk_cumulative``'s G, or with g_stage
+    prefetch, overlap, z_stage, g_stage, factored, early_wv, async_update: the kernel's PREFETCH, OVERLAP,
+    Z_STAGE (z must then be TMA-able: ``tma_ok``), G_STAGE, FACTORED, EARLY_WV and ASYNC_UPDATE; g: ``chunk_cumulative``'s G, or with g_stage
     ``chunk_cumulative_heads``'s (and beta ``chunk_heads``'s). ``operand(t, block, shape, strides)`` makes the descriptors (default
     gluon_descriptor; tiles.launch.TmaOperand for a CachedLaunch)."""
     from tilecore.tiles.launch import gluon_descriptor
@@ -670,7 +685,8 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                 stf=sht[2], stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles,
                 STAGES=stages, DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None,
                 HAS_Z=z is not None, HAS_H0=h0 is not None, STORE_HT=ht is not None, PREFETCH=prefetch,
-                OVERLAP=overlap, Z_STAGE=z_stage, G_STAGE=g_stage, FACTORED=factored and g_stage, EARLY_WV=early_wv)
+                OVERLAP=overlap, Z_STAGE=z_stage, G_STAGE=g_stage, FACTORED=factored and g_stage, EARLY_WV=early_wv,
+                ASYNC_UPDATE=async_update and early_wv)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -681,9 +697,9 @@ def tma_ok(t: torch.Tensor) -> bool:
 
 
 def variant(g, beta, z, prefetch: bool | None = None, g_stage: bool | None = None, factored: bool | None = None,
-            early_wv: bool | None = None) -> dict:
-    """The kernel's PREFETCH, G_STAGE, FACTORED and EARLY_WV for these inputs (launch_args's prefetch, g_stage,
-    factored, early_wv): the given ones, else configs' (GLUON_PREFETCH where z is given; the others by
+            early_wv: bool | None = None, async_update: bool | None = None) -> dict:
+    """The kernel's PREFETCH, G_STAGE, FACTORED, EARLY_WV and ASYNC_UPDATE for these inputs (launch_args's
+    prefetch, g_stage, factored, early_wv, async_update): the given ones, else configs' (GLUON_PREFETCH where z is given; the others by
     whether beta is given: Mamba-2 or not). G_STAGE takes PREFETCH's place; all but PREFETCH need a decay."""
     from tilecore.ops.linear_attention import configs
 
@@ -691,8 +707,9 @@ def variant(g, beta, z, prefetch: bool | None = None, g_stage: bool | None = Non
     g_stage = (mamba in configs.GLUON_G_STAGE if g_stage is None else g_stage) and g is not None
     factored = (mamba in configs.GLUON_FACTORED if factored is None else factored) and g_stage
     early_wv = (mamba in configs.GLUON_EARLY_WV if early_wv is None else early_wv) and g is not None
+    async_update = (mamba in configs.GLUON_ASYNC_UPDATE if async_update is None else async_update) and early_wv
     prefetch = (configs.GLUON_PREFETCH and z is not None if prefetch is None else prefetch) and not g_stage
-    return dict(prefetch=prefetch, g_stage=g_stage, factored=factored, early_wv=early_wv)
+    return dict(prefetch=prefetch, g_stage=g_stage, factored=factored, early_wv=early_wv, async_update=async_update)
 
 
 def prepare_decay(g, beta, g_stage: bool):
@@ -706,7 +723,8 @@ def prepare_decay(g, beta, g_stage: bool):
 
 def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3,
             prefetch: bool | None = None, overlap: bool | None = None, z_stage: bool | None = None,
-            g_stage: bool | None = None, factored: bool | None = None, early_wv: bool | None = None):
+            g_stage: bool | None = None, factored: bool | None = None, early_wv: bool | None = None,
+            async_update: bool | None = None):
     """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
     columns must be contiguous (stride 1), as Mamba-2's are. prefetch, overlap, z_stage, g_stage, factored,
     early_wv: the kernel's PREFETCH, OVERLAP, Z_STAGE, G_STAGE, FACTORED and EARLY_WV (None:
@@ -715,7 +733,8 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     G_STAGE takes PREFETCH's place."""
     from tilecore.ops.linear_attention import configs
 
-    flags = variant(g, beta, z, prefetch=prefetch, g_stage=g_stage, factored=factored, early_wv=early_wv)
+    flags = variant(g, beta, z, prefetch=prefetch, g_stage=g_stage, factored=factored, early_wv=early_wv,
+                    async_update=async_update)
     prefetch, g_stage, factored, early_wv = flags["prefetch"], flags["g_stage"], flags["factored"], flags["early_wv"]
     overlap = configs.GLUON_OVERLAP if overlap is None else overlap
     z_stage = configs.GLUON_Z_STAGE if z_stage is None else z_stage
@@ -728,7 +747,8 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     if z is not None and (z.stride(-1) != 1 or (z_stage and not tma_ok(z))):
         z = z.contiguous()
     grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap, z_stage,
-                                    g_stage=g_stage, factored=factored, early_wv=early_wv)
+                                    g_stage=g_stage, factored=factored, early_wv=early_wv,
+                                    async_update=flags["async_update"])
     la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     return o, ht
 
@@ -748,7 +768,7 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 
 def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: bool = False,
                    z_stage: bool = False, g_stage: bool = False, factored: bool = False, early_wv: bool = False,
-                   compiled_out: list | None = None) -> dict:
+                   async_update: bool = False, compiled_out: list | None = None) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -762,12 +782,12 @@ def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: 
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
                                     torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0,
                                     stages=stages, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage,
-                                    factored=factored, early_wv=early_wv)
+                                    factored=factored, early_wv=early_wv, async_update=async_update)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)
     r = resources(compiled)
     return dict(case=case, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage, factored=factored,
-                early_wv=early_wv,
+                early_wv=early_wv, async_update=async_update,
                 spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
                 wgmma_serialized=r.wgmma_serialized, **has_hopper_instructions(compiled.asm["ptx"]))
