@@ -20,6 +20,19 @@ PAIR_CONFIGS = {
     4096: (128, 64, 1, 8),  # 108 bytes of spill (16 warps cap registers at 128: 1.7 KB)
 }
 
+# The one-pass three-factor kernel (kernels_mono.py, session 28): N -> (A, B, C, pairs a program, warps),
+# 2N = A B C (C = 1: order 2), A/2, B, C >= 16 (or C = 1; tl.dot's smallest inner dimension). Every stage a
+# product over one axis of the pair's tile with no permute. OFF (empty) until a GPU run checks it: the
+# switch is an entry here, e.g. MONO_CONFIGS = {4096: (32, 16, 16, 4, 8)}
+# (experiments/fft_conv/gpu_onepass.py checks and times MONO_CANDIDATES).
+MONO_CONFIGS: dict = {}
+MONO_CANDIDATES = {  # (sm_90a: registers, spill bytes; python -m tilecore.ops.fft_conv.report)
+    1024: [(32, 64, 1, 1, 4), (32, 64, 1, 4, 4)],  # 128, 0; 214, 0
+    2048: [(32, 128, 1, 1, 8), (64, 64, 1, 1, 8)],  # 149, 0; 188, 0
+    4096: [(32, 16, 16, 1, 16)],  # 128, 312 (the tile: 8192 complex; permuted middle stage: 384)
+    8192: [(64, 16, 16, 1, 16)],  # order 3 in registers spills KBs: a shared-memory (Gluon) kernel's job
+}
+
 # candidates the GPU check times per N: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]); loop: groups
 # of pairs a program runs (one program for LOOP groups of one channel), stages: that loop's software
 # pipelining, hoist: the DFT matrices, twiddles and spectrum loaded once before the loop (sm_90a at

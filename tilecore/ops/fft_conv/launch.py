@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from tilecore.ops.fft_conv import kernels, kernels_long, kernels_pair
+from tilecore.ops.fft_conv import kernels, kernels_long, kernels_mono, kernels_pair
 from tilecore.ops.fft_conv.plan import Plan
 from tilecore.tiles.launch import CachedLaunch
 
@@ -15,6 +15,7 @@ _conv = CachedLaunch(kernels.fft_conv_kernel)
 _conv_pair = CachedLaunch(kernels_pair.fft_conv_pair_kernel)
 _conv_pair1 = CachedLaunch(kernels_pair.fft_conv_pair1_kernel)
 _dk_pair = CachedLaunch(kernels_pair.fft_conv_dk_pair_kernel)
+_conv_mono = CachedLaunch(kernels_mono.fft_conv_mono_kernel)
 _long_columns = CachedLaunch(kernels_long.long_columns_kernel)
 _long_rows = CachedLaunch(kernels_long.long_rows_kernel)
 _long_inverse = CachedLaunch(kernels_long.long_inverse_columns_kernel)
@@ -52,6 +53,19 @@ def dft_operands16(n1: int, n2: int, device: torch.device) -> dict:
 
 
 @functools.lru_cache(maxsize=32)
+def mono_operands(a: int, b: int, c: int, device: torch.device) -> dict:
+    """The one-pass kernel's constants for L = a b c: F_A, F_B, F_C in float16 and the twiddle tables
+    T1 (b, a) = W_AB^(b k_a), T2 (c, a) = W_L^(c k_a), T3 (b, c) = W_BC^(c k_b) in float32."""
+    tables = {}
+    for name, (rows, cols, size) in dict(FA=(a, a, a), FB=(b, b, b), FC=(c, c, c)).items():
+        re, im = _dft(size, rows, cols, size)
+        tables[name + "RE"], tables[name + "IM"] = re.half(), im.half()
+    for name, (rows, cols, size) in dict(T1=(b, a, a * b), T2=(c, a, a * b * c), T3=(b, c, b * c)).items():
+        tables[name + "RE"], tables[name + "IM"] = _dft(size, rows, cols, size)
+    return {name: t.to(device) for name, t in tables.items()}
+
+
+@functools.lru_cache(maxsize=32)
 def _permutation(n1: int, n2: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(index into the rfft's N + 1 bins, whether to conjugate) for each f = k1 + n1 k2 of the kernel's
     N1 x N2 spectrum tile (bins past N are the conjugates of L - f: the filter is real)."""
@@ -82,11 +96,20 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
         k = torch.conj_physical(spectrum) if conj else spectrum
         y.copy_(torch.fft.irfft(torch.fft.rfft(u.float(), n=2 * N) * k, n=2 * N)[..., :N])
         return
-    if plan.path in ("pair", "long"):  # the kernels read the rfft's bins themselves
+    if plan.path in ("pair", "long", "mono"):  # the kernels read the rfft's bins themselves
         spectrum = spectrum.resolve_conj()
         spectrum_f32 = torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())
     if plan.path == "long":
         _launch_long(plan, u, spectrum_f32, y, conj)
+        return
+    if plan.path == "mono":
+        ops = mono_operands(plan.n1, plan.n2, plan.n3, u.device)
+        chunks = -(-(-(-B // 2)) // plan.loop)
+        _conv_mono[(H * chunks,)](u, spectrum_f32, y, *(ops[name + part] for name in ("FA", "FB", "FC", "T1", "T2", "T3")
+                                                        for part in ("RE", "IM")),
+                                  B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), spectrum_f32.stride(0),
+                                  A=plan.n1, B=plan.n2, C=plan.n3, CONJ=conj, LOOP=plan.loop, PERMUTE=plan.permute,
+                                  num_warps=plan.num_warps)
         return
     if plan.path == "pair":
         ops = dft_operands16(plan.n1, plan.n2, u.device)

@@ -33,8 +33,18 @@ def pair_flops(n1: int, n2: int) -> int:
     return 8 * size * n1 + 16 * size * n2
 
 
-def passes(path: str, batch: int, heads: int, n: int, n1: int = 0, n2: int = 0, elem: int = 2) -> list[dict]:
-    """[{pass, bytes, flops, bytes_ms, flops_ms, bound_ms}] of one call on ``path`` ("pair" | "long")."""
+def mono_flops(a: int, b: int, c: int) -> int:
+    """Tensor-core FLOPs of one pair's transform in the one-pass three-factor kernel (kernels_mono.py),
+    forward and inverse, L = a b c: 8 L a (the first factor's half skipped) + 16 L b + 16 L c (c = 1:
+    order 2, the pair kernel's count)."""
+    size = a * b * c
+    return 8 * size * a + 16 * size * b + (16 * size * c if c > 1 else 0)
+
+
+def passes(path: str, batch: int, heads: int, n: int, n1: int = 0, n2: int = 0, elem: int = 2,
+           n3: int = 1) -> list[dict]:
+    """[{pass, bytes, flops, bytes_ms, flops_ms, bound_ms}] of one call on ``path`` ("pair" | "long" |
+    "mono"; n3: the mono kernel's third factor)."""
     pairs = heads * -(-batch // 2)
     size = 2 * n
     spectrum = heads * (n + 1) * 8
@@ -44,6 +54,8 @@ def passes(path: str, batch: int, heads: int, n: int, n1: int = 0, n2: int = 0, 
     first = pairs * 4 * size * n1  # a pair's first forward stage (and its last inverse one)
     if path == "pair":
         rows = [("one pass", 2 * seq + spectrum, f)]
+    elif path == "mono":
+        rows = [("one pass", 2 * seq + spectrum, pairs * mono_flops(n1, n2, n3))]
     elif path == "long":
         rows = [("1: columns", 2 * seq + scratch, first),
                 ("2: rows", 2 * scratch + spectrum, f - 2 * first),
@@ -59,9 +71,9 @@ def passes(path: str, batch: int, heads: int, n: int, n1: int = 0, n2: int = 0, 
     return out
 
 
-def bound_ms(path: str, batch: int, heads: int, n: int, n1: int = 0, n2: int = 0) -> float:
+def bound_ms(path: str, batch: int, heads: int, n: int, n1: int = 0, n2: int = 0, n3: int = 1) -> float:
     """The sum over the passes of each one's max(bytes, FLOPs) time: the best this path can do."""
-    return sum(p["bound_ms"] for p in passes(path, batch, heads, n, n1, n2))
+    return sum(p["bound_ms"] for p in passes(path, batch, heads, n, n1, n2, n3=n3))
 
 
 def table(batch: int = 16, heads: int = 768) -> str:

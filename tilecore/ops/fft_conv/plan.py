@@ -1,5 +1,7 @@
 """Which implementation convolves these sequences (every fit check in one place).
 
+* "mono": the one-pass three-factor kernel (kernels_mono.py) for bf16 / fp16 u at N in
+  configs.MONO_CONFIGS (empty until a GPU run checks it: the switch);
 * "pair": the fast kernel (kernels_pair.py: two sequences as one complex one, float16 DFT matrices on
   tensor cores) for bf16 / fp16 u at N in configs.PAIR_CONFIGS (256, 512, 1024, 4096);
 * "long": the same method in three passes through a float16 scratch (kernels_long.py) for bf16 / fp16
@@ -23,7 +25,7 @@ from tilecore.ops.fft_conv import configs
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    path: str  # "pair" | "long" | "tl" | "torch"
+    path: str  # "mono" | "pair" | "long" | "tl" | "torch"
     n1: int = 0
     n2: int = 0
     num_warps: int = 4
@@ -37,6 +39,13 @@ class Plan:
     loop: int = 1  # "pair": groups of PAIRS pairs a program runs, its constants loaded once
     stages: int = 1  # "pair": software-pipelining stages of that loop
     hoist: bool = False  # "pair": the loop's constants loaded once before it
+    n3: int = 1  # "mono": the third DFT factor (1: order 2)
+    permute: bool = False  # "mono": stage 5 as a 2-D product after a permute (else batched)
+
+
+def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False) -> Plan:
+    """The one-pass three-factor kernel (kernels_mono.py): 2N = a b c, LOOP pairs a program."""
+    return Plan("mono", n1=a, n2=b, n3=c, loop=loop, num_warps=num_warps, permute=permute)
 
 
 def pair_plan(n1: int, n2: int, pairs: int, num_warps: int, loop: int = 1, stages: int = 1,
@@ -61,6 +70,8 @@ def plan_of_config(config: tuple) -> Plan:
 def plan(n: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Plan:
     if dispatch.backend_for(device) == "reference":
         return Plan("torch")
+    if str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.MONO_CONFIGS:
+        return mono_plan(*configs.MONO_CONFIGS[n])
     if str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.PAIR_CONFIGS:
         return pair_plan(*configs.PAIR_CONFIGS[n])
     if str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.LONG_CONFIGS:

@@ -30,6 +30,25 @@ def pair_variant(n1: int, n2: int, pairs: int, warps: int, loop: int = 1, stages
             args, warps, False)
 
 
+def mono_variant(a: int, b: int, c: int, loop: int, warps: int, permute: bool = False) -> tuple[str, object, dict, int,
+                                                                                                bool]:
+    """The one-pass three-factor kernel (kernels_mono.fft_conv_mono_kernel) at one configuration."""
+    import torch
+
+    from tilecore.ops.fft_conv import kernels_mono
+
+    n = a * b * c // 2
+    t = torch.empty(64, dtype=torch.bfloat16)
+    f16 = torch.empty(64, dtype=torch.float16)
+    f32 = torch.empty(64, dtype=torch.float32)
+    args = dict(U=t, K=f32, Y=t, FARE=f16, FAIM=f16, FBRE=f16, FBIM=f16, FCRE=f16, FCIM=f16, T1RE=f32, T1IM=f32,
+                T2RE=f32, T2IM=f32, T3RE=f32, T3IM=f32, batch=16, heads=768, stride_ub=768 * n, stride_uh=n,
+                stride_yb=768 * n, stride_yh=n, stride_kh=2 * (n + 1), A=a, B=b, C=c, CONJ=False, LOOP=loop,
+                PERMUTE=permute)
+    return (f"fft_conv mono N{n} ({a}x{b}x{c}, loop {loop}{', permute' if permute else ''}, {warps} warps)", kernels_mono.fft_conv_mono_kernel,
+            args, warps, False)
+
+
 def dk_variant(n1: int, n2: int, loop: int, warps: int) -> tuple[str, object, dict, int, bool]:
     """The filter-gradient kernel (kernels_pair.fft_conv_dk_pair_kernel) at one configuration."""
     import torch
@@ -84,7 +103,11 @@ def pair_variants(shipped_only: bool = False) -> list:
         out += long_variants(*config)
     for n, config in configs.DK_CONFIGS.items():
         out.append(dk_variant(*config))
+    for n, config in configs.MONO_CONFIGS.items():
+        out.append(mono_variant(*config))
     if not shipped_only:
+        for candidates in configs.MONO_CANDIDATES.values():
+            out += [mono_variant(*config) for config in candidates if config not in configs.MONO_CONFIGS.values()]
         for candidates in configs.DK_CANDIDATES.values():
             out += [dk_variant(*config) for config in candidates if config not in configs.DK_CONFIGS.values()]
         for candidates in list(configs.PAIR_CANDIDATES.values()) + list(configs.LONG_CANDIDATES.values()):
