@@ -408,8 +408,16 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
                g_stage=g_stage, factored=factored, early_wv=early_wv, async_update=async_update)
     o = torch.full_like(v, float("nan"))
     ht = torch.full_like(h0, float("nan"))
-    G = None if g is None else (gf.chunk_cumulative_heads if g_stage else gf.chunk_cumulative)(g, gf.BT_GLUON)
-    beta_k = gf.chunk_heads(beta, gf.BT_GLUON) if g_stage and beta is not None else beta
+    beta_k = beta
+    if g_stage:  # the forward's one-pass prep (kernels_forward.chunk_heads_kernel) against its torch forms
+        G, beta_h = gf.chunk_heads_prep(g, beta, gf.BT_GLUON)
+        G_torch = gf.chunk_cumulative_heads(g, gf.BT_GLUON)
+        row["prep_max_diff"] = float((G - G_torch).abs().max())
+        if beta is not None:
+            row["prep_beta_equal"] = bool(torch.equal(beta_h, gf.chunk_heads(beta, gf.BT_GLUON)))
+            beta_k = beta_h
+    else:
+        G = None if g is None else gf.chunk_cumulative(g, gf.BT_GLUON)
     grid, args, warps = gf.launch_args(q, k, v, G, beta_k, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap,
                                        z_stage, g_stage=g_stage, factored=factored, early_wv=early_wv,
                                        async_update=async_update)
@@ -719,11 +727,11 @@ def table() -> str:
                                  f"{r.get('default_floor')}, {r.get('best_floor')}", peers or "-"]))
     if RESULTS["check"]:
         lines += ["", "check (bf16, float64 reference) | N | fits | all written | out/floor | state rel | tl out/floor "
-                  "| tl state rel | forward() = kernel (Based, G_STAGE)"]
+                  "| tl state rel | forward() = kernel (Based, G_STAGE) | G prep vs torch"]
         for r in RESULTS["check"]:
             lines.append(" | ".join(str(r.get(k, "-")) for k in ("case", "N", "fits", "all_written", "out_floor",
                                                                   "state_rel", "tl_out_floor", "tl_state_rel",
-                                                                  "forward_matches")))
+                                                                  "forward_matches", "prep_max_diff")))
     if RESULTS["probe"]:
         lines += ["", "probe (simple gla d128) BT BV warps stages | loads only | + intra | + inter | all | tl kernel"]
         for r in RESULTS["probe"]:
