@@ -394,7 +394,7 @@ class LinearAttentionForward:
             # but the decay's, which spilled 1 KB at Mamba-2's shape)
             # EARLY_WV: the state update's weighted values stored here too (beta V, with beta, in a buffer of
             # its own), so one barrier pair a chunk serves every shared-memory operand
-            wv = self.wv_smem.index(2 * c if self.EARLY_WV else c)
+            wv = self.wv_smem.index(2 * c if self.EARLY_WV and self.HAS_BETA else c)  # ([4, ..] only then)
             gl.thread_barrier()  # the previous step's wgmmas have read both buffers
             S_smem.store(walk.S.to(dtype))
             if self.EARLY_WV:
