@@ -165,7 +165,7 @@ def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None, dq_from=No
     print(("PASS " if row["ok"] else "FAIL ") + row["case"], flush=True)
 
 
-def check_neighbour_nonfinite(zero_tail):
+def check_neighbour_nonfinite(zero_tail, dq_from=None):
     """inf in the next sequence's V and NaN in its K, Q and dO: are the first sequence's gradients
     finite (and right)? With zero_tail off: informational (the documented limitation); on: the check
     of the kernel's ZERO_TAIL (the next sequence's rows zeroed in shared memory)."""
@@ -173,7 +173,7 @@ def check_neighbour_nonfinite(zero_tail):
     from tilecore.ops.attention import varlen
     from tilecore.ops.attention.reference_varlen import varlen_backward_reference
 
-    if over_budget(f"gluon varlen bwd: non-finite neighbour, zero_tail={zero_tail}"):
+    if over_budget(f"gluon varlen bwd: non-finite neighbour, zero_tail={zero_tail} dq_from={dq_from}"):
         return
     dev = _device()
     lens = [20, 30, 9] if SMOKE else [100, 300, 129]
@@ -195,9 +195,10 @@ def check_neighbour_nonfinite(zero_tail):
     lse[:, nxt] = float("nan")
     out[nxt] = float("nan")
     grads = gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, d ** -0.5, -1, -1, 0.0,
-                           config=variant(d, True, zero_tail=zero_tail))
+                           config=variant(d, True, zero_tail=zero_tail, **({"dq_from": dq_from} if dq_from else {})))
     finite = bool(all(torch.isfinite(g[first]).all() for g in grads))
     row = {"case": f"gluon varlen bwd: inf/NaN in the next sequence's K, V, Q, dO, O, lse, zero_tail={zero_tail}"
+                   + (f" dq_from={dq_from}" if dq_from else "")
                    + ("" if zero_tail else " (informational)"), "first_sequence_finite": finite}
     if finite:
         row.update({f"d{n}_x_floor": accuracy.error_over_floor(g[first], r) for n, g, r in zip("qkv", grads, ref)})
@@ -324,13 +325,17 @@ def time_backward(lengths, h=16, d=128):
 
 
 def time_variants(row, tensors, d=128):
-    """The backward at other configs: zero_tail on (what an inf / NaN next door costs to keep out) and,
-    causal, the lagged dQ (the fixed kernel's non-causal mode)."""
+    """The backward at other configs: zero_tail on (what an inf / NaN next door costs to keep out), fused
+    and split; the split dK/dV kernel with 3 stages (its shared memory allows it); causal with the lagged
+    dQ (the fixed kernel's non-causal mode)."""
     q, k, v, cu, dout = tensors
     scale = d ** -0.5
     out, lse = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
     grads = tuple(torch.empty_like(t) for t in (q, k, v))
-    for name, cfg in (("zero_tail", variant(d, True, zero_tail=True)), ("lagged", variant(d, True, dq_from="lagged"))):
+    for name, cfg in (("zero_tail", variant(d, True, zero_tail=True)),
+                      ("split_zero_tail", variant(d, True, dq_from="gluon", zero_tail=True)),
+                      ("split_3_stages", variant(d, True, dq_from="gluon", stages=3)),
+                      ("lagged", variant(d, True, dq_from="lagged"))):
         if over_budget(f"time variant {name}", 10.0):
             continue
         row[f"gluon_bwd_{name}_ms"] = bench(lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale,
@@ -415,6 +420,7 @@ def main():
     for case in later:
         guarded(f"check {case[1]}")(check)(*case)
     guarded("check non-finite neighbour, zero_tail")(check_neighbour_nonfinite)(True)
+    guarded("check non-finite neighbour, zero_tail, split")(check_neighbour_nonfinite)(True, "gluon")
     guarded("check non-finite neighbour")(check_neighbour_nonfinite)(False)
     if not args.no_time and timed is not None:
         guarded("time variants")(time_variants)(timed[0], timed[1], d=16 if SMOKE else 128)

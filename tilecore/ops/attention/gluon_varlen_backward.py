@@ -33,8 +33,9 @@ Non-finite values next door: a box reads the next sequence's rows, and an inf or
 P or dS of 0 is NaN, which would reach this sequence's gradients. ``ZERO_TAIL`` (config zero_tail,
 configs.VARLEN_GLUON_BACKWARD_ZERO_TAIL) zeroes them in shared memory: a tile's K and V rows past Nk
 once (each consumer its own rows), a step's Q and dO rows past N (lse +inf, delta 0) in a sequence's
-last query block. Off until a GPU run checks it; finite inputs are never affected either way. The
-dQ kernel's tiles read the next sequence's K / V rows in a last key block (masked, not zeroed).
+last query block; the dQ kernel's K and V rows past Nk in a last key block (its own rows' lse and
+delta are read by pointer, its Q / dO rows not its own get p = 0 and are never stored, but their
+dQ rows are not this sequence's). Off until a GPU run checks it; finite inputs are never affected.
 """
 
 from triton.experimental import gluon
@@ -466,6 +467,7 @@ class VarlenDQ:
     CONSUMERS: gl.constexpr
     WINDOW: gl.constexpr
     SOFTCAP: gl.constexpr
+    ZERO_TAIL: gl.constexpr  # the next sequence's K / V rows in a last key block zeroed (VarlenBackward's)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -523,6 +525,11 @@ class VarlenDQ:
             q = ctx.operand.index(0).reshape([2 * self.BM, self.D]).slice(ctx.index * self.BM, self.BM)
             do = ctx.operand.index(1).reshape([2 * self.BM, self.D]).slice(ctx.index * self.BM, self.BM)
             k = stage.k.reshape([self.BN, self.D])
+            if self.ZERO_TAIL:  # both consumers may: each writes the kept rows unchanged, zeros elsewhere
+                keep = tile.Nk - (tile.first_block + step) * self.BN
+                if keep < self.BN:
+                    VarlenBackward.zero_rows_from(self, k, keep)
+                    VarlenBackward.zero_rows_from(self, stage.v.reshape([self.BN, self.D]), keep)
             zeros = gl.zeros([self.BM, self.BN], gl.float32, s_layout)
             s_tok = warpgroup_mma(q, k.permute((1, 0)), zeros, use_acc=False, is_async=True)
             dp_tok = warpgroup_mma(do, stage.v.reshape([self.BN, self.D]).permute((1, 0)), zeros, use_acc=False,
@@ -580,7 +587,8 @@ class VarlenDQ:
 def attention_varlen_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, dq_row_stride, lse_ptr, delta_ptr,
                                total_q, cu_q, cu_k, work, num_tiles, GROUP, scale, scale_log2e, left, right,
                                tanh_scale, tile_counter, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                               WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0):
+                               WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0,
+                               ZERO_TAIL: gl.constexpr = False):
     """dQ of packed attention for every work item of the forward's table (2 BLOCK_M query rows of a
     (sequence, q head)); a persistent grid of 2 consumer warpgroups and a producer warp drawing tiles
     from ``tile_counter`` (None: round-robin). q_desc / do_desc: both consumers' rows, dq_desc one's."""
@@ -589,7 +597,7 @@ def attention_varlen_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr,
     gl.static_assert(q_desc.block_type.shape[1] == 2 * BM, "a tile is both consumers' query rows")
     op = VarlenDQ(q_desc, do_desc, k_desc, v_desc, dq_desc, dq_ptr, dq_row_stride, lse_ptr, delta_ptr, total_q, cu_q,
                   cu_k, work, GROUP, scale, scale_log2e, left, right, tanh_scale, CAUSAL, BM,
-                  k_desc.block_type.shape[1], k_desc.block_type.shape[2], 2, WINDOW, SOFTCAP)
+                  k_desc.block_type.shape[1], k_desc.block_type.shape[2], 2, WINDOW, SOFTCAP, ZERO_TAIL)
     layout = Layout(dq_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0, tile_operand=TileOperand(q_desc, COUNT=2, SHARED=True),
                     tile_counter=tile_counter)
     run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), num_tiles)
@@ -627,7 +635,7 @@ def compiled_backward(d: int = 128, causal: bool = True, softcap: int = 0, dtype
 
 
 def compiled_dq(d: int = 128, causal: bool = True, softcap: int = 0, dtype=None, window: bool = False,
-                group: int = 1):
+                group: int = 1, zero_tail: bool = False):
     """attention_varlen_dq_kernel compiled for sm_90a without a GPU, with the arguments
     varlen.backward_gluon passes (configs.GLUON_DQ's blocks)."""
     import torch
@@ -648,7 +656,7 @@ def compiled_dq(d: int = 128, causal: bool = True, softcap: int = 0, dtype=None,
                 dq_desc=desc(x, bm), dq_ptr=x, dq_row_stride=x.stride(0), lse_ptr=f32, delta_ptr=f32, total_q=4096,
                 cu_q=i32, cu_k=i32, work=i32, num_tiles=4096, GROUP=group, scale=0.1, scale_log2e=0.1, left=1000,
                 right=0, tanh_scale=0.1, tile_counter=torch.zeros(1, dtype=torch.int32), CAUSAL=causal and not window,
-                STAGES=cfg["stages"], WINDOW=window, SOFTCAP=softcap)
+                STAGES=cfg["stages"], WINDOW=window, SOFTCAP=softcap, ZERO_TAIL=zero_tail)
     return compile_kernel(attention_varlen_dq_kernel, args, num_warps=4)
 
 

@@ -455,7 +455,8 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
             packed_operand(q, 2 * dq_m), packed_operand(k, dq_n), packed_operand(v, dq_n),
             packed_operand(dout, 2 * dq_m), packed_operand(dq, dq_m), dq, dq.stride(0), lse, delta, total_q, cu_q,
             cu_k, work, work.shape[0], hq // hkv, scale, scale_log2e, wl, wr, tanh_scale, tile_counter(q.device),
-            CAUSAL=is_causal, STAGES=dq_cfg["stages"], WINDOW=window, SOFTCAP=mode, num_warps=4)
+            CAUSAL=is_causal, STAGES=dq_cfg["stages"], WINDOW=window, SOFTCAP=mode,
+            ZERO_TAIL=cfg.get("zero_tail", False), num_warps=4)
     return dq, dk, dvv
 
 
