@@ -458,8 +458,8 @@ _GS, _GSF = (2, False, False, False, True, False), (2, False, False, False, True
 _GSZ, _GSFZ = (2, False, False, True, True, False), (2, False, False, True, True, True)  # with Z_STAGE
 GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
                 ("gluon scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False),
-                ("gluon z_stage mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False, False,
-                 True),
+                ("gluon z_stage mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False,
+                 False, True),
                 ("gluon g_stage+early_wv scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False,
                  *_GS, "mild", True),
                 ("gluon factored+early_wv scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False,
@@ -577,7 +577,8 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
                                   False, stages, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage,
                                   factored=factored, early_wv=early_wv, async_update=async_update)[0]
     variants = {"gluon_direct": direct(False), "gluon_zstage": direct(False, False, True),
-                "gluon_gstage": direct(False, g_stage=True), "gluon_factored": direct(False, g_stage=True, factored=True),
+                "gluon_gstage": direct(False, g_stage=True),
+                "gluon_factored": direct(False, g_stage=True, factored=True),
                 "gluon_gstage_early": direct(False, g_stage=True, early_wv=True),
                 "gluon_factored_early": direct(False, g_stage=True, factored=True, early_wv=True),
                 "gluon_factored_early_s3": direct(False, g_stage=True, factored=True, early_wv=True, stages=3),

@@ -499,8 +499,8 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     consumer warpgroups (num_warps = 4) and a producer warp. PREFETCH: each chunk's decay and beta loaded
     a chunk ahead. Z_STAGE: z TMA-loaded with the stage (off the walk's serial path). OVERLAP: the chunk's
     three independent wgmmas in flight together. G_STAGE: G (head-major, log2 units: chunk_cumulative_heads)
-    TMA-loaded with the stage, and with beta (chunk_heads) beta too. FACTORED (with G_STAGE): the intra-chunk decay as row times column factors
-    where the chunk's span of G allows. EARLY_WV: the state update's weighted values stored beside the old
+    TMA-loaded with the stage, and with beta (chunk_heads) beta too. FACTORED (with G_STAGE): the intra-chunk
+    decay as row times column factors where the chunk's span of G allows. EARLY_WV: the state update's weighted values stored beside the old
     state at the chunk's start (one barrier pair a chunk fewer; not with OVERLAP). ASYNC_UPDATE (with
     EARLY_WV): Q S_old and the state update issued async right after Q K^T, so they run while P is made."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
@@ -646,9 +646,10 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                 factored: bool = False, early_wv: bool = False, async_update: bool = False):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
     prefetch, overlap, z_stage, g_stage, factored, early_wv, async_update: the kernel's PREFETCH, OVERLAP,
-    Z_STAGE (z must then be TMA-able: ``tma_ok``), G_STAGE, FACTORED, EARLY_WV and ASYNC_UPDATE; g: ``chunk_cumulative``'s G, or with g_stage
-    ``chunk_cumulative_heads``'s (and beta ``chunk_heads``'s). ``operand(t, block, shape, strides)`` makes the descriptors (default
-    gluon_descriptor; tiles.launch.TmaOperand for a CachedLaunch)."""
+    Z_STAGE (z must then be TMA-able: ``tma_ok``), G_STAGE, FACTORED, EARLY_WV and ASYNC_UPDATE; g:
+    ``chunk_cumulative``'s G, or with g_stage ``chunk_cumulative_heads``'s (and beta ``chunk_heads``'s).
+    ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor;
+    tiles.launch.TmaOperand for a CachedLaunch)."""
     from tilecore.tiles.launch import gluon_descriptor
 
     gluon_descriptor = operand or gluon_descriptor
@@ -679,7 +680,8 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                 BETA=beta if beta is not None and not g_stage else dummy,
                 DSKIP=d_skip if d_skip is not None else dummy, Z=z if z is not None else v,
                 H0=h0 if h0 is not None else dummy, HT=ht if ht is not None else dummy)
-    sg, sbt, sz, s0, sht = st(None if g_stage else g, 3), st(None if g_stage else beta, 3), st(z, 4), st(h0, 4), st(ht, 4)
+    sg, sbt = st(None if g_stage else g, 3), st(None if g_stage else beta, 3)  # (G_STAGE: by TMA)
+    sz, s0, sht = st(z, 4), st(h0, 4), st(ht, 4)
     args.update(sgb=sg[0], sgn=sg[1], sgh=sg[2], sbb=sbt[0], sbn=sbt[1], sbh=sbt[2], szb=sz[0], szn=sz[1],
                 szh=sz[2], sdh=st(d_skip, 2)[0], s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1],
                 stf=sht[2], stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles,
@@ -699,8 +701,8 @@ def tma_ok(t: torch.Tensor) -> bool:
 def variant(g, beta, z, prefetch: bool | None = None, g_stage: bool | None = None, factored: bool | None = None,
             early_wv: bool | None = None, async_update: bool | None = None) -> dict:
     """The kernel's PREFETCH, G_STAGE, FACTORED, EARLY_WV and ASYNC_UPDATE for these inputs (launch_args's
-    prefetch, g_stage, factored, early_wv, async_update): the given ones, else configs' (GLUON_PREFETCH where z is given; the others by
-    whether beta is given: Mamba-2 or not). G_STAGE takes PREFETCH's place; all but PREFETCH need a decay."""
+    prefetch, g_stage, factored, early_wv, async_update): the given ones, else configs' (GLUON_PREFETCH where
+    z is given; the others by whether beta is given: Mamba-2 or not). G_STAGE takes PREFETCH's place; all but PREFETCH need a decay."""
     from tilecore.ops.linear_attention import configs
 
     mamba = beta is not None
