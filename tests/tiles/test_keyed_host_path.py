@@ -241,7 +241,7 @@ def test_linear_attention_keyed_forward_and_steps_as_the_plain_calls(keyed_la, m
     Bm, Cm, Dm, z = torch.randn(2, 1, 16, **f16), torch.randn(2, 1, 16, **f16), torch.randn(4), torch.randn(2, 4, 8, **f16)
     state0, mstate0 = torch.randn(2, H, D, D), torch.randn(2, 4, 8, 16)
     runs = []
-    for plain in (False, True, False):
+    for plain in (False, True):
         outs = []
         with _plain(keyed_la, monkeypatch, plain):
             for _ in range(2):
@@ -254,8 +254,7 @@ def test_linear_attention_keyed_forward_and_steps_as_the_plain_calls(keyed_la, m
                 outs.append(la_op.mamba2_step(mstate, x, dt, A, Bm, Cm))
                 outs += [state, mstate]
         runs.append(outs)
-    for keyed_run in (runs[0], runs[2]):
-        assert all(a.shape == c.shape and torch.equal(a, c) for a, c in zip(keyed_run, runs[1]))
+    assert all(a.shape == c.shape and torch.equal(a, c) for a, c in zip(*runs))
     names = {name for name, _ in keyed_la}
     assert names >= {"la_fwd_kernel", "la_step_kernel"}
     assert all(len(v) == 1 for v in keyed_la.values())
@@ -351,7 +350,7 @@ def test_hadamard_quantize_keyed_as_the_plain_calls(keyed, monkeypatch):
     torch.manual_seed(6)
     # the fused path (n = 3 x 16; the pow2 kernel takes ~6 s a call in the interpreter: the GPU script
     # host_time.py checks its keyed bits); fp8 twice: the second call a cached signature
-    cases = [((2, 48), "fp8_e4m3"), ((2, 48), "nvfp4"), ((2, 48), "fp8_e4m3"), ((3, 48), "int8")]
+    cases = [((2, 48), "fp8_e4m3"), ((2, 48), "nvfp4"), ((2, 48), "fp8_e4m3")]
     xs = [torch.randn(shape, dtype=torch.float16) for shape, _ in cases]
     runs = []
     for signature_of in (_cpu_signature, lambda *items: None):
@@ -363,15 +362,14 @@ def test_hadamard_quantize_keyed_as_the_plain_calls(keyed, monkeypatch):
                                                  for s in (scales if isinstance(scales, tuple) else (scales,))]
         runs.append(outs)
     assert all(a.shape == c.shape and torch.equal(a, c) for a, c in zip(*runs))
-    assert len(hq._CHECKED) == 3 and len(hq._PLANS) == 3
+    assert len(hq._CHECKED) == 2 and len(hq._PLANS) == 2
     assert all(len(v) == 1 for v in keyed.values())
-    assert len([k for name, k in keyed if name == "rotate_quantize_kernel"]) == 4  # nvfp4: amax and codes keys
+    assert len([k for name, k in keyed if name == "rotate_quantize_kernel"]) == 3  # nvfp4: amax and codes keys
     monkeypatch.setattr(hq, "signature", _cpu_signature)
     x = xs[0]
-    hq.hadamard_quantize(x, format="fp8_e4m3", scale=0.5)
     with pytest.raises(ValueError, match="scale"):  # a scale's value is checked each call
         hq.hadamard_quantize(x, format="fp8_e4m3", scale=-1.0)
-    assert len(hq._CHECKED) == 3
+    assert len(hq._CHECKED) == 2
     hq._CHECKED.clear()
     hq._PLANS.clear()
 
