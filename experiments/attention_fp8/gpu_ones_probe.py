@@ -8,8 +8,12 @@ right after it (a read past B shows as 2s). Three tests a mode:
   random    A, B random e4m3: D against float64 (rel-RMS; exact products, float32 sums: ~1e-7 if right)
   identity  A[r, k] = 1 where k = r mod 32: D[r, n] = B[n, r mod 32], so D shows which B element each k reads
             (B[n, k] = k mod 16 + 1, negative for k >= 16, + 0 n: the expected column printed beside the seen)
-  ones      B = ones written in the kernel (gl.full in float16 then e4m3, as the attention kernel does), A random:
-            D[:, n] against A's row sums
+  ones      B = ones written in the kernel (gl.full in float16 then e4m3, as the attention kernel did until session
+            28), A random: D[:, n] against A's row sums. Run 5 (H100): WRONG in every mode (D / rowsum median -95 or
+            0.43): ptxas 12.8 compiles the constant's conversion to an F2FP ... MERGE_C that takes the high 16 bits of
+            each register from another register (sm_90a SASS)
+  ones_bytes  the same with the ones written as their bytes (0x38, uint8 bitcast to e4m3: the kernel's fix)
+A test passes where D's rel-RMS error is under 1e-3 (FP8 wgmma sums with a narrow accumulator: ~4e-5 on random B).
 Prints a line a mode and test; JSON to $OUT/attention_fp8_ones_probe.json. ~15 s on an H100 (compiles).
 """
 from __future__ import annotations
@@ -37,7 +41,7 @@ def b_layout(rows, keys):
 
 @gluon.jit
 def wgmma_b_probe(a_ptr, b_ptr, d_ptr, ROWS: gl.constexpr, KEYS: gl.constexpr, N: gl.constexpr,
-                  FIRST_ROWS: gl.constexpr, FIRST_KEYS: gl.constexpr, ONES: gl.constexpr):
+                  FIRST_ROWS: gl.constexpr, FIRST_KEYS: gl.constexpr, ONES: gl.constexpr, ONES_BYTES: gl.constexpr = False):
     """d [64, N] float32 = a [64, 32] @ B[:N, :32]^T, B [ROWS, KEYS] e4m3 from b_ptr (or ones: ONES) in shared
     memory."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 32])
@@ -48,7 +52,9 @@ def wgmma_b_probe(a_ptr, b_ptr, d_ptr, ROWS: gl.constexpr, KEYS: gl.constexpr, N
     blocked: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0])
     br = gl.arange(0, ROWS, layout=gl.SliceLayout(1, blocked))
     bc = gl.arange(0, KEYS, layout=gl.SliceLayout(0, blocked))
-    if ONES:
+    if ONES_BYTES:
+        b = gl.full([ROWS, KEYS], 0x38, gl.uint8, blocked).to(gl.float8e4nv, bitcast=True)
+    elif ONES:
         b = gl.full([ROWS, KEYS], 1.0, gl.float16, blocked).to(gl.float8e4nv)
     else:
         b = gl.load(b_ptr + gl.expand_dims(br, 1) * KEYS + gl.expand_dims(bc, 0))
@@ -80,7 +86,8 @@ def compile_only():
     for mode, (rows, keys, n, first_rows, first_keys) in MODES.items():
         for ones in (False, True):
             c = compile_kernel(wgmma_b_probe, dict(a_ptr=a, b_ptr=b, d_ptr=d, ROWS=rows, KEYS=keys, N=n,
-                                                   FIRST_ROWS=first_rows, FIRST_KEYS=first_keys, ONES=ones))
+                                                   FIRST_ROWS=first_rows, FIRST_KEYS=first_keys, ONES=ones,
+                                                   ONES_BYTES=ones))
             ptx = c.asm["ptx"]
             line = next(x for x in ptx.splitlines() if "wgmma.mma_async" in x)
             print(mode, ones, line.strip()[:90])
@@ -109,21 +116,21 @@ def main():
         b_rand = torch.randn(rows, keys, device=dev, generator=g).to(f8)
         b_pat = pattern[:keys].expand(rows, keys).contiguous().to(f8)
         for test, a, b, ones in (("random", a_rand, b_rand, False), ("identity", a_id, b_pat, False),
-                                 ("ones", a_rand, b_rand, True)):
+                                 ("ones", a_rand, b_rand, True), ("ones_bytes", a_rand, b_rand, True)):
             rec = dict(mode=mode, test=test)
             try:
                 d = torch.full((64, n), float("nan"), device=dev)
                 wgmma_b_probe[(1,)](a, b, d, ROWS=rows, KEYS=keys, N=n, FIRST_ROWS=first_rows, FIRST_KEYS=first_keys,
-                                    ONES=ones, num_warps=4)
+                                    ONES=ones, ONES_BYTES=test == "ones_bytes", num_warps=4)
                 torch.cuda.synchronize()
                 b_used = torch.ones(n, 32, device=dev, dtype=torch.float64) if ones else b[:n, :32].double()
                 ref = a.double() @ b_used.T
                 rec["rel_rms"] = ((d.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
-                rec["ok"] = rec["rel_rms"] < 1e-5
+                rec["ok"] = rec["rel_rms"] < 1e-3
                 if test == "identity":
                     rec["seen_col0"] = d[:32, 0].tolist()
                     rec["expected_col0"] = ref[:32, 0].tolist()
-                if test == "ones":
+                if test.startswith("ones"):
                     rec["ratio_rowsum_median"] = (d[:, 0].double() / ref[:, 0]).median().item()
             except Exception as e:  # noqa: BLE001 -- report and go on
                 rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"

@@ -220,6 +220,7 @@ class Running:
 
 
 L_COLS: gl.constexpr = gl.constexpr(8)  # L_MMA: P times a [32, 8] block of ones (wgmma's narrowest N)
+E4M3_ONE_BITS: gl.constexpr = gl.constexpr(0x38)  # 1.0 in e4m3 (sign 0, exponent 7 = the bias, mantissa 0)
 L_MMA_MODES = (1, 2, 3, 4, 5)  # how the ones block is stored and read (AttentionFp8.L_MMA); session 28 checks them
 
 
@@ -560,11 +561,15 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     ones = gl.constexpr(None)  # (a constexpr: nothing passed to the partitions)
     LC: gl.constexpr = 16 if L_MMA == 3 else L_COLS
     if L_MMA:  # e4m3 ones, written once by the kernel's warps before the partitions start
+        # as their bytes (0x38 = 1.0 in e4m3), not converted: ptxas 12.8 compiles the float16 constant's conversion
+        # (cvt.rn.satfinite.e4m3x2.f16x2 of an immediate, then mov.b32 {h, h}) to one F2FP ... MERGE_C whose high half is
+        # another register's: half of each 4 bytes of the block were not ones (session 28, H100: l was half the true l;
+        # experiments/attention_fp8/gpu_ones_probe.py: B loaded from memory is read right in every layout)
         ONES_SHAPE: gl.constexpr = ones_shape(L_MMA)
         ones = gl.allocate_shared_memory(gl.float8e4nv, ONES_SHAPE, ones_layout(L_MMA),
-                                         gl.full(ONES_SHAPE, 1.0, gl.float16,  # (no e4m3 constants in 3.6)
+                                         gl.full(ONES_SHAPE, E4M3_ONE_BITS, gl.uint8,
                                                  gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0]))
-                                         .to(gl.float8e4nv))
+                                         .to(gl.float8e4nv, bitcast=True))
         fence_async_shared()
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
