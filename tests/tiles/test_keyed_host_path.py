@@ -1,5 +1,7 @@
-"""The eager host path of layer_norm, apply_rotary and attention_with_kvcache (issue 31): a CUDA call's signature skips the checks,
-finds the plan and launches each kernel by key (CachedLaunch.launch_keyed). The keyed launch is sound
+"""The eager host path (issue 31) of layer_norm, apply_rotary, attention_with_kvcache and (session 28)
+linear_attention, its decode steps, attention_varlen, hadamard_quantize, attention_fp8 and fft_conv: a
+CUDA call's signature skips the checks, finds the plan and launches each kernel by key
+(CachedLaunch.launch_keyed). The keyed launch is sound
 only where the key fixes every argument's specialization, so here, with the signature let through for
 CPU tensors (the interpreter runs the kernels), every keyed launch is recorded with Triton's own key of
 its arguments (a compiled-mode JITFunction's): one launch key must never meet two Triton keys, and the
@@ -270,7 +272,11 @@ def test_linear_attention_step_keyed_refuses_what_the_checks_refuse(keyed_la):
             la_op.linear_attention_step(qs, ks, vs, torch.zeros(2, 2, 16, 8))
     with pytest.raises(TypeError, match="scale"):
         la_op.linear_attention_step(qs, ks, vs, state, scale=float("nan"))
-    assert len(la_op._CHECKED) == 1
+    q4 = torch.randn(1, 20, 2, 16, dtype=torch.float16)
+    la_op.linear_attention(q4, q4, q4, return_final_state=True)
+    with pytest.raises(TypeError, match="return_final_state"):  # 1 is not True to the key
+        la_op.linear_attention(q4, q4, q4, return_final_state=1)
+    assert len(la_op._CHECKED) == 2
 
 
 def test_gluon_forward_launch_args_as_tma_operands():
@@ -332,6 +338,8 @@ def test_varlen_keyed_forward_reads_new_lengths_each_call(keyed, monkeypatch):
     assert len(varlen_op._CHECKED) == 1
     with pytest.raises(ValueError, match="window_size"):  # a new window is checked
         varlen_op.attention_varlen(q, k, v, cu, cu, 24, 24, window_size=(-2, 0), validate=False)
+    with pytest.raises(TypeError, match="causal"):  # 1 is not True to the key: checked and refused
+        varlen_op.attention_varlen(q, k, v, cu, cu, 24, 24, causal=1, validate=False)
     varlen_op._CHECKED.clear()
     varlen_op._GLUON_FITS.clear()
 

@@ -645,8 +645,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     """
     # a CUDA call whose signature was checked before skips the checks (they read no values unless validate
     # asks) and launches its kernels by key; the work table is built every call (it reads cu_seqlens)
-    key = signature(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, softcap,
-                    *window_size) \
+    key = signature(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal is True, causal is False,
+                    scale, softcap, *window_size) \
         if isinstance(q, torch.Tensor) and not should_validate(validate, q.device) \
         and isinstance(window_size, (tuple, list)) and not isinstance(scale, torch.Tensor) else None
 

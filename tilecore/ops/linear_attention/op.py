@@ -313,7 +313,8 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, featu
     op = "linear_attention"
     # a CUDA call seen before skips the checks (Hedgehog's map runs torch ops on q and k, a tensor scale is
     # read each call: never keyed)
-    key = signature(q, k, v, decay, initial_state, feature_map, scale, return_final_state, chunk_size) \
+    key = signature(q, k, v, decay, initial_state, feature_map, scale, return_final_state is True,
+                    return_final_state is False, chunk_size) \
         if feature_weights is None and not isinstance(scale, torch.Tensor) else None
     if key is not None:
         key = ("linear_attention", key)
