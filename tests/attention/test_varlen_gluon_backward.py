@@ -69,11 +69,12 @@ def step_rows(t, step, group, block_m):
     return t["hk"] * group + head, block * block_m
 
 
-def emulate(q, k, v, dout, lse, delta, cu_q, cu_k, causal, window, scale, block_m=64, block_n=64):
+def emulate(q, k, v, dout, lse, delta, cu_q, cu_k, causal, window, scale, block_m=64, block_n=64, zero_tail=False):
     """The kernel's tiles in float64, with its boxes: a step's query rows and a tile's keys read past a
     sequence's end (the next sequence's rows; zeros past the packed end), masked as the kernel masks
     them; dK / dV stored where the kernel stores them. Returns (dq, dk, dv, times each (key, kv head)
-    was stored)."""
+    was stored). ``zero_tail``: the kernel's ZERO_TAIL (the next sequence's rows of a box zeroed: K, V
+    past Nk; Q, dO past N with lse +inf and delta 0)."""
     total_q, hq, d = q.shape
     total_k, hkv, _ = k.shape
     group = hq // hkv
@@ -98,6 +99,9 @@ def emulate(q, k, v, dout, lse, delta, cu_q, cu_k, causal, window, scale, block_
             keys = start_n + torch.arange(block_n)
             k_c = rows(k[:, hk], t["k0"] + start_n, block_n, total_k)
             v_c = rows(v[:, hk], t["k0"] + start_n, block_n, total_k)
+            if zero_tail:
+                k_c[keys >= nk] = 0
+                v_c[keys >= nk] = 0
             dk_c = torch.zeros(block_n, d, dtype=torch.float64)
             dv_c = torch.zeros(block_n, d, dtype=torch.float64)
             for step in range(t["per_head"] * group):
@@ -106,6 +110,9 @@ def emulate(q, k, v, dout, lse, delta, cu_q, cu_k, causal, window, scale, block_
                 row0 = t["q0"] + start_m
                 q_b, do_b = rows(q[:, h], row0, block_m, total_q), rows(dout[:, h], row0, block_m, total_q)
                 lse_b, delta_b = rows(stats_lse[h], row0, block_m, total_q), rows(delta[h], row0, block_m, total_q)
+                if zero_tail:
+                    past = queries >= n
+                    q_b[past], do_b[past], lse_b[past], delta_b[past] = 0, 0, float("inf"), 0
                 s_t = k_c @ q_b.T  # [keys, queries]
                 ok = (keys[:, None] < nk) & (queries[None, :] < n)
                 if causal:
@@ -157,6 +164,33 @@ def test_tiles_store_every_key_once_and_match_the_reference(lens_q, lens_k, caus
     assert (stores == 1).all()  # every key of every kv head once, none past a sequence (no slot there)
     for got, want in zip((dq, dk, dv), ref):
         assert torch.allclose(got, want, atol=1e-9), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("zero_tail", [True, False])
+def test_zero_tail_keeps_the_next_sequences_nonfinite_rows_out(zero_tail):
+    lens = [100, 30, 129]  # the first sequence's last key tile and query block read the second's rows
+    hq, hkv, d = 2, 1, 16
+    cu = cu_of(lens)
+    g = torch.Generator().manual_seed(5)
+    q, dout = (torch.randn(sum(lens), hq, d, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(sum(lens), hkv, d, generator=g, dtype=torch.float64) for _ in range(2))
+    scale = d ** -0.5
+    out, lse = varlen_reference(q, k, v, cu, cu, causal=True)
+    delta = (out * dout).sum(-1).T
+    ref = varlen_backward_reference(dout, q, k, v, out, lse, None, cu, cu, causal=True, scale=scale,
+                                    compute_dtype=torch.float64)
+    nxt = slice(100, 110)
+    k[nxt], v[nxt], q[nxt], dout[nxt] = float("nan"), float("inf"), float("nan"), float("inf")
+    lse[:, nxt], delta[:, nxt] = float("nan"), float("nan")
+    dq, dk, dv, _ = emulate(q, k, v, dout, lse, delta, cu, cu, True, None, scale, zero_tail=zero_tail)
+    first = slice(0, 100)
+    finite = all(torch.isfinite(x[first]).all() for x in (dq, dk, dv))
+    assert finite == zero_tail  # without it, 0 x inf / NaN next door reaches the first sequence
+    if zero_tail:
+        for got, want in zip((dq, dk, dv), ref):
+            assert torch.allclose(got[first], want[first], atol=1e-9)
+        for got, want in zip((dq, dk, dv), ref):  # the third sequence's: untouched by the zeros added
+            assert torch.allclose(got[130:], want[130:], atol=1e-9)
 
 
 def emulate_dq(q, k, v, dout, lse, delta, cu_q, cu_k, causal, window, scale, block_m=64, block_n=64):
