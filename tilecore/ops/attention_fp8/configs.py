@@ -30,10 +30,11 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 # blocks) was 1.07x at D128 but WRONG (runs 3-4: FP8 wgmma's narrow accumulation); the chunked form is unmeasured.
 # exp2_fma_every 8: one exp2 in 8 on the FMA units (new in session 27). Turned on per head dim only where
 # experiments/attention_fp8/gpu_speed_s27.py shows a variant faster and its checks pass
-# l_mma is a mode since session 28 (gluon_fp8.L_MMA: how the ones block is stored; 0 off): session 27's (mode 1, [8, 32]
-# with a 32-byte swizzle) gave half of l on the H100 (notes/attention_fp8/runs/diag_lmma_session28_h100.txt);
-# experiments/attention_fp8/gpu_speed_s28.py finds the mode that is right. max_tree (session 28, OFF until a GPU run
-# times it): the row max as a tree (gluon_fp8.row_max_tree) instead of a chain of 31 dependent FMNMX a row
+# l_mma is a mode since session 28 (gluon_fp8.L_MMA: how the ones block is stored; 0 off, 1 the one to use): it gave
+# half of l on the H100 because the ones block, converted from a float16 constant, was half junk (a ptxas 12.8
+# miscompile, notes/attention_fp8); the block is now written as bytes. OFF until experiments/attention_fp8/
+# gpu_speed_s28.py checks it on the GPU. max_tree (session 28, OFF until a GPU run times it): the row max as a tree
+# (gluon_fp8.row_max_tree) instead of a chain of 31 dependent FMNMX a row
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False, exp2_fma_every=0,
                           cast_late=True, rescale_tau=0.0, p_shift=8, l_mma=0,
                           max_tree=False),
