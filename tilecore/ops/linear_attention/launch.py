@@ -15,13 +15,14 @@ import torch.nn.functional as F
 from tilecore import dispatch
 from tilecore.ops.linear_attention import chunked, configs, gluon_based, gluon_forward, kernels_backward, kernels_tl
 from tilecore.ops.linear_attention.plan import BASED, CHANNEL_DECAY, SCALAR_DECAY, Plan, block, decay_kind
-from tilecore.tiles.launch import CachedLaunch, TmaOperand
+from tilecore.tiles.launch import LRU, CachedLaunch, TmaOperand
 
 # the forward and step kernels launched by CachedLaunch: with an eager call's launch key (op.py: its
 # signature) by key, else the cached plain launch (issue 31's host time)
 _FORWARD = CachedLaunch(kernels_tl.la_fwd_kernel)
 _STEP = CachedLaunch(kernels_tl.la_step_kernel)
 _GLUON_FORWARD = CachedLaunch(gluon_forward.la_fwd_gluon_kernel)
+_GLUON_FITS = LRU(256)  # (a call's launch key, keep_linear) -> (the Gluon forward fits, Based's Gluon forward fits)
 
 LOG_DECAY_FLOOR = chunked.LOG_DECAY_FLOOR
 
@@ -62,7 +63,11 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
         if keep_linear and o.data_ptr() == o_lin.data_ptr():  # float32 without D and z: o is o_lin
             o_lin = o_lin.clone()
         return o, (ht if final_state else None), (o_lin if keep_linear else None)
-    if plan.config.get("fwd_gluon") and not keep_linear and gluon_forward.fits(q, k, v, g, feature) is None:
+    gluon, based = _GLUON_FITS.memo(key and (key, keep_linear), lambda: (
+        bool(plan.config.get("fwd_gluon")) and not keep_linear and gluon_forward.fits(q, k, v, g, feature) is None,
+        bool(plan.config.get("fwd_gluon_based")) and not keep_linear
+        and gluon_based.fits(q, k, v, g, beta, d_skip, z) is None))
+    if gluon:
         with dispatch.on_device(v.device):  # Hopper: the Gluon forward (o before D and z not kept)
             if key is not None:
                 o, ht = gluon_forward_keyed(key, q, k, v, g, beta, d_skip, z, h0, scale, final_state,
@@ -71,8 +76,7 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
                 o, ht = gluon_forward.forward(q, k, v, g, beta, d_skip, z, h0, scale, final_state,
                                               plan.config["gluon_stages"])
         return o, ht, None
-    if (plan.config.get("fwd_gluon_based") and not keep_linear
-            and gluon_based.fits(q, k, v, g, beta, d_skip, z) is None):
+    if based:
         with dispatch.on_device(v.device):  # Hopper: Based's Gluon forward
             o, ht = gluon_based.forward(q, k, v, h0, scale, final_state, plan.config["gluon_based_stages"])
         return o, ht, None
