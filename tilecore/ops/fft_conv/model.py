@@ -77,18 +77,21 @@ def bound_ms(path: str, batch: int, heads: int, n: int, n1: int = 0, n2: int = 0
 
 
 def table(batch: int = 16, heads: int = 768) -> str:
-    """The model at the issue's B16 H768 for the shipped plans (python -m tilecore.ops.fft_conv.model)."""
+    """The model at the issue's B16 H768 for the shipped plans and the one-pass kernel's first candidate a N
+    (python -m tilecore.ops.fft_conv.model)."""
     from tilecore.ops.fft_conv import configs
 
     lines = [f"{'N':>6} {'path':>5} {'N1xN2':>8} {'pass':>19} {'MB':>8} {'GFLOP':>7} {'bytes ms':>8} "
              f"{'flops ms':>8} {'bound ms':>8}   op bytes ms"]
     plans = {n: ("pair", c[0], c[1]) for n, c in configs.PAIR_CONFIGS.items()}
     plans.update({n: ("long", c[0], c[1]) for n, c in configs.LONG_CONFIGS.items()})
-    for n in sorted(plans):
-        path, n1, n2 = plans[n]
+    rows = [(n, *plans[n], 1) for n in sorted(plans)]
+    rows += [(n, "mono", c[0], c[1], c[2]) for n, cands in sorted(configs.MONO_CANDIDATES.items()) for c in cands[:1]]
+    for n, path, n1, n2, n3 in rows:
         own = op_bytes(batch, heads, n) / COPY_GBS / 1e6
-        for p in passes(path, batch, heads, n, n1, n2):
-            lines.append(f"{n:>6} {path:>5} {f'{n1}x{n2}':>8} {p['pass']:>19} {p['bytes'] / 1e6:>8.1f} "
+        factors = f"{n1}x{n2}" + (f"x{n3}" if n3 > 1 else "")
+        for p in passes(path, batch, heads, n, n1, n2, n3=n3):
+            lines.append(f"{n:>6} {path:>5} {factors:>8} {p['pass']:>19} {p['bytes'] / 1e6:>8.1f} "
                          f"{p['flops'] / 1e9:>7.1f} {p['bytes_ms']:>8.4f} {p['flops_ms']:>8.4f} "
                          f"{p['bound_ms']:>8.4f}   {own:.4f}")
     return "\n".join(lines)
