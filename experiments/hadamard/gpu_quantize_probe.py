@@ -169,6 +169,9 @@ def s28_quantize_cases(quick=True):
     cases += [("q", f, n, {}, {**WIDE, "num_stages": 2}) for f, n in (("fp8_e4m3", 11008), ("mxfp4", 11008),
                                                                       ("fp8_e4m3", 18944))]
     cases += [("q", "fp8_e4m3", 11008, {}, {**WIDE, "kc": 32}), ("q", "int4", 18944, {}, {**WIDE, "j_outer": True})]
+    # one warpgroup (wgmma 64 x 64 tiles instead of two warpgroups' 64 x 32; sm_90a: 208 / 128 registers, no spills)
+    cases += [("q", "fp8_e4m3", 11008, {}, {**WIDE, "num_warps": 4}),
+              ("q", "mxfp4", 11008, {}, {**WIDE, "j_outer": True, "num_warps": 4})]
     if not quick:
         cases += [("q", "int4", 11008, {}, {**WIDE, "j_outer": True})]
         cases += [("q", "mxfp4", n, {}, {**WIDE, "kc": 32}) for n in (11008, 18944)]
@@ -196,6 +199,7 @@ def s28_check_cases(torch):
     cases += [("fp8_e4m3", 11008, {"tuning": {**WIDE, "num_stages": 2}}, bf16),
               ("fp8_e4m3", 11008, {"tuning": {**WIDE, "kc": 32}}, bf16)]
     cases += [("nvfp4", 11008, {"tuning": WIDE}, bf16)]  # the dynamic global scale (its AMAX pass: compiled here)
+    cases += [("fp8_e4m3", 11008, {"tuning": {**WIDE, "num_warps": 4}}, bf16)]
     if not QUICK:
         cases += [(f, 11008, {"tuning": {**WIDE, "j_outer": True}, **(nv if f == "nvfp4" else {})}, bf16)
                   for f in ("mxfp4", "nvfp4")]
