@@ -122,9 +122,13 @@ def emulate(q, k, v, dout, lse, delta, cu_q, cu_k, causal, window, scale, block_
                         & (keys[:, None] >= queries[None, :] + (nk - n) - window[0])
                 p_t = torch.exp(torch.where(ok, s_t, float("-inf")) * scale - lse_b[None, :])
                 ds_t = p_t * (v_c @ do_b.T - delta_b[None, :])
+                if zero_tail:
+                    ds_t[:, queries >= n] = 0
                 dv_c += p_t @ do_b
                 dk_c += ds_t @ q_b
                 live = (row0 + torch.arange(block_m)) < total_q  # the reduction drops rows past the end
+                if zero_tail:
+                    live &= queries < n  # the kernel zeroes them before the reduction
                 dq[row0 + torch.arange(block_m)[live], h] += (scale * ds_t.T @ k_c)[live]
             own = keys < nk
             dk[t["k0"] + keys[own], hk] = (scale * dk_c)[own]

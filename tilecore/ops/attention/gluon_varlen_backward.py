@@ -32,8 +32,9 @@ counted from a sequence's last row), reads lse +inf for rows not its own, and st
 Non-finite values next door: a box reads the next sequence's rows, and an inf or NaN there times a
 P or dS of 0 is NaN, which would reach this sequence's gradients. ``ZERO_TAIL`` (config zero_tail,
 configs.VARLEN_GLUON_BACKWARD_ZERO_TAIL) zeroes them in shared memory: a tile's K and V rows past Nk
-once (each consumer its own rows), a step's Q and dO rows past N (lse +inf, delta 0) in a sequence's
-last query block; the dQ kernel's K and V rows past Nk in a last key block (its own rows' lse and
+once (each consumer its own rows), a step's Q and dO rows past N (lse +inf, delta 0, their dS and the
+fused dQ's rows set to 0: the reductions then add exact zeros next door even where this sequence's
+own K, V or dO holds an inf or NaN) in a sequence's last query block; the dQ kernel's K and V rows past Nk in a last key block (its own rows' lse and
 delta are read by pointer, its Q / dO rows not its own get p = 0 and are never stored, but their
 dQ rows are not this sequence's). Off until a GPU run checks it; finite inputs are never affected.
 """
@@ -263,6 +264,10 @@ class VarlenBackward:
         """Add scale * dq (this consumer's half of the columns of the step's rows) to the float32 dQ
         (rows past the packed end dropped by the TMA reduction)."""
         h, start_m = self.step_rows(tile, step)
+        if self.ZERO_TAIL:  # rows past N: the next sequence's, their dS 0 but 0 times an inf in K is NaN
+            if tile.N - start_m < self.BM:
+                rows = gl.arange(0, self.BM, layout=gl.SliceLayout(1, dq.type.layout))
+                dq = gl.where(gl.expand_dims(rows < tile.N - start_m, 1), dq, 0.0)
         self.reduce_dq(self.dq_staging.index(ctx.index), dq, [h, tile.q0 + start_m, ctx.index * (self.D // 2)], 0)
 
     @gluon.jit
@@ -312,6 +317,11 @@ class VarlenBackward:
             delta_cols = _stat_columns(stage.stats, 1, st_layout)
             dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
+        if self.ZERO_TAIL:  # queries past N: dS exactly 0 (0 times this sequence's own inf in dP^T is NaN,
+            # which the fused dQ's reduction would add to the next sequence's rows)
+            if tile.N - start_m < BM:
+                queries = start_m + gl.arange(0, BM, layout=gl.SliceLayout(0, st_layout))
+                ds_t = gl.where(gl.expand_dims(queries < tile.N, 0), ds_t, 0.0)
         # both register operands written with no wgmma running (else ptxas serializes them: C7513)
         ds_t = ds_t.to(stage.q.dtype)
         p_op = gl.convert_layout(p_t.to(stage.q.dtype), _operand_layout(BN, D, gl.num_warps()))
