@@ -76,6 +76,7 @@ def later_cases():
         return torch.fft.irfft(torch.fft.rfft(u.float(), n) * torch.fft.rfft(kf, n), n)[..., :u.shape[-1]].to(u.dtype)
 
     ql, kl, vl = (torch.randn(1, 256, 4, 64, **bf) for _ in range(3))
+    qlg, klg, vlg = (t.clone().requires_grad_() for t in (ql, kl, vl))
     ql2, kl2, vl2 = (torch.randn(4, 8, 64, **bf) for _ in range(3))
     state = torch.randn(4, 8, 64, 64, device="cuda")
     xm = torch.randn(4, 32, 64, **bf)
@@ -117,6 +118,9 @@ def later_cases():
         "fft_conv": (lambda: tilecore.fft_conv(u, kf), fft_torch),
         "linear_attention": (lambda: tilecore.linear_attention(ql, kl, vl),
                              lambda: torch.tril(ql.transpose(1, 2) @ kl.transpose(1, 2).transpose(-1, -2)) @ vl.transpose(1, 2)),
+        "linear_attention (grad recorded)": (lambda: tilecore.linear_attention(qlg, klg, vlg),
+                                             lambda: torch.tril(qlg.transpose(1, 2) @ klg.transpose(1, 2).transpose(-1, -2))
+                                             @ vlg.transpose(1, 2)),
         "linear_attention_step": (lambda: tilecore.linear_attention_step(ql2, kl2, vl2, state),
                                   lambda: (state.add_(kl2.float()[..., None] * vl2.float()[..., None, :]),
                                            torch.einsum("bhf,bhfv->bhv", ql2.float(), state))),

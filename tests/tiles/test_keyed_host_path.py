@@ -456,3 +456,34 @@ def test_ranked_work_table_is_the_sorted_table():
         expected = varlen_op.work_table_torch(cu_q, cu_k, total, heads, tile_m)
         assert torch.equal(ranked, expected)
         assert torch.equal(varlen_op.work_table(cu_q, cu_k, total, heads, tile_m, ranked=False), expected)
+
+
+def test_linear_attention_eager_autograd_as_the_custom_op(monkeypatch):
+    """linear_attention and mamba2_chunk_scan recording a gradient go through tiles.eager's Function (no
+    custom op's host time): outputs, final state and every gradient equal the custom op's bit for bit."""
+    from tilecore import dispatch
+
+    torch.manual_seed(10)
+    f16 = dict(dtype=torch.float16)
+    B, N, H, D = 1, 20, 2, 16
+    base = [torch.randn(B, N, H, D, **f16) for _ in range(3)] + [-torch.rand(B, N, H), torch.randn(B, H, D, D)]
+    x, dt, A = torch.randn(1, 20, 2, 16, **f16), torch.rand(1, 20, 2), -torch.rand(2)
+    Bm, Cm, Dm, z = (torch.randn(1, 20, 1, 16, **f16), torch.randn(1, 20, 1, 16, **f16), torch.randn(2),
+                     torch.randn(1, 20, 2, 16, **f16))
+    runs = []
+    for mode in (None, "op"):
+        with monkeypatch.context() as patch:
+            if mode:
+                patch.setattr(dispatch, "eager_mode", lambda *tensors: "op")
+            else:  # keyed, as a CUDA call would be
+                patch.setattr(la_op, "signature", _cpu_signature)
+            q, k, v, g, h0 = _leaves(*base)
+            o, ht = la_op.linear_attention(q, k, v, decay=g, initial_state=h0, return_final_state=True)
+            (o.float().square().sum() + ht.sum()).backward()
+            assert ("LinearAttentionFunction" in type(o.grad_fn).__name__) == (mode is None)
+            leaves = _leaves(x, dt, Bm, Cm, Dm, z)
+            y = la_op.mamba2_chunk_scan(leaves[0], leaves[1], A, leaves[2], leaves[3], D=leaves[4], z=leaves[5],
+                                        chunk_size=16)
+            y.float().sum().backward()
+            runs.append([o, ht] + [t.grad for t in (q, k, v, g, h0)] + [y] + [t.grad for t in leaves])
+    assert all(a is not None and torch.equal(a, c) for a, c in zip(*runs))

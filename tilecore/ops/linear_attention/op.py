@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from tilecore import dispatch
 from tilecore.ops.linear_attention import configs, launch
 from tilecore.ops.linear_attention.plan import BASED, IDENTITY, plan
+from tilecore.tiles import eager
 from tilecore.tiles.launch import LRU, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -131,13 +132,19 @@ def _none_to_empty(t, like):
     return t if t is not None else like.new_empty(0, dtype=torch.float32)
 
 
+def _forward_outputs(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk, final_state, keep_linear, key=None):
+    """The forward op's outputs (o, final state or an empty tensor, o before D and z or an empty tensor)."""
+    o, ht, o_lin = _forward_impl(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk, final_state, keep_linear,
+                                 key=key)
+    return o, _none_to_empty(ht, v), _none_to_empty(o_lin, v)
+
+
 @torch.library.custom_op("tilecore::linear_attention_forward", mutates_args=())
 def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
                 beta: Optional[torch.Tensor], d_skip: Optional[torch.Tensor], z: Optional[torch.Tensor],
                 h0: Optional[torch.Tensor], scale: float, feature: int, chunk: int, final_state: bool,
                 keep_linear: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    o, ht, o_lin = _forward_impl(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk, final_state, keep_linear)
-    return o, _none_to_empty(ht, v), _none_to_empty(o_lin, v)
+    return _forward_outputs(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk, final_state, keep_linear)
 
 
 @_forward_op.register_fake
@@ -157,6 +164,10 @@ def _backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
                                                     torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dg, dbeta, dh0), float32, but dq, dk, dv in q's, k's, v's dtypes where ``native`` (the
     kernels store them so: no cast after); do in any float dtype (read as it is)."""
+    return _backward_impl(do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, chunk, native)
+
+
+def _backward_impl(do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, chunk, native):
     p = launch.backward_plan(plan(q, v, g, feature, chunk or None), q, v, g, feature, chunk or None)
     grads = launch.backward(p, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, native=native)
     return tuple(_none_to_empty(t, v) for t in grads)
@@ -206,8 +217,9 @@ def _backward(ctx, do, dht, _do_lin):
     # dq, dk, dv straight in the inputs' dtypes from the kernels (no float32 buffers cast here), but where D's
     # term is added to dv after them
     native = configs.BWD_NATIVE_GRADS and d_skip is None
-    dq, dk, dv, dg, dbeta, dh0 = _backward_op(du, q, k, v, g, beta, h0, lin_in, ht, dht, scale, feature, chunk,
-                                              native)
+    # eager with nothing to record: the implementation (no custom op's host time); traced or create_graph: the op
+    dq, dk, dv, dg, dbeta, dh0 = eager.backward_call(_backward_op, _backward_impl, du, q, k, v, g, beta, h0, lin_in,
+                                                     ht, dht, scale, feature, chunk, native)
     if d_skip is not None:
         dv = dv + du.float() * d_skip.float()
 
@@ -219,10 +231,15 @@ def _backward(ctx, do, dht, _do_lin):
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
 
+# eager calls that record a gradient: the custom op's autograd without its host time (~100 us a call)
+_LinearAttentionFunction = eager.eager_autograd("_LinearAttentionFunction", _forward_outputs, _setup_context,
+                                                _backward)
+
 
 def _run(q, k, v, g, beta, d_skip, z, h0, scale: float, feature: int, chunk, final_state: bool, key=None):
-    """(o, final state or None) of the core, through its custom op unless eager without gradients
-    (``key``: the call's launch key there, or None)."""
+    """(o, final state or None) of the core: its implementation (eager, nothing to record), its autograd
+    Function (eager, a gradient to record) or its custom op (torch.compile, modes, subclasses); ``key``:
+    the call's launch key (None: none)."""
     tensors = (q, k, v, g, beta, d_skip, z, h0)
     if dispatch.plain_eager(*tensors):
         o, ht, _ = _forward_impl(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk or 0, final_state, False,
@@ -232,7 +249,11 @@ def _run(q, k, v, g, beta, d_skip, z, h0, scale: float, feature: int, chunk, fin
     # o before D and z in float32: the gate's gradient needs it, and Based's decay gradient (do . o: o
     # rounded to bf16 there gave 2.4e-3 relative error in dg)
     keep = grad and (d_skip is not None or z is not None or (feature == BASED and g is not None))
-    o, ht, _ = _forward_op(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk or 0, final_state, keep)
+    # eager: the autograd Function over the implementation; torch.compile, fake tensors, modes: the op
+    # (keep_linear changes the forward kernel's outputs: part of the launch key)
+    o, ht, _ = eager.run(_forward_op, _forward_outputs, _LinearAttentionFunction, q, k, v, g, beta, d_skip, z, h0,
+                         scale, feature, chunk or 0, final_state, keep, tensors=tensors,
+                         key=None if key is None else (key, "recorded", keep))
     return o, (ht if final_state else None)
 
 
