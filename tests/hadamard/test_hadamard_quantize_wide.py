@@ -117,3 +117,41 @@ def test_wide_transform_is_the_transform_at_the_rounding_floor():
     assert accuracy.error_over_floor(out, ref) <= 1.25
     with pytest.raises(ValueError, match="no wide plan"):
         quantize.wide_transform(torch.randn(2, 12 * 64, dtype=torch.float16), torch.empty(2, 12 * 64, dtype=torch.float16))
+
+
+_COMPILE_WIDE = """
+import json, torch
+from tilecore.ops.hadamard import quantize
+from tilecore.ops.hadamard.quantize_wide import wide_quantize_kernel
+from tilecore.tiles.compile import compile_kernel, resources
+rows, n = 1 << 16, 11008
+plan = quantize.kernel_plan(rows, n, torch.bfloat16, "fp8_e4m3", None, None, True, False, False, 132, wide=True)
+cfg = dict(plan.config)
+warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+x = torch.empty(64, n, dtype=torch.bfloat16)
+codes, scales = torch.empty(64, n, dtype=torch.uint8), torch.empty(64, 1)
+h = torch.empty(cfg["M_PAD"], cfg["M_PAD"], dtype=torch.bfloat16)
+args = dict(x=x, codes=codes, scales=scales, h=h, signs=x, gscale=scales, amax_out=scales, rows=rows, stride_x=n,
+            stride_codes=n, stride_scales=1, rscale=0.5, **cfg)
+k = compile_kernel(wide_quantize_kernel, args, num_warps=warps, num_stages=stages)
+print(json.dumps({**vars(resources(k)), "wgmma": "wgmma" in k.asm["ptx"]}))
+"""
+
+
+def test_wide_kernel_compiles_for_sm90_without_spills():
+    """The GPU-only code of the wide kernel (the plan the probe runs: fp8 per token at 11008, its NB x S blocks all
+    live) compiles for sm_90a on this machine (a fresh process without the interpreter): wgmma, no spills
+    (session 28: 155 registers a thread at 8 warps)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root
+    r = subprocess.run([sys.executable, "-c", _COMPILE_WIDE], capture_output=True, text=True, env=env, timeout=600,
+                       cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["wgmma"] and res["spill_stores"] == 0 and not res["wgmma_serialized"], res
