@@ -144,3 +144,4 @@ QUANT_WIDE = {}
 QUANT_WIDE_MB = 64
 QUANT_WIDE_KC = 16
 QUANT_WIDE_J_OUTER = False  # block-scaled formats: the blocks one at a time (quantize_wide's J_OUTER); untimed
+QUANT_WIDE_TUNING = {}  # (format, n), else format -> the wide plan's tuning (j_outer, kc, num_warps, num_stages)

@@ -161,6 +161,7 @@ def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, si
     on = tuning.get("wide", _by_format(configs.QUANT_WIDE, fmt, n, False))
     if not on or mix != 1 or m_pad <= 64 or S > 2 or dtype == torch.float32:
         return None
+    tuning = {**_by_format(configs.QUANT_WIDE_TUNING, fmt, n, {}), **tuning}  # the measured shapes; the caller's first
     mb = tuning.get("mb") or configs.QUANT_WIDE_MB
     kc = tuning.get("kc") or configs.QUANT_WIDE_KC
     nb = cdiv(M, mb)
