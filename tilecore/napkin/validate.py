@@ -379,8 +379,9 @@ def name_cause(p: Prediction) -> str:
         return ("short causal tiles (backward): at N = 512 a key tile walks 2-8 query steps; the warp-specialized "
                 "kernels' main kernels run 1.12-1.27x the model's time there (cuDNN, tilecore; "
                 "notes/napkin/runs/napkin_gpu_backward_tiles_run5_session28_h100) while FlashAttention-2's causal "
-                "rows carry no excess over its non-causal ones: the lockstep chain over short tiles, not the "
-                "mask's work; the one-tile blocks' prologue and epilogue and the passes are modelled")
+                "rows carry no excess over its non-causal ones; non-causal N 128 / 256 tiles (2-4 steps) run as far "
+                "over (run 8, --short): the tiles' length, not the mask; not modelled beyond the one-tile blocks' "
+                "prologue and epilogue and the passes")
     if p.op.endswith("bwd") and p.series.startswith("flash") and fast:
         return ("peer's kernel (FlashAttention-2's backward on Hopper): beyond mma.sync's 2/3 rate, its warps' "
                 "operand reads, its own clock and the serial schedule (modelled): dQ's fp32 atomics in L2")
