@@ -487,3 +487,33 @@ def test_linear_attention_eager_autograd_as_the_custom_op(monkeypatch):
             y.float().sum().backward()
             runs.append([o, ht] + [t.grad for t in (q, k, v, g, h0)] + [y] + [t.grad for t in leaves])
     assert all(a is not None and torch.equal(a, c) for a, c in zip(*runs))
+
+
+def test_fft_conv_eager_autograd_as_the_custom_op(monkeypatch):
+    """fft_conv recording a gradient goes through tiles.eager's Functions (filter and spectrum forms): the
+    custom ops' outputs and gradients bit for bit, needs_input_grad read over the op's inputs (only u or
+    only k requiring a gradient), and a spectrum's gradient refused as the op refuses it."""
+    from tilecore import dispatch
+
+    torch.manual_seed(11)
+    u0, k0 = torch.randn(2, 2, 64), torch.randn(2, 16)  # float32 at 64: torch.fft (the Functions are the point)
+    runs = []
+    for mode in (None, "op"):
+        with monkeypatch.context() as patch:
+            if mode:
+                patch.setattr(dispatch, "eager_mode", lambda *tensors: "op")
+            outs = []
+            for wants in ((True, True), (True, False), (False, True)):
+                u, k = (t.detach().clone().requires_grad_(w) for t, w in zip((u0, k0), wants))
+                y = fft_op.fft_conv(u, k)
+                assert ("FftConvFunction" in type(y.grad_fn).__name__) == (mode is None)
+                y.float().square().sum().backward()
+                outs += [y.detach()] + [t.grad for t in (u, k) if t.requires_grad]
+            u = u0.clone().requires_grad_()
+            y = fft_op.fft_conv(u, fft_op.filter_spectrum(k0, 64))
+            y.float().sum().backward()
+            outs += [y.detach(), u.grad]
+            with pytest.raises(RuntimeError, match="spectrum"):
+                fft_op.fft_conv(u0, fft_op.filter_spectrum(k0, 64).requires_grad_()).float().sum().backward()
+            runs.append(outs)
+    assert len(runs[0]) == len(runs[1]) and all(torch.equal(a, c) for a, c in zip(*runs))

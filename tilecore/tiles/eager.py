@@ -23,7 +23,9 @@ def eager_autograd(name: str, impl: Callable, setup_context: Callable, backward:
     ``op.register_autograd(backward, setup_context=setup_context)`` whose implementation is ``impl``.
     Gradients of unused outputs reach ``backward`` as None (no zero tensors made), as its checks expect.
     ``apply(key, *args)``: ``key`` is :func:`run`'s launch key (None: none), handed to ``impl`` as
-    ``key=`` and kept as ``ctx.launch_key`` for the backward (a custom op's ctx has none)."""
+    ``key=`` and kept as ``ctx.launch_key`` for the backward (a custom op's ctx has none). ``backward``
+    sees ``ctx.needs_input_grad`` over the op's inputs, as the custom op's backward does (the key's
+    entry left out)."""
 
     def forward(ctx, key, *args):
         out = impl(*args) if key is None else impl(*args, key=key)
@@ -33,10 +35,30 @@ def eager_autograd(name: str, impl: Callable, setup_context: Callable, backward:
         return out
 
     def backward_(ctx, *grads):
-        return (None, *backward(ctx, *grads))
+        return (None, *backward(_OpContext(ctx), *grads))
 
     return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
                                                    "backward": staticmethod(backward_)})
+
+
+class _OpContext:
+    """An eager_autograd Function's ctx as the custom op's backward sees it: every attribute the ctx's,
+    but ``needs_input_grad`` without the launch key's entry."""
+
+    __slots__ = ("_ctx",)
+
+    def __init__(self, ctx):
+        object.__setattr__(self, "_ctx", ctx)
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._ctx, name, value)
+
+    @property
+    def needs_input_grad(self):
+        return self._ctx.needs_input_grad[1:]
 
 
 def run(op, impl: Callable, function: type, *args, tensors=None, key=None):
