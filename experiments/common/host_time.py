@@ -70,6 +70,11 @@ def later_cases():
 
     u = torch.randn(2, 64, 1024, **bf)
     kf = torch.randn(64, 1024, device="cuda")
+    ug, kfg = u.clone().requires_grad_(), kf.clone().requires_grad_()
+
+    def fft_torch_grad():
+        n = 2 * ug.shape[-1]
+        return torch.fft.irfft(torch.fft.rfft(ug.float(), n) * torch.fft.rfft(kfg, n), n)[..., :ug.shape[-1]].to(ug.dtype)
 
     def fft_torch():
         n = 2 * u.shape[-1]
@@ -116,6 +121,7 @@ def later_cases():
                                      lambda: F.rms_norm(xg, (4096,), wg)),
         "apply_rotary": (lambda: tilecore.apply_rotary(xr, cos, sin), rotary_torch),
         "fft_conv": (lambda: tilecore.fft_conv(u, kf), fft_torch),
+        "fft_conv (grad recorded)": (lambda: tilecore.fft_conv(ug, kfg), fft_torch_grad),
         "linear_attention": (lambda: tilecore.linear_attention(ql, kl, vl),
                              lambda: torch.tril(ql.transpose(1, 2) @ kl.transpose(1, 2).transpose(-1, -2)) @ vl.transpose(1, 2)),
         "linear_attention (grad recorded)": (lambda: tilecore.linear_attention(qlg, klg, vlg),
