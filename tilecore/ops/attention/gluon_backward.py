@@ -265,31 +265,6 @@ class AttentionBackward:
         return p_t, dtanh
 
     @gluon.jit
-    def p_and_ds(self, s_tok, dp_tok, stats, start_n, start_m, DP_GROUPS: gl.constexpr):
-        """P^T and dS^T = P^T * (dP^T - delta) (float32) from the step's S^T and dP^T wgmma (``s_tok``,
-        ``dp_tok``; dP's the last DP_GROUPS groups issued) and its rows' lse and delta (the stage's
-        side buffer ``stats``): the softmax under dP's wgmma, or with a softcap once both are done."""
-        st_layout: gl.constexpr = wgmma_layout(self.BN, self.BM, gl.num_warps())
-        lse_cols = _stat_columns(stats, 0, st_layout)
-        if self.SOFTCAP and not self.SOFTCAP_OVERLAP:
-            # both products first, then the softmax: the cap's derivative (float16, 16 registers a
-            # thread) kept across dP's wgmma (SOFTCAP_OVERLAP) spills more at D128 (924 bytes against 632)
-            s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m)
-            delta_cols = _stat_columns(stats, 1, st_layout)
-            # dS of the capped scores times the cap's derivative 1 - tanh^2 (0 where masked: p = 0 there)
-            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
-        else:
-            s_t = warpgroup_mma_wait(DP_GROUPS, deps=(s_tok,))
-            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m)
-            delta_cols = _stat_columns(stats, 1, st_layout)
-            dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
-            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-            if self.SOFTCAP:  # SOFTCAP_OVERLAP: the softmax under dP's wgmma, the cap's derivative kept
-                ds_t = ds_t * dtanh.to(gl.float32)
-        return p_t, ds_t
-
-    @gluon.jit
     def issue_dq(self, ctx, step):
         """Issue this consumer's half of dQ = dS K for ring step ``step`` once both halves of its dS
         are in shared memory (buffer step % 2, its use step // 2). For step -1 (a program's first step
@@ -362,7 +337,23 @@ class AttentionBackward:
         zeros = gl.zeros([BN, BM], gl.float32, st_layout)
         s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        p_t, ds_t = self.p_and_ds(s_tok, dp_tok, stage.stats, start_n, start_m, 1)
+        lse_cols = _stat_columns(stage.stats, 0, st_layout)
+        if self.SOFTCAP and not self.SOFTCAP_OVERLAP:
+            # both products first, then the softmax: the cap's derivative (float16, 16 registers a
+            # thread) kept across dP's wgmma (SOFTCAP_OVERLAP) spills more at D128 (924 bytes against 632)
+            s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m)
+            delta_cols = _stat_columns(stage.stats, 1, st_layout)
+            # dS of the capped scores times the cap's derivative 1 - tanh^2 (0 where masked: p = 0 there)
+            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
+        else:
+            s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m)
+            delta_cols = _stat_columns(stage.stats, 1, st_layout)
+            dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
+            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
+            if self.SOFTCAP:  # SOFTCAP_OVERLAP: the softmax under dP's wgmma, the cap's derivative kept
+                ds_t = ds_t * dtanh.to(gl.float32)
         # both register operands are written with no wgmma running: ptxas serializes every wgmma of a
         # kernel that writes a wgmma's input registers while another runs (its warning C7513)
         ds_t = ds_t.to(stage.q.dtype)
@@ -633,7 +624,20 @@ class AttentionBackwardPieces:
         s_tok = warpgroup_mma(self.key_rows(ctx, 2), q2.permute((1, 0)), s_tok, is_async=True)
         dp_tok = warpgroup_mma(self.key_rows(ctx, 3), do0.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(self.key_rows(ctx, 4), do1.permute((1, 0)), dp_tok, is_async=True)
-        p_t, ds_t = AttentionBackward.p_and_ds(self, s_tok, dp_tok, stage.stats, start_n, start_m, 2)
+        lse_cols = _stat_columns(stage.stats, 0, st_layout)
+        if self.SOFTCAP and not self.SOFTCAP_OVERLAP:  # as AttentionBackward.compute
+            s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m)
+            delta_cols = _stat_columns(stage.stats, 1, st_layout)
+            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
+        else:
+            s_t = warpgroup_mma_wait(2, deps=(s_tok,))  # dP's two groups may still run
+            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m)
+            delta_cols = _stat_columns(stage.stats, 1, st_layout)
+            dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
+            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
+            if self.SOFTCAP:
+                ds_t = ds_t * dtanh.to(gl.float32)
         # both register operands written with no wgmma running (else ptxas serializes them: C7513)
         p_op = gl.convert_layout(p_t.to(stage.q0.dtype), _operand_layout(BN, 64, gl.num_warps()))
         ds_op = gl.convert_layout(ds_t.to(stage.q0.dtype), _operand_layout(BN, 64, gl.num_warps()))
