@@ -211,9 +211,11 @@ GLUON_VARLEN_FWD = CachedLaunch(
 WORK_TABLE = CachedLaunch(lambda: importlib.import_module("tilecore.ops.attention.kernels_varlen").varlen_work_table)
 WORK_TABLE_RANKED = CachedLaunch(
     lambda: importlib.import_module("tilecore.ops.attention.varlen_work").varlen_work_table_ranked)
-# the work table with its order in one launch (varlen_work.py) for batches up to its RANKED_MAX_BATCH: off
-# until a GPU run checks it (host_time.py's varlen table check); on: True
-VARLEN_RANKED_TABLE = False
+# the work table with its order in one launch (varlen_work.py) for batches up to its RANKED_MAX_BATCH: on
+# since session 28's H100 run 7 (host_time.py: the table equal to the two-step and torch-ops tables at B 1,
+# 3, 17, 64 with ties and zero lengths; the keyed Gluon forward's output the same; 76 us a call against 225
+# with the two-step table); off: False (the argsort path)
+VARLEN_RANKED_TABLE = True
 
 
 def gluon_device(device: torch.device) -> bool:
