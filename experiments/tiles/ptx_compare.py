@@ -7,7 +7,9 @@ variant by variant, on this machine (no GPU: triton's own ptxas and cuobjdump):
   any edit of the source moves;
 * SASS (ptxas -arch=sm_90a, cuobjdump -sass): instruction counts, and whether the two instruction
   sequences are the same up to register names (ptxas may number registers differently when only the
-  PTX's line information differs).
+  PTX's line information differs). Read this column too: a new inlined jit call adds ``$L__tmp``
+  labels, which split ptxas's blocks and can reorder a kernel's schedule though the PTX compares
+  identical (session 28: one attention backward variant).
 
     python experiments/tiles/port_resources.py --root OLD --only attention --ptx /tmp/ptx_old
     python experiments/tiles/port_resources.py --only attention --ptx /tmp/ptx_new
