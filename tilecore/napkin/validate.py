@@ -170,6 +170,20 @@ def gemm_time(m, n, k, dtype, gpu, impl="peer", variant=None, cfg=None):
 FA2_FORWARD = {64: (128, 128), 128: (128, 64)}
 
 
+def flash2_forward_tile_s(d: int, gpu) -> float:
+    """Seconds a FlashAttention-2 forward query tile costs outside its steps (session 28, issue 36): its
+    grid is one query tile a thread block (flash_fwd_kernel: a block per (query block, batch, head), no
+    persistent scheduler), so each tile's prologue (Q and the first K and V blocks in, after a DRAM
+    round trip) and epilogue (O and the log-sum-exp out, the stores completed before the block exits:
+    a round trip) are the block's own. The backward's tile term (backward.tile_clocks) on the forward's
+    tile: bytes at the SM's even share of the measured L2 bandwidth, plus two of the preset's round trips
+    (tile_latency_s). No fitted constant."""
+    bm, bn = FA2_FORWARD.get(d, (128, 64))
+    loads = bm * d * 2 + 2 * bn * d * 2        # Q's tile, the first K and V blocks (bf16)
+    stores = bm * d * 2 + bm * 4               # O (bf16), the log-sum-exp (fp32)
+    return (loads + stores) / (gpu.level("L2").bandwidth / gpu.sms) + 2 * gpu.tile_latency_s
+
+
 @_memo
 def attention_time(batch, heads, kv_heads, seq, d, causal, backward, gpu, impl):
     """impl: tilecore, cudnn or flash. Forward: tilecore and cuDNN wgmma with the overlap schedule (the
@@ -192,7 +206,11 @@ def attention_time(batch, heads, kv_heads, seq, d, causal, backward, gpu, impl):
         r = relabel(diag, gpu, parts, warpgroups=wgs, **kw)
     except CapacityError:  # the peer's tile spread over one more warpgroup (8 warps)
         r = relabel(diag, gpu, parts, warpgroups=wgs + 1, **kw)
-    return r.time, r.bound
+    t = r.time
+    if impl == "flash":  # one query tile a thread block: each tile's prologue and epilogue, spread over the SMs
+        tiles = batch * heads * math.ceil(seq / parts["q"].size)
+        t += tiles * flash2_forward_tile_s(d, gpu) / gpu.sms
+    return t, r.bound
 
 
 @_memo
@@ -225,6 +243,27 @@ def decode_time(batch, heads, kv_heads, kv_seq, d, gpu):
         partial = batch * heads * ranges * (d + 1) * 4
         t += gpu.launch_s + 2 * partial / gpu.levels[0].bandwidth  # the merge kernel
     return t, r.bound
+
+
+# PyTorch's generic (TensorIterator / indexing) kernels on strided views run at about half the copy
+# ceiling: SDPA's flash backward's two transposing copies of Q's size took 0.37 ms (D64) and 0.74 ms
+# (D128) a backward in run 5 (notes/napkin/runs/napkin_gpu_backward_tiles_run5_session28_h100.txt),
+# 2.07x the copy-ceiling time of their bytes (0.179 / 0.358 ms at 3,002 GB/s)
+GENERIC_COPY_SLOWDOWN = 2.07
+
+
+def kv_repeated_time(batch, hq, hkv, seq, d, backward, gpu, impl):
+    """The bench's "K/V repeated" peer (tilecore/bench/suites/attention_gqa.py): K and V repeated to
+    every q head by ``repeat_interleave(group, dim=1)`` (PyTorch: an index tensor, then ``index_select``,
+    a generic gather kernel, one a tensor) inside the timed forward, then multi-head attention. The
+    timed backward is ``autograd.grad`` of one forward: the attention backward, then index_select's
+    backward (zeros, then ``index_add_`` of the q heads' dK and dV into the kv heads), one a tensor;
+    the forward's repeats are not in it. The gathers and scatters move the q heads' bytes in and out
+    (the kv heads' share is small) at GENERIC_COPY_SLOWDOWN x the copy ceiling's time (session 28)."""
+    kv = 2 * batch * seq * d * 2                                  # one kv head's K (or V): in + out, bf16
+    per_tensor = copy_time(kv * (hkv + hq) // 2 // 2, gpu)[0] * GENERIC_COPY_SLOWDOWN
+    t, bound = attention_time(batch, hq, hq, seq, d, True, backward, gpu, impl)
+    return t + 2 * per_tensor, bound
 
 
 # ------------------------------------------------------------------------------------------ rows
@@ -301,12 +340,7 @@ def _predict_row(path: Path, data: dict, row: dict, gpu, cfg, host) -> Predictio
         batch = max(1, 2 ** 20 // (hq * n_))
         impl = _attention_impl(series)
         if "K/V repeated" in series:
-            # K and V copied out to every q head (one kernel a tensor), then multi-head attention;
-            # the backward also sums dK and dV back over each group
-            kv = 2 * batch * n_ * d * 2
-            t = sum(copy_time(kv * (hkv + hq) // 2 // 2, gpu)[0] for _ in range(2))
-            t2, bound = attention_time(batch, hq, hq, n_, d, True, bwd, gpu, impl)
-            t += t2 + (sum(copy_time(kv * (hkv + hq) // 2 // 2, gpu)[0] for _ in range(2)) if bwd else 0.0)
+            t, bound = kv_repeated_time(batch, hq, hkv, n_, d, bwd, gpu, impl)
         else:
             t, bound = attention_time(batch, hq, hkv, n_, d, True, bwd, gpu, impl)
     elif suite == "attention-decode":
@@ -387,9 +421,13 @@ def name_cause(p: Prediction) -> str:
                 "operand reads, its own clock and the serial schedule (modelled): dQ's fp32 atomics in L2")
     if p.op.startswith(("attention", "attention-gqa")) and p.series.startswith("flash") and fast:
         return "missing algorithm (peer): FlashAttention-2 on Hopper, mma.sync rate and issue beyond the 2/3 account"
+    if p.op.startswith(("attention", "attention-gqa")) and p.series.startswith("flash") and not fast:
+        return ("FlashAttention-2's forward at D64 predicted slow: its blocks (128 x 128 tiles, 48 KiB of shared "
+                "memory) run several a SM, so one block's prologue and epilogue run partly under another's steps; "
+                "the one-tile term (flash2_forward_tile_s) charges them in full")
     if "K/V repeated" in p.series:
-        return ("peer's extra passes: K and V repeated to every q head by eager PyTorch (allocations, "
-                "copies at less than the copy ceiling), costed here as ideal copies")
+        return ("peer's extra passes: K and V repeated to every q head by eager PyTorch (index_select, its "
+                "backward index_add_), costed at PyTorch's generic copy rate (half the copy ceiling, run 5)")
     if p.op.endswith("bwd") and fast and q.get("N", 1 << 30) <= 2048:
         return ("short tiles (backward): the causal tail over few query steps and a persistent schedule's last "
                 "tiles, not modelled per tile; the prologue and epilogue of one-tile thread blocks are")
@@ -510,7 +548,9 @@ def table(root: Path = RESULTS) -> str:
               "backward: tilecore.napkin.backward (each implementation's step chain, dQ, the passes around "
               "it, a one-tile thread block's prologue and epilogue, FlashAttention-2's per-warp operand reads "
               "at its measured clock, its grouped heads' dK, dV sums and SDPA's two layout copies; one step latency derived from "
-              "shared/anchors.md's cuDNN row)."]
+              "shared/anchors.md's cuDNN row). FlashAttention-2's forward: one query tile a thread block, each "
+              "tile's prologue and epilogue (flash2_forward_tile_s). The K/V-repeated peer: index_select in the "
+              "timed forward, index_add_ in the timed backward, at PyTorch's generic copy rate (kv_repeated_time)."]
     return "\n".join(lines)
 
 
