@@ -16,6 +16,8 @@ time (bf16, triton.testing.do_bench medians): the 64K-token long-tailed batch of
     padded batch and FlexAttention with the document mask (compiled, last, where the budget allows).
 Under --smoke (the CPU interpreter: Gluon does not run there) the tl backward stands in for the Gluon
 one, so that shapes and the script's paths are exercised.
+The first check of each path (fused dQ, split) runs first in a process of its own (a kernel fault, a CUDA
+error, poisons its process): a path that fails there is not launched in the main process.
 Prints a table last; writes $OUT/gpu_varlen_bwd.json (default /tmp/out). Each case catches its errors.
 """
 import argparse
@@ -28,7 +30,8 @@ import traceback
 import torch
 
 SMOKE = False
-BUDGET_S = 75.0
+BUDGET_S = 80.0
+BROKEN = set()  # paths ("fused", "split") whose probe process failed: a CUDA error poisons the process
 START = [time.time()]
 RESULTS = {"check": [], "time": [], "errors": []}
 
@@ -73,10 +76,16 @@ def cu_of(lengths, device):
     return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device=device)
 
 
+def path_of(config):
+    return "split" if config and config.get("dq_from") == "gluon" else "fused"
+
+
 def gluon_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None,
                    config=None):
     from tilecore.ops.attention import varlen
 
+    if path_of(config) in BROKEN:
+        raise RuntimeError(f"the {path_of(config)} path failed in its probe process: not run here")
     if SMOKE:
         return varlen.backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap,
                                        grads=grads)
@@ -224,10 +233,12 @@ def run_checks():
                  (bf16, [700, 129, 2000, 64], [900, 129, 2000, 70], 16, 4, 128, {"window_size": (100, 37)})]
     # first: the shipped fused dQ and the split one (dK/dV, then attention_varlen_dq_kernel) on the odd
     # lengths, causal; then no mask with GQA and N != Nk
-    first = [cases[0], cases[0] + (None, "gluon"), cases[1]]
-    later = cases[2:] + [cases[1] + (None, "gluon"), cases[2] + (None, "gluon"), cases[-1] + (None, "gluon")]
-    for case in first:
+    if PROBE:  # a probe process: the first case on one path
+        case = cases[0] + ((None, "gluon") if PROBE == "split" else ())
         guarded(f"check {case[1]}")(check)(*case)
+        return []
+    later = cases[2:] + [cases[1] + (None, "gluon"), cases[2] + (None, "gluon"), cases[-1] + (None, "gluon")]
+    guarded(f"check {cases[1][1]}")(check)(*cases[1])
     return later
 
 
@@ -275,28 +286,26 @@ def time_backward(lengths, h=16, d=128):
     out, lse = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
     dout = torch.randn_like(out)
     grads = tuple(torch.empty_like(t) for t in (q, k, v))
-    row["gluon_bwd_ms"] = bench(lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1, -1,
+    def timed(name, fn):
+        guarded(f"time {name}")(lambda: row.__setitem__(name, bench(fn)))()
+
+    timed("tl_bwd_ms", lambda: varlen.backward_kernels(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1, -1,
                                                        0.0, grads=grads))
-    row["tl_bwd_ms"] = bench(lambda: varlen.backward_kernels(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1,
-                                                             -1, 0.0, grads=grads))
-
-    def fwd_bwd():
-        o, l_ = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
-        gluon_backward(dout, q, k, v, o, l_, None, cu, cu, True, scale, -1, -1, 0.0, grads=grads)
-    row["gluon_fwd_bwd_ms"] = bench(fwd_bwd)
     split = variant(d, True, dq_from="gluon")
-    row["gluon_split_bwd_ms"] = bench(lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1,
-                                                             -1, 0.0, grads=grads, config=split))
+    for name, cfg in (("gluon", None), ("gluon_split", split)):
+        if path_of(cfg) in BROKEN:
+            continue
+        timed(f"{name}_bwd_ms", lambda cfg=cfg: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1,
+                                                               -1, 0.0, grads=grads, config=cfg))
 
-    def fwd_bwd_split():
-        o, l_ = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
-        gluon_backward(dout, q, k, v, o, l_, None, cu, cu, True, scale, -1, -1, 0.0, grads=grads, config=split)
-    row["gluon_split_fwd_bwd_ms"] = bench(fwd_bwd_split)
-    row["gluon_split_bwd_tflops"] = 2.5 * flops / row["gluon_split_bwd_ms"] / 1e9
-    row["gluon_split_fwd_bwd_tflops"] = 3.5 * flops / row["gluon_split_fwd_bwd_ms"] / 1e9
-    row["gluon_bwd_tflops"] = 2.5 * flops / row["gluon_bwd_ms"] / 1e9
-    row["tl_bwd_tflops"] = 2.5 * flops / row["tl_bwd_ms"] / 1e9
-    row["gluon_fwd_bwd_tflops"] = 3.5 * flops / row["gluon_fwd_bwd_ms"] / 1e9
+        def fwd_bwd(cfg=cfg):
+            o, l_ = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
+            gluon_backward(dout, q, k, v, o, l_, None, cu, cu, True, scale, -1, -1, 0.0, grads=grads, config=cfg)
+        timed(f"{name}_fwd_bwd_ms", fwd_bwd)
+    for name, factor in (("gluon_bwd", 2.5), ("gluon_fwd_bwd", 3.5), ("gluon_split_bwd", 2.5),
+                         ("gluon_split_fwd_bwd", 3.5), ("tl_bwd", 2.5)):
+        if f"{name}_ms" in row:
+            row[f"{name}_tflops"] = factor * flops / row[f"{name}_ms"] / 1e9
 
     @guarded("time fixed-length tilecore backward")
     def fixed():
@@ -316,10 +325,12 @@ def time_backward(lengths, h=16, d=128):
         row[f"fixed_B{b}_N{n}_fwd_bwd_ms"] = tfb
         row["fixed_bwd_tflops"] = 2.5 * fixed_flops / tb / 1e9
         row["fixed_fwd_bwd_tflops"] = 3.5 * fixed_flops / tfb / 1e9
-        row["bwd_vs_fixed"] = row["gluon_bwd_tflops"] / row["fixed_bwd_tflops"]
-        row["fwd_bwd_vs_fixed"] = row["gluon_fwd_bwd_tflops"] / row["fixed_fwd_bwd_tflops"]
-        row["split_bwd_vs_fixed"] = row["gluon_split_bwd_tflops"] / row["fixed_bwd_tflops"]
-        row["split_fwd_bwd_vs_fixed"] = row["gluon_split_fwd_bwd_tflops"] / row["fixed_fwd_bwd_tflops"]
+        for name, ours, fixed_name in (("bwd_vs_fixed", "gluon_bwd", "fixed_bwd"),
+                                       ("fwd_bwd_vs_fixed", "gluon_fwd_bwd", "fixed_fwd_bwd"),
+                                       ("split_bwd_vs_fixed", "gluon_split_bwd", "fixed_bwd"),
+                                       ("split_fwd_bwd_vs_fixed", "gluon_split_fwd_bwd", "fixed_fwd_bwd")):
+            if f"{ours}_tflops" in row:
+                row[name] = row[f"{ours}_tflops"] / row[f"{fixed_name}_tflops"]
     fixed()
     return row, (q, k, v, cu, dout)
 
@@ -338,8 +349,11 @@ def time_variants(row, tensors, d=128):
                       ("lagged", variant(d, True, dq_from="lagged"))):
         if over_budget(f"time variant {name}", 10.0):
             continue
-        row[f"gluon_bwd_{name}_ms"] = bench(lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale,
-                                                                   -1, -1, 0.0, grads=grads, config=cfg))
+        if path_of(cfg) in BROKEN:
+            continue
+        guarded(f"time variant {name}")(lambda name=name, cfg=cfg: row.__setitem__(
+            f"gluon_bwd_{name}_ms", bench(lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1,
+                                                                 -1, 0.0, grads=grads, config=cfg))))()
 
 
 def time_peers(row, lengths, tensors, h=16, d=128):
@@ -357,8 +371,9 @@ def time_peers(row, lengths, tensors, h=16, d=128):
         op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True)
         dop = torch.randn_like(op)
         row["sdpa_padded_bwd_ms"] = bench(lambda: torch.autograd.grad(op, (qp, kp, vp), dop, retain_graph=True))
-        row["sdpa_padded_bwd_over_gluon"] = row["sdpa_padded_bwd_ms"] / row["gluon_bwd_ms"]
-        row["sdpa_padded_bwd_over_gluon_split"] = row["sdpa_padded_bwd_ms"] / row["gluon_split_bwd_ms"]
+        for ours in ("gluon", "gluon_split"):
+            if f"{ours}_bwd_ms" in row:
+                row[f"sdpa_padded_bwd_over_{ours}"] = row["sdpa_padded_bwd_ms"] / row[f"{ours}_bwd_ms"]
     if not over_budget("sdpa padded", 5.0):
         sdpa_padded()
 
@@ -375,8 +390,9 @@ def time_peers(row, lengths, tensors, h=16, d=128):
         ox = compiled(qx, kx, vx, block_mask=mask)
         dox = dout.transpose(0, 1).unsqueeze(0)
         row["flex_bwd_ms"] = bench(lambda: torch.autograd.grad(ox, (qx, kx, vx), dox, retain_graph=True))
-        row["flex_bwd_over_gluon"] = row["flex_bwd_ms"] / row["gluon_bwd_ms"]
-        row["flex_bwd_over_gluon_split"] = row["flex_bwd_ms"] / row["gluon_split_bwd_ms"]
+        for ours in ("gluon", "gluon_split"):
+            if f"{ours}_bwd_ms" in row:
+                row[f"flex_bwd_over_{ours}"] = row["flex_bwd_ms"] / row[f"{ours}_bwd_ms"]
     if not SMOKE and os.environ.get("GPU_VARLEN_FLEX", "1") != "0" and not over_budget("flex", 35.0):
         flex()
 
@@ -401,16 +417,57 @@ def table():
     return "\n".join(lines)
 
 
+PROBE = None
+
+
+def probe(path, budget):
+    """The first check on ``path`` in a process of its own: a kernel fault (CUDA error) poisons its
+    process, so the main one learns which path runs before it launches either."""
+    import subprocess
+    import sys
+
+    out_dir = os.environ.get("OUT", "/tmp/out")
+    cmd = [sys.executable, os.path.abspath(__file__), "--probe", path, "--budget", str(budget)]
+    cmd += ["--smoke"] if SMOKE else []
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=max(budget + 30, 60))
+        text, code = r.stdout + r.stderr, r.returncode
+    except subprocess.TimeoutExpired as e:
+        text, code = f"timed out: {e}", -1
+    print(text[-4000:], flush=True)
+    try:
+        with open(os.path.join(out_dir, f"gpu_varlen_bwd_probe_{path}.json")) as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        found = {"check": [], "errors": []}
+    RESULTS["check"].extend(found["check"])
+    RESULTS["errors"].extend({"case": f"probe {path}: {e['case']}", "error": e["error"]} for e in found["errors"])
+    if code != 0 or found["errors"] or not found["check"] or not all(c.get("ok") for c in found["check"]):
+        BROKEN.add(path)
+        RESULTS["errors"].append({"case": f"probe {path}", "error": f"exit {code}: the {path} path is not run "
+                                  f"in the main process; its output's tail: {text[-600:]}"})
+
+
 def main():
-    global SMOKE, BUDGET_S
+    global SMOKE, BUDGET_S, PROBE
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, no timing (the CPU interpreter)")
     parser.add_argument("--quick", action="store_true", help="the default: checks and the 64K timing, <= 90 s")
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds before later cases are skipped")
     parser.add_argument("--no-time", action="store_true")
+    parser.add_argument("--probe", choices=("fused", "split"), help="(internal) the first check on one path")
     args = parser.parse_args()
-    SMOKE, BUDGET_S = args.smoke, args.budget
+    SMOKE, BUDGET_S, PROBE = args.smoke, args.budget, args.probe
     START[0] = time.time()
+    out_dir = os.environ.get("OUT", "/tmp/out")
+    os.makedirs(out_dir, exist_ok=True)
+    if PROBE:
+        run_checks()
+        with open(os.path.join(out_dir, f"gpu_varlen_bwd_probe_{PROBE}.json"), "w") as f:
+            json.dump({"check": RESULTS["check"], "errors": RESULTS["errors"]}, f, default=str)
+        return
+    for path in ("fused", "split"):
+        probe(path, 20.0)
     later = run_checks()
     timed = None
     if not args.no_time:
@@ -427,10 +484,9 @@ def main():
     if not args.no_time and timed is not None:
         guarded("time peers")(time_peers)(timed[0], lengths, timed[1], h=2 if SMOKE else 16, d=16 if SMOKE else 128)
     text = table()
-    out_dir = os.environ.get("OUT", "/tmp/out")
-    os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "gpu_varlen_bwd.json"), "w") as f:
-        json.dump({"meta": _meta(), **RESULTS, "elapsed_s": time.time() - START[0]}, f, indent=1, default=str)
+        json.dump({"meta": _meta(), "broken": sorted(BROKEN), **RESULTS, "elapsed_s": time.time() - START[0]}, f,
+                  indent=1, default=str)
     print(text)
     print(f"elapsed {time.time() - START[0]:.1f} s")
 

@@ -41,19 +41,20 @@ def key_tile(entry, cu_q, cu_k, block_m, block_n, causal, window):
     n = int(cu_q[b + 1]) - q0 if seq >= 0 else 0
     nk = int(cu_k[b + 1]) - k0 if seq >= 0 else 0
     start_n = key_block * 2 * block_n
+    r = q0 % 4  # query blocks start at packed rows that are multiples of 4 (the lse/delta box's alignment)
     first_mb = 0
     if causal:
-        first_mb = max(start_n - (nk - n), 0) // block_m
+        first_mb = (max(start_n - (nk - n), 0) + r) // block_m
     if window:
         left, right = window
-        first_mb = max(start_n - (nk - n) - right, 0) // block_m
+        first_mb = (max(start_n - (nk - n) - right, 0) + r) // block_m
         last_key = min(start_n + 2 * block_n, nk) - 1
         last_row = min(n - 1, last_key - (nk - n) + left)
-        per_head = max(cdiv(max(last_row + 1, 0), block_m) - first_mb, 0)
+        per_head = max(cdiv(last_row + 1 + r, block_m) - first_mb, 0) if last_row >= 0 else 0
     else:
-        per_head = max(cdiv(n, block_m) - first_mb, 0)
+        per_head = max(cdiv(n + r, block_m) - first_mb, 0) if n > 0 else 0
     return dict(start_n=start_n, hk=hk, first_mb=first_mb, per_head=per_head, shift=key_block % max(per_head, 1),
-                head0=key_block, q0=q0, k0=k0, N=n, Nk=nk)
+                head0=key_block, q0=q0, k0=k0, N=n, Nk=nk, r=r)
 
 
 def step_rows(t, step, group, block_m):
@@ -66,7 +67,7 @@ def step_rows(t, step, group, block_m):
         walked = step // group
         head = (step - walked * group + t["head0"] % group) % group
         block = t["first_mb"] + t["per_head"] - 1 - walked
-    return t["hk"] * group + head, block * block_m
+    return t["hk"] * group + head, block * block_m - t["r"]
 
 
 def emulate(q, k, v, dout, lse, delta, cu_q, cu_k, causal, window, scale, block_m=64, block_n=64, zero_tail=False):
@@ -111,10 +112,11 @@ def emulate(q, k, v, dout, lse, delta, cu_q, cu_k, causal, window, scale, block_
                 q_b, do_b = rows(q[:, h], row0, block_m, total_q), rows(dout[:, h], row0, block_m, total_q)
                 lse_b, delta_b = rows(stats_lse[h], row0, block_m, total_q), rows(delta[h], row0, block_m, total_q)
                 if zero_tail:
-                    past = queries >= n
+                    past = (queries < 0) | (queries >= n)
                     q_b[past], do_b[past], lse_b[past], delta_b[past] = 0, 0, float("inf"), 0
                 s_t = k_c @ q_b.T  # [keys, queries]
-                ok = (keys[:, None] < nk) & (queries[None, :] < n)
+                assert row0 % 4 == 0  # the lse / delta box's TMA start, 16-byte aligned
+                ok = (keys[:, None] < nk) & (queries[None, :] >= 0) & (queries[None, :] < n)
                 if causal:
                     ok &= keys[:, None] <= queries[None, :] + (nk - n)
                 if window:
@@ -123,12 +125,12 @@ def emulate(q, k, v, dout, lse, delta, cu_q, cu_k, causal, window, scale, block_
                 p_t = torch.exp(torch.where(ok, s_t, float("-inf")) * scale - lse_b[None, :])
                 ds_t = p_t * (v_c @ do_b.T - delta_b[None, :])
                 if zero_tail:
-                    ds_t[:, queries >= n] = 0
+                    ds_t[:, (queries < 0) | (queries >= n)] = 0
                 dv_c += p_t @ do_b
                 dk_c += ds_t @ q_b
                 live = (row0 + torch.arange(block_m)) < total_q  # the reduction drops rows past the end
                 if zero_tail:
-                    live &= queries < n  # the kernel zeroes them before the reduction
+                    live &= (queries >= 0) & (queries < n)  # the kernel zeroes them before the reduction
                 dq[row0 + torch.arange(block_m)[live], h] += (scale * ds_t.T @ k_c)[live]
             own = keys < nk
             dk[t["k0"] + keys[own], hk] = (scale * dk_c)[own]
@@ -183,9 +185,11 @@ def test_zero_tail_keeps_the_next_sequences_nonfinite_rows_out(zero_tail):
     delta = (out * dout).sum(-1).T
     ref = varlen_backward_reference(dout, q, k, v, out, lse, None, cu, cu, causal=True, scale=scale,
                                     compute_dtype=torch.float64)
-    nxt = slice(100, 110)
-    k[nxt], v[nxt], q[nxt], dout[nxt] = float("nan"), float("inf"), float("nan"), float("inf")
-    lse[:, nxt], delta[:, nxt] = float("nan"), float("nan")
+    # the second sequence's first rows (after the first's last block) and its last rows (before the third's
+    # first block: the third starts at row 130, its first query block at the aligned row 128)
+    for nxt in (slice(100, 110), slice(126, 130)):
+        k[nxt], v[nxt], q[nxt], dout[nxt] = float("nan"), float("inf"), float("nan"), float("inf")
+        lse[:, nxt], delta[:, nxt] = float("nan"), float("nan")
     dq, dk, dv, _ = emulate(q, k, v, dout, lse, delta, cu, cu, True, None, scale, zero_tail=zero_tail)
     first = slice(0, 100)
     finite = all(torch.isfinite(x[first]).all() for x in (dq, dk, dv))

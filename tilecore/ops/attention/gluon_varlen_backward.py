@@ -17,12 +17,15 @@ TILE_N = 2 BLOCK_N keys): (sequence, key tile, kv head). Sequences come longest 
 sequence's tiles kv head by kv head, a head's key tiles from the first (the heaviest, causal);
 programs draw them from a counter. A tile is TILE_N keys of one (sequence, kv head) counted from the
 sequence's first key; each consumer owns BLOCK_N of them and keeps their dK and dV in registers. Its
-steps are the query blocks of BLOCK_M rows (counted from the sequence's first query) that see one of
-its keys, for each q head of the kv head's group, in the fixed kernel's walk (``step_rows``).
+steps are the query blocks of BLOCK_M rows that see one of its keys, for each q head of the kv head's
+group, in the fixed kernel's walk (``step_rows``). Query blocks start at packed rows that are
+multiples of 4 (the first at q0 - q0 % 4, taking up to 3 of the previous sequence's rows, masked):
+a TMA box's innermost coordinate must be 16-byte aligned (else the H100 faults with an illegal
+instruction, session 28's first run), and the lse / delta box's innermost coordinate is the row.
 
 Masks, per sequence (local positions, the causal diagonal and the window aligned to the bottom right
-as varlen.py defines them): keys past Nk and queries past N (a box's rows past a sequence's end are
-the next sequence's: their scores are -inf, so P = 0 and dS = 0) and, causal or with a window, keys
+as varlen.py defines them): keys past Nk and queries before 0 or past N (a box's rows outside a
+sequence are its neighbours': their scores are -inf, so P = 0 and dS = 0) and, causal or with a window, keys
 outside a query's range. dK and dV of a consumer's rows go by one TMA store when all BLOCK_N are the
 sequence's, else by a masked register store (its own rows only): no other sequence's rows are ever
 written. The fused dQ's reductions of a last query block add exact zeros to the next sequence's
@@ -54,8 +57,10 @@ LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 @struct
 class VarlenKeyTile:
     """A work item: its first key (local to the sequence), kv head, first query block, query blocks
-    per q head, where its walk starts (step_rows), the q head its walk starts at, 1 / group size, and
-    its sequence's first packed query and key rows and lengths."""
+    per q head, where its walk starts (step_rows), the q head its walk starts at, 1 / group size, its
+    sequence's first packed query and key rows and lengths, and ``r``: q0 % 4, the rows of the
+    previous sequence before its first query block's first own row (query blocks start at packed rows
+    that are multiples of 4: the side buffer's TMA box is 16-byte aligned only there)."""
     start_n: object
     hk: object
     first_mb: object
@@ -67,6 +72,7 @@ class VarlenKeyTile:
     k0: object
     N: object
     Nk: object
+    r: object
 
 
 @struct
@@ -103,7 +109,7 @@ class VarlenBackward:
     KV_REGS: gl.constexpr
     WINDOW: gl.constexpr
     SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
-    ZERO_TAIL: gl.constexpr  # zero the next sequence's rows in shared memory (zero_rows_from)
+    ZERO_TAIL: gl.constexpr  # zero the next sequence's rows in shared memory (zero_rows_outside)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -121,24 +127,28 @@ class VarlenBackward:
         N = gl.where(real, gl.load(self.cu_q + b + 1) - q0, 0)
         Nk = gl.where(real, gl.load(self.cu_k + b + 1) - k0, 0)
         start_n = key_block * TILE_N
+        # query block m holds local rows m BM - r .. m BM - r + BM - 1: its packed first row q0 - r + m BM is a
+        # multiple of 4, so its lse / delta box starts 16-byte aligned (TMA's rule for the innermost coordinate)
+        r = q0 % 4
         first_mb = 0
         if self.CAUSAL:  # query i sees keys j <= i + Nk - N: the first query that sees key start_n
-            first_mb = gl.maximum(start_n - (Nk - N), 0) // self.BM
+            first_mb = (gl.maximum(start_n - (Nk - N), 0) + r) // self.BM
         if self.WINDOW:  # from the first query block that sees start_n to the last that sees the tile's last key
-            first_mb = gl.maximum(start_n - (Nk - N) - self.right, 0) // self.BM
+            first_mb = (gl.maximum(start_n - (Nk - N) - self.right, 0) + r) // self.BM
             last_key = gl.minimum(start_n + TILE_N, Nk) - 1
             last_row = gl.minimum(N - 1, last_key - (Nk - N) + self.left)
-            per_head = gl.maximum(gl.cdiv(gl.maximum(last_row + 1, 0), self.BM) - first_mb, 0)
+            per_head = gl.where(last_row >= 0, gl.maximum(gl.cdiv(last_row + 1 + r, self.BM) - first_mb, 0), 0)
         else:
-            per_head = gl.maximum(gl.cdiv(N, self.BM) - first_mb, 0)
+            per_head = gl.where(N > 0, gl.maximum(gl.cdiv(N + r, self.BM) - first_mb, 0), 0)
         shift = key_block % gl.maximum(per_head, 1)
         tile = VarlenKeyTile(start_n, hk, first_mb, per_head, shift, key_block % self.GROUP, 1.0 / self.GROUP, q0, k0,
-                             N, Nk)
+                             N, Nk, r)
         return tile, per_head * self.GROUP
 
     @gluon.jit
     def step_rows(self, tile, step):
-        """The step's (q head, first query row local to the sequence), in the fixed kernel's walk
+        """The step's (q head, first query row local to the sequence: -r for the first block), in the
+        fixed kernel's walk
         (gluon_backward.AttentionBackward.step_rows): one q head a kv head, the tiles of a head start
         at different query blocks (their dQ reductions add to different rows); grouped heads, every
         tile walks the blocks from the last down and at each block the group's q heads."""
@@ -154,12 +164,12 @@ class VarlenBackward:
             head = step - walked * group + tile.head0
             head = gl.where(head >= group, head - group, head)
             block = tile.first_mb + tile.per_head - 1 - walked
-        return tile.hk * self.GROUP + head, block * self.BM
+        return tile.hk * self.GROUP + head, block * self.BM - tile.r
 
     @gluon.jit
     def load(self, stage, bar, tile, step):
-        """The step's Q and dO blocks and its rows' lse and delta (rows past the sequence's end: the
-        next sequence's, masked; past the packed end: zeros)."""
+        """The step's Q and dO blocks and its rows' lse and delta (rows before the sequence's first and
+        past its end: the neighbours', masked; past the packed end: zeros)."""
         h, start_m = self.step_rows(tile, step)
         row = tile.q0 + start_m
         tma.async_copy_global_to_shared(self.q_desc, [h, row, 0], bar, stage.q)
@@ -179,26 +189,26 @@ class VarlenBackward:
             if keep < self.BN:
                 for j in gl.static_range(2):
                     rows = ctx.operand.index(j).reshape([2 * self.BN, self.D]).slice(ctx.index * self.BN, self.BN)
-                    self.zero_rows_from(rows, keep)
+                    self.zero_rows_outside(rows, 0, keep)
         return AttentionBackward.start(self, ctx, tile, prev)
 
     @gluon.jit
-    def zero_rows_from(self, smem, keep):
-        """Rows from ``keep`` on of a [rows, D] shared buffer set to 0 (the next sequence's: their P and
-        dS are 0, but 0 times an inf or NaN there is NaN). Where both consumers do it to one stage, each
+    def zero_rows_outside(self, smem, lo, hi):
+        """Rows outside [lo, hi) of a [rows, D] shared buffer set to 0 (the neighbours': their P and dS
+        are 0, but 0 times an inf or NaN there is NaN). Where both consumers do it to one stage, each
         writes the rows it keeps unchanged and zeros elsewhere: whatever order their stores land in,
         every row a wgmma reads is the kept value or 0 (gluon_varlen.VarlenAttention.zero_rows_from)."""
         ROWS: gl.constexpr = smem.shape[0]
         layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         x = smem.load(layout)
         rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-        smem.store(gl.where(gl.expand_dims(rows < keep, 1), x, gl.zeros_like(x)))
+        smem.store(gl.where(gl.expand_dims((rows >= lo) & (rows < hi), 1), x, gl.zeros_like(x)))
         fence_async_shared()
         gl.thread_barrier()
 
     @gluon.jit
-    def zero_stats_from(self, stats_smem, keep):
-        """The step's rows from ``keep`` on (the next sequence's) get lse +inf and delta 0 in the side
+    def zero_stats_outside(self, stats_smem, lo, hi):
+        """The step's rows outside [lo, hi) (the neighbours') get lse +inf and delta 0 in the side
         buffer: a neighbour's NaN lse would make their masked p NaN."""
         BM: gl.constexpr = stats_smem.shape[2]
         flat = stats_smem._reinterpret(gl.float32, [2 * BM], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
@@ -207,15 +217,15 @@ class VarlenBackward:
         at = gl.arange(0, 2 * BM, layout=layout)
         row = gl.where(at < BM, at, at - BM)
         fill = gl.where(at < BM, float("inf"), 0.0)
-        flat.store(gl.where(row < keep, x, fill))
+        flat.store(gl.where((row >= lo) & (row < hi), x, fill))
         gl.thread_barrier()
 
     @gluon.jit
     def probabilities(self, s_t, lse, start_n, start_m, N, Nk):
         """P^T (keys x queries, keys from start_n, queries from start_m, local to the sequence of N
         queries and Nk keys) from S^T and the rows' lse as its columns, and (SOFTCAP) the cap's
-        derivative (1.0 otherwise). Masked where a key is past Nk, a query past N, or (causal,
-        window) a key outside the query's range: only in blocks that have such a score."""
+        derivative (1.0 otherwise). Masked where a key is past Nk, a query before 0 or past N, or
+        (causal, window) a key outside the query's range: only in blocks that have such a score."""
         st_layout: gl.constexpr = s_t.type.layout
         BN: gl.constexpr = s_t.shape[0]
         if self.SOFTCAP:
@@ -232,10 +242,10 @@ class VarlenBackward:
             if self.CAUSAL:
                 bound = gl.minimum(bound, start_m + 1 + shift)  # the first query's last key + 1
             masked = start_n + BN > bound
-        if masked | (start_m + self.BM > N):
+        if masked | (start_m < 0) | (start_m + self.BM > N):
             keys = gl.expand_dims(start_n + gl.arange(0, BN, layout=gl.SliceLayout(1, st_layout)), 1)
             queries = gl.expand_dims(start_m + gl.arange(0, self.BM, layout=gl.SliceLayout(0, st_layout)), 0)
-            ok = (keys < Nk) & (queries < N)
+            ok = (keys < Nk) & (queries >= 0) & (queries < N)
             if self.CAUSAL:
                 ok = ok & (keys <= queries + shift)
             if self.WINDOW:
@@ -264,10 +274,10 @@ class VarlenBackward:
         """Add scale * dq (this consumer's half of the columns of the step's rows) to the float32 dQ
         (rows past the packed end dropped by the TMA reduction)."""
         h, start_m = self.step_rows(tile, step)
-        if self.ZERO_TAIL:  # rows past N: the next sequence's, their dS 0 but 0 times an inf in K is NaN
-            if tile.N - start_m < self.BM:
-                rows = gl.arange(0, self.BM, layout=gl.SliceLayout(1, dq.type.layout))
-                dq = gl.where(gl.expand_dims(rows < tile.N - start_m, 1), dq, 0.0)
+        if self.ZERO_TAIL:  # the neighbours' rows: their dS 0, but 0 times an inf in K is NaN
+            if (start_m < 0) | (start_m + self.BM > tile.N):
+                rows = start_m + gl.arange(0, self.BM, layout=gl.SliceLayout(1, dq.type.layout))
+                dq = gl.where(gl.expand_dims((rows >= 0) & (rows < tile.N), 1), dq, 0.0)
         self.reduce_dq(self.dq_staging.index(ctx.index), dq, [h, tile.q0 + start_m, ctx.index * (self.D // 2)], 0)
 
     @gluon.jit
@@ -289,12 +299,11 @@ class VarlenBackward:
         start_n = tile.start_n + c * BN
         q = stage.q.reshape([BM, D])
         do = stage.do.reshape([BM, D])
-        if self.ZERO_TAIL:  # the step's rows past N (the next sequence's): Q, dO 0, lse +inf, delta 0
-            keep = tile.N - start_m
-            if keep < BM:
-                self.zero_stats_from(stage.stats, keep)
-                self.zero_rows_from(q, keep)
-                self.zero_rows_from(do, keep)
+        if self.ZERO_TAIL:  # the step's rows before 0 or past N (the neighbours'): Q, dO 0, lse +inf, delta 0
+            if (start_m < 0) | (start_m + BM > tile.N):
+                self.zero_stats_outside(stage.stats, -start_m, tile.N - start_m)
+                self.zero_rows_outside(q, -start_m, tile.N - start_m)
+                self.zero_rows_outside(do, -start_m, tile.N - start_m)
         if self.KV_REGS:
             k_c = st.k_regs
             v_c = st.v_regs
@@ -317,11 +326,11 @@ class VarlenBackward:
             delta_cols = _stat_columns(stage.stats, 1, st_layout)
             dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-        if self.ZERO_TAIL:  # queries past N: dS exactly 0 (0 times this sequence's own inf in dP^T is NaN,
-            # which the fused dQ's reduction would add to the next sequence's rows)
-            if tile.N - start_m < BM:
+        if self.ZERO_TAIL:  # the neighbours' queries: dS exactly 0 (0 times this sequence's own inf in dP^T is
+            # NaN, which the fused dQ's reduction would add to their rows)
+            if (start_m < 0) | (start_m + BM > tile.N):
                 queries = start_m + gl.arange(0, BM, layout=gl.SliceLayout(0, st_layout))
-                ds_t = gl.where(gl.expand_dims(queries < tile.N, 0), ds_t, 0.0)
+                ds_t = gl.where(gl.expand_dims((queries >= 0) & (queries < tile.N), 0), ds_t, 0.0)
         # both register operands written with no wgmma running (else ptxas serializes them: C7513)
         ds_t = ds_t.to(stage.q.dtype)
         p_op = gl.convert_layout(p_t.to(stage.q.dtype), _operand_layout(BN, D, gl.num_warps()))
@@ -538,8 +547,8 @@ class VarlenDQ:
             if self.ZERO_TAIL:  # both consumers may: each writes the kept rows unchanged, zeros elsewhere
                 keep = tile.Nk - (tile.first_block + step) * self.BN
                 if keep < self.BN:
-                    VarlenBackward.zero_rows_from(self, k, keep)
-                    VarlenBackward.zero_rows_from(self, stage.v.reshape([self.BN, self.D]), keep)
+                    VarlenBackward.zero_rows_outside(self, k, 0, keep)
+                    VarlenBackward.zero_rows_outside(self, stage.v.reshape([self.BN, self.D]), 0, keep)
             zeros = gl.zeros([self.BM, self.BN], gl.float32, s_layout)
             s_tok = warpgroup_mma(q, k.permute((1, 0)), zeros, use_acc=False, is_async=True)
             dp_tok = warpgroup_mma(do, stage.v.reshape([self.BN, self.D]).permute((1, 0)), zeros, use_acc=False,
