@@ -421,7 +421,7 @@ def name_cause(p: Prediction) -> str:
                 "operand reads, its own clock and the serial schedule (modelled): dQ's fp32 atomics in L2")
     if p.op.startswith(("attention", "attention-gqa")) and p.series.startswith("flash") and fast:
         return "missing algorithm (peer): FlashAttention-2 on Hopper, mma.sync rate and issue beyond the 2/3 account"
-    if p.op.startswith(("attention", "attention-gqa")) and p.series.startswith("flash") and not fast:
+    if p.op.endswith("fwd") and p.series.startswith("flash") and not fast:
         return ("FlashAttention-2's forward at D64 predicted slow: its blocks (128 x 128 tiles, 48 KiB of shared "
                 "memory) run several a SM, so one block's prologue and epilogue run partly under another's steps; "
                 "the one-tile term (flash2_forward_tile_s) charges them in full")
