@@ -157,54 +157,47 @@ def s27_quantize_cases(quick=True):
 WIDE = {"wide": True}  # quantize_wide.wide_quantize_kernel (m > 64: output blocks of 64 sub-rows, K chunks of 16)
 
 
+K64 = {**WIDE, "kc": 64}  # run 8 of session 28: K chunks of 16 / 32 ran 0.50 / 0.66x the shipped fp8 11008; 2 stages 0.61x
+BIG = {**K64, "mb": 128, "num_stages": 2}  # blocks of 128 sub-rows (the shipped tile's wgmma shape), K stopping at m
+
+
 def s28_quantize_cases(quick=True):
     """Session 28 (issue 32, the widths with m > 64: 11008 = 172 x 64, 18944 = 148 x 128, where the kron-tiled
-    kernel mixes M_PAD = 256 sub-rows): the transform alone there, then every format's shipped plan against the
-    "wide" kernel (plan tuning "wide"), its K loop pipelined (num_stages 2), its K chunk of 32, and for the
-    block-scaled formats its blocks one at a time (j_outer). Without --quick: more variants."""
+    kernel mixes M_PAD = 256 sub-rows), second round. Run 8 measured the wide kernel (blocks of 64, K chunks of
+    16) at 0.50-0.83x the shipped plans: latency, not FLOP (kc 32: 0.66x, 2 stages 0.61x at fp8 11008). Here its
+    larger tiles: K chunks of 64, blocks of 128 sub-rows, 2 stages, one warpgroup; the shipped plans beside them."""
     fmts = ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
-    cases = [("t", 11008), ("t", 18944), ("w", 11008, {}), ("w", 18944, {})]  # "w": quantize.wide_transform
-    cases += [("q", f, n, {}, t) for n in (11008, 18944) for f in fmts for t in ({}, WIDE)]
-    cases += [("q", f, n, {}, {**WIDE, "j_outer": True}) for n in (11008, 18944) for f in ("mxfp4", "nvfp4")]
-    cases += [("q", f, n, {}, {**WIDE, "num_stages": 2}) for f, n in (("fp8_e4m3", 11008), ("mxfp4", 11008),
-                                                                      ("fp8_e4m3", 18944))]
-    cases += [("q", "fp8_e4m3", 11008, {}, {**WIDE, "kc": 32}), ("q", "int4", 18944, {}, {**WIDE, "j_outer": True})]
-    # one warpgroup (wgmma 64 x 64 tiles instead of two warpgroups' 64 x 32; sm_90a: 208 / 128 registers, no spills)
-    cases += [("q", "fp8_e4m3", 11008, {}, {**WIDE, "num_warps": 4}),
-              ("q", "mxfp4", 11008, {}, {**WIDE, "j_outer": True, "num_warps": 4})]
+    cases = [("t", 11008), ("t", 18944), ("w", 11008, {"kc": 64, "mb": 128, "num_stages": 2})]
+    cases += [("q", f, 11008, {}, {}) for f in fmts] + [("q", f, 18944, {}, {}) for f in ("fp8_e4m3", "mxfp4")]
+    cases += [("q", "fp8_e4m3", 11008, {}, t) for t in (BIG, K64, {**K64, "num_stages": 2}, {**K64, "mb": 128},
+                                                         {**K64, "num_warps": 4, "num_stages": 2},
+                                                         {**WIDE, "kc": 32, "num_stages": 2})]
+    cases += [("q", "fp8_e4m3", 18944, {}, t) for t in (BIG, {**K64, "mb": 128}, {**K64, "num_stages": 2})]
+    cases += [("q", f, 11008, {}, BIG) for f in ("int8", "mxfp4", "nvfp4", "int4")]
+    cases += [("q", "mxfp4", 11008, {}, t) for t in ({**K64, "num_stages": 2}, {**K64, "num_stages": 2, "j_outer": True})]
+    cases += [("q", "mxfp4", 18944, {}, BIG)]
     if not quick:
-        cases += [("q", "int4", 11008, {}, {**WIDE, "j_outer": True})]
-        cases += [("q", "mxfp4", n, {}, {**WIDE, "kc": 32}) for n in (11008, 18944)]
-        cases += [("q", f, n, {}, {**WIDE, "waves": w}) for n in (11008, 18944) for f in ("fp8_e4m3", "mxfp4")
-                  for w in (1, 2)]
-        cases += [("q", f, n, {}, {**WIDE, "num_warps": 4, "j_outer": True}) for n in (11008, 18944)
-                  for f in ("mxfp4", "nvfp4")]
-        cases += [("q", f, n, {}, {**WIDE, "num_stages": 3}) for n in (11008, 18944) for f in ("fp8_e4m3", "mxfp4")]
+        cases += [("q", f, 18944, {}, t) for f in ("int8", "nvfp4", "int4") for t in ({}, BIG)]
+        cases += [("q", f, 11008, {}, {**BIG, "num_warps": 4}) for f in ("fp8_e4m3", "mxfp4")]
     return cases
 
 
 def s28_check_cases(torch):
-    """(format, n, kwargs, dtype): the wide kernel at both widths, every format (nvfp4 static and once dynamic:
-    its AMAX pass), and its variants."""
+    """(format, n, kwargs, dtype): the wide kernel's larger tiles (second round), every format at 11008, fp8 and
+    mxfp4 at 18944 (nvfp4 with a static global scale), the other variants of fp8 11008."""
     bf16 = torch.bfloat16
     if SMOKE:  # interpreter: m = 108, 140 with small 2^k (one block of 64 sub-rows short, two or three blocks)
         return [("fp8_e4m3", 140 * 16, {"tuning": WIDE}, bf16), ("mxfp4", 108 * 32, {"tuning": {**WIDE, "j_outer": True}}, bf16),
-                ("nvfp4", 140 * 32, {"tuning": WIDE}, bf16), ("int4", 108 * 64, {"tuning": {**WIDE, "kc": 32}}, bf16)]
+                ("nvfp4", 140 * 32, {"tuning": {**WIDE, "kc": 64, "mb": 128}}, bf16),
+                ("int4", 108 * 64, {"tuning": {**WIDE, "kc": 32}}, bf16)]
     nv = {"scale": 0.002}
-    fmts = ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
-    cases = [(f, n, {"tuning": WIDE, **(nv if f == "nvfp4" else {})}, bf16) for n in (11008, 18944) for f in fmts]
-    # the variants (--quick: one width each; the other runs the same code with other constants)
-    cases += [(f, 18944, {"tuning": {**WIDE, "j_outer": True}, **(nv if f == "nvfp4" else {})}, bf16)
-              for f in ("mxfp4", "nvfp4", "int4")]
-    cases += [("fp8_e4m3", 11008, {"tuning": {**WIDE, "num_stages": 2}}, bf16),
-              ("fp8_e4m3", 11008, {"tuning": {**WIDE, "kc": 32}}, bf16)]
-    cases += [("nvfp4", 11008, {"tuning": WIDE}, bf16)]  # the dynamic global scale (its AMAX pass: compiled here)
-    cases += [("fp8_e4m3", 11008, {"tuning": {**WIDE, "num_warps": 4}}, bf16)]
-    if not QUICK:
-        cases += [(f, 11008, {"tuning": {**WIDE, "j_outer": True}, **(nv if f == "nvfp4" else {})}, bf16)
-                  for f in ("mxfp4", "nvfp4")]
-        cases += [(f, n, {"tuning": {**WIDE, "num_stages": 2}}, bf16) for f, n in (("mxfp4", 11008), ("fp8_e4m3", 18944))]
-        cases += [("fp8_e4m3", 11008, {"tuning": WIDE, "signs": True}, bf16), ("mxfp4", 11008, {"tuning": WIDE}, torch.float16)]
+    cases = [(f, 11008, {"tuning": BIG, **(nv if f == "nvfp4" else {})}, bf16)
+             for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")]
+    cases += [(f, 18944, {"tuning": BIG}, bf16) for f in ("fp8_e4m3", "mxfp4")]
+    cases += [("fp8_e4m3", 11008, {"tuning": t}, bf16) for t in (K64, {**K64, "num_stages": 2},
+                                                                  {**K64, "num_warps": 4, "num_stages": 2})]
+    cases += [("fp8_e4m3", 18944, {"tuning": {**K64, "mb": 128}}, bf16)]
+    cases += [("mxfp4", 11008, {"tuning": t}, bf16) for t in ({**K64, "num_stages": 2}, {**K64, "num_stages": 2, "j_outer": True})]
     return cases
 
 
@@ -528,7 +521,7 @@ def phase_check(result, save=lambda: None, which="quick"):
         from tilecore.ops.hadamard.quantize import wide_transform
 
         for n, tuning in (((140 * 16, {}), (108 * 128, {"j_outer": True})) if SMOKE else
-                          ((11008, {}), (18944, {})) + (() if QUICK else ((11008, {"j_outer": True}),))):
+                          ((11008, {"kc": 64, "mb": 128, "num_stages": 2}),)):
             case = {"wide_transform": n, **tuning}
             try:
                 x = torch.randn(4 if SMOKE else 2048, n, dtype=torch.bfloat16, device=DEV)
@@ -822,6 +815,40 @@ def variants_table(result):
     for name, pct, ms, key in rows:
         speed = f"  x{base[key] / ms:5.2f}" if key in base else ""
         lines.append(f"  {pct:6.1f}%  {ms:8.4f} ms{speed}  {name}")
+    if result.get("args", {}).get("set") == "s28":
+        lines += _s28_suggestions(result, base)
+    return lines
+
+
+def _s28_suggestions(result, base):
+    """The fastest wide variant of each (format, n) whose check passed in this run, where >= 1.02x the shipped
+    plan: the configs lines that would ship it (configs.QUANT_WIDE, QUANT_WIDE_TUNING)."""
+    import ast
+
+    checked = {}
+    for c in result.get("check", {}).get("quantize", []):
+        t = {k: v for k, v in c.get("tuning", {}).items() if k != "wide"}
+        checked[(c.get("format"), c.get("n"), tuple(sorted(t.items())))] = bool(c.get("ok_9998"))
+    best = {}
+    for r in result.get("time", []):
+        try:
+            case = ast.literal_eval(r["case"])
+        except (ValueError, SyntaxError, KeyError):
+            continue
+        if case[0] != "q" or "ms" not in r or not case[4].get("wide"):
+            continue
+        fmt, n = case[1], case[2]
+        t = {k: v for k, v in case[4].items() if k != "wide"}
+        if not checked.get((fmt, n, tuple(sorted(t.items())))) or (fmt, n) not in base:
+            continue
+        ratio = base[(fmt, n)] / r["ms"]
+        if ratio >= 1.02 and ratio > best.get((fmt, n), (0, None))[0]:
+            best[(fmt, n)] = (ratio, t)
+    lines = ["s28 suggestions (checked here and >= 1.02x the shipped plan; configs.py):"]
+    for (fmt, n), (ratio, t) in sorted(best.items()):
+        lines.append(f"  x{ratio:.2f} {fmt} {n}: QUANT_WIDE[({fmt!r}, {n})] = True; QUANT_WIDE_TUNING[({fmt!r}, {n})] = {t!r}")
+    if not best:
+        lines.append("  none: keep the shipped plans")
     return lines
 
 

@@ -38,9 +38,11 @@ def _same_scales(a, b):
 
 # (format, m, p, rows, tuning, compare with the kron-tiled plan, random signs): per token over 2 blocks; groups
 # of 32 in a slice over 3 blocks, one at a time, with signs; int4's groups of 128 spanning 4 sub-rows of 32 with
-# K chunks of 32 (2 rows); nvfp4's dynamic global scale (the AMAX pass) with S = 2 slices (p = 128: Q 64), one row
+# K chunks of 32 (2 rows); nvfp4's dynamic global scale (the AMAX pass) with S = 2 slices (p = 128: Q 64), one row;
+# per token over 2 blocks of 128 sub-rows with K chunks of 64 (the tiles session 28's second GPU round times)
 CASES = [("fp8_e4m3", 108, 16, 3, {}, True, False), ("mxfp4", 140, 16, 3, {"j_outer": True, "kc": 32}, False, True),
-         ("int4", 108, 32, 2, {"kc": 32}, False, False), ("nvfp4", 108, 128, 1, {"kc": 32}, False, False)]
+         ("int4", 108, 32, 2, {"kc": 32}, False, False), ("nvfp4", 108, 128, 1, {"kc": 32}, False, False),
+         ("int8", 140, 16, 3, {"kc": 64, "mb": 128, "num_stages": 2}, False, False)]
 
 
 @pytest.mark.parametrize("fmt, m, p, rows, tuning, compare, with_signs", CASES)
@@ -54,7 +56,8 @@ def test_wide_kernel_matches_the_reference_and_the_kron_tiled_plan(fmt, m, p, ro
         x[-1, 70 * p + 5] = float("inf")  # in the second block of sub-rows
     signs = (torch.randint(0, 2, (n,)) * 2 - 1).to(torch.bfloat16) if with_signs else None
     plan = _plan(x, fmt, None, signs, wide=True, **tuning)
-    assert plan.path == "wide" and plan.config["NB"] == -(-m // 64) and plan.config["S"] == (2 if p == 128 else 1)
+    mb = tuning.get("mb", 64)
+    assert plan.path == "wide" and plan.config["NB"] == -(-m // mb) and plan.config["S"] == (2 if p == 128 else 1)
     assert plan.config["J_OUTER"] == bool(tuning.get("j_outer")) and plan.config["KC"] == tuning.get("kc", 16)
     codes, scales, gs = _run(plan, x, fmt, None, signs)
     if fmt in ("fp8_e4m3", "int4"):  # every element written: other poison bytes, the same outputs
