@@ -102,9 +102,9 @@ CASES = {
     # per-channel decay (GLA): the tl forward (kernels_tl, sub-chunks of 16) and its gathered diagonal (plan
     # diag=2) against FLA's chunk_gla, first timed in session 28
     "gla d128": dict(H=16, Hqk=16, Dk=128, Dv=128, decay="channel", feature=IDENTITY, peers=("chunk_gla",)),
-    "linear d128": dict(H=16, Hqk=16, Dk=128, Dv=128, decay=None, feature=IDENTITY, peers=("chunk_linear_attn",)),
-    "based d16 v64": dict(H=16, Hqk=16, Dk=16, Dv=64, decay=None, feature=BASED,
-                          peers=("parallel_based", "fused_chunk_based")),
+    # (FLA's chunk_linear_attn 0.972 ms and fused_chunk_based 2.932 in run 9 of session 27: left out for the budget)
+    "linear d128": dict(H=16, Hqk=16, Dk=128, Dv=128, decay=None, feature=IDENTITY, peers=()),
+    "based d16 v64": dict(H=16, Hqk=16, Dk=16, Dv=64, decay=None, feature=BASED, peers=("parallel_based",)),
     "mamba2 2.7B shape": dict(H=80, Hqk=1, Dk=128, Dv=64, decay="scalar", feature=IDENTITY, mamba=True,
                               peers=("chunk_simple_gla",)),
     "simple gla d64 v128": dict(H=16, Hqk=16, Dk=64, Dv=128, decay="scalar", feature=IDENTITY,
@@ -299,16 +299,79 @@ PASSED: set = set()
 CHECKED: set = set()  # the check tasks whose rows the warm phase brought back
 
 
+# FLA's chunk_gla outran the 55 s warm phase in run 7 of session 28 (autotuned compiles): it compiles in a process
+# of its own from the start and times itself once the main process has timed every case (a file says when),
+# so it runs alone on the GPU; whatever it has by LATE_DEADLINE s goes in the GLA row
+LATE_PEERS = {("gla d128", "chunk_gla")}
+LATE_DEADLINE = 88.0
+LATE: dict = {}
+
+
+def _late_peer(case: str, peer: str, go: str):
+    t0 = time.time()
+    try:
+        t = make(case, *shape())
+        fn = fla_call(peer, case, t)
+        fn()
+        torch.cuda.synchronize()
+        ready = time.time() - t0
+        while not os.path.exists(go) and time.time() - t0 < 200:
+            time.sleep(0.02)
+        return dict(ms=bench(fn), compile_s=round(ready, 1))
+    except Exception as err:  # noqa: BLE001
+        return dict(error=f"{type(err).__name__}: {err}"[:300])
+
+
+def start_late(cases):
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    go = str(OUT / ".late_go")
+    if os.path.exists(go):
+        os.remove(go)
+    for case, peer in LATE_PEERS:
+        if case in cases and not SMOKE:
+            pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))
+            LATE[(case, peer)] = (pool, pool.submit(_late_peer, case, peer, go), go)
+
+
+def finish_late():
+    import concurrent.futures as cf
+
+    for (case, peer), (pool, fut, go) in LATE.items():
+        Path(go).parent.mkdir(parents=True, exist_ok=True)
+        Path(go).touch()
+        try:
+            res = fut.result(timeout=max(1.0, START + LATE_DEADLINE - time.time()))
+        except cf.TimeoutError:
+            res = dict(error=f"not ready by {LATE_DEADLINE:.0f} s")
+        except Exception as err:  # noqa: BLE001
+            res = dict(error=f"{type(err).__name__}: {err}"[:300])
+        for row in RESULTS["time"]:
+            if row["case"] == case:
+                if "ms" in res:
+                    row[f"{peer}_ms"] = res["ms"]
+                    row[f"{peer}_compile_s"] = res["compile_s"]
+                else:
+                    row[f"{peer}_error"] = res["error"]
+        print("late peer", case, peer, res, flush=True)
+        Path(go).unlink(missing_ok=True)
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
 def warm(workers: int, cases):
     # FLA's chunk_simple_gla first (its autotuned compiles took past run 7's 55 s warm budget behind the
     # rest), then the new kernels (workers take tasks in order; one past the warm budget is skipped after)
-    tasks = [("fla", c, p) for c in cases for p in CASES[c]["peers"] if p in ("chunk_simple_gla", "chunk_gla")]
+    tasks = [("fla", c, p) for c in cases for p in CASES[c]["peers"] if p == "chunk_simple_gla"]
     tasks += [("basedcheck", i) for i in range(len(BASED_CHECKS))]
     tasks += [("gluoncheck", i) for i in reversed(range(len(GLUON_CHECKS)))]  # PREFETCH's are last in the list
     # one task a variant (a case's compiles in parallel: one slow compile costs only its own row)
     tasks += [("extra", c, n) for c in cases for n in extra_calls(c, None, names_only=True)
               if n not in ("torch_prep", "kernel_only")]  # (kernel_only: gluon_zstage's compile)
-    tasks += [("fla", c, p) for c in cases for p in CASES[c]["peers"] if p not in ("chunk_simple_gla", "chunk_gla")]
+    tasks += [("fla", c, p) for c in cases for p in CASES[c]["peers"]
+              if p != "chunk_simple_gla" and (c, p) not in LATE_PEERS]
     # a default the extras do not compile already (the Gluon cases' gluon_direct / gluon is their default)
     tasks += [("default", c) for c in cases if CASES[c]["feature"] == BASED or CASES[c]["decay"] == "channel"]
     if not QUICK:
@@ -374,7 +437,7 @@ def reference_floor(case: str, over: dict | None) -> float:
 def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, decay: bool, mamba: bool,
                 stages: int = 3, prefetch: bool = False, overlap: bool = False, z_stage: bool = False,
                 g_stage: bool = False, factored: bool = False, strength: str = "mild", early_wv: bool = False,
-                async_update: bool = False):
+                async_update: bool = False, dtype: str = "bf16"):
     """The Gluon forward (gluon_forward.la_fwd_gluon_kernel) into NaN-filled o and final states, with
     initial states, against the float64 recurrence: o's error over the rounding floor, the states'
     relative error, every element written. strength (scalar decay): "mild" (log decays in [-0.3, 0] and a
@@ -383,7 +446,7 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
     from tilecore.ops.linear_attention import gluon_forward as gf
 
     torch.manual_seed(5)
-    bf = torch.bfloat16
+    bf = torch.bfloat16 if dtype == "bf16" else torch.float16
     sc = Dk ** -0.5 if mamba else 1.0
     q = (torch.randn(B, N, Hqk, Dk, device=DEV) * sc).to(bf)
     k = (torch.randn(B, N, Hqk, Dk, device=DEV) * sc).to(bf)
@@ -454,27 +517,30 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
 # (configs.GLUON_FACTORED: the intra-chunk decay as row x column factors where a chunk's G spans <= 120 in
 # log2 units), EARLY_WV (configs.GLUON_EARLY_WV: the state update's weighted values stored with the old state)
 # and ASYNC_UPDATE (configs.GLUON_ASYNC_UPDATE: Q S_old and the state update async under P)
-_GS, _GSF = (2, False, False, False, True, False), (2, False, False, False, True, True)  # stages .. FACTORED
-_GSZ, _GSFZ = (2, False, False, True, True, False), (2, False, False, True, True, True)  # with Z_STAGE
+_GS = (2, False, False, False, True, False)  # stages, PREFETCH, OVERLAP, Z_STAGE, G_STAGE, FACTORED
+_GSZ = (2, False, False, True, True, False)  # with Z_STAGE (Mamba-2's default)
+# Run 7 of session 28 (snapshot 6db6b90): every scalar-decay check with EARLY_WV was wrong (324-578x the floor:
+# consumer 1 read past the two-buffer ring, fixed in 1d7ac6a), Mamba-2's (beta: a ring of four) right; G_STAGE
+# alone timed 0.375 ms (97% of the copy bound, 2.71x chunk_simple_gla) with o within 6.6e-5 of the default's.
+# So G_STAGE alone is checked here at every edge (reset, strong and tiny decays, one token, one tile, fp16) and
+# EARLY_WV again after its fix
 GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
                 ("gluon scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False),
                 ("gluon z_stage mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False,
                  False, True),
+                ("gluon g_stage scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False, *_GS),
+                ("gluon g_stage scalar decay d64 v128 strong decays N 77", 2, 77, 2, 2, 64, 128, True, False, *_GS,
+                 "strong"),
+                ("gluon g_stage scalar decay d128 tiny decays N 300", 2, 300, 2, 2, 128, 128, True, False, *_GS, "tiny"),
+                ("gluon g_stage scalar decay d128 B1 H1 N 1 (one token, one tile)", 1, 1, 1, 1, 128, 128, True, False,
+                 *_GS),
+                ("gluon g_stage scalar decay d128 fp16 N 1000 h0", 2, 1000, 3, 3, 128, 128, True, False, *_GS, "mild",
+                 False, False, "fp16"),
                 ("gluon g_stage+early_wv scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False,
                  *_GS, "mild", True),
-                ("gluon factored+early_wv scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False,
-                 *_GSF, "mild", True),
-                ("gluon g_stage+early_wv+async scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True,
-                 False, *_GS, "mild", True, True),
-                ("gluon factored+early_wv+async scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True,
-                 False, *_GSF, "mild", True, True),
-                ("gluon factored+early_wv+async scalar decay d64 v128 strong decays N 77", 2, 77, 2, 2, 64, 128, True,
-                 False, *_GSF, "strong", True, True),
-                ("gluon factored+early_wv+async scalar decay d128 tiny decays N 300", 2, 300, 2, 2, 128, 128, True,
-                 False, *_GSF, "tiny", True, True),
-                ("gluon g_stage+early_wv+async+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, *_GSZ, "mild",
-                 True, True),
-                ("gluon factored+early_wv+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, *_GSFZ, "mild", True),
+                ("gluon g_stage+early_wv scalar decay d64 v128 strong decays N 77", 2, 77, 2, 2, 64, 128, True, False,
+                 *_GS, "strong", True),
+                ("gluon g_stage+early_wv+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, *_GSZ, "mild", True),
                 ("gluon g_stage+early_wv+z_stage mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, *_GSZ, "mild", True))
 
 
@@ -549,13 +615,11 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
     elif c["decay"] == "channel":
         names = ["gla_diag2"]
     elif c.get("gluon_override"):
-        names = ["gluon", "gluon_factored_early"] if c["decay"] else []
+        names = ["gluon", "gluon_gstage", "gluon_gstage_early"] if c["decay"] else []
     elif c.get("mamba"):
-        names = ["kernel_only", "torch_prep", "gluon_zstage", "gluon_zstage_gstage", "gluon_zstage_gstage_early",
-                 "gluon_zstage_gstage_early_async", "gluon_zstage_factored_early"]
-    elif c["decay"]:
-        names = ["gluon_direct", "gluon_gstage", "gluon_gstage_early", "gluon_gstage_early_async",
-                 "gluon_factored_early", "gluon_factored_early_async", "gluon_factored_early_s3"]
+        names = ["kernel_only", "torch_prep", "gluon_zstage", "gluon_zstage_gstage_early"]
+    elif c["decay"]:  # (run 7: FACTORED, ASYNC_UPDATE and 3 stages no faster than G_STAGE alone)
+        names = ["gluon_direct", "gluon_gstage", "gluon_gstage_early", "gluon_gstage_early_async"]
     else:
         names = []
     if names_only or not names:
@@ -630,6 +694,8 @@ def phase_time(case: str, t: dict):
                 row[f"{name}_rel_vs_default"] = accuracy.rel_rms(out.float(), want)
             row[f"{name}_ms"] = attempt(f"time {case} {name}", lambda: bench(fn))
     for peer in CASES[case]["peers"]:
+        if (case, peer) in LATE_PEERS:
+            continue  # finish_late
         if not passed(("fla", case, peer)):
             row[f"{peer}_error"] = "failed in the warm phase"
             continue
@@ -768,6 +834,7 @@ def main():
     phases = args.phases.split(",")
     cases = args.cases.split(",")
     if "warm" in phases and not SMOKE:
+        start_late(cases)
         attempt("warm", lambda: warm(args.workers, cases))
     if "gluon" in phases and not SMOKE:
         phase_gluon_check()
@@ -784,6 +851,8 @@ def main():
         t = row = None  # the case's tensors go before the next case's
         if not SMOKE:
             torch.cuda.empty_cache()
+    if LATE:
+        finish_late()
     save()
     print(table())
     print(f"\n{elapsed():.0f} s; JSON: {OUT / 'linear_attention_forward.json'}")

@@ -82,15 +82,23 @@ GLUON_OVERLAP = False
 # chunk's first wgmma) and FACTORED (the intra-chunk decay 2^(G_i - G_j) as a row times a column factor where
 # the chunk's G spans <= 120 in log2 units, else the [64, 64] exps), by whether beta is given (False: linear
 # attention's scalar decay; True: Mamba-2). Session 28 (helper HA): compiled, not yet run on a GPU: off until
-# gpu_forward.py checks and times them (its g_stage / factored rows); on: (False,) or (False, True)
-GLUON_G_STAGE: tuple = ()
+# gpu_forward.py checks and times them (its g_stage / factored rows); on: (False,) or (False, True).
+# Run 7 of session 28 (H100, B16 H16 N4096 bf16, same-run FLA): the scalar decay d128 with G_STAGE 0.375 ms
+# (97% of the copy bound, 2.71x chunk_simple_gla 1.016) against 0.485 (o within 6.6e-5 of the checked
+# default's; its float64 check is the final batch's: then (False,)); Mamba-2 2.7B G_STAGE + EARLY_WV 1.155 ms
+# (3.46x FLA 3.990) against Z_STAGE's 1.540, checked (bf16 vs float64, h0 N 1000 and N 33: 1.00x the floor,
+# every element written): on for Mamba-2 (True). FACTORED no faster anywhere (0.375; Mamba-2 1.206): off
+GLUON_G_STAGE: tuple = (True,)
 GLUON_FACTORED: tuple = ()
 # EARLY_WV (with a decay): the state update's weighted values stored with the old state at the chunk's start
 # (one barrier pair a chunk fewer; with beta its own [BT, BV] buffer for beta V), by whether beta is given as
-# above. Session 28: compiled, not yet run: off
-GLUON_EARLY_WV: tuple = ()
+# above. Run 7 of session 28: Mamba-2 1.155 ms against 1.217 with G_STAGE alone, checked (above): on for
+# Mamba-2; without beta it read past its buffer ring then (fixed in 1d7ac6a; the final batch checks it) and the
+# scalar decay is at the copy bound without it
+GLUON_EARLY_WV: tuple = (True,)
 # ASYNC_UPDATE (with EARLY_WV): Q S_old and the state update issued async right after Q K^T, so the tensor
-# cores run them while P is made (a lighter OVERLAP: no extra buffers). Session 28: compiled, not yet run: off
+# cores run them while P is made (a lighter OVERLAP: no extra buffers). Run 7 of session 28: no faster (scalar
+# 0.375, Mamba-2 1.172 against 1.155): off
 GLUON_ASYNC_UPDATE: tuple = ()
 # Based's Gluon forward (gluon_based.py: Dk 16, no decay, Dv a multiple of 64; its 153 symmetric features
 # padded to 160, S^T in wgmma registers). Runs 7-9 (H100, session 27, B16 H16 N4096 d16 v64 bf16): 0.200-0.212
