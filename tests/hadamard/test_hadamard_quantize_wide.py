@@ -40,7 +40,7 @@ def _same_scales(a, b):
 # of 32 in a slice over 3 blocks, one at a time, with signs; int4's groups of 128 spanning 4 sub-rows of 32 with
 # K chunks of 32 (2 rows); nvfp4's dynamic global scale (the AMAX pass) with S = 2 slices (p = 128: Q 64), one row;
 # per token over 2 blocks of 128 sub-rows with K chunks of 64 (the tiles session 28's second GPU round times)
-CASES = [("fp8_e4m3", 108, 16, 3, {}, True, False), ("mxfp4", 140, 16, 3, {"j_outer": True, "kc": 32}, False, True),
+CASES = [("fp8_e4m3", 108, 16, 3, {"kc": 16, "num_stages": 1}, True, False), ("mxfp4", 140, 16, 3, {"j_outer": True, "kc": 32}, False, True),
          ("int4", 108, 32, 2, {"kc": 32}, False, False), ("nvfp4", 108, 128, 1, {"kc": 32}, False, False),
          ("int8", 140, 16, 3, {"kc": 64, "mb": 128, "num_stages": 2}, False, False)]
 
@@ -58,7 +58,7 @@ def test_wide_kernel_matches_the_reference_and_the_kron_tiled_plan(fmt, m, p, ro
     plan = _plan(x, fmt, None, signs, wide=True, **tuning)
     mb = tuning.get("mb", 64)
     assert plan.path == "wide" and plan.config["NB"] == -(-m // mb) and plan.config["S"] == (2 if p == 128 else 1)
-    assert plan.config["J_OUTER"] == bool(tuning.get("j_outer")) and plan.config["KC"] == tuning.get("kc", 16)
+    assert plan.config["J_OUTER"] == bool(tuning.get("j_outer")) and plan.config["KC"] == tuning.get("kc", configs.QUANT_WIDE_KC)
     codes, scales, gs = _run(plan, x, fmt, None, signs)
     if fmt in ("fp8_e4m3", "int4"):  # every element written: other poison bytes, the same outputs
         codes2, scales2, _ = _run(plan, x, fmt, None, signs, poison=0xA5)
@@ -91,10 +91,12 @@ def test_wide_plan_only_where_asked_and_where_it_applies():
     for n in (11008, 18944):  # off by default (configs.QUANT_WIDE) until a GPU run checks it
         for fmt in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4"):
             assert plan(n, fmt).path == ("wide" if quantize._by_format(configs.QUANT_WIDE, fmt, n) else "fused")
-    p = plan(11008, wide=True)
+    p = plan(11008, wide=True, kc=16)
     assert (p.path, p.config["M"], p.config["NB"], p.config["NK"], p.config["S"]) == ("wide", 172, 3, 11, 1)
-    p = plan(18944, "fp8_e4m3", wide=True)
+    p = plan(18944, "fp8_e4m3", wide=True, kc=16)
     assert (p.path, p.config["M"], p.config["NB"], p.config["NK"], p.config["S"]) == ("wide", 148, 3, 10, 2)
+    p = plan(11008, wide=True, mb=128, kc=64)
+    assert (p.config["NB"], p.config["NK"]) == (2, 3)
     assert not p.config["J_OUTER"] and not plan(18944, "fp8_e4m3", wide=True, j_outer=True).config["J_OUTER"]
     # not: m <= 64 (14336 = 28 x 512), float32 inputs, more than 2 slices (172 x 512), more than 4 blocks
     assert plan(14336, wide=True).path == "fused"

@@ -142,6 +142,9 @@ QUANT_INTERLEAVE_TMA = {("mxfp4", 14336): True}
 # "wide". Off until a GPU run checks it (experiments/hadamard/gpu_quantize_probe.py --set s28)
 QUANT_WIDE = {}
 QUANT_WIDE_MB = 64
-QUANT_WIDE_KC = 16
+# H100 run 8 of session 28 (fp8 11008, % of the shipped plan's speed): K chunks of 16 0.50x, 32 0.66x; 2 stages at
+# 16 0.61x: the products' latency a chunk, so the largest chunk and 2 stages by default (64 untimed until round 2)
+QUANT_WIDE_KC = 64
+QUANT_WIDE_STAGES = 2
 QUANT_WIDE_J_OUTER = False  # block-scaled formats: the blocks one at a time (quantize_wide's J_OUTER); untimed
 QUANT_WIDE_TUNING = {}  # (format, n), else format -> the wide plan's tuning (j_outer, kc, num_warps, num_stages)

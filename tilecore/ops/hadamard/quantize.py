@@ -177,7 +177,7 @@ def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, si
         FAST=bool(tuning.get("fast", configs.QUANT_FAST)),
         J_OUTER=bool(tuning.get("j_outer", configs.QUANT_WIDE_J_OUTER)) and not (mode == 0 and spg == m_pad),
         num_warps=tuning.get("num_warps") or 8,
-        num_stages=tuning.get("num_stages") or 1, **_maxnreg(tuning, {})))
+        num_stages=tuning.get("num_stages") or configs.QUANT_WIDE_STAGES, **_maxnreg(tuning, {})))
 
 
 def wide_transform(x2: torch.Tensor, out: torch.Tensor, **tuning) -> QuantizePlan:
