@@ -10,6 +10,9 @@ in about a minute:
    H768 bf16 of torch.fft's convolution (rfft, multiply, irfft in float32: the issue's baseline), a
    copy of the op's bytes (u read, y written, the spectrum read: the bound), the shipped plan
    (fft_conv(u, spectrum)) and each candidate; speedups, % of the copy, the model's bound (model.py).
+   Then timing probes (PROBE_CONFIGS, kernels_mono.py PROBE: wrong results, timing only): the kernel
+   without its square products, without its scale reductions, without its table loads, without all
+   three: where its time goes (run 7: 2.5-4x slower than its model says).
 
 A case that kills its process (an illegal memory access) is recorded (its candidate is not timed); one
 past 60 s is killed.
@@ -21,6 +24,7 @@ Writes $OUT/fft_conv_gpu_onepass.json ($OUT defaults to /tmp/out) and prints a t
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -49,6 +53,10 @@ SIZES = (1024, 2048, 4096, 8192)
 DEADLINE_S = 900 if SMOKE else 70  # no new child past this (the interpreter on 2 cores is slow)
 # bounds of a passing check (multiples of the rounding floor): bf16 at ~1.05x as the pair kernel; fp16 at
 # the float16 products' own ~2.5x (the interpreter truncates bf16: 2.6 there)
+# timing probes (kernels_mono.py PROBE: WRONG results, timing only) of one configuration a N: each leaves
+# out one part of the chain, so the time it saves is that part's share
+PROBE_CONFIGS = {1024: (32, 64, 1, 1, 4, False, True), 4096: (32, 16, 16, 1, 8, True, True)}
+PROBES = {1: "no square products", 2: "no scale reductions", 4: "no twiddle/spectrum loads", 7: "all three out"}
 BOUNDS = {"bfloat16": 2.6 if SMOKE else 1.3, "float16": 4.0}
 
 
@@ -148,6 +156,11 @@ def time_n(n, passed: list[str]) -> dict:
             lambda: conv_launch.launch(mono_plan(*config), u, spectrum, y, False)))
         a, b, c = config[:3]
         row.setdefault("model_ms", {})[key(config)] = model.bound_ms("mono", B, H, n, a, b, c)
+    if n in PROBE_CONFIGS and key(PROBE_CONFIGS[n]) in passed:
+        for probe in PROBES:
+            probe_plan = dataclasses.replace(mono_plan(*PROBE_CONFIGS[n]), probe=probe)
+            row.setdefault("probes", {})[str(probe)] = guard(f"probe {probe}", lambda: bench(
+                lambda: conv_launch.launch(probe_plan, u, spectrum, y, False)))
 
     def torch_fft():  # the issue's baseline: rfft, multiply, irfft in float32 (last: cuFFT after our kernels)
         return torch.fft.irfft(torch.fft.rfft(u.float(), n=2 * n) * spectrum, n=2 * n)[..., :n].to(u.dtype)
@@ -170,7 +183,11 @@ def child(phase: str, n: int, step: int, part: Path) -> int:
     got: dict = {"checks": [], "errors": []}
     if phase == "check" and step < 0:
         u, spectrum = timing_inputs(n, 2, 2) if SMOKE else timing_inputs(n, 16, 16)
-        fft_conv(u, spectrum)
+        if step == -1:
+            fft_conv(u, spectrum)
+        else:  # a probe's compile (step -10 - probe)
+            probe_plan = dataclasses.replace(mono_plan(*PROBE_CONFIGS[n]), probe=-10 - step)
+            conv_launch.launch(probe_plan, u, spectrum, torch.empty_like(u), False)
         if not SMOKE:
             torch.cuda.synchronize()
     elif phase == "check":
@@ -239,6 +256,7 @@ def main() -> int:
         results["meta"] = {"error": str(err)}
     # every check and warm-up compile in its own process, all at once (compiles dominate: 16 cores)
     tasks = [(n, -1) for n in SIZES] + [(n, i) for n in SIZES for i in range(len(check_steps(n)))]
+    tasks += [(n, -10 - probe) for n in PROBE_CONFIGS for probe in PROBES]
     for got in run_children("check", tasks, {}, parallel=2 if SMOKE else 16):
         results["checks"] += got.get("checks", [])
         results["errors"] += got.get("errors", [])
@@ -273,6 +291,9 @@ def main() -> int:
         for what, ms, bound in cases:
             print(f"{row['n']:>6} {what:>22} {ms:8.4f} {base / ms:8.2f} {100 * copy / ms:7.1f} "
                   f"{'' if bound is None else f'{bound:9.4f}'}")
+        for probe, ms in row.get("probes", {}).items():
+            print(f"{row['n']:>6} {'probe ' + probe:>22} {ms:8.4f}   (mono {key(PROBE_CONFIGS[row['n']])}, "
+                  f"{PROBES[int(probe)]}: wrong output, timing only)")
     for err in results["errors"]:
         print("error:", err)
     print(f"wall {results['wall_s']:.0f} s; JSON: {path}")

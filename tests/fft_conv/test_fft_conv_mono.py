@@ -1,5 +1,6 @@
 """The one-pass three-factor kernel (kernels_mono.py) through Triton's interpreter against float64: order 2
-and order 3 (batched and permuted middle stage), the convolution and the correlation (du's form), an odd
+and order 3 (batched and permuted middle stage; the spectrum read in the kernel or laid out as the tile
+on the host), the convolution and the correlation (du's form), an odd
 batch and a loop past it, every element written, a non-finite sequence kept out of its pair's partner,
 the config switch through fft_conv with gradients; and its sm_90a build (no spill at 1024)."""
 import json
@@ -44,6 +45,9 @@ BOUND = {torch.float16: 3.2, torch.bfloat16: 2.6}
     ((32, 64, 1, 2, 4), 3, 2),  # order 2, N = 1024, odd batch, a loop of 2 past the batch
     ((32, 16, 16, 1, 8), 2, 2),  # order 3, N = 4096, the middle stage batched over k_b
     ((32, 16, 16, 2, 8, True), 3, 1),  # order 3, permuted middle stage, loop past an odd batch
+    ((32, 64, 1, 2, 4, False, True), 3, 2),  # the spectrum and twiddles laid out as the tile (kfull)
+    ((32, 16, 16, 1, 8, False, True), 2, 1),  # kfull, batched middle stage
+    ((32, 16, 16, 1, 8, True, True), 2, 1),  # kfull, permuted middle stage (the natural order of f)
 ])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_matches_float64(config, B, H, dtype):
@@ -53,7 +57,7 @@ def test_matches_float64(config, B, H, dtype):
     assert err <= BOUND[dtype], f"{err:.3f}x the rounding floor"
 
 
-@pytest.mark.parametrize("config", [(32, 64, 1, 1, 4), (32, 16, 16, 1, 8, True)])
+@pytest.mark.parametrize("config", [(32, 64, 1, 1, 4), (32, 16, 16, 1, 8, True), (32, 16, 16, 1, 8, False, True)])
 def test_correlation_matches_float64(config):
     y, ref = run_mono(config, 2, 2, torch.float16, conj=True, seed=1)
     assert torch.isfinite(y).all()
@@ -119,3 +123,18 @@ def test_compiles_for_hopper_without_spills():
     [row] = json.loads(r.stdout)
     assert row["spill_stores"] == 0 and row["shared"] <= 227 * 1024, row
     assert row["wgmma"], row
+
+
+@pytest.mark.parametrize("config", [(32, 64, 1, 1, 4), (32, 16, 16, 1, 8, True)])
+def test_timing_probes_run_and_write_every_element(config):
+    """The GPU script's timing probes (PROBE: parts of the chain left out, results wrong by design) run at
+    the kernel's shapes and still store every element."""
+    import dataclasses
+
+    n = config[0] * config[1] * config[2] // 2
+    u = torch.randn(2, 2, n).half()
+    spectrum = filter_spectrum((torch.randn(2, n) / math.sqrt(n)).half(), n)
+    for probe in (1, 4, 5):
+        y = torch.full(u.shape, math.nan, dtype=u.dtype)
+        launch.launch(dataclasses.replace(plan.mono_plan(*config), probe=probe), u, spectrum, y, False)
+        assert torch.isfinite(y).all(), probe

@@ -26,11 +26,16 @@ PAIR_CONFIGS = {
 # switch is an entry here, e.g. MONO_CONFIGS = {4096: (32, 16, 16, 4, 8)}
 # (experiments/fft_conv/gpu_onepass.py checks and times MONO_CANDIDATES).
 MONO_CONFIGS: dict = {}
-MONO_CANDIDATES = {  # (sm_90a: registers, spill bytes; python -m tilecore.ops.fft_conv.report)
-    1024: [(32, 64, 1, 1, 4), (32, 64, 1, 4, 4)],  # 128, 0; 214, 0
-    2048: [(32, 128, 1, 1, 8), (64, 64, 1, 1, 8)],  # 149, 0; 188, 0
-    4096: [(32, 16, 16, 1, 16)],  # 128, 312 (the tile: 8192 complex; permuted middle stage: 384)
-    8192: [(64, 16, 16, 1, 16)],  # order 3 in registers spills KBs: a shared-memory (Gluon) kernel's job
+MONO_CANDIDATES = {  # (A, B, C, loop, warps[, permute[, kfull]]); sm_90a registers, spill bytes
+    # run 7 (H100, session 28; every check at the floor), ms against the shipped plan in the same run:
+    # 1024 loop 1 0.265 (loop 4 0.285) vs pair 0.190; 2048 32x128 0.766, 64x64 0.691 vs long 0.465;
+    # 4096 32x16x16 at 16 warps 2.085 vs pair 0.822; 8192 64x16x16 6.555 vs long 2.363: OFF everywhere.
+    # kfull (after run 7): the spectrum and the stage-2 twiddles laid out as the tile (contiguous loads,
+    # no per-element gathers: registers 128 -> 95 at 1024, spills 524 -> 52 B at 4096 permuted, 8 warps)
+    1024: [(32, 64, 1, 1, 4), (32, 64, 1, 1, 4, False, True)],  # 128, 0; 95, 0
+    2048: [(64, 64, 1, 1, 8, False, True)],
+    4096: [(32, 16, 16, 1, 8, True, True), (32, 16, 16, 1, 16, True, True),  # 255, 52; 128, 124
+           (64, 128, 1, 1, 8, False, True)],  # order 2 in the same kernel: 255, 0
 }
 
 # candidates the GPU check times per N: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]); loop: groups

@@ -55,14 +55,32 @@ def dft_operands16(n1: int, n2: int, device: torch.device) -> dict:
 @functools.lru_cache(maxsize=32)
 def mono_operands(a: int, b: int, c: int, device: torch.device) -> dict:
     """The one-pass kernel's constants for L = a b c: F_A, F_B, F_C in float16 and the twiddle tables
-    T1 (b, a) = W_AB^(b k_a), T2 (c, a) = W_L^(c k_a), T3 (b, c) = W_BC^(c k_b) in float32."""
+    T1 (b, a) = W_AB^(b k_a), T2 (c, a) = W_L^(c k_a), T3 (b, c) = W_BC^(c k_b) in float32; TF (b c, a) =
+    W_L^(m k_a), the whole stage-2 table (KFULL)."""
     tables = {}
     for name, (rows, cols, size) in dict(FA=(a, a, a), FB=(b, b, b), FC=(c, c, c)).items():
         re, im = _dft(size, rows, cols, size)
         tables[name + "RE"], tables[name + "IM"] = re.half(), im.half()
-    for name, (rows, cols, size) in dict(T1=(b, a, a * b), T2=(c, a, a * b * c), T3=(b, c, b * c)).items():
+    for name, (rows, cols, size) in dict(T1=(b, a, a * b), T2=(c, a, a * b * c), T3=(b, c, b * c),
+                                         TF=(b * c, a, a * b * c)).items():
         tables[name + "RE"], tables[name + "IM"] = _dft(size, rows, cols, size)
     return {name: t.to(device) for name, t in tables.items()}
+
+
+def mono_spectrum(spectrum: torch.Tensor, a: int, b: int, c: int, permute: bool, conj: bool) -> torch.Tensor:
+    """The rfft ``spectrum`` (H, N + 1), 2N = a b c, laid out as the mono kernel's tile ([b, c, a] flat; [c,
+    b, a] with ``permute``: the natural order f = 0..2N-1), bins past N the conjugates of 2N - f,
+    conjugated with ``conj``: float32 (H, 2, 2N) planes (re, im) for KFULL."""
+    size = a * b * c
+    if permute and c > 1:
+        f = torch.arange(size, device=spectrum.device)
+    else:
+        kb, kc, ka = torch.meshgrid(*(torch.arange(s, device=spectrum.device) for s in (b, c, a)), indexing="ij")
+        f = (ka + a * kb + a * b * kc).reshape(-1)
+    mirrored = f > size // 2
+    full = spectrum[:, torch.where(mirrored, size - f, f)]
+    im = torch.where(mirrored, -full.imag, full.imag)
+    return torch.stack((full.real, -im if conj else im), dim=1).contiguous()
 
 
 @functools.lru_cache(maxsize=32)
@@ -104,12 +122,16 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
         return
     if plan.path == "mono":
         ops = mono_operands(plan.n1, plan.n2, plan.n3, u.device)
+        if plan.kfull:  # the spectrum in the tile's order (conjugated here, not in the kernel)
+            spectrum_f32 = mono_spectrum(spectrum, plan.n1, plan.n2, plan.n3, plan.permute, conj)
+            conj = False
         chunks = -(-(-(-B // 2)) // plan.loop)
-        _conv_mono[(H * chunks,)](u, spectrum_f32, y, *(ops[name + part] for name in ("FA", "FB", "FC", "T1", "T2", "T3")
+        tables = ("FA", "FB", "FC", "TF" if plan.kfull else "T1", "T2", "T3")
+        _conv_mono[(H * chunks,)](u, spectrum_f32, y, *(ops[name + part] for name in tables
                                                         for part in ("RE", "IM")),
                                   B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), spectrum_f32.stride(0),
                                   A=plan.n1, B=plan.n2, C=plan.n3, CONJ=conj, LOOP=plan.loop, PERMUTE=plan.permute,
-                                  num_warps=plan.num_warps)
+                                  PROBE=plan.probe, KFULL=plan.kfull, num_warps=plan.num_warps)
         return
     if plan.path == "pair":
         ops = dft_operands16(plan.n1, plan.n2, u.device)

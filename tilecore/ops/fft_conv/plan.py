@@ -41,11 +41,13 @@ class Plan:
     hoist: bool = False  # "pair": the loop's constants loaded once before it
     n3: int = 1  # "mono": the third DFT factor (1: order 2)
     permute: bool = False  # "mono": stage 5 as a 2-D product after a permute (else batched)
+    probe: int = 0  # "mono": timing probes (WRONG results: kernels_mono.py PROBE); never in configs
+    kfull: bool = False  # "mono": the spectrum laid out as the tile on the host (kernels_mono.py KFULL)
 
 
-def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False) -> Plan:
+def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:
     """The one-pass three-factor kernel (kernels_mono.py): 2N = a b c, LOOP pairs a program."""
-    return Plan("mono", n1=a, n2=b, n3=c, loop=loop, num_warps=num_warps, permute=permute)
+    return Plan("mono", n1=a, n2=b, n3=c, loop=loop, num_warps=num_warps, permute=permute, kfull=kfull)
 
 
 def pair_plan(n1: int, n2: int, pairs: int, num_warps: int, loop: int = 1, stages: int = 1,

@@ -30,8 +30,8 @@ def pair_variant(n1: int, n2: int, pairs: int, warps: int, loop: int = 1, stages
             args, warps, False)
 
 
-def mono_variant(a: int, b: int, c: int, loop: int, warps: int, permute: bool = False) -> tuple[str, object, dict, int,
-                                                                                                bool]:
+def mono_variant(a: int, b: int, c: int, loop: int, warps: int, permute: bool = False,
+                 kfull: bool = False) -> tuple[str, object, dict, int, bool]:
     """The one-pass three-factor kernel (kernels_mono.fft_conv_mono_kernel) at one configuration."""
     import torch
 
@@ -44,8 +44,9 @@ def mono_variant(a: int, b: int, c: int, loop: int, warps: int, permute: bool = 
     args = dict(U=t, K=f32, Y=t, FARE=f16, FAIM=f16, FBRE=f16, FBIM=f16, FCRE=f16, FCIM=f16, T1RE=f32, T1IM=f32,
                 T2RE=f32, T2IM=f32, T3RE=f32, T3IM=f32, batch=16, heads=768, stride_ub=768 * n, stride_uh=n,
                 stride_yb=768 * n, stride_yh=n, stride_kh=2 * (n + 1), A=a, B=b, C=c, CONJ=False, LOOP=loop,
-                PERMUTE=permute)
-    return (f"fft_conv mono N{n} ({a}x{b}x{c}, loop {loop}{', permute' if permute else ''}, {warps} warps)", kernels_mono.fft_conv_mono_kernel,
+                PERMUTE=permute, KFULL=kfull)
+    extra = (", permute" if permute else "") + (", kfull" if kfull else "")
+    return (f"fft_conv mono N{n} ({a}x{b}x{c}, loop {loop}{extra}, {warps} warps)", kernels_mono.fft_conv_mono_kernel,
             args, warps, False)
 
 
