@@ -487,6 +487,8 @@ def test_linear_attention_eager_autograd_as_the_custom_op(monkeypatch):
             y.float().sum().backward()
             runs.append([o, ht] + [t.grad for t in (q, k, v, g, h0)] + [y] + [t.grad for t in leaves])
     assert all(a is not None and torch.equal(a, c) for a, c in zip(*runs))
+    la_op._CHECKED.clear()
+    la_op._PLANS.clear()
 
 
 def test_fft_conv_eager_autograd_as_the_custom_op(monkeypatch):
