@@ -373,7 +373,8 @@ def warm(workers: int, cases):
     tasks += [("fla", c, p) for c in cases for p in CASES[c]["peers"]
               if p != "chunk_simple_gla" and (c, p) not in LATE_PEERS]
     # a default the extras do not compile already (the Gluon cases' gluon_direct / gluon is their default)
-    tasks += [("default", c) for c in cases if CASES[c]["feature"] == BASED or CASES[c]["decay"] == "channel"]
+    tasks += [("default", c) for c in cases if CASES[c]["feature"] == BASED or CASES[c]["decay"] == "channel"
+              or not extra_calls(c, None, names_only=True)]
     if not QUICK:
         if "simple gla d128" in cases:
             tasks += [("probe", "simple gla d128", (m, *pt)) for pt in PROBE_POINTS for m in range(4)]
