@@ -158,6 +158,7 @@ WIDE = {"wide": True}  # quantize_wide.wide_quantize_kernel (m > 64: output bloc
 
 
 K64 = {**WIDE, "kc": 64, "num_stages": 1}  # run 8 of session 28: K chunks of 16 / 32 ran 0.50 / 0.66x the shipped fp8 11008; 2 stages 0.61x
+KSTOP = {"k_stop": True}  # the kron-tiled kernel's K-chunked mixing stopping at m (configs.QUANT_K_STOP)
 BIG = {**K64, "mb": 128, "num_stages": 2}  # blocks of 128 sub-rows (the shipped tile's wgmma shape), K stopping at m
 
 
@@ -165,7 +166,8 @@ def s28_quantize_cases(quick=True):
     """Session 28 (issue 32, the widths with m > 64: 11008 = 172 x 64, 18944 = 148 x 128, where the kron-tiled
     kernel mixes M_PAD = 256 sub-rows), second round. Run 8 measured the wide kernel (blocks of 64, K chunks of
     16) at 0.50-0.83x the shipped plans: latency, not FLOP (kc 32: 0.66x, 2 stages 0.61x at fp8 11008). Here its
-    larger tiles: K chunks of 64, blocks of 128 sub-rows, 2 stages, one warpgroup; the shipped plans beside them."""
+    larger tiles: K chunks of 64, blocks of 128 sub-rows, 2 stages, one warpgroup; and the shipped kron-tiled kernel
+    with its mixing stopping at m (k_stop); the shipped plans beside them."""
     fmts = ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
     cases = [("t", 11008), ("t", 18944), ("w", 11008, {"kc": 64, "mb": 128, "num_stages": 2})]
     cases += [("q", f, 11008, {}, {}) for f in fmts] + [("q", f, 18944, {}, {}) for f in ("fp8_e4m3", "mxfp4")]
@@ -176,6 +178,10 @@ def s28_quantize_cases(quick=True):
     cases += [("q", f, 11008, {}, BIG) for f in ("int8", "mxfp4", "nvfp4", "int4")]
     cases += [("q", "mxfp4", 11008, {}, t) for t in ({**K64, "num_stages": 2}, {**K64, "num_stages": 2, "j_outer": True})]
     cases += [("q", "mxfp4", 18944, {}, BIG)]
+    # the shipped kron-tiled kernel with its mixing stopping at the last K chunk holding sub-rows < m (3 of 4 chunks)
+    cases += [("q", f, n, {}, KSTOP) for f, n in (("fp8_e4m3", 11008), ("int8", 11008), ("mxfp4", 11008),
+                                                   ("nvfp4", 11008), ("int4", 11008), ("fp8_e4m3", 18944),
+                                                   ("mxfp4", 18944))]
     if not quick:
         cases += [("q", f, 18944, {}, t) for f in ("int8", "nvfp4", "int4") for t in ({}, BIG)]
         cases += [("q", f, 11008, {}, {**BIG, "num_warps": 4}) for f in ("fp8_e4m3", "mxfp4")]
@@ -198,6 +204,7 @@ def s28_check_cases(torch):
                                                                   {**K64, "num_warps": 4, "num_stages": 2})]
     cases += [("fp8_e4m3", 18944, {"tuning": {**K64, "mb": 128}}, bf16)]
     cases += [("mxfp4", 11008, {"tuning": t}, bf16) for t in ({**K64, "num_stages": 2}, {**K64, "num_stages": 2, "j_outer": True})]
+    cases += [("fp8_e4m3", 11008, {"tuning": KSTOP}, bf16), ("mxfp4", 18944, {"tuning": KSTOP}, bf16)]
     return cases
 
 
@@ -835,7 +842,7 @@ def _s28_suggestions(result, base):
             case = ast.literal_eval(r["case"])
         except (ValueError, SyntaxError, KeyError):
             continue
-        if case[0] != "q" or "ms" not in r or not case[4].get("wide"):
+        if case[0] != "q" or "ms" not in r or not (case[4].get("wide") or case[4].get("k_stop")):
             continue
         fmt, n = case[1], case[2]
         t = {k: v for k, v in case[4].items() if k != "wide"}
@@ -846,7 +853,10 @@ def _s28_suggestions(result, base):
             best[(fmt, n)] = (ratio, t)
     lines = ["s28 suggestions (checked here and >= 1.02x the shipped plan; configs.py):"]
     for (fmt, n), (ratio, t) in sorted(best.items()):
-        lines.append(f"  x{ratio:.2f} {fmt} {n}: QUANT_WIDE[({fmt!r}, {n})] = True; QUANT_WIDE_TUNING[({fmt!r}, {n})] = {t!r}")
+        if t.get("k_stop"):
+            lines.append(f"  x{ratio:.2f} {fmt} {n}: QUANT_K_STOP[({fmt!r}, {n})] = True")
+        else:
+            lines.append(f"  x{ratio:.2f} {fmt} {n}: QUANT_WIDE[({fmt!r}, {n})] = True; QUANT_WIDE_TUNING[({fmt!r}, {n})] = {t!r}")
     if not best:
         lines.append("  none: keep the shipped plans")
     return lines

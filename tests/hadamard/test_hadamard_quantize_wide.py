@@ -160,3 +160,21 @@ def test_wide_kernel_compiles_for_sm90_without_spills():
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["wgmma"] and res["spill_stores"] == 0 and not res["wgmma_serialized"], res
+
+
+def test_kron_tiled_mixing_stopping_at_m_gives_the_same_bytes():
+    """The kron-tiled kernel's K-chunked mixing without its all-zero last chunks (plan tuning ``k_stop``,
+    configs.QUANT_K_STOP): the same products plus fewer exact zeros, so codes and scales bit for bit the shipped
+    plan's, every element written; the plain transform's kernel keeps all M_PAD / 64 chunks (its default)."""
+    torch.manual_seed(6)
+    n = 140 * 16  # M_PAD 256: 3 of 4 chunks hold sub-rows < 140
+    x = torch.randn(3, n, dtype=torch.float16)
+    x[1, 3] = float("nan")
+    out = []
+    for k_stop in (False, True):
+        plan = _plan(x, "mxfp4", None, None, k_stop=k_stop)
+        assert plan.path == "fused" and plan.config["K_STOP"] == k_stop
+        out.append(_run(plan, x, "mxfp4", None, None, poison=0xA5 if k_stop else True)[:2])
+    (c0, s0), (c1, s1) = out
+    assert torch.equal(_bytes(c0), _bytes(c1)) and torch.equal(_bytes(s0), _bytes(s1))
+    assert not _plan(torch.randn(2, 28 * 64), "mxfp4", None, None, k_stop=True).config["K_STOP"]  # M_PAD 32: no chunks

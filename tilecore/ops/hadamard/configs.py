@@ -147,4 +147,7 @@ QUANT_WIDE_MB = 64
 QUANT_WIDE_KC = 64
 QUANT_WIDE_STAGES = 2
 QUANT_WIDE_J_OUTER = False  # block-scaled formats: the blocks one at a time (quantize_wide's J_OUTER); untimed
+# ... and the kron-tiled kernel's K-chunked mixing (m > 64) stopping at the last chunk holding sub-rows < m (3 of
+# M_PAD / 64 = 4 at 172 and 148: 25% less mixing; plan tuning "k_stop"). Keys as QUANT_INTERLEAVE. Untimed: off
+QUANT_K_STOP = {}
 QUANT_WIDE_TUNING = {}  # (format, n), else format -> the wide plan's tuning (j_outer, kc, num_warps, num_stages)

@@ -122,12 +122,15 @@ def _load_sub_rows(x, signs, tile, t, rows, stride_x, K0, M: tl.constexpr, P: tl
 @triton.jit
 def _chunked_mix(x, h_ptr, signs, tile, t, rows, stride_x, M: tl.constexpr, M_PAD: tl.constexpr,
                  P: tl.constexpr, Q: tl.constexpr, CHUNKS: tl.constexpr, SIGNS: tl.constexpr,
-                 IN_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, IL: tl.constexpr = 0):
+                 IN_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, IL: tl.constexpr = 0,
+                 K_STOP: tl.constexpr = False):
     """H_m X_t for one row (B == 1) with M_PAD > K_CHUNK: sum over column blocks of H of H[:, k] X_t[k],
-    each product exact as the whole one is; [M_PAD, Q] float32."""
+    each product exact as the whole one is; [M_PAD, Q] float32. K_STOP (hadamard_quantize's plan tuning
+    "k_stop"): only the blocks holding columns < M (H is zero past M: 3 of 4 at 172 and 148)."""
     i = tl.arange(0, M_PAD)
     acc = tl.zeros([M_PAD, Q], tl.float32)
-    for kb in tl.static_range(M_PAD // K_CHUNK):
+    KB: tl.constexpr = (M + K_CHUNK - 1) // K_CHUNK if K_STOP else M_PAD // K_CHUNK
+    for kb in tl.static_range(KB):
         v = _load_sub_rows(x, signs, tile, t, rows, stride_x, kb * K_CHUNK, M, P, Q, CHUNKS, K_CHUNK, SIGNS, IL)
         k = kb * K_CHUNK + tl.arange(0, K_CHUNK)
         h = tl.load(h_ptr + i[:, None] * M_PAD + k[None, :])
@@ -144,14 +147,14 @@ def load_slice_transform(x, h_ptr, signs, tile, t, rows, stride_x, M: tl.constex
                          MIX: tl.constexpr, TRANSFORM: tl.constexpr, SIGNS: tl.constexpr,
                          IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr,
                          MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, TMA: tl.constexpr = False,
-                         IL: tl.constexpr = 0):
+                         IL: tl.constexpr = 0, K_STOP: tl.constexpr = False):
     """Slice t of ``tile`` loaded (zeros out of bounds; times ``signs`` along the row where SIGNS: exact,
     +-1) and transformed: [B M_PAD, Q] float32. TMA: ``x`` is a descriptor over the rows seen as
     (rows, M, P) with [B, M_PAD, Q] boxes (Q <= P, CHUNKS == 1): one bulk copy a slice, the copy engine
     zero-filling sub-rows past M and rows past the end."""
     if MIX == 1 and M_PAD > K_CHUNK:  # (plans give B == 1 there)
         y = _chunked_mix(x, h_ptr, signs, tile, t, rows, stride_x, M, M_PAD, P, Q, CHUNKS, SIGNS, IN_PIECES,
-                         MMA_DTYPE, PIECE_DTYPE, IL)
+                         MMA_DTYPE, PIECE_DTYPE, IL, K_STOP)
         if TRANSFORM:
             return _split_dot(y, sylvester_tile(Q, Q, P, PIECE_DTYPE), True, MID_PIECES, PIECE_DTYPE)
         return y

@@ -149,6 +149,8 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
         # interleaved slices (quantize_kernels._epilogue_interleaved): one row a tile, S >= 2 slices filling
         # the sub-row, groups a multiple of S or the whole row; pointer loads
         IL=il, ILV=ilv,
+        # the K-chunked mixing (m > 64) stopping at the last chunk holding sub-rows < m (kernels_kron._chunked_mix)
+        K_STOP=bool(tuning.get("k_stop", _by_format(configs.QUANT_K_STOP, fmt, n))) and mix == 1 and m_pad > 64,
         **_maxnreg(tuning, {})))
 
 

@@ -477,13 +477,15 @@ def _load_il(x, signs, tile, rows, stride_x, M: tl.constexpr, M_PAD: tl.constexp
 def _slice_il(x, h, signs, tile, t, rows, stride_x, M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr,
               Q: tl.constexpr, B: tl.constexpr, MIX: tl.constexpr, TRANSFORM: tl.constexpr, SIGNS: tl.constexpr,
               IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr,
-              PIECE_DTYPE: tl.constexpr, TMA_LOAD: tl.constexpr, IL: tl.constexpr, ILV: tl.constexpr, v):
-    """Slice t transformed: from ``v`` (already loaded by _load_il, ILV) or loaded here."""
+              PIECE_DTYPE: tl.constexpr, TMA_LOAD: tl.constexpr, IL: tl.constexpr, ILV: tl.constexpr, v,
+              K_STOP: tl.constexpr = False):
+    """Slice t transformed: from ``v`` (already loaded by _load_il, ILV) or loaded here (K_STOP: the K-chunked
+    mixing stops at the last chunk holding sub-rows < M, kernels_kron._chunked_mix)."""
     if ILV:
         y = slice_transform(v, h, M_PAD, Q, P, B, MIX, TRANSFORM, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE)
     else:
         y = load_slice_transform(x, h, signs, tile, t, rows, stride_x, M, M_PAD, P, Q, B, 1, MIX, TRANSFORM, SIGNS,
-                                 IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL)
+                                 IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, K_STOP)
     return y
 
 
@@ -497,7 +499,7 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
                            IN_PIECES: tl.constexpr, MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr,
                            PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr, FAST: tl.constexpr = False,
                            TMA_LOAD: tl.constexpr = False, IL: tl.constexpr = 0,
-                           ILV: tl.constexpr = False):
+                           ILV: tl.constexpr = False, K_STOP: tl.constexpr = False):
     """codes, scales = quantize(rscale * rotation(signs * x)) for ``rows`` rows (module docstring); a
     persistent grid of GRID programs, B rows a tile. FORMAT == AMAX: only each program's largest |y|,
     written to amax_out[program] (nvfp4's dynamic global scale, a first pass). TMA_LOAD: ``x`` is a
@@ -510,7 +512,7 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
         else:  # placeholders: each slice loads its own
             v0, v1, v2, v3, v4, v5, v6, v7 = tile, tile, tile, tile, tile, tile, tile, tile
         t0 = _valid_only(_slice_il(x, h, signs, tile, 0, rows, stride_x, M, M_PAD, P, Q, B, MIX, TRANSFORM,
-                                  SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v0) * rscale, M, M_PAD, P, Q, B)
+                                  SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v0, K_STOP) * rscale, M, M_PAD, P, Q, B)
         o1 = t0
         o2 = t0
         o3 = t0
@@ -521,7 +523,7 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
         o0 = t0
         if S > 1:
             t1 = _valid_only(_slice_il(x, h, signs, tile, 1, rows, stride_x, M, M_PAD, P, Q, B, MIX, TRANSFORM,
-                                      SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v1) * rscale, M, M_PAD, P, Q, B)
+                                      SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v1, K_STOP) * rscale, M, M_PAD, P, Q, B)
             if S == 2:
                 if BUTTERFLY:
                     o0 = t0 + t1
@@ -530,9 +532,9 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
                     o1 = t1
             else:
                 t2 = _valid_only(_slice_il(x, h, signs, tile, 2, rows, stride_x, M, M_PAD, P, Q, B, MIX,
-                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v2) * rscale, M, M_PAD, P, Q, B)
+                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v2, K_STOP) * rscale, M, M_PAD, P, Q, B)
                 t3 = _valid_only(_slice_il(x, h, signs, tile, 3, rows, stride_x, M, M_PAD, P, Q, B, MIX,
-                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v3) * rscale, M, M_PAD, P, Q, B)
+                                          TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v3, K_STOP) * rscale, M, M_PAD, P, Q, B)
                 if BUTTERFLY:
                     a0, a1, a2, a3 = butterfly4(t0, t1, t2, t3)
                 else:
@@ -540,13 +542,13 @@ def rotate_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, s
                 o0, o1, o2, o3 = a0, a1, a2, a3
                 if S == 8:
                     t4 = _valid_only(_slice_il(x, h, signs, tile, 4, rows, stride_x, M, M_PAD, P, Q, B, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v4) * rscale, M, M_PAD, P, Q, B)
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v4, K_STOP) * rscale, M, M_PAD, P, Q, B)
                     t5 = _valid_only(_slice_il(x, h, signs, tile, 5, rows, stride_x, M, M_PAD, P, Q, B, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v5) * rscale, M, M_PAD, P, Q, B)
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v5, K_STOP) * rscale, M, M_PAD, P, Q, B)
                     t6 = _valid_only(_slice_il(x, h, signs, tile, 6, rows, stride_x, M, M_PAD, P, Q, B, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v6) * rscale, M, M_PAD, P, Q, B)
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v6, K_STOP) * rscale, M, M_PAD, P, Q, B)
                     t7 = _valid_only(_slice_il(x, h, signs, tile, 7, rows, stride_x, M, M_PAD, P, Q, B, MIX,
-                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v7) * rscale, M, M_PAD, P, Q, B)
+                                              TRANSFORM, SIGNS, IN_PIECES, MID_PIECES, MMA_DTYPE, PIECE_DTYPE, TMA_LOAD, IL, ILV, v7, K_STOP) * rscale, M, M_PAD, P, Q, B)
                     if BUTTERFLY:
                         b0, b1, b2, b3 = butterfly4(t4, t5, t6, t7)
                         o0, o1, o2, o3 = a0 + b0, a1 + b1, a2 + b2, a3 + b3
