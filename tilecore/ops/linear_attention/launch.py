@@ -97,18 +97,20 @@ def gluon_forward_keyed(key, q, k, v, g, beta, d_skip, z, h0, scale: float, fina
     descriptors as TmaOperands (built and checked at the key's first launch only). Every argument's
     specialization follows from the key (the inputs' signature): the ints are their sizes and strides,
     the other tensors fresh or the inputs' own."""
-    prefetch = configs.GLUON_PREFETCH and z is not None
+    flags = gluon_forward.variant(g, beta, z)  # the same kernel variant as gluon_forward.forward's
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     ht = torch.empty(B, H, q.shape[-1], Dv, dtype=torch.float32, device=v.device) if final_state else None
-    if g is not None:
-        g = gluon_forward.chunk_cumulative(g, gluon_forward.BT_GLUON)
+    g, beta = gluon_forward.prepare_decay(g, beta, flags["g_stage"])
     if d_skip is not None:
         d_skip = d_skip.float().contiguous()
     if z is not None and (z.stride(-1) != 1 or (configs.GLUON_Z_STAGE and not gluon_forward.tma_ok(z))):
         z = z.contiguous()
-    grid, args, warps = gluon_forward.launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, prefetch,
-                                                  configs.GLUON_OVERLAP, configs.GLUON_Z_STAGE, operand=TmaOperand)
+    grid, args, warps = gluon_forward.launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages,
+                                                  flags["prefetch"], configs.GLUON_OVERLAP, configs.GLUON_Z_STAGE,
+                                                  operand=TmaOperand, g_stage=flags["g_stage"],
+                                                  factored=flags["factored"], early_wv=flags["early_wv"],
+                                                  async_update=flags["async_update"])
     _GLUON_FORWARD.run(key, grid, (), dict(args, num_warps=warps))
     return o, ht
 
