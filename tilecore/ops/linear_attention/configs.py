@@ -87,8 +87,11 @@ GLUON_OVERLAP = False
 # (97% of the copy bound, 2.71x chunk_simple_gla 1.016) against 0.485 (o within 6.6e-5 of the checked
 # default's; its float64 check is the final batch's: then (False,)); Mamba-2 2.7B G_STAGE + EARLY_WV 1.155 ms
 # (3.46x FLA 3.990) against Z_STAGE's 1.540, checked (bf16 vs float64, h0 N 1000 and N 33: 1.00x the floor,
-# every element written): on for Mamba-2 (True). FACTORED no faster anywhere (0.375; Mamba-2 1.206): off
-GLUON_G_STAGE: tuple = (True,)
+# every element written): on for Mamba-2 (True). FACTORED no faster anywhere (0.375; Mamba-2 1.206): off.
+# Run 9 (the final batch): the scalar decay's G_STAGE against float64 right everywhere (a reset at N 4097,
+# strong decays d64 N 77, tiny decays N 300, fp16 N 1000 with h0, B1 H1 N 1: 1.17-1.67x the floor, forward()
+# equal to the kernel), 0.375 ms again (d64 v128 0.299 = 91%): on for both
+GLUON_G_STAGE: tuple = (True, False)
 GLUON_FACTORED: tuple = ()
 # EARLY_WV (with a decay): the state update's weighted values stored with the old state at the chunk's start
 # (one barrier pair a chunk fewer; with beta its own [BT, BV] buffer for beta V), by whether beta is given as
@@ -147,9 +150,13 @@ BASED_BWD_WARPS = 4
 # (0, 1) for both, once gpu_backward.py times them. Session 28, run 1 (H100, bf16, B16 H16 N4096 d128; checks as
 # run 2's, all pass): no decay split 1.681 ms against the unsplit 2.013 (1.20x) and FLA chunk_linear_attn's
 # backward 3.348 (1.99x): on for no decay; the scalar decay's split is checked but its timing was cut again
-BWD_SPLIT_KINDS: tuple = (0,)
+# Session 28 run 9: with (0, 1) and chunk 64 for the scalar decay, the autograd simple-GLA backward right against
+# float64 (dq/dk/dv 1.34-1.43x the floor, dg 4.4e-3 relative), the split path with and without the EPILOGUE
+# (every element written) and Mamba-2 with D and with D + z (1.23-1.75x); runs 3-4: 3.34-3.35 ms at chunk 64
+# against 7.97 unsplit (2.4x): on for both
+BWD_SPLIT_KINDS: tuple = (0, 1)
 BWD_SPLIT_MAX_DIM = 128
-BWD_SPLIT = {0: dict(BT=64, BKB=64, BV=64, warps=4, stages=2), 1: dict(BT=32, BKB=64, BV=64, warps=4, stages=2)}
+BWD_SPLIT = {0: dict(BT=64, BKB=64, BV=64, warps=4, stages=2), 1: dict(BT=64, BKB=64, BV=64, warps=4, stages=2)}
 BWD_SPLIT_DQ = {0: dict(BKQ=64, warps=4, stages=3), 1: dict(BKQ=64, warps=4, stages=3)}
 # on the split path with a scalar decay the kernels do the combine kernel's work (kernels_tl EPILOGUE: the
 # diagonal added back, beta applied, the decay's and beta's per-token parts), so no combine kernel runs
