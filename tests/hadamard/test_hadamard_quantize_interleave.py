@@ -101,8 +101,8 @@ def test_interleaved_slices_with_random_signs_and_where_the_plan_does_not_apply(
         assert (plan.config["IL"], plan.config["ILV"]) == mode, (fmt, dtype, plan.config)
     plan = quantize.kernel_plan(9448, 28672, torch.bfloat16, "nvfp4", 16, None, True, True, False, 132)
     assert plan.config["IL"] == 8  # checked on the GPU at that width in session 28 (configs.QUANT_INTERLEAVE)
-    plan = quantize.kernel_plan(24385, 11008, torch.bfloat16, "nvfp4", 16, None, True, True, False, 132)
-    assert plan.config["IL"] == 0  # not yet checked on the GPU at that width
+    plan = quantize.kernel_plan(14170, 18944, torch.bfloat16, "int4", 32, None, True, False, False, 132)
+    assert plan.path == "fused" and plan.config["IL"] == 0  # not yet checked on the GPU at that width
     # several rows a tile (B > 1) or one slice: the contiguous epilogue, whatever the tuning asks
     for n in (12 * 64, 20 * 128):
         plan = quantize.kernel_plan(64, n, torch.bfloat16, "mxfp4", 32, None, True, False, False, 2, True,
