@@ -293,6 +293,9 @@ def test_launch_passes_every_kernel_parameter(monkeypatch):
 
     monkeypatch.setattr(varlen, "GLUON_VARLEN_BWD", Recorder())
     monkeypatch.setattr(varlen.dispatch, "num_sms", lambda device: 132)
+    # the fused-dQ launch (the shipped D128 rows split dQ off since session 28: one more kernel after it)
+    monkeypatch.setitem(configs.VARLEN_GLUON_BACKWARD_CONFIG, (128, True),
+                        dict(configs.VARLEN_GLUON_BACKWARD_CONFIG[128, True], dq_from="fused"))
     lengths = [70, 1, 0, 20]
     cu = cu_of(lengths)
     total = sum(lengths)
@@ -357,8 +360,10 @@ def test_split_launch_runs_dkdv_without_dq_then_the_dq_kernel(monkeypatch):
     assert kwargs["CAUSAL"] is False and kwargs["WINDOW"] is False
 
 
-def test_gluon_backward_is_off_by_default_and_never_taken_on_the_cpu():
-    assert configs.VARLEN_GLUON_BACKWARD is False and configs.VARLEN_GLUON_BACKWARD_FEATURES == frozenset()
+def test_gluon_backward_is_on_after_its_gpu_check_and_never_taken_on_the_cpu():
+    # session 28's H100 run 10 checked it (windows too); ZERO_TAIL waits for its own check
+    assert configs.VARLEN_GLUON_BACKWARD is True and configs.VARLEN_GLUON_BACKWARD_FEATURES == frozenset({"window"})
+    assert configs.VARLEN_GLUON_BACKWARD_ZERO_TAIL is False
     q = torch.randn(10, 2, 128, dtype=torch.bfloat16)
     assert not varlen.gluon_backward_fits(q, q, q, True, -1, -1)
     assert not varlen.gluon_backward_fits(q, q, q, True, -1, -1, use_gluon=True)  # a CPU tensor
@@ -377,8 +382,8 @@ def test_switched_on_the_backward_routes_eligible_calls_to_the_gluon_kernel(monk
     fits = varlen.gluon_backward_fits
     assert fits(q, kv, kv, True, -1, -1) and fits(q, kv, kv, False, -1, -1)
     assert fits(q[..., :64], kv[..., :64], kv[..., :64], True, -1, -1)
-    assert not fits(q, kv, kv, True, 100, -1) and not fits(q, kv, kv, False, 5, 5)  # windows wait for a GPU check
-    assert fits(q, kv, kv, False, 5, 5, features={"window"})
+    assert fits(q, kv, kv, True, 100, -1) and fits(q, kv, kv, False, 5, 5)  # windows: VARLEN_GLUON_BACKWARD_FEATURES
+    assert not fits(q, kv, kv, False, 5, 5, features=frozenset())
     assert not fits(q[..., :96], kv[..., :96], kv[..., :96], True, -1, -1)  # D 96
     assert not fits(q, kv, kv[..., :64].contiguous(), True, -1, -1)  # Dv != D
     assert not fits(q.float(), kv.float(), kv.float(), True, -1, -1)

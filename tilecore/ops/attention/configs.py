@@ -177,21 +177,25 @@ VARLEN_GLUON_FORWARD_CONFIG = {64: dict(block_m=64, block_n=128, stages=3, consu
                                         zero_tail_v=True),
                                128: dict(block_m=64, block_n=128, stages=2, consumers=2, q_buffers=2, drawn=True,
                                          zero_tail_v=True)}
-# attention_varlen's Gluon backward (gluon_varlen_backward.py; varlen.backward_gluon): off until a GPU run
-# checks it (session 28, issue 35: compiled for sm_90a only); the tl kernels serve the backward meanwhile.
-# Its features beyond causal / no mask / softcap ("window") routed only where VARLEN_GLUON_BACKWARD_FEATURES
-# names them. Blocks as the fixed D128 backward's (GLUON_BACKWARD: fused dQ causal, lagged otherwise)
-VARLEN_GLUON_BACKWARD = False
-VARLEN_GLUON_BACKWARD_FEATURES: frozenset = frozenset()
+# attention_varlen's Gluon backward (gluon_varlen_backward.py; varlen.backward_gluon). Session 28, H100 run 10
+# (gpu_varlen_bwd.py): every check right against float64 (bf16 / fp16; lengths 0, 1, odd, 129; N != Nk; GQA;
+# causal and not; softcap; a window (100, 37); D64; fused and split dQ; NaN-poisoned grads, a sentinel past
+# the end); the 64K long-tailed causal batch's backward 5.296 ms with dQ split off ("gluon": the dK/dV kernel,
+# then attention_varlen_dq_kernel) against 6.195 fused and the tl kernels' 8.775 (1.66x): 0.85x the fixed
+# length's backward rate, fwd+bwd 0.88x (target 0.95). On; windows routed (VARLEN_GLUON_BACKWARD_FEATURES).
+# Blocks as the fixed D128 backward's; D64 keeps the fixed kernel's dQ modes (checked, untimed)
+VARLEN_GLUON_BACKWARD = True
+VARLEN_GLUON_BACKWARD_FEATURES: frozenset = frozenset({"window"})
 VARLEN_GLUON_BACKWARD_CONFIG = {(64, False): dict(block_m=64, block_n=64, stages=2, dq_from="lagged"),
                                 (64, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused"),
-                                (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="lagged"),
-                                (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused")}
+                                (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="gluon"),
+                                (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="gluon")}
 
 # zero_tail: the next sequence's rows that a box reads (K / V past Nk once a tile; Q, dO, lse, delta past N
 # in a sequence's last query block) zeroed in shared memory, so that an inf / NaN there stays in its
 # sequence (gluon_varlen_backward.ZERO_TAIL; D128 spills causal 348 B as without it, no mask 568 against 300;
-# unchecked on a GPU)
+# unchecked on a GPU: run 10's budget skipped its rows). Without it an inf / NaN in the next sequence's first
+# rows can turn this sequence's last rows' gradients NaN (never finite and wrong): varlen.py's docstring says so
 VARLEN_GLUON_BACKWARD_ZERO_TAIL = False
 
 

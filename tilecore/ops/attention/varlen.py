@@ -633,10 +633,12 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     (-1: unbounded; with causal, right <= 0). ``softcap`` > 0: scores softcap * tanh(scale q.k /
     softcap). A row with no key gets O = 0 and lse = -inf.
 
-    Non-finite values stay in their own sequence: the Gluon forward's TMA boxes read past a sequence's
-    end into the next one's rows, whose keys are masked and whose V rows it zeroes in shared memory
-    (VARLEN_GLUON_FORWARD_CONFIG zero_tail_v, checked on the H100), so an inf or NaN there cannot
-    reach this sequence; the tl kernels mask by pointer.
+    Non-finite values stay in their own sequence in the forward: the Gluon forward's TMA boxes read past
+    a sequence's end into the next one's rows, whose keys are masked and whose V rows it zeroes in
+    shared memory (VARLEN_GLUON_FORWARD_CONFIG zero_tail_v, checked on the H100); the tl kernels mask by
+    pointer. Known limit of the Gluon backward (configs.VARLEN_GLUON_BACKWARD): without its ZERO_TAIL
+    (built, not yet checked on a GPU) an inf or NaN in the next sequence's first rows can make this
+    sequence's last rows' gradients NaN too (never finite and wrong).
 
     Returns O (total_q, Hq, Dv) in q's dtype and, with ``return_lse=True``, lse (Hq, total_q) float32
     (natural log). Differentiable in q, k, v (and through lse).
