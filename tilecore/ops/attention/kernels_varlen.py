@@ -35,6 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tilecore.ops.attention.varlen_work import write_work_entries
 from tilecore.tiles.ops import LOG2E_IN_KERNEL, col_max, col_sum, online_softmax_update
 
 
@@ -628,26 +629,10 @@ def varlen_work_table(CU_Q, ORDER, TABLE, B, entries, HEADS, TILE_M: tl.constexp
     launch: entry t is (sequence, query tile from its last row, q head, 0) for the sequences in
     ORDER's order (B of them, every one held here: BLOCK_B >= B), each sequence's cdiv(N, TILE_M)
     tiles head by head; entries past the real tiles (sequence -1, 0, 0, 0). A program writes
-    BLOCK_T entries; the sequence of an entry is counted, not searched: the sequences whose tiles
-    end at or before it ([BLOCK_T, BLOCK_B] compares)."""
+    BLOCK_T entries (varlen_work.write_work_entries)."""
     offs_b = tl.arange(0, BLOCK_B)
     b_ok = offs_b < B
     seq = tl.load(ORDER + offs_b, mask=b_ok, other=0)
     n = tl.load(CU_Q + seq + 1, mask=b_ok, other=0) - tl.load(CU_Q + seq, mask=b_ok, other=0)
     tiles = tl.where(b_ok, (n + TILE_M - 1) // TILE_M, 0)
-    per_sequence = tiles * HEADS
-    ends = tl.cumsum(per_sequence, 0)  # inclusive: entries up to and including each sequence's
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    done = ends[None, :] <= t[:, None]  # [BLOCK_T, BLOCK_B]: sequences wholly before entry t
-    rank = tl.sum(done.to(tl.int32), 1)
-    start = tl.sum(tl.where(done, per_sequence[None, :], 0), 1)
-    mine = offs_b[None, :] == rank[:, None]
-    count = tl.maximum(tl.sum(tl.where(mine, tiles[None, :], 0), 1), 1)
-    real = rank < B
-    local = t - start
-    row = TABLE + t.to(tl.int64) * 4
-    in_table = t < entries
-    tl.store(row, tl.where(real, tl.sum(tl.where(mine, seq[None, :], 0), 1), -1), mask=in_table)
-    tl.store(row + 1, tl.where(real, local % count, 0), mask=in_table)
-    tl.store(row + 2, tl.where(real, local // count, 0), mask=in_table)
-    tl.store(row + 3, t * 0, mask=in_table)
+    write_work_entries(TABLE, seq, tiles, B, entries, HEADS, BLOCK_B, BLOCK_T)

@@ -2,7 +2,7 @@
 
 varlen.work_table sorts the sequences longest first with torch ops (lengths, their products, a stable
 argsort: ~7 small launches a call, ~30-40 us of an eager call's host time) and then writes the table
-with kernels_varlen.varlen_work_table. For batches of at most RANKED_MAX_BATCH sequences this kernel
+with kernels_varlen.varlen_work_table (both write the entries by write_work_entries). For batches of at most RANKED_MAX_BATCH sequences this kernel
 does both: each program ranks every sequence itself ([BLOCK_B, BLOCK_B] compares of N x Nk, ties in
 batch order: argsort(descending, stable)'s order) and writes its BLOCK_T entries as the two-step path
 does. The table is built from cu_seqlens' values on the GPU every call (nothing cached on the host).
@@ -34,6 +34,16 @@ def varlen_work_table_ranked(CU_Q, CU_K, TABLE, B, entries, HEADS, TILE_M: tl.co
     seq = tl.sum(tl.where(at, offs_b[None, :], 0), 1)  # [BLOCK_B] by p
     n_sorted = tl.sum(tl.where(at, n[None, :], 0), 1)
     tiles = tl.where(b_ok, (n_sorted + TILE_M - 1) // TILE_M, 0)
+    write_work_entries(TABLE, seq, tiles, B, entries, HEADS, BLOCK_B, BLOCK_T)
+
+
+@triton.jit
+def write_work_entries(TABLE, seq, tiles, B, entries, HEADS, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr):
+    """This program's BLOCK_T entries of the work table, given the sequences in table order (seq
+    [BLOCK_B], B real) and each one's query tiles: entry t is (sequence, query tile from its last row, q
+    head, 0), a sequence's tiles head by head; past the real tiles (-1, 0, 0, 0). An entry's sequence is
+    counted, not searched: the positions whose tiles end at or before it ([BLOCK_T, BLOCK_B] compares)."""
+    offs_b = tl.arange(0, BLOCK_B)
     per_sequence = tiles * HEADS
     ends = tl.cumsum(per_sequence, 0)  # inclusive: entries up to and including each position's
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
