@@ -726,13 +726,14 @@ def prepare_decay(g, beta, g_stage: bool):
 def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3,
             prefetch: bool | None = None, overlap: bool | None = None, z_stage: bool | None = None,
             g_stage: bool | None = None, factored: bool | None = None, early_wv: bool | None = None,
-            async_update: bool | None = None):
+            async_update: bool | None = None, operand=None, launch=None):
     """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
     columns must be contiguous (stride 1), as Mamba-2's are. prefetch, overlap, z_stage, g_stage, factored,
     early_wv: the kernel's PREFETCH, OVERLAP, Z_STAGE, G_STAGE, FACTORED and EARLY_WV (None:
     configs.GLUON_PREFETCH (where z is given: Mamba-2), configs.GLUON_OVERLAP, configs.GLUON_Z_STAGE, and
     configs.GLUON_G_STAGE, GLUON_FACTORED, GLUON_EARLY_WV by whether beta is given: Mamba-2 or not).
-    G_STAGE takes PREFETCH's place."""
+    G_STAGE takes PREFETCH's place. ``operand``: launch_args's (the descriptors' maker); ``launch(grid, args,
+    num_warps)``: the launch (default: the kernel's own; the op's keyed path passes a CachedLaunch's)."""
     from tilecore.ops.linear_attention import configs
 
     flags = variant(g, beta, z, prefetch=prefetch, g_stage=g_stage, factored=factored, early_wv=early_wv,
@@ -749,9 +750,12 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     if z is not None and (z.stride(-1) != 1 or (z_stage and not tma_ok(z))):
         z = z.contiguous()
     grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap, z_stage,
-                                    g_stage=g_stage, factored=factored, early_wv=early_wv,
+                                    operand=operand, g_stage=g_stage, factored=factored, early_wv=early_wv,
                                     async_update=flags["async_update"])
-    la_fwd_gluon_kernel[grid](**args, num_warps=warps)
+    if launch is None:
+        la_fwd_gluon_kernel[grid](**args, num_warps=warps)
+    else:
+        launch(grid, args, warps)
     return o, ht
 
 

@@ -93,26 +93,12 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
 
 
 def gluon_forward_keyed(key, q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int):
-    """gluon_forward.forward (its defaults for prefetch, overlap and z_stage) launched by ``key``: the
-    descriptors as TmaOperands (built and checked at the key's first launch only). Every argument's
-    specialization follows from the key (the inputs' signature): the ints are their sizes and strides,
-    the other tensors fresh or the inputs' own."""
-    flags = gluon_forward.variant(g, beta, z)  # the same kernel variant as gluon_forward.forward's
-    B, N, H, Dv = v.shape
-    o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
-    ht = torch.empty(B, H, q.shape[-1], Dv, dtype=torch.float32, device=v.device) if final_state else None
-    g, beta = gluon_forward.prepare_decay(g, beta, flags["g_stage"])
-    if d_skip is not None:
-        d_skip = d_skip.float().contiguous()
-    if z is not None and (z.stride(-1) != 1 or (configs.GLUON_Z_STAGE and not gluon_forward.tma_ok(z))):
-        z = z.contiguous()
-    grid, args, warps = gluon_forward.launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages,
-                                                  flags["prefetch"], configs.GLUON_OVERLAP, configs.GLUON_Z_STAGE,
-                                                  operand=TmaOperand, g_stage=flags["g_stage"],
-                                                  factored=flags["factored"], early_wv=flags["early_wv"],
-                                                  async_update=flags["async_update"])
-    _GLUON_FORWARD.run(key, grid, (), dict(args, num_warps=warps))
-    return o, ht
+    """gluon_forward.forward (its configs' kernel variant) launched by ``key``: the descriptors as TmaOperands
+    (built and checked at the key's first launch only). Every argument's specialization follows from the key
+    (the inputs' signature): the ints are their sizes and strides, the other tensors fresh or the inputs' own."""
+    return gluon_forward.forward(q, k, v, g, beta, d_skip, z, h0, scale, final_state, stages, operand=TmaOperand,
+                                 launch=lambda grid, args, warps: _GLUON_FORWARD.run(key, grid, (),
+                                                                                    dict(args, num_warps=warps)))
 
 
 def forward_call(plan: Plan, q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scale: float, feature: int):
