@@ -161,9 +161,9 @@ def test_launch_passes_every_kernel_parameter(monkeypatch):
 
     calls = []
 
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
+    class Recorder:  # CachedLaunch.run's call (key None: a plain launch)
+        def run(self, key, grid, args, kwargs):
+            calls.append((grid, args, kwargs))
 
     monkeypatch.setattr(varlen, "GLUON_VARLEN_FWD", Recorder())
     monkeypatch.setattr(varlen.dispatch, "num_sms", lambda device: 132)
@@ -232,7 +232,7 @@ def test_switched_on_the_public_op_routes_eligible_calls_to_the_gluon_forward(mo
     monkeypatch.setattr(configs, "VARLEN_GLUON_FORWARD", True)
     monkeypatch.setattr(varlen, "gluon_device", lambda device: True)
     taken = []
-    monkeypatch.setattr(varlen, "forward_gluon", lambda *args: taken.append(args) or ("out", "lse"))
+    monkeypatch.setattr(varlen, "forward_gluon", lambda *args, key=None: taken.append(args) or ("out", "lse"))
     cu = cu_of([3, 0, 70])
     q = torch.randn(73, 4, 128, dtype=torch.bfloat16)
     kv = torch.randn(73, 2, 128, dtype=torch.bfloat16)

@@ -276,21 +276,16 @@ def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int,
     batch = cu_q.numel() - 1
     if dispatch.backend_for(cu_q.device) != "kernel" or batch > WORK_TABLE_MAX_BATCH:
         return work_table_torch(cu_q, cu_k, total_q, heads, tile_m)
-    if (VARLEN_RANKED_TABLE if ranked is None else ranked) and batch <= RANKED_MAX_BATCH:
-        entries = (cdiv(total_q, tile_m) + batch) * heads
-        table = torch.empty((entries, 4), dtype=torch.int32, device=cu_q.device)
-        block_b = max(16, next_power_of_2(batch))
-        block_t = max(1, 4096 // block_b)
-        WORK_TABLE_RANKED.run(key, (cdiv(entries, block_t),), (cu_q, cu_k, table, batch, entries, heads),
-                              dict(TILE_M=tile_m, BLOCK_B=block_b, BLOCK_T=block_t))
-        return table
-    order = work_order(cu_q, cu_k).to(torch.int32)
     entries = (cdiv(total_q, tile_m) + batch) * heads
     table = torch.empty((entries, 4), dtype=torch.int32, device=cu_q.device)
     block_b = max(16, next_power_of_2(batch))
     block_t = max(1, 4096 // block_b)  # [BLOCK_T, BLOCK_B] compares of 4096: no spill on sm_90a (16384 spilled 9 KB)
-    WORK_TABLE.run(key, (cdiv(entries, block_t),), (cu_q, order, table, batch, entries, heads),
-                   dict(TILE_M=tile_m, BLOCK_B=block_b, BLOCK_T=block_t))
+    grid, blocks = (cdiv(entries, block_t),), dict(TILE_M=tile_m, BLOCK_B=block_b, BLOCK_T=block_t)
+    if (VARLEN_RANKED_TABLE if ranked is None else ranked) and batch <= RANKED_MAX_BATCH:
+        WORK_TABLE_RANKED.run(key, grid, (cu_q, cu_k, table, batch, entries, heads), blocks)
+    else:
+        order = work_order(cu_q, cu_k).to(torch.int32)
+        WORK_TABLE.run(key, grid, (cu_q, order, table, batch, entries, heads), blocks)
     return table
 
 
@@ -359,10 +354,7 @@ def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1
     options = dict(CAUSAL=is_causal, SOFTCAP=mode, STAGES=cfg["stages"], CONSUMERS=consumers,
                    Q_BUFFERS=cfg.get("q_buffers", 2), WINDOW=window, ZERO_TAIL_V=cfg.get("zero_tail_v", False),
                    num_warps=4)
-    if key is None:
-        GLUON_VARLEN_FWD[grid](*args, **options)  # on q's device (CachedLaunch)
-    else:
-        GLUON_VARLEN_FWD.run(key, grid, args, options)
+    GLUON_VARLEN_FWD.run(key, grid, args, options)  # on q's device; by key where given
     return out, lse
 
 
@@ -541,10 +533,9 @@ _GLUON_FITS = LRU(256)  # an eager CUDA call's launch key -> gluon_forward_fits 
 
 def _forward_impl(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, key=None):
     if dispatch.backend_for(q.device) == "kernel":
-        keyed = {} if key is None else {"key": key}
         if _GLUON_FITS.memo(key, lambda: gluon_forward_fits(q, k, v, causal, left, right)):
-            return forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left, right, **keyed)
-        return forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, **keyed)
+            return forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left, right, key=key)
+        return forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, key=key)
     out, lse = varlen_reference(q, k, v, cu_q, cu_k, causal=causal, scale=scale, window_size=(left, right),
                                 softcap=softcap, compute_dtype=torch.float32)
     return out.to(q.dtype), lse.float()
