@@ -143,9 +143,6 @@ def _impl(q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_scale: float
     if q.numel() == 0 or k.shape[2] == 0:
         out = torch.zeros(q.shape, dtype=out_dtype, device=q.device)
         return out, torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
-    if key is None:
-        return launch.forward(launch.plan(q, k, causal), q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale,
-                              out_dtype, v_permuted)
     return launch.forward(_PLANS.memo(key, lambda: launch.plan(q, k, causal)), q, k, v, q_scale, k_scale, v_scale,
                           causal, softmax_scale, out_dtype, v_permuted, key=key)
 
@@ -214,10 +211,8 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
     if key is None:
         scale = check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_layout, check_scales)
     else:
-        scale = _CHECKED.get(key)
-        if scale is None:
-            scale = check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_layout, False)
-            _CHECKED.put(key, scale)
+        scale = _CHECKED.memo(key, lambda: check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale,
+                                                 out_dtype, v_layout, False))
         if check_scales:
             check_scale_values(q_scale, k_scale, v_scale)
     permuted = v_layout == "keys_permuted"
