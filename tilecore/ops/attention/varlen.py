@@ -315,6 +315,23 @@ def packed_operand(t: torch.Tensor, rows: int) -> TmaOperand:
     return TmaOperand(view, [1, rows, t.shape[2]])
 
 
+def gluon_scores(scale: float, softcap: float, tanh_approx: bool | None = None) -> tuple[float, float, int]:
+    """(scale_log2e, tanh_scale, SOFTCAP) as the Gluon varlen kernels take them: launch.score_options's
+    scores and launch.gluon_softcap's mode (tanh by tanh.approx.f32 unless ``tanh_approx`` is False)."""
+    from tilecore.ops.attention.launch import gluon_softcap, score_options
+
+    _, scale_log2e, tanh_scale = score_options(scale, softcap)
+    return scale_log2e, tanh_scale, gluon_softcap(softcap, {"tanh_approx": tanh_approx is not False})
+
+
+def gluon_window(causal: bool, left: int, right: int, total_q: int, total_k: int) -> tuple[int, int]:
+    """(left, right) as the Gluon varlen kernels take them: kernel_window's, an unbounded side past any key
+    distance in a sequence (no wrap in 32 bits)."""
+    wl, wr, has_left, has_right = kernel_window(causal, left, right)
+    unbounded = max(total_q, total_k, 1)
+    return (wl if has_left else unbounded), (wr if has_right else unbounded)
+
+
 def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1, out=None, lse=None, config=None,
                   tanh_approx=None, key=None):
     """O (total_q, Hq, D) and lse (Hq, total_q) by the Gluon varlen forward (gluon_varlen.py), into
@@ -324,7 +341,6 @@ def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1
     launch key (attention_varlen's signature: fresh out and lse, the default config), or None."""
     from tilecore.ops.attention import configs
     from tilecore.tiles.launch import tile_counter
-    from tilecore.tiles.ops import LOG2E
 
     total_q, hq, d = q.shape
     hkv = k.shape[1]
@@ -338,15 +354,9 @@ def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1
     block_m, block_n, consumers = cfg["block_m"], cfg["block_n"], cfg.get("consumers", 2)
     work = work_table(cu_q, cu_k, total_q, hq, block_m * consumers, key=key, ranked=cfg.get("ranked_table"))
     num_tiles = work.shape[0]
-    if softcap:
-        scale_log2e, tanh_scale = softcap * LOG2E, scale / softcap
-        mode = 1 if tanh_approx is False else 2
-    else:
-        scale_log2e, tanh_scale, mode = scale * LOG2E, 0.0, 0
+    scale_log2e, tanh_scale, mode = gluon_scores(scale, softcap, tanh_approx)
     is_causal, window = gluon_masks(causal, left, right)
-    wl, wr, has_left, has_right = kernel_window(causal, left, right)
-    unbounded = max(total_q, k.shape[0], 1)  # past any key distance in a sequence (no wrap in 32 bits)
-    wl, wr = (wl if has_left else unbounded), (wr if has_right else unbounded)
+    wl, wr = gluon_window(causal, left, right, total_q, k.shape[0])
     grid = (min(num_tiles, dispatch.num_sms(q.device)),)
     args = (packed_operand(q, block_m), packed_operand(k, block_n), packed_operand(v, block_n),
             packed_operand(out, block_m), out, out.stride(0), lse, cu_q, cu_k, work, num_tiles, hq // hkv, total_q,
@@ -397,7 +407,6 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
     from tilecore.ops.attention import configs
     from tilecore.ops.attention.launch import backward_preprocess, row_stats_operand
     from tilecore.tiles.launch import tile_counter
-    from tilecore.tiles.ops import LOG2E
 
     total_q, hq, d = q.shape
     total_k, hkv, _ = k.shape
@@ -418,14 +427,8 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
     dq_sum = dq_sum[0]  # (Hq, total_q, D) float32, zeroed (a placeholder with dQ after the kernel)
     work = work_table(cu_k, cu_q, total_k, hkv, 2 * block_n)  # over the keys: (sequence, key tile, kv head, 0)
     num_tiles = work.shape[0]
-    if softcap:
-        scale_log2e, tanh_scale = softcap * LOG2E, scale / softcap
-        mode = 1 if tanh_approx is False else 2
-    else:
-        scale_log2e, tanh_scale, mode = scale * LOG2E, 0.0, 0
-    wl, wr, has_left, has_right = kernel_window(causal, left, right)
-    unbounded = max(total_q, total_k, 1)
-    wl, wr = (wl if has_left else unbounded), (wr if has_right else unbounded)
+    scale_log2e, tanh_scale, mode = gluon_scores(scale, softcap, tanh_approx)
+    wl, wr = gluon_window(causal, left, right, total_q, total_k)
     grid = (min(num_tiles, dispatch.num_sms(q.device)),)
     with dispatch.on_device(q.device):
         GLUON_VARLEN_BWD[grid](
