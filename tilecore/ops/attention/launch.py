@@ -84,10 +84,8 @@ def gluon_softcap(softcap: float, cfg: dict) -> int:
 def run(kernel: CachedLaunch, plan, grid, args: tuple, options: dict):
     """One launch of ``kernel`` for ``plan``: looked up by the plan's launch_key where it has one
     (the signature of the call it was planned for, which determines every argument's specialization
-    here: the other tensors are fresh or cached buffers), else the checked way."""
-    if plan.launch_key is None:
-        return kernel[grid](*args, **options)
-    return kernel.launch_keyed(plan.launch_key, grid, args, options)
+    here: the other tensors are fresh or cached buffers), else the checked way (CachedLaunch.run)."""
+    return kernel.run(plan.launch_key, grid, args, options)
 
 
 def forward(plan, q, k, v, out, lse, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0) -> None:

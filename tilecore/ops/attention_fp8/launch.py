@@ -7,7 +7,6 @@ interpreter).
 """
 from __future__ import annotations
 
-import functools
 import importlib
 from dataclasses import dataclass, field
 
@@ -109,11 +108,7 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
     if key is None:  # (the op's key: its inputs' signature, whose plan is p)
         key = signature("attention_fp8", q, k, vt, out, q_scale, k_scale, v_scale, causal,
                         tuple(sorted(cfg.items())))
-    with dispatch.on_device(q.device):
-        if key is None:
-            GLUON_FWD[grid](*args, **options)
-        else:
-            GLUON_FWD.launch_keyed(key, grid, args, options)
+    GLUON_FWD.run(key, grid, args, options)  # on the device of q's descriptor; by key unless signature gave none
     return out, lse
 
 
