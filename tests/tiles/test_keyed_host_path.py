@@ -441,6 +441,38 @@ def test_fft_conv_keyed_reads_the_new_filter_each_call(monkeypatch):
     fft_op._PLANS.clear()
 
 
+def test_fft_conv_kernels_launched_by_key_as_the_plain_calls(keyed, monkeypatch):
+    """fft_conv's kernels launched by key (session 29): the pair kernel (bf16/fp16 u at 256) and the float32
+    tl kernel, filter and spectrum forms, a conjugate spectrum view (resolved into a fresh copy: its own
+    key), misaligned u; one launch key never meets two Triton keys, the plain calls' bits, and a new
+    filter's values read each call."""
+    fft_op._CHECKED.clear()
+    fft_op._PLANS.clear()
+    torch.manual_seed(12)
+    n = 256
+    base = torch.randn(3 * 2 * n + 1, dtype=torch.float16)
+    u16, u16_misaligned = base[:-1].view(3, 2, n), base[1:].view(3, 2, n)
+    u32 = torch.randn(3, 2, n)
+    filters = [torch.randn(2, 40) for _ in range(2)]
+    spectrum = fft_op.filter_spectrum(filters[0], n)
+    calls = [(u16, filters[0]), (u16, filters[1]), (u16_misaligned, filters[0]), (u32, filters[1]),
+             (u16, spectrum), (u16, spectrum.conj()), (u16, spectrum), (u16, filters[0])]
+    runs = []
+    for signature_of in (_cpu_signature, lambda *items: None):
+        monkeypatch.setattr(fft_op, "signature", signature_of)
+        runs.append([fft_op.fft_conv(u, k) for u, k in calls])
+    assert all(torch.equal(a, c) for a, c in zip(*runs))
+    assert not torch.equal(runs[0][0], runs[0][1]) and torch.equal(runs[0][0], runs[0][7])
+    assert not torch.equal(runs[0][4], runs[0][5])  # the conjugate is another filter
+    names = {name for name, _ in keyed}
+    assert names == {"fft_conv_pair_kernel", "fft_conv_kernel"}
+    assert all(len(v) == 1 for v in keyed.values())
+    # u16 filter, misaligned u16, u32, spectrum, its conjugate view: five launch keys
+    assert len(keyed) == 5
+    fft_op._CHECKED.clear()
+    fft_op._PLANS.clear()
+
+
 def test_ranked_work_table_is_the_sorted_table():
     """varlen_work.varlen_work_table_ranked (the order and the table in one launch): entry for entry
     work_table_torch's (argsort descending, stable: ties in batch order), zero lengths, ties, Nk != N."""

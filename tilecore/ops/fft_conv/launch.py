@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 
 import torch
 
+from tilecore import dispatch
 from tilecore.ops.fft_conv import kernels, kernels_long, kernels_mono, kernels_pair
 from tilecore.ops.fft_conv.plan import Plan
 from tilecore.tiles.launch import CachedLaunch
@@ -16,6 +18,8 @@ _conv_pair = CachedLaunch(kernels_pair.fft_conv_pair_kernel)
 _conv_pair1 = CachedLaunch(kernels_pair.fft_conv_pair1_kernel)
 _dk_pair = CachedLaunch(kernels_pair.fft_conv_dk_pair_kernel)
 _conv_mono = CachedLaunch(kernels_mono.fft_conv_mono_kernel)
+_conv_gluon = CachedLaunch(lambda: importlib.import_module(
+    "tilecore.ops.fft_conv.gluon_onepass").fft_conv_gluon_onepass_kernel)
 _long_columns = CachedLaunch(kernels_long.long_columns_kernel)
 _long_rows = CachedLaunch(kernels_long.long_rows_kernel)
 _long_inverse = CachedLaunch(kernels_long.long_inverse_columns_kernel)
@@ -104,9 +108,12 @@ def permuted_spectrum(spectrum: torch.Tensor, n1: int, n2: int, conj: bool) -> t
     return full.real.contiguous(), (-im if conj else im).contiguous()
 
 
-def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj: bool) -> None:
+def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj: bool, key=None) -> None:
     """y (B, H, N) = the causal convolution of u (B, H, N; unit stride along N) with the filter of
-    ``spectrum`` (or the correlation, with ``conj``)."""
+    ``spectrum`` (or the correlation, with ``conj``). ``key``: the call's launch key (op.py: the
+    signature of u and of the filter or spectrum with conj and the spectrum's conj bit, which fix every
+    argument's specialization: the ints are u's sizes and strides, the other tensors fresh ones, the
+    DFT tables or the keyed spectrum), or None (the plain launches)."""
     B, H, N = u.shape
     if u.numel() == 0:
         return
@@ -114,11 +121,14 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
         k = torch.conj_physical(spectrum) if conj else spectrum
         y.copy_(torch.fft.irfft(torch.fft.rfft(u.float(), n=2 * N) * k, n=2 * N)[..., :N])
         return
+    if plan.path == "gluon":
+        _launch_gluon(plan, u, spectrum.resolve_conj(), y, conj)
+        return
     if plan.path in ("pair", "long", "mono"):  # the kernels read the rfft's bins themselves
         spectrum = spectrum.resolve_conj()
         spectrum_f32 = torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())
     if plan.path == "long":
-        _launch_long(plan, u, spectrum_f32, y, conj)
+        _launch_long(plan, u, spectrum_f32, y, conj, key)
         return
     if plan.path == "mono":
         ops = mono_operands(plan.n1, plan.n2, plan.n3, u.device)
@@ -127,35 +137,61 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
             conj = False
         chunks = -(-(-(-B // 2)) // plan.loop)
         tables = ("FA", "FB", "FC", "TF" if plan.kfull else "T1", "T2", "T3")
-        _conv_mono[(H * chunks,)](u, spectrum_f32, y, *(ops[name + part] for name in tables
-                                                        for part in ("RE", "IM")),
-                                  B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), spectrum_f32.stride(0),
-                                  A=plan.n1, B=plan.n2, C=plan.n3, CONJ=conj, LOOP=plan.loop, PERMUTE=plan.permute,
-                                  PROBE=plan.probe, KFULL=plan.kfull, num_warps=plan.num_warps)
+        _conv_mono.run(key, (H * chunks,),
+                       (u, spectrum_f32, y, *(ops[name + part] for name in tables for part in ("RE", "IM")),
+                        B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), spectrum_f32.stride(0)),
+                       dict(A=plan.n1, B=plan.n2, C=plan.n3, CONJ=conj, LOOP=plan.loop, PERMUTE=plan.permute,
+                            PROBE=plan.probe, KFULL=plan.kfull, num_warps=plan.num_warps))
         return
     if plan.path == "pair":
         ops = dft_operands16(plan.n1, plan.n2, u.device)
         if plan.pairs == 0:  # one pair a program, no transposes
-            _conv_pair1[(H * -(-B // 2),)](u, spectrum_f32, y, ops["F1RE"], ops["F1IM"], ops["F2RE"], ops["F2IM"],
-                                           ops["TWRE"], ops["TWIM"], B, H, u.stride(0), u.stride(1), y.stride(0),
-                                           y.stride(1), spectrum_f32.stride(0), N1=plan.n1, N2=plan.n2, CONJ=conj,
-                                           num_warps=plan.num_warps)
+            _conv_pair1.run(key, (H * -(-B // 2),),
+                            (u, spectrum_f32, y, ops["F1RE"], ops["F1IM"], ops["F2RE"], ops["F2IM"], ops["TWRE"],
+                             ops["TWIM"], B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1),
+                             spectrum_f32.stride(0)),
+                            dict(N1=plan.n1, N2=plan.n2, CONJ=conj, num_warps=plan.num_warps))
             return
         chunks = -(-(-(-B // (2 * plan.pairs))) // plan.loop)
-        _conv_pair[(H * chunks,)](u, spectrum_f32, y, ops["F1RE"], ops["F1IM"], ops["F2RE"], ops["F2IM"],
-                                  ops["TWRE"], ops["TWIM"], B, H, u.stride(0), u.stride(1), y.stride(0),
-                                  y.stride(1), spectrum_f32.stride(0), N1=plan.n1, N2=plan.n2,
-                                  PAIRS=plan.pairs, CONJ=conj, LOOP=plan.loop, STAGES=plan.stages, HOIST=plan.hoist,
-                                  num_warps=plan.num_warps)
+        _conv_pair.run(key, (H * chunks,),
+                       (u, spectrum_f32, y, ops["F1RE"], ops["F1IM"], ops["F2RE"], ops["F2IM"], ops["TWRE"],
+                        ops["TWIM"], B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1),
+                        spectrum_f32.stride(0)),
+                       dict(N1=plan.n1, N2=plan.n2, PAIRS=plan.pairs, CONJ=conj, LOOP=plan.loop, STAGES=plan.stages,
+                            HOIST=plan.hoist, num_warps=plan.num_warps))
         return
     kre, kim = permuted_spectrum(spectrum, plan.n1, plan.n2, conj)
     ops = dft_operands(plan.n1, plan.n2, u.device)
-    _conv[(B * H,)](u, kre, kim, y, ops["F1RE"], ops["F1IM"], ops["F2RE"], ops["F2IM"], ops["TWRE"], ops["TWIM"],
-                    H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), kre.stride(0),
-                    N1=plan.n1, N2=plan.n2, PRECISION=plan.precision, num_warps=plan.num_warps)
+    _conv.run(key, (B * H,),
+              (u, kre, kim, y, ops["F1RE"], ops["F1IM"], ops["F2RE"], ops["F2IM"], ops["TWRE"], ops["TWIM"],
+               H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), kre.stride(0)),
+              dict(N1=plan.n1, N2=plan.n2, PRECISION=plan.precision, num_warps=plan.num_warps))
 
 
-def _launch_long(plan: Plan, u: torch.Tensor, spectrum_f32: torch.Tensor, y: torch.Tensor, conj: bool) -> None:
+def gluon_grid(plan: Plan, B: int, H: int, device: torch.device) -> int:
+    """Programs of the Gluon one-pass kernel: one a pair of sequences, or (plan.per_sm) that many a
+    multiprocessor, each walking pairs p, p + programs, ... (never more programs than pairs)."""
+    pairs = H * -(-B // 2)
+    if plan.per_sm == 0:
+        return pairs
+    return max(1, min(pairs, plan.per_sm * dispatch.num_sms(device)))
+
+
+def _launch_gluon(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj: bool) -> None:
+    """gluon_onepass.py's kernel: the spectrum laid out as its tile (conjugated here for the correlation),
+    the DFT matrices and the (B, A) twiddle table of mono_operands."""
+    B, H, N = u.shape
+    a, b = plan.n1, plan.n2
+    ops = mono_operands(a, b, 1, u.device)
+    tile_spectrum = mono_spectrum(spectrum, a, b, 1, False, conj)
+    _conv_gluon[(gluon_grid(plan, B, H, u.device),)](
+        u, tile_spectrum, y, ops["FARE"], ops["FAIM"], ops["FBRE"], ops["FBIM"], ops["TFRE"], ops["TFIM"],
+        B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), tile_spectrum.stride(0), A=a, B=b,
+        num_warps=4)
+
+
+def _launch_long(plan: Plan, u: torch.Tensor, spectrum_f32: torch.Tensor, y: torch.Tensor, conj: bool,
+                 key=None) -> None:
     """The three passes of kernels_long.py, through a float16 scratch of 2 L elements a pair."""
     B, H, N = u.shape
     n1, n2 = plan.n1, plan.n2
@@ -165,15 +201,17 @@ def _launch_long(plan: Plan, u: torch.Tensor, spectrum_f32: torch.Tensor, y: tor
     row_scale = torch.empty((pairs, n1), dtype=torch.float32, device=u.device)
     seq_scale = torch.empty((pairs, 2), dtype=torch.float32, device=u.device)
     warps = plan.num_warps
-    _long_columns[(pairs,)](u, scratch, seq_scale, ops["F1RE"], ops["F1IM"], ops["TWRE"], ops["TWIM"], B,
-                            u.stride(0), u.stride(1), N1=n1, N2=n2, BN=plan.bn, KC=plan.kc, CH=min(N, 1024),
-                            GAUSS=plan.gauss, num_warps=warps)
-    _long_rows[(pairs, n1 // plan.bk1)](scratch, row_scale, spectrum_f32, ops["F2RE"], ops["F2IM"], ops["TWRE"],
-                                        ops["TWIM"], B, spectrum_f32.stride(0), N1=n1, N2=n2, BK1=plan.bk1,
-                                        CONJ=conj, GAUSS=plan.gauss, num_warps=plan.rows_warps)
-    _long_inverse[(pairs, n2 // plan.bn)](scratch, row_scale, seq_scale, y, ops["F1RE"], ops["F1IM"], B,
-                                          y.stride(0), y.stride(1), N1=n1, N2=n2, BN=plan.bn, KC=plan.kc,
-                                          GAUSS=plan.gauss, num_warps=warps)
+    _long_columns.run(key, (pairs,),
+                      (u, scratch, seq_scale, ops["F1RE"], ops["F1IM"], ops["TWRE"], ops["TWIM"], B, u.stride(0),
+                       u.stride(1)),
+                      dict(N1=n1, N2=n2, BN=plan.bn, KC=plan.kc, CH=min(N, 1024), GAUSS=plan.gauss, num_warps=warps))
+    _long_rows.run(key, (pairs, n1 // plan.bk1),
+                   (scratch, row_scale, spectrum_f32, ops["F2RE"], ops["F2IM"], ops["TWRE"], ops["TWIM"], B,
+                    spectrum_f32.stride(0)),
+                   dict(N1=n1, N2=n2, BK1=plan.bk1, CONJ=conj, GAUSS=plan.gauss, num_warps=plan.rows_warps))
+    _long_inverse.run(key, (pairs, n2 // plan.bn),
+                      (scratch, row_scale, seq_scale, y, ops["F1RE"], ops["F1IM"], B, y.stride(0), y.stride(1)),
+                      dict(N1=n1, N2=n2, BN=plan.bn, KC=plan.kc, GAUSS=plan.gauss, num_warps=warps))
 
 
 def dk_pair(config: tuple, u: torch.Tensor, dy: torch.Tensor, filter_len: int) -> torch.Tensor:

@@ -56,8 +56,13 @@ def _rows(u: torch.Tensor) -> torch.Tensor:
 
 
 def _conv_impl(u, spectrum, conj: bool, key=None):
+    """``key``: fft_conv's signature of u and k (k: the filter, whose fresh spectrum this is, or the spectrum
+    itself), or None. The launch key adds conj and the spectrum's conj bit (a conjugate view is resolved into
+    a fresh, aligned copy: another specialization than the keyed tensor's own)."""
     y = launch.output(u.shape, u.dtype, u.device)
-    launch.launch(_PLANS.memo(key, lambda: plan(u.shape[-1], u.device, u.dtype)), _rows(u), spectrum, y, conj)
+    launch_key = None if key is None else (key, conj, spectrum.is_conj())
+    launch.launch(_PLANS.memo(key, lambda: plan(u.shape[-1], u.device, u.dtype)), _rows(u), spectrum, y, conj,
+                  key=launch_key)
     return y
 
 
@@ -102,8 +107,8 @@ _spectrum_op.register_autograd(_spectrum_backward, setup_context=_spectrum_setup
 # the filter form: differentiable in u and k
 
 
-def _filter_impl(u, k):
-    return _conv_impl(u, filter_spectrum(k, u.shape[-1]), False)
+def _filter_impl(u, k, key=None):
+    return _conv_impl(u, filter_spectrum(k, u.shape[-1]), False, key=key)
 
 
 @torch.library.custom_op("tilecore::fft_conv", mutates_args=())
@@ -191,7 +196,7 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     if k.is_complex():
         if dispatch.plain_eager(u, k):
             return _conv_impl(u, k, False, key=key)
-        return eager.run(_spectrum_op, _conv_impl, _SpectrumFunction, u, k, False)
+        return eager.run(_spectrum_op, _conv_impl, _SpectrumFunction, u, k, False, key=key)
     if dispatch.plain_eager(u, k):
         return _conv_impl(u, filter_spectrum(k, u.shape[-1]), False, key=key)
-    return eager.run(_filter_op, _filter_impl, _FilterFunction, u, k)
+    return eager.run(_filter_op, _filter_impl, _FilterFunction, u, k, key=key)
