@@ -38,6 +38,17 @@ MONO_CANDIDATES = {  # (A, B, C, loop, warps[, permute[, kfull]]); sm_90a regist
            (64, 128, 1, 1, 8, False, True)],  # order 2 in the same kernel: 255, 0
 }
 
+# The one-pass kernel in Gluon (gluon_onepass.py, session 29: every DFT stage a wgmma, the DFT matrices
+# resident in shared memory, a persistent grid): N -> (A, B, programs a multiprocessor; 0: one program a
+# pair), 2N = A B, B = 64. OFF (empty) until a GPU run checks it; the switch is an entry here, e.g.
+# GLUON_ONEPASS = {1024: (32, 64, 3)} (plan.plan takes it on Hopper under a checked triton). sm_90a: 1024
+# 148 registers, 40 KiB of shared memory, no spill (3 programs fit a multiprocessor); 2048 255, 64 KiB.
+GLUON_ONEPASS: dict = {}
+GLUON_ONEPASS_CANDIDATES = {  # timed by experiments/fft_conv/gpu_onepass.py
+    1024: [(32, 64, 3), (32, 64, 0)],
+    2048: [(64, 64, 2), (64, 64, 0)],
+}
+
 # candidates the GPU check times per N: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]); loop: groups
 # of pairs a program runs (one program for LOOP groups of one channel), stages: that loop's software
 # pipelining, hoist: the DFT matrices, twiddles and spectrum loaded once before the loop (sm_90a at

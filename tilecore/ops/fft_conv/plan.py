@@ -1,5 +1,8 @@
 """Which implementation convolves these sequences (every fit check in one place).
 
+* "gluon": the one-pass kernel in Gluon (gluon_onepass.py: every DFT stage a wgmma, the DFT matrices
+  resident in shared memory) for bf16 / fp16 u at N in configs.GLUON_ONEPASS on Hopper under a triton
+  the Gluon kernels were checked under (dispatch.gluon_ok); empty until a GPU run checks it;
 * "mono": the one-pass three-factor kernel (kernels_mono.py) for bf16 / fp16 u at N in
   configs.MONO_CONFIGS (empty until a GPU run checks it: the switch);
 * "pair": the fast kernel (kernels_pair.py: two sequences as one complex one, float16 DFT matrices on
@@ -25,7 +28,7 @@ from tilecore.ops.fft_conv import configs
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    path: str  # "mono" | "pair" | "long" | "tl" | "torch"
+    path: str  # "gluon" | "mono" | "pair" | "long" | "tl" | "torch"
     n1: int = 0
     n2: int = 0
     num_warps: int = 4
@@ -43,6 +46,16 @@ class Plan:
     permute: bool = False  # "mono": stage 5 as a 2-D product after a permute (else batched)
     probe: int = 0  # "mono": timing probes (WRONG results: kernels_mono.py PROBE); never in configs
     kfull: bool = False  # "mono": the spectrum laid out as the tile on the host (kernels_mono.py KFULL)
+    per_sm: int = 0  # "gluon": persistent programs a multiprocessor (0: one program a pair)
+
+
+def gluon_plan(a: int, b: int, per_sm: int) -> Plan:
+    """The Gluon one-pass kernel (gluon_onepass.py): 2N = a b, b = 64; ``per_sm`` persistent programs a
+    multiprocessor (0: one program a pair of sequences)."""
+    if b != 64 or a not in (32, 64):
+        raise ValueError(f"the Gluon one-pass kernel takes 2N = a x 64 with a = 32 or 64 (N = 1024, 2048); "
+                         f"got {a} x {b}")
+    return Plan("gluon", n1=a, n2=b, n3=1, num_warps=4, per_sm=per_sm, kfull=True)
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:
@@ -72,6 +85,9 @@ def plan_of_config(config: tuple) -> Plan:
 def plan(n: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Plan:
     if dispatch.backend_for(device) == "reference":
         return Plan("torch")
+    if (str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.GLUON_ONEPASS
+            and device.type == "cuda" and dispatch.gluon_ok(device)):
+        return gluon_plan(*configs.GLUON_ONEPASS[n])
     if str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.MONO_CONFIGS:
         return mono_plan(*configs.MONO_CONFIGS[n])
     if str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.PAIR_CONFIGS:

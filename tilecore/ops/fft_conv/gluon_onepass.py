@@ -1,0 +1,185 @@
+"""The one-pass FFT convolution for Hopper in Gluon: every DFT stage a wgmma (issue 37).
+
+The stage math is kernels_mono.py's at order 2 (its tl twin: the same products, tables and scales,
+tested under the interpreter; this kernel cannot be interpreted, tests compile it for sm_90a). Two
+sequences of a channel ride as z = u_a + i u_b, one complex DFT of L = 2N = A B serves both (u
+zero-padded), M = B, n = B a + m, f = k_a + A k_b:
+
+    x[m, a] = z[M a + m]                         [M, A/2]   (rows a >= A/2: the padding, skipped)
+    1. R = x @ F_A[:A/2, :]                      [M, A/2] @ [A/2, A]   wgmma, x from registers
+    2. R *= W_L^(m k_a)                          the (M, A) twiddle table (launch.mono_operands' TF)
+    3. S = F_B @ R                               [B, B] @ [B, A]       wgmma, both from shared memory
+       Y = S K / max|S K|                        the spectrum laid out as the tile (launch.mono_spectrum)
+    3'. D = conj(F_B) @ Y                        wgmma from shared memory
+    2'. D *= conj(W_L^(m k_a))
+    1'. out = D @ conj(F_A)[:, :A/2]             [M, A] @ [A, A/2]     wgmma, D from registers
+    y[b, h, M a + m] = out[m, a] * max|S K| / L * (the sequence's scale)
+
+With B = 64 every product has M = 64: one warpgroup's wgmma (4 warps). The DFT matrices (F_A's two
+halves, F_B and -Im F_B, float16) are loaded into shared memory once a program and stay there; a
+program walks pairs (channel-major, so neighbouring programs read one channel's spectrum from L2) in a
+persistent grid-stride loop. Per pair: u's two rows (float32 in registers: scale, non-finite check,
+float16 for the tensor cores), R and Y staged through two [M, A] float16 tiles in shared memory (the B
+operands of the square products), the twiddles and the spectrum read in the accumulator's layout
+(L1 / L2). Numbers as kernels_mono.py: float16 operands, float32 sums; each sequence scaled by its
+largest |u| (non-finite elements zeroed, that sequence's outputs NaN), the spectrum product by its
+largest |Y| a pair.
+
+Complex products: four real wgmmas chained through the accumulator; a negated operand where a
+difference is needed (in registers for x and D, -Im F_B resident in shared memory).
+"""
+from triton.experimental import gluon
+
+from tilecore.tiles.gluon import wgmma_layout
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, warpgroup_mma
+
+SUPPORTED_N = (1024,)  # the sizes the kernel is built for (A = 32, B = 64); 2048 (64 x 64) compiles too
+
+
+def factors(n: int) -> tuple[int, int]:
+    """(A, B) of L = 2n for the kernel: B = 64 (the wgmma's M), A = 2n / 64."""
+    return 2 * n // 64, 64
+
+
+@gluon.jit
+def _load_square(ptr, ROWS: gl.constexpr, COLS: gl.constexpr, STRIDE: gl.constexpr, COL0: gl.constexpr,
+                 layout: gl.constexpr):
+    """ptr[r * STRIDE + COL0 + c] for r < ROWS, c < COLS in ``layout``."""
+    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+    return gl.load(ptr + gl.expand_dims(r, 1) * STRIDE + COL0 + gl.expand_dims(c, 0))
+
+
+@gluon.jit
+def _resident(ptr, ROWS: gl.constexpr, COLS: gl.constexpr, STRIDE: gl.constexpr, COL0: gl.constexpr,
+              NEGATE: gl.constexpr, layout: gl.constexpr):
+    """A float16 table block [ROWS, COLS] (negated with NEGATE) in shared memory for wgmma."""
+    x = _load_square(ptr, ROWS, COLS, STRIDE, COL0, layout)
+    if NEGATE:
+        x = -x
+    smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, COLS], gl.float16)
+    return gl.allocate_shared_memory(gl.float16, [ROWS, COLS], smem_layout, x)
+
+
+@gluon.jit
+def _load_half(ptr, b, batch, row_offset, offsets):
+    """u[b, h, offsets] (row_offset = h * stride_h) as float32 divided by its largest |u|, non-finite
+    elements zeroed; also (that scale, whether a non-finite element was there)."""
+    x = gl.load(ptr + row_offset + offsets, mask=(offsets >= 0) & (b < batch), other=0.0)
+    x = x.to(gl.float32)
+    finite = gl.abs(x) < float("inf")  # False for NaN and +-inf
+    bad = gl.max(gl.max(gl.where(finite, 0, 1), axis=1), axis=0) > 0
+    x = gl.where(finite, x, 0.0)
+    scale = gl.max(gl.max(gl.abs(x), axis=1), axis=0)
+    scale = gl.where(scale > 0, scale, 1.0)
+    return x / scale, scale, bad
+
+
+@gluon.jit
+def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
+                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
+                                  A: gl.constexpr, B: gl.constexpr):
+    """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every
+    channel h; work item w = h * groups + g, program p runs w = p, p + programs, ...
+
+    U, Y: (batch, heads, N) rows with unit stride along N = A B / 2. K: the spectrum laid out as the
+    tile, (heads, 2, L) float32 planes (re, im) at f = k_a + A k_b, conjugated on the host for the
+    correlation (launch.mono_spectrum with c = 1). FA (A, A), FB (B, B): float16 DFT matrices; TF (B, A)
+    = W_L^(m k_a) float32 (launch.mono_operands). 4 warps (one warpgroup); B = 64."""
+    gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
+    gl.static_assert(gl.num_warps() == 4, "one warpgroup")
+    HALF: gl.constexpr = A // 2
+    L: gl.constexpr = A * B
+    # register layouts: the accumulators of [B, A] and [B, HALF] products, their register A operands,
+    # and a coalesced layout for u and y ([B, HALF] at offset B a + m: threads along m)
+    acc: gl.constexpr = wgmma_layout(B, A, 4)
+    acc_out: gl.constexpr = wgmma_layout(B, HALF, 4)
+    lhs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+    lhs_out: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_out, k_width=2)
+    io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
+    table: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+
+    # the DFT matrices, resident in shared memory for the program's whole walk
+    fa1re = _resident(FARE, HALF, A, A, 0, False, table)  # F_A[:HALF, :]: stage 1's B operand
+    fa1im = _resident(FAIM, HALF, A, A, 0, False, table)
+    fa2re = _resident(FARE, A, HALF, A, 0, False, table)  # F_A[:, :HALF]: stage 1''s (conjugated)
+    fa2im = _resident(FAIM, A, HALF, A, 0, False, table)
+    fbre = _resident(FBRE, B, B, B, 0, False, table)
+    fbim = _resident(FBIM, B, B, B, 0, False, table)
+    fbnim = _resident(FBIM, B, B, B, 0, True, table)  # -Im F_B: differences as sums
+    stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, A], gl.float16)
+    tile_re = gl.allocate_shared_memory(gl.float16, [B, A], stage_layout)  # R, then Y: square products' B
+    tile_im = gl.allocate_shared_memory(gl.float16, [B, A], stage_layout)
+    fence_async_shared()
+    gl.thread_barrier()
+
+    # offsets of the tiles: x[m, a] = z[B a + m] ([B, HALF], io); the (B, A) tables at m A + k_a (acc)
+    io_m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
+    io_a = gl.arange(0, HALF, layout=gl.SliceLayout(0, io))
+    seq = gl.expand_dims(io_a, 0) * B + gl.expand_dims(io_m, 1)
+    t_m = gl.arange(0, B, layout=gl.SliceLayout(1, acc))
+    t_k = gl.arange(0, A, layout=gl.SliceLayout(0, acc))
+    tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(t_k, 0)
+    zeros = gl.zeros([B, A], gl.float32, acc)
+    zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
+
+    groups = gl.cdiv(batch, 2)
+    for w in range(gl.program_id(0), heads * groups, gl.num_programs(0)):
+        h = (w // groups).to(gl.int64)
+        b_re = 2 * (w % groups)
+        b_im = b_re + 1
+        xre, scale_re, bad_re = _load_half(U, b_re, batch, b_re.to(gl.int64) * stride_ub + h * stride_uh, seq)
+        xim, scale_im, bad_im = _load_half(U, b_im, batch, b_im.to(gl.int64) * stride_ub + h * stride_uh, seq)
+        xre = gl.convert_layout(xre.to(gl.float16), lhs)
+        xim = gl.convert_layout(xim.to(gl.float16), lhs)
+        # 1. [B, HALF] @ F_A[:HALF, :] (|.| <= HALF sqrt 2)
+        rre = warpgroup_mma(-xim, fa1im, warpgroup_mma(xre, fa1re, zeros, use_acc=False))
+        rim = warpgroup_mma(xim, fa1re, warpgroup_mma(xre, fa1im, zeros, use_acc=False))
+        # 2. twiddles W_L^(m k_a)
+        twre = gl.load(TFRE + tab)
+        twim = gl.load(TFIM + tab)
+        rre, rim = rre * twre - rim * twim, rre * twim + rim * twre
+        # 3. F_B @ R (|.| <= HALF B sqrt 2): R through shared memory
+        gl.thread_barrier()  # the previous pair's wgmmas have read the staging tiles
+        tile_re.store(rre.to(gl.float16))
+        tile_im.store(rim.to(gl.float16))
+        fence_async_shared()
+        gl.thread_barrier()
+        sre = warpgroup_mma(fbnim, tile_im, warpgroup_mma(fbre, tile_re, zeros, use_acc=False))
+        sim = warpgroup_mma(fbim, tile_re, warpgroup_mma(fbre, tile_im, zeros, use_acc=False))
+        # the spectrum at f = k_a + A k_b (the tile's order), then one scale a pair for float16
+        spectrum = K + h * stride_kh
+        kre = gl.load(spectrum + tab)
+        kim = gl.load(spectrum + L + tab)
+        yre = sre * kre - sim * kim
+        yim = sre * kim + sim * kre
+        spec_scale = gl.maximum(gl.max(gl.max(gl.abs(yre), axis=1), axis=0),
+                                gl.max(gl.max(gl.abs(yim), axis=1), axis=0))
+        spec_scale = gl.where(spec_scale > 0, spec_scale, 1.0)  # (NaN stays NaN: a NaN filter's outputs)
+        inv = 1.0 / spec_scale
+        # 3'. conj(F_B) @ Y
+        gl.thread_barrier()  # stage 3's wgmmas have read R
+        tile_re.store((yre * inv).to(gl.float16))
+        tile_im.store((yim * inv).to(gl.float16))
+        fence_async_shared()
+        gl.thread_barrier()
+        dre = warpgroup_mma(fbim, tile_im, warpgroup_mma(fbre, tile_re, zeros, use_acc=False))
+        dim = warpgroup_mma(fbnim, tile_re, warpgroup_mma(fbre, tile_im, zeros, use_acc=False))
+        # 2'. conjugate twiddles (read again from L1: held across the pair they cost 32 registers)
+        twre = gl.load(TFRE + tab)
+        twim = gl.load(TFIM + tab)
+        dre, dim = dre * twre + dim * twim, dim * twre - dre * twim
+        # 1'. [B, A] @ conj(F_A)[:, :HALF]: only y's N outputs
+        dre16 = gl.convert_layout(dre.to(gl.float16), lhs_out)
+        dim16 = gl.convert_layout(dim.to(gl.float16), lhs_out)
+        ore = warpgroup_mma(dim16, fa2im, warpgroup_mma(dre16, fa2re, zeros_out, use_acc=False))
+        oim = warpgroup_mma(-dre16, fa2im, warpgroup_mma(dim16, fa2re, zeros_out, use_acc=False))
+        out_scale = spec_scale * (1.0 / L)
+        ore = gl.convert_layout(ore, io) * (out_scale * scale_re)
+        oim = gl.convert_layout(oim, io) * (out_scale * scale_im)
+        ore = gl.where(bad_re, float("nan"), ore)
+        oim = gl.where(bad_im, float("nan"), oim)
+        ty: gl.constexpr = Y.dtype.element_ty
+        ok = seq >= 0
+        gl.store(Y + b_re.to(gl.int64) * stride_yb + h * stride_yh + seq, ore.to(ty), mask=ok & (b_re < batch))
+        gl.store(Y + b_im.to(gl.int64) * stride_yb + h * stride_yh + seq, oim.to(ty), mask=ok & (b_im < batch))
