@@ -133,6 +133,42 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
     return _with_operands(Plan("tl", cfg, row_block_grid(B * H, N, cfg["BLOCK_M"])), q)
 
 
+# issue 36 part 4: the Gluon forward's tiles the napkin ranks (engine.rank_attention_configs) that the
+# kernel takes: 64-row consumers, two or three of them, 64 or 128 keys a step, 2 or 3 stages, within
+# Hopper's 227 KiB a block (Q buffers + K and V stages + 4 KiB). Not routed: the GPU script
+# experiments/napkin/gpu_topk_configs.py --attention times them against the table first.
+FORWARD_SMEM = 227 * 1024 - 4096
+
+
+def napkin_forward_configs(batch: int, heads: int, n: int, nk: int, d: int, causal: bool, top_k: int,
+                           kv_heads: int | None = None, gpu: str = "h100") -> list[dict]:
+    """The Gluon forward's rows to time for D = Dv = ``d``: the napkin's ``top_k`` fastest that the
+    kernel takes, as configs.gluon_forward_config's row with the tile replaced (a change of consumers
+    drops the carried pipeline and Q in registers), then the table's row where it is not among them.
+    Pure Python, deterministic."""
+    from tilecore.napkin.engine import rank_attention_configs
+
+    table = configs.gluon_forward_config(d, n, nk, causal)
+    rows = []
+    for c in rank_attention_configs(batch, heads, n, d, causal, kv_heads=kv_heads):
+        rows_m, block_n, _ = c.block
+        consumers = c.warpgroups
+        if rows_m != 64 * consumers or consumers not in (2, 3) or block_n not in (64, 128) or c.stages not in (2, 3):
+            continue
+        cfg = dict(table, block_m=64, block_n=block_n, stages=c.stages, consumers=consumers)
+        if consumers != table.get("consumers", 2):
+            cfg.pop("carry", None)
+            cfg.pop("q_regs", None)
+            cfg["q_buffers"] = 2 if consumers == 2 or n <= configs.THREE_CONSUMERS_Q2_MAX_N else 1
+        smem = cfg.get("q_buffers", 1) * consumers * 64 * d * 2 + cfg["stages"] * block_n * d * 2 * 2
+        if smem <= FORWARD_SMEM and cfg not in rows:
+            rows.append(cfg)
+    rows = rows[:max(top_k, 0)]
+    if table not in rows:
+        rows.append(table)
+    return rows
+
+
 def gluon_forward_dims(d: int, dv: int) -> bool:
     """Whether the Gluon forward serves q/k head dim ``d`` and v's ``dv`` by default: 64 and 128 with
     dv = d; MLA's (192, 128) once configs.GLUON_FORWARD_DV_ROUTED (issue 35; off until GPU-checked)."""
@@ -183,7 +219,7 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
                          f"{sorted(configs.GLUON_BACKWARD_DV)}; got {D} and {Dv}")
     if "window" in used:  # the kernels fold causal into the window: no causal schedule or config
         causal = False
-    cfg = dict(config or configs.gluon_backward_config(D, N, causal, Dv))
+    cfg = dict(config or configs.gluon_backward_config(D, N, causal, Dv, window="window" in used))
     if cfg.get("qk_pieces", 1) != 1 and (cfg["dq_from"] not in ("gluon", "tl") or cfg.get("kv_regs")
                                          or D != 64 * cfg["qk_pieces"] or Dv != 128):
         raise ValueError(f"the backward by column pieces takes D = 64 x qk_pieces, Dv = 128, dq_from 'gluon' or "

@@ -19,6 +19,22 @@ SMALL_K = 256
 # fp8 (B as B^T, K-major): the bf16 row with K steps of 128 one-byte elements (notes/gemm/README.md, v1)
 GLUON_FP8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8, epilogue_bytes=65536, consumers=1,
                  stream_k="auto")
+# issue 36 part 4: the Gluon rows chosen per shape from the napkin's ranking (plan.napkin_configs: its
+# top NAPKIN_TOPK of GLUON_CANDIDATES that the kernel takes, plus the table's row above), timed once a
+# (shape bucket, dtypes, operand form, device) on the caller's operands (plan.timed_config). 0: off,
+# the table rows above (no GPU run has checked the pick yet: experiments/napkin/gpu_topk_configs.py)
+NAPKIN_TOPK = 0
+NAPKIN_TIMED_REPS = 5  # timed launches a candidate (after one that compiles it): the median is kept
+# the Gluon kernel's candidate tiles: (BM, BN, BK, stages, consumer partitions, warps in all); each
+# compiled for sm_90a on the CPU without spills (tests/gemm/test_gemm_topk_compile.py). Where a row
+# does not fit a dtype's shared memory or its TMA box (plan.gluon_legal), it is left out for it.
+GLUON_CANDIDATES = (
+    (128, 256, 64, 3, 2, 8), (128, 256, 64, 4, 2, 8), (256, 128, 64, 3, 2, 8), (128, 128, 64, 4, 2, 8),
+    (128, 128, 64, 3, 2, 8), (128, 128, 64, 4, 1, 4), (64, 256, 64, 3, 1, 4), (64, 256, 64, 4, 1, 4),
+    (128, 64, 64, 4, 2, 8), (64, 128, 64, 4, 1, 4),
+    (128, 256, 128, 3, 2, 8), (128, 256, 128, 3, 1, 8), (256, 128, 128, 3, 2, 8), (128, 128, 128, 4, 2, 8),
+    (128, 128, 128, 4, 1, 4), (64, 256, 128, 3, 1, 4),
+)
 # GPUs older than Hopper and operands TMA cannot describe: untimed, so no stream-K tail
 TL_GPU = dict(block=(128, 128, 64), stages=3, group_m=8, num_warps=8, stream_k="off")
 # the interpreter: small tiles, and the stream-K tail wherever the last wave is partial, so the tests

@@ -110,6 +110,28 @@ def _tl(plan: Plan, a, b, c, bias, scale_a, scale_b):
                            STAGES=cfg["stages"], STREAM_K=plan.stream_k, num_warps=cfg["num_warps"])
 
 
+def time_plans(plans: list[Plan], a, b, bias=None, scales=None, reps: int = 5) -> list[float]:
+    """Each plan's GPU time in ms on these operands (CUDA): one launch that compiles it, then the median
+    of ``reps`` launches, each between two CUDA events. A plan whose compile or launch raises gets inf
+    (named once). plan.timed_config's measurement; nothing here asks about the device."""
+    times = []
+    for p in plans:
+        try:
+            launch(p, a, b, bias, scales)
+            marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+            for start, end in marks:
+                start.record()
+                launch(p, a, b, bias, scales)
+                end.record()
+            torch.cuda.synchronize(a.device)
+            times.append(sorted(start.elapsed_time(end) for start, end in marks)[reps // 2])
+        except Exception as e:  # a candidate the compiler or the GPU refuses: the others still compete
+            dispatch.notice_once(f"gemm: the candidate {p.config} failed ({type(e).__name__}: {str(e)[:200]}); "
+                                 "left out of the timed pick")
+            times.append(float("inf"))
+    return times
+
+
 def _cpu(plan: Plan, a, b, bias, scales, out):
     """C on torch's CPU matmul (plan._cpu): as is, or A and B upcast to float32 a block at a time,
     accumulated in float32, scaled (fp8) and rounded once to out_dtype."""

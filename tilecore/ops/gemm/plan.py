@@ -20,7 +20,7 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.gemm import configs
-from tilecore.tiles.launch import cdiv, tma_describable
+from tilecore.tiles.launch import LRU, cdiv, next_power_of_2, tma_describable
 from tilecore.tiles.schedule import stream_k_plan
 
 
@@ -92,11 +92,18 @@ def plan(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype, bias: torc
         notice = None if path == "tl" else ("gemm: operands that TMA cannot describe (strides or sizes not "
                                             "multiples of 16 bytes) run the tl kernel, which is slower")
         return _tl(a, M, N, K, config or configs.TL_GPU, common, notice=notice)
-    cfg = config or (configs.GLUON_FP8 if fp8 else configs.GLUON_BF16_SMALL_K if K <= configs.SMALL_K
-                     else configs.GLUON_BF16)
+    cfg = config or table_config(K, fp8)
+    if config is None and configs.NAPKIN_TOPK:
+        cfg = timed_config(a, b, out_dtype, bias, scales, form, configs.NAPKIN_TOPK)[0]
     copy_a, b_t, copy_b = form
     return Plan("gluon", config=cfg, **_schedule(a, M, N, K, cfg), b_t=b_t, copy_a=copy_a, copy_b=copy_b,
                 c_dtype=out_dtype, **common)
+
+
+def operand_form(a, b, out_dtype, fp8: bool):
+    """The Gluon kernel's operand form for A and B (copy A, B as B^T, copy B), or None where it cannot
+    take them (timed_config's key)."""
+    return _tma_form(a, b, out_dtype, fp8)
 
 
 def _tma_form(a, b, out_dtype, fp8: bool):
@@ -151,3 +158,117 @@ def _cpu(a, M, N, K, out_dtype, bias, fp8: bool) -> Plan:
     bm = min(M, max(64, budget // max(K, bn, 1)))
     return Plan("cpu", out_dtype, block=(max(bm, 1), max(bn, 1)), operand_dtype=torch.float32,
                 scales=1 if fp8 else 0, has_bias=bias is not None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the Gluon rows from the napkin's ranking, timed (issue 36 part 4; on where configs.NAPKIN_TOPK > 0)
+
+SMEM_PER_BLOCK = 227 * 1024  # Hopper's opt-in shared memory a block (sm_90)
+SMEM_RESERVE = 1024  # barriers and the template's bookkeeping beside the ring and the epilogue buffer
+MAX_ACC_REGS = 128  # fp32 accumulator registers a thread: past it the operands and addresses spill
+
+
+def table_config(K: int, fp8: bool) -> dict:
+    """The measured table's Gluon row (configs.py) for this K and dtype."""
+    return configs.GLUON_FP8 if fp8 else configs.GLUON_BF16_SMALL_K if K <= configs.SMALL_K else configs.GLUON_BF16
+
+
+def gluon_row(bm: int, bn: int, bk: int, stages: int, consumers: int, warps: int) -> dict:
+    """A configs.py Gluon row for a configs.GLUON_CANDIDATES entry (the table's group order, epilogue
+    buffer and stream-K rule)."""
+    return dict(block=(bm, bn, bk), stages=stages, group_m=8, num_warps=warps, epilogue_bytes=65536,
+                consumers=consumers, stream_k="auto")
+
+
+def gluon_legal(cfg: dict, operand_bytes: int, out_bytes: int, smem: int = SMEM_PER_BLOCK) -> str | None:
+    """Why the Gluon kernel cannot take ``cfg`` for these element sizes, or None where it can: TMA
+    boxes of at most 256 a side with the K box within the 128-byte swizzle, 64-row warpgroups in
+    each consumer, the accumulator within MAX_ACC_REGS a thread, the ring and the epilogue buffer
+    within ``smem``."""
+    BM, BN, BK = cfg["block"]
+    consumers = cfg.get("consumers", 1)
+    warps = cfg["num_warps"] // consumers  # a consumer partition's
+    if max(BM, BN) > 256 or BK * operand_bytes > 128:
+        return f"a TMA box past 256 rows or a K box past the 128-byte swizzle ({BM}x{BN}x{BK})"
+    if warps % 4 or BM % (consumers * 16 * warps) or (BM // consumers) % 64:
+        return f"{BM} rows do not split into 64-row warpgroups over {consumers} consumer(s) of {warps} warps"
+    if BM // consumers * BN // (32 * warps) > MAX_ACC_REGS:
+        return f"a {BM // consumers}x{BN} accumulator over {warps} warps holds more than {MAX_ACC_REGS} registers a thread"
+    ring = cfg["stages"] * (BM + BN) * BK * operand_bytes
+    epilogue = min(cfg.get("epilogue_bytes") or BM * BN * out_bytes, BM * BN * out_bytes)
+    if ring + epilogue + SMEM_RESERVE > smem:
+        return f"{cfg['stages']} stages ({ring} bytes) and the epilogue ({epilogue}) exceed {smem} bytes of shared memory"
+    return None
+
+
+def napkin_dtype(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8"}[dtype]
+
+
+def napkin_configs(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype, top_k: int,
+                   gpu: str = "h100") -> list[dict]:
+    """The Gluon rows to time for an M x N x K product: the napkin's ``top_k`` fastest of
+    configs.GLUON_CANDIDATES that the kernel takes (gluon_legal), in its order, then the table's row
+    where it is not among them. Pure Python: the same list on every machine (the napkin's ``gpu``
+    preset: "h100" or "h200")."""
+    from tilecore.napkin.engine import rank_gemm_configs
+
+    fp8 = dtype == torch.float8_e4m3fn
+    rows = [gluon_row(*c) for c in configs.GLUON_CANDIDATES]
+    rows = [r for r in rows if gluon_legal(r, dtype.itemsize, out_dtype.itemsize) is None]
+    # the napkin knows warpgroups, not how they are partitioned: rows alike but for that tie, and
+    # keep the candidates' order (rank_gemm_configs sorts stably)
+    napkin = lambda r: (*r["block"], r["stages"], r["num_warps"] // 4)
+    ranked = rank_gemm_configs(M, N, K, napkin_dtype(dtype), gpu, candidates=list(dict.fromkeys(map(napkin, rows))))
+    order = {(c.block, c.stages, c.warpgroups): i for i, c in enumerate(ranked)}
+    rows = sorted((r for r in rows if (r["block"], r["stages"], r["num_warps"] // 4) in order),
+                  key=lambda r: order[r["block"], r["stages"], r["num_warps"] // 4])
+    picked = rows[:max(top_k, 0)]
+    table = table_config(K, fp8)
+    if table not in picked:
+        picked.append(table)
+    return picked
+
+
+def shape_bucket(M: int, N: int, K: int) -> tuple[int, int, int]:
+    """The sizes a timed pick serves: M, N and K rounded up to powers of two."""
+    return next_power_of_2(M), next_power_of_2(N), next_power_of_2(K)
+
+
+_PICKS = LRU(256)  # (bucket, dtypes, bias, scales, operand form, device) -> (config, {candidate: ms})
+
+
+def timed_config(a, b, out_dtype, bias, scales, form, top_k: int) -> tuple[dict, dict]:
+    """(the Gluon row to run, its candidates' times in ms by position): napkin_configs' candidates,
+    each launched once to compile and then timed (launch.time_plans, the median of
+    configs.NAPKIN_TIMED_REPS), the fastest kept for the shape's bucket on this device. Nothing is
+    timed while a CUDA graph captures (the table's row, not kept); a candidate that fails to compile
+    or launch is left out (the table's row if all do)."""
+    M, K = a.shape
+    N = b.shape[1]
+    fp8 = scales is not None
+    key = (shape_bucket(M, N, K), a.dtype, out_dtype, bias is not None and bias.dtype,
+           scales_code(*scales) if fp8 else 0, form, a.device)
+    hit = _PICKS.get(key)
+    if hit is not None:
+        return hit
+    table = table_config(K, fp8)
+    if dispatch.capturing(a.device):
+        return table, {}
+    from tilecore.ops.gemm import launch
+
+    rows = napkin_configs(M, N, K, a.dtype, out_dtype, top_k, napkin_gpu(a.device))
+    copy_a, b_t, copy_b = form
+    common = dict(out_dtype=out_dtype, has_bias=bias is not None, scales=scales_code(*scales) if fp8 else 0)
+    plans = [Plan("gluon", config=r, **_schedule(a, M, N, K, r), b_t=b_t, copy_a=copy_a, copy_b=copy_b,
+                  c_dtype=out_dtype, **common) for r in rows]
+    times = launch.time_plans(plans, a, b, bias, scales, configs.NAPKIN_TIMED_REPS)
+    best = min((t, i) for i, t in enumerate(times))[1] if any(t < float("inf") for t in times) else None
+    picked = (rows[best] if best is not None else table, dict(enumerate(times)))
+    _PICKS.put(key, picked)
+    return picked
+
+
+def napkin_gpu(device) -> str:
+    """The napkin preset of a Hopper device (dispatch.properties names it): "h200" or "h100"."""
+    return "h200" if "H200" in dispatch.properties(device).name.upper() else "h100"
