@@ -241,15 +241,27 @@ GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3),  # gluon_dq.py: rows a 
             128: dict(block_m=64, block_n=64, stages=4)}  # 4 stages: causal 383 -> 388 TFLOP/s (session 9)
 
 
-def gluon_backward_config(d: int, n: int, causal: bool, dv: int | None = None) -> dict:
+# a sliding window's backward (the kernels fold causal into the window, so it takes the non-causal
+# config: lagged dQ at D128) with another dQ mode from N >= FUSED_DQ_MIN_N[False]: {d: dq_from}. Window
+# 4096 over N 32768 ran 1.18-1.23x Flex (target 1.3) at the non-causal kernel's rate (~470 TFLOP/s against
+# causal's ~564, session 26). sm_90a (session 29): D128 window fused dQ spills 452 B, lagged 584, the dK/dV
+# kernel of the split ("gluon") 104. Empty until experiments/attention/gpu_window_bwd.py checks and times
+# them on the GPU; {128: "fused"} (or "gluon") turns one on
+GLUON_BACKWARD_WINDOW_DQ: dict = {}
+
+
+def gluon_backward_config(d: int, n: int, causal: bool, dv: int | None = None, window: bool = False) -> dict:
     """The Gluon backward's configuration for head dim ``d`` (v's ``dv``, default d) and N query rows:
     GLUON_BACKWARD's, but at D = 128 with dQ from the Gluon dq kernel below FUSED_DQ_MIN_N[causal];
-    Dv != D: GLUON_BACKWARD_DV[d, dv]."""
+    Dv != D: GLUON_BACKWARD_DV[d, dv]. ``window`` (a sliding window, causal folded in: ``causal`` False):
+    dQ by GLUON_BACKWARD_WINDOW_DQ[d] where it names one and N is past FUSED_DQ_MIN_N[False]."""
     if dv is not None and dv != d:
         return dict(GLUON_BACKWARD_DV[d, dv])
     cfg = dict(GLUON_BACKWARD[d, causal])
     if d == 128 and n < FUSED_DQ_MIN_N[causal]:
         cfg["dq_from"] = "gluon"
+    elif window and d in GLUON_BACKWARD_WINDOW_DQ:
+        cfg.update(dq_from=GLUON_BACKWARD_WINDOW_DQ[d], kv_regs=False)
     return cfg
 
 
