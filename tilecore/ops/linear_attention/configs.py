@@ -30,6 +30,13 @@ CHANNEL_SLICE_ELEMS = 8192
 # they stay overrides (plan diag=..., BKQ/BKB=32) until gpu_backward.py has checked them
 CHANNEL_BWD_KEY_BLOCK = 16
 CHANNEL_DIAG = 0
+# per-channel decay's FORWARD with one reference a chunk (kernels_tl._channel_chunk, session 29): 3 the
+# factored scores as one dot where the chunk's span of G allows (fp16 8, bf16 64), else the sub-chunk
+# form; 4 the same with the operands split hi + lo (three dots: fp16 interpreter 1.45-1.52x the floor
+# against diag 0's 1.54-1.74 and 3's 1.89-2.08). The backward kernels read 3 and 4 as 0 (the same code).
+# 0: off (the forward takes CHANNEL_DIAG) until experiments/linear_attention/gpu_gla.py checks it on the
+# H100 (a gated kernel: FLA's issue 640); on: 4
+CHANNEL_FWD_DIAG = 0
 # per-channel decay with head dims over CHANNEL_WIDE: chunks of CHANNEL_WIDE_CHUNK (at 64 and Dk = Dv = 256
 # the dQ kernel staged 236 KiB of shared memory and the forward spilled 2.2 KB, sm_90a)
 CHANNEL_WIDE = 128

@@ -219,6 +219,70 @@ def _channel_scores(a, b, G, a_base, b_base, g_base, t0, N, DK, s_an, s_ad, s_bn
 
 
 @triton.jit
+def _factor_span(MMA: tl.constexpr):
+    """The widest span (max - min over a chunk, per channel) of the cumulative log decay that
+    _channel_chunk factors about the span's middle: each factor then within e^(+-span / 2), in range of the
+    dot's operand dtype (fp16: e^4 keeps |q| e^4 far below 65504 and |q| e^-4 above its subnormals for
+    |q| >= 1e-3; bf16 and float32: e^32, with float32's exponent range)."""
+    if MMA == tl.float16:
+        return 8.0
+    else:
+        return 64.0
+
+
+@triton.jit
+def _channel_chunk(q, k, G, G_last, q_base, k_base, g_base, t0, N, DK, s_qn, s_qd, s_kn, s_kd, s_gn, s_gd,
+                   BK: tl.constexpr, KD: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
+                   SPLIT: tl.constexpr = False):
+    """Per-channel decay's chunk factors with ONE reference a chunk (plan diag 3; 4: SPLIT): (P, Qg, Kg) of q, k
+    [BT, BK] (as loaded), G [BT, BK] their chunk's cumulative log decay and G_last [BK]:
+
+        P  [BT, BT] = mask(sum_d q_id k_jd exp(G_id - G_jd))     (not scaled)
+        Qg [BT, BK] = q exp(G)                 (the inter-chunk product's rows, Qg S)
+        Kg [BT, BK] = k exp(G_last - G)        (the state update's keys, Kg^T V)
+
+    With m = (max_t G + min_t G) / 2 per channel, exp(G_i - G_j) = exp(G_i - m) exp(m - G_j): where the
+    chunk's span (max - min, every channel) is <= _factor_span(MMA), both factors lie within
+    e^(+-span / 2), so P is one tensor-core dot of (q exp(G - m)) against (k exp(m - G)), and Qg, Kg are the
+    same two tiles times a per-channel factor (no more exps). Entries above the diagonal may overflow
+    (e^span) and are masked after the dot. A wider span (strong decays, a reset: each log decay is floored
+    at -100, a span of >= 100) or a NaN takes the sub-chunk form (_channel_scores, DIAG 0: factors <= 1,
+    the diagonal 16 x 16 blocks elementwise), so no factor leaves the operand's range. The branch is uniform
+    (one span a chunk).
+
+    Rounding: the factored operands are rounded to MMA (fp16 interpreter: 2.0x the floor against the
+    sub-chunk form's 1.7x, where the diagonal blocks are float32). SPLIT: each operand as hi + lo (both
+    MMA) and three dots (hi hi + hi lo + lo hi), so P carries only its own rounding."""
+    BT: tl.constexpr = q.shape[0]
+    qf = q.to(tl.float32)
+    kf = k.to(tl.float32)
+    hi = tl.max(G, 0)
+    lo = tl.min(G, 0)
+    span = tl.max(hi - lo, 0)
+    offs_t = tl.arange(0, BT)
+    causal = offs_t[:, None] >= offs_t[None, :]
+    if span <= _factor_span(MMA):
+        mid = 0.5 * (hi + lo)
+        qs = qf * tl.exp(G - mid[None, :])
+        ks = kf * tl.exp(mid[None, :] - G)
+        qh = qs.to(MMA)
+        kh = ks.to(MMA)
+        s = _dot(qh, tl.trans(kh), IEEE)
+        if SPLIT:
+            s += _dot(qh, tl.trans((ks - kh.to(tl.float32)).to(MMA)), IEEE)
+            s += _dot((qs - qh.to(tl.float32)).to(MMA), tl.trans(kh), IEEE)
+        p = tl.where(causal, s, 0.0)
+        qg = qs * tl.exp(mid)[None, :]
+        kg = ks * tl.exp(G_last - mid)[None, :]
+    else:
+        p = _channel_scores(q, k, G, q_base, k_base, g_base, t0, N, DK, s_qn, s_qd, s_kn, s_kd, s_gn, s_gd,
+                            BK, KD, MMA, IEEE)
+        qg = qf * tl.exp(G)
+        kg = kf * tl.exp(G_last[None, :] - G)
+    return p, qg, kg
+
+
+@triton.jit
 def _channel_dq(a, kq, G, MMA: tl.constexpr, IEEE: tl.constexpr):
     """sum_j a_ij k_jd exp(G_id - G_jd) (the backward's intra-chunk dq, per-channel decay) of a [BT, BT]
     (masked: 0 above the diagonal), k and G [BT, C]: dots through each key sub-chunk's reference as in
@@ -461,8 +525,10 @@ def la_fwd_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
                   MMA: tl.constexpr, IEEE: tl.constexpr, GL=None, DIAG: tl.constexpr = 2):
     """Program (batch * head, value block): o (and o before D and z: OLIN) of every token, and the final
     state, of its head's BV value columns. GL (per-channel decay): the sub-chunk-local cumulative log
-    decay, contiguous (B, N, H, Dk) float32 (launch.sub_cumulative). Grid: (B * H * VBLOCKS,), a head's value blocks consecutive
-    (they run together and walk the chunks abreast, so q and k come from HBM once, then from L2)."""
+    decay, contiguous (B, N, H, Dk) float32 (launch.sub_cumulative; read where DIAG is 2). DIAG 3 (per-channel
+    decay): one reference a chunk where its span allows (_channel_chunk), else DIAG 0's sub-chunks; DIAG 4
+    the same with its scores' operands split hi + lo. Grid: (B * H * VBLOCKS,), a head's value blocks
+    consecutive (they run together and walk the chunks abreast, so q and k come from HBM once, then L2)."""
     bh = tl.program_id(0) // VBLOCKS
     vblock = tl.program_id(0) % VBLOCKS
     b = (bh // H).to(tl.int64)
@@ -508,8 +574,13 @@ def la_fwd_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
         # intra-chunk scores P [BT, BT] (masked, decayed, times beta_j)
         if DECAY == 2:
             Gc, G_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32))
-            p = _channel_scores(q, k, Gc, q_base, k_base, g_base, t0, N, DK, sqn, sqd, skn, skd, sgn, sgd,
-                                BK, KB, MMA, IEEE, GL + (b * N * H + h) * DK, H * DK, DIAG) * scale
+            if DIAG >= 3:  # one reference a chunk where the span allows (qg, kg: the inter-chunk tiles)
+                p, qg, kg = _channel_chunk(q, k, Gc, G_last, q_base, k_base, g_base, t0, N, DK, sqn, sqd, skn, skd,
+                                           sgn, sgd, BK, KB, MMA, IEEE, DIAG == 4)
+                p = p * scale
+            else:
+                p = _channel_scores(q, k, Gc, q_base, k_base, g_base, t0, N, DK, sqn, sqd, skn, skd, sgn, sgd,
+                                    BK, KB, MMA, IEEE, GL + (b * N * H + h) * DK, H * DK, DIAG) * scale
         else:
             s = _dot(q.to(MMA), tl.trans(k.to(MMA)), IEEE) * scale
             if FEATURE == 1:
@@ -527,7 +598,10 @@ def la_fwd_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
             inter = S0[None, :] + _dot((qf * scale).to(MMA), S.to(MMA), IEEE) + _dot(
                 (_quadratic(qf, BT, BK) * (scale * scale * SQRT_HALF)).to(MMA), S2.to(MMA), IEEE)
         elif DECAY == 2:
-            inter = _dot((qf * tl.exp(Gc)).to(MMA), S.to(MMA), IEEE) * scale
+            if DIAG >= 3:
+                inter = _dot(qg.to(MMA), S.to(MMA), IEEE) * scale
+            else:
+                inter = _dot((qf * tl.exp(Gc)).to(MMA), S.to(MMA), IEEE) * scale
         else:
             inter = _dot(q.to(MMA), S.to(MMA), IEEE) * scale
         if DECAY == 1:
@@ -548,7 +622,10 @@ def la_fwd_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
             S = S * tl.exp(G_last)
         elif DECAY == 2:
             w = beta
-            kf = kf * tl.exp(G_last[None, :] - Gc)
+            if DIAG >= 3:
+                kf = kg
+            else:
+                kf = kf * tl.exp(G_last[None, :] - Gc)
             S = S * tl.exp(G_last)[:, None]
         else:
             w = beta

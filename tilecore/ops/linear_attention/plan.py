@@ -44,6 +44,14 @@ def mma_dtype(dtype: torch.dtype, device: torch.device):
     return tl.float32, True
 
 
+def channel_diag(kind: int) -> int:
+    """The kernels' DIAG: configs.CHANNEL_FWD_DIAG (3, 4: the forward's one reference a chunk, which the
+    backward kernels read as 0) where it is on for per-channel decay, else configs.CHANNEL_DIAG."""
+    if kind == CHANNEL_DECAY and configs.CHANNEL_FWD_DIAG and configs.CHANNEL_DIAG == 0:
+        return configs.CHANNEL_FWD_DIAG
+    return configs.CHANNEL_DIAG
+
+
 def plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: int, chunk: int | None = None) -> Plan:
     """The blocks of the forward, backward and step kernels for these inputs (q (B, N, Hqk, Dk), v (B, N,
     H, Dv), log decay g or None); ``chunk`` overrides configs.CHUNK."""
@@ -115,7 +123,7 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
                IEEE=ieee, upcast=upcast, num_warps=bwd_warps, num_stages=configs.NUM_STAGES,
                fwd_warps=fwd_warps, fwd_stages=fwd_stages, fwd_gluon=fwd_gluon, gluon_stages=configs.GLUON_STAGES,
                fwd_gluon_based=fwd_gluon_based, gluon_based_stages=configs.GLUON_BASED_STAGES,
-               step_warps=configs.STEP_WARPS, diag=configs.CHANNEL_DIAG)
+               step_warps=configs.STEP_WARPS, diag=channel_diag(kind))
     unknown = set(overrides) - {"BT_BWD", "BV", "BVB", "BKQ", "BKB", "KB", "num_warps", "num_stages",
                                 "fwd_warps", "fwd_stages", "fwd_gluon", "gluon_stages", "fwd_gluon_based",
                                 "gluon_based_stages", "step_warps", "diag", "combine"}

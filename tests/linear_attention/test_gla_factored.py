@@ -1,0 +1,119 @@
+"""Per-channel decay (GLA) with one reference a chunk (plan diag 3, kernels_tl._channel_chunk): the
+intra-chunk scores as ONE tensor-core dot of q exp(G - m) against k exp(m - G), m the middle of the chunk's
+span of G per channel, where that span is <= _factor_span (fp16 8, bf16 / float32 64), else the sub-chunk
+form. Against the float64 recurrence in the interpreter, into NaN-filled buffers: weak decays (the factored
+path), spans near the limit, strong decays and resets (the fallback, bit-equal to diag 0), tails."""
+import pytest
+import torch
+
+from tilecore import accuracy
+from tilecore.ops.linear_attention import launch
+from tilecore.ops.linear_attention.plan import IDENTITY, tl_plan
+
+from la_testing import F16, F32, make, reference
+
+
+def forward_diag(q, k, v, g, s0, *, diag, chunk=64, **overrides):
+    """The tl forward with plan diag ``diag`` into NaN buffers: (o, final state); every element written."""
+    p = tl_plan(q, v, g, IDENTITY, chunk, diag=diag, **overrides)
+    B, N, H, Dv = v.shape
+    o = torch.full(v.shape, float("nan"), dtype=v.dtype)
+    ht = torch.full((B, H, q.shape[-1], Dv), float("nan"), dtype=torch.float32)
+    kernel, grid, args, kw = launch.forward_call(p, q, k, v, g, None, None, None, s0, o, ht, None,
+                                                 q.shape[-1] ** -0.5, IDENTITY)
+    kernel[grid](*args, **kw)
+    assert not torch.isnan(o).any() and not torch.isnan(ht).any(), "some elements were never written"
+    return o, ht
+
+
+def _span_decays(shape, per_token):
+    """Log decays of about ``per_token`` each (+-20%): a chunk of 64 spans ~64 per_token."""
+    return -per_token * (0.8 + 0.4 * torch.rand(shape))
+
+
+# the fp16 interpreter's multiples of the rounding floor (seeds 0, 1): diag 0 (sub-chunks) 1.54-1.74, diag 3
+# (operands rounded once) 1.89-2.08, diag 4 (operands split hi + lo) 1.45-1.52
+FLOOR_MULTIPLE = {3: 2.3, 4: 1.7}
+
+
+@pytest.mark.parametrize("diag", [3, 4])
+@pytest.mark.parametrize("dtype,N,per_token", [(F16, 130, 0.05), (F16, 77, 0.11), (F32, 100, 0.9)])
+def test_factored_path_against_float64(dtype, N, per_token, diag):
+    """Spans under the limit (fp16: 64 x 0.11 x 1.2 ~ 8.4 straddles 8: both paths in one run; float32
+    ~ 55 of 64: factors up to e^28): within the floor multiples above, the state at float32 noise."""
+    torch.manual_seed(0)
+    q, k, v, g, s0 = make(1, N, 1, 2, 32, 16, dtype=dtype, decay="channel", h0=True)
+    g = _span_decays(g.shape, per_token)
+    ref, ref_state = reference(q, k, v, g, s0)
+    o, ht = forward_diag(q, k, v, g, s0, diag=diag)
+    assert torch.isfinite(o).all()
+    if dtype == F32:  # float32 operands (IEEE): factors up to e^28 lose nothing past float32 noise
+        assert accuracy.rel_rms(o, ref) < 1e-5
+    else:
+        floor_multiple = accuracy.error_over_floor(o, ref)
+        assert floor_multiple <= FLOOR_MULTIPLE[diag], floor_multiple
+    assert accuracy.rel_rms(ht, ref_state) < (1e-3 if dtype == F16 else 1e-5)
+
+
+def test_factored_path_taken_and_fallback_bit_equal():
+    """Weak decays: diag 3 differs from diag 0 (another summation: the factored dot ran) and both are
+    right. Strong decays in [-6, 0] (a chunk's e^-G reaches e^200, past float32) and resets: diag 3
+    equals diag 0 bit for bit (the sub-chunk fallback ran) and stays finite."""
+    torch.manual_seed(1)
+    q, k, v, g, s0 = make(1, 96, 1, 1, 16, 16, dtype=F32, decay="channel", h0=True)
+    weak = -torch.rand(g.shape) * 0.2
+    o3, _ = forward_diag(q, k, v, weak, s0, diag=3)
+    o0, _ = forward_diag(q, k, v, weak, s0, diag=0)
+    assert not torch.equal(o3, o0)
+    ref, _ = reference(q, k, v, weak, s0)
+    assert accuracy.rel_rms(o3, ref) < 1e-5 and accuracy.rel_rms(o0, ref) < 1e-5
+    strong = -torch.rand(g.shape) * 6.0
+    strong[:, 40, :, 2:5] = float("-inf")
+    o3, h3 = forward_diag(q, k, v, strong, s0, diag=4)
+    o0, h0 = forward_diag(q, k, v, strong, s0, diag=0)
+    assert torch.equal(o3, o0) and torch.equal(h3, h0)
+    ref, ref_state = reference(q, k, v, strong, s0)
+    assert torch.isfinite(o3).all() and accuracy.rel_rms(o3, ref) < 1e-5
+    assert accuracy.rel_rms(h3, ref_state) < 1e-5
+
+
+def test_single_reference_needs_the_span_bound():
+    """Why the span test: one fp16 factor pair about the chunk's middle with strong decays (span ~190)
+    overflows fp16 (inf) and underflows to 0, while the kernel with the same decays stays finite and right
+    (its fallback)."""
+    torch.manual_seed(2)
+    q, k, v, g, s0 = make(1, 64, 1, 1, 16, 16, dtype=F16, decay="channel", h0=True)
+    g = -torch.rand(g.shape) * 6.0
+    G = g[0, :, 0].cumsum(0)
+    mid = 0.5 * (G.max(0).values + G.min(0).values)
+    naive = (q[0, :, 0].float() * torch.exp(G - mid)).to(F16)
+    assert torch.isinf(naive).any() or (naive == 0).float().mean() > 0.2
+    o, _ = forward_diag(q, k, v, g, s0, diag=4)
+    ref, _ = reference(q, k, v, g, s0)
+    assert torch.isfinite(o).all() and accuracy.error_over_floor(o, ref) <= 2.0
+
+
+def test_nan_decay_propagates_as_the_recurrence():
+    """A NaN log decay at token t, channel d: rows before t untouched, rows from t NaN (as the reference)."""
+    q, k, v, g, s0 = make(1, 40, 1, 1, 16, 16, dtype=F32, decay="channel")
+    g = -torch.rand(g.shape) * 0.1
+    g[:, 21, :, 3] = float("nan")
+    p = tl_plan(q, v, g, IDENTITY, 32, diag=4)
+    o = torch.full(v.shape, float("nan"))
+    kernel, grid, args, kw = launch.forward_call(p, q, k, v, g, None, None, None, None, o, None, None, 0.25,
+                                                 IDENTITY)
+    kernel[grid](*args, **kw)
+    ref, _ = reference(q, k, v, g, None, scale=0.25)
+    assert torch.equal(torch.isnan(o), torch.isnan(ref))
+    assert accuracy.rel_rms(o[:, :21], ref[:, :21]) < 1e-5
+
+
+def test_value_blocks_and_chunk_32():
+    """Two value blocks (BV 16 of Dv 32), chunk 32, a tail (N 45), grouped q/k heads."""
+    torch.manual_seed(3)
+    q, k, v, g, s0 = make(2, 45, 1, 2, 16, 32, dtype=F16, decay="channel", h0=True)
+    g = -torch.rand(g.shape) * 0.1
+    ref, ref_state = reference(q, k, v, g, s0)
+    o, ht = forward_diag(q, k, v, g, s0, diag=4, chunk=32, BV=16)
+    assert accuracy.error_over_floor(o, ref) <= FLOOR_MULTIPLE[4]
+    assert accuracy.rel_rms(ht, ref_state) < 1e-3
