@@ -24,11 +24,11 @@ import torch.nn.functional as F
 
 def cases():
     import tilecore
-    bf = dict(device="cuda", dtype=torch.bfloat16)
+    bf = dict(device=DEV[0], dtype=torch.bfloat16)
     a, b = torch.randn(256, 128, **bf), torch.randn(128, 256, **bf)
-    a8 = torch.randn(256, 128, device="cuda").to(torch.float8_e4m3fn)
-    b8 = torch.randn(256, 128, device="cuda").to(torch.float8_e4m3fn).t()
-    s = torch.ones((), device="cuda")
+    a8 = torch.randn(256, 128, device=DEV[0]).to(torch.float8_e4m3fn)
+    b8 = torch.randn(256, 128, device=DEV[0]).to(torch.float8_e4m3fn).t()
+    s = torch.ones((), device=DEV[0])
     x = torch.randn(64, 4096, **bf)
     h = torch.randn(4096, 4096, **bf) / 64
     q = torch.randn(1, 32, 1, 128, **bf)
@@ -55,7 +55,7 @@ def cases():
 def later_cases():
     """The ops added after session 24, each with the torch code it stands for (the same small shapes)."""
     import tilecore
-    bf = dict(device="cuda", dtype=torch.bfloat16)
+    bf = dict(device=DEV[0], dtype=torch.bfloat16)
     x = torch.randn(64, 4096, **bf)
     w, bias = torch.randn(4096, **bf), torch.randn(4096, **bf)
     xg = x.clone().requires_grad_()
@@ -69,7 +69,7 @@ def later_cases():
         return torch.cat((a * c - b * s_, b * c + a * s_), -1)
 
     u = torch.randn(2, 64, 1024, **bf)
-    kf = torch.randn(64, 1024, device="cuda")
+    kf = torch.randn(64, 1024, device=DEV[0])
     ug, kfg = u.clone().requires_grad_(), kf.clone().requires_grad_()
 
     def fft_torch_grad():
@@ -83,11 +83,11 @@ def later_cases():
     ql, kl, vl = (torch.randn(1, 256, 4, 64, **bf) for _ in range(3))
     qlg, klg, vlg = (t.clone().requires_grad_() for t in (ql, kl, vl))
     ql2, kl2, vl2 = (torch.randn(4, 8, 64, **bf) for _ in range(3))
-    state = torch.randn(4, 8, 64, 64, device="cuda")
+    state = torch.randn(4, 8, 64, 64, device=DEV[0])
     xm = torch.randn(4, 32, 64, **bf)
-    dt, A = torch.rand(4, 32, device="cuda"), -torch.rand(32, device="cuda")
+    dt, A = torch.rand(4, 32, device=DEV[0]), -torch.rand(32, device=DEV[0])
     Bm, Cm = torch.randn(4, 1, 128, **bf), torch.randn(4, 1, 128, **bf)
-    mstate = torch.randn(4, 32, 64, 128, device="cuda")
+    mstate = torch.randn(4, 32, 64, 128, device=DEV[0])
     state0, mstate0 = state.clone(), mstate.clone()
     RESETS["linear_attention_step"] = lambda: state.copy_(state0)
     RESETS["mamba2_step"] = lambda: mstate.copy_(mstate0)
@@ -104,14 +104,14 @@ def later_cases():
     q8f, k8f = q8.to(f8), q8.to(f8)
     from tilecore.ops.attention_fp8 import quantize_fp8
     v8f, v8s = quantize_fp8(q8, layout="keys_permuted")
-    one = torch.ones(1, 8, device="cuda")
-    lens = torch.tensor([0, 100, 300, 512], dtype=torch.int32, device="cuda")
+    one = torch.ones(1, 8, device=DEV[0])
+    lens = torch.tensor([0, 100, 300, 512], dtype=torch.int32, device=DEV[0])
     qv = torch.randn(512, 8, 64, **bf)
     qpad = torch.randn(3, 8, 212, 64, **bf)
     B, pages, psize = 4, 64, 64
     kc, vc = torch.randn(pages, psize, 8, 128, **bf), torch.randn(pages, psize, 8, 128, **bf)
-    table = torch.arange(pages, dtype=torch.int32, device="cuda").view(B, pages // B)
-    seqlens = torch.full((B,), 1000, dtype=torch.int32, device="cuda")
+    table = torch.arange(pages, dtype=torch.int32, device=DEV[0]).view(B, pages // B)
+    seqlens = torch.full((B,), 1000, dtype=torch.int32, device=DEV[0])
     qd = torch.randn(B, 1, 32, 128, **bf)
     kd = torch.randn(B, 8, 1000, 128, **bf)
     return {
@@ -143,17 +143,25 @@ def later_cases():
     }
 
 
+DEV = ["cuda"]  # --smoke: ["cpu"] (the script's plumbing on CPU tensors: torch's CPU paths, no timing worth reading)
+
+
+def sync():
+    if DEV[0] == "cuda":
+        torch.cuda.synchronize()
+
+
 RESETS = {}  # later_cases' ops with a state: name -> put the state back as later_cases made it
 
 
 def per_call_us(fn, calls):
-    for _ in range(100):
+    for _ in range(min(100, calls)):
         fn()
-    torch.cuda.synchronize()
+    sync()
     t = time.perf_counter()
     for _ in range(calls):
         fn()
-    torch.cuda.synchronize()
+    sync()
     return (time.perf_counter() - t) / calls * 1e6
 
 
@@ -162,7 +170,7 @@ def same_bits_each_call():
     identical outputs and gradients."""
     import tilecore
     torch.manual_seed(0)
-    bf = dict(device="cuda", dtype=torch.bfloat16)
+    bf = dict(device=DEV[0], dtype=torch.bfloat16)
     results = {}
     inputs = {
         "gemm": [torch.randn(300, 72, **bf, requires_grad=True), torch.randn(72, 264, **bf, requires_grad=True)],
@@ -196,8 +204,8 @@ def varlen_ranked_cases():
     """varlen's work table in one launch (varlen_work.py, off by default: VARLEN_RANKED_TABLE) against the
     two-step table: the Gluon forward keyed with and without it (host us a call, and the same output)."""
     from tilecore.ops.attention import configs, varlen
-    bf = dict(device="cuda", dtype=torch.bfloat16)
-    lens = torch.tensor([0, 100, 300, 512], dtype=torch.int32, device="cuda")
+    bf = dict(device=DEV[0], dtype=torch.bfloat16)
+    lens = torch.tensor([0, 100, 300, 512], dtype=torch.int32, device=DEV[0])
     qv = torch.randn(512, 8, 64, **bf)
     config = configs.VARLEN_GLUON_FORWARD_CONFIG[64]
 
@@ -253,12 +261,54 @@ def same_bits_later(table, calls=10):
     return results
 
 
+PROFILED = ("fft_conv", "attention_varlen 3 seqs", "paged decode", "attention_fp8 N256", "mamba2_step", "layer_norm",
+            "rms_norm (grad recorded)", "linear_attention (grad recorded)")
+
+
+def profile_rows(table, names, calls, top=12):
+    """Where each named op's host time goes: cProfile over ``calls`` back-to-back calls (after a warm-up),
+    the ``top`` functions by their own time, in us a call (cProfile's own overhead inflates each a little:
+    read them as shares). Returns {op: [(us a call own, us a call cumulative, calls a call, function)]}."""
+    import cProfile
+    import pstats
+
+    out = {}
+    for name in names:
+        if name not in table:
+            continue
+        ours = table[name][0]
+        try:
+            for _ in range(min(50, calls)):
+                ours()
+            sync()
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(calls):
+                ours()
+            prof.disable()
+            sync()
+            stats = pstats.Stats(prof).stats  # {(file, line, func): (cc, nc, tt, ct, callers)}
+            rows = sorted(((tt / calls * 1e6, ct / calls * 1e6, nc / calls,
+                            f"{os.path.basename(f)}:{line}:{func}") for (f, line, func), (cc, nc, tt, ct, _)
+                           in stats.items()), reverse=True)[:top]
+            out[name] = [(round(a, 2), round(b, 2), round(c, 2), d) for a, b, c, d in rows]
+        except Exception as err:  # noqa: BLE001
+            out[name] = f"{type(err).__name__}: {err}"
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--json")
     ap.add_argument("--ops", choices=("all", "first", "later"), default="all")
+    ap.add_argument("--profile", type=int, default=0, metavar="CALLS",
+                    help="also cProfile the over-budget ops (PROFILED) over CALLS calls each (0: no profile)")
+    ap.add_argument("--smoke", action="store_true", help="CPU tensors, 3 calls: the script's imports and shapes")
     a = ap.parse_args()
+    if a.smoke:
+        DEV[0] = "cpu"
+        a.calls, a.profile = 3, (3 if a.profile else 0)
     if a.json is None:  # $OUT (the GPU runs' folder), else /tmp/out
         out_dir = os.environ.get("OUT", "/tmp/out")
         os.makedirs(out_dir, exist_ok=True)
@@ -282,6 +332,7 @@ def main():
             bits.update(same_bits_later(later_cases()))
         except Exception as err:  # noqa: BLE001
             bits["later"] = f"{type(err).__name__}: {err}"
+    if a.ops != "first" and not a.smoke:  # (varlen's table kernels: CUDA only)
         try:
             ranked = varlen_ranked_cases()
             for name, (with_ranked, two_step) in ranked.items():
@@ -291,11 +342,16 @@ def main():
         except Exception as err:  # noqa: BLE001
             rows.append({"op": "varlen ranked table", "error": f"{type(err).__name__}: {err}"})
         ranked_check = varlen_ranked_table_check()
+    profiles = profile_rows(table, PROFILED, a.profile) if a.profile else {}
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "host_us": rows, "same_bits_each_call": bits, "varlen_ranked_table_equal": ranked_check},
-                      f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name() if DEV[0] == "cuda" else "cpu", "torch": torch.__version__,
+                       "host_us": rows, "same_bits_each_call": bits, "varlen_ranked_table_equal": ranked_check,
+                       "profile_us_a_call": profiles}, f, indent=1)
+    for name, prof in profiles.items():
+        print(f"== profile {name} (us a call: own, cumulative, calls a call, function)")
+        for line in (prof if isinstance(prof, list) else [prof]):
+            print("  ", *line) if isinstance(line, tuple) else print("  ", line)
     print("same bits on calls 1..10 (outputs and gradients):", bits)
     if ranked_check:
         print("varlen ranked work table == two-step table == torch ops table (GPU):", ranked_check)

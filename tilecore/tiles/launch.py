@@ -301,12 +301,67 @@ def direct_launch(compiled):
     except Exception:  # noqa: BLE001 (a driver without these: the runner)
         return None
     cooperative, pdl = run.launch_cooperative_grid, run.launch_pdl
+    parts = descriptor_expander(launch) if CACHE_TMA_DESCRIPTORS else None
+    if parts is not None:  # Gluon TMA descriptors: the raw launcher, descriptors encoded once per layout
+        raw, expand = parts
+
+        def go_expanded(grid, ordered):
+            raw(grid[0], grid[1], grid[2], stream_of(current_device()), function, cooperative, pdl, None, None,
+                packed, None, None, None, *expand(ordered))
+
+        return go_expanded
 
     def go(grid, ordered):
         launch(grid[0], grid[1], grid[2], stream_of(current_device()), function, cooperative, pdl, None, None,
                packed, None, None, None, *ordered)
 
     return go
+
+
+# Direct launches of kernels with TMA descriptors keep each descriptor's encoding (descriptor_expander);
+# False: Triton's launcher encodes every descriptor on every launch, as before session 29
+CACHE_TMA_DESCRIPTORS = True
+TMA_ENCODINGS_KEPT = 64  # a descriptor argument's encodings kept (per compiled kernel and argument)
+
+
+def descriptor_expander(launch):
+    """(raw, expand) for a Triton 3.6 launcher ``launch`` that wraps the compiled launcher to encode TMA
+    descriptors (driver.wrap_handle_tensordesc's ``inner``): ``raw`` the compiled launcher, and
+    ``expand(ordered)`` the kernel arguments as ``inner`` hands them to it, each descriptor argument
+    (TmaOperand or TensorDescriptor) replaced by Triton's own encoding of it (make_tensordesc_arg: the
+    CUtensorMap and its shape and strides), kept per (base address, shape, strides, padding): an encoding
+    reads nothing else of the tensor (the box, swizzle and element type are the compiled kernel's
+    metadata), so a kept one is the one Triton would make again. None where ``launch`` is not that
+    wrapper as 3.6 writes it, or a descriptor has no metadata (Triton's encoding then holds the tensor
+    itself: not kept)."""
+    code, cells = getattr(launch, "__code__", None), getattr(launch, "__closure__", None)
+    if code is None or cells is None or getattr(launch, "__name__", "") != "inner":
+        return None
+    free = dict(zip(code.co_freevars, (c.cell_contents for c in cells)))
+    raw, indices, metas = free.get("launcher"), free.get("tensordesc_indices"), free.get("tensordesc_meta")
+    encode = getattr(launch, "__globals__", {}).get("make_tensordesc_arg")
+    base = getattr(launch, "__globals__", {}).get("_BASE_ARGS_FORMAT_LEN")
+    if raw is None or not isinstance(indices, (set, frozenset)) or metas is None or encode is None or base != 13 \
+            or len(metas) != len(indices) or any(m is None for m in metas):
+        return None
+    slots = [(position, meta, LRU(TMA_ENCODINGS_KEPT)) for position, meta in zip(sorted(indices), metas)]
+
+    def expand(ordered):
+        out, start = [], 0
+        for position, meta, kept in slots:
+            out += ordered[start:position]
+            d = ordered[position]
+            key = (d.base.data_ptr(), tuple(d.shape), tuple(d.strides), d.padding)
+            encoded = kept.get(key)
+            if encoded is None:
+                encoded = encode(d, meta)
+                kept.put(key, encoded)
+            out += encoded
+            start = position + 1
+        out += ordered[start:]
+        return out
+
+    return raw, expand
 
 
 def _launch_hooks() -> bool:
