@@ -63,7 +63,7 @@ def keyed(monkeypatch):
         seen.setdefault((self.kernel.fn.__name__, key), set()).add(triton_key)
         return self[grid](*args, **kwargs)
 
-    caches = (op._CHECKED, op._PLANS, rotary_op._CHECKED, rotary_op._PLANS, kvcache._CHECKED)
+    caches = (op._CHECKED, op._PLANS, rotary_op._CHECKED, rotary_op._PLANS, kvcache._CHECKED, kvcache._LAYOUTS)
     for module in MODULES:
         monkeypatch.setattr(module, "signature", _cpu_signature)
     monkeypatch.setattr(CachedLaunch, "launch_keyed", launch_keyed)

@@ -148,47 +148,75 @@ def _splits(batch_kv_heads: int, capacity: int, device) -> int:
     return max(1, min(want, MAX_SPLITS, cdiv(capacity, MIN_SPLIT_KEYS)))
 
 
+class _DecodeLayout:
+    """What forward_kernels launches, as a function of its shapes, flags and capacity alone (kept per launch
+    key: the host time of a decode step, issue 31)."""
+
+    __slots__ = ("splits", "merged", "keys_per_split", "split_grid", "split_options", "merge_grid",
+                 "merge_options", "wl", "wr", "rows")
+
+    def __init__(self, q, k_cache, v_cache, block_table, causal, left, right, softcap, capacity, splits):
+        bsz, nq, hq, d = q.shape
+        hkv, dv = k_cache.shape[2], v_cache.shape[3]
+        interpret = dispatch.interpreted(q.device)
+        block_n = 16 if interpret else (64 if max(d, dv) > 128 else 128)
+        rows = nq * (hq // hkv)
+        block_m = max(16, min(MAX_ROWS, next_power_of_2(rows)))
+        if splits is None:
+            splits = _splits(bsz * hkv, capacity, q.device)
+        self.keys_per_split = cdiv(cdiv(capacity, splits), block_n) * block_n
+        self.splits = splits = cdiv(capacity, self.keys_per_split)
+        self.merged = splits == 1
+        paged = block_table is not None
+        self.wl, self.wr, has_left, has_right = kernel_window(causal, left, right)
+        options = {} if interpret else dict(num_warps=4, num_stages=3 if max(d, dv) <= 128 else 2)
+        self.split_grid = (bsz * hkv, splits, cdiv(rows, block_m))
+        self.split_options = dict(PAGE=k_cache.shape[1] if paged else 1, PAGED=paged, LEFT=has_left, RIGHT=has_right,
+                                  SOFTCAP=softcap > 0, MERGED=self.merged, BLOCK_M=block_m, BLOCK_N=block_n,
+                                  BLOCK_D=block_d(d), BLOCK_DV=block_d(dv), **options)
+        self.rows = bsz * hq * nq
+        self.merge_grid = (self.rows,)
+        self.merge_options = dict(SPLITS=next_power_of_2(splits), BLOCK_DV=block_d(dv))
+
+
+_LAYOUTS = LRU(256)  # an eager call's launch key -> its _DecodeLayout
+
+
 def forward_kernels(q, k_cache, v_cache, nnew, cache_seqlens, block_table, causal, scale, left, right, softcap,
                     capacity, splits=None, out=None, lse=None, key=None):
     """O (B, Nq, Hq, Dv) and lse (B, Hq, Nq) over the cache as it is (k, v appended already: ``nnew``
     of each sequence's keys are the new ones), into ``out`` / ``lse`` where given (the tests poison
-    them); ``splits``: the key splits (default: _splits); ``key``: the call's launch key or None."""
+    them); ``splits``: the key splits (default: _splits); ``key``: the call's launch key or None (the
+    launch layout is then made again)."""
     bsz, nq, hq, d = q.shape
     hkv, dv = k_cache.shape[2], v_cache.shape[3]
-    group = hq // hkv
     if out is None:
         out = torch.empty((bsz, nq, hq, dv), dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty((bsz, hq, nq), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
-    interpret = dispatch.interpreted(q.device)
-    block_n = 16 if interpret else (64 if max(d, dv) > 128 else 128)
-    rows = nq * group
-    block_m = max(16, min(MAX_ROWS, next_power_of_2(rows)))
-    if splits is None:
-        splits = _splits(bsz * hkv, capacity, q.device)
-    keys_per_split = cdiv(cdiv(capacity, splits), block_n) * block_n
-    splits = cdiv(capacity, keys_per_split)
-    merged = splits == 1
+
+    def make():
+        return _DecodeLayout(q, k_cache, v_cache, block_table, causal, left, right, softcap, capacity, splits)
+
+    layout = make() if splits is not None else _LAYOUTS.memo(key, make)
+    merged = layout.merged
     parts = (None, None) if merged else (
-        torch.empty((splits, bsz * hq * nq, dv), dtype=torch.float32, device=q.device),
-        torch.empty((splits, bsz * hq * nq), dtype=torch.float32, device=q.device))
+        torch.empty((layout.splits, layout.rows, dv), dtype=torch.float32, device=q.device),
+        torch.empty((layout.splits, layout.rows), dtype=torch.float32, device=q.device))
     paged = block_table is not None
     table = block_table if paged else cache_seqlens  # (an unused pointer when not paged)
-    wl, wr, has_left, has_right = kernel_window(causal, left, right)
-    options = {} if interpret else dict(num_warps=4, num_stages=3 if max(d, dv) <= 128 else 2)
-    _FWD_SPLIT.run(key, (bsz * hkv, splits, cdiv(rows, block_m)),
+    _FWD_SPLIT.run(key, layout.split_grid,
                    (q, k_cache, v_cache, table, cache_seqlens, out, lse, *(p if p is not None else lse for p in parts),
                     *q.stride(), *k_cache.stride(), *v_cache.stride(), *(table.stride() if paged else (0, 0)),
-                    *out.stride(), hkv, nq, nnew, d, dv, group, keys_per_split, scale, float(softcap), wl, wr),
-                   dict(PAGE=k_cache.shape[1] if paged else 1, PAGED=paged, LEFT=has_left, RIGHT=has_right,
-                        SOFTCAP=softcap > 0, MERGED=merged, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d(d),
-                        BLOCK_DV=block_d(dv), **options))
+                    *out.stride(), hkv, nq, nnew, d, dv, hq // hkv, layout.keys_per_split, scale, float(softcap),
+                    layout.wl, layout.wr),
+                   layout.split_options)
     if not merged:
-        _MERGE.run(key, (bsz * hq * nq,),
-                   (out, lse, parts[0], parts[1], bsz * hq * nq, hq, nq, dv, splits, *out.stride()),
-                   dict(SPLITS=next_power_of_2(splits), BLOCK_DV=block_d(dv)))
+        _MERGE.run(key, layout.merge_grid,
+                   (out, lse, parts[0], parts[1], layout.rows, hq, nq, dv, layout.splits, *out.stride()),
+                   layout.merge_options)
     return out, lse
 
 
