@@ -145,6 +145,11 @@ QUANT_INTERLEAVE_TMA = {("mxfp4", 14336): True}
 # int4 11008 1.17x, int8 11008 1.16x, mxfp4 18944 1.16x: on there, with each one's fastest tuning below
 QUANT_WIDE = {("fp8_e4m3", 11008): True, ("fp8_e4m3", 18944): True, ("int4", 11008): True, ("int8", 11008): True,
               ("mxfp4", 11008): True, ("mxfp4", 18944): True, ("nvfp4", 11008): True}
+# session 29: the wide plan's mixing 128 columns wide ("wide_rows", quantize_wide_rows.py: two rows' slices at 11008,
+# a row's two slices at 18944, side by side: each H_m chunk fetched once for 128 columns, wgmma N = 128; plan tuning
+# "wide_rows"; keys as QUANT_WIDE, applies where the wide plan does with Q = 64 and j_outer off). Untimed: off until
+# a GPU run checks and times it (experiments/hadamard/gpu_quantize_probe.py --set s29)
+QUANT_WIDE_ROWS = {}
 QUANT_WIDE_MB = 64
 # H100 run 8 of session 28 (fp8 11008, % of the shipped plan's speed): K chunks of 16 0.50x, 32 0.66x; 2 stages at
 # 16 0.61x: the products' latency a chunk, so the largest chunk and 2 stages by default (64 untimed until round 2)

@@ -9,6 +9,9 @@ Paths (``plan_quantize``):
   program's registers (configs.KRON_MAX_TILE_ELEMS float32 values);
 * "wide": quantize_wide.wide_quantize_kernel, m x 2^k rows with m > 64 (11008, 18944), where configs.QUANT_WIDE
   or the plan tuning "wide" asks for it: the mixing in blocks of sub-rows that stop at m, not M_PAD;
+* "wide_rows": quantize_wide_rows.wide_rows_quantize_kernel, the wide path with its mixing 128 columns wide (two
+  rows at 11008, a row's two slices at 18944), where the wide path applies and configs.QUANT_WIDE_ROWS or the plan
+  tuning "wide_rows" asks for it;
 * "unfused": longer rows (n = m 2^k with 2^k > 1024, or rows past that budget): hadamard_transform into a
   float32 buffer, then the kernel without rotation.
 nvfp4 without a given global scale reads x twice: a first pass of the same kernel finds the rotated
@@ -38,7 +41,7 @@ __all__ = ["hadamard_quantize", "dequantize", "FORMATS", "plan_quantize", "kerne
 
 @dataclasses.dataclass(frozen=True)
 class QuantizePlan:
-    path: str  # "cpu" | "pow2" | "fused" | "wide" | "unfused"
+    path: str  # "cpu" | "pow2" | "fused" | "wide" | "wide_rows" | "unfused"
     config: dict = dataclasses.field(default_factory=dict)
     grid: tuple[int, ...] = ()
     rscale: float = 1.0
@@ -169,15 +172,29 @@ def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, si
     nb = cdiv(M, mb)
     if nb > 4 or mb > m_pad or kc > m_pad or (mode == 0 and spg != m_pad and (spg >= mb or mb % spg)):
         return None
-    grid = max(1, min(rows, sms * (tuning.get("waves") or configs.KRON_WAVES)))
     f = FORMATS[fmt]
     dt = kron._dtypes(dtype, interpret)
+    j_outer = bool(tuning.get("j_outer", configs.QUANT_WIDE_J_OUTER)) and not (mode == 0 and spg == m_pad)
+    # "wide_rows" (quantize_wide_rows.py): the mixing's columns two slices of 64 wide (two rows' at S = 1)
+    if (tuning.get("wide_rows", _by_format(configs.QUANT_WIDE_ROWS, fmt, n, False)) and Q == 64 and S <= 2
+            and not j_outer):
+        r = 2 // S
+        grid = max(1, min(cdiv(rows, r), sms * (tuning.get("waves") or configs.KRON_WAVES)))
+        return QuantizePlan("wide_rows", grid=(grid,), rscale=rscale, config=dict(
+            M=M, M_PAD=m_pad, P=P, Q=Q, S=S, R=r, MB=mb, NB=nb, KC=kc, NK=cdiv(M, kc), SIGNS=signs,
+            FORMAT=f.kernel_id, GROUP=mode, G=group or 1, SPG=spg, STATIC=static and fmt in FP8_DTYPES,
+            PACKED=f.packed, QMAX=f.qmax, MMA_DTYPE=dt["MMA_DTYPE"], MID_PIECES=dt["MID_PIECES"],
+            PIECE_DTYPE=dt["PIECE_DTYPE"], GRID=grid, FAST=bool(tuning.get("fast", configs.QUANT_FAST)),
+            SPLIT=tuning.get("wide_rows") != "pair",  # "pair": two [MB, 64] products sharing each H chunk
+            num_warps=tuning.get("num_warps") or 8,
+            num_stages=tuning.get("num_stages") or configs.QUANT_WIDE_STAGES, **_maxnreg(tuning, {})))
+    grid = max(1, min(rows, sms * (tuning.get("waves") or configs.KRON_WAVES)))
     return QuantizePlan("wide", grid=(grid,), rscale=rscale, config=dict(
         M=M, M_PAD=m_pad, P=P, Q=Q, S=S, MB=mb, NB=nb, KC=kc, NK=cdiv(M, kc), SIGNS=signs, FORMAT=f.kernel_id,
         GROUP=mode, G=group or 1, SPG=spg, STATIC=static and fmt in FP8_DTYPES, PACKED=f.packed, QMAX=f.qmax,
         MMA_DTYPE=dt["MMA_DTYPE"], MID_PIECES=dt["MID_PIECES"], PIECE_DTYPE=dt["PIECE_DTYPE"], GRID=grid,
         FAST=bool(tuning.get("fast", configs.QUANT_FAST)),
-        J_OUTER=bool(tuning.get("j_outer", configs.QUANT_WIDE_J_OUTER)) and not (mode == 0 and spg == m_pad),
+        J_OUTER=j_outer,
         num_warps=tuning.get("num_warps") or 8,
         num_stages=tuning.get("num_stages") or configs.QUANT_WIDE_STAGES, **_maxnreg(tuning, {})))
 
@@ -191,13 +208,14 @@ def wide_transform(x2: torch.Tensor, out: torch.Tensor, **tuning) -> QuantizePla
 
     rows, n = x2.shape
     plan = plan_quantize(x2, "mxfp4", 32, None, True, False, False, **{**tuning, "wide": True})
-    if plan.path != "wide":
+    if plan.path not in ("wide", "wide_rows"):
         raise ValueError(f"wide_transform: n = {n} ({x2.dtype}) has no wide plan (m > 64, <= 2 slices, 16-bit)")
     cfg = {**plan.config, "FORMAT": STORE.value, "PACKED": False}
     h_dtype = torch.float32 if dispatch.interpreted(x2.device) else x2.dtype
     h = kron.mixing_matrix(cfg["M"], False, h_dtype, x2.device)
     with dispatch.on_device(x2.device):
-        _launch_wide[plan.grid](x2, out, x2, h, x2, x2, x2, rows, x2.stride(0), out.stride(0), 0, plan.rscale, **cfg)
+        launch = _launch_wide_rows if plan.path == "wide_rows" else _launch_wide
+        launch[plan.grid](x2, out, x2, h, x2, x2, x2, rows, x2.stride(0), out.stride(0), 0, plan.rscale, **cfg)
     return plan
 
 
@@ -263,6 +281,11 @@ def _wide_kernel():
     return wide_quantize_kernel
 
 
+def _wide_rows_kernel():
+    from tilecore.ops.hadamard.quantize_wide_rows import wide_rows_quantize_kernel
+    return wide_rows_quantize_kernel
+
+
 def _pow2_kernel():
     from tilecore.ops.hadamard.quantize_kernels import pow2_quantize_kernel
     return pow2_quantize_kernel
@@ -271,6 +294,7 @@ def _pow2_kernel():
 _launch = CachedLaunch(_kernel)
 _launch_pow2 = CachedLaunch(_pow2_kernel)
 _launch_wide = CachedLaunch(_wide_kernel)
+_launch_wide_rows = CachedLaunch(_wide_rows_kernel)
 
 
 def _launch_pow2_plan(plan, x2, codes, scales, sign_t, gs, amax, fmt_id=None, key=None):
@@ -352,7 +376,7 @@ def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False, k
     if cfg.get("TMA_LOAD"):
         xa = kron.descriptor(x2, cfg)
     h = x2
-    launch = _launch_wide if plan.path == "wide" else _launch
+    launch = {"wide": _launch_wide, "wide_rows": _launch_wide_rows}.get(plan.path, _launch)
     if cfg.get("MIX", 1) == 1:
         h_dtype = torch.float32 if dispatch.interpreted(x2.device) else \
             {torch.float16: torch.float16, torch.bfloat16: torch.bfloat16, torch.float32: torch.bfloat16}[x2.dtype]
