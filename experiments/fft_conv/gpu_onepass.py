@@ -1,21 +1,24 @@
-"""GPU check and timing of the one-pass three-factor FFT-convolution kernel (kernels_mono.py, issue 37),
-in about a minute:
+"""GPU check and timing of the one-pass FFT-convolution kernel in Gluon (gluon_onepass.py, issue 37;
+every DFT stage a wgmma, the DFT matrices resident in shared memory), in about a minute:
 
 1. check (one child process a case, all in parallel: each compiles its kernel, filling Triton's cache
-   for step 2; one more a N compiles the shipped plan): every candidate of configs.MONO_CANDIDATES at N = 1024, 2048, 4096, 8192 against float64
-   (the reference's float64 FFT, on the CPU), bf16 and fp16 u, the convolution and the correlation (the
-   backward's conjugate spectrum, bf16), B16 H16 (the timing's integer specializations), outputs
-   started as NaN (the caching allocator filled with NaN), error as a multiple of the rounding floor;
+   for step 2; one more a N compiles the shipped plan): every candidate of
+   configs.GLUON_ONEPASS_CANDIDATES at N = 1024, 2048 against float64 (the reference's float64 FFT, on
+   the CPU), bf16 and fp16 u, the convolution and the correlation (the backward's conjugate spectrum,
+   bf16), B16 H128 (1024 pairs: more than a persistent grid's programs, so each walks several), outputs started as NaN (the caching allocator
+   filled with NaN), error as a multiple of the rounding floor; and B5 H3 bf16 with a NaN in one
+   sequence (an odd batch: the last pair's half masked; the NaN's sequence all NaN, every other one
+   accurate);
 2. time (one child a N, one after the other, only candidates that passed): do_bench medians at B16
    H768 bf16 of torch.fft's convolution (rfft, multiply, irfft in float32: the issue's baseline), a
    copy of the op's bytes (u read, y written, the spectrum read: the bound), the shipped plan
-   (fft_conv(u, spectrum)) and each candidate; speedups, % of the copy, the model's bound (model.py).
-   Then timing probes (PROBE_CONFIGS, kernels_mono.py PROBE: wrong results, timing only): the kernel
-   without its square products, without its scale reductions, without its table loads, without all
-   three: where its time goes (run 7: 2.5-4x slower than its model says).
+   (fft_conv(u, spectrum)) and each candidate (the launch with the host's spectrum layout, and the
+   kernel alone on a prepared spectrum); speedups, % of the copy, the model's bound (model.py).
 
 A case that kills its process (an illegal memory access) is recorded (its candidate is not timed); one
-past 60 s is killed.
+past 60 s is killed. --smoke (CPU, TRITON_INTERPRET=1): Gluon cannot be interpreted, so each Gluon
+candidate runs as its tl twin (kernels_mono.py at the same factors: the same stage math), which checks
+this script's imports and shapes, not the Gluon kernel.
 
     PYTHONPATH=. python3 experiments/fft_conv/gpu_onepass.py            # on the GPU (--quick: default)
     TRITON_INTERPRET=1 PYTHONPATH=. python3 experiments/fft_conv/gpu_onepass.py --smoke   # CPU: shapes
@@ -44,18 +47,18 @@ if str(ROOT) not in sys.path:
 from tilecore import accuracy  # noqa: E402
 from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum, model  # noqa: E402
 from tilecore.ops.fft_conv import launch as conv_launch  # noqa: E402
-from tilecore.ops.fft_conv.plan import mono_plan, plan  # noqa: E402
+from tilecore.ops.fft_conv.plan import gluon_plan, mono_plan, plan  # noqa: E402
 
 START = time.time()
 SMOKE = "--smoke" in sys.argv
 DEV = torch.device("cpu" if SMOKE else "cuda")
-SIZES = (1024, 2048, 4096, 8192)
+SIZES = (1024, 2048, 4096)  # (4096: baseline and shipped only, no Gluon build yet)
 DEADLINE_S = 900 if SMOKE else 70  # no new child past this (the interpreter on 2 cores is slow)
 # bounds of a passing check (multiples of the rounding floor): bf16 at ~1.05x as the pair kernel; fp16 at
 # the float16 products' own ~2.5x (the interpreter truncates bf16: 2.6 there)
 # timing probes (kernels_mono.py PROBE: WRONG results, timing only) of one configuration a N: each leaves
 # out one part of the chain, so the time it saves is that part's share
-PROBE_CONFIGS = {1024: (32, 64, 1, 1, 4, False, True), 4096: (32, 16, 16, 1, 8, True, True)}
+PROBE_CONFIGS: dict = {}  # (session 28's mono probes: runs/…run10…)
 PROBES = {1: "no square products", 2: "no scale reductions", 4: "no twiddle/spectrum loads", 7: "all three out"}
 BOUNDS = {"bfloat16": 2.6 if SMOKE else 1.3, "float16": 4.0}
 
@@ -65,9 +68,16 @@ def say(*args):
 
 
 def candidates(n) -> list:
-    """configs.MONO_CANDIDATES[n] (the smoke run: the first only)."""
-    found = configs.MONO_CANDIDATES.get(n, [])
+    """configs.GLUON_ONEPASS_CANDIDATES[n] (the smoke run: the first only)."""
+    found = configs.GLUON_ONEPASS_CANDIDATES.get(n, [])
     return found[:1] if SMOKE else found
+
+
+def candidate_plan(config):
+    """The Gluon plan of a candidate; the smoke run (CPU): its tl twin, kernels_mono.py at the same factors."""
+    if SMOKE:
+        return mono_plan(config[0], config[1], 1, 1, 4, False, True)
+    return gluon_plan(*config)
 
 
 def key(config) -> str:
@@ -89,25 +99,40 @@ def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def check(n, config, dtype, conj, B=16, H=16) -> dict:
-    """One candidate against float64: (B, H, n) u, a filter of n, y started as NaN."""
+def check(n, config, dtype, conj, B=16, H=128, nan=False) -> dict:
+    """One candidate against float64: (B, H, n) u, a filter of n, y started as NaN. ``nan``: B5 H3 (an odd
+    batch) with a NaN in u[2, 1]: that sequence must come out all NaN, every other one finite."""
     if SMOKE:
         B, H = 3, 2  # (an odd batch: the last pair's half masked)
-    g = torch.Generator().manual_seed(n + 7 * conj)
+    if nan:
+        B, H = 5, 3
+    g = torch.Generator().manual_seed(n + 7 * conj + 3 * nan)
     u = torch.randn(B, H, n, generator=g).to(dtype)
+    if nan:
+        u[2, 1, n // 3] = float("nan")
     k = (torch.randn(H, n, generator=g) / math.sqrt(n)).to(dtype)
     spectrum = filter_spectrum(k, n)
     poison_allocator()
     y = torch.full((B, H, n), float("nan"), dtype=dtype, device=DEV)
-    conv_launch.launch(mono_plan(*config), u.to(DEV), spectrum.to(DEV), y, conj)
+    conv_launch.launch(candidate_plan(config), u.to(DEV), spectrum.to(DEV), y, conj)
     y = y.cpu()
     # conj: the correlation (the backward's du), else the causal convolution
     ref = _correlation(u.double(), k.double()) if conj else fft_conv_reference(u.double(), k.double())
+    name = str(dtype).removeprefix("torch.")
+    row = {"n": n, "config": key(config), "dtype": name + (" NaN/odd" if nan else ""), "conj": conj}
+    if nan:
+        bad = y[2, 1]
+        rest = torch.ones(B, H, dtype=torch.bool)
+        rest[2, 1] = False
+        written = bool(torch.isfinite(y[rest]).all())
+        err = accuracy.error_over_floor(y[rest], ref[rest]) if written else float("inf")
+        row.update(written=written, nan_all=bool(torch.isnan(bad).all()), err_over_floor=err)
+        row["ok"] = written and row["nan_all"] and err <= BOUNDS[name]
+        return row
     written = bool(torch.isfinite(y).all())
     err = accuracy.error_over_floor(y, ref) if written else float("inf")
-    name = str(dtype).removeprefix("torch.")
-    return {"n": n, "config": key(config), "dtype": name, "conj": conj, "written": written, "err_over_floor": err,
-            "ok": written and err <= BOUNDS[name]}
+    row.update(written=written, err_over_floor=err, ok=written and err <= BOUNDS[name])
+    return row
 
 
 def _correlation(u64, k64):
@@ -152,10 +177,22 @@ def time_n(n, passed: list[str]) -> dict:
     for config in candidates(n):
         if key(config) not in passed:
             continue
+        cplan = candidate_plan(config)
         row["candidates"][key(config)] = guard(key(config), lambda: bench(
-            lambda: conv_launch.launch(mono_plan(*config), u, spectrum, y, False)))
-        a, b, c = config[:3]
-        row.setdefault("model_ms", {})[key(config)] = model.bound_ms("mono", B, H, n, a, b, c)
+            lambda: conv_launch.launch(cplan, u, spectrum, y, False)))
+        if not SMOKE:  # the kernel alone: the spectrum already in the tile's layout (filter_spectrum's cost)
+            a, b = config[:2]
+            ops = conv_launch.mono_operands(a, b, 1, DEV)
+            tile_spectrum = conv_launch.mono_spectrum(spectrum, a, b, 1, False, False)
+            kernel = conv_launch._conv_gluon
+            grid = (conv_launch.gluon_grid(cplan, B, H, DEV),)
+            row.setdefault("kernel_only", {})[key(config)] = guard(key(config) + " kernel", lambda: bench(
+                lambda: kernel[grid](u, tile_spectrum, y, ops["FARE"], ops["FAIM"], ops["FBRE"], ops["FBIM"],
+                                     ops["TFRE"], ops["TFIM"], B, H, u.stride(0), u.stride(1), y.stride(0),
+                                     y.stride(1), tile_spectrum.stride(0), A=a, B=b, ASYNC=cplan.async_mma,
+                                     num_warps=4)))
+        a, b = config[:2]
+        row.setdefault("model_ms", {})[key(config)] = model.bound_ms("mono", B, H, n, a, b, 1)
     if n in PROBE_CONFIGS and key(PROBE_CONFIGS[n]) in passed:
         for probe in PROBES:
             probe_plan = dataclasses.replace(mono_plan(*PROBE_CONFIGS[n]), probe=probe)
@@ -173,8 +210,9 @@ def time_n(n, passed: list[str]) -> dict:
 def check_steps(n) -> list:
     """N's check steps: (config, dtype, conj) of each candidate (each its own compile: dtype and conj
     specialize the kernel)."""
-    return [(config, dtype, conj) for config in candidates(n)
-            for dtype, conj in ((torch.bfloat16, False), (torch.float16, False), (torch.bfloat16, True))]
+    return [(config, dtype, conj, nan) for config in candidates(n)
+            for dtype, conj, nan in ((torch.bfloat16, False, False), (torch.float16, False, False),
+                                     (torch.bfloat16, True, False), (torch.bfloat16, False, True))]
 
 
 def child(phase: str, n: int, step: int, part: Path) -> int:
@@ -191,12 +229,12 @@ def child(phase: str, n: int, step: int, part: Path) -> int:
         if not SMOKE:
             torch.cuda.synchronize()
     elif phase == "check":
-        config, dtype, conj = check_steps(n)[step]
-        label = f"N={n} {key(config)} {dtype} conj={conj}"
+        config, dtype, conj, nan = check_steps(n)[step]
+        label = f"N={n} {key(config)} {dtype} conj={conj} nan={nan}"
         got["case"] = label
         part.write_text(json.dumps(got))  # (a child that dies leaves its case behind)
         try:
-            row = check(n, config, dtype, conj)
+            row = check(n, config, dtype, conj, nan=nan)
             got["checks"].append(row)
             say("check", json.dumps(row))
         except Exception as err:  # noqa: BLE001
@@ -264,7 +302,7 @@ def main() -> int:
     by_config: dict = {}
     for row in results["checks"]:
         by_config.setdefault((row["n"], row["config"]), []).append(row["ok"])
-    passed = {n: [c for (m, c), oks in by_config.items() if m == n and len(oks) == 3 and all(oks)] for n in SIZES}
+    passed = {n: [c for (m, c), oks in by_config.items() if m == n and len(oks) == 4 and all(oks)] for n in SIZES}
     # the timings one N after the other (the kernels come from Triton's cache)
     for got in run_children("time", [(n, 0) for n in SIZES], passed, parallel=1):
         results["errors"] += got.get("errors", [])
@@ -277,7 +315,7 @@ def main() -> int:
     print(f"\nchecks (error / rounding floor; ok: bf16 <= {BOUNDS['bfloat16']}, fp16 <= {BOUNDS['float16']}, "
           "every element written)")
     for row in results["checks"]:
-        print(f"  N {row['n']:>5} {row['config']:>14} {row['dtype']:>8} conj={row['conj']!s:5} "
+        print(f"  N {row['n']:>5} {row['config']:>10} {row['dtype']:>16} conj={row['conj']!s:5} "
               f"{row['err_over_floor']:7.3f}  {'ok' if row['ok'] else 'FAIL'}")
     print(f"\ntime at B16 H768 bf16 ({'smoke: not timed' if SMOKE else 'do_bench medians, ms'}); "
           "speedup = torch.fft / ms; % copy = copy of u, y, spectrum / ms")
@@ -287,7 +325,8 @@ def main() -> int:
         print(f"{row['n']:>6} {'torch.fft':>22} {base:8.4f}")
         print(f"{row['n']:>6} {'copy (bound)':>22} {copy:8.4f}")
         cases = [(f"shipped ({row['shipped_path']})", row.get("shipped_ms", math.nan), None)]
-        cases += [(f"mono {c}", ms, row.get("model_ms", {}).get(c)) for c, ms in row["candidates"].items()]
+        cases += [(f"gluon {c}", ms, row.get("model_ms", {}).get(c)) for c, ms in row["candidates"].items()]
+        cases += [(f"gluon {c} kernel", ms, None) for c, ms in row.get("kernel_only", {}).items()]
         for what, ms, bound in cases:
             print(f"{row['n']:>6} {what:>22} {ms:8.4f} {base / ms:8.2f} {100 * copy / ms:7.1f} "
                   f"{'' if bound is None else f'{bound:9.4f}'}")

@@ -31,7 +31,7 @@ difference is needed (in registers for x and D, -Im F_B resident in shared memor
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon import wgmma_layout
-from tilecore.tiles.gluon.compat import fence_async_shared, gl, warpgroup_mma
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, warpgroup_mma, warpgroup_mma_wait
 
 SUPPORTED_N = (1024,)  # the sizes the kernel is built for (A = 32, B = 64); 2048 (64 x 64) compiles too
 
@@ -62,6 +62,25 @@ def _resident(ptr, ROWS: gl.constexpr, COLS: gl.constexpr, STRIDE: gl.constexpr,
 
 
 @gluon.jit
+def _complex_mma(a1, b1, a2, b2, a3, b3, a4, b4, zeros, ASYNC: gl.constexpr, REGS: gl.constexpr):
+    """(a1 b1 + a2 b2, a3 b3 + a4 b4): the real and imaginary parts of a complex product, float32 sums.
+    ASYNC: the four wgmmas issued together and waited for once (else each waits for itself); REGS: the
+    a operands are registers, kept alive until the wait."""
+    if ASYNC:
+        p = warpgroup_mma(a1, b1, zeros, use_acc=False, is_async=True)
+        p = warpgroup_mma(a2, b2, p, is_async=True)
+        q = warpgroup_mma(a3, b3, zeros, use_acc=False, is_async=True)
+        q = warpgroup_mma(a4, b4, q, is_async=True)
+        if REGS:
+            p, q, a1, a2, a3, a4 = warpgroup_mma_wait(0, deps=(p, q, a1, a2, a3, a4))
+        else:
+            p, q = warpgroup_mma_wait(0, deps=(p, q))
+        return p, q
+    return (warpgroup_mma(a2, b2, warpgroup_mma(a1, b1, zeros, use_acc=False)),
+            warpgroup_mma(a4, b4, warpgroup_mma(a3, b3, zeros, use_acc=False)))
+
+
+@gluon.jit
 def _load_half(ptr, b, batch, row_offset, offsets):
     """u[b, h, offsets] (row_offset = h * stride_h) as float32 divided by its largest |u|, non-finite
     elements zeroed; also (that scale, whether a non-finite element was there)."""
@@ -78,14 +97,15 @@ def _load_half(ptr, b, batch, row_offset, offsets):
 @gluon.jit
 def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
-                                  A: gl.constexpr, B: gl.constexpr):
+                                  A: gl.constexpr, B: gl.constexpr, ASYNC: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every
     channel h; work item w = h * groups + g, program p runs w = p, p + programs, ...
 
     U, Y: (batch, heads, N) rows with unit stride along N = A B / 2. K: the spectrum laid out as the
     tile, (heads, 2, L) float32 planes (re, im) at f = k_a + A k_b, conjugated on the host for the
     correlation (launch.mono_spectrum with c = 1). FA (A, A), FB (B, B): float16 DFT matrices; TF (B, A)
-    = W_L^(m k_a) float32 (launch.mono_operands). 4 warps (one warpgroup); B = 64."""
+    = W_L^(m k_a) float32 (launch.mono_operands). 4 warps (one warpgroup); B = 64. ASYNC: each complex
+    product's four wgmmas issued at once, one wait (else one wait each)."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup")
     HALF: gl.constexpr = A // 2
@@ -133,8 +153,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         xre = gl.convert_layout(xre.to(gl.float16), lhs)
         xim = gl.convert_layout(xim.to(gl.float16), lhs)
         # 1. [B, HALF] @ F_A[:HALF, :] (|.| <= HALF sqrt 2)
-        rre = warpgroup_mma(-xim, fa1im, warpgroup_mma(xre, fa1re, zeros, use_acc=False))
-        rim = warpgroup_mma(xim, fa1re, warpgroup_mma(xre, fa1im, zeros, use_acc=False))
+        rre, rim = _complex_mma(xre, fa1re, -xim, fa1im, xre, fa1im, xim, fa1re, zeros, ASYNC, True)
         # 2. twiddles W_L^(m k_a)
         twre = gl.load(TFRE + tab)
         twim = gl.load(TFIM + tab)
@@ -145,8 +164,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         tile_im.store(rim.to(gl.float16))
         fence_async_shared()
         gl.thread_barrier()
-        sre = warpgroup_mma(fbnim, tile_im, warpgroup_mma(fbre, tile_re, zeros, use_acc=False))
-        sim = warpgroup_mma(fbim, tile_re, warpgroup_mma(fbre, tile_im, zeros, use_acc=False))
+        sre, sim = _complex_mma(fbre, tile_re, fbnim, tile_im, fbre, tile_im, fbim, tile_re, zeros, ASYNC, False)
         # the spectrum at f = k_a + A k_b (the tile's order), then one scale a pair for float16
         spectrum = K + h * stride_kh
         kre = gl.load(spectrum + tab)
@@ -163,8 +181,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         tile_im.store((yim * inv).to(gl.float16))
         fence_async_shared()
         gl.thread_barrier()
-        dre = warpgroup_mma(fbim, tile_im, warpgroup_mma(fbre, tile_re, zeros, use_acc=False))
-        dim = warpgroup_mma(fbnim, tile_re, warpgroup_mma(fbre, tile_im, zeros, use_acc=False))
+        dre, dim = _complex_mma(fbre, tile_re, fbim, tile_im, fbre, tile_im, fbnim, tile_re, zeros, ASYNC, False)
         # 2'. conjugate twiddles (read again from L1: held across the pair they cost 32 registers)
         twre = gl.load(TFRE + tab)
         twim = gl.load(TFIM + tab)
@@ -172,8 +189,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         # 1'. [B, A] @ conj(F_A)[:, :HALF]: only y's N outputs
         dre16 = gl.convert_layout(dre.to(gl.float16), lhs_out)
         dim16 = gl.convert_layout(dim.to(gl.float16), lhs_out)
-        ore = warpgroup_mma(dim16, fa2im, warpgroup_mma(dre16, fa2re, zeros_out, use_acc=False))
-        oim = warpgroup_mma(-dre16, fa2im, warpgroup_mma(dim16, fa2re, zeros_out, use_acc=False))
+        ore, oim = _complex_mma(dre16, fa2re, dim16, fa2im, dim16, fa2re, -dre16, fa2im, zeros_out, ASYNC, True)
         out_scale = spec_scale * (1.0 / L)
         ore = gl.convert_layout(ore, io) * (out_scale * scale_re)
         oim = gl.convert_layout(oim, io) * (out_scale * scale_im)
@@ -183,3 +199,57 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         ok = seq >= 0
         gl.store(Y + b_re.to(gl.int64) * stride_yb + h * stride_yh + seq, ore.to(ty), mask=ok & (b_re < batch))
         gl.store(Y + b_im.to(gl.int64) * stride_yb + h * stride_yh + seq, oim.to(ty), mask=ok & (b_im < batch))
+
+
+def emulate(u, spectrum, conj: bool, a: int, b: int):
+    """The kernel's arithmetic in torch, step for step (the same tables, float16 roundings where the
+    kernel casts, float32 sums): Gluon cannot be interpreted, so the tests check the stage math, signs
+    and table indices here against float64. u (B, H, N) with 2N = a b; spectrum: the rfft (H, N + 1)."""
+    import torch
+
+    from tilecore.ops.fft_conv.launch import mono_operands, mono_spectrum
+
+    Bt, H, N = u.shape
+    half, L = a // 2, a * b
+    ops = {name: t.float() for name, t in mono_operands(a, b, 1, u.device).items()}
+    tile = mono_spectrum(spectrum, a, b, 1, False, conj).view(H, 2, b, a)
+    fa1re, fa1im = ops["FARE"][:half], ops["FAIM"][:half]
+    fa2re, fa2im = ops["FARE"][:, :half], ops["FAIM"][:, :half]
+    fbre, fbim = ops["FBRE"], ops["FBIM"]
+    twre, twim = ops["TFRE"], ops["TFIM"]
+    h16 = lambda x: x.half().float()  # noqa: E731 (the kernel's float16 casts)
+    y = torch.empty(Bt, H, N, dtype=u.dtype)
+    x = u.float().reshape(Bt, H, half, b).transpose(-1, -2)  # x[m, a] = u[b a + m]: [b, half]
+    finite = torch.isfinite(x)
+    bad = ~finite.flatten(2).all(-1)
+    x = torch.where(finite, x, 0.0)
+    scale = x.abs().flatten(2).amax(-1)
+    scale = torch.where(scale > 0, scale, 1.0)
+    x = x / scale[..., None, None]
+    for h in range(H):
+        for g in range(0, Bt, 2):
+            xre = h16(x[g, h])
+            xim = h16(x[g + 1, h]) if g + 1 < Bt else torch.zeros_like(xre)
+            rre = xre @ fa1re + (-xim) @ fa1im
+            rim = xre @ fa1im + xim @ fa1re
+            rre, rim = rre * twre - rim * twim, rre * twim + rim * twre
+            rre, rim = h16(rre), h16(rim)
+            sre = fbre @ rre + (-fbim) @ rim
+            sim = fbre @ rim + fbim @ rre
+            kre, kim = tile[h, 0], tile[h, 1]
+            yre, yim = sre * kre - sim * kim, sre * kim + sim * kre
+            spec_scale = torch.maximum(yre.abs().max(), yim.abs().max())
+            spec_scale = torch.where(spec_scale > 0, spec_scale, 1.0)
+            yre, yim = h16(yre / spec_scale), h16(yim / spec_scale)
+            dre = fbre @ yre + fbim @ yim
+            dim = fbre @ yim + (-fbim) @ yre
+            dre, dim = dre * twre + dim * twim, dim * twre - dre * twim
+            dre, dim = h16(dre), h16(dim)
+            ore = dre @ fa2re + dim @ fa2im
+            oim = dim @ fa2re + (-dre) @ fa2im
+            for j, o in ((g, ore), (g + 1, oim)):
+                if j < Bt:
+                    o = o * (spec_scale / L * scale[j, h])
+                    o = torch.where(bad[j, h], float("nan"), o)
+                    y[j, h] = o.transpose(0, 1).reshape(N).to(u.dtype)
+    return y

@@ -187,7 +187,7 @@ def _launch_gluon(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.
     _conv_gluon[(gluon_grid(plan, B, H, u.device),)](
         u, tile_spectrum, y, ops["FARE"], ops["FAIM"], ops["FBRE"], ops["FBIM"], ops["TFRE"], ops["TFIM"],
         B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), tile_spectrum.stride(0), A=a, B=b,
-        num_warps=4)
+        ASYNC=plan.async_mma, num_warps=4)
 
 
 def _launch_long(plan: Plan, u: torch.Tensor, spectrum_f32: torch.Tensor, y: torch.Tensor, conj: bool,

@@ -47,15 +47,16 @@ class Plan:
     probe: int = 0  # "mono": timing probes (WRONG results: kernels_mono.py PROBE); never in configs
     kfull: bool = False  # "mono": the spectrum laid out as the tile on the host (kernels_mono.py KFULL)
     per_sm: int = 0  # "gluon": persistent programs a multiprocessor (0: one program a pair)
+    async_mma: bool = False  # "gluon": a complex product's four wgmmas issued at once, one wait
 
 
-def gluon_plan(a: int, b: int, per_sm: int) -> Plan:
+def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False) -> Plan:
     """The Gluon one-pass kernel (gluon_onepass.py): 2N = a b, b = 64; ``per_sm`` persistent programs a
-    multiprocessor (0: one program a pair of sequences)."""
+    multiprocessor (0: one program a pair of sequences); ``async_mma``: its ASYNC."""
     if b != 64 or a not in (32, 64):
         raise ValueError(f"the Gluon one-pass kernel takes 2N = a x 64 with a = 32 or 64 (N = 1024, 2048); "
                          f"got {a} x {b}")
-    return Plan("gluon", n1=a, n2=b, n3=1, num_warps=4, per_sm=per_sm, kfull=True)
+    return Plan("gluon", n1=a, n2=b, n3=1, num_warps=4, per_sm=per_sm, kfull=True, async_mma=async_mma)
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:
@@ -86,7 +87,7 @@ def plan(n: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> P
     if dispatch.backend_for(device) == "reference":
         return Plan("torch")
     if (str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.GLUON_ONEPASS
-            and device.type == "cuda" and dispatch.gluon_ok(device)):
+            and device.type != "cpu" and dispatch.gluon_ok(device)):  # (Gluon is never interpreted)
         return gluon_plan(*configs.GLUON_ONEPASS[n])
     if str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.MONO_CONFIGS:
         return mono_plan(*configs.MONO_CONFIGS[n])

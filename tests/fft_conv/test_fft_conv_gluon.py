@@ -1,0 +1,142 @@
+"""The one-pass FFT convolution in Gluon (tilecore/ops/fft_conv/gluon_onepass.py). Gluon is not
+interpretable, so: the kernel compiles for sm_90a (wgmma, no spill, within shared memory; ASYNC issues
+each complex product's wgmmas together), its arithmetic step for step in torch (``emulate``: the same
+tables, roundings and signs) matches float64 at the floor, its host launch binds every kernel argument
+with the tile-ordered spectrum, and the plan takes it only behind configs.GLUON_ONEPASS on a Hopper.
+Its tl twin (kernels_mono.py at the same factors, kfull) is tested in test_fft_conv_mono.py."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tilecore import accuracy, dispatch
+from tilecore.ops.fft_conv import configs, fft_conv_reference, filter_spectrum, gluon_onepass
+from tilecore.ops.fft_conv import launch as conv_launch
+from tilecore.ops.fft_conv import plan as conv_plan
+
+CODE = """
+import json, re
+from tilecore.ops.fft_conv.report import gluon_variant
+from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
+out = []
+for a, b, asynchronous in ((32, 64, False), (32, 64, True), (64, 64, True)):
+    name, kernel, args, warps, _ = gluon_variant(a, b, 0, asynchronous)
+    compiled = compile_kernel(kernel, args, num_warps=warps)
+    ptx = compiled.asm["ptx"]
+    out.append(dict(name=name, waits=len(re.findall(r"wgmma\\.wait_group", ptx)),
+                    mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), **vars(resources(compiled)),
+                    **has_hopper_instructions(ptx)))
+print(json.dumps(out))
+"""
+
+
+def test_compiles_for_hopper_with_wgmma_and_no_spill():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
+    r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    sync, asynchronous, big = json.loads(r.stdout)
+    for row in (sync, asynchronous, big):
+        assert row["wgmma"] and not row["wgmma_serialized"], row
+        assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
+        assert row["shared"] <= 227 * 1024 and row["threads"] == 128, row
+    assert sync["shared"] <= 48 * 1024 and sync["registers"] <= 168, sync  # 3 programs a multiprocessor
+    # ASYNC: one wait a complex product (4 of them a pair), not one a wgmma
+    assert asynchronous["waits"] < sync["waits"], (asynchronous, sync)
+
+
+def _correlation(u64, k64):
+    n = u64.shape[-1]
+    spectrum = torch.fft.rfft(u64, n=2 * n) * torch.fft.rfft(k64, n=2 * n).conj()
+    return torch.fft.irfft(spectrum, n=2 * n)[..., :n]
+
+
+@pytest.mark.parametrize("n", [1024, 2048])
+@pytest.mark.parametrize("dtype, conj", [(torch.bfloat16, False), (torch.bfloat16, True), (torch.float16, False)])
+def test_kernel_arithmetic_matches_float64(n, dtype, conj):
+    a, b = gluon_onepass.factors(n)
+    g = torch.Generator().manual_seed(n + conj)
+    u = torch.randn(3, 2, n, generator=g).to(dtype)  # an odd batch: the last pair's half absent
+    k = (torch.randn(2, n, generator=g) / math.sqrt(n)).to(dtype)
+    y = gluon_onepass.emulate(u, filter_spectrum(k, n), conj, a, b)
+    ref = (_correlation if conj else fft_conv_reference)(u.double(), k.double())
+    assert torch.isfinite(y).all()
+    err = accuracy.error_over_floor(y, ref)
+    # bf16 at the pair kernel's 1.04x; fp16 at the float16 products' own ~2.4x
+    assert err <= (1.2 if dtype == torch.bfloat16 else 3.5), err
+
+
+def test_kernel_arithmetic_keeps_nonfinite_and_scales_in_their_sequence():
+    n = 1024
+    g = torch.Generator().manual_seed(5)
+    u = torch.randn(4, 1, n, generator=g)
+    u[1] *= 1e-6  # the pair's halves 10^6 apart
+    u[2, 0, 17] = float("nan")  # its partner (u[3]) must stay finite
+    u = u.to(torch.bfloat16)
+    k = (torch.randn(1, n, generator=g) / math.sqrt(n)).to(torch.bfloat16)
+    y = gluon_onepass.emulate(u, filter_spectrum(k, n), False, 32, 64)
+    ref = fft_conv_reference(u.double(), k.double())
+    assert torch.isnan(y[2]).all()
+    for i in (0, 1, 3):
+        assert accuracy.error_over_floor(y[i], ref[i]) <= 1.2
+
+
+class _FakeLaunch:
+    """Stands for the Gluon kernel's CachedLaunch: records the grid and the arguments."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+
+
+@pytest.mark.parametrize("per_sm, conj", [(0, False), (3, True)])
+def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm, conj):
+    fake = _FakeLaunch()
+    monkeypatch.setattr(conv_launch, "_conv_gluon", fake)
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
+    B, H, n = 5, 3, 1024
+    u = torch.randn(B, H, n).to(torch.bfloat16)
+    spectrum = filter_spectrum(torch.randn(H, n), n)
+    y = torch.empty_like(u)
+    conv_launch.launch(conv_plan.gluon_plan(32, 64, per_sm, True), u, spectrum, y, conj)
+    (grid, args, kwargs), = fake.calls
+    pairs = H * 3
+    assert grid == ((pairs,) if per_sm == 0 else (min(pairs, 4 * per_sm),))
+    kernel = gluon_onepass.fft_conv_gluon_onepass_kernel
+    names = [p.name for p in kernel.params]
+    assert names[:len(args)] + sorted(set(kwargs) - {"num_warps"}) == names[:len(args)] + sorted(names[len(args):])
+    bound = dict(zip(names, args)) | kwargs
+    assert bound["U"] is u and bound["Y"] is y and bound["batch"] == B and bound["heads"] == H
+    assert bound["A"] == 32 and bound["B"] == 64 and bound["ASYNC"] is True and kwargs["num_warps"] == 4
+    tile = conv_launch.mono_spectrum(spectrum, 32, 64, 1, False, conj)
+    assert torch.equal(bound["K"], tile) and bound["stride_kh"] == 2 * 2 * n
+    ops = conv_launch.mono_operands(32, 64, 1, u.device)
+    assert bound["TFRE"] is ops["TFRE"] and bound["FBIM"] is ops["FBIM"]
+
+
+def test_plan_takes_the_kernel_only_behind_its_switch_on_hopper(monkeypatch):
+    H100 = dispatch.TARGETS["sm_90a"]
+    meta = torch.device("meta")
+    with dispatch.pretend(H100):
+        assert conv_plan.plan(1024, meta, torch.bfloat16).path != "gluon"  # off: configs.GLUON_ONEPASS
+        monkeypatch.setitem(configs.GLUON_ONEPASS, 1024, (32, 64, 3, True))
+        got = conv_plan.plan(1024, meta, torch.bfloat16)
+        assert got == conv_plan.gluon_plan(32, 64, 3, True)
+        assert conv_plan.plan(1024, meta, torch.float32).path != "gluon"  # float32 keeps its kernel
+    # never under the interpreter (Gluon cannot be interpreted) nor on CPU
+    assert conv_plan.plan(1024, torch.device("cpu"), torch.bfloat16).path != "gluon"
+
+
+def test_gluon_plan_rejects_what_the_kernel_does_not_take():
+    with pytest.raises(ValueError, match="a x 64"):
+        conv_plan.gluon_plan(16, 128, 0)
+    assert gluon_onepass.factors(1024) == (32, 64) and gluon_onepass.factors(2048) == (64, 64)
+    for n, candidates in configs.GLUON_ONEPASS_CANDIDATES.items():
+        for config in candidates:
+            assert config[0] * config[1] == 2 * n
+            conv_plan.gluon_plan(*config)
