@@ -242,8 +242,9 @@ def timed_config(a, b, out_dtype, bias, scales, form, top_k: int) -> tuple[dict,
     """(the Gluon row to run, its candidates' times in ms by position): napkin_configs' candidates,
     each launched once to compile and then timed (launch.time_plans, the median of
     configs.NAPKIN_TIMED_REPS), the fastest kept for the shape's bucket on this device. Nothing is
-    timed while a CUDA graph captures (the table's row, not kept); a candidate that fails to compile
-    or launch is left out (the table's row if all do)."""
+    timed while a CUDA graph captures (the table's row, not kept) nor on a meta device standing for a
+    GPU (dispatch.pretend: the napkin's first legal row); a candidate that fails to compile or launch
+    is left out (the table's row if all do)."""
     M, K = a.shape
     N = b.shape[1]
     fp8 = scales is not None
@@ -255,9 +256,11 @@ def timed_config(a, b, out_dtype, bias, scales, form, top_k: int) -> tuple[dict,
     table = table_config(K, fp8)
     if dispatch.capturing(a.device):
         return table, {}
+    rows = napkin_configs(M, N, K, a.dtype, out_dtype, top_k, napkin_gpu(a.device))
+    if not _timeable(a.device):  # a meta device standing for a GPU (dispatch.pretend): nothing to time
+        return rows[0], {}
     from tilecore.ops.gemm import launch
 
-    rows = napkin_configs(M, N, K, a.dtype, out_dtype, top_k, napkin_gpu(a.device))
     copy_a, b_t, copy_b = form
     common = dict(out_dtype=out_dtype, has_bias=bias is not None, scales=scales_code(*scales) if fp8 else 0)
     plans = [Plan("gluon", config=r, **_schedule(a, M, N, K, r), b_t=b_t, copy_a=copy_a, copy_b=copy_b,
@@ -269,6 +272,12 @@ def timed_config(a, b, out_dtype, bias, scales, form, top_k: int) -> tuple[dict,
     return picked
 
 
+def _timeable(device) -> bool:
+    return device.type == "cuda"
+
+
 def napkin_gpu(device) -> str:
     """The napkin preset of a Hopper device (dispatch.properties names it): "h200" or "h100"."""
+    if device.type != "cuda":  # a meta device inside dispatch.pretend: the Hopper preset
+        return "h100"
     return "h200" if "H200" in dispatch.properties(device).name.upper() else "h100"

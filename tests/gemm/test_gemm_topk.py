@@ -1,0 +1,158 @@
+"""The GEMM's Gluon rows from the napkin's top-k, timed (issue 36 part 4; configs.NAPKIN_TOPK): the
+candidates are the napkin's ranking of the rows the kernel takes plus the table's, the same list on
+every machine; the plan times them once a (shape bucket, dtypes, operand form, device), picks the
+fastest, and times nothing in a graph capture or for a meta device (dispatch.pretend: the napkin's
+first row). The GPU run of the pick: experiments/napkin/gpu_topk_configs.py."""
+import math
+
+import pytest
+import torch
+
+from tilecore import dispatch
+from tilecore.napkin.engine import rank_gemm_configs
+from tilecore.ops.gemm import configs, launch, plan
+
+H100 = dispatch.TARGETS["sm_90a"]
+BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
+
+
+def napkin_key(r):
+    return (*r["block"], r["stages"], r["num_warps"] // 4)
+
+
+@pytest.mark.parametrize("shape", [(8192, 8192, 8192), (64, 8192, 8192), (4096, 4096, 256), (8192, 4096, 14336)])
+@pytest.mark.parametrize("dtype", [BF16, FP8])
+def test_candidates_are_the_napkins_top_k_of_legal_rows_then_the_table(shape, dtype):
+    rows = plan.napkin_configs(*shape, dtype, BF16, 4)
+    table = plan.table_config(shape[2], dtype == FP8)
+    assert rows == plan.napkin_configs(*shape, dtype, BF16, 4)  # deterministic
+    assert all(plan.gluon_legal(r, dtype.itemsize, 2) is None for r in rows)
+    assert rows[-1] == table or table in rows[:4]
+    top = rows[:4] if len(rows) == 4 else rows[:-1]
+    assert len(top) == 4
+    # in the napkin's order: its predicted times do not decrease
+    predicted = {(*c.block, c.stages, c.warpgroups): c.time
+                 for c in rank_gemm_configs(*shape, "fp8" if dtype == FP8 else "bf16", "h100",
+                                            candidates=[napkin_key(r) for r in top])}
+    times = [predicted[napkin_key(r)] for r in top]
+    assert times == sorted(times)
+    # and they are its best of every legal row: none left out predicts faster than the k-th
+    legal = [plan.gluon_row(*c) for c in configs.GLUON_CANDIDATES]
+    legal = [r for r in legal if plan.gluon_legal(r, dtype.itemsize, 2) is None]
+    every = rank_gemm_configs(*shape, "fp8" if dtype == FP8 else "bf16", "h100",
+                              candidates=list(dict.fromkeys(map(napkin_key, legal))))
+    assert min(c.time for c in every) == times[0] and times[-1] <= sorted(c.time for c in every)[len(top) - 1] * 1.0001
+
+
+def test_no_candidates_leaves_the_table():
+    assert plan.napkin_configs(4096, 4096, 4096, BF16, BF16, 0) == [configs.GLUON_BF16]
+    assert plan.napkin_configs(4096, 4096, 128, BF16, BF16, 0) == [configs.GLUON_BF16_SMALL_K]
+    assert plan.napkin_configs(4096, 4096, 4096, FP8, BF16, 0) == [configs.GLUON_FP8]
+
+
+@pytest.mark.parametrize("row,operand,out,why", [
+    ((128, 256, 128, 3, 2, 8), 2, 2, "swizzle"),         # bf16's K box: 256 bytes
+    ((128, 256, 64, 4, 2, 8), 2, 2, "shared memory"),    # 4 stages + a 64 KiB epilogue: 257 KiB
+    ((128, 256, 64, 3, 1, 4), 2, 2, "registers"),        # a 128 x 256 accumulator over 4 warps: 256 a thread
+    ((512, 128, 64, 2, 2, 8), 2, 2, "TMA box"),
+    ((64, 128, 64, 3, 1, 8), 2, 2, "warpgroups"),        # 8 warps need 128 rows
+])
+def test_gluon_legal_names_what_the_kernel_cannot_take(row, operand, out, why):
+    assert why in plan.gluon_legal(plan.gluon_row(*row), operand, out)
+
+
+def test_every_shipped_table_row_is_legal_and_a_candidate():
+    cands = [plan.gluon_row(*c) for c in configs.GLUON_CANDIDATES]
+    for row, operand in ((configs.GLUON_BF16, 2), (configs.GLUON_BF16_SMALL_K, 2), (configs.GLUON_FP8, 1)):
+        assert plan.gluon_legal(row, operand, 2) is None and plan.gluon_legal(row, operand, 4) is None
+        assert row in cands
+
+
+def test_switch_off_plans_the_table_and_on_plans_the_napkins_first_row_on_a_meta_gpu(monkeypatch):
+    a = torch.empty(8192, 8192, dtype=BF16, device="meta")
+    monkeypatch.setattr(launch, "time_plans", lambda *args, **kw: pytest.fail("a meta device is never timed"))
+    monkeypatch.setattr(configs, "NAPKIN_TOPK", 0)
+    with dispatch.pretend(H100):
+        assert plan.plan(a, a, out_dtype=BF16).config == configs.GLUON_BF16
+        skinny = torch.empty(64, 8192, dtype=BF16, device="meta")
+        monkeypatch.setattr(configs, "NAPKIN_TOPK", 4)
+        p = plan.plan(skinny, a, out_dtype=BF16)
+    assert p.path == "gluon" and p.config == plan.napkin_configs(64, 8192, 8192, BF16, BF16, 4)[0]
+    assert p.grid[0] >= 1 and p.units >= math.ceil(64 / p.config["block"][0]) * math.ceil(8192 / p.config["block"][1])
+
+
+def test_interpreter_plans_ignore_the_switch(monkeypatch):
+    monkeypatch.setattr(configs, "NAPKIN_TOPK", 4)
+    monkeypatch.setattr(launch, "time_plans", lambda *args, **kw: pytest.fail("the interpreter is never timed"))
+    a = torch.randn(48, 40, dtype=BF16)
+    p = plan.plan(a, a.t().contiguous(), out_dtype=BF16)
+    assert p.path == "tl" and p.config == configs.TL_CPU
+
+
+class FakeTimer:
+    """launch.time_plans standing in for the GPU: ms by a row's block, inf where listed as failing."""
+
+    def __init__(self, ms: dict):
+        self.ms = ms
+        self.calls = []
+
+    def __call__(self, plans, a, b, bias=None, scales=None, reps=5):
+        self.calls.append([p.config["block"] for p in plans])
+        return [self.ms.get(p.config["block"], 1.0) for p in plans]
+
+
+def timed(monkeypatch, timer, M=256, N=512, K=1024, capturing=False, dtype=BF16):
+    """plan.timed_config on CPU tensors taken as a GPU's (plan._timeable; the timing is faked)."""
+    a = torch.randn(M, K).to(dtype)
+    b = torch.randn(K, N).to(dtype)
+    monkeypatch.setattr(launch, "time_plans", timer)
+    monkeypatch.setattr(plan, "_timeable", lambda device: True)
+    monkeypatch.setattr(plan, "napkin_gpu", lambda device: "h100")
+    monkeypatch.setattr(dispatch, "capturing", lambda device: capturing)
+    monkeypatch.setattr(plan, "_schedule", lambda a, M, N, K, cfg: dict(grid=(1,), units=1, stream_k=False))
+    return plan.timed_config(a, b, BF16, None, None, (False, False, False), 4)
+
+
+@pytest.fixture(autouse=True)
+def fresh_picks(monkeypatch):
+    monkeypatch.setattr(plan, "_PICKS", plan.LRU(256))
+
+
+def test_timed_pick_takes_the_fastest_candidate_once_a_bucket(monkeypatch):
+    rows = plan.napkin_configs(256, 512, 1024, BF16, BF16, 4)
+    slow_first = {r["block"]: 2.0 for r in rows}
+    fastest = rows[2]["block"]
+    slow_first[fastest] = 0.5
+    timer = FakeTimer(slow_first)
+    cfg, times = timed(monkeypatch, timer)
+    assert cfg["block"] == fastest and timer.calls == [[r["block"] for r in rows]]
+    assert times[2] == 0.5 and len(times) == len(rows)
+    # the same bucket (sizes rounded up to powers of two) reuses the pick; another bucket times again
+    again, _ = timed(monkeypatch, timer, M=200, N=500, K=1000)
+    assert again == cfg and len(timer.calls) == 1
+    timed(monkeypatch, timer, M=4096)
+    assert len(timer.calls) == 2
+
+
+def test_failed_candidates_are_left_out_and_all_failed_leaves_the_table(monkeypatch):
+    rows = plan.napkin_configs(256, 512, 1024, BF16, BF16, 4)
+    cfg, _ = timed(monkeypatch, FakeTimer({rows[0]["block"]: math.inf, rows[1]["block"]: 0.1}))
+    assert cfg["block"] == rows[1]["block"]
+    monkeypatch.setattr(plan, "_PICKS", plan.LRU(256))
+    cfg, _ = timed(monkeypatch, FakeTimer({r["block"]: math.inf for r in rows}))
+    assert cfg == plan.table_config(1024, False)
+
+
+def test_nothing_is_timed_or_kept_while_a_graph_captures(monkeypatch):
+    timer = FakeTimer({})
+    cfg, times = timed(monkeypatch, timer, capturing=True)
+    assert cfg == configs.GLUON_BF16 and times == {} and timer.calls == [] and len(plan._PICKS) == 0
+
+
+def test_the_pick_is_keyed_by_bucket_dtypes_form_and_device(monkeypatch):
+    timer = FakeTimer({})
+    timed(monkeypatch, timer)
+    (key,) = [k for k in plan._PICKS._data]
+    assert key == ((256, 512, 1024), BF16, BF16, False, 0, (False, False, False), torch.device("cpu"))
+    timed(monkeypatch, timer, dtype=torch.float16)  # another dtype: timed again
+    assert len(timer.calls) == 2
