@@ -119,6 +119,8 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
         cfg = config or fitted("decode", max(D, Dv), configs.decode_config(max(D, Dv), interpret), q.device)
         return _with_operands(_decode_plan(q, k, cfg, splits, v, sm_margin), q)
     if path == "gluon":
+        if config is None and NAPKIN_FORWARD_TOPK and D == Dv:
+            config = timed_forward_config(q, k, v, causal, scale, softcap, NAPKIN_FORWARD_TOPK)
         cfg = dict(config or configs.gluon_forward_config(D, N, Nk, causal, Dv))
         if cfg.get("qk_pieces", 1) != 1 and (cfg.get("carry") or cfg.get("q_regs") or D != 64 * cfg["qk_pieces"]):
             raise ValueError(f"Q and K in column pieces take D = 64 x qk_pieces, no carry and Q in shared memory; "
@@ -135,9 +137,71 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
 
 # issue 36 part 4: the Gluon forward's tiles the napkin ranks (engine.rank_attention_configs) that the
 # kernel takes: 64-row consumers, two or three of them, 64 or 128 keys a step, 2 or 3 stages, within
-# Hopper's 227 KiB a block (Q buffers + K and V stages + 4 KiB). Not routed: the GPU script
-# experiments/napkin/gpu_topk_configs.py --attention times them against the table first.
+# Hopper's 227 KiB a block (Q buffers + K and V stages + 4 KiB). NAPKIN_FORWARD_TOPK > 0: the plan
+# times the napkin's top k and the table's row once a (size bucket, dtype, device) and keeps the
+# fastest (timed_forward_config; window calls and Dv != D keep the table). 0: off, until
+# experiments/napkin/gpu_topk_configs.py --attention shows the pick no worse than the table.
 FORWARD_SMEM = 227 * 1024 - 4096
+NAPKIN_FORWARD_TOPK = 0
+NAPKIN_TIMED_REPS = 5
+_FORWARD_PICKS: OrderedDict = OrderedDict()  # the timed picks, least recently made first
+_FORWARD_PICKS_MAX = 256
+
+
+def timed_forward_config(q, k, v, causal: bool, scale: float, softcap: float, top_k: int) -> dict:
+    """The Gluon forward's row for these inputs: napkin_forward_configs' candidates each launched once
+    (it compiles) and then timed on these inputs into scratch outputs (the median of
+    NAPKIN_TIMED_REPS, CUDA events), the fastest kept for the bucket (B H, N, Nk rounded up to powers
+    of two; D, causal, softcap, dtype, device). Nothing timed while a CUDA graph captures (the table's
+    row, not kept) nor on a meta device (dispatch.pretend: the napkin's first row); a candidate that
+    raises is left out (the table's row if all do)."""
+    B, H, N, D = q.shape
+    Nk = k.shape[2]
+    key = (next_power_of_2(B * H), next_power_of_2(N), next_power_of_2(Nk), D, causal, bool(softcap), q.dtype,
+           q.device)
+    hit = _FORWARD_PICKS.get(key)
+    if hit is not None:
+        return hit
+    table = configs.gluon_forward_config(D, N, Nk, causal)
+    if dispatch.capturing(q.device):
+        return table
+    rows = napkin_forward_configs(B, H, N, Nk, D, causal, top_k, kv_heads=k.shape[1])
+    if q.device.type != "cuda":
+        return rows[0]
+    times = time_forward_configs(rows, q, k, v, causal, scale, softcap)
+    best = min(zip(times, range(len(rows))))
+    best = rows[best[1]] if best[0] < math.inf else table
+    _FORWARD_PICKS[key] = best
+    if len(_FORWARD_PICKS) > _FORWARD_PICKS_MAX:
+        _FORWARD_PICKS.popitem(last=False)
+    return best
+
+
+def time_forward_configs(rows: list[dict], q, k, v, causal: bool, scale: float, softcap: float) -> list[float]:
+    """Each Gluon forward row's GPU time in ms on these inputs (CUDA), into scratch outputs: one launch
+    that compiles it, then the median of NAPKIN_TIMED_REPS between CUDA events; inf where it raises."""
+    from tilecore.ops.attention import launch
+
+    B, H, N, D = q.shape
+    out = torch.empty(B, H, N, v.shape[3], dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, H, N, dtype=torch.float32, device=q.device)
+    times = []
+    for cfg in rows:
+        try:
+            p = plan_forward(q, k, v, causal, scale, path="gluon", config=cfg, softcap=softcap)
+            launch.forward(p, q, k, v, out, lse, causal, scale, softcap=softcap)
+            marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                     for _ in range(NAPKIN_TIMED_REPS)]
+            for start, end in marks:
+                start.record()
+                launch.forward(p, q, k, v, out, lse, causal, scale, softcap=softcap)
+                end.record()
+            torch.cuda.synchronize(q.device)
+            times.append(sorted(a.elapsed_time(b) for a, b in marks)[len(marks) // 2])
+        except Exception as e:  # a candidate the compiler or the GPU refuses: the others still compete
+            dispatch.notice_once(f"attention: the forward candidate {cfg} failed ({type(e).__name__}); left out")
+            times.append(math.inf)
+    return times
 
 
 def napkin_forward_configs(batch: int, heads: int, n: int, nk: int, d: int, causal: bool, top_k: int,
