@@ -551,3 +551,41 @@ def test_fft_conv_eager_autograd_as_the_custom_op(monkeypatch):
                 fft_op.fft_conv(u0, fft_op.filter_spectrum(k0, 64).requires_grad_()).float().sum().backward()
             runs.append(outs)
     assert len(runs[0]) == len(runs[1]) and all(torch.equal(a, c) for a, c in zip(*runs))
+
+
+def test_varlen_gluon_forward_layout_kept_per_key_as_the_plain_launch(monkeypatch):
+    """forward_gluon's settings kept per launch key (session 29): a keyed call hands the launch what the
+    plain call does (grid, every argument but the fresh tensors, options), its work table from this call's
+    lengths; packed_operand's (heads, total, D) view of the memory without a view op."""
+    calls = []
+
+    class Recorder:  # CachedLaunch.run
+        def run(self, key, grid, args, kwargs):
+            calls.append((key, grid, args, kwargs))
+
+    monkeypatch.setattr(varlen_op, "GLUON_VARLEN_FWD", Recorder())
+    monkeypatch.setattr(varlen_op.dispatch, "num_sms", lambda device: 132)
+    monkeypatch.setattr(varlen_op, "work_table", lambda cu_q, cu_k, total, heads, rows, key=None, ranked=None:
+                        varlen_op.work_table_torch(cu_q, cu_k, total, heads, rows))
+    varlen_op._GLUON_FORWARD_LAYOUTS.clear()
+    q = torch.randn(60, 4, 64, dtype=torch.bfloat16)
+    for lengths in ([0, 10, 60], [0, 50, 60], [0, 50, 60]):
+        cu = torch.tensor(lengths, dtype=torch.int32)
+        for key in (None, ("test", 1)):
+            varlen_op.forward_gluon(q, q, q, cu, cu, True, 0.125, 0.0, key=key)
+        (_, grid0, args0, opts0), (key1, grid1, args1, opts1) = calls[-2:]
+        assert key1 == ("test", 1) and grid0 == grid1 and opts0 == opts1
+        for a, b in zip(args0, args1):
+            if isinstance(a, tiles_launch.TmaOperand):
+                assert (a.shape, a.strides, a.block_shape, a.key[:4]) == (b.shape, b.strides, b.block_shape,
+                                                                           b.key[:4])
+            elif isinstance(a, torch.Tensor):
+                assert a.shape == b.shape and (a.dtype != torch.int32 or torch.equal(a, b))  # tables: this call's
+            else:
+                assert a == b
+    assert len(varlen_op._GLUON_FORWARD_LAYOUTS) == 1
+    view = q.transpose(0, 1)
+    operand = varlen_op.packed_operand(q, 64)
+    assert operand.shape == list(view.shape) and operand.strides == list(view.stride())
+    assert operand.base.data_ptr() == view.data_ptr()
+    varlen_op._GLUON_FORWARD_LAYOUTS.clear()

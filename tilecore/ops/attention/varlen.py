@@ -310,9 +310,10 @@ def work_table_torch(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads
 
 def packed_operand(t: torch.Tensor, rows: int) -> TmaOperand:
     """A packed (total, heads, D) tensor as a TMA operand over its (heads, total, D) view, boxes of
-    ``rows`` rows of one head."""
-    view = t.transpose(0, 1)
-    return TmaOperand(view, [1, rows, t.shape[2]])
+    ``rows`` rows of one head (the view given as shape and strides of t's memory: no view op a call)."""
+    total, heads, d = t.shape
+    s_total, s_heads, s_d = t.stride()
+    return TmaOperand(t, [1, rows, d], shape=(heads, total, d), strides=(s_heads, s_total, s_d))
 
 
 def gluon_scores(scale: float, softcap: float, tanh_approx: bool | None = None) -> tuple[float, float, int]:
@@ -339,7 +340,6 @@ def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1
     ``config`` in place of configs.VARLEN_GLUON_FORWARD_CONFIG[D]; the softcap's tanh by
     tanh.approx.f32 unless ``tanh_approx`` is False (the fixed Gluon forward's default). ``key``: the call's
     launch key (attention_varlen's signature: fresh out and lse, the default config), or None."""
-    from tilecore.ops.attention import configs
     from tilecore.tiles.launch import tile_counter
 
     total_q, hq, d = q.shape
@@ -350,22 +350,45 @@ def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1
         lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
     if total_q == 0:
         return out, lse
-    cfg = dict(config or configs.VARLEN_GLUON_FORWARD_CONFIG[d])
-    block_m, block_n, consumers = cfg["block_m"], cfg["block_n"], cfg.get("consumers", 2)
-    work = work_table(cu_q, cu_k, total_q, hq, block_m * consumers, key=key, ranked=cfg.get("ranked_table"))
+    layout = _GLUON_FORWARD_LAYOUTS.memo(key, lambda: _GluonForwardLayout(
+        q, k, cu_q, causal, scale, softcap, left, right, config, tanh_approx))
+    block_m, block_n = layout.block_m, layout.block_n
+    work = work_table(cu_q, cu_k, total_q, hq, layout.table_rows, key=key, ranked=layout.ranked)
     num_tiles = work.shape[0]
-    scale_log2e, tanh_scale, mode = gluon_scores(scale, softcap, tanh_approx)
-    is_causal, window = gluon_masks(causal, left, right)
-    wl, wr = gluon_window(causal, left, right, total_q, k.shape[0])
-    grid = (min(num_tiles, dispatch.num_sms(q.device)),)
     args = (packed_operand(q, block_m), packed_operand(k, block_n), packed_operand(v, block_n),
             packed_operand(out, block_m), out, out.stride(0), lse, cu_q, cu_k, work, num_tiles, hq // hkv, total_q,
-            scale_log2e, tanh_scale, wl, wr, tile_counter(q.device) if cfg.get("drawn", True) else None)
-    options = dict(CAUSAL=is_causal, SOFTCAP=mode, STAGES=cfg["stages"], CONSUMERS=consumers,
-                   Q_BUFFERS=cfg.get("q_buffers", 2), WINDOW=window, ZERO_TAIL_V=cfg.get("zero_tail_v", False),
-                   num_warps=4)
-    GLUON_VARLEN_FWD.run(key, grid, args, options)  # on q's device; by key where given
+            layout.scale_log2e, layout.tanh_scale, layout.wl, layout.wr,
+            tile_counter(q.device) if layout.drawn else None)
+    grid = (min(num_tiles, layout.sms),)
+    GLUON_VARLEN_FWD.run(key, grid, args, layout.options)  # on q's device; by key where given
     return out, lse
+
+
+class _GluonForwardLayout:
+    """forward_gluon's settings that its launch key fixes (config, scores, masks, window, options): made once
+    per key (issue 31's host time), each call where there is none."""
+
+    __slots__ = ("block_m", "block_n", "table_rows", "ranked", "scale_log2e", "tanh_scale", "wl", "wr", "drawn",
+                 "sms", "options")
+
+    def __init__(self, q, k, cu_q, causal, scale, softcap, left, right, config, tanh_approx):
+        from tilecore.ops.attention import configs
+
+        cfg = dict(config or configs.VARLEN_GLUON_FORWARD_CONFIG[q.shape[2]])
+        self.block_m, self.block_n, consumers = cfg["block_m"], cfg["block_n"], cfg.get("consumers", 2)
+        self.table_rows = self.block_m * consumers
+        self.ranked = cfg.get("ranked_table")
+        self.scale_log2e, self.tanh_scale, mode = gluon_scores(scale, softcap, tanh_approx)
+        is_causal, window = gluon_masks(causal, left, right)
+        self.wl, self.wr = gluon_window(causal, left, right, q.shape[0], k.shape[0])
+        self.drawn = cfg.get("drawn", True)
+        self.sms = dispatch.num_sms(q.device)
+        self.options = dict(CAUSAL=is_causal, SOFTCAP=mode, STAGES=cfg["stages"], CONSUMERS=consumers,
+                            Q_BUFFERS=cfg.get("q_buffers", 2), WINDOW=window, ZERO_TAIL_V=cfg.get("zero_tail_v", False),
+                            num_warps=4)
+
+
+_GLUON_FORWARD_LAYOUTS = LRU(256)  # forward_gluon's launch key -> its _GluonForwardLayout
 
 
 # --------------------------------------------------------------------------------------------
