@@ -166,7 +166,7 @@ def timed_forward_config(q, k, v, causal: bool, scale: float, softcap: float, to
     if dispatch.capturing(q.device):
         return table
     rows = napkin_forward_configs(B, H, N, Nk, D, causal, top_k, kv_heads=k.shape[1])
-    if q.device.type != "cuda":
+    if not _timeable(q.device):  # a meta device standing for a GPU (dispatch.pretend)
         return rows[0]
     times = time_forward_configs(rows, q, k, v, causal, scale, softcap)
     best = min(zip(times, range(len(rows))))
@@ -175,6 +175,10 @@ def timed_forward_config(q, k, v, causal: bool, scale: float, softcap: float, to
     if len(_FORWARD_PICKS) > _FORWARD_PICKS_MAX:
         _FORWARD_PICKS.popitem(last=False)
     return best
+
+
+def _timeable(device) -> bool:
+    return device.type == "cuda"
 
 
 def time_forward_configs(rows: list[dict], q, k, v, causal: bool, scale: float, softcap: float) -> list[float]:
