@@ -589,3 +589,41 @@ def test_varlen_gluon_forward_layout_kept_per_key_as_the_plain_launch(monkeypatc
     assert operand.shape == list(view.shape) and operand.strides == list(view.stride())
     assert operand.base.data_ptr() == view.data_ptr()
     varlen_op._GLUON_FORWARD_LAYOUTS.clear()
+
+
+def test_attention_fp8_gluon_layout_kept_per_key_as_the_plain_launch(monkeypatch):
+    """attention_fp8's Gluon launch settings kept per launch key (session 29): a keyed call hands the launch
+    the plain call's grid, options and arguments (descriptors of the same layouts)."""
+    from tilecore.ops.attention_fp8 import launch as fp8_launch
+
+    calls = []
+
+    class Recorder:  # CachedLaunch.run
+        def run(self, key, grid, args, kwargs):
+            calls.append((key, grid, args, kwargs))
+
+    monkeypatch.setattr(fp8_launch, "GLUON_FWD", Recorder())
+    monkeypatch.setattr(fp8_launch, "_tiling", lambda q, k, rows, block_n, causal: ((7,), 2, 1))
+    fp8_launch._GLUON_LAYOUTS.clear()
+    fp8_launch._TILINGS.clear()
+    torch.manual_seed(13)
+    q, k = (torch.randn(1, 2, 40, 64).to(torch.float8_e4m3fn) for _ in range(2))
+    v = torch.randn(1, 2, 40, 64).to(torch.float8_e4m3fn)
+    scales = [torch.rand(1, 2) + 0.5, torch.rand(1, 2, 1) + 0.5, torch.rand(1, 2) + 0.5]
+    for causal in (True, False, True):
+        p = fp8_launch.plan(q, k, causal, path="gluon")
+        for key in (None, ("test", causal)):
+            fp8_launch.forward(p, q, k, v, *scales, causal, 0.125, torch.bfloat16, key=key)
+        (_, grid0, args0, opts0), (key1, grid1, args1, opts1) = calls[-2:]
+        assert key1 == ("test", causal) and grid0 == grid1 == (7,) and opts0 == opts1
+        assert opts0["CAUSAL"] is causal and opts0["K_PER_ROW"] is False  # one k scale a block: K_PER_BLOCK
+        for a, b in zip(args0, args1):
+            if isinstance(a, tiles_launch.TmaOperand):
+                assert (a.shape, a.strides, a.block_shape) == (b.shape, b.strides, b.block_shape)
+            elif isinstance(a, torch.Tensor):
+                assert a.shape == b.shape and a.dtype == b.dtype
+            else:
+                assert a == b
+    assert len(fp8_launch._GLUON_LAYOUTS) == 2
+    fp8_launch._GLUON_LAYOUTS.clear()
+    fp8_launch._TILINGS.clear()

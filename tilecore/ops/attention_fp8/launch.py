@@ -85,24 +85,16 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
             CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row, UPCAST=cfg.pop("UPCAST", False),
             PERMUTED_V=v_permuted, BLOCK_D=D_PAD, **cfg))
         return out, lse
-    q = q if tma_describable(q) else q.contiguous()
-    k = k if tma_describable(k) else k.contiguous()
+    layout = _GLUON_LAYOUTS.memo(key, lambda: _GluonLayout(q, k, cfg, causal, q_per_row, k_per_row, k_n, k_rows))
+    q = q if layout.q_describable else q.contiguous()
+    k = k if layout.k_describable else k.contiguous()
     vt = v if v_permuted else keys_permuted(v)  # (B, Hkv, D, keys padded to 32), keys permuted in 32s
-    block_m, block_n, consumers = cfg["block_m"], cfg["block_n"], cfg["consumers"]
-    grid, head_group, schedule = _TILINGS.memo(key, lambda: _tiling(q, k, block_m * consumers, block_n, causal))
+    block_m, block_n = layout.block_m, layout.block_n
+    grid, head_group, schedule = _TILINGS.memo(key, lambda: _tiling(q, k, block_m * layout.consumers, block_n, causal))
     args = (TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]), TmaOperand(vt, [1, 1, D, block_n]),
             TmaOperand(out, [1, 1, block_m, D]), lse, qs, ks, vs, H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows,
             k_n, k_rows, B * H, head_group, schedule)
-    # k's descales per block of block_n keys: one scalar a step (k_block_scalar; else the per-key path)
-    k_per_block = k_per_row and k_rows == block_n and k_n == -(-Nk // block_n) and cfg.get("k_block_scalar", True)
-    options = dict(CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row and not k_per_block, STAGES=cfg["stages"],
-                   CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1), PERMUTED_V=True,
-                   PINGPONG=cfg.get("pingpong", False), K_PER_BLOCK=k_per_block,
-                   EXP2_FMA_EVERY=cfg.get("exp2_fma_every", 0), CAST_LATE=cfg.get("cast_late", False),
-                   P_SHIFT=float(cfg.get("p_shift", P_SHIFT)), RESCALE_TAU=float(cfg.get("rescale_tau", 0.0)),
-                   L_MMA=cfg.get("l_mma", False), PROBE_NO_SOFTMAX=cfg.get("probe_no_softmax", False),
-                   MAX_TREE=cfg.get("max_tree", False), num_warps=4)
-    check_rescale(options["RESCALE_TAU"], options["P_SHIFT"])
+    options = layout.options
     # launched by the call's signature (its inputs' shapes, strides, dtypes, alignment and the options
     # determine every argument's specialization; vt, out and lse are fresh or the inputs): ~10 us a call
     if key is None:  # (the op's key: its inputs' signature, whose plan is p)
@@ -113,6 +105,29 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
 
 
 _TILINGS = LRU(256)  # an op call's launch key -> _tiling's (a function of its shapes and device)
+_GLUON_LAYOUTS = LRU(256)  # an op call's launch key -> its _GluonLayout
+
+
+class _GluonLayout:
+    """The Gluon path's settings that a call's launch key fixes (whether q and k are TMA-describable as
+    they are, the tiles and the kernel's options): made once per key, each call where there is none."""
+
+    __slots__ = ("q_describable", "k_describable", "block_m", "block_n", "consumers", "options")
+
+    def __init__(self, q, k, cfg, causal, q_per_row, k_per_row, k_n, k_rows):
+        self.q_describable, self.k_describable = tma_describable(q), tma_describable(k)
+        self.block_m, self.block_n, self.consumers = cfg["block_m"], cfg["block_n"], cfg["consumers"]
+        # k's descales per block of block_n keys: one scalar a step (k_block_scalar; else the per-key path)
+        k_per_block = k_per_row and k_rows == self.block_n and k_n == -(-k.shape[2] // self.block_n) \
+            and cfg.get("k_block_scalar", True)
+        self.options = dict(
+            CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row and not k_per_block, STAGES=cfg["stages"],
+            CONSUMERS=self.consumers, Q_BUFFERS=cfg.get("q_buffers", 1), PERMUTED_V=True,
+            PINGPONG=cfg.get("pingpong", False), K_PER_BLOCK=k_per_block, EXP2_FMA_EVERY=cfg.get("exp2_fma_every", 0),
+            CAST_LATE=cfg.get("cast_late", False), P_SHIFT=float(cfg.get("p_shift", P_SHIFT)),
+            RESCALE_TAU=float(cfg.get("rescale_tau", 0.0)), L_MMA=cfg.get("l_mma", False),
+            PROBE_NO_SOFTMAX=cfg.get("probe_no_softmax", False), MAX_TREE=cfg.get("max_tree", False), num_warps=4)
+        check_rescale(self.options["RESCALE_TAU"], self.options["P_SHIFT"])
 
 
 def _tiling(q, k, tile_rows: int, block_n: int, causal: bool):
