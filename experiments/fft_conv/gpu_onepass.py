@@ -186,11 +186,12 @@ def time_n(n, passed: list[str]) -> dict:
             tile_spectrum = conv_launch.mono_spectrum(spectrum, a, b, 1, False, False)
             kernel = conv_launch._conv_gluon
             grid = (conv_launch.gluon_grid(cplan, B, H, DEV),)
+            descs = conv_launch.gluon_descriptors(u, y, a, b) if cplan.tma else (None, None)
             row.setdefault("kernel_only", {})[key(config)] = guard(key(config) + " kernel", lambda: bench(
                 lambda: kernel[grid](u, tile_spectrum, y, ops["FARE"], ops["FAIM"], ops["FBRE"], ops["FBIM"],
                                      ops["TFRE"], ops["TFIM"], B, H, u.stride(0), u.stride(1), y.stride(0),
                                      y.stride(1), tile_spectrum.stride(0), A=a, B=b, ASYNC=cplan.async_mma,
-                                     num_warps=4)))
+                                     u_desc=descs[0], y_desc=descs[1], TMA=cplan.tma, num_warps=4)))
         a, b = config[:2]
         row.setdefault("model_ms", {})[key(config)] = model.bound_ms("mono", B, H, n, a, b, 1)
     if n in PROBE_CONFIGS and key(PROBE_CONFIGS[n]) in passed:

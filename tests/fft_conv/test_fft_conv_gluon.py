@@ -23,8 +23,8 @@ import json, re
 from tilecore.ops.fft_conv.report import gluon_variant
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 out = []
-for a, b, asynchronous in ((32, 64, False), (32, 64, True), (64, 64, True)):
-    name, kernel, args, warps, _ = gluon_variant(a, b, 0, asynchronous)
+for a, b, asynchronous, tma in ((32, 64, False, False), (32, 64, True, True), (64, 64, True, True)):
+    name, kernel, args, warps, _ = gluon_variant(a, b, 0, asynchronous, tma)
     compiled = compile_kernel(kernel, args, num_warps=warps)
     ptx = compiled.asm["ptx"]
     out.append(dict(name=name, waits=len(re.findall(r"wgmma\\.wait_group", ptx)),
@@ -38,14 +38,17 @@ def test_compiles_for_hopper_with_wgmma_and_no_spill():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
     r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    sync, asynchronous, big = json.loads(r.stdout)
-    for row in (sync, asynchronous, big):
+    sync, tma, big = json.loads(r.stdout)
+    for row in (sync, tma, big):
         assert row["wgmma"] and not row["wgmma_serialized"], row
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
         assert row["shared"] <= 227 * 1024 and row["threads"] == 128, row
     assert sync["shared"] <= 48 * 1024 and sync["registers"] <= 168, sync  # 3 programs a multiprocessor
     # ASYNC: one wait a complex product (4 of them a pair), not one a wgmma
-    assert asynchronous["waits"] < sync["waits"], (asynchronous, sync)
+    assert tma["waits"] < sync["waits"], (tma, sync)
+    # TMA: u and y by cp.async.bulk.tensor (the next pair's u on an mbarrier)
+    assert not sync["tma"] and tma["tma"] and tma["mbarrier"] and big["tma"], tma
+    assert tma["shared"] <= 56 * 1024, tma
 
 
 def _correlation(u64, k64):
@@ -94,8 +97,8 @@ class _FakeLaunch:
         return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
 
 
-@pytest.mark.parametrize("per_sm, conj", [(0, False), (3, True)])
-def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm, conj):
+@pytest.mark.parametrize("per_sm, conj, tma", [(0, False, False), (3, True, False), (3, False, True)])
+def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm, conj, tma):
     fake = _FakeLaunch()
     monkeypatch.setattr(conv_launch, "_conv_gluon", fake)
     monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
@@ -103,14 +106,19 @@ def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm,
     u = torch.randn(B, H, n).to(torch.bfloat16)
     spectrum = filter_spectrum(torch.randn(H, n), n)
     y = torch.empty_like(u)
-    conv_launch.launch(conv_plan.gluon_plan(32, 64, per_sm, True), u, spectrum, y, conj)
+    conv_launch.launch(conv_plan.gluon_plan(32, 64, per_sm, True, tma), u, spectrum, y, conj)
     (grid, args, kwargs), = fake.calls
     pairs = H * 3
     assert grid == ((pairs,) if per_sm == 0 else (min(pairs, 4 * per_sm),))
     kernel = gluon_onepass.fft_conv_gluon_onepass_kernel
     names = [p.name for p in kernel.params]
-    assert names[:len(args)] + sorted(set(kwargs) - {"num_warps"}) == names[:len(args)] + sorted(names[len(args):])
+    assert sorted(set(kwargs) - {"num_warps"}) == sorted(names[len(args):])
     bound = dict(zip(names, args)) | kwargs
+    assert bound["TMA"] is tma and (bound["u_desc"] is None) is not tma and (bound["y_desc"] is None) is not tma
+    if tma:  # (B, H, A/2, B) views of u and y, a pair's box
+        for desc, t in ((bound["u_desc"], u), (bound["y_desc"], y)):
+            assert desc.base is t and list(desc.shape) == [B, H, 16, 64] and list(desc.block_shape) == [2, 1, 16, 64]
+            assert list(desc.strides) == [H * n, n, 64, 1]
     assert bound["U"] is u and bound["Y"] is y and bound["batch"] == B and bound["heads"] == H
     assert bound["A"] == 32 and bound["B"] == 64 and bound["ASYNC"] is True and kwargs["num_warps"] == 4
     tile = conv_launch.mono_spectrum(spectrum, 32, 64, 1, False, conj)

@@ -40,14 +40,17 @@ MONO_CANDIDATES = {  # (A, B, C, loop, warps[, permute[, kfull]]); sm_90a regist
 
 # The one-pass kernel in Gluon (gluon_onepass.py, session 29: every DFT stage a wgmma, the DFT matrices
 # resident in shared memory, a persistent grid): N -> (A, B, programs a multiprocessor; 0: one program a
-# pair, ASYNC: a complex product's four wgmmas issued at once), 2N = A B, B = 64. OFF (empty) until a GPU
-# run checks it; the switch is an entry here, e.g. GLUON_ONEPASS = {1024: (32, 64, 3, True)} (plan.plan
-# takes it on Hopper under a checked triton). sm_90a: 1024 148 registers (sync or ASYNC), 40 KiB of
-# shared memory, no spill (3 programs fit a multiprocessor); 2048 255 (ASYNC 209), 64 KiB, no spill.
+# pair, ASYNC: a complex product's four wgmmas issued at once, TMA: u and y by TMA, the next pair's u
+# loaded under this one's products), 2N = A B, B = 64. OFF (empty) until a GPU run checks it; the switch
+# is an entry here, e.g. GLUON_ONEPASS = {1024: (32, 64, 3, True, True)} (plan.plan takes it on Hopper
+# under a checked triton). sm_90a (registers, shared memory; no spill anywhere): 1024 148, 40 KiB (sync
+# or ASYNC; TMA: 51 KiB, sync 119 registers: 4 programs fit a multiprocessor); 2048 255 (ASYNC 209,
+# ASYNC + TMA 204), 64 KiB (TMA 84 KiB).
 GLUON_ONEPASS: dict = {}
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
-    1024: [(32, 64, 3, False), (32, 64, 3, True), (32, 64, 0, True)],
-    2048: [(64, 64, 2, True), (64, 64, 0, True)],
+    1024: [(32, 64, 3, False, False), (32, 64, 3, True, False), (32, 64, 3, True, True), (32, 64, 4, False, True),
+           (32, 64, 0, True, True)],
+    2048: [(64, 64, 2, True, False), (64, 64, 2, True, True)],
 }
 
 # candidates the GPU check times per N: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]); loop: groups

@@ -31,7 +31,7 @@ difference is needed (in registers for x and D, -Im F_B resident in shared memor
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon import wgmma_layout
-from tilecore.tiles.gluon.compat import fence_async_shared, gl, warpgroup_mma, warpgroup_mma_wait
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 SUPPORTED_N = (1024,)  # the sizes the kernel is built for (A = 32, B = 64); 2048 (64 x 64) compiles too
 
@@ -85,6 +85,13 @@ def _load_half(ptr, b, batch, row_offset, offsets):
     """u[b, h, offsets] (row_offset = h * stride_h) as float32 divided by its largest |u|, non-finite
     elements zeroed; also (that scale, whether a non-finite element was there)."""
     x = gl.load(ptr + row_offset + offsets, mask=(offsets >= 0) & (b < batch), other=0.0)
+    return _scaled(x)
+
+
+@gluon.jit
+def _scaled(x):
+    """x as float32 divided by its largest |x|, non-finite elements zeroed; (that, the scale, whether a
+    non-finite element was there)."""
     x = x.to(gl.float32)
     finite = gl.abs(x) < float("inf")  # False for NaN and +-inf
     bad = gl.max(gl.max(gl.where(finite, 0, 1), axis=1), axis=0) > 0
@@ -97,7 +104,8 @@ def _load_half(ptr, b, batch, row_offset, offsets):
 @gluon.jit
 def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
-                                  A: gl.constexpr, B: gl.constexpr, ASYNC: gl.constexpr = False):
+                                  A: gl.constexpr, B: gl.constexpr, ASYNC: gl.constexpr = False,
+                                  u_desc=None, y_desc=None, TMA: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every
     channel h; work item w = h * groups + g, program p runs w = p, p + programs, ...
 
@@ -105,7 +113,10 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     tile, (heads, 2, L) float32 planes (re, im) at f = k_a + A k_b, conjugated on the host for the
     correlation (launch.mono_spectrum with c = 1). FA (A, A), FB (B, B): float16 DFT matrices; TF (B, A)
     = W_L^(m k_a) float32 (launch.mono_operands). 4 warps (one warpgroup); B = 64. ASYNC: each complex
-    product's four wgmmas issued at once, one wait (else one wait each)."""
+    product's four wgmmas issued at once, one wait (else one wait each). TMA: u and y through TMA
+    descriptors of the (batch, heads, A/2, B) views, boxes [2, 1, A/2, B] (a pair; past the batch zeros
+    in, clipped out), the next pair's u loaded into a second buffer while this one's products run
+    (else pointer loads and stores)."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup")
     HALF: gl.constexpr = A // 2
@@ -130,6 +141,12 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, A], gl.float16)
     tile_re = gl.allocate_shared_memory(gl.float16, [B, A], stage_layout)  # R, then Y: square products' B
     tile_im = gl.allocate_shared_memory(gl.float16, [B, A], stage_layout)
+    if TMA:
+        u_smem = gl.allocate_shared_memory(u_desc.dtype, [2] + u_desc.block_type.shape, u_desc.layout)
+        y_smem = gl.allocate_shared_memory(y_desc.dtype, y_desc.block_type.shape, y_desc.layout)
+        u_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(u_ready.index(0), count=1)
+        mbarrier.init(u_ready.index(1), count=1)
     fence_async_shared()
     gl.thread_barrier()
 
@@ -144,12 +161,33 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
 
     groups = gl.cdiv(batch, 2)
-    for w in range(gl.program_id(0), heads * groups, gl.num_programs(0)):
+    total = heads * groups
+    first = gl.program_id(0)
+    programs = gl.num_programs(0)
+    U_BYTES: gl.constexpr = 2 * HALF * B * U.dtype.element_ty.primitive_bitwidth // 8
+    if TMA:  # the program's first pair
+        if first < total:
+            mbarrier.expect(u_ready.index(0), U_BYTES)
+            tma.async_copy_global_to_shared(u_desc, [2 * (first % groups), first // groups, 0, 0], u_ready.index(0),
+                                            u_smem.index(0))
+    for w in range(first, total, programs):
         h = (w // groups).to(gl.int64)
         b_re = 2 * (w % groups)
         b_im = b_re + 1
-        xre, scale_re, bad_re = _load_half(U, b_re, batch, b_re.to(gl.int64) * stride_ub + h * stride_uh, seq)
-        xim, scale_im, bad_im = _load_half(U, b_im, batch, b_im.to(gl.int64) * stride_ub + h * stride_uh, seq)
+        if TMA:
+            i = (w - first) // programs  # this program's pair count: the buffer and its phase
+            after = w + programs
+            if after < total:  # the next pair's u, under this pair's products
+                mbarrier.expect(u_ready.index((i + 1) % 2), U_BYTES)
+                tma.async_copy_global_to_shared(u_desc, [2 * (after % groups), after // groups, 0, 0],
+                                                u_ready.index((i + 1) % 2), u_smem.index((i + 1) % 2))
+            mbarrier.wait(u_ready.index(i % 2), (i // 2) & 1)
+            pair = u_smem.index(i % 2).reshape([2 * HALF, B])  # x[m, a]: each sequence's [HALF, B] transposed
+            xre, scale_re, bad_re = _scaled(pair.slice(0, HALF).permute((1, 0)).load(io))
+            xim, scale_im, bad_im = _scaled(pair.slice(HALF, HALF).permute((1, 0)).load(io))
+        else:
+            xre, scale_re, bad_re = _load_half(U, b_re, batch, b_re.to(gl.int64) * stride_ub + h * stride_uh, seq)
+            xim, scale_im, bad_im = _load_half(U, b_im, batch, b_im.to(gl.int64) * stride_ub + h * stride_uh, seq)
         xre = gl.convert_layout(xre.to(gl.float16), lhs)
         xim = gl.convert_layout(xim.to(gl.float16), lhs)
         # 1. [B, HALF] @ F_A[:HALF, :] (|.| <= HALF sqrt 2)
@@ -191,14 +229,30 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         dim16 = gl.convert_layout(dim.to(gl.float16), lhs_out)
         ore, oim = _complex_mma(dre16, fa2re, dim16, fa2im, dim16, fa2re, -dre16, fa2im, zeros_out, ASYNC, True)
         out_scale = spec_scale * (1.0 / L)
-        ore = gl.convert_layout(ore, io) * (out_scale * scale_re)
-        oim = gl.convert_layout(oim, io) * (out_scale * scale_im)
-        ore = gl.where(bad_re, float("nan"), ore)
-        oim = gl.where(bad_im, float("nan"), oim)
         ty: gl.constexpr = Y.dtype.element_ty
-        ok = seq >= 0
-        gl.store(Y + b_re.to(gl.int64) * stride_yb + h * stride_yh + seq, ore.to(ty), mask=ok & (b_re < batch))
-        gl.store(Y + b_im.to(gl.int64) * stride_yb + h * stride_yh + seq, oim.to(ty), mask=ok & (b_im < batch))
+        if TMA:  # [B, HALF] tiles into the pair's [2, 1, HALF, B] box, transposed, then one TMA store
+            ore = gl.where(bad_re, float("nan"), ore * (out_scale * scale_re))
+            oim = gl.where(bad_im, float("nan"), oim * (out_scale * scale_im))
+            tma.store_wait(0)  # the previous pair's store has read y_smem
+            gl.thread_barrier()
+            out = y_smem.reshape([2 * HALF, B])
+            out.slice(0, HALF).permute((1, 0)).store(ore.to(ty))
+            out.slice(HALF, HALF).permute((1, 0)).store(oim.to(ty))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(y_desc, [b_re, h.to(gl.int32), 0, 0], y_smem)
+        else:
+            ore = gl.convert_layout(ore, io) * (out_scale * scale_re)
+            oim = gl.convert_layout(oim, io) * (out_scale * scale_im)
+            ore = gl.where(bad_re, float("nan"), ore)
+            oim = gl.where(bad_im, float("nan"), oim)
+            ok = seq >= 0
+            gl.store(Y + b_re.to(gl.int64) * stride_yb + h * stride_yh + seq, ore.to(ty), mask=ok & (b_re < batch))
+            gl.store(Y + b_im.to(gl.int64) * stride_yb + h * stride_yh + seq, oim.to(ty), mask=ok & (b_im < batch))
+    if TMA:
+        tma.store_wait(0)
+        mbarrier.invalidate(u_ready.index(0))
+        mbarrier.invalidate(u_ready.index(1))
 
 
 def emulate(u, spectrum, conj: bool, a: int, b: int):

@@ -11,7 +11,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.fft_conv import kernels, kernels_long, kernels_mono, kernels_pair
 from tilecore.ops.fft_conv.plan import Plan
-from tilecore.tiles.launch import CachedLaunch
+from tilecore.tiles.launch import CachedLaunch, gluon_descriptor, tma_describable
 
 _conv = CachedLaunch(kernels.fft_conv_kernel)
 _conv_pair = CachedLaunch(kernels_pair.fft_conv_pair_kernel)
@@ -184,10 +184,22 @@ def _launch_gluon(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.
     a, b = plan.n1, plan.n2
     ops = mono_operands(a, b, 1, u.device)
     tile_spectrum = mono_spectrum(spectrum, a, b, 1, False, conj)
+    descs = gluon_descriptors(u, y, a, b) if plan.tma and tma_describable(u) and tma_describable(y) else None
     _conv_gluon[(gluon_grid(plan, B, H, u.device),)](
         u, tile_spectrum, y, ops["FARE"], ops["FAIM"], ops["FBRE"], ops["FBIM"], ops["TFRE"], ops["TFIM"],
         B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), tile_spectrum.stride(0), A=a, B=b,
-        ASYNC=plan.async_mma, num_warps=4)
+        ASYNC=plan.async_mma, u_desc=None if descs is None else descs[0], y_desc=None if descs is None else descs[1],
+        TMA=descs is not None, num_warps=4)
+
+
+def gluon_descriptors(u: torch.Tensor, y: torch.Tensor, a: int, b: int) -> tuple:
+    """TMA descriptors of u and y (B, H, N = a b / 2) as (B, H, a/2, b) views, boxes [2, 1, a/2, b]: one pair
+    of sequences of a channel (gluon_onepass.py's TMA)."""
+    boxes = []
+    for t in (u, y):
+        B, H, _ = t.shape
+        boxes.append(gluon_descriptor(t, [2, 1, a // 2, b], [B, H, a // 2, b], [t.stride(0), t.stride(1), b, 1]))
+    return tuple(boxes)
 
 
 def _launch_long(plan: Plan, u: torch.Tensor, spectrum_f32: torch.Tensor, y: torch.Tensor, conj: bool,

@@ -48,15 +48,18 @@ class Plan:
     kfull: bool = False  # "mono": the spectrum laid out as the tile on the host (kernels_mono.py KFULL)
     per_sm: int = 0  # "gluon": persistent programs a multiprocessor (0: one program a pair)
     async_mma: bool = False  # "gluon": a complex product's four wgmmas issued at once, one wait
+    tma: bool = False  # "gluon": u and y by TMA, the next pair's u loaded under this one's products
 
 
-def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False) -> Plan:
+def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool = False) -> Plan:
     """The Gluon one-pass kernel (gluon_onepass.py): 2N = a b, b = 64; ``per_sm`` persistent programs a
-    multiprocessor (0: one program a pair of sequences); ``async_mma``: its ASYNC."""
+    multiprocessor (0: one program a pair of sequences); ``async_mma``, ``tma``: its ASYNC and TMA (TMA
+    where u and y are describable: else pointer loads)."""
     if b != 64 or a not in (32, 64):
         raise ValueError(f"the Gluon one-pass kernel takes 2N = a x 64 with a = 32 or 64 (N = 1024, 2048); "
                          f"got {a} x {b}")
-    return Plan("gluon", n1=a, n2=b, n3=1, num_warps=4, per_sm=per_sm, kfull=True, async_mma=async_mma)
+    return Plan("gluon", n1=a, n2=b, n3=1, num_warps=4, per_sm=per_sm, kfull=True, async_mma=async_mma,
+                tma=tma)
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:

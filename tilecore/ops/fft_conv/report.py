@@ -50,12 +50,14 @@ def mono_variant(a: int, b: int, c: int, loop: int, warps: int, permute: bool = 
             args, warps, False)
 
 
-def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False) -> tuple[str, object, dict, int, bool]:
+def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False,
+                  tma: bool = False) -> tuple[str, object, dict, int, bool]:
     """The one-pass kernel in Gluon (gluon_onepass.fft_conv_gluon_onepass_kernel) at one configuration
     (per_sm: the grid only, not the compile)."""
     import torch
 
     from tilecore.ops.fft_conv import gluon_onepass
+    from tilecore.ops.fft_conv.launch import gluon_descriptors
 
     n = a * b // 2
     t = torch.empty(64, dtype=torch.bfloat16)
@@ -63,8 +65,12 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False) -> t
     f32 = torch.empty(64, dtype=torch.float32)
     args = dict(U=t, K=f32, Y=t, FARE=f16, FAIM=f16, FBRE=f16, FBIM=f16, TFRE=f32, TFIM=f32, batch=16, heads=768,
                 stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=4 * n, A=a, B=b,
-                ASYNC=async_mma)
-    return (f"fft_conv gluon N{n} ({a}x{b}{', async' if async_mma else ''}, 4 warps)",
+                ASYNC=async_mma, TMA=tma)
+    if tma:
+        rows = torch.empty(2, 1, n, dtype=torch.bfloat16)  # (the descriptors' type is what compiles)
+        args["u_desc"], args["y_desc"] = gluon_descriptors(rows, rows, a, b)
+    extra = (", async" if async_mma else "") + (", TMA" if tma else "")
+    return (f"fft_conv gluon N{n} ({a}x{b}{extra}, 4 warps)",
             gluon_onepass.fft_conv_gluon_onepass_kernel, args, 4, True)
 
 
@@ -128,8 +134,8 @@ def pair_variants(shipped_only: bool = False) -> list:
         out.append(gluon_variant(*config))
     if not shipped_only:
         for candidates in configs.GLUON_ONEPASS_CANDIDATES.values():
-            variants = {(c[0], c[1], c[3]) for c in candidates if c not in configs.GLUON_ONEPASS.values()}
-            out += [gluon_variant(a, b, 0, asynchronous) for a, b, asynchronous in sorted(variants)]
+            variants = {(c[0], c[1], 0) + tuple(c[3:]) for c in candidates if c not in configs.GLUON_ONEPASS.values()}
+            out += [gluon_variant(*config) for config in sorted(variants)]
         for candidates in configs.MONO_CANDIDATES.values():
             out += [mono_variant(*config) for config in candidates if config not in configs.MONO_CONFIGS.values()]
         for candidates in configs.DK_CANDIDATES.values():
