@@ -1,7 +1,13 @@
-"""FP8 attention, session 28 (issue 34): which way of storing the ones block makes l_mma right, then its speed.
+"""FP8 attention, sessions 28-29 (issue 34): l_mma's check on the GPU, then its speed beside the row max as a tree.
 
-    PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s28.py [--smoke] [--modes 1,4,2] [--all-modes] [--d64]
-        [--extra fma8,fma4,pingpong,tau0.8,tree,tree_fma8,tree_fma4] [--with max_tree=1] [--default-has-lmma]
+    FP8_BUDGET_S=80 PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s28.py      (session 29's default, ~80 s)
+    [--smoke] [--modes 1,4,2] [--all-modes] [--no-d64] [--variants tree] [--extra tree_fma8] [--extra64 c3]
+    [--probes noexp2,nosoftmax] [--with max_tree=1] [--default-has-lmma]
+
+Session 29's default: diag of mode 1; tails (D128 causal GQA, D64) of l_mma + tree; then at B16 H16 N4096, D128 and
+D64, non-causal and causal: default (l_mma off), l_mma1, bf16, tree (max_tree alone), l_mma1_tree; at D128 non-causal
+also l_mma1_tree_fma8 and l_mma1_tree_pp (ping-pong barriers); each checked on two (batch, head) slices against
+float64 and the emulation before it is timed; then the probes (timing only).
 
 Session 28's diagnosis (notes/attention_fp8/runs/diag_lmma_session28_h100.txt): with l_mma the kernel's l was half the
 true l (0.500-0.5015 for q = 0, 0.42-0.60 a row for random scores), in every tile and consumer. Run 5
@@ -24,9 +30,13 @@ the block as its bytes (0x38, uint8 bitcast to e4m3). gluon_fp8.L_MMA's modes (h
    N1000 Nk1100 D128 causal, per-block descales) and two (batch, head) slices of each timed problem, against float64
    attention of the dequantized inputs and the float32 emulation; O error as multiples of the bf16 floor, lse error,
    every element written.
-3. time: B16 H16 N4096 D128 (--d64: and D64), non-causal then causal: the default, l_mma (mode m), tilecore bf16, then
-   (--extra, default tree,tree_fma8; D128 non-causal) l_mma + the row max as a tree (gluon_fp8.row_max_tree), and + one
-   exp2 in 8 on the FMA units; do_bench medians, TFLOP/s = 4 B H N^2 D / t (halved causal).
+3. time: B16 H16 N4096 D128 and D64 (--no-d64: D128 only), non-causal then causal: the default, l_mma (mode m),
+   tilecore bf16, --variants (default: tree, the row max as a tree alone), l_mma + tree, then --extra (D128 non-causal,
+   default l_mma + tree + one exp2 in 8 on the FMA units, l_mma + tree + ping-pong) and --extra64 (D64 only, default
+   none); do_bench medians,
+   TFLOP/s = 4 B H N^2 D / t (halved causal).
+4. probes (--probes, timing only, WRONG results, at D128 non-causal after every case while the budget lasts): noexp2
+   (l_mma + tree with 2^x replaced by x: is the MUFU the bound?) and nosoftmax (session 27's: 2,018 TFLOP/s).
 
 Stops gracefully past FP8_BUDGET_S (default 85 s). Table last; JSON to $OUT/attention_fp8_speed_s28.json (default
 /tmp/out). --smoke: CPU, TRITON_INTERPRET=1, tiny shapes on the tl kernel (imports, shapes and the checks' code), no
@@ -54,14 +64,24 @@ def rel_rms(x, ref) -> float:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--modes", default="1,4,2", help="l_mma modes diagnosed, in order")
+    ap.add_argument("--modes", default="1", help="l_mma modes diagnosed, in order")
     ap.add_argument("--all-modes", action="store_true",
                     help="diagnose every mode listed (else stop at the first right)")
-    ap.add_argument("--d64", action="store_true", help="check a D64 tail and time D64 too (~40 s more)")
-    ap.add_argument("--extra", default="tree,tree_fma8",
+    ap.add_argument("--d64", action="store_true", help="(the default since session 29; kept for old command lines)")
+    ap.add_argument("--no-d64", action="store_true", help="D128 only: no D64 tail, no D64 timing")
+    ap.add_argument("--variants", default="tree",
+                    help="variants without l_mma timed in every case (default, l_mma and l_mma + tree always are): "
+                    "any of the --extra names")
+    ap.add_argument("--extra64", default="",
+                    help="variants timed at D64 only (after the others), as --extra: c3 (three consumers: spills 432 "
+                    "bytes at D64, sass_fp8.py), ...")
+    ap.add_argument("--probes", default="noexp2,nosoftmax",
+                    help="timing probes (WRONG results, not checked) at D128 non-causal after every case: noexp2 (l_mma "
+                    "+ tree with 2^x replaced by x: the step without the MUFU), nosoftmax (the step without its softmax)")
+    ap.add_argument("--extra", default="tree_fma8,tree_pp",
                     help="variants timed beside l_mma at D128 non-causal, comma-separated: fma8, fma4 (exp2 one in 8 "
                     "/ 4 on the FMA units), pingpong (flipped), tau0.8 (conditional rescaling), tree (the row max "
-                    "as a tree: gluon_fp8.row_max_tree), tree_fma8, tree_fma4")
+                    "as a tree: gluon_fp8.row_max_tree), tree_fma8, tree_fma4, c3 (three consumers)")
     ap.add_argument("--with", dest="with_", default="",
                     help="more config keys of the l_mma variant (and its extras), e.g. max_tree=1 (k=v, comma-separated)")
     ap.add_argument("--default-has-lmma", action="store_true",
@@ -199,27 +219,53 @@ def main():
             break
     chosen = next((m for m in (*FAST_MODES, 3) if m in result["passing_modes"]), None)
     result["chosen_mode"] = chosen
+    d64 = not args.no_d64
     variants = {"default": {}}
     extras = dict(fma8=dict(exp2_fma_every=8), fma4=dict(exp2_fma_every=4), pingpong=dict(pingpong="flip"),
                   tree=dict(max_tree=True), tree_fma8=dict(max_tree=True, exp2_fma_every=8),
-                  tree_fma4=dict(max_tree=True, exp2_fma_every=4), **{"tau0.8": dict(rescale_tau=0.8, p_shift=8)})
+                  tree_fma4=dict(max_tree=True, exp2_fma_every=4), c3=dict(consumers=3, pingpong=False),
+                  tree_c3=dict(max_tree=True, consumers=3, pingpong=False),
+                  tree_pp=dict(max_tree=True, pingpong="flip"), **{"tau0.8": dict(rescale_tau=0.8, p_shift=8)})
     if args.default_has_lmma:
         variants["no_l_mma"] = dict(l_mma=0)
     with_ = {k: int(v) if v.isdigit() else float(v) for k, v in (kv.split("=") for kv in args.with_.split(",") if kv)}
     lmma = f"l_mma{chosen}" + "".join(f"_{k}{v}" for k, v in with_.items())
     result["l_mma_variant"] = lmma
+    names_of = lambda arg: [e for e in arg.split(",") if e]
+    # where each variant is timed: every case, D128 non-causal only, D64 only
+    where = {"default": "all"}
+    for e in names_of(args.variants):  # (without l_mma: run whether or not its diag passed)
+        variants[e] = dict(extras[e])
+        where[e] = "all"
     if chosen is not None:
         variants[lmma] = dict(with_, l_mma=chosen)
-        for e in [e for e in args.extra.split(",") if e]:
+        variants[f"{lmma}_tree"] = dict(with_, l_mma=chosen, max_tree=True)
+        where[lmma] = where[f"{lmma}_tree"] = "all"
+        for e in names_of(args.extra):
             variants[f"{lmma}_{e}"] = dict(with_, l_mma=chosen, **extras[e])
+            where[f"{lmma}_{e}"] = "d128"
+        for e in names_of(args.extra64):
+            variants[f"{lmma}_{e}" if e.startswith("tree") else e] = dict(extras[e], **(
+                dict(with_, l_mma=chosen) if e.startswith("tree") else {}))
+            where[f"{lmma}_{e}" if e.startswith("tree") else e] = "d64"
+    else:
+        for e in names_of(args.extra64):
+            variants[e] = dict(extras[e])
+            where[e] = "d64"
+    result["variants"] = {n: dict(config={k: str(v) for k, v in c.items()}, timed=where.get(n, "all"))
+                          for n, c in variants.items()}
+    probes = dict(noexp2=dict(exp2_fma_every=-1, **(dict(l_mma=chosen, max_tree=True) if chosen else {})),
+                  nosoftmax=dict(probe_no_softmax=True))
+    # the tails check l_mma with the row max as a tree (both switches at the masked edges)
+    tail_variant = f"{lmma}_tree" if chosen is not None else None
 
     # 2. a GQA tail, causal, each variant but the fma one (same l path)
     tails = [(1, 2, 1, 40, 70, 64, True)] if args.smoke else [(2, 8, 2, 1000, 1100, 128, True)]
-    if args.d64 and not args.smoke:
+    if d64 and not args.smoke:
         tails.append((2, 8, 2, 1000, 1100, 64, False))
-    for (B, Hq, Hkv, N, Nk, D, causal) in tails if chosen is not None else []:
+    for (B, Hq, Hkv, N, Nk, D, causal) in tails if tail_variant is not None else []:
         data = quantized(B, Hq, Hkv, N, Nk, D, N + Nk + D, per="block")
-        for name in (lmma,):  # (the default passed these tails in session 27)
+        for name in (tail_variant,):  # (the default passed these tails in session 27)
             if left() < 35:
                 print("tails: out of time budget", flush=True)
                 break
@@ -239,8 +285,9 @@ def main():
         cases = [(1, 1, 160, 64, True)]
     else:
         cases = [(16, 16, 4096, 128, False), (16, 16, 4096, 128, True)]
-        if args.d64:
+        if d64:
             cases += [(16, 16, 4096, 64, False), (16, 16, 4096, 64, True)]
+    probe_data = None
     for (B, H, N, D, causal) in cases:
         if left() < 10:
             print("cases: out of time budget", flush=True)
@@ -254,11 +301,16 @@ def main():
             k8, ks = quantize_fp8(k, per="head")
             v8, vs = quantize_fp8(v, per="head")
             vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
+            if (D, causal) == (128, False):  # for the probes
+                probe_data = (rec, q8, k8, vt8, qs, ks, vs, flops)
             sl = [(0, 0), (B - 1, H - 1)]
-            # bf16 before the extra variants (D128 non-causal only): the ratio needs it
-            base = ["default", "no_l_mma", lmma]
-            names = [n for n in variants if n in base] + ["bf16"]
-            names += [n for n in variants if n not in base and ((D, causal) == (128, False) or args.smoke)]
+            # bf16 before the extra variants: the ratio needs it
+            first = ["default", "no_l_mma", lmma]
+            names = [n for n in first if n in variants] + ["bf16"]
+            rest = [n for n in variants if n not in first]
+            names += [n for n in rest if where.get(n, "all") == "all"]
+            names += [n for n in rest if where.get(n) == "d128" and ((D, causal) == (128, False) or args.smoke)]
+            names += [n for n in rest if where.get(n) == "d64" and (D == 64 or args.smoke)]
             for name in names:
                 if left() < 8:
                     break
@@ -291,6 +343,27 @@ def main():
         save()
         if dev == "cuda":
             torch.cuda.empty_cache()
+
+    # 4. probes: what the D128 step costs without parts of its softmax (timing only: wrong results)
+    for name in names_of(args.probes) if probe_data is not None and not args.smoke else []:
+        if left() < 6:
+            print("probes: out of time budget", flush=True)
+            break
+        rec, q8, k8, vt8, qs, ks, vs, flops = probe_data
+        try:
+            p, _ = plan_for(q8, k8, False, probes[name])
+            ms = bench(lambda p=p: fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, False, 128 ** -0.5, dt, True))
+            rec["ms"][f"probe_{name}"] = ms
+            rec.setdefault("tflops", {})[f"probe_{name}"] = flops / ms / 1e9
+            if "bf16" in rec["ms"]:
+                rec.setdefault("over_bf16", {})[f"probe_{name}"] = rec["ms"]["bf16"] / ms
+            if "default" in rec["ms"]:
+                rec.setdefault("over_default", {})[f"probe_{name}"] = rec["ms"]["default"] / ms
+            print(f"probe_{name}", ms, flush=True)
+        except Exception as e:  # noqa: BLE001
+            rec.setdefault("probe_errors", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
+            traceback.print_exc()
+        save()
 
     save()
     print(f"\n{result['device']}  ({time.time() - T0:.0f} s)")

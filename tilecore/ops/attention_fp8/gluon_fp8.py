@@ -107,9 +107,13 @@ EXP2_CONSTRAINTS_8: gl.constexpr = gl.constexpr(exp2_split_asm(8)[1])
 def exp2_split(x, FMA_EVERY: gl.constexpr):
     """2^x (x <= 9, float32), one element in FMA_EVERY (2, 4 or 8) computed on the FMA units (_EXP2_FMA_PTX), the
     others by MUFU's ex2: FlashAttention-4's way to take load off the MUFU (16 results a clock an SM, about the
-    tensor cores' pace at FP8 D 128). 0: every element by gl.exp2."""
-    gl.static_assert(FMA_EVERY == 0 or FMA_EVERY == 2 or FMA_EVERY == 4 or FMA_EVERY == 8, "FMA_EVERY: 0, 2, 4 or 8")
-    if FMA_EVERY == 8:
+    tensor cores' pace at FP8 D 128). 0: every element by gl.exp2. -1: a timing probe, WRONG results: no exp2 at all
+    (2^x replaced by x: what the step costs without the MUFU's 64 ex2 a thread)."""
+    gl.static_assert(FMA_EVERY == 0 or FMA_EVERY == 2 or FMA_EVERY == 4 or FMA_EVERY == 8 or FMA_EVERY == -1,
+                     "FMA_EVERY: 0, 2, 4 or 8 (-1: the no-exp2 probe)")
+    if FMA_EVERY == -1:
+        y = x
+    elif FMA_EVERY == 8:
         y = gl.inline_asm_elementwise(EXP2_ASM_8, EXP2_CONSTRAINTS_8, [x], dtype=gl.float32, is_pure=True, pack=8)
     elif FMA_EVERY == 2:
         y = gl.inline_asm_elementwise(EXP2_ASM_2, EXP2_CONSTRAINTS_2, [x], dtype=gl.float32, is_pure=True, pack=2)

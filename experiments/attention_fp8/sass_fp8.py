@@ -1,0 +1,176 @@
+"""SASS of the FP8 Hopper kernel's steady step, per variant, compiled for sm_90a without a GPU (issue 34, session 29).
+
+    python experiments/attention_fp8/sass_fp8.py [--d 128] [--causal] [--variants default,l_mma1,tree,...] [--json P]
+    (TRITON_INTERPRET unset; ~10-30 s a variant on 2 CPU cores)
+
+For each variant (configs.gluon_config(D, causal) with the variant's overrides, per-head descales, the headline
+call's specialization): registers, spills, shared memory, and the instruction counts by kind of
+* the softmax block: the basic block with the most MUFU.EX2 (the unmasked steady step's softmax: max, FFMA, exp2,
+  sum, P's float32 kept for the next step), and
+* the steady step: the instructions from the S wgmma's first QGMMA (from zero) before that block to the block's end
+  (the wgmma issue, P's e4m3 packing, the waits, the softmax, O *= alpha),
+and the whole kernel. Kinds as experiments/hadamard/sass_quantize.py's, with FMNMX, FADD, FMUL, FFMA, F2FP, PRMT
+counted alone (the softmax's own instructions).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.getcwd())
+os.environ.pop("TRITON_INTERPRET", None)
+
+import torch  # noqa: E402
+
+OPS = ("FMNMX", "FADD", "FMUL", "FFMA", "MUFU", "F2FP", "PRMT", "SHFL", "QGMMA", "FSETP", "FSEL", "WARPGROUP",
+       "BAR", "LDS", "STS", "MOV", "IMAD", "LOP3", "ISETP", "SEL")
+VARIANTS = {  # name -> configs.GLUON_FORWARD overrides
+    "default": {}, "l_mma1": dict(l_mma=1), "tree": dict(max_tree=True), "l_mma1_tree": dict(l_mma=1, max_tree=True),
+    "l_mma1_tree_fma8": dict(l_mma=1, max_tree=True, exp2_fma_every=8), "c3": dict(consumers=3, pingpong=False),
+    "pingpong": dict(pingpong=True), "l_mma1_tree_pp": dict(l_mma=1, max_tree=True, pingpong=True),
+    "probe": dict(probe_no_softmax=True), "noexp2": dict(l_mma=1, max_tree=True, exp2_fma_every=-1),
+}
+
+
+def _tool(name):
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return os.path.join(os.path.dirname(get_ptxas(90).path), name)
+
+
+def sass_rows(cubin: bytes):
+    """[(address, instruction)] of the cubin's SASS."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        out = subprocess.run([_tool("cuobjdump"), "-sass", path], check=True, capture_output=True, text=True).stdout
+    rows = []
+    for line in out.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            rows.append((int(m.group(1), 16), m.group(2).strip()))
+    return rows
+
+
+def opcode(ins: str) -> str:
+    return re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0]
+
+
+def blocks(rows):
+    """The basic blocks: split at every branch target and after every branch or exit."""
+    targets = set()
+    for _, ins in rows:
+        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?(?:0x)?([0-9a-f]+)", ins)
+        if "BRA" in ins and m:
+            targets.add(int(m.group(1), 16))
+    out, cur = [], []
+    for addr, ins in rows:
+        if addr in targets and cur:
+            out.append(cur)
+            cur = []
+        cur.append((addr, ins))
+        if opcode(ins) in ("BRA", "EXIT", "RET"):
+            out.append(cur)
+            cur = []
+    if cur:
+        out.append(cur)
+    return out
+
+
+def counts(instructions) -> dict:
+    c = {"total": len(instructions)}
+    for ins in instructions:
+        op = opcode(ins)
+        for k in OPS:
+            if op.startswith(k):
+                c[k] = c.get(k, 0) + 1
+                break
+        else:
+            c["other"] = c.get("other", 0) + 1
+    return c
+
+
+def compile_variant(D: int, causal: bool, overrides: dict):
+    from tilecore.ops.attention_fp8 import configs, gluon_fp8
+    from tilecore.tiles.compile import compile_kernel, resources
+    from tilecore.tiles.launch import gluon_descriptor
+
+    cfg = dict(configs.gluon_config(D, causal), **overrides)
+    bm, bn = cfg["block_m"], cfg["block_n"]
+    f8 = torch.float8_e4m3fn
+    q = torch.empty(16, 16, 4096, D, dtype=f8)
+    vt = torch.empty(16, 16, D, 4096, dtype=f8)
+    o = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16)
+    f32 = torch.empty(8192)
+    args = dict(q_desc=gluon_descriptor(q, [1, 1, bm, D]), k_desc=gluon_descriptor(q, [1, 1, bn, D]),
+                vt_desc=gluon_descriptor(vt, [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]), lse_ptr=f32,
+                q_scales=f32, k_scales=f32, v_scales=f32, H=16, N=4096, Nk=4096, GROUP=1, scale_log2e=0.1,
+                q_n_scales=1, q_rows_per_scale=1, k_n_scales=1, k_rows_per_scale=1, num_bh=256, head_group=16,
+                schedule=None, CAUSAL=causal, Q_PER_ROW=False, K_PER_ROW=False, STAGES=cfg["stages"],
+                CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"], PERMUTED_V=True, PINGPONG=cfg["pingpong"],
+                K_PER_BLOCK=False, EXP2_FMA_EVERY=cfg["exp2_fma_every"], CAST_LATE=cfg["cast_late"],
+                P_SHIFT=float(cfg["p_shift"]), RESCALE_TAU=float(cfg["rescale_tau"]), L_MMA=cfg["l_mma"],
+                PROBE_NO_SOFTMAX=cfg.get("probe_no_softmax", False), MAX_TREE=cfg["max_tree"])
+    k = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, args, num_warps=4)
+    return k, resources(k)
+
+
+def analyse(k) -> dict:
+    rows = sass_rows(k.asm["cubin"])
+    bl = blocks(rows)
+    ex2 = [sum(opcode(i).startswith("MUFU.EX2") for _, i in b) for b in bl]
+    soft = max(range(len(bl)), key=lambda i: (ex2[i], len(bl[i])))
+    # the steady step: back from the softmax block to the first QGMMA (S = Q K^T, from zero: "RZ, !UPT") before it
+    idx = next(i for i, (a, _) in enumerate(rows) if a == bl[soft][0][0])
+    j = idx
+    while j > 0 and not (opcode(rows[j][1]).startswith("QGMMA.64x128") and "!UPT" in rows[j][1]):
+        j -= 1
+    end = bl[soft][-1][0]
+    step = [i for a, i in rows[j:] if a <= end]
+    return dict(softmax_block=counts([i for _, i in bl[soft]]), step=counts(step), kernel=counts([i for _, i in rows]),
+                softmax_block_ex2=ex2[soft], step_first=rows[j][0], step_last=end)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--variants", default="default,l_mma1,tree,l_mma1_tree")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--dump", default=None, help="write the SASS of the (last) variant's softmax block here")
+    args = ap.parse_args()
+    out = []
+    for name in args.variants.split(","):
+        t0 = time.time()
+        k, r = compile_variant(args.d, args.causal, VARIANTS[name])
+        rec = dict(variant=name, D=args.d, causal=args.causal, registers=r.registers, spill_stores=r.spill_stores,
+                   spill_loads=r.spill_loads, shared=r.shared, wgmma_serialized=r.wgmma_serialized, **analyse(k),
+                   compile_s=round(time.time() - t0, 1))
+        out.append(rec)
+        print(json.dumps(rec), flush=True)
+        if args.dump:
+            rows = sass_rows(k.asm["cubin"])
+            with open(args.dump, "w") as f:
+                f.write("\n".join(f"{a:05x} {i}" for a, i in rows))
+    print(f"\nD{args.d} {'causal' if args.causal else 'full'}: per thread; softmax block (the most MUFU.EX2) / steady "
+          "step (HGMMA issue to the block's end)")
+    keys = ("total", "FMNMX", "FFMA", "MUFU", "FADD", "FMUL", "F2FP", "PRMT", "SHFL", "QGMMA")
+    print(f"{'variant':20s} regs spill " + " ".join(f"{k:>9s}" for k in keys))
+    for r in out:
+        print(f"{r['variant']:20s} {r['registers']:4d} {r['spill_stores']:5d} " + " ".join(
+            f"{r['softmax_block'].get(k, 0):4d}/{r['step'].get(k, 0):<4d}" for k in keys))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
