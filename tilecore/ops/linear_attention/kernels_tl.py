@@ -219,6 +219,36 @@ def _channel_scores(a, b, G, a_base, b_base, g_base, t0, N, DK, s_an, s_ad, s_bn
 
 
 @triton.jit
+def _channel_scores_in_registers(qf, kf, G, MMA: tl.constexpr, IEEE: tl.constexpr):
+    """_channel_scores (DIAG 0's math) on tiles already in registers, for _channel_chunk's wide spans: the
+    off-diagonal sub-chunks as dots through each key sub-chunk's last token, the diagonal 16 x 16 blocks a
+    loop over the key token within them on [NC, SUB, C] views (no reloads, no [NC, SUB, SUB, C] tensor:
+    lighter in registers than DIAG 0's slices, which made the factored kernel spill). qf, kf float32 [BT, C],
+    G [BT, C]; masked [BT, BT] float32."""
+    BT: tl.constexpr = qf.shape[0]
+    C: tl.constexpr = qf.shape[1]
+    NC: tl.constexpr = BT // SUB
+    offs_t = tl.arange(0, BT)
+    s = tl.zeros([BT, BT], dtype=tl.float32)
+    for j in tl.static_range(NC - 1):
+        fq, fk = _sub_factors(G, offs_t, j)
+        s += _dot((qf * fq).to(MMA), tl.trans((kf * fk).to(MMA)), IEEE)
+    ii = tl.arange(0, SUB)
+    q3 = tl.reshape(qf, [NC, SUB, C])
+    k3 = tl.reshape(kf, [NC, SUB, C])
+    G3 = tl.reshape(G, [NC, SUB, C])
+    d = tl.zeros([NC, SUB, SUB], dtype=tl.float32)
+    for jj in range(SUB):
+        sel = ii == jj
+        e = tl.exp(tl.where((ii >= jj)[None, :, None], G3 - _pick(G3, sel)[:, None, :], float("-inf")))
+        col = tl.sum(q3 * _pick(k3, sel)[:, None, :] * e, 2)  # [NC, SUB(i)]: scores against key jj
+        d += tl.where(sel[None, None, :], col[:, :, None], 0.0)
+    s += _block_diagonal(d, NC)
+    causal = offs_t[:, None] >= offs_t[None, :]
+    return tl.where(causal, s, 0.0)
+
+
+@triton.jit
 def _factor_span(MMA: tl.constexpr):
     """The widest span (max - min over a chunk, per channel) of the cumulative log decay that
     _channel_chunk factors about the span's middle: each factor then within e^(+-span / 2), in range of the
@@ -246,8 +276,8 @@ def _channel_chunk(q, k, G, G_last, q_base, k_base, g_base, t0, N, DK, s_qn, s_q
     e^(+-span / 2), so P is one tensor-core dot of (q exp(G - m)) against (k exp(m - G)), and Qg, Kg are the
     same two tiles times a per-channel factor (no more exps). Entries above the diagonal may overflow
     (e^span) and are masked after the dot. A wider span (strong decays, a reset: each log decay is floored
-    at -100, a span of >= 100) or a NaN takes the sub-chunk form (_channel_scores, DIAG 0: factors <= 1,
-    the diagonal 16 x 16 blocks elementwise), so no factor leaves the operand's range. The branch is uniform
+    at -100, a span of >= 100) or a NaN takes the sub-chunk form (_channel_scores_in_registers: factors
+    <= 1, the diagonal 16 x 16 blocks elementwise), so no factor leaves the operand's range. The branch is uniform
     (one span a chunk).
 
     Rounding: the factored operands are rounded to MMA (fp16 interpreter: 2.0x the floor against the
@@ -275,8 +305,7 @@ def _channel_chunk(q, k, G, G_last, q_base, k_base, g_base, t0, N, DK, s_qn, s_q
         qg = qs * tl.exp(mid)[None, :]
         kg = ks * tl.exp(G_last - mid)[None, :]
     else:
-        p = _channel_scores(q, k, G, q_base, k_base, g_base, t0, N, DK, s_qn, s_qd, s_kn, s_kd, s_gn, s_gd,
-                            BK, KD, MMA, IEEE)
+        p = _channel_scores_in_registers(qf, kf, G, MMA, IEEE)
         qg = qf * tl.exp(G)
         kg = kf * tl.exp(G_last[None, :] - G)
     return p, qg, kg
