@@ -70,7 +70,8 @@ def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
     """t as a (rows, n) matrix with unit stride along n (a view where its strides allow)."""
     if t is None:
         return None
-    t = t.reshape(-1, n)
+    if t.dim() != 2:  # (a 2-D t is its own matrix: no view made, ~2 us of host time a call)
+        t = t.reshape(-1, n)
     return t if t.stride(-1) == 1 or t.shape[0] == 0 else t.contiguous()
 
 
@@ -215,10 +216,12 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     args = (x2, weight, bias, res2, seed, dropout_p, eps, bool(rms), store_h)
     y, h, _, _ = eager.run(_forward_op, _forward_impl, _LayerNormFunction, *args, tensors=(x2, weight, bias, res2),
                            key=key)
-    y = y.view(x.shape)
+    if x.dim() != 2:  # (y is already (rows, N) for a 2-D x)
+        y = y.view(x.shape)
+        h = h.view(x.shape) if store_h else h
     if not prenorm:
         return y
-    return y, (h.view(x.shape) if store_h else x)
+    return y, (h if store_h else x)
 
 
 _CHECKED = LRU(256)  # signatures of CUDA calls whose checks passed -> (dropout_p, eps) (the checks read nothing else)
