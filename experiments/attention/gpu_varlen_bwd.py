@@ -397,6 +397,106 @@ def time_peers(row, lengths, tensors, h=16, d=128):
         flex()
 
 
+MATCHED_LENGTHS = (512, 1024, 2048, 4096, 8192)
+
+
+def fixed_rates(h=16, d=128, total=65536):
+    """The fixed-length tilecore attention's causal TFLOP/s (forward, backward, forward + backward) at
+    each of MATCHED_LENGTHS, B = total / N (the same tokens): {N: (fwd, bwd, fwd_bwd)}."""
+    import tilecore
+
+    dev = _device()
+    dtype = torch.float16 if SMOKE else torch.bfloat16
+    rates = {}
+    for n in ((16, 32) if SMOKE else MATCHED_LENGTHS):
+        if over_budget(f"time fixed N{n}", 8.0):
+            continue
+        b = 2 if SMOKE else max(1, total // n)
+
+        def one(n=n, b=b):
+            qf, kf, vf = (torch.randn(b, h, n, d, dtype=dtype, device=dev, requires_grad=True) for _ in range(3))
+            of = tilecore.attention(qf, kf, vf, causal=True)
+            dof = torch.randn_like(of)
+            tf = bench(lambda: tilecore.attention(qf, kf, vf, causal=True))
+            tb = bench(lambda: torch.autograd.grad(of, (qf, kf, vf), dof, retain_graph=True))
+
+            def fwd_bwd():
+                o = tilecore.attention(qf, kf, vf, causal=True)
+                torch.autograd.grad(o, (qf, kf, vf), dof)
+            tfb = bench(fwd_bwd)
+            fl = causal_flops([n] * b, h, d)
+            rates[n] = (fl / tf / 1e9, 2.5 * fl / tb / 1e9, 3.5 * fl / tfb / 1e9)
+        guarded(f"time fixed N{n}")(one)()
+    return rates
+
+
+def matched_time_ms(lengths, rates, which, h=16, d=128):
+    """What the fixed-length kernel would take for these sequences at its own rate for each length
+    (``which``: 0 fwd, 1 bwd, 2 fwd+bwd; the rate interpolated in log2 N between the measured lengths,
+    held at the ends): the batch's FLOPs over the fixed path's rate at the same lengths, in ms."""
+    known = sorted(rates)
+    factor = (1.0, 2.5, 3.5)[which]
+    total = 0.0
+    for n in lengths:
+        x = math.log2(max(n, 1))
+        lo = max([m for m in known if math.log2(m) <= x] or known[:1])
+        hi = min([m for m in known if math.log2(m) >= x] or known[-1:])
+        if lo == hi:
+            rate = rates[lo][which]
+        else:
+            t = (x - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+            rate = rates[lo][which] * (1 - t) + rates[hi][which] * t
+        total += factor * causal_flops([n], h, d) / rate / 1e9
+    return total
+
+
+def time_matched(h=16, d=128):
+    """--matched: the varlen Gluon forward, backward and both on the long-tailed and the uniform 16 x 4096
+    batches against the fixed-length path at the same sequence lengths (the issue's "tilecore's own
+    fixed-length throughput per token": a long tail's short sequences run at the fixed path's short-N
+    rate too, which B16 N4096 alone does not show)."""
+    rates = fixed_rates(h, d)
+    RESULTS["time"].append({"case": "fixed-length causal TFLOP/s by N (fwd, bwd, fwd+bwd), B = 64K / N",
+                            **{f"fixed_N{n}_{w}": r[i] for n, r in rates.items()
+                               for i, w in enumerate(("fwd", "bwd", "fwd_bwd"))}})
+    dev = _device()
+    dtype = torch.float16 if SMOKE else torch.bfloat16
+    scale = d ** -0.5
+    batches = (("long-tailed", [16, 40, 3, 25] if SMOKE else long_tailed_lengths(65536)),
+               ("uniform 16 x 4096", [32, 32] if SMOKE else [4096] * 16))
+    for label, lengths in batches:
+        if over_budget(f"time matched {label}", 10.0):
+            continue
+
+        def one(label=label, lengths=lengths):
+            total = sum(lengths)
+            cu = cu_of(lengths, dev)
+            q, k, v = (torch.randn(total, h, d, dtype=dtype, device=dev) for _ in range(3))
+            out, lse = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
+            dout = torch.randn_like(out)
+            grads = tuple(torch.empty_like(t) for t in (q, k, v))
+            flops = causal_flops(lengths, h, d)
+            row = {"case": f"matched {label}: {len(lengths)} seqs, {total} tokens, longest {max(lengths)}, H{h} D{d} "
+                           f"causal (vs_matched: the fixed path's time at these lengths / ours)"}
+            RESULTS["time"].append(row)
+            row["gluon_fwd_ms"] = bench(lambda: forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0))
+            row["gluon_bwd_ms"] = bench(lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1,
+                                                               -1, 0.0, grads=grads))
+
+            def fwd_bwd():
+                o, l_ = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
+                gluon_backward(dout, q, k, v, o, l_, None, cu, cu, True, scale, -1, -1, 0.0, grads=grads)
+            row["gluon_fwd_bwd_ms"] = bench(fwd_bwd)
+            for i, w in enumerate(("fwd", "bwd", "fwd_bwd")):
+                row[f"gluon_{w}_tflops"] = (1.0, 2.5, 3.5)[i] * flops / row[f"gluon_{w}_ms"] / 1e9
+                if rates:
+                    row[f"fixed_matched_{w}_ms"] = m = matched_time_ms(lengths, rates, i, h, d)
+                    row[f"{w}_vs_matched"] = m / row[f"gluon_{w}_ms"]
+                    if 4096 in rates:
+                        row[f"{w}_vs_N4096"] = row[f"gluon_{w}_tflops"] / rates[4096][i]
+        guarded(f"time matched {label}")(one)()
+
+
 def table():
     lines = ["", "== check =="]
     for r in RESULTS["check"]:
@@ -456,11 +556,21 @@ def main():
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds before later cases are skipped")
     parser.add_argument("--no-time", action="store_true")
     parser.add_argument("--probe", choices=("fused", "split"), help="(internal) the first check on one path")
+    parser.add_argument("--matched", action="store_true",
+                        help="only the varlen vs fixed-length timing at matched lengths (no checks), <= 90 s")
     args = parser.parse_args()
     SMOKE, BUDGET_S, PROBE = args.smoke, args.budget, args.probe
     START[0] = time.time()
     out_dir = os.environ.get("OUT", "/tmp/out")
     os.makedirs(out_dir, exist_ok=True)
+    if args.matched:
+        guarded("time matched")(time_matched)(h=2 if SMOKE else 16, d=16 if SMOKE else 128)
+        text = table()
+        with open(os.path.join(out_dir, "gpu_varlen_bwd_matched.json"), "w") as f:
+            json.dump({"meta": _meta(), **RESULTS, "elapsed_s": time.time() - START[0]}, f, indent=1, default=str)
+        print(text)
+        print(f"elapsed {time.time() - START[0]:.1f} s")
+        return
     if PROBE:
         run_checks()
         with open(os.path.join(out_dir, f"gpu_varlen_bwd_probe_{PROBE}.json"), "w") as f:
