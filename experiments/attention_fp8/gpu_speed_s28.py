@@ -7,7 +7,8 @@
 Session 29's default: diag of mode 1; tails (D128 causal GQA, D64) of l_mma + tree; then at B16 H16 N4096, D128 and
 D64, non-causal and causal: default (l_mma off), l_mma1, bf16, tree (max_tree alone), l_mma1_tree; at D128 non-causal
 also l_mma1_tree_fma8 and l_mma1_tree_pp (ping-pong barriers); each checked on two (batch, head) slices against
-float64 and the emulation before it is timed; then the probes (timing only).
+float64 and the emulation before it is timed; at D64 also l_mma1_tree_pp (ping-pong flipped: on non-causal, off
+causal); then the probes (timing only).
 
 Session 28's diagnosis (notes/attention_fp8/runs/diag_lmma_session28_h100.txt): with l_mma the kernel's l was half the
 true l (0.500-0.5015 for q = 0, 0.42-0.60 a row for random scores), in every tile and consumer. Run 5
@@ -33,9 +34,9 @@ the block as its bytes (0x38, uint8 bitcast to e4m3). gluon_fp8.L_MMA's modes (h
 3. time: B16 H16 N4096 D128 and D64 (--no-d64: D128 only), non-causal then causal: the default, l_mma (mode m),
    tilecore bf16, --variants (default: tree, the row max as a tree alone), l_mma + tree, then --extra (D128 non-causal,
    default l_mma + tree + one exp2 in 8 on the FMA units, l_mma + tree + ping-pong) and --extra64 (D64 only, default
-   none); do_bench medians,
+   l_mma + tree + ping-pong flipped); do_bench medians,
    TFLOP/s = 4 B H N^2 D / t (halved causal).
-4. probes (--probes, timing only, WRONG results, at D128 non-causal after every case while the budget lasts): noexp2
+4. probes (--probes, timing only, WRONG results, right after the D128 non-causal case, while the budget lasts): noexp2
    (l_mma + tree with 2^x replaced by x: is the MUFU the bound?) and nosoftmax (session 27's: 2,018 TFLOP/s).
 
 Stops gracefully past FP8_BUDGET_S (default 85 s). Table last; JSON to $OUT/attention_fp8_speed_s28.json (default
@@ -72,7 +73,7 @@ def main():
     ap.add_argument("--variants", default="tree",
                     help="variants without l_mma timed in every case (default, l_mma and l_mma + tree always are): "
                     "any of the --extra names")
-    ap.add_argument("--extra64", default="",
+    ap.add_argument("--extra64", default="tree_pp",
                     help="variants timed at D64 only (after the others), as --extra: c3 (three consumers: spills 432 "
                     "bytes at D64, sass_fp8.py), ...")
     ap.add_argument("--probes", default="noexp2,nosoftmax",
@@ -232,27 +233,23 @@ def main():
     lmma = f"l_mma{chosen}" + "".join(f"_{k}{v}" for k, v in with_.items())
     result["l_mma_variant"] = lmma
     names_of = lambda arg: [e for e in arg.split(",") if e]
-    # where each variant is timed: every case, D128 non-causal only, D64 only
-    where = {"default": "all"}
+    # where each variant is timed: "all" cases, "d128" (D128 non-causal), "d64" (D64 cases): a set a variant
+    where = {"default": {"all"}}
     for e in names_of(args.variants):  # (without l_mma: run whether or not its diag passed)
         variants[e] = dict(extras[e])
-        where[e] = "all"
+        where[e] = {"all"}
     if chosen is not None:
         variants[lmma] = dict(with_, l_mma=chosen)
         variants[f"{lmma}_tree"] = dict(with_, l_mma=chosen, max_tree=True)
-        where[lmma] = where[f"{lmma}_tree"] = "all"
-        for e in names_of(args.extra):
-            variants[f"{lmma}_{e}"] = dict(with_, l_mma=chosen, **extras[e])
-            where[f"{lmma}_{e}"] = "d128"
-        for e in names_of(args.extra64):
-            variants[f"{lmma}_{e}" if e.startswith("tree") else e] = dict(extras[e], **(
-                dict(with_, l_mma=chosen) if e.startswith("tree") else {}))
-            where[f"{lmma}_{e}" if e.startswith("tree") else e] = "d64"
-    else:
-        for e in names_of(args.extra64):
-            variants[e] = dict(extras[e])
-            where[e] = "d64"
-    result["variants"] = {n: dict(config={k: str(v) for k, v in c.items()}, timed=where.get(n, "all"))
+        where[lmma] = {"all"}
+        where[f"{lmma}_tree"] = {"all"}
+    for scope, arg in (("d128", args.extra), ("d64", args.extra64)):
+        for e in names_of(arg):
+            with_lmma = chosen is not None and e.startswith("tree")  # the tree variants ride on l_mma
+            name = f"{lmma}_{e}" if with_lmma else e
+            variants[name] = dict(extras[e], **(dict(with_, l_mma=chosen) if with_lmma else {}))
+            where.setdefault(name, set()).add(scope)
+    result["variants"] = {n: dict(config={k: str(v) for k, v in c.items()}, timed=sorted(where[n]))
                           for n, c in variants.items()}
     probes = dict(noexp2=dict(exp2_fma_every=-1, **(dict(l_mma=chosen, max_tree=True) if chosen else {})),
                   nosoftmax=dict(probe_no_softmax=True))
@@ -280,14 +277,39 @@ def main():
             result["tails"].append(rec)
             save()
 
-    # 3. the timed problems
+    def run_probes(probe_data):
+        """4. probes: what the D128 step costs without parts of its softmax (timing only: wrong results)."""
+        rec, q8, k8, vt8, qs, ks, vs, flops, causal = probe_data
+        D = q8.shape[-1]
+        for name in names_of(args.probes):
+            if left() < 6:
+                print("probes: out of time budget", flush=True)
+                break
+            try:
+                p, _ = plan_for(q8, k8, causal, probes[name])
+                fn = lambda p=p: fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, causal, D ** -0.5, dt, True)
+                if args.smoke:  # (the interpreter's tl kernel: the code path only)
+                    fn()
+                    continue
+                ms = bench(fn)
+                rec["ms"][f"probe_{name}"] = ms
+                rec.setdefault("tflops", {})[f"probe_{name}"] = flops / ms / 1e9
+                if "bf16" in rec["ms"]:
+                    rec.setdefault("over_bf16", {})[f"probe_{name}"] = rec["ms"]["bf16"] / ms
+                if "default" in rec["ms"]:
+                    rec.setdefault("over_default", {})[f"probe_{name}"] = rec["ms"]["default"] / ms
+                print(f"probe_{name}", ms, flush=True)
+            except Exception as e:  # noqa: BLE001
+                rec.setdefault("probe_errors", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
+                traceback.print_exc()
+
+    # 3. the timed problems (the probes right after D128 non-causal)
     if args.smoke:
         cases = [(1, 1, 160, 64, True)]
     else:
         cases = [(16, 16, 4096, 128, False), (16, 16, 4096, 128, True)]
         if d64:
             cases += [(16, 16, 4096, 64, False), (16, 16, 4096, 64, True)]
-    probe_data = None
     for (B, H, N, D, causal) in cases:
         if left() < 10:
             print("cases: out of time budget", flush=True)
@@ -301,16 +323,14 @@ def main():
             k8, ks = quantize_fp8(k, per="head")
             v8, vs = quantize_fp8(v, per="head")
             vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
-            if (D, causal) == (128, False):  # for the probes
-                probe_data = (rec, q8, k8, vt8, qs, ks, vs, flops)
             sl = [(0, 0), (B - 1, H - 1)]
             # bf16 before the extra variants: the ratio needs it
             first = ["default", "no_l_mma", lmma]
             names = [n for n in first if n in variants] + ["bf16"]
             rest = [n for n in variants if n not in first]
-            names += [n for n in rest if where.get(n, "all") == "all"]
-            names += [n for n in rest if where.get(n) == "d128" and ((D, causal) == (128, False) or args.smoke)]
-            names += [n for n in rest if where.get(n) == "d64" and (D == 64 or args.smoke)]
+            names += [n for n in rest if "all" in where[n]]
+            names += [n for n in rest if "all" not in where[n] and (args.smoke or (
+                "d128" in where[n] and (D, causal) == (128, False)) or ("d64" in where[n] and D == 64))]
             for name in names:
                 if left() < 8:
                     break
@@ -335,6 +355,8 @@ def main():
                 rec["over_bf16"] = {n: rec["ms"]["bf16"] / ms for n, ms in rec["ms"].items()}
             if "default" in rec["ms"]:
                 rec["over_default"] = {n: rec["ms"]["default"] / ms for n, ms in rec["ms"].items()}
+            if (D, causal) == (128, False) or args.smoke:
+                run_probes((rec, q8, k8, vt8, qs, ks, vs, flops, causal))
         except Exception as e:  # noqa: BLE001
             rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
             traceback.print_exc()
@@ -343,27 +365,6 @@ def main():
         save()
         if dev == "cuda":
             torch.cuda.empty_cache()
-
-    # 4. probes: what the D128 step costs without parts of its softmax (timing only: wrong results)
-    for name in names_of(args.probes) if probe_data is not None and not args.smoke else []:
-        if left() < 6:
-            print("probes: out of time budget", flush=True)
-            break
-        rec, q8, k8, vt8, qs, ks, vs, flops = probe_data
-        try:
-            p, _ = plan_for(q8, k8, False, probes[name])
-            ms = bench(lambda p=p: fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, False, 128 ** -0.5, dt, True))
-            rec["ms"][f"probe_{name}"] = ms
-            rec.setdefault("tflops", {})[f"probe_{name}"] = flops / ms / 1e9
-            if "bf16" in rec["ms"]:
-                rec.setdefault("over_bf16", {})[f"probe_{name}"] = rec["ms"]["bf16"] / ms
-            if "default" in rec["ms"]:
-                rec.setdefault("over_default", {})[f"probe_{name}"] = rec["ms"]["default"] / ms
-            print(f"probe_{name}", ms, flush=True)
-        except Exception as e:  # noqa: BLE001
-            rec.setdefault("probe_errors", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
-            traceback.print_exc()
-        save()
 
     save()
     print(f"\n{result['device']}  ({time.time() - T0:.0f} s)")
