@@ -333,6 +333,15 @@ def attn_case(name, B, H, N, D, causal, topk) -> dict:
         pairs = [(r["predicted_ms"], r["ms"]) for r in res["rows"].values()
                  if r.get("ms") and r.get("ok") and r.get("predicted_ms") is not None]
         res["spearman"] = spearman([p for p, _ in pairs], [m for _, m in pairs])
+    if not SMOKE:  # the plan's own timed pick (what plan.NAPKIN_FORWARD_TOPK turns on), by its CUDA events
+        from tilecore.ops.attention import launch as alaunch, plan as aplan
+
+        aplan.use_forward_launch(alaunch.forward)
+        t0 = time.perf_counter()
+        res["plan_pick"] = key(aplan.timed_forward_config(q, k, v, causal, D ** -0.5, 0.0, topk))
+        res["plan_pick_s"] = time.perf_counter() - t0
+        ms = timed.get(res["plan_pick"]) if timed else None
+        res["plan_pick_over_best"] = ms / res["best_ms"] if ms else None
     return res
 
 

@@ -156,3 +156,14 @@ def test_the_pick_is_keyed_by_bucket_dtypes_form_and_device(monkeypatch):
     assert key == ((256, 512, 1024), BF16, BF16, False, 0, (False, False, False), torch.device("cpu"))
     timed(monkeypatch, timer, dtype=torch.float16)  # another dtype: timed again
     assert len(timer.calls) == 2
+
+
+def test_launch_registers_the_timer_and_without_it_the_table_is_planned(monkeypatch):
+    # plan.py never imports launch.py (no import loop): launch registers launch.time_plans at import
+    assert plan._TIMER is not None
+    monkeypatch.setattr(plan, "_TIMER", None)
+    monkeypatch.setattr(plan, "_timeable", lambda device: True)
+    monkeypatch.setattr(plan, "napkin_gpu", lambda device: "h100")
+    monkeypatch.setattr(dispatch, "capturing", lambda device: False)
+    a = torch.randn(256, 1024).to(BF16)
+    assert plan.timed_config(a, a.t(), BF16, None, None, (False, False, False), 4) == (configs.GLUON_BF16, {})

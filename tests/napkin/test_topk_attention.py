@@ -74,6 +74,7 @@ class FakeTimer:
 def timed(monkeypatch, timer, n=4096, d=128, causal=False, b=8, capturing=False):
     """plan.timed_forward_config on CPU tensors taken as a GPU's (plan._timeable; timing faked)."""
     monkeypatch.setattr(plan, "_timeable", lambda device: True)
+    monkeypatch.setattr(plan, "_FORWARD_LAUNCH", lambda *a, **k: pytest.fail("timing is faked"))
     monkeypatch.setattr(plan, "time_forward_configs", timer)
     monkeypatch.setattr(dispatch, "capturing", lambda device: capturing)
     q = torch.empty(b, 16, n, d, dtype=torch.bfloat16)
@@ -103,3 +104,12 @@ def test_all_failed_leaves_the_table_and_a_capture_times_nothing(monkeypatch):
     idle = FakeTimer({})
     assert timed(monkeypatch, idle, capturing=True) == configs.gluon_forward_config(128, 4096, 4096, False)
     assert idle.calls == [] and len(plan._FORWARD_PICKS) == 0
+
+
+def test_without_a_registered_launch_the_switch_plans_the_table(monkeypatch):
+    # attention launch.py registers its forward (plan.use_forward_launch); plan.py never imports it
+    monkeypatch.setattr(plan, "_timeable", lambda device: True)
+    monkeypatch.setattr(plan, "_FORWARD_LAUNCH", None)
+    monkeypatch.setattr(plan, "time_forward_configs", lambda *a, **k: pytest.fail("nothing to time with"))
+    q = torch.empty(8, 16, 4096, 128, dtype=torch.bfloat16)
+    assert plan.timed_forward_config(q, q, q, False, 0.1, 0.0, 3) == configs.gluon_forward_config(128, 4096, 4096, False)

@@ -168,6 +168,8 @@ def timed_forward_config(q, k, v, causal: bool, scale: float, softcap: float, to
     rows = napkin_forward_configs(B, H, N, Nk, D, causal, top_k, kv_heads=k.shape[1])
     if not _timeable(q.device):  # a meta device standing for a GPU (dispatch.pretend)
         return rows[0]
+    if _FORWARD_LAUNCH is None:  # no launch registered (use_forward_launch): nothing can run the candidates
+        return table
     times = time_forward_configs(rows, q, k, v, causal, scale, softcap)
     best = min(zip(times, range(len(rows))))
     best = rows[best[1]] if best[0] < math.inf else table
@@ -181,11 +183,21 @@ def _timeable(device) -> bool:
     return device.type == "cuda"
 
 
+_FORWARD_LAUNCH = None  # launch.forward, registered by use_forward_launch (launch.py imports this module)
+
+
+def use_forward_launch(forward) -> None:
+    """Register ``forward(plan, q, k, v, out, lse, causal, scale, softcap=...)`` (attention launch.forward)
+    as what timed_forward_config runs its candidates with; until then the switch plans the table's row."""
+    global _FORWARD_LAUNCH
+    _FORWARD_LAUNCH = forward
+
+
 def time_forward_configs(rows: list[dict], q, k, v, causal: bool, scale: float, softcap: float) -> list[float]:
     """Each Gluon forward row's GPU time in ms on these inputs (CUDA), into scratch outputs: one launch
-    that compiles it, then the median of NAPKIN_TIMED_REPS between CUDA events; inf where it raises."""
-    from tilecore.ops.attention import launch
-
+    (the registered launch.forward) that compiles it, then the median of NAPKIN_TIMED_REPS between
+    CUDA events; inf where it raises."""
+    forward = _FORWARD_LAUNCH
     B, H, N, D = q.shape
     out = torch.empty(B, H, N, v.shape[3], dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, N, dtype=torch.float32, device=q.device)
@@ -193,12 +205,12 @@ def time_forward_configs(rows: list[dict], q, k, v, causal: bool, scale: float, 
     for cfg in rows:
         try:
             p = plan_forward(q, k, v, causal, scale, path="gluon", config=cfg, softcap=softcap)
-            launch.forward(p, q, k, v, out, lse, causal, scale, softcap=softcap)
+            forward(p, q, k, v, out, lse, causal, scale, softcap=softcap)
             marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                      for _ in range(NAPKIN_TIMED_REPS)]
             for start, end in marks:
                 start.record()
-                launch.forward(p, q, k, v, out, lse, causal, scale, softcap=softcap)
+                forward(p, q, k, v, out, lse, causal, scale, softcap=softcap)
                 end.record()
             torch.cuda.synchronize(q.device)
             times.append(sorted(a.elapsed_time(b) for a, b in marks)[len(marks) // 2])

@@ -6,7 +6,7 @@ import importlib
 import torch
 
 from tilecore import dispatch
-from tilecore.ops.gemm import reference
+from tilecore.ops.gemm import plan as _plan, reference
 from tilecore.ops.gemm.plan import Plan
 from tilecore.tiles.launch import CachedLaunch, TmaOperand
 from tilecore.tiles.schedule import stream_k_buffers
@@ -130,6 +130,9 @@ def time_plans(plans: list[Plan], a, b, bias=None, scales=None, reps: int = 5) -
                                  "left out of the timed pick")
             times.append(float("inf"))
     return times
+
+
+_plan.use_timer(lambda *args: time_plans(*args))  # late-bound: a replaced time_plans is the one called
 
 
 def _cpu(plan: Plan, a, b, bias, scales, out):

@@ -236,11 +236,19 @@ def shape_bucket(M: int, N: int, K: int) -> tuple[int, int, int]:
 
 
 _PICKS = LRU(256)  # (bucket, dtypes, bias, scales, operand form, device) -> (config, {candidate: ms})
+_TIMER = None  # launch.time_plans, registered by launch.py (which imports this module: not the other way)
+
+
+def use_timer(timer) -> None:
+    """Register ``timer(plans, a, b, bias, scales, reps) -> [ms]`` as timed_config's measurement
+    (launch.py registers launch.time_plans when it is imported)."""
+    global _TIMER
+    _TIMER = timer
 
 
 def timed_config(a, b, out_dtype, bias, scales, form, top_k: int) -> tuple[dict, dict]:
     """(the Gluon row to run, its candidates' times in ms by position): napkin_configs' candidates,
-    each launched once to compile and then timed (launch.time_plans, the median of
+    each launched once to compile and then timed (launch.time_plans through use_timer, the median of
     configs.NAPKIN_TIMED_REPS), the fastest kept for the shape's bucket on this device. Nothing is
     timed while a CUDA graph captures (the table's row, not kept) nor on a meta device standing for a
     GPU (dispatch.pretend: the napkin's first legal row); a candidate that fails to compile or launch
@@ -259,13 +267,13 @@ def timed_config(a, b, out_dtype, bias, scales, form, top_k: int) -> tuple[dict,
     rows = napkin_configs(M, N, K, a.dtype, out_dtype, top_k, napkin_gpu(a.device))
     if not _timeable(a.device):  # a meta device standing for a GPU (dispatch.pretend): nothing to time
         return rows[0], {}
-    from tilecore.ops.gemm import launch
-
+    if _TIMER is None:  # launch.py not imported (it registers the timer): nothing can run the candidates
+        return table, {}
     copy_a, b_t, copy_b = form
     common = dict(out_dtype=out_dtype, has_bias=bias is not None, scales=scales_code(*scales) if fp8 else 0)
     plans = [Plan("gluon", config=r, **_schedule(a, M, N, K, r), b_t=b_t, copy_a=copy_a, copy_b=copy_b,
                   c_dtype=out_dtype, **common) for r in rows]
-    times = launch.time_plans(plans, a, b, bias, scales, configs.NAPKIN_TIMED_REPS)
+    times = _TIMER(plans, a, b, bias, scales, configs.NAPKIN_TIMED_REPS)
     best = min((t, i) for i, t in enumerate(times))[1] if any(t < float("inf") for t in times) else None
     picked = (rows[best] if best is not None else table, dict(enumerate(times)))
     _PICKS.put(key, picked)
