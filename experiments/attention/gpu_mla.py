@@ -349,13 +349,90 @@ def time_tl_backward(budget_s: float, t_start: float) -> None:
                                        + (f" UNWRITTEN {unwritten}" if unwritten else "")))
 
 
+def time_parts(budget_s: float, t_start: float) -> None:
+    """--parts (session 29): where the non-causal 192 / 128 backward's time goes, B8 H16 N4096 bf16.
+    The dK/dV kernel (with its preprocess) at STAGES 2 / 3 (shipped) / 4 / 6 (sm_90a: no spill, 140-223 KB
+    of shared memory) and the dq kernel at 3 (shipped) / 2 stages, each part's own matmul FLOPs
+    (dK/dV: S^T, dP^T, dV, dK = 2 pairs (192 + 128 + 128 + 192); dq: S, dP, dQ = 2 pairs (192 + 128 + 192))
+    over its time; beside them the 128 / 128 backward kernel (lagged dQ, one kernel: five matmuls) and the
+    shipped 192 / 128 backward whole. Each new STAGES value compiles (~7 s)."""
+    import dataclasses
+
+    b, h, n = (1, 2, 64) if SMOKE else (8, 16, 4096)
+    causal = False
+    scale = 192 ** -0.5
+    q, k, v = make(b, h, h, n, n, 192, 128, torch.bfloat16, seed=1)
+    out, lse, _ = forward(q, k, v, causal, gluon_path())
+    dout = torch.randn_like(out)
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    pairs = b * h * n * n
+    label = f"192/128 full B{b} H{h} N{n}"
+    if SMOKE:  # planning the Gluon grid needs a GPU: the smoke run checks the script's shapes above only
+        row(("skip", f"parts {label}", "--smoke: Gluon plans need a GPU"))
+        return
+    base = plan.plan_backward(dout, q, k, v, causal, scale, path="gluon")
+
+    def part(name, fn, matmul_flops):
+        if time.time() - t_start > budget_s:
+            row(("skip", f"parts {label} {name}", f"past the {budget_s:.0f} s budget"))
+            return
+        try:
+            fn()  # compile outside the timing
+            t = bench(fn)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            note_error(f"parts {label} {name}", exc)
+            return
+        rate = matmul_flops / t * 1e-9
+        RESULTS["timing"].append(dict(case=f"parts {label} {name}", ms=t, tflops=rate))
+        row(("parts", f"{label} {name}", f"{t:.3f} ms {rate:.0f} TFLOP/s"))
+
+    f_bwd = 2 * pairs * (3 * 192 + 2 * 128)
+    part("backward whole (shipped)", lambda: launch.backward(base, dout, q, k, v, out, lse, None, dq, dk, dv, causal,
+                                                             scale), f_bwd)
+    for stages in (3, 2, 4, 6):
+        p = plan.plan_backward(dout, q, k, v, causal, scale, path="gluon", config=dict(base.config, stages=stages))
+
+        def dkdv(p=p):
+            _, dq_sum, stats = launch.backward_preprocess(out, dout, lse, None, dq_sum=False, row_stats=True)
+            launch.launch_backward_gluon_kernel(p, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale)
+        part(f"dK/dV kernel + preprocess, STAGES {stages}{' (shipped)' if stages == base.config['stages'] else ''}",
+             dkdv, 2 * pairs * (192 + 128 + 128 + 192))
+    delta, _, _ = launch.backward_preprocess(out, dout, lse, None)
+    for stages in (3, 2):
+        p = dataclasses.replace(base.dq, config=dict(base.dq.config, stages=stages))
+        part(f"dq kernel, STAGES {stages}{' (shipped)' if stages == base.dq.config['stages'] else ''}",
+             lambda p=p: launch.launch_dq_gluon(p, dout, q, k, v, lse, delta, dq, causal, scale),
+             2 * pairs * (192 + 128 + 192))
+    qs, ks, vs = make(b, h, h, n, n, 128, 128, torch.bfloat16, seed=2)
+    os_, ls_, _ = forward(qs, ks, vs, causal, "gluon")
+    ds = torch.randn_like(os_)
+    sq = plan.plan_backward(ds, qs, ks, vs, causal, 128 ** -0.5, path="gluon")
+    gs = [torch.empty_like(t) for t in (qs, ks, vs)]
+    part(f"128/128 backward whole (dq {sq.config['dq_from']})",
+         lambda: launch.backward(sq, ds, qs, ks, vs, os_, ls_, None, *gs, causal, 128 ** -0.5),
+         2 * pairs * (3 * 128 + 2 * 128))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="CPU, interpreter, tiny shapes, no timing")
     parser.add_argument("--quick", action="store_true", help="the default: the checks above and the timings")
     parser.add_argument("--full", action="store_true", help="more checks (short causal, window + softcap)")
+    parser.add_argument("--parts", action="store_true",
+                        help="only the non-causal backward's parts at other stage counts (session 29), <= 90 s")
     args = parser.parse_args()
     t_start = time.time()
+    if args.parts:
+        time_parts(80.0, t_start)
+        out_dir = os.environ.get("OUT", "/tmp/out")
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "attention_mla_parts.json"), "w") as f:
+            json.dump(RESULTS, f, indent=1, default=str)
+        print(f"\n{'=' * 20} MLA 192/128 backward parts, {time.time() - t_start:.0f} s")
+        for section, name, figures in ROWS:
+            print(f"{section:6s} {name:70s}  {figures}")
+        print(f"errors: {len(RESULTS['errors'])}")
+        return
     if SMOKE:
         cases = [(c, torch.bfloat16) for c in SMOKE_CHECKS]
     else:

@@ -12,10 +12,10 @@ rate. configs.GLUON_BACKWARD_WINDOW_DQ picks another mode; this script decides i
 2. Times (bf16, do_bench medians after warm-up, same run): window (4096, 0) over N 32768, B2 H16 D128:
    the backward at each mode, full causal Gluon backward (its rate), FlexAttention compiled with the
    same block mask (forward + backward graph, backward timed), and the default autograd path.
-Prints a table last; JSON to $OUT (default /tmp/out)/gpu_window_bwd.json. <= 150 s with --budget
+Prints a table last; JSON to $OUT (default /tmp/out)/gpu_window_bwd.json. <= 120 s (--budget)
 (modes compile 10-25 s each on the H100 host; Flex's compile ~25 s: last).
 
-  PYTHONPATH=. python experiments/attention/gpu_window_bwd.py              # on the GPU (<= 150 s)
+  PYTHONPATH=. python experiments/attention/gpu_window_bwd.py              # on the GPU (<= 120 s)
   PYTHONPATH=. python experiments/attention/gpu_window_bwd.py --smoke      # CPU interpreter, tiny, no timing
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from tilecore import accuracy  # noqa: E402
 from tilecore.ops.attention import launch, plan  # noqa: E402
 from tilecore.ops.attention.reference import attention_reference, effective_window  # noqa: E402
 
-BUDGET_S = 150.0
+BUDGET_S = 120.0
 START = [time.time()]
 RESULTS = {"check": [], "time": [], "errors": []}
 MODES = ("lagged", "fused", "gluon")  # lagged: the shipped non-causal config's
