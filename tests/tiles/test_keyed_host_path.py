@@ -14,6 +14,7 @@ from triton.runtime.jit import JITFunction
 
 from tilecore.ops.attention import kvcache
 from tilecore.ops.attention.reference_varlen import kvcache_reference
+from tilecore.ops.norm import launch as norm_launch
 from tilecore.ops.norm import op
 from tilecore.ops.rotary import op as rotary_op
 from tilecore.tiles import eager
@@ -63,7 +64,8 @@ def keyed(monkeypatch):
         seen.setdefault((self.kernel.fn.__name__, key), set()).add(triton_key)
         return self[grid](*args, **kwargs)
 
-    caches = (op._CHECKED, op._PLANS, rotary_op._CHECKED, rotary_op._PLANS, kvcache._CHECKED, kvcache._LAYOUTS)
+    caches = (op._CHECKED, op._PLANS, norm_launch._FORWARD_OPTIONS, rotary_op._CHECKED, rotary_op._PLANS, kvcache._CHECKED,
+              kvcache._LAYOUTS)
     for module in MODULES:
         monkeypatch.setattr(module, "signature", _cpu_signature)
     monkeypatch.setattr(CachedLaunch, "launch_keyed", launch_keyed)

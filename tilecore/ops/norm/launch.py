@@ -12,7 +12,7 @@ import triton.language as tl
 from tilecore.ops.norm import backward as bwd_kernels
 from tilecore.ops.norm import forward as fwd_kernels
 from tilecore.ops.norm.plan import Plan
-from tilecore.tiles.launch import CachedLaunch, cdiv
+from tilecore.tiles.launch import LRU, CachedLaunch, cdiv
 
 _forward = CachedLaunch(fwd_kernels.norm_forward_kernel)
 _stats = CachedLaunch(fwd_kernels.norm_stats_kernel)
@@ -58,20 +58,31 @@ def forward(plan: Plan, x, residual, weight, bias, seed, p: float, eps: float, r
         return y, h, mean, rstd
     if plan.path == "cpu":
         return _cpu_forward(x, residual, weight, bias, seed, p, eps, rms, store_h, h_dtype)
-    scale = dropout_scale(p)
-    flags = dict(ROWS=plan.rows_per_tile, BLOCK_N=plan.block_n, HAS_RES=residual is not None,
-                 DROPOUT=seed is not None, RMS=rms, H_DTYPE=TL_DTYPES[h_dtype], num_warps=plan.num_warps)
+    scale, threshold, flags, forward_flags = _FORWARD_OPTIONS.memo(
+        key, lambda: _forward_options(plan, residual, weight, bias, seed, p, rms, store_h, h_dtype))
     mean_arg = None if rms else mean
     if not plan.whole_row:
         _stats.run(key, (cdiv(rows, plan.rows_per_tile),),
                    (x, residual, mean_arg, rstd, seed, rows, n, x.stride(0), _stride(residual), eps,
-                    threshold16(p), scale), flags)
+                    threshold, scale), flags)
     _forward.run(key, (plan.row_tiles, plan.column_blocks),
                  (x, residual, weight, bias, y, h if store_h else None, mean_arg, rstd, seed, rows, n, x.stride(0),
-                  _stride(residual), y.stride(0), _stride(h) if store_h else 0, eps, threshold16(p), scale),
-                 dict(WHOLE_ROW=plan.whole_row, HAS_W=weight is not None, HAS_B=bias is not None, STORE_H=store_h,
-                      **flags))
+                  _stride(residual), y.stride(0), _stride(h) if store_h else 0, eps, threshold, scale),
+                 forward_flags)
     return y, h, mean, rstd
+
+
+def _forward_options(plan: Plan, residual, weight, bias, seed, p: float, rms: bool, store_h: bool, h_dtype):
+    """(dropout scale, threshold, the stats kernel's options, the forward kernel's): functions of the plan,
+    which tensors are given, p and the flags (a launch key fixes them all: kept per key)."""
+    flags = dict(ROWS=plan.rows_per_tile, BLOCK_N=plan.block_n, HAS_RES=residual is not None,
+                 DROPOUT=seed is not None, RMS=rms, H_DTYPE=TL_DTYPES[h_dtype], num_warps=plan.num_warps)
+    forward_flags = dict(WHOLE_ROW=plan.whole_row, HAS_W=weight is not None, HAS_B=bias is not None,
+                         STORE_H=store_h, **flags)
+    return dropout_scale(p), threshold16(p), flags, forward_flags
+
+
+_FORWARD_OPTIONS = LRU(256)  # a forward's launch key -> _forward_options'
 
 
 def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, p: float, rms: bool,
