@@ -42,19 +42,19 @@ import torch
 from tilecore.ops.gemm import configs, launch, plan
 
 # name, M, N, K, dtype; Llama-3 8B's projections at 8192 tokens, decode-like skinny M, small K
-GEMM_SHAPES = [
+GEMM_SHAPES = [  # interleaved, so that a budget cut leaves each kind measured
     ("sq 8192", 8192, 8192, 8192, "bf16"),
+    ("fp8 sq 8192", 8192, 8192, 8192, "fp8"),
+    ("skinny M64", 64, 8192, 8192, "bf16"),
+    ("K256", 4096, 4096, 256, "bf16"),
+    ("gate+up T8192", 8192, 28672, 4096, "bf16"),
+    ("fp8 gate+up T8192", 8192, 28672, 4096, "fp8"),
+    ("down T8192", 8192, 4096, 14336, "bf16"),
     ("sq 4096", 4096, 4096, 4096, "bf16"),
     ("qkv T8192", 8192, 6144, 4096, "bf16"),
-    ("gate+up T8192", 8192, 28672, 4096, "bf16"),
-    ("down T8192", 8192, 4096, 14336, "bf16"),
-    ("skinny M64", 64, 8192, 8192, "bf16"),
+    ("fp8 skinny M256", 256, 8192, 8192, "fp8"),
     ("skinny M512", 512, 14336, 4096, "bf16"),
     ("K128", 8192, 8192, 128, "bf16"),
-    ("K256", 4096, 4096, 256, "bf16"),
-    ("fp8 sq 8192", 8192, 8192, 8192, "fp8"),
-    ("fp8 gate+up T8192", 8192, 28672, 4096, "fp8"),
-    ("fp8 skinny M256", 256, 8192, 8192, "fp8"),
 ]
 SMOKE_GEMM = [("smoke bf16", 96, 80, 64, "bf16"), ("smoke fp8", 64, 96, 64, "fp8")]
 # name, B, H, N, D, causal
@@ -410,7 +410,9 @@ def main() -> int:
         except Exception as e:
             traceback.print_exc()
             results.append(dict(name=c[0], error=f"{type(e).__name__}: {e}"))
-        print(f"{c[0]}: {time.perf_counter() - t0:.1f} s", flush=True)
+        r = results[-1]
+        print(f"{c[0]}: {time.perf_counter() - t0:.1f} s; table {r.get('table')}, pick {r.get('timed_pick')}, "
+              f"best {r.get('best')} {fmt(r.get('best_ms'), '.4f')} ms", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / ("napkin_topk_configs_attention.json" if args.attention else "napkin_topk_configs.json")
     path.write_text(json.dumps(dict(device=None if SMOKE else torch.cuda.get_device_name(), topk=args.topk,
@@ -423,7 +425,8 @@ def main() -> int:
         best_tf = r["rows"][r["best"]].get("tflops") if r.get("best") else None
         print(f"{r['name']:22} {fmt(r.get('table_over_best')):>6} {fmt(r.get('napkin_top1_over_best')):>6} "
               f"{fmt(r.get('timed_pick_over_best')):>6} {fmt(best_tf, '.0f'):>8} {fmt(r.get('best_over_cublas')):>7} "
-              f"{fmt(r.get('spearman'), '.2f'):>5} {'y' if ok else 'N'}   {r.get('best')} / {r.get('timed_pick')}")
+              f"{fmt(r.get('spearman'), '.2f'):>5} {'y' if ok else 'N'}   {r.get('best')} / {r.get('timed_pick')}"
+              + (f" / plan {r['plan_pick']} {fmt(r.get('plan_pick_over_best'))}" if "plan_pick" in r else ""))
     print(f"wrote {path} ({time.perf_counter() - start:.1f} s)")
     return 0
 
