@@ -2,7 +2,7 @@
 
     FP8_BUDGET_S=80 PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s28.py      (session 29's default, ~80 s)
     [--smoke] [--modes 1,4,2] [--all-modes] [--no-d64] [--variants tree] [--extra tree_fma8] [--extra64 c3]
-    [--probes noexp2,nosoftmax] [--with max_tree=1] [--default-has-lmma]
+    [--probes noexp2,nomax,nosoftmax] [--with max_tree=1] [--default-has-lmma]
 
 Session 29's default: diag of mode 1; tails (D128 causal GQA, D64) of l_mma + tree; then at B16 H16 N4096, D128 and
 D64, non-causal and causal: default (l_mma off), l_mma1, bf16, tree (max_tree alone), l_mma1_tree; at D128 non-causal
@@ -37,7 +37,8 @@ the block as its bytes (0x38, uint8 bitcast to e4m3). gluon_fp8.L_MMA's modes (h
    l_mma + tree + ping-pong flipped); do_bench medians,
    TFLOP/s = 4 B H N^2 D / t (halved causal).
 4. probes (--probes, timing only, WRONG results, right after the D128 non-causal case, while the budget lasts): noexp2
-   (l_mma + tree with 2^x replaced by x: is the MUFU the bound?) and nosoftmax (session 27's: 2,018 TFLOP/s).
+   (l_mma + tree with 2^x replaced by x: is the MUFU the bound?), nomax (l_mma without the row max: the FMNMX chain
+   and the quad's shuffles) and nosoftmax (session 27's: 2,018 TFLOP/s).
 
 Stops gracefully past FP8_BUDGET_S (default 85 s). Table last; JSON to $OUT/attention_fp8_speed_s28.json (default
 /tmp/out). --smoke: CPU, TRITON_INTERPRET=1, tiny shapes on the tl kernel (imports, shapes and the checks' code), no
@@ -76,9 +77,10 @@ def main():
     ap.add_argument("--extra64", default="tree_pp",
                     help="variants timed at D64 only (after the others), as --extra: c3 (three consumers: spills 432 "
                     "bytes at D64, sass_fp8.py), ...")
-    ap.add_argument("--probes", default="noexp2,nosoftmax",
-                    help="timing probes (WRONG results, not checked) at D128 non-causal after every case: noexp2 (l_mma "
-                    "+ tree with 2^x replaced by x: the step without the MUFU), nosoftmax (the step without its softmax)")
+    ap.add_argument("--probes", default="noexp2,nomax,nosoftmax",
+                    help="timing probes (WRONG results, not checked) right after D128 non-causal: noexp2 (l_mma + tree "
+                    "with 2^x replaced by x: the step without the MUFU), nomax (l_mma without the row max), nosoftmax "
+                    "(the step without its softmax)")
     ap.add_argument("--extra", default="tree_fma8,tree_pp",
                     help="variants timed beside l_mma at D128 non-causal, comma-separated: fma8, fma4 (exp2 one in 8 "
                     "/ 4 on the FMA units), pingpong (flipped), tau0.8 (conditional rescaling), tree (the row max "
@@ -251,8 +253,9 @@ def main():
             where.setdefault(name, set()).add(scope)
     result["variants"] = {n: dict(config={k: str(v) for k, v in c.items()}, timed=sorted(where[n]))
                           for n, c in variants.items()}
-    probes = dict(noexp2=dict(exp2_fma_every=-1, **(dict(l_mma=chosen, max_tree=True) if chosen else {})),
-                  nosoftmax=dict(probe_no_softmax=True))
+    lmma_tree = dict(l_mma=chosen, max_tree=True) if chosen else {}
+    probes = dict(noexp2=dict(exp2_fma_every=-1, **lmma_tree), nomax=dict(probe_no_softmax=2, **lmma_tree),
+                  nosoftmax=dict(probe_no_softmax=1))
     # the tails check l_mma with the row max as a tree (both switches at the masked edges)
     tail_variant = f"{lmma}_tree" if chosen is not None else None
 

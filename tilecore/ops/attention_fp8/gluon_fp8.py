@@ -280,7 +280,8 @@ class AttentionFp8:
     ones: object  # L_MMA: the ones block (e4m3) in shared memory, [LC, 32 or 128] (else None)
     LC: gl.constexpr  # L_MMA: the columns of the row-sum wgmma (its N: 8, or 16 for mode 3)
     MAX_TREE: gl.constexpr  # the row max as a tree (row_max_tree) instead of gl.max's chain
-    PROBE_NO_SOFTMAX: gl.constexpr  # a timing probe, wrong results: P = S (no max, exp2 or sum), alpha = 1
+    PROBE_NO_SOFTMAX: gl.constexpr  # timing probes, wrong results: 1 P = S (no max, exp2 or sum), alpha = 1; 2 no row
+    # max (the running max stays at 0: P saturates at 448 where a score passes 0.8)
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
     D: gl.constexpr
@@ -368,8 +369,12 @@ class AttentionFp8:
             row_scale = row_scale * k_scale
         if needs_mask(st.rows.first, first_key, self.BN, self.N, self.Nk, self.CAUSAL):
             s = mask_scores(s, self.S, st.rows.first, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
-        if self.PROBE_NO_SOFTMAX:  # what the step costs without its softmax (the wgmma, loads, P's cvt, O *= alpha)
+        if self.PROBE_NO_SOFTMAX == 1:  # what the step costs without its softmax (the wgmma, loads, P's cvt, O *= alpha)
             return st.m, st.l, s, st.m * 0.0 + 1.0, 1
+        if self.PROBE_NO_SOFTMAX == 2:  # without the row max (its 64 FMNMX a thread, the quad's shuffles)
+            m0 = gl.maximum(st.m, 0.0)
+            p = exp2_split(s * row_scale - gl.expand_dims(m0 - self.P_SHIFT, 1), self.EXP2_FMA_EVERY)
+            return m0, st.l, p, gl.exp2(st.m - m0), 1
         return fp8_softmax_update(st.m, st.l, s, row_scale, self.Q_PER_ROW, self.EXP2_FMA_EVERY, self.P_SHIFT,
                                   self.RESCALE_TAU, not self.L_MMA, self.MAX_TREE)
 
