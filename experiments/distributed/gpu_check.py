@@ -39,6 +39,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: tilecore, experiments
 
 from tilecore import accuracy  # noqa: E402
+from tilecore.distributed import ring as ring_module  # noqa: E402
 from tilecore.distributed import context_parallel_attention, zigzag_shard  # noqa: E402
 from tilecore.distributed.ring import (Ring, poison_receive_buffers, ring_backward, ring_for,  # noqa: E402
                                        ring_forward, transfer_order)
@@ -54,6 +55,25 @@ class ComputeOnlyRing(Ring):
 
     def exchange(self, send, recv, tag):
         return []
+
+
+class transport:
+    """Context: the ring's transfers by ``name`` ("nccl" or "copy_engine", ring.TRANSPORT) inside."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.saved = ring_module.set_transport(self.name)
+
+    def __exit__(self, *exc):
+        ring_module.set_transport(self.saved)
+
+
+def variant(m) -> tuple[int, str]:
+    """A --margins entry: an int (sm_margin, NCCL) or "ce" (the copy engines' transfers at margin 0,
+    early order: copy_engine.py)."""
+    return (0, "copy_engine") if m == "ce" else (int(m), "nccl")
 
 
 def sync():
@@ -123,7 +143,7 @@ def all_ok(ok: bool) -> bool:
 
 
 def check_case(mode: str, causal: bool, n: int, hq: int, hkv: int, d: int, dtype: torch.dtype,
-               sm_margin: int | None = None) -> dict:
+               sm_margin: int | None = None, via: str = "nccl") -> dict:
     """One case against one GPU's attention and float64 (``sm_margin``: context_parallel_attention's;
     None: its default, the ring's RING_SM_MARGIN with early transfers on CUDA)."""
     g = torch.Generator(device=DEVICE).manual_seed(1234)
@@ -145,15 +165,25 @@ def check_case(mode: str, causal: bool, n: int, hq: int, hkv: int, d: int, dtype
 
     shard = lambda t: zigzag_shard(t.detach(), 2)  # noqa: E731
     local = [shard(t).requires_grad_() for t in (q, k, v)]
-    out, lse = context_parallel_attention(*local, causal=causal, mode=mode, return_lse=True, sm_margin=sm_margin)
-    grads = torch.autograd.grad(loss(out, lse, shard(dout), shard(dlse)), local)
+    with transport(via):
+        out, lse = context_parallel_attention(*local, causal=causal, mode=mode, return_lse=True, sm_margin=sm_margin)
+        grads = torch.autograd.grad(loss(out, lse, shard(dout), shard(dlse)), local)
+        # twice: the second call reuses the mailboxes (their tokens handed back by the first)
+        out2, lse2 = context_parallel_attention(*local, causal=causal, mode=mode, return_lse=True,
+                                                sm_margin=sm_margin)
+        grads2 = torch.autograd.grad(loss(out2, lse2, shard(dout), shard(dlse)), local)
+    # the worst of the two calls (the second's dQ may differ in its last bits: the kernel's atomic adds)
+    second = {name: accuracy.error_over_floor(mine.detach(), shard(exact))
+              for name, mine, exact in (("out", out2, o64), ("dq", grads2[0], g64[0]), ("dk", grads2[1], g64[1]),
+                                        ("dv", grads2[2], g64[2]))}
+    finite2 = all(bool(torch.isfinite(t).all()) for t in (out2, lse2, *grads2))
 
-    row = {"finite": float(all(bool(torch.isfinite(t).all()) for t in (out, lse, *grads)))}
+    row = {"finite": float(all(bool(torch.isfinite(t).all()) for t in (out, lse, *grads)) and finite2)}
     for name, mine, single, exact in (("out", out, o1, o64), ("dq", grads[0], g1[0], g64[0]),
                                       ("dk", grads[1], g1[1], g64[1]), ("dv", grads[2], g1[2], g64[2])):
-        row[f"{name}_floor_x"] = accuracy.error_over_floor(mine.detach(), shard(exact))
+        row[f"{name}_floor_x"] = max(accuracy.error_over_floor(mine.detach(), shard(exact)), second[name])
         row[f"{name}_single_floor_x"] = accuracy.error_over_floor(shard(single), shard(exact))
-    row["lse_abs_err"] = (lse.detach().double() - shard(l64)).abs().max().item()
+    row["lse_abs_err"] = max((x.detach().double() - shard(l64)).abs().max().item() for x in (lse, lse2))
     row["lse_single_abs_err"] = (shard(l1).double() - shard(l64)).abs().max().item()
     # the worst rank's figures
     keys = sorted(row)
@@ -172,6 +202,11 @@ CHECKS = [  # (mode, causal, n, hq, hkv, d, dtype[, sm_margin]): n not a multipl
     ("all_to_all", True, 4099, 8, 2, 128, torch.bfloat16),
     ("ring", True, 3001, 4, 4, 64, torch.float16),
     ("ring", False, 2048, 4, 1, 128, torch.bfloat16),
+    # the copy engines' transfers (ring.TRANSPORT = "copy_engine"; margin 0, early order)
+    ("ring", True, 4099, 8, 2, 128, torch.bfloat16, 0, "copy_engine"),
+    ("ring", False, 8192, 8, 8, 128, torch.bfloat16, 0, "copy_engine"),
+    ("ring", True, 16384, 2, 2, 128, torch.bfloat16, 0, "copy_engine"),
+    ("ring", True, 3001, 4, 4, 64, torch.float16, 0, "copy_engine"),
 ]
 
 
@@ -179,11 +214,38 @@ CHECKS = [  # (mode, causal, n, hq, hkv, d, dtype[, sm_margin]): n not a multipl
 # timing
 
 
-MARGINS = (0, 4, 8, 16)  # SMs the attention leaves to NCCL's transfer kernel; 0: the late order, else early
+# SMs the attention leaves to NCCL's transfer kernel (0: the late order, else early); "ce": the copy
+# engines' transfers (ring.TRANSPORT = "copy_engine") at margin 0, early
+MARGINS = (0, "ce", 8)
+
+
+def timeline_of(fn) -> dict:
+    """One call of ``fn`` (after the timed ones: warm) with the ring's parts recorded (ring.TIMELINE):
+    {"total_ms", "parts": [label, stream, start ms from the call's start, ms]}, every rank started
+    together. On the CPU (--dry) the total only."""
+    events = []
+    dist.barrier()
+    sync()
+    if DEVICE != "cuda":
+        began = time.perf_counter()
+        fn()
+        return {"total_ms": (time.perf_counter() - began) * 1e3, "parts": []}
+    origin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ring_module.record_timeline(events)
+    try:
+        origin.record()
+        fn()
+        end.record()
+    finally:
+        ring_module.record_timeline(None)
+    end.synchronize()
+    sync()
+    parts = [[label, stream, origin.elapsed_time(a), a.elapsed_time(b)] for label, a, b, stream in events]
+    return {"total_ms": origin.elapsed_time(end), "parts": parts}
 
 
 def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single: bool, a2a: bool,
-              margins=MARGINS) -> dict:
+              margins=MARGINS, breakdown: bool = True) -> dict:
     """One (N, causal) case: per sm_margin the ring's forward and backward with their transfers and
     with the compute alone (ComputeOnlyRing: the same steps, nothing sent), and the public call's
     forward + backward; the transfers alone; one GPU at the whole sequence; peak memory."""
@@ -216,52 +278,61 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
             for step in range(count):
                 for work in through.exchange(kv, kv_in, tag=2 * step):
                     work.wait()
+                through.release(2 * step)
                 if with_sums:
                     sums, sums_in = (dkv, dkv_in) if step == 0 else (dkv32, dkv32_in)
                     for work in through.exchange(sums, sums_in, tag=2 * step + 1):
                         work.wait()
+                    through.release(2 * step + 1)
 
         record("ring_fwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, False), reps))
         record("ring_bwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, True), reps))
-        for m in margins:  # the K/V hops alone through the ring each margin's calls use (NCCL's CTAs capped)
-            through = ring_for(group, q.device, m, transfer_order(None, m))
-            row["margins"][m] = {"early": transfer_order(None, m), "transfer_group": through.group.group_name}
-            cell = row["margins"][m]
+        for key in margins:  # the K/V hops alone through the ring each margin's calls use (NCCL's CTAs capped)
+            m, via = variant(key)
+            with transport(via):
+                through = ring_for(group, q.device, m, transfer_order(None, m), k, lengths)
+            row["margins"][key] = {"early": transfer_order(None, m, through), "transport": via,
+                                   "transfer_group": through.group.group_name}
+            cell = row["margins"][key]
             record("fwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, False, through), reps), cell)
             record("bwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, True, through), reps), cell)
         del dkv, dkv_in, dkv32, dkv32_in, kv_in
         out, lse = ring_forward(q, k, v, group, lengths, causal, scale)
-        for m in margins:  # the ring's default order for each: late at 0, early above (ring.transfer_order)
-            cell = row["margins"][m]
-            record("fwd_ms", lockstep_ms(
-                lambda: ring_forward(q, k, v, group, lengths, causal, scale, sm_margin=m), reps), cell)
-            record("fwd_compute_ms", lockstep_ms(
-                lambda: ring_forward(q, k, v, group, lengths, causal, scale, ring=ComputeOnlyRing(group),
-                                     sm_margin=m), reps), cell)
-            record("bwd_ms", lockstep_ms(
-                lambda: ring_backward(dout, None, q, k, v, out, lse, group, lengths, causal, scale, sm_margin=m),
-                reps), cell)
-            record("bwd_compute_ms", lockstep_ms(
-                lambda: ring_backward(dout, None, q, k, v, out, lse, group, lengths, causal, scale,
-                                      ring=ComputeOnlyRing(group), sm_margin=m), reps), cell)
+        for key in margins:  # the ring's default order for each: late at 0, early above (ring.transfer_order)
+            m, via = variant(key)
+            cell = row["margins"][key]
+            fwd = lambda r=None: ring_forward(q, k, v, group, lengths, causal, scale, ring=r, sm_margin=m)  # noqa: E731
+            bwd = lambda r=None: ring_backward(dout, None, q, k, v, out, lse, group, lengths, causal,  # noqa: E731
+                                               scale, ring=r, sm_margin=m)
+            with transport(via):
+                record("fwd_ms", lockstep_ms(fwd, reps), cell)
+                record("fwd_compute_ms", lockstep_ms(lambda: fwd(ComputeOnlyRing(group)), reps), cell)
+                record("bwd_ms", lockstep_ms(bwd, reps), cell)
+                record("bwd_compute_ms", lockstep_ms(lambda: bwd(ComputeOnlyRing(group)), reps), cell)
+                if breakdown:  # one call of each, its parts timed by CUDA events (ring.TIMELINE)
+                    cell["breakdown"] = {"fwd": timeline_of(fwd), "fwd_compute": timeline_of(
+                        lambda: fwd(ComputeOnlyRing(group))), "bwd": timeline_of(bwd),
+                        "bwd_compute": timeline_of(lambda: bwd(ComputeOnlyRing(group)))}
         del out, lse
         record("public_fwd_ms", lockstep_ms(
             lambda: context_parallel_attention(q, k, v, causal=causal, mode="ring"), reps))
 
     local = [t.clone().requires_grad_() for t in (q, k, v)]
 
-    def fwd_bwd(mode, margin=None):
+    def fwd_bwd(mode, margin=None, via="nccl"):
         def run():
-            o = context_parallel_attention(*local, causal=causal, mode=mode, sm_margin=margin)
-            torch.autograd.grad(o, local, dout)
+            with transport(via):
+                o = context_parallel_attention(*local, causal=causal, mode=mode, sm_margin=margin)
+                torch.autograd.grad(o, local, dout)
         return run
 
-    for m in margins:
+    for key in margins:
+        m, via = variant(key)
         sync()
         base = memory_allocated()
         reset_peak()
-        cell = row["margins"][m]
-        record("fwd_bwd_ms", lockstep_ms(fwd_bwd("ring", m), reps), cell)
+        cell = row["margins"][key]
+        record("fwd_bwd_ms", lockstep_ms(fwd_bwd("ring", m, via), reps), cell)
         cell["peak_extra_gb"] = (peak() - base) / 1e9  # over what was allocated before: activations, buffers
     row["peak_extra_gb"] = max(c["peak_extra_gb"] for c in row["margins"].values())
     row["inputs_gb"] = 4 * q.numel() * q.element_size() / 1e9  # q, k, v, dO of this rank
@@ -340,9 +411,11 @@ def napkin_predictions(row, heads, d, world) -> dict:
         rates["measured_rate"] = row["single_fwd_tflops"]
     for m, cell in row["margins"].items():
         out[m] = {}
+        margin, via = variant(m)
         for label, rate in rates.items():
             p = napkin_ring.predict(seq=row["N"], heads=heads, d=d, world=world, causal=row["causal"],
-                                    attention_tflops=rate, one_gpu=False, sm_margin=int(m))
+                                    attention_tflops=rate, one_gpu=False, sm_margin=margin,
+                                    dq_in_kernel=ring_module.DQ_IN_KERNEL, copy_engine=via == "copy_engine")
             out[m][label] = {
                 "fwd_ms": p.forward_s * 1e3, "bwd_ms": p.backward_s * 1e3, "hidden": p.hidden,
                 "step_compute_ms": p.step_compute_s * 1e3, "step_transfer_ms": p.step_transfer_s * 1e3,
@@ -377,7 +450,9 @@ def tables(results) -> str:
         r = c["result"]
         cells = "".join(f"{fmt(r[f'{x}_floor_x'])}/{fmt(r[f'{x}_single_floor_x'])}".rjust(12)
                         for x in ("out", "dq", "dk", "dv"))
-        lines.append(f"{c['mode']:<11}{str(c['causal']):<7}{c['shape']:<24}{cells}{r['lse_abs_err']:>10.1e}")
+        via = " CE" if c.get("transport") == "copy_engine" else ""
+        lines.append(f"{c['mode'] + via:<11}{str(c['causal']):<7}{c['shape']:<24}{cells}{r['lse_abs_err']:>10.1e}"
+                     + ("" if r["finite"] == 1.0 else "  NOT FINITE"))
     lines += ["", f"ring timing by sm_margin, B1 H{results['heads']} D{results['d']} bf16 on {results['world']} GPUs "
               "(rank 0, ms; margin 0: transfers after each step's attention, above 0: before it; fwd, bwd: "
               "ring_forward/backward with transfers; comp: the same steps with nothing sent; hid: share of the "
@@ -412,10 +487,31 @@ def tables(results) -> str:
             f"{fmt(t.get('single_peak_extra_gb'))} GB; transfers alone fwd {fmt(t['ring_fwd_transfer_ms'])}, bwd "
             f"{fmt(t['ring_bwd_transfer_ms'])}; public fwd (default margin) {fmt(t['public_fwd_ms'])}; "
             f"all-to-all f+b {fmt(t.get('a2a_fwd_bwd_ms'))}")
+    lines += breakdown_lines(results)
     latency = fmt(results.get("transfer_latency_us"), ".1f")
     lines.append(f"transfer latency (4 KiB ring hop, lockstep median): {latency} us; GB: a rank's peak over its "
                  "inputs' allocation (fwd+bwd)")
     return "\n".join(lines)
+
+
+def breakdown_lines(results) -> list[str]:
+    """One call's parts per margin (rank 0, CUDA events on the compute stream and, for the copy
+    engines, on the copy stream): each part's ms and where it started (@ ms from the call's start);
+    gaps: the call's time outside every compute-stream part (launches, host waits, the NCCL hop's
+    wait in the late order); "compute" rows: the same steps with nothing sent."""
+    lines = ["", "per-part timeline of one call (rank 0; ms @ start ms; gaps = total - compute-stream parts):"]
+    for t in results["timing"]:
+        if "error" in t:
+            continue
+        for m, c in t["margins"].items():
+            for name, b in (c.get("breakdown") or {}).items():
+                parts = b["parts"]
+                busy = sum(p[3] for p in parts if p[1] == "compute")
+                shown = " | ".join(f"{p[0].removeprefix('fwd ').removeprefix('bwd ')}"
+                                   f"{' [copy]' if p[1] == 'copy' else ''} {p[3]:.2f}@{p[2]:.2f}" for p in parts)
+                lines.append(f"{t['N']:>7} {'causal' if t['causal'] else 'full':<7}{str(m):>3} {name:<12}"
+                             f"total {b['total_ms']:7.2f} gaps {b['total_ms'] - busy:6.2f}: {shown}")
+    return lines
 
 
 def main() -> int:
@@ -432,10 +528,14 @@ def main() -> int:
                         help="time only the causal mask from this total length up")
     parser.add_argument("--napkin-after-s", type=float, default=420.0,
                         help="skip the napkin's derivations (seconds of CPU each) past this many seconds")
+    parser.add_argument("--checks", default="all", choices=("all", "nccl", "ce"),
+                        help="which correctness cases: all, NCCL's only, or the copy engines' only")
+    parser.add_argument("--no-breakdown", action="store_true",
+                        help="skip the per-part timeline of one call per margin (ring.TIMELINE)")
     parser.add_argument("--dry", action="store_true",
                         help="CPU tensors on gloo, small sizes (the script's logic, without a GPU)")
     args = parser.parse_args()
-    margins = tuple(int(m) for m in args.margins.split(",") if m)
+    margins = tuple(m if m == "ce" else int(m) for m in args.margins.split(",") if m)
 
     global DEVICE, CHECKS
     if args.dry:
@@ -468,13 +568,16 @@ def main() -> int:
             path.write_text(json.dumps(results, indent=1))
 
     if not args.skip_check:
-        for mode, causal, n, hq, hkv, d, dtype, *margin in CHECKS:
-            margin = margin[0] if margin else None
+        for mode, causal, n, hq, hkv, d, dtype, *extra in CHECKS:
+            margin = extra[0] if extra else None
+            via = extra[1] if len(extra) > 1 else "nccl"
+            if args.checks != "all" and (via == "copy_engine") != (args.checks == "ce"):
+                continue
             entry = {"mode": mode, "causal": causal, "shape": f"n{n} h{hq}/{hkv} d{d} {str(dtype)[6:]}",
-                     "case": f"{mode} causal={causal} n={n}" + ("" if margin is None else f" sm_margin={margin}"),
-                     "sm_margin": margin}
+                     "case": f"{mode} causal={causal} n={n}" + ("" if margin is None else f" sm_margin={margin}")
+                     + ("" if via == "nccl" else f" {via}"), "sm_margin": margin, "transport": via}
             try:
-                entry["result"] = check_case(mode, causal, n, hq, hkv, d, dtype, margin)
+                entry["result"] = check_case(mode, causal, n, hq, hkv, d, dtype, margin, via)
                 ok = True
             except Exception:  # noqa: BLE001
                 entry["error"] = traceback.format_exc()
@@ -498,7 +601,7 @@ def main() -> int:
             reps = 5 if n_total <= 65536 else 3
             try:
                 row = time_case(n_total, causal, args.heads, args.d, reps, single=not args.no_single, a2a=True,
-                                margins=margins)
+                                margins=margins, breakdown=not args.no_breakdown)
                 ok = True
             except Exception:  # noqa: BLE001
                 row = {"N": n_total, "causal": causal, "error": traceback.format_exc()}

@@ -38,7 +38,9 @@ import torch
 import torch.distributed as dist
 
 from tilecore import dispatch
-from tilecore.distributed import groups, kernels_tl, sharding
+import contextlib
+
+from tilecore.distributed import copy_engine, groups, kernels_tl, sharding
 from tilecore.ops.attention import attention
 from tilecore.ops.attention.op import backward_adding_dq
 from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2
@@ -79,6 +81,16 @@ class Ring:
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.next = dist.get_global_rank(group, (self.rank + 1) % self.world)
         self.prev = dist.get_global_rank(group, (self.rank - 1) % self.world)
+
+    uses_sms = True  # NCCL's transfer kernel runs on SMs (copy_engine.CopyEngineRing's copies do not)
+
+    def receive(self, like: torch.Tensor, shape, tag: int, count: int = 2):
+        """``count`` buffers of ``shape`` in ``like``'s dtype for the transfer ``tag``."""
+        return tuple(receive_buffer(like, shape) for _ in range(count))
+
+    def release(self, tag: int, received=None, poison: bool = False) -> None:
+        """The transfer ``tag``'s buffers are read by every kernel queued so far (nothing to do here:
+        they are the caller's; copy_engine's mailboxes go back to the sender)."""
 
     def exchange(self, send, recv, tag: int) -> list:
         """Start sending ``send`` (a contiguous tensor, or a tuple of them) to the next rank and
@@ -167,11 +179,58 @@ CAP_TRANSFER_CTAS = True
 # pass (dq 1.37-1.58x the floor against float64), backward 41.9 against 42.0 ms (32K), causal 23.5 / 24.5,
 # 64K 160.6 / 161.9, causal 87.6 / 87.3, a rank's peak 2.42 against 2.49 GB at 32K: on
 DQ_IN_KERNEL = True
+# How the blocks travel between two ranks on CUDA: "nccl" (batch_isend_irecv: NCCL's kernel, on SMs)
+# or "copy_engine" (copy_engine.py: peer copies into the other GPU's symmetric memory by its copy
+# engines, no SM, so each transfer starts before the attention it hides under, at margin 0, and the
+# receive buffers are the mailboxes). Session 28's causal 32K lost 0.9 ms a forward and ~3.5 a backward
+# to the exposed NCCL hops (late order) or to the margin's slower attention and capped hops. Off until
+# a GPU run checks it (experiments/distributed/gpu_check.py's "ce" cases); more than two ranks: NCCL.
+TRANSPORT = "nccl"
+TRANSPORTS = ("nccl", "copy_engine")
 
 
-def ring_for(group, device: torch.device, sm_margin: int, early: bool) -> Ring:
-    """The Ring a call's transfers go through: ``group``'s, or with a margin in the early order on an
-    NCCL group its ranks' group capped at sm_margin CTAs (CAP_TRANSFER_CTAS)."""
+def set_transport(name: str) -> str:
+    """Checks and probes: the ring's transfers by ``name`` (one of TRANSPORTS) from now on; returns
+    the previous one (to restore)."""
+    global TRANSPORT
+    if name not in TRANSPORTS:
+        raise ValueError(f"ring.set_transport: {name!r}; accepted: {', '.join(TRANSPORTS)}")
+    previous, TRANSPORT = TRANSPORT, name
+    return previous
+
+# Probes (experiments/distributed/gpu_check.py --breakdown): a list that gets (label, start event, end
+# event, stream) for each part of a ring call on CUDA (attention steps, merges, waits, sums, copies);
+# None (the default): nothing recorded.
+TIMELINE = None
+
+
+def record_timeline(into: list | None) -> None:
+    """Probes: record the ring's parts into ``into`` (a list), or stop (None)."""
+    global TIMELINE
+    TIMELINE = into
+
+
+@contextlib.contextmanager
+def probe(label: str, device: torch.device):
+    """Records ``label``'s CUDA events on the current stream where TIMELINE is a list."""
+    if TIMELINE is None or device.type != "cuda":
+        yield
+        return
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    yield
+    end.record()
+    TIMELINE.append((label, start, end, "compute"))
+
+
+def ring_for(group, device: torch.device, sm_margin: int, early: bool, k: torch.Tensor | None = None,
+             lengths: list[int] | None = None):
+    """The Ring a call's transfers go through: with TRANSPORT "copy_engine", two CUDA ranks and ``k``
+    and ``lengths`` given (to size the mailboxes), copy_engine.CopyEngineRing; else ``group``'s, or
+    with a margin in the early order on an NCCL group its ranks' group capped at sm_margin CTAs
+    (CAP_TRANSFER_CTAS)."""
+    if TRANSPORT == "copy_engine" and k is not None and copy_engine.available(group, device):
+        return copy_engine.CopyEngineRing(group, device, copy_engine.slot_bytes_for(k, lengths), TIMELINE)
     if (CAP_TRANSFER_CTAS and early and sm_margin > 0 and device.type == "cuda"
             and "nccl" in str(dist.get_backend(group))):
         return Ring(groups.transfer_group(group, sm_margin))
@@ -187,11 +246,14 @@ def default_sm_margin(device: torch.device, world: int, mode: str = "ring") -> i
     return min(RING_SM_MARGIN, dispatch.num_sms(device) - 1)
 
 
-def transfer_order(early: bool | None, sm_margin: int) -> bool:
+def transfer_order(early: bool | None, sm_margin: int, ring=None) -> bool:
     """Whether transfers start before the attention they overlap: ``early`` where given, else where
-    the attention leaves SMs (sm_margin > 0), else TRANSFERS_EARLY."""
+    they need no SM (``ring``'s copies by the copy engines) or the attention leaves SMs (sm_margin > 0),
+    else TRANSFERS_EARLY."""
     if early is not None:
         return early
+    if ring is not None and not getattr(ring, "uses_sms", True):
+        return True
     return sm_margin > 0 or TRANSFERS_EARLY
 
 
@@ -208,11 +270,12 @@ def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float,
     ``ring``: what passes the blocks on (default Ring(group); probes pass one that does not, to time
     the compute alone); ``sm_margin``: SMs each step's attention leaves free (tilecore.attention's);
     ``early``: start each transfer before the step's attention (default: transfer_order's)."""
-    early = transfer_order(early, sm_margin)
-    ring = ring or ring_for(group, q.device, sm_margin, early)
+    ring = ring or ring_for(group, q.device, sm_margin, transfer_order(early, sm_margin), k, lengths)
+    early = transfer_order(early, sm_margin, ring)
     rank, world = ring.rank, ring.world
     chunks = sharding.chunk_sizes(sum(lengths), world)
     B, Hkv, _, D = k.shape
+    device = q.device
     kv = (sendable(k), sendable(v))  # the block this step attends, as it is sent on
     acc_out = acc_lse = None
     for step in range(world):
@@ -220,7 +283,7 @@ def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float,
         more = step + 1 < world
 
         def start():
-            incoming = receive_pair(k, (B, Hkv, lengths[(src - 1) % world], D))
+            incoming = ring.receive(k, (B, Hkv, lengths[(src - 1) % world], D), tag=step)
             return incoming, ring.exchange(kv, incoming, tag=step)
 
         if more and early:
@@ -229,8 +292,11 @@ def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float,
         out = lse = None
         if span is not None:
             rows, keys, step_causal = span
-            out, lse = attention(q[:, :, rows], kv[0][:, :, :keys], kv[1][:, :, :keys], causal=step_causal,
-                                 scale=scale, return_lse=True, sm_margin=step_margin(sm_margin, early, more))
+            with probe(f"fwd step {step} attention", device):
+                out, lse = attention(q[:, :, rows], kv[0][:, :, :keys], kv[1][:, :, :keys], causal=step_causal,
+                                     scale=scale, return_lse=True, sm_margin=step_margin(sm_margin, early, more))
+        if step > 0:  # the block received for this step has been read
+            ring.release(step - 1, kv, POISON)
         if more and not early:  # after the attention, beside the merge
             incoming, works = start()
         if span is not None:
@@ -239,9 +305,11 @@ def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float,
                 # more merge into a float32 accumulator, rounded once at the end
                 acc_out, acc_lse = (out if world == 2 else out.float()), lse
             else:
-                merge_into(acc_out[:, :, rows], acc_lse[:, :, rows], out, lse)
+                with probe(f"fwd step {step} merge", device):
+                    merge_into(acc_out[:, :, rows], acc_lse[:, :, rows], out, lse)
         if more:
-            wait_all(works)
+            with probe(f"fwd wait {step + 1}", device):
+                wait_all(works)
             kv = incoming
     return acc_out.to(q.dtype), acc_lse
 
@@ -276,11 +344,12 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
     before the next. A sum of one share travels in the inputs' dtype (it is the backward op's output,
     exactly), of more in float32. ``sm_margin``: SMs each attention backward leaves free (default
     order: early where it is > 0, transfer_order)."""
-    early = transfer_order(early, sm_margin)
-    ring = ring or ring_for(group, q.device, sm_margin, early)
+    ring = ring or ring_for(group, q.device, sm_margin, transfer_order(early, sm_margin), k, lengths)
+    early = transfer_order(early, sm_margin, ring)
     rank, world = ring.rank, ring.world
     chunks = sharding.chunk_sizes(sum(lengths), world)
     B, Hkv, n, D = k.shape
+    device = q.device
     kv = (sendable(k), sendable(v))
     lse = lse.contiguous()
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -304,7 +373,8 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
         if part is None:
             return lambda: None
         rows, keys, part_causal = part
-        gk, gv = block_grads(rows, keys, part_causal, kv_own, world > 1)  # the first K/V hop, or the last sum
+        with probe(f"bwd own {'first' if part is first else 'last'}", device):
+            gk, gv = block_grads(rows, keys, part_causal, kv_own, world > 1)  # the first K/V hop, or the last sum
 
         def add():
             for i, g in enumerate((gk, gv)):
@@ -320,7 +390,7 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
         return (B, Hkv, lengths[r], D)
 
     def send_block(block, to_use_at_step):  # the block the next rank attends at that step
-        incoming = receive_pair(k, shape_of((rank - to_use_at_step) % world))
+        incoming = ring.receive(k, shape_of((rank - to_use_at_step) % world), tag=2 * to_use_at_step)
         return incoming, ring.exchange(block, incoming, tag=2 * to_use_at_step)
 
     kv_own = kv
@@ -331,19 +401,23 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
     add = own_part(first)
     if world > 1 and not early:
         incoming, kv_works = send_block(kv, 1)
-    add()
+    with probe("bwd own first adds", device):
+        add()
     for step in range(1, world):
         src = (rank - step) % world
-        wait_all(kv_works)
-        if not early:
-            wait_all(sum_works)  # nothing in flight beside the attention
+        with probe(f"bwd wait kv {step}", device):
+            wait_all(kv_works)
+            if not early:
+                wait_all(sum_works)  # nothing in flight beside the attention
         kv = incoming
         more = step + 1 < world
         if more and early:
             incoming, kv_works = send_block(kv, step + 1)
         span = step_span(step, src, rank, causal, chunks, lengths)
         # in flight beside it (early order): the next block's K/V, and from step 2 the previous sum
-        grads = block_grads(*span, kv, more or step >= 2) if span is not None else None
+        with probe(f"bwd step {step}", device):
+            grads = block_grads(*span, kv, more or step >= 2) if span is not None else None
+        ring.release(2 * step, kv, POISON)  # the block is read (by the kernels queued)
         if more and not early:
             incoming, kv_works = send_block(kv, step + 1)
         keys = span[1] if span is not None else 0
@@ -357,19 +431,26 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
         else:  # the shares of the ranks before, from the previous rank, in float32 from here on
             wait_all(sum_works)
             block_sum = tuple(t.float() for t in sum_incoming)
+            ring.release(2 * step - 1, sum_incoming, POISON)
             for i in range(2 if grads is not None else 0):
                 block_sum[i][:, :, :keys] += grads[i]
         # on to the next rank, which holds block src next; after the last step, block r+1 goes home
-        sum_incoming = receive_pair(block_sum[0], shape_of((src - 1) % world))
+        sum_incoming = ring.receive(block_sum[0], shape_of((src - 1) % world), tag=2 * step + 1)
         sum_works = ring.exchange(block_sum, sum_incoming, tag=2 * step + 1)
     if world > 1 and not early:
-        wait_all(sum_works)
+        with probe("bwd wait sum", device):
+            wait_all(sum_works)
     own_part(last)()
     for i in range(2):
         if own[i] is None:  # no own rows at all
             own[i] = torch.zeros((B, Hkv, n, D), dtype=torch.float32, device=k.device)
     if world > 1:
-        wait_all(sum_works)
-        own[0] += sum_incoming[0]  # the other ranks' shares of this rank's block
-        own[1] += sum_incoming[1]
-    return dq.to(q.dtype), own[0].to(k.dtype), own[1].to(v.dtype)
+        with probe("bwd wait sum", device):
+            wait_all(sum_works)
+        with probe("bwd sum adds", device):
+            own[0] += sum_incoming[0]  # the other ranks' shares of this rank's block
+            own[1] += sum_incoming[1]
+        ring.release(2 * world - 1, sum_incoming, POISON)
+    with probe("bwd casts", device):
+        grads = dq.to(q.dtype), own[0].to(k.dtype), own[1].to(v.dtype)
+    return grads

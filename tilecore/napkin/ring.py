@@ -65,6 +65,7 @@ class RingPrediction:
     sm_margin: int = 0
     sms: int = 0            # the GPU's SMs
     transfer_sms: int = 0   # SMs the link's transfer kernel needs (Link.sms)
+    copy_engine: bool = False  # transfers by the copy engines (no SM): beside the attention at any margin
 
     @property
     def forward_s(self) -> float:
@@ -106,6 +107,9 @@ class RingPrediction:
         """What the sm_margin does to the transfers."""
         if self.world < 2:
             return f"sm_margin {self.sm_margin}: one GPU, nothing to transfer"
+        if self.copy_engine:
+            return (f"sm_margin {self.sm_margin} of {self.sms} SMs: the transfers by the copy engines (no SM) run "
+                    f"beside the attention")
         if self.sm_margin >= self.transfer_sms:
             return (f"sm_margin {self.sm_margin} of {self.sms} SMs: the transfers' kernel ({self.transfer_sms} SMs) "
                     f"runs beside the attention, which keeps {self.sms - self.sm_margin} SMs in the steps with a "
@@ -154,7 +158,7 @@ def _derived_rate(gpu: GPU, batch, heads, kv_heads, n, d, causal, dtype) -> floa
 def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, batch: int = 1,
             kv_heads: int | None = None, dtype: str = "bf16", gpu="h100", link="h100-x2", calibrate: bool = True,
             attention_tflops: float | None = None, one_gpu: bool = True, kv_views: bool = False,
-            sm_margin: int = 0, dq_in_kernel: bool = False) -> RingPrediction:
+            sm_margin: int = 0, dq_in_kernel: bool = False, copy_engine: bool = False) -> RingPrediction:
     """The ring's steps on ``world`` GPUs for a sequence of ``seq`` (each rank seq / world, in two
     chunks). ``gpu``: a napkin GPU (calibrated to the measured H100 ceilings of napkin.validate
     unless ``calibrate`` is False); ``link``: interconnect.LINKS' key or a Link; ``attention_tflops``:
@@ -164,7 +168,9 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
     leaves free (its persistent grid that much smaller): the transfers overlap it where that is at
     least the link's ``sms``, else each waits for the step's attention; ``dq_in_kernel``: each block's
     dQ added to the float32 sum by the attention kernel (the Gluon backward's reductions: D64, D128
-    from 1024 rows, causal from 4096), else by a pass of its own."""
+    from 1024 rows, causal from 4096), else by a pass of its own; ``copy_engine``: the transfers by the
+    copy engines (tilecore.distributed.copy_engine: no SM), so beside the attention at any margin, at
+    the link's bandwidth (not yet measured for peer copies: the NCCL figure stands in)."""
     if world < 1 or seq < 2 * world:
         raise ValueError(f"ring.predict: need world >= 1 and seq >= 2 * world; got seq={seq}, world={world}")
     if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or sm_margin < 0:
@@ -179,7 +185,8 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
     hbm = g.level("HBM").bandwidth
     if sm_margin >= g.sms:
         raise ValueError(f"ring.predict: sm_margin must be below the GPU's SMs ({g.sms}); got {sm_margin}")
-    serial = sm_margin < lk.sms  # the transfer's kernel finds no SM until the attention is done
+    # the transfer's kernel finds no SM until the attention is done (the copy engines need none)
+    serial = sm_margin < lk.sms and not copy_engine
     slower = g.sms / (g.sms - sm_margin)  # the attention on the SMs it keeps, beside a transfer
     q = dtype_bytes(dtype)
     n = seq / world           # a rank's slice
@@ -259,7 +266,7 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
         one_bwd = one_fwd * BACKWARD_FLOPS / BACKWARD_RATE
     shape = f"B{batch} H{heads}" + (f"/{kv_heads}" if kv_heads != heads else "") + f" D{d} {dtype}"
     return RingPrediction(seq, world, causal, shape, g.name, f"{lk.name}, {lk.bandwidth / 1e9:.0f} GB/s a direction",
-                          fwd, bwd, one_fwd, one_bwd, sm_margin, g.sms, lk.sms)
+                          fwd, bwd, one_fwd, one_bwd, sm_margin, g.sms, lk.sms, copy_engine)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,13 +291,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sm-margin", type=int, default=0,
                    help="SMs the attention leaves to the transfers beside it (default 0, the ring's: each "
                         "transfer after its step's attention)")
+    p.add_argument("--copy-engine", action="store_true",
+                   help="transfers by the copy engines (no SM: hidden beside the attention at margin 0)")
     p.add_argument("--attention-tflops", type=float, default=None,
                    help="a measured attention rate instead of the napkin's derivation")
     args = p.parse_args(argv)
     try:
         pred = predict(args.seq, args.heads, args.d, args.world, causal=args.causal, batch=args.batch,
                        kv_heads=args.kv_heads, dtype=args.dtype, gpu=args.gpu, link=args.link,
-                       attention_tflops=args.attention_tflops, sm_margin=args.sm_margin)
+                       attention_tflops=args.attention_tflops, sm_margin=args.sm_margin,
+                       copy_engine=args.copy_engine)
     except Exception as err:  # noqa: BLE001 (a bad size or name: the message, not a traceback)
         print(f"tilecore napkin ring: {err}")
         return 2
