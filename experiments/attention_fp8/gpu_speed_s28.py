@@ -77,6 +77,10 @@ def main():
     ap.add_argument("--extra64", default="tree_pp",
                     help="variants timed at D64 only (after the others), as --extra: c3 (three consumers: spills 432 "
                     "bytes at D64, sass_fp8.py), ...")
+    ap.add_argument("--combos", default="",
+                    help="more variants timed in every case, each a '+'-joined spec of tokens: lmma (l_mma, the chosen "
+                    "mode), tree, fma8, fma4, pp (ping-pong flipped), pp1 / pp0 (on / off), st2 (2 stages), tau0.8, "
+                    "c3, lmma0 (l_mma off where the default has it); e.g. lmma+tree+pp,lmma+tree+pp+fma8")
     ap.add_argument("--probes", default="noexp2,nomax,nosoftmax",
                     help="timing probes (WRONG results, not checked) right after D128 non-causal: noexp2 (l_mma + tree "
                     "with 2^x replaced by x: the step without the MUFU), nomax (l_mma without the row max), nosoftmax "
@@ -251,6 +255,22 @@ def main():
             name = f"{lmma}_{e}" if with_lmma else e
             variants[name] = dict(extras[e], **(dict(with_, l_mma=chosen) if with_lmma else {}))
             where.setdefault(name, set()).add(scope)
+    tokens = dict(tree=dict(max_tree=True), fma8=dict(exp2_fma_every=8), fma4=dict(exp2_fma_every=4),
+                  pp=dict(pingpong="flip"), pp1=dict(pingpong=True), pp0=dict(pingpong=False), st2=dict(stages=2),
+                  c3=dict(consumers=3, pingpong=False), lmma0=dict(l_mma=0),
+                  **{"tau0.8": dict(rescale_tau=0.8, p_shift=8)})
+    for spec in names_of(args.combos):
+        cfg = {}
+        for t in spec.split("+"):
+            if t == "lmma":
+                if chosen is None:
+                    break
+                cfg.update(with_, l_mma=chosen)
+            else:
+                cfg.update(tokens[t])
+        else:
+            variants[spec] = cfg
+            where[spec] = {"all"}
     result["variants"] = {n: dict(config={k: str(v) for k, v in c.items()}, timed=sorted(where[n]))
                           for n, c in variants.items()}
     lmma_tree = dict(l_mma=chosen, max_tree=True) if chosen else {}

@@ -1,0 +1,18 @@
+"""The shipped FP8 configurations never carry a timing probe (wrong results by design) and name only switches the
+Gluon launch knows."""
+from tilecore.ops.attention_fp8 import configs
+
+KNOWN = {"block_m", "block_n", "stages", "consumers", "q_buffers", "pingpong", "exp2_fma_every", "cast_late",
+         "rescale_tau", "p_shift", "l_mma", "max_tree", "k_block_scalar"}
+
+
+def test_gluon_configs_ship_no_probe():
+    for d in configs.GLUON_FORWARD:
+        for causal in (False, True):
+            cfg = configs.gluon_config(d, causal)
+            assert set(cfg) <= KNOWN, (d, causal, set(cfg) - KNOWN)
+            assert not cfg.get("probe_no_softmax", 0), (d, causal)
+            # exp2_split's -1 replaces 2^x by x (the no-exp2 probe)
+            assert cfg["exp2_fma_every"] in (0, 2, 4, 8), (d, causal, cfg["exp2_fma_every"])
+            assert cfg["l_mma"] in (0, 1), (d, causal, cfg["l_mma"])  # modes 2-5: session 28's diagnosis only
+            assert cfg["consumers"] == 2 or not cfg["pingpong"], (d, causal)
