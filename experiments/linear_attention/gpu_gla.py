@@ -49,16 +49,18 @@ CHECK_BUDGET = 65.0  # no new check past it (the timing follows)
 FLA_DEADLINE = 87.0
 RESULTS: dict = {"check": [], "time": [], "warm": [], "errors": []}
 
-# timed variants: (name, diag, chunk, BV, warps); diag 0 is the GPU-checked default (17.7 ms in run 1 of
-# session 29), diag 2 the gathered diagonal (11.8 ms)
+# timed variants: (name, diag, chunk, BV, warps, stages); diag 0 is the GPU-checked default (17.7 ms in run 1 of
+# session 29), diag 2 the gathered diagonal (11.8 ms). sm_90a compile (CPU): at chunk 64, 8 warps every variant
+# takes 255 registers a thread (one program an SM), diag 3 spills 140 B, diag 4 392 B (diag 0 360 B), shared
+# memory 120 KB at 2 stages, 48 KB at 1; chunk 32, 4 warps: two programs an SM, diag 3 108 B
 VARIANTS = [
-    ("default diag0", 0, 64, 64, 8),
-    ("diag2", 2, 64, 64, 8),
-    ("diag4", 4, 64, 64, 8),
-    ("diag3", 3, 64, 64, 8),
-    ("diag4 bv128", 4, 64, 128, 8),
-    ("diag3 bt32 w4", 3, 32, 64, 4),
-    ("diag4 bt32 bv128 w4", 4, 32, 128, 4),
+    ("default diag0", 0, 64, 64, 8, 2),
+    ("diag2", 2, 64, 64, 8, 2),
+    ("diag4", 4, 64, 64, 8, 2),
+    ("diag3", 3, 64, 64, 8, 2),
+    ("diag3 s1", 3, 64, 64, 8, 1),
+    ("diag3 bt32 w4", 3, 32, 64, 4, 2),
+    ("diag4 bt32 w4", 4, 32, 64, 4, 2),
 ]
 if SMOKE:
     VARIANTS = VARIANTS[:1] + VARIANTS[2:4]
@@ -106,9 +108,12 @@ def make(B, N, H, Dk, Dv, *, dtype=torch.bfloat16, decay=0.3, per_token=None, re
     return t
 
 
-def prepared(t: dict, diag: int, chunk: int, BV: int | None = None, warps: int | None = None, final: bool = False):
+def prepared(t: dict, diag: int, chunk: int, BV: int | None = None, warps: int | None = None, final: bool = False,
+             stages: int | None = None):
     """(launch of the forward kernel on prepared arguments, o, final state): o and the state NaN-filled."""
     over = dict(diag=diag)
+    if stages:
+        over["fwd_stages"] = stages
     if BV:
         over["BV"] = BV
     if warps:
@@ -174,9 +179,9 @@ def check(name: str, mk: dict, diags):
 def _warm_task(task):
     t0 = time.time()
     try:
-        diag, chunk, bv, warps, dtype_name, dk, n, h = task
+        diag, chunk, bv, warps, stages, dtype_name, dk, n, h = task
         t = make(1, n, h, dk, 128, h0=True, dtype=getattr(torch, dtype_name))
-        run, _, _ = prepared(t, diag, chunk, bv, warps, final=True)
+        run, _, _ = prepared(t, diag, chunk, bv, warps, final=True, stages=stages)
         run()
         torch.cuda.synchronize()
         return None, time.time() - t0
@@ -188,10 +193,11 @@ def warm():
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    # (diag, chunk, BV, warps, dtype, Dk, N, H): the timed specializations (H 16, N % 16 == 0; the bf16 d128
-    # checks share them), then the checks' own (N % 16 != 0)
-    tasks = [(d, c, bv, w, "bfloat16", 128, 128, 16) for _, d, c, bv, w in VARIANTS]
-    tasks += [(d, 64, None, None, dt, dk, 77, 2) for d in (0, 4) for dt, dk in (("float16", 128), ("bfloat16", 64))]
+    # (diag, chunk, BV, warps, stages, dtype, Dk, N, H): the timed specializations (H 16, N % 16 == 0; the bf16
+    # d128 checks share them), then the checks' own (N % 16 != 0)
+    tasks = [(d, c, bv, w, st, "bfloat16", 128, 128, 16) for _, d, c, bv, w, st in VARIANTS]
+    tasks += [(d, 64, None, None, None, dt, dk, 77, 2) for d in (0, 4)
+              for dt, dk in (("float16", 128), ("bfloat16", 64))]
     pool = cf.ProcessPoolExecutor(max_workers=min(12, len(tasks)), mp_context=mp.get_context("spawn"))
     futs = {pool.submit(_warm_task, task): task for task in tasks}
     try:
@@ -273,13 +279,13 @@ def time_all(fla) -> dict:
     dst = torch.empty_like(src)
     row = dict(case="gla d128 B16 H16 N4096 bf16", bytes=nbytes, copy_ms=bench(lambda: dst.copy_(src)))
     base = None
-    for name, diag, chunk, bv, warps in VARIANTS:
+    for name, diag, chunk, bv, warps, stages in VARIANTS:
         if elapsed() > BUDGET:
             row[f"{name}_error"] = f"skipped past {BUDGET:.0f} s"
             continue
 
         def one():
-            run, o, _ = prepared(t, diag, chunk, bv, warps, final=True)
+            run, o, _ = prepared(t, diag, chunk, bv, warps, final=True, stages=stages)
             run()
             torch.cuda.synchronize()
             rel = None if base is None else accuracy.rel_rms(o, base)
