@@ -97,6 +97,16 @@ def later_cases():
         mstate.mul_(da).add_((dt[..., None] * xm.float())[..., None] * Bm.float()[:, :, None, :])
         return torch.einsum("bhps,bgs->bhp", mstate, Cm.float()).to(xm.dtype)
 
+    from tilecore.ops.linear_attention import mamba_dt
+
+    def mamba_step_dt_kernel():  # mamba2_step with its dt in one launch (mamba_dt.MAMBA_DT_KERNEL, off by default)
+        was, mamba_dt.MAMBA_DT_KERNEL = mamba_dt.MAMBA_DT_KERNEL, True
+        try:
+            return tilecore.mamba2_step(mstate, xm, dt, A, Bm, Cm)
+        finally:
+            mamba_dt.MAMBA_DT_KERNEL = was
+    RESETS["mamba2_step (dt kernel)"] = lambda: mstate.copy_(mstate0)
+
     xq = torch.randn(64, 4096, **bf)
     h = torch.randn(4096, 4096, **bf) / 64
     q8 = torch.randn(1, 8, 256, 128, **bf)
@@ -131,6 +141,7 @@ def later_cases():
                                   lambda: (state.add_(kl2.float()[..., None] * vl2.float()[..., None, :]),
                                            torch.einsum("bhf,bhfv->bhv", ql2.float(), state))),
         "mamba2_step": (lambda: tilecore.mamba2_step(mstate, xm, dt, A, Bm, Cm), mamba_torch),
+        "mamba2_step (dt kernel)": (mamba_step_dt_kernel, mamba_torch),
         "hadamard_quantize fp8": (lambda: tilecore.hadamard_quantize(xq, format="fp8_e4m3"),
                                   lambda: (xq @ h).to(torch.float8_e4m3fn)),
         "attention_fp8 N256": (lambda: tilecore.attention_fp8(q8f, k8f, v8f, q_scale=one, k_scale=one, v_scale=v8s,
@@ -239,6 +250,42 @@ def varlen_ranked_table_check():
     return results
 
 
+def _same_bits_or_both_nan(a, b):
+    """Equal bits where b is a number, NaN where b is NaN (a NaN's payload is the arithmetic's)."""
+    a, b = a.contiguous(), b.contiguous()
+    nan = b.isnan()
+    return a.shape == b.shape and bool(torch.equal(a.isnan(), nan)) and bool(
+        torch.equal(a[~nan].view(torch.int32), b[~nan].view(torch.int32)))
+
+
+def mamba_dt_check():
+    """mamba_dt's kernel (dt_eff and g in one launch, OFF until this passes) against op._mamba_dt's torch ops
+    on the GPU, bit for bit: strided / contiguous dt, with and without a bias, each dt_limit form, NaN and
+    -0.0 entries. Returns {case: True/False/error}."""
+    from tilecore.ops.linear_attention import mamba_dt
+    from tilecore.ops.linear_attention.op import _mamba_dt
+
+    results = {}
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    for B, H in ((1, 8), (4, 32), (64, 80), (300, 128)):
+        for with_bias in (False, True):
+            for limit in ((0.0, float("inf")), (0.01, 0.3), (float("-inf"), float("inf"))):
+                name = f"B{B} H{H} bias{int(with_bias)} limit{limit}"
+                try:
+                    dt = torch.randn(H, B, generator=gen).to(DEV[0]).t() if B % 2 else torch.randn(B, H, generator=gen).to(DEV[0])
+                    dt[0, 0] = float("nan")
+                    dt[-1, -1] = -0.0
+                    bias = torch.randn(H, generator=gen).to(DEV[0], torch.bfloat16) if with_bias else None
+                    A = (-torch.rand(H, generator=gen) * 4).to(DEV[0])
+                    d_ref = _mamba_dt(dt, bias, False, limit)
+                    g_ref = d_ref * A
+                    d, g = mamba_dt.mamba_dt(dt, bias, A, limit)
+                    results[name] = all(_same_bits_or_both_nan(a, b) for a, b in ((d, d_ref), (g, g_ref)))
+                except Exception as err:  # noqa: BLE001
+                    results[name] = f"{type(err).__name__}: {err}"
+    return results
+
+
 def same_bits_later(table, calls=10):
     """The later ops: calls 1 (checked, planned), 2 (keyed first launch) and 3..``calls`` (keyed, cached)
     give the first call's bits (ops with a state are given a fresh copy each call)."""
@@ -342,16 +389,26 @@ def main():
         except Exception as err:  # noqa: BLE001
             rows.append({"op": "varlen ranked table", "error": f"{type(err).__name__}: {err}"})
         ranked_check = varlen_ranked_table_check()
+    mamba_check = {}
+    if a.ops != "first":
+        try:
+            mamba_check = mamba_dt_check()
+        except Exception as err:  # noqa: BLE001
+            mamba_check = {"error": f"{type(err).__name__}: {err}"}
     profiles = profile_rows(table, PROFILED, a.profile) if a.profile else {}
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if DEV[0] == "cuda" else "cpu", "torch": torch.__version__,
                        "host_us": rows, "same_bits_each_call": bits, "varlen_ranked_table_equal": ranked_check,
-                       "profile_us_a_call": profiles}, f, indent=1)
+                       "profile_us_a_call": profiles, "mamba_dt_equal_torch_ops": mamba_check}, f, indent=1)
     for name, prof in profiles.items():
         print(f"== profile {name} (us a call: own, cumulative, calls a call, function)")
         for line in (prof if isinstance(prof, list) else [prof]):
             print("  ", *line) if isinstance(line, tuple) else print("  ", line)
+    if mamba_check:
+        bad = {k: v for k, v in mamba_check.items() if v is not True}
+        print(f"mamba_dt kernel == torch ops bit for bit (GPU): {len(mamba_check) - len(bad)}/{len(mamba_check)}",
+              "ALL PASS" if not bad else f"FAIL {bad}")
     print("same bits on calls 1..10 (outputs and gradients):", bits)
     if ranked_check:
         print("varlen ranked work table == two-step table == torch ops table (GPU):", ranked_check)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tilecore import dispatch
-from tilecore.ops.linear_attention import configs, launch
+from tilecore.ops.linear_attention import configs, launch, mamba_dt
 from tilecore.ops.linear_attention.plan import BASED, IDENTITY, plan
 from tilecore.tiles import eager
 from tilecore.tiles.launch import LRU, signature
@@ -563,7 +563,11 @@ def mamba2_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
         return True
 
     _CHECKED.memo(key, check)
-    dt_eff = _mamba_dt(dt, dt_bias, dt_softplus, dt_limit)
     h, p = x.shape[1], x.shape[2]
     d_skip = None if D is None else (D.float()[:, None].expand(h, p) if D.dim() == 1 else D.float())
+    if key is not None and mamba_dt.fits(dt, dt_bias, A, dt_softplus):  # dt_eff and g in one launch
+        key = (key, "mamba_dt")  # (its dt_eff is contiguous where torch's keeps dt's strides: another key)
+        dt_eff, g = mamba_dt.mamba_dt(dt, dt_bias, A, dt_limit, key=key)
+        return _run_step(C, B, x, g, dt_eff, d_skip, z, state, 1.0, IDENTITY, True, key=key)
+    dt_eff = _mamba_dt(dt, dt_bias, dt_softplus, dt_limit)
     return _run_step(C, B, x, dt_eff * A.float(), dt_eff, d_skip, z, state, 1.0, IDENTITY, True, key=key)

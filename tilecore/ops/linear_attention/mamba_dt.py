@@ -1,0 +1,72 @@
+"""mamba2_step's dt in one launch (issue 31's host time): dt_eff = clamp(dt + dt_bias, dt_limit) and the
+step's log-decay g = dt_eff * A, both float32 (B, H), where torch's ops take two to three launches (the
+add, the clamp, the product), ~10 us of host time each on the H100's host.
+
+The same float32 arithmetic as op._mamba_dt's torch ops, element for element (an add, compares, a
+product: each rounded once as torch rounds it), so the step's bits do not change. Not for softplus (its
+log1p is libdevice's on the GPU, which the interpreter cannot run: those calls keep torch's ops).
+A NaN dt stays NaN (the compares are false for it), as torch.clamp keeps it.
+
+OFF until a GPU run checks it against the torch ops (MAMBA_DT_KERNEL).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl  # noqa: F401 (triton.jit below)
+
+from tilecore.tiles.launch import CachedLaunch, cdiv
+
+# the switch: True once a GPU run found the kernel's dt_eff and g equal to the torch ops' bit for bit
+# (experiments/common/host_time.py's "mamba_dt kernel == torch ops" line)
+MAMBA_DT_KERNEL = False
+
+BLOCK = 256  # (b, h) entries a program
+
+
+@triton.jit
+def mamba_dt_kernel(dt_ptr, bias_ptr, a_ptr, dt_out_ptr, g_out_ptr, total, H, stride_b, stride_h, lo, hi,
+                    HAS_BIAS: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, BLOCK: tl.constexpr):
+    # dt: (B, H) any strides, any float dtype; bias, A: (H,) contiguous; dt_out, g_out: (B, H) float32
+    # contiguous. Flat index over (B, H): offs = b H + h
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    b = offs // H
+    h = offs - b * H
+    x = tl.load(dt_ptr + b.to(tl.int64) * stride_b + h * stride_h, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        x = x + tl.load(bias_ptr + h, mask=mask, other=0.0).to(tl.float32)
+    if HAS_LO:  # torch.clamp's min: below lo -> lo (NaN compares false: kept)
+        x = tl.where(x < lo, lo, x)
+    if HAS_HI:
+        x = tl.where(x > hi, hi, x)
+    a = tl.load(a_ptr + h, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dt_out_ptr + offs, x, mask=mask)
+    tl.store(g_out_ptr + offs, x * a, mask=mask)
+
+
+_MAMBA_DT = CachedLaunch(mamba_dt_kernel)
+
+
+def fits(dt: torch.Tensor, dt_bias, A: torch.Tensor, dt_softplus: bool) -> bool:
+    """Whether the kernel serves this step's dt: no softplus, (B, H) dt, contiguous (H,) A and bias."""
+    return (MAMBA_DT_KERNEL and not dt_softplus and dt.dim() == 2 and A.dim() == 1 and A.is_contiguous()
+            and (dt_bias is None or (dt_bias.dim() == 1 and dt_bias.is_contiguous())))
+
+
+def mamba_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, A: torch.Tensor, dt_limit, key=None):
+    """(dt_eff, g) float32 (B, H) contiguous: clamp(dt + dt_bias, *dt_limit) and dt_eff * A. ``key``: the
+    step's launch key (it fixes every argument's specialization: the outputs are fresh), or None."""
+    B, H = dt.shape
+    dt_eff = torch.empty((B, H), dtype=torch.float32, device=dt.device)
+    g = torch.empty((B, H), dtype=torch.float32, device=dt.device)
+    total = B * H
+    if total == 0:
+        return dt_eff, g
+    lo, hi = float(dt_limit[0]), float(dt_limit[1])
+    _MAMBA_DT.run(key, (cdiv(total, BLOCK),),
+                  (dt, A if dt_bias is None else dt_bias, A, dt_eff, g, total, H, dt.stride(0), dt.stride(1),
+                   lo, hi),
+                  dict(HAS_BIAS=dt_bias is not None, HAS_LO=lo > float("-inf"), HAS_HI=hi < float("inf"),
+                       BLOCK=BLOCK))
+    return dt_eff, g
