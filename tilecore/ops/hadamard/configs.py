@@ -110,6 +110,10 @@ KRON_TMA = "none"
 # per-shape overrides of the m x 2^k transform's plan (kron.kernel_plan), 16-bit inputs, where a run measured
 # them (session 26, H100, % of copy, same run): 28 x 512 with 3 stages 86.8 against 2 stages' 73.4; 12 x 64
 # with 1 stage 84.9 against 73.4; 20 x 1024 on 8 warps 37.6 against 4 warps' 24.8. Other shapes untimed.
+# hadamard_transform at m x 2^k with m > 64 on hadamard_quantize's wide_rows kernel (quantize_wide_rows.py storing
+# the values: blocks of 64 output sub-rows and K chunks of 64 stopping at m, the mixing 128 columns wide), (m, p) ->
+# "pair" or True (kron._wide_rows_plan). Untimed: empty (the kron-tiled kernel) until a GPU run checks and times it
+KRON_WIDE_ROWS = {}
 KRON_TUNING = {(28, 512): dict(num_stages=3), (12, 64): dict(num_stages=1), (20, 1024): dict(num_warps=8)}
 # hadamard_quantize's kron-tiled plans by n (quantize.kernel_plan), 16-bit inputs: 14336 on 4 warps (session 26,
 # H100, FAST: fp8 47.9% of copy against 8 warps' 35.9 and 16 warps' 17.5; mxfp4 8.8 against 8.6)

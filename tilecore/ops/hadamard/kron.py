@@ -25,7 +25,7 @@ from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2
 
 @dataclasses.dataclass(frozen=True)
 class KronPlan:
-    path: str  # "cpu" | "fused" | "two-pass"
+    path: str  # "cpu" | "fused" | "two-pass" | "wide_rows"
     m: int
     p: int
     config: dict = dataclasses.field(default_factory=dict)
@@ -72,6 +72,9 @@ def kernel_plan(rows: int, m: int, p: int, dtype: torch.dtype, sms: int, interpr
     x_dtype = dtype
     if dtype != torch.float32:
         tuning = {**configs.KRON_TUNING.get((m, p), {}), **tuning}  # the measured shapes; the caller's first
+        wide = _wide_rows_plan(rows, m, p, dtype, sms, interpret, tuning)
+        if wide is not None:
+            return wide
     m_pad = next_power_of_2(m)
     qs = slices(p)
     fused = qs is not None and m_pad * qs[0] * qs[1] <= configs.KRON_MAX_TILE_ELEMS and tuning.get("force") != "two-pass"
@@ -142,6 +145,41 @@ def descriptor(t: torch.Tensor, cfg: dict):
     return TensorDescriptor(t, [t.shape[0], M, P], [t.stride(0), P, 1], [cfg["B"], cfg["M_PAD"], cfg["Q"]])
 
 
+def _wide_rows_plan(rows, m, p, dtype, sms, interpret, tuning):
+    """The "wide_rows" path (quantize_wide_rows.wide_rows_quantize_kernel storing the rotated values, FORMAT STORE:
+    output sub-rows in blocks of 64 and the mixing's K in chunks of 64, both stopping at m, the mixing 128 columns
+    wide) where configs.KRON_WIDE_ROWS[(m, p)] or the tuning "wide_rows" asks for it ("pair" or True, as
+    hadamard_quantize's) and it applies: m > 64, 64-wide slices, at most 2 of them; else None."""
+    mode = tuning.get("wide_rows", configs.KRON_WIDE_ROWS.get((m, p), False))
+    qs = slices(p)
+    m_pad = next_power_of_2(m)
+    if not mode or m_pad <= 64 or qs is None or qs[0] != 64 or qs[1] > 2:
+        return None
+    from tilecore.ops.hadamard.quantize_wide import STORE
+
+    q, s = qs
+    mb, kc = tuning.get("mb") or configs.QUANT_WIDE_MB, tuning.get("kc") or configs.QUANT_WIDE_KC
+    if cdiv(m, mb) > 4 or mb > m_pad or kc > m_pad:
+        return None
+    r = 2 // s
+    grid = max(1, min(cdiv(rows, r), sms * (tuning.get("waves") or configs.KRON_WAVES)))
+    # GROUP 1: _row_out's per-group branch, where STORE writes the values (the per-token one would quantize)
+    return KronPlan("wide_rows", m, p, grid=(grid,), config=dict(
+        M=m, M_PAD=m_pad, P=p, Q=q, S=s, R=r, MB=mb, NB=cdiv(m, mb), KC=kc, NK=cdiv(m, kc), SIGNS=False,
+        FORMAT=STORE.value, GROUP=1, G=32, SPG=1, STATIC=False, PACKED=False, QMAX=1.0, GRID=grid,
+        SPLIT=mode != "pair", num_warps=tuning.get("num_warps") or 8,
+        num_stages=tuning.get("num_stages") or configs.QUANT_WIDE_STAGES,
+        **{k: v for k, v in _dtypes(dtype, interpret).items() if k != "IN_PIECES"}))
+
+
+def _wide_rows_kernel():
+    from tilecore.ops.hadamard.quantize_wide_rows import wide_rows_quantize_kernel
+    return wide_rows_quantize_kernel
+
+
+_launch_wide_rows = CachedLaunch(_wide_rows_kernel)
+
+
 def _kernel():
     from tilecore.ops.hadamard.kernels_kron import kron_kernel
     return kron_kernel
@@ -162,6 +200,10 @@ def launch(plan: KronPlan, x: torch.Tensor, out: torch.Tensor, scale: float, tra
     if dispatch.interpreted(x.device):
         h_dtype = torch.float32  # the interpreter multiplies bf16 as integers (kernels._INTERPRETED)
     h = mixing_matrix(plan.m, transpose, h_dtype, x.device, plan.fold)
+    if plan.path == "wide_rows":  # each tile's rows are read whole before they are written: in place too
+        with dispatch.on_device(x.device):
+            _launch_wide_rows[plan.grid](x, out, x, h, x, x, x, x.shape[0], x.stride(0), out.stride(0), 0, scale, **cfg)
+        return
     if plan.path == "fused":
         xa, oa = x, out
         if cfg.get("TMA_LOAD"):

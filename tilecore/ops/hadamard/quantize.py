@@ -176,8 +176,8 @@ def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, si
     dt = kron._dtypes(dtype, interpret)
     j_outer = bool(tuning.get("j_outer", configs.QUANT_WIDE_J_OUTER)) and not (mode == 0 and spg == m_pad)
     # "wide_rows" (quantize_wide_rows.py): the mixing's columns two slices of 64 wide (two rows' at S = 1)
-    if (tuning.get("wide_rows", _by_format(configs.QUANT_WIDE_ROWS, fmt, n, False)) and Q == 64 and S <= 2
-            and not j_outer):
+    wide_rows = tuning.get("wide_rows", _by_format(configs.QUANT_WIDE_ROWS, fmt, n, False))
+    if wide_rows and Q == 64 and S <= 2 and not j_outer:
         r = 2 // S
         grid = max(1, min(cdiv(rows, r), sms * (tuning.get("waves") or configs.KRON_WAVES)))
         return QuantizePlan("wide_rows", grid=(grid,), rscale=rscale, config=dict(
@@ -185,7 +185,7 @@ def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, si
             FORMAT=f.kernel_id, GROUP=mode, G=group or 1, SPG=spg, STATIC=static and fmt in FP8_DTYPES,
             PACKED=f.packed, QMAX=f.qmax, MMA_DTYPE=dt["MMA_DTYPE"], MID_PIECES=dt["MID_PIECES"],
             PIECE_DTYPE=dt["PIECE_DTYPE"], GRID=grid, FAST=bool(tuning.get("fast", configs.QUANT_FAST)),
-            SPLIT=tuning.get("wide_rows") != "pair",  # "pair": two [MB, 64] products sharing each H chunk
+            SPLIT=wide_rows != "pair",  # "pair": two [MB, 64] products sharing each H chunk
             num_warps=tuning.get("num_warps") or 8,
             num_stages=tuning.get("num_stages") or configs.QUANT_WIDE_STAGES, **_maxnreg(tuning, {})))
     grid = max(1, min(rows, sms * (tuning.get("waves") or configs.KRON_WAVES)))
