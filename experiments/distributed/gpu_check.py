@@ -58,22 +58,28 @@ class ComputeOnlyRing(Ring):
 
 
 class transport:
-    """Context: the ring's transfers by ``name`` ("nccl" or "copy_engine", ring.TRANSPORT) inside."""
+    """Context: the ring's transfers by ``name`` ("nccl" or "copy_engine", ring.TRANSPORT) inside,
+    and with ``fused`` the own dK/dV sums in one pass (ring.FUSED_OWN_SUMS)."""
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, fused: bool = False):
+        self.name, self.fused = name, fused
 
     def __enter__(self):
-        self.saved = ring_module.set_transport(self.name)
+        self.saved = ring_module.set_transport(self.name), ring_module.set_fused_own_sums(self.fused)
 
     def __exit__(self, *exc):
-        ring_module.set_transport(self.saved)
+        ring_module.set_transport(self.saved[0])
+        ring_module.set_fused_own_sums(self.saved[1])
 
 
-def variant(m) -> tuple[int, str]:
-    """A --margins entry: an int (sm_margin, NCCL) or "ce" (the copy engines' transfers at margin 0,
-    early order: copy_engine.py)."""
-    return (0, "copy_engine") if m == "ce" else (int(m), "nccl")
+VARIANTS = {"ce": (0, "copy_engine", False), "cef": (0, "copy_engine", True), "0f": (0, "nccl", True)}
+
+
+def variant(m) -> tuple[int, str, bool]:
+    """A --margins entry: an int (sm_margin, NCCL), "ce" (the copy engines' transfers at margin 0,
+    early order: copy_engine.py), "cef" (the same with the own dK/dV sums fused: ring.own_sum), "0f"
+    (margin 0, NCCL, sums fused)."""
+    return VARIANTS[m] if m in VARIANTS else (int(m), "nccl", False)
 
 
 def sync():
@@ -143,7 +149,7 @@ def all_ok(ok: bool) -> bool:
 
 
 def check_case(mode: str, causal: bool, n: int, hq: int, hkv: int, d: int, dtype: torch.dtype,
-               sm_margin: int | None = None, via: str = "nccl") -> dict:
+               sm_margin: int | None = None, via: str = "nccl", fused: bool = False) -> dict:
     """One case against one GPU's attention and float64 (``sm_margin``: context_parallel_attention's;
     None: its default, the ring's RING_SM_MARGIN with early transfers on CUDA)."""
     g = torch.Generator(device=DEVICE).manual_seed(1234)
@@ -165,7 +171,7 @@ def check_case(mode: str, causal: bool, n: int, hq: int, hkv: int, d: int, dtype
 
     shard = lambda t: zigzag_shard(t.detach(), 2)  # noqa: E731
     local = [shard(t).requires_grad_() for t in (q, k, v)]
-    with transport(via):
+    with transport(via, fused):
         out, lse = context_parallel_attention(*local, causal=causal, mode=mode, return_lse=True, sm_margin=sm_margin)
         grads = torch.autograd.grad(loss(out, lse, shard(dout), shard(dlse)), local)
         # twice: the second call reuses the mailboxes (their tokens handed back by the first)
@@ -202,11 +208,15 @@ CHECKS = [  # (mode, causal, n, hq, hkv, d, dtype[, sm_margin]): n not a multipl
     ("all_to_all", True, 4099, 8, 2, 128, torch.bfloat16),
     ("ring", True, 3001, 4, 4, 64, torch.float16),
     ("ring", False, 2048, 4, 1, 128, torch.bfloat16),
+    ("ring", True, 4099, 8, 2, 128, torch.bfloat16, 0, "nccl", True),  # the own dK/dV sums fused (ring.own_sum)
+    ("ring", False, 3001, 4, 4, 64, torch.float16, 0, "nccl", True),
     # the copy engines' transfers (ring.TRANSPORT = "copy_engine"; margin 0, early order)
     ("ring", True, 4099, 8, 2, 128, torch.bfloat16, 0, "copy_engine"),
     ("ring", False, 8192, 8, 8, 128, torch.bfloat16, 0, "copy_engine"),
     ("ring", True, 16384, 2, 2, 128, torch.bfloat16, 0, "copy_engine"),
     ("ring", True, 3001, 4, 4, 64, torch.float16, 0, "copy_engine"),
+    ("ring", True, 4099, 8, 2, 128, torch.bfloat16, 0, "copy_engine", True),  # + the own sums fused
+    ("ring", False, 3001, 4, 4, 64, torch.float16, 0, "copy_engine", True),
 ]
 
 
@@ -216,7 +226,7 @@ CHECKS = [  # (mode, causal, n, hq, hkv, d, dtype[, sm_margin]): n not a multipl
 
 # SMs the attention leaves to NCCL's transfer kernel (0: the late order, else early); "ce": the copy
 # engines' transfers (ring.TRANSPORT = "copy_engine") at margin 0, early
-MARGINS = (0, "ce", 8)
+MARGINS = (0, "ce", "cef", 8)
 
 
 def timeline_of(fn) -> dict:
@@ -288,7 +298,7 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
         record("ring_fwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, False), reps))
         record("ring_bwd_transfer_ms", lockstep_ms(lambda: transfers(world - 1, True), reps))
         for key in margins:  # the K/V hops alone through the ring each margin's calls use (NCCL's CTAs capped)
-            m, via = variant(key)
+            m, via, fused = variant(key)
             with transport(via):
                 through = ring_for(group, q.device, m, transfer_order(None, m), k, lengths)
             row["margins"][key] = {"early": transfer_order(None, m, through), "transport": via,
@@ -299,12 +309,12 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
         del dkv, dkv_in, dkv32, dkv32_in, kv_in
         out, lse = ring_forward(q, k, v, group, lengths, causal, scale)
         for key in margins:  # the ring's default order for each: late at 0, early above (ring.transfer_order)
-            m, via = variant(key)
+            m, via, fused = variant(key)
             cell = row["margins"][key]
             fwd = lambda r=None: ring_forward(q, k, v, group, lengths, causal, scale, ring=r, sm_margin=m)  # noqa: E731
             bwd = lambda r=None: ring_backward(dout, None, q, k, v, out, lse, group, lengths, causal,  # noqa: E731
                                                scale, ring=r, sm_margin=m)
-            with transport(via):
+            with transport(via, fused):
                 record("fwd_ms", lockstep_ms(fwd, reps), cell)
                 record("fwd_compute_ms", lockstep_ms(lambda: fwd(ComputeOnlyRing(group)), reps), cell)
                 record("bwd_ms", lockstep_ms(bwd, reps), cell)
@@ -319,20 +329,20 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
 
     local = [t.clone().requires_grad_() for t in (q, k, v)]
 
-    def fwd_bwd(mode, margin=None, via="nccl"):
+    def fwd_bwd(mode, margin=None, via="nccl", fused=False):
         def run():
-            with transport(via):
+            with transport(via, fused):
                 o = context_parallel_attention(*local, causal=causal, mode=mode, sm_margin=margin)
                 torch.autograd.grad(o, local, dout)
         return run
 
     for key in margins:
-        m, via = variant(key)
+        m, via, fused = variant(key)
         sync()
         base = memory_allocated()
         reset_peak()
         cell = row["margins"][key]
-        record("fwd_bwd_ms", lockstep_ms(fwd_bwd("ring", m, via), reps), cell)
+        record("fwd_bwd_ms", lockstep_ms(fwd_bwd("ring", m, via, fused), reps), cell)
         cell["peak_extra_gb"] = (peak() - base) / 1e9  # over what was allocated before: activations, buffers
     row["peak_extra_gb"] = max(c["peak_extra_gb"] for c in row["margins"].values())
     row["inputs_gb"] = 4 * q.numel() * q.element_size() / 1e9  # q, k, v, dO of this rank
@@ -411,7 +421,7 @@ def napkin_predictions(row, heads, d, world) -> dict:
         rates["measured_rate"] = row["single_fwd_tflops"]
     for m, cell in row["margins"].items():
         out[m] = {}
-        margin, via = variant(m)
+        margin, via, _ = variant(m)
         for label, rate in rates.items():
             p = napkin_ring.predict(seq=row["N"], heads=heads, d=d, world=world, causal=row["causal"],
                                     attention_tflops=rate, one_gpu=False, sm_margin=margin,
@@ -450,7 +460,7 @@ def tables(results) -> str:
         r = c["result"]
         cells = "".join(f"{fmt(r[f'{x}_floor_x'])}/{fmt(r[f'{x}_single_floor_x'])}".rjust(12)
                         for x in ("out", "dq", "dk", "dv"))
-        via = " CE" if c.get("transport") == "copy_engine" else ""
+        via = (" CE" if c.get("transport") == "copy_engine" else "") + ("+f" if c.get("fused_own_sums") else "")
         lines.append(f"{c['mode'] + via:<11}{str(c['causal']):<7}{c['shape']:<24}{cells}{r['lse_abs_err']:>10.1e}"
                      + ("" if r["finite"] == 1.0 else "  NOT FINITE"))
     lines += ["", f"ring timing by sm_margin, B1 H{results['heads']} D{results['d']} bf16 on {results['world']} GPUs "
@@ -535,7 +545,7 @@ def main() -> int:
     parser.add_argument("--dry", action="store_true",
                         help="CPU tensors on gloo, small sizes (the script's logic, without a GPU)")
     args = parser.parse_args()
-    margins = tuple(m if m == "ce" else int(m) for m in args.margins.split(",") if m)
+    margins = tuple(m if m in VARIANTS else int(m) for m in args.margins.split(",") if m)
 
     global DEVICE, CHECKS
     if args.dry:
@@ -571,13 +581,15 @@ def main() -> int:
         for mode, causal, n, hq, hkv, d, dtype, *extra in CHECKS:
             margin = extra[0] if extra else None
             via = extra[1] if len(extra) > 1 else "nccl"
+            fused = len(extra) > 2 and extra[2]
             if args.checks != "all" and (via == "copy_engine") != (args.checks == "ce"):
                 continue
             entry = {"mode": mode, "causal": causal, "shape": f"n{n} h{hq}/{hkv} d{d} {str(dtype)[6:]}",
                      "case": f"{mode} causal={causal} n={n}" + ("" if margin is None else f" sm_margin={margin}")
-                     + ("" if via == "nccl" else f" {via}"), "sm_margin": margin, "transport": via}
+                     + ("" if via == "nccl" else f" {via}") + (" fused sums" if fused else ""), "sm_margin": margin,
+                     "transport": via, "fused_own_sums": fused}
             try:
-                entry["result"] = check_case(mode, causal, n, hq, hkv, d, dtype, margin, via)
+                entry["result"] = check_case(mode, causal, n, hq, hkv, d, dtype, margin, via, fused)
                 ok = True
             except Exception:  # noqa: BLE001
                 entry["error"] = traceback.format_exc()

@@ -89,8 +89,9 @@ def test_slots_and_tags():
     assert not copy_engine.available(None, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("causal,n,calls", [(True, 11, 2), (False, 8, 1)])
-def test_ring_over_copy_engine_threads(causal, n, calls):
+@pytest.mark.parametrize("causal,n,calls,fused", [(True, 11, 2, True), (False, 8, 1, False)])
+def test_ring_over_copy_engine_threads(causal, n, calls, fused):
+    """(fused: the own dK/dV sums by ring.own_sum's kernel, ring.FUSED_OWN_SUMS)"""
     torch.manual_seed(7)
     B, H, Hkv, D = 1, 2, 1, 16
     q, k, v, dout = (torch.randn(B, h, n, D) for h in (H, Hkv, Hkv, H))
@@ -104,6 +105,7 @@ def test_ring_over_copy_engine_threads(causal, n, calls):
     world = FakeWorld(2 * slot)
     scale = D ** -0.5
     ring.poison_receive_buffers()
+    was_fused = ring.set_fused_own_sums(fused)
     try:
         def rank_body(r):
             boxes = copy_engine.Mailboxes(None, torch.device("cpu"), slot, FakeHandle(world, r))
@@ -119,6 +121,7 @@ def test_ring_over_copy_engine_threads(causal, n, calls):
         results = run_ranks(rank_body)
     finally:
         ring.poison_receive_buffers(False)
+        ring.set_fused_own_sums(was_fused)
     for r in range(2):
         want = [shards[r][4], shards[r][5], *shards[r][6:]]
         for got in results[r]:

@@ -46,6 +46,7 @@ from tilecore.ops.attention.op import backward_adding_dq
 from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2
 
 MERGE = CachedLaunch(kernels_tl.lse_merge_kernel)
+OWN_SUM = CachedLaunch(kernels_tl.own_sum_kernel)
 
 
 POISON = False  # checks: receive buffers start as NaN, so one a transfer did not fill shows
@@ -186,7 +187,45 @@ DQ_IN_KERNEL = True
 # to the exposed NCCL hops (late order) or to the margin's slower attention and capped hops. Off until
 # a GPU run checks it (experiments/distributed/gpu_check.py's "ce" cases); more than two ranks: NCCL.
 TRANSPORT = "nccl"
+# Two ranks: a rank's own dK, dV summed from its two parts' shares and the other rank's in one pass
+# (kernels_tl.own_sum_kernel: ((a + b) + c) in float32, rounded once: the same sums in the same order)
+# instead of a float32 buffer (a copy of the first share, two adds, a cast: ~1 ms of the 32K causal
+# backward's ~21 by bytes at HBM rate). Off until a GPU run checks it (gpu_check's "cef" cases).
+FUSED_OWN_SUMS = False
 TRANSPORTS = ("nccl", "copy_engine")
+
+
+def set_fused_own_sums(on: bool) -> bool:
+    """Checks and probes: FUSED_OWN_SUMS from now on; returns the previous value."""
+    global FUSED_OWN_SUMS
+    previous, FUSED_OWN_SUMS = FUSED_OWN_SUMS, bool(on)
+    return previous
+
+
+def own_sum(a, a_keys: int, b, b_keys: int, c, dtype: torch.dtype) -> torch.Tensor:
+    """((a[:a_keys] + b[:b_keys]) + c) in float32, rounded to ``dtype`` (keys past a share's count it 0;
+    a or b None: no share). (B, H, n, D) each, c the whole n; one kernel pass where tilecore's kernels
+    run, else torch's ops."""
+    B, H, n, D = c.shape
+    if dispatch.backend_for(c.device) != "kernel":
+        total = torch.zeros((B, H, n, D), dtype=torch.float32, device=c.device)
+        for t, keys in ((a, a_keys), (b, b_keys)):
+            if t is not None and keys:
+                total[:, :, :keys] += t[:, :, :keys]
+        return total.add_(c).to(dtype)
+    out = torch.empty((B, H, n, D), dtype=dtype, device=c.device)
+    if out.numel() == 0:
+        return out
+    flat = lambda t, rows: t[:, :, :rows].reshape(B * H, rows, D) if t is not None and rows else c.reshape(  # noqa: E731
+        B * H, n, D)[:, :0]
+    fa, fb, fc = flat(a, a_keys if a is not None else 0), flat(b, b_keys if b is not None else 0), flat(c, n)
+    fa, fb, fc = (t if t.stride(-1) == 1 else t.contiguous() for t in (fa, fb, fc))
+    block_m = 16 if dispatch.interpreted(c.device) else 64
+    with dispatch.on_device(c.device):
+        OWN_SUM[(B * H, cdiv(n, block_m), 1)](
+            out, fa, fb, fc, n, fa.shape[1], fb.shape[1], D, n * D, D, fa.stride(0), fa.stride(1), fb.stride(0), fb.stride(1), fc.stride(0), fc.stride(1),
+            BLOCK_M=block_m, BLOCK_D=next_power_of_2(D), num_warps=4)
+    return out
 
 
 def set_transport(name: str) -> str:
@@ -354,6 +393,8 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
     lse = lse.contiguous()
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     own = [None, None]  # float32 dK, dV sums of the rank's own block
+    fused = FUSED_OWN_SUMS and world == 2
+    shares = []  # with fused: the own parts' (dK, dV, keys), summed at the end
 
     def block_grads(rows, keys, block_causal, block, beside_transfer):
         """(dK, dV) of the block's first ``keys`` keys for the local ``rows``; their dQ added to dq's
@@ -377,6 +418,9 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
             gk, gv = block_grads(rows, keys, part_causal, kv_own, world > 1)  # the first K/V hop, or the last sum
 
         def add():
+            if fused:  # summed at the end, with the other rank's share, in one pass (own_sum)
+                shares.append((gk, gv, keys))
+                return
             for i, g in enumerate((gk, gv)):
                 if own[i] is None and keys == n:
                     own[i] = g.float()  # the first share: a copy (the op's own result where already float32)
@@ -441,6 +485,17 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
         with probe("bwd wait sum", device):
             wait_all(sum_works)
     own_part(last)()
+    if fused:
+        with probe("bwd wait sum", device):
+            wait_all(sum_works)
+        with probe("bwd own sums", device):
+            a, b = (shares + [(None, None, 0)] * 2)[:2]
+            dk = own_sum(a[0], a[2], b[0], b[2], sum_incoming[0], k.dtype)
+            dv = own_sum(a[1], a[2], b[1], b[2], sum_incoming[1], v.dtype)
+        ring.release(2 * world - 1, sum_incoming, POISON)
+        with probe("bwd casts", device):
+            dq = dq.to(q.dtype)
+        return dq, dk, dv
     for i in range(2):
         if own[i] is None:  # no own rows at all
             own[i] = torch.zeros((B, Hkv, n, D), dtype=torch.float32, device=k.device)
