@@ -33,7 +33,9 @@ import torch.distributed as dist
 
 SLOTS = ("kv", "sum")
 FULL, FREE = 0, 1  # a slot's two channels: channel = 2 * slot + kind
-TIMEOUT_MS = 60_000
+# ms a signal's wait spins before its kernel traps (an error, not a hang): long, since the ranks'
+# first calls may differ by their kernels' compile times (NCCL's own default is 10 minutes)
+TIMEOUT_MS = 300_000
 ALIGN = 512  # bytes: each tensor in a slot starts on this boundary
 # FULL set by cuStreamWriteValue32 on the copy stream (no kernel, no SM), else torch's put_signal
 # kernel there (one thread; it may wait for an SM until the attention beside it ends)
