@@ -1,14 +1,18 @@
 """FP8 attention, sessions 28-29 (issue 34): l_mma's check on the GPU, then its speed beside the row max as a tree.
 
     FP8_BUDGET_S=80 PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s28.py      (session 29's default, ~80 s)
-    [--smoke] [--modes 1,4,2] [--all-modes] [--no-d64] [--variants tree] [--extra tree_fma8] [--extra64 c3]
-    [--probes noexp2,nomax,nosoftmax] [--with max_tree=1] [--default-has-lmma]
+    [--smoke] [--modes 1,4,2] [--all-modes] [--no-d64] [--variants tree] [--combos lmma+tree+late]
+    [--extra tree_fma8,tree_pp,late] [--extra64 tree_pp] [--probes noexp2,nomax,nosoftmax] [--with max_tree=1]
+    [--default-has-lmma]
 
-Session 29's default: diag of mode 1; tails (D128 causal GQA, D64) of l_mma + tree; then at B16 H16 N4096, D128 and
-D64, non-causal and causal: default (l_mma off), l_mma1, bf16, tree (max_tree alone), l_mma1_tree; at D128 non-causal
-also l_mma1_tree_fma8 and l_mma1_tree_pp (ping-pong barriers); each checked on two (batch, head) slices against
-float64 and the emulation before it is timed; at D64 also l_mma1_tree_pp (ping-pong flipped: on non-causal, off
-causal); then the probes (timing only).
+Session 29's default (~80 s on the H100; what is left past FP8_BUDGET_S is skipped): diag of mode 1; a
+tail (B2 Hq8 Hkv2 N1000 Nk1100 D128 causal, per-block descales) of l_mma + tree; then at B16 H16 N4096, D128 and D64,
+non-causal and causal: default (l_mma off), l_mma1, bf16, tree (max_tree alone), l_mma1_tree, lmma+tree+late (+
+rescale_late: O *= alpha between the S and P V issues, FlashAttention-3's place); at D128 non-causal also
+l_mma1_tree_fma8, l_mma1_tree_pp (ping-pong barriers) and late (rescale_late alone), then the probes noexp2 and nomax
+(timing only); at D64 also l_mma1_tree_pp (ping-pong flipped: on non-causal, off causal); each variant checked on two
+(batch, head) slices against float64 and the emulation before it is timed; last, the D64 tail of l_mma + tree and
+the D128 tail of lmma+tree+late.
 
 Session 28's diagnosis (notes/attention_fp8/runs/diag_lmma_session28_h100.txt): with l_mma the kernel's l was half the
 true l (0.500-0.5015 for q = 0, 0.42-0.60 a row for random scores), in every tile and consumer. Run 5
@@ -77,15 +81,15 @@ def main():
     ap.add_argument("--extra64", default="tree_pp",
                     help="variants timed at D64 only (after the others), as --extra: c3 (three consumers: spills 432 "
                     "bytes at D64, sass_fp8.py), ...")
-    ap.add_argument("--combos", default="",
+    ap.add_argument("--combos", default="lmma+tree+late",
                     help="more variants timed in every case, each a '+'-joined spec of tokens: lmma (l_mma, the chosen "
-                    "mode), tree, fma8, fma4, pp (ping-pong flipped), pp1 / pp0 (on / off), st2 (2 stages), tau0.8, "
+                    "mode), tree, late (rescale_late: O *= alpha between the S and P V issues), fma8, fma4, pp (ping-pong flipped), pp1 / pp0 (on / off), st2 (2 stages), tau0.8, "
                     "c3, lmma0 (l_mma off where the default has it); e.g. lmma+tree+pp,lmma+tree+pp+fma8")
-    ap.add_argument("--probes", default="noexp2,nomax,nosoftmax",
+    ap.add_argument("--probes", default="noexp2,nomax",
                     help="timing probes (WRONG results, not checked) right after D128 non-causal: noexp2 (l_mma + tree "
                     "with 2^x replaced by x: the step without the MUFU), nomax (l_mma without the row max), nosoftmax "
                     "(the step without its softmax)")
-    ap.add_argument("--extra", default="tree_fma8,tree_pp",
+    ap.add_argument("--extra", default="tree_fma8,tree_pp,late",
                     help="variants timed beside l_mma at D128 non-causal, comma-separated: fma8, fma4 (exp2 one in 8 "
                     "/ 4 on the FMA units), pingpong (flipped), tau0.8 (conditional rescaling), tree (the row max "
                     "as a tree: gluon_fp8.row_max_tree), tree_fma8, tree_fma4, c3 (three consumers)")
@@ -232,7 +236,7 @@ def main():
                   tree=dict(max_tree=True), tree_fma8=dict(max_tree=True, exp2_fma_every=8),
                   tree_fma4=dict(max_tree=True, exp2_fma_every=4), c3=dict(consumers=3, pingpong=False),
                   tree_c3=dict(max_tree=True, consumers=3, pingpong=False),
-                  tree_pp=dict(max_tree=True, pingpong="flip"), **{"tau0.8": dict(rescale_tau=0.8, p_shift=8)})
+                  tree_pp=dict(max_tree=True, pingpong="flip"), late=dict(rescale_late=True), **{"tau0.8": dict(rescale_tau=0.8, p_shift=8)})
     if args.default_has_lmma:
         variants["no_l_mma"] = dict(l_mma=0)
     with_ = {k: int(v) if v.isdigit() else float(v) for k, v in (kv.split("=") for kv in args.with_.split(",") if kv)}
@@ -255,7 +259,7 @@ def main():
             name = f"{lmma}_{e}" if with_lmma else e
             variants[name] = dict(extras[e], **(dict(with_, l_mma=chosen) if with_lmma else {}))
             where.setdefault(name, set()).add(scope)
-    tokens = dict(tree=dict(max_tree=True), fma8=dict(exp2_fma_every=8), fma4=dict(exp2_fma_every=4),
+    tokens = dict(tree=dict(max_tree=True), late=dict(rescale_late=True), fma8=dict(exp2_fma_every=8), fma4=dict(exp2_fma_every=4),
                   pp=dict(pingpong="flip"), pp1=dict(pingpong=True), pp0=dict(pingpong=False), st2=dict(stages=2),
                   c3=dict(consumers=3, pingpong=False), lmma0=dict(l_mma=0),
                   **{"tau0.8": dict(rescale_tau=0.8, p_shift=8)})
@@ -279,26 +283,30 @@ def main():
     # the tails check l_mma with the row max as a tree (both switches at the masked edges)
     tail_variant = f"{lmma}_tree" if chosen is not None else None
 
-    # 2. a GQA tail, causal, each variant but the fma one (same l path)
-    tails = [(1, 2, 1, 40, 70, 64, True)] if args.smoke else [(2, 8, 2, 1000, 1100, 128, True)]
-    if d64 and not args.smoke:
-        tails.append((2, 8, 2, 1000, 1100, 64, False))
-    for (B, Hq, Hkv, N, Nk, D, causal) in tails if tail_variant is not None else []:
+    # 2. tails (GQA, per-block descales, N and Nk not multiples of the blocks): l_mma + tree at D128 causal first; after
+    # the timed cases, while the budget lasts, the same at D64 and the combos at D128 causal
+    tail128 = [(1, 2, 1, 40, 70, 64, True)] if args.smoke else [(2, 8, 2, 1000, 1100, 128, True)]
+    late_tails = [] if args.smoke or not d64 else [((2, 8, 2, 1000, 1100, 64, False), tail_variant)]
+    late_tails += [(tail128[0], c) for c in variants if c in names_of(args.combos)]
+
+    def run_tail(shape, name, reserve):
+        B, Hq, Hkv, N, Nk, D, causal = shape
+        if name is None or left() < reserve:
+            print(f"tail {name}: out of time budget", flush=True)
+            return
         data = quantized(B, Hq, Hkv, N, Nk, D, N + Nk + D, per="block")
-        for name in (tail_variant,):  # (the default passed these tails in session 27)
-            if left() < 35:
-                print("tails: out of time budget", flush=True)
-                break
-            rec = dict(B=B, Hq=Hq, Hkv=Hkv, N=N, Nk=Nk, D=D, causal=causal, variant=name)
-            try:
-                c, p = check(variants[name], *data, causal)
-                rec.update(c, path=p.path)
-            except Exception as e:  # noqa: BLE001
-                rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                traceback.print_exc()
-            print("tail", json.dumps(rec), flush=True)
-            result["tails"].append(rec)
-            save()
+        rec = dict(B=B, Hq=Hq, Hkv=Hkv, N=N, Nk=Nk, D=D, causal=causal, variant=name)
+        try:
+            c, p = check(variants[name], *data, causal)
+            rec.update(c, path=p.path)
+        except Exception as e:  # noqa: BLE001
+            rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            traceback.print_exc()
+        print("tail", json.dumps(rec), flush=True)
+        result["tails"].append(rec)
+        save()
+
+    run_tail(tail128[0], tail_variant, 35)  # (the default passed these tails in session 27)
 
     def run_probes(probe_data):
         """4. probes: what the D128 step costs without parts of its softmax (timing only: wrong results)."""
@@ -388,6 +396,9 @@ def main():
         save()
         if dev == "cuda":
             torch.cuda.empty_cache()
+
+    for shape, name in late_tails:
+        run_tail(shape, name, 5)
 
     save()
     print(f"\n{result['device']}  ({time.time() - T0:.0f} s)")

@@ -36,6 +36,7 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides
     "pingpong": dict(pingpong=True), "l_mma1_tree_pp": dict(l_mma=1, max_tree=True, pingpong=True),
     "probe": dict(probe_no_softmax=True), "noexp2": dict(l_mma=1, max_tree=True, exp2_fma_every=-1),
     "nomax": dict(l_mma=1, max_tree=True, probe_no_softmax=2),
+    "late": dict(rescale_late=True), "l_mma1_tree_late": dict(l_mma=1, max_tree=True, rescale_late=True),
 }
 
 
@@ -118,7 +119,8 @@ def compile_variant(D: int, causal: bool, overrides: dict):
                 CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"], PERMUTED_V=True, PINGPONG=cfg["pingpong"],
                 K_PER_BLOCK=False, EXP2_FMA_EVERY=cfg["exp2_fma_every"], CAST_LATE=cfg["cast_late"],
                 P_SHIFT=float(cfg["p_shift"]), RESCALE_TAU=float(cfg["rescale_tau"]), L_MMA=cfg["l_mma"],
-                PROBE_NO_SOFTMAX=int(cfg.get("probe_no_softmax", 0)), MAX_TREE=cfg["max_tree"])
+                PROBE_NO_SOFTMAX=int(cfg.get("probe_no_softmax", 0)), MAX_TREE=cfg["max_tree"],
+                RESCALE_LATE=cfg.get("rescale_late", False))
     k = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, args, num_warps=4)
     return k, resources(k)
 

@@ -37,9 +37,10 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 # (gluon_fp8.row_max_tree) instead of a chain of 31 dependent FMNMX a row
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False, exp2_fma_every=0,
                           cast_late=True, rescale_tau=0.0, p_shift=8, l_mma=0,
-                          max_tree=False),
+                          max_tree=False, rescale_late=False),
                  128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False,
-                           exp2_fma_every=0, cast_late=True, rescale_tau=0.0, p_shift=8, l_mma=0, max_tree=False)}
+                           exp2_fma_every=0, cast_late=True, rescale_tau=0.0, p_shift=8, l_mma=0, max_tree=False,
+                           rescale_late=False)}
 
 
 def gluon_config(d: int, causal: bool) -> dict:

@@ -221,6 +221,7 @@ class Running:
     rows: object
     q_scale: object
     l_acc: object  # L_MMA: l in every column of a [BM, L_COLS] tile in the wgmma layout, float32 (else None)
+    alpha: object  # RESCALE_LATE: the last softmax's alpha, applied to O (and l_acc) at the next step (else None)
 
 
 L_COLS: gl.constexpr = gl.constexpr(8)  # L_MMA: P times a [32, 8] block of ones (wgmma's narrowest N)
@@ -272,6 +273,7 @@ class AttentionFp8:
     CAST_LATE: gl.constexpr  # p_operand: P rounded to e4m3 after its move to the operand layout
     P_SHIFT: gl.constexpr  # P is rounded to e4m3 as 2^P_SHIFT p (reference.P_SHIFT: 8)
     RESCALE_TAU: gl.constexpr  # > 0: O rescaled only where a row's max grew by more than this (reference.py)
+    RESCALE_LATE: gl.constexpr  # O *= alpha at the next step, between the S and P V issues (FlashAttention-3's place)
     L_MMA: gl.constexpr  # l = the rows' sum of the e4m3 P, by P times ones on the tensor cores (reference.py): 0 off,
     # else how the ones block is stored and read (ones_shape): 1 [8, 32] 32-byte swizzle (the descriptor's stride SBO
     # 0); 2 [8, 128] 128-byte swizzle, its first 32 keys (SBO 0); 3 [16, 32] 32-byte swizzle, N = 16 (SBO 256); 4 [16,
@@ -338,7 +340,10 @@ class AttentionFp8:
         l_acc = gl.constexpr(None)  # (a constexpr: nothing carried through the loop)
         if self.L_MMA:
             l_acc = gl.zeros([self.BM, self.LC], gl.float32, self.L)
-        return Running(m, l, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc)
+        alpha = gl.constexpr(None)
+        if self.RESCALE_LATE:
+            alpha = gl.full([self.BM], 1.0, gl.float32, gl.SliceLayout(1, self.S))
+        return Running(m, l, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, alpha)
 
     @gluon.jit
     def key_scales(self, st, first_key):
@@ -438,6 +443,21 @@ class AttentionFp8:
         return t0, t1, t2, t3
 
     @gluon.jit
+    def rescale_late(self, st):
+        """RESCALE_LATE: (O, L_MMA's l) times the last softmax's alpha, issued after S's wgmma and before P V's (as
+        FlashAttention-3 places rescale_o): its 64 FMUL a thread at D 128 run under S on the tensor cores instead of
+        between P V's end and the next step's issue. Else (O, l) as they are."""
+        acc = st.acc
+        l_acc = 0  # (without L_MMA a placeholder: a jit function returns no None)
+        if self.L_MMA:
+            l_acc = st.l_acc
+            if self.RESCALE_LATE:
+                l_acc = l_acc * as_column(st.alpha, self.L)
+        if self.RESCALE_LATE:
+            acc = acc * as_column(st.alpha, self.O)
+        return acc, l_acc
+
+    @gluon.jit
     def rescale(self, acc, l_acc, alpha, moved):
         """O (and L_MMA's l) times alpha; with RESCALE_TAU only where a row of the warpgroup moved (else alpha is 1
         in every row: 64 or 32 multiplies a thread saved at D 128, 64)."""
@@ -477,12 +497,14 @@ class AttentionFp8:
         l_acc = 0  # (without L_MMA a placeholder: a jit function returns no None)
         if self.L_MMA:  # issued before P V, so that the wait for S (at most one group left) covers it too
             t0, t1, t2, t3 = self.row_sum_mma(p8)
-            o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
+            acc, l_in = self.rescale_late(st)
+            o_tok = warpgroup_mma(p8, v, acc, is_async=True)
             self.their_turn(ctx)
             s, l0, l1, l2, l3 = warpgroup_mma_wait(1, deps=(s_tok, t0, t1, t2, t3))  # all but P V are done
-            l_acc = st.l_acc + ((l0 + l1) + (l2 + l3))  # float32 (16 adds a thread); times alpha with O
+            l_acc = l_in + ((l0 + l1) + (l2 + l3))  # float32 (16 adds a thread); times alpha with O
         else:
-            o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
+            acc, l_in = self.rescale_late(st)
+            o_tok = warpgroup_mma(p8, v, acc, is_async=True)
             self.their_turn(ctx)
             s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
         m, l, p32, alpha, moved = self.softmax(s, st, first_key, k_scale)
@@ -504,9 +526,14 @@ class AttentionFp8:
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             m, l, p32, alpha, moved = self.softmax(s, st, 0, k_scale)
             st = st.replace(m=m, l=l, p=self.p_operand(p32))
+            if self.RESCALE_LATE:  # (acc is 0: alpha's 0 or NaN from the first max goes on as the bf16 forward's)
+                st = st.replace(alpha=alpha)
         elif step < st.rows.n_blocks:
             m, l, p32, alpha, acc, moved, l_acc = self.s_and_pv(ctx, q, k_t, v, st, step * self.BN)
-            acc, l_acc = self.rescale(acc, l_acc, alpha, moved)
+            if self.RESCALE_LATE:
+                st = st.replace(alpha=alpha)
+            else:
+                acc, l_acc = self.rescale(acc, l_acc, alpha, moved)
             if self.L_MMA:
                 st = st.replace(m=m, l=l, acc=acc, p=self.p_operand(p32), l_acc=l_acc)
             else:
@@ -515,12 +542,14 @@ class AttentionFp8:
             p8 = self.pv_operand(st.p)
             if self.L_MMA:
                 t0, t1, t2, t3 = self.row_sum_mma(p8)
-                o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
+                acc, l_in = self.rescale_late(st)
+                o_tok = warpgroup_mma(p8, v, acc, is_async=True)
                 self.their_turn(ctx)
                 acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
-                st = st.replace(acc=acc, l_acc=st.l_acc + ((l0 + l1) + (l2 + l3)))
+                st = st.replace(acc=acc, l_acc=l_in + ((l0 + l1) + (l2 + l3)))
             else:
-                o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
+                acc, l_in = self.rescale_late(st)
+                o_tok = warpgroup_mma(p8, v, acc, is_async=True)
                 self.their_turn(ctx)
                 st = st.replace(acc=warpgroup_mma_wait(0, deps=(o_tok,)))
         else:  # causal: a step past this consumer's keys (the other's rows see more)
@@ -560,8 +589,9 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              EXP2_FMA_EVERY: gl.constexpr = 0, CAST_LATE: gl.constexpr = False,
                              P_SHIFT: gl.constexpr = 8.0, RESCALE_TAU: gl.constexpr = 0.0,
                              L_MMA: gl.constexpr = False, PROBE_NO_SOFTMAX: gl.constexpr = False,
-                             MAX_TREE: gl.constexpr = False):
+                             MAX_TREE: gl.constexpr = False, RESCALE_LATE: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid."""
+    gl.static_assert(not (RESCALE_LATE and RESCALE_TAU > 0), "RESCALE_LATE or RESCALE_TAU, not both")
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not PINGPONG), "two or three consumer warpgroups "
                      "(PINGPONG: two)")
     BM: gl.constexpr = o_desc.block_type.shape[2]
@@ -582,7 +612,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
         fence_async_shared()
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
-                      CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, EXP2_FMA_EVERY, CAST_LATE, P_SHIFT, RESCALE_TAU, L_MMA, ones,
+                      CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, EXP2_FMA_EVERY, CAST_LATE, P_SHIFT, RESCALE_TAU, RESCALE_LATE, L_MMA, ones,
                       LC, MAX_TREE, PROBE_NO_SOFTMAX, BM, BN, D, CONSUMERS, PERMUTED_V, PINGPONG,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, LC, gl.num_warps(), 8),

@@ -126,7 +126,8 @@ class _GluonLayout:
             PINGPONG=cfg.get("pingpong", False), K_PER_BLOCK=k_per_block, EXP2_FMA_EVERY=cfg.get("exp2_fma_every", 0),
             CAST_LATE=cfg.get("cast_late", False), P_SHIFT=float(cfg.get("p_shift", P_SHIFT)),
             RESCALE_TAU=float(cfg.get("rescale_tau", 0.0)), L_MMA=cfg.get("l_mma", False),
-            PROBE_NO_SOFTMAX=int(cfg.get("probe_no_softmax", 0)), MAX_TREE=cfg.get("max_tree", False), num_warps=4)
+            PROBE_NO_SOFTMAX=int(cfg.get("probe_no_softmax", 0)), MAX_TREE=cfg.get("max_tree", False),
+                   RESCALE_LATE=cfg.get("rescale_late", False), num_warps=4)
         check_rescale(self.options["RESCALE_TAU"], self.options["P_SHIFT"])
 
 
