@@ -5,7 +5,8 @@ For each GEMM shape (bf16 and fp8; LLM-ish, skinny M, small K) it measures, on t
 through tilecore.ops.gemm.plan's config override:
   (a) the shipped table's row (plan.table_config),
   (b) the napkin's top-1 (plan.napkin_configs),
-  (c) the timed top-k pick (plan.timed_config with k = --topk: what configs.NAPKIN_TOPK turns on),
+  (c) the timed top-k pick (plan.timed_config with k = --topk: what configs.NAPKIN_TOPK turns on; its
+      own timing, do_bench's through launch.time_plans),
   (d) the best of the sweep over every legal row (configs.GLUON_CANDIDATES through plan.gluon_legal),
   and cuBLAS (torch.mm, torch._scaled_mm) as the peer.
 Each row is first checked against a float64 reference into a NaN-poisoned output (every element
@@ -198,13 +199,24 @@ def gemm_case(name, M, N, K, dt, topk: int) -> dict:
                  for c in rank_gemm_configs(M, N, K, dt, gpu, candidates=list(dict.fromkeys(map(napkin, rows))))}
     res = dict(name=name, M=M, N=N, K=K, dtype=dt, table=key(table), napkin_top1=key(top[0]),
                candidates=[key(r) for r in top], rows={})
+    if dt == "fp8":
+        peer = lambda: torch._scaled_mm(a, b, scales[0].reshape(()), scales[1].reshape(()), out_dtype=torch.bfloat16)
+    else:
+        peer = lambda: torch.mm(a, b)
+    # the bar: 2x the floor, or 1.25x cuBLAS's own error where fp32 accumulation over K exceeds it (fp8:
+    # run 3 read 1.9-3.3x the floor on every row, the table's too)
+    peer_err = None
+    if not SMOKE:
+        _, peer_err = error_floor(peer(), ref)
+        res["cublas_err_floor"] = peer_err
+    bar = max(2.0, 1.25 * (peer_err or 0))
     for cfg in rows:
         r = dict(predicted_ms=predicted.get((cfg["block"], cfg["stages"], cfg["num_warps"] // 4)))
         try:
             out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=device())
             gemm_run(a, b, scales, cfg, out=out)
             r["written"], r["err_floor"] = error_floor(out, ref)
-            r["ok"] = r["written"] and r["err_floor"] <= 2.0
+            r["ok"] = r["written"] and r["err_floor"] <= bar
             if not SMOKE:  # the plan made once and C preallocated: the timed call is the launch alone
                 p = gemm_plan(a, b, scales, cfg)
                 r["ms"] = bench(lambda: launch.launch(p, a, b, None, scales, out=out))
@@ -215,17 +227,13 @@ def gemm_case(name, M, N, K, dt, topk: int) -> dict:
         res["rows"][key(cfg)] = r
     if SMOKE:
         return res
-    # (c): the plan's timed pick (its own CUDA-event timing), then do_bench's time of what it picked
+    # (c): the plan's timed pick (its own timing), and the sweep's do_bench time of what it picked
     t0 = time.perf_counter()
     form = plan.operand_form(a, b, torch.bfloat16, dt == "fp8")
     picked, pick_times = plan.timed_config(a, b, torch.bfloat16, None, scales, form, topk)
     res["pick_s"] = time.perf_counter() - t0
     res["timed_pick"] = key(picked)
-    res["pick_ms_events"] = {key(top[i]): t for i, t in pick_times.items()}
-    if dt == "fp8":
-        peer = lambda: torch._scaled_mm(a, b, scales[0].reshape(()), scales[1].reshape(()), out_dtype=torch.bfloat16)
-    else:
-        peer = lambda: torch.mm(a, b)
+    res["pick_ms"] = {key(top[i]): t for i, t in pick_times.items()}
     res["cublas_ms"] = bench(peer)
     timed = {k: r["ms"] for k, r in res["rows"].items() if r.get("ms") and r.get("ok")}
     if timed:
@@ -333,7 +341,7 @@ def attn_case(name, B, H, N, D, causal, topk) -> dict:
         pairs = [(r["predicted_ms"], r["ms"]) for r in res["rows"].values()
                  if r.get("ms") and r.get("ok") and r.get("predicted_ms") is not None]
         res["spearman"] = spearman([p for p, _ in pairs], [m for _, m in pairs])
-    if not SMOKE:  # the plan's own timed pick (what plan.NAPKIN_FORWARD_TOPK turns on), by its CUDA events
+    if not SMOKE:  # the plan's own timed pick (what plan.NAPKIN_FORWARD_TOPK turns on), by its own timing
         from tilecore.ops.attention import launch as alaunch, plan as aplan
 
         aplan.use_forward_launch(alaunch.forward)

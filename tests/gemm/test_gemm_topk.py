@@ -96,7 +96,7 @@ class FakeTimer:
         self.ms = ms
         self.calls = []
 
-    def __call__(self, plans, a, b, bias=None, scales=None, reps=5):
+    def __call__(self, plans, a, b, bias=None, scales=None, rep_ms=20.0):
         self.calls.append([p.config["block"] for p in plans])
         return [self.ms.get(p.config["block"], 1.0) for p in plans]
 

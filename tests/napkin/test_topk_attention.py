@@ -30,6 +30,7 @@ def test_candidates_are_legal_tiles_in_the_napkins_order_then_the_table(b, h, n,
         assert r["block_m"] == 64 and r["consumers"] in (2, 3) and r["block_n"] in (64, 128) and r["stages"] in (2, 3)
         assert smem(r, d) <= plan.FORWARD_SMEM
         assert not (r.get("carry") and r["consumers"] == 3)  # plan_forward refuses carried 3-consumer rows
+        assert r["consumers"] == 2 or d <= 64  # D128 with three consumers ran out of shared memory (H100 run 3)
     predicted = {((c.block[0], c.block[1]), c.warpgroups, c.stages): c.time
                  for c in rank_attention_configs(b, h, n, d, causal)}
     times = [predicted[((64 * r["consumers"], r["block_n"]), r["consumers"], r["stages"])] for r in rows[:3]]

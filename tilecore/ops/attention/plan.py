@@ -136,22 +136,21 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
 
 
 # issue 36 part 4: the Gluon forward's tiles the napkin ranks (engine.rank_attention_configs) that the
-# kernel takes: 64-row consumers, two or three of them, 64 or 128 keys a step, 2 or 3 stages, within
+# kernel takes: 64-row consumers, two (three at D <= 64) of them, 64 or 128 keys a step, 2 or 3 stages, within
 # Hopper's 227 KiB a block (Q buffers + K and V stages + 4 KiB). NAPKIN_FORWARD_TOPK > 0: the plan
 # times the napkin's top k and the table's row once a (size bucket, dtype, device) and keeps the
 # fastest (timed_forward_config; window calls and Dv != D keep the table). 0: off, until
 # experiments/napkin/gpu_topk_configs.py --attention shows the pick no worse than the table.
 FORWARD_SMEM = 227 * 1024 - 4096
 NAPKIN_FORWARD_TOPK = 0
-NAPKIN_TIMED_REPS = 5
+NAPKIN_TIMED_MS = 20.0  # a candidate's timing: do_bench's median over about this many ms (L2 flushed)
 _FORWARD_PICKS: OrderedDict = OrderedDict()  # the timed picks, least recently made first
 _FORWARD_PICKS_MAX = 256
 
 
 def timed_forward_config(q, k, v, causal: bool, scale: float, softcap: float, top_k: int) -> dict:
     """The Gluon forward's row for these inputs: napkin_forward_configs' candidates each launched once
-    (it compiles) and then timed on these inputs into scratch outputs (the median of
-    NAPKIN_TIMED_REPS, CUDA events), the fastest kept for the bucket (B H, N, Nk rounded up to powers
+    (it compiles) and then timed on these inputs into scratch outputs (time_forward_configs), the fastest kept for the bucket (B H, N, Nk rounded up to powers
     of two; D, causal, softcap, dtype, device). Nothing timed while a CUDA graph captures (the table's
     row, not kept) nor on a meta device (dispatch.pretend: the napkin's first row); a candidate that
     raises is left out (the table's row if all do)."""
@@ -195,8 +194,10 @@ def use_forward_launch(forward) -> None:
 
 def time_forward_configs(rows: list[dict], q, k, v, causal: bool, scale: float, softcap: float) -> list[float]:
     """Each Gluon forward row's GPU time in ms on these inputs (CUDA), into scratch outputs: one launch
-    (the registered launch.forward) that compiles it, then the median of NAPKIN_TIMED_REPS between
-    CUDA events; inf where it raises."""
+    (the registered launch.forward) that compiles it, then triton.testing.do_bench's median over about
+    NAPKIN_TIMED_MS; inf where it raises."""
+    from triton.testing import do_bench
+
     forward = _FORWARD_LAUNCH
     B, H, N, D = q.shape
     out = torch.empty(B, H, N, v.shape[3], dtype=q.dtype, device=q.device)
@@ -206,14 +207,8 @@ def time_forward_configs(rows: list[dict], q, k, v, causal: bool, scale: float, 
         try:
             p = plan_forward(q, k, v, causal, scale, path="gluon", config=cfg, softcap=softcap)
             forward(p, q, k, v, out, lse, causal, scale, softcap=softcap)
-            marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                     for _ in range(NAPKIN_TIMED_REPS)]
-            for start, end in marks:
-                start.record()
-                forward(p, q, k, v, out, lse, causal, scale, softcap=softcap)
-                end.record()
-            torch.cuda.synchronize(q.device)
-            times.append(sorted(a.elapsed_time(b) for a, b in marks)[len(marks) // 2])
+            times.append(do_bench(lambda: forward(p, q, k, v, out, lse, causal, scale, softcap=softcap),
+                                  warmup=max(NAPKIN_TIMED_MS / 4, 1), rep=NAPKIN_TIMED_MS, return_mode="median"))
         except Exception as e:  # a candidate the compiler or the GPU refuses: the others still compete
             dispatch.notice_once(f"attention: the forward candidate {cfg} failed ({type(e).__name__}); left out")
             times.append(math.inf)
@@ -235,6 +230,8 @@ def napkin_forward_configs(batch: int, heads: int, n: int, nk: int, d: int, caus
         consumers = c.warpgroups
         if rows_m != 64 * consumers or consumers not in (2, 3) or block_n not in (64, 128) or c.stages not in (2, 3):
             continue
+        if consumers == 3 and d > 64:  # H100 run 3 (session 29): D128, 3 consumers, 64 keys x 3 stages asked 246,196
+            continue                   # bytes of shared memory (O's staging beside Q, K and V), past 232,448
         cfg = dict(table, block_m=64, block_n=block_n, stages=c.stages, consumers=consumers)
         if consumers != table.get("consumers", 2):
             cfg.pop("carry", None)

@@ -24,7 +24,10 @@ GLUON_FP8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8, epilog
 # (shape bucket, dtypes, operand form, device) on the caller's operands (plan.timed_config). 0: off,
 # the table rows above (no GPU run has checked the pick yet: experiments/napkin/gpu_topk_configs.py)
 NAPKIN_TOPK = 0
-NAPKIN_TIMED_REPS = 5  # timed launches a candidate (after one that compiles it): the median is kept
+# a candidate's timing: triton.testing.do_bench's median over about this many ms of launches, each after
+# an L2 flush (H100 run 3 of session 29: the median of 5 back-to-back CUDA-event launches read the host's
+# enqueue time at K = 128 / 256 (70-80 us against do_bench's 22-60) and picked rows 9-11% slower)
+NAPKIN_TIMED_MS = 20.0
 # the Gluon kernel's candidate tiles: (BM, BN, BK, stages, consumer partitions, warps in all); each
 # compiled for sm_90a on the CPU without spills (tests/gemm/test_gemm_topk_compile.py). Where a row
 # does not fit a dtype's shared memory or its TMA box (plan.gluon_legal), it is left out for it.

@@ -110,21 +110,19 @@ def _tl(plan: Plan, a, b, c, bias, scale_a, scale_b):
                            STAGES=cfg["stages"], STREAM_K=plan.stream_k, num_warps=cfg["num_warps"])
 
 
-def time_plans(plans: list[Plan], a, b, bias=None, scales=None, reps: int = 5) -> list[float]:
-    """Each plan's GPU time in ms on these operands (CUDA): one launch that compiles it, then the median
-    of ``reps`` launches, each between two CUDA events. A plan whose compile or launch raises gets inf
-    (named once). plan.timed_config's measurement; nothing here asks about the device."""
+def time_plans(plans: list[Plan], a, b, bias=None, scales=None, rep_ms: float = 20.0) -> list[float]:
+    """Each plan's GPU time in ms on these operands (CUDA): one launch that compiles it, then
+    triton.testing.do_bench's median over about ``rep_ms`` of launches (each after an L2 flush, which
+    also keeps the GPU busy while the host queues the launch: a small GEMM's time is not the host's).
+    A plan whose compile or launch raises gets inf (named once). plan.timed_config's measurement."""
+    from triton.testing import do_bench
+
     times = []
     for p in plans:
         try:
             launch(p, a, b, bias, scales)
-            marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-            for start, end in marks:
-                start.record()
-                launch(p, a, b, bias, scales)
-                end.record()
-            torch.cuda.synchronize(a.device)
-            times.append(sorted(start.elapsed_time(end) for start, end in marks)[reps // 2])
+            times.append(do_bench(lambda: launch(p, a, b, bias, scales), warmup=max(rep_ms / 4, 1), rep=rep_ms,
+                                  return_mode="median"))
         except Exception as e:  # a candidate the compiler or the GPU refuses: the others still compete
             dispatch.notice_once(f"gemm: the candidate {p.config} failed ({type(e).__name__}: {str(e)[:200]}); "
                                  "left out of the timed pick")

@@ -240,7 +240,7 @@ _TIMER = None  # launch.time_plans, registered by launch.py (which imports this 
 
 
 def use_timer(timer) -> None:
-    """Register ``timer(plans, a, b, bias, scales, reps) -> [ms]`` as timed_config's measurement
+    """Register ``timer(plans, a, b, bias, scales, rep_ms) -> [ms]`` as timed_config's measurement
     (launch.py registers launch.time_plans when it is imported)."""
     global _TIMER
     _TIMER = timer
@@ -248,8 +248,8 @@ def use_timer(timer) -> None:
 
 def timed_config(a, b, out_dtype, bias, scales, form, top_k: int) -> tuple[dict, dict]:
     """(the Gluon row to run, its candidates' times in ms by position): napkin_configs' candidates,
-    each launched once to compile and then timed (launch.time_plans through use_timer, the median of
-    configs.NAPKIN_TIMED_REPS), the fastest kept for the shape's bucket on this device. Nothing is
+    each launched once to compile and then timed (launch.time_plans through use_timer: do_bench's median
+    over configs.NAPKIN_TIMED_MS), the fastest kept for the shape's bucket on this device. Nothing is
     timed while a CUDA graph captures (the table's row, not kept) nor on a meta device standing for a
     GPU (dispatch.pretend: the napkin's first legal row); a candidate that fails to compile or launch
     is left out (the table's row if all do)."""
@@ -273,7 +273,7 @@ def timed_config(a, b, out_dtype, bias, scales, form, top_k: int) -> tuple[dict,
     common = dict(out_dtype=out_dtype, has_bias=bias is not None, scales=scales_code(*scales) if fp8 else 0)
     plans = [Plan("gluon", config=r, **_schedule(a, M, N, K, r), b_t=b_t, copy_a=copy_a, copy_b=copy_b,
                   c_dtype=out_dtype, **common) for r in rows]
-    times = _TIMER(plans, a, b, bias, scales, configs.NAPKIN_TIMED_REPS)
+    times = _TIMER(plans, a, b, bias, scales, configs.NAPKIN_TIMED_MS)
     best = min((t, i) for i, t in enumerate(times))[1] if any(t < float("inf") for t in times) else None
     picked = (rows[best] if best is not None else table, dict(enumerate(times)))
     _PICKS.put(key, picked)
