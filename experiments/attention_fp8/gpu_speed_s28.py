@@ -7,8 +7,8 @@
 
 Session 29's default (~80 s on the H100; what is left past FP8_BUDGET_S is skipped): diag of mode 1; a
 tail (B2 Hq8 Hkv2 N1000 Nk1100 D128 causal, per-block descales) of l_mma + tree; then at B16 H16 N4096, D128 and D64,
-non-causal and causal: default (l_mma off), l_mma1, bf16, tree (max_tree alone), l_mma1_tree, lmma+tree+late (+
-rescale_late: O *= alpha between the S and P V issues, FlashAttention-3's place); at D128 non-causal also
+non-causal and causal: default (l_mma off), l_mma1, bf16, l_mma1_tree, lmma+tree+late (+ rescale_late: O *= alpha
+between the S and P V issues, FlashAttention-3's place), tree (max_tree alone); at D128 non-causal also
 l_mma1_tree_fma8, l_mma1_tree_pp (ping-pong barriers) and late (rescale_late alone), then the probes noexp2 and nomax
 (timing only); at D64 also l_mma1_tree_pp (ping-pong flipped: on non-causal, off causal); each variant checked on two
 (batch, head) slices against float64 and the emulation before it is timed; last, the D64 tail of l_mma + tree and
@@ -359,7 +359,10 @@ def main():
             first = ["default", "no_l_mma", lmma]
             names = [n for n in first if n in variants] + ["bf16"]
             rest = [n for n in variants if n not in first]
-            names += [n for n in rest if "all" in where[n]]
+            # l_mma's variants and the combos before the --variants ones (tree alone): the budget cuts the last
+            alone = names_of(args.variants)
+            names += [n for n in rest if "all" in where[n] and n not in alone]
+            names += [n for n in rest if "all" in where[n] and n in alone]
             names += [n for n in rest if "all" not in where[n] and (args.smoke or (
                 "d128" in where[n] and (D, causal) == (128, False)) or ("d64" in where[n] and D == 64))]
             for name in names:
