@@ -52,18 +52,25 @@ RESULTS: dict = {"check": [], "time": [], "warm": [], "errors": []}
 # timed variants: (name, diag, chunk, BV, warps, stages); diag 0 is the GPU-checked default (17.7 ms in run 1 of
 # session 29), diag 2 the gathered diagonal (11.8 ms). sm_90a compile (CPU): at chunk 64, 8 warps every variant
 # takes 255 registers a thread (one program an SM), diag 3 spills 140 B, diag 4 392 B (diag 0 360 B), shared
-# memory 120 KB at 2 stages, 48 KB at 1; chunk 32, 4 warps: two programs an SM, diag 3 108 B
+# memory 120 KB at 2 stages, 48 KB at 1; chunk 32, 4 warps: two programs an SM, diag 3 108 B; chunk 32, 8 warps:
+# diag 3 no spill at BV 64 (242 registers) nor at BV 128 (251: one program a head), diag 4 16 B / 156 B
 VARIANTS = [
     ("default diag0", 0, 64, 64, 8, 2),
     ("diag2", 2, 64, 64, 8, 2),
     ("diag4", 4, 64, 64, 8, 2),
     ("diag3", 3, 64, 64, 8, 2),
-    ("diag3 s1", 3, 64, 64, 8, 1),
+    ("diag3 bt32 bv128", 3, 32, 128, 8, 2),
+    ("diag4 bt32 bv128", 4, 32, 128, 8, 2),
+    ("diag3 bt32", 3, 32, 64, 8, 2),
+    ("diag4 bt32", 4, 32, 64, 8, 2),
     ("diag3 bt32 w4", 3, 32, 64, 4, 2),
-    ("diag4 bt32 w4", 4, 32, 64, 4, 2),
 ]
 if SMOKE:
     VARIANTS = VARIANTS[:1] + VARIANTS[2:4]
+# the kernels each check runs: (label, diag, chunk, BV, warps, stages); the bf16 d128 checks run the chunk-32
+# BV-128 variants too (their compiles are the timed ones)
+CHECK_CHUNK64 = [(f"diag{d}", d, 64, None, None, None) for d in (0, 4, 3)]
+CHECK_CHUNK32 = [(f"diag{d} bt32 bv128", d, 32, 128, 8, 2) for d in (4, 3)]
 
 
 def elapsed() -> float:
@@ -135,20 +142,22 @@ def prepared(t: dict, diag: int, chunk: int, BV: int | None = None, warps: int |
 # the d128 bf16 checks share the timed kernels' specializations (H 16, N a multiple of 16, an initial and a
 # final state: one compile each); N 1008 ends in a partial chunk of 48, fp16 N 1000 and d64 N 77 in tails
 # that are no multiple of 16
-CHECKS = [  # (name, make's arguments, diags)
-    ("bf16 d128 h0 N 4096 weak decays (factored)", dict(B=1, N=4096, H=16, Dk=128, Dv=128, h0=True), (0, 4, 3)),
+CHECKS = [  # (name, make's arguments, kernels)
+    ("bf16 d128 h0 N 4096 weak decays (factored)", dict(B=1, N=4096, H=16, Dk=128, Dv=128, h0=True),
+     CHECK_CHUNK64 + CHECK_CHUNK32),
     ("bf16 d128 h0 N 1008 span ~58 (factors ~e^29)", dict(B=1, N=1008, H=16, Dk=128, Dv=128, per_token=0.9,
-                                                          h0=True, seed=1), (0, 4, 3)),
+                                                          h0=True, seed=1), CHECK_CHUNK64 + CHECK_CHUNK32),
     ("bf16 d128 h0 N 1008 strong [-6, 0] + reset (fallback)", dict(B=1, N=1008, H=16, Dk=128, Dv=128, decay=6.0,
-                                                                    reset=True, h0=True, seed=2), (0, 4, 3)),
+                                                                    reset=True, h0=True, seed=2),
+     CHECK_CHUNK64 + CHECK_CHUNK32),
     ("fp16 d128 h0 N 1000 per token 0.05 (factored)", dict(B=1, N=1000, H=2, Dk=128, Dv=128, per_token=0.05,
-                                                            h0=True, dtype=torch.float16, seed=3), (0, 4)),
-    ("bf16 d64 v128 h0 N 77", dict(B=2, N=77, H=2, Dk=64, Dv=128, h0=True, seed=4), (0, 4)),
+                                                            h0=True, dtype=torch.float16, seed=3), CHECK_CHUNK64[:2]),
+    ("bf16 d64 v128 h0 N 77", dict(B=2, N=77, H=2, Dk=64, Dv=128, h0=True, seed=4), CHECK_CHUNK64[:2]),
 ]
-CHECK_DIAGS = (0, 4, 3)
+CHECK_LABELS = [k[0] for k in CHECK_CHUNK64 + CHECK_CHUNK32]
 
 
-def check(name: str, mk: dict, diags):
+def check(name: str, mk: dict, kernels):
     if SMOKE:
         mk = dict(mk, N=min(mk["N"], 70), B=1, H=2, Dk=min(mk["Dk"], 32), Dv=min(mk["Dv"], 32))
     t = make(**mk)
@@ -156,18 +165,18 @@ def check(name: str, mk: dict, diags):
                                                 decay=t["g"].double(), scale=t["scale"],
                                                 initial_state=None if t["h0"] is None else t["h0"].double())
     row = dict(case=name)
-    for diag in diags:
-        run, o, ht = prepared(t, diag, 64, final=True)
+    for label, diag, chunk, bv, warps, stages in kernels:
+        run, o, ht = prepared(t, diag, chunk, bv, warps, final=True, stages=stages)
         run()
         if DEV == "cuda":
             torch.cuda.synchronize()
-        row[f"diag{diag}_all_written"] = bool(not torch.isnan(o).any() and not torch.isnan(ht).any())
-        row[f"diag{diag}_finite"] = bool(torch.isfinite(o).all())
+        row[f"{label}_all_written"] = bool(not torch.isnan(o).any() and not torch.isnan(ht).any())
+        row[f"{label}_finite"] = bool(torch.isfinite(o).all())
         o = o.to(t["v"].dtype)
-        row[f"diag{diag}_out_floor"] = round(accuracy.error_over_floor(o, ref), 3)
-        row[f"diag{diag}_state_rel"] = accuracy.rel_rms(ht, ref_state)
-    row["pass"] = all(row[f"diag{d}_all_written"] and row[f"diag{d}_finite"] and row[f"diag{d}_out_floor"] <= 2.5
-                      for d in diags)
+        row[f"{label}_out_floor"] = round(accuracy.error_over_floor(o, ref), 3)
+        row[f"{label}_state_rel"] = accuracy.rel_rms(ht, ref_state)
+    row["pass"] = all(row[f"{k[0]}_all_written"] and row[f"{k[0]}_finite"] and row[f"{k[0]}_out_floor"] <= 2.5
+                      for k in kernels)
     RESULTS["check"].append(row)
     print("check", row, flush=True)
 
@@ -198,7 +207,7 @@ def warm():
     tasks = [(d, c, bv, w, st, "bfloat16", 128, 128, 16) for _, d, c, bv, w, st in VARIANTS]
     tasks += [(d, 64, None, None, None, dt, dk, 77, 2) for d in (0, 4)
               for dt, dk in (("float16", 128), ("bfloat16", 64))]
-    pool = cf.ProcessPoolExecutor(max_workers=min(12, len(tasks)), mp_context=mp.get_context("spawn"))
+    pool = cf.ProcessPoolExecutor(max_workers=min(14, len(tasks)), mp_context=mp.get_context("spawn"))
     futs = {pool.submit(_warm_task, task): task for task in tasks}
     try:
         for fut in cf.as_completed(futs, timeout=max(1.0, WARM_BUDGET - elapsed())):
@@ -320,10 +329,10 @@ def time_all(fla) -> dict:
 
 def table(row: dict | None):
     print("\ncheck (vs float64; o NaN-poisoned) | " + " | ".join(
-        f"diag{d} out/floor, state rel, all written" for d in CHECK_DIAGS) + " | pass")
+        f"{label} out/floor, state rel, all written" for label in CHECK_LABELS) + " | pass")
     for r in RESULTS["check"]:
-        cells = [f"{r[f'diag{d}_out_floor']}, {r[f'diag{d}_state_rel']:.2e}, {r[f'diag{d}_all_written']}"
-                 if f"diag{d}_out_floor" in r else "-" for d in CHECK_DIAGS]
+        cells = [f"{r[f'{k}_out_floor']}, {r[f'{k}_state_rel']:.2e}, {r[f'{k}_all_written']}"
+                 if f"{k}_out_floor" in r else "-" for k in CHECK_LABELS]
         print(f"{r['case']} | " + " | ".join(cells) + f" | {r['pass']}")
     if row:
         copy = row["copy_ms"]
@@ -352,11 +361,13 @@ def main():
         RESULTS["device"] = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__)
         fla = start_fla()
         warm()
-    for name, mk, diags in CHECKS:
+    for name, mk, kernels in CHECKS:
         if elapsed() > CHECK_BUDGET:
             RESULTS["errors"].append(f"check {name}: skipped past {CHECK_BUDGET:.0f} s")
             continue
-        attempt(f"check {name}", lambda: check(name, mk, diags))
+        if SMOKE:
+            kernels = [k for k in kernels if k[2] == 64]
+        attempt(f"check {name}", lambda: check(name, mk, kernels))
         save()
     row = None
     if not SMOKE:
