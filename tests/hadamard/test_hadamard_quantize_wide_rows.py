@@ -3,8 +3,8 @@ configs.QUANT_WIDE_ROWS, off until a GPU run): the wide kernel with its mixing 1
 p = 64 (R = 2) or a row's two slices at p = 128 (R = 1), as one [MB, 128] product split afterwards (SPLIT) or two
 [MB, 64] products sharing each H chunk ("pair"). Through the interpreter at m = 108 (two blocks, the second short)
 and 140 (three): codes >= 99.9% equal to the float64 reference's and within one step of the wide plan's (equal on
-rows holding NaN or inf), scales as the wide plan's, every element written (two poison bytes), an odd row count (the
-last tile's second row past the end), nvfp4's dynamic global scale, random signs; the plain transform (STORE) at the
+rows holding NaN or inf), scales as the wide plan's, every element written (two poison bytes), nvfp4's dynamic
+global scale, random signs; the plain transform (STORE) at the
 rounding floor; and an sm_90a compile without spills, wgmma in the PTX."""
 import json
 import os
@@ -35,11 +35,12 @@ def _bytes(t):
     return t.contiguous().view(torch.uint8) if t.dtype != torch.float32 else t.nan_to_num(7.0)
 
 
-# (format, m, p, rows, wide_rows, random signs, compare with the wide plan): per token, two rows a tile, 3 rows (the
-# last tile half past the end); groups of 32 in a slice, paired products, with signs; nvfp4's dynamic global scale
-# (the AMAX pass) over a row's two slices (p = 128); int8 per token over a row's two slices, paired
-CASES = [("fp8_e4m3", 108, 64, 3, True, False, True), ("mxfp4", 108, 64, 2, "pair", True, False),
-         ("nvfp4", 108, 128, 1, True, False, False), ("int8", 108, 128, 1, "pair", False, False)]
+# (format, m, p, rows, wide_rows, random signs, compare with the wide plan): per token, two rows a tile; groups of 32
+# in a slice, paired products, with signs; nvfp4's dynamic global scale (the AMAX pass) over a row's two slices
+# (p = 128); int8 per token over a row's two slices, paired, against the wide plan (an odd row count, the last
+# tile half past the end: tests/hadamard/test_kron_wide_rows.py)
+CASES = [("fp8_e4m3", 108, 64, 2, True, False, False), ("mxfp4", 108, 64, 2, "pair", True, False),
+         ("nvfp4", 108, 128, 1, True, False, False), ("int8", 108, 128, 1, "pair", False, True)]
 
 
 @pytest.mark.parametrize("fmt, m, p, rows, wide_rows, with_signs, compare", CASES)
