@@ -118,3 +118,27 @@ def test_value_blocks_and_chunk_32():
     o, ht = forward_diag(q, k, v, g, s0, diag=4, chunk=32, BV=16)
     assert accuracy.error_over_floor(o, ref) <= FLOOR_MULTIPLE[4]
     assert accuracy.rel_rms(ht, ref_state) < 1e-3
+
+
+def test_switches_route_the_op(monkeypatch):
+    """configs.CHANNEL_FWD_DIAG / CHANNEL_FWD_BLOCKS on: the plan's forward takes diag 4 at its own blocks while
+    the backward keeps its chunk (and reads DIAG 4 as 0); the public op's output and gradients against float64
+    (float32 in the interpreter)."""
+    from tilecore.ops.linear_attention import configs, linear_attention
+
+    monkeypatch.setattr(configs, "CHANNEL_FWD_DIAG", 4)
+    monkeypatch.setattr(configs, "CHANNEL_FWD_BLOCKS", dict(BT=32, BV=128, warps=8, stages=2))
+    torch.manual_seed(4)
+    q, k, v, g, s0 = make(1, 50, 1, 2, 16, 16, dtype=F32, decay="channel", h0=True)
+    g = -torch.rand(g.shape) * 0.3
+    cfg = tl_plan(q, v, g, IDENTITY).config
+    assert (cfg["diag"], cfg["BT"], cfg["BV"], cfg["fwd_warps"], cfg["BT_BWD"]) == (4, 32, 16, 8, 64)
+    assert tl_plan(q, v, g, IDENTITY, 64).config["BT"] == 64  # a chunk the caller gives is kept
+    inputs = [t.requires_grad_() for t in (q, k, v, g, s0)]
+    o, ht = linear_attention(q, k, v, decay=g, initial_state=s0, return_final_state=True)
+    dout, dstate = torch.randn_like(o), torch.randn_like(ht)
+    grads = torch.autograd.grad((o * dout).sum() + (ht * dstate).sum(), inputs)
+    ref, ref_state, ref_grads = reference(q, k, v, g, s0, dout=dout, dstate=dstate)
+    assert accuracy.rel_rms(o, ref) < 1e-5 and accuracy.rel_rms(ht, ref_state) < 1e-5
+    for name, got, r in zip(("dq", "dk", "dv", "dg", "ds0"), grads, ref_grads):
+        assert accuracy.rel_rms(got, r) < (2e-4 if name == "dg" else 2e-5), name

@@ -37,6 +37,10 @@ CHANNEL_DIAG = 0
 # 0: off (the forward takes CHANNEL_DIAG) until experiments/linear_attention/gpu_gla.py checks it on the
 # H100 (a gated kernel: FLA's issue 640); on: 4
 CHANNEL_FWD_DIAG = 0
+# its blocks (chunk BT, value block BV, warps, stages) where Dk <= 128 and the caller gives no chunk; None: the
+# per-channel defaults (chunk 64, BV 64, 8 warps, 2 stages). sm_90a: at chunk 32, 8 warps, diag 3 spills nothing
+# at BV 64 or 128 (one program a head), diag 4 16 / 156 B; gpu_gla.py times both against chunk 64
+CHANNEL_FWD_BLOCKS: dict | None = None
 # per-channel decay with head dims over CHANNEL_WIDE: chunks of CHANNEL_WIDE_CHUNK (at 64 and Dk = Dv = 256
 # the dQ kernel staged 236 KiB of shared memory and the forward spilled 2.2 KB, sm_90a)
 CHANNEL_WIDE = 128

@@ -113,13 +113,20 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
             BV, fwd_stages = min(BVF, configs.BASED_FWD_BV), configs.BASED_FWD_STAGES
         else:
             BV, fwd_stages = min(BVF, max(16, configs.FWD_STATE_ELEMS // BK)), configs.FWD_STAGES[kind]
+    # per-channel decay's factored forward (diag 3, 4) at its own blocks where configs say (its chunk is the
+    # forward's alone: the backward keeps BT_BWD), unless the caller chose the chunk
+    fwd_chunk = chunk
+    fwd_blocks = configs.CHANNEL_FWD_BLOCKS
+    if kind == CHANNEL_DECAY and channel_diag(kind) in (3, 4) and fwd_blocks and not chunk_given and BK <= 128:
+        fwd_chunk, fwd_warps, fwd_stages = fwd_blocks["BT"], fwd_blocks["warps"], fwd_blocks["stages"]
+        BV = min(BVF, fwd_blocks["BV"])
     # the Gluon forward on Hopper (launch.forward runs it where gluon_forward.fits takes the tensors)
     fwd_gluon = (configs.GLUON_FORWARD and (kind, BK) in configs.GLUON_CHECKED and feature != BASED
                  and not dispatch.interpreted(q.device) and dispatch.gluon_ok(q.device))
     # Based's Gluon forward (gluon_based.py; launch.forward runs it where gluon_based.fits takes the tensors)
     fwd_gluon_based = (configs.GLUON_BASED and feature == BASED and kind == NO_DECAY
                        and not dispatch.interpreted(q.device) and dispatch.gluon_ok(q.device))
-    cfg = dict(BT=chunk, BT_BWD=BT_BWD, BK=BK, BV=BV, BVB=BVB, BVF=BVF, KB=KB, BKQ=BKQ, BKB=BKB, MMA=mma,
+    cfg = dict(BT=fwd_chunk, BT_BWD=BT_BWD, BK=BK, BV=BV, BVB=BVB, BVF=BVF, KB=KB, BKQ=BKQ, BKB=BKB, MMA=mma,
                IEEE=ieee, upcast=upcast, num_warps=bwd_warps, num_stages=configs.NUM_STAGES,
                fwd_warps=fwd_warps, fwd_stages=fwd_stages, fwd_gluon=fwd_gluon, gluon_stages=configs.GLUON_STAGES,
                fwd_gluon_based=fwd_gluon_based, gluon_based_stages=configs.GLUON_BASED_STAGES,
