@@ -2,15 +2,16 @@
 
     FP8_BUDGET_S=80 PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s28.py      (session 29's default, ~80 s)
     [--smoke] [--modes 1,4,2] [--all-modes] [--no-d64] [--variants tree] [--combos lmma+tree+late]
-    [--extra tree_fma8,tree_pp,late] [--extra64 tree_pp] [--probes noexp2,nomax,nosoftmax] [--with max_tree=1]
+    [--extra tree_fma8,tree_pp,late] [--extra64 tree_pp,c3e] [--probes noexp2,nomax,nosoftmax] [--with max_tree=1]
     [--default-has-lmma]
 
 Session 29's default (~80 s on the H100; what is left past FP8_BUDGET_S is skipped): diag of mode 1; a
 tail (B2 Hq8 Hkv2 N1000 Nk1100 D128 causal, per-block descales) of l_mma + tree; then at B16 H16 N4096, D128 and D64,
 non-causal and causal: default (l_mma off), l_mma1, bf16, l_mma1_tree, lmma+tree+late (+ rescale_late: O *= alpha
-between the S and P V issues, FlashAttention-3's place), tree (max_tree alone); at D128 non-causal also
+between the S and P V issues, FlashAttention-3's place), and last in each case tree (max_tree alone); at D128 non-causal also
 l_mma1_tree_fma8, l_mma1_tree_pp (ping-pong barriers) and late (rescale_late alone), then the probes noexp2 and nomax
-(timing only); at D64 also l_mma1_tree_pp (ping-pong flipped: on non-causal, off causal); each variant checked on two
+(timing only); at D64 also l_mma1_tree_pp (ping-pong flipped: on non-causal, off causal) and c3e (three consumers
+as the bf16 forward's D64, with P rounded early: cast_late spills 432 bytes there, early 0); each variant checked on two
 (batch, head) slices against float64 and the emulation before it is timed; last, the D64 tail of l_mma + tree and
 the D128 tail of lmma+tree+late.
 
@@ -78,7 +79,7 @@ def main():
     ap.add_argument("--variants", default="tree",
                     help="variants without l_mma timed in every case (default, l_mma and l_mma + tree always are): "
                     "any of the --extra names")
-    ap.add_argument("--extra64", default="tree_pp",
+    ap.add_argument("--extra64", default="tree_pp,c3e",
                     help="variants timed at D64 only (after the others), as --extra: c3 (three consumers: spills 432 "
                     "bytes at D64, sass_fp8.py), ...")
     ap.add_argument("--combos", default="lmma+tree+late",
@@ -236,7 +237,8 @@ def main():
                   tree=dict(max_tree=True), tree_fma8=dict(max_tree=True, exp2_fma_every=8),
                   tree_fma4=dict(max_tree=True, exp2_fma_every=4), c3=dict(consumers=3, pingpong=False),
                   tree_c3=dict(max_tree=True, consumers=3, pingpong=False),
-                  tree_pp=dict(max_tree=True, pingpong="flip"), late=dict(rescale_late=True), **{"tau0.8": dict(rescale_tau=0.8, p_shift=8)})
+                  tree_pp=dict(max_tree=True, pingpong="flip"), late=dict(rescale_late=True),
+                  c3e=dict(consumers=3, pingpong=False, cast_late=False), **{"tau0.8": dict(rescale_tau=0.8, p_shift=8)})
     if args.default_has_lmma:
         variants["no_l_mma"] = dict(l_mma=0)
     with_ = {k: int(v) if v.isdigit() else float(v) for k, v in (kv.split("=") for kv in args.with_.split(",") if kv)}
@@ -359,12 +361,13 @@ def main():
             first = ["default", "no_l_mma", lmma]
             names = [n for n in first if n in variants] + ["bf16"]
             rest = [n for n in variants if n not in first]
-            # l_mma's variants and the combos before the --variants ones (tree alone): the budget cuts the last
+            # l_mma's variants, the combos and the case's extras before the --variants ones (tree alone): the budget
+            # cuts the last
             alone = names_of(args.variants)
             names += [n for n in rest if "all" in where[n] and n not in alone]
-            names += [n for n in rest if "all" in where[n] and n in alone]
             names += [n for n in rest if "all" not in where[n] and (args.smoke or (
                 "d128" in where[n] and (D, causal) == (128, False)) or ("d64" in where[n] and D == 64))]
+            names += [n for n in rest if "all" in where[n] and n in alone]
             for name in names:
                 if left() < 8:
                     break
