@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tilecore import accuracy, dispatch
-from tilecore.ops.fft_conv import configs, fft_conv_reference, filter_spectrum, gluon_onepass
+from tilecore.ops.fft_conv import configs, fft_conv_reference, filter_spectrum, gluon_emulate, gluon_onepass
 from tilecore.ops.fft_conv import launch as conv_launch
 from tilecore.ops.fft_conv import plan as conv_plan
 
@@ -23,8 +23,9 @@ import json, re
 from tilecore.ops.fft_conv.report import gluon_variant
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 out = []
-for a, b, asynchronous, tma in ((32, 64, False, False), (32, 64, True, True), (64, 64, True, True)):
-    name, kernel, args, warps, _ = gluon_variant(a, b, 0, asynchronous, tma)
+for a, b, asynchronous, tma, chunk, rfft in ((32, 64, False, False, 0, False), (32, 64, True, True, 0, True),
+                                             (128, 64, True, True, 32, True)):
+    name, kernel, args, warps, _ = gluon_variant(a, b, 0, asynchronous, tma, chunk, rfft)
     compiled = compile_kernel(kernel, args, num_warps=warps)
     ptx = compiled.asm["ptx"]
     out.append(dict(name=name, waits=len(re.findall(r"wgmma\\.wait_group", ptx)),
@@ -38,17 +39,19 @@ def test_compiles_for_hopper_with_wgmma_and_no_spill():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
     r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    sync, tma, big = json.loads(r.stdout)
-    for row in (sync, tma, big):
+    sync, tma, chunked = json.loads(r.stdout)
+    for row in (sync, tma, chunked):
         assert row["wgmma"] and not row["wgmma_serialized"], row
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
         assert row["shared"] <= 227 * 1024 and row["threads"] == 128, row
     assert sync["shared"] <= 48 * 1024 and sync["registers"] <= 168, sync  # 3 programs a multiprocessor
+    assert tma["registers"] <= 168, tma
     # ASYNC: one wait a complex product (4 of them a pair), not one a wgmma
     assert tma["waits"] < sync["waits"], (tma, sync)
     # TMA: u and y by cp.async.bulk.tensor (the next pair's u on an mbarrier)
-    assert not sync["tma"] and tma["tma"] and tma["mbarrier"] and big["tma"], tma
+    assert not sync["tma"] and tma["tma"] and tma["mbarrier"] and chunked["tma"], tma
     assert tma["shared"] <= 56 * 1024, tma
+    assert "chunks of 32" in chunked["name"] and chunked["waits"] == 4, chunked  # 4096: a loop over 4 chunks
 
 
 def _correlation(u64, k64):
@@ -58,18 +61,33 @@ def _correlation(u64, k64):
 
 
 @pytest.mark.parametrize("n", [1024, 2048])
-@pytest.mark.parametrize("dtype, conj", [(torch.bfloat16, False), (torch.bfloat16, True), (torch.float16, False)])
-def test_kernel_arithmetic_matches_float64(n, dtype, conj):
+@pytest.mark.parametrize("dtype, conj, rfft", [(torch.bfloat16, False, False), (torch.bfloat16, True, True),
+                                               (torch.float16, False, True), (torch.bfloat16, True, False)])
+def test_kernel_arithmetic_matches_float64(n, dtype, conj, rfft):
     a, b = gluon_onepass.factors(n)
     g = torch.Generator().manual_seed(n + conj)
     u = torch.randn(3, 2, n, generator=g).to(dtype)  # an odd batch: the last pair's half absent
     k = (torch.randn(2, n, generator=g) / math.sqrt(n)).to(dtype)
-    y = gluon_onepass.emulate(u, filter_spectrum(k, n), conj, a, b)
+    y = gluon_emulate.emulate(u, filter_spectrum(k, n), conj, a, b, rfft)
     ref = (_correlation if conj else fft_conv_reference)(u.double(), k.double())
     assert torch.isfinite(y).all()
     err = accuracy.error_over_floor(y, ref)
     # bf16 at the pair kernel's 1.04x; fp16 at the float16 products' own ~2.4x
     assert err <= (1.2 if dtype == torch.bfloat16 else 3.5), err
+
+
+@pytest.mark.parametrize("n, chunk, variants", [(4096, 32, ((False, True), (True, True))), (2048, 16, ((True, False),))])
+def test_chunked_kernel_arithmetic_matches_float64(n, chunk, variants):
+    a, b = 2 * n // 64, 64
+    g = torch.Generator().manual_seed(n)
+    u = torch.randn(3, 1, n, generator=g).to(torch.bfloat16)
+    # a filter whose spectrum peaks away from chunk 0's bins: the running output scale grows
+    k = (torch.randn(1, n, generator=g) * torch.cos(torch.arange(n) * 2.9)).to(torch.bfloat16) / math.sqrt(n)
+    for conj, rfft in variants:  # (conj, the kernel's RFFT)
+        y = gluon_emulate.emulate_chunked(u, filter_spectrum(k, n), conj, a, b, chunk, rfft)
+        ref = (_correlation if conj else fft_conv_reference)(u.double(), k.double())
+        assert torch.isfinite(y).all()
+        assert accuracy.error_over_floor(y, ref) <= 1.2
 
 
 def test_kernel_arithmetic_keeps_nonfinite_and_scales_in_their_sequence():
@@ -80,7 +98,7 @@ def test_kernel_arithmetic_keeps_nonfinite_and_scales_in_their_sequence():
     u[2, 0, 17] = float("nan")  # its partner (u[3]) must stay finite
     u = u.to(torch.bfloat16)
     k = (torch.randn(1, n, generator=g) / math.sqrt(n)).to(torch.bfloat16)
-    y = gluon_onepass.emulate(u, filter_spectrum(k, n), False, 32, 64)
+    y = gluon_emulate.emulate(u, filter_spectrum(k, n), False, 32, 64)
     ref = fft_conv_reference(u.double(), k.double())
     assert torch.isnan(y[2]).all()
     for i in (0, 1, 3):
@@ -97,20 +115,24 @@ class _FakeLaunch:
         return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
 
 
-@pytest.mark.parametrize("per_sm, conj, tma", [(0, False, False), (3, True, False), (3, False, True)])
-def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm, conj, tma):
-    fake = _FakeLaunch()
-    monkeypatch.setattr(conv_launch, "_conv_gluon", fake)
+@pytest.mark.parametrize("per_sm, conj, tma, chunk, rfft", [
+    (0, False, False, 0, False), (3, True, False, 0, False), (3, False, True, 0, True), (1, True, True, 32, False),
+    (1, True, True, 32, True)])
+def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm, conj, tma, chunk, rfft):
+    fake, other = _FakeLaunch(), _FakeLaunch()
+    monkeypatch.setattr(conv_launch, "_conv_gluon_chunked" if chunk else "_conv_gluon", fake)
+    monkeypatch.setattr(conv_launch, "_conv_gluon" if chunk else "_conv_gluon_chunked", other)
     monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
     B, H, n = 5, 3, 1024
     u = torch.randn(B, H, n).to(torch.bfloat16)
     spectrum = filter_spectrum(torch.randn(H, n), n)
     y = torch.empty_like(u)
-    conv_launch.launch(conv_plan.gluon_plan(32, 64, per_sm, True, tma), u, spectrum, y, conj)
+    conv_launch.launch(conv_plan.gluon_plan(32, 64, per_sm, True, tma, chunk, rfft), u, spectrum, y, conj)
     (grid, args, kwargs), = fake.calls
+    assert not other.calls
     pairs = H * 3
     assert grid == ((pairs,) if per_sm == 0 else (min(pairs, 4 * per_sm),))
-    kernel = gluon_onepass.fft_conv_gluon_onepass_kernel
+    kernel = gluon_onepass.fft_conv_gluon_chunked_kernel if chunk else gluon_onepass.fft_conv_gluon_onepass_kernel
     names = [p.name for p in kernel.params]
     assert sorted(set(kwargs) - {"num_warps"}) == sorted(names[len(args):])
     bound = dict(zip(names, args)) | kwargs
@@ -120,9 +142,14 @@ def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm,
             assert desc.base is t and list(desc.shape) == [B, H, 16, 64] and list(desc.block_shape) == [2, 1, 16, 64]
             assert list(desc.strides) == [H * n, n, 64, 1]
     assert bound["U"] is u and bound["Y"] is y and bound["batch"] == B and bound["heads"] == H
-    assert bound["A"] == 32 and bound["B"] == 64 and bound["ASYNC"] is True and kwargs["num_warps"] == 4
-    tile = conv_launch.mono_spectrum(spectrum, 32, 64, 1, False, conj)
-    assert torch.equal(bound["K"], tile) and bound["stride_kh"] == 2 * 2 * n
+    assert bound["A"] == 32 and bound["B"] == 64 and kwargs["num_warps"] == 4
+    assert bound["CHUNK"] == chunk if chunk else bound["ASYNC"] is True
+    assert bound["RFFT"] is rfft and bound["CONJ"] is (conj and rfft)
+    if rfft:  # the rfft's bins as float32 pairs, conjugated in the kernel
+        assert torch.equal(bound["K"], torch.view_as_real(spectrum)) and bound["stride_kh"] == 2 * (n + 1)
+    else:
+        tile = conv_launch.mono_spectrum(spectrum, 32, 64, 1, False, conj)
+        assert torch.equal(bound["K"], tile) and bound["stride_kh"] == 2 * 2 * n
     ops = conv_launch.mono_operands(32, 64, 1, u.device)
     assert bound["TFRE"] is ops["TFRE"] and bound["FBIM"] is ops["FBIM"]
 
@@ -143,8 +170,14 @@ def test_plan_takes_the_kernel_only_behind_its_switch_on_hopper(monkeypatch):
 def test_gluon_plan_rejects_what_the_kernel_does_not_take():
     with pytest.raises(ValueError, match="a x 64"):
         conv_plan.gluon_plan(16, 128, 0)
+    with pytest.raises(ValueError, match="a x 64"):
+        conv_plan.gluon_plan(128, 64, 0)  # 4096 only chunked
+    with pytest.raises(ValueError, match="chunk"):
+        conv_plan.gluon_plan(128, 64, 0, chunk=48)
+    assert conv_plan.gluon_plan(128, 64, 1, tma=True, chunk=32).async_mma
     assert gluon_onepass.factors(1024) == (32, 64) and gluon_onepass.factors(2048) == (64, 64)
     for n, candidates in configs.GLUON_ONEPASS_CANDIDATES.items():
         for config in candidates:
             assert config[0] * config[1] == 2 * n
             conv_plan.gluon_plan(*config)
+    assert 4096 in configs.GLUON_ONEPASS_CANDIDATES

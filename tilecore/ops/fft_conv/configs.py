@@ -45,12 +45,17 @@ MONO_CANDIDATES = {  # (A, B, C, loop, warps[, permute[, kfull]]); sm_90a regist
 # is an entry here, e.g. GLUON_ONEPASS = {1024: (32, 64, 3, True, True)} (plan.plan takes it on Hopper
 # under a checked triton). sm_90a (registers, shared memory; no spill anywhere): 1024 148, 40 KiB (sync
 # or ASYNC; TMA: 51 KiB, sync 119 registers: 4 programs fit a multiprocessor); 2048 255 (ASYNC 209,
-# ASYNC + TMA 204), 64 KiB (TMA 84 KiB).
+# ASYNC + TMA 204), 64 KiB (TMA 84 KiB). A 6th entry, CHUNK > 0: the chunked kernel (the tile's columns
+# CHUNK at a time, ASYNC; N = 4096 as 128 x 64): 4096 at 32 203 registers, 145 KiB with TMA (one program a
+# multiprocessor), 243 / 104 KiB without; 2048 at 32 188, 77 KiB with TMA. A 7th, RFFT: the kernel reads
+# the rfft's bins itself (no host layout of the spectrum a call: H x 2N complex gathered, 12.6 MB at
+# 1024): 1024 166 registers (TMA, sync or ASYNC), 4096 chunked 255, no spill.
 GLUON_ONEPASS: dict = {}
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
-    1024: [(32, 64, 3, False, False), (32, 64, 3, True, False), (32, 64, 3, True, True), (32, 64, 4, False, True),
-           (32, 64, 0, True, True)],
-    2048: [(64, 64, 2, True, False), (64, 64, 2, True, True)],
+    1024: [(32, 64, 3, False, False), (32, 64, 3, True, False), (32, 64, 3, True, True),
+           (32, 64, 3, True, True, 0, True), (32, 64, 3, False, True, 0, True), (32, 64, 0, True, True, 0, True)],
+    2048: [(64, 64, 2, True, False), (64, 64, 2, True, True), (64, 64, 2, True, True, 32, True)],
+    4096: [(128, 64, 1, True, True, 32), (128, 64, 1, True, True, 32, True)],
 }
 
 # candidates the GPU check times per N: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]); loop: groups

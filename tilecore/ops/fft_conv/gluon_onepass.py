@@ -81,6 +81,26 @@ def _complex_mma(a1, b1, a2, b2, a3, b3, a4, b4, zeros, ASYNC: gl.constexpr, REG
 
 
 @gluon.jit
+def _spectrum_at(spectrum, f, L: gl.constexpr, RFFT: gl.constexpr, CONJ: gl.constexpr):
+    """The filter's spectrum at the bins f (float32 re, im). RFFT: ``spectrum`` is a channel's rfft bins
+    as (re, im) pairs (torch.view_as_real), bins past L/2 the conjugates of L - f, all conjugated with
+    CONJ; else the host's layout (launch.mono_spectrum: planes re, im of L, conjugated there)."""
+    if RFFT:
+        mirrored = f > L // 2
+        bin = gl.where(mirrored, L - f, f)
+        kre = gl.load(spectrum + 2 * bin)
+        kim = gl.load(spectrum + 2 * bin + 1)
+        if CONJ:
+            kim = gl.where(mirrored, kim, -kim)
+        else:
+            kim = gl.where(mirrored, -kim, kim)
+    else:
+        kre = gl.load(spectrum + f)
+        kim = gl.load(spectrum + L + f)
+    return kre, kim
+
+
+@gluon.jit
 def _load_half(ptr, b, batch, row_offset, offsets):
     """u[b, h, offsets] (row_offset = h * stride_h) as float32 divided by its largest |u|, non-finite
     elements zeroed; also (that scale, whether a non-finite element was there)."""
@@ -105,7 +125,8 @@ def _scaled(x):
 def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                                   A: gl.constexpr, B: gl.constexpr, ASYNC: gl.constexpr = False,
-                                  u_desc=None, y_desc=None, TMA: gl.constexpr = False):
+                                  u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
+                                  CONJ: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every
     channel h; work item w = h * groups + g, program p runs w = p, p + programs, ...
 
@@ -116,7 +137,8 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     product's four wgmmas issued at once, one wait (else one wait each). TMA: u and y through TMA
     descriptors of the (batch, heads, A/2, B) views, boxes [2, 1, A/2, B] (a pair; past the batch zeros
     in, clipped out), the next pair's u loaded into a second buffer while this one's products run
-    (else pointer loads and stores)."""
+    (else pointer loads and stores). RFFT: K is the rfft itself, (heads, N + 1) complex64 as float32 (re,
+    im) pairs, read at the tile's bins in the kernel (conjugated with CONJ): no host layout a call."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup")
     HALF: gl.constexpr = A // 2
@@ -205,8 +227,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         sre, sim = _complex_mma(fbre, tile_re, fbnim, tile_im, fbre, tile_im, fbim, tile_re, zeros, ASYNC, False)
         # the spectrum at f = k_a + A k_b (the tile's order), then one scale a pair for float16
         spectrum = K + h * stride_kh
-        kre = gl.load(spectrum + tab)
-        kim = gl.load(spectrum + L + tab)
+        kre, kim = _spectrum_at(spectrum, tab, L, RFFT, CONJ)
         yre = sre * kre - sim * kim
         yim = sre * kim + sim * kre
         spec_scale = gl.maximum(gl.max(gl.max(gl.abs(yre), axis=1), axis=0),
@@ -255,55 +276,181 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         mbarrier.invalidate(u_ready.index(1))
 
 
-def emulate(u, spectrum, conj: bool, a: int, b: int):
-    """The kernel's arithmetic in torch, step for step (the same tables, float16 roundings where the
-    kernel casts, float32 sums): Gluon cannot be interpreted, so the tests check the stage math, signs
-    and table indices here against float64. u (B, H, N) with 2N = a b; spectrum: the rfft (H, N + 1)."""
-    import torch
+@gluon.jit
+def _chained_mma(a1, b1, a2, b2, a3, b3, a4, b4, acc1, acc2):
+    """(acc1 + a1 b1 + a2 b2, acc2 + a3 b3 + a4 b4), the a operands in registers: four wgmmas, one wait."""
+    p = warpgroup_mma(a1, b1, acc1, is_async=True)
+    p = warpgroup_mma(a2, b2, p, is_async=True)
+    q = warpgroup_mma(a3, b3, acc2, is_async=True)
+    q = warpgroup_mma(a4, b4, q, is_async=True)
+    p, q, a1, a2, a3, a4 = warpgroup_mma_wait(0, deps=(p, q, a1, a2, a3, a4))
+    return p, q
 
-    from tilecore.ops.fft_conv.launch import mono_operands, mono_spectrum
 
-    Bt, H, N = u.shape
-    half, L = a // 2, a * b
-    ops = {name: t.float() for name, t in mono_operands(a, b, 1, u.device).items()}
-    tile = mono_spectrum(spectrum, a, b, 1, False, conj).view(H, 2, b, a)
-    fa1re, fa1im = ops["FARE"][:half], ops["FAIM"][:half]
-    fa2re, fa2im = ops["FARE"][:, :half], ops["FAIM"][:, :half]
-    fbre, fbim = ops["FBRE"], ops["FBIM"]
-    twre, twim = ops["TFRE"], ops["TFIM"]
-    h16 = lambda x: x.half().float()  # noqa: E731 (the kernel's float16 casts)
-    y = torch.empty(Bt, H, N, dtype=u.dtype)
-    x = u.float().reshape(Bt, H, half, b).transpose(-1, -2)  # x[m, a] = u[b a + m]: [b, half]
-    finite = torch.isfinite(x)
-    bad = ~finite.flatten(2).all(-1)
-    x = torch.where(finite, x, 0.0)
-    scale = x.abs().flatten(2).amax(-1)
-    scale = torch.where(scale > 0, scale, 1.0)
-    x = x / scale[..., None, None]
-    for h in range(H):
-        for g in range(0, Bt, 2):
-            xre = h16(x[g, h])
-            xim = h16(x[g + 1, h]) if g + 1 < Bt else torch.zeros_like(xre)
-            rre = xre @ fa1re + (-xim) @ fa1im
-            rim = xre @ fa1im + xim @ fa1re
+@gluon.jit
+def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
+                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
+                                  A: gl.constexpr, B: gl.constexpr, CHUNK: gl.constexpr,
+                                  u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
+                                  CONJ: gl.constexpr = False):
+    """fft_conv_gluon_onepass_kernel's convolution (same arguments) for larger A (N = 4096: A = 128), the
+    tile's k_a columns CHUNK at a time: stages 1..3' are column-wise (x @ F_A[:HALF, chunk], the twiddles,
+    F_B @ R, the spectrum and conj(F_B) @ Y act on each column alone), so a pair's registers hold one
+    [B, CHUNK] chunk and the [B, HALF] output, which sums the chunks' last products D_c @ conj(F_A)[chunk,
+    :HALF]. Each chunk's spectrum product has a scale of its own (a chunk's largest |Y|), undone on its
+    partial output: the output accumulates in the wgmma's accumulator at a running scale (the largest
+    chunk scale so far; the accumulator rescaled when it grows, as an online softmax's), each chunk's D
+    cast to float16 at its scale over the running one (<= 1). F_A[:HALF, :] and -Im of it are resident by
+    chunks ([HALF, CHUNK] each; the last product reads one transposed: F_A is symmetric); x goes to shared
+    memory once a pair (stage 1's A operand: no registers held across the chunks). The wgmmas are ASYNC
+    (one wait a complex product)."""
+    gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
+    gl.static_assert(gl.num_warps() == 4, "one warpgroup")
+    HALF: gl.constexpr = A // 2
+    L: gl.constexpr = A * B
+    CHUNKS: gl.constexpr = A // CHUNK
+    acc: gl.constexpr = wgmma_layout(B, CHUNK, 4)
+    acc_out: gl.constexpr = wgmma_layout(B, HALF, 4)
+    lhs_out: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_out, k_width=2)
+    io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
+    table: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+
+    chunk_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, CHUNK], gl.float16)
+    fare = gl.allocate_shared_memory(gl.float16, [CHUNKS, HALF, CHUNK], chunk_layout)  # F_A[:HALF, chunk c]
+    faim = gl.allocate_shared_memory(gl.float16, [CHUNKS, HALF, CHUNK], chunk_layout)
+    fanim = gl.allocate_shared_memory(gl.float16, [CHUNKS, HALF, CHUNK], chunk_layout)  # -Im F_A
+    for c in gl.static_range(CHUNKS):
+        fare.index(c).store(_load_square(FARE, HALF, CHUNK, A, c * CHUNK, table))
+        im = _load_square(FAIM, HALF, CHUNK, A, c * CHUNK, table)
+        faim.index(c).store(im)
+        fanim.index(c).store(-im)
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, HALF], gl.float16)
+    x_re = gl.allocate_shared_memory(gl.float16, [B, HALF], x_layout)  # the pair's x: stage 1's A operand
+    x_im = gl.allocate_shared_memory(gl.float16, [B, HALF], x_layout)
+    fbre = _resident(FBRE, B, B, B, 0, False, table)
+    fbim = _resident(FBIM, B, B, B, 0, False, table)
+    fbnim = _resident(FBIM, B, B, B, 0, True, table)
+    stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, CHUNK], gl.float16)
+    tile_re = gl.allocate_shared_memory(gl.float16, [B, CHUNK], stage_layout)
+    tile_im = gl.allocate_shared_memory(gl.float16, [B, CHUNK], stage_layout)
+    if TMA:
+        u_smem = gl.allocate_shared_memory(u_desc.dtype, [2] + u_desc.block_type.shape, u_desc.layout)
+        y_smem = gl.allocate_shared_memory(y_desc.dtype, y_desc.block_type.shape, y_desc.layout)
+        u_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(u_ready.index(0), count=1)
+        mbarrier.init(u_ready.index(1), count=1)
+    fence_async_shared()
+    gl.thread_barrier()
+
+    io_m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
+    io_a = gl.arange(0, HALF, layout=gl.SliceLayout(0, io))
+    seq = gl.expand_dims(io_a, 0) * B + gl.expand_dims(io_m, 1)
+    t_m = gl.arange(0, B, layout=gl.SliceLayout(1, acc))
+    t_k = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, acc))
+    tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(t_k, 0)  # chunk c: + c CHUNK
+    zeros = gl.zeros([B, CHUNK], gl.float32, acc)
+    zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
+
+    groups = gl.cdiv(batch, 2)
+    total = heads * groups
+    first = gl.program_id(0)
+    programs = gl.num_programs(0)
+    U_BYTES: gl.constexpr = 2 * HALF * B * U.dtype.element_ty.primitive_bitwidth // 8
+    if TMA:
+        if first < total:
+            mbarrier.expect(u_ready.index(0), U_BYTES)
+            tma.async_copy_global_to_shared(u_desc, [2 * (first % groups), first // groups, 0, 0], u_ready.index(0),
+                                            u_smem.index(0))
+    for w in range(first, total, programs):
+        h = (w // groups).to(gl.int64)
+        b_re = 2 * (w % groups)
+        b_im = b_re + 1
+        if TMA:
+            i = (w - first) // programs
+            after = w + programs
+            if after < total:
+                mbarrier.expect(u_ready.index((i + 1) % 2), U_BYTES)
+                tma.async_copy_global_to_shared(u_desc, [2 * (after % groups), after // groups, 0, 0],
+                                                u_ready.index((i + 1) % 2), u_smem.index((i + 1) % 2))
+            mbarrier.wait(u_ready.index(i % 2), (i // 2) & 1)
+            pair = u_smem.index(i % 2).reshape([2 * HALF, B])
+            xre, scale_re, bad_re = _scaled(pair.slice(0, HALF).permute((1, 0)).load(io))
+            xim, scale_im, bad_im = _scaled(pair.slice(HALF, HALF).permute((1, 0)).load(io))
+        else:
+            xre, scale_re, bad_re = _load_half(U, b_re, batch, b_re.to(gl.int64) * stride_ub + h * stride_uh, seq)
+            xim, scale_im, bad_im = _load_half(U, b_im, batch, b_im.to(gl.int64) * stride_ub + h * stride_uh, seq)
+        gl.thread_barrier()  # the previous pair's stage-1 wgmmas have read x
+        x_re.store(xre.to(gl.float16))
+        x_im.store(xim.to(gl.float16))
+        spectrum = K + h * stride_kh
+        ore = zeros_out
+        oim = zeros_out
+        running = scale_re * 0.0  # the output's scale so far (0: nothing yet)
+        fence_async_shared()
+        gl.thread_barrier()
+        for j in range(CHUNKS):  # (a loop, not unrolled: unrolled, every chunk's table loads went up front)
+            # 1. [B, HALF] @ F_A[:HALF, chunk] (x from shared memory); 2. twiddles
+            rre, rim = _complex_mma(x_re, fare.index(j), x_im, fanim.index(j), x_re, faim.index(j), x_im,
+                                    fare.index(j), zeros, True, False)
+            twre = gl.load(TFRE + tab + j * CHUNK)
+            twim = gl.load(TFIM + tab + j * CHUNK)
             rre, rim = rre * twre - rim * twim, rre * twim + rim * twre
-            rre, rim = h16(rre), h16(rim)
-            sre = fbre @ rre + (-fbim) @ rim
-            sim = fbre @ rim + fbim @ rre
-            kre, kim = tile[h, 0], tile[h, 1]
-            yre, yim = sre * kre - sim * kim, sre * kim + sim * kre
-            spec_scale = torch.maximum(yre.abs().max(), yim.abs().max())
-            spec_scale = torch.where(spec_scale > 0, spec_scale, 1.0)
-            yre, yim = h16(yre / spec_scale), h16(yim / spec_scale)
-            dre = fbre @ yre + fbim @ yim
-            dim = fbre @ yim + (-fbim) @ yre
+            # 3. F_B @ R_c
+            gl.thread_barrier()
+            tile_re.store(rre.to(gl.float16))
+            tile_im.store(rim.to(gl.float16))
+            fence_async_shared()
+            gl.thread_barrier()
+            sre, sim = _complex_mma(fbre, tile_re, fbnim, tile_im, fbre, tile_im, fbim, tile_re, zeros, True, False)
+            kre, kim = _spectrum_at(spectrum, tab + j * CHUNK, L, RFFT, CONJ)
+            yre = sre * kre - sim * kim
+            yim = sre * kim + sim * kre
+            chunk_scale = gl.maximum(gl.max(gl.max(gl.abs(yre), axis=1), axis=0),
+                                     gl.max(gl.max(gl.abs(yim), axis=1), axis=0))
+            chunk_scale = gl.where(chunk_scale > 0, chunk_scale, 1.0)  # (NaN stays NaN)
+            inv = 1.0 / chunk_scale
+            # 3'. conj(F_B) @ Y_c; 2'. conjugate twiddles
+            gl.thread_barrier()
+            tile_re.store((yre * inv).to(gl.float16))
+            tile_im.store((yim * inv).to(gl.float16))
+            fence_async_shared()
+            gl.thread_barrier()
+            dre, dim = _complex_mma(fbre, tile_re, fbim, tile_im, fbre, tile_im, fbnim, tile_re, zeros, True, False)
+            twre = gl.load(TFRE + tab + j * CHUNK)
+            twim = gl.load(TFIM + tab + j * CHUNK)
             dre, dim = dre * twre + dim * twim, dim * twre - dre * twim
-            dre, dim = h16(dre), h16(dim)
-            ore = dre @ fa2re + dim @ fa2im
-            oim = dim @ fa2re + (-dre) @ fa2im
-            for j, o in ((g, ore), (g + 1, oim)):
-                if j < Bt:
-                    o = o * (spec_scale / L * scale[j, h])
-                    o = torch.where(bad[j, h], float("nan"), o)
-                    y[j, h] = o.transpose(0, 1).reshape(N).to(u.dtype)
-    return y
+            # 1'. out += D_c @ conj(F_A)[chunk, :HALF] = D_c @ conj(F_A[:HALF, chunk])^T at the running scale
+            grown = gl.maximum(running, chunk_scale)
+            alpha = running / grown
+            ore = ore * alpha
+            oim = oim * alpha
+            running = grown
+            ratio = chunk_scale / grown
+            dre16 = gl.convert_layout((dre * ratio).to(gl.float16), lhs_out)
+            dim16 = gl.convert_layout((dim * ratio).to(gl.float16), lhs_out)
+            ore, oim = _chained_mma(dre16, fare.index(j).permute((1, 0)), dim16, faim.index(j).permute((1, 0)),
+                                    dim16, fare.index(j).permute((1, 0)), -dre16, faim.index(j).permute((1, 0)),
+                                    ore, oim)
+        ty: gl.constexpr = Y.dtype.element_ty
+        ore = gl.where(bad_re, float("nan"), ore * (running * scale_re / L))
+        oim = gl.where(bad_im, float("nan"), oim * (running * scale_im / L))
+        if TMA:
+            tma.store_wait(0)
+            gl.thread_barrier()
+            out = y_smem.reshape([2 * HALF, B])
+            out.slice(0, HALF).permute((1, 0)).store(ore.to(ty))
+            out.slice(HALF, HALF).permute((1, 0)).store(oim.to(ty))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(y_desc, [b_re, h.to(gl.int32), 0, 0], y_smem)
+        else:
+            ok = seq >= 0
+            gl.store(Y + b_re.to(gl.int64) * stride_yb + h * stride_yh + seq, gl.convert_layout(ore, io).to(ty),
+                     mask=ok & (b_re < batch))
+            gl.store(Y + b_im.to(gl.int64) * stride_yb + h * stride_yh + seq, gl.convert_layout(oim, io).to(ty),
+                     mask=ok & (b_im < batch))
+    if TMA:
+        tma.store_wait(0)
+        mbarrier.invalidate(u_ready.index(0))
+        mbarrier.invalidate(u_ready.index(1))
+

@@ -20,6 +20,8 @@ _dk_pair = CachedLaunch(kernels_pair.fft_conv_dk_pair_kernel)
 _conv_mono = CachedLaunch(kernels_mono.fft_conv_mono_kernel)
 _conv_gluon = CachedLaunch(lambda: importlib.import_module(
     "tilecore.ops.fft_conv.gluon_onepass").fft_conv_gluon_onepass_kernel)
+_conv_gluon_chunked = CachedLaunch(lambda: importlib.import_module(
+    "tilecore.ops.fft_conv.gluon_onepass").fft_conv_gluon_chunked_kernel)
 _long_columns = CachedLaunch(kernels_long.long_columns_kernel)
 _long_rows = CachedLaunch(kernels_long.long_rows_kernel)
 _long_inverse = CachedLaunch(kernels_long.long_inverse_columns_kernel)
@@ -178,18 +180,44 @@ def gluon_grid(plan: Plan, B: int, H: int, device: torch.device) -> int:
 
 
 def _launch_gluon(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj: bool) -> None:
-    """gluon_onepass.py's kernel: the spectrum laid out as its tile (conjugated here for the correlation),
-    the DFT matrices and the (B, A) twiddle table of mono_operands."""
+    """gluon_onepass.py's kernels: the spectrum as the kernel reads it (gluon_spectrum)."""
+    a, b = plan.n1, plan.n2
+    descs = gluon_descriptors(u, y, a, b) if plan.tma and tma_describable(u) and tma_describable(y) else None
+    launch_gluon_kernel(plan, u, gluon_spectrum(plan, spectrum, conj), y, descs, conj)
+
+
+def gluon_spectrum(plan: Plan, spectrum: torch.Tensor, conj: bool) -> torch.Tensor:
+    """The spectrum (H, N + 1) as the Gluon kernel of ``plan`` reads it: with plan.rfft its bins as float32
+    (re, im) pairs (the kernel conjugates), else laid out as the tile (mono_spectrum, conjugated here)."""
+    if plan.rfft:
+        spectrum = spectrum.resolve_conj()
+        return torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())
+    return mono_spectrum(spectrum, plan.n1, plan.n2, 1, False, conj)
+
+
+def launch_gluon_kernel(plan: Plan, u: torch.Tensor, kernel_spectrum: torch.Tensor, y: torch.Tensor,
+                        descs: tuple | None, conj: bool = False) -> None:
+    """The Gluon one-pass kernel of ``plan`` alone (the GPU check times it so): ``kernel_spectrum`` as
+    gluon_spectrum gives it (conj: the correlation, where the kernel conjugates: plan.rfft), ``descs``
+    gluon_descriptors(u, y, ...) or None (pointer loads and stores); the DFT matrices and the (B, A)
+    twiddle table of mono_operands."""
     B, H, N = u.shape
     a, b = plan.n1, plan.n2
     ops = mono_operands(a, b, 1, u.device)
-    tile_spectrum = mono_spectrum(spectrum, a, b, 1, False, conj)
-    descs = gluon_descriptors(u, y, a, b) if plan.tma and tma_describable(u) and tma_describable(y) else None
+    tile_spectrum = kernel_spectrum
+    options = dict(RFFT=plan.rfft, CONJ=conj and plan.rfft)
+    if plan.chunk:
+        _conv_gluon_chunked[(gluon_grid(plan, B, H, u.device),)](
+            u, tile_spectrum, y, ops["FARE"], ops["FAIM"], ops["FBRE"], ops["FBIM"], ops["TFRE"], ops["TFIM"],
+            B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), tile_spectrum.stride(0), A=a, B=b,
+            CHUNK=plan.chunk, u_desc=None if descs is None else descs[0],
+            y_desc=None if descs is None else descs[1], TMA=descs is not None, num_warps=4, **options)
+        return
     _conv_gluon[(gluon_grid(plan, B, H, u.device),)](
         u, tile_spectrum, y, ops["FARE"], ops["FAIM"], ops["FBRE"], ops["FBIM"], ops["TFRE"], ops["TFIM"],
         B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), tile_spectrum.stride(0), A=a, B=b,
         ASYNC=plan.async_mma, u_desc=None if descs is None else descs[0], y_desc=None if descs is None else descs[1],
-        TMA=descs is not None, num_warps=4)
+        TMA=descs is not None, num_warps=4, **options)
 
 
 def gluon_descriptors(u: torch.Tensor, y: torch.Tensor, a: int, b: int) -> tuple:

@@ -49,17 +49,26 @@ class Plan:
     per_sm: int = 0  # "gluon": persistent programs a multiprocessor (0: one program a pair)
     async_mma: bool = False  # "gluon": a complex product's four wgmmas issued at once, one wait
     tma: bool = False  # "gluon": u and y by TMA, the next pair's u loaded under this one's products
+    chunk: int = 0  # "gluon": the chunked kernel's columns a step (0: the whole-tile kernel)
+    rfft: bool = False  # "gluon": the kernel reads the rfft's bins itself (no host layout of the spectrum)
 
 
-def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool = False) -> Plan:
+def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool = False, chunk: int = 0,
+               rfft: bool = False) -> Plan:
     """The Gluon one-pass kernel (gluon_onepass.py): 2N = a b, b = 64; ``per_sm`` persistent programs a
     multiprocessor (0: one program a pair of sequences); ``async_mma``, ``tma``: its ASYNC and TMA (TMA
-    where u and y are describable: else pointer loads)."""
-    if b != 64 or a not in (32, 64):
-        raise ValueError(f"the Gluon one-pass kernel takes 2N = a x 64 with a = 32 or 64 (N = 1024, 2048); "
-                         f"got {a} x {b}")
-    return Plan("gluon", n1=a, n2=b, n3=1, num_warps=4, per_sm=per_sm, kfull=True, async_mma=async_mma,
-                tma=tma)
+    where u and y are describable: else pointer loads); ``chunk`` > 0: the chunked kernel (always ASYNC),
+    a's columns that many at a time (a = 32 .. 128: N up to 4096); ``rfft``: the kernel reads the rfft's
+    bins (else the host lays the spectrum out as the tile, launch.mono_spectrum, every call)."""
+    if chunk:
+        if b != 64 or a not in (32, 64, 128) or chunk not in (16, 32, 64) or a % chunk:
+            raise ValueError(f"the chunked Gluon one-pass kernel takes 2N = a x 64 with a = 32, 64 or 128 (N = "
+                             f"1024..4096) and a chunk of 16, 32 or 64 dividing a; got {a} x {b}, chunk {chunk}")
+    elif b != 64 or a not in (32, 64):
+        raise ValueError(f"the Gluon one-pass kernel takes 2N = a x 64 with a = 32 or 64 (N = 1024, 2048; the "
+                         f"chunked one to 4096); got {a} x {b}")
+    return Plan("gluon", n1=a, n2=b, n3=1, num_warps=4, per_sm=per_sm, kfull=True, async_mma=async_mma or chunk > 0,
+                tma=tma, chunk=chunk, rfft=rfft)
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:

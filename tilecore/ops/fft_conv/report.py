@@ -50,8 +50,8 @@ def mono_variant(a: int, b: int, c: int, loop: int, warps: int, permute: bool = 
             args, warps, False)
 
 
-def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False,
-                  tma: bool = False) -> tuple[str, object, dict, int, bool]:
+def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma: bool = False,
+                  chunk: int = 0, rfft: bool = False) -> tuple[str, object, dict, int, bool]:
     """The one-pass kernel in Gluon (gluon_onepass.fft_conv_gluon_onepass_kernel) at one configuration
     (per_sm: the grid only, not the compile)."""
     import torch
@@ -65,11 +65,16 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False,
     f32 = torch.empty(64, dtype=torch.float32)
     args = dict(U=t, K=f32, Y=t, FARE=f16, FAIM=f16, FBRE=f16, FBIM=f16, TFRE=f32, TFIM=f32, batch=16, heads=768,
                 stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=4 * n, A=a, B=b,
-                ASYNC=async_mma, TMA=tma)
+                ASYNC=async_mma, TMA=tma, RFFT=rfft, CONJ=False)
     if tma:
         rows = torch.empty(2, 1, n, dtype=torch.bfloat16)  # (the descriptors' type is what compiles)
         args["u_desc"], args["y_desc"] = gluon_descriptors(rows, rows, a, b)
-    extra = (", async" if async_mma else "") + (", TMA" if tma else "")
+    extra = (", async" if async_mma else "") + (", TMA" if tma else "") + (", rfft" if rfft else "")
+    if chunk:
+        del args["ASYNC"]
+        args["CHUNK"] = chunk
+        return (f"fft_conv gluon N{n} ({a}x{b}, chunks of {chunk}{extra.replace(', async', '')}, 4 warps)",
+                gluon_onepass.fft_conv_gluon_chunked_kernel, args, 4, True)
     return (f"fft_conv gluon N{n} ({a}x{b}{extra}, 4 warps)",
             gluon_onepass.fft_conv_gluon_onepass_kernel, args, 4, True)
 
