@@ -99,13 +99,10 @@ def later_cases():
 
     from tilecore.ops.linear_attention import mamba_dt
 
-    def mamba_step_dt_kernel():  # mamba2_step with its dt in one launch (mamba_dt.MAMBA_DT_KERNEL, off by default)
-        was, mamba_dt.MAMBA_DT_KERNEL = mamba_dt.MAMBA_DT_KERNEL, True
-        try:
-            return tilecore.mamba2_step(mstate, xm, dt, A, Bm, Cm)
-        finally:
-            mamba_dt.MAMBA_DT_KERNEL = was
-    RESETS["mamba2_step (dt kernel)"] = lambda: mstate.copy_(mstate0)
+    # mamba2_step's dt in one launch (mamba_dt.py, off by default: MAMBA_DT_KERNEL) against the torch ops the
+    # step runs on it now (clamp to dt_limit's default (0, inf), times A)
+    def dt_kernel():
+        return mamba_dt.mamba_dt(dt, None, A, (0.0, float("inf")), key=("host_time mamba_dt",))
 
     xq = torch.randn(64, 4096, **bf)
     h = torch.randn(4096, 4096, **bf) / 64
@@ -141,7 +138,8 @@ def later_cases():
                                   lambda: (state.add_(kl2.float()[..., None] * vl2.float()[..., None, :]),
                                            torch.einsum("bhf,bhfv->bhv", ql2.float(), state))),
         "mamba2_step": (lambda: tilecore.mamba2_step(mstate, xm, dt, A, Bm, Cm), mamba_torch),
-        "mamba2_step (dt kernel)": (mamba_step_dt_kernel, mamba_torch),
+        "mamba2_step's dt: one launch (torch: its two ops)": (dt_kernel, lambda: (dt.clamp(0.0, float("inf")),
+                                                                                    dt.clamp(0.0, float("inf")) * A)),
         "hadamard_quantize fp8": (lambda: tilecore.hadamard_quantize(xq, format="fp8_e4m3"),
                                   lambda: (xq @ h).to(torch.float8_e4m3fn)),
         "attention_fp8 N256": (lambda: tilecore.attention_fp8(q8f, k8f, v8f, q_scale=one, k_scale=one, v_scale=v8s,
@@ -263,7 +261,10 @@ def mamba_dt_check():
     on the GPU, bit for bit: strided / contiguous dt, with and without a bias, each dt_limit form, NaN and
     -0.0 entries. Returns {case: True/False/error}."""
     from tilecore.ops.linear_attention import mamba_dt
-    from tilecore.ops.linear_attention.op import _mamba_dt
+
+    def torch_ops(dt, bias, limit):  # what mamba2_step runs on dt without the kernel (op._mamba_dt, no softplus)
+        d = dt.float() if bias is None else dt.float() + bias.float()
+        return d.clamp(*limit) if limit[0] > float("-inf") or limit[1] < float("inf") else d
 
     results = {}
     gen = torch.Generator(device="cpu").manual_seed(3)
@@ -277,7 +278,7 @@ def mamba_dt_check():
                     dt[-1, -1] = -0.0
                     bias = torch.randn(H, generator=gen).to(DEV[0], torch.bfloat16) if with_bias else None
                     A = (-torch.rand(H, generator=gen) * 4).to(DEV[0])
-                    d_ref = _mamba_dt(dt, bias, False, limit)
+                    d_ref = torch_ops(dt, bias, limit)
                     g_ref = d_ref * A
                     d, g = mamba_dt.mamba_dt(dt, bias, A, limit)
                     results[name] = all(_same_bits_or_both_nan(a, b) for a, b in ((d, d_ref), (g, g_ref)))

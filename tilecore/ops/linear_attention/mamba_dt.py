@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl  # noqa: F401 (triton.jit below)
 
+from tilecore import dispatch
 from tilecore.tiles.launch import CachedLaunch, cdiv
 
 # the switch: True once a GPU run found the kernel's dt_eff and g equal to the torch ops' bit for bit
@@ -57,6 +58,12 @@ def fits(dt: torch.Tensor, dt_bias, A: torch.Tensor, dt_softplus: bool) -> bool:
 def mamba_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, A: torch.Tensor, dt_limit, key=None):
     """(dt_eff, g) float32 (B, H) contiguous: clamp(dt + dt_bias, *dt_limit) and dt_eff * A. ``key``: the
     step's launch key (it fixes every argument's specialization: the outputs are fresh), or None."""
+    if dispatch.backend_for(dt.device) == "reference":  # CPU tensors without the interpreter: torch's ops
+        dt_eff = dt.float() if dt_bias is None else dt.float() + dt_bias.float()
+        if dt_limit[0] > float("-inf") or dt_limit[1] < float("inf"):
+            dt_eff = dt_eff.clamp(dt_limit[0], dt_limit[1])
+        dt_eff = dt_eff.contiguous()
+        return dt_eff, dt_eff * A.float()
     B, H = dt.shape
     dt_eff = torch.empty((B, H), dtype=torch.float32, device=dt.device)
     g = torch.empty((B, H), dtype=torch.float32, device=dt.device)
