@@ -123,14 +123,14 @@ def poisoned(shape, dtype, dev):
 # check
 
 
-def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None, dq_from=None):
+def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None, dq_from=None, zero_tail=None):
     from tilecore import accuracy
     from tilecore.ops.attention import varlen
     from tilecore.ops.attention.reference_varlen import varlen_reference
 
     name = (f"gluon varlen bwd {str(dtype)[6:]} q{lens_q if len(lens_q) <= 8 else f'[{len(lens_q)} seqs]'}"
             f" k{lens_k if len(lens_k) <= 8 else f'[{len(lens_k)} seqs]'} H{hq}/{hkv} D{d} {options}"
-            + (f" dq_from={dq_from}" if dq_from else ""))
+            + (f" dq_from={dq_from}" if dq_from else "") + (f" zero_tail={zero_tail}" if zero_tail else ""))
     if over_budget(name):
         return
     dev = _device()
@@ -147,7 +147,8 @@ def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None, dq_from=No
     dlse = torch.randn_like(lse)
     bufs, grads = zip(*(poisoned(t.shape, dtype, dev) for t in (q, k, v)))
     is_causal = causal or left >= 0 or right >= 0
-    config = variant(d, is_causal, dq_from=dq_from) if dq_from else None
+    changes = dict(({"dq_from": dq_from} if dq_from else {}), **({"zero_tail": zero_tail} if zero_tail else {}))
+    config = variant(d, is_causal, **changes) if changes else None
     gluon_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=grads,
                    config=config)
     tl_grads = varlen.backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap)
@@ -497,6 +498,44 @@ def time_matched(h=16, d=128):
         guarded(f"time matched {label}")(one)()
 
 
+def run_zero_tail():
+    """--zero-tail (session 29): ZERO_TAIL 2, config zero_tail "checked" (the neighbours' rows zeroed only in
+    the sequences varlen.neighbour_rows_nonfinite marks): checks (finite odd lengths: nothing marked, the plain
+    math; inf / NaN next door with dQ split and fused), then the 64K long-tailed causal backward's time
+    shipped (zero_tail off), zero_tail on (every sequence) and checked (nothing marked: the flags' pass and
+    the kernel's code), interleaved twice against drift."""
+    bf16 = torch.float16 if SMOKE else torch.bfloat16
+    d = 16 if SMOKE else 128
+    lens = [1, 0, 37, 5, 20] if SMOKE else [1, 0, 777, 63, 1500, 2]
+    guarded("check zero_tail checked")(check)(bf16, lens, lens, 2 if SMOKE else 16, 2 if SMOKE else 16, d,
+                                              {"causal": True}, None, "gluon", "checked")
+    guarded("check non-finite neighbour, zero_tail checked")(check_neighbour_nonfinite)("checked", "gluon")
+    guarded("check non-finite neighbour, zero_tail checked, fused")(check_neighbour_nonfinite)("checked", "fused")
+    lengths = [16, 40, 3, 25] if SMOKE else long_tailed_lengths(65536)
+    h = 2 if SMOKE else 16
+    dev = _device()
+    total = sum(lengths)
+    cu = cu_of(lengths, dev)
+    scale = d ** -0.5
+    q, k, v = (torch.randn(total, h, d, dtype=bf16, device=dev) for _ in range(3))
+    out, lse = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
+    dout = torch.randn_like(out)
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+    row = {"case": f"zero_tail long-tailed: {len(lengths)} seqs, {total} tokens, H{h} D{d} causal, dq split (ms)"}
+    RESULTS["time"].append(row)
+    for rep_ in range(2):
+        for name, zt in (("off", False), ("on", True), ("checked", "checked")):
+            if over_budget(f"time zero_tail {name}", 5.0):
+                continue
+            cfg = variant(d, True, dq_from="gluon", zero_tail=zt)
+            guarded(f"time zero_tail {name}")(lambda name=name, cfg=cfg: row.__setitem__(
+                f"{name}_{rep_}", bench(lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1,
+                                                               -1, 0.0, grads=grads, config=cfg))))()
+    for name in ("on", "checked"):
+        if f"{name}_1" in row and "off_1" in row:
+            row[f"{name}_over_off"] = (row[f"{name}_0"] + row[f"{name}_1"]) / (row["off_0"] + row["off_1"])
+
+
 def table():
     lines = ["", "== check =="]
     for r in RESULTS["check"]:
@@ -556,6 +595,8 @@ def main():
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds before later cases are skipped")
     parser.add_argument("--no-time", action="store_true")
     parser.add_argument("--probe", choices=("fused", "split"), help="(internal) the first check on one path")
+    parser.add_argument("--zero-tail", action="store_true",
+                        help="only zero_tail 'checked' (ZERO_TAIL 2): its checks and its cost, <= 90 s")
     parser.add_argument("--matched", action="store_true",
                         help="only the varlen vs fixed-length timing at matched lengths (no checks), <= 90 s")
     args = parser.parse_args()
@@ -563,6 +604,14 @@ def main():
     START[0] = time.time()
     out_dir = os.environ.get("OUT", "/tmp/out")
     os.makedirs(out_dir, exist_ok=True)
+    if args.zero_tail:
+        run_zero_tail()
+        text = table()
+        with open(os.path.join(out_dir, "gpu_varlen_bwd_zero_tail.json"), "w") as f:
+            json.dump({"meta": _meta(), **RESULTS, "elapsed_s": time.time() - START[0]}, f, indent=1, default=str)
+        print(text)
+        print(f"elapsed {time.time() - START[0]:.1f} s")
+        return
     if args.matched:
         guarded("time matched")(time_matched)(h=2 if SMOKE else 16, d=16 if SMOKE else 128)
         text = table()

@@ -52,6 +52,9 @@ from tilecore.tiles.gluon import Layout, TileOperand, mask_scores, needs_mask, r
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+# config zero_tail -> the kernel's ZERO_TAIL: off, every sequence, or the sequences whose neighbour rows a box
+# reads hold an inf / NaN ("checked": varlen.neighbour_rows_nonfinite's flags, one pass over those rows)
+ZERO_TAIL_MODES = {False: 0, True: 1, "checked": 2}
 
 
 @struct
@@ -73,6 +76,7 @@ class VarlenKeyTile:
     N: object
     Nk: object
     r: object
+    zero: object  # ZERO_TAIL: whether this tile zeroes the neighbours' rows (2: where tail_flags marks its sequence)
 
 
 @struct
@@ -101,6 +105,7 @@ class VarlenBackward:
     left: object  # WINDOW: keys seen before and after a query's position (unbounded: past any distance)
     right: object
     tanh_scale: object  # SOFTCAP: scale / cap (scale_log2e is then cap log2(e))
+    tail_flags: object  # ZERO_TAIL 2: (sequences,) int32, nonzero where a box reads a non-finite neighbour row
     CAUSAL: gl.constexpr
     BM: gl.constexpr
     BN: gl.constexpr  # one consumer's keys
@@ -109,7 +114,8 @@ class VarlenBackward:
     KV_REGS: gl.constexpr
     WINDOW: gl.constexpr
     SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
-    ZERO_TAIL: gl.constexpr  # zero the next sequence's rows in shared memory (zero_rows_outside)
+    ZERO_TAIL: gl.constexpr  # zero the next sequence's rows in shared memory (zero_rows_outside): 0 never,
+    # 1 every sequence, 2 the sequences tail_flags marks (varlen.neighbour_rows_nonfinite)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -141,8 +147,11 @@ class VarlenBackward:
         else:
             per_head = gl.where(N > 0, gl.maximum(gl.cdiv(N + r, self.BM) - first_mb, 0), 0)
         shift = key_block % gl.maximum(per_head, 1)
+        zero = real
+        if self.ZERO_TAIL == 2:  # only where a neighbour's row a box reads holds an inf or NaN
+            zero = real & (gl.load(self.tail_flags + b) != 0)
         tile = VarlenKeyTile(start_n, hk, first_mb, per_head, shift, key_block % self.GROUP, 1.0 / self.GROUP, q0, k0,
-                             N, Nk, r)
+                             N, Nk, r, zero)
         return tile, per_head * self.GROUP
 
     @gluon.jit
@@ -186,7 +195,10 @@ class VarlenBackward:
     def start(self, ctx, tile, prev):
         if self.ZERO_TAIL:  # this consumer's K and V rows past Nk (the next sequence's) set to 0, once a tile
             keep = tile.Nk - (tile.start_n + ctx.index * self.BN)
-            if keep < self.BN:
+            zero_now = keep < self.BN
+            if self.ZERO_TAIL == 2:  # only the sequences whose neighbour rows hold an inf / NaN
+                zero_now = zero_now & tile.zero
+            if zero_now:
                 for j in gl.static_range(2):
                     rows = ctx.operand.index(j).reshape([2 * self.BN, self.D]).slice(ctx.index * self.BN, self.BN)
                     self.zero_rows_outside(rows, 0, keep)
@@ -300,7 +312,10 @@ class VarlenBackward:
         q = stage.q.reshape([BM, D])
         do = stage.do.reshape([BM, D])
         if self.ZERO_TAIL:  # the step's rows before 0 or past N (the neighbours'): Q, dO 0, lse +inf, delta 0
-            if (start_m < 0) | (start_m + BM > tile.N):
+            zero_now = (start_m < 0) | (start_m + BM > tile.N)
+            if self.ZERO_TAIL == 2:
+                zero_now = zero_now & tile.zero
+            if zero_now:
                 self.zero_stats_outside(stage.stats, -start_m, tile.N - start_m)
                 self.zero_rows_outside(q, -start_m, tile.N - start_m)
                 self.zero_rows_outside(do, -start_m, tile.N - start_m)
@@ -326,8 +341,9 @@ class VarlenBackward:
             delta_cols = _stat_columns(stage.stats, 1, st_layout)
             dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-        if self.ZERO_TAIL:  # the neighbours' queries: dS exactly 0 (0 times this sequence's own inf in dP^T is
-            # NaN, which the fused dQ's reduction would add to their rows)
+        if self.ZERO_TAIL and ((MODE != 0) or (self.ZERO_TAIL == 1)):  # the neighbours' queries: dS exactly 0
+            # (0 times this sequence's own inf in dP^T is NaN, which a dQ reduced in the kernel would add to their
+            # rows; with dQ after the kernel (MODE 0) nothing is added next door: ZERO_TAIL 2 leaves it out there)
             if (start_m < 0) | (start_m + BM > tile.N):
                 queries = start_m + gl.arange(0, BM, layout=gl.SliceLayout(0, st_layout))
                 ds_t = gl.where(gl.expand_dims((queries >= 0) & (queries < tile.N), 0), ds_t, 0.0)
@@ -403,14 +419,15 @@ class VarlenBackward:
 @gluon.jit
 def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, dk_ptr,
                                 dv_ptr, kv_row_stride, cu_q, cu_k, work, num_tiles, GROUP, scale, scale_log2e, left,
-                                right, tanh_scale, tile_counter, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                                DQ: gl.constexpr, KV_REGS: gl.constexpr = False, WINDOW: gl.constexpr = False,
-                                SOFTCAP: gl.constexpr = 0, ZERO_TAIL: gl.constexpr = False):
+                                right, tanh_scale, tile_counter, tail_flags, CAUSAL: gl.constexpr,
+                                STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False,
+                                WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, ZERO_TAIL: gl.constexpr = 0):
     """dK, dV and (added to dq_desc's float32 tensor) dQ of packed attention for every work item
     (varlen.work_table over the keys); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp drawing its tiles from ``tile_counter`` (None: program p takes tiles p, p + P, ...).
     WINDOW (not with CAUSAL: folded in) and SOFTCAP as the fixed kernel's; ZERO_TAIL: the next
-    sequence's rows a box reads are zeroed in shared memory (an inf or NaN there stays there)."""
+    sequence's rows a box reads are zeroed in shared memory (an inf or NaN there stays there): 1 in every
+    sequence, 2 in those ``tail_flags`` (int32 a sequence; None otherwise) marks."""
     gl.static_assert(not (WINDOW and CAUSAL), "causal is folded into the window")
     gl.static_assert(DQ == 0 or DQ == 1 or DQ == 3, "dQ after the kernel (0), fused (1) or lagged (3)")
     BM: gl.constexpr = q_desc.block_type.shape[1]
@@ -426,8 +443,8 @@ def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_des
     dq_staging = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape, dq_desc.layout)
     op = VarlenBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, dk_ptr, dv_ptr,
                         kv_row_stride, cu_q, cu_k, work, GROUP, scale, scale_log2e, ds_smem, ds_full, ds_free,
-                        dq_staging, left, right, tanh_scale, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW, SOFTCAP,
-                        ZERO_TAIL)
+                        dq_staging, left, right, tanh_scale, tail_flags, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW,
+                        SOFTCAP, ZERO_TAIL)
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(k_desc, COUNT=2, SHARED=True), tile_counter=tile_counter)
     stages = QStage(ring(q_desc, STAGES), ring(stats_desc, STAGES), ring(do_desc, STAGES))
@@ -647,9 +664,10 @@ def compiled_backward(d: int = 128, causal: bool = True, softcap: int = 0, dtype
                 dq_desc=TmaOperand(dq_sum, [1, bm, d // 2]).descriptor(), dk_ptr=kv, dv_ptr=kv,
                 kv_row_stride=kv.stride(0), cu_q=i32, cu_k=i32, work=i32, num_tiles=4096, GROUP=group, scale=0.1,
                 scale_log2e=0.1, left=1000, right=0, tanh_scale=0.1, tile_counter=torch.zeros(1, dtype=torch.int32),
+                tail_flags=i32 if cfg.get("zero_tail") == "checked" else None,
                 CAUSAL=causal and not window, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
                 KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=softcap,
-                ZERO_TAIL=cfg.get("zero_tail", False))
+                ZERO_TAIL=ZERO_TAIL_MODES[cfg.get("zero_tail", False)])
     return compile_kernel(attention_varlen_bwd_kernel, args, num_warps=4)
 
 

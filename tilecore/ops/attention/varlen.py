@@ -418,6 +418,35 @@ def gluon_backward_fits(q, k, v, causal, left, right, use_gluon=None, features=N
             and all(tma_describable(t.transpose(0, 1)) for t in (q, k, v)))
 
 
+def neighbour_rows_nonfinite(q, k, v, dout, stats, cu_q, cu_k, block_m: int, tile_n: int) -> torch.Tensor:
+    """(sequences,) int32, nonzero where a row that the Gluon varlen backward's boxes read outside the
+    sequence holds an inf or NaN: the up to 3 rows before its first query block's own (query blocks start
+    at packed rows that are multiples of 4), the block_m rows after its last query, their row statistics
+    (``stats`` (Hq, 2, total_q): lse, delta), and the tile_n keys after its last key. Torch ops on the
+    device (no host sync: CUDA-graph capturable), reading ~(block_m + 3) query rows and tile_n key rows a
+    sequence; the kernel's ZERO_TAIL 2 zeroes those rows in shared memory only for the sequences marked."""
+    total_q, total_k = q.shape[0], k.shape[0]
+    dev = q.device
+
+    def rows(at, total):  # packed rows clamped into the tensor, and which of them exist
+        return at.clamp(0, max(total - 1, 0)), (at >= 0) & (at < total)
+
+    q_at, q_in = rows(torch.cat([cu_q[:-1].to(torch.int64).unsqueeze(1) + torch.arange(-3, 0, device=dev),
+                                 cu_q[1:].to(torch.int64).unsqueeze(1) + torch.arange(block_m, device=dev)], 1),
+                      total_q)
+    k_at, k_in = rows(cu_k[1:].to(torch.int64).unsqueeze(1) + torch.arange(tile_n, device=dev), total_k)
+    bad = torch.zeros(q_at.shape[0], dtype=torch.bool, device=dev)
+    for t in (q, dout):
+        bad |= (~torch.isfinite(t[q_at]).flatten(2).all(2) & q_in).any(1)
+    lse_rows, delta_rows = stats[:, 0, q_at], stats[:, 1, q_at]  # (Hq, sequences, rows)
+    # lse +inf: a row that sees no key (its p is 0 either way); NaN or -inf would make p NaN
+    stats_ok = (~torch.isnan(lse_rows) & (lse_rows != float("-inf")) & torch.isfinite(delta_rows)).all(0)
+    bad |= (~stats_ok & q_in).any(1)
+    for t in (k, v):
+        bad |= (~torch.isfinite(t[k_at]).flatten(2).all(2) & k_in).any(1)
+    return bad.to(torch.int32)
+
+
 def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None,
                    config=None, tanh_approx=None):
     """(dq, dk, dv) by the Gluon varlen backward (gluon_varlen_backward.py) after the fixed path's
@@ -453,6 +482,9 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
     scale_log2e, tanh_scale, mode = gluon_scores(scale, softcap, tanh_approx)
     wl, wr = gluon_window(causal, left, right, total_q, total_k)
     grid = (min(num_tiles, dispatch.num_sms(q.device)),)
+    zero_tail = cfg.get("zero_tail", False)
+    tail_flags = (neighbour_rows_nonfinite(q, k, v, dout, stats, cu_q, cu_k, block_m, 2 * block_n)
+                  if zero_tail == "checked" else None)
     with dispatch.on_device(q.device):
         GLUON_VARLEN_BWD[grid](
             packed_operand(q, block_m), packed_operand(k, 2 * block_n), packed_operand(v, 2 * block_n),
@@ -460,9 +492,9 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
             row_stats_operand(stats, block_m), TmaOperand(dq_sum, [1, 1 if dq_after else block_m, d // 2]), dk, dvv,
             dk.stride(0),
             cu_q, cu_k, work, num_tiles, hq // hkv, scale, scale_log2e, wl, wr, tanh_scale, tile_counter(q.device),
-            CAUSAL=is_causal, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
-            KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=mode, ZERO_TAIL=cfg.get("zero_tail", False),
-            num_warps=4)
+            tail_flags, CAUSAL=is_causal, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
+            KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=mode,
+            ZERO_TAIL={False: 0, True: 1, "checked": 2}[zero_tail], num_warps=4)
     if not dq_after:
         dq.copy_(dq_sum.transpose(0, 1))
         return dq, dk, dvv
@@ -476,7 +508,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
             packed_operand(dout, 2 * dq_m), packed_operand(dq, dq_m), dq, dq.stride(0), lse, delta, total_q, cu_q,
             cu_k, work, work.shape[0], hq // hkv, scale, scale_log2e, wl, wr, tanh_scale, tile_counter(q.device),
             CAUSAL=is_causal, STAGES=dq_cfg["stages"], WINDOW=window, SOFTCAP=mode,
-            ZERO_TAIL=cfg.get("zero_tail", False), num_warps=4)
+            ZERO_TAIL=bool(zero_tail), num_warps=4)  # its K / V zeroing: once a tile, every sequence
     return dq, dk, dvv
 
 
