@@ -195,7 +195,12 @@ VARLEN_GLUON_BACKWARD_CONFIG = {(64, False): dict(block_m=64, block_n=64, stages
 # in a sequence's last query block) zeroed in shared memory, so that an inf / NaN there stays in its
 # sequence (gluon_varlen_backward.ZERO_TAIL; D128 spills causal 348 B as without it, no mask 568 against 300;
 # unchecked on a GPU: run 10's budget skipped its rows). Without it an inf / NaN in the next sequence's first
-# rows can turn this sequence's last rows' gradients NaN (never finite and wrong): varlen.py's docstring says so
+# rows can turn this sequence's last rows' gradients NaN (never finite and wrong): varlen.py's docstring says so.
+# Session 29's H100 run 1: on, right with a neighbour's inf / NaN and +7-8% on the 64K long tail (5.53-5.59 ms
+# against 5.17); off, the first sequence's gradients were not finite. "checked" (ZERO_TAIL 2): the zeroing only in
+# sequences whose neighbour rows a box reads hold an inf / NaN (varlen.neighbour_rows_nonfinite: one pass over
+# ~67 query and 128 key rows a sequence; sm_90a D128 causal split: spills 276 / 376 B against on's 300 / 392 and
+# off's 128 / 188; the default's PTX unchanged); gpu_varlen_bwd.py --zero-tail checks and times it
 VARLEN_GLUON_BACKWARD_ZERO_TAIL = False
 
 
