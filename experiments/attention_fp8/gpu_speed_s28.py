@@ -2,18 +2,19 @@
 
     FP8_BUDGET_S=80 PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s28.py      (session 29's default, ~80 s)
     [--smoke] [--modes 1,4,2] [--all-modes] [--no-d64] [--variants tree] [--combos lmma+tree+late]
-    [--extra tree_fma8,tree_pp,late] [--extra64 tree_pp,c3e] [--probes noexp2,nomax,nosoftmax] [--with max_tree=1]
+    [--extra tree_pp,late,tree_fma8] [--extra64 tree_pp,c3e] [--probes noexp2,nomax,nosoftmax] [--with max_tree=1]
     [--default-has-lmma]
 
-Session 29's default (~80 s on the H100; what is left past FP8_BUDGET_S is skipped): diag of mode 1; a
-tail (B2 Hq8 Hkv2 N1000 Nk1100 D128 causal, per-block descales) of l_mma + tree; then at B16 H16 N4096, D128 and D64,
-non-causal and causal: default (l_mma off), l_mma1, bf16, l_mma1_tree, lmma+tree+late (+ rescale_late: O *= alpha
-between the S and P V issues, FlashAttention-3's place), and last in each case tree (max_tree alone); at D128 non-causal also
-l_mma1_tree_fma8, l_mma1_tree_pp (ping-pong barriers) and late (rescale_late alone), then the probes noexp2 and nomax
-(timing only); at D64 also l_mma1_tree_pp (ping-pong flipped: on non-causal, off causal) and c3e (three consumers
-as the bf16 forward's D64, with P rounded early: cast_late spills 432 bytes there, early 0); each variant checked on two
-(batch, head) slices against float64 and the emulation before it is timed; last, the D64 tail of l_mma + tree and
-the D128 tail of lmma+tree+late.
+Session 29's default (~80 s on the H100; what is left past FP8_BUDGET_S is skipped): diag of mode 1; a tail (B2 Hq8
+Hkv2 N1000 Nk1100 D128 causal, per-block descales) of l_mma + tree; then at B16 H16 N4096, D128 and D64, non-causal
+and causal, pass 1: default (l_mma off), l_mma1, bf16, l_mma1_tree, lmma+tree+late (+ rescale_late: O *= alpha
+between the S and P V issues, FlashAttention-3's place), and at D128 non-causal tree (max_tree alone); pass 2, while
+the budget lasts (D128 non-causal, D64, D64 causal, D128 causal): the probes noexp2 and nomax (D128 non-causal,
+timing only), l_mma1_tree_pp (ping-pong barriers) and late (rescale_late alone) at D128 non-causal, l_mma1_tree_pp
+(ping-pong flipped: on non-causal, off causal) and c3e (three consumers as the bf16 forward's D64, with P rounded
+early: cast_late spills 432 bytes there, early 0) at D64, tree alone elsewhere; each variant checked on two (batch,
+head) slices against float64 and the emulation before it is timed; last, the D64 tail of l_mma + tree and the D128
+tail of lmma+tree+late.
 
 Session 28's diagnosis (notes/attention_fp8/runs/diag_lmma_session28_h100.txt): with l_mma the kernel's l was half the
 true l (0.500-0.5015 for q = 0, 0.42-0.60 a row for random scores), in every tile and consumer. Run 5
@@ -90,7 +91,7 @@ def main():
                     help="timing probes (WRONG results, not checked) right after D128 non-causal: noexp2 (l_mma + tree "
                     "with 2^x replaced by x: the step without the MUFU), nomax (l_mma without the row max), nosoftmax "
                     "(the step without its softmax)")
-    ap.add_argument("--extra", default="tree_fma8,tree_pp,late",
+    ap.add_argument("--extra", default="tree_pp,late",
                     help="variants timed beside l_mma at D128 non-causal, comma-separated: fma8, fma4 (exp2 one in 8 "
                     "/ 4 on the FMA units), pingpong (flipped), tau0.8 (conditional rescaling), tree (the row max "
                     "as a tree: gluon_fp8.row_max_tree), tree_fma8, tree_fma4, c3 (three consumers)")
@@ -336,72 +337,97 @@ def main():
                 rec.setdefault("probe_errors", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
                 traceback.print_exc()
 
-    # 3. the timed problems (the probes right after D128 non-causal)
+    # 3. the timed problems, in two passes so that the budget keeps every case's core comparison: pass 1 in every case
+    # the default, l_mma, bf16, l_mma + tree and the combos (+ tree alone at D128 non-causal); pass 2 (while the budget
+    # lasts) the probes (D128 non-causal), the extras (--extra at D128 non-causal, --extra64 at D64) and tree alone,
+    # D128 non-causal first, then D64, D64 causal, D128 causal
     if args.smoke:
         cases = [(1, 1, 160, 64, True)]
     else:
         cases = [(16, 16, 4096, 128, False), (16, 16, 4096, 128, True)]
         if d64:
             cases += [(16, 16, 4096, 64, False), (16, 16, 4096, 64, True)]
-    for (B, H, N, D, causal) in cases:
-        if left() < 10:
-            print("cases: out of time budget", flush=True)
-            break
-        rec = dict(B=B, H=H, N=N, D=D, causal=causal, check={}, ms={})
-        try:
+    first = ["default", "no_l_mma", lmma]
+    rest = [n for n in variants if n not in first]
+    alone = names_of(args.variants)
+    core = [n for n in first if n in variants] + ["bf16"] + [n for n in rest if "all" in where[n] and n not in alone]
+
+    def extras_of(D, causal):
+        return [n for n in rest if "all" not in where[n] and (args.smoke or (
+            "d128" in where[n] and (D, causal) == (128, False)) or ("d64" in where[n] and D == 64))]
+
+    def alone_of(case):  # tree alone (the same SASS counts as the default, another order): pass 1 at the headline only
+        return [n for n in rest if "all" in where[n] and n in alone]
+
+    data_of = {}  # a case's inputs, kept for pass 2
+
+    def run_case(case, names, rec):
+        B, H, N, D, causal = case
+        if case not in data_of:
             g = torch.Generator(device=dev).manual_seed(N + D + causal)
             q, k, v = (torch.randn(B, H, N, D, device=dev, generator=g).to(dt) for _ in range(3))
-            flops = 4 * B * H * N * N * D / (2 if causal else 1)
             q8, qs = quantize_fp8(q, per="head")
             k8, ks = quantize_fp8(k, per="head")
             v8, vs = quantize_fp8(v, per="head")
             vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
-            sl = [(0, 0), (B - 1, H - 1)]
-            # bf16 before the extra variants: the ratio needs it
-            first = ["default", "no_l_mma", lmma]
-            names = [n for n in first if n in variants] + ["bf16"]
-            rest = [n for n in variants if n not in first]
-            # l_mma's variants, the combos and the case's extras before the --variants ones (tree alone): the budget
-            # cuts the last
-            alone = names_of(args.variants)
-            names += [n for n in rest if "all" in where[n] and n not in alone]
-            names += [n for n in rest if "all" not in where[n] and (args.smoke or (
-                "d128" in where[n] and (D, causal) == (128, False)) or ("d64" in where[n] and D == 64))]
-            names += [n for n in rest if "all" in where[n] and n in alone]
-            for name in names:
-                if left() < 8:
-                    break
-                if name == "bf16":
-                    if not args.smoke:
-                        try:
-                            rec["ms"]["bf16"] = bench(lambda: tilecore.attention(q, k, v, causal=causal))
-                        except Exception as e:  # noqa: BLE001
-                            rec["bf16_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            data_of[case] = (q, k, v, q8, k8, v8, vt8, qs, ks, vs)
+        q, k, v, q8, k8, v8, vt8, qs, ks, vs = data_of[case]
+        flops = 4 * B * H * N * N * D / (2 if causal else 1)
+        sl = [(0, 0), (B - 1, H - 1)]
+        for name in names:
+            if left() < 8:
+                print(f"{name}: out of time budget", flush=True)
+                break
+            if name == "bf16":  # (before the variants past l_mma: the ratios need it)
+                if not args.smoke:
+                    try:
+                        rec["ms"]["bf16"] = bench(lambda: tilecore.attention(q, k, v, causal=causal))
+                    except Exception as e:  # noqa: BLE001
+                        rec["bf16_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                continue
+            try:
+                rec["check"][name], p = check(variants[name], q8, k8, v8, vt8, qs, ks, vs, causal, sl)
+                if not args.smoke:
+                    rec["ms"][name] = bench(lambda p=p: fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, causal,
+                                                                           D ** -0.5, dt, True))
+            except Exception as e:  # noqa: BLE001
+                rec["check"][name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+                traceback.print_exc()
+            print(name, rec["check"][name], rec["ms"].get(name), flush=True)
+        rec["tflops"] = {n: flops / ms / 1e9 for n, ms in rec["ms"].items()}
+        if "bf16" in rec["ms"]:
+            rec["over_bf16"] = {n: rec["ms"]["bf16"] / ms for n, ms in rec["ms"].items()}
+        if "default" in rec["ms"]:
+            rec["over_default"] = {n: rec["ms"]["default"] / ms for n, ms in rec["ms"].items()}
+        return (rec, q8, k8, vt8, qs, ks, vs, flops, causal)
+
+    headline = cases[0]
+    pass2 = sorted(cases, key=lambda c: (c != headline, c[4], c[3] != 64))  # D128, D64, D64 causal, D128 causal
+    for pass_ in (1, 2):
+        for case in cases if pass_ == 1 else pass2:
+            B, H, N, D, causal = case
+            if left() < 10:
+                print(f"pass {pass_}: out of time budget", flush=True)
+                break
+            if pass_ == 1:
+                rec = dict(B=B, H=H, N=N, D=D, causal=causal, check={}, ms={})
+                result["cases"].append(rec)
+            else:
+                rec = next((r for r in result["cases"] if (r["B"], r["H"], r["N"], r["D"], r["causal"]) == case), None)
+                if rec is None:  # (pass 1 did not reach it)
                     continue
-                try:
-                    rec["check"][name], p = check(variants[name], q8, k8, v8, vt8, qs, ks, vs, causal, sl)
-                    if not args.smoke:
-                        rec["ms"][name] = bench(lambda p=p: fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, causal,
-                                                                               D ** -0.5, dt, True))
-                except Exception as e:  # noqa: BLE001
-                    rec["check"][name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
-                    traceback.print_exc()
-                print(name, rec["check"][name], rec["ms"].get(name), flush=True)
-            rec["tflops"] = {n: flops / ms / 1e9 for n, ms in rec["ms"].items()}
-            if "bf16" in rec["ms"]:
-                rec["over_bf16"] = {n: rec["ms"]["bf16"] / ms for n, ms in rec["ms"].items()}
-            if "default" in rec["ms"]:
-                rec["over_default"] = {n: rec["ms"]["default"] / ms for n, ms in rec["ms"].items()}
-            if (D, causal) == (128, False) or args.smoke:
-                run_probes((rec, q8, k8, vt8, qs, ks, vs, flops, causal))
-        except Exception as e:  # noqa: BLE001
-            rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
-            traceback.print_exc()
-        print("case", json.dumps(rec), flush=True)
-        result["cases"].append(rec)
-        save()
-        if dev == "cuda":
-            torch.cuda.empty_cache()
+            try:
+                if pass_ == 1:
+                    run_case(case, core + (alone_of(case) if case == headline else []), rec)
+                else:
+                    if (D, causal) == (128, False) or args.smoke:
+                        run_probes(run_case(case, [], rec))
+                    run_case(case, extras_of(D, causal) + ([] if case == headline else alone_of(case)), rec)
+            except Exception as e:  # noqa: BLE001
+                rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+                traceback.print_exc()
+            print("case", json.dumps(rec), flush=True)
+            save()
 
     for shape, name in late_tails:
         run_tail(shape, name, 5)
