@@ -18,8 +18,11 @@ import pytest
 # l_mma: gluon_fp8.L_MMA's mode, how the row sum's ones block is stored (mode 1, session 27's [8, 32] with a 32-byte
 # swizzle, gave half of l on the H100: notes/attention_fp8/README.md); the l_mma variant also takes the row max as a
 # tree (MAX_TREE)
+# the third (session 29): D128 non-causal with l_mma, the tree and RESCALE_LATE (O *= alpha between the S and P V
+# issues): wgmma not serialized; at N 4096 0 spills (sass_fp8.py; l_mma alone 32 bytes, outside the loop)
 L_MMA_MODE = 1
-VARIANTS = [(64, True, False, True, 4, True, 0.0, 0), (64, True, False, True, 4, True, 0.8, L_MMA_MODE)]
+VARIANTS = [(64, True, False, True, 4, True, 0.0, 0), (64, True, False, True, 4, True, 0.8, L_MMA_MODE),
+            (128, False, False, False, 0, True, 0.0, L_MMA_MODE, True)]
 
 SCRIPT = r"""
 import json, re, sys, torch
@@ -28,7 +31,7 @@ from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, reso
 from tilecore.tiles.launch import gluon_descriptor
 
 out = []
-for D, causal, per_row, k_per_block, exp2_fma_every, cast_late, tau, l_mma in json.loads(sys.argv[1]):
+for D, causal, per_row, k_per_block, exp2_fma_every, cast_late, tau, l_mma, *late in json.loads(sys.argv[1]):
     cfg = configs.gluon_config(D, causal)
     bm, bn = cfg["block_m"], cfg["block_n"]
     f8 = torch.float8_e4m3fn
@@ -44,7 +47,8 @@ for D, causal, per_row, k_per_block, exp2_fma_every, cast_late, tau, l_mma in js
                 schedule=None, CAUSAL=causal, Q_PER_ROW=per_row, K_PER_ROW=per_row, STAGES=cfg["stages"],
                 CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"], PERMUTED_V=True, PINGPONG=cfg["pingpong"],
                 K_PER_BLOCK=k_per_block, EXP2_FMA_EVERY=exp2_fma_every, CAST_LATE=cast_late, P_SHIFT=8.0,
-                RESCALE_TAU=tau, L_MMA=l_mma, PROBE_NO_SOFTMAX=False, MAX_TREE=bool(l_mma))
+                RESCALE_TAU=tau, L_MMA=l_mma, PROBE_NO_SOFTMAX=False, MAX_TREE=bool(l_mma),
+                RESCALE_LATE=bool(late and late[0]))
     c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, args, num_warps=4)
     ptx = c.asm["ptx"]
     # the row-sum wgmma's B descriptor: its swizzle (bits 62-63: 1 128-byte, 2 64-byte, 3 32-byte) and stride (SBO)
@@ -56,6 +60,7 @@ for D, causal, per_row, k_per_block, exp2_fma_every, cast_late, tau, l_mma in js
             ones_desc.append(dict(swizzle=bits >> 62, sbo=((bits >> 32) & 0x3FFF) * 16))
     r = resources(c)
     out.append(dict(D=D, causal=causal, per_row=per_row, exp2_fma_every=exp2_fma_every, cast_late=cast_late, tau=tau, l_mma=l_mma,
+                    late=bool(late and late[0]), mul_f32=ptx.count("mul.f32"),
                     add_f32=ptx.count("add.f32"), wgmma_n8=ptx.count("m64n8k32.f32.e4m3.e4m3"),
                     **has_hopper_instructions(ptx), **vars(r), bar_sync=len(re.findall(r"bar\.sync\s+\d+, 128;", ptx)),
                     e4m3_wgmma="f32.e4m3.e4m3" in ptx, ones_desc=ones_desc,
@@ -82,7 +87,9 @@ def test_e4m3_wgmma_tma_and_no_spills(report):
         assert not r["wgmma_serialized"], r
         # three consumers have 160 registers a thread: causal D 64 spills 132 bytes of scalars (the bf16
         # forward's same configuration spills 84 and was its fastest at D 64: notes/attention)
-        allowed = 160 if (r["D"], r["causal"]) == (64, True) else 0
+        # D 128 at this N = Nk = 1000 (not multiples of 16) spills 52 bytes of scalars, as the default did (40): 0 at
+        # the headline's N 4096 (experiments/attention_fp8/sass_fp8.py)
+        allowed = 160 if (r["D"], r["causal"]) == (64, True) else 64 if r["D"] == 128 else 0
         assert r["spill_stores"] <= allowed and r["spill_loads"] <= allowed and r["stack"] <= allowed, r
         assert r["shared"] <= 227 * 1024, r
 
@@ -114,7 +121,7 @@ def test_rescale_adds_one_reduction_a_consumer(report):
     # tau > 0: the warpgroup's "any row moved" is a cross-warp reduction (shared memory and a 128-thread barrier,
     # two a consumer: SASS 331 instructions in the steady step's softmax against 359 with its 64 FMUL of O *= alpha
     # moved into a branch taken only where a row moved)
-    without, with_tau = report
+    without, with_tau = report[:2]
     assert with_tau["tau"] > 0 == without["tau"]
     assert with_tau["bar_sync"] > without["bar_sync"], (with_tau, without)
 
@@ -123,7 +130,7 @@ def test_l_mma_sums_p_on_the_tensor_cores(report):
     # L_MMA: P times a [BN, 8] block of ones (m64n8k32 e4m3 wgmma: 4 a P V, in the steady step and the last) in place
     # of the row sum's additions (64 FADD a thread and step at BN 128; SASS at D 128: the steady softmax block 291
     # instructions against 359)
-    without, with_l = report
+    without, with_l = report[:2]
     assert with_l["l_mma"] and not without["l_mma"]
     assert with_l["wgmma_n8"] >= 8 and without["wgmma_n8"] == 0, (with_l, without)
     assert with_l["add_f32"] < without["add_f32"] / 2, (with_l, without)
@@ -133,7 +140,7 @@ def test_l_mma_ones_block_layout(report):
     # the ones block's descriptor as the mode stores it (gluon_fp8.ones_shape): 32-byte swizzle for [16, 32] (mode 4:
     # the same descriptor as session 27's, with 256 more bytes of ones after B), 128-byte for the 128-key blocks
     swizzle = {1: 3, 2: 1, 3: 3, 4: 3, 5: 1}[L_MMA_MODE]
-    without, with_l = report
+    without, with_l = report[:2]
     assert without["ones_desc"] == [], without
     assert with_l["ones_desc"] and all(d["swizzle"] == swizzle for d in with_l["ones_desc"]), with_l["ones_desc"]
 
@@ -142,5 +149,18 @@ def test_l_mma_ones_written_as_bytes(report):
     # the ones block is written as its bytes (0x38383838 a register), never converted from float16: ptxas 12.8 compiled
     # that conversion of a constant (cvt.rn.satfinite.e4m3x2.f16x2, mov.b32 {h, h}) to an F2FP ... MERGE_C whose high
     # half came from another register, so half of the block's bytes were not ones (session 28 on the H100: l halved)
-    without, with_l = report
+    without, with_l = report[:2]
     assert with_l["ones_bytes"] > 0 and with_l["f16_to_e4m3"] == 0, with_l
+
+
+def test_rescale_late_compiles_clean(report):
+    # RESCALE_LATE moves O *= alpha (64 FMUL a thread at D 128) between the S and P V issues: the same multiplies
+    # (sass_fp8.py: steady step 464 instructions, softmax block 236), at most the scalars' spill of N = 1000 (0 at
+    # N 4096), wgmma not serialized (ptxas C7513
+    # would serialize them if O's registers were touched while a wgmma writing them is in flight)
+    late = [r for r in report if r["late"]]
+    assert len(late) == 1, report
+    r = late[0]
+    assert (r["D"], r["causal"], r["l_mma"]) == (128, False, L_MMA_MODE), r
+    assert r["spill_stores"] <= 64 and r["spill_loads"] <= 64 and not r["wgmma_serialized"], r
+    assert r["wgmma_n8"] >= 8 and r["mul_f32"] > 0, r
