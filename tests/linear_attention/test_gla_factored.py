@@ -36,8 +36,8 @@ def _span_decays(shape, per_token):
 FLOOR_MULTIPLE = {3: 2.3, 4: 1.7}
 
 
-@pytest.mark.parametrize("diag", [3, 4])
-@pytest.mark.parametrize("dtype,N,per_token", [(F16, 130, 0.05), (F16, 77, 0.11), (F32, 100, 0.9)])
+@pytest.mark.parametrize("dtype,N,per_token,diag", [(F16, 130, 0.05, 4), (F16, 77, 0.11, 3), (F16, 77, 0.11, 4),
+                                                     (F32, 100, 0.9, 4)])
 def test_factored_path_against_float64(dtype, N, per_token, diag):
     """Spans under the limit (fp16: 64 x 0.11 x 1.2 ~ 8.4 straddles 8: both paths in one run; float32
     ~ 55 of 64: factors up to e^28): within the floor multiples above, the state at float32 noise."""
@@ -142,3 +142,34 @@ def test_switches_route_the_op(monkeypatch):
     assert accuracy.rel_rms(o, ref) < 1e-5 and accuracy.rel_rms(ht, ref_state) < 1e-5
     for name, got, r in zip(("dq", "dk", "dv", "dg", "ds0"), grads, ref_grads):
         assert accuracy.rel_rms(got, r) < (2e-4 if name == "dg" else 2e-5), name
+
+
+@pytest.mark.parametrize("diag,dtype", [(5, F32), (6, F16)])
+def test_backward_factored_against_float64(monkeypatch, diag, dtype):
+    """The backward's factored intra-chunk terms (plan diag 5 / 6: configs.CHANNEL_BWD_FACTORED): gradients
+    through the public op against float64, weak decays (the factored path) and strong ones with a reset (the
+    fallback) in one sequence; float32 at float32 noise, fp16 within 2x the floor."""
+    from tilecore.ops.linear_attention import configs, linear_attention
+
+    monkeypatch.setattr(configs, "CHANNEL_FWD_DIAG", diag - 2)
+    monkeypatch.setattr(configs, "CHANNEL_BWD_FACTORED", True)
+    torch.manual_seed(5)
+    q, k, v, g, s0 = make(1, 140, 1, 2, 16, 16, dtype=dtype, decay="channel", h0=True)
+    g = -torch.rand(g.shape) * 0.1
+    g[:, 70:130] = -torch.rand(g[:, 70:130].shape) * 6.0
+    g[:, 100, :, :3] = float("-inf")
+    assert tl_plan(q, v, g, IDENTITY).config["diag"] == diag
+    inputs = [t.requires_grad_() for t in (q, k, v, g, s0)]
+    o, ht = linear_attention(q, k, v, decay=g, initial_state=s0, return_final_state=True, chunk_size=64)
+    dout, dstate = torch.randn(o.shape), torch.randn(ht.shape)
+    grads = torch.autograd.grad((o.float() * dout).sum() + (ht * dstate).sum(), inputs)
+    _, _, ref_grads = reference(q, k, v, g, s0, dout=dout, dstate=dstate)
+    for name, got, r in zip(("dq", "dk", "dv", "dg", "ds0"), grads, ref_grads):
+        assert torch.isfinite(got).all(), name
+        if dtype == F32:
+            assert accuracy.rel_rms(got, r) < (2e-4 if name == "dg" else 2e-5), name
+        elif name in ("dq", "dk", "dv"):  # fp16 (seed 5): diag 6 1.44-1.75x the floor, diag 0 1.63-1.86x
+            assert accuracy.error_over_floor(got, r) <= 2.0, name
+        else:  # dg (float32; 0 where the floor clamps) 5e-4 relative, ds0 3e-4
+            live = g >= -100 if name == "dg" else torch.ones_like(got, dtype=torch.bool)
+            assert accuracy.rel_rms(got[live], r[live]) < 2e-3, name

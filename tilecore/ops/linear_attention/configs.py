@@ -41,6 +41,10 @@ CHANNEL_FWD_DIAG = 0
 # per-channel defaults (chunk 64, BV 64, 8 warps, 2 stages). sm_90a: at chunk 32, 8 warps, diag 3 spills nothing
 # at BV 64 or 128 (one program a head), diag 4 16 / 156 B; gpu_gla.py times both against chunk 64
 CHANNEL_FWD_BLOCKS: dict | None = None
+# with CHANNEL_FWD_DIAG on: the backward's per-channel intra-chunk terms by the same one reference a chunk
+# (kernels_tl._channel_dq_factored / _channel_dk_factored, and the dK/dV kernel's scores by _channel_chunk;
+# plan diag 5 / 6). Off until gpu_gla.py --backward checks it on the H100 (FLA issue 640: gated backward)
+CHANNEL_BWD_FACTORED = False
 # per-channel decay with head dims over CHANNEL_WIDE: chunks of CHANNEL_WIDE_CHUNK (at 64 and Dk = Dv = 256
 # the dQ kernel staged 236 KiB of shared memory and the forward spilled 2.2 KB, sm_90a)
 CHANNEL_WIDE = 128

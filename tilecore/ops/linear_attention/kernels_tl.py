@@ -312,6 +312,51 @@ def _channel_chunk(q, k, G, G_last, q_base, k_base, g_base, t0, N, DK, s_qn, s_q
 
 
 @triton.jit
+def _split_dot(a, b, MMA: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr):
+    """a @ b of float32 tiles on MMA operands; SPLIT: each as hi + lo (hi hi + hi lo + lo hi: three dots)."""
+    ah = a.to(MMA)
+    bh = b.to(MMA)
+    out = _dot(ah, bh, IEEE)
+    if SPLIT:
+        out += _dot(ah, (b - bh.to(tl.float32)).to(MMA), IEEE)
+        out += _dot((a - ah.to(tl.float32)).to(MMA), bh, IEEE)
+    return out
+
+
+@triton.jit
+def _channel_dq_factored(a, kq, G, MMA: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr):
+    """_channel_dq (sum_j a_ij k_jd exp(G_id - G_jd), a masked [BT, BT]) with one reference a chunk as in
+    _channel_chunk: exp(G - m) * (a @ (k exp(m - G))) where this block's span of G is <= _factor_span, else
+    _channel_dq_loop (the sub-chunk form in registers). [BT, C] float32."""
+    kf = kq.to(tl.float32)
+    hi = tl.max(G, 0)
+    lo = tl.min(G, 0)
+    span = tl.max(hi - lo, 0)
+    if span <= _factor_span(MMA):
+        mid = 0.5 * (hi + lo)
+        dq = tl.exp(G - mid[None, :]) * _split_dot(a, kf * tl.exp(mid[None, :] - G), MMA, IEEE, SPLIT)
+    else:
+        dq = _channel_dq_loop(a, kq, G, MMA, IEEE)
+    return dq
+
+
+@triton.jit
+def _channel_dk_factored(a, qb, G, MMA: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr):
+    """_channel_dk (sum_i a_ij q_id exp(G_id - G_jd)) with one reference a chunk: exp(m - G) * (a^T @ (q exp(G -
+    m))) where the span allows, else _channel_dk_loop. [BT, C] float32."""
+    qf = qb.to(tl.float32)
+    hi = tl.max(G, 0)
+    lo = tl.min(G, 0)
+    span = tl.max(hi - lo, 0)
+    if span <= _factor_span(MMA):
+        mid = 0.5 * (hi + lo)
+        dk = tl.exp(mid[None, :] - G) * _split_dot(tl.trans(a), qf * tl.exp(G - mid[None, :]), MMA, IEEE, SPLIT)
+    else:
+        dk = _channel_dk_loop(a, qb, G, MMA, IEEE)
+    return dk
+
+
+@triton.jit
 def _channel_dq(a, kq, G, MMA: tl.constexpr, IEEE: tl.constexpr):
     """sum_j a_ij k_jd exp(G_id - G_jd) (the backward's intra-chunk dq, per-channel decay) of a [BT, BT]
     (masked: 0 above the diagonal), k and G [BT, C]: dots through each key sub-chunk's reference as in
@@ -555,8 +600,9 @@ def la_fwd_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
     """Program (batch * head, value block): o (and o before D and z: OLIN) of every token, and the final
     state, of its head's BV value columns. GL (per-channel decay): the sub-chunk-local cumulative log
     decay, contiguous (B, N, H, Dk) float32 (launch.sub_cumulative; read where DIAG is 2). DIAG 3 (per-channel
-    decay): one reference a chunk where its span allows (_channel_chunk), else DIAG 0's sub-chunks; DIAG 4
-    the same with its scores' operands split hi + lo. Grid: (B * H * VBLOCKS,), a head's value blocks
+    decay): one reference a chunk where its span allows (_channel_chunk), else the sub-chunk form; DIAG 4
+    the same with its scores' operands split hi + lo; 5 and 6 as 3 and 4 (the backward kernels' factored
+    intra-chunk terms; they read 3 and 4 as 0). Grid: (B * H * VBLOCKS,), a head's value blocks
     consecutive (they run together and walk the chunks abreast, so q and k come from HBM once, then L2)."""
     bh = tl.program_id(0) // VBLOCKS
     vblock = tl.program_id(0) % VBLOCKS
@@ -605,7 +651,7 @@ def la_fwd_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
             Gc, G_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32))
             if DIAG >= 3:  # one reference a chunk where the span allows (qg, kg: the inter-chunk tiles)
                 p, qg, kg = _channel_chunk(q, k, Gc, G_last, q_base, k_base, g_base, t0, N, DK, sqn, sqd, skn, skd,
-                                           sgn, sgd, BK, KB, MMA, IEEE, DIAG == 4)
+                                           sgn, sgd, BK, KB, MMA, IEEE, DIAG % 2 == 0)
                 p = p * scale
             else:
                 p = _channel_scores(q, k, Gc, q_base, k_base, g_base, t0, N, DK, sqn, sqd, skn, skd, sgn, sgd,
@@ -762,6 +808,8 @@ def la_bwd_dq_kernel(Q, K, V, G, GL, BETA, H0, DO, DQ, R,
                                                                            N, skn, skd, H * DK)
             elif DIAG == 1:
                 dq = _channel_dq_loop(a, kq, Gq, MMA, IEEE)
+            elif DIAG >= 5:  # one reference a chunk (6: split operands)
+                dq = _channel_dq_factored(a, kq, Gq, MMA, IEEE, DIAG == 6)
             else:
                 dq = _channel_dq(a, kq, Gq, MMA, IEEE)
             dq = (dq + _dot(do.to(MMA), tl.trans(S.to(MMA)), IEEE) * tl.exp(Gq)) * scale
@@ -896,9 +944,15 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                 if kblock == 0:  # dv's intra-chunk term is the first key block's: the others skip the scores
                     q = _rows(q_base, t0, offs_t, offs_k, k_ok, N, sqn, sqd)
                     k = _rows(k_base, t0, offs_t, offs_k, k_ok, N, skn, skd)
-                    Gc, _ = _cumulative_channels(_rows(g_base, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32))
-                    p = _channel_scores(q, k, Gc, q_base, k_base, g_base, t0, N, DK, sqn, sqd, skn, skd, sgn, sgd,
-                                        BK, KB, MMA, IEEE, GL + (b * N * H + h) * DK, H * DK, DIAG) * scale
+                    g_chunk = _rows(g_base, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
+                    Gc, Gc_last = _cumulative_channels(g_chunk)
+                    if DIAG >= 5:  # the forward's factored scores (diag 3 / 4)
+                        p, _, _ = _channel_chunk(q, k, Gc, Gc_last, q_base, k_base, g_base, t0, N, DK, sqn, sqd, skn,
+                                                 skd, sgn, sgd, BK, KB, MMA, IEEE, DIAG == 6)
+                        p = p * scale
+                    else:
+                        p = _channel_scores(q, k, Gc, q_base, k_base, g_base, t0, N, DK, sqn, sqd, skn, skd, sgn,
+                                            sgd, BK, KB, MMA, IEEE, GL + (b * N * H + h) * DK, H * DK, DIAG) * scale
         else:
             if (PART != 1) | (FEATURE == 1):  # s: dv's scores, and Based's dk factor (1 + s)
                 if BKB == BK:
@@ -935,6 +989,8 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                                                                               kb_ok, N, sqn, sqd, H * DK)) * scale
                 elif DIAG == 1:
                     dk = _channel_dk_loop(tl.where(inside, dp, 0.0), qb, Gb, MMA, IEEE) * scale
+                elif DIAG >= 5:
+                    dk = _channel_dk_factored(tl.where(inside, dp, 0.0), qb, Gb, MMA, IEEE, DIAG == 6) * scale
                 else:
                     dk = _channel_dk(tl.where(inside, dp, 0.0), qb, Gb, MMA, IEEE) * scale
                 dk += _dot(v.to(MMA), tl.trans(dS.to(MMA)), IEEE) * w2

@@ -46,9 +46,10 @@ def mma_dtype(dtype: torch.dtype, device: torch.device):
 
 def channel_diag(kind: int) -> int:
     """The kernels' DIAG: configs.CHANNEL_FWD_DIAG (3, 4: the forward's one reference a chunk, which the
-    backward kernels read as 0) where it is on for per-channel decay, else configs.CHANNEL_DIAG."""
+    backward kernels read as 0; + 2 with configs.CHANNEL_BWD_FACTORED: 5, 6, the backward's intra-chunk terms
+    factored the same way) where it is on for per-channel decay, else configs.CHANNEL_DIAG."""
     if kind == CHANNEL_DECAY and configs.CHANNEL_FWD_DIAG and configs.CHANNEL_DIAG == 0:
-        return configs.CHANNEL_FWD_DIAG
+        return configs.CHANNEL_FWD_DIAG + (2 if configs.CHANNEL_BWD_FACTORED else 0)
     return configs.CHANNEL_DIAG
 
 
@@ -117,7 +118,7 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
     # forward's alone: the backward keeps BT_BWD), unless the caller chose the chunk
     fwd_chunk = chunk
     fwd_blocks = configs.CHANNEL_FWD_BLOCKS
-    if kind == CHANNEL_DECAY and channel_diag(kind) in (3, 4) and fwd_blocks and not chunk_given and BK <= 128:
+    if kind == CHANNEL_DECAY and channel_diag(kind) >= 3 and fwd_blocks and not chunk_given and BK <= 128:
         fwd_chunk, fwd_warps, fwd_stages = fwd_blocks["BT"], fwd_blocks["warps"], fwd_blocks["stages"]
         BV = min(BVF, fwd_blocks["BV"])
     # the Gluon forward on Hopper (launch.forward runs it where gluon_forward.fits takes the tensors)
