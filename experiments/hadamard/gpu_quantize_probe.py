@@ -214,6 +214,8 @@ def s29_quantize_cases(quick=True):
     cases += [("q", f, 18944, {}, t) for f in ("fp8_e4m3", "mxfp4") for t in (ROWS_PAIR, ROWS_SPLIT)]
     cases += [("q", "fp8_e4m3", 11008, {}, {**ROWS_PAIR, "num_stages": 3}), ("q", "fp8_e4m3", 11008, {}, {**ROWS_PAIR, "num_warps": 4})]
     cases += [("q", f, 11008, {}, WIDE4) for f in ("int8", "mxfp4", "nvfp4", "int4")]
+    # blocks of 128 sub-rows (wgmma m64n64 / m64n128 a warpgroup at 8 warps; 72 / 104 B spilled on sm_90a)
+    cases += [("q", "fp8_e4m3", 11008, {}, {**t, "mb": 128}) for t in (ROWS_PAIR, ROWS_SPLIT)]
     if not quick:
         cases += [("q", f, 18944, {}, ROWS_PAIR) for f in ("int8", "nvfp4", "int4")]
     return cases
@@ -231,6 +233,7 @@ def s29_check_cases(torch):
     cases += [("fp8_e4m3", 11008, {"tuning": {**ROWS_PAIR, "num_stages": 3}}, bf16),
               ("fp8_e4m3", 11008, {"tuning": {**ROWS_PAIR, "num_warps": 4}}, bf16)]  # one warpgroup: 152 B spilled (sm_90a)
     cases += [(f, 11008, {"tuning": WIDE4, **(nv if f == "nvfp4" else {})}, bf16) for f in ("int8", "mxfp4", "nvfp4", "int4")]
+    cases += [("fp8_e4m3", 11008, {"tuning": {**t, "mb": 128}}, bf16) for t in (ROWS_PAIR, ROWS_SPLIT)]
     return cases
 
 
