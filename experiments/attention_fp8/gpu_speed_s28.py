@@ -5,16 +5,15 @@
     [--extra tree_pp,late,tree_fma8] [--extra64 tree_pp,c3e] [--probes noexp2,nomax,nosoftmax] [--with max_tree=1]
     [--default-has-lmma]
 
-Session 29's default (~80 s on the H100; what is left past FP8_BUDGET_S is skipped): diag of mode 1; a tail (B2 Hq8
-Hkv2 N1000 Nk1100 D128 causal, per-block descales) of l_mma + tree; then at B16 H16 N4096, D128 and D64, non-causal
-and causal, pass 1: default (l_mma off), l_mma1, bf16, l_mma1_tree, lmma+tree+late (+ rescale_late: O *= alpha
-between the S and P V issues, FlashAttention-3's place), and at D128 non-causal tree (max_tree alone); pass 2, while
-the budget lasts (D128 non-causal, D64, D64 causal, D128 causal): the probes noexp2 and nomax (D128 non-causal,
-timing only), l_mma1_tree_pp (ping-pong barriers) and late (rescale_late alone) at D128 non-causal, l_mma1_tree_pp
-(ping-pong flipped: on non-causal, off causal) and c3e (three consumers as the bf16 forward's D64, with P rounded
-early: cast_late spills 432 bytes there, early 0) at D64, tree alone elsewhere; each variant checked on two (batch,
-head) slices against float64 and the emulation before it is timed; last, the D64 tail of l_mma + tree and the D128
-tail of lmma+tree+late.
+Session 29's default (after run 4, notes/attention_fp8/runs/gpu_speed_s28_run4_session29_h100.txt, which timed l_mma,
+tree, both, fma8, ping-pong and the probes; ~70 s on the H100, what is left past FP8_BUDGET_S is skipped): diag of mode
+1; a tail (B2 Hq8 Hkv2 N1000 Nk1100 D128 causal, per-block descales) of l_mma + tree; then at B16 H16 N4096, D128 and
+D64, non-causal and causal, pass 1: default (l_mma off), bf16, l_mma1_tree, lmma+tree+late (+ rescale_late: O *=
+alpha between the S and P V issues, FlashAttention-3's place); pass 2, while the budget lasts: late (rescale_late
+alone) at D128 non-causal, c3e (three consumers as the bf16 forward's D64, P rounded early: cast_late spills 432
+bytes there, early 0) at D64; each variant checked on two (batch, head) slices against float64 and the emulation
+before it is timed; last, the D128 tail of lmma+tree+late. Run 4's set: --lmma-alone --variants tree --extra
+tree_fma8,tree_pp --extra64 tree_pp --probes noexp2,nomax,nosoftmax --combos "" --d64-tail.
 
 Session 28's diagnosis (notes/attention_fp8/runs/diag_lmma_session28_h100.txt): with l_mma the kernel's l was half the
 true l (0.500-0.5015 for q = 0, 0.42-0.60 a row for random scores), in every tile and consumer. Run 5
@@ -77,21 +76,24 @@ def main():
                     help="diagnose every mode listed (else stop at the first right)")
     ap.add_argument("--d64", action="store_true", help="(the default since session 29; kept for old command lines)")
     ap.add_argument("--no-d64", action="store_true", help="D128 only: no D64 tail, no D64 timing")
-    ap.add_argument("--variants", default="tree",
+    ap.add_argument("--d64-tail", action="store_true", help="check l_mma + tree at a D64 tail too")
+    ap.add_argument("--variants", default="",
                     help="variants without l_mma timed in every case (default, l_mma and l_mma + tree always are): "
                     "any of the --extra names")
-    ap.add_argument("--extra64", default="tree_pp,c3e",
+    ap.add_argument("--extra64", default="c3e",
                     help="variants timed at D64 only (after the others), as --extra: c3 (three consumers: spills 432 "
                     "bytes at D64, sass_fp8.py), ...")
     ap.add_argument("--combos", default="lmma+tree+late",
                     help="more variants timed in every case, each a '+'-joined spec of tokens: lmma (l_mma, the chosen "
                     "mode), tree, late (rescale_late: O *= alpha between the S and P V issues), fma8, fma4, pp (ping-pong flipped), pp1 / pp0 (on / off), st2 (2 stages), tau0.8, "
                     "c3, lmma0 (l_mma off where the default has it); e.g. lmma+tree+pp,lmma+tree+pp+fma8")
-    ap.add_argument("--probes", default="noexp2,nomax",
+    ap.add_argument("--probes", default="",
                     help="timing probes (WRONG results, not checked) right after D128 non-causal: noexp2 (l_mma + tree "
                     "with 2^x replaced by x: the step without the MUFU), nomax (l_mma without the row max), nosoftmax "
                     "(the step without its softmax)")
-    ap.add_argument("--extra", default="tree_pp,late",
+    ap.add_argument("--lmma-alone", action="store_true",
+                    help="time l_mma without the tree too (session 29 run 4 did: 861 against l_mma + tree's 879)")
+    ap.add_argument("--extra", default="late",
                     help="variants timed beside l_mma at D128 non-causal, comma-separated: fma8, fma4 (exp2 one in 8 "
                     "/ 4 on the FMA units), pingpong (flipped), tau0.8 (conditional rescaling), tree (the row max "
                     "as a tree: gluon_fp8.row_max_tree), tree_fma8, tree_fma4, c3 (three consumers)")
@@ -252,9 +254,11 @@ def main():
         variants[e] = dict(extras[e])
         where[e] = {"all"}
     if chosen is not None:
-        variants[lmma] = dict(with_, l_mma=chosen)
+        if args.lmma_alone or args.smoke:
+            variants[lmma] = dict(with_, l_mma=chosen)
         variants[f"{lmma}_tree"] = dict(with_, l_mma=chosen, max_tree=True)
-        where[lmma] = {"all"}
+        if lmma in variants:
+            where[lmma] = {"all"}
         where[f"{lmma}_tree"] = {"all"}
     for scope, arg in (("d128", args.extra), ("d64", args.extra64)):
         for e in names_of(arg):
@@ -289,7 +293,8 @@ def main():
     # 2. tails (GQA, per-block descales, N and Nk not multiples of the blocks): l_mma + tree at D128 causal first; after
     # the timed cases, while the budget lasts, the same at D64 and the combos at D128 causal
     tail128 = [(1, 2, 1, 40, 70, 64, True)] if args.smoke else [(2, 8, 2, 1000, 1100, 128, True)]
-    late_tails = [] if args.smoke or not d64 else [((2, 8, 2, 1000, 1100, 64, False), tail_variant)]
+    # (session 29 run 4 checked l_mma + tree at the D64 tail: --d64-tail repeats it)
+    late_tails = [((2, 8, 2, 1000, 1100, 64, False), tail_variant)] if args.d64_tail and d64 and not args.smoke else []
     late_tails += [(tail128[0], c) for c in variants if c in names_of(args.combos)]
 
     def run_tail(shape, name, reserve):
