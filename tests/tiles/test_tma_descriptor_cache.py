@@ -86,3 +86,35 @@ def test_not_the_wrapper_or_no_metadata_gives_none():
     no_meta = nvidia_driver.wrap_handle_tensordesc(raw, SIGNATURE, None)
     assert descriptor_expander(no_meta) is None  # Triton's encoding holds the tensor: not kept
     assert descriptor_expander(lambda *args: None) is None
+
+
+def test_keyed_hit_on_its_device_skips_the_guard_and_launches_as_before(fast_launch, monkeypatch):
+    """CachedLaunch.run's keyed hit (session 29): where the key's device is the current one it launches without
+    the device guard, with launch_keyed's arguments; on another current device it takes the guarded path."""
+    import triton
+    import triton.language as tl
+
+    from tilecore import dispatch
+    from tilecore.tiles.launch import CachedLaunch
+
+    @triton.jit
+    def add_one(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+    from triton.runtime.jit import JITFunction
+
+    cached = CachedLaunch(JITFunction(add_one.fn))  # compiled-mode parameters (the interpreter's jit has none)
+    fake = fast_launch(cached)
+    guarded = []
+    monkeypatch.setattr(dispatch, "on_device", lambda device: guarded.append(device) or __import__(
+        "contextlib").nullcontext())
+    x = torch.zeros(10)
+    for _ in range(3):
+        cached.run(("key",), (2,), (x, 10), dict(BLOCK=8))
+    assert len(fake.calls) == 3 and all(c == fake.calls[0] for c in fake.calls)
+    assert cached.keyed.get(("key",))[2] == 0  # kept with its device
+    assert len(guarded) == 2  # the first (checked) launch and the keyed one that kept it; the hit: no guard
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    cached.run(("key",), (2,), (x, 10), dict(BLOCK=8))
+    assert len(guarded) == 3 and len(fake.calls) == 4 and fake.calls[-1] == fake.calls[0]

@@ -205,6 +205,9 @@ class CachedLaunch:
         tensor argument. One call site for ops that launch keyed on their eager path and plainly else."""
         if key is None:
             return self._launch(tuple(grid), args, kwargs)
+        entry = self.keyed.get(key)
+        if entry is not None and entry[2] == _current_cuda_device():  # a hit on its device: no device guard
+            return self._keyed_hit(entry, tuple(grid), args, kwargs)
         with dispatch.on_device(_device_of(args)):
             return self.launch_keyed(key, tuple(grid), args, kwargs)
 
@@ -221,9 +224,15 @@ class CachedLaunch:
         if entry is None:
             compiled = self._launch(grid, args, kwargs)
             if self.fast and not dispatch.interpreter_enabled():
-                self.keyed.put(key, (compiled, direct_launch(compiled)))
+                # (the key names the device: the current one here, which run() compares before skipping
+                # the device guard)
+                self.keyed.put(key, (compiled, direct_launch(compiled), _current_cuda_device()))
             return compiled
-        compiled, direct = entry
+        return self._keyed_hit(entry, grid, args, kwargs)
+
+    def _keyed_hit(self, entry, grid, args, kwargs):
+        """A keyed launch found (launch_keyed's cached path), on the current device."""
+        compiled, direct, _ = entry
         named = self._signature[1]
         ordered = list(args)
         if len(ordered) < len(named):
@@ -271,6 +280,14 @@ class CachedLaunch:
                 return compiled
         compiled[grid + (1,) * (3 - len(grid))](*ordered)  # another thread filled it meanwhile
         return compiled
+
+
+def _current_cuda_device() -> int | None:
+    """torch's current CUDA device index (None where torch has no CUDA: tests that fake a launch)."""
+    try:
+        return torch.cuda.current_device()
+    except (AssertionError, RuntimeError):
+        return None
 
 
 def _device_of(args) -> torch.device | None:
