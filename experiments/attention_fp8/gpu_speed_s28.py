@@ -101,7 +101,15 @@ def main():
                     help="more config keys of the l_mma variant (and its extras), e.g. max_tree=1 (k=v, comma-separated)")
     ap.add_argument("--default-has-lmma", action="store_true",
                     help="the shipped config already has l_mma: time l_mma off as the other variant")
+    ap.add_argument("--final", action="store_true",
+                    help="session 29's final batch, with l_mma + tree the shipped default (configs.GLUON_FORWARD): the "
+                    "default at both tails and in every case against the old default (lmma0+notree), late and bf16; "
+                    "c3e at D64 (--combos / --extra64 still apply)")
     args = ap.parse_args()
+    if args.final:  # the shipped default is the candidate: check it everywhere, time it against the old one
+        args.combos = args.combos if args.combos != "lmma+tree+late" else "lmma0+notree,late"
+        args.extra = "" if args.extra == "late" else args.extra
+        args.d64_tail = True
     budget = float(os.environ.get("FP8_BUDGET_S", "85"))
     left = lambda: budget - (time.time() - T0)
     if args.smoke:
@@ -256,10 +264,11 @@ def main():
     if chosen is not None:
         if args.lmma_alone or args.smoke:
             variants[lmma] = dict(with_, l_mma=chosen)
-        variants[f"{lmma}_tree"] = dict(with_, l_mma=chosen, max_tree=True)
+        if not args.final:  # (final: the default is it)
+            variants[f"{lmma}_tree"] = dict(with_, l_mma=chosen, max_tree=True)
+            where[f"{lmma}_tree"] = {"all"}
         if lmma in variants:
             where[lmma] = {"all"}
-        where[f"{lmma}_tree"] = {"all"}
     for scope, arg in (("d128", args.extra), ("d64", args.extra64)):
         for e in names_of(arg):
             with_lmma = chosen is not None and e.startswith("tree")  # the tree variants ride on l_mma
@@ -268,7 +277,8 @@ def main():
             where.setdefault(name, set()).add(scope)
     tokens = dict(tree=dict(max_tree=True), late=dict(rescale_late=True), fma8=dict(exp2_fma_every=8), fma4=dict(exp2_fma_every=4),
                   pp=dict(pingpong="flip"), pp1=dict(pingpong=True), pp0=dict(pingpong=False), st2=dict(stages=2),
-                  c3=dict(consumers=3, pingpong=False), lmma0=dict(l_mma=0),
+                  c3=dict(consumers=3, pingpong=False), lmma0=dict(l_mma=0), notree=dict(max_tree=False),
+                  c3e=dict(consumers=3, pingpong=False, cast_late=False),
                   **{"tau0.8": dict(rescale_tau=0.8, p_shift=8)})
     for spec in names_of(args.combos):
         cfg = {}
@@ -288,14 +298,14 @@ def main():
     probes = dict(noexp2=dict(exp2_fma_every=-1, **lmma_tree), nomax=dict(probe_no_softmax=2, **lmma_tree),
                   nosoftmax=dict(probe_no_softmax=1))
     # the tails check l_mma with the row max as a tree (both switches at the masked edges)
-    tail_variant = f"{lmma}_tree" if chosen is not None else None
+    tail_variant = "default" if args.final else f"{lmma}_tree" if chosen is not None else None
 
     # 2. tails (GQA, per-block descales, N and Nk not multiples of the blocks): l_mma + tree at D128 causal first; after
     # the timed cases, while the budget lasts, the same at D64 and the combos at D128 causal
     tail128 = [(1, 2, 1, 40, 70, 64, True)] if args.smoke else [(2, 8, 2, 1000, 1100, 128, True)]
     # (session 29 run 4 checked l_mma + tree at the D64 tail: --d64-tail repeats it)
     late_tails = [((2, 8, 2, 1000, 1100, 64, False), tail_variant)] if args.d64_tail and d64 and not args.smoke else []
-    late_tails += [(tail128[0], c) for c in variants if c in names_of(args.combos)]
+    late_tails += [(tail128[0], c) for c in variants if c in names_of(args.combos) and c != "lmma0+notree"]
 
     def run_tail(shape, name, reserve):
         B, Hq, Hkv, N, Nk, D, causal = shape
