@@ -467,10 +467,12 @@ def decay_grad(g, ht, dht, dG):
 # decode step
 
 
-def step(plan: Plan, q, k, v, g, beta, d_skip, z, state, scale: float, feature: int, key=None) -> torch.Tensor:
+def step(plan: Plan, q, k, v, g, beta, d_skip, z, state, scale: float, feature: int, key=None,
+         state_strides=None) -> torch.Tensor:
     """One token: state <- decayed state + beta phi(k) v^T in place; returns o (v's dtype). q, k (B, Hqk,
     Dk); v, z (B, H, Dv); g (B, H) or (B, H, Dk); beta (B, H); state (B, H, F, Dv). ``key``: the call's
-    launch key (op.py; None: a plain launch)."""
+    launch key (op.py; None: a plain launch). ``state_strides``: the kernel path reads state's memory
+    with these (B, H, F, Dv) strides instead of its own (a transposed state without a view op)."""
     B, H, Dv = v.shape
     if plan.path == "cpu":
         return _step_torch(q, k, v, g, beta, d_skip, z, state, scale, feature)
@@ -479,13 +481,13 @@ def step(plan: Plan, q, k, v, g, beta, d_skip, z, state, scale: float, feature: 
         q, k, v, z = (None if t is None else t.float() for t in (q, k, v, z))
     o = torch.empty(B, H, Dv, dtype=v.dtype, device=v.device)
     if B * H > 0:
-        _, grid, args, kw = step_call(plan, q, k, v, g, beta, d_skip, z, state, o, scale, feature)
+        _, grid, args, kw = step_call(plan, q, k, v, g, beta, d_skip, z, state, o, scale, feature, state_strides)
         _STEP.run(key, grid, args, kw)
     return o.to(out_dtype)
 
 
-def step_call(plan: Plan, q, k, v, g, beta, d_skip, z, state, o, scale: float, feature: int):
-    """(kernel, grid, arguments, options) of the decode step kernel."""
+def step_call(plan: Plan, q, k, v, g, beta, d_skip, z, state, o, scale: float, feature: int, state_strides=None):
+    """(kernel, grid, arguments, options) of the decode step kernel (``state_strides``: step's)."""
     B, H, Dv = v.shape
     cfg = plan.config
     kind = 0 if g is None else (1 if g.dim() == 2 else 2)  # no token axis here: (B, H) or (B, H, Dk)
@@ -495,7 +497,7 @@ def step_call(plan: Plan, q, k, v, g, beta, d_skip, z, state, o, scale: float, f
     args = (q, k, v, dummy if g is None else g, dummy if beta is None else beta, dummy if d_skip is None else d_skip,
             dummy if z is None else z, state, o,
             *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 2), *_strides(z, 3), *o.stride(),
-            *state.stride(), *_strides(d_skip, 2),
+            *(state.stride() if state_strides is None else state_strides), *_strides(d_skip, 2),
             H, H // q.shape[1], q.shape[-1], Dv, scale, -(-Dv // bv))
     kw = dict(BK=cfg["BK"], BV=bv, DECAY=kind, FEATURE=feature, HAS_BETA=beta is not None, HAS_D=d_skip is not None,
               HAS_Z=z is not None, num_warps=cfg["step_warps"])

@@ -472,8 +472,12 @@ def _(q, k, v, g, beta, d_skip, z, state, scale, feature, state_transposed):
 
 
 def _step_impl(q, k, v, g, beta, d_skip, z, state, scale, feature, state_transposed, key=None):
-    s = state.transpose(-1, -2) if state_transposed else state
     p = _PLANS.memo(key, lambda: plan(q[:, None], v[:, None], None, feature))
+    if state_transposed and p.path != "cpu":  # the kernel reads the (B, H, F, Dv) view by strides: no view op
+        s0, s1, s2, s3 = state.stride()
+        return launch.step(p, q, k, v, g, beta, d_skip, z, state, scale, feature, key=key,
+                           state_strides=(s0, s1, s3, s2))
+    s = state.transpose(-1, -2) if state_transposed else state
     return launch.step(p, q, k, v, g, beta, d_skip, z, s, scale, feature, key=key)
 
 
