@@ -23,9 +23,9 @@ import json, re
 from tilecore.ops.fft_conv.report import gluon_variant
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 out = []
-for a, b, asynchronous, tma, chunk, rfft in ((32, 64, False, False, 0, False), (32, 64, True, True, 0, True),
-                                             (128, 64, True, True, 32, True)):
-    name, kernel, args, warps, _ = gluon_variant(a, b, 0, asynchronous, tma, chunk, rfft)
+for a, b, asynchronous, tma, chunk, rfft, groups in ((32, 64, False, False, 0, False, 1), (32, 64, True, True, 0, True, 1),
+                                                     (128, 64, True, True, 32, False, 2)):
+    name, kernel, args, warps, _ = gluon_variant(a, b, 0, asynchronous, tma, chunk, rfft, groups)
     compiled = compile_kernel(kernel, args, num_warps=warps)
     ptx = compiled.asm["ptx"]
     out.append(dict(name=name, waits=len(re.findall(r"wgmma\\.wait_group", ptx)),
@@ -43,7 +43,7 @@ def test_compiles_for_hopper_with_wgmma_and_no_spill():
     for row in (sync, tma, chunked):
         assert row["wgmma"] and not row["wgmma_serialized"], row
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
-        assert row["shared"] <= 227 * 1024 and row["threads"] == 128, row
+        assert row["shared"] <= 227 * 1024, row
     assert sync["shared"] <= 48 * 1024 and sync["registers"] <= 168, sync  # 3 programs a multiprocessor
     assert tma["registers"] <= 168, tma
     # ASYNC: one wait a complex product (4 of them a pair), not one a wgmma
@@ -51,7 +51,9 @@ def test_compiles_for_hopper_with_wgmma_and_no_spill():
     # TMA: u and y by cp.async.bulk.tensor (the next pair's u on an mbarrier)
     assert not sync["tma"] and tma["tma"] and tma["mbarrier"] and chunked["tma"], tma
     assert tma["shared"] <= 56 * 1024, tma
-    assert "chunks of 32" in chunked["name"] and chunked["waits"] == 4, chunked  # 4096: a loop over 4 chunks
+    assert sync["threads"] == tma["threads"] == 128, (sync, tma)
+    # 4096: a loop over 4 chunks, in each of two warpgroups (gl.warp_specialize: 8 warps, 2 walks)
+    assert "chunks of 32" in chunked["name"] and chunked["waits"] == 8 and chunked["threads"] == 256, chunked
 
 
 def _correlation(u64, k64):
@@ -115,10 +117,10 @@ class _FakeLaunch:
         return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
 
 
-@pytest.mark.parametrize("per_sm, conj, tma, chunk, rfft", [
-    (0, False, False, 0, False), (3, True, False, 0, False), (3, False, True, 0, True), (1, True, True, 32, False),
-    (1, True, True, 32, True)])
-def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm, conj, tma, chunk, rfft):
+@pytest.mark.parametrize("per_sm, conj, tma, chunk, rfft, groups", [
+    (0, False, False, 0, False, 1), (3, True, False, 0, False, 1), (3, False, True, 0, True, 1),
+    (1, True, True, 32, False, 1), (1, True, True, 32, True, 1), (1, False, True, 32, False, 2)])
+def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm, conj, tma, chunk, rfft, groups):
     fake, other = _FakeLaunch(), _FakeLaunch()
     monkeypatch.setattr(conv_launch, "_conv_gluon_chunked" if chunk else "_conv_gluon", fake)
     monkeypatch.setattr(conv_launch, "_conv_gluon" if chunk else "_conv_gluon_chunked", other)
@@ -127,7 +129,7 @@ def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm,
     u = torch.randn(B, H, n).to(torch.bfloat16)
     spectrum = filter_spectrum(torch.randn(H, n), n)
     y = torch.empty_like(u)
-    conv_launch.launch(conv_plan.gluon_plan(32, 64, per_sm, True, tma, chunk, rfft), u, spectrum, y, conj)
+    conv_launch.launch(conv_plan.gluon_plan(32, 64, per_sm, True, tma, chunk, rfft, groups), u, spectrum, y, conj)
     (grid, args, kwargs), = fake.calls
     assert not other.calls
     pairs = H * 3
@@ -143,7 +145,10 @@ def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm,
             assert list(desc.strides) == [H * n, n, 64, 1]
     assert bound["U"] is u and bound["Y"] is y and bound["batch"] == B and bound["heads"] == H
     assert bound["A"] == 32 and bound["B"] == 64 and kwargs["num_warps"] == 4
-    assert bound["CHUNK"] == chunk if chunk else bound["ASYNC"] is True
+    if chunk:
+        assert bound["CHUNK"] == chunk and bound["WARPGROUPS"] == groups
+    else:
+        assert bound["ASYNC"] is True
     assert bound["RFFT"] is rfft and bound["CONJ"] is (conj and rfft)
     if rfft:  # the rfft's bins as float32 pairs, conjugated in the kernel
         assert torch.equal(bound["K"], torch.view_as_real(spectrum)) and bound["stride_kh"] == 2 * (n + 1)
@@ -175,6 +180,8 @@ def test_gluon_plan_rejects_what_the_kernel_does_not_take():
     with pytest.raises(ValueError, match="chunk"):
         conv_plan.gluon_plan(128, 64, 0, chunk=48)
     assert conv_plan.gluon_plan(128, 64, 1, tma=True, chunk=32).async_mma
+    with pytest.raises(ValueError, match="warpgroup"):
+        conv_plan.gluon_plan(32, 64, 1, warpgroups=2)  # (the whole-tile kernel runs one)
     assert gluon_onepass.factors(1024) == (32, 64) and gluon_onepass.factors(2048) == (64, 64)
     for n, candidates in configs.GLUON_ONEPASS_CANDIDATES.items():
         for config in candidates:

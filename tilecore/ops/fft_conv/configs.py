@@ -49,13 +49,15 @@ MONO_CANDIDATES = {  # (A, B, C, loop, warps[, permute[, kfull]]); sm_90a regist
 # CHUNK at a time, ASYNC; N = 4096 as 128 x 64): 4096 at 32 203 registers, 145 KiB with TMA (one program a
 # multiprocessor), 243 / 104 KiB without; 2048 at 32 188, 77 KiB with TMA. A 7th, RFFT: the kernel reads
 # the rfft's bins itself (no host layout of the spectrum a call: H x 2N complex gathered, 12.6 MB at
-# 1024): 1024 166 registers (TMA, sync or ASYNC), 4096 chunked 255, no spill.
+# 1024): 1024 166 registers (TMA, sync or ASYNC), 4096 chunked 255, no spill. An 8th, WARPGROUPS (chunked):
+# 2 runs two warpgroups a program (gl.warp_specialize, 4 + 4 warps), each on its own pairs, sharing the
+# resident matrices: 4096 218 KiB, 255 / 248 registers, no spill (with RFFT 32 B of spill: left out).
 GLUON_ONEPASS: dict = {}
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
-    1024: [(32, 64, 3, False, False), (32, 64, 3, True, False), (32, 64, 3, True, True),
-           (32, 64, 3, True, True, 0, True), (32, 64, 3, False, True, 0, True), (32, 64, 0, True, True, 0, True)],
-    2048: [(64, 64, 2, True, False), (64, 64, 2, True, True), (64, 64, 2, True, True, 32, True)],
-    4096: [(128, 64, 1, True, True, 32), (128, 64, 1, True, True, 32, True)],
+    1024: [(32, 64, 3, True, False), (32, 64, 3, True, True), (32, 64, 3, True, True, 0, True),
+           (32, 64, 3, False, True, 0, True), (32, 64, 0, True, True, 0, True)],
+    2048: [(64, 64, 2, True, True), (64, 64, 2, True, True, 32, True)],
+    4096: [(128, 64, 1, True, True, 32), (128, 64, 1, True, True, 32, False, 2)],
 }
 
 # candidates the GPU check times per N: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]); loop: groups

@@ -30,7 +30,7 @@ difference is needed (in registers for x and D, -Im F_B resident in shared memor
 """
 from triton.experimental import gluon
 
-from tilecore.tiles.gluon import wgmma_layout
+from tilecore.tiles.gluon import struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 SUPPORTED_N = (1024,)  # the sizes the kernel is built for (A = 32, B = 64); 2048 (64 x 64) compiles too
@@ -287,12 +287,79 @@ def _chained_mma(a1, b1, a2, b2, a3, b3, a4, b4, acc1, acc2):
     return p, q
 
 
+@struct
+class ChunkedGlobals:
+    """What every warpgroup of the chunked kernel reads: the tensors, sizes, the resident DFT matrices
+    (shared memory) and the compile-time shape."""
+    U: object
+    K: object
+    Y: object
+    TFRE: object
+    TFIM: object
+    batch: object
+    heads: object
+    stride_ub: object
+    stride_uh: object
+    stride_yb: object
+    stride_yh: object
+    stride_kh: object
+    u_desc: object
+    y_desc: object
+    fare: object  # [CHUNKS, HALF, CHUNK] float16: F_A[:HALF, chunk c]
+    faim: object
+    fanim: object  # -Im F_A
+    fbre: object  # [B, B] float16
+    fbim: object
+    fbnim: object  # -Im F_B
+    A: gl.constexpr
+    B: gl.constexpr
+    CHUNK: gl.constexpr
+    TMA: gl.constexpr
+    RFFT: gl.constexpr
+    CONJ: gl.constexpr
+
+
+@struct
+class ChunkedBuffers:
+    """One warpgroup's shared memory: the pair's x (stage 1's A operand), the staged chunk (R, then Y),
+    and with TMA u's two-buffer ring, its barriers and y's box."""
+    x_re: object  # [B, HALF] float16
+    x_im: object
+    tile_re: object  # [B, CHUNK] float16
+    tile_im: object
+    u_smem: object  # [2, 2, 1, HALF, B] (TMA)
+    y_smem: object  # [2, 1, HALF, B] (TMA)
+    u_ready: object  # [2, 1] mbarriers (TMA)
+
+
+@gluon.jit
+def _chunked_buffers(u_desc, y_desc, B: gl.constexpr, HALF: gl.constexpr, CHUNK: gl.constexpr, TMA: gl.constexpr):
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, HALF], gl.float16)
+    stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, CHUNK], gl.float16)
+    x_re = gl.allocate_shared_memory(gl.float16, [B, HALF], x_layout)
+    x_im = gl.allocate_shared_memory(gl.float16, [B, HALF], x_layout)
+    tile_re = gl.allocate_shared_memory(gl.float16, [B, CHUNK], stage_layout)
+    tile_im = gl.allocate_shared_memory(gl.float16, [B, CHUNK], stage_layout)
+    if TMA:
+        u_smem = gl.allocate_shared_memory(u_desc.dtype, [2] + u_desc.block_type.shape, u_desc.layout)
+        y_smem = gl.allocate_shared_memory(y_desc.dtype, y_desc.block_type.shape, y_desc.layout)
+        u_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(u_ready.index(0), count=1)
+        mbarrier.init(u_ready.index(1), count=1)
+    else:
+        u_smem = None
+        y_smem = None
+        u_ready = None
+    return ChunkedBuffers(x_re, x_im, tile_re, tile_im, u_smem, y_smem, u_ready)
+
+
 @gluon.jit
 def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                                   A: gl.constexpr, B: gl.constexpr, CHUNK: gl.constexpr,
                                   u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
-                                  CONJ: gl.constexpr = False):
+                                  CONJ: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
+                                  WORKER_REGS: gl.constexpr = 240):
     """fft_conv_gluon_onepass_kernel's convolution (same arguments) for larger A (N = 4096: A = 128), the
     tile's k_a columns CHUNK at a time: stages 1..3' are column-wise (x @ F_A[:HALF, chunk], the twiddles,
     F_B @ R, the spectrum and conj(F_B) @ Y act on each column alone), so a pair's registers hold one
@@ -303,18 +370,15 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     cast to float16 at its scale over the running one (<= 1). F_A[:HALF, :] and -Im of it are resident by
     chunks ([HALF, CHUNK] each; the last product reads one transposed: F_A is symmetric); x goes to shared
     memory once a pair (stage 1's A operand: no registers held across the chunks). The wgmmas are ASYNC
-    (one wait a complex product)."""
+    (one wait a complex product). WARPGROUPS 2: two warpgroups (4 + 4 warps, gl.warp_specialize) walk
+    alternate pairs with buffers of their own, sharing the resident matrices (two pairs in flight a
+    multiprocessor where one program's shared memory leaves room for one program only); WORKER_REGS:
+    the second one's registers."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
-    gl.static_assert(gl.num_warps() == 4, "one warpgroup")
+    gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
     HALF: gl.constexpr = A // 2
-    L: gl.constexpr = A * B
     CHUNKS: gl.constexpr = A // CHUNK
-    acc: gl.constexpr = wgmma_layout(B, CHUNK, 4)
-    acc_out: gl.constexpr = wgmma_layout(B, HALF, 4)
-    lhs_out: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_out, k_width=2)
-    io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
     table: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
-
     chunk_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, CHUNK], gl.float16)
     fare = gl.allocate_shared_memory(gl.float16, [CHUNKS, HALF, CHUNK], chunk_layout)  # F_A[:HALF, chunk c]
     faim = gl.allocate_shared_memory(gl.float16, [CHUNKS, HALF, CHUNK], chunk_layout)
@@ -324,23 +388,68 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         im = _load_square(FAIM, HALF, CHUNK, A, c * CHUNK, table)
         faim.index(c).store(im)
         fanim.index(c).store(-im)
-    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, HALF], gl.float16)
-    x_re = gl.allocate_shared_memory(gl.float16, [B, HALF], x_layout)  # the pair's x: stage 1's A operand
-    x_im = gl.allocate_shared_memory(gl.float16, [B, HALF], x_layout)
     fbre = _resident(FBRE, B, B, B, 0, False, table)
     fbim = _resident(FBIM, B, B, B, 0, False, table)
     fbnim = _resident(FBIM, B, B, B, 0, True, table)
-    stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, CHUNK], gl.float16)
-    tile_re = gl.allocate_shared_memory(gl.float16, [B, CHUNK], stage_layout)
-    tile_im = gl.allocate_shared_memory(gl.float16, [B, CHUNK], stage_layout)
-    if TMA:
-        u_smem = gl.allocate_shared_memory(u_desc.dtype, [2] + u_desc.block_type.shape, u_desc.layout)
-        y_smem = gl.allocate_shared_memory(y_desc.dtype, y_desc.block_type.shape, y_desc.layout)
-        u_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(u_ready.index(0), count=1)
-        mbarrier.init(u_ready.index(1), count=1)
-    fence_async_shared()
-    gl.thread_barrier()
+    g = ChunkedGlobals(U, K, Y, TFRE, TFIM, batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
+                       u_desc, y_desc, fare, faim, fanim, fbre, fbim, fbnim, A, B, CHUNK, TMA, RFFT, CONJ)
+    first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA)
+    if WARPGROUPS == 1:
+        fence_async_shared()
+        gl.thread_barrier()
+        _chunked_walk(g, first, 0, 1)
+    else:
+        gl.static_assert(WARPGROUPS == 2, "WARPGROUPS is 1 or 2")
+        second = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA)
+        fence_async_shared()
+        gl.thread_barrier()
+        gl.warp_specialize([(_chunked_walk, (g, first, 0, 2)), (_chunked_walk, (g, second, 1, 2))], [4],
+                           [WORKER_REGS])
+
+
+@gluon.jit
+def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
+    """One warpgroup's walk over the pairs: items w = PARTS p + part, stepping PARTS x programs (program p)."""
+    U = g.U
+    K = g.K
+    Y = g.Y
+    TFRE = g.TFRE
+    TFIM = g.TFIM
+    batch = g.batch
+    heads = g.heads
+    stride_ub = g.stride_ub
+    stride_uh = g.stride_uh
+    stride_yb = g.stride_yb
+    stride_yh = g.stride_yh
+    stride_kh = g.stride_kh
+    u_desc = g.u_desc
+    y_desc = g.y_desc
+    fare = g.fare
+    faim = g.faim
+    fanim = g.fanim
+    fbre = g.fbre
+    fbim = g.fbim
+    fbnim = g.fbnim
+    A: gl.constexpr = g.A
+    B: gl.constexpr = g.B
+    CHUNK: gl.constexpr = g.CHUNK
+    TMA: gl.constexpr = g.TMA
+    RFFT: gl.constexpr = g.RFFT
+    CONJ: gl.constexpr = g.CONJ
+    x_re = bufs.x_re
+    x_im = bufs.x_im
+    tile_re = bufs.tile_re
+    tile_im = bufs.tile_im
+    u_smem = bufs.u_smem
+    y_smem = bufs.y_smem
+    u_ready = bufs.u_ready
+    HALF: gl.constexpr = A // 2
+    L: gl.constexpr = A * B
+    CHUNKS: gl.constexpr = A // CHUNK
+    acc: gl.constexpr = wgmma_layout(B, CHUNK, 4)
+    acc_out: gl.constexpr = wgmma_layout(B, HALF, 4)
+    lhs_out: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_out, k_width=2)
+    io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
 
     io_m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
     io_a = gl.arange(0, HALF, layout=gl.SliceLayout(0, io))
@@ -353,8 +462,8 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
-    first = gl.program_id(0)
-    programs = gl.num_programs(0)
+    first = gl.program_id(0) * PARTS + part
+    programs = gl.num_programs(0) * PARTS
     U_BYTES: gl.constexpr = 2 * HALF * B * U.dtype.element_ty.primitive_bitwidth // 8
     if TMA:
         if first < total:

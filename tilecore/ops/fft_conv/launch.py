@@ -211,7 +211,8 @@ def launch_gluon_kernel(plan: Plan, u: torch.Tensor, kernel_spectrum: torch.Tens
             u, tile_spectrum, y, ops["FARE"], ops["FAIM"], ops["FBRE"], ops["FBIM"], ops["TFRE"], ops["TFIM"],
             B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), tile_spectrum.stride(0), A=a, B=b,
             CHUNK=plan.chunk, u_desc=None if descs is None else descs[0],
-            y_desc=None if descs is None else descs[1], TMA=descs is not None, num_warps=4, **options)
+            y_desc=None if descs is None else descs[1], TMA=descs is not None, WARPGROUPS=plan.warpgroups,
+            WORKER_REGS=248, num_warps=4, **options)  # (248: 4096's two warpgroups without spill)
         return
     _conv_gluon[(gluon_grid(plan, B, H, u.device),)](
         u, tile_spectrum, y, ops["FARE"], ops["FAIM"], ops["FBRE"], ops["FBIM"], ops["TFRE"], ops["TFIM"],

@@ -51,24 +51,28 @@ class Plan:
     tma: bool = False  # "gluon": u and y by TMA, the next pair's u loaded under this one's products
     chunk: int = 0  # "gluon": the chunked kernel's columns a step (0: the whole-tile kernel)
     rfft: bool = False  # "gluon": the kernel reads the rfft's bins itself (no host layout of the spectrum)
+    warpgroups: int = 1  # "gluon", chunked: warpgroups a program, each walking its own pairs
 
 
 def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool = False, chunk: int = 0,
-               rfft: bool = False) -> Plan:
+               rfft: bool = False, warpgroups: int = 1) -> Plan:
     """The Gluon one-pass kernel (gluon_onepass.py): 2N = a b, b = 64; ``per_sm`` persistent programs a
     multiprocessor (0: one program a pair of sequences); ``async_mma``, ``tma``: its ASYNC and TMA (TMA
     where u and y are describable: else pointer loads); ``chunk`` > 0: the chunked kernel (always ASYNC),
     a's columns that many at a time (a = 32 .. 128: N up to 4096); ``rfft``: the kernel reads the rfft's
-    bins (else the host lays the spectrum out as the tile, launch.mono_spectrum, every call)."""
+    bins (else the host lays the spectrum out as the tile, launch.mono_spectrum, every call); ``warpgroups``
+    (chunked only): 2 runs two warpgroups a program, each on its own pairs."""
     if chunk:
         if b != 64 or a not in (32, 64, 128) or chunk not in (16, 32, 64) or a % chunk:
             raise ValueError(f"the chunked Gluon one-pass kernel takes 2N = a x 64 with a = 32, 64 or 128 (N = "
                              f"1024..4096) and a chunk of 16, 32 or 64 dividing a; got {a} x {b}, chunk {chunk}")
-    elif b != 64 or a not in (32, 64):
+    if warpgroups not in (1, 2) or (warpgroups == 2 and not chunk):
+        raise ValueError(f"the Gluon one-pass kernel runs 1 warpgroup a program, or 2 chunked; got {warpgroups}")
+    if not chunk and (b != 64 or a not in (32, 64)):
         raise ValueError(f"the Gluon one-pass kernel takes 2N = a x 64 with a = 32 or 64 (N = 1024, 2048; the "
                          f"chunked one to 4096); got {a} x {b}")
     return Plan("gluon", n1=a, n2=b, n3=1, num_warps=4, per_sm=per_sm, kfull=True, async_mma=async_mma or chunk > 0,
-                tma=tma, chunk=chunk, rfft=rfft)
+                tma=tma, chunk=chunk, rfft=rfft, warpgroups=warpgroups)
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:

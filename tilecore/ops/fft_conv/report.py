@@ -51,7 +51,7 @@ def mono_variant(a: int, b: int, c: int, loop: int, warps: int, permute: bool = 
 
 
 def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma: bool = False,
-                  chunk: int = 0, rfft: bool = False) -> tuple[str, object, dict, int, bool]:
+                  chunk: int = 0, rfft: bool = False, warpgroups: int = 1) -> tuple[str, object, dict, int, bool]:
     """The one-pass kernel in Gluon (gluon_onepass.fft_conv_gluon_onepass_kernel) at one configuration
     (per_sm: the grid only, not the compile)."""
     import torch
@@ -72,8 +72,8 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
     extra = (", async" if async_mma else "") + (", TMA" if tma else "") + (", rfft" if rfft else "")
     if chunk:
         del args["ASYNC"]
-        args["CHUNK"] = chunk
-        return (f"fft_conv gluon N{n} ({a}x{b}, chunks of {chunk}{extra.replace(', async', '')}, 4 warps)",
+        args.update(CHUNK=chunk, WARPGROUPS=warpgroups, WORKER_REGS=248)
+        return (f"fft_conv gluon N{n} ({a}x{b}, chunks of {chunk}{extra.replace(', async', '')}, {4 * warpgroups} warps)",
                 gluon_onepass.fft_conv_gluon_chunked_kernel, args, 4, True)
     return (f"fft_conv gluon N{n} ({a}x{b}{extra}, 4 warps)",
             gluon_onepass.fft_conv_gluon_onepass_kernel, args, 4, True)
