@@ -17,7 +17,11 @@ diag 2 and flash-linear-attention's chunk_gla in the same run.
 * time: B16 H16 N4096 d128 bf16, log decays -U(0, 0.3) (gpu_forward.py's): the kernel alone on prepared
   arguments (the sub-chunk cumulative GL that launch.forward_call makes is outside it) by diag and blocks,
   the op's launch.forward (GL included), the copy bound (q, k, v, o, g bytes) and FLA chunk_gla.
-Prints a table last; JSON to $OUT/linear_attention_gla.json (default /tmp/out).
+--backward (a run of its own, < 90 s): the backward's factored intra-chunk terms (plan diag 6 / 5 =
+configs.CHANNEL_BWD_FACTORED with diag 4 / 3) against the shipped diag 0: gradients of bf16 inputs (dq, dk,
+dv, dg, dh0 through launch.backward) against float64 autograd of the recurrence (B1 H16 N1008 d128, weak
+decays, then strong ones with a reset), and the backward's time at B16 H16 N4096 d128 bf16.
+Prints a table last; JSON to $OUT/linear_attention_gla.json (--backward: linear_attention_gla_bwd.json).
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import traceback
 from pathlib import Path
 
 SMOKE = "--smoke" in sys.argv
+BACKWARD = "--backward" in sys.argv
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"
 
@@ -79,7 +84,8 @@ def elapsed() -> float:
 
 def save():
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "linear_attention_gla.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+    name = "linear_attention_gla_bwd.json" if BACKWARD else "linear_attention_gla.json"
+    (OUT / name).write_text(json.dumps(RESULTS, indent=1, default=str))
 
 
 def attempt(name, fn):
@@ -355,7 +361,136 @@ def table(row: dict | None):
     print(f"{elapsed():.0f} s; JSON: {OUT / 'linear_attention_gla.json'}")
 
 
+# --------------------------------------------------------------------------------------------
+# --backward: the factored intra-chunk gradient terms
+
+
+BW_DIAGS = (0, 6, 5)  # 0: shipped (GPU-checked in session 26); 6 / 5: factored, operands split / not
+# each warm process compiles a forward (~20 s on this 2-core machine), the dQ (5-9 s) and dK/dV (19-23 s) kernels
+# and the combine kernel; sm_90a: diag 6 dQ no spill, dK/dV 548 B (diag 0: 20 / 564 B)
+BW_WARM_BUDGET = 58.0
+
+
+def backward_grads(t: dict, diag: int, do, dht):
+    """(dq, dk, dv, dg, dh0) float32 of launch.backward at plan diag ``diag`` (the forward's ht first)."""
+    p = tl_plan(t["q"], t["v"], t["g"], IDENTITY, 64, diag=diag)
+    _, ht, _ = launch.forward(p, t["q"], t["k"], t["v"], t["g"], None, None, None, t["h0"], t["scale"], IDENTITY,
+                              final_state=True, keep_linear=False)
+    dq, dk, dv, dg, _, dh0 = launch.backward(p, do, t["q"], t["k"], t["v"], t["g"], None, t["h0"], None, ht, dht,
+                                             t["scale"], IDENTITY)
+    return dq, dk, dv, dg, dh0
+
+
+def backward_check(name: str, mk: dict):
+    if SMOKE:
+        mk = dict(mk, N=70, H=2, Dk=32, Dv=32)
+    t = make(**mk)
+    do = torch.randn(t["v"].shape, device=DEV, dtype=t["v"].dtype)
+    dht = torch.randn(t["h0"].shape, device=DEV)
+    leaves = [x.detach().double().requires_grad_() for x in (t["q"], t["k"], t["v"], t["g"], t["h0"])]
+    o, st = linear_attention_reference(*leaves[:3], decay=leaves[3], scale=t["scale"], initial_state=leaves[4])
+    ref = torch.autograd.grad((o * do.double()).sum() + (st * dht.double()).sum(), leaves)
+    live = t["g"] >= -100  # dg is 0 where the floor clamps
+    row = dict(case=name)
+    for diag in BW_DIAGS:
+        grads = backward_grads(t, diag, do, dht)
+        for gname, got, r, x in zip(("dq", "dk", "dv", "dg", "dh0"), grads, ref, (t["q"], t["k"], t["v"], None, None)):
+            key = f"diag{diag}_{gname}"
+            row[f"{key}_finite"] = bool(torch.isfinite(got).all())
+            if x is not None:  # as a multiple of the floor of the input's dtype
+                row[key] = round(accuracy.rel_rms(got, r) / accuracy.rounding_floor(r, x.dtype), 3)
+            elif gname == "dg":
+                row[key] = accuracy.rel_rms(got[live], r[live])
+            else:
+                row[key] = accuracy.rel_rms(got, r)
+    row["pass"] = all(row[f"diag{d}_{n}_finite"] for d in BW_DIAGS for n in ("dq", "dk", "dv", "dg", "dh0")) and all(
+        row[f"diag{d}_{n}"] <= 2.5 for d in BW_DIAGS for n in ("dq", "dk", "dv")) and all(
+        row[f"diag{d}_dg"] < 0.1 and row[f"diag{d}_dh0"] < 0.01 for d in BW_DIAGS)  # dg: 6% (session 26, [-6, 0])
+    RESULTS["check"].append(row)
+    print("check", row, flush=True)
+
+
+def _warm_backward(diag: int):
+    t0 = time.time()
+    try:
+        t = make(1, 128, 16, 128, 128, h0=True)
+        backward_grads(t, diag, torch.randn(t["v"].shape, device=DEV, dtype=t["v"].dtype),
+                       torch.randn(t["h0"].shape, device=DEV))
+        torch.cuda.synchronize()
+        return None, time.time() - t0
+    except Exception as err:  # noqa: BLE001
+        return f"{type(err).__name__}: {err}"[:300], time.time() - t0
+
+
+def main_backward():
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    if not SMOKE:
+        RESULTS["device"] = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__)
+        pool = cf.ProcessPoolExecutor(max_workers=len(BW_DIAGS), mp_context=mp.get_context("spawn"))
+        futs = {pool.submit(_warm_backward, d): d for d in BW_DIAGS}
+        try:
+            for fut in cf.as_completed(futs, timeout=BW_WARM_BUDGET):
+                err, secs = fut.result()
+                RESULTS["warm"].append(dict(task=f"backward diag {futs[fut]}", error=err, s=round(secs, 1)))
+        except cf.TimeoutError:
+            RESULTS["errors"].append(f"warm: not every backward compile done by {BW_WARM_BUDGET:.0f} s")
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+        print(f"warm: {elapsed():.0f} s", RESULTS["warm"], flush=True)
+    # N 1008 and H 16: the timed kernels' specializations (N % 16 == 0); 1008 ends in a partial chunk of 48
+    for name, mk in (("bf16 d128 h0 N 1008 weak decays", dict(B=1, N=1008, H=16, Dk=128, Dv=128, h0=True)),
+                     ("bf16 d128 h0 N 1008 strong [-6, 0] + reset", dict(B=1, N=1008, H=16, Dk=128, Dv=128, h0=True,
+                                                                         decay=6.0, reset=True, seed=2))):
+        if elapsed() > CHECK_BUDGET:
+            RESULTS["errors"].append(f"check {name}: skipped past {CHECK_BUDGET:.0f} s")
+            continue
+        attempt(f"check {name}", lambda: backward_check(name, mk))
+        save()
+    row = None
+    if not SMOKE:
+        t = make(16, 4096, 16, 128, 128, h0=True)
+        do = torch.randn(t["v"].shape, device=DEV, dtype=t["v"].dtype)
+        dht = torch.randn(t["h0"].shape, device=DEV)
+        row = dict(case="gla d128 B16 H16 N4096 bf16 backward (launch.backward, forward's ht given)")
+        for diag in BW_DIAGS:
+            if elapsed() > BUDGET:
+                row[f"diag{diag}_error"] = f"skipped past {BUDGET:.0f} s"
+                continue
+
+            def one():
+                p = tl_plan(t["q"], t["v"], t["g"], IDENTITY, 64, diag=diag)
+                _, ht, _ = launch.forward(p, t["q"], t["k"], t["v"], t["g"], None, None, None, t["h0"], t["scale"],
+                                          IDENTITY, final_state=True, keep_linear=False)
+                return bench(lambda: launch.backward(p, do, t["q"], t["k"], t["v"], t["g"], None, t["h0"], None, ht,
+                                                     dht, t["scale"], IDENTITY))
+
+            row[f"diag{diag}_ms"] = attempt(f"time backward diag {diag}", one)
+            print("time backward", diag, row[f"diag{diag}_ms"], flush=True)
+        RESULTS["time"].append(row)
+    save()
+    print("\nbackward check (bf16 vs float64 autograd; dq/dk/dv: x the floor; dg, dh0: relative) | " + " | ".join(
+        f"diag{d} dq, dk, dv, dg, dh0" for d in BW_DIAGS) + " | pass")
+    for r in RESULTS["check"]:
+        cells = []
+        for d in BW_DIAGS:
+            if f"diag{d}_dq" in r:
+                cells.append(", ".join(f"{r[f'diag{d}_{n}']:.3g}" for n in ("dq", "dk", "dv", "dg", "dh0")))
+            else:
+                cells.append("-")
+        print(f"{r['case']} | " + " | ".join(cells) + f" | {r['pass']}")
+    if row:
+        print(f"\ntime {row['case']}: " + ", ".join(f"diag{d} {row.get(f'diag{d}_ms')}" for d in BW_DIAGS))
+    for e in RESULTS["errors"]:
+        print("error:", e)
+    print(f"{elapsed():.0f} s; JSON: {OUT / 'linear_attention_gla_bwd.json'}")
+
+
 def main():
+    if BACKWARD:
+        return main_backward()
     fla = None
     if not SMOKE:
         RESULTS["device"] = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__)
