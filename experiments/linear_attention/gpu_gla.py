@@ -365,15 +365,26 @@ def table(row: dict | None):
 # --backward: the factored intra-chunk gradient terms
 
 
-BW_DIAGS = (0, 6, 5)  # 0: shipped (GPU-checked in session 26); 6 / 5: factored, operands split / not
+# (label, diag, key block): diag 0 shipped (GPU-checked in session 26); 6 / 5 factored, operands split / not;
+# key blocks of 32 / 64 (plan BKQ = BKB; shipped 16): fewer do v^T recomputes, more registers (sm_90a at 64:
+# dQ 460 B spilled, dK/dV 828 B)
+BW_VARIANTS = [("diag0", 0, None), ("diag6", 6, None), ("diag5", 5, None), ("diag6 kb32", 6, 32), ("diag6 kb64", 6, 64)]
+BW_DIAGS = [v[0] for v in BW_VARIANTS]
 # each warm process compiles a forward (~20 s on this 2-core machine), the dQ (5-9 s) and dK/dV (19-23 s) kernels
 # and the combine kernel; sm_90a: diag 6 dQ no spill, dK/dV 548 B (diag 0: 20 / 564 B)
 BW_WARM_BUDGET = 58.0
 
 
-def backward_grads(t: dict, diag: int, do, dht):
+def bw_plan(t: dict, diag: int, kb: int | None):
+    over = dict(diag=diag)
+    if kb:
+        over.update(BKQ=kb, BKB=kb)
+    return tl_plan(t["q"], t["v"], t["g"], IDENTITY, 64, **over)
+
+
+def backward_grads(t: dict, diag: int, kb: int | None, do, dht):
     """(dq, dk, dv, dg, dh0) float32 of launch.backward at plan diag ``diag`` (the forward's ht first)."""
-    p = tl_plan(t["q"], t["v"], t["g"], IDENTITY, 64, diag=diag)
+    p = bw_plan(t, diag, kb)
     _, ht, _ = launch.forward(p, t["q"], t["k"], t["v"], t["g"], None, None, None, t["h0"], t["scale"], IDENTITY,
                               final_state=True, keep_linear=False)
     dq, dk, dv, dg, _, dh0 = launch.backward(p, do, t["q"], t["k"], t["v"], t["g"], None, t["h0"], None, ht, dht,
@@ -392,10 +403,10 @@ def backward_check(name: str, mk: dict):
     ref = torch.autograd.grad((o * do.double()).sum() + (st * dht.double()).sum(), leaves)
     live = t["g"] >= -100  # dg is 0 where the floor clamps
     row = dict(case=name)
-    for diag in BW_DIAGS:
-        grads = backward_grads(t, diag, do, dht)
+    for label, diag, kb in BW_VARIANTS:
+        grads = backward_grads(t, diag, kb, do, dht)
         for gname, got, r, x in zip(("dq", "dk", "dv", "dg", "dh0"), grads, ref, (t["q"], t["k"], t["v"], None, None)):
-            key = f"diag{diag}_{gname}"
+            key = f"{label}_{gname}"
             row[f"{key}_finite"] = bool(torch.isfinite(got).all())
             if x is not None:  # as a multiple of the floor of the input's dtype
                 row[key] = round(accuracy.rel_rms(got, r) / accuracy.rounding_floor(r, x.dtype), 3)
@@ -403,18 +414,19 @@ def backward_check(name: str, mk: dict):
                 row[key] = accuracy.rel_rms(got[live], r[live])
             else:
                 row[key] = accuracy.rel_rms(got, r)
-    row["pass"] = all(row[f"diag{d}_{n}_finite"] for d in BW_DIAGS for n in ("dq", "dk", "dv", "dg", "dh0")) and all(
-        row[f"diag{d}_{n}"] <= 2.5 for d in BW_DIAGS for n in ("dq", "dk", "dv")) and all(
-        row[f"diag{d}_dg"] < 0.1 and row[f"diag{d}_dh0"] < 0.01 for d in BW_DIAGS)  # dg: 6% (session 26, [-6, 0])
+    row["pass"] = all(row[f"{d}_{n}_finite"] for d in BW_DIAGS for n in ("dq", "dk", "dv", "dg", "dh0")) and all(
+        row[f"{d}_{n}"] <= 2.5 for d in BW_DIAGS for n in ("dq", "dk", "dv")) and all(
+        row[f"{d}_dg"] < 0.1 and row[f"{d}_dh0"] < 0.01 for d in BW_DIAGS)  # dg: 6% (session 26, [-6, 0])
     RESULTS["check"].append(row)
     print("check", row, flush=True)
 
 
-def _warm_backward(diag: int):
+def _warm_backward(variant):
     t0 = time.time()
     try:
+        _, diag, kb = variant
         t = make(1, 128, 16, 128, 128, h0=True)
-        backward_grads(t, diag, torch.randn(t["v"].shape, device=DEV, dtype=t["v"].dtype),
+        backward_grads(t, diag, kb, torch.randn(t["v"].shape, device=DEV, dtype=t["v"].dtype),
                        torch.randn(t["h0"].shape, device=DEV))
         torch.cuda.synchronize()
         return None, time.time() - t0
@@ -428,12 +440,12 @@ def main_backward():
 
     if not SMOKE:
         RESULTS["device"] = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__)
-        pool = cf.ProcessPoolExecutor(max_workers=len(BW_DIAGS), mp_context=mp.get_context("spawn"))
-        futs = {pool.submit(_warm_backward, d): d for d in BW_DIAGS}
+        pool = cf.ProcessPoolExecutor(max_workers=len(BW_VARIANTS), mp_context=mp.get_context("spawn"))
+        futs = {pool.submit(_warm_backward, v): v[0] for v in BW_VARIANTS}
         try:
             for fut in cf.as_completed(futs, timeout=BW_WARM_BUDGET):
                 err, secs = fut.result()
-                RESULTS["warm"].append(dict(task=f"backward diag {futs[fut]}", error=err, s=round(secs, 1)))
+                RESULTS["warm"].append(dict(task=f"backward {futs[fut]}", error=err, s=round(secs, 1)))
         except cf.TimeoutError:
             RESULTS["errors"].append(f"warm: not every backward compile done by {BW_WARM_BUDGET:.0f} s")
         for proc in list(getattr(pool, "_processes", {}).values()):
@@ -455,34 +467,34 @@ def main_backward():
         do = torch.randn(t["v"].shape, device=DEV, dtype=t["v"].dtype)
         dht = torch.randn(t["h0"].shape, device=DEV)
         row = dict(case="gla d128 B16 H16 N4096 bf16 backward (launch.backward, forward's ht given)")
-        for diag in BW_DIAGS:
+        for label, diag, kb in BW_VARIANTS:
             if elapsed() > BUDGET:
-                row[f"diag{diag}_error"] = f"skipped past {BUDGET:.0f} s"
+                row[f"{label}_error"] = f"skipped past {BUDGET:.0f} s"
                 continue
 
             def one():
-                p = tl_plan(t["q"], t["v"], t["g"], IDENTITY, 64, diag=diag)
+                p = bw_plan(t, diag, kb)
                 _, ht, _ = launch.forward(p, t["q"], t["k"], t["v"], t["g"], None, None, None, t["h0"], t["scale"],
                                           IDENTITY, final_state=True, keep_linear=False)
                 return bench(lambda: launch.backward(p, do, t["q"], t["k"], t["v"], t["g"], None, t["h0"], None, ht,
                                                      dht, t["scale"], IDENTITY))
 
-            row[f"diag{diag}_ms"] = attempt(f"time backward diag {diag}", one)
-            print("time backward", diag, row[f"diag{diag}_ms"], flush=True)
+            row[f"{label}_ms"] = attempt(f"time backward {label}", one)
+            print("time backward", label, row[f"{label}_ms"], flush=True)
         RESULTS["time"].append(row)
     save()
     print("\nbackward check (bf16 vs float64 autograd; dq/dk/dv: x the floor; dg, dh0: relative) | " + " | ".join(
-        f"diag{d} dq, dk, dv, dg, dh0" for d in BW_DIAGS) + " | pass")
+        f"{d} dq, dk, dv, dg, dh0" for d in BW_DIAGS) + " | pass")
     for r in RESULTS["check"]:
         cells = []
         for d in BW_DIAGS:
-            if f"diag{d}_dq" in r:
-                cells.append(", ".join(f"{r[f'diag{d}_{n}']:.3g}" for n in ("dq", "dk", "dv", "dg", "dh0")))
+            if f"{d}_dq" in r:
+                cells.append(", ".join(f"{r[f'{d}_{n}']:.3g}" for n in ("dq", "dk", "dv", "dg", "dh0")))
             else:
                 cells.append("-")
         print(f"{r['case']} | " + " | ".join(cells) + f" | {r['pass']}")
     if row:
-        print(f"\ntime {row['case']}: " + ", ".join(f"diag{d} {row.get(f'diag{d}_ms')}" for d in BW_DIAGS))
+        print(f"\ntime {row['case']}: " + ", ".join(f"{d} {row.get(f'{d}_ms')} ms" for d in BW_DIAGS))
     for e in RESULTS["errors"]:
         print("error:", e)
     print(f"{elapsed():.0f} s; JSON: {OUT / 'linear_attention_gla_bwd.json'}")
