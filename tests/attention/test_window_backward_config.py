@@ -1,4 +1,5 @@
-"""The sliding-window backward's dQ mode switch (configs.GLUON_BACKWARD_WINDOW_DQ, issue 35): empty,
+"""The sliding-window backward's dQ mode switch (configs.GLUON_BACKWARD_WINDOW_DQ, issue 35; D128 fused since
+session 29's H100 run 5 checked it and timed it 1.06x lagged): empty,
 a window keeps the non-causal config (the kernels fold causal into the window); a mode named for a
 head dim takes over from N >= FUSED_DQ_MIN_N[False] for windows only (plans on meta tensors for an
 H100: dispatch.pretend). gpu_window_bwd.py checks and times the modes on the GPU."""
@@ -26,6 +27,12 @@ def test_window_takes_the_non_causal_config_while_the_switch_is_empty(monkeypatc
     window = backward_plan(4096, True, (1024, 0))
     assert window.path == "gluon"
     assert window.config["dq_from"] == configs.GLUON_BACKWARD[128, False]["dq_from"] == "lagged"
+    assert backward_plan(4096, True, (-1, -1)).config["dq_from"] == configs.GLUON_BACKWARD[128, True]["dq_from"]
+
+
+def test_the_shipped_window_backward_fuses_dq_at_d128():
+    assert configs.GLUON_BACKWARD_WINDOW_DQ == {128: "fused"}
+    assert backward_plan(32768, True, (4096, 0)).config["dq_from"] == "fused"
     assert backward_plan(4096, True, (-1, -1)).config["dq_from"] == configs.GLUON_BACKWARD[128, True]["dq_from"]
 
 

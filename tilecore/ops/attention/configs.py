@@ -250,9 +250,11 @@ GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3),  # gluon_dq.py: rows a 
 # config: lagged dQ at D128) with another dQ mode from N >= FUSED_DQ_MIN_N[False]: {d: dq_from}. Window
 # 4096 over N 32768 ran 1.18-1.23x Flex (target 1.3) at the non-causal kernel's rate (~470 TFLOP/s against
 # causal's ~564, session 26). sm_90a (session 29): D128 window fused dQ spills 452 B, lagged 584, the dK/dV
-# kernel of the split ("gluon") 104. Empty until experiments/attention/gpu_window_bwd.py checks and times
-# them on the GPU; {128: "fused"} (or "gluon") turns one on
-GLUON_BACKWARD_WINDOW_DQ: dict = {}
+# kernel of the split ("gluon") 104. H100 (session 29 run 5, runs/gpu_window_bwd_run5_session29_h100): fused
+# checked right (bf16: windows (1000, 0) causal GQA 8/2, (300, 200), (4096, 0) N 5000, (64, -1) N > Nk; fp16:
+# dq 1.42-1.47x the floor, dk/dv 1.07-1.46), window 4096 over N 32768 B2 H16: fused 10.68 ms = 1.275x Flex's
+# 13.62, lagged 11.28 (1.207x), the dq kernel after 11.32 (1.203x). {}: back to the non-causal config's lagged
+GLUON_BACKWARD_WINDOW_DQ: dict = {128: "fused"}
 
 
 def gluon_backward_config(d: int, n: int, causal: bool, dv: int | None = None, window: bool = False) -> dict:
