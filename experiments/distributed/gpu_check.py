@@ -7,7 +7,13 @@ the same total sequence, the napkin's prediction at that margin, peak memory per
 alone and all-to-all beside it.
 
 In the early order (margins above 0) only the attentions with a transfer beside them leave the
-margin (ring.step_margin); compute-only runs the same steps with the same margins.
+margin (ring.step_margin); compute-only runs the same steps with the same margins. Besides margins,
+--margins takes variants (session 29): "ce" (the copy engines' transfers, copy_engine.py, margin 0),
+"cef" (those and the one-pass own dK/dV sums: the ring's defaults since run 6), "0f" (NCCL at margin
+0 with the one-pass sums). Per variant also: one warm call's per-part timeline (ring.TIMELINE: each
+step, merge, wait, sum and copy by CUDA events on the compute and copy streams; --no-breakdown skips
+it), and the public fwd+bwd "queued" (the GPU kept busy 5 ms first, so the host's queueing overlaps
+it as in a training step; one GPU's the same way).
 
     torchrun --nproc_per_node=2 experiments/distributed/gpu_check.py          (from the repo root)
     torchrun --nproc_per_node=2 experiments/distributed/gpu_check.py --sizes 32768 --margins 0,8 --skip-check
@@ -65,14 +71,17 @@ class transport:
         self.name, self.fused = name, fused
 
     def __enter__(self):
-        self.saved = ring_module.set_transport(self.name), ring_module.set_fused_own_sums(self.fused)
+        if self.name is not None:  # None: the ring's defaults as they are
+            self.saved = ring_module.set_transport(self.name), ring_module.set_fused_own_sums(self.fused)
 
     def __exit__(self, *exc):
-        ring_module.set_transport(self.saved[0])
-        ring_module.set_fused_own_sums(self.saved[1])
+        if self.name is not None:
+            ring_module.set_transport(self.saved[0])
+            ring_module.set_fused_own_sums(self.saved[1])
 
 
 VARIANTS = {"ce": (0, "copy_engine", False), "cef": (0, "copy_engine", True), "0f": (0, "nccl", True)}
+AHEAD_MS = 5.0  # the "queued" timings: the GPU kept busy this long before each call (queue_ahead)
 
 
 def variant(m) -> tuple[int, str, bool]:
@@ -87,8 +96,29 @@ def sync():
         torch.cuda.synchronize()
 
 
-def lockstep_ms(fn, reps: int, warmup: int = 1) -> list[float]:
-    """fn's GPU time on this rank (ms), each repetition started together on every rank."""
+SLEEP_CYCLES_PER_MS = None  # torch.cuda._sleep's cycles a millisecond on this GPU (measured once)
+
+
+def queue_ahead(ms: float) -> None:
+    """Keep the GPU busy ``ms`` (torch.cuda._sleep) so the host's time to queue what follows is not
+    the GPU's: what a training step sees, where the previous layers' kernels run while the host
+    queues this one (one GPU and the ring alike)."""
+    global SLEEP_CYCLES_PER_MS
+    if SLEEP_CYCLES_PER_MS is None:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)
+        a.record()
+        torch.cuda._sleep(10_000_000)
+        b.record()
+        b.synchronize()
+        SLEEP_CYCLES_PER_MS = 10_000_000 / max(a.elapsed_time(b), 1e-3)
+    torch.cuda._sleep(int(ms * SLEEP_CYCLES_PER_MS))
+
+
+def lockstep_ms(fn, reps: int, warmup: int = 1, ahead_ms: float = 0.0) -> list[float]:
+    """fn's GPU time on this rank (ms), each repetition started together on every rank. ``ahead_ms``:
+    the GPU kept busy that long before the start event (queue_ahead), so the host's time to queue
+    fn's first kernels (checks, the metadata gather, launches) overlaps it instead of counting."""
     for _ in range(warmup):
         fn()
     sync()
@@ -103,6 +133,8 @@ def lockstep_ms(fn, reps: int, warmup: int = 1) -> list[float]:
             fn()
             times.append((time.perf_counter() - began) * 1e3)
             continue
+        if ahead_ms > 0:
+            queue_ahead(ahead_ms)
         start.record()
         fn()
         end.record()
@@ -226,7 +258,7 @@ CHECKS = [  # (mode, causal, n, hq, hkv, d, dtype[, sm_margin]): n not a multipl
 
 # SMs the attention leaves to NCCL's transfer kernel (0: the late order, else early); "ce": the copy
 # engines' transfers (ring.TRANSPORT = "copy_engine") at margin 0, early
-MARGINS = (0, "ce", "cef", 8)
+MARGINS = (0, "cef")
 
 
 def timeline_of(fn) -> dict:
@@ -326,6 +358,9 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
         del out, lse
         record("public_fwd_ms", lockstep_ms(
             lambda: context_parallel_attention(q, k, v, causal=causal, mode="ring"), reps))
+        if DEVICE == "cuda":
+            record("public_fwd_queued_ms", lockstep_ms(
+                lambda: context_parallel_attention(q, k, v, causal=causal, mode="ring"), reps, ahead_ms=AHEAD_MS))
 
     local = [t.clone().requires_grad_() for t in (q, k, v)]
 
@@ -343,6 +378,8 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
         reset_peak()
         cell = row["margins"][key]
         record("fwd_bwd_ms", lockstep_ms(fwd_bwd("ring", m, via, fused), reps), cell)
+        if DEVICE == "cuda":  # the same with the host's queueing time overlapped (a training step's view)
+            record("fwd_bwd_queued_ms", lockstep_ms(fwd_bwd("ring", m, via, fused), reps, ahead_ms=AHEAD_MS), cell)
         cell["peak_extra_gb"] = (peak() - base) / 1e9  # over what was allocated before: activations, buffers
     row["peak_extra_gb"] = max(c["peak_extra_gb"] for c in row["margins"].values())
     row["inputs_gb"] = 4 * q.numel() * q.element_size() / 1e9  # q, k, v, dO of this rank
@@ -366,6 +403,8 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
         base = memory_allocated()
         reset_peak()
         record("single_fwd_bwd_ms", lockstep_ms(single_fwd_bwd, reps))
+        if DEVICE == "cuda":
+            record("single_fwd_bwd_queued_ms", lockstep_ms(single_fwd_bwd, reps, ahead_ms=AHEAD_MS))
         row["single_peak_extra_gb"] = (peak() - base) / 1e9
         del whole, gq, gk, gv, gdout
 
@@ -387,6 +426,15 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
         if single:
             cell["speedup_fwd"] = row["single_fwd_ms"] / cell["fwd_ms"]
             cell["speedup_fwd_bwd"] = row["single_fwd_bwd_ms"] / cell["fwd_bwd_ms"]
+            if "fwd_bwd_queued_ms" in cell and "single_fwd_bwd_queued_ms" in row:
+                cell["speedup_fwd_bwd_queued"] = row["single_fwd_bwd_queued_ms"] / cell["fwd_bwd_queued_ms"]
+        for p in ("fwd", "bwd"):  # hidden by the timeline: the waits for transfers against a transfer's own time
+            parts = (cell.get("breakdown") or {}).get(p, {}).get("parts")
+            if parts:
+                waits = sum(x[3] for x in parts if x[1] == "compute" and " wait" in " " + x[0])
+                cell[f"{p}_waits_ms"] = waits
+                transfer = cell[f"{p}_transfer_ms"]
+                cell[f"{p}_hidden_by_waits"] = 1 - min(waits / transfer, 1.0) if transfer > 0 else 1.0
     if single:
         row["speedup_public_fwd"] = row["single_fwd_ms"] / row["public_fwd_ms"]
     flops = 4 * heads * n_total * n_total * d * (0.5 if causal else 1.0)
@@ -469,10 +517,13 @@ def tables(results) -> str:
               "transfers' own time hidden (hid*: the slowest rank's against the slowest rank's compute); /c0: with transfers over margin 0's compute alone; f+b: the public "
               "call's forward + backward; x1: speedup over one GPU; hop: the forward's K/V hops alone through the "
               "margin's ring (NCCL's CTAs capped at the margin); napkin: predicted fwd/bwd ms and their ratio "
-              "to the measured, and whether it predicts every transfer hidden):",
+              "to the measured, and whether it predicts every transfer hidden; f+b q, x1 q: the public f+b and its speedup "
+              f"with the GPU kept busy {AHEAD_MS:g} ms before each call (the host's queueing overlapped, as in a training "
+              "step; one GPU's alike); wait-hid: 1 - the timeline's waits for transfers over a transfer's own time; "
+              "variants: ce = copy engines, cef = copy engines + one-pass own sums (the defaults), 0f = NCCL + one-pass sums):",
               f"{'N':>7} {'causal':<6}{'m':>3}{'fwd':>8}{'comp':>8}{'hid':>5}{'hid*':>5}{'/c0':>6}{'bwd':>8}"
               f"{'comp':>8}{'hid':>5}{'hid*':>5}{'/c0':>6}{'f+b':>8}{'x1 fwd':>7}{'x1 f+b':>7}{'GB':>6}{'hop':>6}{'napkin fwd/bwd':>16}"
-              f"{'p/m':>11}{'hides':>6}"]
+              f"{'p/m':>11}{'hides':>6}{'f+b q':>8}{'x1 q':>6}{'wait-hid f/b':>13}"]
     for t in results["timing"]:
         if "error" in t:
             lines.append(f"{t['N']:>7} {str(t['causal']):<6} {t['error'].splitlines()[-1]}")
@@ -490,12 +541,15 @@ def tables(results) -> str:
                 f"{fmt(c['peak_extra_gb']):>6}{fmt(c.get('fwd_transfer_ms')):>6}"
                 f"{(fmt(p['fwd_ms'], '.1f') + '/' + fmt(p['bwd_ms'], '.1f')) if p else '-':>16}"
                 f"{(fmt(p['fwd_over_measured']) + '/' + fmt(p['bwd_over_measured'])) if p else '-':>11}"
-                f"{('yes' if p['hidden'] else 'no') if p else '-':>6}")
+                f"{('yes' if p['hidden'] else 'no') if p else '-':>6}"
+                f"{fmt(c.get('fwd_bwd_queued_ms')):>8}{fmt(c.get('speedup_fwd_bwd_queued')):>6}"
+                f"{fmt(c.get('fwd_hidden_by_waits'), '.0%') + '/' + fmt(c.get('bwd_hidden_by_waits'), '.0%'):>13}")
         lines.append(
             f"{'':>7} {'':<6}    one GPU: fwd {fmt(t.get('single_fwd_ms'))}, "
             f"fwd+bwd {fmt(t.get('single_fwd_bwd_ms'))}, "
             f"{fmt(t.get('single_peak_extra_gb'))} GB; transfers alone fwd {fmt(t['ring_fwd_transfer_ms'])}, bwd "
-            f"{fmt(t['ring_bwd_transfer_ms'])}; public fwd (default margin) {fmt(t['public_fwd_ms'])}; "
+            f"{fmt(t['ring_bwd_transfer_ms'])}; public fwd (defaults) {fmt(t['public_fwd_ms'])} (queued "
+            f"{fmt(t.get('public_fwd_queued_ms'))}); one GPU f+b queued {fmt(t.get('single_fwd_bwd_queued_ms'))}; "
             f"all-to-all f+b {fmt(t.get('a2a_fwd_bwd_ms'))}")
     lines += breakdown_lines(results)
     latency = fmt(results.get("transfer_latency_us"), ".1f")

@@ -28,6 +28,9 @@ one sum hop in the backward); more ranks use NCCL. CUDA only; the CPU tests run 
 """
 from __future__ import annotations
 
+import os
+import socket
+
 import torch
 import torch.distributed as dist
 
@@ -44,10 +47,45 @@ FULL_BY_WRITE = True
 _MAILBOXES: dict = {}  # (group name, device index) -> Mailboxes
 
 
+_PEERS: dict = {}  # (group name, device index) -> whether the two ranks can use the copy engines
+
+
 def available(group, device: torch.device) -> bool:
-    """Whether copy-engine transfers apply: CUDA tensors, an NCCL group of exactly two ranks."""
-    return (device.type == "cuda" and dist.get_world_size(group) == 2
-            and "nccl" in str(dist.get_backend(group)))
+    """Whether copy-engine transfers apply: CUDA tensors, an NCCL group of exactly two ranks, both on
+    one host with peer access between their GPUs (asked once per group and device: a small gather on
+    the group's gloo metadata group, which every rank reaches at the same call), and torch's symmetric
+    memory made there (a failure, the same on both ranks where the cause is the machine's, leaves
+    NCCL)."""
+    if device.type != "cuda" or dist.get_world_size(group) != 2 or "nccl" not in str(dist.get_backend(group)):
+        return False
+    key = (group.group_name, device.index)
+    if key not in _PEERS:
+        from tilecore.distributed import groups
+
+        mine = (socket.gethostname(), os.getpid(), torch.cuda.current_device() if device.index is None
+                else device.index)
+        every = [None, None]
+        dist.all_gather_object(every, mine, group=groups.metadata_group(group))
+        other = every[1 - dist.get_rank(group)]
+        ok = other[0] == mine[0] and other[2] != mine[2]
+        try:
+            ok = ok and torch.cuda.can_device_access_peer(mine[2], other[2])
+        except Exception:  # noqa: BLE001
+            ok = False
+        # every rank decides alike: both must be able to
+        votes = [None, None]
+        dist.all_gather_object(votes, ok, group=groups.metadata_group(group))
+        _PEERS[key] = all(votes)
+    return _PEERS[key]
+
+
+def unavailable(group, device: torch.device, err: Exception) -> None:
+    """Symmetric memory failed here (``err``): a warning, and NCCL for this group from now on."""
+    import warnings
+
+    warnings.warn(f"tilecore.distributed: the copy engines' transfers are unavailable ({err}); using NCCL's",
+                  RuntimeWarning, stacklevel=3)
+    _PEERS[(group.group_name, device.index)] = False
 
 
 def slot_of(tag: int) -> int:
