@@ -488,6 +488,14 @@ def time_matched(h=16, d=128):
                 o, l_ = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
                 gluon_backward(dout, q, k, v, o, l_, None, cu, cu, True, scale, -1, -1, 0.0, grads=grads)
             row["gluon_fwd_bwd_ms"] = bench(fwd_bwd)
+            # the backward's dQ modes (the fixed path fuses dQ at N 4096 causal; the varlen default splits it off)
+            for mode in ("fused", "lagged"):
+                if not over_budget(f"time matched {label} dq {mode}", 15.0):
+                    cfg = variant(d, True, dq_from=mode)
+                    guarded(f"time matched {label} dq {mode}")(lambda mode=mode, cfg=cfg: row.__setitem__(
+                        f"gluon_bwd_{mode}_ms", bench(lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu,
+                                                                             True, scale, -1, -1, 0.0, grads=grads,
+                                                                             config=cfg))))()
             for i, w in enumerate(("fwd", "bwd", "fwd_bwd")):
                 row[f"gluon_{w}_tflops"] = (1.0, 2.5, 3.5)[i] * flops / row[f"gluon_{w}_ms"] / 1e9
                 if rates:
