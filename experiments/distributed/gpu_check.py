@@ -469,11 +469,12 @@ def napkin_predictions(row, heads, d, world) -> dict:
         rates["measured_rate"] = row["single_fwd_tflops"]
     for m, cell in row["margins"].items():
         out[m] = {}
-        margin, via, _ = variant(m)
+        margin, via, fused = variant(m)
         for label, rate in rates.items():
             p = napkin_ring.predict(seq=row["N"], heads=heads, d=d, world=world, causal=row["causal"],
                                     attention_tflops=rate, one_gpu=False, sm_margin=margin,
-                                    dq_in_kernel=ring_module.DQ_IN_KERNEL, copy_engine=via == "copy_engine")
+                                    dq_in_kernel=ring_module.DQ_IN_KERNEL, copy_engine=via == "copy_engine",
+                                    one_pass_own_sums=fused)
             out[m][label] = {
                 "fwd_ms": p.forward_s * 1e3, "bwd_ms": p.backward_s * 1e3, "hidden": p.hidden,
                 "step_compute_ms": p.step_compute_s * 1e3, "step_transfer_ms": p.step_transfer_s * 1e3,

@@ -70,3 +70,22 @@ def test_margin_in_the_summary_and_the_command(capsys):
     assert "sm_margin 8 of 132 SMs" in printed and "transfers all hidden" in printed and "speedup" in printed
     assert cli.main(["napkin", "ring", "--seq", "3"]) == 2
     assert "seq >= 2 * world" in capsys.readouterr().out
+
+
+def test_copy_engine_and_one_pass_sums():
+    """Session 29: the copy engines' transfers hide at margin 0 (no SM), at the measured 355 GB/s
+    (run 6: 268 MB in 0.73-0.77 ms); the one-pass own sums move fewer bytes than the float32 buffer."""
+    from tilecore.napkin.interconnect import H100_X2
+
+    assert abs(H100_X2.copy_time(268e6) * 1e3 - 0.775) < 0.03 and H100_X2.copy_time(0) == 0.0
+    nccl = ring.predict(seq=32768, heads=32, d=128, world=2, causal=True, sm_margin=0, dq_in_kernel=True)
+    ce = ring.predict(seq=32768, heads=32, d=128, world=2, causal=True, sm_margin=0, dq_in_kernel=True,
+                      copy_engine=True)
+    both = ring.predict(seq=32768, heads=32, d=128, world=2, causal=True, sm_margin=0, dq_in_kernel=True,
+                        copy_engine=True, one_pass_own_sums=True)
+    assert not nccl.hidden and ce.hidden and both.hidden
+    assert ce.forward_s < nccl.forward_s and ce.backward_s < nccl.backward_s
+    assert both.backward_s < ce.backward_s and both.forward_s == ce.forward_s
+    assert "copy engines" in ce.margin_line()
+    # run 6's per-part timeline at 32K causal (cef): fwd 7.50, bwd 21.11 ms; within 15%
+    assert 0.85 < both.forward_s * 1e3 / 7.50 < 1.15 and 0.85 < both.backward_s * 1e3 / 21.11 < 1.15

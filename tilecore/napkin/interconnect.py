@@ -21,10 +21,17 @@ class Link:
     gpus: int          # GPUs a host connects this way
     source: str
     sms: int = 4       # SMs the transfer's kernel (NCCL's P2P channels) occupies: an estimate
+    copy_bandwidth: float | None = None  # bytes/s a peer copy by the copy engines moves (no SM); None: bandwidth
 
     def time(self, nbytes: float) -> float:
         """Seconds to move ``nbytes`` to a neighbour (0 for nothing)."""
         return self.latency + nbytes / self.bandwidth if nbytes > 0 else 0.0
+
+    def copy_time(self, nbytes: float) -> float:
+        """Seconds for the copy engines to move ``nbytes`` to a neighbour (a peer copy: no kernel)."""
+        if nbytes <= 0:
+            return 0.0
+        return self.latency + nbytes / (self.copy_bandwidth or self.bandwidth)
 
 
 NVLINK4 = Link(
@@ -34,9 +41,12 @@ NVLINK4 = Link(
 
 # The lent nvidia-h100-x2 (two H100 SXM, NV18): NCCL's batch_isend_irecv moved one rank's K and V of
 # B1 H32 N16K D128 bf16 (268 MB) around the ring in 0.92 ms (issue 38, 2026-11-25)
+# and the copy engines' peer copy into symmetric memory (tilecore.distributed.copy_engine) 268 MB in
+# 0.73-0.77 ms and 537 MB in 1.48-1.55 beside the attention (session 29's run 6): ~355 GB/s
 H100_X2 = dataclasses.replace(
-    NVLINK4, name="NVLink 4, measured (lent nvidia-h100-x2)", bandwidth=291e9,
-    source="issue 38: NCCL batch_isend_irecv, 268 MB in 0.92 ms a direction (2026-11-25); latency as NVLINK4's")
+    NVLINK4, name="NVLink 4, measured (lent nvidia-h100-x2)", bandwidth=291e9, copy_bandwidth=355e9,
+    source="issue 38: NCCL batch_isend_irecv, 268 MB in 0.92 ms a direction (2026-11-25); copy engines 355 GB/s "
+           "(session 29, run 6); latency as NVLINK4's")
 
 LINKS = {"nvlink4": NVLINK4, "h100-x2": H100_X2}
 

@@ -158,7 +158,8 @@ def _derived_rate(gpu: GPU, batch, heads, kv_heads, n, d, causal, dtype) -> floa
 def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, batch: int = 1,
             kv_heads: int | None = None, dtype: str = "bf16", gpu="h100", link="h100-x2", calibrate: bool = True,
             attention_tflops: float | None = None, one_gpu: bool = True, kv_views: bool = False,
-            sm_margin: int = 0, dq_in_kernel: bool = False, copy_engine: bool = False) -> RingPrediction:
+            sm_margin: int = 0, dq_in_kernel: bool = False, copy_engine: bool = False,
+            one_pass_own_sums: bool = False) -> RingPrediction:
     """The ring's steps on ``world`` GPUs for a sequence of ``seq`` (each rank seq / world, in two
     chunks). ``gpu``: a napkin GPU (calibrated to the measured H100 ceilings of napkin.validate
     unless ``calibrate`` is False); ``link``: interconnect.LINKS' key or a Link; ``attention_tflops``:
@@ -170,7 +171,9 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
     dQ added to the float32 sum by the attention kernel (the Gluon backward's reductions: D64, D128
     from 1024 rows, causal from 4096), else by a pass of its own; ``copy_engine``: the transfers by the
     copy engines (tilecore.distributed.copy_engine: no SM), so beside the attention at any margin, at
-    the link's bandwidth (not yet measured for peer copies: the NCCL figure stands in)."""
+    the link's ``copy_bandwidth`` (measured on the h100-x2: 355 GB/s); ``one_pass_own_sums``: two
+    ranks' own dK/dV summed from the three shares in one pass (ring.FUSED_OWN_SUMS) instead of a
+    float32 buffer (a copy, adds, a cast)."""
     if world < 1 or seq < 2 * world:
         raise ValueError(f"ring.predict: need world >= 1 and seq >= 2 * world; got seq={seq}, world={world}")
     if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or sm_margin < 0:
@@ -206,6 +209,8 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
         nothing in flight takes every SM)."""
         return Step(what, compute * (slower if transfer > 0 else 1.0), elementwise, transfer, serial)
 
+    hop = lk.copy_time if copy_engine else lk.time
+    fused = one_pass_own_sums and world == 2
     o_elems = batch * heads * d          # per query row
     kv_elems = 2 * batch * kv_heads * d  # K and V, per key row
     kv_bytes = kv_elems * n * q
@@ -217,13 +222,13 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
     upcast = (0 if in_place else o_elems * n * (q + 4)) / hbm
     merge = o_elems * n * (3 * q if in_place else 8 + q) / hbm
     fwd = [step("own slice" + (" (causal)" if causal else ""), attn(n, n, 0.5 if causal else 1.0, causal),
-                stack + upcast, lk.time(kv_bytes) if world > 1 else 0.0)]
+                stack + upcast, hop(kv_bytes) if world > 1 else 0.0)]
     for s in range(1, world):
         last = s == world - 1
         what = "foreign block, half the pairs" if causal else "foreign block"
         cast = (0 if in_place or not last else o_elems * n * (4 + q)) / hbm
         fwd.append(step(what, attn(n, n, 0.5 if causal else 1.0, False), merge + cast,
-                        0.0 if last else lk.time(kv_bytes)))
+                        0.0 if last else hop(kv_bytes)))
 
     # backward: own block's first part, the foreign blocks, own block's second part. A dK/dV sum of
     # one share (the hop after step 1) travels in the dtype, of more in float32
@@ -241,9 +246,9 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
     else:
         first = ("own first half of rows", attn(half, n, 1.0, False, True), half, n)
         second = ("own second half of rows", attn(half, n, 1.0, False, True), half, n)
-    own_start = kv_elems * n * (q + 4) / hbm   # the own sums: a float32 copy of the first part's
+    own_start = 0.0 if fused else kv_elems * n * (q + 4) / hbm   # the own sums: a float32 copy of the first part's
     bwd = [step(first[0], first[1], start + first[2] * dq_add + own_start,
-                lk.time(kv_bytes) if world > 1 else 0.0)]
+                hop(kv_bytes) if world > 1 else 0.0)]
     for s in range(1, world):
         in_flight = (kv_bytes if s < world - 1 else 0.0) + (sum_bytes(s - 1) if s >= 2 else 0.0)
         if s == 1:  # the share sent as the op gave it (causal, the slowest rank's: half the keys, into zeros)
@@ -252,11 +257,13 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
             sums = kv_elems * n * ((q + 4) if s == 2 else 0) / hbm + n * dkv_add
         bwd.append(step("foreign block" + (", half the pairs" if causal else ""),
                         attn(n, n, 0.5 if causal else 1.0, False, True), n * dq_add + sums,
-                        lk.time(in_flight)))
+                        hop(in_flight)))
     home = (kv_elems * n * (8 + (q if world == 2 else 4)) if world > 1 else 0.0) \
         + o_elems * n * (4 + q) + kv_elems * n * (4 + q)  # the sum home added, casts out
-    bwd.append(step(second[0], second[1], second[2] * dq_add + second[3] * dkv_add + home / hbm,
-                    lk.time(sum_bytes(world - 1)) if world > 1 else 0.0))
+    if fused:  # the three shares read (the last part's over its keys), the dtype written once; dq's cast
+        home = kv_elems * (2 * n + second[3]) * q + kv_elems * n * q + o_elems * n * (4 + q)
+    bwd.append(step(second[0], second[1], second[2] * dq_add + (0.0 if fused else second[3] * dkv_add) + home / hbm,
+                    hop(sum_bytes(world - 1)) if world > 1 else 0.0))
 
     one_fwd = one_bwd = None
     if one_gpu:
@@ -293,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                         "transfer after its step's attention)")
     p.add_argument("--copy-engine", action="store_true",
                    help="transfers by the copy engines (no SM: hidden beside the attention at margin 0)")
+    p.add_argument("--one-pass-sums", action="store_true",
+                   help="two ranks' own dK/dV summed in one pass (tilecore.distributed.ring.FUSED_OWN_SUMS)")
     p.add_argument("--attention-tflops", type=float, default=None,
                    help="a measured attention rate instead of the napkin's derivation")
     args = p.parse_args(argv)
@@ -300,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         pred = predict(args.seq, args.heads, args.d, args.world, causal=args.causal, batch=args.batch,
                        kv_heads=args.kv_heads, dtype=args.dtype, gpu=args.gpu, link=args.link,
                        attention_tflops=args.attention_tflops, sm_margin=args.sm_margin,
-                       copy_engine=args.copy_engine)
+                       copy_engine=args.copy_engine, one_pass_own_sums=args.one_pass_sums)
     except Exception as err:  # noqa: BLE001 (a bad size or name: the message, not a traceback)
         print(f"tilecore napkin ring: {err}")
         return 2
