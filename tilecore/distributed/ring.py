@@ -30,7 +30,9 @@ it. NCCL moves the bytes with a kernel, on SMs, so the transfer overlaps the ste
 where the attention leaves it some: ``sm_margin`` (tilecore.attention's: its persistent kernels'
 grids that many SMs smaller). With a margin each transfer starts before the attention it hides
 under (the early order); without one, after it (the late order, TRANSFERS_EARLY). On gloo the same
-code runs (the transfer on gloo's threads).
+code runs (the transfer on gloo's threads). Two CUDA ranks of one host (the default since session 29,
+TRANSPORT): the copy engines instead (copy_engine.py: peer copies into the other GPU's symmetric
+memory, no SM), each transfer started before the attention it hides under, at margin 0.
 """
 from __future__ import annotations
 
