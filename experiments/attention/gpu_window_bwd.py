@@ -81,55 +81,57 @@ def make(b, hq, hkv, n, nk, d, dtype, seed=0):
                  for h, length in ((hq, n), (hkv, nk), (hkv, nk)))
 
 
-def forward(q, k, v, causal, window):
+def forward(q, k, v, causal, window, softcap=0.0):
     scale = q.shape[-1] ** -0.5
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
     lse = torch.full(q.shape[:3], float("nan"), device=q.device)
-    launch.forward(plan.plan_forward(q, k, v, causal, scale, window=window), q, k, v, out, lse, causal, scale, window)
+    launch.forward(plan.plan_forward(q, k, v, causal, scale, window=window, softcap=softcap), q, k, v, out, lse,
+                   causal, scale, window, softcap)
     return out, lse
 
 
-def backward_plan(dout, q, k, v, causal, window, dq_from):
+def backward_plan(dout, q, k, v, causal, window, dq_from, softcap=0.0):
     """The forced Gluon backward's plan with dQ from ``dq_from`` (None: the shipped config's)."""
     c, w = folded(causal, window)
     scale = q.shape[-1] ** -0.5
-    base = plan.plan_backward(dout, q, k, v, c, scale, path="gluon", window=w)
+    base = plan.plan_backward(dout, q, k, v, c, scale, path="gluon", window=w, softcap=softcap)
     if dq_from is None or SMOKE:  # the interpreter: the plan's own path (Gluon does not run there)
         return base, c, w
     cfg = dict(base.config, dq_from=dq_from.split("+")[0], kv_regs=False, drawn="+drawn" in dq_from)
-    return plan.plan_backward(dout, q, k, v, c, scale, path="gluon", window=w, config=cfg), c, w
+    return plan.plan_backward(dout, q, k, v, c, scale, path="gluon", window=w, config=cfg, softcap=softcap), c, w
 
 
-def backward(dout, q, k, v, out, lse, causal, window, dq_from, grads=None):
+def backward(dout, q, k, v, out, lse, causal, window, dq_from, grads=None, softcap=0.0):
     scale = q.shape[-1] ** -0.5
     if SMOKE:  # the tl backward in the Gluon path's place (shapes and the script's paths only)
         grads = grads or [torch.full_like(t, float("nan")) for t in (q, k, v)]
-        launch.backward_into(dout, q, k, v, out, lse, None, *grads, causal, scale, window)
+        launch.backward_into(dout, q, k, v, out, lse, None, *grads, causal, scale, window, softcap)
         return grads
-    bwd_plan, c, w = backward_plan(dout, q, k, v, causal, window, dq_from)
+    bwd_plan, c, w = backward_plan(dout, q, k, v, causal, window, dq_from, softcap)
     grads = grads or [torch.full_like(t, float("nan")) for t in (q, k, v)]
-    launch.backward(bwd_plan, dout, q, k, v, out, lse, None, *grads, c, scale, w)
+    launch.backward(bwd_plan, dout, q, k, v, out, lse, None, *grads, c, scale, w, softcap)
     return grads
 
 
-CHECKS = [  # name, B, Hq, Hkv, N, Nk, D, causal, window
-    ("window (1000, 0) causal N3000 GQA 8/2", 1, 8, 2, 3000, 3000, 128, True, (1000, 0)),
-    ("window (300, 200) N2048", 1, 4, 4, 2048, 2048, 128, False, (300, 200)),
-    ("window (4096, 0) causal N5000", 1, 2, 2, 5000, 5000, 128, True, (4096, 0)),
-    ("window (64, -1) causal N>Nk GQA", 1, 4, 1, 1500, 1100, 128, True, (64, -1)),
+CHECKS = [  # name, B, Hq, Hkv, N, Nk, D, causal, window, softcap
+    ("window (1000, 0) causal N3000 GQA 8/2", 1, 8, 2, 3000, 3000, 128, True, (1000, 0), 0.0),
+    ("window (200, -1) causal + softcap 20 GQA 8/2 N2048", 1, 8, 2, 2048, 2048, 128, True, (200, -1), 20.0),
+    ("window (300, 200) N2048", 1, 4, 4, 2048, 2048, 128, False, (300, 200), 0.0),
+    ("window (4096, 0) causal N5000", 1, 2, 2, 5000, 5000, 128, True, (4096, 0), 0.0),
+    ("window (64, -1) causal N>Nk GQA", 1, 4, 1, 1500, 1100, 128, True, (64, -1), 0.0),
 ]
-SMOKE_CHECKS = [("window (9, 0) causal smoke", 1, 2, 1, 40, 40, 16, True, (9, 0)),
-                ("window (5, 3) N<Nk smoke", 1, 2, 2, 30, 50, 16, False, (5, 3))]
+SMOKE_CHECKS = [("window (9, 0) causal smoke", 1, 2, 1, 40, 40, 16, True, (9, 0), 0.0),
+                ("window (5, 3) N<Nk smoke softcap", 1, 2, 2, 30, 50, 16, False, (5, 3), 5.0)]
 
 
-def check(name, b, hq, hkv, n, nk, d, causal, window, dtype, dq_from):
+def check(name, b, hq, hkv, n, nk, d, causal, window, softcap, dtype, dq_from):
     q, k, v = make(b, hq, hkv, n, nk, d, dtype)
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
-    ref, _ = attention_reference(q64, k64, v64, causal=causal, window_size=window)
+    ref, _ = attention_reference(q64, k64, v64, causal=causal, window_size=window, softcap=softcap)
     dout = torch.randn(ref.shape, dtype=dtype, device=q.device)
     ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
-    out, lse = forward(q, k, v, causal, window)
-    grads = backward(dout, q, k, v, out, lse, causal, window, dq_from)
+    out, lse = forward(q, k, v, causal, window, softcap)
+    grads = backward(dout, q, k, v, out, lse, causal, window, dq_from, softcap=softcap)
     if not SMOKE:
         torch.cuda.synchronize()
     row = {"case": f"{name} {str(dtype)[6:]} dq {dq_from}"}

@@ -16,10 +16,10 @@ def meta(*shape):
     return torch.empty(*shape, dtype=torch.bfloat16, device="meta")
 
 
-def backward_plan(n, causal, window, d=128):
+def backward_plan(n, causal, window, d=128, softcap=0.0):
     q = meta(1, 4, n, d)
     with dispatch.pretend(H100):
-        return plan.plan_backward(q, q, q, q, causal, d ** -0.5, window=window)
+        return plan.plan_backward(q, q, q, q, causal, d ** -0.5, window=window, softcap=softcap)
 
 
 def test_window_takes_the_non_causal_config_while_the_switch_is_empty(monkeypatch):
@@ -34,6 +34,8 @@ def test_the_shipped_window_backward_fuses_dq_at_d128():
     assert configs.GLUON_BACKWARD_WINDOW_DQ == {128: "fused"}
     assert backward_plan(32768, True, (4096, 0)).config["dq_from"] == "fused"
     assert backward_plan(4096, True, (-1, -1)).config["dq_from"] == configs.GLUON_BACKWARD[128, True]["dq_from"]
+    # with a softcap too: the non-causal config's until a GPU run checks the two together
+    assert backward_plan(32768, True, (4096, 0), softcap=30.0).config["dq_from"] == "lagged"
 
 
 @pytest.mark.parametrize("mode", ["fused", "gluon"])

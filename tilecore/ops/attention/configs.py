@@ -266,7 +266,8 @@ GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3),  # gluon_dq.py: rows a 
 # kernel of the split ("gluon") 104. H100 (session 29 run 5, runs/gpu_window_bwd_run5_session29_h100): fused
 # checked right (bf16: windows (1000, 0) causal GQA 8/2, (300, 200), (4096, 0) N 5000, (64, -1) N > Nk; fp16:
 # dq 1.42-1.47x the floor, dk/dv 1.07-1.46), window 4096 over N 32768 B2 H16: fused 10.68 ms = 1.275x Flex's
-# 13.62, lagged 11.28 (1.207x), the dq kernel after 11.32 (1.203x). {}: back to the non-causal config's lagged
+# 13.62, lagged 11.28 (1.207x), the dq kernel after 11.32 (1.203x). {}: back to the non-causal config's lagged.
+# Not with a softcap yet (plan_backward; sm_90a fused + window + softcap spills 652 B): gpu_window_bwd.py checks it
 GLUON_BACKWARD_WINDOW_DQ: dict = {128: "fused"}
 
 

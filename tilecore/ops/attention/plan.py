@@ -296,7 +296,9 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
                          f"{sorted(configs.GLUON_BACKWARD_DV)}; got {D} and {Dv}")
     if "window" in used:  # the kernels fold causal into the window: no causal schedule or config
         causal = False
-    cfg = dict(config or configs.gluon_backward_config(D, N, causal, Dv, window="window" in used))
+    # a window's own dQ mode (GLUON_BACKWARD_WINDOW_DQ) without a softcap until a GPU run checks the two together
+    cfg = dict(config or configs.gluon_backward_config(D, N, causal, Dv,
+                                                       window="window" in used and "softcap" not in used))
     if cfg.get("qk_pieces", 1) != 1 and (cfg["dq_from"] not in ("gluon", "tl") or cfg.get("kv_regs")
                                          or D != 64 * cfg["qk_pieces"] or Dv != 128):
         raise ValueError(f"the backward by column pieces takes D = 64 x qk_pieces, Dv = 128, dq_from 'gluon' or "
