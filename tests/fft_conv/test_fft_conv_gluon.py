@@ -119,7 +119,7 @@ class _FakeLaunch:
 
 @pytest.mark.parametrize("per_sm, conj, tma, chunk, rfft, groups", [
     (0, False, False, 0, False, 1), (3, True, False, 0, False, 1), (3, False, True, 0, True, 1),
-    (1, True, True, 32, False, 1), (1, True, True, 32, True, 1), (1, False, True, 32, False, 2)])
+    (1, True, True, 32, False, 1), (1, True, True, 32, True, 1), (1, False, True, 32, False, 2), (2, True, True, 0, True, 8)])
 def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm, conj, tma, chunk, rfft, groups):
     fake, other = _FakeLaunch(), _FakeLaunch()
     monkeypatch.setattr(conv_launch, "_conv_gluon_chunked" if chunk else "_conv_gluon", fake)
@@ -129,7 +129,10 @@ def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm,
     u = torch.randn(B, H, n).to(torch.bfloat16)
     spectrum = filter_spectrum(torch.randn(H, n), n)
     y = torch.empty_like(u)
-    conv_launch.launch(conv_plan.gluon_plan(32, 64, per_sm, True, tma, chunk, rfft, groups), u, spectrum, y, conj)
+    warps = 8 if groups == 8 else 4  # (groups 8: the whole-tile kernel at 8 warps)
+    groups = 1 if groups == 8 else groups
+    conv_launch.launch(conv_plan.gluon_plan(32, 64, per_sm, True, tma, chunk, rfft, groups, warps), u, spectrum, y,
+                       conj)
     (grid, args, kwargs), = fake.calls
     assert not other.calls
     pairs = H * 3
@@ -144,7 +147,7 @@ def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm,
             assert desc.base is t and list(desc.shape) == [B, H, 16, 64] and list(desc.block_shape) == [2, 1, 16, 64]
             assert list(desc.strides) == [H * n, n, 64, 1]
     assert bound["U"] is u and bound["Y"] is y and bound["batch"] == B and bound["heads"] == H
-    assert bound["A"] == 32 and bound["B"] == 64 and kwargs["num_warps"] == 4
+    assert bound["A"] == 32 and bound["B"] == 64 and kwargs["num_warps"] == warps
     if chunk:
         assert bound["CHUNK"] == chunk and bound["WARPGROUPS"] == groups
     else:
@@ -182,6 +185,9 @@ def test_gluon_plan_rejects_what_the_kernel_does_not_take():
     assert conv_plan.gluon_plan(128, 64, 1, tma=True, chunk=32).async_mma
     with pytest.raises(ValueError, match="warpgroup"):
         conv_plan.gluon_plan(32, 64, 1, warpgroups=2)  # (the whole-tile kernel runs one)
+    with pytest.raises(ValueError, match="8 in the whole-tile"):
+        conv_plan.gluon_plan(128, 64, 1, chunk=32, warps=8)
+    assert conv_plan.gluon_plan(32, 64, 2, True, True, 0, True, 1, 8).num_warps == 8
     assert gluon_onepass.factors(1024) == (32, 64) and gluon_onepass.factors(2048) == (64, 64)
     for n, candidates in configs.GLUON_ONEPASS_CANDIDATES.items():
         for config in candidates:

@@ -140,17 +140,18 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     (else pointer loads and stores). RFFT: K is the rfft itself, (heads, N + 1) complex64 as float32 (re,
     im) pairs, read at the tile's bins in the kernel (conjugated with CONJ): no host layout a call."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
-    gl.static_assert(gl.num_warps() == 4, "one warpgroup")
+    WARPS: gl.constexpr = gl.num_warps()
+    gl.static_assert(WARPS == 4 or WARPS == 8, "one warpgroup, or two splitting each product's columns")
     HALF: gl.constexpr = A // 2
     L: gl.constexpr = A * B
     # register layouts: the accumulators of [B, A] and [B, HALF] products, their register A operands,
     # and a coalesced layout for u and y ([B, HALF] at offset B a + m: threads along m)
-    acc: gl.constexpr = wgmma_layout(B, A, 4)
-    acc_out: gl.constexpr = wgmma_layout(B, HALF, 4)
+    acc: gl.constexpr = wgmma_layout(B, A, WARPS)
+    acc_out: gl.constexpr = wgmma_layout(B, HALF, WARPS)
     lhs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
     lhs_out: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_out, k_width=2)
-    io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
-    table: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+    io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, WARPS], [0, 1])
+    table: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [WARPS, 1], [1, 0])
 
     # the DFT matrices, resident in shared memory for the program's whole walk
     fa1re = _resident(FARE, HALF, A, A, 0, False, table)  # F_A[:HALF, :]: stage 1's B operand

@@ -218,7 +218,7 @@ def launch_gluon_kernel(plan: Plan, u: torch.Tensor, kernel_spectrum: torch.Tens
         u, tile_spectrum, y, ops["FARE"], ops["FAIM"], ops["FBRE"], ops["FBIM"], ops["TFRE"], ops["TFIM"],
         B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), tile_spectrum.stride(0), A=a, B=b,
         ASYNC=plan.async_mma, u_desc=None if descs is None else descs[0], y_desc=None if descs is None else descs[1],
-        TMA=descs is not None, num_warps=4, **options)
+        TMA=descs is not None, num_warps=plan.num_warps, **options)
 
 
 def gluon_descriptors(u: torch.Tensor, y: torch.Tensor, a: int, b: int) -> tuple:

@@ -55,23 +55,26 @@ class Plan:
 
 
 def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool = False, chunk: int = 0,
-               rfft: bool = False, warpgroups: int = 1) -> Plan:
+               rfft: bool = False, warpgroups: int = 1, warps: int = 4) -> Plan:
     """The Gluon one-pass kernel (gluon_onepass.py): 2N = a b, b = 64; ``per_sm`` persistent programs a
     multiprocessor (0: one program a pair of sequences); ``async_mma``, ``tma``: its ASYNC and TMA (TMA
     where u and y are describable: else pointer loads); ``chunk`` > 0: the chunked kernel (always ASYNC),
     a's columns that many at a time (a = 32 .. 128: N up to 4096); ``rfft``: the kernel reads the rfft's
     bins (else the host lays the spectrum out as the tile, launch.mono_spectrum, every call); ``warpgroups``
-    (chunked only): 2 runs two warpgroups a program, each on its own pairs."""
+    (chunked only): 2 runs two warpgroups a program, each on its own pairs; ``warps`` (the whole-tile
+    kernel): 8 splits each product's columns between two warpgroups."""
     if chunk:
         if b != 64 or a not in (32, 64, 128) or chunk not in (16, 32, 64) or a % chunk:
             raise ValueError(f"the chunked Gluon one-pass kernel takes 2N = a x 64 with a = 32, 64 or 128 (N = "
                              f"1024..4096) and a chunk of 16, 32 or 64 dividing a; got {a} x {b}, chunk {chunk}")
     if warpgroups not in (1, 2) or (warpgroups == 2 and not chunk):
         raise ValueError(f"the Gluon one-pass kernel runs 1 warpgroup a program, or 2 chunked; got {warpgroups}")
+    if warps not in (4, 8) or (warps == 8 and chunk):
+        raise ValueError(f"the Gluon one-pass kernel runs 4 warps, or 8 in the whole-tile kernel; got {warps}")
     if not chunk and (b != 64 or a not in (32, 64)):
         raise ValueError(f"the Gluon one-pass kernel takes 2N = a x 64 with a = 32 or 64 (N = 1024, 2048; the "
                          f"chunked one to 4096); got {a} x {b}")
-    return Plan("gluon", n1=a, n2=b, n3=1, num_warps=4, per_sm=per_sm, kfull=True, async_mma=async_mma or chunk > 0,
+    return Plan("gluon", n1=a, n2=b, n3=1, num_warps=warps, per_sm=per_sm, kfull=True, async_mma=async_mma or chunk > 0,
                 tma=tma, chunk=chunk, rfft=rfft, warpgroups=warpgroups)
 
 

@@ -51,7 +51,8 @@ def mono_variant(a: int, b: int, c: int, loop: int, warps: int, permute: bool = 
 
 
 def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma: bool = False,
-                  chunk: int = 0, rfft: bool = False, warpgroups: int = 1) -> tuple[str, object, dict, int, bool]:
+                  chunk: int = 0, rfft: bool = False, warpgroups: int = 1,
+                  warps: int = 4) -> tuple[str, object, dict, int, bool]:
     """The one-pass kernel in Gluon (gluon_onepass.fft_conv_gluon_onepass_kernel) at one configuration
     (per_sm: the grid only, not the compile)."""
     import torch
@@ -75,8 +76,8 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
         args.update(CHUNK=chunk, WARPGROUPS=warpgroups, WORKER_REGS=248)
         return (f"fft_conv gluon N{n} ({a}x{b}, chunks of {chunk}{extra.replace(', async', '')}, {4 * warpgroups} warps)",
                 gluon_onepass.fft_conv_gluon_chunked_kernel, args, 4, True)
-    return (f"fft_conv gluon N{n} ({a}x{b}{extra}, 4 warps)",
-            gluon_onepass.fft_conv_gluon_onepass_kernel, args, 4, True)
+    return (f"fft_conv gluon N{n} ({a}x{b}{extra}, {warps} warps)",
+            gluon_onepass.fft_conv_gluon_onepass_kernel, args, warps, True)
 
 
 def dk_variant(n1: int, n2: int, loop: int, warps: int) -> tuple[str, object, dict, int, bool]:
