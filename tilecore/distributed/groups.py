@@ -61,22 +61,31 @@ def metadata_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
         return _metadata_groups[ranks]
 
 
+SPIN_S = 2e-3  # seconds a wait yields in a loop before it naps
+
+
 def wait(work, timeout: float, what: str, doing: str) -> None:
     """Wait for ``work`` at most ``timeout`` seconds (polling: gloo's and NCCL's wait() would block
     until the group's own timeout, tens of minutes), then raise TimeoutError saying what was waited
     for."""
-    deadline = time.monotonic() + timeout
-    delay = 2e-6
+    began = time.monotonic()
+    deadline = began + timeout
+    delay = 5e-5
     while not work.is_completed():
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise TimeoutError(f"{what}: waited {timeout:g} s for every rank of the group to {doing}; not all did. "
                                f"Every rank must call {what} with the same group (did one rank fail, or take "
                                "another path?); raise timeout= if ranks may be that far apart")
+        if now - began < SPIN_S:
+            # the first SPIN_S only yield: a gather on the host's loopback takes ~50-300 us, and a nap,
+            # however short it asks, lasts >= ~60 us (timer slack): naps doubling up to 1 ms overshot
+            # it, exposed wherever the GPU waits for the host (session 28: the public forward 0.9 ms
+            # over ring_forward's at 32K causal)
+            time.sleep(0)
+            continue
         time.sleep(delay)
-        # at most 100 us a nap: a gather on the host's loopback takes ~50-200 us, and with naps up to
-        # 1 ms the wait overshot it by up to as much, exposed wherever the GPU waits for the host
-        # (session 28: the public forward 0.9 ms over ring_forward's at 32K causal)
-        delay = min(2 * delay, 1e-4)
+        delay = min(2 * delay, 1e-3)
     work.wait()  # raises the collective's own error, if it had one
 
 
