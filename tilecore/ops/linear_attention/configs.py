@@ -35,7 +35,10 @@ CHANNEL_DIAG = 0
 # form; 4 the same with the operands split hi + lo (three dots: fp16 interpreter 1.45-1.52x the floor
 # against diag 0's 1.54-1.74 and 3's 1.89-2.08). The backward kernels read 3 and 4 as 0 (the same code).
 # 0: off (the forward takes CHANNEL_DIAG) until experiments/linear_attention/gpu_gla.py checks it on the
-# H100 (a gated kernel: FLA's issue 640); on: 4
+# H100 (a gated kernel: FLA's issue 640); on: 3 (fastest) or 4 (diag 0's accuracy). Run 4 of session 29 (H100,
+# B16 H16 N4096 d128 bf16, FLA chunk_gla 4.196 ms in run 5): diag 0 14.15 ms, diag 4 3.73, diag 3 3.23, diag 3 at
+# chunk 32 / 4 warps 2.44 (1.72x chunk_gla); bf16 against float64: diag 3 2.0x the floor, diag 4 1.42-1.46x,
+# diag 0 1.41-1.53x, every check passed (chunk 64; chunk 32 / 4 warps checked in the final batch)
 CHANNEL_FWD_DIAG = 0
 # its blocks (chunk BT, value block BV, warps, stages) where Dk <= 128 and the caller gives no chunk; None: the
 # per-channel defaults (chunk 64, BV 64, 8 warps, 2 stages). sm_90a: at chunk 32, 8 warps, diag 3 spills nothing
