@@ -204,23 +204,10 @@ VARLEN_GLUON_BACKWARD_CONFIG = {(64, False): dict(block_m=64, block_n=64, stages
 VARLEN_GLUON_BACKWARD_ZERO_TAIL = False
 
 
-# causal D128 batches whose mean sequence length (total_q / sequences, known on the host) is at least this take
-# dQ fused in the dK/dV kernel, as the fixed path does from FUSED_DQ_MIN_N[True] (None: always split). Session 29
-# run 5: the uniform 16 x 4096 varlen backward (split) ran 0.865x the fixed path's (fused); the long tail (mean
-# ~1200) split 5.30 against fused 6.20 ms (session 28). gpu_varlen_bwd.py --matched times fused on both: 4096
-# turns it on where it wins
-VARLEN_GLUON_BACKWARD_FUSED_MEAN_N: int | None = None
-
-
-def varlen_gluon_backward_config(d: int, causal: bool, mean_n: float | None = None) -> dict:
+def varlen_gluon_backward_config(d: int, causal: bool) -> dict:
     """The Gluon varlen backward's blocks, stages, dQ mode and zero_tail for head dim ``d`` (causal: also
-    a window); ``mean_n`` (causal without a window: the batch's mean query length) takes dQ fused at D128
-    from VARLEN_GLUON_BACKWARD_FUSED_MEAN_N."""
-    cfg = dict(VARLEN_GLUON_BACKWARD_CONFIG[d, bool(causal)], zero_tail=VARLEN_GLUON_BACKWARD_ZERO_TAIL)
-    if (d == 128 and mean_n is not None and VARLEN_GLUON_BACKWARD_FUSED_MEAN_N is not None
-            and mean_n >= VARLEN_GLUON_BACKWARD_FUSED_MEAN_N):
-        cfg["dq_from"] = "fused"
-    return cfg
+    a window)."""
+    return dict(VARLEN_GLUON_BACKWARD_CONFIG[d, bool(causal)], zero_tail=VARLEN_GLUON_BACKWARD_ZERO_TAIL)
 
 # --------------------------------------------------------------------------------------------
 # Hopper's Gluon backward (gluon_backward.py): query rows a step (block_m), keys a consumer

@@ -470,8 +470,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
     if not tma_describable(dout.transpose(0, 1)):
         dout = dout.contiguous()
     is_causal, window = gluon_masks(causal, left, right)
-    mean_n = total_q / max(cu_q.numel() - 1, 1) if is_causal else None  # host ints: no sync
-    cfg = dict(config or configs.varlen_gluon_backward_config(d, is_causal or window, mean_n))
+    cfg = dict(config or configs.varlen_gluon_backward_config(d, is_causal or window))
     block_m, block_n = cfg["block_m"], cfg["block_n"]
     dq_after = configs.DQ_MODES[cfg["dq_from"]] == 0
     lse = lse.contiguous()
