@@ -544,6 +544,67 @@ def run_zero_tail():
             row[f"{name}_over_off"] = (row[f"{name}_0"] + row[f"{name}_1"]) / (row["off_0"] + row["off_1"])
 
 
+def kernel_times(fn, reps=5):
+    """{kernel name: mean GPU ms a call} of fn by torch.profiler (after a warm-up call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    times = {}
+    for evt in prof.key_averages():
+        total = getattr(evt, "device_time_total", None)
+        if total is None:
+            total = getattr(evt, "cuda_time_total", 0.0)
+        if total:
+            times[evt.key[:60]] = total / reps / 1e3  # us -> ms
+    return dict(sorted(times.items(), key=lambda kv: -kv[1])[:8])
+
+
+def run_kernels(h=16, d=128):
+    """--kernels (session 29): where the varlen backward's time goes against the fixed path's on the same
+    tiles (uniform 16 x 4096 causal, H16 D128): per-kernel GPU time (torch.profiler) of the fixed backward with
+    dQ fused (its default at N 4096) and split (the dq kernel after), and of the varlen backward split (its
+    default) and fused."""
+    from tilecore.ops.attention import launch, plan
+
+    if SMOKE:
+        RESULTS["errors"].append({"case": "kernels", "error": "skipped: --smoke (torch.profiler on the GPU only)"})
+        return
+    dev = _device()
+    n, b = 4096, 16
+    dtype = torch.bfloat16
+    scale = d ** -0.5
+    qf, kf, vf = (torch.randn(b, h, n, d, dtype=dtype, device=dev) for _ in range(3))
+    out_f = torch.empty_like(qf)
+    lse_f = torch.empty(b, h, n, device=dev)
+    launch.forward(plan.plan_forward(qf, kf, vf, True, scale), qf, kf, vf, out_f, lse_f, True, scale)
+    do_f = torch.randn_like(out_f)
+    gf = [torch.empty_like(t) for t in (qf, kf, vf)]
+    lengths = [n] * b
+    cu = cu_of(lengths, dev)
+    q, k, v = (t.transpose(1, 2).reshape(b * n, h, d).contiguous() for t in (qf, kf, vf))
+    out, lse = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
+    dout = do_f.transpose(1, 2).reshape(b * n, h, d).contiguous()
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+    base = plan.plan_backward(do_f, qf, kf, vf, True, scale, path="gluon")
+    cases = {"fixed fused (default)": base,
+             "fixed split": plan.plan_backward(do_f, qf, kf, vf, True, scale, path="gluon",
+                                               config=dict(base.config, dq_from="gluon"))}
+    for name, p in cases.items():
+        guarded(f"kernels {name}")(lambda name=name, p=p: RESULTS["time"].append(
+            {"case": f"kernels {name}: uniform 16 x 4096 H{h} D{d} causal (GPU ms a call)", **kernel_times(
+                lambda: launch.backward(p, do_f, qf, kf, vf, out_f, lse_f, None, *gf, True, scale))}))()
+    for name, cfg in (("varlen split (default)", None), ("varlen fused", variant(d, True, dq_from="fused"))):
+        guarded(f"kernels {name}")(lambda name=name, cfg=cfg: RESULTS["time"].append(
+            {"case": f"kernels {name}: uniform 16 x 4096 H{h} D{d} causal (GPU ms a call)", **kernel_times(
+                lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1, -1, 0.0, grads=grads,
+                                       config=cfg))}))()
+
+
 def table():
     lines = ["", "== check =="]
     for r in RESULTS["check"]:
@@ -603,6 +664,8 @@ def main():
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds before later cases are skipped")
     parser.add_argument("--no-time", action="store_true")
     parser.add_argument("--probe", choices=("fused", "split"), help="(internal) the first check on one path")
+    parser.add_argument("--kernels", action="store_true",
+                        help="only the per-kernel GPU times (torch.profiler) of the fixed and varlen backward, <= 60 s")
     parser.add_argument("--zero-tail", action="store_true",
                         help="only zero_tail 'checked' (ZERO_TAIL 2): its checks and its cost, <= 90 s")
     parser.add_argument("--matched", action="store_true",
@@ -612,6 +675,14 @@ def main():
     START[0] = time.time()
     out_dir = os.environ.get("OUT", "/tmp/out")
     os.makedirs(out_dir, exist_ok=True)
+    if args.kernels:
+        guarded("kernels")(run_kernels)()
+        text = table()
+        with open(os.path.join(out_dir, "gpu_varlen_bwd_kernels.json"), "w") as f:
+            json.dump({"meta": _meta(), **RESULTS, "elapsed_s": time.time() - START[0]}, f, indent=1, default=str)
+        print(text)
+        print(f"elapsed {time.time() - START[0]:.1f} s")
+        return
     if args.zero_tail:
         run_zero_tail()
         text = table()
