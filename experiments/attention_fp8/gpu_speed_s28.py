@@ -103,12 +103,14 @@ def main():
                     help="the shipped config already has l_mma: time l_mma off as the other variant")
     ap.add_argument("--final", action="store_true",
                     help="session 29's final batch, with l_mma + tree the shipped default (configs.GLUON_FORWARD): the "
-                    "default at both tails and in every case against the old default (lmma0+notree), late and bf16; "
-                    "fma4 (one exp2 in 4 on the FMA units) at D128, c3e at D64 (--combos / --extra64 still apply)")
+                    "default at both tails and in every case against the old default (lmma0+notree) and bf16; fma4 "
+                    "(one exp2 in 4 on the FMA units) at D128, ping-pong flipped at D64 (--combos / --extra64 still "
+                    "apply)")
     args = ap.parse_args()
     if args.final:  # the shipped default is the candidate: check it everywhere, time it against the old one
-        args.combos = args.combos if args.combos != "lmma+tree+late" else "lmma0+notree,late"
+        args.combos = args.combos if args.combos != "lmma+tree+late" else "lmma0+notree"  # (late: run 7, slower)
         args.extra = "fma4" if args.extra == "late" else args.extra  # (run 4 timed fma8 only: 0.98x)
+        args.extra64 = "pingpong" if args.extra64 == "c3e" else args.extra64  # (c3e: run 7, 0.81x)
         args.d64_tail = True
     budget = float(os.environ.get("FP8_BUDGET_S", "85"))
     left = lambda: budget - (time.time() - T0)

@@ -35,11 +35,16 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 # miscompile, notes/attention_fp8); the block is now written as bytes. OFF until experiments/attention_fp8/
 # gpu_speed_s28.py checks it on the GPU. max_tree (session 28, OFF until a GPU run times it): the row max as a tree
 # (gluon_fp8.row_max_tree) instead of a chain of 31 dependent FMNMX a row
+# l_mma 1 + max_tree ON since session 29 (H100 runs 2, 4 and the mid batch: right at both tails and in all four timed
+# cases; B16 H16 N4096 D128 879 / 852 TFLOP/s against 820 / 810 (1.05-1.07x), causal 1.08-1.09x, D64 537-542 against
+# 465-472 (1.14-1.17x), D64 causal 453 against 393 (1.15x)): lse then carries P's e4m3 rounding (reference.py's
+# l_rounded), O's weights sum to 1. rescale_late (session 29, OFF): right, but 0.95-1.03x with l_mma (run 7): the
+# FMULs between the S and P V issues delay P V's issue
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False, exp2_fma_every=0,
-                          cast_late=True, rescale_tau=0.0, p_shift=8, l_mma=0,
-                          max_tree=False, rescale_late=False),
+                          cast_late=True, rescale_tau=0.0, p_shift=8, l_mma=1,
+                          max_tree=True, rescale_late=False),
                  128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False,
-                           exp2_fma_every=0, cast_late=True, rescale_tau=0.0, p_shift=8, l_mma=0, max_tree=False,
+                           exp2_fma_every=0, cast_late=True, rescale_tau=0.0, p_shift=8, l_mma=1, max_tree=True,
                            rescale_late=False)}
 
 
