@@ -59,14 +59,16 @@ RESULTS: dict = {"check": [], "time": [], "warm": [], "errors": []}
 # 4 warps 2.44, diag 4 the same 3.18; FLA chunk_gla 4.196 (run 5). sm_90a compile (CPU, 2 stages): chunk 32
 # 4 warps diag 3 108 B spilled; chunk 16 4 warps none (254 registers); chunk 32 BV 32 4 warps 8 B; chunk 32
 # 8 warps none at BV 64 or 128 (one program a head)
+# Run 7 (H100, same shape): diag 3 chunk 32 BV 128 8 warps 2.32 ms (1.81x chunk_gla), chunk 32 4 warps 2.48, chunk
+# 32 BV 64 8 warps 4.45, diag 4 chunk 32 BV 128 2.78 (every check passed: diag 3 2.0x the floor, diag 4 1.42-1.47x)
 VARIANTS = [
     ("default diag0", 0, 64, 64, 8, 2),
-    ("diag3 bt32 w4", 3, 32, 64, 4, 2),
-    ("diag3 bt32 w4 s3", 3, 32, 64, 4, 3),
-    ("diag3 bt16 w4", 3, 16, 64, 4, 2),
-    ("diag3 bt32 bv32 w4", 3, 32, 32, 4, 2),
     ("diag3 bt32 bv128", 3, 32, 128, 8, 2),
-    ("diag3 bt32", 3, 32, 64, 8, 2),
+    ("diag3 bt32 bv128 s3", 3, 32, 128, 8, 3),
+    ("diag3 bt32 bv128 s1", 3, 32, 128, 8, 1),
+    ("diag3 bt16 bv128", 3, 16, 128, 8, 2),
+    ("diag3 bt16 w4", 3, 16, 64, 4, 2),
+    ("diag3 bt32 w4", 3, 32, 64, 4, 2),
     ("diag4 bt32 bv128", 4, 32, 128, 8, 2),
 ]
 if SMOKE:
@@ -74,9 +76,9 @@ if SMOKE:
 # the kernels each check runs: (label, diag, chunk, BV, warps, stages); the bf16 d128 checks run the likeliest
 # timed variants too (their compiles are the timed ones)
 CHECK_CHUNK64 = [("diag0", 0, 64, 64, 8, 2)]
-CHECK_CHUNK32 = [("diag3 bt32 w4", 3, 32, 64, 4, 2), ("diag3 bt16 w4", 3, 16, 64, 4, 2),
-                 ("diag3 bt32 bv128", 3, 32, 128, 8, 2), ("diag4 bt32 bv128", 4, 32, 128, 8, 2)]
-CHECK_SMALL = CHECK_CHUNK64 + CHECK_CHUNK32[:1]  # fp16 and d64: diag 0 and diag 3 at chunk 32, 4 warps
+CHECK_CHUNK32 = [("diag3 bt32 bv128", 3, 32, 128, 8, 2), ("diag4 bt32 bv128", 4, 32, 128, 8, 2),
+                 ("diag3 bt16 bv128", 3, 16, 128, 8, 2), ("diag3 bt32 w4", 3, 32, 64, 4, 2)]
+CHECK_SMALL = CHECK_CHUNK64 + CHECK_CHUNK32[:2]  # fp16 and d64: diag 0 and the two ship candidates
 
 
 def elapsed() -> float:
@@ -315,13 +317,13 @@ def time_all(fla) -> dict:
         if base is None:
             base = o
         print("time", name, row[f"{name}_ms"], row[f"{name}_rel_vs_default"], flush=True)
-    if elapsed() < BUDGET:  # the op's pass as launch.forward runs it (with its GL torch pass), diag 3 bt32 w4
+    if elapsed() < BUDGET:  # the op's pass as launch.forward runs it (with its GL torch pass), diag 3 bt32 bv128
         def op():
-            p = tl_plan(t["q"], t["v"], t["g"], IDENTITY, 32, diag=3, BV=64, fwd_warps=4, fwd_stages=2)
+            p = tl_plan(t["q"], t["v"], t["g"], IDENTITY, 32, diag=3, BV=128, fwd_warps=8, fwd_stages=2)
             fn = lambda: launch.forward(p, t["q"], t["k"], t["v"], t["g"], None, None, None, t["h0"], t["scale"],  # noqa
                                         IDENTITY, final_state=True, keep_linear=False)
             return bench(fn), bench(lambda: launch.sub_cumulative(t["g"]))
-        res = attempt("time launch.forward diag3 bt32 w4", op)
+        res = attempt("time launch.forward diag3 bt32 bv128", op)
         if res is not None:
             row["launch_forward_ms"], row["sub_cumulative_ms"] = res
     res = finish_fla(fla)
@@ -355,7 +357,7 @@ def table(row: dict | None):
             x = f"{fla / ms:.2f}x" if fla else "-"
             print(f"{name} | {ms:.3f} | {100 * copy / ms:.0f}% | {x} | {row.get(f'{name}_rel_vs_default')}")
         if "launch_forward_ms" in row:
-            print(f"launch.forward diag3 bt32 w4 (with GL) | {row['launch_forward_ms']:.3f} | sub_cumulative alone "
+            print(f"launch.forward diag3 bt32 bv128 (with GL) | {row['launch_forward_ms']:.3f} | sub_cumulative alone "
                   f"{row['sub_cumulative_ms']:.3f}")
     for e in RESULTS["errors"]:
         print("error:", e)
@@ -369,7 +371,9 @@ def table(row: dict | None):
 # (label, diag, key block): diag 0 shipped (GPU-checked in session 26); 6 / 5 factored, operands split / not;
 # key blocks of 32 / 64 (plan BKQ = BKB; shipped 16): fewer do v^T recomputes, more registers (sm_90a at 64:
 # dQ 460 B spilled, dK/dV 828 B)
-BW_VARIANTS = [("diag0", 0, None), ("diag6", 6, None), ("diag5", 5, None), ("diag6 kb32", 6, 32), ("diag6 kb64", 6, 64)]
+# Run 7 (H100): key blocks of 32 ("diag6 kb32") hit an illegal memory access (its warm process; then the main
+# process's checks, the error being sticky): dropped; the rest warmed without a fault. Risky variants last
+BW_VARIANTS = [("diag0", 0, None), ("diag6", 6, None), ("diag5", 5, None), ("diag6 kb64", 6, 64)]
 BW_DIAGS = [v[0] for v in BW_VARIANTS]
 # each warm process compiles a forward (~20 s on this 2-core machine), the dQ (5-9 s) and dK/dV (19-23 s) kernels
 # and the combine kernel; sm_90a: diag 6 dQ no spill, dK/dV 548 B (diag 0: 20 / 564 B)
@@ -404,6 +408,7 @@ def backward_check(name: str, mk: dict):
     ref = torch.autograd.grad((o * do.double()).sum() + (st * dht.double()).sum(), leaves)
     live = t["g"] >= -100  # dg is 0 where the floor clamps
     row = dict(case=name)
+    RESULTS["check"].append(row)  # filled as each variant runs (a fault keeps what came before)
     for label, diag, kb in BW_VARIANTS:
         grads = backward_grads(t, diag, kb, do, dht)
         for gname, got, r, x in zip(("dq", "dk", "dv", "dg", "dh0"), grads, ref, (t["q"], t["k"], t["v"], None, None)):
@@ -415,10 +420,11 @@ def backward_check(name: str, mk: dict):
                 row[key] = accuracy.rel_rms(got[live], r[live])
             else:
                 row[key] = accuracy.rel_rms(got, r)
+        print("check", name, label, {k: v for k, v in row.items() if k.startswith(label + "_")}, flush=True)
+        save()
     row["pass"] = all(row[f"{d}_{n}_finite"] for d in BW_DIAGS for n in ("dq", "dk", "dv", "dg", "dh0")) and all(
         row[f"{d}_{n}"] <= 2.5 for d in BW_DIAGS for n in ("dq", "dk", "dv")) and all(
         row[f"{d}_dg"] < 0.1 and row[f"{d}_dh0"] < 0.01 for d in BW_DIAGS)  # dg: 6% (session 26, [-6, 0])
-    RESULTS["check"].append(row)
     print("check", row, flush=True)
 
 
@@ -493,7 +499,7 @@ def main_backward():
                 cells.append(", ".join(f"{r[f'{d}_{n}']:.3g}" for n in ("dq", "dk", "dv", "dg", "dh0")))
             else:
                 cells.append("-")
-        print(f"{r['case']} | " + " | ".join(cells) + f" | {r['pass']}")
+        print(f"{r['case']} | " + " | ".join(cells) + f" | {r.get('pass')}")
     if row:
         print(f"\ntime {row['case']}: " + ", ".join(f"{d} {row.get(f'{d}_ms')} ms" for d in BW_DIAGS))
     for e in RESULTS["errors"]:
