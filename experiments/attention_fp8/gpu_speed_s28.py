@@ -5,7 +5,12 @@
     [--extra tree_pp,late,tree_fma8] [--extra64 tree_pp,c3e] [--probes noexp2,nomax,nosoftmax] [--with max_tree=1]
     [--default-has-lmma]
 
-Session 29's default (after run 4, notes/attention_fp8/runs/gpu_speed_s28_run4_session29_h100.txt, which timed l_mma,
+Session 29's final batch (l_mma + tree shipped after run 7): FP8_BUDGET_S=80 PYTHONPATH=. python3
+experiments/attention_fp8/gpu_speed_s28.py --final: the default at both tails (D128 causal GQA, D64) and in all four
+cases against the old default (lmma0+notree) and bf16; pass 2 the probes noexp2 / nomax and fma4 at D128, ping-pong
+flipped and 4 stages at D64.
+
+Session 29's mid-batch default (after run 4, notes/attention_fp8/runs/gpu_speed_s28_run4_session29_h100.txt, which timed l_mma,
 tree, both, fma8, ping-pong and the probes; ~70 s on the H100, what is left past FP8_BUDGET_S is skipped): diag of mode
 1; a tail (B2 Hq8 Hkv2 N1000 Nk1100 D128 causal, per-block descales) of l_mma + tree; then at B16 H16 N4096, D128 and
 D64, non-causal and causal, pass 1: default (l_mma off), bf16, l_mma1_tree, lmma+tree+late (+ rescale_late: O *=
@@ -104,13 +109,14 @@ def main():
     ap.add_argument("--final", action="store_true",
                     help="session 29's final batch, with l_mma + tree the shipped default (configs.GLUON_FORWARD): the "
                     "default at both tails and in every case against the old default (lmma0+notree) and bf16; fma4 "
-                    "(one exp2 in 4 on the FMA units) at D128, ping-pong flipped at D64 (--combos / --extra64 still "
-                    "apply)")
+                    "(one exp2 in 4 on the FMA units) and the probes noexp2 / nomax at D128, ping-pong flipped and 4 "
+                    "stages at D64 (--combos / --extra64 still apply)")
     args = ap.parse_args()
     if args.final:  # the shipped default is the candidate: check it everywhere, time it against the old one
         args.combos = args.combos if args.combos != "lmma+tree+late" else "lmma0+notree"  # (late: run 7, slower)
         args.extra = "fma4" if args.extra == "late" else args.extra  # (run 4 timed fma8 only: 0.98x)
-        args.extra64 = "pingpong" if args.extra64 == "c3e" else args.extra64  # (c3e: run 7, 0.81x)
+        args.extra64 = "pingpong,st4" if args.extra64 == "c3e" else args.extra64  # (c3e: run 7, 0.81x)
+        args.probes = args.probes or "noexp2,nomax"  # (run 4's ranking again, on the new default)
         args.d64_tail = True
     budget = float(os.environ.get("FP8_BUDGET_S", "85"))
     left = lambda: budget - (time.time() - T0)
@@ -251,7 +257,8 @@ def main():
                   tree_fma4=dict(max_tree=True, exp2_fma_every=4), c3=dict(consumers=3, pingpong=False),
                   tree_c3=dict(max_tree=True, consumers=3, pingpong=False),
                   tree_pp=dict(max_tree=True, pingpong="flip"), late=dict(rescale_late=True),
-                  c3e=dict(consumers=3, pingpong=False, cast_late=False), **{"tau0.8": dict(rescale_tau=0.8, p_shift=8)})
+                  c3e=dict(consumers=3, pingpong=False, cast_late=False), st2=dict(stages=2), st4=dict(stages=4),
+                  **{"tau0.8": dict(rescale_tau=0.8, p_shift=8)})
     if args.default_has_lmma:
         variants["no_l_mma"] = dict(l_mma=0)
     with_ = {k: int(v) if v.isdigit() else float(v) for k, v in (kv.split("=") for kv in args.with_.split(",") if kv)}

@@ -38,7 +38,7 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides
     "nomax": dict(l_mma=1, max_tree=True, probe_no_softmax=2),
     "c3_early": dict(consumers=3, pingpong=False, cast_late=False),
     "c3_early_lmma_late": dict(consumers=3, pingpong=False, cast_late=False, l_mma=1, rescale_late=True),
-    "late": dict(rescale_late=True), "l_mma1_tree_late": dict(l_mma=1, max_tree=True, rescale_late=True),
+    "late": dict(rescale_late=True), "st4": dict(stages=4), "pp0": dict(pingpong=False), "l_mma1_tree_late": dict(l_mma=1, max_tree=True, rescale_late=True),
 }
 
 
