@@ -120,7 +120,8 @@ def forward_call(plan: Plan, q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scal
               STORE_HT=ht is not None, STORE_OLIN=o_lin is not None, MMA=cfg["MMA"], IEEE=cfg["IEEE"],
               num_warps=cfg["fwd_warps"], num_stages=cfg["fwd_stages"])
     if kind == CHANNEL_DECAY:
-        kw.update(GL=sub_cumulative(g), DIAG=cfg["diag"])
+        # GL (the sub-chunk-local cumulative decay, 1.1 ms at B16 H16 N4096 d128) is read by the gathered diagonal only
+        kw.update(GL=sub_cumulative(g) if cfg["diag"] == 2 else g, DIAG=cfg["diag"])
     return kernels_tl.la_fwd_kernel, (B * H * cfg["value_blocks"],), args, kw
 
 
@@ -397,7 +398,7 @@ def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts
     kind = decay_kind(g)
     g_strides = _strides(g, 4) if kind == CHANNEL_DECAY else (*_strides(g, 3), 0)
     dummy = v
-    gl = sub_cumulative(g) if kind == CHANNEL_DECAY else dummy
+    gl = sub_cumulative(g) if kind == CHANNEL_DECAY and cfg["diag"] == 2 else dummy
     split = bool(cfg.get("split"))  # backward_plan's split dK/dV (and its own dQ blocks)
     bt = cfg["split_BT"] if split else cfg["BT_BWD"]
     bkq = cfg["dq_BKQ"] if split else cfg["BKQ"]
