@@ -165,8 +165,10 @@ def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm,
 def test_plan_takes_the_kernel_only_behind_its_switch_on_hopper(monkeypatch):
     H100 = dispatch.TARGETS["sm_90a"]
     meta = torch.device("meta")
+    monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)  # (as on the GPU)
     with dispatch.pretend(H100):
-        assert conv_plan.plan(1024, meta, torch.bfloat16).path != "gluon"  # off: configs.GLUON_ONEPASS
+        monkeypatch.delitem(configs.GLUON_ONEPASS, 1024, raising=False)
+        assert conv_plan.plan(1024, meta, torch.bfloat16).path != "gluon"  # off: no entry
         monkeypatch.setitem(configs.GLUON_ONEPASS, 1024, (32, 64, 3, True))
         got = conv_plan.plan(1024, meta, torch.bfloat16)
         assert got == conv_plan.gluon_plan(32, 64, 3, True)
@@ -189,6 +191,8 @@ def test_gluon_plan_rejects_what_the_kernel_does_not_take():
         conv_plan.gluon_plan(128, 64, 1, chunk=32, warps=8)
     assert conv_plan.gluon_plan(32, 64, 2, True, True, 0, True, 1, 8).num_warps == 8
     assert gluon_onepass.factors(1024) == (32, 64) and gluon_onepass.factors(2048) == (64, 64)
+    for n, config in configs.GLUON_ONEPASS.items():  # what ships is valid and factors 2N
+        assert config[0] * config[1] == 2 * n and conv_plan.gluon_plan(*config).path == "gluon"
     for n, candidates in configs.GLUON_ONEPASS_CANDIDATES.items():
         for config in candidates:
             assert config[0] * config[1] == 2 * n

@@ -106,7 +106,8 @@ def plan(n: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> P
     if dispatch.backend_for(device) == "reference":
         return Plan("torch")
     if (str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.GLUON_ONEPASS
-            and device.type != "cpu" and dispatch.gluon_ok(device)):  # (Gluon is never interpreted)
+            and device.type != "cpu" and not dispatch.interpreter_enabled() and dispatch.gluon_ok(device)):
+        # (Gluon cannot run under TRITON_INTERPRET, which interprets every kernel)
         return gluon_plan(*configs.GLUON_ONEPASS[n])
     if str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.MONO_CONFIGS:
         return mono_plan(*configs.MONO_CONFIGS[n])
