@@ -19,7 +19,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.attention import configs, kernels_tl
 from tilecore.ops.attention.kernels_tl import block_d, row_block_grid
-from tilecore.ops.attention.plan import plan_backward, plan_forward
+from tilecore.ops.attention.plan import plan_backward, plan_forward, use_forward_launch
 from tilecore.ops.attention.reference import (attention_backward_reference, attention_reference, effective_window,
                                               window_allowed)
 from tilecore.tiles.launch import (CachedLaunch, TmaOperand, cdiv, next_power_of_2, tile_counter, tl_addressable,
@@ -111,6 +111,9 @@ def outputs(plan, q, k, v, causal: bool, scale: float, window=NO_WINDOW,
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     forward(plan, q, k, v, out, lse, causal, scale, window, softcap)
     return out, lse
+
+
+use_forward_launch(forward)  # the plan times its napkin top-k candidates through this (plan.NAPKIN_FORWARD_TOPK)
 
 
 def forward_into(q, k, v, out, lse, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0,
