@@ -353,7 +353,12 @@ def main():
     ap.add_argument("--profile", type=int, default=0, metavar="CALLS",
                     help="also cProfile the over-budget ops (PROFILED) over CALLS calls each (0: no profile)")
     ap.add_argument("--smoke", action="store_true", help="CPU tensors, 3 calls: the script's imports and shapes")
+    ap.add_argument("--no-tma-cache", action="store_true",
+                    help="leave tiles.launch's kept TMA encodings off (default: on for this run, checked by the bits)")
     a = ap.parse_args()
+    if not a.no_tma_cache:  # before any launch: every key's direct launch keeps its encodings
+        from tilecore.tiles import launch as tiles_launch
+        tiles_launch.cache_tma_descriptors(True)
     if a.smoke:
         DEV[0] = "cpu"
         a.calls, a.profile = 3, (3 if a.profile else 0)
@@ -400,6 +405,7 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if DEV[0] == "cuda" else "cpu", "torch": torch.__version__,
+                       "tma_cache": not a.no_tma_cache,
                        "host_us": rows, "same_bits_each_call": bits, "varlen_ranked_table_equal": ranked_check,
                        "profile_us_a_call": profiles, "mamba_dt_equal_torch_ops": mamba_check}, f, indent=1)
     for name, prof in profiles.items():

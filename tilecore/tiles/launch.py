@@ -336,8 +336,16 @@ def direct_launch(compiled):
 
 
 # Direct launches of kernels with TMA descriptors keep each descriptor's encoding (descriptor_expander);
-# False: Triton's launcher encodes every descriptor on every launch, as before session 29
-CACHE_TMA_DESCRIPTORS = True
+# False: Triton's launcher encodes every descriptor on every launch, as before session 29. OFF until a GPU run
+# (experiments/common/host_time.py, which turns it on first) gives the first call's bits on calls 1..10
+CACHE_TMA_DESCRIPTORS = False
+
+
+def cache_tma_descriptors(on: bool) -> None:
+    """Turn descriptor_expander's kept encodings on or off for the keys launched from now on (a key's direct
+    launch is made at its first keyed launch)."""
+    global CACHE_TMA_DESCRIPTORS
+    CACHE_TMA_DESCRIPTORS = bool(on)
 TMA_ENCODINGS_KEPT = 64  # a descriptor argument's encodings kept (per compiled kernel and argument)
 
 
