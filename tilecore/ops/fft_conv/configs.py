@@ -60,8 +60,8 @@ MONO_CANDIDATES = {  # (A, B, C, loop, warps[, permute[, kfull]]); sm_90a regist
 # alone 0.573: the host's spectrum layout is the rest) vs pair 0.836.
 GLUON_ONEPASS: dict = {
     1024: (32, 64, 3, False, True, 0, True),
-    2048: (64, 64, 2, True, True, 32, True),
-    4096: (128, 64, 1, True, True, 32, False, 2),
+    2048: (64, 64, 2, True, True, 0, True),  # whole tile, rfft read in the kernel: 0.255 ms (final run) vs chunked 0.383
+    4096: (128, 64, 1, True, True, 32, True, 2),  # rfft read in the kernel: 0.618 ms (final run) vs 0.769
 }
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     # run 7 (H100), op ms: 1024 ASYNC 0.3456 (kernel 0.1428), ASYNC+TMA 0.3648 (0.1343), ASYNC+TMA+RFFT 0.1478,

@@ -113,7 +113,9 @@ KRON_TMA = "none"
 # hadamard_transform at m x 2^k with m > 64 on hadamard_quantize's wide_rows kernel (quantize_wide_rows.py storing
 # the values: blocks of 64 output sub-rows and K chunks of 64 stopping at m, the mixing 128 columns wide), (m, p) ->
 # "pair" or True (kron._wide_rows_plan). Untimed: empty (the kron-tiled kernel) until a GPU run checks and times it
-KRON_WIDE_ROWS = {}
+# session 29 final run (H100): the transform at 11008 (172 x 64) on the wide_rows kernel, pairs of 64-wide products
+# sharing each H chunk: 1.12x the kron-tiled plan (36.5% of copy in run 7), checked against float64 there
+KRON_WIDE_ROWS = {(172, 64): "pair"}
 KRON_TUNING = {(28, 512): dict(num_stages=3), (12, 64): dict(num_stages=1), (20, 1024): dict(num_warps=8)}
 # hadamard_quantize's kron-tiled plans by n (quantize.kernel_plan), 16-bit inputs: 14336 on 4 warps (session 26,
 # H100, FAST: fp8 47.9% of copy against 8 warps' 35.9 and 16 warps' 17.5; mxfp4 8.8 against 8.6)
@@ -163,11 +165,13 @@ QUANT_WIDE_J_OUTER = False  # block-scaled formats: the blocks one at a time (qu
 # ... and the kron-tiled kernel's K-chunked mixing (m > 64) stopping at the last chunk holding sub-rows < m (3 of
 # M_PAD / 64 = 4 at 172 and 148: 25% less mixing; plan tuning "k_stop"). Keys as QUANT_INTERLEAVE. Untimed: off
 QUANT_K_STOP = {}
+# session 29 final run (H100, s29b): the one-warpgroup wide plan (mb 64, 4 warps) at 11008: int8 1.61x, int4 1.51x,
+# nvfp4 1.44x, mxfp4 1.30x the previous tunings, codes checked against float64 in the same run
 QUANT_WIDE_TUNING = {  # (format, n), else format -> the wide plan's tuning (j_outer, kc, mb, num_warps, num_stages)
     ("fp8_e4m3", 11008): dict(kc=64, num_stages=2, num_warps=4),
     ("fp8_e4m3", 18944): dict(kc=64, num_stages=2, mb=128),
-    ("int4", 11008): dict(kc=64, num_stages=2, mb=128),
-    ("int8", 11008): dict(kc=64, num_stages=2, mb=128),
-    ("mxfp4", 11008): dict(kc=64, num_stages=2),
+    ("int4", 11008): dict(mb=64, kc=64, num_warps=4, num_stages=2),
+    ("int8", 11008): dict(mb=64, kc=64, num_warps=4, num_stages=2),
+    ("mxfp4", 11008): dict(mb=64, kc=64, num_warps=4, num_stages=2),
     ("mxfp4", 18944): dict(kc=64, num_stages=2, mb=128),
-    ("nvfp4", 11008): dict(kc=64, num_stages=2, mb=128)}
+    ("nvfp4", 11008): dict(mb=64, kc=64, num_warps=4, num_stages=2)}

@@ -40,12 +40,14 @@ CHANNEL_DIAG = 0
 # chunk 32 / 4 warps 2.44 (1.72x chunk_gla); bf16 against float64: diag 3 2.0x the floor, diag 4 1.42-1.46x,
 # diag 0 1.41-1.53x, every check passed. Run 7: diag 3 at chunk 32, BV 128, 8 warps 2.32 ms (1.81x; checked in
 # bf16 at d128), diag 4 there 2.78 (1.51x). The final batch checks those blocks in fp16 and at d64 too
-CHANNEL_FWD_DIAG = 0
+# Final run of session 29 (H100): every check passed at chunk 32 / BV 128 (bf16 d128, fp16, d64 v128); 3 stages
+# 2.146 ms = 1.96x chunk_gla (4.196, call 5), the same output as 2 stages (2.285). On
+CHANNEL_FWD_DIAG = 3
 # its blocks (chunk BT, value block BV, warps, stages) where Dk <= 128 and the caller gives no chunk; None: the
 # per-channel defaults (chunk 64, BV 64, 8 warps, 2 stages). sm_90a: at chunk 32, 8 warps, diag 3 spills nothing
 # at BV 64 or 128 (one program a head), diag 4 16 / 156 B; gpu_gla.py times both against chunk 64. Run 7 (H100):
 # dict(BT=32, BV=128, warps=8, stages=2) the fastest (diag 3 2.32 ms against 3.28 at the defaults)
-CHANNEL_FWD_BLOCKS: dict | None = None
+CHANNEL_FWD_BLOCKS: dict | None = dict(BT=32, BV=128, warps=8, stages=3)
 # with CHANNEL_FWD_DIAG on: the backward's per-channel intra-chunk terms by the same one reference a chunk
 # (kernels_tl._channel_dq_factored / _channel_dk_factored, and the dK/dV kernel's scores by _channel_chunk;
 # plan diag 5 / 6). Off until gpu_gla.py --backward checks it on the H100 (FLA issue 640: gated backward)
