@@ -1,0 +1,366 @@
+"""GLA (per-channel log decay) BACKWARD on the GPU (issue 33, session 30): every variant float64-checked and
+timed, each in a process of its own (an illegal address kills only its own CUDA context; session 29's run 7
+lost every row to one faulting variant).
+
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py              (H100, < 90 s)
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --smoke      (CPU, interpreter: shapes only)
+    ... --variants "shipped,split diag5 bt64"                                      (a subset, by name)
+
+* The main process writes the check cases' inputs and their float64 gradients (autograd through
+  linear_attention_reference on the GPU: dq, dk, dv, dg, dh0 of <o, do> + <S_N, dS_N>) to a scratch folder,
+  while one worker process a variant compiles its kernels (tiny shapes, the checked and timed
+  specializations).
+* Each worker then checks its variant against them (bf16 d128 N 1008 weak decays: the factored path; strong
+  decays in [-6, 0] with a reset: the fallback; fp16 N 1008 H 2), outputs NaN-poisoned where the path takes
+  buffers (else a finite check), error as a multiple of the rounding floor (dg, dh0 relative), and waits.
+* The main process then lets the workers time one at a time (nothing else on the GPU): B16 H16 N4096 d128
+  bf16, log decays -U(0, 0.3), with an initial and a final state; the whole backward as op.py runs it
+  (launch.backward, native gradients, the forward's ht given) and where it applies its kernels alone (without
+  the combine pass); the shipped forward beside it (the fwd + bwd ratio). A worker not done by its deadline
+  is killed (its row says so).
+Prints a table last; JSON to $OUT/linear_attention_gla_bwd_s30.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+SMOKE = "--smoke" in sys.argv
+WORKER = sys.argv[sys.argv.index("--worker") + 1] if "--worker" in sys.argv else None
+SCRATCH = Path(sys.argv[sys.argv.index("--dir") + 1]) if "--dir" in sys.argv else None
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tilecore import accuracy  # noqa: E402
+from tilecore.ops.linear_attention import launch, linear_attention_reference  # noqa: E402
+from tilecore.ops.linear_attention.plan import IDENTITY, plan, tl_plan  # noqa: E402
+
+try:  # session 30's GLA backward (may be absent in an older snapshot)
+    from tilecore.ops.linear_attention import kernels_backward_gla  # noqa: E402
+except Exception:  # noqa: BLE001 (absent or broken: its variants are left out, the rest run)
+    traceback.print_exc(limit=2)
+    kernels_backward_gla = None
+
+DEV = "cpu" if SMOKE else "cuda"
+START = time.time()
+OUT = Path(os.environ.get("OUT", "/tmp/out"))
+WARM_DEADLINE = 50.0  # the main process stops waiting for workers' compiles + checks here
+TIME_DEADLINE = 84.0  # no timing starts past it
+TIME_EACH = 9.0  # a worker's timing: killed past it
+
+# (name, tl_plan overrides, backward_plan overrides, path): path "launch" = launch.backward as op.py calls it;
+# "gla" = kernels_backward_gla.backward (the split kernels with the GLA epilogue: no combine pass). Ordered
+# safest first; every one runs in its own process anyway.
+# shipped: diag 0's sub-chunk form (the forward's diag 3 reads as 0 in the backward kernels), key blocks of 16,
+# chunk 64, the combine kernel (session 26 run 2: 62.8 ms autograd; session 28: 53-62)
+VARIANTS = [
+    ("shipped", {}, {}, "launch"),
+    ("diag5 kb16", dict(diag=5), {}, "launch"),
+    ("diag6 kb16", dict(diag=6), {}, "launch"),
+    # the split dK/dV of the scalar decay (BWD_SPLIT[1]'s blocks: dQ key blocks of 64, dK key blocks of 64 x every
+    # value column, dV value blocks of 64 x every key channel) with the factored terms, then the combine kernel
+    ("split diag5 bt64", dict(diag=5), dict(split=True), "launch"),
+    ("split diag5 bt32", dict(diag=5), dict(split=True, split_BT=32), "launch"),
+    ("split diag6 bt64", dict(diag=6), dict(split=True), "launch"),
+    # session 30: the same split kernels with the GLA epilogue (dq, dk, dv stored native, dg's reverse sum in the
+    # dK kernel): no combine kernel, no float32 buffers
+    ("gla diag5 bt64", dict(diag=5), dict(split=True), "gla"),
+    ("gla diag5 bt32", dict(diag=5), dict(split=True, split_BT=32), "gla"),
+    ("gla diag5 bt64 w8", dict(diag=5), dict(split=True, split_warps=8, dq_warps=8), "gla"),
+]
+if "--variants" in sys.argv:
+    wanted = sys.argv[sys.argv.index("--variants") + 1].split(",")
+    VARIANTS = [v for v in VARIANTS if v[0] in wanted]
+if kernels_backward_gla is None:
+    VARIANTS = [v for v in VARIANTS if v[3] != "gla"]
+
+# check cases: (name, make's arguments); N 1008 (a multiple of 16: the timed kernels' specialization) ends in a
+# partial chunk of 48 (of 16 at chunk 32)
+CHECKS = [
+    ("bf16 d128 h0 N1008 weak decays", dict(B=1, N=1008, H=16, Dk=128, Dv=128)),
+    ("bf16 d128 h0 N1008 strong [-6, 0] + reset", dict(B=1, N=1008, H=16, Dk=128, Dv=128, decay=6.0, reset=True,
+                                                       seed=2)),
+    ("fp16 d128 h0 N1008 per token 0.05", dict(B=1, N=1008, H=2, Dk=128, Dv=128, per_token=0.05,
+                                               dtype=torch.float16, seed=3)),
+]
+GRADS = ("dq", "dk", "dv", "dg", "dh0")
+
+
+def elapsed() -> float:
+    return time.time() - START
+
+
+def bench(fn) -> float:
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def make(B, N, H, Dk, Dv, *, dtype=torch.bfloat16, decay=0.3, per_token=None, reset=False, seed=0, dev=None):
+    """q, k, v, log decay g, initial state h0, do, dht (a final-state gradient) and ht (a final state's stand-in
+    for timing; the checks use the reference's). Log decays -U(0, decay) or ~per_token each (+-20%); reset: -inf
+    on a quarter of the channels mid-way."""
+    dev = dev or DEV
+    torch.manual_seed(seed)
+    t = dict(q=torch.randn(B, N, H, Dk, dtype=dtype, device=dev), k=torch.randn(B, N, H, Dk, dtype=dtype, device=dev),
+             v=torch.randn(B, N, H, Dv, dtype=dtype, device=dev))
+    if per_token is not None:
+        g = -per_token * (0.8 + 0.4 * torch.rand(B, N, H, Dk, device=dev))
+    else:
+        g = -torch.rand(B, N, H, Dk, device=dev) * decay
+    if reset:
+        g[:, N // 2, :, : Dk // 4] = float("-inf")
+    t.update(g=g, h0=torch.randn(B, H, Dk, Dv, device=dev), do=torch.randn(B, N, H, Dv, dtype=dtype, device=dev),
+             dht=torch.randn(B, H, Dk, Dv, device=dev), ht=torch.randn(B, H, Dk, Dv, device=dev))
+    return t
+
+
+def smoke_shape(mk: dict) -> dict:
+    return dict(mk, N=min(mk["N"], 70), H=2, Dk=32, Dv=32) if SMOKE else mk
+
+
+# --------------------------------------------------------------------------------------------
+# a variant's backward
+
+
+def variant_plans(variant, t):
+    _, plan_over, split_over, _ = variant
+    chunk = 64 if plan_over else None  # the shipped plan's chunk is configs' (64 for per-channel decay)
+    p = tl_plan(t["q"], t["v"], t["g"], IDENTITY, chunk, **plan_over) if plan_over else plan(t["q"], t["v"], t["g"],
+                                                                                            IDENTITY)
+    return launch.backward_plan(p, t["q"], t["v"], t["g"], IDENTITY, None, **split_over)
+
+
+def run_backward(variant, t, ht, out=None):
+    """(dq, dk, dv, dg, dh0) of the variant's backward (native gradients, as op.py asks)."""
+    p = variant_plans(variant, t)
+    scale = t["q"].shape[-1] ** -0.5
+    if variant[3] == "gla":
+        dq, dk, dv, dg, _, dh0 = kernels_backward_gla.backward(p, t["do"], t["q"], t["k"], t["v"], t["g"], t["h0"],
+                                                               ht, t["dht"], scale, out=out)
+    else:
+        dq, dk, dv, dg, _, dh0 = launch.backward(p, t["do"], t["q"], t["k"], t["v"], t["g"], None, t["h0"], None, ht,
+                                                 t["dht"], scale, IDENTITY, native=True)
+    return dq, dk, dv, dg, dh0
+
+
+def kernels_only(variant, t, ht):
+    """The dQ and dK/dV kernels alone (launch.backward_kernels: without the combine pass), or None."""
+    if variant[3] != "launch":
+        return None
+    p = variant_plans(variant, t)
+    do = launch.kernel_do(p, t["do"], t["v"], t["g"])
+    scale = t["q"].shape[-1] ** -0.5
+    return lambda: launch.backward_kernels(p, do, t["q"], t["k"], t["v"], t["g"], None, t["h0"], t["dht"], scale,
+                                           IDENTITY)
+
+
+def poisoned(t):
+    """NaN-filled output buffers for the gla path (dq, dk, dv in the inputs' dtypes, dg, dh0 float32)."""
+    nan = float("nan")
+    return dict(dq=torch.full_like(t["q"], nan), dk=torch.full_like(t["k"], nan), dv=torch.full_like(t["v"], nan),
+                dg=torch.full_like(t["g"], nan), dh0=torch.full_like(t["h0"], nan))
+
+
+# --------------------------------------------------------------------------------------------
+# main process: the reference gradients
+
+
+def reference_case(mk: dict) -> dict:
+    t = make(**smoke_shape(mk))
+    leaves = [t[n].detach().double().requires_grad_() for n in ("q", "k", "v", "g", "h0")]
+    o, st = linear_attention_reference(*leaves[:3], decay=leaves[3], scale=t["q"].shape[-1] ** -0.5,
+                                       initial_state=leaves[4])
+    ref = torch.autograd.grad((o * t["do"].double()).sum() + (st * t["dht"].double()).sum(), leaves)
+    return dict(inputs={k: x.cpu() for k, x in t.items()}, ref=[r.cpu() for r in ref], ht=st.float().cpu())
+
+
+def check_variant(variant, case: dict) -> dict:
+    t = {k: x.to(DEV) for k, x in case["inputs"].items()}
+    ht = case["ht"].to(DEV)
+    out = poisoned(t) if variant[3] == "gla" else None
+    grads = run_backward(variant, t, ht, out)
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    live = t["g"] >= -100  # dg is 0 where the floor clamps
+    row = {}
+    for name, got, ref, x in zip(GRADS, grads, case["ref"], (t["q"], t["k"], t["v"], None, None)):
+        ref = ref.to(DEV)
+        row[f"{name}_finite"] = bool(torch.isfinite(got).all())
+        if out is not None:
+            row[f"{name}_written"] = bool(not torch.isnan(got).any())
+        if x is not None:
+            row[name] = round(accuracy.rel_rms(got, ref) / accuracy.rounding_floor(ref, x.dtype), 3)
+        elif name == "dg":
+            row[name] = accuracy.rel_rms(got[live], ref[live])
+        else:
+            row[name] = accuracy.rel_rms(got, ref)
+    row["pass"] = all(row[f"{n}_finite"] and row.get(f"{n}_written", True) for n in GRADS) and all(
+        row[n] <= 2.5 for n in ("dq", "dk", "dv")) and row["dg"] < 0.1 and row["dh0"] < 0.01
+    return row
+
+
+# --------------------------------------------------------------------------------------------
+# a worker: compile, check, then time when told
+
+
+def worker(name: str, scratch: Path):
+    variant = next(v for v in VARIANTS if v[0] == name)
+    res = dict(variant=name, check={}, errors=[])
+
+    def dump():
+        (scratch / f"{name}.json").write_text(json.dumps(res, default=str))
+
+    try:
+        tiny = make(1, 128, 16, 128, 128)
+        run_backward(variant, tiny, tiny["ht"])
+        f16 = make(1, 128, 2, 128, 128, dtype=torch.float16)
+        run_backward(variant, f16, f16["ht"])
+        torch.cuda.synchronize()
+        res["compiled_s"] = round(elapsed(), 1)
+    except Exception as err:  # noqa: BLE001
+        res["errors"].append(f"compile: {type(err).__name__}: {err}"[:400])
+        dump()
+        return
+    while not (scratch / "refs.pt").exists() and elapsed() < WARM_DEADLINE:
+        time.sleep(0.05)
+    cases = torch.load(scratch / "refs.pt")
+    for case_name, _ in CHECKS:
+        try:
+            res["check"][case_name] = check_variant(variant, cases[case_name])
+        except Exception as err:  # noqa: BLE001
+            res["errors"].append(f"check {case_name}: {type(err).__name__}: {err}"[:400])
+            dump()
+            return  # a faulted context checks nothing more
+        dump()
+    res["checked_s"] = round(elapsed(), 1)
+    dump()
+    (scratch / f"{name}.ready").touch()
+    go = scratch / f"{name}.go"
+    while not go.exists():
+        time.sleep(0.02)
+    try:
+        t = make(16, 4096, 16, 128, 128)
+        res["bwd_ms"] = bench(lambda: run_backward(variant, t, t["ht"]))
+        fn = kernels_only(variant, t, t["ht"])
+        if fn is not None:
+            res["kernels_ms"] = bench(fn)
+        if name == "shipped":  # the shipped forward (CHANNEL_FWD_DIAG 3, chunk 32, BV 128, 3 stages)
+            p = plan(t["q"], t["v"], t["g"], IDENTITY)
+            res["fwd_ms"] = bench(lambda: launch.forward(p, t["q"], t["k"], t["v"], t["g"], None, None, None, t["h0"],
+                                                         t["q"].shape[-1] ** -0.5, IDENTITY, final_state=True,
+                                                         keep_linear=False))
+    except Exception as err:  # noqa: BLE001
+        res["errors"].append(f"time: {type(err).__name__}: {err}"[:400])
+    dump()
+    (scratch / f"{name}.done").touch()
+
+
+# --------------------------------------------------------------------------------------------
+# main
+
+
+def table(rows: list[dict]):
+    print("\ncheck (bf16/fp16 vs float64 autograd; dq dk dv: x the rounding floor; dg, dh0: relative) | "
+          + " | ".join(c for c, _ in CHECKS))
+    for r in rows:
+        cells = []
+        for case_name, _ in CHECKS:
+            c = r["check"].get(case_name)
+            cells.append("-" if not c else ", ".join(f"{c[n]:.3g}" for n in GRADS) + (" ok" if c["pass"] else " FAIL"))
+        print(f"{r['variant']} | " + " | ".join(cells))
+    fwd = next((r.get("fwd_ms") for r in rows if r.get("fwd_ms")), None)
+    ship = next((r.get("bwd_ms") for r in rows if r["variant"] == "shipped" and r.get("bwd_ms")), None)
+    print(f"\ntime B16 H16 N4096 d128 bf16 (ms): shipped forward {fwd}")
+    print("variant | backward ms | kernels alone ms | x shipped | bwd / fwd | all checks pass | errors")
+    for r in rows:
+        ms = r.get("bwd_ms")
+        passed = bool(r["check"]) and len(r["check"]) == len(CHECKS) and all(c["pass"] for c in r["check"].values())
+        print(f"{r['variant']} | {ms and round(ms, 3)} | {r.get('kernels_ms') and round(r['kernels_ms'], 3)} | "
+              f"{ship / ms if ship and ms else '-':.4} | {ms / fwd if fwd and ms else '-':.4} | {passed} | "
+              f"{'; '.join(r['errors'])[:200]}")
+
+
+def main_smoke():
+    rows = []
+    cases = {name: reference_case(mk) for name, mk in CHECKS}
+    for variant in VARIANTS:
+        row = dict(variant=variant[0], check={}, errors=[])
+        for case_name, _ in CHECKS:
+            try:
+                row["check"][case_name] = check_variant(variant, cases[case_name])
+            except Exception as err:  # noqa: BLE001
+                traceback.print_exc(limit=4)
+                row["errors"].append(f"check {case_name}: {type(err).__name__}: {err}"[:400])
+        print(row, flush=True)
+        rows.append(row)
+    table(rows)
+
+
+def main():
+    import tempfile
+
+    scratch = Path(tempfile.mkdtemp(prefix="gla_bwd_"))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    logs = {v[0]: open(scratch / f"{v[0]}.log", "w") for v in VARIANTS}  # a file: a full pipe would block
+    procs = {v[0]: subprocess.Popen([sys.executable, __file__, "--worker", v[0], "--dir", str(scratch)], env=env,
+                                    stdout=logs[v[0]], stderr=subprocess.STDOUT) for v in VARIANTS}
+    cases = {}
+    for name, mk in CHECKS:
+        cases[name] = reference_case(mk)
+    torch.save(cases, scratch / "refs.tmp")
+    os.replace(scratch / "refs.tmp", scratch / "refs.pt")
+    print(f"references ready at {elapsed():.0f} s", flush=True)
+    device = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__)
+    del cases
+    torch.cuda.empty_cache()
+    # wait for every worker's checks (or its exit) until the deadline
+    while elapsed() < WARM_DEADLINE and any(p.poll() is None and not (scratch / f"{n}.ready").exists()
+                                             for n, p in procs.items()):
+        time.sleep(0.1)
+    for name, p in procs.items():  # timing one at a time
+        if p.poll() is not None or not (scratch / f"{name}.ready").exists():
+            continue
+        if elapsed() > TIME_DEADLINE:
+            break
+        (scratch / f"{name}.go").touch()
+        t0 = time.time()
+        while p.poll() is None and not (scratch / f"{name}.done").exists() and time.time() - t0 < TIME_EACH:
+            time.sleep(0.02)
+        print(f"timed {name} in {time.time() - t0:.1f} s", flush=True)
+    rows = []
+    for name, p in procs.items():
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+        logs[name].close()
+        log = (scratch / f"{name}.log").read_text(errors="replace")
+        path = scratch / f"{name}.json"
+        row = json.loads(path.read_text()) if path.exists() else dict(variant=name, check={}, errors=[])
+        if p.returncode not in (0, None) and not (scratch / f"{name}.done").exists():
+            row["errors"].append(f"exit {p.returncode}: {log.strip()[-300:]}")
+        rows.append(row)
+        print(name, json.dumps(row, default=str), flush=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "linear_attention_gla_bwd_s30.json").write_text(json.dumps(dict(device=device, rows=rows), indent=1,
+                                                                          default=str))
+    table(rows)
+    print(f"{elapsed():.0f} s; JSON: {OUT / 'linear_attention_gla_bwd_s30.json'}")
+
+
+if __name__ == "__main__":
+    if WORKER:
+        worker(WORKER, SCRATCH)
+    elif SMOKE:
+        main_smoke()
+    else:
+        main()
