@@ -834,9 +834,12 @@ def la_bwd_dq_kernel(Q, K, V, G, GL, BETA, H0, DO, DQ, R,
             dq += inter
         if EPILOGUE:
             qe = _rows(q_base, t0, offs_t, offs_kq, kq_ok, N, sqn, sqd).to(tl.float32)
-            tokens = (b * N + t0 + offs_t) * H + h
-            kblock = (tl.program_id(0) % KBLOCKS).to(tl.int64)
-            tl.store(DG_PART + kblock * s_gp + tokens, tl.sum(qe * dq, 1), mask=t0 + offs_t < N)
+            if DECAY == 2:  # per channel: DG_PART (B, N, H, Dk) float32 contiguous gets q_t * dq_t
+                _store_rows(DG_PART + (b * N * H + h) * DK, t0, offs_t, offs_kq, kq_ok, N, H * DK, 1, qe * dq)
+            else:
+                tokens = (b * N + t0 + offs_t) * H + h
+                kblock = (tl.program_id(0) % KBLOCKS).to(tl.int64)
+                tl.store(DG_PART + kblock * s_gp + tokens, tl.sum(qe * dq, 1), mask=t0 + offs_t < N)
             r = tl.sum(do.to(tl.float32) * v.to(tl.float32), 1) * scale
             dq += (beta * r)[:, None] * kq.to(tl.float32)
         _store_rows(DQ + b * s_qb + h * s_qh, t0, offs_t, offs_kq, kq_ok, N, s_qn, s_qd, dq)
@@ -870,7 +873,8 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                       DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_DHT: tl.constexpr,
                       STORE_DH0: tl.constexpr, STRICT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
                       DIAG: tl.constexpr = 2, PART: tl.constexpr = 0, DG_PART=0, s_gp=0,
-                      EPILOGUE: tl.constexpr = False):
+                      EPILOGUE: tl.constexpr = False, DGQ=0, HT=0, s_ub=0, s_uh=0, s_uf=0, s_uv=0,
+                      HAS_HT: tl.constexpr = False):
     """Program (batch * head, value block, key-channel block): dk_hat and dv_hat of every token, by a
     reverse sweep with dS (BKB, BV) in registers; dh0 (the gradient of the initial state) at the end.
 
@@ -889,7 +893,13 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
     itself, (dk_hat + r_t q_t) beta_t with the diagonal's r_t from its do and v rows, and DG_PART[key
     block] gets the decay gradient's key side k_t . dk_t without the diagonal over its channels; PART 2
     stores dv = beta_t dv_hat and DG_PART[value block] the part of d beta_t = v_t . dv_hat_t over its
-    columns ((B, N, H) float32 parts s_gp apart)."""
+    columns ((B, N, H) float32 parts s_gp apart).
+    EPILOGUE with per-channel decay (PART 1, no beta; kernels_backward_gla.py): the log decay's gradient
+    whole. DGQ (B, N, H, Dk) float32 holds the dQ kernel's q_t * dq_t (without the diagonal); this program
+    takes dG_t = DGQ_t - k_t * dk_t on its channels, its reverse cumulative sum over the sequence (the walk
+    runs backwards: a carry [BKB] between chunks, starting from the last token's <dS_N, S_N> = sum_v
+    DHT * HT where HAS_HT), zero where the floor clamped g, into DG_PART (B, N, H, Dk) float32 contiguous;
+    dk = dk_hat + r_t q_t stored whole."""
     bh = tl.program_id(0) // (VBLOCKS * KBLOCKS)
     vblock = (tl.program_id(0) // KBLOCKS) % VBLOCKS
     kblock = tl.program_id(0) % KBLOCKS
@@ -925,6 +935,10 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
             dS2 = _state_block(dht, quad_rows, quad_ok, offs_v, v_ok, stf, stv)
         else:
             dS = _state_block(dht, offs_kb, kb_ok, offs_v, v_ok, stf, stv)
+    if EPILOGUE and (DECAY == 2) and (PART == 1):
+        dg_carry = tl.zeros([BKB], dtype=tl.float32)  # sum over the later tokens of dG (this program's channels)
+        if HAS_HT:  # the final state's term: each factor of S_N counts +1 towards the last token's dG
+            dg_carry = tl.sum(dS * _state_block(HT + b * s_ub + h * s_uh, offs_kb, kb_ok, offs_v, v_ok, s_uf, s_uv), 1)
 
     chunks = tl.cdiv(N, BT)
     for i in range(0, chunks):
@@ -978,7 +992,8 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
             dp = _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE)  # [BT, BT]: do_i . v_j over this value block
         kbf = kb.to(tl.float32)
         if DECAY == 2:
-            Gb, Gb_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_kb, kb_ok, N, sgn, sgd).to(tl.float32))
+            g_rows = _rows(g_base, t0, offs_t, offs_kb, kb_ok, N, sgn, sgd).to(tl.float32)
+            Gb, Gb_last = _cumulative_channels(g_rows)
             w2 = tl.exp(Gb_last[None, :] - Gb)  # [BT, BKB]
             if PART != 2:
                 if DIAG == 2:
@@ -1022,7 +1037,17 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                 if DECAY == 1:
                     dv_inter = dv_inter * w
                 dv += dv_inter
-        if EPILOGUE:
+        if EPILOGUE and (DECAY == 2):
+            if PART == 1:  # dg whole (see the docstring), then dk with its diagonal r_t q_t
+                gl_rows = (b * N * H + h) * DK
+                dG = _rows(DGQ + gl_rows, t0, offs_t, offs_kb, kb_ok, N, H * DK, 1) - kbf * dk
+                dg = tl.cumsum(dG, 0, reverse=True) + dg_carry[None, :]
+                dg_carry += tl.sum(dG, 0)
+                _store_rows(DG_PART + gl_rows, t0, offs_t, offs_kb, kb_ok, N, H * DK, 1,
+                            tl.where(g_rows < LOG_DECAY_FLOOR, 0.0, dg))
+                r = tl.sum(do.to(tl.float32) * v.to(tl.float32), 1) * scale
+                dk += r[:, None] * qb.to(tl.float32)
+        elif EPILOGUE:
             tokens = (b * N + t0 + offs_t) * H + h
             rows_ok = t0 + offs_t < N
             if PART == 1:

@@ -1,0 +1,20 @@
+"""GLA's backward (per-channel log decay) on the split kernels with the GLA epilogue (kernels_backward_gla.py,
+issue 33, session 30): its switch and blocks, apart from configs.py (other helpers edit that file's forward
+entries in the same session)."""
+from __future__ import annotations
+
+# Off until experiments/linear_attention/gpu_gla_bwd.py checks it on the H100 against float64 (a gated backward:
+# flash-linear-attention's issue 640 is a Hopper miscompile of exactly such kernels under triton 3.4-3.7). On:
+# launch.backward routes per-channel decay here (kernels_backward_gla.takes)
+GLA_BWD_EPILOGUE = False
+# head dims it takes (a dQ / dK program holds every value column: dS [BKB, Dv] float32 in registers)
+MAX_DIM = 128
+# the kernels' DIAG: 5 the intra-chunk terms with one reference a chunk per key block (the sub-chunk form where a
+# block's span of G is too wide), 6 the same with operands split hi + lo; the interpreter (fp16): diag 6 1.44-1.75x
+# the floor, diag 5 1.88-2.12x (decision 41)
+DIAG = 5
+# launch.backward_plan's split keys: the scalar decay's split blocks (session 28 run 3: 3.35 ms at B16 H16 N4096
+# d128): chunk 64, dQ programs of 64 key channels, dK of 64 key channels x every value column, dV of 64 value
+# columns x every key channel; 4 warps
+BLOCKS = dict(split_BT=64, split_BKB=64, split_BV=64, split_warps=4, split_stages=2, dq_BKQ=64, dq_warps=4,
+              dq_stages=3)
