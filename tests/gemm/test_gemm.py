@@ -252,9 +252,12 @@ def as_if_hopper(monkeypatch):
     monkeypatch.setattr(dispatch, "is_hopper", lambda device: True)
 
 
-def test_hopper_plans(monkeypatch):
-    """The fit checks of plan.plan, as on Hopper: which kernel, configuration and operand form."""
+@pytest.mark.parametrize("napkin_topk", [0, 4])
+def test_hopper_plans(monkeypatch, napkin_topk):
+    """The fit checks of plan.plan, as on Hopper: which kernel, configuration and operand form. CPU
+    tensors cannot time the napkin's candidates (configs.NAPKIN_TOPK): the table's rows either way."""
     as_if_hopper(monkeypatch)
+    monkeypatch.setattr(configs, "NAPKIN_TOPK", napkin_topk)
     a = torch.randn(256, 512, dtype=torch.bfloat16)
     b = torch.randn(512, 384, dtype=torch.bfloat16)
     p = plan.plan(a, b, out_dtype=torch.bfloat16)

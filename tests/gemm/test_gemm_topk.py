@@ -1,8 +1,9 @@
 """The GEMM's Gluon rows from the napkin's top-k, timed (issue 36 part 4; configs.NAPKIN_TOPK): the
 candidates are the napkin's ranking of the rows the kernel takes plus the table's, the same list on
 every machine; the plan times them once a (shape bucket, dtypes, operand form, device), picks the
-fastest, and times nothing in a graph capture or for a meta device (dispatch.pretend: the napkin's
-first row). The GPU run of the pick: experiments/napkin/gpu_topk_configs.py."""
+fastest. Anywhere no CUDA device can time (a meta device in dispatch.pretend, CPU tensors planned as
+a GPU's, a graph capture, launch.py not imported) it plans the table's row, so those plans are the same
+with the switch on or off. The GPU run of the pick: experiments/napkin/gpu_topk_configs.py."""
 import math
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from tilecore import dispatch
 from tilecore.napkin.engine import rank_gemm_configs
 from tilecore.ops.gemm import configs, launch, plan
+from tilecore.tiles import timed as runners
 
 H100 = dispatch.TARGETS["sm_90a"]
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
@@ -68,17 +70,24 @@ def test_every_shipped_table_row_is_legal_and_a_candidate():
         assert row in cands
 
 
-def test_switch_off_plans_the_table_and_on_plans_the_napkins_first_row_on_a_meta_gpu(monkeypatch):
-    a = torch.empty(8192, 8192, dtype=BF16, device="meta")
+@pytest.mark.parametrize("topk", [0, 4])
+def test_a_meta_gpu_plans_the_table_with_the_switch_on_or_off(monkeypatch, topk):
     monkeypatch.setattr(launch, "time_plans", lambda *args, **kw: pytest.fail("a meta device is never timed"))
-    monkeypatch.setattr(configs, "NAPKIN_TOPK", 0)
+    monkeypatch.setattr(configs, "NAPKIN_TOPK", topk)
+    a = torch.empty(8192, 8192, dtype=BF16, device="meta")
+    skinny = torch.empty(64, 8192, dtype=BF16, device="meta")
+    small_k = torch.empty(8192, 128, dtype=BF16, device="meta")
+    a8 = torch.empty(256, 8192, dtype=FP8, device="meta")
+    b8 = torch.empty(8192, 8192, dtype=FP8, device="meta").t().contiguous().t()
+    ones = torch.ones(1, device="meta")
     with dispatch.pretend(H100):
-        assert plan.plan(a, a, out_dtype=BF16).config == configs.GLUON_BF16
-        skinny = torch.empty(64, 8192, dtype=BF16, device="meta")
-        monkeypatch.setattr(configs, "NAPKIN_TOPK", 4)
-        p = plan.plan(skinny, a, out_dtype=BF16)
-    assert p.path == "gluon" and p.config == plan.napkin_configs(64, 8192, 8192, BF16, BF16, 4)[0]
+        assert plan.plan(a, a, out_dtype=BF16).config is configs.GLUON_BF16
+        p = plan.plan(skinny, a, out_dtype=BF16)  # the napkin's first row here is 64x128: never on meta
+        assert p.path == "gluon" and p.config is configs.GLUON_BF16
+        assert plan.plan(small_k, a[:128], out_dtype=BF16).config is configs.GLUON_BF16_SMALL_K
+        assert plan.plan(a8, b8, out_dtype=BF16, scales=(ones, ones)).config is configs.GLUON_FP8
     assert p.grid[0] >= 1 and p.units >= math.ceil(64 / p.config["block"][0]) * math.ceil(8192 / p.config["block"][1])
+    assert len(plan._PICKS) == 0  # nothing kept either
 
 
 def test_interpreter_plans_ignore_the_switch(monkeypatch):
@@ -159,11 +168,13 @@ def test_the_pick_is_keyed_by_bucket_dtypes_form_and_device(monkeypatch):
 
 
 def test_launch_registers_the_timer_and_without_it_the_table_is_planned(monkeypatch):
-    # plan.py never imports launch.py (no import loop): launch registers launch.time_plans at import
-    assert plan._TIMER is not None
-    monkeypatch.setattr(plan, "_TIMER", None)
+    # plan.py never imports launch.py (no import loop): launch registers launch.time_plans in tiles.timed
+    assert runners.runner(plan.TIMER) is not None
+    monkeypatch.setattr(runners, "_RUNNERS", {})
     monkeypatch.setattr(plan, "_timeable", lambda device: True)
     monkeypatch.setattr(plan, "napkin_gpu", lambda device: "h100")
     monkeypatch.setattr(dispatch, "capturing", lambda device: False)
     a = torch.randn(256, 1024).to(BF16)
     assert plan.timed_config(a, a.t(), BF16, None, None, (False, False, False), 4) == (configs.GLUON_BF16, {})
+    assert len(plan._PICKS) == 0  # not kept: a later call, once launch.py registers, times
+

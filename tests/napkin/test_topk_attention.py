@@ -1,8 +1,9 @@
 """The attention forward's Gluon tiles from the napkin's top-k (issue 36 part 4; attention
 plan.NAPKIN_FORWARD_TOPK): the candidates are the napkin's ranking of the tiles the kernel takes plus
-the table's row; the plan times them once a bucket on a GPU, never in a graph capture, and on a meta
-device (dispatch.pretend) takes the napkin's first. experiments/napkin/gpu_topk_configs.py --attention
-times them on the GPU."""
+the table's row; the plan times them once a bucket on a GPU; never in a graph capture, on a meta device
+(dispatch.pretend), for CPU tensors or before launch.py registers its forward (tiles.timed): those plan the
+table's row, with the switch on or off. experiments/napkin/gpu_topk_configs.py --attention times them on
+the GPU."""
 import math
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from tilecore import dispatch
 from tilecore.napkin.engine import rank_attention_configs
 from tilecore.ops.attention import configs, plan
+from tilecore.tiles import timed as runners
 
 H100 = dispatch.TARGETS["sm_90a"]
 SHAPES = [(8, 16, 4096, 128, False), (8, 16, 4096, 128, True), (8, 16, 4096, 64, False), (32, 16, 1024, 128, True)]
@@ -43,15 +45,15 @@ def meta_plan(n, d, causal, window=(-1, -1)):
         return plan.plan_forward(q, q, q, causal, d ** -0.5, window=window)
 
 
-def test_switch_off_plans_the_table_on_plans_the_napkins_first_on_a_meta_gpu(monkeypatch):
+@pytest.mark.parametrize("topk", [0, 3])
+def test_a_meta_gpu_plans_the_table_with_the_switch_on_or_off(monkeypatch, topk):
     monkeypatch.setattr(plan, "time_forward_configs", lambda *a, **k: pytest.fail("a meta device is never timed"))
-    monkeypatch.setattr(plan, "NAPKIN_FORWARD_TOPK", 0)
-    assert meta_plan(4096, 128, False).config == configs.gluon_forward_config(128, 4096, 4096, False)
-    monkeypatch.setattr(plan, "NAPKIN_FORWARD_TOPK", 3)
-    p = meta_plan(4096, 128, True)
-    assert p.path == "gluon" and p.config == plan.napkin_forward_configs(8, 16, 4096, 4096, 128, True, 3)[0]
+    monkeypatch.setattr(plan, "NAPKIN_FORWARD_TOPK", topk)
+    for n, d, causal in ((4096, 128, False), (4096, 128, True), (1024, 128, True), (4096, 64, False)):
+        assert meta_plan(n, d, causal).config == configs.gluon_forward_config(d, n, n, causal)
     # a window keeps the table's row
     assert meta_plan(4096, 128, False, (256, 0)).config["block_n"] == configs.GLUON_FORWARD[128]["block_n"]
+    assert len(plan._FORWARD_PICKS) == 0
 
 
 def test_interpreter_plans_ignore_the_switch(monkeypatch):
@@ -75,7 +77,7 @@ class FakeTimer:
 def timed(monkeypatch, timer, n=4096, d=128, causal=False, b=8, capturing=False):
     """plan.timed_forward_config on CPU tensors taken as a GPU's (plan._timeable; timing faked)."""
     monkeypatch.setattr(plan, "_timeable", lambda device: True)
-    monkeypatch.setattr(plan, "_FORWARD_LAUNCH", lambda *a, **k: pytest.fail("timing is faked"))
+    monkeypatch.setattr(runners, "_RUNNERS", {plan.FORWARD_RUNNER: lambda *a, **k: pytest.fail("timing is faked")})
     monkeypatch.setattr(plan, "time_forward_configs", timer)
     monkeypatch.setattr(dispatch, "capturing", lambda device: capturing)
     q = torch.empty(b, 16, n, d, dtype=torch.bfloat16)
@@ -108,9 +110,17 @@ def test_all_failed_leaves_the_table_and_a_capture_times_nothing(monkeypatch):
 
 
 def test_without_a_registered_launch_the_switch_plans_the_table(monkeypatch):
-    # attention launch.py registers its forward (plan.use_forward_launch); plan.py never imports it
+    # attention launch.py registers its forward (plan.use_forward_launch -> tiles.timed); plan.py never imports it
+    assert runners.runner(plan.FORWARD_RUNNER) is not None
     monkeypatch.setattr(plan, "_timeable", lambda device: True)
-    monkeypatch.setattr(plan, "_FORWARD_LAUNCH", None)
+    monkeypatch.setattr(runners, "_RUNNERS", {})
+    monkeypatch.setattr(dispatch, "capturing", lambda device: False)
     monkeypatch.setattr(plan, "time_forward_configs", lambda *a, **k: pytest.fail("nothing to time with"))
     q = torch.empty(8, 16, 4096, 128, dtype=torch.bfloat16)
     assert plan.timed_forward_config(q, q, q, False, 0.1, 0.0, 3) == configs.gluon_forward_config(128, 4096, 4096, False)
+    assert len(plan._FORWARD_PICKS) == 0  # not kept: once launch.py registers, the bucket is timed
+
+
+def test_timed_fastest_takes_the_first_smallest_finite_time():
+    assert runners.fastest([2.0, 0.5, 0.5, math.inf]) == 1
+    assert runners.fastest([math.inf, math.nan]) is None and runners.fastest([]) is None

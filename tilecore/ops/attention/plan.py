@@ -46,6 +46,7 @@ from tilecore.ops.attention import configs
 from tilecore.ops.attention.kernels_tl import row_block_grid
 from tilecore.ops.attention.reference import effective_window
 from tilecore.tiles.launch import cdiv, next_power_of_2, tma_describable
+from tilecore.tiles import timed
 from tilecore.tiles.schedule import balanced_schedule, dealt_schedule
 
 
@@ -139,7 +140,8 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
 # kernel takes: 64-row consumers, two (three at D <= 64) of them, 64 or 128 keys a step, 2 or 3 stages, within
 # Hopper's 227 KiB a block (Q buffers + K and V stages + 4 KiB). NAPKIN_FORWARD_TOPK > 0: the plan
 # times the napkin's top k and the table's row once a (size bucket, dtype, device) and keeps the
-# fastest (timed_forward_config; window calls and Dv != D keep the table). 0: off, until
+# fastest (timed_forward_config; window calls and Dv != D keep the table; only CUDA tensors are
+# timed: meta and CPU plans keep the table either way). 0: off, until
 # experiments/napkin/gpu_topk_configs.py --attention shows the pick no worse than the table.
 FORWARD_SMEM = 227 * 1024 - 4096
 NAPKIN_FORWARD_TOPK = 0
@@ -150,28 +152,28 @@ _FORWARD_PICKS_MAX = 256
 
 def timed_forward_config(q, k, v, causal: bool, scale: float, softcap: float, top_k: int) -> dict:
     """The Gluon forward's row for these inputs: napkin_forward_configs' candidates each launched once
-    (it compiles) and then timed on these inputs into scratch outputs (time_forward_configs), the fastest kept for the bucket (B H, N, Nk rounded up to powers
-    of two; D, causal, softcap, dtype, device). Nothing timed while a CUDA graph captures (the table's
-    row, not kept) nor on a meta device (dispatch.pretend: the napkin's first row); a candidate that
-    raises is left out (the table's row if all do)."""
+    (it compiles) and then timed on these inputs into scratch outputs (time_forward_configs), the
+    fastest kept for the bucket (B H, N, Nk rounded up to powers of two; D, causal, softcap, dtype,
+    device). Only a CUDA device is timed: a meta device (dispatch.pretend), CPU tensors planned as a
+    GPU's, a CUDA graph capture (not kept) and a process where launch.py has not registered its
+    forward (tiles.timed, FORWARD_RUNNER) plan the table's row, as with the switch off; a candidate
+    that raises is left out (the table's row if all do)."""
     B, H, N, D = q.shape
     Nk = k.shape[2]
+    table = configs.gluon_forward_config(D, N, Nk, causal)
+    if not _timeable(q.device):
+        return table
     key = (next_power_of_2(B * H), next_power_of_2(N), next_power_of_2(Nk), D, causal, bool(softcap), q.dtype,
            q.device)
     hit = _FORWARD_PICKS.get(key)
     if hit is not None:
         return hit
-    table = configs.gluon_forward_config(D, N, Nk, causal)
-    if dispatch.capturing(q.device):
+    if dispatch.capturing(q.device) or timed.runner(FORWARD_RUNNER) is None:
         return table
     rows = napkin_forward_configs(B, H, N, Nk, D, causal, top_k, kv_heads=k.shape[1])
-    if not _timeable(q.device):  # a meta device standing for a GPU (dispatch.pretend)
-        return rows[0]
-    if _FORWARD_LAUNCH is None:  # no launch registered (use_forward_launch): nothing can run the candidates
-        return table
     times = time_forward_configs(rows, q, k, v, causal, scale, softcap)
-    best = min(zip(times, range(len(rows))))
-    best = rows[best[1]] if best[0] < math.inf else table
+    best = timed.fastest(times)
+    best = rows[best] if best is not None else table
     _FORWARD_PICKS[key] = best
     if len(_FORWARD_PICKS) > _FORWARD_PICKS_MAX:
         _FORWARD_PICKS.popitem(last=False)
@@ -182,14 +184,14 @@ def _timeable(device) -> bool:
     return device.type == "cuda"
 
 
-_FORWARD_LAUNCH = None  # launch.forward, registered by use_forward_launch (launch.py imports this module)
+FORWARD_RUNNER = "attention.forward"  # launch.forward's name in tiles.timed (plan.py never imports launch.py)
 
 
 def use_forward_launch(forward) -> None:
-    """Register ``forward(plan, q, k, v, out, lse, causal, scale, softcap=...)`` (attention launch.forward)
-    as what timed_forward_config runs its candidates with; until then the switch plans the table's row."""
-    global _FORWARD_LAUNCH
-    _FORWARD_LAUNCH = forward
+    """Register ``forward(plan, q, k, v, out, lse, causal, scale, softcap=...)`` (attention launch.forward,
+    at its import) as what timed_forward_config runs its candidates with; until then the switch plans
+    the table's row."""
+    timed.register(FORWARD_RUNNER, forward)
 
 
 def time_forward_configs(rows: list[dict], q, k, v, causal: bool, scale: float, softcap: float) -> list[float]:
@@ -198,7 +200,7 @@ def time_forward_configs(rows: list[dict], q, k, v, causal: bool, scale: float, 
     NAPKIN_TIMED_MS; inf where it raises."""
     from triton.testing import do_bench
 
-    forward = _FORWARD_LAUNCH
+    forward = timed.runner(FORWARD_RUNNER)
     B, H, N, D = q.shape
     out = torch.empty(B, H, N, v.shape[3], dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, N, dtype=torch.float32, device=q.device)

@@ -21,6 +21,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.gemm import configs
 from tilecore.tiles.launch import LRU, cdiv, next_power_of_2, tma_describable
+from tilecore.tiles import timed
 from tilecore.tiles.schedule import stream_k_plan
 
 
@@ -236,45 +237,46 @@ def shape_bucket(M: int, N: int, K: int) -> tuple[int, int, int]:
 
 
 _PICKS = LRU(256)  # (bucket, dtypes, bias, scales, operand form, device) -> (config, {candidate: ms})
-_TIMER = None  # launch.time_plans, registered by launch.py (which imports this module: not the other way)
+TIMER = "gemm"  # the name launch.py registers launch.time_plans under (tiles.timed: plan.py never imports launch.py)
 
 
 def use_timer(timer) -> None:
     """Register ``timer(plans, a, b, bias, scales, rep_ms) -> [ms]`` as timed_config's measurement
-    (launch.py registers launch.time_plans when it is imported)."""
-    global _TIMER
-    _TIMER = timer
+    (launch.py registers launch.time_plans when it is imported; until then the switch plans the table)."""
+    timed.register(TIMER, timer)
 
 
 def timed_config(a, b, out_dtype, bias, scales, form, top_k: int) -> tuple[dict, dict]:
     """(the Gluon row to run, its candidates' times in ms by position): napkin_configs' candidates,
-    each launched once to compile and then timed (launch.time_plans through use_timer: do_bench's median
-    over configs.NAPKIN_TIMED_MS), the fastest kept for the shape's bucket on this device. Nothing is
-    timed while a CUDA graph captures (the table's row, not kept) nor on a meta device standing for a
-    GPU (dispatch.pretend: the napkin's first legal row); a candidate that fails to compile or launch
-    is left out (the table's row if all do)."""
+    each launched once to compile and then timed (launch.time_plans, registered in tiles.timed: do_bench's
+    median over configs.NAPKIN_TIMED_MS), the fastest kept for the shape's bucket on this device.
+
+    Only a CUDA device is timed. Everywhere else the table's row, so that a plan made without a GPU
+    is deterministic and the same with the switch on or off: a meta device standing for a GPU
+    (dispatch.pretend: portability's compiles), CPU tensors planned as a GPU's (tests), a CUDA graph
+    capture (not kept), a process where launch.py has not registered its timer yet. A candidate that
+    fails to compile or launch is left out (the table's row if all do)."""
     M, K = a.shape
     N = b.shape[1]
     fp8 = scales is not None
+    table = table_config(K, fp8)
+    if not _timeable(a.device):
+        return table, {}
     key = (shape_bucket(M, N, K), a.dtype, out_dtype, bias is not None and bias.dtype,
            scales_code(*scales) if fp8 else 0, form, a.device)
     hit = _PICKS.get(key)
     if hit is not None:
         return hit
-    table = table_config(K, fp8)
-    if dispatch.capturing(a.device):
+    timer = timed.runner(TIMER)
+    if dispatch.capturing(a.device) or timer is None:
         return table, {}
     rows = napkin_configs(M, N, K, a.dtype, out_dtype, top_k, napkin_gpu(a.device))
-    if not _timeable(a.device):  # a meta device standing for a GPU (dispatch.pretend): nothing to time
-        return rows[0], {}
-    if _TIMER is None:  # launch.py not imported (it registers the timer): nothing can run the candidates
-        return table, {}
     copy_a, b_t, copy_b = form
     common = dict(out_dtype=out_dtype, has_bias=bias is not None, scales=scales_code(*scales) if fp8 else 0)
     plans = [Plan("gluon", config=r, **_schedule(a, M, N, K, r), b_t=b_t, copy_a=copy_a, copy_b=copy_b,
                   c_dtype=out_dtype, **common) for r in rows]
-    times = _TIMER(plans, a, b, bias, scales, configs.NAPKIN_TIMED_MS)
-    best = min((t, i) for i, t in enumerate(times))[1] if any(t < float("inf") for t in times) else None
+    times = timer(plans, a, b, bias, scales, configs.NAPKIN_TIMED_MS)
+    best = timed.fastest(times)
     picked = (rows[best] if best is not None else table, dict(enumerate(times)))
     _PICKS.put(key, picked)
     return picked
