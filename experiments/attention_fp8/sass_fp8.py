@@ -39,6 +39,10 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides
     "c3_early": dict(consumers=3, pingpong=False, cast_late=False),
     "c3_early_lmma_late": dict(consumers=3, pingpong=False, cast_late=False, l_mma=1, rescale_late=True),
     "late": dict(rescale_late=True), "st4": dict(stages=4), "pp0": dict(pingpong=False), "l_mma1_tree_late": dict(l_mma=1, max_tree=True, rescale_late=True),
+    # session 30 (the default is l_mma 1 + tree): exp2 one in 8 / 4 / 2 by the quadratic, one in 8 by the cubic
+    "q8": dict(exp2_fma_every=-8), "q4": dict(exp2_fma_every=-4), "q2": dict(exp2_fma_every=-2),
+    "c8": dict(exp2_fma_every=8), "bn192": dict(block_n2=64), "bn192s2": dict(block_n2=64, stages=2),
+    "bn192q8": dict(block_n2=64, exp2_fma_every=-8),
 }
 
 
@@ -123,6 +127,9 @@ def compile_variant(D: int, causal: bool, overrides: dict):
                 P_SHIFT=float(cfg["p_shift"]), RESCALE_TAU=float(cfg["rescale_tau"]), L_MMA=cfg["l_mma"],
                 PROBE_NO_SOFTMAX=int(cfg.get("probe_no_softmax", 0)), MAX_TREE=cfg["max_tree"],
                 RESCALE_LATE=cfg.get("rescale_late", False))
+    bn2 = cfg.get("block_n2", 0)
+    if bn2:  # session 30's split steps: BN + BN2 keys, the second blocks by their own descriptors
+        args.update(BN2=bn2, k2_desc=gluon_descriptor(q, [1, 1, bn2, D]), vt2_desc=gluon_descriptor(vt, [1, 1, D, bn2]))
     k = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, args, num_warps=4)
     return k, resources(k)
 

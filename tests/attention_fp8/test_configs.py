@@ -3,7 +3,7 @@ Gluon launch knows."""
 from tilecore.ops.attention_fp8 import configs
 
 KNOWN = {"block_m", "block_n", "stages", "consumers", "q_buffers", "pingpong", "exp2_fma_every", "cast_late",
-         "rescale_tau", "p_shift", "l_mma", "max_tree", "k_block_scalar", "rescale_late"}
+         "rescale_tau", "p_shift", "l_mma", "max_tree", "k_block_scalar", "rescale_late", "block_n2"}
 
 
 def test_gluon_configs_ship_no_probe():
@@ -12,7 +12,8 @@ def test_gluon_configs_ship_no_probe():
             cfg = configs.gluon_config(d, causal)
             assert set(cfg) <= KNOWN, (d, causal, set(cfg) - KNOWN)
             assert not cfg.get("probe_no_softmax", 0), (d, causal)
-            # exp2_split's -1 replaces 2^x by x (the no-exp2 probe)
-            assert cfg["exp2_fma_every"] in (0, 2, 4, 8), (d, causal, cfg["exp2_fma_every"])
+            # exp2_split's -1 replaces 2^x by x (the no-exp2 probe); -2, -4, -8: the quadratic (session 30)
+            assert cfg["exp2_fma_every"] in (0, 2, 4, 8, -2, -4, -8), (d, causal, cfg["exp2_fma_every"])
+            assert cfg.get("block_n2", 0) in (0, 32, 64), (d, causal)  # split steps (session 30)
             assert cfg["l_mma"] in (0, 1), (d, causal, cfg["l_mma"])  # modes 2-5: session 28's diagnosis only
             assert cfg["consumers"] == 2 or not cfg["pingpong"], (d, causal)

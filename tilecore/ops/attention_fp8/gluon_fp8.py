@@ -38,6 +38,17 @@ class KVt:
     vt: object
 
 
+@stage_struct
+class KVt2:
+    """One stage of a split key step (BN2 > 0, session 30): BN + BN2 keys as two K blocks [1, 1, BN, D] and
+    [1, 1, BN2, D] and two V^T blocks [1, 1, D, BN] and [1, 1, D, BN2] (Gluon's TMA boxes are powers of two: 192 keys
+    are 128 + 64)."""
+    k: object
+    k2: object
+    vt: object
+    vt2: object
+
+
 @struct
 class Rows:
     """Query rows of one head: the first, the flat batch * head index, the key blocks they see."""
@@ -63,34 +74,44 @@ def query_tile(op, tile_id, TILE_M: gl.constexpr):
     else:
         start_m = mb * TILE_M
         hi = op.Nk
-    return Rows(start_m, bh, gl.cdiv(hi, op.BN))
+    return Rows(start_m, bh, gl.cdiv(hi, op.BNS))
 
 
 # 2^x for x <= 8 (or NaN) by FMA-unit arithmetic, for one element of every pack: x clamped at -126 (max.NaN keeps a
-# NaN), j = round(x) by the 1.5 * 2^23 shift, 2^f for f = x - j in [-1/2, 1/2] by a cubic (relative error 7.5e-5,
-# a 50th of P's e4m3 step), j added to the exponent bits; the max with x (2^x > x everywhere) makes a NaN x NaN.
-# A masked x (-inf) gives 2^-126, not 0: it rounds to 0 in e4m3 and adds 1e-38 to l, which is >= 256 in a row with a
-# key (its max's term) and at most BN 2^-126 in one without (finish tells them apart by l < 1)
-_EXP2_FMA_PTX = ("max.NaN.f32 f, X, 0fC2FC0000;\n\t"
-                 "add.rn.f32 t, f, 0f4B400000;\n\t"
-                 "sub.rn.f32 j, t, 0f4B400000;\n\t"
-                 "sub.rn.f32 f, f, j;\n\t"
-                 "fma.rn.f32 p, f, 0f3D61FB53, 0f3E786EE6;\n\t"
-                 "fma.rn.f32 p, p, f, 0f3F31798D;\n\t"
-                 "fma.rn.f32 p, p, f, 0f3F7FFB4A;\n\t"
-                 "mov.b32 ti, t;\n\t"
-                 "shl.b32 ti, ti, 23;\n\t"
-                 "mov.b32 pi, p;\n\t"
-                 "add.s32 pi, pi, ti;\n\t"
-                 "mov.b32 p, pi;\n\t"
-                 "max.NaN.f32 Y, p, X;")
+# NaN), j = round(x) by the 1.5 * 2^23 shift, 2^f for f = x - j in [-1/2, 1/2] by a polynomial, j added to the exponent
+# bits; the max with x (2^x > x everywhere) makes a NaN x NaN. A masked x (-inf) gives 2^-126, not 0: it rounds to 0 in
+# e4m3 and adds 1e-38 to l, which is >= 256 in a row with a key (its max's term) and at most BN 2^-126 in one without
+# (finish tells them apart by l < 1). EXP2_POLY[degree]: the polynomial's coefficients (float32 bits, highest first),
+# fitted for the least maximum relative error on [-1/2, 1/2]: the cubic's 7.5e-5 (a 50th of P's e4m3 half-step
+# 2^-5), the quadratic's 1.7e-3 (session 30: an 18th of the half-step, one FFMA fewer)
+EXP2_POLY = {3: ("3D61FB53", "3E786EE6", "3F31798D", "3F7FFB4A"), 2: ("3E7425DE", "3F3414D4", "3F800E84")}
 
 
-def exp2_split_asm(every: int) -> tuple[str, str]:
+def exp2_fma_ptx(degree: int = 3) -> str:
+    """The PTX of one FMA-unit 2^X into Y (X, Y: placeholders), with EXP2_POLY[degree]."""
+    c = EXP2_POLY[degree]
+    horner = f"fma.rn.f32 p, f, 0f{c[0]}, 0f{c[1]};\n\t" + "".join(
+        f"fma.rn.f32 p, p, f, 0f{x};\n\t" for x in c[2:])
+    return ("max.NaN.f32 f, X, 0fC2FC0000;\n\t"
+            "add.rn.f32 t, f, 0f4B400000;\n\t"
+            "sub.rn.f32 j, t, 0f4B400000;\n\t"
+            "sub.rn.f32 f, f, j;\n\t" + horner +
+            "mov.b32 ti, t;\n\t"
+            "shl.b32 ti, ti, 23;\n\t"
+            "mov.b32 pi, p;\n\t"
+            "add.s32 pi, pi, ti;\n\t"
+            "mov.b32 p, pi;\n\t"
+            "max.NaN.f32 Y, p, X;")
+
+
+_EXP2_FMA_PTX = exp2_fma_ptx(3)
+
+
+def exp2_split_asm(every: int, degree: int = 3) -> tuple[str, str]:
     """(PTX, constraints) of exp2_split's inline asm for packs of ``every`` elements: the first every - 1 by
-    ex2.approx, the last by _EXP2_FMA_PTX. Outputs $0..$(every - 1), inputs $every..$(2 every - 1)."""
+    ex2.approx, the last by exp2_fma_ptx(degree). Outputs $0..$(every - 1), inputs $every..$(2 every - 1)."""
     mufu = "".join(f"ex2.approx.ftz.f32 ${i}, ${i + every};\n\t" for i in range(every - 1))
-    fma = _EXP2_FMA_PTX.replace("X", f"${2 * every - 1}").replace("Y", f"${every - 1}")
+    fma = exp2_fma_ptx(degree).replace("X", f"${2 * every - 1}").replace("Y", f"${every - 1}")
     asm = "{\n\t.reg .f32 f, t, j, p;\n\t.reg .b32 ti, pi;\n\t" + mufu + fma + "\n\t}"
     return asm, ",".join(["=f"] * every + ["f"] * every)
 
@@ -101,16 +122,22 @@ EXP2_ASM_4: gl.constexpr = gl.constexpr(exp2_split_asm(4)[0])
 EXP2_CONSTRAINTS_4: gl.constexpr = gl.constexpr(exp2_split_asm(4)[1])
 EXP2_ASM_8: gl.constexpr = gl.constexpr(exp2_split_asm(8)[0])
 EXP2_CONSTRAINTS_8: gl.constexpr = gl.constexpr(exp2_split_asm(8)[1])
+# the quadratic's (exp2_fma_every negative: -2, -4, -8 are 2, 4, 8 with the quadratic; session 30)
+EXP2_ASM_Q2: gl.constexpr = gl.constexpr(exp2_split_asm(2, 2)[0])
+EXP2_ASM_Q4: gl.constexpr = gl.constexpr(exp2_split_asm(4, 2)[0])
+EXP2_ASM_Q8: gl.constexpr = gl.constexpr(exp2_split_asm(8, 2)[0])
 
 
 @gluon.jit
 def exp2_split(x, FMA_EVERY: gl.constexpr):
-    """2^x (x <= 9, float32), one element in FMA_EVERY (2, 4 or 8) computed on the FMA units (_EXP2_FMA_PTX), the
-    others by MUFU's ex2: FlashAttention-4's way to take load off the MUFU (16 results a clock an SM, about the
-    tensor cores' pace at FP8 D 128). 0: every element by gl.exp2. -1: a timing probe, WRONG results: no exp2 at all
+    """2^x (x <= 9, float32), one element in FMA_EVERY (2, 4 or 8) computed on the FMA units (exp2_fma_ptx: the
+    cubic), the others by MUFU's ex2: FlashAttention-4's way to take load off the MUFU (16 results a clock an SM, about
+    the tensor cores' pace at FP8 D 128). -2, -4, -8: the same with the quadratic (one FFMA fewer, 1.7e-3 relative
+    error: under e4m3's half-step). 0: every element by gl.exp2. -1: a timing probe, WRONG results: no exp2 at all
     (2^x replaced by x: what the step costs without the MUFU's 64 ex2 a thread)."""
-    gl.static_assert(FMA_EVERY == 0 or FMA_EVERY == 2 or FMA_EVERY == 4 or FMA_EVERY == 8 or FMA_EVERY == -1,
-                     "FMA_EVERY: 0, 2, 4 or 8 (-1: the no-exp2 probe)")
+    gl.static_assert(FMA_EVERY == 0 or FMA_EVERY == 2 or FMA_EVERY == 4 or FMA_EVERY == 8 or FMA_EVERY == -1
+                     or FMA_EVERY == -2 or FMA_EVERY == -4 or FMA_EVERY == -8,
+                     "FMA_EVERY: 0, 2, 4 or 8 (negative: the quadratic; -1: the no-exp2 probe)")
     if FMA_EVERY == -1:
         y = x
     elif FMA_EVERY == 8:
@@ -119,6 +146,12 @@ def exp2_split(x, FMA_EVERY: gl.constexpr):
         y = gl.inline_asm_elementwise(EXP2_ASM_2, EXP2_CONSTRAINTS_2, [x], dtype=gl.float32, is_pure=True, pack=2)
     elif FMA_EVERY == 4:
         y = gl.inline_asm_elementwise(EXP2_ASM_4, EXP2_CONSTRAINTS_4, [x], dtype=gl.float32, is_pure=True, pack=4)
+    elif FMA_EVERY == -8:
+        y = gl.inline_asm_elementwise(EXP2_ASM_Q8, EXP2_CONSTRAINTS_8, [x], dtype=gl.float32, is_pure=True, pack=8)
+    elif FMA_EVERY == -2:
+        y = gl.inline_asm_elementwise(EXP2_ASM_Q2, EXP2_CONSTRAINTS_2, [x], dtype=gl.float32, is_pure=True, pack=2)
+    elif FMA_EVERY == -4:
+        y = gl.inline_asm_elementwise(EXP2_ASM_Q4, EXP2_CONSTRAINTS_4, [x], dtype=gl.float32, is_pure=True, pack=4)
     else:
         y = gl.exp2(x)
     return y
@@ -155,6 +188,52 @@ def row_max_tree(s):
     a, b = split_n(x)
     x = gl.maximum(a, b)  # [m, 8]
     return gl.convert_layout(row_max(x), gl.SliceLayout(1, s.type.layout))
+
+
+@gluon.jit
+def row_max_tree2(s, s2):
+    """The max of each row of [s | s2], s [m, 128] and s2 [m, 64] in their wgmma accumulator layouts: each halved to
+    8 columns (register bits: no data moves), the two [m, 8] maxed (the same registers in both layouts), then gl.max
+    of the 8 (2 a thread and row, then the quad's shuffles): one quad reduction for the 192 columns."""
+    gl.static_assert(s.shape[1] == 128 and s2.shape[1] == 64, "row_max_tree2: 128 + 64 columns")
+    a, b = split_n(s)
+    x = gl.maximum(a, b)  # [m, 64]
+    a, b = split_n(x)
+    x = gl.maximum(a, b)  # [m, 32]
+    a, b = split_n(x)
+    x = gl.maximum(a, b)  # [m, 16]
+    a, b = split_n(x)
+    x = gl.maximum(a, b)  # [m, 8]
+    a, b = split_n(s2)
+    y = gl.maximum(a, b)  # [m, 32]
+    a, b = split_n(y)
+    y = gl.maximum(a, b)  # [m, 16]
+    a, b = split_n(y)
+    y = gl.maximum(a, b)  # [m, 8]
+    x = gl.maximum(x, gl.convert_layout(y, x.type.layout, assert_trivial=True))
+    return gl.convert_layout(row_max(x), gl.SliceLayout(1, s.type.layout))
+
+
+@gluon.jit
+def fp8_softmax_update_split(m_i, s, s2, row_scale, PER_ROW: gl.constexpr, EXP2_FMA_EVERY: gl.constexpr = 0,
+                             P_SHIFT: gl.constexpr = 8.0):
+    """fp8_softmax_update over a split key step, scores [s | s2] (s [m, 128], s2 [m, 64]), the row max as a tree and
+    l left to the tensor cores (L_MMA): returns (m, P of s, P of s2 (float32, 2^P_SHIFT p), alpha)."""
+    s_max = row_max_tree2(s, s2)
+    m_new = gl.maximum(m_i, s_max * row_scale)
+    m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))
+    ROWS2: gl.constexpr = gl.SliceLayout(1, s2.type.layout)
+    if PER_ROW:
+        c = gl.expand_dims(row_scale, 1)
+        c2 = gl.expand_dims(gl.convert_layout(row_scale, ROWS2, assert_trivial=True), 1)
+    else:
+        c = row_scale
+        c2 = row_scale
+    shift = m_ref - P_SHIFT
+    p = exp2_split(s * c - gl.expand_dims(shift, 1), EXP2_FMA_EVERY)
+    p2 = exp2_split(s2 * c2 - gl.expand_dims(gl.convert_layout(shift, ROWS2, assert_trivial=True), 1), EXP2_FMA_EVERY)
+    alpha = gl.exp2(m_i - m_ref)
+    return m_new, p, p2, alpha
 
 
 @gluon.jit
@@ -222,6 +301,7 @@ class Running:
     q_scale: object
     l_acc: object  # L_MMA: l in every column of a [BM, L_COLS] tile in the wgmma layout, float32 (else None)
     alpha: object  # RESCALE_LATE: the last softmax's alpha, applied to O (and l_acc) at the next step (else None)
+    p2: object  # BN2 > 0: the last P of the step's second key block [BM, BN2] (as p; else None)
 
 
 L_COLS: gl.constexpr = gl.constexpr(8)  # L_MMA: P times a [32, 8] block of ones (wgmma's narrowest N)
@@ -295,6 +375,11 @@ class AttentionFp8:
     P: gl.constexpr
     L: gl.constexpr  # L_MMA: l's accumulator [BM, L_COLS], and P as its register operand
     PL: gl.constexpr
+    BN2: gl.constexpr  # > 0 (session 30): a step takes BN + BN2 keys, a second K / V^T block of BN2 (KVt2)
+    BNS: gl.constexpr  # keys per step: BN + BN2
+    S2: gl.constexpr  # BN2 > 0: the layout of the second block's scores [BM, BN2]
+    k2_desc: object  # BN2 > 0: the descriptors of the second blocks, K [1, 1, BN2, D] and V^T [1, 1, D, BN2]
+    vt2_desc: object
 
     @gluon.jit
     def setup(self, tile_id):
@@ -309,8 +394,11 @@ class AttentionFp8:
         b, h, hk = head_of(tile.bh, self.H, self.GROUP)
         k_block = gl.minimum(step, tile.n_blocks - 1)
         v_block = gl.maximum(step - 1, 0)
-        tma.async_copy_global_to_shared(self.k_desc, [b, hk, k_block * self.BN, 0], bar, stage.k)
-        tma.async_copy_global_to_shared(self.vt_desc, [b, hk, 0, v_block * self.BN], bar, stage.vt)
+        tma.async_copy_global_to_shared(self.k_desc, [b, hk, k_block * self.BNS, 0], bar, stage.k)
+        tma.async_copy_global_to_shared(self.vt_desc, [b, hk, 0, v_block * self.BNS], bar, stage.vt)
+        if self.BN2 > 0:  # the step's second blocks (past Nk: TMA fills zeros, the mask -inf)
+            tma.async_copy_global_to_shared(self.k2_desc, [b, hk, k_block * self.BNS + self.BN, 0], bar, stage.k2)
+            tma.async_copy_global_to_shared(self.vt2_desc, [b, hk, 0, v_block * self.BNS + self.BN], bar, stage.vt2)
 
     @gluon.jit
     def load_tile(self, q_smem, bar, tile, consumer):
@@ -324,7 +412,7 @@ class AttentionFp8:
         n_own = tile.n_blocks
         if self.CAUSAL:  # this consumer's rows skip the tile's later blocks (all masked for them) but for the last P V
             own_hi = gl.maximum(gl.minimum(self.Nk, first + self.BM + (self.Nk - self.N)), 0)
-            n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, self.BN), 1), tile.n_blocks)
+            n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, self.BNS), 1), tile.n_blocks)
         if self.Q_PER_ROW:
             offs = first + gl.arange(0, self.BM, layout=gl.SliceLayout(1, self.S))
             q_scale = gl.load(self.q_scales + tile.bh.to(gl.int64) * self.q_n_scales + offs // self.q_rows_per_scale,
@@ -343,7 +431,10 @@ class AttentionFp8:
         alpha = gl.constexpr(None)
         if self.RESCALE_LATE:
             alpha = gl.full([self.BM], 1.0, gl.float32, gl.SliceLayout(1, self.S))
-        return Running(m, l, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, alpha)
+        p2 = gl.constexpr(None)
+        if self.BN2 > 0:
+            p2 = gl.zeros([self.BM, self.BN2], gl.float32, self.P)
+        return Running(m, l, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, alpha, p2)
 
     @gluon.jit
     def key_scales(self, st, first_key):
@@ -394,9 +485,9 @@ class AttentionFp8:
             # is rounded just before its wgmma (pv_operand); else rounded first, and its bytes, carried from step
             # to step as single bytes, are unpacked and packed again (~190 PRMT/LOP3/SHF a step at D 128)
             x = p if self.CAST_LATE else p.to(self.q_desc.dtype)
-            x = gl.reshape(x, [self.BM, self.BN // 32, 2, 2, 4, 2])
+            x = gl.reshape(x, [self.BM, p.shape[1] // 32, 2, 2, 4, 2])
             x = gl.permute(x, (0, 1, 2, 4, 3, 5))
-            x = gl.convert_layout(gl.reshape(x, [self.BM, self.BN]), self.P, assert_trivial=True)
+            x = gl.convert_layout(gl.reshape(x, [self.BM, p.shape[1]]), self.P, assert_trivial=True)
         else:
             x = gl.convert_layout(p.to(self.q_desc.dtype), self.P)
         return x
@@ -441,6 +532,80 @@ class AttentionFp8:
         t3 = warpgroup_mma(gl.convert_layout(c3, self.PL, assert_trivial=True), ones_t, zero, use_acc=False,
                            is_async=True)
         return t0, t1, t2, t3
+
+    @gluon.jit
+    def row_sum_mma64(self, p8):
+        """row_sum_mma of a [BM, 64] P operand (the split step's second block): two 32-key chunks, two wgmma."""
+        gl.static_assert(p8.shape[1] == 64, "row_sum_mma64: 64 keys")
+        ones_t = self.ones.permute((1, 0))  # [32, LC] (L_MMA mode 1)
+        c0, c1 = gl.split(gl.permute(gl.reshape(p8, [self.BM, 2, 32]), (0, 2, 1)))
+        zero = gl.zeros([self.BM, self.LC], gl.float32, self.L)
+        t0 = warpgroup_mma(gl.convert_layout(c0, self.PL, assert_trivial=True), ones_t, zero, use_acc=False,
+                           is_async=True)
+        t1 = warpgroup_mma(gl.convert_layout(c1, self.PL, assert_trivial=True), ones_t, zero, use_acc=False,
+                           is_async=True)
+        return t0, t1
+
+    @gluon.jit
+    def softmax_split(self, s, s2, st, first_key):
+        """softmax over a split step's scores [s | s2] (keys first_key.. and first_key + BN..): masks where the step
+        needs one, then fp8_softmax_update_split. Returns (m, P, P2 in float32, alpha)."""
+        if needs_mask(st.rows.first, first_key, self.BNS, self.N, self.Nk, self.CAUSAL):
+            s = mask_scores(s, self.S, st.rows.first, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
+            s2 = mask_scores(s2, self.S2, st.rows.first, first_key + self.BN, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
+        return fp8_softmax_update_split(st.m, s, s2, st.q_scale, self.Q_PER_ROW, self.EXP2_FMA_EVERY, self.P_SHIFT)
+
+    @gluon.jit
+    def compute_split(self, ctx, st, stage, tile, step):
+        """compute for split steps (BN2 > 0): S = Q [K1 | K2]^T as two wgmma (N = BN and BN2), P V as two into the
+        same accumulator, l by 4 + 2 chunk wgmma; the schedule of compute's (S_j and P_{j-1} V_{j-1} together, the
+        softmax under P V). Every branch ends with its wgmma complete."""
+        q = ctx.operand.reshape([self.BM, self.D])
+        k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))
+        k2_t = stage.k2.reshape([self.BN2, self.D]).permute((1, 0))
+        v = stage.vt.reshape([self.D, self.BN]).permute((1, 0))
+        v2 = stage.vt2.reshape([self.D, self.BN2]).permute((1, 0))
+        self.my_turn(ctx, step)
+        if step == 0:
+            s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
+                                  is_async=True)
+            s2_tok = warpgroup_mma(q, k2_t, gl.zeros([self.BM, self.BN2], gl.float32, self.S2), use_acc=False,
+                                   is_async=True)
+            self.their_turn(ctx)
+            s, s2 = warpgroup_mma_wait(0, deps=(s_tok, s2_tok))
+            m, p32, p32b, alpha = self.softmax_split(s, s2, st, 0)
+            st = st.replace(m=m, p=self.p_operand(p32), p2=self.p_operand(p32b))
+        elif step < st.rows.n_blocks:
+            p8 = self.pv_operand(st.p)
+            p8b = self.pv_operand(st.p2)
+            s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
+                                  is_async=True)
+            s2_tok = warpgroup_mma(q, k2_t, gl.zeros([self.BM, self.BN2], gl.float32, self.S2), use_acc=False,
+                                   is_async=True)
+            t0, t1, t2, t3 = self.row_sum_mma(p8)
+            t4, t5 = self.row_sum_mma64(p8b)
+            o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
+            o_tok = warpgroup_mma(p8b, v2, o_tok, is_async=True)
+            self.their_turn(ctx)
+            s, s2, l0, l1, l2, l3, l4, l5 = warpgroup_mma_wait(2, deps=(s_tok, s2_tok, t0, t1, t2, t3, t4, t5))
+            l_acc = st.l_acc + (((l0 + l1) + (l2 + l3)) + (l4 + l5))
+            m, p32, p32b, alpha = self.softmax_split(s, s2, st, step * self.BNS)
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            acc, l_acc = self.rescale(acc, l_acc, alpha, 1)
+            st = st.replace(m=m, acc=acc, p=self.p_operand(p32), p2=self.p_operand(p32b), l_acc=l_acc)
+        elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
+            p8 = self.pv_operand(st.p)
+            p8b = self.pv_operand(st.p2)
+            t0, t1, t2, t3 = self.row_sum_mma(p8)
+            t4, t5 = self.row_sum_mma64(p8b)
+            o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
+            o_tok = warpgroup_mma(p8b, v2, o_tok, is_async=True)
+            self.their_turn(ctx)
+            acc, l0, l1, l2, l3, l4, l5 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3, t4, t5))
+            st = st.replace(acc=acc, l_acc=st.l_acc + (((l0 + l1) + (l2 + l3)) + (l4 + l5)))
+        else:  # causal: a step past this consumer's keys
+            self.their_turn(ctx)
+        return st
 
     @gluon.jit
     def rescale_late(self, st):
@@ -513,6 +678,14 @@ class AttentionFp8:
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
+        if self.BN2 > 0:
+            st = self.compute_split(ctx, st, stage, tile, step)
+        else:
+            st = self.compute_one(ctx, st, stage, tile, step)
+        return st
+
+    @gluon.jit
+    def compute_one(self, ctx, st, stage, tile, step):
         """Every branch ends with its wgmma complete, so the stage is free when compute returns."""
         q = ctx.operand.reshape([self.BM, self.D])
         k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))  # [D, BN], D contiguous: K-major
@@ -589,9 +762,15 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              EXP2_FMA_EVERY: gl.constexpr = 0, CAST_LATE: gl.constexpr = False,
                              P_SHIFT: gl.constexpr = 8.0, RESCALE_TAU: gl.constexpr = 0.0,
                              L_MMA: gl.constexpr = False, PROBE_NO_SOFTMAX: gl.constexpr = False,
-                             MAX_TREE: gl.constexpr = False, RESCALE_LATE: gl.constexpr = False):
-    """O and lse of FP8 attention for every (query block, batch * head); a persistent grid."""
+                             MAX_TREE: gl.constexpr = False, RESCALE_LATE: gl.constexpr = False,
+                             BN2: gl.constexpr = 0, k2_desc=None, vt2_desc=None):
+    """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. BN2 > 0: steps of
+    BN + BN2 keys, the second blocks by k2_desc [1, 1, BN2, D] and vt2_desc [1, 1, D, BN2] (compute_split)."""
     gl.static_assert(not (RESCALE_LATE and RESCALE_TAU > 0), "RESCALE_LATE or RESCALE_TAU, not both")
+    gl.static_assert(BN2 == 0 or (BN2 == 64 and L_MMA == 1 and MAX_TREE and CAST_LATE and PERMUTED_V and not K_PER_ROW
+                                  and not K_PER_BLOCK and RESCALE_TAU == 0 and not RESCALE_LATE and not PROBE_NO_SOFTMAX),
+                     "BN2 (split steps): 64, with L_MMA 1, MAX_TREE, CAST_LATE, PERMUTED_V and per-head or per-row q "
+                     "descales, per-head k descales")
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not PINGPONG), "two or three consumer warpgroups "
                      "(PINGPONG: two)")
     BM: gl.constexpr = o_desc.block_type.shape[2]
@@ -616,9 +795,14 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                       LC, MAX_TREE, PROBE_NO_SOFTMAX, BM, BN, D, CONSUMERS, PERMUTED_V, PINGPONG,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, LC, gl.num_warps(), 8),
-                      wgmma_lhs_layout(BM, LC, gl.num_warps(), 8))
+                      wgmma_lhs_layout(BM, LC, gl.num_warps(), 8), BN2, BN + BN2,
+                      wgmma_layout(BM, BN2 if BN2 > 0 else BN, gl.num_warps(), 8), k2_desc, vt2_desc)
     # three consumer warpgroups (13 warps) share the register file more thinly
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
                     PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0,
                     tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
-    run(op, layout, KVt(ring(k_desc, STAGES), ring(vt_desc, STAGES)), gl.cdiv(N, op.BM * CONSUMERS) * num_bh)
+    if BN2 > 0:
+        stages = KVt2(ring(k_desc, STAGES), ring(k2_desc, STAGES), ring(vt_desc, STAGES), ring(vt2_desc, STAGES))
+    else:
+        stages = KVt(ring(k_desc, STAGES), ring(vt_desc, STAGES))
+    run(op, layout, stages, gl.cdiv(N, op.BM * CONSUMERS) * num_bh)
