@@ -1,0 +1,122 @@
+"""GLA's backward on the split kernels with the GLA epilogue (kernels_backward_gla.py: dq, dk, dv stored whole in
+the inputs' dtypes, dg's per-channel reverse sum in the dK kernel, no combine pass), in the interpreter into
+NaN-filled buffers against the float64 recurrence's autograd: weak decays (the factored terms), strong decays
+with resets (the sub-chunk fallback, dg 0 where the floor clamps), several key and value blocks, tails, N = 1,
+with and without states. experiments/linear_attention/gpu_gla_bwd.py checks the same kernels on the H100."""
+import pytest
+import torch
+
+from tilecore import accuracy
+from tilecore.ops.linear_attention import configs_gla_bwd, kernels_backward_gla, launch
+from tilecore.ops.linear_attention.plan import IDENTITY, plan, tl_plan
+
+from la_testing import F16, F32, make, reference
+
+NAN = float("nan")
+
+
+def run(q, k, v, g, s0, do, dht, ht, *, chunk=64, **blocks):
+    """kernels_backward_gla.backward into NaN-filled buffers (asserting every element written): dq, dk, dv, dg, dh0."""
+    p = kernels_backward_gla.split_plan(tl_plan(q, v, g, IDENTITY, chunk), q, v, g, chunk, **blocks)
+    out = dict(dq=torch.full_like(q, NAN), dk=torch.full_like(k, NAN), dv=torch.full_like(v, NAN),
+               dg=torch.full_like(g, NAN, dtype=torch.float32))
+    if s0 is not None:
+        out["dh0"] = torch.full_like(s0, NAN)
+    dq, dk, dv, dg, dbeta, dh0 = kernels_backward_gla.backward(p, do, q, k, v, g, s0, ht, dht, q.shape[-1] ** -0.5,
+                                                               out=out)
+    assert dbeta is None and (dq, dk, dv, dg) == (out["dq"], out["dk"], out["dv"], out["dg"])
+    for name, t in out.items():
+        assert not torch.isnan(t).any(), f"{name}: some elements were never written"
+    assert (dq.dtype, dk.dtype, dv.dtype, dg.dtype) == (q.dtype, k.dtype, v.dtype, F32)
+    return [dq, dk, dv, dg] + ([dh0] if s0 is not None else [])
+
+
+def test_fp16_weak_decays_several_blocks_and_a_tail():
+    """fp16, N 77 (a partial chunk), Dk 32 in two dQ / dK key blocks, Dv 24 in two dV value blocks (one
+    partial), an initial state and the final state's gradient: dq, dk, dv within 2.5x the rounding floor (the
+    interpreter: 1.1-1.6x), dg and dh0 at fp16's relative error."""
+    torch.manual_seed(0)
+    q, k, v, g, s0 = make(1, 77, 1, 1, 32, 24, dtype=F16, decay="channel", h0=True)
+    do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
+    _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
+    got = run(q, k, v, g, s0, do, dht, st.float(), dq_BKQ=16, split_BKB=16, split_BV=16)
+    for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+        assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
+    assert accuracy.rel_rms(got[3], ref[3]) < 5e-3  # dg: a reverse sum of differences
+    assert accuracy.rel_rms(got[4], ref[4]) < 1e-3
+
+
+def test_float32_strong_decays_resets_and_chunk_32():
+    """float32, log decays in [-6, 0] (a chunk's span of G past the factored limit: the sub-chunk fallback), a
+    reset (-inf) on a quarter of the channels at token 40 and -1e30 at token 9: every gradient at float32 noise,
+    dg 0 where the floor clamped g; chunk 32, no initial state."""
+    torch.manual_seed(1)
+    q, k, v, g, _ = make(1, 70, 1, 1, 32, 32, dtype=F32, decay="channel", strong=True)
+    g[:, 40, :, :8] = float("-inf")
+    g[:, 9, :, 3] = -1e30
+    do, dht = torch.randn(v.shape), torch.randn(1, 1, 32, 32)
+    _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
+    dq, dk, dv, dg = run(q, k, v, g, None, do, dht, st.float(), chunk=32)
+    for name, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
+        assert accuracy.rel_rms(x, r) < 2e-5, name
+    live = g >= -100
+    assert (dg[~live] == 0).all()
+    assert accuracy.rel_rms(dg[live], ref[3][live]) < 2e-4
+
+
+@pytest.mark.parametrize("N", [1, 17])
+def test_short_sequences_without_states(N):
+    """N 1 and 17 (one partial chunk), no initial state, no final-state gradient: dh0 absent, dg from the
+    outputs alone."""
+    torch.manual_seed(2)
+    q, k, v, g, _ = make(1, N, 1, 1, 16, 16, dtype=F32, decay="channel")
+    do = torch.randn(v.shape)
+    _, _, ref = reference(q, k, v, g, None, dout=do)
+    got = run(q, k, v, g, None, do, None, None)
+    for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+        assert accuracy.rel_rms(x, r) < 2e-5, name
+    if N == 1:  # one token: only its diagonal term, which cancels in dG
+        assert torch.allclose(got[3].double(), ref[3], atol=1e-6) and (got[3] == 0).all()
+    else:
+        assert accuracy.rel_rms(got[3], ref[3]) < 2e-4
+
+
+def test_takes_only_what_it_computes(monkeypatch):
+    """The switch (off: nothing), then per-channel decay, phi(x) = x, no beta, q/k heads = v heads, dims <= 128."""
+    q, k, v, g, _ = make(1, 8, 1, 1, 16, 16, dtype=F16, decay="channel")
+    p = plan(q, v, g, IDENTITY)
+    assert not kernels_backward_gla.takes(p, q, v, g, None, IDENTITY)
+    monkeypatch.setattr(configs_gla_bwd, "GLA_BWD_EPILOGUE", True)
+    assert kernels_backward_gla.takes(p, q, v, g, None, IDENTITY)
+    assert not kernels_backward_gla.takes(p, q, v, g, torch.ones(1, 8, 1), IDENTITY)  # beta
+    assert not kernels_backward_gla.takes(p, q, v, g[..., 0], None, IDENTITY)  # a scalar decay
+    v2 = torch.randn(1, 8, 2, 16, dtype=F16)
+    assert not kernels_backward_gla.takes(p, q, v2, torch.zeros(1, 8, 2, 16), None, IDENTITY)  # grouped heads
+    wide = torch.randn(1, 8, 1, 256, dtype=F16)
+    assert not kernels_backward_gla.takes(p, wide, wide, torch.zeros(1, 8, 1, 256), None, IDENTITY)
+
+
+def test_bad_output_buffers_are_refused():
+    q, k, v, g, _ = make(1, 8, 1, 1, 16, 16, dtype=F16, decay="channel")
+    p = kernels_backward_gla.split_plan(tl_plan(q, v, g, IDENTITY, 64), q, v, g)
+    out = dict(dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v), dg=torch.empty(1, 8, 1, 8))
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels_backward_gla.backward(p, v, q, k, v, g, None, None, None, 0.25, out=out)
+    out["dg"] = torch.empty(g.shape, dtype=F16)
+    with pytest.raises(ValueError, match="float32"):
+        kernels_backward_gla.backward(p, v, q, k, v, g, None, None, None, 0.25, out=out)
+
+
+def test_matches_launch_backward():
+    """The same gradients as the shipped path (launch.backward: unsplit kernels, combine kernel), float32."""
+    torch.manual_seed(3)
+    q, k, v, g, s0 = make(1, 40, 1, 1, 16, 16, dtype=F32, decay="channel", h0=True)
+    do, dht, ht = torch.randn(v.shape), torch.randn(s0.shape), torch.randn(s0.shape)
+    p = plan(q, v, g, IDENTITY)
+    want = launch.backward(p, do, q, k, v, g, None, s0, None, ht, dht, 0.25, IDENTITY, native=True)
+    got = kernels_backward_gla.backward(p, do, q, k, v, g, s0, ht, dht, 0.25)
+    for name, x, w in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, want):
+        if w is None:
+            assert x is None
+        else:
+            assert accuracy.rel_rms(x, w) < 2e-5, name
