@@ -10,16 +10,22 @@ through tilecore.ops.gemm.plan's config override:
   (d) the best of the sweep over every legal row (configs.GLUON_CANDIDATES through plan.gluon_legal),
   and cuBLAS (torch.mm, torch._scaled_mm) as the peer.
 Each row is first checked against a float64 reference into a NaN-poisoned output (every element
-written; error as a multiple of the output's rounding floor). Reported: the picked times over the
+written; rel-RMS error as a multiple of the output's rounding floor, tilecore.accuracy): bf16 rows within
+1.6x; fp8 rows against the float64 product of the fp8 inputs, within 1.1x the table row's own error in the
+same run (the e4m3 wgmma's accumulation puts the shipped row at 1.26-1.28x). Reported: the picked times over the
 sweep's best, the table over the best, and the napkin's predicted ranking against the measured one
 (Spearman). ``--attention`` does the same for the Gluon attention forward (plan.napkin_forward_configs
 against configs.gluon_forward_config; peer: the table's row, as the shipped path runs it).
+
+The first call's cost: the pick's own timing with every kernel compiled (do_bench at 20 ms a row, as
+configs.NAPKIN_TIMED_MS, and at 10 and 5 ms, with the row each picks), then a fresh process with an
+empty Triton cache that times the first call with the table's row and what the timed pick adds.
 
 Compiles come first, in parallel worker processes (--workers): each runs every (shape, row) once so
 Triton's disk cache holds the kernels when the timing process launches them. A deadline (--budget s)
 cuts the remaining cases; every case's exception is printed and the run goes on.
 
-Run from the repository root on the GPU machine (each under 90 s on an H100):
+Run from the repository root on the GPU machine (each under 90 s on an H100; TOTAL_S bounds it):
 
     PYTHONPATH=. python3 experiments/napkin/gpu_topk_configs.py
     PYTHONPATH=. python3 experiments/napkin/gpu_topk_configs.py --attention
@@ -56,6 +62,7 @@ GEMM_SHAPES = [  # interleaved, so that a budget cut leaves each kind measured
     ("fp8 skinny M256", 256, 8192, 8192, "fp8"),
     ("skinny M512", 512, 14336, 4096, "bf16"),
     ("K128", 8192, 8192, 128, "bf16"),
+    ("fp8 down T8192", 8192, 4096, 14336, "fp8"),
 ]
 SMOKE_GEMM = [("smoke bf16", 96, 80, 64, "bf16"), ("smoke fp8", 64, 96, 64, "fp8")]
 # name, B, H, N, D, causal
@@ -157,12 +164,19 @@ def gemm_reference(a, b, scales):
 
 
 def error_floor(c, ref) -> tuple[bool, float]:
-    """(every element written and finite, max error over the max rounding error of the correctly
-    rounded result)."""
-    finite = bool(torch.isfinite(c).all())
-    floor = (ref.to(c.dtype).double() - ref).abs().max().item()
-    err = (c.double() - ref).abs().max().item()
-    return finite, err / floor if floor else (0.0 if err == 0 else math.inf)
+    """(every element written and finite, the error as a multiple of the rounding floor: rel-RMS against
+    the float64 reference over rel-RMS of the correctly rounded result, tilecore.accuracy's measure)."""
+    from tilecore import accuracy
+
+    return bool(torch.isfinite(c).all()), accuracy.error_over_floor(c, ref)
+
+
+# the bar a row's error must meet, as a multiple of its output's rounding floor: bf16 rows are at the floor
+# (1.00x); fp8 rows carry the e4m3 wgmma's accumulation (the shipped table's row reads 1.26-1.28x on exact fp8
+# inputs, notes/gemm), so each fp8 row is judged against the table's own error in the same run
+BAR_BF16 = 1.6
+BAR_FP8_OVER_TABLE = 1.10
+ATTN_BAR = 2.0  # the Gluon forward's O: 1.21-1.37x the floor in bf16 (notes/attention)
 
 
 _WORKER_OPERANDS: dict = {}  # a warm-up worker's operands, by shape
@@ -203,20 +217,14 @@ def gemm_case(name, M, N, K, dt, topk: int) -> dict:
         peer = lambda: torch._scaled_mm(a, b, scales[0].reshape(()), scales[1].reshape(()), out_dtype=torch.bfloat16)
     else:
         peer = lambda: torch.mm(a, b)
-    # the bar: 2x the floor, or 1.25x cuBLAS's own error where fp32 accumulation over K exceeds it (fp8:
-    # run 3 read 1.9-3.3x the floor on every row, the table's too)
-    peer_err = None
     if not SMOKE:
-        _, peer_err = error_floor(peer(), ref)
-        res["cublas_err_floor"] = peer_err
-    bar = max(2.0, 1.25 * (peer_err or 0))
+        res["cublas_written"], res["cublas_err_floor"] = error_floor(peer(), ref)
     for cfg in rows:
         r = dict(predicted_ms=predicted.get((cfg["block"], cfg["stages"], cfg["num_warps"] // 4)))
         try:
             out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=device())
             gemm_run(a, b, scales, cfg, out=out)
             r["written"], r["err_floor"] = error_floor(out, ref)
-            r["ok"] = r["written"] and r["err_floor"] <= bar
             if not SMOKE:  # the plan made once and C preallocated: the timed call is the launch alone
                 p = gemm_plan(a, b, scales, cfg)
                 r["ms"] = bench(lambda: launch.launch(p, a, b, None, scales, out=out))
@@ -225,21 +233,35 @@ def gemm_case(name, M, N, K, dt, topk: int) -> dict:
             r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             print(f"  {name} {key(cfg)}: {r['error']}", flush=True)
         res["rows"][key(cfg)] = r
+    # the bar: bf16 at the floor; fp8 within 1.1x of the table's own error (the shipped kernel's), never
+    # under the bf16 bar
+    table_err = res["rows"].get(key(table), {}).get("err_floor")
+    bar = BAR_BF16 if dt != "fp8" else max(BAR_BF16, BAR_FP8_OVER_TABLE * (table_err or math.inf))
+    res["bar_err_floor"] = bar
+    for r in res["rows"].values():
+        r["ok"] = bool(r.get("written")) and r.get("err_floor", math.inf) <= bar
     if SMOKE:
         return res
     # (c): the plan's timed pick (its own timing), and the sweep's do_bench time of what it picked
     t0 = time.perf_counter()
     form = plan.operand_form(a, b, torch.bfloat16, dt == "fp8")
     picked, pick_times = plan.timed_config(a, b, torch.bfloat16, None, scales, form, topk)
-    res["pick_s"] = time.perf_counter() - t0
+    res["pick_s"] = time.perf_counter() - t0  # the first call's added host time with every kernel compiled
     res["timed_pick"] = key(picked)
     res["pick_ms"] = {key(top[i]): t for i, t in pick_times.items()}
+    # the same pick by shorter timings (configs.NAPKIN_TIMED_MS is 20): the first call's cost against the pick
+    plans = [gemm_plan(a, b, scales, cfg) for cfg in top]
+    for rep in (5.0, 10.0):
+        t0 = time.perf_counter()
+        times = launch.time_plans(plans, a, b, None, scales, rep)
+        res[f"pick_rep{rep:g}_s"] = time.perf_counter() - t0
+        res[f"pick_rep{rep:g}"] = key(top[min(range(len(times)), key=times.__getitem__)])
     res["cublas_ms"] = bench(peer)
     timed = {k: r["ms"] for k, r in res["rows"].items() if r.get("ms") and r.get("ok")}
     if timed:
         best = min(timed, key=timed.get)
         res["best"], res["best_ms"] = best, timed[best]
-        for what in ("table", "napkin_top1", "timed_pick"):
+        for what in ("table", "napkin_top1", "timed_pick", "pick_rep5", "pick_rep10"):
             ms = timed.get(res[what])
             res[f"{what}_over_best"] = ms / timed[best] if ms else None
         res["table_over_pick"] = (timed.get(res["table"]) or math.nan) / (timed.get(res["timed_pick"]) or math.nan)
@@ -320,7 +342,7 @@ def attn_case(name, B, H, N, D, causal, topk) -> dict:
             again = attn_run(q, k, v, causal, cfg, out=out)
             r["written"] = bool(torch.isfinite(out).all())
             _, r["err_floor"] = error_floor(out[:1, :1], ref)
-            r["ok"] = r["written"] and r["err_floor"] <= 4.0
+            r["ok"] = r["written"] and r["err_floor"] <= ATTN_BAR
             if not SMOKE:
                 r["ms"] = bench(again)
                 r["tflops"] = flops / r["ms"] / 1e9
@@ -351,6 +373,73 @@ def attn_case(name, B, H, N, D, causal, topk) -> dict:
         ms = timed.get(res["plan_pick"]) if timed else None
         res["plan_pick_over_best"] = ms / res["best_ms"] if ms else None
     return res
+
+
+# ----------------------------------------------------------------------------------- the first call
+
+FIRST_CALL_GEMM = [("skinny M64", 64, 8192, 8192, "bf16"), ("fp8 sq 8192", 8192, 8192, 8192, "fp8")]
+TOTAL_S = 86.0  # the whole run's bound: the cold first-call process is cut at it
+FIRST_CALL_ATTN = [("D128 N4096 causal", 8, 16, 4096, 128, True)]
+
+
+def first_call(attention: bool, topk: int) -> list[dict]:
+    """In a process with an empty Triton cache (main starts it so): the first call's host time with the
+    table (its one kernel compiled) and what the timed pick then adds (the other candidates compiled,
+    every candidate timed by do_bench), each shape once."""
+    out = []
+    sync = (lambda: None) if SMOKE else torch.cuda.synchronize
+    cases = (SMOKE_ATTN if attention else SMOKE_GEMM) if SMOKE else FIRST_CALL_ATTN if attention else FIRST_CALL_GEMM
+    for case in cases:
+        r = dict(name=case[0])
+        try:
+            if attention:
+                from tilecore.ops.attention import configs as aconfigs, launch as alaunch, plan as aplan
+
+                _, B, H, N, D, causal = case
+                q, k, v = attn_operands(B, H, N, D)
+                t0 = time.perf_counter()
+                attn_run(q, k, v, causal, aconfigs.gluon_forward_config(D, N, N, causal))
+                sync()
+                r["table_first_s"] = time.perf_counter() - t0
+                aplan.use_forward_launch(alaunch.forward)
+                t0 = time.perf_counter()
+                r["pick"] = key(aplan.timed_forward_config(q, k, v, causal, D ** -0.5, 0.0, topk))
+                sync()
+                r["pick_added_s"] = time.perf_counter() - t0
+            else:
+                _, M, N, K, dt = case
+                a, b, scales = gemm_operands(M, N, K, dt)
+                t0 = time.perf_counter()
+                gemm_run(a, b, scales, plan.table_config(K, dt == "fp8"))
+                sync()
+                r["table_first_s"] = time.perf_counter() - t0
+                form = plan.operand_form(a, b, torch.bfloat16, dt == "fp8")
+                t0 = time.perf_counter()
+                r["pick"] = key(plan.timed_config(a, b, torch.bfloat16, None, scales, form, topk)[0])
+                sync()
+                r["pick_added_s"] = time.perf_counter() - t0
+        except Exception as e:
+            r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        out.append(r)
+    return out
+
+
+def first_call_cold(attention: bool, topk: int, timeout: float) -> list[dict]:
+    """first_call in a fresh process with its own empty Triton cache (a cold first call)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, TRITON_CACHE_DIR=cache)
+        cmd = [sys.executable, __file__, "--first-call", "--topk", str(topk)] + (["--attention"] if attention else [])
+        try:
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            return [dict(error=f"first-call process past {timeout:.0f} s")]
+        lines = [l for l in r.stdout.splitlines() if l.startswith("FIRST_CALL ")]
+        if not lines:
+            return [dict(error=f"rc {r.returncode}: {r.stderr[-500:]}")]
+        return json.loads(lines[-1][len("FIRST_CALL "):])
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -386,10 +475,16 @@ def main() -> int:
     ap.add_argument("--attention", action="store_true", help="the attention forward instead of the GEMM")
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--workers", type=int, default=None, help="compile processes (default 12; the smoke run: none)")
-    ap.add_argument("--budget", type=float, default=75.0, help="seconds: later cases are cut")
+    ap.add_argument("--budget", type=float, default=60.0, help="seconds: later cases are cut (then the cold "
+                    "first-call process, until TOTAL_S)")
     ap.add_argument("--shapes", type=int, default=0, help="only the first N shapes (0: all)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
+    ap.add_argument("--first-call", action="store_true", help="(internal) the first-call costs, in this process")
+    ap.add_argument("--no-first-call", action="store_true", help="skip the cold first-call process")
     args = ap.parse_args()
+    if args.first_call:
+        print("FIRST_CALL " + json.dumps(first_call(args.attention, args.topk)), flush=True)
+        return 0
     start = time.perf_counter()
     deadline = start + args.budget
     if args.attention:
@@ -421,10 +516,18 @@ def main() -> int:
         r = results[-1]
         print(f"{c[0]}: {time.perf_counter() - t0:.1f} s; table {r.get('table')}, pick {r.get('timed_pick')}, "
               f"best {r.get('best')} {fmt(r.get('best_ms'), '.4f')} ms", flush=True)
+    cold = []
+    if not SMOKE and not args.no_first_call:
+        left = start + TOTAL_S - time.perf_counter()
+        if left > 10:
+            cold = first_call_cold(args.attention, args.topk, left)
+        else:
+            print("budget: the cold first-call process cut", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / ("napkin_topk_configs_attention.json" if args.attention else "napkin_topk_configs.json")
     path.write_text(json.dumps(dict(device=None if SMOKE else torch.cuda.get_device_name(), topk=args.topk,
-                                    smoke=SMOKE, seconds=time.perf_counter() - start, cases=results), indent=1))
+                                    smoke=SMOKE, seconds=time.perf_counter() - start, cases=results, first_call=cold),
+                                indent=1))
     # the table: each case's picks over the sweep's best (1.000: the best), checks, Spearman
     print(f"\n{'case':22} {'table':>6} {'top1':>6} {'pick':>6} {'best TF':>8} {'/cuBLAS':>7} {'rho':>5} ok  "
           "best / pick")
@@ -435,6 +538,16 @@ def main() -> int:
               f"{fmt(r.get('timed_pick_over_best')):>6} {fmt(best_tf, '.0f'):>8} {fmt(r.get('best_over_cublas')):>7} "
               f"{fmt(r.get('spearman'), '.2f'):>5} {'y' if ok else 'N'}   {r.get('best')} / {r.get('timed_pick')}"
               + (f" / plan {r['plan_pick']} {fmt(r.get('plan_pick_over_best'))}" if "plan_pick" in r else ""))
+    for r in results:
+        if "pick_rep5" in r:
+            print(f"{r['name']:22} first call, kernels compiled: pick by do_bench 20 ms a row {fmt(r.get('pick_s'))} s, "
+                  f"10 ms {fmt(r.get('pick_rep10_s'))} s ({fmt(r.get('pick_rep10_over_best'))}), "
+                  f"5 ms {fmt(r.get('pick_rep5_s'))} s ({fmt(r.get('pick_rep5_over_best'))})")
+        elif "plan_pick_s" in r:
+            print(f"{r['name']:22} first call, kernels compiled: the plan's pick {fmt(r.get('plan_pick_s'))} s")
+    for r in cold:
+        print(f"cold first call {r.get('name')}: table {fmt(r.get('table_first_s'))} s, the pick adds "
+              f"{fmt(r.get('pick_added_s'))} s ({r.get('pick')}) {r.get('error', '')}")
     print(f"wrote {path} ({time.perf_counter() - start:.1f} s)")
     return 0
 
