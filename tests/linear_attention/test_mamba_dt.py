@@ -15,7 +15,8 @@ def _torch_ops(dt, bias, A, limit):
 
 @pytest.mark.parametrize("limit", [(0.0, float("inf")), (0.05, 0.5), (float("-inf"), float("inf"))])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_equals_the_torch_ops_bit_for_bit(limit, with_bias):
+@pytest.mark.parametrize("clamp", ["select", "max"])
+def test_equals_the_torch_ops_bit_for_bit(limit, with_bias, clamp):
     torch.manual_seed(0)
     B, H = 3, 37  # 111 entries: one partial block
     dt = torch.randn(H, B).t()  # strided (B, H)
@@ -24,7 +25,10 @@ def test_equals_the_torch_ops_bit_for_bit(limit, with_bias):
     bias = torch.randn(H, dtype=torch.float16) if with_bias else None
     A = -torch.rand(H) * 4
     d_ref, g_ref = _torch_ops(dt, bias, A, limit)
-    d, g = mamba_dt.mamba_dt(dt, bias, A, limit)
+    if clamp == "max" and limit[0] > float("-inf"):  # max.f32 gives +0.0 for -0.0 at lo = 0 (torch's CPU clamp: -0.0)
+        d_ref = torch.where(d_ref == 0, torch.zeros_like(d_ref), d_ref)
+        g_ref = d_ref * A.float()
+    d, g = mamba_dt.mamba_dt(dt, bias, A, limit, clamp=clamp)
     assert d.shape == g.shape == (B, H) and d.is_contiguous()
     assert torch.equal(d.isnan(), d_ref.isnan()) and d.isnan().any()  # NaN kept where torch keeps it
     fin = ~d_ref.isnan()
@@ -57,3 +61,8 @@ def test_mamba2_step_through_it_equals_the_torch_ops_step(monkeypatch):
     assert launched == [True, True]  # the switch on: both steps through the kernel; off: none
     la_op._CHECKED.clear()
     la_op._PLANS.clear()
+
+
+def test_an_unknown_clamp_form_is_refused():
+    with pytest.raises(ValueError, match="'select' or 'max'"):
+        mamba_dt.mamba_dt(torch.rand(2, 3), None, -torch.rand(3), (0.0, 1.0), clamp="fmax")

@@ -318,13 +318,18 @@ def direct_launch(compiled):
     except Exception:  # noqa: BLE001 (a driver without these: the runner)
         return None
     cooperative, pdl = run.launch_cooperative_grid, run.launch_pdl
-    parts = descriptor_expander(launch) if CACHE_TMA_DESCRIPTORS else None
+    parts = descriptor_expander(launch)
     if parts is not None:  # Gluon TMA descriptors: the raw launcher, descriptors encoded once per layout
         raw, expand = parts
 
         def go_expanded(grid, ordered):
-            raw(grid[0], grid[1], grid[2], stream_of(current_device()), function, cooperative, pdl, None, None,
-                packed, None, None, None, *expand(ordered))
+            # the switch read each launch (a module global: ~20 ns), so a process can time both ways
+            if CACHE_TMA_DESCRIPTORS:
+                raw(grid[0], grid[1], grid[2], stream_of(current_device()), function, cooperative, pdl, None, None,
+                    packed, None, None, None, *expand(ordered))
+            else:
+                launch(grid[0], grid[1], grid[2], stream_of(current_device()), function, cooperative, pdl, None,
+                       None, packed, None, None, None, *ordered)
 
         return go_expanded
 
@@ -342,8 +347,8 @@ CACHE_TMA_DESCRIPTORS = False
 
 
 def cache_tma_descriptors(on: bool) -> None:
-    """Turn descriptor_expander's kept encodings on or off for the keys launched from now on (a key's direct
-    launch is made at its first keyed launch)."""
+    """Turn descriptor_expander's kept encodings on or off, from the next launch on (every direct launch of a
+    kernel with TMA descriptors reads the switch each launch: host_time.py times both in one process)."""
     global CACHE_TMA_DESCRIPTORS
     CACHE_TMA_DESCRIPTORS = bool(on)
 TMA_ENCODINGS_KEPT = 64  # a descriptor argument's encodings kept (per compiled kernel and argument)

@@ -7,6 +7,13 @@ product: each rounded once as torch rounds it), so the step's bits do not change
 log1p is libdevice's on the GPU, which the interpreter cannot run: those calls keep torch's ops).
 A NaN dt stays NaN (the compares are false for it), as torch.clamp keeps it.
 
+Signed zero (session 30): session 29's GPU check differed from torch's ops in exactly the 4 of 24 cases where a
+-0.0 dt reaches the clamp at lo = 0 (no bias, dt_limit (0, inf)): the compare-select keeps -0.0 (as torch's CPU
+clamp does), while torch's CUDA clamp (an isnan test, then ``val < lo ? lo : val``, which nvcc may emit as
+``max.f32`` once NaN is ruled out) evidently gives +0.0, and g = dt_eff A then differs in sign too. The
+``MAMBA_DT_CLAMP`` "max" form clamps with tl.maximum / tl.minimum (``max.f32`` / ``min.f32``) after passing NaN
+through, as the CUDA clamp compiles; host_time.py checks both forms on the GPU and prints any differing element.
+
 OFF until a GPU run checks it against the torch ops (MAMBA_DT_KERNEL).
 """
 from __future__ import annotations
@@ -21,13 +28,18 @@ from tilecore.tiles.launch import CachedLaunch, cdiv
 # the switch: True once a GPU run found the kernel's dt_eff and g equal to the torch ops' bit for bit
 # (experiments/common/host_time.py's "mamba_dt kernel == torch ops" line)
 MAMBA_DT_KERNEL = False
+# how the clamp is computed: "select" (x < lo ? lo : x: keeps -0.0 at lo = 0, as torch's CPU clamp) or "max"
+# (max.f32 / min.f32 after a NaN test: +0.0 there, as torch's CUDA clamp evidently gives); the form whose
+# bits equal torch's CUDA ops in host_time.py's check is the one to ship
+MAMBA_DT_CLAMP = "select"
 
 BLOCK = 256  # (b, h) entries a program
 
 
 @triton.jit
 def mamba_dt_kernel(dt_ptr, bias_ptr, a_ptr, dt_out_ptr, g_out_ptr, total, H, stride_b, stride_h, lo, hi,
-                    HAS_BIAS: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, BLOCK: tl.constexpr):
+                    HAS_BIAS: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, CLAMP_MAX: tl.constexpr,
+                    BLOCK: tl.constexpr):
     # dt: (B, H) any strides, any float dtype; bias, A: (H,) contiguous; dt_out, g_out: (B, H) float32
     # contiguous. Flat index over (B, H): offs = b H + h
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -37,10 +49,18 @@ def mamba_dt_kernel(dt_ptr, bias_ptr, a_ptr, dt_out_ptr, g_out_ptr, total, H, st
     x = tl.load(dt_ptr + b.to(tl.int64) * stride_b + h * stride_h, mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
         x = x + tl.load(bias_ptr + h, mask=mask, other=0.0).to(tl.float32)
-    if HAS_LO:  # torch.clamp's min: below lo -> lo (NaN compares false: kept)
-        x = tl.where(x < lo, lo, x)
-    if HAS_HI:
-        x = tl.where(x > hi, hi, x)
+    if CLAMP_MAX:  # max.f32 / min.f32 (a NaN would become lo or hi there: passed through first)
+        clamped = x
+        if HAS_LO:
+            clamped = tl.maximum(clamped, lo)
+        if HAS_HI:
+            clamped = tl.minimum(clamped, hi)
+        x = tl.where(x != x, x, clamped)
+    else:
+        if HAS_LO:  # torch.clamp's min: below lo -> lo (NaN compares false: kept)
+            x = tl.where(x < lo, lo, x)
+        if HAS_HI:
+            x = tl.where(x > hi, hi, x)
     a = tl.load(a_ptr + h, mask=mask, other=0.0).to(tl.float32)
     tl.store(dt_out_ptr + offs, x, mask=mask)
     tl.store(g_out_ptr + offs, x * a, mask=mask)
@@ -55,9 +75,13 @@ def fits(dt: torch.Tensor, dt_bias, A: torch.Tensor, dt_softplus: bool) -> bool:
             and (dt_bias is None or (dt_bias.dim() == 1 and dt_bias.is_contiguous())))
 
 
-def mamba_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, A: torch.Tensor, dt_limit, key=None):
+def mamba_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, A: torch.Tensor, dt_limit, key=None, clamp=None):
     """(dt_eff, g) float32 (B, H) contiguous: clamp(dt + dt_bias, *dt_limit) and dt_eff * A. ``key``: the
-    step's launch key (it fixes every argument's specialization: the outputs are fresh), or None."""
+    step's launch key (it fixes every argument's specialization: the outputs are fresh), or None. ``clamp``:
+    "select" or "max" (default MAMBA_DT_CLAMP; see there)."""
+    clamp = MAMBA_DT_CLAMP if clamp is None else clamp
+    if clamp not in ("select", "max"):
+        raise ValueError(f"mamba_dt: clamp must be 'select' or 'max'; got {clamp!r}")
     if dispatch.backend_for(dt.device) == "reference":  # CPU tensors without the interpreter: torch's ops
         dt_eff = dt.float() if dt_bias is None else dt.float() + dt_bias.float()
         if dt_limit[0] > float("-inf") or dt_limit[1] < float("inf"):
@@ -71,9 +95,9 @@ def mamba_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, A: torch.Tensor, dt
     if total == 0:
         return dt_eff, g
     lo, hi = float(dt_limit[0]), float(dt_limit[1])
-    _MAMBA_DT.run(key, (cdiv(total, BLOCK),),
+    _MAMBA_DT.run(None if key is None else (key, clamp), (cdiv(total, BLOCK),),  # (the form is a constexpr)
                   (dt, A if dt_bias is None else dt_bias, A, dt_eff, g, total, H, dt.stride(0), dt.stride(1),
                    lo, hi),
                   dict(HAS_BIAS=dt_bias is not None, HAS_LO=lo > float("-inf"), HAS_HI=hi < float("inf"),
-                       BLOCK=BLOCK))
+                       CLAMP_MAX=clamp == "max", BLOCK=BLOCK))
     return dt_eff, g

@@ -1,0 +1,50 @@
+"""tiles.launch.CACHE_TMA_DESCRIPTORS read at each direct launch (session 30, issue 31): one process times a Gluon
+kernel's keyed launches with and without the kept TMA encodings (host_time.py --ab-tma), and both ways hand
+Triton's compiled launcher the same arguments. CPU: Triton's descriptor wrapper and encoder with stand-ins."""
+import sys
+import types
+
+import pytest
+import torch
+import triton.backends.nvidia.driver as nvidia_driver
+import triton.runtime.driver  # noqa: F401 (the module, which triton.runtime's `driver` object shadows)
+
+from tilecore.tiles import launch as tiles_launch
+from tilecore.tiles.launch import TmaOperand, direct_launch
+
+SIGNATURE = {0: "*bf16", 1: "tensordesc<bf16[64, 64]>", 2: "i32"}
+METAS = [dict(swizzle=3, elem_size=2, elem_type=9, block_size=[64, 64], fp4_padded=False)]
+
+
+@pytest.fixture
+def fake_gluon_kernel(monkeypatch):
+    """A compiled kernel whose launcher is Triton's descriptor wrapper around a recording raw launcher;
+    returns (compiled, what the raw launcher received, the encoder's calls)."""
+    encoded = []
+
+    def encode(arg, meta):
+        encoded.append(arg.base.data_ptr())
+        return [("map", arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides)), *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(nvidia_driver, "make_tensordesc_arg", encode)
+    monkeypatch.setattr(sys.modules["triton.runtime.driver"], "driver", types.SimpleNamespace(
+        active=types.SimpleNamespace(get_current_stream=lambda device: 1000 + device, get_current_device=lambda: 0)))
+    received = []
+    CudaLauncher = type("CudaLauncher", (), dict(global_scratch_size=0, profile_scratch_size=0,
+                                                 launch_cooperative_grid=False, launch_pdl=False))
+    run = CudaLauncher()
+    run.launch = nvidia_driver.wrap_handle_tensordesc(lambda *a: received.append(a), SIGNATURE, METAS)
+    return types.SimpleNamespace(run=run, function=7, packed_metadata="packed"), received, encoded
+
+
+def test_the_switch_is_read_each_launch_and_both_ways_agree(fake_gluon_kernel, monkeypatch):
+    compiled, received, encoded = fake_gluon_kernel
+    monkeypatch.setattr(tiles_launch, "CACHE_TMA_DESCRIPTORS", False)
+    go = direct_launch(compiled)  # made with the switch off: still follows it later
+    q = torch.randn(128, 64)
+    args = [q, TmaOperand(q, [64, 64]), 5]
+    for on in (False, True, True, False, True):
+        tiles_launch.cache_tma_descriptors(on)
+        go((2, 1, 1), args)
+    assert len(set(received)) == 1 and len(received) == 5  # the same arguments every launch, either way
+    assert len(encoded) == 2 + 1  # off: Triton encodes each launch; on: once, then kept
