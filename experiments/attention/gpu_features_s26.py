@@ -385,7 +385,7 @@ def time_varlen(dtype):
         ROWS.append(("time", "varlen packed long-tailed 64K (tl, unchanged)",
                      " ".join(f"{k_} {v_:.3g}" for k_, v_ in figures.items() if "tflops" in k_ or k_.endswith("_ms"))))
     # softcap 30 on the same batch, the varlen kernels' tanh by exp2 (default) and by tanh.approx
-    from tilecore.ops.attention import varlen
+    from tilecore.ops.attention_varlen import op as varlen
 
     cu = mod.cu_of(lengths, device())
     g = torch.Generator(device=device()).manual_seed(3)
@@ -413,8 +413,8 @@ def time_varlen(dtype):
 def check_varlen_tanh_approx(dtype) -> None:
     """The varlen kernels' softcap by tanh.approx (VARLEN_TANH_APPROX's candidate) against float64, into
     NaN-poisoned buffers, forward and backward with a window and GQA."""
-    from tilecore.ops.attention import varlen
-    from tilecore.ops.attention.reference_varlen import varlen_reference
+    from tilecore.ops.attention_varlen import op as varlen
+    from tilecore.ops.attention_varlen.reference import varlen_reference
 
     mod = load_varlen_script()
     lens_q, lens_k, hq, hkv, d = ([7, 1, 0, 20], [9, 5, 3, 20], 2, 1, 16) if SMOKE else (

@@ -75,8 +75,8 @@ def cu_of(lengths, device):
 
 def check_varlen(dtype, lens_q, lens_k, hq, hkv, d, dv, options):
     from tilecore import accuracy
-    from tilecore.ops.attention import varlen
-    from tilecore.ops.attention.reference_varlen import varlen_reference
+    from tilecore.ops.attention_varlen import op as varlen
+    from tilecore.ops.attention_varlen.reference import varlen_reference
 
     dev = _device()
     cu_q, cu_k = cu_of(lens_q, dev), cu_of(lens_k, dev)
@@ -139,8 +139,8 @@ def make_cache(lengths, hkv, d, dv, page, dtype, dev, max_pages):
 
 def check_kvcache(dtype, lengths, nnew, nq, hq, hkv, d, dv, page, options, max_pages):
     from tilecore import accuracy
-    from tilecore.ops.attention.kvcache import attention_with_kvcache
-    from tilecore.ops.attention.reference_varlen import kvcache_reference
+    from tilecore.ops.attention_kvcache import attention_with_kvcache
+    from tilecore.ops.attention_kvcache.reference import kvcache_reference
 
     dev = _device()
     total = [n + nnew for n in lengths]
@@ -166,8 +166,8 @@ def check_kvcache(dtype, lengths, nnew, nq, hq, hkv, d, dv, page, options, max_p
 def check_cuda_graph():
     """A paged decode step captured once, replayed after cache_seqlens changed on the device."""
     from tilecore import accuracy
-    from tilecore.ops.attention.kvcache import attention_with_kvcache
-    from tilecore.ops.attention.reference_varlen import kvcache_reference
+    from tilecore.ops.attention_kvcache import attention_with_kvcache
+    from tilecore.ops.attention_kvcache.reference import kvcache_reference
 
     if SMOKE:
         RESULTS["check"].append({"case": "cuda graph (skipped on the CPU)", "ok": True})
@@ -295,7 +295,7 @@ def causal_flops(lengths, h, d):
 
 def time_packed(label, lengths, h=16, d=128):
     import tilecore
-    from tilecore.ops.attention.varlen import attention_varlen
+    from tilecore.ops.attention_varlen import attention_varlen
 
     dev = _device()
     total = sum(lengths)
@@ -377,7 +377,7 @@ def time_copy():
 
 def time_decode(copy_gbs, b=32, n=4096, hq=32, hkv=8, d=128):
     import tilecore
-    from tilecore.ops.attention.kvcache import attention_with_kvcache
+    from tilecore.ops.attention_kvcache import attention_with_kvcache
 
     dev = _device()
     q = torch.randn(b, 1, hq, d, dtype=torch.bfloat16, device=dev)
@@ -448,7 +448,7 @@ def _config_name(c):
 
 
 def sweep_varlen(label, lengths, h=16, d=128):
-    from tilecore.ops.attention import varlen
+    from tilecore.ops.attention_varlen import op as varlen
 
     dev = _device()
     dtype = torch.float16 if SMOKE else torch.bfloat16
@@ -480,7 +480,7 @@ def sweep_varlen(label, lengths, h=16, d=128):
 
 
 def sweep_decode(b=32, n=4096, hq=32, hkv=8, d=128):
-    from tilecore.ops.attention import kvcache
+    from tilecore.ops.attention_kvcache import op as kvcache
 
     dev = _device()
     if SMOKE:
@@ -530,7 +530,7 @@ def over_budget(name, reserve=0.0):
 def gluon_forward(q, k, v, cu_q, cu_k, causal, scale, softcap, out=None, lse=None, config=None, left=-1, right=-1):
     """The Gluon varlen forward; under --smoke (the CPU interpreter, where Gluon does not run) the tl
     forward in its place, so that shapes and the script's paths are exercised."""
-    from tilecore.ops.attention import varlen
+    from tilecore.ops.attention_varlen import op as varlen
 
     if SMOKE:
         return varlen.forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, out=out, lse=lse)
@@ -543,8 +543,8 @@ def check_gluon(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None):
     sentinel: never written) against float64 (on the first ``ref_heads`` heads where given: 64K
     tokens), and against the tl forward on every head."""
     from tilecore import accuracy
-    from tilecore.ops.attention import varlen
-    from tilecore.ops.attention.reference_varlen import varlen_reference
+    from tilecore.ops.attention_varlen import op as varlen
+    from tilecore.ops.attention_varlen.reference import varlen_reference
 
     dev = _device()
     cu_q, cu_k = cu_of(lens_q, dev), cu_of(lens_k, dev)
@@ -589,7 +589,7 @@ def check_gluon_neighbour_nonfinite():
     """A sequence's last key block reads the next sequence's rows (TMA): inf in the next sequence's V
     and NaN in its K must not reach this sequence's O (gluon_varlen zeroes those V rows)."""
     from tilecore import accuracy
-    from tilecore.ops.attention.reference_varlen import varlen_reference
+    from tilecore.ops.attention_varlen.reference import varlen_reference
 
     dev = _device()
     dtype = torch.float16 if SMOKE else torch.bfloat16
@@ -599,7 +599,7 @@ def check_gluon_neighbour_nonfinite():
     a, b = lengths[0], lengths[0] + lengths[1]
     v[a:b] = float("inf")
     k[a:b] = float("nan")
-    from tilecore.ops.attention import configs
+    from tilecore.ops.attention_varlen import configs
     keep = torch.ones(sum(lengths), dtype=torch.bool, device=dev)
     keep[a:b] = False
     ref, _ = varlen_reference(q.double(), k.double(), v.double(), cu, cu, causal=True)
@@ -618,7 +618,7 @@ def check_gluon_graph():
     """The Gluon forward captured in a CUDA graph, replayed after cu_seqlens changed on the device
     (same totals): the work table is rebuilt on the device at each replay."""
     from tilecore import accuracy
-    from tilecore.ops.attention.reference_varlen import varlen_reference
+    from tilecore.ops.attention_varlen.reference import varlen_reference
 
     if SMOKE:
         RESULTS["check"].append({"case": "gluon cuda graph (skipped on the CPU)", "ok": True})
@@ -641,7 +641,7 @@ def check_gluon_graph():
 
 def time_gluon(label, lengths, h=16, d=128, causal=True, peers=True):
     import tilecore
-    from tilecore.ops.attention import varlen
+    from tilecore.ops.attention_varlen import op as varlen
 
     dev = _device()
     total = sum(lengths)
@@ -713,7 +713,7 @@ def time_gluon_configs(label, lengths, configs_by_name, h=16, d=128, causal=True
 
 def time_gluon_window(label, lengths, window, h=16, d=128):
     """A causal sliding window (left, 0) on the packed batch: the Gluon forward (forced) against the tl one."""
-    from tilecore.ops.attention import varlen
+    from tilecore.ops.attention_varlen import op as varlen
 
     dev = _device()
     cu = cu_of(lengths, dev)
@@ -774,7 +774,7 @@ def run_quick():
         guarded("gluon time long-tailed, not causal")(time_gluon)("long-tailed", tail, causal=False, peers=False)
     if not over_budget("gluon time window"):
         guarded("gluon time window")(time_gluon_window)("long-tailed", tail, (1024, 0))
-    from tilecore.ops.attention import configs
+    from tilecore.ops.attention_varlen import configs
     shipped = configs.VARLEN_GLUON_FORWARD_CONFIG[128]
     time_gluon_configs("long-tailed", tail, {"drawn (shipped)": shipped,
                                              "round-robin tiles": dict(shipped, drawn=False),

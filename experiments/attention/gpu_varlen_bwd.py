@@ -82,7 +82,7 @@ def path_of(config):
 
 def gluon_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None,
                    config=None):
-    from tilecore.ops.attention import varlen
+    from tilecore.ops.attention_varlen import op as varlen
 
     if path_of(config) in BROKEN:
         raise RuntimeError(f"the {path_of(config)} path failed in its probe process: not run here")
@@ -96,7 +96,7 @@ def gluon_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
 def variant(d, causal, **changes):
     """The shipped config of the Gluon varlen backward with ``changes`` (None under --smoke: the tl
     backward stands in)."""
-    from tilecore.ops.attention import configs
+    from tilecore.ops.attention_varlen import configs
 
     if SMOKE:
         return None
@@ -104,7 +104,7 @@ def variant(d, causal, **changes):
 
 
 def forward(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap):
-    from tilecore.ops.attention import varlen
+    from tilecore.ops.attention_varlen import op as varlen
 
     if SMOKE:
         return varlen.forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap)
@@ -125,8 +125,8 @@ def poisoned(shape, dtype, dev):
 
 def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None, dq_from=None, zero_tail=None):
     from tilecore import accuracy
-    from tilecore.ops.attention import varlen
-    from tilecore.ops.attention.reference_varlen import varlen_reference
+    from tilecore.ops.attention_varlen import op as varlen
+    from tilecore.ops.attention_varlen.reference import varlen_reference
 
     name = (f"gluon varlen bwd {str(dtype)[6:]} q{lens_q if len(lens_q) <= 8 else f'[{len(lens_q)} seqs]'}"
             f" k{lens_k if len(lens_k) <= 8 else f'[{len(lens_k)} seqs]'} H{hq}/{hkv} D{d} {options}"
@@ -180,8 +180,8 @@ def check_neighbour_nonfinite(zero_tail, dq_from=None):
     finite (and right)? With zero_tail off: informational (the documented limitation); on: the check
     of the kernel's ZERO_TAIL (the next sequence's rows zeroed in shared memory)."""
     from tilecore import accuracy
-    from tilecore.ops.attention import varlen
-    from tilecore.ops.attention.reference_varlen import varlen_backward_reference
+    from tilecore.ops.attention_varlen import op as varlen
+    from tilecore.ops.attention_varlen.reference import varlen_backward_reference
 
     if over_budget(f"gluon varlen bwd: non-finite neighbour, zero_tail={zero_tail} dq_from={dq_from}"):
         return
@@ -272,7 +272,7 @@ def causal_flops(lengths, h, d):
 
 def time_backward(lengths, h=16, d=128):
     import tilecore
-    from tilecore.ops.attention import varlen
+    from tilecore.ops.attention_varlen import op as varlen
 
     dev = _device()
     total = sum(lengths)

@@ -12,7 +12,7 @@ import sys
 import torch
 
 from tilecore import dispatch
-from tilecore.ops.attention import varlen
+from tilecore.ops.attention_varlen import op as varlen
 from tilecore.portability import named_arguments, recording
 from tilecore.tiles.compile import compile_kernel, resources
 

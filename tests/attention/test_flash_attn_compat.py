@@ -11,9 +11,9 @@ import torch
 import tilecore
 from tilecore import accuracy
 from tilecore.compat import flash_attn as fa
-from tilecore.ops.attention.kvcache import attention_with_kvcache
+from tilecore.ops.attention_kvcache import attention_with_kvcache
 from tilecore.ops.attention.reference import reference_attention
-from tilecore.ops.attention.varlen import attention_varlen
+from tilecore.ops.attention_varlen import attention_varlen
 
 
 @pytest.fixture(autouse=True)

@@ -78,13 +78,13 @@ class Grads:
 
 
 @gluon.constexpr_function
-def _operand_layout(rows, cols, num_warps):
+def operand_layout(rows, cols, num_warps):
     """A [rows, k] register tile as the left operand of a wgmma with a [rows, cols] result."""
     return gl.DotOperandLayout(operand_index=0, parent=wgmma_layout(rows, cols, num_warps), k_width=2)
 
 
 @gluon.jit
-def _stat_columns(stats_smem, which: gl.constexpr, st_layout: gl.constexpr):
+def stat_columns(stats_smem, which: gl.constexpr, st_layout: gl.constexpr):
     """Row statistic ``which`` (0: lse, 1: delta) of the step's rows, from the stage's side buffer,
     as the columns of S^T (in ``st_layout``)."""
     BM: gl.constexpr = stats_smem.shape[2]
@@ -232,7 +232,7 @@ class AttentionBackward:
         dk = gl.zeros([self.BN, self.D], gl.float32, acc_layout)
         dv = gl.zeros([self.BN, self.D], gl.float32, acc_layout)
         if self.KV_REGS:  # this consumer's K and V rows as register operands for the whole tile
-            a_layout: gl.constexpr = _operand_layout(self.BN, self.BM, gl.num_warps())
+            a_layout: gl.constexpr = operand_layout(self.BN, self.BM, gl.num_warps())
             k_c = ctx.operand.index(0).reshape([2 * self.BN, self.D]).slice(ctx.index * self.BN, self.BN).load(a_layout)
             v_c = ctx.operand.index(1).reshape([2 * self.BN, self.D]).slice(ctx.index * self.BN, self.BN).load(a_layout)
             return Grads(dk, dv, k_c, v_c)
@@ -337,19 +337,19 @@ class AttentionBackward:
         zeros = gl.zeros([BN, BM], gl.float32, st_layout)
         s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        lse_cols = _stat_columns(stage.stats, 0, st_layout)
+        lse_cols = stat_columns(stage.stats, 0, st_layout)
         if self.SOFTCAP and not self.SOFTCAP_OVERLAP:
             # both products first, then the softmax: the cap's derivative (float16, 16 registers a
             # thread) kept across dP's wgmma (SOFTCAP_OVERLAP) spills more at D128 (924 bytes against 632)
             s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m)
-            delta_cols = _stat_columns(stage.stats, 1, st_layout)
+            delta_cols = stat_columns(stage.stats, 1, st_layout)
             # dS of the capped scores times the cap's derivative 1 - tanh^2 (0 where masked: p = 0 there)
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
         else:
             s_t = warpgroup_mma_wait(1, deps=(s_tok,))
             p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m)
-            delta_cols = _stat_columns(stage.stats, 1, st_layout)
+            delta_cols = stat_columns(stage.stats, 1, st_layout)
             dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
             if self.SOFTCAP:  # SOFTCAP_OVERLAP: the softmax under dP's wgmma, the cap's derivative kept
@@ -357,8 +357,8 @@ class AttentionBackward:
         # both register operands are written with no wgmma running: ptxas serializes every wgmma of a
         # kernel that writes a wgmma's input registers while another runs (its warning C7513)
         ds_t = ds_t.to(stage.q.dtype)
-        p_op = gl.convert_layout(p_t.to(stage.q.dtype), _operand_layout(BN, D, gl.num_warps()))
-        ds_op = gl.convert_layout(ds_t, _operand_layout(BN, D, gl.num_warps()))
+        p_op = gl.convert_layout(p_t.to(stage.q.dtype), operand_layout(BN, D, gl.num_warps()))
+        ds_op = gl.convert_layout(ds_t, operand_layout(BN, D, gl.num_warps()))
         if MODE != 0:
             mbarrier.wait(self.ds_free.index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
         if MODE == 3:
@@ -441,7 +441,7 @@ class AttentionBackward:
 
 
 @gluon.constexpr_function
-def _ds_layout(dtype):
+def ds_layout(dtype):
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=dtype.primitive_bitwidth, rank=2)
 
 
@@ -466,7 +466,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
     # with the dQ warpgroup (D = 64 only) four warpgroups share 512 registers a thread: consumers 200,
     # helper 88, producer 24; D = 128's consumers need 224, too many for it (notes/attention, session 17)
     gl.static_assert(DQ != 4 or D == 64, "the dQ warpgroup (DQ 4) fits D = 64")
-    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM], _ds_layout(q_desc.dtype))
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM], ds_layout(q_desc.dtype))
     ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(2):
@@ -624,23 +624,23 @@ class AttentionBackwardPieces:
         s_tok = warpgroup_mma(self.key_rows(ctx, 2), q2.permute((1, 0)), s_tok, is_async=True)
         dp_tok = warpgroup_mma(self.key_rows(ctx, 3), do0.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(self.key_rows(ctx, 4), do1.permute((1, 0)), dp_tok, is_async=True)
-        lse_cols = _stat_columns(stage.stats, 0, st_layout)
+        lse_cols = stat_columns(stage.stats, 0, st_layout)
         if self.SOFTCAP and not self.SOFTCAP_OVERLAP:  # as AttentionBackward.compute
             s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m)
-            delta_cols = _stat_columns(stage.stats, 1, st_layout)
+            delta_cols = stat_columns(stage.stats, 1, st_layout)
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
         else:
             s_t = warpgroup_mma_wait(2, deps=(s_tok,))  # dP's two groups may still run
             p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m)
-            delta_cols = _stat_columns(stage.stats, 1, st_layout)
+            delta_cols = stat_columns(stage.stats, 1, st_layout)
             dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
             if self.SOFTCAP:
                 ds_t = ds_t * dtanh.to(gl.float32)
         # both register operands written with no wgmma running (else ptxas serializes them: C7513)
-        p_op = gl.convert_layout(p_t.to(stage.q0.dtype), _operand_layout(BN, 64, gl.num_warps()))
-        ds_op = gl.convert_layout(ds_t.to(stage.q0.dtype), _operand_layout(BN, 64, gl.num_warps()))
+        p_op = gl.convert_layout(p_t.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
+        ds_op = gl.convert_layout(ds_t.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
         dv0 = warpgroup_mma(p_op, do0, st.dv0, is_async=True)
         dv1 = warpgroup_mma(p_op, do1, st.dv1, is_async=True)
         dk0 = warpgroup_mma(ds_op, q0, st.dk0, is_async=True)

@@ -6,13 +6,13 @@ tiles template, over a device-built list of (sequence, key tile, kv head) work i
 tiles (seven matmuls a block, the fixed path's choice for short sequences).
 
 Layout: q, dO (total_q, Hq, D), k, v (total_k, Hkv, D), each described by TMA as its (heads, total,
-D) view (varlen.packed_operand): a box is ``rows`` rows of one head at any row offset. dK, dV (and
+D) view (op.packed_operand): a box is ``rows`` rows of one head at any row offset. dK, dV (and
 the split path's dQ) are packed like their inputs, contiguous. The fused dQ goes to a float32 (Hq,
 total_q, D) buffer (zeroed by the preprocess) by TMA reductions; the row statistics (lse with -inf
 as +inf, and delta) come from the preprocess's (Hq, 2, total_q padded to 16 bytes) buffer
 (launch.backward_preprocess on the packed tensors seen as one batch of total_q rows).
 
-Work items of the dK/dV kernel (varlen.work_table over the keys: cu_seqlens_k's sequences, tiles of
+Work items of the dK/dV kernel (op.work_table over the keys: cu_seqlens_k's sequences, tiles of
 TILE_N = 2 BLOCK_N keys): (sequence, key tile, kv head). Sequences come longest first (by N x Nk), a
 sequence's tiles kv head by kv head, a head's key tiles from the first (the heaviest, causal);
 programs draw them from a counter. A tile is TILE_N keys of one (sequence, kv head) counted from the
@@ -24,7 +24,7 @@ a TMA box's innermost coordinate must be 16-byte aligned (else the H100 faults w
 instruction, session 28's first run), and the lse / delta box's innermost coordinate is the row.
 
 Masks, per sequence (local positions, the causal diagonal and the window aligned to the bottom right
-as varlen.py defines them): keys past Nk and queries before 0 or past N (a box's rows outside a
+as op.py defines them): keys past Nk and queries before 0 or past N (a box's rows outside a
 sequence are its neighbours': their scores are -inf, so P = 0 and dS = 0) and, causal or with a window, keys
 outside a query's range. dK and dV of a consumer's rows go by one TMA store when all BLOCK_N are the
 sequence's, else by a masked register store (its own rows only): no other sequence's rows are ever
@@ -44,16 +44,16 @@ dQ rows are not this sequence's). Off until a GPU run checks it; finite inputs a
 
 from triton.experimental import gluon
 
-from tilecore.ops.attention.gluon_backward import (AttentionBackward, Grads, QStage, _ds_layout, _operand_layout,
-                                                   _stat_columns)
+from tilecore.ops.attention.gluon_backward import (AttentionBackward, Grads, QStage, ds_layout, operand_layout,
+                                                   stat_columns)
 from tilecore.ops.attention.gluon_kernels import tanh_approx, tanh_from_exp2, window_mask_scores, window_needs_mask
-from tilecore.ops.attention.gluon_varlen import KV, VarlenAttention
+from tilecore.ops.attention_varlen.gluon_forward import KV, VarlenAttention
 from tilecore.tiles.gluon import Layout, TileOperand, mask_scores, needs_mask, ring, run, struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 # config zero_tail -> the kernel's ZERO_TAIL: off, every sequence, or the sequences whose neighbour rows a box
-# reads hold an inf / NaN ("checked": varlen.neighbour_rows_nonfinite's flags, one pass over those rows)
+# reads hold an inf / NaN ("checked": op.neighbour_rows_nonfinite's flags, one pass over those rows)
 ZERO_TAIL_MODES = {False: 0, True: 1, "checked": 2}
 
 
@@ -115,7 +115,7 @@ class VarlenBackward:
     WINDOW: gl.constexpr
     SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
     ZERO_TAIL: gl.constexpr  # zero the next sequence's rows in shared memory (zero_rows_outside): 0 never,
-    # 1 every sequence, 2 the sequences tail_flags marks (varlen.neighbour_rows_nonfinite)
+    # 1 every sequence, 2 the sequences tail_flags marks (op.neighbour_rows_nonfinite)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -209,7 +209,7 @@ class VarlenBackward:
         """Rows outside [lo, hi) of a [rows, D] shared buffer set to 0 (the neighbours': their P and dS
         are 0, but 0 times an inf or NaN there is NaN). Where both consumers do it to one stage, each
         writes the rows it keeps unchanged and zeros elsewhere: whatever order their stores land in,
-        every row a wgmma reads is the kept value or 0 (gluon_varlen.VarlenAttention.zero_rows_from)."""
+        every row a wgmma reads is the kept value or 0 (gluon_forward.VarlenAttention.zero_rows_from)."""
         ROWS: gl.constexpr = smem.shape[0]
         layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         x = smem.load(layout)
@@ -329,16 +329,16 @@ class VarlenBackward:
         zeros = gl.zeros([BN, BM], gl.float32, st_layout)
         s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        lse_cols = _stat_columns(stage.stats, 0, st_layout)
+        lse_cols = stat_columns(stage.stats, 0, st_layout)
         if self.SOFTCAP:  # both products first, then the softmax (the fixed kernel's default)
             s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile.N, tile.Nk)
-            delta_cols = _stat_columns(stage.stats, 1, st_layout)
+            delta_cols = stat_columns(stage.stats, 1, st_layout)
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
         else:
             s_t = warpgroup_mma_wait(1, deps=(s_tok,))
             p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile.N, tile.Nk)
-            delta_cols = _stat_columns(stage.stats, 1, st_layout)
+            delta_cols = stat_columns(stage.stats, 1, st_layout)
             dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
         if self.ZERO_TAIL and ((MODE != 0) or (self.ZERO_TAIL == 1)):  # the neighbours' queries: dS exactly 0
@@ -349,8 +349,8 @@ class VarlenBackward:
                 ds_t = gl.where(gl.expand_dims((queries >= 0) & (queries < tile.N), 0), ds_t, 0.0)
         # both register operands written with no wgmma running (else ptxas serializes them: C7513)
         ds_t = ds_t.to(stage.q.dtype)
-        p_op = gl.convert_layout(p_t.to(stage.q.dtype), _operand_layout(BN, D, gl.num_warps()))
-        ds_op = gl.convert_layout(ds_t, _operand_layout(BN, D, gl.num_warps()))
+        p_op = gl.convert_layout(p_t.to(stage.q.dtype), operand_layout(BN, D, gl.num_warps()))
+        ds_op = gl.convert_layout(ds_t, operand_layout(BN, D, gl.num_warps()))
         if MODE != 0:
             mbarrier.wait(self.ds_free.index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
         if MODE == 3:
@@ -423,7 +423,7 @@ def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_des
                                 STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False,
                                 WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, ZERO_TAIL: gl.constexpr = 0):
     """dK, dV and (added to dq_desc's float32 tensor) dQ of packed attention for every work item
-    (varlen.work_table over the keys); a persistent grid of 2 consumer warpgroups of 4 warps and a
+    (op.work_table over the keys); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp drawing its tiles from ``tile_counter`` (None: program p takes tiles p, p + P, ...).
     WINDOW (not with CAUSAL: folded in) and SOFTCAP as the fixed kernel's; ZERO_TAIL: the next
     sequence's rows a box reads are zeroed in shared memory (an inf or NaN there stays there): 1 in every
@@ -434,7 +434,7 @@ def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_des
     BN: gl.constexpr = dk_desc.block_type.shape[1]  # one consumer's keys; k_desc's block holds both
     D: gl.constexpr = q_desc.block_type.shape[2]
     gl.static_assert(k_desc.block_type.shape[1] == 2 * BN, "K and V blocks hold both consumers' keys")
-    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM], _ds_layout(q_desc.dtype))
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM], ds_layout(q_desc.dtype))
     ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(2):
@@ -472,7 +472,7 @@ class OwnRows:
 
 @struct
 class VarlenDQ:
-    """dQ of packed attention over the forward's work items (varlen.work_table over the queries): a
+    """dQ of packed attention over the forward's work items (op.work_table over the queries): a
     tile is 2 BLOCK_M query rows of one (sequence, q head) counted from the sequence's last row, the
     ring streams its sequence's K and V blocks, each consumer owns BLOCK_M rows (gluon_dq.AttentionDQ's
     step: S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K). Rows past the tile's own (the next
@@ -507,7 +507,7 @@ class VarlenDQ:
 
     @gluon.jit
     def setup(self, tile_id):
-        """The forward's work item (gluon_varlen.VarlenAttention.setup): its rows and key blocks; a step
+        """The forward's work item (gluon_forward.VarlenAttention.setup): its rows and key blocks; a step
         per key block (no extra step: no P V to finish)."""
         rows, steps = VarlenAttention.setup(self, tile_id)
         return rows, rows.n_blocks
@@ -528,7 +528,7 @@ class VarlenDQ:
     @gluon.jit
     def start(self, ctx, tile, prev):
         """dQ = 0, this consumer's own rows' lse and delta (+inf and 0 elsewhere), and its steps (causal:
-        up to its rows' diagonal; a window: gluon_varlen.VarlenAttention.start's; none without own rows)."""
+        up to its rows' diagonal; a window: gluon_forward.VarlenAttention.start's; none without own rows)."""
         s_layout: gl.constexpr = wgmma_layout(self.BM, self.BN, gl.num_warps())
         first = tile.first + ctx.index * self.BM
         rows = first + gl.arange(0, self.BM, layout=gl.SliceLayout(1, s_layout))
@@ -642,11 +642,12 @@ def attention_varlen_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr,
 def compiled_backward(d: int = 128, causal: bool = True, softcap: int = 0, dtype=None, cfg: dict | None = None,
                       window: bool = False, group: int = 1):
     """The kernel compiled for sm_90a without a GPU (TRITON_INTERPRET unset), with the arguments
-    varlen.backward_gluon passes (packed (total, heads, D) tensors of 4096 rows, 16 q heads)."""
+    op.backward_gluon passes (packed (total, heads, D) tensors of 4096 rows, 16 q heads)."""
     import torch
 
-    from tilecore.ops.attention import configs
+    from tilecore.ops.attention import configs as fixed_configs
     from tilecore.ops.attention.launch import row_stats_operand
+    from tilecore.ops.attention_varlen import configs
     from tilecore.tiles.compile import compile_kernel
     from tilecore.tiles.launch import TmaOperand
 
@@ -665,7 +666,7 @@ def compiled_backward(d: int = 128, causal: bool = True, softcap: int = 0, dtype
                 kv_row_stride=kv.stride(0), cu_q=i32, cu_k=i32, work=i32, num_tiles=4096, GROUP=group, scale=0.1,
                 scale_log2e=0.1, left=1000, right=0, tanh_scale=0.1, tile_counter=torch.zeros(1, dtype=torch.int32),
                 tail_flags=i32 if cfg.get("zero_tail") == "checked" else None,
-                CAUSAL=causal and not window, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
+                CAUSAL=causal and not window, STAGES=cfg["stages"], DQ=fixed_configs.DQ_MODES[cfg["dq_from"]],
                 KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=softcap,
                 ZERO_TAIL=ZERO_TAIL_MODES[cfg.get("zero_tail", False)])
     return compile_kernel(attention_varlen_bwd_kernel, args, num_warps=4)
@@ -674,15 +675,15 @@ def compiled_backward(d: int = 128, causal: bool = True, softcap: int = 0, dtype
 def compiled_dq(d: int = 128, causal: bool = True, softcap: int = 0, dtype=None, window: bool = False,
                 group: int = 1, zero_tail: bool = False):
     """attention_varlen_dq_kernel compiled for sm_90a without a GPU, with the arguments
-    varlen.backward_gluon passes (configs.GLUON_DQ's blocks)."""
+    op.backward_gluon passes (configs.GLUON_DQ's blocks)."""
     import torch
 
-    from tilecore.ops.attention import configs
+    from tilecore.ops.attention import configs as fixed_configs
     from tilecore.tiles.compile import compile_kernel
     from tilecore.tiles.launch import TmaOperand
 
     dtype = dtype or torch.bfloat16
-    cfg = configs.GLUON_DQ[d]
+    cfg = fixed_configs.GLUON_DQ[d]
     bm, bn = cfg["block_m"], cfg["block_n"]
     x = torch.empty(4096, 16, d, dtype=dtype)
     kv = torch.empty(4096, 16 // group, d, dtype=dtype)
@@ -716,7 +717,7 @@ def report(cases=((128, True, 0, False, 1), (128, False, 0, False, 1), (128, Tru
     return rows
 
 
-if __name__ == "__main__":  # python -m tilecore.ops.attention.gluon_varlen_backward [--quick] (TRITON_INTERPRET unset)
+if __name__ == "__main__":  # python -m tilecore.ops.attention_varlen.gluon_backward [--quick] (TRITON_INTERPRET unset)
     import json
     import sys
 

@@ -327,10 +327,10 @@ def attention_varlen_fwd_kernel(q_desc, k_desc, v_desc, o_desc, out_ptr, o_row_s
 def compiled_forward(d: int = 128, causal: bool = True, softcap: int = 0, dtype=None, cfg: dict | None = None,
                      drawn: bool | None = None, window: bool = False):
     """The kernel compiled for sm_90a without a GPU (TRITON_INTERPRET unset), with the arguments
-    varlen.forward_gluon passes (packed (total, heads, D) tensors of 4096 rows, 16 heads)."""
+    op.forward_gluon passes (packed (total, heads, D) tensors of 4096 rows, 16 heads)."""
     import torch
 
-    from tilecore.ops.attention import configs
+    from tilecore.ops.attention_varlen import configs
     from tilecore.tiles.compile import compile_kernel
     from tilecore.tiles.launch import TmaOperand
 
@@ -338,7 +338,7 @@ def compiled_forward(d: int = 128, causal: bool = True, softcap: int = 0, dtype=
     cfg = dict(cfg or configs.VARLEN_GLUON_FORWARD_CONFIG[d])
     drawn = cfg.get("drawn", True) if drawn is None else drawn
     x = torch.empty(4096, 16, d, dtype=dtype)
-    # varlen.packed_operand's (not imported: varlen imports this module at its first launch)
+    # op.packed_operand's (not imported: op imports this module at its first launch)
     desc = lambda rows: TmaOperand(x.transpose(0, 1), [1, rows, d]).descriptor()  # noqa: E731
     i32 = torch.empty(64, dtype=torch.int32)
     args = dict(q_desc=desc(cfg["block_m"]), k_desc=desc(cfg["block_n"]), v_desc=desc(cfg["block_n"]),
@@ -363,7 +363,7 @@ def report(cases=((128, True, 0, False), (128, False, 0, False), (64, True, 0, F
     return rows
 
 
-if __name__ == "__main__":  # python -m tilecore.ops.attention.gluon_varlen [--quick] (TRITON_INTERPRET unset)
+if __name__ == "__main__":  # python -m tilecore.ops.attention_varlen.gluon_forward [--quick] (TRITON_INTERPRET unset)
     import json
     import sys
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from tilecore import accuracy
-from tilecore.ops.attention import varlen
-from tilecore.ops.attention.reference_varlen import varlen_reference
-from tilecore.ops.attention.varlen import attention_varlen
+from tilecore.ops.attention_varlen import op as varlen
+from tilecore.ops.attention_varlen.reference import varlen_reference
+from tilecore.ops.attention_varlen import attention_varlen
 
 F16 = torch.float16
 

@@ -5,10 +5,11 @@ Layout: q (total_q, Hq, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv): the seque
 after another; cu_seqlens_q / cu_seqlens_k int32 (B + 1,) with sequence b owning rows
 [cu[b], cu[b + 1]). lse is float32 (Hq, total_q), as flash-attn's varlen returns it.
 
-CUDA tensors run kernels_varlen's tl kernels: no host sync (the grid is sized from the shapes,
+CUDA tensors run the Gluon kernels on Hopper (gluon_forward.py, gluon_backward.py where configs.py routes
+them), else kernels_tl.py's: no host sync (the grid is sized from the shapes,
 cdiv(total, block) + B programs a head, and each program finds its sequence on the device), so a
 call can be captured in a CUDA graph. CPU tensors run the per-sequence reference in float32
-(reference_varlen.py, torch's CPU matmuls), or the tl kernels through Triton's interpreter under
+(reference.py, torch's CPU matmuls), or the tl kernels through Triton's interpreter under
 TRITON_INTERPRET=1.
 """
 from __future__ import annotations
@@ -21,9 +22,11 @@ from typing import Optional
 import torch
 
 from tilecore import dispatch
+from tilecore.ops.attention import configs as fixed_configs
 from tilecore.ops.attention.op import scale_value
-from tilecore.ops.attention.reference_varlen import varlen_backward_reference, varlen_reference
-from tilecore.ops.attention.varlen_work import RANKED_MAX_BATCH
+from tilecore.ops.attention_varlen import configs
+from tilecore.ops.attention_varlen.reference import varlen_backward_reference, varlen_reference
+from tilecore.ops.attention_varlen.work import RANKED_MAX_BATCH
 from tilecore.tiles import eager
 from tilecore.tiles.launch import (LRU, CachedLaunch, TmaOperand, cdiv, next_power_of_2, signature, tl_addressable,
                                    tma_describable)
@@ -204,14 +207,14 @@ def _strides(t: torch.Tensor) -> tuple:
 
 
 # --------------------------------------------------------------------------------------------
-# Hopper's Gluon forward (gluon_varlen.py)
+# Hopper's Gluon forward (gluon_forward.py)
 
 GLUON_VARLEN_FWD = CachedLaunch(
-    lambda: importlib.import_module("tilecore.ops.attention.gluon_varlen").attention_varlen_fwd_kernel)
-WORK_TABLE = CachedLaunch(lambda: importlib.import_module("tilecore.ops.attention.kernels_varlen").varlen_work_table)
+    lambda: importlib.import_module("tilecore.ops.attention_varlen.gluon_forward").attention_varlen_fwd_kernel)
+WORK_TABLE = CachedLaunch(lambda: importlib.import_module("tilecore.ops.attention_varlen.kernels_tl").varlen_work_table)
 WORK_TABLE_RANKED = CachedLaunch(
-    lambda: importlib.import_module("tilecore.ops.attention.varlen_work").varlen_work_table_ranked)
-# the work table with its order in one launch (varlen_work.py) for batches up to its RANKED_MAX_BATCH: on
+    lambda: importlib.import_module("tilecore.ops.attention_varlen.work").varlen_work_table_ranked)
+# the work table with its order in one launch (work.py) for batches up to its RANKED_MAX_BATCH: on
 # since session 28's H100 run 7 (host_time.py: the table equal to the two-step and torch-ops tables at B 1,
 # 3, 17, 64 with ties and zero lengths; the keyed Gluon forward's output the same; 76 us a call against 225
 # with the two-step table); off: False (the argsort path)
@@ -239,8 +242,6 @@ def gluon_forward_fits(q, k, v, causal, left, right, use_gluon=None, features=No
     ``use_gluon``), a Hopper device under a compile-checked triton (dispatch.gluon_ok), not
     interpreted, D == Dv with a config, a window only where configs.VARLEN_GLUON_FEATURES (or
     ``features``) names it, TMA-describable tensors."""
-    from tilecore.ops.attention import configs
-
     wanted = configs.VARLEN_GLUON_FORWARD if use_gluon is None else use_gluon
     if not wanted or not gluon_device(q.device):
         return False
@@ -269,10 +270,10 @@ def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int,
     first (``work_order``), a sequence's tiles head by head, a head's from the last rows to the
     first. Its length is an upper bound from the shapes, (cdiv(total_q, tile_m) + B) x heads;
     entries past the real tiles are (-1, 0, 0, 0). One tl launch after the sort
-    (kernels_varlen.varlen_work_table) up to WORK_TABLE_MAX_BATCH sequences, else
+    (kernels_tl.varlen_work_table) up to WORK_TABLE_MAX_BATCH sequences, else
     ``work_table_torch``. ``key``: the call's launch key (the table kernel launched by it; the table itself
     is built every call: it reads cu_q's values). ``ranked`` (None: VARLEN_RANKED_TABLE): the order and the
-    table in one launch (varlen_work.py) where the batch has at most its RANKED_MAX_BATCH sequences."""
+    table in one launch (work.py) where the batch has at most its RANKED_MAX_BATCH sequences."""
     batch = cu_q.numel() - 1
     if dispatch.backend_for(cu_q.device) != "kernel" or batch > WORK_TABLE_MAX_BATCH:
         return work_table_torch(cu_q, cu_k, total_q, heads, tile_m)
@@ -335,7 +336,7 @@ def gluon_window(causal: bool, left: int, right: int, total_q: int, total_k: int
 
 def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1, out=None, lse=None, config=None,
                   tanh_approx=None, key=None):
-    """O (total_q, Hq, D) and lse (Hq, total_q) by the Gluon varlen forward (gluon_varlen.py), into
+    """O (total_q, Hq, D) and lse (Hq, total_q) by the Gluon varlen forward (gluon_forward.py), into
     ``out`` (contiguous) / ``lse`` where given; ``left`` / ``right``: window_size's (-1: unbounded);
     ``config`` in place of configs.VARLEN_GLUON_FORWARD_CONFIG[D]; the softcap's tanh by
     tanh.approx.f32 unless ``tanh_approx`` is False (the fixed Gluon forward's default). ``key``: the call's
@@ -372,8 +373,6 @@ class _GluonForwardLayout:
                  "sms", "options")
 
     def __init__(self, q, k, cu_q, causal, scale, softcap, left, right, config, tanh_approx):
-        from tilecore.ops.attention import configs
-
         cfg = dict(config or configs.VARLEN_GLUON_FORWARD_CONFIG[q.shape[2]])
         self.block_m, self.block_n, consumers = cfg["block_m"], cfg["block_n"], cfg.get("consumers", 2)
         self.table_rows = self.block_m * consumers
@@ -392,12 +391,12 @@ _GLUON_FORWARD_LAYOUTS = LRU(256)  # forward_gluon's launch key -> its _GluonFor
 
 
 # --------------------------------------------------------------------------------------------
-# Hopper's Gluon backward (gluon_varlen_backward.py)
+# Hopper's Gluon backward (gluon_backward.py)
 
 GLUON_VARLEN_BWD = CachedLaunch(
-    lambda: importlib.import_module("tilecore.ops.attention.gluon_varlen_backward").attention_varlen_bwd_kernel)
+    lambda: importlib.import_module("tilecore.ops.attention_varlen.gluon_backward").attention_varlen_bwd_kernel)
 GLUON_VARLEN_DQ = CachedLaunch(
-    lambda: importlib.import_module("tilecore.ops.attention.gluon_varlen_backward").attention_varlen_dq_kernel)
+    lambda: importlib.import_module("tilecore.ops.attention_varlen.gluon_backward").attention_varlen_dq_kernel)
 
 
 def gluon_backward_fits(q, k, v, causal, left, right, use_gluon=None, features=None) -> bool:
@@ -405,8 +404,6 @@ def gluon_backward_fits(q, k, v, causal, left, right, use_gluon=None, features=N
     ``use_gluon``), a Hopper device under a compile-checked triton (dispatch.gluon_ok), not
     interpreted, D == Dv with a config, a window only where configs.VARLEN_GLUON_BACKWARD_FEATURES (or
     ``features``) names it, TMA-describable q, k, v."""
-    from tilecore.ops.attention import configs
-
     wanted = configs.VARLEN_GLUON_BACKWARD if use_gluon is None else use_gluon
     if not wanted or not gluon_device(q.device):
         return False
@@ -449,14 +446,13 @@ def neighbour_rows_nonfinite(q, k, v, dout, stats, cu_q, cu_k, block_m: int, til
 
 def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None,
                    config=None, tanh_approx=None):
-    """(dq, dk, dv) by the Gluon varlen backward (gluon_varlen_backward.py) after the fixed path's
+    """(dq, dk, dv) by the Gluon varlen backward (gluon_backward.py) after the fixed path's
     preprocess (launch.backward_preprocess on the packed tensors as one batch of total_q rows: delta,
     the (Hq, 2, total_q) row statistics, and for a dQ in the kernel a zeroed float32 (Hq, total_q, D)
     dQ), into ``grads`` (contiguous) where given; with the config's dq_from "gluon", dK/dV alone and
     then dQ by attention_varlen_dq_kernel over the forward's work table (configs.GLUON_DQ's blocks);
     ``config`` in place of configs.varlen_gluon_backward_config; the softcap's tanh by
     tanh.approx.f32 unless ``tanh_approx`` is False."""
-    from tilecore.ops.attention import configs
     from tilecore.ops.attention.launch import backward_preprocess, row_stats_operand
     from tilecore.tiles.launch import tile_counter
 
@@ -472,7 +468,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
     is_causal, window = gluon_masks(causal, left, right)
     cfg = dict(config or configs.varlen_gluon_backward_config(d, is_causal or window))
     block_m, block_n = cfg["block_m"], cfg["block_n"]
-    dq_after = configs.DQ_MODES[cfg["dq_from"]] == 0
+    dq_after = fixed_configs.DQ_MODES[cfg["dq_from"]] == 0
     lse = lse.contiguous()
     delta, dq_sum, stats = backward_preprocess(out.transpose(0, 1).unsqueeze(0), dout.transpose(0, 1).unsqueeze(0),
                                                lse, dlse, dq_sum=not dq_after, row_stats=True)
@@ -492,13 +488,13 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
             row_stats_operand(stats, block_m), TmaOperand(dq_sum, [1, 1 if dq_after else block_m, d // 2]), dk, dvv,
             dk.stride(0),
             cu_q, cu_k, work, num_tiles, hq // hkv, scale, scale_log2e, wl, wr, tanh_scale, tile_counter(q.device),
-            tail_flags, CAUSAL=is_causal, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
+            tail_flags, CAUSAL=is_causal, STAGES=cfg["stages"], DQ=fixed_configs.DQ_MODES[cfg["dq_from"]],
             KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=mode,
             ZERO_TAIL={False: 0, True: 1, "checked": 2}[zero_tail], num_warps=4)
     if not dq_after:
         dq.copy_(dq_sum.transpose(0, 1))
         return dq, dk, dvv
-    dq_cfg = configs.GLUON_DQ[d]
+    dq_cfg = fixed_configs.GLUON_DQ[d]
     dq_m, dq_n = dq_cfg["block_m"], dq_cfg["block_n"]
     work = work_table(cu_q, cu_k, total_q, hq, 2 * dq_m)  # the forward's: (sequence, query tile, q head, 0)
     grid = (min(work.shape[0], dispatch.num_sms(q.device)),)
@@ -512,7 +508,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
     return dq, dk, dvv
 
 
-VARLEN_FWD = CachedLaunch(lambda: importlib.import_module("tilecore.ops.attention.kernels_varlen").varlen_fwd)
+VARLEN_FWD = CachedLaunch(lambda: importlib.import_module("tilecore.ops.attention_varlen.kernels_tl").varlen_fwd)
 
 
 def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, out=None, lse=None, config=None,
@@ -548,7 +544,7 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
     """(dq, dk, dv) by the tl kernels (dK/dV per key block, then dQ), into ``grads`` where given;
     ``config``: {"dkdv": ..., "dq": ...} blocks and launch options in place of block_config's,
     ``tanh_approx``: softcap_mode's (probes)."""
-    from tilecore.ops.attention.kernels_varlen import varlen_bwd_delta, varlen_bwd_dkdv, varlen_bwd_dq
+    from tilecore.ops.attention_varlen.kernels_tl import varlen_bwd_delta, varlen_bwd_dkdv, varlen_bwd_dq
 
     total_q, hq, d = q.shape
     total_k, hkv, dv = v.shape

@@ -5,12 +5,17 @@ lse / delta, the keys a last key tile reads past it), and the kernel zeroes thos
 here: the flags against the rows the kernel's boxes read (from the float64 twin's tile rules), that
 unmarked sequences need no zeroing (their gradients equal the reference without it), and the launch's
 arguments. The kernel runs only on a GPU (experiments/attention/gpu_varlen_bwd.py times and checks it)."""
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
-from tilecore.ops.attention import configs, varlen
-from tilecore.ops.attention.reference_varlen import varlen_backward_reference, varlen_reference
+from tilecore.ops.attention_varlen import configs
+from tilecore.ops.attention_varlen import op as varlen
+from tilecore.ops.attention_varlen.reference import varlen_backward_reference, varlen_reference
 
+sys.path.insert(0, str(Path(__file__).parent))  # the sibling below (until pyproject's pythonpath names this folder)
 from test_varlen_gluon_backward import cdiv, cu_of, emulate  # noqa: E402  (the float64 twin of the kernel)
 
 BLOCK_M, TILE_N = 64, 128
@@ -131,7 +136,7 @@ def test_launch_passes_the_flags_only_when_checked(monkeypatch, zero_tail, mode)
     monkeypatch.setattr(varlen, "GLUON_VARLEN_BWD", Recorder("dkdv"))
     monkeypatch.setattr(varlen, "GLUON_VARLEN_DQ", Recorder("dq"))
     monkeypatch.setattr(varlen.dispatch, "num_sms", lambda device: 132)
-    from tilecore.ops.attention import gluon_varlen_backward
+    from tilecore.ops.attention_varlen import gluon_backward as gluon_varlen_backward
 
     lengths = [70, 1, 0, 20]
     cu = cu_of(lengths)

@@ -11,8 +11,10 @@ import sys
 import pytest
 import torch
 
-from tilecore.ops.attention import configs, varlen
-from tilecore.ops.attention.reference_varlen import varlen_backward_reference, varlen_reference
+from tilecore.ops.attention import configs as fixed_configs
+from tilecore.ops.attention_varlen import configs
+from tilecore.ops.attention_varlen import op as varlen
+from tilecore.ops.attention_varlen.reference import varlen_backward_reference, varlen_reference
 
 
 @pytest.fixture(autouse=True)
@@ -283,7 +285,7 @@ def test_dq_tiles_store_every_row_once_and_match_the_reference(lens_q, lens_k, c
 
 
 def test_launch_passes_every_kernel_parameter(monkeypatch):
-    from tilecore.ops.attention import gluon_varlen_backward
+    from tilecore.ops.attention_varlen import gluon_backward as gluon_varlen_backward
 
     calls = []
 
@@ -309,7 +311,7 @@ def test_launch_passes_every_kernel_parameter(monkeypatch):
     named = dict(zip(params, args))
     assert named["GROUP"] == 4 and named["num_tiles"] == len(named["work"])
     assert grid == (min(132, len(named["work"])),)
-    assert kwargs["SOFTCAP"] == 2 and kwargs["DQ"] == configs.DQ_MODES["fused"]
+    assert kwargs["SOFTCAP"] == 2 and kwargs["DQ"] == fixed_configs.DQ_MODES["fused"]
     # causal with a left edge: a window (100, 0)
     assert kwargs["CAUSAL"] is False and kwargs["WINDOW"] is True and (named["left"], named["right"]) == (100, 0)
     assert named["q_desc"].shape == [4, total, 128] and named["q_desc"].block_shape == [1, 64, 128]
@@ -324,7 +326,7 @@ def test_launch_passes_every_kernel_parameter(monkeypatch):
 
 
 def test_split_launch_runs_dkdv_without_dq_then_the_dq_kernel(monkeypatch):
-    from tilecore.ops.attention import gluon_varlen_backward
+    from tilecore.ops.attention_varlen import gluon_backward as gluon_varlen_backward
 
     calls = {}
 
@@ -351,7 +353,7 @@ def test_split_launch_runs_dkdv_without_dq_then_the_dq_kernel(monkeypatch):
     params = gluon_varlen_backward.attention_varlen_dq_kernel.arg_names
     assert kwargs.pop("num_warps") == 4 and sorted(params[len(args):]) == sorted(kwargs)
     named = dict(zip(params, args))
-    bm = configs.GLUON_DQ[128]["block_m"]
+    bm = fixed_configs.GLUON_DQ[128]["block_m"]
     assert named["GROUP"] == 2 and named["total_q"] == total and named["num_tiles"] == len(named["work"])
     assert torch.equal(named["work"], varlen.work_table_torch(cu, cu, total, 4, 2 * bm))  # the forward's table
     assert named["q_desc"].block_shape == [1, 2 * bm, 128] and named["dq_desc"].block_shape == [1, bm, 128]
@@ -395,14 +397,14 @@ def test_switched_on_the_backward_routes_eligible_calls_to_the_gluon_kernel(monk
 
 def test_configs_name_a_dq_mode_the_kernel_takes():
     for (d, causal), cfg in configs.VARLEN_GLUON_BACKWARD_CONFIG.items():
-        assert configs.DQ_MODES[cfg["dq_from"]] in (0, 1, 3) and d in (64, 128) and cfg["dq_from"] != "tl"
+        assert fixed_configs.DQ_MODES[cfg["dq_from"]] in (0, 1, 3) and d in (64, 128) and cfg["dq_from"] != "tl"
         assert configs.varlen_gluon_backward_config(d, causal) == dict(cfg, zero_tail=False)
 
 
 @pytest.fixture(scope="module")
 def compiled_report():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-m", "tilecore.ops.attention.gluon_varlen_backward", "--quick"],
+    r = subprocess.run([sys.executable, "-m", "tilecore.ops.attention_varlen.gluon_backward", "--quick"],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -410,7 +412,7 @@ def compiled_report():
 
 def test_compiles_for_sm90a_with_wgmma_and_tma(compiled_report):
     # one compile (D128 causal, the fused dQ): the full report (python -m
-    # tilecore.ops.attention.gluon_varlen_backward) adds D64, no mask, GQA, softcap and the window
+    # tilecore.ops.attention_varlen.gluon_backward) adds D64, no mask, GQA, softcap and the window
     assert {(r["D"], r["causal"]) for r in compiled_report} == {(128, True)}
     for r in compiled_report:
         assert r["wgmma"] and r["tma"] and r["mbarrier"] and not r["wgmma_serialized"], r

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from tilecore import accuracy
-from tilecore.ops.attention import configs, varlen
-from tilecore.ops.attention.reference_varlen import varlen_reference
+from tilecore.ops.attention_varlen import configs
+from tilecore.ops.attention_varlen import op as varlen
+from tilecore.ops.attention_varlen.reference import varlen_reference
 
 
 def cu_of(lengths):
@@ -157,7 +158,7 @@ def test_work_table_of_an_empty_batch_has_only_padding():
 
 
 def test_launch_passes_every_kernel_parameter(monkeypatch):
-    from tilecore.ops.attention import gluon_varlen
+    from tilecore.ops.attention_varlen import gluon_forward as gluon_varlen
 
     calls = []
 
@@ -196,7 +197,7 @@ def test_gluon_path_is_never_taken_on_the_cpu_and_windows_go_to_it_after_their_g
 @pytest.fixture(scope="module")
 def compiled_report():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-m", "tilecore.ops.attention.gluon_varlen", "--quick"],
+    r = subprocess.run([sys.executable, "-m", "tilecore.ops.attention_varlen.gluon_forward", "--quick"],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -204,7 +205,7 @@ def compiled_report():
 
 def test_compiles_for_sm90a_with_wgmma_and_tma_and_no_spills(compiled_report):
     # one compile (20-50 s here): causal with the softcap, the default path's most code (python -m
-    # tilecore.ops.attention.gluon_varlen compiles D 64 / 128, causal and not, and the window (not
+    # tilecore.ops.attention_varlen.gluon_forward compiles D 64 / 128, causal and not, and the window (not
     # routed by default): no spill but the window's 8 / 16 bytes)
     assert {(r["D"], r["causal"], r["softcap"], r["window"]) for r in compiled_report} == {(128, True, 2, False)}
     for r in compiled_report:

@@ -23,9 +23,9 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.attention.op import scale_value
-from tilecore.ops.attention.reference_varlen import kvcache_reference
-from tilecore.ops.attention.varlen import (MAX_HEAD_DIM, block_d, check_dtypes, check_window, kernel_window,
-                                           should_validate)
+from tilecore.ops.attention_kvcache.reference import kvcache_reference
+from tilecore.ops.attention_varlen.op import (MAX_HEAD_DIM, block_d, check_dtypes, check_window, kernel_window,
+                                              should_validate)
 from tilecore.tiles.launch import LRU, CachedLaunch, cdiv, next_power_of_2, signature
 
 LAYOUT = ("attention_with_kvcache takes q (batch, queries, heads, head_dim) (flash-attn's layout), caches "
@@ -39,8 +39,8 @@ MAX_ROWS = 64  # (query, q head) rows a tile packs
 
 
 def _kernel(name: str) -> CachedLaunch:
-    """A CachedLaunch of a kernel of kernels_varlen, imported at its first launch."""
-    return CachedLaunch(lambda: getattr(importlib.import_module("tilecore.ops.attention.kernels_varlen"), name))
+    """A CachedLaunch of a kernel of kernels_tl, imported at its first launch."""
+    return CachedLaunch(lambda: getattr(importlib.import_module("tilecore.ops.attention_kvcache.kernels_tl"), name))
 
 
 _APPEND, _FWD_SPLIT, _MERGE = _kernel("kvcache_append"), _kernel("kvcache_fwd_split"), _kernel("kvcache_merge_splits")

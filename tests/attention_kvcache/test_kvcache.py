@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tilecore import accuracy
-from tilecore.ops.attention import kvcache
-from tilecore.ops.attention.kvcache import attention_with_kvcache
-from tilecore.ops.attention.reference_varlen import gather_cache, kvcache_reference
+from tilecore.ops.attention_kvcache import op as kvcache
+from tilecore.ops.attention_kvcache import attention_with_kvcache
+from tilecore.ops.attention_kvcache.reference import gather_cache, kvcache_reference
 
 F16 = torch.float16
 NAN = float("nan")

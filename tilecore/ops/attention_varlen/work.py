@@ -1,8 +1,8 @@
 """The Gluon varlen forward's work table in one launch, its sequence order included (host time, issue 31).
 
-varlen.work_table sorts the sequences longest first with torch ops (lengths, their products, a stable
+op.work_table sorts the sequences longest first with torch ops (lengths, their products, a stable
 argsort: ~7 small launches a call, ~30-40 us of an eager call's host time) and then writes the table
-with kernels_varlen.varlen_work_table (both write the entries by write_work_entries). For batches of at most RANKED_MAX_BATCH sequences this kernel
+with kernels_tl.varlen_work_table (both write the entries by write_work_entries). For batches of at most RANKED_MAX_BATCH sequences this kernel
 does both: each program ranks every sequence itself ([BLOCK_B, BLOCK_B] compares of N x Nk, ties in
 batch order: argsort(descending, stable)'s order) and writes its BLOCK_T entries as the two-step path
 does. The table is built from cu_seqlens' values on the GPU every call (nothing cached on the host).
@@ -18,7 +18,7 @@ RANKED_MAX_BATCH = 64  # [64, 64] compares a program (the table kernel's 4096: n
 @triton.jit
 def varlen_work_table_ranked(CU_Q, CU_K, TABLE, B, entries, HEADS, TILE_M: tl.constexpr, BLOCK_B: tl.constexpr,
                              BLOCK_T: tl.constexpr):
-    """TABLE (entries, 4) int32, varlen.work_table's: entry t is (sequence, query tile from its last row,
+    """TABLE (entries, 4) int32, op.work_table's: entry t is (sequence, query tile from its last row,
     q head, 0) for the sequences longest first (by N x Nk, descending, ties in batch order), each one's
     cdiv(N, TILE_M) tiles head by head; entries past the real tiles (-1, 0, 0, 0). B <= BLOCK_B."""
     offs_b = tl.arange(0, BLOCK_B)  # [BLOCK_B]: sequences in batch order
