@@ -125,6 +125,11 @@ GLUON_EARLY_WV: tuple = (True,)
 # cores run them while P is made (a lighter OVERLAP: no extra buffers). Run 7 of session 28: no faster (scalar
 # 0.375, Mamba-2 1.172 against 1.155): off
 GLUON_ASYNC_UPDATE: tuple = ()
+# SILU_TANH (Mamba-2's gate with Z_STAGE): sigmoid(z) = (1 + tanh(z / 2)) / 2 by one tanh.approx.f32 (relative
+# error ~2^-11, under bf16's rounding of o) instead of ex2 and a division's rcp: a chunk-step's SFU work a
+# thread from 96 (32 decay exps, 64 for the gate) to 64. Session 30 (helper HF): off until
+# experiments/linear_attention/gpu_forward.py --set s30 checks it against float64 and times it
+GLUON_SILU_TANH = False
 # Based's Gluon forward (gluon_based.py: Dk 16, no decay, Dv a multiple of 64; its 153 symmetric features
 # padded to 160, S^T in wgmma registers). Runs 7-9 (H100, session 27, B16 H16 N4096 d16 v64 bf16): 0.200-0.212
 # ms against the tl kernel's 0.804 and FLA parallel_based's 2.04 (9.65-10.26x), 55-58% of the copy bound;
