@@ -76,6 +76,10 @@ VARIANTS = [
     ("gla diag5 bt64", dict(diag=5), dict(split=True), "gla"),
     ("gla diag5 bt32", dict(diag=5), dict(split=True, split_BT=32), "gla"),
     ("gla diag5 bt64 w8", dict(diag=5), dict(split=True, split_warps=8, dq_warps=8), "gla"),
+    # sm_90a (CPU compile, 4 warps; dQ / dK / dV spilled bytes): bt64 1680 / 2304 / 1880, bt32 640 / 812 / 108, bt64 w8
+    # 548 / 732 / 144, bt32 w8 352 / 196 / 0, bt32 key blocks of 32 232 / 256 / 108 (255 registers everywhere)
+    ("gla diag5 bt32 kb32", dict(diag=5), dict(split=True, split_BT=32, split_BKB=32, dq_BKQ=32), "gla"),
+    ("gla diag5 bt32 w8", dict(diag=5), dict(split=True, split_BT=32, split_warps=8, dq_warps=8), "gla"),
 ]
 if "--variants" in sys.argv:
     wanted = sys.argv[sys.argv.index("--variants") + 1].split(",")

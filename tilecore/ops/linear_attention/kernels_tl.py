@@ -992,8 +992,7 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
             dp = _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE)  # [BT, BT]: do_i . v_j over this value block
         kbf = kb.to(tl.float32)
         if DECAY == 2:
-            g_rows = _rows(g_base, t0, offs_t, offs_kb, kb_ok, N, sgn, sgd).to(tl.float32)
-            Gb, Gb_last = _cumulative_channels(g_rows)
+            Gb, Gb_last = _cumulative_channels(_rows(g_base, t0, offs_t, offs_kb, kb_ok, N, sgn, sgd).to(tl.float32))
             w2 = tl.exp(Gb_last[None, :] - Gb)  # [BT, BKB]
             if PART != 2:
                 if DIAG == 2:
@@ -1043,8 +1042,9 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                 dG = _rows(DGQ + gl_rows, t0, offs_t, offs_kb, kb_ok, N, H * DK, 1) - kbf * dk
                 dg = tl.cumsum(dG, 0, reverse=True) + dg_carry[None, :]
                 dg_carry += tl.sum(dG, 0)
-                _store_rows(DG_PART + gl_rows, t0, offs_t, offs_kb, kb_ok, N, H * DK, 1,
-                            tl.where(g_rows < LOG_DECAY_FLOOR, 0.0, dg))
+                clamped = _rows(g_base, t0, offs_t, offs_kb, kb_ok, N, sgn, sgd) < LOG_DECAY_FLOOR  # again: L1, not
+                _store_rows(DG_PART + gl_rows, t0, offs_t, offs_kb, kb_ok, N, H * DK, 1,  # a live tile
+                            tl.where(clamped, 0.0, dg))
                 r = tl.sum(do.to(tl.float32) * v.to(tl.float32), 1) * scale
                 dk += r[:, None] * qb.to(tl.float32)
         elif EPILOGUE:
