@@ -438,7 +438,7 @@ def reference_floor(case: str, over: dict | None) -> float:
 def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, decay: bool, mamba: bool,
                 stages: int = 3, prefetch: bool = False, overlap: bool = False, z_stage: bool = False,
                 g_stage: bool = False, factored: bool = False, strength: str = "mild", early_wv: bool = False,
-                async_update: bool = False, dtype: str = "bf16"):
+                async_update: bool = False, dtype: str = "bf16", silu_tanh: bool = False):
     """The Gluon forward (gluon_forward.la_fwd_gluon_kernel) into NaN-filled o and final states, with
     initial states, against the float64 recurrence: o's error over the rounding floor, the states'
     relative error, every element written. strength (scalar decay): "mild" (log decays in [-0.3, 0] and a
@@ -469,7 +469,7 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
     h0 = torch.randn(B, H, Dk, Dv, device=DEV)
     scale = 1.0 if mamba else Dk ** -0.5
     row = dict(case=name, N=N, fits=gf.fits(q, k, v, g, 0), prefetch=prefetch, overlap=overlap, z_stage=z_stage,
-               g_stage=g_stage, factored=factored, early_wv=early_wv, async_update=async_update)
+               g_stage=g_stage, factored=factored, early_wv=early_wv, async_update=async_update, silu_tanh=silu_tanh)
     o = torch.full_like(v, float("nan"))
     ht = torch.full_like(h0, float("nan"))
     beta_k = beta
@@ -484,7 +484,7 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
         G = None if g is None else gf.chunk_cumulative(g, gf.BT_GLUON)
     grid, args, warps = gf.launch_args(q, k, v, G, beta_k, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap,
                                        z_stage, g_stage=g_stage, factored=factored, early_wv=early_wv,
-                                       async_update=async_update)
+                                       async_update=async_update, silu_tanh=silu_tanh)
     gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     torch.cuda.synchronize()
     row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(ht).any())
@@ -505,7 +505,8 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
     row["tl_state_rel"] = accuracy.rel_rms(ht_tl, ref_state)
     if g_stage:  # gluon_forward.forward (its host side: chunk_cumulative_heads) gives the same o
         o2, _ = gf.forward(q, k, v, g, beta, d_skip, z, h0, scale, False, stages, prefetch, overlap, z_stage,
-                           g_stage=True, factored=factored, early_wv=early_wv, async_update=async_update)
+                           g_stage=True, factored=factored, early_wv=early_wv, async_update=async_update,
+                           silu_tanh=silu_tanh)
         row["forward_matches"] = bool(torch.equal(o2, o))
     print("check gluon", row, flush=True)
     RESULTS["check"].append(row)
@@ -812,6 +813,168 @@ def table() -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------------------------
+# --set s30 (session 30, issue 33: Based and Mamba-2 toward 75% of the HBM bound): what binds, by timing
+# probes of each Gluon kernel (its PROBE bits leave one part of a chunk's work out; outputs wrong, timing
+# only), and the candidate variants (checked against float64 before they are timed). Kernel-only launches
+# on prepared arguments (no host time), the copy bound of the same bytes and the public op in the same run.
+
+S30_CASES = ("based d16 v64", "mamba2 2.7B shape")
+# name -> the kernel's PROBE bits (gluon_based / gluon_forward PROBE_*), or a dict of launch_args's keywords (a
+# candidate variant: checked against float64 in S30_CHECKS); "default": the shipped kernel
+S30_BASED = {"default": 0, "no_intra": 1, "no_update": 2, "no_store": 4, "no_inter": 8, "no_features": 32,
+             "no_mmas": 1 | 2 | 8 | 32, "loads_only": 1 | 2 | 4 | 8 | 32}
+S30_MAMBA = {"default": 0, "no_intra": 1, "no_update": 2, "no_store": 4, "no_inter": 8, "no_decay_factors": 16,
+             "no_epilogue": 32, "no_mmas": 1 | 2 | 8, "loads_only": 1 | 2 | 4 | 8 | 16 | 32, "silu_tanh": dict(silu_tanh=True)}
+S30_TABLES = {"based d16 v64": S30_BASED, "mamba2 2.7B shape": S30_MAMBA}
+# candidate name -> its float64 check (check_gluon / check_based rows: NaN-poisoned o and states, initial states)
+S30_CHECKS = {
+    "mamba2 silu_tanh h0 N 1000": lambda: check_gluon("s30 silu_tanh mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True,
+                                                      *_GSZ, "mild", True, silu_tanh=True),
+    "mamba2 silu_tanh N 33": lambda: check_gluon("s30 silu_tanh mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True,
+                                                 *_GSZ, "mild", True, silu_tanh=True),
+    "mamba2 default h0 N 1000": lambda: check_gluon("s30 default mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True,
+                                                    *_GSZ, "mild", True),
+}
+
+
+def s30_call(case: str, t: dict, probe):
+    """The case's Gluon kernel alone on prepared arguments with these PROBE bits, or a dict of launch_args's
+    keywords (a call that launches it)."""
+    from tilecore.ops.linear_attention import gluon_based as gb
+    from tilecore.ops.linear_attention import gluon_forward as gf
+
+    o = torch.empty_like(t["v"])
+    extra = probe if isinstance(probe, dict) else {}
+    probe = 0 if isinstance(probe, dict) else probe
+    if case.startswith("based"):
+        grid, args, warps = gb.launch_args(t["q"], t["k"], t["v"], None, o, None, t["scale"], 2, False, probe, **extra)
+        return lambda: gb.based_fwd_gluon_kernel[grid](**args, num_warps=warps)
+    flags = gf.variant(t["g"], t["beta"], t["z"])  # the shipped flags (G_STAGE, EARLY_WV with beta)
+    G, beta = gf.prepare_decay(t["g"].float(), t["beta"].float(), flags["g_stage"])
+    grid, args, warps = gf.launch_args(t["q"], t["k"], t["v"], G, beta, t["d_skip"].float().contiguous(), t["z"],
+                                       None, o, None, 1.0, 2, flags["prefetch"], False, True, g_stage=flags["g_stage"],
+                                       factored=flags["factored"], early_wv=flags["early_wv"],
+                                       async_update=flags["async_update"], probe=probe, **extra)
+    return lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
+
+
+def _s30_worker(task):
+    """A warm task: compile and run one (case, variant) once at the full shape (its own process)."""
+    t0 = time.time()
+    try:
+        case, name = task
+        if name in S30_CHECKS:
+            return task, None, time.time() - t0, S30_CHECKS[name]()
+        if case not in _WORKER_INPUTS:
+            _WORKER_INPUTS[case] = make(case, *shape())
+        s30_call(case, _WORKER_INPUTS[case], S30_TABLES[case][name])()
+        if not SMOKE:
+            torch.cuda.synchronize()
+        return task, None, time.time() - t0, None
+    except Exception as err:  # noqa: BLE001
+        return task, f"{type(err).__name__}: {err}"[:300], time.time() - t0, None
+
+
+def s30_warm(workers: int):
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    tasks = [(c, n) for c in S30_CASES for n in S30_TABLES[c]] + [("check", n) for n in S30_CHECKS]
+    if SMOKE:  # the interpreter cannot run Gluon: the task list only
+        print("s30 warm tasks:", tasks, flush=True)
+        return
+    pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), max_tasks_per_child=1)
+    futures = [pool.submit(_s30_worker, task) for task in tasks]
+    deadline = START + 45.0
+    hung = False
+    for task, fut in zip(tasks, futures):
+        try:
+            task, err, secs, row = fut.result(timeout=max(1.0, deadline - time.time()))
+        except cf.TimeoutError:
+            hung, err, secs, row = True, "no result within 45 s (hung?)", 0.0, None
+        except Exception as exc:  # noqa: BLE001
+            err, secs, row = f"{type(exc).__name__}: {exc}"[:300], 0.0, None
+        if row is not None:
+            RESULTS["check"].append(row)
+        RESULTS["warm"].append(dict(task=str(task), error=err, s=round(secs, 1)))
+        if err:
+            print("warm", task, err, flush=True)
+        else:
+            PASSED.add(str(task))
+    if hung:
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.kill()
+    pool.shutdown(wait=not hung, cancel_futures=True)
+    print(f"s30 warm: {len(tasks)} tasks in {elapsed():.0f} s", flush=True)
+
+
+def s30_time(case: str):
+    B, N = shape()
+    t = make(case, B, N)
+    row = dict(case=case, shape=tuple(t["v"].shape), bytes=nbytes(case, t))
+    if SMOKE:
+        default_call(case, t)()
+        RESULTS["time"].append(row)
+        return
+    row["copy_ms"] = copy_ms(row["bytes"])
+    for name in S30_TABLES[case]:
+        if not passed((case, name)):
+            row[f"{name}_error"] = "failed in the warm phase"
+            continue
+        fn = attempt(f"s30 {case} {name}", lambda: s30_call(case, t, S30_TABLES[case][name]))
+        if fn is not None:
+            row[f"{name}_ms"] = attempt(f"time {case} {name}", lambda: bench(fn))
+    row["op_ms"] = attempt(f"time {case} op", lambda: bench(default_call(case, t)))  # (may compile: last)
+    print("time", row, flush=True)
+    RESULTS["time"].append(row)
+    save()
+
+
+def s30_table() -> str:
+    lines = ["", "s30 (kernel alone; probes leave work out: their time says what binds) | ms | % of the copy bound | "
+             "saved vs default ms"]
+    for r in RESULTS["time"]:
+        bound, base = r.get("copy_ms"), r.get("default_ms")
+        lines.append(f"{r['case']}: copy bound {bound and round(bound, 4)} ms, op {r.get('op_ms') and round(r['op_ms'], 4)} ms")
+        for name in S30_TABLES[r["case"]]:
+            ms = r.get(f"{name}_ms")
+            if ms:
+                lines.append(f"  {name:18} {ms:.4f} | {100 * bound / ms:5.1f}% | "
+                             f"{(base - ms) if base else float('nan'):+.4f}")
+            else:
+                lines.append(f"  {name:18} - {r.get(name + '_error', '')}")
+    if RESULTS["check"]:
+        lines += ["", "check (float64) | " + " | ".join(("N", "all_written", "out_floor", "state_rel"))]
+        for r in RESULTS["check"]:
+            lines.append(" | ".join(str(r.get(k, "-")) for k in ("case", "N", "all_written", "out_floor", "state_rel")))
+    if RESULTS["errors"]:
+        lines += [""] + [f"ERROR {e}" for e in RESULTS["errors"][:30]]
+    return "\n".join(lines)
+
+
+def main_s30(workers: int) -> int:
+    try:
+        from experiments.common.meta import meta
+        RESULTS["meta"] = meta() if not SMOKE else {"smoke": True}
+    except Exception as err:  # noqa: BLE001
+        RESULTS["meta"] = {"error": str(err)}
+    print(RESULTS["meta"], flush=True)
+    s30_warm(workers)
+    if not SMOKE:
+        for name, fn in S30_CHECKS.items():
+            if str(("check", name)) not in PASSED:
+                RESULTS["errors"].append(f"check {name}: failed in the warm phase")
+    for case in S30_CASES:
+        attempt(f"s30 time {case}", lambda: s30_time(case))
+        if not SMOKE:
+            torch.cuda.empty_cache()
+    save()
+    print(s30_table())
+    print(f"\n{elapsed():.0f} s; JSON: {OUT / 'linear_attention_forward.json'}")
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true")
@@ -820,12 +983,16 @@ def main():
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--workers", type=int, default=14)
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+    parser.add_argument("--set", default=None, choices=("s30",),
+                        help="s30: Based and Mamba-2's probes and candidates only (session 30; < 90 s)")
     args = parser.parse_args()
     global OUT
     OUT = Path(args.out)
     if not SMOKE and not torch.cuda.is_available():
         print("no GPU here", file=sys.stderr)
         return 2
+    if args.set == "s30":
+        return main_s30(args.workers)
     try:
         from experiments.common.meta import meta
         RESULTS["meta"] = meta() if not SMOKE else {"smoke": True}

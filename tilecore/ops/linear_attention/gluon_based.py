@@ -54,6 +54,14 @@ FEATURES = 160  # 1 + 16 + 136 symmetric features, padded to 5 pieces of 32
 PIECE = 32  # features built a step (two [BT, PIECE] float32 tiles live)
 BT_BASED = 64  # tokens a chunk (a wgmma's M)
 BV_BASED = 64  # value columns a consumer
+# timing probes (the kernel's PROBE; experiments/linear_attention/gpu_forward.py --set s30): each bit leaves a
+# part of a chunk's work out, so the time it saves says what binds. Outputs are wrong; never in a real launch.
+# The plain (not OVERLAP) walk only.
+PROBE_NO_INTRA = gl.constexpr(1)  # no Q K^T and no P V wgmma (P made from zeros)
+PROBE_NO_UPDATE = gl.constexpr(2)  # no state-update wgmmas (S^T += V^T phi_k)
+PROBE_NO_STORE = gl.constexpr(4)  # o made, not stored
+PROBE_NO_INTER = gl.constexpr(8)  # no phi_q S wgmmas
+PROBE_NO_FEATURES = gl.constexpr(32)  # no feature pieces (selection wgmmas, products, their stores)
 
 
 @stage_struct
@@ -114,6 +122,7 @@ class BasedForward:
     HAS_H0: gl.constexpr
     STORE_HT: gl.constexpr
     OVERLAP: gl.constexpr  # paired selections (one N = 64 wgmma a piece) and the chunk's wgmmas issued together
+    PROBE: gl.constexpr  # timing probes only (wrong outputs; 0 in every real launch)
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV)
     STL: gl.constexpr  # [BV, 128] state
     TTL: gl.constexpr  # [BV, 32] state's tail
@@ -282,7 +291,7 @@ class BasedForward:
                 self.features(q, k, self.sel_main.slice(p * 64, 64), phiq.slice(p * 32, 32, dim=1),
                               phik.slice(p * 32, 32, dim=1), 0 if p == 0 else 1)
             self.features(q, k, self.sel_tail, phiq_t, phik_t, 2)
-        else:
+        elif (self.PROBE & PROBE_NO_FEATURES) == 0:
             for p in gl.static_range(4):
                 sel_a = self.sel_main.slice(p * 64, 32)
                 sel_b = self.sel_main.slice(p * 64 + 32, 32)
@@ -296,12 +305,16 @@ class BasedForward:
         gl.thread_barrier()
 
         # intra-chunk: P = mask(1 + s + s^2 / 2), s = scale Q K^T
-        s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False)
+        if self.PROBE & PROBE_NO_INTRA:
+            s = gl.zeros([self.BT, self.BT], gl.float32, self.SL) + self.scale
+        else:
+            s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False)
         s = s * self.scale
         rows = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SL))
         cols = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
         causal = gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)
-        p = gl.convert_layout(gl.where(causal, 1.0 + s + 0.5 * s * s, 0.0).to(dtype), self.PL)
+        p_f = gl.where(causal, 1.0 + s + 0.5 * s * s, 0.0)
+        p = gl.convert_layout(p_f.to(dtype), self.PL)
 
         # o = phi_q S + P V and S^T <- S^T + V^T phi_k (both feature blocks); OVERLAP: issued together
         zero_o = gl.zeros([self.BT, self.BV], gl.float32, self.SL)
@@ -313,12 +326,26 @@ class BasedForward:
             T = warpgroup_mma(v.permute((1, 0)), phik_t, walk.T, is_async=True)
             o, S, T = warpgroup_mma_wait(0, deps=(o, S, T))
         else:
-            o = warpgroup_mma(phiq, S_smem.permute((1, 0)), zero_o, use_acc=False)
-            o = warpgroup_mma(phiq_t, T_smem.permute((1, 0)), o)
-            o = warpgroup_mma(p, v, o)
-            S = warpgroup_mma(v.permute((1, 0)), phik, walk.S)
-            T = warpgroup_mma(v.permute((1, 0)), phik_t, walk.T)
-        store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
+            if self.PROBE & PROBE_NO_INTER:
+                o = zero_o
+            else:
+                o = warpgroup_mma(phiq, S_smem.permute((1, 0)), zero_o, use_acc=False)
+                o = warpgroup_mma(phiq_t, T_smem.permute((1, 0)), o)
+            if self.PROBE & PROBE_NO_INTRA:
+                o = o + p_f  # (P's elementwise work kept: BT == BV)
+            else:
+                o = warpgroup_mma(p, v, o)
+            if self.PROBE & PROBE_NO_UPDATE:
+                S = walk.S
+                T = walk.T
+            else:
+                S = warpgroup_mma(v.permute((1, 0)), phik, walk.S)
+                T = warpgroup_mma(v.permute((1, 0)), phik_t, walk.T)
+        if self.PROBE & PROBE_NO_STORE:
+            if t0 < 0:  # never: o is made but not stored
+                store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
+        else:
+            store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
         return BasedWalk(S, T)
 
     @gluon.jit
@@ -340,7 +367,7 @@ class BasedForward:
 def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                            s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, scale, num_tiles,
                            STAGES: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                           OVERLAP: gl.constexpr = False):
+                           OVERLAP: gl.constexpr = False, PROBE: gl.constexpr = 0):
     """o (and the final states) of every unit of (batch, head, 64 value columns) under Based's map; a
     persistent grid, two consumer warpgroups (num_warps = 4) and a producer warp."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
@@ -364,7 +391,7 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                       gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
                       gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
                       gl.allocate_shared_memory(dt, [2, BV, 128], wide), gl.allocate_shared_memory(dt, [2, BV, 32], wide),
-                      BT, BV, F, HAS_H0, STORE_HT, OVERLAP, SL, STL, TTL, FL, PL)
+                      BT, BV, F, HAS_H0, STORE_HT, OVERLAP, PROBE, SL, STL, TTL, FL, PL)
     stages = BasedChunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES),
                         ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES))
     # a tensor even where the launch specialized num_tiles == 1 to a constant (the template's _Pipeline holds a
@@ -518,7 +545,7 @@ def _head_major(t: torch.Tensor):
     return [B, H, N, D], [t.stride(0), t.stride(2), t.stride(1), t.stride(3)]
 
 
-def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool = False):
+def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool = False, probe: int = 0):
     """(grid, arguments by name, num_warps) of based_fwd_gluon_kernel; x0, xt: kernel-row states or None;
     overlap: the kernel's OVERLAP."""
     from tilecore.tiles.launch import gluon_descriptor
@@ -539,6 +566,8 @@ def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool
                 N=N, H=H, VB=VB, scale=scale, num_tiles=num_tiles, STAGES=stages, HAS_H0=x0 is not None,
                 STORE_HT=xt is not None,
                 OVERLAP=overlap)
+    if probe:  # (timing probes only: the kernel's PROBE)
+        args["PROBE"] = probe
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -567,14 +596,14 @@ def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overl
 # compile report (no GPU): compile_report(states) compiles the kernel for sm_90a; TRITON_INTERPRET must be unset
 
 
-def compile_report(states: bool = True, stages: int = 2, overlap: bool = False) -> dict:
+def compile_report(states: bool = True, stages: int = 2, overlap: bool = False, probe: int = 0) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     B, N, H, Dv, bf = 2, 4096, 16, 64, torch.bfloat16
     q = torch.empty(B, N, H, DK, dtype=bf)
     v = torch.empty(B, N, H, Dv, dtype=bf)
     x = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32) if states else None
-    grid, args, warps = launch_args(q, q, v, x, torch.empty_like(v), x, 0.25, stages, overlap)
+    grid, args, warps = launch_args(q, q, v, x, torch.empty_like(v), x, 0.25, stages, overlap, probe)
     compiled = compile_kernel(based_fwd_gluon_kernel, args, num_warps=warps)
     r = resources(compiled)
     return dict(case=f"based states={states} stages={stages} overlap={overlap}", spill_bytes=r.spill_stores,

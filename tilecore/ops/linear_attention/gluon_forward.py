@@ -40,6 +40,15 @@ LOG2E = 1.4426950408889634
 # FACTORED's largest span of a chunk's G (log2 units): 2^+-60 factors, whose products stay in float32's
 # normal range (2^+-126)
 FACTOR_SPAN = gl.constexpr(120.0)
+# timing probes (the kernel's PROBE; experiments/linear_attention/gpu_forward.py --set s30): each bit leaves a
+# part of a chunk's work out, so the time it saves says what binds. Outputs are wrong; never in a real launch.
+# The plain (not OVERLAP) walk only.
+PROBE_NO_INTRA = gl.constexpr(1)  # no Q K^T and no P V wgmma (P made from zeros)
+PROBE_NO_UPDATE = gl.constexpr(2)  # no state-update wgmma (S only decays)
+PROBE_NO_STORE = gl.constexpr(4)  # o made, not stored
+PROBE_NO_INTER = gl.constexpr(8)  # no Q S_old wgmma
+PROBE_NO_DECAY_FACTORS = gl.constexpr(16)  # no [BT, BT] decay factors on the scores (no exps)
+PROBE_NO_EPILOGUE = gl.constexpr(32)  # no Mamba-2 epilogue (D v, the gate z: z still loaded by the stage)
 
 
 @stage_struct
@@ -185,6 +194,8 @@ class LinearAttentionForward:
     # range of G allows it (no [BT, BT] exps); the elementwise exps where it does not
     EARLY_WV: gl.constexpr  # the state update's weighted values stored with the old state (one barrier pair)
     ASYNC_UPDATE: gl.constexpr  # (with EARLY_WV) Q S_old and the state update issued async after Q K^T, under P
+    SILU_TANH: gl.constexpr  # (Z_STAGE) the gate's sigmoid as 0.5 + 0.5 tanh(z / 2): one SFU op, not ex2 and rcp
+    PROBE: gl.constexpr  # timing probes only (wrong outputs; 0 in every real launch): PROBE_* bits leave work out
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BK, BV] state
     PL: gl.constexpr  # P as the register operand of P V
@@ -409,29 +420,37 @@ class LinearAttentionForward:
             gl.thread_barrier()
 
             # intra-chunk scores P = mask(Q K^T exp(G_i - G_j)) scale
-            s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL),
-                              use_acc=False)
+            if self.PROBE & PROBE_NO_INTRA:
+                s = gl.zeros([self.BT, self.BT], gl.float32, self.SL) + gl.expand_dims(w_rows, 1)
+            else:
+                s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL),
+                                  use_acc=False)
             if self.ASYNC_UPDATE:
                 # Q S_old and the state update (their operands in shared memory since the chunk's one barrier
                 # pair: EARLY_WV) on the tensor cores while P is made
                 o_tok = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False,
                                       is_async=True)
                 S_tok = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay, is_async=True)
-            if self.DECAY:
+            if self.DECAY and (self.PROBE & PROBE_NO_DECAY_FACTORS) == 0:
                 if self.G_STAGE:
                     s = s * self.decay_factors(G_r, G_c, causal)
                     row_scale = row_scale * gl.exp2(G_r)
                 else:
                     s = s * gl.exp(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
                     row_scale = row_scale * gl.exp(G_r)
-            p = gl.convert_layout(gl.where(causal, s * self.scale, 0.0).to(dtype), self.PL)
+            p_f = gl.where(causal, s * self.scale, 0.0)
+            p = gl.convert_layout(p_f.to(dtype), self.PL)
 
             # o = exp(G_i) scale (Q S_old) + P (beta V)
             if self.ASYNC_UPDATE:
                 o = warpgroup_mma_wait(1, deps=(o_tok,))
+            elif self.PROBE & PROBE_NO_INTER:
+                o = gl.zeros([self.BT, self.BV], gl.float32, self.SL) + gl.expand_dims(row_scale, 1)
             else:
                 o = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False)
-            if self.HAS_BETA:
+            if self.PROBE & PROBE_NO_INTRA:
+                o = o * gl.expand_dims(row_scale, 1) + p_f  # (P's elementwise work kept: BT == BV)
+            elif self.HAS_BETA:
                 if self.EARLY_WV:
                     o = warpgroup_mma(p, bv, o * gl.expand_dims(row_scale, 1))
                 else:
@@ -447,15 +466,17 @@ class LinearAttentionForward:
                 gl.thread_barrier()
             if self.ASYNC_UPDATE:
                 S = warpgroup_mma_wait(0, deps=(S_tok,))  # (P V's wait retired it: wgmma groups end in order)
+            elif self.PROBE & PROBE_NO_UPDATE:
+                S = walk.S * S_decay
             else:
                 S = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay)
 
         # Mamba-2's epilogue and the store (rows past N clipped by TMA)
         offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(0, self.SL))
-        if self.HAS_D:
+        if self.HAS_D and (self.PROBE & PROBE_NO_EPILOGUE) == 0:
             d_row = gl.load(self.DSKIP + (h64 * self.sdh + col) + offs_v)
             o = o + gl.expand_dims(d_row, 0) * v.load(self.SL).to(gl.float32)
-        if self.HAS_Z:
+        if self.HAS_Z and (self.PROBE & PROBE_NO_EPILOGUE) == 0:
             if self.Z_STAGE:  # z came with the stage
                 if c == 0:
                     z = stage.za.reshape([self.BT, self.BV]).load(self.SL).to(gl.float32)
@@ -465,11 +486,18 @@ class LinearAttentionForward:
                 z_base = self.Z + b64 * self.szb + h64 * self.szh + t0.to(gl.int64) * self.szn + col
                 z_offs = gl.expand_dims(offs_r * self.szn, 1) + gl.expand_dims(offs_v, 0)
                 z = gl.load(z_base + z_offs, mask=gl.expand_dims(row_ok, 1), other=0.0).to(gl.float32)
-            if self.Z_STAGE:  # silu by an approximate division (div.full: 2 ulp of float32, then rounded to bf16)
+            if self.Z_STAGE and self.SILU_TANH:  # sigmoid(z) = (1 + tanh(z / 2)) / 2: one tanh.approx (2^-11)
+                z_half = 0.5 * z
+                o = o * (z_half + z_half * tanh_approx(z_half))
+            elif self.Z_STAGE:  # silu by an approximate division (div.full: 2 ulp of float32, then rounded to bf16)
                 o = gl.fdiv(o * z, 1.0 + gl.exp2(-z * 1.4426950408889634), ieee_rounding=False)
             else:
                 o = o * z / (1.0 + gl.exp(-z))
-        store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
+        if self.PROBE & PROBE_NO_STORE:
+            if t0 < 0:  # never: o is made but not stored
+                store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
+        else:
+            store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
         walk = Walk(S, 0, 0, 0)
         if self.PREFETCH:
             walk = Walk(S, nxt_G_r, nxt_G_last, nxt_beta_r)
@@ -494,7 +522,8 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                         HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
                         PREFETCH: gl.constexpr = False, OVERLAP: gl.constexpr = False, Z_STAGE: gl.constexpr = False,
                         G_STAGE: gl.constexpr = False, FACTORED: gl.constexpr = False,
-                        EARLY_WV: gl.constexpr = False, ASYNC_UPDATE: gl.constexpr = False):
+                        EARLY_WV: gl.constexpr = False, ASYNC_UPDATE: gl.constexpr = False,
+                        SILU_TANH: gl.constexpr = False, PROBE: gl.constexpr = 0):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. PREFETCH: each chunk's decay and beta loaded
     a chunk ahead. Z_STAGE: z TMA-loaded with the stage (off the walk's serial path). OVERLAP: the chunk's
@@ -502,7 +531,8 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     TMA-loaded with the stage, and with beta (chunk_heads) beta too. FACTORED (with G_STAGE): the intra-chunk
     decay as row times column factors where the chunk's span of G allows. EARLY_WV: the state update's weighted values stored beside the old
     state at the chunk's start (one barrier pair a chunk fewer; not with OVERLAP). ASYNC_UPDATE (with
-    EARLY_WV): Q S_old and the state update issued async right after Q K^T, so they run while P is made."""
+    EARLY_WV): Q S_old and the state update issued async right after Q K^T, so they run while P is made.
+    SILU_TANH (with Z_STAGE): the gate's sigmoid by one tanh.approx.f32."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -520,7 +550,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                 stv, N, H, VB, GROUP, scale, state_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D,
                                 HAS_Z, HAS_H0, STORE_HT, PREFETCH, Z_STAGE, OVERLAP, G_STAGE and DECAY,
                                 FACTORED and G_STAGE and DECAY, EARLY_WV and not OVERLAP,
-                                ASYNC_UPDATE and EARLY_WV and not OVERLAP, SL, STL, PL)
+                                ASYNC_UPDATE and EARLY_WV and not OVERLAP, SILU_TANH and Z_STAGE, PROBE, SL, STL, PL)
     if G_STAGE and DECAY and HAS_BETA and Z_STAGE and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -543,6 +573,13 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     # tensor: B1 with two units compiled to a CompilationError, H100 run 7)
     num_tiles = gl.program_id(0) * 0 + num_tiles
     run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
+
+
+@gluon.jit
+def tanh_approx(x):
+    """tanh(x) by the SFU's tanh.approx.f32 (sm_75+): one instruction, relative error ~2^-11."""
+    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True,
+                                     pack=1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -643,7 +680,8 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
 
 def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, prefetch: bool = False,
                 overlap: bool = False, z_stage: bool = False, operand=None, g_stage: bool = False,
-                factored: bool = False, early_wv: bool = False, async_update: bool = False):
+                factored: bool = False, early_wv: bool = False, async_update: bool = False, silu_tanh: bool = False,
+                probe: int = 0):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
     prefetch, overlap, z_stage, g_stage, factored, early_wv, async_update: the kernel's PREFETCH, OVERLAP,
     Z_STAGE (z must then be TMA-able: ``tma_ok``), G_STAGE, FACTORED, EARLY_WV and ASYNC_UPDATE; g:
@@ -689,6 +727,10 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                 HAS_Z=z is not None, HAS_H0=h0 is not None, STORE_HT=ht is not None, PREFETCH=prefetch,
                 OVERLAP=overlap, Z_STAGE=z_stage, G_STAGE=g_stage, FACTORED=factored and g_stage, EARLY_WV=early_wv,
                 ASYNC_UPDATE=async_update and early_wv)
+    if silu_tanh and z_stage and z is not None:  # (absent otherwise: the launches' keys as before)
+        args["SILU_TANH"] = True
+    if probe:  # (timing probes only: the kernel's PROBE)
+        args["PROBE"] = probe
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -726,14 +768,15 @@ def prepare_decay(g, beta, g_stage: bool):
 def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3,
             prefetch: bool | None = None, overlap: bool | None = None, z_stage: bool | None = None,
             g_stage: bool | None = None, factored: bool | None = None, early_wv: bool | None = None,
-            async_update: bool | None = None, operand=None, launch=None):
+            async_update: bool | None = None, operand=None, launch=None, silu_tanh: bool | None = None):
     """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
     columns must be contiguous (stride 1), as Mamba-2's are. prefetch, overlap, z_stage, g_stage, factored,
     early_wv: the kernel's PREFETCH, OVERLAP, Z_STAGE, G_STAGE, FACTORED and EARLY_WV (None:
     configs.GLUON_PREFETCH (where z is given: Mamba-2), configs.GLUON_OVERLAP, configs.GLUON_Z_STAGE, and
     configs.GLUON_G_STAGE, GLUON_FACTORED, GLUON_EARLY_WV by whether beta is given: Mamba-2 or not).
     G_STAGE takes PREFETCH's place. ``operand``: launch_args's (the descriptors' maker); ``launch(grid, args,
-    num_warps)``: the launch (default: the kernel's own; the op's keyed path passes a CachedLaunch's)."""
+    num_warps)``: the launch (default: the kernel's own; the op's keyed path passes a CachedLaunch's).
+    silu_tanh: the kernel's SILU_TANH with Z_STAGE (None: configs.GLUON_SILU_TANH)."""
     from tilecore.ops.linear_attention import configs
 
     flags = variant(g, beta, z, prefetch=prefetch, g_stage=g_stage, factored=factored, early_wv=early_wv,
@@ -751,7 +794,8 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
         z = z.contiguous()
     grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap, z_stage,
                                     operand=operand, g_stage=g_stage, factored=factored, early_wv=early_wv,
-                                    async_update=flags["async_update"])
+                                    async_update=flags["async_update"],
+                                    silu_tanh=configs.GLUON_SILU_TANH if silu_tanh is None else silu_tanh)
     if launch is None:
         la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     else:
@@ -774,7 +818,8 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 
 def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: bool = False,
                    z_stage: bool = False, g_stage: bool = False, factored: bool = False, early_wv: bool = False,
-                   async_update: bool = False, compiled_out: list | None = None) -> dict:
+                   async_update: bool = False, compiled_out: list | None = None, probe: int = 0,
+                   silu_tanh: bool = False) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -788,7 +833,8 @@ def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: 
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
                                     torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0,
                                     stages=stages, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage,
-                                    factored=factored, early_wv=early_wv, async_update=async_update)
+                                    factored=factored, early_wv=early_wv, async_update=async_update, probe=probe,
+                                    silu_tanh=silu_tanh)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)
