@@ -9,10 +9,11 @@ Variants (each a configs.GLUON_FORWARD override on the shipped l_mma + tree defa
                the cubic, 1.7e-3 relative error, under e4m3's half-step): exp2_fma_every -8 / -4 / -2
   c8           the cubic one in 8 (session 29 run 4: 0.98x): the quadratic's baseline
   pp           ping-pong flipped (FA3's warp-scheduler barriers between the two consumers)
-  bn192        key steps of 192 (128 + 64: two K and two V^T blocks a stage, block_n2 = 64), FlashAttention-3's
-               larger FP8 key blocks (it takes 224 at D128): the step's fixed costs (O *= alpha, the row max's quad
-               shuffles, the waits and issue) over 1.5x the keys
-  bn192s2      bn192 with 2 stages (shared memory)
+  bn160        (D64) key steps of 160 (128 + 32: two K and two V^T blocks a stage, block_n2 = 32), FlashAttention-3's
+               FP8 D64 key block: the step's fixed costs (O *= alpha, the row max's quad shuffles, the waits and the
+               issue) over 1.25x the keys. (D128 cannot: 168 registers a thread for 384 threads, the split step spills
+               736-952 bytes there; notes/attention_fp8/README.md)
+  bn160q4      bn160 with q4
 Cases (B16 H16 N4096): d128, d128c (causal), d64 (H16 D64), d64c. Each variant is checked before it is timed: NaN-
 poisoned outputs, two (batch, head) slices of the timed problem against float64 attention of the dequantized inputs
 and the float32 emulation (reference.attention_fp8_emulated at the variant's key step, l of the rounded P); at the
@@ -43,8 +44,8 @@ VARIANTS = {
     "q2": (dict(exp2_fma_every=-2), ("d64",)),
     "c8": (dict(exp2_fma_every=8), ("d128",)),
     "pp": (dict(pingpong="flip"), ("d128",)),
-    "bn192": (dict(block_n2=64), ("d128", "d64", "d128c")),
-    "bn192s2": (dict(block_n2=64, stages=2), ("d128",)),
+    "bn160": (dict(block_n2=32), ("d64",)),
+    "bn160q4": (dict(block_n2=32, exp2_fma_every=-4), ("d64",)),
 }
 CASES = {"d128": (16, 16, 4096, 128, False), "d128c": (16, 16, 4096, 128, True),
          "d64": (16, 16, 4096, 64, False), "d64c": (16, 16, 4096, 64, True)}
@@ -59,7 +60,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--quick", action="store_true", help="(the default: the case and variant lists below)")
-    ap.add_argument("--variants", default="q8,q4,q2,pp", help="comma-separated names of VARIANTS")
+    ap.add_argument("--variants", default="q8,q4,q2,pp,bn160", help="comma-separated names of VARIANTS")
     ap.add_argument("--cases", default="d128,d128c,d64,d64c")
     ap.add_argument("--budget", type=float, default=float(os.environ.get("FP8_BUDGET_S", "85")))
     args = ap.parse_args()
@@ -143,92 +144,119 @@ def main():
                          and rec["no_key_rows_ok"])
         return rec, p
 
-    def quantized(B, Hq, Hkv, N, Nk, D, seed, per="head"):
+    def quantized(B, Hq, Hkv, N, Nk, D, seed, per="head", per_k=None):
         g = torch.Generator(device=dev).manual_seed(seed)
         q = torch.randn(B, Hq, N, D, device=dev, generator=g)
         k = torch.randn(B, Hkv, Nk, D, device=dev, generator=g)
         v = torch.randn(B, Hkv, Nk, D, device=dev, generator=g)
         q8, qs = quantize_fp8(q, per=per)
-        k8, ks = quantize_fp8(k, per=per)
+        k8, ks = quantize_fp8(k, per=per_k or per)
         v8, vs = quantize_fp8(v, per="head")
         vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
         return q8, k8, v8, vt8, qs, ks, vs
 
     # the timed problems: per case the default, bf16, cuDNN, then the variants timed there (each checked first)
     cases = {"smoke": (1, 1, 160, 64, False)} if args.smoke else {c: CASES[c] for c in case_names}
-    for cname, (B, H, N, D, causal) in cases.items():
-        if left() < 12:
-            print(f"{cname}: out of time budget", flush=True)
-            break
-        rec = dict(case=cname, B=B, H=H, N=N, D=D, causal=causal, check={}, ms={})
-        result["cases"].append(rec)
-        try:
-            g = torch.Generator(device=dev).manual_seed(N + D + causal)
-            q, k, v = (torch.randn(B, H, N, D, device=dev, generator=g).to(dt) for _ in range(3))
-            q8, qs = quantize_fp8(q, per="head")
-            k8, ks = quantize_fp8(k, per="head")
-            v8, vs = quantize_fp8(v, per="head")
-            vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
-            flops = 4 * B * H * N * N * D / (2 if causal else 1)
-            sl = [(0, 0), (B - 1, H - 1)]
-            todo = ["default", "bf16", "cudnn"] + [n for n in names if args.smoke or cname in VARIANTS[n][1]]
-            for name in todo:
-                if left() < 8:
-                    print(f"{cname} {name}: out of time budget", flush=True)
-                    break
-                try:
-                    if name == "bf16":
-                        if not args.smoke:
-                            rec["ms"][name] = bench(lambda: tilecore.attention(q, k, v, causal=causal))
-                        continue
-                    if name == "cudnn":
-                        if not args.smoke:
-                            from torch.nn.attention import SDPBackend, sdpa_kernel
+    data_of = {}
 
-                            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                                rec["ms"][name] = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-                                    q, k, v, is_causal=causal))
-                        continue
-                    overrides = {} if name == "default" else VARIANTS[name][0]
-                    rec["check"][name], p = check(overrides, q8, k8, v8, vt8, qs, ks, vs, causal, sl)
-                    if not args.smoke:
-                        rec["ms"][name] = bench(lambda p=p: fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, causal,
-                                                                               D ** -0.5, dt, True))
-                except Exception as e:  # noqa: BLE001 -- report and go on
-                    rec.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
-                    traceback.print_exc()
-                print(cname, name, rec["check"].get(name), rec["ms"].get(name), rec.get("errors", {}).get(name),
-                      flush=True)
-            rec["tflops"] = {n: flops / ms / 1e9 for n, ms in rec["ms"].items()}
-            if "bf16" in rec["ms"]:
-                rec["over_bf16"] = {n: rec["ms"]["bf16"] / ms for n, ms in rec["ms"].items()}
-            if "default" in rec["ms"]:
-                rec["over_default"] = {n: rec["ms"]["default"] / ms for n, ms in rec["ms"].items()}
-        except Exception as e:  # noqa: BLE001
-            rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
-            traceback.print_exc()
-        save()
+    def run_cases(these, first):
+        """Check and time the variants ``these`` in their cases (with ``first``: the default, bf16 and cuDNN too)."""
+        for cname, (B, H, N, D, causal) in cases.items():
+            todo = (["default", "bf16", "cudnn"] if first else []) + [
+                n for n in these if args.smoke or cname in VARIANTS[n][1]]
+            if not todo:
+                continue
+            if left() < 12:
+                print(f"{cname}: out of time budget", flush=True)
+                break
+            rec = next((r for r in result["cases"] if r["case"] == cname), None)
+            if rec is None:
+                rec = dict(case=cname, B=B, H=H, N=N, D=D, causal=causal, check={}, ms={})
+                result["cases"].append(rec)
+            try:
+                if cname not in data_of:
+                    g = torch.Generator(device=dev).manual_seed(N + D + causal)
+                    q, k, v = (torch.randn(B, H, N, D, device=dev, generator=g).to(dt) for _ in range(3))
+                    q8, qs = quantize_fp8(q, per="head")
+                    k8, ks = quantize_fp8(k, per="head")
+                    v8, vs = quantize_fp8(v, per="head")
+                    vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
+                    data_of[cname] = (q, k, v, q8, k8, v8, vt8, qs, ks, vs)
+                q, k, v, q8, k8, v8, vt8, qs, ks, vs = data_of[cname]
+                flops = 4 * B * H * N * N * D / (2 if causal else 1)
+                sl = [(0, 0), (B - 1, H - 1)]
+                for name in todo:
+                    if left() < 8:
+                        print(f"{cname} {name}: out of time budget", flush=True)
+                        break
+                    try:
+                        if name == "bf16":
+                            if not args.smoke:
+                                rec["ms"][name] = bench(lambda: tilecore.attention(q, k, v, causal=causal))
+                            continue
+                        if name == "cudnn":
+                            if not args.smoke:
+                                from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    # tails (GQA, per-block descales, N and Nk not multiples of the blocks), each variant at D128 causal and D64
+                                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                                    rec["ms"][name] = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                                        q, k, v, is_causal=causal))
+                            continue
+                        overrides = {} if name == "default" else VARIANTS[name][0]
+                        rec["check"][name], p = check(overrides, q8, k8, v8, vt8, qs, ks, vs, causal, sl)
+                        if not args.smoke:
+                            rec["ms"][name] = bench(lambda p=p: fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, causal,
+                                                                                   D ** -0.5, dt, True))
+                    except Exception as e:  # noqa: BLE001 -- report and go on
+                        rec.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
+                        traceback.print_exc()
+                    print(cname, name, rec["check"].get(name), rec["ms"].get(name), rec.get("errors", {}).get(name),
+                          flush=True)
+                rec["tflops"] = {n: flops / ms / 1e9 for n, ms in rec["ms"].items()}
+                if "bf16" in rec["ms"]:
+                    rec["over_bf16"] = {n: rec["ms"]["bf16"] / ms for n, ms in rec["ms"].items()}
+                if "default" in rec["ms"]:
+                    rec["over_default"] = {n: rec["ms"]["default"] / ms for n, ms in rec["ms"].items()}
+            except Exception as e:  # noqa: BLE001
+                rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+                traceback.print_exc()
+            save()
+
+    # tails (GQA, per-block descales, N and Nk not multiples of the blocks), each variant at D128 causal and D64; the
+    # split steps (block_n2) at D64 causal and not, with k's descales per head (what they take; q's per block)
     tails = [(1, 2, 1, 40, 70, 64, True)] if args.smoke else [(2, 8, 2, 1000, 1100, 128, True),
                                                                (2, 8, 2, 1000, 1100, 64, False)]
-    for name in names:
-        for shape in tails:
-            if left() < 6:
-                print(f"tail {name}: out of time budget", flush=True)
-                break
-            B, Hq, Hkv, N, Nk, D, causal = shape
-            rec = dict(B=B, Hq=Hq, Hkv=Hkv, N=N, Nk=Nk, D=D, causal=causal, variant=name)
-            try:
-                data = quantized(B, Hq, Hkv, N, Nk, D, N + Nk + D, per="block")
-                c, p = check(VARIANTS[name][0], *data, causal)
-                rec.update(c, path=p.path, config={k: str(v) for k, v in p.config.items()})
-            except Exception as e:  # noqa: BLE001
-                rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                traceback.print_exc()
-            print("tail", json.dumps(rec), flush=True)
-            result["tails"].append(rec)
-            save()
+    split_tails = [(1, 2, 1, 40, 70, 64, True)] if args.smoke else [(2, 8, 2, 1000, 1100, 64, True),
+                                                                     (2, 8, 2, 1000, 1100, 64, False)]
+
+    def run_tails(these):
+        for name in these:
+            split = bool(VARIANTS[name][0].get("block_n2"))
+            for shape in split_tails if split else tails:
+                if left() < 6:
+                    print(f"tail {name}: out of time budget", flush=True)
+                    break
+                B, Hq, Hkv, N, Nk, D, causal = shape
+                rec = dict(B=B, Hq=Hq, Hkv=Hkv, N=N, Nk=Nk, D=D, causal=causal, variant=name,
+                           k_scales="head" if split else "block")
+                try:
+                    data = quantized(B, Hq, Hkv, N, Nk, D, N + Nk + D, per="block", per_k="head" if split else None)
+                    c, p = check(VARIANTS[name][0], *data, causal)
+                    rec.update(c, path=p.path, config={k: str(v) for k, v in p.config.items()})
+                except Exception as e:  # noqa: BLE001
+                    rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    traceback.print_exc()
+                print("tail", json.dumps(rec), flush=True)
+                result["tails"].append(rec)
+                save()
+
+    # the split steps (new kernel code: a fault would end the process) after everything else
+    plain = [n for n in names if not VARIANTS[n][0].get("block_n2")]
+    split_names = [n for n in names if VARIANTS[n][0].get("block_n2")]
+    run_cases(plain, True)
+    run_tails(plain)
+    run_cases(split_names, False)
+    run_tails(split_names)
 
     save()
     print(f"\n{result['device']}  ({time.time() - T0:.0f} s)")

@@ -42,7 +42,7 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides
     # session 30 (the default is l_mma 1 + tree): exp2 one in 8 / 4 / 2 by the quadratic, one in 8 by the cubic
     "q8": dict(exp2_fma_every=-8), "q4": dict(exp2_fma_every=-4), "q2": dict(exp2_fma_every=-2),
     "c8": dict(exp2_fma_every=8), "bn192": dict(block_n2=64), "bn192s2": dict(block_n2=64, stages=2),
-    "bn192q8": dict(block_n2=64, exp2_fma_every=-8),
+    "bn192q8": dict(block_n2=64, exp2_fma_every=-8), "bn160": dict(block_n2=32), "bn160q4": dict(block_n2=32, exp2_fma_every=-4),
 }
 
 

@@ -172,6 +172,13 @@ def to_e4m3x4(x):
 
 
 @gluon.jit
+def to_e4m3x4_pinned(x):
+    """to_e4m3x4 as an asm with side effects: LLVM keeps it where it is written (before the S wgmma issue), instead of
+    sinking it to its use (the P V wgmma), which would keep P's float32 registers live beside S's accumulator."""
+    return gl.inline_asm_elementwise(E4M3X4_PTX, "=r,f,f,f,f", [x], dtype=gl.float8e4nv, is_pure=False, pack=4)
+
+
+@gluon.jit
 def row_max_tree(s):
     """The max of each row of a [m, 128] tile in the wgmma accumulator layout, as a tree: four halvings on the column
     bits that are register bits (64, 32, 16, 8: split_n moves no data), each an elementwise max of independent pairs,
@@ -192,10 +199,10 @@ def row_max_tree(s):
 
 @gluon.jit
 def row_max_tree2(s, s2):
-    """The max of each row of [s | s2], s [m, 128] and s2 [m, 64] in their wgmma accumulator layouts: each halved to
+    """The max of each row of [s | s2], s [m, 128] and s2 [m, 64 or 32] in their wgmma accumulator layouts: each halved to
     8 columns (register bits: no data moves), the two [m, 8] maxed (the same registers in both layouts), then gl.max
     of the 8 (2 a thread and row, then the quad's shuffles): one quad reduction for the 192 columns."""
-    gl.static_assert(s.shape[1] == 128 and s2.shape[1] == 64, "row_max_tree2: 128 + 64 columns")
+    gl.static_assert(s.shape[1] == 128 and (s2.shape[1] == 64 or s2.shape[1] == 32), "row_max_tree2: 128 + 64 or 32")
     a, b = split_n(s)
     x = gl.maximum(a, b)  # [m, 64]
     a, b = split_n(x)
@@ -204,8 +211,10 @@ def row_max_tree2(s, s2):
     x = gl.maximum(a, b)  # [m, 16]
     a, b = split_n(x)
     x = gl.maximum(a, b)  # [m, 8]
-    a, b = split_n(s2)
-    y = gl.maximum(a, b)  # [m, 32]
+    y = s2
+    if s2.shape[1] == 64:
+        a, b = split_n(y)
+        y = gl.maximum(a, b)  # [m, 32]
     a, b = split_n(y)
     y = gl.maximum(a, b)  # [m, 16]
     a, b = split_n(y)
@@ -498,7 +507,10 @@ class AttentionFp8:
         register (to_e4m3x4), in the basic block of the wgmma, so that no byte is unpacked; else p as it is."""
         operand = p
         if self.CAST_LATE:
-            operand = to_e4m3x4(p)
+            if self.BN2 > 0:
+                operand = to_e4m3x4_pinned(p)
+            else:
+                operand = to_e4m3x4(p)
         return operand
 
     @gluon.jit
@@ -534,17 +546,39 @@ class AttentionFp8:
         return t0, t1, t2, t3
 
     @gluon.jit
-    def row_sum_mma64(self, p8):
-        """row_sum_mma of a [BM, 64] P operand (the split step's second block): two 32-key chunks, two wgmma."""
-        gl.static_assert(p8.shape[1] == 64, "row_sum_mma64: 64 keys")
+    def row_sum_split(self, p8, p8b):
+        """L_MMA over a split step: the rows' sums of the e4m3 P operands [BM, 128] and [BM, BN2] by 32-key chunk wgmma
+        against the ones block, as row_sum_mma. BN2 64: six chunks, each from zero. BN2 32: the first block's chunks
+        chained in pairs (the second wgmma adding into the first's accumulator: 64 terms, the FP8 accumulator's narrow
+        sums (row_sum_mma) losing under 2^-13 of a pair's sum) and the second block's one: three accumulators
+        (sm_90a, D64: 40 bytes of spills against 144 with five). Returns six tokens (BN2 32: the first three, then
+        the third again, unused)."""
         ones_t = self.ones.permute((1, 0))  # [32, LC] (L_MMA mode 1)
-        c0, c1 = gl.split(gl.permute(gl.reshape(p8, [self.BM, 2, 32]), (0, 2, 1)))
         zero = gl.zeros([self.BM, self.LC], gl.float32, self.L)
-        t0 = warpgroup_mma(gl.convert_layout(c0, self.PL, assert_trivial=True), ones_t, zero, use_acc=False,
-                           is_async=True)
-        t1 = warpgroup_mma(gl.convert_layout(c1, self.PL, assert_trivial=True), ones_t, zero, use_acc=False,
-                           is_async=True)
-        return t0, t1
+        if self.BN2 == 64:
+            t0, t1, t2, t3 = self.row_sum_mma(p8)
+            d0, d1 = gl.split(gl.permute(gl.reshape(p8b, [self.BM, 2, 32]), (0, 2, 1)))
+            t4 = warpgroup_mma(gl.convert_layout(d0, self.PL, assert_trivial=True), ones_t, zero, use_acc=False,
+                               is_async=True)
+            t5 = warpgroup_mma(gl.convert_layout(d1, self.PL, assert_trivial=True), ones_t, zero, use_acc=False,
+                               is_async=True)
+        else:
+            x = gl.permute(gl.reshape(p8, [self.BM, 2, 2, 32]), (0, 3, 1, 2))
+            lo, hi = gl.split(x)
+            c0, c1 = gl.split(lo)
+            c2, c3 = gl.split(hi)
+            t0 = warpgroup_mma(gl.convert_layout(c0, self.PL, assert_trivial=True), ones_t, zero, use_acc=False,
+                               is_async=True)
+            t0 = warpgroup_mma(gl.convert_layout(c1, self.PL, assert_trivial=True), ones_t, t0, is_async=True)
+            t1 = warpgroup_mma(gl.convert_layout(c2, self.PL, assert_trivial=True), ones_t, zero, use_acc=False,
+                               is_async=True)
+            t1 = warpgroup_mma(gl.convert_layout(c3, self.PL, assert_trivial=True), ones_t, t1, is_async=True)
+            t2 = warpgroup_mma(gl.convert_layout(p8b, self.PL, assert_trivial=True), ones_t, zero, use_acc=False,
+                               is_async=True)
+            t3 = t2
+            t4 = t2
+            t5 = t2
+        return t0, t1, t2, t3, t4, t5
 
     @gluon.jit
     def softmax_split(self, s, s2, st, first_key):
@@ -582,13 +616,16 @@ class AttentionFp8:
                                   is_async=True)
             s2_tok = warpgroup_mma(q, k2_t, gl.zeros([self.BM, self.BN2], gl.float32, self.S2), use_acc=False,
                                    is_async=True)
-            t0, t1, t2, t3 = self.row_sum_mma(p8)
-            t4, t5 = self.row_sum_mma64(p8b)
+            t0, t1, t2, t3, t4, t5 = self.row_sum_split(p8, p8b)
             o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
             o_tok = warpgroup_mma(p8b, v2, o_tok, is_async=True)
             self.their_turn(ctx)
-            s, s2, l0, l1, l2, l3, l4, l5 = warpgroup_mma_wait(2, deps=(s_tok, s2_tok, t0, t1, t2, t3, t4, t5))
-            l_acc = st.l_acc + (((l0 + l1) + (l2 + l3)) + (l4 + l5))
+            if self.BN2 == 64:
+                s, s2, l0, l1, l2, l3, l4, l5 = warpgroup_mma_wait(2, deps=(s_tok, s2_tok, t0, t1, t2, t3, t4, t5))
+                l_acc = st.l_acc + (((l0 + l1) + (l2 + l3)) + (l4 + l5))
+            else:
+                s, s2, l0, l1, l2 = warpgroup_mma_wait(2, deps=(s_tok, s2_tok, t0, t1, t2))
+                l_acc = st.l_acc + ((l0 + l1) + l2)
             m, p32, p32b, alpha = self.softmax_split(s, s2, st, step * self.BNS)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             acc, l_acc = self.rescale(acc, l_acc, alpha, 1)
@@ -596,13 +633,17 @@ class AttentionFp8:
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
             p8 = self.pv_operand(st.p)
             p8b = self.pv_operand(st.p2)
-            t0, t1, t2, t3 = self.row_sum_mma(p8)
-            t4, t5 = self.row_sum_mma64(p8b)
+            t0, t1, t2, t3, t4, t5 = self.row_sum_split(p8, p8b)
             o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
             o_tok = warpgroup_mma(p8b, v2, o_tok, is_async=True)
             self.their_turn(ctx)
-            acc, l0, l1, l2, l3, l4, l5 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3, t4, t5))
-            st = st.replace(acc=acc, l_acc=st.l_acc + (((l0 + l1) + (l2 + l3)) + (l4 + l5)))
+            if self.BN2 == 64:
+                acc, l0, l1, l2, l3, l4, l5 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3, t4, t5))
+                l_sum = ((l0 + l1) + (l2 + l3)) + (l4 + l5)
+            else:
+                acc, l0, l1, l2 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2))
+                l_sum = (l0 + l1) + l2
+            st = st.replace(acc=acc, l_acc=st.l_acc + l_sum)
         else:  # causal: a step past this consumer's keys
             self.their_turn(ctx)
         return st
@@ -767,9 +808,9 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. BN2 > 0: steps of
     BN + BN2 keys, the second blocks by k2_desc [1, 1, BN2, D] and vt2_desc [1, 1, D, BN2] (compute_split)."""
     gl.static_assert(not (RESCALE_LATE and RESCALE_TAU > 0), "RESCALE_LATE or RESCALE_TAU, not both")
-    gl.static_assert(BN2 == 0 or (BN2 == 64 and L_MMA == 1 and MAX_TREE and CAST_LATE and PERMUTED_V and not K_PER_ROW
+    gl.static_assert(BN2 == 0 or ((BN2 == 64 or BN2 == 32) and L_MMA == 1 and MAX_TREE and CAST_LATE and PERMUTED_V and not K_PER_ROW
                                   and not K_PER_BLOCK and RESCALE_TAU == 0 and not RESCALE_LATE and not PROBE_NO_SOFTMAX),
-                     "BN2 (split steps): 64, with L_MMA 1, MAX_TREE, CAST_LATE, PERMUTED_V and per-head or per-row q "
+                     "BN2 (split steps): 64 or 32, with L_MMA 1, MAX_TREE, CAST_LATE, PERMUTED_V and per-head or per-row q "
                      "descales, per-head k descales")
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not PINGPONG), "two or three consumer warpgroups "
                      "(PINGPONG: two)")

@@ -89,12 +89,15 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
     q = q if layout.q_describable else q.contiguous()
     k = k if layout.k_describable else k.contiguous()
     vt = v if v_permuted else keys_permuted(v)  # (B, Hkv, D, keys padded to 32), keys permuted in 32s
-    block_m, block_n = layout.block_m, layout.block_n
-    grid, head_group, schedule = _TILINGS.memo(key, lambda: _tiling(q, k, block_m * layout.consumers, block_n, causal))
+    block_m, block_n, block_n2 = layout.block_m, layout.block_n, layout.block_n2
+    grid, head_group, schedule = _TILINGS.memo(key, lambda: _tiling(q, k, block_m * layout.consumers, block_n + block_n2,
+                                                                      causal))
     args = (TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]), TmaOperand(vt, [1, 1, D, block_n]),
             TmaOperand(out, [1, 1, block_m, D]), lse, qs, ks, vs, H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows,
             k_n, k_rows, B * H, head_group, schedule)
     options = layout.options
+    if block_n2:  # split key steps: the second K and V^T blocks by their own descriptors
+        options = dict(options, k2_desc=TmaOperand(k, [1, 1, block_n2, D]), vt2_desc=TmaOperand(vt, [1, 1, D, block_n2]))
     # launched by the call's signature (its inputs' shapes, strides, dtypes, alignment and the options
     # determine every argument's specialization; vt, out and lse are fresh or the inputs): ~10 us a call
     if key is None:  # (the op's key: its inputs' signature, whose plan is p)
@@ -112,7 +115,7 @@ class _GluonLayout:
     """The Gluon path's settings that a call's launch key fixes (whether q and k are TMA-describable as
     they are, the tiles and the kernel's options): made once per key, each call where there is none."""
 
-    __slots__ = ("q_describable", "k_describable", "block_m", "block_n", "consumers", "options")
+    __slots__ = ("q_describable", "k_describable", "block_m", "block_n", "block_n2", "consumers", "options")
 
     def __init__(self, q, k, cfg, causal, q_per_row, k_per_row, k_n, k_rows):
         self.q_describable, self.k_describable = tma_describable(q), tma_describable(k)
@@ -120,6 +123,8 @@ class _GluonLayout:
         # k's descales per block of block_n keys: one scalar a step (k_block_scalar; else the per-key path)
         k_per_block = k_per_row and k_rows == self.block_n and k_n == -(-k.shape[2] // self.block_n) \
             and cfg.get("k_block_scalar", True)
+        # split key steps (block_n + block_n2 keys, session 30) take k's descales per head only
+        self.block_n2 = 0 if k_per_row else cfg.get("block_n2", 0)
         self.options = dict(
             CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row and not k_per_block, STAGES=cfg["stages"],
             CONSUMERS=self.consumers, Q_BUFFERS=cfg.get("q_buffers", 1), PERMUTED_V=True,
@@ -128,6 +133,8 @@ class _GluonLayout:
             RESCALE_TAU=float(cfg.get("rescale_tau", 0.0)), L_MMA=cfg.get("l_mma", False),
             PROBE_NO_SOFTMAX=int(cfg.get("probe_no_softmax", 0)), MAX_TREE=cfg.get("max_tree", False),
                    RESCALE_LATE=cfg.get("rescale_late", False), num_warps=4)
+        if self.block_n2:
+            self.options["BN2"] = self.block_n2
         check_rescale(self.options["RESCALE_TAU"], self.options["P_SHIFT"])
 
 
