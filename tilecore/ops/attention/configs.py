@@ -196,6 +196,10 @@ GLUON_BACKWARD = {
 # grouped heads (the same walk as D128's) since session 28: gpu_mla --full checked them on the H100
 # (Hq 16 over fewer kv heads, window (256, 0) + softcap 30: dq 1.46x, dk 1.45, dv 1.38 the floor, as the tl
 # backward's), untimed with groups.
+# dq_from "fused" (session 30): dQ in the dK/dV kernel, K^T dS^T by 64-column pieces added to a float32 dQ^T by
+# TMA reductions (five matmuls a block, not seven; sm_90a: 36 B spilled, 202 KB shared in 3 stages, not
+# serialized); the non-causal fwd+bwd ran 0.85-0.88x of the D128 rate with the dq kernel (session 29 run 5:
+# the dq pass recomputes S and dP). Off until a GPU run checks it (experiments/attention/gpu_mla.py --fused)
 GLUON_BACKWARD_DV = {(192, 128): dict(block_m=32, block_n=64, stages=3, dq_from="gluon", qk_pieces=3)}
 GLUON_DQ_DV = {(192, 128): dict(block_m=64, block_n=64, stages=3, qk_pieces=3)}
 GLUON_BACKWARD_DV_ROUTED = True
