@@ -547,7 +547,7 @@ GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
 
 
 def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype: str = "bf16",
-                overlap: bool = False):
+                overlap: bool = False, paired: bool = False):
     """Based's Gluon forward (gluon_based.based_fwd_gluon_kernel) into NaN-filled o and final states (the
     kernel's rows), with or without an initial state, against the float64 recurrence; beside the tl kernel."""
     from tilecore.ops.linear_attention import gluon_based as gb
@@ -559,11 +559,11 @@ def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype
     v = torch.randn(B, N, H, Dv, device=DEV).to(dt)
     h0 = torch.randn(B, H, 1 + gb.DK + gb.DK ** 2, Dv, device=DEV) * 0.1 if with_h0 else None
     scale = gb.DK ** -0.5
-    row = dict(case=name, N=N, fits=gb.fits(q, k, v, None), overlap=overlap)
+    row = dict(case=name, N=N, fits=gb.fits(q, k, v, None), overlap=overlap, paired=paired)
     o = torch.full_like(v, float("nan"))
     xt = torch.full((B, H, gb.FEATURES, Dv), float("nan"), device=DEV)
     x0 = gb.compress(h0) if h0 is not None else None
-    grid, args, warps = gb.launch_args(q, k, v, x0, o, xt, scale, 2, overlap)
+    grid, args, warps = gb.launch_args(q, k, v, x0, o, xt, scale, 2, overlap, paired=paired)
     gb.based_fwd_gluon_kernel[grid](**args, num_warps=warps)
     torch.cuda.synchronize()
     row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(xt).any())
@@ -572,7 +572,7 @@ def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype
                                                 initial_state=None if h0 is None else h0.double())
     row["out_floor"] = round(accuracy.error_over_floor(o.nan_to_num(), ref), 3)
     row["state_rel"] = accuracy.rel_rms(ht.nan_to_num(), ref_state)
-    o2, ht2 = gb.forward(q, k, v, h0, scale, True, overlap=overlap)  # the host path (compress, expand) as the op will call it
+    o2, ht2 = gb.forward(q, k, v, h0, scale, True, overlap=overlap, paired=paired)  # the host path (compress, expand) as the op will call it
     row["forward_matches"] = bool(torch.equal(o2, o)) and accuracy.rel_rms(ht2, ht) < 1e-6
     p = tl_plan(q, v, None, BASED)
     o_tl, ht_tl, _ = launch.forward(p, q, k, v, None, None, None, None, h0, scale, BASED, final_state=True,
@@ -823,7 +823,7 @@ S30_CASES = ("based d16 v64", "mamba2 2.7B shape")
 # name -> the kernel's PROBE bits (gluon_based / gluon_forward PROBE_*), or a dict of launch_args's keywords (a
 # candidate variant: checked against float64 in S30_CHECKS); "default": the shipped kernel
 S30_BASED = {"default": 0, "no_intra": 1, "no_update": 2, "no_store": 4, "no_inter": 8, "no_features": 32,
-             "no_mmas": 1 | 2 | 8 | 32, "loads_only": 1 | 2 | 4 | 8 | 32}
+             "no_mmas": 1 | 2 | 8 | 32, "loads_only": 1 | 2 | 4 | 8 | 32, "paired": dict(paired=True)}
 S30_MAMBA = {"default": 0, "no_intra": 1, "no_update": 2, "no_store": 4, "no_inter": 8, "no_decay_factors": 16,
              "no_epilogue": 32, "no_mmas": 1 | 2 | 8, "loads_only": 1 | 2 | 4 | 8 | 16 | 32, "silu_tanh": dict(silu_tanh=True)}
 S30_TABLES = {"based d16 v64": S30_BASED, "mamba2 2.7B shape": S30_MAMBA}
@@ -833,6 +833,9 @@ S30_CHECKS = {
                                                       *_GSZ, "mild", True, silu_tanh=True),
     "mamba2 silu_tanh N 33": lambda: check_gluon("s30 silu_tanh mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True,
                                                  *_GSZ, "mild", True, silu_tanh=True),
+    "based paired h0 N 1000": lambda: check_based("s30 based paired h0 N 1000", 2, 1000, 4, 64, True, paired=True),
+    "based paired fp16 v128 N 77": lambda: check_based("s30 based paired fp16 v128 N 77", 1, 77, 2, 128, False,
+                                                        "fp16", paired=True),
     "mamba2 default h0 N 1000": lambda: check_gluon("s30 default mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True,
                                                     *_GSZ, "mild", True),
 }
@@ -880,7 +883,10 @@ def s30_warm(workers: int):
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    tasks = [(c, n) for c in S30_CASES for n in S30_TABLES[c]] + [("check", n) for n in S30_CHECKS]
+    # the checks first (they decide the switches), then each case's default and candidates, then the probes
+    tasks = [("check", n) for n in S30_CHECKS]
+    tasks += [(c, n) for c in S30_CASES for n in S30_TABLES[c] if not isinstance(S30_TABLES[c][n], int) or n == "default"]
+    tasks += [(c, n) for c in S30_CASES for n in S30_TABLES[c] if isinstance(S30_TABLES[c][n], int) and n != "default"]
     if SMOKE:  # the interpreter cannot run Gluon: the task list only
         print("s30 warm tasks:", tasks, flush=True)
         return

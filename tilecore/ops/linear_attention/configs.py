@@ -141,6 +141,10 @@ GLUON_BASED_STAGES = 2  # 3 stages do not fit beside its feature buffers (227 Ki
 # its OVERLAP (paired selections, the chunk's wgmmas in flight together): checked in run 9, slower (0.211 ms
 # against 0.200). Off
 GLUON_BASED_OVERLAP = False
+# its PAIRED (session 30, helper HF): OVERLAP's paired selections alone (one N = 64 wgmma a feature piece for
+# both factors, k's selection under q's product: 10 selection wgmmas a chunk instead of 20), the chunk's other
+# wgmmas synchronous. Off until experiments/linear_attention/gpu_forward.py --set s30 checks and times it
+GLUON_BASED_PAIRED = False
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
 # B16 H16 N4096 bf16, Dk = Dv = 128, dQ + dK/dV kernels): no decay 2.36 ms at chunks of 64, one key block

@@ -122,6 +122,8 @@ class BasedForward:
     HAS_H0: gl.constexpr
     STORE_HT: gl.constexpr
     OVERLAP: gl.constexpr  # paired selections (one N = 64 wgmma a piece) and the chunk's wgmmas issued together
+    PAIRED: gl.constexpr  # OVERLAP's paired selections alone (one N = 64 wgmma a piece, k's under q's product);
+    # the chunk's other wgmmas synchronous as without OVERLAP
     PROBE: gl.constexpr  # timing probes only (wrong outputs; 0 in every real launch)
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV)
     STL: gl.constexpr  # [BV, 128] state
@@ -286,7 +288,7 @@ class BasedForward:
         gl.thread_barrier()  # the previous step's wgmmas have read phi_q, phi_k and S
         S_smem.store(walk.S.to(dtype))
         T_smem.store(walk.T.to(dtype))
-        if self.OVERLAP:
+        if self.OVERLAP or self.PAIRED:
             for p in gl.static_range(4):
                 self.features(q, k, self.sel_main.slice(p * 64, 64), phiq.slice(p * 32, 32, dim=1),
                               phik.slice(p * 32, 32, dim=1), 0 if p == 0 else 1)
@@ -367,7 +369,7 @@ class BasedForward:
 def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                            s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, scale, num_tiles,
                            STAGES: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                           OVERLAP: gl.constexpr = False, PROBE: gl.constexpr = 0):
+                           OVERLAP: gl.constexpr = False, PAIRED: gl.constexpr = False, PROBE: gl.constexpr = 0):
     """o (and the final states) of every unit of (batch, head, 64 value columns) under Based's map; a
     persistent grid, two consumer warpgroups (num_warps = 4) and a producer warp."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
@@ -391,7 +393,7 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                       gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
                       gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
                       gl.allocate_shared_memory(dt, [2, BV, 128], wide), gl.allocate_shared_memory(dt, [2, BV, 32], wide),
-                      BT, BV, F, HAS_H0, STORE_HT, OVERLAP, PROBE, SL, STL, TTL, FL, PL)
+                      BT, BV, F, HAS_H0, STORE_HT, OVERLAP, PAIRED, PROBE, SL, STL, TTL, FL, PL)
     stages = BasedChunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES),
                         ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES))
     # a tensor even where the launch specialized num_tiles == 1 to a constant (the template's _Pipeline holds a
@@ -545,7 +547,8 @@ def _head_major(t: torch.Tensor):
     return [B, H, N, D], [t.stride(0), t.stride(2), t.stride(1), t.stride(3)]
 
 
-def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool = False, probe: int = 0):
+def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool = False, probe: int = 0,
+                paired: bool = False):
     """(grid, arguments by name, num_warps) of based_fwd_gluon_kernel; x0, xt: kernel-row states or None;
     overlap: the kernel's OVERLAP."""
     from tilecore.tiles.launch import gluon_descriptor
@@ -566,23 +569,27 @@ def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool
                 N=N, H=H, VB=VB, scale=scale, num_tiles=num_tiles, STAGES=stages, HAS_H0=x0 is not None,
                 STORE_HT=xt is not None,
                 OVERLAP=overlap)
+    if paired and not overlap:  # (absent otherwise: the launches' keys as before)
+        args["PAIRED"] = True
     if probe:  # (timing probes only: the kernel's PROBE)
         args["PROBE"] = probe
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
-def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overlap: bool | None = None):
+def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overlap: bool | None = None,
+            paired: bool | None = None):
     """(o, final state (B, H, 1 + 16 + 256, Dv) float32 or None) by the Gluon kernel (``fits`` must have
     said None). h0: the op-layout initial state or None. overlap: the kernel's OVERLAP (None:
-    configs.GLUON_BASED_OVERLAP)."""
+    configs.GLUON_BASED_OVERLAP). paired: the kernel's PAIRED (None: configs.GLUON_BASED_PAIRED)."""
     from tilecore.ops.linear_attention import configs
 
     overlap = configs.GLUON_BASED_OVERLAP if overlap is None else overlap
+    paired = configs.GLUON_BASED_PAIRED if paired is None else paired
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     x0 = compress(h0) if h0 is not None else None
     xt = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32, device=v.device) if final_state else None
-    grid, args, warps = launch_args(q, k, v, x0, o, xt, scale, stages, overlap)
+    grid, args, warps = launch_args(q, k, v, x0, o, xt, scale, stages, overlap, paired=paired)
     based_fwd_gluon_kernel[grid](**args, num_warps=warps)
     ht = None
     if final_state:
@@ -596,14 +603,15 @@ def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overl
 # compile report (no GPU): compile_report(states) compiles the kernel for sm_90a; TRITON_INTERPRET must be unset
 
 
-def compile_report(states: bool = True, stages: int = 2, overlap: bool = False, probe: int = 0) -> dict:
+def compile_report(states: bool = True, stages: int = 2, overlap: bool = False, probe: int = 0,
+                   paired: bool = False) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     B, N, H, Dv, bf = 2, 4096, 16, 64, torch.bfloat16
     q = torch.empty(B, N, H, DK, dtype=bf)
     v = torch.empty(B, N, H, Dv, dtype=bf)
     x = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32) if states else None
-    grid, args, warps = launch_args(q, q, v, x, torch.empty_like(v), x, 0.25, stages, overlap, probe)
+    grid, args, warps = launch_args(q, q, v, x, torch.empty_like(v), x, 0.25, stages, overlap, probe, paired)
     compiled = compile_kernel(based_fwd_gluon_kernel, args, num_warps=warps)
     r = resources(compiled)
     return dict(case=f"based states={states} stages={stages} overlap={overlap}", spill_bytes=r.spill_stores,
