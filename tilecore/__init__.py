@@ -20,8 +20,8 @@ _EXPORTS = {
     "gemm": "tilecore.ops.gemm",
     "gemm_fp8": "tilecore.ops.gemm",
     "attention": "tilecore.ops.attention",
-    "attention_varlen": "tilecore.ops.attention.varlen",
-    "attention_with_kvcache": "tilecore.ops.attention.kvcache",
+    "attention_varlen": "tilecore.ops.attention_varlen",
+    "attention_with_kvcache": "tilecore.ops.attention_kvcache",
     "attention_fp8": "tilecore.ops.attention_fp8",
     "attention_fp8_rotated": "tilecore.ops.attention_fp8",
     "layer_norm": "tilecore.ops.norm",
@@ -41,7 +41,7 @@ __all__ = list(_EXPORTS)
 
 # the modules whose import registers the torch.ops.tilecore ops (torch.library.custom_op)
 OP_MODULES = ("tilecore.ops.gemm.op", "tilecore.ops.hadamard.op", "tilecore.ops.hadamard.quantize",
-              "tilecore.ops.attention.op", "tilecore.ops.attention.varlen", "tilecore.ops.attention.kvcache",
+              "tilecore.ops.attention.op", "tilecore.ops.attention_varlen.op", "tilecore.ops.attention_kvcache.op",
               "tilecore.ops.attention_fp8.op", "tilecore.ops.norm.op", "tilecore.ops.rotary.op",
               "tilecore.ops.linear_attention.op", "tilecore.ops.fft_conv.op", "tilecore.distributed.op")
 
