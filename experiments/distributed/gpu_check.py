@@ -45,6 +45,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: tilecore, experiments
 
 from tilecore import accuracy  # noqa: E402
+from tilecore.distributed import op as op_module  # noqa: E402
 from tilecore.distributed import ring as ring_module  # noqa: E402
 from tilecore.distributed import context_parallel_attention, zigzag_shard  # noqa: E402
 from tilecore.distributed.ring import (Ring, poison_receive_buffers, ring_backward, ring_for,  # noqa: E402
@@ -263,31 +264,70 @@ MARGINS = (0, "cef")
 
 def timeline_of(fn) -> dict:
     """One call of ``fn`` (after the timed ones: warm) with the ring's parts recorded (ring.TIMELINE):
-    {"total_ms", "parts": [label, stream, start ms from the call's start, ms]}, every rank started
-    together. On the CPU (--dry) the total only."""
-    events = []
+    {"total_ms", "parts": [label, stream, start ms from the call's start, ms], "host": [label, ms of
+    host time from the call's start]} (the host's milestones: ring.HOST_TIMELINE), every rank started
+    together. On the CPU (--dry) the total and the host's milestones only."""
+    events, marks = [], []
     dist.barrier()
     sync()
-    if DEVICE != "cuda":
-        began = time.perf_counter()
-        fn()
-        return {"total_ms": (time.perf_counter() - began) * 1e3, "parts": []}
-    origin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ring_module.record_timeline(events)
+    ring_module.record_host_timeline(marks)
     try:
-        origin.record()
-        fn()
-        end.record()
+        if DEVICE != "cuda":
+            began = time.perf_counter()
+            fn()
+            return {"total_ms": (time.perf_counter() - began) * 1e3, "parts": [],
+                    "host": [[label, (t - began) * 1e3] for label, t in marks]}
+        origin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ring_module.record_timeline(events)
+        try:
+            began = time.perf_counter()
+            origin.record()
+            fn()
+            marks.append(("returned", time.perf_counter()))
+            end.record()
+        finally:
+            ring_module.record_timeline(None)
     finally:
-        ring_module.record_timeline(None)
+        ring_module.record_host_timeline(None)
     end.synchronize()
     sync()
     parts = [[label, stream, origin.elapsed_time(a), a.elapsed_time(b)] for label, a, b, stream in events]
-    return {"total_ms": origin.elapsed_time(end), "parts": parts}
+    return {"total_ms": origin.elapsed_time(end), "parts": parts,
+            "host": [[label, (t - began) * 1e3] for label, t in marks]}
+
+
+def host_ms(fn, reps: int) -> list[float]:
+    """The host's time to queue ``fn`` (ms: its call, nothing synchronized inside), every repetition
+    started together on every rank (a barrier, the GPU idle)."""
+    fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        sync()
+        began = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - began) * 1e3)
+        sync()
+    return times
+
+
+class host_path:
+    """Context: the public call's host path, session 30's (op.FAST_HOST: the gather waited on after
+    step 0, cached checks, the eager autograd Function) or session 29's (``fast`` False)."""
+
+    def __init__(self, fast: bool):
+        self.fast = fast
+
+    def __enter__(self):
+        self.saved = op_module.set_fast_host(self.fast)
+
+    def __exit__(self, *exc):
+        op_module.set_fast_host(self.saved)
 
 
 def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single: bool, a2a: bool,
-              margins=MARGINS, breakdown: bool = True) -> dict:
+              margins=MARGINS, breakdown: bool = True, host_compare: bool = True) -> dict:
     """One (N, causal) case: per sm_margin the ring's forward and backward with their transfers and
     with the compute alone (ComputeOnlyRing: the same steps, nothing sent), and the public call's
     forward + backward; the transfers alone; one GPU at the whole sequence; peak memory."""
@@ -356,15 +396,19 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
                         lambda: fwd(ComputeOnlyRing(group))), "bwd": timeline_of(bwd),
                         "bwd_compute": timeline_of(lambda: bwd(ComputeOnlyRing(group)))}
         del out, lse
-        record("public_fwd_ms", lockstep_ms(
-            lambda: context_parallel_attention(q, k, v, causal=causal, mode="ring"), reps))
+        public = lambda: context_parallel_attention(q, k, v, causal=causal, mode="ring")  # noqa: E731
+        record("public_fwd_ms", lockstep_ms(public, reps))
         if DEVICE == "cuda":
-            record("public_fwd_queued_ms", lockstep_ms(
-                lambda: context_parallel_attention(q, k, v, causal=causal, mode="ring"), reps, ahead_ms=AHEAD_MS))
+            record("public_fwd_queued_ms", lockstep_ms(public, reps, ahead_ms=AHEAD_MS))
+        if host_compare:  # the host's time to queue the public forward: session 30's path and 29's
+            record("public_fwd_host_ms", host_ms(public, reps))
+            with host_path(False):
+                record("public_fwd_old_ms", lockstep_ms(public, reps))
+                record("public_fwd_host_old_ms", host_ms(public, reps))
 
     local = [t.clone().requires_grad_() for t in (q, k, v)]
 
-    def fwd_bwd(mode, margin=None, via="nccl", fused=False):
+    def fwd_bwd(mode, margin=None, via=None, fused=False):
         def run():
             with transport(via, fused):
                 o = context_parallel_attention(*local, causal=causal, mode=mode, sm_margin=margin)
@@ -381,6 +425,15 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
         if DEVICE == "cuda":  # the same with the host's queueing time overlapped (a training step's view)
             record("fwd_bwd_queued_ms", lockstep_ms(fwd_bwd("ring", m, via, fused), reps, ahead_ms=AHEAD_MS), cell)
         cell["peak_extra_gb"] = (peak() - base) / 1e9  # over what was allocated before: activations, buffers
+    if host_compare:  # the defaults' public fwd+bwd with session 29's host path, and one call's host milestones
+        run = fwd_bwd("ring")
+        record("fwd_bwd_host_ms", host_ms(run, reps))
+        row["public_timeline"] = timeline_of(run)
+        with host_path(False):
+            record("fwd_bwd_old_ms", lockstep_ms(run, reps))
+            record("fwd_bwd_host_old_ms", host_ms(run, reps))
+            row["public_timeline_old"] = timeline_of(run)
+        record("fwd_bwd_default_ms", lockstep_ms(run, reps))  # again after: the ranks' drift between the two
     row["peak_extra_gb"] = max(c["peak_extra_gb"] for c in row["margins"].values())
     row["inputs_gb"] = 4 * q.numel() * q.element_size() / 1e9  # q, k, v, dO of this rank
     if a2a and heads % world == 0:
@@ -437,6 +490,9 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
                 cell[f"{p}_hidden_by_waits"] = 1 - min(waits / transfer, 1.0) if transfer > 0 else 1.0
     if single:
         row["speedup_public_fwd"] = row["single_fwd_ms"] / row["public_fwd_ms"]
+        for name in ("fwd_bwd_old_ms", "fwd_bwd_default_ms"):
+            if name in row:
+                row["speedup_" + name.removesuffix("_ms")] = row["single_fwd_bwd_ms"] / row[name]
     flops = 4 * heads * n_total * n_total * d * (0.5 if causal else 1.0)
     row["ring_fwd_tflops_per_gpu"] = flops / world / (row["public_fwd_ms"] * 1e-3) / 1e12
     if single:
@@ -462,8 +518,13 @@ def napkin_predictions(row, heads, d, world) -> dict:
     derivation ("napkin") and with the one-GPU forward rate measured here ("measured_rate");
     predicted over measured."""
     from tilecore.napkin import ring as napkin_ring
+    from tilecore.napkin import validate
 
-    out = {}
+    # the napkin calibrated by this checkout's committed ceilings (a snapshot of tilecore without
+    # benchmarks/ beside it would fall back to the uncalibrated 680 TFLOP/s: session 29's run 9)
+    results_dir = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    gpu = validate.lab_gpu(validate.bench_files(results_dir)) if results_dir.is_dir() else "h100"
+    out = {"calibration": str(results_dir) if results_dir.is_dir() else "none found (680 TFLOP/s)"}
     rates = {"napkin": None}
     if row.get("single_fwd_tflops"):
         rates["measured_rate"] = row["single_fwd_tflops"]
@@ -472,6 +533,7 @@ def napkin_predictions(row, heads, d, world) -> dict:
         margin, via, fused = variant(m)
         for label, rate in rates.items():
             p = napkin_ring.predict(seq=row["N"], heads=heads, d=d, world=world, causal=row["causal"],
+                                    gpu=gpu if rate is None else "h100",
                                     attention_tflops=rate, one_gpu=False, sm_margin=margin,
                                     dq_in_kernel=ring_module.DQ_IN_KERNEL, copy_engine=via == "copy_engine",
                                     one_pass_own_sums=fused)
@@ -552,11 +614,42 @@ def tables(results) -> str:
             f"{fmt(t['ring_bwd_transfer_ms'])}; public fwd (defaults) {fmt(t['public_fwd_ms'])} (queued "
             f"{fmt(t.get('public_fwd_queued_ms'))}); one GPU f+b queued {fmt(t.get('single_fwd_bwd_queued_ms'))}; "
             f"all-to-all f+b {fmt(t.get('a2a_fwd_bwd_ms'))}")
+    lines += host_lines(results)
     lines += breakdown_lines(results)
     latency = fmt(results.get("transfer_latency_us"), ".1f")
     lines.append(f"transfer latency (4 KiB ring hop, lockstep median): {latency} us; GB: a rank's peak over its "
                  "inputs' allocation (fwd+bwd)")
     return "\n".join(lines)
+
+
+def host_lines(results) -> list[str]:
+    """The public call's host path, session 30's (the gather after step 0, cached checks, the eager
+    Function) against session 29's (op.FAST_HOST False), the ring's defaults: lockstep ms and the
+    host's time to queue the call; one call's host milestones (ms from its start) and where its GPU
+    parts started."""
+    lines = ["", "public call, host path new / old (session 29's: op.FAST_HOST off); lockstep ms (x1: over one GPU), "
+             "host: the host's time to queue the call (median):",
+             f"{'N':>7} {'causal':<7}{'fwd':>14}{'fwd host':>14}{'f+b':>14}{'x1 f+b':>12}{'f+b host':>14}"]
+    for t in results["timing"]:
+        if "error" in t or "fwd_bwd_old_ms" not in t:
+            continue
+        pair = lambda a, b: f"{fmt(t.get(a))}/{fmt(t.get(b))}"  # noqa: E731
+        lines.append(f"{t['N']:>7} {'causal' if t['causal'] else 'full':<7}"
+                     f"{pair('public_fwd_ms', 'public_fwd_old_ms'):>14}"
+                     f"{pair('public_fwd_host_ms', 'public_fwd_host_old_ms'):>14}"
+                     f"{pair('fwd_bwd_default_ms', 'fwd_bwd_old_ms'):>14}"
+                     f"{pair('speedup_fwd_bwd_default', 'speedup_fwd_bwd_old'):>12}"
+                     f"{pair('fwd_bwd_host_ms', 'fwd_bwd_host_old_ms'):>14}")
+    for t in results["timing"]:
+        for name in ("public_timeline", "public_timeline_old"):
+            b = t.get(name) if "error" not in t else None
+            if not b:
+                continue
+            host = " | ".join(f"{label} {ms:.2f}" for label, ms in b.get("host", []))
+            gpu = " | ".join(f"{p[0].removeprefix('fwd ').removeprefix('bwd ')}@{p[2]:.2f}" for p in b["parts"][:4])
+            lines.append(f"{t['N']:>7} {'causal' if t['causal'] else 'full':<7}{name.removeprefix('public_'):<13}"
+                         f"total {b['total_ms']:7.2f}; host ms: {host}; GPU starts: {gpu}")
+    return lines
 
 
 def breakdown_lines(results) -> list[str]:
@@ -597,6 +690,8 @@ def main() -> int:
                         help="which correctness cases: all, NCCL's only, or the copy engines' only")
     parser.add_argument("--no-breakdown", action="store_true",
                         help="skip the per-part timeline of one call per margin (ring.TIMELINE)")
+    parser.add_argument("--no-host-compare", action="store_true",
+                        help="skip the public call's host path against session 29's (op.FAST_HOST off)")
     parser.add_argument("--dry", action="store_true",
                         help="CPU tensors on gloo, small sizes (the script's logic, without a GPU)")
     args = parser.parse_args()
@@ -668,7 +763,8 @@ def main() -> int:
             reps = 5 if n_total <= 65536 else 3
             try:
                 row = time_case(n_total, causal, args.heads, args.d, reps, single=not args.no_single, a2a=True,
-                                margins=margins, breakdown=not args.no_breakdown)
+                                margins=margins, breakdown=not args.no_breakdown,
+                                host_compare=not args.no_host_compare)
                 ok = True
             except Exception:  # noqa: BLE001
                 row = {"N": n_total, "causal": causal, "error": traceback.format_exc()}

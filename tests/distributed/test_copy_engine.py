@@ -18,13 +18,26 @@ from tilecore.ops.attention import attention
 
 
 class FakeWorld:
-    """Two ranks' buffers and signal pads (uint32 words: world * channel + rank, as torch's)."""
+    """The ranks' buffers and signal pads (uint32 words: world * channel + rank, as torch's)."""
 
     def __init__(self, nbytes: int, world: int = 2):
         self.buffers = [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(world)]
-        self.pads = [[0] * 64 for _ in range(world)]
         self.cond = threading.Condition()
+        self.pads = [FakePad(self.cond) for _ in range(world)]
         self.log = []  # (rank, what, channel)
+
+
+class FakePad(list):
+    """A rank's signal words; a write (stream_write_value32's stand-in) wakes the waiters."""
+
+    def __init__(self, cond):
+        super().__init__([0] * 128)
+        self.cond = cond
+
+    def write(self, word, value):
+        with self.cond:
+            self[word] = value
+            self.cond.notify_all()
 
 
 class FakeHandle:
@@ -36,6 +49,13 @@ class FakeHandle:
         for s in sizes:
             numel *= s
         return self.w.buffers[rank].view(dtype)[storage_offset:storage_offset + numel].view(sizes)
+
+    def get_signal_pad(self, rank, dtype=None):
+        return self.w.pads[rank]
+
+    @staticmethod
+    def stream_write_value32(pad, offset, value):  # cuStreamWriteValue32's stand-in: a plain write
+        pad.write(offset, value)
 
     def put_signal(self, dst_rank, channel=0, timeout_ms=0):  # CAS 0 -> 1 on dst's word
         word = self.world_size * channel + self.rank
@@ -76,6 +96,10 @@ def run_ranks(fn, world: int = 2):
 
 def test_slots_and_tags():
     assert [copy_engine.slot_of(t) for t in (0, 1, 2, 3)] == [0, 1, 0, 1]
+    # past two ranks: kv0, kv1, sum0, sum1 by the step's parity (tag 2t: a block for step t; 2t+1: a sum)
+    assert [copy_engine.slot_of(t, 4) for t in range(8)] == [0, 2, 1, 3, 0, 2, 1, 3]
+    k32 = torch.empty(1, 3, 10, 8, dtype=torch.bfloat16)
+    assert copy_engine.slot_bytes_for(k32, [10, 9, 9]) == 2 * copy_engine.aligned(3 * 10 * 8 * 4)  # float32 sums
     k = torch.empty(1, 3, 10, 8, dtype=torch.float16)
     assert copy_engine.slot_bytes_for(k, [10, 9]) == 2 * copy_engine.aligned(3 * 10 * 8 * 2)
     world = FakeWorld(2 * copy_engine.slot_bytes_for(k, [10, 9]))
@@ -89,47 +113,94 @@ def test_slots_and_tags():
     assert not copy_engine.available(None, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("causal,n,calls,fused", [(True, 11, 2, True), (False, 8, 1, False)])
-def test_ring_over_copy_engine_threads(causal, n, calls, fused):
-    """(fused: the own dK/dV sums by ring.own_sum's kernel, ring.FUSED_OWN_SUMS)"""
+@pytest.mark.parametrize("world_size,causal,n,calls,fused,pending",
+                         [(2, True, 11, 2, True, True), (2, False, 8, 1, False, False), (4, True, 19, 2, False, True)])
+def test_ring_over_copy_engine_threads(world_size, causal, n, calls, fused, pending, monkeypatch):
+    """(fused: the own dK/dV sums by ring.own_sum's kernel, ring.FUSED_OWN_SUMS; pending: the lengths
+    given as the public call's pending checks, so step 0 is queued first and the first push's FREE
+    wait taken before it (CopyEngineRing.prewait_first); 4 ranks: the double-buffered slots, each
+    block forwarded from the slot it arrived in; torch's CPU kernels: the protocol is what is tested)"""
+    if world_size > 2:
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
     torch.manual_seed(7)
     B, H, Hkv, D = 1, 2, 1, 16
+    P = world_size
     q, k, v, dout = (torch.randn(B, h, n, D) for h in (H, Hkv, Hkv, H))
     whole = [t.clone().requires_grad_() for t in (q, k, v)]
     o1, l1 = attention(*whole, causal=causal, return_lse=True)
     g1 = torch.autograd.grad(o1, whole, dout)
-    shards = [[zigzag_shard(t, 2, rank=r, world_size=2) for t in (q, k, v, dout, o1.detach(), l1.detach(), *g1)]
-              for r in range(2)]
+    shards = [[zigzag_shard(t, 2, rank=r, world_size=P) for t in (q, k, v, dout, o1.detach(), l1.detach(), *g1)]
+              for r in range(P)]
     lengths = [s[0].shape[2] for s in shards]
     slot = copy_engine.slot_bytes_for(k, lengths)
-    world = FakeWorld(2 * slot)
+    world = FakeWorld(copy_engine.slot_count(P) * slot, P)
     scale = D ** -0.5
     ring.poison_receive_buffers()
     was_fused = ring.set_fused_own_sums(fused)
     try:
         def rank_body(r):
             boxes = copy_engine.Mailboxes(None, torch.device("cpu"), slot, FakeHandle(world, r))
-            cer = copy_engine.CopyEngineRing(None, torch.device("cpu"), slot, boxes=boxes)
-            assert ring.transfer_order(None, 0, cer)  # no SM needed: transfers start early
+            assert boxes.own_pad is not None and boxes.next == (r + 1) % P and boxes.prev == (r - 1) % P
             lq, lk, lv, ldo = shards[r][:4]
             outs = []
             for _ in range(calls):  # twice: the second call reuses the slots the first handed back
-                out, lse = ring.ring_forward(lq, lk, lv, None, lengths, causal, scale, ring=cer)
+                cer = copy_engine.CopyEngineRing(None, torch.device("cpu"), slot, boxes=boxes)
+                assert ring.transfer_order(None, 0, cer)  # no SM needed: transfers start early
+                given = (lambda: list(lengths)) if pending else lengths
+                out, lse = ring.ring_forward(lq, lk, lv, None, given, causal, scale, ring=cer)
+                if pending:
+                    assert cer.prewaited is not None and cer.prewaited.used
+                cer = copy_engine.CopyEngineRing(None, torch.device("cpu"), slot, boxes=boxes)
                 grads = ring.ring_backward(ldo, None, lq, lk, lv, out, lse, None, lengths, causal, scale, ring=cer)
                 outs.append((out, lse, *grads))
             return outs
-        results = run_ranks(rank_body)
+        results = run_ranks(rank_body, P)
     finally:
         ring.poison_receive_buffers(False)
         ring.set_fused_own_sums(was_fused)
-    for r in range(2):
+    for r in range(P):
         want = [shards[r][4], shards[r][5], *shards[r][6:]]
         for got in results[r]:
             for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
                 assert torch.isfinite(g).all(), (r, name)
                 torch.testing.assert_close(g, w, atol=5e-5, rtol=5e-5, msg=f"rank {r} {name}")
-    # every slot handed back: each rank's FREE words for both slots set again, no FULL left
-    for r in range(2):
-        peer_word = lambda ch: world.pads[r][2 * ch + (1 - r)]  # noqa: E731
-        assert [peer_word(2 * s + copy_engine.FREE) for s in range(2)] == [1, 1]
-        assert [peer_word(2 * s + copy_engine.FULL) for s in range(2)] == [0, 0]
+    # every slot handed back: each rank's FREE words (from its next rank) set again, no FULL left
+    for r in range(P):
+        word = lambda ch: world.pads[r][P * ch + src]  # noqa: E731
+        src = (r + 1) % P
+        assert [word(2 * s + copy_engine.FREE) for s in range(copy_engine.slot_count(P))] == [1] * \
+            copy_engine.slot_count(P)
+        src = (r - 1) % P
+        assert [word(2 * s + copy_engine.FULL) for s in range(copy_engine.slot_count(P))] == [0] * \
+            copy_engine.slot_count(P)
+
+
+def test_failed_checks_hand_the_prewaited_token_back():
+    """A forward whose pending checks raise (another rank refused) after step 0 and the first push's
+    FREE wait: the token is handed back (the rank's own word rewritten), so the next call's push
+    finds the slot free; nothing was pushed."""
+    torch.manual_seed(3)
+    P, n, D = 2, 6, 8
+    q = torch.randn(1, 1, n, D)
+    slot = copy_engine.slot_bytes_for(q, [n, n])
+    world = FakeWorld(2 * slot, P)
+
+    def refused():
+        raise ValueError("context_parallel_attention: rank(s) [1] of the group refused their inputs")
+
+    def rank_body(r):
+        boxes = copy_engine.Mailboxes(None, torch.device("cpu"), slot, FakeHandle(world, r))
+        cer = copy_engine.CopyEngineRing(None, torch.device("cpu"), slot, boxes=boxes)
+        with pytest.raises(ValueError, match="refused"):
+            ring.ring_forward(q, q, q, None, refused, False, 1.0, ring=cer)
+        assert cer.prewaited is not None and cer.prewaited.used
+        taken = [e for e in world.log if e[0] == r and e[1] == "wait"]
+        assert [e[2] for e in taken] == [2 * 0 + copy_engine.FREE]  # the prewait, and no FULL
+        # the token is back: a full call runs (its first push waits for FREE again)
+        cer = copy_engine.CopyEngineRing(None, torch.device("cpu"), slot, boxes=boxes)
+        return ring.ring_forward(q, q, q, None, [n, n], False, 1.0, ring=cer)
+
+    outs = run_ranks(rank_body, P)
+    assert all(torch.isfinite(o[0]).all() for o in outs)
+    for r in range(P):
+        assert world.pads[r][P * (2 * 0 + copy_engine.FREE) + (r + 1) % P] == 1

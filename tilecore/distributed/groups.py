@@ -64,11 +64,11 @@ def metadata_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
 SPIN_S = 2e-3  # seconds a wait yields in a loop before it naps
 
 
-def wait(work, timeout: float, what: str, doing: str) -> None:
+def wait(work, timeout: float, what: str, doing: str, began: float | None = None) -> None:
     """Wait for ``work`` at most ``timeout`` seconds (polling: gloo's and NCCL's wait() would block
     until the group's own timeout, tens of minutes), then raise TimeoutError saying what was waited
-    for."""
-    began = time.monotonic()
+    for. ``began``: when the wait's clock started (time.monotonic(); default: now)."""
+    began = time.monotonic() if began is None else began
     deadline = began + timeout
     delay = 5e-5
     while not work.is_completed():
@@ -89,9 +89,26 @@ def wait(work, timeout: float, what: str, doing: str) -> None:
     work.wait()  # raises the collective's own error, if it had one
 
 
-def gather_ints(values: list[int], group: dist.ProcessGroup, timeout: float, what: str) -> list[list[int]]:
-    """Every rank's ``values`` (ints, at most META_LEN, the same count on every rank), in rank order,
-    gathered on the CPU within ``timeout`` seconds."""
+class PendingGather:
+    """A metadata gather in flight (start_gather_ints): ``result()`` waits for it (at most ``timeout``
+    seconds from its start, as ``wait`` does) once and returns every rank's values; the host may queue
+    work that needs no other rank's metadata meanwhile (the ring's step 0)."""
+
+    def __init__(self, work, rows, timeout: float, what: str):
+        self.work, self.rows, self.timeout, self.what = work, rows, timeout, what
+        self.began = time.monotonic()
+        self._result = None
+
+    def result(self) -> list[list[int]]:
+        if self._result is None:
+            wait(self.work, self.timeout, self.what, "check its inputs' sizes", began=self.began)
+            self._result = [r[1:1 + int(r[0])].tolist() for r in self.rows]
+        return self._result
+
+
+def start_gather_ints(values: list[int], group: dist.ProcessGroup, timeout: float, what: str) -> PendingGather:
+    """Start gathering every rank's ``values`` (ints, at most META_LEN, the same count on every rank)
+    on the CPU (gloo: its own thread); ``result()`` waits for them, in rank order."""
     if len(values) > META_LEN:
         raise ValueError(f"{what}: at most {META_LEN - 8}-dimensional tensors are taken")
     row = torch.zeros(META_LEN + 1, dtype=torch.int64)
@@ -100,8 +117,13 @@ def gather_ints(values: list[int], group: dist.ProcessGroup, timeout: float, wha
     meta_group = metadata_group(group)
     rows = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
     work = dist.all_gather(rows, row, group=meta_group, async_op=True)
-    wait(work, timeout, what, "check its inputs' sizes")
-    return [r[1:1 + int(r[0])].tolist() for r in rows]
+    return PendingGather(work, rows, timeout, what)
+
+
+def gather_ints(values: list[int], group: dist.ProcessGroup, timeout: float, what: str) -> list[list[int]]:
+    """Every rank's ``values`` (ints, at most META_LEN, the same count on every rank), in rank order,
+    gathered on the CPU within ``timeout`` seconds."""
+    return start_gather_ints(values, group, timeout, what).result()
 
 
 def dtype_code(dtype: torch.dtype) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 import struct
+import time
 from typing import Optional
 
 import torch
@@ -13,7 +14,7 @@ import torch.distributed as dist
 
 from tilecore import dispatch
 from tilecore.distributed import groups, sharding
-from tilecore.distributed.ring import default_sm_margin, ring_backward, ring_forward
+from tilecore.distributed.ring import default_sm_margin, host_mark, ring_backward, ring_forward
 from tilecore.distributed.ulysses import ulysses_backward, ulysses_forward
 from tilecore.ops.attention import op as attention_op
 
@@ -76,6 +77,30 @@ def check_across_ranks(q, k, v, group: dist.ProcessGroup, causal: bool, scale: f
     zigzag split of their sum, heads that all-to-all cannot share out raise on every rank.
     ``refusal``: this rank's own (local_check's) error, raised here after the others have heard of
     it. Returns the ranks' slice lengths."""
+    return start_checks(q, k, v, group, causal, scale, mode, timeout, refusal, sm_margin)()
+
+
+class PendingChecks:
+    """check_across_ranks in flight: the metadata gather started, its checks made when called (once:
+    then every rank's lengths, or the error every rank raises). The ring queues its step 0, which
+    needs no other rank's metadata, before it calls this (ring.ring_forward)."""
+
+    def __init__(self, pending: groups.PendingGather, world: int, mode: str, refusal: Exception | None):
+        self.pending, self.world, self.mode, self.refusal = pending, world, mode, refusal
+        self.lengths = None
+
+    def __call__(self) -> list[int]:
+        if self.lengths is None:
+            host_mark("gather waited on")
+            rows = self.pending.result()
+            host_mark("gather done")
+            self.lengths = _checked(rows, self.world, self.mode, self.refusal)
+        return self.lengths
+
+
+def start_checks(q, k, v, group: dist.ProcessGroup, causal: bool, scale: float, mode: str, timeout: float,
+                 refusal: Exception | None = None, sm_margin: int = 0) -> PendingChecks:
+    """check_across_ranks, started: the gather in flight; calling the result waits for it and checks."""
     world = dist.get_world_size(group)
     if refusal is not None:
         mine = [_REFUSALS.get(type(refusal), 2)] + [0] * (len(_FIELDS) - 1)
@@ -83,7 +108,10 @@ def check_across_ranks(q, k, v, group: dist.ProcessGroup, causal: bool, scale: f
         B, Hq, n, D = q.shape
         mine = [0, B, Hq, k.shape[1], D, n, groups.dtype_code(q.dtype), groups.device_code(q.device), int(causal),
                 MODES.index(mode), _scale_bits(scale), sm_margin]
-    rows = groups.gather_ints(mine, group, timeout, NAME)
+    return PendingChecks(groups.start_gather_ints(mine, group, timeout, NAME), world, mode, refusal)
+
+
+def _checked(rows: list[list[int]], world: int, mode: str, refusal: Exception | None) -> list[int]:
     refused = [r for r, row in enumerate(rows) if row[0]]
     if refusal is not None:
         raise type(refusal)(f"{refusal} (the group's other ranks raise too)") from None
@@ -107,32 +135,77 @@ def check_across_ranks(q, k, v, group: dist.ProcessGroup, causal: bool, scale: f
     return lengths
 
 
+# The public call's host path (session 30): the metadata gather started and waited on after the
+# ring's step 0 is queued, local checks skipped for a signature that passed them, an eager
+# autograd.Function instead of the custom op where nothing is traced. False: session 29's path (the
+# gather waited on before the ring starts, the checks every call, the custom op), for probes to
+# compare (experiments/distributed/gpu_check.py's "old host" figures); results are the same.
+FAST_HOST = True
+
+
+def set_fast_host(on: bool) -> bool:
+    """Probes: FAST_HOST from now on; returns the previous value."""
+    global FAST_HOST
+    previous, FAST_HOST = FAST_HOST, bool(on)
+    return previous
+
+
+# The signatures whose local checks passed (local_check: the attention's checks, the backend), so a
+# call like an earlier one skips them (~35-150 us of host time on this project's hosts); bounded
+_CHECKED: dict = {}
+_CHECKED_MAX = 64
+
+
+def _signature(q, k, v, group_name, causal, scale, mode, timeout, sm_margin):
+    return (group_name, causal, scale, mode, timeout, sm_margin,
+            *((t.shape, t.stride(), t.dtype, t.device) for t in (q, k, v)))
+
+
 # --------------------------------------------------------------------------------------------
 # implementations
 
 
 def _forward_impl(q, k, v, group_name: str, causal: bool, scale: float, mode: str, timeout: float,
                   sm_margin: int = 0):
+    """The forward: local checks (skipped for a signature that passed them before), the metadata
+    gather started, the ring's step 0 queued, then the gather waited on and checked (every rank
+    raises alike), then the rest (ring.ring_forward takes the pending checks); all-to-all waits
+    for the checks first."""
+    host_mark("forward")
     group = groups.resolve(group_name, NAME)
-    try:
-        local_check(q, k, v, group, causal, scale, mode, timeout, sm_margin)
-        refusal = None
-    except (TypeError, ValueError) as err:
-        refusal = err
-    lengths = check_across_ranks(q, k, v, group, causal, scale, mode, timeout, refusal, sm_margin)
+    key = _signature(q, k, v, group_name, causal, scale, mode, timeout, sm_margin)
+    refusal = None
+    if not FAST_HOST or key not in _CHECKED:
+        try:
+            local_check(q, k, v, group, causal, scale, mode, timeout, sm_margin)
+            if len(_CHECKED) >= _CHECKED_MAX:
+                _CHECKED.pop(next(iter(_CHECKED)))
+            _CHECKED[key] = True
+        except (TypeError, ValueError) as err:
+            refusal = err
+    checks = start_checks(q, k, v, group, causal, scale, mode, timeout, refusal, sm_margin)
+    host_mark("gather started")
+    if refusal is not None or mode != "ring" or not FAST_HOST:
+        lengths = checks()
+    else:
+        lengths = checks  # ring_forward calls it after queueing step 0
     with torch.no_grad():
         out, lse = _FORWARD[mode](q, k, v, group, lengths, causal, scale, sm_margin=sm_margin)
-    return out, lse, torch.tensor(lengths, dtype=torch.int64)
+    host_mark("forward queued")
+    return out, lse, torch.tensor(checks(), dtype=torch.int64)
 
 
 def _backward_impl(dout, dlse, q, k, v, out, lse, lengths, group_name: str, causal: bool, scale: float, mode: str,
                    sm_margin: int = 0):
+    host_mark("backward")
     group = groups.resolve(group_name, NAME)
     if dlse is not None:
         dlse = dlse.to(torch.float32)
     with torch.no_grad():
-        return _BACKWARD[mode](dout, dlse, q, k, v, out, lse, group, lengths.tolist(), causal, scale,
-                               sm_margin=sm_margin)
+        grads = _BACKWARD[mode](dout, dlse, q, k, v, out, lse, group, lengths.tolist(), causal, scale,
+                                sm_margin=sm_margin)
+    host_mark("backward queued")
+    return grads
 
 
 @torch.library.custom_op("tilecore::context_parallel_attention_forward", mutates_args=())
@@ -179,6 +252,33 @@ def _backward(ctx, dout, dlse, dlengths):
 
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _ContextParallelFunction(torch.autograd.Function):
+    """Eager calls that record a gradient (dispatch.eager_mode's "autograd"): the custom ops' autograd
+    without their host time (~100 us a custom-op call, forward and backward), and an unused output's
+    gradient None rather than zeros (no zeroed dlse, no dlse pass in each block's backward)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, group_name, causal, scale, mode, timeout, sm_margin):
+        out, lse, lengths = _forward_impl(q, k, v, group_name, causal, scale, mode, timeout, sm_margin)
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(lengths)
+        _setup_context(ctx, (q, k, v, group_name, causal, scale, mode, timeout, sm_margin), (out, lse, lengths))
+        return out, lse, lengths
+
+    @staticmethod
+    def backward(ctx, dout, dlse, dlengths):
+        q, k, v, out, lse, lengths = ctx.saved_tensors
+        if dout is None:  # only lse was used
+            dout = torch.zeros_like(out)
+        if torch.is_grad_enabled():  # create_graph: through the custom op, as the op path records it
+            dq, dk, dv = _backward_op(dout, dlse, q, k, v, out, lse, lengths, ctx.group_name, ctx.causal,
+                                      ctx.scale, ctx.mode, ctx.sm_margin)
+        else:
+            dq, dk, dv = _backward_impl(dout, dlse, q, k, v, out, lse, lengths, ctx.group_name, ctx.causal,
+                                        ctx.scale, ctx.mode, ctx.sm_margin)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
@@ -230,10 +330,16 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                            type(err)(str(err).replace("attention: ", f"{NAME}: ")))
     sm_margin = (default_sm_margin(q.device, dist.get_world_size(group), mode) if sm_margin is None
                  else int(sm_margin))
-    if not dispatch.plain_eager(q, k, v):
-        out, lse, _ = _forward_op(q, k, v, group.group_name, causal, scale, mode, timeout, sm_margin)
-    else:
+    how = dispatch.eager_mode(q, k, v)
+    if how == "autograd" and not FAST_HOST:
+        how = "op"
+    if how == "direct":
         out, lse, _ = _forward_impl(q, k, v, group.group_name, causal, scale, mode, timeout, sm_margin)
+    elif how == "autograd":
+        out, lse, _ = _ContextParallelFunction.apply(q, k, v, group.group_name, causal, scale, mode, timeout,
+                                                     sm_margin)
+    else:
+        out, lse, _ = _forward_op(q, k, v, group.group_name, causal, scale, mode, timeout, sm_margin)
     return (out, lse) if return_lse else out
 
 

@@ -36,6 +36,8 @@ memory, no SM), each transfer started before the attention it hides under, at ma
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -244,6 +246,24 @@ def set_transport(name: str) -> str:
     previous, TRANSPORT = TRANSPORT, name
     return previous
 
+# Probes (experiments/distributed/gpu_check.py): a list that gets (label, time.perf_counter()) at the
+# public call's host milestones (op.py and here: forward entered, gather started, step 0 queued,
+# gather done, transfers started, backward entered and queued); None (the default): nothing.
+HOST_TIMELINE = None
+
+
+def record_host_timeline(into: list | None) -> None:
+    """Probes: record the public call's host milestones into ``into`` (a list), or stop (None)."""
+    global HOST_TIMELINE
+    HOST_TIMELINE = into
+
+
+def host_mark(label: str) -> None:
+    """Probes: the host's time at ``label`` into HOST_TIMELINE where it is a list."""
+    if HOST_TIMELINE is not None:
+        HOST_TIMELINE.append((label, time.perf_counter()))
+
+
 # Probes (experiments/distributed/gpu_check.py --breakdown): a list that gets (label, start event, end
 # event, stream) for each part of a ring call on CUDA (attention steps, merges, waits, sums, copies);
 # None (the default): nothing recorded.
@@ -270,16 +290,21 @@ def probe(label: str, device: torch.device):
 
 
 def ring_for(group, device: torch.device, sm_margin: int, early: bool, k: torch.Tensor | None = None,
-             lengths: list[int] | None = None):
-    """The Ring a call's transfers go through: with TRANSPORT "copy_engine", two CUDA ranks and ``k``
-    and ``lengths`` given (to size the mailboxes), copy_engine.CopyEngineRing; else ``group``'s, or
-    with a margin in the early order on an NCCL group its ranks' group capped at sm_margin CTAs
-    (CAP_TRANSFER_CTAS)."""
+             lengths: list[int] | None = None, prewaited=None):
+    """The Ring a call's transfers go through: with TRANSPORT "copy_engine", CUDA ranks of one host
+    with peer access and ``k`` and ``lengths`` given (to size the mailboxes),
+    copy_engine.CopyEngineRing; else ``group``'s, or with a margin in the early order on an NCCL group
+    its ranks' group capped at sm_margin CTAs (CAP_TRANSFER_CTAS). ``prewaited``: the first push's
+    FREE wait, queued before the metadata gather's result (copy_engine.prewait); handed back where the
+    ring is not the copy engines'."""
     if TRANSPORT == "copy_engine" and k is not None and copy_engine.available(group, device):
         try:
-            return copy_engine.CopyEngineRing(group, device, copy_engine.slot_bytes_for(k, lengths), TIMELINE)
+            return copy_engine.CopyEngineRing(group, device, copy_engine.slot_bytes_for(k, lengths), TIMELINE,
+                                              prewaited=prewaited)
         except (RuntimeError, ValueError, ImportError, AttributeError) as err:  # no symmetric memory here
             copy_engine.unavailable(group, device, err)
+    if prewaited is not None:
+        prewaited.cancel()
     if (CAP_TRANSFER_CTAS and early and sm_margin > 0 and device.type == "cuda"
             and "nccl" in str(dist.get_backend(group))):
         return Ring(groups.transfer_group(group, sm_margin))
@@ -313,40 +338,73 @@ def step_margin(sm_margin: int, early: bool, beside_transfer: bool) -> int:
     return sm_margin if beside_transfer or not early else 0
 
 
-def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float, ring: Ring | None = None,
+def ring_forward(q, k, v, group, lengths, causal: bool, scale: float, ring: Ring | None = None,
                  early: bool | None = None, sm_margin: int = 0):
     """(out in q's dtype, lse float32) of the local queries against the whole sequence's keys.
-    ``ring``: what passes the blocks on (default Ring(group); probes pass one that does not, to time
-    the compute alone); ``sm_margin``: SMs each step's attention leaves free (tilecore.attention's);
-    ``early``: start each transfer before the step's attention (default: transfer_order's)."""
-    ring = ring or ring_for(group, q.device, sm_margin, transfer_order(early, sm_margin), k, lengths)
+    ``lengths``: the ranks' slice lengths, or a callable that gives them (the public call's metadata
+    gather in flight, op.PendingChecks: it raises on every rank where the checks fail): then step 0,
+    which needs only this rank's slice, is queued first and the callable waited on after it, with the
+    first K/V push's FREE wait queued before step 0 where the copy engines' mailboxes are ready
+    (copy_engine.prewait), so the push after the gather still overlaps step 0. ``ring``: what passes
+    the blocks on (default ring_for's; probes pass one that does not, to time the compute alone);
+    ``sm_margin``: SMs each step's attention leaves free (tilecore.attention's); ``early``: start
+    each transfer before the step's attention (default: transfer_order's)."""
+    device = q.device
+    kv = (sendable(k), sendable(v))  # the block this step attends, as it is sent on
+    first = None  # step 0's (out, lse), where queued before the gather's result
+    if callable(lengths):
+        pending, lengths = lengths, None
+        world = ring.world if ring is not None else dist.get_world_size(group)
+        prewaited = None
+        if ring is None and TRANSPORT == "copy_engine" and world > 1:
+            prewaited = copy_engine.prewait(group, device, *kv)
+        elif hasattr(ring, "prewait_first"):  # a copy-engine ring given (tests): the same, on its mailboxes
+            ring.prewait_first(kv)
+        early0 = transfer_order(early, sm_margin, ring if ring is not None else (
+            _NO_SMS if prewaited is not None else None))
+        with probe("fwd step 0 attention", device):
+            first = attention(q, kv[0], kv[1], causal=causal, scale=scale, return_lse=True,
+                              sm_margin=step_margin(sm_margin, early0, world > 1))
+        host_mark("step 0 queued")
+        try:
+            lengths = pending()
+        except BaseException:
+            if prewaited is not None:
+                prewaited.cancel()
+            if hasattr(ring, "close"):
+                ring.close()
+            raise
+        if ring is None:
+            ring = ring_for(group, device, sm_margin, transfer_order(early, sm_margin), k, lengths, prewaited)
+    ring = ring or ring_for(group, device, sm_margin, transfer_order(early, sm_margin), k, lengths)
     early = transfer_order(early, sm_margin, ring)
     rank, world = ring.rank, ring.world
     chunks = sharding.chunk_sizes(sum(lengths), world)
     B, Hkv, _, D = k.shape
-    device = q.device
-    kv = (sendable(k), sendable(v))  # the block this step attends, as it is sent on
     acc_out = acc_lse = None
     for step in range(world):
         src = (rank - step) % world
         more = step + 1 < world
 
         def start():
-            incoming = ring.receive(k, (B, Hkv, lengths[(src - 1) % world], D), tag=step)
-            return incoming, ring.exchange(kv, incoming, tag=step)
+            incoming = ring.receive(k, (B, Hkv, lengths[(src - 1) % world], D), tag=2 * step)
+            return incoming, ring.exchange(kv, incoming, tag=2 * step)
 
-        if more and early:
+        if more and (early or first is not None and step == 0):  # (step 0 queued already: its transfer now)
             incoming, works = start()
+            host_mark(f"transfer {step} started")
         span = step_span(step, src, rank, causal, chunks, lengths)
         out = lse = None
-        if span is not None:
+        if step == 0 and first is not None:
+            out, lse = first
+        elif span is not None:
             rows, keys, step_causal = span
             with probe(f"fwd step {step} attention", device):
                 out, lse = attention(q[:, :, rows], kv[0][:, :, :keys], kv[1][:, :, :keys], causal=step_causal,
                                      scale=scale, return_lse=True, sm_margin=step_margin(sm_margin, early, more))
         if step > 0:  # the block received for this step has been read
-            ring.release(step - 1, kv, POISON)
-        if more and not early:  # after the attention, beside the merge
+            ring.release(2 * (step - 1), kv, POISON)
+        if more and not early and not (first is not None and step == 0):  # after the attention, beside the merge
             incoming, works = start()
         if span is not None:
             if acc_out is None:  # step 0: every local row. Two ranks merge once, into step 0's O in
@@ -360,7 +418,16 @@ def ring_forward(q, k, v, group, lengths: list[int], causal: bool, scale: float,
             with probe(f"fwd wait {step + 1}", device):
                 wait_all(works)
             kv = incoming
+    if hasattr(ring, "close"):  # a prewait no push used (none: the first push takes it)
+        ring.close()
     return acc_out.to(q.dtype), acc_lse
+
+
+class _NoSms:
+    uses_sms = False
+
+
+_NO_SMS = _NoSms()  # transfer_order's stand-in for a copy-engine ring not yet made
 
 
 def own_parts(rank: int, causal: bool, chunks: list[int], lengths: list[int]):
@@ -484,7 +551,8 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
                     block_sum[i][:, :, :keys] = grads[i]
         else:  # the shares of the ranks before, from the previous rank, in float32 from here on
             wait_all(sum_works)
-            block_sum = tuple(t.float() for t in sum_incoming)
+            # a copy (float32 in already: .float() would alias the slot, handed back next)
+            block_sum = tuple(t.to(torch.float32, copy=True) for t in sum_incoming)
             ring.release(2 * step - 1, sum_incoming, POISON)
             for i in range(2 if grads is not None else 0):
                 block_sum[i][:, :, :keys] += grads[i]

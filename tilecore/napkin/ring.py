@@ -28,7 +28,15 @@ from .hardware import GPU, dtype_bytes, get_gpu
 from .interconnect import Link, get_link
 
 BACKWARD_FLOPS = 2.5  # the backward's matmul FLOPs over the forward's (5 products of the 2's size)
-BACKWARD_RATE = 0.87  # cuDNN's backward TFLOP/s over its forward's at D128 (shared/anchors.md: 519 / 596)
+# tilecore's own backward TFLOP/s over its forward's, B1 H32 D128 bf16 on one H100, 32K-64K, causal
+# and not: 0.882-0.917 (session 29's 2-H100 run 9, its one-GPU figures; the ring's own steps 0.89-0.93).
+# Was cuDNN's 0.87 (shared/anchors.md: 519 / 596), which the ring's backward rows carried as +2%
+BACKWARD_RATE = 0.89
+# Host time between a pass's kernels that the GPU waits for (the timeline's "gaps" with nothing sent,
+# session 29 run 9: forward 0.06-0.11 ms over 3-4 launches, backward 0.18-0.37 over 8-10): the first
+# launch of a pass (its host path: the ring's setup, plan lookups) and each later one
+FIRST_LAUNCH_S = 50e-6
+LAUNCH_GAP_S = 20e-6
 
 
 @dataclass(frozen=True)
@@ -39,10 +47,11 @@ class Step:
     elementwise: float  # s: merges, sums, casts (HBM bound)
     transfer: float     # s: what is in flight on the link during the step
     serial: bool = False  # the transfer waits for the attention's SMs
+    launches: float = 0.0  # s: host gaps between the step's kernels (FIRST_LAUNCH_S, LAUNCH_GAP_S)
 
     @property
     def time(self) -> float:
-        busy = self.compute + self.elementwise
+        busy = self.compute + self.elementwise + self.launches
         return busy + self.transfer if self.serial else max(busy, self.transfer)
 
     @property
@@ -162,7 +171,8 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
             one_pass_own_sums: bool = False) -> RingPrediction:
     """The ring's steps on ``world`` GPUs for a sequence of ``seq`` (each rank seq / world, in two
     chunks). ``gpu``: a napkin GPU (calibrated to the measured H100 ceilings of napkin.validate
-    unless ``calibrate`` is False); ``link``: interconnect.LINKS' key or a Link; ``attention_tflops``:
+    unless ``calibrate`` is False; a napkin GPU object is used as given: a probe on another machine
+    passes validate.lab_gpu of its own checkout's ceilings); ``link``: interconnect.LINKS' key or a Link; ``attention_tflops``:
     a measured attention rate to use instead of the napkin's derivation; ``one_gpu``: also predict
     one GPU at the whole sequence; ``kv_views``: K and V come as views (a (B, N, H, D) projection's
     transpose), copied to contiguous buffers before they are sent; ``sm_margin``: SMs the attention
@@ -181,7 +191,7 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
                          f"{sm_margin!r}")
     kv_heads = kv_heads or heads
     g = get_gpu(gpu)
-    if calibrate and attention_tflops is None:
+    if calibrate and attention_tflops is None and isinstance(gpu, str):  # a GPU given is used as it is
         from .validate import lab_gpu  # the committed runs' copy and cuBLAS ceilings
         g = lab_gpu() if g.key == "h100" else g
     lk: Link = get_link(link)
@@ -204,10 +214,11 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
         t = attention_flops(batch, heads, nq, nk, d, pairs) / rate(n, is_causal)
         return t * BACKWARD_FLOPS / BACKWARD_RATE if backward else t
 
-    def step(what, compute, elementwise, transfer):
-        """A step; its attention leaves the margin only beside a transfer (ring.py: a step with
-        nothing in flight takes every SM)."""
-        return Step(what, compute * (slower if transfer > 0 else 1.0), elementwise, transfer, serial)
+    def step(what, compute, elementwise, transfer, kernels=1, first=False):
+        """A step of ``kernels`` launches (the first of its pass: ``first``); its attention leaves the
+        margin only beside a transfer (ring.py: a step with nothing in flight takes every SM)."""
+        gaps = (FIRST_LAUNCH_S if first else 0.0) + LAUNCH_GAP_S * (kernels - (1 if first else 0))
+        return Step(what, compute * (slower if transfer > 0 else 1.0), elementwise, transfer, serial, gaps)
 
     hop = lk.copy_time if copy_engine else lk.time
     fused = one_pass_own_sums and world == 2
@@ -222,13 +233,13 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
     upcast = (0 if in_place else o_elems * n * (q + 4)) / hbm
     merge = o_elems * n * (3 * q if in_place else 8 + q) / hbm
     fwd = [step("own slice" + (" (causal)" if causal else ""), attn(n, n, 0.5 if causal else 1.0, causal),
-                stack + upcast, hop(kv_bytes) if world > 1 else 0.0)]
+                stack + upcast, hop(kv_bytes) if world > 1 else 0.0, first=True)]
     for s in range(1, world):
         last = s == world - 1
         what = "foreign block, half the pairs" if causal else "foreign block"
         cast = (0 if in_place or not last else o_elems * n * (4 + q)) / hbm
         fwd.append(step(what, attn(n, n, 0.5 if causal else 1.0, False), merge + cast,
-                        0.0 if last else hop(kv_bytes)))
+                        0.0 if last else hop(kv_bytes), kernels=2 + (1 if cast else 0)))
 
     # backward: own block's first part, the foreign blocks, own block's second part. A dK/dV sum of
     # one share (the hop after step 1) travels in the dtype, of more in float32
@@ -247,8 +258,9 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
         first = ("own first half of rows", attn(half, n, 1.0, False, True), half, n)
         second = ("own second half of rows", attn(half, n, 1.0, False, True), half, n)
     own_start = 0.0 if fused else kv_elems * n * (q + 4) / hbm   # the own sums: a float32 copy of the first part's
+    # a block's backward: its preprocess (delta) and the kernel; the own parts' copies and adds
     bwd = [step(first[0], first[1], start + first[2] * dq_add + own_start,
-                hop(kv_bytes) if world > 1 else 0.0)]
+                hop(kv_bytes) if world > 1 else 0.0, kernels=3 + (0 if fused else 2), first=True)]
     for s in range(1, world):
         in_flight = (kv_bytes if s < world - 1 else 0.0) + (sum_bytes(s - 1) if s >= 2 else 0.0)
         if s == 1:  # the share sent as the op gave it (causal, the slowest rank's: half the keys, into zeros)
@@ -257,13 +269,13 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
             sums = kv_elems * n * ((q + 4) if s == 2 else 0) / hbm + n * dkv_add
         bwd.append(step("foreign block" + (", half the pairs" if causal else ""),
                         attn(n, n, 0.5 if causal else 1.0, False, True), n * dq_add + sums,
-                        hop(in_flight)))
+                        hop(in_flight), kernels=2 + (2 if s >= 2 else 0)))
     home = (kv_elems * n * (8 + (q if world == 2 else 4)) if world > 1 else 0.0) \
         + o_elems * n * (4 + q) + kv_elems * n * (4 + q)  # the sum home added, casts out
     if fused:  # the three shares read (the last part's over its keys), the dtype written once; dq's cast
         home = kv_elems * (2 * n + second[3]) * q + kv_elems * n * q + o_elems * n * (4 + q)
     bwd.append(step(second[0], second[1], second[2] * dq_add + (0.0 if fused else second[3] * dkv_add) + home / hbm,
-                    hop(sum_bytes(world - 1)) if world > 1 else 0.0))
+                    hop(sum_bytes(world - 1)) if world > 1 else 0.0, kernels=2 + (3 if fused else 7)))
 
     one_fwd = one_bwd = None
     if one_gpu:
