@@ -547,7 +547,7 @@ GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
 
 
 def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype: str = "bf16",
-                overlap: bool = False, paired: bool = False):
+                overlap: bool = False, paired: bool = False, chain: bool = False):
     """Based's Gluon forward (gluon_based.based_fwd_gluon_kernel) into NaN-filled o and final states (the
     kernel's rows), with or without an initial state, against the float64 recurrence; beside the tl kernel."""
     from tilecore.ops.linear_attention import gluon_based as gb
@@ -559,11 +559,11 @@ def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype
     v = torch.randn(B, N, H, Dv, device=DEV).to(dt)
     h0 = torch.randn(B, H, 1 + gb.DK + gb.DK ** 2, Dv, device=DEV) * 0.1 if with_h0 else None
     scale = gb.DK ** -0.5
-    row = dict(case=name, N=N, fits=gb.fits(q, k, v, None), overlap=overlap, paired=paired)
+    row = dict(case=name, N=N, fits=gb.fits(q, k, v, None), overlap=overlap, paired=paired, chain=chain)
     o = torch.full_like(v, float("nan"))
     xt = torch.full((B, H, gb.FEATURES, Dv), float("nan"), device=DEV)
     x0 = gb.compress(h0) if h0 is not None else None
-    grid, args, warps = gb.launch_args(q, k, v, x0, o, xt, scale, 2, overlap, paired=paired)
+    grid, args, warps = gb.launch_args(q, k, v, x0, o, xt, scale, 2, overlap, paired=paired, chain=chain)
     gb.based_fwd_gluon_kernel[grid](**args, num_warps=warps)
     torch.cuda.synchronize()
     row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(xt).any())
@@ -572,7 +572,7 @@ def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype
                                                 initial_state=None if h0 is None else h0.double())
     row["out_floor"] = round(accuracy.error_over_floor(o.nan_to_num(), ref), 3)
     row["state_rel"] = accuracy.rel_rms(ht.nan_to_num(), ref_state)
-    o2, ht2 = gb.forward(q, k, v, h0, scale, True, overlap=overlap, paired=paired)  # the host path (compress, expand) as the op will call it
+    o2, ht2 = gb.forward(q, k, v, h0, scale, True, overlap=overlap, paired=paired, chain=chain)  # the host path (compress, expand) as the op will call it
     row["forward_matches"] = bool(torch.equal(o2, o)) and accuracy.rel_rms(ht2, ht) < 1e-6
     p = tl_plan(q, v, None, BASED)
     o_tl, ht_tl, _ = launch.forward(p, q, k, v, None, None, None, None, h0, scale, BASED, final_state=True,
@@ -822,9 +822,10 @@ def table() -> str:
 S30_CASES = ("based d16 v64", "mamba2 2.7B shape")
 # name -> the kernel's PROBE bits (gluon_based / gluon_forward PROBE_*), or a dict of launch_args's keywords (a
 # candidate variant: checked against float64 in S30_CHECKS); "default": the shipped kernel
-S30_BASED = {"default": 0, "no_intra": 1, "no_update": 2, "no_store": 4, "no_inter": 8, "no_features": 32,
-             "no_mmas": 1 | 2 | 8 | 32, "loads_only": 1 | 2 | 4 | 8 | 32, "paired": dict(paired=True)}
-S30_MAMBA = {"default": 0, "no_intra": 1, "no_update": 2, "no_store": 4, "no_inter": 8, "no_decay_factors": 16,
+S30_BASED = {"default": 0, "no_intra": 1, "no_update": 2, "no_inter": 8, "no_features": 32,
+             "no_mmas": 1 | 2 | 8 | 32, "loads_only": 1 | 2 | 4 | 8 | 32, "paired": dict(paired=True),
+             "chain": dict(chain=True), "paired_chain": dict(paired=True, chain=True)}
+S30_MAMBA = {"default": 0, "no_intra": 1, "no_update": 2, "no_inter": 8, "no_decay_factors": 16,
              "no_epilogue": 32, "no_mmas": 1 | 2 | 8, "loads_only": 1 | 2 | 4 | 8 | 16 | 32, "silu_tanh": dict(silu_tanh=True)}
 S30_TABLES = {"based d16 v64": S30_BASED, "mamba2 2.7B shape": S30_MAMBA}
 # candidate name -> its float64 check (check_gluon / check_based rows: NaN-poisoned o and states, initial states)
@@ -836,6 +837,7 @@ S30_CHECKS = {
     "based paired h0 N 1000": lambda: check_based("s30 based paired h0 N 1000", 2, 1000, 4, 64, True, paired=True),
     "based paired fp16 v128 N 77": lambda: check_based("s30 based paired fp16 v128 N 77", 1, 77, 2, 128, False,
                                                         "fp16", paired=True),
+    "based chain h0 N 1000": lambda: check_based("s30 based chain h0 N 1000", 2, 1000, 4, 64, True, chain=True),
     "mamba2 default h0 N 1000": lambda: check_gluon("s30 default mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True,
                                                     *_GSZ, "mild", True),
 }
@@ -854,11 +856,10 @@ def s30_call(case: str, t: dict, probe):
         grid, args, warps = gb.launch_args(t["q"], t["k"], t["v"], None, o, None, t["scale"], 2, False, probe, **extra)
         return lambda: gb.based_fwd_gluon_kernel[grid](**args, num_warps=warps)
     flags = gf.variant(t["g"], t["beta"], t["z"])  # the shipped flags (G_STAGE, EARLY_WV with beta)
+    flags.update(extra)  # a candidate's flags over them
     G, beta = gf.prepare_decay(t["g"].float(), t["beta"].float(), flags["g_stage"])
     grid, args, warps = gf.launch_args(t["q"], t["k"], t["v"], G, beta, t["d_skip"].float().contiguous(), t["z"],
-                                       None, o, None, 1.0, 2, flags["prefetch"], False, True, g_stage=flags["g_stage"],
-                                       factored=flags["factored"], early_wv=flags["early_wv"],
-                                       async_update=flags["async_update"], probe=probe, **extra)
+                                       None, o, None, 1.0, 2, z_stage=True, probe=probe, **flags)
     return lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
 
 
@@ -998,7 +999,7 @@ def main():
         print("no GPU here", file=sys.stderr)
         return 2
     if args.set == "s30":
-        return main_s30(args.workers)
+        return main_s30(max(args.workers, 15))
     try:
         from experiments.common.meta import meta
         RESULTS["meta"] = meta() if not SMOKE else {"smoke": True}

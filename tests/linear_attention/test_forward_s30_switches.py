@@ -1,5 +1,5 @@
 """Session 30's switches of the Gluon forwards (issue 33), on the CPU: Mamba-2's SILU_TANH (the gate's sigmoid by
-one tanh.approx) and Based's PAIRED (paired selection wgmmas) reach the kernels only where asked (or turned on in
+one tanh.approx) and Based's PAIRED (paired selection wgmmas) and CHAIN (the chunk's wgmmas async) reach the kernels only where asked (or turned on in
 configs), so the shipped launches keep their arguments (and their compiled kernels); the timing probes (PROBE)
 likewise. The kernels themselves run on the GPU only: experiments/linear_attention/gpu_forward.py --set s30
 checks the candidates against float64 there."""
@@ -34,8 +34,7 @@ def based_args(**kw):
 
 def test_the_shipped_launches_pass_no_new_constexpr():
     for args in (mamba_args(), based_args()):
-        assert not {"SILU_TANH", "PAIRED", "PROBE"} & set(args)
-    assert configs.GLUON_SILU_TANH is False and configs.GLUON_BASED_PAIRED is False  # off until a GPU check
+        assert not {"SILU_TANH", "PAIRED", "CHAIN", "PROBE"} & set(args)
 
 
 def test_silu_tanh_only_with_z_through_the_stage():
@@ -44,14 +43,14 @@ def test_silu_tanh_only_with_z_through_the_stage():
 
 
 def test_paired_only_without_overlap_and_probes_by_their_bits():
-    assert based_args(paired=True)["PAIRED"] is True
-    assert "PAIRED" not in based_args(paired=True, overlap=True)  # OVERLAP pairs the selections already
+    assert based_args(paired=True)["PAIRED"] is True and based_args(chain=True)["CHAIN"] is True
+    assert not {"PAIRED", "CHAIN"} & set(based_args(paired=True, chain=True, overlap=True))  # OVERLAP does both
     assert based_args(probe=gluon_based.PROBE_NO_FEATURES.value)["PROBE"] == 32
     assert mamba_args(probe=gluon_forward.PROBE_NO_EPILOGUE.value)["PROBE"] == 32
 
 
 @pytest.mark.parametrize("kernel,names", [(gluon_forward.la_fwd_gluon_kernel, ("SILU_TANH", "PROBE")),
-                                          (gluon_based.based_fwd_gluon_kernel, ("PAIRED", "PROBE"))])
+                                          (gluon_based.based_fwd_gluon_kernel, ("PAIRED", "CHAIN", "PROBE"))])
 def test_the_kernels_default_every_new_constexpr_off(kernel, names):
     params = inspect.signature(kernel.fn).parameters
     for name in names:

@@ -145,6 +145,9 @@ GLUON_BASED_OVERLAP = False
 # both factors, k's selection under q's product: 10 selection wgmmas a chunk instead of 20), the chunk's other
 # wgmmas synchronous. Off until experiments/linear_attention/gpu_forward.py --set s30 checks and times it
 GLUON_BASED_PAIRED = False
+# its CHAIN (session 30, helper HF): OVERLAP's chunk wgmmas alone (o's three and the state update's two issued
+# async, one wait), the selections as without OVERLAP. Off until gpu_forward.py --set s30 checks and times it
+GLUON_BASED_CHAIN = False
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
 # B16 H16 N4096 bf16, Dk = Dv = 128, dQ + dK/dV kernels): no decay 2.36 ms at chunks of 64, one key block

@@ -124,6 +124,8 @@ class BasedForward:
     OVERLAP: gl.constexpr  # paired selections (one N = 64 wgmma a piece) and the chunk's wgmmas issued together
     PAIRED: gl.constexpr  # OVERLAP's paired selections alone (one N = 64 wgmma a piece, k's under q's product);
     # the chunk's other wgmmas synchronous as without OVERLAP
+    CHAIN: gl.constexpr  # OVERLAP's chunk wgmmas alone (o's three and the update's two issued async, one wait);
+    # the selections as without OVERLAP
     PROBE: gl.constexpr  # timing probes only (wrong outputs; 0 in every real launch)
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV)
     STL: gl.constexpr  # [BV, 128] state
@@ -320,7 +322,7 @@ class BasedForward:
 
         # o = phi_q S + P V and S^T <- S^T + V^T phi_k (both feature blocks); OVERLAP: issued together
         zero_o = gl.zeros([self.BT, self.BV], gl.float32, self.SL)
-        if self.OVERLAP:
+        if (self.OVERLAP or self.CHAIN) and self.PROBE == 0:
             o = warpgroup_mma(phiq, S_smem.permute((1, 0)), zero_o, use_acc=False, is_async=True)
             o = warpgroup_mma(phiq_t, T_smem.permute((1, 0)), o, is_async=True)
             o = warpgroup_mma(p, v, o, is_async=True)
@@ -369,7 +371,8 @@ class BasedForward:
 def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                            s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, scale, num_tiles,
                            STAGES: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                           OVERLAP: gl.constexpr = False, PAIRED: gl.constexpr = False, PROBE: gl.constexpr = 0):
+                           OVERLAP: gl.constexpr = False, PAIRED: gl.constexpr = False, CHAIN: gl.constexpr = False,
+                           PROBE: gl.constexpr = 0):
     """o (and the final states) of every unit of (batch, head, 64 value columns) under Based's map; a
     persistent grid, two consumer warpgroups (num_warps = 4) and a producer warp."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
@@ -393,7 +396,7 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                       gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
                       gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
                       gl.allocate_shared_memory(dt, [2, BV, 128], wide), gl.allocate_shared_memory(dt, [2, BV, 32], wide),
-                      BT, BV, F, HAS_H0, STORE_HT, OVERLAP, PAIRED, PROBE, SL, STL, TTL, FL, PL)
+                      BT, BV, F, HAS_H0, STORE_HT, OVERLAP, PAIRED, CHAIN, PROBE, SL, STL, TTL, FL, PL)
     stages = BasedChunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES),
                         ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES))
     # a tensor even where the launch specialized num_tiles == 1 to a constant (the template's _Pipeline holds a
@@ -548,7 +551,7 @@ def _head_major(t: torch.Tensor):
 
 
 def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool = False, probe: int = 0,
-                paired: bool = False):
+                paired: bool = False, chain: bool = False):
     """(grid, arguments by name, num_warps) of based_fwd_gluon_kernel; x0, xt: kernel-row states or None;
     overlap: the kernel's OVERLAP."""
     from tilecore.tiles.launch import gluon_descriptor
@@ -571,25 +574,29 @@ def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool
                 OVERLAP=overlap)
     if paired and not overlap:  # (absent otherwise: the launches' keys as before)
         args["PAIRED"] = True
+    if chain and not overlap:
+        args["CHAIN"] = True
     if probe:  # (timing probes only: the kernel's PROBE)
         args["PROBE"] = probe
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
 def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overlap: bool | None = None,
-            paired: bool | None = None):
+            paired: bool | None = None, chain: bool | None = None):
     """(o, final state (B, H, 1 + 16 + 256, Dv) float32 or None) by the Gluon kernel (``fits`` must have
     said None). h0: the op-layout initial state or None. overlap: the kernel's OVERLAP (None:
-    configs.GLUON_BASED_OVERLAP). paired: the kernel's PAIRED (None: configs.GLUON_BASED_PAIRED)."""
+    configs.GLUON_BASED_OVERLAP). paired, chain: the kernel's PAIRED and CHAIN (None: configs.GLUON_BASED_PAIRED,
+    GLUON_BASED_CHAIN)."""
     from tilecore.ops.linear_attention import configs
 
     overlap = configs.GLUON_BASED_OVERLAP if overlap is None else overlap
     paired = configs.GLUON_BASED_PAIRED if paired is None else paired
+    chain = configs.GLUON_BASED_CHAIN if chain is None else chain
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     x0 = compress(h0) if h0 is not None else None
     xt = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32, device=v.device) if final_state else None
-    grid, args, warps = launch_args(q, k, v, x0, o, xt, scale, stages, overlap, paired=paired)
+    grid, args, warps = launch_args(q, k, v, x0, o, xt, scale, stages, overlap, paired=paired, chain=chain)
     based_fwd_gluon_kernel[grid](**args, num_warps=warps)
     ht = None
     if final_state:
@@ -604,14 +611,14 @@ def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overl
 
 
 def compile_report(states: bool = True, stages: int = 2, overlap: bool = False, probe: int = 0,
-                   paired: bool = False) -> dict:
+                   paired: bool = False, chain: bool = False) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     B, N, H, Dv, bf = 2, 4096, 16, 64, torch.bfloat16
     q = torch.empty(B, N, H, DK, dtype=bf)
     v = torch.empty(B, N, H, Dv, dtype=bf)
     x = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32) if states else None
-    grid, args, warps = launch_args(q, q, v, x, torch.empty_like(v), x, 0.25, stages, overlap, probe, paired)
+    grid, args, warps = launch_args(q, q, v, x, torch.empty_like(v), x, 0.25, stages, overlap, probe, paired, chain)
     compiled = compile_kernel(based_fwd_gluon_kernel, args, num_warps=warps)
     r = resources(compiled)
     return dict(case=f"based states={states} stages={stages} overlap={overlap}", spill_bytes=r.spill_stores,
