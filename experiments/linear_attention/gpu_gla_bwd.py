@@ -49,13 +49,19 @@ try:  # session 30's GLA backward (may be absent in an older snapshot)
 except Exception:  # noqa: BLE001 (absent or broken: its variants are left out, the rest run)
     traceback.print_exc(limit=2)
     kernels_backward_gla = None
+try:
+    from tilecore.ops.linear_attention import kernels_backward_gla_chunked  # noqa: E402
+except Exception:  # noqa: BLE001
+    traceback.print_exc(limit=2)
+    kernels_backward_gla_chunked = None
 
 DEV = "cpu" if SMOKE else "cuda"
 START = time.time()
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 WARM_DEADLINE = 60.0  # the main process stops waiting for workers' compiles + checks here
 TIME_DEADLINE = 84.0  # no timing starts past it
-TIME_EACH = 9.0  # a worker's timing: killed past it
+TIME_EACH = 9.0  # a worker's timing: the next one starts past it
+FINAL_DEADLINE = 88.0  # the fp16 checks (after every timing) end here: workers still running are killed
 
 # (name, tl_plan overrides, backward_plan overrides, path): path "launch" = launch.backward as op.py calls it;
 # "gla" = kernels_backward_gla.backward (the split kernels with the GLA epilogue: no combine pass). Ordered
@@ -65,12 +71,9 @@ TIME_EACH = 9.0  # a worker's timing: killed past it
 VARIANTS = [
     ("shipped", {}, {}, "launch"),
     ("diag5 kb16", dict(diag=5), {}, "launch"),
-    ("diag6 kb16", dict(diag=6), {}, "launch"),
     # the split dK/dV of the scalar decay (BWD_SPLIT[1]'s blocks: dQ key blocks of 64, dK key blocks of 64 x every
     # value column, dV value blocks of 64 x every key channel) with the factored terms, then the combine kernel
     ("split diag5 bt64", dict(diag=5), dict(split=True), "launch"),
-    ("split diag5 bt32", dict(diag=5), dict(split=True, split_BT=32), "launch"),
-    ("split diag6 bt64", dict(diag=6), dict(split=True), "launch"),
     # session 30: the same split kernels with the GLA epilogue (dq, dk, dv stored native, dg's reverse sum in the
     # dK kernel): no combine kernel, no float32 buffers
     ("gla diag5 bt64", dict(diag=5), dict(split=True), "gla"),
@@ -80,12 +83,20 @@ VARIANTS = [
     # 548 / 732 / 144, bt32 w8 352 / 196 / 0, bt32 key blocks of 32 232 / 256 / 108 (255 registers everywhere)
     ("gla diag5 bt32 kb32", dict(diag=5), dict(split=True, split_BT=32, split_BKB=32, dq_BKQ=32), "gla"),
     ("gla diag5 bt32 w8", dict(diag=5), dict(split=True, split_BT=32, split_warps=8, dq_warps=8), "gla"),
+    # the chunk-parallel form (kernels_backward_gla_chunked: states and state gradients per chunk in bf16, then every
+    # chunk at once); its blocks (configs_gla_bwd.CHUNKED overrides) in the backward_plan slot. sm_90a spills (dqk /
+    # dv; the walks none): chunk 64 4 warps 2896 / 380, 8 warps 788 / 0, chunk 32 692 / 4
+    ("chunked bt64 w8", dict(diag=5), dict(dqk_warps=8, dv_warps=8), "chunked"),
+    ("chunked bt32", dict(diag=5), dict(BT=32), "chunked"),
+    ("chunked bt32 w8", dict(diag=5), dict(BT=32, dqk_warps=8, dv_warps=8), "chunked"),
 ]
 if "--variants" in sys.argv:
     wanted = sys.argv[sys.argv.index("--variants") + 1].split(",")
     VARIANTS = [v for v in VARIANTS if v[0] in wanted]
 if kernels_backward_gla is None:
     VARIANTS = [v for v in VARIANTS if v[3] != "gla"]
+if kernels_backward_gla_chunked is None:
+    VARIANTS = [v for v in VARIANTS if v[3] != "chunked"]
 
 # check cases: (name, make's arguments); N 1008 (a multiple of 16: the timed kernels' specialization) ends in a
 # partial chunk of 48 (of 16 at chunk 32)
@@ -137,7 +148,9 @@ def smoke_shape(mk: dict) -> dict:
 
 
 def variant_plans(variant, t):
-    _, plan_over, split_over, _ = variant
+    _, plan_over, split_over, path = variant
+    if path == "chunked":  # its own blocks (run_backward passes them)
+        split_over = {}
     chunk = 64 if plan_over else None  # the shipped plan's chunk is configs' (64 for per-channel decay)
     p = tl_plan(t["q"], t["v"], t["g"], IDENTITY, chunk, **plan_over) if plan_over else plan(t["q"], t["v"], t["g"],
                                                                                             IDENTITY)
@@ -148,7 +161,11 @@ def run_backward(variant, t, ht, out=None):
     """(dq, dk, dv, dg, dh0) of the variant's backward (native gradients, as op.py asks)."""
     p = variant_plans(variant, t)
     scale = t["q"].shape[-1] ** -0.5
-    if variant[3] == "gla":
+    if variant[3] == "chunked":
+        dq, dk, dv, dg, _, dh0 = kernels_backward_gla_chunked.backward(p, t["do"], t["q"], t["k"], t["v"], t["g"],
+                                                                       t["h0"], ht, t["dht"], scale, out=out,
+                                                                       **variant[2])
+    elif variant[3] == "gla":
         dq, dk, dv, dg, _, dh0 = kernels_backward_gla.backward(p, t["do"], t["q"], t["k"], t["v"], t["g"], t["h0"],
                                                                ht, t["dht"], scale, out=out)
     else:
@@ -191,7 +208,7 @@ def reference_case(mk: dict) -> dict:
 def check_variant(variant, case: dict) -> dict:
     t = {k: x.to(DEV) for k, x in case["inputs"].items()}
     ht = case["ht"].to(DEV)
-    out = poisoned(t) if variant[3] == "gla" else None
+    out = poisoned(t) if variant[3] in ("gla", "chunked") else None
     grads = run_backward(variant, t, ht, out)
     if DEV == "cuda":
         torch.cuda.synchronize()
@@ -227,8 +244,6 @@ def worker(name: str, scratch: Path):
     try:
         tiny = make(1, 128, 16, 128, 128)
         run_backward(variant, tiny, tiny["ht"])
-        f16 = make(1, 128, 2, 128, 128, dtype=torch.float16)
-        run_backward(variant, f16, f16["ht"])
         torch.cuda.synchronize()
         res["compiled_s"] = round(elapsed(), 1)
     except Exception as err:  # noqa: BLE001
@@ -238,7 +253,7 @@ def worker(name: str, scratch: Path):
     while not (scratch / "refs.pt").exists() and elapsed() < WARM_DEADLINE:
         time.sleep(0.05)
     cases = torch.load(scratch / "refs.pt")
-    for case_name, _ in CHECKS:
+    for case_name, _ in CHECKS[:2]:  # bf16 (the fp16 case compiles its own kernels: after every variant's timing)
         try:
             res["check"][case_name] = check_variant(variant, cases[case_name])
         except Exception as err:  # noqa: BLE001
@@ -251,6 +266,8 @@ def worker(name: str, scratch: Path):
     (scratch / f"{name}.ready").touch()
     go = scratch / f"{name}.go"
     while not go.exists():
+        if (scratch / "all_timed").exists():  # not timed (past the deadline)
+            return
         time.sleep(0.02)
     try:
         t = make(16, 4096, 16, 128, 128)
@@ -265,7 +282,18 @@ def worker(name: str, scratch: Path):
                                                          keep_linear=False))
     except Exception as err:  # noqa: BLE001
         res["errors"].append(f"time: {type(err).__name__}: {err}"[:400])
+        dump()
+        return
     dump()
+    (scratch / f"{name}.timed").touch()
+    while not (scratch / "all_timed").exists():
+        time.sleep(0.05)
+    for case_name, _ in CHECKS[2:]:
+        try:
+            res["check"][case_name] = check_variant(variant, cases[case_name])
+        except Exception as err:  # noqa: BLE001
+            res["errors"].append(f"check {case_name}: {type(err).__name__}: {err}"[:400])
+        dump()
     (scratch / f"{name}.done").touch()
 
 
@@ -331,16 +359,23 @@ def main():
     while elapsed() < WARM_DEADLINE and any(p.poll() is None and not (scratch / f"{n}.ready").exists()
                                              for n, p in procs.items()):
         time.sleep(0.1)
-    for name, p in procs.items():  # timing one at a time
-        if p.poll() is not None or not (scratch / f"{name}.ready").exists():
+    pending = list(procs)  # timing one at a time, in the listed order as each is ready
+    while pending and elapsed() < TIME_DEADLINE:
+        pending = [n for n in pending if procs[n].poll() is None]
+        name = next((n for n in pending if (scratch / f"{n}.ready").exists()), None)
+        if name is None:
+            time.sleep(0.1)
             continue
-        if elapsed() > TIME_DEADLINE:
-            break
+        pending.remove(name)
+        p = procs[name]
         (scratch / f"{name}.go").touch()
         t0 = time.time()
-        while p.poll() is None and not (scratch / f"{name}.done").exists() and time.time() - t0 < TIME_EACH:
+        while p.poll() is None and not (scratch / f"{name}.timed").exists() and time.time() - t0 < TIME_EACH:
             time.sleep(0.02)
         print(f"timed {name} in {time.time() - t0:.1f} s", flush=True)
+    (scratch / "all_timed").touch()  # the workers' fp16 checks now
+    while elapsed() < FINAL_DEADLINE and any(p.poll() is None for p in procs.values()):
+        time.sleep(0.1)
     rows = []
     for name, p in procs.items():
         if p.poll() is None:
@@ -350,10 +385,11 @@ def main():
         log = (scratch / f"{name}.log").read_text(errors="replace")
         path = scratch / f"{name}.json"
         row = json.loads(path.read_text()) if path.exists() else dict(variant=name, check={}, errors=[])
-        if p.returncode not in (0, None) and not (scratch / f"{name}.done").exists():
+        if not (scratch / f"{name}.done").exists():
             row["errors"].append(f"exit {p.returncode}: {log.strip()[-300:]}")
         rows.append(row)
-        print(name, json.dumps(row, default=str), flush=True)
+        if row["errors"]:
+            print(name, "errors:", row["errors"], flush=True)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "linear_attention_gla_bwd_s30.json").write_text(json.dumps(dict(device=device, rows=rows), indent=1,
                                                                           default=str))

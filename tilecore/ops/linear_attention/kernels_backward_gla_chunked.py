@@ -1,0 +1,332 @@
+"""GLA's backward in the chunk-parallel form (issue 33, session 30): two state walks that do nothing else, then
+every chunk's gradients at once, as flash-linear-attention's chunk_gla structures it (its code not used).
+
+Per-channel log decay g (B, N, H, Dk), phi(x) = x, no beta, q/k heads = v heads. Chunks of BT tokens; G the
+chunk's inclusive cumulative log decay (clamped at the -100 floor, counted from the chunk's start), G_last its
+last row; S_c the state entering chunk c, dS_c the gradient of the state leaving it (dS_{NT-1} = dht).
+
+    states   (B H x value blocks, a forward walk):  HS[c] = S_c;  S <- e^G_last S + (k e^(G_last - G))^T v
+    dstates  (B H x value blocks, a reverse walk):  DHS[c] = dS_c;  dS <- e^G_last dS + scale (q e^G)^T do;
+             dh0 = the last dS
+    dqk      (B H x chunks x key blocks):  a = strict(do v^T);  dq = scale (intra(a, k) + (do S_c^T) e^G);
+             dk = scale intra^T(a, q) + (v dS_c^T) e^(G_last - G);  dG = q dq - k dk (per channel, without
+             the diagonal) -> its reverse cumulative sum within the chunk into DG and its chunk total into TOT;
+             then the diagonal r_t = scale do_t . v_t: dq += r k, dk += r q, stored in the inputs' dtypes
+    dv       (B H x chunks x value blocks):  dv = scale P^T do + (k e^(G_last - G)) dS_c, P the causal
+             intra-chunk scores over every channel, by key blocks of KD
+    dg       (B H x key blocks, a reverse walk over chunks):  dg = DG + the later chunks' totals (+ the final
+             state's sum_v dht * ht), zero where the floor clamped g
+
+The intra-chunk terms take one reference a key block (kernels_tl._channel_dq_factored / _channel_dk_factored, and
+the scores the same way), the sub-chunk form where the block's span of G is too wide (the forward's rule). The
+states are stored in the dot operand dtype (bf16 / fp16: the walk kernels round S to it for their dots anyway),
+(B, H, NT, Dk, Dv) each: 537 MB apiece at B16 H16 N4096 d128 bf16. No walk holds more than its state, so no
+program carries a chunk's temporaries next to a [64, 128] float32 state (the split kernels' spills: 0.2-2.3 KB).
+
+Off until a GPU run checks it (configs_gla_bwd.GLA_BWD_PATH; FLA's issue 640)."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tilecore import dispatch
+from tilecore.ops.linear_attention import configs_gla_bwd
+from tilecore.ops.linear_attention.kernels_tl import (LOG_DECAY_FLOOR, _channel_dk_factored, _channel_dq_factored,
+                                                      _channel_scores_in_registers, _cumulative_channels, _dot,
+                                                      _factor_span, _rows, _store_rows)
+from tilecore.ops.linear_attention.plan import Plan
+
+
+@triton.jit
+def _state_ptrs(base, bh, c, NT, offs_k, offs_v, DK, DV):
+    """[BK, BV] pointers into a (B H, NT, Dk, Dv) contiguous state buffer at chunk c (64-bit offsets)."""
+    row = (bh.to(tl.int64) * NT + c) * DK + offs_k.to(tl.int64)
+    return base + row[:, None] * DV + offs_v[None, :]
+
+
+@triton.jit
+def gla_states_kernel(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
+                      s0b, s0h, s0f, s0v, N, H, DK, DV, NT,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+                      MMA: tl.constexpr, IEEE: tl.constexpr):
+    """Program (batch * head, value block): HS[c] = the state entering chunk c (its BV columns), every chunk.
+    Grid (B * H, cdiv(DV, BV))."""
+    bh = tl.program_id(0)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_t = tl.arange(0, BT)
+    offs_k = tl.arange(0, BK)
+    k_ok = offs_k < DK
+    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    v_ok = offs_v < DV
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        ptrs = H0 + b * s0b + h * s0h + offs_k.to(tl.int64)[:, None] * s0f + offs_v[None, :] * s0v
+        S = tl.load(ptrs, mask=k_ok[:, None] & v_ok[None, :], other=0.0)
+    for c in range(0, NT):
+        t0 = c * BT
+        tl.store(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), S.to(HS.dtype.element_ty),
+                 mask=k_ok[:, None] & v_ok[None, :])
+        k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd).to(tl.float32)  # [BT, BK]
+        v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, BV]
+        Gc, G_last = _cumulative_channels(_rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd)
+                                          .to(tl.float32))
+        S = S * tl.exp(G_last)[:, None] + _dot(tl.trans((k * tl.exp(G_last[None, :] - Gc)).to(MMA)), v.to(MMA), IEEE)
+
+
+@triton.jit
+def gla_dstates_kernel(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod,
+                       stb, sth, stf, stv, s0b, s0h, s0f, s0v, N, H, DK, DV, NT, scale,
+                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
+                       STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
+    """Program (batch * head, value block): DHS[c] = the gradient of the state leaving chunk c, every chunk, by a
+    reverse walk from DHT; DH0 (float32) the initial state's. Grid (B * H, cdiv(DV, BV))."""
+    bh = tl.program_id(0)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_t = tl.arange(0, BT)
+    offs_k = tl.arange(0, BK)
+    k_ok = offs_k < DK
+    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    v_ok = offs_v < DV
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        ptrs = DHT + b * stb + h * sth + offs_k.to(tl.int64)[:, None] * stf + offs_v[None, :] * stv
+        dS = tl.load(ptrs, mask=k_ok[:, None] & v_ok[None, :], other=0.0)
+    for i in range(0, NT):
+        c = NT - 1 - i
+        t0 = c * BT
+        tl.store(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), dS.to(DHS.dtype.element_ty),
+                 mask=k_ok[:, None] & v_ok[None, :])
+        q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd).to(tl.float32)  # [BT, BK]
+        do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)  # [BT, BV]
+        Gc, G_last = _cumulative_channels(_rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd)
+                                          .to(tl.float32))
+        dS = dS * tl.exp(G_last)[:, None] + _dot(tl.trans((q * (tl.exp(Gc) * scale)).to(MMA)), do.to(MMA), IEEE)
+    if STORE_DH0:
+        ptrs = DH0 + b * s0b + h * s0h + offs_k.to(tl.int64)[:, None] * s0f + offs_v[None, :] * s0v
+        tl.store(ptrs, dS, mask=k_ok[:, None] & v_ok[None, :])
+
+
+@triton.jit
+def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
+                   sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
+                   sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
+                   BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
+                   SPLIT: tl.constexpr):
+    """Program (batch * head, chunk, key block of BKB channels): dq, dk (the inputs' dtypes, DQ and DK_OUT (B, N, H,
+    Dk) contiguous), the decay gradient's within-chunk reverse sum DG (B, N, H, Dk) float32 and its chunk total
+    TOT (B H, NT, Dk) float32. Every value column at once (BVF >= Dv). Grid (B * H * NT * KBLOCKS,), key blocks
+    fastest (a chunk's v and do from L2 for the second)."""
+    pid = tl.program_id(0)
+    kblock = pid % KBLOCKS
+    c = (pid // KBLOCKS) % NT
+    bh = pid // (KBLOCKS * NT)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    t0 = c * BT
+    offs_t = tl.arange(0, BT)
+    offs_k = kblock * BKB + tl.arange(0, BKB)
+    k_ok = offs_k < DK
+    offs_v = tl.arange(0, BVF)
+    v_ok = offs_v < DV
+    q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, BKB]
+    k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
+    v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, BVF]
+    do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)
+    Gc, G_last = _cumulative_channels(_rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd)
+                                      .to(tl.float32))
+    # the intra-chunk terms without the diagonal (strictly lower: its factor r comes apart, launch.decay_grad)
+    a = tl.where(offs_t[:, None] > offs_t[None, :], _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE), 0.0)  # [BT, BT]
+    hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :], other=0.0)
+    dq = (_channel_dq_factored(a, k, Gc, MMA, IEEE, SPLIT) + _dot(do.to(MMA), tl.trans(hs), IEEE) * tl.exp(Gc)) * scale
+    dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :], other=0.0)
+    dk = (_channel_dk_factored(a, q, Gc, MMA, IEEE, SPLIT) * scale
+          + _dot(v.to(MMA), tl.trans(dhs), IEEE) * tl.exp(G_last[None, :] - Gc))
+    qf = q.to(tl.float32)
+    kf = k.to(tl.float32)
+    dG = qf * dq - kf * dk  # rows past N: 0 (q, k, do, v loaded as 0)
+    rows = (b * N * H + h) * DK
+    _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, tl.cumsum(dG, 0, reverse=True))
+    tl.store(TOT + (bh.to(tl.int64) * NT + c) * DK + offs_k, tl.sum(dG, 0), mask=k_ok)
+    r = tl.sum(do.to(tl.float32) * v.to(tl.float32), 1) * scale  # the diagonal: token t against itself
+    _store_rows(DQ + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dq + r[:, None] * kf)
+    _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk + r[:, None] * qf)
+
+
+@triton.jit
+def _channel_block_scores(q, k, G, MMA: tl.constexpr, IEEE: tl.constexpr):
+    """One key block's part of the causal intra-chunk scores, sum over its channels d of q_id k_jd e^(G_id - G_jd)
+    (j <= i; not scaled): one dot about the middle of the block's span where it is <= _factor_span, else the
+    sub-chunk form (kernels_tl._channel_chunk's rule, per block). [BT, BT] float32."""
+    BT: tl.constexpr = q.shape[0]
+    qf = q.to(tl.float32)
+    kf = k.to(tl.float32)
+    hi = tl.max(G, 0)
+    lo = tl.min(G, 0)
+    span = tl.max(hi - lo, 0)
+    offs_t = tl.arange(0, BT)
+    if span <= _factor_span(MMA):
+        mid = 0.5 * (hi + lo)
+        s = _dot((qf * tl.exp(G - mid[None, :])).to(MMA), tl.trans((kf * tl.exp(mid[None, :] - G)).to(MMA)), IEEE)
+        p = tl.where(offs_t[:, None] >= offs_t[None, :], s, 0.0)
+    else:
+        p = _channel_scores_in_registers(qf, kf, G, MMA, IEEE)
+    return p
+
+
+@triton.jit
+def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
+                  sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS,
+                  BT: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BV: tl.constexpr, MMA: tl.constexpr,
+                  IEEE: tl.constexpr):
+    """Program (batch * head, chunk, value block): dv (v's dtype, DV_OUT (B, N, H, Dv) contiguous), the key
+    channels by blocks of KD (scores and the state term summed over them). Grid (B * H * NT * VBLOCKS,)."""
+    pid = tl.program_id(0)
+    vblock = pid % VBLOCKS
+    c = (pid // VBLOCKS) % NT
+    bh = pid // (VBLOCKS * NT)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    t0 = c * BT
+    offs_t = tl.arange(0, BT)
+    offs_v = vblock * BV + tl.arange(0, BV)
+    v_ok = offs_v < DV
+    do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)  # [BT, BV]
+    p = tl.zeros([BT, BT], dtype=tl.float32)
+    dv = tl.zeros([BT, BV], dtype=tl.float32)
+    for c0 in tl.static_range(0, BK, KD):
+        offs_k = c0 + tl.arange(0, KD)
+        k_ok = offs_k < DK
+        q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, KD]
+        k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
+        Gc, G_last = _cumulative_channels(_rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd)
+                                          .to(tl.float32))
+        p += _channel_block_scores(q, k, Gc, MMA, IEEE)
+        dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
+                      other=0.0)
+        dv += _dot((k.to(tl.float32) * tl.exp(G_last[None, :] - Gc)).to(MMA), dhs, IEEE)
+    dv += _dot(tl.trans((p * scale).to(MMA)), do.to(MMA), IEEE)
+    _store_rows(DV_OUT + (b * N * H + h) * DV, t0, offs_t, offs_v, v_ok, N, H * DV, 1, dv)
+
+
+@triton.jit
+def gla_dg_kernel(G, DG, TOT, HT, DHT, sgb, sgn, sgh, sgd, sub, suh, suf, suv, stb, sth, stf, stv, N, H, DK, DV, NT,
+                  BT: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr, HAS_HT: tl.constexpr):
+    """Program (batch * head, key block): dg = DG (each chunk's own reverse sum) + the later chunks' totals, from
+    the final state's sum_v DHT * HT, zero where the floor clamped g; in place in DG. Grid (B * H, cdiv(DK, BK))."""
+    bh = tl.program_id(0)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_t = tl.arange(0, BT)
+    offs_k = tl.program_id(1) * BK + tl.arange(0, BK)
+    k_ok = offs_k < DK
+    carry = tl.zeros([BK], dtype=tl.float32)
+    if HAS_HT:
+        offs_v = tl.arange(0, BVF)
+        ok = k_ok[:, None] & (offs_v < DV)[None, :]
+        ht = tl.load(HT + b * sub + h * suh + offs_k.to(tl.int64)[:, None] * suf + offs_v[None, :] * suv, mask=ok,
+                     other=0.0)
+        dht = tl.load(DHT + b * stb + h * sth + offs_k.to(tl.int64)[:, None] * stf + offs_v[None, :] * stv, mask=ok,
+                      other=0.0)
+        carry = tl.sum(ht * dht, 1)
+    rows = (b * N * H + h) * DK
+    for i in range(0, NT):
+        c = NT - 1 - i
+        t0 = c * BT
+        local = _rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1)
+        clamped = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd) < LOG_DECAY_FLOOR
+        _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, tl.where(clamped, 0.0, local + carry[None, :]))
+        carry += tl.load(TOT + (bh.to(tl.int64) * NT + c) * DK + offs_k, mask=k_ok, other=0.0)
+
+
+def _block(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))
+
+
+def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | None = None, **overrides):
+    """(dq, dk, dv, dg, None, dh0), as kernels_backward_gla.backward (the same contract: dq, dk, dv in the inputs'
+    dtypes, dg and dh0 float32; ``out`` buffers to write). ``plan``: a tl plan (its MMA dtype and the
+    interpreter's upcast); blocks from configs_gla_bwd.CHUNKED, ``overrides`` any of its keys."""
+    cfg = dict(configs_gla_bwd.CHUNKED)
+    unknown = set(overrides) - set(cfg)
+    if unknown:
+        raise ValueError(f"gla chunked backward: unknown overrides {sorted(unknown)}; known: {sorted(cfg)}")
+    cfg.update(overrides)
+    mma, ieee, upcast = plan.config["MMA"], plan.config["IEEE"], plan.config["upcast"]
+    B, N, H, Dv = v.shape
+    Dk = q.shape[3]
+    dev, f32 = v.device, torch.float32
+    dtypes = (q.dtype, k.dtype, v.dtype)
+    if upcast:  # the interpreter: bf16 on its float32 upcast, rounded once at the end
+        q, k, v, do = q.float(), k.float(), v.float(), do.float()
+    elif do.dtype != v.dtype and v.dtype != f32:
+        do = do.to(v.dtype)
+    direct = out is not None and not upcast
+    dq = out["dq"] if direct else torch.empty(B, N, H, Dk, dtype=q.dtype, device=dev)
+    dk = out["dk"] if direct else torch.empty(B, N, H, Dk, dtype=k.dtype, device=dev)
+    dv = out["dv"] if direct else torch.empty(B, N, H, Dv, dtype=v.dtype, device=dev)
+    dg = out["dg"] if out is not None else torch.empty(B, N, H, Dk, dtype=f32, device=dev)
+    dh0 = None
+    if h0 is not None:
+        dh0 = out["dh0"] if out is not None else torch.empty(B, H, Dk, Dv, dtype=f32, device=dev)
+    for t, shape in ((dq, (B, N, H, Dk)), (dk, (B, N, H, Dk)), (dv, (B, N, H, Dv)), (dg, (B, N, H, Dk))):
+        if tuple(t.shape) != shape or not t.is_contiguous():
+            raise ValueError(f"gla chunked backward: output buffers must be contiguous {shape}, got {tuple(t.shape)}")
+    if dg.dtype != f32 or (dh0 is not None and dh0.dtype != f32):
+        raise ValueError("gla chunked backward: dg and dh0 are float32")
+    BT = cfg["BT"]
+    NT = -(-N // BT)
+    has_dht = dht is not None
+    has_ht = has_dht and ht is not None
+    if B * H > 0 and N > 0:
+        BK, BVF = _block(Dk), _block(Dv)
+        state_dtype = torch.float32 if mma == tl.float32 else q.dtype  # the dots' operand dtype
+        hs = torch.empty(B, H, NT, Dk, Dv, dtype=state_dtype, device=dev)
+        dhs = torch.empty_like(hs)
+        tot = torch.empty(B, H, NT, Dk, dtype=f32, device=dev)
+        BV = min(BVF, cfg["BV"])
+        vblocks = -(-Dv // BV)
+        BKB = min(BK, cfg["BKB"])
+        kblocks = -(-Dk // BKB)
+        KD = min(BK, cfg["KD"])
+        z4 = (0, 0, 0, 0)
+        g_strides = g.stride()
+        with dispatch.on_device(dev):
+            gla_states_kernel[(B * H, vblocks)](
+                k, v, g, h0 if h0 is not None else hs, hs, *k.stride(), *v.stride(), *g_strides,
+                *(h0.stride() if h0 is not None else z4), N, H, Dk, Dv, NT,
+                BT=BT, BK=BK, BV=BV, HAS_H0=h0 is not None, MMA=mma, IEEE=ieee,
+                num_warps=cfg["walk_warps"], num_stages=cfg["walk_stages"])
+            gla_dstates_kernel[(B * H, vblocks)](
+                q, g, do, dht if has_dht else dhs, dh0 if dh0 is not None else dhs, dhs, *q.stride(), *g_strides,
+                *do.stride(), *(dht.stride() if has_dht else z4), *(dh0.stride() if dh0 is not None else z4),
+                N, H, Dk, Dv, NT, scale,
+                BT=BT, BK=BK, BV=BV, HAS_DHT=has_dht, STORE_DH0=dh0 is not None, MMA=mma, IEEE=ieee,
+                num_warps=cfg["walk_warps"], num_stages=cfg["walk_stages"])
+            gla_dqk_kernel[(B * H * NT * kblocks,)](
+                q, k, v, g, do, hs, dhs, dq, dk, dg, tot, *q.stride(), *k.stride(), *v.stride(), *g_strides,
+                *do.stride(), N, H, Dk, Dv, NT, scale, kblocks,
+                BT=BT, BKB=BKB, BVF=BVF, MMA=mma, IEEE=ieee, SPLIT=cfg["split"],
+                num_warps=cfg["dqk_warps"], num_stages=cfg["stages"])
+            gla_dv_kernel[(B * H * NT * vblocks,)](
+                q, k, g, do, dhs, dv, *q.stride(), *k.stride(), *g_strides, *do.stride(), N, H, Dk, Dv, NT, scale,
+                vblocks, BT=BT, BK=BK, KD=KD, BV=BV, MMA=mma, IEEE=ieee,
+                num_warps=cfg["dv_warps"], num_stages=cfg["stages"])
+            bk_dg = min(BK, cfg["BK_DG"])
+            gla_dg_kernel[(B * H, -(-Dk // bk_dg))](
+                g, dg, tot, ht if has_ht else dg, dht if has_ht else dg, *g_strides,
+                *(ht.stride() if has_ht else z4), *(dht.stride() if has_ht else z4), N, H, Dk, Dv, NT,
+                BT=BT, BK=bk_dg, BVF=BVF, HAS_HT=has_ht, num_warps=4)
+    elif N == 0:
+        dg.zero_()
+        if dh0 is not None:
+            dh0.copy_(dht if has_dht else torch.zeros_like(dh0))
+    if not direct:
+        dq, dk, dv = dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])
+        if out is not None:
+            for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
+                out[name].copy_(t)
+            dq, dk, dv = out["dq"], out["dk"], out["dv"]
+    return dq, dk, dv, dg, None, dh0
