@@ -826,7 +826,9 @@ S30_BASED = {"default": 0, "no_intra": 1, "no_update": 2, "no_inter": 8, "no_fea
              "no_mmas": 1 | 2 | 8 | 32, "loads_only": 1 | 2 | 4 | 8 | 32, "paired": dict(paired=True),
              "chain": dict(chain=True), "paired_chain": dict(paired=True, chain=True)}
 S30_MAMBA = {"default": 0, "no_intra": 1, "no_update": 2, "no_inter": 8, "no_decay_factors": 16,
-             "no_epilogue": 32, "no_mmas": 1 | 2 | 8, "loads_only": 1 | 2 | 4 | 8 | 16 | 32, "silu_tanh": dict(silu_tanh=True)}
+             "no_epilogue": 32, "no_mmas": 1 | 2 | 8, "loads_only": 1 | 2 | 4 | 8 | 16 | 32, "silu_tanh": dict(silu_tanh=True),
+             "silu_tanh_factored": dict(silu_tanh=True, factored=True),
+             "silu_tanh_async": dict(silu_tanh=True, async_update=True)}
 S30_TABLES = {"based d16 v64": S30_BASED, "mamba2 2.7B shape": S30_MAMBA}
 # candidate name -> its float64 check (check_gluon / check_based rows: NaN-poisoned o and states, initial states)
 S30_CHECKS = {
