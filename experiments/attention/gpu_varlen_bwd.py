@@ -605,6 +605,53 @@ def run_kernels(h=16, d=128):
                                        config=cfg))}))()
 
 
+def run_layout(h=16, d=128):
+    """--layout (session 30): where the varlen backward's 0.87-0.89x of the fixed path on the same uniform 16 x 4096
+    causal tiles comes from, in one run (do_bench medians, ms): the fixed backward (dQ fused, its default at N 4096,
+    and split) on contiguous (B, H, N, D) tensors and on the packed (B N, H, D) layout's views (what varlen's TMA
+    boxes read: rows H D apart), and the varlen backward split (default) / fused, with tiles drawn from a counter
+    (default) or round-robin."""
+    from tilecore.ops.attention import launch, plan
+
+    dev = _device()
+    n, b = (32, 2) if SMOKE else (4096, 16)
+    hh, dd = (2, 16) if SMOKE else (h, d)
+    dtype = torch.float16 if SMOKE else torch.bfloat16
+    scale = dd ** -0.5
+    lengths = [n] * b
+    cu = cu_of(lengths, dev)
+    q, k, v = (torch.randn(b * n, hh, dd, dtype=dtype, device=dev) for _ in range(3))
+    out, lse = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
+    dout = torch.randn_like(out)
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+    row = {"case": f"layout: uniform {b} x {n} H{hh} D{dd} causal backward (ms)"}
+    RESULTS["time"].append(row)
+    packed = [t.view(b, n, hh, dd).transpose(1, 2) for t in (q, k, v, out, dout)]  # (B, H, N, D) views, no copy
+    dense = [t.contiguous() for t in packed]
+    lse_f = lse.view(hh, b, n).transpose(0, 1).contiguous()  # (B, H, N)
+    for layout_name, (qf, kf, vf, of, df) in (("contiguous", dense), ("packed views", packed)):
+        gf = [torch.empty_like(t) for t in (qf, kf, vf)]
+        for mode in ("fused", "gluon"):
+            if over_budget(f"layout fixed {layout_name} {mode}", 5.0) or SMOKE:
+                continue
+            base = plan.plan_backward(df, qf, kf, vf, True, scale, path="gluon")
+            p = plan.plan_backward(df, qf, kf, vf, True, scale, path="gluon", config=dict(base.config, dq_from=mode))
+            guarded(f"layout fixed {layout_name} {mode}")(lambda p=p, qf=qf, kf=kf, vf=vf, of=of, df=df, gf=gf, key=(
+                f"fixed_{layout_name.replace(' ', '_')}_{'split' if mode == 'gluon' else mode}_ms"): row.__setitem__(
+                key, bench(lambda: launch.backward(p, df, qf, kf, vf, of, lse_f, None, *gf, True, scale))))()
+    for name, changes in (("split", {}), ("split_round_robin", dict(drawn=False)), ("fused", dict(dq_from="fused")),
+                          ("fused_round_robin", dict(dq_from="fused", drawn=False))):
+        if over_budget(f"layout varlen {name}", 5.0):
+            continue
+        cfg = variant(dd, True, **changes)
+        guarded(f"layout varlen {name}")(lambda name=name, cfg=cfg: row.__setitem__(f"varlen_{name}_ms", bench(
+            lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1, -1, 0.0, grads=grads,
+                                   config=cfg))))()
+    if "fixed_contiguous_fused_ms" in row:
+        for key in [k for k in row if k.endswith("_ms")]:
+            row[key.replace("_ms", "_over_fixed_fused")] = row[key] / row["fixed_contiguous_fused_ms"]
+
+
 def table():
     lines = ["", "== check =="]
     for r in RESULTS["check"]:
@@ -666,6 +713,9 @@ def main():
     parser.add_argument("--probe", choices=("fused", "split"), help="(internal) the first check on one path")
     parser.add_argument("--kernels", action="store_true",
                         help="only the per-kernel GPU times (torch.profiler) of the fixed and varlen backward, <= 60 s")
+    parser.add_argument("--layout", action="store_true",
+                        help="only the fixed backward on contiguous vs packed-layout views and the varlen backward's "
+                             "dQ modes and tile order on the same uniform tiles (session 30), <= 60 s")
     parser.add_argument("--zero-tail", action="store_true",
                         help="only zero_tail 'checked' (ZERO_TAIL 2): its checks and its cost, <= 90 s")
     parser.add_argument("--matched", action="store_true",
@@ -679,6 +729,14 @@ def main():
         guarded("kernels")(run_kernels)()
         text = table()
         with open(os.path.join(out_dir, "gpu_varlen_bwd_kernels.json"), "w") as f:
+            json.dump({"meta": _meta(), **RESULTS, "elapsed_s": time.time() - START[0]}, f, indent=1, default=str)
+        print(text)
+        print(f"elapsed {time.time() - START[0]:.1f} s")
+        return
+    if args.layout:
+        guarded("layout")(run_layout)()
+        text = table()
+        with open(os.path.join(out_dir, "gpu_varlen_bwd_layout.json"), "w") as f:
             json.dump({"meta": _meta(), **RESULTS, "elapsed_s": time.time() - START[0]}, f, indent=1, default=str)
         print(text)
         print(f"elapsed {time.time() - START[0]:.1f} s")

@@ -487,7 +487,8 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
             packed_operand(dout, block_m), packed_operand(dk, block_n), packed_operand(dvv, block_n),
             row_stats_operand(stats, block_m), TmaOperand(dq_sum, [1, 1 if dq_after else block_m, d // 2]), dk, dvv,
             dk.stride(0),
-            cu_q, cu_k, work, num_tiles, hq // hkv, scale, scale_log2e, wl, wr, tanh_scale, tile_counter(q.device),
+            cu_q, cu_k, work, num_tiles, hq // hkv, scale, scale_log2e, wl, wr, tanh_scale,
+            tile_counter(q.device) if cfg.get("drawn", True) else None,
             tail_flags, CAUSAL=is_causal, STAGES=cfg["stages"], DQ=fixed_configs.DQ_MODES[cfg["dq_from"]],
             KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=mode,
             ZERO_TAIL={False: 0, True: 1, "checked": 2}[zero_tail], num_warps=4)
