@@ -1,13 +1,14 @@
-"""GLA's backward on the split kernels with the GLA epilogue (kernels_backward_gla.py: dq, dk, dv stored whole in
-the inputs' dtypes, dg's per-channel reverse sum in the dK kernel, no combine pass), in the interpreter into
-NaN-filled buffers against the float64 recurrence's autograd: weak decays (the factored terms), strong decays
-with resets (the sub-chunk fallback, dg 0 where the floor clamps), several key and value blocks, tails, N = 1,
-with and without states. experiments/linear_attention/gpu_gla_bwd.py checks the same kernels on the H100."""
+"""GLA's backward (per-channel decay) on its session-30 paths, in the interpreter into NaN-filled buffers against
+the float64 recurrence's autograd: the split kernels with the GLA epilogue (kernels_backward_gla.py: dq, dk, dv
+stored whole in the inputs' dtypes, dg's per-channel reverse sum in the dK kernel, no combine pass) and the
+chunk-parallel form (kernels_backward_gla_chunked.py). Weak decays (the factored terms), strong decays with resets
+(the sub-chunk fallback, dg 0 where the floor clamps), several key and value blocks, tails, N = 1, with and without
+states. experiments/linear_attention/gpu_gla_bwd.py checks the same kernels on the H100."""
 import pytest
 import torch
 
 from tilecore import accuracy
-from tilecore.ops.linear_attention import configs_gla_bwd, kernels_backward_gla, launch
+from tilecore.ops.linear_attention import configs_gla_bwd, kernels_backward_gla, kernels_backward_gla_chunked, launch
 from tilecore.ops.linear_attention.plan import IDENTITY, plan, tl_plan
 
 from la_testing import F16, F32, make, reference
@@ -120,3 +121,66 @@ def test_matches_launch_backward():
             assert x is None
         else:
             assert accuracy.rel_rms(x, w) < 2e-5, name
+
+
+# --------------------------------------------------------------------------------------------
+# the chunk-parallel form (kernels_backward_gla_chunked.py)
+
+
+def run_chunked(q, k, v, g, s0, do, dht, ht, **blocks):
+    """kernels_backward_gla_chunked.backward into NaN-filled buffers (every element written): dq, dk, dv, dg, dh0."""
+    p = tl_plan(q, v, g, IDENTITY, 64)
+    out = dict(dq=torch.full_like(q, NAN), dk=torch.full_like(k, NAN), dv=torch.full_like(v, NAN),
+               dg=torch.full_like(g, NAN, dtype=torch.float32))
+    if s0 is not None:
+        out["dh0"] = torch.full_like(s0, NAN)
+    got = kernels_backward_gla_chunked.backward(p, do, q, k, v, g, s0, ht, dht, q.shape[-1] ** -0.5, out=out, **blocks)
+    for name, t in out.items():
+        assert not torch.isnan(t).any(), f"{name}: some elements were never written"
+    assert got[4] is None and (got[1].dtype, got[3].dtype) == (k.dtype, F32)
+    return [x for x in got if x is not None]
+
+
+def test_chunked_fp16_weak_decays_blocks_and_a_tail():
+    """fp16, N 45 in chunks of 16 (a partial last chunk), Dk 32 in two key blocks of the dqk kernel and two of the
+    dv kernel's score steps, Dv 24 in two value blocks (one partial), states: dq, dk, dv within 2.5x the rounding
+    floor, dg, dh0 at fp16's relative error."""
+    torch.manual_seed(4)
+    q, k, v, g, s0 = make(1, 45, 1, 1, 32, 24, dtype=F16, decay="channel", h0=True)
+    do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
+    _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
+    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16, BKB=16, KD=16, BV=16, BK_DG=16)
+    for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+        assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
+    assert accuracy.rel_rms(got[3], ref[3]) < 5e-3
+    assert accuracy.rel_rms(got[4], ref[4]) < 1e-3
+
+
+def test_chunked_float32_strong_decays_and_resets():
+    """float32, log decays in [-6, 0] (the sub-chunk fallback in dq, dk and the dv scores) with a reset and -1e30,
+    no initial state, N 40 in chunks of 32: float32 noise, dg 0 where the floor clamped."""
+    torch.manual_seed(5)
+    q, k, v, g, _ = make(1, 40, 1, 1, 16, 16, dtype=F32, decay="channel", strong=True)
+    g[:, 20, :, :4] = float("-inf")
+    g[:, 3, :, 5] = -1e30
+    do, dht = torch.randn(v.shape), torch.randn(1, 1, 16, 16)
+    _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
+    dq, dk, dv, dg = run_chunked(q, k, v, g, None, do, dht, st.float(), BT=32)
+    for name, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
+        assert accuracy.rel_rms(x, r) < 2e-5, name
+    live = g >= -100
+    assert (dg[~live] == 0).all()
+    assert accuracy.rel_rms(dg[live], ref[3][live]) < 2e-4
+
+
+def test_chunked_one_token_and_unknown_blocks():
+    torch.manual_seed(6)
+    q, k, v, g, s0 = make(1, 1, 1, 1, 16, 16, dtype=F32, decay="channel", h0=True)
+    do, dht = torch.randn(v.shape), torch.randn(s0.shape)
+    _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
+    dq, dk, dv, dg, dh0 = run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16)
+    for name, x, r in zip(("dq", "dk", "dv", "dg", "dh0"), (dq, dk, dv, dg, dh0), ref):
+        assert accuracy.rel_rms(x, r) < 2e-5, name  # dg: only the final state's term
+    with pytest.raises(ValueError, match="unknown overrides"):
+        kernels_backward_gla_chunked.backward(tl_plan(q, v, g, IDENTITY, 64), do, q, k, v, g, s0, None, None, 0.25,
+                                              BKQ=16)
