@@ -24,6 +24,9 @@ def serve(rank, world, port, jobs, results):
         from tilecore.distributed import ring
 
         ring.poison_receive_buffers()  # NaN in each receive buffer: a transfer that did not fill one shows
+        from tilecore.distributed import op
+
+        op.set_fast_host(True)  # session 30's host path (off by default until a GPU run checks it)
         results.put((rank, True, "ready"))
     except BaseException:  # noqa: BLE001 (reported to the parent)
         results.put((rank, False, traceback.format_exc()))
@@ -85,7 +88,7 @@ def compare(rank, world, cases):
     import torch
 
     from tilecore import accuracy
-    from tilecore.distributed import context_parallel_attention, ring, zigzag_shard
+    from tilecore.distributed import context_parallel_attention, op, ring, zigzag_shard
     from tilecore.ops.attention import attention, attention_reference
 
     group = GROUPS[world]
@@ -97,6 +100,7 @@ def compare(rank, world, cases):
         _interpret(case.get("interpret", False))
         ring.TRANSFERS_EARLY = case.get("early", False)  # the ring's two transfer orders
         ring.DQ_IN_KERNEL = case.get("dq_in_kernel", False)  # dQ summed by backward_adding_dq
+        op.set_fast_host(case.get("fast_host", True))  # the public call's host path, session 30's or 29's
         q, k, v, dout, dlse = _full_inputs(case)
         causal, mode, with_dlse = case["causal"], case["mode"], case.get("dlse", True)
         with_out = case.get("out", True)
@@ -133,6 +137,7 @@ def compare(rank, world, cases):
     _interpret(True)
     ring.TRANSFERS_EARLY = False
     ring.DQ_IN_KERNEL = dq_in_kernel
+    op.set_fast_host(True)
     return rows
 
 

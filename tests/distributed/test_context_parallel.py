@@ -33,7 +33,8 @@ def check_float32(rows):
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("mode", ["ring", "all_to_all"])
 def test_matches_one_process_float32(pool, world, mode):
-    cases = [dict(c, mode=mode, early=i % 2 == 1) for i, c in enumerate(shapes([1, 7, 12, 17]))]
+    # every third case on session 29's host path (op.FAST_HOST off: the gather before the ring, the custom op)
+    cases = [dict(c, mode=mode, early=i % 2 == 1, fast_host=i % 3 != 0) for i, c in enumerate(shapes([1, 7, 12, 17]))]
     check_float32(pool.run("compare", world=world, cases=cases))
 
 

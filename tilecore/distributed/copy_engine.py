@@ -54,6 +54,11 @@ ALIGN = 512  # bytes: each tensor in a slot starts on this boundary
 # kernel there (one thread; it may wait for an SM until the attention beside it ends)
 FULL_BY_WRITE = True
 
+# More than two ranks on the copy engines (double-buffered slots): the protocol is tested with four
+# ranks as threads over a stand-in handle (tests/distributed/test_copy_engine.py), never on GPUs (no
+# machine of more than two GPUs was lent): off, so such rings use NCCL
+ABOVE_TWO_RANKS = False
+
 _MAILBOXES: dict = {}  # (group name, device index) -> Mailboxes
 
 
@@ -61,7 +66,8 @@ _PEERS: dict = {}  # (group name, device index) -> whether the two ranks can use
 
 
 def available(group, device: torch.device) -> bool:
-    """Whether copy-engine transfers apply: CUDA tensors, an NCCL group of two or more ranks, all on
+    """Whether copy-engine transfers apply: CUDA tensors, an NCCL group of two ranks (more with
+    ABOVE_TWO_RANKS), all on
     one host with peer access from each GPU to its ring neighbours' (asked once per group and device:
     a small gather on the group's gloo metadata group, which every rank reaches at the same call), and
     torch's symmetric memory made there (a failure, the same on every rank where the cause is the
@@ -69,7 +75,7 @@ def available(group, device: torch.device) -> bool:
     if device.type != "cuda":
         return False
     world = dist.get_world_size(group)
-    if world < 2 or "nccl" not in str(dist.get_backend(group)):
+    if world < 2 or (world > 2 and not ABOVE_TWO_RANKS) or "nccl" not in str(dist.get_backend(group)):
         return False
     key = (group.group_name, device.index)
     if key not in _PEERS:

@@ -139,8 +139,9 @@ def _checked(rows: list[list[int]], world: int, mode: str, refusal: Exception | 
 # ring's step 0 is queued, local checks skipped for a signature that passed them, an eager
 # autograd.Function instead of the custom op where nothing is traced. False: session 29's path (the
 # gather waited on before the ring starts, the checks every call, the custom op), for probes to
-# compare (experiments/distributed/gpu_check.py's "old host" figures); results are the same.
-FAST_HOST = True
+# compare (experiments/distributed/gpu_check.py's "old host" figures); results are the same. Off until
+# a GPU run checks it (its copy-engine prewait is new GPU-side protocol); gpu_check turns it on
+FAST_HOST = False
 
 
 def set_fast_host(on: bool) -> bool:
