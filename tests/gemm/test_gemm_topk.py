@@ -178,3 +178,22 @@ def test_launch_registers_the_timer_and_without_it_the_table_is_planned(monkeypa
     assert plan.timed_config(a, a.t(), BF16, None, None, (False, False, False), 4) == (configs.GLUON_BF16, {})
     assert len(plan._PICKS) == 0  # not kept: a later call, once launch.py registers, times
 
+
+@pytest.mark.parametrize("fp8_on", [False, True])
+def test_fp8_takes_the_pick_only_where_its_own_switch_is_on(monkeypatch, fp8_on):
+    # NAPKIN_TOPK_FP8 off: the fp8 table (session 30: the timer read host time on a 50 us fp8 GEMM)
+    monkeypatch.setattr(configs, "NAPKIN_TOPK", 4)
+    monkeypatch.setattr(configs, "NAPKIN_TOPK_FP8", fp8_on)
+    monkeypatch.setattr(dispatch, "interpreted", lambda device: False)
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: True)
+    calls = []
+    monkeypatch.setattr(plan, "timed_config", lambda *args: calls.append(args) or (configs.GLUON_BF16, {}))
+    a8 = torch.randn(256, 512).to(FP8)
+    b8 = torch.randn(384, 512).to(FP8).t()
+    p = plan.plan(a8, b8, out_dtype=BF16, scales=(torch.ones(1), torch.ones(1)))
+    assert len(calls) == int(fp8_on) and (p.config is configs.GLUON_BF16) == fp8_on
+    if not fp8_on:
+        assert p.config is configs.GLUON_FP8
+    plan.plan(a8.to(BF16), b8.to(BF16), out_dtype=BF16)  # bf16 always asks the pick where NAPKIN_TOPK is on
+    assert len(calls) == int(fp8_on) + 1
+

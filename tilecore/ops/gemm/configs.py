@@ -24,10 +24,18 @@ GLUON_FP8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8, epilog
 # (shape bucket, dtypes, operand form, device) on the caller's operands (plan.timed_config). 0: off,
 # the table rows above (no GPU run has checked the pick yet: experiments/napkin/gpu_topk_configs.py)
 NAPKIN_TOPK = 0
+# ... for fp8 operands too (else fp8 keeps GLUON_FP8). Off: session 30's H100 run 1 (notes/napkin/README.md)
+# picked the sweep's best on 3 of 4 fp8 shapes (1.07-1.16x the table) but at M 256 (a 47-70 us kernel) the
+# timer read the launch's host time (every candidate 0.070-0.073 ms; the sweep's preallocated launches
+# 0.047-0.072) and picked a row 1.17x slower than the table. bf16: the sweep's best on 9 of 9 in two runs
+NAPKIN_TOPK_FP8 = False
 # a candidate's timing: triton.testing.do_bench's median over about this many ms of launches, each after
 # an L2 flush (H100 run 3 of session 29: the median of 5 back-to-back CUDA-event launches read the host's
-# enqueue time at K = 128 / 256 (70-80 us against do_bench's 22-60) and picked rows 9-11% slower)
-NAPKIN_TIMED_MS = 20.0
+# enqueue time at K = 128 / 256 (70-80 us against do_bench's 22-60) and picked rows 9-11% slower). 5 ms:
+# session 30's run 1 picked the same bf16 rows at 5, 10 and 20 ms (9 of 9 shapes), the first call's timing
+# 0.026-0.109 s at 5 ms against 0.096-0.190 at 20 (kernels compiled; compiling the extra candidates adds
+# 2.4-3.5 s once a process where Triton's cache does not hold them)
+NAPKIN_TIMED_MS = 5.0
 # the Gluon kernel's candidate tiles: (BM, BN, BK, stages, consumer partitions, warps in all); each
 # compiled for sm_90a on the CPU without spills (tests/gemm/test_gemm_topk_compile.py). Where a row
 # does not fit a dtype's shared memory or its TMA box (plan.gluon_legal), it is left out for it.

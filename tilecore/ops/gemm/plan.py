@@ -94,7 +94,7 @@ def plan(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype, bias: torc
                                             "multiples of 16 bytes) run the tl kernel, which is slower")
         return _tl(a, M, N, K, config or configs.TL_GPU, common, notice=notice)
     cfg = config or table_config(K, fp8)
-    if config is None and configs.NAPKIN_TOPK:
+    if config is None and configs.NAPKIN_TOPK and (not fp8 or configs.NAPKIN_TOPK_FP8):
         cfg = timed_config(a, b, out_dtype, bias, scales, form, configs.NAPKIN_TOPK)[0]
     copy_a, b_t, copy_b = form
     return Plan("gluon", config=cfg, **_schedule(a, M, N, K, cfg), b_t=b_t, copy_a=copy_a, copy_b=copy_b,
