@@ -89,3 +89,25 @@ def test_copy_engine_and_one_pass_sums():
     assert "copy engines" in ce.margin_line()
     # run 6's per-part timeline at 32K causal (cef): fwd 7.50, bwd 21.11 ms; within 15%
     assert 0.85 < both.forward_s * 1e3 / 7.50 < 1.15 and 0.85 < both.backward_s * 1e3 / 21.11 < 1.15
+
+
+def test_backward_rows_against_run_9():
+    """Session 29's run 9 (2 H100s, copy engines + one-pass sums, the per-part timeline's totals): the
+    napkin with this checkout's calibration, tilecore's own backward rate (BACKWARD_RATE) and the
+    launch gaps, within 15% forward and backward at 32K (the device's own napkin printed 1.18-1.22
+    for the backward: its snapshot lacked benchmarks/, so its GPU was uncalibrated). A napkin GPU
+    object passed in is used as it is (gpu_check passes its checkout's lab_gpu)."""
+    from tilecore.napkin.validate import lab_gpu
+
+    assert ring.BACKWARD_RATE == 0.89 and ring.FIRST_LAUNCH_S > 0 and ring.LAUNCH_GAP_S > 0
+    kw = dict(seq=32768, heads=32, d=128, world=2, one_gpu=False, dq_in_kernel=True, copy_engine=True,
+              one_pass_own_sums=True)
+    for causal, fwd_ms, bwd_ms in ((False, 14.25, 38.93), (True, 8.13, 20.14)):
+        p = ring.predict(causal=causal, **kw)
+        assert 0.85 < p.forward_s * 1e3 / fwd_ms < 1.15 and 0.85 < p.backward_s * 1e3 / bwd_ms < 1.15, causal
+        assert p.forward[0].launches == ring.FIRST_LAUNCH_S and p.backward[1].launches == 2 * ring.LAUNCH_GAP_S
+    lab = lab_gpu()
+    slow_hbm = lab.calibrated(copy_bytes_per_s=lab.level("HBM").bandwidth / 2)
+    fixed = dict(kw, causal=True, attention_tflops=550)
+    a, b = ring.predict(gpu=lab, **fixed), ring.predict(gpu=slow_hbm, **fixed)
+    assert b.backward[-1].elementwise == pytest.approx(2 * a.backward[-1].elementwise, rel=0.05)

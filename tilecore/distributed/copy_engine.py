@@ -60,6 +60,7 @@ FULL_BY_WRITE = True
 ABOVE_TWO_RANKS = False
 
 _MAILBOXES: dict = {}  # (group name, device index) -> Mailboxes
+_TOLD: set = set()  # groups told why their ring (more than two ranks) uses NCCL
 
 
 _PEERS: dict = {}  # (group name, device index) -> whether the two ranks can use the copy engines
@@ -75,7 +76,16 @@ def available(group, device: torch.device) -> bool:
     if device.type != "cuda":
         return False
     world = dist.get_world_size(group)
-    if world < 2 or (world > 2 and not ABOVE_TWO_RANKS) or "nccl" not in str(dist.get_backend(group)):
+    if world < 2 or "nccl" not in str(dist.get_backend(group)):
+        return False
+    if world > 2 and not ABOVE_TWO_RANKS:
+        if group.group_name not in _TOLD:  # once a group: why its ring uses NCCL
+            _TOLD.add(group.group_name)
+            import warnings
+
+            warnings.warn(f"tilecore.distributed: the copy engines' transfers take two ranks by default; this "
+                          f"group has {world}, so its ring uses NCCL (copy_engine.ABOVE_TWO_RANKS turns the "
+                          "double-buffered ring on: tested without GPUs only)", RuntimeWarning, stacklevel=3)
         return False
     key = (group.group_name, device.index)
     if key not in _PEERS:

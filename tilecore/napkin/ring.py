@@ -156,7 +156,7 @@ _RATES: dict = {}  # (gpu key, shape) -> derived FLOP/s (a derivation searches f
 def _derived_rate(gpu: GPU, batch, heads, kv_heads, n, d, causal, dtype) -> float:
     """FLOP/s (attention_flops' count: half the pairs when causal) the napkin derives for a square
     n x n attention."""
-    key = (gpu.key, gpu.name, batch, heads, kv_heads, n, d, causal, dtype)
+    key = (repr(gpu), batch, heads, kv_heads, n, d, causal, dtype)  # (two calibrations share a name)
     if key not in _RATES:
         sched = plan(models.attention(batch=batch, heads=heads, kv_heads=kv_heads, seq=n, d=d, causal=causal,
                                       dtype=dtype), gpu)
