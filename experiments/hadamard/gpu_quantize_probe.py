@@ -244,6 +244,85 @@ def s29b_quantize_cases(quick=True):
     return cases
 
 
+S30_FORMATS = ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
+# session 30: where a wide row's time goes (quantize_wide's PROBE, plan tuning "probe"): 1 no transform (the loaded
+# chunks quantized as they are), 2 no second product (the mixing only); "amax": the kernel's AMAX pass (no codes,
+# no stores); both: the loads and a max
+S30_PROBES = ({"probe": 1}, {"probe": 2}, {"amax": True})
+
+
+GLUON = {"gluon": True}  # session 30: the Gluon wide kernel (gluon_quantize_wide.py; plan path "gluon_wide")
+
+
+def s30_quantize_cases(quick=True):
+    """Session 30 (issue 32): every format's shipped plan at 11008, 18944, 14336 and 4096, % of copy in the same run;
+    at 11008 the probes of where the time goes (S30_PROBES) for fp8, mxfp4 and nvfp4, and the loads alone; last (a
+    fault there would end the process), the Gluon wide kernel at 11008: the transform and every format."""
+    cases = [("t", 11008)]
+    cases += [("q", f, n, {}, {}) for n in (11008, 18944, 14336, 4096) for f in S30_FORMATS]
+    cases += [("q", f, 11008, {}, t) for f in ("fp8_e4m3", "mxfp4", "nvfp4") for t in S30_PROBES]
+    cases += [("q", "fp8_e4m3", 11008, {}, {"probe": 1, "amax": True})]
+    cases += [("gt", 11008)] + [("q", f, 11008, {}, GLUON) for f in S30_FORMATS]
+    return cases
+
+
+def s30_check_cases(torch):
+    """(format, n, kwargs, dtype): the shipped wide plans after the D1 mend (one row epilogue, quantize_wide._row_out,
+    for the wide and wide_rows kernels): every format at 11008, fp8 and mxfp4 at 18944 (nvfp4 with a static global
+    scale, and dynamic once)."""
+    bf16 = torch.bfloat16
+    if SMOKE:
+        return [("fp8_e4m3", 108 * 64, {"tuning": WIDE4}, bf16), ("nvfp4", 108 * 64, {"tuning": WIDE4, "scale": 0.002}, bf16)]
+    nv = {"scale": 0.002}
+    cases = [(f, 11008, {**(nv if f == "nvfp4" else {})}, bf16) for f in S30_FORMATS]
+    cases += [(f, 18944, {}, bf16) for f in ("fp8_e4m3", "mxfp4")] + [("nvfp4", 11008, {}, bf16)]
+    # the Gluon wide kernel, last (a fault would end the phase): every format, e5m2, nvfp4 dynamic, fp8 static, fp16
+    cases += [(f, 11008, {"tuning": GLUON, **(nv if f == "nvfp4" else {})}, bf16) for f in S30_FORMATS]
+    cases += [("fp8_e5m2", 11008, {"tuning": GLUON}, bf16), ("nvfp4", 11008, {"tuning": GLUON}, bf16),
+              ("fp8_e4m3", 11008, {"tuning": GLUON, "scale": 0.01}, bf16), ("fp8_e4m3", 11008, {"tuning": GLUON}, torch.float16),
+              ("mxfp4", 11008, {"tuning": GLUON}, torch.float16)]
+    return cases
+
+
+def _s30_summary(result):
+    """Each probe's time beside the shipped plan's at 11008 (same run): what the transform, the second product and
+    the epilogue cost."""
+    import ast
+
+    ms = {}
+    for r in result.get("time", []):
+        try:
+            case = ast.literal_eval(r["case"])
+        except (ValueError, SyntaxError, KeyError):
+            continue
+        if case[0] == "q" and "ms" in r:
+            ms[(case[1], case[2], repr(sorted(case[4].items())))] = r["ms"]
+    lines = ["s30 probes at 11008 (ms; shipped = full kernel; no transform = loads + epilogue + stores; mixing only ="
+             " no H_Q; amax = loads + transform, no codes or stores)"]
+    for f in ("fp8_e4m3", "mxfp4", "int8", "nvfp4"):
+        row = [ms.get((f, 11008, repr(sorted(t.items())))) for t in ({},) + S30_PROBES]
+        lines.append(f"  {f:9s} " + "  ".join(f"{name} {v:.4f}" if v else f"{name} -" for name, v in
+                                                zip(("shipped", "no-transform", "mixing-only", "amax"), row)))
+    loads = ms.get(("fp8_e4m3", 11008, repr(sorted({"probe": 1, "amax": True}.items()))))
+    lines.append(f"  loads + max only: {loads:.4f} ms" if loads else "  loads + max only: -")
+    checked = {}
+    for c in result.get("check", {}).get("quantize", []):
+        if c.get("tuning", {}).get("gluon"):
+            key = (c.get("format"), c.get("n"))
+            checked[key] = checked.get(key, True) and bool(c.get("ok_9998"))
+    lines.append("s30 Gluon wide kernel at 11008 (checked: codes >= 99.98% equal to the float64 reference's, all written; "
+                 "every check of the format in this run)")
+    for f in S30_FORMATS:
+        base, g = ms.get((f, 11008, "[]")), ms.get((f, 11008, repr(sorted(GLUON.items()))))
+        if base and g:
+            ok = checked.get((f, 11008), False)
+            lines.append(f"  {f:9s} shipped {base:.4f} ms, gluon {g:.4f} ms: x{base / g:.2f} {'checked' if ok else 'NOT CHECKED OK'}"
+                         + (f"  -> QUANT_GLUON_WIDE[({f!r}, 11008)] = True" if ok and base / g >= 1.02 else ""))
+        else:
+            lines.append(f"  {f:9s} shipped {base} gluon {g}")
+    return lines
+
+
 def s29b_check_cases(torch):
     """(format, n, kwargs, dtype): what s29b times and run 7 did not check (its check phase ran out of time)."""
     bf16 = torch.bfloat16
@@ -342,6 +421,8 @@ def quantize_cases(which):
         return s29_quantize_cases(QUICK)
     if which == "s29b":
         return s29b_quantize_cases(QUICK)
+    if which == "s30":
+        return s30_quantize_cases(QUICK)
     first = [("q", f, n, {}, {}) for f in FORMATS for n in POW2]
     first += [("q", "fp8_e4m3", 4096, {}, {"legacy": True}), ("q", "mxfp4", 4096, {}, {"legacy": True})]
     first += [("q", "fp8_e4m3", 4096, {"group": 128}, {}), ("q", "mxfp4", 4096, {"block": 32}, {})]
@@ -373,7 +454,7 @@ def kron_cases(which):
     if which == "s26b":
         shipped, variants = s26b_kron_cases()
         return shipped + variants
-    if which in ("s26c", "s27", "s28", "s29", "s29b"):
+    if which in ("s26c", "s27", "s28", "s29", "s29b", "s30"):
         return []
     if which == "s26":
         cases = [("k", m, p, {}) for m in (12, 20, 28) for p in (64, 128, 256, 512, 1024, 2048)]
@@ -412,10 +493,28 @@ def _quantize_runner(case, x):
     block = kw.get("block")
     scale = torch.tensor([0.002], device=x.device) if fmt == "nvfp4" and not kw.get("dynamic") else None
     static = scale is not None
+    if tuning.get("amax"):  # s30's probe: the kernel's AMAX pass (loads, transform, a max a program; no codes, no stores)
+        return _amax_runner(x, fmt, group, static, {k: v for k, v in tuning.items() if k != "amax"})
     plan = quantize.plan_quantize(x, fmt, group, block, True, static, False, **tuning)
 
     def run():  # {"legacy": True}: the kron-tiled kernel (before issue 32's speed work) on the same rows
         return quantize.run_plan(plan, x, fmt, group, block, True, scale)[:2]
+    return run, plan
+
+
+def _amax_runner(x, fmt, group, static, tuning):
+    """The wide plan of (fmt, n) run as its FORMAT AMAX pass (quantize.amax_pass: nvfp4's first pass, each program's
+    largest |y|): what a row costs without codes and stores. Returns (run, plan); run returns two empties."""
+    import torch
+
+    from tilecore.ops.hadamard import quantize
+
+    plan = quantize.plan_quantize(x, fmt, group, None, True, static, False, **tuning)
+    empty = torch.empty(0, device=x.device)
+
+    def run():
+        quantize.amax_pass(plan, x)
+        return empty, empty
     return run, plan
 
 
@@ -433,10 +532,14 @@ def _warm_one(case):
         _import()
         import torch
 
-        n = case[2] if case[0] == "q" else case[1] if case[0] in ("t", "w") else case[1] * case[2]
+        n = case[2] if case[0] == "q" else case[1] if case[0] in ("t", "w", "gt") else case[1] * case[2]
         x = torch.randn(_rows(n), n, dtype=torch.bfloat16, device=DEV)
         if case[0] == "q":
             run, _ = _quantize_runner(case, x)
+        elif case[0] == "gt":
+            from tilecore.ops.hadamard import quantize
+            y = torch.empty_like(x)
+            run = lambda: quantize.gluon_wide_transform(x, y)  # noqa: E731
         elif case[0] == "w":
             from tilecore.ops.hadamard import quantize
             y = torch.empty_like(x)
@@ -513,13 +616,15 @@ def phase_check(result, save=lambda: None, which="quick"):
         cases = s29_check_cases(torch)
     if which == "s29b":
         cases = s29b_check_cases(torch)
+    if which == "s30":
+        cases = s30_check_cases(torch)
     for fmt, n, kw, dtype in cases:
         case = {"format": fmt, "n": n, "dtype": str(dtype).removeprefix("torch."), **kw}
         try:
             kw = dict(kw)
             tuning = kw.pop("tuning", {})
             rows = 4 if SMOKE else _rows(n)
-            if which in ("s27", "s28", "s29", "s29b") and not SMOKE:  # fewer rows, the same kernels (persistent grids of the timed size)
+            if which in ("s27", "s28", "s29", "s29b", "s30") and not SMOKE:  # fewer rows, the same kernels (persistent grids of the timed size)
                 rows = max(8192 if n <= 4096 else 2048, 2**25 // n)
             x = torch.randn(rows, n, dtype=dtype, device=DEV)
             x[:, 7] *= 80  # an outlier channel
@@ -537,7 +642,7 @@ def phase_check(result, save=lambda: None, which="quick"):
             # the public call's plan, outputs poisoned first (every element not written fails the comparison)
             codes, scales, g = quantize.run_plan(plan, x, fmt, group, kw.get("block"), True, kw.get("scale"),
                                                  kw.get("randomized_signs"), poison=True)
-            if which in ("s27", "s28", "s29", "s29b"):  # every element written: a second run over other poison bytes gives the same bytes
+            if which in ("s27", "s28", "s29", "s29b", "s30"):  # every element written: a second run over other poison bytes gives the same bytes
                 codes2, scales2, _ = quantize.run_plan(plan, x, fmt, group, kw.get("block"), True, kw.get("scale"),
                                                        kw.get("randomized_signs"), poison=0xA5)
                 same = [torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
@@ -577,7 +682,7 @@ def phase_check(result, save=lambda: None, which="quick"):
             try:
                 lplan = quantize.plan_quantize(x, fmt, group, kw.get("block"), True, "scale" in kw,
                                                "randomized_signs" in kw, legacy=True)
-                if lplan.path == "fused" and which not in ("s26", "s27", "s28", "s29", "s29b") and "randomized_signs" not in kw and n == 4096 and dtype == torch.bfloat16:
+                if lplan.path == "fused" and which not in ("s26", "s27", "s28", "s29", "s29b", "s30") and "randomized_signs" not in kw and n == 4096 and dtype == torch.bfloat16:
                     lc = quantize.run_plan(lplan, x, fmt, group, kw.get("block"), True, kw.get("scale"))[0]
                     case["legacy_code_bytes_differ"] = int((lc.view(torch.uint8) != codes.reshape(lc.shape).view(torch.uint8)).sum())
             except Exception as err:  # noqa: BLE001
@@ -643,6 +748,10 @@ def phase_check(result, save=lambda: None, which="quick"):
         kchecks = kron_cases("s26")[:22]
     elif which in ("s29", "s29b"):  # hadamard_transform's m x 2^k plan on the wide_rows kernel (configs.KRON_WIDE_ROWS)
         kchecks = [c for c in timed_cases(which) if c[0] == "k"]
+    elif which == "s30":  # the shipped 172 x 64 transform (wide_rows pairs: the D1 mend's other caller)
+        kchecks = [("k", 108, 64, {}) if SMOKE else ("k", 172, 64, {})]
+        if not SMOKE:  # the Gluon wide kernel's transform (its STORE format), checked before its quantize cases
+            _check_gluon_transform(out, save)
     elif which in ("s26c", "s27", "s28"):
         kchecks = []
     elif which == "s26b" and not SMOKE:
@@ -653,7 +762,7 @@ def phase_check(result, save=lambda: None, which="quick"):
         case = {"m": m, "p": p, **tuning}
         try:
             rows = 4 if SMOKE else max(16, 2**18 // n)
-            if which in ("s29", "s29b"):  # odd (two rows a tile); on the GPU enough rows for the timed grid (the warmed kernel)
+            if which in ("s29", "s29b", "s30"):  # odd (two rows a tile); on the GPU enough rows for the timed grid (the warmed kernel)
                 rows = 3 if SMOKE else 2049
             x = torch.randn(rows, n, dtype=torch.bfloat16, device=DEV)
             y = torch.full_like(x, float("nan"))
@@ -662,7 +771,36 @@ def phase_check(result, save=lambda: None, which="quick"):
             ref = hadamard_reference(x.cpu(), n**-0.5, out_dtype=torch.float64).to(x.device)
             case.update(path=plan.path, err_over_floor=round(accuracy.error_over_floor(y, ref), 4),
                         all_written=bool(torch.isfinite(y).all()))
-            case["ok"] = case["all_written"] and case["err_over_floor"] <= (2.5 if SMOKE and which in ("s29", "s29b") else 1.25)
+            case["ok"] = case["all_written"] and case["err_over_floor"] <= (2.5 if SMOKE and which in ("s29", "s29b", "s30") else 1.25)
+        except Exception as err:  # noqa: BLE001
+            case["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        out["kron"].append(case)
+        save()
+
+
+def _check_gluon_transform(out, save):
+    """quantize.gluon_wide_transform at 172 x 64 (2049 rows: an odd last pair), outputs poisoned with NaN: error
+    over the rounding floor against a float64 transform, every element written."""
+    import torch
+
+    from tilecore import accuracy
+    from tilecore.ops.hadamard import hadamard_reference, quantize
+
+    for rows in (2049, 2):
+        case = {"gluon_transform": 11008, "rows": rows}
+        try:
+            x = torch.randn(rows, 11008, dtype=torch.bfloat16, device=DEV)
+            x[1, 5] = float("inf")  # an inf row: its values inf / NaN as the reference's, the others untouched
+            y = torch.full_like(x, float("nan"))
+            quantize.gluon_wide_transform(x, y)
+            ref = hadamard_reference(x[:64].cpu(), 11008**-0.5, out_dtype=torch.float64).to(x.device)
+            finite = torch.ones(x.shape[0], dtype=torch.bool, device=DEV)
+            finite[1] = False
+            keep = finite[:64]
+            case.update(err_over_floor=round(accuracy.error_over_floor(y[:64][keep], ref[keep]), 4),
+                        all_written=bool(torch.isfinite(y[finite]).all()),
+                        inf_row_nonfinite=bool((~torch.isfinite(y[1])).any()))
+            case["ok"] = case["all_written"] and case["err_over_floor"] <= 1.25
         except Exception as err:  # noqa: BLE001
             case["error"] = f"{type(err).__name__}: {str(err)[:300]}"
         out["kron"].append(case)
@@ -697,6 +835,12 @@ def timed_cases(which):
         return s29_quantize_cases(QUICK)
     if which == "s29b" and not SMOKE:
         return s29b_quantize_cases(QUICK)
+    if which == "s30" and not SMOKE:
+        return s30_quantize_cases(QUICK)
+    if which == "s30":  # interpreter: m = 108 (two blocks, the second short), the probes
+        return [("q", "fp8_e4m3", 108 * 64, {}, WIDE4), ("q", "fp8_e4m3", 108 * 64, {}, {**WIDE4, "probe": 1}),
+                ("q", "mxfp4", 108 * 64, {}, {**WIDE4, "probe": 2}), ("q", "int8", 108 * 64, {}, {**WIDE4, "amax": True}),
+                ("q", "fp8_e4m3", 108 * 64, {}, {**WIDE4, "probe": 1, "amax": True}), ("t", 108 * 64)]
     if which == "s29b":
         return [("q", "int8", 108 * 64, {}, {}), ("q", "int8", 108 * 64, {}, WIDE4), ("k", 108, 64, {"wide_rows": "pair"})]
     if which == "s29":  # interpreter: two rows a tile (108 x 64), a row's two slices (108 x 128)
@@ -783,8 +927,17 @@ def phase_time(result, which, deadline, compiled):
             continue
         row = {"case": repr(case)}
         try:
-            n = case[2] if case[0] == "q" else case[1] if case[0] in ("t", "w") else case[1] * case[2]
+            n = case[2] if case[0] == "q" else case[1] if case[0] in ("t", "w", "gt") else case[1] * case[2]
             x = torch.randn(_rows(n), n, dtype=torch.bfloat16, device=DEV)
+            if case[0] == "gt":  # the plain transform on the Gluon wide kernel (quantize.gluon_wide_transform)
+                from tilecore.ops.hadamard import quantize
+                y = torch.empty_like(x)
+                ms = _bench(lambda: quantize.gluon_wide_transform(x, y))
+                row.update(path="gluon_wide transform", ms=round(ms, 4), copy_pct=round(100 * copy_ms(4 * x.numel()) / ms, 1),
+                           config={})
+                out.append(row)
+                del x, y
+                continue
             if case[0] == "w":  # the plain transform on the wide kernel's tiling (quantize.wide_transform)
                 from tilecore.ops.hadamard import quantize
                 y = torch.empty_like(x)
@@ -893,7 +1046,7 @@ def table(result):
         if k.endswith("_error"):
             lines.append(f"{k}: {str(result[k])[-800:]}")
     lines += pivot(result)
-    if result.get("args", {}).get("set") in ("s27", "s28", "s29", "s29b"):
+    if result.get("args", {}).get("set") in ("s27", "s28", "s29", "s29b", "s30"):
         lines += variants_table(result)
     return "\n".join(lines)
 
@@ -909,7 +1062,11 @@ def variants_table(result):
                      f"{c.get('tuning', {})} match {c.get('match', float('nan')):.6f} written {c.get('written')} "
                      f"scales_differ {c.get('scales_differ', '-')} {c.get('error', '')}")
     for c in result.get("check", {}).get("kron", []):
-        if "wide_transform" in c:
+        if "gluon_transform" in c:
+            lines.append(f"  {'ok ' if c.get('ok') else 'BAD'} gluon transform {c['gluon_transform']} rows {c.get('rows')} error "
+                         f"{c.get('err_over_floor')} x the floor, written {c.get('all_written')}, inf row "
+                         f"{c.get('inf_row_nonfinite')} {c.get('error', '')}")
+        elif "wide_transform" in c:
             lines.append(f"  {'ok ' if c.get('ok') else 'BAD'} wide transform {c['wide_transform']} "
                          f"{ {k: v for k, v in c.items() if k in ('j_outer', 'wide_rows')} } error {c.get('err_over_floor')} x the floor, "
                          f"written {c.get('all_written')} {c.get('error', '')}")
@@ -926,7 +1083,7 @@ def variants_table(result):
         except (ValueError, SyntaxError):
             continue
         if case[0] != "q":
-            label = f"wide transform {case[1]} {case[2] or ''}" if case[0] == "w" else \
+            label = f"gluon transform {case[1]}" if case[0] == "gt" else f"wide transform {case[1]} {case[2] or ''}" if case[0] == "w" else \
                 f"transform {case[1]}x{case[2]} {case[3]}" if case[0] == "k" else f"transform {case[1]}"
             rows.append((label, r["copy_pct"], r["ms"], None))
             continue
@@ -940,6 +1097,8 @@ def variants_table(result):
         lines.append(f"  {pct:6.1f}%  {ms:8.4f} ms{speed}  {name}")
     if result.get("args", {}).get("set") in ("s28", "s29", "s29b"):
         lines += _s28_suggestions(result, base)
+    if result.get("args", {}).get("set") == "s30":
+        lines += _s30_summary(result)
     return lines
 
 
@@ -1042,8 +1201,8 @@ def pivot(result):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--set", default="quick", choices=("quick", "full", "kron", "final", "s26", "s26b", "s26c", "s27", "s28", "s29", "s29b"))
-    ap.add_argument("--quick", action="store_true", help="s27, s28, s29: the short run (<= 90 s on the H100, compiles included)")
+    ap.add_argument("--set", default="quick", choices=("quick", "full", "kron", "final", "s26", "s26b", "s26c", "s27", "s28", "s29", "s29b", "s30"))
+    ap.add_argument("--quick", action="store_true", help="s27, s28, s29, s30: the short run (<= 90 s on the H100, compiles included)")
     ap.add_argument("--phases", default="warm,check,time")
     ap.add_argument("--budget", type=float, default=None, help="seconds in all (180; s26: 175)")
     ap.add_argument("--compiled", action="store_true")
@@ -1051,7 +1210,7 @@ def main():
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     if args.budget is None:
-        args.budget = 900.0 if args.smoke else 85.0 if args.quick else 175.0 if args.set in ("s26", "s26b", "s26c", "s27", "s28", "s29", "s29b") else 180.0
+        args.budget = 900.0 if args.smoke else 85.0 if args.quick else 175.0 if args.set in ("s26", "s26b", "s26c", "s27", "s28", "s29", "s29b", "s30") else 180.0
     if args.quick and not QUICK:
         os.environ["GQP_QUICK"] = "1"
         globals()["QUICK"] = True

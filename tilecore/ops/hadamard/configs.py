@@ -175,3 +175,9 @@ QUANT_WIDE_TUNING = {  # (format, n), else format -> the wide plan's tuning (j_o
     ("mxfp4", 11008): dict(mb=64, kc=64, num_warps=4, num_stages=2),
     ("mxfp4", 18944): dict(kc=64, num_stages=2, mb=128),
     ("nvfp4", 11008): dict(mb=64, kc=64, num_warps=4, num_stages=2)}
+# session 30: hadamard_quantize's Gluon kernel for m x 64 with 128 < m <= 192 (gluon_quantize_wide.py: H_m's blocks
+# resident in shared memory, each row's three [64, 64] chunks by TMA, two consumer warpgroups a row each, wgmma),
+# plan path "gluon_wide", plan tuning "gluon". Keys: (format, n), else the format. Off until a GPU run checks it
+# (experiments/hadamard/gpu_quantize_probe.py --set s30: codes against the float64 reference, every element written)
+QUANT_GLUON_WIDE = {}
+QUANT_GLUON_WIDE_STAGES = 2  # the ring's stages (each two rows, 48 KiB); untimed

@@ -12,6 +12,9 @@ Paths (``plan_quantize``):
 * "wide_rows": quantize_wide_rows.wide_rows_quantize_kernel, the wide path with its mixing 128 columns wide (two
   rows at 11008, a row's two slices at 18944), where the wide path applies and configs.QUANT_WIDE_ROWS or the plan
   tuning "wide_rows" asks for it;
+* "gluon_wide": gluon_quantize_wide.gluon_wide_quantize_kernel on Hopper, rows of m x 64 with 128 < m <= 192
+  (11008), where configs.QUANT_GLUON_WIDE or the plan tuning "gluon" asks for it: H_m resident in shared memory,
+  the rows by TMA, the products on wgmma;
 * "unfused": longer rows (n = m 2^k with 2^k > 1024, or rows past that budget): hadamard_transform into a
   float32 buffer, then the kernel without rotation.
 nvfp4 without a given global scale reads x twice: a first pass of the same kernel finds the rotated
@@ -41,7 +44,7 @@ __all__ = ["hadamard_quantize", "dequantize", "FORMATS", "plan_quantize", "kerne
 
 @dataclasses.dataclass(frozen=True)
 class QuantizePlan:
-    path: str  # "cpu" | "pow2" | "fused" | "wide" | "wide_rows" | "unfused"
+    path: str  # "cpu" | "pow2" | "fused" | "wide" | "wide_rows" | "gluon_wide" | "unfused"
     config: dict = dataclasses.field(default_factory=dict)
     grid: tuple[int, ...] = ()
     rscale: float = 1.0
@@ -74,6 +77,9 @@ def plan_quantize(x: torch.Tensor, fmt: str, group: int | None, block: int | Non
     sms = configs.INTERPRETER_SMS if interpret else dispatch.num_sms(x.device)
     if not pow2_plan_module.tma_fits(x) or not dispatch.tma_ok(x.device):
         tuning = {**tuning, "tma": "none", "kron_tma": False, "il_tma": False}
+    if not interpret and x.device.type == "cuda" and dispatch.gluon_ok(x.device) and x.stride(0) % 8 == 0 \
+            and x.data_ptr() % 16 == 0:
+        tuning = {**tuning, "_gluon_ok": True}  # the Gluon kernels may run here (the plan decides whether)
     return kernel_plan(rows, n, x.dtype, fmt, group, block, rotate, static, signs, sms, interpret, **tuning)
 
 
@@ -116,6 +122,9 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
     else:  # groups of several sub-rows (P < group, one slice)
         assert S == 1 and group % P == 0, (n, P, Q, group)
         mode, spg = 0, group // P
+    gluon = _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscale, sms, tuning)
+    if gluon is not None:
+        return gluon
     wide = _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms,
                       interpret, tuning)
     if wide is not None:
@@ -157,12 +166,32 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
         **_maxnreg(tuning, {})))
 
 
+def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscale, sms, tuning):
+    """The "gluon_wide" path (gluon_quantize_wide.py: Hopper, H_m resident in shared memory, rows by TMA, wgmma)
+    where it applies and is asked for (plan tuning "gluon", or configs.QUANT_GLUON_WIDE by (format, n); off until
+    a GPU run checks it), else None: rows of m x 64 with 128 < m <= 192, 16-bit, no random signs, groups of 16 or
+    32 inside a sub-row, 128 (int4: a sub-row pair) or the whole row; plan_quantize's device may run Gluon.
+    Tuning: stages (the ring's), waves (programs an SM)."""
+    from tilecore.ops.hadamard.gluon_quantize_wide import fits
+
+    on = tuning.get("gluon", _by_format(configs.QUANT_GLUON_WIDE, fmt, n, False))
+    if not on or not tuning.get("_gluon_ok") or mix != 1 or dtype == torch.float32 or signs or not fits(n, M, P) \
+            or group not in (None, 16, 32, 128) or (group == 128 and fmt != "int4"):
+        return None
+    f = FORMATS[fmt]
+    grid = max(1, min(cdiv(rows, 2), sms * (tuning.get("waves") or 1)))
+    return QuantizePlan("gluon_wide", grid=(grid,), rscale=rscale, config=dict(
+        M=M, FORMAT=f.kernel_id, G=group or 0, STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax,
+        STAGES=tuning.get("stages") or configs.QUANT_GLUON_WIDE_STAGES, PACKED=f.packed, num_warps=4))
+
+
 def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms, interpret,
                tuning):
     """The "wide" path (quantize_wide.wide_quantize_kernel: output sub-rows in blocks of MB, the mixing's K in
     chunks of KC, both stopping at m instead of M_PAD) where it applies and is asked for (plan tuning "wide", or
     configs.QUANT_WIDE by (format, n)), else None: m > 64 from memory, S <= 2 slices, 16-bit inputs, groups
-    inside a block or the whole row. Tuning: mb, kc, j_outer, num_warps, num_stages, waves."""
+    inside a block or the whole row. Tuning: mb, kc, j_outer, num_warps, num_stages, waves; probe (experiments:
+    quantize_wide's PROBE)."""
     on = tuning.get("wide", _by_format(configs.QUANT_WIDE, fmt, n, False))
     if not on or mix != 1 or m_pad <= 64 or S > 2 or dtype == torch.float32:
         return None
@@ -195,6 +224,8 @@ def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, si
         MMA_DTYPE=dt["MMA_DTYPE"], MID_PIECES=dt["MID_PIECES"], PIECE_DTYPE=dt["PIECE_DTYPE"], GRID=grid,
         FAST=bool(tuning.get("fast", configs.QUANT_FAST)),
         J_OUTER=j_outer,
+        # experiments/hadamard/gpu_quantize_probe.py's probes of where a row's time goes (quantize_wide's PROBE)
+        **({"PROBE": tuning["probe"]} if tuning.get("probe") and not j_outer else {}),
         num_warps=tuning.get("num_warps") or 8,
         num_stages=tuning.get("num_stages") or configs.QUANT_WIDE_STAGES, **_maxnreg(tuning, {})))
 
@@ -371,6 +402,8 @@ def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False, k
         scales = scale.reshape(1).to(torch.float32)
     if plan.path == "pow2":
         return _run_pow2(plan, x2, codes, scales, fmt, scale, signs, static, key=key)
+    if plan.path == "gluon_wide":
+        return _run_gluon_wide(plan, x2, codes, scales, fmt, scale, static)
     cfg = plan.config
     xa = x2
     if cfg.get("TMA_LOAD"):
@@ -398,6 +431,78 @@ def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False, k
     elif fmt == "nvfp4":
         return codes, scales.view(torch.float8_e4m3fn), gs
     return codes, scales, None
+
+
+def _launch_gluon_wide(plan, x2, out, scales, gs, amax, fmt_id=None, stages=None):
+    """gluon_quantize_wide.gluon_wide_quantize_kernel over the rows x2 into ``out`` (codes as bytes, or values)."""
+    from tilecore.ops.hadamard import gluon_quantize_wide as gw
+    from tilecore.tiles.launch import gluon_descriptor, tile_counter
+
+    cfg = dict(plan.config)
+    packed = cfg.pop("PACKED")
+    if fmt_id is not None:
+        cfg["FORMAT"] = fmt_id
+        packed = False
+    if stages is not None:
+        cfg["STAGES"] = stages
+    rows = x2.shape[0]
+    x_desc, codes_desc, staging_desc = gw.descriptors(x2, out, cfg["M"], packed)
+    h_desc = gluon_descriptor(gw.gluon_operand(cfg["M"], x2.dtype, x2.device), [64, 64])
+    with dispatch.on_device(x2.device):
+        gw.gluon_wide_quantize_kernel[plan.grid](x_desc, codes_desc, staging_desc, h_desc, scales, gs, amax, rows,
+                                                 scales.stride(0) if scales.dim() == 2 else 1, plan.rscale,
+                                                 tile_counter(x2.device), **cfg)
+
+
+def _run_gluon_wide(plan, x2, codes, scales, fmt, scale, static):
+    """_run's "gluon_wide" path: codes and scales (made empty) filled by the Gluon kernel; nvfp4 without a given
+    global scale: its AMAX pass first (each row's largest |y|)."""
+    byte_codes = codes.view(torch.uint8) if codes.dtype != torch.uint8 else codes
+    gscale = scale if static else None
+    if fmt == "nvfp4" and gscale is None:
+        amax = torch.empty(x2.shape[0], dtype=torch.float32, device=x2.device)
+        _launch_gluon_wide(plan, x2, byte_codes, scales, amax, amax, fmt_id=6)
+        a = amax.max()  # NaN if any row had one (torch's max propagates NaN); no host sync
+        gscale = torch.where(a == 0, torch.ones_like(a), a / (448.0 * 6.0)).reshape(1)
+    gs = gscale.reshape(1).to(torch.float32).contiguous() if gscale is not None else scales
+    sc = scales if not (static and fmt in FP8_DTYPES) else gs
+    _launch_gluon_wide(plan, x2, byte_codes, sc, gs, gs)
+    if fmt == "mxfp4":
+        scales = scales.view(torch.float8_e8m0fnu)
+    elif fmt == "nvfp4":
+        return codes, scales.view(torch.float8_e4m3fn), gs
+    elif static and fmt in FP8_DTYPES:
+        scales = gs
+    return codes, scales, None
+
+
+def amax_pass(plan: QuantizePlan, x2: torch.Tensor) -> torch.Tensor:
+    """Run a "wide" plan's kernel as its AMAX pass (nvfp4's first pass: loads and the whole transform, then each
+    program's largest |y| into its own float32; no codes, no stores) on the rows ``x2``; returns those maxima. For
+    experiments/hadamard/gpu_quantize_probe.py's probe of what a row costs without its epilogue."""
+    if plan.path != "wide":
+        raise ValueError(f"amax_pass: a 'wide' plan, not {plan.path!r}")
+    from tilecore.ops.hadamard.quantize_kernels import AMAX
+
+    rows, n = x2.shape
+    h_dtype = torch.float32 if dispatch.interpreted(x2.device) else x2.dtype
+    h = kron.mixing_matrix(plan.config["M"], False, h_dtype, x2.device)
+    amax = torch.empty(plan.grid[0], dtype=torch.float32, device=x2.device)
+    with dispatch.on_device(x2.device):
+        _launch_wide[plan.grid](x2, x2, amax, h, x2, amax, amax, rows, x2.stride(0), n, 1, plan.rscale,
+                                **{**plan.config, "FORMAT": AMAX.value})
+    return amax
+
+
+def gluon_wide_transform(x2: torch.Tensor, out: torch.Tensor, stages: int = 1) -> QuantizePlan:
+    """out = (H_m (x) H_64) x2 / sqrt(n) on the Gluon wide kernel (its STORE format): the plain transform, for the
+    probe to check the kernel's products alone. x2, out: (rows, n) contiguous, 16-bit, CUDA on Hopper."""
+    rows, n = x2.shape
+    plan = plan_quantize(x2, "fp8_e4m3", None, None, True, False, False, gluon=True)
+    if plan.path != "gluon_wide":
+        raise ValueError(f"gluon_wide_transform: n = {n} ({x2.dtype}, {x2.device}) has no Gluon wide plan")
+    _launch_gluon_wide(plan, x2, out, x2, x2, x2, fmt_id=7, stages=stages)
+    return plan
 
 
 def _run_pow2(plan, x2, codes, scales, fmt, scale, signs, static, key=None):

@@ -102,19 +102,124 @@ def _block_codes(codes, tile, rows, stride_codes, o0, o1, div_r, st_r, rc_r, de_
 
 
 @triton.jit
+def _probe_loads(x, signs, tile, rows, stride_x, M: tl.constexpr, P: tl.constexpr, Q: tl.constexpr, S: tl.constexpr,
+                 KC: tl.constexpr, NK: tl.constexpr, SIGNS: tl.constexpr):
+    """PROBE 1: a{block}{slice} = the row's K chunk block of slice slice as loaded (float32), no products."""
+    a00 = _load_sub_rows(x, signs, tile, 0, rows, stride_x, 0, M, P, Q, 1, KC, SIGNS).to(tl.float32)
+    a01 = a00
+    if S == 2:
+        a01 = _load_sub_rows(x, signs, tile, 1, rows, stride_x, 0, M, P, Q, 1, KC, SIGNS).to(tl.float32)
+    a10, a11, a20, a21, a30, a31 = a00, a01, a00, a01, a00, a01
+    if NK > 1:
+        a10 = _load_sub_rows(x, signs, tile, 0, rows, stride_x, KC, M, P, Q, 1, KC, SIGNS).to(tl.float32)
+        a11 = a10
+        if S == 2:
+            a11 = _load_sub_rows(x, signs, tile, 1, rows, stride_x, KC, M, P, Q, 1, KC, SIGNS).to(tl.float32)
+    if NK > 2:
+        a20 = _load_sub_rows(x, signs, tile, 0, rows, stride_x, 2 * KC, M, P, Q, 1, KC, SIGNS).to(tl.float32)
+        a21 = a20
+        if S == 2:
+            a21 = _load_sub_rows(x, signs, tile, 1, rows, stride_x, 2 * KC, M, P, Q, 1, KC, SIGNS).to(tl.float32)
+    if NK > 3:
+        a30 = _load_sub_rows(x, signs, tile, 0, rows, stride_x, 3 * KC, M, P, Q, 1, KC, SIGNS).to(tl.float32)
+        a31 = a30
+        if S == 2:
+            a31 = _load_sub_rows(x, signs, tile, 1, rows, stride_x, 3 * KC, M, P, Q, 1, KC, SIGNS).to(tl.float32)
+    return a00, a01, a10, a11, a20, a21, a30, a31
+
+
+@triton.jit
+def _probe_finish(a00, a01, a10, a11, a20, a21, a30, a31, rscale, M: tl.constexpr, MB: tl.constexpr, NB: tl.constexpr,
+                  P: tl.constexpr, Q: tl.constexpr):
+    """PROBE 1 / 2: the blocks times rscale, sub-rows past M zeroed, without H_Q or H_S."""
+    o00 = _valid_only(a00 * rscale, M, MB, P, Q, 1)
+    o01 = _valid_only(a01 * rscale, M, MB, P, Q, 1)
+    o10, o11, o20, o21, o30, o31 = o00, o01, o00, o01, o00, o01
+    if NB > 1:
+        o10 = _valid_only(a10 * rscale, M - MB, MB, P, Q, 1)
+        o11 = _valid_only(a11 * rscale, M - MB, MB, P, Q, 1)
+    if NB > 2:
+        o20 = _valid_only(a20 * rscale, M - 2 * MB, MB, P, Q, 1)
+        o21 = _valid_only(a21 * rscale, M - 2 * MB, MB, P, Q, 1)
+    if NB > 3:
+        o30 = _valid_only(a30 * rscale, M - 3 * MB, MB, P, Q, 1)
+        o31 = _valid_only(a31 * rscale, M - 3 * MB, MB, P, Q, 1)
+    return o00, o01, o10, o11, o20, o21, o30, o31
+
+
+@triton.jit
+def _row_out(codes, scales, gscale, row, rows, stride_codes, stride_scales, run_max,
+             o00, o01, o10, o11, o20, o21, o30, o31, M: tl.constexpr, M_PAD: tl.constexpr, MB: tl.constexpr,
+             NB: tl.constexpr, P: tl.constexpr, Q: tl.constexpr, S: tl.constexpr, FORMAT: tl.constexpr,
+             GROUP: tl.constexpr, G: tl.constexpr, SPG: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr,
+             QMAX: tl.constexpr, FAST: tl.constexpr):
+    """One row's codes and scales from its finished blocks o{block}{slice} (unused blocks: any of the used ones,
+    never read): the per-token scale's amax over every block first, else each block on its own; FORMAT == AMAX:
+    run_max with the row's |y| folded in. Returns run_max. The epilogue of wide_quantize_kernel (J_OUTER off) and
+    quantize_wide_rows.wide_rows_quantize_kernel."""
+    if FORMAT == AMAX or (GROUP == 0 and SPG == M_PAD):
+        a = _slices_max(o00, o01, o00, o00, o00, o00, o00, o00, S)
+        if NB > 1:
+            a = _nan_maximum(a, _slices_max(o10, o11, o10, o10, o10, o10, o10, o10, S))
+        if NB > 2:
+            a = _nan_maximum(a, _slices_max(o20, o21, o20, o20, o20, o20, o20, o20, S))
+        if NB > 3:
+            a = _nan_maximum(a, _slices_max(o30, o31, o30, o30, o30, o30, o30, o30, S))
+        if FORMAT == AMAX:
+            run_max = _nan_maximum(run_max, a)
+        else:  # one per-token scale over every block
+            div, stored = _scale(_nan_max(a, 0), gscale, FORMAT, STATIC, QMAX)
+            if not STATIC:
+                tl.store(scales + tl.cast(row, tl.int64) * stride_scales, stored.to(scales.dtype.element_ty), mask=row < rows)
+            recip, div_e = _group_divisor(div, FORMAT)
+            zero = tl.zeros([MB, 1], tl.float32)
+            div_r = div + zero
+            st_r = stored + tl.zeros([MB, 1], stored.dtype)
+            rc_r = recip + zero
+            de_r = div_e + zero
+            _block_codes(codes, row, rows, stride_codes, o00, o01, div_r, st_r, rc_r, de_r, 0, M, MB, P, Q, S,
+                         FORMAT, STATIC, PACKED, QMAX, FAST)
+            if NB > 1:
+                _block_codes(codes, row, rows, stride_codes, o10, o11, div_r, st_r, rc_r, de_r, 1, M, MB, P, Q, S,
+                             FORMAT, STATIC, PACKED, QMAX, FAST)
+            if NB > 2:
+                _block_codes(codes, row, rows, stride_codes, o20, o21, div_r, st_r, rc_r, de_r, 2, M, MB, P, Q, S,
+                             FORMAT, STATIC, PACKED, QMAX, FAST)
+            if NB > 3:
+                _block_codes(codes, row, rows, stride_codes, o30, o31, div_r, st_r, rc_r, de_r, 3, M, MB, P, Q, S,
+                             FORMAT, STATIC, PACKED, QMAX, FAST)
+    else:  # groups inside a block: each block on its own
+        _block_epilogue(codes, scales, gscale, row, rows, stride_codes, stride_scales, o00, o01, 0, M, MB, P, Q, S,
+                        FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX, FAST)
+        if NB > 1:
+            _block_epilogue(codes, scales, gscale, row, rows, stride_codes, stride_scales, o10, o11, 1, M, MB, P, Q,
+                            S, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX, FAST)
+        if NB > 2:
+            _block_epilogue(codes, scales, gscale, row, rows, stride_codes, stride_scales, o20, o21, 2, M, MB, P, Q,
+                            S, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX, FAST)
+        if NB > 3:
+            _block_epilogue(codes, scales, gscale, row, rows, stride_codes, stride_scales, o30, o31, 3, M, MB, P, Q,
+                            S, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX, FAST)
+    return run_max
+
+
+@triton.jit
 def wide_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, stride_x, stride_codes, stride_scales,
                          rscale, M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr, Q: tl.constexpr,
                          S: tl.constexpr, MB: tl.constexpr, NB: tl.constexpr, KC: tl.constexpr, NK: tl.constexpr,
                          SIGNS: tl.constexpr, FORMAT: tl.constexpr, GROUP: tl.constexpr, G: tl.constexpr,
                          SPG: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr,
                          MMA_DTYPE: tl.constexpr, MID_PIECES: tl.constexpr, PIECE_DTYPE: tl.constexpr,
-                         GRID: tl.constexpr, FAST: tl.constexpr = True, J_OUTER: tl.constexpr = False):
+                         GRID: tl.constexpr, FAST: tl.constexpr = True, J_OUTER: tl.constexpr = False,
+                         PROBE: tl.constexpr = 0):
     """codes, scales = quantize(rscale * (H_M (x) H_P) (signs * x)) for ``rows`` rows of M P (module
     docstring), one row a tile, a persistent grid of GRID programs. ``h``: H_M zero-padded to M_PAD x M_PAD
     (M_PAD >= NB MB, NK KC). Slices are [MB, Q], P = S Q (S <= 2), blocks NB <= 4. FORMAT == AMAX: each
     program's largest |y| into amax_out[program] (nvfp4's dynamic global scale, a first pass). J_OUTER (groups
     inside a block only): the blocks one after another, each rereading the row's K chunks (L1 / L2), so one
-    block's S slices are live instead of all NB S."""
+    block's S slices are live instead of all NB S. PROBE (experiments only, J_OUTER off; 0 ships): where a row's
+    time goes, 1: no transform (block j is the row's K chunk j as loaded, MB == KC), 2: no second product (the
+    mixing only); the epilogue as shipped (FORMAT AMAX: no codes, no stores)."""
     run_max = tl.zeros([MB], tl.float32)
     for tile in range(tl.program_id(0), rows, GRID):
         if J_OUTER:  # groups inside a block: one block at a time (its S slices live; the row's loads reread)
@@ -142,7 +247,10 @@ def wide_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, str
             a21 = tl.zeros([MB, Q], tl.float32)
             a30 = tl.zeros([MB, Q], tl.float32)
             a31 = tl.zeros([MB, Q], tl.float32)
-            for kc in range(NK):  # a loop, not unrolled: the compiler pipelines its loads (num_stages)
+            if PROBE == 1:  # no transform: the loaded chunks themselves (MB == KC, NB == NK)
+                a00, a01, a10, a11, a20, a21, a30, a31 = _probe_loads(x, signs, tile, rows, stride_x, M, P, Q, S, KC, NK,
+                                                                      SIGNS)
+            for kc in range(NK if PROBE != 1 else 0):  # a loop, not unrolled: the compiler pipelines its loads (num_stages)
                 v0 = _load_sub_rows(x, signs, tile, 0, rows, stride_x, kc * KC, M, P, Q, 1, KC, SIGNS)
                 a00 = _mix_step(a00, h, v0, 0, kc * KC, MB, KC, M_PAD, MMA_DTYPE)
                 if NB > 1:
@@ -160,60 +268,22 @@ def wide_quantize_kernel(x, codes, scales, h, signs, gscale, amax_out, rows, str
                         a21 = _mix_step(a21, h, v1, 2, kc * KC, MB, KC, M_PAD, MMA_DTYPE)
                     if NB > 3:
                         a31 = _mix_step(a31, h, v1, 3, kc * KC, MB, KC, M_PAD, MMA_DTYPE)
-            o00, o01 = _finish(a00, a01, rscale, 0, M, MB, P, Q, S, MID_PIECES, PIECE_DTYPE)
-            o10, o11 = o00, o01
-            o20, o21 = o00, o01
-            o30, o31 = o00, o01
-            if NB > 1:
-                o10, o11 = _finish(a10, a11, rscale, 1, M, MB, P, Q, S, MID_PIECES, PIECE_DTYPE)
-            if NB > 2:
-                o20, o21 = _finish(a20, a21, rscale, 2, M, MB, P, Q, S, MID_PIECES, PIECE_DTYPE)
-            if NB > 3:
-                o30, o31 = _finish(a30, a31, rscale, 3, M, MB, P, Q, S, MID_PIECES, PIECE_DTYPE)
-            if FORMAT == AMAX or (GROUP == 0 and SPG == M_PAD):
-                # the row's largest |y| (NaN-propagating) over every block: [MB], then a scalar
-                a = _slices_max(o00, o01, o00, o00, o00, o00, o00, o00, S)
+            if PROBE == 0:
+                o00, o01 = _finish(a00, a01, rscale, 0, M, MB, P, Q, S, MID_PIECES, PIECE_DTYPE)
+                o10, o11 = o00, o01
+                o20, o21 = o00, o01
+                o30, o31 = o00, o01
                 if NB > 1:
-                    a = _nan_maximum(a, _slices_max(o10, o11, o10, o10, o10, o10, o10, o10, S))
+                    o10, o11 = _finish(a10, a11, rscale, 1, M, MB, P, Q, S, MID_PIECES, PIECE_DTYPE)
                 if NB > 2:
-                    a = _nan_maximum(a, _slices_max(o20, o21, o20, o20, o20, o20, o20, o20, S))
+                    o20, o21 = _finish(a20, a21, rscale, 2, M, MB, P, Q, S, MID_PIECES, PIECE_DTYPE)
                 if NB > 3:
-                    a = _nan_maximum(a, _slices_max(o30, o31, o30, o30, o30, o30, o30, o30, S))
-                if FORMAT == AMAX:
-                    run_max = _nan_maximum(run_max, a)
-                else:  # one per-token scale (quantize_kernels._epilogue's SPG == R branch, across blocks)
-                    div, stored = _scale(_nan_max(a, 0), gscale, FORMAT, STATIC, QMAX)
-                    if not STATIC:
-                        tl.store(scales + tl.cast(tile, tl.int64) * stride_scales, stored.to(scales.dtype.element_ty),
-                                 mask=tile < rows)
-                    recip, div_e = _group_divisor(div, FORMAT)
-                    zero = tl.zeros([MB, 1], tl.float32)
-                    div_r = div + zero
-                    st_r = stored + tl.zeros([MB, 1], stored.dtype)
-                    rc_r = recip + zero
-                    de_r = div_e + zero
-                    _block_codes(codes, tile, rows, stride_codes, o00, o01, div_r, st_r, rc_r, de_r, 0, M, MB, P, Q, S,
-                                 FORMAT, STATIC, PACKED, QMAX, FAST)
-                    if NB > 1:
-                        _block_codes(codes, tile, rows, stride_codes, o10, o11, div_r, st_r, rc_r, de_r, 1, M, MB, P, Q,
-                                     S, FORMAT, STATIC, PACKED, QMAX, FAST)
-                    if NB > 2:
-                        _block_codes(codes, tile, rows, stride_codes, o20, o21, div_r, st_r, rc_r, de_r, 2, M, MB, P, Q,
-                                     S, FORMAT, STATIC, PACKED, QMAX, FAST)
-                    if NB > 3:
-                        _block_codes(codes, tile, rows, stride_codes, o30, o31, div_r, st_r, rc_r, de_r, 3, M, MB, P, Q,
-                                     S, FORMAT, STATIC, PACKED, QMAX, FAST)
-            else:  # groups inside a block: each block on its own
-                _block_epilogue(codes, scales, gscale, tile, rows, stride_codes, stride_scales, o00, o01, 0, M, MB, P, Q,
-                                S, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX, FAST)
-                if NB > 1:
-                    _block_epilogue(codes, scales, gscale, tile, rows, stride_codes, stride_scales, o10, o11, 1, M, MB, P,
-                                    Q, S, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX, FAST)
-                if NB > 2:
-                    _block_epilogue(codes, scales, gscale, tile, rows, stride_codes, stride_scales, o20, o21, 2, M, MB, P,
-                                    Q, S, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX, FAST)
-                if NB > 3:
-                    _block_epilogue(codes, scales, gscale, tile, rows, stride_codes, stride_scales, o30, o31, 3, M, MB, P,
-                                    Q, S, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX, FAST)
+                    o30, o31 = _finish(a30, a31, rscale, 3, M, MB, P, Q, S, MID_PIECES, PIECE_DTYPE)
+            else:  # probes: no second product (and with PROBE 1 no mixing either)
+                o00, o01, o10, o11, o20, o21, o30, o31 = _probe_finish(a00, a01, a10, a11, a20, a21, a30, a31, rscale,
+                                                                       M, MB, NB, P, Q)
+            run_max = _row_out(codes, scales, gscale, tile, rows, stride_codes, stride_scales, run_max, o00, o01,
+                               o10, o11, o20, o21, o30, o31, M, M_PAD, MB, NB, P, Q, S, FORMAT, GROUP, G, SPG, STATIC,
+                               PACKED, QMAX, FAST)
     if FORMAT == AMAX:
         tl.store(amax_out + tl.program_id(0), _nan_max(run_max, 0))

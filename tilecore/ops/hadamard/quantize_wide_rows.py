@@ -22,9 +22,8 @@ import triton
 import triton.language as tl
 
 from tilecore.ops.hadamard.kernels_kron import _load_sub_rows
-from tilecore.ops.hadamard.quantize_kernels import (AMAX, _group_divisor, _nan_max, _nan_maximum, _scale,
-                                                    _slices_max)
-from tilecore.ops.hadamard.quantize_wide import _block_codes, _block_epilogue, _finish, _mix_step
+from tilecore.ops.hadamard.quantize_kernels import AMAX, _nan_max
+from tilecore.ops.hadamard.quantize_wide import _finish, _mix_step, _row_out
 
 
 @triton.jit
@@ -60,60 +59,6 @@ def _mix_pair(acc0, acc1, h_ptr, v0, v1, J: tl.constexpr, K0, MB: tl.constexpr, 
 def _halves(a, MB: tl.constexpr, Q: tl.constexpr):
     """[MB, 2 Q] -> its columns 0..Q-1 and Q..2Q-1, each [MB, Q]."""
     return tl.split(tl.permute(tl.reshape(a, (MB, 2, Q)), (0, 2, 1)))
-
-
-@triton.jit
-def _row_out(codes, scales, gscale, row, rows, stride_codes, stride_scales, run_max,
-             o00, o01, o10, o11, o20, o21, o30, o31, M: tl.constexpr, M_PAD: tl.constexpr, MB: tl.constexpr,
-             NB: tl.constexpr, P: tl.constexpr, Q: tl.constexpr, S: tl.constexpr, FORMAT: tl.constexpr,
-             GROUP: tl.constexpr, G: tl.constexpr, SPG: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr,
-             QMAX: tl.constexpr, FAST: tl.constexpr):
-    """One row's codes and scales from its finished blocks o{block}{slice} (quantize_wide.wide_quantize_kernel's
-    epilogue, J_OUTER off); FORMAT == AMAX: run_max with the row's |y| folded in. Returns run_max."""
-    if FORMAT == AMAX or (GROUP == 0 and SPG == M_PAD):
-        a = _slices_max(o00, o01, o00, o00, o00, o00, o00, o00, S)
-        if NB > 1:
-            a = _nan_maximum(a, _slices_max(o10, o11, o10, o10, o10, o10, o10, o10, S))
-        if NB > 2:
-            a = _nan_maximum(a, _slices_max(o20, o21, o20, o20, o20, o20, o20, o20, S))
-        if NB > 3:
-            a = _nan_maximum(a, _slices_max(o30, o31, o30, o30, o30, o30, o30, o30, S))
-        if FORMAT == AMAX:
-            run_max = _nan_maximum(run_max, a)
-        else:  # one per-token scale over every block
-            div, stored = _scale(_nan_max(a, 0), gscale, FORMAT, STATIC, QMAX)
-            if not STATIC:
-                tl.store(scales + tl.cast(row, tl.int64) * stride_scales, stored.to(scales.dtype.element_ty), mask=row < rows)
-            recip, div_e = _group_divisor(div, FORMAT)
-            zero = tl.zeros([MB, 1], tl.float32)
-            div_r = div + zero
-            st_r = stored + tl.zeros([MB, 1], stored.dtype)
-            rc_r = recip + zero
-            de_r = div_e + zero
-            _block_codes(codes, row, rows, stride_codes, o00, o01, div_r, st_r, rc_r, de_r, 0, M, MB, P, Q, S,
-                         FORMAT, STATIC, PACKED, QMAX, FAST)
-            if NB > 1:
-                _block_codes(codes, row, rows, stride_codes, o10, o11, div_r, st_r, rc_r, de_r, 1, M, MB, P, Q, S,
-                             FORMAT, STATIC, PACKED, QMAX, FAST)
-            if NB > 2:
-                _block_codes(codes, row, rows, stride_codes, o20, o21, div_r, st_r, rc_r, de_r, 2, M, MB, P, Q, S,
-                             FORMAT, STATIC, PACKED, QMAX, FAST)
-            if NB > 3:
-                _block_codes(codes, row, rows, stride_codes, o30, o31, div_r, st_r, rc_r, de_r, 3, M, MB, P, Q, S,
-                             FORMAT, STATIC, PACKED, QMAX, FAST)
-    else:  # groups inside a block: each block on its own
-        _block_epilogue(codes, scales, gscale, row, rows, stride_codes, stride_scales, o00, o01, 0, M, MB, P, Q, S,
-                        FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX, FAST)
-        if NB > 1:
-            _block_epilogue(codes, scales, gscale, row, rows, stride_codes, stride_scales, o10, o11, 1, M, MB, P, Q,
-                            S, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX, FAST)
-        if NB > 2:
-            _block_epilogue(codes, scales, gscale, row, rows, stride_codes, stride_scales, o20, o21, 2, M, MB, P, Q,
-                            S, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX, FAST)
-        if NB > 3:
-            _block_epilogue(codes, scales, gscale, row, rows, stride_codes, stride_scales, o30, o31, 3, M, MB, P, Q,
-                            S, FORMAT, GROUP, G, SPG, STATIC, PACKED, QMAX, FAST)
-    return run_max
 
 
 @triton.jit

@@ -1,0 +1,397 @@
+"""hadamard_quantize at the wide model widths on Hopper (issue 32, session 30): rows of n = m x 64 with
+128 < m <= 192 (Llama-2-7B's 11008 = 172 x 64; QuaRot's 140, 148, 156 x 64), 16-bit inputs, as a kernel of
+the tiles template (tilecore.tiles.gluon.pipeline). The plan path "gluon_wide" (quantize.py); off by default
+(configs.QUANT_GLUON_WIDE) until a GPU run checks it.
+
+Why: the tl wide kernel (quantize_wide.py) ran the same products at ~280 effective TFLOPS, 16-44% of copy
+at 11008 (notes/hadamard, sessions 28-29): Triton fetches H_m's chunks from L2 for every row and keeps one
+row in flight a program. Here H_m stays in shared memory for the whole program and the rows stream in by TMA.
+
+A row is m sub-rows of 64: X [m, 64], Y = rscale H_m X H_64 (H_m zero-padded to 192 x 192). A tile is two
+rows; the producer warp loads each row as three [64, 64] chunks X_k (a 3-D descriptor (rows, m, 64): sub-rows
+past m arrive as zeros) and consumer warpgroup c owns row 2 tile + c:
+
+    W_j = sum_k H[j, k] X_k           [64, 64] blocks, j, k < 3: H's nine blocks resident (wgmma A), X's chunks
+                                      from the ring (B); float32 sums of 16-bit x times +-1
+    Y_j = (hi(W_j) + lo(W_j)) H_64    W_j's two bf16 pieces from registers (A), H_64 resident (B): kernels.py's
+                                      accuracy design (the final rounding the only one that matters)
+
+then each block's codes in registers, in the wgmma accumulator layout (a thread holds column pairs 2i, 2i + 1
+of two sub-rows): the per-token scale's amax over the three blocks, or each group's inside its sub-row (mxfp4
+32, nvfp4 16) or over a sub-row pair (int4's 128); the codes through a staging buffer, one TMA store a block
+(descriptor (rows, m, bytes a sub-row): sub-rows past m and rows past the end are clipped), the scales by
+pointers. The arithmetic of the codes and scales is quantize_kernels' FAST epilogue (y times the group's
+reciprocal; fp8 by cvt.rn.satfinite, ints by cvt.rni, e2m1 by the exponent-made magic number). Shapes:
+three [64, 64] float32 accumulators a consumer (96 registers a thread), shared memory 80 KiB resident H,
+2 x 24 KiB a ring stage, 2 x 16 KiB staging (8-bit codes).
+"""
+from triton.experimental import gluon
+from triton.language import core as _tl_core
+
+from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
+from tilecore.tiles.hadamard import bf16_pieces
+
+# FORMAT ids (quantize_reference.FORMATS' kernel_id, quantize_kernels' constants), nvfp4's first pass, the values
+E4M3: gl.constexpr = gl.constexpr(0)
+E5M2: gl.constexpr = gl.constexpr(1)
+INT8: gl.constexpr = gl.constexpr(2)
+MXFP4: gl.constexpr = gl.constexpr(3)
+NVFP4: gl.constexpr = gl.constexpr(4)
+INT4: gl.constexpr = gl.constexpr(5)
+AMAX: gl.constexpr = gl.constexpr(6)  # each row's largest |y| into amax_out[row] (nvfp4's dynamic global scale)
+STORE: gl.constexpr = gl.constexpr(7)  # the rotated values themselves (x's dtype): the plain transform
+
+BLOCK: gl.constexpr = gl.constexpr(64)  # a block's sub-rows, a K chunk's, and P
+NB: gl.constexpr = gl.constexpr(3)  # blocks (and K chunks) a row: 128 < m <= 192
+
+
+@stage_struct
+class RowPair:
+    """One ring stage: the tile's two rows, each as its three [1, 64, 64] chunks of sub-rows."""
+    a0: object
+    a1: object
+    a2: object
+    b0: object
+    b1: object
+    b2: object
+
+
+@struct
+class Mixed:
+    """A consumer's row: its three [64, 64] float32 blocks (start: zeros; after compute: Y_j, rotated and scaled)."""
+    w0: object
+    w1: object
+    w2: object
+
+
+@gluon.jit
+def _max_nan(a, b):
+    return gl.maximum(a, b, propagate_nan=_tl_core.PropagateNan.ALL)  # max.NaN: a NaN wins
+
+
+@gluon.jit
+def _amax(v, axis: gl.constexpr):
+    """max |v| along ``axis``, NaN where any element is NaN (gl.max drops NaN)."""
+    return gl.reduce(gl.abs(v), axis, _max_nan)
+
+
+@gluon.jit
+def _rni(q):
+    """q rounded to the nearest integer, ties to even, as int32 (cvt.rni; NaN -> 0)."""
+    return gl.inline_asm_elementwise("cvt.rni.s32.f32 $0, $1;", "=r,r", [q], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _e2m1_fast(v):
+    """The e2m1 nibble of float32 v, saturating at +-6, ties to even (quantize_kernels._e2m1_fast: M = 1.5 x 2^23
+    times the binade's step, built from the exponent bits, added to |v| leaves the code in the low bits)."""
+    a = gl.minimum(gl.abs(v), 6.0)
+    e = gl.maximum(a.to(gl.int32, bitcast=True) >> 23, 127)
+    magic = (e * 0x800002 + 0x0B3FFF02).to(gl.float32, bitcast=True)
+    mag = (a + magic).to(gl.int32, bitcast=True) & 7
+    return mag | ((v.to(gl.int32, bitcast=True) >> 28) & 8)
+
+
+@gluon.jit
+def _fp8(q, FORMAT: gl.constexpr):
+    """The fp8 byte of float32 q (cvt.rn.satfinite: saturating, NaN to the format's NaN), as int32."""
+    if FORMAT == E4M3:
+        code = q.to(gl.float8e4nv, fp_downcast_rounding="rtne")
+    else:
+        code = q.to(gl.float8e5, fp_downcast_rounding="rtne")
+    return code.to(gl.uint8, bitcast=True).to(gl.int32)
+
+
+@gluon.jit
+def _div_by(y, d, r):
+    """y / d correctly rounded given r = RN(1 / d) (quantize_kernels._div_by: Markstein's correction)."""
+    q = y * r
+    return gl.where(gl.abs(q) == float("inf"), q, gl.fma(gl.fma(-q, d, y), r, q))
+
+
+@gluon.jit
+def _group_scale(ga, gscale, FORMAT: gl.constexpr, QMAX: gl.constexpr):
+    """(the reciprocal codes multiply by, the byte or float stored, the codes' keep mask) from a group's
+    amax ``ga`` (quantize_kernels._scale and _group_divisor, FAST)."""
+    if FORMAT == MXFP4:
+        e = gl.minimum(gl.maximum(((ga.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 2, -127), 127)
+        finite = (ga == ga) & (ga < float("inf"))
+        # 1 / 2^e from the exponent bits: 2^-e for e > -127, 2^127 for e = -127 (then 2^e is subnormal 2^-127)
+        recip = gl.where(e == -127, 0x7F000000, gl.where(e == 127, 0x00400000, (127 - e) << 23)).to(gl.float32,
+                                                                                                     bitcast=True)
+        stored = gl.where(finite, e + 127, 255)
+        keep = finite
+    elif FORMAT == NVFP4:
+        g = gl.load(gscale)
+        s = _div_by(_div_by(ga, 6.0, 1.0 / 6.0), g, 1.0 / g)
+        s = gl.where(s != s, s, gl.minimum(gl.maximum(s, 0.015625), 448.0))
+        s_fp8 = s.to(gl.float8e4nv, fp_downcast_rounding="rtne")
+        stored = s_fp8.to(gl.uint8, bitcast=True).to(gl.int32)
+        div = gl.where(ga < float("inf"), g * s_fp8.to(gl.float32), float("nan"))
+        recip = gl.div_rn(gl.full_like(div, 1.0), div)
+        keep = div < float("inf")  # NaN div: false
+    else:  # int4's groups, dynamic: s = amax / qmax (1 where amax is 0)
+        div = gl.where(ga == 0, 1.0, gl.div_rn(ga, gl.full_like(ga, QMAX)))
+        recip = gl.div_rn(gl.full_like(div, 1.0), div)
+        stored = div
+        keep = ga == ga
+    return recip, stored, keep
+
+
+@gluon.jit
+def _pack(code, ROWS: gl.constexpr, COLS: gl.constexpr):
+    """[ROWS, COLS] nibbles -> [ROWS, COLS / 2] bytes, element 2i low (a thread holds each column pair)."""
+    lo, hi = gl.split(gl.reshape(code, [ROWS, COLS // 2, 2]))
+    return (lo & 0xF) | ((hi & 0xF) << 4)
+
+
+@struct
+class WideQuantize:
+    x_desc: object  # (rows, m, 64) x, [1, 64, 64] boxes
+    codes_desc: object  # (rows, m, bytes a sub-row) codes (STORE: (rows, m, 64) values), [1, 64, W] boxes
+    h_desc: object  # the resident operand: ten [64, 64] blocks as bf16 bits (gluon_operand)
+    scales: object  # the scales (per token: [rows] float32; groups: (rows, n / G) bytes or float32)
+    gscale: object  # fp8 static / nvfp4: the given (global) scale, one float32
+    amax_out: object  # AMAX: [rows] float32
+    rows: object
+    stride_scales: object
+    rscale: object  # 1 / sqrt(n)
+    M: gl.constexpr
+    FORMAT: gl.constexpr
+    G: gl.constexpr  # group size (0: per token)
+    STATIC: gl.constexpr  # fp8 with a given scale
+    QMAX: gl.constexpr
+
+    @gluon.jit
+    def setup(self, tile):
+        return tile, 1  # a tile is two rows, one ring step
+
+    @gluon.jit
+    def load(self, stage, bar, tile, step):
+        for r in gl.static_range(2):
+            row = 2 * tile + r
+            if r == 0:
+                bufs = (stage.a0, stage.a1, stage.a2)
+            else:
+                bufs = (stage.b0, stage.b1, stage.b2)
+            for k in gl.static_range(NB):
+                tma.async_copy_global_to_shared(self.x_desc, [row, BLOCK * k, 0], bar, bufs[k])
+
+    @gluon.jit
+    def load_tile(self, bufs, bar, tile, consumer):
+        """The resident operand: H_m's nine [64, 64] blocks (j, k) at 3 j + k (x's dtype, as bf16 bits), H_64 in bf16."""
+        for b in gl.static_range(NB * NB + 1):
+            tma.async_copy_global_to_shared(self.h_desc, [BLOCK * b, 0], bar, bufs.index(b))
+
+    @gluon.jit
+    def start(self, ctx, tile, prev):
+        z = gl.zeros([BLOCK, BLOCK], gl.float32, wgmma_layout(BLOCK, BLOCK, gl.num_warps()))
+        return Mixed(z, z, z)
+
+    @gluon.jit
+    def compute(self, ctx, state, stage, tile, step):
+        """This consumer's row: W_j = sum_k H[j, k] X_k, then Y_j from it, block by block (so that at most one
+        W_j is live beside the finished Y's); the stage is released after."""
+        if ctx.index == 0:
+            xs = (stage.a0.reshape([BLOCK, BLOCK]), stage.a1.reshape([BLOCK, BLOCK]), stage.a2.reshape([BLOCK, BLOCK]))
+        else:
+            xs = (stage.b0.reshape([BLOCK, BLOCK]), stage.b1.reshape([BLOCK, BLOCK]), stage.b2.reshape([BLOCK, BLOCK]))
+        h64 = ctx.operand.index(NB * NB)
+        y0 = self._rotated(self._mixed(ctx, xs, state.w0, 0), h64, 0)
+        y1 = self._rotated(self._mixed(ctx, xs, state.w1, 1), h64, 1)
+        y2 = self._rotated(self._mixed(ctx, xs, state.w2, 2), h64, 2)
+        return Mixed(y0, y1, y2)
+
+    @gluon.jit
+    def _mixed(self, ctx, xs, w, J: gl.constexpr):
+        """W_J = sum_k H[J, k] X_k (float32, exact products of 16-bit x and +-1)."""
+        bufs = ctx.operand
+        dt: gl.constexpr = self.x_desc.dtype
+        lay: gl.constexpr = bufs.type.layout
+        for k in gl.static_range(NB):
+            w = warpgroup_mma(bufs.index(NB * J + k)._reinterpret(dt, [BLOCK, BLOCK], lay), xs[k], w, use_acc=k > 0,
+                              is_async=True)
+        return warpgroup_mma_wait(0, deps=(w,))
+
+    @gluon.jit
+    def wait(self, ctx, state):
+        return state
+
+    @gluon.jit
+    def finish(self, ctx, state, tile):
+        row = 2 * tile + ctx.index
+        y0 = state.w0
+        y1 = state.w1
+        y2 = state.w2
+        tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
+        if self.FORMAT == AMAX:
+            a = _amax(_amax(_max_nan(_max_nan(gl.abs(y0), gl.abs(y1)), gl.abs(y2)), 1), 0)
+            gl.store(self.amax_out + row, a, mask=row < self.rows)
+        elif self.FORMAT == STORE:
+            self._stage(ctx, 0, y0)
+            self._stage(ctx, 1, y1)
+            self._stage(ctx, 2, y2)
+            self._store(ctx, row)
+        elif self.G == 0:  # one scale a row
+            a = _amax(_amax(_max_nan(_max_nan(gl.abs(y0), gl.abs(y1)), gl.abs(y2)), 1), 0)
+            if self.STATIC:
+                div = gl.load(self.gscale)
+            else:
+                div = gl.where(a == 0, 1.0, gl.div_rn(a, self.QMAX + a * 0.0))
+                gl.store(self.scales + row.to(gl.int64) * self.stride_scales, div, mask=row < self.rows)
+            recip = gl.div_rn(1.0 + div * 0.0, div)
+            self._stage(ctx, 0, self._token_codes(y0 * recip))
+            self._stage(ctx, 1, self._token_codes(y1 * recip))
+            self._stage(ctx, 2, self._token_codes(y2 * recip))
+            self._store(ctx, row)
+        else:
+            self._stage(ctx, 0, self._group_codes(y0, 0, row))
+            self._stage(ctx, 1, self._group_codes(y1, 1, row))
+            self._stage(ctx, 2, self._group_codes(y2, 2, row))
+            self._store(ctx, row)
+
+    @gluon.jit
+    def _rotated(self, w, h64, J: gl.constexpr):
+        """Y_j = rscale (hi + lo) H_64 from W_j, sub-rows past m zeroed (there 0 x inf gave NaN)."""
+        acc_layout: gl.constexpr = w.type.layout
+        operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        hi, lo = bf16_pieces(w)
+        y = warpgroup_mma(gl.convert_layout(hi, operand), h64, gl.zeros_like(w), use_acc=False, is_async=True)
+        y = warpgroup_mma(gl.convert_layout(lo, operand), h64, y, is_async=True)
+        y = warpgroup_mma_wait(0, deps=(y,))
+        y = y * self.rscale
+        if (J + 1) * BLOCK > self.M:
+            i = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, acc_layout)) + J * BLOCK
+            y = gl.where(gl.expand_dims(i, 1) < self.M, y, 0.0)
+        return y
+
+    @gluon.jit
+    def _token_codes(self, q):
+        """Codes of q = y / s (one scale a row) as int32."""
+        if self.FORMAT == INT8:
+            code = _rni(q)
+        else:
+            code = _fp8(q, self.FORMAT)
+        return code
+
+    @gluon.jit
+    def _group_codes(self, y, J: gl.constexpr, row):
+        """Block J's group scales (stored) and codes (returned, packed bytes as int32) for groups of G inside a
+        sub-row (G <= 64) or spanning G / 64 sub-rows."""
+        L: gl.constexpr = y.type.layout
+        if self.G <= BLOCK:
+            GR: gl.constexpr = BLOCK // self.G  # groups a sub-row
+            y3 = gl.reshape(y, [BLOCK, GR, self.G])
+            recip, stored, keep = _group_scale(_amax(y3, 2), self.gscale, self.FORMAT, self.QMAX)  # [64, GR]
+            SL: gl.constexpr = recip.type.layout
+            i = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, SL)) + J * BLOCK
+            g = gl.arange(0, GR, layout=gl.SliceLayout(0, SL))
+            offs = gl.expand_dims(i, 1) * GR + gl.expand_dims(g, 0)
+            mask = (gl.expand_dims(i, 1) < self.M) & (row < self.rows)
+            gl.store(self.scales + row.to(gl.int64) * self.stride_scales + offs, stored.to(self.scales.dtype.element_ty),
+                     mask=mask)
+            q = y3 * gl.expand_dims(recip, 2)
+            if self.FORMAT == INT4:
+                code = _rni(q)
+            else:
+                code = _e2m1_fast(q)
+            code = gl.where(gl.expand_dims(keep, 2), code, 0)
+            code = gl.convert_layout(gl.reshape(code, [BLOCK, BLOCK]), L)
+        else:  # groups of SPG sub-rows (int4's 128: a sub-row pair)
+            SPG: gl.constexpr = self.G // BLOCK
+            y3 = gl.reshape(y, [BLOCK // SPG, SPG, BLOCK])
+            recip, stored, keep = _group_scale(_amax(_amax(y3, 2), 1), self.gscale, self.FORMAT, self.QMAX)
+            SL: gl.constexpr = recip.type.layout
+            i = (gl.arange(0, BLOCK // SPG, layout=SL) + J * (BLOCK // SPG))
+            gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i, stored.to(self.scales.dtype.element_ty),
+                     mask=(i * SPG < self.M) & (row < self.rows))
+            q = y3 * gl.expand_dims(gl.expand_dims(recip, 1), 2)
+            code = _rni(q)
+            code = gl.where(gl.expand_dims(gl.expand_dims(keep, 1), 2), code, 0)
+            code = gl.convert_layout(gl.reshape(code, [BLOCK, BLOCK]), L)
+        return _pack(code, BLOCK, BLOCK)
+
+    @gluon.jit
+    def _stage(self, ctx, J: gl.constexpr, values):
+        """Block J's codes (or values) into the staging buffer."""
+        ctx.out.slice(J, 1).store(gl.reshape(values.to(self.codes_desc.dtype), [1] + values.shape))
+
+    @gluon.jit
+    def _store(self, ctx, row):
+        fence_async_shared()
+        gl.thread_barrier()
+        for j in gl.static_range(NB):
+            tma.async_copy_shared_to_global(self.codes_desc, [row, BLOCK * j, 0], ctx.out.slice(j, 1))
+
+
+@gluon.jit
+def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales, gscale, amax_out, rows, stride_scales,
+                               rscale, row_counter, M: gl.constexpr, FORMAT: gl.constexpr, G: gl.constexpr,
+                               STATIC: gl.constexpr, QMAX: gl.constexpr, STAGES: gl.constexpr):
+    """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
+    x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
+    dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
+    are used: a consumer's staging buffer); h_desc: gluon_operand's ten [64, 64] blocks. ``row_counter``: an int32,
+    zero at launch and left so, from which programs draw row pairs."""
+    op = WideQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, M, FORMAT, G,
+                      STATIC, QMAX)
+    layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
+                    tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
+    stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),
+                     ring(x_desc, STAGES), ring(x_desc, STAGES))
+    run(op, layout, stages, (rows + 1) // 2)
+
+
+# --------------------------------------------------------------------------------------------- host side
+
+def fits(n: int, m: int, p: int) -> bool:
+    """Whether gluon_wide_quantize_kernel takes rows of n = m p: p = 64 and 128 < m <= 192 (three blocks)."""
+    return p == BLOCK.value and NB.value * BLOCK.value - BLOCK.value < m <= NB.value * BLOCK.value and n == m * p
+
+
+def gluon_operand(m: int, dtype, device):
+    """The resident operand, [640, 64] as bf16 bits: H_m zero-padded to 192 x 192 as nine [64, 64] blocks (j, k)
+    at rows 64 (3 j + k), in ``dtype`` (x's: the first product's A), then H_64 in bf16 (the second product's B)."""
+    import torch
+
+    from tilecore.ops.hadamard import orders
+    from tilecore.ops.hadamard.reference import hadamard_matrix
+
+    key = (m, dtype, str(device))
+    if key not in _OPERANDS:
+        size = NB.value * BLOCK.value
+        h = torch.zeros(size, size, dtype=torch.float64)
+        h[:m, :m] = orders.hadamard_of_order(m).to(torch.float64)
+        blocks = [h[BLOCK.value * j:BLOCK.value * (j + 1), BLOCK.value * k:BLOCK.value * (k + 1)].to(dtype).view(torch.bfloat16)
+                  for j in range(NB.value) for k in range(NB.value)]
+        blocks.append(hadamard_matrix(BLOCK.value, torch.float64).to(torch.bfloat16))
+        _OPERANDS[key] = torch.cat(blocks).contiguous().to(device)
+    return _OPERANDS[key]
+
+
+_OPERANDS = {}
+
+
+def _layout(block, bits):
+    from triton.experimental.gluon import language as gll
+
+    inner = block[-1] * bits // 8
+    swizzle = 128 if inner % 128 == 0 else 64 if inner % 64 == 0 else 32 if inner % 32 == 0 else 0
+    return gll.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=bits, rank=len(block))
+
+
+def descriptors(x2, out, m: int, packed: bool):
+    """(x_desc, codes_desc, staging_desc) for (rows, m 64) rows ``x2`` and their codes (or values) ``out``:
+    3-D views (rows, m, 64 or 32) with [1, 64, W] boxes (sub-rows past m: zeros on loads, clipped on stores)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rows = x2.shape[0]
+    P = BLOCK.value
+    x_desc = TensorDescriptor(x2, [rows, m, P], [x2.stride(0), P, 1], [1, P, P], _layout([1, P, P], 16))
+    w = P // 2 if packed else P
+    bits = out.element_size() * 8
+    shape, strides = [rows, m, w], [out.stride(0), w, 1]
+    codes_desc = TensorDescriptor(out, shape, strides, [1, P, w], _layout([1, P, w], bits))
+    staging_desc = TensorDescriptor(out, shape, strides, [4, P, w], _layout([4, P, w], bits))
+    return x_desc, codes_desc, staging_desc
