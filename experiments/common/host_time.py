@@ -256,10 +256,23 @@ def _same_bits_or_both_nan(a, b):
         torch.equal(a[~nan].view(torch.int32), b[~nan].view(torch.int32)))
 
 
-def mamba_dt_check():
-    """mamba_dt's kernel (dt_eff and g in one launch, OFF until this passes) against op._mamba_dt's torch ops
-    on the GPU, bit for bit: strided / contiguous dt, with and without a bias, each dt_limit form, NaN and
-    -0.0 entries. Returns {case: True/False/error}."""
+def _first_difference(x, inp, got, want):
+    """The first element where ``got`` and ``want`` differ in bits (NaN payloads aside), as hex: for the check's
+    report."""
+    got, want, x = got.contiguous().flatten(), want.contiguous().flatten(), inp.contiguous().flatten().float()
+    differs = (got.view(torch.int32) != want.view(torch.int32)) & ~(got.isnan() & want.isnan())
+    if not bool(differs.any()):
+        return None
+    i = int(differs.nonzero()[0])
+    hexes = [f"{float(v):.9g} ({int(torch.tensor([float(v)]).view(torch.int32)) & 0xffffffff:08x})"
+             for v in (x[i], got[i], want[i])]
+    return f"{int(differs.sum())} differ; first at {i}: dt {hexes[0]} kernel {hexes[1]} torch {hexes[2]}"
+
+
+def mamba_dt_check(clamp="select"):
+    """mamba_dt's kernel (dt_eff and g in one launch, OFF until this passes) in the ``clamp`` form against
+    op._mamba_dt's torch ops on the GPU, bit for bit: strided / contiguous dt, with and without a bias, each
+    dt_limit form, NaN and -0.0 entries. Returns {case: True / the first differing element / error}."""
     from tilecore.ops.linear_attention import mamba_dt
 
     def torch_ops(dt, bias, limit):  # what mamba2_step runs on dt without the kernel (op._mamba_dt, no softplus)
@@ -280,8 +293,10 @@ def mamba_dt_check():
                     A = (-torch.rand(H, generator=gen) * 4).to(DEV[0])
                     d_ref = torch_ops(dt, bias, limit)
                     g_ref = d_ref * A
-                    d, g = mamba_dt.mamba_dt(dt, bias, A, limit)
-                    results[name] = all(_same_bits_or_both_nan(a, b) for a, b in ((d, d_ref), (g, g_ref)))
+                    d, g = mamba_dt.mamba_dt(dt, bias, A, limit, clamp=clamp)
+                    ok = all(_same_bits_or_both_nan(a, b) for a, b in ((d, d_ref), (g, g_ref)))
+                    results[name] = True if ok else (f"dt_eff: {_first_difference(dt, dt, d, d_ref)}; "
+                                                     f"g: {_first_difference(dt, dt, g, g_ref)}")
                 except Exception as err:  # noqa: BLE001
                     results[name] = f"{type(err).__name__}: {err}"
     return results
@@ -355,6 +370,10 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="CPU tensors, 3 calls: the script's imports and shapes")
     ap.add_argument("--no-tma-cache", action="store_true",
                     help="leave tiles.launch's kept TMA encodings off (default: on for this run, checked by the bits)")
+    ap.add_argument("--ab-tma", type=int, default=0, metavar="ROUNDS",
+                    help="time every op with and without the kept TMA encodings in this process, ROUNDS interleaved "
+                         "rounds (on/off, then off/on), and check both give the same bits; medians reported")
+    ap.add_argument("--skip-mamba-dt", action="store_true", help="leave out the mamba_dt kernel's bit check")
     a = ap.parse_args()
     if not a.no_tma_cache:  # before any launch: every key's direct launch keeps its encodings
         from tilecore.tiles import launch as tiles_launch
@@ -362,6 +381,8 @@ def main():
     if a.smoke:
         DEV[0] = "cpu"
         a.calls, a.profile = 3, (3 if a.profile else 0)
+    if a.ab_tma:
+        return main_ab(a)
     if a.json is None:  # $OUT (the GPU runs' folder), else /tmp/out
         out_dir = os.environ.get("OUT", "/tmp/out")
         os.makedirs(out_dir, exist_ok=True)
@@ -395,12 +416,7 @@ def main():
         except Exception as err:  # noqa: BLE001
             rows.append({"op": "varlen ranked table", "error": f"{type(err).__name__}: {err}"})
         ranked_check = varlen_ranked_table_check()
-    mamba_check = {}
-    if a.ops != "first":
-        try:
-            mamba_check = mamba_dt_check()
-        except Exception as err:  # noqa: BLE001
-            mamba_check = {"error": f"{type(err).__name__}: {err}"}
+    mamba_check = run_mamba_dt_checks() if a.ops != "first" and not a.skip_mamba_dt else {}
     profiles = profile_rows(table, PROFILED, a.profile) if a.profile else {}
     if a.json:
         with open(a.json, "w") as f:
@@ -412,10 +428,7 @@ def main():
         print(f"== profile {name} (us a call: own, cumulative, calls a call, function)")
         for line in (prof if isinstance(prof, list) else [prof]):
             print("  ", *line) if isinstance(line, tuple) else print("  ", line)
-    if mamba_check:
-        bad = {k: v for k, v in mamba_check.items() if v is not True}
-        print(f"mamba_dt kernel == torch ops bit for bit (GPU): {len(mamba_check) - len(bad)}/{len(mamba_check)}",
-              "ALL PASS" if not bad else f"FAIL {bad}")
+    print_mamba_dt_checks(mamba_check)
     print("same bits on calls 1..10 (outputs and gradients):", bits)
     if ranked_check:
         print("varlen ranked work table == two-step table == torch ops table (GPU):", ranked_check)
@@ -426,6 +439,104 @@ def main():
         else:
             same = "" if "same_output" not in r else f"  same output: {r['same_output']}"
             print(f"{r['op']:34s} {r['tilecore_us']:12.1f} {r['torch_us']:9.1f}{same}")
+
+
+def run_mamba_dt_checks():
+    """mamba_dt_check for each clamp form: {form: {case: result}}."""
+    out = {}
+    for form in ("select", "max"):
+        try:
+            out[form] = mamba_dt_check(form)
+        except Exception as err:  # noqa: BLE001
+            out[form] = {"error": f"{type(err).__name__}: {err}"}
+    return out
+
+
+def print_mamba_dt_checks(checks):
+    for form, check in checks.items():
+        bad = {k: v for k, v in check.items() if v is not True}
+        print(f"mamba_dt kernel ({form!r} clamp) == torch ops bit for bit: {len(check) - len(bad)}/{len(check)}",
+              "ALL PASS" if not bad else "FAIL")
+        for k, v in bad.items():
+            print(f"   {k}: {v}")
+
+
+def main_ab(a):
+    """--ab-tma: each op timed with the kept TMA encodings on and off in one process (interleaved rounds, the
+    order swapped each round; torch's op once a round), medians; both ways the same bits, and the same bits on
+    calls 1..10 with them on."""
+    import statistics
+
+    from tilecore.tiles import launch as tiles_launch
+
+    out_dir = os.environ.get("OUT", "/tmp/out")
+    os.makedirs(out_dir, exist_ok=True)
+    path = a.json or os.path.join(out_dir, f"host_time_ab_tma_{a.ops}.json")
+    table, errors = {}, {}
+    for make in ((cases,) if a.ops == "first" else (later_cases,) if a.ops == "later" else (cases, later_cases)):
+        try:
+            table.update(make())
+        except Exception as err:  # noqa: BLE001
+            errors[make.__name__] = f"{type(err).__name__}: {err}"
+    times = {name: {"on": [], "off": [], "torch": []} for name in table}
+    same_on_off = {}
+    for name, (ours, peer) in table.items():  # first the bits: with the encodings on and off (fresh state each)
+        print(f"{name}: first calls", flush=True)
+        try:
+            outs = []
+            for on in (True, False, True):
+                tiles_launch.cache_tma_descriptors(on)
+                RESETS.get(name, lambda: None)()
+                y = ours()
+                ys = y if isinstance(y, (tuple, list)) else (y,)
+                outs.append([t.detach().clone() for t in ys if isinstance(t, torch.Tensor)])
+            same_on_off[name] = all(torch.equal(x, y) for o in outs[1:] for x, y in zip(outs[0], o))
+        except Exception as err:  # noqa: BLE001
+            same_on_off[name] = f"{type(err).__name__}: {err}"
+    for r in range(a.ab_tma):
+        print(f"round {r + 1}/{a.ab_tma}", flush=True)
+        for name, (ours, peer) in table.items():
+            if name in errors:
+                continue
+            try:
+                for on in ((True, False) if r % 2 == 0 else (False, True)):
+                    tiles_launch.cache_tma_descriptors(on)
+                    times[name]["on" if on else "off"].append(per_call_us(ours, a.calls))
+                times[name]["torch"].append(per_call_us(peer, a.calls))
+            except Exception as err:  # noqa: BLE001
+                errors[name] = f"{type(err).__name__}: {err}"
+    tiles_launch.cache_tma_descriptors(True)
+    bits = {}
+    try:
+        if a.ops != "later":
+            bits.update(same_bits_each_call())
+        if a.ops != "first":
+            bits.update(same_bits_later(later_cases()))
+    except Exception as err:  # noqa: BLE001
+        bits["error"] = f"{type(err).__name__}: {err}"
+    mamba_check = run_mamba_dt_checks() if a.ops != "first" and not a.skip_mamba_dt else {}
+    rows = []
+    for name, t in times.items():
+        if name in errors or not t["on"]:
+            rows.append({"op": name, "error": errors.get(name, "not timed")})
+            continue
+        med = {k: statistics.median(v) for k, v in t.items()}
+        rows.append({"op": name, "on_us": med["on"], "off_us": med["off"], "torch_us": med["torch"], "rounds": t})
+    with open(path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name() if DEV[0] == "cuda" else "cpu", "torch": torch.__version__,
+                   "calls": a.calls, "rounds": a.ab_tma, "host_us": rows, "same_bits_tma_on_vs_off": same_on_off,
+                   "same_bits_each_call_tma_on": bits, "mamba_dt_equal_torch_ops": mamba_check,
+                   "errors": errors}, f, indent=1)
+    print_mamba_dt_checks(mamba_check)
+    print("same bits, kept TMA encodings on vs off:", same_on_off)
+    print("same bits on calls 1..10 with them on (outputs and gradients):", bits)
+    print(f"kept TMA encodings A/B, {a.ab_tma} interleaved rounds of {a.calls} calls, medians (us a call)")
+    print(f"{'op':34s} {'on':>8s} {'off':>8s} {'on/off':>7s} {'torch':>8s}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['op']:34s} {r['error']}")
+        else:
+            print(f"{r['op']:34s} {r['on_us']:8.1f} {r['off_us']:8.1f} {r['on_us'] / r['off_us']:7.3f} {r['torch_us']:8.1f}")
 
 
 if __name__ == "__main__":
