@@ -70,25 +70,24 @@ FINAL_DEADLINE = 88.0  # the fp16 checks (after every timing) end here: workers 
 # chunk 64, the combine kernel (session 26 run 2: 62.8 ms autograd; session 28: 53-62)
 VARIANTS = [
     ("shipped", {}, {}, "launch"),
-    ("diag5 kb16", dict(diag=5), {}, "launch"),
-    # the split dK/dV of the scalar decay (BWD_SPLIT[1]'s blocks: dQ key blocks of 64, dK key blocks of 64 x every
-    # value column, dV value blocks of 64 x every key channel) with the factored terms, then the combine kernel
-    ("split diag5 bt64", dict(diag=5), dict(split=True), "launch"),
-    # session 30: the same split kernels with the GLA epilogue (dq, dk, dv stored native, dg's reverse sum in the
-    # dK kernel): no combine kernel, no float32 buffers
-    ("gla diag5 bt64", dict(diag=5), dict(split=True), "gla"),
+    # run 1 of session 30 (H100, snapshot 4ee85d1; every float64 check passed but diag6 kb16's): shipped 60.8 ms,
+    # diag5 kb16 26.4, split diag5 chunk 64 12.2 / chunk 32 9.33 (kernels 7.45 + the combine), split diag6 chunk 64
+    # 13.5; the GLA epilogue (no combine) chunk 32 10.9, chunk 64 15.9, chunk 64 w8 11.3, chunk 32 kb32 15.5, chunk 32
+    # w8 16.4; diag6 kb16 (unsplit) WRONG (dk 1.0e4x the floor) and then an illegal address
+    ("split diag5 bt32", dict(diag=5), dict(split=True, split_BT=32), "launch"),
+    ("split diag5 bt16", dict(diag=5), dict(split=True, split_BT=16), "launch"),
     ("gla diag5 bt32", dict(diag=5), dict(split=True, split_BT=32), "gla"),
-    ("gla diag5 bt64 w8", dict(diag=5), dict(split=True, split_warps=8, dq_warps=8), "gla"),
-    # sm_90a (CPU compile, 4 warps; dQ / dK / dV spilled bytes): bt64 1680 / 2304 / 1880, bt32 640 / 812 / 108, bt64 w8
-    # 548 / 732 / 144, bt32 w8 352 / 196 / 0, bt32 key blocks of 32 232 / 256 / 108 (255 registers everywhere)
-    ("gla diag5 bt32 kb32", dict(diag=5), dict(split=True, split_BT=32, split_BKB=32, dq_BKQ=32), "gla"),
-    ("gla diag5 bt32 w8", dict(diag=5), dict(split=True, split_BT=32, split_warps=8, dq_warps=8), "gla"),
     # the chunk-parallel form (kernels_backward_gla_chunked: states and state gradients per chunk in bf16, then every
     # chunk at once); its blocks (configs_gla_bwd.CHUNKED overrides) in the backward_plan slot. sm_90a spills (dqk /
-    # dv; the walks none): chunk 64 4 warps 2896 / 380, 8 warps 788 / 0, chunk 32 692 / 4
+    # dv; the walks none): chunk 64 4 warps 2896 / 380, 8 warps 788 / 0, chunk 32 692 / 4; dq and dk apart (two
+    # launches, q dq through memory): chunk 64 840 + 1004, chunk 32 240 + 0
+    ("chunked bt64", dict(diag=5), {}, "chunked"),
     ("chunked bt64 w8", dict(diag=5), dict(dqk_warps=8, dv_warps=8), "chunked"),
     ("chunked bt32", dict(diag=5), dict(BT=32), "chunked"),
     ("chunked bt32 w8", dict(diag=5), dict(BT=32, dqk_warps=8, dv_warps=8), "chunked"),
+    ("chunked bt32 apart", dict(diag=5), dict(BT=32, dqk_apart=True), "chunked"),
+    ("chunked bt64 apart", dict(diag=5), dict(dqk_apart=True), "chunked"),
+    ("chunked bt64 w8 apart", dict(diag=5), dict(dqk_warps=8, dv_warps=8, dqk_apart=True), "chunked"),
 ]
 if "--variants" in sys.argv:
     wanted = sys.argv[sys.argv.index("--variants") + 1].split(",")
@@ -157,14 +156,14 @@ def variant_plans(variant, t):
     return launch.backward_plan(p, t["q"], t["v"], t["g"], IDENTITY, None, **split_over)
 
 
-def run_backward(variant, t, ht, out=None):
+def run_backward(variant, t, ht, out=None, steps=None):
     """(dq, dk, dv, dg, dh0) of the variant's backward (native gradients, as op.py asks)."""
     p = variant_plans(variant, t)
     scale = t["q"].shape[-1] ** -0.5
     if variant[3] == "chunked":
         dq, dk, dv, dg, _, dh0 = kernels_backward_gla_chunked.backward(p, t["do"], t["q"], t["k"], t["v"], t["g"],
                                                                        t["h0"], ht, t["dht"], scale, out=out,
-                                                                       **variant[2])
+                                                                       steps=steps, **variant[2])
     elif variant[3] == "gla":
         dq, dk, dv, dg, _, dh0 = kernels_backward_gla.backward(p, t["do"], t["q"], t["k"], t["v"], t["g"], t["h0"],
                                                                ht, t["dht"], scale, out=out)
@@ -275,6 +274,10 @@ def worker(name: str, scratch: Path):
         fn = kernels_only(variant, t, t["ht"])
         if fn is not None:
             res["kernels_ms"] = bench(fn)
+        if variant[3] == "chunked":  # each kernel alone
+            steps = []
+            run_backward(variant, t, t["ht"], steps=steps)
+            res["steps_ms"] = {step: round(bench(fn), 4) for step, fn in steps}
         if name == "shipped":  # the shipped forward (CHANNEL_FWD_DIAG 3, chunk 32, BV 128, 3 stages)
             p = plan(t["q"], t["v"], t["g"], IDENTITY)
             res["fwd_ms"] = bench(lambda: launch.forward(p, t["q"], t["k"], t["v"], t["g"], None, None, None, t["h0"],
@@ -313,11 +316,13 @@ def table(rows: list[dict]):
     fwd = next((r.get("fwd_ms") for r in rows if r.get("fwd_ms")), None)
     ship = next((r.get("bwd_ms") for r in rows if r["variant"] == "shipped" and r.get("bwd_ms")), None)
     print(f"\ntime B16 H16 N4096 d128 bf16 (ms): shipped forward {fwd}")
-    print("variant | backward ms | kernels alone ms | x shipped | bwd / fwd | all checks pass | errors")
+    print("variant | backward ms | kernels alone ms (chunked: each kernel) | x shipped | bwd / fwd | all checks pass "
+          "| errors")
     for r in rows:
         ms = r.get("bwd_ms")
         passed = bool(r["check"]) and len(r["check"]) == len(CHECKS) and all(c["pass"] for c in r["check"].values())
-        print(f"{r['variant']} | {ms and round(ms, 3)} | {r.get('kernels_ms') and round(r['kernels_ms'], 3)} | "
+        parts = r.get("steps_ms") or (r.get("kernels_ms") and round(r["kernels_ms"], 3))
+        print(f"{r['variant']} | {ms and round(ms, 3)} | {parts} | "
               f"{ship / ms if ship and ms else '-':.4} | {ms / fwd if fwd and ms else '-':.4} | {passed} | "
               f"{'; '.join(r['errors'])[:200]}")
 

@@ -21,7 +21,8 @@ BLOCKS = dict(split_BT=64, split_BKB=64, split_BV=64, split_warps=4, split_stage
 
 # the chunk-parallel form (kernels_backward_gla_chunked.py: a states walk, a state-gradients walk, then every chunk's
 # dq / dk / dg parts and dv at once, then dg's sums over chunks): chunk BT, the walks' value block BV, the dqk
-# kernel's key block BKB, the dv kernel's key-channel step KD, the dg walk's key block, warps and stages, and split
-# (the factored operands as hi + lo: three dots)
+# kernel's key block BKB, the dv kernel's key-channel step KD, the dg walk's key block, warps and stages, split
+# (the factored operands as hi + lo: three dots) and dqk_apart (dq and dk by two launches: fewer live tiles, q dq
+# through memory)
 CHUNKED = dict(BT=64, BV=64, BKB=64, KD=64, BK_DG=64, walk_warps=4, walk_stages=2, dqk_warps=4, dv_warps=4, stages=2,
-               split=False)
+               split=False, dqk_apart=False)

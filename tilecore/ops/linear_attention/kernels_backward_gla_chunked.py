@@ -114,11 +114,13 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                    sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
                    sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                    BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
-                   SPLIT: tl.constexpr):
+                   SPLIT: tl.constexpr, PART: tl.constexpr = 0):
     """Program (batch * head, chunk, key block of BKB channels): dq, dk (the inputs' dtypes, DQ and DK_OUT (B, N, H,
     Dk) contiguous), the decay gradient's within-chunk reverse sum DG (B, N, H, Dk) float32 and its chunk total
     TOT (B H, NT, Dk) float32. Every value column at once (BVF >= Dv). Grid (B * H * NT * KBLOCKS,), key blocks
-    fastest (a chunk's v and do from L2 for the second)."""
+    fastest (a chunk's v and do from L2 for the second).
+    PART (fewer live tiles a program, as two launches): 1 stores dq and q * dq (without the diagonal) into DG; 2
+    (after 1) stores dk, DG's reverse sum of DG - k * dk and TOT; 0 both at once."""
     pid = tl.program_id(0)
     kblock = pid % KBLOCKS
     c = (pid // KBLOCKS) % NT
@@ -139,20 +141,30 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                                       .to(tl.float32))
     # the intra-chunk terms without the diagonal (strictly lower: its factor r comes apart, launch.decay_grad)
     a = tl.where(offs_t[:, None] > offs_t[None, :], _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE), 0.0)  # [BT, BT]
-    hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :], other=0.0)
-    dq = (_channel_dq_factored(a, k, Gc, MMA, IEEE, SPLIT) + _dot(do.to(MMA), tl.trans(hs), IEEE) * tl.exp(Gc)) * scale
-    dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :], other=0.0)
-    dk = (_channel_dk_factored(a, q, Gc, MMA, IEEE, SPLIT) * scale
-          + _dot(v.to(MMA), tl.trans(dhs), IEEE) * tl.exp(G_last[None, :] - Gc))
     qf = q.to(tl.float32)
     kf = k.to(tl.float32)
-    dG = qf * dq - kf * dk  # rows past N: 0 (q, k, do, v loaded as 0)
     rows = (b * N * H + h) * DK
-    _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, tl.cumsum(dG, 0, reverse=True))
-    tl.store(TOT + (bh.to(tl.int64) * NT + c) * DK + offs_k, tl.sum(dG, 0), mask=k_ok)
     r = tl.sum(do.to(tl.float32) * v.to(tl.float32), 1) * scale  # the diagonal: token t against itself
-    _store_rows(DQ + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dq + r[:, None] * kf)
-    _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk + r[:, None] * qf)
+    if PART != 2:
+        hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
+                     other=0.0)
+        dq = (_channel_dq_factored(a, k, Gc, MMA, IEEE, SPLIT) + _dot(do.to(MMA), tl.trans(hs), IEEE)
+              * tl.exp(Gc)) * scale
+        _store_rows(DQ + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dq + r[:, None] * kf)
+        dG = qf * dq  # rows past N: 0 (q, k, do, v loaded as 0)
+        if PART == 1:
+            _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dG)
+    else:
+        dG = _rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1)
+    if PART != 1:
+        dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
+                      other=0.0)
+        dk = (_channel_dk_factored(a, q, Gc, MMA, IEEE, SPLIT) * scale
+              + _dot(v.to(MMA), tl.trans(dhs), IEEE) * tl.exp(G_last[None, :] - Gc))
+        _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk + r[:, None] * qf)
+        dG -= kf * dk
+        _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, tl.cumsum(dG, 0, reverse=True))
+        tl.store(TOT + (bh.to(tl.int64) * NT + c) * DK + offs_k, tl.sum(dG, 0), mask=k_ok)
 
 
 @triton.jit
@@ -245,10 +257,12 @@ def _block(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
-def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | None = None, **overrides):
+def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | None = None, steps: list | None = None,
+             **overrides):
     """(dq, dk, dv, dg, None, dh0), as kernels_backward_gla.backward (the same contract: dq, dk, dv in the inputs'
     dtypes, dg and dh0 float32; ``out`` buffers to write). ``plan``: a tl plan (its MMA dtype and the
-    interpreter's upcast); blocks from configs_gla_bwd.CHUNKED, ``overrides`` any of its keys."""
+    interpreter's upcast); blocks from configs_gla_bwd.CHUNKED, ``overrides`` any of its keys. ``steps``: a list
+    that gets (kernel name, a function launching it again on the same buffers) for each launch (timing)."""
     cfg = dict(configs_gla_bwd.CHUNKED)
     unknown = set(overrides) - set(cfg)
     if unknown:
@@ -293,32 +307,38 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         KD = min(BK, cfg["KD"])
         z4 = (0, 0, 0, 0)
         g_strides = g.stride()
-        with dispatch.on_device(dev):
-            gla_states_kernel[(B * H, vblocks)](
+        launches = []
+        launches.append(("states", lambda: gla_states_kernel[(B * H, vblocks)](
                 k, v, g, h0 if h0 is not None else hs, hs, *k.stride(), *v.stride(), *g_strides,
                 *(h0.stride() if h0 is not None else z4), N, H, Dk, Dv, NT,
                 BT=BT, BK=BK, BV=BV, HAS_H0=h0 is not None, MMA=mma, IEEE=ieee,
-                num_warps=cfg["walk_warps"], num_stages=cfg["walk_stages"])
-            gla_dstates_kernel[(B * H, vblocks)](
+                num_warps=cfg["walk_warps"], num_stages=cfg["walk_stages"])))
+        launches.append(("dstates", lambda: gla_dstates_kernel[(B * H, vblocks)](
                 q, g, do, dht if has_dht else dhs, dh0 if dh0 is not None else dhs, dhs, *q.stride(), *g_strides,
                 *do.stride(), *(dht.stride() if has_dht else z4), *(dh0.stride() if dh0 is not None else z4),
                 N, H, Dk, Dv, NT, scale,
                 BT=BT, BK=BK, BV=BV, HAS_DHT=has_dht, STORE_DH0=dh0 is not None, MMA=mma, IEEE=ieee,
-                num_warps=cfg["walk_warps"], num_stages=cfg["walk_stages"])
-            gla_dqk_kernel[(B * H * NT * kblocks,)](
-                q, k, v, g, do, hs, dhs, dq, dk, dg, tot, *q.stride(), *k.stride(), *v.stride(), *g_strides,
-                *do.stride(), N, H, Dk, Dv, NT, scale, kblocks,
-                BT=BT, BKB=BKB, BVF=BVF, MMA=mma, IEEE=ieee, SPLIT=cfg["split"],
-                num_warps=cfg["dqk_warps"], num_stages=cfg["stages"])
-            gla_dv_kernel[(B * H * NT * vblocks,)](
+                num_warps=cfg["walk_warps"], num_stages=cfg["walk_stages"])))
+        for part in ((1, 2) if cfg["dqk_apart"] else (0,)):
+            launches.append((f"dqk{part}", lambda part=part: gla_dqk_kernel[(B * H * NT * kblocks,)](
+                    q, k, v, g, do, hs, dhs, dq, dk, dg, tot, *q.stride(), *k.stride(), *v.stride(), *g_strides,
+                    *do.stride(), N, H, Dk, Dv, NT, scale, kblocks,
+                    BT=BT, BKB=BKB, BVF=BVF, MMA=mma, IEEE=ieee, SPLIT=cfg["split"], PART=part,
+                    num_warps=cfg["dqk_warps"], num_stages=cfg["stages"])))
+        launches.append(("dv", lambda: gla_dv_kernel[(B * H * NT * vblocks,)](
                 q, k, g, do, dhs, dv, *q.stride(), *k.stride(), *g_strides, *do.stride(), N, H, Dk, Dv, NT, scale,
                 vblocks, BT=BT, BK=BK, KD=KD, BV=BV, MMA=mma, IEEE=ieee,
-                num_warps=cfg["dv_warps"], num_stages=cfg["stages"])
-            bk_dg = min(BK, cfg["BK_DG"])
-            gla_dg_kernel[(B * H, -(-Dk // bk_dg))](
+                num_warps=cfg["dv_warps"], num_stages=cfg["stages"])))
+        bk_dg = min(BK, cfg["BK_DG"])
+        launches.append(("dg", lambda: gla_dg_kernel[(B * H, -(-Dk // bk_dg))](
                 g, dg, tot, ht if has_ht else dg, dht if has_ht else dg, *g_strides,
                 *(ht.stride() if has_ht else z4), *(dht.stride() if has_ht else z4), N, H, Dk, Dv, NT,
-                BT=BT, BK=bk_dg, BVF=BVF, HAS_HT=has_ht, num_warps=4)
+                BT=BT, BK=bk_dg, BVF=BVF, HAS_HT=has_ht, num_warps=4)))
+        with dispatch.on_device(dev):
+            for _, launch in launches:  # in order: each reads what the ones before wrote
+                launch()
+        if steps is not None:
+            steps.extend(launches)
     elif N == 0:
         dg.zero_()
         if dh0 is not None:
