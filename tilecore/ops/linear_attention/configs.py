@@ -127,9 +127,17 @@ GLUON_EARLY_WV: tuple = (True,)
 GLUON_ASYNC_UPDATE: tuple = ()
 # SILU_TANH (Mamba-2's gate with Z_STAGE): sigmoid(z) = (1 + tanh(z / 2)) / 2 by one tanh.approx.f32 (relative
 # error ~2^-11, under bf16's rounding of o) instead of ex2 and a division's rcp: a chunk-step's SFU work a
-# thread from 96 (32 decay exps, 64 for the gate) to 64. Session 30 (helper HF): off until
-# experiments/linear_attention/gpu_forward.py --set s30 checks it against float64 and times it
-GLUON_SILU_TANH = False
+# thread from 96 (32 decay exps, 64 for the gate) to 64. Session 30 (helper HF), H100 run 2 of
+# gpu_forward.py --set s30 (runs/gpu_forward_s30_run2_session30_h100.txt): checked against float64 (Mamba-2
+# h0 N 1000 1.000x the floor, N 33 1.003x, as the default; every element written), the 2.7B shape's kernel
+# 0.928 ms against 1.125 (the copy bound 0.685: 74% from 61%; the probes: the gate and D cost 0.35 ms, the
+# decay's exps 0.22). On
+GLUON_SILU_TANH = True
+# EXP2_FMA (with G_STAGE): the [BT, BT] decay exps' right half (1) or quarter (2) by gluon_forward.exp2_fma (a
+# cubic on the FMA pipe, relative error < 7.5e-5) beside the SFU's ex2, by whether beta is given (True:
+# Mamba-2): session 30's probes put the decay exps at 0.22 ms of Mamba-2's 1.125. Off ({}) until gpu_forward.py
+# --set s30 checks it against float64 and times it
+GLUON_EXP2_FMA: dict = {}
 # Based's Gluon forward (gluon_based.py: Dk 16, no decay, Dv a multiple of 64; its 153 symmetric features
 # padded to 160, S^T in wgmma registers). Runs 7-9 (H100, session 27, B16 H16 N4096 d16 v64 bf16): 0.200-0.212
 # ms against the tl kernel's 0.804 and FLA parallel_based's 2.04 (9.65-10.26x), 55-58% of the copy bound;

@@ -30,7 +30,8 @@ kernels_forward.py) are this kernel's twins for other GPUs and the interpreter.
 import torch
 from triton.experimental import gluon
 
-from tilecore.tiles.gluon import Layout, ring, run, stage_struct, store_block, struct, wgmma_layout, wgmma_lhs_layout
+from tilecore.tiles.gluon import (Layout, join_n, ring, run, split_n, stage_struct, store_block, struct, wgmma_layout,
+                                  wgmma_lhs_layout)
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 
 LOG_DECAY_FLOOR_HOST = -100.0  # kernels_tl.LOG_DECAY_FLOOR's (a float for torch: a constexpr is no number)
@@ -195,6 +196,8 @@ class LinearAttentionForward:
     EARLY_WV: gl.constexpr  # the state update's weighted values stored with the old state (one barrier pair)
     ASYNC_UPDATE: gl.constexpr  # (with EARLY_WV) Q S_old and the state update issued async after Q K^T, under P
     SILU_TANH: gl.constexpr  # (Z_STAGE) the gate's sigmoid as 0.5 + 0.5 tanh(z / 2): one SFU op, not ex2 and rcp
+    EXP2_FMA: gl.constexpr  # (G_STAGE) the [BT, BT] decay exps' right half (1) or quarter (2) by exp2_fma (FMA and
+    # integer pipes) beside the SFU's ex2 for the rest
     PROBE: gl.constexpr  # timing probes only (wrong outputs; 0 in every real launch): PROBE_* bits leave work out
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BK, BV] state
@@ -285,9 +288,26 @@ class LinearAttentionForward:
                 mid = 0.5 * (hi + lo)
                 f = gl.expand_dims(gl.exp2(G_r - mid), 1) * gl.expand_dims(gl.exp2(mid - G_c), 0)
             else:
-                f = gl.exp2(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
+                f = self.exp2_shared(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
         else:
-            f = gl.exp2(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
+            f = self.exp2_shared(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
+        return f
+
+    @gluon.jit
+    def exp2_shared(self, d):
+        """2^d of a [BT, BT] tile: by the SFU's ex2, or (EXP2_FMA) part of it by exp2_fma on the FMA pipe, so
+        both pipes share the chunk's 32 exps a thread (split_n: no data moves between threads)."""
+        if self.EXP2_FMA == 0:
+            f = gl.exp2(d)
+        else:
+            d_lo, d_hi = split_n(d)
+            if self.EXP2_FMA == 1:
+                f = join_n(gl.exp2(d_lo), exp2_fma(d_hi))
+            else:
+                d_hl, d_hh = split_n(d_hi)
+                hi = gl.convert_layout(join_n(gl.exp2(d_hl), exp2_fma(d_hh)), d_lo.type.layout)
+                f = join_n(gl.exp2(d_lo), hi)
+            f = gl.convert_layout(f, self.SL)  # (join_n's linear layout is SL's: nothing moves)
         return f
 
     @gluon.jit
@@ -523,7 +543,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                         PREFETCH: gl.constexpr = False, OVERLAP: gl.constexpr = False, Z_STAGE: gl.constexpr = False,
                         G_STAGE: gl.constexpr = False, FACTORED: gl.constexpr = False,
                         EARLY_WV: gl.constexpr = False, ASYNC_UPDATE: gl.constexpr = False,
-                        SILU_TANH: gl.constexpr = False, PROBE: gl.constexpr = 0):
+                        SILU_TANH: gl.constexpr = False, EXP2_FMA: gl.constexpr = 0, PROBE: gl.constexpr = 0):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. PREFETCH: each chunk's decay and beta loaded
     a chunk ahead. Z_STAGE: z TMA-loaded with the stage (off the walk's serial path). OVERLAP: the chunk's
@@ -532,7 +552,8 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     decay as row times column factors where the chunk's span of G allows. EARLY_WV: the state update's weighted values stored beside the old
     state at the chunk's start (one barrier pair a chunk fewer; not with OVERLAP). ASYNC_UPDATE (with
     EARLY_WV): Q S_old and the state update issued async right after Q K^T, so they run while P is made.
-    SILU_TANH (with Z_STAGE): the gate's sigmoid by one tanh.approx.f32."""
+    SILU_TANH (with Z_STAGE): the gate's sigmoid by one tanh.approx.f32. EXP2_FMA (with G_STAGE): 1 (2): half (a
+    quarter) of the [BT, BT] decay exps by exp2_fma on the FMA pipe."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -550,7 +571,8 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                 stv, N, H, VB, GROUP, scale, state_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D,
                                 HAS_Z, HAS_H0, STORE_HT, PREFETCH, Z_STAGE, OVERLAP, G_STAGE and DECAY,
                                 FACTORED and G_STAGE and DECAY, EARLY_WV and not OVERLAP,
-                                ASYNC_UPDATE and EARLY_WV and not OVERLAP, SILU_TANH and Z_STAGE, PROBE, SL, STL, PL)
+                                ASYNC_UPDATE and EARLY_WV and not OVERLAP, SILU_TANH and Z_STAGE,
+                                EXP2_FMA if G_STAGE and DECAY else 0, PROBE, SL, STL, PL)
     if G_STAGE and DECAY and HAS_BETA and Z_STAGE and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -573,6 +595,31 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     # tensor: B1 with two units compiled to a CompilationError, H100 run 7)
     num_tiles = gl.program_id(0) * 0 + num_tiles
     run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
+
+
+EXP2_MAGIC = gl.constexpr(12582912.0)  # 1.5 * 2^23: x + it rounds x to an integer held in the low mantissa bits
+EXP2_MAGIC_BITS = gl.constexpr(0x4B400000)  # its bits
+# 2^f on [-0.5, 0.5], degree 3, fitted to the relative error (< 7.5e-5, under bf16's 2^-9; P is rounded to the
+# input dtype after the decay)
+EXP2_C0 = gl.constexpr(0.9999280709452044)
+EXP2_C1 = gl.constexpr(0.6932609990867893)
+EXP2_C2 = gl.constexpr(0.24261117040784735)
+EXP2_C3 = gl.constexpr(0.05517161971787593)
+
+
+@gluon.jit
+def exp2_fma(x):
+    """2^x without the SFU (FlashAttention-4's idea: the FMA pipe takes part of the exps): x clamped at -125
+    (the callers' exponents are <= 0 and what lies below 2^-125 is nothing beside the other terms: -inf, a
+    masked entry, gives ~2^-125, masked after), split into the nearest integer n (the 1.5 * 2^23 rounding) and
+    f = x - n in [-0.5, 0.5], 2^f by a cubic, n added to the exponent bits. NaN stays NaN."""
+    xc = gl.maximum(x, -125.0)
+    t = xc + EXP2_MAGIC
+    f = xc - (t - EXP2_MAGIC)
+    p = ((EXP2_C3 * f + EXP2_C2) * f + EXP2_C1) * f + EXP2_C0
+    n = t.to(gl.int32, bitcast=True) - EXP2_MAGIC_BITS
+    r = (p.to(gl.int32, bitcast=True) + (n << 23)).to(gl.float32, bitcast=True)
+    return gl.where(x == x, r, x)
 
 
 @gluon.jit
@@ -681,7 +728,7 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
 def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, prefetch: bool = False,
                 overlap: bool = False, z_stage: bool = False, operand=None, g_stage: bool = False,
                 factored: bool = False, early_wv: bool = False, async_update: bool = False, silu_tanh: bool = False,
-                probe: int = 0):
+                probe: int = 0, exp2_fma: int = 0):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
     prefetch, overlap, z_stage, g_stage, factored, early_wv, async_update: the kernel's PREFETCH, OVERLAP,
     Z_STAGE (z must then be TMA-able: ``tma_ok``), G_STAGE, FACTORED, EARLY_WV and ASYNC_UPDATE; g:
@@ -729,6 +776,8 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                 ASYNC_UPDATE=async_update and early_wv)
     if silu_tanh and z_stage and z is not None:  # (absent otherwise: the launches' keys as before)
         args["SILU_TANH"] = True
+    if exp2_fma and g_stage:
+        args["EXP2_FMA"] = exp2_fma
     if probe:  # (timing probes only: the kernel's PROBE)
         args["PROBE"] = probe
     return (persistent_programs(num_tiles, v.device),), args, 4
@@ -768,7 +817,8 @@ def prepare_decay(g, beta, g_stage: bool):
 def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3,
             prefetch: bool | None = None, overlap: bool | None = None, z_stage: bool | None = None,
             g_stage: bool | None = None, factored: bool | None = None, early_wv: bool | None = None,
-            async_update: bool | None = None, operand=None, launch=None, silu_tanh: bool | None = None):
+            async_update: bool | None = None, operand=None, launch=None, silu_tanh: bool | None = None,
+            exp2_fma: int | None = None):
     """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
     columns must be contiguous (stride 1), as Mamba-2's are. prefetch, overlap, z_stage, g_stage, factored,
     early_wv: the kernel's PREFETCH, OVERLAP, Z_STAGE, G_STAGE, FACTORED and EARLY_WV (None:
@@ -776,7 +826,8 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     configs.GLUON_G_STAGE, GLUON_FACTORED, GLUON_EARLY_WV by whether beta is given: Mamba-2 or not).
     G_STAGE takes PREFETCH's place. ``operand``: launch_args's (the descriptors' maker); ``launch(grid, args,
     num_warps)``: the launch (default: the kernel's own; the op's keyed path passes a CachedLaunch's).
-    silu_tanh: the kernel's SILU_TANH with Z_STAGE (None: configs.GLUON_SILU_TANH)."""
+    silu_tanh: the kernel's SILU_TANH with Z_STAGE (None: configs.GLUON_SILU_TANH); exp2_fma: its EXP2_FMA with
+    G_STAGE (None: configs.GLUON_EXP2_FMA, by whether beta is given)."""
     from tilecore.ops.linear_attention import configs
 
     flags = variant(g, beta, z, prefetch=prefetch, g_stage=g_stage, factored=factored, early_wv=early_wv,
@@ -795,7 +846,9 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap, z_stage,
                                     operand=operand, g_stage=g_stage, factored=factored, early_wv=early_wv,
                                     async_update=flags["async_update"],
-                                    silu_tanh=configs.GLUON_SILU_TANH if silu_tanh is None else silu_tanh)
+                                    silu_tanh=configs.GLUON_SILU_TANH if silu_tanh is None else silu_tanh,
+                                    exp2_fma=configs.GLUON_EXP2_FMA.get(beta is not None, 0) if exp2_fma is None
+                                    else exp2_fma)
     if launch is None:
         la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     else:
@@ -819,7 +872,7 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: bool = False,
                    z_stage: bool = False, g_stage: bool = False, factored: bool = False, early_wv: bool = False,
                    async_update: bool = False, compiled_out: list | None = None, probe: int = 0,
-                   silu_tanh: bool = False) -> dict:
+                   silu_tanh: bool = False, exp2_fma: int = 0) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -834,7 +887,7 @@ def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: 
                                     torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0,
                                     stages=stages, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage,
                                     factored=factored, early_wv=early_wv, async_update=async_update, probe=probe,
-                                    silu_tanh=silu_tanh)
+                                    silu_tanh=silu_tanh, exp2_fma=exp2_fma)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)
