@@ -83,12 +83,14 @@ def test_short_sequences_without_states(N):
 
 
 def test_takes_only_what_it_computes(monkeypatch):
-    """The switch (off: nothing), then per-channel decay, phi(x) = x, no beta, q/k heads = v heads, dims <= 128."""
+    """The switch (off: nothing), then per-channel decay, phi(x) = x, no beta, q/k heads = v heads, dims <= 128, a
+    plan not yet split (run's "split" path calls launch.backward with one)."""
     q, k, v, g, _ = make(1, 8, 1, 1, 16, 16, dtype=F16, decay="channel")
     p = plan(q, v, g, IDENTITY)
     assert not kernels_backward_gla.takes(p, q, v, g, None, IDENTITY)
-    monkeypatch.setattr(configs_gla_bwd, "GLA_BWD_EPILOGUE", True)
+    monkeypatch.setattr(configs_gla_bwd, "GLA_BWD_PATH", "split")
     assert kernels_backward_gla.takes(p, q, v, g, None, IDENTITY)
+    assert not kernels_backward_gla.takes(kernels_backward_gla.split_plan(p, q, v, g), q, v, g, None, IDENTITY)
     assert not kernels_backward_gla.takes(p, q, v, g, torch.ones(1, 8, 1), IDENTITY)  # beta
     assert not kernels_backward_gla.takes(p, q, v, g[..., 0], None, IDENTITY)  # a scalar decay
     v2 = torch.randn(1, 8, 2, 16, dtype=F16)
@@ -184,3 +186,24 @@ def test_chunked_one_token_and_unknown_blocks():
     with pytest.raises(ValueError, match="unknown overrides"):
         kernels_backward_gla_chunked.backward(tl_plan(q, v, g, IDENTITY, 64), do, q, k, v, g, s0, None, None, 0.25,
                                               BKQ=16)
+
+
+@pytest.mark.parametrize("path", ["split", "epilogue", "chunked"])
+def test_run_takes_each_path(monkeypatch, path):
+    """kernels_backward_gla.run (op.py's _backward_impl calls it where takes) on each configs_gla_bwd.GLA_BWD_PATH:
+    float32 gradients against float64 (N 40: a partial chunk at each path's chunk), native and float32 outputs;
+    an unknown path is refused."""
+    monkeypatch.setattr(configs_gla_bwd, "GLA_BWD_PATH", path)
+    torch.manual_seed(7)
+    q, k, v, g, s0 = make(1, 40, 1, 1, 16, 16, dtype=F32, decay="channel", h0=True)
+    do, dht = torch.randn(v.shape), torch.randn(s0.shape)
+    _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
+    p = plan(q, v, g, IDENTITY)
+    assert kernels_backward_gla.takes(p, q, v, g, None, IDENTITY)
+    dq, dk, dv, dg, dbeta, dh0 = kernels_backward_gla.run(p, do, q, k, v, g, s0, st.float(), dht, 0.25, native=False)
+    assert dbeta is None
+    for name, x, r in zip(("dq", "dk", "dv", "dg", "dh0"), (dq, dk, dv, dg, dh0), ref):
+        assert x.dtype == F32 and accuracy.rel_rms(x, r) < 2e-5, name
+    monkeypatch.setattr(configs_gla_bwd, "GLA_BWD_PATH", "fast")
+    with pytest.raises(ValueError, match="accepted"):
+        kernels_backward_gla.run(p, do, q, k, v, g, s0, st.float(), dht, 0.25)

@@ -3,20 +3,29 @@ issue 33, session 30): its switch and blocks, apart from configs.py (other helpe
 entries in the same session)."""
 from __future__ import annotations
 
-# Off until experiments/linear_attention/gpu_gla_bwd.py checks it on the H100 against float64 (a gated backward:
-# flash-linear-attention's issue 640 is a Hopper miscompile of exactly such kernels under triton 3.4-3.7). On:
-# launch.backward routes per-channel decay here (kernels_backward_gla.takes)
-GLA_BWD_EPILOGUE = False
+# Which path per-channel decay's backward takes (op.py's _backward_impl asks kernels_backward_gla.takes, then
+# kernels_backward_gla.run): None the shipped one (launch.backward: unsplit kernels at key blocks of 16 with the
+# sub-chunk form, then the combine kernel); "split" launch's split dQ / dK / dV kernels with the factored terms (DIAG)
+# at SPLIT_BLOCKS, then the combine kernel; "epilogue" the same kernels doing the combine's work (no combine kernel);
+# "chunked" the chunk-parallel form (kernels_backward_gla_chunked.py, CHUNKED). A gated backward ships only where an
+# H100 run checked it against float64 (flash-linear-attention's issue 640: a Hopper miscompile of such kernels under
+# triton 3.4-3.7; the unsplit kernels at DIAG 6 were WRONG there, run 1 of session 30).
+# Run 1 of session 30 (H100, B16 H16 N4096 d128 bf16, experiments/linear_attention/gpu_gla_bwd.py): shipped 60.8 ms;
+# "split" at chunk 32 9.33 (kernels 7.45 + combine), every check passed (bf16 weak decays dq/dk/dv 1.57 / 1.56 /
+# 1.95x the floor, dg 0.028 relative; strong decays + a reset 1.00-1.43x, dg 0.065; fp16 1.64-1.96x); "epilogue" at
+# chunk 32 10.9 (checked). On: "split"
+GLA_BWD_PATH: str | None = None
 # head dims it takes (a dQ / dK program holds every value column: dS [BKB, Dv] float32 in registers)
 MAX_DIM = 128
 # the kernels' DIAG: 5 the intra-chunk terms with one reference a chunk per key block (the sub-chunk form where a
 # block's span of G is too wide), 6 the same with operands split hi + lo; the interpreter (fp16): diag 6 1.44-1.75x
 # the floor, diag 5 1.88-2.12x (decision 41)
 DIAG = 5
-# launch.backward_plan's split keys: the scalar decay's split blocks (session 28 run 3: 3.35 ms at B16 H16 N4096
-# d128): chunk 64, dQ programs of 64 key channels, dK of 64 key channels x every value column, dV of 64 value
-# columns x every key channel; 4 warps
-BLOCKS = dict(split_BT=64, split_BKB=64, split_BV=64, split_warps=4, split_stages=2, dq_BKQ=64, dq_warps=4,
+# launch.backward_plan's split keys ("split" and "epilogue"): the scalar decay's split blocks (session 28 run 3: 3.35
+# ms at B16 H16 N4096 d128) but chunks of 32: dQ programs of 64 key channels, dK of 64 key channels x every value
+# column, dV of 64 value columns x every key channel; 4 warps. Run 1 of session 30: chunk 32 9.33 ms, 64 12.2
+# ("split"); "epilogue" 10.9 / 15.9, 8 warps 16.4 / 11.3, key blocks of 32 at chunk 32 15.5
+BLOCKS = dict(split_BT=32, split_BKB=64, split_BV=64, split_warps=4, split_stages=2, dq_BKQ=64, dq_warps=4,
               dq_stages=3)
 
 # the chunk-parallel form (kernels_backward_gla_chunked.py: a states walk, a state-gradients walk, then every chunk's

@@ -15,24 +15,47 @@ form where a block's span of G is too wide; 0 the sub-chunk form throughout. Aga
 unsplit kernels at key blocks of 16, then the combine kernel): do v^T made by 2 dQ and 2 dK programs a chunk at
 Dk 128 (not 8 + 8), no dk / dv partial sums, no float32 gradient buffers, no combine pass.
 
-Off until a GPU run checks it (configs_gla_bwd.GLA_BWD_EPILOGUE; a gated backward: FLA's issue 640 is a Hopper
-miscompile of exactly such kernels). ``takes`` says where it applies; ``backward`` has launch.backward's
-outputs."""
+``takes`` says where per-channel decay's backward leaves launch.backward (configs_gla_bwd.GLA_BWD_PATH: off by
+default until a GPU run checks the path; FLA's issue 640 is a Hopper miscompile of exactly such kernels); ``run``
+runs the configured path ("split": launch's split kernels with the factored terms, then its combine kernel;
+"epilogue": ``backward`` here; "chunked": kernels_backward_gla_chunked.backward)."""
 from __future__ import annotations
 
 import torch
 
 from tilecore import dispatch
-from tilecore.ops.linear_attention import configs_gla_bwd, launch
+from tilecore.ops.linear_attention import configs_gla_bwd, kernels_backward_gla_chunked, launch
 from tilecore.ops.linear_attention.plan import CHANNEL_DECAY, IDENTITY, Plan, decay_kind
 
 
 def takes(plan: Plan, q, v, g, beta, feature: int) -> bool:
-    """Whether this path runs the backward: the switch on, the tl path, per-channel decay, phi(x) = x, no beta,
-    q/k heads = v heads, head dims <= configs_gla_bwd.MAX_DIM (a program holds every value column)."""
-    return (configs_gla_bwd.GLA_BWD_EPILOGUE and plan.path == "tl" and decay_kind(g) == CHANNEL_DECAY
-            and feature == IDENTITY and beta is None and q.shape[2] == v.shape[2]
+    """Whether ``run`` takes this backward: a path switched on (configs_gla_bwd.GLA_BWD_PATH), the tl path (a plan
+    not yet split), per-channel decay, phi(x) = x, no beta, q/k heads = v heads, head dims <=
+    configs_gla_bwd.MAX_DIM (a program holds every value column)."""
+    return (configs_gla_bwd.GLA_BWD_PATH is not None and plan.path == "tl" and not plan.config.get("split")
+            and decay_kind(g) == CHANNEL_DECAY and feature == IDENTITY and beta is None and q.shape[2] == v.shape[2]
             and max(q.shape[-1], v.shape[-1]) <= configs_gla_bwd.MAX_DIM)
+
+
+def run(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, native: bool = True, chunk: int | None = None):
+    """launch.backward's (dq, dk, dv, dg, dbeta = None, dh0) by configs_gla_bwd.GLA_BWD_PATH (where ``takes``):
+    dq, dk, dv in the inputs' dtypes where ``native``, else float32. ``chunk``: the caller's chunk_size (None: the
+    path's own)."""
+    path = configs_gla_bwd.GLA_BWD_PATH
+    if path == "split":
+        grads = launch.backward(split_plan(plan, q, v, g, chunk), do, q, k, v, g, None, h0, None, ht, dht, scale,
+                                IDENTITY, native=native)
+        return grads
+    if path == "epilogue":
+        grads = backward(split_plan(plan, q, v, g, chunk), do, q, k, v, g, h0, ht, dht, scale)
+    elif path == "chunked":
+        grads = kernels_backward_gla_chunked.backward(plan, do, q, k, v, g, h0, ht, dht, scale,
+                                                      **(dict(BT=chunk) if chunk else {}))
+    else:
+        raise ValueError(f"configs_gla_bwd.GLA_BWD_PATH: {path!r}; accepted: None, 'split', 'epilogue', 'chunked'")
+    if not native:
+        grads = (grads[0].float(), grads[1].float(), grads[2].float(), *grads[3:])
+    return grads
 
 
 def split_plan(plan: Plan, q, v, g, chunk: int | None = None, **overrides) -> Plan:
