@@ -43,6 +43,7 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides
     "q8": dict(exp2_fma_every=-8), "q4": dict(exp2_fma_every=-4), "q2": dict(exp2_fma_every=-2),
     "c8": dict(exp2_fma_every=8), "bn192": dict(block_n2=64), "bn192s2": dict(block_n2=64, stages=2),
     "bn192q8": dict(block_n2=64, exp2_fma_every=-8), "bn160": dict(block_n2=32), "bn160q4": dict(block_n2=32, exp2_fma_every=-4),
+    "pp2": dict(pingpong=2), "pp3": dict(pingpong=3), "lmma0": dict(l_mma=0), "packed_lmma0": dict(l_mma=0, cast_late=2), "packed": dict(cast_late=2), "packed_pp2": dict(cast_late=2, pingpong=2),
 }
 
 

@@ -172,6 +172,32 @@ def to_e4m3x4(x):
 
 
 @gluon.jit
+def pack_e4m3x4(p):
+    """P (float32 [m, n] in the register-operand layout: 4 consecutive k of a row a register) rounded to e4m3 and packed,
+    4 k a register, into an int32 [m, n / 4] tile (CAST_LATE 2): splitting k's two low bits moves no data (they are
+    register bits), and an int32 crosses the loop's phi as one register, where e4m3 bytes were kept as single bytes
+    by LLVM and unpacked and packed again each step (session 26)."""
+    M: gl.constexpr = p.shape[0]
+    N: gl.constexpr = p.shape[1]
+    a, b = gl.split(gl.reshape(p, [M, N // 4, 2, 2]))  # k = 4 j + 2 u + w: a w = 0, b w = 1
+    a0, a1 = gl.split(a)  # k = 4 j, 4 j + 2
+    b0, b1 = gl.split(b)  # k = 4 j + 1, 4 j + 3
+    return gl.inline_asm_elementwise(E4M3X4_PTX, "=r,f,f,f,f", [a0, b0, a1, b1], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def unpack_e4m3x4(q, layout: gl.constexpr):
+    """pack_e4m3x4's inverse: the int32 [m, n / 4] tile as e4m3 [m, n] in ``layout`` (the register operand's): each
+    int32 joined to 4 copies (register bits, no data moved), an asm returning it as 4 e4m3 (one register)."""
+    M: gl.constexpr = q.shape[0]
+    N: gl.constexpr = q.shape[1] * 4
+    z = gl.join(q, q)
+    z = gl.reshape(gl.join(z, z), [M, N // 4, 4])
+    x = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r,r,r", [z], dtype=gl.float8e4nv, is_pure=True, pack=4)
+    return gl.convert_layout(gl.reshape(x, [M, N]), layout, assert_trivial=True)
+
+
+@gluon.jit
 def to_e4m3x4_pinned(x):
     """to_e4m3x4 as an asm with side effects: LLVM keeps it where it is written (before the S wgmma issue), instead of
     sinking it to its use (the P V wgmma), which would keep P's float32 registers live beside S's accumulator."""
@@ -283,6 +309,33 @@ def fp8_softmax_update(m_i, l_i, s, row_scale, PER_ROW: gl.constexpr, EXP2_FMA_E
 
 
 @gluon.jit
+def fp8_softmax_from_max(m_i, s, s_max, row_scale, PER_ROW: gl.constexpr, EXP2_FMA_EVERY: gl.constexpr = 0,
+                         P_SHIFT: gl.constexpr = 8.0):
+    """fp8_softmax_update (no RESCALE_TAU, l left to the tensor cores) with the rows' raw max ``s_max`` given (the
+    caller took it first: PINGPONG 2 passes the turn right after it). Returns (m, P in float32, alpha)."""
+    m_new = gl.maximum(m_i, s_max * row_scale)
+    if PER_ROW:
+        c = gl.expand_dims(row_scale, 1)
+    else:
+        c = row_scale
+    m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))
+    p = exp2_split(s * c - gl.expand_dims(m_ref - P_SHIFT, 1), EXP2_FMA_EVERY)
+    alpha = gl.exp2(m_i - m_ref)
+    return m_new, p, alpha
+
+
+@gluon.jit
+def arrive_after(x, bar_id):
+    """bar.arrive on the named barrier ``bar_id`` for the 256 consumer threads, once a thread (x: a row vector of the
+    wgmma layout, two rows a thread: pack 2), after ``x`` is computed: x goes through the asm (returned as it is), so
+    the arrive depends on it and what uses x waits for the arrive (a plain arrive, depending on nothing, may be
+    issued anywhere)."""
+    bar = gl.full(x.shape, 0, gl.int32, x.type.layout) + bar_id
+    return gl.inline_asm_elementwise("bar.arrive $4, 256;\n\tmov.b32 $0, $2;\n\tmov.b32 $1, $3;", "=f,=f,f,f,r,r",
+                                     [x, bar], dtype=gl.float32, is_pure=False, pack=2)
+
+
+@gluon.jit
 def named_barrier(bar_id, ARRIVE: gl.constexpr):
     """bar.sync (wait) or, with ARRIVE, bar.arrive (signal, no wait) on the named barrier ``bar_id``
     (an int32 tensor) for the 256 threads of the two consumer warpgroups (Triton's own take ids 0..2)."""
@@ -359,7 +412,11 @@ class AttentionFp8:
     K_PER_ROW: gl.constexpr
     K_PER_BLOCK: gl.constexpr  # k's descales per block of BN keys: one scalar a step (a factor of the row scale)
     EXP2_FMA_EVERY: gl.constexpr  # exp2_split: one exp2 in this many on the FMA units (0: none)
-    CAST_LATE: gl.constexpr  # p_operand: P rounded to e4m3 after its move to the operand layout
+    CAST_LATE: gl.constexpr  # p_operand: P rounded to e4m3 after its move to the operand layout; 2 (session 30): at
+    # the softmax's end, carried packed as int32 (pack_e4m3x4): ptxas issues S's wgmma before a float32 P's conversion,
+    # so the carried float32 P (64 registers at BN 128) sat beside S; with 232 registers a thread the allocator then
+    # put the softmax's exponentials in the P V operand's registers and waited for P V first (the SASS's
+    # WARPGROUP.DEPBAR before the row max): no softmax under P V
     P_SHIFT: gl.constexpr  # P is rounded to e4m3 as 2^P_SHIFT p (reference.P_SHIFT: 8)
     RESCALE_TAU: gl.constexpr  # > 0: O rescaled only where a row's max grew by more than this (reference.py)
     RESCALE_LATE: gl.constexpr  # O *= alpha at the next step, between the S and P V issues (FlashAttention-3's place)
@@ -433,7 +490,10 @@ class AttentionFp8:
             q_scale = q_scale * gl.load(self.k_scales + b * (self.H // self.GROUP) + hk)
         m, l = online_softmax_start(self.BM, self.S)
         acc = gl.zeros([self.BM, self.D], gl.float32, self.O)
-        p = gl.zeros([self.BM, self.BN], gl.float32 if self.CAST_LATE else self.q_desc.dtype, self.P)
+        if self.CAST_LATE == 2:  # P packed 4 e4m3 an int32 (pack_e4m3x4)
+            p = self.p_operand(gl.zeros([self.BM, self.BN], gl.float32, self.S))
+        else:
+            p = gl.zeros([self.BM, self.BN], gl.float32 if self.CAST_LATE else self.q_desc.dtype, self.P)
         l_acc = gl.constexpr(None)  # (a constexpr: nothing carried through the loop)
         if self.L_MMA:
             l_acc = gl.zeros([self.BM, self.LC], gl.float32, self.L)
@@ -464,9 +524,11 @@ class AttentionFp8:
         return k_scale
 
     @gluon.jit
-    def softmax(self, s, st, first_key, k_scale):
+    def softmax(self, s, st, first_key, k_scale, ctx=None, ARRIVE: gl.constexpr = False):
         """Descale the scores, mask them where needed, one online-softmax step.
-        Returns (m, l, P in float32 (2^P_SHIFT p), alpha (a row vector), whether any row's m moved)."""
+        Returns (m, l, P in float32 (2^P_SHIFT p), alpha (a row vector), whether any row's m moved).
+        ARRIVE (PINGPONG 2 and 3, the steady step): the other consumer's turn is passed here, after the row max (2) or
+        after the exponentials (3), instead of right after this consumer's issue."""
         if self.K_PER_ROW:
             s = s * gl.expand_dims(k_scale, 0)
         row_scale = st.q_scale
@@ -480,6 +542,16 @@ class AttentionFp8:
             m0 = gl.maximum(st.m, 0.0)
             p = exp2_split(s * row_scale - gl.expand_dims(m0 - self.P_SHIFT, 1), self.EXP2_FMA_EVERY)
             return m0, st.l, p, gl.exp2(st.m - m0), 1
+        if ARRIVE:
+            bar_id = PINGPONG_BARRIER + 1 - ctx.index
+            s_max = row_max_tree(s)
+            if self.PINGPONG == 2:
+                s_max = arrive_after(s_max, bar_id)
+            m, p, alpha = fp8_softmax_from_max(st.m, s, s_max, row_scale, self.Q_PER_ROW, self.EXP2_FMA_EVERY,
+                                               self.P_SHIFT)
+            if self.PINGPONG == 3:
+                alpha = arrive_after(alpha, bar_id)
+            return m, st.l, p, alpha, 1
         return fp8_softmax_update(st.m, st.l, s, row_scale, self.Q_PER_ROW, self.EXP2_FMA_EVERY, self.P_SHIFT,
                                   self.RESCALE_TAU, not self.L_MMA, self.MAX_TREE)
 
@@ -499,6 +571,8 @@ class AttentionFp8:
             x = gl.convert_layout(gl.reshape(x, [self.BM, p.shape[1]]), self.P, assert_trivial=True)
         else:
             x = gl.convert_layout(p.to(self.q_desc.dtype), self.P)
+        if self.CAST_LATE == 2:  # rounded now and carried packed: no float32 P beside the next S (see CAST_LATE)
+            x = pack_e4m3x4(x)
         return x
 
     @gluon.jit
@@ -506,7 +580,9 @@ class AttentionFp8:
         """The P V register operand from Running.p: with CAST_LATE rounded to e4m3 here, four k of a row a
         register (to_e4m3x4), in the basic block of the wgmma, so that no byte is unpacked; else p as it is."""
         operand = p
-        if self.CAST_LATE:
+        if self.CAST_LATE == 2:
+            operand = unpack_e4m3x4(p, self.P)
+        elif self.CAST_LATE:
             if self.BN2 > 0:
                 operand = to_e4m3x4_pinned(p)
             else:
@@ -705,7 +781,8 @@ class AttentionFp8:
             t0, t1, t2, t3 = self.row_sum_mma(p8)
             acc, l_in = self.rescale_late(st)
             o_tok = warpgroup_mma(p8, v, acc, is_async=True)
-            self.their_turn(ctx)
+            if self.PINGPONG < 2:
+                self.their_turn(ctx)
             s, l0, l1, l2, l3 = warpgroup_mma_wait(1, deps=(s_tok, t0, t1, t2, t3))  # all but P V are done
             l_acc = l_in + ((l0 + l1) + (l2 + l3))  # float32 (16 adds a thread); times alpha with O
         else:
@@ -713,7 +790,7 @@ class AttentionFp8:
             o_tok = warpgroup_mma(p8, v, acc, is_async=True)
             self.their_turn(ctx)
             s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
-        m, l, p32, alpha, moved = self.softmax(s, st, first_key, k_scale)
+        m, l, p32, alpha, moved = self.softmax(s, st, first_key, k_scale, ctx, self.PINGPONG >= 2)
         acc = warpgroup_mma_wait(0, deps=(o_tok,))
         return m, l, p32, alpha, acc, moved, l_acc
 
@@ -814,6 +891,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                      "descales, per-head k descales")
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not PINGPONG), "two or three consumer warpgroups "
                      "(PINGPONG: two)")
+    gl.static_assert(PINGPONG < 2 or (L_MMA and MAX_TREE and RESCALE_TAU == 0 and not PROBE_NO_SOFTMAX and BN2 == 0),
+                     "PINGPONG 2 / 3 (the turn passed after the row max / the exponentials): with L_MMA and MAX_TREE")
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
