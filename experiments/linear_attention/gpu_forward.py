@@ -548,7 +548,7 @@ GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
 
 
 def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype: str = "bf16",
-                overlap: bool = False, paired: bool = False, chain: bool = False):
+                overlap: bool = False, paired: bool = False, chain: bool = False, sel_async: int = 0):
     """Based's Gluon forward (gluon_based.based_fwd_gluon_kernel) into NaN-filled o and final states (the
     kernel's rows), with or without an initial state, against the float64 recurrence; beside the tl kernel."""
     from tilecore.ops.linear_attention import gluon_based as gb
@@ -560,11 +560,13 @@ def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype
     v = torch.randn(B, N, H, Dv, device=DEV).to(dt)
     h0 = torch.randn(B, H, 1 + gb.DK + gb.DK ** 2, Dv, device=DEV) * 0.1 if with_h0 else None
     scale = gb.DK ** -0.5
-    row = dict(case=name, N=N, fits=gb.fits(q, k, v, None), overlap=overlap, paired=paired, chain=chain)
+    row = dict(case=name, N=N, fits=gb.fits(q, k, v, None), overlap=overlap, paired=paired, chain=chain,
+               sel_async=sel_async)
     o = torch.full_like(v, float("nan"))
     xt = torch.full((B, H, gb.FEATURES, Dv), float("nan"), device=DEV)
     x0 = gb.compress(h0) if h0 is not None else None
-    grid, args, warps = gb.launch_args(q, k, v, x0, o, xt, scale, 2, overlap, paired=paired, chain=chain)
+    grid, args, warps = gb.launch_args(q, k, v, x0, o, xt, scale, 2, overlap, paired=paired, chain=chain,
+                                       sel_async=sel_async)
     gb.based_fwd_gluon_kernel[grid](**args, num_warps=warps)
     torch.cuda.synchronize()
     row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(xt).any())
@@ -573,7 +575,7 @@ def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype
                                                 initial_state=None if h0 is None else h0.double())
     row["out_floor"] = round(accuracy.error_over_floor(o.nan_to_num(), ref), 3)
     row["state_rel"] = accuracy.rel_rms(ht.nan_to_num(), ref_state)
-    o2, ht2 = gb.forward(q, k, v, h0, scale, True, overlap=overlap, paired=paired, chain=chain)  # the host path (compress, expand) as the op will call it
+    o2, ht2 = gb.forward(q, k, v, h0, scale, True, overlap=overlap, paired=paired, chain=chain, sel_async=sel_async)  # the host path (compress, expand) as the op will call it
     row["forward_matches"] = bool(torch.equal(o2, o)) and accuracy.rel_rms(ht2, ht) < 1e-6
     p = tl_plan(q, v, None, BASED)
     o_tl, ht_tl, _ = launch.forward(p, q, k, v, None, None, None, None, h0, scale, BASED, final_state=True,
@@ -826,7 +828,9 @@ S30_CASES = ("based d16 v64", "mamba2 2.7B shape")
 # run 2 (session 30) timed every probe: the Based features 0.064 ms of 0.202, each MMA group ~0.03; Mamba-2's gate
 # and D 0.35 ms of 1.125, the decay exps 0.22, Q K^T + P V 0.26 (no_store was dead code: no final state, so
 # nothing is live without o). Run 3: the candidates, and Mamba-2's probes again on its new default (SILU_TANH)
-S30_BASED = {"default": 0, "no_features": 32, "chain": dict(chain=True), "paired_chain": dict(paired=True, chain=True)}
+S30_BASED = {"default": 0, "no_features": 32, "chain": dict(chain=True), "paired_chain": dict(paired=True, chain=True),
+             "sel_async1": dict(sel_async=1), "sel_async2": dict(sel_async=2),
+             "sel_async2_chain": dict(sel_async=2, chain=True)}
 S30_MAMBA = {"default": 0, "no_intra": 1, "no_decay_factors": 16, "no_epilogue": 32,
              "gate_div": dict(silu_tanh=False),
              "silu_tanh_factored": dict(silu_tanh=True, factored=True),
@@ -863,6 +867,12 @@ S30_CHECKS = {
     "mamba2 silu_tanh h0 N 1000": lambda: check_gluon("s30 silu_tanh mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True,
                                                       *_GSZ, "mild", True, silu_tanh=True),
     "based chain h0 N 1000": lambda: check_based("s30 based chain h0 N 1000", 2, 1000, 4, 64, True, chain=True),
+    "based sel_async 1 h0 N 1000": lambda: check_based("s30 based sel_async 1 h0 N 1000", 2, 1000, 4, 64, True,
+                                                       sel_async=1),
+    "based sel_async 2 + chain h0 N 1000": lambda: check_based("s30 based sel_async 2 chain h0 N 1000", 2, 1000, 4, 64,
+                                                               True, chain=True, sel_async=2),
+    "based sel_async 2 fp16 v128 N 77": lambda: check_based("s30 based sel_async 2 fp16 v128 N 77", 1, 77, 2, 128,
+                                                            False, "fp16", sel_async=2),
     "mamba2 public op h0 N 1000": lambda: check_op_mamba2(1000),
     "mamba2 silu_tanh exp2_fma 1 h0 N 1000": lambda: check_gluon("s30 silu_tanh exp2_fma 1 mamba2 h0", 2, 1000, 1, 8, 128,
                                                                  64, True, True, *_GSZ, "mild", True, silu_tanh=True,

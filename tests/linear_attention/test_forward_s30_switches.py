@@ -34,7 +34,7 @@ def based_args(**kw):
 
 def test_the_shipped_launches_pass_no_new_constexpr():
     for args in (mamba_args(), based_args()):
-        assert not {"SILU_TANH", "EXP2_FMA", "PAIRED", "CHAIN", "PROBE"} & set(args)
+        assert not {"SILU_TANH", "EXP2_FMA", "PAIRED", "CHAIN", "SEL_ASYNC", "PROBE"} & set(args)
 
 
 def test_silu_tanh_only_with_z_through_the_stage():
@@ -46,12 +46,13 @@ def test_silu_tanh_only_with_z_through_the_stage():
 def test_paired_only_without_overlap_and_probes_by_their_bits():
     assert based_args(paired=True)["PAIRED"] is True and based_args(chain=True)["CHAIN"] is True
     assert not {"PAIRED", "CHAIN"} & set(based_args(paired=True, chain=True, overlap=True))  # OVERLAP does both
+    assert based_args(sel_async=2)["SEL_ASYNC"] == 2 and "SEL_ASYNC" not in based_args(sel_async=2, paired=True)
     assert based_args(probe=gluon_based.PROBE_NO_FEATURES.value)["PROBE"] == 32
     assert mamba_args(probe=gluon_forward.PROBE_NO_EPILOGUE.value)["PROBE"] == 32
 
 
 @pytest.mark.parametrize("kernel,names", [(gluon_forward.la_fwd_gluon_kernel, ("SILU_TANH", "EXP2_FMA", "PROBE")),
-                                          (gluon_based.based_fwd_gluon_kernel, ("PAIRED", "CHAIN", "PROBE"))])
+                                          (gluon_based.based_fwd_gluon_kernel, ("PAIRED", "CHAIN", "SEL_ASYNC", "PROBE"))])
 def test_the_kernels_default_every_new_constexpr_off(kernel, names):
     params = inspect.signature(kernel.fn).parameters
     for name in names:

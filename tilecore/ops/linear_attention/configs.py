@@ -156,6 +156,11 @@ GLUON_BASED_PAIRED = False
 # its CHAIN (session 30, helper HF): OVERLAP's chunk wgmmas alone (o's three and the state update's two issued
 # async, one wait), the selections as without OVERLAP. Off until gpu_forward.py --set s30 checks and times it
 GLUON_BASED_CHAIN = False
+# its SEL_ASYNC (session 30, helper HF): a feature piece's two N = 32 selections issued async with one wait (1),
+# or q's and k's four together with q's product under k's (2); session 30's probes: the features are a third
+# of Based's time (0.064 of 0.202 ms), run 2: PAIRED's N = 64 selections slower (spills). Off (0) until
+# gpu_forward.py --set s30 checks and times it
+GLUON_BASED_SEL_ASYNC = 0
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
 # B16 H16 N4096 bf16, Dk = Dv = 128, dQ + dK/dV kernels): no decay 2.36 ms at chunks of 64, one key block

@@ -126,6 +126,8 @@ class BasedForward:
     # the chunk's other wgmmas synchronous as without OVERLAP
     CHAIN: gl.constexpr  # OVERLAP's chunk wgmmas alone (o's three and the update's two issued async, one wait);
     # the selections as without OVERLAP
+    SEL_ASYNC: gl.constexpr  # not OVERLAP/PAIRED: a piece's two selections async with one wait (1); q's and k's
+    # four together, q's product under k's (2)
     PROBE: gl.constexpr  # timing probes only (wrong outputs; 0 in every real launch)
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV)
     STL: gl.constexpr  # [BV, 128] state
@@ -246,8 +248,32 @@ class BasedForward:
         w = 1). The column constants come from the column index (no loads: loop-invariant loads were
         hoisted out of the walk and spilled)."""
         zero = gl.zeros([self.BT, 32], gl.float32, self.FL)
-        xa = warpgroup_mma(x, sel_a.permute((1, 0)), zero, use_acc=False)
-        xb = warpgroup_mma(x, sel_b.permute((1, 0)), zero, use_acc=False)
+        if self.SEL_ASYNC:  # both selections in flight, one wait
+            xa = warpgroup_mma(x, sel_a.permute((1, 0)), zero, use_acc=False, is_async=True)
+            xb = warpgroup_mma(x, sel_b.permute((1, 0)), zero, use_acc=False, is_async=True)
+            xa, xb = warpgroup_mma_wait(0, deps=(xa, xb))
+        else:
+            xa = warpgroup_mma(x, sel_a.permute((1, 0)), zero, use_acc=False)
+            xb = warpgroup_mma(x, sel_b.permute((1, 0)), zero, use_acc=False)
+        self.feature_product(xa, xb, out, PIECE_KIND, QUERY)
+
+    @gluon.jit
+    def features_both(self, q, k, sel_a, sel_b, phiq, phik, PIECE_KIND: gl.constexpr):
+        """(SEL_ASYNC 2) A piece of 32 features of q and of k: the four selections issued together, q's
+        product made while k's run."""
+        zero = gl.zeros([self.BT, 32], gl.float32, self.FL)
+        qa = warpgroup_mma(q, sel_a.permute((1, 0)), zero, use_acc=False, is_async=True)
+        qb = warpgroup_mma(q, sel_b.permute((1, 0)), zero, use_acc=False, is_async=True)
+        ka = warpgroup_mma(k, sel_a.permute((1, 0)), zero, use_acc=False, is_async=True)
+        kb = warpgroup_mma(k, sel_b.permute((1, 0)), zero, use_acc=False, is_async=True)
+        qa, qb = warpgroup_mma_wait(2, deps=(qa, qb))
+        self.feature_product(qa, qb, phiq, PIECE_KIND, True)
+        ka, kb = warpgroup_mma_wait(0, deps=(ka, kb))
+        self.feature_product(ka, kb, phik, PIECE_KIND, False)
+
+    @gluon.jit
+    def feature_product(self, xa, xb, out, PIECE_KIND: gl.constexpr, QUERY: gl.constexpr):
+        """The piece's features from its selected columns xa, xb [BT, 32] (see features_single) into ``out``."""
         col = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, self.FL)), 0)
         sq = self.scale * self.scale
         if PIECE_KIND == 0:
@@ -299,12 +325,19 @@ class BasedForward:
             for p in gl.static_range(4):
                 sel_a = self.sel_main.slice(p * 64, 32)
                 sel_b = self.sel_main.slice(p * 64 + 32, 32)
-                self.features_single(q, sel_a, sel_b, phiq.slice(p * 32, 32, dim=1), 0 if p == 0 else 1, True)
-                self.features_single(k, sel_a, sel_b, phik.slice(p * 32, 32, dim=1), 0 if p == 0 else 1, False)
+                if self.SEL_ASYNC == 2:
+                    self.features_both(q, k, sel_a, sel_b, phiq.slice(p * 32, 32, dim=1),
+                                       phik.slice(p * 32, 32, dim=1), 0 if p == 0 else 1)
+                else:
+                    self.features_single(q, sel_a, sel_b, phiq.slice(p * 32, 32, dim=1), 0 if p == 0 else 1, True)
+                    self.features_single(k, sel_a, sel_b, phik.slice(p * 32, 32, dim=1), 0 if p == 0 else 1, False)
             sel_a = self.sel_tail.slice(0, 32)
             sel_b = self.sel_tail.slice(32, 32)
-            self.features_single(q, sel_a, sel_b, phiq_t, 2, True)
-            self.features_single(k, sel_a, sel_b, phik_t, 2, False)
+            if self.SEL_ASYNC == 2:
+                self.features_both(q, k, sel_a, sel_b, phiq_t, phik_t, 2)
+            else:
+                self.features_single(q, sel_a, sel_b, phiq_t, 2, True)
+                self.features_single(k, sel_a, sel_b, phik_t, 2, False)
         fence_async_shared()
         gl.thread_barrier()
 
@@ -372,7 +405,7 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                            s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, scale, num_tiles,
                            STAGES: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
                            OVERLAP: gl.constexpr = False, PAIRED: gl.constexpr = False, CHAIN: gl.constexpr = False,
-                           PROBE: gl.constexpr = 0):
+                           SEL_ASYNC: gl.constexpr = 0, PROBE: gl.constexpr = 0):
     """o (and the final states) of every unit of (batch, head, 64 value columns) under Based's map; a
     persistent grid, two consumer warpgroups (num_warps = 4) and a producer warp."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
@@ -396,7 +429,7 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                       gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
                       gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
                       gl.allocate_shared_memory(dt, [2, BV, 128], wide), gl.allocate_shared_memory(dt, [2, BV, 32], wide),
-                      BT, BV, F, HAS_H0, STORE_HT, OVERLAP, PAIRED, CHAIN, PROBE, SL, STL, TTL, FL, PL)
+                      BT, BV, F, HAS_H0, STORE_HT, OVERLAP, PAIRED, CHAIN, SEL_ASYNC, PROBE, SL, STL, TTL, FL, PL)
     stages = BasedChunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES),
                         ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES))
     # a tensor even where the launch specialized num_tiles == 1 to a constant (the template's _Pipeline holds a
@@ -551,7 +584,7 @@ def _head_major(t: torch.Tensor):
 
 
 def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool = False, probe: int = 0,
-                paired: bool = False, chain: bool = False):
+                paired: bool = False, chain: bool = False, sel_async: int = 0):
     """(grid, arguments by name, num_warps) of based_fwd_gluon_kernel; x0, xt: kernel-row states or None;
     overlap: the kernel's OVERLAP."""
     from tilecore.tiles.launch import gluon_descriptor
@@ -576,27 +609,31 @@ def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool
         args["PAIRED"] = True
     if chain and not overlap:
         args["CHAIN"] = True
+    if sel_async and not (overlap or paired):
+        args["SEL_ASYNC"] = sel_async
     if probe:  # (timing probes only: the kernel's PROBE)
         args["PROBE"] = probe
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
 def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overlap: bool | None = None,
-            paired: bool | None = None, chain: bool | None = None):
+            paired: bool | None = None, chain: bool | None = None, sel_async: int | None = None):
     """(o, final state (B, H, 1 + 16 + 256, Dv) float32 or None) by the Gluon kernel (``fits`` must have
     said None). h0: the op-layout initial state or None. overlap: the kernel's OVERLAP (None:
-    configs.GLUON_BASED_OVERLAP). paired, chain: the kernel's PAIRED and CHAIN (None: configs.GLUON_BASED_PAIRED,
-    GLUON_BASED_CHAIN)."""
+    configs.GLUON_BASED_OVERLAP). paired, chain, sel_async: the kernel's PAIRED, CHAIN and SEL_ASYNC (None:
+    configs.GLUON_BASED_PAIRED, GLUON_BASED_CHAIN, GLUON_BASED_SEL_ASYNC)."""
     from tilecore.ops.linear_attention import configs
 
     overlap = configs.GLUON_BASED_OVERLAP if overlap is None else overlap
     paired = configs.GLUON_BASED_PAIRED if paired is None else paired
     chain = configs.GLUON_BASED_CHAIN if chain is None else chain
+    sel_async = configs.GLUON_BASED_SEL_ASYNC if sel_async is None else sel_async
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     x0 = compress(h0) if h0 is not None else None
     xt = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32, device=v.device) if final_state else None
-    grid, args, warps = launch_args(q, k, v, x0, o, xt, scale, stages, overlap, paired=paired, chain=chain)
+    grid, args, warps = launch_args(q, k, v, x0, o, xt, scale, stages, overlap, paired=paired, chain=chain,
+                                    sel_async=sel_async)
     based_fwd_gluon_kernel[grid](**args, num_warps=warps)
     ht = None
     if final_state:
@@ -611,14 +648,15 @@ def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overl
 
 
 def compile_report(states: bool = True, stages: int = 2, overlap: bool = False, probe: int = 0,
-                   paired: bool = False, chain: bool = False) -> dict:
+                   paired: bool = False, chain: bool = False, sel_async: int = 0) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     B, N, H, Dv, bf = 2, 4096, 16, 64, torch.bfloat16
     q = torch.empty(B, N, H, DK, dtype=bf)
     v = torch.empty(B, N, H, Dv, dtype=bf)
     x = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32) if states else None
-    grid, args, warps = launch_args(q, q, v, x, torch.empty_like(v), x, 0.25, stages, overlap, probe, paired, chain)
+    grid, args, warps = launch_args(q, q, v, x, torch.empty_like(v), x, 0.25, stages, overlap, probe, paired, chain,
+                                    sel_async)
     compiled = compile_kernel(based_fwd_gluon_kernel, args, num_warps=warps)
     r = resources(compiled)
     return dict(case=f"based states={states} stages={stages} overlap={overlap}", spill_bytes=r.spill_stores,
