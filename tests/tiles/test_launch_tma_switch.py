@@ -48,3 +48,31 @@ def test_the_switch_is_read_each_launch_and_both_ways_agree(fake_gluon_kernel, m
         go((2, 1, 1), args)
     assert len(set(received)) == 1 and len(received) == 5  # the same arguments every launch, either way
     assert len(encoded) == 2 + 1  # off: Triton encodes each launch; on: once, then kept
+
+
+def test_a_keyed_hit_appends_the_keys_constexprs_or_reads_its_kwargs(fast_launch):
+    """CachedLaunch's keyed hit (session 30): where every parameter after the positional arguments is a constexpr
+    (fixed by the key) it appends them as the key's first launch gave them; a runtime parameter passed by keyword
+    is read from each call's kwargs. Either way each launch gets the arguments the plain launch would."""
+    import triton
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    from tilecore.tiles.launch import CachedLaunch
+
+    @triton.jit
+    def scaled(x_ptr, n, scale, BLOCK: tl.constexpr, EVEN: tl.constexpr = False):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * scale, mask=offs < n)
+
+    cached = CachedLaunch(JITFunction(scaled.fn))
+    fake = fast_launch(cached)
+    x = torch.zeros(10)
+    for scale in (1.0, 2.0, 3.0):  # constexpr tail: kept with the key
+        cached.run(("tail",), (2,), (x, 10, scale), dict(BLOCK=8))
+    assert cached.keyed.get(("tail",))[3] == (3, [8, False])
+    assert [c[1][2] for c in fake.calls] == [1.0, 2.0, 3.0] and all(c[1][3:] == (8, False) for c in fake.calls)
+    for scale in (4.0, 5.0):  # scale by keyword: no tail kept, each call's value launched
+        cached.run(("kw",), (2,), (x, 10), dict(scale=scale, BLOCK=8, EVEN=True))
+    assert cached.keyed.get(("kw",))[3] is None
+    assert [c[1][2:] for c in fake.calls[3:]] == [(4.0, 8, True), (5.0, 8, True)]

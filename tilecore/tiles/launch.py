@@ -226,18 +226,32 @@ class CachedLaunch:
             if self.fast and not dispatch.interpreter_enabled():
                 # (the key names the device: the current one here, which run() compares before skipping
                 # the device guard)
-                self.keyed.put(key, (compiled, direct_launch(compiled), _current_cuda_device()))
+                self.keyed.put(key, (compiled, direct_launch(compiled), _current_cuda_device(),
+                                     self._constexpr_tail(args, kwargs)))
             return compiled
         return self._keyed_hit(entry, grid, args, kwargs)
 
+    def _constexpr_tail(self, args, kwargs):
+        """(len(args), the parameters after them as this launch gives them) where every one of those is a
+        constexpr (a key fixes their values: launch_keyed's contract), so a keyed hit with as many positional
+        arguments appends them as they are; None otherwise (a hit then reads them from its kwargs)."""
+        constexpr_flags, named = self._signature or self._load_signature()
+        if not all(constexpr_flags[len(args):]):
+            return None
+        return len(args), [kwargs.get(name, default) for name, default in named[len(args):]]
+
     def _keyed_hit(self, entry, grid, args, kwargs):
         """A keyed launch found (launch_keyed's cached path), on the current device."""
-        compiled, direct, _ = entry
-        named = self._signature[1]
-        ordered = list(args)
-        if len(ordered) < len(named):
-            ordered += [kwargs.get(name, default) for name, default in named[len(args):]]
-        grid = grid + (1,) * (3 - len(grid))
+        compiled, direct, _, tail = entry
+        if tail is not None and tail[0] == len(args):  # the key's constexprs: no lookup of each in kwargs
+            ordered = [*args, *tail[1]]
+        else:
+            named = self._signature[1]
+            ordered = list(args)
+            if len(ordered) < len(named):
+                ordered += [kwargs.get(name, default) for name, default in named[len(args):]]
+        if len(grid) != 3:
+            grid = grid + (1,) * (3 - len(grid))
         if direct is None or _launch_hooks():
             compiled[grid](*ordered)
         else:
@@ -282,10 +296,15 @@ class CachedLaunch:
         return compiled
 
 
+# torch.cuda.current_device's C call, without its lazy-init check (~1 us of host time on the H100's host): asked
+# only once a launch has been made (CUDA is initialized then). None in a torch without CUDA
+_CUDA_GET_DEVICE = getattr(torch._C, "_cuda_getDevice", None)
+
+
 def _current_cuda_device() -> int | None:
     """torch's current CUDA device index (None where torch has no CUDA: tests that fake a launch)."""
     try:
-        return torch.cuda.current_device()
+        return torch.cuda.current_device() if _CUDA_GET_DEVICE is None else _CUDA_GET_DEVICE()
     except (AssertionError, RuntimeError):
         return None
 
@@ -317,6 +336,8 @@ def direct_launch(compiled):
         stream_of, current_device = driver.active.get_current_stream, driver.active.get_current_device
     except Exception:  # noqa: BLE001 (a driver without these: the runner)
         return None
+    if current_device is torch.cuda.current_device and _CUDA_GET_DEVICE is not None:
+        current_device = _CUDA_GET_DEVICE  # the same index, without the lazy-init check (CUDA runs by now)
     cooperative, pdl = run.launch_cooperative_grid, run.launch_pdl
     parts = descriptor_expander(launch)
     if parts is not None:  # Gluon TMA descriptors: the raw launcher, descriptors encoded once per layout
