@@ -123,14 +123,15 @@ def poisoned(shape, dtype, dev):
 # check
 
 
-def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None, dq_from=None, zero_tail=None):
+def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None, dq_from=None, zero_tail=None, extra=None):
     from tilecore import accuracy
     from tilecore.ops.attention_varlen import op as varlen
     from tilecore.ops.attention_varlen.reference import varlen_reference
 
     name = (f"gluon varlen bwd {str(dtype)[6:]} q{lens_q if len(lens_q) <= 8 else f'[{len(lens_q)} seqs]'}"
             f" k{lens_k if len(lens_k) <= 8 else f'[{len(lens_k)} seqs]'} H{hq}/{hkv} D{d} {options}"
-            + (f" dq_from={dq_from}" if dq_from else "") + (f" zero_tail={zero_tail}" if zero_tail else ""))
+            + (f" dq_from={dq_from}" if dq_from else "") + (f" zero_tail={zero_tail}" if zero_tail else "")
+            + (f" {extra}" if extra else ""))
     if over_budget(name):
         return
     dev = _device()
@@ -147,7 +148,8 @@ def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None, dq_from=No
     dlse = torch.randn_like(lse)
     bufs, grads = zip(*(poisoned(t.shape, dtype, dev) for t in (q, k, v)))
     is_causal = causal or left >= 0 or right >= 0
-    changes = dict(({"dq_from": dq_from} if dq_from else {}), **({"zero_tail": zero_tail} if zero_tail else {}))
+    changes = dict(({"dq_from": dq_from} if dq_from else {}), **({"zero_tail": zero_tail} if zero_tail else {}),
+                   **(extra or {}))
     config = variant(d, is_causal, **changes) if changes else None
     gluon_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=grads,
                    config=config)
@@ -606,51 +608,63 @@ def run_kernels(h=16, d=128):
 
 
 def run_layout(h=16, d=128):
-    """--layout (session 30): where the varlen backward's 0.87-0.89x of the fixed path on the same uniform 16 x 4096
-    causal tiles comes from, in one run (do_bench medians, ms): the fixed backward (dQ fused, its default at N 4096,
-    and split) on contiguous (B, H, N, D) tensors and on the packed (B N, H, D) layout's views (what varlen's TMA
-    boxes read: rows H D apart), and the varlen backward split (default) / fused, with tiles drawn from a counter
-    (default) or round-robin."""
+    """--layout (session 30): run 1's per-kernel times showed the varlen split kernels at the fixed split ones'
+    time (dK/dV 3.25 vs 3.27 ms, dq 2.26 vs 2.24) and the varlen fused dK/dV kernel at 6.40 ms against the fixed
+    fused 4.79: dQ's reductions cost twice as much. The work table runs a (sequence, kv head)'s key tiles
+    together (all adding to that head's dQ rows), the fixed path's balanced schedule puts different heads side
+    by side. head_minor (config): a sequence's key tiles tile by tile across its heads. Here: the float64 check
+    of fused + head_minor (odd lengths, causal), then the varlen backward split / fused, each drawn and
+    head_minor, on the uniform 16 x 4096 and the 64K long-tailed batches (causal H16 D128, do_bench ms), then the
+    fixed backward (fused / split) on contiguous tensors and on the packed layout's views."""
     from tilecore.ops.attention import launch, plan
 
     dev = _device()
-    n, b = (32, 2) if SMOKE else (4096, 16)
-    hh, dd = (2, 16) if SMOKE else (h, d)
     dtype = torch.float16 if SMOKE else torch.bfloat16
+    hh, dd = (2, 16) if SMOKE else (h, d)
     scale = dd ** -0.5
-    lengths = [n] * b
-    cu = cu_of(lengths, dev)
-    q, k, v = (torch.randn(b * n, hh, dd, dtype=dtype, device=dev) for _ in range(3))
-    out, lse = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
-    dout = torch.randn_like(out)
-    grads = tuple(torch.empty_like(t) for t in (q, k, v))
-    row = {"case": f"layout: uniform {b} x {n} H{hh} D{dd} causal backward (ms)"}
-    RESULTS["time"].append(row)
-    packed = [t.view(b, n, hh, dd).transpose(1, 2) for t in (q, k, v, out, dout)]  # (B, H, N, D) views, no copy
-    dense = [t.contiguous() for t in packed]
-    lse_f = lse.view(hh, b, n).transpose(0, 1).contiguous()  # (B, H, N)
-    for layout_name, (qf, kf, vf, of, df) in (("contiguous", dense), ("packed views", packed)):
-        gf = [torch.empty_like(t) for t in (qf, kf, vf)]
-        for mode in ("fused", "gluon"):
-            if over_budget(f"layout fixed {layout_name} {mode}", 5.0) or SMOKE:
+    if SMOKE:
+        case = (dtype, [1, 0, 37, 5, 20], [1, 0, 37, 5, 20], 2, 2, 16, {"causal": True})
+    else:
+        case = (dtype, [1, 0, 777, 63, 1500, 2], [1, 0, 777, 63, 1500, 2], 16, 16, 128, {"causal": True})
+    for extra in (dict(dq_from="fused", head_minor=True), dict(head_minor=True)):
+        guarded(f"check {extra}")(check)(*case, extra=None if SMOKE else extra)
+    variants = (("split", {}), ("fused", dict(dq_from="fused")), ("fused_head_minor", dict(dq_from="fused", head_minor=True)),
+                ("split_head_minor", dict(head_minor=True)), ("fused_round_robin", dict(dq_from="fused", drawn=False)))
+    n, b = (32, 2) if SMOKE else (4096, 16)
+    for label, lengths in (("uniform", [n] * b), ("long-tailed", [16, 40, 3, 25] if SMOKE else long_tailed_lengths(65536))):
+        cu = cu_of(lengths, dev)
+        total = sum(lengths)
+        q, k, v = (torch.randn(total, hh, dd, dtype=dtype, device=dev) for _ in range(3))
+        out, lse = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
+        dout = torch.randn_like(out)
+        grads = tuple(torch.empty_like(t) for t in (q, k, v))
+        row = {"case": f"layout {label}: {len(lengths)} seqs, {total} tokens, H{hh} D{dd} causal varlen backward (ms)"}
+        RESULTS["time"].append(row)
+        for name, changes in variants:
+            if over_budget(f"layout varlen {label} {name}", 10.0):
                 continue
-            base = plan.plan_backward(df, qf, kf, vf, True, scale, path="gluon")
-            p = plan.plan_backward(df, qf, kf, vf, True, scale, path="gluon", config=dict(base.config, dq_from=mode))
-            guarded(f"layout fixed {layout_name} {mode}")(lambda p=p, qf=qf, kf=kf, vf=vf, of=of, df=df, gf=gf, key=(
-                f"fixed_{layout_name.replace(' ', '_')}_{'split' if mode == 'gluon' else mode}_ms"): row.__setitem__(
-                key, bench(lambda: launch.backward(p, df, qf, kf, vf, of, lse_f, None, *gf, True, scale))))()
-    for name, changes in (("split", {}), ("split_round_robin", dict(drawn=False)), ("fused", dict(dq_from="fused")),
-                          ("fused_round_robin", dict(dq_from="fused", drawn=False))):
-        if over_budget(f"layout varlen {name}", 5.0):
-            continue
-        cfg = variant(dd, True, **changes)
-        guarded(f"layout varlen {name}")(lambda name=name, cfg=cfg: row.__setitem__(f"varlen_{name}_ms", bench(
-            lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1, -1, 0.0, grads=grads,
-                                   config=cfg))))()
-    if "fixed_contiguous_fused_ms" in row:
-        for key in [k for k in row if k.endswith("_ms")]:
-            row[key.replace("_ms", "_over_fixed_fused")] = row[key] / row["fixed_contiguous_fused_ms"]
-
+            cfg = variant(dd, True, **changes)
+            guarded(f"layout varlen {label} {name}")(lambda name=name, cfg=cfg: row.__setitem__(f"{name}_ms", bench(
+                lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1, -1, 0.0, grads=grads,
+                                       config=cfg))))()
+        if "split_ms" in row:
+            for key in [k_ for k_ in row if k_.endswith("_ms")]:
+                row[key.replace("_ms", "_over_split")] = row[key] / row["split_ms"]
+        if label == "uniform" and not SMOKE:  # the fixed backward on the same tiles, contiguous and packed views
+            packed = [t.view(b, n, hh, dd).transpose(1, 2) for t in (q, k, v, out, dout)]  # (B, H, N, D), no copy
+            dense = [t.contiguous() for t in packed]
+            lse_f = lse.view(hh, b, n).transpose(0, 1).contiguous()  # (B, H, N)
+            for layout_name, (qf, kf, vf, of, df) in (("contiguous", dense), ("packed views", packed)):
+                gf = [torch.empty_like(t) for t in (qf, kf, vf)]
+                for mode in ("fused", "gluon"):
+                    key = f"fixed_{layout_name.replace(' ', '_')}_{'split' if mode == 'gluon' else mode}_ms"
+                    if over_budget(f"layout {key}", 5.0):
+                        continue
+                    base = plan.plan_backward(df, qf, kf, vf, True, scale, path="gluon")
+                    p = plan.plan_backward(df, qf, kf, vf, True, scale, path="gluon",
+                                           config=dict(base.config, dq_from=mode))
+                    guarded(f"layout {key}")(lambda p=p, qf=qf, kf=kf, vf=vf, of=of, df=df, gf=gf, key=key: row.__setitem__(
+                        key, bench(lambda: launch.backward(p, df, qf, kf, vf, of, lse_f, None, *gf, True, scale))))()
 
 def table():
     lines = ["", "== check =="]
@@ -714,8 +728,8 @@ def main():
     parser.add_argument("--kernels", action="store_true",
                         help="only the per-kernel GPU times (torch.profiler) of the fixed and varlen backward, <= 60 s")
     parser.add_argument("--layout", action="store_true",
-                        help="only the fixed backward on contiguous vs packed-layout views and the varlen backward's "
-                             "dQ modes and tile order on the same uniform tiles (session 30), <= 60 s")
+                        help="only the varlen backward's dQ modes and tile orders (head_minor checked first) on the "
+                             "uniform and long-tailed batches, and the fixed one on the same tiles (session 30), <= 90 s")
     parser.add_argument("--zero-tail", action="store_true",
                         help="only zero_tail 'checked' (ZERO_TAIL 2): its checks and its cost, <= 90 s")
     parser.add_argument("--matched", action="store_true",
