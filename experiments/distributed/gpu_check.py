@@ -646,7 +646,7 @@ def host_lines(results) -> list[str]:
             if not b:
                 continue
             host = " | ".join(f"{label} {ms:.2f}" for label, ms in b.get("host", []))
-            gpu = " | ".join(f"{p[0].removeprefix('fwd ').removeprefix('bwd ')}@{p[2]:.2f}" for p in b["parts"][:4])
+            gpu = " | ".join(f"{p[0]}{' [copy]' if p[1] == 'copy' else ''} {p[3]:.2f}@{p[2]:.2f}" for p in b["parts"])
             lines.append(f"{t['N']:>7} {'causal' if t['causal'] else 'full':<7}{name.removeprefix('public_'):<13}"
                          f"total {b['total_ms']:7.2f}; host ms: {host}; GPU starts: {gpu}")
     return lines
