@@ -5,9 +5,6 @@ lse / delta, the keys a last key tile reads past it), and the kernel zeroes thos
 here: the flags against the rows the kernel's boxes read (from the float64 twin's tile rules), that
 unmarked sequences need no zeroing (their gradients equal the reference without it), and the launch's
 arguments. The kernel runs only on a GPU (experiments/attention/gpu_varlen_bwd.py times and checks it)."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -15,7 +12,6 @@ from tilecore.ops.attention_varlen import configs
 from tilecore.ops.attention_varlen import op as varlen
 from tilecore.ops.attention_varlen.reference import varlen_backward_reference, varlen_reference
 
-sys.path.insert(0, str(Path(__file__).parent))  # the sibling below (until pyproject's pythonpath names this folder)
 from test_varlen_gluon_backward import cdiv, cu_of, emulate  # noqa: E402  (the float64 twin of the kernel)
 
 BLOCK_M, TILE_N = 64, 128
