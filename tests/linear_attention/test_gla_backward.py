@@ -188,7 +188,7 @@ def test_chunked_one_token_and_unknown_blocks():
                                               BKQ=16)
 
 
-@pytest.mark.parametrize("path", ["split", "epilogue", "chunked"])
+@pytest.mark.parametrize("path", ["split", "split_combine", "epilogue", "chunked"])
 def test_run_takes_each_path(monkeypatch, path):
     """kernels_backward_gla.run (op.py's _backward_impl calls it where takes) on each configs_gla_bwd.GLA_BWD_PATH:
     float32 gradients against float64 (N 40: a partial chunk at each path's chunk), native and float32 outputs;
@@ -207,3 +207,24 @@ def test_run_takes_each_path(monkeypatch, path):
     monkeypatch.setattr(configs_gla_bwd, "GLA_BWD_PATH", "fast")
     with pytest.raises(ValueError, match="accepted"):
         kernels_backward_gla.run(p, do, q, k, v, g, s0, st.float(), dht, 0.25)
+
+
+def test_split_combine_by_key_blocks_fp16(monkeypatch):
+    """backward_split (launch's split kernels, dv stored by the dV kernel in fp16, the combine kernel by key blocks
+    of 16 here): fp16 N 45, Dk 48 in three combine blocks (one partial), every element written, within 2.5x the
+    floor."""
+    torch.manual_seed(8)
+    q, k, v, g, s0 = make(1, 45, 1, 1, 48, 16, dtype=F16, decay="channel", h0=True)
+    do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
+    _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
+    p = kernels_backward_gla.split_plan(tl_plan(q, v, g, IDENTITY, 64), q, v, g, 16, dq_BKQ=16, split_BKB=16,
+                                        split_BV=16)
+    out = dict(dq=torch.full_like(q, NAN), dk=torch.full_like(k, NAN), dv=torch.full_like(v, NAN),
+               dg=torch.full_like(g, NAN), dh0=torch.full_like(s0, NAN))
+    monkeypatch.setattr(configs_gla_bwd, "COMBINE_KEY_BLOCK", 16)
+    got = kernels_backward_gla.backward_split(p, do, q, k, v, g, s0, st.float(), dht, 48 ** -0.5, out=out)
+    for name, t in out.items():
+        assert not torch.isnan(t).any(), f"{name}: some elements were never written"
+    for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+        assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
+    assert accuracy.rel_rms(got[3], ref[3]) < 5e-3 and accuracy.rel_rms(got[5], ref[4]) < 1e-3

@@ -35,3 +35,8 @@ BLOCKS = dict(split_BT=32, split_BKB=64, split_BV=64, split_warps=4, split_stage
 # through memory)
 CHUNKED = dict(BT=64, BV=64, BKB=64, KD=64, BK_DG=64, walk_warps=4, walk_stages=2, dqk_warps=4, dv_warps=4, stages=2,
                split=False, dqk_apart=False)
+
+# "split_combine": the combine kernel's key block (a head's dq / dk / dg by cdiv(Dk, it) programs: launch's combine
+# runs B x H programs of every channel, 256 at B16 H16, each walking 4096 tokens) and tokens a step
+COMBINE_KEY_BLOCK = 32
+COMBINE_TOKENS = 32

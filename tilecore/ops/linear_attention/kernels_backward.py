@@ -30,13 +30,20 @@ def la_bwd_combine_kernel(Q, K, V, G, BETA, HT, DHT, DQ, DK_PART, DV_PART, R,
                           N, H, GROUP, DK, DV, NV, NK,
                           BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           DECAY: tl.constexpr, STRICT: tl.constexpr, HAS_BETA: tl.constexpr,
-                          HAS_DHT: tl.constexpr):
+                          HAS_DHT: tl.constexpr, KBLOCKS=1, VBLOCKS=1):
     """Program (batch * head, part): part 0 walks the head's tokens from the last and writes dk, and
     where STRICT (dq and dk came without the diagonal) dq and dg; part 1 writes dv and dbeta (any order).
     Without STRICT, dq is the kernels' DQ as it is (not read here). Every channel of the head in one block (BK >= Dk, BV >=
-    Dv). Grid: (B * H * 2,)."""
-    bh = tl.program_id(0) // 2
-    part = tl.program_id(0) % 2
+    Dv). Grid: (B * H * 2,).
+    KBLOCKS, VBLOCKS (per-channel decay or none: no sum over channels; kernels_backward_gla's split path): part 0 by
+    KBLOCKS programs of BK key channels, part 1 by VBLOCKS programs of BV value columns (0: none, dv needing no
+    combine); grid (B * H * (KBLOCKS + VBLOCKS),), a head's part-0 blocks first."""
+    per = KBLOCKS + VBLOCKS
+    bh = tl.program_id(0) // per
+    j = tl.program_id(0) % per
+    part = (j >= KBLOCKS).to(tl.int32)
+    kblock = tl.minimum(j, KBLOCKS - 1)
+    vblock = tl.maximum(j - KBLOCKS, 0)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     hk = h // GROUP
@@ -44,7 +51,7 @@ def la_bwd_combine_kernel(Q, K, V, G, BETA, HT, DHT, DQ, DK_PART, DV_PART, R,
     row = (b * N * H + h)  # row t of head (b, h) in a contiguous (B, N, H, .) buffer: (b N + t) H + h
     nblocks = tl.cdiv(N, BT)
     if part == 0:
-        offs_k = tl.arange(0, BK)
+        offs_k = kblock * BK + tl.arange(0, BK)
         k_ok = offs_k < DK
         carry_c = tl.zeros([BK], dtype=tl.float32)  # per channel (DECAY == 2)
         carry_s = tl.sum(carry_c, 0)  # scalar decay
@@ -98,7 +105,7 @@ def la_bwd_combine_kernel(Q, K, V, G, BETA, HT, DHT, DQ, DK_PART, DV_PART, R,
                     tl.store(DG + row + t.to(tl.int64) * H, dg, mask=t_ok)
             tl.store(DK_OUT + rows, dk * beta[:, None], mask=ok)
     else:
-        offs_v = tl.arange(0, BV)
+        offs_v = vblock * BV + tl.arange(0, BV)
         v_ok = offs_v < DV
         for i in range(0, nblocks):
             t = i * BT + offs_t

@@ -18,13 +18,14 @@ Dk 128 (not 8 + 8), no dk / dv partial sums, no float32 gradient buffers, no com
 ``takes`` says where per-channel decay's backward leaves launch.backward (configs_gla_bwd.GLA_BWD_PATH: off by
 default until a GPU run checks the path; FLA's issue 640 is a Hopper miscompile of exactly such kernels); ``run``
 runs the configured path ("split": launch's split kernels with the factored terms, then its combine kernel;
+"split_combine": ``backward_split``, the same kernels with dv stored in v's dtype and the combine by key blocks;
 "epilogue": ``backward`` here; "chunked": kernels_backward_gla_chunked.backward)."""
 from __future__ import annotations
 
 import torch
 
 from tilecore import dispatch
-from tilecore.ops.linear_attention import configs_gla_bwd, kernels_backward_gla_chunked, launch
+from tilecore.ops.linear_attention import configs_gla_bwd, kernels_backward, kernels_backward_gla_chunked, launch
 from tilecore.ops.linear_attention.plan import CHANNEL_DECAY, IDENTITY, Plan, decay_kind
 
 
@@ -46,13 +47,16 @@ def run(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, native: bool = Tr
         grads = launch.backward(split_plan(plan, q, v, g, chunk), do, q, k, v, g, None, h0, None, ht, dht, scale,
                                 IDENTITY, native=native)
         return grads
-    if path == "epilogue":
+    if path == "split_combine":
+        grads = backward_split(split_plan(plan, q, v, g, chunk), do, q, k, v, g, h0, ht, dht, scale)
+    elif path == "epilogue":
         grads = backward(split_plan(plan, q, v, g, chunk), do, q, k, v, g, h0, ht, dht, scale)
     elif path == "chunked":
         grads = kernels_backward_gla_chunked.backward(plan, do, q, k, v, g, h0, ht, dht, scale,
                                                       **(dict(BT=chunk) if chunk else {}))
     else:
-        raise ValueError(f"configs_gla_bwd.GLA_BWD_PATH: {path!r}; accepted: None, 'split', 'epilogue', 'chunked'")
+        raise ValueError(f"configs_gla_bwd.GLA_BWD_PATH: {path!r}; accepted: None, 'split', 'split_combine', "
+                         "'epilogue', 'chunked'")
     if not native:
         grads = (grads[0].float(), grads[1].float(), grads[2].float(), *grads[3:])
     return grads
@@ -114,6 +118,67 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         with dispatch.on_device(dev):
             for kernel, grid, args, kw in calls:  # dQ first: the dK kernel reads its parts
                 kernel[grid](*args, **kw)
+    elif N == 0:
+        dg.zero_()
+        if dh0 is not None:
+            dh0.copy_(dht if dht is not None else torch.zeros_like(dh0))
+    if not direct:
+        dq, dk, dv = dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])
+        if out is not None:
+            for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
+                out[name].copy_(t)
+            dq, dk, dv = out["dq"], out["dk"], out["dv"]
+    return dq, dk, dv, dg, None, dh0
+
+
+def backward_split(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | None = None):
+    """(dq, dk, dv, dg, None, dh0) as ``backward`` (the same contract), by launch's split kernels with the factored
+    terms (their non-epilogue form: dq and dk float32 without the diagonal, its factor r apart), dv stored whole in
+    v's dtype by the dV kernel (no beta: nothing to combine), then the combine kernel (kernels_backward) by key blocks
+    of configs_gla_bwd.COMBINE_KEY_BLOCK: dq, dk whole in the inputs' dtypes and dg (per channel: no sum over
+    channels, so a head's key blocks walk apart; launch's combine runs one program a head's dk and dg)."""
+    if not plan.config.get("split"):
+        plan = split_plan(plan, q, v, g)
+    B, N, H, Dv = v.shape
+    Dk = q.shape[3]
+    dev, f32 = v.device, torch.float32
+    dtypes = (q.dtype, k.dtype, v.dtype)
+    do = launch.kernel_do(plan, do, v, g)
+    upcast = plan.config["upcast"]
+    if upcast:
+        q, k, v, do = q.float(), k.float(), v.float(), do.float()
+    direct = out is not None and not upcast
+    dq = out["dq"] if direct else torch.empty(B, N, H, Dk, dtype=q.dtype, device=dev)
+    dk = out["dk"] if direct else torch.empty(B, N, H, Dk, dtype=k.dtype, device=dev)
+    dv = out["dv"] if direct else torch.empty(B, N, H, Dv, dtype=v.dtype, device=dev)
+    dg = out["dg"] if out is not None else torch.empty(B, N, H, Dk, dtype=f32, device=dev)
+    dh0 = None
+    if h0 is not None:
+        dh0 = out["dh0"] if out is not None else torch.empty(B, H, Dk, Dv, dtype=f32, device=dev)
+    for t, shape in ((dq, (B, N, H, Dk)), (dk, (B, N, H, Dk)), (dv, (B, N, H, Dv)), (dg, (B, N, H, Dk))):
+        if tuple(t.shape) != shape or not t.is_contiguous():
+            raise ValueError(f"gla backward: output buffers must be contiguous {shape}, got {tuple(t.shape)}")
+    if dg.dtype != f32 or (dh0 is not None and (dh0.dtype != f32 or not dh0.is_contiguous())):
+        raise ValueError("gla backward: dg and dh0 are float32 (dh0 contiguous (B, H, Dk, Dv))")
+    if B * H > 0 and N > 0:
+        dq_strict = torch.empty(B, N, H, Dk, dtype=f32, device=dev)
+        dk_strict = torch.empty(1, B, N, H, Dk, dtype=f32, device=dev)
+        r = torch.empty(B, N, H, dtype=f32, device=dev)
+        has_dht = dht is not None and ht is not None
+        BK = max(16, min(configs_gla_bwd.COMBINE_KEY_BLOCK, 1 << (Dk - 1).bit_length()))
+        kblocks = -(-Dk // BK)
+        with dispatch.on_device(dev):
+            for kernel, grid, args, kw in launch.backward_calls(plan, do, q, k, v, g, None, h0, dht, dq_strict,
+                                                                dk_strict, dv[None], dh0, scale, IDENTITY, r):
+                kernel[grid](*args, **kw)
+            sk = (0, 0, 0, 0)
+            kernels_backward.la_bwd_combine_kernel[(B * H * kblocks,)](
+                q, k, v, g, dg, ht if has_dht else dg, dht if has_dht else dg, dq_strict, dk_strict, dk_strict, r,
+                dq, dk, dk, dg, dg, *q.stride(), *k.stride(), *v.stride(), *g.stride(), 0, 0, 0,
+                *(ht.stride() if has_dht else sk), *(dht.stride() if has_dht else sk), dk_strict.stride(0), 0,
+                N, H, 1, Dk, Dv, 1, 1, BT=configs_gla_bwd.COMBINE_TOKENS, BK=BK,
+                BV=max(16, min(64, 1 << (Dv - 1).bit_length())), DECAY=CHANNEL_DECAY, STRICT=True, HAS_BETA=False,
+                HAS_DHT=has_dht, KBLOCKS=kblocks, VBLOCKS=0, num_warps=4)
     elif N == 0:
         dg.zero_()
         if dh0 is not None:
