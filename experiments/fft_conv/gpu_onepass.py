@@ -1,5 +1,7 @@
 """GPU check and timing of the one-pass FFT-convolution kernel in Gluon (gluon_onepass.py, issue 37;
-every DFT stage a wgmma, the DFT matrices resident in shared memory), in about a minute:
+every DFT stage a wgmma, the DFT matrices resident in shared memory), in about a minute (session 30: the
+shipped plans re-checked after the stage helpers' refactor, the op's keyed launch checked and its host
+time against the old path's, timing probes of what binds):
 
 1. check (one child process a case, all in parallel: each compiles its kernel, filling Triton's cache
    for step 2; one more a N compiles the shipped plan): every candidate of
@@ -14,6 +16,16 @@ every DFT stage a wgmma, the DFT matrices resident in shared memory), in about a
    copy of the op's bytes (u read, y written, the spectrum read: the bound), the shipped plan
    (fft_conv(u, spectrum)) and each candidate (the launch with the host's spectrum layout, and the
    kernel alone on a prepared spectrum); speedups, % of the copy, the model's bound (model.py).
+
+3. the op (each N's timing child, first): fft_conv(u, k) through its keyed launch (TmaOperand, the launch
+   parts kept a key) on B5 H16 (an odd batch) bf16 with NaN-poisoned memory, three calls with the same bits
+   (call 1 plans and compiles, 2 is the key's first keyed launch, 3 the cached one), against float64; and
+   its backward's du (the conjugate spectrum through the same kernel) against float64;
+4. host time (one child, last): eager fft_conv(u, filter) at experiments/common/host_time.py's shapes (B2
+   H64 N1024 bf16, a float32 filter) against torch's code and against a replica of the op's host path
+   before session 30 (fresh TensorDescriptors each call, the plain specializing launch); then with
+   tiles.launch's kept TMA encodings (CACHE_TMA_DESCRIPTORS, off by default); same bits on calls 1..10.
+PROBES: the shipped tuples of PROBE_CONFIGS with parts of their chain left out (WRONG results: timing only).
 
 A case that kills its process (an illegal memory access) is recorded (its candidate is not timed); one
 past 60 s is killed. --smoke (CPU, TRITON_INTERPRET=1): Gluon cannot be interpreted, so each Gluon
@@ -45,22 +57,29 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tilecore import accuracy  # noqa: E402
+from tilecore import dispatch  # noqa: E402
 from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum, model  # noqa: E402
+from tilecore.ops.fft_conv import op as conv_op  # noqa: E402
 from tilecore.ops.fft_conv import launch as conv_launch  # noqa: E402
 from tilecore.ops.fft_conv.plan import gluon_plan, mono_plan, plan  # noqa: E402
+from tilecore.tiles import launch as tiles_launch  # noqa: E402
 
 START = time.time()
 SMOKE = "--smoke" in sys.argv
 DEV = torch.device("cpu" if SMOKE else "cuda")
 SIZES = (1024, 2048, 4096)
+if "--sizes" in sys.argv:  # e.g. --sizes 1024 (a quicker smoke run)
+    SIZES = tuple(int(n) for n in sys.argv[sys.argv.index("--sizes") + 1].split(","))
 # no new child past these (s from the start): checks, then timings (the interpreter on 2 cores is slow)
-DEADLINE_S = {"check": 900 if SMOKE else 55, "time": 1800 if SMOKE else 85}
+DEADLINE_S = {"check": 900 if SMOKE else 50, "time": 1800 if SMOKE else 80, "host": 1800 if SMOKE else 86}
 # bounds of a passing check (multiples of the rounding floor): bf16 at ~1.05x as the pair kernel; fp16 at
 # the float16 products' own ~2.5x (the interpreter truncates bf16: 2.6 there)
 # timing probes (kernels_mono.py PROBE: WRONG results, timing only) of one configuration a N: each leaves
 # out one part of the chain, so the time it saves is that part's share
-PROBE_CONFIGS: dict = {}  # (session 28's mono probes: runs/…run10…)
-PROBES = {1: "no square products", 2: "no scale reductions", 4: "no twiddle/spectrum loads", 7: "all three out"}
+# (session 28's mono probes: runs/…run10…; session 30: the Gluon kernels' shipped tuples, gluon_onepass.Stages)
+PROBE_CONFIGS: dict = {1024: configs.GLUON_ONEPASS[1024], 4096: configs.GLUON_ONEPASS[4096]}
+PROBES = {1: "no square products", 2: "no spectrum scale reduction", 4: "no twiddle/spectrum loads",
+          7: "all three out"}
 BOUNDS = {"bfloat16": 2.6 if SMOKE else 1.3, "float16": 4.0}
 
 
@@ -81,6 +100,11 @@ def candidate_plan(config):
         a, b = (config[1], config[0]) if config[0] > 64 else config[:2]
         return mono_plan(a, b, 1, 1, 4, False, True)
     return gluon_plan(*config)
+
+
+def probe_plan(config, probe: int):
+    """A probe of a candidate: its plan with ``probe`` (WRONG results; the smoke run: its tl twin's)."""
+    return dataclasses.replace(candidate_plan(config), probe=probe)
 
 
 def key(config) -> str:
@@ -155,6 +179,141 @@ def timing_inputs(n, B=16, H=768):
     return u, filter_spectrum(k, n).to(DEV)  # (on the CPU: cuFFT only in the baseline, last)
 
 
+def op_check(n, B=5, H=16) -> list[dict]:
+    """The op's keyed path at N: fft_conv(u, k) three times (plan + compile, the key's first keyed launch, the
+    cached launch) on NaN-poisoned memory, the same bits each call, against float64; and du of its
+    backward (the correlation through the same kernel, keyed too) against float64."""
+    if SMOKE:
+        B, H = 3, 2
+    g = torch.Generator().manual_seed(n + 11)
+    u = torch.randn(B, H, n, generator=g).to(torch.bfloat16)
+    k = (torch.randn(H, n, generator=g) / math.sqrt(n)).to(torch.bfloat16)
+    dy = torch.randn(B, H, n, generator=g).to(torch.bfloat16)
+    ref = fft_conv_reference(u.double(), k.double())
+    ref_du = _correlation(dy.double(), k.double())
+    ud, kd, dyd = u.to(DEV), k.to(DEV), dy.to(DEV)
+    path = plan(n, DEV, u.dtype).path
+    rows, outs = [], []
+    for call in range(3):
+        poison_allocator()
+        outs.append(fft_conv(ud, kd).cpu())
+    same = all(torch.equal(outs[0], o) for o in outs[1:])
+    written = bool(torch.isfinite(outs[0]).all())
+    err = accuracy.error_over_floor(outs[0], ref) if written else float("inf")
+    rows.append({"n": n, "config": f"op ({path}) x3", "dtype": "bfloat16 B5", "conj": False, "written": written,
+                 "same_bits": same, "err_over_floor": err, "ok": written and same and err <= BOUNDS["bfloat16"]})
+    ug = ud.clone().requires_grad_()
+    dus = []
+    for call in range(2):
+        poison_allocator()
+        ug.grad = None
+        fft_conv(ug, kd).backward(dyd)
+        dus.append(ug.grad.cpu())
+    written = bool(torch.isfinite(dus[0]).all())
+    err = accuracy.error_over_floor(dus[0], ref_du) if written else float("inf")
+    same = torch.equal(dus[0], dus[1])
+    rows.append({"n": n, "config": f"op ({path}) du x2", "dtype": "bfloat16 B5", "conj": True, "written": written,
+                 "same_bits": same, "err_over_floor": err, "ok": written and same and err <= BOUNDS["bfloat16"]})
+    for row in rows:
+        say("check", json.dumps(row))
+    return rows
+
+
+_OLD_CHECKED, _OLD_PLANS = tiles_launch.LRU(16), tiles_launch.LRU(16)  # (the replica's: as op.py's)
+
+
+def _old_host_path(u, k):
+    """fft_conv(u, k) as its host path ran before session 30 (a replica: the checks and the plan found by
+    the call's signature, the filter's rfft, then the Gluon launch with fresh TMA TensorDescriptors each
+    call and the plain launch, which specializes every argument): the host-time baseline."""
+    key = tiles_launch.signature(u, k)
+    _OLD_CHECKED.memo(key, lambda: conv_op.check(u, k) or True)
+    dispatch.plain_eager(u, k)
+    spectrum = filter_spectrum(k, u.shape[-1]).resolve_conj()
+    y = conv_launch.output(u.shape, u.dtype, u.device)
+    cplan = _OLD_PLANS.memo(key, lambda: plan(u.shape[-1], u.device, u.dtype))
+    if cplan.path != "gluon":
+        raise ValueError(f"the old host path's replica is the Gluon launch's; the plan here is {cplan.path}")
+    B, H, N = u.shape
+    a, b = cplan.n1, cplan.n2
+    use_tma = cplan.tma and tiles_launch.tma_describable(u) and tiles_launch.tma_describable(y)
+    descs = conv_launch.gluon_descriptors(u, y, a, b) if use_tma else (None, None)
+    kspec = conv_launch.gluon_spectrum(cplan, spectrum, False)
+    ops = conv_launch.mono_operands(a, b, 1, u.device)
+    options = dict(RFFT=cplan.rfft, CONJ=False)
+    common = (u, kspec, y, ops["FARE"], ops["FAIM"], ops["FBRE"], ops["FBIM"], ops["TFRE"], ops["TFIM"], B, H,
+              u.stride(0), u.stride(1), y.stride(0), y.stride(1), kspec.stride(0))
+    grid = (conv_launch.gluon_grid(cplan, B, H, u.device),)
+    if cplan.chunk:
+        conv_launch.CONV_GLUON_CHUNKED[grid](*common, A=a, B=b, CHUNK=cplan.chunk, u_desc=descs[0], y_desc=descs[1],
+                                              TMA=use_tma, WARPGROUPS=cplan.warpgroups, WORKER_REGS=248, num_warps=4,
+                                              **options)
+    else:
+        conv_launch.CONV_GLUON[grid](*common, A=a, B=b, ASYNC=cplan.async_mma, u_desc=descs[0], y_desc=descs[1],
+                                      TMA=use_tma, num_warps=cplan.num_warps, **options)
+    return y
+
+
+def per_call_us(fn, calls):
+    """Host time a call: back-to-back calls whose GPU work is shorter than the host's (host_time.py's)."""
+    for _ in range(min(100, calls)):
+        fn()
+    if not SMOKE:
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    if not SMOKE:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t) / calls * 1e6
+
+
+def host_time(calls=2000) -> dict:
+    """fft_conv's eager host time at host_time.py's shapes: the op now, the replica of its path before
+    session 30, torch's code; then the op with tiles.launch's kept TMA encodings; same bits on calls 1..10."""
+    if SMOKE:
+        calls = 3
+    bf = dict(device=DEV, dtype=torch.bfloat16)
+    u = torch.randn(2, 64, 1024, **bf)
+    kf = torch.randn(64, 1024, device=DEV)
+    ug, kfg = u.clone().requires_grad_(), kf.clone().requires_grad_()
+    n = 2 * u.shape[-1]
+
+    def fft_torch():
+        return torch.fft.irfft(torch.fft.rfft(u.float(), n) * torch.fft.rfft(kf, n), n)[..., :u.shape[-1]].to(u.dtype)
+
+    def fft_torch_grad():
+        return torch.fft.irfft(torch.fft.rfft(ug.float(), n) * torch.fft.rfft(kfg, n), n)[..., :ug.shape[-1]].to(ug.dtype)
+
+    row = {"path": plan(1024, DEV, u.dtype).path, "calls": calls, "errors": []}
+
+    def guard(label, fn):
+        try:
+            return fn()
+        except Exception as err:  # noqa: BLE001
+            say(f"[error] host {label}: {type(err).__name__}: {err}")
+            row["errors"].append(f"{label}: {type(err).__name__}: {err}"[:400])
+            return None
+
+    first = guard("first call", lambda: fft_conv(u, kf).clone())
+    row["same_bits_1_10"] = guard("bits", lambda: all(torch.equal(first, fft_conv(u, kf)) for _ in range(9)))
+    row["old_path_same_bits"] = guard("old bits", lambda: torch.equal(first, _old_host_path(u, kf)))
+    row["torch_us"] = guard("torch", lambda: per_call_us(fft_torch, calls))
+    row["fft_conv_us"] = guard("fft_conv", lambda: per_call_us(lambda: fft_conv(u, kf), calls))
+    row["old_path_us"] = guard("old path", lambda: per_call_us(lambda: _old_host_path(u, kf), calls))
+    row["torch_grad_us"] = guard("torch grad", lambda: per_call_us(fft_torch_grad, calls))
+    row["fft_conv_grad_us"] = guard("fft_conv grad", lambda: per_call_us(lambda: fft_conv(ug, kfg), calls))
+    # the kept TMA encodings (tiles.launch, off by default): made at a key's first keyed launch, so the keys go
+    tiles_launch.cache_tma_descriptors(True)
+    for kernel in (conv_launch.CONV_GLUON, conv_launch.CONV_GLUON_CHUNKED):
+        kernel.keyed.clear()
+    row["kept_same_bits_1_10"] = guard("kept bits", lambda: all(torch.equal(first, fft_conv(u, kf)) for _ in range(10)))
+    row["fft_conv_kept_us"] = guard("fft_conv kept", lambda: per_call_us(lambda: fft_conv(u, kf), calls))
+    tiles_launch.cache_tma_descriptors(False)
+    say("host", json.dumps(row))
+    return row
+
+
 def time_n(n, passed: list[str]) -> dict:
     """The baseline, the bound, the shipped plan and the checked candidates at B16 H768 bf16."""
     u, spectrum = timing_inputs(n)
@@ -183,19 +342,17 @@ def time_n(n, passed: list[str]) -> dict:
         cplan = candidate_plan(config)
         row["candidates"][key(config)] = guard(key(config), lambda: bench(
             lambda: conv_launch.launch(cplan, u, spectrum, y, False)))
-        if not SMOKE:  # the kernel alone: the spectrum already in the tile's layout (filter_spectrum's cost)
-            a, b = config[:2]
+        if not SMOKE:  # the kernel alone: the spectrum already as the kernel reads it
             tile_spectrum = conv_launch.gluon_spectrum(cplan, spectrum, False)
-            descs = conv_launch.gluon_descriptors(u, y, a, b) if cplan.tma else None
             row.setdefault("kernel_only", {})[key(config)] = guard(key(config) + " kernel", lambda: bench(
-                lambda: conv_launch.launch_gluon_kernel(cplan, u, tile_spectrum, y, descs)))
+                lambda: conv_launch.launch_gluon_kernel(cplan, u, tile_spectrum, y)))
         a, b = config[:2]
         row.setdefault("model_ms", {})[key(config)] = model.bound_ms("mono", B, H, n, a, b, 1)
-    if n in PROBE_CONFIGS and key(PROBE_CONFIGS[n]) in passed:
+    if n in PROBE_CONFIGS and not SMOKE:
         for probe in PROBES:
-            probe_plan = dataclasses.replace(mono_plan(*PROBE_CONFIGS[n]), probe=probe)
+            pplan = probe_plan(PROBE_CONFIGS[n], probe)
             row.setdefault("probes", {})[str(probe)] = guard(f"probe {probe}", lambda: bench(
-                lambda: conv_launch.launch(probe_plan, u, spectrum, y, False)))
+                lambda: conv_launch.launch(pplan, u, spectrum, y, False)))
 
     def torch_fft():  # the issue's baseline: rfft, multiply, irfft in float32 (last: cuFFT after our kernels)
         return torch.fft.irfft(torch.fft.rfft(u.float(), n=2 * n) * spectrum, n=2 * n)[..., :n].to(u.dtype)
@@ -221,9 +378,8 @@ def child(phase: str, n: int, step: int, part: Path) -> int:
         u, spectrum = timing_inputs(n, 2, 2) if SMOKE else timing_inputs(n, 16, 16)
         if step == -1:
             fft_conv(u, spectrum)
-        else:  # a probe's compile (step -10 - probe)
-            probe_plan = dataclasses.replace(mono_plan(*PROBE_CONFIGS[n]), probe=-10 - step)
-            conv_launch.launch(probe_plan, u, spectrum, torch.empty_like(u), False)
+        elif not SMOKE:  # a probe's compile (step -10 - probe)
+            conv_launch.launch(probe_plan(PROBE_CONFIGS[n], -10 - step), u, spectrum, torch.empty_like(u), False)
         if not SMOKE:
             torch.cuda.synchronize()
     elif phase == "check":
@@ -239,7 +395,14 @@ def child(phase: str, n: int, step: int, part: Path) -> int:
             say(f"[error] {label}: {type(err).__name__}: {err}")
             traceback.print_exc(limit=2)
             got["errors"].append({"case": label, "error": f"{type(err).__name__}: {err}"[:400]})
+    elif phase == "host":
+        got["host"] = host_time()
     else:
+        try:  # the op's keyed path first (its rows go with the checks)
+            got["checks"] += op_check(n)
+        except Exception as err:  # noqa: BLE001
+            say(f"[error] op check N={n}: {type(err).__name__}: {err}")
+            got["errors"].append({"case": f"op check N={n}", "error": f"{type(err).__name__}: {err}"[:400]})
         got["time"] = time_n(n, json.loads(os.environ.get("FFT_ONEPASS_PASSED", "[]")))
     part.write_text(json.dumps(got))
     return 0
@@ -258,6 +421,7 @@ def run_children(phase: str, tasks: list, passed: dict, parallel: int) -> list[d
                 continue
             env = dict(os.environ, FFT_ONEPASS_PASSED=json.dumps(passed.get(n, [])))
             args = [sys.executable, __file__, "--child", phase, str(n), str(step), str(part)] + ["--smoke"] * SMOKE
+            args += ["--sizes", ",".join(map(str, SIZES))]
             running[(n, step)] = (subprocess.Popen(args, env=env), part, time.time())
         time.sleep(0.2)
         for task, (proc, part, began) in list(running.items()):
@@ -292,7 +456,7 @@ def main() -> int:
         results["meta"] = {"error": str(err)}
     # every check and warm-up compile in its own process, all at once (compiles dominate: 16 cores)
     tasks = [(n, -1) for n in SIZES] + [(n, i) for n in SIZES for i in range(len(check_steps(n)))]
-    tasks += [(n, -10 - probe) for n in PROBE_CONFIGS for probe in PROBES]
+    tasks += [(n, -10 - probe) for n in PROBE_CONFIGS if n in SIZES and not SMOKE for probe in PROBES]
     for got in run_children("check", tasks, {}, parallel=2 if SMOKE else 16):
         results["checks"] += got.get("checks", [])
         results["errors"] += got.get("errors", [])
@@ -304,8 +468,13 @@ def main() -> int:
     # the timings one N after the other (the kernels come from Triton's cache)
     for got in run_children("time", [(n, 0) for n in SIZES], passed, parallel=1):
         results["errors"] += got.get("errors", [])
+        results["checks"] += got.get("checks", [])
         if "time" in got:
             results["time"].append(got["time"])
+    for got in run_children("host", [(1024, 0)], passed, parallel=1):
+        results["errors"] += got.get("errors", [])
+        if "host" in got:
+            results["host"] = got["host"]
     results["wall_s"] = time.time() - START
     path = out_dir / "fft_conv_gpu_onepass.json"
     path.write_text(json.dumps(results, indent=1, default=str))
@@ -313,8 +482,9 @@ def main() -> int:
     print(f"\nchecks (error / rounding floor; ok: bf16 <= {BOUNDS['bfloat16']}, fp16 <= {BOUNDS['float16']}, "
           "every element written)")
     for row in results["checks"]:
-        print(f"  N {row['n']:>5} {row['config']:>10} {row['dtype']:>16} conj={row['conj']!s:5} "
-              f"{row['err_over_floor']:7.3f}  {'ok' if row['ok'] else 'FAIL'}")
+        print(f"  N {row['n']:>5} {row['config']:>22} {row['dtype']:>16} conj={row['conj']!s:5} "
+              f"{row['err_over_floor']:7.3f}  {'ok' if row['ok'] else 'FAIL'}"
+              + ("" if "same_bits" not in row else f"  same bits {row['same_bits']}"))
     print(f"\ntime at B16 H768 bf16 ({'smoke: not timed' if SMOKE else 'do_bench medians, ms'}); "
           "speedup = torch.fft / ms; % copy = copy of u, y, spectrum / ms")
     print(f"{'N':>6} {'what':>22} {'ms':>8} {'speedup':>8} {'% copy':>7} {'model ms':>9}")
@@ -331,6 +501,14 @@ def main() -> int:
         for probe, ms in row.get("probes", {}).items():
             print(f"{row['n']:>6} {'probe ' + probe:>22} {ms:8.4f}   (mono {key(PROBE_CONFIGS[row['n']])}, "
                   f"{PROBES[int(probe)]}: wrong output, timing only)")
+    host = results.get("host")
+    if host:
+        us = lambda name: "-" if host.get(name) is None else f"{host[name]:.1f}"  # noqa: E731
+        print(f"\nhost time a call, us (B2 H64 N1024 bf16, float32 filter; path {host['path']}): fft_conv "
+              f"{us('fft_conv_us')}, the path before session 30 {us('old_path_us')}, torch {us('torch_us')}; "
+              f"kept TMA encodings {us('fft_conv_kept_us')}; grad recorded {us('fft_conv_grad_us')} (torch "
+              f"{us('torch_grad_us')}); same bits 1..10 {host.get('same_bits_1_10')} / kept "
+              f"{host.get('kept_same_bits_1_10')} / old path {host.get('old_path_same_bits')}")
     for err in results["errors"]:
         print("error:", err)
     print(f"wall {results['wall_s']:.0f} s; JSON: {path}")

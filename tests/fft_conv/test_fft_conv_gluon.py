@@ -17,6 +17,7 @@ from tilecore import accuracy, dispatch
 from tilecore.ops.fft_conv import configs, fft_conv_reference, filter_spectrum, gluon_emulate, gluon_onepass
 from tilecore.ops.fft_conv import launch as conv_launch
 from tilecore.ops.fft_conv import plan as conv_plan
+from tilecore.tiles.launch import TmaOperand
 
 CODE = """
 import json, re
@@ -108,13 +109,15 @@ def test_kernel_arithmetic_keeps_nonfinite_and_scales_in_their_sequence():
 
 
 class _FakeLaunch:
-    """Stands for the Gluon kernel's CachedLaunch: records the grid and the arguments."""
+    """Stands for the Gluon kernel's CachedLaunch: records the grid and the arguments of CachedLaunch.run."""
 
     def __init__(self):
         self.calls = []
+        self.keys = []
 
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+    def run(self, key, grid, args, kwargs):
+        self.keys.append(key)
+        self.calls.append((grid, args, kwargs))
 
 
 @pytest.mark.parametrize("per_sm, conj, tma, chunk, rfft, groups", [
@@ -122,8 +125,8 @@ class _FakeLaunch:
     (1, True, True, 32, False, 1), (1, True, True, 32, True, 1), (1, False, True, 32, False, 2), (2, True, True, 0, True, 8)])
 def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm, conj, tma, chunk, rfft, groups):
     fake, other = _FakeLaunch(), _FakeLaunch()
-    monkeypatch.setattr(conv_launch, "_conv_gluon_chunked" if chunk else "_conv_gluon", fake)
-    monkeypatch.setattr(conv_launch, "_conv_gluon" if chunk else "_conv_gluon_chunked", other)
+    monkeypatch.setattr(conv_launch, "CONV_GLUON_CHUNKED" if chunk else "CONV_GLUON", fake)
+    monkeypatch.setattr(conv_launch, "CONV_GLUON" if chunk else "CONV_GLUON_CHUNKED", other)
     monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
     B, H, n = 5, 3, 1024
     u = torch.randn(B, H, n).to(torch.bfloat16)
@@ -142,9 +145,9 @@ def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm,
     assert sorted(set(kwargs) - {"num_warps"}) == sorted(names[len(args):])
     bound = dict(zip(names, args)) | kwargs
     assert bound["TMA"] is tma and (bound["u_desc"] is None) is not tma and (bound["y_desc"] is None) is not tma
-    if tma:  # (B, H, A/2, B) views of u and y, a pair's box
+    if tma:  # (B, H, A/2, B) views of u and y, a pair's box, as TMA operands (the keyed launch's)
         for desc, t in ((bound["u_desc"], u), (bound["y_desc"], y)):
-            assert desc.base is t and list(desc.shape) == [B, H, 16, 64] and list(desc.block_shape) == [2, 1, 16, 64]
+            assert isinstance(desc, TmaOperand) and desc.base is t and list(desc.shape) == [B, H, 16, 64] and list(desc.block_shape) == [2, 1, 16, 64]
             assert list(desc.strides) == [H * n, n, 64, 1]
     assert bound["U"] is u and bound["Y"] is y and bound["batch"] == B and bound["heads"] == H
     assert bound["A"] == 32 and bound["B"] == 64 and kwargs["num_warps"] == warps
@@ -160,6 +163,31 @@ def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm,
         assert torch.equal(bound["K"], tile) and bound["stride_kh"] == 2 * 2 * n
     ops = conv_launch.mono_operands(32, 64, 1, u.device)
     assert bound["TFRE"] is ops["TFRE"] and bound["FBIM"] is ops["FBIM"]
+
+
+def test_keyed_launch_keeps_its_parts_and_passes_the_key(monkeypatch):
+    """op.py's launch key: the grid, tables and constexprs made once a key (later calls only wrap u and y
+    as TMA operands), the key handed to CachedLaunch.run; without a key nothing is kept."""
+    fake = _FakeLaunch()
+    monkeypatch.setattr(conv_launch, "CONV_GLUON", fake)
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
+    made = []
+    parts = conv_launch._gluon_launch_parts
+    monkeypatch.setattr(conv_launch, "_gluon_launch_parts", lambda *a: made.append(1) or parts(*a))
+    B, H, n = 4, 2, 1024
+    spectrum = filter_spectrum(torch.randn(H, n), n)
+    plan = conv_plan.gluon_plan(32, 64, 3, True, True, 0, True)
+    key = ("test key", B, H, n)
+    for _ in range(3):
+        u = torch.randn(B, H, n).to(torch.bfloat16)
+        y = torch.empty_like(u)
+        conv_launch.launch(plan, u, spectrum, y, False, key=key)
+        (_, args, kwargs) = fake.calls[-1]
+        assert args[0] is u and args[2] is y and kwargs["u_desc"].base is u and kwargs["y_desc"].base is y
+    conv_launch.launch(plan, u, spectrum, y, False)
+    assert fake.keys == [key, key, key, None] and len(made) == 2  # (once for the key, once unkeyed)
+    assert fake.calls[0][0] == fake.calls[-1][0] == (H * B // 2,)  # (fewer pairs than 3 programs x 4 SMs)
+    conv_launch._GLUON_LAUNCHES.clear()
 
 
 def test_plan_takes_the_kernel_only_behind_its_switch_on_hopper(monkeypatch):

@@ -64,15 +64,13 @@ GLUON_ONEPASS: dict = {
     4096: (128, 64, 1, True, True, 32, True, 2),  # rfft read in the kernel: 0.618 ms (final run) vs 0.769
 }
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
-    # run 7 (H100), op ms: 1024 ASYNC 0.3456 (kernel 0.1428), ASYNC+TMA 0.3648 (0.1343), ASYNC+TMA+RFFT 0.1478,
-    # TMA+RFFT 0.1460, one program a pair 0.1778; 2048 TMA 0.7995 (kernel 0.2391: host layout), chunked RFFT
-    # 0.3802; 4096 chunked 1.4139 (1.2300), two warpgroups 0.7454 (0.5725). 2048 whole-tile with RFFT: 88 B
-    # of spill (sm_90a); 4096 two warpgroups with RFFT: 32 B
-    1024: [(32, 64, 3, False, True, 0, True), (32, 64, 3, True, True, 0, True), (32, 64, 2, True, True, 0, True, 1, 8)],
-    2048: [(64, 64, 2, True, True, 32, True), (64, 64, 2, True, True, 0, True)],
-    4096: [(128, 64, 1, True, True, 32, False, 2), (128, 64, 1, True, True, 32, True, 2)],
+    # session 29 (H100), op ms: run 7: 1024 ASYNC 0.3456 (kernel 0.1428), ASYNC+TMA 0.3648 (0.1343), ASYNC+TMA+RFFT
+    # 0.1478, TMA+RFFT 0.1460, one program a pair 0.1778; 2048 TMA 0.7995 (kernel 0.2391: host layout), chunked RFFT
+    # 0.3802; 4096 chunked 1.4139 (1.2300), two warpgroups 0.7454 (0.5725). Run 8: 1024 8 warps 0.267 (slower);
+    # 2048 chunked 0.377; 4096 two warpgroups without RFFT 0.747. Session 30: the shipped tuples, re-checked after
+    # the stage helpers' refactor and through the op's keyed launch
+    n: [config] for n, config in GLUON_ONEPASS.items()
 }
-
 # candidates the GPU check times per N: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]); loop: groups
 # of pairs a program runs (one program for LOOP groups of one channel), stages: that loop's software
 # pipelining, hoist: the DFT matrices, twiddles and spectrum loaded once before the loop (sm_90a at

@@ -121,12 +121,133 @@ def _scaled(x):
     return x / scale, scale, bad
 
 
+@struct
+class Stages:
+    """What both kernels' square stages read: F_B (re, im, -im: differences as sums) resident in shared
+    memory, the two staging tiles (R, then Y: the square products' B operands), the (B, A) twiddle table
+    W_L^(m k_a) (launch.mono_operands' TF) and how the spectrum is read; ASYNC: a complex product's four
+    wgmmas issued at once, one wait; PROBE: timing probes, WRONG results (never in the plans): 1 the square
+    products left out (S = R, D = Y), 2 the spectrum product's scale reduction (scale 1), 4 the twiddle
+    and spectrum loads (constants); what each saves is that part's share of the time."""
+    fbre: object
+    fbim: object
+    fbnim: object
+    tile_re: object  # [B, C] float16 (C: the columns a step, A or CHUNK)
+    tile_im: object
+    TFRE: object
+    TFIM: object
+    L: gl.constexpr
+    RFFT: gl.constexpr
+    CONJ: gl.constexpr
+    ASYNC: gl.constexpr
+    PROBE: gl.constexpr
+
+
+@gluon.jit
+def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride_kh, zeros, X_REGS: gl.constexpr):
+    """Stages 1-3 and the spectrum product of a [B, C] block of the tile's columns k_a (the whole tile, or
+    one chunk: ``tab`` + ``col`` the block's offsets m A + k_a into the (B, A) tables, f = k_a + A k_b):
+
+        1. R = x @ F_A[:HALF, cols]      x [B, HALF]: registers (X_REGS; -Im x negated there) or shared
+                                         memory (then ``fa_nim`` = -Im F_A resident); |R| <= HALF sqrt 2
+        2. R *= W_L^(m k_a)
+        3. S = F_B @ R                   R staged as float16 in st's tiles; |S| <= HALF B sqrt 2
+           Y = S K                       K: channel h's spectrum (row h of K) at f (_spectrum_at)
+
+    Returns (Y re, Y im) float32 and its largest |Y| (1 where Y is 0; NaN stays NaN: a NaN filter's)."""
+    if X_REGS:
+        rre, rim = _complex_mma(x_re, fa_re, -x_im, fa_im, x_re, fa_im, x_im, fa_re, zeros, st.ASYNC, True)
+    else:
+        rre, rim = _complex_mma(x_re, fa_re, x_im, fa_nim, x_re, fa_im, x_im, fa_re, zeros, st.ASYNC, False)
+    if st.PROBE & 4:
+        twre = zeros + 0.5
+        twim = zeros + 0.25
+    else:
+        twre = gl.load(st.TFRE + tab + col)
+        twim = gl.load(st.TFIM + tab + col)
+    rre, rim = rre * twre - rim * twim, rre * twim + rim * twre
+    gl.thread_barrier()  # the previous step's wgmmas have read the staging tiles
+    st.tile_re.store(rre.to(gl.float16))
+    st.tile_im.store(rim.to(gl.float16))
+    fence_async_shared()
+    gl.thread_barrier()
+    if st.PROBE & 1:
+        sre = rre
+        sim = rim
+    else:
+        sre, sim = _complex_mma(st.fbre, st.tile_re, st.fbnim, st.tile_im, st.fbre, st.tile_im, st.fbim, st.tile_re,
+                                zeros, st.ASYNC, False)
+    if st.PROBE & 4:
+        kre = twre
+        kim = twim
+    else:
+        kre, kim = _spectrum_at(K + h * stride_kh, tab + col, st.L, st.RFFT, st.CONJ)
+    yre = sre * kre - sim * kim
+    yim = sre * kim + sim * kre
+    if st.PROBE & 2:
+        scale = 1.0
+    else:
+        scale = gl.maximum(gl.max(gl.max(gl.abs(yre), axis=1), axis=0), gl.max(gl.max(gl.abs(yim), axis=1), axis=0))
+        scale = gl.where(scale > 0, scale, 1.0)  # (NaN stays NaN: a NaN filter's outputs)
+    return yre, yim, scale
+
+
+@gluon.jit
+def _inverse_stages(st, yre, yim, scale, tab, col, fa_re, fa_im, ore, oim, running, zeros, lhs_out: gl.constexpr,
+                    ACCUMULATE: gl.constexpr):
+    """Stages 3'-1' of the block _forward_stages gave (Y, its ``scale``):
+
+        3'. D = conj(F_B) @ (Y / scale)  staged as float16 in st's tiles
+        2'. D *= conj(W_L^(m k_a))       (the twiddles read again from L1: held across they cost registers)
+        1'. out = D @ conj(F_A)[cols, :HALF]   D from registers; ``fa_re``, ``fa_im``: F_A[cols, :HALF]
+
+    ACCUMULATE (the chunked kernel): out is added to (ore, oim) at a running scale, as an online
+    softmax's: the sum rescaled where this block's scale is larger, D cast at scale / running <= 1;
+    returns (ore, oim, the new running scale). Else (ore, oim) are zeros and out is D's at ``scale``
+    (returned as the running scale; ``running`` is not read)."""
+    inv = 1.0 / scale
+    gl.thread_barrier()  # stage 3's wgmmas have read R
+    st.tile_re.store((yre * inv).to(gl.float16))
+    st.tile_im.store((yim * inv).to(gl.float16))
+    fence_async_shared()
+    gl.thread_barrier()
+    if st.PROBE & 1:
+        dre = yre * inv
+        dim = yim * inv
+    else:
+        dre, dim = _complex_mma(st.fbre, st.tile_re, st.fbim, st.tile_im, st.fbre, st.tile_im, st.fbnim, st.tile_re,
+                                zeros, st.ASYNC, False)
+    if st.PROBE & 4:
+        twre = zeros + 0.5
+        twim = zeros + 0.25
+    else:
+        twre = gl.load(st.TFRE + tab + col)
+        twim = gl.load(st.TFIM + tab + col)
+    dre, dim = dre * twre + dim * twim, dim * twre - dre * twim
+    if ACCUMULATE:
+        grown = gl.maximum(running, scale)
+        alpha = running / grown
+        ore = ore * alpha
+        oim = oim * alpha
+        running = grown
+        ratio = scale / grown
+        dre16 = gl.convert_layout((dre * ratio).to(gl.float16), lhs_out)
+        dim16 = gl.convert_layout((dim * ratio).to(gl.float16), lhs_out)
+        ore, oim = _chained_mma(dre16, fa_re, dim16, fa_im, dim16, fa_re, -dre16, fa_im, ore, oim)
+    else:
+        dre16 = gl.convert_layout(dre.to(gl.float16), lhs_out)
+        dim16 = gl.convert_layout(dim.to(gl.float16), lhs_out)
+        ore, oim = _complex_mma(dre16, fa_re, dim16, fa_im, dim16, fa_re, -dre16, fa_im, ore, st.ASYNC, True)
+        running = scale
+    return ore, oim, running
+
+
 @gluon.jit
 def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                                   A: gl.constexpr, B: gl.constexpr, ASYNC: gl.constexpr = False,
                                   u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
-                                  CONJ: gl.constexpr = False):
+                                  CONJ: gl.constexpr = False, PROBE: gl.constexpr = 0):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every
     channel h; work item w = h * groups + g, program p runs w = p, p + programs, ...
 
@@ -182,6 +303,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(t_k, 0)
     zeros = gl.zeros([B, A], gl.float32, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -213,43 +335,9 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
             xim, scale_im, bad_im = _load_half(U, b_im, batch, b_im.to(gl.int64) * stride_ub + h * stride_uh, seq)
         xre = gl.convert_layout(xre.to(gl.float16), lhs)
         xim = gl.convert_layout(xim.to(gl.float16), lhs)
-        # 1. [B, HALF] @ F_A[:HALF, :] (|.| <= HALF sqrt 2)
-        rre, rim = _complex_mma(xre, fa1re, -xim, fa1im, xre, fa1im, xim, fa1re, zeros, ASYNC, True)
-        # 2. twiddles W_L^(m k_a)
-        twre = gl.load(TFRE + tab)
-        twim = gl.load(TFIM + tab)
-        rre, rim = rre * twre - rim * twim, rre * twim + rim * twre
-        # 3. F_B @ R (|.| <= HALF B sqrt 2): R through shared memory
-        gl.thread_barrier()  # the previous pair's wgmmas have read the staging tiles
-        tile_re.store(rre.to(gl.float16))
-        tile_im.store(rim.to(gl.float16))
-        fence_async_shared()
-        gl.thread_barrier()
-        sre, sim = _complex_mma(fbre, tile_re, fbnim, tile_im, fbre, tile_im, fbim, tile_re, zeros, ASYNC, False)
-        # the spectrum at f = k_a + A k_b (the tile's order), then one scale a pair for float16
-        spectrum = K + h * stride_kh
-        kre, kim = _spectrum_at(spectrum, tab, L, RFFT, CONJ)
-        yre = sre * kre - sim * kim
-        yim = sre * kim + sim * kre
-        spec_scale = gl.maximum(gl.max(gl.max(gl.abs(yre), axis=1), axis=0),
-                                gl.max(gl.max(gl.abs(yim), axis=1), axis=0))
-        spec_scale = gl.where(spec_scale > 0, spec_scale, 1.0)  # (NaN stays NaN: a NaN filter's outputs)
-        inv = 1.0 / spec_scale
-        # 3'. conj(F_B) @ Y
-        gl.thread_barrier()  # stage 3's wgmmas have read R
-        tile_re.store((yre * inv).to(gl.float16))
-        tile_im.store((yim * inv).to(gl.float16))
-        fence_async_shared()
-        gl.thread_barrier()
-        dre, dim = _complex_mma(fbre, tile_re, fbim, tile_im, fbre, tile_im, fbnim, tile_re, zeros, ASYNC, False)
-        # 2'. conjugate twiddles (read again from L1: held across the pair they cost 32 registers)
-        twre = gl.load(TFRE + tab)
-        twim = gl.load(TFIM + tab)
-        dre, dim = dre * twre + dim * twim, dim * twre - dre * twim
-        # 1'. [B, A] @ conj(F_A)[:, :HALF]: only y's N outputs
-        dre16 = gl.convert_layout(dre.to(gl.float16), lhs_out)
-        dim16 = gl.convert_layout(dim.to(gl.float16), lhs_out)
-        ore, oim = _complex_mma(dre16, fa2re, dim16, fa2im, dim16, fa2re, -dre16, fa2im, zeros_out, ASYNC, True)
+        yre, yim, spec_scale = _forward_stages(st, xre, xim, fa1re, fa1im, None, tab, 0, K, h, stride_kh, zeros, True)
+        ore, oim, spec_scale = _inverse_stages(st, yre, yim, spec_scale, tab, 0, fa2re, fa2im, zeros_out, zeros_out,
+                                               spec_scale, zeros, lhs_out, False)
         out_scale = spec_scale * (1.0 / L)
         ty: gl.constexpr = Y.dtype.element_ty
         if TMA:  # [B, HALF] tiles into the pair's [2, 1, HALF, B] box, transposed, then one TMA store
@@ -318,6 +406,7 @@ class ChunkedGlobals:
     TMA: gl.constexpr
     RFFT: gl.constexpr
     CONJ: gl.constexpr
+    PROBE: gl.constexpr
 
 
 @struct
@@ -360,7 +449,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   A: gl.constexpr, B: gl.constexpr, CHUNK: gl.constexpr,
                                   u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
                                   CONJ: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
-                                  WORKER_REGS: gl.constexpr = 240):
+                                  WORKER_REGS: gl.constexpr = 240, PROBE: gl.constexpr = 0):
     """fft_conv_gluon_onepass_kernel's convolution (same arguments) for larger A (N = 4096: A = 128), the
     tile's k_a columns CHUNK at a time: stages 1..3' are column-wise (x @ F_A[:HALF, chunk], the twiddles,
     F_B @ R, the spectrum and conj(F_B) @ Y act on each column alone), so a pair's registers hold one
@@ -393,7 +482,8 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     fbim = _resident(FBIM, B, B, B, 0, False, table)
     fbnim = _resident(FBIM, B, B, B, 0, True, table)
     g = ChunkedGlobals(U, K, Y, TFRE, TFIM, batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
-                       u_desc, y_desc, fare, faim, fanim, fbre, fbim, fbnim, A, B, CHUNK, TMA, RFFT, CONJ)
+                       u_desc, y_desc, fare, faim, fanim, fbre, fbim, fbnim, A, B, CHUNK, TMA, RFFT, CONJ,
+                       PROBE)
     first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA)
     if WARPGROUPS == 1:
         fence_async_shared()
@@ -460,6 +550,7 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(t_k, 0)  # chunk c: + c CHUNK
     zeros = gl.zeros([B, CHUNK], gl.float32, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, True, g.PROBE)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -492,55 +583,20 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
         gl.thread_barrier()  # the previous pair's stage-1 wgmmas have read x
         x_re.store(xre.to(gl.float16))
         x_im.store(xim.to(gl.float16))
-        spectrum = K + h * stride_kh
+        spectrum = K + h * stride_kh  # (the channel's row, once a pair: the stages take it with h = 0)
         ore = zeros_out
         oim = zeros_out
         running = scale_re * 0.0  # the output's scale so far (0: nothing yet)
         fence_async_shared()
         gl.thread_barrier()
         for j in range(CHUNKS):  # (a loop, not unrolled: unrolled, every chunk's table loads went up front)
-            # 1. [B, HALF] @ F_A[:HALF, chunk] (x from shared memory); 2. twiddles
-            rre, rim = _complex_mma(x_re, fare.index(j), x_im, fanim.index(j), x_re, faim.index(j), x_im,
-                                    fare.index(j), zeros, True, False)
-            twre = gl.load(TFRE + tab + j * CHUNK)
-            twim = gl.load(TFIM + tab + j * CHUNK)
-            rre, rim = rre * twre - rim * twim, rre * twim + rim * twre
-            # 3. F_B @ R_c
-            gl.thread_barrier()
-            tile_re.store(rre.to(gl.float16))
-            tile_im.store(rim.to(gl.float16))
-            fence_async_shared()
-            gl.thread_barrier()
-            sre, sim = _complex_mma(fbre, tile_re, fbnim, tile_im, fbre, tile_im, fbim, tile_re, zeros, True, False)
-            kre, kim = _spectrum_at(spectrum, tab + j * CHUNK, L, RFFT, CONJ)
-            yre = sre * kre - sim * kim
-            yim = sre * kim + sim * kre
-            chunk_scale = gl.maximum(gl.max(gl.max(gl.abs(yre), axis=1), axis=0),
-                                     gl.max(gl.max(gl.abs(yim), axis=1), axis=0))
-            chunk_scale = gl.where(chunk_scale > 0, chunk_scale, 1.0)  # (NaN stays NaN)
-            inv = 1.0 / chunk_scale
-            # 3'. conj(F_B) @ Y_c; 2'. conjugate twiddles
-            gl.thread_barrier()
-            tile_re.store((yre * inv).to(gl.float16))
-            tile_im.store((yim * inv).to(gl.float16))
-            fence_async_shared()
-            gl.thread_barrier()
-            dre, dim = _complex_mma(fbre, tile_re, fbim, tile_im, fbre, tile_im, fbnim, tile_re, zeros, True, False)
-            twre = gl.load(TFRE + tab + j * CHUNK)
-            twim = gl.load(TFIM + tab + j * CHUNK)
-            dre, dim = dre * twre + dim * twim, dim * twre - dre * twim
-            # 1'. out += D_c @ conj(F_A)[chunk, :HALF] = D_c @ conj(F_A[:HALF, chunk])^T at the running scale
-            grown = gl.maximum(running, chunk_scale)
-            alpha = running / grown
-            ore = ore * alpha
-            oim = oim * alpha
-            running = grown
-            ratio = chunk_scale / grown
-            dre16 = gl.convert_layout((dre * ratio).to(gl.float16), lhs_out)
-            dim16 = gl.convert_layout((dim * ratio).to(gl.float16), lhs_out)
-            ore, oim = _chained_mma(dre16, fare.index(j).permute((1, 0)), dim16, faim.index(j).permute((1, 0)),
-                                    dim16, fare.index(j).permute((1, 0)), -dre16, faim.index(j).permute((1, 0)),
-                                    ore, oim)
+            # out += D_c @ conj(F_A)[chunk, :HALF] = D_c @ conj(F_A[:HALF, chunk])^T (F_A is symmetric)
+            yre, yim, chunk_scale = _forward_stages(st, x_re, x_im, fa_re=fare.index(j), fa_nim=fanim.index(j),
+                                                    fa_im=faim.index(j), tab=tab, col=j * CHUNK, K=spectrum, h=0,
+                                                    stride_kh=0, zeros=zeros, X_REGS=False)
+            ore, oim, running = _inverse_stages(st, yre, yim, chunk_scale, tab, j * CHUNK,
+                                                fare.index(j).permute((1, 0)), faim.index(j).permute((1, 0)), ore, oim,
+                                                running, zeros, lhs_out, True)
         ty: gl.constexpr = Y.dtype.element_ty
         ore = gl.where(bad_re, float("nan"), ore * (running * scale_re / L))
         oim = gl.where(bad_im, float("nan"), oim * (running * scale_im / L))

@@ -11,16 +11,16 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.fft_conv import kernels, kernels_long, kernels_mono, kernels_pair
 from tilecore.ops.fft_conv.plan import Plan
-from tilecore.tiles.launch import CachedLaunch, gluon_descriptor, tma_describable
+from tilecore.tiles.launch import LRU, CachedLaunch, TmaOperand, tma_describable
 
 _conv = CachedLaunch(kernels.fft_conv_kernel)
 _conv_pair = CachedLaunch(kernels_pair.fft_conv_pair_kernel)
 _conv_pair1 = CachedLaunch(kernels_pair.fft_conv_pair1_kernel)
 _dk_pair = CachedLaunch(kernels_pair.fft_conv_dk_pair_kernel)
 _conv_mono = CachedLaunch(kernels_mono.fft_conv_mono_kernel)
-_conv_gluon = CachedLaunch(lambda: importlib.import_module(
+CONV_GLUON = CachedLaunch(lambda: importlib.import_module(
     "tilecore.ops.fft_conv.gluon_onepass").fft_conv_gluon_onepass_kernel)
-_conv_gluon_chunked = CachedLaunch(lambda: importlib.import_module(
+CONV_GLUON_CHUNKED = CachedLaunch(lambda: importlib.import_module(
     "tilecore.ops.fft_conv.gluon_onepass").fft_conv_gluon_chunked_kernel)
 _long_columns = CachedLaunch(kernels_long.long_columns_kernel)
 _long_rows = CachedLaunch(kernels_long.long_rows_kernel)
@@ -124,7 +124,7 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
         y.copy_(torch.fft.irfft(torch.fft.rfft(u.float(), n=2 * N) * k, n=2 * N)[..., :N])
         return
     if plan.path == "gluon":
-        _launch_gluon(plan, u, spectrum.resolve_conj(), y, conj)
+        _launch_gluon(plan, u, spectrum, y, conj, key)
         return
     if plan.path in ("pair", "long", "mono"):  # the kernels read the rfft's bins themselves
         spectrum = spectrum.resolve_conj()
@@ -179,56 +179,71 @@ def gluon_grid(plan: Plan, B: int, H: int, device: torch.device) -> int:
     return max(1, min(pairs, plan.per_sm * dispatch.num_sms(device)))
 
 
-def _launch_gluon(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj: bool) -> None:
+def _launch_gluon(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj: bool, key=None) -> None:
     """gluon_onepass.py's kernels: the spectrum as the kernel reads it (gluon_spectrum)."""
-    a, b = plan.n1, plan.n2
-    descs = gluon_descriptors(u, y, a, b) if plan.tma and tma_describable(u) and tma_describable(y) else None
-    launch_gluon_kernel(plan, u, gluon_spectrum(plan, spectrum, conj), y, descs, conj)
+    launch_gluon_kernel(plan, u, gluon_spectrum(plan, spectrum, conj), y, conj, key=key)
 
 
 def gluon_spectrum(plan: Plan, spectrum: torch.Tensor, conj: bool) -> torch.Tensor:
     """The spectrum (H, N + 1) as the Gluon kernel of ``plan`` reads it: with plan.rfft its bins as float32
     (re, im) pairs (the kernel conjugates), else laid out as the tile (mono_spectrum, conjugated here)."""
+    spectrum = spectrum.resolve_conj()
     if plan.rfft:
-        spectrum = spectrum.resolve_conj()
         return torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())
     return mono_spectrum(spectrum, plan.n1, plan.n2, 1, False, conj)
 
 
-def launch_gluon_kernel(plan: Plan, u: torch.Tensor, kernel_spectrum: torch.Tensor, y: torch.Tensor,
-                        descs: tuple | None, conj: bool = False) -> None:
-    """The Gluon one-pass kernel of ``plan`` alone (the GPU check times it so): ``kernel_spectrum`` as
-    gluon_spectrum gives it (conj: the correlation, where the kernel conjugates: plan.rfft), ``descs``
-    gluon_descriptors(u, y, ...) or None (pointer loads and stores); the DFT matrices and the (B, A)
-    twiddle table of mono_operands."""
+# A keyed call's launch, all but its tensors (the grid, the DFT tables, the constexprs): a function of the
+# launch key (op.py: u's and the filter's signatures, conj), made at the key's first call
+_GLUON_LAUNCHES = LRU(256)
+
+
+def _gluon_launch_parts(plan: Plan, u: torch.Tensor, y: torch.Tensor, conj: bool) -> tuple:
+    """(kernel, grid, the DFT tables, the constexprs and options, whether u and y go by TMA) of ``plan``'s
+    Gluon kernel for this u and y."""
     B, H, N = u.shape
     a, b = plan.n1, plan.n2
     ops = mono_operands(a, b, 1, u.device)
-    tile_spectrum = kernel_spectrum
-    options = dict(RFFT=plan.rfft, CONJ=conj and plan.rfft)
-    if plan.chunk:
-        _conv_gluon_chunked[(gluon_grid(plan, B, H, u.device),)](
-            u, tile_spectrum, y, ops["FARE"], ops["FAIM"], ops["FBRE"], ops["FBIM"], ops["TFRE"], ops["TFIM"],
-            B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), tile_spectrum.stride(0), A=a, B=b,
-            CHUNK=plan.chunk, u_desc=None if descs is None else descs[0],
-            y_desc=None if descs is None else descs[1], TMA=descs is not None, WARPGROUPS=plan.warpgroups,
-            WORKER_REGS=248, num_warps=4, **options)  # (248: 4096's two warpgroups without spill)
-        return
-    _conv_gluon[(gluon_grid(plan, B, H, u.device),)](
-        u, tile_spectrum, y, ops["FARE"], ops["FAIM"], ops["FBRE"], ops["FBIM"], ops["TFRE"], ops["TFIM"],
-        B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), tile_spectrum.stride(0), A=a, B=b,
-        ASYNC=plan.async_mma, u_desc=None if descs is None else descs[0], y_desc=None if descs is None else descs[1],
-        TMA=descs is not None, num_warps=plan.num_warps, **options)
+    tables = tuple(ops[name] for name in ("FARE", "FAIM", "FBRE", "FBIM", "TFRE", "TFIM"))
+    tma = plan.tma and tma_describable(u) and tma_describable(y)
+    options = dict(A=a, B=b, TMA=tma, RFFT=plan.rfft, CONJ=conj and plan.rfft, PROBE=plan.probe)
+    if plan.chunk:  # (WORKER_REGS 248: 4096's two warpgroups without spill)
+        kernel = CONV_GLUON_CHUNKED
+        options.update(CHUNK=plan.chunk, WARPGROUPS=plan.warpgroups, WORKER_REGS=248, num_warps=4)
+    else:
+        kernel = CONV_GLUON
+        options.update(ASYNC=plan.async_mma, num_warps=plan.num_warps)
+    return kernel, (gluon_grid(plan, B, H, u.device),), tables, options, tma
+
+
+def launch_gluon_kernel(plan: Plan, u: torch.Tensor, kernel_spectrum: torch.Tensor, y: torch.Tensor,
+                        conj: bool = False, key=None) -> None:
+    """The Gluon one-pass kernel of ``plan`` alone (the GPU check times it so): ``kernel_spectrum`` as
+    gluon_spectrum gives it (conj: the correlation, where the kernel conjugates: plan.rfft); u and y by
+    TMA (gluon_operands) where plan.tma and both are describable, else pointer loads and stores; the DFT
+    matrices and the (B, A) twiddle table of mono_operands. ``key``: the call's launch key (op.py's: it
+    fixes u's sizes, strides and alignment, and y is a fresh contiguous tensor), or None: the launch
+    parts are then made again and the launch specialized the checked way (CachedLaunch.run)."""
+    B, H, N = u.shape
+    kernel, grid, tables, options, tma = _GLUON_LAUNCHES.memo(key, lambda: _gluon_launch_parts(plan, u, y, conj))
+    u_op, y_op = gluon_operands(u, y, plan.n1, plan.n2) if tma else (None, None)
+    kernel.run(key, grid, (u, kernel_spectrum, y, *tables, B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1),
+                           kernel_spectrum.stride(0)),
+               dict(options, u_desc=u_op, y_desc=y_op))
+
+
+def gluon_operands(u: torch.Tensor, y: torch.Tensor, a: int, b: int) -> tuple[TmaOperand, TmaOperand]:
+    """u and y (B, H, N = a b / 2) as TMA operands of their (B, H, a/2, b) views, boxes [2, 1, a/2, b]: one
+    pair of sequences of a channel (gluon_onepass.py's TMA). The launch that compiles gets the checked
+    descriptors; later keyed launches hand Triton's launcher only base, shape and strides."""
+    half = a // 2
+    return (TmaOperand(u, [2, 1, half, b], [u.shape[0], u.shape[1], half, b], [u.stride(0), u.stride(1), b, 1]),
+            TmaOperand(y, [2, 1, half, b], [y.shape[0], y.shape[1], half, b], [y.stride(0), y.stride(1), b, 1]))
 
 
 def gluon_descriptors(u: torch.Tensor, y: torch.Tensor, a: int, b: int) -> tuple:
-    """TMA descriptors of u and y (B, H, N = a b / 2) as (B, H, a/2, b) views, boxes [2, 1, a/2, b]: one pair
-    of sequences of a channel (gluon_onepass.py's TMA)."""
-    boxes = []
-    for t in (u, y):
-        B, H, _ = t.shape
-        boxes.append(gluon_descriptor(t, [2, 1, a // 2, b], [B, H, a // 2, b], [t.stride(0), t.stride(1), b, 1]))
-    return tuple(boxes)
+    """gluon_operands' checked TMA descriptors (compile-only callers: report.py)."""
+    return tuple(op.descriptor() for op in gluon_operands(u, y, a, b))
 
 
 def _launch_long(plan: Plan, u: torch.Tensor, spectrum_f32: torch.Tensor, y: torch.Tensor, conj: bool,
