@@ -162,6 +162,7 @@ class WideQuantize:
     G: gl.constexpr  # group size (0: per token)
     STATIC: gl.constexpr  # fp8 with a given scale
     QMAX: gl.constexpr
+    AHEAD: gl.constexpr  # block j + 1's mixing behind block j's second product (plan tuning "ahead"; untimed)
 
     @gluon.jit
     def setup(self, tile):
@@ -198,10 +199,43 @@ class WideQuantize:
         else:
             xs = (stage.b0.reshape([BLOCK, BLOCK]), stage.b1.reshape([BLOCK, BLOCK]), stage.b2.reshape([BLOCK, BLOCK]))
         h64 = ctx.operand.index(NB * NB)
-        y0 = self._rotated(self._mixed(ctx, xs, state.w0, 0), h64, 0)
-        y1 = self._rotated(self._mixed(ctx, xs, state.w1, 1), h64, 1)
-        y2 = self._rotated(self._mixed(ctx, xs, state.w2, 2), h64, 2)
+        if self.AHEAD:  # block j + 1's mixing issued behind block j's second product (the tensor cores kept busy)
+            w0 = warpgroup_mma_wait(0, deps=(self._issue_mixing(ctx, xs, state.w0, 0),))
+            s0 = self._issue_second(w0, h64)
+            w1 = self._issue_mixing(ctx, xs, state.w1, 1)
+            s0 = warpgroup_mma_wait(NB, deps=(s0,))  # NB groups (block 1's mixing) may still run
+            y0 = self._scaled(s0, 0)
+            w1 = warpgroup_mma_wait(0, deps=(w1,))
+            s1 = self._issue_second(w1, h64)
+            w2 = self._issue_mixing(ctx, xs, state.w2, 2)
+            s1 = warpgroup_mma_wait(NB, deps=(s1,))
+            y1 = self._scaled(s1, 1)
+            w2 = warpgroup_mma_wait(0, deps=(w2,))
+            y2 = self._scaled(warpgroup_mma_wait(0, deps=(self._issue_second(w2, h64),)), 2)
+        else:
+            y0 = self._rotated(self._mixed(ctx, xs, state.w0, 0), h64, 0)
+            y1 = self._rotated(self._mixed(ctx, xs, state.w1, 1), h64, 1)
+            y2 = self._rotated(self._mixed(ctx, xs, state.w2, 2), h64, 2)
         return Mixed(y0, y1, y2)
+
+    @gluon.jit
+    def _issue_mixing(self, ctx, xs, w, J: gl.constexpr):
+        """W_J = sum_k H[J, k] X_k issued (NB wgmma groups), not waited for."""
+        bufs = ctx.operand
+        dt: gl.constexpr = self.x_desc.dtype
+        lay: gl.constexpr = bufs.type.layout
+        for k in gl.static_range(NB):
+            w = warpgroup_mma(bufs.index(NB * J + k)._reinterpret(dt, [BLOCK, BLOCK], lay), xs[k], w, use_acc=k > 0,
+                              is_async=True)
+        return w
+
+    @gluon.jit
+    def _issue_second(self, w, h64):
+        """(hi + lo)(W) H_64 issued (two groups), not waited for."""
+        operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=w.type.layout, k_width=2)
+        hi, lo = bf16_pieces(w)
+        y = warpgroup_mma(gl.convert_layout(hi, operand), h64, gl.zeros_like(w), use_acc=False, is_async=True)
+        return warpgroup_mma(gl.convert_layout(lo, operand), h64, y, is_async=True)
 
     @gluon.jit
     def _mixed(self, ctx, xs, w, J: gl.constexpr):
@@ -238,9 +272,10 @@ class WideQuantize:
             if self.STATIC:
                 div = gl.load(self.gscale)
             else:
-                div = gl.where(a == 0, 1.0, gl.div_rn(a, self.QMAX + a * 0.0))
+                # (a tensor of QMAX, not QMAX + 0 x a: an inf amax must give an inf scale, as the reference's)
+                div = gl.where(a == 0, 1.0, gl.div_rn(a, gl.where(a == 0, self.QMAX, self.QMAX)))
                 gl.store(self.scales + row.to(gl.int64) * self.stride_scales, div, mask=row < self.rows)
-            recip = gl.div_rn(1.0 + div * 0.0, div)
+            recip = gl.div_rn(gl.where(div == 0, 1.0, 1.0), div)  # 0 where div is inf: y x 0 = y / inf
             self._stage(ctx, 0, self._token_codes(y0 * recip))
             self._stage(ctx, 1, self._token_codes(y1 * recip))
             self._stage(ctx, 2, self._token_codes(y2 * recip))
@@ -259,7 +294,12 @@ class WideQuantize:
         hi, lo = bf16_pieces(w)
         y = warpgroup_mma(gl.convert_layout(hi, operand), h64, gl.zeros_like(w), use_acc=False, is_async=True)
         y = warpgroup_mma(gl.convert_layout(lo, operand), h64, y, is_async=True)
-        y = warpgroup_mma_wait(0, deps=(y,))
+        return self._scaled(warpgroup_mma_wait(0, deps=(y,)), J)
+
+    @gluon.jit
+    def _scaled(self, y, J: gl.constexpr):
+        """rscale Y_J, sub-rows past m zeroed."""
+        acc_layout: gl.constexpr = y.type.layout
         y = y * self.rscale
         if (J + 1) * BLOCK > self.M:
             i = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, acc_layout)) + J * BLOCK
@@ -328,14 +368,15 @@ class WideQuantize:
 @gluon.jit
 def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales, gscale, amax_out, rows, stride_scales,
                                rscale, row_counter, M: gl.constexpr, FORMAT: gl.constexpr, G: gl.constexpr,
-                               STATIC: gl.constexpr, QMAX: gl.constexpr, STAGES: gl.constexpr):
+                               STATIC: gl.constexpr, QMAX: gl.constexpr, STAGES: gl.constexpr,
+                               AHEAD: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
     are used: a consumer's staging buffer); h_desc: gluon_operand's ten [64, 64] blocks. ``row_counter``: an int32,
     zero at launch and left so, from which programs draw row pairs."""
     op = WideQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, M, FORMAT, G,
-                      STATIC, QMAX)
+                      STATIC, QMAX, AHEAD)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),
