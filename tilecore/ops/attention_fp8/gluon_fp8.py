@@ -885,9 +885,9 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. BN2 > 0: steps of
     BN + BN2 keys, the second blocks by k2_desc [1, 1, BN2, D] and vt2_desc [1, 1, D, BN2] (compute_split)."""
     gl.static_assert(not (RESCALE_LATE and RESCALE_TAU > 0), "RESCALE_LATE or RESCALE_TAU, not both")
-    gl.static_assert(BN2 == 0 or ((BN2 == 64 or BN2 == 32) and L_MMA == 1 and MAX_TREE and CAST_LATE and PERMUTED_V and not K_PER_ROW
+    gl.static_assert(BN2 == 0 or ((BN2 == 64 or BN2 == 32) and L_MMA == 1 and MAX_TREE and CAST_LATE == 1 and PERMUTED_V and not K_PER_ROW
                                   and not K_PER_BLOCK and RESCALE_TAU == 0 and not RESCALE_LATE and not PROBE_NO_SOFTMAX),
-                     "BN2 (split steps): 64 or 32, with L_MMA 1, MAX_TREE, CAST_LATE, PERMUTED_V and per-head or per-row q "
+                     "BN2 (split steps): 64 or 32, with L_MMA 1, MAX_TREE, CAST_LATE 1, PERMUTED_V and per-head or per-row q "
                      "descales, per-head k descales")
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not PINGPONG), "two or three consumer warpgroups "
                      "(PINGPONG: two)")
