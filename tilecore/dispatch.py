@@ -85,27 +85,15 @@ def select(device: torch.device, *, kernel: Callable, reference: Callable) -> Ca
 def plain_eager(*tensors: torch.Tensor | None) -> bool:
     """True when an op may call its implementation directly instead of through its custom op:
     eager mode, no gradient to record, plain CUDA or CPU tensors (meta tensors take the op's fake
-    implementation), no dispatch mode or functorch transform.
+    implementation), no dispatch mode or functorch transform: :func:`eager_mode`'s "direct".
 
     A ``torch.library`` custom op's Python dispatch costs ~100 us of host time per call (measured on
     the lent H100's host, notes/gemm/README.md), more than many kernels take; torch.compile, autograd,
-    fake tensors and modes still go through the op.
+    fake tensors and modes still go through the op. (Session 30: the same C-level checks as eager_mode,
+    where this imported and walked the dispatch-mode stack in Python each call: 6-8 us of the H100 host's
+    cProfile for attention_fp8, fft_conv, mamba2_step.)
     """
-    if torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled():
-        return False
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    if _get_current_dispatch_mode() is not None:
-        return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is None:
-            continue
-        if type(t) is not torch.Tensor or t.device.type not in ("cuda", "cpu") or (grad and t.requires_grad):
-            return False
-        if torch._C._functorch.is_functorch_wrapped_tensor(t):
-            return False
-    return True
+    return eager_mode(*tensors) == "direct"
 
 
 def eager_mode(*tensors: torch.Tensor | None) -> str:

@@ -324,7 +324,7 @@ def same_bits_later(table, calls=10):
     return results
 
 
-PROFILED = ("fft_conv", "attention_varlen 3 seqs", "paged decode", "attention_fp8 N256", "mamba2_step", "layer_norm",
+PROFILED = ("attention N256", "attention N256 (grad recorded)", "decode", "gemm_fp8", "fft_conv", "attention_varlen 3 seqs", "paged decode", "attention_fp8 N256", "mamba2_step", "layer_norm",
             "rms_norm (grad recorded)", "linear_attention (grad recorded)")
 
 
@@ -515,6 +515,7 @@ def main_ab(a):
     except Exception as err:  # noqa: BLE001
         bits["error"] = f"{type(err).__name__}: {err}"
     mamba_check = run_mamba_dt_checks() if a.ops != "first" and not a.skip_mamba_dt else {}
+    profiles = profile_rows(table, PROFILED, a.profile) if a.profile else {}  # (kept TMA encodings on)
     rows = []
     for name, t in times.items():
         if name in errors or not t["on"]:
@@ -526,7 +527,11 @@ def main_ab(a):
         json.dump({"device": torch.cuda.get_device_name() if DEV[0] == "cuda" else "cpu", "torch": torch.__version__,
                    "calls": a.calls, "rounds": a.ab_tma, "host_us": rows, "same_bits_tma_on_vs_off": same_on_off,
                    "same_bits_each_call_tma_on": bits, "mamba_dt_equal_torch_ops": mamba_check,
-                   "errors": errors}, f, indent=1)
+                   "profile_us_a_call": profiles, "errors": errors}, f, indent=1)
+    for name, prof in profiles.items():
+        print(f"== profile {name} (us a call: own, cumulative, calls a call, function)")
+        for line in (prof if isinstance(prof, list) else [prof]):
+            print("  ", *line) if isinstance(line, tuple) else print("  ", line)
     print_mamba_dt_checks(mamba_check)
     print("same bits, kept TMA encodings on vs off:", same_on_off)
     print("same bits on calls 1..10 with them on (outputs and gradients):", bits)

@@ -362,9 +362,11 @@ def direct_launch(compiled):
 
 
 # Direct launches of kernels with TMA descriptors keep each descriptor's encoding (descriptor_expander);
-# False: Triton's launcher encodes every descriptor on every launch, as before session 29. OFF until a GPU run
-# (experiments/common/host_time.py, which turns it on first) gives the first call's bits on calls 1..10
-CACHE_TMA_DESCRIPTORS = False
+# False: Triton's launcher encodes every descriptor on every launch, as before session 29. ON since session 30's
+# H100 run 3 (host_time.py --ab-tma, notes/host/runs/host_time_*_ab_run3_session30_h100.txt): the same bits on and
+# off for every op and on calls 1..10; gemm 42.6 us against 49.8 off (faster in each of 4 rounds), gemm_fp8 66.2 /
+# 72.1, paged decode 63.5 / 81.8, varlen 119.6 / 137.4 (the later ops' host swung 2x between rounds there)
+CACHE_TMA_DESCRIPTORS = True
 
 
 def cache_tma_descriptors(on: bool) -> None:

@@ -231,8 +231,11 @@ def _backward(ctx, do, dht, _do_lin):
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
 
-# eager calls that record a gradient: the custom op's autograd without its host time (~100 us a call)
-_LinearAttentionFunction = eager.eager_autograd("_LinearAttentionFunction", _forward_outputs, _setup_context,
+# eager calls that record a gradient: the custom op's autograd without its host time (~100 us a call). Over
+# _forward_impl, whose absent outputs are None (the op's schema needs tensors: two empty allocations a call
+# there); _setup_context saves them only where final_state / keep_linear say they exist, and their gradients
+# arrive as None
+_LinearAttentionFunction = eager.eager_autograd("_LinearAttentionFunction", _forward_impl, _setup_context,
                                                 _backward)
 
 
@@ -241,19 +244,22 @@ def _run(q, k, v, g, beta, d_skip, z, h0, scale: float, feature: int, chunk, fin
     Function (eager, a gradient to record) or its custom op (torch.compile, modes, subclasses); ``key``:
     the call's launch key (None: none)."""
     tensors = (q, k, v, g, beta, d_skip, z, h0)
-    if dispatch.plain_eager(*tensors):
+    mode = dispatch.eager_mode(*tensors)  # (one look at the modes and tensors a call: session 30)
+    if mode == "direct":
         o, ht, _ = _forward_impl(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk or 0, final_state, False,
                                  key=key)
         return o, ht
-    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    grad = mode == "autograd" or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
     # o before D and z in float32: the gate's gradient needs it, and Based's decay gradient (do . o: o
     # rounded to bf16 there gave 2.4e-3 relative error in dg)
     keep = grad and (d_skip is not None or z is not None or (feature == BASED and g is not None))
     # eager: the autograd Function over the implementation; torch.compile, fake tensors, modes: the op
     # (keep_linear changes the forward kernel's outputs: part of the launch key)
-    o, ht, _ = eager.run(_forward_op, _forward_outputs, _LinearAttentionFunction, q, k, v, g, beta, d_skip, z, h0,
-                         scale, feature, chunk or 0, final_state, keep, tensors=tensors,
-                         key=None if key is None else (key, "recorded", keep))
+    args = (q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk or 0, final_state, keep)
+    if mode == "autograd":
+        o, ht, _ = _LinearAttentionFunction.apply(None if key is None else (key, "recorded", keep), *args)
+    else:
+        o, ht, _ = _forward_op(*args)
     return o, (ht if final_state else None)
 
 
