@@ -73,24 +73,26 @@ VARIANTS = [
     # run 1 of session 30 (H100, snapshot 4ee85d1; every float64 check passed but diag6 kb16's): shipped 60.8 ms,
     # diag5 kb16 26.4, split diag5 chunk 64 12.2 / chunk 32 9.33 (kernels 7.45 + the combine), split diag6 chunk 64
     # 13.5; the GLA epilogue (no combine) chunk 32 10.9, chunk 64 15.9, chunk 64 w8 11.3, chunk 32 kb32 15.5, chunk 32
-    # w8 16.4; diag6 kb16 (unsplit) WRONG (dk 1.0e4x the floor) and then an illegal address
+    # w8 16.4; diag6 kb16 (unsplit) WRONG (dk 1.0e4x the floor) and then an illegal address. Run 3 (snapshot
+    # b8098be, all checks passed): split diag5 chunk 32 9.37, chunk 16 10.85; chunked chunk 32 9.21 (states 1.28,
+    # dstates 1.28, dqk 4.08, dv 2.00, dg 0.57), chunk 64 9.55 (dqk 4.98), chunk 64 dq/dk apart 9.24, 8 warps 10.2-12.6
     ("split diag5 bt32", dict(diag=5), dict(split=True, split_BT=32), "launch"),
-    ("split diag5 bt16", dict(diag=5), dict(split=True, split_BT=16), "launch"),
-    ("gla diag5 bt32", dict(diag=5), dict(split=True, split_BT=32), "gla"),
     # the split kernels with dv stored in v's dtype and the combine kernel by key blocks of 32 (launch's: a program a
     # head, 256 walking 4096 tokens: 1.88 ms in run 1)
     ("split_combine diag5 bt32", dict(diag=5), dict(split=True, split_BT=32), "split_combine"),
-    # the chunk-parallel form (kernels_backward_gla_chunked: states and state gradients per chunk in bf16, then every
-    # chunk at once); its blocks (configs_gla_bwd.CHUNKED overrides) in the backward_plan slot. sm_90a spills (dqk /
-    # dv; the walks none): chunk 64 4 warps 2896 / 380, 8 warps 788 / 0, chunk 32 692 / 4; dq and dk apart (two
-    # launches, q dq through memory): chunk 64 840 + 1004, chunk 32 240 + 0
-    ("chunked bt64", dict(diag=5), {}, "chunked"),
-    ("chunked bt64 w8", dict(diag=5), dict(dqk_warps=8, dv_warps=8), "chunked"),
+    # the chunk-parallel form (kernels_backward_gla_chunked; configs_gla_bwd.CHUNKED overrides in the backward_plan
+    # slot). sm_90a spills of the dqk kernel: chunk 64 2896 B, chunk 32 692; with the fallback in a launch of its own
+    # (wide): chunk 64 992, chunk 32 140, chunk 64 key blocks of 32 80
     ("chunked bt32", dict(diag=5), dict(BT=32), "chunked"),
-    ("chunked bt32 w8", dict(diag=5), dict(BT=32, dqk_warps=8, dv_warps=8), "chunked"),
-    ("chunked bt32 apart", dict(diag=5), dict(BT=32, dqk_apart=True), "chunked"),
     ("chunked bt64 apart", dict(diag=5), dict(dqk_apart=True), "chunked"),
-    ("chunked bt64 w8 apart", dict(diag=5), dict(dqk_warps=8, dv_warps=8, dqk_apart=True), "chunked"),
+    ("chunked bt64 wide", dict(diag=5), dict(wide_apart=True), "chunked"),
+    ("chunked bt32 wide", dict(diag=5), dict(BT=32, wide_apart=True), "chunked"),
+    ("chunked bt64 kb32 wide", dict(diag=5), dict(BKB=32, wide_apart=True), "chunked"),
+    ("chunked bt32 kb32 wide", dict(diag=5), dict(BT=32, BKB=32, wide_apart=True), "chunked"),
+    ("chunked bt64 kb32 wide fused", dict(diag=5), dict(BKB=32, wide_apart=True, walks_fused=True), "chunked"),
+    ("chunked bt32 wide fused", dict(diag=5), dict(BT=32, wide_apart=True, walks_fused=True), "chunked"),
+    ("chunked bt64 kb32 wide dvbv128", dict(diag=5), dict(BKB=32, wide_apart=True, dv_BV=128), "chunked"),
+    ("chunked bt64 kb32 wide walkbv32", dict(diag=5), dict(BKB=32, wide_apart=True, BV=32, dv_BV=64), "chunked"),
 ]
 if "--variants" in sys.argv:
     wanted = sys.argv[sys.argv.index("--variants") + 1].split(",")

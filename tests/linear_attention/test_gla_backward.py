@@ -143,31 +143,35 @@ def run_chunked(q, k, v, g, s0, do, dht, ht, **blocks):
     return [x for x in got if x is not None]
 
 
-def test_chunked_fp16_weak_decays_blocks_and_a_tail():
+@pytest.mark.parametrize("options", [{}, dict(dqk_apart=True, dv_BV=32)])
+def test_chunked_fp16_weak_decays_blocks_and_a_tail(options):
     """fp16, N 45 in chunks of 16 (a partial last chunk), Dk 32 in two key blocks of the dqk kernel and two of the
     dv kernel's score steps, Dv 24 in two value blocks (one partial), states: dq, dk, dv within 2.5x the rounding
-    floor, dg, dh0 at fp16's relative error."""
+    floor, dg, dh0 at fp16's relative error; dq and dk by two launches, the dv kernel's own value block."""
     torch.manual_seed(4)
     q, k, v, g, s0 = make(1, 45, 1, 1, 32, 24, dtype=F16, decay="channel", h0=True)
     do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
     _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
-    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16, BKB=16, KD=16, BV=16, BK_DG=16)
+    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16, BKB=16, KD=16, BV=16, BK_DG=16, **options)
     for name, x, r in zip(("dq", "dk", "dv"), got, ref):
         assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
     assert accuracy.rel_rms(got[3], ref[3]) < 5e-3
     assert accuracy.rel_rms(got[4], ref[4]) < 1e-3
 
 
-def test_chunked_float32_strong_decays_and_resets():
+@pytest.mark.parametrize("options", [{}, dict(wide_apart=True, walks_fused=True)])
+def test_chunked_float32_strong_decays_and_resets(options):
     """float32, log decays in [-6, 0] (the sub-chunk fallback in dq, dk and the dv scores) with a reset and -1e30,
-    no initial state, N 40 in chunks of 32: float32 noise, dg 0 where the floor clamped."""
+    no initial state, N 40 in chunks of 32 (the first chunk's first key block weak: both forms in one run): float32
+    noise, dg 0 where the floor clamped; the fallback in a launch of its own, both walks in one launch."""
     torch.manual_seed(5)
     q, k, v, g, _ = make(1, 40, 1, 1, 16, 16, dtype=F32, decay="channel", strong=True)
     g[:, 20, :, :4] = float("-inf")
     g[:, 3, :, 5] = -1e30
+    g[:, 32:, :, :] *= 0.01
     do, dht = torch.randn(v.shape), torch.randn(1, 1, 16, 16)
     _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
-    dq, dk, dv, dg = run_chunked(q, k, v, g, None, do, dht, st.float(), BT=32)
+    dq, dk, dv, dg = run_chunked(q, k, v, g, None, do, dht, st.float(), BT=32, **options)
     for name, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
         assert accuracy.rel_rms(x, r) < 2e-5, name
     live = g >= -100

@@ -32,9 +32,10 @@ import triton.language as tl
 
 from tilecore import dispatch
 from tilecore.ops.linear_attention import configs_gla_bwd
-from tilecore.ops.linear_attention.kernels_tl import (LOG_DECAY_FLOOR, _channel_dk_factored, _channel_dq_factored,
+from tilecore.ops.linear_attention.kernels_tl import (LOG_DECAY_FLOOR, _channel_dk_factored, _channel_dk_loop,
+                                                      _channel_dq_factored, _channel_dq_loop,
                                                       _channel_scores_in_registers, _cumulative_channels, _dot,
-                                                      _factor_span, _rows, _store_rows)
+                                                      _factor_span, _rows, _split_dot, _store_rows)
 from tilecore.ops.linear_attention.plan import Plan
 
 
@@ -52,13 +53,20 @@ def gla_states_kernel(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, s
                       MMA: tl.constexpr, IEEE: tl.constexpr):
     """Program (batch * head, value block): HS[c] = the state entering chunk c (its BV columns), every chunk.
     Grid (B * H, cdiv(DV, BV))."""
-    bh = tl.program_id(0)
+    _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, s0b, s0h, s0f, s0v,
+                 N, H, DK, DV, NT, tl.program_id(0), tl.program_id(1), BT, BK, BV, HAS_H0, MMA, IEEE)
+
+
+@triton.jit
+def _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, s0b, s0h, s0f, s0v,
+                 N, H, DK, DV, NT, bh, vblock, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                 HAS_H0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     offs_t = tl.arange(0, BT)
     offs_k = tl.arange(0, BK)
     k_ok = offs_k < DK
-    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    offs_v = vblock * BV + tl.arange(0, BV)
     v_ok = offs_v < DV
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
@@ -82,13 +90,22 @@ def gla_dstates_kernel(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sg
                        STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
     """Program (batch * head, value block): DHS[c] = the gradient of the state leaving chunk c, every chunk, by a
     reverse walk from DHT; DH0 (float32) the initial state's. Grid (B * H, cdiv(DV, BV))."""
-    bh = tl.program_id(0)
+    _dstates_walk(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod,
+                  stb, sth, stf, stv, s0b, s0h, s0f, s0v, N, H, DK, DV, NT, scale, tl.program_id(0), tl.program_id(1),
+                  BT, BK, BV, HAS_DHT, STORE_DH0, MMA, IEEE)
+
+
+@triton.jit
+def _dstates_walk(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod,
+                  stb, sth, stf, stv, s0b, s0h, s0f, s0v, N, H, DK, DV, NT, scale, bh, vblock,
+                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
+                  STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     offs_t = tl.arange(0, BT)
     offs_k = tl.arange(0, BK)
     k_ok = offs_k < DK
-    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    offs_v = vblock * BV + tl.arange(0, BV)
     v_ok = offs_v < DV
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
@@ -110,18 +127,85 @@ def gla_dstates_kernel(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sg
 
 
 @triton.jit
+def gla_walks_kernel(Q, K, V, G, DO, H0, DHT, DH0, HS, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
+                     svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, s0b, s0h, s0f, s0v,
+                     stb, sth, stf, stv, sdb, sdh, sdf, sdv, N, H, DK, DV, NT, scale,
+                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+                     HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
+    """Both walks in one launch (each alone keeps B H x value-block programs, 512 at B16 H16 Dv 128: one launch puts
+    twice as many on the SMs at once): axis 2 is 0 for the states walk, 1 for the state gradients'. Grid (B * H,
+    cdiv(DV, BV), 2)."""
+    if tl.program_id(2) == 0:
+        _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, s0b, s0h, s0f, s0v,
+                     N, H, DK, DV, NT, tl.program_id(0), tl.program_id(1), BT, BK, BV, HAS_H0, MMA, IEEE)
+    else:
+        _dstates_walk(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod,
+                      stb, sth, stf, stv, sdb, sdh, sdf, sdv, N, H, DK, DV, NT, scale, tl.program_id(0),
+                      tl.program_id(1), BT, BK, BV, HAS_DHT, STORE_DH0, MMA, IEEE)
+
+
+@triton.jit
+def _dq_intra(a, kq, G, MMA: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, INTRA: tl.constexpr):
+    """sum_j a_ij k_jd e^(G_id - G_jd): INTRA 0 by the block's span (kernels_tl._channel_dq_factored), 1 factored
+    (the caller knows the span allows it), 2 the sub-chunk form (kernels_tl._channel_dq_loop)."""
+    if INTRA == 0:
+        dq = _channel_dq_factored(a, kq, G, MMA, IEEE, SPLIT)
+    elif INTRA == 1:
+        mid = 0.5 * (tl.max(G, 0) + tl.min(G, 0))
+        dq = tl.exp(G - mid[None, :]) * _split_dot(a, kq.to(tl.float32) * tl.exp(mid[None, :] - G), MMA, IEEE, SPLIT)
+    else:
+        dq = _channel_dq_loop(a, kq, G, MMA, IEEE)
+    return dq
+
+
+@triton.jit
+def _dk_intra(a, qb, G, MMA: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, INTRA: tl.constexpr):
+    """sum_i a_ij q_id e^(G_id - G_jd), as _dq_intra."""
+    if INTRA == 0:
+        dk = _channel_dk_factored(a, qb, G, MMA, IEEE, SPLIT)
+    elif INTRA == 1:
+        mid = 0.5 * (tl.max(G, 0) + tl.min(G, 0))
+        dk = tl.exp(mid[None, :] - G) * _split_dot(tl.trans(a), qb.to(tl.float32) * tl.exp(G - mid[None, :]), MMA,
+                                                    IEEE, SPLIT)
+    else:
+        dk = _channel_dk_loop(a, qb, G, MMA, IEEE)
+    return dk
+
+
+@triton.jit
 def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                    sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
                    sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                    BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
-                   SPLIT: tl.constexpr, PART: tl.constexpr = 0):
+                   SPLIT: tl.constexpr, PART: tl.constexpr = 0, WIDE: tl.constexpr = 0, FLAG=0):
     """Program (batch * head, chunk, key block of BKB channels): dq, dk (the inputs' dtypes, DQ and DK_OUT (B, N, H,
     Dk) contiguous), the decay gradient's within-chunk reverse sum DG (B, N, H, Dk) float32 and its chunk total
     TOT (B H, NT, Dk) float32. Every value column at once (BVF >= Dv). Grid (B * H * NT * KBLOCKS,), key blocks
     fastest (a chunk's v and do from L2 for the second).
     PART (fewer live tiles a program, as two launches): 1 stores dq and q * dq (without the diagonal) into DG; 2
-    (after 1) stores dk, DG's reverse sum of DG - k * dk and TOT; 0 both at once."""
+    (after 1) stores dk, DG's reverse sum of DG - k * dk and TOT; 0 both at once.
+    WIDE (the sub-chunk fallback in a launch of its own, so the common launch carries none of its registers; PART
+    0): 1 computes the blocks whose span of G allows the factored form and writes FLAG[program] (int8) 1 for the
+    others, 2 (after 1) computes the flagged ones; 0 both in one program."""
     pid = tl.program_id(0)
+    if WIDE == 2:
+        if tl.load(FLAG + pid) != 0:
+            _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
+                         svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
+                         pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2)
+    else:
+        _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
+                     svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
+                     pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, WIDE)
+
+
+@triton.jit
+def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
+                 svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
+                 pid, FLAG, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr,
+                 IEEE: tl.constexpr, SPLIT: tl.constexpr, PART: tl.constexpr, INTRA: tl.constexpr):
+    """gla_dqk_kernel's program ``pid`` with the intra-chunk terms by INTRA (_dq_intra's; 1 also writes FLAG and
+    computes only where the span allows)."""
     kblock = pid % KBLOCKS
     c = (pid // KBLOCKS) % NT
     bh = pid // (KBLOCKS * NT)
@@ -131,40 +215,45 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
     offs_t = tl.arange(0, BT)
     offs_k = kblock * BKB + tl.arange(0, BKB)
     k_ok = offs_k < DK
-    offs_v = tl.arange(0, BVF)
-    v_ok = offs_v < DV
-    q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, BKB]
-    k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
-    v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, BVF]
-    do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)
     Gc, G_last = _cumulative_channels(_rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd)
                                       .to(tl.float32))
-    # the intra-chunk terms without the diagonal (strictly lower: its factor r comes apart, launch.decay_grad)
-    a = tl.where(offs_t[:, None] > offs_t[None, :], _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE), 0.0)  # [BT, BT]
-    qf = q.to(tl.float32)
-    kf = k.to(tl.float32)
-    rows = (b * N * H + h) * DK
-    r = tl.sum(do.to(tl.float32) * v.to(tl.float32), 1) * scale  # the diagonal: token t against itself
-    if PART != 2:
-        hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
-                     other=0.0)
-        dq = (_channel_dq_factored(a, k, Gc, MMA, IEEE, SPLIT) + _dot(do.to(MMA), tl.trans(hs), IEEE)
-              * tl.exp(Gc)) * scale
-        _store_rows(DQ + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dq + r[:, None] * kf)
-        dG = qf * dq  # rows past N: 0 (q, k, do, v loaded as 0)
-        if PART == 1:
-            _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dG)
-    else:
-        dG = _rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1)
-    if PART != 1:
-        dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
-                      other=0.0)
-        dk = (_channel_dk_factored(a, q, Gc, MMA, IEEE, SPLIT) * scale
-              + _dot(v.to(MMA), tl.trans(dhs), IEEE) * tl.exp(G_last[None, :] - Gc))
-        _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk + r[:, None] * qf)
-        dG -= kf * dk
-        _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, tl.cumsum(dG, 0, reverse=True))
-        tl.store(TOT + (bh.to(tl.int64) * NT + c) * DK + offs_k, tl.sum(dG, 0), mask=k_ok)
+    go = True
+    if INTRA == 1:  # NaN spans go to the fallback too
+        go = tl.max(tl.max(Gc, 0) - tl.min(Gc, 0), 0) <= _factor_span(MMA)
+        tl.store(FLAG + pid, tl.where(go, 0, 1).to(tl.int8))
+    if go:
+        offs_v = tl.arange(0, BVF)
+        v_ok = offs_v < DV
+        q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, BKB]
+        k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
+        v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, BVF]
+        do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)
+        # the intra-chunk terms without the diagonal (strictly lower: its factor r comes apart, launch.decay_grad)
+        a = tl.where(offs_t[:, None] > offs_t[None, :], _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE), 0.0)  # [BT, BT]
+        qf = q.to(tl.float32)
+        kf = k.to(tl.float32)
+        rows = (b * N * H + h) * DK
+        r = tl.sum(do.to(tl.float32) * v.to(tl.float32), 1) * scale  # the diagonal: token t against itself
+        if PART != 2:
+            hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
+                         other=0.0)
+            dq = (_dq_intra(a, k, Gc, MMA, IEEE, SPLIT, INTRA) + _dot(do.to(MMA), tl.trans(hs), IEEE)
+                  * tl.exp(Gc)) * scale
+            _store_rows(DQ + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dq + r[:, None] * kf)
+            dG = qf * dq  # rows past N: 0 (q, k, do, v loaded as 0)
+            if PART == 1:
+                _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dG)
+        else:
+            dG = _rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1)
+        if PART != 1:
+            dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
+                          other=0.0)
+            dk = (_dk_intra(a, q, Gc, MMA, IEEE, SPLIT, INTRA) * scale
+                  + _dot(v.to(MMA), tl.trans(dhs), IEEE) * tl.exp(G_last[None, :] - Gc))
+            _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk + r[:, None] * qf)
+            dG -= kf * dk
+            _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, tl.cumsum(dG, 0, reverse=True))
+            tl.store(TOT + (bh.to(tl.int64) * NT + c) * DK + offs_k, tl.sum(dG, 0), mask=k_ok)
 
 
 @triton.jit
@@ -302,12 +391,22 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         tot = torch.empty(B, H, NT, Dk, dtype=f32, device=dev)
         BV = min(BVF, cfg["BV"])
         vblocks = -(-Dv // BV)
+        dv_BV = min(BVF, cfg["dv_BV"] or cfg["BV"])  # the dv kernel's value block (its scores made once a block)
+        dv_blocks = -(-Dv // dv_BV)
         BKB = min(BK, cfg["BKB"])
         kblocks = -(-Dk // BKB)
         KD = min(BK, cfg["KD"])
         z4 = (0, 0, 0, 0)
         g_strides = g.stride()
         launches = []
+        if cfg["walks_fused"]:
+            launches.append(("walks", lambda: gla_walks_kernel[(B * H, vblocks, 2)](
+                q, k, v, g, do, h0 if h0 is not None else hs, dht if has_dht else dhs, dh0 if dh0 is not None else dhs,
+                hs, dhs, *q.stride(), *k.stride(), *v.stride(), *g_strides, *do.stride(),
+                *(h0.stride() if h0 is not None else z4), *(dht.stride() if has_dht else z4),
+                *(dh0.stride() if dh0 is not None else z4), N, H, Dk, Dv, NT, scale,
+                BT=BT, BK=BK, BV=BV, HAS_H0=h0 is not None, HAS_DHT=has_dht, STORE_DH0=dh0 is not None, MMA=mma,
+                IEEE=ieee, num_warps=cfg["walk_warps"], num_stages=cfg["walk_stages"])))
         launches.append(("states", lambda: gla_states_kernel[(B * H, vblocks)](
                 k, v, g, h0 if h0 is not None else hs, hs, *k.stride(), *v.stride(), *g_strides,
                 *(h0.stride() if h0 is not None else z4), N, H, Dk, Dv, NT,
@@ -319,21 +418,27 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                 N, H, Dk, Dv, NT, scale,
                 BT=BT, BK=BK, BV=BV, HAS_DHT=has_dht, STORE_DH0=dh0 is not None, MMA=mma, IEEE=ieee,
                 num_warps=cfg["walk_warps"], num_stages=cfg["walk_stages"])))
-        for part in ((1, 2) if cfg["dqk_apart"] else (0,)):
-            launches.append((f"dqk{part}", lambda part=part: gla_dqk_kernel[(B * H * NT * kblocks,)](
+        # (PART, WIDE) launches: dq and dk apart, or the fallback apart (a flag a program between the two)
+        dqk = [(1, 0), (2, 0)] if cfg["dqk_apart"] else [(0, 1), (0, 2)] if cfg["wide_apart"] else [(0, 0)]
+        flag = torch.empty(B * H * NT * kblocks, dtype=torch.int8, device=dev) if cfg["wide_apart"] else tot
+        for part, wide in dqk:
+            launches.append((f"dqk{part}{'w' * wide}", lambda part=part, wide=wide: gla_dqk_kernel[
+                (B * H * NT * kblocks,)](
                     q, k, v, g, do, hs, dhs, dq, dk, dg, tot, *q.stride(), *k.stride(), *v.stride(), *g_strides,
                     *do.stride(), N, H, Dk, Dv, NT, scale, kblocks,
-                    BT=BT, BKB=BKB, BVF=BVF, MMA=mma, IEEE=ieee, SPLIT=cfg["split"], PART=part,
+                    BT=BT, BKB=BKB, BVF=BVF, MMA=mma, IEEE=ieee, SPLIT=cfg["split"], PART=part, WIDE=wide, FLAG=flag,
                     num_warps=cfg["dqk_warps"], num_stages=cfg["stages"])))
-        launches.append(("dv", lambda: gla_dv_kernel[(B * H * NT * vblocks,)](
+        launches.append(("dv", lambda: gla_dv_kernel[(B * H * NT * dv_blocks,)](
                 q, k, g, do, dhs, dv, *q.stride(), *k.stride(), *g_strides, *do.stride(), N, H, Dk, Dv, NT, scale,
-                vblocks, BT=BT, BK=BK, KD=KD, BV=BV, MMA=mma, IEEE=ieee,
+                dv_blocks, BT=BT, BK=BK, KD=KD, BV=dv_BV, MMA=mma, IEEE=ieee,
                 num_warps=cfg["dv_warps"], num_stages=cfg["stages"])))
         bk_dg = min(BK, cfg["BK_DG"])
         launches.append(("dg", lambda: gla_dg_kernel[(B * H, -(-Dk // bk_dg))](
                 g, dg, tot, ht if has_ht else dg, dht if has_ht else dg, *g_strides,
                 *(ht.stride() if has_ht else z4), *(dht.stride() if has_ht else z4), N, H, Dk, Dv, NT,
                 BT=BT, BK=bk_dg, BVF=BVF, HAS_HT=has_ht, num_warps=4)))
+        if cfg["walks_fused"]:
+            launches = [step for step in launches if step[0] not in ("states", "dstates")]
         with dispatch.on_device(dev):
             for _, launch in launches:  # in order: each reads what the ones before wrote
                 launch()
