@@ -87,10 +87,10 @@ def draw_seed(generator: torch.Generator | None, device: torch.device) -> torch.
 # implementations, custom ops, autograd
 
 
-def _forward_impl(x, weight, bias, residual, seed, dropout_p, eps, rms, store_h, key=None):
+def _forward_impl(x, weight, bias, residual, seed, dropout_p, eps, rms, store_h, key=None, lean=False):
     h_dtype = residual.dtype if residual is not None else x.dtype
     return launch.forward(_plan(key, x.shape[0], x.shape[1], x.device), x, residual, weight, bias, seed,
-                          dropout_p, eps, rms, store_h, h_dtype, key=key)
+                          dropout_p, eps, rms, store_h, h_dtype, key=key, lean=lean)
 
 
 _PLANS = LRU(256)  # a CUDA call's launch key (its signature) -> its plan
@@ -214,8 +214,13 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     seed = draw_seed(generator, x.device) if dropout_p > 0 else None
     store_h = bool(prenorm) and (residual is not None or seed is not None)
     args = (x2, weight, bias, res2, seed, dropout_p, eps, bool(rms), store_h)
-    y, h, _, _ = eager.run(_forward_op, _forward_impl, _LayerNormFunction, *args, tensors=(x2, weight, bias, res2),
-                           key=key)
+    mode = dispatch.eager_mode(x2, weight, bias, res2)
+    if mode == "direct":  # nothing kept for a backward: the empty h and mean not made (lean)
+        y, h, _, _ = _forward_impl(*args, key=key, lean=True)
+    elif mode == "autograd":
+        y, h, _, _ = _LayerNormFunction.apply(key, *args)
+    else:  # torch.compile, fake tensors, modes, subclasses
+        y, h, _, _ = _forward_op(*args)
     if x.dim() != 2:  # (y is already (rows, N) for a 2-D x)
         y = y.view(x.shape)
         h = h.view(x.shape) if store_h else h

@@ -1,0 +1,37 @@
+"""Session 30's lean eager paths (issue 31's host time): an eager call with nothing to record allocates only what
+it returns, and gives the bits of the call that records a gradient (interpreter)."""
+import torch
+
+import tilecore
+from tilecore import dispatch
+from tilecore.ops.norm import launch as norm_launch
+
+
+def test_norm_direct_call_makes_only_y_and_rstd(monkeypatch):
+    made = []
+    output = norm_launch.output
+    monkeypatch.setattr(norm_launch, "output", lambda shape, dtype, device: made.append(shape) or output(
+        shape, dtype, device))
+    torch.manual_seed(0)
+    x, w = torch.randn(5, 48, dtype=torch.float16), torch.randn(48, dtype=torch.float16)
+    y = tilecore.layer_norm(x, w, rms=True)
+    assert made == [(5, 48), (5,)]  # y and rstd: no empty h, no empty mean
+    made.clear()
+    xg = x.clone().requires_grad_()
+    y_recorded = tilecore.layer_norm(xg, w, rms=True)
+    assert len(made) == 4 and y_recorded.grad_fn is not None  # recording: the op's four outputs
+    assert torch.equal(y, y_recorded.detach())
+    made.clear()
+    y_layer, h = tilecore.layer_norm(x, w, torch.randn(48, dtype=torch.float16), residual=torch.randn_like(x),
+                                     prenorm=True)
+    assert made == [(5, 48), (5, 48), (5,), (5,)] and h.shape == x.shape  # prenorm keeps h; LayerNorm its mean
+
+
+def test_plain_eager_is_eager_modes_direct():
+    x = torch.randn(3)
+    assert dispatch.plain_eager(x, None) and dispatch.eager_mode(x, None) == "direct"
+    xg = torch.randn(3, requires_grad=True)
+    assert not dispatch.plain_eager(xg) and dispatch.eager_mode(xg) == "autograd"
+    with torch.no_grad():
+        assert dispatch.plain_eager(xg)
+    assert not dispatch.plain_eager(torch.empty(2, device="meta"))
