@@ -9,6 +9,10 @@ host and divided by the calls (the GPU queue never empties then: what a user's e
 --json defaults to $OUT/host_time_<ops>.json ($OUT: /tmp/out unset). Later ops: calls 1..10 give the
 first call's bits (the keyed path, session 28) as well.
 
+--ab-tma ROUNDS (session 30): every op timed with the kept TMA encodings on and off in one process, interleaved
+rounds, medians; the same bits both ways and on calls 1..10; the mamba_dt kernel's two clamp forms against torch's
+ops; with --profile CALLS, the cProfile of the over-budget ops (PROFILED) after.
+
 --ops first: the session-24 set (gemm, hadamard, attention); later: every op added since (norm, rotary,
 fft_conv, linear attention and its decode steps, hadamard_quantize, FP8 attention, varlen, the KV
 cache), each against the torch code a user would otherwise write for it.
