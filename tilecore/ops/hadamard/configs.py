@@ -182,7 +182,7 @@ QUANT_WIDE_TUNING = {  # (format, n), else format -> the wide plan's tuning (j_o
 QUANT_GLUON_WIDE = {}
 QUANT_GLUON_WIDE_STAGES = 2  # the ring's stages (each two rows, 48 KiB); untimed
 # ... its tuning by (format, n), else format: stages, ahead (block j + 1's mixing issued behind block j's second
-# product). Run 3 of session 30 (H100) checked the kernel (every format, e5m2, nvfp4 dynamic, fp8 static, fp16:
+# product), pingpong (the two consumers take turns at the products: one's epilogue under the other's products). Run 3 of session 30 (H100) checked the kernel (every format, e5m2, nvfp4 dynamic, fp8 static, fp16:
 # codes 99.983-100% equal to the float64 reference's, all written; the transform 1.0x the floor) but did not reach
 # its timing; per-token scales of an inf row were NaN there (fixed after: inf, as the reference's)
 QUANT_GLUON_WIDE_TUNING = {}

@@ -29,7 +29,7 @@ from triton.experimental import gluon
 from triton.language import core as _tl_core
 
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
-from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.hadamard import bf16_pieces
 
 # FORMAT ids (quantize_reference.FORMATS' kernel_id, quantize_kernels' constants), nvfp4's first pass, the values
@@ -163,6 +163,7 @@ class WideQuantize:
     STATIC: gl.constexpr  # fp8 with a given scale
     QMAX: gl.constexpr
     AHEAD: gl.constexpr  # block j + 1's mixing behind block j's second product (plan tuning "ahead"; untimed)
+    turns: object  # PINGPONG: two mbarriers, consumer c's turn at the tensor cores; else None
 
     @gluon.jit
     def setup(self, tile):
@@ -199,6 +200,12 @@ class WideQuantize:
         else:
             xs = (stage.b0.reshape([BLOCK, BLOCK]), stage.b1.reshape([BLOCK, BLOCK]), stage.b2.reshape([BLOCK, BLOCK]))
         h64 = ctx.operand.index(NB * NB)
+        if self.turns is not None:  # ping-pong: the consumers take turns at the products, one's epilogue under the other's
+            t = ctx.ring_step  # this program's tile count so far (one ring step a tile)
+            if ctx.index == 0:
+                mbarrier.wait(self.turns.index(0), (t & 1) ^ 1)  # a fresh barrier passes parity 1 at once
+            else:
+                mbarrier.wait(self.turns.index(1), t & 1)
         if self.AHEAD:  # block j + 1's mixing issued behind block j's second product (the tensor cores kept busy)
             w0 = warpgroup_mma_wait(0, deps=(self._issue_mixing(ctx, xs, state.w0, 0),))
             s0 = self._issue_second(w0, h64)
@@ -216,6 +223,8 @@ class WideQuantize:
             y0 = self._rotated(self._mixed(ctx, xs, state.w0, 0), h64, 0)
             y1 = self._rotated(self._mixed(ctx, xs, state.w1, 1), h64, 1)
             y2 = self._rotated(self._mixed(ctx, xs, state.w2, 2), h64, 2)
+        if self.turns is not None:
+            mbarrier.arrive(self.turns.index(1 - ctx.index))  # the other consumer's turn
         return Mixed(y0, y1, y2)
 
     @gluon.jit
@@ -369,14 +378,20 @@ class WideQuantize:
 def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales, gscale, amax_out, rows, stride_scales,
                                rscale, row_counter, M: gl.constexpr, FORMAT: gl.constexpr, G: gl.constexpr,
                                STATIC: gl.constexpr, QMAX: gl.constexpr, STAGES: gl.constexpr,
-                               AHEAD: gl.constexpr = False):
+                               AHEAD: gl.constexpr = False, PINGPONG: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
     are used: a consumer's staging buffer); h_desc: gluon_operand's ten [64, 64] blocks. ``row_counter``: an int32,
     zero at launch and left so, from which programs draw row pairs."""
+    if PINGPONG:  # consumer c's turn at the tensor cores (WideQuantize.compute)
+        turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(turns.index(0), count=1)
+        mbarrier.init(turns.index(1), count=1)
+    else:
+        turns = None
     op = WideQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, M, FORMAT, G,
-                      STATIC, QMAX, AHEAD)
+                      STATIC, QMAX, AHEAD, turns)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),
