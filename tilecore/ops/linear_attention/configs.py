@@ -123,7 +123,8 @@ GLUON_FACTORED: tuple = ()
 GLUON_EARLY_WV: tuple = (True,)
 # ASYNC_UPDATE (with EARLY_WV): Q S_old and the state update issued async right after Q K^T, so the tensor
 # cores run them while P is made (a lighter OVERLAP: no extra buffers). Run 7 of session 28: no faster (scalar
-# 0.375, Mamba-2 1.172 against 1.155): off
+# 0.375, Mamba-2 1.172 against 1.155): off. Session 30 run 5 (with SILU_TANH): Mamba-2 0.886 ms against 0.903
+# (77.4% of the copy bound); the combination's float64 check is the final batch's: then (True,)
 GLUON_ASYNC_UPDATE: tuple = ()
 # SILU_TANH (Mamba-2's gate with Z_STAGE): sigmoid(z) = (1 + tanh(z / 2)) / 2 by one tanh.approx.f32 (relative
 # error ~2^-11, under bf16's rounding of o) instead of ex2 and a division's rcp: a chunk-step's SFU work a
@@ -131,12 +132,14 @@ GLUON_ASYNC_UPDATE: tuple = ()
 # gpu_forward.py --set s30 (runs/gpu_forward_s30_run2_session30_h100.txt): checked against float64 (Mamba-2
 # h0 N 1000 1.000x the floor, N 33 1.003x, as the default; every element written), the 2.7B shape's kernel
 # 0.928 ms against 1.125 (the copy bound 0.685: 74% from 61%; the probes: the gate and D cost 0.35 ms, the
-# decay's exps 0.22). On
+# decay's exps 0.22). On. Run 5: the kernel 0.903 ms (75.9% of the copy bound 0.686), the public
+# mamba2_chunk_scan (keyed path) 0.996 ms and 1.002x the floor against float64 (D, z, h0, N 1000)
 GLUON_SILU_TANH = True
 # EXP2_FMA (with G_STAGE): the [BT, BT] decay exps' right half (1) or quarter (2) by gluon_forward.exp2_fma (a
 # cubic on the FMA pipe, relative error < 7.5e-5) beside the SFU's ex2, by whether beta is given (True:
-# Mamba-2): session 30's probes put the decay exps at 0.22 ms of Mamba-2's 1.125. Off ({}) until gpu_forward.py
-# --set s30 checks it against float64 and times it
+# Mamba-2): session 30's probes put the decay exps at 0.22 ms of Mamba-2's 1.125 (0.03 once SILU_TANH is on).
+# Run 5 (with SILU_TANH): checked (1.000x / 1.003x the floor) but slower, 1.007 ms (half) and 0.956 (a quarter)
+# against 0.903: the FMA pipe is not idle. Off
 GLUON_EXP2_FMA: dict = {}
 # Based's Gluon forward (gluon_based.py: Dk 16, no decay, Dv a multiple of 64; its 153 symmetric features
 # padded to 160, S^T in wgmma registers). Runs 7-9 (H100, session 27, B16 H16 N4096 d16 v64 bf16): 0.200-0.212
@@ -154,13 +157,16 @@ GLUON_BASED_OVERLAP = False
 # wgmmas synchronous. Off until experiments/linear_attention/gpu_forward.py --set s30 checks and times it
 GLUON_BASED_PAIRED = False
 # its CHAIN (session 30, helper HF): OVERLAP's chunk wgmmas alone (o's three and the state update's two issued
-# async, one wait), the selections as without OVERLAP. Off until gpu_forward.py --set s30 checks and times it
-GLUON_BASED_CHAIN = False
+# async, one wait), the selections as without OVERLAP. Session 30 run 5 (H100,
+# runs/gpu_forward_s30_run5_session30_h100.txt): checked (bf16 h0 N 1000 1.413x the floor, the default's), 0.1986 ms
+# against 0.2021; with SEL_ASYNC 2 0.1928 (60% of the copy bound, from 57%; checked alike). On, with SEL_ASYNC 2
+GLUON_BASED_CHAIN = True
 # its SEL_ASYNC (session 30, helper HF): a feature piece's two N = 32 selections issued async with one wait (1),
 # or q's and k's four together with q's product under k's (2); session 30's probes: the features are a third
-# of Based's time (0.064 of 0.202 ms), run 2: PAIRED's N = 64 selections slower (spills). Off (0) until
-# gpu_forward.py --set s30 checks and times it
-GLUON_BASED_SEL_ASYNC = 0
+# of Based's time (0.064 of 0.202 ms), run 2: PAIRED's N = 64 selections slower (spills). Run 5: 1 0.1960 ms,
+# 2 0.1954 against 0.2021, with CHAIN 0.1928; checked (bf16 h0 N 1000 1.413x, fp16 v128 N 77 1.440x: the
+# default's). On: 2
+GLUON_BASED_SEL_ASYNC = 2
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
 # B16 H16 N4096 bf16, Dk = Dv = 128, dQ + dK/dV kernels): no decay 2.36 ms at chunks of 64, one key block
