@@ -108,7 +108,7 @@ class TmaOperand:
     reads only its base, shape, strides and padding (the box and the swizzle are compiled in), so a
     launch skips TensorDescriptor's checks and layout work."""
 
-    __slots__ = ("base", "shape", "strides", "block_shape", "layout", "padding", "key")
+    __slots__ = ("base", "shape", "strides", "block_shape", "layout", "padding")
 
     def __init__(self, t: torch.Tensor, block: list[int], shape=None, strides=None, layout=None):
         self.base = t
@@ -117,8 +117,12 @@ class TmaOperand:
         self.block_shape = list(block)
         self.layout = layout
         self.padding = "zero"
-        # what Triton specializes a descriptor on: dtype, box and layout (and TMA needs 16-byte bases)
-        self.key = ("tma", t.dtype, tuple(block), layout, t.data_ptr() % 16 == 0)
+
+    @property
+    def key(self) -> tuple:
+        """What Triton specializes a descriptor on: dtype, box and layout (and TMA needs 16-byte bases). Made
+        where a launch is looked up by it (CachedLaunch.key), not by a keyed hit (session 30: host time)."""
+        return ("tma", self.base.dtype, tuple(self.block_shape), self.layout, self.base.data_ptr() % 16 == 0)
 
     def descriptor(self):
         """The checked TensorDescriptor (gluon_descriptor's, or in ``layout``)."""
