@@ -691,7 +691,7 @@ def main() -> int:
     parser.add_argument("--no-breakdown", action="store_true",
                         help="skip the per-part timeline of one call per margin (ring.TIMELINE)")
     parser.add_argument("--old-host", action="store_true",
-                        help="the checks and timings on session 29's host path (op.FAST_HOST off, the default)")
+                        help="the checks and timings on session 29's host path (op.FAST_HOST off)")
     parser.add_argument("--no-host-compare", action="store_true",
                         help="skip the public call's host path against session 29's (op.FAST_HOST off)")
     parser.add_argument("--dry", action="store_true",
@@ -710,7 +710,7 @@ def main() -> int:
         torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=args.nccl_timeout))
     # the public call's session-30 host path (op.FAST_HOST: the gather after step 0, the first copy-engine
-    # push's FREE wait before it) is off by default until this run checks it: on for every check and timing
+    # push's FREE wait before it; on since the session's call 6): on for every check and timing
     op_module.set_fast_host(not args.old_host)
     poison_receive_buffers()  # the checks' transfers fill NaN buffers (turned off for the timing)
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -26,7 +26,7 @@ def serve(rank, world, port, jobs, results):
         ring.poison_receive_buffers()  # NaN in each receive buffer: a transfer that did not fill one shows
         from tilecore.distributed import op
 
-        op.set_fast_host(True)  # session 30's host path (off by default until a GPU run checks it)
+        op.set_fast_host(True)  # session 30's host path (the default; a case may turn it off)
         results.put((rank, True, "ready"))
     except BaseException:  # noqa: BLE001 (reported to the parent)
         results.put((rank, False, traceback.format_exc()))

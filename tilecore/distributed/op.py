@@ -81,16 +81,27 @@ def check_across_ranks(q, k, v, group: dist.ProcessGroup, causal: bool, scale: f
 
 
 class PendingChecks:
-    """check_across_ranks in flight: the metadata gather started, its checks made when called (once:
-    then every rank's lengths, or the error every rank raises). The ring queues its step 0, which
-    needs no other rank's metadata, before it calls this (ring.ring_forward)."""
+    """check_across_ranks in two halves: ``start()`` starts the metadata gather (its enqueue alone
+    costs ~0.15 ms of host time on the lent H100's host), calling it waits for the gather (starting
+    it first where it was not) and checks, once: every rank's lengths, or the error every rank
+    raises. The ring starts and calls it after queueing its step 0, which needs no other rank's
+    metadata (ring.ring_forward)."""
 
-    def __init__(self, pending: groups.PendingGather, world: int, mode: str, refusal: Exception | None):
-        self.pending, self.world, self.mode, self.refusal = pending, world, mode, refusal
-        self.lengths = None
+    def __init__(self, values: list[int], group: dist.ProcessGroup, timeout: float, world: int, mode: str,
+                 refusal: Exception | None):
+        self.values, self.group, self.timeout = values, group, timeout
+        self.world, self.mode, self.refusal = world, mode, refusal
+        self.pending = self.lengths = None
+
+    def start(self) -> "PendingChecks":
+        if self.pending is None:
+            self.pending = groups.start_gather_ints(self.values, self.group, self.timeout, NAME)
+            host_mark("gather started")
+        return self
 
     def __call__(self) -> list[int]:
         if self.lengths is None:
+            self.start()
             host_mark("gather waited on")
             rows = self.pending.result()
             host_mark("gather done")
@@ -100,7 +111,8 @@ class PendingChecks:
 
 def start_checks(q, k, v, group: dist.ProcessGroup, causal: bool, scale: float, mode: str, timeout: float,
                  refusal: Exception | None = None, sm_margin: int = 0) -> PendingChecks:
-    """check_across_ranks, started: the gather in flight; calling the result waits for it and checks."""
+    """check_across_ranks, not yet started: the result's start() starts the gather, calling it waits
+    for it and checks."""
     world = dist.get_world_size(group)
     if refusal is not None:
         mine = [_REFUSALS.get(type(refusal), 2)] + [0] * (len(_FIELDS) - 1)
@@ -108,7 +120,7 @@ def start_checks(q, k, v, group: dist.ProcessGroup, causal: bool, scale: float, 
         B, Hq, n, D = q.shape
         mine = [0, B, Hq, k.shape[1], D, n, groups.dtype_code(q.dtype), groups.device_code(q.device), int(causal),
                 MODES.index(mode), _scale_bits(scale), sm_margin]
-    return PendingChecks(groups.start_gather_ints(mine, group, timeout, NAME), world, mode, refusal)
+    return PendingChecks(mine, group, timeout, world, mode, refusal)
 
 
 def _checked(rows: list[list[int]], world: int, mode: str, refusal: Exception | None) -> list[int]:
@@ -139,9 +151,11 @@ def _checked(rows: list[list[int]], world: int, mode: str, refusal: Exception | 
 # ring's step 0 is queued, local checks skipped for a signature that passed them, an eager
 # autograd.Function instead of the custom op where nothing is traced. False: session 29's path (the
 # gather waited on before the ring starts, the checks every call, the custom op), for probes to
-# compare (experiments/distributed/gpu_check.py's "old host" figures); results are the same. Off until
-# a GPU run checks it (its copy-engine prewait is new GPU-side protocol); gpu_check turns it on
-FAST_HOST = False
+# compare (experiments/distributed/gpu_check.py's "old host" figures); results are the same. Session
+# 30's 2-H100 run (call 6): the six copy-engine checks right with it (the prewait used and dropped on
+# grown mailboxes); lockstep public fwd+bwd over one GPU, new / old path in the same run: causal 32K
+# 1.84-1.89x / 1.80x, causal 64K 2.00 / 1.94; the public forward's host time 0.89 / 3.25 ms: on
+FAST_HOST = True
 
 
 def set_fast_host(on: bool) -> bool:
@@ -168,10 +182,9 @@ def _signature(q, k, v, group_name, causal, scale, mode, timeout, sm_margin):
 
 def _forward_impl(q, k, v, group_name: str, causal: bool, scale: float, mode: str, timeout: float,
                   sm_margin: int = 0):
-    """The forward: local checks (skipped for a signature that passed them before), the metadata
-    gather started, the ring's step 0 queued, then the gather waited on and checked (every rank
-    raises alike), then the rest (ring.ring_forward takes the pending checks); all-to-all waits
-    for the checks first."""
+    """The forward: local checks (skipped for a signature that passed them before), the ring's
+    step 0 queued, then the metadata gather started, waited on and checked (every rank raises
+    alike), then the rest (ring.ring_forward takes the pending checks); all-to-all checks first."""
     host_mark("forward")
     group = groups.resolve(group_name, NAME)
     key = _signature(q, k, v, group_name, causal, scale, mode, timeout, sm_margin)
@@ -185,11 +198,10 @@ def _forward_impl(q, k, v, group_name: str, causal: bool, scale: float, mode: st
         except (TypeError, ValueError) as err:
             refusal = err
     checks = start_checks(q, k, v, group, causal, scale, mode, timeout, refusal, sm_margin)
-    host_mark("gather started")
     if refusal is not None or mode != "ring" or not FAST_HOST:
         lengths = checks()
     else:
-        lengths = checks  # ring_forward calls it after queueing step 0
+        lengths = checks  # ring_forward starts and calls it after queueing step 0
     with torch.no_grad():
         out, lse = _FORWARD[mode](q, k, v, group, lengths, causal, scale, sm_margin=sm_margin)
     host_mark("forward queued")

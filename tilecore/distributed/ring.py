@@ -367,6 +367,8 @@ def ring_forward(q, k, v, group, lengths, causal: bool, scale: float, ring: Ring
                               sm_margin=step_margin(sm_margin, early0, world > 1))
         host_mark("step 0 queued")
         try:
+            if hasattr(pending, "start"):  # the metadata gather (its enqueue is host time) after step 0
+                pending.start()
             lengths = pending()
         except BaseException:
             if prewaited is not None:
