@@ -22,10 +22,13 @@ GLUON_FP8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8, epilog
 # issue 36 part 4: the Gluon rows chosen per shape from the napkin's ranking (plan.napkin_configs: its
 # top NAPKIN_TOPK of GLUON_CANDIDATES that the kernel takes, plus the table's row above), timed once a
 # (shape bucket, dtypes, operand form, device) on the caller's operands (plan.timed_config). 0: off,
-# the table rows above (no GPU run has checked the pick yet: experiments/napkin/gpu_topk_configs.py)
+# the table rows above. H100, session 29 run 8 and session 30 run 1 (experiments/napkin/gpu_topk_configs.py,
+# every row checked against float64): the top-4 pick was the sweep's best on 9 of 9 bf16 shapes both times,
+# never slower than the table (skinny M 64: the table 1.19-1.21x the pick); on: 4
 NAPKIN_TOPK = 0
 # ... for fp8 operands too (else fp8 keeps GLUON_FP8). Off: session 30's H100 run 1 (notes/napkin/README.md)
-# picked the sweep's best on 3 of 4 fp8 shapes (1.07-1.16x the table) but at M 256 (a 47-70 us kernel) the
+# picked the sweep's best on 2 of 4 fp8 shapes (the table 1.07-1.16x it) and the table on a third, but at
+# M 256 (a 47-70 us kernel) the
 # timer read the launch's host time (every candidate 0.070-0.073 ms; the sweep's preallocated launches
 # 0.047-0.072) and picked a row 1.17x slower than the table. bf16: the sweep's best on 9 of 9 in two runs
 NAPKIN_TOPK_FP8 = False
