@@ -4,6 +4,7 @@ lost every row to one faulting variant).
 
     PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py              (H100, < 90 s)
     PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --smoke      (CPU, interpreter: shapes only)
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --compile    (CPU: the chunked kernels' sm_90a spills)
     ... --variants "shipped,split diag5 bt64"                                      (a subset, by name)
 
 * The main process writes the check cases' inputs and their float64 gradients (autograd through
@@ -31,6 +32,7 @@ import traceback
 from pathlib import Path
 
 SMOKE = "--smoke" in sys.argv
+COMPILE = "--compile" in sys.argv  # the chunked variants' kernels compiled for sm_90a on this machine (no GPU)
 WORKER = sys.argv[sys.argv.index("--worker") + 1] if "--worker" in sys.argv else None
 SCRATCH = Path(sys.argv[sys.argv.index("--dir") + 1]) if "--dir" in sys.argv else None
 if SMOKE:
@@ -282,10 +284,13 @@ def worker(name: str, scratch: Path):
         fn = kernels_only(variant, t, t["ht"])
         if fn is not None:
             res["kernels_ms"] = bench(fn)
-        if variant[3] == "chunked":  # each kernel alone
+        if variant[3] == "chunked":  # each kernel alone (after the whole backward above wrote what they read)
             steps = []
             run_backward(variant, t, t["ht"], steps=steps)
-            res["steps_ms"] = {step: round(bench(fn), 4) for step, fn in steps}
+            for _, kernel, grid, args, kw in steps:  # once in order: each reads what the ones before wrote
+                kernel[grid](*args, **kw)
+            res["steps_ms"] = {step: round(bench(lambda: kernel[grid](*args, **kw)), 4)
+                               for step, kernel, grid, args, kw in steps}
         if name == "shipped":  # the shipped forward (CHANNEL_FWD_DIAG 3, chunk 32, BV 128, 3 stages)
             p = plan(t["q"], t["v"], t["g"], IDENTITY)
             res["fwd_ms"] = bench(lambda: launch.forward(p, t["q"], t["k"], t["v"], t["g"], None, None, None, t["h0"],
@@ -410,8 +415,35 @@ def main():
     print(f"{elapsed():.0f} s; JSON: {OUT / 'linear_attention_gla_bwd_s30.json'}")
 
 
+def main_compile():
+    """Registers and spilled bytes of each chunked variant's kernels, compiled for sm_90a (triton 3.6's ptxas; no
+    GPU): B1 N256 H2 d128 bf16, the timed specializations but for the sizes."""
+    from tilecore.tiles.compile import compile_kernel, resources
+
+    print("variant | kernel | registers | spilled bytes | shared bytes")
+    for variant in VARIANTS:
+        if variant[3] != "chunked":
+            continue
+        t = make(1, 256, 2, 128, 128, dev="cpu")
+        p = tl_plan(t["q"], t["v"], t["g"], IDENTITY, 64, diag=5)
+        steps = []
+        kernels_backward_gla_chunked.backward(p, t["do"], t["q"], t["k"], t["v"], t["g"], t["h0"], t["ht"], t["dht"],
+                                              0.1, steps=steps, **variant[2])
+        for step, kernel, _, args, kw in steps:
+            kw = dict(kw)
+            warps, stages = kw.pop("num_warps"), kw.pop("num_stages", 2)
+            try:
+                r = resources(compile_kernel(kernel, dict(zip(kernel.arg_names, args), **kw), num_warps=warps,
+                                             num_stages=stages))
+                print(f"{variant[0]} | {step} | {r.registers} | {r.spill_stores} | {r.shared}", flush=True)
+            except Exception as err:  # noqa: BLE001
+                print(f"{variant[0]} | {step} | failed: {type(err).__name__}: {err}"[:300], flush=True)
+
+
 if __name__ == "__main__":
-    if WORKER:
+    if COMPILE:
+        main_compile()
+    elif WORKER:
         worker(WORKER, SCRATCH)
     elif SMOKE:
         main_smoke()

@@ -350,8 +350,9 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
              **overrides):
     """(dq, dk, dv, dg, None, dh0), as kernels_backward_gla.backward (the same contract: dq, dk, dv in the inputs'
     dtypes, dg and dh0 float32; ``out`` buffers to write). ``plan``: a tl plan (its MMA dtype and the
-    interpreter's upcast); blocks from configs_gla_bwd.CHUNKED, ``overrides`` any of its keys. ``steps``: a list
-    that gets (kernel name, a function launching it again on the same buffers) for each launch (timing)."""
+    interpreter's upcast); blocks from configs_gla_bwd.CHUNKED, ``overrides`` any of its keys. ``steps``: a list that
+    gets the launches, (name, kernel, grid, arguments, options) each, in order, instead of running them (the
+    caller times or compiles them; the outputs are then not written)."""
     cfg = dict(configs_gla_bwd.CHUNKED)
     unknown = set(overrides) - set(cfg)
     if unknown:
@@ -398,52 +399,49 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         KD = min(BK, cfg["KD"])
         z4 = (0, 0, 0, 0)
         g_strides = g.stride()
-        launches = []
+        calls = []  # (name, kernel, grid, arguments, options), in order: each reads what the ones before wrote
+        walk_opts = dict(BT=BT, BK=BK, BV=BV, MMA=mma, IEEE=ieee, num_warps=cfg["walk_warps"],
+                         num_stages=cfg["walk_stages"])
+        h0_or = h0 if h0 is not None else hs
+        dht_or, dh0_or = dht if has_dht else dhs, dh0 if dh0 is not None else dhs
         if cfg["walks_fused"]:
-            launches.append(("walks", lambda: gla_walks_kernel[(B * H, vblocks, 2)](
-                q, k, v, g, do, h0 if h0 is not None else hs, dht if has_dht else dhs, dh0 if dh0 is not None else dhs,
-                hs, dhs, *q.stride(), *k.stride(), *v.stride(), *g_strides, *do.stride(),
-                *(h0.stride() if h0 is not None else z4), *(dht.stride() if has_dht else z4),
-                *(dh0.stride() if dh0 is not None else z4), N, H, Dk, Dv, NT, scale,
-                BT=BT, BK=BK, BV=BV, HAS_H0=h0 is not None, HAS_DHT=has_dht, STORE_DH0=dh0 is not None, MMA=mma,
-                IEEE=ieee, num_warps=cfg["walk_warps"], num_stages=cfg["walk_stages"])))
-        launches.append(("states", lambda: gla_states_kernel[(B * H, vblocks)](
-                k, v, g, h0 if h0 is not None else hs, hs, *k.stride(), *v.stride(), *g_strides,
-                *(h0.stride() if h0 is not None else z4), N, H, Dk, Dv, NT,
-                BT=BT, BK=BK, BV=BV, HAS_H0=h0 is not None, MMA=mma, IEEE=ieee,
-                num_warps=cfg["walk_warps"], num_stages=cfg["walk_stages"])))
-        launches.append(("dstates", lambda: gla_dstates_kernel[(B * H, vblocks)](
-                q, g, do, dht if has_dht else dhs, dh0 if dh0 is not None else dhs, dhs, *q.stride(), *g_strides,
-                *do.stride(), *(dht.stride() if has_dht else z4), *(dh0.stride() if dh0 is not None else z4),
-                N, H, Dk, Dv, NT, scale,
-                BT=BT, BK=BK, BV=BV, HAS_DHT=has_dht, STORE_DH0=dh0 is not None, MMA=mma, IEEE=ieee,
-                num_warps=cfg["walk_warps"], num_stages=cfg["walk_stages"])))
+            calls.append(("walks", gla_walks_kernel, (B * H, vblocks, 2), (
+                q, k, v, g, do, h0_or, dht_or, dh0_or, hs, dhs, *q.stride(), *k.stride(), *v.stride(), *g_strides,
+                *do.stride(), *(h0.stride() if h0 is not None else z4), *(dht.stride() if has_dht else z4),
+                *(dh0.stride() if dh0 is not None else z4), N, H, Dk, Dv, NT, scale),
+                dict(walk_opts, HAS_H0=h0 is not None, HAS_DHT=has_dht, STORE_DH0=dh0 is not None)))
+        else:
+            calls.append(("states", gla_states_kernel, (B * H, vblocks), (
+                k, v, g, h0_or, hs, *k.stride(), *v.stride(), *g_strides, *(h0.stride() if h0 is not None else z4),
+                N, H, Dk, Dv, NT), dict(walk_opts, HAS_H0=h0 is not None)))
+            calls.append(("dstates", gla_dstates_kernel, (B * H, vblocks), (
+                q, g, do, dht_or, dh0_or, dhs, *q.stride(), *g_strides, *do.stride(),
+                *(dht.stride() if has_dht else z4), *(dh0.stride() if dh0 is not None else z4), N, H, Dk, Dv, NT,
+                scale), dict(walk_opts, HAS_DHT=has_dht, STORE_DH0=dh0 is not None)))
         # (PART, WIDE) launches: dq and dk apart, or the fallback apart (a flag a program between the two)
         dqk = [(1, 0), (2, 0)] if cfg["dqk_apart"] else [(0, 1), (0, 2)] if cfg["wide_apart"] else [(0, 0)]
         flag = torch.empty(B * H * NT * kblocks, dtype=torch.int8, device=dev) if cfg["wide_apart"] else tot
         for part, wide in dqk:
-            launches.append((f"dqk{part}{'w' * wide}", lambda part=part, wide=wide: gla_dqk_kernel[
-                (B * H * NT * kblocks,)](
-                    q, k, v, g, do, hs, dhs, dq, dk, dg, tot, *q.stride(), *k.stride(), *v.stride(), *g_strides,
-                    *do.stride(), N, H, Dk, Dv, NT, scale, kblocks,
-                    BT=BT, BKB=BKB, BVF=BVF, MMA=mma, IEEE=ieee, SPLIT=cfg["split"], PART=part, WIDE=wide, FLAG=flag,
-                    num_warps=cfg["dqk_warps"], num_stages=cfg["stages"])))
-        launches.append(("dv", lambda: gla_dv_kernel[(B * H * NT * dv_blocks,)](
-                q, k, g, do, dhs, dv, *q.stride(), *k.stride(), *g_strides, *do.stride(), N, H, Dk, Dv, NT, scale,
-                dv_blocks, BT=BT, BK=BK, KD=KD, BV=dv_BV, MMA=mma, IEEE=ieee,
-                num_warps=cfg["dv_warps"], num_stages=cfg["stages"])))
+            calls.append((f"dqk{part}{'w' * wide}", gla_dqk_kernel, (B * H * NT * kblocks,), (
+                q, k, v, g, do, hs, dhs, dq, dk, dg, tot, *q.stride(), *k.stride(), *v.stride(), *g_strides,
+                *do.stride(), N, H, Dk, Dv, NT, scale, kblocks),
+                dict(BT=BT, BKB=BKB, BVF=BVF, MMA=mma, IEEE=ieee, SPLIT=cfg["split"], PART=part, WIDE=wide, FLAG=flag,
+                     num_warps=cfg["dqk_warps"], num_stages=cfg["stages"])))
+        calls.append(("dv", gla_dv_kernel, (B * H * NT * dv_blocks,), (
+            q, k, g, do, dhs, dv, *q.stride(), *k.stride(), *g_strides, *do.stride(), N, H, Dk, Dv, NT, scale,
+            dv_blocks), dict(BT=BT, BK=BK, KD=KD, BV=dv_BV, MMA=mma, IEEE=ieee, num_warps=cfg["dv_warps"],
+                             num_stages=cfg["stages"])))
         bk_dg = min(BK, cfg["BK_DG"])
-        launches.append(("dg", lambda: gla_dg_kernel[(B * H, -(-Dk // bk_dg))](
-                g, dg, tot, ht if has_ht else dg, dht if has_ht else dg, *g_strides,
-                *(ht.stride() if has_ht else z4), *(dht.stride() if has_ht else z4), N, H, Dk, Dv, NT,
-                BT=BT, BK=bk_dg, BVF=BVF, HAS_HT=has_ht, num_warps=4)))
-        if cfg["walks_fused"]:
-            launches = [step for step in launches if step[0] not in ("states", "dstates")]
-        with dispatch.on_device(dev):
-            for _, launch in launches:  # in order: each reads what the ones before wrote
-                launch()
-        if steps is not None:
-            steps.extend(launches)
+        calls.append(("dg", gla_dg_kernel, (B * H, -(-Dk // bk_dg)), (
+            g, dg, tot, ht if has_ht else dg, dht if has_ht else dg, *g_strides, *(ht.stride() if has_ht else z4),
+            *(dht.stride() if has_ht else z4), N, H, Dk, Dv, NT), dict(BT=BT, BK=bk_dg, BVF=BVF, HAS_HT=has_ht,
+                                                                          num_warps=4)))
+        if steps is not None:  # the caller launches (or compiles) them
+            steps.extend(calls)
+        else:
+            with dispatch.on_device(dev):
+                for _, kernel, grid, args, kw in calls:
+                    kernel[grid](*args, **kw)
     elif N == 0:
         dg.zero_()
         if dh0 is not None:
