@@ -268,6 +268,9 @@ def s30_quantize_cases(quick=True):
     cases += [("q", f, 11008, {}, {**GLUON, "ahead": True}) for f in S30_FORMATS]
     cases += [("q", f, 11008, {}, {**GLUON, "pingpong": True, "ahead": True}) for f in ("fp8_e4m3", "mxfp4")]
     cases += [("q", f, 11008, {}, {**GLUON, "stages": 1}) for f in ("fp8_e4m3", "mxfp4")]
+    # the Gluon kernel's probes: no products (its loads, epilogue and stores), its AMAX pass (products, no codes)
+    cases += [("q", f, 11008, {}, {**GLUON, "probe": 1}) for f in ("fp8_e4m3", "mxfp4")]
+    cases += [("q", "fp8_e4m3", 11008, {}, {**GLUON, "amax": True})]
     cases += [("q", f, 11008, {}, t) for f in ("fp8_e4m3", "mxfp4") for t in S30_PROBES]
     cases += [("q", "fp8_e4m3", 11008, {}, {"probe": 1, "amax": True})]
     if not quick:
@@ -316,6 +319,11 @@ def _s30_summary(result):
                                                 zip(("shipped", "no-transform", "mixing-only", "amax"), row)))
     loads = ms.get(("fp8_e4m3", 11008, repr(sorted({"probe": 1, "amax": True}.items()))))
     lines.append(f"  loads + max only: {loads:.4f} ms" if loads else "  loads + max only: -")
+    for f in ("fp8_e4m3", "mxfp4"):
+        full, noprod = ms.get((f, 11008, repr(sorted(GLUON.items())))), ms.get((f, 11008, repr(sorted({**GLUON, "probe": 1}.items()))))
+        amax = ms.get((f, 11008, repr(sorted({**GLUON, "amax": True}.items()))))
+        lines.append(f"  gluon {f:9s} full {full}  no products (loads + epilogue + stores) {noprod}  "
+                     f"AMAX pass (loads + products) {amax}")
     checked = {}  # (format, tuning): every check of it in this run ok (the default's: all dtypes and scales)
     for c in result.get("check", {}).get("quantize", []):
         t = c.get("tuning", {})
@@ -530,9 +538,10 @@ def _amax_runner(x, fmt, group, static, tuning):
 
     plan = quantize.plan_quantize(x, fmt, group, None, True, static, False, **tuning)
     empty = torch.empty(0, device=x.device)
+    amax_pass = quantize.gluon_amax_pass if plan.path == "gluon_wide" else quantize.amax_pass
 
     def run():
-        quantize.amax_pass(plan, x)
+        amax_pass(plan, x)
         return empty, empty
     return run, plan
 

@@ -164,6 +164,7 @@ class WideQuantize:
     QMAX: gl.constexpr
     AHEAD: gl.constexpr  # block j + 1's mixing behind block j's second product (plan tuning "ahead"; untimed)
     turns: object  # PINGPONG: two mbarriers, consumer c's turn at the tensor cores; else None
+    PROBE: gl.constexpr  # experiments only (0 ships): 1, no products (Y_j = the row's chunk j as loaded, times rscale)
 
     @gluon.jit
     def setup(self, tile):
@@ -206,7 +207,12 @@ class WideQuantize:
                 mbarrier.wait(self.turns.index(0), (t & 1) ^ 1)  # a fresh barrier passes parity 1 at once
             else:
                 mbarrier.wait(self.turns.index(1), t & 1)
-        if self.AHEAD:  # block j + 1's mixing issued behind block j's second product (the tensor cores kept busy)
+        if self.PROBE == 1:  # what the loads, the epilogue and the stores cost without the products
+            L: gl.constexpr = state.w0.type.layout
+            y0 = self._scaled(xs[0].load(L).to(gl.float32), 0)
+            y1 = self._scaled(xs[1].load(L).to(gl.float32), 1)
+            y2 = self._scaled(xs[2].load(L).to(gl.float32), 2)
+        elif self.AHEAD:  # block j + 1's mixing issued behind block j's second product (the tensor cores kept busy)
             w0 = warpgroup_mma_wait(0, deps=(self._issue_mixing(ctx, xs, state.w0, 0),))
             s0 = self._issue_second(w0, h64)
             w1 = self._issue_mixing(ctx, xs, state.w1, 1)
@@ -378,7 +384,7 @@ class WideQuantize:
 def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales, gscale, amax_out, rows, stride_scales,
                                rscale, row_counter, M: gl.constexpr, FORMAT: gl.constexpr, G: gl.constexpr,
                                STATIC: gl.constexpr, QMAX: gl.constexpr, STAGES: gl.constexpr,
-                               AHEAD: gl.constexpr = False, PINGPONG: gl.constexpr = False):
+                               AHEAD: gl.constexpr = False, PINGPONG: gl.constexpr = False, PROBE: gl.constexpr = 0):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
@@ -391,7 +397,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
     else:
         turns = None
     op = WideQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, M, FORMAT, G,
-                      STATIC, QMAX, AHEAD, turns)
+                      STATIC, QMAX, AHEAD, turns, PROBE)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),

@@ -184,7 +184,8 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
     return QuantizePlan("gluon_wide", grid=(grid,), rscale=rscale, config=dict(
         M=M, FORMAT=f.kernel_id, G=group or 0, STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax,
         STAGES=tuning.get("stages") or configs.QUANT_GLUON_WIDE_STAGES, PACKED=f.packed, num_warps=4,
-        **({"AHEAD": True} if tuning.get("ahead") else {}), **({"PINGPONG": True} if tuning.get("pingpong") else {})))
+        **({"AHEAD": True} if tuning.get("ahead") else {}), **({"PINGPONG": True} if tuning.get("pingpong") else {}),
+        **({"PROBE": tuning["probe"]} if tuning.get("probe") else {})))
 
 
 def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms, interpret,
@@ -493,6 +494,17 @@ def amax_pass(plan: QuantizePlan, x2: torch.Tensor) -> torch.Tensor:
     with dispatch.on_device(x2.device):
         _launch_wide[plan.grid](x2, x2, amax, h, x2, amax, amax, rows, x2.stride(0), n, 1, plan.rscale,
                                 **{**plan.config, "FORMAT": AMAX.value})
+    return amax
+
+
+def gluon_amax_pass(plan: QuantizePlan, x2: torch.Tensor) -> torch.Tensor:
+    """Run a "gluon_wide" plan's kernel as its AMAX pass (the products, then each row's largest |y|: no codes, no
+    stores but one float a row) on the rows ``x2``; returns those maxima. For the probe of what its epilogue costs."""
+    if plan.path != "gluon_wide":
+        raise ValueError(f"gluon_amax_pass: a 'gluon_wide' plan, not {plan.path!r}")
+    amax = torch.empty(x2.shape[0], dtype=torch.float32, device=x2.device)
+    # x2's bytes as the codes (never written by AMAX; bytes keep the staging buffer at 8 bits)
+    _launch_gluon_wide(plan, x2, x2.view(torch.uint8), amax, amax, amax, fmt_id=6)
     return amax
 
 
