@@ -296,6 +296,19 @@ def timeline_of(fn) -> dict:
             "host": [[label, (t - began) * 1e3] for label, t in marks]}
 
 
+def paired_lockstep(fns: dict, reps: int) -> dict:
+    """Each of ``fns`` (name -> fn) timed as lockstep_ms times it, in rounds: every round runs each
+    once, in order, so slow and fast stretches of the run fall on all alike. {name: [ms a round]}."""
+    for fn in fns.values():
+        fn()
+    sync()
+    times = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            times[name] += lockstep_ms(fn, 1, warmup=0)
+    return times
+
+
 def host_ms(fn, reps: int) -> list[float]:
     """The host's time to queue ``fn`` (ms: its call, nothing synchronized inside), every repetition
     started together on every rank (a barrier, the GPU idle)."""
@@ -438,7 +451,8 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
     row["inputs_gb"] = 4 * q.numel() * q.element_size() / 1e9  # q, k, v, dO of this rank
     if a2a and heads % world == 0:
         record("a2a_fwd_bwd_ms", lockstep_ms(fwd_bwd("all_to_all"), reps))
-    del local
+    if not (single and host_compare):
+        del local
 
     if single:  # one GPU, the whole sequence (each rank runs its own, at the same time)
         gq, gk, gv = (torch.randn(1, heads, n_total, d, generator=g, device=DEVICE, dtype=torch.bfloat16)
@@ -459,6 +473,19 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, single:
         if DEVICE == "cuda":
             record("single_fwd_bwd_queued_ms", lockstep_ms(single_fwd_bwd, reps, ahead_ms=AHEAD_MS))
         row["single_peak_extra_gb"] = (peak() - base) / 1e9
+        if host_compare:  # new path, old path and one GPU alternating, a round each: the run's drift shared
+            ring_new = fwd_bwd("ring")
+
+            def ring_old():
+                with host_path(False):
+                    ring_new()
+
+            times = paired_lockstep({"new": ring_new, "old": ring_old, "single": single_fwd_bwd}, max(reps, 7))
+            for name, ts in times.items():
+                record(f"paired_{name}_ms", ts)
+            for name in ("new", "old"):  # the median of each round's one GPU over ring
+                record(f"paired_x1_{name}", [a / b for a, b in zip(times["single"], times[name])])
+            del local
         del whole, gq, gk, gv, gdout
 
     # derived figures, per margin: hidden = the share of the transfers' own time that did not add to
@@ -640,6 +667,12 @@ def host_lines(results) -> list[str]:
                      f"{pair('fwd_bwd_default_ms', 'fwd_bwd_old_ms'):>14}"
                      f"{pair('speedup_fwd_bwd_default', 'speedup_fwd_bwd_old'):>12}"
                      f"{pair('fwd_bwd_host_ms', 'fwd_bwd_host_old_ms'):>14}")
+    for t in results["timing"]:
+        if "error" not in t and "paired_new_ms" in t:
+            lines.append(f"{t['N']:>7} {'causal' if t['causal'] else 'full':<7}paired rounds (new, old, one GPU "
+                         f"alternating): f+b {fmt(t['paired_new_ms'])} / {fmt(t['paired_old_ms'])}, one GPU "
+                         f"{fmt(t['paired_single_ms'])}; x1 (median of the rounds' ratios) new "
+                         f"{fmt(t['paired_x1_new'])}, old {fmt(t['paired_x1_old'])}")
     for t in results["timing"]:
         for name in ("public_timeline", "public_timeline_old"):
             b = t.get(name) if "error" not in t else None
