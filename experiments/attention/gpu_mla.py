@@ -413,91 +413,6 @@ def time_parts(budget_s: float, t_start: float) -> None:
          2 * pairs * (3 * 128 + 2 * 128))
 
 
-# --fused (session 30): dQ inside the dK/dV kernel (configs.GLUON_BACKWARD_DV's dq_from "fused": K^T dS^T by
-# 64-column pieces added to a float32 dQ^T by TMA reductions), checked and timed against the shipped split
-FUSED_CHECKS = [  # name, B, Hq, Hkv, N, Nk, causal, window, softcap, dtype
-    ("192/128 N1008", 1, 2, 2, 1008, 1008, False, (-1, -1), 0.0, torch.bfloat16),
-    ("192/128 causal N1040", 1, 2, 2, 1040, 1040, True, (-1, -1), 0.0, torch.bfloat16),
-    ("192/128 causal N720 Nk1104 GQA 4/2", 1, 4, 2, 720, 1104, True, (-1, -1), 0.0, torch.bfloat16),
-    ("192/128 N1104 Nk720 GQA 8/2", 1, 8, 2, 1104, 720, False, (-1, -1), 0.0, torch.bfloat16),
-    ("192/128 window (256, 0) + softcap 30 GQA 4/2", 1, 4, 2, 1500, 1500, False, (256, 0), 30.0, torch.bfloat16),
-    ("192/128 causal N1040 fp16", 1, 2, 2, 1040, 1040, True, (-1, -1), 0.0, torch.float16),
-]
-
-
-def fused_config():
-    return dict(configs.GLUON_BACKWARD_DV[192, 128], dq_from="fused")
-
-
-def check_fused(name, b, hq, hkv, n, nk, causal, window, softcap, dtype, split=False) -> None:
-    """The fused (and with ``split`` the shipped split) Gluon backward from the Gluon forward's O and lse, into
-    NaN-poisoned buffers, against the float64 reference: error over the rounding floor, every element written."""
-    q, k, v = make(b, hq, hkv, n, nk, 192, 128, dtype)
-    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
-    ref, _ = attention_reference(q64, k64, v64, causal=causal, window_size=window, softcap=softcap)
-    dout = torch.randn(ref.shape, dtype=dtype, device=q.device)
-    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
-    out, lse, _ = forward(q, k, v, causal, gluon_path(), window, softcap)
-    scale = 192 ** -0.5
-    for label, cfg in (("fused", fused_config()), ("split (shipped)", None))[:2 if split else 1]:
-        if SMOKE and label == "fused":
-            row(("skip", f"fused check {name}", "--smoke: the interpreter cannot run Gluon (plan checked only)"))
-            continue
-        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-        p = plan.plan_backward(dout, q, k, v, causal, scale, window=window, softcap=softcap, path=gluon_path(),
-                               config=cfg if not SMOKE else None)
-        launch.backward(p, dout, q, k, v, out, lse, None, *grads, causal, scale, window, softcap)
-        unwritten = int(sum(g.isnan().sum() for g in grads))
-        errs = {nm: accuracy.error_over_floor(g, r) for nm, g, r in zip(("dq", "dk", "dv"), grads, ref_grads)}
-        ok = unwritten == 0 and max(errs.values()) <= 3.0
-        RESULTS["correctness"].append(dict(case=name, dtype=str(dtype), what=f"backward {label}",
-                                           dq_from=p.config.get("dq_from"), ok=ok, unwritten=unwritten,
-                                           **{f"{nm}_over_floor": e for nm, e in errs.items()}))
-        row(("check", f"{name} {str(dtype)[6:]} bwd {label} [dq_from {p.config.get('dq_from')}]",
-             ("ok " if ok else "BAD ") + " ".join(f"{nm} {e:.2f}" for nm, e in errs.items())
-             + (f" unwritten {unwritten}" if unwritten else "")))
-
-
-def time_fused(budget_s: float, t_start: float, causal: bool) -> None:
-    """B8 H16 N4096 bf16: forward + backward with the fused dQ, the shipped split, and the 128 / 128 default,
-    each problem's FLOPs over its time; the issue's ratio 192/128 over 128/128 (>= 0.9)."""
-    b, h, n = (1, 2, 64) if SMOKE else (8, 16, 4096)
-    mla = make(b, h, h, n, n, 192, 128, torch.bfloat16, seed=1)
-    square = make(b, h, h, n, n, 128, 128, torch.bfloat16, seed=2)
-    rates = {}
-    for label, (q, k, v), cfg in (("128/128 default", square, None), ("192/128 split (shipped)", mla, None),
-                                  ("192/128 fused dQ", mla, "fused"), ("192/128 split again", mla, None),
-                                  ("192/128 fused again", mla, "fused")):
-        name = f"{label} {'causal' if causal else 'full'} B{b} H{h} N{n}"
-        if time.time() - t_start > budget_s:
-            row(("skip", name, f"past the {budget_s:.0f} s budget"))
-            continue
-        if SMOKE and cfg:
-            row(("skip", name, "--smoke: the interpreter cannot run Gluon"))
-            continue
-        try:
-            d = q.shape[-1]
-            fwd_path = plan.plan_forward(q, k, v, causal, d ** -0.5).path if d == 128 else gluon_path()
-            fwd, both, paths = tilecore_times(q, k, v, causal, fwd_path, None if d == 128 else gluon_path(),
-                                              fused_config() if cfg else None)
-        except Exception as exc:  # noqa: BLE001 - report and go on
-            note_error(f"time {name}", exc)
-            continue
-        f_fwd, f_bwd = flops(b, h, n, n, q.shape[-1], v.shape[-1], causal)
-        rate = (f_fwd + f_bwd) / both * 1e-9
-        rates[label] = rate
-        RESULTS["timing"].append(dict(case=f"fused {name}", paths=paths, causal=causal, fwd_ms=fwd,
-                                      fwd_bwd_ms=both, bwd_ms=both - fwd, fwd_bwd_tflops=rate))
-        row(("time", name, f"[{paths}] fwd {fwd:.3f} ms, fwd+bwd {both:.3f} ms {rate:.0f} TFLOP/s"))
-    base = rates.get("128/128 default")
-    for label in ("192/128 split (shipped)", "192/128 fused dQ", "192/128 split again", "192/128 fused again"):
-        if base and label in rates:
-            RESULTS["timing"].append(dict(case=f"fused ratio {label} / 128/128", causal=causal,
-                                          fwd_bwd=rates[label] / base))
-            row(("ratio", f"{label} / 128/128 {'causal' if causal else 'full'} (fwd+bwd rate)",
-                 f"{rates[label] / base:.3f} (target >= 0.9)"))
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="CPU, interpreter, tiny shapes, no timing")
@@ -505,40 +420,8 @@ def main():
     parser.add_argument("--full", action="store_true", help="more checks (short causal, window + softcap)")
     parser.add_argument("--parts", action="store_true",
                         help="only the non-causal backward's parts at other stage counts (session 29), <= 90 s")
-    parser.add_argument("--fused", action="store_true",
-                        help="only dQ inside the dK/dV kernel (session 30): its checks and its timing, <= 90 s")
     args = parser.parse_args()
     t_start = time.time()
-    if args.fused:
-        # compiles dominate (~7 s a Gluon kernel on the device host): the first check shares the non-causal
-        # timing's kernels, then the non-causal timing (the 0.85-0.88x case), the other checks, causal last
-        def fused_check(case, split=False, budget=80.0):
-            if SMOKE:
-                case = (case[0] + " smoke", 1, case[2], case[3], 40, 50, *case[6:])
-            if time.time() - t_start > budget:
-                row(("skip", f"fused check {case[0]}", f"past {budget:.0f} s"))
-                return
-            try:
-                check_fused(*case, split=split)
-            except Exception as exc:  # noqa: BLE001 - report and go on
-                note_error(f"fused check {case[0]}", exc)
-        fused_check(FUSED_CHECKS[0], split=True)
-        time_fused(80.0, t_start, causal=False)
-        for case in FUSED_CHECKS[1:2] if SMOKE else FUSED_CHECKS[1:]:
-            fused_check(case)
-        time_fused(80.0, t_start, causal=True)
-        out_dir = os.environ.get("OUT", "/tmp/out")
-        os.makedirs(out_dir, exist_ok=True)
-        if not SMOKE:
-            RESULTS["device"] = torch.cuda.get_device_name()
-        with open(os.path.join(out_dir, "attention_mla_fused.json"), "w") as f:
-            json.dump(RESULTS, f, indent=1, default=str)
-        print(f"\n{'=' * 20} MLA 192/128 fused dQ, {RESULTS.get('device', 'cpu')}, {time.time() - t_start:.0f} s")
-        for section, name, figures in ROWS:
-            print(f"{section:6s} {name:70s}  {figures}")
-        bad = [r for r in RESULTS["correctness"] if not r["ok"]]
-        print(f"checks: {len(RESULTS['correctness']) - len(bad)} ok, {len(bad)} bad; errors: {len(RESULTS['errors'])}")
-        return
     if args.parts:
         time_parts(80.0, t_start)
         out_dir = os.environ.get("OUT", "/tmp/out")

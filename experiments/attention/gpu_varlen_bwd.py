@@ -610,12 +610,9 @@ def run_kernels(h=16, d=128):
 def run_layout(h=16, d=128):
     """--layout (session 30): run 1's per-kernel times showed the varlen split kernels at the fixed split ones'
     time (dK/dV 3.25 vs 3.27 ms, dq 2.26 vs 2.24) and the varlen fused dK/dV kernel at 6.40 ms against the fixed
-    fused 4.79: dQ's reductions cost twice as much. The work table runs a (sequence, kv head)'s key tiles
-    together (all adding to that head's dQ rows), the fixed path's balanced schedule puts different heads side
-    by side. head_minor (config): a sequence's key tiles tile by tile across its heads. Here: the float64 check
-    of fused + head_minor (odd lengths, causal), then the varlen backward split / fused, each drawn and
-    head_minor, on the uniform 16 x 4096 and the 64K long-tailed batches (causal H16 D128, do_bench ms), then the
-    fixed backward (fused / split) on contiguous tensors and on the packed layout's views."""
+    fused 4.79. Here: the float64 check of the fused dQ (odd lengths, causal), then the varlen backward split /
+    fused / lagged on the uniform 16 x 4096 and the 64K long-tailed batches (causal H16 D128, do_bench ms), then
+    the fixed backward (fused / split) on contiguous tensors and on the packed layout's views."""
     from tilecore.ops.attention import launch, plan
 
     dev = _device()
@@ -626,10 +623,10 @@ def run_layout(h=16, d=128):
         case = (dtype, [1, 0, 37, 5, 20], [1, 0, 37, 5, 20], 2, 2, 16, {"causal": True})
     else:
         case = (dtype, [1, 0, 777, 63, 1500, 2], [1, 0, 777, 63, 1500, 2], 16, 16, 128, {"causal": True})
-    for extra in (dict(dq_from="fused", head_minor=True), dict(head_minor=True)):
-        guarded(f"check {extra}")(check)(*case, extra=None if SMOKE else extra)
-    variants = (("split", {}), ("fused", dict(dq_from="fused")), ("fused_head_minor", dict(dq_from="fused", head_minor=True)),
-                ("split_head_minor", dict(head_minor=True)), ("fused_round_robin", dict(dq_from="fused", drawn=False)))
+    guarded("check fused")(check)(*case, extra=None if SMOKE else dict(dq_from="fused"))
+    # (run 5 of session 30 also timed head_minor, a work table of a sequence's key tiles tile by tile across its
+    # kv heads, and round-robin tiles: neither helped, both removed; commit e4a2630 has them)
+    variants = (("split", {}), ("fused", dict(dq_from="fused")), ("lagged", dict(dq_from="lagged")))
     n, b = (32, 2) if SMOKE else (4096, 16)
     for label, lengths in (("uniform", [n] * b), ("long-tailed", [16, 40, 3, 25] if SMOKE else long_tailed_lengths(65536))):
         cu = cu_of(lengths, dev)
@@ -728,8 +725,8 @@ def main():
     parser.add_argument("--kernels", action="store_true",
                         help="only the per-kernel GPU times (torch.profiler) of the fixed and varlen backward, <= 60 s")
     parser.add_argument("--layout", action="store_true",
-                        help="only the varlen backward's dQ modes and tile orders (head_minor checked first) on the "
-                             "uniform and long-tailed batches, and the fixed one on the same tiles (session 30), <= 90 s")
+                        help="only the varlen backward's dQ modes on the uniform and long-tailed batches, and the "
+                             "fixed one on the same tiles (session 30), <= 90 s")
     parser.add_argument("--zero-tail", action="store_true",
                         help="only zero_tail 'checked' (ZERO_TAIL 2): its checks and its cost, <= 90 s")
     parser.add_argument("--matched", action="store_true",

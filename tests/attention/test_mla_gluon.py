@@ -92,7 +92,7 @@ def test_forced_gluon_refuses_other_unequal_head_sizes():
                               config=dict(configs.GLUON_FORWARD_DV[192, 128], carry=True))
         with pytest.raises(ValueError, match="column pieces"):
             plan.plan_backward(v, q, k, v, False, 0.1, path="gluon",
-                               config=dict(configs.GLUON_BACKWARD_DV[192, 128], dq_from="lagged"))
+                               config=dict(configs.GLUON_BACKWARD_DV[192, 128], dq_from="fused"))
 
 
 def test_mla_forward_launch_passes_piece_boxes(fast_launch, monkeypatch):
@@ -131,40 +131,6 @@ def test_mla_backward_launch_passes_piece_boxes(fast_launch, monkeypatch):
                          dk_desc=[1, 1, 64, 64], dv_desc=[1, 1, 64, 64])
     assert bound["dk_desc"].base is dk and bound["dv_desc"].base is dv and bound["stats_desc"].block_shape == [1, 2, 32]
     assert (bound["CAUSAL"], bound["STAGES"], bound["GROUP"], bound["scale"]) == (True, 3, 2, 0.1)
-
-
-def test_mla_fused_dq_plan_and_launch_add_dq_transposed(fast_launch, monkeypatch):
-    """dq_from "fused" (off by default): no dQ pass; the dK/dV kernel gets DQ 1 and a [64, 32] box of a float32
-    dQ^T (B, H, 192, N), its rows padded to 16 bytes; refused with K and V in registers; deterministic mode
-    takes the dq kernel instead."""
-    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
-    q, k, v = mla_inputs(n=250, nk=320, hq=4, hkv=2, device="cpu")
-    do = torch.randn(2, 4, 250, 128, dtype=torch.bfloat16)
-    fused = dict(configs.GLUON_BACKWARD_DV[192, 128], dq_from="fused")
-    assert configs.GLUON_BACKWARD_DV[192, 128]["dq_from"] == "gluon"  # shipped off until a GPU run checks it
-    bwd_plan = plan.plan_backward(do, q, k, v, False, 0.1, path="gluon", config=fused)
-    assert bwd_plan.dq is None and bwd_plan.config["dq_from"] == "fused"
-    with pytest.raises(ValueError, match="pieces"):
-        plan.plan_backward(do, q, k, v, False, 0.1, path="gluon", config=dict(fused, kv_regs=True))
-    torch.use_deterministic_algorithms(True)
-    try:
-        assert plan.plan_backward(do, q, k, v, False, 0.1, path="gluon", config=fused).dq.path == "gluon"
-    finally:
-        torch.use_deterministic_algorithms(False)
-    dq_t = launch.transposed_dq_sum(q)
-    assert dq_t.shape == (2, 4, 192, 250) and dq_t.stride()[2] == 252 and not dq_t.any()
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    fake = fast_launch(launch.GLUON_BWD_MLA)
-    launch.launch_backward_gluon_kernel(bwd_plan, do, q, k, v, torch.randn(8, 2, 250), dq_t, dk, dv, False, 0.1)
-    (grid, args), = fake.calls
-    bound = dict(zip(launch.GLUON_BWD_MLA.kernel.arg_names, args))
-    assert bound["DQ"] == 1 and bound["dq_desc"].block_shape == [1, 1, 64, 32] and bound["dq_desc"].base is dq_t
-    shipped = plan.plan_backward(do, q, k, v, False, 0.1, path="gluon")
-    fake.calls.clear()
-    launch.launch_backward_gluon_kernel(shipped, do, q, k, v, torch.randn(8, 2, 250), dq_t, dk, dv, False, 0.1)
-    (grid, args), = fake.calls
-    bound = dict(zip(launch.GLUON_BWD_MLA.kernel.arg_names, args))
-    assert bound["DQ"] == 0 and bound["dq_desc"] is None  # the shipped kernel's arguments, as before
 
 
 def test_mla_dq_launch_passes_piece_boxes(fast_launch, monkeypatch):
@@ -223,14 +189,6 @@ ptx = compiled.asm["ptx"]
 rows.append(dict(kernel="backward", causal=True, n=4096, block_n=bn, **vars(resources(compiled)),
                  **has_hopper_instructions(ptx), tma_loads=ptx.count("cp.async.bulk.tensor.4d.shared"),
                  tma_stores=ptx.count("cp.async.bulk.tensor.4d.global.shared")))
-dq_t = torch.empty(2, 2, 192, 256, dtype=torch.float32)  # dq_from "fused": dQ^T added in [64, 32] boxes
-args.update(dq_desc=TmaOperand(dq_t, [1, 1, 64, bm]).descriptor(), DQ=1)
-compiled = compile_kernel(attention_bwd_mla_kernel, args)
-ptx = compiled.asm["ptx"]
-rows.append(dict(kernel="backward fused dq", causal=True, n=4096, block_n=bn, **vars(resources(compiled)),
-                 **has_hopper_instructions(ptx), tma_loads=ptx.count("cp.async.bulk.tensor.4d.shared"),
-                 tma_stores=ptx.count("cp.async.bulk.tensor.4d.global.shared"),
-                 tma_reduces=ptx.count("cp.reduce.async.bulk.tensor.4d")))
 cfg = configs.GLUON_DQ_DV[192, 128]
 bm, bn = cfg["block_m"], cfg["block_n"]
 f32 = torch.empty(64, dtype=torch.float32)
@@ -258,7 +216,7 @@ def compiled():
 
 
 def test_mla_forward_and_backward_compile_lean_for_sm90(compiled):
-    assert [r["kernel"] for r in compiled] == ["forward", "backward", "backward fused dq", "dq"]
+    assert [r["kernel"] for r in compiled] == ["forward", "backward", "dq"]
     for r in compiled:
         assert r["wgmma"] and r["tma"] and r["mbarrier"] and not r["wgmma_serialized"], r
         # forward: registers as D128's (S and O 64 x 128 float32 a consumer), causal keeps a few
@@ -271,8 +229,4 @@ def test_mla_forward_and_backward_compile_lean_for_sm90(compiled):
         # backward: Q's three and dO's two a stage, K's three and V's two a tile; dK's three, dV's two;
         # dq: the same loads the other way round, dQ's three stores
         assert r["tma_loads"] >= (7 if r["kernel"] == "forward" else 10), r
-        assert r["tma_stores"] >= dict(forward=2, dq=3).get(r["kernel"], 5), r
-    # the fused dQ (session 30): dS^T by both consumers into shared memory, dQ^T's three [64, 32] pieces
-    # (consumer 0 two, consumer 1 one) added by TMA reductions; 36 B spilled, 202 KB in 3 stages
-    fused = compiled[2]
-    assert fused["tma_reduces"] == 3 and fused["shared"] > compiled[1]["shared"], fused
+        assert r["tma_stores"] >= dict(forward=2, backward=5, dq=3)[r["kernel"]], r

@@ -226,15 +226,6 @@ def test_work_table_kernel_matches_its_torch_twin(lengths_q, lengths_k):
     for heads in (1, 3):
         fast = varlen.work_table(cu_q, cu_k, sum(lengths_q), heads, 128)
         assert torch.equal(fast, varlen.work_table_torch(cu_q, cu_k, sum(lengths_q), heads, 128))
-        # head_minor (the backward's option): the same entries, a sequence's tiles tile by tile across its heads
-        for ranked in (True, False):
-            minor = varlen.work_table(cu_q, cu_k, sum(lengths_q), heads, 128, ranked=ranked, head_minor=True)
-            assert torch.equal(minor, varlen.work_table_torch(cu_q, cu_k, sum(lengths_q), heads, 128, head_minor=True))
-        assert sorted(map(tuple, minor.tolist())) == sorted(map(tuple, fast.tolist()))
-        real = [tuple(e) for e in minor.tolist() if e[0] >= 0]
-        expected = [(seq, tile, head) for seq in dict.fromkeys(e[0] for e in real)
-                    for tile in range(-(-lengths_q[seq] // 128)) for head in range(heads)]
-        assert [e[:3] for e in real] == expected
 
 
 def test_switched_on_the_public_op_routes_eligible_calls_to_the_gluon_forward(monkeypatch):

@@ -196,12 +196,9 @@ GLUON_BACKWARD = {
 # grouped heads (the same walk as D128's) since session 28: gpu_mla --full checked them on the H100
 # (Hq 16 over fewer kv heads, window (256, 0) + softcap 30: dq 1.46x, dk 1.45, dv 1.38 the floor, as the tl
 # backward's), untimed with groups.
-# dq_from "fused" (session 30): dQ in the dK/dV kernel, K^T dS^T by 64-column pieces added to a float32 dQ^T by
-# TMA reductions (five matmuls a block, not seven; sm_90a: 36 B spilled, 202 KB shared in 3 stages, not
-# serialized). H100 (session 30 run 2, notes/attention/runs/gpu_mla_fused_run2_session30_h100): right (7 checks,
-# dq 1.42-1.49x the floor) but slower: fwd+bwd B8 H16 N4096 0.79-0.81x of the D128 rate against the split's
-# 0.87-0.94x (32-row steps make its dQ^T products N = 32 wgmma and 1.5x the fixed kernel's reduction bytes per
-# FLOP). Stays "gluon" (the dq kernel after)
+# (session 30: dQ inside the dK/dV kernel, K^T dS^T by 64-column pieces added to a float32 dQ^T by TMA reductions,
+# was right on the H100 but 0.79-0.81x of the D128 rate against this split's 0.87-0.94x: removed, commit 42c5ae0
+# has it; notes/attention/runs/gpu_mla_fused_run2_session30_h100)
 GLUON_BACKWARD_DV = {(192, 128): dict(block_m=32, block_n=64, stages=3, dq_from="gluon", qk_pieces=3)}
 GLUON_DQ_DV = {(192, 128): dict(block_m=64, block_n=64, stages=3, qk_pieces=3)}
 GLUON_BACKWARD_DV_ROUTED = True

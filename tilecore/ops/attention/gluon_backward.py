@@ -544,18 +544,12 @@ class AttentionBackwardPieces:
     left: object
     right: object
     tanh_scale: object
-    dq_desc: object  # DQ 1: float32 dQ^T (B, H, 192, N), added to by TMA reductions in [64, BM] boxes
-    ds_smem: object  # DQ 1: dS^T of a step, both consumers' halves, double-buffered (None: DQ 0)
-    ds_full: object  # both halves written
-    ds_free: object  # every reader done
-    dq_staging: object  # dQ^T pieces on their way to TMA reductions, one buffer a piece
     CAUSAL: gl.constexpr
     BM: gl.constexpr
     BN: gl.constexpr
     WINDOW: gl.constexpr
     SOFTCAP: gl.constexpr
     SOFTCAP_OVERLAP: gl.constexpr
-    DQ: gl.constexpr  # 0: dQ by a kernel after this one; 1: fused (see compute)
 
     @gluon.jit
     def kv_head(self, bhk):
@@ -647,60 +641,13 @@ class AttentionBackwardPieces:
         # both register operands written with no wgmma running (else ptxas serializes them: C7513)
         p_op = gl.convert_layout(p_t.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
         ds_op = gl.convert_layout(ds_t.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
-        if self.DQ:
-            i = ctx.ring_step
-            mbarrier.wait(self.ds_free.index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
         dv0 = warpgroup_mma(p_op, do0, st.dv0, is_async=True)
         dv1 = warpgroup_mma(p_op, do1, st.dv1, is_async=True)
-        if self.DQ:  # dS^T to shared memory; once both halves are there, this consumer's first dQ^T piece
-            self.ds_smem.index(i % 2).slice(ctx.index * BN, BN).store(ds_t.to(stage.q0.dtype))
-            fence_async_shared()
-            mbarrier.arrive(self.ds_full.index(i % 2))
-            mbarrier.wait(self.ds_full.index(i % 2), (i // 2) & 1)
-            dq_tok = self.dq_piece(ctx, i % 2, 2 * ctx.index)
         dk0 = warpgroup_mma(ds_op, q0, st.dk0, is_async=True)
         dk1 = warpgroup_mma(ds_op, q1, st.dk1, is_async=True)
         dk2 = warpgroup_mma(ds_op, q2, st.dk2, is_async=True)
-        if self.DQ:
-            # groups complete in order (dV's two, the dQ piece, dK's three): the piece is staged and
-            # added while dK runs. Consumer 0 takes pieces 0 and 1 (the second after dK), consumer 1 piece 2
-            dq = warpgroup_mma_wait(3, deps=(dq_tok,))
-            if ctx.index == 0:
-                self.add_dq_piece(tile, step, dq, 0, 1)
-                dq_tok = self.dq_piece(ctx, i % 2, 1)
-                dq, dk0, dk1, dk2, dv0, dv1 = warpgroup_mma_wait(0, deps=(dq_tok, dk0, dk1, dk2, dv0, dv1))
-                mbarrier.arrive(self.ds_free.index(i % 2))
-                self.add_dq_piece(tile, step, dq, 1, 1)
-            else:
-                mbarrier.arrive(self.ds_free.index(i % 2))
-                self.add_dq_piece(tile, step, dq, 2, 0)
-                dk0, dk1, dk2, dv0, dv1 = warpgroup_mma_wait(0, deps=(dk0, dk1, dk2, dv0, dv1))
-        else:
-            dk0, dk1, dk2, dv0, dv1 = warpgroup_mma_wait(0, deps=(dk0, dk1, dk2, dv0, dv1))
+        dk0, dk1, dk2, dv0, dv1 = warpgroup_mma_wait(0, deps=(dk0, dk1, dk2, dv0, dv1))
         return GradPieces(dk0, dk1, dk2, dv0, dv1)
-
-    @gluon.jit
-    def dq_piece(self, ctx, buf, piece: gl.constexpr):
-        """dQ^T's rows [64 piece, 64 piece + 64) = K_piece^T dS^T over the tile's 2 BN keys (both
-        consumers' dS^T, buffer ``buf``), issued: M = 64 head columns, so a step of BM = 32 query rows
-        (too few for a wgmma's M) is the product's N."""
-        k_t = ctx.operand.index(piece).reshape([2 * self.BN, 64]).permute((1, 0))
-        acc = gl.zeros([64, self.BM], gl.float32, wgmma_layout(64, self.BM, gl.num_warps()))
-        return warpgroup_mma(k_t, self.ds_smem.index(buf), acc, use_acc=False, is_async=True)
-
-    @gluon.jit
-    def add_dq_piece(self, tile, step, dq_t, piece: gl.constexpr, PENDING: gl.constexpr):
-        """Add scale * dq_t (dQ^T's rows of ``piece``, the step's query rows as columns) to the float32
-        dQ^T through the piece's staging buffer, once at most PENDING of this partition's reductions
-        still read their buffers (the buffer's last one, a step ago, among them)."""
-        b, hk = self.tile_kv_head(tile)
-        h, start_m = self.step_rows(tile, step)
-        staging = self.dq_staging.index(piece)
-        tma.store_wait(PENDING)
-        staging.reshape(dq_t.shape).store(dq_t * self.scale)
-        fence_async_shared()
-        gl.thread_barrier()
-        tma_reduce_add(self.dq_desc, [b, h, piece * 64, start_m], staging)
 
     @gluon.jit
     def wait(self, ctx, st):
@@ -731,45 +678,21 @@ class AttentionBackwardPieces:
 def attention_bwd_mla_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, H, N, Nk, GROUP, scale,
                              scale_log2e, num_bhk, head_group, schedule, left, right, tanh_scale,
                              CAUSAL: gl.constexpr, STAGES: gl.constexpr, WINDOW: gl.constexpr = False,
-                             SOFTCAP: gl.constexpr = 0, SOFTCAP_OVERLAP: gl.constexpr = False, dq_desc=None,
-                             DQ: gl.constexpr = 0):
+                             SOFTCAP: gl.constexpr = 0, SOFTCAP_OVERLAP: gl.constexpr = False):
     """dK and dV at q/k head dim 192 and v's 128 (AttentionBackwardPieces) for every (key block,
     batch * kv head); a persistent grid of 2 consumer warpgroups and a producer warp, tiles from
-    ``schedule`` (a balanced table) or round-robin. Every descriptor's box is 64 columns wide.
-    DQ 1: also dQ, as K^T dS^T in 64-row pieces of a float32 dQ^T (B, H, 192, N) (``dq_desc``, boxes
-    [1, 1, 64, BM]) added by TMA reductions: five matmuls a block where a dq kernel after this one
-    recomputes S and dP (seven)."""
+    ``schedule`` (a balanced table) or round-robin. Every descriptor's box is 64 columns wide."""
     gl.static_assert(not (WINDOW and CAUSAL), "causal is folded into the window")
     BM: gl.constexpr = q_desc.block_type.shape[2]
     BN: gl.constexpr = dk_desc.block_type.shape[2]
     gl.static_assert(k_desc.block_type.shape[2] == 2 * BN, "K and V blocks hold both consumers' keys")
     gl.static_assert(q_desc.block_type.shape[3] == 64 and dk_desc.block_type.shape[3] == 64,
                      "64-column pieces: q/k 192 = 3 x 64, v 128 = 2 x 64")
-    ds_smem = None
-    ds_full = None
-    ds_free = None
-    dq_staging = None
-    if DQ:
-        gl.static_assert(dq_desc.block_type.shape[2] == 64 and dq_desc.block_type.shape[3] == BM,
-                         "dQ^T boxes of 64 head columns by the step's rows")
-        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM], gl.NVMMASharedLayout(
-            swizzle_byte_width=min(128, BM * q_desc.dtype.primitive_bitwidth // 8),
-            element_bitwidth=q_desc.dtype.primitive_bitwidth, rank=2))
-        ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for j in gl.static_range(2):
-            mbarrier.init(ds_full.index(j), count=2)
-            mbarrier.init(ds_free.index(j), count=2)
-        dq_staging = gl.allocate_shared_memory(dq_desc.dtype, [3] + dq_desc.block_type.shape, dq_desc.layout)
     op = AttentionBackwardPieces(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, H, N, Nk, GROUP,
-                                 scale, scale_log2e, num_bhk, head_group, left, right, tanh_scale, dq_desc, ds_smem,
-                                 ds_full, ds_free, dq_staging, CAUSAL, BM, BN, WINDOW, SOFTCAP, SOFTCAP_OVERLAP, DQ)
+                                 scale, scale_log2e, num_bhk, head_group, left, right, tanh_scale, CAUSAL, BM, BN,
+                                 WINDOW, SOFTCAP, SOFTCAP_OVERLAP)
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(k_desc, COUNT=5, SHARED=True), schedule=schedule)
     stages = QStagePieces(ring(q_desc, STAGES), ring(q_desc, STAGES), ring(q_desc, STAGES), ring(stats_desc, STAGES),
                           ring(do_desc, STAGES), ring(do_desc, STAGES))
     run(op, layout, stages, gl.cdiv(Nk, 2 * BN) * num_bhk)
-    if DQ:
-        for j in gl.static_range(2):
-            mbarrier.invalidate(ds_full.index(j))
-            mbarrier.invalidate(ds_free.index(j))

@@ -364,23 +364,12 @@ def launch_backward_gluon(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causa
     """The preprocess, the Gluon backward kernel (dK, dV, and dQ where the plan has no dQ pass: its
     float32 sum then copied to dq), then the plan's dQ pass if any."""
     added = plan.dq is None
-    pieces = plan.config.get("qk_pieces", 1) != 1
-    delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=added and not pieces, row_stats=True,
-                                               plan=plan)
-    if added and pieces:  # MLA's fused dQ: added as dQ^T
-        dq_sum = transposed_dq_sum(q)
+    delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=added, row_stats=True, plan=plan)
     launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, window, softcap)
     if added:
-        dq.copy_(dq_sum.transpose(2, 3) if pieces else dq_sum)
+        dq.copy_(dq_sum)
     else:
         _DQ_PASS[plan.dq.path](plan.dq, dout, q, k, v, lse, delta, dq, causal, scale, window, softcap)
-
-
-def transposed_dq_sum(q):
-    """A zeroed float32 dQ^T (B, H, D, N), rows padded to 16 bytes (TMA's stride rule): where the MLA
-    backward's fused dQ is added (its steps' 32 query rows are the N of a [64 columns, 32 rows] wgmma)."""
-    B, H, N, D = q.shape
-    return torch.zeros((B, H, D, cdiv(N, 4) * 4), dtype=torch.float32, device=q.device)[..., :N]
 
 
 def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, scale: float,
@@ -398,15 +387,13 @@ def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, cau
     scores, scale_log2e, tanh_scale = score_options(scale, softcap)
     if cfg.get("qk_pieces", 1) != 1:  # MLA's 192 / 128: dK and dV by 64-column pieces (every box 64 wide)
         piece = lambda t, rows: TmaOperand(t, [1, 1, rows, 64])
-        # dq_from "fused": dQ too, added to dq_sum as dQ^T (transposed_dq_sum) in [64, block_m] boxes
-        fused = dict(dq_desc=TmaOperand(dq_sum, [1, 1, 64, block_m]), DQ=1) if cfg["dq_from"] == "fused" else {}
         with dispatch.on_device(q.device):
             run(GLUON_BWD_MLA, plan, plan.grid,
                 (piece(q, block_m), piece(k, 2 * block_n), piece(v, 2 * block_n), piece(dout, block_m),
                  piece(dk, block_n), piece(dv, block_n), row_stats_operand(stats, block_m), H, N, Nk, H // Hkv, scale,
                  scale_log2e, B * Hkv, plan.sizes["head_group"], plan.schedule, left, right, tanh_scale),
                 dict(**masks, STAGES=cfg["stages"], SOFTCAP=gluon_softcap(softcap, cfg),
-                     SOFTCAP_OVERLAP=cfg.get("softcap_overlap", False), num_warps=4, **fused))
+                     SOFTCAP_OVERLAP=cfg.get("softcap_overlap", False), num_warps=4))
         return
     with dispatch.on_device(q.device):
         run(GLUON_BWD, plan, plan.grid,

@@ -301,10 +301,10 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
     # a window's own dQ mode (GLUON_BACKWARD_WINDOW_DQ) without a softcap until a GPU run checks the two together
     cfg = dict(config or configs.gluon_backward_config(D, N, causal, Dv,
                                                        window="window" in used and "softcap" not in used))
-    if cfg.get("qk_pieces", 1) != 1 and (cfg["dq_from"] not in ("gluon", "tl", "fused") or cfg.get("kv_regs")
+    if cfg.get("qk_pieces", 1) != 1 and (cfg["dq_from"] not in ("gluon", "tl") or cfg.get("kv_regs")
                                          or D != 64 * cfg["qk_pieces"] or Dv != 128):
-        raise ValueError(f"the backward by column pieces takes D = 64 x qk_pieces, Dv = 128, dq_from 'gluon', "
-                         f"'tl' or 'fused' and K and V in shared memory; got D {D}, Dv {Dv} and {cfg}")
+        raise ValueError(f"the backward by column pieces takes D = 64 x qk_pieces, Dv = 128, dq_from 'gluon' or "
+                         f"'tl' and K and V in shared memory; got D {D}, Dv {Dv} and {cfg}")
     if cfg["dq_from"] not in configs.DQ_MODES:
         raise ValueError(f"dq_from is one of {', '.join(configs.DQ_MODES)}; got {cfg['dq_from']!r}")
     if torch.are_deterministic_algorithms_enabled() and configs.DQ_MODES[cfg["dq_from"]] > 0:

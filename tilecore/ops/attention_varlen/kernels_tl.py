@@ -472,7 +472,7 @@ def varlen_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, CU_BLOCKS,
 
 @triton.jit
 def varlen_work_table(CU_Q, ORDER, TABLE, B, entries, HEADS, TILE_M: tl.constexpr, BLOCK_B: tl.constexpr,
-                      BLOCK_T: tl.constexpr, HEAD_MINOR: tl.constexpr = False):
+                      BLOCK_T: tl.constexpr):
     """The Gluon varlen forward's work table (op.work_table; TABLE (entries, 4) int32) in one
     launch: entry t is (sequence, query tile from its last row, q head, 0) for the sequences in
     ORDER's order (B of them, every one held here: BLOCK_B >= B), each sequence's cdiv(N, TILE_M)
@@ -483,7 +483,7 @@ def varlen_work_table(CU_Q, ORDER, TABLE, B, entries, HEADS, TILE_M: tl.constexp
     seq = tl.load(ORDER + offs_b, mask=b_ok, other=0)
     n = tl.load(CU_Q + seq + 1, mask=b_ok, other=0) - tl.load(CU_Q + seq, mask=b_ok, other=0)
     tiles = tl.where(b_ok, (n + TILE_M - 1) // TILE_M, 0)
-    write_work_entries(TABLE, seq, tiles, B, entries, HEADS, BLOCK_B, BLOCK_T, HEAD_MINOR)
+    write_work_entries(TABLE, seq, tiles, B, entries, HEADS, BLOCK_B, BLOCK_T)
 
 
 __all__ = ["varlen_fwd", "varlen_bwd_delta", "varlen_bwd_dkdv", "varlen_bwd_dq", "varlen_work_table"]

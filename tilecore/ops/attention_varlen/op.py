@@ -264,7 +264,7 @@ def work_order(cu_q: torch.Tensor, cu_k: torch.Tensor) -> torch.Tensor:
 
 
 def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int, tile_m: int,
-               key=None, ranked: bool | None = None, head_minor: bool = False) -> torch.Tensor:
+               key=None, ranked: bool | None = None) -> torch.Tensor:
     """The Gluon varlen forward's work items, (tiles, 4) int32 on cu_q's device, built there (no host
     sync): (sequence, query tile counted from the sequence's last row, q head, 0), sequences longest
     first (``work_order``), a sequence's tiles head by head, a head's from the last rows to the
@@ -273,19 +273,15 @@ def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int,
     (kernels_tl.varlen_work_table) up to WORK_TABLE_MAX_BATCH sequences, else
     ``work_table_torch``. ``key``: the call's launch key (the table kernel launched by it; the table itself
     is built every call: it reads cu_q's values). ``ranked`` (None: VARLEN_RANKED_TABLE): the order and the
-    table in one launch (work.py) where the batch has at most its RANKED_MAX_BATCH sequences. ``head_minor``: a
-    sequence's tiles tile by tile, each tile of every head together (the tiles running at once then belong to
-    different heads: the backward's dQ reductions of one head's tiles no longer meet)."""
+    table in one launch (work.py) where the batch has at most its RANKED_MAX_BATCH sequences."""
     batch = cu_q.numel() - 1
     if dispatch.backend_for(cu_q.device) != "kernel" or batch > WORK_TABLE_MAX_BATCH:
-        return work_table_torch(cu_q, cu_k, total_q, heads, tile_m, head_minor)
+        return work_table_torch(cu_q, cu_k, total_q, heads, tile_m)
     entries = (cdiv(total_q, tile_m) + batch) * heads
     table = torch.empty((entries, 4), dtype=torch.int32, device=cu_q.device)
     block_b = max(16, next_power_of_2(batch))
     block_t = max(1, 4096 // block_b)  # [BLOCK_T, BLOCK_B] compares of 4096: no spill on sm_90a (16384 spilled 9 KB)
     grid, blocks = (cdiv(entries, block_t),), dict(TILE_M=tile_m, BLOCK_B=block_b, BLOCK_T=block_t)
-    if head_minor:
-        blocks["HEAD_MINOR"] = True
     if (VARLEN_RANKED_TABLE if ranked is None else ranked) and batch <= RANKED_MAX_BATCH:
         WORK_TABLE_RANKED.run(key, grid, (cu_q, cu_k, table, batch, entries, heads), blocks)
     else:
@@ -294,8 +290,7 @@ def work_table(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int,
     return table
 
 
-def work_table_torch(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int, tile_m: int,
-                     head_minor: bool = False) -> torch.Tensor:
+def work_table_torch(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads: int, tile_m: int) -> torch.Tensor:
     """``work_table`` by torch ops alone (~25 small launches; the tl kernel's twin and its fallback)."""
     batch = cu_q.numel() - 1
     order = work_order(cu_q, cu_k)
@@ -309,12 +304,8 @@ def work_table_torch(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, heads
     local = t - (ends[rank] - per_sequence[rank])
     count = tiles[rank].clamp(min=1)
     zero = torch.zeros_like(t)
-    if head_minor:
-        tile, head = torch.div(local, heads, rounding_mode="floor"), local % heads
-    else:
-        tile, head = local % count, torch.div(local, count, rounding_mode="floor")
-    table = torch.stack([torch.where(real, order[rank], -1), torch.where(real, tile, zero),
-                         torch.where(real, head, zero), zero], 1)
+    table = torch.stack([torch.where(real, order[rank], -1), torch.where(real, local % count, zero),
+                         torch.where(real, torch.div(local, count, rounding_mode="floor"), zero), zero], 1)
     return table.to(torch.int32)
 
 
@@ -482,8 +473,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
     delta, dq_sum, stats = backward_preprocess(out.transpose(0, 1).unsqueeze(0), dout.transpose(0, 1).unsqueeze(0),
                                                lse, dlse, dq_sum=not dq_after, row_stats=True)
     dq_sum = dq_sum[0]  # (Hq, total_q, D) float32, zeroed (a placeholder with dQ after the kernel)
-    # over the keys: (sequence, key tile, kv head, 0); head_minor: a key tile of every kv head together
-    work = work_table(cu_k, cu_q, total_k, hkv, 2 * block_n, head_minor=cfg.get("head_minor", False))
+    work = work_table(cu_k, cu_q, total_k, hkv, 2 * block_n)  # over the keys: (sequence, key tile, kv head, 0)
     num_tiles = work.shape[0]
     scale_log2e, tanh_scale, mode = gluon_scores(scale, softcap, tanh_approx)
     wl, wr = gluon_window(causal, left, right, total_q, total_k)
@@ -497,8 +487,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
             packed_operand(dout, block_m), packed_operand(dk, block_n), packed_operand(dvv, block_n),
             row_stats_operand(stats, block_m), TmaOperand(dq_sum, [1, 1 if dq_after else block_m, d // 2]), dk, dvv,
             dk.stride(0),
-            cu_q, cu_k, work, num_tiles, hq // hkv, scale, scale_log2e, wl, wr, tanh_scale,
-            tile_counter(q.device) if cfg.get("drawn", True) else None,
+            cu_q, cu_k, work, num_tiles, hq // hkv, scale, scale_log2e, wl, wr, tanh_scale, tile_counter(q.device),
             tail_flags, CAUSAL=is_causal, STAGES=cfg["stages"], DQ=fixed_configs.DQ_MODES[cfg["dq_from"]],
             KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=mode,
             ZERO_TAIL={False: 0, True: 1, "checked": 2}[zero_tail], num_warps=4)

@@ -17,7 +17,7 @@ RANKED_MAX_BATCH = 64  # [64, 64] compares a program (the table kernel's 4096: n
 
 @triton.jit
 def varlen_work_table_ranked(CU_Q, CU_K, TABLE, B, entries, HEADS, TILE_M: tl.constexpr, BLOCK_B: tl.constexpr,
-                             BLOCK_T: tl.constexpr, HEAD_MINOR: tl.constexpr = False):
+                             BLOCK_T: tl.constexpr):
     """TABLE (entries, 4) int32, op.work_table's: entry t is (sequence, query tile from its last row,
     q head, 0) for the sequences longest first (by N x Nk, descending, ties in batch order), each one's
     cdiv(N, TILE_M) tiles head by head; entries past the real tiles (-1, 0, 0, 0). B <= BLOCK_B."""
@@ -34,17 +34,15 @@ def varlen_work_table_ranked(CU_Q, CU_K, TABLE, B, entries, HEADS, TILE_M: tl.co
     seq = tl.sum(tl.where(at, offs_b[None, :], 0), 1)  # [BLOCK_B] by p
     n_sorted = tl.sum(tl.where(at, n[None, :], 0), 1)
     tiles = tl.where(b_ok, (n_sorted + TILE_M - 1) // TILE_M, 0)
-    write_work_entries(TABLE, seq, tiles, B, entries, HEADS, BLOCK_B, BLOCK_T, HEAD_MINOR)
+    write_work_entries(TABLE, seq, tiles, B, entries, HEADS, BLOCK_B, BLOCK_T)
 
 
 @triton.jit
-def write_work_entries(TABLE, seq, tiles, B, entries, HEADS, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
-                       HEAD_MINOR: tl.constexpr = False):
+def write_work_entries(TABLE, seq, tiles, B, entries, HEADS, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr):
     """This program's BLOCK_T entries of the work table, given the sequences in table order (seq
     [BLOCK_B], B real) and each one's query tiles: entry t is (sequence, query tile from its last row, q
-    head, 0), a sequence's tiles head by head (HEAD_MINOR: tile by tile, every head's tile together);
-    past the real tiles (-1, 0, 0, 0). An entry's sequence is counted, not searched: the positions whose
-    tiles end at or before it ([BLOCK_T, BLOCK_B] compares)."""
+    head, 0), a sequence's tiles head by head; past the real tiles (-1, 0, 0, 0). An entry's sequence is
+    counted, not searched: the positions whose tiles end at or before it ([BLOCK_T, BLOCK_B] compares)."""
     offs_b = tl.arange(0, BLOCK_B)
     per_sequence = tiles * HEADS
     ends = tl.cumsum(per_sequence, 0)  # inclusive: entries up to and including each position's
@@ -59,10 +57,6 @@ def write_work_entries(TABLE, seq, tiles, B, entries, HEADS, BLOCK_B: tl.constex
     row = TABLE + t.to(tl.int64) * 4
     in_table = t < entries
     tl.store(row, tl.where(real, tl.sum(tl.where(mine, seq[None, :], 0), 1), -1), mask=in_table)
-    if HEAD_MINOR:
-        tile, head = local // HEADS, local % HEADS
-    else:
-        tile, head = local % count, local // count
-    tl.store(row + 1, tl.where(real, tile, 0), mask=in_table)
-    tl.store(row + 2, tl.where(real, head, 0), mask=in_table)
+    tl.store(row + 1, tl.where(real, local % count, 0), mask=in_table)
+    tl.store(row + 2, tl.where(real, local // count, 0), mask=in_table)
     tl.store(row + 3, t * 0, mask=in_table)
