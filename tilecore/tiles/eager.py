@@ -61,6 +61,15 @@ class _OpContext:
         return self._ctx.needs_input_grad[1:]
 
 
+def apply(function: type, *args):
+    """``function.apply(*args)`` for a call :func:`dispatch.eager_mode` found "autograd" (no functorch transform
+    active), without ``torch.autograd.Function.apply``'s Python wrapper: it binds default arguments only for a
+    Function with a ``setup_context`` (none here: forward takes ctx) and unwraps dead functorch wrappers, one
+    Python call per argument (~5 us of the H100 host's cProfile for linear_attention's 14 arguments); a dead
+    wrapper is not a tensor the direct path would unwrap either. Same graph, same backward."""
+    return super(torch.autograd.Function, function).apply(*args)
+
+
 def run(op, impl: Callable, function: type, *args, tensors=None, key=None):
     """``op(*args)``, the same through ``impl`` (nothing to record) or ``function`` (a gradient to
     record) where the call is plain eager; ``tensors``: the arguments that decide (default: every
@@ -72,7 +81,7 @@ def run(op, impl: Callable, function: type, *args, tensors=None, key=None):
     if mode == "direct":
         return impl(*args) if key is None else impl(*args, key=key)
     if mode == "autograd":
-        return function.apply(key, *args)
+        return apply(function, key, *args)
     return op(*args)
 
 

@@ -257,7 +257,7 @@ def _run(q, k, v, g, beta, d_skip, z, h0, scale: float, feature: int, chunk, fin
     # (keep_linear changes the forward kernel's outputs: part of the launch key)
     args = (q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk or 0, final_state, keep)
     if mode == "autograd":
-        o, ht, _ = _LinearAttentionFunction.apply(None if key is None else (key, "recorded", keep), *args)
+        o, ht, _ = eager.apply(_LinearAttentionFunction, None if key is None else (key, "recorded", keep), *args)
     else:
         o, ht, _ = _forward_op(*args)
     return o, (ht if final_state else None)
