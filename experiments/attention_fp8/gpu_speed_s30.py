@@ -73,6 +73,10 @@ def main():
     ap.add_argument("--variants", default="packed,pp2,pp3,packed_pp2,bn160", help="comma-separated names of VARIANTS")
     ap.add_argument("--cases", default="d128,d128c,d64,d64c")
     ap.add_argument("--budget", type=float, default=float(os.environ.get("FP8_BUDGET_S", "85")))
+    ap.add_argument("--trace", default="",
+                    help="timing probe first (comma-separated cases, e.g. d128,d64): program 0's SM clock at 5 points of "
+                    "each step of each consumer (gluon_fp8.AttentionFp8.stamp), the default and ping-pong flipped; "
+                    "prints the phases' medians (cycles) and the consumers' offset")
     args = ap.parse_args()
     left = lambda: args.budget - (time.time() - T0)
     if args.smoke:
@@ -263,6 +267,49 @@ def main():
                 result["tails"].append(rec)
                 save()
 
+    def run_trace(cname, overrides, label):
+        """TRACE: one launch with the stamps on, then per consumer the medians over steps 2..29 of each phase (cycles):
+        entry -> issued (the turn, P's conversion, the issue), issued -> S waited, S -> softmax done (with P V's wait,
+        which ptxas hoists above the softmax), softmax -> P V waited, and the step's period; and consumer 1's entry
+        minus consumer 0's (the two in phase or not)."""
+        B, H, N, D, causal = CASES[cname]
+        g = torch.Generator(device=dev).manual_seed(7)
+        q, k, v = (torch.randn(B, H, N, D, device=dev, generator=g).to(dt) for _ in range(3))
+        q8, qs = quantize_fp8(q, per="head")
+        k8, ks = quantize_fp8(k, per="head")
+        vt8, vs = quantize_fp8(v, per="head", layout="keys_permuted")
+        trace = torch.zeros(2 * 64 * 8, dtype=torch.int32, device=dev)
+        p, _ = plan_for(q8, k8, causal, dict(overrides, trace=trace))
+        fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, causal, D ** -0.5, dt, True)
+        trace.zero_()
+        fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, causal, D ** -0.5, dt, True)
+        torch.cuda.synchronize()
+        t = trace.view(2, 64, 8).long().cpu().tolist()  # (python ints: the clock wraps at 2^32)
+        rec = dict(case=cname, variant=label, consumers=[])
+        steps = range(2, 30)
+        med = lambda xs: float(torch.tensor(xs, dtype=torch.float64).median()) if xs else float("nan")
+        wrap = lambda d: d % (1 << 32)
+        for c in range(2):
+            ph = {name: med([wrap(t[c][j][b] - t[c][j][a]) for j in steps]) for name, (a, b) in
+                  dict(issue=(0, 1), s_wait=(1, 2), softmax=(2, 3), pv_wait=(3, 4)).items()}
+            ph["period"] = med([wrap(t[c][j + 1][0] - t[c][j][0]) for j in steps])
+            rec["consumers"].append(ph)
+        rec["offset_c1_c0"] = med([((t[1][j][0] - t[0][j][0] + (1 << 31)) % (1 << 32)) - (1 << 31) for j in steps])
+        result.setdefault("traces", []).append(rec)
+        print("trace", json.dumps(rec), flush=True)
+        save()
+
+    if not args.smoke:
+        for cname in [c for c in args.trace.split(",") if c]:
+            for label, overrides in (("default", {}), ("pp", dict(pingpong="flip"))):
+                if left() < 20:
+                    break
+                try:
+                    run_trace(cname, overrides, label)
+                except Exception as e:  # noqa: BLE001
+                    print(f"trace {cname} {label}: ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
+                    traceback.print_exc()
+
     # the split steps (new kernel code: a fault would end the process) after everything else
     plain = [n for n in names if not VARIANTS[n][0].get("block_n2")]
     split_names = [n for n in names if VARIANTS[n][0].get("block_n2")]
@@ -280,6 +327,9 @@ def main():
                              f"O {r['err_over_floor']:.2f}x floor (emulation {r['emulation_over_floor']:.2f}, vs it "
                              f"{r['vs_emulation_over_floor']:.2f}) lse vs emulation {r['lse_vs_emulation']:.1e} "
                              f"written {r['written']} no-key {r['no_key_rows_ok']} ok {r['ok']}"))
+    for r in result.get("traces", []):
+        print(f"trace {r['case']} {r['variant']}: c1 - c0 entry {r['offset_c1_c0']:.0f} cycles; " + "; ".join(
+            f"c{i} " + " ".join(f"{k} {v:.0f}" for k, v in c.items()) for i, c in enumerate(r["consumers"])))
     print("\nTFLOP/s (x tilecore bf16, x default); check: O err / bf16 floor (vs emulation), ok")
     for r in result["cases"]:
         head = f"{r['case']:6s} B{r['B']} H{r['H']} N{r['N']} D{r['D']} {'causal' if r['causal'] else 'full'}"

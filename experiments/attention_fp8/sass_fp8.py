@@ -43,7 +43,7 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides
     "q8": dict(exp2_fma_every=-8), "q4": dict(exp2_fma_every=-4), "q2": dict(exp2_fma_every=-2),
     "c8": dict(exp2_fma_every=8), "bn192": dict(block_n2=64), "bn192s2": dict(block_n2=64, stages=2),
     "bn192q8": dict(block_n2=64, exp2_fma_every=-8), "bn160": dict(block_n2=32), "bn160q4": dict(block_n2=32, exp2_fma_every=-4),
-    "pp2": dict(pingpong=2), "pp3": dict(pingpong=3), "lmma0": dict(l_mma=0), "packed_lmma0": dict(l_mma=0, cast_late=2), "packed": dict(cast_late=2), "packed_pp2": dict(cast_late=2, pingpong=2),
+    "pp2": dict(pingpong=2), "pp3": dict(pingpong=3), "lmma0": dict(l_mma=0), "packed_lmma0": dict(l_mma=0, cast_late=2), "packed": dict(cast_late=2), "packed_pp2": dict(cast_late=2, pingpong=2), "trace": dict(trace=True),
 }
 
 
@@ -128,6 +128,8 @@ def compile_variant(D: int, causal: bool, overrides: dict):
                 P_SHIFT=float(cfg["p_shift"]), RESCALE_TAU=float(cfg["rescale_tau"]), L_MMA=cfg["l_mma"],
                 PROBE_NO_SOFTMAX=int(cfg.get("probe_no_softmax", 0)), MAX_TREE=cfg["max_tree"],
                 RESCALE_LATE=cfg.get("rescale_late", False))
+    if cfg.get("trace"):  # the timing probe's stamps (session 30)
+        args.update(trace=torch.empty(1024, dtype=torch.int32), TRACE=True)
     bn2 = cfg.get("block_n2", 0)
     if bn2:  # session 30's split steps: BN + BN2 keys, the second blocks by their own descriptors
         args.update(BN2=bn2, k2_desc=gluon_descriptor(q, [1, 1, bn2, D]), vt2_desc=gluon_descriptor(vt, [1, 1, D, bn2]))

@@ -446,6 +446,19 @@ class AttentionFp8:
     S2: gl.constexpr  # BN2 > 0: the layout of the second block's scores [BM, BN2]
     k2_desc: object  # BN2 > 0: the descriptors of the second blocks, K [1, 1, BN2, D] and V^T [1, 1, D, BN2]
     vt2_desc: object
+    trace: object  # TRACE (a timing probe, session 30): int32 [2 consumers, 64 steps, 8 points] of %clock, program 0
+    TRACE: gl.constexpr
+
+    @gluon.jit
+    def stamp(self, ctx, step, point: gl.constexpr):
+        """TRACE: program 0's SM clock at ``point`` of step ``step`` (< 64) of this consumer (its first tile's steps;
+        later tiles overwrite them), a predicated store (no branch). Points: 0 compute's entry, 1 the wgmma issued, 2 S
+        waited for, 3 the softmax done, 4 P V waited for."""
+        if self.TRACE:
+            t = gl.inline_asm_elementwise("mov.u32 $0, %clock;", "=r,r", [gl.program_id(0) * 0], dtype=gl.int32,
+                                          is_pure=False, pack=1)
+            gl.store(self.trace + (ctx.index * 64 + gl.minimum(step, 63)) * 8 + point, t,
+                     mask=(gl.program_id(0) == 0) & (step < 64))
 
     @gluon.jit
     def setup(self, tile_id):
@@ -783,7 +796,9 @@ class AttentionFp8:
             o_tok = warpgroup_mma(p8, v, acc, is_async=True)
             if self.PINGPONG < 2:
                 self.their_turn(ctx)
+            self.stamp(ctx, first_key // self.BN, 1)
             s, l0, l1, l2, l3 = warpgroup_mma_wait(1, deps=(s_tok, t0, t1, t2, t3))  # all but P V are done
+            self.stamp(ctx, first_key // self.BN, 2)
             l_acc = l_in + ((l0 + l1) + (l2 + l3))  # float32 (16 adds a thread); times alpha with O
         else:
             acc, l_in = self.rescale_late(st)
@@ -791,7 +806,10 @@ class AttentionFp8:
             self.their_turn(ctx)
             s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
         m, l, p32, alpha, moved = self.softmax(s, st, first_key, k_scale, ctx, self.PINGPONG >= 2)
+        if self.TRACE:  # (alpha through the stamp's asm: the stamp after the softmax's last values)
+            self.stamp(ctx, first_key // self.BN, 3)
         acc = warpgroup_mma_wait(0, deps=(o_tok,))
+        self.stamp(ctx, first_key // self.BN, 4)
         return m, l, p32, alpha, acc, moved, l_acc
 
     @gluon.jit
@@ -799,6 +817,7 @@ class AttentionFp8:
         if self.BN2 > 0:
             st = self.compute_split(ctx, st, stage, tile, step)
         else:
+            self.stamp(ctx, step, 0)
             st = self.compute_one(ctx, st, stage, tile, step)
         return st
 
@@ -881,7 +900,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              P_SHIFT: gl.constexpr = 8.0, RESCALE_TAU: gl.constexpr = 0.0,
                              L_MMA: gl.constexpr = False, PROBE_NO_SOFTMAX: gl.constexpr = False,
                              MAX_TREE: gl.constexpr = False, RESCALE_LATE: gl.constexpr = False,
-                             BN2: gl.constexpr = 0, k2_desc=None, vt2_desc=None):
+                             BN2: gl.constexpr = 0, k2_desc=None, vt2_desc=None, trace=None,
+                             TRACE: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. BN2 > 0: steps of
     BN + BN2 keys, the second blocks by k2_desc [1, 1, BN2, D] and vt2_desc [1, 1, D, BN2] (compute_split)."""
     gl.static_assert(not (RESCALE_LATE and RESCALE_TAU > 0), "RESCALE_LATE or RESCALE_TAU, not both")
@@ -916,7 +936,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, LC, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, LC, gl.num_warps(), 8), BN2, BN + BN2,
-                      wgmma_layout(BM, BN2 if BN2 > 0 else BN, gl.num_warps(), 8), k2_desc, vt2_desc)
+                      wgmma_layout(BM, BN2 if BN2 > 0 else BN, gl.num_warps(), 8), k2_desc, vt2_desc, trace, TRACE)
     # three consumer warpgroups (13 warps) share the register file more thinly
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
                     PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0,

@@ -96,13 +96,15 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
             TmaOperand(out, [1, 1, block_m, D]), lse, qs, ks, vs, H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows,
             k_n, k_rows, B * H, head_group, schedule)
     options = layout.options
+    if p.config.get("trace") is not None:  # a timing probe (gluon_fp8.AttentionFp8.stamp): int32 [2, 64, 8], zeroed
+        options = dict(options, trace=p.config["trace"], TRACE=True)
     if block_n2:  # split key steps: the second K and V^T blocks by their own descriptors
         options = dict(options, k2_desc=TmaOperand(k, [1, 1, block_n2, D]), vt2_desc=TmaOperand(vt, [1, 1, D, block_n2]))
     # launched by the call's signature (its inputs' shapes, strides, dtypes, alignment and the options
     # determine every argument's specialization; vt, out and lse are fresh or the inputs): ~10 us a call
     if key is None:  # (the op's key: its inputs' signature, whose plan is p)
         key = signature("attention_fp8", q, k, vt, out, q_scale, k_scale, v_scale, causal,
-                        tuple(sorted(cfg.items())))
+                        tuple(sorted((k, True if k == "trace" else v) for k, v in cfg.items())))
     GLUON_FWD.run(key, grid, args, options)  # on the device of q's descriptor; by key unless signature gave none
     return out, lse
 
