@@ -95,6 +95,14 @@ VARIANTS = [
     ("chunked bt32 wide fused", dict(diag=5), dict(BT=32, wide_apart=True, walks_fused=True), "chunked"),
     ("chunked bt64 kb32 wide dvbv128", dict(diag=5), dict(BKB=32, wide_apart=True, dv_BV=128), "chunked"),
     ("chunked bt64 kb32 wide walkbv32", dict(diag=5), dict(BKB=32, wide_apart=True, BV=32, dv_BV=64), "chunked"),
+    # the dv kernel's fallback apart too, by the dqk kernel's flags (sm_90a, chunk 64, value blocks of 128: the
+    # common dv launch 4 B spilled, the fallback's 524)
+    ("chunked bt64 kb32 wide2 fused", dict(diag=5), dict(BKB=32, wide_apart=True, dv_wide_apart=True,
+                                                         walks_fused=True), "chunked"),
+    ("chunked bt32 wide2 fused", dict(diag=5), dict(BT=32, wide_apart=True, dv_wide_apart=True, walks_fused=True),
+     "chunked"),
+    ("chunked bt64 kb32 wide2 fused dvbv128", dict(diag=5), dict(BKB=32, wide_apart=True, dv_wide_apart=True,
+                                                                 walks_fused=True, dv_BV=128), "chunked"),
 ]
 if "--variants" in sys.argv:
     wanted = sys.argv[sys.argv.index("--variants") + 1].split(",")

@@ -257,18 +257,21 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
 
 
 @triton.jit
-def _channel_block_scores(q, k, G, MMA: tl.constexpr, IEEE: tl.constexpr):
+def _channel_block_scores(q, k, G, MMA: tl.constexpr, IEEE: tl.constexpr, INTRA: tl.constexpr = 0):
     """One key block's part of the causal intra-chunk scores, sum over its channels d of q_id k_jd e^(G_id - G_jd)
     (j <= i; not scaled): one dot about the middle of the block's span where it is <= _factor_span, else the
-    sub-chunk form (kernels_tl._channel_chunk's rule, per block). [BT, BT] float32."""
+    sub-chunk form (kernels_tl._channel_chunk's rule, per block); INTRA 1: the dot (the caller knows the span
+    allows it). [BT, BT] float32."""
     BT: tl.constexpr = q.shape[0]
     qf = q.to(tl.float32)
     kf = k.to(tl.float32)
     hi = tl.max(G, 0)
     lo = tl.min(G, 0)
-    span = tl.max(hi - lo, 0)
     offs_t = tl.arange(0, BT)
-    if span <= _factor_span(MMA):
+    narrow = True
+    if INTRA == 0:
+        narrow = tl.max(hi - lo, 0) <= _factor_span(MMA)
+    if narrow:
         mid = 0.5 * (hi + lo)
         s = _dot((qf * tl.exp(G - mid[None, :])).to(MMA), tl.trans((kf * tl.exp(mid[None, :] - G)).to(MMA)), IEEE)
         p = tl.where(offs_t[:, None] >= offs_t[None, :], s, 0.0)
@@ -281,10 +284,38 @@ def _channel_block_scores(q, k, G, MMA: tl.constexpr, IEEE: tl.constexpr):
 def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
                   sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS,
                   BT: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BV: tl.constexpr, MMA: tl.constexpr,
-                  IEEE: tl.constexpr):
+                  IEEE: tl.constexpr, WIDE: tl.constexpr = 0, FLAG=0, KBLOCKS=1, KBP: tl.constexpr = 1):
     """Program (batch * head, chunk, value block): dv (v's dtype, DV_OUT (B, N, H, Dv) contiguous), the key
-    channels by blocks of KD (scores and the state term summed over them). Grid (B * H * NT * VBLOCKS,)."""
+    channels by blocks of KD (scores and the state term summed over them). Grid (B * H * NT * VBLOCKS,).
+    WIDE (with the dqk kernel's wide launches, whose FLAG marks each (chunk, key block) whose span needs the sub-chunk
+    form; KBLOCKS of them a chunk, KBP their power of two): 1 computes the chunks none of whose blocks is marked, by
+    the factored scores alone (no fallback's registers); 2 (after) the others, as WIDE 0 does. A KD block inside
+    unmarked key blocks has a span within theirs, so the dot is safe whatever KD and the dqk key block are."""
     pid = tl.program_id(0)
+    c = (pid // VBLOCKS) % NT
+    bh = pid // (VBLOCKS * NT)
+    if WIDE == 0:
+        _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
+                    sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 0)
+    else:
+        kb = tl.arange(0, KBP)
+        marked = tl.max(tl.load(FLAG + (bh.to(tl.int64) * NT + c) * KBLOCKS + kb, mask=kb < KBLOCKS, other=0), 0)
+        if WIDE == 1:
+            if marked == 0:
+                _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
+                            sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 1)
+        else:
+            if marked != 0:
+                _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
+                            sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 0)
+
+
+@triton.jit
+def _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
+                sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid,
+                BT: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BV: tl.constexpr, MMA: tl.constexpr,
+                IEEE: tl.constexpr, INTRA: tl.constexpr):
+    """gla_dv_kernel's program ``pid``, the scores by _channel_block_scores' INTRA."""
     vblock = pid % VBLOCKS
     c = (pid // VBLOCKS) % NT
     bh = pid // (VBLOCKS * NT)
@@ -304,7 +335,7 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
         k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
         Gc, G_last = _cumulative_channels(_rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd)
                                           .to(tl.float32))
-        p += _channel_block_scores(q, k, Gc, MMA, IEEE)
+        p += _channel_block_scores(q, k, Gc, MMA, IEEE, INTRA)
         dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
                       other=0.0)
         dv += _dot((k.to(tl.float32) * tl.exp(G_last[None, :] - Gc)).to(MMA), dhs, IEEE)
@@ -427,10 +458,13 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                 *do.stride(), N, H, Dk, Dv, NT, scale, kblocks),
                 dict(BT=BT, BKB=BKB, BVF=BVF, MMA=mma, IEEE=ieee, SPLIT=cfg["split"], PART=part, WIDE=wide, FLAG=flag,
                      num_warps=cfg["dqk_warps"], num_stages=cfg["stages"])))
-        calls.append(("dv", gla_dv_kernel, (B * H * NT * dv_blocks,), (
-            q, k, g, do, dhs, dv, *q.stride(), *k.stride(), *g_strides, *do.stride(), N, H, Dk, Dv, NT, scale,
-            dv_blocks), dict(BT=BT, BK=BK, KD=KD, BV=dv_BV, MMA=mma, IEEE=ieee, num_warps=cfg["dv_warps"],
-                             num_stages=cfg["stages"])))
+        # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
+        for wide in ((1, 2) if cfg["wide_apart"] and cfg["dv_wide_apart"] else (0,)):
+            calls.append((f"dv{'w' * wide}", gla_dv_kernel, (B * H * NT * dv_blocks,), (
+                q, k, g, do, dhs, dv, *q.stride(), *k.stride(), *g_strides, *do.stride(), N, H, Dk, Dv, NT, scale,
+                dv_blocks), dict(BT=BT, BK=BK, KD=KD, BV=dv_BV, MMA=mma, IEEE=ieee, WIDE=wide, FLAG=flag,
+                                 KBLOCKS=kblocks, KBP=max(2, triton.next_power_of_2(kblocks)),
+                                 num_warps=cfg["dv_warps"], num_stages=cfg["stages"])))
         bk_dg = min(BK, cfg["BK_DG"])
         calls.append(("dg", gla_dg_kernel, (B * H, -(-Dk // bk_dg)), (
             g, dg, tot, ht if has_ht else dg, dht if has_ht else dg, *g_strides, *(ht.stride() if has_ht else z4),
