@@ -14,6 +14,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.attention import launch
 from tilecore.ops.attention.plan import plan_backward, plan_forward, sm_margin_value
+from tilecore.tiles.eager import apply as eager_apply  # Function.apply without torch's Python wrapper
 from tilecore.tiles.launch import LRU, signature
 
 DTYPES = (torch.float16, torch.bfloat16)  # everywhere
@@ -315,7 +316,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     if mode == "direct":
         out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin)
     elif mode == "autograd":
-        out, lse = _AttentionFunction.apply(q, k, v, causal, scale, window, softcap, key, sm_margin)
+        out, lse = eager_apply(_AttentionFunction, q, k, v, causal, scale, window, softcap, key, sm_margin)
     else:
         out, lse = _forward_op(q, k, v, causal, scale, *window, softcap, sm_margin)
     return (out, lse) if return_lse else out

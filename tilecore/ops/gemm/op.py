@@ -12,6 +12,7 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.gemm import launch, plan
+from tilecore.tiles.eager import apply as eager_apply  # Function.apply without torch's Python wrapper
 from tilecore.tiles.launch import LRU, signature
 
 _IN = (torch.bfloat16, torch.float16)
@@ -86,7 +87,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
         if mode == "direct":
             c = launch.launch(p, a, b, bias, key=key)
         else:
-            c = _GemmFunction.apply(a, b, bias, p, key)
+            c = eager_apply(_GemmFunction, a, b, bias, p, key)
     return c if len(lead) == 1 else c.reshape(*lead, c.shape[1])
 
 

@@ -8,6 +8,7 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.hadamard import configs, kron, launch, orders, plan
+from tilecore.tiles.eager import apply as eager_apply  # Function.apply without torch's Python wrapper
 from tilecore.tiles.launch import LRU, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -157,7 +158,7 @@ def hadamard_transform(x: torch.Tensor, scale: float = 1.0, *, inplace: bool = F
     if mode == "direct":
         return _hadamard_impl(x, scale, key, transpose)
     if mode == "autograd":
-        return _HadamardFunction.apply(x, scale, key, transpose)
+        return eager_apply(_HadamardFunction, x, scale, key, transpose)
     return _hadamard_op(x, scale, transpose)
 
 
