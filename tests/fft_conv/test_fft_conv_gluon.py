@@ -24,12 +24,14 @@ import json, re
 from tilecore.ops.fft_conv.report import gluon_variant
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 out = []
-for a, b, asynchronous, tma, chunk, rfft, groups in ((32, 64, False, False, 0, False, 1), (32, 64, True, True, 0, True, 1),
-                                                     (128, 64, True, True, 32, False, 2)):
-    name, kernel, args, warps, _ = gluon_variant(a, b, 0, asynchronous, tma, chunk, rfft, groups)
+for a, b, asynchronous, tma, chunk, rfft, groups, sfu in ((32, 64, False, False, 0, False, 1, False),
+                                                          (32, 64, True, True, 0, True, 1, False),
+                                                          (128, 64, True, True, 32, False, 2, False),
+                                                          (128, 64, True, True, 16, True, 2, True)):
+    name, kernel, args, warps, _ = gluon_variant(a, b, 0, asynchronous, tma, chunk, rfft, groups, 4, sfu)
     compiled = compile_kernel(kernel, args, num_warps=warps)
     ptx = compiled.asm["ptx"]
-    out.append(dict(name=name, waits=len(re.findall(r"wgmma\\.wait_group", ptx)),
+    out.append(dict(name=name, sins=len(re.findall(r"sin\\.approx", ptx)), waits=len(re.findall(r"wgmma\\.wait_group", ptx)),
                     mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), **vars(resources(compiled)),
                     **has_hopper_instructions(ptx)))
 print(json.dumps(out))
@@ -40,8 +42,8 @@ def test_compiles_for_hopper_with_wgmma_and_no_spill():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
     r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    sync, tma, chunked = json.loads(r.stdout)
-    for row in (sync, tma, chunked):
+    sync, tma, chunked, computed = json.loads(r.stdout)
+    for row in (sync, tma, chunked, computed):
         assert row["wgmma"] and not row["wgmma_serialized"], row
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
         assert row["shared"] <= 227 * 1024, row
@@ -55,6 +57,8 @@ def test_compiles_for_hopper_with_wgmma_and_no_spill():
     assert sync["threads"] == tma["threads"] == 128, (sync, tma)
     # 4096: a loop over 4 chunks, in each of two warpgroups (gl.warp_specialize: 8 warps, 2 walks)
     assert "chunks of 32" in chunked["name"] and chunked["waits"] == 8 and chunked["threads"] == 256, chunked
+    # TW_SFU: the twiddles by sin.approx (forward and inverse, in each walk), chunks of 16 without spill
+    assert chunked["sins"] == 0 and computed["sins"] > 0 and computed["shared"] <= 212 * 1024, computed
 
 
 def _correlation(u64, k64):
@@ -79,18 +83,29 @@ def test_kernel_arithmetic_matches_float64(n, dtype, conj, rfft):
     assert err <= (1.2 if dtype == torch.bfloat16 else 3.5), err
 
 
-@pytest.mark.parametrize("n, chunk, variants", [(4096, 32, ((False, True), (True, True))), (2048, 16, ((True, False),))])
+@pytest.mark.parametrize("n, chunk, variants", [(4096, 32, ((False, True), (True, True))), (2048, 16, ((True, False),)),
+                                               (4096, 16, ((False, True, True),))])
 def test_chunked_kernel_arithmetic_matches_float64(n, chunk, variants):
     a, b = 2 * n // 64, 64
     g = torch.Generator().manual_seed(n)
     u = torch.randn(3, 1, n, generator=g).to(torch.bfloat16)
     # a filter whose spectrum peaks away from chunk 0's bins: the running output scale grows
     k = (torch.randn(1, n, generator=g) * torch.cos(torch.arange(n) * 2.9)).to(torch.bfloat16) / math.sqrt(n)
-    for conj, rfft in variants:  # (conj, the kernel's RFFT)
-        y = gluon_emulate.emulate_chunked(u, filter_spectrum(k, n), conj, a, b, chunk, rfft)
+    for conj, rfft, *tw_sfu in variants:  # (conj, the kernel's RFFT[, TW_SFU: the twiddles computed])
+        y = gluon_emulate.emulate_chunked(u, filter_spectrum(k, n), conj, a, b, chunk, rfft, *tw_sfu)
         ref = (_correlation if conj else fft_conv_reference)(u.double(), k.double())
         assert torch.isfinite(y).all()
         assert accuracy.error_over_floor(y, ref) <= 1.2
+
+
+@pytest.mark.parametrize("n", [1024, 4096])
+def test_computed_twiddles_match_the_table(n):
+    """TW_SFU's exact integer reduction of m k_a mod L: its float32 cosine and sine within float32's
+    rounding of the float64 table's (the kernel's cos/sin.approx add ~2^-21)."""
+    a, b = 2 * n // 64, 64
+    ops = conv_launch.mono_operands(a, b, 1, torch.device("cpu"))
+    re, im = gluon_emulate.computed_twiddles(a, b)
+    assert (re - ops["TFRE"]).abs().max() < 2e-6 and (im - ops["TFIM"]).abs().max() < 2e-6
 
 
 def test_kernel_arithmetic_keeps_nonfinite_and_scales_in_their_sequence():

@@ -68,8 +68,15 @@ GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_on
     # 0.1478, TMA+RFFT 0.1460, one program a pair 0.1778; 2048 TMA 0.7995 (kernel 0.2391: host layout), chunked RFFT
     # 0.3802; 4096 chunked 1.4139 (1.2300), two warpgroups 0.7454 (0.5725). Run 8: 1024 8 warps 0.267 (slower);
     # 2048 chunked 0.377; 4096 two warpgroups without RFFT 0.747. Session 30: the shipped tuples, re-checked after
-    # the stage helpers' refactor and through the op's keyed launch
-    n: [config] for n, config in GLUON_ONEPASS.items()
+    # the stage helpers' refactor and through the op's keyed launch, and a 10th element, TW_SFU: the twiddles
+    # computed in the kernel (cos/sin.approx of the exactly reduced angle) instead of read from the (B, A) table
+    # (at 4096 the table is 64 KiB a plane and the program's 218 KiB of shared memory leaves L1 ~28 KiB: it
+    # comes from L2 every chunk). sm_90a (registers, spill bytes): 1024 187, 0 (166 from the table: 2 programs
+    # a SM); 2048 whole 255, 92 (88); 2048 chunked 32 208, 0; 4096 two warpgroups chunk 32 255, 12 (64 from the
+    # table), chunk 16 255, 0 (210 KiB)
+    1024: [GLUON_ONEPASS[1024], (32, 64, 2, False, True, 0, True, 1, 4, True)],
+    2048: [GLUON_ONEPASS[2048], (64, 64, 2, True, True, 0, True, 1, 4, True), (64, 64, 2, True, True, 32, True, 1, 4, True)],
+    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, True, 2, 4, True), (128, 64, 1, True, True, 16, True, 2, 4, True)],
 }
 # candidates the GPU check times per N: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]); loop: groups
 # of pairs a program runs (one program for LOOP groups of one channel), stages: that loop's software

@@ -4,6 +4,8 @@ float64 (the kernels' roundings: float16 operands where they cast, float32 sums)
 (``forward_stages``, ``inverse_stages``) serves both kernels, as gluon_onepass's _forward_stages and
 _inverse_stages do: the whole-tile kernel is one block of A columns, the chunked one A / CHUNK blocks
 whose outputs accumulate at a running scale."""
+import math
+
 import torch
 
 from tilecore.ops.fft_conv.launch import mono_operands, mono_spectrum
@@ -27,6 +29,17 @@ def kernel_spectrum(spectrum, a: int, b: int, conj: bool, rfft: bool):
     kre, kim = spectrum.real[:, bins], spectrum.imag[:, bins]
     kim = torch.where(mirrored != conj, -kim, kim)
     return torch.stack((kre, kim), 1).view(H, 2, b, a)
+
+
+def computed_twiddles(a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """gluon_onepass._twiddles with TW_SFU: W_L^(m k_a) (b, a) from the exponent m k_a reduced mod L = a b
+    exactly, to [-L/2, L/2), its float32 angle's cosine and sine (the kernel's SFU approximations differ
+    from these by ~2^-21)."""
+    L = a * b
+    t = (torch.arange(b)[:, None] * torch.arange(a)[None, :]) % L
+    t = torch.where(t >= L // 2, t - L, t)
+    angle = t.float() * torch.tensor(-2 * math.pi / L, dtype=torch.float32)
+    return angle.cos(), angle.sin()
 
 
 def forward_stages(x_re, x_im, fa_re, fa_im, tw_re, tw_im, fb_re, fb_im, k_re, k_im):
@@ -62,15 +75,18 @@ def inverse_stages(yre, yim, scale, fa_re, fa_im, tw_re, tw_im, fb_re, fb_im, or
     return ore * alpha + dre @ fa_re + dim @ fa_im, oim * alpha + dim @ fa_re + (-dre) @ fa_im, grown
 
 
-def emulate(u, spectrum, conj: bool, a: int, b: int, rfft: bool = False, chunk: int = 0):
+def emulate(u, spectrum, conj: bool, a: int, b: int, rfft: bool = False, chunk: int = 0, tw_sfu: bool = False):
     """A Gluon one-pass kernel's arithmetic, step for step (the same tables, float16 roundings where the
     kernel casts, float32 sums): fft_conv_gluon_onepass_kernel, or with ``chunk`` > 0
     fft_conv_gluon_chunked_kernel (the tile's k_a columns ``chunk`` at a time, each block's spectrum
     product at its own scale, the output accumulated at a running scale). u (B, H, N) with 2N = a b;
-    spectrum: the rfft (H, N + 1); ``rfft``: the kernel's RFFT (it reads the bins itself)."""
+    spectrum: the rfft (H, N + 1); ``rfft``: the kernel's RFFT (it reads the bins itself); ``tw_sfu``: its
+    TW_SFU (the twiddles computed, not read from the table)."""
     Bt, H, N = u.shape
     half, L = a // 2, a * b
     ops = {name: t.float() for name, t in mono_operands(a, b, 1, u.device).items()}
+    if tw_sfu:
+        ops["TFRE"], ops["TFIM"] = computed_twiddles(a, b)
     tile = kernel_spectrum(spectrum, a, b, conj, rfft)
     fb_re, fb_im = ops["FBRE"], ops["FBIM"]
     blocks = [slice(0, a)] if not chunk else [slice(j * chunk, (j + 1) * chunk) for j in range(a // chunk)]
@@ -106,6 +122,6 @@ def emulate(u, spectrum, conj: bool, a: int, b: int, rfft: bool = False, chunk: 
     return y
 
 
-def emulate_chunked(u, spectrum, conj: bool, a: int, b: int, chunk: int, rfft: bool = False):
+def emulate_chunked(u, spectrum, conj: bool, a: int, b: int, chunk: int, rfft: bool = False, tw_sfu: bool = False):
     """fft_conv_gluon_chunked_kernel's arithmetic: emulate(..., chunk=chunk)."""
-    return emulate(u, spectrum, conj, a, b, rfft, chunk)
+    return emulate(u, spectrum, conj, a, b, rfft, chunk, tw_sfu)

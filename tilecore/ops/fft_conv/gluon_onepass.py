@@ -128,7 +128,8 @@ class Stages:
     W_L^(m k_a) (launch.mono_operands' TF) and how the spectrum is read; ASYNC: a complex product's four
     wgmmas issued at once, one wait; PROBE: timing probes, WRONG results (never in the plans): 1 the square
     products left out (S = R, D = Y), 2 the spectrum product's scale reduction (scale 1), 4 the twiddle
-    and spectrum loads (constants); what each saves is that part's share of the time."""
+    and spectrum loads (constants); what each saves is that part's share of the time. TW_SFU: the twiddles
+    computed (_twiddles) instead of read from the table."""
     fbre: object
     fbim: object
     fbnim: object
@@ -141,6 +142,64 @@ class Stages:
     CONJ: gl.constexpr
     ASYNC: gl.constexpr
     PROBE: gl.constexpr
+    TW_SFU: gl.constexpr
+
+
+# W_L^(m k_a) from the tables' offset i = m A + k_a (A, L powers of two): t = (m k_a) mod L as a signed
+# [-L/2, L/2) (the shifts), angle = t (-2 pi / L), its cosine and sine. One asm block: the index arithmetic
+# inside it, so nothing of it is hoisted out of the pair loop (registers)
+_TWIDDLE_ASM = """{{
+.reg .s32 m, k, t;
+.reg .f32 a;
+shr.u32 m, $2, {a};
+and.b32 k, $2, {a_mask};
+mul.lo.s32 t, m, k;
+and.b32 t, t, {l_mask};
+shl.b32 t, t, {shift};
+shr.s32 t, t, {shift};
+cvt.rn.f32.s32 a, t;
+mul.f32 a, a, {scale};
+cos.approx.ftz.f32 $0, a;
+sin.approx.ftz.f32 $1, a;
+}}"""
+
+
+def _twiddle_asm_for(L: int) -> str:
+    """_TWIDDLE_ASM for L = 64 A."""
+    import struct as binary
+
+    a = L // 64
+    scale = binary.unpack("<I", binary.pack("<f", -6.283185307179586 / L))[0]  # PTX's 0fXXXXXXXX float32
+    return _TWIDDLE_ASM.format(a=a.bit_length() - 1, a_mask=a - 1, l_mask=L - 1, shift=33 - L.bit_length(),
+                               scale="0f%08X" % scale)
+
+
+# (made here: a constexpr_function may not call a plain Python function, Triton's dependency check says)
+_TWIDDLE_ASMS = {L: _twiddle_asm_for(L) for L in (2048, 4096, 8192, 16384, 32768)}
+
+
+@gluon.constexpr_function
+def _twiddle_asm(L):
+    return _TWIDDLE_ASMS[L]
+
+
+@gluon.jit
+def _twiddles(st, tab, col):
+    """W_L^(m k_a) at the tables' offsets tab + col = m A + k_a (A = L / 64): read from the table (float32,
+    from L1 / L2), or (st.TW_SFU) computed: the exponent m k_a reduced mod L exactly in integers, to
+    [-L/2, L/2), its angle's cosine and sine by the SFU (cos.approx / sin.approx: ~2^-21 absolute on
+    [-pi, pi], far below the float16 rounding the products apply after). At 4096 the table is 64 KiB a
+    plane and a program's 218 KiB of shared memory leaves L1 ~28 KiB: read, it comes from L2 each chunk.
+    (One asm block, marked impure, so that it is computed where used: as gl ops and pure asm the compiler
+    hoisted the loop-invariant twiddles and their indices out of the pair loop, 166 -> 207 registers at
+    1024.)"""
+    if st.TW_SFU:
+        twre, twim = gl.inline_asm_elementwise(_twiddle_asm(st.L), "=r,=r,r", [tab + col],
+                                               dtype=(gl.float32, gl.float32), is_pure=False, pack=1)
+    else:
+        twre = gl.load(st.TFRE + tab + col)
+        twim = gl.load(st.TFIM + tab + col)
+    return twre, twim
 
 
 @gluon.jit
@@ -163,8 +222,7 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
         twre = zeros + 0.5
         twim = zeros + 0.25
     else:
-        twre = gl.load(st.TFRE + tab + col)
-        twim = gl.load(st.TFIM + tab + col)
+        twre, twim = _twiddles(st, tab, col)
     rre, rim = rre * twre - rim * twim, rre * twim + rim * twre
     gl.thread_barrier()  # the previous step's wgmmas have read the staging tiles
     st.tile_re.store(rre.to(gl.float16))
@@ -221,8 +279,7 @@ def _inverse_stages(st, yre, yim, scale, tab, col, fa_re, fa_im, ore, oim, runni
         twre = zeros + 0.5
         twim = zeros + 0.25
     else:
-        twre = gl.load(st.TFRE + tab + col)
-        twim = gl.load(st.TFIM + tab + col)
+        twre, twim = _twiddles(st, tab, col)
     dre, dim = dre * twre + dim * twim, dim * twre - dre * twim
     if ACCUMULATE:
         grown = gl.maximum(running, scale)
@@ -247,7 +304,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                                   A: gl.constexpr, B: gl.constexpr, ASYNC: gl.constexpr = False,
                                   u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
-                                  CONJ: gl.constexpr = False, PROBE: gl.constexpr = 0):
+                                  CONJ: gl.constexpr = False, PROBE: gl.constexpr = 0, TW_SFU: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every
     channel h; work item w = h * groups + g, program p runs w = p, p + programs, ...
 
@@ -303,7 +360,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(t_k, 0)
     zeros = gl.zeros([B, A], gl.float32, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE, TW_SFU)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -407,6 +464,7 @@ class ChunkedGlobals:
     RFFT: gl.constexpr
     CONJ: gl.constexpr
     PROBE: gl.constexpr
+    TW_SFU: gl.constexpr
 
 
 @struct
@@ -449,7 +507,8 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   A: gl.constexpr, B: gl.constexpr, CHUNK: gl.constexpr,
                                   u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
                                   CONJ: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
-                                  WORKER_REGS: gl.constexpr = 240, PROBE: gl.constexpr = 0):
+                                  WORKER_REGS: gl.constexpr = 240, PROBE: gl.constexpr = 0,
+                                  TW_SFU: gl.constexpr = False):
     """fft_conv_gluon_onepass_kernel's convolution (same arguments) for larger A (N = 4096: A = 128), the
     tile's k_a columns CHUNK at a time: stages 1..3' are column-wise (x @ F_A[:HALF, chunk], the twiddles,
     F_B @ R, the spectrum and conj(F_B) @ Y act on each column alone), so a pair's registers hold one
@@ -483,7 +542,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     fbnim = _resident(FBIM, B, B, B, 0, True, table)
     g = ChunkedGlobals(U, K, Y, TFRE, TFIM, batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                        u_desc, y_desc, fare, faim, fanim, fbre, fbim, fbnim, A, B, CHUNK, TMA, RFFT, CONJ,
-                       PROBE)
+                       PROBE, TW_SFU)
     first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA)
     if WARPGROUPS == 1:
         fence_async_shared()
@@ -550,7 +609,7 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(t_k, 0)  # chunk c: + c CHUNK
     zeros = gl.zeros([B, CHUNK], gl.float32, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, True, g.PROBE)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, True, g.PROBE, g.TW_SFU)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
