@@ -85,6 +85,7 @@ VARIANTS = [
     # the chunk-parallel form (kernels_backward_gla_chunked; configs_gla_bwd.CHUNKED overrides in the backward_plan
     # slot). sm_90a spills of the dqk kernel: chunk 64 2896 B, chunk 32 692; with the fallback in a launch of its own
     # (wide): chunk 64 992, chunk 32 140, chunk 64 key blocks of 32 80
+    ("chunked configs", dict(diag=5), {}, "chunked"),
     ("chunked bt32", dict(diag=5), dict(BT=32), "chunked"),
     ("chunked bt64 apart", dict(diag=5), dict(dqk_apart=True), "chunked"),
     ("chunked bt64 wide", dict(diag=5), dict(wide_apart=True), "chunked"),
@@ -111,6 +112,12 @@ if kernels_backward_gla is None:
     VARIANTS = [v for v in VARIANTS if v[3] not in ("gla", "split_combine")]
 if kernels_backward_gla_chunked is None:
     VARIANTS = [v for v in VARIANTS if v[3] != "chunked"]
+
+# the chunked variants' blocks are these with the variant's changes ("chunked configs": configs_gla_bwd.CHUNKED as
+# it is, the candidate to ship)
+CHUNKED_BASE = dict(BT=64, BV=64, BKB=64, KD=64, BK_DG=64, walk_warps=4, walk_stages=2, dqk_warps=4, dv_warps=4,
+                    stages=2, split=False, dqk_apart=False, dv_BV=None, walks_fused=False, wide_apart=False,
+                    dv_wide_apart=False)
 
 # check cases: (name, make's arguments); N 1008 (a multiple of 16: the timed kernels' specialization) ends in a
 # partial chunk of 48 (of 16 at chunk 32)
@@ -175,10 +182,11 @@ def run_backward(variant, t, ht, out=None, steps=None):
     """(dq, dk, dv, dg, dh0) of the variant's backward (native gradients, as op.py asks)."""
     p = variant_plans(variant, t)
     scale = t["q"].shape[-1] ** -0.5
-    if variant[3] == "chunked":
+    if variant[3] == "chunked":  # the variant's blocks over session 30's first defaults (configs may move on)
+        blocks = dict(CHUNKED_BASE, **variant[2]) if variant[0] != "chunked configs" else {}
         dq, dk, dv, dg, _, dh0 = kernels_backward_gla_chunked.backward(p, t["do"], t["q"], t["k"], t["v"], t["g"],
                                                                        t["h0"], ht, t["dht"], scale, out=out,
-                                                                       steps=steps, **variant[2])
+                                                                       steps=steps, **blocks)
     elif variant[3] == "split_combine":
         dq, dk, dv, dg, _, dh0 = kernels_backward_gla.backward_split(p, t["do"], t["q"], t["k"], t["v"], t["g"],
                                                                      t["h0"], ht, t["dht"], scale, out=out)
@@ -435,8 +443,9 @@ def main_compile():
         t = make(1, 256, 2, 128, 128, dev="cpu")
         p = tl_plan(t["q"], t["v"], t["g"], IDENTITY, 64, diag=5)
         steps = []
+        blocks = dict(CHUNKED_BASE, **variant[2]) if variant[0] != "chunked configs" else {}
         kernels_backward_gla_chunked.backward(p, t["do"], t["q"], t["k"], t["v"], t["g"], t["h0"], t["ht"], t["dht"],
-                                              0.1, steps=steps, **variant[2])
+                                              0.1, steps=steps, **blocks)
         for step, kernel, _, args, kw in steps:
             kw = dict(kw)
             warps, stages = kw.pop("num_warps"), kw.pop("num_stages", 2)

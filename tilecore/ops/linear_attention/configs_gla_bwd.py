@@ -38,8 +38,8 @@ BLOCKS = dict(split_BT=32, split_BKB=64, split_BV=64, split_warps=4, split_stage
 # kernel's too, by the same flags). Run 3 of session 30 (H100, B16 H16 N4096 d128 bf16, every check
 # passed): chunk 32 9.21 ms (states 1.28, dstates 1.28, dqk 4.08, dv 2.00, dg 0.57), chunk 64 9.55 (1.01, 1.02, 4.98,
 # 1.96, 0.57), chunk 64 dq / dk apart 9.24 (dqk 1.84 + 2.82); 8 warps slower everywhere (10.2-12.6); the split
-# path 9.37 in the same run
-CHUNKED = dict(BT=64, BV=64, BKB=64, KD=64, BK_DG=64, walk_warps=4, walk_stages=2, dqk_warps=4, dv_warps=4, stages=2,
+# path 9.37 in the same run. The blocks: run 3's fastest checked (chunk 32)
+CHUNKED = dict(BT=32, BV=64, BKB=64, KD=64, BK_DG=64, walk_warps=4, walk_stages=2, dqk_warps=4, dv_warps=4, stages=2,
                split=False, dqk_apart=False, dv_BV=None, walks_fused=False, wide_apart=False, dv_wide_apart=False)
 
 # "split_combine": the combine kernel's key block (a head's dq / dk / dg by cdiv(Dk, it) programs: launch's combine
