@@ -123,8 +123,8 @@ GLUON_FACTORED: tuple = ()
 GLUON_EARLY_WV: tuple = (True,)
 # ASYNC_UPDATE (with EARLY_WV): Q S_old and the state update issued async right after Q K^T, so the tensor
 # cores run them while P is made (a lighter OVERLAP: no extra buffers). Run 7 of session 28: no faster (scalar
-# 0.375, Mamba-2 1.172 against 1.155): off. Session 30 run 5 (with SILU_TANH): Mamba-2 0.886 ms against 0.903
-# (77.4% of the copy bound); the combination's float64 check is the final batch's: then (True,)
+# 0.375, Mamba-2 1.172 against 1.155): off. Session 30 with SILU_TANH: run 5 0.886 ms against 0.903, run 7
+# 0.903 against 0.891 (checked: bf16 / fp16 h0 N 1000, N 33 at the default's floor): within the runs' noise, off
 GLUON_ASYNC_UPDATE: tuple = ()
 # SILU_TANH (Mamba-2's gate with Z_STAGE): sigmoid(z) = (1 + tanh(z / 2)) / 2 by one tanh.approx.f32 (relative
 # error ~2^-11, under bf16's rounding of o) instead of ex2 and a division's rcp: a chunk-step's SFU work a
@@ -165,7 +165,8 @@ GLUON_BASED_CHAIN = True
 # or q's and k's four together with q's product under k's (2); session 30's probes: the features are a third
 # of Based's time (0.064 of 0.202 ms), run 2: PAIRED's N = 64 selections slower (spills). Run 5: 1 0.1960 ms,
 # 2 0.1954 against 0.2021, with CHAIN 0.1928; checked (bf16 h0 N 1000 1.413x, fp16 v128 N 77 1.440x: the
-# default's). On: 2
+# default's). On: 2. Run 7 (the shipped SEL_ASYNC 2 + CHAIN): 0.1903 ms (60.8%) against the session start's 0.2018;
+# checked again (fp16 v128 N 77 1.440x, h0 N 4097 1.409x, the public op with h0 N 1000 1.407x)
 GLUON_BASED_SEL_ASYNC = 2
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
