@@ -47,6 +47,7 @@ def test_paired_only_without_overlap_and_probes_by_their_bits():
     assert based_args(paired=True)["PAIRED"] is True and based_args(chain=True)["CHAIN"] is True
     assert not {"PAIRED", "CHAIN"} & set(based_args(paired=True, chain=True, overlap=True))  # OVERLAP does both
     assert based_args(sel_async=2)["SEL_ASYNC"] == 2 and "SEL_ASYNC" not in based_args(sel_async=2, paired=True)
+    assert based_args(sel_async=3)["SEL_ASYNC"] == 3
     assert based_args(probe=gluon_based.PROBE_NO_FEATURES.value)["PROBE"] == 32
     assert mamba_args(probe=gluon_forward.PROBE_NO_EPILOGUE.value)["PROBE"] == 32
 

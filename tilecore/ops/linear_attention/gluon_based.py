@@ -127,7 +127,7 @@ class BasedForward:
     CHAIN: gl.constexpr  # OVERLAP's chunk wgmmas alone (o's three and the update's two issued async, one wait);
     # the selections as without OVERLAP
     SEL_ASYNC: gl.constexpr  # not OVERLAP/PAIRED: a piece's two selections async with one wait (1); q's and k's
-    # four together, q's product under k's (2)
+    # four together, q's product under k's (2); the pieces software-pipelined (3: features_pipelined)
     PROBE: gl.constexpr  # timing probes only (wrong outputs; 0 in every real launch)
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV)
     STL: gl.constexpr  # [BV, 128] state
@@ -272,6 +272,38 @@ class BasedForward:
         self.feature_product(ka, kb, phik, PIECE_KIND, False)
 
     @gluon.jit
+    def select_async(self, x, p: gl.constexpr):
+        """Issue piece p's two selections of x (async): pieces 0..3 from sel_main, 4 the tail."""
+        zero = gl.zeros([self.BT, 32], gl.float32, self.FL)
+        if p < 4:
+            sel_a = self.sel_main.slice(p * 64, 32)
+            sel_b = self.sel_main.slice(p * 64 + 32, 32)
+        else:
+            sel_a = self.sel_tail.slice(0, 32)
+            sel_b = self.sel_tail.slice(32, 32)
+        xa = warpgroup_mma(x, sel_a.permute((1, 0)), zero, use_acc=False, is_async=True)
+        xb = warpgroup_mma(x, sel_b.permute((1, 0)), zero, use_acc=False, is_async=True)
+        return xa, xb
+
+    @gluon.jit
+    def features_pipelined(self, q, k, phiq, phik, phiq_t, phik_t):
+        """(SEL_ASYNC 3) The five pieces software-pipelined: piece p + 1's q selections issued before piece
+        p's k product, so a product always runs under selections in flight."""
+        qa, qb = self.select_async(q, 0)
+        for p in gl.static_range(5):
+            ka, kb = self.select_async(k, p)
+            qa, qb = warpgroup_mma_wait(2, deps=(qa, qb))
+            if p < 4:
+                self.feature_product(qa, qb, phiq.slice(p * 32, 32, dim=1), 0 if p == 0 else 1, True)
+                qa, qb = self.select_async(q, p + 1)
+                ka, kb = warpgroup_mma_wait(2, deps=(ka, kb))
+                self.feature_product(ka, kb, phik.slice(p * 32, 32, dim=1), 0 if p == 0 else 1, False)
+            else:
+                self.feature_product(qa, qb, phiq_t, 2, True)
+                ka, kb = warpgroup_mma_wait(0, deps=(ka, kb))
+                self.feature_product(ka, kb, phik_t, 2, False)
+
+    @gluon.jit
     def feature_product(self, xa, xb, out, PIECE_KIND: gl.constexpr, QUERY: gl.constexpr):
         """The piece's features from its selected columns xa, xb [BT, 32] (see features_single) into ``out``."""
         col = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, self.FL)), 0)
@@ -322,7 +354,9 @@ class BasedForward:
                               phik.slice(p * 32, 32, dim=1), 0 if p == 0 else 1)
             self.features(q, k, self.sel_tail, phiq_t, phik_t, 2)
         elif (self.PROBE & PROBE_NO_FEATURES) == 0:
-            for p in gl.static_range(4):
+            if self.SEL_ASYNC == 3:
+                self.features_pipelined(q, k, phiq, phik, phiq_t, phik_t)
+            for p in gl.static_range(4 if self.SEL_ASYNC != 3 else 0):
                 sel_a = self.sel_main.slice(p * 64, 32)
                 sel_b = self.sel_main.slice(p * 64 + 32, 32)
                 if self.SEL_ASYNC == 2:
@@ -333,7 +367,9 @@ class BasedForward:
                     self.features_single(k, sel_a, sel_b, phik.slice(p * 32, 32, dim=1), 0 if p == 0 else 1, False)
             sel_a = self.sel_tail.slice(0, 32)
             sel_b = self.sel_tail.slice(32, 32)
-            if self.SEL_ASYNC == 2:
+            if self.SEL_ASYNC == 3:
+                pass
+            elif self.SEL_ASYNC == 2:
                 self.features_both(q, k, sel_a, sel_b, phiq_t, phik_t, 2)
             else:
                 self.features_single(q, sel_a, sel_b, phiq_t, 2, True)
