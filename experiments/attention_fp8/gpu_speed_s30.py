@@ -49,7 +49,7 @@ VARIANTS = {
     "q4": (dict(exp2_fma_every=-4), ("d128", "d64")),
     "q2": (dict(exp2_fma_every=-2), ("d64",)),
     "c8": (dict(exp2_fma_every=8), ("d128",)),
-    "pp": (dict(pingpong="flip"), ("d128",)),
+    "pp": (dict(pingpong="flip"), ("d128", "d64c")),  # (D64 causal ships ping-pong on: flipped = off there)
     "packed": (dict(cast_late=2), ("d128", "d128c", "d64", "d64c")),
     "pp2": (dict(pingpong=2), ("d128", "d64c")),
     "pp3": (dict(pingpong=3), ("d128",)),
