@@ -298,6 +298,33 @@ def s30_check_cases(torch):
     return cases
 
 
+WIDE_PLAN = {"gluon": False}  # the tl wide plan (configs.QUANT_WIDE_TUNING), shipped at 11008 before session 30
+
+
+def s30f_quantize_cases():
+    """Session 30's final batch: the Gluon wide kernel shipped at 11008 (configs.QUANT_GLUON_WIDE, on after run 7) for
+    fp8 e4m3, int8, mxfp4, nvfp4, int4: every format's shipped plan against the tl wide plan (WIDE_PLAN) in the same
+    run, e5m2 on both, the transform on both; then the shipped plans at 18944, 14336 and 4096 (unchanged)."""
+    cases = [("q", f, 11008, {}, {}) for f in S30_FORMATS] + [("q", f, 11008, {}, WIDE_PLAN) for f in S30_FORMATS]
+    cases += [("q", "fp8_e5m2", 11008, {}, GLUON), ("q", "fp8_e5m2", 11008, {}, {})]
+    cases += [("gt", 11008), ("t", 11008)]
+    cases += [("q", f, n, {}, {}) for n in (18944, 14336, 4096) for f in S30_FORMATS]
+    return cases
+
+
+def s30f_check_cases(torch):
+    """The shipped plans at 11008 (the Gluon kernel, configs.QUANT_GLUON_WIDE), as run 7 did: every format, e5m2 (plan
+    tuning gluon), nvfp4 dynamic, fp8 static, fp16 in."""
+    bf16 = torch.bfloat16
+    if SMOKE:
+        return s30_check_cases(torch)
+    nv = {"scale": 0.002}
+    cases = [(f, 11008, {**(nv if f == "nvfp4" else {})}, bf16) for f in S30_FORMATS]
+    cases += [("fp8_e5m2", 11008, {"tuning": GLUON}, bf16), ("nvfp4", 11008, {}, bf16), ("fp8_e4m3", 11008, {"scale": 0.01}, bf16),
+              ("fp8_e4m3", 11008, {}, torch.float16), ("mxfp4", 11008, {}, torch.float16)]
+    return cases
+
+
 def _s30_summary(result):
     """Each probe's time beside the shipped plan's at 11008 (same run): what the transform, the second product and
     the epilogue cost."""
@@ -330,6 +357,13 @@ def _s30_summary(result):
         if t.get("gluon"):
             key = (c.get("format"), repr(sorted(t.items())))
             checked[key] = checked.get(key, True) and bool(c.get("ok_9998"))
+    if result.get("args", {}).get("set") == "s30f":
+        lines.append("s30f: the shipped plans at 11008 (the Gluon kernel) against the tl wide plan, same run:")
+        for f in S30_FORMATS + ("fp8_e5m2",):
+            a, b = ms.get((f, 11008, "[]")), ms.get((f, 11008, repr(sorted(WIDE_PLAN.items()))))
+            g = ms.get((f, 11008, repr(sorted(GLUON.items()))))
+            lines.append(f"  {f:9s} shipped {a} ms, tl wide plan {b} ms" + (f": x{b / a:.2f}" if a and b else "")
+                         + (f", gluon (tuning) {g} ms" if g else ""))
     lines.append("s30 Gluon wide kernel at 11008 (checked: codes >= 99.98% equal to the float64 reference's, all written; "
                  "every check of the variant in this run)")
     for f in S30_FORMATS:
@@ -450,6 +484,8 @@ def quantize_cases(which):
         return s29b_quantize_cases(QUICK)
     if which == "s30":
         return s30_quantize_cases(QUICK)
+    if which == "s30f":
+        return s30f_quantize_cases()
     first = [("q", f, n, {}, {}) for f in FORMATS for n in POW2]
     first += [("q", "fp8_e4m3", 4096, {}, {"legacy": True}), ("q", "mxfp4", 4096, {}, {"legacy": True})]
     first += [("q", "fp8_e4m3", 4096, {"group": 128}, {}), ("q", "mxfp4", 4096, {"block": 32}, {})]
@@ -481,7 +517,7 @@ def kron_cases(which):
     if which == "s26b":
         shipped, variants = s26b_kron_cases()
         return shipped + variants
-    if which in ("s26c", "s27", "s28", "s29", "s29b", "s30"):
+    if which in ("s26c", "s27", "s28", "s29", "s29b", "s30", "s30f"):
         return []
     if which == "s26":
         cases = [("k", m, p, {}) for m in (12, 20, 28) for p in (64, 128, 256, 512, 1024, 2048)]
@@ -646,13 +682,15 @@ def phase_check(result, save=lambda: None, which="quick"):
         cases = s29b_check_cases(torch)
     if which == "s30":
         cases = s30_check_cases(torch)
+    if which == "s30f":
+        cases = s30f_check_cases(torch)
     for fmt, n, kw, dtype in cases:
         case = {"format": fmt, "n": n, "dtype": str(dtype).removeprefix("torch."), **kw}
         try:
             kw = dict(kw)
             tuning = kw.pop("tuning", {})
             rows = 4 if SMOKE else _rows(n)
-            if which in ("s27", "s28", "s29", "s29b", "s30") and not SMOKE:  # fewer rows, the same kernels (persistent grids of the timed size)
+            if which in ("s27", "s28", "s29", "s29b", "s30", "s30f") and not SMOKE:  # fewer rows, the same kernels (persistent grids of the timed size)
                 rows = max(8192 if n <= 4096 else 2048, 2**25 // n)
             x = torch.randn(rows, n, dtype=dtype, device=DEV)
             x[:, 7] *= 80  # an outlier channel
@@ -670,7 +708,7 @@ def phase_check(result, save=lambda: None, which="quick"):
             # the public call's plan, outputs poisoned first (every element not written fails the comparison)
             codes, scales, g = quantize.run_plan(plan, x, fmt, group, kw.get("block"), True, kw.get("scale"),
                                                  kw.get("randomized_signs"), poison=True)
-            if which in ("s27", "s28", "s29", "s29b", "s30"):  # every element written: a second run over other poison bytes gives the same bytes
+            if which in ("s27", "s28", "s29", "s29b", "s30", "s30f"):  # every element written: a second run over other poison bytes gives the same bytes
                 codes2, scales2, _ = quantize.run_plan(plan, x, fmt, group, kw.get("block"), True, kw.get("scale"),
                                                        kw.get("randomized_signs"), poison=0xA5)
                 same = [torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
@@ -710,7 +748,7 @@ def phase_check(result, save=lambda: None, which="quick"):
             try:
                 lplan = quantize.plan_quantize(x, fmt, group, kw.get("block"), True, "scale" in kw,
                                                "randomized_signs" in kw, legacy=True)
-                if lplan.path == "fused" and which not in ("s26", "s27", "s28", "s29", "s29b", "s30") and "randomized_signs" not in kw and n == 4096 and dtype == torch.bfloat16:
+                if lplan.path == "fused" and which not in ("s26", "s27", "s28", "s29", "s29b", "s30", "s30f") and "randomized_signs" not in kw and n == 4096 and dtype == torch.bfloat16:
                     lc = quantize.run_plan(lplan, x, fmt, group, kw.get("block"), True, kw.get("scale"))[0]
                     case["legacy_code_bytes_differ"] = int((lc.view(torch.uint8) != codes.reshape(lc.shape).view(torch.uint8)).sum())
             except Exception as err:  # noqa: BLE001
@@ -776,7 +814,7 @@ def phase_check(result, save=lambda: None, which="quick"):
         kchecks = kron_cases("s26")[:22]
     elif which in ("s29", "s29b"):  # hadamard_transform's m x 2^k plan on the wide_rows kernel (configs.KRON_WIDE_ROWS)
         kchecks = [c for c in timed_cases(which) if c[0] == "k"]
-    elif which == "s30":  # the shipped 172 x 64 transform (wide_rows pairs: the D1 mend's other caller)
+    elif which in ("s30", "s30f"):  # the shipped 172 x 64 transform (wide_rows pairs: the D1 mend's other caller)
         kchecks = [("k", 108, 64, {}) if SMOKE else ("k", 172, 64, {})]
         if not SMOKE:  # the Gluon wide kernel's transform (its STORE format), checked before its quantize cases
             _check_gluon_transform(out, save)
@@ -790,7 +828,7 @@ def phase_check(result, save=lambda: None, which="quick"):
         case = {"m": m, "p": p, **tuning}
         try:
             rows = 4 if SMOKE else max(16, 2**18 // n)
-            if which in ("s29", "s29b", "s30"):  # odd (two rows a tile); on the GPU enough rows for the timed grid (the warmed kernel)
+            if which in ("s29", "s29b", "s30", "s30f"):  # odd (two rows a tile); on the GPU enough rows for the timed grid (the warmed kernel)
                 rows = 3 if SMOKE else 2049
             x = torch.randn(rows, n, dtype=torch.bfloat16, device=DEV)
             y = torch.full_like(x, float("nan"))
@@ -799,7 +837,7 @@ def phase_check(result, save=lambda: None, which="quick"):
             ref = hadamard_reference(x.cpu(), n**-0.5, out_dtype=torch.float64).to(x.device)
             case.update(path=plan.path, err_over_floor=round(accuracy.error_over_floor(y, ref), 4),
                         all_written=bool(torch.isfinite(y).all()))
-            case["ok"] = case["all_written"] and case["err_over_floor"] <= (2.5 if SMOKE and which in ("s29", "s29b", "s30") else 1.25)
+            case["ok"] = case["all_written"] and case["err_over_floor"] <= (2.5 if SMOKE and which in ("s29", "s29b", "s30", "s30f") else 1.25)
         except Exception as err:  # noqa: BLE001
             case["error"] = f"{type(err).__name__}: {str(err)[:300]}"
         out["kron"].append(case)
@@ -865,7 +903,9 @@ def timed_cases(which):
         return s29b_quantize_cases(QUICK)
     if which == "s30" and not SMOKE:
         return s30_quantize_cases(QUICK)
-    if which == "s30":  # interpreter: m = 108 (two blocks, the second short), the probes
+    if which == "s30f" and not SMOKE:
+        return s30f_quantize_cases()
+    if which in ("s30", "s30f"):  # interpreter: m = 108 (two blocks, the second short), the probes
         return [("q", "fp8_e4m3", 108 * 64, {}, WIDE4), ("q", "fp8_e4m3", 108 * 64, {}, {**WIDE4, "probe": 1}),
                 ("q", "mxfp4", 108 * 64, {}, {**WIDE4, "probe": 2}), ("q", "int8", 108 * 64, {}, {**WIDE4, "amax": True}),
                 ("q", "fp8_e4m3", 108 * 64, {}, {**WIDE4, "probe": 1, "amax": True}), ("t", 108 * 64)]
@@ -1074,7 +1114,7 @@ def table(result):
         if k.endswith("_error"):
             lines.append(f"{k}: {str(result[k])[-800:]}")
     lines += pivot(result)
-    if result.get("args", {}).get("set") in ("s27", "s28", "s29", "s29b", "s30"):
+    if result.get("args", {}).get("set") in ("s27", "s28", "s29", "s29b", "s30", "s30f"):
         lines += variants_table(result)
     return "\n".join(lines)
 
@@ -1125,7 +1165,7 @@ def variants_table(result):
         lines.append(f"  {pct:6.1f}%  {ms:8.4f} ms{speed}  {name}")
     if result.get("args", {}).get("set") in ("s28", "s29", "s29b"):
         lines += _s28_suggestions(result, base)
-    if result.get("args", {}).get("set") == "s30":
+    if result.get("args", {}).get("set") in ("s30", "s30f"):
         lines += _s30_summary(result)
     return lines
 
@@ -1229,7 +1269,7 @@ def pivot(result):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--set", default="quick", choices=("quick", "full", "kron", "final", "s26", "s26b", "s26c", "s27", "s28", "s29", "s29b", "s30"))
+    ap.add_argument("--set", default="quick", choices=("quick", "full", "kron", "final", "s26", "s26b", "s26c", "s27", "s28", "s29", "s29b", "s30", "s30f"))
     ap.add_argument("--quick", action="store_true", help="s27, s28, s29, s30: the short run (<= 90 s on the H100, compiles included)")
     ap.add_argument("--phases", default="warm,check,time")
     ap.add_argument("--budget", type=float, default=None, help="seconds in all (180; s26: 175)")
@@ -1238,7 +1278,7 @@ def main():
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     if args.budget is None:
-        args.budget = 900.0 if args.smoke else 85.0 if args.quick else 175.0 if args.set in ("s26", "s26b", "s26c", "s27", "s28", "s29", "s29b", "s30") else 180.0
+        args.budget = 900.0 if args.smoke else 85.0 if args.quick else 175.0 if args.set in ("s26", "s26b", "s26c", "s27", "s28", "s29", "s29b", "s30", "s30f") else 180.0
     if args.quick and not QUICK:
         os.environ["GQP_QUICK"] = "1"
         globals()["QUICK"] = True

@@ -177,12 +177,16 @@ QUANT_WIDE_TUNING = {  # (format, n), else format -> the wide plan's tuning (j_o
     ("nvfp4", 11008): dict(mb=64, kc=64, num_warps=4, num_stages=2)}
 # session 30: hadamard_quantize's Gluon kernel for m x 64 with 128 < m <= 192 (gluon_quantize_wide.py: H_m's blocks
 # resident in shared memory, each row's three [64, 64] chunks by TMA, two consumer warpgroups a row each, wgmma),
-# plan path "gluon_wide", plan tuning "gluon". Keys: (format, n), else the format. Off until a GPU run checks it
-# (experiments/hadamard/gpu_quantize_probe.py --set s30: codes against the float64 reference, every element written)
-QUANT_GLUON_WIDE = {}
-QUANT_GLUON_WIDE_STAGES = 2  # the ring's stages (each two rows, 48 KiB); untimed
+# plan path "gluon_wide", plan tuning "gluon". Keys: (format, n), else the format. On where runs 3 and 7 of session 30
+# (H100, gpu_quantize_probe.py --set s30) checked it (codes 99.983-100% equal to the float64 reference's, every
+# element written; e5m2, nvfp4 dynamic, fp8 static, fp16 in too) and run 7 timed it against the wide plan in the same
+# run: fp8 0.730 -> 0.384 ms (37.5 -> 71.3% of copy, 1.90x), int8 1.85x (65.1%), mxfp4 2.33x (41.9%), nvfp4 1.87x
+# (32.7%), int4 2.62x (49.9%). fp8_e5m2 checked, not timed: off
+QUANT_GLUON_WIDE = {("fp8_e4m3", 11008): True, ("int8", 11008): True, ("mxfp4", 11008): True, ("nvfp4", 11008): True,
+                    ("int4", 11008): True}
+QUANT_GLUON_WIDE_STAGES = 2  # the ring's stages (each two rows, 48 KiB); run 7: one stage 0.86x (fp8), 0.97x (mxfp4)
 # ... its tuning by (format, n), else format: stages, ahead (block j + 1's mixing issued behind block j's second
-# product), pingpong (the two consumers take turns at the products: one's epilogue under the other's products). Run 3 of session 30 (H100) checked the kernel (every format, e5m2, nvfp4 dynamic, fp8 static, fp16:
-# codes 99.983-100% equal to the float64 reference's, all written; the transform 1.0x the floor) but did not reach
-# its timing; per-token scales of an inf row were NaN there (fixed after: inf, as the reference's)
+# product), pingpong (the two consumers take turns at the products: one's epilogue under the other's products). Run 7
+# (all checked): pingpong 0.86x at fp8 (0.444 ms), 1.00-1.01x 4-bit; ahead 0.98-1.01x; both 0.85x fp8; one stage
+# 0.86x fp8, 0.97x mxfp4: none kept
 QUANT_GLUON_WIDE_TUNING = {}
