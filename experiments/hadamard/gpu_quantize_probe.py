@@ -309,6 +309,9 @@ def s30f_quantize_cases():
     cases += [("q", "fp8_e5m2", 11008, {}, GLUON), ("q", "fp8_e5m2", 11008, {}, {})]
     cases += [("gt", 11008), ("t", 11008)]
     cases += [("q", f, n, {}, {}) for n in (18944, 14336, 4096) for f in S30_FORMATS]
+    # last, where time is left: the Gluon kernel's probes (no products: loads, epilogue, stores; AMAX: loads, products)
+    cases += [("q", f, 11008, {}, {**GLUON, "probe": 1}) for f in ("fp8_e4m3", "mxfp4")]
+    cases += [("q", "fp8_e4m3", 11008, {}, {**GLUON, "amax": True})]
     return cases
 
 
