@@ -35,3 +35,20 @@ def test_plain_eager_is_eager_modes_direct():
     with torch.no_grad():
         assert dispatch.plain_eager(xg)
     assert not dispatch.plain_eager(torch.empty(2, device="meta"))
+
+
+def test_signature_keys_scalars_and_refuses_what_it_cannot_key():
+    """tiles.launch.signature's exact-type fast path keeps its old answers: scalars (int subclasses too) as they
+    are, CPU tensors, tensor subclasses and other objects uncached (None)."""
+    import enum
+
+    from tilecore.tiles.launch import signature
+
+    class Flag(enum.IntEnum):
+        ON = 1
+
+    assert signature(1, 2.0, True, None, "a", torch.float16, Flag.ON) == (1, 2.0, True, None, "a", torch.float16,
+                                                                          Flag.ON)
+    x = torch.randn(3)
+    assert signature(x) is None and signature(object()) is None and signature([1]) is None
+    assert signature(x.as_subclass(type("Sub", (torch.Tensor,), {}))) is None

@@ -446,11 +446,16 @@ def signature(*items) -> tuple | None:
     environment, and their host time is not the point there)."""
     out = []
     for t in items:
-        if isinstance(t, torch.Tensor):
-            if type(t) is not torch.Tensor or not t.is_cuda:
+        kind = type(t)  # (exact types first: two isinstance calls fewer an item on the common path)
+        if kind is torch.Tensor:
+            if not t.is_cuda:
                 return None
             out.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
-        elif t is None or isinstance(t, _KEY_SCALARS):
+        elif t is None or kind in _KEY_SCALAR_TYPES:
+            out.append(t)
+        elif isinstance(t, torch.Tensor):  # a subclass: uncached
+            return None
+        elif isinstance(t, _KEY_SCALARS):
             out.append(t)
         else:  # not what a cache key holds (an argument the checks will refuse, say): uncached
             return None
@@ -458,6 +463,7 @@ def signature(*items) -> tuple | None:
 
 
 _KEY_SCALARS = (bool, int, float, str, torch.dtype)
+_KEY_SCALAR_TYPES = frozenset(_KEY_SCALARS)
 
 
 def fast_path_problem(compiled, ordered: list) -> str | None:
