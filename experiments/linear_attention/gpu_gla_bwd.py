@@ -86,24 +86,22 @@ VARIANTS = [
     # slot). sm_90a spills of the dqk kernel: chunk 64 2896 B, chunk 32 692; with the fallback in a launch of its own
     # (wide): chunk 64 992, chunk 32 140, chunk 64 key blocks of 32 80
     ("chunked configs", dict(diag=5), {}, "chunked"),
-    ("chunked bt32", dict(diag=5), dict(BT=32), "chunked"),
-    ("chunked bt64 apart", dict(diag=5), dict(dqk_apart=True), "chunked"),
-    ("chunked bt64 wide", dict(diag=5), dict(wide_apart=True), "chunked"),
+    # run 7 (snapshot ac459d9): chunk 32 wide 8.37 ms (dqk 3.15 + 0.12), chunk 64 wide 8.79, checked; chunk 64 key
+    # blocks of 32 wide 7.86, with dv's value blocks of 128 7.13 (dv 1.24 from 1.96) but dk WRONG (3.6e3x the floor;
+    # every chunk 64 key block 32 variant); chunk 32 key blocks 32 10.4; fused walks no faster (2.01 = 1.01 + 1.01);
+    # walks at value blocks of 32 slower (1.9 each); split_combine 8.61 checked
     ("chunked bt32 wide", dict(diag=5), dict(BT=32, wide_apart=True), "chunked"),
-    ("chunked bt64 kb32 wide", dict(diag=5), dict(BKB=32, wide_apart=True), "chunked"),
-    ("chunked bt32 kb32 wide", dict(diag=5), dict(BT=32, BKB=32, wide_apart=True), "chunked"),
-    ("chunked bt64 kb32 wide fused", dict(diag=5), dict(BKB=32, wide_apart=True, walks_fused=True), "chunked"),
-    ("chunked bt32 wide fused", dict(diag=5), dict(BT=32, wide_apart=True, walks_fused=True), "chunked"),
-    ("chunked bt64 kb32 wide dvbv128", dict(diag=5), dict(BKB=32, wide_apart=True, dv_BV=128), "chunked"),
-    ("chunked bt64 kb32 wide walkbv32", dict(diag=5), dict(BKB=32, wide_apart=True, BV=32, dv_BV=64), "chunked"),
-    # the dv kernel's fallback apart too, by the dqk kernel's flags (sm_90a, chunk 64, value blocks of 128: the
-    # common dv launch 4 B spilled, the fallback's 524)
-    ("chunked bt64 kb32 wide2 fused", dict(diag=5), dict(BKB=32, wide_apart=True, dv_wide_apart=True,
-                                                         walks_fused=True), "chunked"),
-    ("chunked bt32 wide2 fused", dict(diag=5), dict(BT=32, wide_apart=True, dv_wide_apart=True, walks_fused=True),
+    ("chunked bt32 wide dvbv128", dict(diag=5), dict(BT=32, wide_apart=True, dv_BV=128), "chunked"),
+    ("chunked bt32 wide2 dvbv128", dict(diag=5), dict(BT=32, wide_apart=True, dv_wide_apart=True, dv_BV=128),
      "chunked"),
-    ("chunked bt64 kb32 wide2 fused dvbv128", dict(diag=5), dict(BKB=32, wide_apart=True, dv_wide_apart=True,
-                                                                 walks_fused=True, dv_BV=128), "chunked"),
+    ("chunked bt64 wide dvbv128", dict(diag=5), dict(wide_apart=True, dv_BV=128), "chunked"),
+    # dk from a second score dot (dk_at): the suspected fix of chunk 64 key blocks 32's wrong dk
+    ("chunked bt64 kb32 wide at", dict(diag=5), dict(BKB=32, wide_apart=True, dk_at=True), "chunked"),
+    ("chunked bt64 kb32 wide at dvbv128", dict(diag=5), dict(BKB=32, wide_apart=True, dk_at=True, dv_BV=128),
+     "chunked"),
+    ("chunked bt64 kb32 wide2 at dvbv128", dict(diag=5), dict(BKB=32, wide_apart=True, dv_wide_apart=True,
+                                                              dk_at=True, dv_BV=128), "chunked"),
+    ("chunked bt32 wide at dvbv128", dict(diag=5), dict(BT=32, wide_apart=True, dk_at=True, dv_BV=128), "chunked"),
 ]
 if "--variants" in sys.argv:
     wanted = sys.argv[sys.argv.index("--variants") + 1].split(",")
@@ -117,7 +115,7 @@ if kernels_backward_gla_chunked is None:
 # it is, the candidate to ship)
 CHUNKED_BASE = dict(BT=64, BV=64, BKB=64, KD=64, BK_DG=64, walk_warps=4, walk_stages=2, dqk_warps=4, dv_warps=4,
                     stages=2, split=False, dqk_apart=False, dv_BV=None, walks_fused=False, wide_apart=False,
-                    dv_wide_apart=False)
+                    dv_wide_apart=False, dk_at=False)
 
 # check cases: (name, make's arguments); N 1008 (a multiple of 16: the timed kernels' specialization) ends in a
 # partial chunk of 48 (of 16 at chunk 32)

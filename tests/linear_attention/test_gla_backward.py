@@ -159,7 +159,8 @@ def test_chunked_fp16_weak_decays_blocks_and_a_tail(options):
     assert accuracy.rel_rms(got[4], ref[4]) < 1e-3
 
 
-@pytest.mark.parametrize("options", [{}, dict(wide_apart=True, dv_wide_apart=True, walks_fused=True)])
+@pytest.mark.parametrize("options", [dict(wide_apart=False), dict(wide_apart=True, dv_wide_apart=True, walks_fused=True,
+                                                                   dk_at=True)])
 def test_chunked_float32_strong_decays_and_resets(options):
     """float32, log decays in [-6, 0] (the sub-chunk fallback in dq, dk and the dv scores) with a reset and -1e30,
     no initial state, N 40 in chunks of 32 (the first chunk's first key block weak: both forms in one run): float32

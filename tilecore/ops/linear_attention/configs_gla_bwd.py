@@ -35,12 +35,17 @@ BLOCKS = dict(split_BT=32, split_BKB=64, split_BV=64, split_warps=4, split_stage
 # through memory)
 # (dv_BV: the dv kernel's value block, None: BV; walks_fused: both walks in one launch; wide_apart: the dqk kernel's
 # sub-chunk fallback in a launch of its own, for the blocks whose span flagged them; dv_wide_apart: with it, the dv
-# kernel's too, by the same flags). Run 3 of session 30 (H100, B16 H16 N4096 d128 bf16, every check
+# kernel's too, by the same flags; dk_at: dk's intra term from a second score dot v do^T, not tl.trans of the
+# first: run 7's wrong dk at chunk 64 with key blocks of 32 is suspected there). Run 3 of session 30 (H100, B16 H16 N4096 d128 bf16, every check
 # passed): chunk 32 9.21 ms (states 1.28, dstates 1.28, dqk 4.08, dv 2.00, dg 0.57), chunk 64 9.55 (1.01, 1.02, 4.98,
 # 1.96, 0.57), chunk 64 dq / dk apart 9.24 (dqk 1.84 + 2.82); 8 warps slower everywhere (10.2-12.6); the split
 # path 9.37 in the same run. The blocks: run 3's fastest checked (chunk 32)
+# Run 7 (snapshot ac459d9): chunk 32 with the fallback apart 8.37 ms (dqk 3.15 + 0.12), checked; the dv kernel at
+# value blocks of 128 1.24 ms against 1.96 (in variants whose dk failed: chunk 64, key blocks of 32). The blocks: chunk
+# 32, the fallback apart, dv at value blocks of 128 (the final batch's "chunked configs" row checks this combination)
 CHUNKED = dict(BT=32, BV=64, BKB=64, KD=64, BK_DG=64, walk_warps=4, walk_stages=2, dqk_warps=4, dv_warps=4, stages=2,
-               split=False, dqk_apart=False, dv_BV=None, walks_fused=False, wide_apart=False, dv_wide_apart=False)
+               split=False, dqk_apart=False, dv_BV=128, walks_fused=False, wide_apart=True, dv_wide_apart=False,
+               dk_at=False)
 
 # "split_combine": the combine kernel's key block (a head's dq / dk / dg by cdiv(Dk, it) programs: launch's combine
 # runs B x H programs of every channel, 256 at B16 H16, each walking 4096 tokens) and tokens a step

@@ -177,7 +177,8 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                    sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
                    sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                    BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
-                   SPLIT: tl.constexpr, PART: tl.constexpr = 0, WIDE: tl.constexpr = 0, FLAG=0):
+                   SPLIT: tl.constexpr, PART: tl.constexpr = 0, WIDE: tl.constexpr = 0, FLAG=0,
+                   AT: tl.constexpr = False):
     """Program (batch * head, chunk, key block of BKB channels): dq, dk (the inputs' dtypes, DQ and DK_OUT (B, N, H,
     Dk) contiguous), the decay gradient's within-chunk reverse sum DG (B, N, H, Dk) float32 and its chunk total
     TOT (B H, NT, Dk) float32. Every value column at once (BVF >= Dv). Grid (B * H * NT * KBLOCKS,), key blocks
@@ -186,24 +187,29 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
     (after 1) stores dk, DG's reverse sum of DG - k * dk and TOT; 0 both at once.
     WIDE (the sub-chunk fallback in a launch of its own, so the common launch carries none of its registers; PART
     0): 1 computes the blocks whose span of G allows the factored form and writes FLAG[program] (int8) 1 for the
-    others, 2 (after 1) computes the flagged ones; 0 both in one program."""
+    others, 2 (after 1) computes the flagged ones; 0 both in one program.
+    AT (with WIDE 1's factored form): dk's intra-chunk term as (v do^T, masked) @ (q e^(G - m)), a second score dot,
+    instead of a^T from registers: on the H100 (run 7 of session 30) chunk 64 with key blocks of 32 gave dk 3.6e3x
+    the rounding floor (dq, from a itself, right), as the unsplit walk kernels' diag 6 at key blocks of 16 did
+    (decision 44); the suspect is the dot on a register tile transposed (not diagnosed: no GPU here)."""
     pid = tl.program_id(0)
     if WIDE == 2:
         if tl.load(FLAG + pid) != 0:
             _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                          svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
-                         pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2)
+                         pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT)
     else:
         _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
-                     pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, WIDE)
+                     pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, WIDE, AT)
 
 
 @triton.jit
 def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                  svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                  pid, FLAG, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr,
-                 IEEE: tl.constexpr, SPLIT: tl.constexpr, PART: tl.constexpr, INTRA: tl.constexpr):
+                 IEEE: tl.constexpr, SPLIT: tl.constexpr, PART: tl.constexpr, INTRA: tl.constexpr,
+                 AT: tl.constexpr = False):
     """gla_dqk_kernel's program ``pid`` with the intra-chunk terms by INTRA (_dq_intra's; 1 also writes FLAG and
     computes only where the span allows)."""
     kblock = pid % KBLOCKS
@@ -248,7 +254,13 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
         if PART != 1:
             dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
                           other=0.0)
-            dk = (_dk_intra(a, q, Gc, MMA, IEEE, SPLIT, INTRA) * scale
+            if AT and INTRA == 1:  # a^T by its own dot (v do^T), not a register transpose of a (see the docstring)
+                at = tl.where(offs_t[:, None] < offs_t[None, :], _dot(v.to(MMA), tl.trans(do.to(MMA)), IEEE), 0.0)
+                mid = 0.5 * (tl.max(Gc, 0) + tl.min(Gc, 0))
+                dk_intra = tl.exp(mid[None, :] - Gc) * _split_dot(at, qf * tl.exp(Gc - mid[None, :]), MMA, IEEE, SPLIT)
+            else:
+                dk_intra = _dk_intra(a, q, Gc, MMA, IEEE, SPLIT, INTRA)
+            dk = (dk_intra * scale
                   + _dot(v.to(MMA), tl.trans(dhs), IEEE) * tl.exp(G_last[None, :] - Gc))
             _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk + r[:, None] * qf)
             dG -= kf * dk
@@ -457,7 +469,7 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                 q, k, v, g, do, hs, dhs, dq, dk, dg, tot, *q.stride(), *k.stride(), *v.stride(), *g_strides,
                 *do.stride(), N, H, Dk, Dv, NT, scale, kblocks),
                 dict(BT=BT, BKB=BKB, BVF=BVF, MMA=mma, IEEE=ieee, SPLIT=cfg["split"], PART=part, WIDE=wide, FLAG=flag,
-                     num_warps=cfg["dqk_warps"], num_stages=cfg["stages"])))
+                     AT=cfg["dk_at"], num_warps=cfg["dqk_warps"], num_stages=cfg["stages"])))
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
         for wide in ((1, 2) if cfg["wide_apart"] and cfg["dv_wide_apart"] else (0,)):
             calls.append((f"dv{'w' * wide}", gla_dv_kernel, (B * H * NT * dv_blocks,), (
