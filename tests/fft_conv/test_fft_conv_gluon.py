@@ -137,7 +137,8 @@ class _FakeLaunch:
 
 @pytest.mark.parametrize("per_sm, conj, tma, chunk, rfft, groups", [
     (0, False, False, 0, False, 1), (3, True, False, 0, False, 1), (3, False, True, 0, True, 1),
-    (1, True, True, 32, False, 1), (1, True, True, 32, True, 1), (1, False, True, 32, False, 2), (2, True, True, 0, True, 8)])
+    (1, True, True, 32, False, 1), (1, True, True, 32, True, 1), (1, False, True, 32, False, 2), (2, True, True, 0, True, 8),
+    (3, True, True, 0, 2, 1)])  # (rfft 2: the bins read as 64-bit loads)
 def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm, conj, tma, chunk, rfft, groups):
     fake, other = _FakeLaunch(), _FakeLaunch()
     monkeypatch.setattr(conv_launch, "CONV_GLUON_CHUNKED" if chunk else "CONV_GLUON", fake)
@@ -170,7 +171,7 @@ def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm,
         assert bound["CHUNK"] == chunk and bound["WARPGROUPS"] == groups
     else:
         assert bound["ASYNC"] is True
-    assert bound["RFFT"] is rfft and bound["CONJ"] is (conj and rfft)
+    assert bound["RFFT"] == rfft and bound["CONJ"] is bool(conj and rfft)
     if rfft:  # the rfft's bins as float32 pairs, conjugated in the kernel
         assert torch.equal(bound["K"], torch.view_as_real(spectrum)) and bound["stride_kh"] == 2 * (n + 1)
     else:

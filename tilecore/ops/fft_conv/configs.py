@@ -76,7 +76,8 @@ GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_on
     # table), chunk 16 255, 0 (210 KiB)
     1024: [GLUON_ONEPASS[1024], (32, 64, 2, False, True, 0, True, 1, 4, True)],
     2048: [GLUON_ONEPASS[2048], (64, 64, 2, True, True, 0, True, 1, 4, True), (64, 64, 2, True, True, 32, True, 1, 4, True)],
-    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, True, 2, 4, True), (128, 64, 1, True, True, 16, True, 2, 4, True)],
+    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, True, 2, 4, True), (128, 64, 1, True, True, 16, True, 2, 4, True),
+           (128, 64, 1, True, True, 16, 2, 2, 4, True)],  # rfft 2: each bin one 64-bit load (no spill, 210 KiB)
 }
 # candidates the GPU check times per N: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]); loop: groups
 # of pairs a program runs (one program for LOOP groups of one channel), stages: that loop's software

@@ -84,12 +84,18 @@ def _complex_mma(a1, b1, a2, b2, a3, b3, a4, b4, zeros, ASYNC: gl.constexpr, REG
 def _spectrum_at(spectrum, f, L: gl.constexpr, RFFT: gl.constexpr, CONJ: gl.constexpr):
     """The filter's spectrum at the bins f (float32 re, im). RFFT: ``spectrum`` is a channel's rfft bins
     as (re, im) pairs (torch.view_as_real), bins past L/2 the conjugates of L - f, all conjugated with
-    CONJ; else the host's layout (launch.mono_spectrum: planes re, im of L, conjugated there)."""
+    CONJ (RFFT 2: each bin read as one 64-bit load, not two 32-bit ones); else the host's layout
+    (launch.mono_spectrum: planes re, im of L, conjugated there)."""
     if RFFT:
         mirrored = f > L // 2
         bin = gl.where(mirrored, L - f, f)
-        kre = gl.load(spectrum + 2 * bin)
-        kim = gl.load(spectrum + 2 * bin + 1)
+        if RFFT == 2:  # a bin's (re, im) as one 64-bit load (complex64 bins are 8-byte aligned)
+            pair = gl.load(spectrum.to(gl.pointer_type(gl.int64), bitcast=True) + bin)
+            kre = (pair & 0xFFFFFFFF).to(gl.uint32).to(gl.float32, bitcast=True)
+            kim = (pair >> 32).to(gl.uint32).to(gl.float32, bitcast=True)
+        else:
+            kre = gl.load(spectrum + 2 * bin)
+            kim = gl.load(spectrum + 2 * bin + 1)
         if CONJ:
             kim = gl.where(mirrored, kim, -kim)
         else:
