@@ -13,7 +13,10 @@ from __future__ import annotations
 # Run 1 of session 30 (H100, B16 H16 N4096 d128 bf16, experiments/linear_attention/gpu_gla_bwd.py): shipped 60.8 ms;
 # "split" at chunk 32 9.33 (kernels 7.45 + combine), every check passed (bf16 weak decays dq/dk/dv 1.57 / 1.56 /
 # 1.95x the floor, dg 0.028 relative; strong decays + a reset 1.00-1.43x, dg 0.065; fp16 1.64-1.96x); "epilogue" at
-# chunk 32 10.9 (checked). On: "split"
+# chunk 32 10.9 (checked). Run 7: "chunked" at chunk 32 with the fallback apart 8.37 ms, "split_combine" 8.61, "split"
+# 9.36, every one checked (the same errors to three digits). On: "chunked" where the final batch's "chunked configs"
+# row (CHUNKED as below) passes; else "chunked" with CHUNKED's dv_BV None (run 7's checked 8.37); "split_combine" or
+# "split" are the walk kernels' checked alternatives
 GLA_BWD_PATH: str | None = None
 # head dims it takes (a dQ / dK program holds every value column: dS [BKB, Dv] float32 in registers)
 MAX_DIM = 128
