@@ -1,12 +1,12 @@
-"""GLA's backward (per-channel log decay) on the split kernels with the GLA epilogue (kernels_backward_gla.py,
-issue 33, session 30): its switch and blocks, apart from configs.py (other helpers edit that file's forward
+"""GLA's backward (per-channel log decay; kernels_backward_gla.py, kernels_backward_gla_chunked.py; issue 33,
+session 30): which path runs it and their blocks, apart from configs.py (other helpers edit that file's forward
 entries in the same session)."""
 from __future__ import annotations
 
 # Which path per-channel decay's backward takes (op.py's _backward_impl asks kernels_backward_gla.takes, then
 # kernels_backward_gla.run): None the shipped one (launch.backward: unsplit kernels at key blocks of 16 with the
 # sub-chunk form, then the combine kernel); "split" launch's split dQ / dK / dV kernels with the factored terms (DIAG)
-# at SPLIT_BLOCKS, then the combine kernel; "epilogue" the same kernels doing the combine's work (no combine kernel);
+# at BLOCKS, then the combine kernel ("split_combine": dv stored by its kernel, the combine by key blocks); "epilogue" the same kernels doing the combine's work (no combine kernel);
 # "chunked" the chunk-parallel form (kernels_backward_gla_chunked.py, CHUNKED). A gated backward ships only where an
 # H100 run checked it against float64 (flash-linear-attention's issue 640: a Hopper miscompile of such kernels under
 # triton 3.4-3.7; the unsplit kernels at DIAG 6 were WRONG there, run 1 of session 30).
