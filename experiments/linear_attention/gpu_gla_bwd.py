@@ -102,6 +102,12 @@ VARIANTS = [
     ("chunked bt64 kb32 wide2 at dvbv128", dict(diag=5), dict(BKB=32, wide_apart=True, dv_wide_apart=True,
                                                               dk_at=True, dv_BV=128), "chunked"),
     ("chunked bt32 wide at dvbv128", dict(diag=5), dict(BT=32, wide_apart=True, dk_at=True, dv_BV=128), "chunked"),
+    # the walks with every value column a program (g read once a head, not once a value block), 8 warps (sm_90a: 183 /
+    # 212 registers, no spill; dv at chunk 32, value blocks 128: 217, none)
+    ("chunked bt32 wide dvbv128 walk128", dict(diag=5), dict(BT=32, wide_apart=True, dv_BV=128, BV=128, walk_warps=8),
+     "chunked"),
+    ("chunked bt64 kb32 wide at dvbv128 walk128", dict(diag=5), dict(BKB=32, wide_apart=True, dk_at=True, dv_BV=128,
+                                                                     BV=128, walk_warps=8), "chunked"),
 ]
 if "--variants" in sys.argv:
     wanted = sys.argv[sys.argv.index("--variants") + 1].split(",")
