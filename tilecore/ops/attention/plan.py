@@ -142,9 +142,10 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
 # times the napkin's top k and the table's row once a (size bucket, dtype, device) and keeps the
 # fastest (timed_forward_config; window calls and Dv != D keep the table; only CUDA tensors are
 # timed: meta and CPU plans keep the table either way). 0: off, until
-# experiments/napkin/gpu_topk_configs.py --attention shows the pick no worse than the table.
+# experiments/napkin/gpu_topk_configs.py --attention shows the pick no worse than the table. On: 3 (session 29
+# run 4 and session 30 run 1 on the H100: the pick was the sweep's best on 6 of 6 shapes both times).
 FORWARD_SMEM = 227 * 1024 - 4096
-NAPKIN_FORWARD_TOPK = 0
+NAPKIN_FORWARD_TOPK = 3
 NAPKIN_TIMED_MS = 20.0  # a candidate's timing: do_bench's median over about this many ms (L2 flushed)
 _FORWARD_PICKS: OrderedDict = OrderedDict()  # the timed picks, least recently made first
 _FORWARD_PICKS_MAX = 256

@@ -24,8 +24,9 @@ GLUON_FP8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8, epilog
 # (shape bucket, dtypes, operand form, device) on the caller's operands (plan.timed_config). 0: off,
 # the table rows above. H100, session 29 run 8 and session 30 run 1 (experiments/napkin/gpu_topk_configs.py,
 # every row checked against float64): the top-4 pick was the sweep's best on 9 of 9 bf16 shapes both times,
-# never slower than the table (skinny M 64: the table 1.19-1.21x the pick); on: 4
-NAPKIN_TOPK = 0
+# never slower than the table (skinny M 64: the table 1.19-1.21x the pick); on: 4 (the lead, session 30; a warm
+# disk cache adds 0.03-0.11 s to a bucket's first call, a cold one 2.4-3.5 s of compiles)
+NAPKIN_TOPK = 4
 # ... for fp8 operands too (else fp8 keeps GLUON_FP8). Off: session 30's H100 run 1 (notes/napkin/README.md)
 # picked the sweep's best on 2 of 4 fp8 shapes (the table 1.07-1.16x it) and the table on a third, but at
 # M 256 (a 47-70 us kernel) the

@@ -167,8 +167,9 @@ GLUON_BASED_CHAIN = True
 # 2 0.1954 against 0.2021, with CHAIN 0.1928; checked (bf16 h0 N 1000 1.413x, fp16 v128 N 77 1.440x: the
 # default's). On: 2. Run 7 (the shipped SEL_ASYNC 2 + CHAIN): 0.1903 ms (60.8%) against the session start's 0.2018;
 # checked again (fp16 v128 N 77 1.440x, h0 N 4097 1.409x, the public op with h0 N 1000 1.407x). 3: the pieces
-# software-pipelined (piece p + 1's q selections in flight under piece p's k product), compiled, not yet run
-GLUON_BASED_SEL_ASYNC = 2
+# software-pipelined (piece p + 1's q selections in flight under piece p's k product): run 9 0.1854 ms (62.7%)
+# against 2's 0.1904, checked (h0 N 1000 1.413x, fp16 v128 N 77 1.44x: the default's). On: 3 (the lead)
+GLUON_BASED_SEL_ASYNC = 3
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
 # B16 H16 N4096 bf16, Dk = Dv = 128, dQ + dK/dV kernels): no decay 2.36 ms at chunks of 64, one key block
