@@ -77,7 +77,9 @@ DEADLINE_S = {"check": 900 if SMOKE else 45, "host": 1800 if SMOKE else 60, "tim
 # timing probes (kernels_mono.py PROBE: WRONG results, timing only) of one configuration a N: each leaves
 # out one part of the chain, so the time it saves is that part's share
 # (session 28's mono probes: runs/…run10…; session 30: the Gluon kernels' shipped tuples, gluon_onepass.Stages)
-PROBE_CONFIGS: dict = {1024: configs.GLUON_ONEPASS[1024], 4096: configs.GLUON_ONEPASS[4096]}
+# (run 9 of session 30 timed them at 1024 and 4096: the loads bind; PROBE_CONFIGS = {1024: ..., 4096: ...} again
+# to re-time)
+PROBE_CONFIGS: dict = {}
 PROBES = {1: "no square products", 2: "no spectrum scale reduction", 4: "no twiddle/spectrum loads",
           7: "all three out"}
 BOUNDS = {"bfloat16": 2.6 if SMOKE else 1.3, "float16": 4.0}

@@ -58,10 +58,14 @@ MONO_CANDIDATES = {  # (A, B, C, loop, warps[, permute[, kfull]]); sm_90a regist
 # op times at B16 H768 bf16 against the shipped paths of the same run): 1024 0.146 ms (3.59x torch.fft)
 # vs pair 0.190; 2048 chunked 0.380 (2.78x) vs long 0.472; 4096 two warpgroups 0.745 (2.79x; kernel
 # alone 0.573: the host's spectrum layout is the rest) vs pair 0.836.
+# Session 30 run 9 (H100, notes/fft_conv/runs/fft_conv_gpu_onepass_run9_session30_h100.txt; every check at the
+# floor: bf16 1.04x, fp16 2.5x, correlation, NaN/odd batch, the op's keyed path): the twiddles computed in the
+# kernel (TW_SFU, the 10th element) at every N: 1024 0.138 ms (2 programs a SM: 187 registers) vs 0.151; 2048
+# 0.204 = 5.17x torch.fft vs 0.253; 4096 0.567 vs 0.612
 GLUON_ONEPASS: dict = {
-    1024: (32, 64, 3, False, True, 0, True),
-    2048: (64, 64, 2, True, True, 0, True),  # whole tile, rfft read in the kernel: 0.255 ms (final run) vs chunked 0.383
-    4096: (128, 64, 1, True, True, 32, True, 2),  # rfft read in the kernel: 0.618 ms (final run) vs 0.769
+    1024: (32, 64, 2, False, True, 0, True, 1, 4, True),  # session 29: (32, 64, 3, False, True, 0, True) 0.151
+    2048: (64, 64, 2, True, True, 0, True, 1, 4, True),  # session 29: the same from the table, 0.253
+    4096: (128, 64, 1, True, True, 32, True, 2, 4, True),  # session 29: (128, 64, 1, True, True, 32, True, 2) 0.612
 }
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     # session 29 (H100), op ms: run 7: 1024 ASYNC 0.3456 (kernel 0.1428), ASYNC+TMA 0.3648 (0.1343), ASYNC+TMA+RFFT
@@ -74,10 +78,17 @@ GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_on
     # comes from L2 every chunk). sm_90a (registers, spill bytes): 1024 187, 0 (166 from the table: 2 programs
     # a SM); 2048 whole 255, 92 (88); 2048 chunked 32 208, 0; 4096 two warpgroups chunk 32 255, 12 (64 from the
     # table), chunk 16 255, 0 (210 KiB)
-    1024: [GLUON_ONEPASS[1024], (32, 64, 2, False, True, 0, True, 1, 4, True)],
-    2048: [GLUON_ONEPASS[2048], (64, 64, 2, True, True, 0, True, 1, 4, True), (64, 64, 2, True, True, 32, True, 1, 4, True)],
-    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, True, 2, 4, True), (128, 64, 1, True, True, 16, True, 2, 4, True),
-           (128, 64, 1, True, True, 16, 2, 2, 4, True)],  # rfft 2: each bin one 64-bit load (no spill, 210 KiB)
+    # run 9 (H100): 1024 session 29's 0.1506, TW_SFU 2/SM 0.1382; 2048 0.2527, TW_SFU whole 0.2039, chunked 32 0.2682;
+    # 4096 0.6120, TW_SFU chunk 32 0.5672, chunk 16 0.6335. Probes (wrong results) of session 29's tuples: 1024 no
+    # square products 0.124, no spectrum scale 0.142, no twiddle/spectrum loads 0.091, all three 0.066; 4096 0.537,
+    # 0.579, 0.358, 0.234: the loads bind (the spectrum's gather now that the twiddles are computed)
+    # Final batch: an 11th element, CONTIG: each walker takes a contiguous block of pairs (a channel's pairs in a
+    # row: its spectrum from L1 after the first, where L1 has room) instead of every programs-th; and RFFT 2 at
+    # 4096 (each spectrum bin one 64-bit load). sm_90a: 1024 192 registers, 2048 100 B of spill, 4096 12 B
+    1024: [GLUON_ONEPASS[1024], (32, 64, 2, False, True, 0, True, 1, 4, True, True)],
+    2048: [GLUON_ONEPASS[2048], (64, 64, 2, True, True, 0, True, 1, 4, True, True)],
+    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True),
+           (128, 64, 1, True, True, 32, True, 2, 4, True, True)],
 }
 # candidates the GPU check times per N: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]); loop: groups
 # of pairs a program runs (one program for LOOP groups of one channel), stages: that loop's software

@@ -306,11 +306,25 @@ def _inverse_stages(st, yre, yim, scale, tab, col, fa_re, fa_im, ore, oim, runni
 
 
 @gluon.jit
+def _walk(first, programs, total, CONTIG: gl.constexpr):
+    """(start, stop, step) of the work items a walker takes: w = first, first + programs, ... (strided:
+    neighbouring walkers on one channel's pairs at once, its spectrum shared through L2), or (CONTIG) a
+    contiguous block of cdiv(total, programs) items: a walker's consecutive pairs are one channel's, so its
+    spectrum comes from L1 after the first (where L1 has room: 1024, 2048)."""
+    if CONTIG:
+        per = gl.cdiv(total, programs)
+        start = first * per
+        return start, gl.minimum(start + per, total), 1
+    return first, total, programs
+
+
+@gluon.jit
 def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                                   A: gl.constexpr, B: gl.constexpr, ASYNC: gl.constexpr = False,
                                   u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
-                                  CONJ: gl.constexpr = False, PROBE: gl.constexpr = 0, TW_SFU: gl.constexpr = False):
+                                  CONJ: gl.constexpr = False, PROBE: gl.constexpr = 0, TW_SFU: gl.constexpr = False,
+                                  CONTIG: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every
     channel h; work item w = h * groups + g, program p runs w = p, p + programs, ...
 
@@ -373,19 +387,20 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     first = gl.program_id(0)
     programs = gl.num_programs(0)
     U_BYTES: gl.constexpr = 2 * HALF * B * U.dtype.element_ty.primitive_bitwidth // 8
+    start, stop, step = _walk(first, programs, total, CONTIG)
     if TMA:  # the program's first pair
-        if first < total:
+        if start < stop:
             mbarrier.expect(u_ready.index(0), U_BYTES)
-            tma.async_copy_global_to_shared(u_desc, [2 * (first % groups), first // groups, 0, 0], u_ready.index(0),
+            tma.async_copy_global_to_shared(u_desc, [2 * (start % groups), start // groups, 0, 0], u_ready.index(0),
                                             u_smem.index(0))
-    for w in range(first, total, programs):
+    for w in range(start, stop, step):
         h = (w // groups).to(gl.int64)
         b_re = 2 * (w % groups)
         b_im = b_re + 1
         if TMA:
-            i = (w - first) // programs  # this program's pair count: the buffer and its phase
-            after = w + programs
-            if after < total:  # the next pair's u, under this pair's products
+            i = (w - start) // step  # this program's pair count: the buffer and its phase
+            after = w + step
+            if after < stop:  # the next pair's u, under this pair's products
                 mbarrier.expect(u_ready.index((i + 1) % 2), U_BYTES)
                 tma.async_copy_global_to_shared(u_desc, [2 * (after % groups), after // groups, 0, 0],
                                                 u_ready.index((i + 1) % 2), u_smem.index((i + 1) % 2))
@@ -471,6 +486,7 @@ class ChunkedGlobals:
     CONJ: gl.constexpr
     PROBE: gl.constexpr
     TW_SFU: gl.constexpr
+    CONTIG: gl.constexpr
 
 
 @struct
@@ -514,7 +530,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
                                   CONJ: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
                                   WORKER_REGS: gl.constexpr = 240, PROBE: gl.constexpr = 0,
-                                  TW_SFU: gl.constexpr = False):
+                                  TW_SFU: gl.constexpr = False, CONTIG: gl.constexpr = False):
     """fft_conv_gluon_onepass_kernel's convolution (same arguments) for larger A (N = 4096: A = 128), the
     tile's k_a columns CHUNK at a time: stages 1..3' are column-wise (x @ F_A[:HALF, chunk], the twiddles,
     F_B @ R, the spectrum and conj(F_B) @ Y act on each column alone), so a pair's registers hold one
@@ -548,7 +564,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     fbnim = _resident(FBIM, B, B, B, 0, True, table)
     g = ChunkedGlobals(U, K, Y, TFRE, TFIM, batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                        u_desc, y_desc, fare, faim, fanim, fbre, fbim, fbnim, A, B, CHUNK, TMA, RFFT, CONJ,
-                       PROBE, TW_SFU)
+                       PROBE, TW_SFU, CONTIG)
     first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA)
     if WARPGROUPS == 1:
         fence_async_shared()
@@ -622,19 +638,20 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     first = gl.program_id(0) * PARTS + part
     programs = gl.num_programs(0) * PARTS
     U_BYTES: gl.constexpr = 2 * HALF * B * U.dtype.element_ty.primitive_bitwidth // 8
+    start, stop, step = _walk(first, programs, total, g.CONTIG)
     if TMA:
-        if first < total:
+        if start < stop:
             mbarrier.expect(u_ready.index(0), U_BYTES)
-            tma.async_copy_global_to_shared(u_desc, [2 * (first % groups), first // groups, 0, 0], u_ready.index(0),
+            tma.async_copy_global_to_shared(u_desc, [2 * (start % groups), start // groups, 0, 0], u_ready.index(0),
                                             u_smem.index(0))
-    for w in range(first, total, programs):
+    for w in range(start, stop, step):
         h = (w // groups).to(gl.int64)
         b_re = 2 * (w % groups)
         b_im = b_re + 1
         if TMA:
-            i = (w - first) // programs
-            after = w + programs
-            if after < total:
+            i = (w - start) // step
+            after = w + step
+            if after < stop:
                 mbarrier.expect(u_ready.index((i + 1) % 2), U_BYTES)
                 tma.async_copy_global_to_shared(u_desc, [2 * (after % groups), after // groups, 0, 0],
                                                 u_ready.index((i + 1) % 2), u_smem.index((i + 1) % 2))
