@@ -263,6 +263,27 @@ def check_variant(variant, case: dict) -> dict:
 # a worker: compile, check, then time when told
 
 
+def time_variant(variant, res: dict):
+    """The variant's times at B16 H16 N4096 d128 bf16 into res (its tensors freed on return)."""
+    t = make(16, 4096, 16, 128, 128)
+    res["bwd_ms"] = bench(lambda: run_backward(variant, t, t["ht"]))
+    fn = kernels_only(variant, t, t["ht"])
+    if fn is not None:
+        res["kernels_ms"] = bench(fn)
+    if variant[3] == "chunked":  # each kernel alone (after one in-order run wrote what they read)
+        steps = []
+        run_backward(variant, t, t["ht"], steps=steps)
+        for _, kernel, grid, args, kw in steps:
+            kernel[grid](*args, **kw)
+        res["steps_ms"] = {step: round(bench(lambda: kernel[grid](*args, **kw)), 4)
+                           for step, kernel, grid, args, kw in steps}
+    if variant[0] == "shipped":  # the shipped forward (CHANNEL_FWD_DIAG 3, chunk 32, BV 128, 3 stages)
+        p = plan(t["q"], t["v"], t["g"], IDENTITY)
+        res["fwd_ms"] = bench(lambda: launch.forward(p, t["q"], t["k"], t["v"], t["g"], None, None, None, t["h0"],
+                                                     t["q"].shape[-1] ** -0.5, IDENTITY, final_state=True,
+                                                     keep_linear=False))
+
+
 def worker(name: str, scratch: Path):
     variant = next(v for v in VARIANTS if v[0] == name)
     res = dict(variant=name, check={}, errors=[])
@@ -299,27 +320,12 @@ def worker(name: str, scratch: Path):
             return
         time.sleep(0.02)
     try:
-        t = make(16, 4096, 16, 128, 128)
-        res["bwd_ms"] = bench(lambda: run_backward(variant, t, t["ht"]))
-        fn = kernels_only(variant, t, t["ht"])
-        if fn is not None:
-            res["kernels_ms"] = bench(fn)
-        if variant[3] == "chunked":  # each kernel alone (after the whole backward above wrote what they read)
-            steps = []
-            run_backward(variant, t, t["ht"], steps=steps)
-            for _, kernel, grid, args, kw in steps:  # once in order: each reads what the ones before wrote
-                kernel[grid](*args, **kw)
-            res["steps_ms"] = {step: round(bench(lambda: kernel[grid](*args, **kw)), 4)
-                               for step, kernel, grid, args, kw in steps}
-        if name == "shipped":  # the shipped forward (CHANNEL_FWD_DIAG 3, chunk 32, BV 128, 3 stages)
-            p = plan(t["q"], t["v"], t["g"], IDENTITY)
-            res["fwd_ms"] = bench(lambda: launch.forward(p, t["q"], t["k"], t["v"], t["g"], None, None, None, t["h0"],
-                                                         t["q"].shape[-1] ** -0.5, IDENTITY, final_state=True,
-                                                         keep_linear=False))
+        time_variant(variant, res)
     except Exception as err:  # noqa: BLE001
         res["errors"].append(f"time: {type(err).__name__}: {err}"[:400])
         dump()
         return
+    torch.cuda.empty_cache()  # the timed tensors are gone: the next worker's timing needs the memory (run 9: OOM)
     dump()
     (scratch / f"{name}.timed").touch()
     while not (scratch / "all_timed").exists():
