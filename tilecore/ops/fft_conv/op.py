@@ -180,7 +180,8 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     u: (batch, channels, seqlen), float16, bfloat16 or float32 (y has its dtype and shape). k: the
     filter (channels, filter_len), filter_len <= seqlen (zero past its end), or its spectrum
     ``filter_spectrum(k, seqlen)`` (complex64 (channels, seqlen + 1)), precomputed once for many calls.
-    Computed through a DFT of length 2 seqlen. bf16 / fp16 u at seqlen 256..4096: one Triton kernel
+    Computed through a DFT of length 2 seqlen. bf16 / fp16 u at seqlen 1024, 2048, 4096 on Hopper: one
+    Gluon kernel (every DFT stage a wgmma, u and y by TMA); at seqlen 256..4096 elsewhere: one Triton kernel
     for two sequences of a channel at a time (as the real and imaginary parts of one complex sequence),
     the DFT factored into small float16 matrices on tensor cores, u read once and y written once; at
     seqlen 8192 and 16384 the same method in three passes through a float16 scratch (bf16 at ~1.04x its
