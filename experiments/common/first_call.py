@@ -10,6 +10,9 @@ Session 30: the ops added after session 24 too (LATER); the cold processes (whic
 --jobs at a time (their figures then include the other compiles' CPU contention: read them as an upper
 bound), the warm ones --warm-jobs at a time (16 cores: a few at once leave each its own cores); no process
 starts after --budget seconds (those ops say "skipped"). --json defaults to $OUT/first_call_<ops>.json.
+Session 30 run 4: every op's warm first call <= 1 s (1st fwd 413-662 ms). Since then gemm's NAPKIN_TOPK and
+attention's NAPKIN_FORWARD_TOPK are on: a shape bucket's first call times its candidates (configs: +0.03-0.11 s
+with a warm disk cache), which these rows now include.
 """
 import argparse
 import json
