@@ -87,6 +87,7 @@ def test_takes_only_what_it_computes(monkeypatch):
     plan not yet split (run's "split" path calls launch.backward with one)."""
     q, k, v, g, _ = make(1, 8, 1, 1, 16, 16, dtype=F16, decay="channel")
     p = plan(q, v, g, IDENTITY)
+    monkeypatch.setattr(configs_gla_bwd, "GLA_BWD_PATH", None)
     assert not kernels_backward_gla.takes(p, q, v, g, None, IDENTITY)
     monkeypatch.setattr(configs_gla_bwd, "GLA_BWD_PATH", "split")
     assert kernels_backward_gla.takes(p, q, v, g, None, IDENTITY)

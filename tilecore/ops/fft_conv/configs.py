@@ -65,7 +65,8 @@ MONO_CANDIDATES = {  # (A, B, C, loop, warps[, permute[, kfull]]); sm_90a regist
 GLUON_ONEPASS: dict = {
     1024: (32, 64, 2, False, True, 0, True, 1, 4, True),  # session 29: (32, 64, 3, False, True, 0, True) 0.151
     2048: (64, 64, 2, True, True, 0, True, 1, 4, True),  # session 29: the same from the table, 0.253
-    4096: (128, 64, 1, True, True, 32, True, 2, 4, True),  # session 29: (128, 64, 1, True, True, 32, True, 2) 0.612
+    4096: (128, 64, 1, True, True, 32, 2, 2, 4, True),  # session 30 run 10: RFFT 2 (a bin one 64-bit load) 0.472 ms against
+    # TW_SFU's 0.569 (session 29's tuple 0.612), every check at the floor (bf16 1.04x, correlation, NaN/odd, fp16 2.55x)
 }
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     # session 29 (H100), op ms: run 7: 1024 ASYNC 0.3456 (kernel 0.1428), ASYNC+TMA 0.3648 (0.1343), ASYNC+TMA+RFFT

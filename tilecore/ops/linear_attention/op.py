@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tilecore import dispatch
-from tilecore.ops.linear_attention import configs, launch, mamba_dt
+from tilecore.ops.linear_attention import configs, kernels_backward_gla, launch, mamba_dt
 from tilecore.ops.linear_attention.plan import BASED, IDENTITY, plan
 from tilecore.tiles import eager
 from tilecore.tiles.launch import LRU, signature
@@ -168,8 +168,12 @@ def _backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
 
 def _backward_impl(do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, chunk, native):
-    p = launch.backward_plan(plan(q, v, g, feature, chunk or None), q, v, g, feature, chunk or None)
-    grads = launch.backward(p, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, native=native)
+    p = plan(q, v, g, feature, chunk or None)
+    if kernels_backward_gla.takes(p, q, v, g, beta, feature):  # per-channel decay: configs_gla_bwd.GLA_BWD_PATH
+        grads = kernels_backward_gla.run(p, do, q, k, v, g, h0, ht, dht, scale, native, chunk or None)
+    else:
+        p = launch.backward_plan(p, q, v, g, feature, chunk or None)
+        grads = launch.backward(p, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, native=native)
     return tuple(_none_to_empty(t, v) for t in grads)
 
 
