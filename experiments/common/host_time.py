@@ -230,7 +230,7 @@ def _which_differ(outs, names):
 def varlen_ranked_cases():
     """varlen's work table in one launch (varlen_work.py, off by default: VARLEN_RANKED_TABLE) against the
     two-step table: the Gluon forward keyed with and without it (host us a call, and the same output)."""
-    from tilecore.ops.attention import configs, varlen
+    from tilecore.ops.attention_varlen import configs, op as varlen
     bf = dict(device=DEV[0], dtype=torch.bfloat16)
     lens = torch.tensor([0, 100, 300, 512], dtype=torch.int32, device=DEV[0])
     qv = torch.randn(512, 8, 64, **bf)
@@ -245,7 +245,7 @@ def varlen_ranked_cases():
 def varlen_ranked_table_check():
     """The one-launch table (ranked) equals the sorted two-step table and work_table_torch on the GPU:
     random batches of 1..64 sequences with ties and zero lengths. Returns {case: True/False/error}."""
-    from tilecore.ops.attention import varlen
+    from tilecore.ops.attention_varlen import op as varlen
     results = {}
     gen = torch.Generator().manual_seed(0)
     for batch, tile_m, heads in ((1, 128, 8), (3, 128, 8), (17, 128, 4), (64, 128, 2), (64, 64, 3)):

@@ -6,7 +6,7 @@ from torch.overrides import TorchFunctionMode
 
 from tilecore import dispatch
 from tilecore.ops.norm.op import layer_norm
-from tilecore.ops.attention.varlen import attention_varlen
+from tilecore.ops.attention_varlen import attention_varlen
 from tilecore.ops.rotary.op import apply_rotary
 
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from triton.runtime.jit import JITFunction
 
-from tilecore.ops.attention import kvcache
-from tilecore.ops.attention.reference_varlen import kvcache_reference
+from tilecore.ops.attention_kvcache import op as kvcache
+from tilecore.ops.attention_kvcache.reference import kvcache_reference
 from tilecore.ops.norm import launch as norm_launch
 from tilecore.ops.norm import op
 from tilecore.ops.rotary import op as rotary_op
@@ -303,8 +303,8 @@ def test_gluon_forward_launch_args_as_tma_operands():
 # --------------------------------------------------------------------------------------------
 # attention_varlen (session 28)
 
-from tilecore.ops.attention import varlen as varlen_op  # noqa: E402
-from tilecore.ops.attention.reference_varlen import varlen_reference  # noqa: E402
+from tilecore.ops.attention_varlen import op as varlen_op  # noqa: E402
+from tilecore.ops.attention_varlen.reference import varlen_reference  # noqa: E402
 
 
 def test_varlen_keyed_forward_reads_new_lengths_each_call(keyed, monkeypatch):

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import torch
 
-from tilecore.ops.attention.kvcache import attention_with_kvcache
+from tilecore.ops.attention_kvcache import attention_with_kvcache
 from tilecore.ops.attention.op import attention
-from tilecore.ops.attention.varlen import attention_varlen
+from tilecore.ops.attention_varlen import attention_varlen
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 

@@ -3,7 +3,6 @@ notes/attention (by session). plan.py reads these tables; nothing here asks abou
 Figures are on the H100 against cuDNN unless said otherwise."""
 from __future__ import annotations
 
-import importlib
 
 # --------------------------------------------------------------------------------------------
 # the tl kernels (kernels_tl.py); in the interpreter small blocks, so tests cover several
@@ -160,12 +159,6 @@ def gluon_forward_config(d: int, n: int, nk: int, causal: bool, dv: int | None =
     return cfg
 
 
-# attention_varlen's tables moved to tilecore/ops/attention_varlen/configs.py (issue 30); VARLEN_* names are
-# still read here by importers not yet updated (experiments/common/host_time.py)
-def __getattr__(name):
-    if name.startswith("VARLEN_"):
-        return getattr(importlib.import_module("tilecore.ops.attention_varlen.configs"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------------------------
