@@ -91,19 +91,8 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
     upcast = cfg["upcast"]  # the interpreter: bf16 on its float32 upcast, rounded once at the end
     if upcast:
         q, k, v, do = q.float(), k.float(), v.float(), do.float()
-    direct = out is not None and not upcast
-    dq = out["dq"] if direct else torch.empty(B, N, H, Dk, dtype=q.dtype, device=dev)
-    dk = out["dk"] if direct else torch.empty(B, N, H, Dk, dtype=k.dtype, device=dev)
-    dv = out["dv"] if direct else torch.empty(B, N, H, Dv, dtype=v.dtype, device=dev)
-    dg = out["dg"] if out is not None else torch.empty(B, N, H, Dk, dtype=f32, device=dev)
-    dh0 = None
-    if h0 is not None:
-        dh0 = out["dh0"] if out is not None else torch.empty(B, H, Dk, Dv, dtype=f32, device=dev)
-    for t, shape in ((dq, (B, N, H, Dk)), (dk, (B, N, H, Dk)), (dv, (B, N, H, Dv)), (dg, (B, N, H, Dk))):
-        if tuple(t.shape) != shape or not t.is_contiguous():
-            raise ValueError(f"gla backward: output buffers must be contiguous {shape}, got {tuple(t.shape)}")
-    if dg.dtype != f32 or (dh0 is not None and (dh0.dtype != f32 or not dh0.is_contiguous())):
-        raise ValueError("gla backward: dg and dh0 are float32 (dh0 contiguous (B, H, Dk, Dv))")
+    direct = out is not None and not upcast  # the kernels wrote the caller's buffers
+    dq, dk, dv, dg, dh0 = kernels_backward_gla_chunked.gradient_buffers(out, upcast, q, k, v, h0, "gla backward")
     if B * H > 0 and N > 0:
         dgq = torch.empty(B, N, H, Dk, dtype=f32, device=dev)  # the dQ kernel's q_t * dq_t
         has_ht = dht is not None and ht is not None
@@ -147,19 +136,8 @@ def backward_split(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: d
     upcast = plan.config["upcast"]
     if upcast:
         q, k, v, do = q.float(), k.float(), v.float(), do.float()
-    direct = out is not None and not upcast
-    dq = out["dq"] if direct else torch.empty(B, N, H, Dk, dtype=q.dtype, device=dev)
-    dk = out["dk"] if direct else torch.empty(B, N, H, Dk, dtype=k.dtype, device=dev)
-    dv = out["dv"] if direct else torch.empty(B, N, H, Dv, dtype=v.dtype, device=dev)
-    dg = out["dg"] if out is not None else torch.empty(B, N, H, Dk, dtype=f32, device=dev)
-    dh0 = None
-    if h0 is not None:
-        dh0 = out["dh0"] if out is not None else torch.empty(B, H, Dk, Dv, dtype=f32, device=dev)
-    for t, shape in ((dq, (B, N, H, Dk)), (dk, (B, N, H, Dk)), (dv, (B, N, H, Dv)), (dg, (B, N, H, Dk))):
-        if tuple(t.shape) != shape or not t.is_contiguous():
-            raise ValueError(f"gla backward: output buffers must be contiguous {shape}, got {tuple(t.shape)}")
-    if dg.dtype != f32 or (dh0 is not None and (dh0.dtype != f32 or not dh0.is_contiguous())):
-        raise ValueError("gla backward: dg and dh0 are float32 (dh0 contiguous (B, H, Dk, Dv))")
+    direct = out is not None and not upcast  # the kernels wrote the caller's buffers
+    dq, dk, dv, dg, dh0 = kernels_backward_gla_chunked.gradient_buffers(out, upcast, q, k, v, h0, "gla backward")
     if B * H > 0 and N > 0:
         dq_strict = torch.empty(B, N, H, Dk, dtype=f32, device=dev)
         dk_strict = torch.empty(1, B, N, H, Dk, dtype=f32, device=dev)

@@ -389,6 +389,29 @@ def _block(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
+def gradient_buffers(out: dict | None, upcast: bool, q, k, v, h0, name: str):
+    """The backward's (dq, dk, dv, dg, dh0): the caller's ``out`` buffers (dq / dk / dv only where the kernels write
+    the inputs' dtypes, not on the interpreter's float32 upcast), else new ones; checked: contiguous (B, N, H, D),
+    dg and dh0 float32, dh0 contiguous (B, H, Dk, Dv)."""
+    B, N, H, Dv = v.shape
+    Dk = q.shape[3]
+    dev, f32 = v.device, torch.float32
+    direct = out is not None and not upcast
+    dq = out["dq"] if direct else torch.empty(B, N, H, Dk, dtype=q.dtype, device=dev)
+    dk = out["dk"] if direct else torch.empty(B, N, H, Dk, dtype=k.dtype, device=dev)
+    dv = out["dv"] if direct else torch.empty(B, N, H, Dv, dtype=v.dtype, device=dev)
+    dg = out["dg"] if out is not None else torch.empty(B, N, H, Dk, dtype=f32, device=dev)
+    dh0 = None
+    if h0 is not None:
+        dh0 = out["dh0"] if out is not None else torch.empty(B, H, Dk, Dv, dtype=f32, device=dev)
+    for t, shape in ((dq, (B, N, H, Dk)), (dk, (B, N, H, Dk)), (dv, (B, N, H, Dv)), (dg, (B, N, H, Dk))):
+        if tuple(t.shape) != shape or not t.is_contiguous():
+            raise ValueError(f"{name}: output buffers must be contiguous {shape}, got {tuple(t.shape)}")
+    if dg.dtype != f32 or (dh0 is not None and (dh0.dtype != f32 or not dh0.is_contiguous())):
+        raise ValueError(f"{name}: dg and dh0 are float32 (dh0 contiguous (B, H, Dk, Dv))")
+    return dq, dk, dv, dg, dh0
+
+
 def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | None = None, steps: list | None = None,
              **overrides):
     """(dq, dk, dv, dg, None, dh0), as kernels_backward_gla.backward (the same contract: dq, dk, dv in the inputs'
@@ -410,19 +433,8 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         q, k, v, do = q.float(), k.float(), v.float(), do.float()
     elif do.dtype != v.dtype and v.dtype != f32:
         do = do.to(v.dtype)
-    direct = out is not None and not upcast
-    dq = out["dq"] if direct else torch.empty(B, N, H, Dk, dtype=q.dtype, device=dev)
-    dk = out["dk"] if direct else torch.empty(B, N, H, Dk, dtype=k.dtype, device=dev)
-    dv = out["dv"] if direct else torch.empty(B, N, H, Dv, dtype=v.dtype, device=dev)
-    dg = out["dg"] if out is not None else torch.empty(B, N, H, Dk, dtype=f32, device=dev)
-    dh0 = None
-    if h0 is not None:
-        dh0 = out["dh0"] if out is not None else torch.empty(B, H, Dk, Dv, dtype=f32, device=dev)
-    for t, shape in ((dq, (B, N, H, Dk)), (dk, (B, N, H, Dk)), (dv, (B, N, H, Dv)), (dg, (B, N, H, Dk))):
-        if tuple(t.shape) != shape or not t.is_contiguous():
-            raise ValueError(f"gla chunked backward: output buffers must be contiguous {shape}, got {tuple(t.shape)}")
-    if dg.dtype != f32 or (dh0 is not None and dh0.dtype != f32):
-        raise ValueError("gla chunked backward: dg and dh0 are float32")
+    direct = out is not None and not upcast  # the kernels wrote the caller's buffers
+    dq, dk, dv, dg, dh0 = gradient_buffers(out, upcast, q, k, v, h0, "gla chunked backward")
     BT = cfg["BT"]
     NT = -(-N // BT)
     has_dht = dht is not None
