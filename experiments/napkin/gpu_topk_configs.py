@@ -30,6 +30,11 @@ Run from the repository root on the GPU machine (each under 90 s on an H100; TOT
     PYTHONPATH=. python3 experiments/napkin/gpu_topk_configs.py
     PYTHONPATH=. python3 experiments/napkin/gpu_topk_configs.py --attention
 
+``--fp8 --graph`` (issue 36, session 31): the fp8 shapes (the 9 bf16 ones in fp8 and M 256), each row also
+timed by the CUDA-graph clock (launch.graph_ms: GPU time alone), and the top-k pick made by either clock of
+launch.time_plans: is the graph clock's pick (configs.NAPKIN_CLOCK_FP8) right where do_bench read host time,
+and never slower than the table (the evidence NAPKIN_TOPK_FP8 waits for)?
+
 ``--smoke``: the CPU under TRITON_INTERPRET=1, tiny shapes, no timing (the tl kernel stands in for the
 Gluon one): a check of the script. Writes $OUT/napkin_topk_configs[_attention].json ($OUT: /tmp/out).
 """
@@ -65,6 +70,10 @@ GEMM_SHAPES = [  # interleaved, so that a budget cut leaves each kind measured
     ("fp8 down T8192", 8192, 4096, 14336, "fp8"),
 ]
 SMOKE_GEMM = [("smoke bf16", 96, 80, 64, "bf16"), ("smoke fp8", 64, 96, 64, "fp8")]
+# --fp8: the 9 bf16 shapes above in fp8, and session 30's fp8 M 256 (the do_bench clock read host time there)
+FP8_SHAPES = [("fp8 " + name, M, N, K, "fp8") for name, M, N, K, dt in GEMM_SHAPES if dt == "bf16"] + \
+    [("fp8 skinny M256", 256, 8192, 8192, "fp8")]
+GRAPH = "--graph" in sys.argv
 # name, B, H, N, D, causal
 ATTN_SHAPES = [
     ("D128 N4096", 8, 16, 4096, 128, False),
@@ -229,6 +238,11 @@ def gemm_case(name, M, N, K, dt, topk: int) -> dict:
                 p = gemm_plan(a, b, scales, cfg)
                 r["ms"] = bench(lambda: launch.launch(p, a, b, None, scales, out=out))
                 r["tflops"] = 2 * M * N * K / r["ms"] / 1e9
+                if GRAPH:  # the same launch captured once into a CUDA graph, replays timed by events, C
+                    # poisoned again first and checked after the replays
+                    out.fill_(float("nan"))
+                    r["graph_ms"] = launch.graph_ms(lambda: launch.launch(p, a, b, None, scales, out=out), 20.0)
+                    r["graph_written"], r["graph_err_floor"] = error_floor(out, ref)
         except Exception as e:
             r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             print(f"  {name} {key(cfg)}: {r['error']}", flush=True)
@@ -240,6 +254,8 @@ def gemm_case(name, M, N, K, dt, topk: int) -> dict:
     res["bar_err_floor"] = bar
     for r in res["rows"].values():
         r["ok"] = bool(r.get("written")) and r.get("err_floor", math.inf) <= bar
+        if "graph_ms" in r:
+            r["ok"] = r["ok"] and bool(r.get("graph_written")) and r.get("graph_err_floor", math.inf) <= bar
     if SMOKE:
         return res
     # (c): the plan's timed pick (its own timing), and the sweep's do_bench time of what it picked
@@ -256,12 +272,28 @@ def gemm_case(name, M, N, K, dt, topk: int) -> dict:
         times = launch.time_plans(plans, a, b, None, scales, rep)
         res[f"pick_rep{rep:g}_s"] = time.perf_counter() - t0
         res[f"pick_rep{rep:g}"] = key(top[min(range(len(times)), key=times.__getitem__)])
+    if GRAPH:  # the top-k pick by each clock, as launch.time_plans runs it (configs.NAPKIN_TIMED_MS a row)
+        for clock in ("do_bench", "graph"):
+            t0 = time.perf_counter()
+            times = launch.time_plans(plans, a, b, None, scales, configs.NAPKIN_TIMED_MS, clock)
+            res[f"pick_{clock}_s"] = time.perf_counter() - t0
+            res[f"pick_{clock}"] = key(top[min(range(len(times)), key=times.__getitem__)])
+            res[f"pick_{clock}_ms"] = {key(c): t for c, t in zip(top, times)}
+        graph = {k: r["graph_ms"] for k, r in res["rows"].items() if r.get("graph_ms") and r.get("ok")}
+        if graph:
+            res["best_graph"] = min(graph, key=graph.get)
+            for what in ("table", "timed_pick", "pick_do_bench", "pick_graph"):
+                ms = graph.get(res[what])
+                res[f"{what}_over_best_graph"] = ms / graph[res["best_graph"]] if ms else None
+            res["table_over_pick_graph_by_graph"] = (graph.get(res["table"]) or math.nan) / \
+                (graph.get(res["pick_graph"]) or math.nan)
     res["cublas_ms"] = bench(peer)
     timed = {k: r["ms"] for k, r in res["rows"].items() if r.get("ms") and r.get("ok")}
     if timed:
         best = min(timed, key=timed.get)
         res["best"], res["best_ms"] = best, timed[best]
-        for what in ("table", "napkin_top1", "timed_pick", "pick_rep5", "pick_rep10"):
+        for what in ("table", "napkin_top1", "timed_pick", "pick_rep5", "pick_rep10") + \
+                (("pick_do_bench", "pick_graph") if GRAPH else ()):
             ms = timed.get(res[what])
             res[f"{what}_over_best"] = ms / timed[best] if ms else None
         res["table_over_pick"] = (timed.get(res["table"]) or math.nan) / (timed.get(res["timed_pick"]) or math.nan)
@@ -473,6 +505,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny shapes, no timing")
     ap.add_argument("--attention", action="store_true", help="the attention forward instead of the GEMM")
+    ap.add_argument("--fp8", action="store_true", help="the fp8 shapes (FP8_SHAPES) instead of GEMM_SHAPES")
+    ap.add_argument("--graph", action="store_true", help="also each row's CUDA-graph time and the top-k pick "
+                    "by either clock of launch.time_plans (do_bench, graph); the verdict by the graph clock")
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--workers", type=int, default=None, help="compile processes (default 12; the smoke run: none)")
     ap.add_argument("--budget", type=float, default=60.0, help="seconds: later cases are cut (then the cold "
@@ -491,7 +526,7 @@ def main() -> int:
         cases = [(*c, args.topk) for c in (SMOKE_ATTN if SMOKE else ATTN_SHAPES)]
         fn, warm = attn_case, attn_warm
     else:
-        cases = [(*c, args.topk) for c in (SMOKE_GEMM if SMOKE else GEMM_SHAPES)]
+        cases = [(*c, args.topk) for c in (SMOKE_GEMM if SMOKE else FP8_SHAPES if args.fp8 else GEMM_SHAPES)]
         fn, warm = gemm_case, gemm_warm
     if args.shapes:
         cases = cases[:args.shapes]
@@ -524,7 +559,8 @@ def main() -> int:
         else:
             print("budget: the cold first-call process cut", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / ("napkin_topk_configs_attention.json" if args.attention else "napkin_topk_configs.json")
+    path = args.out / ("napkin_topk_configs_attention.json" if args.attention else
+                       "napkin_topk_configs_fp8.json" if args.fp8 else "napkin_topk_configs.json")
     path.write_text(json.dumps(dict(device=None if SMOKE else torch.cuda.get_device_name(), topk=args.topk,
                                     smoke=SMOKE, seconds=time.perf_counter() - start, cases=results, first_call=cold),
                                 indent=1))
@@ -548,6 +584,15 @@ def main() -> int:
     for r in cold:
         print(f"cold first call {r.get('name')}: table {fmt(r.get('table_first_s'))} s, the pick adds "
               f"{fmt(r.get('pick_added_s'))} s ({r.get('pick')}) {r.get('error', '')}")
+    if GRAPH and not args.attention:  # each pick's and the table's CUDA-graph time over the sweep's best by it
+        print(f"\n{'by the graph clock':22} {'table':>6} {'pick':>6} {'p_dob':>6} {'p_gr':>6} {'tab/p_gr':>8}  "
+              "best (graph) / pick by graph / pick by do_bench")
+        for r in results:
+            print(f"{r['name']:22} {fmt(r.get('table_over_best_graph')):>6} {fmt(r.get('timed_pick_over_best_graph')):>6} "
+                  f"{fmt(r.get('pick_do_bench_over_best_graph')):>6} {fmt(r.get('pick_graph_over_best_graph')):>6} "
+                  f"{fmt(r.get('table_over_pick_graph_by_graph')):>8}  {r.get('best_graph')} / {r.get('pick_graph')} / "
+                  f"{r.get('pick_do_bench')}  (do_bench: pick_gr {fmt(r.get('pick_graph_over_best'))}, "
+                  f"{fmt(r.get('pick_graph_s'))} s)")
     print(f"wrote {path} ({time.perf_counter() - start:.1f} s)")
     return 0
 

@@ -104,13 +104,15 @@ class FakeTimer:
     def __init__(self, ms: dict):
         self.ms = ms
         self.calls = []
+        self.clocks = []
 
-    def __call__(self, plans, a, b, bias=None, scales=None, rep_ms=20.0):
+    def __call__(self, plans, a, b, bias=None, scales=None, rep_ms=20.0, clock="do_bench"):
         self.calls.append([p.config["block"] for p in plans])
+        self.clocks.append(clock)
         return [self.ms.get(p.config["block"], 1.0) for p in plans]
 
 
-def timed(monkeypatch, timer, M=256, N=512, K=1024, capturing=False, dtype=BF16):
+def timed(monkeypatch, timer, M=256, N=512, K=1024, capturing=False, dtype=BF16, scales=None):
     """plan.timed_config on CPU tensors taken as a GPU's (plan._timeable; the timing is faked)."""
     a = torch.randn(M, K).to(dtype)
     b = torch.randn(K, N).to(dtype)
@@ -119,7 +121,8 @@ def timed(monkeypatch, timer, M=256, N=512, K=1024, capturing=False, dtype=BF16)
     monkeypatch.setattr(plan, "napkin_gpu", lambda device: "h100")
     monkeypatch.setattr(dispatch, "capturing", lambda device: capturing)
     monkeypatch.setattr(plan, "_schedule", lambda a, M, N, K, cfg: dict(grid=(1,), units=1, stream_k=False))
-    return plan.timed_config(a, b, BF16, None, None, (False, False, False), 4)
+    form = (False, scales is not None, False)
+    return plan.timed_config(a, b, BF16, None, scales, form, 4)
 
 
 @pytest.fixture(autouse=True)
@@ -197,3 +200,119 @@ def test_fp8_takes_the_pick_only_where_its_own_switch_is_on(monkeypatch, fp8_on)
     plan.plan(a8.to(BF16), b8.to(BF16), out_dtype=BF16)  # bf16 always asks the pick where NAPKIN_TOPK is on
     assert len(calls) == int(fp8_on) + 1
 
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_each_dtype_is_timed_by_its_own_clock(monkeypatch, fp8):
+    # fp8 by the CUDA-graph clock (its do_bench read host time at M 256, session 30), bf16 by NAPKIN_CLOCK
+    monkeypatch.setattr(configs, "NAPKIN_CLOCK", "do_bench")
+    monkeypatch.setattr(configs, "NAPKIN_CLOCK_FP8", "graph")
+    rows = plan.napkin_configs(256, 512, 1024, FP8 if fp8 else BF16, BF16, 4)
+    clocks = []
+
+    def timer(plans, a, b, bias, scales, rep_ms, clock):  # by position: the last candidate the fastest
+        clocks.append(clock)
+        assert [p.config for p in plans] == rows and rep_ms == configs.NAPKIN_TIMED_MS
+        return [1.0 + i for i in range(len(plans) - 1)] + [0.25]
+
+    scales = (torch.ones(1), torch.ones(1)) if fp8 else None
+    cfg, times = timed(monkeypatch, timer, dtype=FP8 if fp8 else BF16, scales=scales)
+    assert clocks == ["graph" if fp8 else "do_bench"]
+    assert cfg == rows[-1] and times[len(rows) - 1] == 0.25
+
+
+class FakeCuda:
+    """torch.cuda's graph and event API on a fake GPU clock: a captured call adds a kernel to the graph, a
+    replay advances the clock by its kernels' times (``kernel_ms`` gives one per call, in turn); the host's
+    time never enters (as on a GPU, where events bound a replay)."""
+
+    def __init__(self, kernel_ms):
+        self.kernel_ms = kernel_ms  # () -> the next kernel's ms
+        self.now = 0.0
+        self.capturing = None
+        self.replays = 0
+        fake = self
+
+        class CUDAGraph:
+            def __init__(self):
+                self.kernels = 0
+
+            def replay(self):
+                fake.replays += 1
+                for _ in range(self.kernels):
+                    fake.now += fake.kernel_ms()
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                assert enable_timing
+                self.t = None
+
+            def record(self):
+                self.t = fake.now
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return end.t - self.t
+
+        self.CUDAGraph, self.Event = CUDAGraph, Event
+
+    def graph(self, g, capture_error_mode="global"):
+        import contextlib
+
+        @contextlib.contextmanager
+        def capture():
+            self.capturing = g
+            yield
+            self.capturing = None
+        return capture()
+
+    def synchronize(self):
+        pass
+
+    def launch(self):  # what fn does: one kernel, captured into the graph being captured
+        assert self.capturing is not None, "graph_ms ran fn outside its capture"
+        self.capturing.kernels += 1
+
+
+def test_graph_clock_is_the_median_replay_over_its_launches():
+    import itertools
+
+    # every 5th kernel slow (a replay of 8 then holds one or two): the median replay, over 8 launches
+    cycle = itertools.cycle([0.10, 0.10, 0.10, 0.10, 0.50])
+    cuda = FakeCuda(lambda: next(cycle))
+    ms = launch.graph_ms(cuda.launch, rep_ms=5.0, launches=8, cuda=cuda)
+    assert cuda.CUDAGraph is not None and cuda.capturing is None
+    # the warm-up replay, the one that sizes the run, then rep_ms over a replay's ~1.1 ms: 4 timed replays
+    assert cuda.replays == 2 + int(5.0 / (6 * 0.10 + 2 * 0.50))
+    assert 0.10 < ms < 0.20 and ms * 8 in (pytest.approx(6 * 0.10 + 2 * 0.50), pytest.approx(7 * 0.10 + 0.50))
+    # a long kernel still gets 3 timed replays; a tiny one at most 1000
+    cuda = FakeCuda(lambda: 40.0)
+    assert launch.graph_ms(cuda.launch, rep_ms=5.0, launches=2, cuda=cuda) == pytest.approx(40.0)
+    assert cuda.replays == 2 + 3
+    cuda = FakeCuda(lambda: 1e-4)
+    launch.graph_ms(cuda.launch, rep_ms=5.0, launches=1, cuda=cuda)
+    assert cuda.replays == 2 + 1000
+
+
+def test_time_plans_graph_clock_reuses_one_output_and_fails_a_candidate_to_inf(monkeypatch):
+    # CPU plans (the "cpu" or the interpreted "tl" path) through the graph clock, its graph_ms faked: each candidate is
+    # launched once outside the capture, then timed on a C of its own preallocated once
+    a, b = torch.randn(40, 24), torch.randn(24, 32)
+    seen = []
+
+    def fake_graph_ms(fn, rep_ms):
+        outs = {id(fn()) for _ in range(3)}
+        seen.append((outs, rep_ms))
+        return 0.5
+
+    monkeypatch.setattr(launch, "graph_ms", fake_graph_ms)
+    good = plan.plan(a, b, out_dtype=torch.float32)
+    assert good.path in ("cpu", "tl")  # tl where the tests run the interpreter
+    bad = plan.Plan("gluon", torch.float32, config=dict(block=(1, 1, 1)))  # a Gluon plan cannot run on CPU
+    times = launch.time_plans([good, bad, good], a, b, rep_ms=3.0, clock="graph")
+    assert times == [0.5, math.inf, 0.5]
+    assert [len(o) for o, _ in seen] == [1, 1] and all(r == 3.0 for _, r in seen)
+    with pytest.raises(ValueError, match="clock"):
+        launch.time_plans([good], a, b, clock="wall")

@@ -40,6 +40,13 @@ NAPKIN_TOPK_FP8 = False
 # 0.026-0.109 s at 5 ms against 0.096-0.190 at 20 (kernels compiled; compiling the extra candidates adds
 # 2.4-3.5 s once a process where Triton's cache does not hold them)
 NAPKIN_TIMED_MS = 5.0
+# the clock a candidate is timed by (launch.time_plans): "do_bench" (the launch's median after an L2 flush,
+# what sessions 29-30 picked the bf16 rows by) or "graph" (the launch captured once into a CUDA graph, the
+# replays timed by CUDA events: GPU time alone, no host time; issue 36, session 31). fp8 is timed by the
+# graph: session 30's do_bench read host time at fp8 M 256 (above); its switch NAPKIN_TOPK_FP8 is off, so
+# this clock serves no default call until the H100 run of experiments/napkin/gpu_topk_configs.py --fp8
+NAPKIN_CLOCK = "do_bench"
+NAPKIN_CLOCK_FP8 = "graph"
 # the Gluon kernel's candidate tiles: (BM, BN, BK, stages, consumer partitions, warps in all); each
 # compiled for sm_90a on the CPU without spills (tests/gemm/test_gemm_topk_compile.py). Where a row
 # does not fit a dtype's shared memory or its TMA box (plan.gluon_legal), it is left out for it.

@@ -110,24 +110,70 @@ def _tl(plan: Plan, a, b, c, bias, scale_a, scale_b):
                            STAGES=cfg["stages"], STREAM_K=plan.stream_k, num_warps=cfg["num_warps"])
 
 
-def time_plans(plans: list[Plan], a, b, bias=None, scales=None, rep_ms: float = 20.0) -> list[float]:
-    """Each plan's GPU time in ms on these operands (CUDA): one launch that compiles it, then
-    triton.testing.do_bench's median over about ``rep_ms`` of launches (each after an L2 flush, which
-    also keeps the GPU busy while the host queues the launch: a small GEMM's time is not the host's).
-    A plan whose compile or launch raises gets inf (named once). plan.timed_config's measurement."""
+def time_plans(plans: list[Plan], a, b, bias=None, scales=None, rep_ms: float = 20.0,
+               clock: str = "do_bench") -> list[float]:
+    """Each plan's GPU time in ms on these operands (CUDA), after one launch that compiles it. A plan
+    whose compile, launch or capture raises gets inf (named once). plan.timed_config's measurement.
+
+    ``clock`` "do_bench": triton.testing.do_bench's median over about ``rep_ms`` of launches, each
+    after an L2 flush (the flush keeps the GPU busy while the host queues a launch, but a launch whose
+    host path outlasts the flush is timed at its host time: session 30, fp8 M 256). "graph": the
+    launch captured into a CUDA graph once (GRAPH_LAUNCHES of it, C preallocated), the graph replayed
+    for about ``rep_ms``, each replay timed by CUDA events: the GPU's time alone (no host time; no
+    L2 flush either, so operands that fit L2 stay there between launches)."""
+    if clock not in ("do_bench", "graph"):
+        raise ValueError(f"time_plans: clock {clock!r}: 'do_bench' or 'graph'")
     from triton.testing import do_bench
 
     times = []
     for p in plans:
         try:
             launch(p, a, b, bias, scales)
-            times.append(do_bench(lambda: launch(p, a, b, bias, scales), warmup=max(rep_ms / 4, 1), rep=rep_ms,
-                                  return_mode="median"))
+            if clock == "graph":
+                out = torch.empty(a.shape[0], b.shape[1], dtype=p.out_dtype, device=a.device)
+                times.append(graph_ms(lambda: launch(p, a, b, bias, scales, out=out), rep_ms))
+            else:
+                times.append(do_bench(lambda: launch(p, a, b, bias, scales), warmup=max(rep_ms / 4, 1),
+                                      rep=rep_ms, return_mode="median"))
         except Exception as e:  # a candidate the compiler or the GPU refuses: the others still compete
             dispatch.notice_once(f"gemm: the candidate {p.config} failed ({type(e).__name__}: {str(e)[:200]}); "
                                  "left out of the timed pick")
             times.append(float("inf"))
     return times
+
+
+GRAPH_LAUNCHES = 8  # launches in one captured graph: a replay's host cost spread over them
+
+
+def graph_ms(fn, rep_ms: float, launches: int = GRAPH_LAUNCHES, cuda=torch.cuda) -> float:
+    """ms of one ``fn()`` on the GPU: ``launches`` calls captured into one CUDA graph, the graph
+    replayed back to back for about ``rep_ms`` (at least 3 replays, after one to warm up), each replay
+    between two CUDA events; the median replay over ``launches``. ``fn`` must have run once outside
+    the capture (compiled, its caches filled). Events bound each replay on the GPU's clock, so a host
+    slower than the kernels only adds gaps between replays, never time inside one. ``cuda``: the
+    torch.cuda API (a fake in the CPU tests)."""
+    graph = cuda.CUDAGraph()
+    with cuda.graph(graph, capture_error_mode="thread_local"):
+        for _ in range(launches):
+            fn()
+    graph.replay()  # warm: the graph's first launch uploads it
+    cuda.synchronize()
+    start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    first = max(start.elapsed_time(end), 1e-3)
+    replays = max(3, min(1000, int(rep_ms / first)))
+    events = [(cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)) for _ in range(replays)]
+    for s, e in events:
+        s.record()
+        graph.replay()
+        e.record()
+    events[-1][1].synchronize()
+    ms = sorted(s.elapsed_time(e) for s, e in events)
+    del graph
+    return ms[len(ms) // 2] / launches
 
 
 _plan.use_timer(lambda *args: time_plans(*args))  # late-bound: a replaced time_plans is the one called

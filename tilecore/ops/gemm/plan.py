@@ -241,15 +241,16 @@ TIMER = "gemm"  # the name launch.py registers launch.time_plans under (tiles.ti
 
 
 def use_timer(timer) -> None:
-    """Register ``timer(plans, a, b, bias, scales, rep_ms) -> [ms]`` as timed_config's measurement
+    """Register ``timer(plans, a, b, bias, scales, rep_ms, clock) -> [ms]`` as timed_config's measurement
     (launch.py registers launch.time_plans when it is imported; until then the switch plans the table)."""
     timed.register(TIMER, timer)
 
 
 def timed_config(a, b, out_dtype, bias, scales, form, top_k: int) -> tuple[dict, dict]:
     """(the Gluon row to run, its candidates' times in ms by position): napkin_configs' candidates,
-    each launched once to compile and then timed (launch.time_plans, registered in tiles.timed: do_bench's
-    median over configs.NAPKIN_TIMED_MS), the fastest kept for the shape's bucket on this device.
+    each launched once to compile and then timed (launch.time_plans, registered in tiles.timed: about
+    configs.NAPKIN_TIMED_MS of launches by the dtype's clock, configs.NAPKIN_CLOCK / NAPKIN_CLOCK_FP8), the
+    fastest kept for the shape's bucket on this device.
 
     Only a CUDA device is timed. Everywhere else the table's row, so that a plan made without a GPU
     is deterministic and the same with the switch on or off: a meta device standing for a GPU
@@ -275,7 +276,8 @@ def timed_config(a, b, out_dtype, bias, scales, form, top_k: int) -> tuple[dict,
     common = dict(out_dtype=out_dtype, has_bias=bias is not None, scales=scales_code(*scales) if fp8 else 0)
     plans = [Plan("gluon", config=r, **_schedule(a, M, N, K, r), b_t=b_t, copy_a=copy_a, copy_b=copy_b,
                   c_dtype=out_dtype, **common) for r in rows]
-    times = timer(plans, a, b, bias, scales, configs.NAPKIN_TIMED_MS)
+    times = timer(plans, a, b, bias, scales, configs.NAPKIN_TIMED_MS,
+                  configs.NAPKIN_CLOCK_FP8 if fp8 else configs.NAPKIN_CLOCK)
     best = timed.fastest(times)
     picked = (rows[best] if best is not None else table, dict(enumerate(times)))
     _PICKS.put(key, picked)
