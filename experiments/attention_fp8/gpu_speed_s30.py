@@ -57,6 +57,11 @@ VARIANTS = {
     "bn160": (dict(block_n2=32), ("d64",)),
     "bn160q4": (dict(block_n2=32, exp2_fma_every=-4), ("d64",)),
 }
+# what a later session's wrapper may replace (gpu_speed_s31.py): the JSON's name, the variants the tails run (None:
+# all), the trace's (label, overrides)
+JSON_NAME = "attention_fp8_speed_s30.json"
+TAIL_VARIANTS = None
+TRACE_VARIANTS = (("default", {}), ("pp", dict(pingpong="flip")))
 CASES = {"d128": (16, 16, 4096, 128, False), "d128c": (16, 16, 4096, 128, True),
          "d64": (16, 16, 4096, 64, False), "d64c": (16, 16, 4096, 64, True)}
 
@@ -98,7 +103,7 @@ def main():
               "configs": {f"d{d}{'c' if c else ''}": {k: str(v) for k, v in configs.gluon_config(d, c).items()}
                           for d in configs.GLUON_FORWARD for c in (False, True)},
               "variants": {n: {k: str(v) for k, v in VARIANTS[n][0].items()} for n in names}, "cases": [], "tails": []}
-    path = os.path.join(out_dir, "attention_fp8_speed_s30.json")
+    path = os.path.join(out_dir, JSON_NAME)
     print("shipped configs:", json.dumps(result["configs"]), flush=True)
 
     def save():
@@ -301,7 +306,7 @@ def main():
 
     if not args.smoke:
         for cname in [c for c in args.trace.split(",") if c]:
-            for label, overrides in (("default", {}), ("pp", dict(pingpong="flip"))):
+            for label, overrides in TRACE_VARIANTS:
                 if left() < 20:
                     break
                 try:
@@ -314,7 +319,7 @@ def main():
     plain = [n for n in names if not VARIANTS[n][0].get("block_n2")]
     split_names = [n for n in names if VARIANTS[n][0].get("block_n2")]
     run_cases(plain, True)
-    run_tails(plain)
+    run_tails([n for n in plain if TAIL_VARIANTS is None or n in TAIL_VARIANTS])
     run_cases(split_names, False)
     run_tails(split_names)
 

@@ -448,6 +448,8 @@ class AttentionFp8:
     vt2_desc: object
     trace: object  # TRACE (a timing probe, session 30): int32 [2 consumers, 64 steps, 8 points] of %clock, program 0
     TRACE: gl.constexpr
+    PV_SMEM: gl.constexpr  # session 31: P V from shared memory (compute_pv_smem): 0 off, 1 on
+    p_smem: object  # PV_SMEM: e4m3 [CONSUMERS * 2, BM, BN], two P buffers a consumer (else None)
 
     @gluon.jit
     def stamp(self, ctx, step, point: gl.constexpr):
@@ -503,7 +505,9 @@ class AttentionFp8:
             q_scale = q_scale * gl.load(self.k_scales + b * (self.H // self.GROUP) + hk)
         m, l = online_softmax_start(self.BM, self.S)
         acc = gl.zeros([self.BM, self.D], gl.float32, self.O)
-        if self.CAST_LATE == 2:  # P packed 4 e4m3 an int32 (pack_e4m3x4)
+        if self.PV_SMEM:  # P goes through shared memory: nothing carried
+            p = gl.constexpr(None)
+        elif self.CAST_LATE == 2:  # P packed 4 e4m3 an int32 (pack_e4m3x4)
             p = self.p_operand(gl.zeros([self.BM, self.BN], gl.float32, self.S))
         else:
             p = gl.zeros([self.BM, self.BN], gl.float32 if self.CAST_LATE else self.q_desc.dtype, self.P)
@@ -816,9 +820,113 @@ class AttentionFp8:
     def compute(self, ctx, st, stage, tile, step):
         if self.BN2 > 0:
             st = self.compute_split(ctx, st, stage, tile, step)
+        elif self.PV_SMEM:
+            self.stamp(ctx, step, 0)
+            st = self.compute_pv_smem(ctx, st, stage, tile, step)
         else:
             self.stamp(ctx, step, 0)
             st = self.compute_one(ctx, st, stage, tile, step)
+        return st
+
+    @gluon.jit
+    def p_buffer(self, ctx, step):
+        """PV_SMEM: the shared buffer of the P made at step ``step`` (two a consumer, alternating: the softmax of step
+        j writes one while P_{j-1} V_{j-1} reads the other)."""
+        return self.p_smem.index(ctx.index * 2 + step % 2)
+
+    @gluon.jit
+    def store_p(self, ctx, p32, step):
+        """PV_SMEM: P (float32, the softmax's) rounded to e4m3 and stored to its buffer, its keys permuted within 32s
+        as V's (p_operand's order, 4 consecutive keys of a row a register: 32-bit stores), then fenced for the async
+        proxy and a warpgroup barrier: every thread's bytes are in place before the wgmma that reads them."""
+        x = p32
+        if self.PERMUTED_V:
+            x = gl.reshape(x, [self.BM, self.BN // 32, 2, 2, 4, 2])
+            x = gl.permute(x, (0, 1, 2, 4, 3, 5))
+            x = gl.convert_layout(gl.reshape(x, [self.BM, self.BN]), self.P, assert_trivial=True)
+        self.p_buffer(ctx, step).store(to_e4m3x4(x))
+        fence_async_shared()
+        gl.thread_barrier()
+
+    @gluon.jit
+    def row_sum_smem(self, pb):
+        """PV_SMEM with L_MMA: row_sum_mma with P's 32-key chunks read from its shared buffer (SS wgmma, each from a
+        zero accumulator; K-slices of the buffer: the descriptor's start advanced 32 bytes a chunk)."""
+        gl.static_assert(self.BN == 128, "L_MMA: key blocks of 128 (4 chunks of 32)")
+        ones_t = self.ones.permute((1, 0))  # [32, LC], keys contiguous: K-major (L_MMA mode 1)
+        zero = gl.zeros([self.BM, self.LC], gl.float32, self.L)
+        t0 = warpgroup_mma(pb.slice(0, 32, dim=1), ones_t, zero, use_acc=False, is_async=True)
+        t1 = warpgroup_mma(pb.slice(32, 32, dim=1), ones_t, zero, use_acc=False, is_async=True)
+        t2 = warpgroup_mma(pb.slice(64, 32, dim=1), ones_t, zero, use_acc=False, is_async=True)
+        t3 = warpgroup_mma(pb.slice(96, 32, dim=1), ones_t, zero, use_acc=False, is_async=True)
+        return t0, t1, t2, t3
+
+    @gluon.jit
+    def compute_pv_smem(self, ctx, st, stage, tile, step):
+        """compute with P V from shared memory (PV_SMEM, session 31): the softmax of step j stores P_j (e4m3) to this
+        consumer's buffer j % 2 and the next step's P_j V_j reads it there (both operands in shared memory). With P V's
+        A operand in registers, ptxas waits for P V before the softmax writes P's registers (its DEPBAR lands after the
+        first row max in every variant: notes/attention_fp8): nothing of the softmax overlaps P V. Here the only
+        registers in flight are O's, which the softmax does not touch, so the wait for P V can stay after it; and no P
+        is carried from step to step (64 float32 registers a thread fewer at BN 128). Every branch ends with its wgmma
+        complete (the stage is free on return)."""
+        q = ctx.operand.reshape([self.BM, self.D])
+        k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))  # [D, BN], D contiguous: K-major
+        v = stage.vt.reshape([self.D, self.BN]).permute((1, 0))  # [BN, D], keys contiguous: K-major
+        self.my_turn(ctx, step)
+        if step == 0:
+            k_scale = self.key_scales(st, 0)
+            s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
+                                  is_async=True)
+            self.their_turn(ctx)
+            s = warpgroup_mma_wait(0, deps=(s_tok,))
+            m, l, p32, alpha, moved = self.softmax(s, st, 0, k_scale)
+            self.store_p(ctx, p32, 0)
+            st = st.replace(m=m, l=l)
+        elif step < st.rows.n_blocks:
+            first_key = step * self.BN
+            k_scale = self.key_scales(st, first_key)
+            pb = self.p_buffer(ctx, step - 1)
+            s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
+                                  is_async=True)
+            l_acc = 0  # (without L_MMA a placeholder: a jit function returns no None)
+            if self.L_MMA:  # issued before P V: the wait for S (one group left) covers them
+                t0, t1, t2, t3 = self.row_sum_smem(pb)
+                o_tok = warpgroup_mma(pb, v, st.acc, is_async=True)
+                self.their_turn(ctx)
+                self.stamp(ctx, step, 1)
+                s, l0, l1, l2, l3 = warpgroup_mma_wait(1, deps=(s_tok, t0, t1, t2, t3))
+                l_acc = st.l_acc + ((l0 + l1) + (l2 + l3))
+            else:
+                o_tok = warpgroup_mma(pb, v, st.acc, is_async=True)
+                self.their_turn(ctx)
+                self.stamp(ctx, step, 1)
+                s = warpgroup_mma_wait(1, deps=(s_tok,))
+            self.stamp(ctx, step, 2)
+            m, l, p32, alpha, moved = self.softmax(s, st, first_key, k_scale)
+            self.store_p(ctx, p32, step)
+            self.stamp(ctx, step, 3)
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            self.stamp(ctx, step, 4)
+            acc, l_acc = self.rescale(acc, l_acc, alpha, moved)
+            if self.L_MMA:
+                st = st.replace(m=m, l=l, acc=acc, l_acc=l_acc)
+            else:
+                st = st.replace(m=m, l=l, acc=acc)
+        elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
+            pb = self.p_buffer(ctx, step - 1)
+            if self.L_MMA:
+                t0, t1, t2, t3 = self.row_sum_smem(pb)
+                o_tok = warpgroup_mma(pb, v, st.acc, is_async=True)
+                self.their_turn(ctx)
+                acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
+                st = st.replace(acc=acc, l_acc=st.l_acc + ((l0 + l1) + (l2 + l3)))
+            else:
+                o_tok = warpgroup_mma(pb, v, st.acc, is_async=True)
+                self.their_turn(ctx)
+                st = st.replace(acc=warpgroup_mma_wait(0, deps=(o_tok,)))
+        else:  # causal: a step past this consumer's keys (the other's rows see more)
+            self.their_turn(ctx)
         return st
 
     @gluon.jit
@@ -901,7 +1009,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              L_MMA: gl.constexpr = False, PROBE_NO_SOFTMAX: gl.constexpr = False,
                              MAX_TREE: gl.constexpr = False, RESCALE_LATE: gl.constexpr = False,
                              BN2: gl.constexpr = 0, k2_desc=None, vt2_desc=None, trace=None,
-                             TRACE: gl.constexpr = False):
+                             TRACE: gl.constexpr = False, PV_SMEM: gl.constexpr = 0):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. BN2 > 0: steps of
     BN + BN2 keys, the second blocks by k2_desc [1, 1, BN2, D] and vt2_desc [1, 1, D, BN2] (compute_split)."""
     gl.static_assert(not (RESCALE_LATE and RESCALE_TAU > 0), "RESCALE_LATE or RESCALE_TAU, not both")
@@ -916,6 +1024,13 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
+    gl.static_assert(PV_SMEM == 0 or (BN2 == 0 and PERMUTED_V and not RESCALE_LATE and PINGPONG < 2
+                                      and (L_MMA == 0 or L_MMA == 1) and not PROBE_NO_SOFTMAX),
+                     "PV_SMEM: 128-key steps, PERMUTED_V, L_MMA 0 or 1, not with RESCALE_LATE, PINGPONG 2/3 or probes")
+    p_smem = gl.constexpr(None)
+    if PV_SMEM:  # two P buffers a consumer (compute_pv_smem), keys contiguous: the K-major A operand
+        p_smem = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS * 2, BM, BN],
+                                           gl.NVMMASharedLayout.get_default_for([BM, BN], gl.float8e4nv))
     ones = gl.constexpr(None)  # (a constexpr: nothing passed to the partitions)
     LC: gl.constexpr = 16 if L_MMA == 3 else L_COLS
     if L_MMA:  # e4m3 ones, written once by the kernel's warps before the partitions start
@@ -936,7 +1051,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, LC, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, LC, gl.num_warps(), 8), BN2, BN + BN2,
-                      wgmma_layout(BM, BN2 if BN2 > 0 else BN, gl.num_warps(), 8), k2_desc, vt2_desc, trace, TRACE)
+                      wgmma_layout(BM, BN2 if BN2 > 0 else BN, gl.num_warps(), 8), k2_desc, vt2_desc, trace, TRACE, PV_SMEM, p_smem)
     # three consumer warpgroups (13 warps) share the register file more thinly
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
                     PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0,

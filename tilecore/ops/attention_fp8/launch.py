@@ -135,6 +135,8 @@ class _GluonLayout:
             RESCALE_TAU=float(cfg.get("rescale_tau", 0.0)), L_MMA=cfg.get("l_mma", False),
             PROBE_NO_SOFTMAX=int(cfg.get("probe_no_softmax", 0)), MAX_TREE=cfg.get("max_tree", False),
                    RESCALE_LATE=cfg.get("rescale_late", False), num_warps=4)
+        if cfg.get("pv_smem", 0):  # session 31: P V from shared memory (gluon_fp8.compute_pv_smem)
+            self.options["PV_SMEM"] = int(cfg["pv_smem"])
         if self.block_n2:
             self.options["BN2"] = self.block_n2
         check_rescale(self.options["RESCALE_TAU"], self.options["P_SHIFT"])

@@ -1,0 +1,51 @@
+"""FP8 attention, session 31 (issue 34: the forward to 1.5x bf16): P V from shared memory (configs key ``pv_smem``,
+gluon_fp8.AttentionFp8.compute_pv_smem) checked, then timed beside the shipped default and tilecore's bf16 forward in
+the same run. The checks, timing and table are gpu_speed_s30.py's (imported; this file only names the variants).
+
+    PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s31.py [--budget 135] [--trace d128]
+    [--variants smem,smem_lmma0,...] [--cases d128,d128c,d64,d64c]      (~120-140 s on the H100)
+
+Why: with P V's A operand in registers, ptxas waits for P V (WARPGROUP.DEPBAR) right after the row max, before any
+exp2, so the softmax never runs under P V (session 30's SASS, every variant). With P stored to shared memory (e4m3,
+keys permuted as V's, two buffers a consumer, fence + warpgroup barrier) both operands of P V are in shared memory and
+the only registers in flight are O's: sm_90a SASS of the steady step (D128) has the wait after the last MUFU.EX2 and
+P's four STSM, 0 spills (the default: 32 bytes), no float32 P carried between steps.
+
+Variants (overrides of the shipped l_mma + tree config):
+  smem          pv_smem 1 (l by the tensor cores: P's 32-key chunks read from the buffer's K-slices)
+  smem_lmma0    pv_smem 1, l summed in registers (64 FADD a step; in case the K-sliced chunks read wrong or cost)
+  smem_pp       pv_smem 1 with ping-pong flipped (the consumers' order, now that each overlaps its own P V)
+  smem_q8       pv_smem 1, one exp2 in 8 on the FMA units (if the MUFU, not the issue, binds once P V overlaps)
+  smem_c3       pv_smem 1, three consumers (D64: the bf16 forward's; without a float32 P carried they may fit)
+Checks (gpu_speed_s30): NaN-poisoned outputs, two (batch, head) slices of every timed case against float64 and the
+float32 emulation; tails (GQA B2 Hq8 Hkv2 N1000 Nk1100, per-block q and k descales, D128 causal and D64) for the
+variants in TAIL_VARIANTS. --trace d128: program 0's SM clock per phase of the step, default against smem.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import gpu_speed_s30 as base  # noqa: E402
+
+base.VARIANTS = {
+    "smem": (dict(pv_smem=1), ("d128", "d128c", "d64", "d64c")),
+    "smem_lmma0": (dict(pv_smem=1, l_mma=0), ("d128", "d64")),
+    "smem_pp": (dict(pv_smem=1, pingpong="flip"), ("d128", "d64c")),
+    "smem_q8": (dict(pv_smem=1, exp2_fma_every=-8), ("d128", "d64")),
+    "smem_c3": (dict(pv_smem=1, consumers=3, pingpong=False), ("d64", "d64c")),
+}
+base.JSON_NAME = "attention_fp8_speed_s31.json"
+base.TAIL_VARIANTS = ("smem", "smem_lmma0", "smem_c3")
+base.TRACE_VARIANTS = (("default", {}), ("smem", dict(pv_smem=1)))
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    if not any(a.startswith("--variants") for a in argv):
+        argv += ["--variants", ",".join(base.VARIANTS)]
+    if not any(a.startswith("--budget") for a in argv):
+        argv += ["--budget", "135"]
+    sys.argv = [sys.argv[0]] + argv
+    raise SystemExit(base.main())
