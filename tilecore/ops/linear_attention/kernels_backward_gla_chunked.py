@@ -58,9 +58,10 @@ def gla_states_kernel(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, s
 
 
 @triton.jit
-def _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, s0b, s0h, s0f, s0v,
-                 N, H, DK, DV, NT, bh, vblock, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                 HAS_H0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
+def _walk_setup(INIT, s0b, s0h, s0f, s0v, H, DK, DV, bh, vblock, BT: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr, HAS_INIT: tl.constexpr):
+    """Both walks' blocks: (b, h, offs_t, offs_k, k_ok, offs_v, v_ok, the starting state [BK, BV] float32: INIT's
+    (B, H, Dk, Dv) block where HAS_INIT, else zeros)."""
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     offs_t = tl.arange(0, BT)
@@ -69,17 +70,35 @@ def _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, s
     offs_v = vblock * BV + tl.arange(0, BV)
     v_ok = offs_v < DV
     S = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_H0:
-        ptrs = H0 + b * s0b + h * s0h + offs_k.to(tl.int64)[:, None] * s0f + offs_v[None, :] * s0v
+    if HAS_INIT:
+        ptrs = INIT + b * s0b + h * s0h + offs_k.to(tl.int64)[:, None] * s0f + offs_v[None, :] * s0v
         S = tl.load(ptrs, mask=k_ok[:, None] & v_ok[None, :], other=0.0)
+    return b, h, offs_t, offs_k, k_ok, offs_v, v_ok, S
+
+
+@triton.jit
+def _walk_chunk(X, Y, G, sxb, sxn, sxh, sxd, syb, syn, syh, syd, sgb, sgn, sgh, sgd, b, h, t0, offs_t, offs_k, k_ok,
+                offs_v, v_ok, N):
+    """A walk's chunk at t0: x [BT, BK] (k or q) float32, y [BT, BV] (v or do) as stored, and G, G_last of g."""
+    x = _rows(X + b * sxb + h * sxh, t0, offs_t, offs_k, k_ok, N, sxn, sxd).to(tl.float32)
+    y = _rows(Y + b * syb + h * syh, t0, offs_t, offs_v, v_ok, N, syn, syd)
+    Gc, G_last = _cumulative_channels(_rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd)
+                                      .to(tl.float32))
+    return x, y, Gc, G_last
+
+
+@triton.jit
+def _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, s0b, s0h, s0f, s0v,
+                 N, H, DK, DV, NT, bh, vblock, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                 HAS_H0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
+    b, h, offs_t, offs_k, k_ok, offs_v, v_ok, S = _walk_setup(H0, s0b, s0h, s0f, s0v, H, DK, DV, bh, vblock, BT, BK,
+                                                              BV, HAS_H0)
     for c in range(0, NT):
         t0 = c * BT
         tl.store(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), S.to(HS.dtype.element_ty),
                  mask=k_ok[:, None] & v_ok[None, :])
-        k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd).to(tl.float32)  # [BT, BK]
-        v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, BV]
-        Gc, G_last = _cumulative_channels(_rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd)
-                                          .to(tl.float32))
+        k, v, Gc, G_last = _walk_chunk(K, V, G, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, b, h, t0,
+                                       offs_t, offs_k, k_ok, offs_v, v_ok, N)
         S = S * tl.exp(G_last)[:, None] + _dot(tl.trans((k * tl.exp(G_last[None, :] - Gc)).to(MMA)), v.to(MMA), IEEE)
 
 
@@ -100,26 +119,15 @@ def _dstates_walk(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sg
                   stb, sth, stf, stv, s0b, s0h, s0f, s0v, N, H, DK, DV, NT, scale, bh, vblock,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
                   STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    offs_t = tl.arange(0, BT)
-    offs_k = tl.arange(0, BK)
-    k_ok = offs_k < DK
-    offs_v = vblock * BV + tl.arange(0, BV)
-    v_ok = offs_v < DV
-    dS = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_DHT:
-        ptrs = DHT + b * stb + h * sth + offs_k.to(tl.int64)[:, None] * stf + offs_v[None, :] * stv
-        dS = tl.load(ptrs, mask=k_ok[:, None] & v_ok[None, :], other=0.0)
+    b, h, offs_t, offs_k, k_ok, offs_v, v_ok, dS = _walk_setup(DHT, stb, sth, stf, stv, H, DK, DV, bh, vblock, BT, BK,
+                                                               BV, HAS_DHT)
     for i in range(0, NT):
         c = NT - 1 - i
         t0 = c * BT
         tl.store(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), dS.to(DHS.dtype.element_ty),
                  mask=k_ok[:, None] & v_ok[None, :])
-        q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd).to(tl.float32)  # [BT, BK]
-        do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)  # [BT, BV]
-        Gc, G_last = _cumulative_channels(_rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd)
-                                          .to(tl.float32))
+        q, do, Gc, G_last = _walk_chunk(Q, DO, G, sqb, sqn, sqh, sqd, sob, son, soh, sod, sgb, sgn, sgh, sgd, b, h, t0,
+                                        offs_t, offs_k, k_ok, offs_v, v_ok, N)
         dS = dS * tl.exp(G_last)[:, None] + _dot(tl.trans((q * (tl.exp(Gc) * scale)).to(MMA)), do.to(MMA), IEEE)
     if STORE_DH0:
         ptrs = DH0 + b * s0b + h * s0h + offs_k.to(tl.int64)[:, None] * s0f + offs_v[None, :] * s0v
