@@ -170,6 +170,13 @@ GLUON_BASED_CHAIN = True
 # software-pipelined (piece p + 1's q selections in flight under piece p's k product): run 9 0.1854 ms (62.7%)
 # against 2's 0.1904, checked (h0 N 1000 1.413x, fp16 v128 N 77 1.44x: the default's). On: 3 (the lead)
 GLUON_BASED_SEL_ASYNC = 3
+# SEL_REG (with SEL_ASYNC 3): q and k loaded into registers once a chunk, the selections' A operand from registers
+# (each selection wgmma then reads its 1 KB selection alone from shared memory, not 3 KB); PHIQ_REG (with SEL_ASYNC
+# 3 and CHAIN): phi_q never stored, each piece the register operand of o's phi_q S wgmma, issued as it is made (40
+# KB of shared memory free: GLUON_BASED_PHIQ_STAGES stages with it). Session 31 (helper HB): compiled for sm_90a,
+# off until gpu_forward.py --set s31 checks and times them on the H100
+GLUON_BASED_SEL_REG = False
+GLUON_BASED_PHIQ_REG = False
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
 # B16 H16 N4096 bf16, Dk = Dv = 128, dQ + dK/dV kernels): no decay 2.36 ms at chunks of 64, one key block

@@ -129,11 +129,17 @@ class BasedForward:
     SEL_ASYNC: gl.constexpr  # not OVERLAP/PAIRED: a piece's two selections async with one wait (1); q's and k's
     # four together, q's product under k's (2); the pieces software-pipelined (3: features_pipelined)
     PROBE: gl.constexpr  # timing probes only (wrong outputs; 0 in every real launch)
+    SEL_REG: gl.constexpr  # (with SEL_ASYNC 3) q and k loaded once a chunk into registers: the selections' A operand
+    # from registers, so each reads only its [32, 16] selection from shared memory (3 KB -> 1 KB a wgmma)
+    PHIQ_REG: gl.constexpr  # (with SEL_ASYNC 3 and CHAIN) phi_q kept in registers: each piece the A operand of
+    # o's phi_q S wgmma (K = 32), issued async as soon as the piece is made (under the next selections), no
+    # phi_q buffer in shared memory (40 KB free: 3 stages fit)
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV)
     STL: gl.constexpr  # [BV, 128] state
     TTL: gl.constexpr  # [BV, 32] state's tail
     FL: gl.constexpr  # [BT, 32] a feature piece's factor (not OVERLAP)
-    PL: gl.constexpr  # P as the register operand of P V
+    PL: gl.constexpr  # P as the register operand of P V (and PHIQ_REG's phi_q pieces of phi_q S)
+    QL: gl.constexpr  # SEL_REG: q, k [BT, 16] as the register operand of a selection ([BT, 32] accumulator)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -304,8 +310,36 @@ class BasedForward:
                 self.feature_product(ka, kb, phik_t, 2, False)
 
     @gluon.jit
-    def feature_product(self, xa, xb, out, PIECE_KIND: gl.constexpr, QUERY: gl.constexpr):
-        """The piece's features from its selected columns xa, xb [BT, 32] (see features_single) into ``out``."""
+    def features_pipelined_o(self, q, k, phik, phik_t, S_smem, T_smem):
+        """(PHIQ_REG, SEL_ASYNC 3) features_pipelined with phi_q in registers: piece p's phi_q, once made, is the
+        register A operand of o += phi_q[:, 32 p: 32 p + 32] S[32 p: 32 p + 32, :] (async; S^T is in shared memory
+        already), so o's inter-chunk wgmmas run under the next pieces' selections and products. Returns o [BT, BV]
+        float32 with its last wgmma possibly in flight. In-order wgmma groups (pending lists in the comments):
+        each product waits for its own selections and everything issued before them."""
+        dtype: gl.constexpr = phik.dtype
+        o = gl.zeros([self.BT, self.BV], gl.float32, self.SL)
+        qa, qb = self.select_async(q, 0)  # [q(0)]
+        prev = o  # (the previous piece's phi_q: kept live until the wait that retires its wgmma)
+        for p in gl.static_range(5):
+            ka, kb = self.select_async(k, p)  # [o(p - 1), q(p), k(p)]
+            qa, qb, prev = warpgroup_mma_wait(2, deps=(qa, qb, prev))  # [k(p)]
+            phq = gl.convert_layout(self.feature_values(qa, qb, 0 if p == 0 else (1 if p < 4 else 2), True).to(dtype),
+                                    self.PL)
+            if p < 4:
+                o = warpgroup_mma(phq, S_smem.slice(p * 32, 32, dim=1).permute((1, 0)), o, is_async=True)
+                qa, qb = self.select_async(q, p + 1)  # [k(p), o(p), q(p + 1)]
+                ka, kb = warpgroup_mma_wait(3, deps=(ka, kb))  # [o(p), q(p + 1)]
+                self.feature_product(ka, kb, phik.slice(p * 32, 32, dim=1), 0 if p == 0 else 1, False)
+                prev = phq
+            else:
+                o = warpgroup_mma(phq, T_smem.permute((1, 0)), o, is_async=True)  # [k(4), o(4)]
+                ka, kb, phq, o = warpgroup_mma_wait(0, deps=(ka, kb, phq, o))
+                self.feature_product(ka, kb, phik_t, 2, False)
+        return o
+
+    @gluon.jit
+    def feature_values(self, xa, xb, PIECE_KIND: gl.constexpr, QUERY: gl.constexpr):
+        """feature_product's features [BT, 32] float32 (not stored)."""
         col = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, self.FL)), 0)
         sq = self.scale * self.scale
         if PIECE_KIND == 0:
@@ -321,7 +355,12 @@ class BasedForward:
             phi = (xa + one) * (xb + one)
             if QUERY:
                 phi = phi * gl.where(col == 24, 1.0, sq)
-        out.store(phi.to(out.dtype))
+        return phi
+
+    @gluon.jit
+    def feature_product(self, xa, xb, out, PIECE_KIND: gl.constexpr, QUERY: gl.constexpr):
+        """The piece's features from its selected columns xa, xb [BT, 32] (see features_single) into ``out``."""
+        out.store(self.feature_values(xa, xb, PIECE_KIND, QUERY).to(out.dtype))
 
     @gluon.jit
     def compute(self, ctx, walk, stage, tile, step):
@@ -348,14 +387,23 @@ class BasedForward:
         gl.thread_barrier()  # the previous step's wgmmas have read phi_q, phi_k and S
         S_smem.store(walk.S.to(dtype))
         T_smem.store(walk.T.to(dtype))
-        if self.OVERLAP or self.PAIRED:
+        qx = q
+        kx = k
+        if self.SEL_REG:  # the selections' A operand from registers
+            qx = q.load(self.QL)
+            kx = k.load(self.QL)
+        if self.PHIQ_REG:  # o's phi_q S wgmmas read S^T while the features are made
+            fence_async_shared()
+            gl.thread_barrier()
+            o_inter = self.features_pipelined_o(qx, kx, phik, phik_t, S_smem, T_smem)
+        elif self.OVERLAP or self.PAIRED:
             for p in gl.static_range(4):
                 self.features(q, k, self.sel_main.slice(p * 64, 64), phiq.slice(p * 32, 32, dim=1),
                               phik.slice(p * 32, 32, dim=1), 0 if p == 0 else 1)
             self.features(q, k, self.sel_tail, phiq_t, phik_t, 2)
         elif (self.PROBE & PROBE_NO_FEATURES) == 0:
             if self.SEL_ASYNC == 3:
-                self.features_pipelined(q, k, phiq, phik, phiq_t, phik_t)
+                self.features_pipelined(qx, kx, phiq, phik, phiq_t, phik_t)
             for p in gl.static_range(4 if self.SEL_ASYNC != 3 else 0):
                 sel_a = self.sel_main.slice(p * 64, 32)
                 sel_b = self.sel_main.slice(p * 64 + 32, 32)
@@ -391,7 +439,12 @@ class BasedForward:
 
         # o = phi_q S + P V and S^T <- S^T + V^T phi_k (both feature blocks); OVERLAP: issued together
         zero_o = gl.zeros([self.BT, self.BV], gl.float32, self.SL)
-        if (self.OVERLAP or self.CHAIN) and self.PROBE == 0:
+        if self.PHIQ_REG:  # phi_q S is issued (features_pipelined_o): P V and the update after it, one wait
+            o = warpgroup_mma(p, v, o_inter, is_async=True)
+            S = warpgroup_mma(v.permute((1, 0)), phik, walk.S, is_async=True)
+            T = warpgroup_mma(v.permute((1, 0)), phik_t, walk.T, is_async=True)
+            o, S, T = warpgroup_mma_wait(0, deps=(o, S, T))
+        elif (self.OVERLAP or self.CHAIN) and self.PROBE == 0:
             o = warpgroup_mma(phiq, S_smem.permute((1, 0)), zero_o, use_acc=False, is_async=True)
             o = warpgroup_mma(phiq_t, T_smem.permute((1, 0)), o, is_async=True)
             o = warpgroup_mma(p, v, o, is_async=True)
@@ -441,7 +494,8 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                            s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, scale, num_tiles,
                            STAGES: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
                            OVERLAP: gl.constexpr = False, PAIRED: gl.constexpr = False, CHAIN: gl.constexpr = False,
-                           SEL_ASYNC: gl.constexpr = 0, PROBE: gl.constexpr = 0):
+                           SEL_ASYNC: gl.constexpr = 0, PROBE: gl.constexpr = 0, SEL_REG: gl.constexpr = False,
+                           PHIQ_REG: gl.constexpr = False):
     """o (and the final states) of every unit of (batch, head, 64 value columns) under Based's map; a
     persistent grid, two consumer warpgroups (num_warps = 4) and a producer warp."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
@@ -454,6 +508,12 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
     TTL: gl.constexpr = wgmma_layout(BV, 32, gl.num_warps())
     FL: gl.constexpr = wgmma_layout(BT, 32, gl.num_warps())
     PL: gl.constexpr = wgmma_lhs_layout(BT, BV, gl.num_warps())
+    QL: gl.constexpr = wgmma_lhs_layout(BT, 32, gl.num_warps())
+    gl.static_assert(not (SEL_REG or PHIQ_REG) or (SEL_ASYNC == 3 and not (OVERLAP or PAIRED) and PROBE == 0),
+                     "SEL_REG and PHIQ_REG ride on SEL_ASYNC 3 (no OVERLAP, PAIRED or PROBE)")
+    # PHIQ_REG: phi_q never goes to shared memory (a token buffer in place of the [2, BT, 160] one)
+    PQ: gl.constexpr = 16 if PHIQ_REG else 128
+    PQT: gl.constexpr = 16 if PHIQ_REG else 32
     # 64-byte swizzle: 32 columns, so a feature piece of 32 is one swizzle atom wide
     wide: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
     narrow: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
@@ -462,10 +522,12 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                       N, H, VB, scale,
                       gl.allocate_shared_memory(dt, [256, 16], narrow),
                       gl.allocate_shared_memory(dt, [64, 16], narrow),
-                      gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
+                      gl.allocate_shared_memory(dt, [2, BT, PQ], narrow if PHIQ_REG else wide),
+                      gl.allocate_shared_memory(dt, [2, BT, PQT], narrow if PHIQ_REG else wide),
                       gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
                       gl.allocate_shared_memory(dt, [2, BV, 128], wide), gl.allocate_shared_memory(dt, [2, BV, 32], wide),
-                      BT, BV, F, HAS_H0, STORE_HT, OVERLAP, PAIRED, CHAIN, SEL_ASYNC, PROBE, SL, STL, TTL, FL, PL)
+                      BT, BV, F, HAS_H0, STORE_HT, OVERLAP, PAIRED, CHAIN, SEL_ASYNC, PROBE, SEL_REG, PHIQ_REG,
+                      SL, STL, TTL, FL, PL, QL)
     stages = BasedChunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES),
                         ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES))
     # a tensor even where the launch specialized num_tiles == 1 to a constant (the template's _Pipeline holds a
@@ -620,7 +682,8 @@ def _head_major(t: torch.Tensor):
 
 
 def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool = False, probe: int = 0,
-                paired: bool = False, chain: bool = False, sel_async: int = 0):
+                paired: bool = False, chain: bool = False, sel_async: int = 0, sel_reg: bool = False,
+                phiq_reg: bool = False):
     """(grid, arguments by name, num_warps) of based_fwd_gluon_kernel; x0, xt: kernel-row states or None;
     overlap: the kernel's OVERLAP."""
     from tilecore.tiles.launch import gluon_descriptor
@@ -649,27 +712,37 @@ def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool
         args["SEL_ASYNC"] = sel_async
     if probe:  # (timing probes only: the kernel's PROBE)
         args["PROBE"] = probe
+    if sel_reg:
+        args["SEL_REG"] = True
+    if phiq_reg:
+        args["PHIQ_REG"] = True
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
 def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overlap: bool | None = None,
-            paired: bool | None = None, chain: bool | None = None, sel_async: int | None = None):
+            paired: bool | None = None, chain: bool | None = None, sel_async: int | None = None,
+            sel_reg: bool | None = None, phiq_reg: bool | None = None):
     """(o, final state (B, H, 1 + 16 + 256, Dv) float32 or None) by the Gluon kernel (``fits`` must have
     said None). h0: the op-layout initial state or None. overlap: the kernel's OVERLAP (None:
     configs.GLUON_BASED_OVERLAP). paired, chain, sel_async: the kernel's PAIRED, CHAIN and SEL_ASYNC (None:
-    configs.GLUON_BASED_PAIRED, GLUON_BASED_CHAIN, GLUON_BASED_SEL_ASYNC)."""
+    configs.GLUON_BASED_PAIRED, GLUON_BASED_CHAIN, GLUON_BASED_SEL_ASYNC); sel_reg, phiq_reg: SEL_REG and PHIQ_REG
+    (None: configs.GLUON_BASED_SEL_REG, GLUON_BASED_PHIQ_REG; they need SEL_ASYNC 3, else off)."""
     from tilecore.ops.linear_attention import configs
 
     overlap = configs.GLUON_BASED_OVERLAP if overlap is None else overlap
     paired = configs.GLUON_BASED_PAIRED if paired is None else paired
     chain = configs.GLUON_BASED_CHAIN if chain is None else chain
     sel_async = configs.GLUON_BASED_SEL_ASYNC if sel_async is None else sel_async
+    sel_reg = configs.GLUON_BASED_SEL_REG if sel_reg is None else sel_reg
+    phiq_reg = configs.GLUON_BASED_PHIQ_REG if phiq_reg is None else phiq_reg
+    if sel_async != 3 or overlap or paired:
+        sel_reg = phiq_reg = False
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     x0 = compress(h0) if h0 is not None else None
     xt = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32, device=v.device) if final_state else None
     grid, args, warps = launch_args(q, k, v, x0, o, xt, scale, stages, overlap, paired=paired, chain=chain,
-                                    sel_async=sel_async)
+                                    sel_async=sel_async, sel_reg=sel_reg, phiq_reg=phiq_reg)
     based_fwd_gluon_kernel[grid](**args, num_warps=warps)
     ht = None
     if final_state:
@@ -684,7 +757,8 @@ def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overl
 
 
 def compile_report(states: bool = True, stages: int = 2, overlap: bool = False, probe: int = 0,
-                   paired: bool = False, chain: bool = False, sel_async: int = 0) -> dict:
+                   paired: bool = False, chain: bool = False, sel_async: int = 0, sel_reg: bool = False,
+                   phiq_reg: bool = False) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     B, N, H, Dv, bf = 2, 4096, 16, 64, torch.bfloat16
@@ -692,10 +766,11 @@ def compile_report(states: bool = True, stages: int = 2, overlap: bool = False, 
     v = torch.empty(B, N, H, Dv, dtype=bf)
     x = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32) if states else None
     grid, args, warps = launch_args(q, q, v, x, torch.empty_like(v), x, 0.25, stages, overlap, probe, paired, chain,
-                                    sel_async)
+                                    sel_async, sel_reg, phiq_reg)
     compiled = compile_kernel(based_fwd_gluon_kernel, args, num_warps=warps)
     r = resources(compiled)
-    return dict(case=f"based states={states} stages={stages} overlap={overlap}", spill_bytes=r.spill_stores,
+    return dict(case=f"based states={states} stages={stages} overlap={overlap} sel_async={sel_async} "
+                     f"sel_reg={sel_reg} phiq_reg={phiq_reg}", spill_bytes=r.spill_stores,
                 registers=r.registers,
                 shared=r.shared, threads=r.threads, wgmma_serialized=r.wgmma_serialized,
                 **has_hopper_instructions(compiled.asm["ptx"]))
