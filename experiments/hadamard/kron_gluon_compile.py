@@ -1,0 +1,64 @@
+"""The Gluon kron kernel (gluon_quantize_kron.py: m <= 32 x p = 128..1024; 14336, 28672) compiled for sm_90a on the
+CPU at every format and both splits: registers, spills, shared memory, wgmma count, TMA (issue 32, session 31).
+
+    python experiments/hadamard/kron_gluon_compile.py [--only 14336] [--json out.json]   (TRITON_INTERPRET unset)
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.getcwd())
+os.environ.pop("TRITON_INTERPRET", None)
+
+FORMATS = {"fp8_e4m3": (0, 0, 448.0, False), "int8": (2, 0, 127.0, False), "mxfp4": (3, 32, 6.0, True),
+           "nvfp4": (4, 16, 6.0, True), "int4": (5, 128, 7.0, True), "amax": (6, 0, 1.0, False),
+           "store": (7, 0, 1.0, False)}
+
+
+def compile_one(m, p, split, fmt, stages=2, rows=1 << 14):
+    import torch
+
+    from tilecore.ops.hadamard import gluon_quantize_kron as g
+    from tilecore.tiles.compile import compile_kernel, resources
+    from tilecore.tiles.launch import gluon_descriptor
+
+    fid, G, qmax, packed = FORMATS[fmt]
+    n = m * p
+    x = torch.empty(rows, n, dtype=torch.bfloat16)
+    out = x if fid == 7 else torch.empty(rows, n // (2 if packed else 1), dtype=torch.uint8)
+    xd, cd, sd = g.descriptors(x, out, m, p, split, packed)
+    hd = gluon_descriptor(g.gluon_operand(m, torch.bfloat16, "cpu"), [64, 64])
+    scales = torch.empty(rows, n // G if G else 1, dtype=torch.uint8 if fid in (3, 4) else torch.float32)
+    gs = torch.empty(1, dtype=torch.float32)
+    k = compile_kernel(g.gluon_kron_quantize_kernel, dict(
+        x_desc=xd, codes_desc=cd, staging_desc=sd, h_desc=hd, scales=scales, gscale=gs, amax_out=gs, rows=rows,
+        stride_scales=scales.stride(0), rscale=0.01, row_counter=torch.zeros(1, dtype=torch.int32), M=m, F=p // 64,
+        SPLIT=split, FORMAT=fid, G=G, STATIC=False, QMAX=qmax, STAGES=stages), num_warps=4)
+    r = resources(k)
+    ptx = k.asm["ptx"]
+    return dict(vars(r), m=m, p=p, split=split, format=fmt, stages=stages, wgmma=ptx.count("wgmma.mma_async"),
+                tma="cp.async.bulk.tensor" in ptx, shared_meta=k.metadata.shared)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="")
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    res = []
+    for m, p, split in ((28, 512, 1), (28, 512, 2), (28, 1024, 2)):
+        if a.only and a.only not in (str(m * p), f"{m * p}/{split}"):
+            continue
+        for fmt in a.formats.split(","):
+            r = compile_one(m, p, split, fmt)
+            print(json.dumps(r), flush=True)
+            res.append(r)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(res, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,394 @@
+"""hadamard_quantize (and the plain transform) at the model widths n = m x p with m <= 32 and p = 128..1024 on
+Hopper (issue 32, session 31): Llama-3-8B / Mistral-7B's 14336 = 28 x 512, Llama-3-70B's 28672 = 28 x 1024; 12 and
+20 x 2^k too. A kernel of the tiles template (tilecore.tiles.gluon.pipeline), plan path "gluon_kron" (quantize.py),
+off by default (configs.QUANT_GLUON_KRON) until a GPU run checks it.
+
+A row X is m x p; Y = rscale (H_m (x) H_p) x. Write p = 64 F (F = 2..16) and H_p = H_F (x) H_64: sub-row (i, a) of
+64 elements (i < m, a < F; the row's memory order) mixes by H_m[i', i] H_F[a, a'], then H_64 along its 64 columns.
+The mixing is split as H_F = H_{F/2} (x) H_2 (a = 2 q + l): one [64, 64] block A = H_32 (x) H_2 (H_m zero-padded to
+32) holds H_m and the low bit l; a TMA box [1, 32, 2, 64] of the rows seen as (rows, m, F, 64) holds sub-rows
+(i, 2q + l) for i < 32 (past m: zeros) and l < 2 as the 64 x 64 operand B_q (sub-row 2 i + l of the box). Then
+
+    W_q = A B_q                      [64, 64] wgmma (A resident, B from the ring), float32 sums of x times +-1
+    W'  = H_{F/2} over q             a float32 butterfly across the blocks (elementwise: the same layout)
+    Y_q = rscale (hi + lo)(W'_q) H_64    the second product on the bf16 pieces (kernels.py's accuracy design)
+
+and the codes of each block Y_q in registers, in the wgmma accumulator layout (quantize_kernels' FAST arithmetic,
+as gluon_quantize_wide.py: the same helpers), staged and TMA-stored as boxes [1, 32, 2, W] (sub-rows past m and rows
+past the end clipped), the scales by pointers.
+
+SPLIT (constexpr): 1, a tile is two rows and consumer warpgroup c owns row 2 tile + c, all F / 2 blocks (32 F
+float32 registers a thread: F <= 8); 2, a tile is one row and consumer c owns the output blocks q = c F / 4 + v
+(the top bit of q equal to c; 16 F registers: F <= 16), mixing both input halves into each, W_v = A B_v +- A B_(v +
+F / 4) (the sign by c: -A is resident too), so the mixing runs twice (the products are cheap at m <= 32: K = 64);
+then the per-token amax is the maximum of both consumers', exchanged through shared memory on an mbarrier pair.
+"""
+from triton.experimental import gluon
+
+from tilecore.ops.hadamard.gluon_quantize_wide import (AMAX, INT4, INT8, STORE, _amax, _e2m1_fast, _fp8, _group_scale,
+                                                       _max_nan, _pack, _rni)
+from tilecore.tiles.gluon import Layout, TileOperand, run, stage_struct, struct, wgmma_layout
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from tilecore.tiles.hadamard import bf16_pieces
+
+BLOCK: gl.constexpr = gl.constexpr(64)  # a block's sub-rows (32 i's x 2 l's), its columns, and the mixing's K
+HALF: gl.constexpr = gl.constexpr(32)  # i's a block (H_m zero-padded to 32)
+
+
+@stage_struct
+class Boxes:
+    """One ring stage: the tile's rows as [NBS, 32, 2, 64] boxes (NBS = the tile's rows x F / 2)."""
+    x: object
+
+
+@struct
+class Blocks:
+    """A consumer's row (its blocks: four [64, 64] float32 tensors, the unused ones zeros) and its tile count."""
+    y0: object
+    y1: object
+    y2: object
+    y3: object
+    t: object
+
+
+@gluon.jit
+def _butterfly(w0, w1, w2, w3, NBLK: gl.constexpr):
+    """H_NBLK (Sylvester) across the blocks: block v' = sum_v (-1)^popcount(v & v') w_v, in float32."""
+    if NBLK == 2:
+        w0, w1 = w0 + w1, w0 - w1
+    elif NBLK == 4:
+        a0, a1, a2, a3 = w0 + w1, w0 - w1, w2 + w3, w2 - w3
+        w0, w1, w2, w3 = a0 + a2, a1 + a3, a0 - a2, a1 - a3
+    return w0, w1, w2, w3
+
+
+@struct
+class KronQuantize:
+    x_desc: object  # (rows, m, F, 64) x, [1, 32, 2, 64] boxes
+    codes_desc: object  # (rows, m, F, W) codes (STORE: (rows, m, F, 64) values), [1, 32, 2, W] boxes
+    h_desc: object  # the resident operand: three [64, 64] blocks as bf16 bits (gluon_operand)
+    scales: object  # per token: [rows] float32; groups: (rows, n / G) bytes or float32
+    gscale: object  # fp8 static / nvfp4: the given (global) scale, one float32
+    amax_out: object  # AMAX: [rows x SPLIT] float32 (each consumer's share of its row)
+    rows: object
+    stride_scales: object
+    rscale: object  # 1 / sqrt(n) (the transform: the caller's scale)
+    xchg: object  # SPLIT 2: [4, 1] float32 shared (tile parity x consumer), the per-token amax exchange; else None
+    xbar: object  # SPLIT 2: two mbarriers (tile parity), both consumers arrive; else None
+    M: gl.constexpr
+    F: gl.constexpr  # p / 64
+    SPLIT: gl.constexpr
+    FORMAT: gl.constexpr
+    G: gl.constexpr  # group size (0: per token)
+    STATIC: gl.constexpr
+    QMAX: gl.constexpr
+
+    @gluon.jit
+    def setup(self, tile):
+        return tile, 1  # a tile (two rows, or one with SPLIT 2) is one ring step
+
+    @gluon.jit
+    def load(self, stage, bar, tile, step):
+        PAIRS: gl.constexpr = self.F // 2
+        for r in gl.static_range(3 - self.SPLIT):  # SPLIT 1: two rows; 2: one
+            row = (3 - self.SPLIT) * tile + r
+            for q in gl.static_range(PAIRS):
+                tma.async_copy_global_to_shared(self.x_desc, [row, 0, 2 * q, 0], bar, stage.x.slice(r * PAIRS + q, 1))
+
+    @gluon.jit
+    def load_tile(self, bufs, bar, tile, consumer):
+        """The resident operand: A = H_32 (x) H_2 (x's dtype, as bf16 bits), -A, H_64 (bf16)."""
+        for b in gl.static_range(3):
+            tma.async_copy_global_to_shared(self.h_desc, [BLOCK * b, 0], bar, bufs.index(b))
+
+    @gluon.jit
+    def start(self, ctx, tile, prev):
+        z = gl.zeros([BLOCK, BLOCK], gl.float32, wgmma_layout(BLOCK, BLOCK, gl.num_warps()))
+        return Blocks(z, z, z, z, tile * 0)  # t: a run-time int32, as compute's ring step
+
+    @gluon.jit
+    def _b(self, stage, k: gl.constexpr):
+        NBS: gl.constexpr = stage.x.shape[0]
+        return stage.x.reshape([NBS * BLOCK, BLOCK]).slice(k * BLOCK, BLOCK)
+
+    @gluon.jit
+    def compute(self, ctx, state, stage, tile, step):
+        """This consumer's blocks: the mixing (all issued, then waited for), the butterfly, the second products."""
+        NBLK: gl.constexpr = self.F // (2 * self.SPLIT)
+        dt: gl.constexpr = self.x_desc.dtype
+        bufs = ctx.operand
+        lay: gl.constexpr = bufs.type.layout
+        a = bufs.index(0)._reinterpret(dt, [BLOCK, BLOCK], lay)
+        h64 = bufs.index(2)
+        z = state.y0
+        if self.SPLIT == 1:
+            base: gl.constexpr = ctx.index * NBLK
+            w0 = warpgroup_mma(a, self._b(stage, base), z, use_acc=False, is_async=True)
+            w1 = z
+            w2 = z
+            w3 = z
+            if NBLK >= 2:
+                w1 = warpgroup_mma(a, self._b(stage, base + 1), z, use_acc=False, is_async=True)
+            if NBLK >= 4:
+                w2 = warpgroup_mma(a, self._b(stage, base + 2), z, use_acc=False, is_async=True)
+                w3 = warpgroup_mma(a, self._b(stage, base + 3), z, use_acc=False, is_async=True)
+        else:
+            a2 = bufs.index(ctx.index)._reinterpret(dt, [BLOCK, BLOCK], lay)  # consumer 1: -A
+            w0 = warpgroup_mma(a, self._b(stage, 0), z, use_acc=False, is_async=True)
+            w0 = warpgroup_mma(a2, self._b(stage, NBLK), w0, is_async=True)
+            w1 = z
+            w2 = z
+            w3 = z
+            if NBLK >= 2:
+                w1 = warpgroup_mma(a, self._b(stage, 1), z, use_acc=False, is_async=True)
+                w1 = warpgroup_mma(a2, self._b(stage, NBLK + 1), w1, is_async=True)
+            if NBLK >= 4:
+                w2 = warpgroup_mma(a, self._b(stage, 2), z, use_acc=False, is_async=True)
+                w2 = warpgroup_mma(a2, self._b(stage, NBLK + 2), w2, is_async=True)
+                w3 = warpgroup_mma(a, self._b(stage, 3), z, use_acc=False, is_async=True)
+                w3 = warpgroup_mma(a2, self._b(stage, NBLK + 3), w3, is_async=True)
+        if NBLK == 1:
+            w0 = warpgroup_mma_wait(0, deps=(w0,))
+        elif NBLK == 2:
+            w0, w1 = warpgroup_mma_wait(0, deps=(w0, w1))
+        else:
+            w0, w1, w2, w3 = warpgroup_mma_wait(0, deps=(w0, w1, w2, w3))
+        w0, w1, w2, w3 = _butterfly(w0, w1, w2, w3, NBLK)
+        y0 = self._rotated(w0, h64)
+        y1 = w1
+        y2 = w2
+        y3 = w3
+        if NBLK >= 2:
+            y1 = self._rotated(w1, h64)
+        if NBLK >= 4:
+            y2 = self._rotated(w2, h64)
+            y3 = self._rotated(w3, h64)
+        return Blocks(y0, y1, y2, y3, ctx.ring_step)
+
+    @gluon.jit
+    def _rotated(self, w, h64):
+        """rscale (hi + lo)(W) H_64, sub-rows past m (i >= M) zeroed (there 0 x inf gave NaN)."""
+        L: gl.constexpr = w.type.layout
+        operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L, k_width=2)
+        hi, lo = bf16_pieces(w)
+        y = warpgroup_mma(gl.convert_layout(hi, operand), h64, gl.zeros_like(w), use_acc=False, is_async=True)
+        y = warpgroup_mma(gl.convert_layout(lo, operand), h64, y, is_async=True)
+        y = warpgroup_mma_wait(0, deps=(y,)) * self.rscale
+        if self.M < HALF:
+            r = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, L))
+            y = gl.where(gl.expand_dims(r // 2, 1) < self.M, y, 0.0)
+        return y
+
+    @gluon.jit
+    def wait(self, ctx, state):
+        return state
+
+    @gluon.jit
+    def finish(self, ctx, state, tile):
+        NBLK: gl.constexpr = self.F // (2 * self.SPLIT)
+        if self.SPLIT == 1:
+            row = 2 * tile + ctx.index
+        else:
+            row = tile
+        ys = (state.y0, state.y1, state.y2, state.y3)
+        tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
+        if self.FORMAT == AMAX:
+            a = self._row_amax(ys, NBLK)
+            if self.SPLIT == 1:
+                gl.store(self.amax_out + row, a, mask=row < self.rows)
+            else:
+                gl.store(self.amax_out + 2 * row + ctx.index, a, mask=row < self.rows)
+        elif self.FORMAT == STORE:
+            for v in gl.static_range(NBLK):
+                self._stage(ctx, v, ys[v])
+            self._store(ctx, row, NBLK)
+        elif self.G == 0:  # one scale a row
+            a = self._row_amax(ys, NBLK)
+            if self.SPLIT == 2:
+                a = self._exchange(ctx, a, state.t)
+            if self.STATIC:
+                div = gl.load(self.gscale)
+            else:
+                div = gl.where(a == 0, 1.0, gl.div_rn(a, gl.where(a == 0, self.QMAX, self.QMAX)))
+                if ctx.index == 0 or self.SPLIT == 1:
+                    gl.store(self.scales + row.to(gl.int64) * self.stride_scales, div, mask=row < self.rows)
+            recip = gl.div_rn(gl.where(div == 0, 1.0, 1.0), div)  # 0 where div is inf: y x 0 = y / inf
+            for v in gl.static_range(NBLK):
+                q = ys[v] * recip
+                if self.FORMAT == INT8:
+                    code = _rni(q)
+                else:
+                    code = _fp8(q, self.FORMAT)
+                self._stage(ctx, v, code)
+            self._store(ctx, row, NBLK)
+        else:
+            for v in gl.static_range(NBLK):
+                self._stage(ctx, v, self._group_codes(ys[v], self._pair(ctx, v, NBLK), row))
+            self._store(ctx, row, NBLK)
+
+    @gluon.jit
+    def _pair(self, ctx, v: gl.constexpr, NBLK: gl.constexpr):
+        """The pair index q (sub-rows a = 2 q, 2 q + 1) of this consumer's block v."""
+        if self.SPLIT == 1:
+            return v
+        else:
+            return ctx.index * NBLK + v
+
+    @gluon.jit
+    def _row_amax(self, ys, NBLK: gl.constexpr):
+        m = gl.abs(ys[0])
+        for v in gl.static_range(1, NBLK):
+            m = _max_nan(m, gl.abs(ys[v]))
+        return _amax(_amax(m, 1), 0)
+
+    @gluon.jit
+    def _exchange(self, ctx, a, t):
+        """max(a, the other consumer's a) for this row (NaN if either is): each writes its own into the tile
+        parity's slot, arrives on that parity's barrier, waits for both, reads the other's."""
+        L1: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        slot = t & 1
+        self.xchg.index(2 * slot + ctx.index).store(gl.full([1], a, gl.float32, L1))
+        mbarrier.arrive(self.xbar.index(slot))  # releases the store above (the arriving thread made it too)
+        mbarrier.wait(self.xbar.index(slot), (t >> 1) & 1)
+        other = gl.reduce(self.xchg.index(2 * slot + 1 - ctx.index).load(L1), 0, _max_nan)
+        return _max_nan(a, other)
+
+    @gluon.jit
+    def _group_codes(self, y, q, row):
+        """Block (pair q)'s group scales (stored) and codes (returned: packed bytes as int32). Sub-row r = 2 i + l
+        of the block is the row's sub-row i F + 2 q + l; groups of G <= 64 inside it, or G = 128: the pair l = 0, 1."""
+        L: gl.constexpr = y.type.layout
+        if self.G <= BLOCK:
+            GR: gl.constexpr = BLOCK // self.G  # groups a sub-row
+            y3 = gl.reshape(y, [BLOCK, GR, self.G])
+            recip, stored, keep = _group_scale(_amax(y3, 2), self.gscale, self.FORMAT, self.QMAX)  # [64, GR]
+            SL: gl.constexpr = recip.type.layout
+            r = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, SL))
+            g = gl.arange(0, GR, layout=gl.SliceLayout(0, SL))
+            sub = (r // 2) * self.F + 2 * q + (r % 2)
+            offs = gl.expand_dims(sub, 1) * GR + gl.expand_dims(g, 0)
+            mask = (gl.expand_dims(r // 2, 1) < self.M) & (row < self.rows)
+            gl.store(self.scales + row.to(gl.int64) * self.stride_scales + offs, stored.to(self.scales.dtype.element_ty),
+                     mask=mask)
+            qv = y3 * gl.expand_dims(recip, 2)
+            if self.FORMAT == INT4:
+                code = _rni(qv)
+            else:
+                code = _e2m1_fast(qv)
+            code = gl.where(gl.expand_dims(keep, 2), code, 0)
+            code = gl.convert_layout(gl.reshape(code, [BLOCK, BLOCK]), L)
+        else:  # groups of 128: the sub-row pair (i, 2 q), (i, 2 q + 1), adjacent in the block
+            y3 = gl.reshape(y, [HALF, 2, BLOCK])
+            recip, stored, keep = _group_scale(_amax(_amax(y3, 2), 1), self.gscale, self.FORMAT, self.QMAX)
+            SL: gl.constexpr = recip.type.layout
+            i = gl.arange(0, HALF, layout=SL)
+            gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i * (self.F // 2) + q,
+                     stored.to(self.scales.dtype.element_ty), mask=(i < self.M) & (row < self.rows))
+            qv = y3 * gl.expand_dims(gl.expand_dims(recip, 1), 2)
+            code = _rni(qv)
+            code = gl.where(gl.expand_dims(gl.expand_dims(keep, 1), 2), code, 0)
+            code = gl.convert_layout(gl.reshape(code, [BLOCK, BLOCK]), L)
+        return _pack(code, BLOCK, BLOCK)
+
+    @gluon.jit
+    def _stage(self, ctx, v: gl.constexpr, values):
+        """Block v's codes (or values) into the staging buffer, as the box [1, 32, 2, W] they are stored from."""
+        W: gl.constexpr = values.shape[1]
+        ctx.out.slice(v, 1).store(gl.reshape(values.to(self.codes_desc.dtype), [1, HALF, 2, W]))
+
+    @gluon.jit
+    def _store(self, ctx, row, NBLK: gl.constexpr):
+        fence_async_shared()
+        gl.thread_barrier()
+        for v in gl.static_range(NBLK):
+            q = self._pair(ctx, v, NBLK)
+            tma.async_copy_shared_to_global(self.codes_desc, [row, 0, 2 * q, 0], ctx.out.slice(v, 1))
+
+
+@gluon.jit
+def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales, gscale, amax_out, rows, stride_scales,
+                               rscale, row_counter, M: gl.constexpr, F: gl.constexpr, SPLIT: gl.constexpr,
+                               FORMAT: gl.constexpr, G: gl.constexpr, STATIC: gl.constexpr, QMAX: gl.constexpr,
+                               STAGES: gl.constexpr):
+    """codes, scales = quantize(rscale (H_M (x) H_(64 F)) x) for ``rows`` rows of 64 M F elements (module
+    docstring). x_desc: (rows, M, F, 64) with [1, 32, 2, 64] boxes; codes_desc: (rows, M, F, W) bytes (W = 64, or
+    32 packed; STORE: x's dtype, W = 64) with [1, 32, 2, W] boxes; staging_desc: the same with [F / (2 SPLIT), 32,
+    2, W] boxes (its shape and layout only: a consumer's staging buffer); h_desc: gluon_operand's three [64, 64]
+    blocks. ``row_counter``: an int32, zero at launch and left so, from which programs draw tiles."""
+    if SPLIT == 2:
+        xchg = gl.allocate_shared_memory(gl.float32, [4, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(xbar.index(0), count=2)
+        mbarrier.init(xbar.index(1), count=2)
+    else:
+        xchg = None
+        xbar = None
+    op = KronQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, xchg, xbar,
+                      M, F, SPLIT, FORMAT, G, STATIC, QMAX)
+    layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
+                    tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True), tile_counter=row_counter)
+    NBS: gl.constexpr = (3 - SPLIT) * (F // 2)  # boxes a stage
+    stages = Boxes(gl.allocate_shared_memory(x_desc.dtype, [STAGES, NBS, HALF, 2, BLOCK], x_desc.layout))
+    if SPLIT == 1:
+        run(op, layout, stages, (rows + 1) // 2)
+    else:
+        run(op, layout, stages, rows)
+
+
+# --------------------------------------------------------------------------------------------- host side
+
+def fits(m: int, p: int, split: int) -> bool:
+    """Whether gluon_kron_quantize_kernel takes rows of m x p with ``split``: 1 < m <= 32, p = 64 F with a
+    consumer's blocks F / (2 split) in 1, 2, 4."""
+    return 1 < m <= HALF.value and p % BLOCK.value == 0 and split in (1, 2) \
+        and (p // BLOCK.value) // (2 * split) in (1, 2, 4) and (p // BLOCK.value) % (2 * split) == 0
+
+
+def gluon_operand(m: int, dtype, device, transpose: bool = False):
+    """The resident operand, [192, 64] as bf16 bits: A = H_m (H_m^T with ``transpose``) zero-padded to 32, (x) H_2
+    (row 2 i' + l' is output sub-row (i', l')), in ``dtype`` (x's: the first product's A); then -A; then H_64 in
+    bf16 (the second product's B)."""
+    import torch
+
+    from tilecore.ops.hadamard import orders
+    from tilecore.ops.hadamard.reference import hadamard_matrix
+
+    key = (m, dtype, str(device), transpose)
+    if key not in _OPERANDS:
+        h = torch.zeros(HALF.value, HALF.value, dtype=torch.float64)
+        hm = orders.hadamard_of_order(m).to(torch.float64)
+        h[:m, :m] = hm.T if transpose else hm
+        a = torch.kron(h, hadamard_matrix(2, torch.float64))
+        blocks = [a.to(dtype).view(torch.bfloat16), (-a).to(dtype).view(torch.bfloat16),
+                  hadamard_matrix(BLOCK.value, torch.float64).to(torch.bfloat16)]
+        _OPERANDS[key] = torch.cat(blocks).contiguous().to(device)
+    return _OPERANDS[key]
+
+
+_OPERANDS = {}
+
+
+def _layout(block, bits):
+    from triton.experimental.gluon import language as gll
+
+    inner = block[-1] * bits // 8
+    swizzle = 128 if inner % 128 == 0 else 64 if inner % 64 == 0 else 32 if inner % 32 == 0 else 0
+    return gll.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=bits, rank=len(block))
+
+
+def descriptors(x2, out, m: int, p: int, split: int, packed: bool):
+    """(x_desc, codes_desc, staging_desc) for (rows, m p) rows ``x2`` and their codes (or values) ``out``: 4-D views
+    (rows, m, F, 64 or 32) with [1, 32, 2, W] boxes (sub-rows past m: zeros on loads, clipped on stores)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rows = x2.shape[0]
+    P, H = BLOCK.value, HALF.value
+    F = p // P
+    x_desc = TensorDescriptor(x2, [rows, m, F, P], [x2.stride(0), p, P, 1], [1, H, 2, P], _layout([1, H, 2, P], 16))
+    w = P // 2 if packed else P
+    bits = out.element_size() * 8
+    shape, strides = [rows, m, F, w], [out.stride(0), F * w, w, 1]
+    codes_desc = TensorDescriptor(out, shape, strides, [1, H, 2, w], _layout([1, H, 2, w], bits))
+    nblk = F // (2 * split)
+    staging_desc = TensorDescriptor(out, shape, strides, [nblk, H, 2, w], _layout([nblk, H, 2, w], bits))
+    return x_desc, codes_desc, staging_desc
