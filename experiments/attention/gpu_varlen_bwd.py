@@ -237,9 +237,11 @@ def run_checks():
     # first: the shipped fused dQ and the split one (dK/dV, then attention_varlen_dq_kernel) on the odd
     # lengths, causal; then no mask with GQA and N != Nk
     if PROBE:  # a probe process: the first case on one path
-        case = cases[0] + ((None, "gluon") if PROBE == "split" else ())
+        case = cases[0] + (None, "gluon" if PROBE == "split" else "fused")
         guarded(f"check {case[1]}")(check)(*case)
         return []
+    if CHECK_BOTH:  # --matched --check (session 31): every case on both paths, the fused dQ and the split
+        return [case + (None, mode) for case in cases[1:] for mode in ("fused", "gluon")]
     later = cases[2:] + [cases[1] + (None, "gluon"), cases[2] + (None, "gluon"), cases[-1] + (None, "gluon")]
     guarded(f"check {cases[1][1]}")(check)(*cases[1])
     return later
@@ -684,6 +686,7 @@ def table():
 
 
 PROBE = None
+CHECK_BOTH = False
 
 
 def probe(path, budget):
@@ -715,7 +718,7 @@ def probe(path, budget):
 
 
 def main():
-    global SMOKE, BUDGET_S, PROBE
+    global SMOKE, BUDGET_S, PROBE, CHECK_BOTH
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, no timing (the CPU interpreter)")
     parser.add_argument("--quick", action="store_true", help="the default: checks and the 64K timing, <= 90 s")
@@ -731,8 +734,12 @@ def main():
                         help="only zero_tail 'checked' (ZERO_TAIL 2): its checks and its cost, <= 90 s")
     parser.add_argument("--matched", action="store_true",
                         help="only the varlen vs fixed-length timing at matched lengths (no checks), <= 90 s")
+    parser.add_argument("--check", action="store_true",
+                        help="with --matched: first each path's probe (fused dQ, split), then the timing, then "
+                             "every check case on both paths until the budget (session 31: the masks' new form)")
     args = parser.parse_args()
     SMOKE, BUDGET_S, PROBE = args.smoke, args.budget, args.probe
+    CHECK_BOTH = args.check
     START[0] = time.time()
     out_dir = os.environ.get("OUT", "/tmp/out")
     os.makedirs(out_dir, exist_ok=True)
@@ -761,7 +768,13 @@ def main():
         print(f"elapsed {time.time() - START[0]:.1f} s")
         return
     if args.matched:
+        if args.check:
+            for path in ("fused", "split"):
+                probe(path, 30.0)
         guarded("time matched")(time_matched)(h=2 if SMOKE else 16, d=16 if SMOKE else 128)
+        if args.check:
+            for case in guarded("checks")(run_checks)() or []:
+                guarded(f"check {case[1]}")(check)(*case)
         text = table()
         with open(os.path.join(out_dir, "gpu_varlen_bwd_matched.json"), "w") as f:
             json.dump({"meta": _meta(), **RESULTS, "elapsed_s": time.time() - START[0]}, f, indent=1, default=str)

@@ -72,6 +72,48 @@ def step_rows(t, step, group, block_m):
     return t["hk"] * group + head, block * block_m - t["r"]
 
 
+def scores_seen(keys, queries, n, nk, causal, window):
+    """Which (key, query) scores a query sees, by the definition: key < Nk, 0 <= query < N, causal: key <=
+    query + Nk - N, a window (left, right): query + Nk - N - left <= key <= query + Nk - N + right."""
+    keys, queries = keys[:, None], queries[None, :]
+    ok = (keys < nk) & (queries >= 0) & (queries < n)
+    if causal:
+        ok &= keys <= queries + (nk - n)
+    if window:
+        ok &= (keys <= queries + (nk - n) + window[1]) & (keys >= queries + (nk - n) - window[0])
+    return ok
+
+
+def kernel_mask(keys, queries, n, nk, causal, window):
+    """VarlenBackward.probabilities' mask: each key's queries are one range [lo, hi) (lo from the key row,
+    hi N or, with a window, from the key row), a key past Nk an empty one; two compares a score."""
+    shift = nk - n
+    lo = torch.zeros_like(keys)
+    hi = torch.full_like(keys, n)
+    if causal:
+        lo = torch.clamp(keys - shift, min=0)
+    if window:
+        lo = torch.clamp(keys - (shift + window[1]), min=0)
+        hi = torch.clamp(keys - (shift - window[0]) + 1, max=n)
+    lo = torch.where(keys < nk, lo, n)
+    return (queries[None, :] >= lo[:, None]) & (queries[None, :] < hi[:, None])
+
+
+@pytest.mark.parametrize("causal, window", [(False, None), (True, None), (False, (0, 0)), (False, (5, 0)),
+                                            (False, (0, 7)), (False, (13, 29)), (False, (400, 400))])
+def test_kernel_mask_is_the_definition(causal, window):
+    # every block the kernel masks: queries before 0 (a first block's up to 3 rows of the previous
+    # sequence) and past N, keys past Nk, N < Nk and N > Nk, the diagonal and the window's edges
+    for n in (0, 1, 5, 64, 130):
+        for nk in (0, 1, 3, 64, 131):
+            for start_n in (0, 64, 128):
+                keys = start_n + torch.arange(64)
+                for start_m in range(-3, n + 64, 17):
+                    queries = start_m + torch.arange(64)
+                    assert torch.equal(kernel_mask(keys, queries, n, nk, causal, window),
+                                       scores_seen(keys, queries, n, nk, causal, window)), (n, nk, start_n, start_m)
+
+
 def emulate(q, k, v, dout, lse, delta, cu_q, cu_k, causal, window, scale, block_m=64, block_n=64, zero_tail=False):
     """The kernel's tiles in float64, with its boxes: a step's query rows and a tile's keys read past a
     sequence's end (the next sequence's rows; zeros past the packed end), masked as the kernel masks
@@ -118,12 +160,7 @@ def emulate(q, k, v, dout, lse, delta, cu_q, cu_k, causal, window, scale, block_
                     q_b[past], do_b[past], lse_b[past], delta_b[past] = 0, 0, float("inf"), 0
                 s_t = k_c @ q_b.T  # [keys, queries]
                 assert row0 % 4 == 0  # the lse / delta box's TMA start, 16-byte aligned
-                ok = (keys[:, None] < nk) & (queries[None, :] >= 0) & (queries[None, :] < n)
-                if causal:
-                    ok &= keys[:, None] <= queries[None, :] + (nk - n)
-                if window:
-                    ok &= (keys[:, None] <= queries[None, :] + (nk - n) + window[1]) \
-                        & (keys[:, None] >= queries[None, :] + (nk - n) - window[0])
+                ok = kernel_mask(keys, queries, n, nk, causal, window)
                 p_t = torch.exp(torch.where(ok, s_t, float("-inf")) * scale - lse_b[None, :])
                 ds_t = p_t * (v_c @ do_b.T - delta_b[None, :])
                 if zero_tail:
@@ -284,6 +321,15 @@ def test_dq_tiles_store_every_row_once_and_match_the_reference(lens_q, lens_k, c
     assert torch.allclose(dq, ref[0], atol=1e-9), (dq - ref[0]).abs().max()
 
 
+def test_gluon_window_bounds_each_side_by_the_batch():
+    # the kernels add left / right to key and query positions in 32 bits: a side past any distance in the
+    # batch is passed as unbounded's value (max(total_q, total_k)), whatever the caller gave
+    assert varlen.gluon_window(False, 2**31 - 1, 5, 300, 200) == (300, 5)
+    assert varlen.gluon_window(False, 7, 2**40, 300, 500) == (7, 500)
+    assert varlen.gluon_window(True, -1, -1, 300, 200) == (300, 0)
+    assert varlen.gluon_window(False, -1, 3, 10, 20) == (20, 3)
+
+
 def test_launch_passes_every_kernel_parameter(monkeypatch):
     from tilecore.ops.attention_varlen import gluon_backward as gluon_varlen_backward
 
@@ -312,8 +358,8 @@ def test_launch_passes_every_kernel_parameter(monkeypatch):
     assert named["GROUP"] == 4 and named["num_tiles"] == len(named["work"])
     assert grid == (min(132, len(named["work"])),)
     assert kwargs["SOFTCAP"] == 2 and kwargs["DQ"] == fixed_configs.DQ_MODES["fused"]
-    # causal with a left edge: a window (100, 0)
-    assert kwargs["CAUSAL"] is False and kwargs["WINDOW"] is True and (named["left"], named["right"]) == (100, 0)
+    # causal with a left edge: a window (100, 0), its 100 past the batch's 91 tokens: 91 (as unbounded, session 31)
+    assert kwargs["CAUSAL"] is False and kwargs["WINDOW"] is True and (named["left"], named["right"]) == (total, 0)
     assert named["q_desc"].shape == [4, total, 128] and named["q_desc"].block_shape == [1, 64, 128]
     assert named["k_desc"].block_shape == [1, 128, 128] and named["dk_desc"].block_shape == [1, 64, 128]
     assert named["dk_desc"].base.data_ptr() == dk.data_ptr() and named["dk_ptr"] is dk
@@ -411,11 +457,15 @@ def compiled_report():
 
 
 def test_compiles_for_sm90a_with_wgmma_and_tma(compiled_report):
-    # one compile (D128 causal, the fused dQ): the full report (python -m
-    # tilecore.ops.attention_varlen.gluon_backward) adds D64, no mask, GQA, softcap and the window
+    # two compiles (D128 causal: the shipped config's dK/dV kernel, dQ split off, and the fused dQ's): the full
+    # report (python -m tilecore.ops.attention_varlen.gluon_backward) adds D64, no mask, GQA, softcap and the window
     assert {(r["D"], r["causal"]) for r in compiled_report} == {(128, True)}
+    assert {r["dq_from"] for r in compiled_report} == {configs.varlen_gluon_backward_config(128, True)["dq_from"],
+                                                       "fused"}
     for r in compiled_report:
         assert r["wgmma"] and r["tma"] and r["mbarrier"] and not r["wgmma_serialized"], r
         assert r["shared"] <= 227 * 1024, r
-        # the fixed D128 causal kernel spills 192 bytes; the sequence's query mask adds to it
-        assert r["spill_stores"] <= 512, r
+        # the fixed D128 causal kernels spill 192 bytes (fused dQ) and 28 (dQ split off); the sequence's masks
+        # add to it: with each key's query range (session 31) 276 / 92 bytes stored (the per-score form of the
+        # five conditions before: 432 / 128)
+        assert r["spill_stores"] <= (300 if r["dq_from"] == "fused" else 100), r

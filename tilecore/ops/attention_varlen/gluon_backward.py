@@ -255,13 +255,20 @@ class VarlenBackward:
                 bound = gl.minimum(bound, start_m + 1 + shift)  # the first query's last key + 1
             masked = start_n + BN > bound
         if masked | (start_m < 0) | (start_m + self.BM > N):
-            keys = gl.expand_dims(start_n + gl.arange(0, BN, layout=gl.SliceLayout(1, st_layout)), 1)
+            # a key's queries are a range [lo, hi) (two compares a score, its bounds one a key row): 0 <= query < N,
+            # causal: query >= key - shift; a window: key - shift - right <= query <= key - shift + left; a key
+            # past Nk none (the per-score form of the five conditions kept ~16 more registers live: spills)
+            keys = start_n + gl.arange(0, BN, layout=gl.SliceLayout(1, st_layout))
             queries = gl.expand_dims(start_m + gl.arange(0, self.BM, layout=gl.SliceLayout(0, st_layout)), 0)
-            ok = (keys < Nk) & (queries >= 0) & (queries < N)
+            lo = keys * 0
+            hi = N
             if self.CAUSAL:
-                ok = ok & (keys <= queries + shift)
+                lo = gl.maximum(keys - shift, 0)
             if self.WINDOW:
-                ok = ok & (keys <= queries + (shift + self.right)) & (keys >= queries + (shift - self.left))
+                lo = gl.maximum(keys - (shift + self.right), 0)
+                hi = gl.expand_dims(gl.minimum(keys - (shift - self.left) + 1, N), 1)
+            lo = gl.where(keys < Nk, lo, N)
+            ok = (queries >= gl.expand_dims(lo, 1)) & (queries < hi)
             s_t = gl.where(ok, s_t, float("-inf"))
         p_t = gl.exp2(s_t * self.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
         dtanh = 1.0
@@ -700,20 +707,26 @@ def compiled_dq(d: int = 128, causal: bool = True, softcap: int = 0, dtype=None,
 
 def report(cases=((128, True, 0, False, 1), (128, False, 0, False, 1), (128, True, 0, False, 4),
                   (64, True, 0, False, 1), (128, True, 2, False, 1), (128, False, 0, True, 1)),
-           dq: bool = True) -> list[dict]:
-    """Resources and Hopper instructions of the compiled kernels (the dK/dV kernel with its config's dQ,
-    and with ``dq`` the dQ kernel) for (D, causal, SOFTCAP, WINDOW, GROUP) cases."""
+           dq: bool = True, dq_modes=(None,)) -> list[dict]:
+    """Resources and Hopper instructions of the compiled kernels (the dK/dV kernel with its config's dQ, or
+    each of ``dq_modes`` (None: the config's), and with ``dq`` the dQ kernel) for (D, causal, SOFTCAP, WINDOW,
+    GROUP) cases."""
+    from tilecore.ops.attention_varlen import configs
     from tilecore.tiles.compile import has_hopper_instructions, resources
 
     rows = []
     for d, causal, softcap, window, group in cases:
-        for kernel in ("dkdv", "dq"):
-            if kernel == "dq" and not dq:
-                continue
-            compiled = (compiled_backward(d, causal, softcap, window=window, group=group) if kernel == "dkdv" else
-                        compiled_dq(d, causal, softcap, window=window, group=group))
-            rows.append(dict(kernel=kernel, D=d, causal=causal, softcap=softcap, window=window, group=group,
-                             **vars(resources(compiled)), **has_hopper_instructions(compiled.asm["ptx"])))
+        for kernel in [("dkdv", mode) for mode in dq_modes] + ([("dq", None)] if dq else []):
+            name, mode = kernel
+            if name == "dkdv":
+                cfg = dict(configs.varlen_gluon_backward_config(d, causal), **({"dq_from": mode} if mode else {}))
+                compiled = compiled_backward(d, causal, softcap, cfg=cfg, window=window, group=group)
+            else:
+                cfg = None
+                compiled = compiled_dq(d, causal, softcap, window=window, group=group)
+            rows.append(dict(kernel=name, dq_from=cfg and cfg["dq_from"], D=d, causal=causal, softcap=softcap,
+                             window=window, group=group, **vars(resources(compiled)),
+                             **has_hopper_instructions(compiled.asm["ptx"])))
     return rows
 
 
@@ -721,4 +734,6 @@ if __name__ == "__main__":  # python -m tilecore.ops.attention_varlen.gluon_back
     import json
     import sys
 
-    print(json.dumps(report(((128, True, 0, False, 1),), dq=False) if "--quick" in sys.argv else report()))
+    # --quick: D128 causal, the shipped config's dK/dV kernel and the fused dQ's
+    print(json.dumps(report(((128, True, 0, False, 1),), dq=False, dq_modes=(None, "fused")) if "--quick" in sys.argv
+                     else report()))

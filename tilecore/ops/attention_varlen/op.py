@@ -330,8 +330,8 @@ def gluon_window(causal: bool, left: int, right: int, total_q: int, total_k: int
     """(left, right) as the Gluon varlen kernels take them: kernel_window's, an unbounded side past any key
     distance in a sequence (no wrap in 32 bits)."""
     wl, wr, has_left, has_right = kernel_window(causal, left, right)
-    unbounded = max(total_q, total_k, 1)
-    return (wl if has_left else unbounded), (wr if has_right else unbounded)
+    unbounded = max(total_q, total_k, 1)  # a side past it is unbounded too (the kernels' key - query + left)
+    return (min(wl, unbounded) if has_left else unbounded), (min(wr, unbounded) if has_right else unbounded)
 
 
 def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1, out=None, lse=None, config=None,
