@@ -300,6 +300,66 @@ class CachedLaunch:
         return compiled
 
 
+class KeyedLaunch:
+    """One kernel's launches under one launch key, grid and set of keyword arguments (an op's plan holds one per
+    kernel it launches): ``bound(args)`` is ``kernel.run(key, grid, args, kwargs)`` (launch_keyed's contract: the
+    key determines every argument's specialization, ``args`` has as many entries each call, and ``kwargs`` holds
+    constexprs and launch options only: what varies from call to call goes in ``args``). Once the key's
+    compiled kernel is found it is kept here with the grid and the constexpr tail in launch order, so a later
+    launch looks up nothing (no hash of the key, no dict of keyword arguments read): issue 31's host time.
+
+    A launch on another device than the kept one, under a launch hook (a profiler's), or of a kernel the fast path
+    cannot call goes through ``kernel.run`` as before. :data:`BIND_KEYED_LAUNCHES` False: every launch through
+    ``kernel.run`` (host_time.py times both ways in one process)."""
+
+    __slots__ = ("kernel", "key", "grid", "kwargs", "_hit")
+
+    def __init__(self, kernel: CachedLaunch, key, grid, kwargs: dict):
+        if key is None:
+            raise ValueError("KeyedLaunch needs a launch key")
+        self.kernel, self.key, self.kwargs = kernel, key, kwargs
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        # (device, number of args, compiled, direct launch or None, constexpr tail); None: not found yet; False:
+        # never (a keyword argument that is not a constexpr)
+        self._hit = None
+
+    def __call__(self, args: tuple):
+        hit = self._hit
+        if hit and BIND_KEYED_LAUNCHES and len(args) == hit[1] and hit[0] == _current_cuda_device():
+            ordered = [*args, *hit[4]]
+            if hit[3] is None or _launch_hooks():
+                hit[2][self.grid](*ordered)
+            else:
+                hit[3](self.grid, ordered)
+            return hit[2]
+        compiled = self.kernel.run(self.key, self.grid, args, self.kwargs)
+        if hit is None:
+            self._bind(args)
+        return compiled
+
+    def _bind(self, args) -> None:
+        entry = self.kernel.keyed.get(self.key)  # (compiled, direct, device, tail): kept by launch_keyed
+        if entry is None:  # (the interpreter, or a kernel the fast path cannot call: kernel.run each launch)
+            return
+        compiled, direct, device, _ = entry
+        constexpr_flags, named = self.kernel._signature or self.kernel._load_signature()
+        if not all(constexpr_flags[len(args):]):  # a per-call argument among the keywords: kernel.run each launch
+            self._hit = False
+            return
+        tail = [self.kwargs.get(name, default) for name, default in named[len(args):]]
+        self._hit = (device, len(args), compiled, direct, tail)
+
+
+# KeyedLaunch's kept launches (session 31); False: each through CachedLaunch.run, looked up by key
+BIND_KEYED_LAUNCHES = True
+
+
+def bind_keyed_launches(on: bool) -> None:
+    """Turn KeyedLaunch's kept launches on or off from the next launch on (read at each launch)."""
+    global BIND_KEYED_LAUNCHES
+    BIND_KEYED_LAUNCHES = bool(on)
+
+
 # torch.cuda.current_device's C call, without its lazy-init check (~1 us of host time on the H100's host): asked
 # only once a launch has been made (CUDA is initialized then). None in a torch without CUDA
 _CUDA_GET_DEVICE = getattr(torch._C, "_cuda_getDevice", None)

@@ -123,8 +123,11 @@ def check(q, k, v, causal, scale, window_size=NO_WINDOW, softcap=0.0, sm_margin=
 
 
 def _forward_impl(q, k, v, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0,
-                  key: tuple | None = None, sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """``key``: the call's signature (tiles.launch.signature, sm_margin in it), for the plan cache."""
+                  key: tuple | None = None, sm_margin: int = 0, plan=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``key``: the call's signature (tiles.launch.signature, sm_margin in it), for the plan cache; ``plan``: the
+    plan cached for it, where the caller looked it up already (a plan is cached only for inputs with elements)."""
+    if plan is not None:
+        return launch.outputs(plan, q, k, v, causal, scale, window, softcap)
     window = tuple(window)
     if q.numel() == 0 or v.shape[-1] == 0:
         return q.new_empty((*q.shape[:3], v.shape[-1])), q.new_empty(q.shape[:3], dtype=torch.float32)
@@ -236,8 +239,8 @@ class _AttentionFunction(torch.autograd.Function):
     autograd without their host time (and without the first custom-op call's torch._dynamo import)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, window, softcap, key, sm_margin):
-        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin)
+    def forward(ctx, q, k, v, causal, scale, window, softcap, key, sm_margin, plan=None):
+        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin, plan)
         ctx.set_materialize_grads(False)  # an unused output's gradient None, not zeros (no dlse pass)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.scale, ctx.window, ctx.softcap, ctx.sm_margin = causal, scale, window, softcap, sm_margin
@@ -256,7 +259,7 @@ class _AttentionFunction(torch.autograd.Function):
         else:
             dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, ctx.window, ctx.softcap,
                                         cache=True, sm_margin=ctx.sm_margin)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -304,19 +307,26 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                              f"sm_margin={sm_margin!r}")
         return _fp8(q, k, v, causal, scale, return_lse, window_size, softcap, precision, rotate)
     mode = dispatch.eager_mode(q, k, v)
-    window = window_value(window_size)
-    softcap = softcap_value(softcap)
+    # (the defaults and plain floats without the general checks' isinstance calls: issue 31's host time)
+    window = NO_WINDOW if window_size is NO_WINDOW else window_value(window_size)
+    if type(softcap) is not float or not 0.0 <= softcap < math.inf:
+        softcap = softcap_value(softcap)
+    if scale is None:
+        positive = True
+    else:
+        scale = scale if type(scale) is float and math.isfinite(scale) else scale_value(scale)
+        positive = scale > 0
     # a CUDA call whose signature passed the checks before is planned already (the plan cache)
-    key = None if mode == "op" else signature("forward", q, k, v, causal, scale is None or scale_value(scale) > 0,
-                                              *window, softcap > 0, sm_margin)
-    if key is None or key not in _PLANS:
+    key = None if mode == "op" else signature("forward", q, k, v, causal, positive, *window, softcap > 0, sm_margin)
+    plan = None if key is None else _PLANS.get(key)
+    if plan is None:
         check(q, k, v, causal, scale, window, softcap, sm_margin)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     sm_margin = int(sm_margin)
     if mode == "direct":
-        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin)
+        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin, plan)
     elif mode == "autograd":
-        out, lse = eager_apply(_AttentionFunction, q, k, v, causal, scale, window, softcap, key, sm_margin)
+        out, lse = eager_apply(_AttentionFunction, q, k, v, causal, scale, window, softcap, key, sm_margin, plan)
     else:
         out, lse = _forward_op(q, k, v, causal, scale, *window, softcap, sm_margin)
     return (out, lse) if return_lse else out

@@ -1,0 +1,156 @@
+"""Session 31's kept keyed launches (issue 31's host time): tiles.launch.KeyedLaunch, a kernel's launches under one
+launch key whose compiled kernel, grid and constexpr tail are kept after the key's first launches, and the ops'
+per-key launch recipes built on it (attention's split-key decode). A KeyedLaunch hit must hand the compiled kernel
+exactly the arguments CachedLaunch.run's keyed hit hands it; a recipe must launch what the general path launches."""
+import inspect
+
+import pytest
+import torch
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+from tilecore.ops.attention import launch as attention_launch
+from tilecore.ops.attention import op as attention_op
+from tilecore.tiles import launch
+from tilecore.tiles.launch import CachedLaunch, KeyedLaunch
+
+
+def _tiny(x_ptr, n, y_ptr, BLOCK: tl.constexpr, FLAG: tl.constexpr = False):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+class Compiled:
+    """A compiled kernel's stand-in (Triton 3.6's runner(*args, stream=None)), recording each launch."""
+
+    def __init__(self):
+        self.calls = []
+        self.src = type("Src", (), {"signature": {p: None for p in inspect.signature(_tiny).parameters}})()
+
+    def __getitem__(self, grid):
+        def runner(*args, stream=None):
+            self.calls.append((grid, args))
+        return runner
+
+
+@pytest.fixture
+def gpu_like(monkeypatch):
+    """A CachedLaunch of _tiny launching as on a GPU: its one JIT launch recorded and giving ``compiled``."""
+    monkeypatch.setattr(launch.dispatch, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    compiled = Compiled()
+    cached = CachedLaunch(JITFunction(_tiny))
+    cached.jit_calls = []
+
+    def jit_launch(grid, args, kwargs):
+        cached.jit_calls.append((grid, args, kwargs))
+        return compiled
+    monkeypatch.setattr(cached, "_jit_launch", jit_launch)
+    yield cached, compiled
+    launch.bind_keyed_launches(True)
+
+
+def test_a_kept_launch_hands_the_compiled_kernel_what_the_keyed_hit_does(gpu_like):
+    cached, compiled = gpu_like
+    bound = KeyedLaunch(cached, ("call", 1), (3,), dict(BLOCK=16, num_warps=2))
+    x, y = torch.zeros(16), torch.zeros(16)
+    bound((x, 16, y))  # the key's first launch: the JIT (checked), kept by the key
+    assert len(cached.jit_calls) == 1 and compiled.calls == []
+    assert bound._hit and bound._hit[1] == 3
+    x2, y2 = torch.ones(16), torch.ones(16)
+    bound((x2, 16, y2))  # kept: no lookup, the grid and constexprs as kept
+    launch.bind_keyed_launches(False)
+    bound((x2, 16, y2))  # the same launch through CachedLaunch.run's keyed hit
+    assert len(compiled.calls) == 2 and len(cached.jit_calls) == 1
+    (grid_kept, args_kept), (grid_run, args_run) = compiled.calls
+    assert grid_kept == grid_run == (3, 1, 1)
+    assert args_kept == args_run and args_kept[0] is x2 and args_kept[2] is y2
+    assert list(args_kept) == cached.key((x2, 16, y2), dict(BLOCK=16, num_warps=2))[1]  # Triton's order, defaults in
+
+
+def test_a_launch_on_another_device_or_with_other_arguments_goes_the_keyed_way(gpu_like, monkeypatch):
+    cached, compiled = gpu_like
+    bound = KeyedLaunch(cached, ("call", 2), (1,), dict(BLOCK=16))
+    x = torch.zeros(16)
+    bound((x, 16, x))
+    bound((x, 16, x))
+    assert len(compiled.calls) == 1
+    runs = []
+    run = cached.run
+    monkeypatch.setattr(cached, "run", lambda *a: runs.append(a) or run(*a))
+    monkeypatch.setattr(launch, "_current_cuda_device", lambda: 7)  # another device than the kept one
+    bound((x, 16, x))
+    assert len(runs) == 1
+
+
+def test_a_per_call_keyword_argument_is_never_kept(gpu_like):
+    cached, compiled = gpu_like
+    x = torch.zeros(16)
+    bound = KeyedLaunch(cached, ("call", 3), (1,), dict(y_ptr=x, BLOCK=16))  # y_ptr: not a constexpr
+    bound((x, 16))
+    bound((x, 16))
+    assert bound._hit is False and len(compiled.calls) == 1  # the second through CachedLaunch.run's keyed hit
+
+
+def test_a_key_is_required():
+    with pytest.raises(ValueError, match="launch key"):
+        KeyedLaunch(CachedLaunch(JITFunction(_tiny)), None, (1,), {})
+
+
+# ---- attention's split-key decode by its per-key recipe (interpreter: the recipe's arguments go through
+# CachedLaunch.run, whose keyed launch is recorded with Triton's own key of them, then launched plainly)
+
+
+def _cpu_signature(*items):
+    out = []
+    for t in items:
+        if isinstance(t, torch.Tensor):
+            out.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
+        elif t is None or isinstance(t, launch._KEY_SCALARS):
+            out.append(t)
+        else:
+            return None
+    return tuple(out)
+
+
+@pytest.fixture
+def keyed_attention(monkeypatch):
+    seen = {}
+
+    def launch_keyed(self, key, grid, args, kwargs):
+        triton_key, _ = CachedLaunch(JITFunction(self.kernel.fn)).key(args, kwargs)
+        seen.setdefault((self.kernel.fn.__name__, key), set()).add(triton_key)
+        return self[grid](*args, **kwargs)
+
+    monkeypatch.setattr(CachedLaunch, "launch_keyed", launch_keyed)
+    monkeypatch.setattr(attention_op, "signature", _cpu_signature)
+    attention_op._PLANS.clear()
+    attention_launch._DECODE_LAUNCHES.clear()
+    yield seen
+    attention_op._PLANS.clear()
+    attention_launch._DECODE_LAUNCHES.clear()
+
+
+@pytest.mark.parametrize("nk, causal, window, softcap, scale", [
+    (300, False, (-1, -1), 0.0, None),  # three key ranges and the merge
+    (100, True, (-1, -1), 0.0, 0.3),  # one range: no merge
+    (300, True, (40, 0), 5.0, None),  # a window and a softcap
+])
+def test_decode_recipe_gives_the_general_paths_bits(keyed_attention, monkeypatch, nk, causal, window, softcap, scale):
+    torch.manual_seed(0)
+    calls = []
+    for _ in range(3):  # every call new values: the recipe keeps no tensor
+        q = torch.randn(1, 4, 2, 32, dtype=torch.float16)
+        k = torch.randn(1, 2, nk, 32, dtype=torch.float16)
+        v = torch.randn(1, 2, nk, 32, dtype=torch.float16)
+        calls.append((q, k, v))
+    options = dict(causal=causal, window_size=window, softcap=softcap, scale=scale, return_lse=True)
+    keyed = [attention_op.attention(*c, **options) for c in calls]
+    assert len(attention_launch._DECODE_LAUNCHES) == 1  # one key, its recipe made once
+    recipe = next(iter(attention_launch._DECODE_LAUNCHES._data.values()))[0]
+    assert recipe and (recipe.merge is None) == (nk == 100)
+    monkeypatch.setattr(attention_op, "signature", lambda *items: None)  # the general path: no key, no recipe
+    plain = [attention_op.attention(*c, **options) for c in calls]
+    for (o, lse), (o_plain, lse_plain) in zip(keyed, plain):
+        assert torch.equal(o, o_plain) and torch.equal(lse, lse_plain)
+    assert keyed_attention and all(len(triton_keys) == 1 for triton_keys in keyed_attention.values())
