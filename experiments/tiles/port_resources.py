@@ -193,8 +193,12 @@ def main():
         dict(window, q_desc=head(2 * bm), k_desc=head(128), v_desc=head(128), do_desc=head(2 * bm), dq_desc=head(bm),
              qdo_desc=head(2 * bm), lse_ptr=f32, delta_ptr=f32, num_bh=256, STAGES=3), 4)
     # MLA's 192 / 128 (configs.GLUON_BACKWARD_DV, GLUON_DQ_DV): every box 64 columns wide
-    from tilecore.ops.attention.gluon_backward import attention_bwd_mla_kernel
-    from tilecore.ops.attention.gluon_dq import attention_dq_mla_kernel
+    try:  # tilecore.ops.attention_mla since session 31 (issue 30's move); before it in attention's modules
+        from tilecore.ops.attention_mla.gluon_backward import attention_bwd_mla_kernel
+        from tilecore.ops.attention_mla.gluon_dq import attention_dq_mla_kernel
+    except ModuleNotFoundError:
+        from tilecore.ops.attention.gluon_backward import attention_bwd_mla_kernel
+        from tilecore.ops.attention.gluon_dq import attention_dq_mla_kernel
     q192 = torch.empty(2, 2, 256, 192, dtype=torch.bfloat16)
     v128 = torch.empty(2, 2, 256, 128, dtype=torch.bfloat16)
     piece = lambda x, rows: desc(x, [1, 1, rows, 64])

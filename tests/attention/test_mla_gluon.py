@@ -154,8 +154,8 @@ _COMPILE = """
 import json, torch
 from tilecore.ops.attention import configs, launch
 from tilecore.ops.attention.gluon_kernels import attention_fwd_kernel
-from tilecore.ops.attention.gluon_backward import attention_bwd_mla_kernel
-from tilecore.ops.attention.gluon_dq import attention_dq_mla_kernel
+from tilecore.ops.attention_mla.gluon_backward import attention_bwd_mla_kernel
+from tilecore.ops.attention_mla.gluon_dq import attention_dq_mla_kernel
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 from tilecore.tiles.launch import TmaOperand
 rows = []

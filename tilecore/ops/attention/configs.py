@@ -176,9 +176,9 @@ GLUON_BACKWARD = {
     (64, True): dict(block_m=64, block_n=64, stages=2, dq_from="warpgroup", kv_regs=True),
     (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="lagged"),  # 1.00-1.03x vs fused's 0.98-1.02x (session 15)
     (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused")}  # lagged lost 1-3% causal (session 15)
-# issue 35's MLA prefill head sizes on the Gluon backward: gluon_backward.attention_bwd_mla_kernel (dK
-# and dV by 64-column pieces; a fused dQ's registers do not fit beside them) then dQ by
-# gluon_dq.attention_dq_mla_kernel (dq_from "gluon"; "tl": the tl dq kernel, D padded to 256). dK/dV:
+# issue 35's MLA prefill head sizes on the Gluon backward: attention_mla.gluon_backward.attention_bwd_mla_kernel
+# (dK and dV by 64-column pieces; a fused dQ's registers do not fit beside them) then dQ by
+# attention_mla.gluon_dq.attention_dq_mla_kernel (dq_from "gluon"; "tl": the tl dq kernel, D padded to 256). dK/dV:
 # 32 query rows a step: at 64 the accumulators (dK 96 + dV 64 registers a thread) with S^T and dP^T
 # spilled 820 B and ptxas serialized every wgmma (C7512); at 32 no spill (causal 8 B), 157 KiB of
 # shared memory in 3 stages. dQ: 64-key stages x 3, no spill, 216 KiB. H100 (session 27, runs/
