@@ -14,12 +14,15 @@ P's four STSM, 0 spills (the default: 32 bytes), no float32 P carried between st
 Variants (overrides of the shipped l_mma + tree config):
   smem          pv_smem 1 (l by the tensor cores: P's 32-key chunks read from the buffer's K-slices)
   smem_lmma0    pv_smem 1, l summed in registers (64 FADD a step; in case the K-sliced chunks read wrong or cost)
-  smem_pp       pv_smem 1 with ping-pong flipped (the consumers' order, now that each overlaps its own P V)
+  smem_late     pv_smem 1 with rescale_late (O *= alpha between the S and P V issues, while S runs)
   smem_q8       pv_smem 1, one exp2 in 8 on the FMA units (if the MUFU, not the issue, binds once P V overlaps)
   smem_c3       pv_smem 1, three consumers (D64: the bf16 forward's; without a float32 P carried they may fit)
+  smem_bn192    pv_smem 1, key steps of 128 + 64 (block_n2 64, gluon_fp8.compute_split_smem), 2 stages (3 need 257 KB
+                at D128): sm_90a D128 16 bytes of spills (the register-P split step: 256 and wgmma serialized)
 Checks (gpu_speed_s30): NaN-poisoned outputs, two (batch, head) slices of every timed case against float64 and the
 float32 emulation; tails (GQA B2 Hq8 Hkv2 N1000 Nk1100, per-block q and k descales, D128 causal and D64) for the
-variants in TAIL_VARIANTS. --trace d128: program 0's SM clock per phase of the step, default against smem.
+variants in TAIL_VARIANTS (the split steps': D64 causal and not, per-head k descales). N 4096 is not a multiple of
+192: the timed cases' last key block is partial. --trace d128: program 0's SM clock per phase of the step, default against smem.
 """
 from __future__ import annotations
 
@@ -32,13 +35,14 @@ import gpu_speed_s30 as base  # noqa: E402
 
 base.VARIANTS = {
     "smem": (dict(pv_smem=1), ("d128", "d128c", "d64", "d64c")),
-    "smem_lmma0": (dict(pv_smem=1, l_mma=0), ("d128", "d64")),
-    "smem_pp": (dict(pv_smem=1, pingpong="flip"), ("d128", "d64c")),
-    "smem_q8": (dict(pv_smem=1, exp2_fma_every=-8), ("d128", "d64")),
+    "smem_late": (dict(pv_smem=1, rescale_late=True), ("d128", "d64")),
+    "smem_lmma0": (dict(pv_smem=1, l_mma=0), ("d128",)),
+    "smem_q8": (dict(pv_smem=1, exp2_fma_every=-8), ("d128",)),
     "smem_c3": (dict(pv_smem=1, consumers=3, pingpong=False), ("d64", "d64c")),
+    "smem_bn192": (dict(pv_smem=1, block_n2=64, stages=2), ("d128", "d128c", "d64")),
 }
 base.JSON_NAME = "attention_fp8_speed_s31.json"
-base.TAIL_VARIANTS = ("smem", "smem_lmma0", "smem_c3")
+base.TAIL_VARIANTS = ("smem", "smem_late", "smem_bn192")
 base.TRACE_VARIANTS = (("default", {}), ("smem", dict(pv_smem=1)))
 
 if __name__ == "__main__":

@@ -450,6 +450,7 @@ class AttentionFp8:
     TRACE: gl.constexpr
     PV_SMEM: gl.constexpr  # session 31: P V from shared memory (compute_pv_smem): 0 off, 1 on
     p_smem: object  # PV_SMEM: e4m3 [CONSUMERS * 2, BM, BN], two P buffers a consumer (else None)
+    p2_smem: object  # PV_SMEM with BN2 > 0: e4m3 [CONSUMERS * 2, BM, BN2], the second key block's P (else None)
 
     @gluon.jit
     def stamp(self, ctx, step, point: gl.constexpr):
@@ -518,7 +519,7 @@ class AttentionFp8:
         if self.RESCALE_LATE:
             alpha = gl.full([self.BM], 1.0, gl.float32, gl.SliceLayout(1, self.S))
         p2 = gl.constexpr(None)
-        if self.BN2 > 0:
+        if self.BN2 > 0 and not self.PV_SMEM:
             p2 = gl.zeros([self.BM, self.BN2], gl.float32, self.P)
         return Running(m, l, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, alpha, p2)
 
@@ -742,6 +743,77 @@ class AttentionFp8:
         return st
 
     @gluon.jit
+    def row_sum_split_smem(self, pb, pb2):
+        """PV_SMEM over a split step (BN2 64): the rows' sums of P from its two shared buffers, six 32-key chunks each
+        from zero (row_sum_smem's four and the second buffer's two)."""
+        gl.static_assert(self.BN2 == 64, "PV_SMEM split steps: BN2 64")
+        t0, t1, t2, t3 = self.row_sum_smem(pb)
+        ones_t = self.ones.permute((1, 0))
+        zero = gl.zeros([self.BM, self.LC], gl.float32, self.L)
+        t4 = warpgroup_mma(pb2.slice(0, 32, dim=1), ones_t, zero, use_acc=False, is_async=True)
+        t5 = warpgroup_mma(pb2.slice(32, 32, dim=1), ones_t, zero, use_acc=False, is_async=True)
+        return t0, t1, t2, t3, t4, t5
+
+    @gluon.jit
+    def compute_split_smem(self, ctx, st, stage, tile, step):
+        """compute_split with P V from shared memory (PV_SMEM, session 31): steps of BN + BN2 (128 + 64) keys, P of the
+        two blocks stored to this consumer's two buffer pairs (alternating by step), P V as two SS wgmma, l by six
+        chunk wgmma on the buffers: no P carried between steps, which is what left split steps no registers at D128
+        (session 30). Every branch ends with its wgmma complete."""
+        q = ctx.operand.reshape([self.BM, self.D])
+        k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))
+        k2_t = stage.k2.reshape([self.BN2, self.D]).permute((1, 0))
+        v = stage.vt.reshape([self.D, self.BN]).permute((1, 0))
+        v2 = stage.vt2.reshape([self.D, self.BN2]).permute((1, 0))
+        self.my_turn(ctx, step)
+        if step == 0:
+            s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
+                                  is_async=True)
+            s2_tok = warpgroup_mma(q, k2_t, gl.zeros([self.BM, self.BN2], gl.float32, self.S2), use_acc=False,
+                                   is_async=True)
+            self.their_turn(ctx)
+            s, s2 = warpgroup_mma_wait(0, deps=(s_tok, s2_tok))
+            m, p32, p32b, alpha = self.softmax_split(s, s2, st, 0)
+            self.write_p(p32, self.p_buffer(ctx, 0))
+            self.write_p(p32b, self.p2_smem.index(ctx.index * 2))
+            fence_async_shared()
+            gl.thread_barrier()
+            st = st.replace(m=m)
+        elif step < st.rows.n_blocks:
+            pb = self.p_buffer(ctx, step - 1)
+            pb2 = self.p2_smem.index(ctx.index * 2 + (step - 1) % 2)
+            s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
+                                  is_async=True)
+            s2_tok = warpgroup_mma(q, k2_t, gl.zeros([self.BM, self.BN2], gl.float32, self.S2), use_acc=False,
+                                   is_async=True)
+            t0, t1, t2, t3, t4, t5 = self.row_sum_split_smem(pb, pb2)
+            o_tok = warpgroup_mma(pb, v, st.acc, is_async=True)
+            o_tok = warpgroup_mma(pb2, v2, o_tok, is_async=True)
+            self.their_turn(ctx)
+            s, s2, l0, l1, l2, l3, l4, l5 = warpgroup_mma_wait(1, deps=(s_tok, s2_tok, t0, t1, t2, t3, t4, t5))
+            l_acc = st.l_acc + (((l0 + l1) + (l2 + l3)) + (l4 + l5))
+            m, p32, p32b, alpha = self.softmax_split(s, s2, st, step * self.BNS)
+            self.write_p(p32, self.p_buffer(ctx, step))
+            self.write_p(p32b, self.p2_smem.index(ctx.index * 2 + step % 2))
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            acc, l_acc = self.rescale(acc, l_acc, alpha, 1)
+            st = st.replace(m=m, acc=acc, l_acc=l_acc)
+        elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
+            pb = self.p_buffer(ctx, step - 1)
+            pb2 = self.p2_smem.index(ctx.index * 2 + (step - 1) % 2)
+            t0, t1, t2, t3, t4, t5 = self.row_sum_split_smem(pb, pb2)
+            o_tok = warpgroup_mma(pb, v, st.acc, is_async=True)
+            o_tok = warpgroup_mma(pb2, v2, o_tok, is_async=True)
+            self.their_turn(ctx)
+            acc, l0, l1, l2, l3, l4, l5 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3, t4, t5))
+            st = st.replace(acc=acc, l_acc=st.l_acc + (((l0 + l1) + (l2 + l3)) + (l4 + l5)))
+        else:  # causal: a step past this consumer's keys
+            self.their_turn(ctx)
+        return st
+
+    @gluon.jit
     def rescale_late(self, st):
         """RESCALE_LATE: (O, L_MMA's l) times the last softmax's alpha, issued after S's wgmma and before P V's (as
         FlashAttention-3 places rescale_o): its 64 FMUL a thread at D 128 run under S on the tensor cores instead of
@@ -818,7 +890,9 @@ class AttentionFp8:
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
-        if self.BN2 > 0:
+        if self.BN2 > 0 and self.PV_SMEM:
+            st = self.compute_split_smem(ctx, st, stage, tile, step)
+        elif self.BN2 > 0:
             st = self.compute_split(ctx, st, stage, tile, step)
         elif self.PV_SMEM:
             self.stamp(ctx, step, 0)
@@ -835,16 +909,21 @@ class AttentionFp8:
         return self.p_smem.index(ctx.index * 2 + step % 2)
 
     @gluon.jit
-    def store_p(self, ctx, p32, step):
-        """PV_SMEM: P (float32, the softmax's) rounded to e4m3 and stored to its buffer, its keys permuted within 32s
-        as V's (p_operand's order, 4 consecutive keys of a row a register: 32-bit stores), then fenced for the async
-        proxy and a warpgroup barrier: every thread's bytes are in place before the wgmma that reads them."""
+    def write_p(self, p32, buf):
+        """PV_SMEM: P (float32, the softmax's, [BM, BN or BN2]) rounded to e4m3 and stored to ``buf``, its keys permuted
+        within 32s as V's (p_operand's order, 4 consecutive keys of a row a register: STSM)."""
         x = p32
         if self.PERMUTED_V:
-            x = gl.reshape(x, [self.BM, self.BN // 32, 2, 2, 4, 2])
+            x = gl.reshape(x, [self.BM, p32.shape[1] // 32, 2, 2, 4, 2])
             x = gl.permute(x, (0, 1, 2, 4, 3, 5))
-            x = gl.convert_layout(gl.reshape(x, [self.BM, self.BN]), self.P, assert_trivial=True)
-        self.p_buffer(ctx, step).store(to_e4m3x4(x))
+            x = gl.convert_layout(gl.reshape(x, [self.BM, p32.shape[1]]), self.P, assert_trivial=True)
+        buf.store(to_e4m3x4(x))
+
+    @gluon.jit
+    def store_p(self, ctx, p32, step):
+        """PV_SMEM: write_p to the step's buffer, then fenced for the async proxy and a warpgroup barrier: every
+        thread's bytes are in place before the wgmma that reads them."""
+        self.write_p(p32, self.p_buffer(ctx, step))
         fence_async_shared()
         gl.thread_barrier()
 
@@ -883,22 +962,24 @@ class AttentionFp8:
             m, l, p32, alpha, moved = self.softmax(s, st, 0, k_scale)
             self.store_p(ctx, p32, 0)
             st = st.replace(m=m, l=l)
+            if self.RESCALE_LATE:  # (acc is 0: alpha's 0 or NaN from the first max goes on as compute_one's)
+                st = st.replace(alpha=alpha)
         elif step < st.rows.n_blocks:
             first_key = step * self.BN
             k_scale = self.key_scales(st, first_key)
             pb = self.p_buffer(ctx, step - 1)
             s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
                                   is_async=True)
-            l_acc = 0  # (without L_MMA a placeholder: a jit function returns no None)
+            acc, l_acc = self.rescale_late(st)  # (RESCALE_LATE: O *= the last alpha while S runs)
             if self.L_MMA:  # issued before P V: the wait for S (one group left) covers them
                 t0, t1, t2, t3 = self.row_sum_smem(pb)
-                o_tok = warpgroup_mma(pb, v, st.acc, is_async=True)
+                o_tok = warpgroup_mma(pb, v, acc, is_async=True)
                 self.their_turn(ctx)
                 self.stamp(ctx, step, 1)
                 s, l0, l1, l2, l3 = warpgroup_mma_wait(1, deps=(s_tok, t0, t1, t2, t3))
-                l_acc = st.l_acc + ((l0 + l1) + (l2 + l3))
+                l_acc = l_acc + ((l0 + l1) + (l2 + l3))
             else:
-                o_tok = warpgroup_mma(pb, v, st.acc, is_async=True)
+                o_tok = warpgroup_mma(pb, v, acc, is_async=True)
                 self.their_turn(ctx)
                 self.stamp(ctx, step, 1)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
@@ -908,21 +989,25 @@ class AttentionFp8:
             self.stamp(ctx, step, 3)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             self.stamp(ctx, step, 4)
-            acc, l_acc = self.rescale(acc, l_acc, alpha, moved)
+            if self.RESCALE_LATE:
+                st = st.replace(alpha=alpha)
+            else:
+                acc, l_acc = self.rescale(acc, l_acc, alpha, moved)
             if self.L_MMA:
                 st = st.replace(m=m, l=l, acc=acc, l_acc=l_acc)
             else:
                 st = st.replace(m=m, l=l, acc=acc)
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
             pb = self.p_buffer(ctx, step - 1)
+            acc, l_in = self.rescale_late(st)
             if self.L_MMA:
                 t0, t1, t2, t3 = self.row_sum_smem(pb)
-                o_tok = warpgroup_mma(pb, v, st.acc, is_async=True)
+                o_tok = warpgroup_mma(pb, v, acc, is_async=True)
                 self.their_turn(ctx)
                 acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
-                st = st.replace(acc=acc, l_acc=st.l_acc + ((l0 + l1) + (l2 + l3)))
+                st = st.replace(acc=acc, l_acc=l_in + ((l0 + l1) + (l2 + l3)))
             else:
-                o_tok = warpgroup_mma(pb, v, st.acc, is_async=True)
+                o_tok = warpgroup_mma(pb, v, acc, is_async=True)
                 self.their_turn(ctx)
                 st = st.replace(acc=warpgroup_mma_wait(0, deps=(o_tok,)))
         else:  # causal: a step past this consumer's keys (the other's rows see more)
@@ -1024,13 +1109,17 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
-    gl.static_assert(PV_SMEM == 0 or (BN2 == 0 and PERMUTED_V and not RESCALE_LATE and PINGPONG < 2
+    gl.static_assert(PV_SMEM == 0 or ((BN2 == 0 or BN2 == 64) and PERMUTED_V and PINGPONG < 2
                                       and (L_MMA == 0 or L_MMA == 1) and not PROBE_NO_SOFTMAX),
-                     "PV_SMEM: 128-key steps, PERMUTED_V, L_MMA 0 or 1, not with RESCALE_LATE, PINGPONG 2/3 or probes")
+                     "PV_SMEM: 128 or 128 + 64-key steps, PERMUTED_V, L_MMA 0 or 1, not with PINGPONG 2/3 or probes")
     p_smem = gl.constexpr(None)
+    p2_smem = gl.constexpr(None)
     if PV_SMEM:  # two P buffers a consumer (compute_pv_smem), keys contiguous: the K-major A operand
         p_smem = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS * 2, BM, BN],
                                            gl.NVMMASharedLayout.get_default_for([BM, BN], gl.float8e4nv))
+        if BN2 > 0:
+            p2_smem = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS * 2, BM, BN2],
+                                                gl.NVMMASharedLayout.get_default_for([BM, BN2], gl.float8e4nv))
     ones = gl.constexpr(None)  # (a constexpr: nothing passed to the partitions)
     LC: gl.constexpr = 16 if L_MMA == 3 else L_COLS
     if L_MMA:  # e4m3 ones, written once by the kernel's warps before the partitions start
@@ -1051,7 +1140,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, LC, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, LC, gl.num_warps(), 8), BN2, BN + BN2,
-                      wgmma_layout(BM, BN2 if BN2 > 0 else BN, gl.num_warps(), 8), k2_desc, vt2_desc, trace, TRACE, PV_SMEM, p_smem)
+                      wgmma_layout(BM, BN2 if BN2 > 0 else BN, gl.num_warps(), 8), k2_desc, vt2_desc, trace, TRACE, PV_SMEM, p_smem, p2_smem)
     # three consumer warpgroups (13 warps) share the register file more thinly
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
                     PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0,
