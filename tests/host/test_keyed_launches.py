@@ -154,3 +154,44 @@ def test_decode_recipe_gives_the_general_paths_bits(keyed_attention, monkeypatch
     for (o, lse), (o_plain, lse_plain) in zip(keyed, plain):
         assert torch.equal(o, o_plain) and torch.equal(lse, lse_plain)
     assert keyed_attention and all(len(triton_keys) == 1 for triton_keys in keyed_attention.values())
+
+
+# ---- the KV cache's decode by its per-key recipe (the merge's key ranges included)
+
+from tilecore.ops.attention_kvcache import op as kvcache  # noqa: E402
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_recipe_gives_the_general_paths_bits(monkeypatch, paged):
+    seen = {}
+
+    def launch_keyed(self, key, grid, args, kwargs):
+        triton_key, _ = CachedLaunch(JITFunction(self.kernel.fn)).key(args, kwargs)
+        seen.setdefault((self.kernel.fn.__name__, key), set()).add(triton_key)
+        return self[grid](*args, **kwargs)
+
+    monkeypatch.setattr(CachedLaunch, "launch_keyed", launch_keyed)
+    monkeypatch.setattr(kvcache, "signature", _cpu_signature)
+    for cache in (kvcache._CHECKED, kvcache._LAYOUTS, kvcache._LAUNCHES):
+        cache.clear()
+    torch.manual_seed(1)
+    if paged:  # three pages of 256 keys, in another order
+        kc, vc = (torch.randn(3, 256, 1, 32, dtype=torch.float16) for _ in range(2))
+        table = torch.tensor([[2, 0, 1]], dtype=torch.int32)
+    else:
+        kc, vc = (torch.randn(1, 768, 1, 32, dtype=torch.float16) for _ in range(2))
+        table = None
+    lengths = torch.tensor([600], dtype=torch.int32)
+    qs = [torch.randn(1, 1, 4, 32, dtype=torch.float16) for _ in range(2)]
+    options = dict(cache_seqlens=lengths, block_table=table, softcap=3.0, return_lse=True)
+    keyed = [kvcache.attention_with_kvcache(q, kc, vc, **options) for q in qs]
+    recipe = next(iter(kvcache._LAUNCHES._data.values()))[0]
+    assert len(kvcache._LAUNCHES) == 1 and recipe.merge is not None and recipe.part_shapes[0][0] == 3
+    monkeypatch.setattr(kvcache, "signature", lambda *items: None)
+    plain = [kvcache.attention_with_kvcache(q, kc, vc, **options) for q in qs]
+    for (o, lse), (o_plain, lse_plain) in zip(keyed, plain):
+        assert torch.equal(o, o_plain) and torch.equal(lse, lse_plain)
+    assert {name for name, _ in seen} == {"kvcache_fwd_split", "kvcache_merge_splits"}
+    assert all(len(triton_keys) == 1 for triton_keys in seen.values())
+    for cache in (kvcache._CHECKED, kvcache._LAYOUTS, kvcache._LAUNCHES):
+        cache.clear()

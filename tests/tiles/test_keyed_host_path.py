@@ -65,7 +65,7 @@ def keyed(monkeypatch):
         return self[grid](*args, **kwargs)
 
     caches = (op._CHECKED, op._PLANS, norm_launch._FORWARD_OPTIONS, rotary_op._CHECKED, rotary_op._PLANS, kvcache._CHECKED,
-              kvcache._LAYOUTS)
+              kvcache._LAYOUTS, kvcache._LAUNCHES)
     for module in MODULES:
         monkeypatch.setattr(module, "signature", _cpu_signature)
     monkeypatch.setattr(CachedLaunch, "launch_keyed", launch_keyed)

@@ -22,6 +22,7 @@ from tilecore.ops.attention.kernels_tl import block_d, row_block_grid
 from tilecore.ops.attention.plan import plan_backward, plan_forward, use_forward_launch
 from tilecore.ops.attention.reference import (attention_backward_reference, attention_reference, effective_window,
                                               window_allowed)
+from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, TmaOperand, cdiv, next_power_of_2, tile_counter,
                                    tl_addressable, tma_describable)
 from tilecore.tiles.ops import LOG2E
@@ -175,7 +176,7 @@ def launch_decode(plan, q, k, v, out, lse, causal: bool, scale: float, window=NO
                   softcap: float = 0.0) -> None:
     """The split-key kernel over the plan's key ranges (its grid's second axis), then, with more than
     one, the merge (each range's float32 O and base-2 lse through buffers of their own)."""
-    if plan.launch_key is not None:  # a keyed call: its launches as the key's first call prepared them
+    if plan.launch_key is not None and tiles_launch.BIND_KEYED_LAUNCHES:  # a keyed call: as its first call prepared
         prepared = _DECODE_LAUNCHES.memo(plan.launch_key,
                                          lambda: _DecodeLaunch.of(plan, q, k, v, causal, window, softcap))
         if prepared:

@@ -26,7 +26,8 @@ from tilecore.ops.attention.op import scale_value
 from tilecore.ops.attention_kvcache.reference import kvcache_reference
 from tilecore.ops.attention_varlen.op import (MAX_HEAD_DIM, block_d, check_dtypes, check_window, kernel_window,
                                               should_validate)
-from tilecore.tiles.launch import LRU, CachedLaunch, cdiv, next_power_of_2, signature
+from tilecore.tiles import launch as tiles_launch
+from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, cdiv, next_power_of_2, signature
 
 LAYOUT = ("attention_with_kvcache takes q (batch, queries, heads, head_dim) (flash-attn's layout), caches "
           "(batch, max_keys, kv_heads, head_dim[_v]) or paged (num_pages, page_size, kv_heads, head_dim[_v]) with "
@@ -44,7 +45,9 @@ def _kernel(name: str) -> CachedLaunch:
 
 
 _APPEND, _FWD_SPLIT, _MERGE = _kernel("kvcache_append"), _kernel("kvcache_fwd_split"), _kernel("kvcache_merge_splits")
-_CHECKED = LRU(256)  # a CUDA call's signature -> the capacity its checks returned (they read nothing else)
+# a CUDA call's signature -> (the capacity its checks returned, the window's ints, the scale): the checks read
+# nothing else
+_CHECKED = LRU(256)
 
 
 def check(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, window_size, softcap, validate):
@@ -182,6 +185,41 @@ class _DecodeLayout:
 _LAYOUTS = LRU(256)  # an eager call's launch key -> its _DecodeLayout
 
 
+class _DecodeLaunch:
+    """forward_kernels for one launch key (session 31, issue 31's host time): its layout's two KeyedLaunch and
+    every launch argument the key fixes (the inputs' and the fresh output's strides, sizes, the scale and softcap,
+    which the signature holds by value), made at the key's first call; a call then allocates the merge's
+    partial buffers and launches."""
+
+    __slots__ = ("split", "merge", "part_shapes", "split_tail", "merge_tail", "paged", "device")
+
+    def __init__(self, layout: _DecodeLayout, key, q, k_cache, v_cache, block_table, out, nnew, scale, softcap):
+        bsz, nq, hq, d = q.shape
+        hkv, dv = k_cache.shape[2], v_cache.shape[3]
+        self.paged = block_table is not None
+        self.split_tail = (*q.stride(), *k_cache.stride(), *v_cache.stride(),
+                           *(block_table.stride() if self.paged else (0, 0)), *out.stride(), hkv, nq, nnew, d, dv,
+                           hq // hkv, layout.keys_per_split, scale, float(softcap), layout.wl, layout.wr)
+        self.split = KeyedLaunch(_FWD_SPLIT, key, layout.split_grid, layout.split_options)
+        self.part_shapes = None if layout.merged else ((layout.splits, layout.rows, dv), (layout.splits, layout.rows))
+        self.merge = None if layout.merged else KeyedLaunch(_MERGE, key, layout.merge_grid, layout.merge_options)
+        self.merge_tail = (layout.rows, hq, nq, dv, layout.splits, *out.stride())
+        self.device = q.device
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse) -> None:
+        table = block_table if self.paged else cache_seqlens  # (an unused pointer when not paged)
+        if self.part_shapes is None:
+            self.split((q, k_cache, v_cache, table, cache_seqlens, out, lse, lse, lse, *self.split_tail))
+            return
+        o_part = torch.empty(self.part_shapes[0], dtype=torch.float32, device=self.device)
+        lse_part = torch.empty(self.part_shapes[1], dtype=torch.float32, device=self.device)
+        self.split((q, k_cache, v_cache, table, cache_seqlens, out, lse, o_part, lse_part, *self.split_tail))
+        self.merge((out, lse, o_part, lse_part, *self.merge_tail))
+
+
+_LAUNCHES = LRU(256)  # an eager call's launch key -> its _DecodeLaunch
+
+
 def forward_kernels(q, k_cache, v_cache, nnew, cache_seqlens, block_table, causal, scale, left, right, softcap,
                     capacity, splits=None, out=None, lse=None, key=None):
     """O (B, Nq, Hq, Dv) and lse (B, Hq, Nq) over the cache as it is (k, v appended already: ``nnew``
@@ -200,6 +238,13 @@ def forward_kernels(q, k_cache, v_cache, nnew, cache_seqlens, block_table, causa
     def make():
         return _DecodeLayout(q, k_cache, v_cache, block_table, causal, left, right, softcap, capacity, splits)
 
+    if key is not None and splits is None and tiles_launch.BIND_KEYED_LAUNCHES:  # the key's launches, prepared
+        prepared = _LAUNCHES.get(key)
+        if prepared is None:
+            prepared = _DecodeLaunch(make(), key, q, k_cache, v_cache, block_table, out, nnew, scale, softcap)
+            _LAUNCHES.put(key, prepared)
+        prepared(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
+        return out, lse
     layout = make() if splits is not None else _LAYOUTS.memo(key, make)
     merged = layout.merged
     parts = (None, None) if merged else (
@@ -225,7 +270,7 @@ def _impl(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, 
     if k is not None and k.shape[1] > 0:
         append(k_cache, v_cache, k, v, cache_seqlens, block_table, key=key)
     nnew = 0 if k is None else k.shape[1]
-    if dispatch.backend_for(q.device) == "kernel":
+    if key is not None or dispatch.backend_for(q.device) == "kernel":  # (a key: a CUDA call its checks passed)
         return forward_kernels(q, k_cache, v_cache, nnew, cache_seqlens, block_table, causal, scale, left, right,
                                softcap, capacity, key=key)
     out, lse = kvcache_reference(q, k_cache, v_cache, cache_seqlens + nnew, block_table=block_table, causal=causal,
@@ -284,10 +329,14 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     direct = dispatch.eager_mode(q, k_cache, v_cache, k, v) == "direct"
     key = signature(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, *window_size, softcap) \
         if direct and not validate and isinstance(window_size, tuple) and len(window_size) == 2 else None
-    capacity = _CHECKED.memo(key, lambda: check(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale,
-                                                window_size, softcap, validate))
-    left, right = (int(w) for w in window_size)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
+
+    def checked():  # (capacity, left, right, scale): the checks' result and what they let through, per key
+        capacity = check(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, window_size, softcap,
+                         validate)
+        left, right = (int(w) for w in window_size)
+        return capacity, left, right, q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
+
+    capacity, left, right, scale = _CHECKED.memo(key, checked)
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, left, right, float(softcap), capacity)
     out, lse = _impl(*args, key=key) if direct else _kvcache_op(*args)
     return (out, lse) if return_lse else out
