@@ -24,14 +24,16 @@ import json, re
 from tilecore.ops.fft_conv.report import gluon_variant
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 out = []
-for a, b, asynchronous, tma, chunk, rfft, groups, sfu in ((32, 64, False, False, 0, False, 1, False),
-                                                          (32, 64, True, True, 0, True, 1, False),
-                                                          (128, 64, True, True, 32, False, 2, False),
-                                                          (128, 64, True, True, 16, True, 2, True)):
-    name, kernel, args, warps, _ = gluon_variant(a, b, 0, asynchronous, tma, chunk, rfft, groups, 4, sfu)
+for a, b, asynchronous, tma, chunk, rfft, groups, sfu, contig, kpre in (
+        (32, 64, False, False, 0, False, 1, False, False, 0), (32, 64, True, True, 0, True, 1, False, False, 0),
+        (128, 64, True, True, 32, False, 2, False, False, 0), (128, 64, True, True, 16, True, 2, True, False, 0),
+        (32, 64, False, True, 0, 2, 1, True, True, 3), (128, 64, True, True, 16, 2, 2, True, False, 2)):
+    name, kernel, args, warps, _ = gluon_variant(a, b, 0, asynchronous, tma, chunk, rfft, groups, 4, sfu, contig, kpre)
     compiled = compile_kernel(kernel, args, num_warps=warps)
     ptx = compiled.asm["ptx"]
     out.append(dict(name=name, sins=len(re.findall(r"sin\\.approx", ptx)), waits=len(re.findall(r"wgmma\\.wait_group", ptx)),
+                    cp_async=len(re.findall(r"cp\\.async\\.ca\\.shared\\.global \\[[^]]*\\], \\[[^]]*\\], 0x8", ptx)),
+                    cp_wait=len(re.findall(r"cp\\.async\\.wait_group", ptx)),
                     mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), **vars(resources(compiled)),
                     **has_hopper_instructions(ptx)))
 print(json.dumps(out))
@@ -42,8 +44,8 @@ def test_compiles_for_hopper_with_wgmma_and_no_spill():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
     r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    sync, tma, chunked, computed = json.loads(r.stdout)
-    for row in (sync, tma, chunked, computed):
+    sync, tma, chunked, computed, kept, prefetched = json.loads(r.stdout)
+    for row in (sync, tma, chunked, computed, kept, prefetched):
         assert row["wgmma"] and not row["wgmma_serialized"], row
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
         assert row["shared"] <= 227 * 1024, row
@@ -59,6 +61,12 @@ def test_compiles_for_hopper_with_wgmma_and_no_spill():
     assert "chunks of 32" in chunked["name"] and chunked["waits"] == 8 and chunked["threads"] == 256, chunked
     # TW_SFU: the twiddles by sin.approx (forward and inverse, in each walk), chunks of 16 without spill
     assert chunked["sins"] == 0 and computed["sins"] > 0 and computed["shared"] <= 212 * 1024, computed
+    # KPRE: the spectrum's bins gathered by 64-bit cp.async (a [64, C] int64 tile: 32 x 64 at 1024, 16 a thread;
+    # chunks of 16 at 4096, 8 a thread in each walk) and waited for before the product; none without it; 1024 kept
+    # at 2 programs a multiprocessor
+    assert kept["cp_async"] == 16 and kept["cp_wait"] >= 1 and kept["registers"] <= 255, kept
+    assert prefetched["cp_async"] == 16 and prefetched["cp_wait"] >= 2 and prefetched["threads"] == 256, prefetched
+    assert sync["cp_async"] == tma["cp_async"] == computed["cp_async"] == 0, computed
 
 
 def _correlation(u64, k64):
@@ -233,6 +241,13 @@ def test_gluon_plan_rejects_what_the_kernel_does_not_take():
         conv_plan.gluon_plan(32, 64, 1, warpgroups=2)  # (the whole-tile kernel runs one)
     with pytest.raises(ValueError, match="8 in the whole-tile"):
         conv_plan.gluon_plan(128, 64, 1, chunk=32, warps=8)
+    with pytest.raises(ValueError, match="prefetch"):  # KPRE 2, 3 read a bin as one 64-bit copy: rfft 2
+        conv_plan.gluon_plan(32, 64, 2, False, True, 0, True, 1, 4, True, False, 2)
+    with pytest.raises(ValueError, match="prefetch"):  # KPRE 3 keeps a channel's tile: whole tile, contiguous walk
+        conv_plan.gluon_plan(32, 64, 2, False, True, 0, 2, 1, 4, True, False, 3)
+    with pytest.raises(ValueError, match="prefetch"):
+        conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, True, 3)
+    assert conv_plan.gluon_plan(32, 64, 2, False, True, 0, 2, 1, 4, True, True, 3).kpre == 3
     assert conv_plan.gluon_plan(32, 64, 2, True, True, 0, True, 1, 8).num_warps == 8
     assert gluon_onepass.factors(1024) == (32, 64) and gluon_onepass.factors(2048) == (64, 64)
     for n, config in configs.GLUON_ONEPASS.items():  # what ships is valid and factors 2N

@@ -86,10 +86,20 @@ GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_on
     # Final batch: an 11th element, CONTIG: each walker takes a contiguous block of pairs (a channel's pairs in a
     # row: its spectrum from L1 after the first, where L1 has room) instead of every programs-th; and RFFT 2 at
     # 4096 (each spectrum bin one 64-bit load). sm_90a: 1024 192 registers, 2048 100 B of spill, 4096 12 B
-    1024: [GLUON_ONEPASS[1024], (32, 64, 2, False, True, 0, True, 1, 4, True, True)],
-    2048: [GLUON_ONEPASS[2048], (64, 64, 2, True, True, 0, True, 1, 4, True, True)],
-    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True),
-           (128, 64, 1, True, True, 32, True, 2, 4, True, True)],
+    # run 10 (the lead's final batch): RFFT 2 at 4096 0.472 ms against 0.569 (ON); CONTIG 1% at 1024, slower at 2048
+    # Session 31: a 12th element, KPRE: a block's spectrum bins requested before its stage 1, their L2 latency under
+    # stages 1-3 (run 9's probes: the loads are ~40% of the time, the spectrum's gather what TW_SFU left): 1 loaded
+    # into registers there, 2 gathered by cp.async into a [64, C] int64 shared tile (RFFT 2), 3 as 2 but kept for a
+    # channel's next pairs on a CONTIG walk (whole tile). sm_90a (registers, spill bytes, shared KiB): 1024 RFFT 2
+    # 190, 0, 50; KPRE 1 205, 0, 50; KPRE 2 183, 0, 66; KPRE 3 179, 0, 66 (3 programs a SM would need 168: maxnreg
+    # 168 spills 24 B, left out); 2048 shipped 255, 112 B; KPRE 2 255, 120 B, 116; 4096 shipped 255, 12 B, 218;
+    # KPRE 1 chunk 32 255, 4 B, 218; KPRE 2 chunk 16 255, 0, 226 (chunk 32: 250 KiB, over); KPRE 1 chunk 16 255, 0, 210
+    1024: [GLUON_ONEPASS[1024], (32, 64, 2, False, True, 0, 2, 1, 4, True),
+           (32, 64, 2, False, True, 0, True, 1, 4, True, False, 1), (32, 64, 2, False, True, 0, 2, 1, 4, True, False, 2),
+           (32, 64, 2, False, True, 0, 2, 1, 4, True, True, 3)],
+    2048: [GLUON_ONEPASS[2048], (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 2)],
+    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1),
+           (128, 64, 1, True, True, 16, 2, 2, 4, True, False, 2), (128, 64, 1, True, True, 16, 2, 2, 4, True, False, 1)],
 }
 # candidates the GPU check times per N: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]); loop: groups
 # of pairs a program runs (one program for LOOP groups of one channel), stages: that loop's software

@@ -32,6 +32,7 @@ from triton.experimental import gluon
 
 from tilecore.tiles.gluon import struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.ampere import async_copy  # (cp.async: KPRE 2; the same names 3.6-3.9)
 
 SUPPORTED_N = (1024,)  # the sizes the kernel is built for (A = 32, B = 64); 2048 (64 x 64) compiles too
 
@@ -90,19 +91,72 @@ def _spectrum_at(spectrum, f, L: gl.constexpr, RFFT: gl.constexpr, CONJ: gl.cons
         mirrored = f > L // 2
         bin = gl.where(mirrored, L - f, f)
         if RFFT == 2:  # a bin's (re, im) as one 64-bit load (complex64 bins are 8-byte aligned)
-            pair = gl.load(spectrum.to(gl.pointer_type(gl.int64), bitcast=True) + bin)
-            kre = (pair & 0xFFFFFFFF).to(gl.uint32).to(gl.float32, bitcast=True)
-            kim = (pair >> 32).to(gl.uint32).to(gl.float32, bitcast=True)
+            kre, kim = _unpack_bin(gl.load(spectrum.to(gl.pointer_type(gl.int64), bitcast=True) + bin))
         else:
             kre = gl.load(spectrum + 2 * bin)
             kim = gl.load(spectrum + 2 * bin + 1)
-        if CONJ:
-            kim = gl.where(mirrored, kim, -kim)
-        else:
-            kim = gl.where(mirrored, -kim, kim)
+        kim = _conjugated(kim, mirrored, CONJ)
     else:
         kre = gl.load(spectrum + f)
         kim = gl.load(spectrum + L + f)
+    return kre, kim
+
+
+@gluon.jit
+def _unpack_bin(pair):
+    """A complex64 bin read as one int64: (re, im) float32."""
+    return (pair & 0xFFFFFFFF).to(gl.uint32).to(gl.float32, bitcast=True), (pair >> 32).to(gl.uint32).to(gl.float32,
+                                                                                                       bitcast=True)
+
+
+@gluon.jit
+def _conjugated(kim, mirrored, CONJ: gl.constexpr):
+    """The imaginary part of the spectrum at f from its bin's: the bins past L/2 (``mirrored``) are the
+    conjugates of L - f (the filter is real); all conjugated with CONJ (the correlation)."""
+    if CONJ:
+        kim = gl.where(mirrored, kim, -kim)
+    else:
+        kim = gl.where(mirrored, -kim, kim)
+    return kim
+
+
+@gluon.jit
+def _spectrum_issue(st, spectrum, f, fresh=True):
+    """KPRE: start reading the bins f of the spectrum (``spectrum``: the channel's row) before the block's
+    stage 1. KPRE 1: loaded into registers now, returned (kre, kim) (_spectrum_at); KPRE 2 (RFFT 2): each bin's
+    (re, im) gathered as one 64-bit cp.async into st.kbuf (f's layout, so a thread reads back what it
+    copied), returns (0, 0); KPRE 3 (the whole-tile kernel: st.kbuf holds the channel's whole tile): as 2
+    where ``fresh`` (the pair's channel is not the previous pair's: CONTIG walks a channel's pairs in a
+    row), else kbuf is kept; else nothing is read here."""
+    if st.KPRE == 1:
+        kre, kim = _spectrum_at(spectrum, f, st.L, st.RFFT, st.CONJ)
+    elif st.KPRE >= 2:
+        gl.static_assert(st.RFFT == 2, "KPRE 2, 3 gather a bin as one 64-bit copy: RFFT 2")
+        if st.KPRE == 2 or fresh:
+            bin = gl.where(f > st.L // 2, st.L - f, f)
+            async_copy.async_copy_global_to_shared(st.kbuf, spectrum.to(gl.pointer_type(gl.int64), bitcast=True) + bin)
+            async_copy.commit_group()
+        kre = 0.0
+        kim = 0.0
+    else:
+        kre = 0.0
+        kim = 0.0
+    return kre, kim
+
+
+@gluon.jit
+def _spectrum_take(st, spectrum, f, kpre):
+    """The spectrum at the bins f for the product (float32 re, im): what _spectrum_issue requested (KPRE 1
+    its registers ``kpre``; KPRE 2 st.kbuf once the copies landed, conjugated as _spectrum_at), else read
+    now."""
+    if st.KPRE == 1:
+        kre, kim = kpre
+    elif st.KPRE >= 2:
+        async_copy.wait_group(0)
+        kre, kim = _unpack_bin(st.kbuf.load(f.type.layout))
+        kim = _conjugated(kim, f > st.L // 2, st.CONJ)
+    else:
+        kre, kim = _spectrum_at(spectrum, f, st.L, st.RFFT, st.CONJ)
     return kre, kim
 
 
@@ -135,7 +189,10 @@ class Stages:
     wgmmas issued at once, one wait; PROBE: timing probes, WRONG results (never in the plans): 1 the square
     products left out (S = R, D = Y), 2 the spectrum product's scale reduction (scale 1), 4 the twiddle
     and spectrum loads (constants); what each saves is that part's share of the time. TW_SFU: the twiddles
-    computed (_twiddles) instead of read from the table."""
+    computed (_twiddles) instead of read from the table. KPRE (session 31): the spectrum's bins of a block
+    requested before its stage 1 (_spectrum_issue), so their L2 latency runs under stages 1-3: 1 loaded
+    into registers there and held, 2 gathered by cp.async into ``kbuf`` ([B, C] int64: a bin's (re, im),
+    RFFT 2) and read from shared memory at the product (no registers held)."""
     fbre: object
     fbim: object
     fbnim: object
@@ -149,6 +206,8 @@ class Stages:
     ASYNC: gl.constexpr
     PROBE: gl.constexpr
     TW_SFU: gl.constexpr
+    kbuf: object  # [B, C] int64 in shared memory (KPRE 2), else None
+    KPRE: gl.constexpr
 
 
 # W_L^(m k_a) from the tables' offset i = m A + k_a (A, L powers of two): t = (m k_a) mod L as a signed
@@ -209,7 +268,8 @@ def _twiddles(st, tab, col):
 
 
 @gluon.jit
-def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride_kh, zeros, X_REGS: gl.constexpr):
+def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride_kh, zeros, X_REGS: gl.constexpr,
+                    kpre=(0.0, 0.0)):
     """Stages 1-3 and the spectrum product of a [B, C] block of the tile's columns k_a (the whole tile, or
     one chunk: ``tab`` + ``col`` the block's offsets m A + k_a into the (B, A) tables, f = k_a + A k_b):
 
@@ -217,7 +277,8 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
                                          memory (then ``fa_nim`` = -Im F_A resident); |R| <= HALF sqrt 2
         2. R *= W_L^(m k_a)
         3. S = F_B @ R                   R staged as float16 in st's tiles; |S| <= HALF B sqrt 2
-           Y = S K                       K: channel h's spectrum (row h of K) at f (_spectrum_at)
+           Y = S K                       K: channel h's spectrum (row h of K) at f (_spectrum_at; with KPRE
+                                         what _spectrum_issue requested, ``kpre``: _spectrum_take)
 
     Returns (Y re, Y im) float32 and its largest |Y| (1 where Y is 0; NaN stays NaN: a NaN filter's)."""
     if X_REGS:
@@ -245,7 +306,7 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
         kre = twre
         kim = twim
     else:
-        kre, kim = _spectrum_at(K + h * stride_kh, tab + col, st.L, st.RFFT, st.CONJ)
+        kre, kim = _spectrum_take(st, K + h * stride_kh, tab + col, kpre)
     yre = sre * kre - sim * kim
     yim = sre * kim + sim * kre
     if st.PROBE & 2:
@@ -306,6 +367,18 @@ def _inverse_stages(st, yre, yim, scale, tab, col, fa_re, fa_im, ore, oim, runni
 
 
 @gluon.jit
+def _spectrum_buffer(B: gl.constexpr, C: gl.constexpr, KPRE: gl.constexpr):
+    """KPRE 2 and 3's [B, C] int64 shared tile of a block's spectrum bins (rows XOR-swizzled by 16-byte vectors:
+    the accumulator layout's threads read 8 rows at once), else None."""
+    if KPRE >= 2:
+        layout: gl.constexpr = gl.SwizzledSharedLayout(2, 1, 8, order=[1, 0])
+        kbuf = gl.allocate_shared_memory(gl.int64, [B, C], layout)
+    else:
+        kbuf = None
+    return kbuf
+
+
+@gluon.jit
 def _walk(first, programs, total, CONTIG: gl.constexpr):
     """(start, stop, step) of the work items a walker takes: w = first, first + programs, ... (strided:
     neighbouring walkers on one channel's pairs at once, its spectrum shared through L2), or (CONTIG) a
@@ -324,7 +397,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   A: gl.constexpr, B: gl.constexpr, ASYNC: gl.constexpr = False,
                                   u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
                                   CONJ: gl.constexpr = False, PROBE: gl.constexpr = 0, TW_SFU: gl.constexpr = False,
-                                  CONTIG: gl.constexpr = False):
+                                  CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every
     channel h; work item w = h * groups + g, program p runs w = p, p + programs, ...
 
@@ -336,7 +409,8 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     descriptors of the (batch, heads, A/2, B) views, boxes [2, 1, A/2, B] (a pair; past the batch zeros
     in, clipped out), the next pair's u loaded into a second buffer while this one's products run
     (else pointer loads and stores). RFFT: K is the rfft itself, (heads, N + 1) complex64 as float32 (re,
-    im) pairs, read at the tile's bins in the kernel (conjugated with CONJ): no host layout a call."""
+    im) pairs, read at the tile's bins in the kernel (conjugated with CONJ): no host layout a call. KPRE: the
+    pair's spectrum requested at the top of the pair, before its u (Stages)."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(WARPS == 4 or WARPS == 8, "one warpgroup, or two splitting each product's columns")
@@ -362,6 +436,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, A], gl.float16)
     tile_re = gl.allocate_shared_memory(gl.float16, [B, A], stage_layout)  # R, then Y: square products' B
     tile_im = gl.allocate_shared_memory(gl.float16, [B, A], stage_layout)
+    kbuf = _spectrum_buffer(B, A, KPRE)
     if TMA:
         u_smem = gl.allocate_shared_memory(u_desc.dtype, [2] + u_desc.block_type.shape, u_desc.layout)
         y_smem = gl.allocate_shared_memory(y_desc.dtype, y_desc.block_type.shape, y_desc.layout)
@@ -380,7 +455,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(t_k, 0)
     zeros = gl.zeros([B, A], gl.float32, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE, TW_SFU)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE, TW_SFU, kbuf, KPRE)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -388,6 +463,8 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     programs = gl.num_programs(0)
     U_BYTES: gl.constexpr = 2 * HALF * B * U.dtype.element_ty.primitive_bitwidth // 8
     start, stop, step = _walk(first, programs, total, CONTIG)
+    gl.static_assert(KPRE < 3 or CONTIG, "KPRE 3 keeps a channel's spectrum for its next pairs: a CONTIG walk")
+    last_h = (start * 0 - 1).to(gl.int64)  # (KPRE 3: the previous pair's channel)
     if TMA:  # the program's first pair
         if start < stop:
             mbarrier.expect(u_ready.index(0), U_BYTES)
@@ -397,6 +474,8 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         h = (w // groups).to(gl.int64)
         b_re = 2 * (w % groups)
         b_im = b_re + 1
+        kpre = _spectrum_issue(st, K + h * stride_kh, tab, h != last_h)  # (KPRE: under this pair's u and stages 1-3)
+        last_h = h
         if TMA:
             i = (w - start) // step  # this program's pair count: the buffer and its phase
             after = w + step
@@ -413,7 +492,8 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
             xim, scale_im, bad_im = _load_half(U, b_im, batch, b_im.to(gl.int64) * stride_ub + h * stride_uh, seq)
         xre = gl.convert_layout(xre.to(gl.float16), lhs)
         xim = gl.convert_layout(xim.to(gl.float16), lhs)
-        yre, yim, spec_scale = _forward_stages(st, xre, xim, fa1re, fa1im, None, tab, 0, K, h, stride_kh, zeros, True)
+        yre, yim, spec_scale = _forward_stages(st, xre, xim, fa1re, fa1im, None, tab, 0, K, h, stride_kh, zeros, True,
+                                               kpre)
         ore, oim, spec_scale = _inverse_stages(st, yre, yim, spec_scale, tab, 0, fa2re, fa2im, zeros_out, zeros_out,
                                                spec_scale, zeros, lhs_out, False)
         out_scale = spec_scale * (1.0 / L)
@@ -487,6 +567,7 @@ class ChunkedGlobals:
     PROBE: gl.constexpr
     TW_SFU: gl.constexpr
     CONTIG: gl.constexpr
+    KPRE: gl.constexpr
 
 
 @struct
@@ -500,10 +581,12 @@ class ChunkedBuffers:
     u_smem: object  # [2, 2, 1, HALF, B] (TMA)
     y_smem: object  # [2, 1, HALF, B] (TMA)
     u_ready: object  # [2, 1] mbarriers (TMA)
+    kbuf: object  # [B, CHUNK] int64 (KPRE 2)
 
 
 @gluon.jit
-def _chunked_buffers(u_desc, y_desc, B: gl.constexpr, HALF: gl.constexpr, CHUNK: gl.constexpr, TMA: gl.constexpr):
+def _chunked_buffers(u_desc, y_desc, B: gl.constexpr, HALF: gl.constexpr, CHUNK: gl.constexpr, TMA: gl.constexpr,
+                     KPRE: gl.constexpr):
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, HALF], gl.float16)
     stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, CHUNK], gl.float16)
     x_re = gl.allocate_shared_memory(gl.float16, [B, HALF], x_layout)
@@ -520,7 +603,8 @@ def _chunked_buffers(u_desc, y_desc, B: gl.constexpr, HALF: gl.constexpr, CHUNK:
         u_smem = None
         y_smem = None
         u_ready = None
-    return ChunkedBuffers(x_re, x_im, tile_re, tile_im, u_smem, y_smem, u_ready)
+    kbuf = _spectrum_buffer(B, CHUNK, KPRE)
+    return ChunkedBuffers(x_re, x_im, tile_re, tile_im, u_smem, y_smem, u_ready, kbuf)
 
 
 @gluon.jit
@@ -530,7 +614,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
                                   CONJ: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
                                   WORKER_REGS: gl.constexpr = 240, PROBE: gl.constexpr = 0,
-                                  TW_SFU: gl.constexpr = False, CONTIG: gl.constexpr = False):
+                                  TW_SFU: gl.constexpr = False, CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0):
     """fft_conv_gluon_onepass_kernel's convolution (same arguments) for larger A (N = 4096: A = 128), the
     tile's k_a columns CHUNK at a time: stages 1..3' are column-wise (x @ F_A[:HALF, chunk], the twiddles,
     F_B @ R, the spectrum and conj(F_B) @ Y act on each column alone), so a pair's registers hold one
@@ -564,15 +648,15 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     fbnim = _resident(FBIM, B, B, B, 0, True, table)
     g = ChunkedGlobals(U, K, Y, TFRE, TFIM, batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                        u_desc, y_desc, fare, faim, fanim, fbre, fbim, fbnim, A, B, CHUNK, TMA, RFFT, CONJ,
-                       PROBE, TW_SFU, CONTIG)
-    first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA)
+                       PROBE, TW_SFU, CONTIG, KPRE)
+    first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE)
     if WARPGROUPS == 1:
         fence_async_shared()
         gl.thread_barrier()
         _chunked_walk(g, first, 0, 1)
     else:
         gl.static_assert(WARPGROUPS == 2, "WARPGROUPS is 1 or 2")
-        second = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA)
+        second = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE)
         fence_async_shared()
         gl.thread_barrier()
         gl.warp_specialize([(_chunked_walk, (g, first, 0, 2)), (_chunked_walk, (g, second, 1, 2))], [4],
@@ -631,7 +715,8 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(t_k, 0)  # chunk c: + c CHUNK
     zeros = gl.zeros([B, CHUNK], gl.float32, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, True, g.PROBE, g.TW_SFU)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, True, g.PROBE, g.TW_SFU, bufs.kbuf,
+                g.KPRE)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -673,9 +758,10 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
         gl.thread_barrier()
         for j in range(CHUNKS):  # (a loop, not unrolled: unrolled, every chunk's table loads went up front)
             # out += D_c @ conj(F_A)[chunk, :HALF] = D_c @ conj(F_A[:HALF, chunk])^T (F_A is symmetric)
+            kpre = _spectrum_issue(st, spectrum, tab + j * CHUNK)  # (KPRE: under the chunk's stages 1-3)
             yre, yim, chunk_scale = _forward_stages(st, x_re, x_im, fa_re=fare.index(j), fa_nim=fanim.index(j),
                                                     fa_im=faim.index(j), tab=tab, col=j * CHUNK, K=spectrum, h=0,
-                                                    stride_kh=0, zeros=zeros, X_REGS=False)
+                                                    stride_kh=0, zeros=zeros, X_REGS=False, kpre=kpre)
             ore, oim, running = _inverse_stages(st, yre, yim, chunk_scale, tab, j * CHUNK,
                                                 fare.index(j).permute((1, 0)), faim.index(j).permute((1, 0)), ore, oim,
                                                 running, zeros, lhs_out, True)

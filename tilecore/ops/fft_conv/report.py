@@ -52,7 +52,8 @@ def mono_variant(a: int, b: int, c: int, loop: int, warps: int, permute: bool = 
 
 def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma: bool = False,
                   chunk: int = 0, rfft: bool = False, warpgroups: int = 1,
-                  warps: int = 4, tw_sfu: bool = False, contig: bool = False) -> tuple[str, object, dict, int, bool]:
+                  warps: int = 4, tw_sfu: bool = False, contig: bool = False,
+                  kpre: int = 0) -> tuple[str, object, dict, int, bool]:
     """The one-pass kernel in Gluon (gluon_onepass.fft_conv_gluon_onepass_kernel) at one configuration
     (per_sm: the grid only, not the compile)."""
     import torch
@@ -67,12 +68,13 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
     args = dict(U=t, K=f32, Y=t, FARE=f16, FAIM=f16, FBRE=f16, FBIM=f16, TFRE=f32, TFIM=f32, batch=16, heads=768,
                 stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=4 * n, A=a, B=b,
                 ASYNC=async_mma, TMA=tma, RFFT=rfft, CONJ=False, TW_SFU=tw_sfu,
-                CONTIG=contig)
+                CONTIG=contig, KPRE=kpre)
     if tma:
         rows = torch.empty(2, 1, n, dtype=torch.bfloat16)  # (the descriptors' type is what compiles)
         args["u_desc"], args["y_desc"] = gluon_descriptors(rows, rows, a, b)
     extra = (", async" if async_mma else "") + (", TMA" if tma else "") + (", rfft" if rfft else "") + (
-        ", twiddles computed" if tw_sfu else "") + (", contiguous walk" if contig else "")
+        ", twiddles computed" if tw_sfu else "") + (", contiguous walk" if contig else "") + (
+        f", spectrum prefetch {kpre}" if kpre else "")
     if chunk:
         del args["ASYNC"]
         args.update(CHUNK=chunk, WARPGROUPS=warpgroups, WORKER_REGS=248)
