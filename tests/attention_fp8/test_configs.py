@@ -3,7 +3,8 @@ Gluon launch knows."""
 from tilecore.ops.attention_fp8 import configs
 
 KNOWN = {"block_m", "block_n", "stages", "consumers", "q_buffers", "pingpong", "exp2_fma_every", "cast_late",
-         "rescale_tau", "p_shift", "l_mma", "max_tree", "k_block_scalar", "rescale_late", "block_n2"}
+         "rescale_tau", "p_shift", "l_mma", "max_tree", "k_block_scalar", "rescale_late", "block_n2",
+         "pv_smem"}
 
 
 def test_gluon_configs_ship_no_probe():
@@ -16,4 +17,5 @@ def test_gluon_configs_ship_no_probe():
             assert cfg["exp2_fma_every"] in (0, 2, 4, 8, -2, -4, -8), (d, causal, cfg["exp2_fma_every"])
             assert cfg.get("block_n2", 0) in (0, 32, 64), (d, causal)  # split steps (session 30)
             assert cfg["l_mma"] in (0, 1), (d, causal, cfg["l_mma"])  # modes 2-5: session 28's diagnosis only
+            assert cfg.get("pv_smem", 0) in (0, 1), (d, causal)  # P V from shared memory (session 31)
             assert cfg["consumers"] == 2 or not cfg["pingpong"], (d, causal)

@@ -40,12 +40,16 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 # 465-472 (1.14-1.17x), D64 causal 453 against 393 (1.15x)): lse then carries P's e4m3 rounding (reference.py's
 # l_rounded), O's weights sum to 1. rescale_late (session 29, OFF): right, but 0.95-1.03x with l_mma (run 7): the
 # FMULs between the S and P V issues delay P V's issue
+# pv_smem (session 31, OFF until experiments/attention_fp8/gpu_speed_s31.py checks and times it on the H100): P stored
+# to shared memory (e4m3, two buffers a consumer) and P V issued with both operands there (gluon_fp8.compute_pv_smem):
+# with P V's A operand in registers ptxas waits for P V before the softmax (no overlap); sm_90a SASS with pv_smem has
+# the wait after the last exp2. With block_n2 64 (and 2 stages at D128): split steps of 192 keys (compute_split_smem)
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False, exp2_fma_every=0,
                           cast_late=True, rescale_tau=0.0, p_shift=8, l_mma=1,
-                          max_tree=True, rescale_late=False),
+                          max_tree=True, rescale_late=False, pv_smem=0),
                  128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False,
                            exp2_fma_every=0, cast_late=True, rescale_tau=0.0, p_shift=8, l_mma=1, max_tree=True,
-                           rescale_late=False)}
+                           rescale_late=False, pv_smem=0)}
 
 
 def gluon_config(d: int, causal: bool) -> dict:
