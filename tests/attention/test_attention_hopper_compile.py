@@ -13,7 +13,7 @@ from tilecore.ops.attention import configs
 @pytest.fixture(scope="module")
 def report():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-m", "tilecore.ops.attention.report", "--json"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "tilecore.bench.reports.attention", "--json"], capture_output=True,
                        text=True, env=env, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout)

@@ -90,7 +90,8 @@ def test_forward_softcap_takes_tanh_approx_by_default(fast_launch, monkeypatch):
 
 _COMPILE = """
 import json
-from tilecore.ops.attention import configs, report
+from tilecore.bench.reports import attention as report
+from tilecore.ops.attention import configs
 from tilecore.tiles.compile import has_hopper_instructions, resources
 rows = []
 for d, dq_from in ((128, "fused"), (64, "warpgroup")):

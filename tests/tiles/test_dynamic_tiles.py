@@ -104,7 +104,8 @@ def test_gluon_producer_draws_rows_and_resets_the_counter():
 
 ATTENTION_PTX_SCRIPT = """
 import re, sys, torch
-from tilecore.ops.attention import configs, report
+from tilecore.bench.reports import attention as report
+from tilecore.ops.attention import configs
 for d in (64, 128):  # D = 64: the dQ warpgroup (the helper partition) receives the drawn ids too
     for drawn in (True, False):
         compiled, _ = report.compile_gluon_backward(d, False, cfg=dict(configs.GLUON_BACKWARD[d, False], drawn=drawn))

@@ -8,7 +8,7 @@
 * ``gluon_kernels``, ``gluon_backward``, ``gluon_dq``: Hopper's forward, backward and dQ kernels on
   the tiles' Gluon pipeline (TMA, mbarriers, wgmma, warp specialization);
 * ``reference``: PyTorch references (and the CPU path when Triton's interpreter is off);
-* ``report``: compile-only resources of every kernel (registers, spills, shared memory, PTX);
+* compile-only resources of every kernel (registers, spills, shared memory, PTX): tilecore.bench.reports.attention;
 * ``tour``: the cases ``tilecore tour`` shows.
 """
 from tilecore.ops.attention.op import attention

@@ -1,7 +1,7 @@
 """Compile the attention kernels for sm_90a without a GPU and print their resources (registers,
 spills, shared memory) at the block shapes the launcher picks on a GPU, and at any given ones.
 
-    python -m tilecore.ops.attention.report [--json]      (with TRITON_INTERPRET unset)
+    python -m tilecore.bench.reports.attention [--json]      (with TRITON_INTERPRET unset)
 
 The Gluon forward and backward (Hopper) rows also say whether the PTX holds wgmma and TMA (and the
 backward's TMA reduction), and whether ptxas serialized the wgmma (its warnings C7513/C7515).
