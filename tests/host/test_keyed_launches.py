@@ -195,3 +195,50 @@ def test_kvcache_recipe_gives_the_general_paths_bits(monkeypatch, paged):
     assert all(len(triton_keys) == 1 for triton_keys in seen.values())
     for cache in (kvcache._CHECKED, kvcache._LAYOUTS, kvcache._LAUNCHES):
         cache.clear()
+
+
+# ---- mamba2_step by its per-key recipe (the dt kernel and the step kernel)
+
+from tilecore.ops.linear_attention import op as la_op  # noqa: E402
+
+
+@pytest.mark.parametrize("d_dim, with_z, with_bias", [(0, False, False), (1, True, True), (2, False, True)])
+def test_mamba2_step_recipe_gives_the_general_paths_bits(monkeypatch, d_dim, with_z, with_bias):
+    seen = {}
+
+    def launch_keyed(self, key, grid, args, kwargs):
+        triton_key, _ = CachedLaunch(JITFunction(self.kernel.fn)).key(args, kwargs)
+        seen.setdefault((self.kernel.fn.__name__, key), set()).add(triton_key)
+        return self[grid](*args, **kwargs)
+
+    monkeypatch.setattr(CachedLaunch, "launch_keyed", launch_keyed)
+    monkeypatch.setattr(la_op, "signature", _cpu_signature)
+    for cache in (la_op._CHECKED, la_op._PLANS, la_op._MAMBA_STEPS):
+        cache.clear()
+    torch.manual_seed(2)
+    Bsz, H, P, G, S = 2, 4, 16, 1, 16
+    state0 = torch.randn(Bsz, H, P, S)
+    calls = []
+    for _ in range(3):  # new values each call
+        x = torch.randn(Bsz, H, P, dtype=torch.float16)
+        dt = torch.rand(H, Bsz).t() - 0.1  # strided, a few below dt_limit's 0
+        A = -torch.rand(H)
+        Bm, Cm = (torch.randn(Bsz, G, S, dtype=torch.float16) for _ in range(2))
+        D = None if d_dim == 0 else torch.randn(H) if d_dim == 1 else torch.randn(H, P)
+        z = torch.randn(Bsz, H, P, dtype=torch.float16) if with_z else None
+        bias = torch.rand(H) * 0.1 if with_bias else None
+        calls.append((x, dt, A, Bm, Cm, dict(D=D, z=z, dt_bias=bias)))
+    runs = []
+    for plain in (False, True):
+        if plain:
+            monkeypatch.setattr(la_op, "signature", lambda *items: None)
+        state = state0.clone()
+        outs = [la_op.mamba2_step(state, x, dt, A, Bm, Cm, **kw) for x, dt, A, Bm, Cm, kw in calls]
+        runs.append(outs + [state])
+        if not plain:
+            assert len(la_op._MAMBA_STEPS) == 1 and next(iter(la_op._MAMBA_STEPS._data.values()))[0]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    assert {name for name, _ in seen} == {"mamba_dt_kernel", "la_step_kernel"}
+    assert all(len(triton_keys) == 1 for triton_keys in seen.values())
+    for cache in (la_op._CHECKED, la_op._PLANS, la_op._MAMBA_STEPS):
+        cache.clear()

@@ -50,8 +50,10 @@ def test_mamba2_step_through_it_equals_the_torch_ops_step(monkeypatch):
     Bm, Cm = torch.randn(b, 1, n, dtype=torch.float16), torch.randn(b, 1, n, dtype=torch.float16)
     bias = torch.randn(h)
     state0 = torch.randn(b, h, p, n)
-    outs, launched, prepare = [], [], mamba_dt.mamba_dt
-    monkeypatch.setattr(mamba_dt, "mamba_dt", lambda *args, **kw: launched.append(True) or prepare(*args, **kw))
+    la_op._MAMBA_STEPS.clear()
+    # the dt kernel's launches (the first step's through mamba_dt.mamba_dt, the next by the key's recipe)
+    outs, launched, run = [], [], mamba_dt._MAMBA_DT.run
+    monkeypatch.setattr(mamba_dt._MAMBA_DT, "run", lambda *args, **kw: launched.append(True) or run(*args, **kw))
     for kernel in (True, False):
         monkeypatch.setattr(mamba_dt, "MAMBA_DT_KERNEL", kernel)
         state = state0.clone()
@@ -61,6 +63,7 @@ def test_mamba2_step_through_it_equals_the_torch_ops_step(monkeypatch):
     assert launched == [True, True]  # the switch on: both steps through the kernel; off: none
     la_op._CHECKED.clear()
     la_op._PLANS.clear()
+    la_op._MAMBA_STEPS.clear()
 
 
 def test_an_unknown_clamp_form_is_refused():

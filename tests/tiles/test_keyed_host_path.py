@@ -208,11 +208,11 @@ from tilecore.tiles.launch import TmaOperand  # noqa: E402
 @pytest.fixture
 def keyed_la(keyed, monkeypatch):
     monkeypatch.setattr(la_op, "signature", _cpu_signature)
-    la_op._CHECKED.clear()
-    la_op._PLANS.clear()
+    for cache in (la_op._CHECKED, la_op._PLANS, la_op._MAMBA_STEPS):
+        cache.clear()
     yield keyed
-    la_op._CHECKED.clear()
-    la_op._PLANS.clear()
+    for cache in (la_op._CHECKED, la_op._PLANS, la_op._MAMBA_STEPS):
+        cache.clear()
 
 
 def _plain(keyed, monkeypatch, plain):

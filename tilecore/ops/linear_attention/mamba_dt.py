@@ -96,10 +96,18 @@ def mamba_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, A: torch.Tensor, dt
     total = B * H
     if total == 0:
         return dt_eff, g
-    lo, hi = float(dt_limit[0]), float(dt_limit[1])
-    _MAMBA_DT.run(None if key is None else (key, clamp), (cdiv(total, BLOCK),),  # (the form is a constexpr)
-                  (dt, A if dt_bias is None else dt_bias, A, dt_eff, g, total, H, dt.stride(0), dt.stride(1),
-                   lo, hi),
-                  dict(HAS_BIAS=dt_bias is not None, HAS_LO=lo > float("-inf"), HAS_HI=hi < float("inf"),
-                       CLAMP_MAX=clamp == "max", BLOCK=BLOCK))
+    grid, tail, options = launch_parts(dt, dt_bias, dt_limit, clamp)
+    _MAMBA_DT.run(None if key is None else (key, clamp), grid,  # (the form is a constexpr)
+                  (dt, A if dt_bias is None else dt_bias, A, dt_eff, g, *tail), options)
     return dt_eff, g
+
+
+def launch_parts(dt: torch.Tensor, dt_bias, dt_limit, clamp: str) -> tuple[tuple, tuple, dict]:
+    """(grid, the arguments after the five tensors (dt, bias or A, A, dt_eff, g), options) of the kernel's launch
+    for a (B, H) dt with B H > 0: a function of dt's shape and strides, whether there is a bias, dt_limit and the
+    clamp's form (what a step's launch key holds: op.py keeps them per key)."""
+    B, H = dt.shape
+    lo, hi = float(dt_limit[0]), float(dt_limit[1])
+    return ((cdiv(B * H, BLOCK),), (B * H, H, dt.stride(0), dt.stride(1), lo, hi),
+            dict(HAS_BIAS=dt_bias is not None, HAS_LO=lo > float("-inf"), HAS_HI=hi < float("inf"),
+                 CLAMP_MAX=clamp == "max", BLOCK=BLOCK))

@@ -19,7 +19,8 @@ from tilecore import dispatch
 from tilecore.ops.linear_attention import configs, kernels_backward_gla, launch, mamba_dt
 from tilecore.ops.linear_attention.plan import BASED, IDENTITY, plan
 from tilecore.tiles import eager
-from tilecore.tiles.launch import LRU, signature
+from tilecore.tiles import launch as tiles_launch
+from tilecore.tiles.launch import LRU, KeyedLaunch, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FEATURE_MAPS = (None, "based", "hedgehog")
@@ -408,6 +409,51 @@ def _check_mamba(op, x, dt, A, B, C, D, z, dt_bias, state, state_name: str, step
         _tensor(op, state_name, state, x.device, (x.shape[0], h, p, s))
 
 
+class _MambaStep:
+    """mamba2_step for one launch key by its two kernels (session 31, issue 31's host time): the dt kernel's and the
+    step kernel's KeyedLaunch and every launch argument the key fixes (strides, sizes, dt_limit), made from its
+    keyed call's own launches; a call then allocates dt_eff, g and y and launches. Made only where that call took
+    the kernels (mamba_dt.fits, no upcast, a kernel plan); ``serves()``: the dt kernel's switches as they were
+    (a switch turned mid-process sends the key back to the general path)."""
+
+    __slots__ = ("dt_launch", "dt_tail", "step", "step_tail", "d_kind", "shapes", "clamp", "device", "y_dtype")
+
+    @classmethod
+    def of(cls, key, p, state, x, dt, A, B, C, D, d_skip, z, dt_bias, dt_limit, g, dt_eff, y):
+        if p.path == "cpu" or p.config["upcast"] or y.dtype != x.dtype or x.shape[0] * x.shape[1] == 0:
+            return False
+        self = cls()
+        self.clamp = mamba_dt.MAMBA_DT_CLAMP
+        grid, self.dt_tail, options = mamba_dt.launch_parts(dt, dt_bias, dt_limit, self.clamp)
+        self.dt_launch = KeyedLaunch(mamba_dt._MAMBA_DT, (key, self.clamp), grid, options)
+        s0, s1, s2, s3 = state.stride()
+        _, grid, args, kw = launch.step_call(p, C, B, x, g, dt_eff, d_skip, z, state, y, 1.0, IDENTITY,
+                                             (s0, s1, s3, s2))
+        self.step = KeyedLaunch(launch._STEP, key, grid, kw)
+        self.step_tail = args[9:]  # (the nine tensors first: step_call's order)
+        # D's float32 view as the general path makes it: none, (H,) expanded to (H, P), or (H, P)
+        self.d_kind = 0 if D is None else (1 if D.dim() == 1 else 2)
+        self.shapes = (tuple(dt.shape), tuple(x.shape))
+        self.device, self.y_dtype = x.device, x.dtype
+        return self
+
+    def serves(self) -> bool:
+        return mamba_dt.MAMBA_DT_KERNEL and mamba_dt.MAMBA_DT_CLAMP == self.clamp
+
+    def __call__(self, state, x, dt, A, B, C, D, z, dt_bias):
+        dt_eff = torch.empty(self.shapes[0], dtype=torch.float32, device=self.device)
+        g = torch.empty(self.shapes[0], dtype=torch.float32, device=self.device)
+        self.dt_launch((dt, A if dt_bias is None else dt_bias, A, dt_eff, g, *self.dt_tail))
+        y = torch.empty(self.shapes[1], dtype=self.y_dtype, device=self.device)
+        d_skip = x if self.d_kind == 0 else (D.float()[:, None].expand(self.shapes[1][1:]) if self.d_kind == 1
+                                             else D.float())
+        self.step((C, B, x, g, dt_eff, d_skip, x if z is None else z, state, y, *self.step_tail))
+        return y
+
+
+_MAMBA_STEPS = LRU(256)  # a step's launch key -> its _MambaStep (False: the general path)
+
+
 def _mamba_dt(dt, dt_bias, dt_softplus: bool, dt_limit) -> torch.Tensor:
     """mamba's dt in float32: + dt_bias, softplus (linear past 20, as F.softplus), clamped to dt_limit."""
     dt = dt.float()
@@ -568,6 +614,9 @@ def mamba2_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
         if isinstance(dt_limit, (tuple, list)) else None
     if key is not None:
         key = ("mamba2_step", key)
+        prepared = _MAMBA_STEPS.get(key)  # the key's two launches as its second call prepared them (session 31)
+        if prepared and prepared.serves() and dispatch.eager_mode(state, x, dt, A, B, C, D, z, dt_bias) == "direct":
+            return prepared(state, x, dt, A, B, C, D, z, dt_bias)
 
     def check():
         _check_mamba(op, x, dt, A, B, C, D, z, dt_bias, state, "state", step=True)
@@ -580,8 +629,12 @@ def mamba2_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
     h, p = x.shape[1], x.shape[2]
     d_skip = None if D is None else (D.float()[:, None].expand(h, p) if D.dim() == 1 else D.float())
     if key is not None and mamba_dt.fits(dt, dt_bias, A, dt_softplus):  # dt_eff and g in one launch
-        key = (key, "mamba_dt")  # (its dt_eff is contiguous where torch's keeps dt's strides: another key)
-        dt_eff, g = mamba_dt.mamba_dt(dt, dt_bias, A, dt_limit, key=key)
-        return _run_step(C, B, x, g, dt_eff, d_skip, z, state, 1.0, IDENTITY, True, key=key)
+        step_key = (key, "mamba_dt")  # (its dt_eff is contiguous where torch's keeps dt's strides: another key)
+        dt_eff, g = mamba_dt.mamba_dt(dt, dt_bias, A, dt_limit, key=step_key)
+        y = _run_step(C, B, x, g, dt_eff, d_skip, z, state, 1.0, IDENTITY, True, key=step_key)
+        if key not in _MAMBA_STEPS and tiles_launch.BIND_KEYED_LAUNCHES and _PLANS.get(step_key) is not None:
+            _MAMBA_STEPS.put(key, _MambaStep.of(step_key, _PLANS.get(step_key), state, x, dt, A, B, C, D, d_skip, z,
+                                                dt_bias, dt_limit, g, dt_eff, y))
+        return y
     dt_eff = _mamba_dt(dt, dt_bias, dt_softplus, dt_limit)
     return _run_step(C, B, x, dt_eff * A.float(), dt_eff, d_skip, z, state, 1.0, IDENTITY, True, key=key)
