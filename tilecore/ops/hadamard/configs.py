@@ -190,3 +190,17 @@ QUANT_GLUON_WIDE_STAGES = 2  # the ring's stages (each two rows, 48 KiB); run 7:
 # (all checked): pingpong 0.86x at fp8 (0.444 ms), 1.00-1.01x 4-bit; ahead 0.98-1.01x; both 0.85x fp8; one stage
 # 0.86x fp8, 0.97x mxfp4: none kept
 QUANT_GLUON_WIDE_TUNING = {}
+# session 31: hadamard_quantize's Gluon kernel for m <= 32 x p, p = 128..1024 (gluon_quantize_kron.py: A = H_32 (x) H_2
+# resident, rows by TMA as [1, 32, 2, 64] boxes, the H_(p/128) butterfly across blocks, wgmma), plan path "gluon_kron",
+# plan tuning "gluon_kron". Keys: (format, n), else the format. Off until a GPU run checks and times it
+# (experiments/hadamard/gpu_quantize_check.py --gluon)
+QUANT_GLUON_KRON = {}
+QUANT_GLUON_KRON_STAGES = 2  # the ring's stages (a stage: two rows at split 1, one at split 2)
+# (m, p) -> dict(split=1 or 2, inside=bool) (quantize.gluon_kron_tuning's defaults elsewhere). sm_90a, CPU: 28 x 512
+# split 2 spills nothing; four blocks a consumer (28 x 512 split 1, 28 x 1024 split 2) spill 92-220 B with the butterfly
+# in registers and nothing with INSIDE (each block's mixing by the signs: twice the mixing products)
+QUANT_GLUON_KRON_TUNING = {(28, 512): dict(split=2, inside=False), (28, 1024): dict(split=2, inside=True)}
+# hadamard_transform at m x p on the Gluon kernels' STORE format (kron._gluon_plan: the wide one at m x 64 with
+# 128 < m <= 192, the kron one at m <= 32 x 128..1024), (m, p) -> True. Off until a GPU run of this session: session
+# 30's run 7 measured 172 x 64 at 68.4% of copy against the wide_rows plan's 37.1 (1.84x), checked against float64
+KRON_GLUON = {}

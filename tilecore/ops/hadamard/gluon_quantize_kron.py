@@ -51,6 +51,12 @@ class Blocks:
     t: object
 
 
+@gluon.constexpr_function
+def _parity(v, vp):
+    """popcount(v & vp) mod 2: the sign of H_(2^k)[v, vp] (Sylvester), 1 for -1."""
+    return bin(int(v) & int(vp)).count("1") & 1
+
+
 @gluon.jit
 def _butterfly(w0, w1, w2, w3, NBLK: gl.constexpr):
     """H_NBLK (Sylvester) across the blocks: block v' = sum_v (-1)^popcount(v & v') w_v, in float32."""
@@ -82,6 +88,7 @@ class KronQuantize:
     G: gl.constexpr  # group size (0: per token)
     STATIC: gl.constexpr
     QMAX: gl.constexpr
+    INSIDE: gl.constexpr  # the butterfly across blocks by the signs of the mixing (each block's own products)
 
     @gluon.jit
     def setup(self, tile):
@@ -112,9 +119,40 @@ class KronQuantize:
         return stage.x.reshape([NBS * BLOCK, BLOCK]).slice(k * BLOCK, BLOCK)
 
     @gluon.jit
+    def _block_inside(self, ctx, stage, VP: gl.constexpr, z):
+        """INSIDE mixing: output block VP's W' = sum_v (-1)^popcount(v & VP) A B_v (+- the other half's), its
+        butterfly taken by the sign of A (-A resident), then its second product: one block's registers at a time."""
+        NBLK: gl.constexpr = self.F // (2 * self.SPLIT)
+        dt: gl.constexpr = self.x_desc.dtype
+        bufs = ctx.operand
+        lay: gl.constexpr = bufs.type.layout
+        base: gl.constexpr = ctx.index * NBLK if self.SPLIT == 1 else 0
+        w = z
+        for v in gl.static_range(NBLK):
+            w = warpgroup_mma(bufs.index(_parity(v, VP))._reinterpret(dt, [BLOCK, BLOCK], lay),
+                              self._b(stage, base + v), w, use_acc=v > 0, is_async=True)
+            if self.SPLIT == 2:
+                w = warpgroup_mma(bufs.index(_parity(v, VP) ^ ctx.index)._reinterpret(dt, [BLOCK, BLOCK], lay),
+                                  self._b(stage, NBLK + v), w, is_async=True)
+        w = warpgroup_mma_wait(0, deps=(w,))
+        return self._rotated(w, bufs.index(2))
+
+    @gluon.jit
     def compute(self, ctx, state, stage, tile, step):
         """This consumer's blocks: the mixing (all issued, then waited for), the butterfly, the second products."""
         NBLK: gl.constexpr = self.F // (2 * self.SPLIT)
+        if self.INSIDE:
+            z = state.y0
+            y0 = self._block_inside(ctx, stage, 0, z)
+            y1 = z
+            y2 = z
+            y3 = z
+            if NBLK >= 2:
+                y1 = self._block_inside(ctx, stage, 1, z)
+            if NBLK >= 4:
+                y2 = self._block_inside(ctx, stage, 2, z)
+                y3 = self._block_inside(ctx, stage, 3, z)
+            return Blocks(y0, y1, y2, y3, ctx.ring_step)
         dt: gl.constexpr = self.x_desc.dtype
         bufs = ctx.operand
         lay: gl.constexpr = bufs.type.layout
@@ -309,7 +347,7 @@ class KronQuantize:
 def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales, gscale, amax_out, rows, stride_scales,
                                rscale, row_counter, M: gl.constexpr, F: gl.constexpr, SPLIT: gl.constexpr,
                                FORMAT: gl.constexpr, G: gl.constexpr, STATIC: gl.constexpr, QMAX: gl.constexpr,
-                               STAGES: gl.constexpr):
+                               STAGES: gl.constexpr, INSIDE: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_(64 F)) x) for ``rows`` rows of 64 M F elements (module
     docstring). x_desc: (rows, M, F, 64) with [1, 32, 2, 64] boxes; codes_desc: (rows, M, F, W) bytes (W = 64, or
     32 packed; STORE: x's dtype, W = 64) with [1, 32, 2, W] boxes; staging_desc: the same with [F / (2 SPLIT), 32,
@@ -324,7 +362,7 @@ def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
         xchg = None
         xbar = None
     op = KronQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, xchg, xbar,
-                      M, F, SPLIT, FORMAT, G, STATIC, QMAX)
+                      M, F, SPLIT, FORMAT, G, STATIC, QMAX, INSIDE)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True), tile_counter=row_counter)
     NBS: gl.constexpr = (3 - SPLIT) * (F // 2)  # boxes a stage
@@ -350,15 +388,11 @@ def gluon_operand(m: int, dtype, device, transpose: bool = False):
     bf16 (the second product's B)."""
     import torch
 
-    from tilecore.ops.hadamard import orders
     from tilecore.ops.hadamard.reference import hadamard_matrix
 
     key = (m, dtype, str(device), transpose)
     if key not in _OPERANDS:
-        h = torch.zeros(HALF.value, HALF.value, dtype=torch.float64)
-        hm = orders.hadamard_of_order(m).to(torch.float64)
-        h[:m, :m] = hm.T if transpose else hm
-        a = torch.kron(h, hadamard_matrix(2, torch.float64))
+        a = _operand_a(m, transpose)
         blocks = [a.to(dtype).view(torch.bfloat16), (-a).to(dtype).view(torch.bfloat16),
                   hadamard_matrix(BLOCK.value, torch.float64).to(torch.bfloat16)]
         _OPERANDS[key] = torch.cat(blocks).contiguous().to(device)
@@ -392,3 +426,58 @@ def descriptors(x2, out, m: int, p: int, split: int, packed: bool):
     nblk = F // (2 * split)
     staging_desc = TensorDescriptor(out, shape, strides, [nblk, H, 2, w], _layout([nblk, H, 2, w], bits))
     return x_desc, codes_desc, staging_desc
+
+
+def emulate(x, m: int, p: int, split: int, inside: bool, scale: float, transpose: bool = False):
+    """The kernel's data flow in float64 torch on the CPU (the tests' check of its index arithmetic, which the
+    interpreter cannot run): each row's [1, 32, 2, 64] boxes as the 64 x 64 operands B_q (sub-row 2 i + l), each
+    consumer's mixing (the butterfly across blocks in registers, or INSIDE by the signs of A), the second product,
+    and the blocks stored back as boxes at pair q. Returns (y, blocks): y (rows, m p) float64 and, for every stored
+    block, (row, pair q, its [64, 64] values) in the order the consumers store them."""
+    import torch
+
+    from tilecore.ops.hadamard.reference import hadamard_matrix
+
+    rows, n = x.shape
+    F = p // BLOCK.value
+    H = HALF.value
+    a = _operand_a(m, transpose)
+    h64 = hadamard_matrix(BLOCK.value, torch.float64)
+    nblk = F // (2 * split)
+    x4 = torch.zeros(rows, H, F, BLOCK.value, dtype=torch.float64)
+    x4[:, :m] = x.double().reshape(rows, m, F, BLOCK.value)
+    y4 = torch.zeros_like(x4)
+    blocks = []
+    for row in range(rows):
+        b = [x4[row, :, 2 * q:2 * q + 2, :].reshape(BLOCK.value, BLOCK.value) for q in range(F // 2)]  # B_q
+        for c in range(split):  # split 1: one consumer owns the row (its boxes from 0); 2: consumer c, sign (-1)^c
+            sign = -1.0 if c == 1 else 1.0
+            mixed = []
+            for vp in range(nblk):
+                if inside:
+                    w = sum((-1.0) ** _parity(v, vp) * (a @ b[v]) for v in range(nblk))
+                    if split == 2:
+                        w = w + sum((-1.0) ** _parity(v, vp) * sign * (a @ b[nblk + v]) for v in range(nblk))
+                    mixed.append(w)
+                else:
+                    w = [a @ b[v] + (sign * (a @ b[nblk + v]) if split == 2 else 0.0) for v in range(nblk)]
+                    mixed.append(sum((-1.0) ** _parity(v, vp) * w[v] for v in range(nblk)))
+            for v in range(nblk):
+                yv = (mixed[v] @ h64) * scale
+                q = c * nblk + v if split == 2 else v
+                blocks.append((row, q, yv))
+                y4[row, :, 2 * q:2 * q + 2, :] = yv.reshape(H, 2, BLOCK.value)
+    return y4[:, :m].reshape(rows, n), blocks
+
+
+def _operand_a(m: int, transpose: bool):
+    """A = H_m (or H_m^T) zero-padded to 32, (x) H_2, float64 (gluon_operand's first block)."""
+    import torch
+
+    from tilecore.ops.hadamard import orders
+    from tilecore.ops.hadamard.reference import hadamard_matrix
+
+    h = torch.zeros(HALF.value, HALF.value, dtype=torch.float64)
+    hm = orders.hadamard_of_order(m).to(torch.float64)
+    h[:m, :m] = hm.T if transpose else hm
+    return torch.kron(h, hadamard_matrix(2, torch.float64))

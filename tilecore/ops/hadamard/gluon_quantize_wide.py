@@ -412,7 +412,7 @@ def fits(n: int, m: int, p: int) -> bool:
     return p == BLOCK.value and NB.value * BLOCK.value - BLOCK.value < m <= NB.value * BLOCK.value and n == m * p
 
 
-def gluon_operand(m: int, dtype, device):
+def gluon_operand(m: int, dtype, device, transpose: bool = False):
     """The resident operand, [640, 64] as bf16 bits: H_m zero-padded to 192 x 192 as nine [64, 64] blocks (j, k)
     at rows 64 (3 j + k), in ``dtype`` (x's: the first product's A), then H_64 in bf16 (the second product's B)."""
     import torch
@@ -420,11 +420,12 @@ def gluon_operand(m: int, dtype, device):
     from tilecore.ops.hadamard import orders
     from tilecore.ops.hadamard.reference import hadamard_matrix
 
-    key = (m, dtype, str(device))
+    key = (m, dtype, str(device), transpose)
     if key not in _OPERANDS:
         size = NB.value * BLOCK.value
         h = torch.zeros(size, size, dtype=torch.float64)
-        h[:m, :m] = orders.hadamard_of_order(m).to(torch.float64)
+        hm = orders.hadamard_of_order(m).to(torch.float64)
+        h[:m, :m] = hm.T if transpose else hm  # H_m^T: the transform's backward
         blocks = [h[BLOCK.value * j:BLOCK.value * (j + 1), BLOCK.value * k:BLOCK.value * (k + 1)].to(dtype).view(torch.bfloat16)
                   for j in range(NB.value) for k in range(NB.value)]
         blocks.append(hadamard_matrix(BLOCK.value, torch.float64).to(torch.bfloat16))

@@ -6,6 +6,9 @@ Paths (``kron_plan``):
 * "fused": one pass, kernels_kron.kron_kernel, where a row fits one program: S <= 8 slices of Q <= 128
   columns and M_PAD x p <= configs.KRON_MAX_TILE_ELEMS float32 values in registers; for p > 1024 a factor
   f = p / 1024 of H_p joins the mixing (H_m (x) H_f over m f sub-rows of 1024) where that fits (12 x 2048);
+* "gluon": Hopper, 16-bit contiguous rows, where configs.KRON_GLUON[(m, p)] or the tuning "gluon" asks for it: a
+  Gluon kernel of hadamard_quantize storing the rotated values (quantize.gluon_wide_transform: gluon_quantize_wide.py
+  at m x 64 with 128 < m <= 192, gluon_quantize_kron.py at m <= 32 x 128..1024);
 * "two-pass": longer rows: kron_kernel with CHUNKS column chunks computes H_m X in float32 (exact for
   16-bit inputs) into a workspace, then the power-of-two kernel transforms its rows of p (float32 in,
   three pieces a product: kernels.py) into the output. Three round trips instead of one.
@@ -25,7 +28,7 @@ from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2
 
 @dataclasses.dataclass(frozen=True)
 class KronPlan:
-    path: str  # "cpu" | "fused" | "two-pass" | "wide_rows"
+    path: str  # "cpu" | "fused" | "two-pass" | "wide_rows" | "gluon"
     m: int
     p: int
     config: dict = dataclasses.field(default_factory=dict)
@@ -62,7 +65,24 @@ def kron_plan(x: torch.Tensor, m: int, p: int, **tuning) -> KronPlan:
 
     if not pow2_plan.tma_fits(x) or not dispatch.tma_ok(x.device):
         tuning = {**tuning, "tma": "none"}
+    elif _gluon_fits(x, m, p, interpret, tuning):
+        return KronPlan("gluon", m, p)
     return kernel_plan(rows, m, p, x.dtype, sms, interpret, **tuning)
+
+
+def _gluon_fits(x: torch.Tensor, m: int, p: int, interpret: bool, tuning: dict) -> bool:
+    """Whether the "gluon" path (a Gluon kernel's STORE format: quantize.gluon_wide_transform) is asked for (the
+    tuning "gluon", else configs.KRON_GLUON[(m, p)]) and runs here: Hopper with Gluon, 16-bit contiguous rows that TMA
+    can describe, and a Gluon kernel of that shape (gluon_quantize_wide: m x 64, 128 < m <= 192; gluon_quantize_kron:
+    m <= 32 x p, p = 128..1024)."""
+    if not tuning.get("gluon", configs.KRON_GLUON.get((m, p), False)) or interpret or x.device.type != "cuda" \
+            or x.dtype not in (torch.float16, torch.bfloat16) or not x.is_contiguous() or x.data_ptr() % 16 \
+            or not dispatch.gluon_ok(x.device):
+        return False
+    from tilecore.ops.hadamard import gluon_quantize_kron, gluon_quantize_wide
+    from tilecore.ops.hadamard.quantize import gluon_kron_tuning
+
+    return gluon_quantize_wide.fits(m * p, m, p) or gluon_quantize_kron.fits(m, p, gluon_kron_tuning(m, p, {})[0])
 
 
 @functools.lru_cache(maxsize=256)  # a pure function of its arguments: planned once per call signature
@@ -194,6 +214,11 @@ def launch(plan: KronPlan, x: torch.Tensor, out: torch.Tensor, scale: float, tra
     before it is written)."""
     if plan.path == "cpu":
         _cpu(x, out, scale, plan.m, plan.p, transpose, plan.config["rows"])
+        return
+    if plan.path == "gluon":  # a Gluon kernel's STORE format; in place too (a tile's rows are loaded before stored)
+        from tilecore.ops.hadamard.quantize import gluon_wide_transform
+
+        gluon_wide_transform(x, out, scale=scale, transpose=transpose)
         return
     cfg = plan.config
     h_dtype = {torch.float16: torch.float16, torch.bfloat16: torch.bfloat16, torch.float32: torch.bfloat16}[x.dtype]

@@ -15,6 +15,9 @@ Paths (``plan_quantize``):
 * "gluon_wide": gluon_quantize_wide.gluon_wide_quantize_kernel on Hopper, rows of m x 64 with 128 < m <= 192
   (11008), where configs.QUANT_GLUON_WIDE or the plan tuning "gluon" asks for it: H_m resident in shared memory,
   the rows by TMA, the products on wgmma;
+* "gluon_kron": gluon_quantize_kron.gluon_kron_quantize_kernel on Hopper, rows of m x p with m <= 32 and p = 128..1024
+  (14336 = 28 x 512, 28672 = 28 x 1024), where configs.QUANT_GLUON_KRON or the plan tuning "gluon_kron" asks for it:
+  A = H_32 (x) H_2 resident, the rows by TMA, the products on wgmma;
 * "unfused": longer rows (n = m 2^k with 2^k > 1024, or rows past that budget): hadamard_transform into a
   float32 buffer, then the kernel without rotation.
 nvfp4 without a given global scale reads x twice: a first pass of the same kernel finds the rotated
@@ -44,7 +47,7 @@ __all__ = ["hadamard_quantize", "dequantize", "FORMATS", "plan_quantize", "kerne
 
 @dataclasses.dataclass(frozen=True)
 class QuantizePlan:
-    path: str  # "cpu" | "pow2" | "fused" | "wide" | "wide_rows" | "gluon_wide" | "unfused"
+    path: str  # "cpu" | "pow2" | "fused" | "wide" | "wide_rows" | "gluon_wide" | "gluon_kron" | "unfused"
     config: dict = dataclasses.field(default_factory=dict)
     grid: tuple[int, ...] = ()
     rscale: float = 1.0
@@ -123,6 +126,8 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
         assert S == 1 and group % P == 0, (n, P, Q, group)
         mode, spg = 0, group // P
     gluon = _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscale, sms, tuning)
+    if gluon is None:
+        gluon = _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscale, sms, tuning)
     if gluon is not None:
         return gluon
     wide = _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms,
@@ -186,6 +191,41 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         STAGES=tuning.get("stages") or configs.QUANT_GLUON_WIDE_STAGES, PACKED=f.packed, num_warps=4,
         **({"AHEAD": True} if tuning.get("ahead") else {}), **({"PINGPONG": True} if tuning.get("pingpong") else {}),
         **({"PROBE": tuning["probe"]} if tuning.get("probe") else {})))
+
+
+def gluon_kron_tuning(m: int, p: int, tuning: dict) -> tuple[int, bool]:
+    """(split, inside) of the "gluon_kron" kernel at m x p (gluon_quantize_kron's SPLIT and INSIDE): the tuning's,
+    else configs.QUANT_GLUON_KRON_TUNING's by (m, p), else a consumer a row up to two blocks of 64 sub-rows (p <= 256),
+    a row shared by the two consumers past that, and the butterfly across blocks by the mixing's signs (INSIDE) where
+    a consumer holds four blocks (sm_90a: 92-220 B spilled with the butterfly in registers, none INSIDE)."""
+    table = configs.QUANT_GLUON_KRON_TUNING.get((m, p), {})
+    f = p // 64
+    split = tuning.get("split") or table.get("split") or (1 if f <= 4 else 2)
+    inside = tuning.get("inside", table.get("inside", f // (2 * split) == 4))
+    return split, bool(inside)
+
+
+def _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscale, sms, tuning):
+    """The "gluon_kron" path (gluon_quantize_kron.py: Hopper, m <= 32 x p = 128..1024, A = H_32 (x) H_2 resident,
+    rows by TMA, wgmma) where it applies and is asked for (plan tuning "gluon_kron", or configs.QUANT_GLUON_KRON by
+    (format, n); off until a GPU run checks it), else None: 16-bit, no random signs, groups of 16 or 32 inside a
+    sub-row of 64, 128 (int4: a sub-row pair) or the whole row; plan_quantize's device may run Gluon. Tuning: split,
+    inside (gluon_kron_tuning), stages, waves."""
+    from tilecore.ops.hadamard.gluon_quantize_kron import fits
+
+    on = tuning.get("gluon_kron", _by_format(configs.QUANT_GLUON_KRON, fmt, n, False))
+    if not on or not tuning.get("_gluon_ok") or mix != 1 or dtype == torch.float32 or signs \
+            or group not in (None, 16, 32, 128) or (group == 128 and fmt != "int4"):
+        return None
+    split, inside = gluon_kron_tuning(M, P, tuning)
+    if not fits(M, P, split):
+        return None
+    f = FORMATS[fmt]
+    grid = max(1, min(cdiv(rows, 3 - split), sms * (tuning.get("waves") or 1)))
+    return QuantizePlan("gluon_kron", grid=(grid,), rscale=rscale, config=dict(
+        M=M, F=P // 64, SPLIT=split, INSIDE=inside, FORMAT=f.kernel_id, G=group or 0,
+        STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, STAGES=tuning.get("stages") or configs.QUANT_GLUON_KRON_STAGES,
+        PACKED=f.packed, num_warps=4))
 
 
 def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms, interpret,
@@ -405,7 +445,7 @@ def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False, k
         scales = scale.reshape(1).to(torch.float32)
     if plan.path == "pow2":
         return _run_pow2(plan, x2, codes, scales, fmt, scale, signs, static, key=key)
-    if plan.path == "gluon_wide":
+    if plan.path in ("gluon_wide", "gluon_kron"):
         return _run_gluon_wide(plan, x2, codes, scales, fmt, scale, static)
     cfg = plan.config
     xa = x2
@@ -436,8 +476,10 @@ def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False, k
     return codes, scales, None
 
 
-def _launch_gluon_wide(plan, x2, out, scales, gs, amax, fmt_id=None, stages=None):
-    """gluon_quantize_wide.gluon_wide_quantize_kernel over the rows x2 into ``out`` (codes as bytes, or values)."""
+def _launch_gluon_wide(plan, x2, out, scales, gs, amax, fmt_id=None, stages=None, rscale=None, transpose=False):
+    """gluon_quantize_wide.gluon_wide_quantize_kernel (or, for a "gluon_kron" plan, gluon_quantize_kron's kernel)
+    over the rows x2 into ``out`` (codes as bytes, or values). ``rscale``: the rotation's scale (default the plan's);
+    ``transpose``: H_m^T (the transform's backward)."""
     from tilecore.ops.hadamard import gluon_quantize_wide as gw
     from tilecore.tiles.launch import gluon_descriptor, tile_counter
 
@@ -449,11 +491,23 @@ def _launch_gluon_wide(plan, x2, out, scales, gs, amax, fmt_id=None, stages=None
     if stages is not None:
         cfg["STAGES"] = stages
     rows = x2.shape[0]
+    rs = plan.rscale if rscale is None else rscale
+    if plan.path == "gluon_kron":
+        from tilecore.ops.hadamard import gluon_quantize_kron as gk
+
+        m, p = cfg["M"], 64 * cfg["F"]
+        x_desc, codes_desc, staging_desc = gk.descriptors(x2, out, m, p, cfg["SPLIT"], packed)
+        h_desc = gluon_descriptor(gk.gluon_operand(m, x2.dtype, x2.device, transpose), [64, 64])
+        with dispatch.on_device(x2.device):
+            gk.gluon_kron_quantize_kernel[plan.grid](x_desc, codes_desc, staging_desc, h_desc, scales, gs, amax, rows,
+                                                     scales.stride(0) if scales.dim() == 2 else 1, rs,
+                                                     tile_counter(x2.device), **cfg)
+        return
     x_desc, codes_desc, staging_desc = gw.descriptors(x2, out, cfg["M"], packed)
-    h_desc = gluon_descriptor(gw.gluon_operand(cfg["M"], x2.dtype, x2.device), [64, 64])
+    h_desc = gluon_descriptor(gw.gluon_operand(cfg["M"], x2.dtype, x2.device, transpose), [64, 64])
     with dispatch.on_device(x2.device):
         gw.gluon_wide_quantize_kernel[plan.grid](x_desc, codes_desc, staging_desc, h_desc, scales, gs, amax, rows,
-                                                 scales.stride(0) if scales.dim() == 2 else 1, plan.rscale,
+                                                 scales.stride(0) if scales.dim() == 2 else 1, rs,
                                                  tile_counter(x2.device), **cfg)
 
 
@@ -463,7 +517,8 @@ def _run_gluon_wide(plan, x2, codes, scales, fmt, scale, static):
     byte_codes = codes.view(torch.uint8) if codes.dtype != torch.uint8 else codes
     gscale = scale if static else None
     if fmt == "nvfp4" and gscale is None:
-        amax = torch.empty(x2.shape[0], dtype=torch.float32, device=x2.device)
+        # each row's largest |y| (the kron kernel with a row shared: each consumer's half, two a row)
+        amax = torch.empty(x2.shape[0] * plan.config.get("SPLIT", 1), dtype=torch.float32, device=x2.device)
         _launch_gluon_wide(plan, x2, byte_codes, scales, amax, amax, fmt_id=6)
         a = amax.max()  # NaN if any row had one (torch's max propagates NaN); no host sync
         gscale = torch.where(a == 0, torch.ones_like(a), a / (448.0 * 6.0)).reshape(1)
@@ -500,22 +555,27 @@ def amax_pass(plan: QuantizePlan, x2: torch.Tensor) -> torch.Tensor:
 def gluon_amax_pass(plan: QuantizePlan, x2: torch.Tensor) -> torch.Tensor:
     """Run a "gluon_wide" plan's kernel as its AMAX pass (the products, then each row's largest |y|: no codes, no
     stores but one float a row) on the rows ``x2``; returns those maxima. For the probe of what its epilogue costs."""
-    if plan.path != "gluon_wide":
-        raise ValueError(f"gluon_amax_pass: a 'gluon_wide' plan, not {plan.path!r}")
-    amax = torch.empty(x2.shape[0], dtype=torch.float32, device=x2.device)
+    if plan.path not in ("gluon_wide", "gluon_kron"):
+        raise ValueError(f"gluon_amax_pass: a 'gluon_wide' or 'gluon_kron' plan, not {plan.path!r}")
+    amax = torch.empty(x2.shape[0] * plan.config.get("SPLIT", 1), dtype=torch.float32, device=x2.device)
     # x2's bytes as the codes (never written by AMAX; bytes keep the staging buffer at 8 bits)
     _launch_gluon_wide(plan, x2, x2.view(torch.uint8), amax, amax, amax, fmt_id=6)
     return amax
 
 
-def gluon_wide_transform(x2: torch.Tensor, out: torch.Tensor, stages: int = 1) -> QuantizePlan:
-    """out = (H_m (x) H_64) x2 / sqrt(n) on the Gluon wide kernel (its STORE format): the plain transform, for the
-    probe to check the kernel's products alone. x2, out: (rows, n) contiguous, 16-bit, CUDA on Hopper."""
+def gluon_wide_transform(x2: torch.Tensor, out: torch.Tensor, stages: int = 1, scale: float | None = None,
+                         transpose: bool = False, **tuning) -> QuantizePlan:
+    """out = scale (H_m (x) H_p) x2 (scale default 1 / sqrt(n)) on a Gluon kernel's STORE format: the wide one
+    (m x 64, 128 < m <= 192) or the kron one (m <= 32 x p = 128..1024; ``tuning``: split, inside, stages). x2, out:
+    (rows, n) contiguous, 16-bit, CUDA on Hopper; out may be x2 (a tile's rows are loaded whole before its stores).
+    hadamard_transform's "gluon" kron plan (kron.py, configs.KRON_GLUON) and the probes call it."""
     rows, n = x2.shape
-    plan = plan_quantize(x2, "fp8_e4m3", None, None, True, False, False, gluon=True)
-    if plan.path != "gluon_wide":
-        raise ValueError(f"gluon_wide_transform: n = {n} ({x2.dtype}, {x2.device}) has no Gluon wide plan")
-    _launch_gluon_wide(plan, x2, out, x2, x2, x2, fmt_id=7, stages=stages)
+    plan = plan_quantize(x2, "fp8_e4m3", None, None, True, False, False, gluon=True, gluon_kron=True, **tuning)
+    if plan.path not in ("gluon_wide", "gluon_kron"):
+        raise ValueError(f"gluon_wide_transform: n = {n} ({x2.dtype}, {x2.device}) has no Gluon plan")
+    if plan.path == "gluon_kron":
+        stages = tuning.get("stages") or plan.config["STAGES"]
+    _launch_gluon_wide(plan, x2, out, x2, x2, x2, fmt_id=7, stages=stages, rscale=scale, transpose=transpose)
     return plan
 
 

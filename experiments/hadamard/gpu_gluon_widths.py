@@ -1,0 +1,378 @@
+"""GPU check and timing of hadamard_quantize's Gluon kernels at the model widths (issue 32, session 31, helper HE):
+the new kron kernel (gluon_quantize_kron.py, plan path "gluon_kron") at 14336 = 28 x 512 and 28672 = 28 x 1024, and
+hadamard_transform's "gluon" kron plan (configs.KRON_GLUON: the Gluon kernels' STORE format) at 11008, 14336, 28672.
+
+1. warm: a pool of processes runs every timed configuration once (Triton's disk cache then holds its kernels).
+2. check (outputs poisoned; float64 reference on the first 64 rows, on the CPU; an outlier channel, a NaN row and
+   an inf row): codes equal on >= 99.9% of elements, far codes only on values within 2^-13 of their row's largest,
+   scales exact (e8m0 / e4m3; float32 within 2^-15), every element written (a second run over other poison bytes
+   gives the same bytes); every format at both widths, e5m2, nvfp4 dynamic, fp16 in, the split / inside variants;
+   the transform (STORE) within 1.25x the rounding floor against float64 (an inf row, an odd row count, in place,
+   H_m^T for the backward).
+3. time (bf16, 2^28 elements, do_bench medians): every format at each width on the shipped plan and on the Gluon
+   kernel (and its variants), the transform on the shipped kron plan and the Gluon one; % of a torch copy of the
+   same bytes (x read, codes and scales written) in the same run. Prints a table last; JSON to $OUT.
+
+    PYTHONPATH=. python3 experiments/hadamard/gpu_gluon_widths.py [--budget 140] [--quick]
+"""
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+
+E = 2**28
+WIDTHS = {14336: (28, 512), 28672: (28, 1024)}
+FORMATS = ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
+GLUON = {"gluon_kron": True}
+VARIANTS = {  # n -> [(name, tuning, formats)]: the kron kernel's other tunings, timed beside the default
+    14336: [("split1_inside", {"gluon_kron": True, "split": 1, "inside": True}, ("fp8_e4m3", "mxfp4")),
+            ("inside", {"gluon_kron": True, "inside": True}, ("fp8_e4m3", "mxfp4")),
+            ("stages3", {"gluon_kron": True, "stages": 3}, ("fp8_e4m3",))],
+    28672: [("no_inside", {"gluon_kron": True, "inside": False}, ("fp8_e4m3", "mxfp4"))],
+}
+TRANSFORMS = ((172, 64), (28, 512), (28, 1024))
+
+
+def _import():
+    sys.path.insert(0, os.getcwd())
+    import torch  # noqa: F401
+
+    import tilecore  # noqa: F401
+
+
+def timed_cases(quick=False):
+    """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
+    cases = []
+    for n in WIDTHS:
+        for fmt in FORMATS:
+            cases.append(("q", fmt, n, "gluon", GLUON))
+            cases.append(("q", fmt, n, "shipped", {}))
+    for m, p in TRANSFORMS:
+        cases.append(("t", m, p, "gluon", {"gluon": True}))
+        cases.append(("t", m, p, "shipped", {}))
+    if not quick:
+        for n, vs in VARIANTS.items():
+            for name, tuning, fmts in vs:
+                cases += [("q", fmt, n, name, tuning) for fmt in fmts]
+    return cases
+
+
+def _runner(case, x, y=None):
+    """(run, plan, bytes written) for a timed case on the rows x (bf16, 2^28 elements)."""
+    import torch
+
+    from tilecore.ops.hadamard import kron, quantize
+
+    if case[0] == "t":
+        _, m, p, _, tuning = case
+        plan = kron.kron_plan(x, m, p, **tuning)
+        n = m * p
+        return (lambda: kron.launch(plan, x, y, n**-0.5)), plan, y.numel() * y.element_size()
+    _, fmt, n, _, tuning = case
+    f = quantize.FORMATS[fmt]
+    group = f.default_group
+    scale = torch.tensor([0.002], device=x.device) if fmt == "nvfp4" else None  # a given global scale: one pass
+    plan = quantize.plan_quantize(x, fmt, group, None, True, scale is not None, False, **tuning)
+    codes, scales, _ = quantize.run_plan(plan, x, fmt, group, None, True, scale)
+    written = codes.numel() * codes.element_size() + (scales.numel() * scales.element_size() if scales.numel() > 1 else 0)
+    return (lambda: quantize.run_plan(plan, x, fmt, group, None, True, scale)), plan, written
+
+
+def _warm_one(case):
+    try:
+        _import()
+        import torch
+
+        n = case[2] if case[0] == "q" else case[1] * case[2]
+        x = torch.randn(E // n, n, dtype=torch.bfloat16, device="cuda")
+        y = torch.empty_like(x) if case[0] == "t" else None
+        run, plan, _ = _runner(case, x, y)
+        run()
+        torch.cuda.synchronize()
+        return repr(case), plan.path, None
+    except Exception as err:  # noqa: BLE001
+        return repr(case), None, f"{type(err).__name__}: {str(err)[:300]}"
+
+
+def phase_warm(result, deadline, quick):
+    cases = timed_cases(quick)
+    ctx = mp.get_context("spawn")
+    out = result.setdefault("warm", [])
+    with ctx.Pool(min(8, len(cases))) as pool:
+        pending = pool.imap_unordered(_warm_one, cases)
+        for _ in cases:
+            try:
+                out.append(pending.next(timeout=max(1.0, deadline - time.time())))
+            except Exception as err:  # noqa: BLE001
+                out.append(("?", None, f"{type(err).__name__}: {str(err)[:200]}"))
+                break
+        pool.terminate()
+
+
+def check_cases(quick=False):
+    """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
+    cases = [(f, n, {"scale": 0.002} if f == "nvfp4" else {}, "bfloat16", GLUON) for n in WIDTHS for f in FORMATS]
+    cases += [("fp8_e5m2", 14336, {}, "bfloat16", GLUON), ("nvfp4", 14336, {}, "bfloat16", GLUON),
+              ("fp8_e4m3", 28672, {}, "float16", GLUON), ("mxfp4", 14336, {}, "float16", GLUON),
+              ("fp8_e4m3", 14336, {"scale": 0.01}, "bfloat16", GLUON)]
+    if not quick:
+        for n, vs in VARIANTS.items():
+            for name, tuning, fmts in vs:
+                cases += [(f, n, {}, "bfloat16", tuning) for f in fmts]
+    return cases
+
+
+def phase_check(result, save, deadline, quick):
+    import torch
+
+    from tilecore.ops.hadamard import quantize
+    from tilecore.ops.hadamard.quantize_reference import (code_order, dequantize, hadamard_quantize_reference,
+                                                          shape_outputs)
+
+    out = result.setdefault("check", {"quantize": [], "transform": []})
+    torch.manual_seed(0)
+    for fmt, n, kw, dtn, tuning in check_cases(quick):
+        if time.time() > deadline:
+            out["quantize"].append({"format": fmt, "n": n, "skipped": "time"})
+            continue
+        case = {"format": fmt, "n": n, "dtype": dtn, **kw, "tuning": {k: v for k, v in tuning.items() if k != "gluon_kron"}}
+        try:
+            dtype = getattr(torch, dtn)
+            rows = 2049  # odd: a last tile of one row at split 1
+            x = torch.randn(rows, n, dtype=dtype, device="cuda")
+            x[:, 7] *= 80  # an outlier channel
+            x[1, 3] = float("nan")  # a NaN row
+            x[2, 5] = float("inf")  # an inf row
+            kw = dict(kw)
+            if "scale" in kw:
+                kw["scale"] = torch.tensor([kw["scale"]], device="cuda")
+            group = quantize.FORMATS[fmt].default_group
+            plan = quantize.plan_quantize(x, fmt, group, None, True, "scale" in kw, False, **tuning)
+            case["path"] = plan.path
+            case["config"] = {k: plan.config.get(k) for k in ("SPLIT", "INSIDE", "STAGES", "F") if k in plan.config}
+            codes, scales, g = quantize.run_plan(plan, x, fmt, group, None, True, kw.get("scale"), poison=True)
+            codes2, scales2, _ = quantize.run_plan(plan, x, fmt, group, None, True, kw.get("scale"), poison=0xA5)
+            case["written"] = all(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+                                  for a, b in ((codes, codes2), (scales, scales2)))
+            codes, scales = shape_outputs(codes, scales, x.shape[:-1], g)
+            xs, codes = x[:64], codes[:64]
+            scales = tuple(s if s.numel() == 1 else s[:64] for s in scales) if isinstance(scales, tuple) else \
+                scales if scales.numel() == 1 else scales[:64]
+            cpu_kw = {k: v.cpu() for k, v in kw.items()}
+            ref_codes, ref_scales = hadamard_quantize_reference(xs.cpu(), format=fmt, **cpu_kw)
+            ref_codes = ref_codes.cuda()
+            ref_scales = tuple(r.cuda() for r in ref_scales) if isinstance(ref_scales, tuple) else ref_scales.cuda()
+            a, b = code_order(codes, fmt), code_order(ref_codes, fmt)
+            case["match"] = float((a == b).double().mean())
+            far = ((a - b).abs() > 1).reshape(xs.shape[0], -1)
+            case["far_codes"] = int(far.sum())
+            case["far_codes_tiny"] = True
+            if case["far_codes"]:
+                ours = dequantize(codes, scales, format=fmt).double()
+                ref = dequantize(ref_codes, ref_scales, format=fmt).double()
+                bound = 2.0**-13 * ref.abs().nan_to_num(0.0, 0.0, 0.0).amax(dim=-1, keepdim=True)
+                case["far_codes_tiny"] = bool(((ours - ref).abs() <= bound)[far.reshape(ours.shape)].all())
+            exact, differ_n = True, 0
+            pairs = zip(scales, ref_scales) if isinstance(scales, tuple) else [(scales, ref_scales)]
+            for s, r in pairs:
+                if s.dtype == torch.float32:
+                    r = r.to(torch.float32)
+                    close = ((s - r).abs() <= 2.0**-15 * r.abs()) | (s == r) | torch.isnan(r)
+                    exact = exact and bool(torch.equal(torch.isnan(s), torch.isnan(r))) and bool(close.all())
+                else:
+                    differ = s.view(torch.uint8) != r.view(torch.uint8)
+                    differ_n += int(differ.sum())
+                    exact = exact and int(differ.sum()) <= max(2, differ.numel() // 10**6)
+            case["scales_differ"] = differ_n
+            case["scales_ok"] = exact
+            case["ok"] = case["match"] >= 0.999 and case["far_codes_tiny"] and exact and case["written"]
+        except Exception as err:  # noqa: BLE001
+            case["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+            case["ok"] = False
+        out["quantize"].append(case)
+        save()
+    check_transforms(out["transform"], save, deadline)
+
+
+def check_transforms(out, save, deadline):
+    """hadamard_transform's "gluon" kron plan (the Gluon kernels' STORE): error over the rounding floor against
+    float64 on the first 64 rows, every element written (NaN poison), an inf row non-finite as the reference's;
+    rows 2049 and 2; in place; transpose (H_m^T, the backward)."""
+    import torch
+
+    from tilecore import accuracy
+    from tilecore.ops.hadamard import hadamard_reference, kron, orders
+    from tilecore.ops.hadamard.reference import hadamard_matrix
+
+    for (m, p), rows, mode in [((m, p), 2049, "out") for m, p in TRANSFORMS] + [((28, 512), 2, "out"),
+                                                                                ((28, 1024), 3, "out"),
+                                                                                ((28, 512), 2049, "inplace"),
+                                                                                ((28, 1024), 2049, "transpose"),
+                                                                                ((172, 64), 2049, "transpose")]:
+        if time.time() > deadline:
+            out.append({"m": m, "p": p, "skipped": "time"})
+            continue
+        n = m * p
+        case = {"m": m, "p": p, "rows": rows, "mode": mode}
+        try:
+            x = torch.randn(rows, n, dtype=torch.bfloat16, device="cuda")
+            if rows > 2:
+                x[1, 5] = float("inf")
+            plan = kron.kron_plan(x, m, p, gluon=True)
+            case["path"] = plan.path
+            transpose = mode == "transpose"
+            if mode == "inplace":
+                y = x.clone()
+                kron.launch(plan, y, y, n**-0.5)
+            else:
+                y = torch.full_like(x, float("nan"))
+                kron.launch(plan, x, y, n**-0.5, transpose)
+            xs = x[:64].cpu().double()
+            if transpose:  # (H_m^T (x) H_p) x: H_m^T on the sub-rows, H_p along them
+                hm = orders.hadamard_of_order(m).double()
+                t = torch.einsum("ji,rjc->ric", hm, xs.reshape(-1, m, p))
+                ref = ((t @ hadamard_matrix(p, torch.float64)).reshape(-1, n) * n**-0.5).cuda()
+            else:
+                ref = hadamard_reference(x[:64].cpu(), n**-0.5, out_dtype=torch.float64).to(x.device)
+            finite = torch.ones(rows, dtype=torch.bool, device="cuda")
+            if rows > 2:
+                finite[1] = False
+            keep = finite[:64]
+            case["err_over_floor"] = round(accuracy.error_over_floor(y[:64][keep], ref[keep]), 4)
+            case["all_written"] = bool(torch.isfinite(y[finite]).all())
+            if rows > 2:
+                case["inf_row_nonfinite"] = bool((~torch.isfinite(y[1])).any())
+            case["ok"] = case["all_written"] and case["err_over_floor"] <= 1.25 and case["path"] == "gluon"
+        except Exception as err:  # noqa: BLE001
+            case["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+            case["ok"] = False
+        out.append(case)
+        save()
+
+
+def _bench(fn):
+    import triton
+
+    fn()
+    return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+
+
+def phase_time(result, save, deadline, quick):
+    import torch
+
+    out = result.setdefault("time", [])
+    copies = {}
+
+    def copy_ms(nbytes):
+        half = int(nbytes // 2) // 16 * 16
+        if half not in copies:
+            src = torch.empty(half, dtype=torch.uint8, device="cuda")
+            dst = torch.empty_like(src)
+            copies[half] = _bench(lambda: dst.copy_(src))
+            del src, dst
+        return copies[half]
+
+    xs = {}
+    for case in timed_cases(quick):
+        row = {"case": list(case[:4])}
+        if time.time() > deadline:
+            row["skipped"] = "time"
+            out.append(row)
+            continue
+        try:
+            n = case[2] if case[0] == "q" else case[1] * case[2]
+            if n not in xs:
+                xs.clear()
+                torch.cuda.empty_cache()
+                xs[n] = torch.randn(E // n, n, dtype=torch.bfloat16, device="cuda")
+            x = xs[n]
+            y = torch.empty_like(x) if case[0] == "t" else None
+            run, plan, written = _runner(case, x, y)
+            row["path"] = plan.path
+            ms = _bench(run)
+            nbytes = x.numel() * x.element_size() + written
+            row["ms"] = round(ms, 4)
+            row["copy_ms"] = round(copy_ms(nbytes), 4)
+            row["pct_copy"] = round(100 * row["copy_ms"] / ms, 1)
+            del y
+        except Exception as err:  # noqa: BLE001
+            row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        out.append(row)
+        save()
+
+
+def table(result):
+    lines = []
+    chk = result.get("check", {})
+    bad = [c for c in chk.get("quantize", []) + chk.get("transform", []) if not c.get("ok") and "skipped" not in c]
+    nq = len(chk.get("quantize", []))
+    lines.append(f"checks: quantize {nq}, transform {len(chk.get('transform', []))}, failing {len(bad)}")
+    for c in bad[:8]:
+        lines.append("  FAIL " + json.dumps({k: v for k, v in c.items() if k != "config"})[:230])
+    ms = [c["match"] for c in chk.get("quantize", []) if "match" in c]
+    if ms:
+        lines.append(f"  codes equal: {100 * min(ms):.4f}-{100 * max(ms):.4f}%")
+    errs = [c["err_over_floor"] for c in chk.get("transform", []) if "err_over_floor" in c]
+    if errs:
+        lines.append(f"  transform error / floor: {min(errs)}-{max(errs)}")
+    times = {tuple(r["case"]): r for r in result.get("time", []) if "ms" in r}
+    lines.append("case                               path         ms     %copy   x shipped")
+    for r in result.get("time", []):
+        key = tuple(r["case"])
+        base = times.get(key[:3] + ("shipped",))
+        if "ms" not in r:
+            lines.append(f"{str(key):34s} {r.get('error', r.get('skipped', ''))[:60]}")
+            continue
+        ratio = f"{base['ms'] / r['ms']:.2f}x" if base and key[3] != "shipped" else ""
+        lines.append(f"{str(key):34s} {r['path']:11s} {r['ms']:7.4f} {r['pct_copy']:6.1f}   {ratio}")
+    return "\n".join(lines[:44])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget", type=float, default=140.0)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--phases", default="warm,check,time")
+    a = ap.parse_args()
+    t0 = time.time()
+    _import()
+    import torch
+
+    outdir = os.environ.get("OUT", ".")
+    os.makedirs(outdir, exist_ok=True)
+    path = os.path.join(outdir, "gpu_gluon_widths.json")
+    result = {"args": vars(a), "device": torch.cuda.get_device_name(0), "git": os.popen("git rev-parse HEAD 2>/dev/null").read().strip()}
+
+    def save():
+        with open(path, "w") as fh:
+            json.dump(result, fh, indent=1)
+
+    phases = a.phases.split(",")
+    try:
+        if "warm" in phases:
+            phase_warm(result, t0 + 0.45 * a.budget, a.quick)
+            result["warm_s"] = round(time.time() - t0, 1)
+            save()
+        if "check" in phases:
+            phase_check(result, save, t0 + 0.70 * a.budget, a.quick)
+            result["check_s"] = round(time.time() - t0, 1)
+        if "time" in phases:
+            phase_time(result, save, t0 + a.budget - 5, a.quick)
+    except Exception:  # noqa: BLE001
+        result["fatal"] = traceback.format_exc()[-2000:]
+    result["wall_s"] = round(time.time() - t0, 1)
+    save()
+    print(json.dumps({k: result.get(k) for k in ("warm_s", "check_s", "wall_s", "device")}))
+    warm_err = [w for w in result.get("warm", []) if w[2]]
+    for w in warm_err[:4]:
+        print("warm error:", w[0][:80], w[2][:200])
+    if "fatal" in result:
+        print(result["fatal"][-1500:])
+    print(table(result))
+
+
+if __name__ == "__main__":
+    main()
