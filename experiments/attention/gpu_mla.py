@@ -413,15 +413,191 @@ def time_parts(budget_s: float, t_start: float) -> None:
          2 * pairs * (3 * 128 + 2 * 128))
 
 
+# --------------------------------------------------------------------------------------------
+# --roles (session 31): the dK/dV kernel with 64 query rows a step, its matmuls split between the two
+# consumers by role (tilecore.ops.attention_mla.gluon_backward_roles), then the shipped MLA dq kernel
+
+
+def roles_backward(base, dout, q, k, v, out, lse, dq, dk, dv, causal, scale, window=(-1, -1), stages=2,
+                   dkdv_only=False):
+    """The shipped MLA backward (plan ``base``: the preprocess, dK/dV, the dq kernel) with its dK/dV kernel
+    replaced by attention_bwd_mla_roles_kernel (tiles of 64 keys drawn from a counter, 64 rows a step)."""
+    from tilecore import dispatch
+    from tilecore.ops.attention_mla.gluon_backward_roles import attention_bwd_mla_roles_kernel
+    from tilecore.tiles.launch import TmaOperand, cdiv, tile_counter
+
+    B, H, N, _ = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    delta, _, stats = launch.backward_preprocess(out, dout, lse, None, row_stats=True)
+    masks, left, right = launch.mask_options(causal, window, N, Nk)
+    piece = lambda t: TmaOperand(t, [1, 1, 64, 64]).descriptor()  # noqa: E731
+    tiles = cdiv(Nk, 64) * B * Hkv
+    grid = (min(torch.cuda.get_device_properties(q.device).multi_processor_count, tiles),)
+    with dispatch.on_device(q.device):
+        attention_bwd_mla_roles_kernel[grid](
+            piece(q), piece(k), piece(v), piece(dout), piece(dk), piece(dv),
+            launch.row_stats_operand(stats, 64).descriptor(), H, N, Nk, H // Hkv, scale, scale * 1.4426950408889634,
+            B * Hkv, base.sizes["head_group"], tile_counter(q.device), left, right, 0.0, **masks, STAGES=stages,
+            num_warps=4)
+    if not dkdv_only:
+        launch.launch_dq_gluon(base.dq, dout, q, k, v, lse, delta, dq, causal, scale, window)
+
+
+ROLES_CHECKS = [  # name, B, Hq, Hkv, N, Nk, causal, window
+    ("192/128 causal N1040", 1, 2, 2, 1040, 1040, True, (-1, -1)),
+    ("192/128 N1008", 1, 2, 2, 1008, 1008, False, (-1, -1)),
+    ("192/128 causal N720 Nk1104", 1, 2, 2, 720, 1104, True, (-1, -1)),
+    ("192/128 N1104 Nk720", 1, 2, 2, 1104, 720, False, (-1, -1)),
+    ("192/128 causal N1040 GQA 8/2", 1, 8, 2, 1040, 1040, True, (-1, -1)),
+    ("192/128 window (256, 0) GQA 4/2 N1500", 1, 4, 2, 1500, 1500, False, (256, 0)),
+    ("192/128 causal N4096 B2", 2, 2, 2, 4096, 4096, True, (-1, -1)),
+]
+
+
+def roles_check(name, b, hq, hkv, n, nk, causal, window, dtype=torch.bfloat16, stages=2):
+    q, k, v = make(b, hq, hkv, n, nk, 192, 128, dtype)
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    ref, _ = attention_reference(q64, k64, v64, causal=causal, window_size=window)
+    dout = torch.randn(ref.shape, dtype=dtype, device=q.device)
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+    out, lse, _ = forward(q, k, v, causal, "gluon", window)
+    scale = 192 ** -0.5
+    base = plan.plan_backward(dout, q, k, v, causal, scale, window=window, path="gluon")
+    found = {}
+    for which in ("roles", "shipped"):
+        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        if which == "roles":
+            roles_backward(base, dout, q, k, v, out, lse, *grads, causal, scale, window, stages)
+        else:
+            launch.backward(base, dout, q, k, v, out, lse, None, *grads, causal, scale, window)
+        torch.cuda.synchronize()
+        unwritten = int(sum(g.isnan().sum() for g in grads))
+        found[which] = errs = {nm: accuracy.error_over_floor(g, r) for nm, g, r in zip(("dq", "dk", "dv"), grads,
+                                                                                      ref_grads)}
+        found[which + "_unwritten"] = unwritten
+    ok = found["roles_unwritten"] == 0 and all(found["roles"][nm] <= max(3.0, 1.25 * found["shipped"][nm])
+                                               for nm in ("dq", "dk", "dv"))
+    RESULTS["correctness"].append(dict(case=f"roles {name}", dtype=str(dtype), stages=stages, ok=ok, **{
+        f"{w}_{nm}_over_floor": found[w][nm] for w in ("roles", "shipped") for nm in ("dq", "dk", "dv")},
+        unwritten=found["roles_unwritten"]))
+    row(("check", f"roles {name} {str(dtype)[6:]} stages {stages}",
+         ("ok " if ok else "BAD ") + " ".join(f"{nm} {found['roles'][nm]:.2f} (shipped {found['shipped'][nm]:.2f})"
+                                            for nm in ("dq", "dk", "dv"))
+         + (f" unwritten {found['roles_unwritten']}" if found["roles_unwritten"] else "")))
+    return ok
+
+
+def time_roles(budget_s: float, t_start: float) -> None:
+    """B8 H16 N4096 bf16, causal and not: the dK/dV kernels alone (with the preprocess) and the whole backward
+    (+ dq kernel) and forward + backward, roles (STAGES 2, 3) against the shipped 32-row kernel; 128 / 128's
+    forward + backward (the default) for the issue's ratio, all in this run."""
+    b, h, n = 8, 16, 4096
+    for causal in (False, True):
+        label = f"{'causal' if causal else 'full'} B{b} H{h} N{n}"
+        scale = 192 ** -0.5
+        q, k, v = make(b, h, h, n, n, 192, 128, torch.bfloat16, seed=1)
+        out, lse, fwd_plan = forward(q, k, v, causal, "gluon")
+        dout = torch.randn_like(out)
+        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+        base = plan.plan_backward(dout, q, k, v, causal, scale, path="gluon")
+        pairs = b * h * n * n * (0.5 if causal else 1.0)
+        f_fwd, f_bwd = flops(b, h, n, n, 192, 128, causal)
+        fwd = lambda: launch.forward(fwd_plan, q, k, v, out, lse, causal, scale)  # noqa: E731
+
+        def shipped_dkdv():
+            _, dq_sum, stats = launch.backward_preprocess(out, dout, lse, None, dq_sum=False, row_stats=True)
+            launch.launch_backward_gluon_kernel(base, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale)
+
+        cands = [("shipped 32-row dK/dV + preprocess", shipped_dkdv, 2 * pairs * (192 + 128 + 128 + 192)),
+                 ("shipped backward", lambda: launch.backward(base, dout, q, k, v, out, lse, None, dq, dk, dv,
+                                                               causal, scale), f_bwd),
+                 ("shipped fwd+bwd", lambda: (fwd(), launch.backward(base, dout, q, k, v, out, lse, None, dq, dk, dv,
+                                                                      causal, scale)), f_fwd + f_bwd)]
+        for stages in (2, 3):
+            cands += [(f"roles STAGES {stages} dK/dV + preprocess", lambda st=stages: roles_backward(
+                          base, dout, q, k, v, out, lse, dq, dk, dv, causal, scale, stages=st, dkdv_only=True),
+                       2 * pairs * (192 + 128 + 128 + 192)),
+                      (f"roles STAGES {stages} backward", lambda st=stages: roles_backward(
+                          base, dout, q, k, v, out, lse, dq, dk, dv, causal, scale, stages=st), f_bwd),
+                      (f"roles STAGES {stages} fwd+bwd", lambda st=stages: (fwd(), roles_backward(
+                          base, dout, q, k, v, out, lse, dq, dk, dv, causal, scale, stages=st)), f_fwd + f_bwd)]
+        qs, ks, vs = make(b, h, h, n, n, 128, 128, torch.bfloat16, seed=2)
+        sq_fwd = plan.plan_forward(qs, ks, vs, causal, 128 ** -0.5)
+        os_, ls_ = (torch.empty_like(qs), torch.empty(qs.shape[:3], device=qs.device))
+        launch.forward(sq_fwd, qs, ks, vs, os_, ls_, causal, 128 ** -0.5)
+        ds = torch.randn_like(os_)
+        sq = plan.plan_backward(ds, qs, ks, vs, causal, 128 ** -0.5)
+        gs = [torch.empty_like(t) for t in (qs, ks, vs)]
+        f_sq = sum(flops(b, h, n, n, 128, 128, causal))
+        cands.append(("128/128 default fwd+bwd", lambda: (launch.forward(sq_fwd, qs, ks, vs, os_, ls_, causal,
+                                                                         128 ** -0.5),
+                                                          launch.backward(sq, ds, qs, ks, vs, os_, ls_, None, *gs,
+                                                                          causal, 128 ** -0.5)), f_sq))
+        rates = {}
+        for name, fn, fl in cands:
+            if time.time() - t_start > budget_s:
+                row(("skip", f"roles {label} {name}", f"past the {budget_s:.0f} s budget"))
+                continue
+            try:
+                fn()
+                t = bench(fn)
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                note_error(f"time roles {label} {name}", exc)
+                continue
+            rates[name] = rate = fl / t * 1e-9
+            RESULTS["timing"].append(dict(case=f"roles {label} {name}", ms=t, tflops=rate))
+            row(("time", f"{label} {name}", f"{t:.3f} ms {rate:.0f} TFLOP/s"))
+        sq_rate = rates.get("128/128 default fwd+bwd")
+        for name in ("shipped fwd+bwd", "roles STAGES 2 fwd+bwd", "roles STAGES 3 fwd+bwd"):
+            if sq_rate and name in rates:
+                RESULTS["timing"].append(dict(case=f"ratio {label} {name} / 128/128", ratio=rates[name] / sq_rate))
+                row(("ratio", f"{label} 192/128 {name} / 128/128 fwd+bwd (rate)",
+                     f"{rates[name] / sq_rate:.3f} (target >= 0.9)"))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="CPU, interpreter, tiny shapes, no timing")
     parser.add_argument("--quick", action="store_true", help="the default: the checks above and the timings")
     parser.add_argument("--full", action="store_true", help="more checks (short causal, window + softcap)")
+    parser.add_argument("--roles", action="store_true",
+                        help="only the 64-row dK/dV kernel by roles (session 31): checks, then times, <= 150 s")
+    parser.add_argument("--budget", type=float, default=140.0, help="--roles: seconds before later cases are skipped")
     parser.add_argument("--parts", action="store_true",
                         help="only the non-causal backward's parts at other stage counts (session 29), <= 90 s")
     args = parser.parse_args()
     t_start = time.time()
+    if args.roles:
+        # the two timed variants' checks first (a wrong kernel is not timed), the timings, then the other checks
+        # (N != Nk, GQA, a window, the balanced B2 N4096, STAGES 3) while the budget lasts
+        first_ok = True
+        for case in ROLES_CHECKS[:2]:
+            try:
+                first_ok = roles_check(*case) and first_ok
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                note_error(f"check roles {case[0]}", exc)
+                first_ok = False
+        if first_ok:
+            time_roles(args.budget - 50.0, t_start)
+            for case, stages in [(c, 2) for c in ROLES_CHECKS[2:]] + [(ROLES_CHECKS[0], 3)]:
+                if time.time() - t_start > args.budget:
+                    row(("skip", f"check roles {case[0]} stages {stages}", f"past the {args.budget:.0f} s budget"))
+                    continue
+                try:
+                    roles_check(*case, stages=stages)
+                except Exception as exc:  # noqa: BLE001 - report and go on
+                    note_error(f"check roles {case[0]}", exc)
+        out_dir = os.environ.get("OUT", "/tmp/out")
+        os.makedirs(out_dir, exist_ok=True)
+        RESULTS["device"] = torch.cuda.get_device_name()
+        with open(os.path.join(out_dir, "attention_mla_roles.json"), "w") as f:
+            json.dump(RESULTS, f, indent=1, default=str)
+        print(f"\n{'=' * 20} MLA 192/128 dK/dV by roles (64 rows a step), {time.time() - t_start:.0f} s")
+        for section, name, figures in ROWS:
+            print(f"{section:6s} {name:75s}  {figures}")
+        bad = [r for r in RESULTS["correctness"] if not r["ok"]]
+        print(f"checks: {len(RESULTS['correctness']) - len(bad)} ok, {len(bad)} bad; errors: {len(RESULTS['errors'])}")
+        return
     if args.parts:
         time_parts(80.0, t_start)
         out_dir = os.environ.get("OUT", "/tmp/out")
