@@ -391,6 +391,9 @@ def main():
     ap.add_argument("--ab-tma", type=int, default=0, metavar="ROUNDS",
                     help="time every op with and without the kept TMA encodings in this process, ROUNDS interleaved "
                          "rounds (on/off, then off/on), and check both give the same bits; medians reported")
+    ap.add_argument("--ab-bind", type=int, default=0, metavar="ROUNDS",
+                    help="(session 31) the same A/B for tiles.launch.BIND_KEYED_LAUNCHES: the kept keyed launches and "
+                         "the per-key launch recipes (attention decode, KV cache, mamba2_step, ...) on vs off")
     ap.add_argument("--skip-mamba-dt", action="store_true", help="leave out the mamba_dt kernel's bit check")
     a = ap.parse_args()
     if not a.no_tma_cache:  # before any launch: every key's direct launch keeps its encodings
@@ -401,6 +404,8 @@ def main():
         a.calls, a.profile = 3, (3 if a.profile else 0)
     if a.ab_tma:
         return main_ab(a)
+    if a.ab_bind:
+        return main_ab(a, "bind")
     if a.json is None:  # $OUT (the GPU runs' folder), else /tmp/out
         out_dir = os.environ.get("OUT", "/tmp/out")
         os.makedirs(out_dir, exist_ok=True)
@@ -479,17 +484,21 @@ def print_mamba_dt_checks(checks):
             print(f"   {k}: {v}")
 
 
-def main_ab(a):
+def main_ab(a, what="tma"):
     """--ab-tma: each op timed with the kept TMA encodings on and off in one process (interleaved rounds, the
     order swapped each round; torch's op once a round), medians; both ways the same bits, and the same bits on
-    calls 1..10 with them on."""
+    calls 1..10 with them on. --ab-bind (what="bind"): the same for the kept keyed launches and per-key recipes
+    (tiles.launch.BIND_KEYED_LAUNCHES), with the TMA encodings on throughout."""
     import statistics
 
     from tilecore.tiles import launch as tiles_launch
 
+    set_switch = tiles_launch.cache_tma_descriptors if what == "tma" else tiles_launch.bind_keyed_launches
+    rounds = a.ab_tma if what == "tma" else a.ab_bind
+    label = "kept TMA encodings" if what == "tma" else "kept keyed launches + per-key recipes (BIND_KEYED_LAUNCHES)"
     out_dir = os.environ.get("OUT", "/tmp/out")
     os.makedirs(out_dir, exist_ok=True)
-    path = a.json or os.path.join(out_dir, f"host_time_ab_tma_{a.ops}.json")
+    path = a.json or os.path.join(out_dir, f"host_time_ab_{what}_{a.ops}.json")
     table, errors = {}, {}
     for make in ((cases,) if a.ops == "first" else (later_cases,) if a.ops == "later" else (cases, later_cases)):
         try:
@@ -503,7 +512,7 @@ def main_ab(a):
         try:
             outs = []
             for on in (True, False, True):
-                tiles_launch.cache_tma_descriptors(on)
+                set_switch(on)
                 RESETS.get(name, lambda: None)()
                 y = ours()
                 ys = y if isinstance(y, (tuple, list)) else (y,)
@@ -511,25 +520,25 @@ def main_ab(a):
             same_on_off[name] = all(torch.equal(x, y) for o in outs[1:] for x, y in zip(outs[0], o))
         except Exception as err:  # noqa: BLE001
             same_on_off[name] = f"{type(err).__name__}: {err}"
-    for r in range(a.ab_tma):
-        print(f"round {r + 1}/{a.ab_tma}", flush=True)
+    for r in range(rounds):
+        print(f"round {r + 1}/{rounds}", flush=True)
         for name, (ours, peer) in table.items():
             if name in errors:
                 continue
             try:
                 for on in ((True, False) if r % 2 == 0 else (False, True)):
-                    tiles_launch.cache_tma_descriptors(on)
+                    set_switch(on)
                     times[name]["on" if on else "off"].append(per_call_us(ours, a.calls))
                 times[name]["torch"].append(per_call_us(peer, a.calls))
             except Exception as err:  # noqa: BLE001
                 errors[name] = f"{type(err).__name__}: {err}"
-    tiles_launch.cache_tma_descriptors(True)
+    set_switch(True)
     bits = {}
     try:
         if a.ops != "later":  # first with the encodings off, then on: a difference in both is not theirs
-            tiles_launch.cache_tma_descriptors(False)
+            set_switch(False)
             bits.update({f"{k} (kept encodings off)": v for k, v in same_bits_each_call().items() if v is not True})
-            tiles_launch.cache_tma_descriptors(True)
+            set_switch(True)
             bits.update(same_bits_each_call())
         if a.ops != "first":
             bits.update(same_bits_later(later_cases()))
@@ -546,7 +555,7 @@ def main_ab(a):
         rows.append({"op": name, "on_us": med["on"], "off_us": med["off"], "torch_us": med["torch"], "rounds": t})
     with open(path, "w") as f:
         json.dump({"device": torch.cuda.get_device_name() if DEV[0] == "cuda" else "cpu", "torch": torch.__version__,
-                   "calls": a.calls, "rounds": a.ab_tma, "host_us": rows, "same_bits_tma_on_vs_off": same_on_off,
+                   "calls": a.calls, "rounds": rounds, "host_us": rows, "switch": what, "same_bits_on_vs_off": same_on_off,
                    "same_bits_each_call_tma_on": bits, "mamba_dt_equal_torch_ops": mamba_check,
                    "profile_us_a_call": profiles, "errors": errors}, f, indent=1)
     for name, prof in profiles.items():
@@ -554,9 +563,9 @@ def main_ab(a):
         for line in (prof if isinstance(prof, list) else [prof]):
             print("  ", *line) if isinstance(line, tuple) else print("  ", line)
     print_mamba_dt_checks(mamba_check)
-    print("same bits, kept TMA encodings on vs off:", same_on_off)
+    print(f"same bits, {label} on vs off:", same_on_off)
     print("same bits on calls 1..10 with them on (outputs and gradients):", bits)
-    print(f"kept TMA encodings A/B, {a.ab_tma} interleaved rounds of {a.calls} calls, medians (us a call)")
+    print(f"{label} A/B, {rounds} interleaved rounds of {a.calls} calls, medians (us a call)")
     print(f"{'op':34s} {'on':>8s} {'off':>8s} {'on/off':>7s} {'torch':>8s}")
     for r in rows:
         if "error" in r:

@@ -615,7 +615,7 @@ def mamba2_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
     if key is not None:
         key = ("mamba2_step", key)
         prepared = _MAMBA_STEPS.get(key)  # the key's two launches as its second call prepared them (session 31)
-        if prepared and prepared.serves() and dispatch.eager_mode(state, x, dt, A, B, C, D, z, dt_bias) == "direct":
+        if prepared and tiles_launch.BIND_KEYED_LAUNCHES and prepared.serves() and dispatch.eager_mode(state, x, dt, A, B, C, D, z, dt_bias) == "direct":
             return prepared(state, x, dt, A, B, C, D, z, dt_bias)
 
     def check():
