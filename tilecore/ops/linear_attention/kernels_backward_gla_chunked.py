@@ -181,12 +181,50 @@ def _dk_intra(a, qb, G, MMA: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constex
 
 
 @triton.jit
+def _state_term(x, s, MMA: tl.constexpr, IEEE: tl.constexpr, VB: tl.constexpr):
+    """x s^T [BT, BKB] float32 from x [BT, BVF] and a state's s [BKB, BVF] (VB 0); else s itself, the value loop's
+    sum of it."""
+    if VB == 0:
+        out = _dot(x.to(MMA), tl.trans(s), IEEE)
+    else:
+        out = s
+    return out
+
+
+@triton.jit
+def _dqk_value_loop(V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N,
+                    DK, DV, NT, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, VB: tl.constexpr,
+                    MMA: tl.constexpr, IEEE: tl.constexpr, PART: tl.constexpr):
+    """The dqk program's sums over value columns by blocks of VB: (do v^T [BT, BT] unmasked, do . v [BT] unscaled,
+    do S_c^T and v dS_c^T [BT, BKB]; float32; the state terms only where PART needs them, zeros else)."""
+    a = tl.zeros([BT, BT], dtype=tl.float32)
+    r = tl.zeros([BT], dtype=tl.float32)
+    dqs = tl.zeros([BT, BKB], dtype=tl.float32)
+    dks = tl.zeros([BT, BKB], dtype=tl.float32)
+    for v0 in range(0, BVF, VB):
+        offs_v = v0 + tl.arange(0, VB)
+        v_ok = offs_v < DV
+        v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, VB]
+        do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)
+        a += _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE)
+        r += tl.sum(do.to(tl.float32) * v.to(tl.float32), 1)
+        ok = k_ok[:, None] & v_ok[None, :]
+        if PART != 2:
+            hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), mask=ok, other=0.0)  # [BKB, VB]
+            dqs += _dot(do.to(MMA), tl.trans(hs), IEEE)
+        if PART != 1:
+            dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=ok, other=0.0)
+            dks += _dot(v.to(MMA), tl.trans(dhs), IEEE)
+    return a, r, dqs, dks
+
+
+@triton.jit
 def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                    sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
                    sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                    BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
                    SPLIT: tl.constexpr, PART: tl.constexpr = 0, WIDE: tl.constexpr = 0, FLAG=0,
-                   AT: tl.constexpr = False):
+                   AT: tl.constexpr = False, VB: tl.constexpr = 0):
     """Program (batch * head, chunk, key block of BKB channels): dq, dk (the inputs' dtypes, DQ and DK_OUT (B, N, H,
     Dk) contiguous), the decay gradient's within-chunk reverse sum DG (B, N, H, Dk) float32 and its chunk total
     TOT (B H, NT, Dk) float32. Every value column at once (BVF >= Dv). Grid (B * H * NT * KBLOCKS,), key blocks
@@ -199,17 +237,21 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
     AT (with WIDE 1's factored form): dk's intra-chunk term as (v do^T, masked) @ (q e^(G - m)), a second score dot,
     instead of a^T from registers: on the H100 (run 7 of session 30) chunk 64 with key blocks of 32 gave dk 3.6e3x
     the rounding floor (dq, from a itself, right), as the unsplit walk kernels' diag 6 at key blocks of 16 did
-    (decision 44); the suspect is the dot on a register tile transposed (not diagnosed: no GPU here)."""
+    (decision 44); the suspect is the dot on a register tile transposed (not diagnosed: no GPU here).
+    VB (session 31): 0 every value column at once (v, do [BT, BVF], S_c and dS_c [BKB, BVF] live together: 255
+    registers at chunk 32, key blocks 64, 4 warps); else a loop over value blocks of VB that sums do v^T, the
+    diagonal's do . v and the state terms do S_c^T, v dS_c^T (float32 [BT, BT], [BT], [BT, BKB] x 2), so only one
+    value block's tiles are live at a time (not with AT)."""
     pid = tl.program_id(0)
     if WIDE == 2:
         if tl.load(FLAG + pid) != 0:
             _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                          svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
-                         pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT)
+                         pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB)
     else:
         _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
-                     pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, WIDE, AT)
+                     pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, WIDE, AT, VB)
 
 
 @triton.jit
@@ -217,9 +259,9 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
                  svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                  pid, FLAG, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr,
                  IEEE: tl.constexpr, SPLIT: tl.constexpr, PART: tl.constexpr, INTRA: tl.constexpr,
-                 AT: tl.constexpr = False):
+                 AT: tl.constexpr = False, VB: tl.constexpr = 0):
     """gla_dqk_kernel's program ``pid`` with the intra-chunk terms by INTRA (_dq_intra's; 1 also writes FLAG and
-    computes only where the span allows)."""
+    computes only where the span allows); VB gla_dqk_kernel's."""
     kblock = pid % KBLOCKS
     c = (pid // KBLOCKS) % NT
     bh = pid // (KBLOCKS * NT)
@@ -236,22 +278,33 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
         go = tl.max(tl.max(Gc, 0) - tl.min(Gc, 0), 0) <= _factor_span(MMA)
         tl.store(FLAG + pid, tl.where(go, 0, 1).to(tl.int8))
     if go:
-        offs_v = tl.arange(0, BVF)
-        v_ok = offs_v < DV
+        if VB == 0:
+            offs_v = tl.arange(0, BVF)
+            v_ok = offs_v < DV
         q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, BKB]
         k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
-        v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, BVF]
-        do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)
-        # the intra-chunk terms without the diagonal (strictly lower: its factor r comes apart, launch.decay_grad)
-        a = tl.where(offs_t[:, None] > offs_t[None, :], _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE), 0.0)  # [BT, BT]
+        if VB == 0:
+            v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, BVF]
+            do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)
+            # the intra-chunk terms without the diagonal (strictly lower: its factor r comes apart, launch.decay_grad)
+            a = tl.where(offs_t[:, None] > offs_t[None, :], _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE), 0.0)
+        else:  # hs, dhs: the state terms do S_c^T, v dS_c^T themselves
+            a, r, hs, dhs = _dqk_value_loop(V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0,
+                                            offs_t, offs_k, k_ok, N, DK, DV, NT, BT, BKB, BVF, VB, MMA, IEEE, PART)
+            a = tl.where(offs_t[:, None] > offs_t[None, :], a, 0.0)
+            r = r * scale
+            v = None
+            do = None
         qf = q.to(tl.float32)
         kf = k.to(tl.float32)
         rows = (b * N * H + h) * DK
-        r = tl.sum(do.to(tl.float32) * v.to(tl.float32), 1) * scale  # the diagonal: token t against itself
+        if VB == 0:
+            r = tl.sum(do.to(tl.float32) * v.to(tl.float32), 1) * scale  # the diagonal: token t against itself
         if PART != 2:
-            hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
-                         other=0.0)
-            dq = (_dq_intra(a, k, Gc, MMA, IEEE, SPLIT, INTRA) + _dot(do.to(MMA), tl.trans(hs), IEEE)
+            if VB == 0:
+                hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
+                             other=0.0)
+            dq = (_dq_intra(a, k, Gc, MMA, IEEE, SPLIT, INTRA) + _state_term(do, hs, MMA, IEEE, VB)
                   * tl.exp(Gc)) * scale
             _store_rows(DQ + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dq + r[:, None] * kf)
             dG = qf * dq  # rows past N: 0 (q, k, do, v loaded as 0)
@@ -260,8 +313,9 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
         else:
             dG = _rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1)
         if PART != 1:
-            dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
-                          other=0.0)
+            if VB == 0:
+                dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
+                              other=0.0)
             if AT and INTRA == 1:  # a^T by its own dot (v do^T), not a register transpose of a (see the docstring)
                 at = tl.where(offs_t[:, None] < offs_t[None, :], _dot(v.to(MMA), tl.trans(do.to(MMA)), IEEE), 0.0)
                 mid = 0.5 * (tl.max(Gc, 0) + tl.min(Gc, 0))
@@ -269,7 +323,7 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
             else:
                 dk_intra = _dk_intra(a, q, Gc, MMA, IEEE, SPLIT, INTRA)
             dk = (dk_intra * scale
-                  + _dot(v.to(MMA), tl.trans(dhs), IEEE) * tl.exp(G_last[None, :] - Gc))
+                  + _state_term(v, dhs, MMA, IEEE, VB) * tl.exp(G_last[None, :] - Gc))
             _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk + r[:, None] * qf)
             dG -= kf * dk
             _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, tl.cumsum(dG, 0, reverse=True))
@@ -460,6 +514,9 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         BKB = min(BK, cfg["BKB"])
         kblocks = -(-Dk // BKB)
         KD = min(BK, cfg["KD"])
+        dqk_VB = min(BVF, cfg["dqk_VB"]) if cfg["dqk_VB"] else 0  # the dqk kernel's value loop (0: none)
+        if dqk_VB and cfg["dk_at"]:
+            raise ValueError("gla chunked backward: dk_at needs dqk_VB None (v and do whole)")
         z4 = (0, 0, 0, 0)
         g_strides = g.stride()
         calls = []  # (name, kernel, grid, arguments, options), in order: each reads what the ones before wrote
@@ -489,7 +546,9 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                 q, k, v, g, do, hs, dhs, dq, dk, dg, tot, *q.stride(), *k.stride(), *v.stride(), *g_strides,
                 *do.stride(), N, H, Dk, Dv, NT, scale, kblocks),
                 dict(BT=BT, BKB=BKB, BVF=BVF, MMA=mma, IEEE=ieee, SPLIT=cfg["split"], PART=part, WIDE=wide, FLAG=flag,
-                     AT=cfg["dk_at"], num_warps=cfg["dqk_warps"], num_stages=cfg["stages"])))
+                     AT=cfg["dk_at"], num_warps=cfg["dqk_warps"], num_stages=cfg["dqk_stages"] or cfg["stages"],
+                     **({"VB": dqk_VB} if dqk_VB else {}),
+                     **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] else {}))))
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
         for wide in ((1, 2) if cfg["wide_apart"] and cfg["dv_wide_apart"] else (0,)):
             calls.append((f"dv{'w' * wide}", gla_dv_kernel, (B * H * NT * dv_blocks,), (

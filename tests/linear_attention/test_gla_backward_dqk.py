@@ -1,0 +1,90 @@
+"""The chunk-parallel GLA backward's dqk kernel with its value columns by a loop (configs_gla_bwd.CHUNKED dqk_VB,
+session 31: fewer live tiles a program), in the interpreter into NaN-filled buffers against the float64
+recurrence's autograd: fp16 weak decays (the factored intra-chunk terms) with a tail (N 17, 1000) and a partial
+value block, float32 strong decays with a reset and a floored channel (the sub-chunk fallback, dg 0 where the floor
+clamps), with dq / dk apart and the fallback apart. experiments/linear_attention/gpu_gla_bwd_dqk.py checks and
+times the same variants on the H100 (bf16) and tests/linear_attention/test_gla_backward_dqk_compile.py reads their
+sm_90a registers."""
+import pytest
+import torch
+
+from tilecore import accuracy
+from tilecore.ops.linear_attention import kernels_backward_gla_chunked
+from tilecore.ops.linear_attention.plan import IDENTITY, tl_plan
+
+from la_testing import F16, F32, make, reference
+
+NAN = float("nan")
+
+
+def run_chunked(q, k, v, g, s0, do, dht, ht, **blocks):
+    """kernels_backward_gla_chunked.backward into NaN-filled buffers (every element written): dq, dk, dv, dg[, dh0]."""
+    p = tl_plan(q, v, g, IDENTITY, 64)
+    out = dict(dq=torch.full_like(q, NAN), dk=torch.full_like(k, NAN), dv=torch.full_like(v, NAN),
+               dg=torch.full_like(g, NAN, dtype=torch.float32))
+    if s0 is not None:
+        out["dh0"] = torch.full_like(s0, NAN)
+    got = kernels_backward_gla_chunked.backward(p, do, q, k, v, g, s0, ht, dht, q.shape[-1] ** -0.5, out=out, **blocks)
+    for name, t in out.items():
+        assert not torch.isnan(t).any(), f"{name}: some elements were never written"
+    return [x for x in got if x is not None]
+
+
+# the value loop at blocks of 16 over Dv 40 (a block-padded 64: the last block masked whole, one partly), dq / dk
+# together or apart, the fallback in the same launch or its own; warps and the register cap (compile options: the
+# interpreter takes and ignores them) as the GPU candidates have them
+VARIANTS = [
+    dict(dqk_VB=16),
+    dict(dqk_VB=16, wide_apart=True, dqk_warps=8, dqk_maxnreg=128),
+    dict(dqk_VB=32, wide_apart=False, dqk_apart=True),
+]
+
+
+@pytest.mark.parametrize("N, options", [(17, o) for o in VARIANTS] + [(1000, VARIANTS[1])])
+def test_value_loop_fp16_weak_decays_and_tails(N, options):
+    """fp16, N 17 / 1000 in chunks of 16 (a partial last chunk), Dk 32 in two key blocks, Dv 40, an initial state
+    and a final state's gradient: dq, dk, dv within 2.5x the rounding floor, dg, dh0 at fp16's relative error."""
+    torch.manual_seed(N)
+    q, k, v, g, s0 = make(1, N, 1, 1, 32, 40, dtype=F16, decay="channel", h0=True)
+    do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
+    _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
+    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16, BKB=16, KD=16, BV=16, BK_DG=16, **options)
+    for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+        assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
+    assert accuracy.rel_rms(got[3], ref[3]) < 5e-3
+    assert accuracy.rel_rms(got[4], ref[4]) < 1e-3
+
+
+@pytest.mark.parametrize("N, options", [(200, VARIANTS[0]), (1000, VARIANTS[1]), (200, VARIANTS[2])])
+def test_value_loop_float32_strong_decays_and_a_reset(N, options):
+    """float32, log decays in [-6, 0] (the sub-chunk fallback) with a reset (-inf) and a -1e30 channel, weak decays
+    on the last chunks (both forms in one run), N 200 / 1000 in chunks of 32 (a partial last one), no initial state:
+    float32 noise against float64, dg 0 where the floor clamped."""
+    torch.manual_seed(7)
+    q, k, v, g, _ = make(1, N, 1, 1, 16, 40, dtype=F32, decay="channel", strong=True)
+    g[:, N // 2, :, :4] = float("-inf")
+    g[:, 3, :, 5] = -1e30
+    g[:, N - 40:, :, :] *= 0.01
+    do, dht = torch.randn(v.shape), torch.randn(1, 1, 16, 40)
+    _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
+    dq, dk, dv, dg = run_chunked(q, k, v, g, None, do, dht, st.float(), BT=32, BKB=16, **options)
+    for name, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
+        assert accuracy.rel_rms(x, r) < 2e-5, (name, accuracy.rel_rms(x, r))
+    live = g >= -100
+    assert (dg[~live] == 0).all()
+    assert accuracy.rel_rms(dg[live], ref[3][live]) < 2e-4
+
+
+def test_value_loop_matches_whole_value_columns():
+    """The value loop and the whole-columns program give the same gradients (float32: to rounding), and dk_at (a
+    second score dot on the whole v, do) is refused with the loop."""
+    torch.manual_seed(9)
+    q, k, v, g, s0 = make(1, 70, 1, 1, 16, 32, dtype=F32, decay="channel", h0=True)
+    do, dht = torch.randn(v.shape), torch.randn(s0.shape)
+    _, st, _ = reference(q, k, v, g, s0, dout=do, dstate=dht)
+    whole = run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16)
+    loop = run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16, dqk_VB=16)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dh0"), whole, loop):
+        assert accuracy.rel_rms(b, a) < 1e-6, name
+    with pytest.raises(ValueError, match="dk_at"):
+        run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16, dqk_VB=16, dk_at=True)
