@@ -7,7 +7,8 @@ chunk_gla for GLA) in the same run.
 * Based (B16 H16 N4096 d16 v64 bf16, the kernel alone on prepared arguments): the shipped kernel (SEL_ASYNC 3 +
   CHAIN) against SEL_REG (the selections' A operand q / k from registers), PHIQ_REG (phi_q never in shared
   memory: each piece the register operand of o's phi_q S wgmma, issued as it is made), both, and the PHIQ_REG
-  forms at 3 stages (the 40 KB it frees). Checks (float64 recurrence, NaN-poisoned o and final states, the
+  forms at 3 stages (the 40 KB it frees), FEAT_ALU (the features by the CUDA cores, no selection wgmmas: a thread
+  a row of scale q or k, blocks of 4 x 4 products; 2 and 3 stages). Checks (float64 recurrence, NaN-poisoned o and final states, the
   kernel and gluon_based.forward's host path): bf16 h0 N 1000, fp16 v128 N 77, bf16 h0 N 4097 with one tile.
 * GLA (per-channel decay, B16 H16 N4096 d128 bf16, log decays -U(0, 0.3), an initial and a final state, the
   tl kernel alone on prepared arguments as gpu_gla.py times it): the shipped blocks (diag 3, chunk 32, BV 128,
@@ -48,8 +49,9 @@ BASED = {
     "sel_reg": dict(sel_reg=True),
     "phiq_reg": dict(phiq_reg=True),
     "sel_reg+phiq_reg": dict(sel_reg=True, phiq_reg=True),
-    "phiq_reg 3 stages": dict(phiq_reg=True, stages=3),
     "sel_reg+phiq_reg 3 stages": dict(sel_reg=True, phiq_reg=True, stages=3),
+    "feat_alu": dict(feat_alu=True),
+    "feat_alu 3 stages": dict(feat_alu=True, stages=3),
 }
 # (label, B, N, H, Dv, h0, dtype)
 BASED_CHECKS = [("bf16 h0 N 1000", 2, 1000, 4, 64, True, "bf16"), ("fp16 v128 N 77", 1, 77, 2, 128, False, "fp16"),
@@ -62,7 +64,6 @@ GLA = [
     ("w4", 3, 32, 128, 4, 3),
     ("bt64 w8 s2", 3, 64, 128, 8, 2),
     ("bt16 w8 s3", 3, 16, 128, 8, 3),
-    ("bt16 w4 s3", 3, 16, 128, 4, 3),
 ]
 GLA_CHECKS = [("bf16 d128 h0 N 4096 weak decays", dict(B=1, N=4096, H=16, Dk=128, Dv=128, h0=True)),
               ("bf16 d128 h0 N 1008 strong [-6, 0] + reset", dict(B=1, N=1008, H=16, Dk=128, Dv=128, decay=6.0,

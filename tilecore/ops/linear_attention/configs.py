@@ -177,6 +177,11 @@ GLUON_BASED_SEL_ASYNC = 3
 # off until gpu_forward.py --set s31 checks and times them on the H100
 GLUON_BASED_SEL_REG = False
 GLUON_BASED_PHIQ_REG = False
+# FEAT_ALU: the features by the CUDA cores (a thread a row of scale q or of k, blocks of 4 x 4 products with the
+# linear features and the constant in the diagonal blocks' lower triangles: gluon_based.feature_pairs_alu), no
+# selection wgmmas (20 a chunk a consumer, 1.3 of the chunk's 4.6 MFLOP) and no selection reads. Session 31:
+# compiled for sm_90a, off until gpu_forward_s31.py checks and times it on the H100
+GLUON_BASED_FEAT_ALU = False
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
 # B16 H16 N4096 bf16, Dk = Dv = 128, dQ + dK/dV kernels): no decay 2.36 ms at chunks of 64, one key block

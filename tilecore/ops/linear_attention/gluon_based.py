@@ -52,6 +52,11 @@ from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_m
 DK = 16  # Based's feature dim (the kernel's q/k head dim)
 FEATURES = 160  # 1 + 16 + 136 symmetric features, padded to 5 pieces of 32
 PIECE = 32  # features built a step (two [BT, PIECE] float32 tiles live)
+# FEAT_ALU's blocks of products (column groups (G, H) of 4), two a piece of 32 features: the 6 blocks G < H, then
+# the 4 diagonal ones (their upper triangles and squares, the linear features and the constant in their lower ones)
+ALU_BLOCKS = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3), (0, 0), (1, 1), (2, 2), (3, 3))
+ALU_G = gl.constexpr(tuple(b[0] for b in ALU_BLOCKS))
+ALU_H = gl.constexpr(tuple(b[1] for b in ALU_BLOCKS))
 BT_BASED = 64  # tokens a chunk (a wgmma's M)
 BV_BASED = 64  # value columns a consumer
 # timing probes (the kernel's PROBE; experiments/linear_attention/gpu_forward.py --set s30): each bit leaves a
@@ -134,6 +139,11 @@ class BasedForward:
     PHIQ_REG: gl.constexpr  # (with SEL_ASYNC 3 and CHAIN) phi_q kept in registers: each piece the A operand of
     # o's phi_q S wgmma (K = 32), issued async as soon as the piece is made (under the next selections), no
     # phi_q buffer in shared memory (40 KB free: 3 stages fit)
+    FEAT_ALU: gl.constexpr  # the features by the CUDA cores, no selection wgmmas (``features_alu``): the kernel's
+    # features in ``feature_pairs(alu=True)``'s order; phiq_main / phiq_tail [2, 2 BT, .] hold each consumer's phi_q
+    # rows, then its phi_k rows
+    XL3: gl.constexpr  # FEAT_ALU: [2 (q, k), BT, 16] a thread a row of q or k
+    XL4: gl.constexpr  # FEAT_ALU: [2, BT, 4, 4] a block of products
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV)
     STL: gl.constexpr  # [BV, 128] state
     TTL: gl.constexpr  # [BV, 32] state's tail
@@ -172,11 +182,12 @@ class BasedForward:
         cols = gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, sel_layout)), 0)
         rows_main = gl.expand_dims(gl.arange(0, 256, layout=gl.SliceLayout(1, sel_layout)), 1)
         rows_tail = gl.expand_dims(256 + gl.arange(0, 64, layout=gl.SliceLayout(1, sel_layout)), 1)
-        gl.thread_barrier()  # the previous tile's wgmmas have read them
-        self.sel_main.store(gl.load(self.SEL + rows_main * 16 + cols))
-        self.sel_tail.store(gl.load(self.SEL + rows_tail * 16 + cols))
-        fence_async_shared()
-        gl.thread_barrier()
+        if not self.FEAT_ALU:
+            gl.thread_barrier()  # the previous tile's wgmmas have read them
+            self.sel_main.store(gl.load(self.SEL + rows_main * 16 + cols))
+            self.sel_tail.store(gl.load(self.SEL + rows_tail * 16 + cols))
+            fence_async_shared()
+            gl.thread_barrier()
         S = gl.zeros([self.BV, 128], gl.float32, self.STL)
         T = gl.zeros([self.BV, 32], gl.float32, self.TTL)
         if self.HAS_H0:
@@ -338,6 +349,61 @@ class BasedForward:
         return o
 
     @gluon.jit
+    def alu_block(self, x, G: gl.constexpr, H: gl.constexpr):
+        """FEAT_ALU: block (G, H) of the products, [2, BT, 16] float32 (column 4 i + j), from x's column groups G, H
+        ([2, BT, 4] each, a thread's registers): x_(4G + i) x_(4H + j); on a diagonal block (G == H) the squares
+        times sqrt(1/2), the lower triangle the linear features (i, j) = (1, 0), (2, 1), (3, 2): x_(4G + j), (3, 0):
+        x_(4G + 3), and block (0, 0)'s (2, 0) the constant 1; the rest 0 (feature_pairs(alu=True) lists them).
+        The masks are constants a register (the block's columns live in registers), so each element is one
+        multiply or a move."""
+        xa = gl.expand_dims(gl.convert_layout(self.alu_group(x, G), gl.SliceLayout(3, self.XL4)), 3)  # [2, BT, 4, 1]
+        xb = gl.expand_dims(gl.convert_layout(self.alu_group(x, H), gl.SliceLayout(2, self.XL4)), 2)  # [2, BT, 1, 4]
+        prod = xa * xb
+        if G != H:
+            val = prod
+        else:
+            i = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, self.XL4))))
+            j = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, self.XL4))))
+            i = gl.expand_dims(gl.expand_dims(gl.expand_dims(i, 0), 1), 3)  # [1, 1, 4, 1]
+            j = gl.expand_dims(gl.expand_dims(gl.expand_dims(j, 0), 1), 2)  # [1, 1, 1, 4]
+            zero = gl.zeros([2, self.BT, 4, 4], gl.float32, self.XL4)
+            val = gl.where(i < j, prod, zero)
+            val = gl.where(i == j, prod * 0.7071067811865476, val)
+            val = gl.where(((i == 1) & (j == 0)) | ((i == 2) & (j == 1)) | ((i == 3) & (j == 2)), xb + zero, val)
+            val = gl.where((i == 3) & (j == 0), xa + zero, val)
+            if G == 0:
+                val = gl.where((i == 2) & (j == 0), zero + 1.0, val)
+        return gl.reshape(val, [2, self.BT, 16])
+
+    @gluon.jit
+    def alu_group(self, x, G: gl.constexpr):
+        """Columns 4 G .. 4 G + 3 of x [2, BT, 16] (registers: no data moves)."""
+        lo, hi = gl.split(gl.permute(gl.reshape(x, [2, self.BT, 2, 8]), [0, 1, 3, 2]))  # columns 0..7, 8..15
+        half = lo if G < 2 else hi
+        a, b = gl.split(gl.permute(gl.reshape(half, [2, self.BT, 2, 4]), [0, 1, 3, 2]))
+        return a if G % 2 == 0 else b
+
+    @gluon.jit
+    def features_alu(self, q, k, both, both_t):
+        """FEAT_ALU: phi_q and phi_k of the chunk by the CUDA cores into ``both`` [2 BT, 128] (phi_q's rows, then
+        phi_k's) and ``both_t`` [2 BT, 32]: a thread takes one row of q (times scale) or of k, and each piece of
+        32 features is two blocks of products (``alu_block``, pieces as ALU_BLOCKS), joined column by column
+        (feature 32 p + 2 (4 i + j) + w is block 2 p + w's (i, j)). No selection wgmmas, no selection reads."""
+        side = gl.arange(0, 2, layout=gl.SliceLayout(1, gl.SliceLayout(2, self.XL3)))
+        side = gl.expand_dims(gl.expand_dims(side, 1), 2)  # [2, 1, 1]
+        qv = gl.expand_dims(q.load(gl.SliceLayout(0, self.XL3)).to(gl.float32), 0)  # [1, BT, 16]
+        kv = gl.expand_dims(k.load(gl.SliceLayout(0, self.XL3)).to(gl.float32), 0)
+        x = gl.where(side == 0, qv * self.scale, kv)  # [2, BT, 16]
+        for p in gl.static_range(5):
+            piece = gl.join(self.alu_block(x, ALU_G[2 * p], ALU_H[2 * p]),
+                            self.alu_block(x, ALU_G[2 * p + 1], ALU_H[2 * p + 1]))  # [2, BT, 16, 2]
+            piece = gl.reshape(piece, [2 * self.BT, 32]).to(both.dtype)
+            if p < 4:
+                both.slice(p * 32, 32, dim=1).store(piece)
+            else:
+                both_t.store(piece)
+
+    @gluon.jit
     def feature_values(self, xa, xb, PIECE_KIND: gl.constexpr, QUERY: gl.constexpr):
         """feature_product's features [BT, 32] float32 (not stored)."""
         col = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, self.FL)), 0)
@@ -376,10 +442,18 @@ class BasedForward:
             v = stage.vb.reshape([self.BT, self.BV])
         dtype: gl.constexpr = self.q_desc.dtype
         t0 = step * self.BT
-        phiq = self.phiq_main.index(c)
-        phik = self.phik_main.index(c)
-        phiq_t = self.phiq_tail.index(c)
-        phik_t = self.phik_tail.index(c)
+        if self.FEAT_ALU:
+            both = self.phiq_main.index(c)
+            both_t = self.phiq_tail.index(c)
+            phiq = both.slice(0, self.BT, dim=0)
+            phik = both.slice(self.BT, self.BT, dim=0)
+            phiq_t = both_t.slice(0, self.BT, dim=0)
+            phik_t = both_t.slice(self.BT, self.BT, dim=0)
+        else:
+            phiq = self.phiq_main.index(c)
+            phik = self.phik_main.index(c)
+            phiq_t = self.phiq_tail.index(c)
+            phik_t = self.phik_tail.index(c)
         S_smem = self.state_main.index(c)
         T_smem = self.state_tail.index(c)
 
@@ -392,7 +466,9 @@ class BasedForward:
         if self.SEL_REG:  # the selections' A operand from registers
             qx = q.load(self.QL)
             kx = k.load(self.QL)
-        if self.PHIQ_REG:  # o's phi_q S wgmmas read S^T while the features are made
+        if self.FEAT_ALU:
+            self.features_alu(q, k, both, both_t)
+        elif self.PHIQ_REG:  # o's phi_q S wgmmas read S^T while the features are made
             fence_async_shared()
             gl.thread_barrier()
             o_inter = self.features_pipelined_o(qx, kx, phik, phik_t, S_smem, T_smem)
@@ -495,7 +571,7 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                            STAGES: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
                            OVERLAP: gl.constexpr = False, PAIRED: gl.constexpr = False, CHAIN: gl.constexpr = False,
                            SEL_ASYNC: gl.constexpr = 0, PROBE: gl.constexpr = 0, SEL_REG: gl.constexpr = False,
-                           PHIQ_REG: gl.constexpr = False):
+                           PHIQ_REG: gl.constexpr = False, FEAT_ALU: gl.constexpr = False):
     """o (and the final states) of every unit of (batch, head, 64 value columns) under Based's map; a
     persistent grid, two consumer warpgroups (num_warps = 4) and a producer warp."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
@@ -511,9 +587,17 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
     QL: gl.constexpr = wgmma_lhs_layout(BT, 32, gl.num_warps())
     gl.static_assert(not (SEL_REG or PHIQ_REG) or (SEL_ASYNC == 3 and not (OVERLAP or PAIRED) and PROBE == 0),
                      "SEL_REG and PHIQ_REG ride on SEL_ASYNC 3 (no OVERLAP, PAIRED or PROBE)")
-    # PHIQ_REG: phi_q never goes to shared memory (a token buffer in place of the [2, BT, 160] one)
+    gl.static_assert(not FEAT_ALU or not (SEL_REG or PHIQ_REG or OVERLAP or PAIRED or PROBE),
+                     "FEAT_ALU makes the features without selections (no SEL_REG, PHIQ_REG, OVERLAP, PAIRED, PROBE)")
+    # PHIQ_REG: phi_q never goes to shared memory (a token buffer in place of the [2, BT, 160] one); FEAT_ALU: each
+    # consumer's phi_q and phi_k rows in one buffer [2 BT, 160] (phik_main / phik_tail unused)
     PQ: gl.constexpr = 16 if PHIQ_REG else 128
     PQT: gl.constexpr = 16 if PHIQ_REG else 32
+    PROWS: gl.constexpr = 2 * BT if FEAT_ALU else BT
+    PK: gl.constexpr = 16 if FEAT_ALU else 128
+    PKT: gl.constexpr = 16 if FEAT_ALU else 32
+    XL3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 32, 1], [2, gl.num_warps() // 2, 1], [2, 1, 0])
+    XL4: gl.constexpr = gl.BlockedLayout([1, 1, 4, 4], [1, 32, 1, 1], [2, gl.num_warps() // 2, 1, 1], [3, 2, 1, 0])
     # 64-byte swizzle: 32 columns, so a feature piece of 32 is one swizzle atom wide
     wide: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
     narrow: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
@@ -522,12 +606,13 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                       N, H, VB, scale,
                       gl.allocate_shared_memory(dt, [256, 16], narrow),
                       gl.allocate_shared_memory(dt, [64, 16], narrow),
-                      gl.allocate_shared_memory(dt, [2, BT, PQ], narrow if PHIQ_REG else wide),
-                      gl.allocate_shared_memory(dt, [2, BT, PQT], narrow if PHIQ_REG else wide),
-                      gl.allocate_shared_memory(dt, [2, BT, 128], wide), gl.allocate_shared_memory(dt, [2, BT, 32], wide),
+                      gl.allocate_shared_memory(dt, [2, PROWS, PQ], narrow if PHIQ_REG else wide),
+                      gl.allocate_shared_memory(dt, [2, PROWS, PQT], narrow if PHIQ_REG else wide),
+                      gl.allocate_shared_memory(dt, [2, BT, PK], narrow if FEAT_ALU else wide),
+                      gl.allocate_shared_memory(dt, [2, BT, PKT], narrow if FEAT_ALU else wide),
                       gl.allocate_shared_memory(dt, [2, BV, 128], wide), gl.allocate_shared_memory(dt, [2, BV, 32], wide),
                       BT, BV, F, HAS_H0, STORE_HT, OVERLAP, PAIRED, CHAIN, SEL_ASYNC, PROBE, SEL_REG, PHIQ_REG,
-                      SL, STL, TTL, FL, PL, QL)
+                      FEAT_ALU, XL3, XL4, SL, STL, TTL, FL, PL, QL)
     stages = BasedChunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES),
                         ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES))
     # a tensor even where the launch specialized num_tiles == 1 to a constant (the template's _Pipeline holds a
@@ -550,6 +635,42 @@ def feature_pairs() -> list[tuple[int, int]]:
              + [(a, b) for a in range(DK) for b in range(a + 1, DK)] + [(DK, DK)])
     assert pairs.index((DK, DK)) == 128 + 24
     return pairs + [(-1, -1)] * (FEATURES - len(pairs))
+
+
+def feature_pairs_alu() -> list[tuple[int, int]]:
+    """FEAT_ALU's F features as pairs of x~ = [x_0 .. x_15, 1] columns (16: the constant; (-1, -1): 0), in the
+    kernel's order (``features_alu``): feature 32 p + 2 (4 i + j) + w is block ALU_BLOCKS[2 p + w] = (G, H)'s (i, j):
+    (4 G + i, 4 H + j) off the diagonal blocks and above their diagonals, squares on it; below it the linear
+    features ((1, 0), (2, 1), (3, 2): x_(4 G + j); (3, 0): x_(4 G + 3)), block (0, 0)'s (2, 0) the constant."""
+    pairs = [(-1, -1)] * FEATURES
+    for p in range(FEATURES // PIECE):
+        for w in range(2):
+            G, H = ALU_BLOCKS[2 * p + w]
+            for i in range(4):
+                for j in range(4):
+                    f = PIECE * p + 2 * (4 * i + j) + w
+                    a, b = 4 * G + i, 4 * H + j
+                    if G != H or i <= j:
+                        pairs[f] = (a, b)
+                    elif (i, j) in ((1, 0), (2, 1), (3, 2)):
+                        pairs[f] = (b, DK)
+                    elif (i, j) == (3, 0):
+                        pairs[f] = (a, DK)
+                    elif (i, j) == (2, 0) and G == 0:
+                        pairs[f] = (DK, DK)
+    return pairs
+
+
+def alu_features(x: torch.Tensor) -> torch.Tensor:
+    """FEAT_ALU's features of x (..., 16) (the query side: x = scale q): (..., F) in feature_pairs_alu's order,
+    squares times sqrt(1/2) (on both sides: phi(scale q) . phi(k) = 1 + s + s^2 / 2)."""
+    pairs = feature_pairs_alu()
+    xt = torch.cat([x, torch.ones_like(x[..., :1])], -1)
+    a = torch.tensor([max(pa, 0) if pa >= 0 else DK for pa, _ in pairs], device=x.device)
+    b = torch.tensor([pb if pb >= 0 else DK for _, pb in pairs], device=x.device)
+    w = torch.tensor([0.0 if pa < 0 else (SQRT_HALF if pa == pb < DK else 1.0) for pa, pb in pairs],
+                     dtype=x.dtype, device=x.device)
+    return xt[..., a] * xt[..., b] * w
 
 
 _TABLES: dict = {}
@@ -593,16 +714,20 @@ def feature_constants(scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return ca, cb, w
 
 
-def emulate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x0: torch.Tensor | None, scale: float, chunk: int = 64):
-    """The kernel's math in float64 torch (the features from the selections and constants, the chunked walk
-    with S^T in the kernel's rows): (o, final kernel-row state). For tests of the tables and maps on the
-    CPU (the kernel itself cannot run in the interpreter)."""
+def emulate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x0: torch.Tensor | None, scale: float, chunk: int = 64,
+            alu: bool = False):
+    """The kernel's math in float64 torch (the features from the selections and constants, or with ``alu``
+    FEAT_ALU's, the chunked walk with S^T in the kernel's rows): (o, final kernel-row state). For tests of the
+    tables and maps on the CPU (the kernel itself cannot run in the interpreter)."""
     B, N, H, Dv = v.shape
-    sel = selection(torch.float64, q.device)
-    ca, cb, w = (t.double().to(q.device) for t in feature_constants(scale))
     qd, kd, vd = q.double(), k.double(), v.double()
-    phi_q = (qd @ sel[0].T + ca) * (qd @ sel[1].T + cb) * w  # (B, N, H, F)
-    phi_k = (kd @ sel[0].T + ca) * (kd @ sel[1].T + cb)
+    if alu:
+        phi_q, phi_k = alu_features(qd * scale), alu_features(kd)
+    else:
+        sel = selection(torch.float64, q.device)
+        ca, cb, w = (t.double().to(q.device) for t in feature_constants(scale))
+        phi_q = (qd @ sel[0].T + ca) * (qd @ sel[1].T + cb) * w  # (B, N, H, F)
+        phi_k = (kd @ sel[0].T + ca) * (kd @ sel[1].T + cb)
     S = x0.double().clone() if x0 is not None else torch.zeros(B, H, FEATURES, Dv, dtype=torch.float64)
     o = torch.empty(B, N, H, Dv, dtype=torch.float64)
     for t0 in range(0, N, chunk):
@@ -616,13 +741,14 @@ def emulate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x0: torch.Tensor 
     return o, S
 
 
-def _maps(device):
+def _maps(device, alu: bool = False):
     """(rows of the op's state layout each kernel feature reads on compress: two [F] index tensors and
     their [F] weights; the kernel feature each op-layout row reads on expand: [1 + Dk + Dk^2] indices and
-    weights)."""
-    key = ("maps", str(device))
+    weights). ``alu``: FEAT_ALU's features (its squares carry sqrt(1/2) on the key side, so their rows are the
+    op's rows as they are)."""
+    key = ("maps", str(device), alu)
     if key not in _TABLES:
-        pairs = feature_pairs()
+        pairs = feature_pairs_alu() if alu else feature_pairs()
         ra, rb, wc = [], [], []
         rows = 1 + DK + DK * DK
         fe, we = [0] * rows, [0.0] * rows
@@ -633,6 +759,9 @@ def _maps(device):
             elif b == DK:  # linear: row 1 + a
                 ra.append(1 + a), rb.append(1 + a), wc.append(0.5)
                 fe[1 + a], we[1 + a] = f, 1.0
+            elif alu and a == b >= 0:  # FEAT_ALU's square: the op's row h[aa] itself
+                ra.append(1 + DK + a * DK + a), rb.append(1 + DK + a * DK + a), wc.append(0.5)
+                fe[1 + DK + a * DK + a], we[1 + DK + a * DK + a] = f, 1.0
             elif a >= 0:  # the pair's two rows (the same row on the diagonal: sqrt(2) h[aa] in all)
                 ra.append(1 + DK + a * DK + b), rb.append(1 + DK + b * DK + a), wc.append(SQRT_HALF)
                 fe[1 + DK + a * DK + b], we[1 + DK + a * DK + b] = f, SQRT_HALF
@@ -645,16 +774,17 @@ def _maps(device):
     return _TABLES[key]
 
 
-def compress(h: torch.Tensor) -> torch.Tensor:
-    """An op-layout state (B, H, 1 + 16 + 256, Dv) as the kernel's rows: (B, H, F, Dv) float32, contiguous."""
-    ra, rb, wc, _, _ = _maps(h.device)
+def compress(h: torch.Tensor, alu: bool = False) -> torch.Tensor:
+    """An op-layout state (B, H, 1 + 16 + 256, Dv) as the kernel's rows: (B, H, F, Dv) float32, contiguous (alu:
+    FEAT_ALU's rows)."""
+    ra, rb, wc, _, _ = _maps(h.device, alu)
     hf = h.float()
     return (hf[:, :, ra] + hf[:, :, rb]) * wc[:, None]
 
 
-def expand(x: torch.Tensor) -> torch.Tensor:
-    """The kernel's rows (B, H, F, Dv) as the op's state layout (B, H, 1 + 16 + 256, Dv)."""
-    _, _, _, fe, we = _maps(x.device)
+def expand(x: torch.Tensor, alu: bool = False) -> torch.Tensor:
+    """The kernel's rows (B, H, F, Dv) as the op's state layout (B, H, 1 + 16 + 256, Dv) (alu: FEAT_ALU's rows)."""
+    _, _, _, fe, we = _maps(x.device, alu)
     return x[:, :, fe] * we[:, None]
 
 
@@ -683,7 +813,7 @@ def _head_major(t: torch.Tensor):
 
 def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool = False, probe: int = 0,
                 paired: bool = False, chain: bool = False, sel_async: int = 0, sel_reg: bool = False,
-                phiq_reg: bool = False):
+                phiq_reg: bool = False, feat_alu: bool = False):
     """(grid, arguments by name, num_warps) of based_fwd_gluon_kernel; x0, xt: kernel-row states or None;
     overlap: the kernel's OVERLAP."""
     from tilecore.tiles.launch import gluon_descriptor
@@ -716,12 +846,15 @@ def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool
         args["SEL_REG"] = True
     if phiq_reg:
         args["PHIQ_REG"] = True
+    if feat_alu:  # (x0, xt then in feature_pairs(alu=True)'s rows: compress / expand with alu=True)
+        args["FEAT_ALU"] = True
+        args.pop("SEL_ASYNC", None)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
 def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overlap: bool | None = None,
             paired: bool | None = None, chain: bool | None = None, sel_async: int | None = None,
-            sel_reg: bool | None = None, phiq_reg: bool | None = None):
+            sel_reg: bool | None = None, phiq_reg: bool | None = None, feat_alu: bool | None = None):
     """(o, final state (B, H, 1 + 16 + 256, Dv) float32 or None) by the Gluon kernel (``fits`` must have
     said None). h0: the op-layout initial state or None. overlap: the kernel's OVERLAP (None:
     configs.GLUON_BASED_OVERLAP). paired, chain, sel_async: the kernel's PAIRED, CHAIN and SEL_ASYNC (None:
@@ -737,18 +870,21 @@ def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overl
     phiq_reg = configs.GLUON_BASED_PHIQ_REG if phiq_reg is None else phiq_reg
     if sel_async != 3 or overlap or paired:
         sel_reg = phiq_reg = False
+    feat_alu = configs.GLUON_BASED_FEAT_ALU if feat_alu is None else feat_alu
+    if feat_alu:  # (its own feature path: the selection switches do not apply)
+        overlap = paired = sel_reg = phiq_reg = False
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
-    x0 = compress(h0) if h0 is not None else None
+    x0 = compress(h0, feat_alu) if h0 is not None else None
     xt = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32, device=v.device) if final_state else None
     grid, args, warps = launch_args(q, k, v, x0, o, xt, scale, stages, overlap, paired=paired, chain=chain,
-                                    sel_async=sel_async, sel_reg=sel_reg, phiq_reg=phiq_reg)
+                                    sel_async=sel_async, sel_reg=sel_reg, phiq_reg=phiq_reg, feat_alu=feat_alu)
     based_fwd_gluon_kernel[grid](**args, num_warps=warps)
     ht = None
     if final_state:
-        ht = expand(xt)
+        ht = expand(xt, feat_alu)
         if h0 is not None:  # the initial state's part the symmetric rows do not carry, back as it was
-            ht += h0.float() - expand(x0)
+            ht += h0.float() - expand(x0, feat_alu)
     return o, ht
 
 
@@ -758,7 +894,7 @@ def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overl
 
 def compile_report(states: bool = True, stages: int = 2, overlap: bool = False, probe: int = 0,
                    paired: bool = False, chain: bool = False, sel_async: int = 0, sel_reg: bool = False,
-                   phiq_reg: bool = False) -> dict:
+                   phiq_reg: bool = False, feat_alu: bool = False) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     B, N, H, Dv, bf = 2, 4096, 16, 64, torch.bfloat16
@@ -766,11 +902,11 @@ def compile_report(states: bool = True, stages: int = 2, overlap: bool = False, 
     v = torch.empty(B, N, H, Dv, dtype=bf)
     x = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32) if states else None
     grid, args, warps = launch_args(q, q, v, x, torch.empty_like(v), x, 0.25, stages, overlap, probe, paired, chain,
-                                    sel_async, sel_reg, phiq_reg)
+                                    sel_async, sel_reg, phiq_reg, feat_alu)
     compiled = compile_kernel(based_fwd_gluon_kernel, args, num_warps=warps)
     r = resources(compiled)
     return dict(case=f"based states={states} stages={stages} overlap={overlap} sel_async={sel_async} "
-                     f"sel_reg={sel_reg} phiq_reg={phiq_reg}", spill_bytes=r.spill_stores,
+                     f"sel_reg={sel_reg} phiq_reg={phiq_reg} feat_alu={feat_alu}", spill_bytes=r.spill_stores,
                 registers=r.registers,
                 shared=r.shared, threads=r.threads, wgmma_serialized=r.wgmma_serialized,
                 **has_hopper_instructions(compiled.asm["ptx"]))
