@@ -1,0 +1,130 @@
+"""hadamard_quantize's Gluon kron kernel (gluon_quantize_kron.py, plan path "gluon_kron"; issue 32, session 31): rows of
+m x p with m <= 32 and p = 128..1024 (14336 = 28 x 512, 28672 = 28 x 1024).
+
+Gluon kernels do not run in the interpreter: here the resident operand against H_m (x) H_2 and H_64, the kernel's
+data flow replayed in float64 (gluon_quantize_kron.emulate: boxes, both splits, the butterfly in registers or by
+the mixing's signs, H_m^T) against the float64 transform, the sub-row and group indices the epilogue stores scales at,
+the plan's choices, and an sm_90a compile in a fresh process (wgmma, TMA, not serialized, spills, shared memory).
+The codes are checked on the GPU by experiments/hadamard/gpu_gluon_widths.py against the float64 reference."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tilecore.ops.hadamard import configs, gluon_quantize_kron as gk, kron, orders, quantize
+from tilecore.ops.hadamard.reference import hadamard_matrix, hadamard_reference
+
+
+@pytest.mark.parametrize("m, dtype, transpose", [(28, torch.bfloat16, False), (12, torch.float16, False),
+                                                 (20, torch.bfloat16, True)])
+def test_resident_operand_is_h_m_kron_h_2_its_negative_and_h_64(m, dtype, transpose):
+    h = gk.gluon_operand(m, dtype, "cpu", transpose)
+    assert h.shape == (192, 64) and h.dtype == torch.bfloat16
+    a = h[:64].view(dtype).double()
+    hm = torch.zeros(32, 32, dtype=torch.float64)
+    hm[:m, :m] = orders.hadamard_of_order(m).double().T if transpose else orders.hadamard_of_order(m).double()
+    for i2 in range(32):
+        for l2 in range(2):
+            for i in range(32):
+                for l in (0, 1):
+                    assert a[2 * i2 + l2, 2 * i + l] == hm[i2, i] * (-1 if l2 and l else 1)
+    assert torch.equal(h[64:128].view(dtype).double(), -a)
+    assert torch.equal(h[128:].double(), hadamard_matrix(64, torch.float64))
+
+
+@pytest.mark.parametrize("m, p, split, inside", [(28, 512, 2, False), (28, 512, 1, False), (28, 512, 1, True),
+                                                 (28, 1024, 2, True), (28, 1024, 2, False), (12, 256, 1, False),
+                                                 (20, 128, 1, False), (20, 1024, 2, True), (12, 512, 2, True)])
+def test_kernel_data_flow_is_the_transform(m, p, split, inside):
+    assert gk.fits(m, p, split)
+    n = m * p
+    torch.manual_seed(m + p + split)
+    x = torch.randn(3, n, dtype=torch.float64)
+    y, blocks = gk.emulate(x, m, p, split, inside, n**-0.5)
+    ref = hadamard_reference(x, n**-0.5, out_dtype=torch.float64)
+    assert (y - ref).abs().max() < 1e-12
+    # H_m^T (the transform's backward): H_m^T on the sub-rows, then H_p
+    yt, _ = gk.emulate(x, m, p, split, inside, n**-0.5, transpose=True)
+    t = torch.einsum("ji,rjc->ric", orders.hadamard_of_order(m).double(), x.reshape(-1, m, p))
+    assert (yt - (t @ hadamard_matrix(p, torch.float64)).reshape(-1, n) * n**-0.5).abs().max() < 1e-12
+    # every (row, pair) stored once; each block row r = 2 i + l is the row's sub-row i F + 2 q + l (the index the
+    # epilogue stores group scales at: sub-row x 64 / G + g, int4's 128: i F / 2 + q), zero past m
+    F = p // 64
+    assert sorted((r, q) for r, q, _ in blocks) == [(r, q) for r in range(3) for q in range(F // 2)]
+    sub_rows = ref.reshape(3, m * F, 64)
+    for row, q, blk in blocks:
+        for r in range(64):
+            i, l = divmod(r, 2)
+            if i < m:
+                sub = i * F + 2 * q + l
+                assert (blk[r] - sub_rows[row, sub]).abs().max() < 1e-12
+                assert sub // 2 == i * (F // 2) + q  # int4's group of 128
+            else:
+                assert blk[r].abs().max() < 1e-12
+
+
+def test_fits():
+    assert gk.fits(28, 512, 1) and gk.fits(28, 512, 2) and gk.fits(28, 1024, 2) and gk.fits(12, 128, 1)
+    assert not gk.fits(28, 1024, 1)  # eight blocks a consumer: no
+    assert not gk.fits(28, 2048, 2) and not gk.fits(28, 64, 1) and not gk.fits(36, 512, 2) and not gk.fits(28, 128, 2)
+
+
+def _plan(fmt, n=14336, **tuning):
+    f = quantize.FORMATS[fmt]
+    return quantize.kernel_plan(1 << 14, n, torch.bfloat16, fmt, f.default_group, None, True, fmt == "nvfp4", False,
+                                132, **tuning)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2", "int8", "mxfp4", "nvfp4", "int4"])
+def test_plan_takes_the_kron_kernel_only_where_asked_and_able(fmt):
+    assert all(isinstance(k, (str, tuple)) for k in configs.QUANT_GLUON_KRON)
+    assert _plan(fmt, gluon_kron=True).path != "gluon_kron"  # no Hopper / Gluon (plan_quantize's _gluon_ok)
+    assert _plan(fmt, gluon_kron=False, _gluon_ok=True).path != "gluon_kron"
+    f = quantize.FORMATS[fmt]
+    for n, split, inside, grid in ((14336, 2, False, 132), (28672, 2, True, 132)):
+        plan = _plan(fmt, n=n, gluon_kron=True, _gluon_ok=True)
+        assert plan.path == "gluon_kron", n
+        cfg = plan.config
+        assert (cfg["M"], cfg["F"], cfg["SPLIT"], cfg["INSIDE"]) == (28, n // 28 // 64, split, inside)
+        assert cfg["FORMAT"] == f.kernel_id and cfg["G"] == (f.default_group or 0) and plan.grid == (grid,)
+        assert plan.rscale == n**-0.5
+    plan = _plan(fmt, gluon_kron=True, _gluon_ok=True, split=1, inside=True)
+    assert (plan.config["SPLIT"], plan.config["INSIDE"]) == (1, True)
+    assert _plan(fmt, n=28 * 2048, gluon_kron=True, _gluon_ok=True).path != "gluon_kron"  # p = 2048: not its shape
+    assert _plan(fmt, n=11008, gluon_kron=True, _gluon_ok=True).path != "gluon_kron"  # m = 172: the wide kernel's
+
+
+def test_transform_plan_takes_gluon_only_on_hopper_cuda():
+    assert configs.KRON_GLUON == {} or all(len(k) == 2 for k in configs.KRON_GLUON)
+    x = torch.randn(4, 14336, dtype=torch.bfloat16)
+    assert not kron._gluon_fits(x, 28, 512, False, {"gluon": True})  # a CPU tensor
+    assert kron.kron_plan(x, 28, 512, gluon=True).path != "gluon"  # the interpreter (the tests) or the CPU path
+
+
+_COMPILE = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+sys.argv = ["x"]
+from experiments.hadamard.kron_gluon_compile import compile_one
+for m, p, split, fmt, inside in ((28, 512, 2, "fp8_e4m3", False), (28, 512, 2, "mxfp4", False),
+                                 (28, 1024, 2, "fp8_e4m3", True), (28, 1024, 2, "nvfp4", True)):
+    print(json.dumps(compile_one(m, p, split, fmt, inside=inside)))
+"""
+
+
+def test_kron_kernel_compiles_for_sm90():
+    """sm_90a in a fresh process: wgmma (28 x 512 split 2: a consumer's 4 mixing products and 2 blocks x 2 pieces, 4 K
+    steps each = 32; 28 x 1024 INSIDE: 8 products for each of 4 blocks and 4 x 2 pieces = 160), TMA, not serialized,
+    within 227 KiB, spills: none but nvfp4's 48 B at 28 x 1024."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    assert [x["wgmma"] for x in res] == [64, 64, 320, 320], res
+    for x in res:
+        assert x["tma"] and not x["wgmma_serialized"] and x["shared_meta"] <= 227 * 1024, x
+        assert x["spill_stores"] <= (64 if x["format"] == "nvfp4" else 0), x
