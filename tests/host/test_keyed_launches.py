@@ -9,10 +9,10 @@ import torch
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from tilecore.ops.attention import launch as attention_launch
+from tilecore.ops.attention_decode import launch as decode_launch
 from tilecore.ops.attention import op as attention_op
 from tilecore.tiles import launch
-from tilecore.tiles.launch import CachedLaunch, KeyedLaunch
+from tilecore.tiles.launch import CachedLaunch, KeyedLaunch, TmaOperand
 
 
 def _tiny(x_ptr, n, y_ptr, BLOCK: tl.constexpr, FLAG: tl.constexpr = False):
@@ -92,6 +92,19 @@ def test_a_per_call_keyword_argument_is_never_kept(gpu_like):
     assert bound._hit is False and len(compiled.calls) == 1  # the second through CachedLaunch.run's keyed hit
 
 
+def test_descriptor_positions_take_tensors_and_launch_their_tma_operands(gpu_like):
+    cached, compiled = gpu_like
+    bound = KeyedLaunch(cached, ("call", 4), (1,), dict(BLOCK=16), operands={2: lambda t: TmaOperand(t, [16])})
+    x, y = torch.zeros(16), torch.ones(16)
+    for _ in range(3):  # the JIT launch, the keyed hit, the kept launch (the stand-in's runner: no direct launch)
+        bound((x, 16, y))
+    (_, jit_args, _), = cached.jit_calls
+    assert type(jit_args[2]) is TmaOperand and jit_args[2].base is y and jit_args[2].block_shape == [16]
+    assert len(compiled.calls) == 2
+    for _, args in compiled.calls:
+        assert type(args[2]) is TmaOperand and args[2].base is y and args[0] is x
+
+
 def test_a_key_is_required():
     with pytest.raises(ValueError, match="launch key"):
         KeyedLaunch(CachedLaunch(JITFunction(_tiny)), None, (1,), {})
@@ -125,10 +138,10 @@ def keyed_attention(monkeypatch):
     monkeypatch.setattr(CachedLaunch, "launch_keyed", launch_keyed)
     monkeypatch.setattr(attention_op, "signature", _cpu_signature)
     attention_op._PLANS.clear()
-    attention_launch._DECODE_LAUNCHES.clear()
+    decode_launch._DECODE_LAUNCHES.clear()
     yield seen
     attention_op._PLANS.clear()
-    attention_launch._DECODE_LAUNCHES.clear()
+    decode_launch._DECODE_LAUNCHES.clear()
 
 
 @pytest.mark.parametrize("nk, causal, window, softcap, scale", [
@@ -146,8 +159,8 @@ def test_decode_recipe_gives_the_general_paths_bits(keyed_attention, monkeypatch
         calls.append((q, k, v))
     options = dict(causal=causal, window_size=window, softcap=softcap, scale=scale, return_lse=True)
     keyed = [attention_op.attention(*c, **options) for c in calls]
-    assert len(attention_launch._DECODE_LAUNCHES) == 1  # one key, its recipe made once
-    recipe = next(iter(attention_launch._DECODE_LAUNCHES._data.values()))[0]
+    assert len(decode_launch._DECODE_LAUNCHES) == 1  # one key, its recipe made once
+    recipe = next(iter(decode_launch._DECODE_LAUNCHES._data.values()))[0]
     assert recipe and (recipe.merge is None) == (nk == 100)
     monkeypatch.setattr(attention_op, "signature", lambda *items: None)  # the general path: no key, no recipe
     plain = [attention_op.attention(*c, **options) for c in calls]
@@ -242,3 +255,39 @@ def test_mamba2_step_recipe_gives_the_general_paths_bits(monkeypatch, d_dim, wit
     assert all(len(triton_keys) == 1 for triton_keys in seen.values())
     for cache in (la_op._CHECKED, la_op._PLANS, la_op._MAMBA_STEPS):
         cache.clear()
+
+
+# ---- descriptors whose views a key fixes: encoded once per base address (descriptor_expander's ``operands``)
+
+import triton.backends.nvidia.driver as nvidia_driver  # noqa: E402
+
+from tilecore.tiles.launch import descriptor_expander  # noqa: E402
+
+SIGNATURE = {0: "*bf16", 1: "tensordesc<bf16[1, 64, 64]>", 2: "i32", 3: "*fp32",
+             4: "tensordesc<bf16[1, 64, 64]>", 5: "fp32"}
+METAS = [dict(swizzle=3, elem_size=2, elem_type=9, block_size=[1, 64, 64], fp4_padded=False),
+         dict(swizzle=2, elem_size=2, elem_type=9, block_size=[1, 64, 32], fp4_padded=False)]
+BASE = tuple(range(13))
+OPERANDS = {1: lambda t: TmaOperand(t, [1, 64, 64]), 4: lambda t: TmaOperand(t, [1, 64, 32], shape=[2, 128, 32])}
+
+
+def test_fixed_descriptors_expand_as_tritons_wrapper_one_encoding_per_address(monkeypatch):
+    encoded = []
+
+    def encode(arg, meta):
+        encoded.append(arg.base.data_ptr())
+        return [("map", arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), meta["swizzle"]),
+                *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(nvidia_driver, "make_tensordesc_arg", encode)
+    received = []
+    inner = nvidia_driver.wrap_handle_tensordesc(lambda *a: received.append(a), SIGNATURE, METAS)
+    assert descriptor_expander(inner, {1: OPERANDS[1]}) is None  # every descriptor position or none
+    raw, expand = descriptor_expander(inner, OPERANDS)
+    torch.manual_seed(0)
+    q, q2, out = torch.randn(2, 128, 64), torch.randn(2, 128, 64), torch.empty(4)
+    for x in (q, q2, q, q2):
+        inner(*BASE, *[x, OPERANDS[1](x), 7, out, OPERANDS[4](x), 0.5])  # Triton's wrapper, TmaOperands
+        raw(*BASE, *expand([x, x, 7, out, x, 0.5]))  # the tensors themselves
+        assert received[-1] == received[-2]
+    assert len(encoded) == 2 * 4 + 2 * 2  # the wrapper each launch; the fixed expander each address once a slot

@@ -308,16 +308,21 @@ class KeyedLaunch:
     compiled kernel is found it is kept here with the grid and the constexpr tail in launch order, so a later
     launch looks up nothing (no hash of the key, no dict of keyword arguments read): issue 31's host time.
 
+    ``operands``: {position in args: a function making that TMA descriptor's TmaOperand of the tensor there}, for a
+    Gluon kernel whose descriptors' views the key fixes (their shapes, strides and boxes: functions of the key's
+    inputs). Those positions then take the tensor itself; a kept launch encodes each descriptor once per base
+    address (no TmaOperand made, nothing but the address looked up: direct_launch's ``operands``).
+
     A launch on another device than the kept one, under a launch hook (a profiler's), or of a kernel the fast path
     cannot call goes through ``kernel.run`` as before. :data:`BIND_KEYED_LAUNCHES` False: every launch through
     ``kernel.run`` (host_time.py times both ways in one process)."""
 
-    __slots__ = ("kernel", "key", "grid", "kwargs", "_hit")
+    __slots__ = ("kernel", "key", "grid", "kwargs", "operands", "_hit")
 
-    def __init__(self, kernel: CachedLaunch, key, grid, kwargs: dict):
+    def __init__(self, kernel: CachedLaunch, key, grid, kwargs: dict, operands: dict | None = None):
         if key is None:
             raise ValueError("KeyedLaunch needs a launch key")
-        self.kernel, self.key, self.kwargs = kernel, key, kwargs
+        self.kernel, self.key, self.kwargs, self.operands = kernel, key, kwargs, operands or None
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         # (device, number of args, compiled, direct launch or None, constexpr tail); None: not found yet; False:
         # never (a keyword argument that is not a constexpr)
@@ -328,14 +333,20 @@ class KeyedLaunch:
         if hit and BIND_KEYED_LAUNCHES and len(args) == hit[1] and hit[0] == _current_cuda_device():
             ordered = [*args, *hit[4]]
             if hit[3] is None or _launch_hooks():
-                hit[2][self.grid](*ordered)
+                hit[2][self.grid](*self._described(ordered))
             else:
                 hit[3](self.grid, ordered)
             return hit[2]
-        compiled = self.kernel.run(self.key, self.grid, args, self.kwargs)
+        compiled = self.kernel.run(self.key, self.grid, tuple(self._described(args)), self.kwargs)
         if hit is None:
             self._bind(args)
         return compiled
+
+    def _described(self, args):
+        """``args`` with a TmaOperand at each of ``operands``' positions."""
+        if self.operands is None:
+            return args
+        return [self.operands[i](a) if i in self.operands else a for i, a in enumerate(args)]
 
     def _bind(self, args) -> None:
         entry = self.kernel.keyed.get(self.key)  # (compiled, direct, device, tail): kept by launch_keyed
@@ -343,10 +354,16 @@ class KeyedLaunch:
             return
         compiled, direct, device, _ = entry
         constexpr_flags, named = self.kernel._signature or self.kernel._load_signature()
-        if not all(constexpr_flags[len(args):]):  # a per-call argument among the keywords: kernel.run each launch
+        tail = [self.kwargs.get(name, default) for name, default in named[len(args):]]
+        # a parameter after args that is not a constexpr may only be absent (None): a value there would be per call
+        if any(not constexpr and value is not None for constexpr, value in zip(constexpr_flags[len(args):], tail)):
             self._hit = False
             return
-        tail = [self.kwargs.get(name, default) for name, default in named[len(args):]]
+        if self.operands is not None and direct is not None:  # descriptors encoded per base address
+            direct = direct_launch(compiled, self.operands)
+            if direct is None:  # (not the launcher direct_launch knows: the runner, with TmaOperands)
+                self._hit = (device, len(args), compiled, None, tail)
+                return
         self._hit = (device, len(args), compiled, direct, tail)
 
 
@@ -379,7 +396,7 @@ def _device_of(args) -> torch.device | None:
                  if isinstance(t, torch.Tensor) and t.is_cuda), None)
 
 
-def direct_launch(compiled):
+def direct_launch(compiled, operands: dict | None = None):
     """``go(grid3, ordered)``, launching ``compiled`` as its runner does (``compiled[grid3](*ordered)``)
     without the runner's Python: Triton 3.6's runner makes a closure and a launch-metadata dict and its
     launcher allocates scratch through two more closures, ~5 us of host time a launch together. Made
@@ -403,7 +420,7 @@ def direct_launch(compiled):
     if current_device is torch.cuda.current_device and _CUDA_GET_DEVICE is not None:
         current_device = _CUDA_GET_DEVICE  # the same index, without the lazy-init check (CUDA runs by now)
     cooperative, pdl = run.launch_cooperative_grid, run.launch_pdl
-    parts = descriptor_expander(launch)
+    parts = descriptor_expander(launch, operands)
     if parts is not None:  # Gluon TMA descriptors: the raw launcher, descriptors encoded once per layout
         raw, expand = parts
 
@@ -413,10 +430,14 @@ def direct_launch(compiled):
                 raw(grid[0], grid[1], grid[2], stream_of(current_device()), function, cooperative, pdl, None, None,
                     packed, None, None, None, *expand(ordered))
             else:
+                if operands is not None:  # (tensors at the descriptors' positions: their TmaOperands)
+                    ordered = [operands[i](a) if i in operands else a for i, a in enumerate(ordered)]
                 launch(grid[0], grid[1], grid[2], stream_of(current_device()), function, cooperative, pdl, None,
                        None, packed, None, None, None, *ordered)
 
         return go_expanded
+    if operands is not None:  # descriptors named where the launcher has none it knows: the runner
+        return None
 
     def go(grid, ordered):
         launch(grid[0], grid[1], grid[2], stream_of(current_device()), function, cooperative, pdl, None, None,
@@ -441,7 +462,7 @@ def cache_tma_descriptors(on: bool) -> None:
 TMA_ENCODINGS_KEPT = 64  # a descriptor argument's encodings kept (per compiled kernel and argument)
 
 
-def descriptor_expander(launch):
+def descriptor_expander(launch, operands: dict | None = None):
     """(raw, expand) for a Triton 3.6 launcher ``launch`` that wraps the compiled launcher to encode TMA
     descriptors (driver.wrap_handle_tensordesc's ``inner``): ``raw`` the compiled launcher, and
     ``expand(ordered)`` the kernel arguments as ``inner`` hands them to it, each descriptor argument
@@ -462,6 +483,10 @@ def descriptor_expander(launch):
             or len(metas) != len(indices) or any(m is None for m in metas):
         return None
     slots = [(position, meta, LRU(TMA_ENCODINGS_KEPT)) for position, meta in zip(sorted(indices), metas)]
+    if operands is not None:
+        if set(operands) != set(indices):
+            return None
+        return raw, _fixed_expander(slots, operands, encode)
 
     def expand(ordered):
         out, start = [], 0
@@ -479,6 +504,28 @@ def descriptor_expander(launch):
         return out
 
     return raw, expand
+
+
+def _fixed_expander(slots, operands: dict, encode):
+    """descriptor_expander's ``expand`` for descriptors whose views a launch key fixes (KeyedLaunch's ``operands``):
+    the tensor itself at each descriptor's position, its encoding kept per base address (the shape, strides, box
+    and padding are the key's: ``operands[position](tensor)`` makes the TmaOperand Triton would encode)."""
+    def expand(ordered):
+        out, start = [], 0
+        for position, meta, kept in slots:
+            out += ordered[start:position]
+            t = ordered[position]
+            address = t.data_ptr()
+            encoded = kept.get(address)
+            if encoded is None:
+                encoded = encode(operands[position](t), meta)
+                kept.put(address, encoded)
+            out += encoded
+            start = position + 1
+        out += ordered[start:]
+        return out
+
+    return expand
 
 
 def _launch_hooks() -> bool:
