@@ -180,8 +180,9 @@ GLUON_BASED_PHIQ_REG = False
 # FEAT_ALU: the features by the CUDA cores (a thread a row of scale q or of k, blocks of 4 x 4 products with the
 # linear features and the constant in the diagonal blocks' lower triangles: gluon_based.feature_pairs_alu), no
 # selection wgmmas (20 a chunk a consumer, 1.3 of the chunk's 4.6 MFLOP) and no selection reads. Session 31:
-# compiled for sm_90a, off until gpu_forward_s31.py checks and times it on the H100
-GLUON_BASED_FEAT_ALU = False
+# compiled for sm_90a, off until gpu_forward_s31.py checks and times it on the H100. 2: with Q K^T issued async
+# before the features (the tensor cores run it under their ALU work). 0: off
+GLUON_BASED_FEAT_ALU = 0
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
 # B16 H16 N4096 bf16, Dk = Dv = 128, dQ + dK/dV kernels): no decay 2.36 ms at chunks of 64, one key block

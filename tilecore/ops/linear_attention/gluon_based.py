@@ -139,7 +139,8 @@ class BasedForward:
     PHIQ_REG: gl.constexpr  # (with SEL_ASYNC 3 and CHAIN) phi_q kept in registers: each piece the A operand of
     # o's phi_q S wgmma (K = 32), issued async as soon as the piece is made (under the next selections), no
     # phi_q buffer in shared memory (40 KB free: 3 stages fit)
-    FEAT_ALU: gl.constexpr  # the features by the CUDA cores, no selection wgmmas (``features_alu``): the kernel's
+    FEAT_ALU: gl.constexpr  # (1, 2) the features by the CUDA cores, no selection wgmmas (``features_alu``); 2: Q K^T
+    # issued async before them (the tensor cores run it under the features' ALU work). The kernel's
     # features in ``feature_pairs(alu=True)``'s order; phiq_main / phiq_tail [2, 2 BT, .] hold each consumer's phi_q
     # rows, then its phi_k rows
     XL3: gl.constexpr  # FEAT_ALU: [2 (q, k), BT, 16] a thread a row of q or k
@@ -467,6 +468,9 @@ class BasedForward:
             qx = q.load(self.QL)
             kx = k.load(self.QL)
         if self.FEAT_ALU:
+            if self.FEAT_ALU == 2:  # Q K^T on the tensor cores while the CUDA cores make the features
+                s_early = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL),
+                                        use_acc=False, is_async=True)
             self.features_alu(q, k, both, both_t)
         elif self.PHIQ_REG:  # o's phi_q S wgmmas read S^T while the features are made
             fence_async_shared()
@@ -504,6 +508,8 @@ class BasedForward:
         # intra-chunk: P = mask(1 + s + s^2 / 2), s = scale Q K^T
         if self.PROBE & PROBE_NO_INTRA:
             s = gl.zeros([self.BT, self.BT], gl.float32, self.SL) + self.scale
+        elif self.FEAT_ALU == 2:
+            s = warpgroup_mma_wait(0, deps=(s_early,))
         else:
             s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False)
         s = s * self.scale
@@ -571,7 +577,7 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                            STAGES: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
                            OVERLAP: gl.constexpr = False, PAIRED: gl.constexpr = False, CHAIN: gl.constexpr = False,
                            SEL_ASYNC: gl.constexpr = 0, PROBE: gl.constexpr = 0, SEL_REG: gl.constexpr = False,
-                           PHIQ_REG: gl.constexpr = False, FEAT_ALU: gl.constexpr = False):
+                           PHIQ_REG: gl.constexpr = False, FEAT_ALU: gl.constexpr = 0):
     """o (and the final states) of every unit of (batch, head, 64 value columns) under Based's map; a
     persistent grid, two consumer warpgroups (num_warps = 4) and a producer warp."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
@@ -813,7 +819,7 @@ def _head_major(t: torch.Tensor):
 
 def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool = False, probe: int = 0,
                 paired: bool = False, chain: bool = False, sel_async: int = 0, sel_reg: bool = False,
-                phiq_reg: bool = False, feat_alu: bool = False):
+                phiq_reg: bool = False, feat_alu: int = 0):
     """(grid, arguments by name, num_warps) of based_fwd_gluon_kernel; x0, xt: kernel-row states or None;
     overlap: the kernel's OVERLAP."""
     from tilecore.tiles.launch import gluon_descriptor
@@ -847,14 +853,14 @@ def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool
     if phiq_reg:
         args["PHIQ_REG"] = True
     if feat_alu:  # (x0, xt then in feature_pairs(alu=True)'s rows: compress / expand with alu=True)
-        args["FEAT_ALU"] = True
+        args["FEAT_ALU"] = int(feat_alu)
         args.pop("SEL_ASYNC", None)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
 def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overlap: bool | None = None,
             paired: bool | None = None, chain: bool | None = None, sel_async: int | None = None,
-            sel_reg: bool | None = None, phiq_reg: bool | None = None, feat_alu: bool | None = None):
+            sel_reg: bool | None = None, phiq_reg: bool | None = None, feat_alu: int | None = None):
     """(o, final state (B, H, 1 + 16 + 256, Dv) float32 or None) by the Gluon kernel (``fits`` must have
     said None). h0: the op-layout initial state or None. overlap: the kernel's OVERLAP (None:
     configs.GLUON_BASED_OVERLAP). paired, chain, sel_async: the kernel's PAIRED, CHAIN and SEL_ASYNC (None:
@@ -894,7 +900,7 @@ def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overl
 
 def compile_report(states: bool = True, stages: int = 2, overlap: bool = False, probe: int = 0,
                    paired: bool = False, chain: bool = False, sel_async: int = 0, sel_reg: bool = False,
-                   phiq_reg: bool = False, feat_alu: bool = False) -> dict:
+                   phiq_reg: bool = False, feat_alu: int = 0) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     B, N, H, Dv, bf = 2, 4096, 16, 64, torch.bfloat16
