@@ -17,6 +17,7 @@ Variants (overrides of the shipped l_mma + tree config):
   smem_late     pv_smem 1 with rescale_late (O *= alpha between the S and P V issues, while S runs)
   smem_q8       pv_smem 1, one exp2 in 8 on the FMA units (if the MUFU, not the issue, binds once P V overlaps)
   smem_c3       pv_smem 1, three consumers (D64: the bf16 forward's; without a float32 P carried they may fit)
+  smem_bn192q8  smem_bn192 with one exp2 in 8 on the FMA units (run 1: q8 1.03x over smem at D128)
   smem_bn192    pv_smem 1, key steps of 128 + 64 (block_n2 64, gluon_fp8.compute_split_smem), 2 stages (3 need 257 KB
                 at D128): sm_90a D128 16 bytes of spills (the register-P split step: 256 and wgmma serialized)
 Checks (gpu_speed_s30): NaN-poisoned outputs, two (batch, head) slices of every timed case against float64 and the
@@ -40,15 +41,17 @@ base.VARIANTS = {
     "smem_q8": (dict(pv_smem=1, exp2_fma_every=-8), ("d128",)),
     "smem_c3": (dict(pv_smem=1, consumers=3, pingpong=False), ("d64", "d64c")),
     "smem_bn192": (dict(pv_smem=1, block_n2=64, stages=2), ("d128", "d128c", "d64")),
+    "smem_bn192q8": (dict(pv_smem=1, block_n2=64, stages=2, exp2_fma_every=-8), ("d128",)),
 }
+RUN2 = "smem,smem_late,smem_bn192,smem_bn192q8"  # (run 1, call 1: smem, smem_lmma0, smem_pp, smem_q8, smem_c3)
 base.JSON_NAME = "attention_fp8_speed_s31.json"
 base.TAIL_VARIANTS = ("smem", "smem_late", "smem_bn192")
-base.TRACE_VARIANTS = (("default", {}), ("smem", dict(pv_smem=1)))
+base.TRACE_VARIANTS = (("default", {}), ("smem_bn192", dict(pv_smem=1, block_n2=64, stages=2)))
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
     if not any(a.startswith("--variants") for a in argv):
-        argv += ["--variants", ",".join(base.VARIANTS)]
+        argv += ["--variants", RUN2]
     if not any(a.startswith("--budget") for a in argv):
         argv += ["--budget", "135"]
     sys.argv = [sys.argv[0]] + argv

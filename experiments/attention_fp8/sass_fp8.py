@@ -48,7 +48,9 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides
     "smem": dict(pv_smem=1), "smem_lmma0": dict(pv_smem=1, l_mma=0), "smem_trace": dict(pv_smem=1, trace=True),
     "smem_c3": dict(pv_smem=1, consumers=3, pingpong=False), "smem_q8": dict(pv_smem=1, exp2_fma_every=-8),
     "smem_pp": dict(pv_smem=1, pingpong=True), "smem_late": dict(pv_smem=1, rescale_late=True),
-    "smem_bn192": dict(pv_smem=1, block_n2=64), "smem_bn192s2": dict(pv_smem=1, block_n2=64, stages=2),
+    "smem_bn192": dict(pv_smem=1, block_n2=64), "smem_c3s2": dict(pv_smem=1, consumers=3, pingpong=False, stages=2),
+    "smem_c3s2q1": dict(pv_smem=1, consumers=3, pingpong=False, stages=2, q_buffers=1),
+    "smem_bn192q8": dict(pv_smem=1, block_n2=64, stages=2, exp2_fma_every=-8), "smem_bn192s2": dict(pv_smem=1, block_n2=64, stages=2),
 }
 
 

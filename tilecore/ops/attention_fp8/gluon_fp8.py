@@ -790,14 +790,18 @@ class AttentionFp8:
             o_tok = warpgroup_mma(pb, v, st.acc, is_async=True)
             o_tok = warpgroup_mma(pb2, v2, o_tok, is_async=True)
             self.their_turn(ctx)
+            self.stamp(ctx, step, 1)
             s, s2, l0, l1, l2, l3, l4, l5 = warpgroup_mma_wait(1, deps=(s_tok, s2_tok, t0, t1, t2, t3, t4, t5))
+            self.stamp(ctx, step, 2)
             l_acc = st.l_acc + (((l0 + l1) + (l2 + l3)) + (l4 + l5))
             m, p32, p32b, alpha = self.softmax_split(s, s2, st, step * self.BNS)
             self.write_p(p32, self.p_buffer(ctx, step))
             self.write_p(p32b, self.p2_smem.index(ctx.index * 2 + step % 2))
             fence_async_shared()
             gl.thread_barrier()
+            self.stamp(ctx, step, 3)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            self.stamp(ctx, step, 4)
             acc, l_acc = self.rescale(acc, l_acc, alpha, 1)
             st = st.replace(m=m, acc=acc, l_acc=l_acc)
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
@@ -891,6 +895,7 @@ class AttentionFp8:
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
         if self.BN2 > 0 and self.PV_SMEM:
+            self.stamp(ctx, step, 0)
             st = self.compute_split_smem(ctx, st, stage, tile, step)
         elif self.BN2 > 0:
             st = self.compute_split(ctx, st, stage, tile, step)
