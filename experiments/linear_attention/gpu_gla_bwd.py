@@ -19,7 +19,15 @@ lost every row to one faulting variant).
   (launch.backward, native gradients, the forward's ht given) and where it applies its kernels alone (without
   the combine pass); the shipped forward beside it (the fwd + bwd ratio). A worker not done by its deadline
   is killed (its row says so).
-Prints a table last; JSON to $OUT/linear_attention_gla_bwd_s30.json.
+Prints a table last; JSON to $OUT/linear_attention_gla_bwd_s30.json (session 31: _s31.json).
+
+Session 31 (issue 33, the dqk kernel toward its bound): variants named "cfg ..." are configs_gla_bwd.CHUNKED (the
+shipped blocks) with their overrides (the dqk kernel's value loop dqk_VB, warps, register cap); a fourth check, bf16
+N 4097 (a 1-token last chunk) with strong decays and a reset; the table's last lines give the dqk kernel (the common
+launch, "dqk0w") against its HBM bound: the bytes it must move (q, k, g, v, do, S_c, dS_c read once; dq, dk, DG
+written) over the copy bandwidth measured in the same run.
+
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --s31     (session 31's variants, < 140 s)
 """
 from __future__ import annotations
 
@@ -60,10 +68,12 @@ except Exception:  # noqa: BLE001
 DEV = "cpu" if SMOKE else "cuda"
 START = time.time()
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
-WARM_DEADLINE = 60.0  # the main process stops waiting for workers' compiles + checks here
-TIME_DEADLINE = 84.0  # no timing starts past it
+S31 = "--s31" in sys.argv  # session 31's variants and checks (the N 4097 one compiles every kernel again)
+WARM_DEADLINE = 85.0 if S31 else 60.0  # the main process stops waiting for workers' compiles + checks here
+TIME_DEADLINE = 112.0 if S31 else 84.0  # no timing starts past it
 TIME_EACH = 9.0  # a worker's timing: the next one starts past it
-FINAL_DEADLINE = 88.0  # the fp16 checks (after every timing) end here: workers still running are killed
+FINAL_DEADLINE = 130.0 if S31 else 88.0  # the fp16 checks (after every timing) end here: workers still running are
+# killed
 
 # (name, tl_plan overrides, backward_plan overrides, path): path "launch" = launch.backward as op.py calls it;
 # "gla" = kernels_backward_gla.backward (the split kernels with the GLA epilogue: no combine pass). Ordered
@@ -109,6 +119,22 @@ VARIANTS = [
     ("chunked bt64 kb32 wide at dvbv128 walk128", dict(diag=5), dict(BKB=32, wide_apart=True, dk_at=True, dv_BV=128,
                                                                      BV=128, walk_warps=8), "chunked"),
 ]
+# session 31: configs' CHUNKED (chunk 32, key blocks 64, the fallback apart, dv at value blocks of 128) with the dqk
+# kernel's value loop. sm_90a (triton 3.6): the shipped dqk kernel 255 registers, 140 B spilled (4 warps: 2 programs
+# an SM); VB 32 / 8 warps / maxnreg 128: 128, 0 (16 warps an SM); VB 32 / 8 warps: 170, 0; VB 32 / 4 warps: 244, 0;
+# VB 64 / 1 stage: 255, 0; chunk 64 key blocks 32 VB 32: 248, 0 (session 30's wrong-dk blocks, other code)
+S31_VARIANTS = [
+    ("cfg vb32 w8 r128", dict(diag=5), dict(dqk_VB=32, dqk_warps=8, dqk_maxnreg=128), "chunked"),
+    ("cfg vb32 w8", dict(diag=5), dict(dqk_VB=32, dqk_warps=8), "chunked"),
+    ("cfg vb32", dict(diag=5), dict(dqk_VB=32), "chunked"),
+    ("cfg vb64 s1", dict(diag=5), dict(dqk_VB=64, dqk_stages=1), "chunked"),
+    ("cfg vb32 w8 r128 apart", dict(diag=5), dict(dqk_VB=32, dqk_warps=8, dqk_maxnreg=128, dqk_apart=True,
+                                                  wide_apart=False), "chunked"),
+    ("cfg bt64 kb32 vb32", dict(diag=5), dict(BT=64, BKB=32, dqk_VB=32), "chunked"),
+]
+VARIANTS += S31_VARIANTS
+if S31 and "--variants" not in sys.argv:
+    VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S31_VARIANTS
 if "--variants" in sys.argv:
     wanted = sys.argv[sys.argv.index("--variants") + 1].split(",")
     VARIANTS = [v for v in VARIANTS if v[0] in wanted]
@@ -132,6 +158,10 @@ CHECKS = [
     ("fp16 d128 h0 N1008 per token 0.05", dict(B=1, N=1008, H=2, Dk=128, Dv=128, per_token=0.05,
                                                dtype=torch.float16, seed=3)),
 ]
+if S31:  # N 4097: a last chunk of one token, strong decays with a reset (bf16, before the timing)
+    CHECKS.insert(2, ("bf16 d128 h0 N4097 strong [-6, 0] + reset", dict(B=1, N=4097, H=4, Dk=128, Dv=128, decay=6.0,
+                                                                        reset=True, seed=4)))
+N_EARLY = len(CHECKS) - 1  # the checks before the timing (the fp16 one, its own compiles, after)
 GRADS = ("dq", "dk", "dv", "dg", "dh0")
 
 
@@ -187,7 +217,7 @@ def run_backward(variant, t, ht, out=None, steps=None):
     p = variant_plans(variant, t)
     scale = t["q"].shape[-1] ** -0.5
     if variant[3] == "chunked":  # the variant's blocks over session 30's first defaults (configs may move on)
-        blocks = dict(CHUNKED_BASE, **variant[2]) if variant[0] != "chunked configs" else {}
+        blocks = chunked_blocks(variant)
         dq, dk, dv, dg, _, dh0 = kernels_backward_gla_chunked.backward(p, t["do"], t["q"], t["k"], t["v"], t["g"],
                                                                        t["h0"], ht, t["dht"], scale, out=out,
                                                                        steps=steps, **blocks)
@@ -201,6 +231,23 @@ def run_backward(variant, t, ht, out=None, steps=None):
         dq, dk, dv, dg, _, dh0 = launch.backward(p, t["do"], t["q"], t["k"], t["v"], t["g"], None, t["h0"], None, ht,
                                                  t["dht"], scale, IDENTITY, native=True)
     return dq, dk, dv, dg, dh0
+
+
+def chunked_blocks(variant) -> dict:
+    """A chunked variant's overrides of configs_gla_bwd.CHUNKED: "chunked configs" none, "cfg ..." its own, the rest
+    its own over session 30's first defaults (CHUNKED_BASE)."""
+    if variant[0] == "chunked configs":
+        return {}
+    return dict(variant[2]) if variant[0].startswith("cfg ") else dict(CHUNKED_BASE, **variant[2])
+
+
+def dqk_bytes(B, N, H, Dk, Dv, BT, elt=2) -> int:
+    """The HBM bytes the dqk kernel (the common launch) must move at least: q, k (elt), g (float32), v, do (elt) and
+    S_c, dS_c (elt, (B, H, NT, Dk, Dv)) read once; dq, dk (elt) and DG (float32) written; TOT and the flags
+    (B H NT Dk float32, B H NT key blocks bytes) left out."""
+    NT = -(-N // BT)
+    tokens = B * N * H
+    return tokens * (2 * Dk * elt + Dk * 4 + 2 * Dv * elt) + 2 * B * H * NT * Dk * Dv * elt + tokens * Dk * (2 * elt + 4)
 
 
 def kernels_only(variant, t, ht):
@@ -277,6 +324,11 @@ def time_variant(variant, res: dict):
             kernel[grid](*args, **kw)
         res["steps_ms"] = {step: round(bench(lambda: kernel[grid](*args, **kw)), 4)
                            for step, kernel, grid, args, kw in steps}
+    if variant[3] == "chunked" and variant[0] in ("chunked configs", S31_VARIANTS[0][0]):  # the copy bandwidth
+        x = torch.empty(2 ** 30 // 2, dtype=torch.bfloat16, device=DEV)  # 1 GiB
+        y = torch.empty_like(x)
+        res["copy_GBps"] = round(2 * x.numel() * 2 / bench(lambda: y.copy_(x)) / 1e6, 1)
+        del x, y
     if variant[0] == "shipped":  # the shipped forward (CHANNEL_FWD_DIAG 3, chunk 32, BV 128, 3 stages)
         p = plan(t["q"], t["v"], t["g"], IDENTITY)
         res["fwd_ms"] = bench(lambda: launch.forward(p, t["q"], t["k"], t["v"], t["g"], None, None, None, t["h0"],
@@ -303,7 +355,7 @@ def worker(name: str, scratch: Path):
     while not (scratch / "refs.pt").exists() and elapsed() < WARM_DEADLINE:
         time.sleep(0.05)
     cases = torch.load(scratch / "refs.pt")
-    for case_name, _ in CHECKS[:2]:  # bf16 (the fp16 case compiles its own kernels: after every variant's timing)
+    for case_name, _ in CHECKS[:N_EARLY]:  # bf16 (the fp16 case compiles its own kernels: after every timing)
         try:
             res["check"][case_name] = check_variant(variant, cases[case_name])
         except Exception as err:  # noqa: BLE001
@@ -330,7 +382,7 @@ def worker(name: str, scratch: Path):
     (scratch / f"{name}.timed").touch()
     while not (scratch / "all_timed").exists():
         time.sleep(0.05)
-    for case_name, _ in CHECKS[2:]:
+    for case_name, _ in CHECKS[N_EARLY:]:
         try:
             res["check"][case_name] = check_variant(variant, cases[case_name])
         except Exception as err:  # noqa: BLE001
@@ -364,6 +416,25 @@ def table(rows: list[dict]):
         print(f"{r['variant']} | {ms and round(ms, 3)} | {parts} | "
               f"{ship / ms if ship and ms else '-':.4} | {ms / fwd if fwd and ms else '-':.4} | {passed} | "
               f"{'; '.join(r['errors'])[:200]}")
+    copy = next((r["copy_GBps"] for r in rows if r.get("copy_GBps")), None)
+    if copy:
+        from tilecore.ops.linear_attention import configs_gla_bwd
+
+        print(f"\ndqk kernel (common launch) against its HBM bound at the copy bandwidth {copy} GB/s (B16 H16 N4096 "
+              "d128 bf16): variant | dqk ms | bytes GB | bound ms | % of bound | x chunked configs' dqk")
+        base = next((r["steps_ms"].get("dqk0w") for r in rows if r["variant"] == "chunked configs"
+                     and r.get("steps_ms")), None)
+        for r in rows:
+            steps = r.get("steps_ms") or {}
+            ms = steps.get("dqk0w") or (steps.get("dqk1", 0) + steps.get("dqk2", 0)) or None
+            if not ms:
+                continue
+            variant = next((v for v in VARIANTS if v[0] == r["variant"]), None)
+            BT = dict(configs_gla_bwd.CHUNKED, **chunked_blocks(variant))["BT"] if variant else 32
+            gb = dqk_bytes(16, 4096, 16, 128, 128, BT) / 1e9
+            bound = gb / copy * 1e3
+            print(f"{r['variant']} | {ms:.3f} | {gb:.2f} | {bound:.3f} | {100 * bound / ms:.0f}% | "
+                  f"{base / ms if base else float('nan'):.2f}")
 
 
 def main_smoke():
@@ -435,10 +506,10 @@ def main():
         if row["errors"]:
             print(name, "errors:", row["errors"], flush=True)
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "linear_attention_gla_bwd_s30.json").write_text(json.dumps(dict(device=device, rows=rows), indent=1,
-                                                                          default=str))
+    name = "linear_attention_gla_bwd_s31.json" if S31 else "linear_attention_gla_bwd_s30.json"
+    (OUT / name).write_text(json.dumps(dict(device=device, rows=rows), indent=1, default=str))
     table(rows)
-    print(f"{elapsed():.0f} s; JSON: {OUT / 'linear_attention_gla_bwd_s30.json'}")
+    print(f"{elapsed():.0f} s; JSON: {OUT / name}")
 
 
 def main_compile():
@@ -453,15 +524,15 @@ def main_compile():
         t = make(1, 256, 2, 128, 128, dev="cpu")
         p = tl_plan(t["q"], t["v"], t["g"], IDENTITY, 64, diag=5)
         steps = []
-        blocks = dict(CHUNKED_BASE, **variant[2]) if variant[0] != "chunked configs" else {}
         kernels_backward_gla_chunked.backward(p, t["do"], t["q"], t["k"], t["v"], t["g"], t["h0"], t["ht"], t["dht"],
-                                              0.1, steps=steps, **blocks)
+                                              0.1, steps=steps, **chunked_blocks(variant))
         for step, kernel, _, args, kw in steps:
             kw = dict(kw)
             warps, stages = kw.pop("num_warps"), kw.pop("num_stages", 2)
+            extra = {"maxnreg": kw.pop("maxnreg")} if "maxnreg" in kw else {}
             try:
                 r = resources(compile_kernel(kernel, dict(zip(kernel.arg_names, args), **kw), num_warps=warps,
-                                             num_stages=stages))
+                                             num_stages=stages, **extra))
                 print(f"{variant[0]} | {step} | {r.registers} | {r.spill_stores} | {r.shared}", flush=True)
             except Exception as err:  # noqa: BLE001
                 print(f"{variant[0]} | {step} | failed: {type(err).__name__}: {err}"[:300], flush=True)

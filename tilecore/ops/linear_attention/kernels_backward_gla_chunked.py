@@ -548,7 +548,7 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                 dict(BT=BT, BKB=BKB, BVF=BVF, MMA=mma, IEEE=ieee, SPLIT=cfg["split"], PART=part, WIDE=wide, FLAG=flag,
                      AT=cfg["dk_at"], num_warps=cfg["dqk_warps"], num_stages=cfg["dqk_stages"] or cfg["stages"],
                      **({"VB": dqk_VB} if dqk_VB else {}),
-                     **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] else {}))))
+                     **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] and wide != 2 else {}))))
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
         for wide in ((1, 2) if cfg["wide_apart"] and cfg["dv_wide_apart"] else (0,)):
             calls.append((f"dv{'w' * wide}", gla_dv_kernel, (B * H * NT * dv_blocks,), (
