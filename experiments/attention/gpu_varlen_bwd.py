@@ -493,9 +493,14 @@ def time_matched(h=16, d=128):
                 gluon_backward(dout, q, k, v, o, l_, None, cu, cu, True, scale, -1, -1, 0.0, grads=grads)
             row["gluon_fwd_bwd_ms"] = bench(fwd_bwd)
             # the backward's dQ modes (the fixed path fuses dQ at N 4096 causal; the varlen default splits it off)
-            for mode in ("fused", "lagged"):
+            # session 31: the masks' per-key range form (shipped) against the five conditions a score (mask
+            # "scores", the kernels before it: more spills), fused and split, in the same run
+            for mode, extra in (("fused", {}), ("fused_scores", {"mask": "scores"}), ("split_scores",
+                                                                                   {"mask": "scores"}),
+                                ("lagged", {})):
                 if not over_budget(f"time matched {label} dq {mode}", 15.0):
-                    cfg = variant(d, True, dq_from=mode)
+                    cfg = variant(d, True, dq_from={"split_scores": "gluon", "fused_scores": "fused"}.get(mode, mode),
+                                  **extra)
                     guarded(f"time matched {label} dq {mode}")(lambda mode=mode, cfg=cfg: row.__setitem__(
                         f"gluon_bwd_{mode}_ms", bench(lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu,
                                                                              True, scale, -1, -1, 0.0, grads=grads,
