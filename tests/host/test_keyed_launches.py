@@ -291,3 +291,57 @@ def test_fixed_descriptors_expand_as_tritons_wrapper_one_encoding_per_address(mo
         raw(*BASE, *expand([x, x, 7, out, x, 0.5]))  # the tensors themselves
         assert received[-1] == received[-2]
     assert len(encoded) == 2 * 4 + 2 * 2  # the wrapper each launch; the fixed expander each address once a slot
+
+
+# ---- attention_fp8's Gluon launch by its per-key recipe (no Gluon kernel runs on the CPU: its launches recorded)
+
+
+@pytest.mark.parametrize("permuted", [False, True])
+def test_fp8_recipe_launches_what_the_general_path_launches(monkeypatch, permuted):
+    from tilecore.ops.attention_fp8 import launch as fp8_launch
+    from tilecore.ops.attention_fp8.reference import keys_permuted
+
+    calls = []
+
+    class Recorder:  # CachedLaunch's run and keyed (nothing kept: every launch through run)
+        keyed = launch.LRU(4)
+
+        def run(self, key, grid, args, kwargs):
+            calls.append((key, grid, args, kwargs))
+
+    monkeypatch.setattr(fp8_launch, "GLUON_FWD", Recorder())
+    monkeypatch.setattr(fp8_launch, "_tiling", lambda q, k, rows, block_n, causal: ((7,), 2, None))
+    for cache in (fp8_launch._GLUON_LAYOUTS, fp8_launch._TILINGS, fp8_launch._FP8_LAUNCHES):
+        cache.clear()
+    torch.manual_seed(13)
+    q = torch.randn(1, 4, 40, 64).to(torch.float8_e4m3fn).transpose(1, 2).contiguous().transpose(1, 2)  # strided
+    k = torch.randn(1, 2, 40, 64).to(torch.float8_e4m3fn)
+    v = torch.randn(1, 2, 40, 64).to(torch.float8_e4m3fn)
+    v_in = keys_permuted(v) if permuted else v
+    scales = [torch.rand(1, 4) + 0.5, (torch.rand(1, 2, 1) + 0.5).double(), torch.rand(1, 2) + 0.5]  # k's: float64
+    p = fp8_launch.plan(q, k, True, path="gluon")
+    key = ("test", permuted)
+    assert fp8_launch.prepared(key, p, q, k, v_in, *scales, True, 0.125, torch.bfloat16, permuted) is None  # no call yet
+    out, lse = fp8_launch.forward(p, q, k, v_in, *scales, True, 0.125, torch.bfloat16, v_permuted=permuted, key=key)
+    recipe = fp8_launch.prepared(key, p, q, k, v_in, *scales, True, 0.125, torch.bfloat16, permuted)
+    assert recipe and len(fp8_launch._FP8_LAUNCHES) == 1 and recipe.ready == (True, False, True)
+    out2, lse2 = recipe(q, k, v_in, *scales)
+    assert (out2.shape, out2.dtype, lse2.shape, lse2.dtype) == (out.shape, out.dtype, lse.shape, lse.dtype)
+    (key0, grid0, args0, opts0), (key1, grid1, args1, opts1) = calls
+    assert key0 == key1 == key and grid0 == (7,) and grid1 == (7, 1, 1) and opts0 == opts1
+    assert len(args0) == len(args1)
+    for i, (a, b) in enumerate(zip(args0, args1)):
+        if isinstance(a, launch.TmaOperand):
+            assert type(b) is launch.TmaOperand
+            assert (a.shape, a.strides, a.block_shape, a.layout, a.padding) == (b.shape, b.strides, b.block_shape,
+                                                                                b.layout, b.padding)
+            if i < 2 or (i == 2 and permuted):  # q, k and a permuted v: the inputs themselves
+                assert a.base.data_ptr() == b.base.data_ptr()
+            elif i == 2:  # v's permuted copy: made each call, equal
+                assert torch.equal(a.base.view(torch.uint8), b.base.view(torch.uint8))
+        elif isinstance(a, torch.Tensor):
+            assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) or i in (4,)  # lse: fresh
+        else:
+            assert a == b
+    for cache in (fp8_launch._GLUON_LAYOUTS, fp8_launch._TILINGS, fp8_launch._FP8_LAUNCHES):
+        cache.clear()

@@ -16,7 +16,8 @@ from tilecore import dispatch
 from tilecore.ops.attention_fp8 import configs, kernels_tl
 from tilecore.ops.attention_fp8.reference import (P_SHIFT, SCALE_BLOCK, attention_fp8_emulated, check_rescale,
                                                   keys_permuted, keys_unpermuted)
-from tilecore.tiles.launch import LRU, CachedLaunch, TmaOperand, next_power_of_2, signature, tma_describable
+from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, TmaOperand, next_power_of_2, signature,
+                                   tma_describable)
 from tilecore.tiles.ops import LOG2E
 
 TL_FWD = CachedLaunch(kernels_tl.attn_fp8_fwd)
@@ -107,6 +108,73 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
                         tuple(sorted((k, True if k == "trace" else v) for k, v in cfg.items())))
     GLUON_FWD.run(key, grid, args, options)  # on the device of q's descriptor; by key unless signature gave none
     return out, lse
+
+
+class _Fp8Launch:
+    """forward's Gluon path for one launch key (session 31, issue 31's host time): the kernel's KeyedLaunch with its
+    four descriptors as tensors (their views and boxes are the key's: KeyedLaunch's operands, encoded once per
+    address), the launch's other arguments the key fixes, and which descales are float32 and contiguous already;
+    a call then allocates O and lse and launches. ``of`` gives False where the key's call takes a split key step
+    (block_n2: two more descriptors) or a trace (forward's general path serves them)."""
+
+    __slots__ = ("launch", "tail", "ready", "describable", "permuted", "out_shape", "out_dtype", "device")
+
+    @classmethod
+    def of(cls, p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_scale: float, out_dtype,
+           v_permuted: bool, key):
+        cfg = p.config
+        if p.path != "gluon" or cfg.get("trace") is not None:
+            return False
+        layout = _GLUON_LAYOUTS.get(key)
+        tiling = _TILINGS.get(key)
+        if layout is None or tiling is None or layout.block_n2:
+            return False
+        self = cls()
+        B, H, N, D = q.shape
+        Hkv, Nk = k.shape[1], k.shape[2]
+        _, q_per_row, q_n, q_rows = scale_operand(q_scale, N)
+        _, k_per_row, k_n, k_rows = scale_operand(k_scale, Nk)
+        grid, head_group, schedule = tiling
+        bm, bn = layout.block_m, layout.block_n
+        self.tail = (H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows, k_n, k_rows, B * H, head_group, schedule)
+        self.launch = KeyedLaunch(GLUON_FWD, key, grid, layout.options, operands={
+            0: lambda t: TmaOperand(t, [1, 1, bm, D]), 1: lambda t: TmaOperand(t, [1, 1, bn, D]),
+            2: lambda t: TmaOperand(t, [1, 1, D, bn]), 3: lambda t: TmaOperand(t, [1, 1, bm, D])})
+        # scale_operand's float32 contiguous copy is the descale itself where it is so already (the key's dtype
+        # and strides)
+        self.ready = tuple(s.dtype == torch.float32 and s.is_contiguous() for s in (q_scale, k_scale, v_scale))
+        self.describable = (layout.q_describable, layout.k_describable)
+        self.permuted = v_permuted
+        self.out_shape, self.out_dtype, self.device = (B, H, N, D), out_dtype, q.device
+        return self
+
+    def __call__(self, q, k, v, q_scale, k_scale, v_scale) -> tuple[torch.Tensor, torch.Tensor]:
+        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+        lse = torch.empty(self.out_shape[:3], dtype=torch.float32, device=self.device)
+        ready = self.ready
+        qs = q_scale if ready[0] else q_scale.to(torch.float32).contiguous()
+        ks = k_scale if ready[1] else k_scale.to(torch.float32).contiguous()
+        vs = v_scale if ready[2] else v_scale.to(torch.float32).contiguous()
+        q = q if self.describable[0] else q.contiguous()
+        k = k if self.describable[1] else k.contiguous()
+        vt = v if self.permuted else keys_permuted(v)
+        self.launch((q, k, vt, out, lse, qs, ks, vs, *self.tail))
+        return out, lse
+
+
+_FP8_LAUNCHES = LRU(256)  # an op call's launch key -> its _Fp8Launch (False: forward's general path)
+
+
+def prepared(key, p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_scale: float, out_dtype,
+             v_permuted: bool):
+    """The key's _Fp8Launch, made after its first call (forward's general path made its layout and tiling), or
+    None / False where there is none yet or none at all."""
+    recipe = _FP8_LAUNCHES.get(key)
+    if recipe is None and key in _GLUON_LAYOUTS:
+        recipe = _Fp8Launch.of(p, q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_permuted,
+                               key)
+        _FP8_LAUNCHES.put(key, recipe)
+    return recipe
 
 
 _TILINGS = LRU(256)  # an op call's launch key -> _tiling's (a function of its shapes and device)

@@ -13,6 +13,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.attention_fp8 import launch
 from tilecore.ops.attention_fp8.reference import KEY_CHUNK, SCALE_BLOCK
+from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.launch import LRU, signature
 
 FP8 = torch.float8_e4m3fn
@@ -143,8 +144,17 @@ def _impl(q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_scale: float
     if q.numel() == 0 or k.shape[2] == 0:
         out = torch.zeros(q.shape, dtype=out_dtype, device=q.device)
         return out, torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
-    return launch.forward(_PLANS.memo(key, lambda: launch.plan(q, k, causal)), q, k, v, q_scale, k_scale, v_scale,
-                          causal, softmax_scale, out_dtype, v_permuted, key=key)
+    bind = key is not None and tiles_launch.BIND_KEYED_LAUNCHES
+    recipe = launch._FP8_LAUNCHES.get(key) if bind else None
+    if recipe:  # the key's launch as its first call prepared it
+        return recipe(q, k, v, q_scale, k_scale, v_scale)
+    p = _PLANS.memo(key, lambda: launch.plan(q, k, causal))
+    if bind and recipe is None:
+        recipe = launch.prepared(key, p, q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype,
+                                 v_permuted)
+        if recipe:
+            return recipe(q, k, v, q_scale, k_scale, v_scale)
+    return launch.forward(p, q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_permuted, key=key)
 
 
 # The eager host path (issue 31): a CUDA call's signature (with no tensor that would record a gradient: the
