@@ -46,13 +46,56 @@ def test_plan_takes_the_gluon_kernel_only_where_asked_and_able(fmt):
     assert plan.config["FORMAT"] == f.kernel_id and plan.config["G"] == (f.default_group or 0)
     assert plan.grid == (132,) and plan.config["num_warps"] == 4
     assert _plan(fmt, gluon=False, _gluon_ok=True).path != "gluon_wide"
-    assert _plan(fmt, n=18944, gluon=True, _gluon_ok=True).path != "gluon_wide"  # 148 x 128: not its shape
+    # 148 x 128: HALVES 2 (a row a tile, consumer c its column half), but for int4 (groups of 128 span both halves)
+    plan = _plan(fmt, n=18944, gluon=True, _gluon_ok=True)
+    if fmt == "int4":
+        assert plan.path != "gluon_wide"
+    else:
+        assert plan.path == "gluon_wide" and plan.config["HALVES"] == 2 and plan.grid == (132,)
+    assert "HALVES" not in _plan(fmt, gluon=True, _gluon_ok=True).config  # 11008: the kernel as shipped
     assert _plan(fmt, n=108 * 64, gluon=True, _gluon_ok=True).path != "gluon_wide"  # two blocks: not its shape
 
 
 def test_fits_only_three_blocks_of_64():
     assert gw.fits(11008, 172, 64) and gw.fits(140 * 64, 140, 64) and gw.fits(192 * 64, 192, 64)
-    assert not gw.fits(108 * 64, 108, 64) and not gw.fits(18944, 148, 128) and not gw.fits(14336, 28, 512)
+    assert gw.fits(18944, 148, 128)  # HALVES 2
+    assert not gw.fits(108 * 64, 108, 64) and not gw.fits(14336, 28, 512) and not gw.fits(148 * 256, 148, 256)
+
+
+def test_halves_data_flow_is_the_transform():
+    """HALVES 2's arithmetic in float64 (the kernel's blocks: W_Jh = sum_k H[J, k] X_kh over the zero-padded H_148,
+    consumer c's W_J0 + (-1)^c W_J1, its one accumulator negated twice for c = 1, then H_64) against the transform,
+    and the group index its epilogue stores scales at (sub-row i x 2 GR + c GR + g)."""
+    from tilecore.ops.hadamard.reference import hadamard_reference
+
+    m, p = 148, 128
+    torch.manual_seed(1)
+    x = torch.randn(2, m * p, dtype=torch.float64)
+    H = torch.zeros(192, 192, dtype=torch.float64)
+    H[:m, :m] = orders.hadamard_of_order(m).double()
+    h64 = hadamard_matrix(64, torch.float64)
+    ref = hadamard_reference(x, (m * p)**-0.5, out_dtype=torch.float64).reshape(2, m, p)
+    for r in range(2):
+        X = torch.zeros(192, p, dtype=torch.float64)
+        X[:m] = x[r].reshape(m, p)
+        for c in range(2):
+            for J in range(3):
+                blocks = [H[64 * J:64 * J + 64, 64 * k:64 * k + 64] for k in range(3)]
+                w = sum(b @ X[64 * k:64 * k + 64, :64] for k, b in enumerate(blocks))
+                if c == 1:
+                    w = -w
+                w = w + sum(b @ X[64 * k:64 * k + 64, 64:] for k, b in enumerate(blocks))
+                if c == 1:
+                    w = -w
+                y = (w @ h64) * (m * p)**-0.5
+                rows = min(64, m - 64 * J)
+                assert (y[:rows] - ref[r, 64 * J:64 * J + rows, 64 * c:64 * c + 64]).abs().max() < 1e-12
+    for G in (16, 32):  # sub-row i's element 64 c + G g (a group's first) of the row: group i x 2 GR + c GR + g
+        GR = 64 // G
+        for i in range(m):
+            for c in range(2):
+                for g in range(GR):
+                    assert (i * 128 + 64 * c + G * g) // G == i * 2 * GR + c * GR + g
 
 
 _COMPILE = r"""

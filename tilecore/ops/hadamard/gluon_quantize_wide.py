@@ -63,6 +63,7 @@ class Mixed:
     w0: object
     w1: object
     w2: object
+    t: object  # HALVES 2: the consumer's tile count (the amax exchange's parity); else 0
 
 
 @gluon.jit
@@ -165,6 +166,9 @@ class WideQuantize:
     AHEAD: gl.constexpr  # block j + 1's mixing behind block j's second product (plan tuning "ahead"; untimed)
     turns: object  # PINGPONG: two mbarriers, consumer c's turn at the tensor cores; else None
     PROBE: gl.constexpr  # experiments only (0 ships): 1, no products (Y_j = the row's chunk j as loaded, times rscale)
+    HALVES: gl.constexpr  # 2: rows of m x 128 (18944 = 148 x 128), a tile one row, consumer c its output columns 64 c..
+    xchg: object  # HALVES 2: [4, 1] float32 shared (tile parity x consumer), the per-token amax exchange; else None
+    xbar: object  # HALVES 2: two mbarriers (tile parity), both consumers arrive; else None
 
     @gluon.jit
     def setup(self, tile):
@@ -173,13 +177,15 @@ class WideQuantize:
     @gluon.jit
     def load(self, stage, bar, tile, step):
         for r in gl.static_range(2):
-            row = 2 * tile + r
             if r == 0:
                 bufs = (stage.a0, stage.a1, stage.a2)
             else:
                 bufs = (stage.b0, stage.b1, stage.b2)
             for k in gl.static_range(NB):
-                tma.async_copy_global_to_shared(self.x_desc, [row, BLOCK * k, 0], bar, bufs[k])
+                if self.HALVES == 2:  # the tile's row, column half r (a: columns 0..63, b: 64..127)
+                    tma.async_copy_global_to_shared(self.x_desc, [tile, BLOCK * k, BLOCK * r], bar, bufs[k])
+                else:
+                    tma.async_copy_global_to_shared(self.x_desc, [2 * tile + r, BLOCK * k, 0], bar, bufs[k])
 
     @gluon.jit
     def load_tile(self, bufs, bar, tile, consumer):
@@ -190,7 +196,10 @@ class WideQuantize:
     @gluon.jit
     def start(self, ctx, tile, prev):
         z = gl.zeros([BLOCK, BLOCK], gl.float32, wgmma_layout(BLOCK, BLOCK, gl.num_warps()))
-        return Mixed(z, z, z)
+        if self.HALVES == 2:
+            return Mixed(z, z, z, tile * 0)
+        else:
+            return Mixed(z, z, z, 0)
 
     @gluon.jit
     def compute(self, ctx, state, stage, tile, step):
@@ -207,7 +216,11 @@ class WideQuantize:
                 mbarrier.wait(self.turns.index(0), (t & 1) ^ 1)  # a fresh barrier passes parity 1 at once
             else:
                 mbarrier.wait(self.turns.index(1), t & 1)
-        if self.PROBE == 1:  # what the loads, the epilogue and the stores cost without the products
+        if self.HALVES == 2:  # block J: both halves' mixing, then W = W_0 +- W_1 (H_2 of H_128 = H_2 (x) H_64; - for c 1)
+            y0 = self._halves(ctx, stage, state.w0, h64, 0)
+            y1 = self._halves(ctx, stage, state.w1, h64, 1)
+            y2 = self._halves(ctx, stage, state.w2, h64, 2)
+        elif self.PROBE == 1:  # what the loads, the epilogue and the stores cost without the products
             L: gl.constexpr = state.w0.type.layout
             y0 = self._scaled(xs[0].load(L).to(gl.float32), 0)
             y1 = self._scaled(xs[1].load(L).to(gl.float32), 1)
@@ -231,7 +244,34 @@ class WideQuantize:
             y2 = self._rotated(self._mixed(ctx, xs, state.w2, 2), h64, 2)
         if self.turns is not None:
             mbarrier.arrive(self.turns.index(1 - ctx.index))  # the other consumer's turn
-        return Mixed(y0, y1, y2)
+        if self.HALVES == 2:
+            return Mixed(y0, y1, y2, ctx.ring_step)
+        else:
+            return Mixed(y0, y1, y2, 0)
+
+    @gluon.jit
+    def _halves(self, ctx, stage, z, h64, J: gl.constexpr):
+        """HALVES 2: Y_J of this consumer's column half c: (W_J0 + (-1)^c W_J1) through the second product, where W_Jh =
+        sum_k H[J, k] X_kh (X_kh: the row's chunk k of column half h; both issued, then waited for)."""
+        bufs = ctx.operand
+        dt: gl.constexpr = self.x_desc.dtype
+        lay: gl.constexpr = bufs.type.layout
+        xa = (stage.a0.reshape([BLOCK, BLOCK]), stage.a1.reshape([BLOCK, BLOCK]), stage.a2.reshape([BLOCK, BLOCK]))
+        xb = (stage.b0.reshape([BLOCK, BLOCK]), stage.b1.reshape([BLOCK, BLOCK]), stage.b2.reshape([BLOCK, BLOCK]))
+        # one accumulator: consumer 0 sums both halves' products; consumer 1 negates W_J0 in registers before adding
+        # W_J1's, then negates the sum: W_J0 - W_J1 (negation is exact)
+        w = z
+        for k in gl.static_range(NB):
+            w = warpgroup_mma(bufs.index(NB * J + k)._reinterpret(dt, [BLOCK, BLOCK], lay), xa[k], w, use_acc=k > 0,
+                              is_async=True)
+        if ctx.index == 1:
+            w = -warpgroup_mma_wait(0, deps=(w,))
+        for k in gl.static_range(NB):
+            w = warpgroup_mma(bufs.index(NB * J + k)._reinterpret(dt, [BLOCK, BLOCK], lay), xb[k], w, is_async=True)
+        w = warpgroup_mma_wait(0, deps=(w,))
+        if ctx.index == 1:
+            w = -w
+        return self._rotated(w, h64, J)
 
     @gluon.jit
     def _issue_mixing(self, ctx, xs, w, J: gl.constexpr):
@@ -269,14 +309,20 @@ class WideQuantize:
 
     @gluon.jit
     def finish(self, ctx, state, tile):
-        row = 2 * tile + ctx.index
+        if self.HALVES == 2:
+            row = tile
+        else:
+            row = 2 * tile + ctx.index
         y0 = state.w0
         y1 = state.w1
         y2 = state.w2
         tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
         if self.FORMAT == AMAX:
             a = _amax(_amax(_max_nan(_max_nan(gl.abs(y0), gl.abs(y1)), gl.abs(y2)), 1), 0)
-            gl.store(self.amax_out + row, a, mask=row < self.rows)
+            if self.HALVES == 2:
+                gl.store(self.amax_out + 2 * row + ctx.index, a, mask=row < self.rows)
+            else:
+                gl.store(self.amax_out + row, a, mask=row < self.rows)
         elif self.FORMAT == STORE:
             self._stage(ctx, 0, y0)
             self._stage(ctx, 1, y1)
@@ -284,22 +330,37 @@ class WideQuantize:
             self._store(ctx, row)
         elif self.G == 0:  # one scale a row
             a = _amax(_amax(_max_nan(_max_nan(gl.abs(y0), gl.abs(y1)), gl.abs(y2)), 1), 0)
+            if self.HALVES == 2:
+                a = self._exchange(ctx, a, state.t)
             if self.STATIC:
                 div = gl.load(self.gscale)
             else:
                 # (a tensor of QMAX, not QMAX + 0 x a: an inf amax must give an inf scale, as the reference's)
                 div = gl.where(a == 0, 1.0, gl.div_rn(a, gl.where(a == 0, self.QMAX, self.QMAX)))
-                gl.store(self.scales + row.to(gl.int64) * self.stride_scales, div, mask=row < self.rows)
+                if self.HALVES == 1 or ctx.index == 0:
+                    gl.store(self.scales + row.to(gl.int64) * self.stride_scales, div, mask=row < self.rows)
             recip = gl.div_rn(gl.where(div == 0, 1.0, 1.0), div)  # 0 where div is inf: y x 0 = y / inf
             self._stage(ctx, 0, self._token_codes(y0 * recip))
             self._stage(ctx, 1, self._token_codes(y1 * recip))
             self._stage(ctx, 2, self._token_codes(y2 * recip))
             self._store(ctx, row)
         else:
-            self._stage(ctx, 0, self._group_codes(y0, 0, row))
-            self._stage(ctx, 1, self._group_codes(y1, 1, row))
-            self._stage(ctx, 2, self._group_codes(y2, 2, row))
+            self._stage(ctx, 0, self._group_codes(y0, 0, row, ctx.index))
+            self._stage(ctx, 1, self._group_codes(y1, 1, row, ctx.index))
+            self._stage(ctx, 2, self._group_codes(y2, 2, row, ctx.index))
             self._store(ctx, row)
+
+    @gluon.jit
+    def _exchange(self, ctx, a, t):
+        """HALVES 2: max(a, the other consumer's a) for this row (NaN if either is), through the tile parity's slots
+        and barrier (gluon_quantize_kron.KronQuantize._exchange)."""
+        L1: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        slot = t & 1
+        self.xchg.index(2 * slot + ctx.index).store(gl.full([1], a, gl.float32, L1))
+        mbarrier.arrive(self.xbar.index(slot))  # releases the store above (the arriving thread made it too)
+        mbarrier.wait(self.xbar.index(slot), (t >> 1) & 1)
+        other = gl.reduce(self.xchg.index(2 * slot + 1 - ctx.index).load(L1), 0, _max_nan)
+        return _max_nan(a, other)
 
     @gluon.jit
     def _rotated(self, w, h64, J: gl.constexpr):
@@ -331,7 +392,7 @@ class WideQuantize:
         return code
 
     @gluon.jit
-    def _group_codes(self, y, J: gl.constexpr, row):
+    def _group_codes(self, y, J: gl.constexpr, row, C: gl.constexpr):
         """Block J's group scales (stored) and codes (returned, packed bytes as int32) for groups of G inside a
         sub-row (G <= 64) or spanning G / 64 sub-rows."""
         L: gl.constexpr = y.type.layout
@@ -342,7 +403,10 @@ class WideQuantize:
             SL: gl.constexpr = recip.type.layout
             i = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, SL)) + J * BLOCK
             g = gl.arange(0, GR, layout=gl.SliceLayout(0, SL))
-            offs = gl.expand_dims(i, 1) * GR + gl.expand_dims(g, 0)
+            if self.HALVES == 2:  # sub-row i holds 128 values: groups 2 GR a sub-row, this consumer's from c GR
+                offs = gl.expand_dims(i, 1) * (2 * GR) + C * GR + gl.expand_dims(g, 0)
+            else:
+                offs = gl.expand_dims(i, 1) * GR + gl.expand_dims(g, 0)
             mask = (gl.expand_dims(i, 1) < self.M) & (row < self.rows)
             gl.store(self.scales + row.to(gl.int64) * self.stride_scales + offs, stored.to(self.scales.dtype.element_ty),
                      mask=mask)
@@ -354,6 +418,7 @@ class WideQuantize:
             code = gl.where(gl.expand_dims(keep, 2), code, 0)
             code = gl.convert_layout(gl.reshape(code, [BLOCK, BLOCK]), L)
         else:  # groups of SPG sub-rows (int4's 128: a sub-row pair)
+            gl.static_assert(self.HALVES == 1, "HALVES 2: groups inside a consumer's 64 columns")
             SPG: gl.constexpr = self.G // BLOCK
             y3 = gl.reshape(y, [BLOCK // SPG, SPG, BLOCK])
             recip, stored, keep = _group_scale(_amax(_amax(y3, 2), 1), self.gscale, self.FORMAT, self.QMAX)
@@ -376,15 +441,20 @@ class WideQuantize:
     def _store(self, ctx, row):
         fence_async_shared()
         gl.thread_barrier()
+        W: gl.constexpr = self.codes_desc.block_type.shape[2]
         for j in gl.static_range(NB):
-            tma.async_copy_shared_to_global(self.codes_desc, [row, BLOCK * j, 0], ctx.out.slice(j, 1))
+            if self.HALVES == 2:  # this consumer's columns of the row's sub-rows of 128
+                tma.async_copy_shared_to_global(self.codes_desc, [row, BLOCK * j, W * ctx.index], ctx.out.slice(j, 1))
+            else:
+                tma.async_copy_shared_to_global(self.codes_desc, [row, BLOCK * j, 0], ctx.out.slice(j, 1))
 
 
 @gluon.jit
 def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales, gscale, amax_out, rows, stride_scales,
                                rscale, row_counter, M: gl.constexpr, FORMAT: gl.constexpr, G: gl.constexpr,
                                STATIC: gl.constexpr, QMAX: gl.constexpr, STAGES: gl.constexpr,
-                               AHEAD: gl.constexpr = False, PINGPONG: gl.constexpr = False, PROBE: gl.constexpr = 0):
+                               AHEAD: gl.constexpr = False, PINGPONG: gl.constexpr = False, PROBE: gl.constexpr = 0,
+                               HALVES: gl.constexpr = 1):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
@@ -396,20 +466,33 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
         mbarrier.init(turns.index(1), count=1)
     else:
         turns = None
+    if HALVES == 2:  # the per-token amax exchange between the consumers sharing a row
+        xchg = gl.allocate_shared_memory(gl.float32, [4, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(xbar.index(0), count=2)
+        mbarrier.init(xbar.index(1), count=2)
+    else:
+        xchg = None
+        xbar = None
     op = WideQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, M, FORMAT, G,
-                      STATIC, QMAX, AHEAD, turns, PROBE)
+                      STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),
                      ring(x_desc, STAGES), ring(x_desc, STAGES))
-    run(op, layout, stages, (rows + 1) // 2)
+    if HALVES == 2:
+        run(op, layout, stages, rows)
+    else:
+        run(op, layout, stages, (rows + 1) // 2)
 
 
 # --------------------------------------------------------------------------------------------- host side
 
 def fits(n: int, m: int, p: int) -> bool:
-    """Whether gluon_wide_quantize_kernel takes rows of n = m p: p = 64 and 128 < m <= 192 (three blocks)."""
-    return p == BLOCK.value and NB.value * BLOCK.value - BLOCK.value < m <= NB.value * BLOCK.value and n == m * p
+    """Whether gluon_wide_quantize_kernel takes rows of n = m p: p = 64 (HALVES 1) or 128 (HALVES 2: 18944 = 148 x
+    128) and 128 < m <= 192 (three blocks)."""
+    return p in (BLOCK.value, 2 * BLOCK.value) and NB.value * BLOCK.value - BLOCK.value < m <= NB.value * BLOCK.value \
+        and n == m * p
 
 
 def gluon_operand(m: int, dtype, device, transpose: bool = False):
@@ -444,17 +527,18 @@ def _layout(block, bits):
     return gll.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=bits, rank=len(block))
 
 
-def descriptors(x2, out, m: int, packed: bool):
-    """(x_desc, codes_desc, staging_desc) for (rows, m 64) rows ``x2`` and their codes (or values) ``out``:
-    3-D views (rows, m, 64 or 32) with [1, 64, W] boxes (sub-rows past m: zeros on loads, clipped on stores)."""
+def descriptors(x2, out, m: int, packed: bool, halves: int = 1):
+    """(x_desc, codes_desc, staging_desc) for (rows, m 64 halves) rows ``x2`` and their codes (or values) ``out``:
+    3-D views (rows, m, 64 halves, or 32 halves packed) with [1, 64, W] boxes (W = 64 or 32: a consumer's columns;
+    sub-rows past m: zeros on loads, clipped on stores)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     rows = x2.shape[0]
     P = BLOCK.value
-    x_desc = TensorDescriptor(x2, [rows, m, P], [x2.stride(0), P, 1], [1, P, P], _layout([1, P, P], 16))
+    x_desc = TensorDescriptor(x2, [rows, m, P * halves], [x2.stride(0), P * halves, 1], [1, P, P], _layout([1, P, P], 16))
     w = P // 2 if packed else P
     bits = out.element_size() * 8
-    shape, strides = [rows, m, w], [out.stride(0), w, 1]
+    shape, strides = [rows, m, w * halves], [out.stride(0), w * halves, 1]
     codes_desc = TensorDescriptor(out, shape, strides, [1, P, w], _layout([1, P, w], bits))
     staging_desc = TensorDescriptor(out, shape, strides, [4, P, w], _layout([4, P, w], bits))
     return x_desc, codes_desc, staging_desc

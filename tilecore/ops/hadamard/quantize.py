@@ -181,13 +181,14 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
 
     on = tuning.get("gluon", _by_format(configs.QUANT_GLUON_WIDE, fmt, n, False))
     if not on or not tuning.get("_gluon_ok") or mix != 1 or dtype == torch.float32 or signs or not fits(n, M, P) \
-            or group not in (None, 16, 32, 128) or (group == 128 and fmt != "int4"):
-        return None
+            or group not in (None, 16, 32, 128) or (group == 128 and (fmt != "int4" or P != 64)):
+        return None  # (m x 128: int4's groups of 128 would span both consumers' halves)
     f = FORMATS[fmt]
     tuning = {**_by_format(configs.QUANT_GLUON_WIDE_TUNING, fmt, n, {}), **tuning}  # the measured; the caller's first
-    grid = max(1, min(cdiv(rows, 2), sms * (tuning.get("waves") or 1)))
+    halves = P // 64  # 2: m x 128, a row a tile, consumer c its column half
+    grid = max(1, min(cdiv(rows, 3 - halves), sms * (tuning.get("waves") or 1)))
     return QuantizePlan("gluon_wide", grid=(grid,), rscale=rscale, config=dict(
-        M=M, FORMAT=f.kernel_id, G=group or 0, STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax,
+        M=M, FORMAT=f.kernel_id, **({"HALVES": 2} if halves == 2 else {}), G=group or 0, STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax,
         STAGES=tuning.get("stages") or configs.QUANT_GLUON_WIDE_STAGES, PACKED=f.packed, num_warps=4,
         **({"AHEAD": True} if tuning.get("ahead") else {}), **({"PINGPONG": True} if tuning.get("pingpong") else {}),
         **({"PROBE": tuning["probe"]} if tuning.get("probe") else {})))
@@ -503,7 +504,7 @@ def _launch_gluon_wide(plan, x2, out, scales, gs, amax, fmt_id=None, stages=None
                                                      scales.stride(0) if scales.dim() == 2 else 1, rs,
                                                      tile_counter(x2.device), **cfg)
         return
-    x_desc, codes_desc, staging_desc = gw.descriptors(x2, out, cfg["M"], packed)
+    x_desc, codes_desc, staging_desc = gw.descriptors(x2, out, cfg["M"], packed, cfg.get("HALVES", 1))
     h_desc = gluon_descriptor(gw.gluon_operand(cfg["M"], x2.dtype, x2.device, transpose), [64, 64])
     with dispatch.on_device(x2.device):
         gw.gluon_wide_quantize_kernel[plan.grid](x_desc, codes_desc, staging_desc, h_desc, scales, gs, amax, rows,
@@ -518,7 +519,8 @@ def _run_gluon_wide(plan, x2, codes, scales, fmt, scale, static):
     gscale = scale if static else None
     if fmt == "nvfp4" and gscale is None:
         # each row's largest |y| (the kron kernel with a row shared: each consumer's half, two a row)
-        amax = torch.empty(x2.shape[0] * plan.config.get("SPLIT", 1), dtype=torch.float32, device=x2.device)
+        amax = torch.empty(x2.shape[0] * plan.config.get("SPLIT", plan.config.get("HALVES", 1)), dtype=torch.float32,
+                           device=x2.device)
         _launch_gluon_wide(plan, x2, byte_codes, scales, amax, amax, fmt_id=6)
         a = amax.max()  # NaN if any row had one (torch's max propagates NaN); no host sync
         gscale = torch.where(a == 0, torch.ones_like(a), a / (448.0 * 6.0)).reshape(1)
@@ -557,7 +559,8 @@ def gluon_amax_pass(plan: QuantizePlan, x2: torch.Tensor) -> torch.Tensor:
     stores but one float a row) on the rows ``x2``; returns those maxima. For the probe of what its epilogue costs."""
     if plan.path not in ("gluon_wide", "gluon_kron"):
         raise ValueError(f"gluon_amax_pass: a 'gluon_wide' or 'gluon_kron' plan, not {plan.path!r}")
-    amax = torch.empty(x2.shape[0] * plan.config.get("SPLIT", 1), dtype=torch.float32, device=x2.device)
+    amax = torch.empty(x2.shape[0] * plan.config.get("SPLIT", plan.config.get("HALVES", 1)), dtype=torch.float32,
+                       device=x2.device)
     # x2's bytes as the codes (never written by AMAX; bytes keep the staging buffer at 8 bits)
     _launch_gluon_wide(plan, x2, x2.view(torch.uint8), amax, amax, amax, fmt_id=6)
     return amax

@@ -1,0 +1,67 @@
+"""The Gluon wide kernel (gluon_quantize_wide.py) compiled for sm_90a on the CPU: 11008 (172 x 64, HALVES 1, shipped)
+and 18944 (148 x 128, HALVES 2: a row a tile, consumer c its 64-column half, both halves' mixing, the per-token amax
+exchanged), every format: registers, spills, shared memory, wgmma count (issue 32, session 31).
+
+    python experiments/hadamard/wide_gluon_compile.py [--only 18944] [--formats fp8_e4m3,mxfp4] [--json out.json]
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.getcwd())
+os.environ.pop("TRITON_INTERPRET", None)
+
+FORMATS = {"fp8_e4m3": (0, 0, 448.0, False), "int8": (2, 0, 127.0, False), "mxfp4": (3, 32, 6.0, True),
+           "nvfp4": (4, 16, 6.0, True), "int4": (5, 128, 7.0, True), "amax": (6, 0, 1.0, False),
+           "store": (7, 0, 1.0, False)}
+
+
+def compile_one(m, p, fmt, stages=2, rows=1 << 14):
+    import torch
+
+    from tilecore.ops.hadamard import gluon_quantize_wide as g
+    from tilecore.tiles.compile import compile_kernel, resources
+    from tilecore.tiles.launch import gluon_descriptor
+
+    fid, G, qmax, packed = FORMATS[fmt]
+    n, halves = m * p, p // 64
+    x = torch.empty(rows, n, dtype=torch.bfloat16)
+    out = x if fid == 7 else torch.empty(rows, n // (2 if packed else 1), dtype=torch.uint8)
+    xd, cd, sd = g.descriptors(x, out, m, packed, halves)
+    hd = gluon_descriptor(g.gluon_operand(m, torch.bfloat16, "cpu"), [64, 64])
+    scales = torch.empty(rows, n // G if G else 1, dtype=torch.uint8 if fid in (3, 4) else torch.float32)
+    gs = torch.empty(1, dtype=torch.float32)
+    k = compile_kernel(g.gluon_wide_quantize_kernel, dict(
+        x_desc=xd, codes_desc=cd, staging_desc=sd, h_desc=hd, scales=scales, gscale=gs, amax_out=gs, rows=rows,
+        stride_scales=scales.stride(0), rscale=0.01, row_counter=torch.zeros(1, dtype=torch.int32), M=m, FORMAT=fid,
+        G=G, STATIC=False, QMAX=qmax, STAGES=stages, HALVES=halves), num_warps=4)
+    r = resources(k)
+    ptx = k.asm["ptx"]
+    return dict(vars(r), m=m, p=p, format=fmt, stages=stages, wgmma=ptx.count("wgmma.mma_async"),
+                tma="cp.async.bulk.tensor" in ptx, satfinite="cvt.rn.satfinite" in ptx, shared_meta=k.metadata.shared)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="")
+    ap.add_argument("--formats", default="fp8_e4m3,int8,mxfp4,nvfp4,amax,store")
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    res = []
+    for m, p in ((148, 128), (172, 64)):
+        if a.only and a.only != str(m * p):
+            continue
+        for fmt in a.formats.split(","):
+            if p == 128 and fmt == "int4":
+                continue  # groups of 128 span both consumers' halves: not this kernel's
+            r = compile_one(m, p, fmt)
+            print(json.dumps(r), flush=True)
+            res.append(r)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(res, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
