@@ -366,6 +366,104 @@ def _inverse_stages(st, yre, yim, scale, tab, col, fa_re, fa_im, ore, oim, runni
     return ore, oim, running
 
 
+@struct
+class PairIO:
+    """How a walker reads its pairs' u and writes their y (both kernels): the tensors and strides, and with TMA
+    the [2, 1, HALF, B] boxes' descriptors, u's two-slot ring (the next pair's u loaded under this one's products)
+    with its mbarriers, and y's box (else None)."""
+    U: object
+    Y: object
+    u_desc: object
+    y_desc: object
+    u_smem: object  # [2, 2, 1, HALF, B] (TMA)
+    y_smem: object  # [2, 1, HALF, B] (TMA)
+    u_ready: object  # [2, 1] mbarriers (TMA)
+    batch: object
+    stride_ub: object
+    stride_uh: object
+    stride_yb: object
+    stride_yh: object
+    groups: object  # pairs a channel: work item w is pair w % groups of channel w // groups
+    HALF: gl.constexpr
+    B: gl.constexpr
+    TMA: gl.constexpr
+
+
+@gluon.jit
+def _request_u(io, w, slot):
+    """TMA: pair w's u (sequences 2 g, 2 g + 1 of channel h: one [2, 1, HALF, B] box) into ring slot ``slot``."""
+    U_BYTES: gl.constexpr = 2 * io.HALF * io.B * io.U.dtype.element_ty.primitive_bitwidth // 8
+    mbarrier.expect(io.u_ready.index(slot), U_BYTES)
+    tma.async_copy_global_to_shared(io.u_desc, [2 * (w % io.groups), w // io.groups, 0, 0], io.u_ready.index(slot),
+                                    io.u_smem.index(slot))
+
+
+@gluon.jit
+def _first_u(io, start, stop):
+    """TMA: the walker's first pair's u requested (slot 0)."""
+    if io.TMA:
+        if start < stop:
+            _request_u(io, start, 0)
+
+
+@gluon.jit
+def _pair_u(io, w, start, step, stop, h, b_re, seq, layout: gl.constexpr):
+    """Pair w's two sequences x[m, a] = u[B a + m] as [B, HALF] float32 tiles in ``layout``, each over its largest
+    |u| (non-finite elements zeroed): (x_re, its scale, whether it had a non-finite element, the same of x_im).
+    TMA: the next pair's u requested into the other slot first, this one's read from its slot (each sequence's
+    [HALF, B] box rows transposed); else pointer loads at ``seq`` (b_re: the pair's first batch row, past the
+    batch masked)."""
+    if io.TMA:
+        i = (w - start) // step  # this walker's pair count: the slot and its phase
+        after = w + step
+        if after < stop:  # the next pair's u, under this pair's products
+            _request_u(io, after, (i + 1) % 2)
+        mbarrier.wait(io.u_ready.index(i % 2), (i // 2) & 1)
+        pair = io.u_smem.index(i % 2).reshape([2 * io.HALF, io.B])
+        xre, scale_re, bad_re = _scaled(pair.slice(0, io.HALF).permute((1, 0)).load(layout))
+        xim, scale_im, bad_im = _scaled(pair.slice(io.HALF, io.HALF).permute((1, 0)).load(layout))
+    else:
+        b_im = b_re + 1
+        xre, scale_re, bad_re = _load_half(io.U, b_re, io.batch, b_re.to(gl.int64) * io.stride_ub + h * io.stride_uh,
+                                           seq)
+        xim, scale_im, bad_im = _load_half(io.U, b_im, io.batch, b_im.to(gl.int64) * io.stride_ub + h * io.stride_uh,
+                                           seq)
+    return xre, scale_re, bad_re, xim, scale_im, bad_im
+
+
+@gluon.jit
+def _pair_y(io, ore, oim, h, b_re, seq, layout: gl.constexpr):
+    """Pair (b_re, b_re + 1) of channel h's outputs (finished [B, HALF] float32 tiles: scaled, NaN where the
+    sequence was not finite) as y's dtype: TMA: transposed into y's box once the previous pair's store has read it,
+    one TMA store; else pointer stores at ``seq`` in ``layout`` (past the batch masked)."""
+    ty: gl.constexpr = io.Y.dtype.element_ty
+    if io.TMA:  # [B, HALF] tiles into the pair's [2, 1, HALF, B] box, transposed, then one TMA store
+        tma.store_wait(0)  # the previous pair's store has read y_smem
+        gl.thread_barrier()
+        out = io.y_smem.reshape([2 * io.HALF, io.B])
+        out.slice(0, io.HALF).permute((1, 0)).store(ore.to(ty))
+        out.slice(io.HALF, io.HALF).permute((1, 0)).store(oim.to(ty))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(io.y_desc, [b_re, h.to(gl.int32), 0, 0], io.y_smem)
+    else:
+        ok = seq >= 0
+        b_im = b_re + 1
+        gl.store(io.Y + b_re.to(gl.int64) * io.stride_yb + h * io.stride_yh + seq, gl.convert_layout(ore, layout).to(ty),
+                 mask=ok & (b_re < io.batch))
+        gl.store(io.Y + b_im.to(gl.int64) * io.stride_yb + h * io.stride_yh + seq, gl.convert_layout(oim, layout).to(ty),
+                 mask=ok & (b_im < io.batch))
+
+
+@gluon.jit
+def _last_y(io):
+    """TMA: the walker's last store waited for, the ring's barriers invalidated."""
+    if io.TMA:
+        tma.store_wait(0)
+        mbarrier.invalidate(io.u_ready.index(0))
+        mbarrier.invalidate(io.u_ready.index(1))
+
+
 @gluon.jit
 def _spectrum_buffer(B: gl.constexpr, C: gl.constexpr, KPRE: gl.constexpr):
     """KPRE 2 and 3's [B, C] int64 shared tile of a block's spectrum bins (rows XOR-swizzled by 16-byte vectors:
@@ -443,6 +541,10 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         u_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(u_ready.index(0), count=1)
         mbarrier.init(u_ready.index(1), count=1)
+    else:
+        u_smem = None
+        y_smem = None
+        u_ready = None
     fence_async_shared()
     gl.thread_barrier()
 
@@ -461,35 +563,18 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     total = heads * groups
     first = gl.program_id(0)
     programs = gl.num_programs(0)
-    U_BYTES: gl.constexpr = 2 * HALF * B * U.dtype.element_ty.primitive_bitwidth // 8
+    pio = PairIO(U, Y, u_desc, y_desc, u_smem, y_smem, u_ready, batch, stride_ub, stride_uh, stride_yb, stride_yh, groups,
+                 HALF, B, TMA)
     start, stop, step = _walk(first, programs, total, CONTIG)
     gl.static_assert(KPRE < 3 or CONTIG, "KPRE 3 keeps a channel's spectrum for its next pairs: a CONTIG walk")
     last_h = (start * 0 - 1).to(gl.int64)  # (KPRE 3: the previous pair's channel)
-    if TMA:  # the program's first pair
-        if start < stop:
-            mbarrier.expect(u_ready.index(0), U_BYTES)
-            tma.async_copy_global_to_shared(u_desc, [2 * (start % groups), start // groups, 0, 0], u_ready.index(0),
-                                            u_smem.index(0))
+    _first_u(pio, start, stop)
     for w in range(start, stop, step):
         h = (w // groups).to(gl.int64)
         b_re = 2 * (w % groups)
-        b_im = b_re + 1
         kpre = _spectrum_issue(st, K + h * stride_kh, tab, h != last_h)  # (KPRE: under this pair's u and stages 1-3)
         last_h = h
-        if TMA:
-            i = (w - start) // step  # this program's pair count: the buffer and its phase
-            after = w + step
-            if after < stop:  # the next pair's u, under this pair's products
-                mbarrier.expect(u_ready.index((i + 1) % 2), U_BYTES)
-                tma.async_copy_global_to_shared(u_desc, [2 * (after % groups), after // groups, 0, 0],
-                                                u_ready.index((i + 1) % 2), u_smem.index((i + 1) % 2))
-            mbarrier.wait(u_ready.index(i % 2), (i // 2) & 1)
-            pair = u_smem.index(i % 2).reshape([2 * HALF, B])  # x[m, a]: each sequence's [HALF, B] transposed
-            xre, scale_re, bad_re = _scaled(pair.slice(0, HALF).permute((1, 0)).load(io))
-            xim, scale_im, bad_im = _scaled(pair.slice(HALF, HALF).permute((1, 0)).load(io))
-        else:
-            xre, scale_re, bad_re = _load_half(U, b_re, batch, b_re.to(gl.int64) * stride_ub + h * stride_uh, seq)
-            xim, scale_im, bad_im = _load_half(U, b_im, batch, b_im.to(gl.int64) * stride_ub + h * stride_uh, seq)
+        xre, scale_re, bad_re, xim, scale_im, bad_im = _pair_u(pio, w, start, step, stop, h, b_re, seq, io)
         xre = gl.convert_layout(xre.to(gl.float16), lhs)
         xim = gl.convert_layout(xim.to(gl.float16), lhs)
         yre, yim, spec_scale = _forward_stages(st, xre, xim, fa1re, fa1im, None, tab, 0, K, h, stride_kh, zeros, True,
@@ -497,30 +582,14 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         ore, oim, spec_scale = _inverse_stages(st, yre, yim, spec_scale, tab, 0, fa2re, fa2im, zeros_out, zeros_out,
                                                spec_scale, zeros, lhs_out, False)
         out_scale = spec_scale * (1.0 / L)
-        ty: gl.constexpr = Y.dtype.element_ty
-        if TMA:  # [B, HALF] tiles into the pair's [2, 1, HALF, B] box, transposed, then one TMA store
+        if TMA:
             ore = gl.where(bad_re, float("nan"), ore * (out_scale * scale_re))
             oim = gl.where(bad_im, float("nan"), oim * (out_scale * scale_im))
-            tma.store_wait(0)  # the previous pair's store has read y_smem
-            gl.thread_barrier()
-            out = y_smem.reshape([2 * HALF, B])
-            out.slice(0, HALF).permute((1, 0)).store(ore.to(ty))
-            out.slice(HALF, HALF).permute((1, 0)).store(oim.to(ty))
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(y_desc, [b_re, h.to(gl.int32), 0, 0], y_smem)
-        else:
-            ore = gl.convert_layout(ore, io) * (out_scale * scale_re)
-            oim = gl.convert_layout(oim, io) * (out_scale * scale_im)
-            ore = gl.where(bad_re, float("nan"), ore)
-            oim = gl.where(bad_im, float("nan"), oim)
-            ok = seq >= 0
-            gl.store(Y + b_re.to(gl.int64) * stride_yb + h * stride_yh + seq, ore.to(ty), mask=ok & (b_re < batch))
-            gl.store(Y + b_im.to(gl.int64) * stride_yb + h * stride_yh + seq, oim.to(ty), mask=ok & (b_im < batch))
-    if TMA:
-        tma.store_wait(0)
-        mbarrier.invalidate(u_ready.index(0))
-        mbarrier.invalidate(u_ready.index(1))
+        else:  # (the pointer stores' layout first)
+            ore = gl.where(bad_re, float("nan"), gl.convert_layout(ore, io) * (out_scale * scale_re))
+            oim = gl.where(bad_im, float("nan"), gl.convert_layout(oim, io) * (out_scale * scale_im))
+        _pair_y(pio, ore, oim, h, b_re, seq, io)
+    _last_y(pio)
 
 
 @gluon.jit
@@ -722,31 +791,14 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     total = heads * groups
     first = gl.program_id(0) * PARTS + part
     programs = gl.num_programs(0) * PARTS
-    U_BYTES: gl.constexpr = 2 * HALF * B * U.dtype.element_ty.primitive_bitwidth // 8
+    pio = PairIO(U, Y, u_desc, y_desc, u_smem, y_smem, u_ready, batch, stride_ub, stride_uh, stride_yb, stride_yh, groups,
+                 HALF, B, TMA)
     start, stop, step = _walk(first, programs, total, g.CONTIG)
-    if TMA:
-        if start < stop:
-            mbarrier.expect(u_ready.index(0), U_BYTES)
-            tma.async_copy_global_to_shared(u_desc, [2 * (start % groups), start // groups, 0, 0], u_ready.index(0),
-                                            u_smem.index(0))
+    _first_u(pio, start, stop)
     for w in range(start, stop, step):
         h = (w // groups).to(gl.int64)
         b_re = 2 * (w % groups)
-        b_im = b_re + 1
-        if TMA:
-            i = (w - start) // step
-            after = w + step
-            if after < stop:
-                mbarrier.expect(u_ready.index((i + 1) % 2), U_BYTES)
-                tma.async_copy_global_to_shared(u_desc, [2 * (after % groups), after // groups, 0, 0],
-                                                u_ready.index((i + 1) % 2), u_smem.index((i + 1) % 2))
-            mbarrier.wait(u_ready.index(i % 2), (i // 2) & 1)
-            pair = u_smem.index(i % 2).reshape([2 * HALF, B])
-            xre, scale_re, bad_re = _scaled(pair.slice(0, HALF).permute((1, 0)).load(io))
-            xim, scale_im, bad_im = _scaled(pair.slice(HALF, HALF).permute((1, 0)).load(io))
-        else:
-            xre, scale_re, bad_re = _load_half(U, b_re, batch, b_re.to(gl.int64) * stride_ub + h * stride_uh, seq)
-            xim, scale_im, bad_im = _load_half(U, b_im, batch, b_im.to(gl.int64) * stride_ub + h * stride_uh, seq)
+        xre, scale_re, bad_re, xim, scale_im, bad_im = _pair_u(pio, w, start, step, stop, h, b_re, seq, io)
         gl.thread_barrier()  # the previous pair's stage-1 wgmmas have read x
         x_re.store(xre.to(gl.float16))
         x_im.store(xim.to(gl.float16))
@@ -765,26 +817,8 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
             ore, oim, running = _inverse_stages(st, yre, yim, chunk_scale, tab, j * CHUNK,
                                                 fare.index(j).permute((1, 0)), faim.index(j).permute((1, 0)), ore, oim,
                                                 running, zeros, lhs_out, True)
-        ty: gl.constexpr = Y.dtype.element_ty
         ore = gl.where(bad_re, float("nan"), ore * (running * scale_re / L))
         oim = gl.where(bad_im, float("nan"), oim * (running * scale_im / L))
-        if TMA:
-            tma.store_wait(0)
-            gl.thread_barrier()
-            out = y_smem.reshape([2 * HALF, B])
-            out.slice(0, HALF).permute((1, 0)).store(ore.to(ty))
-            out.slice(HALF, HALF).permute((1, 0)).store(oim.to(ty))
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(y_desc, [b_re, h.to(gl.int32), 0, 0], y_smem)
-        else:
-            ok = seq >= 0
-            gl.store(Y + b_re.to(gl.int64) * stride_yb + h * stride_yh + seq, gl.convert_layout(ore, io).to(ty),
-                     mask=ok & (b_re < batch))
-            gl.store(Y + b_im.to(gl.int64) * stride_yb + h * stride_yh + seq, gl.convert_layout(oim, io).to(ty),
-                     mask=ok & (b_im < batch))
-    if TMA:
-        tma.store_wait(0)
-        mbarrier.invalidate(u_ready.index(0))
-        mbarrier.invalidate(u_ready.index(1))
+        _pair_y(pio, ore, oim, h, b_re, seq, io)
+    _last_y(pio)
 
