@@ -1,0 +1,47 @@
+"""The chunk-parallel GLA backward's dqk kernel with its value loop (configs_gla_bwd.CHUNKED dqk_VB, session 31)
+compiles for sm_90a on this GPU-less machine with no spill at the blocks experiments/linear_attention/gpu_gla_bwd.py
+--s31 times: chunk 32, key blocks 64, the fallback in a launch of its own, value blocks of 32 with 8 warps under a
+128-register cap (4 warps uncapped: 244 registers). The whole-columns kernel it replaces: 255 registers, 140 B
+spilled. Its math: test_gla_backward_dqk.py (interpreter)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+CODE = """
+import json, sys, torch
+from tilecore.ops.linear_attention import kernels_backward_gla_chunked as kc
+from tilecore.ops.linear_attention.plan import IDENTITY, tl_plan
+from tilecore.tiles.compile import compile_kernel, resources
+blocks = json.loads(sys.argv[1])
+q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
+g = torch.empty(1, 256, 2, 128)
+s = torch.empty(1, 2, 128, 128)
+steps = []
+kc.backward(tl_plan(q, q, g, IDENTITY, 64, diag=5), q, q, q, q, g, s, s, s, 0.1, steps=steps, **blocks)
+out = {}
+for name, kernel, _, args, kw in steps:
+    if name.startswith("dqk"):
+        kw = dict(kw)
+        warps, stages = kw.pop("num_warps"), kw.pop("num_stages")
+        extra = {"maxnreg": kw.pop("maxnreg")} if "maxnreg" in kw else {}
+        c = compile_kernel(kernel, dict(zip(kernel.arg_names, args), **kw), num_warps=warps, num_stages=stages, **extra)
+        out[name] = dict(vars(resources(c)), mma="mma.sync" in c.asm["ptx"] or "wgmma" in c.asm["ptx"])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("blocks, registers", [(dict(dqk_VB=32, dqk_warps=8, dqk_maxnreg=128), 128),
+                                               (dict(dqk_VB=32), 255)])
+def test_value_loop_dqk_kernel_compiles_without_spills(blocks, registers):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
+    proc = subprocess.run([sys.executable, "-c", CODE, json.dumps(dict(BT=32, BKB=64, wide_apart=True, **blocks))],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    common = r["dqk0w"]  # the factored launch (the fallback's own, dqk0ww, runs only on flagged blocks, uncapped)
+    assert common["mma"] and not common["wgmma_serialized"], common
+    assert common["spill_stores"] == 0 and common["registers"] <= registers, common
+    assert set(r) == {"dqk0w", "dqk0ww"}, r
