@@ -345,3 +345,52 @@ def test_fp8_recipe_launches_what_the_general_path_launches(monkeypatch, permute
             assert a == b
     for cache in (fp8_launch._GLUON_LAYOUTS, fp8_launch._TILINGS, fp8_launch._FP8_LAUNCHES):
         cache.clear()
+
+
+# ---- attention_varlen's Gluon forward by its per-key recipe (the work table by the interpreter each call; the
+# Gluon launch recorded)
+
+
+@pytest.mark.parametrize("ranked", [True, False])
+def test_varlen_recipe_launches_what_the_general_path_launches(monkeypatch, ranked):
+    from tilecore.ops.attention_varlen import op as varlen_op
+
+    calls = []
+
+    class Recorder:  # CachedLaunch's run and keyed (nothing kept: every launch through run)
+        keyed = launch.LRU(4)
+
+        def run(self, key, grid, args, kwargs):
+            calls.append((key, grid, args, kwargs))
+
+    monkeypatch.setattr(varlen_op, "GLUON_VARLEN_FWD", Recorder())
+    monkeypatch.setattr(varlen_op.dispatch, "num_sms", lambda device: 132)
+    monkeypatch.setattr(varlen_op, "VARLEN_RANKED_TABLE", ranked)
+    for cache in (varlen_op._GLUON_FORWARD_LAYOUTS, varlen_op._GLUON_FORWARDS):
+        cache.clear()
+    q = torch.randn(60, 4, 64, dtype=torch.bfloat16)
+    kv = torch.randn(70, 2, 64, dtype=torch.bfloat16)
+    key = ("test", ranked)
+    first = torch.tensor([0, 10, 60], dtype=torch.int32), torch.tensor([0, 30, 70], dtype=torch.int32)
+    varlen_op.forward_gluon(q, kv, kv, *first, True, 0.125, 2.0, key=key)  # the key's first call: kept
+    recipe = varlen_op._GLUON_FORWARDS.get(key)
+    assert recipe and recipe.ranked is ranked
+    for lengths in (([0, 50, 60], [0, 10, 70]), ([0, 0, 60], [0, 70, 70])):  # new lengths: this call's table
+        cu_q, cu_k = (torch.tensor(x, dtype=torch.int32) for x in lengths)
+        varlen_op.forward_gluon(q, kv, kv, cu_q, cu_k, True, 0.125, 2.0)  # the general path, no key
+        out, lse = recipe(q, kv, kv, cu_q, cu_k)
+        assert out.shape == q.shape and lse.shape == (4, 60)
+        (_, grid0, args0, opts0), (key1, grid1, args1, opts1) = calls[-2:]
+        assert key1 == key and grid0 + (1, 1) == grid1 and opts0 == opts1 and len(args0) == len(args1)
+        for i, (a, b) in enumerate(zip(args0, args1)):
+            if isinstance(a, launch.TmaOperand):
+                assert (a.shape, a.strides, a.block_shape, a.key[:4]) == (b.shape, b.strides, b.block_shape,
+                                                                           b.key[:4])
+                assert i == 3 or a.base is b.base  # q, k, v themselves; O fresh
+            elif isinstance(a, torch.Tensor):
+                assert a.shape == b.shape and a.dtype == b.dtype
+                assert a.dtype != torch.int32 or torch.equal(a, b)  # cu_seqlens and this call's work table
+            else:
+                assert a == b
+    for cache in (varlen_op._GLUON_FORWARD_LAYOUTS, varlen_op._GLUON_FORWARDS):
+        cache.clear()

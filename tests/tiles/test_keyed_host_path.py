@@ -591,6 +591,7 @@ def test_varlen_gluon_forward_layout_kept_per_key_as_the_plain_launch(monkeypatc
     assert operand.shape == list(view.shape) and operand.strides == list(view.stride())
     assert operand.base.data_ptr() == view.data_ptr()
     varlen_op._GLUON_FORWARD_LAYOUTS.clear()
+    varlen_op._GLUON_FORWARDS.clear()
 
 
 def test_attention_fp8_gluon_layout_kept_per_key_as_the_plain_launch(monkeypatch):

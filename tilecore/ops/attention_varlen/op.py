@@ -28,8 +28,9 @@ from tilecore.ops.attention_varlen import configs
 from tilecore.ops.attention_varlen.reference import varlen_backward_reference, varlen_reference
 from tilecore.ops.attention_varlen.work import RANKED_MAX_BATCH
 from tilecore.tiles import eager
-from tilecore.tiles.launch import (LRU, CachedLaunch, TmaOperand, cdiv, next_power_of_2, signature, tl_addressable,
-                                   tma_describable)
+from tilecore.tiles import launch as tiles_launch
+from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, TmaOperand, cdiv, next_power_of_2, signature,
+                                   tl_addressable, tma_describable)
 
 DTYPES = (torch.float16, torch.bfloat16)
 CPU_DTYPES = DTYPES + (torch.float32,)
@@ -362,7 +363,59 @@ def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1
             tile_counter(q.device) if layout.drawn else None)
     grid = (min(num_tiles, layout.sms),)
     GLUON_VARLEN_FWD.run(key, grid, args, layout.options)  # on q's device; by key where given
+    if key is not None and config is None and tanh_approx is None and tiles_launch.BIND_KEYED_LAUNCHES \
+            and key not in _GLUON_FORWARDS:  # the key's launches, kept for its next calls (_forward_impl)
+        _GLUON_FORWARDS.put(key, _GluonForward.of(layout, key, q, cu_q, out, args[10:17], grid))
     return out, lse
+
+
+class _GluonForward:
+    """forward_gluon for one launch key (session 31, issue 31's host time): the work table's and the forward's
+    KeyedLaunch (the forward's four packed descriptors as tensors: KeyedLaunch's operands, encoded once per
+    address) and every argument the key fixes, made after the key's first call; a call then allocates O, lse and
+    the table, builds the table from cu_seqlens' values on the GPU (every call, as forward_gluon) and launches.
+    ``of`` gives False where the table is built by torch ops alone (past WORK_TABLE_MAX_BATCH sequences)."""
+
+    __slots__ = ("table", "table_tail", "ranked", "forward", "fixed", "counter", "shapes", "dtype", "device")
+
+    @classmethod
+    def of(cls, layout, key, q, cu_q, out, fixed: tuple, grid):
+        batch = cu_q.numel() - 1
+        if batch > WORK_TABLE_MAX_BATCH or q.shape[0] == 0:
+            return False
+        self = cls()
+        total_q, hq, d = q.shape
+        bm, bn = layout.block_m, layout.block_n
+        entries = (cdiv(total_q, layout.table_rows) + batch) * hq
+        block_b = max(16, next_power_of_2(batch))
+        block_t = max(1, 4096 // block_b)  # (work_table's)
+        self.ranked = (VARLEN_RANKED_TABLE if layout.ranked is None else layout.ranked) and batch <= RANKED_MAX_BATCH
+        self.table = KeyedLaunch(WORK_TABLE_RANKED if self.ranked else WORK_TABLE, key, (cdiv(entries, block_t),),
+                                 dict(TILE_M=layout.table_rows, BLOCK_B=block_b, BLOCK_T=block_t))
+        self.table_tail = (batch, entries, hq)
+        # the forward's arguments the key fixes (num_tiles, group, total_q, the scores' factors, the window), between
+        # the per-call ones (descriptors, out, its row stride, lse, cu_q, cu_k, work) and the tile counter
+        self.fixed = fixed
+        self.counter = layout.drawn
+        self.forward = KeyedLaunch(GLUON_VARLEN_FWD, key, grid, layout.options, operands={
+            0: lambda t: packed_operand(t, bm), 1: lambda t: packed_operand(t, bn), 2: lambda t: packed_operand(t, bn),
+            3: lambda t: packed_operand(t, bm)})
+        self.shapes = ((total_q, hq, d), (hq, total_q), (entries, 4), out.stride(0))
+        self.dtype, self.device = q.dtype, q.device
+        return self
+
+    def __call__(self, q, k, v, cu_q, cu_k) -> tuple[torch.Tensor, torch.Tensor]:
+        shapes, device = self.shapes, self.device
+        out = torch.empty(shapes[0], dtype=self.dtype, device=device)
+        lse = torch.empty(shapes[1], dtype=torch.float32, device=device)
+        work = torch.empty(shapes[2], dtype=torch.int32, device=device)
+        self.table((cu_q, cu_k if self.ranked else work_order(cu_q, cu_k).to(torch.int32), work, *self.table_tail))
+        self.forward((q, k, v, out, out, shapes[3], lse, cu_q, cu_k, work, *self.fixed,
+                      tiles_launch.tile_counter(device) if self.counter else None))
+        return out, lse
+
+
+_GLUON_FORWARDS = LRU(256)  # forward_gluon's launch key -> its _GluonForward (False: forward_gluon each call)
 
 
 class _GluonForwardLayout:
@@ -587,6 +640,10 @@ _GLUON_FITS = LRU(256)  # an eager CUDA call's launch key -> gluon_forward_fits 
 
 
 def _forward_impl(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, key=None):
+    if key is not None and tiles_launch.BIND_KEYED_LAUNCHES:  # the Gluon forward as the key's first call kept it
+        prepared = _GLUON_FORWARDS.get(key)
+        if prepared:
+            return prepared(q, k, v, cu_q, cu_k)
     if dispatch.backend_for(q.device) == "kernel":
         if _GLUON_FITS.memo(key, lambda: gluon_forward_fits(q, k, v, causal, left, right)):
             return forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left, right, key=key)
