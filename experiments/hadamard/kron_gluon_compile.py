@@ -16,7 +16,13 @@ FORMATS = {"fp8_e4m3": (0, 0, 448.0, False), "int8": (2, 0, 127.0, False), "mxfp
            "store": (7, 0, 1.0, False)}
 
 
-def compile_one(m, p, split, fmt, stages=2, rows=1 << 14, inside=False):
+def sass_count(k):
+    from experiments.hadamard.wide_gluon_compile import sass_count as count
+
+    return count(k)
+
+
+def compile_one(m, p, split, fmt, stages=2, rows=1 << 14, inside=False, scale_once=False):
     import torch
 
     from tilecore.ops.hadamard import gluon_quantize_kron as g
@@ -34,10 +40,11 @@ def compile_one(m, p, split, fmt, stages=2, rows=1 << 14, inside=False):
     k = compile_kernel(g.gluon_kron_quantize_kernel, dict(
         x_desc=xd, codes_desc=cd, staging_desc=sd, h_desc=hd, scales=scales, gscale=gs, amax_out=gs, rows=rows,
         stride_scales=scales.stride(0), rscale=0.01, row_counter=torch.zeros(1, dtype=torch.int32), M=m, F=p // 64,
-        SPLIT=split, FORMAT=fid, G=G, STATIC=False, QMAX=qmax, STAGES=stages, INSIDE=inside), num_warps=4)
+        SPLIT=split, FORMAT=fid, G=G, STATIC=False, QMAX=qmax, STAGES=stages, INSIDE=inside, SCALE_ONCE=scale_once), num_warps=4)
     r = resources(k)
     ptx = k.asm["ptx"]
-    return dict(vars(r), m=m, p=p, split=split, format=fmt, stages=stages, inside=inside, wgmma=ptx.count("wgmma.mma_async"),
+    return dict(vars(r), **sass_count(k), m=m, p=p, split=split, format=fmt, stages=stages, inside=inside,
+                scale_once=scale_once, wgmma=ptx.count("wgmma.mma_async"),
                 tma="cp.async.bulk.tensor" in ptx, shared_meta=k.metadata.shared)
 
 
@@ -46,6 +53,7 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--json", default="")
+    ap.add_argument("--scale-once", default="0", help="comma list of 0/1")
     ap.add_argument("--inside", default="0", help="comma list of 0/1")
     a = ap.parse_args()
     res = []
@@ -53,7 +61,11 @@ def main():
         if a.only and a.only not in (str(m * p), f"{m * p}/{split}"):
             continue
         for fmt, inside in [(f, i == "1") for f in a.formats.split(",") for i in a.inside.split(",")]:
-            r = compile_one(m, p, split, fmt, inside=inside)
+            for so in a.scale_once.split(","):
+                r = compile_one(m, p, split, fmt, inside=inside, scale_once=so == "1")
+                print(json.dumps(r), flush=True)
+                res.append(r)
+            continue
             print(json.dumps(r), flush=True)
             res.append(r)
     if a.json:

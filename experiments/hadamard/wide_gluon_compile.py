@@ -17,7 +17,25 @@ FORMATS = {"fp8_e4m3": (0, 0, 448.0, False), "int8": (2, 0, 127.0, False), "mxfp
            "store": (7, 0, 1.0, False)}
 
 
-def compile_one(m, p, fmt, stages=2, rows=1 << 14):
+def sass_count(k):
+    """The kernel's SASS instructions (cuobjdump -sass of its cubin): all, and the conversions / shuffles among them."""
+    import re
+    import subprocess
+    import tempfile
+
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as fh:
+            fh.write(k.asm["cubin"])
+        tool = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "cuobjdump")
+        out = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", out)
+    return {"sass": len(ops), "sass_shfl": sum(o.startswith("SHFL") for o in ops),
+            "sass_sync": sum(o.startswith(("BAR", "SYNCS")) for o in ops)}
+
+
+def compile_one(m, p, fmt, stages=2, rows=1 << 14, scale_once=False):
     import torch
 
     from tilecore.ops.hadamard import gluon_quantize_wide as g
@@ -35,10 +53,10 @@ def compile_one(m, p, fmt, stages=2, rows=1 << 14):
     k = compile_kernel(g.gluon_wide_quantize_kernel, dict(
         x_desc=xd, codes_desc=cd, staging_desc=sd, h_desc=hd, scales=scales, gscale=gs, amax_out=gs, rows=rows,
         stride_scales=scales.stride(0), rscale=0.01, row_counter=torch.zeros(1, dtype=torch.int32), M=m, FORMAT=fid,
-        G=G, STATIC=False, QMAX=qmax, STAGES=stages, HALVES=halves), num_warps=4)
+        G=G, STATIC=False, QMAX=qmax, STAGES=stages, HALVES=halves, SCALE_ONCE=scale_once), num_warps=4)
     r = resources(k)
     ptx = k.asm["ptx"]
-    return dict(vars(r), m=m, p=p, format=fmt, stages=stages, wgmma=ptx.count("wgmma.mma_async"),
+    return dict(vars(r), **sass_count(k), m=m, p=p, format=fmt, stages=stages, scale_once=scale_once, wgmma=ptx.count("wgmma.mma_async"),
                 tma="cp.async.bulk.tensor" in ptx, satfinite="cvt.rn.satfinite" in ptx, shared_meta=k.metadata.shared)
 
 
@@ -47,6 +65,7 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--formats", default="fp8_e4m3,int8,mxfp4,nvfp4,amax,store")
     ap.add_argument("--json", default="")
+    ap.add_argument("--scale-once", default="0", help="comma list of 0/1")
     a = ap.parse_args()
     res = []
     for m, p in ((148, 128), (172, 64)):
@@ -55,7 +74,11 @@ def main():
         for fmt in a.formats.split(","):
             if p == 128 and fmt == "int4":
                 continue  # groups of 128 span both consumers' halves: not this kernel's
-            r = compile_one(m, p, fmt)
+            for so in a.scale_once.split(","):
+                r = compile_one(m, p, fmt, scale_once=so == "1")
+                print(json.dumps(r), flush=True)
+                res.append(r)
+            continue
             print(json.dumps(r), flush=True)
             res.append(r)
     if a.json:

@@ -204,3 +204,8 @@ QUANT_GLUON_KRON_TUNING = {(28, 512): dict(split=2, inside=False), (28, 1024): d
 # 128 < m <= 192, the kron one at m <= 32 x 128..1024), (m, p) -> True. Off until a GPU run of this session: session
 # 30's run 7 measured 172 x 64 at 68.4% of copy against the wide_rows plan's 37.1 (1.84x), checked against float64
 KRON_GLUON = {}
+# session 31: the Gluon kernels' group scales (groups of 16 / 32 inside a sub-row: mxfp4, nvfp4) computed once a group
+# in a compact layout, then the reciprocals moved back (gluon_quantize_wide._scales_once; plan tuning "scale_once"), not
+# on each of the four threads of the group's quad. sm_90a SASS, 11008: nvfp4 7544 -> 6480 instructions (spills 16 ->
+# 8 B), mxfp4 5784 -> 5728 (40 -> 12 B). Keys: (format, n), else the format. Off until a GPU run times it
+QUANT_GLUON_SCALE_ONCE = {}

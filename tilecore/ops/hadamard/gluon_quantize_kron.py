@@ -26,7 +26,7 @@ then the per-token amax is the maximum of both consumers', exchanged through sha
 from triton.experimental import gluon
 
 from tilecore.ops.hadamard.gluon_quantize_wide import (AMAX, INT4, INT8, STORE, _amax, _e2m1_fast, _fp8, _group_scale,
-                                                       _max_nan, _pack, _rni)
+                                                       _max_nan, _pack, _rni, _scales_once)
 from tilecore.tiles.gluon import Layout, TileOperand, run, stage_struct, struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.hadamard import bf16_pieces
@@ -89,6 +89,7 @@ class KronQuantize:
     STATIC: gl.constexpr
     QMAX: gl.constexpr
     INSIDE: gl.constexpr  # the butterfly across blocks by the signs of the mixing (each block's own products)
+    SCALE_ONCE: gl.constexpr  # groups <= 64: each group's scale computed once (gluon_quantize_wide._scales_once)
 
     @gluon.jit
     def setup(self, tile):
@@ -299,8 +300,13 @@ class KronQuantize:
         if self.G <= BLOCK:
             GR: gl.constexpr = BLOCK // self.G  # groups a sub-row
             y3 = gl.reshape(y, [BLOCK, GR, self.G])
-            recip, stored, keep = _group_scale(_amax(y3, 2), self.gscale, self.FORMAT, self.QMAX)  # [64, GR]
-            SL: gl.constexpr = recip.type.layout
+            ga = _amax(y3, 2)  # [64, GR]
+            if self.SCALE_ONCE:
+                recip, keep, stored = _scales_once(ga, self.gscale, self.FORMAT, self.QMAX)
+                SL: gl.constexpr = stored.type.layout  # the scales' stores from the compact layout: once a group
+            else:
+                recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX)
+                SL: gl.constexpr = recip.type.layout
             r = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, SL))
             g = gl.arange(0, GR, layout=gl.SliceLayout(0, SL))
             sub = (r // 2) * self.F + 2 * q + (r % 2)
@@ -347,7 +353,7 @@ class KronQuantize:
 def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales, gscale, amax_out, rows, stride_scales,
                                rscale, row_counter, M: gl.constexpr, F: gl.constexpr, SPLIT: gl.constexpr,
                                FORMAT: gl.constexpr, G: gl.constexpr, STATIC: gl.constexpr, QMAX: gl.constexpr,
-                               STAGES: gl.constexpr, INSIDE: gl.constexpr = False):
+                               STAGES: gl.constexpr, INSIDE: gl.constexpr = False, SCALE_ONCE: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_(64 F)) x) for ``rows`` rows of 64 M F elements (module
     docstring). x_desc: (rows, M, F, 64) with [1, 32, 2, 64] boxes; codes_desc: (rows, M, F, W) bytes (W = 64, or
     32 packed; STORE: x's dtype, W = 64) with [1, 32, 2, W] boxes; staging_desc: the same with [F / (2 SPLIT), 32,
@@ -362,7 +368,7 @@ def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
         xchg = None
         xbar = None
     op = KronQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, xchg, xbar,
-                      M, F, SPLIT, FORMAT, G, STATIC, QMAX, INSIDE)
+                      M, F, SPLIT, FORMAT, G, STATIC, QMAX, INSIDE, SCALE_ONCE)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True), tile_counter=row_counter)
     NBS: gl.constexpr = (3 - SPLIT) * (F // 2)  # boxes a stage

@@ -141,6 +141,20 @@ def _group_scale(ga, gscale, FORMAT: gl.constexpr, QMAX: gl.constexpr):
 
 
 @gluon.jit
+def _scales_once(ga, gscale, FORMAT: gl.constexpr, QMAX: gl.constexpr):
+    """_group_scale of the [64, GR] group maxima computed once a group: in a layout of one or two groups a thread
+    (not each group on every thread of its quad, as the accumulator layout's reduction leaves them), then the
+    reciprocals and keep masks back in ga's layout. Returns (recip, keep in ga's layout; stored in the compact
+    layout)."""
+    SL: gl.constexpr = ga.type.layout
+    GR: gl.constexpr = ga.shape[1]
+    DL: gl.constexpr = gl.BlockedLayout([1, GR // 2], [16, 2], [gl.num_warps(), 1], [1, 0])
+    recip, stored, keep = _group_scale(gl.convert_layout(ga, DL), gscale, FORMAT, QMAX)
+    keep = gl.convert_layout(keep.to(gl.int8), SL) != 0
+    return gl.convert_layout(recip, SL), keep, stored
+
+
+@gluon.jit
 def _pack(code, ROWS: gl.constexpr, COLS: gl.constexpr):
     """[ROWS, COLS] nibbles -> [ROWS, COLS / 2] bytes, element 2i low (a thread holds each column pair)."""
     lo, hi = gl.split(gl.reshape(code, [ROWS, COLS // 2, 2]))
@@ -169,6 +183,7 @@ class WideQuantize:
     HALVES: gl.constexpr  # 2: rows of m x 128 (18944 = 148 x 128), a tile one row, consumer c its output columns 64 c..
     xchg: object  # HALVES 2: [4, 1] float32 shared (tile parity x consumer), the per-token amax exchange; else None
     xbar: object  # HALVES 2: two mbarriers (tile parity), both consumers arrive; else None
+    SCALE_ONCE: gl.constexpr  # groups <= 64: each group's scale computed once (_scales_once), not on its whole quad
 
     @gluon.jit
     def setup(self, tile):
@@ -399,8 +414,13 @@ class WideQuantize:
         if self.G <= BLOCK:
             GR: gl.constexpr = BLOCK // self.G  # groups a sub-row
             y3 = gl.reshape(y, [BLOCK, GR, self.G])
-            recip, stored, keep = _group_scale(_amax(y3, 2), self.gscale, self.FORMAT, self.QMAX)  # [64, GR]
-            SL: gl.constexpr = recip.type.layout
+            ga = _amax(y3, 2)  # [64, GR], each held by every thread holding a part of the group
+            if self.SCALE_ONCE:
+                recip, keep, stored = _scales_once(ga, self.gscale, self.FORMAT, self.QMAX)
+                SL: gl.constexpr = stored.type.layout  # the scales' stores from the compact layout: once a group
+            else:
+                recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX)
+                SL: gl.constexpr = recip.type.layout
             i = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, SL)) + J * BLOCK
             g = gl.arange(0, GR, layout=gl.SliceLayout(0, SL))
             if self.HALVES == 2:  # sub-row i holds 128 values: groups 2 GR a sub-row, this consumer's from c GR
@@ -454,7 +474,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                rscale, row_counter, M: gl.constexpr, FORMAT: gl.constexpr, G: gl.constexpr,
                                STATIC: gl.constexpr, QMAX: gl.constexpr, STAGES: gl.constexpr,
                                AHEAD: gl.constexpr = False, PINGPONG: gl.constexpr = False, PROBE: gl.constexpr = 0,
-                               HALVES: gl.constexpr = 1):
+                               HALVES: gl.constexpr = 1, SCALE_ONCE: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
@@ -475,7 +495,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
         xchg = None
         xbar = None
     op = WideQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, M, FORMAT, G,
-                      STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar)
+                      STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar, SCALE_ONCE)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),

@@ -191,7 +191,15 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         M=M, FORMAT=f.kernel_id, **({"HALVES": 2} if halves == 2 else {}), G=group or 0, STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax,
         STAGES=tuning.get("stages") or configs.QUANT_GLUON_WIDE_STAGES, PACKED=f.packed, num_warps=4,
         **({"AHEAD": True} if tuning.get("ahead") else {}), **({"PINGPONG": True} if tuning.get("pingpong") else {}),
-        **({"PROBE": tuning["probe"]} if tuning.get("probe") else {})))
+        **({"PROBE": tuning["probe"]} if tuning.get("probe") else {}), **_scale_once(fmt, n, group, tuning)))
+
+
+def _scale_once(fmt, n, group, tuning) -> dict:
+    """The Gluon kernels' SCALE_ONCE (each group's scale computed once, not on the four threads of its quad:
+    gluon_quantize_wide._scales_once) where the tuning "scale_once" or configs.QUANT_GLUON_SCALE_ONCE asks for it and
+    the groups lie inside a sub-row (16, 32)."""
+    on = tuning.get("scale_once", _by_format(configs.QUANT_GLUON_SCALE_ONCE, fmt, n, False))
+    return {"SCALE_ONCE": True} if on and group in (16, 32) else {}
 
 
 def gluon_kron_tuning(m: int, p: int, tuning: dict) -> tuple[int, bool]:
@@ -226,7 +234,7 @@ def _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
     return QuantizePlan("gluon_kron", grid=(grid,), rscale=rscale, config=dict(
         M=M, F=P // 64, SPLIT=split, INSIDE=inside, FORMAT=f.kernel_id, G=group or 0,
         STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, STAGES=tuning.get("stages") or configs.QUANT_GLUON_KRON_STAGES,
-        PACKED=f.packed, num_warps=4))
+        PACKED=f.packed, num_warps=4, **_scale_once(fmt, n, group, tuning)))
 
 
 def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms, interpret,
