@@ -53,6 +53,7 @@ BASED = {
     "feat_alu 3 stages": dict(feat_alu=1, stages=3),
     "feat_alu 2 (Q K^T early)": dict(feat_alu=2),
     "feat_alu 2, 3 stages": dict(feat_alu=2, stages=3),
+    "feat_alu 3 (P under the chain)": dict(feat_alu=3),
 }
 # (label, B, N, H, Dv, h0, dtype)
 BASED_CHECKS = [("bf16 h0 N 1000", 2, 1000, 4, 64, True, "bf16"), ("fp16 v128 N 77", 1, 77, 2, 128, False, "fp16"),

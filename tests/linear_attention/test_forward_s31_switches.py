@@ -35,7 +35,7 @@ def test_off_unless_asked_and_the_kernel_defaults_off():
     assert args["SEL_REG"] is True and args["PHIQ_REG"] is True and args["SEL_ASYNC"] == 3
     params = inspect.signature(gluon_based.based_fwd_gluon_kernel.fn).parameters
     assert params["SEL_REG"].default is False and params["PHIQ_REG"].default is False
-    assert params["FEAT_ALU"].default == 0 and configs.GLUON_BASED_FEAT_ALU in (0, 1, 2)
+    assert params["FEAT_ALU"].default == 0 and configs.GLUON_BASED_FEAT_ALU in (0, 1, 2, 3)
     assert configs.GLUON_BASED_SEL_REG in (False, True) and configs.GLUON_BASED_PHIQ_REG in (False, True)
 
 
@@ -144,5 +144,7 @@ def test_sel_reg_phiq_reg_compile_for_sm90a_at_3_stages():
 
 def test_feat_alu_compiles_for_sm90a_without_spilling_in_the_walk():
     assert _compile(CODE_ALU.format(states=False, stages=2))["spill_bytes"] == 0
-    assert _compile(CODE_ALU.replace("feat_alu=True", "feat_alu=2").format(states=False, stages=2))["spill_bytes"] == 0
+    for mode in (2, 3):
+        assert _compile(CODE_ALU.replace("feat_alu=True", f"feat_alu={mode}").format(states=False, stages=2))[
+            "spill_bytes"] == 0
     assert _compile(CODE_ALU.format(states=True, stages=3))["spill_bytes"] <= 3584

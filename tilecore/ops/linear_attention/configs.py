@@ -181,7 +181,8 @@ GLUON_BASED_PHIQ_REG = False
 # linear features and the constant in the diagonal blocks' lower triangles: gluon_based.feature_pairs_alu), no
 # selection wgmmas (20 a chunk a consumer, 1.3 of the chunk's 4.6 MFLOP) and no selection reads. Session 31:
 # compiled for sm_90a, off until gpu_forward_s31.py checks and times it on the H100. 2: with Q K^T issued async
-# before the features (the tensor cores run it under their ALU work). 0: off
+# before the features (the tensor cores run it under their ALU work); 3: as 2, and phi_q S and the update issued
+# before P is made (P V after them). 0: off
 GLUON_BASED_FEAT_ALU = 0
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,

@@ -139,8 +139,9 @@ class BasedForward:
     PHIQ_REG: gl.constexpr  # (with SEL_ASYNC 3 and CHAIN) phi_q kept in registers: each piece the A operand of
     # o's phi_q S wgmma (K = 32), issued async as soon as the piece is made (under the next selections), no
     # phi_q buffer in shared memory (40 KB free: 3 stages fit)
-    FEAT_ALU: gl.constexpr  # (1, 2) the features by the CUDA cores, no selection wgmmas (``features_alu``); 2: Q K^T
-    # issued async before them (the tensor cores run it under the features' ALU work). The kernel's
+    FEAT_ALU: gl.constexpr  # (1, 2, 3) the features by the CUDA cores, no selection wgmmas (``features_alu``); 2: Q K^T
+    # issued async before them (the tensor cores run it under the features' ALU work); 3: as 2, and phi_q S and the
+    # update issued before P is made (P V after them, one wait). The kernel's
     # features in ``feature_pairs(alu=True)``'s order; phiq_main / phiq_tail [2, 2 BT, .] hold each consumer's phi_q
     # rows, then its phi_k rows
     XL3: gl.constexpr  # FEAT_ALU: [2 (q, k), BT, 16] a thread a row of q or k
@@ -468,7 +469,7 @@ class BasedForward:
             qx = q.load(self.QL)
             kx = k.load(self.QL)
         if self.FEAT_ALU:
-            if self.FEAT_ALU == 2:  # Q K^T on the tensor cores while the CUDA cores make the features
+            if self.FEAT_ALU >= 2:  # Q K^T on the tensor cores while the CUDA cores make the features
                 s_early = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL),
                                         use_acc=False, is_async=True)
             self.features_alu(q, k, both, both_t)
@@ -504,6 +505,19 @@ class BasedForward:
                 self.features_single(k, sel_a, sel_b, phik_t, 2, False)
         fence_async_shared()
         gl.thread_barrier()
+
+        if self.FEAT_ALU == 3:  # phi_q S and the update in flight while P is made, then P V: one wait
+            zero_o = gl.zeros([self.BT, self.BV], gl.float32, self.SL)
+            o = warpgroup_mma(phiq, S_smem.permute((1, 0)), zero_o, use_acc=False, is_async=True)
+            o = warpgroup_mma(phiq_t, T_smem.permute((1, 0)), o, is_async=True)
+            S = warpgroup_mma(v.permute((1, 0)), phik, walk.S, is_async=True)
+            T = warpgroup_mma(v.permute((1, 0)), phik_t, walk.T, is_async=True)
+            s = warpgroup_mma_wait(4, deps=(s_early,))  # Q K^T, issued first
+            p = self.intra_scores(s, dtype)
+            o = warpgroup_mma(p, v, o, is_async=True)
+            o, S, T = warpgroup_mma_wait(0, deps=(o, S, T))
+            store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
+            return BasedWalk(S, T)
 
         # intra-chunk: P = mask(1 + s + s^2 / 2), s = scale Q K^T
         if self.PROBE & PROBE_NO_INTRA:
@@ -555,6 +569,15 @@ class BasedForward:
         else:
             store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
         return BasedWalk(S, T)
+
+    @gluon.jit
+    def intra_scores(self, s, dtype: gl.constexpr):
+        """P = mask(1 + s' + s'^2 / 2), s' = scale s, as the register operand of P V (FEAT_ALU 3)."""
+        s = s * self.scale
+        rows = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SL))
+        cols = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
+        causal = gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)
+        return gl.convert_layout(gl.where(causal, 1.0 + s + 0.5 * s * s, 0.0).to(dtype), self.PL)
 
     @gluon.jit
     def wait(self, ctx, walk):
