@@ -98,8 +98,10 @@ GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_on
            (32, 64, 2, False, True, 0, True, 1, 4, True, False, 1), (32, 64, 2, False, True, 0, 2, 1, 4, True, False, 2),
            (32, 64, 2, False, True, 0, 2, 1, 4, True, True, 3)],
     2048: [GLUON_ONEPASS[2048], (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 2)],
+    # A 13th, YALIAS (chunked, TMA): y's box is the ring slot its pair's u came in, 16 KiB a walker less: KPRE 2 at
+    # chunks of 32 in 218 KiB (255, 4 B of spill)
     4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1),
-           (128, 64, 1, True, True, 16, 2, 2, 4, True, False, 2), (128, 64, 1, True, True, 16, 2, 2, 4, True, False, 1)],
+           (128, 64, 1, True, True, 16, 2, 2, 4, True, False, 2), (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 2, True)],
 }
 # candidates the GPU check times per N: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]); loop: groups
 # of pairs a program runs (one program for LOOP groups of one channel), stages: that loop's software

@@ -387,6 +387,7 @@ class PairIO:
     HALF: gl.constexpr
     B: gl.constexpr
     TMA: gl.constexpr
+    YALIAS: gl.constexpr  # y's box is the ring slot its pair's u came in (no y_smem; the next u requested later)
 
 
 @gluon.jit
@@ -416,8 +417,9 @@ def _pair_u(io, w, start, step, stop, h, b_re, seq, layout: gl.constexpr):
     if io.TMA:
         i = (w - start) // step  # this walker's pair count: the slot and its phase
         after = w + step
-        if after < stop:  # the next pair's u, under this pair's products
-            _request_u(io, after, (i + 1) % 2)
+        if not io.YALIAS:
+            if after < stop:  # the next pair's u, under this pair's products
+                _request_u(io, after, (i + 1) % 2)
         mbarrier.wait(io.u_ready.index(i % 2), (i // 2) & 1)
         pair = io.u_smem.index(i % 2).reshape([2 * io.HALF, io.B])
         xre, scale_re, bad_re = _scaled(pair.slice(0, io.HALF).permute((1, 0)).load(layout))
@@ -432,20 +434,38 @@ def _pair_u(io, w, start, step, stop, h, b_re, seq, layout: gl.constexpr):
 
 
 @gluon.jit
-def _pair_y(io, ore, oim, h, b_re, seq, layout: gl.constexpr):
+def _next_u(io, w, start, step, stop):
+    """YALIAS: the next pair's u requested into the other slot, once this walker's previous y store (that slot,
+    its y's box) has read it; called after this pair's u was read (TMA, one thread issues both: its wait orders
+    them)."""
+    if io.TMA and io.YALIAS:
+        i = (w - start) // step
+        after = w + step
+        tma.store_wait(0)
+        if after < stop:
+            _request_u(io, after, (i + 1) % 2)
+
+
+@gluon.jit
+def _pair_y(io, ore, oim, w, start, step, h, b_re, seq, layout: gl.constexpr):
     """Pair (b_re, b_re + 1) of channel h's outputs (finished [B, HALF] float32 tiles: scaled, NaN where the
-    sequence was not finite) as y's dtype: TMA: transposed into y's box once the previous pair's store has read it,
-    one TMA store; else pointer stores at ``seq`` in ``layout`` (past the batch masked)."""
+    sequence was not finite) as y's dtype: TMA: transposed into y's box (YALIAS: the slot pair w's u came in) once
+    the previous pair's store has read it, one TMA store; else pointer stores at ``seq`` in ``layout`` (past the
+    batch masked)."""
     ty: gl.constexpr = io.Y.dtype.element_ty
     if io.TMA:  # [B, HALF] tiles into the pair's [2, 1, HALF, B] box, transposed, then one TMA store
+        if io.YALIAS:
+            box = io.u_smem.index(((w - start) // step) % 2)
+        else:
+            box = io.y_smem
         tma.store_wait(0)  # the previous pair's store has read y_smem
         gl.thread_barrier()
-        out = io.y_smem.reshape([2 * io.HALF, io.B])
+        out = box.reshape([2 * io.HALF, io.B])
         out.slice(0, io.HALF).permute((1, 0)).store(ore.to(ty))
         out.slice(io.HALF, io.HALF).permute((1, 0)).store(oim.to(ty))
         fence_async_shared()
         gl.thread_barrier()
-        tma.async_copy_shared_to_global(io.y_desc, [b_re, h.to(gl.int32), 0, 0], io.y_smem)
+        tma.async_copy_shared_to_global(io.y_desc, [b_re, h.to(gl.int32), 0, 0], box)
     else:
         ok = seq >= 0
         b_im = b_re + 1
@@ -564,7 +584,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     first = gl.program_id(0)
     programs = gl.num_programs(0)
     pio = PairIO(U, Y, u_desc, y_desc, u_smem, y_smem, u_ready, batch, stride_ub, stride_uh, stride_yb, stride_yh, groups,
-                 HALF, B, TMA)
+                 HALF, B, TMA, False)
     start, stop, step = _walk(first, programs, total, CONTIG)
     gl.static_assert(KPRE < 3 or CONTIG, "KPRE 3 keeps a channel's spectrum for its next pairs: a CONTIG walk")
     last_h = (start * 0 - 1).to(gl.int64)  # (KPRE 3: the previous pair's channel)
@@ -588,7 +608,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         else:  # (the pointer stores' layout first)
             ore = gl.where(bad_re, float("nan"), gl.convert_layout(ore, io) * (out_scale * scale_re))
             oim = gl.where(bad_im, float("nan"), gl.convert_layout(oim, io) * (out_scale * scale_im))
-        _pair_y(pio, ore, oim, h, b_re, seq, io)
+        _pair_y(pio, ore, oim, w, start, step, h, b_re, seq, io)
     _last_y(pio)
 
 
@@ -637,6 +657,7 @@ class ChunkedGlobals:
     TW_SFU: gl.constexpr
     CONTIG: gl.constexpr
     KPRE: gl.constexpr
+    YALIAS: gl.constexpr
 
 
 @struct
@@ -655,7 +676,7 @@ class ChunkedBuffers:
 
 @gluon.jit
 def _chunked_buffers(u_desc, y_desc, B: gl.constexpr, HALF: gl.constexpr, CHUNK: gl.constexpr, TMA: gl.constexpr,
-                     KPRE: gl.constexpr):
+                     KPRE: gl.constexpr, YALIAS: gl.constexpr):
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, HALF], gl.float16)
     stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, CHUNK], gl.float16)
     x_re = gl.allocate_shared_memory(gl.float16, [B, HALF], x_layout)
@@ -664,7 +685,11 @@ def _chunked_buffers(u_desc, y_desc, B: gl.constexpr, HALF: gl.constexpr, CHUNK:
     tile_im = gl.allocate_shared_memory(gl.float16, [B, CHUNK], stage_layout)
     if TMA:
         u_smem = gl.allocate_shared_memory(u_desc.dtype, [2] + u_desc.block_type.shape, u_desc.layout)
-        y_smem = gl.allocate_shared_memory(y_desc.dtype, y_desc.block_type.shape, y_desc.layout)
+        if YALIAS:  # (y's box is u's slot: the same box, dtype and layout)
+            gl.static_assert(y_desc.dtype == u_desc.dtype, "YALIAS: y's box in u's ring takes u's dtype")
+            y_smem = None
+        else:
+            y_smem = gl.allocate_shared_memory(y_desc.dtype, y_desc.block_type.shape, y_desc.layout)
         u_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(u_ready.index(0), count=1)
         mbarrier.init(u_ready.index(1), count=1)
@@ -683,7 +708,8 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
                                   CONJ: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
                                   WORKER_REGS: gl.constexpr = 240, PROBE: gl.constexpr = 0,
-                                  TW_SFU: gl.constexpr = False, CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0):
+                                  TW_SFU: gl.constexpr = False, CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0,
+                                  YALIAS: gl.constexpr = False):
     """fft_conv_gluon_onepass_kernel's convolution (same arguments) for larger A (N = 4096: A = 128), the
     tile's k_a columns CHUNK at a time: stages 1..3' are column-wise (x @ F_A[:HALF, chunk], the twiddles,
     F_B @ R, the spectrum and conj(F_B) @ Y act on each column alone), so a pair's registers hold one
@@ -697,7 +723,9 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     (one wait a complex product). WARPGROUPS 2: two warpgroups (4 + 4 warps, gl.warp_specialize) walk
     alternate pairs with buffers of their own, sharing the resident matrices (two pairs in flight a
     multiprocessor where one program's shared memory leaves room for one program only); WORKER_REGS:
-    the second one's registers."""
+    the second one's registers. YALIAS (TMA, session 31): y's box is the ring slot its pair's u came in (16 KiB a
+    walker less: room for KPRE 2 at chunks of 32), the next pair's u requested once the pair's x is in shared
+    memory and the previous y store has read that slot."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
     HALF: gl.constexpr = A // 2
@@ -717,15 +745,15 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     fbnim = _resident(FBIM, B, B, B, 0, True, table)
     g = ChunkedGlobals(U, K, Y, TFRE, TFIM, batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                        u_desc, y_desc, fare, faim, fanim, fbre, fbim, fbnim, A, B, CHUNK, TMA, RFFT, CONJ,
-                       PROBE, TW_SFU, CONTIG, KPRE)
-    first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE)
+                       PROBE, TW_SFU, CONTIG, KPRE, YALIAS)
+    first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS)
     if WARPGROUPS == 1:
         fence_async_shared()
         gl.thread_barrier()
         _chunked_walk(g, first, 0, 1)
     else:
         gl.static_assert(WARPGROUPS == 2, "WARPGROUPS is 1 or 2")
-        second = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE)
+        second = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS)
         fence_async_shared()
         gl.thread_barrier()
         gl.warp_specialize([(_chunked_walk, (g, first, 0, 2)), (_chunked_walk, (g, second, 1, 2))], [4],
@@ -792,7 +820,7 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     first = gl.program_id(0) * PARTS + part
     programs = gl.num_programs(0) * PARTS
     pio = PairIO(U, Y, u_desc, y_desc, u_smem, y_smem, u_ready, batch, stride_ub, stride_uh, stride_yb, stride_yh, groups,
-                 HALF, B, TMA)
+                 HALF, B, TMA, g.YALIAS)
     start, stop, step = _walk(first, programs, total, g.CONTIG)
     _first_u(pio, start, stop)
     for w in range(start, stop, step):
@@ -808,6 +836,7 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
         running = scale_re * 0.0  # the output's scale so far (0: nothing yet)
         fence_async_shared()
         gl.thread_barrier()
+        _next_u(pio, w, start, step, stop)  # (YALIAS: the next pair's u, now that this one's is read)
         for j in range(CHUNKS):  # (a loop, not unrolled: unrolled, every chunk's table loads went up front)
             # out += D_c @ conj(F_A)[chunk, :HALF] = D_c @ conj(F_A[:HALF, chunk])^T (F_A is symmetric)
             kpre = _spectrum_issue(st, spectrum, tab + j * CHUNK)  # (KPRE: under the chunk's stages 1-3)
@@ -819,6 +848,6 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
                                                 running, zeros, lhs_out, True)
         ore = gl.where(bad_re, float("nan"), ore * (running * scale_re / L))
         oim = gl.where(bad_im, float("nan"), oim * (running * scale_im / L))
-        _pair_y(pio, ore, oim, h, b_re, seq, io)
+        _pair_y(pio, ore, oim, w, start, step, h, b_re, seq, io)
     _last_y(pio)
 

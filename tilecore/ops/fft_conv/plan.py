@@ -55,11 +55,12 @@ class Plan:
     tw_sfu: bool = False  # "gluon": the twiddles computed (cos/sin.approx), not read from the (B, A) table
     contig: bool = False  # "gluon": each walker takes a contiguous block of pairs (one channel's in a row)
     kpre: int = 0  # "gluon": the spectrum requested before a block's stage 1 (1 registers, 2 cp.async, 3 kept a channel)
+    yalias: bool = False  # "gluon", chunked with TMA: y's box is the ring slot its pair's u came in
 
 
 def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool = False, chunk: int = 0,
                rfft: bool = False, warpgroups: int = 1, warps: int = 4, tw_sfu: bool = False,
-               contig: bool = False, kpre: int = 0) -> Plan:
+               contig: bool = False, kpre: int = 0, yalias: bool = False) -> Plan:
     """The Gluon one-pass kernel (gluon_onepass.py): 2N = a b, b = 64; ``per_sm`` persistent programs a
     multiprocessor (0: one program a pair of sequences); ``async_mma``, ``tma``: its ASYNC and TMA (TMA
     where u and y are describable: else pointer loads); ``chunk`` > 0: the chunked kernel (always ASYNC),
@@ -71,7 +72,10 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
     walker takes a contiguous block of pairs (a channel's pairs in a row: its spectrum from L1), not every
     programs-th; ``kpre`` (session 31): a block's spectrum bins requested before its stage 1, their L2
     latency under stages 1-3: 1 into registers, 2 by cp.async into shared memory (``rfft`` 2), 3 as 2 but
-    kept for a channel's next pairs (the whole-tile kernel on a ``contig`` walk)."""
+    kept for a channel's next pairs (the whole-tile kernel on a ``contig`` walk); ``yalias`` (chunked, with TMA):
+    y's box is the ring slot its pair's u came in (16 KiB a walker less: KPRE 2 at chunks of 32 fits)."""
+    if yalias and not (chunk and tma):
+        raise ValueError("the Gluon one-pass kernel's YALIAS (y's box in u's ring) is the chunked kernel's, with TMA")
     if kpre not in (0, 1, 2, 3) or (kpre >= 2 and rfft != 2) or (kpre == 3 and (chunk or not contig)):
         raise ValueError(f"the Gluon one-pass kernel's spectrum prefetch is 0..3 (2, 3 with rfft 2; 3 whole-tile on a "
                          f"contiguous walk); got {kpre} (rfft {rfft}, chunk {chunk}, contig {contig})")
@@ -87,7 +91,8 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
         raise ValueError(f"the Gluon one-pass kernel takes 2N = a x 64 with a = 32 or 64 (N = 1024, 2048; the "
                          f"chunked one to 4096); got {a} x {b}")
     return Plan("gluon", n1=a, n2=b, n3=1, num_warps=warps, per_sm=per_sm, kfull=True, async_mma=async_mma or chunk > 0,
-                tma=tma, chunk=chunk, rfft=rfft, warpgroups=warpgroups, tw_sfu=tw_sfu, contig=contig, kpre=kpre)
+                tma=tma, chunk=chunk, rfft=rfft, warpgroups=warpgroups, tw_sfu=tw_sfu, contig=contig, kpre=kpre,
+                yalias=yalias)
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:

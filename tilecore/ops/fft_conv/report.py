@@ -53,7 +53,7 @@ def mono_variant(a: int, b: int, c: int, loop: int, warps: int, permute: bool = 
 def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma: bool = False,
                   chunk: int = 0, rfft: bool = False, warpgroups: int = 1,
                   warps: int = 4, tw_sfu: bool = False, contig: bool = False,
-                  kpre: int = 0) -> tuple[str, object, dict, int, bool]:
+                  kpre: int = 0, yalias: bool = False) -> tuple[str, object, dict, int, bool]:
     """The one-pass kernel in Gluon (gluon_onepass.fft_conv_gluon_onepass_kernel) at one configuration
     (per_sm: the grid only, not the compile)."""
     import torch
@@ -74,10 +74,10 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
         args["u_desc"], args["y_desc"] = gluon_descriptors(rows, rows, a, b)
     extra = (", async" if async_mma else "") + (", TMA" if tma else "") + (", rfft" if rfft else "") + (
         ", twiddles computed" if tw_sfu else "") + (", contiguous walk" if contig else "") + (
-        f", spectrum prefetch {kpre}" if kpre else "")
+        f", spectrum prefetch {kpre}" if kpre else "") + (", y in u's ring" if yalias else "")
     if chunk:
         del args["ASYNC"]
-        args.update(CHUNK=chunk, WARPGROUPS=warpgroups, WORKER_REGS=248)
+        args.update(CHUNK=chunk, WARPGROUPS=warpgroups, WORKER_REGS=248, YALIAS=yalias)
         return (f"fft_conv gluon N{n} ({a}x{b}, chunks of {chunk}{extra.replace(', async', '')}, {4 * warpgroups} warps)",
                 gluon_onepass.fft_conv_gluon_chunked_kernel, args, 4, True)
     return (f"fft_conv gluon N{n} ({a}x{b}{extra}, {warps} warps)",
