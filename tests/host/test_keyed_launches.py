@@ -105,6 +105,31 @@ def test_descriptor_positions_take_tensors_and_launch_their_tma_operands(gpu_lik
         assert type(args[2]) is TmaOperand and args[2].base is y and args[0] is x
 
 
+def _tiny_desc(x_ptr, n, BLOCK: tl.constexpr, y_desc=None, FLAG: tl.constexpr = False):
+    pass
+
+
+def test_a_derived_descriptor_goes_by_keyword_then_in_its_place(monkeypatch):
+    monkeypatch.setattr(launch.dispatch, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    compiled = Compiled()
+    compiled.src.signature = {p: None for p in inspect.signature(_tiny_desc).parameters}
+    cached = CachedLaunch(JITFunction(_tiny_desc))
+    jit_calls = []
+    monkeypatch.setattr(cached, "_jit_launch", lambda grid, args, kwargs: jit_calls.append((args, kwargs)) or compiled)
+    bound = KeyedLaunch(cached, ("call", 5), (2,), dict(BLOCK=16, FLAG=True),
+                        derived={"y_desc": (0, lambda t: TmaOperand(t, [8]))})
+    x = torch.zeros(16)
+    for _ in range(3):  # the JIT launch, the keyed hit, the kept launch
+        bound((x, 16))
+    (args, kwargs), = jit_calls
+    assert type(kwargs["y_desc"]) is TmaOperand and kwargs["y_desc"].base is x and kwargs["FLAG"] is True
+    (_, hit_args), (_, kept_args) = compiled.calls
+    assert len(hit_args) == len(kept_args) == 5 and kept_args[1:3] == (16, 16) and kept_args[4] is True
+    for a in (hit_args, kept_args):
+        assert type(a[3]) is TmaOperand and a[3].base is x and a[3].block_shape == [8]
+
+
 def test_a_key_is_required():
     with pytest.raises(ValueError, match="launch key"):
         KeyedLaunch(CachedLaunch(JITFunction(_tiny)), None, (1,), {})
@@ -393,4 +418,60 @@ def test_varlen_recipe_launches_what_the_general_path_launches(monkeypatch, rank
             else:
                 assert a == b
     for cache in (varlen_op._GLUON_FORWARD_LAYOUTS, varlen_op._GLUON_FORWARDS):
+        cache.clear()
+
+
+# ---- fft_conv's Gluon kernel by its per-key recipe (the launches recorded: Gluon cannot be interpreted)
+
+
+def test_fft_conv_recipe_launches_what_the_general_path_launches(monkeypatch):
+    from tilecore import dispatch
+    from tilecore.ops.fft_conv import launch as conv_launch
+    from tilecore.ops.fft_conv import op as fft_op
+    from tilecore.ops.fft_conv import plan as conv_plan
+
+    calls = []
+
+    class Recorder:  # CachedLaunch's run and keyed (nothing kept: every launch through run)
+        keyed = launch.LRU(4)
+
+        def run(self, key, grid, args, kwargs):
+            calls.append((key, grid, args, kwargs))
+
+    monkeypatch.setattr(conv_launch, "CONV_GLUON", Recorder())
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
+    gluon = conv_plan.gluon_plan(32, 64, 3, True, True, 0, True)
+    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype: gluon)
+    monkeypatch.setattr(fft_op, "signature", _cpu_signature)
+    for cache in (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, conv_launch._GLUON_LAUNCHES):
+        cache.clear()
+    torch.manual_seed(5)
+    B, H, n = 4, 2, 1024
+    inputs = [(torch.randn(B, H, n).to(torch.bfloat16), torch.randn(H, 300)) for _ in range(3)]
+    for u, k in inputs:
+        fft_op.fft_conv(u, k)
+    assert len(fft_op._GLUON_CONVS) == 1 and next(iter(fft_op._GLUON_CONVS._data.values()))[0]
+    keyed = calls[:]
+    monkeypatch.setattr(fft_op, "signature", lambda *items: None)
+    for u, k in inputs:
+        fft_op.fft_conv(u, k)
+    plain = calls[len(keyed):]
+    for (u, k), (key0, grid0, args0, kw0), (key1, grid1, args1, kw1) in zip(inputs, plain, keyed):
+        assert key0 is None and key1[1:] == (False, False)
+        assert tuple(grid0) + (1,) * (3 - len(grid0)) == tuple(grid1) + (1,) * (3 - len(grid1))
+        assert len(args0) == len(args1) and args1[0] is u and set(kw0) == set(kw1)
+        for a, b in zip(args0, args1):
+            if isinstance(a, torch.Tensor):
+                assert a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+                assert a is args0[2] or torch.equal(a, b)  # (y: fresh each call)
+            else:
+                assert a == b
+        for name in kw0:
+            a, b = kw0[name], kw1[name]
+            if isinstance(a, launch.TmaOperand):
+                assert (a.shape, a.strides, a.block_shape, a.layout) == (b.shape, b.strides, b.block_shape, b.layout)
+                assert (a.base is u) == (b.base is u)
+            else:
+                assert a == b
+    for cache in (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, conv_launch._GLUON_LAUNCHES):
         cache.clear()

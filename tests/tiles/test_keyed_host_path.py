@@ -426,6 +426,7 @@ def test_fft_conv_keyed_reads_the_new_filter_each_call(monkeypatch):
     call's values (two filters of one signature give their own results, as the plain calls do)."""
     fft_op._CHECKED.clear()
     fft_op._PLANS.clear()
+    fft_op._GLUON_CONVS.clear()
     torch.manual_seed(8)
     u = torch.randn(1, 2, 64, dtype=torch.float16)
     filters = [torch.randn(2, 16) for _ in range(2)]
@@ -441,6 +442,7 @@ def test_fft_conv_keyed_reads_the_new_filter_each_call(monkeypatch):
         fft_op.fft_conv(u, torch.randn(2, 65))
     fft_op._CHECKED.clear()
     fft_op._PLANS.clear()
+    fft_op._GLUON_CONVS.clear()
 
 
 def test_fft_conv_kernels_launched_by_key_as_the_plain_calls(keyed, monkeypatch):
@@ -450,6 +452,7 @@ def test_fft_conv_kernels_launched_by_key_as_the_plain_calls(keyed, monkeypatch)
     filter's values read each call."""
     fft_op._CHECKED.clear()
     fft_op._PLANS.clear()
+    fft_op._GLUON_CONVS.clear()
     torch.manual_seed(12)
     n = 256
     base = torch.randn(3 * 2 * n + 1, dtype=torch.float16)
@@ -473,6 +476,7 @@ def test_fft_conv_kernels_launched_by_key_as_the_plain_calls(keyed, monkeypatch)
     assert len(keyed) == 5
     fft_op._CHECKED.clear()
     fft_op._PLANS.clear()
+    fft_op._GLUON_CONVS.clear()
 
 
 def test_ranked_work_table_is_the_sorted_table():

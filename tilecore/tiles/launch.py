@@ -311,42 +311,49 @@ class KeyedLaunch:
     ``operands``: {position in args: a function making that TMA descriptor's TmaOperand of the tensor there}, for a
     Gluon kernel whose descriptors' views the key fixes (their shapes, strides and boxes: functions of the key's
     inputs). Those positions then take the tensor itself; a kept launch encodes each descriptor once per base
-    address (no TmaOperand made, nothing but the address looked up: direct_launch's ``operands``).
+    address (no TmaOperand made, nothing but the address looked up: direct_launch's ``operands``). ``derived``:
+    {name of a descriptor parameter after args: (position in args of its tensor, the function making its
+    TmaOperand)}, for descriptors a kernel takes by keyword (fft_conv's u_desc of its U).
 
     A launch on another device than the kept one, under a launch hook (a profiler's), or of a kernel the fast path
     cannot call goes through ``kernel.run`` as before. :data:`BIND_KEYED_LAUNCHES` False: every launch through
     ``kernel.run`` (host_time.py times both ways in one process)."""
 
-    __slots__ = ("kernel", "key", "grid", "kwargs", "operands", "_hit")
+    __slots__ = ("kernel", "key", "grid", "kwargs", "operands", "derived", "_hit")
 
-    def __init__(self, kernel: CachedLaunch, key, grid, kwargs: dict, operands: dict | None = None):
+    def __init__(self, kernel: CachedLaunch, key, grid, kwargs: dict, operands: dict | None = None,
+                 derived: dict | None = None):
         if key is None:
             raise ValueError("KeyedLaunch needs a launch key")
-        self.kernel, self.key, self.kwargs, self.operands = kernel, key, kwargs, operands or None
+        self.kernel, self.key, self.kwargs = kernel, key, kwargs
+        self.operands, self.derived = operands or None, derived or None
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
-        # (device, number of args, compiled, direct launch or None, constexpr tail); None: not found yet; False:
-        # never (a keyword argument that is not a constexpr)
+        # (device, number of args, compiled, direct launch or None, constexpr tail, (position in the launch's
+        # arguments, position in args) of each derived descriptor, {position: TmaOperand maker} over the launch's
+        # arguments); None: not found yet; False: never (a keyword argument that is not a constexpr)
         self._hit = None
 
     def __call__(self, args: tuple):
         hit = self._hit
         if hit and BIND_KEYED_LAUNCHES and len(args) == hit[1] and hit[0] == _current_cuda_device():
             ordered = [*args, *hit[4]]
+            for position, source in hit[5]:
+                ordered[position] = args[source]
             if hit[3] is None or _launch_hooks():
-                hit[2][self.grid](*self._described(ordered))
+                makers = hit[6]
+                hit[2][self.grid](*(makers[i](a) if i in makers else a for i, a in enumerate(ordered)))
             else:
                 hit[3](self.grid, ordered)
             return hit[2]
-        compiled = self.kernel.run(self.key, self.grid, tuple(self._described(args)), self.kwargs)
+        kwargs = self.kwargs
+        if self.derived is not None:
+            kwargs = dict(kwargs, **{name: make(args[source]) for name, (source, make) in self.derived.items()})
+        operands = self.operands or {}
+        compiled = self.kernel.run(self.key, self.grid,
+                                   tuple(operands[i](a) if i in operands else a for i, a in enumerate(args)), kwargs)
         if hit is None:
             self._bind(args)
         return compiled
-
-    def _described(self, args):
-        """``args`` with a TmaOperand at each of ``operands``' positions."""
-        if self.operands is None:
-            return args
-        return [self.operands[i](a) if i in self.operands else a for i, a in enumerate(args)]
 
     def _bind(self, args) -> None:
         entry = self.kernel.keyed.get(self.key)  # (compiled, direct, device, tail): kept by launch_keyed
@@ -354,17 +361,23 @@ class KeyedLaunch:
             return
         compiled, direct, device, _ = entry
         constexpr_flags, named = self.kernel._signature or self.kernel._load_signature()
-        tail = [self.kwargs.get(name, default) for name, default in named[len(args):]]
-        # a parameter after args that is not a constexpr may only be absent (None): a value there would be per call
+        names = [name for name, _ in named[len(args):]]
+        derived = self.derived or {}
+        if any(name not in names for name in derived):
+            self._hit = False
+            return
+        tail = [None if name in derived else self.kwargs.get(name, default) for name, default in named[len(args):]]
+        # a parameter after args that is not a constexpr may only be absent (None) or derived: a value there would
+        # be per call
         if any(not constexpr and value is not None for constexpr, value in zip(constexpr_flags[len(args):], tail)):
             self._hit = False
             return
-        if self.operands is not None and direct is not None:  # descriptors encoded per base address
-            direct = direct_launch(compiled, self.operands)
-            if direct is None:  # (not the launcher direct_launch knows: the runner, with TmaOperands)
-                self._hit = (device, len(args), compiled, None, tail)
-                return
-        self._hit = (device, len(args), compiled, direct, tail)
+        placed = tuple((len(args) + names.index(name), source) for name, (source, _) in derived.items())
+        makers = dict(self.operands or {})
+        makers.update({position: derived[names[position - len(args)]][1] for position, _ in placed})
+        if makers and direct is not None:  # descriptors encoded per base address
+            direct = direct_launch(compiled, makers)  # (None: not the launcher it knows: the runner, TmaOperands)
+        self._hit = (device, len(args), compiled, direct, tail, placed, makers)
 
 
 # KeyedLaunch's kept launches (session 31); False: each through CachedLaunch.run, looked up by key

@@ -7,7 +7,8 @@ from tilecore import dispatch
 from tilecore.ops.fft_conv import launch
 from tilecore.ops.fft_conv.plan import dk_config, plan
 from tilecore.tiles import eager
-from tilecore.tiles.launch import LRU, signature
+from tilecore.tiles import launch as tiles_launch
+from tilecore.tiles.launch import LRU, KeyedLaunch, TmaOperand, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -191,6 +192,10 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     Differentiable in u and in the filter k (not in a precomputed spectrum).
     """
     key = signature(u, k)
+    if key is not None and tiles_launch.BIND_KEYED_LAUNCHES:  # the Gluon kernel as the key's first call kept it
+        prepared = _GLUON_CONVS.get(key)
+        if prepared and dispatch.plain_eager(u, k):
+            return prepared(u, k)
     _CHECKED.memo(key, lambda: check(u, k) or True)
     # eager: the implementation, or its autograd Function where a gradient is recorded; torch.compile,
     # fake tensors, modes: the ops
@@ -199,5 +204,53 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
             return _conv_impl(u, k, False, key=key)
         return eager.run(_spectrum_op, _conv_impl, _SpectrumFunction, u, k, False, key=key)
     if dispatch.plain_eager(u, k):
-        return _conv_impl(u, filter_spectrum(k, u.shape[-1]), False, key=key)
+        y = _conv_impl(u, filter_spectrum(k, u.shape[-1]), False, key=key)
+        if key is not None and tiles_launch.BIND_KEYED_LAUNCHES and key not in _GLUON_CONVS:
+            _GLUON_CONVS.put(key, _GluonConv.of(key, u, k, y))
+        return y
     return eager.run(_filter_op, _filter_impl, _FilterFunction, u, k, key=key)
+
+
+class _GluonConv:
+    """fft_conv's plain eager call of a filter k by the Gluon one-pass kernel, for one signature (session 31, issue
+    31's host time): the kernel's KeyedLaunch (u's and y's TMA descriptors as u and y: KeyedLaunch's derived
+    descriptors, encoded once per address) and every argument the key fixes (the DFT tables, sizes, strides),
+    made after the key's first call; a call then computes the filter's spectrum (every call: it reads k's values),
+    allocates y and launches. ``of`` gives False for every other path (the general path serves them)."""
+
+    __slots__ = ("launch", "plan", "rows", "tail", "shape", "dtype", "device")
+
+    @classmethod
+    def of(cls, key, u, k, y):
+        p = _PLANS.get(key)
+        parts = launch._GLUON_LAUNCHES.get((key, False, False))  # (_conv_impl's launch key of a fresh spectrum)
+        if k.is_complex() or p is None or p.path != "gluon" or parts is None or u.numel() == 0:
+            return False
+        self = cls()
+        kernel, grid, tables, options, tma = parts
+        self.plan, self.rows = p, u.stride(-1) != 1  # (rows: _rows' copy, whose strides the key fixes too)
+        u = _rows(u)
+        B, H, N = u.shape
+        spectrum = launch.gluon_spectrum(p, filter_spectrum(k, N), False)
+        self.tail = (*tables, B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), spectrum.stride(0))
+        derived = None
+        if tma:  # (launch.gluon_operands' views)
+            half, b = p.n1 // 2, p.n2
+            u_view = ([B, H, half, b], [u.stride(0), u.stride(1), b, 1])
+            y_view = ([B, H, half, b], [y.stride(0), y.stride(1), b, 1])
+            derived = {"u_desc": (0, lambda t: TmaOperand(t, [2, 1, half, b], *u_view)),
+                       "y_desc": (2, lambda t: TmaOperand(t, [2, 1, half, b], *y_view))}
+        self.launch = KeyedLaunch(kernel, (key, False, False), grid, options, derived=derived)
+        self.shape, self.dtype, self.device = tuple(y.shape), y.dtype, y.device
+        return self
+
+    def __call__(self, u, k) -> torch.Tensor:
+        if self.rows:
+            u = u.contiguous()
+        spectrum = launch.gluon_spectrum(self.plan, filter_spectrum(k, self.shape[-1]), False)
+        y = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        self.launch((u, spectrum, y, *self.tail))
+        return y
+
+
+_GLUON_CONVS = LRU(256)  # a plain eager call's signature -> its _GluonConv (False: the general path)
