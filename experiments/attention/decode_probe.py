@@ -105,7 +105,8 @@ def _splits(q, k, config, programs_per_sm):
     """The key ranges plan_forward's decode plan picks (plan.decode_splits), but aiming at
     ``programs_per_sm`` programs a SM instead of configs.DECODE_PROGRAMS_PER_SM."""
     from tilecore import dispatch
-    from tilecore.ops.attention import configs, plan
+    from tilecore.ops.attention import configs as attention_configs
+    from tilecore.ops.attention_decode import configs, plan
     from tilecore.tiles.launch import cdiv
 
     B, Hq, N, D = q.shape
@@ -113,7 +114,7 @@ def _splits(q, k, config, programs_per_sm):
     interpret = dispatch.interpreted(q.device)
     block_n = (config or configs.decode_config(D, interpret))["BLOCK_N"]
     row_blocks = cdiv(N * (Hq // Hkv), plan.tile_rows(N, Hq // Hkv))
-    sms = configs.INTERPRETER_SMS if interpret else dispatch.num_sms(q.device)
+    sms = attention_configs.INTERPRETER_SMS if interpret else dispatch.num_sms(q.device)
     return plan.decode_splits(B * Hkv * row_blocks, Nk, block_n, programs_per_sm * sms, configs.DECODE_MIN_SPLIT_KEYS)
 
 

@@ -7,7 +7,7 @@ code alone (as port_resources.py does for the Gluon kernels):
     python experiments/tiles/ptx_compare.py /tmp/tl_old /tmp/tl_new
 
 Variants: head dims 64 and 128 with configs.forward_config's blocks, no mask, causal, a window, and
-a softcap; decode merged (one split) and split.
+a softcap; decode merged (one split) and split, and the merge of the splits.
 """
 import argparse
 import os
@@ -25,6 +25,10 @@ def main():
     import torch
 
     from tilecore.ops.attention import kernels_tl
+    try:  # the split-key kernels: tilecore.ops.attention_decode since session 31 (issue 30), attention's before
+        from tilecore.ops.attention_decode import kernels_tl as decode_kernels
+    except ModuleNotFoundError:
+        decode_kernels = kernels_tl
     from tilecore.ops.attention.configs import forward_config
     from tilecore.tiles.compile import compile_kernel
 
@@ -65,7 +69,10 @@ def main():
                     svd=sk[3], Hkv=2, N=1, Nk=4096, D=128, DV=128, GROUP=8, keys_per_split=512,
                     scale_log2e=0.1 * LOG2E, MERGED=merged, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, BLOCK_DV=128,
                     BLOCK_DK=128, **masks["plain"])
-        write(f"tl decode {'merged' if merged else 'split'}", kernels_tl.attn_fwd_split_keys, args, 4, num_stages=2)
+        write(f"tl decode {'merged' if merged else 'split'}", decode_kernels.attn_fwd_split_keys, args, 4, num_stages=2)
+    write("tl decode merge", decode_kernels.attn_merge_splits, dict(O=q, LSE=part, O_PART=part, LSE_PART=part,
+                                                                    rows_total=32, D=128, splits=8, SPLITS=8,
+                                                                    BLOCK_D=128), 4)
     return 0
 
 

@@ -16,6 +16,7 @@ from tilecore import accuracy
 from tilecore.ops.attention import attention, launch, plan
 from tilecore.ops.attention.kernels_tl import tanh_from_exp2
 from tilecore.ops.attention.reference import attention_reference
+from tilecore.ops.attention_decode import plan as decode_plan
 
 F16 = torch.float16
 NAN = float("nan")
@@ -201,7 +202,7 @@ def test_large_head_dims_forward_and_backward():
     dout = torch.randn(1, 2, 6, 288, dtype=F16)
     assert plan.plan_forward(q, k, v, True, 0.05).path == "decode"
     long_q, long_kv = torch.empty(1, 64, 600, 320, dtype=F16), torch.empty(1, 64, 600, 320, dtype=F16)
-    assert not plan.decode_fits(long_q, long_kv)
+    assert not decode_plan.decode_fits(long_q, long_kv)
     assert plan.plan_forward(long_q, long_kv, long_kv, True, 0.05).path == "decode"
     got = run_kernels(q, k, v, True, 0.05, (3, -1), 0.0, dout)
     ref = reference(q, k, v, True, 0.05, (3, -1), 0.0, dout)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tilecore import accuracy
-from tilecore.ops.attention import attention, attention_reference, configs, launch, plan
+from tilecore.ops.attention import attention, attention_reference, launch
+from tilecore.ops.attention_decode import configs, plan
 
 from attention_testing import F16, check_lse, make, reference_grads  # tests/attention
 

@@ -14,8 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TL_KERNELS = {"gemm.kernels.gemm_kernel", "hadamard.kernels.hadamard_kernel", "hadamard.butterfly.butterfly_kernel",
               "hadamard.kernels_kron.kron_kernel",
-              "attention.kernels_tl.attn_fwd", "attention.kernels_tl.attn_fwd_split_keys",
-              "attention.kernels_tl.attn_merge_splits", "attention.kernels_tl.attn_bwd_delta",
+              "attention.kernels_tl.attn_fwd", "attention_decode.kernels_tl.attn_fwd_split_keys",
+              "attention_decode.kernels_tl.attn_merge_splits", "attention.kernels_tl.attn_bwd_delta",
               "attention.kernels_tl.attn_bwd_dkdv", "attention.kernels_tl.attn_bwd_dq"}
 GLUON_KERNELS = {"gemm.gluon_kernels.gemm_kernel", "hadamard.gluon_kernels.hadamard_gluon_kernel",
                  "attention.gluon_kernels.attention_fwd_kernel", "attention.gluon_backward.attention_bwd_kernel"}
@@ -87,7 +87,7 @@ def test_every_shipped_kernel_is_compiled_for_every_full_target(sweep):
         if target == "sm_90a":  # Hopper takes the Gluon kernels where they fit (compiled by the Hopper tests)
             assert GLUON_KERNELS <= recorded, (target, recorded)
             assert {"hadamard.kernels.hadamard_kernel", "attention.kernels_tl.attn_fwd",
-                    "attention.kernels_tl.attn_fwd_split_keys", "gemm.kernels.gemm_kernel"} <= compiled
+                    "attention_decode.kernels_tl.attn_fwd_split_keys", "gemm.kernels.gemm_kernel"} <= compiled
         else:
             assert TL_KERNELS <= compiled, (target, TL_KERNELS - compiled)
             assert not recorded & GLUON_KERNELS, target  # never the NVIDIA Hopper code elsewhere

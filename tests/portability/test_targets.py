@@ -10,6 +10,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.attention import configs as attention_configs
 from tilecore.ops.attention import plan as attention_plan
+from tilecore.ops.attention_decode import configs as decode_configs
 from tilecore.ops.gemm import configs as gemm_configs
 from tilecore.ops.gemm import plan as gemm_plan
 from tilecore.ops.hadamard import configs as hadamard_configs
@@ -218,7 +219,7 @@ def test_attention_paths_and_configs(name):
         assert dec.path == "decode"
         for kind, p, default in (("forward", fwd, attention_configs.forward_config(d, False)),
                                  ("backward", bwd, attention_configs.backward_config(d, False)),
-                                 ("decode", dec, attention_configs.decode_config(d, False))):
+                                 ("decode", dec, decode_configs.decode_config(d, False))):
             if p.path == "gluon":
                 continue
             rows = fit.get(kind, {})

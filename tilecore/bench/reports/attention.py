@@ -18,7 +18,7 @@ import sys
 import torch
 
 from tilecore import dispatch
-from tilecore.ops.attention import configs, kernels_tl, launch, plan
+from tilecore.ops.attention import configs, kernels_tl, launch
 
 
 def _compile(kernel, args: dict, options: dict):
@@ -231,14 +231,18 @@ def decode_resources(d: int, group: int = 4, queries: int = 1, dv: int | None = 
     K/V loads are cp.async-pipelined (``suffix`` added to the rows' kernel names)."""
     from tilecore.tiles.compile import resources
 
+    from tilecore.ops.attention_decode import configs as decode_configs, kernels_tl as decode_kernels
+    from tilecore.ops.attention_decode.plan import tile_rows
+
     dv = d if dv is None else dv
-    cfg = configs.decode_config(max(d, dv), interpret=False)
+    cfg = decode_configs.decode_config(max(d, dv), interpret=False)
     bf16, f32 = torch.empty(64, dtype=torch.bfloat16), torch.empty(64, dtype=torch.float32)
     nk = 4096
     block_d, block_dv = kernels_tl.block_d(d), kernels_tl.block_d(dv)
-    block_dk = block_d if d <= configs.DECODE_WHOLE_HEAD_DIM else configs.DECODE_HEAD_DIM_CHUNK
-    most_rows = configs.DECODE_MAX_ROWS if dv <= configs.DECODE_WHOLE_HEAD_DIM else configs.DECODE_MAX_ROWS_LARGE_DV
-    block_m = plan.tile_rows(queries, group, most_rows)
+    block_dk = block_d if d <= decode_configs.DECODE_WHOLE_HEAD_DIM else decode_configs.DECODE_HEAD_DIM_CHUNK
+    most_rows = (decode_configs.DECODE_MAX_ROWS if dv <= decode_configs.DECODE_WHOLE_HEAD_DIM else
+                 decode_configs.DECODE_MAX_ROWS_LARGE_DV)
+    block_m = tile_rows(queries, group, most_rows)
     strides = lambda p, n, e=d: {f"{p}b": hkv * group * n * e, f"{p}h": n * e, f"{p}n": e, f"{p}d": 1}
     split_args = dict(Q=bf16, K=bf16, V=bf16, O=bf16, LSE=f32, O_PART=f32, LSE_PART=f32, **strides("sq", queries),
                       **strides("sk", nk), **strides("sv", nk, dv), Hkv=hkv, N=queries, Nk=nk, D=d, DV=dv,
@@ -250,8 +254,8 @@ def decode_resources(d: int, group: int = 4, queries: int = 1, dv: int | None = 
     options = {k: cfg[k] for k in ("num_warps", "num_stages") if k in cfg}
     rows = []
     for name, kernel, args, opts, row_cfg in (
-            ("decode split keys", kernels_tl.attn_fwd_split_keys, split_args, options, cfg),
-            ("decode merge", kernels_tl.attn_merge_splits, merge_args, {}, dict(SPLITS=16))):
+            ("decode split keys", decode_kernels.attn_fwd_split_keys, split_args, options, cfg),
+            ("decode merge", decode_kernels.attn_merge_splits, merge_args, {}, dict(SPLITS=16))):
         compiled = _compile(kernel, args, opts)
         ptx = compiled.asm["ptx"]
         rows.append(dict(kernel=name + suffix, D=d, Dv=dv, causal=True, cfg=row_cfg, **vars(resources(compiled)),

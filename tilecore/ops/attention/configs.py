@@ -61,42 +61,6 @@ REFERENCE_MAX_SCORES = 1 << 22  # the float32 math's scores held at once (16 MiB
 
 
 # --------------------------------------------------------------------------------------------
-# decode: the split-key path (kernels_tl.attn_fwd_split_keys) for few queries a sequence
-
-# Which inputs it serves (plan.decode_fits), against the query-block forward (notes/attention, session 21):
-DECODE_MAX_QUERIES = 16  # up to 16 queries whatever the group: 1.01-10.6x
-DECODE_MAX_PACKED_QUERIES = 64  # up to 64 queries where a kv head's packed rows (queries x group) are
-DECODE_MAX_PACKED_ROWS = 128  # at most 128: 1.01-6.3x; beyond, it lost at B >= 4 (0.34-0.96x)
-DECODE_FEW_TILES_MAX_QUERIES = 512  # up to 512 queries where the query-block forward would have at most
-DECODE_FEW_QUERY_TILES = 32  # 32 tiles of 128 rows (a quarter of the SMs): 1.25-5.0x
-DECODE_MAX_ROWS = 64  # a tile packs at most this many (query, q head) rows
-DECODE_PROGRAMS_PER_SM = 1  # one wave: further splits cost more in the merge than they gain (session 21)
-DECODE_MAX_SPLITS = 64  # the merge loads a row's parts at once
-DECODE_MIN_SPLIT_KEYS = 128  # below it a split's fixed cost dominates (1024 keys: 8 splits 5.7 us, 4: 8.1)
-
-
-def decode_config(d: int, interpret: bool) -> dict:
-    """Keys a step (BLOCK_N) and launch options of the split-key kernel for head dim ``d`` (one query
-    against 1024-16384 keys, notes/attention, session 21)."""
-    if interpret:
-        return dict(BLOCK_N=16)
-    if d <= 64:  # 4 stages: B 64 x 4096 keys 0.98x copy against 3 stages' 0.90x
-        return dict(BLOCK_N=128, num_warps=4, num_stages=4)
-    if d <= 128:  # 128 keys a step: B 64 x 4096 keys 1.01x copy against 64's 0.93x
-        return dict(BLOCK_N=128, num_warps=4, num_stages=3)
-    if d <= DECODE_WHOLE_HEAD_DIM:
-        return dict(BLOCK_N=64, num_warps=4, num_stages=3)  # 0.89-1.00x copy, against 32 x 2's 0.64-0.92x
-    # MLA decode (576 / 512): Q K^T by 64-column chunks, 32 rows x 512 float32 accumulator over 8 warps
-    # (64 registers a thread); untimed (issue 35: experiments/attention/gpu_features.py times it)
-    return dict(BLOCK_N=32, num_warps=8, num_stages=2)
-
-
-DECODE_WHOLE_HEAD_DIM = 256  # head dims up to this are held whole; past it (MLA's 576) Q K^T by chunks
-DECODE_HEAD_DIM_CHUNK = 64  # the chunk: 576 = 9 x 64
-DECODE_MAX_ROWS_LARGE_DV = 32  # rows a tile when v's head dim is past 256 (the accumulator's registers)
-
-
-# --------------------------------------------------------------------------------------------
 # Hopper's Gluon forward (gluon_kernels.py): query rows per consumer warpgroup (block_m), keys a step
 # (block_n), ring depth, consumer warpgroups, Q buffers per consumer (P V always overlaps the softmax)
 

@@ -18,18 +18,14 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.attention import configs, kernels_tl
-from tilecore.ops.attention.kernels_tl import block_d, row_block_grid
+from tilecore.ops.attention.kernels_tl import block_d, mask_options, row_block_grid, score_options
 from tilecore.ops.attention.plan import plan_backward, plan_forward, use_forward_launch
 from tilecore.ops.attention.reference import (attention_backward_reference, attention_reference, effective_window,
                                               window_allowed)
-from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, TmaOperand, cdiv, next_power_of_2, tile_counter,
-                                   tl_addressable, tma_describable)
-from tilecore.tiles.ops import LOG2E
+from tilecore.ops.attention_decode.launch import launch_decode
+from tilecore.tiles.launch import CachedLaunch, TmaOperand, cdiv, tile_counter, tl_addressable, tma_describable
 
 FWD = CachedLaunch(kernels_tl.attn_fwd)
-SPLIT_KEYS = CachedLaunch(kernels_tl.attn_fwd_split_keys)
-MERGE = CachedLaunch(kernels_tl.attn_merge_splits)
 DELTA = CachedLaunch(kernels_tl.attn_bwd_delta)
 DKDV = CachedLaunch(kernels_tl.attn_bwd_dkdv)
 DQ = CachedLaunch(kernels_tl.attn_bwd_dq)
@@ -49,29 +45,6 @@ GLUON_DQ_MLA = _gluon_kernel("gluon_dq", "attention_dq_mla_kernel", "attention_m
 
 
 NO_WINDOW = (-1, -1)
-
-
-def mask_options(causal: bool, window, n: int, nk: int) -> tuple[dict, int, int]:
-    """(the tl kernels' CAUSAL and WINDOW constexprs, left, right) of ``causal`` and ``window``: no
-    mask; causal (the window (-1, 0)); or a window whose unbounded side is max(n, nk) (past any
-    key distance: no wrap in 32 bits)."""
-    left, right = effective_window(causal, window)
-    if (left, right) == NO_WINDOW:
-        return dict(CAUSAL=False, WINDOW=False), 0, 0
-    if (left, right) == (-1, 0):
-        return dict(CAUSAL=True, WINDOW=False), 0, 0
-    unbounded = max(n, nk, 1)
-    left = unbounded if left < 0 else min(left, unbounded)
-    right = unbounded if right < 0 else min(right, unbounded)
-    return dict(CAUSAL=False, WINDOW=True), left, right
-
-
-def score_options(scale: float, softcap: float) -> tuple[dict, float, float]:
-    """(SOFTCAP constexpr, scale_log2e, tanh_scale) of the tl kernels' scores (kernels_tl.scores_base2):
-    under a softcap the base-2 score is cap log2(e) tanh(q.k scale / cap)."""
-    if softcap:
-        return dict(SOFTCAP=True), softcap * LOG2E, scale / softcap
-    return dict(SOFTCAP=False), scale * LOG2E, 0.0
 
 
 def gluon_softcap(softcap: float, cfg: dict) -> int:
@@ -170,90 +143,6 @@ def launch_forward_tl(plan, q, k, v, out, lse, causal: bool, scale: float, windo
     run(FWD, plan, plan.grid, (q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
                                H, N, Nk, D, Dv, H // Hkv, left, right, scale_log2e, tanh_scale),
         dict(**masks, **scores, BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv), **plan.config))
-
-
-def launch_decode(plan, q, k, v, out, lse, causal: bool, scale: float, window=NO_WINDOW,
-                  softcap: float = 0.0) -> None:
-    """The split-key kernel over the plan's key ranges (its grid's second axis), then, with more than
-    one, the merge (each range's float32 O and base-2 lse through buffers of their own)."""
-    if plan.launch_key is not None and tiles_launch.BIND_KEYED_LAUNCHES:  # a keyed call: as its first call prepared
-        prepared = _DECODE_LAUNCHES.memo(plan.launch_key,
-                                         lambda: _DecodeLaunch.of(plan, q, k, v, causal, window, softcap))
-        if prepared:
-            prepared(q, k, v, out, lse, scale, softcap)
-            return
-    B, Hq, N, D = q.shape
-    Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
-    q, k, v = tl_addressable(q), tl_addressable(k), tl_addressable(v)
-    splits = plan.grid[1]
-    merged = splits == 1
-    rows_total = B * Hq * N
-    if merged:
-        o_part = lse_part = out  # unused
-    else:
-        o_part = out.new_empty((splits, rows_total, Dv), dtype=torch.float32)
-        lse_part = lse.new_empty((splits, rows_total))
-    masks, left, right = mask_options(causal, window, N, Nk)
-    scores, scale_log2e, tanh_scale = score_options(scale, softcap)
-    # large head dims (MLA's 576): Q K^T by column chunks (the kernel's BLOCK_DK)
-    block_dk = block_d(D) if D <= configs.DECODE_WHOLE_HEAD_DIM else configs.DECODE_HEAD_DIM_CHUNK
-    run(SPLIT_KEYS, plan, plan.grid, (q, k, v, out, lse, o_part, lse_part, *q.stride(), *k.stride(), *v.stride(),
-                                      Hkv, N, Nk, D, Dv, Hq // Hkv, plan.sizes["keys_per_split"], left, right,
-                                      scale_log2e, tanh_scale),
-        dict(**masks, **scores, MERGED=merged, BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv), BLOCK_DK=block_dk,
-             **plan.config))
-    if not merged:
-        run(MERGE, plan, (rows_total,), (out, lse, o_part, lse_part, rows_total, Dv, splits),
-            dict(SPLITS=next_power_of_2(splits), BLOCK_D=block_d(Dv)))
-
-
-class _DecodeLaunch:
-    """launch_decode for one launch key (issue 31's host time): the split-key kernel's and the merge's
-    KeyedLaunch, and every launch argument the key fixes (strides, sizes, the mask's bounds), made at the key's
-    first call; a call then allocates the merge's partial buffers, computes the two score factors (the scale's
-    and softcap's values are not in the key, their signs are) and launches. ``of`` gives False where the key's
-    inputs need a contiguous copy first (tl_addressable: launch_decode's general path serves them)."""
-
-    __slots__ = ("split", "merge", "part_shapes", "head", "tail", "device")
-
-    @classmethod
-    def of(cls, plan, q, k, v, causal: bool, window, softcap: float):
-        if any(tl_addressable(t) is not t for t in (q, k, v)):
-            return False
-        self = cls()
-        B, Hq, N, D = q.shape
-        Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
-        splits = plan.grid[1]
-        rows_total = B * Hq * N
-        masks, left, right = mask_options(causal, window, N, Nk)
-        block_dk = block_d(D) if D <= configs.DECODE_WHOLE_HEAD_DIM else configs.DECODE_HEAD_DIM_CHUNK
-        self.tail = (*q.stride(), *k.stride(), *v.stride(), Hkv, N, Nk, D, Dv, Hq // Hkv, plan.sizes["keys_per_split"],
-                     left, right)
-        self.split = KeyedLaunch(SPLIT_KEYS, plan.launch_key, plan.grid, dict(
-            **masks, SOFTCAP=bool(softcap), MERGED=splits == 1, BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv),
-            BLOCK_DK=block_dk, **plan.config))
-        self.part_shapes = None if splits == 1 else ((splits, rows_total, Dv), (splits, rows_total))
-        self.merge = None if splits == 1 else KeyedLaunch(MERGE, plan.launch_key, (rows_total,), dict(
-            SPLITS=next_power_of_2(splits), BLOCK_D=block_d(Dv)))
-        self.head = (rows_total, Dv, splits)
-        self.device = q.device
-        return self
-
-    def __call__(self, q, k, v, out, lse, scale: float, softcap: float) -> None:
-        if softcap:  # (score_options)
-            scale_log2e, tanh_scale = softcap * LOG2E, scale / softcap
-        else:
-            scale_log2e, tanh_scale = scale * LOG2E, 0.0
-        if self.part_shapes is None:
-            self.split((q, k, v, out, lse, out, out, *self.tail, scale_log2e, tanh_scale))
-            return
-        o_part = torch.empty(self.part_shapes[0], dtype=torch.float32, device=self.device)
-        lse_part = torch.empty(self.part_shapes[1], dtype=torch.float32, device=self.device)
-        self.split((q, k, v, out, lse, o_part, lse_part, *self.tail, scale_log2e, tanh_scale))
-        self.merge((out, lse, o_part, lse_part, *self.head))
-
-
-_DECODE_LAUNCHES = LRU(256)  # a plan's launch key -> its _DecodeLaunch (False: launch_decode's general path)
 
 
 def _forward_reference(plan, q, k, v, out, lse, causal: bool, scale: float, window=NO_WINDOW,

@@ -45,6 +45,7 @@ from tilecore import dispatch
 from tilecore.ops.attention import configs
 from tilecore.ops.attention.kernels_tl import row_block_grid
 from tilecore.ops.attention.reference import effective_window
+from tilecore.ops.attention_decode import configs as decode_configs, plan as decode_plan
 from tilecore.tiles.launch import cdiv, next_power_of_2, tma_describable
 from tilecore.tiles import timed
 from tilecore.tiles.schedule import balanced_schedule, dealt_schedule
@@ -82,7 +83,7 @@ def features(q, v, causal: bool, window=(-1, -1), softcap: float = 0.0) -> set[s
         used.add("softcap")
     if v.shape[-1] != q.shape[-1]:
         used.add("dv")
-    if max(q.shape[-1], v.shape[-1]) > configs.DECODE_WHOLE_HEAD_DIM:
+    if max(q.shape[-1], v.shape[-1]) > decode_configs.DECODE_WHOLE_HEAD_DIM:
         used.add("large_d")
     return used
 
@@ -100,7 +101,7 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
     used = features(q, v, causal, window, softcap)
     if path is None:
         path = (torch_path(q, k, scale, v, used) if dispatch.backend_for(q.device) == "reference" else
-                "decode" if decode_fits(q, k) or "large_d" in used else
+                "decode" if decode_plan.decode_fits(q, k) or "large_d" in used else
                 "gluon" if (used - {"dv"} <= configs.GLUON_FORWARD_FEATURES and gluon_forward_dims(D, Dv) and scale > 0
                             and dispatch.gluon_ok(q.device) and tma_describable(q) and tma_describable(k)
                             and tma_describable(v)) else
@@ -116,9 +117,11 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
         grid, head_group, schedule = query_tiling(q, k, cfg["block_m"] * cfg.get("consumers", 2), cfg["block_n"],
                                                   False, False, sm_margin)
         return Plan("gluon", cfg, grid, schedule, dict(head_group=head_group))
-    if path == "decode":
-        cfg = config or fitted("decode", max(D, Dv), configs.decode_config(max(D, Dv), interpret), q.device)
-        return _with_operands(_decode_plan(q, k, cfg, splits, v, sm_margin), q)
+    if path == "decode":  # tilecore.ops.attention_decode: its tiles and key ranges
+        cfg = config or fitted("decode", max(D, Dv), decode_configs.decode_config(max(D, Dv), interpret), q.device)
+        sms = grid_sms(q.device) - sm_margin if splits is None else None
+        cfg, grid, sizes = decode_plan.decode_plan(q, k, cfg, splits, v, sms)
+        return _with_operands(Plan("decode", cfg, grid, sizes=sizes), q)
     if path == "gluon":
         if config is None and NAPKIN_FORWARD_TOPK and D == Dv:
             config = timed_forward_config(q, k, v, causal, scale, softcap, NAPKIN_FORWARD_TOPK)
@@ -427,59 +430,6 @@ def steps_exact(group: int, n: int, block_m: int) -> bool:
     """Whether the Gluon backward's tile steps (group * n / block_m of them) stay below 2^24, where
     the kernel's float32 division of a step's index by the group size is exact (_step_rows)."""
     return group * cdiv(n, block_m) < 2**24
-
-
-# --------------------------------------------------------------------------------------------
-# decode: few queries a sequence, the keys split into ranges
-
-
-def decode_fits(q, k) -> bool:
-    """Whether the split-key path serves these inputs (few queries a sequence; any device)."""
-    b, hq, n = q.shape[:3]
-    group = hq // k.shape[1]
-    few_query_tiles = n <= configs.DECODE_FEW_TILES_MAX_QUERIES and b * hq * cdiv(n, 128) <= configs.DECODE_FEW_QUERY_TILES
-    return (n <= configs.DECODE_MAX_QUERIES or few_query_tiles
-            or (n <= configs.DECODE_MAX_PACKED_QUERIES and n * group <= configs.DECODE_MAX_PACKED_ROWS))
-
-
-def _decode_plan(q, k, cfg: dict, splits: int | None, v=None, sm_margin: int = 0) -> Plan:
-    B, Hq, N, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    Dv = D if v is None else v.shape[3]
-    block_n = cfg["BLOCK_N"]
-    # a 64 x 512 float32 accumulator would spill: fewer rows a tile past head dim 256
-    most_rows = configs.DECODE_MAX_ROWS if Dv <= configs.DECODE_WHOLE_HEAD_DIM else configs.DECODE_MAX_ROWS_LARGE_DV
-    block_m = tile_rows(N, Hq // Hkv, most_rows)
-    row_blocks = cdiv(N * (Hq // Hkv), block_m)
-    if splits is None:
-        programs = configs.DECODE_PROGRAMS_PER_SM * (grid_sms(q.device) - sm_margin)
-        splits = decode_splits(B * Hkv * row_blocks, Nk, block_n, programs, configs.DECODE_MIN_SPLIT_KEYS)
-    elif not 1 <= splits <= configs.DECODE_MAX_SPLITS:
-        raise ValueError(f"attention decode: splits must be from 1 to {configs.DECODE_MAX_SPLITS}, got {splits}")
-    splits, keys_per_split = key_ranges(Nk, splits, block_n)
-    return Plan("decode", dict(cfg, BLOCK_M=block_m), (B * Hkv, splits, row_blocks),
-                sizes=dict(keys_per_split=keys_per_split))
-
-
-def tile_rows(queries: int, group: int, most: int = configs.DECODE_MAX_ROWS) -> int:
-    """BLOCK_M of the split-key kernel: a kv head's packed rows (queries x group), as a power of
-    two from 16 (tl.dot's smallest) to ``most`` (DECODE_MAX_ROWS)."""
-    return max(16, min(most, next_power_of_2(queries * group)))
-
-
-def key_ranges(nk: int, splits: int, block_n: int) -> tuple[int, int]:
-    """(ranges, keys in each) of ``nk`` keys cut into at most ``splits`` ranges of whole blocks of
-    ``block_n`` keys (at least one range, if empty: no key at all)."""
-    keys_per_split = cdiv(cdiv(max(nk, 1), max(splits, 1)), block_n) * block_n
-    return max(1, cdiv(nk, keys_per_split)), keys_per_split
-
-
-def decode_splits(tiles: int, nk: int, block_n: int, programs: int, min_keys: int) -> int:
-    """How many key ranges to split ``nk`` keys into, for ``tiles`` tiles (batch x kv head x row
-    blocks): as many as keep the launch within ``programs`` programs (at least one), none with fewer
-    than ``min_keys`` keys (or one block of ``block_n``), at most DECODE_MAX_SPLITS."""
-    most = min(configs.DECODE_MAX_SPLITS, cdiv(max(nk, 1), max(min_keys, block_n)))
-    return key_ranges(nk, min(most, max(1, programs // tiles)), block_n)[0]
 
 
 # --------------------------------------------------------------------------------------------

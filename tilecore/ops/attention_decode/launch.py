@@ -1,0 +1,101 @@
+"""Running the split-key (decode) plan: the split-key kernel over the plan's key ranges, then the merge
+(attention's launch.forward calls launch_decode for a "decode" plan). A keyed call (the plan's
+launch_key) runs from a per-key recipe (_DecodeLaunch: issue 31's host time) made at the key's first
+call; others take the general path."""
+from __future__ import annotations
+
+import torch
+
+from tilecore.ops.attention.kernels_tl import block_d, mask_options, score_options
+from tilecore.ops.attention_decode import configs, kernels_tl
+from tilecore.tiles import launch as tiles_launch
+from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, next_power_of_2, tl_addressable
+from tilecore.tiles.ops import LOG2E
+
+SPLIT_KEYS = CachedLaunch(kernels_tl.attn_fwd_split_keys)
+MERGE = CachedLaunch(kernels_tl.attn_merge_splits)
+
+
+def launch_decode(plan, q, k, v, out, lse, causal: bool, scale: float, window=(-1, -1),
+                  softcap: float = 0.0) -> None:
+    """The split-key kernel over the plan's key ranges (its grid's second axis), then, with more than
+    one, the merge (each range's float32 O and base-2 lse through buffers of their own)."""
+    if plan.launch_key is not None and tiles_launch.BIND_KEYED_LAUNCHES:  # a keyed call: as its first call prepared
+        prepared = _DECODE_LAUNCHES.memo(plan.launch_key,
+                                         lambda: _DecodeLaunch.of(plan, q, k, v, causal, window, softcap))
+        if prepared:
+            prepared(q, k, v, out, lse, scale, softcap)
+            return
+    B, Hq, N, D = q.shape
+    Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    q, k, v = tl_addressable(q), tl_addressable(k), tl_addressable(v)
+    splits = plan.grid[1]
+    merged = splits == 1
+    rows_total = B * Hq * N
+    if merged:
+        o_part = lse_part = out  # unused
+    else:
+        o_part = out.new_empty((splits, rows_total, Dv), dtype=torch.float32)
+        lse_part = lse.new_empty((splits, rows_total))
+    masks, left, right = mask_options(causal, window, N, Nk)
+    scores, scale_log2e, tanh_scale = score_options(scale, softcap)
+    # large head dims (MLA's 576): Q K^T by column chunks (the kernel's BLOCK_DK)
+    block_dk = block_d(D) if D <= configs.DECODE_WHOLE_HEAD_DIM else configs.DECODE_HEAD_DIM_CHUNK
+    # one launch each, looked up by the plan's launch_key where it has one (attention launch.run's way)
+    SPLIT_KEYS.run(plan.launch_key, plan.grid, (q, k, v, out, lse, o_part, lse_part, *q.stride(), *k.stride(),
+                                                *v.stride(), Hkv, N, Nk, D, Dv, Hq // Hkv, plan.sizes["keys_per_split"],
+                                                left, right, scale_log2e, tanh_scale),
+                   dict(**masks, **scores, MERGED=merged, BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv), BLOCK_DK=block_dk,
+                        **plan.config))
+    if not merged:
+        MERGE.run(plan.launch_key, (rows_total,), (out, lse, o_part, lse_part, rows_total, Dv, splits),
+                  dict(SPLITS=next_power_of_2(splits), BLOCK_D=block_d(Dv)))
+
+
+class _DecodeLaunch:
+    """launch_decode for one launch key (issue 31's host time): the split-key kernel's and the merge's
+    KeyedLaunch, and every launch argument the key fixes (strides, sizes, the mask's bounds), made at the key's
+    first call; a call then allocates the merge's partial buffers, computes the two score factors (the scale's
+    and softcap's values are not in the key, their signs are) and launches. ``of`` gives False where the key's
+    inputs need a contiguous copy first (tl_addressable: launch_decode's general path serves them)."""
+
+    __slots__ = ("split", "merge", "part_shapes", "head", "tail", "device")
+
+    @classmethod
+    def of(cls, plan, q, k, v, causal: bool, window, softcap: float):
+        if any(tl_addressable(t) is not t for t in (q, k, v)):
+            return False
+        self = cls()
+        B, Hq, N, D = q.shape
+        Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
+        splits = plan.grid[1]
+        rows_total = B * Hq * N
+        masks, left, right = mask_options(causal, window, N, Nk)
+        block_dk = block_d(D) if D <= configs.DECODE_WHOLE_HEAD_DIM else configs.DECODE_HEAD_DIM_CHUNK
+        self.tail = (*q.stride(), *k.stride(), *v.stride(), Hkv, N, Nk, D, Dv, Hq // Hkv, plan.sizes["keys_per_split"],
+                     left, right)
+        self.split = KeyedLaunch(SPLIT_KEYS, plan.launch_key, plan.grid, dict(
+            **masks, SOFTCAP=bool(softcap), MERGED=splits == 1, BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv),
+            BLOCK_DK=block_dk, **plan.config))
+        self.part_shapes = None if splits == 1 else ((splits, rows_total, Dv), (splits, rows_total))
+        self.merge = None if splits == 1 else KeyedLaunch(MERGE, plan.launch_key, (rows_total,), dict(
+            SPLITS=next_power_of_2(splits), BLOCK_D=block_d(Dv)))
+        self.head = (rows_total, Dv, splits)
+        self.device = q.device
+        return self
+
+    def __call__(self, q, k, v, out, lse, scale: float, softcap: float) -> None:
+        if softcap:  # (score_options)
+            scale_log2e, tanh_scale = softcap * LOG2E, scale / softcap
+        else:
+            scale_log2e, tanh_scale = scale * LOG2E, 0.0
+        if self.part_shapes is None:
+            self.split((q, k, v, out, lse, out, out, *self.tail, scale_log2e, tanh_scale))
+            return
+        o_part = torch.empty(self.part_shapes[0], dtype=torch.float32, device=self.device)
+        lse_part = torch.empty(self.part_shapes[1], dtype=torch.float32, device=self.device)
+        self.split((q, k, v, out, lse, o_part, lse_part, *self.tail, scale_log2e, tanh_scale))
+        self.merge((out, lse, o_part, lse_part, *self.head))
+
+
+_DECODE_LAUNCHES = LRU(256)  # a plan's launch key -> its _DecodeLaunch (False: launch_decode's general path)

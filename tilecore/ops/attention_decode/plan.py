@@ -1,0 +1,60 @@
+"""The split-key (decode) path's plan: which inputs it serves (decode_fits: few queries a sequence,
+any device), its tiles of packed (query, q head) rows, and the key ranges it splits the keys into
+(decode_splits, key_ranges). attention's plan.py routes to it and wraps decode_plan's (config, grid,
+sizes) in its Plan."""
+from __future__ import annotations
+
+from tilecore.ops.attention_decode import configs
+from tilecore.tiles.launch import cdiv, next_power_of_2
+
+
+def decode_fits(q, k) -> bool:
+    """Whether the split-key path serves these inputs (few queries a sequence; any device)."""
+    b, hq, n = q.shape[:3]
+    group = hq // k.shape[1]
+    few_query_tiles = n <= configs.DECODE_FEW_TILES_MAX_QUERIES and b * hq * cdiv(n, 128) <= configs.DECODE_FEW_QUERY_TILES
+    return (n <= configs.DECODE_MAX_QUERIES or few_query_tiles
+            or (n <= configs.DECODE_MAX_PACKED_QUERIES and n * group <= configs.DECODE_MAX_PACKED_ROWS))
+
+
+def decode_plan(q, k, cfg: dict, splits: int | None, v=None, sms: int | None = None) -> tuple[dict, tuple, dict]:
+    """(config, grid, sizes) of the split-key launch for these inputs with the tl config ``cfg``:
+    BLOCK_M rows of packed (query, q head) rows a tile, the keys cut into ``splits`` ranges (None: as
+    many as fill DECODE_PROGRAMS_PER_SM programs on ``sms`` SMs, decode_splits), the grid (batch x kv
+    head, range, row block) and sizes' keys_per_split. attention's plan_forward wraps it in its Plan."""
+    B, Hq, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    Dv = D if v is None else v.shape[3]
+    block_n = cfg["BLOCK_N"]
+    # a 64 x 512 float32 accumulator would spill: fewer rows a tile past head dim 256
+    most_rows = configs.DECODE_MAX_ROWS if Dv <= configs.DECODE_WHOLE_HEAD_DIM else configs.DECODE_MAX_ROWS_LARGE_DV
+    block_m = tile_rows(N, Hq // Hkv, most_rows)
+    row_blocks = cdiv(N * (Hq // Hkv), block_m)
+    if splits is None:
+        programs = configs.DECODE_PROGRAMS_PER_SM * sms
+        splits = decode_splits(B * Hkv * row_blocks, Nk, block_n, programs, configs.DECODE_MIN_SPLIT_KEYS)
+    elif not 1 <= splits <= configs.DECODE_MAX_SPLITS:
+        raise ValueError(f"attention decode: splits must be from 1 to {configs.DECODE_MAX_SPLITS}, got {splits}")
+    splits, keys_per_split = key_ranges(Nk, splits, block_n)
+    return dict(cfg, BLOCK_M=block_m), (B * Hkv, splits, row_blocks), dict(keys_per_split=keys_per_split)
+
+
+def tile_rows(queries: int, group: int, most: int = configs.DECODE_MAX_ROWS) -> int:
+    """BLOCK_M of the split-key kernel: a kv head's packed rows (queries x group), as a power of
+    two from 16 (tl.dot's smallest) to ``most`` (DECODE_MAX_ROWS)."""
+    return max(16, min(most, next_power_of_2(queries * group)))
+
+
+def key_ranges(nk: int, splits: int, block_n: int) -> tuple[int, int]:
+    """(ranges, keys in each) of ``nk`` keys cut into at most ``splits`` ranges of whole blocks of
+    ``block_n`` keys (at least one range, if empty: no key at all)."""
+    keys_per_split = cdiv(cdiv(max(nk, 1), max(splits, 1)), block_n) * block_n
+    return max(1, cdiv(nk, keys_per_split)), keys_per_split
+
+
+def decode_splits(tiles: int, nk: int, block_n: int, programs: int, min_keys: int) -> int:
+    """How many key ranges to split ``nk`` keys into, for ``tiles`` tiles (batch x kv head x row
+    blocks): as many as keep the launch within ``programs`` programs (at least one), none with fewer
+    than ``min_keys`` keys (or one block of ``block_n``), at most DECODE_MAX_SPLITS."""
+    most = min(configs.DECODE_MAX_SPLITS, cdiv(max(nk, 1), max(min_keys, block_n)))
+    return key_ranges(nk, min(most, max(1, programs // tiles)), block_n)[0]
