@@ -17,6 +17,10 @@ Variants (overrides of the shipped l_mma + tree config):
   smem_late     pv_smem 1 with rescale_late (O *= alpha between the S and P V issues, while S runs)
   smem_q8       pv_smem 1, one exp2 in 8 on the FMA units (if the MUFU, not the issue, binds once P V overlaps)
   smem_c3       pv_smem 1, three consumers (D64: the bf16 forward's; without a float32 P carried they may fit)
+  early         early_exp2 (gluon_fp8.fp8_softmax_early) on the shipped register-P path: the exponentials against the
+                running max before the block's row max is known, then times 2^(m_old - m_new); far check first (a row max
+                growing by ~160 base-2 units: the warps take the exponentials again, a vote and a branch in the asm)
+  smem_early    early_exp2 with pv_smem
   smem_bn192q8  smem_bn192 with one exp2 in 8 on the FMA units (run 1: q8 1.03x over smem at D128)
   smem_bn192    pv_smem 1, key steps of 128 + 64 (block_n2 64, gluon_fp8.compute_split_smem), 2 stages (3 need 257 KB
                 at D128): sm_90a D128 16 bytes of spills (the register-P split step: 256 and wgmma serialized)
@@ -42,10 +46,63 @@ base.VARIANTS = {
     "smem_c3": (dict(pv_smem=1, consumers=3, pingpong=False), ("d64", "d64c")),
     "smem_bn192": (dict(pv_smem=1, block_n2=64, stages=2), ("d128", "d128c", "d64")),
     "smem_bn192q8": (dict(pv_smem=1, block_n2=64, stages=2, exp2_fma_every=-8), ("d128",)),
+    "early": (dict(early_exp2=True), ("d128", "d128c", "d64", "d64c")),
+    "smem_early": (dict(pv_smem=1, early_exp2=True), ("d128", "d64")),
 }
-RUN2 = "smem,smem_late,smem_bn192,smem_bn192q8"  # (run 1, call 1: smem, smem_lmma0, smem_pp, smem_q8, smem_c3)
+RUN2 = "early,smem_early,smem_late,smem_bn192,smem_bn192q8"  # (run 1, call 1: smem, smem_lmma0, smem_pp, smem_q8, smem_c3)
 base.JSON_NAME = "attention_fp8_speed_s31.json"
-base.TAIL_VARIANTS = ("smem", "smem_late", "smem_bn192")
+base.TAIL_VARIANTS = ("early", "smem_late", "smem_bn192")
+FAR_VARIANTS = {"early": dict(early_exp2=True), "smem_early": dict(pv_smem=1, early_exp2=True)}
+
+
+def far_check():
+    """EARLY_EXP2's other branch: scores whose row max grows by ~160 (base 2) from the first key block to the second
+    (keys of block 0 scaled 0.01, the rest 10), so every warp takes the exponentials again against the new max; and
+    the plain path beside it (keys all alike). O against float64 and the emulation (as gpu_speed_s30's checks)."""
+    import torch
+    from tilecore.ops.attention_fp8 import launch as fp8_launch
+    from tilecore.ops.attention_fp8 import quantize_fp8
+    from tilecore.ops.attention_fp8.reference import attention_fp8_emulated, attention_fp8_exact
+
+    def rel(x, r):
+        x, r = x.double(), r.double()
+        return ((x - r).pow(2).mean().sqrt() / r.pow(2).mean().sqrt()).item()
+
+    out = []
+    for D, causal, names in ((128, False, ("default", "early", "smem_early")), (128, True, ("early",))):
+        g = torch.Generator(device="cuda").manual_seed(D + causal)
+        B, H, N, Nk = 1, 2, 384, 400
+        q = torch.randn(B, H, N, D, device="cuda", generator=g).abs() + 0.5
+        k = torch.randn(B, H, Nk, D, device="cuda", generator=g).abs()
+        k[:, :, :128] *= 0.01
+        k[:, :, 128:] *= 10.0
+        v = torch.randn(B, H, Nk, D, device="cuda", generator=g)
+        q8, qs = quantize_fp8(q, per="head")
+        k8, ks = quantize_fp8(k, per="head")
+        v8, vs = quantize_fp8(v, per="head")
+        vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
+        o_ref, _ = attention_fp8_exact(q8, k8, v8, qs, ks, vs, causal=causal)
+        o_emu, _ = attention_fp8_emulated(q8, k8, v8, qs, ks, vs, causal=causal, l_rounded=True, block_n=128)
+        rows = torch.isfinite(o_ref).all(-1)
+        floor = rel(o_ref[rows].to(torch.bfloat16), o_ref[rows])
+        for name in names:
+            over = FAR_VARIANTS.get(name, {})
+            try:
+                p = fp8_launch.plan(q8, k8, causal)
+                p = fp8_launch.plan(q8, k8, causal, config=dict(p.config, **over))
+                o = torch.full((B, H, N, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+                lse = torch.full((B, H, N), float("nan"), dtype=torch.float32, device="cuda")
+                fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, causal, D ** -0.5, torch.bfloat16, True, out=o, lse=lse)
+                torch.cuda.synchronize()
+                rec = dict(D=D, causal=causal, variant=name, written=bool(torch.isfinite(o).all().item()),
+                           err_over_floor=rel(o[rows], o_ref[rows]) / floor,
+                           vs_emulation_over_floor=rel(o[rows].float(), o_emu[rows]) / floor)
+                rec["ok"] = rec["written"] and rec["vs_emulation_over_floor"] < 8
+            except Exception as e:  # noqa: BLE001
+                rec = dict(D=D, causal=causal, variant=name, error=f"{type(e).__name__}: {str(e)[:200]}")
+            print("far", rec, flush=True)
+            out.append(rec)
+    return out
 base.TRACE_VARIANTS = (("default", {}), ("smem_bn192", dict(pv_smem=1, block_n2=64, stages=2)))
 
 if __name__ == "__main__":
@@ -55,4 +112,9 @@ if __name__ == "__main__":
     if not any(a.startswith("--budget") for a in argv):
         argv += ["--budget", "135"]
     sys.argv = [sys.argv[0]] + argv
+    if "--smoke" not in argv:
+        try:
+            far_check()
+        except Exception as e:  # noqa: BLE001
+            print("far check: ERROR", type(e).__name__, str(e)[:300], flush=True)
     raise SystemExit(base.main())

@@ -50,6 +50,8 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides
     "smem_pp": dict(pv_smem=1, pingpong=True), "smem_late": dict(pv_smem=1, rescale_late=True),
     "smem_bn192": dict(pv_smem=1, block_n2=64), "smem_c3s2": dict(pv_smem=1, consumers=3, pingpong=False, stages=2),
     "smem_c3s2q1": dict(pv_smem=1, consumers=3, pingpong=False, stages=2, q_buffers=1),
+    "early": dict(early_exp2=True), "smem_early": dict(pv_smem=1, early_exp2=True),
+    "smem_late_early": dict(pv_smem=1, rescale_late=True, early_exp2=True),
     "smem_bn192q8": dict(pv_smem=1, block_n2=64, stages=2, exp2_fma_every=-8), "smem_bn192s2": dict(pv_smem=1, block_n2=64, stages=2),
 }
 
@@ -134,7 +136,8 @@ def compile_variant(D: int, causal: bool, overrides: dict):
                 K_PER_BLOCK=False, EXP2_FMA_EVERY=cfg["exp2_fma_every"], CAST_LATE=cfg["cast_late"],
                 P_SHIFT=float(cfg["p_shift"]), RESCALE_TAU=float(cfg["rescale_tau"]), L_MMA=cfg["l_mma"],
                 PROBE_NO_SOFTMAX=int(cfg.get("probe_no_softmax", 0)), MAX_TREE=cfg["max_tree"],
-                RESCALE_LATE=cfg.get("rescale_late", False), PV_SMEM=int(cfg.get("pv_smem", 0)))
+                RESCALE_LATE=cfg.get("rescale_late", False), PV_SMEM=int(cfg.get("pv_smem", 0)),
+                EARLY_EXP2=bool(cfg.get("early_exp2", False)))
     if cfg.get("trace"):  # the timing probe's stamps (session 30)
         args.update(trace=torch.empty(1024, dtype=torch.int32), TRACE=True)
     bn2 = cfg.get("block_n2", 0)

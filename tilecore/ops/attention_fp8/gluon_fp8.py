@@ -347,6 +347,66 @@ def named_barrier(bar_id, ARRIVE: gl.constexpr):
                                   is_pure=False, pack=1)
 
 
+# EARLY_EXP2 (session 31): the exponentials taken against the running max m_old before the block's row max is known,
+# then times 2^(m_old - m_new) (one multiply an element); the row max runs beside the MUFU instead of before it. Exact
+# while a row's max grows by at most EARLY_LIMIT (base 2): 2^(s - m_old + 8) <= 2^(EARLY_LIMIT + 8) stays finite; a
+# warp with a row past it takes them again against m_new (a warp-uniform branch inside the asm, by a vote)
+EARLY_LIMIT: gl.constexpr = gl.constexpr(100.0)
+WARP_ANY_PTX: gl.constexpr = gl.constexpr("{\n\t.reg .pred p, q;\n\t.reg .b32 t;\n\t"
+                                          "or.b32 t, $2, $3;\n\t"
+                                          "setp.ne.s32 p, t, 0;\n\t"
+                                          "vote.sync.any.pred q, p, 0xffffffff;\n\t"
+                                          "selp.s32 $0, 1, 0, q;\n\t"
+                                          "selp.s32 $1, 1, 0, q;\n\t}")
+EARLY_FIX_PTX: gl.constexpr = gl.constexpr(
+    "{\n\t.reg .pred q;\n\t.reg .f32 t;\n\t"
+    "mul.rn.f32 $0, $4, $12;\n\tmul.rn.f32 $1, $5, $13;\n\tmul.rn.f32 $2, $6, $14;\n\tmul.rn.f32 $3, $7, $15;\n\t"
+    "setp.ne.s32 q, $20, 0;\n\t"
+    "@!q bra $$EARLY_DONE${:uid};\n\t"
+    "sub.rn.f32 t, $8, $16;\n\tex2.approx.ftz.f32 $0, t;\n\t"
+    "sub.rn.f32 t, $9, $17;\n\tex2.approx.ftz.f32 $1, t;\n\t"
+    "sub.rn.f32 t, $10, $18;\n\tex2.approx.ftz.f32 $2, t;\n\t"
+    "sub.rn.f32 t, $11, $19;\n\tex2.approx.ftz.f32 $3, t;\n\t"
+    "$$EARLY_DONE${:uid}:\n\t}")
+
+EARLY_FIX_CONSTRAINTS: gl.constexpr = gl.constexpr("=f,=f,=f,=f," + ",".join(["f"] * 16 + ["r"] * 4))
+
+
+@gluon.jit
+def warp_any(flag):
+    """flag (int32 row vector of the wgmma layout, two rows a thread) -> 1 in every element where any row of the
+    warp is flagged (vote.sync.any: the same value in all 32 lanes), else 0."""
+    return gl.inline_asm_elementwise(WARP_ANY_PTX, "=r,=r,r,r", [flag], dtype=gl.int32, is_pure=True, pack=2)
+
+
+@gluon.jit
+def fp8_softmax_early(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.constexpr = 8.0):
+    """fp8_softmax_update (row max by the tree, l left to the tensor cores) with the exponentials taken before the row
+    max is known (EARLY_EXP2): p0 = 2^(s * scale - m_old + P_SHIFT), then P = p0 * 2^(m_old - m_new) (EARLY_FIX_PTX),
+    where m_old is the running max (0 while -inf: a row with no key so far has no key at all, so its p0 are 0). Where
+    a warp has a row whose max grew by more than EARLY_LIMIT, that warp takes every exponential again against m_new.
+    NaN as fp8_softmax_update (a NaN m_new makes the factor NaN). Returns (m, P (float32, 2^P_SHIFT p), alpha)."""
+    if PER_ROW:
+        c = gl.expand_dims(row_scale, 1)
+    else:
+        c = row_scale
+    m_old = gl.where(m_i == float("-inf"), 0.0, gl.where(m_i == float("inf"), float("nan"), m_i))
+    x = s * c - gl.expand_dims(m_old - P_SHIFT, 1)
+    p0 = gl.exp2(x)
+    s_max = row_max_tree(s)
+    m_new = gl.maximum(m_i, s_max * row_scale)
+    m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))
+    delta = m_ref - m_old
+    corr = gl.exp2(-delta)
+    alpha = gl.exp2(m_i - m_ref)
+    far = warp_any((delta > EARLY_LIMIT).to(gl.int32))
+    zero = gl.zeros_like(x)
+    p = gl.inline_asm_elementwise(EARLY_FIX_PTX, EARLY_FIX_CONSTRAINTS,
+                                  [p0, x, zero + gl.expand_dims(corr, 1), zero + gl.expand_dims(delta, 1),
+                                   zero.to(gl.int32) + gl.expand_dims(far, 1)], dtype=gl.float32, is_pure=True, pack=4)
+    return m_new, p, alpha
+
+
 PINGPONG_BARRIER: gl.constexpr = gl.constexpr(8)  # consumer c waits on PINGPONG_BARRIER + c before issuing
 
 
@@ -451,6 +511,7 @@ class AttentionFp8:
     PV_SMEM: gl.constexpr  # session 31: P V from shared memory (compute_pv_smem): 0 off, 1 on
     p_smem: object  # PV_SMEM: e4m3 [CONSUMERS * 2, BM, BN], two P buffers a consumer (else None)
     p2_smem: object  # PV_SMEM with BN2 > 0: e4m3 [CONSUMERS * 2, BM, BN2], the second key block's P (else None)
+    EARLY_EXP2: gl.constexpr  # session 31: exponentials before the row max (fp8_softmax_early)
 
     @gluon.jit
     def stamp(self, ctx, step, point: gl.constexpr):
@@ -569,6 +630,9 @@ class AttentionFp8:
                                                self.P_SHIFT)
             if self.PINGPONG == 3:
                 alpha = arrive_after(alpha, bar_id)
+            return m, st.l, p, alpha, 1
+        if self.EARLY_EXP2:
+            m, p, alpha = fp8_softmax_early(st.m, s, row_scale, self.Q_PER_ROW, self.P_SHIFT)
             return m, st.l, p, alpha, 1
         return fp8_softmax_update(st.m, st.l, s, row_scale, self.Q_PER_ROW, self.EXP2_FMA_EVERY, self.P_SHIFT,
                                   self.RESCALE_TAU, not self.L_MMA, self.MAX_TREE)
@@ -1099,7 +1163,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              L_MMA: gl.constexpr = False, PROBE_NO_SOFTMAX: gl.constexpr = False,
                              MAX_TREE: gl.constexpr = False, RESCALE_LATE: gl.constexpr = False,
                              BN2: gl.constexpr = 0, k2_desc=None, vt2_desc=None, trace=None,
-                             TRACE: gl.constexpr = False, PV_SMEM: gl.constexpr = 0):
+                             TRACE: gl.constexpr = False, PV_SMEM: gl.constexpr = 0,
+                             EARLY_EXP2: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. BN2 > 0: steps of
     BN + BN2 keys, the second blocks by k2_desc [1, 1, BN2, D] and vt2_desc [1, 1, D, BN2] (compute_split)."""
     gl.static_assert(not (RESCALE_LATE and RESCALE_TAU > 0), "RESCALE_LATE or RESCALE_TAU, not both")
@@ -1117,6 +1182,9 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     gl.static_assert(PV_SMEM == 0 or ((BN2 == 0 or BN2 == 64) and PERMUTED_V and PINGPONG < 2
                                       and (L_MMA == 0 or L_MMA == 1) and not PROBE_NO_SOFTMAX),
                      "PV_SMEM: 128 or 128 + 64-key steps, PERMUTED_V, L_MMA 0 or 1, not with PINGPONG 2/3 or probes")
+    gl.static_assert(not EARLY_EXP2 or (L_MMA == 1 and MAX_TREE and RESCALE_TAU == 0 and EXP2_FMA_EVERY == 0
+                                        and not PROBE_NO_SOFTMAX and PINGPONG < 2),
+                     "EARLY_EXP2: with L_MMA 1 and MAX_TREE, without RESCALE_TAU, EXP2_FMA_EVERY, probes or PINGPONG 2/3")
     p_smem = gl.constexpr(None)
     p2_smem = gl.constexpr(None)
     if PV_SMEM:  # two P buffers a consumer (compute_pv_smem), keys contiguous: the K-major A operand
@@ -1145,7 +1213,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, LC, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, LC, gl.num_warps(), 8), BN2, BN + BN2,
-                      wgmma_layout(BM, BN2 if BN2 > 0 else BN, gl.num_warps(), 8), k2_desc, vt2_desc, trace, TRACE, PV_SMEM, p_smem, p2_smem)
+                      wgmma_layout(BM, BN2 if BN2 > 0 else BN, gl.num_warps(), 8), k2_desc, vt2_desc, trace, TRACE, PV_SMEM, p_smem, p2_smem, EARLY_EXP2)
     # three consumer warpgroups (13 warps) share the register file more thinly
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
                     PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0,
