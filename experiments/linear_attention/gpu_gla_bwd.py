@@ -125,6 +125,8 @@ VARIANTS = [
 # VB 64 / 1 stage: 255, 0; chunk 64 key blocks 32 VB 32: 248, 0 (session 30's wrong-dk blocks, other code)
 S31_VARIANTS = [
     ("cfg vb32 w8 r128", dict(diag=5), dict(dqk_VB=32, dqk_warps=8, dqk_maxnreg=128), "chunked"),
+    # the fallback's launch by programs of 8 flags (wide_group: 8192 programs, not 65536 that mostly read a 0)
+    ("cfg vb32 w8 r128 g8", dict(diag=5), dict(dqk_VB=32, dqk_warps=8, dqk_maxnreg=128, wide_group=8), "chunked"),
     ("cfg vb32 w8", dict(diag=5), dict(dqk_VB=32, dqk_warps=8), "chunked"),
     ("cfg vb32", dict(diag=5), dict(dqk_VB=32), "chunked"),
     ("cfg vb64 s1", dict(diag=5), dict(dqk_VB=64, dqk_stages=1), "chunked"),

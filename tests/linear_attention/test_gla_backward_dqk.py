@@ -32,10 +32,10 @@ def run_chunked(q, k, v, g, s0, do, dht, ht, **blocks):
 
 # the value loop at blocks of 16 over Dv 40 (a block-padded 64: the last block masked whole, one partly), dq / dk
 # together or apart, the fallback in the same launch or its own; warps and the register cap (compile options: the
-# interpreter takes and ignores them) as the GPU candidates have them
+# interpreter takes and ignores them) as the GPU candidates have them; the fallback launch reading 4 flags a program
 VARIANTS = [
     dict(dqk_VB=16),
-    dict(dqk_VB=16, wide_apart=True, dqk_warps=8, dqk_maxnreg=128),
+    dict(dqk_VB=16, wide_apart=True, dqk_warps=8, dqk_maxnreg=128, wide_group=4),
     dict(dqk_VB=32, wide_apart=False, dqk_apart=True),
 ]
 

@@ -52,9 +52,11 @@ BLOCKS = dict(split_BT=32, split_BKB=64, split_BV=64, split_warps=4, split_stage
 # dS_c [.., 128] live together: 255 registers, 140 B spilled on sm_90a at chunk 32); dqk_stages: that kernel's
 # num_stages, None: stages; dqk_maxnreg: ptxas's register cap for it (.maxnreg; not on the fallback's own launch,
 # whose sub-chunk form would spill under it), None: none)
+# wide_group: with wide_apart, each program of the fallback's launch reads this many flags (None: one)
 CHUNKED = dict(BT=32, BV=64, BKB=64, KD=64, BK_DG=64, walk_warps=4, walk_stages=2, dqk_warps=4, dv_warps=4, stages=2,
                split=False, dqk_apart=False, dv_BV=128, walks_fused=False, wide_apart=True, dv_wide_apart=False,
-               dk_at=False, dqk_VB=None, dqk_stages=None, dqk_maxnreg=None)
+               dk_at=False, dqk_VB=None, dqk_stages=None, dqk_maxnreg=None,
+               wide_group=None)
 
 # "split_combine": the combine kernel's key block (a head's dq / dk / dg by cdiv(Dk, it) programs: launch's combine
 # runs B x H programs of every channel, 256 at B16 H16, each walking 4096 tokens) and tokens a step
