@@ -134,9 +134,26 @@ S31_VARIANTS = [
                                                   wide_apart=False), "chunked"),
     ("cfg bt64 kb32 vb32", dict(diag=5), dict(BT=64, BKB=32, dqk_VB=32), "chunked"),
 ]
-VARIANTS += S31_VARIANTS
+# Run 2 of session 31 (H100, snapshot e5eaf2b; notes/linear_attention/runs/gla_bwd_dqk_run2_session31_h100.txt), every
+# check right (the N 4097 one not run: the workers lacked --s31): the value loop at chunk 32 is SLOWER, dqk 3.17 ms
+# shipped -> vb32 3.54, vb64 s1 3.59, vb32 w8 r128 4.52, vb32 w8 6.36, apart 3.05 + 4.36; chunk 64 key blocks 32 with
+# the loop (vb32) 3.14, its whole backward 7.17 ms against 7.87 (walks 1.02 + 1.02 against 1.29 + 1.28, dv 1.24 against
+# 1.40) and right, where session 30's whole-columns kernel at those blocks gave a wrong dk (gpu_gla_bwd_dk64.py: a
+# miscompile at 4 warps, right at 8). Run 3: the chunk 64 key blocks 32 loop with the walks by every value column (8
+# warps: 0.84 + 0.83 ms in session 30's run 11) and the dv kernel's fallback apart (1.02 + 0.04 there)
+S31_RUN3 = [
+    ("cfg bt64 kb32 vb32", dict(diag=5), dict(BT=64, BKB=32, dqk_VB=32), "chunked"),
+    ("cfg bt64 kb32 vb32 walk128", dict(diag=5), dict(BT=64, BKB=32, dqk_VB=32, BV=128, walk_warps=8), "chunked"),
+    ("cfg bt64 kb32 vb32 walk128 dvw", dict(diag=5), dict(BT=64, BKB=32, dqk_VB=32, BV=128, walk_warps=8,
+                                                          dv_wide_apart=True), "chunked"),
+    ("cfg bt64 kb32 vb32 walk128 dvw g8", dict(diag=5), dict(BT=64, BKB=32, dqk_VB=32, BV=128, walk_warps=8,
+                                                             dv_wide_apart=True, wide_group=8), "chunked"),
+    ("cfg bt64 kb32 vb64", dict(diag=5), dict(BT=64, BKB=32, dqk_VB=64), "chunked"),
+    ("cfg bt64 kb32 w8", dict(diag=5), dict(BT=64, BKB=32, dqk_warps=8), "chunked"),  # whole columns, 8 warps
+]
+VARIANTS += S31_VARIANTS[:-1] + S31_RUN3
 if S31 and "--variants" not in sys.argv:
-    VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S31_VARIANTS
+    VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S31_RUN3
 if "--variants" in sys.argv:
     wanted = sys.argv[sys.argv.index("--variants") + 1].split(",")
     VARIANTS = [v for v in VARIANTS if v[0] in wanted]
@@ -326,7 +343,7 @@ def time_variant(variant, res: dict):
             kernel[grid](*args, **kw)
         res["steps_ms"] = {step: round(bench(lambda: kernel[grid](*args, **kw)), 4)
                            for step, kernel, grid, args, kw in steps}
-    if variant[3] == "chunked" and variant[0] in ("chunked configs", S31_VARIANTS[0][0]):  # the copy bandwidth
+    if variant[3] == "chunked" and variant[0] in ("chunked configs", S31_RUN3[0][0]):  # the copy bandwidth
         x = torch.empty(2 ** 30 // 2, dtype=torch.bfloat16, device=DEV)  # 1 GiB
         y = torch.empty_like(x)
         res["copy_GBps"] = round(2 * x.numel() * 2 / bench(lambda: y.copy_(x)) / 1e6, 1)
@@ -408,6 +425,8 @@ def table(rows: list[dict]):
         print(f"{r['variant']} | " + " | ".join(cells))
     fwd = next((r.get("fwd_ms") for r in rows if r.get("fwd_ms")), None)
     ship = next((r.get("bwd_ms") for r in rows if r["variant"] == "shipped" and r.get("bwd_ms")), None)
+    if ship is None:  # session 31: the shipped path is the chunked one, configs' CHUNKED
+        ship = next((r.get("bwd_ms") for r in rows if r["variant"] == "chunked configs" and r.get("bwd_ms")), None)
     print(f"\ntime B16 H16 N4096 d128 bf16 (ms): shipped forward {fwd}")
     print("variant | backward ms | kernels alone ms (chunked: each kernel) | x shipped | bwd / fwd | all checks pass "
           "| errors")
@@ -461,7 +480,8 @@ def main():
     scratch = Path(tempfile.mkdtemp(prefix="gla_bwd_"))
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     logs = {v[0]: open(scratch / f"{v[0]}.log", "w") for v in VARIANTS}  # a file: a full pipe would block
-    procs = {v[0]: subprocess.Popen([sys.executable, __file__, "--worker", v[0], "--dir", str(scratch)], env=env,
+    procs = {v[0]: subprocess.Popen([sys.executable, __file__, "--worker", v[0], "--dir", str(scratch)]
+                                    + (["--s31"] if S31 else []), env=env,
                                     stdout=logs[v[0]], stderr=subprocess.STDOUT) for v in VARIANTS}
     cases = {}
     for name, mk in CHECKS:
