@@ -475,3 +475,61 @@ def test_fft_conv_recipe_launches_what_the_general_path_launches(monkeypatch):
                 assert a == b
     for cache in (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, conv_launch._GLUON_LAUNCHES):
         cache.clear()
+
+
+# ---- two internal buffers in one allocation: by address once both launches go the kept way
+
+
+class _Kept:
+    """A KeyedLaunch stand-in whose launches go the kept way: records each launch's arguments."""
+
+    def __init__(self):
+        self.calls = []
+
+    def kept(self):
+        return True
+
+    def __call__(self, args):
+        self.calls.append(args)
+
+
+def test_kvcache_recipe_hands_kept_launches_the_lse_part_by_address(monkeypatch):
+    monkeypatch.setattr(kvcache, "signature", _cpu_signature)
+    for cache in (kvcache._CHECKED, kvcache._LAYOUTS, kvcache._LAUNCHES):
+        cache.clear()
+    kc, vc = (torch.randn(1, 768, 1, 32, dtype=torch.float16) for _ in range(2))
+    lengths = torch.tensor([600], dtype=torch.int32)
+    q = torch.randn(1, 1, 4, 32, dtype=torch.float16)
+    kvcache.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths)  # the key's first call: its recipe made
+    recipe = next(iter(kvcache._LAUNCHES._data.values()))[0]
+    recipe.split, recipe.merge = _Kept(), _Kept()
+    kvcache.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths)
+    (split,), (merge,) = recipe.split.calls, recipe.merge.calls
+    parts, lse_part = split[7], split[8]
+    (splits, rows), offset = recipe.part_shapes
+    assert merge[2] is parts and merge[3] == lse_part and isinstance(lse_part, int)
+    assert offset % 4 == 0 and offset >= splits * rows * 32 and parts.numel() == offset + splits * rows
+    assert lse_part == parts.data_ptr() + 4 * offset and lse_part % 16 == 0
+    for cache in (kvcache._CHECKED, kvcache._LAYOUTS, kvcache._LAUNCHES):
+        cache.clear()
+
+
+def test_mamba2_step_recipe_hands_kept_launches_g_by_address(monkeypatch):
+    monkeypatch.setattr(la_op, "signature", _cpu_signature)
+    for cache in (la_op._CHECKED, la_op._PLANS, la_op._MAMBA_STEPS):
+        cache.clear()
+    state = torch.randn(3, 5, 16, 16)
+    x = torch.randn(3, 5, 16, dtype=torch.float16)
+    dt, A = torch.rand(3, 5), -torch.rand(5)
+    Bm, Cm = (torch.randn(3, 1, 16, dtype=torch.float16) for _ in range(2))
+    la_op.mamba2_step(state, x, dt, A, Bm, Cm)
+    recipe = next(iter(la_op._MAMBA_STEPS._data.values()))[0]
+    recipe.dt_launch, recipe.step = _Kept(), _Kept()
+    la_op.mamba2_step(state, x, dt, A, Bm, Cm)
+    (dt_args,), (step_args,) = recipe.dt_launch.calls, recipe.step.calls
+    dt_eff, g = dt_args[3], dt_args[4]
+    assert isinstance(g, int) and g % 16 == 0 and g >= dt_eff.data_ptr() + 4 * 15
+    assert g + 4 * 15 <= dt_eff.data_ptr() + 4 * dt_eff.numel()  # both within the one allocation
+    assert step_args[3] == g and step_args[4] is dt_eff  # the step's g and beta (dt_eff)
+    for cache in (la_op._CHECKED, la_op._PLANS, la_op._MAMBA_STEPS):
+        cache.clear()

@@ -355,6 +355,13 @@ class KeyedLaunch:
             self._bind(args)
         return compiled
 
+    def kept(self) -> bool:
+        """Whether the next launch with as many arguments goes the kept way (on this device, the switch on): its
+        pointer arguments may then be plain ints (addresses; Triton's launcher reads an int as the pointer), as
+        no specialization reads them. Other launches need tensors."""
+        hit = self._hit
+        return bool(hit) and BIND_KEYED_LAUNCHES and hit[0] == _current_cuda_device()
+
     def _bind(self, args) -> None:
         entry = self.kernel.keyed.get(self.key)  # (compiled, direct, device, tail): kept by launch_keyed
         if entry is None:  # (the interpreter, or a kernel the fast path cannot call: kernel.run each launch)

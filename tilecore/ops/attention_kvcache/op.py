@@ -201,7 +201,9 @@ class _DecodeLaunch:
                            *(block_table.stride() if self.paged else (0, 0)), *out.stride(), hkv, nq, nnew, d, dv,
                            hq // hkv, layout.keys_per_split, scale, float(softcap), layout.wl, layout.wr)
         self.split = KeyedLaunch(_FWD_SPLIT, key, layout.split_grid, layout.split_options)
-        self.part_shapes = None if layout.merged else ((layout.splits, layout.rows, dv), (layout.splits, layout.rows))
+        # ((splits, rows) of lse's part, its offset: O's part (splits, rows, dv) rounded up to 4 floats)
+        self.part_shapes = None if layout.merged else ((layout.splits, layout.rows),
+                                                       cdiv(layout.splits * layout.rows * dv, 4) * 4)
         self.merge = None if layout.merged else KeyedLaunch(_MERGE, key, layout.merge_grid, layout.merge_options)
         self.merge_tail = (layout.rows, hq, nq, dv, layout.splits, *out.stride())
         self.device = q.device
@@ -211,10 +213,16 @@ class _DecodeLaunch:
         if self.part_shapes is None:
             self.split((q, k_cache, v_cache, table, cache_seqlens, out, lse, lse, lse, *self.split_tail))
             return
-        o_part = torch.empty(self.part_shapes[0], dtype=torch.float32, device=self.device)
-        lse_part = torch.empty(self.part_shapes[1], dtype=torch.float32, device=self.device)
-        self.split((q, k_cache, v_cache, table, cache_seqlens, out, lse, o_part, lse_part, *self.split_tail))
-        self.merge((out, lse, o_part, lse_part, *self.merge_tail))
+        # the splits' O and lse in one float32 allocation (the kernels take pointers alone), lse's part at a 16-byte
+        # aligned offset: by address where both launches go the kept way, else a view
+        o_size, lse_offset = self.part_shapes
+        parts = torch.empty(lse_offset + o_size[0] * o_size[1], dtype=torch.float32, device=self.device)
+        if self.split.kept() and self.merge.kept():
+            lse_part = parts.data_ptr() + 4 * lse_offset
+        else:
+            lse_part = parts[lse_offset:]
+        self.split((q, k_cache, v_cache, table, cache_seqlens, out, lse, parts, lse_part, *self.split_tail))
+        self.merge((out, lse, parts, lse_part, *self.merge_tail))
 
 
 _LAUNCHES = LRU(256)  # an eager call's launch key -> its _DecodeLaunch

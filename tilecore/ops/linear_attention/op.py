@@ -433,7 +433,7 @@ class _MambaStep:
         self.step_tail = args[9:]  # (the nine tensors first: step_call's order)
         # D's float32 view as the general path makes it: none, (H,) expanded to (H, P), or (H, P)
         self.d_kind = 0 if D is None else (1 if D.dim() == 1 else 2)
-        self.shapes = (tuple(dt.shape), tuple(x.shape))
+        self.shapes = ((dt.numel(), -(-dt.numel() // 4) * 4), tuple(x.shape))  # ((B H, g's offset), y's shape)
         self.device, self.y_dtype = x.device, x.dtype
         return self
 
@@ -441,8 +441,11 @@ class _MambaStep:
         return mamba_dt.MAMBA_DT_KERNEL and mamba_dt.MAMBA_DT_CLAMP == self.clamp
 
     def __call__(self, state, x, dt, A, B, C, D, z, dt_bias):
-        dt_eff = torch.empty(self.shapes[0], dtype=torch.float32, device=self.device)
-        g = torch.empty(self.shapes[0], dtype=torch.float32, device=self.device)
+        # dt_eff and g (float32 (B, H), contiguous) in one allocation (the kernels take pointers and the key's
+        # strides), g at a 16-byte aligned offset: by address where both launches go the kept way, else a view
+        size, offset = self.shapes[0]
+        dt_eff = torch.empty(offset + size, dtype=torch.float32, device=self.device)
+        g = dt_eff.data_ptr() + 4 * offset if self.dt_launch.kept() and self.step.kept() else dt_eff[offset:]
         self.dt_launch((dt, A if dt_bias is None else dt_bias, A, dt_eff, g, *self.dt_tail))
         y = torch.empty(self.shapes[1], dtype=self.y_dtype, device=self.device)
         d_skip = x if self.d_kind == 0 else (D.float()[:, None].expand(self.shapes[1][1:]) if self.d_kind == 1
