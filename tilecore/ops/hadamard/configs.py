@@ -183,7 +183,12 @@ QUANT_WIDE_TUNING = {  # (format, n), else format -> the wide plan's tuning (j_o
 # run: fp8 0.730 -> 0.384 ms (37.5 -> 71.3% of copy, 1.90x), int8 1.85x (65.1%), mxfp4 2.33x (41.9%), nvfp4 1.87x
 # (32.7%), int4 2.62x (49.9%). fp8_e5m2 checked, not timed: off
 QUANT_GLUON_WIDE = {("fp8_e4m3", 11008): True, ("int8", 11008): True, ("mxfp4", 11008): True, ("nvfp4", 11008): True,
-                    ("int4", 11008): True}
+                    ("int4", 11008): True,
+                    # session 31 run 2 (H100, notes/hadamard/runs/gluon_widths_run2_session31_h100.txt): 18944 = 148 x 128
+                    # on HALVES 2, checked against float64 (codes 99.98-100% equal, all written, nvfp4 dynamic and fp16
+                    # too), over the shipped plan in the same run: fp8 0.943 -> 0.670 ms (1.41x, 40.8% of copy), int8
+                    # 1.92x (39.1%), mxfp4 2.89x (31.0%), nvfp4 2.53x (23.4%); int4 not taken (groups span the halves)
+                    ("fp8_e4m3", 18944): True, ("int8", 18944): True, ("mxfp4", 18944): True, ("nvfp4", 18944): True}
 QUANT_GLUON_WIDE_STAGES = 2  # the ring's stages (each two rows, 48 KiB); run 7: one stage 0.86x (fp8), 0.97x (mxfp4)
 # ... its tuning by (format, n), else format: stages, ahead (block j + 1's mixing issued behind block j's second
 # product), pingpong (the two consumers take turns at the products: one's epilogue under the other's products). Run 7
@@ -193,17 +198,26 @@ QUANT_GLUON_WIDE_TUNING = {}
 # session 31: hadamard_quantize's Gluon kernel for m <= 32 x p, p = 128..1024 (gluon_quantize_kron.py: A = H_32 (x) H_2
 # resident, rows by TMA as [1, 32, 2, 64] boxes, the H_(p/128) butterfly across blocks, wgmma), plan path "gluon_kron",
 # plan tuning "gluon_kron". Keys: (format, n), else the format. Off until a GPU run checks and times it
-# (experiments/hadamard/gpu_quantize_check.py --gluon)
-QUANT_GLUON_KRON = {}
+# (experiments/hadamard/gpu_gluon_widths.py). Run 2 of session 31 (H100, notes/hadamard/runs/
+# gluon_widths_run2_session31_h100.txt; every check ok: codes 99.98-100% equal to the float64 reference's, all written,
+# e5m2 / nvfp4 dynamic / fp8 static / fp16 too), over the shipped kron-tiled plan in the same run: 14336 fp8 0.507 ->
+# 0.382 ms (1.33x, 71.5% of copy), int8 1.19x (62.6%), mxfp4 1.20x (41.5%), int4 2.42x (52.3%); 28672 fp8 1.90x
+# (47.5%; INSIDE off 2.53x, 63.4%), int8 1.84x, mxfp4 2.07x, int4 2.27x. nvfp4 1.00x / 0.95x: off
+QUANT_GLUON_KRON = {(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "int4") for n in (14336, 28672)}
 QUANT_GLUON_KRON_STAGES = 2  # the ring's stages (a stage: two rows at split 1, one at split 2)
 # (m, p) -> dict(split=1 or 2, inside=bool) (quantize.gluon_kron_tuning's defaults elsewhere). sm_90a, CPU: 28 x 512
 # split 2 spills nothing; four blocks a consumer (28 x 512 split 1, 28 x 1024 split 2) spill 92-220 B with the butterfly
 # in registers and nothing with INSIDE (each block's mixing by the signs: twice the mixing products)
-QUANT_GLUON_KRON_TUNING = {(28, 512): dict(split=2, inside=False), (28, 1024): dict(split=2, inside=True)}
-# hadamard_transform at m x p on the Gluon kernels' STORE format (kron._gluon_plan: the wide one at m x 64 with
-# 128 < m <= 192, the kron one at m <= 32 x 128..1024), (m, p) -> True. Off until a GPU run of this session: session
-# 30's run 7 measured 172 x 64 at 68.4% of copy against the wide_rows plan's 37.1 (1.84x), checked against float64
-KRON_GLUON = {}
+# Keys (m, p), then (format, n) over it. Run 2: fp8 at 28672 with INSIDE off (the butterfly in registers, 220 B spilled)
+# 0.432 ms against INSIDE's 0.576 (1.33x, both checked): the spills cost less than four times the mixing
+QUANT_GLUON_KRON_TUNING = {(28, 512): dict(split=2, inside=False), (28, 1024): dict(split=2, inside=True),
+                           ("fp8_e4m3", 28672): dict(inside=False)}
+# hadamard_transform at m x p on the Gluon kernels' STORE format (kron._gluon_fits: the wide one at m x 64 with
+# 128 < m <= 192 and 148 x 128, the kron one at m <= 32 x 128..1024), (m, p) -> True. Run 2 of session 31 (H100, checked:
+# 1.0x the rounding floor, all written, an inf row as the reference's, in place, H_m^T, odd row counts), over the
+# shipped plan in the same run: 172 x 64 0.991 -> 0.533 ms (1.86x, 68.0% of copy), 28 x 512 1.16x (99.5%), 28 x 1024
+# 2.05x (63.9%), 148 x 128 1.49x (45.2%)
+KRON_GLUON = {(172, 64): True, (28, 512): True, (28, 1024): True, (148, 128): True}
 # session 31: the Gluon kernels' group scales (groups of 16 / 32 inside a sub-row: mxfp4, nvfp4) computed once a group
 # in a compact layout, then the reciprocals moved back (gluon_quantize_wide._scales_once; plan tuning "scale_once"), not
 # on each of the four threads of the group's quad. sm_90a SASS, 11008: nvfp4 7544 -> 6480 instructions (spills 16 ->

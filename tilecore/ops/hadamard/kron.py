@@ -65,8 +65,8 @@ def kron_plan(x: torch.Tensor, m: int, p: int, **tuning) -> KronPlan:
 
     if not pow2_plan.tma_fits(x) or not dispatch.tma_ok(x.device):
         tuning = {**tuning, "tma": "none"}
-    elif _gluon_fits(x, m, p, interpret, tuning):
-        return KronPlan("gluon", m, p)
+    elif _gluon_fits(x, m, p, interpret, tuning):  # the Gluon kernel's tuning (split, inside, stages) carried
+        return KronPlan("gluon", m, p, config={k: tuning[k] for k in ("split", "inside", "stages") if k in tuning})
     return kernel_plan(rows, m, p, x.dtype, sms, interpret, **tuning)
 
 
@@ -218,7 +218,7 @@ def launch(plan: KronPlan, x: torch.Tensor, out: torch.Tensor, scale: float, tra
     if plan.path == "gluon":  # a Gluon kernel's STORE format; in place too (a tile's rows are loaded before stored)
         from tilecore.ops.hadamard.quantize import gluon_wide_transform
 
-        gluon_wide_transform(x, out, scale=scale, transpose=transpose)
+        gluon_wide_transform(x, out, scale=scale, transpose=transpose, **plan.config)
         return
     cfg = plan.config
     h_dtype = {torch.float16: torch.float16, torch.bfloat16: torch.bfloat16, torch.float32: torch.bfloat16}[x.dtype]

@@ -202,12 +202,12 @@ def _scale_once(fmt, n, group, tuning) -> dict:
     return {"SCALE_ONCE": True} if on and group in (16, 32) else {}
 
 
-def gluon_kron_tuning(m: int, p: int, tuning: dict) -> tuple[int, bool]:
+def gluon_kron_tuning(m: int, p: int, tuning: dict, fmt: str | None = None) -> tuple[int, bool]:
     """(split, inside) of the "gluon_kron" kernel at m x p (gluon_quantize_kron's SPLIT and INSIDE): the tuning's,
     else configs.QUANT_GLUON_KRON_TUNING's by (m, p), else a consumer a row up to two blocks of 64 sub-rows (p <= 256),
     a row shared by the two consumers past that, and the butterfly across blocks by the mixing's signs (INSIDE) where
     a consumer holds four blocks (sm_90a: 92-220 B spilled with the butterfly in registers, none INSIDE)."""
-    table = configs.QUANT_GLUON_KRON_TUNING.get((m, p), {})
+    table = {**configs.QUANT_GLUON_KRON_TUNING.get((m, p), {}), **configs.QUANT_GLUON_KRON_TUNING.get((fmt, m * p), {})}
     f = p // 64
     split = tuning.get("split") or table.get("split") or (1 if f <= 4 else 2)
     inside = tuning.get("inside", table.get("inside", f // (2 * split) == 4))
@@ -226,7 +226,7 @@ def _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
     if not on or not tuning.get("_gluon_ok") or mix != 1 or dtype == torch.float32 or signs \
             or group not in (None, 16, 32, 128) or (group == 128 and fmt != "int4"):
         return None
-    split, inside = gluon_kron_tuning(M, P, tuning)
+    split, inside = gluon_kron_tuning(M, P, tuning, fmt)
     if not fits(M, P, split):
         return None
     f = FORMATS[fmt]
@@ -574,19 +574,24 @@ def gluon_amax_pass(plan: QuantizePlan, x2: torch.Tensor) -> torch.Tensor:
     return amax
 
 
-def gluon_wide_transform(x2: torch.Tensor, out: torch.Tensor, stages: int = 1, scale: float | None = None,
+def gluon_wide_transform(x2: torch.Tensor, out: torch.Tensor, stages: int | None = None, scale: float | None = None,
                          transpose: bool = False, **tuning) -> QuantizePlan:
     """out = scale (H_m (x) H_p) x2 (scale default 1 / sqrt(n)) on a Gluon kernel's STORE format: the wide one
-    (m x 64, 128 < m <= 192) or the kron one (m <= 32 x p = 128..1024; ``tuning``: split, inside, stages). x2, out:
-    (rows, n) contiguous, 16-bit, CUDA on Hopper; out may be x2 (a tile's rows are loaded whole before its stores).
-    hadamard_transform's "gluon" kron plan (kron.py, configs.KRON_GLUON) and the probes call it."""
+    (m x 64, 128 < m <= 192, and m x 128; ``stages`` default 1) or the kron one (m <= 32 x p = 128..1024; ``tuning``:
+    split, inside; ``stages`` default configs.QUANT_GLUON_KRON_STAGES; the (m, p) defaults of QUANT_GLUON_KRON_TUNING,
+    not a format's). x2, out: (rows, n) contiguous, 16-bit, CUDA on Hopper; out may be x2 (a tile's rows are loaded
+    whole before its stores). hadamard_transform's "gluon" kron plan (kron.py, configs.KRON_GLUON) and the probes call
+    it."""
     rows, n = x2.shape
-    plan = plan_quantize(x2, "fp8_e4m3", None, None, True, False, False, gluon=True, gluon_kron=True, **tuning)
+    m, p = orders.split(n)
+    split, inside = gluon_kron_tuning(m, p, tuning)  # the shape's defaults (the plan below is keyed by fp8's format)
+    plan = plan_quantize(x2, "fp8_e4m3", None, None, True, False, False, gluon=True, gluon_kron=True,
+                         **{**tuning, "split": split, "inside": inside})
     if plan.path not in ("gluon_wide", "gluon_kron"):
         raise ValueError(f"gluon_wide_transform: n = {n} ({x2.dtype}, {x2.device}) has no Gluon plan")
     if plan.path == "gluon_kron":
-        stages = tuning.get("stages") or plan.config["STAGES"]
-    _launch_gluon_wide(plan, x2, out, x2, x2, x2, fmt_id=7, stages=stages, rscale=scale, transpose=transpose)
+        stages = stages or plan.config["STAGES"]
+    _launch_gluon_wide(plan, x2, out, x2, x2, x2, fmt_id=7, stages=stages or 1, rscale=scale, transpose=transpose)
     return plan
 
 
