@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from tilecore import accuracy
 from tilecore.ops.attention import attention, attention_reference, launch, plan
+from tilecore.ops.attention_cpu import launch as cpu_launch
 
 from attention_testing import check_lse, make, reference_grads  # tests/attention
 
@@ -64,7 +65,7 @@ def test_without_the_kernels_grouped_heads(monkeypatch):
     dout = torch.randn(q.shape)
     answers = []
     for native in (True, False):
-        monkeypatch.setattr(launch, "SDPA_CPU_GQA", native)
+        monkeypatch.setattr(cpu_launch, "SDPA_CPU_GQA", native)
         out, lse = attention(q, k, v, causal=True, return_lse=True)
         answers.append((out, lse, *torch.autograd.grad((out * dout).sum() + lse.sum(), (q, k, v))))
     for a, b in zip(*answers):
@@ -166,7 +167,7 @@ def test_an_unused_lse_costs_the_backward_nothing(monkeypatch):
 
     def refuse(*args):
         raise AssertionError("dlse columns made for a zero lse gradient")
-    monkeypatch.setattr(launch, "_dlse_columns", refuse)
+    monkeypatch.setattr(cpu_launch, "_dlse_columns", refuse)
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     for g, r in zip(grads, reference_grads(q, k, v, torch.ones_like(out), None, True, 32**-0.5)):
         assert near(g, r, 3.0)

@@ -54,13 +54,6 @@ INTERPRETER_SMS = 4  # SMs as if the interpreter had them, for grids sized per S
 
 
 # --------------------------------------------------------------------------------------------
-# the CPU without the interpreter (plan.torch_path): torch's flash kernel, or float32 math by blocks
-
-SDPA_MAX_SCORE = 2.0**120  # scores bounded below this (Cauchy-Schwarz) take torch's flash kernel
-REFERENCE_MAX_SCORES = 1 << 22  # the float32 math's scores held at once (16 MiB a block of query rows)
-
-
-# --------------------------------------------------------------------------------------------
 # Hopper's Gluon forward (gluon_kernels.py): query rows per consumer warpgroup (block_m), keys a step
 # (block_n), ring depth, consumer warpgroups, Q buffers per consumer (P V always overlaps the softmax)
 

@@ -45,6 +45,7 @@ from tilecore import dispatch
 from tilecore.ops.attention import configs
 from tilecore.ops.attention.kernels_tl import row_block_grid
 from tilecore.ops.attention.reference import effective_window
+from tilecore.ops.attention_cpu import plan as cpu_plan
 from tilecore.ops.attention_decode import configs as decode_configs, plan as decode_plan
 from tilecore.tiles.launch import cdiv, next_power_of_2, tma_describable
 from tilecore.tiles import timed
@@ -100,14 +101,14 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
     interpret = dispatch.interpreted(q.device)
     used = features(q, v, causal, window, softcap)
     if path is None:
-        path = (torch_path(q, k, scale, v, used) if dispatch.backend_for(q.device) == "reference" else
+        path = (cpu_plan.torch_path(q, k, scale, v, used) if dispatch.backend_for(q.device) == "reference" else
                 "decode" if decode_plan.decode_fits(q, k) or "large_d" in used else
                 "gluon" if (used - {"dv"} <= configs.GLUON_FORWARD_FEATURES and gluon_forward_dims(D, Dv) and scale > 0
                             and dispatch.gluon_ok(q.device) and tma_describable(q) and tma_describable(k)
                             and tma_describable(v)) else
                 "tl")
     if path in ("sdpa", "reference"):
-        return Plan(path, sizes=dict(max_scores=configs.REFERENCE_MAX_SCORES))
+        return Plan(path, sizes=dict(max_scores=cpu_plan.REFERENCE_MAX_SCORES))
     if path == "gluon" and (used - {"window", "softcap", "dv"} or ("dv" in used and (D, Dv) not in configs.GLUON_FORWARD_DV)):
         raise ValueError(f"the Gluon forward takes head dims 64 and 128 with v's as q's, or (q's, v's) in "
                          f"{sorted(configs.GLUON_FORWARD_DV)}; got {D} and {Dv}")
@@ -283,7 +284,7 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
     interpret = dispatch.interpreted(q.device)
     used = features(q, v, causal, window, softcap)
     if path is None:
-        path = (torch_path(q, k, scale, v, used) if dispatch.backend_for(q.device) == "reference" else
+        path = (cpu_plan.torch_path(q, k, scale, v, used) if dispatch.backend_for(q.device) == "reference" else
                 "gluon" if (used - {"dv"} <= configs.GLUON_BACKWARD_FEATURES and gluon_backward_dims(D, Dv, H // Hkv)
                             and scale > 0
                             and dispatch.gluon_ok(q.device)
@@ -292,7 +293,7 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
                             and tma_describable(dout)) else
                 "tl")
     if path in ("sdpa", "reference"):
-        return Plan(path, sizes=dict(max_scores=configs.REFERENCE_MAX_SCORES))
+        return Plan(path, sizes=dict(max_scores=cpu_plan.REFERENCE_MAX_SCORES))
     if path == "tl":
         cfg = config or fitted("backward", max(D, Dv), configs.backward_config(max(D, Dv), interpret), q.device)
         return _with_operands(Plan("tl", cfg, (B * Hkv, cdiv(Nk, cfg["BLOCK_N"])),
@@ -396,34 +397,6 @@ def _with_operands(plan: Plan, q) -> Plan:
     if q.dtype == torch.bfloat16 and dispatch.interpreted(q.device):
         return dataclasses.replace(plan, operand_dtype=torch.float32)
     return plan
-
-
-# --------------------------------------------------------------------------------------------
-# the CPU without the interpreter: torch's own kernels
-
-
-def torch_path(q, k, scale: float, v=None, used: set[str] = frozenset()) -> str:
-    """"sdpa" (torch's CPU flash-attention kernel) where every score of q and k is sure to be
-    finite and the call uses no feature the kernel lacks (a softcap; v's head size != q's; head
-    dims past 256: a sliding window it takes as a float mask), else "reference" (float32 math a
-    block of rows at a time, NaN- and inf-faithful)."""
-    if used - {"window"}:
-        return "reference"
-    return "sdpa" if scores_finite(q, k, scale) else "reference"
-
-
-def scores_finite(q, k, scale: float) -> bool:
-    """Whether every score scale * q_i . k_j, and every partial sum of q_i . k_j, is sure to be
-    finite in float32: q and k finite, and D max|q| max|k| max(|scale|, 1) (>= |scale| ||q_i||
-    ||k_j||, Cauchy-Schwarz) well below float32's largest value (2^128). torch's CPU flash kernel
-    drops a NaN score (it gives the row as if the key were not there) and loses a +inf one; where
-    this holds there is neither, so its results are SDPA's math's. One pass over q and k, with no
-    copy of them (aminmax; NaN gives NaN)."""
-    if q.numel() == 0 or k.numel() == 0:
-        return True
-    largest = [max(-float(lo), float(hi)) for lo, hi in (torch.aminmax(t.detach()) for t in (q, k))]
-    bound = q.shape[-1] * largest[0] * largest[1] * max(abs(scale), 1.0)  # a Python float: no overflow
-    return math.isfinite(bound) and bound < configs.SDPA_MAX_SCORE
 
 
 def steps_exact(group: int, n: int, block_m: int) -> bool:
