@@ -13,7 +13,7 @@ hadamard_transform's "gluon" kron plan (configs.KRON_GLUON: the Gluon kernels' S
    kernel (and its variants), the transform on the shipped kron plan and the Gluon one; % of a torch copy of the
    same bytes (x read, codes and scales written) in the same run. Prints a table last; JSON to $OUT.
 
-    PYTHONPATH=. python3 experiments/hadamard/gpu_gluon_widths.py [--budget 140] [--quick]
+    PYTHONPATH=. python3 experiments/hadamard/gpu_gluon_widths.py [--set r3 | r2] [--budget 140] [--quick]
 """
 import argparse
 import json
@@ -51,8 +51,35 @@ def _import():
     import tilecore  # noqa: F401
 
 
+SET = "r3"  # --set: "r2" (run 2: the kernels against the plans shipped before), "r3" (after run 2's flips: variants)
+GLUON_AT_R3 = {**GLUON_AT, 11008: {"gluon": True}}
+
+
+def r3_timed():
+    """Run 3: SCALE_ONCE (mxfp4, nvfp4) at the four widths against the Gluon default; INSIDE off at 28672 for every
+    format but fp8 (run 2 timed fp8: 1.33x), with SCALE_ONCE too; the 28 x 1024 transform with INSIDE off."""
+    cases = []
+    for n in (14336, 28672, 18944, 11008):
+        for fmt in ("nvfp4", "mxfp4"):
+            cases.append(("q", fmt, n, "scale_once", {**GLUON_AT_R3[n], "scale_once": True}))
+            cases.append(("q", fmt, n, "gluon", GLUON_AT_R3[n]))
+            if fmt == "nvfp4" and n in (14336, 28672):  # the shipped plan there is the tl one (run 2: Gluon 1.00x / 0.95x)
+                cases.append(("q", fmt, n, "shipped", {}))
+    for fmt in ("int8", "mxfp4", "nvfp4", "int4"):
+        cases.append(("q", fmt, 28672, "no_inside", {"gluon_kron": True, "inside": False}))
+        if fmt in ("int8", "int4"):
+            cases.append(("q", fmt, 28672, "gluon", GLUON))
+    for fmt in ("mxfp4", "nvfp4"):
+        cases.append(("q", fmt, 28672, "no_inside_once", {"gluon_kron": True, "inside": False, "scale_once": True}))
+    cases.append(("t", 28, 1024, "no_inside", {"gluon": True, "inside": False}))
+    cases.append(("t", 28, 1024, "gluon", {"gluon": True}))
+    return cases
+
+
 def timed_cases(quick=False):
     """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
+    if SET == "r3":
+        return r3_timed()
     cases = []
     for n in WIDTHS:
         for fmt in FORMATS_AT[n]:
@@ -118,6 +145,11 @@ def _warm_one(case):
         return repr(case), None, f"{type(err).__name__}: {str(err)[:300]}"
 
 
+def _set(value):
+    global SET
+    SET = value
+
+
 def phase_warm(result, deadline, quick):
     cases = timed_cases(quick)
     timed = {(c[1], c[2], c[4].get("split"), c[4].get("inside"), c[4].get("stages")) for c in cases if c[0] == "q"}
@@ -125,7 +157,7 @@ def phase_warm(result, deadline, quick):
               c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
     ctx = mp.get_context("spawn")
     out = result.setdefault("warm", [])
-    with ctx.Pool(min(8, len(cases))) as pool:
+    with ctx.Pool(min(8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
         pending = pool.imap_unordered(_warm_one, cases)
         for _ in cases:
             try:
@@ -138,6 +170,11 @@ def phase_warm(result, deadline, quick):
 
 def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
+    if SET == "r3":  # every timed variant (the defaults were checked in run 2), nvfp4 with its given global scale
+        return [(c[1], c[2], {"scale": 0.002} if c[1] == "nvfp4" else {}, "bfloat16", c[4]) for c in r3_timed()
+                if c[0] == "q" and c[3] not in ("gluon", "shipped")] + [("nvfp4", 28672, {}, "bfloat16",
+                                                                          {"gluon_kron": True, "inside": False,
+                                                                           "scale_once": True})]
     cases = [(f, n, {"scale": 0.002} if f == "nvfp4" else {}, "bfloat16", GLUON_AT[n]) for n in WIDTHS
              for f in FORMATS_AT[n]]
     cases += [("fp8_e5m2", 14336, {}, "bfloat16", GLUON), ("nvfp4", 14336, {}, "bfloat16", GLUON),
@@ -234,22 +271,26 @@ def check_transforms(out, save, deadline):
     from tilecore.ops.hadamard import hadamard_reference, kron, orders
     from tilecore.ops.hadamard.reference import hadamard_matrix
 
-    for (m, p), rows, mode in [((m, p), 2049, "out") for m, p in TRANSFORMS] + [((28, 512), 2, "out"),
-                                                                                ((28, 1024), 3, "out"),
-                                                                                ((28, 512), 2049, "inplace"),
-                                                                                ((28, 1024), 2049, "transpose"),
-                                                                                ((148, 128), 2049, "out"),
-                                                                                ((172, 64), 2049, "transpose")]:
+    cases = [((m, p), 2049, "out", {}) for m, p in TRANSFORMS] + [((28, 512), 2, "out", {}),
+                                                                      ((28, 1024), 3, "out", {}),
+                                                                      ((28, 512), 2049, "inplace", {}),
+                                                                      ((28, 1024), 2049, "transpose", {}),
+                                                                      ((148, 128), 2049, "out", {}),
+                                                                      ((172, 64), 2049, "transpose", {})]
+    if SET == "r3":  # INSIDE off at 28 x 1024
+        cases = [((28, 1024), 2049, "out", {"inside": False}), ((28, 1024), 3, "transpose", {"inside": False}),
+                 ((28, 1024), 2049, "inplace", {"inside": False})]
+    for (m, p), rows, mode, tuning in cases:
         if time.time() > deadline:
             out.append({"m": m, "p": p, "skipped": "time"})
             continue
         n = m * p
-        case = {"m": m, "p": p, "rows": rows, "mode": mode}
+        case = {"m": m, "p": p, "rows": rows, "mode": mode, **tuning}
         try:
             x = torch.randn(rows, n, dtype=torch.bfloat16, device="cuda")
             if rows > 2:
                 x[1, 5] = float("inf")
-            plan = kron.kron_plan(x, m, p, gluon=True)
+            plan = kron.kron_plan(x, m, p, gluon=True, **tuning)
             case["path"] = plan.path
             transpose = mode == "transpose"
             if mode == "inplace":
@@ -347,24 +388,28 @@ def table(result):
     if errs:
         lines.append(f"  transform error / floor: {min(errs)}-{max(errs)}")
     times = {tuple(r["case"]): r for r in result.get("time", []) if "ms" in r}
-    lines.append("case                               path         ms     %copy   x shipped")
+    lines.append("case                               path         ms     %copy   x (the gluon default, else shipped)")
     for r in result.get("time", []):
         key = tuple(r["case"])
-        base = times.get(key[:3] + ("shipped",))
+        ref = "gluon" if key[3] not in ("gluon", "shipped") and key[:3] + ("gluon",) in times else "shipped"
+        base = times.get(key[:3] + (ref,))
         if "ms" not in r:
             lines.append(f"{str(key):34s} {r.get('error', r.get('skipped', ''))[:60]}")
             continue
-        ratio = f"{base['ms'] / r['ms']:.2f}x" if base and key[3] != "shipped" else ""
+        ratio = f"{base['ms'] / r['ms']:.2f}x {ref}" if base and key[3] != ref else ""
         lines.append(f"{str(key):34s} {r['path']:11s} {r['ms']:7.4f} {r['pct_copy']:6.1f}   {ratio}")
     return "\n".join(lines[:44])
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--budget", type=float, default=155.0)
+    ap.add_argument("--budget", type=float, default=140.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
+    ap.add_argument("--set", default="r3", choices=("r2", "r3"))
     a = ap.parse_args()
+    global SET
+    SET = a.set
     t0 = time.time()
     _import()
     import torch
