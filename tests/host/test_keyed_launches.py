@@ -533,3 +533,19 @@ def test_mamba2_step_recipe_hands_kept_launches_g_by_address(monkeypatch):
     assert step_args[3] == g and step_args[4] is dt_eff  # the step's g and beta (dt_eff)
     for cache in (la_op._CHECKED, la_op._PLANS, la_op._MAMBA_STEPS):
         cache.clear()
+
+
+def test_decode_recipe_hands_kept_launches_the_lse_part_by_address(keyed_attention):
+    q = torch.randn(1, 4, 2, 32, dtype=torch.float16)
+    k = torch.randn(1, 2, 300, 32, dtype=torch.float16)
+    attention_op.attention(q, k, k)  # the key's first call: its recipe made
+    recipe = next(iter(decode_launch._DECODE_LAUNCHES._data.values()))[0]
+    recipe.split, recipe.merge = _Kept(), _Kept()
+    attention_op.attention(q, k, k)
+    (split,), (merge,) = recipe.split.calls, recipe.merge.calls
+    parts, lse_part = split[5], split[6]
+    lse_size, offset = recipe.part_shapes
+    rows, dv, splits = recipe.head
+    assert merge[2] is parts and merge[3] == lse_part and isinstance(lse_part, int) and lse_size == splits * rows > rows
+    assert offset % 4 == 0 and offset >= lse_size * dv and parts.numel() == offset + lse_size
+    assert lse_part == parts.data_ptr() + 4 * offset

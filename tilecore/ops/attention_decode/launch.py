@@ -9,7 +9,7 @@ import torch
 from tilecore.ops.attention.kernels_tl import block_d, mask_options, score_options
 from tilecore.ops.attention_decode import configs, kernels_tl
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, next_power_of_2, tl_addressable
+from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, cdiv, next_power_of_2, tl_addressable
 from tilecore.tiles.ops import LOG2E
 
 SPLIT_KEYS = CachedLaunch(kernels_tl.attn_fwd_split_keys)
@@ -77,7 +77,8 @@ class _DecodeLaunch:
         self.split = KeyedLaunch(SPLIT_KEYS, plan.launch_key, plan.grid, dict(
             **masks, SOFTCAP=bool(softcap), MERGED=splits == 1, BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv),
             BLOCK_DK=block_dk, **plan.config))
-        self.part_shapes = None if splits == 1 else ((splits, rows_total, Dv), (splits, rows_total))
+        # (lse's part's size, its offset: O's part (splits, rows, Dv) rounded up to 4 floats)
+        self.part_shapes = None if splits == 1 else (splits * rows_total, cdiv(splits * rows_total * Dv, 4) * 4)
         self.merge = None if splits == 1 else KeyedLaunch(MERGE, plan.launch_key, (rows_total,), dict(
             SPLITS=next_power_of_2(splits), BLOCK_D=block_d(Dv)))
         self.head = (rows_total, Dv, splits)
@@ -92,10 +93,13 @@ class _DecodeLaunch:
         if self.part_shapes is None:
             self.split((q, k, v, out, lse, out, out, *self.tail, scale_log2e, tanh_scale))
             return
-        o_part = torch.empty(self.part_shapes[0], dtype=torch.float32, device=self.device)
-        lse_part = torch.empty(self.part_shapes[1], dtype=torch.float32, device=self.device)
-        self.split((q, k, v, out, lse, o_part, lse_part, *self.tail, scale_log2e, tanh_scale))
-        self.merge((out, lse, o_part, lse_part, *self.head))
+        # the splits' O and lse in one float32 allocation (the kernels take pointers alone), lse's part at a 16-byte
+        # aligned offset: by address where both launches go the kept way (KeyedLaunch.kept), else a view
+        lse_size, lse_offset = self.part_shapes
+        parts = torch.empty(lse_offset + lse_size, dtype=torch.float32, device=self.device)
+        lse_part = parts.data_ptr() + 4 * lse_offset if self.split.kept() and self.merge.kept() else parts[lse_offset:]
+        self.split((q, k, v, out, lse, parts, lse_part, *self.tail, scale_log2e, tanh_scale))
+        self.merge((out, lse, parts, lse_part, *self.head))
 
 
 _DECODE_LAUNCHES = LRU(256)  # a plan's launch key -> its _DecodeLaunch (False: launch_decode's general path)
