@@ -148,6 +148,11 @@ S31_RUN3 = [
                                                           dv_wide_apart=True), "chunked"),
     ("cfg bt64 kb32 vb32 walk128 dvw g8", dict(diag=5), dict(BT=64, BKB=32, dqk_VB=32, BV=128, walk_warps=8,
                                                              dv_wide_apart=True, wide_group=8), "chunked"),
+    # dg whole from the dqk kernel (dg_fused: the later tokens' part as sum_v S_(c+1) dS_c), no dg kernel (0.57 ms)
+    ("cfg bt64 kb32 vb32 fused", dict(diag=5), dict(BT=64, BKB=32, dqk_VB=32, dg_fused=True), "chunked"),
+    ("cfg bt64 kb32 vb32 walk128 dvw g8 fused", dict(diag=5), dict(BT=64, BKB=32, dqk_VB=32, BV=128, walk_warps=8,
+                                                                   dv_wide_apart=True, wide_group=8, dg_fused=True),
+     "chunked"),
     ("cfg bt64 kb32 vb64", dict(diag=5), dict(BT=64, BKB=32, dqk_VB=64), "chunked"),
     ("cfg bt64 kb32 w8", dict(diag=5), dict(BT=64, BKB=32, dqk_warps=8), "chunked"),  # whole columns, 8 warps
 ]

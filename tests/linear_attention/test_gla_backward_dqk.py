@@ -88,3 +88,34 @@ def test_value_loop_matches_whole_value_columns():
         assert accuracy.rel_rms(b, a) < 1e-6, name
     with pytest.raises(ValueError, match="dk_at"):
         run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16, dqk_VB=16, dk_at=True)
+
+
+@pytest.mark.parametrize("final", [True, False])
+def test_dg_fused_in_the_dqk_kernel(final):
+    """dg_fused: dg stored whole by the dqk kernel (the later tokens' part from S_(c+1) dS_c; the final state's from
+    ht where given), no dg kernel: fp16 N 17 and float32 strong decays + a reset + a -1e30 channel at N 200, with and
+    without a final state's gradient; dg 0 where the floor clamped."""
+    torch.manual_seed(11)
+    q, k, v, g, s0 = make(1, 17, 1, 1, 32, 40, dtype=F16, decay="channel", h0=True)
+    do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape) if final else None
+    _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
+    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16, BKB=16, KD=16, BV=16, BK_DG=16, dqk_VB=16,
+                      dg_fused=True)
+    for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+        assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
+    assert accuracy.rel_rms(got[3], ref[3]) < 5e-3
+    q, k, v, g, _ = make(1, 200, 1, 1, 16, 40, dtype=F32, decay="channel", strong=True)
+    g[:, 100, :, :4] = float("-inf")
+    g[:, 3, :, 5] = -1e30
+    g[:, 160:, :, :] *= 0.01
+    do, dht = torch.randn(v.shape), torch.randn(1, 1, 16, 40) if final else None
+    _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
+    dq, dk, dv, dg = run_chunked(q, k, v, g, None, do, dht, st.float(), BT=32, BKB=16, dqk_VB=16, wide_group=2,
+                                 dg_fused=True)
+    for name, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
+        assert accuracy.rel_rms(x, r) < 2e-5, (name, accuracy.rel_rms(x, r))
+    live = g >= -100
+    assert (dg[~live] == 0).all()
+    assert accuracy.rel_rms(dg[live], ref[3][live]) < 2e-4
+    with pytest.raises(ValueError, match="dg_fused"):
+        run_chunked(q, k, v, g, None, do, dht, st.float(), BT=32, dg_fused=True)

@@ -53,10 +53,12 @@ BLOCKS = dict(split_BT=32, split_BKB=64, split_BV=64, split_warps=4, split_stage
 # num_stages, None: stages; dqk_maxnreg: ptxas's register cap for it (.maxnreg; not on the fallback's own launch,
 # whose sub-chunk form would spill under it), None: none)
 # wide_group: with wide_apart, each program of the fallback's launch reads this many flags (None: one)
+# dg_fused (with dqk_VB): the dqk kernel stores dg whole, the later tokens' part as sum_v S_(c+1) dS_c per channel
+# (the decay gradient at the next chunk's first token), no dg kernel (0.57 ms at B16 H16 N4096 d128)
 CHUNKED = dict(BT=32, BV=64, BKB=64, KD=64, BK_DG=64, walk_warps=4, walk_stages=2, dqk_warps=4, dv_warps=4, stages=2,
                split=False, dqk_apart=False, dv_BV=128, walks_fused=False, wide_apart=True, dv_wide_apart=False,
                dk_at=False, dqk_VB=None, dqk_stages=None, dqk_maxnreg=None,
-               wide_group=None)
+               wide_group=None, dg_fused=False)
 
 # "split_combine": the combine kernel's key block (a head's dq / dk / dg by cdiv(Dk, it) programs: launch's combine
 # runs B x H programs of every channel, 256 at B16 H16, each walking 4096 tokens) and tokens a step

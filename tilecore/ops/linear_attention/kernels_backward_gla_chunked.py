@@ -16,6 +16,8 @@ last row; S_c the state entering chunk c, dS_c the gradient of the state leaving
              intra-chunk scores over every channel, by key blocks of KD
     dg       (B H x key blocks, a reverse walk over chunks):  dg = DG + the later chunks' totals (+ the final
              state's sum_v dht * ht), zero where the floor clamped g
+    (dg_fused, session 31: none; the dqk kernel stores dg = its chunk's reverse sum + sum_v S_(c+1) dS_c, the
+             decay gradient at the next chunk's first token, which sums every later token's part; S_NT = ht)
 
 The intra-chunk terms take one reference a key block (kernels_tl._channel_dq_factored / _channel_dk_factored, and
 the scores the same way), the sub-chunk form where the block's span of G is too wide (the forward's rule). The
@@ -194,13 +196,16 @@ def _state_term(x, s, MMA: tl.constexpr, IEEE: tl.constexpr, VB: tl.constexpr):
 @triton.jit
 def _dqk_value_loop(V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N,
                     DK, DV, NT, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, VB: tl.constexpr,
-                    MMA: tl.constexpr, IEEE: tl.constexpr, PART: tl.constexpr):
+                    MMA: tl.constexpr, IEEE: tl.constexpr, PART: tl.constexpr, HT=0, SUFFIX: tl.constexpr = 0):
     """The dqk program's sums over value columns by blocks of VB: (do v^T [BT, BT] unmasked, do . v [BT] unscaled,
-    do S_c^T and v dS_c^T [BT, BKB]; float32; the state terms only where PART needs them, zeros else)."""
+    do S_c^T and v dS_c^T [BT, BKB]; float32; the state terms only where PART needs them, zeros else; and with
+    SUFFIX, sum_v S_(c+1) dS_c [BKB] float32: the decay gradient's part from every later token (see
+    gla_dqk_kernel), S_NT the final state HT ((B H, Dk, Dv) float32 contiguous; SUFFIX 2: none, zeros))."""
     a = tl.zeros([BT, BT], dtype=tl.float32)
     r = tl.zeros([BT], dtype=tl.float32)
     dqs = tl.zeros([BT, BKB], dtype=tl.float32)
     dks = tl.zeros([BT, BKB], dtype=tl.float32)
+    sfx = tl.zeros([BKB], dtype=tl.float32)
     for v0 in range(0, BVF, VB):
         offs_v = v0 + tl.arange(0, VB)
         v_ok = offs_v < DV
@@ -215,7 +220,14 @@ def _dqk_value_loop(V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h
         if PART != 1:
             dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=ok, other=0.0)
             dks += _dot(v.to(MMA), tl.trans(dhs), IEEE)
-    return a, r, dqs, dks
+            if SUFFIX != 0:
+                nxt = tl.load(_state_ptrs(HS, bh, c + 1, NT, offs_k, offs_v, DK, DV), mask=ok & (c + 1 < NT),
+                              other=0.0).to(tl.float32)
+                if SUFFIX == 1:  # the last chunk's: the final state
+                    nxt += tl.load(_state_ptrs(HT, bh, 0, 1, offs_k, offs_v, DK, DV), mask=ok & (c + 1 >= NT),
+                                   other=0.0)
+                sfx += tl.sum(nxt * dhs.to(tl.float32), 1)
+    return a, r, dqs, dks, sfx
 
 
 @triton.jit
@@ -224,7 +236,8 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                    sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                    BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
                    SPLIT: tl.constexpr, PART: tl.constexpr = 0, WIDE: tl.constexpr = 0, FLAG=0,
-                   AT: tl.constexpr = False, VB: tl.constexpr = 0, GROUP: tl.constexpr = 1):
+                   AT: tl.constexpr = False, VB: tl.constexpr = 0, GROUP: tl.constexpr = 1,
+                   SUFFIX: tl.constexpr = 0):
     """Program (batch * head, chunk, key block of BKB channels): dq, dk (the inputs' dtypes, DQ and DK_OUT (B, N, H,
     Dk) contiguous), the decay gradient's within-chunk reverse sum DG (B, N, H, Dk) float32 and its chunk total
     TOT (B H, NT, Dk) float32. Every value column at once (BVF >= Dv). Grid (B * H * NT * KBLOCKS,), key blocks
@@ -244,25 +257,30 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
     value block's tiles are live at a time (not with AT).
     GROUP (WIDE 2): programs of the first launch a program of the fallback's launch reads the flags of (FLAG padded
     with zeros to a multiple of it): fewer programs that only read a zero flag (0.12 ms of 65536 at B16 H16 N4096
-    chunk 32, session 30)."""
+    chunk 32, session 30).
+    SUFFIX (with VB, PART 0; session 31): dg stored whole into DG, no TOT and no dg kernel after: the part of dg_t from
+    the tokens after t's chunk c is sum_v S_(c+1) dS_c per channel (the decay gradient at chunk c + 1's first token:
+    S_c leaves chunk c into e^(g_t) S_c + k v^T, and dS_c is the gradient that flows back into it), summed in the
+    value loop from HS[c + 1] (HS[NT]: the final state, passed in TOT as (B H, Dk, Dv) float32 contiguous; SUFFIX 2:
+    no final state, its part 0) and dS_c."""
     pid = tl.program_id(0)
     if WIDE == 2:
         if GROUP == 1:
             if tl.load(FLAG + pid) != 0:
                 _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                              svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale,
-                             KBLOCKS, pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB)
+                             KBLOCKS, pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX)
         else:
             for i in range(0, GROUP):
                 p = pid * GROUP + i
                 if tl.load(FLAG + p) != 0:
                     _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh,
                                  skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT,
-                                 scale, KBLOCKS, p, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB)
+                                 scale, KBLOCKS, p, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX)
     else:
         _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
-                     pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, WIDE, AT, VB)
+                     pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, WIDE, AT, VB, SUFFIX)
 
 
 @triton.jit
@@ -270,9 +288,9 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
                  svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                  pid, FLAG, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr,
                  IEEE: tl.constexpr, SPLIT: tl.constexpr, PART: tl.constexpr, INTRA: tl.constexpr,
-                 AT: tl.constexpr = False, VB: tl.constexpr = 0):
+                 AT: tl.constexpr = False, VB: tl.constexpr = 0, SUFFIX: tl.constexpr = 0):
     """gla_dqk_kernel's program ``pid`` with the intra-chunk terms by INTRA (_dq_intra's; 1 also writes FLAG and
-    computes only where the span allows); VB gla_dqk_kernel's."""
+    computes only where the span allows); VB and SUFFIX gla_dqk_kernel's (SUFFIX: TOT is the final state)."""
     kblock = pid % KBLOCKS
     c = (pid // KBLOCKS) % NT
     bh = pid // (KBLOCKS * NT)
@@ -300,8 +318,9 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
             # the intra-chunk terms without the diagonal (strictly lower: its factor r comes apart, launch.decay_grad)
             a = tl.where(offs_t[:, None] > offs_t[None, :], _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE), 0.0)
         else:  # hs, dhs: the state terms do S_c^T, v dS_c^T themselves
-            a, r, hs, dhs = _dqk_value_loop(V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0,
-                                            offs_t, offs_k, k_ok, N, DK, DV, NT, BT, BKB, BVF, VB, MMA, IEEE, PART)
+            a, r, hs, dhs, sfx = _dqk_value_loop(V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c,
+                                                 t0, offs_t, offs_k, k_ok, N, DK, DV, NT, BT, BKB, BVF, VB, MMA, IEEE,
+                                                 PART, TOT, SUFFIX)
             a = tl.where(offs_t[:, None] > offs_t[None, :], a, 0.0)
             r = r * scale
             v = None
@@ -337,8 +356,13 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
                   + _state_term(v, dhs, MMA, IEEE, VB) * tl.exp(G_last[None, :] - Gc))
             _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk + r[:, None] * qf)
             dG -= kf * dk
-            _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, tl.cumsum(dG, 0, reverse=True))
-            tl.store(TOT + (bh.to(tl.int64) * NT + c) * DK + offs_k, tl.sum(dG, 0), mask=k_ok)
+            if SUFFIX == 0:
+                _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, tl.cumsum(dG, 0, reverse=True))
+                tl.store(TOT + (bh.to(tl.int64) * NT + c) * DK + offs_k, tl.sum(dG, 0), mask=k_ok)
+            else:  # dg whole: the chunk's reverse sum + every later token's part, 0 where the floor clamped g
+                clamped = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd) < LOG_DECAY_FLOOR
+                _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1,
+                            tl.where(clamped, 0.0, tl.cumsum(dG, 0, reverse=True) + sfx[None, :]))
 
 
 @triton.jit
@@ -528,6 +552,11 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         dqk_VB = min(BVF, cfg["dqk_VB"]) if cfg["dqk_VB"] else 0  # the dqk kernel's value loop (0: none)
         if dqk_VB and cfg["dk_at"]:
             raise ValueError("gla chunked backward: dk_at needs dqk_VB None (v and do whole)")
+        fused = cfg["dg_fused"]  # dg whole from the dqk kernel (the later tokens' part from S_(c+1) dS_c), no dg kernel
+        if fused and (not dqk_VB or cfg["dqk_apart"]):
+            raise ValueError("gla chunked backward: dg_fused needs dqk_VB and not dqk_apart")
+        suffix = (1 if has_ht else 2) if fused else 0
+        tot_or = (ht.float().contiguous() if has_ht else tot) if fused else tot  # SUFFIX 1: the final state
         z4 = (0, 0, 0, 0)
         g_strides = g.stride()
         calls = []  # (name, kernel, grid, arguments, options), in order: each reads what the ones before wrote
@@ -560,11 +589,12 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         for part, wide in dqk:
             grid = (-(-programs // group),) if wide == 2 else (programs,)
             calls.append((f"dqk{part}{'w' * wide}", gla_dqk_kernel, grid, (
-                q, k, v, g, do, hs, dhs, dq, dk, dg, tot, *q.stride(), *k.stride(), *v.stride(), *g_strides,
+                q, k, v, g, do, hs, dhs, dq, dk, dg, tot_or, *q.stride(), *k.stride(), *v.stride(), *g_strides,
                 *do.stride(), N, H, Dk, Dv, NT, scale, kblocks),
                 dict(BT=BT, BKB=BKB, BVF=BVF, MMA=mma, IEEE=ieee, SPLIT=cfg["split"], PART=part, WIDE=wide, FLAG=flag,
                      AT=cfg["dk_at"], num_warps=cfg["dqk_warps"], num_stages=cfg["dqk_stages"] or cfg["stages"],
                      **({"VB": dqk_VB} if dqk_VB else {}), **({"GROUP": group} if wide == 2 and group > 1 else {}),
+                     **({"SUFFIX": suffix} if suffix else {}),
                      **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] and wide != 2 else {}))))
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
         for wide in ((1, 2) if cfg["wide_apart"] and cfg["dv_wide_apart"] else (0,)):
@@ -574,10 +604,11 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                                  KBLOCKS=kblocks, KBP=max(2, triton.next_power_of_2(kblocks)),
                                  num_warps=cfg["dv_warps"], num_stages=cfg["stages"])))
         bk_dg = min(BK, cfg["BK_DG"])
-        calls.append(("dg", gla_dg_kernel, (B * H, -(-Dk // bk_dg)), (
-            g, dg, tot, ht if has_ht else dg, dht if has_ht else dg, *g_strides, *(ht.stride() if has_ht else z4),
-            *(dht.stride() if has_ht else z4), N, H, Dk, Dv, NT), dict(BT=BT, BK=bk_dg, BVF=BVF, HAS_HT=has_ht,
-                                                                          num_warps=4)))
+        if not fused:
+            calls.append(("dg", gla_dg_kernel, (B * H, -(-Dk // bk_dg)), (
+                g, dg, tot, ht if has_ht else dg, dht if has_ht else dg, *g_strides, *(ht.stride() if has_ht else z4),
+                *(dht.stride() if has_ht else z4), N, H, Dk, Dv, NT), dict(BT=BT, BK=bk_dg, BVF=BVF, HAS_HT=has_ht,
+                                                                              num_warps=4)))
         if steps is not None:  # the caller launches (or compiles) them
             steps.extend(calls)
         else:
