@@ -223,3 +223,8 @@ KRON_GLUON = {(172, 64): True, (28, 512): True, (28, 1024): True, (148, 128): Tr
 # on each of the four threads of the group's quad. sm_90a SASS, 11008: nvfp4 7544 -> 6480 instructions (spills 16 ->
 # 8 B), mxfp4 5784 -> 5728 (40 -> 12 B). Keys: (format, n), else the format. Off until a GPU run times it
 QUANT_GLUON_SCALE_ONCE = {}
+# session 31: the Gluon wide kernel's last K chunk of the mixing cut at the 16-multiple past m (gluon_quantize_wide's
+# KTRIM; plan tuning "ktrim"): 172 x 64 multiplies K = 48 of the last 64 (32 + 16), 148 x 128 K = 32 (the padded
+# sub-rows are zeros either way). sm_90a: wgmma 120 -> 114 (11008), 192 -> 168 (18944); spills fp8 44 -> 12 B (11008),
+# 152 -> 56 (18944), mxfp4 11008 40 -> 8. Keys: (format, n), else the format. Off until a GPU run times it
+QUANT_GLUON_KTRIM = {}

@@ -184,6 +184,7 @@ class WideQuantize:
     xchg: object  # HALVES 2: [4, 1] float32 shared (tile parity x consumer), the per-token amax exchange; else None
     xbar: object  # HALVES 2: two mbarriers (tile parity), both consumers arrive; else None
     SCALE_ONCE: gl.constexpr  # groups <= 64: each group's scale computed once (_scales_once), not on its whole quad
+    KTRIM: gl.constexpr  # the last K chunk of the mixing cut at the 16-multiple past m (_product)
 
     @gluon.jit
     def setup(self, tile):
@@ -277,12 +278,11 @@ class WideQuantize:
         # W_J1's, then negates the sum: W_J0 - W_J1 (negation is exact)
         w = z
         for k in gl.static_range(NB):
-            w = warpgroup_mma(bufs.index(NB * J + k)._reinterpret(dt, [BLOCK, BLOCK], lay), xa[k], w, use_acc=k > 0,
-                              is_async=True)
+            w = self._product(ctx, J, k, xa[k], w, k > 0)
         if ctx.index == 1:
             w = -warpgroup_mma_wait(0, deps=(w,))
         for k in gl.static_range(NB):
-            w = warpgroup_mma(bufs.index(NB * J + k)._reinterpret(dt, [BLOCK, BLOCK], lay), xb[k], w, is_async=True)
+            w = self._product(ctx, J, k, xb[k], w, True)
         w = warpgroup_mma_wait(0, deps=(w,))
         if ctx.index == 1:
             w = -w
@@ -308,14 +308,31 @@ class WideQuantize:
         return warpgroup_mma(gl.convert_layout(lo, operand), h64, y, is_async=True)
 
     @gluon.jit
+    def _product(self, ctx, J: gl.constexpr, k: gl.constexpr, x, w, use_acc: gl.constexpr):
+        """w (+)= H[J, k] X_k issued (not waited for); with KTRIM the last chunk's K stops at the 16-multiple past m
+        (172: 48 of 64, 148: 32: the padded sub-rows' zeros are not multiplied)."""
+        bufs = ctx.operand
+        dt: gl.constexpr = self.x_desc.dtype
+        lay: gl.constexpr = bufs.type.layout
+        a = bufs.index(NB * J + k)._reinterpret(dt, [BLOCK, BLOCK], lay)
+        KL: gl.constexpr = (self.M - (NB - 1) * BLOCK + 15) // 16 * 16
+        if self.KTRIM and k == NB - 1 and KL < BLOCK:
+            if KL == 48:  # slices of power-of-two sizes: 32, then 16
+                w = warpgroup_mma(a.slice(0, 32, 1), x.slice(0, 32, 0), w, use_acc=use_acc, is_async=True)
+                return warpgroup_mma(a.slice(32, 16, 1), x.slice(32, 16, 0), w, is_async=True)
+            else:
+                return warpgroup_mma(a.slice(0, KL, 1), x.slice(0, KL, 0), w, use_acc=use_acc, is_async=True)
+        else:
+            return warpgroup_mma(a, x, w, use_acc=use_acc, is_async=True)
+
+    @gluon.jit
     def _mixed(self, ctx, xs, w, J: gl.constexpr):
         """W_J = sum_k H[J, k] X_k (float32, exact products of 16-bit x and +-1)."""
         bufs = ctx.operand
         dt: gl.constexpr = self.x_desc.dtype
         lay: gl.constexpr = bufs.type.layout
         for k in gl.static_range(NB):
-            w = warpgroup_mma(bufs.index(NB * J + k)._reinterpret(dt, [BLOCK, BLOCK], lay), xs[k], w, use_acc=k > 0,
-                              is_async=True)
+            w = self._product(ctx, J, k, xs[k], w, k > 0)
         return warpgroup_mma_wait(0, deps=(w,))
 
     @gluon.jit
@@ -474,7 +491,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                rscale, row_counter, M: gl.constexpr, FORMAT: gl.constexpr, G: gl.constexpr,
                                STATIC: gl.constexpr, QMAX: gl.constexpr, STAGES: gl.constexpr,
                                AHEAD: gl.constexpr = False, PINGPONG: gl.constexpr = False, PROBE: gl.constexpr = 0,
-                               HALVES: gl.constexpr = 1, SCALE_ONCE: gl.constexpr = False):
+                               HALVES: gl.constexpr = 1, SCALE_ONCE: gl.constexpr = False, KTRIM: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
@@ -495,7 +512,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
         xchg = None
         xbar = None
     op = WideQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, M, FORMAT, G,
-                      STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar, SCALE_ONCE)
+                      STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar, SCALE_ONCE, KTRIM)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),
