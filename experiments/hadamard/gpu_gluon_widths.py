@@ -73,6 +73,15 @@ def r3_timed():
         cases.append(("q", fmt, 28672, "no_inside_once", {"gluon_kron": True, "inside": False, "scale_once": True}))
     cases.append(("t", 28, 1024, "no_inside", {"gluon": True, "inside": False}))
     cases.append(("t", 28, 1024, "gluon", {"gluon": True}))
+    for n in (18944, 11008):  # KTRIM: the wide kernel's last K chunk cut at the 16-multiple past m
+        for fmt in ("fp8_e4m3", "int8", "mxfp4", "nvfp4"):
+            cases.append(("q", fmt, n, "ktrim", {"gluon": True, "ktrim": True}))
+            if fmt in ("fp8_e4m3", "int8"):
+                cases.append(("q", fmt, n, "gluon", {"gluon": True}))
+        cases.append(("q", "nvfp4", n, "ktrim_once", {"gluon": True, "ktrim": True, "scale_once": True}))
+    for m, p in ((148, 128), (172, 64)):
+        cases.append(("t", m, p, "ktrim", {"gluon": True, "ktrim": True}))
+        cases.append(("t", m, p, "gluon", {"gluon": True}))
     return cases
 
 
@@ -277,9 +286,10 @@ def check_transforms(out, save, deadline):
                                                                       ((28, 1024), 2049, "transpose", {}),
                                                                       ((148, 128), 2049, "out", {}),
                                                                       ((172, 64), 2049, "transpose", {})]
-    if SET == "r3":  # INSIDE off at 28 x 1024
+    if SET == "r3":  # INSIDE off at 28 x 1024; KTRIM on the wide kernel
         cases = [((28, 1024), 2049, "out", {"inside": False}), ((28, 1024), 3, "transpose", {"inside": False}),
-                 ((28, 1024), 2049, "inplace", {"inside": False})]
+                 ((28, 1024), 2049, "inplace", {"inside": False}), ((148, 128), 2049, "out", {"ktrim": True}),
+                 ((172, 64), 2049, "transpose", {"ktrim": True})]
     for (m, p), rows, mode, tuning in cases:
         if time.time() > deadline:
             out.append({"m": m, "p": p, "skipped": "time"})
@@ -403,7 +413,7 @@ def table(result):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--budget", type=float, default=140.0)
+    ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
     ap.add_argument("--set", default="r3", choices=("r2", "r3"))
