@@ -214,8 +214,10 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
     interpreter under TRITON_INTERPRET=1. Not differentiable: a call that would record a gradient
     raises (FP8 is forward-only).
     """
-    grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v, q_scale, k_scale,
-                                                                                       v_scale))
+    # one look at the modes (issue 31's host time): "direct" records no gradient
+    direct = dispatch.eager_mode(q, k, v, q_scale, k_scale, v_scale) == "direct"
+    grad = not direct and torch.is_grad_enabled() and any(getattr(t, "requires_grad", False)
+                                                          for t in (q, k, v, q_scale, k_scale, v_scale))
     key = None if grad else signature(q, k, v, q_scale, k_scale, v_scale, causal is True, causal is False,
                                       softmax_scale, out_dtype, v_layout)
     if key is None:
@@ -226,7 +228,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
         if check_scales:
             check_scale_values(q_scale, k_scale, v_scale)
     permuted = v_layout == "keys_permuted"
-    if dispatch.plain_eager(q, k, v, q_scale, k_scale, v_scale):
+    if direct:
         out, lse = _impl(q, k, v, q_scale, k_scale, v_scale, causal, scale, out_dtype, permuted, key=key)
     else:
         out, lse = _attention_fp8_op(q, k, v, q_scale, k_scale, v_scale, causal, scale, out_dtype, permuted)
