@@ -25,6 +25,10 @@ def main() -> int:
     os.environ.pop("TRITON_INTERPRET", None)
     from tilecore.ops.fft_conv import configs
     from tilecore.ops.fft_conv.report import gluon_variant
+    try:
+        from tilecore.ops.fft_conv.report import gluon_options
+    except ImportError:  # (a tree before session 31's maxnreg)
+        gluon_options = lambda config: {}  # noqa: E731
     from tilecore.tiles.compile import compile_kernel
 
     tuples = list(configs.GLUON_ONEPASS.values())
@@ -43,7 +47,7 @@ def main() -> int:
                 continue  # (without RFFT the host conjugates: the same kernel)
             label = "x".join(str(int(c)) for c in config) + ("_conj" if conj else "")
             try:
-                ptx = compile_kernel(kernel, args, num_warps=warps).asm["ptx"]
+                ptx = compile_kernel(kernel, args, num_warps=warps, **gluon_options(config)).asm["ptx"]
             except Exception as err:  # noqa: BLE001 (reported, the rest go on)
                 print(f"{label}: {type(err).__name__}: {str(err)[-300:]}", flush=True)
                 continue

@@ -24,14 +24,17 @@ import json, re
 from tilecore.ops.fft_conv.report import gluon_variant
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 out = []
-for a, b, asynchronous, tma, chunk, rfft, groups, sfu, contig, kpre, yalias in (
-        (32, 64, False, False, 0, False, 1, False, False, 0, False), (32, 64, True, True, 0, True, 1, False, False, 0, False),
-        (128, 64, True, True, 32, False, 2, False, False, 0, False), (128, 64, True, True, 16, True, 2, True, False, 0, False),
-        (32, 64, False, True, 0, 2, 1, True, True, 3, False), (128, 64, True, True, 16, 2, 2, True, False, 2, False),
-        (128, 64, True, True, 32, 2, 2, True, False, 2, True)):
+for a, b, asynchronous, tma, chunk, rfft, groups, sfu, contig, kpre, yalias, lean, maxnreg in (
+        (32, 64, False, False, 0, False, 1, False, False, 0, False, 0, 0),
+        (32, 64, True, True, 0, True, 1, False, False, 0, False, 0, 0),
+        (128, 64, True, True, 32, False, 2, False, False, 0, False, 0, 0),
+        (128, 64, True, True, 16, True, 2, True, False, 0, False, 0, 0),
+        (32, 64, False, True, 0, 2, 1, True, True, 3, False, 0, 0), (128, 64, True, True, 16, 2, 2, True, False, 2, False, 0, 0),
+        (128, 64, True, True, 32, 2, 2, True, False, 2, True, 0, 0), (32, 64, False, True, 0, 2, 1, True, False, 2, False, 3, 168),
+        (128, 64, True, True, 32, 2, 2, True, False, 2, True, 1, 0)):
     name, kernel, args, warps, _ = gluon_variant(a, b, 0, asynchronous, tma, chunk, rfft, groups, 4, sfu, contig, kpre,
-                                                 yalias)
-    compiled = compile_kernel(kernel, args, num_warps=warps)
+                                                 yalias, lean, maxnreg)
+    compiled = compile_kernel(kernel, args, num_warps=warps, **({"maxnreg": maxnreg} if maxnreg else {}))
     ptx = compiled.asm["ptx"]
     out.append(dict(name=name, sins=len(re.findall(r"sin\\.approx", ptx)), waits=len(re.findall(r"wgmma\\.wait_group", ptx)),
                     cp_async=len(re.findall(r"cp\\.async\\.ca\\.shared\\.global \\[[^]]*\\], \\[[^]]*\\], 0x8", ptx)),
@@ -46,8 +49,8 @@ def test_compiles_for_hopper_with_wgmma_and_no_spill():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
     r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    sync, tma, chunked, computed, kept, prefetched, aliased = json.loads(r.stdout)
-    for row in (sync, tma, chunked, computed, kept, prefetched, aliased):
+    sync, tma, chunked, computed, kept, prefetched, aliased, three, lean = json.loads(r.stdout)
+    for row in (sync, tma, chunked, computed, kept, prefetched, aliased, three, lean):
         assert row["wgmma"] and not row["wgmma_serialized"], row
         # (chunks of 32 with the prefetch in u's ring: 4 B of spill at 255 registers, the shipped 4096 tuple's 12)
         assert row["spill_stores"] <= (4 if row is aliased else 0) and row["spill_loads"] <= (4 if row is aliased else 0), row
@@ -72,6 +75,11 @@ def test_compiles_for_hopper_with_wgmma_and_no_spill():
     assert sync["cp_async"] == tma["cp_async"] == computed["cp_async"] == 0, computed
     # YALIAS: y's box in u's ring frees 16 KiB a walker: the prefetch at chunks of 32 (32 a thread) fits
     assert aliased["cp_async"] == 32 and aliased["shared"] <= 227 * 1024 and aliased["threads"] == 256, aliased
+    # LEAN 3 (one reduction for u's scales and flags, one for the spectrum product's, x read in the wgmma's layout)
+    # with KPRE 2 fits ptxas's cap of 168 registers without spill: 3 programs of 128 threads a multiprocessor (x 66
+    # KiB of shared memory); LEAN 1 takes 4096's 4 B of spill away
+    assert three["registers"] <= 168 and 3 * three["shared"] <= 227 * 1024 and three["cp_async"] == 16, three
+    assert lean["spill_stores"] == 0 and lean["shared"] <= 227 * 1024, lean
 
 
 def _correlation(u64, k64):

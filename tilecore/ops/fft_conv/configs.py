@@ -91,17 +91,23 @@ GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_on
     # stages 1-3 (run 9's probes: the loads are ~40% of the time, the spectrum's gather what TW_SFU left): 1 loaded
     # into registers there, 2 gathered by cp.async into a [64, C] int64 shared tile (RFFT 2), 3 as 2 but kept for a
     # channel's next pairs on a CONTIG walk (whole tile). sm_90a (registers, spill bytes, shared KiB): 1024 RFFT 2
-    # 190, 0, 50; KPRE 1 205, 0, 50; KPRE 2 183, 0, 66; KPRE 3 179, 0, 66 (3 programs a SM would need 168: maxnreg
-    # 168 spills 24 B, left out); 2048 shipped 255, 112 B; KPRE 2 255, 120 B, 116; 4096 shipped 255, 12 B, 218;
+    # 190, 0, 50; KPRE 1 205, 0, 50; KPRE 2 183, 0, 66; KPRE 3 179, 0, 66 (3 programs a SM need 168: maxnreg 168
+    # spills 24 B without LEAN); 2048 shipped 255, 112 B; KPRE 2 255, 120 B, 116; 4096 shipped 255, 12 B, 218;
     # KPRE 1 chunk 32 255, 4 B, 218; KPRE 2 chunk 16 255, 0, 226 (chunk 32: 250 KiB, over); KPRE 1 chunk 16 255, 0, 210
-    1024: [GLUON_ONEPASS[1024], (32, 64, 2, False, True, 0, 2, 1, 4, True),
-           (32, 64, 2, False, True, 0, True, 1, 4, True, False, 1), (32, 64, 2, False, True, 0, 2, 1, 4, True, False, 2),
-           (32, 64, 2, False, True, 0, 2, 1, 4, True, True, 3)],
-    2048: [GLUON_ONEPASS[2048], (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 2)],
+    # A 14th, LEAN: 1 u's four scale / flag reductions as one and the spectrum product's scale as one (the same
+    # values), 2 (whole tile, TMA) x read from u's box in the wgmma's operand layout; a 15th, maxnreg (ptxas's cap).
+    # 1024 KPRE 2 + LEAN 3: 170 registers, at maxnreg 168 no spill: 3 programs a SM (66 KiB each); 2048 KPRE 2 + LEAN 3
+    # 255, 80 B (shipped 112); 4096 KPRE 2 + YALIAS + LEAN 1 chunk 32 255, 0 B, 224 KiB (LEAN 1 alone: 16 B)
+    1024: [GLUON_ONEPASS[1024], (32, 64, 2, False, True, 0, 2, 1, 4, True, False, 2),
+           (32, 64, 2, False, True, 0, 2, 1, 4, True, False, 2, False, 3),
+           (32, 64, 3, False, True, 0, 2, 1, 4, True, False, 2, False, 3, 168),
+           (32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168)],
+    2048: [GLUON_ONEPASS[2048], (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 2, False, 3)],
     # A 13th, YALIAS (chunked, TMA): y's box is the ring slot its pair's u came in, 16 KiB a walker less: KPRE 2 at
     # chunks of 32 in 218 KiB (255, 4 B of spill)
     4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1),
-           (128, 64, 1, True, True, 16, 2, 2, 4, True, False, 2), (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 2, True)],
+           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 2, True),
+           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 2, True, 1)],
 }
 # candidates the GPU check times per N: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]); loop: groups
 # of pairs a program runs (one program for LOOP groups of one channel), stages: that loop's software

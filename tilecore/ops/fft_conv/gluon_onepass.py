@@ -161,11 +161,16 @@ def _spectrum_take(st, spectrum, f, kpre):
 
 
 @gluon.jit
+def _load_raw(ptr, b, batch, row_offset, offsets):
+    """u[b, h, offsets] (row_offset = h * stride_h; 0 past the batch)."""
+    return gl.load(ptr + row_offset + offsets, mask=(offsets >= 0) & (b < batch), other=0.0)
+
+
+@gluon.jit
 def _load_half(ptr, b, batch, row_offset, offsets):
     """u[b, h, offsets] (row_offset = h * stride_h) as float32 divided by its largest |u|, non-finite
     elements zeroed; also (that scale, whether a non-finite element was there)."""
-    x = gl.load(ptr + row_offset + offsets, mask=(offsets >= 0) & (b < batch), other=0.0)
-    return _scaled(x)
+    return _scaled(_load_raw(ptr, b, batch, row_offset, offsets))
 
 
 @gluon.jit
@@ -179,6 +184,29 @@ def _scaled(x):
     scale = gl.max(gl.max(gl.abs(x), axis=1), axis=0)
     scale = gl.where(scale > 0, scale, 1.0)
     return x / scale, scale, bad
+
+
+@gluon.jit
+def _max4(a0, a1, a2, a3, b0, b1, b2, b3):
+    return gl.maximum(a0, b0), gl.maximum(a1, b1), gl.maximum(a2, b2), gl.maximum(a3, b3)
+
+
+@gluon.jit
+def _scaled_both(xre, xim):
+    """_scaled of both sequences of a pair (the same values) with their four reductions (each one's largest |x|
+    and non-finite flag) as one: one exchange across the warps (LEAN 1)."""
+    xre = xre.to(gl.float32)
+    xim = xim.to(gl.float32)
+    fre = gl.abs(xre) < float("inf")  # False for NaN and +-inf
+    fim = gl.abs(xim) < float("inf")
+    xre = gl.where(fre, xre, 0.0)
+    xim = gl.where(fim, xim, 0.0)
+    are, bre, aim, bim = gl.reduce((gl.abs(xre), gl.where(fre, 0.0, 1.0), gl.abs(xim), gl.where(fim, 0.0, 1.0)), 1,
+                                   _max4)
+    are, bre, aim, bim = gl.reduce((are, bre, aim, bim), 0, _max4)
+    scale_re = gl.where(are > 0, are, 1.0)
+    scale_im = gl.where(aim > 0, aim, 1.0)
+    return xre / scale_re, scale_re, bre > 0, xim / scale_im, scale_im, bim > 0
 
 
 @struct
@@ -208,6 +236,7 @@ class Stages:
     TW_SFU: gl.constexpr
     kbuf: object  # [B, C] int64 in shared memory (KPRE 2), else None
     KPRE: gl.constexpr
+    LEAN: gl.constexpr  # 1: the spectrum product's scale as one reduction (of max(|re|, |im|))
 
 
 # W_L^(m k_a) from the tables' offset i = m A + k_a (A, L powers of two): t = (m k_a) mod L as a signed
@@ -311,6 +340,9 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
     yim = sre * kim + sim * kre
     if st.PROBE & 2:
         scale = 1.0
+    elif st.LEAN & 1:  # (the same largest value: one reduction, not two)
+        scale = gl.max(gl.max(gl.maximum(gl.abs(yre), gl.abs(yim)), axis=1), axis=0)
+        scale = gl.where(scale > 0, scale, 1.0)
     else:
         scale = gl.maximum(gl.max(gl.max(gl.abs(yre), axis=1), axis=0), gl.max(gl.max(gl.abs(yim), axis=1), axis=0))
         scale = gl.where(scale > 0, scale, 1.0)  # (NaN stays NaN: a NaN filter's outputs)
@@ -388,6 +420,7 @@ class PairIO:
     B: gl.constexpr
     TMA: gl.constexpr
     YALIAS: gl.constexpr  # y's box is the ring slot its pair's u came in (no y_smem; the next u requested later)
+    LEAN: gl.constexpr  # 1: both sequences' scales and flags in one reduction (_scaled_both)
 
 
 @gluon.jit
@@ -422,8 +455,17 @@ def _pair_u(io, w, start, step, stop, h, b_re, seq, layout: gl.constexpr):
                 _request_u(io, after, (i + 1) % 2)
         mbarrier.wait(io.u_ready.index(i % 2), (i // 2) & 1)
         pair = io.u_smem.index(i % 2).reshape([2 * io.HALF, io.B])
-        xre, scale_re, bad_re = _scaled(pair.slice(0, io.HALF).permute((1, 0)).load(layout))
-        xim, scale_im, bad_im = _scaled(pair.slice(io.HALF, io.HALF).permute((1, 0)).load(layout))
+        if io.LEAN & 1:
+            xre, scale_re, bad_re, xim, scale_im, bad_im = _scaled_both(
+                pair.slice(0, io.HALF).permute((1, 0)).load(layout), pair.slice(io.HALF, io.HALF).permute((1, 0)).load(layout))
+        else:
+            xre, scale_re, bad_re = _scaled(pair.slice(0, io.HALF).permute((1, 0)).load(layout))
+            xim, scale_im, bad_im = _scaled(pair.slice(io.HALF, io.HALF).permute((1, 0)).load(layout))
+    elif io.LEAN & 1:
+        b_im = b_re + 1
+        xre, scale_re, bad_re, xim, scale_im, bad_im = _scaled_both(
+            _load_raw(io.U, b_re, io.batch, b_re.to(gl.int64) * io.stride_ub + h * io.stride_uh, seq),
+            _load_raw(io.U, b_im, io.batch, b_im.to(gl.int64) * io.stride_ub + h * io.stride_uh, seq))
     else:
         b_im = b_re + 1
         xre, scale_re, bad_re = _load_half(io.U, b_re, io.batch, b_re.to(gl.int64) * io.stride_ub + h * io.stride_uh,
@@ -515,7 +557,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   A: gl.constexpr, B: gl.constexpr, ASYNC: gl.constexpr = False,
                                   u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
                                   CONJ: gl.constexpr = False, PROBE: gl.constexpr = 0, TW_SFU: gl.constexpr = False,
-                                  CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0):
+                                  CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0, LEAN: gl.constexpr = 0):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every
     channel h; work item w = h * groups + g, program p runs w = p, p + programs, ...
 
@@ -528,7 +570,9 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     in, clipped out), the next pair's u loaded into a second buffer while this one's products run
     (else pointer loads and stores). RFFT: K is the rfft itself, (heads, N + 1) complex64 as float32 (re,
     im) pairs, read at the tile's bins in the kernel (conjugated with CONJ): no host layout a call. KPRE: the
-    pair's spectrum requested at the top of the pair, before its u (Stages)."""
+    pair's spectrum requested at the top of the pair, before its u (Stages). LEAN (session 31; the same bits): 1 fewer reductions
+    (u's four scales and flags as one, the spectrum product's scale as one), 2 (TMA) x read from u's box
+    straight into the wgmma's operand layout (no layout conversion through shared memory)."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(WARPS == 4 or WARPS == 8, "one warpgroup, or two splitting each product's columns")
@@ -577,14 +621,14 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(t_k, 0)
     zeros = gl.zeros([B, A], gl.float32, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE, TW_SFU, kbuf, KPRE)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE, TW_SFU, kbuf, KPRE, LEAN)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
     first = gl.program_id(0)
     programs = gl.num_programs(0)
     pio = PairIO(U, Y, u_desc, y_desc, u_smem, y_smem, u_ready, batch, stride_ub, stride_uh, stride_yb, stride_yh, groups,
-                 HALF, B, TMA, False)
+                 HALF, B, TMA, False, LEAN)
     start, stop, step = _walk(first, programs, total, CONTIG)
     gl.static_assert(KPRE < 3 or CONTIG, "KPRE 3 keeps a channel's spectrum for its next pairs: a CONTIG walk")
     last_h = (start * 0 - 1).to(gl.int64)  # (KPRE 3: the previous pair's channel)
@@ -594,7 +638,10 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         b_re = 2 * (w % groups)
         kpre = _spectrum_issue(st, K + h * stride_kh, tab, h != last_h)  # (KPRE: under this pair's u and stages 1-3)
         last_h = h
-        xre, scale_re, bad_re, xim, scale_im, bad_im = _pair_u(pio, w, start, step, stop, h, b_re, seq, io)
+        if TMA and (LEAN & 2):  # (x straight into the wgmma's operand layout)
+            xre, scale_re, bad_re, xim, scale_im, bad_im = _pair_u(pio, w, start, step, stop, h, b_re, seq, lhs)
+        else:
+            xre, scale_re, bad_re, xim, scale_im, bad_im = _pair_u(pio, w, start, step, stop, h, b_re, seq, io)
         xre = gl.convert_layout(xre.to(gl.float16), lhs)
         xim = gl.convert_layout(xim.to(gl.float16), lhs)
         yre, yim, spec_scale = _forward_stages(st, xre, xim, fa1re, fa1im, None, tab, 0, K, h, stride_kh, zeros, True,
@@ -658,6 +705,7 @@ class ChunkedGlobals:
     CONTIG: gl.constexpr
     KPRE: gl.constexpr
     YALIAS: gl.constexpr
+    LEAN: gl.constexpr
 
 
 @struct
@@ -709,7 +757,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   CONJ: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
                                   WORKER_REGS: gl.constexpr = 240, PROBE: gl.constexpr = 0,
                                   TW_SFU: gl.constexpr = False, CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0,
-                                  YALIAS: gl.constexpr = False):
+                                  YALIAS: gl.constexpr = False, LEAN: gl.constexpr = 0):
     """fft_conv_gluon_onepass_kernel's convolution (same arguments) for larger A (N = 4096: A = 128), the
     tile's k_a columns CHUNK at a time: stages 1..3' are column-wise (x @ F_A[:HALF, chunk], the twiddles,
     F_B @ R, the spectrum and conj(F_B) @ Y act on each column alone), so a pair's registers hold one
@@ -745,7 +793,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     fbnim = _resident(FBIM, B, B, B, 0, True, table)
     g = ChunkedGlobals(U, K, Y, TFRE, TFIM, batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                        u_desc, y_desc, fare, faim, fanim, fbre, fbim, fbnim, A, B, CHUNK, TMA, RFFT, CONJ,
-                       PROBE, TW_SFU, CONTIG, KPRE, YALIAS)
+                       PROBE, TW_SFU, CONTIG, KPRE, YALIAS, LEAN)
     first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS)
     if WARPGROUPS == 1:
         fence_async_shared()
@@ -813,14 +861,14 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     zeros = gl.zeros([B, CHUNK], gl.float32, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, True, g.PROBE, g.TW_SFU, bufs.kbuf,
-                g.KPRE)
+                g.KPRE, g.LEAN)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
     first = gl.program_id(0) * PARTS + part
     programs = gl.num_programs(0) * PARTS
     pio = PairIO(U, Y, u_desc, y_desc, u_smem, y_smem, u_ready, batch, stride_ub, stride_uh, stride_yb, stride_yh, groups,
-                 HALF, B, TMA, g.YALIAS)
+                 HALF, B, TMA, g.YALIAS, g.LEAN)
     start, stop, step = _walk(first, programs, total, g.CONTIG)
     _first_u(pio, start, stop)
     for w in range(start, stop, step):

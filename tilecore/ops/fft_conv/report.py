@@ -53,9 +53,11 @@ def mono_variant(a: int, b: int, c: int, loop: int, warps: int, permute: bool = 
 def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma: bool = False,
                   chunk: int = 0, rfft: bool = False, warpgroups: int = 1,
                   warps: int = 4, tw_sfu: bool = False, contig: bool = False,
-                  kpre: int = 0, yalias: bool = False) -> tuple[str, object, dict, int, bool]:
+                  kpre: int = 0, yalias: bool = False, lean: int = 0,
+                  maxnreg: int = 0) -> tuple[str, object, dict, int, bool]:
     """The one-pass kernel in Gluon (gluon_onepass.fft_conv_gluon_onepass_kernel) at one configuration
-    (per_sm: the grid only, not the compile)."""
+    (per_sm: the grid only, not the compile; ``maxnreg`` is a compile option, which this tuple cannot carry:
+    named only, the callers that compile pass it, gluon_options)."""
     import torch
 
     from tilecore.ops.fft_conv import gluon_onepass
@@ -68,13 +70,14 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
     args = dict(U=t, K=f32, Y=t, FARE=f16, FAIM=f16, FBRE=f16, FBIM=f16, TFRE=f32, TFIM=f32, batch=16, heads=768,
                 stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=4 * n, A=a, B=b,
                 ASYNC=async_mma, TMA=tma, RFFT=rfft, CONJ=False, TW_SFU=tw_sfu,
-                CONTIG=contig, KPRE=kpre)
+                CONTIG=contig, KPRE=kpre, LEAN=lean)
     if tma:
         rows = torch.empty(2, 1, n, dtype=torch.bfloat16)  # (the descriptors' type is what compiles)
         args["u_desc"], args["y_desc"] = gluon_descriptors(rows, rows, a, b)
     extra = (", async" if async_mma else "") + (", TMA" if tma else "") + (", rfft" if rfft else "") + (
         ", twiddles computed" if tw_sfu else "") + (", contiguous walk" if contig else "") + (
-        f", spectrum prefetch {kpre}" if kpre else "") + (", y in u's ring" if yalias else "")
+        f", spectrum prefetch {kpre}" if kpre else "") + (", y in u's ring" if yalias else "") + (
+        f", lean {lean}" if lean else "") + (f", maxnreg {maxnreg}" if maxnreg else "")
     if chunk:
         del args["ASYNC"]
         args.update(CHUNK=chunk, WARPGROUPS=warpgroups, WORKER_REGS=248, YALIAS=yalias)
@@ -82,6 +85,11 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
                 gluon_onepass.fft_conv_gluon_chunked_kernel, args, 4, True)
     return (f"fft_conv gluon N{n} ({a}x{b}{extra}, {warps} warps)",
             gluon_onepass.fft_conv_gluon_onepass_kernel, args, warps, True)
+
+
+def gluon_options(config: tuple) -> dict:
+    """The compile options of a configs.GLUON_ONEPASS tuple beyond gluon_variant's (its 15th element, maxnreg)."""
+    return {"maxnreg": config[14]} if len(config) > 14 and config[14] else {}
 
 
 def dk_variant(n1: int, n2: int, loop: int, warps: int) -> tuple[str, object, dict, int, bool]:
