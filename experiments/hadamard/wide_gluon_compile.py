@@ -63,7 +63,7 @@ def compile_one(m, p, fmt, stages=2, rows=1 << 14, scale_once=False, ktrim=False
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="")
-    ap.add_argument("--formats", default="fp8_e4m3,int8,mxfp4,nvfp4,amax,store")
+    ap.add_argument("--formats", default="fp8_e4m3,int8,mxfp4,nvfp4,int4,amax,store")
     ap.add_argument("--json", default="")
     ap.add_argument("--scale-once", default="0", help="comma list of 0/1")
     ap.add_argument("--ktrim", default="0", help="comma list of 0/1")
@@ -73,8 +73,6 @@ def main():
         if a.only and a.only != str(m * p):
             continue
         for fmt in a.formats.split(","):
-            if p == 128 and fmt == "int4":
-                continue  # groups of 128 span both consumers' halves: not this kernel's
             for so, kt in [(so, kt) for so in a.scale_once.split(",") for kt in a.ktrim.split(",")]:
                 r = compile_one(m, p, fmt, scale_once=so == "1", ktrim=kt == "1")
                 print(json.dumps(r), flush=True)

@@ -46,12 +46,9 @@ def test_plan_takes_the_gluon_kernel_only_where_asked_and_able(fmt):
     assert plan.config["FORMAT"] == f.kernel_id and plan.config["G"] == (f.default_group or 0)
     assert plan.grid == (132,) and plan.config["num_warps"] == 4
     assert _plan(fmt, gluon=False, _gluon_ok=True).path != "gluon_wide"
-    # 148 x 128: HALVES 2 (a row a tile, consumer c its column half), but for int4 (groups of 128 span both halves)
+    # 148 x 128: HALVES 2 (a row a tile, consumer c its column half; int4's groups of 128 by exchanged sub-row maxima)
     plan = _plan(fmt, n=18944, gluon=True, _gluon_ok=True)
-    if fmt == "int4":
-        assert plan.path != "gluon_wide"
-    else:
-        assert plan.path == "gluon_wide" and plan.config["HALVES"] == 2 and plan.grid == (132,)
+    assert plan.path == "gluon_wide" and plan.config["HALVES"] == 2 and plan.grid == (132,)
     assert "HALVES" not in _plan(fmt, gluon=True, _gluon_ok=True).config  # 11008: the kernel as shipped
     assert _plan(fmt, n=108 * 64, gluon=True, _gluon_ok=True).path != "gluon_wide"  # two blocks: not its shape
 

@@ -183,6 +183,7 @@ class WideQuantize:
     HALVES: gl.constexpr  # 2: rows of m x 128 (18944 = 148 x 128), a tile one row, consumer c its output columns 64 c..
     xchg: object  # HALVES 2: [4, 1] float32 shared (tile parity x consumer), the per-token amax exchange; else None
     xbar: object  # HALVES 2: two mbarriers (tile parity), both consumers arrive; else None
+    xrows: object  # HALVES 2 with groups of 128: [12, 64] float32 shared (parity x consumer x block), else None
     SCALE_ONCE: gl.constexpr  # groups <= 64: each group's scale computed once (_scales_once), not on its whole quad
     KTRIM: gl.constexpr  # the last K chunk of the mixing cut at the 16-multiple past m (_product)
 
@@ -376,6 +377,12 @@ class WideQuantize:
             self._stage(ctx, 1, self._token_codes(y1 * recip))
             self._stage(ctx, 2, self._token_codes(y2 * recip))
             self._store(ctx, row)
+        elif self.HALVES == 2 and self.G == 2 * BLOCK:  # int4's groups of 128: a sub-row, both consumers' halves
+            g0, g1, g2 = self._exchange_rows(ctx, _amax(y0, 1), _amax(y1, 1), _amax(y2, 1), state.t)
+            self._stage(ctx, 0, self._subrow_codes(ctx, y0, g0, 0, row))
+            self._stage(ctx, 1, self._subrow_codes(ctx, y1, g1, 1, row))
+            self._stage(ctx, 2, self._subrow_codes(ctx, y2, g2, 2, row))
+            self._store(ctx, row)
         else:
             self._stage(ctx, 0, self._group_codes(y0, 0, row, ctx.index))
             self._stage(ctx, 1, self._group_codes(y1, 1, row, ctx.index))
@@ -393,6 +400,41 @@ class WideQuantize:
         mbarrier.wait(self.xbar.index(slot), (t >> 1) & 1)
         other = gl.reduce(self.xchg.index(2 * slot + 1 - ctx.index).load(L1), 0, _max_nan)
         return _max_nan(a, other)
+
+    @gluon.jit
+    def _exchange_rows(self, ctx, a0, a1, a2, t):
+        """HALVES 2, groups of 128 (a sub-row of 128 = both consumers' halves): each block's [64] sub-row maxima
+        maxed with the other consumer's (NaN if either is), through the tile parity's rows of ``xrows`` and the
+        barrier pair that the per-token exchange uses (the two never run in one kernel)."""
+        slot = t & 1
+        base = 6 * slot + 3 * ctx.index
+        other = 6 * slot + 3 * (1 - ctx.index)
+        self.xrows.index(base).store(a0)
+        self.xrows.index(base + 1).store(a1)
+        self.xrows.index(base + 2).store(a2)
+        gl.thread_barrier()  # every warp's stores before the arrive (one thread of the partition arrives)
+        mbarrier.arrive(self.xbar.index(slot))
+        mbarrier.wait(self.xbar.index(slot), (t >> 1) & 1)
+        L: gl.constexpr = a0.type.layout
+        b0 = self.xrows.index(other).load(L)
+        b1 = self.xrows.index(other + 1).load(L)
+        b2 = self.xrows.index(other + 2).load(L)
+        return _max_nan(a0, b0), _max_nan(a1, b1), _max_nan(a2, b2)
+
+    @gluon.jit
+    def _subrow_codes(self, ctx, y, ga, J: gl.constexpr, row):
+        """HALVES 2, groups of 128: block J's codes (packed bytes as int32) from its sub-rows' maxima ``ga`` (both
+        halves'); the scales (one a sub-row) stored by consumer 0."""
+        L: gl.constexpr = y.type.layout
+        recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX)  # [64]
+        SL: gl.constexpr = recip.type.layout
+        i = gl.arange(0, BLOCK, layout=SL) + J * BLOCK
+        if ctx.index == 0:
+            gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i, stored.to(self.scales.dtype.element_ty),
+                     mask=(i < self.M) & (row < self.rows))
+        code = _rni(y * gl.expand_dims(recip, 1))
+        code = gl.where(gl.expand_dims(keep, 1), code, 0)
+        return _pack(code, BLOCK, BLOCK)
 
     @gluon.jit
     def _rotated(self, w, h64, J: gl.constexpr):
@@ -511,8 +553,12 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
     else:
         xchg = None
         xbar = None
+    if HALVES == 2 and G == 128:  # the sub-rows' maxima exchanged (int4's groups of 128 span both halves)
+        xrows = gl.allocate_shared_memory(gl.float32, [12, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    else:
+        xrows = None
     op = WideQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, M, FORMAT, G,
-                      STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar, SCALE_ONCE, KTRIM)
+                      STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar, xrows, SCALE_ONCE, KTRIM)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),

@@ -182,8 +182,8 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
 
     on = tuning.get("gluon", _by_format(configs.QUANT_GLUON_WIDE, fmt, n, False))
     if not on or not tuning.get("_gluon_ok") or mix != 1 or dtype == torch.float32 or signs or not fits(n, M, P) \
-            or group not in (None, 16, 32, 128) or (group == 128 and (fmt != "int4" or P != 64)):
-        return None  # (m x 128: int4's groups of 128 would span both consumers' halves)
+            or group not in (None, 16, 32, 128) or (group == 128 and fmt != "int4"):
+        return None
     f = FORMATS[fmt]
     tuning = {**_by_format(configs.QUANT_GLUON_WIDE_TUNING, fmt, n, {}), **tuning}  # the measured; the caller's first
     halves = P // 64  # 2: m x 128, a row a tile, consumer c its column half
