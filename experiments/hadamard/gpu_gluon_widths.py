@@ -79,6 +79,9 @@ def r3_timed():
             if fmt in ("fp8_e4m3", "int8"):
                 cases.append(("q", fmt, n, "gluon", {"gluon": True}))
         cases.append(("q", "nvfp4", n, "ktrim_once", {"gluon": True, "ktrim": True, "scale_once": True}))
+    # int4 at 18944 on the wide kernel (its groups of 128 span both consumers' halves: the sub-rows' maxima exchanged)
+    cases += [("q", "int4", 18944, "gluon", {"gluon": True}), ("q", "int4", 18944, "shipped", {}),
+              ("q", "int4", 18944, "ktrim", {"gluon": True, "ktrim": True})]
     for m, p in ((148, 128), (172, 64)):
         cases.append(("t", m, p, "ktrim", {"gluon": True, "ktrim": True}))
         cases.append(("t", m, p, "gluon", {"gluon": True}))
@@ -183,7 +186,9 @@ def check_cases(quick=False):
         return [(c[1], c[2], {"scale": 0.002} if c[1] == "nvfp4" else {}, "bfloat16", c[4]) for c in r3_timed()
                 if c[0] == "q" and c[3] not in ("gluon", "shipped")] + [("nvfp4", 28672, {}, "bfloat16",
                                                                           {"gluon_kron": True, "inside": False,
-                                                                           "scale_once": True})]
+                                                                           "scale_once": True}),
+                                                                         ("int4", 18944, {}, "bfloat16", {"gluon": True}),
+                                                                         ("int4", 18944, {}, "float16", {"gluon": True})]
     cases = [(f, n, {"scale": 0.002} if f == "nvfp4" else {}, "bfloat16", GLUON_AT[n]) for n in WIDTHS
              for f in FORMATS_AT[n]]
     cases += [("fp8_e5m2", 14336, {}, "bfloat16", GLUON), ("nvfp4", 14336, {}, "bfloat16", GLUON),
