@@ -549,3 +549,37 @@ def test_decode_recipe_hands_kept_launches_the_lse_part_by_address(keyed_attenti
     assert merge[2] is parts and merge[3] == lse_part and isinstance(lse_part, int) and lse_size == splits * rows > rows
     assert offset % 4 == 0 and offset >= lse_size * dv and parts.numel() == offset + lse_size
     assert lse_part == parts.data_ptr() + 4 * offset
+
+
+def test_varlen_op_finds_the_recipe_before_its_checks(monkeypatch):
+    from tilecore.ops.attention_varlen import op as varlen_op
+
+    calls = []
+
+    class Recorder:
+        keyed = launch.LRU(4)
+
+        def run(self, key, grid, args, kwargs):
+            calls.append((key, grid, args, kwargs))
+
+    monkeypatch.setattr(varlen_op, "GLUON_VARLEN_FWD", Recorder())
+    monkeypatch.setattr(varlen_op.dispatch, "num_sms", lambda device: 132)
+    monkeypatch.setattr(varlen_op, "gluon_forward_fits", lambda *a, **kw: True)
+    monkeypatch.setattr(varlen_op, "signature", _cpu_signature)
+    checks = []
+    check = varlen_op.check
+    monkeypatch.setattr(varlen_op, "check", lambda *a: checks.append(1) or check(*a))
+    for cache in (varlen_op._CHECKED, varlen_op._GLUON_FITS, varlen_op._GLUON_FORWARD_LAYOUTS, varlen_op._GLUON_FORWARDS):
+        cache.clear()
+    q = torch.randn(60, 4, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 10, 60], dtype=torch.int32)
+    for _ in range(3):
+        out = varlen_op.attention_varlen(q, q, q, cu, cu, 50, 50, causal=True, validate=False)
+        assert out.shape == q.shape
+    assert len(checks) == 1 and len(calls) == 3 and len(varlen_op._GLUON_FORWARDS) == 1
+    assert calls[0][0] == calls[1][0] == calls[2][0] and calls[0][0][0] == "attention_varlen"
+    xg = q.clone().requires_grad_()  # recording a gradient: the Function (whose forward launches by the recipe)
+    assert varlen_op.attention_varlen(xg, q, q, cu, cu, 50, 50, causal=True, validate=False).grad_fn is not None
+    assert len(calls) == 4 and calls[3][0] == calls[0][0]
+    for cache in (varlen_op._CHECKED, varlen_op._GLUON_FITS, varlen_op._GLUON_FORWARD_LAYOUTS, varlen_op._GLUON_FORWARDS):
+        cache.clear()

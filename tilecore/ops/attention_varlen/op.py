@@ -756,17 +756,24 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                     scale, softcap, *window_size) \
         if isinstance(q, torch.Tensor) and not should_validate(validate, q.device) \
         and isinstance(window_size, (tuple, list)) and not isinstance(scale, torch.Tensor) else None
+    if key is not None:
+        key = ("attention_varlen", key)
+        # a plain eager call whose signature's first call kept the Gluon forward (after its checks: session 31)
+        prepared = _GLUON_FORWARDS.get(key) if tiles_launch.BIND_KEYED_LAUNCHES else None
+        if prepared and dispatch.eager_mode(q, k, v, cu_seqlens_q, cu_seqlens_k) == "direct":
+            out, lse = prepared(q, k, v, cu_seqlens_q, cu_seqlens_k)
+            return (out, lse) if return_lse else out
 
     def checked():
         left, right = check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
                             window_size, softcap, validate)
         return left, right, (q.shape[-1] ** -0.5 if scale is None else scale_value(scale))
 
-    left, right, scale = _CHECKED.memo(key and ("attention_varlen", key), checked)
+    left, right, scale = _CHECKED.memo(key, checked)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, left, right, float(softcap))
     # eager: the implementation, or its autograd Function; torch.compile, fake tensors, modes: the op
     out, lse = eager.run(_forward_op, _forward_impl, _VarlenFunction, *args,
-                         tensors=(q, k, v, cu_seqlens_q, cu_seqlens_k), key=key and ("attention_varlen", key))
+                         tensors=(q, k, v, cu_seqlens_q, cu_seqlens_k), key=key)
     return (out, lse) if return_lse else out
 
 
