@@ -72,10 +72,14 @@ def kron_plan(x: torch.Tensor, m: int, p: int, **tuning) -> KronPlan:
 
 def _gluon_fits(x: torch.Tensor, m: int, p: int, interpret: bool, tuning: dict) -> bool:
     """Whether the "gluon" path (a Gluon kernel's STORE format: quantize.gluon_wide_transform) is asked for (the
-    tuning "gluon", else configs.KRON_GLUON[(m, p)]) and runs here: Hopper with Gluon, 16-bit contiguous rows that TMA
-    can describe, and a Gluon kernel of that shape (gluon_quantize_wide: m x 64, 128 < m <= 192; gluon_quantize_kron:
-    m <= 32 x p, p = 128..1024)."""
-    if not tuning.get("gluon", configs.KRON_GLUON.get((m, p), False)) or interpret or x.device.type != "cuda" \
+    tuning "gluon", else configs.KRON_GLUON[(m, p)] from configs.TMA_MIN_ELEMENTS elements) and runs here: Hopper
+    with Gluon, 16-bit contiguous rows that TMA can describe, and a Gluon kernel of that shape (gluon_quantize_wide:
+    m x 64, 128 < m <= 192, and m x 128; gluon_quantize_kron: m <= 32 x p, p = 128..1024)."""
+    asked = tuning.get("gluon")
+    if asked is None:  # the table's shapes from TMA_MIN_ELEMENTS elements (below it the host cost of descriptors and
+        # the Gluon JIT's launch outweighs it, as for the power-of-two Gluon plan: plan.plan)
+        asked = configs.KRON_GLUON.get((m, p), False) and x.numel() >= configs.TMA_MIN_ELEMENTS
+    if not asked or interpret or x.device.type != "cuda" \
             or x.dtype not in (torch.float16, torch.bfloat16) or not x.is_contiguous() or x.data_ptr() % 16 \
             or not dispatch.gluon_ok(x.device):
         return False
