@@ -184,13 +184,14 @@ def test_decode_recipe_gives_the_general_paths_bits(keyed_attention, monkeypatch
         calls.append((q, k, v))
     options = dict(causal=causal, window_size=window, softcap=softcap, scale=scale, return_lse=True)
     keyed = [attention_op.attention(*c, **options) for c in calls]
+    keyed_out = [attention_op.attention(*c, **dict(options, return_lse=False)) for c in calls]  # lse in the parts
     assert len(decode_launch._DECODE_LAUNCHES) == 1  # one key, its recipe made once
     recipe = next(iter(decode_launch._DECODE_LAUNCHES._data.values()))[0]
     assert recipe and (recipe.merge is None) == (nk == 100)
     monkeypatch.setattr(attention_op, "signature", lambda *items: None)  # the general path: no key, no recipe
     plain = [attention_op.attention(*c, **options) for c in calls]
-    for (o, lse), (o_plain, lse_plain) in zip(keyed, plain):
-        assert torch.equal(o, o_plain) and torch.equal(lse, lse_plain)
+    for (o, lse), o_only, (o_plain, lse_plain) in zip(keyed, keyed_out, plain):
+        assert torch.equal(o, o_plain) and torch.equal(lse, lse_plain) and torch.equal(o_only, o_plain)
     assert keyed_attention and all(len(triton_keys) == 1 for triton_keys in keyed_attention.values())
 
 
@@ -547,8 +548,11 @@ def test_decode_recipe_hands_kept_launches_the_lse_part_by_address(keyed_attenti
     lse_size, offset = recipe.part_shapes
     rows, dv, splits = recipe.head
     assert merge[2] is parts and merge[3] == lse_part and isinstance(lse_part, int) and lse_size == splits * rows > rows
-    assert offset % 4 == 0 and offset >= lse_size * dv and parts.numel() == offset + lse_size
+    assert offset % 4 == 0 and offset >= lse_size * dv
     assert lse_part == parts.data_ptr() + 4 * offset
+    # O alone returned: the merge's lse in the same allocation, after the parts, 16-byte aligned
+    lse_at = -(-(offset + lse_size) // 4) * 4
+    assert parts.numel() == lse_at + rows and split[4] == merge[1] == parts.data_ptr() + 4 * lse_at
 
 
 def test_varlen_op_finds_the_recipe_before_its_checks(monkeypatch):

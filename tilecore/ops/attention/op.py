@@ -14,6 +14,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.attention import launch
 from tilecore.ops.attention.plan import plan_backward, plan_forward, sm_margin_value
+from tilecore.ops.attention_decode.launch import prepared as decode_prepared
 from tilecore.tiles.eager import apply as eager_apply  # Function.apply without torch's Python wrapper
 from tilecore.tiles.launch import LRU, signature
 
@@ -324,6 +325,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     sm_margin = int(sm_margin)
     if mode == "direct":
+        if plan is not None and plan.path == "decode" and plan.operand_dtype is None:  # the key's decode recipe
+            recipe = decode_prepared(plan, q, k, v, causal, window, softcap)
+            if recipe:
+                out, lse = recipe.outputs(q, k, v, scale, softcap, return_lse)
+                return (out, lse) if return_lse else out
         out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin, plan)
     elif mode == "autograd":
         out, lse = eager_apply(_AttentionFunction, q, k, v, causal, scale, window, softcap, key, sm_margin, plan)

@@ -102,4 +102,40 @@ class _DecodeLaunch:
         self.merge((out, lse, parts, lse_part, *self.head))
 
 
+    def outputs(self, q, k, v, scale: float, softcap: float,
+                want_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(O, lse) made and computed here (attention's direct eager call: contiguous, as launch.outputs makes
+        them); without ``want_lse`` (a call that returns O alone) the merge's lse goes into the split parts'
+        allocation instead of a tensor of its own, and None is returned for it."""
+        B, Hq, N = q.shape[:3]
+        out = torch.empty((B, Hq, N, v.shape[3]), dtype=q.dtype, device=self.device)
+        if want_lse or self.part_shapes is None:
+            lse = torch.empty((B, Hq, N), dtype=torch.float32, device=self.device)
+            self(q, k, v, out, lse, scale, softcap)
+            return out, lse
+        if softcap:  # (score_options)
+            scale_log2e, tanh_scale = softcap * LOG2E, scale / softcap
+        else:
+            scale_log2e, tanh_scale = scale * LOG2E, 0.0
+        lse_size, lse_offset = self.part_shapes
+        lse_at = cdiv(lse_offset + lse_size, 4) * 4  # (16-byte aligned)
+        parts = torch.empty(lse_at + self.head[0], dtype=torch.float32, device=self.device)
+        if self.split.kept() and self.merge.kept():
+            address = parts.data_ptr()
+            lse_part, lse = address + 4 * lse_offset, address + 4 * lse_at
+        else:
+            lse_part, lse = parts[lse_offset:], parts[lse_at:]
+        self.split((q, k, v, out, lse, parts, lse_part, *self.tail, scale_log2e, tanh_scale))
+        self.merge((out, lse, parts, lse_part, *self.head))
+        return out, None
+
+
+def prepared(plan, q, k, v, causal: bool, window, softcap: float):
+    """The _DecodeLaunch of ``plan``'s launch key (made at its first call), False where launch_decode's general
+    path serves it, None where the plan has no key or BIND_KEYED_LAUNCHES is off."""
+    if plan.launch_key is None or not tiles_launch.BIND_KEYED_LAUNCHES:
+        return None
+    return _DECODE_LAUNCHES.memo(plan.launch_key, lambda: _DecodeLaunch.of(plan, q, k, v, causal, window, softcap))
+
+
 _DECODE_LAUNCHES = LRU(256)  # a plan's launch key -> its _DecodeLaunch (False: launch_decode's general path)
