@@ -35,7 +35,7 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides
     "l_mma1_tree_fma8": dict(l_mma=1, max_tree=True, exp2_fma_every=8), "c3": dict(consumers=3, pingpong=False),
     "pingpong": dict(pingpong=True), "l_mma1_tree_pp": dict(l_mma=1, max_tree=True, pingpong=True),
     "probe": dict(probe_no_softmax=True), "noexp2": dict(l_mma=1, max_tree=True, exp2_fma_every=-1),
-    "nomax": dict(l_mma=1, max_tree=True, probe_no_softmax=2),
+    "nomax": dict(l_mma=1, max_tree=True, probe_no_softmax=2), "nocvt": dict(probe_no_softmax=3),
     "c3_early": dict(consumers=3, pingpong=False, cast_late=False),
     "c3_early_lmma_late": dict(consumers=3, pingpong=False, cast_late=False, l_mma=1, rescale_late=True),
     "late": dict(rescale_late=True), "st4": dict(stages=4), "pp0": dict(pingpong=False), "l_mma1_tree_late": dict(l_mma=1, max_tree=True, rescale_late=True),

@@ -165,6 +165,14 @@ E4M3X4_PTX: gl.constexpr = gl.constexpr("{\n\t.reg .b16 lo, hi;\n\t"
                                         "mov.b32 $0, {lo, hi};\n\t}")
 
 
+# a timing probe (PROBE_NO_SOFTMAX 3, session 31; WRONG results): 4 floats' high bytes as "e4m3" by PRMT (the ALU)
+# instead of two cvt...e4m3x2 (F2FP): what P's conversion costs a step
+PROBE_BYTES_PTX: gl.constexpr = gl.constexpr("{\n\t.reg .b32 t, u;\n\t"
+                                             "prmt.b32 t, $1, $2, 0x0073;\n\t"
+                                             "prmt.b32 u, $3, $4, 0x0073;\n\t"
+                                             "prmt.b32 $0, t, u, 0x5410;\n\t}")
+
+
 @gluon.jit
 def to_e4m3x4(x):
     """x (float32) rounded to e4m3 (saturating), 4 elements an inline asm: pairs of cvt packed into one register."""
@@ -489,7 +497,8 @@ class AttentionFp8:
     LC: gl.constexpr  # L_MMA: the columns of the row-sum wgmma (its N: 8, or 16 for mode 3)
     MAX_TREE: gl.constexpr  # the row max as a tree (row_max_tree) instead of gl.max's chain
     PROBE_NO_SOFTMAX: gl.constexpr  # timing probes, wrong results: 1 P = S (no max, exp2 or sum), alpha = 1; 2 no row
-    # max (the running max stays at 0: P saturates at 448 where a score passes 0.8)
+    # max (the running max stays at 0: P saturates at 448 where a score passes 0.8); 3 (session 31) the softmax as
+    # shipped but P's e4m3 bytes taken by PRMT instead of F2FP (pv_operand)
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
     D: gl.constexpr
@@ -662,7 +671,10 @@ class AttentionFp8:
         """The P V register operand from Running.p: with CAST_LATE rounded to e4m3 here, four k of a row a
         register (to_e4m3x4), in the basic block of the wgmma, so that no byte is unpacked; else p as it is."""
         operand = p
-        if self.CAST_LATE == 2:
+        if self.PROBE_NO_SOFTMAX == 3:  # timing probe (session 31), WRONG results: P's bytes by PRMT, no F2FP
+            operand = gl.inline_asm_elementwise(PROBE_BYTES_PTX, "=r,f,f,f,f", [p], dtype=gl.float8e4nv, is_pure=True,
+                                                pack=4)
+        elif self.CAST_LATE == 2:
             operand = unpack_e4m3x4(p, self.P)
         elif self.CAST_LATE:
             if self.BN2 > 0:
