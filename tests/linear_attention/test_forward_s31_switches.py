@@ -39,6 +39,40 @@ def test_off_unless_asked_and_the_kernel_defaults_off():
     assert configs.GLUON_BASED_SEL_REG in (False, True) and configs.GLUON_BASED_PHIQ_REG in (False, True)
 
 
+def test_the_plan_gives_feat_alu_its_stages(monkeypatch):
+    from tilecore.ops.linear_attention.plan import BASED, tl_plan
+
+    q = torch.empty(1, 64, 2, 16, dtype=BF)
+    v = torch.empty(1, 64, 2, 64, dtype=BF)
+    monkeypatch.setattr(configs, "GLUON_BASED_FEAT_ALU", 1)
+    assert tl_plan(q, v, None, BASED).config["gluon_based_stages"] == configs.GLUON_BASED_ALU_STAGES
+    monkeypatch.setattr(configs, "GLUON_BASED_FEAT_ALU", 0)
+    assert tl_plan(q, v, None, BASED).config["gluon_based_stages"] == configs.GLUON_BASED_STAGES
+
+
+def test_forward_passes_feat_alu_and_its_state_rows(monkeypatch):
+    """gluon_based.forward with configs' FEAT_ALU: the launch asks for it and the initial state goes in FEAT_ALU's
+    rows (compress(alu=True))."""
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_launch_args(q, k, v, x0, *a, **kw):
+        seen.update(kw, x0=x0)
+        raise Stop
+
+    monkeypatch.setattr(gluon_based, "launch_args", fake_launch_args)
+    monkeypatch.setattr(configs, "GLUON_BASED_FEAT_ALU", 1)
+    q = torch.randn(1, 64, 2, gluon_based.DK).to(BF)
+    v = torch.randn(1, 64, 2, 64).to(BF)
+    h0 = torch.randn(1, 2, 1 + 16 + 256, 64)
+    with pytest.raises(Stop):
+        gluon_based.forward(q, q, v, h0, 0.25, True)
+    assert seen["feat_alu"] == 1
+    torch.testing.assert_close(seen["x0"], gluon_based.compress(h0, alu=True))
+
+
 def test_forward_drops_them_without_sel_async_3(monkeypatch):
     """gluon_based.forward passes SEL_REG / PHIQ_REG only with SEL_ASYNC 3 (the kernel's static_assert otherwise):
     the launch it would make, captured before it runs."""
@@ -57,7 +91,8 @@ def test_forward_drops_them_without_sel_async_3(monkeypatch):
     for sel_async, expect in ((3, True), (2, False), (0, False)):
         seen.clear()
         with pytest.raises(Stop):
-            gluon_based.forward(q, q, v, None, 0.25, False, sel_async=sel_async, sel_reg=True, phiq_reg=True)
+            gluon_based.forward(q, q, v, None, 0.25, False, sel_async=sel_async, sel_reg=True, phiq_reg=True,
+                                feat_alu=0)
         assert seen["sel_reg"] is expect and seen["phiq_reg"] is expect
 
 

@@ -47,7 +47,12 @@ CHANNEL_FWD_DIAG = 3
 # per-channel defaults (chunk 64, BV 64, 8 warps, 2 stages). sm_90a: at chunk 32, 8 warps, diag 3 spills nothing
 # at BV 64 or 128 (one program a head), diag 4 16 / 156 B; gpu_gla.py times both against chunk 64. Run 7 (H100):
 # dict(BT=32, BV=128, warps=8, stages=2) the fastest (diag 3 2.32 ms against 3.28 at the defaults)
-CHANNEL_FWD_BLOCKS: dict | None = dict(BT=32, BV=128, warps=8, stages=3)
+# Session 31 (helper HB, H100, same run as FLA chunk_gla): chunk 64 / BV 128 / 8 warps / 2 stages 2.058 ms against
+# the chunk-32 blocks' 2.220 (run 1, runs/forward_s31_run1_session31_h100.txt; chunk_gla 4.052 there: 1.97x against
+# 1.83x) and 2.103 against 2.161 (run 3, runs/forward_s31c_run3_session31_h100.txt; 1 stage 2.110, chunk 32 with 4
+# stages 2.145; 3 and 4 stages at chunk 64 exceed shared memory at d128); checked against float64 (bf16 d128 weak
+# decays 1.998x the floor, strong [-6, 0] + a reset 1.414x, d64 v128 N 77 1.966x; every element written). On
+CHANNEL_FWD_BLOCKS: dict | None = dict(BT=64, BV=128, warps=8, stages=2)
 # with CHANNEL_FWD_DIAG on: the backward's per-channel intra-chunk terms by the same one reference a chunk
 # (kernels_tl._channel_dq_factored / _channel_dk_factored, and the dK/dV kernel's scores by _channel_chunk;
 # plan diag 5 / 6). Off until gpu_gla.py --backward checks it on the H100 (FLA issue 640: gated backward)
@@ -182,8 +187,14 @@ GLUON_BASED_PHIQ_REG = False
 # selection wgmmas (20 a chunk a consumer, 1.3 of the chunk's 4.6 MFLOP) and no selection reads. Session 31:
 # compiled for sm_90a, off until gpu_forward_s31.py checks and times it on the H100. 2: with Q K^T issued async
 # before the features (the tensor cores run it under their ALU work); 3: as 2, and phi_q S and the update issued
-# before P is made (P V after them). 0: off
-GLUON_BASED_FEAT_ALU = 0
+# before P is made (P V after them). 0: off. Session 31 run 3 (H100, runs/forward_s31c_run3_session31_h100.txt; B16
+# H16 N4096 d16 v64, the kernel alone, copy bound 0.1159 ms): shipped (SEL_ASYNC 3 + CHAIN) 0.1820 ms (0.1869 timed
+# again last), FEAT_ALU 1 0.1505 (77.0% of the bound), at 3 stages 0.1408 (82.3%, 1.29x), 2 0.1498 / 3 stages 0.1411,
+# 3 0.1494; every float64 check right (bf16 h0 N 1000 1.415x the floor, fp16 v128 N 77 1.44x, bf16 h0 N 4097 one
+# tile 1.407x; every element written; gluon_based.forward's host path equal). On: 1 at GLUON_BASED_ALU_STAGES
+GLUON_BASED_FEAT_ALU = 1
+# FEAT_ALU's ring depth (its phi_k buffer and the selections' are not needed: 3 stages fit, 213 KB; 4 need 238 KB)
+GLUON_BASED_ALU_STAGES = 3
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
 # B16 H16 N4096 bf16, Dk = Dv = 128, dQ + dK/dV kernels): no decay 2.36 ms at chunks of 64, one key block

@@ -130,7 +130,9 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
     cfg = dict(BT=fwd_chunk, BT_BWD=BT_BWD, BK=BK, BV=BV, BVB=BVB, BVF=BVF, KB=KB, BKQ=BKQ, BKB=BKB, MMA=mma,
                IEEE=ieee, upcast=upcast, num_warps=bwd_warps, num_stages=configs.NUM_STAGES,
                fwd_warps=fwd_warps, fwd_stages=fwd_stages, fwd_gluon=fwd_gluon, gluon_stages=configs.GLUON_STAGES,
-               fwd_gluon_based=fwd_gluon_based, gluon_based_stages=configs.GLUON_BASED_STAGES,
+               fwd_gluon_based=fwd_gluon_based,
+               gluon_based_stages=configs.GLUON_BASED_ALU_STAGES if configs.GLUON_BASED_FEAT_ALU
+               else configs.GLUON_BASED_STAGES,
                step_warps=configs.STEP_WARPS, diag=channel_diag(kind))
     unknown = set(overrides) - {"BT_BWD", "BV", "BVB", "BKQ", "BKB", "KB", "num_warps", "num_stages",
                                 "fwd_warps", "fwd_stages", "fwd_gluon", "gluon_stages", "fwd_gluon_based",
