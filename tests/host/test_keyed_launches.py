@@ -224,12 +224,13 @@ def test_kvcache_recipe_gives_the_general_paths_bits(monkeypatch, paged):
     qs = [torch.randn(1, 1, 4, 32, dtype=torch.float16) for _ in range(2)]
     options = dict(cache_seqlens=lengths, block_table=table, softcap=3.0, return_lse=True)
     keyed = [kvcache.attention_with_kvcache(q, kc, vc, **options) for q in qs]
+    keyed_out = [kvcache.attention_with_kvcache(q, kc, vc, **dict(options, return_lse=False)) for q in qs]
     recipe = next(iter(kvcache._LAUNCHES._data.values()))[0]
     assert len(kvcache._LAUNCHES) == 1 and recipe.merge is not None and recipe.part_shapes[0][0] == 3
     monkeypatch.setattr(kvcache, "signature", lambda *items: None)
     plain = [kvcache.attention_with_kvcache(q, kc, vc, **options) for q in qs]
-    for (o, lse), (o_plain, lse_plain) in zip(keyed, plain):
-        assert torch.equal(o, o_plain) and torch.equal(lse, lse_plain)
+    for (o, lse), o_only, (o_plain, lse_plain) in zip(keyed, keyed_out, plain):
+        assert torch.equal(o, o_plain) and torch.equal(lse, lse_plain) and torch.equal(o_only, o_plain)
     assert {name for name, _ in seen} == {"kvcache_fwd_split", "kvcache_merge_splits"}
     assert all(len(triton_keys) == 1 for triton_keys in seen.values())
     for cache in (kvcache._CHECKED, kvcache._LAYOUTS, kvcache._LAUNCHES):
@@ -509,8 +510,11 @@ def test_kvcache_recipe_hands_kept_launches_the_lse_part_by_address(monkeypatch)
     parts, lse_part = split[7], split[8]
     (splits, rows), offset = recipe.part_shapes
     assert merge[2] is parts and merge[3] == lse_part and isinstance(lse_part, int)
-    assert offset % 4 == 0 and offset >= splits * rows * 32 and parts.numel() == offset + splits * rows
+    assert offset % 4 == 0 and offset >= splits * rows * 32
     assert lse_part == parts.data_ptr() + 4 * offset and lse_part % 16 == 0
+    # O alone returned: the merge's lse in the same allocation, after the parts, 16-byte aligned
+    lse_at = -(-(offset + splits * rows) // 4) * 4
+    assert parts.numel() == lse_at + rows and split[6] == merge[1] == parts.data_ptr() + 4 * lse_at
     for cache in (kvcache._CHECKED, kvcache._LAYOUTS, kvcache._LAUNCHES):
         cache.clear()
 

@@ -225,6 +225,29 @@ class _DecodeLaunch:
         self.merge((out, lse, parts, lse_part, *self.merge_tail))
 
 
+    def outputs(self, q, k_cache, v_cache, cache_seqlens, block_table, want_lse: bool):
+        """(O, lse) made and computed here (forward_kernels' shapes); without ``want_lse`` (a call returning O
+        alone) the merge's lse goes into the split parts' allocation and None is returned for it."""
+        bsz, nq, hq, _ = q.shape
+        out = torch.empty((bsz, nq, hq, v_cache.shape[3]), dtype=q.dtype, device=self.device)
+        if want_lse or self.part_shapes is None:
+            lse = torch.empty((bsz, hq, nq), dtype=torch.float32, device=self.device)
+            self(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
+            return out, lse
+        table = block_table if self.paged else cache_seqlens
+        (splits, rows), lse_offset = self.part_shapes
+        lse_at = cdiv(lse_offset + splits * rows, 4) * 4  # (16-byte aligned)
+        parts = torch.empty(lse_at + rows, dtype=torch.float32, device=self.device)
+        if self.split.kept() and self.merge.kept():
+            address = parts.data_ptr()
+            lse_part, lse = address + 4 * lse_offset, address + 4 * lse_at
+        else:
+            lse_part, lse = parts[lse_offset:], parts[lse_at:]
+        self.split((q, k_cache, v_cache, table, cache_seqlens, out, lse, parts, lse_part, *self.split_tail))
+        self.merge((out, lse, parts, lse_part, *self.merge_tail))
+        return out, None
+
+
 _LAUNCHES = LRU(256)  # an eager call's launch key -> its _DecodeLaunch
 
 
@@ -337,6 +360,11 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     direct = dispatch.eager_mode(q, k_cache, v_cache, k, v) == "direct"
     key = signature(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, *window_size, softcap) \
         if direct and not validate and isinstance(window_size, tuple) and len(window_size) == 2 else None
+    if key is not None and k is None and tiles_launch.BIND_KEYED_LAUNCHES:
+        prepared = _LAUNCHES.get(key)  # kept after the key's first (checked) call: no checks, no frames between
+        if prepared is not None:
+            out, lse = prepared.outputs(q, k_cache, v_cache, cache_seqlens, block_table, return_lse)
+            return (out, lse) if return_lse else out
 
     def checked():  # (capacity, left, right, scale): the checks' result and what they let through, per key
         capacity = check(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, window_size, softcap,
