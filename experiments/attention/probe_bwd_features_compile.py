@@ -17,7 +17,7 @@ from tilecore.tiles.launch import gluon_descriptor
 
 
 def compile_bwd(d, causal, dq_from, window=False, softcap=0, group=1, kv_regs=False):
-    from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
+    from tilecore.ops.attention_backward.gluon_backward import attention_bwd_kernel
 
     bm, bn = 64, 64
     x = torch.empty(2, 2, 256, d, dtype=torch.bfloat16)
@@ -66,7 +66,7 @@ def main() -> int:
 
 
 def compile_dq(d, causal, window=False, softcap=0):
-    from tilecore.ops.attention.gluon_dq import attention_dq_kernel
+    from tilecore.ops.attention_backward.gluon_dq import attention_dq_kernel
 
     cfg = configs.GLUON_DQ[d]
     bm, bn = cfg["block_m"], cfg["block_n"]

@@ -134,8 +134,12 @@ def main():
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
-    from tilecore.ops.attention.gluon_dq import attention_dq_kernel
+    try:  # tilecore.ops.attention_backward since session 31 (issue 30's move); before it in attention's modules
+        from tilecore.ops.attention_backward.gluon_backward import attention_bwd_kernel
+        from tilecore.ops.attention_backward.gluon_dq import attention_dq_kernel
+    except ModuleNotFoundError:
+        from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
+        from tilecore.ops.attention.gluon_dq import attention_dq_kernel
     modes = {"gluon": 0, "fused": 1, "lagged": 3, "warpgroup": 4}
     bwd = [("d64 warpgroup", 64, False, 1, dict(dq="warpgroup", kv_regs=True)),
            ("d64 warpgroup causal", 64, True, 1, dict(dq="warpgroup", kv_regs=True)),

@@ -156,7 +156,7 @@ def compile_gluon_backward(d: int, causal: bool = True, dtype=torch.bfloat16, cf
     (or ``cfg``) with the arguments launch_backward_gluon_kernel would pass, for ``group`` q heads a
     kv head (1, specialized to a constant, or more); ``window`` and ``softcap`` (the SOFTCAP mode, 2:
     tanh.approx) its issue-35 variants (a window not with causal): (compiled kernel, cfg)."""
-    from tilecore.ops.attention.gluon_backward import attention_bwd_kernel
+    from tilecore.ops.attention_backward.gluon_backward import attention_bwd_kernel
     from tilecore.tiles.launch import gluon_descriptor
 
     cfg = dict(cfg or configs.GLUON_BACKWARD[d, causal])
@@ -198,7 +198,7 @@ def compile_gluon_dq(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dic
                      window: bool = False, softcap: int = 0):
     """Hopper's Gluon dQ kernel (gluon_dq.py) for head dim ``d``, compiled (no GPU needed) with the
     arguments launch_dq_gluon would pass; ``window`` and ``softcap`` as compile_gluon_backward's."""
-    from tilecore.ops.attention.gluon_dq import attention_dq_kernel
+    from tilecore.ops.attention_backward.gluon_dq import attention_dq_kernel
 
     cfg = dict(cfg or configs.GLUON_DQ[d])
     x = torch.empty(2, 2, 256, d, dtype=dtype)

@@ -3,13 +3,17 @@
 * ``op``: the public function ``attention``, checks, custom ops, autograd;
 * ``plan``: which path serves which inputs (plan_forward, plan_backward -> Plan), grids and
   schedules; ``configs``: the measured tables; ``launch``: one launch of a plan for each pass;
-* ``kernels_tl``: the portable ``tl`` kernels (query-block forward, split-key decode and its merge,
-  the backward's preprocess, dK/dV and dQ);
-* ``gluon_kernels``, ``gluon_backward``, ``gluon_dq``: Hopper's forward, backward and dQ kernels on
-  the tiles' Gluon pipeline (TMA, mbarriers, wgmma, warp specialization);
-* ``reference``: PyTorch references (and the CPU path when Triton's interpreter is off);
-* compile-only resources of every kernel (registers, spills, shared memory, PTX): tilecore.bench.reports.attention;
+* ``kernels_tl``: the portable ``tl`` kernels (query-block forward, the backward's preprocess, dK/dV
+  and dQ) and their options;
+* ``gluon_kernels``: Hopper's forward on the tiles' Gluon pipeline (TMA, mbarriers, wgmma, warp
+  specialization);
+* ``reference``: PyTorch references;
 * ``tour``: the cases ``tilecore tour`` shows.
+
+Parts in packages of their own, which the plan routes to (issue 30): tilecore.ops.attention_backward
+(Hopper's Gluon backward and dQ kernels), attention_mla (MLA 192 / 128's backward by pieces),
+attention_decode (the split-key path), attention_cpu (CPU tensors without the interpreter); the
+compile-only report of every kernel: tilecore.bench.reports.attention.
 """
 from tilecore.ops.attention.op import attention
 from tilecore.ops.attention.reference import attention_reference

@@ -32,14 +32,14 @@ DQ = CachedLaunch(kernels_tl.attn_bwd_dq)
 
 
 def _gluon_kernel(module: str, name: str, package: str = "attention"):
-    """A CachedLaunch of a Gluon kernel of this package (or of ``package``: MLA's attention_mla), imported at
-    its first launch."""
+    """A CachedLaunch of a Gluon kernel of ``package`` (this one; attention_backward, attention_mla), imported
+    at its first launch."""
     return CachedLaunch(lambda: getattr(importlib.import_module(f"tilecore.ops.{package}.{module}"), name))
 
 
 GLUON_FWD = _gluon_kernel("gluon_kernels", "attention_fwd_kernel")
-GLUON_BWD = _gluon_kernel("gluon_backward", "attention_bwd_kernel")
-GLUON_DQ = _gluon_kernel("gluon_dq", "attention_dq_kernel")
+GLUON_BWD = _gluon_kernel("gluon_backward", "attention_bwd_kernel", "attention_backward")
+GLUON_DQ = _gluon_kernel("gluon_dq", "attention_dq_kernel", "attention_backward")
 GLUON_BWD_MLA = _gluon_kernel("gluon_backward", "attention_bwd_mla_kernel", "attention_mla")
 GLUON_DQ_MLA = _gluon_kernel("gluon_dq", "attention_dq_mla_kernel", "attention_mla")
 

@@ -1,5 +1,5 @@
 """MLA prefill's backward on Hopper (q/k head dim 192, v's 128; issue 35): dK and dV by 64-column
-pieces, the fixed-length Gluon backward (:mod:`tilecore.ops.attention.gluon_backward`) with every
+pieces, the fixed-length Gluon backward (:mod:`tilecore.ops.attention_backward.gluon_backward`) with every
 192- or 128-column operand in pieces (no power-of-two TMA box or shared buffer holds 192 columns).
 Its tiles, walk, masks, window and softcap are AttentionBackward's, called on this op's struct; dQ
 comes after it from :mod:`tilecore.ops.attention_mla.gluon_dq` (attention's launch.py runs both where
@@ -8,7 +8,7 @@ from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
-from tilecore.ops.attention.gluon_backward import AttentionBackward, operand_layout, stat_columns
+from tilecore.ops.attention_backward.gluon_backward import AttentionBackward, operand_layout, stat_columns
 
 @stage_struct
 class QStagePieces:

@@ -20,7 +20,7 @@ no softcap (consumer 1 would need the cap's derivative of S: the 32-row kernel s
 MLA dq kernel as the 32-row path's (dq_from "gluon")."""
 from triton.experimental import gluon
 
-from tilecore.ops.attention.gluon_backward import AttentionBackward, KeyTile, operand_layout, stat_columns
+from tilecore.ops.attention_backward.gluon_backward import AttentionBackward, KeyTile, operand_layout, stat_columns
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.schedule import head_grouped_tile

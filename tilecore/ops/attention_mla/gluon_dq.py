@@ -1,11 +1,11 @@
 """MLA prefill's dQ on Hopper (q/k head dim 192, v's 128; issue 35): the Gluon dQ kernel
-(:mod:`tilecore.ops.attention.gluon_dq`) with Q's and dO's pieces the tile's shared buffers and K's
+(:mod:`tilecore.ops.attention_backward.gluon_dq`) with Q's and dO's pieces the tile's shared buffers and K's
 and V's the stage's, 64 columns each; its head, setup, start and dS are AttentionDQ's, called on this
 op's struct. Runs after :mod:`tilecore.ops.attention_mla.gluon_backward`'s dK and dV."""
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
-from tilecore.ops.attention.gluon_dq import AttentionDQ
+from tilecore.ops.attention_backward.gluon_dq import AttentionDQ
 from tilecore.ops.attention.gluon_kernels import head_of
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
 

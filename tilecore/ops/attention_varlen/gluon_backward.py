@@ -44,7 +44,7 @@ dQ rows are not this sequence's). Off until a GPU run checks it; finite inputs a
 
 from triton.experimental import gluon
 
-from tilecore.ops.attention.gluon_backward import (AttentionBackward, Grads, QStage, ds_layout, operand_layout,
+from tilecore.ops.attention_backward.gluon_backward import (AttentionBackward, Grads, QStage, ds_layout, operand_layout,
                                                    stat_columns)
 from tilecore.ops.attention.gluon_kernels import tanh_approx, tanh_from_exp2, window_mask_scores, window_needs_mask
 from tilecore.ops.attention_varlen.gluon_forward import KV, VarlenAttention
