@@ -591,3 +591,38 @@ def test_varlen_op_finds_the_recipe_before_its_checks(monkeypatch):
     assert len(calls) == 4 and calls[3][0] == calls[0][0]
     for cache in (varlen_op._CHECKED, varlen_op._GLUON_FITS, varlen_op._GLUON_FORWARD_LAYOUTS, varlen_op._GLUON_FORWARDS):
         cache.clear()
+
+
+def test_fp8_op_finds_the_recipe_before_its_checks_and_still_checks_the_scales(monkeypatch):
+    from tilecore.ops.attention_fp8 import launch as fp8_launch
+    from tilecore.ops.attention_fp8 import op as fp8_op
+
+    calls = []
+
+    class Recorder:
+        keyed = launch.LRU(4)
+
+        def run(self, key, grid, args, kwargs):
+            calls.append(key)
+
+    monkeypatch.setattr(fp8_launch, "GLUON_FWD", Recorder())
+    monkeypatch.setattr(fp8_launch, "_tiling", lambda q, k, rows, block_n, causal: ((7,), 2, None))
+    monkeypatch.setattr(fp8_op.launch, "plan", lambda q, k, causal: fp8_launch.Plan("gluon", dict(
+        fp8_launch.configs.gluon_config(q.shape[-1], causal))))
+    monkeypatch.setattr(fp8_op, "signature", _cpu_signature)
+    checks = []
+    check = fp8_op.check
+    monkeypatch.setattr(fp8_op, "check", lambda *a: checks.append(1) or check(*a))
+    caches = (fp8_op._CHECKED, fp8_op._PLANS, fp8_launch._GLUON_LAYOUTS, fp8_launch._TILINGS, fp8_launch._FP8_LAUNCHES)
+    for cache in caches:
+        cache.clear()
+    q = torch.randn(1, 2, 40, 64).to(torch.float8_e4m3fn)
+    one = torch.ones(1, 2)
+    for _ in range(3):
+        fp8_op.attention_fp8(q, q, q, q_scale=one, k_scale=one, v_scale=one)
+    assert len(checks) == 1 and len(calls) == 3 and len(fp8_launch._FP8_LAUNCHES) == 1
+    with pytest.raises(ValueError):  # the descales' values: still checked each call
+        fp8_op.attention_fp8(q, q, q, q_scale=one, k_scale=-one, v_scale=one)
+    assert len(calls) == 3
+    for cache in caches:
+        cache.clear()

@@ -220,6 +220,13 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
                                                           for t in (q, k, v, q_scale, k_scale, v_scale))
     key = None if grad else signature(q, k, v, q_scale, k_scale, v_scale, causal is True, causal is False,
                                       softmax_scale, out_dtype, v_layout)
+    if key is not None and direct and tiles_launch.BIND_KEYED_LAUNCHES:
+        recipe = launch._FP8_LAUNCHES.get(key)  # kept after the key's first (checked) call (session 31)
+        if recipe:
+            if check_scales:
+                check_scale_values(q_scale, k_scale, v_scale)
+            out, lse = recipe(q, k, v, q_scale, k_scale, v_scale)
+            return (out, lse) if return_lse else out
     if key is None:
         scale = check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, v_layout, check_scales)
     else:
