@@ -549,7 +549,8 @@ GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
 
 def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype: str = "bf16",
                 overlap: bool = False, paired: bool = False, chain: bool = False, sel_async: int = 0,
-                stages: int = 2, sel_reg: bool = False, phiq_reg: bool = False, feat_alu: bool = False):
+                stages: int = 2, sel_reg: bool = False, phiq_reg: bool = False, feat_alu: bool = False,
+                out_direct: bool = False):
     """Based's Gluon forward (gluon_based.based_fwd_gluon_kernel) into NaN-filled o and final states (the
     kernel's rows), with or without an initial state, against the float64 recurrence; beside the tl kernel."""
     from tilecore.ops.linear_attention import gluon_based as gb
@@ -562,12 +563,14 @@ def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype
     h0 = torch.randn(B, H, 1 + gb.DK + gb.DK ** 2, Dv, device=DEV) * 0.1 if with_h0 else None
     scale = gb.DK ** -0.5
     row = dict(case=name, N=N, fits=gb.fits(q, k, v, None), overlap=overlap, paired=paired, chain=chain,
-               sel_async=sel_async, stages=stages, sel_reg=sel_reg, phiq_reg=phiq_reg, feat_alu=feat_alu)
+               sel_async=sel_async, stages=stages, sel_reg=sel_reg, phiq_reg=phiq_reg, feat_alu=feat_alu,
+               out_direct=out_direct)
     o = torch.full_like(v, float("nan"))
     xt = torch.full((B, H, gb.FEATURES, Dv), float("nan"), device=DEV)
     x0 = gb.compress(h0, feat_alu) if h0 is not None else None
     grid, args, warps = gb.launch_args(q, k, v, x0, o, xt, scale, stages, overlap, paired=paired, chain=chain,
-                                       sel_async=sel_async, sel_reg=sel_reg, phiq_reg=phiq_reg, feat_alu=feat_alu)
+                                       sel_async=sel_async, sel_reg=sel_reg, phiq_reg=phiq_reg, feat_alu=feat_alu,
+                                       out_direct=out_direct)
     gb.based_fwd_gluon_kernel[grid](**args, num_warps=warps)
     torch.cuda.synchronize()
     row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(xt).any())
@@ -577,7 +580,8 @@ def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype
     row["out_floor"] = round(accuracy.error_over_floor(o.nan_to_num(), ref), 3)
     row["state_rel"] = accuracy.rel_rms(ht.nan_to_num(), ref_state)
     o2, ht2 = gb.forward(q, k, v, h0, scale, True, stages, overlap=overlap, paired=paired, chain=chain,
-                         sel_async=sel_async, sel_reg=sel_reg, phiq_reg=phiq_reg, feat_alu=feat_alu)  # the host path (compress, expand) as the op will call it
+                         sel_async=sel_async, sel_reg=sel_reg, phiq_reg=phiq_reg, feat_alu=feat_alu,
+                         out_direct=out_direct)  # the host path (compress, expand) as the op will call it
     row["forward_matches"] = bool(torch.equal(o2, o)) and accuracy.rel_rms(ht2, ht) < 1e-6
     p = tl_plan(q, v, None, BASED)
     o_tl, ht_tl, _ = launch.forward(p, q, k, v, None, None, None, None, h0, scale, BASED, final_state=True,

@@ -49,12 +49,15 @@ RESULTS: dict = {"check": [], "time": [], "warm": [], "errors": []}
 # Run 3 (snapshot 3554620): FEAT_ALU 0.1505 ms, at 3 stages 0.1408 (82.3% of the copy bound; shipped 0.1820 / 0.1869),
 # FEAT_ALU 2 0.1498 / 0.1411, 3 0.1494; all checked: FEAT_ALU 1 at 3 stages is on since (configs). The final run: the
 # shipped kernel (configs: FEAT_ALU 1, GLUON_BASED_ALU_STAGES) against the session start's and FEAT_ALU 2 / 3 at 3
-# stages, the public op against float64 and its time
+# stages and OUT_DIRECT (o stored from registers: no epilogue buffer, so 4 stages fit), the public op against float64
+# and its time
 BASED = {
     "shipped": {},
     "session_start": dict(feat_alu=0, stages=2),
     "feat_alu 2, 3 stages": dict(feat_alu=2, stages=3),
     "feat_alu 3, 3 stages": dict(feat_alu=3, stages=3),
+    "out_direct 3 stages": dict(out_direct=True, stages=3),
+    "out_direct 4 stages": dict(out_direct=True, stages=4),
 }
 # (label, B, N, H, Dv, h0, dtype)
 BASED_CHECKS = [("bf16 h0 N 1000", 2, 1000, 4, 64, True, "bf16"), ("fp16 v128 N 77", 1, 77, 2, 128, False, "fp16"),

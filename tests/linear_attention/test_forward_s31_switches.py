@@ -39,6 +39,14 @@ def test_off_unless_asked_and_the_kernel_defaults_off():
     assert configs.GLUON_BASED_SEL_REG in (False, True) and configs.GLUON_BASED_PHIQ_REG in (False, True)
 
 
+def test_out_direct_only_with_feat_alu():
+    args = based_args(chain=True, sel_async=3, feat_alu=1, out_direct=True)
+    assert args["OUT_DIRECT"] is True and args["O"] is not None and args["son"] == 2 * 64
+    assert args["o_desc"].block_shape[2] == 8  # the epilogue buffer shrinks to 8 rows (the kernel stores o itself)
+    assert "OUT_DIRECT" not in based_args(chain=True, sel_async=3, out_direct=True)
+    assert configs.GLUON_BASED_OUT_DIRECT in (False, True)
+
+
 def test_the_plan_gives_feat_alu_its_stages(monkeypatch):
     from tilecore.ops.linear_attention.plan import BASED, tl_plan
 
@@ -179,6 +187,8 @@ def test_sel_reg_phiq_reg_compile_for_sm90a_at_3_stages():
 
 def test_feat_alu_compiles_for_sm90a_without_spilling_in_the_walk():
     assert _compile(CODE_ALU.format(states=False, stages=2))["spill_bytes"] == 0
+    r = _compile(CODE_ALU.replace("feat_alu=True", "feat_alu=1, out_direct=True").format(states=False, stages=4))
+    assert r["spill_bytes"] <= 64 and r["shared"] <= 227 * 1024  # 4 stages: 221,632 B, 48 B spilled
     for mode in (2, 3):
         assert _compile(CODE_ALU.replace("feat_alu=True", f"feat_alu={mode}").format(states=False, stages=2))[
             "spill_bytes"] == 0

@@ -195,6 +195,9 @@ GLUON_BASED_PHIQ_REG = False
 GLUON_BASED_FEAT_ALU = 1
 # FEAT_ALU's ring depth (its phi_k buffer and the selections' are not needed: 3 stages fit, 213 KB; 4 need 238 KB)
 GLUON_BASED_ALU_STAGES = 3
+# OUT_DIRECT (with FEAT_ALU): o stored from registers by gl.store, no 16 KB epilogue buffer, so 4 stages fit (224 KB).
+# Session 31: compiled, off until gpu_forward_s31.py times it (then GLUON_BASED_ALU_STAGES 4 with it)
+GLUON_BASED_OUT_DIRECT = False
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
 # B16 H16 N4096 bf16, Dk = Dv = 128, dQ + dK/dV kernels): no decay 2.36 ms at chunks of 64, one key block

@@ -144,6 +144,11 @@ class BasedForward:
     # update issued before P is made (P V after them, one wait). The kernel's
     # features in ``feature_pairs(alu=True)``'s order; phiq_main / phiq_tail [2, 2 BT, .] hold each consumer's phi_q
     # rows, then its phi_k rows
+    O: object  # OUT_DIRECT: o's base pointer and its (batch, token, head) strides (elements)
+    sob: object
+    son: object
+    soh: object
+    OUT_DIRECT: gl.constexpr  # o stored from registers by gl.store (no epilogue buffer: the 16 KB a 4th stage needs)
     XL3: gl.constexpr  # FEAT_ALU: [2 (q, k), BT, 16] a thread a row of q or k
     XL4: gl.constexpr  # FEAT_ALU: [2, BT, 4, 4] a block of products
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV)
@@ -516,7 +521,7 @@ class BasedForward:
             p = self.intra_scores(s, dtype)
             o = warpgroup_mma(p, v, o, is_async=True)
             o, S, T = warpgroup_mma_wait(0, deps=(o, S, T))
-            store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
+            self.store_o(ctx, o, tile, h, t0, col)
             return BasedWalk(S, T)
 
         # intra-chunk: P = mask(1 + s + s^2 / 2), s = scale Q K^T
@@ -567,8 +572,22 @@ class BasedForward:
             if t0 < 0:  # never: o is made but not stored
                 store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
         else:
-            store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
+            self.store_o(ctx, o, tile, h, t0, col)
         return BasedWalk(S, T)
+
+    @gluon.jit
+    def store_o(self, ctx, o, tile, h, t0, col):
+        """o [BT, BV] of unit (h, col), tokens t0.. (rows past N dropped): by TMA through the epilogue buffer, or
+        (OUT_DIRECT) from registers by gl.store (64-bit offsets)."""
+        if self.OUT_DIRECT:
+            rows = t0 + gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SL))
+            cols = col + gl.arange(0, self.BV, layout=gl.SliceLayout(0, self.SL))
+            base = self.O + tile.b.to(gl.int64) * self.sob + h.to(gl.int64) * self.soh
+            ptrs = base + gl.expand_dims(rows.to(gl.int64) * self.son, 1) + gl.expand_dims(cols, 0)
+            mask = gl.expand_dims(rows < self.N, 1) & gl.expand_dims(cols >= 0, 0)
+            gl.store(ptrs, o.to(self.q_desc.dtype), mask=mask)
+        else:
+            store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
 
     @gluon.jit
     def intra_scores(self, s, dtype: gl.constexpr):
@@ -600,13 +619,15 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                            STAGES: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
                            OVERLAP: gl.constexpr = False, PAIRED: gl.constexpr = False, CHAIN: gl.constexpr = False,
                            SEL_ASYNC: gl.constexpr = 0, PROBE: gl.constexpr = 0, SEL_REG: gl.constexpr = False,
-                           PHIQ_REG: gl.constexpr = False, FEAT_ALU: gl.constexpr = 0):
+                           PHIQ_REG: gl.constexpr = False, FEAT_ALU: gl.constexpr = 0,
+                           OUT_DIRECT: gl.constexpr = False, O=None, sob=0, son=0, soh=0):
     """o (and the final states) of every unit of (batch, head, 64 value columns) under Based's map; a
     persistent grid, two consumer warpgroups (num_warps = 4) and a producer warp."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BV: gl.constexpr = v_desc.block_type.shape[3]
     F: gl.constexpr = 160
-    gl.static_assert(BT == BV, "the scores' and the outputs' layouts are one: BT == BV")
+    gl.static_assert(BT == BV or OUT_DIRECT, "the scores' and the outputs' layouts are one: BT == BV")
+    gl.static_assert(not OUT_DIRECT or (FEAT_ALU and O is not None), "OUT_DIRECT comes with FEAT_ALU and O")
     gl.static_assert(q_desc.block_type.shape[3] == 16, "Based's q/k head dim is 16")
     SL: gl.constexpr = wgmma_layout(BT, BV, gl.num_warps())
     STL: gl.constexpr = wgmma_layout(BV, 128, gl.num_warps())
@@ -641,7 +662,7 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, SEL, H0, HT,
                       gl.allocate_shared_memory(dt, [2, BT, PKT], narrow if FEAT_ALU else wide),
                       gl.allocate_shared_memory(dt, [2, BV, 128], wide), gl.allocate_shared_memory(dt, [2, BV, 32], wide),
                       BT, BV, F, HAS_H0, STORE_HT, OVERLAP, PAIRED, CHAIN, SEL_ASYNC, PROBE, SEL_REG, PHIQ_REG,
-                      FEAT_ALU, XL3, XL4, SL, STL, TTL, FL, PL, QL)
+                      FEAT_ALU, O, sob, son, soh, OUT_DIRECT, XL3, XL4, SL, STL, TTL, FL, PL, QL)
     stages = BasedChunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES),
                         ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES))
     # a tensor even where the launch specialized num_tiles == 1 to a constant (the template's _Pipeline holds a
@@ -842,7 +863,7 @@ def _head_major(t: torch.Tensor):
 
 def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool = False, probe: int = 0,
                 paired: bool = False, chain: bool = False, sel_async: int = 0, sel_reg: bool = False,
-                phiq_reg: bool = False, feat_alu: int = 0):
+                phiq_reg: bool = False, feat_alu: int = 0, out_direct: bool = False):
     """(grid, arguments by name, num_warps) of based_fwd_gluon_kernel; x0, xt: kernel-row states or None;
     overlap: the kernel's OVERLAP."""
     from tilecore.tiles.launch import gluon_descriptor
@@ -851,7 +872,10 @@ def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool
     B, N, H, Dv = v.shape
     BT, BV = BT_BASED, BV_BASED
     VB = Dv // BV
-    descs = [gluon_descriptor(t, [1, 1, BT, blk], *_head_major(t)) for t, blk in ((q, DK), (k, DK), (v, BV), (o, BV))]
+    out_direct = bool(out_direct and feat_alu)
+    # (OUT_DIRECT: o's descriptor only sizes the template's epilogue buffer, 8 rows; the kernel stores o itself)
+    descs = [gluon_descriptor(t, [1, 1, 8 if (out_direct and t is o) else BT, blk], *_head_major(t))
+             for t, blk in ((q, DK), (k, DK), (v, BV), (o, BV))]
     sel = kernel_selection(q.dtype, q.device)
     dummy = torch.empty(1, dtype=torch.float32, device=v.device)
     st = lambda t: tuple(t.stride()) if t is not None else (0,) * 4  # noqa: E731
@@ -878,12 +902,15 @@ def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool
     if feat_alu:  # (x0, xt then in feature_pairs(alu=True)'s rows: compress / expand with alu=True)
         args["FEAT_ALU"] = int(feat_alu)
         args.pop("SEL_ASYNC", None)
+    if out_direct:
+        args.update(O=o, sob=o.stride(0), son=o.stride(1), soh=o.stride(2), OUT_DIRECT=True)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
 def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overlap: bool | None = None,
             paired: bool | None = None, chain: bool | None = None, sel_async: int | None = None,
-            sel_reg: bool | None = None, phiq_reg: bool | None = None, feat_alu: int | None = None):
+            sel_reg: bool | None = None, phiq_reg: bool | None = None, feat_alu: int | None = None,
+            out_direct: bool | None = None):
     """(o, final state (B, H, 1 + 16 + 256, Dv) float32 or None) by the Gluon kernel (``fits`` must have
     said None). h0: the op-layout initial state or None. overlap: the kernel's OVERLAP (None:
     configs.GLUON_BASED_OVERLAP). paired, chain, sel_async: the kernel's PAIRED, CHAIN and SEL_ASYNC (None:
@@ -900,6 +927,7 @@ def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overl
     if sel_async != 3 or overlap or paired:
         sel_reg = phiq_reg = False
     feat_alu = configs.GLUON_BASED_FEAT_ALU if feat_alu is None else feat_alu
+    out_direct = configs.GLUON_BASED_OUT_DIRECT if out_direct is None else out_direct
     if feat_alu:  # (its own feature path: the selection switches do not apply)
         overlap = paired = sel_reg = phiq_reg = False
     B, N, H, Dv = v.shape
@@ -907,7 +935,8 @@ def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overl
     x0 = compress(h0, feat_alu) if h0 is not None else None
     xt = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32, device=v.device) if final_state else None
     grid, args, warps = launch_args(q, k, v, x0, o, xt, scale, stages, overlap, paired=paired, chain=chain,
-                                    sel_async=sel_async, sel_reg=sel_reg, phiq_reg=phiq_reg, feat_alu=feat_alu)
+                                    sel_async=sel_async, sel_reg=sel_reg, phiq_reg=phiq_reg, feat_alu=feat_alu,
+                                    out_direct=out_direct)
     based_fwd_gluon_kernel[grid](**args, num_warps=warps)
     ht = None
     if final_state:
@@ -923,7 +952,7 @@ def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overl
 
 def compile_report(states: bool = True, stages: int = 2, overlap: bool = False, probe: int = 0,
                    paired: bool = False, chain: bool = False, sel_async: int = 0, sel_reg: bool = False,
-                   phiq_reg: bool = False, feat_alu: int = 0) -> dict:
+                   phiq_reg: bool = False, feat_alu: int = 0, out_direct: bool = False) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     B, N, H, Dv, bf = 2, 4096, 16, 64, torch.bfloat16
@@ -931,11 +960,11 @@ def compile_report(states: bool = True, stages: int = 2, overlap: bool = False, 
     v = torch.empty(B, N, H, Dv, dtype=bf)
     x = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32) if states else None
     grid, args, warps = launch_args(q, q, v, x, torch.empty_like(v), x, 0.25, stages, overlap, probe, paired, chain,
-                                    sel_async, sel_reg, phiq_reg, feat_alu)
+                                    sel_async, sel_reg, phiq_reg, feat_alu, out_direct)
     compiled = compile_kernel(based_fwd_gluon_kernel, args, num_warps=warps)
     r = resources(compiled)
     return dict(case=f"based states={states} stages={stages} overlap={overlap} sel_async={sel_async} "
-                     f"sel_reg={sel_reg} phiq_reg={phiq_reg} feat_alu={feat_alu}", spill_bytes=r.spill_stores,
+                     f"sel_reg={sel_reg} phiq_reg={phiq_reg} feat_alu={feat_alu} out_direct={out_direct}", spill_bytes=r.spill_stores,
                 registers=r.registers,
                 shared=r.shared, threads=r.threads, wgmma_serialized=r.wgmma_serialized,
                 **has_hopper_instructions(compiled.asm["ptx"]))
