@@ -1,8 +1,8 @@
 """The chunk-parallel GLA backward's dqk kernel with its value loop (configs_gla_bwd.CHUNKED dqk_VB, session 31)
 compiles for sm_90a on this GPU-less machine with no spill at the blocks experiments/linear_attention/gpu_gla_bwd.py
 --s31 times: chunk 32, key blocks 64, the fallback in a launch of its own, value blocks of 32 with 8 warps under a
-128-register cap (4 warps uncapped: 244 registers). The whole-columns kernel it replaces: 255 registers, 140 B
-spilled. Its math: test_gla_backward_dqk.py (interpreter)."""
+128-register cap (4 warps uncapped: 244 registers); chunk 64, key blocks 32 (248; with dg_fused 254). The
+whole-columns kernel at chunk 32: 255 registers, 140 B spilled. Its math: test_gla_backward_dqk.py (interpreter)."""
 import json
 import os
 import subprocess
@@ -33,11 +33,17 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("blocks, registers", [(dict(dqk_VB=32, dqk_warps=8, dqk_maxnreg=128), 128),
-                                               (dict(dqk_VB=32), 255)])
+@pytest.mark.parametrize("blocks, registers", [
+    (dict(BT=32, BKB=64, dqk_VB=32, dqk_warps=8, dqk_maxnreg=128), 128),
+    (dict(BT=32, BKB=64, dqk_VB=32), 255),
+    # chunk 64, key blocks 32 (right on the H100 with the loop, session 31 run 2; the whole-columns 4-warp build of
+    # these blocks is miscompiled there) and with dg from the dqk kernel (dg_fused) and grouped fallback flags
+    (dict(BT=64, BKB=32, dqk_VB=32), 255),
+    (dict(BT=64, BKB=32, dqk_VB=32, dg_fused=True, wide_group=8), 255),
+])
 def test_value_loop_dqk_kernel_compiles_without_spills(blocks, registers):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    proc = subprocess.run([sys.executable, "-c", CODE, json.dumps(dict(BT=32, BKB=64, wide_apart=True, **blocks))],
+    proc = subprocess.run([sys.executable, "-c", CODE, json.dumps(dict(wide_apart=True, **blocks))],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
