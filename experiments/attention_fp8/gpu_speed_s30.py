@@ -127,6 +127,8 @@ def main():
             p = fp8_launch.plan(q8, k8, causal, config=dict(p.config, **overrides))
             l_rounded = bool(p.config.get("l_mma", 0))
             step = p.config["block_n"] + p.config.get("block_n2", 0)
+            if p.config.get("pv_smem", 0) >= 2:  # (session 31's pipelined halves: the running max moves per half)
+                step = p.config["block_n"]
         else:
             p.config.update(L_ROUNDED=True)
             l_rounded, step = True, p.config["BLOCK_N"]

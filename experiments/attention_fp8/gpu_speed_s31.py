@@ -21,6 +21,10 @@ Variants (overrides of the shipped l_mma + tree config):
                 running max before the block's row max is known, then times 2^(m_old - m_new); far check first (a row max
                 growing by ~160 base-2 units: the warps take the exponentials again, a vote and a branch in the asm)
   smem_early    early_exp2 with pv_smem
+  pipe, pipe3   (D64) pv_smem 2 / 3 (gluon_fp8.compute_pipe_smem): steps of two 128-key halves with S_b issued before
+                softmax_a and P_a V_a running under softmax_b (FlashAttention-3's intra-warpgroup pipelining inside a
+                step); 3: P_b V_b of the step before waited for with S_a (O not in flight under softmax_a). sm_90a D64
+                16 bytes of spills (causal 112); D128 364 and wgmma serialized (S_a, S_b and O: 192 registers)
   nocvt, noexp2 timing probes on the shipped path (WRONG results): P's e4m3 bytes by PRMT instead of F2FP; no exp2
   smem_bn192q8  smem_bn192 with one exp2 in 8 on the FMA units (run 1: q8 1.03x over smem at D128)
   smem_bn192    pv_smem 1, key steps of 128 + 64 (block_n2 64, gluon_fp8.compute_split_smem), 2 stages (3 need 257 KB
@@ -50,10 +54,12 @@ base.VARIANTS = {
     "early": (dict(early_exp2=True), ("d128", "d128c", "d64", "d64c")),
     "smem_early": (dict(pv_smem=1, early_exp2=True), ("d128",)),
     # timing probes (WRONG results: their checks say BAD): P's conversion by PRMT instead of F2FP; no exp2 (2^x -> x)
+    "pipe": (dict(pv_smem=2, block_n2=128, stages=3), ("d64", "d64c")),
+    "pipe3": (dict(pv_smem=3, block_n2=128, stages=3), ("d64",)),
     "nocvt": (dict(probe_no_softmax=3), ("d128", "d64")),
     "noexp2": (dict(exp2_fma_every=-1), ("d128", "d64")),
 }
-RUN = "early,smem_early,nocvt,noexp2"
+RUN = "early,smem_early,nocvt,noexp2,pipe,pipe3"
 # (run 1, call 1: smem, smem_lmma0, smem_pp, smem_q8, smem_c3; run 2, call 3: smem, smem_late, smem_bn192, smem_bn192q8)
 base.JSON_NAME = "attention_fp8_speed_s31.json"
 base.TAIL_VARIANTS = ("early",)

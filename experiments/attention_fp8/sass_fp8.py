@@ -50,7 +50,9 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides
     "smem_pp": dict(pv_smem=1, pingpong=True), "smem_late": dict(pv_smem=1, rescale_late=True),
     "smem_bn192": dict(pv_smem=1, block_n2=64), "smem_c3s2": dict(pv_smem=1, consumers=3, pingpong=False, stages=2),
     "smem_c3s2q1": dict(pv_smem=1, consumers=3, pingpong=False, stages=2, q_buffers=1),
-    "early": dict(early_exp2=True), "smem_early": dict(pv_smem=1, early_exp2=True),
+    "pipe": dict(pv_smem=2, block_n2=128, stages=2, q_buffers=1),
+    "pipe_q2": dict(pv_smem=2, block_n2=128, stages=2), "pipe3": dict(pv_smem=3, block_n2=128, stages=2, q_buffers=1),
+    "pipe_s3": dict(pv_smem=2, block_n2=128, stages=3), "pipe3_s3": dict(pv_smem=3, block_n2=128, stages=3), "early": dict(early_exp2=True), "smem_early": dict(pv_smem=1, early_exp2=True),
     "smem_late_early": dict(pv_smem=1, rescale_late=True, early_exp2=True),
     "smem_bn192q8": dict(pv_smem=1, block_n2=64, stages=2, exp2_fma_every=-8), "smem_bn192s2": dict(pv_smem=1, block_n2=64, stages=2),
 }

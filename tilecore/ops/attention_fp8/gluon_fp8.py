@@ -547,7 +547,10 @@ class AttentionFp8:
         k_block = gl.minimum(step, tile.n_blocks - 1)
         v_block = gl.maximum(step - 1, 0)
         tma.async_copy_global_to_shared(self.k_desc, [b, hk, k_block * self.BNS, 0], bar, stage.k)
-        tma.async_copy_global_to_shared(self.vt_desc, [b, hk, 0, v_block * self.BNS], bar, stage.vt)
+        if self.PV_SMEM >= 2:  # compute_pipe_smem: the first half's V^T of this step, the second half's of the step before
+            tma.async_copy_global_to_shared(self.vt_desc, [b, hk, 0, k_block * self.BNS], bar, stage.vt)
+        else:
+            tma.async_copy_global_to_shared(self.vt_desc, [b, hk, 0, v_block * self.BNS], bar, stage.vt)
         if self.BN2 > 0:  # the step's second blocks (past Nk: TMA fills zeros, the mask -inf)
             tma.async_copy_global_to_shared(self.k2_desc, [b, hk, k_block * self.BNS + self.BN, 0], bar, stage.k2)
             tma.async_copy_global_to_shared(self.vt2_desc, [b, hk, 0, v_block * self.BNS + self.BN], bar, stage.vt2)
@@ -894,6 +897,104 @@ class AttentionFp8:
         return st
 
     @gluon.jit
+    def publish_p(self):
+        """PV_SMEM: the P just stored, fenced for the async proxy and the warpgroup's threads met."""
+        fence_async_shared()
+        gl.thread_barrier()
+
+    @gluon.jit
+    def pipe_second_half(self, st, m_a, acc, l_acc, sb_tok, pa, pb, va, first_key, k_scale):
+        """compute_pipe_smem's second half: P_a V_a (and P_a's row sums) issued, S_b waited for (P_a V_a still
+        running), softmax_b, P_b stored, P_a V_a waited for, O and l times alpha_b. Returns the state."""
+        t0, t1, t2, t3 = self.row_sum_smem(pa)
+        o_tok = warpgroup_mma(pa, va, acc, is_async=True)
+        s2 = warpgroup_mma_wait(5, deps=(sb_tok,))  # S_b done; the row sums and P_a V_a may still run
+        m_b, l_b, p32b, alpha_b, moved_b = self.softmax(s2, st.replace(m=m_a), first_key + self.BN, k_scale)
+        self.write_p(p32b, pb)
+        self.publish_p()
+        acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
+        l_acc = l_acc + ((l0 + l1) + (l2 + l3))
+        acc, l_acc = self.rescale(acc, l_acc, alpha_b, moved_b)
+        return st.replace(m=m_b, acc=acc, l_acc=l_acc)
+
+    @gluon.jit
+    def compute_pipe_smem(self, ctx, st, stage, tile, step):
+        """PV_SMEM 2 (session 31): steps of two 128-key halves a and b (BN2 = BN = 128: K_a, K_b, V_a of this step and
+        V_b of the step before in a stage) with one S product in flight under each softmax, FlashAttention-3's
+        intra-warpgroup pipelining inside a step:
+
+            S_a, [P_b V_b of the step before] | wait S_a | S_b | softmax_a -> P_a | wait P_b V_b | O *= alpha_a
+            | P_a V_a | wait S_b | softmax_b -> P_b | wait P_a V_a | O *= alpha_b
+
+        S_b runs under softmax_a, P_a V_a under softmax_b; only S_a's latency is exposed, once a 256 keys (the trace
+        of sessions 30-31: the issue and S wait ~600 of the step's ~2,300 cycles a 128 keys). P goes through shared
+        memory (one buffer a half and consumer: each is read by its P V before the next store). l: P's 32-key
+        chunks times ones (L_MMA 1) issued with their P V, rescaled with O. The running max moves per half, so the
+        emulation's key block is 128. Every branch ends with its wgmma complete."""
+        q = ctx.operand.reshape([self.BM, self.D])
+        k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))
+        k2_t = stage.k2.reshape([self.BN2, self.D]).permute((1, 0))
+        va = stage.vt.reshape([self.D, self.BN]).permute((1, 0))
+        vb = stage.vt2.reshape([self.D, self.BN2]).permute((1, 0))
+        pa = self.p_smem.index(ctx.index * 2)
+        pb = self.p_smem.index(ctx.index * 2 + 1)
+        self.my_turn(ctx, step)
+        if step == 0:
+            k_scale = self.key_scales(st, 0)
+            sa_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
+                                   is_async=True)
+            self.their_turn(ctx)
+            s = warpgroup_mma_wait(0, deps=(sa_tok,))
+            sb_tok = warpgroup_mma(q, k2_t, gl.zeros([self.BM, self.BN2], gl.float32, self.S2), use_acc=False,
+                                   is_async=True)
+            m_a, l_a, p32, alpha_a, moved = self.softmax(s, st, 0, k_scale)
+            self.write_p(p32, pa)
+            self.publish_p()
+            st = self.pipe_second_half(st, m_a, st.acc, st.l_acc, sb_tok, pa, pb, va, 0, k_scale)
+        elif step < st.rows.n_blocks:
+            first_key = step * self.BNS
+            k_scale = self.key_scales(st, first_key)
+            sa_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
+                                   is_async=True)
+            t0, t1, t2, t3 = self.row_sum_smem(pb)  # the second half of the step before: its row sums and P V
+            o_tok = warpgroup_mma(pb, vb, st.acc, is_async=True)
+            self.their_turn(ctx)
+            self.stamp(ctx, step, 1)
+            if self.PV_SMEM == 3:  # P_b V_b waited for with S_a: O is not in flight under softmax_a (fewer registers)
+                s, acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(sa_tok, o_tok, t0, t1, t2, t3))
+                l_acc = st.l_acc + ((l0 + l1) + (l2 + l3))
+                self.stamp(ctx, step, 2)
+                sb_tok = warpgroup_mma(q, k2_t, gl.zeros([self.BM, self.BN2], gl.float32, self.S2), use_acc=False,
+                                       is_async=True)
+                m_a, l_a, p32, alpha_a, moved = self.softmax(s, st, first_key, k_scale)
+                self.write_p(p32, pa)
+                self.publish_p()
+                self.stamp(ctx, step, 3)
+            else:
+                s, l0, l1, l2, l3 = warpgroup_mma_wait(1, deps=(sa_tok, t0, t1, t2, t3))
+                l_acc = st.l_acc + ((l0 + l1) + (l2 + l3))
+                self.stamp(ctx, step, 2)
+                sb_tok = warpgroup_mma(q, k2_t, gl.zeros([self.BM, self.BN2], gl.float32, self.S2), use_acc=False,
+                                       is_async=True)
+                m_a, l_a, p32, alpha_a, moved = self.softmax(s, st, first_key, k_scale)
+                self.write_p(p32, pa)
+                self.publish_p()
+                self.stamp(ctx, step, 3)
+                acc = warpgroup_mma_wait(1, deps=(o_tok,))  # P_b V_b of the step before (S_b may still run)
+            acc, l_acc = self.rescale(acc, l_acc, alpha_a, moved)
+            st = self.pipe_second_half(st, m_a, acc, l_acc, sb_tok, pa, pb, va, first_key, k_scale)
+            self.stamp(ctx, step, 4)
+        elif step == st.rows.n_blocks:  # the step after this consumer's last keys: the last half's P V
+            t0, t1, t2, t3 = self.row_sum_smem(pb)
+            o_tok = warpgroup_mma(pb, vb, st.acc, is_async=True)
+            self.their_turn(ctx)
+            acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
+            st = st.replace(acc=acc, l_acc=st.l_acc + ((l0 + l1) + (l2 + l3)))
+        else:  # causal: a step past this consumer's keys
+            self.their_turn(ctx)
+        return st
+
+    @gluon.jit
     def rescale_late(self, st):
         """RESCALE_LATE: (O, L_MMA's l) times the last softmax's alpha, issued after S's wgmma and before P V's (as
         FlashAttention-3 places rescale_o): its 64 FMUL a thread at D 128 run under S on the tensor cores instead of
@@ -970,7 +1071,10 @@ class AttentionFp8:
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
-        if self.BN2 > 0 and self.PV_SMEM:
+        if self.PV_SMEM >= 2:
+            self.stamp(ctx, step, 0)
+            st = self.compute_pipe_smem(ctx, st, stage, tile, step)
+        elif self.BN2 > 0 and self.PV_SMEM:
             self.stamp(ctx, step, 0)
             st = self.compute_split_smem(ctx, st, stage, tile, step)
         elif self.BN2 > 0:
@@ -1180,7 +1284,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. BN2 > 0: steps of
     BN + BN2 keys, the second blocks by k2_desc [1, 1, BN2, D] and vt2_desc [1, 1, D, BN2] (compute_split)."""
     gl.static_assert(not (RESCALE_LATE and RESCALE_TAU > 0), "RESCALE_LATE or RESCALE_TAU, not both")
-    gl.static_assert(BN2 == 0 or ((BN2 == 64 or BN2 == 32) and L_MMA == 1 and MAX_TREE and CAST_LATE == 1 and PERMUTED_V and not K_PER_ROW
+    gl.static_assert(BN2 == 0 or ((BN2 == 64 or BN2 == 32 or (BN2 == 128 and PV_SMEM >= 2)) and L_MMA == 1 and MAX_TREE and CAST_LATE == 1 and PERMUTED_V and not K_PER_ROW
                                   and not K_PER_BLOCK and RESCALE_TAU == 0 and not RESCALE_LATE and not PROBE_NO_SOFTMAX),
                      "BN2 (split steps): 64 or 32, with L_MMA 1, MAX_TREE, CAST_LATE 1, PERMUTED_V and per-head or per-row q "
                      "descales, per-head k descales")
@@ -1191,7 +1295,9 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
-    gl.static_assert(PV_SMEM == 0 or ((BN2 == 0 or BN2 == 64) and PERMUTED_V and PINGPONG < 2
+    gl.static_assert(PV_SMEM == 0 or (((PV_SMEM == 1 and (BN2 == 0 or BN2 == 64)) or (PV_SMEM >= 2 and PV_SMEM <= 3 and BN2 == 128 and L_MMA == 1
+                                                                                         and not RESCALE_LATE))
+                                      and PERMUTED_V and PINGPONG < 2
                                       and (L_MMA == 0 or L_MMA == 1) and not PROBE_NO_SOFTMAX),
                      "PV_SMEM: 128 or 128 + 64-key steps, PERMUTED_V, L_MMA 0 or 1, not with PINGPONG 2/3 or probes")
     gl.static_assert(not EARLY_EXP2 or (L_MMA == 1 and MAX_TREE and RESCALE_TAU == 0 and EXP2_FMA_EVERY == 0
@@ -1202,7 +1308,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     if PV_SMEM:  # two P buffers a consumer (compute_pv_smem), keys contiguous: the K-major A operand
         p_smem = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS * 2, BM, BN],
                                            gl.NVMMASharedLayout.get_default_for([BM, BN], gl.float8e4nv))
-        if BN2 > 0:
+        if BN2 > 0 and PV_SMEM == 1:
             p2_smem = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS * 2, BM, BN2],
                                                 gl.NVMMASharedLayout.get_default_for([BM, BN2], gl.float8e4nv))
     ones = gl.constexpr(None)  # (a constexpr: nothing passed to the partitions)
