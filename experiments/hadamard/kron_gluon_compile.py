@@ -22,7 +22,7 @@ def sass_count(k):
     return count(k)
 
 
-def compile_one(m, p, split, fmt, stages=2, rows=1 << 14, inside=False, scale_once=False):
+def compile_one(m, p, split, fmt, stages=2, rows=1 << 14, inside=False, scale_once=False, fold=False):
     import torch
 
     from tilecore.ops.hadamard import gluon_quantize_kron as g
@@ -40,11 +40,11 @@ def compile_one(m, p, split, fmt, stages=2, rows=1 << 14, inside=False, scale_on
     k = compile_kernel(g.gluon_kron_quantize_kernel, dict(
         x_desc=xd, codes_desc=cd, staging_desc=sd, h_desc=hd, scales=scales, gscale=gs, amax_out=gs, rows=rows,
         stride_scales=scales.stride(0), rscale=0.01, row_counter=torch.zeros(1, dtype=torch.int32), M=m, F=p // 64,
-        SPLIT=split, FORMAT=fid, G=G, STATIC=False, QMAX=qmax, STAGES=stages, INSIDE=inside, SCALE_ONCE=scale_once), num_warps=4)
+        SPLIT=split, FORMAT=fid, G=G, STATIC=False, QMAX=qmax, STAGES=stages, INSIDE=inside, SCALE_ONCE=scale_once, FOLD=fold), num_warps=4)
     r = resources(k)
     ptx = k.asm["ptx"]
     return dict(vars(r), **sass_count(k), m=m, p=p, split=split, format=fmt, stages=stages, inside=inside,
-                scale_once=scale_once, wgmma=ptx.count("wgmma.mma_async"),
+                scale_once=scale_once, fold=fold, wgmma=ptx.count("wgmma.mma_async"),
                 tma="cp.async.bulk.tensor" in ptx, shared_meta=k.metadata.shared)
 
 
@@ -54,6 +54,7 @@ def main():
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--json", default="")
     ap.add_argument("--scale-once", default="0", help="comma list of 0/1")
+    ap.add_argument("--fold", default="0", help="comma list of 0/1")
     ap.add_argument("--inside", default="0", help="comma list of 0/1")
     a = ap.parse_args()
     res = []
@@ -61,8 +62,8 @@ def main():
         if a.only and a.only not in (str(m * p), f"{m * p}/{split}"):
             continue
         for fmt, inside in [(f, i == "1") for f in a.formats.split(",") for i in a.inside.split(",")]:
-            for so in a.scale_once.split(","):
-                r = compile_one(m, p, split, fmt, inside=inside, scale_once=so == "1")
+            for so, fo in [(so, fo) for so in a.scale_once.split(",") for fo in a.fold.split(",")]:
+                r = compile_one(m, p, split, fmt, inside=inside, scale_once=so == "1", fold=fo == "1")
                 print(json.dumps(r), flush=True)
                 res.append(r)
             continue

@@ -228,3 +228,7 @@ QUANT_GLUON_SCALE_ONCE = {}
 # sub-rows are zeros either way). sm_90a: wgmma 120 -> 114 (11008), 192 -> 168 (18944); spills fp8 44 -> 12 B (11008),
 # 152 -> 56 (18944), mxfp4 11008 40 -> 8. Keys: (format, n), else the format. Off until a GPU run times it
 QUANT_GLUON_KTRIM = {}
+# session 31: the Gluon kernels' FOLD (plan tuning "fold"): 1 / sqrt(n) folded into the group maxima and reciprocals
+# (as quantize_kernels' FAST epilogue does: y / s = W x (rscale / s)), not multiplied into every value: one FMUL a value
+# fewer; codes may move one step at near-ties (the FAST tolerance). Keys: (format, n), else the format. Off until timed
+QUANT_GLUON_FOLD = {}

@@ -90,6 +90,7 @@ class KronQuantize:
     QMAX: gl.constexpr
     INSIDE: gl.constexpr  # the butterfly across blocks by the signs of the mixing (each block's own products)
     SCALE_ONCE: gl.constexpr  # groups <= 64: each group's scale computed once (gluon_quantize_wide._scales_once)
+    FOLD: gl.constexpr  # quantized formats: rscale folded into the maxima and reciprocals, not multiplied a value
 
     @gluon.jit
     def setup(self, tile):
@@ -212,7 +213,9 @@ class KronQuantize:
         hi, lo = bf16_pieces(w)
         y = warpgroup_mma(gl.convert_layout(hi, operand), h64, gl.zeros_like(w), use_acc=False, is_async=True)
         y = warpgroup_mma(gl.convert_layout(lo, operand), h64, y, is_async=True)
-        y = warpgroup_mma_wait(0, deps=(y,)) * self.rscale
+        y = warpgroup_mma_wait(0, deps=(y,))
+        if not self.FOLD:  # FOLD: rscale goes into the maxima and the reciprocals instead (once a group, not a value)
+            y = y * self.rscale
         if self.M < HALF:
             r = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, L))
             y = gl.where(gl.expand_dims(r // 2, 1) < self.M, y, 0.0)
@@ -232,7 +235,7 @@ class KronQuantize:
         ys = (state.y0, state.y1, state.y2, state.y3)
         tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
         if self.FORMAT == AMAX:
-            a = self._row_amax(ys, NBLK)
+            a = self._folded(self._row_amax(ys, NBLK))
             if self.SPLIT == 1:
                 gl.store(self.amax_out + row, a, mask=row < self.rows)
             else:
@@ -242,7 +245,7 @@ class KronQuantize:
                 self._stage(ctx, v, ys[v])
             self._store(ctx, row, NBLK)
         elif self.G == 0:  # one scale a row
-            a = self._row_amax(ys, NBLK)
+            a = self._folded(self._row_amax(ys, NBLK))
             if self.SPLIT == 2:
                 a = self._exchange(ctx, a, state.t)
             if self.STATIC:
@@ -251,7 +254,7 @@ class KronQuantize:
                 div = gl.where(a == 0, 1.0, gl.div_rn(a, gl.where(a == 0, self.QMAX, self.QMAX)))
                 if ctx.index == 0 or self.SPLIT == 1:
                     gl.store(self.scales + row.to(gl.int64) * self.stride_scales, div, mask=row < self.rows)
-            recip = gl.div_rn(gl.where(div == 0, 1.0, 1.0), div)  # 0 where div is inf: y x 0 = y / inf
+            recip = self._folded(gl.div_rn(gl.where(div == 0, 1.0, 1.0), div))  # 0 where div is inf: y x 0 = y / inf
             for v in gl.static_range(NBLK):
                 q = ys[v] * recip
                 if self.FORMAT == INT8:
@@ -281,6 +284,13 @@ class KronQuantize:
         return _amax(_amax(m, 1), 0)
 
     @gluon.jit
+    def _folded(self, v):
+        """FOLD: v x rscale (a maximum of the unscaled products, or a reciprocal: y / s = W x (rscale / s)); else v."""
+        if self.FOLD:
+            v = v * self.rscale
+        return v
+
+    @gluon.jit
     def _exchange(self, ctx, a, t):
         """max(a, the other consumer's a) for this row (NaN if either is): each writes its own into the tile
         parity's slot, arrives on that parity's barrier, waits for both, reads the other's."""
@@ -300,7 +310,7 @@ class KronQuantize:
         if self.G <= BLOCK:
             GR: gl.constexpr = BLOCK // self.G  # groups a sub-row
             y3 = gl.reshape(y, [BLOCK, GR, self.G])
-            ga = _amax(y3, 2)  # [64, GR]
+            ga = self._folded(_amax(y3, 2))  # [64, GR]
             if self.SCALE_ONCE:
                 recip, keep, stored = _scales_once(ga, self.gscale, self.FORMAT, self.QMAX)
                 SL: gl.constexpr = stored.type.layout  # the scales' stores from the compact layout: once a group
@@ -314,7 +324,7 @@ class KronQuantize:
             mask = (gl.expand_dims(r // 2, 1) < self.M) & (row < self.rows)
             gl.store(self.scales + row.to(gl.int64) * self.stride_scales + offs, stored.to(self.scales.dtype.element_ty),
                      mask=mask)
-            qv = y3 * gl.expand_dims(recip, 2)
+            qv = y3 * gl.expand_dims(self._folded(recip), 2)
             if self.FORMAT == INT4:
                 code = _rni(qv)
             else:
@@ -323,7 +333,8 @@ class KronQuantize:
             code = gl.convert_layout(gl.reshape(code, [BLOCK, BLOCK]), L)
         else:  # groups of 128: the sub-row pair (i, 2 q), (i, 2 q + 1), adjacent in the block
             y3 = gl.reshape(y, [HALF, 2, BLOCK])
-            recip, stored, keep = _group_scale(_amax(_amax(y3, 2), 1), self.gscale, self.FORMAT, self.QMAX)
+            recip, stored, keep = _group_scale(self._folded(_amax(_amax(y3, 2), 1)), self.gscale, self.FORMAT, self.QMAX)
+            recip = self._folded(recip)
             SL: gl.constexpr = recip.type.layout
             i = gl.arange(0, HALF, layout=SL)
             gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i * (self.F // 2) + q,
@@ -353,7 +364,8 @@ class KronQuantize:
 def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales, gscale, amax_out, rows, stride_scales,
                                rscale, row_counter, M: gl.constexpr, F: gl.constexpr, SPLIT: gl.constexpr,
                                FORMAT: gl.constexpr, G: gl.constexpr, STATIC: gl.constexpr, QMAX: gl.constexpr,
-                               STAGES: gl.constexpr, INSIDE: gl.constexpr = False, SCALE_ONCE: gl.constexpr = False):
+                               STAGES: gl.constexpr, INSIDE: gl.constexpr = False, SCALE_ONCE: gl.constexpr = False,
+                               FOLD: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_(64 F)) x) for ``rows`` rows of 64 M F elements (module
     docstring). x_desc: (rows, M, F, 64) with [1, 32, 2, 64] boxes; codes_desc: (rows, M, F, W) bytes (W = 64, or
     32 packed; STORE: x's dtype, W = 64) with [1, 32, 2, W] boxes; staging_desc: the same with [F / (2 SPLIT), 32,
@@ -368,7 +380,7 @@ def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
         xchg = None
         xbar = None
     op = KronQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, xchg, xbar,
-                      M, F, SPLIT, FORMAT, G, STATIC, QMAX, INSIDE, SCALE_ONCE)
+                      M, F, SPLIT, FORMAT, G, STATIC, QMAX, INSIDE, SCALE_ONCE, FOLD and FORMAT != STORE)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True), tile_counter=row_counter)
     NBS: gl.constexpr = (3 - SPLIT) * (F // 2)  # boxes a stage

@@ -186,6 +186,7 @@ class WideQuantize:
     xrows: object  # HALVES 2 with groups of 128: [12, 64] float32 shared (parity x consumer x block), else None
     SCALE_ONCE: gl.constexpr  # groups <= 64: each group's scale computed once (_scales_once), not on its whole quad
     KTRIM: gl.constexpr  # the last K chunk of the mixing cut at the 16-multiple past m (_product)
+    FOLD: gl.constexpr  # quantized formats: rscale folded into the maxima and reciprocals, not multiplied a value
 
     @gluon.jit
     def setup(self, tile):
@@ -351,7 +352,7 @@ class WideQuantize:
         y2 = state.w2
         tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
         if self.FORMAT == AMAX:
-            a = _amax(_amax(_max_nan(_max_nan(gl.abs(y0), gl.abs(y1)), gl.abs(y2)), 1), 0)
+            a = self._folded(_amax(_amax(_max_nan(_max_nan(gl.abs(y0), gl.abs(y1)), gl.abs(y2)), 1), 0))
             if self.HALVES == 2:
                 gl.store(self.amax_out + 2 * row + ctx.index, a, mask=row < self.rows)
             else:
@@ -362,7 +363,7 @@ class WideQuantize:
             self._stage(ctx, 2, y2)
             self._store(ctx, row)
         elif self.G == 0:  # one scale a row
-            a = _amax(_amax(_max_nan(_max_nan(gl.abs(y0), gl.abs(y1)), gl.abs(y2)), 1), 0)
+            a = self._folded(_amax(_amax(_max_nan(_max_nan(gl.abs(y0), gl.abs(y1)), gl.abs(y2)), 1), 0))
             if self.HALVES == 2:
                 a = self._exchange(ctx, a, state.t)
             if self.STATIC:
@@ -372,13 +373,14 @@ class WideQuantize:
                 div = gl.where(a == 0, 1.0, gl.div_rn(a, gl.where(a == 0, self.QMAX, self.QMAX)))
                 if self.HALVES == 1 or ctx.index == 0:
                     gl.store(self.scales + row.to(gl.int64) * self.stride_scales, div, mask=row < self.rows)
-            recip = gl.div_rn(gl.where(div == 0, 1.0, 1.0), div)  # 0 where div is inf: y x 0 = y / inf
+            recip = self._folded(gl.div_rn(gl.where(div == 0, 1.0, 1.0), div))  # 0 where div is inf: y x 0 = y / inf
             self._stage(ctx, 0, self._token_codes(y0 * recip))
             self._stage(ctx, 1, self._token_codes(y1 * recip))
             self._stage(ctx, 2, self._token_codes(y2 * recip))
             self._store(ctx, row)
         elif self.HALVES == 2 and self.G == 2 * BLOCK:  # int4's groups of 128: a sub-row, both consumers' halves
-            g0, g1, g2 = self._exchange_rows(ctx, _amax(y0, 1), _amax(y1, 1), _amax(y2, 1), state.t)
+            g0, g1, g2 = self._exchange_rows(ctx, self._folded(_amax(y0, 1)), self._folded(_amax(y1, 1)),
+                                             self._folded(_amax(y2, 1)), state.t)
             self._stage(ctx, 0, self._subrow_codes(ctx, y0, g0, 0, row))
             self._stage(ctx, 1, self._subrow_codes(ctx, y1, g1, 1, row))
             self._stage(ctx, 2, self._subrow_codes(ctx, y2, g2, 2, row))
@@ -400,6 +402,13 @@ class WideQuantize:
         mbarrier.wait(self.xbar.index(slot), (t >> 1) & 1)
         other = gl.reduce(self.xchg.index(2 * slot + 1 - ctx.index).load(L1), 0, _max_nan)
         return _max_nan(a, other)
+
+    @gluon.jit
+    def _folded(self, v):
+        """FOLD: v x rscale (a maximum of the unscaled products, or a reciprocal: y / s = W x (rscale / s)); else v."""
+        if self.FOLD:
+            v = v * self.rscale
+        return v
 
     @gluon.jit
     def _exchange_rows(self, ctx, a0, a1, a2, t):
@@ -427,6 +436,7 @@ class WideQuantize:
         halves'); the scales (one a sub-row) stored by consumer 0."""
         L: gl.constexpr = y.type.layout
         recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX)  # [64]
+        recip = self._folded(recip)
         SL: gl.constexpr = recip.type.layout
         i = gl.arange(0, BLOCK, layout=SL) + J * BLOCK
         if ctx.index == 0:
@@ -450,7 +460,8 @@ class WideQuantize:
     def _scaled(self, y, J: gl.constexpr):
         """rscale Y_J, sub-rows past m zeroed."""
         acc_layout: gl.constexpr = y.type.layout
-        y = y * self.rscale
+        if not self.FOLD:  # FOLD: rscale goes into the maxima and the reciprocals instead (once a group, not a value)
+            y = y * self.rscale
         if (J + 1) * BLOCK > self.M:
             i = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, acc_layout)) + J * BLOCK
             y = gl.where(gl.expand_dims(i, 1) < self.M, y, 0.0)
@@ -473,7 +484,7 @@ class WideQuantize:
         if self.G <= BLOCK:
             GR: gl.constexpr = BLOCK // self.G  # groups a sub-row
             y3 = gl.reshape(y, [BLOCK, GR, self.G])
-            ga = _amax(y3, 2)  # [64, GR], each held by every thread holding a part of the group
+            ga = self._folded(_amax(y3, 2))  # [64, GR], each held by every thread holding a part of the group
             if self.SCALE_ONCE:
                 recip, keep, stored = _scales_once(ga, self.gscale, self.FORMAT, self.QMAX)
                 SL: gl.constexpr = stored.type.layout  # the scales' stores from the compact layout: once a group
@@ -489,7 +500,7 @@ class WideQuantize:
             mask = (gl.expand_dims(i, 1) < self.M) & (row < self.rows)
             gl.store(self.scales + row.to(gl.int64) * self.stride_scales + offs, stored.to(self.scales.dtype.element_ty),
                      mask=mask)
-            q = y3 * gl.expand_dims(recip, 2)
+            q = y3 * gl.expand_dims(self._folded(recip), 2)
             if self.FORMAT == INT4:
                 code = _rni(q)
             else:
@@ -500,7 +511,8 @@ class WideQuantize:
             gl.static_assert(self.HALVES == 1, "HALVES 2: groups inside a consumer's 64 columns")
             SPG: gl.constexpr = self.G // BLOCK
             y3 = gl.reshape(y, [BLOCK // SPG, SPG, BLOCK])
-            recip, stored, keep = _group_scale(_amax(_amax(y3, 2), 1), self.gscale, self.FORMAT, self.QMAX)
+            recip, stored, keep = _group_scale(self._folded(_amax(_amax(y3, 2), 1)), self.gscale, self.FORMAT, self.QMAX)
+            recip = self._folded(recip)
             SL: gl.constexpr = recip.type.layout
             i = (gl.arange(0, BLOCK // SPG, layout=SL) + J * (BLOCK // SPG))
             gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i, stored.to(self.scales.dtype.element_ty),
@@ -533,7 +545,8 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                rscale, row_counter, M: gl.constexpr, FORMAT: gl.constexpr, G: gl.constexpr,
                                STATIC: gl.constexpr, QMAX: gl.constexpr, STAGES: gl.constexpr,
                                AHEAD: gl.constexpr = False, PINGPONG: gl.constexpr = False, PROBE: gl.constexpr = 0,
-                               HALVES: gl.constexpr = 1, SCALE_ONCE: gl.constexpr = False, KTRIM: gl.constexpr = False):
+                               HALVES: gl.constexpr = 1, SCALE_ONCE: gl.constexpr = False, KTRIM: gl.constexpr = False,
+                               FOLD: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
@@ -558,7 +571,8 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
     else:
         xrows = None
     op = WideQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, M, FORMAT, G,
-                      STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar, xrows, SCALE_ONCE, KTRIM)
+                      STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar, xrows, SCALE_ONCE, KTRIM,
+                      FOLD and FORMAT != STORE)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),

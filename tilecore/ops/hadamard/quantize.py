@@ -193,7 +193,15 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         STAGES=tuning.get("stages") or configs.QUANT_GLUON_WIDE_STAGES, PACKED=f.packed, num_warps=4,
         **({"AHEAD": True} if tuning.get("ahead") else {}), **({"PINGPONG": True} if tuning.get("pingpong") else {}),
         **({"PROBE": tuning["probe"]} if tuning.get("probe") else {}), **_scale_once(fmt, n, group, tuning),
-        **({"KTRIM": True} if tuning.get("ktrim", _by_format(configs.QUANT_GLUON_KTRIM, fmt, n, False)) else {})))
+        **({"KTRIM": True} if tuning.get("ktrim", _by_format(configs.QUANT_GLUON_KTRIM, fmt, n, False)) else {}),
+        **_fold(fmt, n, tuning)))
+
+
+def _fold(fmt, n, tuning) -> dict:
+    """The Gluon kernels' FOLD (1 / sqrt(n) folded into the maxima and the reciprocals, as quantize_kernels' FAST
+    epilogue does, not multiplied into every value; the STORE format multiplies regardless): tuning "fold", else
+    configs.QUANT_GLUON_FOLD by (format, n) or format."""
+    return {"FOLD": True} if tuning.get("fold", _by_format(configs.QUANT_GLUON_FOLD, fmt, n, False)) else {}
 
 
 def _scale_once(fmt, n, group, tuning) -> dict:
@@ -236,7 +244,7 @@ def _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
     return QuantizePlan("gluon_kron", grid=(grid,), rscale=rscale, config=dict(
         M=M, F=P // 64, SPLIT=split, INSIDE=inside, FORMAT=f.kernel_id, G=group or 0,
         STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, STAGES=tuning.get("stages") or configs.QUANT_GLUON_KRON_STAGES,
-        PACKED=f.packed, num_warps=4, **_scale_once(fmt, n, group, tuning)))
+        PACKED=f.packed, num_warps=4, **_scale_once(fmt, n, group, tuning), **_fold(fmt, n, tuning)))
 
 
 def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms, interpret,
