@@ -79,6 +79,20 @@ def r3_timed():
             if fmt in ("fp8_e4m3", "int8"):
                 cases.append(("q", fmt, n, "gluon", {"gluon": True}))
         cases.append(("q", "nvfp4", n, "ktrim_once", {"gluon": True, "ktrim": True, "scale_once": True}))
+    # FOLD: 1 / sqrt(n) into the maxima and reciprocals (one FMUL a value fewer), and all of a width's candidates
+    bases = {14336: GLUON, 28672: {"gluon_kron": True, "inside": False}, 18944: {"gluon": True}, 11008: {"gluon": True}}
+    for n, base in bases.items():
+        for fmt in ("fp8_e4m3", "int8", "mxfp4", "int4"):
+            if fmt == "int4" and n == 18944:
+                continue
+            cases.append(("q", fmt, n, "fold", {**base, "fold": True}))
+            if (fmt, n) not in {("mxfp4", 14336), ("mxfp4", 18944), ("mxfp4", 11008), ("mxfp4", 28672), ("int8", 28672),
+                                ("int8", 18944), ("int8", 11008), ("fp8_e4m3", 18944), ("fp8_e4m3", 11008),
+                                ("int4", 28672)}:
+                cases.append(("q", fmt, n, "gluon", base if n != 28672 else GLUON))
+        extra = {"ktrim": True} if n in (18944, 11008) else {}
+        for fmt in ("mxfp4", "nvfp4"):
+            cases.append(("q", fmt, n, "all", {**base, **extra, "fold": True, "scale_once": True}))
     # int4 at 18944 on the wide kernel (its groups of 128 span both consumers' halves: the sub-rows' maxima exchanged)
     cases += [("q", "int4", 18944, "gluon", {"gluon": True}), ("q", "int4", 18944, "shipped", {}),
               ("q", "int4", 18944, "ktrim", {"gluon": True, "ktrim": True})]
