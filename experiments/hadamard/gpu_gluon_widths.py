@@ -417,16 +417,28 @@ def table(result):
     if errs:
         lines.append(f"  transform error / floor: {min(errs)}-{max(errs)}")
     times = {tuple(r["case"]): r for r in result.get("time", []) if "ms" in r}
-    lines.append("case                               path         ms     %copy   x (the gluon default, else shipped)")
+    groups = {}
     for r in result.get("time", []):
         key = tuple(r["case"])
-        ref = "gluon" if key[3] not in ("gluon", "shipped") and key[:3] + ("gluon",) in times else "shipped"
-        base = times.get(key[:3] + (ref,))
-        if "ms" not in r:
-            lines.append(f"{str(key):34s} {r.get('error', r.get('skipped', ''))[:60]}")
-            continue
-        ratio = f"{base['ms'] / r['ms']:.2f}x {ref}" if base and key[3] != ref else ""
-        lines.append(f"{str(key):34s} {r['path']:11s} {r['ms']:7.4f} {r['pct_copy']:6.1f}   {ratio}")
+        groups.setdefault(key[:3], []).append(r)
+    lines.append("kind fmt/m n/p: reference ms (% copy); variant x reference (ms) ...  [reference: gluon, else shipped]")
+    for g, rows in groups.items():
+        ref = "gluon" if g + ("gluon",) in times else "shipped"
+        base = times.get(g + (ref,))
+        parts = []
+        if base:
+            parts.append(f"{ref} {base['ms']:.4f} ({base['pct_copy']}%) [{base['path']}]")
+        for r in rows:
+            name = r["case"][3]
+            if name == ref:
+                continue
+            if "ms" not in r:
+                parts.append(f"{name} {r.get('error', r.get('skipped', ''))[:40]}")
+            elif base:
+                parts.append(f"{name} {base['ms'] / r['ms']:.2f}x ({r['ms']:.4f}, {r['pct_copy']}%)")
+            else:
+                parts.append(f"{name} {r['ms']:.4f} ({r['pct_copy']}%)")
+        lines.append(f"{g[0]} {g[1]} {g[2]}: " + "; ".join(parts))
     return "\n".join(lines[:44])
 
 
