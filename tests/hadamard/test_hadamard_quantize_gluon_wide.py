@@ -136,3 +136,15 @@ def test_gluon_kernel_compiles_for_sm90():
         assert res["shared_meta"] <= 227 * 1024, res
         assert res["spill_stores"] <= 64, res  # 40-44 B spilled today (notes/hadamard, session 30); none is the goal
     assert results[0]["satfinite"], results[0]
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "mxfp4", "int4"])
+def test_plan_switches_ktrim_fold_scale_once(fmt):
+    """The session-31 switches reach the kernel only where asked (configs off) and where they apply: KTRIM and FOLD
+    any format; SCALE_ONCE groups of 16 / 32 (not int4's 128, not per token)."""
+    for n in (11008, 18944):
+        base = _plan(fmt, n=n, gluon=True, _gluon_ok=True).config
+        assert not ({"KTRIM", "FOLD", "SCALE_ONCE"} & set(base)) or configs.QUANT_GLUON_KTRIM \
+            or configs.QUANT_GLUON_FOLD or configs.QUANT_GLUON_SCALE_ONCE
+        cfg = _plan(fmt, n=n, gluon=True, _gluon_ok=True, ktrim=True, fold=True, scale_once=True).config
+        assert cfg["KTRIM"] and cfg["FOLD"] and cfg.get("SCALE_ONCE", False) == (fmt == "mxfp4")
