@@ -128,7 +128,7 @@ def main():
             l_rounded = bool(p.config.get("l_mma", 0))
             step = p.config["block_n"] + p.config.get("block_n2", 0)
             if p.config.get("pv_smem", 0) >= 2:  # (session 31's pipelined halves: the running max moves per half)
-                step = p.config["block_n"]
+                step = min(p.config["block_n"], p.config["block_n2"])
         else:
             p.config.update(L_ROUNDED=True)
             l_rounded, step = True, p.config["BLOCK_N"]
@@ -323,7 +323,7 @@ def main():
     run_cases(plain, True)
     run_tails([n for n in plain if TAIL_VARIANTS is None or n in TAIL_VARIANTS])
     run_cases(split_names, False)
-    run_tails(split_names)
+    run_tails([n for n in split_names if TAIL_VARIANTS is None or n in TAIL_VARIANTS])
 
     save()
     print(f"\n{result['device']}  ({time.time() - T0:.0f} s)")

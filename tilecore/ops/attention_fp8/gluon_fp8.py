@@ -903,13 +903,59 @@ class AttentionFp8:
         gl.thread_barrier()
 
     @gluon.jit
+    def softmax_b(self, s2, st, first_key, k_scale):
+        """compute_pipe_smem's second half's softmax: scores [BM, BN2] in the S2 layout (BN2 = 128: self.softmax);
+        BN2 64: masked by its own width and the row max by gl.max (row_max_tree takes 128 columns). Returns as
+        softmax."""
+        if self.BN2 == self.BN:
+            m, l, p, alpha, moved = self.softmax(s2, st, first_key, k_scale)
+        else:
+            row_scale = st.q_scale
+            if self.K_PER_BLOCK:
+                row_scale = row_scale * k_scale
+            if needs_mask(st.rows.first, first_key, self.BN2, self.N, self.Nk, self.CAUSAL):
+                s2 = mask_scores(s2, self.S2, st.rows.first, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
+            if self.Q_PER_ROW:
+                row_scale = gl.convert_layout(row_scale, gl.SliceLayout(1, self.S2), assert_trivial=True)
+            m_i = gl.convert_layout(st.m, gl.SliceLayout(1, self.S2), assert_trivial=True)
+            m, l, p, alpha, moved = fp8_softmax_update(m_i, st.l, s2, row_scale, self.Q_PER_ROW, self.EXP2_FMA_EVERY,
+                                                       self.P_SHIFT, 0.0, False, False)
+            m = gl.convert_layout(m, gl.SliceLayout(1, self.S), assert_trivial=True)
+            alpha = gl.convert_layout(alpha, gl.SliceLayout(1, self.S), assert_trivial=True)
+        return m, l, p, alpha, moved
+
+    @gluon.jit
+    def sum_b(self, l0, l1, l2, l3):
+        """row_sum_b's partial sums added (BN2 64: two; the other two tokens repeat them)."""
+        if self.BN2 == self.BN:
+            r = (l0 + l1) + (l2 + l3)
+        else:
+            r = l0 + l1
+        return r
+
+    @gluon.jit
+    def row_sum_b(self, pb):
+        """compute_pipe_smem: the row sums of the second half's P from its buffer (4 or 2 chunks of 32 keys); 4 tokens
+        (BN2 64: the second two repeat the first two's, unused)."""
+        if self.BN2 == self.BN:
+            t0, t1, t2, t3 = self.row_sum_smem(pb)
+        else:
+            ones_t = self.ones.permute((1, 0))
+            zero = gl.zeros([self.BM, self.LC], gl.float32, self.L)
+            t0 = warpgroup_mma(pb.slice(0, 32, dim=1), ones_t, zero, use_acc=False, is_async=True)
+            t1 = warpgroup_mma(pb.slice(32, 32, dim=1), ones_t, zero, use_acc=False, is_async=True)
+            t2 = t0
+            t3 = t1
+        return t0, t1, t2, t3
+
+    @gluon.jit
     def pipe_second_half(self, st, m_a, acc, l_acc, sb_tok, pa, pb, va, first_key, k_scale):
         """compute_pipe_smem's second half: P_a V_a (and P_a's row sums) issued, S_b waited for (P_a V_a still
         running), softmax_b, P_b stored, P_a V_a waited for, O and l times alpha_b. Returns the state."""
         t0, t1, t2, t3 = self.row_sum_smem(pa)
         o_tok = warpgroup_mma(pa, va, acc, is_async=True)
         s2 = warpgroup_mma_wait(5, deps=(sb_tok,))  # S_b done; the row sums and P_a V_a may still run
-        m_b, l_b, p32b, alpha_b, moved_b = self.softmax(s2, st.replace(m=m_a), first_key + self.BN, k_scale)
+        m_b, l_b, p32b, alpha_b, moved_b = self.softmax_b(s2, st.replace(m=m_a), first_key + self.BN, k_scale)
         self.write_p(p32b, pb)
         self.publish_p()
         acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
@@ -937,7 +983,10 @@ class AttentionFp8:
         va = stage.vt.reshape([self.D, self.BN]).permute((1, 0))
         vb = stage.vt2.reshape([self.D, self.BN2]).permute((1, 0))
         pa = self.p_smem.index(ctx.index * 2)
-        pb = self.p_smem.index(ctx.index * 2 + 1)
+        if self.BN2 == self.BN:
+            pb = self.p_smem.index(ctx.index * 2 + 1)
+        else:
+            pb = self.p2_smem.index(ctx.index * 2)
         self.my_turn(ctx, step)
         if step == 0:
             k_scale = self.key_scales(st, 0)
@@ -956,13 +1005,13 @@ class AttentionFp8:
             k_scale = self.key_scales(st, first_key)
             sa_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
                                    is_async=True)
-            t0, t1, t2, t3 = self.row_sum_smem(pb)  # the second half of the step before: its row sums and P V
+            t0, t1, t2, t3 = self.row_sum_b(pb)  # the second half of the step before: its row sums and P V
             o_tok = warpgroup_mma(pb, vb, st.acc, is_async=True)
             self.their_turn(ctx)
             self.stamp(ctx, step, 1)
             if self.PV_SMEM == 3:  # P_b V_b waited for with S_a: O is not in flight under softmax_a (fewer registers)
                 s, acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(sa_tok, o_tok, t0, t1, t2, t3))
-                l_acc = st.l_acc + ((l0 + l1) + (l2 + l3))
+                l_acc = st.l_acc + self.sum_b(l0, l1, l2, l3)
                 self.stamp(ctx, step, 2)
                 sb_tok = warpgroup_mma(q, k2_t, gl.zeros([self.BM, self.BN2], gl.float32, self.S2), use_acc=False,
                                        is_async=True)
@@ -972,7 +1021,7 @@ class AttentionFp8:
                 self.stamp(ctx, step, 3)
             else:
                 s, l0, l1, l2, l3 = warpgroup_mma_wait(1, deps=(sa_tok, t0, t1, t2, t3))
-                l_acc = st.l_acc + ((l0 + l1) + (l2 + l3))
+                l_acc = st.l_acc + self.sum_b(l0, l1, l2, l3)
                 self.stamp(ctx, step, 2)
                 sb_tok = warpgroup_mma(q, k2_t, gl.zeros([self.BM, self.BN2], gl.float32, self.S2), use_acc=False,
                                        is_async=True)
@@ -985,11 +1034,11 @@ class AttentionFp8:
             st = self.pipe_second_half(st, m_a, acc, l_acc, sb_tok, pa, pb, va, first_key, k_scale)
             self.stamp(ctx, step, 4)
         elif step == st.rows.n_blocks:  # the step after this consumer's last keys: the last half's P V
-            t0, t1, t2, t3 = self.row_sum_smem(pb)
+            t0, t1, t2, t3 = self.row_sum_b(pb)
             o_tok = warpgroup_mma(pb, vb, st.acc, is_async=True)
             self.their_turn(ctx)
             acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
-            st = st.replace(acc=acc, l_acc=st.l_acc + ((l0 + l1) + (l2 + l3)))
+            st = st.replace(acc=acc, l_acc=st.l_acc + self.sum_b(l0, l1, l2, l3))
         else:  # causal: a step past this consumer's keys
             self.their_turn(ctx)
         return st
@@ -1284,7 +1333,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. BN2 > 0: steps of
     BN + BN2 keys, the second blocks by k2_desc [1, 1, BN2, D] and vt2_desc [1, 1, D, BN2] (compute_split)."""
     gl.static_assert(not (RESCALE_LATE and RESCALE_TAU > 0), "RESCALE_LATE or RESCALE_TAU, not both")
-    gl.static_assert(BN2 == 0 or ((BN2 == 64 or BN2 == 32 or (BN2 == 128 and PV_SMEM >= 2)) and L_MMA == 1 and MAX_TREE and CAST_LATE == 1 and PERMUTED_V and not K_PER_ROW
+    gl.static_assert(BN2 == 0 or ((BN2 == 64 or BN2 == 32 or (BN2 == 128 and PV_SMEM >= 2)) and L_MMA == 1
+                                  and (MAX_TREE or PV_SMEM >= 2) and CAST_LATE == 1 and PERMUTED_V and not K_PER_ROW
                                   and not K_PER_BLOCK and RESCALE_TAU == 0 and not RESCALE_LATE and not PROBE_NO_SOFTMAX),
                      "BN2 (split steps): 64 or 32, with L_MMA 1, MAX_TREE, CAST_LATE 1, PERMUTED_V and per-head or per-row q "
                      "descales, per-head k descales")
@@ -1295,7 +1345,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
-    gl.static_assert(PV_SMEM == 0 or (((PV_SMEM == 1 and (BN2 == 0 or BN2 == 64)) or (PV_SMEM >= 2 and PV_SMEM <= 3 and BN2 == 128 and L_MMA == 1
+    gl.static_assert(PV_SMEM == 0 or (((PV_SMEM == 1 and (BN2 == 0 or BN2 == 64)) or (PV_SMEM >= 2 and PV_SMEM <= 3 and (BN2 == 128 or BN2 == 64) and L_MMA == 1
                                                                                          and not RESCALE_LATE))
                                       and PERMUTED_V and PINGPONG < 2
                                       and (L_MMA == 0 or L_MMA == 1) and not PROBE_NO_SOFTMAX),
@@ -1308,7 +1358,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     if PV_SMEM:  # two P buffers a consumer (compute_pv_smem), keys contiguous: the K-major A operand
         p_smem = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS * 2, BM, BN],
                                            gl.NVMMASharedLayout.get_default_for([BM, BN], gl.float8e4nv))
-        if BN2 > 0 and PV_SMEM == 1:
+        if BN2 > 0 and (PV_SMEM == 1 or BN2 != BN):
             p2_smem = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS * 2, BM, BN2],
                                                 gl.NVMMASharedLayout.get_default_for([BM, BN2], gl.float8e4nv))
     ones = gl.constexpr(None)  # (a constexpr: nothing passed to the partitions)
