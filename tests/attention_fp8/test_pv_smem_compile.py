@@ -67,3 +67,41 @@ def test_softmax_runs_before_the_wait_for_pv(report):
     assert r["n_ex2"] >= 64, r  # the steady step's softmax block: 64 exp2 a thread at BN 128 (+2 for alpha)
     assert r["n_sts"] >= 1 and r["fence"] >= 0, r  # P's stores and their fence are in this block
     assert r["wait0"] > r["last_ex2"] and r["wait0"] > r["last_sts"] and r["wait0"] > r["fence"], r
+
+
+PIPE_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, "experiments/attention_fp8")
+import sass_fp8
+
+k, r = sass_fp8.compile_variant(128, False, dict(pv_smem=2, block_n2=64, stages=2))
+rows = [i for _, i in sass_fp8.sass_rows(k.asm["cubin"])]
+ptx = k.asm["ptx"]
+s_b = [n for n, i in enumerate(rows) if i.startswith("QGMMA.64x64x32")]
+waits5 = [n for n, i in enumerate(rows) if i.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x5")]
+mufu_between = sum(1 for n, i in enumerate(rows) if s_b and waits5 and s_b[-1] < n < waits5[-1] and "MUFU.EX2" in i)
+print(json.dumps(dict(**vars(r), s_b=len(s_b), waits5=len(waits5), mufu_between=mufu_between,
+                      wgmma_128_a_regs=sum(a.startswith("{") for a in __import__("re").findall(
+                          r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3 \{[^}]*\}, (\S+)", ptx)))))
+"""
+
+
+@pytest.fixture(scope="module")
+def pipe_report():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", PIPE_SCRIPT], capture_output=True, text=True, env=env, timeout=600,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_pipelined_halves_compile(pipe_report):
+    """PV_SMEM 2 with halves of 128 + 64 keys at D128 (compute_pipe_smem): not serialized, tens of bytes of spills at
+    most (48 here; 128 + 128 needs 192 registers for S_a, S_b and O and serializes), within shared memory, P V's A
+    from shared memory; S_b (N 64) issued before softmax_a's exponentials and waited for (DEPBAR.LE 5) after them."""
+    r = pipe_report
+    assert not r["wgmma_serialized"], r
+    assert r["spill_stores"] <= 64 and r["shared"] <= 227 * 1024, r
+    assert r["wgmma_128_a_regs"] == 0, r
+    assert r["s_b"] >= 8 and r["waits5"] >= 2, r  # step 0 and the steady step: 4 k32 each
+    assert r["mufu_between"] >= 64, r  # softmax_a's 64 exponentials (and more) between S_b's issue and its wait
