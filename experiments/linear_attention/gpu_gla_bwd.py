@@ -156,9 +156,15 @@ S31_RUN3 = [
     ("cfg bt64 kb32 vb64", dict(diag=5), dict(BT=64, BKB=32, dqk_VB=64), "chunked"),
     ("cfg bt64 kb32 w8", dict(diag=5), dict(BT=64, BKB=32, dqk_warps=8), "chunked"),  # whole columns, 8 warps
 ]
-VARIANTS += S31_VARIANTS[:-1] + S31_RUN3
+# the last call's (run 3 and 3b did not run): the candidate (every part) and the two steps to it, and the dqk kernel at
+# 8 warps (151 registers, 0 spilled) in it
+S31_LAST = [S31_RUN3[0], S31_RUN3[2], S31_RUN3[5],
+            ("cfg bt64 kb32 vb32 w8 walk128 dvw g8 fused", dict(diag=5), dict(
+                BT=64, BKB=32, dqk_VB=32, dqk_warps=8, BV=128, walk_warps=8, dv_wide_apart=True, wide_group=8,
+                dg_fused=True), "chunked")]
+VARIANTS += S31_VARIANTS[:-1] + S31_RUN3 + S31_LAST[3:]
 if S31 and "--variants" not in sys.argv:
-    VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S31_RUN3
+    VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S31_LAST
 if "--variants" in sys.argv:
     wanted = sys.argv[sys.argv.index("--variants") + 1].split(",")
     VARIANTS = [v for v in VARIANTS if v[0] in wanted]
