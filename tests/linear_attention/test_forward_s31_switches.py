@@ -47,6 +47,15 @@ def test_out_direct_only_with_feat_alu():
     assert configs.GLUON_BASED_OUT_DIRECT in (False, True)
 
 
+def test_launch_args_take_a_descriptor_maker():
+    """A keyed launch's TmaOperand (as launch.gluon_forward_keyed gives gluon_forward) in place of the descriptors."""
+    from tilecore.tiles.launch import TmaOperand
+
+    args = based_args(chain=True, feat_alu=1, operand=TmaOperand)
+    assert all(isinstance(args[n], TmaOperand) for n in ("q_desc", "k_desc", "v_desc", "o_desc"))
+    assert args["q_desc"].block_shape == [1, 1, 64, 16] and args["v_desc"].block_shape == [1, 1, 64, 64]
+
+
 def test_the_plan_gives_feat_alu_its_stages(monkeypatch):
     from tilecore.ops.linear_attention.plan import BASED, tl_plan
 

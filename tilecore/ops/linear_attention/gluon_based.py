@@ -863,10 +863,13 @@ def _head_major(t: torch.Tensor):
 
 def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool = False, probe: int = 0,
                 paired: bool = False, chain: bool = False, sel_async: int = 0, sel_reg: bool = False,
-                phiq_reg: bool = False, feat_alu: int = 0, out_direct: bool = False):
+                phiq_reg: bool = False, feat_alu: int = 0, out_direct: bool = False, operand=None):
     """(grid, arguments by name, num_warps) of based_fwd_gluon_kernel; x0, xt: kernel-row states or None;
-    overlap: the kernel's OVERLAP."""
+    overlap: the kernel's OVERLAP. ``operand(t, block, shape, strides)`` makes the descriptors (default
+    gluon_descriptor; a keyed launch passes tiles.launch.TmaOperand, as gluon_forward's)."""
     from tilecore.tiles.launch import gluon_descriptor
+
+    gluon_descriptor = operand or gluon_descriptor
     from tilecore.tiles.schedule import persistent_programs
 
     B, N, H, Dv = v.shape
@@ -910,12 +913,14 @@ def launch_args(q, k, v, x0, o, xt, scale: float, stages: int = 2, overlap: bool
 def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overlap: bool | None = None,
             paired: bool | None = None, chain: bool | None = None, sel_async: int | None = None,
             sel_reg: bool | None = None, phiq_reg: bool | None = None, feat_alu: int | None = None,
-            out_direct: bool | None = None):
+            out_direct: bool | None = None, operand=None, launch=None):
     """(o, final state (B, H, 1 + 16 + 256, Dv) float32 or None) by the Gluon kernel (``fits`` must have
     said None). h0: the op-layout initial state or None. overlap: the kernel's OVERLAP (None:
     configs.GLUON_BASED_OVERLAP). paired, chain, sel_async: the kernel's PAIRED, CHAIN and SEL_ASYNC (None:
     configs.GLUON_BASED_PAIRED, GLUON_BASED_CHAIN, GLUON_BASED_SEL_ASYNC); sel_reg, phiq_reg: SEL_REG and PHIQ_REG
-    (None: configs.GLUON_BASED_SEL_REG, GLUON_BASED_PHIQ_REG; they need SEL_ASYNC 3, else off)."""
+    (None: configs.GLUON_BASED_SEL_REG, GLUON_BASED_PHIQ_REG; they need SEL_ASYNC 3, else off). ``operand``:
+    launch_args's (the descriptors' maker); ``launch(grid, args, num_warps)``: the launch (default: the kernel's
+    own; a keyed path passes a CachedLaunch's, as launch.gluon_forward_keyed does for gluon_forward)."""
     from tilecore.ops.linear_attention import configs
 
     overlap = configs.GLUON_BASED_OVERLAP if overlap is None else overlap
@@ -936,8 +941,11 @@ def forward(q, k, v, h0, scale: float, final_state: bool, stages: int = 2, overl
     xt = torch.empty(B, H, FEATURES, Dv, dtype=torch.float32, device=v.device) if final_state else None
     grid, args, warps = launch_args(q, k, v, x0, o, xt, scale, stages, overlap, paired=paired, chain=chain,
                                     sel_async=sel_async, sel_reg=sel_reg, phiq_reg=phiq_reg, feat_alu=feat_alu,
-                                    out_direct=out_direct)
-    based_fwd_gluon_kernel[grid](**args, num_warps=warps)
+                                    out_direct=out_direct, operand=operand)
+    if launch is None:
+        based_fwd_gluon_kernel[grid](**args, num_warps=warps)
+    else:
+        launch(grid, args, warps)
     ht = None
     if final_state:
         ht = expand(xt, feat_alu)
