@@ -124,10 +124,16 @@ def check(q, k, v, causal, scale, window_size=NO_WINDOW, softcap=0.0, sm_margin=
 
 
 def _forward_impl(q, k, v, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0,
-                  key: tuple | None = None, sm_margin: int = 0, plan=None) -> tuple[torch.Tensor, torch.Tensor]:
+                  key: tuple | None = None, sm_margin: int = 0, plan=None,
+                  want_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``key``: the call's signature (tiles.launch.signature, sm_margin in it), for the plan cache; ``plan``: the
-    plan cached for it, where the caller looked it up already (a plan is cached only for inputs with elements)."""
+    plan cached for it, where the caller looked it up already (a plan is cached only for inputs with elements).
+    Without ``want_lse`` lse may come back None (a keyed decode call's recipe then keeps it in its buffer)."""
     if plan is not None:
+        if plan.path == "decode" and plan.operand_dtype is None:  # the key's decode recipe, run from here
+            recipe = decode_prepared(plan, q, k, v, causal, window, softcap)
+            if recipe:
+                return recipe.outputs(q, k, v, scale, softcap, want_lse)
         return launch.outputs(plan, q, k, v, causal, scale, window, softcap)
     window = tuple(window)
     if q.numel() == 0 or v.shape[-1] == 0:
@@ -244,22 +250,22 @@ class _AttentionFunction(torch.autograd.Function):
         out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin, plan)
         ctx.set_materialize_grads(False)  # an unused output's gradient None, not zeros (no dlse pass)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.scale, ctx.window, ctx.softcap, ctx.sm_margin = causal, scale, window, softcap, sm_margin
+        ctx.options = (causal, scale, window, softcap, sm_margin)  # (one attribute: issue 31's host time)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
+        causal, scale, window, softcap, sm_margin = ctx.options
         if dout is None:
             dout = torch.zeros_like(out)
         if dlse is not None:
             dlse = dlse.to(torch.float32).contiguous()
         if torch.is_grad_enabled():  # create_graph: the custom op, as the op path records it
-            dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, *ctx.window, ctx.softcap,
-                                      ctx.sm_margin)
+            dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, causal, scale, *window, softcap, sm_margin)
         else:
-            dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, ctx.window, ctx.softcap,
-                                        cache=True, sm_margin=ctx.sm_margin)
+            dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, dlse, causal, scale, window, softcap, cache=True,
+                                        sm_margin=sm_margin)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
@@ -325,12 +331,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     sm_margin = int(sm_margin)
     if mode == "direct":
-        if plan is not None and plan.path == "decode" and plan.operand_dtype is None:  # the key's decode recipe
-            recipe = decode_prepared(plan, q, k, v, causal, window, softcap)
-            if recipe:
-                out, lse = recipe.outputs(q, k, v, scale, softcap, return_lse)
-                return (out, lse) if return_lse else out
-        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin, plan)
+        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin, plan, return_lse)
     elif mode == "autograd":
         out, lse = eager_apply(_AttentionFunction, q, k, v, causal, scale, window, softcap, key, sm_margin, plan)
     else:
