@@ -51,7 +51,9 @@ CHANNEL_FWD_DIAG = 3
 # the chunk-32 blocks' 2.220 (run 1, runs/forward_s31_run1_session31_h100.txt; chunk_gla 4.052 there: 1.97x against
 # 1.83x) and 2.103 against 2.161 (run 3, runs/forward_s31c_run3_session31_h100.txt; 1 stage 2.110, chunk 32 with 4
 # stages 2.145; 3 and 4 stages at chunk 64 exceed shared memory at d128); checked against float64 (bf16 d128 weak
-# decays 1.998x the floor, strong [-6, 0] + a reset 1.414x, d64 v128 N 77 1.966x; every element written). On
+# decays 1.998x the floor, strong [-6, 0] + a reset 1.414x, d64 v128 N 77 1.966x; every element written). On. Run 4
+# (runs/forward_s31d_run4_session31_h100.txt): 2.121 / 2.062 ms (first / last) against chunk 32's 2.157, FLA chunk_gla
+# 4.63 timed alone in that run (2.18-2.25x); fp16 d128 N 1000 checked at chunk 64 (1.986x the floor)
 CHANNEL_FWD_BLOCKS: dict | None = dict(BT=64, BV=128, warps=8, stages=2)
 # with CHANNEL_FWD_DIAG on: the backward's per-channel intra-chunk terms by the same one reference a chunk
 # (kernels_tl._channel_dq_factored / _channel_dk_factored, and the dK/dV kernel's scores by _channel_chunk;
@@ -191,12 +193,15 @@ GLUON_BASED_PHIQ_REG = False
 # H16 N4096 d16 v64, the kernel alone, copy bound 0.1159 ms): shipped (SEL_ASYNC 3 + CHAIN) 0.1820 ms (0.1869 timed
 # again last), FEAT_ALU 1 0.1505 (77.0% of the bound), at 3 stages 0.1408 (82.3%, 1.29x), 2 0.1498 / 3 stages 0.1411,
 # 3 0.1494; every float64 check right (bf16 h0 N 1000 1.415x the floor, fp16 v128 N 77 1.44x, bf16 h0 N 4097 one
-# tile 1.407x; every element written; gluon_based.forward's host path equal). On: 1 at GLUON_BASED_ALU_STAGES
+# tile 1.407x; every element written; gluon_based.forward's host path equal). On: 1 at GLUON_BASED_ALU_STAGES. Run 4
+# (runs/forward_s31d_run4_session31_h100.txt): 0.1405 ms (82.4%) against the session start's 0.1846 in the same run
+# (1.31x); 2 at 3 stages 0.1402, 3 0.1436
 GLUON_BASED_FEAT_ALU = 1
 # FEAT_ALU's ring depth (its phi_k buffer and the selections' are not needed: 3 stages fit, 213 KB; 4 need 238 KB)
 GLUON_BASED_ALU_STAGES = 3
 # OUT_DIRECT (with FEAT_ALU): o stored from registers by gl.store, no 16 KB epilogue buffer, so 4 stages fit (224 KB).
-# Session 31: compiled, off until gpu_forward_s31.py times it (then GLUON_BASED_ALU_STAGES 4 with it)
+# Session 31 run 4 (runs/forward_s31d_run4_session31_h100.txt): checked, but 0.2113 ms at 3 stages and 0.2098 at 4
+# against the shipped 0.1405 (the accumulator layout's 4-byte global stores): off
 GLUON_BASED_OUT_DIRECT = False
 
 # the backward's blocks where Dk <= BWD_KEY_BLOCK and Dk x Dv <= BWD_STATE_ELEMS (the session-26 sweep, H100,
