@@ -84,7 +84,7 @@ def test_plan_takes_the_kron_kernel_only_where_asked_and_able(fmt):
     assert _plan(fmt, gluon_kron=True).path != "gluon_kron"  # no Hopper / Gluon (plan_quantize's _gluon_ok)
     assert _plan(fmt, gluon_kron=False, _gluon_ok=True).path != "gluon_kron"
     f = quantize.FORMATS[fmt]
-    for n, split, inside, grid in ((14336, 2, False, 132), (28672, 2, fmt != "fp8_e4m3", 132)):  # run 2: fp8 no INSIDE
+    for n, split, inside, grid in ((14336, 2, False, 132), (28672, 2, fmt == "nvfp4", 132)):  # runs 2, 4: INSIDE off
         plan = _plan(fmt, n=n, gluon_kron=True, _gluon_ok=True)
         assert plan.path == "gluon_kron", n
         cfg = plan.config
@@ -93,8 +93,8 @@ def test_plan_takes_the_kron_kernel_only_where_asked_and_able(fmt):
         assert plan.rscale == n**-0.5
     plan = _plan(fmt, gluon_kron=True, _gluon_ok=True, split=1, inside=True)
     assert (plan.config["SPLIT"], plan.config["INSIDE"]) == (1, True)
-    # SCALE_ONCE only where asked and the groups lie inside a sub-row (mxfp4's 32, nvfp4's 16)
-    assert "SCALE_ONCE" not in _plan(fmt, gluon_kron=True, _gluon_ok=True).config or configs.QUANT_GLUON_SCALE_ONCE
+    # SCALE_ONCE where asked (nvfp4 by default since run 4) and the groups lie inside a sub-row (mxfp4's 32, nvfp4's 16)
+    assert _plan(fmt, gluon_kron=True, _gluon_ok=True).config.get("SCALE_ONCE", False) == (fmt == "nvfp4")
     once = _plan(fmt, gluon_kron=True, _gluon_ok=True, scale_once=True).config.get("SCALE_ONCE", False)
     assert once == (fmt in ("mxfp4", "nvfp4"))
     assert _plan(fmt, n=28 * 2048, gluon_kron=True, _gluon_ok=True).path != "gluon_kron"  # p = 2048: not its shape
@@ -102,12 +102,14 @@ def test_plan_takes_the_kron_kernel_only_where_asked_and_able(fmt):
 
 
 def test_shipped_where_checked_and_faster():
-    """Session 31 run 2 (H100): on for fp8 / int8 / mxfp4 / int4 at 14336 and 28672 (nvfp4 was not faster), the wide
-    kernel at 18944 but for int4, the transform's Gluon plan at the four widths; only where the kernel takes the shape."""
+    """Session 31 runs 2 and 4 (H100): the kron kernel on for every format at 14336 and 28672 (nvfp4 with SCALE_ONCE,
+    run 4), the wide kernel at 18944 (int4 since run 4), the transform's Gluon plan at the four widths; only where the
+    kernel takes the shape; KTRIM only on the wide kernel's widths."""
     for (fmt, n), on in configs.QUANT_GLUON_KRON.items():
         m, p = orders.split(n)
-        assert on and fmt != "nvfp4" and gk.fits(m, p, quantize.gluon_kron_tuning(m, p, {}, fmt)[0])
-    assert ("int4", 18944) not in configs.QUANT_GLUON_WIDE
+        assert on and gk.fits(m, p, quantize.gluon_kron_tuning(m, p, {}, fmt)[0])
+    assert {f for (f, n) in configs.QUANT_GLUON_KRON} == {"fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4"}
+    assert all(n in (11008, 18944) for (_, n) in configs.QUANT_GLUON_KTRIM)
     for (m, p) in configs.KRON_GLUON:
         from tilecore.ops.hadamard import gluon_quantize_wide as gw
 
