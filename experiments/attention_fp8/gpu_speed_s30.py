@@ -61,6 +61,7 @@ VARIANTS = {
 # all), the trace's (label, overrides)
 JSON_NAME = "attention_fp8_speed_s30.json"
 TAIL_VARIANTS = None
+SPLIT_TAILS = None  # the split steps' tail shapes (None: D64 causal and not)
 TRACE_VARIANTS = (("default", {}), ("pp", dict(pingpong="flip")))
 CASES = {"d128": (16, 16, 4096, 128, False), "d128c": (16, 16, 4096, 128, True),
          "d64": (16, 16, 4096, 64, False), "d64c": (16, 16, 4096, 64, True)}
@@ -247,8 +248,8 @@ def main():
     # split steps (block_n2) at D64 causal and not, with k's descales per head (what they take; q's per block)
     tails = [(1, 2, 1, 40, 70, 64, True)] if args.smoke else [(2, 8, 2, 1000, 1100, 128, True),
                                                                (2, 8, 2, 1000, 1100, 64, False)]
-    split_tails = [(1, 2, 1, 40, 70, 64, True)] if args.smoke else [(2, 8, 2, 1000, 1100, 64, True),
-                                                                     (2, 8, 2, 1000, 1100, 64, False)]
+    split_tails = [(1, 2, 1, 40, 70, 64, True)] if args.smoke else SPLIT_TAILS or [(2, 8, 2, 1000, 1100, 64, True),
+                                                                                    (2, 8, 2, 1000, 1100, 64, False)]
 
     def run_tails(these):
         for name in these:
