@@ -206,7 +206,7 @@ class _GluonLayout:
         if cfg.get("pv_smem", 0):  # session 31: P V from shared memory (gluon_fp8.compute_pv_smem)
             self.options["PV_SMEM"] = int(cfg["pv_smem"])
             if self.options["PV_SMEM"] >= 2 and not self.block_n2:  # pipelined halves need the split stage: per-key or
-                self.options["PV_SMEM"] = 1  # per-block k descales take 128-key steps (P V from shared memory)
+                self.options.pop("PV_SMEM")  # per-block k descales take the default 128-key steps
         if cfg.get("early_exp2", False):  # session 31: exponentials before the row max (gluon_fp8.fp8_softmax_early)
             self.options["EARLY_EXP2"] = True
         if self.block_n2:
