@@ -130,6 +130,21 @@ def test_a_derived_descriptor_goes_by_keyword_then_in_its_place(monkeypatch):
         assert type(a[3]) is TmaOperand and a[3].base is x and a[3].block_shape == [8]
 
 
+def test_all_kept_once_every_launch_is_bound_on_this_device_and_the_switch_is_on(gpu_like, monkeypatch):
+    cached, compiled = gpu_like
+    first, second = (KeyedLaunch(cached, ("call", i), (1,), dict(BLOCK=16)) for i in (6, 7))
+    x = torch.zeros(16)
+    first((x, 16, x))
+    assert first.kept() and not second.kept() and not KeyedLaunch.all_kept(first, second)
+    second((x, 16, x))
+    assert KeyedLaunch.all_kept(first, second)
+    launch.bind_keyed_launches(False)
+    assert not KeyedLaunch.all_kept(first, second) and not first.kept()
+    launch.bind_keyed_launches(True)
+    monkeypatch.setattr(launch, "_current_cuda_device", lambda: 7)
+    assert not KeyedLaunch.all_kept(first, second) and not first.kept()
+
+
 def test_a_key_is_required():
     with pytest.raises(ValueError, match="launch key"):
         KeyedLaunch(CachedLaunch(JITFunction(_tiny)), None, (1,), {})
@@ -487,6 +502,10 @@ class _Kept:
 
     def __init__(self):
         self.calls = []
+
+    @property
+    def _hit(self):  # (KeyedLaunch.all_kept reads a kept launch's device there)
+        return (launch._current_cuda_device(),)
 
     def kept(self):
         return True

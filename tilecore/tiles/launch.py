@@ -335,7 +335,7 @@ class KeyedLaunch:
 
     def __call__(self, args: tuple):
         hit = self._hit
-        if hit and BIND_KEYED_LAUNCHES and len(args) == hit[1] and hit[0] == _current_cuda_device():
+        if hit and BIND_KEYED_LAUNCHES and len(args) == hit[1] and hit[0] == (device := _current_cuda_device()):
             ordered = [*args, *hit[4]]
             for position, source in hit[5]:
                 ordered[position] = args[source]
@@ -343,7 +343,7 @@ class KeyedLaunch:
                 makers = hit[6]
                 hit[2][self.grid](*(makers[i](a) if i in makers else a for i, a in enumerate(ordered)))
             else:
-                hit[3](self.grid, ordered)
+                hit[3](self.grid, ordered, device)  # (the device read once: its stream's lookup takes it)
             return hit[2]
         kwargs = self.kwargs
         if self.derived is not None:
@@ -354,6 +354,14 @@ class KeyedLaunch:
         if hit is None:
             self._bind(args)
         return compiled
+
+    @staticmethod
+    def all_kept(*launches) -> bool:
+        """Whether the next launch of each goes the kept way (:meth:`kept`), the current device read once."""
+        if not BIND_KEYED_LAUNCHES:
+            return False
+        device = _current_cuda_device()
+        return all(hit and hit[0] == device for hit in (launch._hit for launch in launches))
 
     def kept(self) -> bool:
         """Whether the next launch with as many arguments goes the kept way (on this device, the switch on): its
@@ -444,24 +452,26 @@ def direct_launch(compiled, operands: dict | None = None):
     if parts is not None:  # Gluon TMA descriptors: the raw launcher, descriptors encoded once per layout
         raw, expand = parts
 
-        def go_expanded(grid, ordered):
+        def go_expanded(grid, ordered, device=None):
+            stream = stream_of(current_device() if device is None else device)
             # the switch read each launch (a module global: ~20 ns), so a process can time both ways
             if CACHE_TMA_DESCRIPTORS:
-                raw(grid[0], grid[1], grid[2], stream_of(current_device()), function, cooperative, pdl, None, None,
-                    packed, None, None, None, *expand(ordered))
+                raw(grid[0], grid[1], grid[2], stream, function, cooperative, pdl, None, None, packed, None, None, None,
+                    *expand(ordered))
             else:
                 if operands is not None:  # (tensors at the descriptors' positions: their TmaOperands)
                     ordered = [operands[i](a) if i in operands else a for i, a in enumerate(ordered)]
-                launch(grid[0], grid[1], grid[2], stream_of(current_device()), function, cooperative, pdl, None,
-                       None, packed, None, None, None, *ordered)
+                launch(grid[0], grid[1], grid[2], stream, function, cooperative, pdl, None, None, packed, None, None,
+                       None, *ordered)
 
         return go_expanded
     if operands is not None:  # descriptors named where the launcher has none it knows: the runner
         return None
 
-    def go(grid, ordered):
-        launch(grid[0], grid[1], grid[2], stream_of(current_device()), function, cooperative, pdl, None, None,
-               packed, None, None, None, *ordered)
+    def go(grid, ordered, device=None):
+        """``device``: the current device's index where the caller read it already (KeyedLaunch)."""
+        launch(grid[0], grid[1], grid[2], stream_of(current_device() if device is None else device), function,
+               cooperative, pdl, None, None, packed, None, None, None, *ordered)
 
     return go
 

@@ -97,7 +97,7 @@ class _DecodeLaunch:
         # aligned offset: by address where both launches go the kept way (KeyedLaunch.kept), else a view
         lse_size, lse_offset = self.part_shapes
         parts = torch.empty(lse_offset + lse_size, dtype=torch.float32, device=self.device)
-        lse_part = parts.data_ptr() + 4 * lse_offset if self.split.kept() and self.merge.kept() else parts[lse_offset:]
+        lse_part = parts.data_ptr() + 4 * lse_offset if KeyedLaunch.all_kept(self.split, self.merge) else parts[lse_offset:]
         self.split((q, k, v, out, lse, parts, lse_part, *self.tail, scale_log2e, tanh_scale))
         self.merge((out, lse, parts, lse_part, *self.head))
 
@@ -120,7 +120,7 @@ class _DecodeLaunch:
         lse_size, lse_offset = self.part_shapes
         lse_at = cdiv(lse_offset + lse_size, 4) * 4  # (16-byte aligned)
         parts = torch.empty(lse_at + self.head[0], dtype=torch.float32, device=self.device)
-        if self.split.kept() and self.merge.kept():
+        if KeyedLaunch.all_kept(self.split, self.merge):
             address = parts.data_ptr()
             lse_part, lse = address + 4 * lse_offset, address + 4 * lse_at
         else:

@@ -217,7 +217,7 @@ class _DecodeLaunch:
         # aligned offset: by address where both launches go the kept way, else a view
         o_size, lse_offset = self.part_shapes
         parts = torch.empty(lse_offset + o_size[0] * o_size[1], dtype=torch.float32, device=self.device)
-        if self.split.kept() and self.merge.kept():
+        if KeyedLaunch.all_kept(self.split, self.merge):
             lse_part = parts.data_ptr() + 4 * lse_offset
         else:
             lse_part = parts[lse_offset:]
@@ -238,7 +238,7 @@ class _DecodeLaunch:
         (splits, rows), lse_offset = self.part_shapes
         lse_at = cdiv(lse_offset + splits * rows, 4) * 4  # (16-byte aligned)
         parts = torch.empty(lse_at + rows, dtype=torch.float32, device=self.device)
-        if self.split.kept() and self.merge.kept():
+        if KeyedLaunch.all_kept(self.split, self.merge):
             address = parts.data_ptr()
             lse_part, lse = address + 4 * lse_offset, address + 4 * lse_at
         else:

@@ -445,7 +445,7 @@ class _MambaStep:
         # strides), g at a 16-byte aligned offset: by address where both launches go the kept way, else a view
         size, offset = self.shapes[0]
         dt_eff = torch.empty(offset + size, dtype=torch.float32, device=self.device)
-        g = dt_eff.data_ptr() + 4 * offset if self.dt_launch.kept() and self.step.kept() else dt_eff[offset:]
+        g = dt_eff.data_ptr() + 4 * offset if KeyedLaunch.all_kept(self.dt_launch, self.step) else dt_eff[offset:]
         self.dt_launch((dt, A if dt_bias is None else dt_bias, A, dt_eff, g, *self.dt_tail))
         y = torch.empty(self.shapes[1], dtype=self.y_dtype, device=self.device)
         d_skip = x if self.d_kind == 0 else (D.float()[:, None].expand(self.shapes[1][1:]) if self.d_kind == 1
