@@ -102,8 +102,30 @@ def r3_timed():
     return cases
 
 
+BEFORE = {14336: {"gluon_kron": False}, 28672: {"gluon_kron": False}, 18944: {"gluon": False},
+          11008: {"ktrim": False, "scale_once": False}}  # the plans shipped at the session's start
+
+
+def final_timed():
+    """The final set: the shipped plans (after runs 2 and 4's flips) at the four widths, every format, against the
+    session's start (BEFORE); FOLD on top of them; nvfp4 at 28672 with INSIDE off and SCALE_ONCE (run 4's one strict
+    fail: 3 of 114688 scales) again; the transforms against their plans before."""
+    cases = []
+    for n in (14336, 28672, 18944, 11008):
+        for fmt in FORMATS:
+            cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "before", BEFORE[n]),
+                      ("q", fmt, n, "fold", {"fold": True})]
+    cases += [("q", "nvfp4", 28672, "no_inside_once", {"inside": False, "scale_once": True}),
+              ("q", "nvfp4", 28672, "no_inside_once_fold", {"inside": False, "scale_once": True, "fold": True})]
+    for m, p in TRANSFORMS:
+        cases += [("t", m, p, "shipped", {}), ("t", m, p, "before", {"gluon": False})]
+    return cases
+
+
 def timed_cases(quick=False):
     """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
+    if SET == "final":
+        return final_timed()
     if SET == "r3":
         return r3_timed()
     cases = []
@@ -196,6 +218,12 @@ def phase_warm(result, deadline, quick):
 
 def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
+    if SET == "final":  # the shipped plans and every variant timed, nvfp4 with its given global scale; a few others
+        cases = [(c[1], c[2], {"scale": 0.002} if c[1] == "nvfp4" else {}, "bfloat16", c[4]) for c in final_timed()
+                 if c[0] == "q" and c[3] != "before"]
+        return cases + [("nvfp4", 28672, {}, "bfloat16", {}), ("nvfp4", 18944, {}, "bfloat16", {}),
+                        ("fp8_e4m3", 18944, {}, "float16", {}), ("int4", 28672, {}, "float16", {}),
+                        ("nvfp4", 28672, {}, "bfloat16", {"inside": False, "scale_once": True})]
     if SET == "r3":  # every timed variant (the defaults were checked in run 2), nvfp4 with its given global scale
         return [(c[1], c[2], {"scale": 0.002} if c[1] == "nvfp4" else {}, "bfloat16", c[4]) for c in r3_timed()
                 if c[0] == "q" and c[3] not in ("gluon", "shipped")] + [("nvfp4", 28672, {}, "bfloat16",
@@ -281,6 +309,7 @@ def phase_check(result, save, deadline, quick):
             case["scales_ok"] = exact
             case["ok"] = case["match"] >= 0.999 and case["far_codes_tiny"] and exact and case["written"] \
                 and case["path"] in ("gluon_kron", "gluon_wide") and ("scale_once" not in tuning or "SCALE_ONCE" in plan.config)
+            case["config"].update({k: True for k in ("SCALE_ONCE", "KTRIM", "FOLD") if plan.config.get(k)})
         except Exception as err:  # noqa: BLE001
             case["error"] = f"{type(err).__name__}: {str(err)[:300]}"
             case["ok"] = False
@@ -305,6 +334,8 @@ def check_transforms(out, save, deadline):
                                                                       ((28, 1024), 2049, "transpose", {}),
                                                                       ((148, 128), 2049, "out", {}),
                                                                       ((172, 64), 2049, "transpose", {})]
+    if SET == "final":  # the shipped transform plans (Gluon at the four shapes, 28 x 1024 with INSIDE off)
+        cases = [((m, p), 2049, "out", {}) for m, p in TRANSFORMS] + [((28, 1024), 2049, "transpose", {})]
     if SET == "r3":  # INSIDE off at 28 x 1024; KTRIM on the wide kernel
         cases = [((28, 1024), 2049, "out", {"inside": False}), ((28, 1024), 3, "transpose", {"inside": False}),
                  ((28, 1024), 2049, "inplace", {"inside": False}), ((148, 128), 2049, "out", {"ktrim": True}),
@@ -319,7 +350,7 @@ def check_transforms(out, save, deadline):
             x = torch.randn(rows, n, dtype=torch.bfloat16, device="cuda")
             if rows > 2:
                 x[1, 5] = float("inf")
-            plan = kron.kron_plan(x, m, p, gluon=True, **tuning)
+            plan = kron.kron_plan(x, m, p, **({} if SET == "final" else {"gluon": True}), **tuning)
             case["path"] = plan.path
             transpose = mode == "transpose"
             if mode == "inplace":
@@ -423,7 +454,7 @@ def table(result):
         groups.setdefault(key[:3], []).append(r)
     lines.append("kind fmt/m n/p: reference ms (% copy); variant x reference (ms) ...  [reference: gluon, else shipped]")
     for g, rows in groups.items():
-        ref = "gluon" if g + ("gluon",) in times else "shipped"
+        ref = "gluon" if g + ("gluon",) in times else "shipped"  # (final: before / fold as x the shipped plan's speed)
         base = times.get(g + (ref,))
         parts = []
         if base:
@@ -447,7 +478,7 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
-    ap.add_argument("--set", default="r3", choices=("r2", "r3"))
+    ap.add_argument("--set", default="final", choices=("r2", "r3", "final"))
     a = ap.parse_args()
     global SET
     SET = a.set
