@@ -249,18 +249,29 @@ def linear_attention_causal_quadratic(batch=16, heads=16, seq=4096, d=128, dtype
     return g.weave("h", heads, ["Q", "K", "V"]).weave("b", batch, ["Q", "K", "V"])
 
 
-def mamba2_ssd(batch=16, heads=32, seq=4096, headdim=64, state=128, chunk=64, dtype="bf16") -> Diagram:
+def mamba2_ssd(batch=16, heads=32, seq=4096, headdim=64, state=128, chunk=64, groups=None, gate=False,
+               skip=False, dtype="bf16") -> Diagram:
     """Mamba-2's SSD scan in chunks of L tokens (Dao & Gu 2024, the chunked algorithm): per chunk,
     the diagonal block Y_diag = (C B^T * decay mask) X; each chunk's state B^T (decay * X) (n x p);
     states passed across chunks with their decays (a prefix, written as a map as in the chunked
     linear attention); the off-diagonal output C state * exp(cumulative decay). Inputs X (tokens x
     head dim p), B and C (tokens x state n), a (the per-token cumulative log decay, one a head; given
-    twice, indexed by the query and the key position of a chunk)."""
+    twice, indexed by the query and the key position of a chunk).
+
+    ``groups``: B and C shared by heads // groups heads each (mamba_ssm's ngroups; None: a B and a C a
+    head, the form without groups); the heads of a group are woven as axes of at most 64 each (hg, hh)
+    that B and C lack. ``gate``: the output times silu(z), z (tokens x p) a head (one SFU op an element:
+    the tanh.approx form of the sigmoid). ``skip``: + D x (D a scalar a head, no bytes; x already read),
+    one ALU op an element. With groups=1, gate and skip: mamba_chunk_scan_combined's traffic (x, z, y a head,
+    B and C once a batch row, the decays)."""
     if seq % chunk:
         raise ShapeMismatchError(f"mamba2_ssd: chunk ({chunk}) must divide seq ({seq})")
+    if groups is not None and (groups < 1 or heads % groups):
+        raise ShapeMismatchError(f"mamba2_ssd: groups ({groups}) must divide heads ({heads})")
     g = Diagram("mamba2_ssd", c=seq // chunk, l=chunk, s=chunk, n=state, p=headdim)
     X, B, C = g.input("X", "c s p", dtype), g.input("B", "c s n", dtype), g.input("C", "c l n", dtype)
     aq, ak = g.input("Aq", "c l", "fp32"), g.input("Ak", "c s", "fp32")
+    Z = g.input("Z", "c l p", dtype) if gate else None
     G = g.contract(C, B, out="c l s", name="G", dtype="fp32")
     L = g.map("exp(segsum(a)) causal", aq, ak, name="Lmask", unit="sfu", ops=1, dtype="fp32")
     M = g.map("mul", G, L, name="M", ops=1, dtype=dtype)
@@ -270,13 +281,34 @@ def mamba2_ssd(batch=16, heads=32, seq=4096, headdim=64, state=128, chunk=64, dt
     H = g.contract(Bd, X, out="c n p", name="H", dtype="fp32")
     Hp = g.map("decayed exclusive prefix over c", H, name="Hprefix", ops=2, dtype=dtype)
     Yo = g.contract(C, Hp, out="c l p", name="Yoff", dtype="fp32")
-    g.output(g.map("ydiag + exp(a) * yoff", Yd, Yo, aq, name="Y", unit="sfu", ops=2, dtype=dtype))
-    return g.weave("h", heads, ["X", "B", "C", "Aq", "Ak"]).weave("b", batch, ["X", "B", "C", "Aq", "Ak"])
+    if not (gate or skip):
+        g.output(g.map("ydiag + exp(a) * yoff", Yd, Yo, aq, name="Y", unit="sfu", ops=2, dtype=dtype))
+    else:
+        Y = g.map("ydiag + exp(a) * yoff", Yd, Yo, aq, name="Ylin", unit="sfu", ops=2,
+                  dtype="fp32" if (gate or skip) else dtype)
+        if skip:  # D a scalar a head, x the input already read: one FMA an element
+            Y = g.map("y + D x", Y, name="Yskip", unit="alu", ops=1, dtype="fp32" if gate else dtype)
+        if gate:
+            Y = g.map("y * silu(z)", Y, Z, name="Y", unit="sfu", ops=1, dtype=dtype)
+        g.output(Y)
+    per_head = ["X", "Aq", "Ak"] + (["Z"] if gate else [])
+    shared = ["B", "C"]
+    if groups is None:
+        g = g.weave("h", heads, per_head + shared)
+    else:  # heads = groups x hg x hh: B and C vary with the group only (axes of <= 64: the search's tiles)
+        per_group = heads // groups
+        hg = math.gcd(per_group, 64)
+        g = g.weave("hg", hg, per_head)
+        if per_group // hg > 1:
+            g = g.weave("hh", per_group // hg, per_head)
+        if groups > 1:
+            g = g.weave("g", groups, per_head + shared)
+    return g.weave("b", batch, per_head + shared)
 
 
 MODELS.update({
     "linear_attention_chunked": (linear_attention_chunked, ("batch", "heads", "seq", "d", "chunk"),
                                  "causal linear attention, chunked (intra-chunk masked product + state prefix)"),
-    "mamba2_ssd": (mamba2_ssd, ("batch", "heads", "seq", "headdim", "state", "chunk"),
-                   "Mamba-2 SSD scan, chunked"),
+    "mamba2_ssd": (mamba2_ssd, ("batch", "heads", "seq", "headdim", "state", "chunk", "groups", "gate", "skip"),
+                   "Mamba-2 SSD scan, chunked (groups: B/C shared by a group's heads; gate: times silu(z); skip: + D x)"),
 })
