@@ -121,6 +121,31 @@ for fid, G, qmax, packed in ((0, 0, 448.0, False), (3, 32, 6.0, True)):  # fp8 e
 """
 
 
+_COMPILE_HALVES = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+from experiments.hadamard.wide_gluon_compile import compile_one
+for fmt in ("fp8_e4m3", "int4"):
+    print(json.dumps(compile_one(148, 128, fmt, ktrim=True)))
+"""
+
+
+def test_halves_kernel_compiles_for_sm90():
+    """18944 = 148 x 128 as shipped (HALVES 2 with KTRIM): fp8 per token (the amax exchanged) and int4 (the sub-rows'
+    maxima exchanged) compile for sm_90a: 168 wgmma (84 a consumer: 3 blocks x (2 halves x (4 + 4 + 2 K steps of the
+    trimmed mixing) + 2 pieces x 4 K steps)), TMA, not serialized, within 227 KiB; spills 56 / 76 B (152 / 172
+    untrimmed)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE_HALVES], capture_output=True, text=True, env=env, timeout=900,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    assert [x["format"] for x in res] == ["fp8_e4m3", "int4"]
+    for x in res:
+        assert x["wgmma"] == 168 and x["tma"] and not x["wgmma_serialized"] and x["shared_meta"] <= 227 * 1024, x
+        assert x["spill_stores"] <= 96, x
+
+
 def test_gluon_kernel_compiles_for_sm90():
     """fp8 (per token) and mxfp4 compiled for sm_90a in a fresh process (no interpreter): wgmma in the PTX (60 a
     consumer: nine mixing products and six second-product pieces of 4 K steps), TMA, not serialized, within 227 KiB
