@@ -22,6 +22,7 @@ from tilecore.tiles.launch import LRU, CachedLaunch, TmaOperand
 _FORWARD = CachedLaunch(kernels_tl.la_fwd_kernel)
 _STEP = CachedLaunch(kernels_tl.la_step_kernel)
 _GLUON_FORWARD = CachedLaunch(gluon_forward.la_fwd_gluon_kernel)
+_GLUON_BASED = CachedLaunch(gluon_based.based_fwd_gluon_kernel)
 _GLUON_FITS = LRU(256)  # (a call's launch key, keep_linear) -> (the Gluon forward fits, Based's Gluon forward fits)
 
 LOG_DECAY_FLOOR = chunked.LOG_DECAY_FLOOR
@@ -78,7 +79,10 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
         return o, ht, None
     if based:
         with dispatch.on_device(v.device):  # Hopper: Based's Gluon forward
-            o, ht = gluon_based.forward(q, k, v, h0, scale, final_state, plan.config["gluon_based_stages"])
+            if key is not None:
+                o, ht = gluon_based_keyed(key, q, k, v, h0, scale, final_state, plan.config["gluon_based_stages"])
+            else:
+                o, ht = gluon_based.forward(q, k, v, h0, scale, final_state, plan.config["gluon_based_stages"])
         return o, ht, None
     out_dtype = v.dtype
     if plan.config["upcast"]:
@@ -99,6 +103,14 @@ def gluon_forward_keyed(key, q, k, v, g, beta, d_skip, z, h0, scale: float, fina
     return gluon_forward.forward(q, k, v, g, beta, d_skip, z, h0, scale, final_state, stages, operand=TmaOperand,
                                  launch=lambda grid, args, warps: _GLUON_FORWARD.run(key, grid, (),
                                                                                     dict(args, num_warps=warps)))
+
+
+def gluon_based_keyed(key, q, k, v, h0, scale: float, final_state: bool, stages: int):
+    """gluon_based.forward launched by ``key`` as gluon_forward_keyed launches its kernel: since FEAT_ALU the
+    kernel (0.14 ms at B16 H16 N4096) is shorter than the unkeyed host path's descriptors and binding."""
+    return gluon_based.forward(q, k, v, h0, scale, final_state, stages, operand=TmaOperand,
+                               launch=lambda grid, args, warps: _GLUON_BASED.run(key, grid, (),
+                                                                                 dict(args, num_warps=warps)))
 
 
 def forward_call(plan: Plan, q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scale: float, feature: int):
