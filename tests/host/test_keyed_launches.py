@@ -645,3 +645,45 @@ def test_fp8_op_finds_the_recipe_before_its_checks_and_still_checks_the_scales(m
     assert len(calls) == 3
     for cache in caches:
         cache.clear()
+
+
+def test_varlen_and_fft_conv_recipes_hand_kept_launches_addresses(monkeypatch):
+    from tilecore.ops.attention_varlen import op as varlen_op
+    from tilecore.ops.fft_conv import op as fft_op
+    from tilecore.ops.fft_conv import plan as conv_plan
+
+    class Recorder:
+        keyed = launch.LRU(4)
+
+        def run(self, key, grid, args, kwargs):
+            pass
+
+    # varlen: O alone returned, lse in the work table's allocation after its entries
+    monkeypatch.setattr(varlen_op, "GLUON_VARLEN_FWD", Recorder())
+    monkeypatch.setattr(varlen_op.dispatch, "num_sms", lambda device: 132)
+    q = torch.randn(60, 4, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 10, 60], dtype=torch.int32)
+    varlen_op.forward_gluon(q, q, q, cu, cu, True, 0.125, 0.0, key=("kept test",))
+    recipe = varlen_op._GLUON_FORWARDS.get(("kept test",))
+    recipe.table, recipe.forward = _Kept(), _Kept()
+    out, lse = recipe(q, q, q, cu, cu, False)
+    (table_args,), (args,) = recipe.table.calls, recipe.forward.calls
+    work, entries = args[9], recipe.shapes[2][0]
+    assert lse is None and table_args[2] is work and work.dtype == torch.int32
+    assert work.numel() == entries * 4 + 4 * 60 and args[6] == work.data_ptr() + 16 * entries
+    varlen_op._GLUON_FORWARDS.clear()
+    varlen_op._GLUON_FORWARD_LAYOUTS.clear()
+    # fft_conv: the fresh spectrum's memory by address (its float32 pairs), where the plan reads rfft bins
+    monkeypatch.setattr(fft_op.launch, "CONV_GLUON", Recorder())
+    monkeypatch.setattr(fft_op.dispatch, "num_sms", lambda device: 4)
+    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype: conv_plan.gluon_plan(32, 64, 3, True, True, 0, True))
+    monkeypatch.setattr(fft_op, "signature", _cpu_signature)
+    u, k = torch.randn(4, 2, 1024).to(torch.bfloat16), torch.randn(2, 300)
+    fft_op.fft_conv(u, k)
+    recipe = next(iter(fft_op._GLUON_CONVS._data.values()))[0]
+    recipe.launch = _Kept()
+    recipe(u, k)
+    (args,) = recipe.launch.calls
+    assert isinstance(args[1], int) and args[0] is u and args[2].shape == u.shape
+    for cache in (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, fft_op.launch._GLUON_LAUNCHES):
+        cache.clear()

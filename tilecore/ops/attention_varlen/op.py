@@ -404,15 +404,23 @@ class _GluonForward:
         self.dtype, self.device = q.dtype, q.device
         return self
 
-    def __call__(self, q, k, v, cu_q, cu_k) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, q, k, v, cu_q, cu_k, want_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(O, lse); without ``want_lse`` (a call returning O alone) lse goes into the work table's allocation
+        (both 4-byte elements, lse 16-byte aligned after the table: by address where the forward goes the kept way)
+        and None is returned for it."""
         shapes, device = self.shapes, self.device
         out = torch.empty(shapes[0], dtype=self.dtype, device=device)
-        lse = torch.empty(shapes[1], dtype=torch.float32, device=device)
-        work = torch.empty(shapes[2], dtype=torch.int32, device=device)
+        if want_lse:
+            lse = torch.empty(shapes[1], dtype=torch.float32, device=device)
+            work = torch.empty(shapes[2], dtype=torch.int32, device=device)
+        else:
+            table = shapes[2][0] * 4  # (int32 entries: a multiple of 4)
+            work = torch.empty(table + shapes[1][0] * shapes[1][1], dtype=torch.int32, device=device)
+            lse = work.data_ptr() + 4 * table if self.forward.kept() else work[table:].view(torch.float32)
         self.table((cu_q, cu_k if self.ranked else work_order(cu_q, cu_k).to(torch.int32), work, *self.table_tail))
         self.forward((q, k, v, out, out, shapes[3], lse, cu_q, cu_k, work, *self.fixed,
                       tiles_launch.tile_counter(device) if self.counter else None))
-        return out, lse
+        return out, (lse if want_lse else None)
 
 
 _GLUON_FORWARDS = LRU(256)  # forward_gluon's launch key -> its _GluonForward (False: forward_gluon each call)
@@ -761,7 +769,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         # a plain eager call whose signature's first call kept the Gluon forward (after its checks: session 31)
         prepared = _GLUON_FORWARDS.get(key) if tiles_launch.BIND_KEYED_LAUNCHES else None
         if prepared and dispatch.eager_mode(q, k, v, cu_seqlens_q, cu_seqlens_k) == "direct":
-            out, lse = prepared(q, k, v, cu_seqlens_q, cu_seqlens_k)
+            out, lse = prepared(q, k, v, cu_seqlens_q, cu_seqlens_k, return_lse)
             return (out, lse) if return_lse else out
 
     def checked():

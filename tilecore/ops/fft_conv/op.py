@@ -218,7 +218,7 @@ class _GluonConv:
     made after the key's first call; a call then computes the filter's spectrum (every call: it reads k's values),
     allocates y and launches. ``of`` gives False for every other path (the general path serves them)."""
 
-    __slots__ = ("launch", "plan", "rows", "tail", "shape", "dtype", "device")
+    __slots__ = ("launch", "plan", "rows", "tail", "shape", "dtype", "device", "k_float")
 
     @classmethod
     def of(cls, key, u, k, y):
@@ -242,12 +242,18 @@ class _GluonConv:
                        "y_desc": (2, lambda t: TmaOperand(t, [2, 1, half, b], *y_view))}
         self.launch = KeyedLaunch(kernel, (key, False, False), grid, options, derived=derived)
         self.shape, self.dtype, self.device = tuple(y.shape), y.dtype, y.device
+        self.k_float = k.dtype == torch.float32  # (filter_spectrum's k.float(): k itself)
         return self
 
     def __call__(self, u, k) -> torch.Tensor:
         if self.rows:
             u = u.contiguous()
-        spectrum = launch.gluon_spectrum(self.plan, filter_spectrum(k, self.shape[-1]), False)
+        n = self.shape[-1]
+        spectrum = torch.fft.rfft(k if self.k_float else k.float(), n=2 * n)  # (filter_spectrum)
+        if self.plan.rfft and self.launch.kept():  # the bins as float32 pairs: the fresh spectrum's own memory
+            spectrum = spectrum.data_ptr()
+        else:
+            spectrum = launch.gluon_spectrum(self.plan, spectrum, False)
         y = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         self.launch((u, spectrum, y, *self.tail))
         return y
