@@ -144,7 +144,9 @@ def run_chunked(q, k, v, g, s0, do, dht, ht, **blocks):
     return [x for x in got if x is not None]
 
 
-@pytest.mark.parametrize("options", [{}, dict(dqk_apart=True, dv_BV=32)])
+# (the whole-columns forms by name: dq / dk apart and dk_at take no value loop and no dg from the dqk kernel, whatever
+# configs' CHUNKED has)
+@pytest.mark.parametrize("options", [{}, dict(dqk_apart=True, dv_BV=32, dqk_VB=None, dg_fused=False)])
 def test_chunked_fp16_weak_decays_blocks_and_a_tail(options):
     """fp16, N 45 in chunks of 16 (a partial last chunk), Dk 32 in two key blocks of the dqk kernel and two of the
     dv kernel's score steps, Dv 24 in two value blocks (one partial), states: dq, dk, dv within 2.5x the rounding
@@ -161,7 +163,7 @@ def test_chunked_fp16_weak_decays_blocks_and_a_tail(options):
 
 
 @pytest.mark.parametrize("options", [dict(wide_apart=False), dict(wide_apart=True, dv_wide_apart=True, walks_fused=True,
-                                                                   dk_at=True)])
+                                                                   dk_at=True, dqk_VB=None, dg_fused=False)])
 def test_chunked_float32_strong_decays_and_resets(options):
     """float32, log decays in [-6, 0] (the sub-chunk fallback in dq, dk and the dv scores) with a reset and -1e30,
     no initial state, N 40 in chunks of 32 (the first chunk's first key block weak: both forms in one run): float32

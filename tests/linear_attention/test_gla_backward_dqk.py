@@ -34,9 +34,9 @@ def run_chunked(q, k, v, g, s0, do, dht, ht, **blocks):
 # together or apart, the fallback in the same launch or its own; warps and the register cap (compile options: the
 # interpreter takes and ignores them) as the GPU candidates have them; the fallback launch reading 4 flags a program
 VARIANTS = [
-    dict(dqk_VB=16),
-    dict(dqk_VB=16, wide_apart=True, dqk_warps=8, dqk_maxnreg=128, wide_group=4),
-    dict(dqk_VB=32, wide_apart=False, dqk_apart=True),
+    dict(dqk_VB=16, dg_fused=False),
+    dict(dqk_VB=16, wide_apart=True, dqk_warps=8, dqk_maxnreg=128, wide_group=4, dg_fused=False),
+    dict(dqk_VB=32, wide_apart=False, dqk_apart=True, dg_fused=False),
 ]
 
 
@@ -82,12 +82,12 @@ def test_value_loop_matches_whole_value_columns():
     q, k, v, g, s0 = make(1, 70, 1, 1, 16, 32, dtype=F32, decay="channel", h0=True)
     do, dht = torch.randn(v.shape), torch.randn(s0.shape)
     _, st, _ = reference(q, k, v, g, s0, dout=do, dstate=dht)
-    whole = run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16)
-    loop = run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16, dqk_VB=16)
+    whole = run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16, dqk_VB=None, dg_fused=False)
+    loop = run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16, dqk_VB=16, dg_fused=False)
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dh0"), whole, loop):
         assert accuracy.rel_rms(b, a) < 1e-6, name
     with pytest.raises(ValueError, match="dk_at"):
-        run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16, dqk_VB=16, dk_at=True)
+        run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16, dqk_VB=16, dk_at=True, dg_fused=False)
 
 
 @pytest.mark.parametrize("final", [True, False])
@@ -118,4 +118,4 @@ def test_dg_fused_in_the_dqk_kernel(final):
     assert (dg[~live] == 0).all()
     assert accuracy.rel_rms(dg[live], ref[3][live]) < 2e-4
     with pytest.raises(ValueError, match="dg_fused"):
-        run_chunked(q, k, v, g, None, do, dht, st.float(), BT=32, dg_fused=True)
+        run_chunked(q, k, v, g, None, do, dht, st.float(), BT=32, dqk_VB=None, dg_fused=True)
