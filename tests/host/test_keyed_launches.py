@@ -687,3 +687,21 @@ def test_varlen_and_fft_conv_recipes_hand_kept_launches_addresses(monkeypatch):
     assert isinstance(args[1], int) and args[0] is u and args[2].shape == u.shape
     for cache in (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, fft_op.launch._GLUON_LAUNCHES):
         cache.clear()
+
+
+@pytest.mark.parametrize("n", [1, 40])  # the split-key decode and the query-block forward
+def test_attention_recording_a_gradient_of_o_alone_gives_the_two_output_functions_gradients(n):
+    torch.manual_seed(8)
+    leaves = [torch.randn(1, 4, n, 32, dtype=torch.float16), torch.randn(1, 2, 50, 32, dtype=torch.float16),
+              torch.randn(1, 2, 50, 32, dtype=torch.float16)]
+    g = torch.randn(1, 4, n, 32, dtype=torch.float16)
+    grads = []
+    for return_lse in (False, True):
+        ins = [t.clone().requires_grad_() for t in leaves]
+        out = attention_op.attention(*ins, causal=True, return_lse=return_lse)
+        out = out[0] if return_lse else out
+        assert out.grad_fn is not None and type(out.grad_fn).__name__.startswith(
+            "_AttentionOutFunction" if not return_lse else "_AttentionFunction")
+        out.backward(g)
+        grads.append([out.detach()] + [t.grad for t in ins])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

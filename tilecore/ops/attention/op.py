@@ -269,6 +269,23 @@ class _AttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
+class _AttentionOutFunction(torch.autograd.Function):
+    """_AttentionFunction for a call that returns O alone (session 31, issue 31's host time): lse is saved for the
+    backward but not an output, so autograd wraps one output instead of two; the same backward (no lse gradient)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, window, softcap, key, sm_margin, plan=None):
+        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin, plan)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = (causal, scale, window, softcap, sm_margin)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        return _AttentionFunction.backward(ctx, dout, None)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               scale: float | None = None, return_lse: bool = False, window_size: tuple[int, int] = NO_WINDOW,
               softcap: float = 0.0, precision: str | None = None, rotate: bool = True, sm_margin: int = 0):
@@ -333,6 +350,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     if mode == "direct":
         out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin, plan, return_lse)
     elif mode == "autograd":
+        if not return_lse:  # (lse saved for the backward, not returned: one output for autograd to wrap)
+            return eager_apply(_AttentionOutFunction, q, k, v, causal, scale, window, softcap, key, sm_margin, plan)
         out, lse = eager_apply(_AttentionFunction, q, k, v, causal, scale, window, softcap, key, sm_margin, plan)
     else:
         out, lse = _forward_op(q, k, v, causal, scale, *window, softcap, sm_margin)
