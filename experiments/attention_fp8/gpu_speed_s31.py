@@ -73,8 +73,8 @@ FAR_VARIANTS = {"early": dict(early_exp2=True), "smem_early": dict(pv_smem=1, ea
 
 def far_check():
     """EARLY_EXP2's other branch: scores whose row max grows by ~160 (base 2) from the first key block to the second
-    (keys of block 0 scaled 0.01, the rest 10), so every warp takes the exponentials again against the new max; and
-    the plain path beside it (keys all alike). O against float64 and the emulation (as gpu_speed_s30's checks)."""
+    (keys of block 0 scaled 0.01, the rest 10), and scores all ~ -160 (the first block's max far below the 0 taken for
+    m_old), so the warps take the exponentials again against the new max; the default beside it. O against float64 and the emulation (as gpu_speed_s30's checks)."""
     import torch
     from tilecore.ops.attention_fp8 import launch as fp8_launch
     from tilecore.ops.attention_fp8 import quantize_fp8
@@ -85,13 +85,16 @@ def far_check():
         return ((x - r).pow(2).mean().sqrt() / r.pow(2).mean().sqrt()).item()
 
     out = []
-    for D, causal, names in ((128, False, ("default", "early")),):
+    for D, causal, names, kind in ((128, False, ("default", "early"), "jump"), (128, False, ("default", "early"), "low")):
         g = torch.Generator(device="cuda").manual_seed(D + causal)
         B, H, N, Nk = 1, 2, 384, 400
         q = torch.randn(B, H, N, D, device="cuda", generator=g).abs() + 0.5
         k = torch.randn(B, H, Nk, D, device="cuda", generator=g).abs()
-        k[:, :, :128] *= 0.01
-        k[:, :, 128:] *= 10.0
+        if kind == "jump":  # the row max grows by ~160 (base 2) from key block 0 to 1
+            k[:, :, :128] *= 0.01
+            k[:, :, 128:] *= 10.0
+        else:  # every score ~ -160 (base 2): the first block's max far below m_old = 0
+            k = -10.0 * k
         v = torch.randn(B, H, Nk, D, device="cuda", generator=g)
         q8, qs = quantize_fp8(q, per="head")
         k8, ks = quantize_fp8(k, per="head")
@@ -110,7 +113,7 @@ def far_check():
                 lse = torch.full((B, H, N), float("nan"), dtype=torch.float32, device="cuda")
                 fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, causal, D ** -0.5, torch.bfloat16, True, out=o, lse=lse)
                 torch.cuda.synchronize()
-                rec = dict(D=D, causal=causal, variant=name, written=bool(torch.isfinite(o).all().item()),
+                rec = dict(D=D, causal=causal, kind=kind, variant=name, written=bool(torch.isfinite(o).all().item()),
                            err_over_floor=rel(o[rows], o_ref[rows]) / floor,
                            vs_emulation_over_floor=rel(o[rows].float(), o_emu[rows]) / floor)
                 rec["ok"] = rec["written"] and rec["vs_emulation_over_floor"] < 8

@@ -357,8 +357,9 @@ def named_barrier(bar_id, ARRIVE: gl.constexpr):
 
 # EARLY_EXP2 (session 31): the exponentials taken against the running max m_old before the block's row max is known,
 # then times 2^(m_old - m_new) (one multiply an element); the row max runs beside the MUFU instead of before it. Exact
-# while a row's max grows by at most EARLY_LIMIT (base 2): 2^(s - m_old + 8) <= 2^(EARLY_LIMIT + 8) stays finite; a
-# warp with a row past it takes them again against m_new (a warp-uniform branch inside the asm, by a vote)
+# while a row's max moves by at most EARLY_LIMIT (base 2): 2^(s - m_old + 8) <= 2^(EARLY_LIMIT + 8) stays finite, and
+# at a row's first block (m_old taken as 0) the max element's p0 >= 2^(8 - EARLY_LIMIT) stays normal; a warp with a row
+# past it takes them again against m_new (a warp-uniform branch inside the asm, by a vote)
 EARLY_LIMIT: gl.constexpr = gl.constexpr(100.0)
 WARP_ANY_PTX: gl.constexpr = gl.constexpr("{\n\t.reg .pred p, q;\n\t.reg .b32 t;\n\t"
                                           "or.b32 t, $2, $3;\n\t"
@@ -407,7 +408,9 @@ def fp8_softmax_early(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.cons
     delta = m_ref - m_old
     corr = gl.exp2(-delta)
     alpha = gl.exp2(m_i - m_ref)
-    far = warp_any((delta > EARLY_LIMIT).to(gl.int32))
+    # past the limit either way: a max far above m_old (p0 would overflow), or, at a row's first key block (m_old = 0 for
+    # -inf), far below it (p0 would underflow to 0 and the factor to inf)
+    far = warp_any(((delta > EARLY_LIMIT) | (delta < -EARLY_LIMIT)).to(gl.int32))
     zero = gl.zeros_like(x)
     p = gl.inline_asm_elementwise(EARLY_FIX_PTX, EARLY_FIX_CONSTRAINTS,
                                   [p0, x, zero + gl.expand_dims(corr, 1), zero + gl.expand_dims(delta, 1),
