@@ -62,11 +62,16 @@ MONO_CANDIDATES = {  # (A, B, C, loop, warps[, permute[, kfull]]); sm_90a regist
 # floor: bf16 1.04x, fp16 2.5x, correlation, NaN/odd batch, the op's keyed path): the twiddles computed in the
 # kernel (TW_SFU, the 10th element) at every N: 1024 0.138 ms (2 programs a SM: 187 registers) vs 0.151; 2048
 # 0.204 = 5.17x torch.fft vs 0.253; 4096 0.567 vs 0.612
+# Session 31 call 3 (H100, notes/fft_conv/runs/onepass_kpre_run3_session31_h100.txt; every check at the floor: bf16
+# 1.04x, correlation, NaN/odd batch, fp16 2.52-2.55x, the op's keyed path): 1024 RFFT 2 + CONTIG + KPRE 3 (the
+# channel's spectrum gathered by cp.async into shared memory once for its pairs) 0.1225 ms = 4.28x torch.fft against
+# the tuple before's 0.1396 (RFFT 2 alone 0.1292, KPRE 2 0.1330, KPRE 1 0.1398); 4096 KPRE 1 (a chunk's bins loaded
+# into registers before its stage 1) 0.4365 = 4.76x against 0.4808 (KPRE 2 + YALIAS 0.4522, KPRE 2 chunk 16 0.600)
 GLUON_ONEPASS: dict = {
-    1024: (32, 64, 2, False, True, 0, True, 1, 4, True),  # session 29: (32, 64, 3, False, True, 0, True) 0.151
+    1024: (32, 64, 2, False, True, 0, 2, 1, 4, True, True, 3),  # session 30: (32, 64, 2, False, True, 0, True, 1, 4, True)
     2048: (64, 64, 2, True, True, 0, True, 1, 4, True),  # session 29: the same from the table, 0.253
-    4096: (128, 64, 1, True, True, 32, 2, 2, 4, True),  # session 30 run 10: RFFT 2 (a bin one 64-bit load) 0.472 ms against
-    # TW_SFU's 0.569 (session 29's tuple 0.612), every check at the floor (bf16 1.04x, correlation, NaN/odd, fp16 2.55x)
+    4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1),  # session 30 run 10: (..., 32, 2, 2, 4, True) 0.472 ms
+    # (RFFT 2: a bin one 64-bit load, against TW_SFU's 0.569, session 29's tuple 0.612)
 }
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     # session 29 (H100), op ms: run 7: 1024 ASYNC 0.3456 (kernel 0.1428), ASYNC+TMA 0.3648 (0.1343), ASYNC+TMA+RFFT
