@@ -103,15 +103,18 @@ GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_on
     # values), 2 (whole tile, TMA) x read from u's box in the wgmma's operand layout; a 15th, maxnreg (ptxas's cap).
     # 1024 KPRE 2 + LEAN 3: 170 registers, at maxnreg 168 no spill: 3 programs a SM (66 KiB each); 2048 KPRE 2 + LEAN 3
     # 255, 80 B (shipped 112); 4096 KPRE 2 + YALIAS + LEAN 1 chunk 32 255, 0 B, 224 KiB (LEAN 1 alone: 16 B)
-    1024: [GLUON_ONEPASS[1024], (32, 64, 2, False, True, 0, 2, 1, 4, True, False, 2),
-           (32, 64, 2, False, True, 0, 2, 1, 4, True, False, 2, False, 3),
-           (32, 64, 3, False, True, 0, 2, 1, 4, True, False, 2, False, 3, 168),
+    # call 3 (H100, notes/fft_conv/runs/onepass_kpre_run3_session31_h100.txt), ms: 1024 session 30's tuple 0.1390,
+    # RFFT 2 0.1292, KPRE 1 0.1398, KPRE 2 0.1330, KPRE 3 (CONTIG) 0.1225 (ON); 2048 KPRE 2 0.2928 (118 KiB: one
+    # program a SM) vs 0.2068; 4096 KPRE 1 0.4365 (ON) vs 0.4777, KPRE 2 chunk 16 0.600, KPRE 2 + YALIAS 0.4522.
+    # Final call: LEAN (and 3 programs a SM at 1024) on the new tuples, RFFT 2 at 2048 (7% at 1024). sm_90a: 1024 KPRE 3
+    # + LEAN 3 170, 0 (maxnreg 168: 0); 2048 RFFT 2 255, 112 B, + LEAN 3 84 B; 4096 KPRE 1 + LEAN 1 255, 4 B, 224 KiB
+    1024: [GLUON_ONEPASS[1024], (32, 64, 2, False, True, 0, 2, 1, 4, True, True, 3, False, 3),
            (32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168)],
-    2048: [GLUON_ONEPASS[2048], (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 2, False, 3)],
+    2048: [GLUON_ONEPASS[2048], (64, 64, 2, True, True, 0, 2, 1, 4, True),
+           (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 0, False, 3)],
     # A 13th, YALIAS (chunked, TMA): y's box is the ring slot its pair's u came in, 16 KiB a walker less: KPRE 2 at
     # chunks of 32 in 218 KiB (255, 4 B of spill)
-    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1),
-           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 2, True),
+    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1),
            (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 2, True, 1)],
 }
 # candidates the GPU check times per N: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]); loop: groups
