@@ -555,6 +555,58 @@ def time_roles(budget_s: float, t_start: float) -> None:
                      f"{rates[name] / sq_rate:.3f} (target >= 0.9)"))
 
 
+def time_roles_ab(rounds: int = 3) -> None:
+    """--roles-ab (session 31, after call 3's --roles: every check right, roles STAGES 3 fwd+bwd 0.884-0.885x the
+    128/128 rate against the shipped 0.853-0.856x, but its dK/dV kernel alone within +-3% of the shipped one: the
+    run's spread). B8 H16 N4096 bf16, causal and not: the shipped 32-row dK/dV kernel and roles STAGES 3 (each with
+    the preprocess), then the whole forward + backward each way, timed alternately ``rounds`` times (do_bench
+    medians, rep 200 ms); the median of the rounds and roles' speedup."""
+    import statistics
+
+    import triton.testing
+
+    b, h, n = 8, 16, 4096
+    for causal in (False, True):
+        label = f"{'causal' if causal else 'full'} B{b} H{h} N{n}"
+        scale = 192 ** -0.5
+        q, k, v = make(b, h, h, n, n, 192, 128, torch.bfloat16, seed=1)
+        out, lse, fwd_plan = forward(q, k, v, causal, "gluon")
+        dout = torch.randn_like(out)
+        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+        base = plan.plan_backward(dout, q, k, v, causal, scale, path="gluon")
+
+        def shipped_dkdv():
+            _, dq_sum, stats = launch.backward_preprocess(out, dout, lse, None, dq_sum=False, row_stats=True)
+            launch.launch_backward_gluon_kernel(base, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale)
+
+        def fwd():
+            launch.forward(fwd_plan, q, k, v, out, lse, causal, scale)
+
+        pairs = {"dK/dV + preprocess": (shipped_dkdv, lambda: roles_backward(
+                     base, dout, q, k, v, out, lse, dq, dk, dv, causal, scale, stages=3, dkdv_only=True)),
+                 "fwd+bwd": (lambda: (fwd(), launch.backward(base, dout, q, k, v, out, lse, None, dq, dk, dv, causal,
+                                                             scale)),
+                             lambda: (fwd(), roles_backward(base, dout, q, k, v, out, lse, dq, dk, dv, causal, scale,
+                                                            stages=3)))}
+        for what, (shipped, roles) in pairs.items():
+            times = {"shipped": [], "roles": []}
+            try:
+                shipped()
+                roles()
+                for _ in range(rounds):
+                    for name, fn in (("shipped", shipped), ("roles", roles)):
+                        times[name].append(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                note_error(f"roles A/B {label} {what}", exc)
+                continue
+            med = {name: statistics.median(ts) for name, ts in times.items()}
+            RESULTS["timing"].append(dict(case=f"roles A/B {label} {what}", rounds=times, median_ms=med,
+                                          roles_speedup=med["shipped"] / med["roles"]))
+            row(("time", f"A/B {label} {what}", f"shipped {med['shipped']:.3f} ms, roles STAGES 3 {med['roles']:.3f} "
+                 f"ms: {med['shipped'] / med['roles']:.3f}x (rounds " + " ".join(
+                     f"{a:.3f}/{r:.3f}" for a, r in zip(times["shipped"], times["roles"])) + ")"))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="CPU, interpreter, tiny shapes, no timing")
@@ -562,11 +614,25 @@ def main():
     parser.add_argument("--full", action="store_true", help="more checks (short causal, window + softcap)")
     parser.add_argument("--roles", action="store_true",
                         help="only the 64-row dK/dV kernel by roles (session 31): checks, then times, <= 150 s")
+    parser.add_argument("--roles-ab", action="store_true",
+                        help="only the shipped MLA dK/dV against roles STAGES 3, interleaved rounds, <= 90 s")
     parser.add_argument("--budget", type=float, default=140.0, help="--roles: seconds before later cases are skipped")
     parser.add_argument("--parts", action="store_true",
                         help="only the non-causal backward's parts at other stage counts (session 29), <= 90 s")
     args = parser.parse_args()
     t_start = time.time()
+    if args.roles_ab:
+        time_roles_ab()
+        out_dir = os.environ.get("OUT", "/tmp/out")
+        os.makedirs(out_dir, exist_ok=True)
+        RESULTS["device"] = torch.cuda.get_device_name()
+        with open(os.path.join(out_dir, "attention_mla_roles_ab.json"), "w") as f:
+            json.dump(RESULTS, f, indent=1, default=str)
+        print(f"\n{'=' * 20} MLA 192/128 dK/dV by roles: A/B, {time.time() - t_start:.0f} s")
+        for section, name, figures in ROWS:
+            print(f"{section:6s} {name:40s}  {figures}")
+        print(f"errors: {len(RESULTS['errors'])}")
+        return
     if args.roles:
         # the two timed variants' checks first (a wrong kernel is not timed), the timings, then the other checks
         # (N != Nk, GQA, a window, the balanced B2 N4096, STAGES 3) while the budget lasts
