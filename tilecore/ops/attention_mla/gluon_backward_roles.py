@@ -1,5 +1,8 @@
 """MLA prefill's dK / dV on Hopper with 64 query rows a step (q/k head dim 192, v's 128; issue 35, session 31):
-a candidate to the 32-row kernel (gluon_backward.AttentionBackwardPieces), not routed.
+a candidate to the 32-row kernel (gluon_backward.AttentionBackwardPieces), not routed: on the H100 (session 31,
+notes/attention/runs/mla_roles_run3_session31_h100.txt) right in 8 float64 checks (errors the 32-row kernel's to two
+digits) and, at STAGES 3, at its speed (dK/dV alone 4.824 vs 4.884 ms non-causal, 2.719 vs 2.640 causal, B8 H16
+N4096; fwd+bwd 0.884x / 0.885x the 128/128 rate against 0.853x / 0.856x, within the run's spread). STAGES 2: slower.
 
 At 64 rows a step one warpgroup holding a key block's dK (64 x 192: 96 registers a thread) and dV (64 x 128: 64)
 with S^T and dP^T (32 each) spills and has ptxas serialize its wgmma (session 27: 820 B). Here the two consumer
