@@ -34,11 +34,12 @@ print(json.dumps(out))
 
 
 @pytest.mark.parametrize("blocks, registers", [
-    (dict(BT=32, BKB=64, dqk_VB=32, dqk_warps=8, dqk_maxnreg=128), 128),
-    (dict(BT=32, BKB=64, dqk_VB=32), 255),
+    (dict(BT=32, BKB=64, dqk_VB=32, dqk_warps=8, dqk_maxnreg=128, dg_fused=False, wide_group=None), 128),
+    (dict(BT=32, BKB=64, dqk_VB=32, dg_fused=False, wide_group=None), 255),
     # chunk 64, key blocks 32 (right on the H100 with the loop, session 31 run 2; the whole-columns 4-warp build of
-    # these blocks is miscompiled there) and with dg from the dqk kernel (dg_fused) and grouped fallback flags
-    (dict(BT=64, BKB=32, dqk_VB=32), 255),
+    # these blocks is miscompiled there) and with dg from the dqk kernel (dg_fused) and grouped fallback flags: the
+    # shipped CHUNKED since session 31
+    (dict(BT=64, BKB=32, dqk_VB=32, dg_fused=False, wide_group=None), 255),
     (dict(BT=64, BKB=32, dqk_VB=32, dg_fused=True, wide_group=8), 255),
 ])
 def test_value_loop_dqk_kernel_compiles_without_spills(blocks, registers):

@@ -55,10 +55,18 @@ BLOCKS = dict(split_BT=32, split_BKB=64, split_BV=64, split_warps=4, split_stage
 # wide_group: with wide_apart, each program of the fallback's launch reads this many flags (None: one)
 # dg_fused (with dqk_VB): the dqk kernel stores dg whole, the later tokens' part as sum_v S_(c+1) dS_c per channel
 # (the decay gradient at the next chunk's first token), no dg kernel (0.57 ms at B16 H16 N4096 d128)
-CHUNKED = dict(BT=32, BV=64, BKB=64, KD=64, BK_DG=64, walk_warps=4, walk_stages=2, dqk_warps=4, dv_warps=4, stages=2,
-               split=False, dqk_apart=False, dv_BV=128, walks_fused=False, wide_apart=True, dv_wide_apart=False,
-               dk_at=False, dqk_VB=None, dqk_stages=None, dqk_maxnreg=None,
-               wide_group=None, dg_fused=False)
+# ON (session 31, HA, the last call: notes/linear_attention/runs/gla_bwd_dqk4_run5_session31_h100.txt, H100 B16 H16
+# N4096 d128 bf16): chunk 64, key blocks 32, the dqk value loop (VB 32), dg from the dqk kernel (dg_fused), the walks
+# by every value column at 8 warps, the dv fallback apart, the dqk fallback by 8 flags a program: **6.074 ms against
+# 7.881** for session 30's CHUNKED in the same run (1.30x; states 0.85, dstates 0.84, dqk 3.26 + 0.05, dv 1.03 + 0.04,
+# no dg kernel), every float64 check right (bf16 N 1008 weak decays dq / dk / dv 1.58 / 1.56 / 1.95x the floor, dg
+# 0.0066 relative against 0.028; strong [-6, 0] + a reset 1.00-1.42x, dg 0.0027 against 0.065; N 4097 strong + a
+# reset 1.00-1.42x, dg 0.0036 against 0.067; fp16 1.64-1.96x). Session 30's: BT=32, BV=64, BKB=64, walk_warps=4,
+# dv_wide_apart=False, dqk_VB=None, wide_group=None, dg_fused=False. Chunk 64 / key blocks 32 WITHOUT the value loop
+# (dqk_VB None) at 4 warps is miscompiled on the H100 (dk wrong: decision 57 of notes/linear_attention/README.md)
+CHUNKED = dict(BT=64, BV=128, BKB=32, KD=64, BK_DG=64, walk_warps=8, walk_stages=2, dqk_warps=4, dv_warps=4, stages=2,
+               split=False, dqk_apart=False, dv_BV=128, walks_fused=False, wide_apart=True, dv_wide_apart=True,
+               dk_at=False, dqk_VB=32, dqk_stages=None, dqk_maxnreg=None, wide_group=8, dg_fused=True)
 
 # "split_combine": the combine kernel's key block (a head's dq / dk / dg by cdiv(Dk, it) programs: launch's combine
 # runs B x H programs of every channel, 256 at B16 H16, each walking 4096 tokens) and tokens a step
