@@ -67,9 +67,15 @@ MONO_CANDIDATES = {  # (A, B, C, loop, warps[, permute[, kfull]]); sm_90a regist
 # channel's spectrum gathered by cp.async into shared memory once for its pairs) 0.1225 ms = 4.28x torch.fft against
 # the tuple before's 0.1396 (RFFT 2 alone 0.1292, KPRE 2 0.1330, KPRE 1 0.1398); 4096 KPRE 1 (a chunk's bins loaded
 # into registers before its stage 1) 0.4365 = 4.76x against 0.4808 (KPRE 2 + YALIAS 0.4522, KPRE 2 chunk 16 0.600)
+# Session 31 call 5 (the final call, H100, notes/fft_conv/runs/onepass_final_run5_session31_h100.txt; every check at the
+# floor: bf16 1.04x, correlation, NaN/odd batch, fp16 2.51-2.52x): LEAN 3 (one reduction for u's scales and flags, one
+# for the spectrum product's, x read from u's box in the wgmma's layout): 1024 with KPRE 3 at 3 programs a SM (maxnreg
+# 168) 0.0753 ms = 6.98x torch.fft, 36.6% of copy (at 2 a SM 0.0848; call 3's tuple 0.1240 in the same run); 2048
+# RFFT 2 + LEAN 3 0.1577 = 6.69x (RFFT 2 alone 0.1831, the tuple before 0.2069). 4096 KPRE 1 + LEAN 1 0.4341 against
+# 0.4383 / 0.4437 (1-2%, within the run's noise): not flipped
 GLUON_ONEPASS: dict = {
-    1024: (32, 64, 2, False, True, 0, 2, 1, 4, True, True, 3),  # session 30: (32, 64, 2, False, True, 0, True, 1, 4, True)
-    2048: (64, 64, 2, True, True, 0, True, 1, 4, True),  # session 29: the same from the table, 0.253
+    1024: (32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168),  # call 3: (32, 64, 2, ..., True, True, 3)
+    2048: (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 0, False, 3),  # session 29: (..., 0, True, 1, 4, True) 0.2069
     4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1),  # session 30 run 10: (..., 32, 2, 2, 4, True) 0.472 ms
     # (RFFT 2: a bin one 64-bit load, against TW_SFU's 0.569, session 29's tuple 0.612)
 }
@@ -107,7 +113,7 @@ GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_on
     # RFFT 2 0.1292, KPRE 1 0.1398, KPRE 2 0.1330, KPRE 3 (CONTIG) 0.1225 (ON); 2048 KPRE 2 0.2928 (118 KiB: one
     # program a SM) vs 0.2068; 4096 KPRE 1 0.4365 (ON) vs 0.4777, KPRE 2 chunk 16 0.600, KPRE 2 + YALIAS 0.4522.
     # Final call: LEAN (and 3 programs a SM at 1024) on the new tuples, RFFT 2 at 2048 (7% at 1024). sm_90a: 1024 KPRE 3
-    # + LEAN 3 170, 0 (maxnreg 168: 0); 2048 RFFT 2 255, 112 B, + LEAN 3 84 B; 4096 KPRE 1 + LEAN 1 255, 4 B, 224 KiB
+    # + LEAN 3 170, 0 (maxnreg 168: 0); 2048 RFFT 2 255, 112 B, + LEAN 3 104 B; 4096 KPRE 1 + LEAN 1 255, 4 B, 224 KiB
     1024: [GLUON_ONEPASS[1024], (32, 64, 2, False, True, 0, 2, 1, 4, True, True, 3, False, 3),
            (32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168)],
     2048: [GLUON_ONEPASS[2048], (64, 64, 2, True, True, 0, 2, 1, 4, True),
