@@ -212,7 +212,7 @@ QUANT_GLUON_KRON = {(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "int4") 
 # (1.19x the tl plan, 37.4% of copy), 28672 (INSIDE on) 1.397 -> 0.903 (1.55x, 26.0%)
 QUANT_GLUON_KRON.update({("nvfp4", 14336): True, ("nvfp4", 28672): True})
 QUANT_GLUON_KRON_STAGES = 2  # the ring's stages (a stage: two rows at split 1, one at split 2)
-# (m, p) -> dict(split=1 or 2, inside=bool) (quantize.gluon_kron_tuning's defaults elsewhere). sm_90a, CPU: 28 x 512
+# (m, p) -> dict(split=1 or 2, inside=bool) (gluon_kron_tuning's defaults, below, elsewhere). sm_90a, CPU: 28 x 512
 # split 2 spills nothing; four blocks a consumer (28 x 512 split 1, 28 x 1024 split 2) spill 92-220 B with the butterfly
 # in registers and nothing with INSIDE (each block's mixing by the signs: twice the mixing products)
 # Keys (m, p), then (format, n) over it. Run 2: fp8 at 28672 with INSIDE off (the butterfly in registers, 220 B spilled)
@@ -248,3 +248,16 @@ QUANT_GLUON_KTRIM = {**{(f, 18944): True for f in ("fp8_e4m3", "int8", "mxfp4", 
 # (as quantize_kernels' FAST epilogue does: y / s = W x (rscale / s)), not multiplied into every value: one FMUL a value
 # fewer; codes may move one step at near-ties (the FAST tolerance). Keys: (format, n), else the format. Off until timed
 QUANT_GLUON_FOLD = {}
+
+
+# here, not in quantize.py: kron.py's transform plan asks it too, and quantize.py imports kron
+def gluon_kron_tuning(m: int, p: int, tuning: dict, fmt: str | None = None) -> tuple[int, bool]:
+    """(split, inside) of the "gluon_kron" kernel at m x p (gluon_quantize_kron's SPLIT and INSIDE): the tuning's,
+    else QUANT_GLUON_KRON_TUNING's by (m, p), else a consumer a row up to two blocks of 64 sub-rows (p <= 256),
+    a row shared by the two consumers past that, and the butterfly across blocks by the mixing's signs (INSIDE) where
+    a consumer holds four blocks (sm_90a: 92-220 B spilled with the butterfly in registers, none INSIDE)."""
+    table = {**QUANT_GLUON_KRON_TUNING.get((m, p), {}), **QUANT_GLUON_KRON_TUNING.get((fmt, m * p), {})}
+    f = p // 64
+    split = tuning.get("split") or table.get("split") or (1 if f <= 4 else 2)
+    inside = tuning.get("inside", table.get("inside", f // (2 * split) == 4))
+    return split, bool(inside)

@@ -84,9 +84,9 @@ def _gluon_fits(x: torch.Tensor, m: int, p: int, interpret: bool, tuning: dict) 
             or not dispatch.gluon_ok(x.device):
         return False
     from tilecore.ops.hadamard import gluon_quantize_kron, gluon_quantize_wide
-    from tilecore.ops.hadamard.quantize import gluon_kron_tuning
 
-    return gluon_quantize_wide.fits(m * p, m, p) or gluon_quantize_kron.fits(m, p, gluon_kron_tuning(m, p, {})[0])
+    split = configs.gluon_kron_tuning(m, p, {})[0]
+    return gluon_quantize_wide.fits(m * p, m, p) or gluon_quantize_kron.fits(m, p, split)
 
 
 @functools.lru_cache(maxsize=256)  # a pure function of its arguments: planned once per call signature

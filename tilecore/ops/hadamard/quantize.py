@@ -35,6 +35,7 @@ import triton.language as tl
 from tilecore import dispatch
 from tilecore.ops.hadamard import configs, kron, orders
 from tilecore.ops.hadamard import plan as pow2_plan_module
+from tilecore.ops.hadamard.configs import gluon_kron_tuning  # noqa: F401  (quantize.gluon_kron_tuning: tests)
 from tilecore.ops.hadamard.quantize_reference import (FORMATS, FP8_DTYPES, dequantize, nvfp4_global_scale,
                                                       quantize_rotated, rotated_rows, shape_outputs)
 from tilecore.tiles.launch import LRU, CachedLaunch, cdiv, next_power_of_2, signature
@@ -210,18 +211,6 @@ def _scale_once(fmt, n, group, tuning) -> dict:
     the groups lie inside a sub-row (16, 32)."""
     on = tuning.get("scale_once", _by_format(configs.QUANT_GLUON_SCALE_ONCE, fmt, n, False))
     return {"SCALE_ONCE": True} if on and group in (16, 32) else {}
-
-
-def gluon_kron_tuning(m: int, p: int, tuning: dict, fmt: str | None = None) -> tuple[int, bool]:
-    """(split, inside) of the "gluon_kron" kernel at m x p (gluon_quantize_kron's SPLIT and INSIDE): the tuning's,
-    else configs.QUANT_GLUON_KRON_TUNING's by (m, p), else a consumer a row up to two blocks of 64 sub-rows (p <= 256),
-    a row shared by the two consumers past that, and the butterfly across blocks by the mixing's signs (INSIDE) where
-    a consumer holds four blocks (sm_90a: 92-220 B spilled with the butterfly in registers, none INSIDE)."""
-    table = {**configs.QUANT_GLUON_KRON_TUNING.get((m, p), {}), **configs.QUANT_GLUON_KRON_TUNING.get((fmt, m * p), {})}
-    f = p // 64
-    split = tuning.get("split") or table.get("split") or (1 if f <= 4 else 2)
-    inside = tuning.get("inside", table.get("inside", f // (2 * split) == 4))
-    return split, bool(inside)
 
 
 def _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscale, sms, tuning):
