@@ -27,12 +27,13 @@ GLUON_FP8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8, epilog
 # never slower than the table (skinny M 64: the table 1.19-1.21x the pick); on: 4 (the lead, session 30; a warm
 # disk cache adds 0.03-0.11 s to a bucket's first call, a cold one 2.4-3.5 s of compiles)
 NAPKIN_TOPK = 4
-# ... for fp8 operands too (else fp8 keeps GLUON_FP8). Off: session 30's H100 run 1 (notes/napkin/README.md)
-# picked the sweep's best on 2 of 4 fp8 shapes (the table 1.07-1.16x it) and the table on a third, but at
-# M 256 (a 47-70 us kernel) the
-# timer read the launch's host time (every candidate 0.070-0.073 ms; the sweep's preallocated launches
-# 0.047-0.072) and picked a row 1.17x slower than the table. bf16: the sweep's best on 9 of 9 in two runs
-NAPKIN_TOPK_FP8 = False
+# ... for fp8 operands too (else fp8 keeps GLUON_FP8). Off in session 30: its do_bench timer read the launch's
+# host time at M 256 (a 47-70 us kernel) and picked a row 1.17x slower than the table. On since session 31
+# (HH), timed by the CUDA-graph clock (NAPKIN_CLOCK_FP8 below): H100 runs 1 and 5 of gpu_topk_configs.py --fp8
+# --graph (notes/napkin/runs/topk_fp8_graph_*session31*), 10 fp8 shapes, every row right against float64: by
+# GPU time the pick 1.41-1.42x / 1.25x the table at M 64 / M 256, 1.00-1.05x elsewhere; run 5 never slower than
+# the table on any shape by either clock, run 1 0.958x at 8192^3 (inside the clock's 2-4% repeat spread)
+NAPKIN_TOPK_FP8 = True
 # a candidate's timing: triton.testing.do_bench's median over about this many ms of launches, each after
 # an L2 flush (H100 run 3 of session 29: the median of 5 back-to-back CUDA-event launches read the host's
 # enqueue time at K = 128 / 256 (70-80 us against do_bench's 22-60) and picked rows 9-11% slower). 5 ms:
@@ -43,9 +44,7 @@ NAPKIN_TIMED_MS = 5.0
 # the clock a candidate is timed by (launch.time_plans): "do_bench" (the launch's median after an L2 flush,
 # what sessions 29-30 picked the bf16 rows by) or "graph" (the launch captured once into a CUDA graph, the
 # replays timed by CUDA events: GPU time alone, no host time; issue 36, session 31). fp8 is timed by the
-# graph: session 30's do_bench read host time at fp8 M 256 (above). Session 31 run 1 (H100, gpu_topk_configs.py
-# --fp8 --graph): the graph pick 1.42x / 1.25x the table's GPU time at M 64 / M 256, within 0.5% on 7 shapes,
-# 0.958x at 8192^3 (inside the 2-4% two graph timings of a row differ by); NAPKIN_TOPK_FP8 waits for run 2
+# graph: session 30's do_bench read host time at fp8 M 256 (above); session 31's runs 1 and 5: NAPKIN_TOPK_FP8
 NAPKIN_CLOCK = "do_bench"
 NAPKIN_CLOCK_FP8 = "graph"
 # the Gluon kernel's candidate tiles: (BM, BN, BK, stages, consumer partitions, warps in all); each
