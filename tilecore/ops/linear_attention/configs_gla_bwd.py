@@ -63,7 +63,7 @@ BLOCKS = dict(split_BT=32, split_BKB=64, split_BV=64, split_warps=4, split_stage
 # 0.0066 relative against 0.028; strong [-6, 0] + a reset 1.00-1.42x, dg 0.0027 against 0.065; N 4097 strong + a
 # reset 1.00-1.42x, dg 0.0036 against 0.067; fp16 1.64-1.96x). Session 30's: BT=32, BV=64, BKB=64, walk_warps=4,
 # dv_wide_apart=False, dqk_VB=None, wide_group=None, dg_fused=False. Chunk 64 / key blocks 32 WITHOUT the value loop
-# (dqk_VB None) at 4 warps is miscompiled on the H100 (dk wrong: decision 57 of notes/linear_attention/README.md)
+# (dqk_VB None) at 4 warps is miscompiled on the H100 (dk wrong: decision 61 of notes/linear_attention/README.md)
 CHUNKED = dict(BT=64, BV=128, BKB=32, KD=64, BK_DG=64, walk_warps=8, walk_stages=2, dqk_warps=4, dv_warps=4, stages=2,
                split=False, dqk_apart=False, dv_BV=128, walks_fused=False, wide_apart=True, dv_wide_apart=True,
                dk_at=False, dqk_VB=32, dqk_stages=None, dqk_maxnreg=None, wide_group=8, dg_fused=True)
