@@ -493,14 +493,9 @@ def time_matched(h=16, d=128):
                 gluon_backward(dout, q, k, v, o, l_, None, cu, cu, True, scale, -1, -1, 0.0, grads=grads)
             row["gluon_fwd_bwd_ms"] = bench(fwd_bwd)
             # the backward's dQ modes (the fixed path fuses dQ at N 4096 causal; the varlen default splits it off)
-            # session 31: the masks' per-key range form (shipped) against the five conditions a score (mask
-            # "scores", the kernels before it: more spills), fused and split, in the same run
-            for mode, extra in (("fused", {}), ("fused_scores", {"mask": "scores"}), ("split_scores",
-                                                                                   {"mask": "scores"}),
-                                ("lagged", {})):
+            for mode in ("fused", "lagged"):
                 if not over_budget(f"time matched {label} dq {mode}", 15.0):
-                    cfg = variant(d, True, dq_from={"split_scores": "gluon", "fused_scores": "fused"}.get(mode, mode),
-                                  **extra)
+                    cfg = variant(d, True, dq_from=mode)
                     guarded(f"time matched {label} dq {mode}")(lambda mode=mode, cfg=cfg: row.__setitem__(
                         f"gluon_bwd_{mode}_ms", bench(lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu,
                                                                              True, scale, -1, -1, 0.0, grads=grads,
@@ -513,54 +508,6 @@ def time_matched(h=16, d=128):
                     if 4096 in rates:
                         row[f"{w}_vs_N4096"] = row[f"gluon_{w}_tflops"] / rates[4096][i]
         guarded(f"time matched {label}")(one)()
-
-
-def run_mask_ab(h=16, d=128, rounds=4):
-    """--mask-ab (session 31): the masks' per-key range form (config mask "range", shipped since 36a0100) against
-    the five conditions a score ("scores": the kernels before it), split (the shipped dQ mode) and fused, on the
-    long-tailed 64K and the uniform 16 x 4096 causal batches: do_bench medians (rep 200 ms) in ``rounds``
-    interleaved rounds (range, scores, range, scores, ...: run 2 of this session gave split range 4.5% faster on
-    the long tail and 4.6% slower on the uniform batch, each timed once), the median of the rounds and the ratio."""
-    import statistics
-
-    import triton
-
-    dev = _device()
-    dtype = torch.float16 if SMOKE else torch.bfloat16
-    scale = d ** -0.5
-    batches = (("long-tailed", [16, 40, 3, 25] if SMOKE else long_tailed_lengths(65536)),
-               ("uniform 16 x 4096", [32, 32] if SMOKE else [4096] * 16))
-    for label, lengths in batches:
-        if over_budget(f"mask A/B {label}", 10.0):
-            continue
-        total = sum(lengths)
-        cu = cu_of(lengths, dev)
-        q, k, v = (torch.randn(total, h, d, dtype=dtype, device=dev) for _ in range(3))
-        out, lse = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
-        dout = torch.randn_like(out)
-        grads = tuple(torch.empty_like(t) for t in (q, k, v))
-        row = {"case": f"mask A/B {label}: {len(lengths)} seqs, {total} tokens, H{h} D{d} causal, {rounds} interleaved "
-                       f"rounds (ms: median of the rounds' do_bench medians)"}
-        RESULTS["time"].append(row)
-        for dq_from in ("gluon", "fused"):
-            times = {"range": [], "scores": []}
-            for _ in range(rounds):
-                for mask in ("range", "scores"):
-                    if over_budget(f"mask A/B {label} {dq_from} {mask}", 5.0):
-                        continue
-                    cfg = variant(d, True, dq_from=dq_from, mask=mask)
-                    fn = lambda cfg=cfg: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1, -1,  # noqa: E731
-                                                        0.0, grads=grads, config=cfg)
-                    t = float("nan") if SMOKE else (fn(), triton.testing.do_bench(fn, warmup=25, rep=200,
-                                                                                  return_mode="median"))[1]
-                    times[mask].append(t)
-            name = "split" if dq_from == "gluon" else "fused"
-            for mask, ts in times.items():
-                if ts:
-                    row[f"{name}_{mask}_ms"] = statistics.median(ts)
-                    row[f"{name}_{mask}_rounds"] = " ".join(f"{t:.3f}" for t in ts)
-            if times["range"] and times["scores"]:
-                row[f"{name}_scores_over_range"] = row[f"{name}_scores_ms"] / row[f"{name}_range_ms"]
 
 
 def run_zero_tail():
@@ -787,11 +734,9 @@ def main():
                         help="only zero_tail 'checked' (ZERO_TAIL 2): its checks and its cost, <= 90 s")
     parser.add_argument("--matched", action="store_true",
                         help="only the varlen vs fixed-length timing at matched lengths (no checks), <= 90 s")
-    parser.add_argument("--mask-ab", action="store_true",
-                        help="only the masks' range form against the five conditions, interleaved rounds, <= 90 s")
     parser.add_argument("--check", action="store_true",
                         help="with --matched: first each path's probe (fused dQ, split), then the timing, then "
-                             "every check case on both paths until the budget (session 31: the masks' new form)")
+                             "every check case on both paths until the budget (session 31: the masks' range form)")
     args = parser.parse_args()
     SMOKE, BUDGET_S, PROBE = args.smoke, args.budget, args.probe
     CHECK_BOTH = args.check
@@ -818,14 +763,6 @@ def main():
         run_zero_tail()
         text = table()
         with open(os.path.join(out_dir, "gpu_varlen_bwd_zero_tail.json"), "w") as f:
-            json.dump({"meta": _meta(), **RESULTS, "elapsed_s": time.time() - START[0]}, f, indent=1, default=str)
-        print(text)
-        print(f"elapsed {time.time() - START[0]:.1f} s")
-        return
-    if args.mask_ab:
-        guarded("mask A/B")(run_mask_ab)(h=2 if SMOKE else 16, d=16 if SMOKE else 128)
-        text = table()
-        with open(os.path.join(out_dir, "gpu_varlen_bwd_mask_ab.json"), "w") as f:
             json.dump({"meta": _meta(), **RESULTS, "elapsed_s": time.time() - START[0]}, f, indent=1, default=str)
         print(text)
         print(f"elapsed {time.time() - START[0]:.1f} s")

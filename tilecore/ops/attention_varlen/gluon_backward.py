@@ -116,7 +116,6 @@ class VarlenBackward:
     SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
     ZERO_TAIL: gl.constexpr  # zero the next sequence's rows in shared memory (zero_rows_outside): 0 never,
     # 1 every sequence, 2 the sequences tail_flags marks (op.neighbour_rows_nonfinite)
-    MASK_RANGE: gl.constexpr  # masked blocks: each key's queries as one range (True), or five conditions a score
 
     @gluon.jit
     def setup(self, tile_id):
@@ -270,13 +269,6 @@ class VarlenBackward:
                 hi = gl.expand_dims(gl.minimum(keys - (shift - self.left) + 1, N), 1)
             lo = gl.where(keys < Nk, lo, N)
             ok = (queries >= gl.expand_dims(lo, 1)) & (queries < hi)
-            if not self.MASK_RANGE:  # (session 31's A/B) the five conditions a score, as before: more spills
-                keys = gl.expand_dims(keys, 1)
-                ok = (keys < Nk) & (queries >= 0) & (queries < N)
-                if self.CAUSAL:
-                    ok = ok & (keys <= queries + shift)
-                if self.WINDOW:
-                    ok = ok & (keys <= queries + (shift + self.right)) & (keys >= queries + (shift - self.left))
             s_t = gl.where(ok, s_t, float("-inf"))
         p_t = gl.exp2(s_t * self.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
         dtanh = 1.0
@@ -436,8 +428,7 @@ def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_des
                                 dv_ptr, kv_row_stride, cu_q, cu_k, work, num_tiles, GROUP, scale, scale_log2e, left,
                                 right, tanh_scale, tile_counter, tail_flags, CAUSAL: gl.constexpr,
                                 STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False,
-                                WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, ZERO_TAIL: gl.constexpr = 0,
-                                MASK_RANGE: gl.constexpr = True):
+                                WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, ZERO_TAIL: gl.constexpr = 0):
     """dK, dV and (added to dq_desc's float32 tensor) dQ of packed attention for every work item
     (op.work_table over the keys); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp drawing its tiles from ``tile_counter`` (None: program p takes tiles p, p + P, ...).
@@ -460,7 +451,7 @@ def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_des
     op = VarlenBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, dk_ptr, dv_ptr,
                         kv_row_stride, cu_q, cu_k, work, GROUP, scale, scale_log2e, ds_smem, ds_full, ds_free,
                         dq_staging, left, right, tanh_scale, tail_flags, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW,
-                        SOFTCAP, ZERO_TAIL, MASK_RANGE)
+                        SOFTCAP, ZERO_TAIL)
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(k_desc, COUNT=2, SHARED=True), tile_counter=tile_counter)
     stages = QStage(ring(q_desc, STAGES), ring(stats_desc, STAGES), ring(do_desc, STAGES))
@@ -684,7 +675,7 @@ def compiled_backward(d: int = 128, causal: bool = True, softcap: int = 0, dtype
                 tail_flags=i32 if cfg.get("zero_tail") == "checked" else None,
                 CAUSAL=causal and not window, STAGES=cfg["stages"], DQ=fixed_configs.DQ_MODES[cfg["dq_from"]],
                 KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=softcap,
-                ZERO_TAIL=ZERO_TAIL_MODES[cfg.get("zero_tail", False)], MASK_RANGE=cfg.get("mask", "range") == "range")
+                ZERO_TAIL=ZERO_TAIL_MODES[cfg.get("zero_tail", False)])
     return compile_kernel(attention_varlen_bwd_kernel, args, num_warps=4)
 
 
