@@ -43,7 +43,10 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 # pv_smem (session 31, OFF until experiments/attention_fp8/gpu_speed_s31.py checks and times it on the H100): P stored
 # to shared memory (e4m3, two buffers a consumer) and P V issued with both operands there (gluon_fp8.compute_pv_smem):
 # with P V's A operand in registers ptxas waits for P V before the softmax (no overlap); sm_90a SASS with pv_smem has
-# the wait after the last exp2. With block_n2 64 (and 2 stages at D128): split steps of 192 keys (compute_split_smem)
+# the wait after the last exp2. With block_n2 64 (and 2 stages at D128): split steps of 192 keys (compute_split_smem).
+# H100 session 31 runs 1-2: right everywhere, 0.78-0.96x the default (the step's cost is per key; notes). pv_smem 2/3
+# (compute_pipe_smem, block_n2 128 at D64 / 64 at D128) and early_exp2 (fp8_softmax_early): not run on a GPU yet
+# (job hc_fp8_early of gpu_speed_s31.py)
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False, exp2_fma_every=0,
                           cast_late=True, rescale_tau=0.0, p_shift=8, l_mma=1,
                           max_tree=True, rescale_late=False, pv_smem=0),
