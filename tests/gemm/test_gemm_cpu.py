@@ -22,20 +22,32 @@ def blocks(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=[False, True], ids=["this-cpu", "no-native-16bit"])
+def upcast_cpu(request, monkeypatch):
+    """The plan multiplies 16-bit operands natively where this CPU can (AVX512-BF16, AMX) and upcasts
+    elsewhere: also as on a CPU without native 16-bit matmul, so both paths run on any machine."""
+    if request.param:
+        monkeypatch.setattr(dispatch, "cpu_native_matmul", lambda dtype: dtype == torch.float32)
+    return request.param
+
+
 SHAPES = [(1, 1, 1), (70, 45, 100), (130, 200, 33), (5, 129, 64)]
 
 
 @pytest.mark.parametrize("M,N,K", SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bias_dtype", [None, "same", torch.float32])
-def test_matches_float64(M, N, K, dtype, bias_dtype, blocks):
+def test_matches_float64(M, N, K, dtype, bias_dtype, blocks, upcast_cpu):
     a = torch.randn(M, K, dtype=dtype)
     b = torch.randn(K, N, dtype=dtype)
     bias = None if bias_dtype is None else torch.randn(N, dtype=dtype if bias_dtype == "same" else bias_dtype)
     ref = reference.gemm_f64(a, b, bias)
     p = plan.plan(a, b, out_dtype=dtype, bias=bias)
-    assert p.path == "cpu" and (p.operand_dtype is None) == (dtype == torch.float32)
-    if blocks and dtype != torch.float32:
+    # native: float32, or a 16-bit dtype the CPU multiplies natively with nothing that needs more precision
+    native = dtype == torch.float32 or (dispatch.cpu_native_matmul(dtype) and (bias is None or bias.dtype == dtype))
+    assert not (upcast_cpu and native and dtype != torch.float32)
+    assert p.path == "cpu" and (p.operand_dtype is None) == native
+    if blocks and not native:
         assert p.block == (min(M, 64), min(N, 64))
     for out_dtype in {dtype, torch.float32, torch.bfloat16}:
         out = tilecore.gemm(a, b, bias=bias, out_dtype=out_dtype)
@@ -117,9 +129,10 @@ def test_autograd_and_batches_on_the_cpu_path():
     torch.testing.assert_close(w.grad, x.detach().reshape(10, 16).t() @ torch.ones(10, 8))
 
 
-def test_blocks_bound_the_temporaries():
-    """A 2048^3 bf16 GEMM converts A and B in blocks of at most CPU_BLOCK_ELEMS elements (and C's block
-    too), not whole float32 copies."""
+def test_blocks_bound_the_temporaries(monkeypatch):
+    """A 2048^3 bf16 GEMM on a CPU without native bf16 matmul converts A and B in blocks of at most
+    CPU_BLOCK_ELEMS elements (and C's block too), not whole float32 copies."""
+    monkeypatch.setattr(dispatch, "cpu_native_matmul", lambda dtype: dtype == torch.float32)
     a = torch.empty(2048, 2048, dtype=torch.bfloat16)
     p = plan.plan(a, a, out_dtype=torch.bfloat16)
     bm, bn = p.block
