@@ -415,7 +415,7 @@ def time_parts(budget_s: float, t_start: float) -> None:
 
 # --------------------------------------------------------------------------------------------
 # --roles (session 31): the dK/dV kernel with 64 query rows a step, its matmuls split between the two
-# consumers by role (tilecore.ops.attention_mla.gluon_backward_roles), then the shipped MLA dq kernel
+# consumers by role (experiments.attention.mla_roles_kernel), then the shipped MLA dq kernel
 
 
 def roles_backward(base, dout, q, k, v, out, lse, dq, dk, dv, causal, scale, window=(-1, -1), stages=2,
@@ -423,7 +423,7 @@ def roles_backward(base, dout, q, k, v, out, lse, dq, dk, dv, causal, scale, win
     """The shipped MLA backward (plan ``base``: the preprocess, dK/dV, the dq kernel) with its dK/dV kernel
     replaced by attention_bwd_mla_roles_kernel (tiles of 64 keys drawn from a counter, 64 rows a step)."""
     from tilecore import dispatch
-    from tilecore.ops.attention_mla.gluon_backward_roles import attention_bwd_mla_roles_kernel
+    from experiments.attention.mla_roles_kernel import attention_bwd_mla_roles_kernel
     from tilecore.tiles.launch import TmaOperand, cdiv, tile_counter
 
     B, H, N, _ = q.shape

@@ -1,4 +1,4 @@
-"""MLA prefill's 64-row dK/dV candidate (tilecore.ops.attention_mla.gluon_backward_roles, session 31) without a
+"""MLA prefill's 64-row dK/dV candidate (experiments.attention.mla_roles_kernel, session 31) without a
 GPU: its tiles and walk mirrored in Python (every (key, q head, query row) a key sees visited exactly once, with
 64-key tiles and 64-row steps: setup / step_rows as the kernel computes them), and the kernel compiled for sm_90a
 (wgmma and TMA, not serialized, no spill, within 227 KiB of shared memory). Its numbers and its check against
@@ -70,7 +70,7 @@ def test_tiles_visit_every_seen_score_once(n, nk, causal, window, group):
 
 _COMPILE = """
 import json
-from tilecore.ops.attention_mla.gluon_backward_roles import compiled
+from experiments.attention.mla_roles_kernel import compiled
 from tilecore.tiles.compile import has_hopper_instructions, resources
 rows = []
 for causal, window, group in ((True, False, 1), (False, True, 4)):
