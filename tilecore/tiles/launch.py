@@ -395,6 +395,21 @@ class KeyedLaunch:
         self._hit = (device, len(args), compiled, direct, tail, placed, makers)
 
 
+def split_key_buffers(device, lse_offset: int, lse_size: int, launches, merged_rows: int | None = None):
+    """A split-key pass's partial O and lse in one float32 allocation (the split and merge kernels take pointers
+    alone): O's part first, lse's part at ``lse_offset`` (16-byte aligned), and given ``merged_rows`` room for the
+    merged lse after them (16-byte aligned: a call returning O alone keeps it there). (parts, lse_part, merged lse
+    or None): the last two by address where every one of ``launches`` goes the kept way (KeyedLaunch.all_kept, which
+    takes ints for pointers), else views of ``parts``."""
+    lse_at = cdiv(lse_offset + lse_size, 4) * 4
+    merged = merged_rows is not None
+    parts = torch.empty(lse_at + merged_rows if merged else lse_offset + lse_size, dtype=torch.float32, device=device)
+    if KeyedLaunch.all_kept(*launches):
+        address = parts.data_ptr()
+        return parts, address + 4 * lse_offset, (address + 4 * lse_at if merged else None)
+    return parts, parts[lse_offset:], (parts[lse_at:] if merged else None)
+
+
 # KeyedLaunch's kept launches (session 31); False: each through CachedLaunch.run, looked up by key
 BIND_KEYED_LAUNCHES = True
 

@@ -9,7 +9,8 @@ import torch
 from tilecore.ops.attention.kernels_tl import block_d, mask_options, score_options
 from tilecore.ops.attention_decode import configs, kernels_tl
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, cdiv, next_power_of_2, tl_addressable
+from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, cdiv, next_power_of_2, split_key_buffers,
+                                   tl_addressable)
 from tilecore.tiles.ops import LOG2E
 
 SPLIT_KEYS = CachedLaunch(kernels_tl.attn_fwd_split_keys)
@@ -86,6 +87,8 @@ class _DecodeLaunch:
         return self
 
     def __call__(self, q, k, v, out, lse, scale: float, softcap: float) -> None:
+        """O into ``out`` and lse into ``lse``; ``lse`` None (split keys only: a call returning O alone): the merged
+        lse goes into the partial buffers' allocation."""
         if softcap:  # (score_options)
             scale_log2e, tanh_scale = softcap * LOG2E, scale / softcap
         else:
@@ -93,14 +96,12 @@ class _DecodeLaunch:
         if self.part_shapes is None:
             self.split((q, k, v, out, lse, out, out, *self.tail, scale_log2e, tanh_scale))
             return
-        # the splits' O and lse in one float32 allocation (the kernels take pointers alone), lse's part at a 16-byte
-        # aligned offset: by address where both launches go the kept way (KeyedLaunch.kept), else a view
         lse_size, lse_offset = self.part_shapes
-        parts = torch.empty(lse_offset + lse_size, dtype=torch.float32, device=self.device)
-        lse_part = parts.data_ptr() + 4 * lse_offset if KeyedLaunch.all_kept(self.split, self.merge) else parts[lse_offset:]
+        parts, lse_part, kept_lse = split_key_buffers(self.device, lse_offset, lse_size, (self.split, self.merge),
+                                                      None if lse is not None else self.head[0])
+        lse = kept_lse if lse is None else lse
         self.split((q, k, v, out, lse, parts, lse_part, *self.tail, scale_log2e, tanh_scale))
         self.merge((out, lse, parts, lse_part, *self.head))
-
 
     def outputs(self, q, k, v, scale: float, softcap: float,
                 want_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -109,25 +110,10 @@ class _DecodeLaunch:
         allocation instead of a tensor of its own, and None is returned for it."""
         B, Hq, N = q.shape[:3]
         out = torch.empty((B, Hq, N, v.shape[3]), dtype=q.dtype, device=self.device)
-        if want_lse or self.part_shapes is None:
-            lse = torch.empty((B, Hq, N), dtype=torch.float32, device=self.device)
-            self(q, k, v, out, lse, scale, softcap)
-            return out, lse
-        if softcap:  # (score_options)
-            scale_log2e, tanh_scale = softcap * LOG2E, scale / softcap
-        else:
-            scale_log2e, tanh_scale = scale * LOG2E, 0.0
-        lse_size, lse_offset = self.part_shapes
-        lse_at = cdiv(lse_offset + lse_size, 4) * 4  # (16-byte aligned)
-        parts = torch.empty(lse_at + self.head[0], dtype=torch.float32, device=self.device)
-        if KeyedLaunch.all_kept(self.split, self.merge):
-            address = parts.data_ptr()
-            lse_part, lse = address + 4 * lse_offset, address + 4 * lse_at
-        else:
-            lse_part, lse = parts[lse_offset:], parts[lse_at:]
-        self.split((q, k, v, out, lse, parts, lse_part, *self.tail, scale_log2e, tanh_scale))
-        self.merge((out, lse, parts, lse_part, *self.head))
-        return out, None
+        lse = torch.empty((B, Hq, N), dtype=torch.float32, device=self.device) \
+            if want_lse or self.part_shapes is None else None
+        self(q, k, v, out, lse, scale, softcap)
+        return out, lse
 
 
 def prepared(plan, q, k, v, causal: bool, window, softcap: float):

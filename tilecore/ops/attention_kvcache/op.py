@@ -27,7 +27,8 @@ from tilecore.ops.attention_kvcache.reference import kvcache_reference
 from tilecore.ops.attention_varlen.op import (MAX_HEAD_DIM, block_d, check_dtypes, check_window, kernel_window,
                                               should_validate)
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, cdiv, next_power_of_2, signature
+from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, cdiv, next_power_of_2, signature,
+                                   split_key_buffers)
 
 LAYOUT = ("attention_with_kvcache takes q (batch, queries, heads, head_dim) (flash-attn's layout), caches "
           "(batch, max_keys, kv_heads, head_dim[_v]) or paged (num_pages, page_size, kv_heads, head_dim[_v]) with "
@@ -209,43 +210,28 @@ class _DecodeLaunch:
         self.device = q.device
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse) -> None:
+        """O into ``out`` and lse into ``lse``; ``lse`` None (split keys only: a call returning O alone): the merged
+        lse goes into the partial buffers' allocation."""
         table = block_table if self.paged else cache_seqlens  # (an unused pointer when not paged)
         if self.part_shapes is None:
             self.split((q, k_cache, v_cache, table, cache_seqlens, out, lse, lse, lse, *self.split_tail))
             return
-        # the splits' O and lse in one float32 allocation (the kernels take pointers alone), lse's part at a 16-byte
-        # aligned offset: by address where both launches go the kept way, else a view
-        o_size, lse_offset = self.part_shapes
-        parts = torch.empty(lse_offset + o_size[0] * o_size[1], dtype=torch.float32, device=self.device)
-        if KeyedLaunch.all_kept(self.split, self.merge):
-            lse_part = parts.data_ptr() + 4 * lse_offset
-        else:
-            lse_part = parts[lse_offset:]
+        (splits, rows), lse_offset = self.part_shapes
+        parts, lse_part, kept_lse = split_key_buffers(self.device, lse_offset, splits * rows, (self.split, self.merge),
+                                                      None if lse is not None else rows)
+        lse = kept_lse if lse is None else lse
         self.split((q, k_cache, v_cache, table, cache_seqlens, out, lse, parts, lse_part, *self.split_tail))
         self.merge((out, lse, parts, lse_part, *self.merge_tail))
-
 
     def outputs(self, q, k_cache, v_cache, cache_seqlens, block_table, want_lse: bool):
         """(O, lse) made and computed here (forward_kernels' shapes); without ``want_lse`` (a call returning O
         alone) the merge's lse goes into the split parts' allocation and None is returned for it."""
         bsz, nq, hq, _ = q.shape
         out = torch.empty((bsz, nq, hq, v_cache.shape[3]), dtype=q.dtype, device=self.device)
-        if want_lse or self.part_shapes is None:
-            lse = torch.empty((bsz, hq, nq), dtype=torch.float32, device=self.device)
-            self(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
-            return out, lse
-        table = block_table if self.paged else cache_seqlens
-        (splits, rows), lse_offset = self.part_shapes
-        lse_at = cdiv(lse_offset + splits * rows, 4) * 4  # (16-byte aligned)
-        parts = torch.empty(lse_at + rows, dtype=torch.float32, device=self.device)
-        if KeyedLaunch.all_kept(self.split, self.merge):
-            address = parts.data_ptr()
-            lse_part, lse = address + 4 * lse_offset, address + 4 * lse_at
-        else:
-            lse_part, lse = parts[lse_offset:], parts[lse_at:]
-        self.split((q, k_cache, v_cache, table, cache_seqlens, out, lse, parts, lse_part, *self.split_tail))
-        self.merge((out, lse, parts, lse_part, *self.merge_tail))
-        return out, None
+        lse = torch.empty((bsz, hq, nq), dtype=torch.float32, device=self.device) \
+            if want_lse or self.part_shapes is None else None
+        self(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
+        return out, lse
 
 
 _LAUNCHES = LRU(256)  # an eager call's launch key -> its _DecodeLaunch
