@@ -35,6 +35,9 @@ timed by the CUDA-graph clock (launch.graph_ms: GPU time alone), and the top-k p
 launch.time_plans: is the graph clock's pick (configs.NAPKIN_CLOCK_FP8) right where do_bench read host time,
 and never slower than the table (the evidence NAPKIN_TOPK_FP8 waits for)?
 
+``--bf16 --graph`` (issue 36, session 32): the same for the 9 bf16 shapes alone: is bf16's pick by do_bench
+(configs.NAPKIN_CLOCK) the GPU-time best, or does the graph clock's pick differ (where host time entered)?
+
 ``--smoke``: the CPU under TRITON_INTERPRET=1, tiny shapes, no timing (the tl kernel stands in for the
 Gluon one): a check of the script. Writes $OUT/napkin_topk_configs[_attention].json ($OUT: /tmp/out).
 """
@@ -73,6 +76,8 @@ SMOKE_GEMM = [("smoke bf16", 96, 80, 64, "bf16"), ("smoke fp8", 64, 96, 64, "fp8
 # --fp8: the 9 bf16 shapes above in fp8, and session 30's fp8 M 256 (the do_bench clock read host time there)
 FP8_SHAPES = [("fp8 " + name, M, N, K, "fp8") for name, M, N, K, dt in GEMM_SHAPES if dt == "bf16"] + \
     [("fp8 skinny M256", 256, 8192, 8192, "fp8")]
+# --bf16: the bf16 shapes of GEMM_SHAPES alone (issue 36, session 32: is bf16's do_bench pick the GPU-time best?)
+BF16_SHAPES = [c for c in GEMM_SHAPES if c[4] == "bf16"]
 GRAPH = "--graph" in sys.argv
 # name, B, H, N, D, causal
 ATTN_SHAPES = [
@@ -506,6 +511,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny shapes, no timing")
     ap.add_argument("--attention", action="store_true", help="the attention forward instead of the GEMM")
     ap.add_argument("--fp8", action="store_true", help="the fp8 shapes (FP8_SHAPES) instead of GEMM_SHAPES")
+    ap.add_argument("--bf16", action="store_true", help="the bf16 shapes of GEMM_SHAPES alone (BF16_SHAPES)")
     ap.add_argument("--graph", action="store_true", help="also each row's CUDA-graph time and the top-k pick "
                     "by either clock of launch.time_plans (do_bench, graph); the verdict by the graph clock")
     ap.add_argument("--topk", type=int, default=4)
@@ -526,7 +532,8 @@ def main() -> int:
         cases = [(*c, args.topk) for c in (SMOKE_ATTN if SMOKE else ATTN_SHAPES)]
         fn, warm = attn_case, attn_warm
     else:
-        cases = [(*c, args.topk) for c in (SMOKE_GEMM if SMOKE else FP8_SHAPES if args.fp8 else GEMM_SHAPES)]
+        cases = [(*c, args.topk) for c in (SMOKE_GEMM if SMOKE else FP8_SHAPES if args.fp8 else
+                                                   BF16_SHAPES if args.bf16 else GEMM_SHAPES)]
         fn, warm = gemm_case, gemm_warm
     if args.shapes:
         cases = cases[:args.shapes]
@@ -560,7 +567,8 @@ def main() -> int:
             print("budget: the cold first-call process cut", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / ("napkin_topk_configs_attention.json" if args.attention else
-                       "napkin_topk_configs_fp8.json" if args.fp8 else "napkin_topk_configs.json")
+                       "napkin_topk_configs_fp8.json" if args.fp8 else
+                       "napkin_topk_configs_bf16.json" if args.bf16 else "napkin_topk_configs.json")
     path.write_text(json.dumps(dict(device=None if SMOKE else torch.cuda.get_device_name(), topk=args.topk,
                                     smoke=SMOKE, seconds=time.perf_counter() - start, cases=results, first_call=cold),
                                 indent=1))
