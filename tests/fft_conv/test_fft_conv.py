@@ -93,8 +93,72 @@ def test_spectrum_form(path):
     (du,) = torch.autograd.grad(y, u, torch.ones_like(y))
     (du_filter,) = torch.autograd.grad(fft_conv(u, k.detach()), u, torch.ones_like(y))
     assert torch.equal(du, du_filter)
-    with pytest.raises(RuntimeError, match="not differentiable in a precomputed spectrum"):
-        fft_conv(u, spectrum.requires_grad_()).sum().backward()
+
+
+@pytest.mark.parametrize("n, filter_len", [(256, 256), (256, 77), (300, 300), (1, 1)])
+def test_spectrum_form_is_differentiable_to_the_filter(path, n, filter_len):
+    """fft_conv(u, filter_spectrum(k, n)) with k requiring grad: du and dk (through the spectrum's gradient and
+    rfft's backward) against float64, and equal to fft_conv(u, k)'s own up to float32 rounding; the spectrum's
+    gradient itself against torch's autograd of the float64 torch.fft convolution with the spectrum a leaf."""
+    u, k = inputs(3, 2, n, torch.float32, filter_len)
+    dy = torch.randn(3, 2, n)
+    du, dk = torch.autograd.grad(fft_conv(u, filter_spectrum(k, n)), (u, k), dy)
+    u64, k64 = u.detach().double().requires_grad_(), k.detach().double().requires_grad_()
+    ref_du, ref_dk = torch.autograd.grad(fft_conv_reference(u64, k64), (u64, k64), dy.double())
+    assert dk.shape == k.shape and dk.dtype == k.dtype
+    assert_close(du, ref_du, "du")
+    assert accuracy.rel_rms(dk, ref_dk) <= 2e-6, accuracy.rel_rms(dk, ref_dk)
+    du_f, dk_f = torch.autograd.grad(fft_conv(u, k), (u, k), dy)
+    assert accuracy.rel_rms(dk, dk_f) <= 2e-6 and accuracy.rel_rms(du, du_f) <= 2e-6
+    # the spectrum as a leaf: PyTorch's complex gradient convention (dL/dRe + i dL/dIm), bins 0 and N included
+    spectrum = filter_spectrum(k.detach(), n).requires_grad_()
+    (got,) = torch.autograd.grad(fft_conv(u.detach(), spectrum), spectrum, dy)
+    s64 = spectrum.detach().to(torch.complex128).requires_grad_()
+    y64 = torch.fft.irfft(torch.fft.rfft(u64.detach(), n=2 * n) * s64, n=2 * n)[..., :n]
+    (want,) = torch.autograd.grad(y64, s64, dy.double())
+    assert got.dtype == torch.complex64 and got.shape == (2, n + 1)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_spectrum_gradient_of_the_correlation():
+    """The backward's correlation (conj: u with conj(K)) has the conjugate gradient in K (op.spectrum_grad's
+    conj), against torch's autograd in float64."""
+    from tilecore.ops.fft_conv.op import spectrum_grad
+
+    n = 64
+    u, dy = torch.randn(3, 2, n), torch.randn(3, 2, n)
+    s64 = torch.fft.rfft(torch.randn(2, n, dtype=torch.float64), n=2 * n).requires_grad_()
+    y64 = torch.fft.irfft(torch.fft.rfft(u.double(), n=2 * n) * s64.conj(), n=2 * n)[..., :n]
+    (want,) = torch.autograd.grad(y64, s64, dy.double())
+    got = spectrum_grad(u, dy, conj=True)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_spectrum_form_under_torch_compile():
+    """filter_spectrum and fft_conv(u, spectrum) in one fullgraph trace: forward and the gradients in u and k
+    (through the spectrum) as eager."""
+    u, k = inputs(2, 3, 256, torch.float32, 100)
+
+    def f(u, k):
+        return fft_conv(u, filter_spectrum(k, u.shape[-1])) * 2
+
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(u, k)
+    want = f(u, k)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(torch.autograd.grad(got.sum(), (u, k)), torch.autograd.grad(want.sum(), (u, k))):
+        torch.testing.assert_close(a, b)
+
+
+def test_filter_spectrum_bad_input():
+    k = torch.randn(3, 16)
+    cases = [(dict(k=3.0), TypeError, "must be a tensor"), (dict(k=k.double()), TypeError, "float16, bfloat16"),
+             (dict(k=torch.fft.rfft(k)), TypeError, "float16, bfloat16"), (dict(n=0), ValueError, "int >= 1"),
+             (dict(n=8), ValueError, "filter_len <= n = 8"), (dict(k=torch.randn(16)), ValueError, "channels"),
+             (dict(n=16.0), ValueError, "int >= 1")]
+    for kwargs, error, words in cases:
+        args = dict(k=k, n=16) | kwargs
+        with pytest.raises(error, match=words):
+            filter_spectrum(args["k"], args["n"])
 
 
 def test_strided_views_and_nan(path):
@@ -117,7 +181,7 @@ def test_bad_input():
         (dict(u=u.int()), TypeError, "float16, bfloat16 and float32"),
         (dict(k=torch.randn(4, 16)), ValueError, "channels = 3"),
         (dict(k=torch.randn(3, 17)), ValueError, "filter_len <= seqlen = 16"),
-        (dict(k=filter_spectrum(k, 8)), ValueError, r"\(3, 17\)"),
+        (dict(k=torch.fft.rfft(k, n=16)), ValueError, r"\(3, 17\)"),
         (dict(k=k.double()), TypeError, "complex64 spectrum"),
         (dict(k=3.0), TypeError, "must be a tensor"),
     ]

@@ -18,9 +18,31 @@ def _name(dtype) -> str:
 
 
 def filter_spectrum(k: torch.Tensor, n: int) -> torch.Tensor:
-    """The spectrum fft_conv takes in place of a filter k (H, Nk), Nk <= n, for sequences of n:
-    torch.fft.rfft(k, n=2n) in float32, (H, n + 1) complex64. Precompute it where one filter serves
-    many calls (inference)."""
+    """The spectrum of a filter, for ``fft_conv(u, spectrum)`` in place of ``fft_conv(u, k)``.
+
+    k: (channels, filter_len), float16, bfloat16 or float32, 1 <= filter_len <= n; n: the sequence length
+    of the u it will convolve. Returns ``torch.fft.rfft(k.float(), n=2 * n)``: complex64 (channels, n + 1).
+    fft_conv computes this spectrum every call it is given the filter (a real FFT of channels x 2n: ~20 us at
+    H 768, n 1024 on an H100); computed once and passed instead, that work and its launches leave the call,
+    as FlashFFTConv's users keep k's FFT. The same result as passing k, bit for bit.
+
+    It is an ordinary tensor made by torch.fft.rfft, so it is differentiable: where k requires grad, the
+    spectrum's gradient from fft_conv's backward flows to k (the same dk as fft_conv(u, k) gives, up to
+    float32 rounding); torch.compile traces it; ``.detach()`` it for inference. Typical use::
+
+        spectrum = tilecore.filter_spectrum(k, seqlen)   # once, per filter (per step while training k)
+        y1 = tilecore.fft_conv(u1, spectrum)             # every call: the kernel only
+        y2 = tilecore.fft_conv(u2, spectrum)
+    """
+    if not isinstance(k, torch.Tensor):
+        raise TypeError(f"filter_spectrum: k must be a tensor (channels, filter_len); got {type(k).__name__}")
+    if k.is_complex() or k.dtype not in DTYPES:
+        raise TypeError(f"filter_spectrum: k must be float16, bfloat16 or float32; got {_name(k.dtype)}")
+    if isinstance(n, bool) or not isinstance(n, (int, torch.SymInt)) or n < 1:
+        raise ValueError(f"filter_spectrum: n (the sequence length) must be an int >= 1; got {n!r}")
+    if k.dim() != 2 or not 1 <= k.shape[1] <= n:
+        raise ValueError(f"filter_spectrum: k must be (channels, filter_len) with 1 <= filter_len <= n = {n}; got "
+                         f"shape {tuple(k.shape)}")
     return torch.fft.rfft(k.float(), n=2 * n)
 
 
@@ -74,7 +96,7 @@ _CHECKED = LRU(256)  # signatures of CUDA calls whose checks passed
 _PLANS = LRU(256)  # a call's signature -> its plan (a function of seqlen, device and dtype)
 
 
-# the spectrum form: differentiable in u only
+# the spectrum form: differentiable in u and in the spectrum (so in the filter it came from)
 
 
 @torch.library.custom_op("tilecore::fft_conv_spectrum", mutates_args=())
@@ -88,18 +110,34 @@ def _(u, spectrum, conj):
 
 
 def _spectrum_setup(ctx, inputs, output):
-    _, spectrum, conj = inputs
-    ctx.save_for_backward(spectrum)
+    u, spectrum, conj = inputs
+    ctx.save_for_backward(u, spectrum)
     ctx.conj = conj
 
 
+def spectrum_grad(u: torch.Tensor, dy: torch.Tensor, conj: bool = False) -> torch.Tensor:
+    """The gradient (PyTorch's convention for complex tensors: dL/dRe + i dL/dIm) of a real loss L in the
+    spectrum K (H, N + 1) of y = first N of irfft(U K, 2N) (conj: of U conj(K)), U = rfft(u, 2N), given dy:
+    dL/dX = (c / 2N) rfft(dy, 2N) with c = 2 at the bins 1..N-1 that irfft counts twice and 1 at bins 0 and N
+    (whose imaginary parts irfft ignores: rfft(dy) is real there), and dL/dK = sum over the batch of
+    conj(U) dL/dX (conj: its conjugate). torch.fft in float32; rfft's own backward takes it to the filter."""
+    n = u.shape[-1]
+    cross = (torch.fft.rfft(dy.float(), n=2 * n) * torch.conj_physical(torch.fft.rfft(u.float(), n=2 * n))).sum(0)
+    weight = torch.full((n + 1,), 1.0 / n, dtype=torch.float32, device=cross.device)
+    weight[0] = weight[n] = 0.5 / n
+    grad = cross * weight
+    return torch.conj_physical(grad) if conj else grad
+
+
 def _spectrum_backward(ctx, dy):
+    u, spectrum = ctx.saved_tensors
+    du = dk = None
+    if ctx.needs_input_grad[0]:
+        # y = first N of irfft(U K): its adjoint in u is the correlation with k, the product with conj(K)
+        du = eager.backward_call(_spectrum_op, _conv_impl, dy, spectrum, not ctx.conj)
     if ctx.needs_input_grad[1]:
-        raise RuntimeError("fft_conv is not differentiable in a precomputed spectrum: pass the filter k itself "
-                           "(its gradient is then computed), or detach the spectrum")
-    (spectrum,) = ctx.saved_tensors
-    # y = first N of irfft(U K): its adjoint in u is the correlation with k, the product with conj(K)
-    return eager.backward_call(_spectrum_op, _conv_impl, dy, spectrum, not ctx.conj), None, None
+        dk = spectrum_grad(u, dy, ctx.conj)
+    return du, dk, None
 
 
 _spectrum_op.register_autograd(_spectrum_backward, setup_context=_spectrum_setup)
@@ -189,19 +227,23 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     rounding floor, fp16 at ~2.5x). float32 u at 256, 512, 1024: a kernel with float32 products. Other
     lengths (any seqlen >= 1) and CPU tensors: torch.fft in float32.
 
-    Differentiable in u and in the filter k (not in a precomputed spectrum).
+    Differentiable in u and in k: the filter, or its spectrum (a gradient reaching it flows on to the filter
+    it was computed from, through torch.fft.rfft's backward).
     """
     key = signature(u, k)
     if key is not None and tiles_launch.BIND_KEYED_LAUNCHES:  # the Gluon kernel as the key's first call kept it
         prepared = _GLUON_CONVS.get(key)
-        if prepared and dispatch.plain_eager(u, k):
+        if prepared and dispatch.plain_eager(u, k) and not (prepared.given and k.is_conj()):
             return prepared(u, k)
     _CHECKED.memo(key, lambda: check(u, k) or True)
     # eager: the implementation, or its autograd Function where a gradient is recorded; torch.compile,
     # fake tensors, modes: the ops
     if k.is_complex():
         if dispatch.plain_eager(u, k):
-            return _conv_impl(u, k, False, key=key)
+            y = _conv_impl(u, k, False, key=key)
+            if key is not None and tiles_launch.BIND_KEYED_LAUNCHES and key not in _GLUON_CONVS:
+                _GLUON_CONVS.put(key, _GluonConv.of(key, u, k, y))
+            return y
         return eager.run(_spectrum_op, _conv_impl, _SpectrumFunction, u, k, False, key=key)
     if dispatch.plain_eager(u, k):
         y = _conv_impl(u, filter_spectrum(k, u.shape[-1]), False, key=key)
@@ -216,22 +258,26 @@ class _GluonConv:
     31's host time): the kernel's KeyedLaunch (u's and y's TMA descriptors as u and y: KeyedLaunch's derived
     descriptors, encoded once per address) and every argument the key fixes (the DFT tables, sizes, strides),
     made after the key's first call; a call then computes the filter's spectrum (every call: it reads k's values),
-    allocates y and launches. ``of`` gives False for every other path (the general path serves them)."""
+    allocates y and launches. A spectrum k (``given``, session 32: filter_spectrum's, contiguous rows, not a conjugate
+    view, which the caller checks) is read as it is: no rfft a call. ``of`` gives False for every other path (the
+    general path serves them)."""
 
-    __slots__ = ("launch", "plan", "rows", "tail", "shape", "dtype", "device", "k_float")
+    __slots__ = ("launch", "plan", "rows", "tail", "shape", "dtype", "device", "k_float", "given")
 
     @classmethod
     def of(cls, key, u, k, y):
         p = _PLANS.get(key)
         parts = launch._GLUON_LAUNCHES.get((key, False, False))  # (_conv_impl's launch key of a fresh spectrum)
-        if k.is_complex() or p is None or p.path != "gluon" or parts is None or u.numel() == 0:
+        given = k.is_complex()
+        if p is None or p.path != "gluon" or parts is None or u.numel() == 0 or (
+                given and (k.is_conj() or k.stride(-1) != 1 or not p.rfft)):
             return False
         self = cls()
         kernel, grid, tables, options, tma = parts
-        self.plan, self.rows = p, u.stride(-1) != 1  # (rows: _rows' copy, whose strides the key fixes too)
+        self.plan, self.rows, self.given = p, u.stride(-1) != 1, given  # (rows: _rows' copy; the key fixes strides)
         u = _rows(u)
         B, H, N = u.shape
-        spectrum = launch.gluon_spectrum(p, filter_spectrum(k, N), False)
+        spectrum = launch.gluon_spectrum(p, k if given else filter_spectrum(k, N), False)
         self.tail = (*tables, B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), spectrum.stride(0))
         derived = None
         if tma:  # (launch.gluon_operands' views)
@@ -249,7 +295,10 @@ class _GluonConv:
         if self.rows:
             u = u.contiguous()
         n = self.shape[-1]
-        spectrum = torch.fft.rfft(k if self.k_float else k.float(), n=2 * n)  # (filter_spectrum)
+        if self.given:  # (a spectrum: its bins as they are)
+            spectrum = k
+        else:
+            spectrum = torch.fft.rfft(k if self.k_float else k.float(), n=2 * n)  # (filter_spectrum)
         if self.plan.rfft and self.launch.kept():  # the bins as float32 pairs: the fresh spectrum's own memory
             spectrum = spectrum.data_ptr()
         else:
