@@ -68,7 +68,8 @@ except Exception:  # noqa: BLE001
 DEV = "cpu" if SMOKE else "cuda"
 START = time.time()
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
-S31 = "--s31" in sys.argv  # session 31's variants and checks (the N 4097 one compiles every kernel again)
+S32 = "--s32" in sys.argv  # session 32's variants (with session 31's checks)
+S31 = "--s31" in sys.argv or S32  # session 31's variants and checks (the N 4097 one compiles every kernel again)
 WARM_DEADLINE = 85.0 if S31 else 60.0  # the main process stops waiting for workers' compiles + checks here
 TIME_DEADLINE = 112.0 if S31 else 84.0  # no timing starts past it
 TIME_EACH = 9.0  # a worker's timing: the next one starts past it
@@ -162,8 +163,24 @@ S31_LAST = [S31_RUN3[0], S31_RUN3[2], S31_RUN3[5],
             ("cfg bt64 kb32 vb32 w8 walk128 dvw g8 fused", dict(diag=5), dict(
                 BT=64, BKB=32, dqk_VB=32, dqk_warps=8, BV=128, walk_warps=8, dv_wide_apart=True, wide_group=8,
                 dg_fused=True), "chunked")]
-VARIANTS += S31_VARIANTS[:-1] + S31_RUN3 + S31_LAST[3:]
-if S31 and "--variants" not in sys.argv:
+# session 32 (HA, issue 33: the dqk kernel from 38% of its bound): over configs' CHUNKED (session 31's flip), dg_local
+# (the later tokens' dg part from S_c, dS_c and the chunk's k, v: no unpipelined load of S_(c+1) each value block; q, k
+# issued before the span test), a register cap for 3 programs an SM (168: 376 B spilled on sm_90a; 0 without), key
+# blocks of 64 at 8 warps (247 registers, 0 spilled), 3 stages of the value loop, the dv kernel's key channels by 32
+# (245 registers, 0 spilled; 255 / 4 B at 64) and at 8 warps (245, 0)
+S32_VARIANTS = [
+    ("cfg s32 local", dict(diag=5), dict(dg_local=True), "chunked"),
+    ("cfg s32 local r168", dict(diag=5), dict(dg_local=True, dqk_maxnreg=168), "chunked"),
+    ("cfg s32 r168", dict(diag=5), dict(dqk_maxnreg=168), "chunked"),
+    ("cfg s32 kb64 w8", dict(diag=5), dict(BKB=64, dqk_warps=8), "chunked"),
+    ("cfg s32 local st3", dict(diag=5), dict(dg_local=True, dqk_stages=3), "chunked"),
+    ("cfg s32 local dvkd32", dict(diag=5), dict(dg_local=True, KD=32), "chunked"),
+    ("cfg s32 local dvw8", dict(diag=5), dict(dg_local=True, dv_warps=8), "chunked"),
+]
+VARIANTS += S31_VARIANTS[:-1] + S31_RUN3 + S31_LAST[3:] + S32_VARIANTS
+if S32 and "--variants" not in sys.argv:
+    VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S32_VARIANTS
+elif S31 and "--variants" not in sys.argv:
     VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S31_LAST
 if "--variants" in sys.argv:
     wanted = sys.argv[sys.argv.index("--variants") + 1].split(",")
@@ -278,6 +295,19 @@ def dqk_bytes(B, N, H, Dk, Dv, BT, elt=2) -> int:
     NT = -(-N // BT)
     tokens = B * N * H
     return tokens * (2 * Dk * elt + Dk * 4 + 2 * Dv * elt) + 2 * B * H * NT * Dk * Dv * elt + tokens * Dk * (2 * elt + 4)
+
+
+def kernel_bytes(B, N, H, Dk, Dv, BT, elt=2) -> dict:
+    """Session 32: each chunked kernel's compulsory HBM bytes (inputs read once, outputs written once; g float32):
+    states k, v, g -> S_c; dstates q, do, g -> dS_c; dqk (dqk_bytes); dv q, k, g, do, dS_c -> dv. Over the copy
+    bandwidth of the same run: each kernel's bound (the napkin has no GLA-backward model; this is its HBM term)."""
+    NT = -(-N // BT)
+    tokens = B * N * H
+    states = B * H * NT * Dk * Dv * elt
+    return dict(states=tokens * (Dk * elt + Dv * elt + Dk * 4) + states,
+                dstates=tokens * (Dk * elt + Dv * elt + Dk * 4) + states,
+                dqk0w=dqk_bytes(B, N, H, Dk, Dv, BT, elt),
+                dvw=tokens * (2 * Dk * elt + Dk * 4 + 2 * Dv * elt) + states)
 
 
 def kernels_only(variant, t, ht):
@@ -449,7 +479,24 @@ def table(rows: list[dict]):
               f"{ship / ms if ship and ms else '-':.4} | {ms / fwd if fwd and ms else '-':.4} | {passed} | "
               f"{'; '.join(r['errors'])[:200]}")
     copy = next((r["copy_GBps"] for r in rows if r.get("copy_GBps")), None)
-    if copy:
+    if copy and S32:  # each kernel against its HBM bound (kernel_bytes / the copy bandwidth), then the total
+        from tilecore.ops.linear_attention import configs_gla_bwd
+
+        print(f"\nper kernel: ms (% of its HBM bound at the run's copy bandwidth {copy} GB/s; B16 H16 N4096 d128 bf16)")
+        print("variant | backward ms (sum of bounds) | states | dstates | dqk (common) | dqk fallback | dv | dv fallback")
+        for r in rows:
+            steps = r.get("steps_ms") or {}
+            variant = next((v for v in VARIANTS if v[0] == r["variant"]), None)
+            if not steps or variant is None:
+                continue
+            BT = dict(configs_gla_bwd.CHUNKED, **chunked_blocks(variant))["BT"]
+            bound = {k: b / copy / 1e6 for k, b in kernel_bytes(16, 4096, 16, 128, 128, BT).items()}
+            cell = {k: (f"{steps[k]:.3f} ({100 * bound[k] / steps[k]:.0f}%)" if k in steps and k in bound else
+                        f"{steps[k]:.3f}" if k in steps else "-") for k in ("states", "dstates", "dqk0w", "dqk0ww",
+                                                                            "dvw", "dvww")}
+            print(f"{r['variant']} | {r.get('bwd_ms') and round(r['bwd_ms'], 3)} ({sum(bound.values()):.3f}) | "
+                  + " | ".join(cell.values()))
+    elif copy:
         from tilecore.ops.linear_attention import configs_gla_bwd
 
         print(f"\ndqk kernel (common launch) against its HBM bound at the copy bandwidth {copy} GB/s (B16 H16 N4096 "
@@ -492,7 +539,7 @@ def main():
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     logs = {v[0]: open(scratch / f"{v[0]}.log", "w") for v in VARIANTS}  # a file: a full pipe would block
     procs = {v[0]: subprocess.Popen([sys.executable, __file__, "--worker", v[0], "--dir", str(scratch)]
-                                    + (["--s31"] if S31 else []), env=env,
+                                    + (["--s32"] if S32 else ["--s31"] if S31 else []), env=env,
                                     stdout=logs[v[0]], stderr=subprocess.STDOUT) for v in VARIANTS}
     cases = {}
     for name, mk in CHECKS:

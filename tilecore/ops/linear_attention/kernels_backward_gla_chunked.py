@@ -222,7 +222,9 @@ def _dqk_value_loop(V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h
         if PART != 1:
             dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=ok, other=0.0)
             dks += _dot(v.to(MMA), tl.trans(dhs), IEEE)
-            if SUFFIX != 0:
+            if SUFFIX == 3:  # <S_c, dS_c> per channel (the chunk's own part is added by the caller)
+                sfx += tl.sum(hs.to(tl.float32) * dhs.to(tl.float32), 1)
+            elif SUFFIX != 0:
                 nxt = tl.load(_state_ptrs(HS, bh, c + 1, NT, offs_k, offs_v, DK, DV), mask=ok & (c + 1 < NT),
                               other=0.0).to(tl.float32)
                 if SUFFIX == 1:  # the last chunk's: the final state
@@ -264,7 +266,10 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
     the tokens after t's chunk c is sum_v S_(c+1) dS_c per channel (the decay gradient at chunk c + 1's first token:
     S_c leaves chunk c into e^(g_t) S_c + k v^T, and dS_c is the gradient that flows back into it), summed in the
     value loop from HS[c + 1] (HS[NT]: the final state, passed in TOT as (B H, Dk, Dv) float32 contiguous; SUFFIX 2:
-    no final state, its part 0) and dS_c."""
+    no final state, its part 0) and dS_c. SUFFIX 3 (session 32): the same sum without HS[c + 1]'s load: S_(c+1) =
+    e^G_last S_c + (k e^(G_last - G))^T v, so sum_v S_(c+1) dS_c = e^G_last <S_c, dS_c> + sum_t k e^(G_last - G)
+    (v dS_c^T): the first from the tiles the loop loads anyway, the second from dk's state term (HT / TOT unused; the
+    last chunk's dS is dht, or 0 without one, so no final state is read)."""
     pid = tl.program_id(0)
     if WIDE == 2:
         if GROUP == 1:
@@ -304,6 +309,9 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
     k_ok = offs_k < DK
     Gc, G_last = _cumulative_channels(_rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd)
                                       .to(tl.float32))
+    if SUFFIX == 3:  # session 32: q and k loads issued before the span test (in flight under its scan)
+        q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, BKB]
+        k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
     go = True
     if INTRA == 1:  # NaN spans go to the fallback too
         go = tl.max(tl.max(Gc, 0) - tl.min(Gc, 0), 0) <= _factor_span(MMA)
@@ -312,8 +320,9 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
         if VB == 0:
             offs_v = tl.arange(0, BVF)
             v_ok = offs_v < DV
-        q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, BKB]
-        k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
+        if SUFFIX != 3:
+            q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, BKB]
+            k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
         if VB == 0:
             v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, BVF]
             do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)
@@ -354,8 +363,10 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
                 dk_intra = tl.exp(mid[None, :] - Gc) * _split_dot(at, qf * tl.exp(Gc - mid[None, :]), MMA, IEEE, SPLIT)
             else:
                 dk_intra = _dk_intra(a, q, Gc, MMA, IEEE, SPLIT, INTRA)
-            dk = (dk_intra * scale
-                  + _state_term(v, dhs, MMA, IEEE, VB) * tl.exp(G_last[None, :] - Gc))
+            dk_state = _state_term(v, dhs, MMA, IEEE, VB) * tl.exp(G_last[None, :] - Gc)
+            dk = dk_intra * scale + dk_state
+            if SUFFIX == 3:  # sum_v S_(c+1) dS_c = e^G_last <S_c, dS_c> + sum_t k e^(G_last - G) (v dS_c^T)
+                sfx = tl.exp(G_last) * sfx + tl.sum(kf * dk_state, 0)
             _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk + r[:, None] * qf)
             dG -= kf * dk
             if SUFFIX == 0:
@@ -557,7 +568,7 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         fused = cfg["dg_fused"]  # dg whole from the dqk kernel (the later tokens' part from S_(c+1) dS_c), no dg kernel
         if fused and (not dqk_VB or cfg["dqk_apart"]):
             raise ValueError("gla chunked backward: dg_fused needs dqk_VB and not dqk_apart")
-        suffix = (1 if has_ht else 2) if fused else 0
+        suffix = (3 if cfg["dg_local"] else 1 if has_ht else 2) if fused else 0
         tot_or = (ht.float().contiguous() if has_ht else tot) if fused else tot  # SUFFIX 1: the final state
         z4 = (0, 0, 0, 0)
         g_strides = g.stride()
