@@ -68,9 +68,8 @@ def transport_ran(group, device) -> str:
     and this group's peers were found able)."""
     if ring_module.TRANSPORT != "copy_engine":
         return "nccl"
-    ok = copy_engine.known_available(group, device)
-    has = (group.group_name, device.index) in copy_engine._MAILBOXES
-    return "copy_engine" if ok and has else "nccl (fallback)"
+    ok = copy_engine.known_available(group, device) and copy_engine.mailbox_bytes(group, device) > 0
+    return "copy_engine" if ok else "nccl (fallback)"
 
 
 def topology() -> dict:
@@ -170,8 +169,7 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, variant
         if gc.DEVICE == "cuda":
             record("fwd_bwd_queued_ms", gc.lockstep_ms(fwd_bwd("ring", VARIANTS[key]), reps, ahead_ms=gc.AHEAD_MS),
                    cell)
-    boxes = copy_engine._MAILBOXES.get((dist.group.WORLD.group_name, q.device.index))
-    row["mailbox_gb"] = boxes.slots * boxes.slot_bytes / 1e9 if boxes is not None else 0.0
+    row["mailbox_gb"] = copy_engine.mailbox_bytes(group, q.device) / 1e9
     row["inputs_gb"] = 4 * q.numel() * q.element_size() / 1e9
     if heads % world == 0:
         record("a2a_fwd_bwd_ms", gc.lockstep_ms(fwd_bwd("all_to_all", "nccl"), reps))
@@ -330,8 +328,8 @@ def main() -> int:
     else:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=args.nccl_timeout))
-    copy_engine.ABOVE_TWO_RANKS = True  # the copy engines past two ranks: what this run measures
-    copy_engine.TIMEOUT_MS = int(args.signal_timeout_s * 1e3)
+    copy_engine.set_above_two_ranks(True)  # the copy engines past two ranks: what this run measures
+    copy_engine.set_signal_timeout_ms(int(args.signal_timeout_s * 1e3))
     op_module.set_fast_host(True)
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.group.WORLD

@@ -204,3 +204,38 @@ def test_failed_checks_hand_the_prewaited_token_back():
     assert all(torch.isfinite(o[0]).all() for o in outs)
     for r in range(P):
         assert world.pads[r][P * (2 * 0 + copy_engine.FREE) + (r + 1) % P] == 1
+
+
+def test_probe_switches_and_mailbox_bytes():
+    """The probes' entry points (gpu_check4): ABOVE_TWO_RANKS and the signal timeout set and restored
+    through their setters; mailbox_bytes 0 for a group without mailboxes, the slots' bytes with."""
+    before = copy_engine.set_above_two_ranks(True)
+    try:
+        assert copy_engine.ABOVE_TWO_RANKS is True
+        assert copy_engine.set_above_two_ranks(False) is True
+        assert copy_engine.ABOVE_TWO_RANKS is False
+    finally:
+        copy_engine.set_above_two_ranks(before)
+    timeout = copy_engine.set_signal_timeout_ms(1234)
+    try:
+        assert copy_engine.TIMEOUT_MS == 1234
+        for bad in (0, -5, 1.5, True, "10"):
+            with pytest.raises(ValueError):
+                copy_engine.set_signal_timeout_ms(bad)
+        assert copy_engine.TIMEOUT_MS == 1234
+    finally:
+        assert copy_engine.set_signal_timeout_ms(timeout) == 1234
+
+    class Group:
+        group_name = "probe-switches-test"
+
+    device = torch.device("cpu")
+    assert copy_engine.mailbox_bytes(Group(), device) == 0
+    world = FakeWorld(4 * 512, world=4)
+    boxes = run_ranks(lambda r: copy_engine.Mailboxes(Group(), device, 512, FakeHandle(world, r)), world=4)
+    copy_engine._MAILBOXES[(Group.group_name, device.index)] = boxes[1]
+    try:
+        assert boxes[1].slots == 4
+        assert copy_engine.mailbox_bytes(Group(), device) == 4 * 512
+    finally:
+        copy_engine._MAILBOXES.pop((Group.group_name, device.index))

@@ -108,6 +108,31 @@ def available(group, device: torch.device) -> bool:
     return _PEERS[key]
 
 
+def set_above_two_ranks(on: bool) -> bool:
+    """Probes: copy-engine rings past two ranks (ABOVE_TWO_RANKS) from now on; returns the previous
+    value (a group already asked keeps its answer: set it before the group's first ring call)."""
+    global ABOVE_TWO_RANKS
+    previous, ABOVE_TWO_RANKS = ABOVE_TWO_RANKS, bool(on)
+    return previous
+
+
+def set_signal_timeout_ms(ms: int) -> int:
+    """Probes: milliseconds a signal wait spins before its kernel traps (TIMEOUT_MS) for mailboxes
+    made and waits queued from now on; returns the previous value."""
+    global TIMEOUT_MS
+    if isinstance(ms, bool) or not isinstance(ms, int) or ms <= 0:
+        raise ValueError(f"copy_engine.set_signal_timeout_ms: a positive int; got {ms!r}")
+    previous, TIMEOUT_MS = TIMEOUT_MS, ms
+    return previous
+
+
+def mailbox_bytes(group, device: torch.device) -> int:
+    """Bytes of this group's symmetric mailboxes on ``device`` (0 where none were made): memory
+    outside torch's caching allocator, so not in its peak figures."""
+    boxes = _MAILBOXES.get((group.group_name, device.index))
+    return 0 if boxes is None else boxes.slots * boxes.slot_bytes
+
+
 def known_available(group, device: torch.device) -> bool:
     """available()'s answer where it was asked before for this group and device (no collective),
     else False."""
