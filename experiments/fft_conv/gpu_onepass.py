@@ -27,6 +27,9 @@ its host time (--host), timing probes of what binds):
    before session 30 (fresh TensorDescriptors each call, the plain specializing launch); then with
    tiles.launch's kept TMA encodings (CACHE_TMA_DESCRIPTORS, off by default); same bits on calls 1..10.
 PROBES: the shipped tuples of PROBE_CONFIGS with parts of their chain left out (WRONG results: timing only).
+Session 32: the op's filter form (fft_conv(u, k): k's rfft a call) timed beside the precomputed spectrum's
+(fft_conv(u, filter_spectrum(k, n)), the "shipped" row), the spectrum form's gradients (du, and dk through the
+spectrum: op.spectrum_grad + rfft's backward) checked against float64 in the op check, and 4096's probes again.
 
 A case that kills its process (an illegal memory access) is recorded (its candidate is not timed); one
 past 60 s is killed. --smoke (CPU, TRITON_INTERPRET=1): Gluon cannot be interpreted, so each Gluon
@@ -81,10 +84,11 @@ HOST = "--host" in sys.argv  # the host-time phase (session 30's figure; off unl
 # (session 28's mono probes: runs/…run10…; session 30: the Gluon kernels' shipped tuples, gluon_onepass.Stages)
 # (run 9 of session 30 timed them at 1024 and 4096: the loads bind; PROBE_CONFIGS = {1024: ..., 4096: ...} again
 # to re-time)
-PROBE_CONFIGS: dict = {}
+PROBE_CONFIGS: dict = {4096: configs.GLUON_ONEPASS[4096]}  # (session 32: what binds 4096's chunked chain now)
 PROBES = {1: "no square products", 2: "no spectrum scale reduction", 4: "no twiddle/spectrum loads",
           7: "all three out"}
 BOUNDS = {"bfloat16": 2.6 if SMOKE else 1.3, "float16": 4.0}
+FILTER = False  # timing_inputs: the filter too (time_n's filter form)
 
 
 def say(*args):
@@ -180,6 +184,8 @@ def timing_inputs(n, B=16, H=768):
     g = torch.Generator(device=DEV).manual_seed(n)
     u = torch.randn(B, H, n, device=DEV, generator=g).to(torch.bfloat16)
     k = (torch.randn(H, n, generator=torch.Generator().manual_seed(n)) / math.sqrt(n)).to(torch.bfloat16)
+    if FILTER:  # (the filter itself too: the op's filter form, its rfft a call)
+        return u, filter_spectrum(k, n).to(DEV), k.to(DEV)
     return u, filter_spectrum(k, n).to(DEV)  # (on the CPU: cuFFT only in the baseline, last)
 
 
@@ -219,6 +225,26 @@ def op_check(n, B=16, H=16) -> list[dict]:
     same = torch.equal(dus[0], dus[1])
     rows.append({"n": n, "config": f"op ({path}) du x2", "dtype": "bfloat16 op", "conj": True, "written": written,
                  "same_bits": same, "err_over_floor": err, "ok": written and same and err <= BOUNDS["bfloat16"]})
+    # session 32: the spectrum form with k requiring grad: fft_conv(u, filter_spectrum(k)) backward gives du (the
+    # kernel's correlation) and dk (the spectrum's gradient through rfft's backward) against float64
+    kg = kd.float().requires_grad_()
+    ug = ud.clone().requires_grad_()
+    poison_allocator()
+    y = fft_conv(ug, filter_spectrum(kg, n))
+    du, dk = torch.autograd.grad(y, (ug, kg), dyd)
+    u64, k64 = u.double().requires_grad_(), k.double().requires_grad_()
+    ref_du2, ref_dk = torch.autograd.grad(fft_conv_reference(u64, k64), (u64, k64), dy.double())
+    for what, got, want, bound in (("y", y.detach().cpu(), ref, BOUNDS["bfloat16"]),
+                                   ("du", du.cpu(), ref_du2, BOUNDS["bfloat16"]), ("dk", dk.cpu(), ref_dk, None)):
+        written = bool(torch.isfinite(got).all())
+        if bound is None:  # (float32 dk: relative RMS error, float32's accuracy expected)
+            err = accuracy.rel_rms(got, want) if written else float("inf")
+            ok = written and err <= 1e-5
+        else:
+            err = accuracy.error_over_floor(got, want) if written else float("inf")
+            ok = written and err <= bound
+        rows.append({"n": n, "config": f"op ({path}) spectrum grad {what}", "dtype": "bfloat16 op" if bound else
+                     "dk rel_rms", "conj": what == "du", "written": written, "err_over_floor": err, "ok": ok})
     for row in rows:
         say("check", json.dumps(row))
     return rows
@@ -322,7 +348,10 @@ def host_time(calls=2000) -> dict:
 
 def time_n(n, passed: list[str]) -> dict:
     """The baseline, the bound, the shipped plan and the checked candidates at B16 H768 bf16."""
-    u, spectrum = timing_inputs(n)
+    global FILTER
+    FILTER = True
+    u, spectrum, k = timing_inputs(n)
+    FILTER = False
     B, H, _ = u.shape
     row = {"n": n, "B": B, "H": H, "shipped_path": plan(n, DEV, u.dtype).path, "candidates": {}, "errors": []}
 
@@ -341,6 +370,8 @@ def time_n(n, passed: list[str]) -> dict:
     row["copy_ms"] = guard("copy", lambda: bench(lambda: dst.copy_(src)))
     del src, dst
     row["shipped_ms"] = guard("shipped", lambda: bench(lambda: fft_conv(u, spectrum)))
+    # session 32: the filter form (the op takes rfft(k) each call) against the precomputed spectrum's (shipped_ms)
+    row["filter_ms"] = guard("filter form", lambda: bench(lambda: fft_conv(u, k)))
     y = torch.empty_like(u)
     for config in candidates(n):
         if key(config) not in passed:
@@ -509,7 +540,8 @@ def main() -> int:
     for row in results["time"]:
         base, copy = row.get("torch_fft_ms", math.nan), row.get("copy_ms", math.nan)
         print(f"{row['n']:>6} {'torch.fft / copy':>30} {base:8.4f} {copy:8.4f}")
-        cases = [(f"shipped ({row['shipped_path']})", row.get("shipped_ms", math.nan), None)]
+        cases = [(f"shipped ({row['shipped_path']})", row.get("shipped_ms", math.nan), None),
+                 ("shipped, filter form (rfft a call)", row.get("filter_ms", math.nan), None)]
         cases += [(f"g {c}", ms, row.get("model_ms", {}).get(c)) for c, ms in row["candidates"].items()]
         cases += [(f"g {c} kernel", ms, None) for c, ms in row.get("kernel_only", {}).items()]
         for what, ms, bound in cases:
