@@ -148,6 +148,16 @@ GLUON_SILU_TANH = True
 # Run 5 (with SILU_TANH): checked (1.000x / 1.003x the floor) but slower, 1.007 ms (half) and 0.956 (a quarter)
 # against 0.903: the FMA pipe is not idle. Off
 GLUON_EXP2_FMA: dict = {}
+# Session 32 (helper HB, issue 33: Mamba-2 toward 75% of the napkin's bound; gluon_forward's D_EARLY, LEAN,
+# UPDATE_LATE, Q_REG), by whether beta is given (True: Mamba-2) -> the names on ("d_early", "lean", "update_late",
+# "q_reg"). The sm_90a SASS of the shipped Mamba-2 step: ~416 KB through shared memory an SM a chunk-step (the TMA
+# stage 64.5 KB, each consumer's wgmma operands 136 KB, its stores and loads 40 KB: ~3,250 of the step's ~4,900
+# clocks at 128 B a clock), 290 FMUL and 69 MUFU a thread, five synchronous wgmma groups. D_EARLY: D v from the
+# chunk's first v load (no second v load, 8 KB a consumer); LEAN: one causal select on P, the scale on beta V's
+# rows (32 FSEL and 32 FMUL a thread fewer); UPDATE_LATE: the state update in flight under the epilogue; Q_REG: q
+# loaded once into registers for Q K^T and Q S (16 KB a consumer fewer). Off until
+# experiments/linear_attention/gpu_mamba_s32.py checks and times them on the H100
+GLUON_S32: dict = {}
 # Based's Gluon forward (gluon_based.py: Dk 16, no decay, Dv a multiple of 64; its 153 symmetric features
 # padded to 160, S^T in wgmma registers). Runs 7-9 (H100, session 27, B16 H16 N4096 d16 v64 bf16): 0.200-0.212
 # ms against the tl kernel's 0.804 and FLA parallel_based's 2.04 (9.65-10.26x), 55-58% of the copy bound;

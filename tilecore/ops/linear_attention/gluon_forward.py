@@ -199,6 +199,14 @@ class LinearAttentionForward:
     EXP2_FMA: gl.constexpr  # (G_STAGE) the [BT, BT] decay exps' right half (1) or quarter (2) by exp2_fma (FMA and
     # integer pipes) beside the SFU's ex2 for the rest
     PROBE: gl.constexpr  # timing probes only (wrong outputs; 0 in every real launch): PROBE_* bits leave work out
+    D_EARLY: gl.constexpr  # (EARLY_WV, D) D v made from the chunk's first v load, added with Q S's row scale: no
+    # second v load and conversion in the epilogue
+    LEAN: gl.constexpr  # (G_STAGE, not FACTORED / EXP2_FMA) one causal select on P (the exps take the unmasked
+    # difference: +inf above the diagonal, selected away), and with beta the scale on beta V's rows, not on P
+    UPDATE_LATE: gl.constexpr  # (EARLY_WV) P V and the state update issued async together; o's epilogue and
+    # store run while the update does, its wait at the chunk's end
+    Q_REG: gl.constexpr  # q loaded into registers once a chunk, the A operand of Q K^T and Q S (not read twice
+    # from shared memory by the wgmmas)
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BK, BV] state
     PL: gl.constexpr  # P as the register operand of P V
@@ -281,7 +289,9 @@ class LinearAttentionForward:
         2^+-FACTOR_SPAN/2, so neither overflows nor leaves float32's normal range: a few ulp, as the exp2)
         and 18 exps a thread instead of 32; strong decays or a reset in the chunk: the elementwise exp2 of
         the masked difference (a NaN in G: the same rows and columns NaN either way)."""
-        if self.FACTORED:
+        if self.LEAN:  # (the caller's select takes the entries above the diagonal: +inf there is never used)
+            f = gl.exp2(gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0))
+        elif self.FACTORED:
             hi = gl.max(G_c, axis=0)
             lo = gl.min(G_c, axis=0)
             if hi - lo <= FACTOR_SPAN:
@@ -426,6 +436,11 @@ class LinearAttentionForward:
             # EARLY_WV: the state update's weighted values stored here too (beta V, with beta, in a buffer of
             # its own), so one barrier pair a chunk serves every shared-memory operand
             wv = self.wv_smem.index(2 * c if self.EARLY_WV and self.HAS_BETA else c)  # ([4, ..] only then)
+            # LEAN with beta: P V's beta V carries the scale (P none): a factor on BT rows, not BT x BT entries
+            beta_pv = beta_r * self.scale if self.LEAN and self.HAS_BETA else beta_r
+            q_a = q  # Q_REG: q in registers (the A operand of Q K^T and Q S), else the shared-memory tile
+            if self.Q_REG:
+                q_a = q.load(self.PL)
             gl.thread_barrier()  # the previous step's wgmmas have read both buffers
             S_smem.store(walk.S.to(dtype))
             if self.EARLY_WV:
@@ -433,9 +448,13 @@ class LinearAttentionForward:
                 wv.store((v_f * gl.expand_dims(w_rows, 1)).to(dtype))
                 if self.HAS_BETA:
                     bv = self.wv_smem.index(2 * c + 1)
-                    bv.store((v_f * gl.expand_dims(beta_r, 1)).to(dtype))
+                    bv.store((v_f * gl.expand_dims(beta_pv, 1)).to(dtype))
+                if self.D_EARLY:  # D v now, from this load (added to o with Q S's row scale)
+                    d_row = gl.load(self.DSKIP + (h64 * self.sdh + col) + gl.arange(0, self.BV,
+                                                                                   layout=gl.SliceLayout(0, self.SL)))
+                    dv = gl.expand_dims(d_row, 0) * v_f
             elif self.HAS_BETA:
-                wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(beta_r, 1)).to(dtype))
+                wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(beta_pv, 1)).to(dtype))
             fence_async_shared()
             gl.thread_barrier()
 
@@ -443,12 +462,12 @@ class LinearAttentionForward:
             if self.PROBE & PROBE_NO_INTRA:
                 s = gl.zeros([self.BT, self.BT], gl.float32, self.SL) + gl.expand_dims(w_rows, 1)
             else:
-                s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL),
+                s = warpgroup_mma(q_a, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL),
                                   use_acc=False)
             if self.ASYNC_UPDATE:
                 # Q S_old and the state update (their operands in shared memory since the chunk's one barrier
                 # pair: EARLY_WV) on the tensor cores while P is made
-                o_tok = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False,
+                o_tok = warpgroup_mma(q_a, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False,
                                       is_async=True)
                 S_tok = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay, is_async=True)
             if self.DECAY and (self.PROBE & PROBE_NO_DECAY_FACTORS) == 0:
@@ -458,7 +477,10 @@ class LinearAttentionForward:
                 else:
                     s = s * gl.exp(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
                     row_scale = row_scale * gl.exp(G_r)
-            p_f = gl.where(causal, s * self.scale, 0.0)
+            if self.LEAN and self.HAS_BETA:  # (the scale is on beta V's rows)
+                p_f = gl.where(causal, s, 0.0)
+            else:
+                p_f = gl.where(causal, s * self.scale, 0.0)
             p = gl.convert_layout(p_f.to(dtype), self.PL)
 
             # o = exp(G_i) scale (Q S_old) + P (beta V)
@@ -467,9 +489,27 @@ class LinearAttentionForward:
             elif self.PROBE & PROBE_NO_INTER:
                 o = gl.zeros([self.BT, self.BV], gl.float32, self.SL) + gl.expand_dims(row_scale, 1)
             else:
-                o = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False)
-            if self.PROBE & PROBE_NO_INTRA:
+                o = warpgroup_mma(q_a, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False)
+            if self.UPDATE_LATE:
+                # P V and the state update in flight together; o's wait leaves the update running under the
+                # epilogue (wgmma groups retire in order: the update's wait is the chunk's last)
+                if self.D_EARLY:
+                    o = o * gl.expand_dims(row_scale, 1) + dv
+                else:
+                    o = o * gl.expand_dims(row_scale, 1)
+                if self.HAS_BETA:
+                    o_tok = warpgroup_mma(p, bv, o, is_async=True)
+                else:
+                    o_tok = warpgroup_mma(p, v, o, is_async=True)
+                S_tok = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay, is_async=True)
+                o = warpgroup_mma_wait(1, deps=(o_tok,))
+            elif self.PROBE & PROBE_NO_INTRA:
                 o = o * gl.expand_dims(row_scale, 1) + p_f  # (P's elementwise work kept: BT == BV)
+            elif self.D_EARLY:
+                if self.HAS_BETA:
+                    o = warpgroup_mma(p, bv, o * gl.expand_dims(row_scale, 1) + dv)
+                else:
+                    o = warpgroup_mma(p, v, o * gl.expand_dims(row_scale, 1) + dv)
             elif self.HAS_BETA:
                 if self.EARLY_WV:
                     o = warpgroup_mma(p, bv, o * gl.expand_dims(row_scale, 1))
@@ -484,7 +524,9 @@ class LinearAttentionForward:
                 wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(w_rows, 1)).to(dtype))
                 fence_async_shared()
                 gl.thread_barrier()
-            if self.ASYNC_UPDATE:
+            if self.UPDATE_LATE:
+                S = walk.S  # (the update's result: at the chunk's end, below)
+            elif self.ASYNC_UPDATE:
                 S = warpgroup_mma_wait(0, deps=(S_tok,))  # (P V's wait retired it: wgmma groups end in order)
             elif self.PROBE & PROBE_NO_UPDATE:
                 S = walk.S * S_decay
@@ -493,7 +535,7 @@ class LinearAttentionForward:
 
         # Mamba-2's epilogue and the store (rows past N clipped by TMA)
         offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(0, self.SL))
-        if self.HAS_D and (self.PROBE & PROBE_NO_EPILOGUE) == 0:
+        if self.HAS_D and not self.D_EARLY and (self.PROBE & PROBE_NO_EPILOGUE) == 0:
             d_row = gl.load(self.DSKIP + (h64 * self.sdh + col) + offs_v)
             o = o + gl.expand_dims(d_row, 0) * v.load(self.SL).to(gl.float32)
         if self.HAS_Z and (self.PROBE & PROBE_NO_EPILOGUE) == 0:
@@ -518,6 +560,8 @@ class LinearAttentionForward:
                 store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
         else:
             store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
+        if self.UPDATE_LATE:
+            S = warpgroup_mma_wait(0, deps=(S_tok,))
         walk = Walk(S, 0, 0, 0)
         if self.PREFETCH:
             walk = Walk(S, nxt_G_r, nxt_G_last, nxt_beta_r)
@@ -543,7 +587,9 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                         PREFETCH: gl.constexpr = False, OVERLAP: gl.constexpr = False, Z_STAGE: gl.constexpr = False,
                         G_STAGE: gl.constexpr = False, FACTORED: gl.constexpr = False,
                         EARLY_WV: gl.constexpr = False, ASYNC_UPDATE: gl.constexpr = False,
-                        SILU_TANH: gl.constexpr = False, EXP2_FMA: gl.constexpr = 0, PROBE: gl.constexpr = 0):
+                        SILU_TANH: gl.constexpr = False, EXP2_FMA: gl.constexpr = 0, PROBE: gl.constexpr = 0,
+                        D_EARLY: gl.constexpr = False, LEAN: gl.constexpr = False, UPDATE_LATE: gl.constexpr = False,
+                        Q_REG: gl.constexpr = False):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. PREFETCH: each chunk's decay and beta loaded
     a chunk ahead. Z_STAGE: z TMA-loaded with the stage (off the walk's serial path). OVERLAP: the chunk's
@@ -553,7 +599,10 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     state at the chunk's start (one barrier pair a chunk fewer; not with OVERLAP). ASYNC_UPDATE (with
     EARLY_WV): Q S_old and the state update issued async right after Q K^T, so they run while P is made.
     SILU_TANH (with Z_STAGE): the gate's sigmoid by one tanh.approx.f32. EXP2_FMA (with G_STAGE): 1 (2): half (a
-    quarter) of the [BT, BT] decay exps by exp2_fma on the FMA pipe."""
+    quarter) of the [BT, BT] decay exps by exp2_fma on the FMA pipe. Session 32 (not with OVERLAP, PROBE): D_EARLY
+    (with EARLY_WV and D) D v from the chunk's first v load, added with Q S's row scale; LEAN (with G_STAGE, not
+    FACTORED / EXP2_FMA) one causal select on P and, with beta, the scale on beta V; UPDATE_LATE (with EARLY_WV, not
+    ASYNC_UPDATE) P V and the update async, the update's wait after o's store; Q_REG q as the register operand."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -572,7 +621,11 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                 HAS_Z, HAS_H0, STORE_HT, PREFETCH, Z_STAGE, OVERLAP, G_STAGE and DECAY,
                                 FACTORED and G_STAGE and DECAY, EARLY_WV and not OVERLAP,
                                 ASYNC_UPDATE and EARLY_WV and not OVERLAP, SILU_TANH and Z_STAGE,
-                                EXP2_FMA if G_STAGE and DECAY else 0, PROBE, SL, STL, PL)
+                                EXP2_FMA if G_STAGE and DECAY else 0, PROBE,
+                                D_EARLY and EARLY_WV and DECAY and HAS_D and not OVERLAP and PROBE == 0,
+                                LEAN and G_STAGE and DECAY and not FACTORED and EXP2_FMA == 0 and not OVERLAP,
+                                UPDATE_LATE and EARLY_WV and DECAY and not ASYNC_UPDATE and not OVERLAP and PROBE == 0,
+                                Q_REG and not OVERLAP and (PROBE & PROBE_NO_INTRA) == 0, SL, STL, PL)
     if G_STAGE and DECAY and HAS_BETA and Z_STAGE and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -728,7 +781,8 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
 def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, prefetch: bool = False,
                 overlap: bool = False, z_stage: bool = False, operand=None, g_stage: bool = False,
                 factored: bool = False, early_wv: bool = False, async_update: bool = False, silu_tanh: bool = False,
-                probe: int = 0, exp2_fma: int = 0):
+                probe: int = 0, exp2_fma: int = 0, d_early: bool = False, lean: bool = False,
+                update_late: bool = False, q_reg: bool = False):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
     prefetch, overlap, z_stage, g_stage, factored, early_wv, async_update: the kernel's PREFETCH, OVERLAP,
     Z_STAGE (z must then be TMA-able: ``tma_ok``), G_STAGE, FACTORED, EARLY_WV and ASYNC_UPDATE; g:
@@ -780,6 +834,10 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
         args["EXP2_FMA"] = exp2_fma
     if probe:  # (timing probes only: the kernel's PROBE)
         args["PROBE"] = probe
+    # session 32's (absent where off: the launches' keys as before; the kernel ignores them where they do not apply)
+    for name, on in (("D_EARLY", d_early), ("LEAN", lean), ("UPDATE_LATE", update_late), ("Q_REG", q_reg)):
+        if on:
+            args[name] = True
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -805,6 +863,15 @@ def variant(g, beta, z, prefetch: bool | None = None, g_stage: bool | None = Non
     return dict(prefetch=prefetch, g_stage=g_stage, factored=factored, early_wv=early_wv, async_update=async_update)
 
 
+def s32_flags(mamba: bool) -> dict:
+    """launch_args's session-32 keywords (d_early, lean, update_late, q_reg) from configs.GLUON_S32 (by whether beta
+    is given: Mamba-2 or not); off where configs names none."""
+    from tilecore.ops.linear_attention import configs
+
+    on = configs.GLUON_S32.get(mamba, ())
+    return {name: name in on for name in ("d_early", "lean", "update_late", "q_reg")}
+
+
 def prepare_decay(g, beta, g_stage: bool):
     """(G, beta) as the kernel reads them: with G_STAGE head-major by chunk_heads_prep, else
     chunk_cumulative's G and beta as given (either may be None)."""
@@ -818,7 +885,7 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
             prefetch: bool | None = None, overlap: bool | None = None, z_stage: bool | None = None,
             g_stage: bool | None = None, factored: bool | None = None, early_wv: bool | None = None,
             async_update: bool | None = None, operand=None, launch=None, silu_tanh: bool | None = None,
-            exp2_fma: int | None = None):
+            exp2_fma: int | None = None, s32: dict | None = None):
     """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
     columns must be contiguous (stride 1), as Mamba-2's are. prefetch, overlap, z_stage, g_stage, factored,
     early_wv: the kernel's PREFETCH, OVERLAP, Z_STAGE, G_STAGE, FACTORED and EARLY_WV (None:
@@ -827,7 +894,8 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     G_STAGE takes PREFETCH's place. ``operand``: launch_args's (the descriptors' maker); ``launch(grid, args,
     num_warps)``: the launch (default: the kernel's own; the op's keyed path passes a CachedLaunch's).
     silu_tanh: the kernel's SILU_TANH with Z_STAGE (None: configs.GLUON_SILU_TANH); exp2_fma: its EXP2_FMA with
-    G_STAGE (None: configs.GLUON_EXP2_FMA, by whether beta is given)."""
+    G_STAGE (None: configs.GLUON_EXP2_FMA, by whether beta is given). s32: launch_args's d_early, lean, update_late,
+    q_reg (None: ``s32_flags``: configs.GLUON_S32 by whether beta is given)."""
     from tilecore.ops.linear_attention import configs
 
     flags = variant(g, beta, z, prefetch=prefetch, g_stage=g_stage, factored=factored, early_wv=early_wv,
@@ -848,7 +916,7 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
                                     async_update=flags["async_update"],
                                     silu_tanh=configs.GLUON_SILU_TANH if silu_tanh is None else silu_tanh,
                                     exp2_fma=configs.GLUON_EXP2_FMA.get(beta is not None, 0) if exp2_fma is None
-                                    else exp2_fma)
+                                    else exp2_fma, **(s32_flags(beta is not None) if s32 is None else s32))
     if launch is None:
         la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     else:
@@ -872,7 +940,7 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: bool = False,
                    z_stage: bool = False, g_stage: bool = False, factored: bool = False, early_wv: bool = False,
                    async_update: bool = False, compiled_out: list | None = None, probe: int = 0,
-                   silu_tanh: bool = False, exp2_fma: int = 0) -> dict:
+                   silu_tanh: bool = False, exp2_fma: int = 0, **s32) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -887,7 +955,7 @@ def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: 
                                     torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0,
                                     stages=stages, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage,
                                     factored=factored, early_wv=early_wv, async_update=async_update, probe=probe,
-                                    silu_tanh=silu_tanh, exp2_fma=exp2_fma)
+                                    silu_tanh=silu_tanh, exp2_fma=exp2_fma, **s32)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)

@@ -1,0 +1,366 @@
+"""Session 32 (issue 33, helper HB): Mamba-2's Gluon forward toward 75% of the napkin's bound. The shipped kernel
+(configs: G_STAGE, EARLY_WV, Z_STAGE, SILU_TANH) against gluon_forward's D_EARLY, LEAN, UPDATE_LATE and Q_REG (alone
+and together), each checked against the float64 recurrence, then timed in interleaved rounds beside the shipped
+kernel (first and last), the copy of the same bytes, the public op, FLA's chunk_simple_gla (the same SSD math, in a
+process of its own) and mamba_ssm's mamba_chunk_scan_combined where it imports. The napkin's bound (mamba2_ssd with
+one B/C group, the gate and the skip: compulsory bytes at the datasheet's 3.35 TB/s) printed beside.
+
+    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba_s32.py [--only a,b] [--no-peer]
+
+Shape: the 2.7B model's (B16 H80 N4096, headdim 64, d_state 128, one group), bf16; the kernel alone on prepared
+arguments (G and beta head-major), as gpu_forward.py --set s30 timed it (0.891-0.903 ms in session 30).
+Checks (NaN-poisoned o and final states, every element written; error over the bf16/fp16 rounding floor): Mamba-2
+bf16 h0 N 1000 (B2 H8, D and z), N 33 (B1 H4), fp16 h0 N 1000, strong decays (A in [-80, -20]: every chunk's
+exponent difference above the diagonal is +inf in LEAN's unmasked exps) N 300; with LEAN also linear attention
+with beta, a scalar decay with a reset, scale 0.5 and no D / z (the scale moved onto beta V's rows), N 1000.
+Prints a table last; JSON to $OUT/mamba_s32.json. About 100 s on an H100.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import gpu_forward as gfw  # noqa: E402
+
+from tilecore import accuracy  # noqa: E402
+from tilecore.ops.linear_attention import linear_attention_reference, mamba2_chunk_scan, mamba2_reference  # noqa: E402
+
+START = time.time()
+OUT = Path(os.environ.get("OUT", "/tmp/out"))
+WARM_DEADLINE = 75.0
+PEER_DEADLINE = 125.0
+RESULTS: dict = {"check": [], "time": {}, "warm": [], "errors": []}
+CASE = "mamba2 2.7B shape"
+# name -> gluon_forward.launch_args keywords over the shipped flags
+VARIANTS = {
+    "shipped": {},
+    "lean": dict(lean=True),
+    "update_late": dict(update_late=True),
+    "d_early": dict(d_early=True),
+    "q_reg": dict(q_reg=True),
+    "lean+late": dict(lean=True, update_late=True),
+    "lean+late+d_early": dict(lean=True, update_late=True, d_early=True),
+    "lean+late+q_reg": dict(lean=True, update_late=True, q_reg=True),
+    "all four": dict(lean=True, update_late=True, d_early=True, q_reg=True),
+}
+# (label, B, N, H, dtype, h0, A's range (lo, hi))
+CHECKS = [("bf16 h0 N 1000", 2, 1000, 8, "bf16", True, (-8.5, -0.5)),
+          ("bf16 N 33", 1, 33, 4, "bf16", False, (-8.5, -0.5)),
+          ("fp16 h0 N 1000", 2, 1000, 8, "fp16", True, (-8.5, -0.5)),
+          ("bf16 h0 strong decays N 300", 2, 300, 4, "bf16", True, (-80.0, -20.0))]
+
+
+def elapsed() -> float:
+    return time.time() - START
+
+
+def save():
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "mamba_s32.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+
+
+def attempt(name, fn):
+    try:
+        return fn()
+    except Exception as err:  # noqa: BLE001 (a variant goes on)
+        msg = f"{name}: {type(err).__name__}: {err}"[:500]
+        print("FAILED", msg, flush=True)
+        traceback.print_exc(limit=3)
+        RESULTS["errors"].append(msg)
+        return None
+
+
+def flags(name: str, beta_given: bool = True) -> dict:
+    """The shipped kernel's flags (configs) with the variant's over them."""
+    from tilecore.ops.linear_attention import configs
+    from tilecore.ops.linear_attention import gluon_forward as gf
+
+    f = dict(gf.s32_flags(beta_given))
+    f["silu_tanh"] = configs.GLUON_SILU_TANH
+    f.update(VARIANTS[name])
+    return f
+
+
+def launch(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, name: str):
+    """The variant's kernel on prepared arguments (G and beta head-major: gluon_forward.prepare_decay)."""
+    from tilecore.ops.linear_attention import configs
+    from tilecore.ops.linear_attention import gluon_forward as gf
+
+    shipped = gf.variant(g, beta, z)
+    G, beta_h = gf.prepare_decay(g, beta, shipped["g_stage"])
+    grid, args, warps = gf.launch_args(q, k, v, G, beta_h, d_skip, z, h0, o, ht, scale, configs.GLUON_STAGES,
+                                       z_stage=configs.GLUON_Z_STAGE, **shipped,
+                                       **flags(name, beta is not None))
+    return lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
+
+
+def mamba_inputs(B, N, H, dtype, h0, a_range, seed=5):
+    torch.manual_seed(seed)
+    dt_ = torch.bfloat16 if dtype == "bf16" else torch.float16
+    P, S = 64, 128
+    x = torch.randn(B, N, H, P, device="cuda", dtype=dt_)
+    dt = torch.nn.functional.softplus(torch.randn(B, N, H, device="cuda") - 2)
+    lo, hi = a_range
+    A = torch.rand(H, device="cuda") * (hi - lo) + lo
+    Bm = (torch.randn(B, N, 1, S, device="cuda") * S ** -0.5).to(dt_)
+    Cm = (torch.randn(B, N, 1, S, device="cuda") * S ** -0.5).to(dt_)
+    D = torch.randn(H, device="cuda")
+    z = torch.randn(B, N, H, P, device="cuda", dtype=dt_)
+    st = torch.randn(B, H, S, P, device="cuda") if h0 else None  # the kernel's (F, Dv) states
+    return x, dt, A, Bm, Cm, D, z, st
+
+
+def check_mamba(name: str, label, B, N, H, dtype, h0, a_range) -> dict:
+    x, dt, A, Bm, Cm, D, z, st = mamba_inputs(B, N, H, dtype, h0, a_range)
+    o = torch.full_like(x, float("nan"))
+    ht = torch.full((B, H, 128, 64), float("nan"), device="cuda")
+    d_skip = D[:, None].expand(H, 64).contiguous()
+    launch(Cm, Bm, x, dt * A, dt, d_skip, z, st, o, ht, 1.0, name)()
+    torch.cuda.synchronize()
+    ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
+                                      z=z.double(), initial_states=None if st is None else st.transpose(-1, -2).double())
+    row = dict(variant=name, case=f"mamba2 {label}", N=N, all_written=not bool(o.isnan().any() or ht.isnan().any()),
+               out_floor=round(accuracy.error_over_floor(o.nan_to_num(), ref), 3),
+               state_rel=accuracy.rel_rms(ht.nan_to_num(), ref_state.transpose(-1, -2)))
+    return row
+
+
+def check_scale(name: str) -> dict:
+    """LEAN's scale on beta V: linear attention with beta, a scalar decay (a reset), scale 0.5, no D / z."""
+    torch.manual_seed(9)
+    B, N, H, Dk, Dv = 2, 1000, 2, 128, 128
+    bf = torch.bfloat16
+    q = (torch.randn(B, N, H, Dk, device="cuda") * Dk ** -0.5).to(bf)
+    k = (torch.randn(B, N, H, Dk, device="cuda") * Dk ** -0.5).to(bf)
+    v = torch.randn(B, N, H, Dv, device="cuda", dtype=bf)
+    g = -torch.rand(B, N, H, device="cuda") * 0.3
+    g[:, N // 3] = float("-inf")
+    beta = torch.rand(B, N, H, device="cuda") + 0.1
+    h0 = torch.randn(B, H, Dk, Dv, device="cuda")
+    o = torch.full_like(v, float("nan"))
+    ht = torch.full_like(h0, float("nan"))
+    launch(q, k, v, g, beta, None, None, h0, o, ht, 0.5, name)()
+    torch.cuda.synchronize()
+    ref, ref_state = linear_attention_reference(q.double(), k.double(), v.double(), decay=g.double(),
+                                                beta=beta.double(), scale=0.5, initial_state=h0.double())
+    return dict(variant=name, case="linear beta scale 0.5 reset h0 N 1000", N=N,
+                all_written=not bool(o.isnan().any() or ht.isnan().any()),
+                out_floor=round(accuracy.error_over_floor(o.nan_to_num(), ref), 3),
+                state_rel=accuracy.rel_rms(ht.nan_to_num(), ref_state))
+
+
+def _warm(name: str):
+    """In a process of its own: the variant's checks, then one launch at the timed shape (compiles it)."""
+    t0 = time.time()
+    rows = []
+    try:
+        for c in CHECKS:
+            rows.append(check_mamba(name, *c))
+        if VARIANTS[name].get("lean") or name == "shipped":
+            rows.append(check_scale(name))
+        t = gfw.make(CASE, *gfw.shape())
+        launch(t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"].float().contiguous(), t["z"], None,
+               torch.empty_like(t["v"]), None, 1.0, name)()
+        torch.cuda.synchronize()
+        return name, None, time.time() - t0, rows
+    except Exception as err:  # noqa: BLE001
+        return name, f"{type(err).__name__}: {err}"[:300], time.time() - t0, rows
+
+
+def warm(names) -> set:
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    pool = cf.ProcessPoolExecutor(max_workers=min(12, len(names)), mp_context=mp.get_context("spawn"),
+                                  max_tasks_per_child=1)
+    futs = [pool.submit(_warm, n) for n in names]
+    ok = set()
+    try:
+        for fut in cf.as_completed(futs, timeout=max(1.0, WARM_DEADLINE - elapsed())):
+            name, err, secs, rows = fut.result()
+            RESULTS["check"] += rows
+            RESULTS["warm"].append(dict(variant=name, error=err, s=round(secs, 1)))
+            good = all(r["all_written"] and r["out_floor"] < 2.5 for r in rows) and len(rows) >= len(CHECKS)
+            if err or not good:
+                print("warm", name, err, "checks", [(r["case"], r["out_floor"], r["all_written"]) for r in rows],
+                      flush=True)
+            else:
+                ok.add(name)
+    except cf.TimeoutError:
+        RESULTS["errors"].append(f"warm: not every variant done by {WARM_DEADLINE:.0f} s")
+    for proc in list(getattr(pool, "_processes", {}).values()):
+        proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+    print(f"warm: {len(RESULTS['warm'])} of {len(names)} variants in {elapsed():.0f} s; passed {sorted(ok)}", flush=True)
+    return ok
+
+
+# --------------------------------------------------------------------------------------------
+# peers in a process of their own (compiles and autotunes from the start; times itself when told)
+
+
+def _peer(go: str):
+    t0 = time.time()
+    res = {}
+    t = gfw.make(CASE, *gfw.shape())
+    calls = {}
+    try:
+        calls["fla_chunk_simple_gla"] = gfw.fla_call("chunk_simple_gla", CASE, t)
+    except Exception as err:  # noqa: BLE001
+        res["fla_error"] = f"{type(err).__name__}: {err}"[:200]
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
+        Bm, Cm = t["k"], t["q"]
+        calls["mamba_ssm"] = lambda: mamba_chunk_scan_combined(t["v"], t["dt"], t["A"], Bm, Cm, chunk_size=256,
+                                                               D=t["d_skip"][:, 0], z=t["z"])
+    except Exception as err:  # noqa: BLE001
+        res["mamba_ssm_error"] = f"{type(err).__name__}: {err}"[:200]
+    for name, fn in calls.items():
+        try:
+            fn()
+            torch.cuda.synchronize()
+            res[f"{name}_ready_s"] = round(time.time() - t0, 1)
+        except Exception as err:  # noqa: BLE001
+            res[f"{name}_error"] = f"{type(err).__name__}: {err}"[:200]
+    while not os.path.exists(go) and time.time() - t0 < 200:
+        time.sleep(0.02)
+    for name, fn in calls.items():
+        if f"{name}_ready_s" in res:
+            res[f"{name}_ms"] = gfw.bench(fn)
+    return res
+
+
+def start_peer():
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    go = str(OUT / ".mamba_peer_go")
+    OUT.mkdir(parents=True, exist_ok=True)
+    Path(go).unlink(missing_ok=True)
+    pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))
+    return pool, pool.submit(_peer, go), go
+
+
+def finish_peer(handle) -> dict:
+    import concurrent.futures as cf
+
+    pool, fut, go = handle
+    Path(go).touch()
+    try:
+        res = fut.result(timeout=max(1.0, START + PEER_DEADLINE - time.time()))
+    except cf.TimeoutError:
+        res = dict(error=f"not ready by {PEER_DEADLINE:.0f} s (autotuned compiles)")
+    except Exception as err:  # noqa: BLE001
+        res = dict(error=f"{type(err).__name__}: {err}"[:300])
+    Path(go).unlink(missing_ok=True)
+    for proc in list(getattr(pool, "_processes", {}).values()):
+        proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+    return res
+
+
+# --------------------------------------------------------------------------------------------
+# time
+
+
+def napkin_bound_ms() -> float:
+    from tilecore.napkin import models
+    from tilecore.napkin.engine import derive
+
+    r = derive(models.mamba2_ssd(batch=16, heads=80, seq=4096, headdim=64, state=128, chunk=64, groups=1, gate=True,
+                                 skip=True), "h100")
+    return 1e3 * r.compulsory_bytes / r.gpu.levels[0].bandwidth
+
+
+def time_phase(ok: set, names, rounds: int = 3):
+    t = gfw.make(CASE, *gfw.shape())
+    T = RESULTS["time"]
+    T["bytes"] = gfw.nbytes(CASE, t)
+    T["copy_ms"] = gfw.copy_ms(T["bytes"])
+    T["napkin_ms"] = attempt("napkin", napkin_bound_ms)
+    o = torch.empty_like(t["v"])
+    d_skip = t["d_skip"].float().contiguous()
+    fns = {n: launch(t["q"], t["k"], t["v"], t["g"], t["beta"], d_skip, t["z"], None, o, None, 1.0, n)
+           for n in names if n in ok}
+    runs: dict = {n: [] for n in fns}
+    for _ in range(rounds):  # interleaved rounds: drift hits every variant alike
+        for n, fn in fns.items():
+            ms = attempt(f"time {n}", lambda: gfw.bench(fn))
+            if ms:
+                runs[n].append(ms)
+    if "shipped" in fns:
+        T["shipped_last_ms"] = attempt("time shipped last", lambda: gfw.bench(fns["shipped"]))
+    T["runs"] = runs
+    T["op_ms"] = attempt("time op", lambda: gfw.bench(gfw.default_call(CASE, t)))
+    save()
+
+
+def table(peer: dict) -> str:
+    T = RESULTS["time"]
+    runs = T.get("runs", {})
+    med = {n: sorted(r)[len(r) // 2] for n, r in runs.items() if r}
+    base = med.get("shipped")
+    nap, copy = T.get("napkin_ms"), T.get("copy_ms")
+    fla = peer.get("fla_chunk_simple_gla_ms")
+    lines = [f"Mamba-2 2.7B (B16 H80 N4096 P64 S128, one group) bf16, kernel alone; napkin bound "
+             f"{nap and round(nap, 4)} ms (75%: {nap and round(nap / 0.75, 4)}), copy {copy and round(copy, 4)} ms, "
+             f"FLA chunk_simple_gla {fla and round(fla, 4)}, mamba_ssm {peer.get('mamba_ssm_ms') or peer.get('mamba_ssm_error', '')[:60]}",
+             "variant | median ms (rounds) | % napkin | % copy | x shipped | x FLA"]
+    for n in VARIANTS:
+        if n not in med:
+            err = next((w["error"] for w in RESULTS["warm"] if w["variant"] == n), None)
+            lines.append(f"{n:18} | - {err or 'failed a check or not warm'}")
+            continue
+        ms = med[n]
+        lines.append(f"{n:18} | {ms:.4f} ({', '.join(f'{x:.4f}' for x in runs[n])}) | {100 * nap / ms if nap else 0:5.1f}%"
+                     f" | {100 * copy / ms:5.1f}% | {base / ms if base else 0:.3f} | {fla / ms if fla else 0:.2f}x")
+    lines.append(f"shipped timed last {T.get('shipped_last_ms')}; public op {T.get('op_ms')}")
+    lines.append("check | variant | all written | out / floor | state rel")
+    bad = [r for r in RESULTS["check"] if not (r["all_written"] and r["out_floor"] < 2.5)]
+    ranges = {}
+    for r in RESULTS["check"]:
+        ranges.setdefault(r["case"], []).append(r["out_floor"])
+    for case, v in ranges.items():
+        lines.append(f"{case}: out/floor {min(v)}-{max(v)} over {len(v)} variants")
+    for r in bad:
+        lines.append(f"BAD {r['variant']} {r['case']} written {r['all_written']} {r['out_floor']}")
+    lines += [f"ERROR {e}" for e in RESULTS["errors"][:10]]
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default=",".join(VARIANTS))
+    ap.add_argument("--no-peer", action="store_true")
+    args = ap.parse_args()
+    names = [n for n in VARIANTS if n in args.only.split(",") or n == "shipped"]
+    try:
+        from experiments.common.meta import meta
+        RESULTS["meta"] = meta()
+    except Exception as err:  # noqa: BLE001
+        RESULTS["meta"] = {"error": str(err)}
+    print(RESULTS["meta"], flush=True)
+    peer = None if args.no_peer else start_peer()
+    ok = warm(names)
+    attempt("time", lambda: time_phase(ok, names))
+    peer_res = finish_peer(peer) if peer is not None else {}
+    RESULTS["peer"] = peer_res
+    print("peer", peer_res, flush=True)
+    save()
+    print(table(peer_res))
+    print(f"\n{elapsed():.0f} s; JSON: {OUT / 'mamba_s32.json'}")
+
+
+if __name__ == "__main__":
+    main()
