@@ -9,6 +9,9 @@ host and divided by the calls (the GPU queue never empties then: what a user's e
 --json defaults to $OUT/host_time_<ops>.json ($OUT: /tmp/out unset). Later ops: calls 1..10 give the
 first call's bits (the keyed path, session 28) as well.
 
+--ab-lean ROUNDS (session 32): the same A/B for session 32's host cuts (tiles.launch.MEMO_SIGNATURES and
+OP_RECIPES), e.g. ``--ops all --ab-lean 3 --calls 300``.
+
 --ab-tma ROUNDS (session 30): every op timed with the kept TMA encodings on and off in one process, interleaved
 rounds, medians; the same bits both ways and on calls 1..10; the mamba_dt kernel's two clamp forms against torch's
 ops; with --profile CALLS, the cProfile of the over-budget ops (PROFILED) after.
@@ -394,6 +397,10 @@ def main():
     ap.add_argument("--ab-bind", type=int, default=0, metavar="ROUNDS",
                     help="(session 31) the same A/B for tiles.launch.BIND_KEYED_LAUNCHES: the kept keyed launches and "
                          "the per-key launch recipes (attention decode, KV cache, mamba2_step, ...) on vs off")
+    ap.add_argument("--ab-lean", type=int, default=0, metavar="ROUNDS",
+                    help="(session 32) the same A/B for session 32's host cuts: tiles.launch.MEMO_SIGNATURES (each call "
+                         "site's signature checked against its last one in one C call) and OP_RECIPES (gemm's, the "
+                         "norms' and linear attention's kept per-key launches) on vs off")
     ap.add_argument("--skip-mamba-dt", action="store_true", help="leave out the mamba_dt kernel's bit check")
     a = ap.parse_args()
     if not a.no_tma_cache:  # before any launch: every key's direct launch keeps its encodings
@@ -406,6 +413,8 @@ def main():
         return main_ab(a)
     if a.ab_bind:
         return main_ab(a, "bind")
+    if a.ab_lean:
+        return main_ab(a, "lean")
     if a.json is None:  # $OUT (the GPU runs' folder), else /tmp/out
         out_dir = os.environ.get("OUT", "/tmp/out")
         os.makedirs(out_dir, exist_ok=True)
@@ -493,9 +502,16 @@ def main_ab(a, what="tma"):
 
     from tilecore.tiles import launch as tiles_launch
 
-    set_switch = tiles_launch.cache_tma_descriptors if what == "tma" else tiles_launch.bind_keyed_launches
-    rounds = a.ab_tma if what == "tma" else a.ab_bind
-    label = "kept TMA encodings" if what == "tma" else "kept keyed launches + per-key recipes (BIND_KEYED_LAUNCHES)"
+    def lean(on):  # session 32's cuts, each switch where this snapshot has it
+        for name in ("memo_signatures", "keep_op_recipes"):
+            if hasattr(tiles_launch, name):
+                getattr(tiles_launch, name)(on)
+
+    set_switch = {"tma": tiles_launch.cache_tma_descriptors, "bind": tiles_launch.bind_keyed_launches,
+                  "lean": lean}[what]
+    rounds = {"tma": a.ab_tma, "bind": a.ab_bind, "lean": a.ab_lean}[what]
+    label = {"tma": "kept TMA encodings", "bind": "kept keyed launches + per-key recipes (BIND_KEYED_LAUNCHES)",
+             "lean": "session 32's signature memo + gemm/norm/LA recipes (MEMO_SIGNATURES, OP_RECIPES)"}[what]
     out_dir = os.environ.get("OUT", "/tmp/out")
     os.makedirs(out_dir, exist_ok=True)
     path = a.json or os.path.join(out_dir, f"host_time_ab_{what}_{a.ops}.json")

@@ -17,6 +17,7 @@ import collections
 import dataclasses
 import functools
 import inspect
+import operator
 import threading
 
 import torch
@@ -616,6 +617,108 @@ def signature(*items) -> tuple | None:
 
 _KEY_SCALARS = (bool, int, float, str, torch.dtype)
 _KEY_SCALAR_TYPES = frozenset(_KEY_SCALARS)
+
+
+try:  # one C call checks a list of tensors' metadata against the metadata they had (torch.compile's guards)
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # a torch without it: SignatureMemo is signature()
+    _TensorGuards = None
+
+# SignatureMemo's check against a call site's last signature (session 32, issue 31's host time); False: every
+# call builds its signature (read at each call: host_time.py times both ways in one process)
+MEMO_SIGNATURES = _TensorGuards is not None
+
+
+def memo_signatures(on: bool) -> None:
+    """Turn SignatureMemo's check of the last call's signature on or off, from the next call on."""
+    global MEMO_SIGNATURES
+    MEMO_SIGNATURES = bool(on) and _TensorGuards is not None
+
+
+def _picker(positions: list[int]):
+    """items -> the tuple of items at ``positions`` (operator.itemgetter, always a tuple)."""
+    if len(positions) == 1:
+        i = positions[0]
+        return lambda items: (items[i],)
+    return operator.itemgetter(*positions)
+
+
+class SignatureMemo:
+    """:func:`signature` for one call site (an op keeps one per call it keys), ~0.6x its host time where the site's
+    call repeats the signature of the one before (an eager loop, a model's layers): the last repeated signature is
+    kept with torch's C-level check of its tensors (``TensorGuards``, torch.compile's own tensor guard), and a call
+    whose items pass the check gets that signature object back without reading each tensor in Python.
+
+    Why a hit is the signature :func:`signature` would build (a wrong hit is impossible): the kept entry was built
+    from a call whose signature was not None (every tensor a plain CUDA tensor, every other item a key scalar or
+    None). A hit needs (1) the same type at every position (``tuple(map(type, items))``, exact types: a tensor or
+    an array where a scalar was, or a subclass where a tensor was, misses); (2) the non-tensor items equal to the
+    kept ones (``==`` among those exact types: what the plan LRUs' dict lookup of a fresh signature compares);
+    (3) ``TensorGuards.check`` of the tensors: each one's exact Python type, dispatch key set (the backend: CUDA),
+    dtype, device index, requires_grad, number of dimensions, and every size and stride equal to the kept call's
+    (all dimensions static: dynamic_dims None); (4) every tensor's base 16-byte aligned, as the kept call's all
+    were (an entry is kept only where they all were). (1)-(4) cover each part of the signature: shape, strides,
+    dtype, device (type by the dispatch keys, index), alignment, and the scalars; the check reads the tensors'
+    current metadata, so an in-place resize, ``set_`` or ``as_strided_`` since the last call misses. The check
+    keeps no reference to the tensors.
+
+    A site whose calls alternate between signatures would rebuild its entry every call: an entry is built only
+    where a call's signature equals the site's previous miss's (a signature seen twice in a row), so such a site
+    pays one failed check (~0.3 us) over :func:`signature`. Thread-safe: the entry is one tuple, replaced whole
+    (a race loses an entry, never mixes two). :data:`MEMO_SIGNATURES` False: :func:`signature` each call.
+
+    ``namespace``: the calling module's globals, whose ``signature`` builds a miss's signature (looked up each call,
+    and an entry hits only while it is the function that built it: a test that replaces the module's
+    ``signature`` gets its own answers); None: :func:`signature`."""
+
+    __slots__ = ("_last", "_missed", "_namespace")
+
+    def __init__(self, namespace: dict | None = None):
+        # (types, tensors picker, scalars picker, the scalars, TensorGuards of the tensors, the signature, the
+        # function that built it) or None
+        self._last = None
+        self._missed = None  # the last signature built on a miss
+        self._namespace = namespace
+
+    def __call__(self, *items):
+        build = signature if self._namespace is None else self._namespace["signature"]
+        last = self._last
+        if last is not None and MEMO_SIGNATURES and last[6] is build:
+            types, tensors_at, scalars_at, scalars, guards, key, _ = last
+            if tuple(map(type, items)) == types and scalars_at(items) == scalars:
+                tensors = tensors_at(items)
+                if guards.check(*tensors):
+                    for t in tensors:
+                        if t.data_ptr() & 15:
+                            break
+                    else:
+                        return key
+        key = build(*items)
+        if key is not None and MEMO_SIGNATURES:
+            if key == self._missed:
+                self._last = self._entry(items, key, build)
+            self._missed = key
+        return key
+
+    @staticmethod
+    def _entry(items, key, build):
+        """The kept entry of a call whose signature is ``key`` (None: nothing to keep)."""
+        tensor_at = [i for i, t in enumerate(items) if type(t) is torch.Tensor]
+        if not tensor_at or any(type(t) is not torch.Tensor and isinstance(t, torch.Tensor) for t in items):
+            return None  # (no tensor: nothing for the check to save; a subclass: not a signature() key)
+        scalar_at = [i for i in range(len(items)) if i not in tensor_at]
+        tensors_at = _picker(tensor_at)
+        tensors = tensors_at(items)
+        if any(t.data_ptr() & 15 for t in tensors):
+            return None
+        scalars_at = _picker(scalar_at) if scalar_at else (lambda items: ())
+        try:
+            guards = _TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None)
+        except Exception:  # noqa: BLE001 (a TensorGuards of another signature: no entry, signature() each call)
+            return None
+        if not guards.check(*tensors):  # (a check that its own tensors fail would never hit)
+            return None
+        return tuple(map(type, items)), tensors_at, scalars_at, scalars_at(items), guards, key, build
 
 
 def fast_path_problem(compiled, ordered: list) -> str | None:

@@ -16,7 +16,7 @@ from tilecore.ops.attention import launch
 from tilecore.ops.attention.plan import plan_backward, plan_forward, sm_margin_value
 from tilecore.ops.attention_decode.launch import prepared as decode_prepared
 from tilecore.tiles.eager import apply as eager_apply  # Function.apply without torch's Python wrapper
-from tilecore.tiles.launch import LRU, signature
+from tilecore.tiles.launch import LRU, SignatureMemo, signature
 
 DTYPES = (torch.float16, torch.bfloat16)  # everywhere
 CPU_DTYPES = DTYPES + (torch.float32,)  # CPU tensors (torch's CPU kernels, or the tl kernels interpreted)
@@ -26,6 +26,11 @@ LAYOUT = ("attention takes q as (batch, heads, queries, head_dim) and k, v as (b
           "tensors go in as .transpose(1, 2)")
 NO_WINDOW = (-1, -1)
 SUSPECT_HEADS = 256  # more "heads" than this, and more than queries: likely flash-attn's layout
+
+# each keyed call site's signature, checked against its last one in one C call (tiles.launch.SignatureMemo)
+_FORWARD_KEY = SignatureMemo(globals())
+_BACKWARD_KEY = SignatureMemo(globals())
+_ADDING_DQ_KEY = SignatureMemo(globals())
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -149,7 +154,7 @@ def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, wi
     window = tuple(window)
     if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing flows back
         return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    key = (signature("backward", dout, q, k, v, out, lse, dlse, causal, scale > 0, *window, softcap > 0, sm_margin)
+    key = (_BACKWARD_KEY("backward", dout, q, k, v, out, lse, dlse, causal, scale > 0, *window, softcap > 0, sm_margin)
            if cache else None)
     plan = _cached(key, lambda: plan_backward(dout, q, k, v, causal, scale, window=window, softcap=softcap,
                                               sm_margin=sm_margin))
@@ -165,7 +170,7 @@ def backward_adding_dq(dout, q, k, v, out, lse, dlse, dq_sum, causal: bool, scal
     here). No window or softcap."""
     if q.numel() == 0 or k.numel() == 0:
         return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (k, v))
-    key = signature("backward", dout, q, k, v, out, lse, dlse, causal, scale > 0, *NO_WINDOW, False, sm_margin)
+    key = _ADDING_DQ_KEY("backward", dout, q, k, v, out, lse, dlse, causal, scale > 0, *NO_WINDOW, False, sm_margin)
     plan = _cached(key, lambda: plan_backward(dout, q, k, v, causal, scale, sm_margin=sm_margin))
     return launch.gradients_adding_dq(plan, dout, q, k, v, out, lse, dlse, dq_sum, causal, scale)
 
@@ -341,7 +346,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         scale = scale if type(scale) is float and math.isfinite(scale) else scale_value(scale)
         positive = scale > 0
     # a CUDA call whose signature passed the checks before is planned already (the plan cache)
-    key = None if mode == "op" else signature("forward", q, k, v, causal, positive, *window, softcap > 0, sm_margin)
+    key = None if mode == "op" else _FORWARD_KEY("forward", q, k, v, causal, positive, *window, softcap > 0, sm_margin)
     plan = None if key is None else _PLANS.get(key)
     if plan is None:
         check(q, k, v, causal, scale, window, softcap, sm_margin)

@@ -27,8 +27,11 @@ from tilecore.ops.attention_kvcache.reference import kvcache_reference
 from tilecore.ops.attention_varlen.op import (MAX_HEAD_DIM, block_d, check_dtypes, check_window, kernel_window,
                                               should_validate)
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, cdiv, next_power_of_2, signature,
+from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, cdiv, next_power_of_2, SignatureMemo, signature,
                                    split_key_buffers)
+
+# each keyed call site's signature, checked against its last one in one C call (tiles.launch.SignatureMemo)
+_CALL_KEY = SignatureMemo(globals())
 
 LAYOUT = ("attention_with_kvcache takes q (batch, queries, heads, head_dim) (flash-attn's layout), caches "
           "(batch, max_keys, kv_heads, head_dim[_v]) or paged (num_pages, page_size, kv_heads, head_dim[_v]) with "
@@ -344,7 +347,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     # its signature passed the checks before (without value checks: validate off), the checks too; the
     # signature is then its kernels' launch key (issue 31)
     direct = dispatch.eager_mode(q, k_cache, v_cache, k, v) == "direct"
-    key = signature(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, *window_size, softcap) \
+    key = _CALL_KEY(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, *window_size, softcap) \
         if direct and not validate and isinstance(window_size, tuple) and len(window_size) == 2 else None
     if key is not None and k is None and tiles_launch.BIND_KEYED_LAUNCHES:
         prepared = _LAUNCHES.get(key)  # kept after the key's first (checked) call: no checks, no frames between

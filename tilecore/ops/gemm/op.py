@@ -13,12 +13,16 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.gemm import launch, plan
 from tilecore.tiles.eager import apply as eager_apply  # Function.apply without torch's Python wrapper
-from tilecore.tiles.launch import LRU, signature
+from tilecore.tiles.launch import LRU, SignatureMemo, signature
 
 _IN = (torch.bfloat16, torch.float16)
 _IN_CPU = (torch.bfloat16, torch.float16, torch.float32)  # float32: CPU tensors (torch's CPU GEMM, or the interpreter)
 _OUT = (torch.bfloat16, torch.float16, torch.float32)
 _FP8 = (torch.float8_e4m3fn,)
+
+# each keyed call site's signature, checked against its last one in one C call (tiles.launch.SignatureMemo)
+_GEMM_KEY = SignatureMemo(globals())
+_FP8_KEY = SignatureMemo(globals())
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -70,7 +74,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
     # a CUDA call whose signature was planned before skips the checks and the plan (they depend on
     # nothing else): the host time of an eager call (issue 31)
     mode = dispatch.eager_mode(a, b, bias)
-    key = None if mode == "op" else signature(a, b, bias, out_dtype)
+    key = None if mode == "op" else _GEMM_KEY(a, b, bias, out_dtype)
     p = None if key is None else _PLANS.get(key)
     if p is None:
         _check(a, b, bias, out_dtype)
@@ -180,7 +184,7 @@ def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
     inference: train through ``gemm`` in bf16).
     """
     mode = dispatch.eager_mode(a, b, scale_a, scale_b)
-    key = None if mode == "op" else signature(a, b, scale_a, scale_b, out_dtype)
+    key = None if mode == "op" else _FP8_KEY(a, b, scale_a, scale_b, out_dtype)
     p = None if key is None else _FP8_PLANS.get(key)
     if p is None:
         _check_fp8(a, b, scale_a, scale_b, out_dtype)

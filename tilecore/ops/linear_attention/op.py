@@ -20,13 +20,18 @@ from tilecore.ops.linear_attention import configs, kernels_backward_gla, launch,
 from tilecore.ops.linear_attention.plan import BASED, IDENTITY, plan
 from tilecore.tiles import eager
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import LRU, KeyedLaunch, signature
+from tilecore.tiles.launch import LRU, KeyedLaunch, SignatureMemo, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FEATURE_MAPS = (None, "based", "hedgehog")
 LAYOUT = ("linear_attention takes (batch, tokens, heads, head_dim) tensors, as flash-linear-attention does: "
           "q, k (B, N, Hqk, Dk), v (B, N, H, Dv) with H a multiple of Hqk; (B, H, N, D) tensors go in as "
           ".transpose(1, 2) (a view)")
+
+# each keyed call site's signature, checked against its last one in one C call (tiles.launch.SignatureMemo)
+_FORWARD_KEY = SignatureMemo(globals())
+_STEP_KEY = SignatureMemo(globals())
+_MAMBA_STEP_KEY = SignatureMemo(globals())
 
 
 def _name(dtype) -> str:
@@ -345,7 +350,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, featu
     op = "linear_attention"
     # a CUDA call seen before skips the checks (Hedgehog's map runs torch ops on q and k, a tensor scale is
     # read each call: never keyed)
-    key = signature(q, k, v, decay, initial_state, feature_map, scale, return_final_state is True,
+    key = _FORWARD_KEY(q, k, v, decay, initial_state, feature_map, scale, return_final_state is True,
                     return_final_state is False, chunk_size) \
         if feature_weights is None and not isinstance(scale, torch.Tensor) else None
     if key is not None:
@@ -562,7 +567,7 @@ def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
     state is this step's state). Inference only (no gradient).
     """
     op = "linear_attention_step"
-    key = signature(q, k, v, state, decay, feature_map, scale) \
+    key = _STEP_KEY(q, k, v, state, decay, feature_map, scale) \
         if feature_weights is None and not isinstance(scale, torch.Tensor) else None
     if key is not None:  # a CUDA call seen before: its checks passed (the reshapes below read shapes alone)
         key = ("linear_attention_step", key)
@@ -613,7 +618,7 @@ def mamba2_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
     op = "mamba2_step"
     # a CUDA call seen before skips the checks (they read the signature alone); the launch key covers the
     # tensors made below from dt, A and D (their layouts follow from the inputs')
-    key = signature(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, *dt_limit) \
+    key = _MAMBA_STEP_KEY(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, *dt_limit) \
         if isinstance(dt_limit, (tuple, list)) else None
     if key is not None:
         key = ("mamba2_step", key)

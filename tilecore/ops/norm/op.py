@@ -16,10 +16,13 @@ from tilecore import dispatch
 from tilecore.ops.norm import launch
 from tilecore.ops.norm.plan import plan
 from tilecore.tiles import eager
-from tilecore.tiles.launch import LRU, signature
+from tilecore.tiles.launch import LRU, SignatureMemo, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SEED_HIGH = 2**62  # seeds are drawn from [0, 2^62)
+
+# each keyed call site's signature, checked against its last one in one C call (tiles.launch.SignatureMemo)
+_CALL_KEY = SignatureMemo(globals())
 
 
 def _name(dtype) -> str:
@@ -206,7 +209,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     """
     # a CUDA call whose signature was checked before skips the checks; its key also finds the plan and
     # the kernels (keyed launches): the host time of an eager call (issue 31)
-    key = signature(x, weight, bias, residual, dropout_p, eps, bool(rms), bool(prenorm)) \
+    key = _CALL_KEY(x, weight, bias, residual, dropout_p, eps, bool(rms), bool(prenorm)) \
         if generator is None else None
     dropout_p, eps = _CHECKED.memo(key, lambda: check(x, weight, bias, residual, dropout_p, eps, generator))
     n = x.shape[-1]

@@ -9,10 +9,13 @@ from tilecore import dispatch
 from tilecore.ops.rotary import launch
 from tilecore.ops.rotary.plan import plan
 from tilecore.tiles import eager
-from tilecore.tiles.launch import LRU, signature
+from tilecore.tiles.launch import LRU, SignatureMemo, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 POSITION_DTYPES = (torch.int32, torch.int64)
+
+# each keyed call site's signature, checked against its last one in one C call (tiles.launch.SignatureMemo)
+_CALL_KEY = SignatureMemo(globals())
 
 
 def _name(dtype) -> str:
@@ -154,7 +157,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inter
     # a CUDA call whose signature was checked before skips the checks; its key also finds the plan and
     # the kernel (a keyed launch): the host time of an eager call (issue 31)
     interleaved, inplace = bool(interleaved), bool(inplace)
-    key = signature(x, cos, sin, position_ids, interleaved, inplace)
+    key = _CALL_KEY(x, cos, sin, position_ids, interleaved, inplace)
     if key is None or _CHECKED.get(key) is None:
         pos = check(x, cos, sin, position_ids)
         if key is not None:
