@@ -122,8 +122,24 @@ def final_timed():
     return cases
 
 
+def s32_timed():
+    """Session 32: UNITS at 18944 = 148 x 128 (each output block's mixing once: consumer 0 blocks J 0-1, consumer 1 J 2,
+    both halves each; 108 wgmma against 168) against the shipped HALVES 2, every format and the transform; nvfp4 at
+    28672 with INSIDE off (+ FOLD) against the shipped INSIDE again; FOLD where run 1 of this session measured it."""
+    cases = [("t", 148, 128, "shipped", {}), ("t", 148, 128, "units", {"units": True})]
+    for fmt in FORMATS:
+        cases += [("q", fmt, 18944, "shipped", {}), ("q", fmt, 18944, "units", {"units": True})]
+    cases += [("q", "nvfp4", 28672, "shipped", {}), ("q", "nvfp4", 28672, "no_inside", {"inside": False}),
+              ("q", "nvfp4", 28672, "no_inside_fold", {"inside": False, "fold": True})]
+    for fmt, n in (("int8", 28672), ("fp8_e4m3", 28672), ("mxfp4", 14336), ("int8", 18944), ("fp8_e4m3", 11008)):
+        cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "fold", {"fold": True})]
+    return cases
+
+
 def timed_cases(quick=False):
     """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
+    if SET == "s32":
+        return s32_timed()
     if SET == "final":
         return final_timed()
     if SET == "r3":
@@ -218,6 +234,13 @@ def phase_warm(result, deadline, quick):
 
 def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
+    if SET == "s32":  # UNITS at 18944 (every format, nvfp4 given and dynamic, fp16), nvfp4 28672 INSIDE off
+        cases = [(c[1], c[2], {"scale": 0.002} if c[1] == "nvfp4" else {}, "bfloat16", c[4]) for c in s32_timed()
+                 if c[0] == "q" and c[3] != "shipped"]
+        return cases + [("nvfp4", 18944, {}, "bfloat16", {"units": True}), ("fp8_e4m3", 18944, {}, "float16", {"units": True}),
+                        ("int4", 18944, {}, "float16", {"units": True}), ("mxfp4", 18944, {}, "float16", {"units": True}),
+                        ("nvfp4", 28672, {}, "bfloat16", {"inside": False}),
+                        ("nvfp4", 28672, {}, "bfloat16", {"inside": False, "fold": True})]
     if SET == "final":  # the shipped plans and every variant timed, nvfp4 with its given global scale; a few others
         cases = [(c[1], c[2], {"scale": 0.002} if c[1] == "nvfp4" else {}, "bfloat16", c[4]) for c in final_timed()
                  if c[0] == "q" and c[3] != "before"]
@@ -309,7 +332,9 @@ def phase_check(result, save, deadline, quick):
             case["scales_ok"] = exact
             case["ok"] = case["match"] >= 0.999 and case["far_codes_tiny"] and exact and case["written"] \
                 and case["path"] in ("gluon_kron", "gluon_wide") and ("scale_once" not in tuning or "SCALE_ONCE" in plan.config)
-            case["config"].update({k: True for k in ("SCALE_ONCE", "KTRIM", "FOLD") if plan.config.get(k)})
+            case["config"].update({k: True for k in ("SCALE_ONCE", "KTRIM", "FOLD", "UNITS") if plan.config.get(k)})
+            if "units" in tuning and not plan.config.get("UNITS"):
+                case["ok"] = False
         except Exception as err:  # noqa: BLE001
             case["error"] = f"{type(err).__name__}: {str(err)[:300]}"
             case["ok"] = False
@@ -336,6 +361,10 @@ def check_transforms(out, save, deadline):
                                                                       ((172, 64), 2049, "transpose", {})]
     if SET == "final":  # the shipped transform plans (Gluon at the four shapes, 28 x 1024 with INSIDE off)
         cases = [((m, p), 2049, "out", {}) for m, p in TRANSFORMS] + [((28, 1024), 2049, "transpose", {})]
+    if SET == "s32":  # UNITS at 148 x 128: odd row counts, in place, H_m^T
+        u = {"units": True}
+        cases = [((148, 128), 2049, "out", u), ((148, 128), 3, "out", u), ((148, 128), 2049, "inplace", u),
+                 ((148, 128), 2049, "transpose", u), ((148, 128), 2049, "out", {})]
     if SET == "r3":  # INSIDE off at 28 x 1024; KTRIM on the wide kernel
         cases = [((28, 1024), 2049, "out", {"inside": False}), ((28, 1024), 3, "transpose", {"inside": False}),
                  ((28, 1024), 2049, "inplace", {"inside": False}), ((148, 128), 2049, "out", {"ktrim": True}),
@@ -350,8 +379,9 @@ def check_transforms(out, save, deadline):
             x = torch.randn(rows, n, dtype=torch.bfloat16, device="cuda")
             if rows > 2:
                 x[1, 5] = float("inf")
-            plan = kron.kron_plan(x, m, p, **({} if SET == "final" else {"gluon": True}), **tuning)
+            plan = kron.kron_plan(x, m, p, **({} if SET in ("final", "s32") else {"gluon": True}), **tuning)
             case["path"] = plan.path
+            case["config"] = dict(plan.config)
             transpose = mode == "transpose"
             if mode == "inplace":
                 y = x.clone()
@@ -478,7 +508,7 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
-    ap.add_argument("--set", default="final", choices=("r2", "r3", "final"))
+    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32"))
     a = ap.parse_args()
     global SET
     SET = a.set

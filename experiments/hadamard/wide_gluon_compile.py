@@ -35,7 +35,7 @@ def sass_count(k):
             "sass_sync": sum(o.startswith(("BAR", "SYNCS")) for o in ops)}
 
 
-def compile_one(m, p, fmt, stages=2, rows=1 << 14, scale_once=False, ktrim=False, fold=False):
+def compile_one(m, p, fmt, stages=2, rows=1 << 14, scale_once=False, ktrim=False, fold=False, units=False):
     import torch
 
     from tilecore.ops.hadamard import gluon_quantize_wide as g
@@ -53,10 +53,11 @@ def compile_one(m, p, fmt, stages=2, rows=1 << 14, scale_once=False, ktrim=False
     k = compile_kernel(g.gluon_wide_quantize_kernel, dict(
         x_desc=xd, codes_desc=cd, staging_desc=sd, h_desc=hd, scales=scales, gscale=gs, amax_out=gs, rows=rows,
         stride_scales=scales.stride(0), rscale=0.01, row_counter=torch.zeros(1, dtype=torch.int32), M=m, FORMAT=fid,
-        G=G, STATIC=False, QMAX=qmax, STAGES=stages, HALVES=halves, SCALE_ONCE=scale_once, KTRIM=ktrim, FOLD=fold), num_warps=4)
+        G=G, STATIC=False, QMAX=qmax, STAGES=stages, HALVES=halves, SCALE_ONCE=scale_once, KTRIM=ktrim, FOLD=fold,
+        **({"UNITS": True} if units else {})), num_warps=4)
     r = resources(k)
     ptx = k.asm["ptx"]
-    return dict(vars(r), **sass_count(k), m=m, p=p, format=fmt, stages=stages, scale_once=scale_once, ktrim=ktrim, fold=fold, wgmma=ptx.count("wgmma.mma_async"),
+    return dict(vars(r), **sass_count(k), m=m, p=p, format=fmt, stages=stages, scale_once=scale_once, ktrim=ktrim, fold=fold, units=units, wgmma=ptx.count("wgmma.mma_async"),
                 tma="cp.async.bulk.tensor" in ptx, satfinite="cvt.rn.satfinite" in ptx, shared_meta=k.metadata.shared)
 
 
@@ -68,15 +69,18 @@ def main():
     ap.add_argument("--scale-once", default="0", help="comma list of 0/1")
     ap.add_argument("--ktrim", default="0", help="comma list of 0/1")
     ap.add_argument("--fold", default="0", help="comma list of 0/1")
+    ap.add_argument("--units", default="0", help="comma list of 0/1 (HALVES 2 only)")
+    ap.add_argument("--stages", type=int, default=2)
     a = ap.parse_args()
     res = []
     for m, p in ((148, 128), (172, 64)):
         if a.only and a.only != str(m * p):
             continue
         for fmt in a.formats.split(","):
-            for so, kt, fo in [(so, kt, fo) for so in a.scale_once.split(",") for kt in a.ktrim.split(",")
-                               for fo in a.fold.split(",")]:
-                r = compile_one(m, p, fmt, scale_once=so == "1", ktrim=kt == "1", fold=fo == "1")
+            for so, kt, fo, un in [(so, kt, fo, un) for so in a.scale_once.split(",") for kt in a.ktrim.split(",")
+                                   for fo in a.fold.split(",") for un in a.units.split(",") if p == 128 or un == "0"]:
+                r = compile_one(m, p, fmt, stages=a.stages, scale_once=so == "1", ktrim=kt == "1", fold=fo == "1",
+                                units=un == "1")
                 print(json.dumps(r), flush=True)
                 res.append(r)
             continue

@@ -248,6 +248,12 @@ QUANT_GLUON_KTRIM = {**{(f, 18944): True for f in ("fp8_e4m3", "int8", "mxfp4", 
 # (as quantize_kernels' FAST epilogue does: y / s = W x (rscale / s)), not multiplied into every value: one FMUL a value
 # fewer; codes may move one step at near-ties (the FAST tolerance). Keys: (format, n), else the format. Off until timed
 QUANT_GLUON_FOLD = {}
+# session 32: the wide kernel's UNITS at 148 x 128 (HALVES 2; plan tuning "units"): each output block's mixing once
+# (consumer 0 the sub-row blocks J = 0, 1 of both column halves, consumer 1 J = 2) instead of both consumers running
+# both halves' mixing: 30 products a row instead of 48 (sm_90a, CPU). Keys: (format, n), else the format; the transform
+# (kron "gluon" path): KRON_GLUON_UNITS by (m, p). Off until a GPU run checks and times it
+QUANT_GLUON_UNITS = {}
+KRON_GLUON_UNITS = {}
 
 
 # here, not in quantize.py: kron.py's transform plan asks it too, and quantize.py imports kron

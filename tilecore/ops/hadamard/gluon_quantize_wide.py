@@ -66,6 +66,18 @@ class Mixed:
     t: object  # HALVES 2: the consumer's tile count (the amax exchange's parity); else 0
 
 
+@struct
+class Quad:
+    """UNITS (HALVES 2): a consumer's output blocks (J, h) of its row units, in staging order: consumer 0 (J 0, h 0),
+    (0, 1), (1, 0), (1, 1); consumer 1 (2, 0), (2, 1) and two unused zeros; the tile count (the amax exchange's
+    parity)."""
+    y0: object
+    y1: object
+    y2: object
+    y3: object
+    t: object
+
+
 @gluon.jit
 def _max_nan(a, b):
     return gl.maximum(a, b, propagate_nan=_tl_core.PropagateNan.ALL)  # max.NaN: a NaN wins
@@ -187,6 +199,7 @@ class WideQuantize:
     SCALE_ONCE: gl.constexpr  # groups <= 64: each group's scale computed once (_scales_once), not on its whole quad
     KTRIM: gl.constexpr  # the last K chunk of the mixing cut at the 16-multiple past m (_product)
     FOLD: gl.constexpr  # quantized formats: rscale folded into the maxima and reciprocals, not multiplied a value
+    UNITS: gl.constexpr  # HALVES 2: consumer 0 the output sub-row blocks J 0, 1 of both halves, consumer 1 J 2 (_unit)
 
     @gluon.jit
     def setup(self, tile):
@@ -214,7 +227,12 @@ class WideQuantize:
     @gluon.jit
     def start(self, ctx, tile, prev):
         z = gl.zeros([BLOCK, BLOCK], gl.float32, wgmma_layout(BLOCK, BLOCK, gl.num_warps()))
-        if self.HALVES == 2:
+        if self.UNITS and self.FORMAT == STORE:  # the blocks held as the output values (half the registers)
+            zo = z.to(self.codes_desc.dtype)
+            return Quad(zo, zo, zo, zo, tile * 0)
+        elif self.UNITS:
+            return Quad(z, z, z, z, tile * 0)
+        elif self.HALVES == 2:
             return Mixed(z, z, z, tile * 0)
         else:
             return Mixed(z, z, z, 0)
@@ -222,7 +240,29 @@ class WideQuantize:
     @gluon.jit
     def compute(self, ctx, state, stage, tile, step):
         """This consumer's row: W_j = sum_k H[j, k] X_k, then Y_j from it, block by block (so that at most one
-        W_j is live beside the finished Y's); the stage is released after."""
+        W_j is live beside the finished Y's); the stage is released after. UNITS: _compute_units."""
+        if self.UNITS:
+            out = self._compute_units(ctx, state, stage)
+        else:
+            out = self._compute_rows(ctx, state, stage)
+        return out
+
+    @gluon.jit
+    def _compute_units(self, ctx, state, stage):
+        """UNITS: each output block once, consumer 0 J = 0, 1, consumer 1 J = 2, both column halves each."""
+        h64 = ctx.operand.index(NB * NB)
+        z = gl.zeros([BLOCK, BLOCK], gl.float32, wgmma_layout(BLOCK, BLOCK, gl.num_warps()))
+        if ctx.index == 0:
+            u0, u1 = self._unit(ctx, stage, z, h64, 0)
+            u2, u3 = self._unit(ctx, stage, z, h64, 1)
+        else:
+            u0, u1 = self._unit(ctx, stage, z, h64, 2)
+            u2 = state.y2
+            u3 = state.y3
+        return Quad(u0, u1, u2, u3, ctx.ring_step)
+
+    @gluon.jit
+    def _compute_rows(self, ctx, state, stage):
         if ctx.index == 0:
             xs = (stage.a0.reshape([BLOCK, BLOCK]), stage.a1.reshape([BLOCK, BLOCK]), stage.a2.reshape([BLOCK, BLOCK]))
         else:
@@ -291,6 +331,29 @@ class WideQuantize:
         return self._rotated(w, h64, J)
 
     @gluon.jit
+    def _unit(self, ctx, stage, z, h64, J: gl.constexpr):
+        """UNITS: output block J of both column halves, each mixing product once: W_Jh = sum_k H[J, k] X_kh (both
+        chains issued, then waited for), then Y_J0 = (W_J0 + W_J1) H_64 and Y_J1 = (W_J0 - W_J1) H_64 (H_128 =
+        H_2 (x) H_64) on the bf16 pieces, rscale and the sub-rows past m as _rotated."""
+        xa = (stage.a0.reshape([BLOCK, BLOCK]), stage.a1.reshape([BLOCK, BLOCK]), stage.a2.reshape([BLOCK, BLOCK]))
+        xb = (stage.b0.reshape([BLOCK, BLOCK]), stage.b1.reshape([BLOCK, BLOCK]), stage.b2.reshape([BLOCK, BLOCK]))
+        wa = z
+        wb = z
+        for k in gl.static_range(NB):
+            wa = self._product(ctx, J, k, xa[k], wa, k > 0)
+        for k in gl.static_range(NB):
+            wb = self._product(ctx, J, k, xb[k], wb, k > 0)
+        wa, wb = warpgroup_mma_wait(0, deps=(wa, wb))
+        d = wa - wb
+        y0 = self._rotated(wa + wb, h64, J)
+        if self.FORMAT == STORE:  # the output values now: the final rounding (half the registers held)
+            y0 = y0.to(self.codes_desc.dtype)
+        y1 = self._rotated(d, h64, J)
+        if self.FORMAT == STORE:
+            y1 = y1.to(self.codes_desc.dtype)
+        return y0, y1
+
+    @gluon.jit
     def _issue_mixing(self, ctx, xs, w, J: gl.constexpr):
         """W_J = sum_k H[J, k] X_k issued (NB wgmma groups), not waited for."""
         bufs = ctx.operand
@@ -343,6 +406,70 @@ class WideQuantize:
 
     @gluon.jit
     def finish(self, ctx, state, tile):
+        if self.UNITS:
+            self._finish_units(ctx, state, tile)
+        else:
+            self._finish_rows(ctx, state, tile)
+
+    @gluon.jit
+    def _finish_units(self, ctx, state, row):
+        """UNITS: this consumer's blocks (j: J = 2 c + j // 2, column half h = j % 2; consumer 0 four, 1 two)."""
+        NU: gl.constexpr = 4 - 2 * ctx.index
+        ys = (state.y0, state.y1, state.y2, state.y3)
+        tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
+        if self.FORMAT == AMAX:  # each consumer's share of the row: amax_out[2 row + c]
+            m = gl.abs(ys[0])
+            for j in gl.static_range(1, NU):
+                m = _max_nan(m, gl.abs(ys[j]))
+            a = self._folded(_amax(_amax(m, 1), 0))
+            gl.store(self.amax_out + 2 * row + ctx.index, a, mask=row < self.rows)
+        elif self.FORMAT == STORE:
+            for j in gl.static_range(NU):
+                self._stage(ctx, j, ys[j])
+            self._store_units(ctx, row, NU)
+        elif self.G == 0:  # one scale a row: the maximum of both consumers'
+            m = gl.abs(ys[0])
+            for j in gl.static_range(1, NU):
+                m = _max_nan(m, gl.abs(ys[j]))
+            a = self._exchange(ctx, self._folded(_amax(_amax(m, 1), 0)), state.t)
+            if self.STATIC:
+                div = gl.load(self.gscale)
+            else:
+                div = gl.where(a == 0, 1.0, gl.div_rn(a, gl.where(a == 0, self.QMAX, self.QMAX)))
+                if ctx.index == 0:
+                    gl.store(self.scales + row.to(gl.int64) * self.stride_scales, div, mask=row < self.rows)
+            recip = self._folded(gl.div_rn(gl.where(div == 0, 1.0, 1.0), div))  # 0 where div is inf: y x 0 = y / inf
+            for j in gl.static_range(NU):
+                self._stage(ctx, j, self._token_codes(ys[j] * recip))
+            self._store_units(ctx, row, NU)
+        elif self.G == 2 * BLOCK:  # int4's groups of 128: a sub-row, both of its halves in this consumer
+            for u in gl.static_range(NU // 2):  # block J = 2 c + u
+                ga = self._folded(_max_nan(_amax(ys[2 * u], 1), _amax(ys[2 * u + 1], 1)))
+                recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX)  # [64]
+                recip = gl.expand_dims(self._folded(recip), 1)
+                i = gl.arange(0, BLOCK, layout=stored.type.layout) + (2 * ctx.index + u) * BLOCK
+                gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i,
+                         stored.to(self.scales.dtype.element_ty), mask=(i < self.M) & (row < self.rows))
+                keep = gl.expand_dims(keep, 1)
+                self._stage(ctx, 2 * u, _pack(gl.where(keep, _rni(ys[2 * u] * recip), 0), BLOCK, BLOCK))
+                self._stage(ctx, 2 * u + 1, _pack(gl.where(keep, _rni(ys[2 * u + 1] * recip), 0), BLOCK, BLOCK))
+            self._store_units(ctx, row, NU)
+        else:  # groups inside a half's sub-row
+            for j in gl.static_range(NU):
+                self._stage(ctx, j, self._group_codes(ys[j], 2 * ctx.index + j // 2, row, j % 2))
+            self._store_units(ctx, row, NU)
+
+    @gluon.jit
+    def _store_units(self, ctx, row, NU: gl.constexpr):
+        fence_async_shared()
+        gl.thread_barrier()
+        W: gl.constexpr = self.codes_desc.block_type.shape[2]
+        for j in gl.static_range(NU):
+            tma.async_copy_shared_to_global(self.codes_desc, [row, BLOCK * (2 * ctx.index + j // 2), W * (j % 2)],
+                                            ctx.out.slice(j, 1))
+
+    @gluon.jit
+    def _finish_rows(self, ctx, state, tile):
         if self.HALVES == 2:
             row = tile
         else:
@@ -546,7 +673,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                STATIC: gl.constexpr, QMAX: gl.constexpr, STAGES: gl.constexpr,
                                AHEAD: gl.constexpr = False, PINGPONG: gl.constexpr = False, PROBE: gl.constexpr = 0,
                                HALVES: gl.constexpr = 1, SCALE_ONCE: gl.constexpr = False, KTRIM: gl.constexpr = False,
-                               FOLD: gl.constexpr = False):
+                               FOLD: gl.constexpr = False, UNITS: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
@@ -566,13 +693,14 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
     else:
         xchg = None
         xbar = None
-    if HALVES == 2 and G == 128:  # the sub-rows' maxima exchanged (int4's groups of 128 span both halves)
+    gl.static_assert(not UNITS or (HALVES == 2 and not AHEAD and not PINGPONG and PROBE == 0), "UNITS: HALVES 2 alone")
+    if HALVES == 2 and G == 128 and not UNITS:  # the sub-rows' maxima exchanged (int4's groups of 128 span both halves)
         xrows = gl.allocate_shared_memory(gl.float32, [12, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     else:
         xrows = None
     op = WideQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, M, FORMAT, G,
                       STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar, xrows, SCALE_ONCE, KTRIM,
-                      FOLD and FORMAT != STORE)
+                      FOLD and FORMAT != STORE, UNITS)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),

@@ -66,7 +66,9 @@ def kron_plan(x: torch.Tensor, m: int, p: int, **tuning) -> KronPlan:
     if not pow2_plan.tma_fits(x) or not dispatch.tma_ok(x.device):
         tuning = {**tuning, "tma": "none"}
     elif _gluon_fits(x, m, p, interpret, tuning):  # the Gluon kernel's tuning (split, inside, stages) carried
-        return KronPlan("gluon", m, p, config={k: tuning[k] for k in ("split", "inside", "stages", "ktrim") if k in tuning})
+        units = tuning.get("units", configs.KRON_GLUON_UNITS.get((m, p), False))
+        return KronPlan("gluon", m, p, config={**{k: tuning[k] for k in ("split", "inside", "stages", "ktrim") if k in tuning},
+                                               **({"units": True} if units else {})})
     return kernel_plan(rows, m, p, x.dtype, sms, interpret, **tuning)
 
 

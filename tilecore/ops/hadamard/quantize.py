@@ -195,7 +195,10 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         **({"AHEAD": True} if tuning.get("ahead") else {}), **({"PINGPONG": True} if tuning.get("pingpong") else {}),
         **({"PROBE": tuning["probe"]} if tuning.get("probe") else {}), **_scale_once(fmt, n, group, tuning),
         **({"KTRIM": True} if tuning.get("ktrim", _by_format(configs.QUANT_GLUON_KTRIM, fmt, n, False)) else {}),
-        **_fold(fmt, n, tuning)))
+        **_fold(fmt, n, tuning),
+        # UNITS (HALVES 2): each output block's mixing once, consumer 0 blocks J 0-1, consumer 1 J 2
+        **({"UNITS": True} if halves == 2 and tuning.get("units", _by_format(configs.QUANT_GLUON_UNITS, fmt, n, False))
+           else {})))
 
 
 def _fold(fmt, n, tuning) -> dict:
