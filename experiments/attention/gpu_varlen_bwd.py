@@ -77,7 +77,9 @@ def cu_of(lengths, device):
 
 
 def path_of(config):
-    return "split" if config and config.get("dq_from") == "gluon" else "fused"
+    if config and config.get("dq_from") == "gluon":
+        return "delta" if config.get("dq_delta") else "split"
+    return "fused"
 
 
 def gluon_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None,
@@ -123,7 +125,8 @@ def poisoned(shape, dtype, dev):
 # check
 
 
-def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None, dq_from=None, zero_tail=None, extra=None):
+def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None, dq_from=None, zero_tail=None, extra=None,
+          with_dlse=True):
     from tilecore import accuracy
     from tilecore.ops.attention_varlen import op as varlen
     from tilecore.ops.attention_varlen.reference import varlen_reference
@@ -131,7 +134,7 @@ def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None, dq_from=No
     name = (f"gluon varlen bwd {str(dtype)[6:]} q{lens_q if len(lens_q) <= 8 else f'[{len(lens_q)} seqs]'}"
             f" k{lens_k if len(lens_k) <= 8 else f'[{len(lens_k)} seqs]'} H{hq}/{hkv} D{d} {options}"
             + (f" dq_from={dq_from}" if dq_from else "") + (f" zero_tail={zero_tail}" if zero_tail else "")
-            + (f" {extra}" if extra else ""))
+            + (f" {extra}" if extra else "") + ("" if with_dlse else " no dlse"))
     if over_budget(name):
         return
     dev = _device()
@@ -145,14 +148,14 @@ def check(dtype, lens_q, lens_k, hq, hkv, d, options, ref_heads=None, dq_from=No
     scale = d ** -0.5
     out, lse = varlen.forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap)
     dout = torch.randn_like(out)
-    dlse = torch.randn_like(lse)
+    dlse = torch.randn_like(lse) if with_dlse else torch.zeros_like(lse)
     bufs, grads = zip(*(poisoned(t.shape, dtype, dev) for t in (q, k, v)))
     is_causal = causal or left >= 0 or right >= 0
     changes = dict(({"dq_from": dq_from} if dq_from else {}), **({"zero_tail": zero_tail} if zero_tail else {}),
                    **(extra or {}))
     config = variant(d, is_causal, **changes) if changes else None
-    gluon_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=grads,
-                   config=config)
+    gluon_backward(dout, q, k, v, out, lse, dlse if with_dlse else None, cu_q, cu_k, causal, scale, left, right,
+                   softcap, grads=grads, config=config)
     tl_grads = varlen.backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap)
     heads = hq if ref_heads is None else ref_heads
     kh = max(1, heads // (hq // hkv))
@@ -236,6 +239,12 @@ def run_checks():
                  (bf16, [700, 129, 2000, 64], [900, 129, 2000, 70], 16, 4, 128, {"window_size": (100, 37)})]
     # first: the shipped fused dQ and the split one (dK/dV, then attention_varlen_dq_kernel) on the odd
     # lengths, causal; then no mask with GQA and N != Nk
+    if PROBE == "delta":  # a probe process: the first case with dq_delta (session 32)
+        guarded(f"check {cases[0][1]}")(check)(*cases[0], None, "gluon", None, {"dq_delta": True})
+        return []
+    if DQ_DELTA:  # --dq-delta: the other cases with dq_delta, one with dlse None
+        return ([case + (None, "gluon", None, {"dq_delta": True}) for case in cases[1:]]
+                + [cases[0] + (None, "gluon", None, {"dq_delta": True}, False)])
     if PROBE:  # a probe process: the first case on one path
         case = cases[0] + (None, "gluon" if PROBE == "split" else "fused")
         guarded(f"check {case[1]}")(check)(*case)
@@ -687,6 +696,67 @@ def table():
 
 PROBE = None
 CHECK_BOTH = False
+DQ_DELTA = False
+
+
+def run_dq_delta(h=16, d=128, rounds=4):
+    """--dq-delta (session 32): the split backward (the shipped default: preprocess, dK/dV, dq kernel) against
+    dq_delta (the dq kernel first, making delta and the row statistics itself; no preprocess) on the long-tailed
+    64K and the uniform 16 x 4096 causal batches, H16 D128, alternately ``rounds`` times (do_bench medians);
+    beside them the fixed-length path's backward at the matched lengths (its rates at N 512 ... 8192, this run),
+    and each variant's per-kernel GPU time (torch.profiler) on the long tail."""
+    import statistics
+
+    import triton.testing
+
+    dev = _device()
+    dtype = torch.float16 if SMOKE else torch.bfloat16
+    scale = d ** -0.5
+    rates = {} if SMOKE else fixed_rates(h, d)
+    if rates:
+        RESULTS["time"].append({"case": "fixed-length causal TFLOP/s by N (fwd, bwd, fwd+bwd), B = 64K / N",
+                                **{f"fixed_N{n}_{w}": r[i] for n, r in rates.items()
+                                   for i, w in enumerate(("fwd", "bwd", "fwd_bwd"))}})
+    batches = (("long-tailed", [16, 40, 3, 25] if SMOKE else long_tailed_lengths(65536)),
+               ("uniform 16 x 4096", [32, 32] if SMOKE else [4096] * 16))
+    for label, lengths in batches:
+        if over_budget(f"time dq_delta {label}", 10.0):
+            continue
+        total = sum(lengths)
+        cu = cu_of(lengths, dev)
+        q, k, v = (torch.randn(total, h, d, dtype=dtype, device=dev) for _ in range(3))
+        out, lse = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
+        dout = torch.randn_like(out)
+        grads = tuple(torch.empty_like(t) for t in (q, k, v))
+        cfgs = {"split (shipped)": variant(d, True, dq_from="gluon", dq_delta=False),
+                "dq_delta": variant(d, True, dq_from="gluon", dq_delta=True)}
+        fns = {name: (lambda cfg=cfg: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1, -1, 0.0,
+                                                     grads=grads, config=cfg)) for name, cfg in cfgs.items()}
+        fns = {name: fn for name, fn in fns.items() if path_of(cfgs[name]) not in BROKEN}
+        row = {"case": f"dq_delta A/B {label}: {len(lengths)} seqs, {total} tokens, longest {max(lengths)}, H{h} D{d} "
+                       f"causal, backward ms ({rounds} alternate rounds, median)"}
+        RESULTS["time"].append(row)
+        times = {name: [] for name in fns}
+        for name, fn in fns.items():
+            fn()
+        torch.cuda.synchronize() if not SMOKE else None
+        for _ in range(1 if SMOKE else rounds):
+            for name, fn in fns.items():
+                times[name].append(bench(fn) if SMOKE else triton.testing.do_bench(fn, warmup=10, rep=100,
+                                                                                     return_mode="median"))
+        for name, ts in times.items():
+            row[f"{name} ms"] = statistics.median(ts)
+            row[f"{name} rounds"] = " ".join(f"{t:.3f}" for t in ts)
+        if len(times) == 2:
+            row["dq_delta speedup"] = row["split (shipped) ms"] / row["dq_delta ms"]
+        if rates:
+            row["fixed matched bwd ms"] = m = matched_time_ms(lengths, rates, 1, h, d)
+            for name in times:
+                row[f"{name} vs matched"] = m / row[f"{name} ms"]
+        if not SMOKE and label == "long-tailed":
+            for name, fn in fns.items():
+                guarded(f"kernels dq_delta {name}")(lambda name=name, fn=fn: RESULTS["time"].append(
+                    {"case": f"kernels {name}: {label} (GPU ms a call)", **kernel_times(fn)}))()
 
 
 def probe(path, budget):
@@ -718,13 +788,16 @@ def probe(path, budget):
 
 
 def main():
-    global SMOKE, BUDGET_S, PROBE, CHECK_BOTH
+    global SMOKE, BUDGET_S, PROBE, CHECK_BOTH, DQ_DELTA
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, no timing (the CPU interpreter)")
     parser.add_argument("--quick", action="store_true", help="the default: checks and the 64K timing, <= 90 s")
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds before later cases are skipped")
     parser.add_argument("--no-time", action="store_true")
-    parser.add_argument("--probe", choices=("fused", "split"), help="(internal) the first check on one path")
+    parser.add_argument("--probe", choices=("fused", "split", "delta"), help="(internal) the first check on one path")
+    parser.add_argument("--dq-delta", action="store_true",
+                        help="only dq_delta (session 32): its probe, the A/B against the shipped split (with the "
+                             "fixed path at matched lengths), then its checks until the budget, <= 120 s")
     parser.add_argument("--kernels", action="store_true",
                         help="only the per-kernel GPU times (torch.profiler) of the fixed and varlen backward, <= 60 s")
     parser.add_argument("--layout", action="store_true",
@@ -764,6 +837,20 @@ def main():
         text = table()
         with open(os.path.join(out_dir, "gpu_varlen_bwd_zero_tail.json"), "w") as f:
             json.dump({"meta": _meta(), **RESULTS, "elapsed_s": time.time() - START[0]}, f, indent=1, default=str)
+        print(text)
+        print(f"elapsed {time.time() - START[0]:.1f} s")
+        return
+    if args.dq_delta:
+        probe("delta", 35.0)
+        DQ_DELTA = True
+        guarded("time dq_delta")(run_dq_delta)(h=2 if SMOKE else 16, d=16 if SMOKE else 128)
+        if "delta" not in BROKEN:
+            for case in guarded("checks")(run_checks)() or []:
+                guarded(f"check {case[1]}")(check)(*case)
+        text = table()
+        with open(os.path.join(out_dir, "gpu_varlen_bwd_dq_delta.json"), "w") as f:
+            json.dump({"meta": _meta(), "broken": sorted(BROKEN), **RESULTS, "elapsed_s": time.time() - START[0]}, f,
+                      indent=1, default=str)
         print(text)
         print(f"elapsed {time.time() - START[0]:.1f} s")
         return
