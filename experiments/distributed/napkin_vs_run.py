@@ -5,11 +5,12 @@ uncalibrated 680 TFLOP/s there, which is what made session 29's run 9 print back
 1.17-1.22 (its step_compute_ms 8.03 where this checkout derives 7.50).
 
     python experiments/distributed/napkin_vs_run.py notes/distributed/runs/distributed_gpu_check_ce_run9_session29_h100x2.json
+    python experiments/distributed/napkin_vs_run.py $OUT/distributed_gpu_check4.json     (gpu_check4's, any world)
 
 Per (N, causal, variant with a timeline): each pass's total (predicted / the timeline's total / the
 lockstep median), then each step's prediction against the timeline parts it models (forward: step 0;
-step 1 + its merge; backward: the own first part; the foreign block; the own last part + the sums and
-casts), p/m = predicted over measured. With --measured-rate the attention runs at one GPU's measured
+each foreign step + its merge; backward: the own first part; each foreign block; the own last part + the
+sums and casts), p/m = predicted over measured. With --measured-rate the attention runs at one GPU's measured
 forward rate of the same run instead of the napkin's derivation.
 """
 from __future__ import annotations
@@ -23,11 +24,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tilecore.napkin import ring as napkin_ring  # noqa: E402
 
-# the timeline's labels (ring.py's probes) each napkin step stands for, in step order
-FORWARD_PARTS = [("fwd step 0 attention",), ("fwd step 1 attention", "fwd step 1 merge")]
-BACKWARD_PARTS = [("bwd own first", "bwd own first adds"), ("bwd step 1",),
-                  ("bwd own last", "bwd own sums", "bwd sum adds", "bwd casts")]
-VARIANTS = {"ce": ("copy_engine", False), "cef": ("copy_engine", True), "0f": ("nccl", True)}
+# the timeline's labels (ring.py's probes) each napkin step stands for, in step order (P ranks: step 0,
+# P - 1 foreign steps; the backward's own first part, P - 1 foreign blocks, the own last part and sums)
+def forward_parts(world: int) -> list[tuple]:
+    return [("fwd step 0 attention",)] + [(f"fwd step {s} attention", f"fwd step {s} merge") for s in range(1, world)]
+
+
+def backward_parts(world: int) -> list[tuple]:
+    return ([("bwd own first", "bwd own first adds")] + [(f"bwd step {s}",) for s in range(1, world)]
+            + [("bwd own last", "bwd own sums", "bwd sum adds", "bwd casts")])
+
+
+FORWARD_PARTS, BACKWARD_PARTS = forward_parts(2), backward_parts(2)
+# gpu_check's variants (margins or these keys) and gpu_check4's ("nccl", "ce": margin 0, no fused sums)
+VARIANTS = {"ce": ("copy_engine", False), "cef": ("copy_engine", True), "0f": ("nccl", True),
+            "nccl": ("nccl", False)}
 
 
 def variant(key: str):
@@ -43,18 +54,21 @@ def measured(parts, labels) -> float:
 def compare(row: dict, heads: int, d: int, world: int, measured_rate: bool) -> list[str]:
     lines = []
     rate = row.get("single_fwd_tflops") if measured_rate else None
-    for key, cell in row["margins"].items():
-        b = cell.get("breakdown")
-        if not b:
+    cells = row.get("margins") or row.get("variants") or {}  # gpu_check's or gpu_check4's
+    for key, cell in cells.items():
+        b = cell.get("breakdown") or cell.get("timeline")
+        if not b or not b["fwd"].get("parts"):
             continue
         margin, via, fused = variant(key)
+        if via == "copy_engine" and cell.get("ring", "CopyEngineRing") != "CopyEngineRing":
+            via = "nccl"  # gpu_check4: asked for the copy engines, ran NCCL's ring
         p = napkin_ring.predict(seq=row["N"], heads=heads, d=d, world=world, causal=row["causal"],
                                 attention_tflops=rate, one_gpu=False, sm_margin=margin, dq_in_kernel=True,
                                 copy_engine=via == "copy_engine", one_pass_own_sums=fused)
         head = f"{row['N']:>6} {'causal' if row['causal'] else 'full':<6} {str(key):<4}"
-        for name, steps, part_map, total, lock in (("fwd", p.forward, FORWARD_PARTS, b["fwd"]["total_ms"],
+        for name, steps, part_map, total, lock in (("fwd", p.forward, forward_parts(world), b["fwd"]["total_ms"],
                                                     cell["fwd_ms"]),
-                                                   ("bwd", p.backward, BACKWARD_PARTS, b["bwd"]["total_ms"],
+                                                   ("bwd", p.backward, backward_parts(world), b["bwd"]["total_ms"],
                                                     cell["bwd_ms"])):
             pred = sum(s.time for s in steps) * 1e3
             cells = []
@@ -77,8 +91,10 @@ def main(argv=None) -> int:
     print(f"napkin ({'one GPU measured rate' if args.measured_rate else 'derived rate'}, backward rate "
           f"{napkin_ring.BACKWARD_RATE}) over the timeline: predicted / measured ms per pass and step")
     for row in data["timing"]:
-        if "error" not in row:
-            print("\n".join(compare(row, data["heads"], data["d"], data["world"], args.measured_rate)))
+        lines = compare(row, data["heads"], data["d"], data["world"], args.measured_rate) \
+            if "error" not in row and "skipped" not in row else []
+        if lines:
+            print("\n".join(lines))
     return 0
 
 
