@@ -156,50 +156,24 @@ def merge_into(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, 
     acc_lse.copy_(new_lse)
 
 
-# When a step's transfer is started where the attention takes every SM (sm_margin 0). Early (before
-# the step's attention) overlaps it with the attention only where the attention leaves the transfer's
-# kernel (NCCL's) SMs; tilecore's attention kernels are persistent, one program on every SM with a
-# fixed share of the tiles, so beside them the transfer either waits for the attention or, started
-# first, holds a few SMs whose programs then start late (on 2 H100s, session 24: transfers exposed
-# 0-100%, up to 9x their own time in a step). Late (after the step's attention is queued, waited on
-# before the next): the transfer runs alone, its whole time exposed but never more, beside the step's
-# elementwise passes. With sm_margin > 0 the order is early (transfer_order).
+# The ring's switches: a one-line reason each; the figures behind them are in notes/distributed/README.md's
+# decision log.
+# Transfers before the step's attention at sm_margin 0 (else after it, waited on before the next): NCCL's
+# kernel finds no SM beside the persistent attention, and started first it delays the attention's programs
 TRANSFERS_EARLY = False
-
-# SMs the ring's attention leaves to NCCL's transfer kernel on CUDA by default (context_parallel_attention's
-# sm_margin=None). 0: on 2 H200s (session 26, notes/distributed/runs) margins 4, 8 and 16 with early
-# transfers were never faster than 0 with late ones (32K-128K): the attention lost more than the
-# hidden transfer, NCCL's kernel then taking as many CTAs as it liked (up to 32). Margins now cap
-# NCCL's CTAs at the margin (CAP_TRANSFER_CTAS); experiments/distributed/gpu_check.py times 0, 4, 8, 16.
-# On 2 H100s (session 28, capped CTAs) margin 8 against 0, public fwd+bwd over one GPU: 32K 1.88 / 1.86,
-# causal 1.68 / 1.59, 64K 1.92 / 1.94, causal 1.88 / 1.82, 128K causal 1.98 / 2.00: mixed, one run; kept 0
+# SMs the attention leaves NCCL's kernel by default (sm_margin=None): margins lost on 2 H200s, were mixed
+# on 2 H100s, and the copy engines (the default transport) need none
 RING_SM_MARGIN = 0
-# With a margin, the ring's transfers go through an NCCL group of the same ranks whose kernels take at
-# most that many CTAs (groups.transfer_group), so they fit beside the attention's grid. Not yet run on
-# a GPU before session 28 (2 H100s: margins 8 and 16 ran with it, checks pass); only margins > 0 use it
+# With a margin, NCCL's kernels capped at that many CTAs (groups.transfer_group), so they fit in it
 CAP_TRANSFER_CTAS = True
-# Each block's dQ added by the attention backward itself into the ring's float32 accumulator
-# (attention's backward_adding_dq: the Gluon kernel's own reductions, no buffer, copy or add), rather
-# than returned in the dtype by the backward op and added here. Session 28 (2 H100s, margin 0): checks
-# pass (dq 1.37-1.58x the floor against float64), backward 41.9 against 42.0 ms (32K), causal 23.5 / 24.5,
-# 64K 160.6 / 161.9, causal 87.6 / 87.3, a rank's peak 2.42 against 2.49 GB at 32K: on
+# Each block's dQ added by the Gluon backward's own reductions into the ring's float32 accumulator (no
+# buffer, copy or add a block): right and as fast or faster, less memory (2 H100s)
 DQ_IN_KERNEL = True
-# How the blocks travel between two ranks on CUDA: "nccl" (batch_isend_irecv: NCCL's kernel, on SMs)
-# or "copy_engine" (copy_engine.py: peer copies into the other GPU's symmetric memory by its copy
-# engines, no SM, so each transfer starts before the attention it hides under, at margin 0, and the
-# receive buffers are the mailboxes). Session 28's causal 32K lost 0.9 ms a forward and ~3.5 a backward
-# to the exposed NCCL hops (late order) or to the margin's slower attention and capped hops. Session
-# 29's run 6 (2 H100s): every check right (6 cases, uneven lengths, GQA, fp16 D64); the hop 0.75 ms
-# (357 GB/s, NCCL's 1.0-1.2) beside the attention, every wait 0.01 ms (NCCL late: 0.96-1.27); public
-# fwd+bwd over one GPU 32K causal 1.65 -> 1.77, 64K causal 1.90 -> 1.96: on. Where the two ranks are not
-# on one host with peer access, or symmetric memory fails: NCCL (copy_engine.available, ring_for).
+# "copy_engine": peer copies into the next rank's symmetric memory (copy_engine.py; no SM, so hidden at
+# margin 0), where the ranks share a host with peer access, else NCCL; "nccl": batch_isend_irecv
 TRANSPORT = "copy_engine"
-# Two ranks: a rank's own dK, dV summed from its two parts' shares and the other rank's in one pass
-# (kernels_tl.own_sum_kernel: ((a + b) + c) in float32, rounded once: the same sums in the same order)
-# instead of a float32 buffer (a copy of the first share, two adds, a cast: ~1 ms of the 32K causal
-# backward's ~21 by bytes at HBM rate). Session 29's run 6 (2 H100s): checks right (NCCL and copy
-# engines, causal and not); the timeline's own sums + casts 0.47 ms against the buffer's 1.40 (32K
-# causal), 0.91 against 2.83 at 64K: on.
+# Two ranks: a rank's own dK, dV summed from its three shares in one pass (kernels_tl.own_sum_kernel, the
+# float32 buffer's sums in its order) instead of a float32 buffer's copy, adds and cast
 FUSED_OWN_SUMS = True
 TRANSPORTS = ("nccl", "copy_engine")
 
