@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_forward as gfw  # noqa: E402
 
 from tilecore import accuracy  # noqa: E402
-from tilecore.ops.linear_attention import linear_attention_reference, mamba2_chunk_scan, mamba2_reference  # noqa: E402
+from tilecore.ops.linear_attention import linear_attention_reference, mamba2_reference  # noqa: E402
 
 START = time.time()
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
@@ -128,7 +128,8 @@ def check_mamba(name: str, label, B, N, H, dtype, h0, a_range) -> dict:
     launch(Cm, Bm, x, dt * A, dt, d_skip, z, st, o, ht, 1.0, name)()
     torch.cuda.synchronize()
     ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
-                                      z=z.double(), initial_states=None if st is None else st.transpose(-1, -2).double())
+                                      z=z.double(),
+                                      initial_states=None if st is None else st.transpose(-1, -2).double())
     row = dict(variant=name, case=f"mamba2 {label}", N=N, all_written=not bool(o.isnan().any() or ht.isnan().any()),
                out_floor=round(accuracy.error_over_floor(o.nan_to_num(), ref), 3),
                state_rel=accuracy.rel_rms(ht.nan_to_num(), ref_state.transpose(-1, -2)))
@@ -201,7 +202,8 @@ def warm(names) -> set:
     for proc in list(getattr(pool, "_processes", {}).values()):
         proc.kill()
     pool.shutdown(wait=False, cancel_futures=True)
-    print(f"warm: {len(RESULTS['warm'])} of {len(names)} variants in {elapsed():.0f} s; passed {sorted(ok)}", flush=True)
+    print(f"warm: {len(RESULTS['warm'])} of {len(names)} variants in {elapsed():.0f} s; passed {sorted(ok)}",
+          flush=True)
     return ok
 
 
@@ -315,7 +317,8 @@ def table(peer: dict) -> str:
     fla = peer.get("fla_chunk_simple_gla_ms")
     lines = [f"Mamba-2 2.7B (B16 H80 N4096 P64 S128, one group) bf16, kernel alone; napkin bound "
              f"{nap and round(nap, 4)} ms (75%: {nap and round(nap / 0.75, 4)}), copy {copy and round(copy, 4)} ms, "
-             f"FLA chunk_simple_gla {fla and round(fla, 4)}, mamba_ssm {peer.get('mamba_ssm_ms') or peer.get('mamba_ssm_error', '')[:60]}",
+             f"FLA chunk_simple_gla {fla and round(fla, 4)}, "
+             f"mamba_ssm {peer.get('mamba_ssm_ms') or peer.get('mamba_ssm_error', '')[:60]}",
              "variant | median ms (rounds) | % napkin | % copy | x shipped | x FLA"]
     for n in VARIANTS:
         if n not in med:
@@ -323,7 +326,8 @@ def table(peer: dict) -> str:
             lines.append(f"{n:18} | - {err or 'failed a check or not warm'}")
             continue
         ms = med[n]
-        lines.append(f"{n:18} | {ms:.4f} ({', '.join(f'{x:.4f}' for x in runs[n])}) | {100 * nap / ms if nap else 0:5.1f}%"
+        rounds = ", ".join(f"{x:.4f}" for x in runs[n])
+        lines.append(f"{n:18} | {ms:.4f} ({rounds}) | {100 * nap / ms if nap else 0:5.1f}%"
                      f" | {100 * copy / ms:5.1f}% | {base / ms if base else 0:.3f} | {fla / ms if fla else 0:.2f}x")
     lines.append(f"shipped timed last {T.get('shipped_last_ms')}; public op {T.get('op_ms')}")
     lines.append("check | variant | all written | out / floor | state rel")

@@ -145,7 +145,8 @@ from tilecore.ops.linear_attention.gluon_forward import compile_report
 from triton.backends.nvidia.compiler import get_ptxas
 kw = json.loads(sys.argv[1])
 out = []
-r = compile_report("mamba2", stages=2, z_stage=True, g_stage=True, early_wv=True, silu_tanh=True, compiled_out=out, **kw)
+r = compile_report("mamba2", stages=2, z_stage=True, g_stage=True, early_wv=True, silu_tanh=True, compiled_out=out,
+                   **kw)
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "k.cubin")
     open(path, "wb").write(out[0].asm["cubin"])
@@ -154,10 +155,12 @@ with tempfile.TemporaryDirectory() as tmp:
 r["fsel"] = len(re.findall(r"\\bFSEL\\b", sass))
 r["ldsm"] = len(re.findall(r"\\bLDSM\\b", sass))
 r["late_wait"] = len(re.findall(r"WARPGROUP\\.DEPBAR\\.LE gsb0, 0x1", sass))
+r["bar"] = len(re.findall(r"\\bBAR\\.SYNC\\b", sass))
 r["reg_a"] = len(re.findall(r"HGMMA\\.\\S+ R\\d+, R\\d+, gdesc", sass))
 print(json.dumps(r))
 """
-VARIANTS = {"shipped": {}, "lean": dict(lean=True), "d_early": dict(d_early=True), "update_late": dict(update_late=True),
+VARIANTS = {"shipped": {}, "lean": dict(lean=True), "d_early": dict(d_early=True),
+            "update_late": dict(update_late=True),
             "q_reg": dict(q_reg=True), "all": dict(lean=True, d_early=True, update_late=True, q_reg=True)}
 
 
@@ -177,9 +180,10 @@ def sass():
 def test_each_switch_shows_in_the_sass(sass):
     base = sass["shipped"]
     assert sass["lean"]["fsel"] < base["fsel"] // 4  # (shipped 60: two selects on P's 32 entries a consumer)
+    assert sass["lean"]["bar"] == base["bar"] - 2  # beta V's own allocation: no bar.sync after wv's stores
     assert sass["d_early"]["ldsm"] < base["ldsm"]  # no second v load in the epilogue
     assert base["late_wait"] == 0 and sass["update_late"]["late_wait"] == 2  # one a consumer
-    assert base["reg_a"] == 8 and sass["q_reg"]["reg_a"] == 8 + 2 * 16  # P V's, + Q K^T and Q S's a consumer
+    assert base["reg_a"] == 8 and sass["q_reg"]["reg_a"] == 8 + 2 * 16  # P V's; + Q K^T's and Q S's, a consumer
     for name, r in sass.items():
         assert r["tma"] and r["wgmma"] and not r["wgmma_serialized"], (name, r)
         assert r["shared"] <= 227 * 1024 and r["threads"] == 384, (name, r)

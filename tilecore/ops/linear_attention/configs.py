@@ -154,7 +154,8 @@ GLUON_EXP2_FMA: dict = {}
 # stage 64.5 KB, each consumer's wgmma operands 136 KB, its stores and loads 40 KB: ~3,250 of the step's ~4,900
 # clocks at 128 B a clock), 290 FMUL and 69 MUFU a thread, five synchronous wgmma groups. D_EARLY: D v from the
 # chunk's first v load (no second v load, 8 KB a consumer); LEAN: one causal select on P, the scale on beta V's
-# rows (32 FSEL and 32 FMUL a thread fewer); UPDATE_LATE: the state update in flight under the epilogue; Q_REG: q
+# rows (32 FSEL and 32 FMUL a thread fewer), beta V in an allocation of its own (no bar.sync between its stores and
+# wv's); UPDATE_LATE: the state update in flight under the epilogue; Q_REG: q
 # loaded once into registers for Q K^T and Q S (16 KB a consumer fewer). Off until
 # experiments/linear_attention/gpu_mamba_s32.py checks and times them on the H100
 GLUON_S32: dict = {}

@@ -178,6 +178,8 @@ class LinearAttentionForward:
     scale: object
     state_smem: object  # [2, BK, BV]: each consumer's S in the input dtype (the B operand of Q S)
     wv_smem: object  # [2, BT, BV] (OVERLAP: [4, ..]): each consumer's weighted values (B operands of K^T V, P V)
+    bv_smem: object  # LEAN with EARLY_WV and beta: [2, BT, BV], each consumer's beta V in an allocation of its own (the
+    # barrier analysis then puts no bar.sync between its stores and wv's); else wv_smem (unused)
     BT: gl.constexpr
     BK: gl.constexpr
     BV: gl.constexpr
@@ -202,7 +204,8 @@ class LinearAttentionForward:
     D_EARLY: gl.constexpr  # (EARLY_WV, D) D v made from the chunk's first v load, added with Q S's row scale: no
     # second v load and conversion in the epilogue
     LEAN: gl.constexpr  # (G_STAGE, not FACTORED / EXP2_FMA) one causal select on P (the exps take the unmasked
-    # difference: +inf above the diagonal, selected away), and with beta the scale on beta V's rows, not on P
+    # difference: +inf above the diagonal, selected away), and with beta the scale on beta V's rows, not on P; with
+    # EARLY_WV and beta, beta V in bv_smem (no barrier between its stores and wv's)
     UPDATE_LATE: gl.constexpr  # (EARLY_WV) P V and the state update issued async together; o's epilogue and
     # store run while the update does, its wait at the chunk's end
     Q_REG: gl.constexpr  # q loaded into registers once a chunk, the A operand of Q K^T and Q S (not read twice
@@ -435,7 +438,8 @@ class LinearAttentionForward:
             # but the decay's, which spilled 1 KB at Mamba-2's shape)
             # EARLY_WV: the state update's weighted values stored here too (beta V, with beta, in a buffer of
             # its own), so one barrier pair a chunk serves every shared-memory operand
-            wv = self.wv_smem.index(2 * c if self.EARLY_WV and self.HAS_BETA else c)  # ([4, ..] only then)
+            SPLIT_BV: gl.constexpr = self.LEAN and self.EARLY_WV and self.HAS_BETA  # (bv_smem its own allocation)
+            wv = self.wv_smem.index(2 * c if self.EARLY_WV and self.HAS_BETA and not SPLIT_BV else c)  # ([4, ..]: then)
             # LEAN with beta: P V's beta V carries the scale (P none): a factor on BT rows, not BT x BT entries
             beta_pv = beta_r * self.scale if self.LEAN and self.HAS_BETA else beta_r
             q_a = q  # Q_REG: q in registers (the A operand of Q K^T and Q S), else the shared-memory tile
@@ -447,7 +451,10 @@ class LinearAttentionForward:
                 v_f = v.load(self.SL).to(gl.float32)
                 wv.store((v_f * gl.expand_dims(w_rows, 1)).to(dtype))
                 if self.HAS_BETA:
-                    bv = self.wv_smem.index(2 * c + 1)
+                    if SPLIT_BV:
+                        bv = self.bv_smem.index(c)
+                    else:
+                        bv = self.wv_smem.index(2 * c + 1)
                     bv.store((v_f * gl.expand_dims(beta_pv, 1)).to(dtype))
                 if self.D_EARLY:  # D v now, from this load (added to o with Q S's row scale)
                     d_row = gl.load(self.DSKIP + (h64 * self.sdh + col) + gl.arange(0, self.BV,
@@ -612,13 +619,18 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     PL: gl.constexpr = wgmma_lhs_layout(BT, BV, gl.num_warps())
     operand_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
-    wv_smem = gl.allocate_shared_memory(q_desc.dtype, [4 if OVERLAP or (EARLY_WV and HAS_BETA) else 2, BT, BV],
-                                        operand_layout)
+    SPLIT_BV: gl.constexpr = LEAN and G_STAGE and DECAY and not FACTORED and EXP2_FMA == 0 and not OVERLAP and \
+        EARLY_WV and HAS_BETA  # (LEAN's beta V in an allocation of its own)
+    wv_smem = gl.allocate_shared_memory(q_desc.dtype, [4 if OVERLAP or (EARLY_WV and HAS_BETA and not SPLIT_BV) else 2,
+                                                       BT, BV], operand_layout)
+    bv_smem = wv_smem
+    if SPLIT_BV:
+        bv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
     gl.static_assert(not (G_STAGE and PREFETCH), "G_STAGE replaces PREFETCH's G loads")
     op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, G, BETA, DSKIP, Z, H0, HT,
                                 sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf,
-                                stv, N, H, VB, GROUP, scale, state_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D,
-                                HAS_Z, HAS_H0, STORE_HT, PREFETCH, Z_STAGE, OVERLAP, G_STAGE and DECAY,
+                                stv, N, H, VB, GROUP, scale, state_smem, wv_smem, bv_smem, BT, BK, BV, DECAY, HAS_BETA,
+                                HAS_D, HAS_Z, HAS_H0, STORE_HT, PREFETCH, Z_STAGE, OVERLAP, G_STAGE and DECAY,
                                 FACTORED and G_STAGE and DECAY, EARLY_WV and not OVERLAP,
                                 ASYNC_UPDATE and EARLY_WV and not OVERLAP, SILU_TANH and Z_STAGE,
                                 EXP2_FMA if G_STAGE and DECAY else 0, PROBE,
