@@ -415,6 +415,17 @@ def split_key_buffers(device, lse_offset: int, lse_size: int, launches, merged_r
 BIND_KEYED_LAUNCHES = True
 
 
+# the per-key recipes of gemm / gemm_fp8, layer_norm / rms_norm and linear attention (session 32: their eager calls
+# through KeyedLaunch); False: those ops' general keyed paths (read each call; host_time.py --ab-lean times both)
+OP_RECIPES = True
+
+
+def keep_op_recipes(on: bool) -> None:
+    """Turn OP_RECIPES on or off from the next call on."""
+    global OP_RECIPES
+    OP_RECIPES = bool(on)
+
+
 def bind_keyed_launches(on: bool) -> None:
     """Turn KeyedLaunch's kept launches on or off from the next launch on (read at each launch)."""
     global BIND_KEYED_LAUNCHES

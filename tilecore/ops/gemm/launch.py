@@ -8,7 +8,8 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.gemm import plan as _plan, reference
 from tilecore.ops.gemm.plan import Plan
-from tilecore.tiles.launch import CachedLaunch, TmaOperand
+from tilecore.tiles import launch as tiles_launch
+from tilecore.tiles.launch import CachedLaunch, KeyedLaunch, TmaOperand
 from tilecore.tiles.schedule import stream_k_buffers
 
 # the Gluon kernel through tiles.launch's fast path: compiled kernels cached by everything Triton
@@ -93,6 +94,67 @@ def _gluon(plan: Plan, a, b, c, bias, scale_a, scale_b, key=None):
     else:  # C, the workspace and the flags are fresh or internal buffers: the key determines the rest
         with dispatch.on_device(a.device):
             _GLUON_GEMM.launch_keyed(key, plan.grid, args, options)
+
+
+class GluonGemm:
+    """gemm's and gemm_fp8's eager call for one launch key on the Gluon path (session 32, issue 31's host time): the
+    kernel's KeyedLaunch with A's, B's and C's TMA views fixed by the key (each descriptor encoded once per base
+    address; B^T described from B's own memory, no view a call), M, N, K, the schedule and the constexprs, made from
+    the key's plan; a call allocates C, takes the stream's stream-K buffers where the plan has a tail, and launches:
+    what ``launch(plan, a, b, bias, scales, key=key)`` launches, without its per-call reads of the plan.
+
+    ``of`` gives False (the general path for the key) where the plan would first copy, convert or cast (copy_a /
+    copy_b, an operand dtype, a bias not contiguous or converted, scales not contiguous float32, C in another dtype
+    than the output) or A is not the matrix the key's call passed (leading batch dimensions: the op folds them)."""
+
+    __slots__ = ("launch", "shape", "dtype", "device", "mnk", "has_bias", "units", "stream_k")
+
+    @classmethod
+    def of(cls, plan: Plan, a, b, bias, scales, key):
+        if plan.path != "gluon" or plan.operand_dtype is not None or plan.copy_a or plan.copy_b or a.dim() != 2 \
+                or plan.c_dtype != plan.out_dtype or plan.notice \
+                or (bias is not None and (plan.bias_dtype is not None or not bias.is_contiguous())) \
+                or (scales is not None and any(s.dtype != torch.float32 or not s.is_contiguous() for s in scales)):
+            return False
+        self = cls()
+        cfg = plan.config
+        M, K = a.shape
+        N = b.shape[1]
+        BM, BN, BK = cfg["block"]
+        consumers = cfg.get("consumers", 1)
+        rows = BM // consumers
+        slice_n = BN if cfg.get("epilogue_bytes") is None else \
+            min(BN, max(16, cfg["epilogue_bytes"] // (BM * (torch.finfo(plan.c_dtype).bits // 8))))
+        b_block = [BN, BK] if plan.b_t else [BK, BN]
+        makers = {0: lambda t: TmaOperand(t, [BM, BK]),
+                  1: (lambda t: TmaOperand(t.t(), b_block)) if plan.b_t else (lambda t: TmaOperand(t, b_block)),
+                  2: lambda t: TmaOperand(t, [rows, slice_n])}
+        options = dict(num_warps=cfg["num_warps"] // consumers, B_T=plan.b_t, GROUP_M=cfg["group_m"],
+                       HAS_BIAS=plan.has_bias, SCALES=plan.scales, STAGES=cfg["stages"], CONSUMERS=consumers,
+                       STREAM_K=plan.stream_k)
+        self.launch = KeyedLaunch(_GLUON_GEMM, key, plan.grid, options, operands=makers)
+        self.shape, self.dtype, self.device, self.mnk = (M, N), plan.c_dtype, a.device, (M, N, K)
+        self.has_bias, self.units = plan.has_bias, plan.units
+        # (slots, slot elements) of the stream's stream-K buffers, or the whole-tile placeholders
+        self.stream_k = (plan.grid[0] * consumers, rows * BN) if plan.stream_k else None
+        if self.stream_k is None:
+            _stream_k_buffers(plan, a.device, 0, 0)  # (the device's placeholders made now)
+        return self
+
+    def __call__(self, a, b, bias=None, scales=None):
+        c = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        workspace, flags = _UNUSED[self.device] if self.stream_k is None else \
+            stream_k_buffers(self.device, *self.stream_k)
+        sa, sb = (c, c) if scales is None else scales
+        self.launch((a, b, c, *self.mnk, bias if self.has_bias else c, sa, sb, workspace, flags, self.units))
+        return c
+
+
+def recipe(plan: Plan, a, b, bias=None, scales=None, key=None):
+    """The key's GluonGemm, or False (the general path) where it takes none or OP_RECIPES is off."""
+    if key is None or not tiles_launch.OP_RECIPES:
+        return False
+    return GluonGemm.of(plan, a, b, bias, scales, key)
 
 
 def _tl(plan: Plan, a, b, c, bias, scale_a, scale_b):

@@ -12,6 +12,7 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.gemm import launch, plan
+from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.eager import apply as eager_apply  # Function.apply without torch's Python wrapper
 from tilecore.tiles.launch import LRU, SignatureMemo, signature
 
@@ -75,6 +76,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
     # nothing else): the host time of an eager call (issue 31)
     mode = dispatch.eager_mode(a, b, bias)
     key = None if mode == "op" else _GEMM_KEY(a, b, bias, out_dtype)
+    if key is not None and tiles_launch.OP_RECIPES:  # the key's kept launch (its second call on): no plan read
+        prepared = _GEMMS.get(key)
+        if prepared:
+            return prepared(a, b, bias) if mode == "direct" else eager_apply(_GemmFunction, a, b, bias, prepared, key)
     p = None if key is None else _PLANS.get(key)
     if p is None:
         _check(a, b, bias, out_dtype)
@@ -92,10 +97,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
             c = launch.launch(p, a, b, bias, key=key)
         else:
             c = eager_apply(_GemmFunction, a, b, bias, p, key)
+        if key is not None and tiles_launch.OP_RECIPES and key not in _GEMMS:  # (after the key's first launch)
+            _GEMMS.put(key, len(lead) == 1 and launch.recipe(p, a, b, bias, key=key))
     return c if len(lead) == 1 else c.reshape(*lead, c.shape[1])
 
 
 _PLANS = LRU(256)  # gemm's signature -> its plan (CUDA calls)
+_GEMMS = LRU(256)  # gemm's signature -> its launch.GluonGemm (False: the general path), made at the key's first call
 
 
 def _check(a, b, bias, out_dtype) -> None:
@@ -160,6 +168,8 @@ class _GemmFunction(torch.autograd.Function):
     def forward(ctx, a, b, bias, p, key):
         ctx.save_for_backward(a, b)
         ctx.bias_dtype = None if bias is None else bias.dtype
+        if type(p) is launch.GluonGemm:  # the key's kept launch
+            return p(a, b, bias)
         return launch.launch(p, a, b, bias, key=key)
 
     @staticmethod
@@ -185,6 +195,10 @@ def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
     """
     mode = dispatch.eager_mode(a, b, scale_a, scale_b)
     key = None if mode == "op" else _FP8_KEY(a, b, scale_a, scale_b, out_dtype)
+    if key is not None and mode == "direct" and tiles_launch.OP_RECIPES:  # the key's kept launch
+        prepared = _FP8_GEMMS.get(key)
+        if prepared:
+            return prepared(a, b, None, (scale_a, scale_b))
     p = None if key is None else _FP8_PLANS.get(key)
     if p is None:
         _check_fp8(a, b, scale_a, scale_b, out_dtype)
@@ -199,10 +213,13 @@ def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
             if key is not None:
                 _FP8_PLANS.put(key, p)
         c = launch.launch(p, a, b, scales=scales, key=key)
+        if key is not None and tiles_launch.OP_RECIPES and key not in _FP8_GEMMS:
+            _FP8_GEMMS.put(key, len(lead) == 1 and launch.recipe(p, a, b, None, scales, key=key))
     return c if len(lead) == 1 else c.reshape(*lead, N)
 
 
 _FP8_PLANS = LRU(256)  # gemm_fp8's signature -> its plan (CUDA calls)
+_FP8_GEMMS = LRU(256)  # gemm_fp8's signature -> its launch.GluonGemm (False: the general path)
 
 
 def _check_fp8(a, b, scale_a, scale_b, out_dtype) -> None:

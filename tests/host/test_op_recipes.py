@@ -1,0 +1,131 @@
+"""Session 32's per-key recipes (tiles.launch.OP_RECIPES; issue 31's host time): gemm's and gemm_fp8's GluonGemm must
+hand the Gluon kernel what the general path (launch.launch with the key) hands it: the same grid, constexprs and
+options, the same scalars and buffers, and TMA descriptors of the same memory, views and boxes. The Gluon kernel
+cannot run on the CPU, so its launcher is replaced by a recorder here; the GPU check is host_time.py's bits."""
+import pytest
+import torch
+
+from tilecore.ops.gemm import configs, launch as gemm_launch, op as gemm_op
+from tilecore.ops.gemm.plan import Plan
+from tilecore.tiles import launch as tiles_launch
+from tilecore.tiles.launch import LRU, TmaOperand
+
+
+class Recorder:
+    """_GLUON_GEMM's stand-in: every launch's (grid, arguments, options), descriptors by what they describe."""
+
+    def __init__(self):
+        self.calls = []
+        self.keyed = LRU(8)  # (never filled: every KeyedLaunch call goes through run, recorded)
+
+    @staticmethod
+    def _arg(a):
+        if type(a) is TmaOperand:
+            return ("tma", a.base.data_ptr(), tuple(a.shape), tuple(a.strides), tuple(a.block_shape), a.layout)
+        if isinstance(a, torch.Tensor):
+            return ("tensor", a.data_ptr(), a.dtype)
+        return a
+
+    def launch_keyed(self, key, grid, args, kwargs):
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.calls.append((key, grid, tuple(map(self._arg, args)), dict(kwargs)))
+
+    def run(self, key, grid, args, kwargs):
+        self.launch_keyed(key, grid, args, kwargs)
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    rec = Recorder()
+    monkeypatch.setattr(gemm_launch, "_GLUON_GEMM", rec)
+    yield rec
+    tiles_launch.keep_op_recipes(True)
+
+
+def _plan(M, N, K, b_t, bias, scales=0, stream_k=False, out_dtype=torch.bfloat16):
+    cfg = configs.GLUON_FP8 if scales else configs.GLUON_BF16
+    return Plan("gluon", out_dtype=out_dtype, config=cfg, grid=(5,), units=11 if stream_k else 6, stream_k=stream_k,
+                has_bias=bias, scales=scales, b_t=b_t, c_dtype=out_dtype)
+
+
+@pytest.mark.parametrize("b_t", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("stream_k", [False, True])
+def test_gluon_gemm_recipe_launches_what_the_general_path_launches(recorder, b_t, bias, stream_k):
+    M, N, K = 48, 64, 32
+    a = torch.randn(M, K, dtype=torch.bfloat16)
+    b = torch.randn(N, K, dtype=torch.bfloat16).t() if b_t else torch.randn(K, N, dtype=torch.bfloat16)
+    bvec = torch.randn(N, dtype=torch.bfloat16) if bias else None
+    p = _plan(M, N, K, b_t, bias, stream_k=stream_k)
+    key = ("test gemm", b_t, bias, stream_k)
+    c_general = gemm_launch.launch(p, a, b, bvec, key=key)
+    recipe = gemm_launch.recipe(p, a, b, bvec, key=key)
+    assert type(recipe) is gemm_launch.GluonGemm
+    c_recipe = recipe(a, b, bvec)
+    (k1, g1, args1, kw1), (k2, g2, args2, kw2) = recorder.calls
+    assert k1 == k2 == key and g1 == g2 and kw1 == kw2
+    assert c_general.shape == c_recipe.shape == (M, N) and c_general.dtype == c_recipe.dtype == torch.bfloat16
+    # C is each call's own allocation: the same view of it, at its own address
+    assert args1[2][0] == "tma" and args1[2][1] == c_general.data_ptr() and args2[2][1] == c_recipe.data_ptr()
+    assert args1[2][2:] == args2[2][2:]
+    unused = (6, 7, 8) if not bias else (7, 8)  # the pointers a launch without bias / scales passes: C itself
+    same = [i for i in range(len(args1)) if i != 2 and i not in unused]
+    assert all(args1[i] == args2[i] for i in same), (args1, args2)
+    for i in unused:
+        assert args1[i][1] == c_general.data_ptr() and args2[i][1] == c_recipe.data_ptr()
+
+
+def test_gluon_gemm_recipe_for_fp8_scales(recorder):
+    M, N, K = 32, 48, 64
+    a = torch.randn(M, K).to(torch.float8_e4m3fn)
+    b = torch.randn(N, K).to(torch.float8_e4m3fn).t()
+    scales = (torch.rand(M, 1), torch.rand(1, N))
+    p = _plan(M, N, K, True, False, scales=4)
+    key = ("test fp8",)
+    gemm_launch.launch(p, a, b, scales=scales, key=key)
+    recipe = gemm_launch.recipe(p, a, b, None, scales, key=key)
+    recipe(a, b, None, scales)
+    (_, g1, args1, kw1), (_, g2, args2, kw2) = recorder.calls
+    assert g1 == g2 and kw1 == kw2
+    assert args1[:2] == args2[:2] and args1[3:6] == args2[3:6] and args1[7:] == args2[7:]
+    assert args1[7][1] == scales[0].data_ptr() and args1[8][1] == scales[1].data_ptr()
+
+
+@pytest.mark.parametrize("what", ["copy_a", "operand_dtype", "bias_dtype", "c_dtype", "batched", "scales", "off"])
+def test_gluon_gemm_recipe_refused_where_the_general_path_converts(recorder, what):
+    M, N, K = 16, 32, 32
+    a = torch.randn(2, M, K, dtype=torch.bfloat16) if what == "batched" else torch.randn(M, K, dtype=torch.bfloat16)
+    b = torch.randn(K, N, dtype=torch.bfloat16)
+    fields = dict(copy_a=what == "copy_a", operand_dtype=torch.float16 if what == "operand_dtype" else None,
+                  bias_dtype=torch.float32 if what == "bias_dtype" else None)
+    p = Plan("gluon", out_dtype=torch.bfloat16, config=configs.GLUON_BF16, grid=(2,), units=2, has_bias=True,
+             c_dtype=torch.float32 if what == "c_dtype" else torch.bfloat16, **fields)
+    scales = (torch.rand(M, 1, dtype=torch.float64), torch.rand(1, N)) if what == "scales" else None
+    if what == "off":
+        tiles_launch.keep_op_recipes(False)
+    assert gemm_launch.recipe(p, a, b, torch.randn(N, dtype=torch.bfloat16), scales, key=("k",)) is False
+
+
+def test_gemm_op_reaches_the_recipe_on_a_keys_second_call(recorder, monkeypatch):
+    """gemm() with a key: the first call plans and launches (general path) and keeps the recipe; the second goes
+    through the recipe alone (no plan read); each launch hands the kernel the same arguments but C."""
+    M, N, K = 32, 64, 32
+    a, b = torch.randn(M, K, dtype=torch.bfloat16), torch.randn(K, N, dtype=torch.bfloat16)
+    p = _plan(M, N, K, False, False)
+    monkeypatch.setattr(gemm_op.dispatch, "eager_mode", lambda *tensors: "direct")
+    monkeypatch.setattr(gemm_op, "signature", lambda *items: ("cpu key",) + tuple(
+        (t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else t for t in items))
+    monkeypatch.setattr(gemm_op.plan, "plan", lambda *args, **kwargs: p)
+    gemm_op._PLANS.clear()
+    gemm_op._GEMMS.clear()
+    general = []
+    plain = gemm_launch.launch
+    monkeypatch.setattr(gemm_launch, "launch", lambda *args, **kwargs: general.append(1) or plain(*args, **kwargs))
+    c1 = gemm_op.gemm(a, b)
+    c2 = gemm_op.gemm(a, b)
+    assert len(general) == 1  # the second call: the recipe alone
+    first, second = (call[2] for call in recorder.calls)
+    assert len(recorder.calls) == 2 and first[:2] == second[:2] and first[3:6] == second[3:6] and first[9:] == second[9:]
+    assert c1.shape == c2.shape == (M, N)
+    gemm_op._PLANS.clear()
+    gemm_op._GEMMS.clear()
