@@ -13,7 +13,13 @@ Checks (NaN-poisoned o and final states, every element written; error over the b
 bf16 h0 N 1000 (B2 H8, D and z), N 33 (B1 H4), fp16 h0 N 1000, strong decays (A in [-80, -20]: every chunk's
 exponent difference above the diagonal is +inf in LEAN's unmasked exps) N 300; with LEAN also linear attention
 with beta, a scalar decay with a reset, scale 0.5 and no D / z (the scale moved onto beta V's rows), N 1000.
-Prints a table last; JSON to $OUT/mamba_s32.json. About 100 s on an H100.
+Decode steps (issue 33's >= 90% of the copy bandwidth over the state read and written; last timed in session 24
+through the host, 0.049 ms against a 0.017 ms copy): the step kernel alone (kernels_tl.la_step_kernel) by CUDA graphs
+at its shipped blocks (value blocks of configs.STEP_BV, configs.STEP_WARPS) and at value blocks 16 / 32 / 128 and 8
+warps, beside a graph-timed copy of the state's bytes and the public ops (linear_attention_step, mamba2_step) in
+graphs; each variant's o and state against the float64 step. Shapes: linear d128 B16 H16 (scalar decay, float32
+state) and Mamba-2 2.7B B16 (H80 P64 S128, D, z; the (b, h, p, s) state by strides).
+Prints a table last; JSON to $OUT/mamba_s32.json. About 110 s on an H100.
 """
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ START = time.time()
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 WARM_DEADLINE = 75.0
 PEER_DEADLINE = 125.0
-RESULTS: dict = {"check": [], "time": {}, "warm": [], "errors": []}
+RESULTS: dict = {"check": [], "time": {}, "warm": [], "errors": [], "step": {}, "step_check": []}
 CASE = "mamba2 2.7B shape"
 # name -> gluon_forward.launch_args keywords over the shipped flags
 VARIANTS = {
@@ -164,6 +170,12 @@ def _warm(name: str):
     """In a process of its own: the variant's checks, then one launch at the timed shape (compiles it)."""
     t0 = time.time()
     rows = []
+    if name.startswith("step "):
+        try:
+            rows = step_checks(name[5:])
+            return name, None, time.time() - t0, rows
+        except Exception as err:  # noqa: BLE001
+            return name, f"{type(err).__name__}: {err}"[:300], time.time() - t0, rows
     try:
         for c in CHECKS:
             rows.append(check_mamba(name, *c))
@@ -189,8 +201,16 @@ def warm(names) -> set:
     try:
         for fut in cf.as_completed(futs, timeout=max(1.0, WARM_DEADLINE - elapsed())):
             name, err, secs, rows = fut.result()
-            RESULTS["check"] += rows
             RESULTS["warm"].append(dict(variant=name, error=err, s=round(secs, 1)))
+            if name.startswith("step "):
+                RESULTS["step_check"] += rows
+                if err:
+                    print("warm", name, err, flush=True)
+                for r in rows:
+                    if r["all_written"] and r["out_floor"] < 2.5 and r["state_rel"] < 1e-5:
+                        ok.add((name[5:], r["variant"]))
+                continue
+            RESULTS["check"] += rows
             good = all(r["all_written"] and r["out_floor"] < 2.5 for r in rows) and len(rows) >= len(CHECKS)
             if err or not good:
                 print("warm", name, err, "checks", [(r["case"], r["out_floor"], r["all_written"]) for r in rows],
@@ -273,6 +293,128 @@ def finish_peer(handle) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
+# decode steps: the kernel alone at its blocks (value block, warps) by CUDA graphs, the copy, the public ops
+
+# name -> (value block, warps); None: the shipped (configs.STEP_BV, configs.STEP_WARPS)
+STEP_VARIANTS = {"shipped": (None, None), "bv16": (16, None), "bv32": (32, None), "bv128": (128, None),
+                 "w8": (None, 8), "bv32 w8": (32, 8)}
+STEP_CASES = ("linear", "mamba2")
+
+
+def step_inputs(case: str, seed: int = 1):
+    torch.manual_seed(seed)
+    B, bf = 16, torch.bfloat16
+    if case == "linear":
+        H, Dk, Dv = 16, 128, 128
+        t = dict(q=torch.randn(B, H, Dk, device="cuda", dtype=bf), k=torch.randn(B, H, Dk, device="cuda", dtype=bf),
+                 v=torch.randn(B, H, Dv, device="cuda", dtype=bf), g=-torch.rand(B, H, device="cuda") * 0.3,
+                 beta=None, d_skip=None, z=None, state=torch.randn(B, H, Dk, Dv, device="cuda"), scale=Dk ** -0.5)
+        return t
+    H, P, S = 80, 64, 128
+    dt = torch.nn.functional.softplus(torch.randn(B, H, device="cuda") - 2)
+    A = -torch.rand(H, device="cuda") * 8 - 0.5
+    D = torch.randn(H, device="cuda")
+    return dict(q=(torch.randn(B, 1, S, device="cuda") * S ** -0.5).to(bf),
+                k=(torch.randn(B, 1, S, device="cuda") * S ** -0.5).to(bf),
+                v=torch.randn(B, H, P, device="cuda", dtype=bf), g=dt * A, beta=dt, dt=dt, A=A, D=D,
+                d_skip=D[:, None].expand(H, P).contiguous(), z=torch.randn(B, H, P, device="cuda", dtype=bf),
+                state=torch.randn(B, H, P, S, device="cuda"), scale=1.0)
+
+
+def step_launch(case: str, t: dict, name: str, state=None, o=None):
+    """The step kernel alone on t at the variant's blocks (the Mamba-2 state (b, h, p, s) read by strides)."""
+    import dataclasses
+
+    from tilecore.ops.linear_attention import configs, launch
+    from tilecore.ops.linear_attention.plan import IDENTITY, plan
+
+    bv, warps = STEP_VARIANTS[name]
+    state = t["state"] if state is None else state
+    o = torch.empty_like(t["v"]) if o is None else o
+    p = plan(t["q"][:, None], t["v"][:, None], None, IDENTITY)
+    if warps is not None:
+        p = dataclasses.replace(p, config={**p.config, "step_warps": warps})
+    strides = None
+    if case == "mamba2":
+        s0, s1, s2, s3 = state.stride()
+        strides = (s0, s1, s3, s2)
+    saved = configs.STEP_BV
+    try:
+        if bv is not None:
+            configs.STEP_BV = bv
+        kern, grid, args, kw = launch.step_call(p, t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"], t["z"],
+                                                state, o, t["scale"], IDENTITY, strides)
+    finally:
+        configs.STEP_BV = saved
+    return lambda: kern[grid](*args, **kw), o
+
+
+def step_reference(case: str, t: dict):
+    """(o, the state after the step) in float64."""
+    S = t["state"].double()
+    q, k, v = t["q"].double(), t["k"].double(), t["v"].double()
+    if case == "linear":
+        S = S * t["g"].double().exp()[..., None, None] + k[..., :, None] * v[..., None, :]
+        return t["scale"] * torch.einsum("bhf,bhfv->bhv", q, S), S
+    dt, g = t["dt"].double(), t["g"].double()
+    S = S * g.exp()[..., None, None] + (dt[..., None] * v)[..., :, None] * k[:, :1, None, :]  # (b, h, p, s)
+    y = torch.einsum("bs,bhps->bhp", q[:, 0], S) + t["D"].double()[None, :, None] * v
+    z = t["z"].double()
+    return y * z * torch.sigmoid(z), S
+
+
+def step_checks(case: str) -> list:
+    """Every variant on a fresh copy of the state into a NaN-filled o, against the float64 step (this also compiles
+    them for the timing phase)."""
+    t = step_inputs(case)
+    ref_o, ref_S = step_reference(case, t)
+    rows = []
+    for name in STEP_VARIANTS:
+        state = t["state"].clone()
+        o = torch.full_like(t["v"], float("nan"))
+        fn, _ = step_launch(case, t, name, state=state, o=o)
+        fn()
+        torch.cuda.synchronize()
+        rows.append(dict(case=f"step {case}", variant=name, all_written=not bool(o.isnan().any()),
+                         out_floor=round(accuracy.error_over_floor(o.nan_to_num(), ref_o), 3),
+                         state_rel=accuracy.rel_rms(state, ref_S)))
+    return rows
+
+
+def step_phase(ok: set):
+    from triton.testing import do_bench_cudagraph
+
+    from tilecore.ops.linear_attention import linear_attention_step, mamba2_step
+
+    graph = lambda fn: do_bench_cudagraph(fn, rep=20, return_mode="median")  # noqa: E731
+    for case in STEP_CASES:
+        t = step_inputs(case, seed=2)
+        row = dict(state_bytes=t["state"].numel() * 4)
+        src = torch.empty_like(t["state"])
+        dst = torch.empty_like(src)
+        row["copy_ms"] = attempt(f"step copy {case}", lambda: graph(lambda: dst.copy_(src)))
+        for name in STEP_VARIANTS:
+            if (case, name) not in ok:
+                continue
+            fn, _ = step_launch(case, t, name)
+            row[f"{name}_ms"] = attempt(f"step {case} {name}", lambda: graph(fn))
+        with torch.no_grad():
+            if case == "linear":
+                op = lambda: linear_attention_step(t["q"], t["k"], t["v"], t["state"], decay=t["g"])  # noqa: E731
+            else:
+                op = lambda: mamba2_step(t["state"], t["v"], t["dt"], t["A"], t["k"], t["q"], D=t["D"],  # noqa: E731
+                                         z=t["z"])
+            for _ in range(3):  # (keyed: the op's later calls take their prepared launches)
+                op()
+            torch.cuda.synchronize()
+            row["op_graph_ms"] = attempt(f"step op {case}", lambda: graph(op))
+            row["op_eager_ms"] = attempt(f"step op eager {case}", lambda: gfw.bench(op))
+        RESULTS["step"][case] = row
+        print("step", case, row, flush=True)
+    save()
+
+
+# --------------------------------------------------------------------------------------------
 # time
 
 
@@ -339,6 +481,20 @@ def table(peer: dict) -> str:
         lines.append(f"{case}: out/floor {min(v)}-{max(v)} over {len(v)} variants")
     for r in bad:
         lines.append(f"BAD {r['variant']} {r['case']} written {r['all_written']} {r['out_floor']}")
+    lines.append("decode step (CUDA graphs) | ms | % of the state's copy (same bytes read and written)")
+    for case, r in RESULTS.get("step", {}).items():
+        copy = r.get("copy_ms")
+        cells = [f"{n} {r[n + '_ms']:.4f} ({100 * copy / r[n + '_ms']:.0f}%)" for n in list(STEP_VARIANTS)
+                 + ["op_graph"] if r.get(n + "_ms") and copy]
+        eager = r.get("op_eager_ms")
+        lines.append(f"{case}: copy {copy and round(copy, 4)} ms, eager op {eager and round(eager, 4)} | "
+                     + ", ".join(cells))
+    for case in STEP_CASES:
+        v = [r for r in RESULTS.get("step_check", []) if r["case"] == f"step {case}"]
+        if v:
+            lines.append(f"step {case} checks: out/floor {min(r['out_floor'] for r in v)}-"
+                         f"{max(r['out_floor'] for r in v)}, state rel <= {max(r['state_rel'] for r in v):.1e}, "
+                         f"written {all(r['all_written'] for r in v)} ({len(v)} variants)")
     lines += [f"ERROR {e}" for e in RESULTS["errors"][:10]]
     return "\n".join(lines)
 
@@ -347,6 +503,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default=",".join(VARIANTS))
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--no-step", action="store_true")
     args = ap.parse_args()
     names = [n for n in VARIANTS if n in args.only.split(",") or n == "shipped"]
     try:
@@ -356,8 +513,10 @@ def main():
         RESULTS["meta"] = {"error": str(err)}
     print(RESULTS["meta"], flush=True)
     peer = None if args.no_peer else start_peer()
-    ok = warm(names)
+    ok = warm(names + ([] if args.no_step else [f"step {c}" for c in STEP_CASES]))
     attempt("time", lambda: time_phase(ok, names))
+    if not args.no_step:
+        attempt("step", lambda: step_phase(ok))
     peer_res = finish_peer(peer) if peer is not None else {}
     RESULTS["peer"] = peer_res
     print("peer", peer_res, flush=True)
