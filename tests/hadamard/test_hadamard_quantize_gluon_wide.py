@@ -95,6 +95,77 @@ def test_halves_data_flow_is_the_transform():
                     assert (i * 128 + 64 * c + G * g) // G == i * 2 * GR + c * GR + g
 
 
+def test_units_data_flow_is_the_transform():
+    """UNITS' arithmetic in float64 (session 32): consumer 0 the blocks J = 0, 1, consumer 1 J = 2, each unit's
+    W_J0 and W_J1 once, Y_J0 = (W_J0 + W_J1) H_64, Y_J1 = (W_J0 - W_J1) H_64; staged in slot j with J = 2 c + j // 2
+    and h = j % 2 and stored at (row, 64 J, W h) (_store_units), every output block written once; int4's sub-row
+    scale at 64 J + i; the groups' scale index as HALVES 2's with C = h."""
+    from tilecore.ops.hadamard.reference import hadamard_reference
+
+    m, p = 148, 128
+    torch.manual_seed(2)
+    x = torch.randn(3, m * p, dtype=torch.float64)
+    H = torch.zeros(192, 192, dtype=torch.float64)
+    H[:m, :m] = orders.hadamard_of_order(m).double()
+    h64 = hadamard_matrix(64, torch.float64)
+    ref = hadamard_reference(x, (m * p)**-0.5, out_dtype=torch.float64).reshape(3, m, p)
+    for r in range(3):
+        X = torch.zeros(192, p, dtype=torch.float64)
+        X[:m] = x[r].reshape(m, p)
+        out = torch.full((192, p), float("nan"), dtype=torch.float64)
+        for c in range(2):
+            held = []
+            for J in ((0, 1) if c == 0 else (2,)):
+                blocks = [H[64 * J:64 * J + 64, 64 * k:64 * k + 64] for k in range(3)]
+                wa = sum(b @ X[64 * k:64 * k + 64, :64] for k, b in enumerate(blocks))
+                wb = sum(b @ X[64 * k:64 * k + 64, 64:] for k, b in enumerate(blocks))
+                held += [((wa + wb) @ h64) * (m * p)**-0.5, ((wa - wb) @ h64) * (m * p)**-0.5]
+            assert len(held) == 4 - 2 * c  # NU
+            for j, y in enumerate(held):  # _store_units: box (row, 64 J, 64 h) of the (rows, m, 128) view
+                J, h = 2 * c + j // 2, j % 2
+                assert torch.isnan(out[64 * J:64 * J + 64, 64 * h:64 * h + 64]).all()  # each block once
+                out[64 * J:64 * J + 64, 64 * h:64 * h + 64] = y
+        assert (out[:m] - ref[r]).abs().max() < 1e-12
+    for J in range(3):  # int4: the sub-row 64 J + i's scale (groups of 128 = a sub-row)
+        for i in range(64):
+            assert (64 * J + i) * 128 // 128 == 64 * J + i
+
+
+def test_plan_switches_units_only_at_halves_2():
+    """UNITS (plan tuning "units", configs.QUANT_GLUON_UNITS) reaches the kernel at m x 128 only; the transform's
+    kron "gluon" plan carries it (KRON_GLUON_UNITS)."""
+    for fmt in ("fp8_e4m3", "mxfp4", "int4"):
+        assert _plan(fmt, n=18944, gluon=True, _gluon_ok=True, units=True).config.get("UNITS")
+        assert not _plan(fmt, n=11008, gluon=True, _gluon_ok=True, units=True).config.get("UNITS")
+        assert bool(_plan(fmt, n=18944, gluon=True, _gluon_ok=True).config.get("UNITS")) == bool(
+            quantize._by_format(configs.QUANT_GLUON_UNITS, fmt, 18944, False))
+
+
+_COMPILE_UNITS = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+from experiments.hadamard.wide_gluon_compile import compile_one
+for fmt in ("store", "mxfp4", "fp8_e4m3", "int4"):
+    print(json.dumps(compile_one(148, 128, fmt, stages=1 if fmt == "store" else 2, ktrim=True, units=True)))
+"""
+
+
+def test_units_kernel_compiles_for_sm90():
+    """UNITS at 148 x 128 (session 32) compiles for sm_90a: 108 wgmma (consumer 0 two units, consumer 1 one, each
+    2 x (4 + 4 + 2) trimmed mixing K steps and 2 x 2 x 4 second-product steps) against HALVES 2's 168, TMA, not
+    serialized, within 227 KiB (STORE at its one stage); spills 160-184 B at two stages, 264 STORE at one (loop-
+    invariant 64-bit values reloaded in the row loop, sm_90a SASS) against HALVES 2's 56-92 (196 STORE)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE_UNITS], capture_output=True, text=True, env=env, timeout=900,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    assert [x["format"] for x in res] == ["store", "mxfp4", "fp8_e4m3", "int4"]
+    for x in res:
+        assert x["wgmma"] == 108 and x["tma"] and not x["wgmma_serialized"] and x["shared_meta"] <= 227 * 1024, x
+        assert x["spill_stores"] <= 280, x
+
+
 _COMPILE = r"""
 import json, os, sys
 sys.path.insert(0, os.getcwd())

@@ -227,11 +227,9 @@ class WideQuantize:
     @gluon.jit
     def start(self, ctx, tile, prev):
         z = gl.zeros([BLOCK, BLOCK], gl.float32, wgmma_layout(BLOCK, BLOCK, gl.num_warps()))
-        if self.UNITS and self.FORMAT == STORE:  # the blocks held as the output values (half the registers)
-            zo = z.to(self.codes_desc.dtype)
+        if self.UNITS:
+            zo = self._held(z)
             return Quad(zo, zo, zo, zo, tile * 0)
-        elif self.UNITS:
-            return Quad(z, z, z, z, tile * 0)
         elif self.HALVES == 2:
             return Mixed(z, z, z, tile * 0)
         else:
@@ -242,21 +240,34 @@ class WideQuantize:
         """This consumer's row: W_j = sum_k H[j, k] X_k, then Y_j from it, block by block (so that at most one
         W_j is live beside the finished Y's); the stage is released after. UNITS: _compute_units."""
         if self.UNITS:
-            out = self._compute_units(ctx, state, stage)
+            out = self._compute_units(ctx, state, stage, tile)
         else:
             out = self._compute_rows(ctx, state, stage)
         return out
 
     @gluon.jit
-    def _compute_units(self, ctx, state, stage):
+    def _held(self, y):
+        """UNITS: the form a finished block is held in until finish: STORE's output values and the group formats'
+        packed codes are made in compute (_unit: 16 registers a block, not 32), the per-token formats' and AMAX's
+        float32 blocks wait for the row's maximum."""
+        if self.FORMAT == STORE:
+            out = y.to(self.codes_desc.dtype)
+        elif self.G != 0 and self.FORMAT != AMAX:
+            out = _pack(y.to(gl.int32), BLOCK, BLOCK)
+        else:
+            out = y
+        return out
+
+    @gluon.jit
+    def _compute_units(self, ctx, state, stage, row):
         """UNITS: each output block once, consumer 0 J = 0, 1, consumer 1 J = 2, both column halves each."""
         h64 = ctx.operand.index(NB * NB)
         z = gl.zeros([BLOCK, BLOCK], gl.float32, wgmma_layout(BLOCK, BLOCK, gl.num_warps()))
         if ctx.index == 0:
-            u0, u1 = self._unit(ctx, stage, z, h64, 0)
-            u2, u3 = self._unit(ctx, stage, z, h64, 1)
+            u0, u1 = self._unit(ctx, stage, z, h64, 0, row)
+            u2, u3 = self._unit(ctx, stage, z, h64, 1, row)
         else:
-            u0, u1 = self._unit(ctx, stage, z, h64, 2)
+            u0, u1 = self._unit(ctx, stage, z, h64, 2, row)
             u2 = state.y2
             u3 = state.y3
         return Quad(u0, u1, u2, u3, ctx.ring_step)
@@ -331,7 +342,7 @@ class WideQuantize:
         return self._rotated(w, h64, J)
 
     @gluon.jit
-    def _unit(self, ctx, stage, z, h64, J: gl.constexpr):
+    def _unit(self, ctx, stage, z, h64, J: gl.constexpr, row):
         """UNITS: output block J of both column halves, each mixing product once: W_Jh = sum_k H[J, k] X_kh (both
         chains issued, then waited for), then Y_J0 = (W_J0 + W_J1) H_64 and Y_J1 = (W_J0 - W_J1) H_64 (H_128 =
         H_2 (x) H_64) on the bf16 pieces, rscale and the sub-rows past m as _rotated."""
@@ -348,10 +359,30 @@ class WideQuantize:
         y0 = self._rotated(wa + wb, h64, J)
         if self.FORMAT == STORE:  # the output values now: the final rounding (half the registers held)
             y0 = y0.to(self.codes_desc.dtype)
+        elif self.G != 0 and self.FORMAT != AMAX and self.G <= BLOCK:  # the codes now (scales stored), packed bytes held
+            y0 = self._group_codes(y0, J, row, 0)
         y1 = self._rotated(d, h64, J)
         if self.FORMAT == STORE:
             y1 = y1.to(self.codes_desc.dtype)
+        elif self.G != 0 and self.FORMAT != AMAX and self.G <= BLOCK:
+            y1 = self._group_codes(y1, J, row, 1)
+        elif self.G != 0 and self.FORMAT != AMAX:  # int4's groups of 128: a sub-row, both of its halves here
+            y0, y1 = self._subrow_pair(y0, y1, J, row)
         return y0, y1
+
+    @gluon.jit
+    def _subrow_pair(self, y0, y1, J: gl.constexpr, row):
+        """UNITS, groups of 128 (int4): block J's sub-row scales from both halves' maxima (stored), and the two
+        halves' codes (packed bytes as int32)."""
+        ga = self._folded(_max_nan(_amax(y0, 1), _amax(y1, 1)))
+        recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX)  # [64]
+        recip = gl.expand_dims(self._folded(recip), 1)
+        i = gl.arange(0, BLOCK, layout=stored.type.layout) + J * BLOCK
+        gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i, stored.to(self.scales.dtype.element_ty),
+                 mask=(i < self.M) & (row < self.rows))
+        keep = gl.expand_dims(keep, 1)
+        return (_pack(gl.where(keep, _rni(y0 * recip), 0), BLOCK, BLOCK),
+                _pack(gl.where(keep, _rni(y1 * recip), 0), BLOCK, BLOCK))
 
     @gluon.jit
     def _issue_mixing(self, ctx, xs, w, J: gl.constexpr):
@@ -442,21 +473,9 @@ class WideQuantize:
             for j in gl.static_range(NU):
                 self._stage(ctx, j, self._token_codes(ys[j] * recip))
             self._store_units(ctx, row, NU)
-        elif self.G == 2 * BLOCK:  # int4's groups of 128: a sub-row, both of its halves in this consumer
-            for u in gl.static_range(NU // 2):  # block J = 2 c + u
-                ga = self._folded(_max_nan(_amax(ys[2 * u], 1), _amax(ys[2 * u + 1], 1)))
-                recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX)  # [64]
-                recip = gl.expand_dims(self._folded(recip), 1)
-                i = gl.arange(0, BLOCK, layout=stored.type.layout) + (2 * ctx.index + u) * BLOCK
-                gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i,
-                         stored.to(self.scales.dtype.element_ty), mask=(i < self.M) & (row < self.rows))
-                keep = gl.expand_dims(keep, 1)
-                self._stage(ctx, 2 * u, _pack(gl.where(keep, _rni(ys[2 * u] * recip), 0), BLOCK, BLOCK))
-                self._stage(ctx, 2 * u + 1, _pack(gl.where(keep, _rni(ys[2 * u + 1] * recip), 0), BLOCK, BLOCK))
-            self._store_units(ctx, row, NU)
-        else:  # groups inside a half's sub-row
+        else:  # group formats: the codes made in compute (_unit), held packed
             for j in gl.static_range(NU):
-                self._stage(ctx, j, self._group_codes(ys[j], 2 * ctx.index + j // 2, row, j % 2))
+                self._stage(ctx, j, ys[j])
             self._store_units(ctx, row, NU)
 
     @gluon.jit
