@@ -56,6 +56,11 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides
     "pipe3_chain": dict(pv_smem=3, block_n2=128, stages=2, q_buffers=1, max_tree=False), "pipe3": dict(pv_smem=3, block_n2=128, stages=2, q_buffers=1),
     "pipe_s3": dict(pv_smem=2, block_n2=128, stages=3), "pipe3_s3": dict(pv_smem=3, block_n2=128, stages=3), "early": dict(early_exp2=True), "smem_early": dict(pv_smem=1, early_exp2=True),
     "smem_late_early": dict(pv_smem=1, rescale_late=True, early_exp2=True),
+    # session 32: S of block j issued before the softmax of block j - 1 (gluon_fp8.compute_ahead)
+    "ahead": dict(s_ahead=True), "ahead_smem": dict(s_ahead=True, pv_smem=1), "ahead_packed": dict(s_ahead=True, cast_late=2),
+    "ahead_smem_lmma0": dict(s_ahead=True, pv_smem=1, l_mma=0), "ahead_packed_lmma0": dict(s_ahead=True, cast_late=2, l_mma=0),
+    "ahead_lmma0": dict(s_ahead=True, l_mma=0), "ahead_trace": dict(s_ahead=True, trace=True),
+    "ahead_l0_trace": dict(s_ahead=True, pv_smem=1, l_mma=0, trace=True), "ahead_packed_l0": dict(s_ahead=True, cast_late=2, l_mma=0),
     "smem_bn192q8": dict(pv_smem=1, block_n2=64, stages=2, exp2_fma_every=-8), "smem_bn192s2": dict(pv_smem=1, block_n2=64, stages=2),
 }
 
@@ -141,7 +146,7 @@ def compile_variant(D: int, causal: bool, overrides: dict):
                 P_SHIFT=float(cfg["p_shift"]), RESCALE_TAU=float(cfg["rescale_tau"]), L_MMA=cfg["l_mma"],
                 PROBE_NO_SOFTMAX=int(cfg.get("probe_no_softmax", 0)), MAX_TREE=cfg["max_tree"],
                 RESCALE_LATE=cfg.get("rescale_late", False), PV_SMEM=int(cfg.get("pv_smem", 0)),
-                EARLY_EXP2=bool(cfg.get("early_exp2", False)))
+                EARLY_EXP2=bool(cfg.get("early_exp2", False)), S_AHEAD=bool(cfg.get("s_ahead", False)))
     if cfg.get("trace"):  # the timing probe's stamps (session 30)
         args.update(trace=torch.empty(1024, dtype=torch.int32), TRACE=True)
     bn2 = cfg.get("block_n2", 0)
@@ -165,6 +170,31 @@ def analyse(k) -> dict:
     step = [i for a, i in rows[j:] if a <= end]
     return dict(softmax_block=counts([i for _, i in bl[soft]]), step=counts(step), kernel=counts([i for _, i in rows]),
                 softmax_block_ex2=ex2[soft], step_first=rows[j][0], step_last=end)
+
+
+def overlap_facts(k) -> dict:
+    """S_AHEAD (session 32): in the steady softmax block (the most MUFU.EX2; D128 / D64 unmasked), where its step's S
+    wgmma (the QGMMA from zero, "RZ, !UPT", before the block) was issued, whether a WARPGROUP.DEPBAR lies between that
+    issue and the block's last MUFU.EX2 (none: S and P V run on the tensor cores under the exponentials), and the spill
+    loads and stores (LDL / STL) from that issue to the block's end."""
+    rows = sass_rows(k.asm["cubin"])
+    bl = blocks(rows)
+    ex2 = [sum(opcode(i).startswith("MUFU.EX2") for _, i in b) for b in bl]
+    soft = max(range(len(bl)), key=lambda i: (ex2[i], len(bl[i])))
+    start = next(i for i, (a, _) in enumerate(rows) if a == bl[soft][0][0])
+    end = next(i for i, (a, _) in enumerate(rows) if a == bl[soft][-1][0])
+    issue = start
+    while issue > 0 and not (opcode(rows[issue][1]).startswith("QGMMA.64x128") and "!UPT" in rows[issue][1]):
+        issue -= 1
+    last_ex2 = max(i for i in range(start, end + 1) if opcode(rows[i][1]).startswith("MUFU.EX2"))
+    first_ex2 = min(i for i in range(start, end + 1) if opcode(rows[i][1]).startswith("MUFU.EX2"))
+    span = [ins for _, ins in rows[issue:end + 1]]
+    return dict(ex2=ex2[soft], s_issue_before_ex2=issue < first_ex2,
+                depbar_before_last_ex2=any("WARPGROUP.DEPBAR" in ins for _, ins in rows[issue:last_ex2]),
+                depbar_after_last_ex2=any("WARPGROUP.DEPBAR" in ins for _, ins in rows[last_ex2:end + 1]),
+                qgmma_issued=sum(opcode(ins).startswith("QGMMA") for _, ins in rows[issue:first_ex2]),
+                step_spills=sum(opcode(ins).startswith(("STL", "LDL")) for ins in span),
+                step_instructions=len(span))
 
 
 def main():
