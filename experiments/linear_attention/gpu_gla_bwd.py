@@ -165,17 +165,20 @@ S31_LAST = [S31_RUN3[0], S31_RUN3[2], S31_RUN3[5],
                 dg_fused=True), "chunked")]
 # session 32 (HA, issue 33: the dqk kernel from 38% of its bound): over configs' CHUNKED (session 31's flip), dg_local
 # (the later tokens' dg part from S_c, dS_c and the chunk's k, v: no unpipelined load of S_(c+1) each value block; q, k
-# issued before the span test), a register cap for 3 programs an SM (168: 376 B spilled on sm_90a; 0 without), key
-# blocks of 64 at 8 warps (247 registers, 0 spilled), 3 stages of the value loop, the dv kernel's key channels by 32
-# (245 registers, 0 spilled; 255 / 4 B at 64) and at 8 warps (245, 0)
+# issued before the span test), dqk_early (the first value block's tiles before the span test too), register caps for
+# 3 / 4 programs an SM, key blocks of 16 (sm_90a: 192 registers, 0 spilled; capped at 168: 0 spilled, 3 programs an SM;
+# at 128: 92 B), 3 stages of the value loop, the dv kernel's key channels by 32 and its value blocks of 64. sm_90a of the
+# dqk kernel (common launch): shipped 254 / 0 B, local 255 / 0, local early 255 / 28, local r168 168 / 368
 S32_VARIANTS = [
     ("cfg s32 local", dict(diag=5), dict(dg_local=True), "chunked"),
+    ("cfg s32 local early", dict(diag=5), dict(dg_local=True, dqk_early=True), "chunked"),
     ("cfg s32 local r168", dict(diag=5), dict(dg_local=True, dqk_maxnreg=168), "chunked"),
-    ("cfg s32 r168", dict(diag=5), dict(dqk_maxnreg=168), "chunked"),
-    ("cfg s32 kb64 w8", dict(diag=5), dict(BKB=64, dqk_warps=8), "chunked"),
+    ("cfg s32 local kb16", dict(diag=5), dict(dg_local=True, BKB=16), "chunked"),
+    ("cfg s32 local kb16 r168", dict(diag=5), dict(dg_local=True, BKB=16, dqk_maxnreg=168), "chunked"),
+    ("cfg s32 local kb16 r128", dict(diag=5), dict(dg_local=True, BKB=16, dqk_maxnreg=128), "chunked"),
     ("cfg s32 local st3", dict(diag=5), dict(dg_local=True, dqk_stages=3), "chunked"),
     ("cfg s32 local dvkd32", dict(diag=5), dict(dg_local=True, KD=32), "chunked"),
-    ("cfg s32 local dvw8", dict(diag=5), dict(dg_local=True, dv_warps=8), "chunked"),
+    ("cfg s32 local dvbv64 kd32", dict(diag=5), dict(dg_local=True, dv_BV=64, KD=32), "chunked"),
 ]
 VARIANTS += S31_VARIANTS[:-1] + S31_RUN3 + S31_LAST[3:] + S32_VARIANTS
 if S32 and "--variants" not in sys.argv:

@@ -90,18 +90,21 @@ def test_value_loop_matches_whole_value_columns():
         run_chunked(q, k, v, g, s0, do, dht, st.float(), BT=16, dqk_VB=16, dk_at=True, dg_fused=False)
 
 
-@pytest.mark.parametrize("final, local", [(True, False), (False, False), (True, True), (False, True)])
+@pytest.mark.parametrize("final, local", [(True, False), (False, False), (True, True), (False, True),
+                                          (True, "early"), (False, "early")])
 def test_dg_fused_in_the_dqk_kernel(final, local):
     """dg_fused: dg stored whole by the dqk kernel (the later tokens' part from S_(c+1) dS_c; the final state's from
     ht where given), no dg kernel: fp16 N 17 and float32 strong decays + a reset + a -1e30 channel at N 200, with and
     without a final state's gradient; dg 0 where the floor clamped. dg_local (session 32): the same part from S_c,
-    dS_c and the chunk's own k, v (S_(c+1) never read; ht not passed)."""
+    dS_c and the chunk's own k, v (S_(c+1) never read; ht not passed); "early": with dqk_early (the first value
+    block's tiles loaded before the span test, the loop from the second)."""
+    extra = dict(dg_local=bool(local), dqk_early=local == "early")
     torch.manual_seed(11)
     q, k, v, g, s0 = make(1, 17, 1, 1, 32, 40, dtype=F16, decay="channel", h0=True)
     do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape) if final else None
     _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
     got = run_chunked(q, k, v, g, s0, do, dht, None if local else st.float(), BT=16, BKB=16, KD=16, BV=16, BK_DG=16,
-                      dqk_VB=16, dg_fused=True, dg_local=local)
+                      dqk_VB=16, dg_fused=True, **extra)
     for name, x, r in zip(("dq", "dk", "dv"), got, ref):
         assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
     assert accuracy.rel_rms(got[3], ref[3]) < 5e-3
@@ -112,7 +115,7 @@ def test_dg_fused_in_the_dqk_kernel(final, local):
     do, dht = torch.randn(v.shape), torch.randn(1, 1, 16, 40) if final else None
     _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
     dq, dk, dv, dg = run_chunked(q, k, v, g, None, do, dht, None if local else st.float(), BT=32, BKB=16, dqk_VB=16,
-                                 wide_group=2, dg_fused=True, dg_local=local)
+                                 wide_group=2, dg_fused=True, **extra)
     for name, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
         assert accuracy.rel_rms(x, r) < 2e-5, (name, accuracy.rel_rms(x, r))
     live = g >= -100

@@ -198,17 +198,21 @@ def _state_term(x, s, MMA: tl.constexpr, IEEE: tl.constexpr, VB: tl.constexpr):
 @triton.jit
 def _dqk_value_loop(V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N,
                     DK, DV, NT, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, VB: tl.constexpr,
-                    MMA: tl.constexpr, IEEE: tl.constexpr, PART: tl.constexpr, HT=0, SUFFIX: tl.constexpr = 0):
+                    MMA: tl.constexpr, IEEE: tl.constexpr, PART: tl.constexpr, HT=0, SUFFIX: tl.constexpr = 0,
+                    START: tl.constexpr = 0, a=None, r=None, dqs=None, dks=None, sfx=None):
     """The dqk program's sums over value columns by blocks of VB: (do v^T [BT, BT] unmasked, do . v [BT] unscaled,
     do S_c^T and v dS_c^T [BT, BKB]; float32; the state terms only where PART needs them, zeros else; and with
     SUFFIX, sum_v S_(c+1) dS_c [BKB] float32: the decay gradient's part from every later token (see
-    gla_dqk_kernel), S_NT the final state HT ((B H, Dk, Dv) float32 contiguous; SUFFIX 2: none, zeros))."""
-    a = tl.zeros([BT, BT], dtype=tl.float32)
-    r = tl.zeros([BT], dtype=tl.float32)
-    dqs = tl.zeros([BT, BKB], dtype=tl.float32)
-    dks = tl.zeros([BT, BKB], dtype=tl.float32)
-    sfx = tl.zeros([BKB], dtype=tl.float32)
-    for v0 in range(0, BVF, VB):
+    gla_dqk_kernel), S_NT the final state HT ((B H, Dk, Dv) float32 contiguous; SUFFIX 2: none, zeros)).
+    START (session 32's EARLY): the value columns from START on, added to the sums a, r, dqs, dks, sfx given (the
+    caller's, of the columns before START); 0: from zeros."""
+    if START == 0:
+        a = tl.zeros([BT, BT], dtype=tl.float32)
+        r = tl.zeros([BT], dtype=tl.float32)
+        dqs = tl.zeros([BT, BKB], dtype=tl.float32)
+        dks = tl.zeros([BT, BKB], dtype=tl.float32)
+        sfx = tl.zeros([BKB], dtype=tl.float32)
+    for v0 in range(START, BVF, VB):
         offs_v = v0 + tl.arange(0, VB)
         v_ok = offs_v < DV
         v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, VB]
@@ -241,7 +245,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                    BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
                    SPLIT: tl.constexpr, PART: tl.constexpr = 0, WIDE: tl.constexpr = 0, FLAG=0,
                    AT: tl.constexpr = False, VB: tl.constexpr = 0, GROUP: tl.constexpr = 1,
-                   SUFFIX: tl.constexpr = 0):
+                   SUFFIX: tl.constexpr = 0, EARLY: tl.constexpr = False):
     """Program (batch * head, chunk, key block of BKB channels): dq, dk (the inputs' dtypes, DQ and DK_OUT (B, N, H,
     Dk) contiguous), the decay gradient's within-chunk reverse sum DG (B, N, H, Dk) float32 and its chunk total
     TOT (B H, NT, Dk) float32. Every value column at once (BVF >= Dv). Grid (B * H * NT * KBLOCKS,), key blocks
@@ -269,25 +273,29 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
     no final state, its part 0) and dS_c. SUFFIX 3 (session 32): the same sum without HS[c + 1]'s load: S_(c+1) =
     e^G_last S_c + (k e^(G_last - G))^T v, so sum_v S_(c+1) dS_c = e^G_last <S_c, dS_c> + sum_t k e^(G_last - G)
     (v dS_c^T): the first from the tiles the loop loads anyway, the second from dk's state term (HT / TOT unused; the
-    last chunk's dS is dht, or 0 without one, so no final state is read)."""
+    last chunk's dS is dht, or 0 without one, so no final state is read). EARLY (with SUFFIX 3; session 32): the first value block's v, do, S_c, dS_c loaded
+    before the span test too, so every load of the program's first step is in flight at once (the loop from the
+    second block)."""
     pid = tl.program_id(0)
     if WIDE == 2:
         if GROUP == 1:
             if tl.load(FLAG + pid) != 0:
                 _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                              svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale,
-                             KBLOCKS, pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX)
+                             KBLOCKS, pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX,
+                             EARLY)
         else:
             for i in range(0, GROUP):
                 p = pid * GROUP + i
                 if tl.load(FLAG + p) != 0:
                     _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh,
                                  skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT,
-                                 scale, KBLOCKS, p, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX)
+                                 scale, KBLOCKS, p, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX,
+                                 EARLY)
     else:
         _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
-                     pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, WIDE, AT, VB, SUFFIX)
+                     pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, WIDE, AT, VB, SUFFIX, EARLY)
 
 
 @triton.jit
@@ -295,7 +303,8 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
                  svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                  pid, FLAG, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr,
                  IEEE: tl.constexpr, SPLIT: tl.constexpr, PART: tl.constexpr, INTRA: tl.constexpr,
-                 AT: tl.constexpr = False, VB: tl.constexpr = 0, SUFFIX: tl.constexpr = 0):
+                 AT: tl.constexpr = False, VB: tl.constexpr = 0, SUFFIX: tl.constexpr = 0,
+                 EARLY: tl.constexpr = False):
     """gla_dqk_kernel's program ``pid`` with the intra-chunk terms by INTRA (_dq_intra's; 1 also writes FLAG and
     computes only where the span allows); VB and SUFFIX gla_dqk_kernel's (SUFFIX: TOT is the final state)."""
     kblock = pid % KBLOCKS
@@ -312,6 +321,15 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
     if SUFFIX == 3:  # session 32: q and k loads issued before the span test (in flight under its scan)
         q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, BKB]
         k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
+        if EARLY:  # and the first value block's v, do, S_c, dS_c (the value loop starts at the second)
+            offs_e = tl.arange(0, VB)
+            e_ok = offs_e < DV
+            v_e = _rows(V + b * svb + h * svh, t0, offs_t, offs_e, e_ok, N, svn, svd)  # [BT, VB]
+            do_e = _rows(DO + b * sob + h * soh, t0, offs_t, offs_e, e_ok, N, son, sod)
+            hs_e = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_e, DK, DV), mask=k_ok[:, None] & e_ok[None, :],
+                           other=0.0)  # [BKB, VB]
+            dhs_e = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_e, DK, DV), mask=k_ok[:, None] & e_ok[None, :],
+                            other=0.0)
     go = True
     if INTRA == 1:  # NaN spans go to the fallback too
         go = tl.max(tl.max(Gc, 0) - tl.min(Gc, 0), 0) <= _factor_span(MMA)
@@ -328,6 +346,17 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
             do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)
             # the intra-chunk terms without the diagonal (strictly lower: its factor r comes apart, launch.decay_grad)
             a = tl.where(offs_t[:, None] > offs_t[None, :], _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE), 0.0)
+        elif EARLY:  # the first value block's sums from the tiles loaded before the span test, then the loop
+            a, r, hs, dhs, sfx = _dqk_value_loop(
+                V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, DK,
+                DV, NT, BT, BKB, BVF, VB, MMA, IEEE, PART, TOT, SUFFIX, VB,
+                _dot(do_e.to(MMA), tl.trans(v_e.to(MMA)), IEEE), tl.sum(do_e.to(tl.float32) * v_e.to(tl.float32), 1),
+                _dot(do_e.to(MMA), tl.trans(hs_e), IEEE), _dot(v_e.to(MMA), tl.trans(dhs_e), IEEE),
+                tl.sum(hs_e.to(tl.float32) * dhs_e.to(tl.float32), 1))
+            a = tl.where(offs_t[:, None] > offs_t[None, :], a, 0.0)
+            r = r * scale
+            v = None
+            do = None
         else:  # hs, dhs: the state terms do S_c^T, v dS_c^T themselves
             a, r, hs, dhs, sfx = _dqk_value_loop(V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c,
                                                  t0, offs_t, offs_k, k_ok, N, DK, DV, NT, BT, BKB, BVF, VB, MMA, IEEE,
@@ -569,6 +598,8 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         if fused and (not dqk_VB or cfg["dqk_apart"]):
             raise ValueError("gla chunked backward: dg_fused needs dqk_VB and not dqk_apart")
         suffix = (3 if cfg["dg_local"] else 1 if has_ht else 2) if fused else 0
+        if cfg["dqk_early"] and suffix != 3:
+            raise ValueError("gla chunked backward: dqk_early needs dg_fused and dg_local")
         tot_or = (ht.float().contiguous() if has_ht else tot) if fused else tot  # SUFFIX 1: the final state
         z4 = (0, 0, 0, 0)
         g_strides = g.stride()
@@ -607,7 +638,7 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                 dict(BT=BT, BKB=BKB, BVF=BVF, MMA=mma, IEEE=ieee, SPLIT=cfg["split"], PART=part, WIDE=wide, FLAG=flag,
                      AT=cfg["dk_at"], num_warps=cfg["dqk_warps"], num_stages=cfg["dqk_stages"] or cfg["stages"],
                      **({"VB": dqk_VB} if dqk_VB else {}), **({"GROUP": group} if wide == 2 and group > 1 else {}),
-                     **({"SUFFIX": suffix} if suffix else {}),
+                     **({"SUFFIX": suffix} if suffix else {}), **({"EARLY": True} if cfg["dqk_early"] else {}),
                      **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] and wide != 2 else {}))))
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
         for wide in ((1, 2) if cfg["wide_apart"] and cfg["dv_wide_apart"] else (0,)):
