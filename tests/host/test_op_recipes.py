@@ -129,3 +129,117 @@ def test_gemm_op_reaches_the_recipe_on_a_keys_second_call(recorder, monkeypatch)
     assert c1.shape == c2.shape == (M, N)
     gemm_op._PLANS.clear()
     gemm_op._GEMMS.clear()
+
+
+# ---- the norm forward's NormForward (tl kernels: under Triton's interpreter, bit for bit against the plain call)
+
+
+def _cpu_signature(*items):
+    out = []
+    for t in items:
+        if isinstance(t, torch.Tensor):
+            out.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
+        elif t is None or isinstance(t, tiles_launch._KEY_SCALARS):
+            out.append(t)
+        else:
+            return None
+    return tuple(out)
+
+
+@pytest.mark.parametrize("case", ["ln", "rms", "prenorm residual", "3-D", "dropout", "stats kernel", "row stride"])
+def test_norm_recipe_gives_the_plain_calls_bits(monkeypatch, case):
+    from tilecore.ops.norm import configs as norm_configs, launch as norm_launch, op as norm_op
+
+    def clear():
+        for cache in (norm_op._CHECKED, norm_op._PLANS, norm_op._FORWARDS, norm_launch._FORWARD_OPTIONS):
+            cache.clear()
+
+    clear()
+    if case == "stats kernel":  # rows wider than a tile: the stats kernel first
+        monkeypatch.setattr(norm_configs, "WHOLE_ROW_MAX", 32)
+    served = []
+    call = norm_launch.NormForward.__call__
+    monkeypatch.setattr(norm_launch.NormForward, "__call__", lambda self, *a: served.append(1) or call(self, *a))
+    torch.manual_seed(0)
+    n = 48
+    shape = (2, 3, n) if case == "3-D" else (6, n)
+    xs = [torch.randn(shape, dtype=torch.float16) for _ in range(4)]
+    if case == "row stride":
+        xs = [torch.randn(6, 2 * n, dtype=torch.float16)[:, :n] for _ in range(4)]
+    w, b = torch.randn(n, dtype=torch.float16), torch.randn(n, dtype=torch.float16)
+    res = torch.randn(shape, dtype=torch.float32) if case == "prenorm residual" else None
+    kw = dict(rms=case == "rms", prenorm=case == "prenorm residual", residual=res,
+              dropout_p=0.25 if case == "dropout" else 0.0)
+    runs = []
+    for sig in (_cpu_signature, lambda *items: None):
+        monkeypatch.setattr(norm_op, "signature", sig)
+        outs = []
+        for i, x in enumerate(xs):
+            torch.manual_seed(100 + i)  # (the dropout seed: the same draw both ways)
+            y = norm_op.layer_norm(x, w, None if case == "rms" else b, **kw)
+            outs += list(y) if isinstance(y, tuple) else [y]
+        runs.append(outs)
+        if sig is _cpu_signature:
+            assert len(served) == len(xs) - 1  # every call after the key's first: the recipe
+            assert type(norm_op._FORWARDS.get(next(iter(norm_op._FORWARDS._data)))) is norm_launch.NormForward
+    assert all(a.shape == c.shape and a.dtype == c.dtype and torch.equal(a, c) for a, c in zip(*runs))
+    clear()
+
+
+def test_norm_recipe_refused_for_a_copy(monkeypatch):
+    """A residual op._rows must copy (last dimension strided): no recipe, the general path each call."""
+    from tilecore.ops.norm import launch as norm_launch, op as norm_op
+
+    norm_op._FORWARDS.clear()
+    monkeypatch.setattr(norm_op, "signature", _cpu_signature)
+    x = torch.randn(4, 32, dtype=torch.float16)
+    res = torch.randn(32, 4, dtype=torch.float16).t()  # stride (1, 4): _rows copies it
+    for _ in range(3):
+        norm_op.layer_norm(x, None, residual=res)
+    assert list(norm_op._FORWARDS._data.values())[0][0] is False
+    norm_op._FORWARDS.clear()
+
+
+# ---- linear_attention_step's _LaStep (the tl step kernel: interpreter, bit for bit against the plain call)
+
+
+@pytest.mark.parametrize("case", ["plain", "token axis", "decay (B, H)", "decay (B, 1, H)", "decay per feature",
+                                  "based"])
+def test_linear_attention_step_recipe_gives_the_plain_calls_bits(monkeypatch, case):
+    from tilecore.ops.linear_attention import op as la_op
+
+    def clear():
+        for cache in (la_op._CHECKED, la_op._PLANS, la_op._LA_STEPS):
+            cache.clear()
+
+    clear()
+    served = []
+    call = la_op._LaStep.__call__
+    monkeypatch.setattr(la_op._LaStep, "__call__", lambda self, *a: served.append(1) or call(self, *a))
+    torch.manual_seed(3)
+    B, H, Hqk, D = 2, 4, 2, 16 if case != "based" else 4
+    Dv = 16
+    token = case == "token axis" or case == "decay (B, 1, H)"
+    F = 1 + D + D * D if case == "based" else D
+    calls = []
+    for _ in range(3):
+        shape_qk, shape_v = ((B, 1, Hqk, D), (B, 1, H, Dv)) if token else ((B, Hqk, D), (B, H, Dv))
+        q, k = torch.randn(shape_qk, dtype=torch.float16), torch.randn(shape_qk, dtype=torch.float16)
+        v = torch.randn(shape_v, dtype=torch.float16)
+        decay = {"decay (B, H)": lambda: -torch.rand(B, H), "decay (B, 1, H)": lambda: -torch.rand(B, 1, H),
+                 "decay per feature": lambda: -torch.rand(B, H, D)}.get(case, lambda: None)()
+        calls.append((q, k, v, decay))
+    state0 = torch.randn(B, H, F, Dv)
+    runs = []
+    for sig in (_cpu_signature, lambda *items: None):
+        monkeypatch.setattr(la_op, "signature", sig)
+        state = state0.clone()
+        outs = []
+        for q, k, v, decay in calls:
+            outs.append(la_op.linear_attention_step(q, k, v, state, decay=decay,
+                                                    feature_map="based" if case == "based" else None))
+        runs.append(outs + [state])
+        if sig is _cpu_signature:
+            assert len(served) == len(calls) - 1
+    assert all(a.shape == c.shape and a.dtype == c.dtype and torch.equal(a, c) for a, c in zip(*runs))
+    clear()

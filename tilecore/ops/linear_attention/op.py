@@ -571,6 +571,10 @@ def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
         if feature_weights is None and not isinstance(scale, torch.Tensor) else None
     if key is not None:  # a CUDA call seen before: its checks passed (the reshapes below read shapes alone)
         key = ("linear_attention_step", key)
+        if tiles_launch.OP_RECIPES:  # the key's kept launch (its second call on): no checks, views or plan
+            prepared = _LA_STEPS.get(key)
+            if prepared and dispatch.eager_mode(q, k, v, decay, state) == "direct":
+                return prepared(q, k, v, decay, state)
         checked = _CHECKED.get(key)
         if checked is not None:
             g = None if decay is None else (decay if checked[2] else decay[:, 0])
@@ -603,7 +607,42 @@ def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
         _CHECKED.put(key, (token_axis, (feature, scale), decay_axis_added))
     g = None if decay4 is None else decay4[:, 0]
     o = _run_step(q4[:, 0], k4[:, 0], v4[:, 0], g, None, None, None, state, scale, feature, False, key=key)
+    if key is not None and tiles_launch.OP_RECIPES and key not in _LA_STEPS and _PLANS.get(key) is not None:
+        _LA_STEPS.put(key, _LaStep.of(key, _PLANS.get(key), (q, k, v, decay), (q4[:, 0], k4[:, 0], v4[:, 0], g),
+                                      state, scale, feature, o[:, None] if token_axis else o))
     return o[:, None] if token_axis else o
+
+
+class _LaStep:
+    """linear_attention_step for one launch key by its kernel (session 32, issue 31's host time): the step kernel's
+    KeyedLaunch and every argument the key fixes (strides, sizes, scale), made from the key's first call. A call
+    allocates o in the shape the op returns and launches with the caller's own q, k, v and decay: each is the same
+    memory as the (B, H, D) slice the general path hands the kernel (a token axis of 1 or a decay's added axis is
+    index 0: no offset), so no view is made. Made where the plan launches the kernel on the inputs as they are (no
+    CPU path, no upcast) and every slice starts where its tensor does."""
+
+    __slots__ = ("launch", "tail", "shape", "dtype", "device", "has_decay")
+
+    @classmethod
+    def of(cls, key, p, given, sliced, state, scale, feature, o):
+        if p.path == "cpu" or p.config["upcast"] or o.numel() == 0 \
+                or any(t is not None and t.data_ptr() != u.data_ptr() for t, u in zip(given, sliced)):
+            return False
+        self = cls()
+        q, k, v, g = sliced
+        _, grid, args, kw = launch.step_call(p, q, k, v, g, None, None, None, state, o.view(v.shape), scale, feature)
+        self.launch = KeyedLaunch(launch._STEP, key, grid, kw)
+        self.tail = args[9:]  # (the nine tensors first: step_call's order)
+        self.shape, self.dtype, self.device, self.has_decay = tuple(o.shape), o.dtype, o.device, g is not None
+        return self
+
+    def __call__(self, q, k, v, decay, state):
+        o = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        self.launch((q, k, v, decay if self.has_decay else v, v, v, v, state, o, *self.tail))
+        return o
+
+
+_LA_STEPS = LRU(256)  # a linear_attention_step key -> its _LaStep (False: the general path), after its first call
 
 
 def mamba2_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,

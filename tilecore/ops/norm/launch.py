@@ -12,7 +12,7 @@ import triton.language as tl
 from tilecore.ops.norm import backward as bwd_kernels
 from tilecore.ops.norm import forward as fwd_kernels
 from tilecore.ops.norm.plan import Plan
-from tilecore.tiles.launch import LRU, CachedLaunch, cdiv
+from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, cdiv
 
 _forward = CachedLaunch(fwd_kernels.norm_forward_kernel)
 _stats = CachedLaunch(fwd_kernels.norm_stats_kernel)
@@ -84,6 +84,51 @@ def _forward_options(plan: Plan, residual, weight, bias, seed, p: float, rms: bo
 
 
 _FORWARD_OPTIONS = LRU(256)  # a forward's launch key -> _forward_options'
+
+
+class NormForward:
+    """The norm forward's eager call (nothing kept for a backward) for one launch key (session 32, issue 31's host
+    time): the stats and forward kernels' KeyedLaunches with every argument the key fixes (sizes, row strides, eps,
+    the dropout threshold and scale, the constexprs), made from the key's plan. A call allocates y (in x's own
+    shape: rows of n, as the general path's (rows, n) y viewed back), h where it is stored, mean and rstd, and
+    launches what ``forward(plan, x2, ...)`` launches for the matrices x2 = op._rows(x) (the same memory: a recipe
+    is made only where op._rows gave views of x and the residual, not copies). ``of``: False where it takes none
+    (the CPU path, no rows, a copy)."""
+
+    __slots__ = ("stats", "forward", "shape", "rows", "dtype", "h_dtype", "device", "rms", "store_h", "stats_tail",
+                 "forward_tail")
+
+    @classmethod
+    def of(cls, plan: Plan, x, x2, residual, res2, weight, bias, seed, p: float, eps: float, rms: bool,
+           store_h: bool, key):
+        rows, n = x2.shape
+        if plan.path == "cpu" or rows == 0 or x2.data_ptr() != x.data_ptr() or x2.stride(-1) != 1 \
+                or (residual is not None and (res2.data_ptr() != residual.data_ptr() or res2.stride(-1) != 1)):
+            return False
+        self = cls()
+        self.h_dtype = residual.dtype if residual is not None else x.dtype
+        scale, threshold, flags, forward_flags = _forward_options(plan, residual, weight, bias, seed, p, rms, store_h,
+                                                                  self.h_dtype)
+        self.stats = None if plan.whole_row else KeyedLaunch(_stats, key, (cdiv(rows, plan.rows_per_tile),), flags)
+        self.forward = KeyedLaunch(_forward, key, (plan.row_tiles, plan.column_blocks), forward_flags)
+        self.shape, self.rows, self.dtype, self.device = tuple(x.shape), rows, x.dtype, x.device
+        self.rms, self.store_h = rms, store_h
+        self.stats_tail = (rows, n, x2.stride(0), _stride(res2), eps, threshold, scale)
+        # (y's and h's row strides: n, as the general path's (rows, n) outputs have them)
+        self.forward_tail = (rows, n, x2.stride(0), _stride(res2), n, n if store_h else 0, eps, threshold, scale)
+        return self
+
+    def __call__(self, x, weight, bias, residual, seed):
+        """(y, h or None) in x's shape."""
+        device = self.device
+        y = torch.empty(self.shape, dtype=self.dtype, device=device)
+        h = torch.empty(self.shape, dtype=self.h_dtype, device=device) if self.store_h else None
+        mean = None if self.rms else torch.empty(self.rows, dtype=torch.float32, device=device)
+        rstd = torch.empty(self.rows, dtype=torch.float32, device=device)
+        if self.stats is not None:
+            self.stats((x, residual, mean, rstd, seed, *self.stats_tail))
+        self.forward((x, residual, weight, bias, y, h, mean, rstd, seed, *self.forward_tail))
+        return y, h
 
 
 def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, p: float, rms: bool,

@@ -15,7 +15,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.norm import launch
 from tilecore.ops.norm.plan import plan
-from tilecore.tiles import eager
+from tilecore.tiles import eager, launch as tiles_launch
 from tilecore.tiles.launch import LRU, SignatureMemo, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -211,6 +211,11 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     # the kernels (keyed launches): the host time of an eager call (issue 31)
     key = _CALL_KEY(x, weight, bias, residual, dropout_p, eps, bool(rms), bool(prenorm)) \
         if generator is None else None
+    if key is not None and tiles_launch.OP_RECIPES:  # the key's kept launches (its second call on): no checks, plan
+        prepared = _FORWARDS.get(key)
+        if prepared and dispatch.eager_mode(x, weight, bias, residual) == "direct":
+            y, h = prepared(x, weight, bias, residual, draw_seed(None, x.device) if dropout_p > 0 else None)
+            return (y, h if h is not None else x) if prenorm else y
     dropout_p, eps = _CHECKED.memo(key, lambda: check(x, weight, bias, residual, dropout_p, eps, generator))
     n = x.shape[-1]
     x2, res2 = _rows(x, n), _rows(residual, n)
@@ -220,6 +225,9 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     mode = dispatch.eager_mode(x2, weight, bias, res2)
     if mode == "direct":  # nothing kept for a backward: the empty h and mean not made (lean)
         y, h, _, _ = _forward_impl(*args, key=key, lean=True)
+        if key is not None and tiles_launch.OP_RECIPES and key not in _FORWARDS:  # (after the key's first launches)
+            _FORWARDS.put(key, launch.NormForward.of(_PLANS.get(key), x, x2, residual, res2, weight, bias, seed,
+                                                     dropout_p, eps, bool(rms), store_h, key))
     elif mode == "autograd":
         y, h, _, _ = eager.apply(_LayerNormFunction, key, *args)
     else:  # torch.compile, fake tensors, modes, subclasses
@@ -233,6 +241,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
 
 
 _CHECKED = LRU(256)  # signatures of CUDA calls whose checks passed -> (dropout_p, eps) (the checks read nothing else)
+_FORWARDS = LRU(256)  # a plain eager call's key -> its launch.NormForward (False: the general path), after its first call
 
 
 def dropout_mask(x: torch.Tensor, dropout_p: float, generator: torch.Generator | None = None) -> torch.Tensor:
