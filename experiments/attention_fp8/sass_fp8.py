@@ -44,7 +44,7 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides
     "c8": dict(exp2_fma_every=8), "bn192": dict(block_n2=64), "bn192s2": dict(block_n2=64, stages=2),
     "bn192q8": dict(block_n2=64, exp2_fma_every=-8), "bn160": dict(block_n2=32), "bn160q4": dict(block_n2=32, exp2_fma_every=-4),
     "pp2": dict(pingpong=2), "pp3": dict(pingpong=3), "lmma0": dict(l_mma=0), "packed_lmma0": dict(l_mma=0, cast_late=2), "packed": dict(cast_late=2), "packed_pp2": dict(cast_late=2, pingpong=2), "trace": dict(trace=True),
-    # session 31: P V from shared memory (gluon_fp8.compute_pv_smem), with l by the tensor cores or in registers
+    # session 31: P V from shared memory (gluon_fp8.compute_one with PV_SMEM), with l by the tensor cores or in registers
     "smem": dict(pv_smem=1), "smem_lmma0": dict(pv_smem=1, l_mma=0), "smem_trace": dict(pv_smem=1, trace=True),
     "smem_c3": dict(pv_smem=1, consumers=3, pingpong=False), "smem_q8": dict(pv_smem=1, exp2_fma_every=-8),
     "smem_pp": dict(pv_smem=1, pingpong=True), "smem_late": dict(pv_smem=1, rescale_late=True),

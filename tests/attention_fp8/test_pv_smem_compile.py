@@ -1,4 +1,4 @@
-"""The FP8 Hopper kernel's P V from shared memory (PV_SMEM, session 31: gluon_fp8.AttentionFp8.compute_pv_smem) compiles
+"""The FP8 Hopper kernel's P V from shared memory (PV_SMEM, session 31: gluon_fp8.AttentionFp8.compute_one with PV_SMEM) compiles
 for sm_90a on this GPU-less machine, and the point of it holds in the SASS: in the steady step (the basic block with
 the most MUFU.EX2, D128 non-causal, the headline call's specialization) the wait for P V (WARPGROUP.DEPBAR.LE gsb0,
 0x0) comes after every exp2 and after P's stores to shared memory, where with P V's A operand in registers ptxas put

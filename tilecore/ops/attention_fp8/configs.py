@@ -41,7 +41,7 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 # l_rounded), O's weights sum to 1. rescale_late (session 29, OFF): right, but 0.95-1.03x with l_mma (run 7): the
 # FMULs between the S and P V issues delay P V's issue
 # pv_smem (session 31, OFF until experiments/attention_fp8/gpu_speed_s31.py checks and times it on the H100): P stored
-# to shared memory (e4m3, two buffers a consumer) and P V issued with both operands there (gluon_fp8.compute_pv_smem):
+# to shared memory (e4m3, two buffers a consumer) and P V issued with both operands there (gluon_fp8.compute_one with PV_SMEM):
 # with P V's A operand in registers ptxas waits for P V before the softmax (no overlap); sm_90a SASS with pv_smem has
 # the wait after the last exp2. With block_n2 64 (and 2 stages at D128): split steps of 192 keys (compute_split_smem).
 # H100 session 31 runs 1-2: right everywhere, 0.78-0.96x the default (the step's cost is per key; notes). pv_smem 2/3

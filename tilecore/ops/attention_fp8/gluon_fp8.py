@@ -532,7 +532,7 @@ class AttentionFp8:
     vt2_desc: object
     trace: object  # TRACE (a timing probe, session 30): int32 [2 consumers, 64 steps, 8 points] of %clock, program 0
     TRACE: gl.constexpr
-    PV_SMEM: gl.constexpr  # session 31: P V from shared memory (compute_pv_smem): 0 off, 1 on
+    PV_SMEM: gl.constexpr  # session 31: P V from shared memory (compute_one, s_and_pv): 0 off, 1 on
     p_smem: object  # PV_SMEM: e4m3 [CONSUMERS * 2, BM, BN], two P buffers a consumer (else None)
     p2_smem: object  # PV_SMEM with BN2 > 0: e4m3 [CONSUMERS * 2, BM, BN2], the second key block's P (else None)
     EARLY_EXP2: gl.constexpr  # session 31: exponentials before the row max (fp8_softmax_early)
@@ -1108,15 +1108,36 @@ class AttentionFp8:
             named_barrier(gl.program_id(0) * 0 + PINGPONG_BARRIER + 1 - ctx.index, True)
 
     @gluon.jit
+    def p_source(self, ctx, st, block):
+        """P V's A operand for key block ``block``: P rounded to e4m3 in registers (pv_operand of Running.p), or with
+        PV_SMEM the shared buffer the softmax of that block stored it to."""
+        if self.PV_SMEM:
+            a = self.p_buffer(ctx, block)
+        else:
+            a = self.pv_operand(st.p)
+        return a
+
+    @gluon.jit
+    def row_sums(self, a):
+        """L_MMA: the rows' sums of P (p_source's operand) by four 32-key chunk wgmma: row_sum_mma or row_sum_smem."""
+        if self.PV_SMEM:
+            t0, t1, t2, t3 = self.row_sum_smem(a)
+        else:
+            t0, t1, t2, t3 = self.row_sum_mma(a)
+        return t0, t1, t2, t3
+
+    @gluon.jit
     def s_and_pv(self, ctx, q, k_t, v, st, first_key):
-        """S = Q K^T and acc + P V issued together, the softmax of S while P V runs.
-        Returns (m, l, P in float32, alpha, acc + P V, whether any row's m moved, L_MMA: l_acc + P ones)."""
+        """S = Q K^T and acc + P V issued together, the softmax of S while P V runs (PV_SMEM: P stored to its buffer
+        before P V is waited for). Returns (m, l, P in float32, alpha, acc + P V, whether any row's m moved, L_MMA:
+        l_acc + P ones)."""
         k_scale = self.key_scales(st, first_key)
-        p8 = self.pv_operand(st.p)  # (CAST_LATE: before S's accumulator is allocated, so float32 P never meets it)
+        p8 = self.p_source(ctx, st, first_key // self.BN - 1)  # (CAST_LATE: before S's accumulator is allocated, so
+        # float32 P never meets it)
         s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
         l_acc = 0  # (without L_MMA a placeholder: a jit function returns no None)
         if self.L_MMA:  # issued before P V, so that the wait for S (at most one group left) covers it too
-            t0, t1, t2, t3 = self.row_sum_mma(p8)
+            t0, t1, t2, t3 = self.row_sums(p8)
             acc, l_in = self.rescale_late(st)
             o_tok = warpgroup_mma(p8, v, acc, is_async=True)
             if self.PINGPONG < 2:
@@ -1131,11 +1152,21 @@ class AttentionFp8:
             self.their_turn(ctx)
             s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
         m, l, p32, alpha, moved = self.softmax(s, st, first_key, k_scale, ctx, self.PINGPONG >= 2)
+        if self.PV_SMEM:  # stored before P V's wait: nothing of the softmax writes a register P V reads
+            self.store_p(ctx, p32, first_key // self.BN)
         if self.TRACE:  # (alpha through the stamp's asm: the stamp after the softmax's last values)
             self.stamp(ctx, first_key // self.BN, 3)
         acc = warpgroup_mma_wait(0, deps=(o_tok,))
         self.stamp(ctx, first_key // self.BN, 4)
         return m, l, p32, alpha, acc, moved, l_acc
+
+    @gluon.jit
+    def with_p(self, st, p32):
+        """The state with P_j for the next step's P V: p_operand's register operand (PV_SMEM: already in its buffer,
+        the state as it is)."""
+        if not self.PV_SMEM:
+            st = st.replace(p=self.p_operand(p32))
+        return st
 
     @gluon.jit
     def ahead_step(self, ctx, st, q, k_t, v, step, ISSUE_S: gl.constexpr, ISSUE_PV: gl.constexpr,
@@ -1150,19 +1181,13 @@ class AttentionFp8:
         if SOFTMAX:
             k_scale = self.key_scales(st, first_key)
         if ISSUE_PV:
-            if self.PV_SMEM:
-                a = self.p_buffer(ctx, step - 2)
-            else:
-                a = self.pv_operand(st.p)
+            a = self.p_source(ctx, st, step - 2)
         if ISSUE_S:
             s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
                                   is_async=True)
         if ISSUE_PV:
             if self.L_MMA:
-                if self.PV_SMEM:
-                    t0, t1, t2, t3 = self.row_sum_smem(a)
-                else:
-                    t0, t1, t2, t3 = self.row_sum_mma(a)
+                t0, t1, t2, t3 = self.row_sums(a)
             o_tok = warpgroup_mma(a, v, st.acc, is_async=True)
         self.their_turn(ctx)
         self.stamp(ctx, step, 1)
@@ -1255,9 +1280,6 @@ class AttentionFp8:
             st = self.compute_split_smem(ctx, st, stage, tile, step)
         elif self.BN2 > 0:
             st = self.compute_split(ctx, st, stage, tile, step)
-        elif self.PV_SMEM:
-            self.stamp(ctx, step, 0)
-            st = self.compute_pv_smem(ctx, st, stage, tile, step)
         else:
             self.stamp(ctx, step, 0)
             st = self.compute_one(ctx, st, stage, tile, step)
@@ -1302,82 +1324,14 @@ class AttentionFp8:
         return t0, t1, t2, t3
 
     @gluon.jit
-    def compute_pv_smem(self, ctx, st, stage, tile, step):
-        """compute with P V from shared memory (PV_SMEM, session 31): the softmax of step j stores P_j (e4m3) to this
-        consumer's buffer j % 2 and the next step's P_j V_j reads it there (both operands in shared memory). With P V's
-        A operand in registers, ptxas waits for P V before the softmax writes P's registers (its DEPBAR lands after the
-        first row max in every variant: notes/attention_fp8): nothing of the softmax overlaps P V. Here the only
-        registers in flight are O's, which the softmax does not touch, so the wait for P V can stay after it; and no P
-        is carried from step to step (64 float32 registers a thread fewer at BN 128). Every branch ends with its wgmma
-        complete (the stage is free on return)."""
-        q = ctx.operand.reshape([self.BM, self.D])
-        k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))  # [D, BN], D contiguous: K-major
-        v = stage.vt.reshape([self.D, self.BN]).permute((1, 0))  # [BN, D], keys contiguous: K-major
-        self.my_turn(ctx, step)
-        if step == 0:
-            k_scale = self.key_scales(st, 0)
-            s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
-                                  is_async=True)
-            self.their_turn(ctx)
-            s = warpgroup_mma_wait(0, deps=(s_tok,))
-            m, l, p32, alpha, moved = self.softmax(s, st, 0, k_scale)
-            self.store_p(ctx, p32, 0)
-            st = st.replace(m=m, l=l)
-            if self.RESCALE_LATE:  # (acc is 0: alpha's 0 or NaN from the first max goes on as compute_one's)
-                st = st.replace(alpha=alpha)
-        elif step < st.rows.n_blocks:
-            first_key = step * self.BN
-            k_scale = self.key_scales(st, first_key)
-            pb = self.p_buffer(ctx, step - 1)
-            s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
-                                  is_async=True)
-            acc, l_acc = self.rescale_late(st)  # (RESCALE_LATE: O *= the last alpha while S runs)
-            if self.L_MMA:  # issued before P V: the wait for S (one group left) covers them
-                t0, t1, t2, t3 = self.row_sum_smem(pb)
-                o_tok = warpgroup_mma(pb, v, acc, is_async=True)
-                self.their_turn(ctx)
-                self.stamp(ctx, step, 1)
-                s, l0, l1, l2, l3 = warpgroup_mma_wait(1, deps=(s_tok, t0, t1, t2, t3))
-                l_acc = l_acc + ((l0 + l1) + (l2 + l3))
-            else:
-                o_tok = warpgroup_mma(pb, v, acc, is_async=True)
-                self.their_turn(ctx)
-                self.stamp(ctx, step, 1)
-                s = warpgroup_mma_wait(1, deps=(s_tok,))
-            self.stamp(ctx, step, 2)
-            m, l, p32, alpha, moved = self.softmax(s, st, first_key, k_scale)
-            self.store_p(ctx, p32, step)
-            self.stamp(ctx, step, 3)
-            acc = warpgroup_mma_wait(0, deps=(o_tok,))
-            self.stamp(ctx, step, 4)
-            if self.RESCALE_LATE:
-                st = st.replace(alpha=alpha)
-            else:
-                acc, l_acc = self.rescale(acc, l_acc, alpha, moved)
-            if self.L_MMA:
-                st = st.replace(m=m, l=l, acc=acc, l_acc=l_acc)
-            else:
-                st = st.replace(m=m, l=l, acc=acc)
-        elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
-            pb = self.p_buffer(ctx, step - 1)
-            acc, l_in = self.rescale_late(st)
-            if self.L_MMA:
-                t0, t1, t2, t3 = self.row_sum_smem(pb)
-                o_tok = warpgroup_mma(pb, v, acc, is_async=True)
-                self.their_turn(ctx)
-                acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
-                st = st.replace(acc=acc, l_acc=l_in + ((l0 + l1) + (l2 + l3)))
-            else:
-                o_tok = warpgroup_mma(pb, v, acc, is_async=True)
-                self.their_turn(ctx)
-                st = st.replace(acc=warpgroup_mma_wait(0, deps=(o_tok,)))
-        else:  # causal: a step past this consumer's keys (the other's rows see more)
-            self.their_turn(ctx)
-        return st
-
-    @gluon.jit
     def compute_one(self, ctx, st, stage, tile, step):
-        """Every branch ends with its wgmma complete, so the stage is free when compute returns."""
+        """S_j and P_{j-1} V_{j-1} issued together, the softmax of S_j while P V runs. P V's A operand: P in registers
+        (Running.p), or with PV_SMEM (session 31) from shared memory: the softmax of step j stores P_j (e4m3) to this
+        consumer's buffer j % 2 and step j + 1's P V reads it there. With the A operand in registers ptxas waits for
+        P V before the softmax writes P's registers (its DEPBAR lands after the first row max: notes/attention_fp8);
+        from shared memory the only registers in flight are O's, so the wait stays after the softmax and no P is
+        carried (64 float32 registers a thread fewer at BN 128). Every branch ends with its wgmma complete, so the
+        stage is free when compute returns."""
         q = ctx.operand.reshape([self.BM, self.D])
         k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))  # [D, BN], D contiguous: K-major
         v = stage.vt.reshape([self.D, self.BN]).permute((1, 0))  # [BN, D], keys contiguous: K-major
@@ -1389,7 +1343,9 @@ class AttentionFp8:
             self.their_turn(ctx)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             m, l, p32, alpha, moved = self.softmax(s, st, 0, k_scale)
-            st = st.replace(m=m, l=l, p=self.p_operand(p32))
+            if self.PV_SMEM:
+                self.store_p(ctx, p32, 0)
+            st = self.with_p(st.replace(m=m, l=l), p32)
             if self.RESCALE_LATE:  # (acc is 0: alpha's 0 or NaN from the first max goes on as the bf16 forward's)
                 st = st.replace(alpha=alpha)
         elif step < st.rows.n_blocks:
@@ -1399,13 +1355,13 @@ class AttentionFp8:
             else:
                 acc, l_acc = self.rescale(acc, l_acc, alpha, moved)
             if self.L_MMA:
-                st = st.replace(m=m, l=l, acc=acc, p=self.p_operand(p32), l_acc=l_acc)
+                st = self.with_p(st.replace(m=m, l=l, acc=acc, l_acc=l_acc), p32)
             else:
-                st = st.replace(m=m, l=l, acc=acc, p=self.p_operand(p32))
+                st = self.with_p(st.replace(m=m, l=l, acc=acc), p32)
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
-            p8 = self.pv_operand(st.p)
+            p8 = self.p_source(ctx, st, step - 1)
             if self.L_MMA:
-                t0, t1, t2, t3 = self.row_sum_mma(p8)
+                t0, t1, t2, t3 = self.row_sums(p8)
                 acc, l_in = self.rescale_late(st)
                 o_tok = warpgroup_mma(p8, v, acc, is_async=True)
                 self.their_turn(ctx)
@@ -1486,7 +1442,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                      "PINGPONG 2/3 or probes")
     p_smem = gl.constexpr(None)
     p2_smem = gl.constexpr(None)
-    if PV_SMEM:  # two P buffers a consumer (compute_pv_smem), keys contiguous: the K-major A operand
+    if PV_SMEM:  # two P buffers a consumer (PV_SMEM: p_buffer), keys contiguous: the K-major A operand
         p_smem = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS * 2, BM, BN],
                                            gl.NVMMASharedLayout.get_default_for([BM, BN], gl.float8e4nv))
         if BN2 > 0 and (PV_SMEM == 1 or BN2 != BN):

@@ -203,7 +203,7 @@ class _GluonLayout:
             RESCALE_TAU=float(cfg.get("rescale_tau", 0.0)), L_MMA=cfg.get("l_mma", False),
             PROBE_NO_SOFTMAX=int(cfg.get("probe_no_softmax", 0)), MAX_TREE=cfg.get("max_tree", False),
                    RESCALE_LATE=cfg.get("rescale_late", False), num_warps=4)
-        if cfg.get("pv_smem", 0):  # session 31: P V from shared memory (gluon_fp8.compute_pv_smem)
+        if cfg.get("pv_smem", 0):  # session 31: P V from shared memory (gluon_fp8.compute_one with PV_SMEM)
             self.options["PV_SMEM"] = int(cfg["pv_smem"])
             if self.options["PV_SMEM"] >= 2 and not self.block_n2:  # pipelined halves need the split stage: per-key or
                 self.options.pop("PV_SMEM")  # per-block k descales take the default 128-key steps
