@@ -174,13 +174,12 @@ def test_the_ops_call_sites_are_memos_over_their_modules_signature():
     from tilecore.ops.attention import op as attention
     from tilecore.ops.attention_kvcache import op as kvcache
     from tilecore.ops.gemm import op as gemm
-    from tilecore.ops.hadamard import op as hadamard
     from tilecore.ops.linear_attention import op as la
     from tilecore.ops.norm import op as norm
     from tilecore.ops.rotary import op as rotary
 
     for module, names in ((attention, ("_FORWARD_KEY", "_BACKWARD_KEY", "_ADDING_DQ_KEY")), (kvcache, ("_CALL_KEY",)),
-                          (gemm, ("_GEMM_KEY", "_FP8_KEY")), (hadamard, ("_CALL_KEY",)),
+                          (gemm, ("_GEMM_KEY", "_FP8_KEY")),
                           (la, ("_FORWARD_KEY", "_STEP_KEY", "_MAMBA_STEP_KEY")), (norm, ("_CALL_KEY",)),
                           (rotary, ("_CALL_KEY",))):
         for name in names:

@@ -9,12 +9,9 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.hadamard import configs, kron, launch, orders, plan
 from tilecore.tiles.eager import apply as eager_apply  # Function.apply without torch's Python wrapper
-from tilecore.tiles.launch import LRU, SignatureMemo, signature
+from tilecore.tiles.launch import LRU, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-# each keyed call site's signature, checked against its last one in one C call (tiles.launch.SignatureMemo)
-_CALL_KEY = SignatureMemo(globals())
 
 
 def check(x: torch.Tensor, scale) -> float:
@@ -145,7 +142,7 @@ def hadamard_transform(x: torch.Tensor, scale: float = 1.0, *, inplace: bool = F
     transpose = bool(transpose)
     mode = dispatch.eager_mode(x)
     # a CUDA call whose signature passed the checks before is planned already (the plan cache)
-    key = None if mode == "op" else _CALL_KEY(x, inplace)
+    key = None if mode == "op" else signature(x, inplace)
     if key is None or key not in _PLANS:
         scale = check(x, scale)
     elif type(scale) is not float or not math.isfinite(scale):
