@@ -172,13 +172,16 @@ def test_the_ops_call_sites_are_memos_over_their_modules_signature():
     """Each keyed op's call site is a SignatureMemo whose misses go through its module's ``signature`` (so the
     tests that replace it keep their meaning)."""
     from tilecore.ops.attention import op as attention
+    from tilecore.ops.attention_fp8 import op as fp8
     from tilecore.ops.attention_kvcache import op as kvcache
+    from tilecore.ops.attention_varlen import op as varlen
     from tilecore.ops.gemm import op as gemm
     from tilecore.ops.linear_attention import op as la
     from tilecore.ops.norm import op as norm
     from tilecore.ops.rotary import op as rotary
 
     for module, names in ((attention, ("_FORWARD_KEY", "_BACKWARD_KEY", "_ADDING_DQ_KEY")), (kvcache, ("_CALL_KEY",)),
+                          (varlen, ("_CALL_KEY",)), (fp8, ("_CALL_KEY",)),
                           (gemm, ("_GEMM_KEY", "_FP8_KEY")),
                           (la, ("_FORWARD_KEY", "_STEP_KEY", "_MAMBA_STEP_KEY")), (norm, ("_CALL_KEY",)),
                           (rotary, ("_CALL_KEY",))):

@@ -14,7 +14,10 @@ from tilecore import dispatch
 from tilecore.ops.attention_fp8 import launch
 from tilecore.ops.attention_fp8.reference import KEY_CHUNK, SCALE_BLOCK
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import LRU, signature
+from tilecore.tiles.launch import LRU, SignatureMemo, signature
+
+# the keyed call site's signature, checked against its last one in one C call (tiles.launch.SignatureMemo)
+_CALL_KEY = SignatureMemo(globals())
 
 FP8 = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -218,7 +221,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
     direct = dispatch.eager_mode(q, k, v, q_scale, k_scale, v_scale) == "direct"
     grad = not direct and torch.is_grad_enabled() and any(getattr(t, "requires_grad", False)
                                                           for t in (q, k, v, q_scale, k_scale, v_scale))
-    key = None if grad else signature(q, k, v, q_scale, k_scale, v_scale, causal is True, causal is False,
+    key = None if grad else _CALL_KEY(q, k, v, q_scale, k_scale, v_scale, causal is True, causal is False,
                                       softmax_scale, out_dtype, v_layout)
     if key is not None and direct and tiles_launch.BIND_KEYED_LAUNCHES:
         recipe = launch._FP8_LAUNCHES.get(key)  # kept after the key's first (checked) call (session 31)

@@ -29,8 +29,11 @@ from tilecore.ops.attention_varlen.reference import varlen_backward_reference, v
 from tilecore.ops.attention_varlen.work import RANKED_MAX_BATCH
 from tilecore.tiles import eager
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, TmaOperand, cdiv, next_power_of_2, signature,
-                                   tl_addressable, tma_describable)
+from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, SignatureMemo, TmaOperand, cdiv, next_power_of_2,
+                                   signature, tl_addressable, tma_describable)
+
+# the keyed call site's signature, checked against its last one in one C call (tiles.launch.SignatureMemo)
+_CALL_KEY = SignatureMemo(globals())
 
 DTYPES = (torch.float16, torch.bfloat16)
 CPU_DTYPES = DTYPES + (torch.float32,)
@@ -796,7 +799,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     """
     # a CUDA call whose signature was checked before skips the checks (they read no values unless validate
     # asks) and launches its kernels by key; the work table is built every call (it reads cu_seqlens)
-    key = signature(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal is True, causal is False,
+    key = _CALL_KEY(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal is True, causal is False,
                     scale, softcap, *window_size) \
         if isinstance(q, torch.Tensor) and not should_validate(validate, q.device) \
         and isinstance(window_size, (tuple, list)) and not isinstance(scale, torch.Tensor) else None
