@@ -151,3 +151,34 @@ def test_kron_kernel_compiles_for_sm90():
         assert x["tma"] and not x["wgmma_serialized"] and x["shared_meta"] <= 227 * 1024, x
         assert x["spill_stores"] <= (64 if x["format"] == "nvfp4" else 0), x
     assert res[4]["sass"] < 0.9 * res[3]["sass"], (res[3]["sass"], res[4]["sass"])
+
+
+@pytest.mark.parametrize("m, p", [(172, 64), (148, 128), (28, 512), (28, 1024), (12, 256), (20, 1024)])
+def test_store_plan_is_the_quantize_plan_it_replaced(m, p):
+    """Session 32: the transform's Gluon plan moved from quantize.py (plan_quantize keyed by fp8 e4m3 with split and
+    inside from gluon_kron_tuning, ktrim and fold off unless asked) to gluon_launch.store_plan (so that kron.py no
+    longer imports quantize.py): the same path, grid, rotation scale and constexprs (the kernel's specialization, so
+    the same PTX) for every shape the "gluon" kron plan takes, row counts and tunings."""
+    from tilecore.ops.hadamard import gluon_launch
+
+    n = m * p
+    seen = set()
+    for rows in (1, 2, 3, 2049, 1 << 16):
+        for dtype in (torch.bfloat16, torch.float16):
+            for tuning in ({}, {"ktrim": True}, {"units": True}, {"stages": 3}, {"waves": 2}, {"split": 1},
+                           {"inside": True}, {"split": 2, "inside": False}):
+                split, inside = configs.gluon_kron_tuning(m, p, tuning)
+                old = quantize.kernel_plan(rows, n, dtype, "fp8_e4m3", None, None, True, False, False, 132, False,
+                                           gluon=True, gluon_kron=True, _gluon_ok=True,
+                                           **{"ktrim": False, "fold": False, **tuning, "split": split, "inside": inside})
+                new = gluon_launch.store_plan(rows, n, dtype, 132, **tuning)
+                if old.path not in ("gluon_wide", "gluon_kron"):
+                    assert new is None, (rows, tuning, old.path)
+                    continue
+                assert (new.path, new.grid, new.rscale, new.config) == (old.path, old.grid, old.rscale, old.config), \
+                    (rows, dtype, tuning)
+                seen.add((new.path, new.config.get("UNITS", False), new.config.get("KTRIM", False)))
+    assert {path for path, _, _ in seen} == {"gluon_wide" if m > 32 else "gluon_kron"}
+    assert any(units for _, units, _ in seen) == (p == 128) and any(k for _, _, k in seen) == (m > 32)
+    assert gluon_launch.store_plan(4, 4096, torch.bfloat16, 132) is None  # a power of two: not these kernels'
+    assert gluon_launch.store_plan(4, n, torch.float32, 132) is None

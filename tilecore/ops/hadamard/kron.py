@@ -7,8 +7,8 @@ Paths (``kron_plan``):
   columns and M_PAD x p <= configs.KRON_MAX_TILE_ELEMS float32 values in registers; for p > 1024 a factor
   f = p / 1024 of H_p joins the mixing (H_m (x) H_f over m f sub-rows of 1024) where that fits (12 x 2048);
 * "gluon": Hopper, 16-bit contiguous rows, where configs.KRON_GLUON[(m, p)] or the tuning "gluon" asks for it: a
-  Gluon kernel of hadamard_quantize storing the rotated values (quantize.gluon_wide_transform: gluon_quantize_wide.py
-  at m x 64 with 128 < m <= 192, gluon_quantize_kron.py at m <= 32 x 128..1024);
+  Gluon kernel of hadamard_quantize storing the rotated values (gluon_launch.gluon_wide_transform:
+  gluon_quantize_wide.py at m x 64 with 128 < m <= 192, gluon_quantize_kron.py at m <= 32 x 128..1024);
 * "two-pass": longer rows: kron_kernel with CHUNKS column chunks computes H_m X in float32 (exact for
   16-bit inputs) into a workspace, then the power-of-two kernel transforms its rows of p (float32 in,
   three pieces a product: kernels.py) into the output. Three round trips instead of one.
@@ -67,13 +67,14 @@ def kron_plan(x: torch.Tensor, m: int, p: int, **tuning) -> KronPlan:
         tuning = {**tuning, "tma": "none"}
     elif _gluon_fits(x, m, p, interpret, tuning):  # the Gluon kernel's tuning (split, inside, stages) carried
         units = tuning.get("units", configs.KRON_GLUON_UNITS.get((m, p), False))
-        return KronPlan("gluon", m, p, config={**{k: tuning[k] for k in ("split", "inside", "stages", "ktrim") if k in tuning},
+        keep = ("split", "inside", "stages", "ktrim")
+        return KronPlan("gluon", m, p, config={**{k: tuning[k] for k in keep if k in tuning},
                                                **({"units": True} if units else {})})
     return kernel_plan(rows, m, p, x.dtype, sms, interpret, **tuning)
 
 
 def _gluon_fits(x: torch.Tensor, m: int, p: int, interpret: bool, tuning: dict) -> bool:
-    """Whether the "gluon" path (a Gluon kernel's STORE format: quantize.gluon_wide_transform) is asked for (the
+    """Whether the "gluon" path (a Gluon kernel's STORE format: gluon_launch.gluon_wide_transform) is asked for (the
     tuning "gluon", else configs.KRON_GLUON[(m, p)] from configs.TMA_MIN_ELEMENTS elements) and runs here: Hopper
     with Gluon, 16-bit contiguous rows that TMA can describe, and a Gluon kernel of that shape (gluon_quantize_wide:
     m x 64, 128 < m <= 192, and m x 128; gluon_quantize_kron: m <= 32 x p, p = 128..1024)."""
@@ -222,7 +223,7 @@ def launch(plan: KronPlan, x: torch.Tensor, out: torch.Tensor, scale: float, tra
         _cpu(x, out, scale, plan.m, plan.p, transpose, plan.config["rows"])
         return
     if plan.path == "gluon":  # a Gluon kernel's STORE format; in place too (a tile's rows are loaded before stored)
-        from tilecore.ops.hadamard.quantize import gluon_wide_transform
+        from tilecore.ops.hadamard.gluon_launch import gluon_wide_transform
 
         gluon_wide_transform(x, out, scale=scale, transpose=transpose, **plan.config)
         return

@@ -36,6 +36,10 @@ from tilecore import dispatch
 from tilecore.ops.hadamard import configs, kron, orders
 from tilecore.ops.hadamard import plan as pow2_plan_module
 from tilecore.ops.hadamard.configs import gluon_kron_tuning  # noqa: F401  (quantize.gluon_kron_tuning: tests)
+# the Gluon kernels' launch and the STORE transform (gluon_launch.py, beside the kernels: kron.py reaches it without
+# this module); quantize.gluon_wide_transform: the probes' name
+from tilecore.ops.hadamard.gluon_launch import gluon_wide_transform  # noqa: F401
+from tilecore.ops.hadamard.gluon_launch import launch as _launch_gluon_wide
 from tilecore.ops.hadamard.quantize_reference import (FORMATS, FP8_DTYPES, dequantize, nvfp4_global_scale,
                                                       quantize_rotated, rotated_rows, shape_outputs)
 from tilecore.tiles.launch import LRU, CachedLaunch, cdiv, next_power_of_2, signature
@@ -487,41 +491,6 @@ def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False, k
     return codes, scales, None
 
 
-def _launch_gluon_wide(plan, x2, out, scales, gs, amax, fmt_id=None, stages=None, rscale=None, transpose=False):
-    """gluon_quantize_wide.gluon_wide_quantize_kernel (or, for a "gluon_kron" plan, gluon_quantize_kron's kernel)
-    over the rows x2 into ``out`` (codes as bytes, or values). ``rscale``: the rotation's scale (default the plan's);
-    ``transpose``: H_m^T (the transform's backward)."""
-    from tilecore.ops.hadamard import gluon_quantize_wide as gw
-    from tilecore.tiles.launch import gluon_descriptor, tile_counter
-
-    cfg = dict(plan.config)
-    packed = cfg.pop("PACKED")
-    if fmt_id is not None:
-        cfg["FORMAT"] = fmt_id
-        packed = False
-    if stages is not None:
-        cfg["STAGES"] = stages
-    rows = x2.shape[0]
-    rs = plan.rscale if rscale is None else rscale
-    if plan.path == "gluon_kron":
-        from tilecore.ops.hadamard import gluon_quantize_kron as gk
-
-        m, p = cfg["M"], 64 * cfg["F"]
-        x_desc, codes_desc, staging_desc = gk.descriptors(x2, out, m, p, cfg["SPLIT"], packed)
-        h_desc = gluon_descriptor(gk.gluon_operand(m, x2.dtype, x2.device, transpose), [64, 64])
-        with dispatch.on_device(x2.device):
-            gk.gluon_kron_quantize_kernel[plan.grid](x_desc, codes_desc, staging_desc, h_desc, scales, gs, amax, rows,
-                                                     scales.stride(0) if scales.dim() == 2 else 1, rs,
-                                                     tile_counter(x2.device), **cfg)
-        return
-    x_desc, codes_desc, staging_desc = gw.descriptors(x2, out, cfg["M"], packed, cfg.get("HALVES", 1))
-    h_desc = gluon_descriptor(gw.gluon_operand(cfg["M"], x2.dtype, x2.device, transpose), [64, 64])
-    with dispatch.on_device(x2.device):
-        gw.gluon_wide_quantize_kernel[plan.grid](x_desc, codes_desc, staging_desc, h_desc, scales, gs, amax, rows,
-                                                 scales.stride(0) if scales.dim() == 2 else 1, rs,
-                                                 tile_counter(x2.device), **cfg)
-
-
 def _run_gluon_wide(plan, x2, codes, scales, fmt, scale, static):
     """_run's "gluon_wide" path: codes and scales (made empty) filled by the Gluon kernel; nvfp4 without a given
     global scale: its AMAX pass first (each row's largest |y|)."""
@@ -574,28 +543,6 @@ def gluon_amax_pass(plan: QuantizePlan, x2: torch.Tensor) -> torch.Tensor:
     # x2's bytes as the codes (never written by AMAX; bytes keep the staging buffer at 8 bits)
     _launch_gluon_wide(plan, x2, x2.view(torch.uint8), amax, amax, amax, fmt_id=6)
     return amax
-
-
-def gluon_wide_transform(x2: torch.Tensor, out: torch.Tensor, stages: int | None = None, scale: float | None = None,
-                         transpose: bool = False, **tuning) -> QuantizePlan:
-    """out = scale (H_m (x) H_p) x2 (scale default 1 / sqrt(n)) on a Gluon kernel's STORE format: the wide one
-    (m x 64, 128 < m <= 192, and m x 128; ``stages`` default 1) or the kron one (m <= 32 x p = 128..1024; ``tuning``:
-    split, inside; ``stages`` default configs.QUANT_GLUON_KRON_STAGES; the (m, p) defaults of QUANT_GLUON_KRON_TUNING,
-    not a format's). x2, out: (rows, n) contiguous, 16-bit, CUDA on Hopper; out may be x2 (a tile's rows are loaded
-    whole before its stores). hadamard_transform's "gluon" kron plan (kron.py, configs.KRON_GLUON) and the probes call
-    it."""
-    rows, n = x2.shape
-    m, p = orders.split(n)
-    split, inside = gluon_kron_tuning(m, p, tuning)  # the shape's defaults (the plan below is keyed by fp8's format)
-    # (the plan is keyed by fp8's format: its format switches off unless asked; KTRIM measured slower on STORE)
-    plan = plan_quantize(x2, "fp8_e4m3", None, None, True, False, False, gluon=True, gluon_kron=True,
-                         **{"ktrim": False, "fold": False, **tuning, "split": split, "inside": inside})
-    if plan.path not in ("gluon_wide", "gluon_kron"):
-        raise ValueError(f"gluon_wide_transform: n = {n} ({x2.dtype}, {x2.device}) has no Gluon plan")
-    if plan.path == "gluon_kron":
-        stages = stages or plan.config["STAGES"]
-    _launch_gluon_wide(plan, x2, out, x2, x2, x2, fmt_id=7, stages=stages or 1, rscale=scale, transpose=transpose)
-    return plan
 
 
 def _run_pow2(plan, x2, codes, scales, fmt, scale, signs, static, key=None):
