@@ -189,3 +189,13 @@ def test_the_ops_call_sites_are_memos_over_their_modules_signature():
             site = getattr(module, name)
             assert isinstance(site, SignatureMemo) and site._namespace is vars(module)
             assert vars(module)["signature"] is launch.signature
+
+
+def test_a_tensor_guards_that_refuses_turns_the_memo_off(memo, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise TypeError("another signature")
+    monkeypatch.setattr(launch, "_TensorGuards", refuse)
+    x = torch.randn(4, 4)
+    for _ in range(4):
+        assert memo(x, 1) == _any_device_signature(x, 1)
+    assert memo._last is None and launch.MEMO_SIGNATURES is False

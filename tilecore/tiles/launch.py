@@ -727,7 +727,11 @@ class SignatureMemo:
         scalars_at = _picker(scalar_at) if scalar_at else (lambda items: ())
         try:
             guards = _TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None)
-        except Exception:  # noqa: BLE001 (a TensorGuards of another signature: no entry, signature() each call)
+        except Exception as err:  # noqa: BLE001 (a torch whose TensorGuards takes other arguments: signature() from
+            # now on, rather than a failed construction at every repeated call)
+            memo_signatures(False)
+            dispatch.notice_once(f"tiles.launch: torch's TensorGuards refused ({type(err).__name__}: {err}); call "
+                                 "signatures are built each call")
             return None
         if not guards.check(*tensors):  # (a check that its own tensors fail would never hit)
             return None
