@@ -441,7 +441,10 @@ class LinearAttentionForward:
             SPLIT_BV: gl.constexpr = self.LEAN and self.EARLY_WV and self.HAS_BETA  # (bv_smem its own allocation)
             wv = self.wv_smem.index(2 * c if self.EARLY_WV and self.HAS_BETA and not SPLIT_BV else c)  # ([4, ..]: then)
             # LEAN with beta: P V's beta V carries the scale (P none): a factor on BT rows, not BT x BT entries
-            beta_pv = beta_r * self.scale if self.LEAN and self.HAS_BETA else beta_r
+            if self.HAS_BETA:
+                beta_pv = beta_r
+                if self.LEAN:
+                    beta_pv = beta_r * self.scale
             q_a = q  # Q_REG: q in registers (the A operand of Q K^T and Q S), else the shared-memory tile
             if self.Q_REG:
                 q_a = q.load(self.PL)
