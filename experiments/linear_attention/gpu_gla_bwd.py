@@ -166,19 +166,25 @@ S31_LAST = [S31_RUN3[0], S31_RUN3[2], S31_RUN3[5],
 # session 32 (HA, issue 33: the dqk kernel from 38% of its bound): over configs' CHUNKED (session 31's flip), dg_local
 # (the later tokens' dg part from S_c, dS_c and the chunk's k, v: no unpipelined load of S_(c+1) each value block; q, k
 # issued before the span test), dqk_early (the first value block's tiles before the span test too), register caps for
-# 3 / 4 programs an SM, key blocks of 16 (sm_90a: 192 registers, 0 spilled; capped at 168: 0 spilled, 3 programs an SM;
-# at 128: 92 B), 3 stages of the value loop, the dv kernel's key channels by 32 and its value blocks of 64. sm_90a of the
-# dqk kernel (common launch): shipped 254 / 0 B, local 255 / 0, local early 255 / 28, local r168 168 / 368
+# 3 / 4 programs an SM, key blocks of 16, the dv kernel's key channels by 32 and its value blocks of 64 (+ a cap), and
+# the walks by key blocks (walk_BK: 2-4x the programs, each a smaller state) riding on the rows (each kernel is timed
+# alone: the per-kernel table separates them). sm_90a (registers / spilled B): dqk shipped 254/0, local 255/0, local
+# early 255/28, local r168 168/368, kb16 192/0, kb16 r168 168/0 (3 programs an SM), kb16 r128 128/92; dv shipped 255/4,
+# KD 32 245/0, BV 64 KD 32 236/0, + r168 168/224; walks shipped (BK 128, BV 128, 8 warps) 255/0 (1 program an SM),
+# BK 64 8 warps r128 128/0 (2 an SM), BK 64 4 warps 255/0, BK 32 4 warps 153/0 (3 an SM; mma.sync), + r128 128/12
+W64R = dict(walk_BK=64, walk_warps=8, walk_maxnreg=128)
 S32_VARIANTS = [
     ("cfg s32 local", dict(diag=5), dict(dg_local=True), "chunked"),
     ("cfg s32 local early", dict(diag=5), dict(dg_local=True, dqk_early=True), "chunked"),
     ("cfg s32 local r168", dict(diag=5), dict(dg_local=True, dqk_maxnreg=168), "chunked"),
-    ("cfg s32 local kb16", dict(diag=5), dict(dg_local=True, BKB=16), "chunked"),
-    ("cfg s32 local kb16 r168", dict(diag=5), dict(dg_local=True, BKB=16, dqk_maxnreg=168), "chunked"),
-    ("cfg s32 local kb16 r128", dict(diag=5), dict(dg_local=True, BKB=16, dqk_maxnreg=128), "chunked"),
-    ("cfg s32 local st3", dict(diag=5), dict(dg_local=True, dqk_stages=3), "chunked"),
-    ("cfg s32 local dvkd32", dict(diag=5), dict(dg_local=True, KD=32), "chunked"),
+    ("cfg s32 local kb16 wbk64w8r128", dict(diag=5), dict(dg_local=True, BKB=16, **W64R), "chunked"),
+    ("cfg s32 local kb16 r168 wbk32", dict(diag=5), dict(dg_local=True, BKB=16, dqk_maxnreg=168, walk_BK=32,
+                                                         walk_warps=4), "chunked"),
+    ("cfg s32 local kb16 r128 wbk32r128", dict(diag=5), dict(dg_local=True, BKB=16, dqk_maxnreg=128, walk_BK=32,
+                                                             walk_warps=4, walk_maxnreg=128), "chunked"),
+    ("cfg s32 local dvkd32 wbk64w4", dict(diag=5), dict(dg_local=True, KD=32, walk_BK=64, walk_warps=4), "chunked"),
     ("cfg s32 local dvbv64 kd32", dict(diag=5), dict(dg_local=True, dv_BV=64, KD=32), "chunked"),
+    ("cfg s32 local dvbv64 kd32 r168", dict(diag=5), dict(dg_local=True, dv_BV=64, KD=32, dv_maxnreg=168), "chunked"),
 ]
 VARIANTS += S31_VARIANTS[:-1] + S31_RUN3 + S31_LAST[3:] + S32_VARIANTS
 if S32 and "--variants" not in sys.argv:

@@ -123,3 +123,28 @@ def test_dg_fused_in_the_dqk_kernel(final, local):
     assert accuracy.rel_rms(dg[live], ref[3][live]) < 2e-4
     with pytest.raises(ValueError, match="dg_fused"):
         run_chunked(q, k, v, g, None, do, dht, st.float(), BT=32, dqk_VB=None, dg_fused=True)
+
+
+@pytest.mark.parametrize("N, Dk, walk_BK", [(17, 24, 16), (200, 32, 16), (70, 32, 8)])
+def test_walks_by_key_blocks(N, Dk, walk_BK):
+    """walk_BK (session 32): the state walks by key blocks (each row of S and dS walks on its own), here 2-4 blocks
+    with a partial last one (Dk 24 in blocks of 16), an initial state and a final state's gradient: the same
+    gradients as the whole-row walks (float32: to rounding) and fp16 within 2.5x the rounding floor, dh0 at fp16's
+    relative error."""
+    torch.manual_seed(N + Dk)
+    q, k, v, g, s0 = make(1, N, 1, 1, Dk, 40, dtype=F32, decay="channel", h0=True)
+    do, dht = torch.randn(v.shape), torch.randn(s0.shape)
+    _, st, _ = reference(q, k, v, g, s0, dout=do, dstate=dht)
+    blocks = dict(BT=16, BKB=16, KD=16, BV=16, BK_DG=16, dqk_VB=16, dg_fused=True)
+    whole = run_chunked(q, k, v, g, s0, do, dht, st.float(), **blocks)
+    split = run_chunked(q, k, v, g, s0, do, dht, st.float(), walk_BK=walk_BK, walk_warps=4, **blocks)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dh0"), whole, split):
+        assert accuracy.rel_rms(b, a) < 1e-6, name
+    q, k, v, g, s0 = make(1, N, 1, 1, Dk, 40, dtype=F16, decay="channel", h0=True)
+    do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
+    _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
+    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), walk_BK=walk_BK, **blocks)
+    for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+        assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
+    assert accuracy.rel_rms(got[3], ref[3]) < 5e-3
+    assert accuracy.rel_rms(got[4], ref[4]) < 1e-3

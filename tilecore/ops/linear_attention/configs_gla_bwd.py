@@ -57,6 +57,9 @@ BLOCKS = dict(split_BT=32, split_BKB=64, split_BV=64, split_warps=4, split_stage
 # (S_(c+1) by its update from S_c), no load of S_(c+1) in the value loop (a load each block, not pipelined), q and k
 # loaded before the span test; dqk_early (with dg_local): the first value block's v, do, S_c, dS_c too (every load of a
 # program's first step in flight at once)
+# walk_BK (session 32): the walks' key block (None: every key channel): each row of S / dS walks on its own (its
+# channel's decay), so the walks run cdiv(Dk, walk_BK) x more programs with a smaller state each; walk_maxnreg and
+# dv_maxnreg: register caps (ptxas .maxnreg) of the walks and of the dv kernel (not its fallback launch)
 # dg_fused (with dqk_VB): the dqk kernel stores dg whole, the later tokens' part as sum_v S_(c+1) dS_c per channel
 # (the decay gradient at the next chunk's first token), no dg kernel (0.57 ms at B16 H16 N4096 d128)
 # ON (session 31, HA, the last call: notes/linear_attention/runs/gla_bwd_dqk4_run5_session31_h100.txt, H100 B16 H16
@@ -71,7 +74,7 @@ BLOCKS = dict(split_BT=32, split_BKB=64, split_BV=64, split_warps=4, split_stage
 CHUNKED = dict(BT=64, BV=128, BKB=32, KD=64, BK_DG=64, walk_warps=8, walk_stages=2, dqk_warps=4, dv_warps=4, stages=2,
                split=False, dqk_apart=False, dv_BV=128, walks_fused=False, wide_apart=True, dv_wide_apart=True,
                dk_at=False, dqk_VB=32, dqk_stages=None, dqk_maxnreg=None, wide_group=8, dg_fused=True,
-               dg_local=False, dqk_early=False)
+               dg_local=False, dqk_early=False, walk_BK=None, walk_maxnreg=None, dv_maxnreg=None)
 
 # "split_combine": the combine kernel's key block (a head's dq / dk / dg by cdiv(Dk, it) programs: launch's combine
 # runs B x H programs of every channel, 256 at B16 H16, each walking 4096 tokens) and tokens a step

@@ -54,22 +54,37 @@ def _state_ptrs(base, bh, c, NT, offs_k, offs_v, DK, DV):
 def gla_states_kernel(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
                       s0b, s0h, s0f, s0v, N, H, DK, DV, NT,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                      MMA: tl.constexpr, IEEE: tl.constexpr):
+                      MMA: tl.constexpr, IEEE: tl.constexpr, NVB: tl.constexpr = 0):
     """Program (batch * head, value block): HS[c] = the state entering chunk c (its BV columns), every chunk.
-    Grid (B * H, cdiv(DV, BV))."""
+    Grid (B * H, cdiv(DV, BV)). NVB (session 32): the state's rows by key blocks of BK too (each row of S walks on its
+    own: its channel's decay, k's column): axis 1 is (key block, value block), NVB value blocks; grid (B * H,
+    cdiv(DK, BK) * NVB); 0: one key block (BK >= DK)."""
+    vblock, kblock = _walk_blocks(NVB)
     _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, s0b, s0h, s0f, s0v,
-                 N, H, DK, DV, NT, tl.program_id(0), tl.program_id(1), BT, BK, BV, HAS_H0, MMA, IEEE)
+                 N, H, DK, DV, NT, tl.program_id(0), vblock, BT, BK, BV, HAS_H0, MMA, IEEE, kblock)
+
+
+@triton.jit
+def _walk_blocks(NVB: tl.constexpr):
+    """A walk program's (value block, key block) from axis 1 (gla_states_kernel's NVB)."""
+    if NVB == 0:
+        vblock = tl.program_id(1)
+        kblock = 0
+    else:
+        vblock = tl.program_id(1) % NVB
+        kblock = tl.program_id(1) // NVB
+    return vblock, kblock
 
 
 @triton.jit
 def _walk_setup(INIT, s0b, s0h, s0f, s0v, H, DK, DV, bh, vblock, BT: tl.constexpr, BK: tl.constexpr,
-                BV: tl.constexpr, HAS_INIT: tl.constexpr):
+                BV: tl.constexpr, HAS_INIT: tl.constexpr, kblock=0):
     """Both walks' blocks: (b, h, offs_t, offs_k, k_ok, offs_v, v_ok, the starting state [BK, BV] float32: INIT's
     (B, H, Dk, Dv) block where HAS_INIT, else zeros)."""
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     offs_t = tl.arange(0, BT)
-    offs_k = tl.arange(0, BK)
+    offs_k = kblock * BK + tl.arange(0, BK)
     k_ok = offs_k < DK
     offs_v = vblock * BV + tl.arange(0, BV)
     v_ok = offs_v < DV
@@ -94,9 +109,9 @@ def _walk_chunk(X, Y, G, sxb, sxn, sxh, sxd, syb, syn, syh, syd, sgb, sgn, sgh, 
 @triton.jit
 def _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, s0b, s0h, s0f, s0v,
                  N, H, DK, DV, NT, bh, vblock, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                 HAS_H0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
+                 HAS_H0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, kblock=0):
     b, h, offs_t, offs_k, k_ok, offs_v, v_ok, S = _walk_setup(H0, s0b, s0h, s0f, s0v, H, DK, DV, bh, vblock, BT, BK,
-                                                              BV, HAS_H0)
+                                                              BV, HAS_H0, kblock)
     for c in range(0, NT):
         t0 = c * BT
         tl.store(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), S.to(HS.dtype.element_ty),
@@ -110,21 +125,23 @@ def _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, s
 def gla_dstates_kernel(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod,
                        stb, sth, stf, stv, s0b, s0h, s0f, s0v, N, H, DK, DV, NT, scale,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
-                       STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
+                       STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, NVB: tl.constexpr = 0):
     """Program (batch * head, value block): DHS[c] = the gradient of the state leaving chunk c, every chunk, by a
-    reverse walk from DHT; DH0 (float32) the initial state's. Grid (B * H, cdiv(DV, BV))."""
+    reverse walk from DHT; DH0 (float32) the initial state's. Grid (B * H, cdiv(DV, BV)); NVB as gla_states_kernel's
+    (the rows of dS walk apart too)."""
+    vblock, kblock = _walk_blocks(NVB)
     _dstates_walk(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod,
-                  stb, sth, stf, stv, s0b, s0h, s0f, s0v, N, H, DK, DV, NT, scale, tl.program_id(0), tl.program_id(1),
-                  BT, BK, BV, HAS_DHT, STORE_DH0, MMA, IEEE)
+                  stb, sth, stf, stv, s0b, s0h, s0f, s0v, N, H, DK, DV, NT, scale, tl.program_id(0), vblock,
+                  BT, BK, BV, HAS_DHT, STORE_DH0, MMA, IEEE, kblock)
 
 
 @triton.jit
 def _dstates_walk(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod,
                   stb, sth, stf, stv, s0b, s0h, s0f, s0v, N, H, DK, DV, NT, scale, bh, vblock,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
-                  STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr):
+                  STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, kblock=0):
     b, h, offs_t, offs_k, k_ok, offs_v, v_ok, dS = _walk_setup(DHT, stb, sth, stf, stv, H, DK, DV, bh, vblock, BT, BK,
-                                                               BV, HAS_DHT)
+                                                               BV, HAS_DHT, kblock)
     for i in range(0, NT):
         c = NT - 1 - i
         t0 = c * BT
@@ -604,8 +621,13 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         z4 = (0, 0, 0, 0)
         g_strides = g.stride()
         calls = []  # (name, kernel, grid, arguments, options), in order: each reads what the ones before wrote
-        walk_opts = dict(BT=BT, BK=BK, BV=BV, MMA=mma, IEEE=ieee, num_warps=cfg["walk_warps"],
-                         num_stages=cfg["walk_stages"])
+        walk_BK = min(BK, cfg["walk_BK"] or BK)  # the walks' key block (session 32): their states' rows apart
+        walk_kblocks = -(-Dk // walk_BK)
+        walk_opts = dict(BT=BT, BK=walk_BK, BV=BV, MMA=mma, IEEE=ieee, num_warps=cfg["walk_warps"],
+                         num_stages=cfg["walk_stages"], **({"NVB": vblocks} if walk_kblocks > 1 else {}),
+                         **({"maxnreg": cfg["walk_maxnreg"]} if cfg["walk_maxnreg"] else {}))
+        if walk_kblocks > 1 and cfg["walks_fused"]:
+            raise ValueError("gla chunked backward: walk_BK below the key dim needs walks_fused False")
         h0_or = h0 if h0 is not None else hs
         dht_or, dh0_or = dht if has_dht else dhs, dh0 if dh0 is not None else dhs
         if cfg["walks_fused"]:
@@ -615,10 +637,10 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                 *(dh0.stride() if dh0 is not None else z4), N, H, Dk, Dv, NT, scale),
                 dict(walk_opts, HAS_H0=h0 is not None, HAS_DHT=has_dht, STORE_DH0=dh0 is not None)))
         else:
-            calls.append(("states", gla_states_kernel, (B * H, vblocks), (
+            calls.append(("states", gla_states_kernel, (B * H, vblocks * walk_kblocks), (
                 k, v, g, h0_or, hs, *k.stride(), *v.stride(), *g_strides, *(h0.stride() if h0 is not None else z4),
                 N, H, Dk, Dv, NT), dict(walk_opts, HAS_H0=h0 is not None)))
-            calls.append(("dstates", gla_dstates_kernel, (B * H, vblocks), (
+            calls.append(("dstates", gla_dstates_kernel, (B * H, vblocks * walk_kblocks), (
                 q, g, do, dht_or, dh0_or, dhs, *q.stride(), *g_strides, *do.stride(),
                 *(dht.stride() if has_dht else z4), *(dh0.stride() if dh0 is not None else z4), N, H, Dk, Dv, NT,
                 scale), dict(walk_opts, HAS_DHT=has_dht, STORE_DH0=dh0 is not None)))
@@ -646,7 +668,8 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                 q, k, g, do, dhs, dv, *q.stride(), *k.stride(), *g_strides, *do.stride(), N, H, Dk, Dv, NT, scale,
                 dv_blocks), dict(BT=BT, BK=BK, KD=KD, BV=dv_BV, MMA=mma, IEEE=ieee, WIDE=wide, FLAG=flag,
                                  KBLOCKS=kblocks, KBP=max(2, triton.next_power_of_2(kblocks)),
-                                 num_warps=cfg["dv_warps"], num_stages=cfg["stages"])))
+                                 num_warps=cfg["dv_warps"], num_stages=cfg["stages"],
+                                 **({"maxnreg": cfg["dv_maxnreg"]} if cfg["dv_maxnreg"] and wide != 2 else {}))))
         bk_dg = min(BK, cfg["BK_DG"])
         if not fused:
             calls.append(("dg", gla_dg_kernel, (B * H, -(-Dk // bk_dg)), (
