@@ -77,6 +77,7 @@ if "--sizes" in sys.argv:  # e.g. --sizes 1024 (a quicker smoke run)
 # no new child past these (s from the start): checks, then timings (the interpreter on 2 cores is slow)
 DEADLINE_S = {"check": 900 if SMOKE else 75, "host": 1800 if SMOKE else 85, "time": 1800 if SMOKE else 135}
 HOST = "--host" in sys.argv  # the host-time phase (session 30's figure; off unless asked)
+DK = "--dk" in sys.argv  # session 32: the filter-gradient kernel's candidates (configs.DK_CANDIDATES) checked and timed
 # bounds of a passing check (multiples of the rounding floor): bf16 at ~1.05x as the pair kernel; fp16 at
 # the float16 products' own ~2.5x (the interpreter truncates bf16: 2.6 there)
 # timing probes (kernels_mono.py PROBE: WRONG results, timing only) of one configuration a N: each leaves
@@ -170,6 +171,33 @@ def check(n, config, dtype, conj, B=16, H=128, nan=False) -> dict:
     return row
 
 
+def dk_inputs(n, B, H, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, H, n, generator=g).to(torch.bfloat16), torch.randn(B, H, n, generator=g).to(torch.bfloat16)
+
+
+def torch_dk(u, dy, n, filter_len):
+    """dk as op.py's backward computes it without the kernel (torch.fft in float32)."""
+    cross = (torch.fft.rfft(dy.float(), n=2 * n) * torch.conj_physical(torch.fft.rfft(u.float(), n=2 * n))).sum(0)
+    return torch.fft.irfft(cross, n=2 * n)[:, :filter_len]
+
+
+def check_dk(n, config, B=5, H=4) -> dict:
+    """The filter-gradient kernel (kernels_pair.fft_conv_dk_pair_kernel through launch.dk_pair; session 26, never
+    run on a GPU before) at one configuration against float64: bf16 u and dy, an odd batch, a filter of n - 5; the
+    float32 dk cast to bf16 (the filter's dtype) against the float64 dk, as a multiple of bf16's floor."""
+    u, dy = dk_inputs(n, B, H, n + 3)
+    want = torch_dk(u.double(), dy.double(), n, n - 5)
+    poison_allocator()
+    got = conv_launch.dk_pair(tuple(config), u.to(DEV), dy.to(DEV), n - 5).cpu()
+    written = bool(torch.isfinite(got).all())
+    err = accuracy.error_over_floor(got.to(torch.bfloat16), want) if written else float("inf")
+    row = {"n": n, "config": "dk " + key(config), "dtype": "dk-kernel bfloat16", "conj": False, "written": written,
+           "err_over_floor": err, "ok": written and err <= BOUNDS["bfloat16"]}
+    say("check", json.dumps(row))
+    return row
+
+
 def _correlation(u64, k64):
     """y[n] = sum_{m >= n} u[m] k[m - n] (float64): the adjoint of the causal convolution, du's form."""
     n = u64.shape[-1]
@@ -244,7 +272,7 @@ def op_check(n, B=16, H=16) -> list[dict]:
             err = accuracy.error_over_floor(got, want) if written else float("inf")
             ok = written and err <= bound
         rows.append({"n": n, "config": f"op ({path}) spectrum grad {what}", "dtype": "bfloat16 op" if bound else
-                     "dk rel_rms", "conj": what == "du", "written": written, "err_over_floor": err, "ok": ok})
+                     "rel_rms dk-through-spectrum", "conj": what == "du", "written": written, "err_over_floor": err, "ok": ok})
     for row in rows:
         say("check", json.dumps(row))
     return rows
@@ -391,6 +419,15 @@ def time_n(n, passed: list[str]) -> dict:
             row.setdefault("probes", {})[str(probe)] = guard(f"probe {probe}", lambda: bench(
                 lambda: conv_launch.launch(pplan, u, spectrum, y, False)))
 
+    dks = [c for c in (configs.DK_CANDIDATES.get(n, []) if DK else []) if "dk " + key(c) in passed]
+    if dks:  # session 32: the filter-gradient kernel against torch.fft's dk (op.py's backward without it), B16 H768
+        ud, dyd = (t.to(DEV) for t in dk_inputs(n, B, H, n))
+        for config in dks:
+            row.setdefault("dk", {})[key(config)] = guard("dk " + key(config), lambda: bench(
+                lambda: conv_launch.dk_pair(tuple(config), ud, dyd, n)))
+        row.setdefault("dk", {})["torch"] = guard("torch dk", lambda: bench(lambda: torch_dk(ud, dyd, n, n)))
+        del ud, dyd
+
     def torch_fft():  # the issue's baseline: rfft, multiply, irfft in float32 (last: cuFFT after our kernels)
         return torch.fft.irfft(torch.fft.rfft(u.float(), n=2 * n) * spectrum, n=2 * n)[..., :n].to(u.dtype)
 
@@ -421,6 +458,16 @@ def child(phase: str, n: int, step: int, part: Path) -> int:
         if not SMOKE:
             torch.cuda.synchronize()
     elif phase == "check":
+        if step >= 1000:  # (a dk candidate: step 1000 + its index)
+            config = configs.DK_CANDIDATES[n][step - 1000]
+            got["case"] = f"N={n} dk {key(config)}"
+            part.write_text(json.dumps(got))
+            got["checks"].append(check_dk(n, config))
+            if not SMOKE:  # (the timing's specialization compiled here: B16 H768's, as B16 H16's)
+                conv_launch.dk_pair(tuple(config), *(t.to(DEV) for t in dk_inputs(n, 16, 16, 0)), n)
+                torch.cuda.synchronize()
+            part.write_text(json.dumps(got))
+            return 0
         config, dtype, conj, nan = check_steps(n)[step]
         label = f"N={n} {key(config)} {dtype} conj={conj} nan={nan}"
         got["case"] = label
@@ -459,7 +506,7 @@ def run_children(phase: str, tasks: list, passed: dict, parallel: int) -> list[d
                 continue
             env = dict(os.environ, FFT_ONEPASS_PASSED=json.dumps(passed.get(n, [])))
             args = [sys.executable, __file__, "--child", phase, str(n), str(step), str(part)] + ["--smoke"] * SMOKE
-            args += ["--sizes", ",".join(map(str, SIZES))]
+            args += ["--sizes", ",".join(map(str, SIZES))] + ["--dk"] * DK
             running[(n, step)] = (subprocess.Popen(args, env=env), part, time.time())
         time.sleep(0.2)
         for task, (proc, part, began) in list(running.items()):
@@ -495,6 +542,7 @@ def main() -> int:
     # every check and warm-up compile in its own process, all at once (compiles dominate: 16 cores)
     tasks = [(n, -1) for n in SIZES] + [(n, i) for n in SIZES for i in range(len(check_steps(n)))]
     tasks += [(n, -10 - probe) for n in PROBE_CONFIGS if n in SIZES and not SMOKE for probe in PROBES]
+    tasks += [(n, 1000 + i) for n in SIZES if DK for i in range(len(configs.DK_CANDIDATES.get(n, [])))]
     for got in run_children("check", tasks, {}, parallel=2 if SMOKE else 16):
         results["checks"] += got.get("checks", [])
         results["errors"] += got.get("errors", [])
@@ -502,7 +550,8 @@ def main() -> int:
     by_config: dict = {}
     for row in results["checks"]:
         by_config.setdefault((row["n"], row["config"]), []).append(row["ok"])
-    passed = {n: [c for (m, c), oks in by_config.items() if m == n and len(oks) == 4 and all(oks)] for n in SIZES}
+    passed = {n: [c for (m, c), oks in by_config.items() if m == n and all(oks) and (len(oks) == 4 or c.startswith("dk "))]
+              for n in SIZES}
     # the timings one N after the other (the kernels come from Triton's cache)
     for got in run_children("host", [(1024, 0)] if HOST else [], passed, parallel=1):
         results["errors"] += got.get("errors", [])
@@ -547,6 +596,9 @@ def main() -> int:
         for what, ms, bound in cases:
             print(f"{row['n']:>6} {what:>30} {ms:8.4f} {base / ms:8.2f} {100 * copy / ms:7.1f} "
                   f"{'' if bound is None else f'{bound:9.4f}'}")
+        for c, ms in row.get("dk", {}).items():
+            print(f"{row['n']:>6} {'dk ' + c:>30} {ms:8.4f}   (the filter's gradient alone, B16 H768; torch: op.py's "
+                  f"torch.fft dk)")
         for probe, ms in row.get("probes", {}).items():
             print(f"{row['n']:>6} {'probe ' + probe:>30} {ms:8.4f}   ({key(PROBE_CONFIGS[row['n']])}, "
                   f"{PROBES[int(probe)]}: wrong output, timing only)")

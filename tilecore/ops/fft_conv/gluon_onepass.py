@@ -237,6 +237,7 @@ class Stages:
     kbuf: object  # [B, C] int64 in shared memory (KPRE 2), else None
     KPRE: gl.constexpr
     LEAN: gl.constexpr  # 1: the spectrum product's scale as one reduction (of max(|re|, |im|))
+    PRESCALE: gl.constexpr  # the spectrum product's scale from the block's spectrum, reduced under stage 3's wgmmas
 
 
 # W_L^(m k_a) from the tables' offset i = m A + k_a (A, L powers of two): t = (m k_a) mod L as a signed
@@ -325,21 +326,37 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
     st.tile_im.store(rim.to(gl.float16))
     fence_async_shared()
     gl.thread_barrier()
-    if st.PROBE & 1:
-        sre = rre
-        sim = rim
-    else:
-        sre, sim = _complex_mma(st.fbre, st.tile_re, st.fbnim, st.tile_im, st.fbre, st.tile_im, st.fbim, st.tile_re,
-                                zeros, st.ASYNC, False)
-    if st.PROBE & 4:
-        kre = twre
-        kim = twim
-    else:
+    if st.PRESCALE and not (st.PROBE & 5):
+        # (session 32) the block's largest |Re K|, |Im K| reduced while stage 3's wgmmas run: |Y| <= L of it (|x| <= 1
+        # a sequence, |R| <= HALF sqrt 2, |S| <= B HALF sqrt 2, |K| <= sqrt 2 of it), so Y / (L of it / 256) is at
+        # most 256 and D = conj(F_B) @ that at most 64 x 256 (float16's range), with no reduction of Y on the chain
+        p = warpgroup_mma(st.fbre, st.tile_re, zeros, use_acc=False, is_async=True)
+        p = warpgroup_mma(st.fbnim, st.tile_im, p, is_async=True)
+        q = warpgroup_mma(st.fbre, st.tile_im, zeros, use_acc=False, is_async=True)
+        q = warpgroup_mma(st.fbim, st.tile_re, q, is_async=True)
         kre, kim = _spectrum_take(st, K + h * stride_kh, tab + col, kpre)
+        largest = gl.max(gl.max(gl.maximum(gl.abs(kre), gl.abs(kim)), axis=1), axis=0)
+        sre, sim = warpgroup_mma_wait(0, deps=(p, q))
+    else:
+        if st.PROBE & 1:
+            sre = rre
+            sim = rim
+        else:
+            sre, sim = _complex_mma(st.fbre, st.tile_re, st.fbnim, st.tile_im, st.fbre, st.tile_im, st.fbim, st.tile_re,
+                                    zeros, st.ASYNC, False)
+        if st.PROBE & 4:
+            kre = twre
+            kim = twim
+        else:
+            kre, kim = _spectrum_take(st, K + h * stride_kh, tab + col, kpre)
+        largest = 0.0
     yre = sre * kre - sim * kim
     yim = sre * kim + sim * kre
     if st.PROBE & 2:
         scale = 1.0
+    elif st.PRESCALE:
+        scale = largest * (st.L / 256.0)
+        scale = gl.where(scale > 0, scale, 1.0)  # (NaN stays NaN: a NaN filter's outputs)
     elif st.LEAN & 1:  # (the same largest value: one reduction, not two)
         scale = gl.max(gl.max(gl.maximum(gl.abs(yre), gl.abs(yim)), axis=1), axis=0)
         scale = gl.where(scale > 0, scale, 1.0)
@@ -557,7 +574,8 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   A: gl.constexpr, B: gl.constexpr, ASYNC: gl.constexpr = False,
                                   u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
                                   CONJ: gl.constexpr = False, PROBE: gl.constexpr = 0, TW_SFU: gl.constexpr = False,
-                                  CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0, LEAN: gl.constexpr = 0):
+                                  CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0, LEAN: gl.constexpr = 0,
+                                  PRESCALE: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every
     channel h; work item w = h * groups + g, program p runs w = p, p + programs, ...
 
@@ -621,7 +639,8 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(t_k, 0)
     zeros = gl.zeros([B, A], gl.float32, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE, TW_SFU, kbuf, KPRE, LEAN)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE, TW_SFU, kbuf, KPRE, LEAN,
+                PRESCALE)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -706,6 +725,7 @@ class ChunkedGlobals:
     KPRE: gl.constexpr
     YALIAS: gl.constexpr
     LEAN: gl.constexpr
+    PRESCALE: gl.constexpr
 
 
 @struct
@@ -757,7 +777,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   CONJ: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
                                   WORKER_REGS: gl.constexpr = 240, PROBE: gl.constexpr = 0,
                                   TW_SFU: gl.constexpr = False, CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0,
-                                  YALIAS: gl.constexpr = False, LEAN: gl.constexpr = 0):
+                                  YALIAS: gl.constexpr = False, LEAN: gl.constexpr = 0, PRESCALE: gl.constexpr = False):
     """fft_conv_gluon_onepass_kernel's convolution (same arguments) for larger A (N = 4096: A = 128), the
     tile's k_a columns CHUNK at a time: stages 1..3' are column-wise (x @ F_A[:HALF, chunk], the twiddles,
     F_B @ R, the spectrum and conj(F_B) @ Y act on each column alone), so a pair's registers hold one
@@ -793,7 +813,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     fbnim = _resident(FBIM, B, B, B, 0, True, table)
     g = ChunkedGlobals(U, K, Y, TFRE, TFIM, batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                        u_desc, y_desc, fare, faim, fanim, fbre, fbim, fbnim, A, B, CHUNK, TMA, RFFT, CONJ,
-                       PROBE, TW_SFU, CONTIG, KPRE, YALIAS, LEAN)
+                       PROBE, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, PRESCALE)
     first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS)
     if WARPGROUPS == 1:
         fence_async_shared()
@@ -861,7 +881,7 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     zeros = gl.zeros([B, CHUNK], gl.float32, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, True, g.PROBE, g.TW_SFU, bufs.kbuf,
-                g.KPRE, g.LEAN)
+                g.KPRE, g.LEAN, g.PRESCALE)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
