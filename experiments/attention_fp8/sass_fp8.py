@@ -61,6 +61,7 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides
     "ahead_smem_lmma0": dict(s_ahead=True, pv_smem=1, l_mma=0), "ahead_packed_lmma0": dict(s_ahead=True, cast_late=2, l_mma=0),
     "ahead_lmma0": dict(s_ahead=True, l_mma=0), "ahead_trace": dict(s_ahead=True, trace=True),
     "ahead_l0_trace": dict(s_ahead=True, pv_smem=1, l_mma=0, trace=True), "ahead_packed_l0": dict(s_ahead=True, cast_late=2, l_mma=0),
+    "ahead_l0_q8": dict(s_ahead=True, pv_smem=1, l_mma=0, exp2_fma_every=-8), "ahead_l0_s2": dict(s_ahead=True, pv_smem=1, l_mma=0, stages=2),
     "smem_bn192q8": dict(pv_smem=1, block_n2=64, stages=2, exp2_fma_every=-8), "smem_bn192s2": dict(pv_smem=1, block_n2=64, stages=2),
 }
 
