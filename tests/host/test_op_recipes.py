@@ -243,3 +243,73 @@ def test_linear_attention_step_recipe_gives_the_plain_calls_bits(monkeypatch, ca
             assert len(served) == len(calls) - 1
     assert all(a.shape == c.shape and a.dtype == c.dtype and torch.equal(a, c) for a, c in zip(*runs))
     clear()
+
+
+# ---- linear_attention's GluonForward (the Gluon kernel cannot run here: its launcher recorded, the recipe against
+# gluon_forward_keyed's own launch)
+
+
+class LaRecorder(Recorder):
+    def __init__(self, real):
+        super().__init__()
+        self._signature = real._load_signature()
+
+    def _load_signature(self):
+        return self._signature
+
+    def run(self, key, grid, args, kwargs):
+        flags, named = self._signature
+        ordered = list(args) + [kwargs.get(name, default) for name, default in named[len(args):]]
+        kw = {k: v for k, v in kwargs.items() if k not in dict(named) or k == "num_warps"}
+        kw.update({name: v for (name, _), v, c in zip(named, ordered, flags) if c})
+        self.calls.append((key, tuple(grid) + (1,) * (3 - len(grid)),
+                           tuple(self._arg(a) for a, c in zip(ordered, flags) if not c), kw))
+
+
+@pytest.mark.parametrize("states", [False, True])
+def test_linear_attention_gluon_recipe_launches_what_gluon_forward_keyed_launches(monkeypatch, states):
+    from tilecore.ops.linear_attention import launch as la_launch
+
+    rec = LaRecorder(la_launch._GLUON_FORWARD)
+    monkeypatch.setattr(la_launch, "_GLUON_FORWARD", rec)
+    la_launch.GLUON_FORWARDS.clear()
+    B, N, Hqk, H, D = 2, 128, 2, 4, 64
+    q, k = (torch.randn(B, N, Hqk, D, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(B, N, H, D, dtype=torch.bfloat16)
+    h0 = torch.randn(B, H, D, D) if states else None
+    key = ("linear_attention", "test", states)
+    o1, ht1 = la_launch.gluon_forward_keyed(key, q, k, v, None, None, None, None, h0, 0.125, states, 2)
+    recipe = la_launch.GLUON_FORWARDS.get(key)
+    assert type(recipe) is la_launch.GluonForward
+    o2, ht2 = recipe(q, k, v, h0)
+    (k1, g1, args1, kw1), (k2, g2, args2, kw2) = rec.calls
+    assert k1 == k2 == key and g1 == g2 and kw1 == kw2
+    assert o1.shape == o2.shape and o1.dtype == o2.dtype and (ht1 is None) == (ht2 is None) == (not states)
+    outs = {o1.data_ptr(): "o", o2.data_ptr(): "o"}
+    if states:
+        outs.update({ht1.data_ptr(): "ht", ht2.data_ptr(): "ht"})
+    # each argument the same (its own call's o / final state where it is one; the unread placeholder kept)
+    norm = lambda a: (a[0], outs.get(a[1], a[1]), *a[2:]) if isinstance(a, tuple) else a
+    assert [norm(a) for a in args1] == [norm(a) for a in args2]
+    la_launch.GLUON_FORWARDS.clear()
+
+
+@pytest.mark.parametrize("what", ["decay", "z", "off"])
+def test_linear_attention_gluon_recipe_only_without_decay_beta_d_z(monkeypatch, what):
+    from tilecore.ops.linear_attention import launch as la_launch
+
+    rec = LaRecorder(la_launch._GLUON_FORWARD)
+    monkeypatch.setattr(la_launch, "_GLUON_FORWARD", rec)
+    la_launch.GLUON_FORWARDS.clear()
+    B, N, H, D = 1, 64, 2, 64
+    q, k, v = (torch.randn(B, N, H, D, dtype=torch.bfloat16) for _ in range(3))
+    g = -torch.rand(B, N, H) if what == "decay" else None
+    z = torch.randn(B, N, H, D, dtype=torch.bfloat16) if what == "z" else None
+    if what == "off":
+        tiles_launch.keep_op_recipes(False)
+    try:
+        la_launch.gluon_forward_keyed(("k", what), q, k, v, g, None, None, z, None, 0.125, False, 2)
+    finally:
+        tiles_launch.keep_op_recipes(True)
+    assert not la_launch.GLUON_FORWARDS.get(("k", what))
+    la_launch.GLUON_FORWARDS.clear()

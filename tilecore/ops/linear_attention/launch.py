@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from tilecore import dispatch
 from tilecore.ops.linear_attention import chunked, configs, gluon_based, gluon_forward, kernels_backward, kernels_tl
 from tilecore.ops.linear_attention.plan import BASED, CHANNEL_DECAY, SCALAR_DECAY, Plan, block, decay_kind
-from tilecore.tiles.launch import LRU, CachedLaunch, TmaOperand
+from tilecore.tiles import launch as tiles_launch
+from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, TmaOperand
 
 # the forward and step kernels launched by CachedLaunch: with an eager call's launch key (op.py: its
 # signature) by key, else the cached plain launch (issue 31's host time)
@@ -99,10 +100,93 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
 def gluon_forward_keyed(key, q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int):
     """gluon_forward.forward (its configs' kernel variant) launched by ``key``: the descriptors as TmaOperands
     (built and checked at the key's first launch only). Every argument's specialization follows from the key
-    (the inputs' signature): the ints are their sizes and strides, the other tensors fresh or the inputs' own."""
-    return gluon_forward.forward(q, k, v, g, beta, d_skip, z, h0, scale, final_state, stages, operand=TmaOperand,
-                                 launch=lambda grid, args, warps: _GLUON_FORWARD.run(key, grid, (),
-                                                                                    dict(args, num_warps=warps)))
+    (the inputs' signature): the ints are their sizes and strides, the other tensors fresh or the inputs' own.
+    Without decay, beta, D and z (plain linear attention) the launch is kept as the key's GluonForward
+    (OP_RECIPES: op.linear_attention's next plain eager calls launch through it)."""
+    launched = []
+
+    def launch(grid, args, warps):
+        launched.append((grid, args, warps))
+        return _GLUON_FORWARD.run(key, grid, (), dict(args, num_warps=warps))
+
+    o, ht = gluon_forward.forward(q, k, v, g, beta, d_skip, z, h0, scale, final_state, stages, operand=TmaOperand,
+                                  launch=launch)
+    if tiles_launch.OP_RECIPES and len(launched) == 1 and key not in GLUON_FORWARDS:
+        GLUON_FORWARDS.put(key, g is None and beta is None and d_skip is None and z is None
+                           and GluonForward.of(key, *launched[0], q, k, v, h0, o, ht))
+    return o, ht
+
+
+class GluonForward:
+    """linear_attention's Gluon forward without decay, beta, D or z for one launch key (session 32, issue 31's host
+    time): the kernel's KeyedLaunch with its 37 arguments in the kernel's order, made from the key's first launch as
+    gluon_forward.forward gave them: q's, k's, v's and o's descriptors (views fixed by the key: each made from the
+    tensor at its position, encoded once per base address), sizes, strides and scale as they were, h0 and the final
+    state where given. A call allocates o (and the final state) and launches: no flags, descriptors, argument dict
+    or dummy made a call. ``of`` gives False (the general path each call) where an argument is not one of those: a
+    descriptor of another tensor, or a tensor other than the inputs, outputs and the kernel's unread placeholder
+    (a one-element tensor at an absent input's position, whose HAS_ flag is off)."""
+
+    __slots__ = ("launch", "template", "slots", "o_shape", "ht_shape", "dtype", "device")
+
+    _SOURCES = ("q", "k", "v", "o", "ht", "h0")  # what a call's arguments are made of, in __call__'s order
+    # the placeholder positions and the flag saying the kernel reads nothing there
+    _UNREAD = {"G": "DECAY", "BETA": "HAS_BETA", "DSKIP": "HAS_D", "H0": "HAS_H0", "HT": "STORE_HT"}
+
+    @classmethod
+    def of(cls, key, grid, args: dict, warps, q, k, v, h0, o, ht):
+        flags, named = _GLUON_FORWARD._signature or _GLUON_FORWARD._load_signature()
+        count = flags.index(True) if True in flags else len(flags)
+        if not all(flags[count:]):  # (the launch's positional arguments: every one before the constexprs)
+            return False
+        names = [name for name, _ in named]
+        sources = dict(zip(cls._SOURCES, (q, k, v, o, ht, h0)))
+        template, slots, makers = [], [], {}
+        for i, name in enumerate(names[:count]):
+            a = args.get(name)
+            if type(a) is TmaOperand:
+                source = next((s for s, t in sources.items() if t is not None and a.base is t), None)
+                if source not in ("q", "k", "v", "o") or a.layout is not None:
+                    return False
+                block, shape, strides = list(a.block_shape), list(a.shape), list(a.strides)
+                makers[i] = lambda t, block=block, shape=shape, strides=strides: TmaOperand(t, block, shape, strides)
+                slots.append((i, cls._SOURCES.index(source)))
+                template.append(None)
+            elif isinstance(a, torch.Tensor):
+                source = next((s for s, t in sources.items() if t is not None and a is t), None)
+                if source is not None:
+                    slots.append((i, cls._SOURCES.index(source)))
+                    template.append(None)
+                elif name in cls._UNREAD and not args.get(cls._UNREAD[name]) and a.numel() == 1:
+                    template.append(a)  # (never read: its flag is off)
+                else:
+                    return False
+            elif type(a) in (int, float, bool):
+                template.append(a)
+            else:
+                return False
+        kwargs = {name: args[name] for name in names[count:] if name in args}
+        kwargs["num_warps"] = warps
+        self = cls()
+        self.launch = KeyedLaunch(_GLUON_FORWARD, key, grid, kwargs, operands=makers)
+        self.template, self.slots = template, tuple(slots)
+        self.o_shape, self.dtype, self.device = tuple(o.shape), o.dtype, o.device
+        self.ht_shape = None if ht is None else tuple(ht.shape)
+        return self
+
+    def __call__(self, q, k, v, h0):
+        """(o, the final state or None)."""
+        o = torch.empty(self.o_shape, dtype=self.dtype, device=self.device)
+        ht = None if self.ht_shape is None else torch.empty(self.ht_shape, dtype=torch.float32, device=self.device)
+        sources = (q, k, v, o, ht, h0)
+        args = list(self.template)
+        for i, source in self.slots:
+            args[i] = sources[source]
+        self.launch(tuple(args))
+        return o, ht
+
+
+GLUON_FORWARDS = LRU(256)  # a plain eager call's launch key -> its GluonForward (False: the general path)
 
 
 def gluon_based_keyed(key, q, k, v, h0, scale: float, final_state: bool, stages: int):
