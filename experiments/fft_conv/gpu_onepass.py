@@ -426,7 +426,27 @@ def time_n(n, passed: list[str]) -> dict:
             row.setdefault("dk", {})[key(config)] = guard("dk " + key(config), lambda: bench(
                 lambda: conv_launch.dk_pair(tuple(config), ud, dyd, n)))
         row.setdefault("dk", {})["torch"] = guard("torch dk", lambda: bench(lambda: torch_dk(ud, dyd, n, n)))
-        del ud, dyd
+        # the training step: fft_conv(u, k) forward + backward (du through the kernel; dk through torch.fft as shipped,
+        # or through the fastest dk candidate: configs.DK_CONFIGS patched in this process) against torch.fft's autograd
+        kf = (torch.randn(H, n, device=DEV) / math.sqrt(n)).to(torch.bfloat16).requires_grad_()
+        uf = ud.clone().requires_grad_()
+        best = min(dks, key=lambda c: row["dk"].get(key(c), math.inf))
+        row["step_ms"] = guard("step", lambda: bench(lambda: torch.autograd.grad(fft_conv(uf, kf), (uf, kf), dyd)))
+        configs.DK_CONFIGS[n] = tuple(best)
+        try:
+            row["step_dk_kernel_ms"] = guard("step dk kernel", lambda: bench(
+                lambda: torch.autograd.grad(fft_conv(uf, kf), (uf, kf), dyd)))
+        finally:
+            configs.DK_CONFIGS.pop(n, None)
+        row["step_dk_config"] = key(best)
+
+        def torch_step():
+            y = torch.fft.irfft(torch.fft.rfft(uf.float(), n=2 * n) * torch.fft.rfft(kf.float(), n=2 * n),
+                                n=2 * n)[..., :n].to(uf.dtype)
+            return torch.autograd.grad(y, (uf, kf), dyd)
+
+        row["torch_step_ms"] = guard("torch step", lambda: bench(torch_step))
+        del ud, dyd, uf, kf
 
     def torch_fft():  # the baseline: rfft, multiply, irfft in float32 (last: cuFFT after our kernels)
         return torch.fft.irfft(torch.fft.rfft(u.float(), n=2 * n) * spectrum, n=2 * n)[..., :n].to(u.dtype)
@@ -596,6 +616,10 @@ def main() -> int:
         for what, ms, bound in cases:
             print(f"{row['n']:>6} {what:>30} {ms:8.4f} {base / ms:8.2f} {100 * copy / ms:7.1f} "
                   f"{'' if bound is None else f'{bound:9.4f}'}")
+        if "step_ms" in row:
+            print(f"{row['n']:>6} {'step fwd+bwd, dk torch.fft':>30} {row['step_ms']:8.4f}   torch.fft's autograd "
+                  f"{row.get('torch_step_ms', math.nan):.4f}; dk by {row['step_dk_config']}: "
+                  f"{row.get('step_dk_kernel_ms', math.nan):.4f}")
         for c, ms in row.get("dk", {}).items():
             print(f"{row['n']:>6} {'dk ' + c:>30} {ms:8.4f}   (the filter's gradient alone, B16 H768; torch: op.py's "
                   f"torch.fft dk)")
