@@ -116,8 +116,8 @@ class AttentionBackwardRoles:
         return AttentionBackward.step_rows(self, tile, step)
 
     @gluon.jit
-    def probabilities(self, s_t, lse, start_n, start_m):
-        return AttentionBackward.probabilities(self, s_t, lse, start_n, start_m)
+    def probabilities(self, s_t, lse, start_n, start_m, tile):
+        return AttentionBackward.probabilities(self, s_t, lse, start_n, start_m, tile)
 
     @gluon.jit
     def load(self, stage, bar, tile, step):
@@ -171,7 +171,7 @@ class AttentionBackwardRoles:
                                   is_async=True)
             lse_cols = stat_columns(stage.stats, 0, st_layout)
             s_t = warpgroup_mma_wait(0, deps=(s_tok,))
-            p_t, dtanh = self.probabilities(s_t, lse_cols, tile.start_n, start_m)
+            p_t, dtanh = self.probabilities(s_t, lse_cols, tile.start_n, start_m, tile)
             mbarrier.wait(self.p_free.index(buf), ((i // 2) & 1) ^ 1)  # consumer 1 read it two steps ago
             self.p_smem.index(buf).store(p_t)
             gl.thread_barrier()  # every warp of this consumer has written its part

@@ -240,10 +240,22 @@ class AttentionBackward:
             return Grads(dk, dv, 0, 0)
 
     @gluon.jit
-    def probabilities(self, s_t, lse, start_n, start_m):
+    def before_products(self, ctx, stage, tile, start_m):
+        """Called before a step's products (the varlen kernel's ZERO_TAIL zeroes the next sequence's rows)."""
+        pass
+
+    @gluon.jit
+    def step_ds(self, ds_t, start_m, tile):
+        """The step's dS^T as the dK and dQ products take it (the varlen kernel's ZERO_TAIL zeroes the next
+        sequence's queries' columns)."""
+        return ds_t
+
+    @gluon.jit
+    def probabilities(self, s_t, lse, start_n, start_m, tile):
         """P^T (keys x queries) from the scores S^T (keys from start_n, queries from start_m) and the
         rows' lse as its columns (natural log; +inf for rows that must get p = 0), and (SOFTCAP) the
-        cap's derivative 1 - tanh^2 of the unmasked scores (1.0 otherwise): dS takes it as a factor."""
+        cap's derivative 1 - tanh^2 of the unmasked scores (1.0 otherwise): dS takes it as a factor.
+        (``tile``: the varlen kernel's masks read its sequence's lengths there.)"""
         st_layout: gl.constexpr = s_t.type.layout
         if self.SOFTCAP:  # S^T becomes tanh(S^T scale / cap), its base-2 scale cap log2(e), as in the forward
             if self.SOFTCAP == 2:
@@ -327,6 +339,7 @@ class AttentionBackward:
         start_n = tile.start_n + c * BN
         q = stage.q.reshape([BM, D])
         do = stage.do.reshape([BM, D])
+        self.before_products(ctx, stage, tile, start_m)
         if self.KV_REGS:
             k_c = st.k_regs
             v_c = st.v_regs
@@ -342,18 +355,19 @@ class AttentionBackward:
             # both products first, then the softmax: the cap's derivative (float16, 16 registers a
             # thread) kept across dP's wgmma (SOFTCAP_OVERLAP) spills more at D128 (924 bytes against 632)
             s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m)
+            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
             delta_cols = stat_columns(stage.stats, 1, st_layout)
             # dS of the capped scores times the cap's derivative 1 - tanh^2 (0 where masked: p = 0 there)
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
         else:
             s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m)
+            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
             delta_cols = stat_columns(stage.stats, 1, st_layout)
             dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
             if self.SOFTCAP:  # SOFTCAP_OVERLAP: the softmax under dP's wgmma, the cap's derivative kept
                 ds_t = ds_t * dtanh.to(gl.float32)
+        ds_t = self.step_ds(ds_t, start_m, tile)
         # both register operands are written with no wgmma running: ptxas serializes every wgmma of a
         # kernel that writes a wgmma's input registers while another runs (its warning C7513)
         ds_t = ds_t.to(stage.q.dtype)

@@ -69,6 +69,16 @@ class AttentionDQ:
         return head_of(bh, self.H, self.GROUP)
 
     @gluon.jit
+    def lengths(self, tile):
+        """(N, Nk) of the tile's problem (the varlen kernel's: its sequence's)."""
+        return self.N, self.Nk
+
+    @gluon.jit
+    def before_products(self, ctx, stage, tile, step):
+        """Called before a step's products (the varlen kernel zeroes the next sequence's K / V rows there)."""
+        pass
+
+    @gluon.jit
     def setup(self, tile_id):
         rows = query_tile(self, tile_id, 2 * self.BM)
         return rows, rows.n_blocks
@@ -122,6 +132,7 @@ class AttentionDQ:
             q = ctx.operand.index(0).reshape([2 * self.BM, self.D]).slice(ctx.index * self.BM, self.BM)
             do = ctx.operand.index(1).reshape([2 * self.BM, self.D]).slice(ctx.index * self.BM, self.BM)
             k = stage.k.reshape([self.BN, self.D])
+            self.before_products(ctx, stage, tile, step)
             zeros = gl.zeros([self.BM, self.BN], gl.float32, s_layout)
             s_tok = warpgroup_mma(q, k.permute((1, 0)), zeros, use_acc=False, is_async=True)
             dp_tok = warpgroup_mma(do, stage.v.reshape([self.BN, self.D]).permute((1, 0)), zeros, use_acc=False,
@@ -142,15 +153,16 @@ class AttentionDQ:
         made (its wgmma runs under the softmax)."""
         s_layout: gl.constexpr = wgmma_layout(self.BM, self.BN, gl.num_warps())
         start_n = (tile.first_block + step) * self.BN if self.WINDOW else step * self.BN
+        N, Nk = self.lengths(tile)
         if self.SOFTCAP == 2:
             s = tanh_approx(s * self.tanh_scale)
         elif self.SOFTCAP:
             s = tanh_from_exp2(s * self.tanh_scale)
         if self.WINDOW:
-            if window_needs_mask(st.first, start_n, self.BM, self.BN, self.N, self.Nk, self.left, self.right):
-                s = window_mask_scores(s, s_layout, st.first, start_n, self.N, self.Nk, self.left, self.right)
-        elif needs_mask(st.first, start_n, self.BN, self.N, self.Nk, self.CAUSAL):
-            s = mask_scores(s, s_layout, st.first, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
+            if window_needs_mask(st.first, start_n, self.BM, self.BN, N, Nk, self.left, self.right):
+                s = window_mask_scores(s, s_layout, st.first, start_n, N, Nk, self.left, self.right)
+        elif needs_mask(st.first, start_n, self.BN, N, Nk, self.CAUSAL):
+            s = mask_scores(s, s_layout, st.first, start_n, N, Nk, self.CAUSAL, KEY_AXIS=1)
         p = gl.exp2(s * self.scale_log2e - gl.expand_dims(st.lse2, 1))
         if not self.SOFTCAP:
             dp = warpgroup_mma_wait(0, deps=(dp,))

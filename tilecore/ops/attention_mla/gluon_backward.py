@@ -82,8 +82,8 @@ class AttentionBackwardPieces:
         return AttentionBackward.step_rows(self, tile, step)
 
     @gluon.jit
-    def probabilities(self, s_t, lse, start_n, start_m):
-        return AttentionBackward.probabilities(self, s_t, lse, start_n, start_m)
+    def probabilities(self, s_t, lse, start_n, start_m, tile):
+        return AttentionBackward.probabilities(self, s_t, lse, start_n, start_m, tile)
 
     @gluon.jit
     def load(self, stage, bar, tile, step):
@@ -141,12 +141,12 @@ class AttentionBackwardPieces:
         lse_cols = stat_columns(stage.stats, 0, st_layout)
         if self.SOFTCAP and not self.SOFTCAP_OVERLAP:  # as AttentionBackward.compute
             s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m)
+            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
             delta_cols = stat_columns(stage.stats, 1, st_layout)
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
         else:
             s_t = warpgroup_mma_wait(2, deps=(s_tok,))  # dP's two groups may still run
-            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m)
+            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
             delta_cols = stat_columns(stage.stats, 1, st_layout)
             dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))

@@ -73,6 +73,10 @@ class AttentionDQPieces:
         return AttentionDQ.setup(self, tile_id)
 
     @gluon.jit
+    def lengths(self, tile):
+        return AttentionDQ.lengths(self, tile)
+
+    @gluon.jit
     def load(self, stage, bar, tile, step):
         """Step ``step``'s K and V pieces (rows past Nk arrive as zeros)."""
         b, h, hk = self.head(tile.bh)

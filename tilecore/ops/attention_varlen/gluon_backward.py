@@ -44,12 +44,12 @@ dQ rows are not this sequence's). Off until a GPU run checks it; finite inputs a
 
 from triton.experimental import gluon
 
-from tilecore.ops.attention_backward.gluon_backward import (AttentionBackward, Grads, QStage, ds_layout, operand_layout,
-                                                   stat_columns)
-from tilecore.ops.attention.gluon_kernels import tanh_approx, tanh_from_exp2, window_mask_scores, window_needs_mask
+from tilecore.ops.attention_backward.gluon_backward import AttentionBackward, QStage, ds_layout
+from tilecore.ops.attention_backward.gluon_dq import AttentionDQ
+from tilecore.ops.attention.gluon_kernels import tanh_approx, tanh_from_exp2
 from tilecore.ops.attention_varlen.gluon_forward import KV, VarlenAttention
-from tilecore.tiles.gluon import Layout, TileOperand, mask_scores, needs_mask, ring, run, struct, wgmma_layout
-from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from tilecore.tiles.gluon import Layout, TileOperand, ring, run, struct, wgmma_layout
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 # config zero_tail -> the kernel's ZERO_TAIL: off, every sequence, or the sequences whose neighbour rows a box
@@ -114,6 +114,7 @@ class VarlenBackward:
     KV_REGS: gl.constexpr
     WINDOW: gl.constexpr
     SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
+    SOFTCAP_OVERLAP: gl.constexpr  # AttentionBackward.compute's candidate: always False here
     ZERO_TAIL: gl.constexpr  # zero the next sequence's rows in shared memory (zero_rows_outside): 0 never,
     # 1 every sequence, 2 the sequences tail_flags marks (op.neighbour_rows_nonfinite)
 
@@ -233,11 +234,13 @@ class VarlenBackward:
         gl.thread_barrier()
 
     @gluon.jit
-    def probabilities(self, s_t, lse, start_n, start_m, N, Nk):
-        """P^T (keys x queries, keys from start_n, queries from start_m, local to the sequence of N
+    def probabilities(self, s_t, lse, start_n, start_m, tile):
+        """P^T (keys x queries, keys from start_n, queries from start_m, local to the tile's sequence of N
         queries and Nk keys) from S^T and the rows' lse as its columns, and (SOFTCAP) the cap's
         derivative (1.0 otherwise). Masked where a key is past Nk, a query before 0 or past N, or
         (causal, window) a key outside the query's range: only in blocks that have such a score."""
+        N = tile.N
+        Nk = tile.Nk
         st_layout: gl.constexpr = s_t.type.layout
         BN: gl.constexpr = s_t.shape[0]
         if self.SOFTCAP:
@@ -300,96 +303,36 @@ class VarlenBackward:
         self.reduce_dq(self.dq_staging.index(ctx.index), dq, [h, tile.q0 + start_m, ctx.index * (self.D // 2)], 0)
 
     @gluon.jit
-    def compute(self, ctx, st, stage, tile, step):
-        """One step, dQ after the kernel (DQ 0: attention_varlen_dq_kernel), fused (DQ 1: this step's,
-        once both consumers wrote their dS) or lagged (DQ 3: the previous step's, issued with this
-        step's dV and dK): gluon_backward's compute with the
-        sequence's lengths in the masks and its first query row in dQ's coordinates."""
-        BM: gl.constexpr = self.BM
-        BN: gl.constexpr = self.BN
-        D: gl.constexpr = self.D
-        MODE: gl.constexpr = self.DQ
-        c: gl.constexpr = ctx.index  # this consumer: keys [c BN, (c + 1) BN) of the tile
-        i = ctx.ring_step
-        st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
-        dk = st.dk
-        dv = st.dv
-        h, start_m = self.step_rows(tile, step)
-        start_n = tile.start_n + c * BN
-        q = stage.q.reshape([BM, D])
-        do = stage.do.reshape([BM, D])
-        if self.ZERO_TAIL:  # the step's rows before 0 or past N (the neighbours'): Q, dO 0, lse +inf, delta 0
-            zero_now = (start_m < 0) | (start_m + BM > tile.N)
+    def before_products(self, ctx, stage, tile, start_m):
+        """ZERO_TAIL: the step's rows before 0 or past N (the neighbours'): Q, dO 0, lse +inf, delta 0."""
+        if self.ZERO_TAIL:
+            zero_now = (start_m < 0) | (start_m + self.BM > tile.N)
             if self.ZERO_TAIL == 2:
                 zero_now = zero_now & tile.zero
             if zero_now:
                 self.zero_stats_outside(stage.stats, -start_m, tile.N - start_m)
-                self.zero_rows_outside(q, -start_m, tile.N - start_m)
-                self.zero_rows_outside(do, -start_m, tile.N - start_m)
-        if self.KV_REGS:
-            k_c = st.k_regs
-            v_c = st.v_regs
-        else:
-            k_c = ctx.operand.index(0).reshape([2 * BN, D]).slice(c * BN, BN)
-            v_c = ctx.operand.index(1).reshape([2 * BN, D]).slice(c * BN, BN)
+                self.zero_rows_outside(stage.q.reshape([self.BM, self.D]), -start_m, tile.N - start_m)
+                self.zero_rows_outside(stage.do.reshape([self.BM, self.D]), -start_m, tile.N - start_m)
 
-        zeros = gl.zeros([BN, BM], gl.float32, st_layout)
-        s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        lse_cols = stat_columns(stage.stats, 0, st_layout)
-        if self.SOFTCAP:  # both products first, then the softmax (the fixed kernel's default)
-            s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile.N, tile.Nk)
-            delta_cols = stat_columns(stage.stats, 1, st_layout)
-            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
-        else:
-            s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile.N, tile.Nk)
-            delta_cols = stat_columns(stage.stats, 1, st_layout)
-            dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
-            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-        if self.ZERO_TAIL and ((MODE != 0) or (self.ZERO_TAIL == 1)):  # the neighbours' queries: dS exactly 0
-            # (0 times this sequence's own inf in dP^T is NaN, which a dQ reduced in the kernel would add to their
-            # rows; with dQ after the kernel (MODE 0) nothing is added next door: ZERO_TAIL 2 leaves it out there)
-            if (start_m < 0) | (start_m + BM > tile.N):
-                queries = start_m + gl.arange(0, BM, layout=gl.SliceLayout(0, st_layout))
+    @gluon.jit
+    def step_ds(self, ds_t, start_m, tile):
+        """ZERO_TAIL: the neighbours' queries get dS exactly 0 (0 times this sequence's own inf in dP^T is NaN,
+        which a dQ reduced in the kernel would add to their rows; with dQ after the kernel (DQ 0) nothing is
+        added next door: ZERO_TAIL 2 leaves it out there)."""
+        if self.ZERO_TAIL and ((self.DQ != 0) or (self.ZERO_TAIL == 1)):
+            if (start_m < 0) | (start_m + self.BM > tile.N):
+                queries = start_m + gl.arange(0, self.BM, layout=gl.SliceLayout(0, ds_t.type.layout))
                 ds_t = gl.where(gl.expand_dims((queries >= 0) & (queries < tile.N), 0), ds_t, 0.0)
-        # both register operands written with no wgmma running (else ptxas serializes them: C7513)
-        ds_t = ds_t.to(stage.q.dtype)
-        p_op = gl.convert_layout(p_t.to(stage.q.dtype), operand_layout(BN, D, gl.num_warps()))
-        ds_op = gl.convert_layout(ds_t, operand_layout(BN, D, gl.num_warps()))
-        if MODE != 0:
-            mbarrier.wait(self.ds_free.index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
-        if MODE == 3:
-            dq_tok = self.issue_dq(ctx, i - 1)
-        dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)
-        if MODE != 1:
-            dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-        if MODE != 0:
-            self.ds_smem.index(i % 2).slice(c * BN, BN).store(ds_t)
-            fence_async_shared()
-            mbarrier.arrive(self.ds_full.index(i % 2))
-        if MODE == 0:  # dQ by attention_varlen_dq_kernel after this one
-            dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-        elif MODE == 1:  # dK after dQ: dQ's staging and reduction run under it
-            dq_tok = self.issue_dq(ctx, i)
-            dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
-            dq, dv = warpgroup_mma_wait(1, deps=(dq_tok, dv_tok))
-            mbarrier.arrive(self.ds_free.index(i % 2))
-            self.add_dq(ctx, tile, step, dq)
-            dk = warpgroup_mma_wait(0, deps=(dk_tok,))
-        else:  # 3 (lagged)
-            dq = warpgroup_mma_wait(2, deps=(dq_tok,))  # dV and dK still run
-            mbarrier.arrive(self.ds_free.index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
-            if step > 0:
-                self.add_dq(ctx, tile, step - 1, dq)
-            if step == tile.per_head * self.GROUP - 1:  # the tile's last step: its own dQ now
-                dq_tok = self.issue_dq(ctx, i)
-                dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
-                self.add_dq(ctx, tile, step, dq)
-            else:
-                dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-        return Grads(dk, dv, st.k_regs, st.v_regs)
+        return ds_t
+
+    @gluon.jit
+    def compute(self, ctx, st, stage, tile, step):
+        """One step, dQ after the kernel (DQ 0: attention_varlen_dq_kernel), fused (DQ 1: this step's,
+        once both consumers wrote their dS) or lagged (DQ 3: the previous step's, issued with this
+        step's dV and dK): gluon_backward.AttentionBackward.compute with the sequence's lengths in the masks
+        (``probabilities``), its first query row in dQ's coordinates (``add_dq``) and ZERO_TAIL's zeroing
+        (``before_products``, ``step_ds``)."""
+        return AttentionBackward.compute(self, ctx, st, stage, tile, step)
 
     @gluon.jit
     def wait(self, ctx, st):
@@ -451,7 +394,7 @@ def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_des
     op = VarlenBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, dk_ptr, dv_ptr,
                         kv_row_stride, cu_q, cu_k, work, GROUP, scale, scale_log2e, ds_smem, ds_full, ds_free,
                         dq_staging, left, right, tanh_scale, tail_flags, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW,
-                        SOFTCAP, ZERO_TAIL)
+                        SOFTCAP, False, ZERO_TAIL)
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(k_desc, COUNT=2, SHARED=True), tile_counter=tile_counter)
     stages = QStage(ring(q_desc, STAGES), ring(stats_desc, STAGES), ring(do_desc, STAGES))
@@ -592,46 +535,28 @@ class VarlenDQ:
         return gl.where(own, delta, 0.0)
 
     @gluon.jit
+    def lengths(self, tile):
+        """(N, Nk) of the tile's sequence (AttentionDQ.ds_operand's masks)."""
+        return tile.N, tile.Nk
+
+    @gluon.jit
+    def before_products(self, ctx, stage, tile, step):
+        """ZERO_TAIL: the next sequence's K / V rows of a last key block zeroed (both consumers may: each writes
+        the kept rows unchanged, zeros elsewhere)."""
+        if self.ZERO_TAIL:
+            keep = tile.Nk - (tile.first_block + step) * self.BN
+            if keep < self.BN:
+                VarlenBackward.zero_rows_outside(self, stage.k.reshape([self.BN, self.D]), 0, keep)
+                VarlenBackward.zero_rows_outside(self, stage.v.reshape([self.BN, self.D]), 0, keep)
+
+    @gluon.jit
+    def ds_operand(self, s, dp, st, tile, step):
+        return AttentionDQ.ds_operand(self, s, dp, st, tile, step)
+
+    @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
-        s_layout: gl.constexpr = wgmma_layout(self.BM, self.BN, gl.num_warps())
-        dq = st.dq
-        if (step < st.n_own) & (step >= st.own_first):
-            q = ctx.operand.index(0).reshape([2 * self.BM, self.D]).slice(ctx.index * self.BM, self.BM)
-            do = ctx.operand.index(1).reshape([2 * self.BM, self.D]).slice(ctx.index * self.BM, self.BM)
-            k = stage.k.reshape([self.BN, self.D])
-            if self.ZERO_TAIL:  # both consumers may: each writes the kept rows unchanged, zeros elsewhere
-                keep = tile.Nk - (tile.first_block + step) * self.BN
-                if keep < self.BN:
-                    VarlenBackward.zero_rows_outside(self, k, 0, keep)
-                    VarlenBackward.zero_rows_outside(self, stage.v.reshape([self.BN, self.D]), 0, keep)
-            zeros = gl.zeros([self.BM, self.BN], gl.float32, s_layout)
-            s_tok = warpgroup_mma(q, k.permute((1, 0)), zeros, use_acc=False, is_async=True)
-            dp_tok = warpgroup_mma(do, stage.v.reshape([self.BN, self.D]).permute((1, 0)), zeros, use_acc=False,
-                                   is_async=True)
-            if self.SOFTCAP:
-                s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            else:
-                s = warpgroup_mma_wait(1, deps=(s_tok,))  # dP may still run
-            start_n = (tile.first_block + step) * self.BN
-            if self.SOFTCAP == 2:
-                s = tanh_approx(s * self.tanh_scale)
-            elif self.SOFTCAP:
-                s = tanh_from_exp2(s * self.tanh_scale)
-            if self.WINDOW:
-                if window_needs_mask(st.first, start_n, self.BM, self.BN, tile.N, tile.Nk, self.left, self.right):
-                    s = window_mask_scores(s, s_layout, st.first, start_n, tile.N, tile.Nk, self.left, self.right)
-            elif needs_mask(st.first, start_n, self.BN, tile.N, tile.Nk, self.CAUSAL):
-                s = mask_scores(s, s_layout, st.first, start_n, tile.N, tile.Nk, self.CAUSAL, KEY_AXIS=1)
-            p = gl.exp2(s * self.scale_log2e - gl.expand_dims(st.lse2, 1))
-            if not self.SOFTCAP:
-                dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-            ds = p * (dp - gl.expand_dims(st.delta, 1))
-            if self.SOFTCAP:
-                ds = ds * (1.0 - gl.minimum(s * s, 1.0))
-            ds_layout: gl.constexpr = gl.DotOperandLayout(
-                operand_index=0, parent=wgmma_layout(self.BM, self.D, gl.num_warps()), k_width=2)
-            dq = warpgroup_mma(gl.convert_layout(ds.to(stage.k.dtype), ds_layout), k, dq)
-        return st.replace(dq=dq)
+        """gluon_dq.AttentionDQ's step, with the sequence's lengths in the masks (``lengths``)."""
+        return AttentionDQ.compute(self, ctx, st, stage, tile, step)
 
     @gluon.jit
     def wait(self, ctx, st):
