@@ -241,6 +241,17 @@ def op_check(n, B=16, H=16) -> list[dict]:
     err = accuracy.error_over_floor(outs[0], ref) if written else float("inf")
     rows.append({"n": n, "config": f"op ({path}) x3", "dtype": "bfloat16 op", "conj": False, "written": written,
                  "same_bits": same, "err_over_floor": err, "ok": written and same and err <= BOUNDS["bfloat16"]})
+    # session 32: the spectrum form's plain eager calls (the third through _GluonConv with the spectrum as it is)
+    sd = filter_spectrum(kd, n)
+    outs_s = []
+    for call in range(3):
+        poison_allocator()
+        outs_s.append(fft_conv(ud, sd).cpu())
+    same = all(torch.equal(outs_s[0], o) for o in outs_s[1:]) and torch.equal(outs_s[0], outs[0])
+    written = bool(torch.isfinite(outs_s[0]).all())
+    err = accuracy.error_over_floor(outs_s[0], ref) if written else float("inf")
+    rows.append({"n": n, "config": f"op ({path}) spectrum x3", "dtype": "bfloat16 op", "conj": False, "written": written,
+                 "same_bits": same, "err_over_floor": err, "ok": written and same and err <= BOUNDS["bfloat16"]})
     ug = ud.clone().requires_grad_()
     dus = []
     for call in range(2):
