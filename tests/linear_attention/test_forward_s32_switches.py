@@ -144,9 +144,10 @@ import json, os, re, subprocess, sys, tempfile
 from tilecore.ops.linear_attention.gluon_forward import compile_report
 from triton.backends.nvidia.compiler import get_ptxas
 kw = json.loads(sys.argv[1])
+case = sys.argv[2]
 out = []
-r = compile_report("mamba2", stages=2, z_stage=True, g_stage=True, early_wv=True, silu_tanh=True, compiled_out=out,
-                   **kw)
+mamba = dict(z_stage=True, early_wv=True, silu_tanh=True) if case == "mamba2" else {}
+r = compile_report(case, stages=2, g_stage=case != "linear", compiled_out=out, **mamba, **kw)
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "k.cubin")
     open(path, "wb").write(out[0].asm["cubin"])
@@ -159,16 +160,21 @@ r["bar"] = len(re.findall(r"\\bBAR\\.SYNC\\b", sass))
 r["reg_a"] = len(re.findall(r"HGMMA\\.\\S+ R\\d+, R\\d+, gdesc", sass))
 print(json.dumps(r))
 """
+ALL = dict(lean=True, d_early=True, update_late=True, q_reg=True)
 VARIANTS = {"shipped": {}, "lean": dict(lean=True), "d_early": dict(d_early=True),
-            "update_late": dict(update_late=True),
-            "q_reg": dict(q_reg=True), "all": dict(lean=True, d_early=True, update_late=True, q_reg=True)}
+            "update_late": dict(update_late=True), "q_reg": dict(q_reg=True), "all": ALL,
+            # the kernels without beta (no decay; a scalar decay with EARLY_WV): every switch compiles there too
+            "linear": ("linear", {}), "linear all": ("linear", ALL), "decay all": ("decay", dict(early_wv=True, **ALL))}
 
 
 @pytest.fixture(scope="module")
 def sass():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    procs = {name: subprocess.Popen([sys.executable, "-c", CODE, json.dumps(kw)], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, env=env) for name, kw in VARIANTS.items()}
+    procs = {}
+    for name, kw in VARIANTS.items():
+        case, kw = kw if isinstance(kw, tuple) else ("mamba2", kw)
+        procs[name] = subprocess.Popen([sys.executable, "-c", CODE, json.dumps(kw), case], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, env=env)
     out = {}
     for name, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=900)
@@ -188,3 +194,4 @@ def test_each_switch_shows_in_the_sass(sass):
         assert r["tma"] and r["wgmma"] and not r["wgmma_serialized"], (name, r)
         assert r["shared"] <= 227 * 1024 and r["threads"] == 384, (name, r)
         assert r["spill_bytes"] <= 256, (name, r)
+    assert sass["linear"]["spill_bytes"] == sass["linear all"]["spill_bytes"] == 0
