@@ -171,11 +171,14 @@ S31_LAST = [S31_RUN3[0], S31_RUN3[2], S31_RUN3[5],
 # alone: the per-kernel table separates them). sm_90a (registers / spilled B): dqk shipped 254/0, local 255/0, local
 # early 255/28, local r168 168/368, kb16 192/0, kb16 r168 168/0 (3 programs an SM), kb16 r128 128/92; dv shipped 255/4,
 # KD 32 245/0, BV 64 KD 32 236/0, + r168 168/224; walks shipped (BK 128, BV 128, 8 warps) 255/0 (1 program an SM),
-# BK 64 8 warps r128 128/0 (2 an SM), BK 64 4 warps 255/0, BK 32 4 warps 153/0 (3 an SM; mma.sync), + r128 128/12
+# BK 64 8 warps r128 128/0 (2 an SM), BK 64 4 warps 255/0, BK 32 4 warps 153/0 (3 an SM; mma.sync), + r128 128/12;
+# dqk lean (r from do v^T's diagonal) + dotscan (dG's reverse sum as three bf16 dots with a triangle of ones, not
+# tl.cumsum's shuffles): 255/76, 160 shuffles in the SASS against 368
 W64R = dict(walk_BK=64, walk_warps=8, walk_maxnreg=128)
 S32_VARIANTS = [
     ("cfg s32 local", dict(diag=5), dict(dg_local=True), "chunked"),
     ("cfg s32 local early", dict(diag=5), dict(dg_local=True, dqk_early=True), "chunked"),
+    ("cfg s32 local lean dotscan", dict(diag=5), dict(dg_local=True, dqk_lean=True, dqk_dotscan=True), "chunked"),
     ("cfg s32 local r168", dict(diag=5), dict(dg_local=True, dqk_maxnreg=168), "chunked"),
     ("cfg s32 local kb16 wbk64w8r128", dict(diag=5), dict(dg_local=True, BKB=16, **W64R), "chunked"),
     ("cfg s32 local kb16 r168 wbk32", dict(diag=5), dict(dg_local=True, BKB=16, dqk_maxnreg=168, walk_BK=32,
@@ -477,10 +480,11 @@ def table(rows: list[dict]):
     ship = next((r.get("bwd_ms") for r in rows if r["variant"] == "shipped" and r.get("bwd_ms")), None)
     if ship is None:  # session 31: the shipped path is the chunked one, configs' CHUNKED
         ship = next((r.get("bwd_ms") for r in rows if r["variant"] == "chunked configs" and r.get("bwd_ms")), None)
-    print(f"\ntime B16 H16 N4096 d128 bf16 (ms): shipped forward {fwd}")
-    print("variant | backward ms | kernels alone ms (chunked: each kernel) | x shipped | bwd / fwd | all checks pass "
-          "| errors")
-    for r in rows:
+    if not S32:
+        print(f"\ntime B16 H16 N4096 d128 bf16 (ms): shipped forward {fwd}")
+        print("variant | backward ms | kernels alone ms (chunked: each kernel) | x shipped | bwd / fwd | all checks pass "
+              "| errors")
+    for r in rows if not S32 else []:
         ms = r.get("bwd_ms")
         passed = bool(r["check"]) and len(r["check"]) == len(CHECKS) and all(c["pass"] for c in r["check"].values())
         parts = r.get("steps_ms") or (r.get("kernels_ms") and round(r["kernels_ms"], 3))
@@ -492,7 +496,8 @@ def table(rows: list[dict]):
         from tilecore.ops.linear_attention import configs_gla_bwd
 
         print(f"\nper kernel: ms (% of its HBM bound at the run's copy bandwidth {copy} GB/s; B16 H16 N4096 d128 bf16)")
-        print("variant | backward ms (sum of bounds) | states | dstates | dqk (common) | dqk fallback | dv | dv fallback")
+        print("variant | backward ms (sum of bounds) | x shipped | checks | states | dstates | dqk (common) | dqk fallback "
+              "| dv | dv fallback")
         for r in rows:
             steps = r.get("steps_ms") or {}
             variant = next((v for v in VARIANTS if v[0] == r["variant"]), None)
@@ -503,8 +508,11 @@ def table(rows: list[dict]):
             cell = {k: (f"{steps[k]:.3f} ({100 * bound[k] / steps[k]:.0f}%)" if k in steps and k in bound else
                         f"{steps[k]:.3f}" if k in steps else "-") for k in ("states", "dstates", "dqk0w", "dqk0ww",
                                                                             "dvw", "dvww")}
-            print(f"{r['variant']} | {r.get('bwd_ms') and round(r['bwd_ms'], 3)} ({sum(bound.values()):.3f}) | "
-                  + " | ".join(cell.values()))
+            ms = r.get("bwd_ms")
+            passed = len(r["check"]) == len(CHECKS) and all(c["pass"] for c in r["check"].values())
+            print(f"{r['variant']} | {ms and round(ms, 3)} ({sum(bound.values()):.3f}) | "
+                  f"{ship / ms if ship and ms else float('nan'):.3f} | {'pass' if passed else 'FAIL'} | "
+                  + " | ".join(cell.values()) + (f" | {'; '.join(r['errors'])[:120]}" if r["errors"] else ""))
     elif copy:
         from tilecore.ops.linear_attention import configs_gla_bwd
 

@@ -91,14 +91,16 @@ def test_value_loop_matches_whole_value_columns():
 
 
 @pytest.mark.parametrize("final, local", [(True, False), (False, False), (True, True), (False, True),
-                                          (True, "early"), (False, "early")])
+                                          (True, "early"), (False, "early"), (True, "lean"), (False, "lean")])
 def test_dg_fused_in_the_dqk_kernel(final, local):
     """dg_fused: dg stored whole by the dqk kernel (the later tokens' part from S_(c+1) dS_c; the final state's from
     ht where given), no dg kernel: fp16 N 17 and float32 strong decays + a reset + a -1e30 channel at N 200, with and
     without a final state's gradient; dg 0 where the floor clamped. dg_local (session 32): the same part from S_c,
     dS_c and the chunk's own k, v (S_(c+1) never read; ht not passed); "early": with dqk_early (the first value
-    block's tiles loaded before the span test, the loop from the second)."""
-    extra = dict(dg_local=bool(local), dqk_early=local == "early")
+    block's tiles loaded before the span test, the loop from the second); "lean": with dqk_lean (r from do v^T's
+    diagonal) and dqk_dotscan (dG's reverse sum as a dot; here its interpreter form, one float32 dot)."""
+    extra = dict(dg_local=bool(local), dqk_early=local == "early", dqk_lean=local == "lean",
+                 dqk_dotscan=local == "lean")
     torch.manual_seed(11)
     q, k, v, g, s0 = make(1, 17, 1, 1, 32, 40, dtype=F16, decay="channel", h0=True)
     do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape) if final else None
@@ -148,3 +150,27 @@ def test_walks_by_key_blocks(N, Dk, walk_BK):
         assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
     assert accuracy.rel_rms(got[3], ref[3]) < 5e-3
     assert accuracy.rel_rms(got[4], ref[4]) < 1e-3
+
+
+def test_scan_dot_three_bf16_pieces():
+    """_scan_dot's GPU form (DOTSCAN 3) splits float32 x into three bf16 pieces hi + mid + lo; the interpreter cannot
+    run bf16 dots, so its arithmetic is checked here in torch: the pieces sum to x within 2^-22 relative over
+    magnitudes 1e-30 .. 1e30 (and signs), and the triangle-of-ones product of the pieces (float64 sums) is the float64
+    reverse cumulative sum within float32's rounding."""
+    torch.manual_seed(3)
+    x = torch.randn(64, 32) * torch.logspace(-30, 30, 64)[:, None]
+    hi = x.to(torch.bfloat16)
+    r1 = x - hi.float()
+    mid = r1.to(torch.bfloat16)
+    lo = (r1 - mid.float()).to(torch.bfloat16)
+    back = hi.double() + mid.double() + lo.double()
+    assert ((back - x.double()).abs() <= x.double().abs() * 2.0 ** -22).all()
+    y = torch.randn(64, 32)
+    hi = y.to(torch.bfloat16)
+    r1 = y - hi.float()
+    mid = r1.to(torch.bfloat16)
+    lo = (r1 - mid.float()).to(torch.bfloat16)
+    upper = torch.triu(torch.ones(64, 64, dtype=torch.float64))
+    got = upper @ (hi.double() + mid.double() + lo.double())
+    ref = torch.flip(torch.cumsum(torch.flip(y.double(), [0]), 0), [0])
+    assert accuracy.rel_rms(got, ref) < 1e-7

@@ -57,6 +57,10 @@ BLOCKS = dict(split_BT=32, split_BKB=64, split_BV=64, split_warps=4, split_stage
 # (S_(c+1) by its update from S_c), no load of S_(c+1) in the value loop (a load each block, not pipelined), q and k
 # loaded before the span test; dqk_early (with dg_local): the first value block's v, do, S_c, dS_c too (every load of a
 # program's first step in flight at once)
+# dqk_lean (session 32, with dqk_VB): the diagonal's do_t . v_t from do v^T's diagonal, not a product and row sum of
+# v and do each value block
+# dqk_dotscan (session 32, with dg_local): dG's reverse sum in the dqk kernel as bf16 dots with a triangle of ones (dG
+# split in three bf16 pieces), not tl.cumsum's shuffles
 # walk_BK (session 32): the walks' key block (None: every key channel): each row of S / dS walks on its own (its
 # channel's decay), so the walks run cdiv(Dk, walk_BK) x more programs with a smaller state each; walk_maxnreg and
 # dv_maxnreg: register caps (ptxas .maxnreg) of the walks and of the dv kernel (not its fallback launch)
@@ -74,7 +78,8 @@ BLOCKS = dict(split_BT=32, split_BKB=64, split_BV=64, split_warps=4, split_stage
 CHUNKED = dict(BT=64, BV=128, BKB=32, KD=64, BK_DG=64, walk_warps=8, walk_stages=2, dqk_warps=4, dv_warps=4, stages=2,
                split=False, dqk_apart=False, dv_BV=128, walks_fused=False, wide_apart=True, dv_wide_apart=True,
                dk_at=False, dqk_VB=32, dqk_stages=None, dqk_maxnreg=None, wide_group=8, dg_fused=True,
-               dg_local=False, dqk_early=False, walk_BK=None, walk_maxnreg=None, dv_maxnreg=None)
+               dg_local=False, dqk_early=False, walk_BK=None, walk_maxnreg=None, dv_maxnreg=None,
+               dqk_lean=False, dqk_dotscan=False)
 
 # "split_combine": the combine kernel's key block (a head's dq / dk / dg by cdiv(Dk, it) programs: launch's combine
 # runs B x H programs of every channel, 256 at B16 H16, each walking 4096 tokens) and tokens a step

@@ -202,6 +202,21 @@ def _dk_intra(a, qb, G, MMA: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constex
 
 
 @triton.jit
+def _scan_dot(M, x, PIECES: tl.constexpr):
+    """M @ x for a 0/1 float32 M [BT, BT] (a triangle of ones: a cumulative sum) and float32 x [BT, C]: PIECES 3 on
+    bf16 tensor cores, x as three bf16 pieces (hi, mid, lo: 24 bits of its mantissa), M exact in bf16, float32 sums
+    (the GPU); else one float32 dot (ieee; the interpreter, whose bf16 dot is wrong)."""
+    if PIECES != 3:
+        return _dot(M, x, True)
+    Mh = M.to(tl.bfloat16)
+    hi = x.to(tl.bfloat16)
+    r1 = x - hi.to(tl.float32)
+    mid = r1.to(tl.bfloat16)
+    lo = (r1 - mid.to(tl.float32)).to(tl.bfloat16)
+    return tl.dot(Mh, lo, tl.dot(Mh, mid, tl.dot(Mh, hi)))
+
+
+@triton.jit
 def _state_term(x, s, MMA: tl.constexpr, IEEE: tl.constexpr, VB: tl.constexpr):
     """x s^T [BT, BKB] float32 from x [BT, BVF] and a state's s [BKB, BVF] (VB 0); else s itself, the value loop's
     sum of it."""
@@ -216,13 +231,14 @@ def _state_term(x, s, MMA: tl.constexpr, IEEE: tl.constexpr, VB: tl.constexpr):
 def _dqk_value_loop(V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N,
                     DK, DV, NT, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, VB: tl.constexpr,
                     MMA: tl.constexpr, IEEE: tl.constexpr, PART: tl.constexpr, HT=0, SUFFIX: tl.constexpr = 0,
-                    START: tl.constexpr = 0, a=None, r=None, dqs=None, dks=None, sfx=None):
+                    START: tl.constexpr = 0, a=None, r=None, dqs=None, dks=None, sfx=None, LEAN: tl.constexpr = False):
     """The dqk program's sums over value columns by blocks of VB: (do v^T [BT, BT] unmasked, do . v [BT] unscaled,
     do S_c^T and v dS_c^T [BT, BKB]; float32; the state terms only where PART needs them, zeros else; and with
     SUFFIX, sum_v S_(c+1) dS_c [BKB] float32: the decay gradient's part from every later token (see
     gla_dqk_kernel), S_NT the final state HT ((B H, Dk, Dv) float32 contiguous; SUFFIX 2: none, zeros)).
     START (session 32's EARLY): the value columns from START on, added to the sums a, r, dqs, dks, sfx given (the
-    caller's, of the columns before START); 0: from zeros."""
+    caller's, of the columns before START); 0: from zeros. LEAN (session 32): no do . v (r stays as given: the caller
+    takes it from a's diagonal)."""
     if START == 0:
         a = tl.zeros([BT, BT], dtype=tl.float32)
         r = tl.zeros([BT], dtype=tl.float32)
@@ -235,7 +251,8 @@ def _dqk_value_loop(V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h
         v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, VB]
         do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)
         a += _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE)
-        r += tl.sum(do.to(tl.float32) * v.to(tl.float32), 1)
+        if not LEAN:
+            r += tl.sum(do.to(tl.float32) * v.to(tl.float32), 1)
         ok = k_ok[:, None] & v_ok[None, :]
         if PART != 2:
             hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), mask=ok, other=0.0)  # [BKB, VB]
@@ -262,7 +279,8 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                    BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
                    SPLIT: tl.constexpr, PART: tl.constexpr = 0, WIDE: tl.constexpr = 0, FLAG=0,
                    AT: tl.constexpr = False, VB: tl.constexpr = 0, GROUP: tl.constexpr = 1,
-                   SUFFIX: tl.constexpr = 0, EARLY: tl.constexpr = False):
+                   SUFFIX: tl.constexpr = 0, EARLY: tl.constexpr = False, LEAN: tl.constexpr = False,
+                   DOTSCAN: tl.constexpr = 0):
     """Program (batch * head, chunk, key block of BKB channels): dq, dk (the inputs' dtypes, DQ and DK_OUT (B, N, H,
     Dk) contiguous), the decay gradient's within-chunk reverse sum DG (B, N, H, Dk) float32 and its chunk total
     TOT (B H, NT, Dk) float32. Every value column at once (BVF >= Dv). Grid (B * H * NT * KBLOCKS,), key blocks
@@ -292,7 +310,12 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
     (v dS_c^T): the first from the tiles the loop loads anyway, the second from dk's state term (HT / TOT unused; the
     last chunk's dS is dht, or 0 without one, so no final state is read). EARLY (with SUFFIX 3; session 32): the first value block's v, do, S_c, dS_c loaded
     before the span test too, so every load of the program's first step is in flight at once (the loop from the
-    second block)."""
+    second block). LEAN (with VB; session 32): the diagonal's r_t = do_t . v_t from do v^T's diagonal (a's, before
+    its mask) instead of a product and a row sum of v and do each value block (their tiles then stay in shared memory
+    for the dots alone). DOTSCAN (with SUFFIX 3; session 32; 3 the GPU's three bf16 pieces, 1 one float32 dot for the
+    interpreter): dG's reverse sum within the chunk as a dot with a triangle of ones (_scan_dot), not tl.cumsum's
+    shuffles (sm_90a: the kernel's two scans were ~700 of its ~3400
+    instructions, 288 of its 368 shuffles; G's forward sum as such a dot made ptxas serialize every wgmma, C7514)."""
     pid = tl.program_id(0)
     if WIDE == 2:
         if GROUP == 1:
@@ -300,7 +323,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                 _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                              svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale,
                              KBLOCKS, pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX,
-                             EARLY)
+                             EARLY, LEAN, DOTSCAN)
         else:
             for i in range(0, GROUP):
                 p = pid * GROUP + i
@@ -308,11 +331,12 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                     _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh,
                                  skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT,
                                  scale, KBLOCKS, p, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX,
-                                 EARLY)
+                                 EARLY, LEAN, DOTSCAN)
     else:
         _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
-                     pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, WIDE, AT, VB, SUFFIX, EARLY)
+                     pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, WIDE, AT, VB, SUFFIX, EARLY,
+                     LEAN, DOTSCAN)
 
 
 @triton.jit
@@ -321,7 +345,7 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
                  pid, FLAG, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr,
                  IEEE: tl.constexpr, SPLIT: tl.constexpr, PART: tl.constexpr, INTRA: tl.constexpr,
                  AT: tl.constexpr = False, VB: tl.constexpr = 0, SUFFIX: tl.constexpr = 0,
-                 EARLY: tl.constexpr = False):
+                 EARLY: tl.constexpr = False, LEAN: tl.constexpr = False, DOTSCAN: tl.constexpr = 0):
     """gla_dqk_kernel's program ``pid`` with the intra-chunk terms by INTRA (_dq_intra's; 1 also writes FLAG and
     computes only where the span allows); VB and SUFFIX gla_dqk_kernel's (SUFFIX: TOT is the final state)."""
     kblock = pid % KBLOCKS
@@ -367,17 +391,26 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
             a, r, hs, dhs, sfx = _dqk_value_loop(
                 V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, DK,
                 DV, NT, BT, BKB, BVF, VB, MMA, IEEE, PART, TOT, SUFFIX, VB,
-                _dot(do_e.to(MMA), tl.trans(v_e.to(MMA)), IEEE), tl.sum(do_e.to(tl.float32) * v_e.to(tl.float32), 1),
+                _dot(do_e.to(MMA), tl.trans(v_e.to(MMA)), IEEE),
+                tl.zeros([BT], dtype=tl.float32) if LEAN else tl.sum(do_e.to(tl.float32) * v_e.to(tl.float32), 1),
                 _dot(do_e.to(MMA), tl.trans(hs_e), IEEE), _dot(v_e.to(MMA), tl.trans(dhs_e), IEEE),
-                tl.sum(hs_e.to(tl.float32) * dhs_e.to(tl.float32), 1))
+                tl.sum(hs_e.to(tl.float32) * dhs_e.to(tl.float32), 1), LEAN)
+            if LEAN:  # the diagonal r_t = do_t . v_t from a = do v^T (float32 sums of the same products)
+                r = tl.sum(tl.where(offs_t[:, None] == offs_t[None, :], a, 0.0), 1)
             a = tl.where(offs_t[:, None] > offs_t[None, :], a, 0.0)
             r = r * scale
             v = None
             do = None
         else:  # hs, dhs: the state terms do S_c^T, v dS_c^T themselves
-            a, r, hs, dhs, sfx = _dqk_value_loop(V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c,
-                                                 t0, offs_t, offs_k, k_ok, N, DK, DV, NT, BT, BKB, BVF, VB, MMA, IEEE,
-                                                 PART, TOT, SUFFIX)
+            if LEAN:
+                a, r, hs, dhs, sfx = _dqk_value_loop(
+                    V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, DK,
+                    DV, NT, BT, BKB, BVF, VB, MMA, IEEE, PART, TOT, SUFFIX, 0, None, None, None, None, None, True)
+                r = tl.sum(tl.where(offs_t[:, None] == offs_t[None, :], a, 0.0), 1)
+            else:
+                a, r, hs, dhs, sfx = _dqk_value_loop(V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh,
+                                                     c, t0, offs_t, offs_k, k_ok, N, DK, DV, NT, BT, BKB, BVF, VB, MMA,
+                                                     IEEE, PART, TOT, SUFFIX)
             a = tl.where(offs_t[:, None] > offs_t[None, :], a, 0.0)
             r = r * scale
             v = None
@@ -420,8 +453,12 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
                 tl.store(TOT + (bh.to(tl.int64) * NT + c) * DK + offs_k, tl.sum(dG, 0), mask=k_ok)
             else:  # dg whole: the chunk's reverse sum + every later token's part, 0 where the floor clamped g
                 clamped = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd) < LOG_DECAY_FLOOR
+                if DOTSCAN:  # the reverse sum as a dot with the upper-triangular ones
+                    dGs = _scan_dot((offs_t[:, None] <= offs_t[None, :]).to(tl.float32), dG, DOTSCAN)
+                else:
+                    dGs = tl.cumsum(dG, 0, reverse=True)
                 _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1,
-                            tl.where(clamped, 0.0, tl.cumsum(dG, 0, reverse=True) + sfx[None, :]))
+                            tl.where(clamped, 0.0, dGs + sfx[None, :]))
 
 
 @triton.jit
@@ -615,8 +652,10 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         if fused and (not dqk_VB or cfg["dqk_apart"]):
             raise ValueError("gla chunked backward: dg_fused needs dqk_VB and not dqk_apart")
         suffix = (3 if cfg["dg_local"] else 1 if has_ht else 2) if fused else 0
-        if cfg["dqk_early"] and suffix != 3:
-            raise ValueError("gla chunked backward: dqk_early needs dg_fused and dg_local")
+        if cfg["dqk_lean"] and not dqk_VB:
+            raise ValueError("gla chunked backward: dqk_lean needs dqk_VB (the value loop)")
+        if (cfg["dqk_early"] or cfg["dqk_dotscan"]) and suffix != 3:
+            raise ValueError("gla chunked backward: dqk_early and dqk_dotscan need dg_fused and dg_local")
         tot_or = (ht.float().contiguous() if has_ht else tot) if fused else tot  # SUFFIX 1: the final state
         z4 = (0, 0, 0, 0)
         g_strides = g.stride()
@@ -661,6 +700,8 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                      AT=cfg["dk_at"], num_warps=cfg["dqk_warps"], num_stages=cfg["dqk_stages"] or cfg["stages"],
                      **({"VB": dqk_VB} if dqk_VB else {}), **({"GROUP": group} if wide == 2 and group > 1 else {}),
                      **({"SUFFIX": suffix} if suffix else {}), **({"EARLY": True} if cfg["dqk_early"] else {}),
+                     **({"LEAN": True} if cfg["dqk_lean"] else {}),
+                     **({"DOTSCAN": 1 if dispatch.interpreted(dev) else 3} if cfg["dqk_dotscan"] else {}),
                      **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] and wide != 2 else {}))))
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
         for wide in ((1, 2) if cfg["wide_apart"] and cfg["dv_wide_apart"] else (0,)):
