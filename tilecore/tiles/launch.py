@@ -684,43 +684,60 @@ class SignatureMemo:
     and an entry hits only while it is the function that built it: a test that replaces the module's
     ``signature`` gets its own answers); None: :func:`signature`."""
 
-    __slots__ = ("_last", "_missed", "_namespace")
+    __slots__ = ("_last", "_missed", "_refused", "_namespace")
 
     def __init__(self, namespace: dict | None = None):
         # (types, tensors picker, scalars picker, the scalars, TensorGuards of the tensors, the signature, the
-        # function that built it) or None
+        # function that built it, the aliased positions) or None
         self._last = None
         self._missed = None  # the last signature built on a miss
+        self._refused = None  # the last signature no entry could be made for (not tried again while it repeats)
         self._namespace = namespace
 
     def __call__(self, *items):
         build = signature if self._namespace is None else self._namespace["signature"]
         last = self._last
         if last is not None and MEMO_SIGNATURES and last[6] is build:
-            types, tensors_at, scalars_at, scalars, guards, key, _ = last
+            types, tensors_at, scalars_at, scalars, guards, key, _, aliases = last
             if tuple(map(type, items)) == types and scalars_at(items) == scalars:
                 tensors = tensors_at(items)
                 if guards.check(*tensors):
-                    for t in tensors:
-                        if t.data_ptr() & 15:
+                    for i, j in aliases:
+                        if items[i] is not items[j]:
                             break
                     else:
-                        return key
+                        for t in tensors:
+                            if t.data_ptr() & 15:
+                                break
+                        else:
+                            return key
         key = build(*items)
         if key is not None and MEMO_SIGNATURES:
             if key == self._missed:
                 self._last = self._entry(items, key, build)
-            self._missed = key
+                if self._last is None:  # (not tried again while this signature repeats)
+                    self._refused, self._missed = key, None
+            elif key != self._refused:
+                self._missed = key
         return key
 
     @staticmethod
     def _entry(items, key, build):
-        """The kept entry of a call whose signature is ``key`` (None: nothing to keep)."""
+        """The kept entry of a call whose signature is ``key`` (None: nothing to keep). A tensor given at several
+        positions (attention's k as v) is checked once: TensorGuards refuses a tensor twice, so the entry's check
+        takes each distinct tensor once and the later positions must hold the same tensor object again."""
         tensor_at = [i for i, t in enumerate(items) if type(t) is torch.Tensor]
         if not tensor_at or any(type(t) is not torch.Tensor and isinstance(t, torch.Tensor) for t in items):
             return None  # (no tensor: nothing for the check to save; a subclass: not a signature() key)
+        first, unique_at, aliases = {}, [], []
+        for i in tensor_at:
+            j = first.setdefault(id(items[i]), i)
+            if j == i:
+                unique_at.append(i)
+            else:
+                aliases.append((i, j))
         scalar_at = [i for i in range(len(items)) if i not in tensor_at]
-        tensors_at = _picker(tensor_at)
+        tensors_at = _picker(unique_at)
         tensors = tensors_at(items)
         if any(t.data_ptr() & 15 for t in tensors):
             return None
@@ -735,7 +752,8 @@ class SignatureMemo:
             return None
         if not guards.check(*tensors):  # (a check that its own tensors fail would never hit)
             return None
-        return tuple(map(type, items)), tensors_at, scalars_at, scalars_at(items), guards, key, build
+        return (tuple(map(type, items)), tensors_at, scalars_at, scalars_at(items), guards, key, build,
+                tuple(aliases))
 
 
 def fast_path_problem(compiled, ordered: list) -> str | None:
