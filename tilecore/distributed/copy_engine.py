@@ -1,4 +1,4 @@
-"""The ring's transfers by the GPUs' copy engines, for two ranks of one host (ring.TRANSPORT).
+"""The ring's transfers by the GPUs' copy engines, for the ranks of one host (ring.TRANSPORT).
 
 Why: NCCL moves bytes with a kernel, on SMs, and tilecore's persistent attention takes every SM, so
 beside it NCCL's kernel either waits for the attention (the late order: the transfer exposed) or
@@ -54,10 +54,9 @@ ALIGN = 512  # bytes: each tensor in a slot starts on this boundary
 # kernel there (one thread; it may wait for an SM until the attention beside it ends)
 FULL_BY_WRITE = True
 
-# More than two ranks on the copy engines (double-buffered slots): the protocol is tested with four
-# ranks as threads over a stand-in handle (tests/distributed/test_copy_engine.py), never on GPUs (no
-# machine of more than two GPUs was lent): off, so such rings use NCCL
-ABOVE_TWO_RANKS = False
+# More than two ranks on the copy engines (double-buffered slots): right and faster than NCCL on 4 H100s
+# (session 32; notes/distributed/README.md's decision log): on
+ABOVE_TWO_RANKS = True
 
 _MAILBOXES: dict = {}  # (group name, device index) -> Mailboxes
 _TOLD: set = set()  # groups told why their ring (more than two ranks) uses NCCL
@@ -67,8 +66,8 @@ _PEERS: dict = {}  # (group name, device index) -> whether the two ranks can use
 
 
 def available(group, device: torch.device) -> bool:
-    """Whether copy-engine transfers apply: CUDA tensors, an NCCL group of two ranks (more with
-    ABOVE_TWO_RANKS), all on
+    """Whether copy-engine transfers apply: CUDA tensors, an NCCL group of two ranks or more (more
+    only with ABOVE_TWO_RANKS, on by default), all on
     one host with peer access from each GPU to its ring neighbours' (asked once per group and device:
     a small gather on the group's gloo metadata group, which every rank reaches at the same call), and
     torch's symmetric memory made there (a failure, the same on every rank where the cause is the
@@ -83,9 +82,8 @@ def available(group, device: torch.device) -> bool:
             _TOLD.add(group.group_name)
             import warnings
 
-            warnings.warn(f"tilecore.distributed: the copy engines' transfers take two ranks by default; this "
-                          f"group has {world}, so its ring uses NCCL (copy_engine.ABOVE_TWO_RANKS turns the "
-                          "double-buffered ring on: tested without GPUs only)", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"tilecore.distributed: copy_engine.ABOVE_TWO_RANKS is off, so this group of {world} "
+                          "ranks passes its blocks through NCCL", RuntimeWarning, stacklevel=3)
         return False
     key = (group.group_name, device.index)
     if key not in _PEERS:
