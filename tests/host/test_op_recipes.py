@@ -313,3 +313,61 @@ def test_linear_attention_gluon_recipe_only_without_decay_beta_d_z(monkeypatch, 
         tiles_launch.keep_op_recipes(True)
     assert not la_launch.GLUON_FORWARDS.get(("k", what))
     la_launch.GLUON_FORWARDS.clear()
+
+
+# ---- attention's Gluon forward (GluonForward; the kernel's launcher recorded, against launch_forward_gluon)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal gqa", "window softcap", "other scale"])
+def test_attention_gluon_recipe_launches_what_launch_forward_gluon_launches(monkeypatch, case):
+    import dataclasses
+
+    from tilecore import dispatch
+    from tilecore.ops.attention import configs as aconfigs, launch as alaunch, plan as aplan
+
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
+    rec = Recorder()
+    monkeypatch.setattr(alaunch, "GLUON_FWD", rec)
+    alaunch._GLUON_FORWARDS.clear()
+    B, H, Hkv, N, D = 2, 4, 2 if case == "causal gqa" else 4, 256, 64
+    q = torch.randn(B, H, N, D, dtype=torch.bfloat16)
+    k, v = (torch.randn(B, Hkv, N, D, dtype=torch.bfloat16) for _ in range(2))
+    causal = case == "causal gqa"
+    window = (100, 0) if case == "window softcap" else (-1, -1)
+    softcap = 30.0 if case == "window softcap" else 0.0
+    p = aplan.plan_forward(q, k, v, causal, 0.125, window=window, softcap=softcap, path="gluon",
+                           config=aconfigs.gluon_forward_config(D, N, N, causal))
+    p = dataclasses.replace(p, launch_key=("attention test", case))
+    out = torch.empty(B, H, N, D, dtype=torch.bfloat16)
+    lse = torch.empty(B, H, N)
+    scale = 0.3 if case == "other scale" else 0.125  # (the key holds its sign only: the recipe takes each call's)
+    alaunch.launch_forward_gluon(p, q, k, v, out, lse, causal, scale, window, softcap)
+    recipe = alaunch.gluon_prepared(p, q, k, v, causal, window, softcap)
+    assert type(recipe) is alaunch.GluonForward
+    out2, lse2 = recipe.outputs(q, k, v, scale, softcap)
+    (k1, g1, args1, kw1), (k2, g2, args2, kw2) = rec.calls
+    assert k1 == k2 == p.launch_key and g1 == g2 and kw1 == kw2
+    assert out2.shape == out.shape and out2.dtype == out.dtype and lse2.shape == lse.shape and lse2.dtype == lse.dtype
+    mine = {out.data_ptr(): "out", out2.data_ptr(): "out", lse.data_ptr(): "lse", lse2.data_ptr(): "lse"}
+    norm = lambda a: (a[0], mine.get(a[1], a[1]), *a[2:]) if isinstance(a, tuple) else a
+    assert [norm(a) for a in args1] == [norm(a) for a in args2]
+    alaunch._GLUON_FORWARDS.clear()
+
+
+def test_attention_gluon_recipe_refused_for_split_boxes_and_off(monkeypatch):
+    import dataclasses
+
+    from tilecore import dispatch
+    from tilecore.ops.attention import configs as aconfigs, launch as alaunch, plan as aplan
+
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
+    q = torch.randn(1, 2, 128, 64, dtype=torch.bfloat16)
+    p = aplan.plan_forward(q, q, q, False, 0.125, path="gluon", config=aconfigs.gluon_forward_config(64, 128, 128, False))
+    assert alaunch.GluonForward.of(dataclasses.replace(p, launch_key=None), q, q, q, False, (-1, -1), 0.0) is False
+    split = dataclasses.replace(p, launch_key=("k",), config=dict(p.config, qk_pieces=3))
+    assert alaunch.GluonForward.of(split, q, q, q, False, (-1, -1), 0.0) is False
+    tiles_launch.keep_op_recipes(False)
+    try:
+        assert alaunch.gluon_prepared(dataclasses.replace(p, launch_key=("k",)), q, q, q, False, (-1, -1), 0.0) is None
+    finally:
+        tiles_launch.keep_op_recipes(True)

@@ -23,7 +23,9 @@ from tilecore.ops.attention.plan import plan_backward, plan_forward, use_forward
 from tilecore.ops.attention_cpu.launch import (backward_sdpa, forward_sdpa, launch_backward_reference,
                                               launch_backward_sdpa, launch_forward_reference, launch_forward_sdpa)
 from tilecore.ops.attention_decode.launch import launch_decode
-from tilecore.tiles.launch import CachedLaunch, TmaOperand, cdiv, tile_counter, tl_addressable, tma_describable
+from tilecore.tiles import launch as tiles_launch
+from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, TmaOperand, cdiv, tile_counter, tl_addressable,
+                                   tma_describable)
 
 FWD = CachedLaunch(kernels_tl.attn_fwd)
 DELTA = CachedLaunch(kernels_tl.attn_bwd_delta)
@@ -130,6 +132,59 @@ def launch_forward_gluon(plan, q, k, v, out, lse, causal: bool, scale: float, wi
             dict(**masks, SOFTCAP=gluon_softcap(softcap, cfg), STAGES=cfg["stages"],
                  CONSUMERS=consumers, Q_BUFFERS=cfg.get("q_buffers", 1),
                  CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False), num_warps=4))
+
+
+class GluonForward:
+    """attention's Gluon forward for one launch key (session 32, issue 31's host time): the kernel's KeyedLaunch with
+    q's, k's, v's and O's TMA views fixed by the key (each made from the tensor at its position, encoded once per base
+    address), the sizes, grid, schedule, window bounds and constexprs as launch_forward_gluon makes them. A call
+    allocates O and lse, takes the scores' scale and softcap factors from this call's scale and softcap (the key holds
+    only their signs), and launches: no masks, descriptors, options dict or device guard a call. ``of`` gives False
+    (launch_forward_gluon each call) for MLA's split Q/K boxes, O in halves, or an upcast plan."""
+
+    __slots__ = ("launch", "head", "mid", "out_shape", "lse_shape", "dtype", "device")
+
+    @classmethod
+    def of(cls, plan, q, k, v, causal: bool, window, softcap: float):
+        cfg = plan.config
+        if plan.path != "gluon" or plan.operand_dtype is not None or cfg.get("qk_pieces", 1) != 1 \
+                or cfg.get("o_halves") or plan.launch_key is None:
+            return False
+        B, H, N, D = q.shape
+        Hkv, Nk = k.shape[1], k.shape[2]
+        block_m, block_n, consumers = cfg["block_m"], cfg["block_n"], cfg.get("consumers", 2)
+        masks, left, right = mask_options(causal, window, N, Nk)
+        makers = {0: lambda t: head_operand(t, block_m), 1: lambda t: head_operand(t, block_n),
+                  2: lambda t: head_operand(t, block_n), 3: lambda t: head_operand(t, block_m)}
+        options = dict(**masks, SOFTCAP=gluon_softcap(softcap, cfg), STAGES=cfg["stages"], CONSUMERS=consumers,
+                       Q_BUFFERS=cfg.get("q_buffers", 1), CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False),
+                       num_warps=4)
+        self = cls()
+        self.launch = KeyedLaunch(GLUON_FWD, plan.launch_key, plan.grid, options, operands=makers)
+        self.head = (H, N, Nk, H // Hkv)
+        self.mid = (B * H, plan.sizes["head_group"], plan.schedule, left, right)
+        self.out_shape, self.lse_shape = (B, H, N, v.shape[-1]), (B, H, N)
+        self.dtype, self.device = q.dtype, q.device
+        return self
+
+    def outputs(self, q, k, v, scale: float, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(O, lse), contiguous, as outputs() makes them."""
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        _, scale_log2e, tanh_scale = score_options(scale, softcap)
+        self.launch((q, k, v, out, lse, *self.head, scale_log2e, *self.mid, tanh_scale))
+        return out, lse
+
+
+def gluon_prepared(plan, q, k, v, causal: bool, window, softcap: float):
+    """The GluonForward of ``plan``'s launch key (made at the first call that finds the plan cached), False where
+    launch_forward_gluon serves it, None where the plan has no key or OP_RECIPES is off."""
+    if plan.launch_key is None or not tiles_launch.OP_RECIPES:
+        return None
+    return _GLUON_FORWARDS.memo(plan.launch_key, lambda: GluonForward.of(plan, q, k, v, causal, window, softcap))
+
+
+_GLUON_FORWARDS = LRU(256)  # a plan's launch key -> its GluonForward (False: launch_forward_gluon)
 
 
 def launch_forward_tl(plan, q, k, v, out, lse, causal: bool, scale: float, window=NO_WINDOW,

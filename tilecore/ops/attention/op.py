@@ -139,6 +139,10 @@ def _forward_impl(q, k, v, causal: bool, scale: float, window=NO_WINDOW, softcap
             recipe = decode_prepared(plan, q, k, v, causal, window, softcap)
             if recipe:
                 return recipe.outputs(q, k, v, scale, softcap, want_lse)
+        elif plan.path == "gluon":  # the key's Gluon forward as its first call with a cached plan kept it
+            recipe = launch.gluon_prepared(plan, q, k, v, causal, window, softcap)
+            if recipe:
+                return recipe.outputs(q, k, v, scale, softcap)
         return launch.outputs(plan, q, k, v, causal, scale, window, softcap)
     window = tuple(window)
     if q.numel() == 0 or v.shape[-1] == 0:
