@@ -182,17 +182,28 @@ def torch_dk(u, dy, n, filter_len):
     return torch.fft.irfft(cross, n=2 * n)[:, :filter_len]
 
 
-def check_dk(n, config, B=5, H=4) -> dict:
+def dk_candidates(n) -> list:
+    """(label, the launch, config) of N's filter-gradient candidates: the tl kernel's (configs.DK_CANDIDATES,
+    launch.dk_pair) and the Gluon kernel's (configs.DK_GLUON_CANDIDATES, launch.dk_gluon; session 32)."""
+    if not DK:
+        return []
+    out = [("dk " + key(c), conv_launch.dk_pair, c) for c in configs.DK_CANDIDATES.get(n, [])]
+    if not SMOKE:  # (Gluon cannot be interpreted)
+        out += [("dkg " + key(c), conv_launch.dk_gluon, c) for c in configs.DK_GLUON_CANDIDATES.get(n, [])]
+    return out
+
+
+def check_dk(n, label, fn, config, B=5, H=4) -> dict:
     """The filter-gradient kernel (kernels_pair.fft_conv_dk_pair_kernel through launch.dk_pair; session 26, never
     run on a GPU before) at one configuration against float64: bf16 u and dy, an odd batch, a filter of n - 5; the
     float32 dk cast to bf16 (the filter's dtype) against the float64 dk, as a multiple of bf16's floor."""
     u, dy = dk_inputs(n, B, H, n + 3)
     want = torch_dk(u.double(), dy.double(), n, n - 5)
     poison_allocator()
-    got = conv_launch.dk_pair(tuple(config), u.to(DEV), dy.to(DEV), n - 5).cpu()
+    got = fn(tuple(config), u.to(DEV), dy.to(DEV), n - 5).cpu()
     written = bool(torch.isfinite(got).all())
     err = accuracy.error_over_floor(got.to(torch.bfloat16), want) if written else float("inf")
-    row = {"n": n, "config": "dk " + key(config), "dtype": "dk-kernel bfloat16", "conj": False, "written": written,
+    row = {"n": n, "config": label, "dtype": "dk-kernel bfloat16", "conj": False, "written": written,
            "err_over_floor": err, "ok": written and err <= BOUNDS["bfloat16"]}
     say("check", json.dumps(row))
     return row
@@ -430,26 +441,26 @@ def time_n(n, passed: list[str]) -> dict:
             row.setdefault("probes", {})[str(probe)] = guard(f"probe {probe}", lambda: bench(
                 lambda: conv_launch.launch(pplan, u, spectrum, y, False)))
 
-    dks = [c for c in (configs.DK_CANDIDATES.get(n, []) if DK else []) if "dk " + key(c) in passed]
-    if dks:  # session 32: the filter-gradient kernel against torch.fft's dk (op.py's backward without it), B16 H768
+    dks = [d for d in dk_candidates(n) if d[0] in passed]
+    if dks:  # session 32: the filter-gradient kernels against torch.fft's dk (op.py's backward without them), B16 H768
         ud, dyd = (t.to(DEV) for t in dk_inputs(n, B, H, n))
-        for config in dks:
-            row.setdefault("dk", {})[key(config)] = guard("dk " + key(config), lambda: bench(
-                lambda: conv_launch.dk_pair(tuple(config), ud, dyd, n)))
-        row.setdefault("dk", {})["torch"] = guard("torch dk", lambda: bench(lambda: torch_dk(ud, dyd, n, n)))
+        for label, fn, config in dks:
+            row.setdefault("dk", {})[label] = guard(label, lambda: bench(lambda: fn(tuple(config), ud, dyd, n)))
+        row.setdefault("dk", {})["dk torch.fft"] = guard("torch dk", lambda: bench(lambda: torch_dk(ud, dyd, n, n)))
         # the training step: fft_conv(u, k) forward + backward (du through the kernel; dk through torch.fft as shipped,
         # or through the fastest dk candidate: configs.DK_CONFIGS patched in this process) against torch.fft's autograd
         kf = (torch.randn(H, n, device=DEV) / math.sqrt(n)).to(torch.bfloat16).requires_grad_()
         uf = ud.clone().requires_grad_()
-        best = min(dks, key=lambda c: row["dk"].get(key(c), math.inf))
+        label, fn, best = min(dks, key=lambda d: row["dk"].get(d[0], math.inf))
         row["step_ms"] = guard("step", lambda: bench(lambda: torch.autograd.grad(fft_conv(uf, kf), (uf, kf), dyd)))
-        configs.DK_CONFIGS[n] = tuple(best)
+        table = configs.DK_GLUON if label.startswith("dkg") else configs.DK_CONFIGS
+        table[n] = tuple(best)
         try:
             row["step_dk_kernel_ms"] = guard("step dk kernel", lambda: bench(
                 lambda: torch.autograd.grad(fft_conv(uf, kf), (uf, kf), dyd)))
         finally:
-            configs.DK_CONFIGS.pop(n, None)
-        row["step_dk_config"] = key(best)
+            table.pop(n, None)
+        row["step_dk_config"] = label
 
         def torch_step():
             y = torch.fft.irfft(torch.fft.rfft(uf.float(), n=2 * n) * torch.fft.rfft(kf.float(), n=2 * n),
@@ -490,12 +501,12 @@ def child(phase: str, n: int, step: int, part: Path) -> int:
             torch.cuda.synchronize()
     elif phase == "check":
         if step >= 1000:  # (a dk candidate: step 1000 + its index)
-            config = configs.DK_CANDIDATES[n][step - 1000]
-            got["case"] = f"N={n} dk {key(config)}"
+            label, fn, config = dk_candidates(n)[step - 1000]
+            got["case"] = f"N={n} {label}"
             part.write_text(json.dumps(got))
-            got["checks"].append(check_dk(n, config))
+            got["checks"].append(check_dk(n, label, fn, config))
             if not SMOKE:  # (the timing's specialization compiled here: B16 H768's, as B16 H16's)
-                conv_launch.dk_pair(tuple(config), *(t.to(DEV) for t in dk_inputs(n, 16, 16, 0)), n)
+                fn(tuple(config), *(t.to(DEV) for t in dk_inputs(n, 16, 16, 0)), n)
                 torch.cuda.synchronize()
             part.write_text(json.dumps(got))
             return 0
@@ -573,7 +584,7 @@ def main() -> int:
     # every check and warm-up compile in its own process, all at once (compiles dominate: 16 cores)
     tasks = [(n, -1) for n in SIZES] + [(n, i) for n in SIZES for i in range(len(check_steps(n)))]
     tasks += [(n, -10 - probe) for n in PROBE_CONFIGS if n in SIZES and not SMOKE for probe in PROBES]
-    tasks += [(n, 1000 + i) for n in SIZES if DK for i in range(len(configs.DK_CANDIDATES.get(n, [])))]
+    tasks += [(n, 1000 + i) for n in SIZES for i in range(len(dk_candidates(n)))]
     for got in run_children("check", tasks, {}, parallel=2 if SMOKE else 16):
         results["checks"] += got.get("checks", [])
         results["errors"] += got.get("errors", [])
@@ -581,7 +592,7 @@ def main() -> int:
     by_config: dict = {}
     for row in results["checks"]:
         by_config.setdefault((row["n"], row["config"]), []).append(row["ok"])
-    passed = {n: [c for (m, c), oks in by_config.items() if m == n and all(oks) and (len(oks) == 4 or c.startswith("dk "))]
+    passed = {n: [c for (m, c), oks in by_config.items() if m == n and all(oks) and (len(oks) == 4 or c.startswith("dk"))]
               for n in SIZES}
     # the timings one N after the other (the kernels come from Triton's cache)
     for got in run_children("host", [(1024, 0)] if HOST else [], passed, parallel=1):
@@ -632,7 +643,7 @@ def main() -> int:
                   f"{row.get('torch_step_ms', math.nan):.4f}; dk by {row['step_dk_config']}: "
                   f"{row.get('step_dk_kernel_ms', math.nan):.4f}")
         for c, ms in row.get("dk", {}).items():
-            print(f"{row['n']:>6} {'dk ' + c:>30} {ms:8.4f}   (the filter's gradient alone, B16 H768; torch: op.py's "
+            print(f"{row['n']:>6} {c:>30} {ms:8.4f}   (the filter's gradient alone, B16 H768; torch: op.py's "
                   f"torch.fft dk)")
         for probe, ms in row.get("probes", {}).items():
             print(f"{row['n']:>6} {'probe ' + probe:>30} {ms:8.4f}   ({key(PROBE_CONFIGS[row['n']])}, "

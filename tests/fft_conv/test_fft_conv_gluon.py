@@ -344,3 +344,99 @@ def test_gluon_plan_rejects_what_the_kernel_does_not_take():
             assert config[0] * config[1] == 2 * n
             conv_plan.gluon_plan(*config)
     assert 4096 in configs.GLUON_ONEPASS_CANDIDATES
+
+
+def _dk64(u, dy, n, filter_len):
+    cross = (torch.fft.rfft(dy.double(), n=2 * n) * torch.fft.rfft(u.double(), n=2 * n).conj()).sum(0)
+    return torch.fft.irfft(cross, n=2 * n)[:, :filter_len]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dk_kernel_arithmetic_matches_float64(dtype):
+    """The Gluon filter-gradient kernel's arithmetic (gluon_emulate.emulate_dk: each pair's two transforms on the
+    forward stages, w Z_dy conj(Z_u) summed, the host's inverse DFT) against float64: an odd batch, a filter shorter
+    than N, dy's sequences 10^3 apart (the halves' weights); bf16 at the floor (1.05x), fp16 at the float16 products'
+    ~2.4x; a NaN in one sequence makes its channel's dk all NaN and leaves the other's as it was."""
+    n = 1024
+    g = torch.Generator().manual_seed(3)
+    u = torch.randn(5, 2, n, generator=g).to(dtype)
+    dy = (torch.randn(5, 2, n, generator=g) * 10).to(dtype)
+    dy[1] *= 1e-3
+    got = gluon_emulate.emulate_dk(u, dy, 32, 64, n - 5)
+    want = _dk64(u, dy, n, n - 5)
+    assert got.shape == (2, n - 5) and torch.isfinite(got).all()
+    assert accuracy.error_over_floor(got.to(dtype), want) <= (1.2 if dtype == torch.bfloat16 else 3.0)
+    u[3, 1, 100] = float("nan")
+    got_nan = gluon_emulate.emulate_dk(u, dy, 32, 64, n - 5)
+    assert torch.isnan(got_nan[1]).all() and torch.equal(got_nan[0], got[0])
+
+
+DK_CODE = """
+import json, re
+from tilecore.ops.fft_conv.report import gluon_dk_variant
+from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
+name, kernel, args, warps, _ = gluon_dk_variant(32, 64, 8)
+compiled = compile_kernel(kernel, args, num_warps=warps)
+ptx = compiled.asm["ptx"]
+print(json.dumps(dict(name=name, mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), sins=len(re.findall(r"sin\\.approx", ptx)),
+                      **vars(resources(compiled)), **has_hopper_instructions(ptx))))
+"""
+
+
+def test_dk_kernel_compiles_for_hopper_with_wgmma_and_no_spill():
+    """The Gluon filter-gradient kernel at 1024 (32 x 64, 8 pairs a program): wgmma (not serialized), the twiddles by
+    the SFU, no spill, two programs of 128 threads a multiprocessor by registers and shared memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", DK_CODE], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = json.loads(r.stdout)
+    assert row["wgmma"] and not row["wgmma_serialized"] and row["mmas"] >= 16 and row["sins"] > 0, row
+    assert row["spill_stores"] == 0 and row["spill_loads"] == 0 and row["threads"] == 128, row
+    assert 2 * row["registers"] * 128 <= 65536 and 2 * row["shared"] <= 227 * 1024, row
+
+
+def test_dk_launch_binds_every_argument(monkeypatch):
+    """launch.dk_gluon: one program a (channel, group of LOOP pairs), every kernel argument bound, the partial spectra
+    summed and inverted: where each partial holds 1 at f = 0 (the fake kernel's), the sum is ``chunks`` there and its
+    inverse DFT chunks / L at every lag."""
+    fake = _FakeLaunch()
+    monkeypatch.setattr(conv_launch, "DK_GLUON", fake)
+    B, H, n = 5, 3, 1024
+    u, dy = torch.randn(B, H, n).to(torch.bfloat16), torch.randn(B, H, n).to(torch.bfloat16)
+    real_empty = torch.empty
+
+    def empty(*shape, **kwargs):  # the partials the fake kernel "wrote": 1 at (re, k_b 0, k_a 0), else 0
+        t = real_empty(*shape, **kwargs).zero_()
+        t[:, 0, 0, 0] = 1.0
+        return t
+
+    monkeypatch.setattr(torch, "empty", empty)
+    dk = conv_launch.dk_gluon((32, 64, 2), u, dy, n - 7)
+    monkeypatch.setattr(torch, "empty", real_empty)
+    (grid, args, kwargs), = fake.calls
+    chunks = 2  # (3 pair groups, 2 a program)
+    assert grid == (H * chunks,) and fake.keys == [None]
+    names = [p.name for p in gluon_onepass.fft_conv_gluon_dk_kernel.params]
+    assert sorted(set(kwargs) - {"num_warps"}) == sorted(names[len(args):]) and kwargs["num_warps"] == 4
+    bound = dict(zip(names, args)) | kwargs
+    assert bound["U"] is u and bound["DY"] is dy and bound["P"].shape == (H * chunks, 2, 64, 32)
+    assert bound["batch"] == B and bound["heads"] == H and bound["A"] == 32 and bound["B"] == 64 and bound["LOOP"] == 2
+    ops = conv_launch.mono_operands(32, 64, 1, u.device)
+    assert bound["FARE"] is ops["FARE"] and bound["TFIM"] is ops["TFIM"]
+    assert dk.shape == (H, n - 7) and torch.allclose(dk, torch.full_like(dk, chunks / (2 * n)))
+
+
+def test_dk_plan_takes_the_gluon_kernel_only_behind_its_switch_on_hopper(monkeypatch):
+    """plan.dk_gluon_config: configs.DK_GLUON's entry for 16-bit u and filter on a Hopper under a checked triton, not
+    interpreted; None otherwise (then dk_config's kernel or torch.fft)."""
+    H100 = dispatch.TARGETS["sm_90a"]
+    meta = torch.device("meta")
+    monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
+    with dispatch.pretend(H100):
+        monkeypatch.delitem(configs.DK_GLUON, 1024, raising=False)
+        assert conv_plan.dk_gluon_config(1024, meta, torch.bfloat16, torch.bfloat16) is None  # off: no entry
+        monkeypatch.setitem(configs.DK_GLUON, 1024, (32, 64, 8))
+        assert conv_plan.dk_gluon_config(1024, meta, torch.bfloat16, torch.bfloat16) == (32, 64, 8)
+        assert conv_plan.dk_gluon_config(1024, meta, torch.bfloat16, torch.float32) is None  # a float32 filter
+        assert conv_plan.dk_gluon_config(2048, meta, torch.bfloat16, torch.bfloat16) is None
+    assert conv_plan.dk_gluon_config(1024, torch.device("cpu"), torch.bfloat16, torch.bfloat16) is None

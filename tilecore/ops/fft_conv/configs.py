@@ -149,6 +149,13 @@ PAIR_CANDIDATES = {
 # checks it: dk goes through torch.fft (two rfft of B H sequences of 2N, a product, a batch sum, an
 # irfft), the backward step's largest part (notes/fft_conv, v7). The GPU check times the candidates.
 DK_CONFIGS: dict = {}
+# Session 32: the same on the Gluon one-pass kernel's forward stages (gluon_onepass.fft_conv_gluon_dk_kernel: every
+# product a wgmma, the DFT matrices resident in shared memory; Hopper, launch.dk_gluon): N -> (A, B, pair groups a
+# program), 2N = A B, B = 64. Off (empty) until a GPU run checks it; it goes before DK_CONFIGS where it has N. sm_90a:
+# 1024 (32, 64, 8) 201 registers, 0 spill, 38 KiB (2048, 64 x 64: 600 B of spill: not a candidate).
+# Emulation (gluon_emulate.emulate_dk): bf16 1.05x the floor, fp16 2.4x.
+DK_GLUON: dict = {}
+DK_GLUON_CANDIDATES = {1024: [(32, 64, 8), (32, 64, 4)]}
 DK_CANDIDATES = {
     256: [(32, 16, 8, 4)],
     512: [(32, 32, 8, 4)],

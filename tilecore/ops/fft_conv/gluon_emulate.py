@@ -132,3 +132,46 @@ def emulate_chunked(u, spectrum, conj: bool, a: int, b: int, chunk: int, rfft: b
                     prescale: bool = False):
     """fft_conv_gluon_chunked_kernel's arithmetic: emulate(..., chunk=chunk)."""
     return emulate(u, spectrum, conj, a, b, rfft, chunk, tw_sfu, prescale)
+
+
+def emulate_dk(u, dy, a: int, b: int, filter_len: int, tw_sfu: bool = True):
+    """gluon_onepass.fft_conv_gluon_dk_kernel's arithmetic with launch.dk_gluon's host sum and inverse DFT: each pair's
+    z_u (each sequence over its largest |u|) and z_dy (its halves rescaled so both weigh 1 / w) through the forward
+    stages (forward_stages with the spectrum 1: S), w Z_dy conj(Z_u) summed over the batch, the inverse DFT's real part,
+    its first filter_len elements; NaN for a channel with a non-finite element. float32 (H, filter_len)."""
+    Bt, H, N = u.shape
+    half = a // 2
+    ops = {name: t.float() for name, t in mono_operands(a, b, 1, u.device).items()}
+    if tw_sfu:
+        ops["TFRE"], ops["TFIM"] = computed_twiddles(a, b)
+    fa_re, fa_im = ops["FARE"][:half], ops["FAIM"][:half]
+    one, zero = torch.ones(b, a), torch.zeros(b, a)
+
+    def tiles(t):  # x[m, a] = t[b a + m], each sequence over its largest |t| (non-finite zeroed): (x, scale, bad)
+        x = t.float().reshape(Bt, H, half, b).transpose(-1, -2)
+        finite = torch.isfinite(x)
+        x = torch.where(finite, x, 0.0)
+        scale = x.abs().flatten(2).amax(-1)
+        return x / torch.where(scale > 0, scale, 1.0)[..., None, None], torch.where(scale > 0, scale, 1.0), \
+            ~finite.flatten(2).all(-1)
+
+    xu, su, bad_u = tiles(u)
+    xd, sd, bad_d = tiles(dy)
+    spectrum = torch.zeros(H, 2, b, a)
+    for h in range(H):
+        for g in range(0, Bt, 2):
+            pair = [g, g + 1] if g + 1 < Bt else [g]
+            w = [su[i, h] * sd[i, h] for i in pair]
+            weight = max(w)
+            x = [xu[i, h] for i in pair] + [torch.zeros(b, half)] * (2 - len(pair))
+            d = [xd[i, h] * (wi / weight) for i, wi in zip(pair, w)] + [torch.zeros(b, half)] * (2 - len(pair))
+            xre, xim, _ = forward_stages(_h16(x[0]), _h16(x[1]), fa_re, fa_im, ops["TFRE"], ops["TFIM"], ops["FBRE"],
+                                         ops["FBIM"], one, zero)
+            yre, yim, _ = forward_stages(_h16(d[0]), _h16(d[1]), fa_re, fa_im, ops["TFRE"], ops["TFIM"], ops["FBRE"],
+                                         ops["FBIM"], one, zero)
+            spectrum[h, 0] += (yre * xre + yim * xim) * weight
+            spectrum[h, 1] += (yim * xre - yre * xim) * weight
+    bad = (bad_u | bad_d).any(0)  # (H,)
+    total = torch.complex(spectrum[:, 0], spectrum[:, 1]).reshape(H, a * b)
+    dk = torch.fft.ifft(total, dim=-1).real[:, :filter_len]
+    return torch.where(bad[:, None], float("nan"), dk)

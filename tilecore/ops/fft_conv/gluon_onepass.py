@@ -919,3 +919,95 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
         _pair_y(pio, ore, oim, w, start, step, h, b_re, seq, io)
     _last_y(pio)
 
+
+
+@gluon.jit
+def _transform_stages(st, x_re, x_im, fa_re, fa_im, tab, zeros):
+    """Stages 1-3 of _forward_stages (x in registers, ASYNC products) without the spectrum product: S = F_B @
+    (W_L^(m k_a) (x @ F_A[:HALF, :])), the DFT of the pair's z = x_re + i x_im at f = k_a + A k_b, float32."""
+    rre, rim = _complex_mma(x_re, fa_re, -x_im, fa_im, x_re, fa_im, x_im, fa_re, zeros, True, True)
+    twre, twim = _twiddles(st, tab, 0)
+    rre, rim = rre * twre - rim * twim, rre * twim + rim * twre
+    gl.thread_barrier()  # the previous transform's wgmmas have read the staging tiles
+    st.tile_re.store(rre.to(gl.float16))
+    st.tile_im.store(rim.to(gl.float16))
+    fence_async_shared()
+    gl.thread_barrier()
+    return _complex_mma(st.fbre, st.tile_re, st.fbnim, st.tile_im, st.fbre, st.tile_im, st.fbim, st.tile_re, zeros, True,
+                        False)
+
+
+@gluon.jit
+def fft_conv_gluon_dk_kernel(U, DY, P, FARE, FAIM, FBRE, FBIM, TFRE, TFIM, batch, heads,
+                             stride_ub, stride_uh, stride_db, stride_dh,
+                             A: gl.constexpr, B: gl.constexpr, LOOP: gl.constexpr, TW_SFU: gl.constexpr = True):
+    """The filter's gradient in the frequency domain on the one-pass kernel's forward stages (session 32; the
+    math of kernels_pair.fft_conv_dk_pair_kernel, its tl twin): program p = h chunks + c takes the pairs g = LOOP c + i
+    (i < LOOP) of channel h and writes P[p] = sum over them of w_g DFT(z_dy) conj(DFT(z_u)), (2, B, A) float32 (re,
+    im) at f = k_a + A k_b, where z_u = u_a / s_a + i u_b / s_b (each sequence over its largest |u|) and z_dy = dy_a
+    (s_a t_a / w_g) / t_a + i dy_b (s_b t_b / w_g) / t_b, w_g = max(s_a t_a, s_b t_b): both halves weigh 1 / w_g. For
+    real sequences the cross terms are anti-Hermitian: the real part of IDFT(sum P) is sum_b correlation(dy_b, u_b),
+    dk (launch.dk_gluon). Each transform: x @ F_A[:HALF, :] (x from registers), the twiddles, F_B @ R (_transform_stages,
+    every product a wgmma, ASYNC); the DFT matrices resident in shared memory. A non-finite element in any sequence
+    makes the program's P NaN (as torch.fft's dk: its channel's every element). 4 warps, B = 64."""
+    gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
+    gl.static_assert(gl.num_warps() == 4, "one warpgroup")
+    HALF: gl.constexpr = A // 2
+    L: gl.constexpr = A * B
+    acc: gl.constexpr = wgmma_layout(B, A, 4)
+    lhs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+    io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
+    table: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+    fa1re = _resident(FARE, HALF, A, A, 0, False, table)  # F_A[:HALF, :]
+    fa1im = _resident(FAIM, HALF, A, A, 0, False, table)
+    fbre = _resident(FBRE, B, B, B, 0, False, table)
+    fbim = _resident(FBIM, B, B, B, 0, False, table)
+    fbnim = _resident(FBIM, B, B, B, 0, True, table)
+    stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, A], gl.float16)
+    tile_re = gl.allocate_shared_memory(gl.float16, [B, A], stage_layout)
+    tile_im = gl.allocate_shared_memory(gl.float16, [B, A], stage_layout)
+    fence_async_shared()
+    gl.thread_barrier()
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, False, False, True, 0, TW_SFU, None, 0, 1, False)
+
+    io_m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
+    io_a = gl.arange(0, HALF, layout=gl.SliceLayout(0, io))
+    seq = gl.expand_dims(io_a, 0) * B + gl.expand_dims(io_m, 1)
+    t_m = gl.arange(0, B, layout=gl.SliceLayout(1, acc))
+    t_k = gl.arange(0, A, layout=gl.SliceLayout(0, acc))
+    tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(t_k, 0)
+    zeros = gl.zeros([B, A], gl.float32, acc)
+
+    groups = gl.cdiv(batch, 2)
+    chunks = gl.cdiv(groups, LOOP)
+    pid = gl.program_id(0)
+    h = (pid // chunks).to(gl.int64)
+    c = pid % chunks
+    acc_re = zeros
+    acc_im = zeros
+    bad = pid < 0  # (False: any non-finite element of the program's sequences)
+    for i in range(LOOP):
+        b_a = 2 * (c * LOOP + i)
+        b_b = b_a + 1
+        ua, sa, bad_ua, ub, sb, bad_ub = _scaled_both(
+            _load_raw(U, b_a, batch, b_a.to(gl.int64) * stride_ub + h * stride_uh, seq),
+            _load_raw(U, b_b, batch, b_b.to(gl.int64) * stride_ub + h * stride_uh, seq))
+        da, ta, bad_da, db, tb, bad_db = _scaled_both(
+            _load_raw(DY, b_a, batch, b_a.to(gl.int64) * stride_db + h * stride_dh, seq),
+            _load_raw(DY, b_b, batch, b_b.to(gl.int64) * stride_db + h * stride_dh, seq))
+        bad = bad | bad_ua | bad_ub | bad_da | bad_db
+        wa = sa * ta
+        wb = sb * tb
+        weight = gl.maximum(wa, wb)
+        xre, xim = _transform_stages(st, gl.convert_layout(ua.to(gl.float16), lhs),
+                                     gl.convert_layout(ub.to(gl.float16), lhs), fa1re, fa1im, tab, zeros)
+        yre, yim = _transform_stages(st, gl.convert_layout((da * (wa / weight)).to(gl.float16), lhs),
+                                     gl.convert_layout((db * (wb / weight)).to(gl.float16), lhs), fa1re, fa1im, tab,
+                                     zeros)
+        acc_re += (yre * xre + yim * xim) * weight  # Y conj(X)
+        acc_im += (yim * xre - yre * xim) * weight
+    acc_re = gl.where(bad, float("nan"), acc_re)
+    acc_im = gl.where(bad, float("nan"), acc_im)
+    base = P + pid.to(gl.int64) * (2 * L)
+    gl.store(base + tab, acc_re)
+    gl.store(base + L + tab, acc_im)

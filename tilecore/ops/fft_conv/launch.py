@@ -22,6 +22,7 @@ CONV_GLUON = CachedLaunch(lambda: importlib.import_module(
     "tilecore.ops.fft_conv.gluon_onepass").fft_conv_gluon_onepass_kernel)
 CONV_GLUON_CHUNKED = CachedLaunch(lambda: importlib.import_module(
     "tilecore.ops.fft_conv.gluon_onepass").fft_conv_gluon_chunked_kernel)
+DK_GLUON = CachedLaunch(lambda: importlib.import_module("tilecore.ops.fft_conv.gluon_onepass").fft_conv_gluon_dk_kernel)
 _long_columns = CachedLaunch(kernels_long.long_columns_kernel)
 _long_rows = CachedLaunch(kernels_long.long_rows_kernel)
 _long_inverse = CachedLaunch(kernels_long.long_inverse_columns_kernel)
@@ -292,3 +293,23 @@ def dk_pair(config: tuple, u: torch.Tensor, dy: torch.Tensor, filter_len: int) -
     total = partial.view(H, chunks, 2, n1, n2).sum(1)  # (H, 2, N1, N2) at f = k1 + N1 k2
     spectrum = torch.complex(total[:, 0], total[:, 1]).transpose(1, 2).reshape(H, n1 * n2)  # natural order
     return torch.fft.ifft(spectrum, dim=-1).real[:, :filter_len]
+
+
+def dk_gluon(config: tuple, u: torch.Tensor, dy: torch.Tensor, filter_len: int) -> torch.Tensor:
+    """dk as dk_pair gives it, through gluon_onepass.fft_conv_gluon_dk_kernel (session 32: the Gluon one-pass kernel's
+    forward stages; Hopper only): config = (A, B, pair groups a program), A B = 2N, B = 64; u, dy: (batch, H, N) 16-bit
+    rows with unit stride. The host sums the programs' partial spectra (H x chunks x 2 x B x A float32) and takes one
+    inverse DFT a channel (f = k_a + A k_b: the tile's rows in order are the natural order)."""
+    a, b, loop = config
+    B, H, N = u.shape
+    chunks = -(-(-(-B // 2)) // loop)
+    partial = torch.empty((H * chunks, 2, b, a), dtype=torch.float32, device=u.device)
+    if B == 0:
+        partial.zero_()
+    else:
+        ops = mono_operands(a, b, 1, u.device)
+        DK_GLUON.run(None, (H * chunks,), (u, dy, partial, ops["FARE"], ops["FAIM"], ops["FBRE"], ops["FBIM"], ops["TFRE"],
+                                           ops["TFIM"], B, H, u.stride(0), u.stride(1), dy.stride(0), dy.stride(1)),
+                     dict(A=a, B=b, LOOP=loop, TW_SFU=True, num_warps=4))
+    total = partial.view(H, chunks, 2, b * a).sum(1)
+    return torch.fft.ifft(torch.complex(total[:, 0], total[:, 1]), dim=-1).real[:, :filter_len]

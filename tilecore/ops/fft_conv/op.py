@@ -5,7 +5,7 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.fft_conv import launch
-from tilecore.ops.fft_conv.plan import dk_config, plan
+from tilecore.ops.fft_conv.plan import dk_config, dk_gluon_config, plan
 from tilecore.tiles import eager
 from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.launch import LRU, KeyedLaunch, TmaOperand, signature
@@ -172,6 +172,9 @@ def _filter_grad_op(u: torch.Tensor, dy: torch.Tensor, filter_len: int) -> torch
 
 
 def _filter_grad_impl(u, dy, filter_len):
+    config = dk_gluon_config(u.shape[-1], u.device, u.dtype, dy.dtype)
+    if config is not None:  # (session 32: the Gluon kernel's forward stages)
+        return launch.dk_gluon(config, _rows(u), _rows(dy), filter_len)
     config = dk_config(u.shape[-1], u.device, u.dtype, dy.dtype)
     return launch.dk_pair(config, _rows(u), _rows(dy), filter_len)
 
@@ -187,7 +190,8 @@ def _filter_backward(ctx, dy):
     need_du, need_dk = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     spectrum = filter_spectrum(k, n)
     torch_du = need_du and plan(n, u.device, u.dtype).path == "torch"
-    kernel_dk = need_dk and dk_config(n, u.device, u.dtype, k.dtype) is not None
+    kernel_dk = need_dk and (dk_gluon_config(n, u.device, u.dtype, k.dtype) or dk_config(n, u.device, u.dtype, k.dtype)) \
+        is not None
     # rfft(dy) once where torch.fft takes both du and dk (the torch path: long N, CPU tensors)
     dy_spectrum = torch.fft.rfft(dy.float(), n=2 * n) if torch_du or (need_dk and not kernel_dk) else None
     du = dk = None

@@ -150,6 +150,17 @@ def plan(n: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> P
     return Plan("tl", n1=n1, n2=n2, num_warps=configs.TL_WARPS[n], precision=precision)
 
 
+def dk_gluon_config(n: int, device: torch.device, u_dtype: torch.dtype, k_dtype: torch.dtype) -> tuple | None:
+    """(A, B, pair groups a program) of the Gluon filter-gradient kernel (launch.dk_gluon) for this call, or None:
+    16-bit u and filter, N in configs.DK_GLUON, a Hopper under a checked triton (dispatch.gluon_ok), not interpreted."""
+    names = {str(t).removeprefix("torch.") for t in (u_dtype, k_dtype)}
+    if (n not in configs.DK_GLUON or not names <= set(configs.PAIR_DTYPES) or device.type == "cpu"
+            or dispatch.interpreter_enabled() or dispatch.backend_for(device) == "reference"
+            or not dispatch.gluon_ok(device)):
+        return None
+    return configs.DK_GLUON[n]
+
+
 def dk_config(n: int, device: torch.device, u_dtype: torch.dtype, k_dtype: torch.dtype) -> tuple | None:
     """(N1, N2, pair groups a program, warps) of the filter-gradient kernel for this call, or None
     (torch.fft): 16-bit u and filter (its float16 products are at a 16-bit output's floor, not at
