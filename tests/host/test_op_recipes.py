@@ -371,3 +371,41 @@ def test_attention_gluon_recipe_refused_for_split_boxes_and_off(monkeypatch):
         assert alaunch.gluon_prepared(dataclasses.replace(p, launch_key=("k",)), q, q, q, False, (-1, -1), 0.0) is None
     finally:
         tiles_launch.keep_op_recipes(True)
+
+
+@pytest.mark.parametrize("case", ["ln", "rms prenorm residual"])
+def test_norm_recipe_on_the_recorded_gradient_path(monkeypatch, case):
+    """layer_norm recording a gradient (tiles.eager's Function) launches through the key's NormForward.outputs from
+    its second call: outputs and every gradient the plain calls' bits."""
+    from tilecore.ops.norm import launch as norm_launch, op as norm_op
+
+    for cache in (norm_op._CHECKED, norm_op._PLANS, norm_op._FORWARDS, norm_launch._FORWARD_OPTIONS):
+        cache.clear()
+    served = []
+    outputs = norm_launch.NormForward.outputs
+    monkeypatch.setattr(norm_launch.NormForward, "outputs", lambda self, *a: served.append(1) or outputs(self, *a))
+    torch.manual_seed(5)
+    n = 32
+    shape = (2, 3, n)
+    xs = [torch.randn(shape, dtype=torch.float16) for _ in range(3)]
+    w, b = torch.randn(n, dtype=torch.float16), torch.randn(n, dtype=torch.float16)
+    res = torch.randn(shape, dtype=torch.float16) if case != "ln" else None
+    g = torch.randn(shape, dtype=torch.float16)
+    runs = []
+    for sig in (_cpu_signature, lambda *items: None):
+        monkeypatch.setattr(norm_op, "signature", sig)
+        outs = []
+        for x in xs:
+            leaves = [t.clone().requires_grad_() for t in (x, w, b) + ((res,) if res is not None else ())]
+            y = norm_op.layer_norm(leaves[0], leaves[1], None if "rms" in case else leaves[2],
+                                   residual=leaves[3] if res is not None else None, rms="rms" in case,
+                                   prenorm="prenorm" in case)
+            y = y[0] + y[1].to(y[0].dtype) if isinstance(y, tuple) else y
+            y.backward(g)
+            outs += [y.detach()] + [t.grad for t in leaves if t.grad is not None]
+        runs.append(outs)
+        if sig is _cpu_signature:
+            assert len(served) == len(xs) - 1
+    assert all(a.shape == c.shape and torch.equal(a, c) for a, c in zip(*runs))
+    for cache in (norm_op._CHECKED, norm_op._PLANS, norm_op._FORWARDS, norm_launch._FORWARD_OPTIONS):
+        cache.clear()

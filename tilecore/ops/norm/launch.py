@@ -130,6 +130,20 @@ class NormForward:
         self.forward((x, residual, weight, bias, y, h, mean, rstd, seed, *self.forward_tail))
         return y, h
 
+    def outputs(self, x2, weight, bias, res2, seed):
+        """forward(...)'s (y, h, mean, rstd) for the (rows, n) matrices op._rows made (the recorded-gradient path,
+        which saves them): y and h (rows, n), the empty h and mean where forward makes them empty."""
+        device, rows = self.device, self.rows
+        y = torch.empty(x2.shape, dtype=self.dtype, device=device)
+        h = torch.empty(x2.shape if self.store_h else (0,), dtype=self.h_dtype, device=device)
+        mean = torch.empty(0 if self.rms else rows, dtype=torch.float32, device=device)
+        rstd = torch.empty(rows, dtype=torch.float32, device=device)
+        mean_arg = None if self.rms else mean
+        if self.stats is not None:
+            self.stats((x2, res2, mean_arg, rstd, seed, *self.stats_tail))
+        self.forward((x2, res2, weight, bias, y, h if self.store_h else None, mean_arg, rstd, seed, *self.forward_tail))
+        return y, h, mean, rstd
+
 
 def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, p: float, rms: bool,
              x_dtype: torch.dtype, h_dtype: torch.dtype, store_dres: bool, key=None):
