@@ -70,10 +70,10 @@ START = time.time()
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 S32 = "--s32" in sys.argv  # session 32's variants (with session 31's checks)
 S31 = "--s31" in sys.argv or S32  # session 31's variants and checks (the N 4097 one compiles every kernel again)
-WARM_DEADLINE = 85.0 if S31 else 60.0  # the main process stops waiting for workers' compiles + checks here
-TIME_DEADLINE = 112.0 if S31 else 84.0  # no timing starts past it
+WARM_DEADLINE = 95.0 if S32 else 85.0 if S31 else 60.0  # the main process stops waiting for workers' compiles + checks
+TIME_DEADLINE = 124.0 if S32 else 112.0 if S31 else 84.0  # no timing starts past it
 TIME_EACH = 9.0  # a worker's timing: the next one starts past it
-FINAL_DEADLINE = 130.0 if S31 else 88.0  # the fp16 checks (after every timing) end here: workers still running are
+FINAL_DEADLINE = 138.0 if S32 else 130.0 if S31 else 88.0  # the fp16 checks (after every timing) end here: workers still running are
 # killed
 
 # (name, tl_plan overrides, backward_plan overrides, path): path "launch" = launch.backward as op.py calls it;
@@ -188,6 +188,10 @@ S32_VARIANTS = [
     ("cfg s32 local dvkd32 wbk64w4", dict(diag=5), dict(dg_local=True, KD=32, walk_BK=64, walk_warps=4), "chunked"),
     ("cfg s32 local dvbv64 kd32", dict(diag=5), dict(dg_local=True, dv_BV=64, KD=32), "chunked"),
     ("cfg s32 local dvbv64 kd32 r168", dict(diag=5), dict(dg_local=True, dv_BV=64, KD=32, dv_maxnreg=168), "chunked"),
+    # timing only (gradients WRONG, their checks FAIL by design): the dqk kernel without its value loop (201 registers,
+    # 0 B), without its intra-chunk dots (174, 0: 3 programs an SM)
+    ("probe s32 local no-value-loop", dict(diag=5), dict(dg_local=True, dqk_probe=1), "chunked"),
+    ("probe s32 local no-intra-dots", dict(diag=5), dict(dg_local=True, dqk_probe=2), "chunked"),
 ]
 VARIANTS += S31_VARIANTS[:-1] + S31_RUN3 + S31_LAST[3:] + S32_VARIANTS
 if S32 and "--variants" not in sys.argv:
@@ -297,7 +301,7 @@ def chunked_blocks(variant) -> dict:
     its own over session 30's first defaults (CHUNKED_BASE)."""
     if variant[0] == "chunked configs":
         return {}
-    return dict(variant[2]) if variant[0].startswith("cfg ") else dict(CHUNKED_BASE, **variant[2])
+    return dict(variant[2]) if variant[0].startswith(("cfg ", "probe ")) else dict(CHUNKED_BASE, **variant[2])
 
 
 def dqk_bytes(B, N, H, Dk, Dv, BT, elt=2) -> int:

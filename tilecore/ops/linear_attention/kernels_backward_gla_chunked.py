@@ -280,7 +280,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                    SPLIT: tl.constexpr, PART: tl.constexpr = 0, WIDE: tl.constexpr = 0, FLAG=0,
                    AT: tl.constexpr = False, VB: tl.constexpr = 0, GROUP: tl.constexpr = 1,
                    SUFFIX: tl.constexpr = 0, EARLY: tl.constexpr = False, LEAN: tl.constexpr = False,
-                   DOTSCAN: tl.constexpr = 0):
+                   DOTSCAN: tl.constexpr = 0, PROBE: tl.constexpr = 0):
     """Program (batch * head, chunk, key block of BKB channels): dq, dk (the inputs' dtypes, DQ and DK_OUT (B, N, H,
     Dk) contiguous), the decay gradient's within-chunk reverse sum DG (B, N, H, Dk) float32 and its chunk total
     TOT (B H, NT, Dk) float32. Every value column at once (BVF >= Dv). Grid (B * H * NT * KBLOCKS,), key blocks
@@ -315,7 +315,9 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
     for the dots alone). DOTSCAN (with SUFFIX 3; session 32; 3 the GPU's three bf16 pieces, 1 one float32 dot for the
     interpreter): dG's reverse sum within the chunk as a dot with a triangle of ones (_scan_dot), not tl.cumsum's
     shuffles (sm_90a: the kernel's two scans were ~700 of its ~3400
-    instructions, 288 of its 368 shuffles; G's forward sum as such a dot made ptxas serialize every wgmma, C7514)."""
+    instructions, 288 of its 368 shuffles; G's forward sum as such a dot made ptxas serialize every wgmma, C7514).
+    PROBE (timing only, outputs WRONG; session 32, with VB and not EARLY): 1 leaves the value loop out (its sums zero:
+    what the rest costs), 2 the intra-chunk dots (dq's and dk's a-terms zero)."""
     pid = tl.program_id(0)
     if WIDE == 2:
         if GROUP == 1:
@@ -323,7 +325,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                 _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                              svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale,
                              KBLOCKS, pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX,
-                             EARLY, LEAN, DOTSCAN)
+                             EARLY, LEAN, DOTSCAN, PROBE)
         else:
             for i in range(0, GROUP):
                 p = pid * GROUP + i
@@ -331,12 +333,12 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                     _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh,
                                  skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT,
                                  scale, KBLOCKS, p, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX,
-                                 EARLY, LEAN, DOTSCAN)
+                                 EARLY, LEAN, DOTSCAN, PROBE)
     else:
         _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                      pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, WIDE, AT, VB, SUFFIX, EARLY,
-                     LEAN, DOTSCAN)
+                     LEAN, DOTSCAN, PROBE)
 
 
 @triton.jit
@@ -345,7 +347,8 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
                  pid, FLAG, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr,
                  IEEE: tl.constexpr, SPLIT: tl.constexpr, PART: tl.constexpr, INTRA: tl.constexpr,
                  AT: tl.constexpr = False, VB: tl.constexpr = 0, SUFFIX: tl.constexpr = 0,
-                 EARLY: tl.constexpr = False, LEAN: tl.constexpr = False, DOTSCAN: tl.constexpr = 0):
+                 EARLY: tl.constexpr = False, LEAN: tl.constexpr = False, DOTSCAN: tl.constexpr = 0,
+                 PROBE: tl.constexpr = 0):
     """gla_dqk_kernel's program ``pid`` with the intra-chunk terms by INTRA (_dq_intra's; 1 also writes FLAG and
     computes only where the span allows); VB and SUFFIX gla_dqk_kernel's (SUFFIX: TOT is the final state)."""
     kblock = pid % KBLOCKS
@@ -402,7 +405,13 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
             v = None
             do = None
         else:  # hs, dhs: the state terms do S_c^T, v dS_c^T themselves
-            if LEAN:
+            if PROBE == 1:  # timing only (outputs wrong): no value loop, its sums zeros
+                a = tl.zeros([BT, BT], dtype=tl.float32)
+                r = tl.zeros([BT], dtype=tl.float32)
+                hs = tl.zeros([BT, BKB], dtype=tl.float32)
+                dhs = tl.zeros([BT, BKB], dtype=tl.float32)
+                sfx = tl.zeros([BKB], dtype=tl.float32)
+            elif LEAN:
                 a, r, hs, dhs, sfx = _dqk_value_loop(
                     V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, DK,
                     DV, NT, BT, BKB, BVF, VB, MMA, IEEE, PART, TOT, SUFFIX, 0, None, None, None, None, None, True)
@@ -424,7 +433,8 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
             if VB == 0:
                 hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
                              other=0.0)
-            dq = (_dq_intra(a, k, Gc, MMA, IEEE, SPLIT, INTRA) + _state_term(do, hs, MMA, IEEE, VB)
+            dq_in = tl.zeros([BT, BKB], dtype=tl.float32) if PROBE == 2 else _dq_intra(a, k, Gc, MMA, IEEE, SPLIT, INTRA)
+            dq = (dq_in + _state_term(do, hs, MMA, IEEE, VB)
                   * tl.exp(Gc)) * scale
             _store_rows(DQ + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dq + r[:, None] * kf)
             dG = qf * dq  # rows past N: 0 (q, k, do, v loaded as 0)
@@ -441,7 +451,8 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
                 mid = 0.5 * (tl.max(Gc, 0) + tl.min(Gc, 0))
                 dk_intra = tl.exp(mid[None, :] - Gc) * _split_dot(at, qf * tl.exp(Gc - mid[None, :]), MMA, IEEE, SPLIT)
             else:
-                dk_intra = _dk_intra(a, q, Gc, MMA, IEEE, SPLIT, INTRA)
+                dk_intra = (tl.zeros([BT, BKB], dtype=tl.float32) if PROBE == 2 else
+                            _dk_intra(a, q, Gc, MMA, IEEE, SPLIT, INTRA))
             dk_state = _state_term(v, dhs, MMA, IEEE, VB) * tl.exp(G_last[None, :] - Gc)
             dk = dk_intra * scale + dk_state
             if SUFFIX == 3:  # sum_v S_(c+1) dS_c = e^G_last <S_c, dS_c> + sum_t k e^(G_last - G) (v dS_c^T)
@@ -702,6 +713,7 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                      **({"SUFFIX": suffix} if suffix else {}), **({"EARLY": True} if cfg["dqk_early"] else {}),
                      **({"LEAN": True} if cfg["dqk_lean"] else {}),
                      **({"DOTSCAN": 1 if dispatch.interpreted(dev) else 3} if cfg["dqk_dotscan"] else {}),
+                     **({"PROBE": cfg["dqk_probe"]} if cfg["dqk_probe"] and wide != 2 else {}),
                      **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] and wide != 2 else {}))))
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
         for wide in ((1, 2) if cfg["wide_apart"] and cfg["dv_wide_apart"] else (0,)):
