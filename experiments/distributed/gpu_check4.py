@@ -49,17 +49,36 @@ from tilecore.distributed.ring import (poison_receive_buffers, ring_backward, ri
                                        transfer_order)
 from tilecore.ops.attention import attention  # noqa: E402
 
-VARIANTS = {"nccl": "nccl", "ce": "copy_engine"}  # name -> ring.TRANSPORT (margin 0 both)
+# name -> (ring.TRANSPORT, ring.ONE_PASS_SUMS_ABOVE_TWO); margin 0 all. "cef": the copy engines with the
+# backward's sums past two ranks in one pass each (session 32, off by default)
+VARIANTS = {"nccl": ("nccl", False), "ce": ("copy_engine", False), "cef": ("copy_engine", True)}
 
-CHECKS = [  # (mode, causal, n, hq, hkv, d, dtype, transport); n = 4099: chunks of 513 and 512
-    ("ring", True, 4099, 8, 2, 128, torch.bfloat16, "copy_engine"),
+
+class variant:
+    """Context: the ring's transport and one-pass sums as ``key`` (VARIANTS) names them."""
+
+    def __init__(self, key: str):
+        self.via, self.one_pass = VARIANTS[key]
+
+    def __enter__(self):
+        self.saved = (ring_module.set_transport(self.via), ring_module.set_one_pass_sums_above_two(self.one_pass))
+
+    def __exit__(self, *exc):
+        ring_module.set_transport(self.saved[0])
+        ring_module.set_one_pass_sums_above_two(self.saved[1])
+
+CHECKS = [  # (mode, causal, n, hq, hkv, d, dtype, variant); n = 4099: chunks of 513 and 512
+    ("ring", True, 4099, 8, 2, 128, torch.bfloat16, "ce"),
+    ("ring", True, 4099, 8, 2, 128, torch.bfloat16, "cef"),
     ("ring", True, 4099, 8, 2, 128, torch.bfloat16, "nccl"),
     ("ring", False, 4099, 8, 2, 128, torch.bfloat16, "nccl"),
     ("all_to_all", True, 4099, 8, 2, 128, torch.bfloat16, "nccl"),
     ("all_to_all", False, 4101, 8, 4, 128, torch.bfloat16, "nccl"),
-    ("ring", False, 8195, 8, 8, 128, torch.bfloat16, "copy_engine"),
-    ("ring", False, 2048, 4, 1, 128, torch.bfloat16, "copy_engine"),  # MQA, even chunks
-    ("ring", True, 32768, 1, 1, 128, torch.bfloat16, "copy_engine"),  # the timing's chunks at 32K (4096)
+    ("ring", False, 8195, 8, 8, 128, torch.bfloat16, "ce"),
+    ("ring", False, 8195, 8, 8, 128, torch.bfloat16, "cef"),
+    ("ring", False, 2048, 4, 1, 128, torch.bfloat16, "ce"),  # MQA, even chunks
+    ("ring", True, 32768, 1, 1, 128, torch.bfloat16, "cef"),  # the timing's chunks at 32K (4096)
+    ("ring", True, 32768, 1, 1, 128, torch.bfloat16, "ce"),
 ]
 
 
@@ -109,7 +128,7 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, variant
         into[name + "_ranks"] = [e[0] for e in every]
 
     with torch.no_grad():
-        with gc.transport("nccl"):
+        with variant("nccl"):
             out, lse = ring_forward(q, k, v, group, lengths, causal, scale)
         # the compute alone: the same steps, nothing sent (margin 0: the same grids either transport)
         fwd_c = lambda: ring_forward(q, k, v, group, lengths, causal, scale, ring=gc.ComputeOnlyRing(group))  # noqa: E731
@@ -118,9 +137,8 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, variant
         record("fwd_compute_ms", gc.lockstep_ms(fwd_c, reps))
         record("bwd_compute_ms", gc.lockstep_ms(bwd_c, reps))
         for key in variants:
-            via = VARIANTS[key]
             cell = row["variants"][key] = {}
-            with gc.transport(via):
+            with variant(key):
                 through = ring_for(group, q.device, 0, transfer_order(None, 0), k, lengths)
                 cell["ring"] = type(through).__name__
                 cell["early"] = transfer_order(None, 0, through)
@@ -152,9 +170,9 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, variant
 
     local = [t.clone().requires_grad_() for t in (q, k, v)]
 
-    def fwd_bwd(mode, via=None):
+    def fwd_bwd(mode, key="nccl"):
         def run():
-            with gc.transport(via):
+            with variant(key):
                 o = context_parallel_attention(*local, causal=causal, mode=mode)
                 torch.autograd.grad(o, local, dout)
         return run
@@ -164,10 +182,10 @@ def time_case(n_total: int, causal: bool, heads: int, d: int, reps: int, variant
         gc.sync()
         base = gc.memory_allocated()
         gc.reset_peak()
-        record("fwd_bwd_ms", gc.lockstep_ms(fwd_bwd("ring", VARIANTS[key]), reps), cell)
+        record("fwd_bwd_ms", gc.lockstep_ms(fwd_bwd("ring", key), reps), cell)
         cell["peak_extra_gb"] = (gc.peak() - base) / 1e9  # over the inputs: activations, buffers (not the mailboxes)
         if gc.DEVICE == "cuda":
-            record("fwd_bwd_queued_ms", gc.lockstep_ms(fwd_bwd("ring", VARIANTS[key]), reps, ahead_ms=gc.AHEAD_MS),
+            record("fwd_bwd_queued_ms", gc.lockstep_ms(fwd_bwd("ring", key), reps, ahead_ms=gc.AHEAD_MS),
                    cell)
     row["mailbox_gb"] = copy_engine.mailbox_bytes(group, q.device) / 1e9
     row["inputs_gb"] = 4 * q.numel() * q.element_size() / 1e9
@@ -232,7 +250,7 @@ def napkin(row: dict, heads: int, d: int, world: int) -> dict:
     gpu = validate.lab_gpu(validate.bench_files(results_dir)) if results_dir.is_dir() else "h100"
     out = {"calibration": str(results_dir) if results_dir.is_dir() else "none found (680 TFLOP/s)"}
     for key, cell in row["variants"].items():
-        ce = VARIANTS[key] == "copy_engine" and cell.get("ring") == "CopyEngineRing"
+        ce = VARIANTS[key][0] == "copy_engine" and cell.get("ring") == "CopyEngineRing"
         links = {"h100-x2": H100_X2}
         if cell.get("hop_gb_s"):
             bw = cell["hop_gb_s"] * 1e9
@@ -256,8 +274,9 @@ def napkin(row: dict, heads: int, d: int, world: int) -> dict:
 def tables(results) -> str:
     fmt = gc.fmt
     lines = ["", f"correctness on {results['world']} ranks (worst rank; error over the rounding floor against "
-             "float64: ours / one GPU's; ran: the transport that ran):",
-             f"{'mode':<11}{'causal':<7}{'shape':<24}{'ran':<13}{'out':>11}{'dq':>11}{'dk':>11}{'dv':>11}{'lse':>9}"]
+             "float64: ours / one GPU's; variant, and the transport that ran):",
+             f"{'mode':<11}{'causal':<7}{'shape':<26}{'variant/ran':<20}{'out':>11}{'dq':>11}{'dk':>11}{'dv':>11}"
+             f"{'lse':>9}"]
     for c in results["checks"]:
         if "error" in c:
             lines.append(f"{c['case']}: FAILED {c['error'].strip().splitlines()[-1][:90]}")
@@ -265,7 +284,8 @@ def tables(results) -> str:
         r = c["result"]
         cells = "".join(f"{fmt(r[f'{x}_floor_x'])}/{fmt(r[f'{x}_single_floor_x'])}".rjust(11)
                         for x in ("out", "dq", "dk", "dv"))
-        lines.append(f"{c['mode']:<11}{str(c['causal']):<7}{c['shape']:<24}{c['ran'][:12]:<13}{cells}"
+        ran = f"{c.get('variant', '')}/{c['ran']}"[:19]
+        lines.append(f"{c['mode']:<11}{str(c['causal']):<7}{c['shape']:<26}{ran:<20}{cells}"
                      f"{r['lse_abs_err']:>9.1e}" + ("" if r["finite"] == 1.0 else "  NOT FINITE"))
     lines += ["", f"public fwd+bwd, B1 H{results['heads']} D{results['d']} bf16, {results['world']} ranks (rank 0, ms); "
               "x1 = one GPU at N over it (q: GPU kept busy first); hid = transfers hidden (fwd/bwd, by compute-only; "
@@ -305,8 +325,10 @@ def main() -> int:
                         help="time only the causal mask from this total length up")
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--d", type=int, default=128)
-    parser.add_argument("--variants", default="nccl,ce")
-    parser.add_argument("--skip-check", action="store_true")
+    parser.add_argument("--variants", default="nccl,ce", help=f"of {', '.join(VARIANTS)}")
+    parser.add_argument("--skip-check", action="store_true", help="no checks (as --checks none)")
+    parser.add_argument("--checks", default="all",
+                        help="all, none, or the variants whose checks run (e.g. cef,nccl; all-to-all's are nccl)")
     parser.add_argument("--no-single", action="store_true")
     parser.add_argument("--budget-s", type=float, default=195.0,
                         help="skip a timing case whose estimate would end past this many seconds of wall")
@@ -316,6 +338,8 @@ def main() -> int:
     parser.add_argument("--dry", action="store_true", help="CPU tensors on gloo, small sizes (the logic only)")
     args = parser.parse_args()
     variants = [x for x in args.variants.split(",") if x]
+    if args.skip_check:
+        args.checks = "none"
     began = time.time()
 
     checks = CHECKS
@@ -356,20 +380,24 @@ def main() -> int:
             results["wall_s"] = time.time() - began
             path.write_text(json.dumps(results, indent=1))
 
-    ce_ok = True
-    if not args.skip_check:
+    failed = set()  # variants whose check failed (for another reason than memory): not timed
+    if args.checks != "none":
         poison_receive_buffers()
-        for mode, causal, n, hq, hkv, d, dtype, via in checks:
+        for mode, causal, n, hq, hkv, d, dtype, key in checks:
             entry = {"mode": mode, "causal": causal, "shape": f"n{n} h{hq}/{hkv} d{d} {str(dtype)[6:]}",
-                     "case": f"{mode} causal={causal} n={n} h{hq}/{hkv} d{d} {via}", "transport": via}
-            if via == "copy_engine" and not ce_ok:
-                entry["error"] = "skipped: an earlier copy-engine check failed"
+                     "case": f"{mode} causal={causal} n={n} h{hq}/{hkv} d{d} {key}", "variant": key}
+            if args.checks != "all" and key not in args.checks.split(","):
+                continue
+            if key in failed:
+                entry["error"] = f"skipped: an earlier {key} check failed"
                 results["checks"].append(entry)
                 continue
             t0 = time.time()
+            oom = False
             try:
-                entry["result"] = gc.check_case(mode, causal, n, hq, hkv, d, dtype, None, via if mode == "ring" else "nccl")
-                with gc.transport(via):
+                with variant(key if mode == "ring" else "nccl"):  # (check_case sets the transport again)
+                    entry["result"] = gc.check_case(mode, causal, n, hq, hkv, d, dtype, None,
+                                                    VARIANTS[key][0] if mode == "ring" else "nccl", True)
                     entry["ran"] = transport_ran(group, device) if mode == "ring" else "all_to_all"
                 ok = True
             except Exception as err:  # noqa: BLE001
@@ -377,9 +405,8 @@ def main() -> int:
                 ok = False
                 oom = isinstance(err, torch.OutOfMemoryError)  # the float64 reference's, not the ring's
                 print(f"rank {rank}: check {entry['case']} failed:\n{entry['error']}", flush=True)
-            every_ok = gc.all_ok(ok)
-            if not every_ok and via == "copy_engine" and not gc.all_ok(ok or oom):
-                ce_ok = False  # a copy-engine check failed for another reason than memory: NCCL only
+            if not gc.all_ok(ok) and not gc.all_ok(ok or oom):
+                failed.add(key)  # failed for another reason than memory: not timed
             entry["s"] = time.time() - t0
             results["checks"].append(entry)
             if rank == 0:
@@ -387,16 +414,19 @@ def main() -> int:
             gc.empty_cache()
             save()
         poison_receive_buffers(False)
-    if not ce_ok and "ce" in variants:
-        variants.remove("ce")
-        results["ce_dropped"] = "a copy-engine check failed: timed NCCL only"
+    if failed & set(variants):
+        variants = [v for v in variants if v not in failed]
+        results["dropped"] = f"checks failed: {sorted(failed)}; timed {variants}"
 
     cases = [(int(s), c) for s in args.sizes.split(",") if s
              for c in ((True,) if int(s) >= args.causal_only_from else (True, False))]
-    unit = None  # wall seconds per unit of work ((N / 32K)^2, half for causal): the least seen so far
+    # wall seconds per unit of work ((N / 32K)^2, half the pairs causal), by mask: a mask's first case
+    # compiles its kernels, so only its later cases say what a case costs (either mask's figure serves)
+    unit, seen = {}, set()
     for n_total, causal in cases:
         work = (n_total / 32768) ** 2 * (0.55 if causal else 1.0)
-        estimate = 1.2 * unit * work if unit is not None else 0.0
+        per = unit.get(causal, unit.get(not causal))
+        estimate = 1.2 * per * work if per is not None else 0.0
         if time.time() - began + estimate > args.budget_s:
             results["timing"].append({"N": n_total, "causal": causal,
                                       "skipped": f"skipped: estimated {estimate:.0f} s past the {args.budget_s:.0f} s budget"})
@@ -413,25 +443,24 @@ def main() -> int:
             print(f"rank {rank}: timing N={n_total} causal={causal} failed:\n{row['error']}", flush=True)
         gc.all_ok(ok)
         row["s"] = time.time() - t0
-        # the slowest rank's seconds; small cases carry fixed costs (compiles, barriers), so the least
-        # per unit seen is the closest to a large case's
-        per_unit = max(s[0] for s in gc.gathered([row["s"]])) / work
-        unit = per_unit if unit is None else min(unit, per_unit)
-        results["timing"].append(row)
-        if rank == 0:
-            print(f"timing N={n_total} causal={causal} ({row['s']:.1f} s): "
-                  + json.dumps({k: v for k, v in gc.compact(row).items() if k != "variants"}), flush=True)
-        gc.empty_cache()
-        save()
-
-    if rank == 0:
-        for row in results["timing"]:
-            if "error" in row or "skipped" in row:
-                continue
+        spent = max(x[0] for x in gc.gathered([row["s"]]))  # the slowest rank's
+        if causal in seen:
+            unit[causal] = spent / work
+        seen.add(causal)
+        if rank == 0 and ok:  # the napkin now (pure Python, seconds): a run cut short keeps it
             try:
                 row["napkin"] = napkin(row, args.heads, args.d, world)
             except Exception:  # noqa: BLE001
                 row["napkin"] = {"error": traceback.format_exc()}
+        results["timing"].append(row)
+        if rank == 0:
+            print(f"timing N={n_total} causal={causal} ({row['s']:.1f} s): "
+                  + json.dumps({k: v for k, v in gc.compact(row).items() if k not in ("variants", "napkin")}),
+                  flush=True)
+        gc.empty_cache()
+        save()
+
+    if rank == 0:
         save()
         print(tables(results))
         print(f"\nJSON: {path} ({time.time() - began:.0f} s)")

@@ -101,6 +101,7 @@ def compare(rank, world, cases):
         ring.TRANSFERS_EARLY = case.get("early", False)  # the ring's two transfer orders
         ring.DQ_IN_KERNEL = case.get("dq_in_kernel", False)  # dQ summed by backward_adding_dq
         op.set_fast_host(case.get("fast_host", True))  # the public call's host path, session 30's or 29's
+        ring.set_one_pass_sums_above_two(case.get("one_pass", False))  # past two ranks: the sums in one pass
         q, k, v, dout, dlse = _full_inputs(case)
         causal, mode, with_dlse = case["causal"], case["mode"], case.get("dlse", True)
         with_out = case.get("out", True)

@@ -66,6 +66,12 @@ def test_triton_kernels_in_the_interpreter(pool):
                   sm_margin=margin, dq_in_kernel=dq)
              for c, dt, early, margin, dq in ((True, "float16", None, 3, True), (False, "float32", False, 0, False))]
     rows = pool.run("compare", world=2, cases=cases, timeout=90)
+    # three ranks, the sums past two in one pass each (ring.ONE_PASS_SUMS_ABOVE_TWO: own_sum's kernel)
+    three = [dict(b=1, hq=2, hkv=1, n=23, d=16, causal=True, mode="ring", dtype="float16", interpret=True,
+                  dq_in_kernel=True, one_pass=True)]
+    rows = {(2, r): x for r, x in rows.items()} | {(3, r): x for r, x in
+                                                   pool.run("compare", world=3, cases=three, timeout=90).items()}
+    assert sum(len(x or ()) for (w, _), x in rows.items() if w == 3) == 3  # every rank ran the case
     for rank, results in rows.items():
         for row in results or ():
             where = f"rank {rank} {row['case']}"

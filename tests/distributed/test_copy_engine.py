@@ -113,15 +113,10 @@ def test_slots_and_tags():
     assert not copy_engine.available(None, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("world_size,causal,n,calls,fused,pending",
-                         [(2, True, 11, 2, True, True), (2, False, 8, 1, False, False), (4, True, 19, 2, False, True)])
-def test_ring_over_copy_engine_threads(world_size, causal, n, calls, fused, pending, monkeypatch):
-    """(fused: the own dK/dV sums by ring.own_sum's kernel, ring.FUSED_OWN_SUMS; pending: the lengths
-    given as the public call's pending checks, so step 0 is queued first and the first push's FREE
-    wait taken before it (CopyEngineRing.prewait_first); 4 ranks: the double-buffered slots, each
-    block forwarded from the slot it arrived in; torch's CPU kernels: the protocol is what is tested)"""
-    if world_size > 2:
-        monkeypatch.setenv("TRITON_INTERPRET", "0")
+def threads_ring(world_size, causal, n, calls, fused, pending, one_pass=False):
+    """ring_forward + ring_backward ``calls`` times on ``world_size`` ranks as threads over the stand-in
+    handle; returns (each rank's [(out, lse, dq, dk, dv)] per call, the shards with one process's
+    results, the FakeWorld)."""
     torch.manual_seed(7)
     B, H, Hkv, D = 1, 2, 1, 16
     P = world_size
@@ -137,6 +132,7 @@ def test_ring_over_copy_engine_threads(world_size, causal, n, calls, fused, pend
     scale = D ** -0.5
     ring.poison_receive_buffers()
     was_fused = ring.set_fused_own_sums(fused)
+    was_one = ring.set_one_pass_sums_above_two(one_pass)
     try:
         def rank_body(r):
             boxes = copy_engine.Mailboxes(None, torch.device("cpu"), slot, FakeHandle(world, r))
@@ -158,6 +154,25 @@ def test_ring_over_copy_engine_threads(world_size, causal, n, calls, fused, pend
     finally:
         ring.poison_receive_buffers(False)
         ring.set_fused_own_sums(was_fused)
+        ring.set_one_pass_sums_above_two(was_one)
+    return results, shards, world
+
+
+@pytest.mark.parametrize("world_size,causal,n,calls,fused,pending,one_pass",
+                         [(2, True, 11, 2, True, True, False), (2, False, 8, 1, False, False, False),
+                          (4, True, 19, 2, False, True, False), (4, True, 19, 2, True, True, True),
+                          (3, False, 13, 1, True, False, True)])
+def test_ring_over_copy_engine_threads(world_size, causal, n, calls, fused, pending, one_pass, monkeypatch):
+    """(fused: the own dK/dV sums by ring.own_sum's kernel, ring.FUSED_OWN_SUMS; pending: the lengths
+    given as the public call's pending checks, so step 0 is queued first and the first push's FREE
+    wait taken before it (CopyEngineRing.prewait_first); 4 ranks: the double-buffered slots, each
+    block forwarded from the slot it arrived in; one_pass: past two ranks the own sums and the passing
+    sums in one pass each (ring.ONE_PASS_SUMS_ABOVE_TWO); torch's CPU kernels: the protocol is what is
+    tested)"""
+    if world_size > 2:
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+    P = world_size
+    results, shards, world = threads_ring(world_size, causal, n, calls, fused, pending, one_pass)
     for r in range(P):
         want = [shards[r][4], shards[r][5], *shards[r][6:]]
         for got in results[r]:
@@ -173,6 +188,18 @@ def test_ring_over_copy_engine_threads(world_size, causal, n, calls, fused, pend
         src = (r - 1) % P
         assert [word(2 * s + copy_engine.FULL) for s in range(copy_engine.slot_count(P))] == [0] * \
             copy_engine.slot_count(P)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_one_pass_sums_above_two_are_the_buffers_sums(causal, monkeypatch):
+    """Past two ranks, ONE_PASS_SUMS_ABOVE_TWO gives the float32 buffers' results value for value (the
+    same sums in the same order: ((a + b) + c) for the own block, share + incoming for a passing sum)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    off, _, _ = threads_ring(4, causal, 23, 1, True, False, one_pass=False)
+    on, _, _ = threads_ring(4, causal, 23, 1, True, False, one_pass=True)
+    for r in range(4):
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), off[r][0], on[r][0]):
+            assert torch.equal(a, b), (r, name)
 
 
 def test_failed_checks_hand_the_prewaited_token_back():

@@ -33,3 +33,21 @@ def test_own_sum_matches_the_buffer_it_replaces():
     assert torch.isnan(got[1, 2, 7, 3]) and torch.isfinite(got).sum() == got.numel() - 1
     empty = torch.empty(1, 2, 0, 8).half()
     assert ring.own_sum(empty, 0, None, 0, empty, torch.float16).shape == (1, 2, 0, 8)
+
+
+def test_passing_sum_in_one_pass_is_the_copy_then_add():
+    """Past two ranks (ring.ONE_PASS_SUMS_ABOVE_TWO) a passing dK/dV sum is own_sum(share, keys, None,
+    0, incoming float32, float32): the copy of the incoming sum with the share added, value for value,
+    in the interpreter's kernel; no share: the incoming sum's copy."""
+    assert dispatch.backend_for(torch.device("cpu")) == "kernel"
+    g = torch.Generator().manual_seed(5)
+    B, H, n, D = 1, 2, 19, 24
+    incoming = torch.randn(B, H, n, D, generator=g)
+    share = torch.randn(B, H, 11, D, generator=g).half()
+    for a, keys in ((share, 11), (share[:, :, :0], 0), (None, 0)):
+        got = ring.own_sum(a, keys, None, 0, incoming, torch.float32)
+        want = incoming.clone()
+        if a is not None and keys:
+            want[:, :, :keys] += a[:, :, :keys]
+        assert got.dtype == torch.float32 and got.data_ptr() != incoming.data_ptr()
+        assert torch.equal(got, want)

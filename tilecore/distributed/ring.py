@@ -176,6 +176,10 @@ TRANSPORT = "copy_engine"
 # Two ranks: a rank's own dK, dV summed from its three shares in one pass (kernels_tl.own_sum_kernel, the
 # float32 buffer's sums in its order) instead of a float32 buffer's copy, adds and cast
 FUSED_OWN_SUMS = True
+# Past two ranks: the own dK, dV in one pass too (the incoming sum float32), and each passing sum made in
+# one pass (the incoming float32 sum + this rank's share, own_sum into float32) instead of a float32 copy
+# and an add: the same sums in the same order. Off until a run of more than two GPUs times it
+ONE_PASS_SUMS_ABOVE_TWO = False
 TRANSPORTS = ("nccl", "copy_engine")
 
 
@@ -183,6 +187,13 @@ def set_fused_own_sums(on: bool) -> bool:
     """Checks and probes: FUSED_OWN_SUMS from now on; returns the previous value."""
     global FUSED_OWN_SUMS
     previous, FUSED_OWN_SUMS = FUSED_OWN_SUMS, bool(on)
+    return previous
+
+
+def set_one_pass_sums_above_two(on: bool) -> bool:
+    """Checks and probes: ONE_PASS_SUMS_ABOVE_TWO from now on; returns the previous value."""
+    global ONE_PASS_SUMS_ABOVE_TWO
+    previous, ONE_PASS_SUMS_ABOVE_TWO = ONE_PASS_SUMS_ABOVE_TWO, bool(on)
     return previous
 
 
@@ -447,7 +458,8 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
     lse = lse.contiguous()
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     own = [None, None]  # float32 dK, dV sums of the rank's own block
-    fused = FUSED_OWN_SUMS and world == 2
+    fused = FUSED_OWN_SUMS and (world == 2 or ONE_PASS_SUMS_ABOVE_TWO)
+    one_pass = world > 2 and ONE_PASS_SUMS_ABOVE_TWO  # each passing sum: incoming + share in one pass
     shares = []  # with fused: the own parts' (dK, dV, keys), summed at the end
 
     def block_grads(rows, keys, block_causal, block, beside_transfer):
@@ -528,11 +540,16 @@ def ring_backward(dout, dlse, q, k, v, out, lse, group, lengths: list[int], caus
                     block_sum[i][:, :, :keys] = grads[i]
         else:  # the shares of the ranks before, from the previous rank, in float32 from here on
             wait_all(sum_works)
-            # a copy (float32 in already: .float() would alias the slot, handed back next)
-            block_sum = tuple(t.to(torch.float32, copy=True) for t in sum_incoming)
-            ring.release(2 * step - 1, sum_incoming, POISON)
-            for i in range(2 if grads is not None else 0):
-                block_sum[i][:, :, :keys] += grads[i]
+            if one_pass:  # (0 + share) + incoming in float32: the copy-then-add's sums, one pass
+                block_sum = tuple(own_sum(grads[i] if grads is not None else None, keys, None, 0, sum_incoming[i],
+                                          torch.float32) for i in range(2))
+                ring.release(2 * step - 1, sum_incoming, POISON)
+            else:
+                # a copy (float32 in already: .float() would alias the slot, handed back next)
+                block_sum = tuple(t.to(torch.float32, copy=True) for t in sum_incoming)
+                ring.release(2 * step - 1, sum_incoming, POISON)
+                for i in range(2 if grads is not None else 0):
+                    block_sum[i][:, :, :keys] += grads[i]
         # on to the next rank, which holds block src next; after the last step, block r+1 goes home
         sum_incoming = ring.receive(block_sum[0], shape_of((src - 1) % world), tag=2 * step + 1)
         sum_works = ring.exchange(block_sum, sum_incoming, tag=2 * step + 1)
