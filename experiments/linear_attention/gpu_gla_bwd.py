@@ -173,12 +173,15 @@ S31_LAST = [S31_RUN3[0], S31_RUN3[2], S31_RUN3[5],
 # KD 32 245/0, BV 64 KD 32 236/0, + r168 168/224; walks shipped (BK 128, BV 128, 8 warps) 255/0 (1 program an SM),
 # BK 64 8 warps r128 128/0 (2 an SM), BK 64 4 warps 255/0, BK 32 4 warps 153/0 (3 an SM; mma.sync), + r128 128/12;
 # dqk lean (r from do v^T's diagonal) + dotscan (dG's reverse sum as three bf16 dots with a triangle of ones, not
-# tl.cumsum's shuffles): 255/76, 160 shuffles in the SASS against 368
+# tl.cumsum's shuffles): 255/76, 160 shuffles in the SASS against 368; the dv kernel's key blocks by a pipelined loop
+# (dv_loop; cp.async): KD 32 255/40 (57 KB shared), KD 32 BV 64 239/0
 W64R = dict(walk_BK=64, walk_warps=8, walk_maxnreg=128)
 S32_VARIANTS = [
     ("cfg s32 local", dict(diag=5), dict(dg_local=True), "chunked"),
-    ("cfg s32 local early", dict(diag=5), dict(dg_local=True, dqk_early=True), "chunked"),
-    ("cfg s32 local lean dotscan", dict(diag=5), dict(dg_local=True, dqk_lean=True, dqk_dotscan=True), "chunked"),
+    ("cfg s32 local early dvloop kd32 bv64", dict(diag=5), dict(dg_local=True, dqk_early=True, dv_loop=True, KD=32,
+                                                                dv_BV=64), "chunked"),
+    ("cfg s32 local lean dotscan dvloop kd32", dict(diag=5), dict(dg_local=True, dqk_lean=True, dqk_dotscan=True,
+                                                                  dv_loop=True, KD=32), "chunked"),
     ("cfg s32 local r168", dict(diag=5), dict(dg_local=True, dqk_maxnreg=168), "chunked"),
     ("cfg s32 local kb16 wbk64w8r128", dict(diag=5), dict(dg_local=True, BKB=16, **W64R), "chunked"),
     ("cfg s32 local kb16 r168 wbk32", dict(diag=5), dict(dg_local=True, BKB=16, dqk_maxnreg=168, walk_BK=32,

@@ -174,3 +174,23 @@ def test_scan_dot_three_bf16_pieces():
     got = upper @ (hi.double() + mid.double() + lo.double())
     ref = torch.flip(torch.cumsum(torch.flip(y.double(), [0]), 0), [0])
     assert accuracy.rel_rms(got, ref) < 1e-7
+
+
+@pytest.mark.parametrize("N, Dk", [(17, 24), (200, 48)])
+def test_dv_key_blocks_by_a_loop(N, Dk):
+    """dv_loop (session 32): the dv kernel's key blocks by a pipelined loop (Dk 24 / 48 in blocks of 16: a partial
+    last one) against the unrolled blocks (float32: to rounding), and fp16 within 2.5x the rounding floor."""
+    torch.manual_seed(N)
+    q, k, v, g, s0 = make(1, N, 1, 1, Dk, 40, dtype=F32, decay="channel", h0=True)
+    do, dht = torch.randn(v.shape), torch.randn(s0.shape)
+    _, st, _ = reference(q, k, v, g, s0, dout=do, dstate=dht)
+    blocks = dict(BT=16, BKB=16, KD=16, BV=16, BK_DG=16, dqk_VB=16, dg_fused=True)
+    unrolled = run_chunked(q, k, v, g, s0, do, dht, st.float(), **blocks)
+    looped = run_chunked(q, k, v, g, s0, do, dht, st.float(), dv_loop=True, **blocks)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dh0"), unrolled, looped):
+        assert accuracy.rel_rms(b, a) < 1e-6, name
+    q, k, v, g, s0 = make(1, N, 1, 1, Dk, 40, dtype=F16, decay="channel", h0=True)
+    do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
+    _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
+    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), dv_loop=True, **blocks)
+    assert accuracy.error_over_floor(got[2], ref[2]) <= 2.5

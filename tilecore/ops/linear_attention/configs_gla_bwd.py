@@ -63,6 +63,7 @@ BLOCKS = dict(split_BT=32, split_BKB=64, split_BV=64, split_warps=4, split_stage
 # split in three bf16 pieces), not tl.cumsum's shuffles
 # dqk_probe (session 32; timing only, gradients WRONG: never on): 1 the dqk kernel without its value loop, 2 without
 # its intra-chunk dots (experiments/linear_attention/gpu_gla_bwd.py's probe rows: what each part costs)
+# dv_loop (session 32): the dv kernel's key blocks (KD) by a loop Triton pipelines (cp.async), not unrolled
 # walk_BK (session 32): the walks' key block (None: every key channel): each row of S / dS walks on its own (its
 # channel's decay), so the walks run cdiv(Dk, walk_BK) x more programs with a smaller state each; walk_maxnreg and
 # dv_maxnreg: register caps (ptxas .maxnreg) of the walks and of the dv kernel (not its fallback launch)
@@ -81,7 +82,7 @@ CHUNKED = dict(BT=64, BV=128, BKB=32, KD=64, BK_DG=64, walk_warps=8, walk_stages
                split=False, dqk_apart=False, dv_BV=128, walks_fused=False, wide_apart=True, dv_wide_apart=True,
                dk_at=False, dqk_VB=32, dqk_stages=None, dqk_maxnreg=None, wide_group=8, dg_fused=True,
                dg_local=False, dqk_early=False, walk_BK=None, walk_maxnreg=None, dv_maxnreg=None,
-               dqk_lean=False, dqk_dotscan=False, dqk_probe=0)
+               dqk_lean=False, dqk_dotscan=False, dqk_probe=0, dv_loop=False)
 
 # "split_combine": the combine kernel's key block (a head's dq / dk / dg by cdiv(Dk, it) programs: launch's combine
 # runs B x H programs of every channel, 256 at B16 H16, each walking 4096 tokens) and tokens a step

@@ -500,7 +500,8 @@ def _channel_block_scores(q, k, G, MMA: tl.constexpr, IEEE: tl.constexpr, INTRA:
 def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
                   sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS,
                   BT: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BV: tl.constexpr, MMA: tl.constexpr,
-                  IEEE: tl.constexpr, WIDE: tl.constexpr = 0, FLAG=0, KBLOCKS=1, KBP: tl.constexpr = 1):
+                  IEEE: tl.constexpr, WIDE: tl.constexpr = 0, FLAG=0, KBLOCKS=1, KBP: tl.constexpr = 1,
+                  DVLOOP: tl.constexpr = False):
     """Program (batch * head, chunk, value block): dv (v's dtype, DV_OUT (B, N, H, Dv) contiguous), the key
     channels by blocks of KD (scores and the state term summed over them). Grid (B * H * NT * VBLOCKS,).
     WIDE (with the dqk kernel's wide launches, whose FLAG marks each (chunk, key block) whose span needs the sub-chunk
@@ -512,26 +513,45 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
     bh = pid // (VBLOCKS * NT)
     if WIDE == 0:
         _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
-                    sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 0)
+                    sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 0, DVLOOP)
     else:
         kb = tl.arange(0, KBP)
         marked = tl.max(tl.load(FLAG + (bh.to(tl.int64) * NT + c) * KBLOCKS + kb, mask=kb < KBLOCKS, other=0), 0)
         if WIDE == 1:
             if marked == 0:
                 _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
-                            sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 1)
+                            sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 1, DVLOOP)
         else:
             if marked != 0:
                 _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
-                            sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 0)
+                            sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 0, DVLOOP)
+
+
+@triton.jit
+def _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV, NT, b, h, bh, c,
+                  t0, offs_t, offs_v, v_ok, c0, p, dv, KD: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
+                  INTRA: tl.constexpr):
+    """_dv_program's key channels c0 .. c0 + KD: (p + their scores, dv + their state term)."""
+    offs_k = c0 + tl.arange(0, KD)
+    k_ok = offs_k < DK
+    q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, KD]
+    k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
+    Gc, G_last = _cumulative_channels(_rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd)
+                                      .to(tl.float32))
+    p += _channel_block_scores(q, k, Gc, MMA, IEEE, INTRA)
+    dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
+                  other=0.0)
+    dv += _dot((k.to(tl.float32) * tl.exp(G_last[None, :] - Gc)).to(MMA), dhs, IEEE)
+    return p, dv
 
 
 @triton.jit
 def _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
                 sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid,
                 BT: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BV: tl.constexpr, MMA: tl.constexpr,
-                IEEE: tl.constexpr, INTRA: tl.constexpr):
-    """gla_dv_kernel's program ``pid``, the scores by _channel_block_scores' INTRA."""
+                IEEE: tl.constexpr, INTRA: tl.constexpr, DVLOOP: tl.constexpr = False):
+    """gla_dv_kernel's program ``pid``, the scores by _channel_block_scores' INTRA; DVLOOP its key blocks by a
+    pipelined loop (else unrolled)."""
     vblock = pid % VBLOCKS
     c = (pid // VBLOCKS) % NT
     bh = pid // (VBLOCKS * NT)
@@ -544,17 +564,14 @@ def _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd
     do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)  # [BT, BV]
     p = tl.zeros([BT, BT], dtype=tl.float32)
     dv = tl.zeros([BT, BV], dtype=tl.float32)
-    for c0 in tl.static_range(0, BK, KD):
-        offs_k = c0 + tl.arange(0, KD)
-        k_ok = offs_k < DK
-        q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, KD]
-        k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
-        Gc, G_last = _cumulative_channels(_rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd)
-                                          .to(tl.float32))
-        p += _channel_block_scores(q, k, Gc, MMA, IEEE, INTRA)
-        dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
-                      other=0.0)
-        dv += _dot((k.to(tl.float32) * tl.exp(G_last[None, :] - Gc)).to(MMA), dhs, IEEE)
+    if DVLOOP:  # session 32: the key blocks by a loop Triton pipelines (cp.async of the next block's tiles)
+        for c0 in range(0, BK, KD):
+            p, dv = _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV,
+                                  NT, b, h, bh, c, t0, offs_t, offs_v, v_ok, c0, p, dv, KD, MMA, IEEE, INTRA)
+    else:
+        for c0 in tl.static_range(0, BK, KD):
+            p, dv = _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV,
+                                  NT, b, h, bh, c, t0, offs_t, offs_v, v_ok, c0, p, dv, KD, MMA, IEEE, INTRA)
     dv += _dot(tl.trans((p * scale).to(MMA)), do.to(MMA), IEEE)
     _store_rows(DV_OUT + (b * N * H + h) * DV, t0, offs_t, offs_v, v_ok, N, H * DV, 1, dv)
 
@@ -722,7 +739,8 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                 dv_blocks), dict(BT=BT, BK=BK, KD=KD, BV=dv_BV, MMA=mma, IEEE=ieee, WIDE=wide, FLAG=flag,
                                  KBLOCKS=kblocks, KBP=max(2, triton.next_power_of_2(kblocks)),
                                  num_warps=cfg["dv_warps"], num_stages=cfg["stages"],
-                                 **({"maxnreg": cfg["dv_maxnreg"]} if cfg["dv_maxnreg"] and wide != 2 else {}))))
+                                 **({"maxnreg": cfg["dv_maxnreg"]} if cfg["dv_maxnreg"] and wide != 2 else {}),
+                                 **({"DVLOOP": True} if cfg["dv_loop"] else {}))))
         bk_dg = min(BK, cfg["BK_DG"])
         if not fused:
             calls.append(("dg", gla_dg_kernel, (B * H, -(-Dk // bk_dg)), (
