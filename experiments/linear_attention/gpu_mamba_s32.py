@@ -63,6 +63,10 @@ VARIANTS = {
     "lean+q_reg": dict(lean=True, q_reg=True),
     "lean+late+d_early": dict(lean=True, update_late=True, d_early=True),
     "lean+late+q_reg": dict(lean=True, update_late=True, q_reg=True),
+    # BETA_LOG (with LEAN): beta and the scale in the exponents (Gb = G - log2(beta scale) through the stage), no beta V
+    "lean+beta_log": dict(lean=True, beta_log=True),
+    "lean+beta_log+late": dict(lean=True, beta_log=True, update_late=True),
+    "lean+beta_log+q_reg": dict(lean=True, beta_log=True, q_reg=True),
 }
 # (label, B, N, H, dtype, h0, A's range (lo, hi))
 CHECKS = [("bf16 h0 N 1000", 2, 1000, 8, "bf16", True, (-8.5, -0.5)),
@@ -109,9 +113,11 @@ def launch(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, name: str):
 
     shipped = gf.variant(g, beta, z)
     G, beta_h = gf.prepare_decay(g, beta, shipped["g_stage"])
+    f = flags(name, beta is not None)
+    if f.get("beta_log"):  # (the kernel then reads Gb = G - log2(beta scale) where beta was)
+        beta_h = gf.beta_log(G, beta_h, scale)
     grid, args, warps = gf.launch_args(q, k, v, G, beta_h, d_skip, z, h0, o, ht, scale, configs.GLUON_STAGES,
-                                       z_stage=configs.GLUON_Z_STAGE, **shipped,
-                                       **flags(name, beta is not None))
+                                       z_stage=configs.GLUON_Z_STAGE, **shipped, **f)
     return lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
 
 
@@ -184,7 +190,7 @@ def _warm(name: str):
     try:
         for c in CHECKS:
             rows.append(check_mamba(name, *c))
-        if VARIANTS[name].get("lean") or name == "shipped":
+        if VARIANTS[name].get("lean") or name == "shipped":  # (BETA_LOG's scale in Gb too)
             rows.append(check_scale(name))
         t = gfw.make(CASE, *gfw.shape())
         launch(t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"].float().contiguous(), t["z"], None,

@@ -21,7 +21,7 @@ import torch
 from tilecore.ops.linear_attention import configs, gluon_forward, linear_attention_reference, mamba2_reference
 
 BF = torch.bfloat16
-S32 = ("D_EARLY", "LEAN", "UPDATE_LATE", "Q_REG")
+S32 = ("D_EARLY", "LEAN", "UPDATE_LATE", "Q_REG", "BETA_LOG")
 
 
 def mamba_args(**kw):
@@ -52,7 +52,8 @@ def test_the_kernel_defaults_them_off():
 
 def test_configs_turn_them_on_by_whether_beta_is_given(monkeypatch):
     monkeypatch.setattr(configs, "GLUON_S32", {True: ("lean", "update_late")})
-    assert gluon_forward.s32_flags(True) == dict(d_early=False, lean=True, update_late=True, q_reg=False)
+    assert gluon_forward.s32_flags(True) == dict(d_early=False, lean=True, update_late=True, q_reg=False,
+                                                 beta_log=False)
     assert not any(gluon_forward.s32_flags(False).values())
 
 
@@ -60,13 +61,17 @@ def test_configs_turn_them_on_by_whether_beta_is_given(monkeypatch):
 # the chunk-step's algebra in the variants' order (float32, as the kernel's registers), against float64
 
 
-def twin(q, k, v, g, beta, d_skip, z, h0, scale, lean, d_early, BT=64):
+def twin(q, k, v, g, beta, d_skip, z, h0, scale, lean, d_early, blog=False, BT=64):
     """o and the final state by the kernel's chunk-step in float32: G head-major in log2 units
     (chunk_cumulative_heads), LEAN's unmasked 2^(G_i - G_j) and one select (the scale on beta V's rows with
-    beta), else the masked exps and the scale on P; D v added with Q S's row scale (D_EARLY) or after P V."""
+    beta), else the masked exps and the scale on P; D v added with Q S's row scale (D_EARLY) or after P V.
+    blog (BETA_LOG, with beta): beta and the scale in the exponents, Gb = G - log2(beta scale) (gluon_forward.beta_log
+    on the head-major, padded beta: +inf past N), P V on v itself, the update's weights 2^(G_last - Gb) / scale."""
     B, N, Hqk, Dk = q.shape
     H, Dv = v.shape[2], v.shape[3]
     G = gluon_forward.chunk_cumulative_heads(g, BT)
+    if blog:
+        Gb = gluon_forward.beta_log(G, gluon_forward.chunk_heads(beta, BT), scale)
     o = torch.empty(B, N, H, Dv)
     S_out = torch.empty(B, H, Dk, Dv)
     for b in range(B):
@@ -80,7 +85,11 @@ def twin(q, k, v, g, beta, d_skip, z, h0, scale, lean, d_early, BT=64):
                 bt = beta[b, c0:c0 + n, h].float() if beta is not None else torch.ones(n)
                 causal = torch.ones(n, n, dtype=torch.bool).tril()
                 s = qq @ kk.T
-                if lean:
+                if blog:
+                    Gbr = Gb[b, h, c0:c0 + n]
+                    p = torch.where(causal, s * torch.exp2(Gr[:, None] - Gbr[None, :]), 0.0)
+                    bv = vv
+                elif lean:
                     f = torch.exp2(Gr[:, None] - Gr[None, :])  # +inf above the diagonal where decays are strong
                     p = torch.where(causal, s * f if beta is not None else s * f * scale, 0.0)
                     bv = vv * (bt * scale if beta is not None else bt)[:, None]
@@ -95,7 +104,8 @@ def twin(q, k, v, g, beta, d_skip, z, h0, scale, lean, d_early, BT=64):
                     zz = z[b, c0:c0 + n, h].float()
                     oc = oc * zz * torch.sigmoid(zz)
                 o[b, c0:c0 + n, h] = oc
-                S = torch.exp2(G_last) * S + kk.T @ (vv * (torch.exp2(G_last - Gr) * bt)[:, None])
+                w = torch.exp2(G_last - Gbr) / scale if blog else torch.exp2(G_last - Gr) * bt
+                S = torch.exp2(G_last) * S + kk.T @ (vv * w[:, None])
             S_out[b, h] = S
     return o, S_out
 
@@ -104,9 +114,10 @@ def rel(a, b):
     return float((a.double() - b).norm() / b.norm())
 
 
-@pytest.mark.parametrize("lean,d_early", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("lean,d_early,blog", [(False, False, False), (True, False, False), (False, True, False),
+                                               (True, True, False), (True, False, True)])
 @pytest.mark.parametrize("a_range", [(-8.5, -0.5), (-80.0, -20.0)])
-def test_the_mamba2_step_in_the_variants_order_is_the_recurrence(lean, d_early, a_range):
+def test_the_mamba2_step_in_the_variants_order_is_the_recurrence(lean, d_early, blog, a_range):
     torch.manual_seed(3)
     B, N, H, P, S = 1, 150, 2, 16, 32
     x = torch.randn(B, N, H, P)
@@ -115,22 +126,23 @@ def test_the_mamba2_step_in_the_variants_order_is_the_recurrence(lean, d_early, 
     A = torch.rand(H) * (hi - lo) + lo
     Bm, Cm = torch.randn(B, N, 1, S) * S ** -0.5, torch.randn(B, N, 1, S) * S ** -0.5
     D, z, h0 = torch.randn(H), torch.randn(B, N, H, P), torch.randn(B, H, S, P)
-    o, ht = twin(Cm, Bm, x, dt * A, dt, D[:, None].expand(H, P), z, h0, 1.0, lean, d_early)
+    dt[0, 7, 0] = 0.0  # a token that adds nothing (BETA_LOG: Gb = +inf there)
+    o, ht = twin(Cm, Bm, x, dt * A, dt, D[:, None].expand(H, P), z, h0, 1.0, lean, d_early, blog)
     ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
                                       z=z.double(), initial_states=h0.transpose(-1, -2).double())
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     assert rel(o, ref) < 1e-5 and rel(ht, ref_state.transpose(-1, -2)) < 1e-5
 
 
-@pytest.mark.parametrize("lean", [False, True])
-def test_the_scale_on_beta_v_is_the_scale_on_p(lean):
+@pytest.mark.parametrize("lean,blog", [(False, False), (True, False), (True, True)])
+def test_the_scale_on_beta_v_is_the_scale_on_p(lean, blog):
     torch.manual_seed(4)
     B, N, H, Dk, Dv = 1, 130, 2, 16, 8
     q, k, v = torch.randn(B, N, H, Dk), torch.randn(B, N, H, Dk), torch.randn(B, N, H, Dv)
     g = -torch.rand(B, N, H) * 0.3
     g[:, 70] = -float("inf")  # a reset
     beta, h0 = torch.rand(B, N, H) + 0.1, torch.randn(B, H, Dk, Dv)
-    o, ht = twin(q, k, v, g, beta, None, None, h0, 0.5, lean, False)
+    o, ht = twin(q, k, v, g, beta, None, None, h0, 0.5, lean, False, blog)
     ref, ref_state = linear_attention_reference(q.double(), k.double(), v.double(), decay=g.double(),
                                                 beta=beta.double(), scale=0.5, initial_state=h0.double())
     assert rel(o, ref) < 1e-5 and rel(ht, ref_state) < 1e-5
@@ -158,11 +170,13 @@ r["ldsm"] = len(re.findall(r"\\bLDSM\\b", sass))
 r["late_wait"] = len(re.findall(r"WARPGROUP\\.DEPBAR\\.LE gsb0, 0x1", sass))
 r["bar"] = len(re.findall(r"\\bBAR\\.SYNC\\b", sass))
 r["reg_a"] = len(re.findall(r"HGMMA\\.\\S+ R\\d+, R\\d+, gdesc", sass))
+r["stsm"] = len(re.findall(r"\\bSTSM\\b", sass))
 print(json.dumps(r))
 """
 ALL = dict(lean=True, d_early=True, update_late=True, q_reg=True)
 VARIANTS = {"shipped": {}, "lean": dict(lean=True), "d_early": dict(d_early=True),
             "update_late": dict(update_late=True), "q_reg": dict(q_reg=True), "all": ALL,
+            "beta_log": dict(lean=True, beta_log=True),
             # the kernels without beta (no decay; a scalar decay with EARLY_WV): every switch compiles there too
             "linear": ("linear", {}), "linear all": ("linear", ALL), "decay all": ("decay", dict(early_wv=True, **ALL))}
 
@@ -190,6 +204,8 @@ def test_each_switch_shows_in_the_sass(sass):
     assert sass["d_early"]["ldsm"] < base["ldsm"]  # no second v load in the epilogue
     assert base["late_wait"] == 0 and sass["update_late"]["late_wait"] == 2  # one a consumer
     assert base["reg_a"] == 8 and sass["q_reg"]["reg_a"] == 8 + 2 * 16  # P V's; + Q K^T's and Q S's, a consumer
+    assert sass["beta_log"]["stsm"] == base["stsm"] - 2 * 4  # no beta V stored (4 stmatrix x4 a consumer)
+    assert sass["beta_log"]["shared"] == base["shared"] - 2 * 64 * 64 * 2  # nor its buffers
     for name, r in sass.items():
         assert r["tma"] and r["wgmma"] and not r["wgmma_serialized"], (name, r)
         assert r["shared"] <= 227 * 1024 and r["threads"] == 384, (name, r)

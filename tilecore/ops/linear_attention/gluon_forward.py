@@ -27,6 +27,8 @@ here that column factor spilled 1 KB of registers), as mamba_ssm rounds x dt.
 launch_args builds the descriptors and checks the fit (``fits``); the tl kernels (kernels_tl.py,
 kernels_forward.py) are this kernel's twins for other GPUs and the interpreter.
 """
+import math
+
 import torch
 from triton.experimental import gluon
 
@@ -210,6 +212,9 @@ class LinearAttentionForward:
     # store run while the update does, its wait at the chunk's end
     Q_REG: gl.constexpr  # q loaded into registers once a chunk, the A operand of Q K^T and Q S (not read twice
     # from shared memory by the wgmmas)
+    BETA_LOG: gl.constexpr  # (LEAN with beta and EARLY_WV) the stage's beta holds Gb = G - log2(beta scale) (the host's
+    # ``beta_log``): P's column factor 2^(G_i - Gb_j) carries beta and the scale, the update's 2^(G_last - Gb_j) / scale
+    # beta: no beta V (P V reads v from the stage)
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BK, BV] state
     PL: gl.constexpr  # P as the register operand of P V
@@ -364,11 +369,14 @@ class LinearAttentionForward:
                 G_r = g_smem.load(gl.SliceLayout(1, self.SL))
                 G_c = g_smem.load(gl.SliceLayout(0, self.SL))
                 G_last = gl.sum(gl.where(offs_c == self.BT - 1, G_c, 0.0), axis=0)
-                if self.HAS_BETA:  # (0 past N: the host's pad)
+                if self.HAS_BETA:  # (0 past N: the host's pad; BETA_LOG: Gb, +inf past N)
                     if c == 0:
-                        beta_r = stage.ba.reshape([self.BT]).load(gl.SliceLayout(1, self.SL))
+                        b_smem = stage.ba.reshape([self.BT])
                     else:
-                        beta_r = stage.bb.reshape([self.BT]).load(gl.SliceLayout(1, self.SL))
+                        b_smem = stage.bb.reshape([self.BT])
+                    beta_r = b_smem.load(gl.SliceLayout(1, self.SL))
+                    if self.BETA_LOG:
+                        Gb_c = b_smem.load(gl.SliceLayout(0, self.SL))
             elif self.HAS_BETA:
                 beta_r = gl.load(b_base + offs_r * self.sbn, mask=row_ok, other=0.0)
         elif self.PREFETCH:
@@ -386,13 +394,16 @@ class LinearAttentionForward:
             if self.HAS_BETA:
                 beta_r = gl.load(b_base + offs_r * self.sbn, mask=row_ok, other=0.0)
         if self.DECAY:
-            if self.G_STAGE:
+            if self.BETA_LOG:  # beta_r holds Gb = G - log2(beta scale): 2^(G_last - Gb) / scale = 2^(G_last - G) beta
+                w_rows = w_rows * gl.exp2(G_last - beta_r) * (1.0 / self.scale)
+                S_decay = gl.exp2(G_last)
+            elif self.G_STAGE:
                 w_rows = w_rows * gl.exp2(G_last - G_r)
                 S_decay = gl.exp2(G_last)
             else:
                 w_rows = w_rows * gl.exp(G_last - G_r)
                 S_decay = gl.exp(G_last)
-        if self.HAS_BETA:
+        if self.HAS_BETA and not self.BETA_LOG:
             w_rows = w_rows * beta_r
 
         S_smem = self.state_smem.index(c)
@@ -438,8 +449,9 @@ class LinearAttentionForward:
             # but the decay's, which spilled 1 KB at Mamba-2's shape)
             # EARLY_WV: the state update's weighted values stored here too (beta V, with beta, in a buffer of
             # its own), so one barrier pair a chunk serves every shared-memory operand
-            SPLIT_BV: gl.constexpr = self.LEAN and self.EARLY_WV and self.HAS_BETA  # (bv_smem its own allocation)
-            wv = self.wv_smem.index(2 * c if self.EARLY_WV and self.HAS_BETA and not SPLIT_BV else c)  # ([4, ..]: then)
+            SPLIT_BV: gl.constexpr = self.LEAN and self.EARLY_WV and self.HAS_BETA and not self.BETA_LOG  # (bv_smem)
+            RING4: gl.constexpr = self.EARLY_WV and self.HAS_BETA and not SPLIT_BV and not self.BETA_LOG
+            wv = self.wv_smem.index(2 * c if RING4 else c)  # ([4, ..] only then)
             # LEAN with beta: P V's beta V carries the scale (P none): a factor on BT rows, not BT x BT entries
             if self.HAS_BETA:
                 beta_pv = beta_r
@@ -453,7 +465,7 @@ class LinearAttentionForward:
             if self.EARLY_WV:
                 v_f = v.load(self.SL).to(gl.float32)
                 wv.store((v_f * gl.expand_dims(w_rows, 1)).to(dtype))
-                if self.HAS_BETA:
+                if self.HAS_BETA and not self.BETA_LOG:
                     if SPLIT_BV:
                         bv = self.bv_smem.index(c)
                     else:
@@ -481,13 +493,16 @@ class LinearAttentionForward:
                                       is_async=True)
                 S_tok = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay, is_async=True)
             if self.DECAY and (self.PROBE & PROBE_NO_DECAY_FACTORS) == 0:
-                if self.G_STAGE:
+                if self.BETA_LOG:  # beta_j and the scale in the column's exponent (+inf above the diagonal: selected)
+                    s = s * gl.exp2(gl.expand_dims(G_r, 1) - gl.expand_dims(Gb_c, 0))
+                    row_scale = row_scale * gl.exp2(G_r)
+                elif self.G_STAGE:
                     s = s * self.decay_factors(G_r, G_c, causal)
                     row_scale = row_scale * gl.exp2(G_r)
                 else:
                     s = s * gl.exp(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
                     row_scale = row_scale * gl.exp(G_r)
-            if self.LEAN and self.HAS_BETA:  # (the scale is on beta V's rows)
+            if self.LEAN and self.HAS_BETA:  # (the scale is on beta V's rows, or BETA_LOG's exponent)
                 p_f = gl.where(causal, s, 0.0)
             else:
                 p_f = gl.where(causal, s * self.scale, 0.0)
@@ -507,7 +522,7 @@ class LinearAttentionForward:
                     o = o * gl.expand_dims(row_scale, 1) + dv
                 else:
                     o = o * gl.expand_dims(row_scale, 1)
-                if self.HAS_BETA:
+                if self.HAS_BETA and not self.BETA_LOG:
                     o_tok = warpgroup_mma(p, bv, o, is_async=True)
                 else:
                     o_tok = warpgroup_mma(p, v, o, is_async=True)
@@ -516,11 +531,11 @@ class LinearAttentionForward:
             elif self.PROBE & PROBE_NO_INTRA:
                 o = o * gl.expand_dims(row_scale, 1) + p_f  # (P's elementwise work kept: BT == BV)
             elif self.D_EARLY:
-                if self.HAS_BETA:
+                if self.HAS_BETA and not self.BETA_LOG:
                     o = warpgroup_mma(p, bv, o * gl.expand_dims(row_scale, 1) + dv)
                 else:
                     o = warpgroup_mma(p, v, o * gl.expand_dims(row_scale, 1) + dv)
-            elif self.HAS_BETA:
+            elif self.HAS_BETA and not self.BETA_LOG:
                 if self.EARLY_WV:
                     o = warpgroup_mma(p, bv, o * gl.expand_dims(row_scale, 1))
                 else:
@@ -599,7 +614,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                         EARLY_WV: gl.constexpr = False, ASYNC_UPDATE: gl.constexpr = False,
                         SILU_TANH: gl.constexpr = False, EXP2_FMA: gl.constexpr = 0, PROBE: gl.constexpr = 0,
                         D_EARLY: gl.constexpr = False, LEAN: gl.constexpr = False, UPDATE_LATE: gl.constexpr = False,
-                        Q_REG: gl.constexpr = False):
+                        Q_REG: gl.constexpr = False, BETA_LOG: gl.constexpr = False):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. PREFETCH: each chunk's decay and beta loaded
     a chunk ahead. Z_STAGE: z TMA-loaded with the stage (off the walk's serial path). OVERLAP: the chunk's
@@ -622,10 +637,11 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     PL: gl.constexpr = wgmma_lhs_layout(BT, BV, gl.num_warps())
     operand_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
-    SPLIT_BV: gl.constexpr = LEAN and G_STAGE and DECAY and not FACTORED and EXP2_FMA == 0 and not OVERLAP and \
-        EARLY_WV and HAS_BETA  # (LEAN's beta V in an allocation of its own)
-    wv_smem = gl.allocate_shared_memory(q_desc.dtype, [4 if OVERLAP or (EARLY_WV and HAS_BETA and not SPLIT_BV) else 2,
-                                                       BT, BV], operand_layout)
+    LEAN_ON: gl.constexpr = LEAN and G_STAGE and DECAY and not FACTORED and EXP2_FMA == 0 and not OVERLAP
+    BETA_LOG_ON: gl.constexpr = BETA_LOG and LEAN_ON and HAS_BETA and EARLY_WV
+    SPLIT_BV: gl.constexpr = LEAN_ON and EARLY_WV and HAS_BETA and not BETA_LOG_ON  # (beta V's own allocation)
+    RING4: gl.constexpr = OVERLAP or (EARLY_WV and HAS_BETA and not SPLIT_BV and not BETA_LOG_ON)
+    wv_smem = gl.allocate_shared_memory(q_desc.dtype, [4 if RING4 else 2, BT, BV], operand_layout)
     bv_smem = wv_smem
     if SPLIT_BV:
         bv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
@@ -638,9 +654,9 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                 ASYNC_UPDATE and EARLY_WV and not OVERLAP, SILU_TANH and Z_STAGE,
                                 EXP2_FMA if G_STAGE and DECAY else 0, PROBE,
                                 D_EARLY and EARLY_WV and DECAY and HAS_D and not OVERLAP and PROBE == 0,
-                                LEAN and G_STAGE and DECAY and not FACTORED and EXP2_FMA == 0 and not OVERLAP,
+                                LEAN_ON,
                                 UPDATE_LATE and EARLY_WV and DECAY and not ASYNC_UPDATE and not OVERLAP and PROBE == 0,
-                                Q_REG and not OVERLAP and (PROBE & PROBE_NO_INTRA) == 0, SL, STL, PL)
+                                Q_REG and not OVERLAP and (PROBE & PROBE_NO_INTRA) == 0, BETA_LOG_ON, SL, STL, PL)
     if G_STAGE and DECAY and HAS_BETA and Z_STAGE and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -797,7 +813,7 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                 overlap: bool = False, z_stage: bool = False, operand=None, g_stage: bool = False,
                 factored: bool = False, early_wv: bool = False, async_update: bool = False, silu_tanh: bool = False,
                 probe: int = 0, exp2_fma: int = 0, d_early: bool = False, lean: bool = False,
-                update_late: bool = False, q_reg: bool = False):
+                update_late: bool = False, q_reg: bool = False, beta_log: bool = False):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
     prefetch, overlap, z_stage, g_stage, factored, early_wv, async_update: the kernel's PREFETCH, OVERLAP,
     Z_STAGE (z must then be TMA-able: ``tma_ok``), G_STAGE, FACTORED, EARLY_WV and ASYNC_UPDATE; g:
@@ -850,7 +866,8 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
     if probe:  # (timing probes only: the kernel's PROBE)
         args["PROBE"] = probe
     # session 32's (absent where off: the launches' keys as before; the kernel ignores them where they do not apply)
-    for name, on in (("D_EARLY", d_early), ("LEAN", lean), ("UPDATE_LATE", update_late), ("Q_REG", q_reg)):
+    for name, on in (("D_EARLY", d_early), ("LEAN", lean), ("UPDATE_LATE", update_late), ("Q_REG", q_reg),
+                     ("BETA_LOG", beta_log)):  # (BETA_LOG: beta must be beta_log's Gb)
         if on:
             args[name] = True
     return (persistent_programs(num_tiles, v.device),), args, 4
@@ -884,7 +901,14 @@ def s32_flags(mamba: bool) -> dict:
     from tilecore.ops.linear_attention import configs
 
     on = configs.GLUON_S32.get(mamba, ())
-    return {name: name in on for name in ("d_early", "lean", "update_late", "q_reg")}
+    return {name: name in on for name in ("d_early", "lean", "update_late", "q_reg", "beta_log")}
+
+
+def beta_log(G: torch.Tensor, beta: torch.Tensor, scale: float) -> torch.Tensor:
+    """BETA_LOG's Gb = G - log2(beta scale) from G_STAGE's head-major G and beta (chunk_heads_prep): beta (>= 0:
+    Mamba-2's dt) and the scale move into the exponents (P's column factor 2^(G_i - Gb_j) = 2^(G_i - G_j) beta_j
+    scale); +inf where beta is 0 (the pad past N, a token that adds nothing). The scale must be > 0."""
+    return G - torch.log2(beta) - math.log2(scale)
 
 
 def prepare_decay(g, beta, g_stage: bool):
@@ -910,7 +934,8 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     num_warps)``: the launch (default: the kernel's own; the op's keyed path passes a CachedLaunch's).
     silu_tanh: the kernel's SILU_TANH with Z_STAGE (None: configs.GLUON_SILU_TANH); exp2_fma: its EXP2_FMA with
     G_STAGE (None: configs.GLUON_EXP2_FMA, by whether beta is given). s32: launch_args's d_early, lean, update_late,
-    q_reg (None: ``s32_flags``: configs.GLUON_S32 by whether beta is given)."""
+    q_reg, beta_log (None: ``s32_flags``: configs.GLUON_S32 by whether beta is given; beta_log only with lean,
+    G_STAGE, EARLY_WV, beta and a positive scale: beta then goes to the kernel as ``beta_log``'s Gb)."""
     from tilecore.ops.linear_attention import configs
 
     flags = variant(g, beta, z, prefetch=prefetch, g_stage=g_stage, factored=factored, early_wv=early_wv,
@@ -922,6 +947,11 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     ht = torch.empty(B, H, q.shape[-1], Dv, dtype=torch.float32, device=v.device) if final_state else None
     g, beta = prepare_decay(g, beta, g_stage)
+    s32 = dict(s32_flags(beta is not None) if s32 is None else s32)
+    s32["beta_log"] = bool(s32.get("beta_log")) and s32.get("lean", False) and g_stage and beta is not None \
+        and early_wv and scale > 0
+    if s32["beta_log"]:
+        beta = beta_log(g, beta, scale)
     if d_skip is not None:
         d_skip = d_skip.float().contiguous()
     if z is not None and (z.stride(-1) != 1 or (z_stage and not tma_ok(z))):
@@ -931,7 +961,7 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
                                     async_update=flags["async_update"],
                                     silu_tanh=configs.GLUON_SILU_TANH if silu_tanh is None else silu_tanh,
                                     exp2_fma=configs.GLUON_EXP2_FMA.get(beta is not None, 0) if exp2_fma is None
-                                    else exp2_fma, **(s32_flags(beta is not None) if s32 is None else s32))
+                                    else exp2_fma, **s32)
     if launch is None:
         la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     else:
