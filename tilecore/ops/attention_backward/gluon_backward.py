@@ -93,6 +93,20 @@ def stat_columns(stats_smem, which: gl.constexpr, st_layout: gl.constexpr):
     return flat.slice(which * BM, BM).load(gl.SliceLayout(0, st_layout))
 
 
+@gluon.jit
+def store_out(out, x, desc, coord, scale=None):
+    """x (times ``scale`` where given, multiplied here: after the wait) into ``desc``'s block at ``coord`` through
+    the epilogue buffer ``out``, by one TMA store once the buffer's previous TMA store has read it (dK, dV, dQ
+    and their 64-column pieces of the backward, dq and MLA kernels; rows past the tensor clipped by TMA)."""
+    tma.store_wait(0)
+    if scale is not None:
+        x = x * scale
+    out.reshape(x.shape).store(x.to(out.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(desc, coord, out)
+
+
 @struct
 class AttentionBackward:
     q_desc: object
@@ -441,17 +455,8 @@ class AttentionBackward:
         clipped by the TMA stores."""
         b, hk = self.tile_kv_head(tile)
         start_n = tile.start_n + ctx.index * self.BN
-        out = ctx.out.reshape([self.BN, self.D])
-        tma.store_wait(0)  # the buffer's previous TMA store has read it
-        out.store(st.dv.to(ctx.out.dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(self.dv_desc, [b, hk, start_n, 0], ctx.out)
-        tma.store_wait(0)
-        out.store((st.dk * self.scale).to(ctx.out.dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(self.dk_desc, [b, hk, start_n, 0], ctx.out)
+        store_out(ctx.out, st.dv, self.dv_desc, [b, hk, start_n, 0])
+        store_out(ctx.out, st.dk, self.dk_desc, [b, hk, start_n, 0], self.scale)
 
 
 @gluon.constexpr_function

@@ -18,7 +18,8 @@ zeros and rows with no key (lse = -inf) read lse = +inf, so their p, and dQ, are
 """
 from triton.experimental import gluon
 
-from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
+from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
+from tilecore.ops.attention_backward.gluon_backward import store_out
 from tilecore.ops.attention.gluon_kernels import (KV, head_of, query_tile, tanh_approx, tanh_from_exp2,
                                                   window_mask_scores, window_needs_mask)
 from tilecore.tiles.gluon import (LOG2E, Layout, TileOperand, mask_scores, needs_mask, ring, run, struct,
@@ -182,11 +183,7 @@ class AttentionDQ:
     def finish(self, ctx, st, tile):
         """dQ * scale of this consumer's rows (rows past N clipped by the TMA store)."""
         b, h, hk = self.head(tile.bh)
-        tma.store_wait(0)  # the buffer's previous TMA store has read it
-        ctx.out.reshape([self.BM, self.D]).store((st.dq * self.scale).to(ctx.out.dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(self.dq_desc, [b, h, st.first, 0], ctx.out)
+        store_out(ctx.out, st.dq, self.dq_desc, [b, h, st.first, 0], self.scale)
 
 
 @gluon.jit

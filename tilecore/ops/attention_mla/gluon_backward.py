@@ -6,9 +6,9 @@ comes after it from :mod:`tilecore.ops.attention_mla.gluon_dq` (attention's laun
 plan.gluon_backward_dims routes MLA's sizes)."""
 from triton.experimental import gluon
 
-from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
+from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
-from tilecore.ops.attention_backward.gluon_backward import AttentionBackward, operand_layout, stat_columns
+from tilecore.ops.attention_backward.gluon_backward import AttentionBackward, operand_layout, stat_columns, store_out
 
 @stage_struct
 class QStagePieces:
@@ -168,24 +168,15 @@ class AttentionBackwardPieces:
         return st  # every step ends with its wgmma complete
 
     @gluon.jit
-    def store_piece(self, ctx, x, desc, coord):
-        """One [BN, 64] piece through this consumer's epilogue buffer (once its last store read it)."""
-        tma.store_wait(0)
-        ctx.out.reshape([self.BN, 64]).store(x.to(ctx.out.dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(desc, coord, ctx.out)
-
-    @gluon.jit
     def finish(self, ctx, st, tile):
         """dV's pieces, then dK's (times the scale); rows past Nk clipped by the TMA stores."""
         b, hk = self.tile_kv_head(tile)
         start_n = tile.start_n + ctx.index * self.BN
-        self.store_piece(ctx, st.dv0, self.dv_desc, [b, hk, start_n, 0])
-        self.store_piece(ctx, st.dv1, self.dv_desc, [b, hk, start_n, 64])
-        self.store_piece(ctx, st.dk0 * self.scale, self.dk_desc, [b, hk, start_n, 0])
-        self.store_piece(ctx, st.dk1 * self.scale, self.dk_desc, [b, hk, start_n, 64])
-        self.store_piece(ctx, st.dk2 * self.scale, self.dk_desc, [b, hk, start_n, 128])
+        store_out(ctx.out, st.dv0, self.dv_desc, [b, hk, start_n, 0])
+        store_out(ctx.out, st.dv1, self.dv_desc, [b, hk, start_n, 64])
+        store_out(ctx.out, st.dk0 * self.scale, self.dk_desc, [b, hk, start_n, 0])
+        store_out(ctx.out, st.dk1 * self.scale, self.dk_desc, [b, hk, start_n, 64])
+        store_out(ctx.out, st.dk2 * self.scale, self.dk_desc, [b, hk, start_n, 128])
 
 
 @gluon.jit

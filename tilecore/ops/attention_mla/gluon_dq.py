@@ -4,7 +4,8 @@ and V's the stage's, 64 columns each; its head, setup, start and dS are Attentio
 op's struct. Runs after :mod:`tilecore.ops.attention_mla.gluon_backward`'s dK and dV."""
 from triton.experimental import gluon
 
-from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
+from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
+from tilecore.ops.attention_backward.gluon_backward import store_out
 from tilecore.ops.attention_backward.gluon_dq import AttentionDQ
 from tilecore.ops.attention.gluon_kernels import head_of
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
@@ -152,20 +153,12 @@ class AttentionDQPieces:
         return st  # every step ends with its wgmma complete
 
     @gluon.jit
-    def store_piece(self, ctx, x, coord):
-        tma.store_wait(0)  # the buffer's previous TMA store has read it
-        ctx.out.reshape([self.BM, 64]).store((x * self.scale).to(ctx.out.dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(self.dq_desc, coord, ctx.out)
-
-    @gluon.jit
     def finish(self, ctx, st, tile):
         """dQ * scale of this consumer's rows, piece by piece (rows past N clipped by the TMA stores)."""
         b, h, hk = self.head(tile.bh)
-        self.store_piece(ctx, st.dq.dq0, [b, h, st.first, 0])
-        self.store_piece(ctx, st.dq.dq1, [b, h, st.first, 64])
-        self.store_piece(ctx, st.dq.dq2, [b, h, st.first, 128])
+        store_out(ctx.out, st.dq.dq0, self.dq_desc, [b, h, st.first, 0], self.scale)
+        store_out(ctx.out, st.dq.dq1, self.dq_desc, [b, h, st.first, 64], self.scale)
+        store_out(ctx.out, st.dq.dq2, self.dq_desc, [b, h, st.first, 128], self.scale)
 
 
 @gluon.jit

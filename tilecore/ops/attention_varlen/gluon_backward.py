@@ -45,7 +45,7 @@ dQ rows are not this sequence's). Off until a GPU run checks it; finite inputs a
 from triton.experimental import gluon
 
 from tilecore.ops.attention_backward.gluon_backward import AttentionBackward, QStage, ds_layout
-from tilecore.ops.attention_backward.gluon_dq import AttentionDQ
+from tilecore.ops.attention_backward.gluon_dq import AttentionDQ, Gradient
 from tilecore.ops.attention.gluon_kernels import tanh_approx, tanh_from_exp2
 from tilecore.ops.attention_varlen.gluon_forward import KV, VarlenAttention
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, struct, wgmma_layout
@@ -409,18 +409,6 @@ def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_des
 
 
 @struct
-class OwnRows:
-    """A consumer's dQ accumulator, its rows' lse (times log2 e, +inf where p must be 0) and delta, its
-    first row (local), and the tile's steps that are its own: [own_first, n_own)."""
-    dq: object
-    lse2: object
-    delta: object
-    first: object
-    n_own: object
-    own_first: object
-
-
-@struct
 class VarlenDQ:
     """dQ of packed attention over the forward's work items (op.work_table over the queries): a
     tile is 2 BLOCK_M query rows of one (sequence, q head) counted from the sequence's last row, the
@@ -516,7 +504,7 @@ class VarlenDQ:
             n_own = gl.minimum(gl.cdiv(own_hi, self.BN) - tile.first_block, tile.n_blocks)
         n_own = gl.where(first < tile.end, n_own, 0)
         dq = gl.zeros([self.BM, self.D], gl.float32, wgmma_layout(self.BM, self.D, gl.num_warps()))
-        return OwnRows(dq, lse * LOG2E, delta, first, n_own, own_first)
+        return Gradient(dq, lse * LOG2E, delta, first, n_own, own_first)
 
     @gluon.jit
     def own_delta(self, ctx, tile, rows, offs, own, lse):
