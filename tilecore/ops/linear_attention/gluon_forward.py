@@ -924,7 +924,7 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
             prefetch: bool | None = None, overlap: bool | None = None, z_stage: bool | None = None,
             g_stage: bool | None = None, factored: bool | None = None, early_wv: bool | None = None,
             async_update: bool | None = None, operand=None, launch=None, silu_tanh: bool | None = None,
-            exp2_fma: int | None = None, s32: dict | None = None):
+            exp2_fma: int | None = None, s32: dict | None = None, beta_nonneg: bool = False):
     """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
     columns must be contiguous (stride 1), as Mamba-2's are. prefetch, overlap, z_stage, g_stage, factored,
     early_wv: the kernel's PREFETCH, OVERLAP, Z_STAGE, G_STAGE, FACTORED and EARLY_WV (None:
@@ -935,7 +935,8 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     silu_tanh: the kernel's SILU_TANH with Z_STAGE (None: configs.GLUON_SILU_TANH); exp2_fma: its EXP2_FMA with
     G_STAGE (None: configs.GLUON_EXP2_FMA, by whether beta is given). s32: launch_args's d_early, lean, update_late,
     q_reg, beta_log (None: ``s32_flags``: configs.GLUON_S32 by whether beta is given; beta_log only with lean,
-    G_STAGE, EARLY_WV, beta and a positive scale: beta then goes to the kernel as ``beta_log``'s Gb)."""
+    G_STAGE, EARLY_WV, beta and a positive scale, and where the caller says beta >= 0 (``beta_nonneg``: Mamba-2's dt
+    with dt_limit's lower end >= 0, its default): beta then goes to the kernel as ``beta_log``'s Gb)."""
     from tilecore.ops.linear_attention import configs
 
     flags = variant(g, beta, z, prefetch=prefetch, g_stage=g_stage, factored=factored, early_wv=early_wv,
@@ -949,7 +950,7 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     g, beta = prepare_decay(g, beta, g_stage)
     s32 = dict(s32_flags(beta is not None) if s32 is None else s32)
     s32["beta_log"] = bool(s32.get("beta_log")) and s32.get("lean", False) and g_stage and beta is not None \
-        and early_wv and scale > 0
+        and early_wv and scale > 0 and beta_nonneg  # (a negative beta has no log: the launches that know pass it)
     if s32["beta_log"]:
         beta = beta_log(g, beta, scale)
     if d_skip is not None:
