@@ -503,7 +503,7 @@ def main_ab(a, what="tma"):
     from tilecore.tiles import launch as tiles_launch
 
     def lean(on):  # session 32's cuts, each switch where this snapshot has it
-        for name in ("memo_signatures", "keep_op_recipes"):
+        for name in ("memo_signatures", "keep_op_recipes", "keep_forward_recipes"):
             if hasattr(tiles_launch, name):
                 getattr(tiles_launch, name)(on)
 

@@ -11,6 +11,15 @@ from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.launch import LRU, TmaOperand
 
 
+@pytest.fixture(autouse=True)
+def forward_recipes():
+    """FORWARD_RECIPES (off by default until an H100 run) on for these tests; put back after."""
+    was = tiles_launch.FORWARD_RECIPES
+    tiles_launch.keep_forward_recipes(True)
+    yield
+    tiles_launch.keep_forward_recipes(was)
+
+
 class Recorder:
     """_GLUON_GEMM's stand-in: every launch's (grid, arguments, options), descriptors by what they describe."""
 
@@ -409,3 +418,16 @@ def test_norm_recipe_on_the_recorded_gradient_path(monkeypatch, case):
     assert all(a.shape == c.shape and torch.equal(a, c) for a, c in zip(*runs))
     for cache in (norm_op._CHECKED, norm_op._PLANS, norm_op._FORWARDS, norm_launch._FORWARD_OPTIONS):
         cache.clear()
+
+
+def test_the_forward_recipes_wait_for_their_switch(monkeypatch):
+    import dataclasses
+
+    from tilecore import dispatch
+    from tilecore.ops.attention import configs as aconfigs, launch as alaunch, plan as aplan
+
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
+    q = torch.randn(1, 2, 128, 64, dtype=torch.bfloat16)
+    p = aplan.plan_forward(q, q, q, False, 0.125, path="gluon", config=aconfigs.gluon_forward_config(64, 128, 128, False))
+    tiles_launch.keep_forward_recipes(False)
+    assert alaunch.gluon_prepared(dataclasses.replace(p, launch_key=("k",)), q, q, q, False, (-1, -1), 0.0) is None

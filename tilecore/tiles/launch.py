@@ -426,6 +426,18 @@ def keep_op_recipes(on: bool) -> None:
     OP_RECIPES = bool(on)
 
 
+# ... and the recipes added after H100 run 3 of session 32 (attention's and linear attention's Gluon forwards, the
+# norms' recorded-gradient path): off until an H100 run gives them the same bits and a gain (host_time.py --ab-lean
+# turns them on with the others); read each call, with OP_RECIPES
+FORWARD_RECIPES = False
+
+
+def keep_forward_recipes(on: bool) -> None:
+    """Turn FORWARD_RECIPES on or off from the next call on."""
+    global FORWARD_RECIPES
+    FORWARD_RECIPES = bool(on)
+
+
 def bind_keyed_launches(on: bool) -> None:
     """Turn KeyedLaunch's kept launches on or off from the next launch on (read at each launch)."""
     global BIND_KEYED_LAUNCHES

@@ -179,7 +179,7 @@ class GluonForward:
 def gluon_prepared(plan, q, k, v, causal: bool, window, softcap: float):
     """The GluonForward of ``plan``'s launch key (made at the first call that finds the plan cached), False where
     launch_forward_gluon serves it, None where the plan has no key or OP_RECIPES is off."""
-    if plan.launch_key is None or not tiles_launch.OP_RECIPES:
+    if plan.launch_key is None or not (tiles_launch.OP_RECIPES and tiles_launch.FORWARD_RECIPES):
         return None
     return _GLUON_FORWARDS.memo(plan.launch_key, lambda: GluonForward.of(plan, q, k, v, causal, window, softcap))
 

@@ -111,7 +111,7 @@ def gluon_forward_keyed(key, q, k, v, g, beta, d_skip, z, h0, scale: float, fina
 
     o, ht = gluon_forward.forward(q, k, v, g, beta, d_skip, z, h0, scale, final_state, stages, operand=TmaOperand,
                                   launch=launch)
-    if tiles_launch.OP_RECIPES and len(launched) == 1 and key not in GLUON_FORWARDS:
+    if tiles_launch.OP_RECIPES and tiles_launch.FORWARD_RECIPES and len(launched) == 1 and key not in GLUON_FORWARDS:
         GLUON_FORWARDS.put(key, g is None and beta is None and d_skip is None and z is None
                            and GluonForward.of(key, *launched[0], q, k, v, h0, o, ht))
     return o, ht

@@ -355,7 +355,8 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, featu
         if feature_weights is None and not isinstance(scale, torch.Tensor) else None
     if key is not None:
         key = ("linear_attention", key)
-        if tiles_launch.OP_RECIPES:  # the key's kept Gluon launch (its second call on): no checks, plan or flags
+        if tiles_launch.OP_RECIPES and tiles_launch.FORWARD_RECIPES:  # the key's kept Gluon launch (its second
+            # call on): no checks, plan or flags
             prepared = launch.GLUON_FORWARDS.get(key)
             if prepared and dispatch.eager_mode(q, k, v, decay, initial_state) == "direct":
                 o, ht = prepared(q, k, v, initial_state)

@@ -91,7 +91,8 @@ def draw_seed(generator: torch.Generator | None, device: torch.device) -> torch.
 
 
 def _forward_impl(x, weight, bias, residual, seed, dropout_p, eps, rms, store_h, key=None, lean=False):
-    if key is not None and not lean and tiles_launch.OP_RECIPES:  # (a recorded gradient: the key's kept launches)
+    if key is not None and not lean and tiles_launch.OP_RECIPES and tiles_launch.FORWARD_RECIPES:  # (a recorded
+        # gradient: the key's kept launches)
         prepared = _FORWARDS.get(key)
         if prepared:
             return prepared.outputs(x, weight, bias, residual, seed)
