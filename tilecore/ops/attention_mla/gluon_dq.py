@@ -7,7 +7,6 @@ from triton.experimental import gluon
 from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.ops.attention_backward.gluon_backward import store_out
 from tilecore.ops.attention_backward.gluon_dq import AttentionDQ
-from tilecore.ops.attention.gluon_kernels import head_of
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
 
 @stage_struct
@@ -35,75 +34,46 @@ class DQPieces:
 @struct
 class AttentionDQPieces:
     """AttentionDQ at q/k head dim 192 and v's 128 (MLA prefill): the same tiles, steps, masks, window
-    and softcap (its head, setup and start, called on this struct, whose D is a piece's 64 columns),
-    with Q's three and dO's two pieces the tile's five shared buffers and K's three and V's two the
-    stage's; S and dP chained wgmma over the pieces, dQ one accumulator a piece (96 registers a
-    thread, S and dP 32 each)."""
-    q_desc: object  # [1, 1, 2 BM, 64]: both consumers' rows
-    k_desc: object  # [1, 1, BN, 64]
-    v_desc: object
-    do_desc: object
-    dq_desc: object  # [1, 1, BM, 64]
-    lse: object
-    delta: object
-    H: object
-    N: object
-    Nk: object
-    GROUP: object
-    scale: object
-    scale_log2e: object
-    num_bh: object
-    head_group: object
-    left: object
-    right: object
-    tanh_scale: object
-    CAUSAL: gl.constexpr
-    BM: gl.constexpr
-    BN: gl.constexpr
-    D: gl.constexpr  # a piece's columns (64)
-    WINDOW: gl.constexpr
-    SOFTCAP: gl.constexpr
+    and softcap (``base``, an AttentionDQ whose D is a piece's 64 columns and whose descriptors are the
+    pieces': its setup, start and ds_operand), with Q's three and dO's two pieces the tile's five shared
+    buffers and K's three and V's two the stage's; S and dP chained wgmma over the pieces, dQ one
+    accumulator a piece (96 registers a thread, S and dP 32 each)."""
+    base: object  # AttentionDQ (q_desc's box [1, 1, 2 BM, 64]: both consumers' rows; k_desc's [1, 1, BN, 64])
     DO_REGS: gl.constexpr  # this consumer's dO rows loaded once a tile as dP's register operand (a candidate)
 
     @gluon.jit
-    def head(self, bh):
-        return head_of(bh, self.H, self.GROUP)
-
-    @gluon.jit
     def setup(self, tile_id):
-        return AttentionDQ.setup(self, tile_id)
-
-    @gluon.jit
-    def lengths(self, tile):
-        return AttentionDQ.lengths(self, tile)
+        return AttentionDQ.setup(self.base, tile_id)
 
     @gluon.jit
     def load(self, stage, bar, tile, step):
         """Step ``step``'s K and V pieces (rows past Nk arrive as zeros)."""
-        b, h, hk = self.head(tile.bh)
-        key = (tile.first_block + step) * self.BN if self.WINDOW else step * self.BN
-        tma.async_copy_global_to_shared(self.k_desc, [b, hk, key, 0], bar, stage.k0)
-        tma.async_copy_global_to_shared(self.k_desc, [b, hk, key, 64], bar, stage.k1)
-        tma.async_copy_global_to_shared(self.k_desc, [b, hk, key, 128], bar, stage.k2)
-        tma.async_copy_global_to_shared(self.v_desc, [b, hk, key, 0], bar, stage.v0)
-        tma.async_copy_global_to_shared(self.v_desc, [b, hk, key, 64], bar, stage.v1)
+        op = self.base
+        b, h, hk = op.head(tile.bh)
+        key = (tile.first_block + step) * op.BN if op.WINDOW else step * op.BN
+        tma.async_copy_global_to_shared(op.k_desc, [b, hk, key, 0], bar, stage.k0)
+        tma.async_copy_global_to_shared(op.k_desc, [b, hk, key, 64], bar, stage.k1)
+        tma.async_copy_global_to_shared(op.k_desc, [b, hk, key, 128], bar, stage.k2)
+        tma.async_copy_global_to_shared(op.v_desc, [b, hk, key, 0], bar, stage.v0)
+        tma.async_copy_global_to_shared(op.v_desc, [b, hk, key, 64], bar, stage.v1)
 
     @gluon.jit
     def load_tile(self, bufs, bar, tile, consumer):
         """Both consumers' query rows of Q's pieces (buffers 0-2) and dO's (3-4); rows past N: zeros."""
-        b, h, hk = self.head(tile.bh)
-        tma.async_copy_global_to_shared(self.q_desc, [b, h, tile.first, 0], bar, bufs.index(0))
-        tma.async_copy_global_to_shared(self.q_desc, [b, h, tile.first, 64], bar, bufs.index(1))
-        tma.async_copy_global_to_shared(self.q_desc, [b, h, tile.first, 128], bar, bufs.index(2))
-        tma.async_copy_global_to_shared(self.do_desc, [b, h, tile.first, 0], bar, bufs.index(3))
-        tma.async_copy_global_to_shared(self.do_desc, [b, h, tile.first, 64], bar, bufs.index(4))
+        op = self.base
+        b, h, hk = op.head(tile.bh)
+        tma.async_copy_global_to_shared(op.q_desc, [b, h, tile.first, 0], bar, bufs.index(0))
+        tma.async_copy_global_to_shared(op.q_desc, [b, h, tile.first, 64], bar, bufs.index(1))
+        tma.async_copy_global_to_shared(op.q_desc, [b, h, tile.first, 128], bar, bufs.index(2))
+        tma.async_copy_global_to_shared(op.do_desc, [b, h, tile.first, 0], bar, bufs.index(3))
+        tma.async_copy_global_to_shared(op.do_desc, [b, h, tile.first, 64], bar, bufs.index(4))
 
     @gluon.jit
     def start(self, ctx, tile, prev):
-        st = AttentionDQ.start(self, ctx, tile, prev)  # its dq: one [BM, 64] zero piece
+        st = AttentionDQ.start(self.base, ctx, tile, prev)  # its dq: one [BM, 64] zero piece
         if self.DO_REGS:
             a_layout: gl.constexpr = gl.DotOperandLayout(
-                operand_index=0, parent=wgmma_layout(self.BM, self.BN, gl.num_warps()), k_width=2)
+                operand_index=0, parent=wgmma_layout(self.base.BM, self.base.BN, gl.num_warps()), k_width=2)
             return st.replace(dq=DQPieces(st.dq, st.dq, st.dq, self.rows(ctx, 3).load(a_layout),
                                           self.rows(ctx, 4).load(a_layout)))
         else:
@@ -112,17 +82,21 @@ class AttentionDQPieces:
     @gluon.jit
     def rows(self, ctx, piece: gl.constexpr):
         """This consumer's BM rows of the tile operand's buffer ``piece`` (Q's 0-2, dO's 3-4)."""
-        return ctx.operand.index(piece).reshape([2 * self.BM, 64]).slice(ctx.index * self.BM, self.BM)
+        BM: gl.constexpr = self.base.BM
+        return ctx.operand.index(piece).reshape([2 * BM, 64]).slice(ctx.index * BM, BM)
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
-        s_layout: gl.constexpr = wgmma_layout(self.BM, self.BN, gl.num_warps())
+        op = self.base
+        BM: gl.constexpr = op.BM
+        BN: gl.constexpr = op.BN
+        s_layout: gl.constexpr = wgmma_layout(BM, BN, gl.num_warps())
         dq = st.dq
         if (step < st.n_own) & (step >= st.own_first):  # as AttentionDQ.compute
-            k0 = stage.k0.reshape([self.BN, 64])
-            k1 = stage.k1.reshape([self.BN, 64])
-            k2 = stage.k2.reshape([self.BN, 64])
-            zeros = gl.zeros([self.BM, self.BN], gl.float32, s_layout)
+            k0 = stage.k0.reshape([BN, 64])
+            k1 = stage.k1.reshape([BN, 64])
+            k2 = stage.k2.reshape([BN, 64])
+            zeros = gl.zeros([BM, BN], gl.float32, s_layout)
             s_tok = warpgroup_mma(self.rows(ctx, 0), k0.permute((1, 0)), zeros, use_acc=False, is_async=True)
             s_tok = warpgroup_mma(self.rows(ctx, 1), k1.permute((1, 0)), s_tok, is_async=True)
             s_tok = warpgroup_mma(self.rows(ctx, 2), k2.permute((1, 0)), s_tok, is_async=True)
@@ -132,15 +106,15 @@ class AttentionDQPieces:
             else:
                 do0 = self.rows(ctx, 3)
                 do1 = self.rows(ctx, 4)
-            dp_tok = warpgroup_mma(do0, stage.v0.reshape([self.BN, 64]).permute((1, 0)), zeros, use_acc=False,
+            dp_tok = warpgroup_mma(do0, stage.v0.reshape([BN, 64]).permute((1, 0)), zeros, use_acc=False,
                                    is_async=True)
-            dp_tok = warpgroup_mma(do1, stage.v1.reshape([self.BN, 64]).permute((1, 0)), dp_tok, is_async=True)
-            if self.SOFTCAP:
+            dp_tok = warpgroup_mma(do1, stage.v1.reshape([BN, 64]).permute((1, 0)), dp_tok, is_async=True)
+            if op.SOFTCAP:
                 s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-                ds_op = AttentionDQ.ds_operand(self, s, dp, st, tile, step)
+                ds_op = AttentionDQ.ds_operand(op, s, dp, st, tile, step)
             else:
                 s = warpgroup_mma_wait(2, deps=(s_tok,))  # dP's two groups may still run
-                ds_op = AttentionDQ.ds_operand(self, s, dp_tok, st, tile, step)  # (its D: a piece's 64)
+                ds_op = AttentionDQ.ds_operand(op, s, dp_tok, st, tile, step)  # (its D: a piece's 64)
             dq0 = warpgroup_mma(ds_op, k0, dq.dq0, is_async=True)
             dq1 = warpgroup_mma(ds_op, k1, dq.dq1, is_async=True)
             dq2 = warpgroup_mma(ds_op, k2, dq.dq2, is_async=True)
@@ -155,10 +129,11 @@ class AttentionDQPieces:
     @gluon.jit
     def finish(self, ctx, st, tile):
         """dQ * scale of this consumer's rows, piece by piece (rows past N clipped by the TMA stores)."""
-        b, h, hk = self.head(tile.bh)
-        store_out(ctx.out, st.dq.dq0, self.dq_desc, [b, h, st.first, 0], self.scale)
-        store_out(ctx.out, st.dq.dq1, self.dq_desc, [b, h, st.first, 64], self.scale)
-        store_out(ctx.out, st.dq.dq2, self.dq_desc, [b, h, st.first, 128], self.scale)
+        op = self.base
+        b, h, hk = op.head(tile.bh)
+        store_out(ctx.out, st.dq.dq0, op.dq_desc, [b, h, st.first, 0], op.scale)
+        store_out(ctx.out, st.dq.dq1, op.dq_desc, [b, h, st.first, 64], op.scale)
+        store_out(ctx.out, st.dq.dq2, op.dq_desc, [b, h, st.first, 128], op.scale)
 
 
 @gluon.jit
@@ -173,9 +148,9 @@ def attention_dq_mla_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, d
     BM: gl.constexpr = dq_desc.block_type.shape[2]
     gl.static_assert(q_desc.block_type.shape[2] == 2 * BM, "a tile is both consumers' query rows")
     gl.static_assert(q_desc.block_type.shape[3] == 64 and k_desc.block_type.shape[3] == 64, "64-column pieces")
-    op = AttentionDQPieces(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, H, N, Nk, GROUP, scale,
-                           scale_log2e, num_bh, head_group, left, right, tanh_scale, CAUSAL, BM,
-                           k_desc.block_type.shape[2], 64, WINDOW, SOFTCAP, DO_REGS)
+    op = AttentionDQPieces(AttentionDQ(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, H, N, Nk, GROUP,
+                                       scale, scale_log2e, num_bh, head_group, left, right, tanh_scale, CAUSAL, BM,
+                                       k_desc.block_type.shape[2], 64, WINDOW, SOFTCAP), DO_REGS)
     layout = Layout(dq_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0, schedule=schedule,
                     tile_operand=TileOperand(q_desc, COUNT=5, SHARED=True))
     run(op, layout, KVPieces(ring(k_desc, STAGES), ring(k_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES),
