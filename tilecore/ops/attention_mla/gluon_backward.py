@@ -35,97 +35,64 @@ class GradPieces:
 @struct
 class AttentionBackwardPieces:
     """AttentionBackward at q/k head dim 192 and v's 128 (MLA prefill), dK and dV only (dQ by a kernel
-    after this one): the same tiles, walk, masks, window and softcap (its setup, step_rows and
-    probabilities, called on this struct), with every 192- or 128-column operand in 64-column
-    pieces: K's three and V's two are the tile operand's five shared buffers, Q's and dO's the
-    stage's; S^T and dP^T are chained wgmma over the pieces, dK and dV one accumulator a piece.
-    Registers: dK 96 and dV 64 a thread, S^T and dP^T 32 each (D128's fused dQ mode holds as many)."""
-    q_desc: object  # [1, 1, BM, 64]
-    k_desc: object  # [1, 1, 2 BN, 64]: both consumers' keys
-    v_desc: object
-    do_desc: object
-    dk_desc: object  # [1, 1, BN, 64]: one consumer's keys
-    dv_desc: object
-    stats_desc: object
-    H: object
-    N: object
-    Nk: object
-    GROUP: object
-    scale: object
-    scale_log2e: object
-    num_bhk: object
-    head_group: object
-    left: object
-    right: object
-    tanh_scale: object
-    CAUSAL: gl.constexpr
-    BM: gl.constexpr
-    BN: gl.constexpr
-    WINDOW: gl.constexpr
-    SOFTCAP: gl.constexpr
-    SOFTCAP_OVERLAP: gl.constexpr
-
-    @gluon.jit
-    def kv_head(self, bhk):
-        return AttentionBackward.kv_head(self, bhk)
-
-    @gluon.jit
-    def tile_kv_head(self, tile):
-        return AttentionBackward.tile_kv_head(self, tile)
+    after this one): the same tiles, walk, masks, window and softcap (``base``, an AttentionBackward over
+    the pieces' descriptors without dQ: its setup, step_rows and probabilities), with every 192- or
+    128-column operand in 64-column pieces: K's three and V's two are the tile operand's five shared
+    buffers, Q's and dO's the stage's; S^T and dP^T are chained wgmma over the pieces, dK and dV one
+    accumulator a piece. Registers: dK 96 and dV 64 a thread, S^T and dP^T 32 each (D128's fused dQ mode
+    holds as many)."""
+    base: object  # AttentionBackward (q_desc's box [1, 1, BM, 64]; k_desc's [1, 1, 2 BN, 64]: both consumers' keys)
 
     @gluon.jit
     def setup(self, tile_id):
-        return AttentionBackward.setup(self, tile_id)
-
-    @gluon.jit
-    def step_rows(self, tile, step):
-        return AttentionBackward.step_rows(self, tile, step)
-
-    @gluon.jit
-    def probabilities(self, s_t, lse, start_n, start_m, tile):
-        return AttentionBackward.probabilities(self, s_t, lse, start_n, start_m, tile)
+        return self.base.setup(tile_id)
 
     @gluon.jit
     def load(self, stage, bar, tile, step):
         """The step's Q and dO pieces and its rows' lse and delta (rows past N arrive as zeros)."""
-        b, hk = self.tile_kv_head(tile)
-        h, start_m = self.step_rows(tile, step)
-        tma.async_copy_global_to_shared(self.q_desc, [b, h, start_m, 0], bar, stage.q0)
-        tma.async_copy_global_to_shared(self.q_desc, [b, h, start_m, 64], bar, stage.q1)
-        tma.async_copy_global_to_shared(self.q_desc, [b, h, start_m, 128], bar, stage.q2)
-        tma.async_copy_global_to_shared(self.do_desc, [b, h, start_m, 0], bar, stage.do0)
-        tma.async_copy_global_to_shared(self.do_desc, [b, h, start_m, 64], bar, stage.do1)
-        tma.async_copy_global_to_shared(self.stats_desc, [b * self.H + h, 0, start_m], bar, stage.stats)
+        op = self.base
+        b, hk = op.tile_kv_head(tile)
+        h, start_m = op.step_rows(tile, step)
+        tma.async_copy_global_to_shared(op.q_desc, [b, h, start_m, 0], bar, stage.q0)
+        tma.async_copy_global_to_shared(op.q_desc, [b, h, start_m, 64], bar, stage.q1)
+        tma.async_copy_global_to_shared(op.q_desc, [b, h, start_m, 128], bar, stage.q2)
+        tma.async_copy_global_to_shared(op.do_desc, [b, h, start_m, 0], bar, stage.do0)
+        tma.async_copy_global_to_shared(op.do_desc, [b, h, start_m, 64], bar, stage.do1)
+        tma.async_copy_global_to_shared(op.stats_desc, [b * op.H + h, 0, start_m], bar, stage.stats)
 
     @gluon.jit
     def load_tile(self, kv_smem, bar, tile, consumer):
         """The tile's K pieces (buffers 0-2) and V pieces (3-4); rows past Nk arrive as zeros."""
-        b, hk = self.tile_kv_head(tile)
-        tma.async_copy_global_to_shared(self.k_desc, [b, hk, tile.start_n, 0], bar, kv_smem.index(0))
-        tma.async_copy_global_to_shared(self.k_desc, [b, hk, tile.start_n, 64], bar, kv_smem.index(1))
-        tma.async_copy_global_to_shared(self.k_desc, [b, hk, tile.start_n, 128], bar, kv_smem.index(2))
-        tma.async_copy_global_to_shared(self.v_desc, [b, hk, tile.start_n, 0], bar, kv_smem.index(3))
-        tma.async_copy_global_to_shared(self.v_desc, [b, hk, tile.start_n, 64], bar, kv_smem.index(4))
+        op = self.base
+        b, hk = op.tile_kv_head(tile)
+        tma.async_copy_global_to_shared(op.k_desc, [b, hk, tile.start_n, 0], bar, kv_smem.index(0))
+        tma.async_copy_global_to_shared(op.k_desc, [b, hk, tile.start_n, 64], bar, kv_smem.index(1))
+        tma.async_copy_global_to_shared(op.k_desc, [b, hk, tile.start_n, 128], bar, kv_smem.index(2))
+        tma.async_copy_global_to_shared(op.v_desc, [b, hk, tile.start_n, 0], bar, kv_smem.index(3))
+        tma.async_copy_global_to_shared(op.v_desc, [b, hk, tile.start_n, 64], bar, kv_smem.index(4))
 
     @gluon.jit
     def start(self, ctx, tile, prev):
-        acc_layout: gl.constexpr = wgmma_layout(self.BN, 64, gl.num_warps())
-        zero = gl.zeros([self.BN, 64], gl.float32, acc_layout)
+        op = self.base
+        acc_layout: gl.constexpr = wgmma_layout(op.BN, 64, gl.num_warps())
+        zero = gl.zeros([op.BN, 64], gl.float32, acc_layout)
         return GradPieces(zero, zero, zero, zero, zero)
 
     @gluon.jit
     def key_rows(self, ctx, piece: gl.constexpr):
         """This consumer's BN rows of the tile operand's buffer ``piece`` (K's 0-2, V's 3-4)."""
-        return ctx.operand.index(piece).reshape([2 * self.BN, 64]).slice(ctx.index * self.BN, self.BN)
+        op = self.base
+        return ctx.operand.index(piece).reshape([2 * op.BN, 64]).slice(ctx.index * op.BN, op.BN)
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
         """One step: S^T = sum_j K_j Q_j^T and dP^T = sum_j V_j dO_j^T (chained wgmma), the softmax,
         dS^T, then dV_j += P^T dO_j and dK_j += dS^T Q_j; every wgmma complete when it returns."""
-        BM: gl.constexpr = self.BM
-        BN: gl.constexpr = self.BN
+        op = self.base
+        BM: gl.constexpr = op.BM
+        BN: gl.constexpr = op.BN
         st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
-        h, start_m = self.step_rows(tile, step)
+        h, start_m = op.step_rows(tile, step)
         start_n = tile.start_n + ctx.index * BN
         q0 = stage.q0.reshape([BM, 64])
         q1 = stage.q1.reshape([BM, 64])
@@ -139,18 +106,18 @@ class AttentionBackwardPieces:
         dp_tok = warpgroup_mma(self.key_rows(ctx, 3), do0.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(self.key_rows(ctx, 4), do1.permute((1, 0)), dp_tok, is_async=True)
         lse_cols = stat_columns(stage.stats, 0, st_layout)
-        if self.SOFTCAP and not self.SOFTCAP_OVERLAP:  # as AttentionBackward.compute
+        if op.SOFTCAP and not op.SOFTCAP_OVERLAP:  # as AttentionBackward.compute
             s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
+            p_t, dtanh = op.probabilities(s_t, lse_cols, start_n, start_m, tile)
             delta_cols = stat_columns(stage.stats, 1, st_layout)
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
         else:
             s_t = warpgroup_mma_wait(2, deps=(s_tok,))  # dP's two groups may still run
-            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
+            p_t, dtanh = op.probabilities(s_t, lse_cols, start_n, start_m, tile)
             delta_cols = stat_columns(stage.stats, 1, st_layout)
             dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-            if self.SOFTCAP:
+            if op.SOFTCAP:
                 ds_t = ds_t * dtanh.to(gl.float32)
         # both register operands written with no wgmma running (else ptxas serializes them: C7513)
         p_op = gl.convert_layout(p_t.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
@@ -170,13 +137,14 @@ class AttentionBackwardPieces:
     @gluon.jit
     def finish(self, ctx, st, tile):
         """dV's pieces, then dK's (times the scale); rows past Nk clipped by the TMA stores."""
-        b, hk = self.tile_kv_head(tile)
-        start_n = tile.start_n + ctx.index * self.BN
-        store_out(ctx.out, st.dv0, self.dv_desc, [b, hk, start_n, 0])
-        store_out(ctx.out, st.dv1, self.dv_desc, [b, hk, start_n, 64])
-        store_out(ctx.out, st.dk0 * self.scale, self.dk_desc, [b, hk, start_n, 0])
-        store_out(ctx.out, st.dk1 * self.scale, self.dk_desc, [b, hk, start_n, 64])
-        store_out(ctx.out, st.dk2 * self.scale, self.dk_desc, [b, hk, start_n, 128])
+        op = self.base
+        b, hk = op.tile_kv_head(tile)
+        start_n = tile.start_n + ctx.index * op.BN
+        store_out(ctx.out, st.dv0, op.dv_desc, [b, hk, start_n, 0])
+        store_out(ctx.out, st.dv1, op.dv_desc, [b, hk, start_n, 64])
+        store_out(ctx.out, st.dk0 * op.scale, op.dk_desc, [b, hk, start_n, 0])
+        store_out(ctx.out, st.dk1 * op.scale, op.dk_desc, [b, hk, start_n, 64])
+        store_out(ctx.out, st.dk2 * op.scale, op.dk_desc, [b, hk, start_n, 128])
 
 
 @gluon.jit
@@ -193,9 +161,11 @@ def attention_bwd_mla_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, 
     gl.static_assert(k_desc.block_type.shape[2] == 2 * BN, "K and V blocks hold both consumers' keys")
     gl.static_assert(q_desc.block_type.shape[3] == 64 and dk_desc.block_type.shape[3] == 64,
                      "64-column pieces: q/k 192 = 3 x 64, v 128 = 2 x 64")
-    op = AttentionBackwardPieces(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, H, N, Nk, GROUP,
-                                 scale, scale_log2e, num_bhk, head_group, left, right, tanh_scale, CAUSAL, BM, BN,
-                                 WINDOW, SOFTCAP, SOFTCAP_OVERLAP)
+    # AttentionBackward without dQ (its dq_desc, dS buffers and dQ staging unused: None), D a piece's 64
+    op = AttentionBackwardPieces(AttentionBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, None,
+                                                   H, N, Nk, GROUP, scale, scale_log2e, num_bhk, head_group, None,
+                                                   None, None, None, left, right, tanh_scale, CAUSAL, BM, BN, 64, 0,
+                                                   False, WINDOW, SOFTCAP, SOFTCAP_OVERLAP))
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(k_desc, COUNT=5, SHARED=True), schedule=schedule)
     stages = QStagePieces(ring(q_desc, STAGES), ring(q_desc, STAGES), ring(q_desc, STAGES), ring(stats_desc, STAGES),
