@@ -22,6 +22,17 @@ class QStagePieces:
     do1: object
 
 
+@gluon.jit
+def load_pieces(desc3, desc2, at, bar, bufs):
+    """Rows ``at`` ([batch, head, first row]) of a 192-column operand's three 64-column pieces (desc3) into
+    buffers 0-2 of ``bufs`` and of a 128-column one's two (desc2) into 3-4, by TMA on ``bar`` (the MLA
+    kernels' tile operands: K and V in the dK/dV kernel, Q and dO in the dq kernel)."""
+    for j in gl.static_range(3):
+        tma.async_copy_global_to_shared(desc3, [at[0], at[1], at[2], 64 * j], bar, bufs.index(j))
+    for j in gl.static_range(2):
+        tma.async_copy_global_to_shared(desc2, [at[0], at[1], at[2], 64 * j], bar, bufs.index(3 + j))
+
+
 @struct
 class GradPieces:
     """A consumer's dK (three [BN, 64] pieces) and dV (two) accumulators."""
@@ -65,11 +76,7 @@ class AttentionBackwardPieces:
         """The tile's K pieces (buffers 0-2) and V pieces (3-4); rows past Nk arrive as zeros."""
         op = self.base
         b, hk = op.tile_kv_head(tile)
-        tma.async_copy_global_to_shared(op.k_desc, [b, hk, tile.start_n, 0], bar, kv_smem.index(0))
-        tma.async_copy_global_to_shared(op.k_desc, [b, hk, tile.start_n, 64], bar, kv_smem.index(1))
-        tma.async_copy_global_to_shared(op.k_desc, [b, hk, tile.start_n, 128], bar, kv_smem.index(2))
-        tma.async_copy_global_to_shared(op.v_desc, [b, hk, tile.start_n, 0], bar, kv_smem.index(3))
-        tma.async_copy_global_to_shared(op.v_desc, [b, hk, tile.start_n, 64], bar, kv_smem.index(4))
+        load_pieces(op.k_desc, op.v_desc, [b, hk, tile.start_n], bar, kv_smem)
 
     @gluon.jit
     def start(self, ctx, tile, prev):

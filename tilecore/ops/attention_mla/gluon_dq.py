@@ -7,6 +7,7 @@ from triton.experimental import gluon
 from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.ops.attention_backward.gluon_backward import store_out
 from tilecore.ops.attention_backward.gluon_dq import AttentionDQ
+from tilecore.ops.attention_mla.gluon_backward import load_pieces
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
 
 @stage_struct
@@ -62,11 +63,7 @@ class AttentionDQPieces:
         """Both consumers' query rows of Q's pieces (buffers 0-2) and dO's (3-4); rows past N: zeros."""
         op = self.base
         b, h, hk = op.head(tile.bh)
-        tma.async_copy_global_to_shared(op.q_desc, [b, h, tile.first, 0], bar, bufs.index(0))
-        tma.async_copy_global_to_shared(op.q_desc, [b, h, tile.first, 64], bar, bufs.index(1))
-        tma.async_copy_global_to_shared(op.q_desc, [b, h, tile.first, 128], bar, bufs.index(2))
-        tma.async_copy_global_to_shared(op.do_desc, [b, h, tile.first, 0], bar, bufs.index(3))
-        tma.async_copy_global_to_shared(op.do_desc, [b, h, tile.first, 64], bar, bufs.index(4))
+        load_pieces(op.q_desc, op.do_desc, [b, h, tile.first], bar, bufs)
 
     @gluon.jit
     def start(self, ctx, tile, prev):
