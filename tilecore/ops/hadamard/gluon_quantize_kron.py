@@ -25,8 +25,8 @@ then the per-token amax is the maximum of both consumers', exchanged through sha
 """
 from triton.experimental import gluon
 
-from tilecore.ops.hadamard.gluon_quantize_wide import (AMAX, INT4, INT8, STORE, _amax, _e2m1_fast, _fp8, _group_scale,
-                                                       _max_nan, _pack, _rni, _scales_once)
+from tilecore.ops.hadamard.gluon_epilogue import (AMAX, STORE, exchange, folded, group_codes, row_amax, token_codes,
+                                                  token_recip)
 from tilecore.tiles.gluon import Layout, TileOperand, run, stage_struct, struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.hadamard import bf16_pieces
@@ -235,7 +235,7 @@ class KronQuantize:
         ys = (state.y0, state.y1, state.y2, state.y3)
         tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
         if self.FORMAT == AMAX:
-            a = self._folded(self._row_amax(ys, NBLK))
+            a = folded(self, row_amax(ys, NBLK))
             if self.SPLIT == 1:
                 gl.store(self.amax_out + row, a, mask=row < self.rows)
             else:
@@ -245,27 +245,16 @@ class KronQuantize:
                 self._stage(ctx, v, ys[v])
             self._store(ctx, row, NBLK)
         elif self.G == 0:  # one scale a row
-            a = self._folded(self._row_amax(ys, NBLK))
+            a = folded(self, row_amax(ys, NBLK))
             if self.SPLIT == 2:
-                a = self._exchange(ctx, a, state.t)
-            if self.STATIC:
-                div = gl.load(self.gscale)
-            else:
-                div = gl.where(a == 0, 1.0, gl.div_rn(a, gl.where(a == 0, self.QMAX, self.QMAX)))
-                if ctx.index == 0 or self.SPLIT == 1:
-                    gl.store(self.scales + row.to(gl.int64) * self.stride_scales, div, mask=row < self.rows)
-            recip = self._folded(gl.div_rn(gl.where(div == 0, 1.0, 1.0), div))  # 0 where div is inf: y x 0 = y / inf
+                a = exchange(self, ctx, a, state.t)
+            recip = token_recip(self, a, row, ctx.index == 0 or self.SPLIT == 1)
             for v in gl.static_range(NBLK):
-                q = ys[v] * recip
-                if self.FORMAT == INT8:
-                    code = _rni(q)
-                else:
-                    code = _fp8(q, self.FORMAT)
-                self._stage(ctx, v, code)
+                self._stage(ctx, v, token_codes(ys[v] * recip, self.FORMAT))
             self._store(ctx, row, NBLK)
         else:
             for v in gl.static_range(NBLK):
-                self._stage(ctx, v, self._group_codes(ys[v], self._pair(ctx, v, NBLK), row))
+                self._stage(ctx, v, group_codes(self, ys[v], row, self._pair(ctx, v, NBLK), 0))
             self._store(ctx, row, NBLK)
 
     @gluon.jit
@@ -277,73 +266,22 @@ class KronQuantize:
             return ctx.index * NBLK + v
 
     @gluon.jit
-    def _row_amax(self, ys, NBLK: gl.constexpr):
-        m = gl.abs(ys[0])
-        for v in gl.static_range(1, NBLK):
-            m = _max_nan(m, gl.abs(ys[v]))
-        return _amax(_amax(m, 1), 0)
+    def _group_slots(self, SL: gl.constexpr, GR: gl.constexpr, row, q, K1: gl.constexpr):
+        """gluon_epilogue.group_codes' scale offsets and mask for the block of pair q, groups of G <= 64 (layout SL,
+        GR a sub-row): the block's sub-row r = 2 i + l is the row's sub-row i F + 2 q + l."""
+        r = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, SL))
+        g = gl.arange(0, GR, layout=gl.SliceLayout(0, SL))
+        sub = (r // 2) * self.F + 2 * q + (r % 2)
+        offs = gl.expand_dims(sub, 1) * GR + gl.expand_dims(g, 0)
+        mask = (gl.expand_dims(r // 2, 1) < self.M) & (row < self.rows)
+        return offs, mask
 
     @gluon.jit
-    def _folded(self, v):
-        """FOLD: v x rscale (a maximum of the unscaled products, or a reciprocal: y / s = W x (rscale / s)); else v."""
-        if self.FOLD:
-            v = v * self.rscale
-        return v
-
-    @gluon.jit
-    def _exchange(self, ctx, a, t):
-        """max(a, the other consumer's a) for this row (NaN if either is): each writes its own into the tile
-        parity's slot, arrives on that parity's barrier, waits for both, reads the other's."""
-        L1: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-        slot = t & 1
-        self.xchg.index(2 * slot + ctx.index).store(gl.full([1], a, gl.float32, L1))
-        mbarrier.arrive(self.xbar.index(slot))  # releases the store above (the arriving thread made it too)
-        mbarrier.wait(self.xbar.index(slot), (t >> 1) & 1)
-        other = gl.reduce(self.xchg.index(2 * slot + 1 - ctx.index).load(L1), 0, _max_nan)
-        return _max_nan(a, other)
-
-    @gluon.jit
-    def _group_codes(self, y, q, row):
-        """Block (pair q)'s group scales (stored) and codes (returned: packed bytes as int32). Sub-row r = 2 i + l
-        of the block is the row's sub-row i F + 2 q + l; groups of G <= 64 inside it, or G = 128: the pair l = 0, 1."""
-        L: gl.constexpr = y.type.layout
-        if self.G <= BLOCK:
-            GR: gl.constexpr = BLOCK // self.G  # groups a sub-row
-            y3 = gl.reshape(y, [BLOCK, GR, self.G])
-            ga = self._folded(_amax(y3, 2))  # [64, GR]
-            if self.SCALE_ONCE:
-                recip, keep, stored = _scales_once(ga, self.gscale, self.FORMAT, self.QMAX)
-                SL: gl.constexpr = stored.type.layout  # the scales' stores from the compact layout: once a group
-            else:
-                recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX)
-                SL: gl.constexpr = recip.type.layout
-            r = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, SL))
-            g = gl.arange(0, GR, layout=gl.SliceLayout(0, SL))
-            sub = (r // 2) * self.F + 2 * q + (r % 2)
-            offs = gl.expand_dims(sub, 1) * GR + gl.expand_dims(g, 0)
-            mask = (gl.expand_dims(r // 2, 1) < self.M) & (row < self.rows)
-            gl.store(self.scales + row.to(gl.int64) * self.stride_scales + offs, stored.to(self.scales.dtype.element_ty),
-                     mask=mask)
-            qv = y3 * gl.expand_dims(self._folded(recip), 2)
-            if self.FORMAT == INT4:
-                code = _rni(qv)
-            else:
-                code = _e2m1_fast(qv)
-            code = gl.where(gl.expand_dims(keep, 2), code, 0)
-            code = gl.convert_layout(gl.reshape(code, [BLOCK, BLOCK]), L)
-        else:  # groups of 128: the sub-row pair (i, 2 q), (i, 2 q + 1), adjacent in the block
-            y3 = gl.reshape(y, [HALF, 2, BLOCK])
-            recip, stored, keep = _group_scale(self._folded(_amax(_amax(y3, 2), 1)), self.gscale, self.FORMAT, self.QMAX)
-            recip = self._folded(recip)
-            SL: gl.constexpr = recip.type.layout
-            i = gl.arange(0, HALF, layout=SL)
-            gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i * (self.F // 2) + q,
-                     stored.to(self.scales.dtype.element_ty), mask=(i < self.M) & (row < self.rows))
-            qv = y3 * gl.expand_dims(gl.expand_dims(recip, 1), 2)
-            code = _rni(qv)
-            code = gl.where(gl.expand_dims(gl.expand_dims(keep, 1), 2), code, 0)
-            code = gl.convert_layout(gl.reshape(code, [BLOCK, BLOCK]), L)
-        return _pack(code, BLOCK, BLOCK)
+    def _pair_slots(self, SL: gl.constexpr, row, q, K1: gl.constexpr):
+        """gluon_epilogue.group_codes' scale offsets and mask for the block of pair q, groups of 128: the sub-row pair
+        (i, 2 q), (i, 2 q + 1), adjacent in the block; group i F / 2 + q."""
+        i = gl.arange(0, HALF, layout=SL)
+        return i * (self.F // 2), q, (i < self.M) & (row < self.rows)
 
     @gluon.jit
     def _stage(self, ctx, v: gl.constexpr, values):

@@ -26,21 +26,14 @@ three [64, 64] float32 accumulators a consumer (96 registers a thread), shared m
 2 x 24 KiB a ring stage, 2 x 16 KiB staging (8-bit codes).
 """
 from triton.experimental import gluon
-from triton.language import core as _tl_core
 
+from tilecore.ops.hadamard.gluon_epilogue import (AMAX, E4M3, E5M2, INT4, INT8, MXFP4, NVFP4, STORE,  # noqa: F401
+                                                  _amax, _div_by, _e2m1_fast, _fp8, _group_scale, _max_nan, _pack,
+                                                  _rni, _scales_once, exchange, folded, group_codes, row_amax,
+                                                  token_codes, token_recip)
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.hadamard import bf16_pieces
-
-# FORMAT ids (quantize_reference.FORMATS' kernel_id, quantize_kernels' constants), nvfp4's first pass, the values
-E4M3: gl.constexpr = gl.constexpr(0)
-E5M2: gl.constexpr = gl.constexpr(1)
-INT8: gl.constexpr = gl.constexpr(2)
-MXFP4: gl.constexpr = gl.constexpr(3)
-NVFP4: gl.constexpr = gl.constexpr(4)
-INT4: gl.constexpr = gl.constexpr(5)
-AMAX: gl.constexpr = gl.constexpr(6)  # each row's largest |y| into amax_out[row] (nvfp4's dynamic global scale)
-STORE: gl.constexpr = gl.constexpr(7)  # the rotated values themselves (x's dtype): the plain transform
 
 BLOCK: gl.constexpr = gl.constexpr(64)  # a block's sub-rows, a K chunk's, and P
 NB: gl.constexpr = gl.constexpr(3)  # blocks (and K chunks) a row: 128 < m <= 192
@@ -76,101 +69,6 @@ class Quad:
     y2: object
     y3: object
     t: object
-
-
-@gluon.jit
-def _max_nan(a, b):
-    return gl.maximum(a, b, propagate_nan=_tl_core.PropagateNan.ALL)  # max.NaN: a NaN wins
-
-
-@gluon.jit
-def _amax(v, axis: gl.constexpr):
-    """max |v| along ``axis``, NaN where any element is NaN (gl.max drops NaN)."""
-    return gl.reduce(gl.abs(v), axis, _max_nan)
-
-
-@gluon.jit
-def _rni(q):
-    """q rounded to the nearest integer, ties to even, as int32 (cvt.rni; NaN -> 0)."""
-    return gl.inline_asm_elementwise("cvt.rni.s32.f32 $0, $1;", "=r,r", [q], dtype=gl.int32, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _e2m1_fast(v):
-    """The e2m1 nibble of float32 v, saturating at +-6, ties to even (quantize_kernels._e2m1_fast: M = 1.5 x 2^23
-    times the binade's step, built from the exponent bits, added to |v| leaves the code in the low bits)."""
-    a = gl.minimum(gl.abs(v), 6.0)
-    e = gl.maximum(a.to(gl.int32, bitcast=True) >> 23, 127)
-    magic = (e * 0x800002 + 0x0B3FFF02).to(gl.float32, bitcast=True)
-    mag = (a + magic).to(gl.int32, bitcast=True) & 7
-    return mag | ((v.to(gl.int32, bitcast=True) >> 28) & 8)
-
-
-@gluon.jit
-def _fp8(q, FORMAT: gl.constexpr):
-    """The fp8 byte of float32 q (cvt.rn.satfinite: saturating, NaN to the format's NaN), as int32."""
-    if FORMAT == E4M3:
-        code = q.to(gl.float8e4nv, fp_downcast_rounding="rtne")
-    else:
-        code = q.to(gl.float8e5, fp_downcast_rounding="rtne")
-    return code.to(gl.uint8, bitcast=True).to(gl.int32)
-
-
-@gluon.jit
-def _div_by(y, d, r):
-    """y / d correctly rounded given r = RN(1 / d) (quantize_kernels._div_by: Markstein's correction)."""
-    q = y * r
-    return gl.where(gl.abs(q) == float("inf"), q, gl.fma(gl.fma(-q, d, y), r, q))
-
-
-@gluon.jit
-def _group_scale(ga, gscale, FORMAT: gl.constexpr, QMAX: gl.constexpr):
-    """(the reciprocal codes multiply by, the byte or float stored, the codes' keep mask) from a group's
-    amax ``ga`` (quantize_kernels._scale and _group_divisor, FAST)."""
-    if FORMAT == MXFP4:
-        e = gl.minimum(gl.maximum(((ga.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 2, -127), 127)
-        finite = (ga == ga) & (ga < float("inf"))
-        # 1 / 2^e from the exponent bits: 2^-e for e > -127, 2^127 for e = -127 (then 2^e is subnormal 2^-127)
-        recip = gl.where(e == -127, 0x7F000000, gl.where(e == 127, 0x00400000, (127 - e) << 23)).to(gl.float32,
-                                                                                                     bitcast=True)
-        stored = gl.where(finite, e + 127, 255)
-        keep = finite
-    elif FORMAT == NVFP4:
-        g = gl.load(gscale)
-        s = _div_by(_div_by(ga, 6.0, 1.0 / 6.0), g, 1.0 / g)
-        s = gl.where(s != s, s, gl.minimum(gl.maximum(s, 0.015625), 448.0))
-        s_fp8 = s.to(gl.float8e4nv, fp_downcast_rounding="rtne")
-        stored = s_fp8.to(gl.uint8, bitcast=True).to(gl.int32)
-        div = gl.where(ga < float("inf"), g * s_fp8.to(gl.float32), float("nan"))
-        recip = gl.div_rn(gl.full_like(div, 1.0), div)
-        keep = div < float("inf")  # NaN div: false
-    else:  # int4's groups, dynamic: s = amax / qmax (1 where amax is 0)
-        div = gl.where(ga == 0, 1.0, gl.div_rn(ga, gl.full_like(ga, QMAX)))
-        recip = gl.div_rn(gl.full_like(div, 1.0), div)
-        stored = div
-        keep = ga == ga
-    return recip, stored, keep
-
-
-@gluon.jit
-def _scales_once(ga, gscale, FORMAT: gl.constexpr, QMAX: gl.constexpr):
-    """_group_scale of the [64, GR] group maxima computed once a group: in a layout of one or two groups a thread
-    (not each group on every thread of its quad, as the accumulator layout's reduction leaves them), then the
-    reciprocals and keep masks back in ga's layout. Returns (recip, keep in ga's layout; stored in the compact
-    layout)."""
-    SL: gl.constexpr = ga.type.layout
-    GR: gl.constexpr = ga.shape[1]
-    DL: gl.constexpr = gl.BlockedLayout([1, GR // 2], [16, 2], [gl.num_warps(), 1], [1, 0])
-    recip, stored, keep = _group_scale(gl.convert_layout(ga, DL), gscale, FORMAT, QMAX)
-    keep = gl.convert_layout(keep.to(gl.int8), SL) != 0
-    return gl.convert_layout(recip, SL), keep, stored
-
-
-@gluon.jit
-def _pack(code, ROWS: gl.constexpr, COLS: gl.constexpr):
-    """[ROWS, COLS] nibbles -> [ROWS, COLS / 2] bytes, element 2i low (a thread holds each column pair)."""
-    lo, hi = gl.split(gl.reshape(code, [ROWS, COLS // 2, 2]))
-    return (lo & 0xF) | ((hi & 0xF) << 4)
 
 
 @struct
@@ -360,12 +258,12 @@ class WideQuantize:
         if self.FORMAT == STORE:  # the output values now: the final rounding (half the registers held)
             y0 = y0.to(self.codes_desc.dtype)
         elif self.G != 0 and self.FORMAT != AMAX and self.G <= BLOCK:  # the codes now (scales stored), packed bytes held
-            y0 = self._group_codes(y0, J, row, 0)
+            y0 = group_codes(self, y0, row, J, 0)
         y1 = self._rotated(d, h64, J)
         if self.FORMAT == STORE:
             y1 = y1.to(self.codes_desc.dtype)
         elif self.G != 0 and self.FORMAT != AMAX and self.G <= BLOCK:
-            y1 = self._group_codes(y1, J, row, 1)
+            y1 = group_codes(self, y1, row, J, 1)
         elif self.G != 0 and self.FORMAT != AMAX:  # int4's groups of 128: a sub-row, both of its halves here
             y0, y1 = self._subrow_pair(y0, y1, J, row)
         return y0, y1
@@ -374,9 +272,9 @@ class WideQuantize:
     def _subrow_pair(self, y0, y1, J: gl.constexpr, row):
         """UNITS, groups of 128 (int4): block J's sub-row scales from both halves' maxima (stored), and the two
         halves' codes (packed bytes as int32)."""
-        ga = self._folded(_max_nan(_amax(y0, 1), _amax(y1, 1)))
+        ga = folded(self, _max_nan(_amax(y0, 1), _amax(y1, 1)))
         recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX)  # [64]
-        recip = gl.expand_dims(self._folded(recip), 1)
+        recip = gl.expand_dims(folded(self, recip), 1)
         i = gl.arange(0, BLOCK, layout=stored.type.layout) + J * BLOCK
         gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i, stored.to(self.scales.dtype.element_ty),
                  mask=(i < self.M) & (row < self.rows))
@@ -449,29 +347,17 @@ class WideQuantize:
         ys = (state.y0, state.y1, state.y2, state.y3)
         tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
         if self.FORMAT == AMAX:  # each consumer's share of the row: amax_out[2 row + c]
-            m = gl.abs(ys[0])
-            for j in gl.static_range(1, NU):
-                m = _max_nan(m, gl.abs(ys[j]))
-            a = self._folded(_amax(_amax(m, 1), 0))
+            a = folded(self, row_amax(ys, NU))
             gl.store(self.amax_out + 2 * row + ctx.index, a, mask=row < self.rows)
         elif self.FORMAT == STORE:
             for j in gl.static_range(NU):
                 self._stage(ctx, j, ys[j])
             self._store_units(ctx, row, NU)
         elif self.G == 0:  # one scale a row: the maximum of both consumers'
-            m = gl.abs(ys[0])
-            for j in gl.static_range(1, NU):
-                m = _max_nan(m, gl.abs(ys[j]))
-            a = self._exchange(ctx, self._folded(_amax(_amax(m, 1), 0)), state.t)
-            if self.STATIC:
-                div = gl.load(self.gscale)
-            else:
-                div = gl.where(a == 0, 1.0, gl.div_rn(a, gl.where(a == 0, self.QMAX, self.QMAX)))
-                if ctx.index == 0:
-                    gl.store(self.scales + row.to(gl.int64) * self.stride_scales, div, mask=row < self.rows)
-            recip = self._folded(gl.div_rn(gl.where(div == 0, 1.0, 1.0), div))  # 0 where div is inf: y x 0 = y / inf
+            a = exchange(self, ctx, folded(self, row_amax(ys, NU)), state.t)
+            recip = token_recip(self, a, row, ctx.index == 0)
             for j in gl.static_range(NU):
-                self._stage(ctx, j, self._token_codes(ys[j] * recip))
+                self._stage(ctx, j, token_codes(ys[j] * recip, self.FORMAT))
             self._store_units(ctx, row, NU)
         else:  # group formats: the codes made in compute (_unit), held packed
             for j in gl.static_range(NU):
@@ -498,7 +384,7 @@ class WideQuantize:
         y2 = state.w2
         tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
         if self.FORMAT == AMAX:
-            a = self._folded(_amax(_amax(_max_nan(_max_nan(gl.abs(y0), gl.abs(y1)), gl.abs(y2)), 1), 0))
+            a = folded(self, row_amax((y0, y1, y2), NB))
             if self.HALVES == 2:
                 gl.store(self.amax_out + 2 * row + ctx.index, a, mask=row < self.rows)
             else:
@@ -509,52 +395,26 @@ class WideQuantize:
             self._stage(ctx, 2, y2)
             self._store(ctx, row)
         elif self.G == 0:  # one scale a row
-            a = self._folded(_amax(_amax(_max_nan(_max_nan(gl.abs(y0), gl.abs(y1)), gl.abs(y2)), 1), 0))
+            a = folded(self, row_amax((y0, y1, y2), NB))
             if self.HALVES == 2:
-                a = self._exchange(ctx, a, state.t)
-            if self.STATIC:
-                div = gl.load(self.gscale)
-            else:
-                # (a tensor of QMAX, not QMAX + 0 x a: an inf amax must give an inf scale, as the reference's)
-                div = gl.where(a == 0, 1.0, gl.div_rn(a, gl.where(a == 0, self.QMAX, self.QMAX)))
-                if self.HALVES == 1 or ctx.index == 0:
-                    gl.store(self.scales + row.to(gl.int64) * self.stride_scales, div, mask=row < self.rows)
-            recip = self._folded(gl.div_rn(gl.where(div == 0, 1.0, 1.0), div))  # 0 where div is inf: y x 0 = y / inf
-            self._stage(ctx, 0, self._token_codes(y0 * recip))
-            self._stage(ctx, 1, self._token_codes(y1 * recip))
-            self._stage(ctx, 2, self._token_codes(y2 * recip))
+                a = exchange(self, ctx, a, state.t)
+            recip = token_recip(self, a, row, self.HALVES == 1 or ctx.index == 0)
+            self._stage(ctx, 0, token_codes(y0 * recip, self.FORMAT))
+            self._stage(ctx, 1, token_codes(y1 * recip, self.FORMAT))
+            self._stage(ctx, 2, token_codes(y2 * recip, self.FORMAT))
             self._store(ctx, row)
         elif self.HALVES == 2 and self.G == 2 * BLOCK:  # int4's groups of 128: a sub-row, both consumers' halves
-            g0, g1, g2 = self._exchange_rows(ctx, self._folded(_amax(y0, 1)), self._folded(_amax(y1, 1)),
-                                             self._folded(_amax(y2, 1)), state.t)
+            g0, g1, g2 = self._exchange_rows(ctx, folded(self, _amax(y0, 1)), folded(self, _amax(y1, 1)),
+                                             folded(self, _amax(y2, 1)), state.t)
             self._stage(ctx, 0, self._subrow_codes(ctx, y0, g0, 0, row))
             self._stage(ctx, 1, self._subrow_codes(ctx, y1, g1, 1, row))
             self._stage(ctx, 2, self._subrow_codes(ctx, y2, g2, 2, row))
             self._store(ctx, row)
         else:
-            self._stage(ctx, 0, self._group_codes(y0, 0, row, ctx.index))
-            self._stage(ctx, 1, self._group_codes(y1, 1, row, ctx.index))
-            self._stage(ctx, 2, self._group_codes(y2, 2, row, ctx.index))
+            self._stage(ctx, 0, group_codes(self, y0, row, 0, ctx.index))
+            self._stage(ctx, 1, group_codes(self, y1, row, 1, ctx.index))
+            self._stage(ctx, 2, group_codes(self, y2, row, 2, ctx.index))
             self._store(ctx, row)
-
-    @gluon.jit
-    def _exchange(self, ctx, a, t):
-        """HALVES 2: max(a, the other consumer's a) for this row (NaN if either is), through the tile parity's slots
-        and barrier (gluon_quantize_kron.KronQuantize._exchange)."""
-        L1: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-        slot = t & 1
-        self.xchg.index(2 * slot + ctx.index).store(gl.full([1], a, gl.float32, L1))
-        mbarrier.arrive(self.xbar.index(slot))  # releases the store above (the arriving thread made it too)
-        mbarrier.wait(self.xbar.index(slot), (t >> 1) & 1)
-        other = gl.reduce(self.xchg.index(2 * slot + 1 - ctx.index).load(L1), 0, _max_nan)
-        return _max_nan(a, other)
-
-    @gluon.jit
-    def _folded(self, v):
-        """FOLD: v x rscale (a maximum of the unscaled products, or a reciprocal: y / s = W x (rscale / s)); else v."""
-        if self.FOLD:
-            v = v * self.rscale
-        return v
 
     @gluon.jit
     def _exchange_rows(self, ctx, a0, a1, a2, t):
@@ -582,7 +442,7 @@ class WideQuantize:
         halves'); the scales (one a sub-row) stored by consumer 0."""
         L: gl.constexpr = y.type.layout
         recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX)  # [64]
-        recip = self._folded(recip)
+        recip = folded(self, recip)
         SL: gl.constexpr = recip.type.layout
         i = gl.arange(0, BLOCK, layout=SL) + J * BLOCK
         if ctx.index == 0:
@@ -614,60 +474,26 @@ class WideQuantize:
         return y
 
     @gluon.jit
-    def _token_codes(self, q):
-        """Codes of q = y / s (one scale a row) as int32."""
-        if self.FORMAT == INT8:
-            code = _rni(q)
+    def _group_slots(self, SL: gl.constexpr, GR: gl.constexpr, row, J: gl.constexpr, C: gl.constexpr):
+        """gluon_epilogue.group_codes' scale offsets and mask for block J's groups of G <= 64 (layout SL, GR a sub-row):
+        sub-row i = 64 J + r; HALVES 2: sub-row i holds 128 values, groups 2 GR a sub-row, column half C's from C GR."""
+        i = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, SL)) + J * BLOCK
+        g = gl.arange(0, GR, layout=gl.SliceLayout(0, SL))
+        if self.HALVES == 2:
+            offs = gl.expand_dims(i, 1) * (2 * GR) + C * GR + gl.expand_dims(g, 0)
         else:
-            code = _fp8(q, self.FORMAT)
-        return code
+            offs = gl.expand_dims(i, 1) * GR + gl.expand_dims(g, 0)
+        mask = (gl.expand_dims(i, 1) < self.M) & (row < self.rows)
+        return offs, mask
 
     @gluon.jit
-    def _group_codes(self, y, J: gl.constexpr, row, C: gl.constexpr):
-        """Block J's group scales (stored) and codes (returned, packed bytes as int32) for groups of G inside a
-        sub-row (G <= 64) or spanning G / 64 sub-rows."""
-        L: gl.constexpr = y.type.layout
-        if self.G <= BLOCK:
-            GR: gl.constexpr = BLOCK // self.G  # groups a sub-row
-            y3 = gl.reshape(y, [BLOCK, GR, self.G])
-            ga = self._folded(_amax(y3, 2))  # [64, GR], each held by every thread holding a part of the group
-            if self.SCALE_ONCE:
-                recip, keep, stored = _scales_once(ga, self.gscale, self.FORMAT, self.QMAX)
-                SL: gl.constexpr = stored.type.layout  # the scales' stores from the compact layout: once a group
-            else:
-                recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX)
-                SL: gl.constexpr = recip.type.layout
-            i = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, SL)) + J * BLOCK
-            g = gl.arange(0, GR, layout=gl.SliceLayout(0, SL))
-            if self.HALVES == 2:  # sub-row i holds 128 values: groups 2 GR a sub-row, this consumer's from c GR
-                offs = gl.expand_dims(i, 1) * (2 * GR) + C * GR + gl.expand_dims(g, 0)
-            else:
-                offs = gl.expand_dims(i, 1) * GR + gl.expand_dims(g, 0)
-            mask = (gl.expand_dims(i, 1) < self.M) & (row < self.rows)
-            gl.store(self.scales + row.to(gl.int64) * self.stride_scales + offs, stored.to(self.scales.dtype.element_ty),
-                     mask=mask)
-            q = y3 * gl.expand_dims(self._folded(recip), 2)
-            if self.FORMAT == INT4:
-                code = _rni(q)
-            else:
-                code = _e2m1_fast(q)
-            code = gl.where(gl.expand_dims(keep, 2), code, 0)
-            code = gl.convert_layout(gl.reshape(code, [BLOCK, BLOCK]), L)
-        else:  # groups of SPG sub-rows (int4's 128: a sub-row pair)
-            gl.static_assert(self.HALVES == 1, "HALVES 2: groups inside a consumer's 64 columns")
-            SPG: gl.constexpr = self.G // BLOCK
-            y3 = gl.reshape(y, [BLOCK // SPG, SPG, BLOCK])
-            recip, stored, keep = _group_scale(self._folded(_amax(_amax(y3, 2), 1)), self.gscale, self.FORMAT, self.QMAX)
-            recip = self._folded(recip)
-            SL: gl.constexpr = recip.type.layout
-            i = (gl.arange(0, BLOCK // SPG, layout=SL) + J * (BLOCK // SPG))
-            gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i, stored.to(self.scales.dtype.element_ty),
-                     mask=(i * SPG < self.M) & (row < self.rows))
-            q = y3 * gl.expand_dims(gl.expand_dims(recip, 1), 2)
-            code = _rni(q)
-            code = gl.where(gl.expand_dims(gl.expand_dims(keep, 1), 2), code, 0)
-            code = gl.convert_layout(gl.reshape(code, [BLOCK, BLOCK]), L)
-        return _pack(code, BLOCK, BLOCK)
+    def _pair_slots(self, SL: gl.constexpr, row, J: gl.constexpr, C: gl.constexpr):
+        """gluon_epilogue.group_codes' scale offsets and mask for block J's groups of SPG sub-rows (int4's 128: a
+        sub-row pair): group i = 64 J / SPG + r."""
+        gl.static_assert(self.HALVES == 1, "HALVES 2: groups inside a consumer's 64 columns")
+        SPG: gl.constexpr = self.G // BLOCK
+        i = (gl.arange(0, BLOCK // SPG, layout=SL) + J * (BLOCK // SPG))
+        return i, 0, (i * SPG < self.M) & (row < self.rows)
 
     @gluon.jit
     def _stage(self, ctx, J: gl.constexpr, values):
