@@ -28,6 +28,7 @@ def main():
     os.environ.pop("TRITON_INTERPRET", None)
     import torch
 
+    from tilecore.ops.hadamard import configs
     from tilecore.ops.hadamard import gluon_quantize_kron as gk
     from tilecore.ops.hadamard import gluon_quantize_wide as gw
     from tilecore.ops.hadamard import quantize
@@ -85,7 +86,7 @@ def main():
         write(f"fp8_static_{n}", "fp8_e4m3", n, static=True)
         for fmt in ("mxfp4", "nvfp4", "int4", "int8"):
             write(f"{fmt}_{n}_swapped", fmt, n, static=fmt == "nvfp4", scale_once=fmt != "nvfp4",
-                  fold=not quantize._by_format(quantize.configs.QUANT_GLUON_FOLD, fmt, n, False))
+                  fold=not configs.QUANT_GLUON_FOLD.get((fmt, n), configs.QUANT_GLUON_FOLD.get(fmt, False)))
     for fmt in formats:
         write(f"{fmt}_28672_inside", fmt, 28672, static=fmt == "nvfp4", inside=True)
         write(f"{fmt}_14336_split1", fmt, 14336, static=fmt == "nvfp4", split=1)
