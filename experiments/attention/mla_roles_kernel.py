@@ -24,6 +24,7 @@ MLA dq kernel as the 32-row path's (dq_from "gluon")."""
 from triton.experimental import gluon
 
 from tilecore.ops.attention_backward.gluon_backward import AttentionBackward, KeyTile, operand_layout, stat_columns
+from tilecore.ops.attention_mla.gluon_backward import load_pieces
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.schedule import head_grouped_tile
@@ -135,11 +136,7 @@ class AttentionBackwardRoles:
     def load_tile(self, kv_smem, bar, tile, consumer):
         """The tile's K pieces (buffers 0-2) and V pieces (3-4); rows past Nk arrive as zeros."""
         b, hk = self.tile_kv_head(tile)
-        tma.async_copy_global_to_shared(self.k_desc, [b, hk, tile.start_n, 0], bar, kv_smem.index(0))
-        tma.async_copy_global_to_shared(self.k_desc, [b, hk, tile.start_n, 64], bar, kv_smem.index(1))
-        tma.async_copy_global_to_shared(self.k_desc, [b, hk, tile.start_n, 128], bar, kv_smem.index(2))
-        tma.async_copy_global_to_shared(self.v_desc, [b, hk, tile.start_n, 0], bar, kv_smem.index(3))
-        tma.async_copy_global_to_shared(self.v_desc, [b, hk, tile.start_n, 64], bar, kv_smem.index(4))
+        load_pieces(self.k_desc, self.v_desc, [b, hk, tile.start_n], bar, kv_smem)
 
     @gluon.jit
     def start(self, ctx, tile, prev):
