@@ -35,7 +35,8 @@ def sass_count(k):
             "sass_sync": sum(o.startswith(("BAR", "SYNCS")) for o in ops)}
 
 
-def compile_one(m, p, fmt, stages=2, rows=1 << 14, scale_once=False, ktrim=False, fold=False, units=False):
+def compile_one(m, p, fmt, stages=2, rows=1 << 14, scale_once=False, ktrim=False, fold=False, units=False,
+                nozero=False, clamp_lo=False):
     import torch
 
     from tilecore.ops.hadamard import gluon_quantize_wide as g
@@ -54,7 +55,8 @@ def compile_one(m, p, fmt, stages=2, rows=1 << 14, scale_once=False, ktrim=False
         x_desc=xd, codes_desc=cd, staging_desc=sd, h_desc=hd, scales=scales, gscale=gs, amax_out=gs, rows=rows,
         stride_scales=scales.stride(0), rscale=0.01, row_counter=torch.zeros(1, dtype=torch.int32), M=m, FORMAT=fid,
         G=G, STATIC=False, QMAX=qmax, STAGES=stages, HALVES=halves, SCALE_ONCE=scale_once, KTRIM=ktrim, FOLD=fold,
-        **({"UNITS": True} if units else {})), num_warps=4)
+        **({"UNITS": True} if units else {}), **({"NOZERO": True} if nozero else {}),
+        **({"CLAMP_LO": True} if clamp_lo else {})), num_warps=4)
     r = resources(k)
     ptx = k.asm["ptx"]
     return dict(vars(r), **sass_count(k), m=m, p=p, format=fmt, stages=stages, scale_once=scale_once, ktrim=ktrim, fold=fold, units=units, wgmma=ptx.count("wgmma.mma_async"),

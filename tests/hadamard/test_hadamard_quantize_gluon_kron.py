@@ -166,7 +166,7 @@ def test_store_plan_is_the_quantize_plan_it_replaced(m, p):
     for rows in (1, 2, 3, 2049, 1 << 16):
         for dtype in (torch.bfloat16, torch.float16):
             for tuning in ({}, {"ktrim": True}, {"units": True}, {"stages": 3}, {"waves": 2}, {"split": 1},
-                           {"inside": True}, {"split": 2, "inside": False}):
+                           {"inside": True}, {"split": 2, "inside": False}, {"nozero": True, "clamp_lo": True}):
                 split, inside = configs.gluon_kron_tuning(m, p, tuning)
                 old = quantize.kernel_plan(rows, n, dtype, "fp8_e4m3", None, None, True, False, False, 132, False,
                                            gluon=True, gluon_kron=True, _gluon_ok=True,

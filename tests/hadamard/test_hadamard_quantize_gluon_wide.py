@@ -141,12 +141,45 @@ def test_plan_switches_units_only_at_halves_2():
             quantize._by_format(configs.QUANT_GLUON_UNITS, fmt, 18944, False))
 
 
+def test_clamped_lo_piece_is_the_piece_for_finite_values():
+    """gluon_epilogue.pieces' CLAMP (session 32): lo = max(x - RN_bf16(x), -2^120) in float32 equals bf16_pieces' lo
+    (0 where hi holds x whole, else x - hi) for every finite float32, extremes included; for +-inf it is finite
+    (-2^120), so the product keeps the infinity hi gives it; NaN stays NaN through hi."""
+    torch.manual_seed(3)
+    x = torch.cat([torch.randn(1 << 16) * 10.0 ** torch.randint(-30, 30, (1 << 16,)).float(),
+                   torch.tensor([3.3e38, -3.38e38, 1e-45, -1e-40, 0.0, -0.0, 1.0, 65504.0, 2.0**-126])])
+    x = x[torch.isfinite(x)]
+    hi = x.to(torch.bfloat16).float()
+    finite = torch.isfinite(hi)  # (x within half a bf16 ulp of float32's largest rounds hi to inf: both forms alike)
+    ref = torch.where(hi == x, torch.zeros_like(x), x - hi).to(torch.bfloat16)
+    clamped = torch.maximum(x - hi, torch.tensor(-2.0**120)).to(torch.bfloat16)
+    assert torch.equal(ref[finite].view(torch.int16), clamped[finite].view(torch.int16))
+    assert (x - hi)[finite].abs().max() < 2.0**119
+    for v in (float("inf"), float("-inf")):
+        t = torch.tensor([v])
+        lo = torch.maximum(t - t.to(torch.bfloat16).float(), torch.tensor(-2.0**120))  # NaN -> -2^120 (max's NaN rule
+        # in the kernel; torch.maximum propagates NaN, so emulate PTX max.f32 returning the other operand)
+        lo = torch.where(torch.isnan(lo), torch.tensor(-2.0**120), lo)
+        assert torch.isfinite(lo).all() and 64 * 2.0**120 < torch.finfo(torch.float32).max
+
+
+def test_plan_switches_nozero_clamp_lo():
+    """NOZERO / CLAMP_LO (session 32) reach both Gluon kernels' configs only where asked (configs empty)."""
+    for n, extra in ((11008, {"gluon": True}), (18944, {"gluon": True}), (14336, {"gluon_kron": True})):
+        for fmt in ("fp8_e4m3", "mxfp4", "int4"):
+            base = _plan(fmt, n=n, _gluon_ok=True, **extra).config
+            assert ("NOZERO" in base) == bool(configs.QUANT_GLUON_NOZERO) or not configs.QUANT_GLUON_NOZERO
+            cfg = _plan(fmt, n=n, _gluon_ok=True, nozero=True, clamp_lo=True, **extra).config
+            assert cfg["NOZERO"] and cfg["CLAMP_LO"], (n, fmt)
+
+
 _COMPILE_UNITS = r"""
 import json, os, sys
 sys.path.insert(0, os.getcwd())
 from experiments.hadamard.wide_gluon_compile import compile_one
 for fmt in ("store", "mxfp4", "fp8_e4m3", "int4"):
     print(json.dumps(compile_one(148, 128, fmt, stages=1 if fmt == "store" else 2, ktrim=True, units=True)))
+print(json.dumps(compile_one(172, 64, "nvfp4", nozero=True, clamp_lo=True)))
 """
 
 
@@ -160,7 +193,9 @@ def test_units_kernel_compiles_for_sm90():
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert r.returncode == 0, r.stderr[-3000:]
     res = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
-    assert [x["format"] for x in res] == ["store", "mxfp4", "fp8_e4m3", "int4"]
+    assert [x["format"] for x in res] == ["store", "mxfp4", "fp8_e4m3", "int4", "nvfp4"]
+    nc = res.pop()  # 11008 nvfp4 with NOZERO and CLAMP_LO: HALVES 1's 120 wgmma
+    assert nc["wgmma"] == 120 and nc["tma"] and not nc["wgmma_serialized"] and nc["spill_stores"] <= 64, nc
     for x in res:
         assert x["wgmma"] == 108 and x["tma"] and not x["wgmma_serialized"] and x["shared_meta"] <= 227 * 1024, x
         assert x["spill_stores"] <= 280, x

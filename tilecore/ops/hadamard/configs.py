@@ -263,6 +263,12 @@ QUANT_GLUON_FOLD = {**{(f, 14336): True for f in ("mxfp4", "nvfp4", "int4")},
 # (kron "gluon" path): KRON_GLUON_UNITS by (m, p). Off until a GPU run checks and times it
 QUANT_GLUON_UNITS = {}
 KRON_GLUON_UNITS = {}
+# session 32: two switches of both Gluon kernels' value path (plan tunings "nozero", "clamp_lo"; keys (format, n), else
+# the format): NOZERO, the group formats' sub-rows past m left unzeroed (one select a value at m < 32, a third of the
+# values at m x 64); CLAMP_LO, the second product's lo piece as max(x - h, -2^120) (one max a value, not a compare and
+# a select; the same pieces for finite x). The transform: tuning "nozero" / "clamp_lo" on its kron plan. Off until timed
+QUANT_GLUON_NOZERO = {}
+QUANT_GLUON_CLAMP_LO = {}
 
 
 # here, not in quantize.py: kron.py's transform plan asks it too, and quantize.py imports kron

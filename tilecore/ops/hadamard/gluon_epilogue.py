@@ -12,6 +12,7 @@ from triton.experimental import gluon
 from triton.language import core as _tl_core
 
 from tilecore.tiles.gluon.compat import gl, mbarrier
+from tilecore.tiles.hadamard import bf16_pieces
 
 # FORMAT ids (quantize_reference.FORMATS' kernel_id, quantize_kernels' constants), nvfp4's first pass, the values
 E4M3: gl.constexpr = gl.constexpr(0)
@@ -119,6 +120,24 @@ def _pack(code, ROWS: gl.constexpr, COLS: gl.constexpr):
     """[ROWS, COLS] nibbles -> [ROWS, COLS / 2] bytes, element 2i low (a thread holds each column pair)."""
     lo, hi = gl.split(gl.reshape(code, [ROWS, COLS // 2, 2]))
     return (lo & 0xF) | ((hi & 0xF) << 4)
+
+
+LO_FLOOR: gl.constexpr = gl.constexpr(-2.0**120)  # pieces' CLAMP: below any finite lo of a float32 (|lo| < 2^119)
+
+
+@gluon.jit
+def pieces(x, CLAMP: gl.constexpr):
+    """float32 ``x`` as hi + lo, two bf16 tiles (the second product's A: kernels.py's accuracy design). Without CLAMP,
+    tiles.hadamard.bf16_pieces (lo 0 where hi holds x whole: a compare and a select a value). CLAMP (session 32):
+    lo = max(x - h, -2^120), one max a value: the same lo for every finite x (x - h is exact and above -2^119); for an
+    infinite x, x - h is NaN and max returns -2^120, finite, so the product stays the infinity hi makes it (64 terms of
+    2^120 are far from float32's overflow)."""
+    if CLAMP:
+        hi = x.to(gl.bfloat16)
+        lo = gl.maximum(x - hi.to(gl.float32), LO_FLOOR).to(gl.bfloat16)
+    else:
+        hi, lo = bf16_pieces(x)
+    return hi, lo
 
 
 @gluon.jit

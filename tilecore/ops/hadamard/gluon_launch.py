@@ -88,14 +88,21 @@ def store_plan(rows: int, n: int, dtype: torch.dtype, sms: int, **tuning) -> Glu
             STAGES=tuning.get("stages") or configs.QUANT_GLUON_WIDE_STAGES, PACKED=False, num_warps=4,
             **({"AHEAD": True} if tuning.get("ahead") else {}), **({"PINGPONG": True} if tuning.get("pingpong") else {}),
             **({"KTRIM": True} if tuning.get("ktrim") else {}),
-            **({"UNITS": True} if halves == 2 and tuning.get("units") else {})))
+            **({"UNITS": True} if halves == 2 and tuning.get("units") else {}), **_switches(tuning)))
     split, inside = configs.gluon_kron_tuning(m, p, tuning)
     if not gk.fits(m, p, split):
         return None
     grid = max(1, min(cdiv(rows, 3 - split), sms * (tuning.get("waves") or 1)))
     return GluonPlan("gluon_kron", grid=(grid,), rscale=rscale, config=dict(
         M=m, F=p // 64, SPLIT=split, INSIDE=inside, FORMAT=_FP8_ID, G=0, STATIC=False, QMAX=_FP8_QMAX,
-        STAGES=tuning.get("stages") or configs.QUANT_GLUON_KRON_STAGES, PACKED=False, num_warps=4))
+        STAGES=tuning.get("stages") or configs.QUANT_GLUON_KRON_STAGES, PACKED=False, num_warps=4,
+        **_switches(tuning)))
+
+
+def _switches(tuning) -> dict:
+    """The STORE plan's NOZERO / CLAMP_LO (tunings "nozero", "clamp_lo"; as quantize's, keyed by the caller)."""
+    return {**({"NOZERO": True} if tuning.get("nozero") else {}),
+            **({"CLAMP_LO": True} if tuning.get("clamp_lo") else {})}
 
 
 def gluon_wide_transform(x2: torch.Tensor, out: torch.Tensor, stages: int | None = None, scale: float | None = None,

@@ -25,11 +25,10 @@ then the per-token amax is the maximum of both consumers', exchanged through sha
 """
 from triton.experimental import gluon
 
-from tilecore.ops.hadamard.gluon_epilogue import (AMAX, STORE, exchange, folded, group_codes, row_amax, token_codes,
-                                                  token_recip)
+from tilecore.ops.hadamard.gluon_epilogue import (AMAX, STORE, exchange, folded, group_codes, pieces, row_amax,
+                                                  token_codes, token_recip)
 from tilecore.tiles.gluon import Layout, TileOperand, run, stage_struct, struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-from tilecore.tiles.hadamard import bf16_pieces
 
 BLOCK: gl.constexpr = gl.constexpr(64)  # a block's sub-rows (32 i's x 2 l's), its columns, and the mixing's K
 HALF: gl.constexpr = gl.constexpr(32)  # i's a block (H_m zero-padded to 32)
@@ -91,6 +90,8 @@ class KronQuantize:
     INSIDE: gl.constexpr  # the butterfly across blocks by the signs of the mixing (each block's own products)
     SCALE_ONCE: gl.constexpr  # groups <= 64: each group's scale computed once (gluon_quantize_wide._scales_once)
     FOLD: gl.constexpr  # quantized formats: rscale folded into the maxima and reciprocals, not multiplied a value
+    NOZERO: gl.constexpr  # group formats and STORE: sub-rows past m not zeroed (their scales and codes never stored)
+    CLAMP_LO: gl.constexpr  # the second product's lo piece by one max, not a compare and a select (epilogue.pieces)
 
     @gluon.jit
     def setup(self, tile):
@@ -210,13 +211,13 @@ class KronQuantize:
         """rscale (hi + lo)(W) H_64, sub-rows past m (i >= M) zeroed (there 0 x inf gave NaN)."""
         L: gl.constexpr = w.type.layout
         operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L, k_width=2)
-        hi, lo = bf16_pieces(w)
+        hi, lo = pieces(w, self.CLAMP_LO)
         y = warpgroup_mma(gl.convert_layout(hi, operand), h64, gl.zeros_like(w), use_acc=False, is_async=True)
         y = warpgroup_mma(gl.convert_layout(lo, operand), h64, y, is_async=True)
         y = warpgroup_mma_wait(0, deps=(y,))
         if not self.FOLD:  # FOLD: rscale goes into the maxima and the reciprocals instead (once a group, not a value)
             y = y * self.rscale
-        if self.M < HALF:
+        if self.M < HALF and not self.NOZERO:
             r = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, L))
             y = gl.where(gl.expand_dims(r // 2, 1) < self.M, y, 0.0)
         return y
@@ -303,7 +304,8 @@ def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                rscale, row_counter, M: gl.constexpr, F: gl.constexpr, SPLIT: gl.constexpr,
                                FORMAT: gl.constexpr, G: gl.constexpr, STATIC: gl.constexpr, QMAX: gl.constexpr,
                                STAGES: gl.constexpr, INSIDE: gl.constexpr = False, SCALE_ONCE: gl.constexpr = False,
-                               FOLD: gl.constexpr = False):
+                               FOLD: gl.constexpr = False, NOZERO: gl.constexpr = False,
+                               CLAMP_LO: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_(64 F)) x) for ``rows`` rows of 64 M F elements (module
     docstring). x_desc: (rows, M, F, 64) with [1, 32, 2, 64] boxes; codes_desc: (rows, M, F, W) bytes (W = 64, or
     32 packed; STORE: x's dtype, W = 64) with [1, 32, 2, W] boxes; staging_desc: the same with [F / (2 SPLIT), 32,
@@ -318,7 +320,8 @@ def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
         xchg = None
         xbar = None
     op = KronQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, xchg, xbar,
-                      M, F, SPLIT, FORMAT, G, STATIC, QMAX, INSIDE, SCALE_ONCE, FOLD and FORMAT != STORE)
+                      M, F, SPLIT, FORMAT, G, STATIC, QMAX, INSIDE, SCALE_ONCE, FOLD and FORMAT != STORE,
+                      NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True), tile_counter=row_counter)
     NBS: gl.constexpr = (3 - SPLIT) * (F // 2)  # boxes a stage

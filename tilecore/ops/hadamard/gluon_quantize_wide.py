@@ -30,10 +30,9 @@ from triton.experimental import gluon
 from tilecore.ops.hadamard.gluon_epilogue import (AMAX, E4M3, E5M2, INT4, INT8, MXFP4, NVFP4, STORE,  # noqa: F401
                                                   _amax, _div_by, _e2m1_fast, _fp8, _group_scale, _max_nan, _pack,
                                                   _rni, _scales_once, exchange, folded, group_codes, row_amax,
-                                                  token_codes, token_recip)
+                                                  pieces, token_codes, token_recip)
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-from tilecore.tiles.hadamard import bf16_pieces
 
 BLOCK: gl.constexpr = gl.constexpr(64)  # a block's sub-rows, a K chunk's, and P
 NB: gl.constexpr = gl.constexpr(3)  # blocks (and K chunks) a row: 128 < m <= 192
@@ -98,6 +97,8 @@ class WideQuantize:
     KTRIM: gl.constexpr  # the last K chunk of the mixing cut at the 16-multiple past m (_product)
     FOLD: gl.constexpr  # quantized formats: rscale folded into the maxima and reciprocals, not multiplied a value
     UNITS: gl.constexpr  # HALVES 2: consumer 0 the output sub-row blocks J 0, 1 of both halves, consumer 1 J 2 (_unit)
+    NOZERO: gl.constexpr  # group formats and STORE: sub-rows past m not zeroed (their scales and codes never stored)
+    CLAMP_LO: gl.constexpr  # the second product's lo piece by one max, not a compare and a select (epilogue.pieces)
 
     @gluon.jit
     def setup(self, tile):
@@ -297,7 +298,7 @@ class WideQuantize:
     def _issue_second(self, w, h64):
         """(hi + lo)(W) H_64 issued (two groups), not waited for."""
         operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=w.type.layout, k_width=2)
-        hi, lo = bf16_pieces(w)
+        hi, lo = pieces(w, self.CLAMP_LO)
         y = warpgroup_mma(gl.convert_layout(hi, operand), h64, gl.zeros_like(w), use_acc=False, is_async=True)
         return warpgroup_mma(gl.convert_layout(lo, operand), h64, y, is_async=True)
 
@@ -457,7 +458,7 @@ class WideQuantize:
         """Y_j = rscale (hi + lo) H_64 from W_j, sub-rows past m zeroed (there 0 x inf gave NaN)."""
         acc_layout: gl.constexpr = w.type.layout
         operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-        hi, lo = bf16_pieces(w)
+        hi, lo = pieces(w, self.CLAMP_LO)
         y = warpgroup_mma(gl.convert_layout(hi, operand), h64, gl.zeros_like(w), use_acc=False, is_async=True)
         y = warpgroup_mma(gl.convert_layout(lo, operand), h64, y, is_async=True)
         return self._scaled(warpgroup_mma_wait(0, deps=(y,)), J)
@@ -468,7 +469,7 @@ class WideQuantize:
         acc_layout: gl.constexpr = y.type.layout
         if not self.FOLD:  # FOLD: rscale goes into the maxima and the reciprocals instead (once a group, not a value)
             y = y * self.rscale
-        if (J + 1) * BLOCK > self.M:
+        if (J + 1) * BLOCK > self.M and not self.NOZERO:
             i = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, acc_layout)) + J * BLOCK
             y = gl.where(gl.expand_dims(i, 1) < self.M, y, 0.0)
         return y
@@ -518,7 +519,8 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                STATIC: gl.constexpr, QMAX: gl.constexpr, STAGES: gl.constexpr,
                                AHEAD: gl.constexpr = False, PINGPONG: gl.constexpr = False, PROBE: gl.constexpr = 0,
                                HALVES: gl.constexpr = 1, SCALE_ONCE: gl.constexpr = False, KTRIM: gl.constexpr = False,
-                               FOLD: gl.constexpr = False, UNITS: gl.constexpr = False):
+                               FOLD: gl.constexpr = False, UNITS: gl.constexpr = False, NOZERO: gl.constexpr = False,
+                               CLAMP_LO: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
@@ -545,7 +547,8 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
         xrows = None
     op = WideQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, M, FORMAT, G,
                       STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar, xrows, SCALE_ONCE, KTRIM,
-                      FOLD and FORMAT != STORE, UNITS)
+                      FOLD and FORMAT != STORE, UNITS,
+                      NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),

@@ -202,7 +202,20 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         **_fold(fmt, n, tuning),
         # UNITS (HALVES 2): each output block's mixing once, consumer 0 blocks J 0-1, consumer 1 J 2
         **({"UNITS": True} if halves == 2 and tuning.get("units", _by_format(configs.QUANT_GLUON_UNITS, fmt, n, False))
-           else {})))
+           else {}), **_epilogue_switches(fmt, n, tuning)))
+
+
+def _epilogue_switches(fmt, n, tuning) -> dict:
+    """Session 32's switches of both Gluon kernels: NOZERO (sub-rows past m left unzeroed: the group formats, whose
+    padded sub-rows' scales and codes are never stored; the kernel ignores it for per-token formats and AMAX) and
+    CLAMP_LO (the lo piece by one max): tunings "nozero", "clamp_lo", else configs.QUANT_GLUON_NOZERO /
+    QUANT_GLUON_CLAMP_LO by (format, n) or format."""
+    out = {}
+    if tuning.get("nozero", _by_format(configs.QUANT_GLUON_NOZERO, fmt, n, False)):
+        out["NOZERO"] = True
+    if tuning.get("clamp_lo", _by_format(configs.QUANT_GLUON_CLAMP_LO, fmt, n, False)):
+        out["CLAMP_LO"] = True
+    return out
 
 
 def _fold(fmt, n, tuning) -> dict:
@@ -240,7 +253,8 @@ def _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
     return QuantizePlan("gluon_kron", grid=(grid,), rscale=rscale, config=dict(
         M=M, F=P // 64, SPLIT=split, INSIDE=inside, FORMAT=f.kernel_id, G=group or 0,
         STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, STAGES=tuning.get("stages") or configs.QUANT_GLUON_KRON_STAGES,
-        PACKED=f.packed, num_warps=4, **_scale_once(fmt, n, group, tuning), **_fold(fmt, n, tuning)))
+        PACKED=f.packed, num_warps=4, **_scale_once(fmt, n, group, tuning), **_fold(fmt, n, tuning),
+        **_epilogue_switches(fmt, n, tuning)))
 
 
 def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms, interpret,
