@@ -146,6 +146,9 @@ def s32_timed():
     for m, p in ((148, 128), (172, 64), (28, 1024)):
         cases += [("t", m, p, "shipped", {}), ("t", m, p, "nz_clamp", nc)]
     cases += [("t", 148, 128, "units_nz_clamp", {"units": True, **nc})]
+    s2 = {"units": True, "store2": True, "stages": 2}  # UNITS STORE staged two blocks at a time: two ring stages
+    cases += [("t", 148, 128, "units_store2", s2), ("t", 148, 128, "units_store2_nz_clamp", {**s2, **nc}),
+              ("t", 148, 128, "units_store2_ktrim_nz_clamp", {**s2, **nc, "ktrim": True})]
     seen, out = set(), []
     for c in cases:  # each case once (the shipped plans recur)
         if repr(c) not in seen:
@@ -389,6 +392,9 @@ def check_transforms(out, save, deadline):
                  ((148, 128), 2049, "transpose", u), ((148, 128), 2049, "out", {}),
                  ((148, 128), 2049, "out", nc), ((172, 64), 2049, "out", nc), ((28, 1024), 2049, "out", nc),
                  ((28, 512), 3, "transpose", nc), ((148, 128), 2049, "out", {**u, **nc})]
+        s2 = {**u, "store2": True, "stages": 2}
+        cases += [((148, 128), 2049, "out", s2), ((148, 128), 3, "out", s2), ((148, 128), 2049, "inplace", s2),
+                  ((148, 128), 2049, "transpose", {**s2, **nc, "ktrim": True})]
     if SET == "r3":  # INSIDE off at 28 x 1024; KTRIM on the wide kernel
         cases = [((28, 1024), 2049, "out", {"inside": False}), ((28, 1024), 3, "transpose", {"inside": False}),
                  ((28, 1024), 2049, "inplace", {"inside": False}), ((148, 128), 2049, "out", {"ktrim": True}),

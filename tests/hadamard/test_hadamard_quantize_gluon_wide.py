@@ -180,6 +180,7 @@ from experiments.hadamard.wide_gluon_compile import compile_one
 for fmt in ("store", "mxfp4", "fp8_e4m3", "int4"):
     print(json.dumps(compile_one(148, 128, fmt, stages=1 if fmt == "store" else 2, ktrim=True, units=True)))
 print(json.dumps(compile_one(172, 64, "nvfp4", nozero=True, clamp_lo=True)))
+print(json.dumps(compile_one(148, 128, "store", stages=2, ktrim=True, units=True, store2=True)))
 """
 
 
@@ -193,7 +194,9 @@ def test_units_kernel_compiles_for_sm90():
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert r.returncode == 0, r.stderr[-3000:]
     res = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
-    assert [x["format"] for x in res] == ["store", "mxfp4", "fp8_e4m3", "int4", "nvfp4"]
+    assert [x["format"] for x in res] == ["store", "mxfp4", "fp8_e4m3", "int4", "nvfp4", "store"]
+    s2 = res.pop()  # STORE2: two staging slots a consumer, so two ring stages fit
+    assert s2["wgmma"] == 108 and s2["stages"] == 2 and s2["shared_meta"] <= 227 * 1024 and s2["spill_stores"] <= 128, s2
     nc = res.pop()  # 11008 nvfp4 with NOZERO and CLAMP_LO: HALVES 1's 120 wgmma
     assert nc["wgmma"] == 120 and nc["tma"] and not nc["wgmma_serialized"] and nc["spill_stores"] <= 64, nc
     for x in res:

@@ -58,7 +58,8 @@ def launch(plan, x2, out, scales, gs, amax, fmt_id=None, stages=None, rscale=Non
                                                      scales.stride(0) if scales.dim() == 2 else 1, rs,
                                                      tile_counter(x2.device), **cfg)
         return
-    x_desc, codes_desc, staging_desc = gw.descriptors(x2, out, cfg["M"], packed, cfg.get("HALVES", 1))
+    x_desc, codes_desc, staging_desc = gw.descriptors(x2, out, cfg["M"], packed, cfg.get("HALVES", 1),
+                                                      2 if cfg.get("STORE2") else 4)
     h_desc = gluon_descriptor(gw.gluon_operand(cfg["M"], x2.dtype, x2.device, transpose), [64, 64])
     with dispatch.on_device(x2.device):
         gw.gluon_wide_quantize_kernel[plan.grid](x_desc, codes_desc, staging_desc, h_desc, scales, gs, amax, rows,
@@ -70,7 +71,8 @@ def store_plan(rows: int, n: int, dtype: torch.dtype, sms: int, **tuning) -> Glu
     """The Gluon plan of the plain transform of ``rows`` rows of n = m x p (a function of its arguments: the tests
     compare it with quantize.kernel_plan's), or None where neither kernel takes the shape: the wide kernel (m x 64,
     128 < m <= 192, and m x 128: HALVES 2) first, then the kron one (m <= 32 x p = 128..1024). Tuning: stages, waves,
-    ktrim, units (the wide kernel's), split, inside (the kron one's; defaults configs.gluon_kron_tuning's)."""
+    ktrim, units, store2 (the wide kernel's: STORE2 stages two blocks at a time, so that two ring stages fit), split,
+    inside (the kron one's; defaults configs.gluon_kron_tuning's), nozero, clamp_lo."""
     from tilecore.ops.hadamard import gluon_quantize_kron as gk
     from tilecore.ops.hadamard import gluon_quantize_wide as gw
 
@@ -88,7 +90,8 @@ def store_plan(rows: int, n: int, dtype: torch.dtype, sms: int, **tuning) -> Glu
             STAGES=tuning.get("stages") or configs.QUANT_GLUON_WIDE_STAGES, PACKED=False, num_warps=4,
             **({"AHEAD": True} if tuning.get("ahead") else {}), **({"PINGPONG": True} if tuning.get("pingpong") else {}),
             **({"KTRIM": True} if tuning.get("ktrim") else {}),
-            **({"UNITS": True} if halves == 2 and tuning.get("units") else {}), **_switches(tuning)))
+            **({"UNITS": True} if halves == 2 and tuning.get("units") else {}), **_switches(tuning),
+            **({"STORE2": True} if halves == 2 and tuning.get("units") and tuning.get("store2") else {})))
     split, inside = configs.gluon_kron_tuning(m, p, tuning)
     if not gk.fits(m, p, split):
         return None

@@ -99,6 +99,7 @@ class WideQuantize:
     UNITS: gl.constexpr  # HALVES 2: consumer 0 the output sub-row blocks J 0, 1 of both halves, consumer 1 J 2 (_unit)
     NOZERO: gl.constexpr  # group formats and STORE: sub-rows past m not zeroed (their scales and codes never stored)
     CLAMP_LO: gl.constexpr  # the second product's lo piece by one max, not a compare and a select (epilogue.pieces)
+    STORE2: gl.constexpr  # UNITS STORE: two staging slots a consumer (two ring stages fit), consumer 0's J 0 in compute
 
     @gluon.jit
     def setup(self, tile):
@@ -162,7 +163,16 @@ class WideQuantize:
         """UNITS: each output block once, consumer 0 J = 0, 1, consumer 1 J = 2, both column halves each."""
         h64 = ctx.operand.index(NB * NB)
         z = gl.zeros([BLOCK, BLOCK], gl.float32, wgmma_layout(BLOCK, BLOCK, gl.num_warps()))
-        if ctx.index == 0:
+        if ctx.index == 0 and self.STORE2:  # unit 0's values staged and stored under unit 1's products
+            u0, u1 = self._unit(ctx, stage, z, h64, 0, row)
+            tma.store_wait(0)  # the previous row's stores have read the staging buffer
+            self._stage(ctx, 0, u0)
+            self._stage(ctx, 1, u1)
+            self._store_pair(ctx, row, 0)
+            u0, u1 = self._unit(ctx, stage, z, h64, 1, row)  # the pair finish stores (J = 1)
+            u2 = state.y2
+            u3 = state.y3
+        elif ctx.index == 0:
             u0, u1 = self._unit(ctx, stage, z, h64, 0, row)
             u2, u3 = self._unit(ctx, stage, z, h64, 1, row)
         else:
@@ -350,6 +360,10 @@ class WideQuantize:
         if self.FORMAT == AMAX:  # each consumer's share of the row: amax_out[2 row + c]
             a = folded(self, row_amax(ys, NU))
             gl.store(self.amax_out + 2 * row + ctx.index, a, mask=row < self.rows)
+        elif self.FORMAT == STORE and self.STORE2:  # one pair left: J = 1 (consumer 0; J = 0 went in compute) or 2
+            self._stage(ctx, 0, ys[0])
+            self._stage(ctx, 1, ys[1])
+            self._store_pair(ctx, row, 1 + ctx.index)
         elif self.FORMAT == STORE:
             for j in gl.static_range(NU):
                 self._stage(ctx, j, ys[j])
@@ -364,6 +378,15 @@ class WideQuantize:
             for j in gl.static_range(NU):
                 self._stage(ctx, j, ys[j])
             self._store_units(ctx, row, NU)
+
+    @gluon.jit
+    def _store_pair(self, ctx, row, J: gl.constexpr):
+        """STORE2: the two staged blocks (slots 0, 1: block J's column halves) stored."""
+        fence_async_shared()
+        gl.thread_barrier()
+        W: gl.constexpr = self.codes_desc.block_type.shape[2]
+        tma.async_copy_shared_to_global(self.codes_desc, [row, BLOCK * J, 0], ctx.out.slice(0, 1))
+        tma.async_copy_shared_to_global(self.codes_desc, [row, BLOCK * J, W], ctx.out.slice(1, 1))
 
     @gluon.jit
     def _store_units(self, ctx, row, NU: gl.constexpr):
@@ -520,7 +543,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                AHEAD: gl.constexpr = False, PINGPONG: gl.constexpr = False, PROBE: gl.constexpr = 0,
                                HALVES: gl.constexpr = 1, SCALE_ONCE: gl.constexpr = False, KTRIM: gl.constexpr = False,
                                FOLD: gl.constexpr = False, UNITS: gl.constexpr = False, NOZERO: gl.constexpr = False,
-                               CLAMP_LO: gl.constexpr = False):
+                               CLAMP_LO: gl.constexpr = False, STORE2: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
@@ -548,7 +571,8 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
     op = WideQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, M, FORMAT, G,
                       STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar, xrows, SCALE_ONCE, KTRIM,
                       FOLD and FORMAT != STORE, UNITS,
-                      NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO)
+                      NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO,
+                      STORE2 and UNITS and FORMAT == STORE)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),
@@ -600,10 +624,10 @@ def _layout(block, bits):
     return gll.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=bits, rank=len(block))
 
 
-def descriptors(x2, out, m: int, packed: bool, halves: int = 1):
+def descriptors(x2, out, m: int, packed: bool, halves: int = 1, slots: int = 4):
     """(x_desc, codes_desc, staging_desc) for (rows, m 64 halves) rows ``x2`` and their codes (or values) ``out``:
     3-D views (rows, m, 64 halves, or 32 halves packed) with [1, 64, W] boxes (W = 64 or 32: a consumer's columns;
-    sub-rows past m: zeros on loads, clipped on stores)."""
+    sub-rows past m: zeros on loads, clipped on stores); the staging buffer ``slots`` blocks (STORE2: 2)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     rows = x2.shape[0]
@@ -613,5 +637,5 @@ def descriptors(x2, out, m: int, packed: bool, halves: int = 1):
     bits = out.element_size() * 8
     shape, strides = [rows, m, w * halves], [out.stride(0), w * halves, 1]
     codes_desc = TensorDescriptor(out, shape, strides, [1, P, w], _layout([1, P, w], bits))
-    staging_desc = TensorDescriptor(out, shape, strides, [4, P, w], _layout([4, P, w], bits))
+    staging_desc = TensorDescriptor(out, shape, strides, [slots, P, w], _layout([slots, P, w], bits))
     return x_desc, codes_desc, staging_desc

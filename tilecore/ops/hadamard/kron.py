@@ -67,7 +67,7 @@ def kron_plan(x: torch.Tensor, m: int, p: int, **tuning) -> KronPlan:
         tuning = {**tuning, "tma": "none"}
     elif _gluon_fits(x, m, p, interpret, tuning):  # the Gluon kernel's tuning (split, inside, stages) carried
         units = tuning.get("units", configs.KRON_GLUON_UNITS.get((m, p), False))
-        keep = ("split", "inside", "stages", "ktrim", "nozero", "clamp_lo")
+        keep = ("split", "inside", "stages", "ktrim", "nozero", "clamp_lo", "store2")
         return KronPlan("gluon", m, p, config={**{k: tuning[k] for k in keep if k in tuning},
                                                **({"units": True} if units else {})})
     return kernel_plan(rows, m, p, x.dtype, sms, interpret, **tuning)
