@@ -205,7 +205,7 @@ S32_VARIANTS = [
 W32R = dict(walk_BK=32, walk_warps=4, walk_maxnreg=128)
 W64W4 = dict(walk_BK=64, walk_warps=4)
 S32B_VARIANTS = [
-    ("cfg s32 st3", dict(diag=5), dict(dqk_stages=3), "chunked"),
+    ("cfg s32 st3 walkst3", dict(diag=5), dict(dqk_stages=3, walk_stages=3), "chunked"),  # walks: 180 KB shared
     ("cfg s32 st4 wbk32r128", dict(diag=5), dict(dqk_stages=4, **W32R), "chunked"),
     ("cfg s32 local st3", dict(diag=5), dict(dg_local=True, dqk_stages=3), "chunked"),
     ("cfg s32 local st4 wbk64w4", dict(diag=5), dict(dg_local=True, dqk_stages=4, **W64W4), "chunked"),
