@@ -699,12 +699,37 @@ CHECK_BOTH = False
 DQ_DELTA = False
 
 
+def fixed_bwd_rates(h=16, d=128, total=65536):
+    """fixed_rates' backward column alone (the fixed-length tilecore backward's causal TFLOP/s at each of
+    MATCHED_LENGTHS, B = total / N), each printed as it is measured: {N: (nan, bwd, nan)}."""
+    import tilecore
+
+    dev = _device()
+    dtype = torch.float16 if SMOKE else torch.bfloat16
+    rates = {}
+    for n in ((16, 32) if SMOKE else MATCHED_LENGTHS):
+        if over_budget(f"time fixed bwd N{n}", 8.0):
+            continue
+        b = 2 if SMOKE else max(1, total // n)
+
+        def one(n=n, b=b):
+            qf, kf, vf = (torch.randn(b, h, n, d, dtype=dtype, device=dev, requires_grad=True) for _ in range(3))
+            of = tilecore.attention(qf, kf, vf, causal=True)
+            dof = torch.randn_like(of)
+            tb = bench(lambda: torch.autograd.grad(of, (qf, kf, vf), dof, retain_graph=True))
+            rates[n] = (float("nan"), 2.5 * causal_flops([n] * b, h, d) / tb / 1e9, float("nan"))
+            print(f"fixed causal bwd N{n} B{b}: {tb:.3f} ms, {rates[n][1]:.1f} TFLOP/s", flush=True)
+        guarded(f"time fixed bwd N{n}")(one)()
+    return rates
+
+
 def run_dq_delta(h=16, d=128, rounds=4):
     """--dq-delta (session 32): the split backward (the shipped default: preprocess, dK/dV, dq kernel) against
     dq_delta (the dq kernel first, making delta and the row statistics itself; no preprocess) on the long-tailed
-    64K and the uniform 16 x 4096 causal batches, H16 D128, alternately ``rounds`` times (do_bench medians);
-    beside them the fixed-length path's backward at the matched lengths (its rates at N 512 ... 8192, this run),
-    and each variant's per-kernel GPU time (torch.profiler) on the long tail."""
+    64K and the uniform 16 x 4096 causal batches, H16 D128, alternately ``rounds`` times (do_bench medians), each
+    row printed and the JSON written as it is made (session 32 call 3 timed out before its table); each
+    variant's per-kernel GPU time (torch.profiler) on the long tail; then the fixed-length path's backward at the
+    matched lengths (its rates at N 512 ... 8192, this run) for the ratios."""
     import statistics
 
     import triton.testing
@@ -712,13 +737,9 @@ def run_dq_delta(h=16, d=128, rounds=4):
     dev = _device()
     dtype = torch.float16 if SMOKE else torch.bfloat16
     scale = d ** -0.5
-    rates = {} if SMOKE else fixed_rates(h, d)
-    if rates:
-        RESULTS["time"].append({"case": "fixed-length causal TFLOP/s by N (fwd, bwd, fwd+bwd), B = 64K / N",
-                                **{f"fixed_N{n}_{w}": r[i] for n, r in rates.items()
-                                   for i, w in enumerate(("fwd", "bwd", "fwd_bwd"))}})
     batches = (("long-tailed", [16, 40, 3, 25] if SMOKE else long_tailed_lengths(65536)),
                ("uniform 16 x 4096", [32, 32] if SMOKE else [4096] * 16))
+    rows = []
     for label, lengths in batches:
         if over_budget(f"time dq_delta {label}", 10.0):
             continue
@@ -734,12 +755,12 @@ def run_dq_delta(h=16, d=128, rounds=4):
                                                      grads=grads, config=cfg)) for name, cfg in cfgs.items()}
         fns = {name: fn for name, fn in fns.items() if path_of(cfgs[name]) not in BROKEN}
         row = {"case": f"dq_delta A/B {label}: {len(lengths)} seqs, {total} tokens, longest {max(lengths)}, H{h} D{d} "
-                       f"causal, backward ms ({rounds} alternate rounds, median)"}
+                       f"causal, backward ms ({rounds} alternate rounds, median)", "lengths": lengths}
         RESULTS["time"].append(row)
+        rows.append(row)
         times = {name: [] for name in fns}
         for name, fn in fns.items():
             fn()
-        torch.cuda.synchronize() if not SMOKE else None
         for _ in range(1 if SMOKE else rounds):
             for name, fn in fns.items():
                 times[name].append(bench(fn) if SMOKE else triton.testing.do_bench(fn, warmup=10, rep=100,
@@ -749,14 +770,37 @@ def run_dq_delta(h=16, d=128, rounds=4):
             row[f"{name} rounds"] = " ".join(f"{t:.3f}" for t in ts)
         if len(times) == 2:
             row["dq_delta speedup"] = row["split (shipped) ms"] / row["dq_delta ms"]
-        if rates:
-            row["fixed matched bwd ms"] = m = matched_time_ms(lengths, rates, 1, h, d)
-            for name in times:
-                row[f"{name} vs matched"] = m / row[f"{name} ms"]
+        print(f"{row['case']}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                             for k, v in row.items() if k not in ("case", "lengths")), flush=True)
         if not SMOKE and label == "long-tailed":
             for name, fn in fns.items():
                 guarded(f"kernels dq_delta {name}")(lambda name=name, fn=fn: RESULTS["time"].append(
                     {"case": f"kernels {name}: {label} (GPU ms a call)", **kernel_times(fn)}))()
+                print(RESULTS["time"][-1], flush=True)
+        dump_partial()
+    rates = {} if SMOKE else fixed_bwd_rates(h, d)
+    if rates:
+        RESULTS["time"].append({"case": "fixed-length causal backward TFLOP/s by N, B = 64K / N",
+                                **{f"fixed_N{n}_bwd": r[1] for n, r in rates.items()}})
+        for row in rows:
+            row["fixed matched bwd ms"] = m = matched_time_ms(row["lengths"], rates, 1, h, d)
+            for name in ("split (shipped)", "dq_delta"):
+                if f"{name} ms" in row:
+                    row[f"{name} vs matched"] = m / row[f"{name} ms"]
+            print(f"{row['case']}: fixed matched {m:.3f} ms; " + ", ".join(
+                f"{name} vs matched {row[name + ' vs matched']:.3f}" for name in ("split (shipped)", "dq_delta")
+                if name + " vs matched" in row), flush=True)
+        dump_partial()
+    for row in rows:
+        row.pop("lengths")
+
+
+def dump_partial():
+    """The results so far as $OUT/gpu_varlen_bwd_dq_delta.json (a run cut short keeps them)."""
+    out_dir = os.environ.get("OUT", "/tmp/out")
+    with open(os.path.join(out_dir, "gpu_varlen_bwd_dq_delta.json"), "w") as f:
+        json.dump({"meta": _meta(), "broken": sorted(BROKEN), **RESULTS, "elapsed_s": time.time() - START[0]}, f,
+                  indent=1, default=str)
 
 
 def probe(path, budget):
@@ -795,6 +839,8 @@ def main():
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds before later cases are skipped")
     parser.add_argument("--no-time", action="store_true")
     parser.add_argument("--probe", choices=("fused", "split", "delta"), help="(internal) the first check on one path")
+    parser.add_argument("--no-probe", action="store_true", help="with --dq-delta: no probe process, only the checks "
+                                                                   "call 3 did not reach")
     parser.add_argument("--dq-delta", action="store_true",
                         help="only dq_delta (session 32): its probe, the A/B against the shipped split (with the "
                              "fixed path at matched lengths), then its checks until the budget, <= 120 s")
@@ -841,16 +887,19 @@ def main():
         print(f"elapsed {time.time() - START[0]:.1f} s")
         return
     if args.dq_delta:
-        probe("delta", 35.0)
+        # session 32 call 3 checked the first six cases (every one PASS); --no-probe: straight to the timing, then
+        # the cases left (the window, dlse None) while the budget lasts
+        if not args.no_probe:
+            probe("delta", 35.0)
         DQ_DELTA = True
         guarded("time dq_delta")(run_dq_delta)(h=2 if SMOKE else 16, d=16 if SMOKE else 128)
         if "delta" not in BROKEN:
-            for case in guarded("checks")(run_checks)() or []:
+            cases = guarded("checks")(run_checks)() or []
+            for case in (cases[-2:] if args.no_probe else cases):
                 guarded(f"check {case[1]}")(check)(*case)
+                dump_partial()
         text = table()
-        with open(os.path.join(out_dir, "gpu_varlen_bwd_dq_delta.json"), "w") as f:
-            json.dump({"meta": _meta(), "broken": sorted(BROKEN), **RESULTS, "elapsed_s": time.time() - START[0]}, f,
-                      indent=1, default=str)
+        dump_partial()
         print(text)
         print(f"elapsed {time.time() - START[0]:.1f} s")
         return
