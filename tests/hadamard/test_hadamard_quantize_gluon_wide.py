@@ -164,11 +164,14 @@ def test_clamped_lo_piece_is_the_piece_for_finite_values():
 
 
 def test_plan_switches_nozero_clamp_lo():
-    """NOZERO / CLAMP_LO (session 32) reach both Gluon kernels' configs only where asked (configs empty)."""
-    for n, extra in ((11008, {"gluon": True}), (18944, {"gluon": True}), (14336, {"gluon_kron": True})):
-        for fmt in ("fp8_e4m3", "mxfp4", "int4"):
+    """NOZERO / CLAMP_LO (session 32) reach both Gluon kernels' configs where asked or where the configs turn them on
+    (run 7: the 4-bit formats at 14336, mxfp4 at 28672)."""
+    for n, extra in ((11008, {"gluon": True}), (18944, {"gluon": True}), (14336, {"gluon_kron": True}),
+                     (28672, {"gluon_kron": True})):
+        for fmt in ("fp8_e4m3", "mxfp4", "nvfp4", "int4"):
             base = _plan(fmt, n=n, _gluon_ok=True, **extra).config
-            assert ("NOZERO" in base) == bool(configs.QUANT_GLUON_NOZERO) or not configs.QUANT_GLUON_NOZERO
+            assert ("NOZERO" in base) == bool(quantize._by_format(configs.QUANT_GLUON_NOZERO, fmt, n, False))
+            assert ("CLAMP_LO" in base) == bool(quantize._by_format(configs.QUANT_GLUON_CLAMP_LO, fmt, n, False))
             cfg = _plan(fmt, n=n, _gluon_ok=True, nozero=True, clamp_lo=True, **extra).config
             assert cfg["NOZERO"] and cfg["CLAMP_LO"], (n, fmt)
 

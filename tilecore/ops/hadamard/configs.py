@@ -261,14 +261,24 @@ QUANT_GLUON_FOLD = {**{(f, 14336): True for f in ("mxfp4", "nvfp4", "int4")},
 # (consumer 0 the sub-row blocks J = 0, 1 of both column halves, consumer 1 J = 2) instead of both consumers running
 # both halves' mixing: 30 products a row instead of 48 (sm_90a, CPU). Keys: (format, n), else the format; the transform
 # (kron "gluon" path): KRON_GLUON_UNITS by (m, p). Off until a GPU run checks and times it
-QUANT_GLUON_UNITS = {}
+# Run 7 of session 32 (notes/hadamard/runs/gluon_widths_s32c_run7_session32_h100.txt, H100, bf16; UNITS checked
+# against float64 there (every format at 18944) and in run 2 (fp16 too)), over the shipped HALVES 2 in the same run:
+# int4 1.08x (0.669 -> 0.618 ms, 37.6% of copy): on; fp8 0.93x, int8 0.91x, mxfp4 0.98x, nvfp4 0.95x: off. The 148 x 128
+# transform: UNITS 1.22x (55.1%), with STORE2 1.79x (80.9%), + KTRIM, NOZERO, CLAMP_LO 1.94x (0.802 -> 0.413 ms, 87.7%)
+# but the STORE2 transforms' checks were cut by the run's budget (55 s): off until checked (KRON_GLUON_UNITS empty)
+QUANT_GLUON_UNITS = {("int4", 18944): True}
 KRON_GLUON_UNITS = {}
 # session 32: two switches of both Gluon kernels' value path (plan tunings "nozero", "clamp_lo"; keys (format, n), else
 # the format): NOZERO, the group formats' sub-rows past m left unzeroed (one select a value at m < 32, a third of the
 # values at m x 64); CLAMP_LO, the second product's lo piece as max(x - h, -2^120) (one max a value, not a compare and
 # a select; the same pieces for finite x). The transform: tuning "nozero" / "clamp_lo" on its kron plan. Off until timed
-QUANT_GLUON_NOZERO = {}
-QUANT_GLUON_CLAMP_LO = {}
+# Run 7 of session 32 (gluon_widths_s32c_run7_session32_h100.txt, H100; both together checked against float64 at
+# mxfp4 / nvfp4 / int4 x 14336 / 28672 and mxfp4 11008: codes 99.9989-99.9997% equal, scales within the bound), over the
+# shipped plan in the same run: mxfp4 14336 1.06x (42.3 -> 44.9% of copy), nvfp4 14336 1.05x (40.6%), int4 14336 1.04x
+# (55.3%), mxfp4 28672 1.08x (43.7%): on there; nvfp4 28672 1.00x: off; the rest untimed (the run's budget)
+_NZ_CL = {("mxfp4", 14336): True, ("nvfp4", 14336): True, ("int4", 14336): True, ("mxfp4", 28672): True}
+QUANT_GLUON_NOZERO = dict(_NZ_CL)
+QUANT_GLUON_CLAMP_LO = dict(_NZ_CL)
 
 
 # here, not in quantize.py: kron.py's transform plan asks it too, and quantize.py imports kron
