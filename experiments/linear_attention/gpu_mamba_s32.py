@@ -233,8 +233,8 @@ def warm(names) -> set:
     for proc in list(getattr(pool, "_processes", {}).values()):
         proc.kill()
     pool.shutdown(wait=False, cancel_futures=True)
-    print(f"warm: {len(RESULTS['warm'])} of {len(names)} variants in {elapsed():.0f} s; passed {sorted(ok)}",
-          flush=True)
+    print(f"warm: {len(RESULTS['warm'])} of {len(names)} tasks in {elapsed():.0f} s; passed {sorted(map(str, ok))}",
+          flush=True)  # (ok holds variant names and (step case, variant) pairs: run 7 crashed sorting them together)
     return ok
 
 
@@ -542,12 +542,14 @@ def main():
         RESULTS["meta"] = {"error": str(err)}
     print(RESULTS["meta"], flush=True)
     peer = None if args.no_peer else start_peer()
-    ok = warm(names + ([] if args.no_step else [f"step {c}" for c in STEP_CASES]))
-    wait_peer(peer)
-    attempt("time", lambda: time_phase(ok, names))
-    if not args.no_step:
-        attempt("step", lambda: step_phase(ok))
-    peer_res = finish_peer(peer) if peer is not None else {}
+    try:
+        ok = attempt("warm", lambda: warm(names + ([] if args.no_step else [f"step {c}" for c in STEP_CASES]))) or set()
+        wait_peer(peer)
+        attempt("time", lambda: time_phase(ok, names))
+        if not args.no_step:
+            attempt("step", lambda: step_phase(ok))
+    finally:  # (run 7: a crash here left the peer waiting for its go file, and the job hung to its timeout)
+        peer_res = finish_peer(peer) if peer is not None else {}
     RESULTS["peer"] = peer_res
     print("peer", peer_res, flush=True)
     save()

@@ -34,9 +34,12 @@ def mamba_args(**kw):
                                      None, 1.0, 2, z_stage=True, g_stage=True, early_wv=True, **kw)[1]
 
 
-def test_the_shipped_launches_pass_none_of_them():
+def test_the_launches_pass_only_what_configs_turn_on():
     assert not set(S32) & set(mamba_args())
-    assert not set(S32) & set(mamba_args(**gluon_forward.s32_flags(True)))  # configs.GLUON_S32: all off
+    # configs.GLUON_S32: LEAN on for Mamba-2 since run 2 of gpu_mamba_s32.py (session 32), the rest off; nothing
+    # without beta
+    assert set(S32) & set(mamba_args(**gluon_forward.s32_flags(True))) == {"LEAN"}
+    assert not any(gluon_forward.s32_flags(False).values())
 
 
 def test_each_switch_reaches_the_launch_alone():

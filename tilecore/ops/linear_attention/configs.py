@@ -156,9 +156,17 @@ GLUON_EXP2_FMA: dict = {}
 # chunk's first v load (no second v load, 8 KB a consumer); LEAN: one causal select on P, the scale on beta V's
 # rows (32 FSEL and 32 FMUL a thread fewer), beta V in an allocation of its own (no bar.sync between its stores and
 # wv's); UPDATE_LATE: the state update in flight under the epilogue; Q_REG: q
-# loaded once into registers for Q K^T and Q S (16 KB a consumer fewer). Off until
-# experiments/linear_attention/gpu_mamba_s32.py checks and times them on the H100
-GLUON_S32: dict = {}
+# loaded once into registers for Q K^T and Q S (16 KB a consumer fewer); BETA_LOG (with LEAN): beta and the scale in
+# the exponents (Gb = G - log2(beta scale) through the stage), no beta V (FMUL 524 -> 458, 16 KB of shared memory
+# freed; only where the caller says beta >= 0: gluon_forward.forward's beta_nonneg, which no launch passes yet).
+# Run 2 of gpu_mamba_s32.py (H100, snapshot 90251d7, runs/mamba_s32_run2_session32_h100.txt; timed while FLA's
+# autotune still ran on the GPU, rounds +-5%): every variant right against float64 (bf16 / fp16 h0 N 1000, N 33,
+# strong decays: 1.000-1.002x the floor as the shipped kernel; scale 0.5 with beta 1.688x, the shipped's); LEAN faster
+# than the shipped kernel in each of the three interleaved rounds (0.931 / 0.936 / 0.987 ms against 0.952 / 0.993 /
+# 0.995; median 1.061x; the shipped timed again last 1.009); UPDATE_LATE 1.013x, Q_REG 0.990x, D_EARLY 0.945x (spills),
+# all four 0.934x. On: LEAN for Mamba-2 (the SASS of today's LEAN equals run 2's up to register names). The rest off;
+# BETA_LOG and the clean re-timing (the peer's compiles first) never ran: the session's device time ran out
+GLUON_S32: dict = {True: ("lean",)}
 # Based's Gluon forward (gluon_based.py: Dk 16, no decay, Dv a multiple of 64; its 153 symmetric features
 # padded to 160, S^T in wgmma registers). Runs 7-9 (H100, session 27, B16 H16 N4096 d16 v64 bf16): 0.200-0.212
 # ms against the tl kernel's 0.804 and FLA parallel_based's 2.04 (9.65-10.26x), 55-58% of the copy bound;
