@@ -157,8 +157,31 @@ def s32_timed():
     return out
 
 
+S2NC = {"units": True, "store2": True, "stages": 2, "ktrim": True, "nozero": True, "clamp_lo": True}
+
+
+def s33_timed():
+    """For the next session (session 32's device time ran out): what run 7 timed but could not check, and what it could
+    not time. The 148 x 128 transform on UNITS + STORE2 + KTRIM + NOZERO + CLAMP_LO (run 7: 1.94x, unchecked) and the
+    other transforms with NOZERO + CLAMP_LO; NOZERO + CLAMP_LO where untimed (11008, 18944, int4 28672); CLAMP_LO
+    for fp8 / int8."""
+    nc = {"nozero": True, "clamp_lo": True}
+    cases = [("t", 148, 128, "shipped", {}), ("t", 148, 128, "units_store2_ktrim_nz_clamp", S2NC),
+             ("t", 148, 128, "units_store2", {"units": True, "store2": True, "stages": 2})]
+    for m, p in ((172, 64), (28, 1024)):
+        cases += [("t", m, p, "shipped", {}), ("t", m, p, "nz_clamp", nc)]
+    for fmt, n in (("mxfp4", 11008), ("nvfp4", 11008), ("int4", 11008), ("mxfp4", 18944), ("nvfp4", 18944),
+                   ("int4", 28672)):
+        cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "nz_clamp", nc)]
+    for fmt, n in (("fp8_e4m3", 14336), ("int8", 28672), ("fp8_e4m3", 18944), ("fp8_e4m3", 11008)):
+        cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "clamp", {"clamp_lo": True})]
+    return cases
+
+
 def timed_cases(quick=False):
     """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
+    if SET == "s33":
+        return s33_timed()
     if SET == "s32":
         return s32_timed()
     if SET == "final":
@@ -242,7 +265,7 @@ def phase_warm(result, deadline, quick):
               c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
     ctx = mp.get_context("spawn")
     out = result.setdefault("warm", [])
-    with ctx.Pool(min(12 if SET == "s32" else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
+    with ctx.Pool(min(12 if SET in ("s32", "s33") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
         pending = pool.imap_unordered(_warm_one, cases)
         for _ in cases:
             try:
@@ -255,6 +278,9 @@ def phase_warm(result, deadline, quick):
 
 def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
+    if SET == "s33":  # the transforms first (check_transforms runs first in this set), then the quantize variants
+        return [(c[1], c[2], {"scale": 0.002} if c[1] == "nvfp4" else {}, "bfloat16", c[4]) for c in s33_timed()
+                if c[0] == "q" and c[3] != "shipped"] + [("fp8_e4m3", 28672, {}, "bfloat16", {"clamp_lo": True})]
     if SET == "s32":  # UNITS at 18944 (every format, nvfp4 given and dynamic, fp16), nvfp4 28672 INSIDE off
         cases = [(c[1], c[2], {"scale": 0.002} if c[1] == "nvfp4" else {}, "bfloat16", c[4]) for c in s32_timed()
                  if c[0] == "q" and c[3] in ("units", "nz_clamp", "units_nz_clamp", "clamp")]
@@ -300,6 +326,8 @@ def phase_check(result, save, deadline, quick):
 
     out = result.setdefault("check", {"quantize": [], "transform": []})
     torch.manual_seed(0)
+    if SET == "s33":  # the unchecked transform first
+        check_transforms(out["transform"], save, deadline)
     for fmt, n, kw, dtn, tuning in check_cases(quick):
         if time.time() > deadline:
             out["quantize"].append({"format": fmt, "n": n, "skipped": "time"})
@@ -364,7 +392,8 @@ def phase_check(result, save, deadline, quick):
             case["ok"] = False
         out["quantize"].append(case)
         save()
-    check_transforms(out["transform"], save, deadline)
+    if SET != "s33":
+        check_transforms(out["transform"], save, deadline)
 
 
 def check_transforms(out, save, deadline):
@@ -385,6 +414,14 @@ def check_transforms(out, save, deadline):
                                                                       ((172, 64), 2049, "transpose", {})]
     if SET == "final":  # the shipped transform plans (Gluon at the four shapes, 28 x 1024 with INSIDE off)
         cases = [((m, p), 2049, "out", {}) for m, p in TRANSFORMS] + [((28, 1024), 2049, "transpose", {})]
+    if SET == "s33":  # the STORE2 transform as run 7 timed it; the other transforms with NOZERO + CLAMP_LO
+        t = {**S2NC, "gluon": True}
+        nc = {"nozero": True, "clamp_lo": True, "gluon": True}
+        cases = [((148, 128), 2049, "out", t), ((148, 128), 3, "out", t), ((148, 128), 2049, "inplace", t),
+                 ((148, 128), 2049, "transpose", t), ((148, 128), 2049, "out", {"units": True, "store2": True,
+                                                                               "stages": 2, "gluon": True}),
+                 ((172, 64), 2049, "out", nc), ((172, 64), 2049, "transpose", nc), ((28, 1024), 2049, "out", nc),
+                 ((28, 1024), 3, "inplace", nc)]
     if SET == "s32":  # UNITS at 148 x 128: odd row counts, in place, H_m^T
         u = {"units": True, "gluon": True}  # (gluon: the 3-row case is below the plan's TMA_MIN_ELEMENTS)
         nc = {"nozero": True, "clamp_lo": True, "gluon": True}
@@ -409,7 +446,7 @@ def check_transforms(out, save, deadline):
             x = torch.randn(rows, n, dtype=torch.bfloat16, device="cuda")
             if rows > 2:
                 x[1, 5] = float("inf")
-            plan = kron.kron_plan(x, m, p, **({} if SET in ("final", "s32") else {"gluon": True}), **tuning)
+            plan = kron.kron_plan(x, m, p, **({} if SET in ("final", "s32", "s33") else {"gluon": True}), **tuning)
             case["path"] = plan.path
             case["config"] = {k: v for k, v in plan.config.items() if isinstance(v, (bool, int, float, str))}
             transpose = mode == "transpose"
@@ -538,7 +575,7 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
-    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32"))
+    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33"))
     a = ap.parse_args()
     global SET
     SET = a.set
