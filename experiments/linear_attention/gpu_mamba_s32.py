@@ -54,8 +54,10 @@ CASE = "mamba2 2.7B shape"
 # update_late 0.980, q_reg 1.003, lean+late 0.978, lean+late+d_early 0.958, lean+late+q_reg 0.966 (one round 0.867),
 # d_early 1.051 and all four 1.063 (slower: 128 / 176 B spilled). Since: the timing waits for the peer's compiles, 5
 # rounds, d_early alone and all four out, lean+q_reg in
+# LEAN on since run 2 (configs.GLUON_S32): "shipped" has it; "no lean" is the kernel before session 32
 VARIANTS = {
     "shipped": {},
+    "no lean": dict(lean=False),
     "lean": dict(lean=True),
     "update_late": dict(update_late=True),
     "q_reg": dict(q_reg=True),
