@@ -426,9 +426,11 @@ def keep_op_recipes(on: bool) -> None:
     OP_RECIPES = bool(on)
 
 
-# ... and the recipes added after H100 run 3 of session 32 (attention's and linear attention's Gluon forwards, the
-# norms' recorded-gradient path): off until an H100 run gives them the same bits and a gain (host_time.py --ab-lean
-# turns them on with the others); read each call, with OP_RECIPES
+# ... and attention's and linear attention's Gluon forward recipes (added after H100 run 3 of session 32): off. Run 7
+# (host_time.py --ab-lean, which turns them on with the others) gave the same bits on vs off and on calls 1..10 (the
+# attention bits cases: causal GQA N 300, D64 N 1000), but no gain to read: host_time's attention N256 row takes the
+# split-key decode path, not the Gluon forward, and linear_attention read 50.8 against 39.7 us on a host whose rounds
+# swung 39-97 us (notes/host/runs/host_later2_run7_session32_h100.txt). Read each call, with OP_RECIPES
 FORWARD_RECIPES = False
 
 
