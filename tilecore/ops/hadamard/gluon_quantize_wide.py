@@ -27,10 +27,8 @@ three [64, 64] float32 accumulators a consumer (96 registers a thread), shared m
 """
 from triton.experimental import gluon
 
-from tilecore.ops.hadamard.gluon_epilogue import (AMAX, E4M3, E5M2, INT4, INT8, MXFP4, NVFP4, STORE,  # noqa: F401
-                                                  _amax, _div_by, _e2m1_fast, _fp8, _group_scale, _max_nan, _pack,
-                                                  _rni, _scales_once, exchange, folded, group_codes, row_amax,
-                                                  pieces, token_codes, token_recip)
+from tilecore.ops.hadamard.gluon_epilogue import (AMAX, STORE, _amax, _group_scale, _max_nan, _pack, _rni, exchange,
+                                                  folded, group_codes, pieces, row_amax, token_codes, token_recip)
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
