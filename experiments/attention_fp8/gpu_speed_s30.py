@@ -63,7 +63,6 @@ JSON_NAME = "attention_fp8_speed_s30.json"
 TAIL_VARIANTS = None
 SPLIT_TAILS = None  # the split steps' tail shapes (None: D64 causal and not)
 TRACE_VARIANTS = (("default", {}), ("pp", dict(pingpong="flip")))
-TRACE_LAST = False  # (session 32) the trace after the timed cases and tails instead of before them
 CASES = {"d128": (16, 16, 4096, 128, False), "d128c": (16, 16, 4096, 128, True),
          "d64": (16, 16, 4096, 64, False), "d64c": (16, 16, 4096, 64, True)}
 
@@ -308,9 +307,7 @@ def main():
         print("trace", json.dumps(rec), flush=True)
         save()
 
-    def run_traces():
-        if args.smoke:
-            return
+    if not args.smoke:
         for cname in [c for c in args.trace.split(",") if c]:
             for label, overrides in TRACE_VARIANTS:
                 if left() < 20:
@@ -321,8 +318,6 @@ def main():
                     print(f"trace {cname} {label}: ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
                     traceback.print_exc()
 
-    if not TRACE_LAST:
-        run_traces()
     # the split steps (new kernel code: a fault would end the process) after everything else
     plain = [n for n in names if not VARIANTS[n][0].get("block_n2")]
     split_names = [n for n in names if VARIANTS[n][0].get("block_n2")]
@@ -330,8 +325,6 @@ def main():
     run_tails([n for n in plain if TAIL_VARIANTS is None or n in TAIL_VARIANTS])
     run_cases(split_names, False)
     run_tails([n for n in split_names if TAIL_VARIANTS is None or n in TAIL_VARIANTS])
-    if TRACE_LAST:
-        run_traces()
 
     save()
     print(f"\n{result['device']}  ({time.time() - T0:.0f} s)")

@@ -56,12 +56,6 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides
     "pipe3_chain": dict(pv_smem=3, block_n2=128, stages=2, q_buffers=1, max_tree=False), "pipe3": dict(pv_smem=3, block_n2=128, stages=2, q_buffers=1),
     "pipe_s3": dict(pv_smem=2, block_n2=128, stages=3), "pipe3_s3": dict(pv_smem=3, block_n2=128, stages=3), "early": dict(early_exp2=True), "smem_early": dict(pv_smem=1, early_exp2=True),
     "smem_late_early": dict(pv_smem=1, rescale_late=True, early_exp2=True),
-    # session 32: S of block j issued before the softmax of block j - 1 (gluon_fp8.compute_ahead)
-    "ahead": dict(s_ahead=True), "ahead_smem": dict(s_ahead=True, pv_smem=1), "ahead_packed": dict(s_ahead=True, cast_late=2),
-    "ahead_smem_lmma0": dict(s_ahead=True, pv_smem=1, l_mma=0), "ahead_packed_lmma0": dict(s_ahead=True, cast_late=2, l_mma=0),
-    "ahead_lmma0": dict(s_ahead=True, l_mma=0), "ahead_trace": dict(s_ahead=True, trace=True),
-    "ahead_l0_trace": dict(s_ahead=True, pv_smem=1, l_mma=0, trace=True), "ahead_packed_l0": dict(s_ahead=True, cast_late=2, l_mma=0),
-    "ahead_l0_q8": dict(s_ahead=True, pv_smem=1, l_mma=0, exp2_fma_every=-8), "ahead_l0_s2": dict(s_ahead=True, pv_smem=1, l_mma=0, stages=2),
     "smem_bn192q8": dict(pv_smem=1, block_n2=64, stages=2, exp2_fma_every=-8), "smem_bn192s2": dict(pv_smem=1, block_n2=64, stages=2),
 }
 
@@ -147,7 +141,7 @@ def compile_variant(D: int, causal: bool, overrides: dict):
                 P_SHIFT=float(cfg["p_shift"]), RESCALE_TAU=float(cfg["rescale_tau"]), L_MMA=cfg["l_mma"],
                 PROBE_NO_SOFTMAX=int(cfg.get("probe_no_softmax", 0)), MAX_TREE=cfg["max_tree"],
                 RESCALE_LATE=cfg.get("rescale_late", False), PV_SMEM=int(cfg.get("pv_smem", 0)),
-                EARLY_EXP2=bool(cfg.get("early_exp2", False)), S_AHEAD=bool(cfg.get("s_ahead", False)))
+                EARLY_EXP2=bool(cfg.get("early_exp2", False)))
     if cfg.get("trace"):  # the timing probe's stamps (session 30)
         args.update(trace=torch.empty(1024, dtype=torch.int32), TRACE=True)
     bn2 = cfg.get("block_n2", 0)
@@ -174,8 +168,8 @@ def analyse(k) -> dict:
 
 
 def overlap_facts(k) -> dict:
-    """S_AHEAD (session 32): in the steady softmax block (the most MUFU.EX2; D128 / D64 unmasked), where its step's S
-    wgmma (the QGMMA from zero, "RZ, !UPT", before the block) was issued, whether a WARPGROUP.DEPBAR lies between that
+    """Where the wgmma wait lies against the softmax (session 32, for s_ahead: removed, commit ecb1c8e; any variant): in
+    the steady softmax block (the most MUFU.EX2; D128 / D64 unmasked), where its step's S wgmma (the QGMMA from zero, "RZ, !UPT", before the block) was issued, whether a WARPGROUP.DEPBAR lies between that
     issue and the block's last MUFU.EX2 (none: S and P V run on the tensor cores under the exponentials), and the spill
     loads and stores (LDL / STL) from that issue to the block's end."""
     rows = sass_rows(k.asm["cubin"])

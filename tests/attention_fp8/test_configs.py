@@ -4,7 +4,7 @@ from tilecore.ops.attention_fp8 import configs
 
 KNOWN = {"block_m", "block_n", "stages", "consumers", "q_buffers", "pingpong", "exp2_fma_every", "cast_late",
          "rescale_tau", "p_shift", "l_mma", "max_tree", "k_block_scalar", "rescale_late", "block_n2",
-         "pv_smem", "early_exp2", "s_ahead"}
+         "pv_smem", "early_exp2"}
 
 
 def test_gluon_configs_ship_no_probe():

@@ -47,9 +47,8 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 # H100 session 31 runs 1-2: right everywhere, 0.78-0.96x the default (the step's cost is per key; notes). pv_smem 2/3
 # (compute_pipe_smem, block_n2 128 at D64 / 64 at D128) and early_exp2 (fp8_softmax_early): not run on a GPU yet
 # (job hc_fp8_early of gpu_speed_s31.py)
-# s_ahead (session 32, OFF until experiments/attention_fp8/gpu_speed_s32.py checks and times it on the H100): S of key
-# block j issued before the softmax of block j - 1 (gluon_fp8.compute_ahead; a tile takes its blocks + 2 steps); fits
-# D128 only with pv_smem 1 and l_mma 0 (sm_90a: S in flight under the exp2, 0 spills in the step)
+# s_ahead (session 32: S of key block j issued before the softmax of block j - 1) was right and slower on the H100
+# (0.72-0.88x): removed, notes/attention_fp8 (the code at commit ecb1c8e)
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, pingpong=False, exp2_fma_every=0,
                           cast_late=True, rescale_tau=0.0, p_shift=8, l_mma=1,
                           max_tree=True, rescale_late=False, pv_smem=0),

@@ -418,17 +418,6 @@ def fp8_softmax_early(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.cons
     return m_new, p, alpha
 
 
-@gluon.jit
-def after_wait(x):
-    """x as it is, through an asm with side effects (one mov a register): kept after the wgmma wait before it, so
-    that what defines x's registers for the loop's next step comes after the wait (S_AHEAD's carried P)."""
-    if x.dtype == gl.int32:
-        y = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
-    else:
-        y = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=False, pack=1)
-    return y
-
-
 PINGPONG_BARRIER: gl.constexpr = gl.constexpr(8)  # consumer c waits on PINGPONG_BARRIER + c before issuing
 
 
@@ -446,7 +435,6 @@ class Running:
     l_acc: object  # L_MMA: l in every column of a [BM, L_COLS] tile in the wgmma layout, float32 (else None)
     alpha: object  # RESCALE_LATE: the last softmax's alpha, applied to O (and l_acc) at the next step (else None)
     p2: object  # BN2 > 0: the last P of the step's second key block [BM, BN2] (as p; else None)
-    s: object  # S_AHEAD: the scores of the block whose softmax the next step runs, float32 [BM, BN] (else None)
 
 
 L_COLS: gl.constexpr = gl.constexpr(8)  # L_MMA: P times a [32, 8] block of ones (wgmma's narrowest N)
@@ -536,7 +524,6 @@ class AttentionFp8:
     p_smem: object  # PV_SMEM: e4m3 [CONSUMERS * 2, BM, BN], two P buffers a consumer (else None)
     p2_smem: object  # PV_SMEM with BN2 > 0: e4m3 [CONSUMERS * 2, BM, BN2], the second key block's P (else None)
     EARLY_EXP2: gl.constexpr  # session 31: exponentials before the row max (fp8_softmax_early)
-    S_AHEAD: gl.constexpr  # session 32: S of block j issued before the softmax of block j - 1 (compute_ahead)
 
     @gluon.jit
     def stamp(self, ctx, step, point: gl.constexpr):
@@ -553,15 +540,15 @@ class AttentionFp8:
     def setup(self, tile_id):
         """The tile's rows and its steps: a step per key block and one for the last P V."""
         rows = query_tile(self, tile_id, self.BM * self.CONSUMERS)
-        return rows, gl.where(rows.n_blocks > 0, rows.n_blocks + 1 + self.S_AHEAD, 0)
+        return rows, gl.where(rows.n_blocks > 0, rows.n_blocks + 1, 0)
 
     @gluon.jit
     def load(self, stage, bar, tile, step):
-        """Step ``step``'s K block and the V^T block of the step before (S_AHEAD: two steps before; the first steps
-        reload V block 0, the last steps K block n - 1, unused: a stage's byte count is fixed)."""
+        """Step ``step``'s K block and the V^T block of the step before (the first step reloads V block
+        0, the last step K block n - 1, unused: a stage's byte count is fixed)."""
         b, h, hk = head_of(tile.bh, self.H, self.GROUP)
         k_block = gl.minimum(step, tile.n_blocks - 1)
-        v_block = gl.maximum(step - 1 - self.S_AHEAD, 0)
+        v_block = gl.maximum(step - 1, 0)
         tma.async_copy_global_to_shared(self.k_desc, [b, hk, k_block * self.BNS, 0], bar, stage.k)
         if self.PV_SMEM >= 2:  # compute_pipe_smem: the first half's V^T of this step, the second half's of the step before
             tma.async_copy_global_to_shared(self.vt_desc, [b, hk, 0, k_block * self.BNS], bar, stage.vt)
@@ -610,10 +597,7 @@ class AttentionFp8:
         p2 = gl.constexpr(None)
         if self.BN2 > 0 and not self.PV_SMEM:
             p2 = gl.zeros([self.BM, self.BN2], gl.float32, self.P)
-        s = gl.constexpr(None)
-        if self.S_AHEAD:
-            s = gl.zeros([self.BM, self.BN], gl.float32, self.S)
-        return Running(m, l, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, alpha, p2, s)
+        return Running(m, l, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, alpha, p2)
 
     @gluon.jit
     def key_scales(self, st, first_key):
@@ -1169,110 +1153,8 @@ class AttentionFp8:
         return st
 
     @gluon.jit
-    def ahead_step(self, ctx, st, q, k_t, v, step, ISSUE_S: gl.constexpr, ISSUE_PV: gl.constexpr,
-                   SOFTMAX: gl.constexpr):
-        """One step of compute_ahead: S_step = Q K_step^T (ISSUE_S) and O += P_{step-2} V_{step-2} with P's row sums
-        (ISSUE_PV) issued, then (SOFTMAX) the softmax of block step - 1 on the scores carried from the step before
-        while both run on the tensor cores, P_{step-1} made (the register operand, or stored to its shared buffer with
-        PV_SMEM), then every wgmma waited for, O and l times alpha_{step-1} (where P V was issued: O is 0 before), and
-        S_step carried to the next step. Nothing is in flight across the step's end (wgmma in flight across the loop's
-        back edge were serialized by ptxas, session 30)."""
-        first_key = (step - 1) * self.BN
-        if SOFTMAX:
-            k_scale = self.key_scales(st, first_key)
-        if ISSUE_PV:
-            a = self.p_source(ctx, st, step - 2)
-        if ISSUE_S:
-            s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
-                                  is_async=True)
-        if ISSUE_PV:
-            if self.L_MMA:
-                t0, t1, t2, t3 = self.row_sums(a)
-            o_tok = warpgroup_mma(a, v, st.acc, is_async=True)
-        self.their_turn(ctx)
-        self.stamp(ctx, step, 1)
-        self.stamp(ctx, step, 2)  # (no S to wait for: the trace's S wait is 0 here)
-        if SOFTMAX:
-            m, l, p32, alpha, moved = self.softmax(st.s, st, first_key, k_scale)
-            if self.PV_SMEM:
-                self.store_p(ctx, p32, step - 1)
-            else:
-                p_next = self.p_operand(p32)
-            st = st.replace(m=m, l=l)
-            self.stamp(ctx, step, 3)
-        if ISSUE_PV:
-            if self.L_MMA:
-                if ISSUE_S:
-                    s, acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(s_tok, o_tok, t0, t1, t2, t3))
-                    st = st.replace(s=s)
-                else:
-                    acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
-                l_acc = st.l_acc + ((l0 + l1) + (l2 + l3))
-            else:
-                if ISSUE_S:
-                    s, acc = warpgroup_mma_wait(0, deps=(s_tok, o_tok))
-                    st = st.replace(s=s)
-                else:
-                    acc = warpgroup_mma_wait(0, deps=(o_tok,))
-                l_acc = 0
-            if SOFTMAX:
-                acc, l_acc = self.rescale(acc, l_acc, alpha, moved)
-            st = st.replace(acc=acc)
-            if self.L_MMA:
-                st = st.replace(l_acc=l_acc)
-        elif ISSUE_S:
-            st = st.replace(s=warpgroup_mma_wait(0, deps=(s_tok,)))
-        if SOFTMAX and not self.PV_SMEM:
-            # the carried P defined after the wait (an asm with side effects stays after it): made before, LLVM wrote
-            # it into the registers of the P in flight as P V's operand (the loop's phi), and ptxas serialized every
-            # wgmma (C7513: non-wgmma instructions defining a wgmma's input registers inside its pipeline stage)
-            st = st.replace(p=after_wait(p_next))
-        self.stamp(ctx, step, 4)
-        return st
-
-    @gluon.jit
-    def compute_ahead(self, ctx, st, stage, tile, step):
-        """S_AHEAD (session 32): S of block j issued before the softmax of block j - 1, so that each consumer's tensor
-        work runs under its own softmax (FlashAttention-3's intra-warpgroup overlap, one block further ahead than
-        compute_one's, whose S_j must be waited for before its softmax: the trace's issue + S wait, ~600 of the step's
-        ~2,300 cycles). A tile's steps are its blocks + 2; step s holds K_s and V_{s-2} and (this consumer's n blocks):
-
-            s = 0            S_0
-            1 <= s < n       S_s [+ P_{s-2} V_{s-2} from s = 2] | softmax_{s-1} on the carried S_{s-1} | wait all
-            s = n            [P_{n-2} V_{n-2}] | softmax_{n-1} | wait
-            s = n + 1        P_{n-1} V_{n-1} | wait
-
-        Every step ends with its wgmma complete (the stage is free, nothing in flight across the loop's back edge);
-        the scores S_s are carried to the next step in registers (64 a thread at BN 128: the register budget's cost)."""
-        q = ctx.operand.reshape([self.BM, self.D])
-        k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))  # [D, BN], D contiguous: K-major
-        v = stage.vt.reshape([self.D, self.BN]).permute((1, 0))  # [BN, D], keys contiguous: K-major
-        n = st.rows.n_blocks
-        self.my_turn(ctx, step)
-        if step == 0:
-            st = self.ahead_step(ctx, st, q, k_t, v, step, True, False, False)
-        elif step < n:
-            if step == 1:
-                st = self.ahead_step(ctx, st, q, k_t, v, step, True, False, True)
-            else:
-                st = self.ahead_step(ctx, st, q, k_t, v, step, True, True, True)
-        elif step == n:
-            if step == 1:
-                st = self.ahead_step(ctx, st, q, k_t, v, step, False, False, True)
-            else:
-                st = self.ahead_step(ctx, st, q, k_t, v, step, False, True, True)
-        elif step == n + 1:
-            st = self.ahead_step(ctx, st, q, k_t, v, step, False, True, False)
-        else:  # causal: a step past this consumer's keys (the other's rows see more)
-            self.their_turn(ctx)
-        return st
-
-    @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
-        if self.S_AHEAD:
-            self.stamp(ctx, step, 0)
-            st = self.compute_ahead(ctx, st, stage, tile, step)
-        elif self.PV_SMEM >= 2:
+        if self.PV_SMEM >= 2:
             self.stamp(ctx, step, 0)
             st = self.compute_pipe_smem(ctx, st, stage, tile, step)
         elif self.BN2 > 0 and self.PV_SMEM:
@@ -1412,7 +1294,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              MAX_TREE: gl.constexpr = False, RESCALE_LATE: gl.constexpr = False,
                              BN2: gl.constexpr = 0, k2_desc=None, vt2_desc=None, trace=None,
                              TRACE: gl.constexpr = False, PV_SMEM: gl.constexpr = 0,
-                             EARLY_EXP2: gl.constexpr = False, S_AHEAD: gl.constexpr = False):
+                             EARLY_EXP2: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. BN2 > 0: steps of
     BN + BN2 keys, the second blocks by k2_desc [1, 1, BN2, D] and vt2_desc [1, 1, D, BN2] (compute_split)."""
     gl.static_assert(not (RESCALE_LATE and RESCALE_TAU > 0), "RESCALE_LATE or RESCALE_TAU, not both")
@@ -1436,10 +1318,6 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     gl.static_assert(not EARLY_EXP2 or (L_MMA == 1 and MAX_TREE and RESCALE_TAU == 0 and EXP2_FMA_EVERY == 0
                                         and not PROBE_NO_SOFTMAX and PINGPONG < 2),
                      "EARLY_EXP2: with L_MMA 1 and MAX_TREE, without RESCALE_TAU, EXP2_FMA_EVERY, probes or PINGPONG 2/3")
-    gl.static_assert(not S_AHEAD or (BN2 == 0 and PV_SMEM <= 1 and PINGPONG < 2 and not RESCALE_LATE
-                                     and not PROBE_NO_SOFTMAX and (CAST_LATE != 0 or PV_SMEM != 0)),
-                     "S_AHEAD: 128-key steps, PV_SMEM 0 or 1, CAST_LATE (or PV_SMEM), without RESCALE_LATE, "
-                     "PINGPONG 2/3 or probes")
     p_smem = gl.constexpr(None)
     p2_smem = gl.constexpr(None)
     if PV_SMEM:  # two P buffers a consumer (PV_SMEM: p_buffer), keys contiguous: the K-major A operand
@@ -1468,8 +1346,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, LC, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, LC, gl.num_warps(), 8), BN2, BN + BN2,
-                      wgmma_layout(BM, BN2 if BN2 > 0 else BN, gl.num_warps(), 8), k2_desc, vt2_desc, trace, TRACE, PV_SMEM, p_smem, p2_smem, EARLY_EXP2,
-                      S_AHEAD)
+                      wgmma_layout(BM, BN2 if BN2 > 0 else BN, gl.num_warps(), 8), k2_desc, vt2_desc, trace, TRACE, PV_SMEM, p_smem, p2_smem, EARLY_EXP2)
     # three consumer warpgroups (13 warps) share the register file more thinly
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
                     PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0,

@@ -209,8 +209,6 @@ class _GluonLayout:
                 self.options.pop("PV_SMEM")  # per-block k descales take the default 128-key steps
         if cfg.get("early_exp2", False):  # session 31: exponentials before the row max (gluon_fp8.fp8_softmax_early)
             self.options["EARLY_EXP2"] = True
-        if cfg.get("s_ahead", False) and not self.block_n2:  # session 32: S_j before softmax_{j-1} (compute_ahead)
-            self.options["S_AHEAD"] = True
         if self.block_n2:
             self.options["BN2"] = self.block_n2
         check_rescale(self.options["RESCALE_TAU"], self.options["P_SHIFT"])
