@@ -133,7 +133,7 @@ def test_units_data_flow_is_the_transform():
 
 def test_plan_switches_units_only_at_halves_2():
     """UNITS (plan tuning "units", configs.QUANT_GLUON_UNITS) reaches the kernel at m x 128 only; the transform's
-    kron "gluon" plan carries it (KRON_GLUON_UNITS)."""
+    kron "gluon" plan carries it (kron.gluon_config, configs.KRON_GLUON_TUNING)."""
     for fmt in ("fp8_e4m3", "mxfp4", "int4"):
         assert _plan(fmt, n=18944, gluon=True, _gluon_ok=True, units=True).config.get("UNITS")
         assert not _plan(fmt, n=11008, gluon=True, _gluon_ok=True, units=True).config.get("UNITS")
@@ -174,6 +174,29 @@ def test_plan_switches_nozero_clamp_lo():
             assert ("CLAMP_LO" in base) == bool(quantize._by_format(configs.QUANT_GLUON_CLAMP_LO, fmt, n, False))
             cfg = _plan(fmt, n=n, _gluon_ok=True, nozero=True, clamp_lo=True, **extra).config
             assert cfg["NOZERO"] and cfg["CLAMP_LO"], (n, fmt)
+
+
+def test_transform_gluon_config_takes_the_table_then_the_caller():
+    """kron.gluon_config: configs.KRON_GLUON_TUNING's entry for (m, p), the caller's tuning over it, only the keys
+    gluon_wide_transform takes; with the run-7 candidate at 148 x 128 the STORE plan is UNITS + STORE2 + KTRIM +
+    NOZERO + CLAMP_LO at two stages."""
+    from tilecore.ops.hadamard import gluon_launch, kron
+
+    cand = dict(units=True, store2=True, stages=2, ktrim=True, nozero=True, clamp_lo=True)
+    old = dict(configs.KRON_GLUON_TUNING)
+    try:
+        configs.KRON_GLUON_TUNING[(148, 128)] = cand
+        cfg = kron.gluon_config(148, 128, {"gluon": True, "tma": "none", "ktrim": False})
+        assert cfg == {**cand, "ktrim": False}  # the caller's over the table; "gluon", "tma" dropped
+        assert kron.gluon_config(172, 64, {"split": 1}) == {**old.get((172, 64), {}), "split": 1}
+        stages = cfg.pop("stages")
+        plan = gluon_launch.store_plan(9448, 18944, torch.bfloat16, 132, **{**cfg, "ktrim": True})
+        assert stages == 2 and plan.path == "gluon_wide"
+        assert {k: plan.config.get(k) for k in ("UNITS", "STORE2", "KTRIM", "NOZERO", "CLAMP_LO", "HALVES")} == dict(
+            UNITS=True, STORE2=True, KTRIM=True, NOZERO=True, CLAMP_LO=True, HALVES=2)
+    finally:
+        configs.KRON_GLUON_TUNING.clear()
+        configs.KRON_GLUON_TUNING.update(old)
 
 
 _COMPILE_UNITS = r"""

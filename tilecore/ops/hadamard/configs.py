@@ -260,14 +260,17 @@ QUANT_GLUON_FOLD = {**{(f, 14336): True for f in ("mxfp4", "nvfp4", "int4")},
 # session 32: the wide kernel's UNITS at 148 x 128 (HALVES 2; plan tuning "units"): each output block's mixing once
 # (consumer 0 the sub-row blocks J = 0, 1 of both column halves, consumer 1 J = 2) instead of both consumers running
 # both halves' mixing: 30 products a row instead of 48 (sm_90a, CPU). Keys: (format, n), else the format; the transform
-# (kron "gluon" path): KRON_GLUON_UNITS by (m, p). Off until a GPU run checks and times it
+# (kron "gluon" path): KRON_GLUON_TUNING by (m, p) (below). Off until a GPU run checks and times it
 # Run 7 of session 32 (notes/hadamard/runs/gluon_widths_s32c_run7_session32_h100.txt, H100, bf16; UNITS checked
 # against float64 there (every format at 18944) and in run 2 (fp16 too)), over the shipped HALVES 2 in the same run:
 # int4 1.08x (0.669 -> 0.618 ms, 37.6% of copy): on; fp8 0.93x, int8 0.91x, mxfp4 0.98x, nvfp4 0.95x: off. The 148 x 128
 # transform: UNITS 1.22x (55.1%), with STORE2 1.79x (80.9%), + KTRIM, NOZERO, CLAMP_LO 1.94x (0.802 -> 0.413 ms, 87.7%)
-# but the STORE2 transforms' checks were cut by the run's budget (55 s): off until checked (KRON_GLUON_UNITS empty)
+# but the STORE2 transforms' checks were cut by the run's budget (55 s): off until checked (KRON_GLUON_TUNING empty)
 QUANT_GLUON_UNITS = {("int4", 18944): True}
-KRON_GLUON_UNITS = {}
+# hadamard_transform's "gluon" plan tuning by (m, p) (kron.gluon_config: split, inside, stages, ktrim, units, store2,
+# nozero, clamp_lo; the caller's tuning over it). Candidate once checked (he_s33): (148, 128): dict(units=True,
+# store2=True, stages=2, ktrim=True, nozero=True, clamp_lo=True), run 7's 1.94x
+KRON_GLUON_TUNING = {}
 # session 32: two switches of both Gluon kernels' value path (plan tunings "nozero", "clamp_lo"; keys (format, n), else
 # the format): NOZERO, the group formats' sub-rows past m left unzeroed (one select a value at m < 32, a third of the
 # values at m x 64); CLAMP_LO, the second product's lo piece as max(x - h, -2^120) (one max a value, not a compare and

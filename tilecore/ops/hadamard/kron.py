@@ -66,11 +66,17 @@ def kron_plan(x: torch.Tensor, m: int, p: int, **tuning) -> KronPlan:
     if not pow2_plan.tma_fits(x) or not dispatch.tma_ok(x.device):
         tuning = {**tuning, "tma": "none"}
     elif _gluon_fits(x, m, p, interpret, tuning):  # the Gluon kernel's tuning (split, inside, stages) carried
-        units = tuning.get("units", configs.KRON_GLUON_UNITS.get((m, p), False))
-        keep = ("split", "inside", "stages", "ktrim", "nozero", "clamp_lo", "store2")
-        return KronPlan("gluon", m, p, config={**{k: tuning[k] for k in keep if k in tuning},
-                                               **({"units": True} if units else {})})
+        return KronPlan("gluon", m, p, config=gluon_config(m, p, tuning))
     return kernel_plan(rows, m, p, x.dtype, sms, interpret, **tuning)
+
+
+GLUON_KEYS = ("split", "inside", "stages", "ktrim", "units", "store2", "nozero", "clamp_lo")
+
+
+def gluon_config(m: int, p: int, tuning: dict) -> dict:
+    """The "gluon" plan's config (gluon_launch.gluon_wide_transform's keyword arguments): configs.KRON_GLUON_TUNING's
+    by (m, p), the caller's tuning over it, GLUON_KEYS only."""
+    return {k: v for k, v in {**configs.KRON_GLUON_TUNING.get((m, p), {}), **tuning}.items() if k in GLUON_KEYS}
 
 
 def _gluon_fits(x: torch.Tensor, m: int, p: int, interpret: bool, tuning: dict) -> bool:
