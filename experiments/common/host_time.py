@@ -41,6 +41,8 @@ def cases():
     q = torch.randn(1, 32, 1, 128, **bf)
     k = torch.randn(1, 8, 4096, 128, **bf)
     qs, ks, vs = (torch.randn(1, 8, 256, 64, **bf) for _ in range(3))
+    # (N 256 at 8 heads takes the split-key decode path; this one the Gluon forward: session 32's GluonForward recipe)
+    qn, kn, vn = (torch.randn(1, 4, 1024, 64, **bf) for _ in range(3))
     ag, bg = a.clone().requires_grad_(), b.clone().requires_grad_()
     qg, kg, vg = (t.clone().requires_grad_() for t in (qs, ks, vs))
     xg = x.clone().requires_grad_()
@@ -52,6 +54,8 @@ def cases():
         "decode": (lambda: tilecore.attention(q, k, k),
                    lambda: F.scaled_dot_product_attention(q, k, k, enable_gqa=True)),
         "attention N256": (lambda: tilecore.attention(qs, ks, vs), lambda: F.scaled_dot_product_attention(qs, ks, vs)),
+        "attention N1024 (Gluon forward)": (lambda: tilecore.attention(qn, kn, vn),
+                                            lambda: F.scaled_dot_product_attention(qn, kn, vn)),
         "gemm (grad recorded)": (lambda: tilecore.gemm(ag, bg), lambda: ag @ bg),
         "hadamard (grad recorded)": (lambda: tilecore.hadamard_transform(xg), lambda: xg @ h),
         "attention N256 (grad recorded)": (lambda: tilecore.attention(qg, kg, vg),
@@ -89,6 +93,8 @@ def later_cases():
 
     ql, kl, vl = (torch.randn(1, 256, 4, 64, **bf) for _ in range(3))
     qlg, klg, vlg = (t.clone().requires_grad_() for t in (ql, kl, vl))
+    # Dv 128 (two value blocks a tile): the Gluon forward (session 32's GluonForward recipe); Dv 64 above runs tl
+    qlw, klw, vlw = (torch.randn(1, 256, 4, 128, **bf) for _ in range(3))
     ql2, kl2, vl2 = (torch.randn(4, 8, 64, **bf) for _ in range(3))
     state = torch.randn(4, 8, 64, 64, device=DEV[0])
     xm = torch.randn(4, 32, 64, **bf)
@@ -141,6 +147,9 @@ def later_cases():
         "linear_attention (grad recorded)": (lambda: tilecore.linear_attention(qlg, klg, vlg),
                                              lambda: torch.tril(qlg.transpose(1, 2) @ klg.transpose(1, 2).transpose(-1, -2))
                                              @ vlg.transpose(1, 2)),
+        "linear_attention Dv128 (Gluon forward)": (lambda: tilecore.linear_attention(qlw, klw, vlw),
+                                                   lambda: torch.tril(qlw.transpose(1, 2) @ klw.transpose(1, 2)
+                                                                      .transpose(-1, -2)) @ vlw.transpose(1, 2)),
         "linear_attention_step": (lambda: tilecore.linear_attention_step(ql2, kl2, vl2, state),
                                   lambda: (state.add_(kl2.float()[..., None] * vl2.float()[..., None, :]),
                                            torch.einsum("bhf,bhfv->bhv", ql2.float(), state))),
@@ -345,7 +354,7 @@ def same_bits_later(table, calls=10):
     return results
 
 
-PROFILED = ("attention N256", "attention N256 (grad recorded)", "decode", "gemm_fp8", "fft_conv", "attention_varlen 3 seqs", "paged decode", "attention_fp8 N256", "mamba2_step", "layer_norm",
+PROFILED = ("attention N256", "attention N1024 (Gluon forward)", "linear_attention Dv128 (Gluon forward)", "attention N256 (grad recorded)", "decode", "gemm_fp8", "fft_conv", "attention_varlen 3 seqs", "paged decode", "attention_fp8 N256", "mamba2_step", "layer_norm",
             "rms_norm (grad recorded)", "linear_attention (grad recorded)")
 
 
