@@ -607,147 +607,9 @@ def time_roles_ab(rounds: int = 3) -> None:
                      f"{a:.3f}/{r:.3f}" for a, r in zip(times["shipped"], times["roles"])) + ")"))
 
 
-# --------------------------------------------------------------------------------------------
-# --dq-regs (session 32): the MLA dq kernel with each consumer's dO rows held in registers for the tile (DO_REGS,
-# attention_mla.gluon_dq; sm_90a: 0 / 4 B spills, not serialized), dP's wgmma then read only V from shared memory
-
-
-def dq_launch(p, dout, q, k, v, lse, delta, dq, causal, scale, window=(-1, -1), softcap=0.0, do_regs=True):
-    """launch.launch_dq_gluon's MLA branch (plan ``p``: the backward's dq plan) with DO_REGS."""
-    from tilecore import dispatch
-    from tilecore.tiles.launch import TmaOperand
-
-    B, H, N, _ = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    bm, bn = p.config["block_m"], p.config["block_n"]
-    masks, left, right = launch.mask_options(causal, window, N, Nk)
-    _, scale_log2e, tanh_scale = launch.score_options(scale, softcap)
-    piece = lambda t, rows: TmaOperand(t, [1, 1, rows, 64])  # noqa: E731
-    with dispatch.on_device(q.device):
-        launch.GLUON_DQ_MLA.run(None, p.grid,
-                                (piece(q, 2 * bm), piece(k, bn), piece(v, bn), piece(dout, 2 * bm), piece(dq, bm), lse,
-                                 delta, H, N, Nk, H // Hkv, scale, scale_log2e, B * H, p.sizes["head_group"],
-                                 p.schedule, left, right, tanh_scale),
-                                dict(**masks, STAGES=p.config["stages"], SOFTCAP=launch.gluon_softcap(softcap, p.config),
-                                     DO_REGS=do_regs, num_warps=4))
-
-
-def dq_regs_backward(base, dout, q, k, v, out, lse, dq, dk, dv, causal, scale, window=(-1, -1), softcap=0.0):
-    """The shipped MLA backward (preprocess, dK/dV kernel) with the dq kernel's DO_REGS variant."""
-    delta, dq_sum, stats = launch.backward_preprocess(out, dout, lse, None, row_stats=True)
-    launch.launch_backward_gluon_kernel(base, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, window, softcap)
-    dq_launch(base.dq, dout, q, k, v, lse, delta, dq, causal, scale, window, softcap)
-
-
-DQ_REGS_CHECKS = [  # name, B, Hq, Hkv, N, Nk, causal, window, softcap
-    ("192/128 N1008", 1, 2, 2, 1008, 1008, False, (-1, -1), 0.0),
-    ("192/128 causal N1040", 1, 2, 2, 1040, 1040, True, (-1, -1), 0.0),
-    ("192/128 causal N720 Nk1104 GQA 4/2", 1, 4, 2, 720, 1104, True, (-1, -1), 0.0),
-    ("192/128 N1104 Nk720 GQA 8/2", 1, 8, 2, 1104, 720, False, (-1, -1), 0.0),
-    ("192/128 window (256, 0) + softcap 30 GQA 4/2 N1500", 1, 4, 2, 1500, 1500, False, (256, 0), 30.0),
-    ("192/128 causal N4096 B2 (schedule)", 2, 2, 2, 4096, 4096, True, (-1, -1), 0.0),
-]
-
-
-def dq_regs_check(name, b, hq, hkv, n, nk, causal, window, softcap, dtype=torch.bfloat16):
-    """dq, dk, dv of the DO_REGS backward and of the shipped one against float64 (NaN-poisoned outputs)."""
-    q, k, v = make(b, hq, hkv, n, nk, 192, 128, dtype, seed=n + hq)
-    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
-    ref, _ = attention_reference(q64, k64, v64, causal=causal, window_size=window, softcap=softcap)
-    dout = torch.randn(ref.shape, dtype=dtype, device=q.device)
-    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
-    out, lse, _ = forward(q, k, v, causal, "gluon", window, softcap)
-    scale = 192 ** -0.5
-    base = plan.plan_backward(dout, q, k, v, causal, scale, window=window, softcap=softcap, path="gluon")
-    found = {}
-    for which in ("do_regs", "shipped"):
-        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-        if which == "do_regs":
-            dq_regs_backward(base, dout, q, k, v, out, lse, *grads, causal, scale, window, softcap)
-        else:
-            launch.backward(base, dout, q, k, v, out, lse, None, *grads, causal, scale, window, softcap)
-        torch.cuda.synchronize()
-        found[which + "_unwritten"] = int(sum(g.isnan().sum() for g in grads))
-        found[which] = {nm: accuracy.error_over_floor(g, r) for nm, g, r in zip(("dq", "dk", "dv"), grads, ref_grads)}
-    ok = found["do_regs_unwritten"] == 0 and all(found["do_regs"][nm] <= max(3.0, 1.25 * found["shipped"][nm])
-                                                 for nm in ("dq", "dk", "dv"))
-    RESULTS["correctness"].append(dict(case=f"dq DO_REGS {name}", dtype=str(dtype), ok=ok, **{
-        f"{w}_{nm}_over_floor": found[w][nm] for w in ("do_regs", "shipped") for nm in ("dq", "dk", "dv")},
-        unwritten=found["do_regs_unwritten"]))
-    row(("check", f"DO_REGS {name} {str(dtype)[6:]}",
-         ("ok " if ok else "BAD ") + " ".join(f"{nm} {found['do_regs'][nm]:.2f} (shipped {found['shipped'][nm]:.2f})"
-                                            for nm in ("dq", "dk", "dv"))
-         + (f" unwritten {found['do_regs_unwritten']}" if found["do_regs_unwritten"] else "")))
-    return ok
-
-
-def time_dq_regs_ab(rounds: int = 3) -> None:
-    """B8 H16 N4096 bf16, causal and not: the shipped dq kernel against DO_REGS alone, then forward + backward each
-    way, alternately ``rounds`` times (do_bench medians); the 128/128 default's forward + backward beside them
-    for the issue's ratio (the 192/128 rate over 128/128's, target >= 0.9)."""
-    import statistics
-
-    import triton.testing
-
-    b, h, n = 8, 16, 4096
-    for causal in (False, True):
-        label = f"{'causal' if causal else 'full'} B{b} H{h} N{n}"
-        scale = 192 ** -0.5
-        q, k, v = make(b, h, h, n, n, 192, 128, torch.bfloat16, seed=1)
-        out, lse, fwd_plan = forward(q, k, v, causal, "gluon")
-        dout = torch.randn_like(out)
-        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-        base = plan.plan_backward(dout, q, k, v, causal, scale, path="gluon")
-        delta, _, _ = launch.backward_preprocess(out, dout, lse, None)
-        qs, ks, vs = make(b, h, h, n, n, 128, 128, torch.bfloat16, seed=2)
-        sq_fwd = plan.plan_forward(qs, ks, vs, causal, 128 ** -0.5)
-        os_, ls_ = (torch.empty_like(qs), torch.empty(qs.shape[:3], device=qs.device))
-        launch.forward(sq_fwd, qs, ks, vs, os_, ls_, causal, 128 ** -0.5)
-        ds = torch.randn_like(os_)
-        sq = plan.plan_backward(ds, qs, ks, vs, causal, 128 ** -0.5)
-        gs = [torch.empty_like(t) for t in (qs, ks, vs)]
-
-        def fwd():
-            launch.forward(fwd_plan, q, k, v, out, lse, causal, scale)
-
-        def square():
-            launch.forward(sq_fwd, qs, ks, vs, os_, ls_, causal, 128 ** -0.5)
-            launch.backward(sq, ds, qs, ks, vs, os_, ls_, None, *gs, causal, 128 ** -0.5)
-
-        parts = {"dq kernel": {"shipped": lambda: launch.launch_dq_gluon(base.dq, dout, q, k, v, lse, delta, dq, causal,
-                                                                        scale),
-                               "DO_REGS": lambda: dq_launch(base.dq, dout, q, k, v, lse, delta, dq, causal, scale)},
-                 "fwd+bwd": {"shipped": lambda: (fwd(), launch.backward(base, dout, q, k, v, out, lse, None, dq, dk,
-                                                                        dv, causal, scale)),
-                             "DO_REGS": lambda: (fwd(), dq_regs_backward(base, dout, q, k, v, out, lse, dq, dk, dv,
-                                                                         causal, scale)),
-                             "128/128": square}}
-        f_fwd, f_bwd = flops(b, h, n, n, 192, 128, causal)
-        f_sq = sum(flops(b, h, n, n, 128, 128, causal))
-        for what, fns in parts.items():
-            times = {name: [] for name in fns}
-            try:
-                for fn in fns.values():
-                    fn()
-                for _ in range(rounds):
-                    for name, fn in fns.items():
-                        times[name].append(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
-            except Exception as exc:  # noqa: BLE001 - report and go on
-                note_error(f"DO_REGS A/B {label} {what}", exc)
-                continue
-            med = {name: statistics.median(ts) for name, ts in times.items()}
-            entry = dict(case=f"DO_REGS A/B {label} {what}", rounds=times, median_ms=med,
-                         do_regs_speedup=med["shipped"] / med["DO_REGS"])
-            text = (f"shipped {med['shipped']:.3f} ms, DO_REGS {med['DO_REGS']:.3f} ms: "
-                    f"{med['shipped'] / med['DO_REGS']:.3f}x")
-            if "128/128" in med:
-                sq_rate = f_sq / med["128/128"]
-                entry["ratio_vs_128"] = {name: (f_fwd + f_bwd) / med[name] / sq_rate for name in ("shipped", "DO_REGS")}
-                text += (f"; 192/128 rate / 128/128's: shipped {entry['ratio_vs_128']['shipped']:.3f}, DO_REGS "
-                         f"{entry['ratio_vs_128']['DO_REGS']:.3f} (128/128 {med['128/128']:.3f} ms)")
-            RESULTS["timing"].append(entry)
-            row(("time", f"A/B {label} {what}", text + " (rounds " + " ".join(
-                "/".join(f"{times[nm][r]:.3f}" for nm in times) for r in range(rounds)) + ")"))
+# --dq-regs (session 32, removed with the kernel's DO_REGS: commit 6a1176b has both): the MLA dq kernel with each
+# consumer's dO rows in registers, 6 checks right, dq kernel 1.000x full / 0.975x causal, fwd+bwd 1.035x / 0.993x
+# (session 32 call 6)
 
 
 def main():
@@ -759,43 +621,11 @@ def main():
                         help="only the 64-row dK/dV kernel by roles (session 31): checks, then times, <= 150 s")
     parser.add_argument("--roles-ab", action="store_true",
                         help="only the shipped MLA dK/dV against roles STAGES 3, interleaved rounds, <= 90 s")
-    parser.add_argument("--dq-regs", action="store_true",
-                        help="only the dq kernel with dO in registers (session 32): 2 checks, the A/B, the other "
-                             "checks until the budget, <= 120 s")
     parser.add_argument("--budget", type=float, default=140.0, help="--roles: seconds before later cases are skipped")
     parser.add_argument("--parts", action="store_true",
                         help="only the non-causal backward's parts at other stage counts (session 29), <= 90 s")
     args = parser.parse_args()
     t_start = time.time()
-    if args.dq_regs:
-        first_ok = True
-        for case in DQ_REGS_CHECKS[:2]:
-            try:
-                first_ok = dq_regs_check(*case) and first_ok
-            except Exception as exc:  # noqa: BLE001 - report and go on
-                note_error(f"check DO_REGS {case[0]}", exc)
-                first_ok = False
-        if first_ok:
-            time_dq_regs_ab()
-        for case in DQ_REGS_CHECKS[2:]:
-            if time.time() - t_start > args.budget:
-                row(("skip", f"check DO_REGS {case[0]}", f"past the {args.budget:.0f} s budget"))
-                continue
-            try:
-                dq_regs_check(*case)
-            except Exception as exc:  # noqa: BLE001 - report and go on
-                note_error(f"check DO_REGS {case[0]}", exc)
-        out_dir = os.environ.get("OUT", "/tmp/out")
-        os.makedirs(out_dir, exist_ok=True)
-        RESULTS["device"] = torch.cuda.get_device_name()
-        with open(os.path.join(out_dir, "attention_mla_dq_regs.json"), "w") as f:
-            json.dump(RESULTS, f, indent=1, default=str)
-        print(f"\n{'=' * 20} MLA 192/128 dq kernel with dO in registers, {time.time() - t_start:.0f} s")
-        for section, name, figures in ROWS:
-            print(f"{section:6s} {name:55s}  {figures}")
-        bad = [r for r in RESULTS["correctness"] if not r["ok"]]
-        print(f"checks: {len(RESULTS['correctness']) - len(bad)} ok, {len(bad)} bad; errors: {len(RESULTS['errors'])}")
-        return
     if args.roles_ab:
         time_roles_ab()
         out_dir = os.environ.get("OUT", "/tmp/out")

@@ -23,13 +23,10 @@ class KVPieces:
 
 @struct
 class DQPieces:
-    """A consumer's dQ accumulator in three [BM, 64] pieces, and (DO_REGS) its dO rows' two pieces as
-    register operands (0 otherwise)."""
+    """A consumer's dQ accumulator in three [BM, 64] pieces."""
     dq0: object
     dq1: object
     dq2: object
-    do0: object
-    do1: object
 
 
 @struct
@@ -40,7 +37,6 @@ class AttentionDQPieces:
     buffers and K's three and V's two the stage's; S and dP chained wgmma over the pieces, dQ one
     accumulator a piece (96 registers a thread, S and dP 32 each)."""
     base: object  # AttentionDQ (q_desc's box [1, 1, 2 BM, 64]: both consumers' rows; k_desc's [1, 1, BN, 64])
-    DO_REGS: gl.constexpr  # this consumer's dO rows loaded once a tile as dP's register operand (a candidate)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -68,13 +64,7 @@ class AttentionDQPieces:
     @gluon.jit
     def start(self, ctx, tile, prev):
         st = AttentionDQ.start(self.base, ctx, tile, prev)  # its dq: one [BM, 64] zero piece
-        if self.DO_REGS:
-            a_layout: gl.constexpr = gl.DotOperandLayout(
-                operand_index=0, parent=wgmma_layout(self.base.BM, self.base.BN, gl.num_warps()), k_width=2)
-            return st.replace(dq=DQPieces(st.dq, st.dq, st.dq, self.rows(ctx, 3).load(a_layout),
-                                          self.rows(ctx, 4).load(a_layout)))
-        else:
-            return st.replace(dq=DQPieces(st.dq, st.dq, st.dq, 0, 0))
+        return st.replace(dq=DQPieces(st.dq, st.dq, st.dq))
 
     @gluon.jit
     def rows(self, ctx, piece: gl.constexpr):
@@ -97,15 +87,10 @@ class AttentionDQPieces:
             s_tok = warpgroup_mma(self.rows(ctx, 0), k0.permute((1, 0)), zeros, use_acc=False, is_async=True)
             s_tok = warpgroup_mma(self.rows(ctx, 1), k1.permute((1, 0)), s_tok, is_async=True)
             s_tok = warpgroup_mma(self.rows(ctx, 2), k2.permute((1, 0)), s_tok, is_async=True)
-            if self.DO_REGS:
-                do0 = dq.do0
-                do1 = dq.do1
-            else:
-                do0 = self.rows(ctx, 3)
-                do1 = self.rows(ctx, 4)
-            dp_tok = warpgroup_mma(do0, stage.v0.reshape([BN, 64]).permute((1, 0)), zeros, use_acc=False,
+            dp_tok = warpgroup_mma(self.rows(ctx, 3), stage.v0.reshape([BN, 64]).permute((1, 0)), zeros, use_acc=False,
                                    is_async=True)
-            dp_tok = warpgroup_mma(do1, stage.v1.reshape([BN, 64]).permute((1, 0)), dp_tok, is_async=True)
+            dp_tok = warpgroup_mma(self.rows(ctx, 4), stage.v1.reshape([BN, 64]).permute((1, 0)), dp_tok,
+                                   is_async=True)
             if op.SOFTCAP:
                 s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
                 ds_op = AttentionDQ.ds_operand(op, s, dp, st, tile, step)
@@ -116,7 +101,7 @@ class AttentionDQPieces:
             dq1 = warpgroup_mma(ds_op, k1, dq.dq1, is_async=True)
             dq2 = warpgroup_mma(ds_op, k2, dq.dq2, is_async=True)
             dq0, dq1, dq2 = warpgroup_mma_wait(0, deps=(dq0, dq1, dq2))
-            dq = DQPieces(dq0, dq1, dq2, dq.do0, dq.do1)
+            dq = DQPieces(dq0, dq1, dq2)
         return st.replace(dq=dq)
 
     @gluon.jit
@@ -137,7 +122,7 @@ class AttentionDQPieces:
 def attention_dq_mla_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, H, N, Nk, GROUP, scale,
                             scale_log2e, num_bh, head_group, schedule, left, right, tanh_scale,
                             CAUSAL: gl.constexpr, STAGES: gl.constexpr, WINDOW: gl.constexpr = False,
-                            SOFTCAP: gl.constexpr = 0, DO_REGS: gl.constexpr = False):
+                            SOFTCAP: gl.constexpr = 0):
     """dQ at q/k head dim 192 and v's 128 (AttentionDQPieces) for every (2 query blocks, batch * head);
     attention_dq_kernel's grid and options. Every descriptor's box is 64 columns wide; q_desc's and
     do_desc's hold both consumers' rows."""
@@ -147,7 +132,7 @@ def attention_dq_mla_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, d
     gl.static_assert(q_desc.block_type.shape[3] == 64 and k_desc.block_type.shape[3] == 64, "64-column pieces")
     op = AttentionDQPieces(AttentionDQ(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, H, N, Nk, GROUP,
                                        scale, scale_log2e, num_bh, head_group, left, right, tanh_scale, CAUSAL, BM,
-                                       k_desc.block_type.shape[2], 64, WINDOW, SOFTCAP), DO_REGS)
+                                       k_desc.block_type.shape[2], 64, WINDOW, SOFTCAP))
     layout = Layout(dq_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0, schedule=schedule,
                     tile_operand=TileOperand(q_desc, COUNT=5, SHARED=True))
     run(op, layout, KVPieces(ring(k_desc, STAGES), ring(k_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES),
