@@ -76,9 +76,14 @@ MONO_CANDIDATES = {  # (A, B, C, loop, warps[, permute[, kfull]]); sm_90a regist
 GLUON_ONEPASS: dict = {
     1024: (32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168),  # call 3: (32, 64, 2, ..., True, True, 3)
     2048: (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 0, False, 3),  # session 29: (..., 0, True, 1, 4, True) 0.2069
-    4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1),  # session 30 run 10: (..., 32, 2, 2, 4, True) 0.472 ms
-    # (RFFT 2: a bin one 64-bit load, against TW_SFU's 0.569, session 29's tuple 0.612)
+    4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1),  # session 32 call 7: + LEAN 1 (below)
+    # (session 31 call 3: (..., 32, 2, 2, 4, True, False, 1) KPRE 1; session 30 run 10: RFFT 2, 0.472 ms)
 }
+# Session 32 call 7 (H100, notes/fft_conv/runs/onepass_dk_run7_session32_h100.txt; every check at the floor: bf16 1.04x,
+# correlation, NaN/odd batch, fp16 2.55x, the op's keyed path): 4096 LEAN 1 on KPRE 1 0.4337 ms = 4.79x torch.fft against
+# the tuple before's 0.4464 / 0.4463 in the same run (2.8%; faster in call 2 too, 0.4356 vs 0.4370 / 0.4389, and in
+# session 31's call 5, 0.4341 vs 0.4383): ON. PRESCALE 0.4352 (no gain: the reduction it moves off the chain is still
+# a barrier round), with KPRE 2 + YALIAS 0.4596, KPRE 0 + YALIAS 0.4758: off
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     # session 29 (H100), op ms: run 7: 1024 ASYNC 0.3456 (kernel 0.1428), ASYNC+TMA 0.3648 (0.1343), ASYNC+TMA+RFFT
     # 0.1478, TMA+RFFT 0.1460, one program a pair 0.1778; 2048 TMA 0.7995 (kernel 0.2391: host layout), chunked RFFT
@@ -123,7 +128,7 @@ GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_on
     # PRESCALE 255, 4 B, 192 KiB. (2048 with it: 272 B of spill; 1024 at maxnreg 168: 36 B: not candidates)
     1024: [GLUON_ONEPASS[1024]],
     2048: [GLUON_ONEPASS[2048]],
-    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1),
+    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1),
            (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1, 0, True),
            (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 2, True, 1, 0, True),
            (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 0, True, 1, 0, True)],
@@ -148,13 +153,19 @@ PAIR_CANDIDATES = {
 # DFT a channel on the host): N -> (N1, N2, pair groups a program, warps). Empty until a GPU run
 # checks it: dk goes through torch.fft (two rfft of B H sequences of 2N, a product, a batch sum, an
 # irfft), the backward step's largest part (notes/fft_conv, v7). The GPU check times the candidates.
-DK_CONFIGS: dict = {}
+# Session 32 call 7 (H100, notes/fft_conv/runs/onepass_dk_run7_session32_h100.txt): at 4096 (128, 64, 8, 8) dk 1.630 ms
+# against torch.fft's 2.322 (bf16 1.038x the floor), the training step (forward + backward) 2.626 ms against 3.320 with
+# torch.fft's dk (torch.fft's autograd 6.223): ON. 1024's tl candidates 0.260 / 0.268 ms (the Gluon kernel's below)
+DK_CONFIGS: dict = {4096: (128, 64, 8, 8)}
 # Session 32: the same on the Gluon one-pass kernel's forward stages (gluon_onepass.fft_conv_gluon_dk_kernel: every
 # product a wgmma, the DFT matrices resident in shared memory; Hopper, launch.dk_gluon): N -> (A, B, pair groups a
 # program), 2N = A B, B = 64. Off (empty) until a GPU run checks it; it goes before DK_CONFIGS where it has N. sm_90a:
 # 1024 (32, 64, 8) 201 registers, 0 spill, 38 KiB (2048, 64 x 64: 600 B of spill: not a candidate).
 # Emulation (gluon_emulate.emulate_dk): bf16 1.05x the floor, fp16 2.4x.
-DK_GLUON: dict = {}
+# Session 32 call 7: 1024 (32, 64, 8) 0.1827 ms against torch.fft's dk 0.6275 (3.43x; LOOP 4 0.1910, the tl kernel
+# 0.2597), bf16 1.038x the floor: ON. The training step at B16 H768 did not move (1.579 ms with it, 1.550 with torch.fft's
+# dk, torch.fft's autograd 1.607): at 1024 the step's GPU work is ~0.35-0.8 ms, the rest the host's (its launches)
+DK_GLUON: dict = {1024: (32, 64, 8)}
 DK_GLUON_CANDIDATES = {1024: [(32, 64, 8), (32, 64, 4)]}
 DK_CANDIDATES = {
     256: [(32, 16, 8, 4)],

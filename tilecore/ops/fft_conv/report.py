@@ -149,6 +149,8 @@ def pair_variants(shipped_only: bool = False) -> list:
         out += long_variants(*config)
     for n, config in configs.DK_CONFIGS.items():
         out.append(dk_variant(*config))
+    for n, config in configs.DK_GLUON.items():
+        out.append(gluon_dk_variant(*config))
     for n, config in configs.MONO_CONFIGS.items():
         out.append(mono_variant(*config))
     for n, config in configs.GLUON_ONEPASS.items():
@@ -161,6 +163,8 @@ def pair_variants(shipped_only: bool = False) -> list:
             out += [mono_variant(*config) for config in candidates if config not in configs.MONO_CONFIGS.values()]
         for candidates in configs.DK_CANDIDATES.values():
             out += [dk_variant(*config) for config in candidates if config not in configs.DK_CONFIGS.values()]
+        for candidates in configs.DK_GLUON_CANDIDATES.values():
+            out += [gluon_dk_variant(*config) for config in candidates if config not in configs.DK_GLUON.values()]
         for candidates in list(configs.PAIR_CANDIDATES.values()) + list(configs.LONG_CANDIDATES.values()):
             for config in candidates:
                 if config not in seen:
