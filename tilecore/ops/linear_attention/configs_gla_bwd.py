@@ -78,11 +78,17 @@ BLOCKS = dict(split_BT=32, split_BKB=64, split_BV=64, split_warps=4, split_stage
 # reset 1.00-1.42x, dg 0.0036 against 0.067; fp16 1.64-1.96x). Session 30's: BT=32, BV=64, BKB=64, walk_warps=4,
 # dv_wide_apart=False, dqk_VB=None, wide_group=None, dg_fused=False. Chunk 64 / key blocks 32 WITHOUT the value loop
 # (dqk_VB None) at 4 warps is miscompiled on the H100 (dk wrong: decision 61 of notes/linear_attention/README.md)
-CHUNKED = dict(BT=64, BV=128, BKB=32, KD=64, BK_DG=64, walk_warps=8, walk_stages=2, dqk_warps=4, dv_warps=4, stages=2,
+# ON (session 32, HA, call 3: notes/linear_attention/runs/gla_bwd_s32b_run7_session32_h100.txt, H100 B16 H16 N4096 d128
+# bf16, each kernel timed alone, every float64 check right): the dqk kernel's value loop at 3 stages with dg_local,
+# dqk_lean and dqk_dotscan: 2.868 ms against 3.244 for session 31's (1.13x; 3 stages alone 2.947, lean alone 2.896); the
+# walks by key blocks of 64 at 4 warps (512 programs, 2 an SM): states 0.695 / dstates 0.693 against 0.838 / 0.830 (1.2x);
+# the dv kernel as it was (1.018: key channels by 32, value blocks of 64, the pipelined key loop and 8 warps were all
+# slower). Session 31's: walk_BK None, walk_warps 8, dqk_stages None, dg_local / dqk_lean / dqk_dotscan False
+CHUNKED = dict(BT=64, BV=128, BKB=32, KD=64, BK_DG=64, walk_warps=4, walk_stages=2, dqk_warps=4, dv_warps=4, stages=2,
                split=False, dqk_apart=False, dv_BV=128, walks_fused=False, wide_apart=True, dv_wide_apart=True,
-               dk_at=False, dqk_VB=32, dqk_stages=None, dqk_maxnreg=None, wide_group=8, dg_fused=True,
-               dg_local=False, dqk_early=False, walk_BK=None, walk_maxnreg=None, dv_maxnreg=None,
-               dqk_lean=False, dqk_dotscan=False, dqk_probe=0, dv_loop=False)
+               dk_at=False, dqk_VB=32, dqk_stages=3, dqk_maxnreg=None, wide_group=8, dg_fused=True,
+               dg_local=True, dqk_early=False, walk_BK=64, walk_maxnreg=None, dv_maxnreg=None,
+               dqk_lean=True, dqk_dotscan=True, dqk_probe=0, dv_loop=False)
 
 # "split_combine": the combine kernel's key block (a head's dq / dk / dg by cdiv(Dk, it) programs: launch's combine
 # runs B x H programs of every channel, 256 at B16 H16, each walking 4096 tokens) and tokens a step

@@ -312,7 +312,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
     before the span test too, so every load of the program's first step is in flight at once (the loop from the
     second block). LEAN (with VB; session 32): the diagonal's r_t = do_t . v_t from do v^T's diagonal (a's, before
     its mask) instead of a product and a row sum of v and do each value block (their tiles then stay in shared memory
-    for the dots alone). DOTSCAN (with SUFFIX 3; session 32; 3 the GPU's three bf16 pieces, 1 one float32 dot for the
+    for the dots alone). DOTSCAN (with SUFFIX; session 32; 3 the GPU's three bf16 pieces, 1 one float32 dot for the
     interpreter): dG's reverse sum within the chunk as a dot with a triangle of ones (_scan_dot), not tl.cumsum's
     shuffles (sm_90a: the kernel's two scans were ~700 of its ~3400
     instructions, 288 of its 368 shuffles; G's forward sum as such a dot made ptxas serialize every wgmma, C7514).
@@ -680,10 +680,11 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         if fused and (not dqk_VB or cfg["dqk_apart"]):
             raise ValueError("gla chunked backward: dg_fused needs dqk_VB and not dqk_apart")
         suffix = (3 if cfg["dg_local"] else 1 if has_ht else 2) if fused else 0
-        if cfg["dqk_lean"] and not dqk_VB:
-            raise ValueError("gla chunked backward: dqk_lean needs dqk_VB (the value loop)")
-        if (cfg["dqk_early"] or cfg["dqk_dotscan"]) and suffix != 3:
-            raise ValueError("gla chunked backward: dqk_early and dqk_dotscan need dg_fused and dg_local")
+        # session 32's dqk forms where they apply: lean with the value loop, dotscan where the kernel stores dg whole,
+        # early with dg_local's form (else the kernel is the one without them)
+        lean = bool(cfg["dqk_lean"] and dqk_VB)
+        dotscan = bool(cfg["dqk_dotscan"] and suffix)
+        early = bool(cfg["dqk_early"] and suffix == 3)
         tot_or = (ht.float().contiguous() if has_ht else tot) if fused else tot  # SUFFIX 1: the final state
         z4 = (0, 0, 0, 0)
         g_strides = g.stride()
@@ -727,9 +728,9 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                 dict(BT=BT, BKB=BKB, BVF=BVF, MMA=mma, IEEE=ieee, SPLIT=cfg["split"], PART=part, WIDE=wide, FLAG=flag,
                      AT=cfg["dk_at"], num_warps=cfg["dqk_warps"], num_stages=cfg["dqk_stages"] or cfg["stages"],
                      **({"VB": dqk_VB} if dqk_VB else {}), **({"GROUP": group} if wide == 2 and group > 1 else {}),
-                     **({"SUFFIX": suffix} if suffix else {}), **({"EARLY": True} if cfg["dqk_early"] else {}),
-                     **({"LEAN": True} if cfg["dqk_lean"] else {}),
-                     **({"DOTSCAN": 1 if dispatch.interpreted(dev) else 3} if cfg["dqk_dotscan"] else {}),
+                     **({"SUFFIX": suffix} if suffix else {}), **({"EARLY": True} if early else {}),
+                     **({"LEAN": True} if lean else {}),
+                     **({"DOTSCAN": 1 if dispatch.interpreted(dev) else 3} if dotscan else {}),
                      **({"PROBE": cfg["dqk_probe"]} if cfg["dqk_probe"] and wide != 2 else {}),
                      **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] and wide != 2 else {}))))
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
