@@ -230,6 +230,11 @@ S31_CHUNKED = dict(walk_BK=None, walk_warps=8, dqk_stages=None, dg_local=False, 
 S32C_VARIANTS = [
     ("cfg s31 shipped", dict(diag=5), S31_CHUNKED, "chunked"),
     ("cfg s32 walkst3", dict(diag=5), dict(walk_stages=3), "chunked"),  # BK 64 4 warps: 106 KB shared, 2 an SM
+    # two more of the same kinds: the dqk value loop by blocks of 64 (2 steps at 3 stages: 255 registers, 40 B spilled
+    # against 76, 64 KB shared) and the walks by key blocks of 32 at 4 warps uncapped (153 registers: 3 programs an SM,
+    # mma.sync; capped at 128 in call 3 its dk was 1.77x the floor)
+    ("cfg s32 vb64", dict(diag=5), dict(dqk_VB=64), "chunked"),
+    ("cfg s32 wbk32", dict(diag=5), dict(walk_BK=32), "chunked"),
     ("cfg s32 again", dict(diag=5), {}, "chunked"),  # configs' CHUNKED timed again last (the run's noise)
 ]
 VARIANTS += S31_VARIANTS[:-1] + S31_RUN3 + S31_LAST[3:] + S32_VARIANTS + S32B_VARIANTS + S32C_VARIANTS
