@@ -199,9 +199,9 @@ def main():
                     from tilecore.ops.attention_fp8.quantize import quantize_v_permuted, rotation_signs
                     signs = rotation_signs(D, q.device)
                     default = fp8_launch.plan(q8, k8, causal).config
-                    variants = {"pingpong_flipped": dict(default, pingpong=not default["pingpong"])}
-                    if D == 64:
-                        variants["consumers3"] = dict(default, consumers=3, q_buffers=1, pingpong=False)
+                    # (ping-pong flipped and three consumers at D64 were variants here: removed from the kernel by
+                    # issue 30, their code at commit 741bc3b)
+                    variants = {"stages2": dict(default, stages=2)}
                     for vname, cfg in variants.items():
                         run_cfg = lambda cfg=cfg: fp8_launch.forward(fp8_launch.plan(q8, k8, causal, config=cfg), q8, k8, v8,
                                                                      qs, ks, vs, causal, D ** -0.5, torch.bfloat16, True)

@@ -4,7 +4,8 @@ unchanged), compiled for sm_90a on this GPU-less machine, one file a variant, fo
     python experiments/attention_fp8/ptx_shipped.py --ptx /tmp/ptx_new [--root DIR] [--only d128,d64c]
     python experiments/tiles/ptx_compare.py /tmp/ptx_old /tmp/ptx_new
 
-The options are the launch's own (launch._GluonLayout from configs.gluon_config), so the variants are the ones a
+The options are the launch's own (launch.gluon_options from configs.gluon_config; the tree before it, e.g. 741bc3b,
+needs this script as of 478e51c, which read launch._GluonLayout), so the variants are the ones a
 call reaches: D 128 and 64, causal or not, with the three descale forms the op takes (per head; q per row with k per
 128-key block, the convenience path's; q and k per row). ``--root``: the tree to import (an old commit's archive).
 """
@@ -50,14 +51,13 @@ def main():
         k_per_row = k_form != "head"
         k_n, k_rows = (-(-Nk // 128), 128) if k_form == "block" else (Nk, 1) if k_form == "row" else (1, 1)
         q_n, q_rows = (N, 1) if q_row else (1, 1)
-        layout = launch._GluonLayout(q, k, cfg, causal, q_row, k_per_row, k_n, k_rows)
-        bm, bn = layout.block_m, layout.block_n
+        opts = launch.gluon_options(q, k, cfg, causal, q_row, k_per_row, k_n, k_rows)
+        bm, bn = cfg["block_m"], cfg["block_n"]
         args = dict(q_desc=gluon_descriptor(q, [1, 1, bm, D]), k_desc=gluon_descriptor(k, [1, 1, bn, D]),
                     vt_desc=gluon_descriptor(vt, [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]),
                     lse_ptr=f32, q_scales=f32, k_scales=f32, v_scales=f32, H=4, N=N, Nk=Nk, GROUP=2, scale_log2e=0.1,
                     q_n_scales=q_n, q_rows_per_scale=q_rows, k_n_scales=k_n, k_rows_per_scale=k_rows, num_bh=8,
                     head_group=4, schedule=None)
-        opts = dict(layout.options)
         num_warps = opts.pop("num_warps")
         args.update(opts)
         c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, args, num_warps=num_warps)

@@ -1,6 +1,6 @@
 """SASS of the FP8 Hopper kernel's steady step, per variant, compiled for sm_90a without a GPU (issue 34, session 29).
 
-    python experiments/attention_fp8/sass_fp8.py [--d 128] [--causal] [--variants default,l_mma1,tree,...] [--json P]
+    python experiments/attention_fp8/sass_fp8.py [--d 128] [--causal] [--variants default,st2,q1] [--json P]
     (TRITON_INTERPRET unset; ~10-30 s a variant on 2 CPU cores)
 
 For each variant (configs.gluon_config(D, causal) with the variant's overrides, per-head descales, the headline
@@ -30,33 +30,9 @@ import torch  # noqa: E402
 
 OPS = ("FMNMX", "FADD", "FMUL", "FFMA", "MUFU", "F2FP", "PRMT", "SHFL", "QGMMA", "FSETP", "FSEL", "WARPGROUP",
        "BAR", "LDS", "STS", "MOV", "IMAD", "LOP3", "ISETP", "SEL")
-VARIANTS = {  # name -> configs.GLUON_FORWARD overrides
-    "default": {}, "l_mma1": dict(l_mma=1), "tree": dict(max_tree=True), "l_mma1_tree": dict(l_mma=1, max_tree=True),
-    "l_mma1_tree_fma8": dict(l_mma=1, max_tree=True, exp2_fma_every=8), "c3": dict(consumers=3, pingpong=False),
-    "pingpong": dict(pingpong=True), "l_mma1_tree_pp": dict(l_mma=1, max_tree=True, pingpong=True),
-    "probe": dict(probe_no_softmax=True), "noexp2": dict(l_mma=1, max_tree=True, exp2_fma_every=-1),
-    "nomax": dict(l_mma=1, max_tree=True, probe_no_softmax=2), "nocvt": dict(probe_no_softmax=3),
-    "c3_early": dict(consumers=3, pingpong=False, cast_late=False),
-    "c3_early_lmma_late": dict(consumers=3, pingpong=False, cast_late=False, l_mma=1, rescale_late=True),
-    "late": dict(rescale_late=True), "st4": dict(stages=4), "pp0": dict(pingpong=False), "l_mma1_tree_late": dict(l_mma=1, max_tree=True, rescale_late=True),
-    # session 30 (the default is l_mma 1 + tree): exp2 one in 8 / 4 / 2 by the quadratic, one in 8 by the cubic
-    "q8": dict(exp2_fma_every=-8), "q4": dict(exp2_fma_every=-4), "q2": dict(exp2_fma_every=-2),
-    "c8": dict(exp2_fma_every=8), "bn192": dict(block_n2=64), "bn192s2": dict(block_n2=64, stages=2),
-    "bn192q8": dict(block_n2=64, exp2_fma_every=-8), "bn160": dict(block_n2=32), "bn160q4": dict(block_n2=32, exp2_fma_every=-4),
-    "pp2": dict(pingpong=2), "pp3": dict(pingpong=3), "lmma0": dict(l_mma=0), "packed_lmma0": dict(l_mma=0, cast_late=2), "packed": dict(cast_late=2), "packed_pp2": dict(cast_late=2, pingpong=2), "trace": dict(trace=True),
-    # session 31: P V from shared memory (gluon_fp8.compute_one with PV_SMEM), with l by the tensor cores or in registers
-    "smem": dict(pv_smem=1), "smem_lmma0": dict(pv_smem=1, l_mma=0), "smem_trace": dict(pv_smem=1, trace=True),
-    "smem_c3": dict(pv_smem=1, consumers=3, pingpong=False), "smem_q8": dict(pv_smem=1, exp2_fma_every=-8),
-    "smem_pp": dict(pv_smem=1, pingpong=True), "smem_late": dict(pv_smem=1, rescale_late=True),
-    "smem_bn192": dict(pv_smem=1, block_n2=64), "smem_c3s2": dict(pv_smem=1, consumers=3, pingpong=False, stages=2),
-    "smem_c3s2q1": dict(pv_smem=1, consumers=3, pingpong=False, stages=2, q_buffers=1),
-    "pipe": dict(pv_smem=2, block_n2=128, stages=2, q_buffers=1),
-    "pipe64": dict(pv_smem=2, block_n2=64, stages=2), "pipe64_3": dict(pv_smem=3, block_n2=64, stages=2),
-    "pipe_q2": dict(pv_smem=2, block_n2=128, stages=2), "pipe_chain": dict(pv_smem=2, block_n2=128, stages=2, q_buffers=1, max_tree=False),
-    "pipe3_chain": dict(pv_smem=3, block_n2=128, stages=2, q_buffers=1, max_tree=False), "pipe3": dict(pv_smem=3, block_n2=128, stages=2, q_buffers=1),
-    "pipe_s3": dict(pv_smem=2, block_n2=128, stages=3), "pipe3_s3": dict(pv_smem=3, block_n2=128, stages=3), "early": dict(early_exp2=True), "smem_early": dict(pv_smem=1, early_exp2=True),
-    "smem_late_early": dict(pv_smem=1, rescale_late=True, early_exp2=True),
-    "smem_bn192q8": dict(pv_smem=1, block_n2=64, stages=2, exp2_fma_every=-8), "smem_bn192s2": dict(pv_smem=1, block_n2=64, stages=2),
+VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants of sessions 26-32 were removed by issue 30:
+    # their code, and this table's entries for them, at commit 741bc3b)
+    "default": {}, "st2": dict(stages=2), "q1": dict(q_buffers=1),
 }
 
 
@@ -120,34 +96,25 @@ def counts(instructions) -> dict:
 
 
 def compile_variant(D: int, causal: bool, overrides: dict):
-    from tilecore.ops.attention_fp8 import configs, gluon_fp8
+    from tilecore.ops.attention_fp8 import configs, gluon_fp8, launch
     from tilecore.tiles.compile import compile_kernel, resources
     from tilecore.tiles.launch import gluon_descriptor
 
     cfg = dict(configs.gluon_config(D, causal), **overrides)
-    bm, bn = cfg["block_m"], cfg["block_n"]
     f8 = torch.float8_e4m3fn
     q = torch.empty(16, 16, 4096, D, dtype=f8)
     vt = torch.empty(16, 16, D, 4096, dtype=f8)
     o = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16)
     f32 = torch.empty(8192)
+    opts = launch.gluon_options(q, q, cfg, causal)  # the launch's options, per-head descales
+    bm, bn = cfg["block_m"], cfg["block_n"]
     args = dict(q_desc=gluon_descriptor(q, [1, 1, bm, D]), k_desc=gluon_descriptor(q, [1, 1, bn, D]),
                 vt_desc=gluon_descriptor(vt, [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]), lse_ptr=f32,
                 q_scales=f32, k_scales=f32, v_scales=f32, H=16, N=4096, Nk=4096, GROUP=1, scale_log2e=0.1,
                 q_n_scales=1, q_rows_per_scale=1, k_n_scales=1, k_rows_per_scale=1, num_bh=256, head_group=16,
-                schedule=None, CAUSAL=causal, Q_PER_ROW=False, K_PER_ROW=False, STAGES=cfg["stages"],
-                CONSUMERS=cfg["consumers"], Q_BUFFERS=cfg["q_buffers"], PERMUTED_V=True, PINGPONG=cfg["pingpong"],
-                K_PER_BLOCK=False, EXP2_FMA_EVERY=cfg["exp2_fma_every"], CAST_LATE=cfg["cast_late"],
-                P_SHIFT=float(cfg["p_shift"]), RESCALE_TAU=float(cfg["rescale_tau"]), L_MMA=cfg["l_mma"],
-                PROBE_NO_SOFTMAX=int(cfg.get("probe_no_softmax", 0)), MAX_TREE=cfg["max_tree"],
-                RESCALE_LATE=cfg.get("rescale_late", False), PV_SMEM=int(cfg.get("pv_smem", 0)),
-                EARLY_EXP2=bool(cfg.get("early_exp2", False)))
-    if cfg.get("trace"):  # the timing probe's stamps (session 30)
-        args.update(trace=torch.empty(1024, dtype=torch.int32), TRACE=True)
-    bn2 = cfg.get("block_n2", 0)
-    if bn2:  # session 30's split steps: BN + BN2 keys, the second blocks by their own descriptors
-        args.update(BN2=bn2, k2_desc=gluon_descriptor(q, [1, 1, bn2, D]), vt2_desc=gluon_descriptor(vt, [1, 1, D, bn2]))
-    k = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, args, num_warps=4)
+                schedule=None)
+    num_warps = opts.pop("num_warps")
+    k = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, dict(args, **opts), num_warps=num_warps)
     return k, resources(k)
 
 
@@ -168,7 +135,7 @@ def analyse(k) -> dict:
 
 
 def overlap_facts(k) -> dict:
-    """Where the wgmma wait lies against the softmax (session 32, for s_ahead: removed, commit ecb1c8e; any variant): in
+    """Where the wgmma wait lies against the softmax (session 32, for s_ahead: removed, commit ecb1c8e): in
     the steady softmax block (the most MUFU.EX2; D128 / D64 unmasked), where its step's S wgmma (the QGMMA from zero, "RZ, !UPT", before the block) was issued, whether a WARPGROUP.DEPBAR lies between that
     issue and the block's last MUFU.EX2 (none: S and P V run on the tensor cores under the exponentials), and the spill
     loads and stores (LDL / STL) from that issue to the block's end."""
@@ -196,7 +163,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--variants", default="default,l_mma1,tree,l_mma1_tree")
+    ap.add_argument("--variants", default="default")
     ap.add_argument("--json", default=None)
     ap.add_argument("--dump", default=None, help="write the SASS of the (last) variant's softmax block here")
     args = ap.parse_args()

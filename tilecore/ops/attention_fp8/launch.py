@@ -90,22 +90,16 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
     q = q if layout.q_describable else q.contiguous()
     k = k if layout.k_describable else k.contiguous()
     vt = v if v_permuted else keys_permuted(v)  # (B, Hkv, D, keys padded to 32), keys permuted in 32s
-    block_m, block_n, block_n2 = layout.block_m, layout.block_n, layout.block_n2
-    grid, head_group, schedule = _TILINGS.memo(key, lambda: _tiling(q, k, block_m * layout.consumers, block_n + block_n2,
-                                                                      causal))
+    block_m, block_n = layout.block_m, layout.block_n
+    grid, head_group, schedule = _TILINGS.memo(key, lambda: _tiling(q, k, block_m * layout.consumers, block_n, causal))
     args = (TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]), TmaOperand(vt, [1, 1, D, block_n]),
             TmaOperand(out, [1, 1, block_m, D]), lse, qs, ks, vs, H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows,
             k_n, k_rows, B * H, head_group, schedule)
     options = layout.options
-    if p.config.get("trace") is not None:  # a timing probe (gluon_fp8.AttentionFp8.stamp): int32 [2, 64, 8], zeroed
-        options = dict(options, trace=p.config["trace"], TRACE=True)
-    if block_n2:  # split key steps: the second K and V^T blocks by their own descriptors
-        options = dict(options, k2_desc=TmaOperand(k, [1, 1, block_n2, D]), vt2_desc=TmaOperand(vt, [1, 1, D, block_n2]))
     # launched by the call's signature (its inputs' shapes, strides, dtypes, alignment and the options
     # determine every argument's specialization; vt, out and lse are fresh or the inputs): ~10 us a call
     if key is None:  # (the op's key: its inputs' signature, whose plan is p)
-        key = signature("attention_fp8", q, k, vt, out, q_scale, k_scale, v_scale, causal,
-                        tuple(sorted((k, True if k == "trace" else v) for k, v in cfg.items())))
+        key = signature("attention_fp8", q, k, vt, out, q_scale, k_scale, v_scale, causal, tuple(sorted(cfg.items())))
     GLUON_FWD.run(key, grid, args, options)  # on the device of q's descriptor; by key unless signature gave none
     return out, lse
 
@@ -114,8 +108,7 @@ class _Fp8Launch:
     """forward's Gluon path for one launch key (session 31, issue 31's host time): the kernel's KeyedLaunch with its
     four descriptors as tensors (their views and boxes are the key's: KeyedLaunch's operands, encoded once per
     address), the launch's other arguments the key fixes, and which descales are float32 and contiguous already;
-    a call then allocates O and lse and launches. ``of`` gives False where the key's call takes a split key step
-    (block_n2: two more descriptors) or a trace (forward's general path serves them)."""
+    a call then allocates O and lse and launches. ``of`` gives False where there is no Gluon plan."""
 
     __slots__ = ("launch", "tail", "ready", "describable", "permuted", "out_shape", "out_dtype", "device")
 
@@ -123,11 +116,11 @@ class _Fp8Launch:
     def of(cls, p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_scale: float, out_dtype,
            v_permuted: bool, key):
         cfg = p.config
-        if p.path != "gluon" or cfg.get("trace") is not None:
+        if p.path != "gluon":
             return False
         layout = _GLUON_LAYOUTS.get(key)
         tiling = _TILINGS.get(key)
-        if layout is None or tiling is None or layout.block_n2:
+        if layout is None or tiling is None:
             return False
         self = cls()
         B, H, N, D = q.shape
@@ -185,33 +178,31 @@ class _GluonLayout:
     """The Gluon path's settings that a call's launch key fixes (whether q and k are TMA-describable as
     they are, the tiles and the kernel's options): made once per key, each call where there is none."""
 
-    __slots__ = ("q_describable", "k_describable", "block_m", "block_n", "block_n2", "consumers", "options")
+    __slots__ = ("q_describable", "k_describable", "block_m", "block_n", "consumers", "options")
 
     def __init__(self, q, k, cfg, causal, q_per_row, k_per_row, k_n, k_rows):
+        unknown = set(cfg) - configs.GLUON_KEYS
+        if unknown:  # a variant's key: the kernel has only what the shipped configs use (issue 30)
+            raise ValueError(f"attention_fp8: config keys {sorted(unknown)} are not the Gluon kernel's (the variants "
+                             "that were tried and left off live at commit 741bc3b: notes/attention_fp8/README.md)")
         self.q_describable, self.k_describable = tma_describable(q), tma_describable(k)
         self.block_m, self.block_n, self.consumers = cfg["block_m"], cfg["block_n"], cfg["consumers"]
         # k's descales per block of block_n keys: one scalar a step (k_block_scalar; else the per-key path)
         k_per_block = k_per_row and k_rows == self.block_n and k_n == -(-k.shape[2] // self.block_n) \
             and cfg.get("k_block_scalar", True)
-        # split key steps (block_n + block_n2 keys, session 30) take k's descales per head only
-        self.block_n2 = 0 if k_per_row else cfg.get("block_n2", 0)
         self.options = dict(
             CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row and not k_per_block, STAGES=cfg["stages"],
-            CONSUMERS=self.consumers, Q_BUFFERS=cfg.get("q_buffers", 1), PERMUTED_V=True,
-            PINGPONG=cfg.get("pingpong", False), K_PER_BLOCK=k_per_block, EXP2_FMA_EVERY=cfg.get("exp2_fma_every", 0),
-            CAST_LATE=cfg.get("cast_late", False), P_SHIFT=float(cfg.get("p_shift", P_SHIFT)),
-            RESCALE_TAU=float(cfg.get("rescale_tau", 0.0)), L_MMA=cfg.get("l_mma", False),
-            PROBE_NO_SOFTMAX=int(cfg.get("probe_no_softmax", 0)), MAX_TREE=cfg.get("max_tree", False),
-                   RESCALE_LATE=cfg.get("rescale_late", False), num_warps=4)
-        if cfg.get("pv_smem", 0):  # session 31: P V from shared memory (gluon_fp8.compute_one with PV_SMEM)
-            self.options["PV_SMEM"] = int(cfg["pv_smem"])
-            if self.options["PV_SMEM"] >= 2 and not self.block_n2:  # pipelined halves need the split stage: per-key or
-                self.options.pop("PV_SMEM")  # per-block k descales take the default 128-key steps
-        if cfg.get("early_exp2", False):  # session 31: exponentials before the row max (gluon_fp8.fp8_softmax_early)
-            self.options["EARLY_EXP2"] = True
-        if self.block_n2:
-            self.options["BN2"] = self.block_n2
-        check_rescale(self.options["RESCALE_TAU"], self.options["P_SHIFT"])
+            CONSUMERS=self.consumers, Q_BUFFERS=cfg.get("q_buffers", 1), K_PER_BLOCK=k_per_block,
+            P_SHIFT=float(cfg.get("p_shift", P_SHIFT)), num_warps=4)
+        check_rescale(0.0, self.options["P_SHIFT"])
+
+
+def gluon_options(q, k, config: dict, causal: bool, q_per_row: bool = False, k_per_row: bool = False, k_n: int = 1,
+                  k_rows: int = 1) -> dict:
+    """The Gluon kernel's compile-time options (num_warps among them) that ``forward`` launches a call with: q and k
+    the call's (or tensors of their shapes), ``config`` a plan's (configs.gluon_config), the descales' forms as
+    scale_operand gives them. For compile probes (experiments/attention_fp8/sass_fp8.py, ptx_shipped.py)."""
+    return dict(_GluonLayout(q, k, config, causal, q_per_row, k_per_row, k_n, k_rows).options)
 
 
 def _tiling(q, k, tile_rows: int, block_n: int, causal: bool):
