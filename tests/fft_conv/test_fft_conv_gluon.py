@@ -351,23 +351,23 @@ def _dk64(u, dy, n, filter_len):
     return torch.fft.irfft(cross, n=2 * n)[:, :filter_len]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_dk_kernel_arithmetic_matches_float64(dtype):
+@pytest.mark.parametrize("dtype, n", [(torch.bfloat16, 1024), (torch.float16, 1024), (torch.bfloat16, 2048)])
+def test_dk_kernel_arithmetic_matches_float64(dtype, n):
     """The Gluon filter-gradient kernel's arithmetic (gluon_emulate.emulate_dk: each pair's two transforms on the
     forward stages, w Z_dy conj(Z_u) summed, the host's inverse DFT) against float64: an odd batch, a filter shorter
     than N, dy's sequences 10^3 apart (the halves' weights); bf16 at the floor (1.05x), fp16 at the float16 products'
     ~2.4x; a NaN in one sequence makes its channel's dk all NaN and leaves the other's as it was."""
-    n = 1024
+    a = 2 * n // 64
     g = torch.Generator().manual_seed(3)
     u = torch.randn(5, 2, n, generator=g).to(dtype)
     dy = (torch.randn(5, 2, n, generator=g) * 10).to(dtype)
     dy[1] *= 1e-3
-    got = gluon_emulate.emulate_dk(u, dy, 32, 64, n - 5)
+    got = gluon_emulate.emulate_dk(u, dy, a, 64, n - 5)
     want = _dk64(u, dy, n, n - 5)
     assert got.shape == (2, n - 5) and torch.isfinite(got).all()
     assert accuracy.error_over_floor(got.to(dtype), want) <= (1.2 if dtype == torch.bfloat16 else 3.0)
     u[3, 1, 100] = float("nan")
-    got_nan = gluon_emulate.emulate_dk(u, dy, 32, 64, n - 5)
+    got_nan = gluon_emulate.emulate_dk(u, dy, a, 64, n - 5)
     assert torch.isnan(got_nan[1]).all() and torch.equal(got_nan[0], got[0])
 
 
@@ -375,24 +375,29 @@ DK_CODE = """
 import json, re
 from tilecore.ops.fft_conv.report import gluon_dk_variant
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
-name, kernel, args, warps, _ = gluon_dk_variant(32, 64, 8)
-compiled = compile_kernel(kernel, args, num_warps=warps)
-ptx = compiled.asm["ptx"]
-print(json.dumps(dict(name=name, mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), sins=len(re.findall(r"sin\\.approx", ptx)),
-                      **vars(resources(compiled)), **has_hopper_instructions(ptx))))
+out = []
+for a, xsmem in ((32, False), (64, True)):
+    name, kernel, args, warps, _ = gluon_dk_variant(a, 64, 8, xsmem)
+    compiled = compile_kernel(kernel, args, num_warps=warps)
+    ptx = compiled.asm["ptx"]
+    out.append(dict(name=name, mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), sins=len(re.findall(r"sin\\.approx", ptx)),
+                    **vars(resources(compiled)), **has_hopper_instructions(ptx)))
+print(json.dumps(out))
 """
 
 
 def test_dk_kernel_compiles_for_hopper_with_wgmma_and_no_spill():
     """The Gluon filter-gradient kernel at 1024 (32 x 64, 8 pairs a program): wgmma (not serialized), the twiddles by
-    the SFU, no spill, two programs of 128 threads a multiprocessor by registers and shared memory."""
+    the SFU, no spill, two programs of 128 threads a multiprocessor by registers and shared memory; 2048's XSMEM
+    candidate (u's transform and the sum in shared memory) without spill, within shared memory."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", DK_CODE], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    row = json.loads(r.stdout)
+    row, parked = json.loads(r.stdout)
     assert row["wgmma"] and not row["wgmma_serialized"] and row["mmas"] >= 16 and row["sins"] > 0, row
     assert row["spill_stores"] == 0 and row["spill_loads"] == 0 and row["threads"] == 128, row
     assert 2 * row["registers"] * 128 <= 65536 and 2 * row["shared"] <= 227 * 1024, row
+    assert parked["wgmma"] and parked["spill_stores"] == 0 and parked["shared"] <= 227 * 1024, parked
 
 
 def test_dk_launch_binds_every_argument(monkeypatch):
@@ -421,6 +426,7 @@ def test_dk_launch_binds_every_argument(monkeypatch):
     bound = dict(zip(names, args)) | kwargs
     assert bound["U"] is u and bound["DY"] is dy and bound["P"].shape == (H * chunks, 2, 64, 32)
     assert bound["batch"] == B and bound["heads"] == H and bound["A"] == 32 and bound["B"] == 64 and bound["LOOP"] == 2
+    assert bound["XSMEM"] is False
     ops = conv_launch.mono_operands(32, 64, 1, u.device)
     assert bound["FARE"] is ops["FARE"] and bound["TFIM"] is ops["TFIM"]
     assert dk.shape == (H, n - 7) and torch.allclose(dk, torch.full_like(dk, chunks / (2 * n)))

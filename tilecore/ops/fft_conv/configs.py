@@ -166,7 +166,10 @@ DK_CONFIGS: dict = {4096: (128, 64, 8, 8)}
 # 0.2597), bf16 1.038x the floor: ON. The training step at B16 H768 did not move (1.579 ms with it, 1.550 with torch.fft's
 # dk, torch.fft's autograd 1.607): at 1024 the step's GPU work is ~0.35-0.8 ms, the rest the host's (its launches)
 DK_GLUON: dict = {1024: (32, 64, 8)}
-DK_GLUON_CANDIDATES = {1024: [(32, 64, 8), (32, 64, 4)]}
+# XSMEM (a 4th element; session 32, after call 7, not run on a GPU): u's transform parked in shared memory (float32)
+# while dy's runs and the sum kept there, one plane at a time: 2048 (64 x 64) 255 registers, 0 spill, 116 KiB (one
+# program a multiprocessor by shared memory)
+DK_GLUON_CANDIDATES = {1024: [(32, 64, 8), (32, 64, 4)], 2048: [(64, 64, 8, True)]}
 DK_CANDIDATES = {
     256: [(32, 16, 8, 4)],
     512: [(32, 32, 8, 4)],

@@ -940,7 +940,8 @@ def _transform_stages(st, x_re, x_im, fa_re, fa_im, tab, zeros):
 @gluon.jit
 def fft_conv_gluon_dk_kernel(U, DY, P, FARE, FAIM, FBRE, FBIM, TFRE, TFIM, batch, heads,
                              stride_ub, stride_uh, stride_db, stride_dh,
-                             A: gl.constexpr, B: gl.constexpr, LOOP: gl.constexpr, TW_SFU: gl.constexpr = True):
+                             A: gl.constexpr, B: gl.constexpr, LOOP: gl.constexpr, TW_SFU: gl.constexpr = True,
+                             XSMEM: gl.constexpr = False):
     """The filter's gradient in the frequency domain on the one-pass kernel's forward stages (session 32; the
     math of kernels_pair.fft_conv_dk_pair_kernel, its tl twin): program p = h chunks + c takes the pairs g = LOOP c + i
     (i < LOOP) of channel h and writes P[p] = sum over them of w_g DFT(z_dy) conj(DFT(z_u)), (2, B, A) float32 (re,
@@ -949,7 +950,9 @@ def fft_conv_gluon_dk_kernel(U, DY, P, FARE, FAIM, FBRE, FBIM, TFRE, TFIM, batch
     real sequences the cross terms are anti-Hermitian: the real part of IDFT(sum P) is sum_b correlation(dy_b, u_b),
     dk (launch.dk_gluon). Each transform: x @ F_A[:HALF, :] (x from registers), the twiddles, F_B @ R (_transform_stages,
     every product a wgmma, ASYNC); the DFT matrices resident in shared memory. A non-finite element in any sequence
-    makes the program's P NaN (as torch.fft's dk: its channel's every element). 4 warps, B = 64."""
+    makes the program's P NaN (as torch.fft's dk: its channel's every element). 4 warps, B = 64. XSMEM (2048's
+    candidate): u's transform parked in shared memory (float32) while dy's runs, read back for the product (held in
+    registers, the two transforms and the sum spilled 600 B at 64 x 64)."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup")
     HALF: gl.constexpr = A // 2
@@ -966,6 +969,10 @@ def fft_conv_gluon_dk_kernel(U, DY, P, FARE, FAIM, FBRE, FBIM, TFRE, TFIM, batch
     stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, A], gl.float16)
     tile_re = gl.allocate_shared_memory(gl.float16, [B, A], stage_layout)
     tile_im = gl.allocate_shared_memory(gl.float16, [B, A], stage_layout)
+    if XSMEM:
+        park_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        park = gl.allocate_shared_memory(gl.float32, [2, B, A], park_layout)
+        sums = gl.allocate_shared_memory(gl.float32, [2, B, A], park_layout)  # (the sum, each thread its own elements)
     fence_async_shared()
     gl.thread_barrier()
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, False, False, True, 0, TW_SFU, None, 0, 1, False)
@@ -977,6 +984,9 @@ def fft_conv_gluon_dk_kernel(U, DY, P, FARE, FAIM, FBRE, FBIM, TFRE, TFIM, batch
     t_k = gl.arange(0, A, layout=gl.SliceLayout(0, acc))
     tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(t_k, 0)
     zeros = gl.zeros([B, A], gl.float32, acc)
+    if XSMEM:
+        sums.index(0).store(zeros)
+        sums.index(1).store(zeros)
 
     groups = gl.cdiv(batch, 2)
     chunks = gl.cdiv(groups, LOOP)
@@ -1001,11 +1011,23 @@ def fft_conv_gluon_dk_kernel(U, DY, P, FARE, FAIM, FBRE, FBIM, TFRE, TFIM, batch
         weight = gl.maximum(wa, wb)
         xre, xim = _transform_stages(st, gl.convert_layout(ua.to(gl.float16), lhs),
                                      gl.convert_layout(ub.to(gl.float16), lhs), fa1re, fa1im, tab, zeros)
+        if XSMEM:  # (each thread reads back what it wrote: no barrier)
+            park.index(0).store(xre)
+            park.index(1).store(xim)
         yre, yim = _transform_stages(st, gl.convert_layout((da * (wa / weight)).to(gl.float16), lhs),
                                      gl.convert_layout((db * (wb / weight)).to(gl.float16), lhs), fa1re, fa1im, tab,
                                      zeros)
-        acc_re += (yre * xre + yim * xim) * weight  # Y conj(X)
-        acc_im += (yim * xre - yre * xim) * weight
+        if XSMEM:  # (one plane of the sum at a time: fewer registers live)
+            xre = park.index(0).load(acc)
+            xim = park.index(1).load(acc)
+            sums.index(0).store(sums.index(0).load(acc) + (yre * xre + yim * xim) * weight)
+            sums.index(1).store(sums.index(1).load(acc) + (yim * xre - yre * xim) * weight)
+        else:
+            acc_re += (yre * xre + yim * xim) * weight  # Y conj(X)
+            acc_im += (yim * xre - yre * xim) * weight
+    if XSMEM:
+        acc_re = sums.index(0).load(acc)
+        acc_im = sums.index(1).load(acc)
     acc_re = gl.where(bad, float("nan"), acc_re)
     acc_im = gl.where(bad, float("nan"), acc_im)
     base = P + pid.to(gl.int64) * (2 * L)

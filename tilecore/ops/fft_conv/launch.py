@@ -297,10 +297,10 @@ def dk_pair(config: tuple, u: torch.Tensor, dy: torch.Tensor, filter_len: int) -
 
 def dk_gluon(config: tuple, u: torch.Tensor, dy: torch.Tensor, filter_len: int) -> torch.Tensor:
     """dk as dk_pair gives it, through gluon_onepass.fft_conv_gluon_dk_kernel (session 32: the Gluon one-pass kernel's
-    forward stages; Hopper only): config = (A, B, pair groups a program), A B = 2N, B = 64; u, dy: (batch, H, N) 16-bit
+    forward stages; Hopper only): config = (A, B, pair groups a program[, XSMEM]), A B = 2N, B = 64; u, dy: (batch, H, N) 16-bit
     rows with unit stride. The host sums the programs' partial spectra (H x chunks x 2 x B x A float32) and takes one
     inverse DFT a channel (f = k_a + A k_b: the tile's rows in order are the natural order)."""
-    a, b, loop = config
+    a, b, loop, *xsmem = config  # (a 4th element: XSMEM, u's transform parked in shared memory: 2048's candidate)
     B, H, N = u.shape
     chunks = -(-(-(-B // 2)) // loop)
     partial = torch.empty((H * chunks, 2, b, a), dtype=torch.float32, device=u.device)
@@ -310,6 +310,6 @@ def dk_gluon(config: tuple, u: torch.Tensor, dy: torch.Tensor, filter_len: int) 
         ops = mono_operands(a, b, 1, u.device)
         DK_GLUON.run(None, (H * chunks,), (u, dy, partial, ops["FARE"], ops["FAIM"], ops["FBRE"], ops["FBIM"], ops["TFRE"],
                                            ops["TFIM"], B, H, u.stride(0), u.stride(1), dy.stride(0), dy.stride(1)),
-                     dict(A=a, B=b, LOOP=loop, TW_SFU=True, num_warps=4))
+                     dict(A=a, B=b, LOOP=loop, TW_SFU=True, XSMEM=bool(xsmem and xsmem[0]), num_warps=4))
     total = partial.view(H, chunks, 2, b * a).sum(1)
     return torch.fft.ifft(torch.complex(total[:, 0], total[:, 1]), dim=-1).real[:, :filter_len]

@@ -205,7 +205,8 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-def gluon_dk_variant(a: int, b: int, loop: int, tw_sfu: bool = True) -> tuple[str, object, dict, int, bool]:
+def gluon_dk_variant(a: int, b: int, loop: int, xsmem: bool = False, tw_sfu: bool = True) -> tuple[str, object, dict, int,
+                                                                                                    bool]:
     """The filter-gradient kernel on the Gluon one-pass kernel's forward stages (gluon_onepass.fft_conv_gluon_dk_kernel,
     session 32) at one configuration (N = a b / 2)."""
     import torch
@@ -217,6 +218,8 @@ def gluon_dk_variant(a: int, b: int, loop: int, tw_sfu: bool = True) -> tuple[st
     f16 = torch.empty(64, dtype=torch.float16)
     f32 = torch.empty(64, dtype=torch.float32)
     args = dict(U=t, DY=t, P=f32, FARE=f16, FAIM=f16, FBRE=f16, FBIM=f16, TFRE=f32, TFIM=f32, batch=16, heads=768,
-                stride_ub=768 * n, stride_uh=n, stride_db=768 * n, stride_dh=n, A=a, B=b, LOOP=loop, TW_SFU=tw_sfu)
-    return (f"fft_conv gluon dk N{n} ({a}x{b}, loop {loop}{', twiddles computed' if tw_sfu else ''}, 4 warps)",
+                stride_ub=768 * n, stride_uh=n, stride_db=768 * n, stride_dh=n, A=a, B=b, LOOP=loop, TW_SFU=tw_sfu,
+                XSMEM=xsmem)
+    return (f"fft_conv gluon dk N{n} ({a}x{b}, loop {loop}{', twiddles computed' if tw_sfu else ''}"
+            f"{', u parked in shared memory' if xsmem else ''}, 4 warps)",
             gluon_onepass.fft_conv_gluon_dk_kernel, args, 4, True)
