@@ -27,6 +27,7 @@ _EXPORTS = {
     "layer_norm": "tilecore.ops.norm",
     "apply_rotary": "tilecore.ops.rotary",
     "fft_conv": "tilecore.ops.fft_conv",
+    "filter_spectrum": "tilecore.ops.fft_conv",
     "linear_attention": "tilecore.ops.linear_attention",
     "linear_attention_step": "tilecore.ops.linear_attention",
     "mamba2_chunk_scan": "tilecore.ops.linear_attention",
