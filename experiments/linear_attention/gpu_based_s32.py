@@ -10,6 +10,10 @@ feature maps in torch, then the linear kernels with Dk = 2F; never timed), each 
   (reference.hedgehog_features) into FLA chunk_linear_attn (normalize off); o and dq/dk/dv checked against float64.
   The copy bound of q, k, v, o beside it.
 
+* Hedgehog's map (since run 7, which found it most of the forward): op.hedgehog_map (torch) against
+  kernels_forward.hedgehog_map_fused (one pass, configs.HEDGEHOG_FUSED_MAP) for q and k, each checked against the
+  float64 map, and the linear kernel alone on the features: the forward the fused map would give.
+
 FLA compiles and autotunes in a process of its own from the start and times itself when told (a deadline).
 
     PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_based_s32.py
@@ -172,6 +176,30 @@ def _peer(go: str):
     return res
 
 
+def hedgehog_map_phase():
+    """op.hedgehog_map against hedgehog_map_fused (q and k, B16 N4096 H16 d64 F 2 x 32) and the linear kernel on the
+    features alone."""
+    from tilecore.ops.linear_attention.kernels_forward import hedgehog_map_fused
+    from tilecore.ops.linear_attention.op import hedgehog_map
+
+    t = inputs("hedgehog")
+    row = {}
+    with torch.no_grad():
+        ref = torch.cat([torch.einsum("...hd,hdf->...hf", t["q"][:1, :512].double(), t["W"].double()).softmax(-1),
+                         torch.einsum("...hd,hdf->...hf", -t["q"][:1, :512].double(), t["W"].double()).softmax(-1)],
+                        -1)
+        fused = hedgehog_map_fused(t["q"][:1, :512], t["W"])
+        row["fused_map_floor"] = round(accuracy.error_over_floor(fused, ref), 3)
+        row["torch_map_floor"] = round(accuracy.error_over_floor(hedgehog_map(t["q"][:1, :512], t["W"]), ref), 3)
+        row["torch_map_ms"] = bench(lambda: (hedgehog_map(t["q"], t["W"]), hedgehog_map(t["k"], t["W"])))
+        row["fused_map_ms"] = bench(lambda: (hedgehog_map_fused(t["q"], t["W"]), hedgehog_map_fused(t["k"], t["W"])))
+        qf, kf = hedgehog_map_fused(t["q"], t["W"]), hedgehog_map_fused(t["k"], t["W"])
+        row["kernel_on_features_ms"] = bench(lambda: linear_attention(qf, kf, t["v"], scale=1.0))
+    row["fwd_with_fused_map_ms"] = row["fused_map_ms"] + row["kernel_on_features_ms"]
+    print("hedgehog map", row, flush=True)
+    RESULTS["hedgehog_map"] = row
+
+
 def copy_ms(nbytes: int) -> float:
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -202,6 +230,7 @@ def main():
         print("ours", case, RESULTS["time"][case], flush=True)
         del t
         torch.cuda.empty_cache()
+    attempt("hedgehog map", hedgehog_map_phase)
     save()
     Path(go).touch()  # FLA times itself now, alone on the GPU
     try:
@@ -225,6 +254,8 @@ def main():
             lines.append(f"  FLA {case}: {RESULTS['fla'][f'{case}_error'][:150]}")
     for r in RESULTS["check"]:
         lines.append(" | ".join(f"{k} {v}" for k, v in r.items()))
+    if RESULTS.get("hedgehog_map"):
+        lines.append("hedgehog map | " + " | ".join(f"{k} {v:.4g}" for k, v in RESULTS["hedgehog_map"].items()))
     lines += [f"ERROR {e}" for e in RESULTS["errors"][:10]]
     if RESULTS["fla"].get("error"):
         lines.append(f"FLA: {RESULTS['fla']['error']}")

@@ -167,6 +167,12 @@ GLUON_EXP2_FMA: dict = {}
 # all four 0.934x. On: LEAN for Mamba-2 (the SASS of today's LEAN equals run 2's up to register names). The rest off;
 # BETA_LOG and the clean re-timing (the peer's compiles first) never ran: the session's device time ran out
 GLUON_S32: dict = {True: ("lean",)}
+# Hedgehog's feature map by kernels_forward.hedgehog_map_kernel (one pass: x read and the features written once in the
+# input's dtype, float32 math) where no gradient is recorded, instead of op.hedgehog_map's torch passes (float32
+# einsum, two softmaxes, a concatenation, a cast). Session 32 run 7 (gpu_based_s32.py): Hedgehog's forward 2.72 ms
+# against FLA's 1.61 on the same torch features, the map most of it. Off: written and interpreter-tested (session 32),
+# never timed; op.hedgehog_map's hook is the lead's (NEEDS-LEAD)
+HEDGEHOG_FUSED_MAP = False
 # Based's Gluon forward (gluon_based.py: Dk 16, no decay, Dv a multiple of 64; its 153 symmetric features
 # padded to 160, S^T in wgmma registers). Runs 7-9 (H100, session 27, B16 H16 N4096 d16 v64 bf16): 0.200-0.212
 # ms against the tl kernel's 0.804 and FLA parallel_based's 2.04 (9.65-10.26x), 55-58% of the copy bound;

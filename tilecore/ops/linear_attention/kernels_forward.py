@@ -17,6 +17,7 @@ it by the plan's ``transposed`` flag).
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -127,3 +128,60 @@ def chunk_heads_kernel(G, BETA, GOUT, BOUT, N, H, N_PAD, sgb, sgn, sgh, sbb, sbn
     if HAS_BETA:
         beta = tl.load(BETA + b * sbb + t64[:, None] * sbn + h64[None, :] * sbh, mask=inside, other=0.0)
         tl.store(BOUT + out, beta.to(tl.float32), mask=head_ok)
+
+
+# --------------------------------------------------------------------------------------------
+# Hedgehog's feature map in one pass (session 32): [softmax(x W_h), softmax(-x W_h)] for a block of tokens of one
+# head, read once in the input's dtype and written once in it. op.hedgehog_map makes it in torch (float32 einsum,
+# two softmaxes, a concatenation, a cast: ~6 passes over (.., Hqk, F) float32 tensors), which run 7 of
+# experiments/linear_attention/gpu_based_s32.py found to be most of Hedgehog's forward (2.72 ms against FLA's 1.61
+# on the same torch features in bf16). Off until a GPU run times it (configs.HEDGEHOG_FUSED_MAP)
+
+
+@triton.jit
+def hedgehog_map_kernel(X, W, OUT, R, sxr, sxh, sxd, swh, swd, swf, sor, soh, sof,
+                        DK: tl.constexpr, F: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr):
+    """Program (block of BR tokens, head h): OUT[r, h, :F] = softmax(x_r W_h), OUT[r, h, F:] = softmax(-x_r W_h),
+    x (R, Hqk, DK) and OUT (R, Hqk, 2F) any strides (64-bit row offsets), W (Hqk, DK, F); float32 math (an IEEE
+    dot, as torch's float32 einsum), the result in OUT's dtype. Grid: (cdiv(R, BR), Hqk)."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    h = tl.program_id(1).to(tl.int64)
+    r_ok = rows < R
+    d = tl.arange(0, BD)
+    f = tl.arange(0, BF)
+    d_ok, f_ok = d < DK, f < F
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * sxr + h * sxh + d[None, :] * sxd, mask=r_ok[:, None] & d_ok[None, :],
+                other=0.0).to(tl.float32)
+    w = tl.load(W + h * swh + d[:, None] * swd + f[None, :] * swf, mask=d_ok[:, None] & f_ok[None, :],
+                other=0.0).to(tl.float32)
+    proj = tl.dot(x, w, input_precision="ieee")
+    pos = tl.where(f_ok[None, :], proj, float("-inf"))
+    neg = tl.where(f_ok[None, :], -proj, float("-inf"))
+    pos = tl.exp(pos - tl.max(pos, 1)[:, None])
+    neg = tl.exp(neg - tl.max(neg, 1)[:, None])
+    pos = pos / tl.sum(pos, 1)[:, None]
+    neg = neg / tl.sum(neg, 1)[:, None]
+    out = OUT + rows64[:, None] * sor + h * soh + f[None, :] * sof
+    mask = r_ok[:, None] & f_ok[None, :]
+    tl.store(out, pos.to(OUT.dtype.element_ty), mask=mask)
+    tl.store(out + F * sof, neg.to(OUT.dtype.element_ty), mask=mask)
+
+
+def hedgehog_map_fused(x, weight, out_dtype=None):
+    """op.hedgehog_map by hedgehog_map_kernel: x (..., Hqk, Dk), weight (Hqk, Dk, F) -> (..., Hqk, 2F) in x's dtype
+    (or ``out_dtype``: Triton's interpreter truncates float32 to bf16, so its tests take float32 and round by torch).
+    No gradient (inference: the autograd path keeps torch's map)."""
+    Hqk, Dk = x.shape[-2], x.shape[-1]
+    F = weight.shape[-1]
+    x3 = x.reshape(-1, Hqk, Dk)
+    out = torch.empty(*x.shape[:-1], 2 * F, dtype=out_dtype or x.dtype, device=x.device)
+    o3 = out.view(-1, Hqk, 2 * F)
+    R = x3.shape[0]
+    if R == 0:
+        return out
+    BR = 64
+    bd, bf = max(16, triton.next_power_of_2(Dk)), max(16, triton.next_power_of_2(F))
+    hedgehog_map_kernel[(triton.cdiv(R, BR), Hqk)](x3, weight, o3, R, *x3.stride(), *weight.stride(), *o3.stride(),
+                                                    DK=Dk, F=F, BR=BR, BD=bd, BF=bf, num_warps=4)
+    return out
