@@ -344,7 +344,7 @@ def step_launch(case: str, t: dict, name: str, state=None, o=None):
     """The step kernel alone on t at the variant's blocks (the Mamba-2 state (b, h, p, s) read by strides)."""
     import dataclasses
 
-    from tilecore.ops.linear_attention import configs, launch
+    from tilecore.ops.linear_attention import launch
     from tilecore.ops.linear_attention.plan import IDENTITY, plan
 
     bv, warps = STEP_VARIANTS[name]
@@ -353,18 +353,14 @@ def step_launch(case: str, t: dict, name: str, state=None, o=None):
     p = plan(t["q"][:, None], t["v"][:, None], None, IDENTITY)
     if warps is not None:
         p = dataclasses.replace(p, config={**p.config, "step_warps": warps})
+    if bv is not None:
+        p = dataclasses.replace(p, config={**p.config, "step_bv": bv})
     strides = None
     if case == "mamba2":
         s0, s1, s2, s3 = state.stride()
         strides = (s0, s1, s3, s2)
-    saved = configs.STEP_BV
-    try:
-        if bv is not None:
-            configs.STEP_BV = bv
-        kern, grid, args, kw = launch.step_call(p, t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"], t["z"],
-                                                state, o, t["scale"], IDENTITY, strides)
-    finally:
-        configs.STEP_BV = saved
+    kern, grid, args, kw = launch.step_call(p, t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"], t["z"],
+                                            state, o, t["scale"], IDENTITY, strides)
     return lambda: kern[grid](*args, **kw), o
 
 

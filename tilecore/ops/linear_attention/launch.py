@@ -590,7 +590,7 @@ def step_call(plan: Plan, q, k, v, g, beta, d_skip, z, state, o, scale: float, f
     kind = 0 if g is None else (1 if g.dim() == 2 else 2)  # no token axis here: (B, H) or (B, H, Dk)
     g_strides = _strides(g, 3) if kind == CHANNEL_DECAY else (*_strides(g, 2), 0)
     dummy = v
-    bv = min(cfg["BVF"], configs.STEP_BV)
+    bv = min(cfg["BVF"], cfg.get("step_bv", configs.STEP_BV))
     args = (q, k, v, dummy if g is None else g, dummy if beta is None else beta, dummy if d_skip is None else d_skip,
             dummy if z is None else z, state, o,
             *q.stride(), *k.stride(), *v.stride(), *g_strides, *_strides(beta, 2), *_strides(z, 3), *o.stride(),

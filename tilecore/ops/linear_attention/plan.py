@@ -64,7 +64,7 @@ def plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: int,
 def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: int, chunk: int | None = None,
             **overrides) -> Plan:
     """The tl kernels' plan (also for a compile report on a machine without a GPU). ``overrides``: the
-    config's BT_BWD, BV, BVB, BKQ, BKB, KB, num_warps, num_stages, step_warps (experiments/linear_attention
+    config's BT_BWD, BV, BVB, BKQ, BKB, KB, num_warps, num_stages, step_warps, step_bv (experiments/linear_attention
     sweeps them; fwd_warps, fwd_stages: the forward's alone; fwd_gluon, gluon_stages: the Gluon forward's;
     fwd_gluon_based, gluon_based_stages: Based's Gluon forward's)."""
     kind = decay_kind(g)
@@ -133,10 +133,10 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
                fwd_gluon_based=fwd_gluon_based,
                gluon_based_stages=configs.GLUON_BASED_ALU_STAGES if configs.GLUON_BASED_FEAT_ALU
                else configs.GLUON_BASED_STAGES,
-               step_warps=configs.STEP_WARPS, diag=channel_diag(kind))
+               step_warps=configs.STEP_WARPS, step_bv=configs.STEP_BV, diag=channel_diag(kind))
     unknown = set(overrides) - {"BT_BWD", "BV", "BVB", "BKQ", "BKB", "KB", "num_warps", "num_stages",
                                 "fwd_warps", "fwd_stages", "fwd_gluon", "gluon_stages", "fwd_gluon_based",
-                                "gluon_based_stages", "step_warps", "diag", "combine"}
+                                "gluon_based_stages", "step_warps", "step_bv", "diag", "combine"}
     if unknown:
         raise ValueError(f"tl_plan: unknown overrides {sorted(unknown)}")
     # num_warps and num_stages set every pass's (the forward's too, unless fwd_* say otherwise)
