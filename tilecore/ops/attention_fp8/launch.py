@@ -115,7 +115,6 @@ class _Fp8Launch:
     @classmethod
     def of(cls, p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_scale: float, out_dtype,
            v_permuted: bool, key):
-        cfg = p.config
         if p.path != "gluon":
             return False
         layout = _GLUON_LAYOUTS.get(key)
