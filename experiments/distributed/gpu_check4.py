@@ -323,6 +323,11 @@ def main() -> int:
     parser.add_argument("--sizes", default="32768,65536,131072")
     parser.add_argument("--causal-only-from", type=int, default=10 ** 9,
                         help="time only the causal mask from this total length up")
+    parser.add_argument("--cases", default="",
+                        help="timing cases in this order, e.g. 32768c,131072c,65536f (c causal, f full); "
+                             "overrides --sizes")
+    parser.add_argument("--check-n-max", type=int, default=10 ** 9,
+                        help="only the checks of at most this many positions")
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--d", type=int, default=128)
     parser.add_argument("--variants", default="nccl,ce", help=f"of {', '.join(VARIANTS)}")
@@ -388,6 +393,8 @@ def main() -> int:
                      "case": f"{mode} causal={causal} n={n} h{hq}/{hkv} d{d} {key}", "variant": key}
             if args.checks != "all" and key not in args.checks.split(","):
                 continue
+            if n > args.check_n_max:
+                continue
             if key in failed:
                 entry["error"] = f"skipped: an earlier {key} check failed"
                 results["checks"].append(entry)
@@ -420,6 +427,12 @@ def main() -> int:
 
     cases = [(int(s), c) for s in args.sizes.split(",") if s
              for c in ((True,) if int(s) >= args.causal_only_from else (True, False))]
+    if args.cases:
+        cases = [(int(x[:-1]), x[-1] == "c") for x in args.cases.split(",") if x]
+        if any(x[-1] not in "cf" for x in args.cases.split(",") if x):
+            parser.error("--cases: each a length followed by c (causal) or f (full)")
+        if args.dry:  # the dry run's small sizes, the cases' masks and order
+            cases = [(64 + 32 * i, c) for i, (_, c) in enumerate(cases)]
     # wall seconds per unit of work ((N / 32K)^2, half the pairs causal), by mask: a mask's first case
     # compiles its kernels, so only its later cases say what a case costs (either mask's figure serves)
     unit, seen = {}, set()
