@@ -39,3 +39,42 @@ def test_an_extreme_projection_stays_finite():
     out = hedgehog_map_fused(x, w)
     assert torch.isfinite(out).all()
     assert torch.allclose(out, reference(x, w).float(), atol=1e-6)
+
+
+def test_the_op_hook_takes_the_fused_map_only_where_nothing_is_recorded(monkeypatch):
+    """op.hedgehog_map's ``fused`` (configs.HEDGEHOG_FUSED_MAP by default): the kernel under no_grad (its output equal
+    to hedgehog_map_fused's), torch's map where a gradient is recorded (W's gradient flows), and the public op with the
+    switch on equal to the op with it off (bf16, the interpreter's float32 output rounded by torch)."""
+    from tilecore.ops.linear_attention import configs, linear_attention
+
+    torch.manual_seed(1)
+    B, N, H, Dk, F = 1, 70, 2, 16, 8
+    x = torch.randn(B, N, H, Dk).to(torch.bfloat16)
+    w = torch.randn(H, Dk, F) * Dk ** -0.5
+    kernel = hedgehog_map_fused(x, w, out_dtype=torch.float32).to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(hedgehog_map(x, w, fused=True), kernel)
+        torch_map = hedgehog_map(x, w, fused=False)
+    assert torch.allclose(torch_map.float(), kernel.float(), atol=2 * torch.finfo(torch.bfloat16).eps, rtol=0)
+    wg = w.clone().requires_grad_(True)
+    out = hedgehog_map(x, wg, fused=True)  # (a gradient to record: torch's map)
+    assert out.requires_grad and torch.equal(out.detach(), torch_map)
+    out.float().sum().backward()
+    assert wg.grad is not None and torch.isfinite(wg.grad).all()
+
+    q, k, v = torch.randn(B, N, H, Dk).half(), torch.randn(B, N, H, Dk).half(), torch.randn(B, N, H, 32).half()
+    monkeypatch.setattr(configs, "HEDGEHOG_FUSED_MAP", False)
+    off = linear_attention(q, k, v, feature_map="hedgehog", feature_weights=w)
+    monkeypatch.setattr(configs, "HEDGEHOG_FUSED_MAP", True)
+    with torch.no_grad():
+        on = linear_attention(q, k, v, feature_map="hedgehog", feature_weights=w)
+        assert torch.equal(hedgehog_map(q, w), hedgehog_map_fused(q, w, out_dtype=torch.float32).half())
+    ref, _ = linear_attention_reference_f64(q, k, v, w)
+    assert accuracy.error_over_floor(on, ref) <= 1.05 * max(1.0, accuracy.error_over_floor(off, ref))
+
+
+def linear_attention_reference_f64(q, k, v, w):
+    from tilecore.ops.linear_attention import linear_attention_reference
+
+    return linear_attention_reference(q.double(), k.double(), v.double(), feature_map="hedgehog",
+                                      feature_weights=w.double())

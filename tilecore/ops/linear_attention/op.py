@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tilecore import dispatch
-from tilecore.ops.linear_attention import configs, kernels_backward_gla, launch, mamba_dt
+from tilecore.ops.linear_attention import configs, kernels_backward_gla, kernels_forward, launch, mamba_dt
 from tilecore.ops.linear_attention.plan import BASED, IDENTITY, plan
 from tilecore.tiles import eager
 from tilecore.tiles import launch as tiles_launch
@@ -110,9 +110,17 @@ def _hedgehog_weights(op: str, weights, heads: int, dk: int, device):
     return pair
 
 
-def hedgehog_map(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def hedgehog_map(x: torch.Tensor, weight: torch.Tensor, fused: bool | None = None) -> torch.Tensor:
     """Hedgehog's feature map [softmax(x W_h), softmax(-x W_h)] (x (..., Hqk, Dk), W (Hqk, Dk, F)),
-    computed in float32 and returned in x's dtype (values in [0, 1])."""
+    computed in float32 and returned in x's dtype (values in [0, 1]).
+
+    ``fused`` (None: configs.HEDGEHOG_FUSED_MAP): one kernel pass (kernels_forward.hedgehog_map_fused) where nothing
+    is recorded (eager, no gradient: dispatch.plain_eager) and kernels serve x's device; else torch's passes."""
+    if (configs.HEDGEHOG_FUSED_MAP if fused is None else fused) and dispatch.plain_eager(x, weight) \
+            and dispatch.backend_for(x.device) == "kernel":
+        # (the interpreter truncates float32 to bf16: float32 out there, rounded by torch; decision 7)
+        wide = torch.float32 if dispatch.interpreted(x.device) else None
+        return kernels_forward.hedgehog_map_fused(x, weight.float(), out_dtype=wide).to(x.dtype)
     proj = torch.einsum("...hd,hdf->...hf", x.float(), weight.float())
     return torch.cat([proj.softmax(-1), (-proj).softmax(-1)], dim=-1).to(x.dtype)
 
