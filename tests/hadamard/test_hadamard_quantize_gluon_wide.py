@@ -199,6 +199,20 @@ def test_transform_gluon_config_takes_the_table_then_the_caller():
         configs.KRON_GLUON_TUNING.update(old)
 
 
+def test_shipped_transform_tuning_at_148_x_128():
+    """Session 33 run 1 (notes/hadamard/runs/gluon_widths_s33_run1_session33_h100.txt: checked, 1.99x): the 148 x 128
+    transform's Gluon plan is UNITS + STORE2 + KTRIM + NOZERO + CLAMP_LO at two ring stages by default."""
+    from tilecore.ops.hadamard import gluon_launch, kron
+
+    cfg = kron.gluon_config(148, 128, {})
+    assert cfg == dict(units=True, store2=True, stages=2, ktrim=True, nozero=True, clamp_lo=True)
+    stages = cfg.pop("stages")
+    plan = gluon_launch.store_plan(1 << 14, 18944, torch.bfloat16, 132, **cfg)
+    assert stages == 2 and plan.path == "gluon_wide"
+    assert all(plan.config.get(k) for k in ("UNITS", "STORE2", "KTRIM", "NOZERO", "CLAMP_LO"))
+    assert kron.gluon_config(28, 1024, {}) == dict(nozero=True, clamp_lo=True)
+
+
 _COMPILE_UNITS = r"""
 import json, os, sys
 sys.path.insert(0, os.getcwd())

@@ -268,9 +268,11 @@ QUANT_GLUON_FOLD = {**{(f, 14336): True for f in ("mxfp4", "nvfp4", "int4")},
 # but the STORE2 transforms' checks were cut by the run's budget (55 s): off until checked (KRON_GLUON_TUNING empty)
 QUANT_GLUON_UNITS = {("int4", 18944): True}
 # hadamard_transform's "gluon" plan tuning by (m, p) (kron.gluon_config: split, inside, stages, ktrim, units, store2,
-# nozero, clamp_lo; the caller's tuning over it). Candidate once checked (he_s33): (148, 128): dict(units=True,
-# store2=True, stages=2, ktrim=True, nozero=True, clamp_lo=True), run 7's 1.94x
-KRON_GLUON_TUNING = {}
+# nozero, clamp_lo; the caller's tuning over it). Session 33 run 1 (notes/hadamard/runs/gluon_widths_s33_run1_session33_h100.txt,
+# H100, every check ok: 1.0x the floor, an inf row, 3 rows, in place, H_m^T): 148 x 128 1.99x (44.7 -> 89.1% of copy),
+# 28 x 1024 NOZERO + CLAMP_LO 1.05x (89.3%); 172 x 64 1.01x: not taken
+KRON_GLUON_TUNING = {(148, 128): dict(units=True, store2=True, stages=2, ktrim=True, nozero=True, clamp_lo=True),
+                     (28, 1024): dict(nozero=True, clamp_lo=True)}
 # session 32: two switches of both Gluon kernels' value path (plan tunings "nozero", "clamp_lo"; keys (format, n), else
 # the format): NOZERO, the group formats' sub-rows past m left unzeroed (one select a value at m < 32, a third of the
 # values at m x 64); CLAMP_LO, the second product's lo piece as max(x - h, -2^120) (one max a value, not a compare and
@@ -279,9 +281,14 @@ KRON_GLUON_TUNING = {}
 # mxfp4 / nvfp4 / int4 x 14336 / 28672 and mxfp4 11008: codes 99.9989-99.9997% equal, scales within the bound), over the
 # shipped plan in the same run: mxfp4 14336 1.06x (42.3 -> 44.9% of copy), nvfp4 14336 1.05x (40.6%), int4 14336 1.04x
 # (55.3%), mxfp4 28672 1.08x (43.7%): on there; nvfp4 28672 1.00x: off; the rest untimed (the run's budget)
-_NZ_CL = {("mxfp4", 14336): True, ("nvfp4", 14336): True, ("int4", 14336): True, ("mxfp4", 28672): True}
+# Session 33 run 1 (notes/hadamard/runs/gluon_widths_s33_run1_session33_h100.txt, every case checked ok), on where >= 1.03x:
+# mxfp4 11008 1.07x, nvfp4 11008 1.06x, mxfp4 18944 1.07x, nvfp4 18944 1.05x, int4 28672 1.04x; CLAMP_LO alone fp8 11008
+# 1.03x; left off: int4 11008 1.01x, CLAMP_LO fp8 14336 / 18944 1.00x, int8 28672 1.01x
+_NZ_CL = {("mxfp4", 14336): True, ("nvfp4", 14336): True, ("int4", 14336): True, ("mxfp4", 28672): True,
+          ("mxfp4", 11008): True, ("nvfp4", 11008): True, ("mxfp4", 18944): True, ("nvfp4", 18944): True,
+          ("int4", 28672): True}
 QUANT_GLUON_NOZERO = dict(_NZ_CL)
-QUANT_GLUON_CLAMP_LO = dict(_NZ_CL)
+QUANT_GLUON_CLAMP_LO = {**_NZ_CL, ("fp8_e4m3", 11008): True}
 
 
 # here, not in quantize.py: kron.py's transform plan asks it too, and quantize.py imports kron
