@@ -175,7 +175,9 @@ def test_the_ops_call_sites_are_memos_over_their_modules_signature():
     from tilecore.ops.attention_fp8 import op as fp8
     from tilecore.ops.attention_kvcache import op as kvcache
     from tilecore.ops.attention_varlen import op as varlen
+    from tilecore.ops.fft_conv import op as fft_conv
     from tilecore.ops.gemm import op as gemm
+    from tilecore.ops.hadamard import quantize as hadamard_quantize
     from tilecore.ops.linear_attention import op as la
     from tilecore.ops.norm import op as norm
     from tilecore.ops.rotary import op as rotary
@@ -184,7 +186,8 @@ def test_the_ops_call_sites_are_memos_over_their_modules_signature():
                           (varlen, ("_CALL_KEY",)), (fp8, ("_CALL_KEY",)),
                           (gemm, ("_GEMM_KEY", "_FP8_KEY")),
                           (la, ("_FORWARD_KEY", "_STEP_KEY", "_MAMBA_STEP_KEY")), (norm, ("_CALL_KEY",)),
-                          (rotary, ("_CALL_KEY",))):
+                          (rotary, ("_CALL_KEY",)), (fft_conv, ("_CALL_KEY",)),
+                          (hadamard_quantize, ("_CALL_KEY",))):
         for name in names:
             site = getattr(module, name)
             assert isinstance(site, SignatureMemo) and site._namespace is vars(module)
@@ -225,3 +228,90 @@ def test_an_entry_that_cannot_be_made_is_not_tried_at_every_call(memo, monkeypat
     for _ in range(10):
         assert memo(x, 1) == _any_device_signature(x, 1)
     assert len(tried) == 1
+
+
+# session 33: fft_conv's and hadamard_quantize's call sites on the memo (issue 31's host time)
+
+def _fft_items(x):
+    return (x, torch.randn(2, 16))
+
+
+def _quantize_items(x):
+    return (x, "fp8_e4m3", None, True, None)  # hadamard_quantize's keyed items: x, format, block, rotate, group
+
+
+@pytest.mark.parametrize("which", ["fft_conv", "hadamard_quantize"])
+def test_fft_conv_and_hadamard_quantize_sites_hit_repeats_and_miss_each_change(which, monkeypatch):
+    """The two sites converted in session 33: a repeated signature hits (no signature built), and a changed
+    stride, dtype, device or requires_grad misses (the module's signature is built: its answer returned)."""
+    from tilecore.ops.fft_conv import op as fft_op
+    from tilecore.ops.hadamard import quantize as hq
+
+    module, items_of = (fft_op, _fft_items) if which == "fft_conv" else (hq, _quantize_items)
+    site = module._CALL_KEY
+    assert isinstance(site, SignatureMemo) and site._namespace is vars(module)
+    launch.memo_signatures(True)
+    monkeypatch.setattr(module, "signature", _any_device_signature)
+    site._last = site._missed = site._refused = None
+    x = torch.randn(2, 64, dtype=torch.float16)
+    for _ in range(3):
+        site(*items_of(x))
+    assert site._last is not None
+    before = CALLS[0]
+    for _ in range(3):  # fresh tensors of the same metadata: hits
+        items = items_of(torch.randn(2, 64, dtype=torch.float16))
+        got = site(*items)
+        assert CALLS[0] == before and got is site._last[5]
+        assert got == _any_device_signature(*items)
+        before = CALLS[0]
+    wide = torch.randn(2, 80, dtype=torch.float16)
+    changed = {"stride": wide[:, :64], "dtype": x.float(), "device": torch.empty(2, 64, dtype=torch.float16,
+                                                                                   device="meta"),
+               "requires_grad": x.clone().requires_grad_()}
+    for what, y in changed.items():
+        items = items_of(y)
+        before = CALLS[0]
+        got = site(*items)
+        assert CALLS[0] == before + 1, f"a changed {what} hit the kept entry"
+        assert got == _any_device_signature(*items)
+        site._last = site._missed = None  # (the next change meets the original entry again)
+        for _ in range(2):
+            site(*items_of(x))
+    site._last = site._missed = site._refused = None
+
+
+def test_fft_conv_and_hadamard_quantize_give_the_same_results_with_the_memo_on_and_off(monkeypatch):
+    """Through the ops (the interpreter, the signature let through for CPU tensors): a call sequence with repeats
+    and each kind of change gives the same bits with MEMO_SIGNATURES on and off, and the repeats hit."""
+    from tilecore.ops.fft_conv import op as fft_op
+    from tilecore.ops.hadamard import quantize as hq
+
+    torch.manual_seed(33)
+    u = torch.randn(1, 2, 64, dtype=torch.float16)
+    k = torch.randn(2, 16)
+    wide = torch.randn(1, 2, 80, dtype=torch.float16)
+    x = torch.randn(2, 48, dtype=torch.float16)
+    xw = torch.randn(2, 96, dtype=torch.float16)
+    fft_calls = [(u, k), (u.clone(), k.clone()), (u + 1, k), (wide[..., :64], k), (u.float(), k),
+                 (u.clone().requires_grad_(), k), (u, k), (u - 1, k)]
+    quantize_calls = [x, x.clone(), x + 1, xw[:, :48], x.float(), x - 1, x * 2]
+    runs = {}
+    for on in (True, False):
+        launch.memo_signatures(on)
+        monkeypatch.setattr(fft_op, "signature", _any_device_signature)
+        monkeypatch.setattr(hq, "signature", _any_device_signature)
+        for site in (fft_op._CALL_KEY, hq._CALL_KEY):
+            site._last = site._missed = site._refused = None
+        built = CALLS[0]
+        outs = [fft_op.fft_conv(a, b).detach() for a, b in fft_calls]
+        for y in quantize_calls:
+            codes, scales = hq.hadamard_quantize(y, format="fp8_e4m3")
+            outs += [codes.view(torch.uint8), scales]
+        runs[on] = (outs, CALLS[0] - built)
+    launch.memo_signatures(True)
+    for site in (fft_op._CALL_KEY, hq._CALL_KEY):
+        site._last = site._missed = site._refused = None
+    (on_outs, on_built), (off_outs, off_built) = runs[True], runs[False]
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(on_outs, off_outs))
+    assert off_built == len(fft_calls) + len(quantize_calls)
+    assert on_built <= off_built - 3  # the repeats (calls 3 of each run of one signature) hit

@@ -8,7 +8,8 @@ from tilecore.ops.fft_conv import launch
 from tilecore.ops.fft_conv.plan import dk_config, dk_gluon_config, plan
 from tilecore.tiles import eager
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import LRU, KeyedLaunch, TmaOperand, signature
+from tilecore.tiles.launch import LRU, KeyedLaunch, SignatureMemo, TmaOperand
+from tilecore.tiles.launch import signature  # noqa: F401 (_CALL_KEY builds its misses by this module's name)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -94,6 +95,7 @@ def _conv_impl(u, spectrum, conj: bool, key=None):
 # one filter serves many calls
 _CHECKED = LRU(256)  # signatures of CUDA calls whose checks passed
 _PLANS = LRU(256)  # a call's signature -> its plan (a function of seqlen, device and dtype)
+_CALL_KEY = SignatureMemo(globals())  # fft_conv's signature of (u, k), checked against the last repeated one
 
 
 # the spectrum form: differentiable in u and in the spectrum (so in the filter it came from)
@@ -236,7 +238,7 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     gradient (16-bit u and filter) is a kernel's at seqlen 1024 (Hopper: on the Gluon kernel's forward stages) and
     4096 (the pair kernel's), elsewhere torch.fft's (float32).
     """
-    key = signature(u, k)
+    key = _CALL_KEY(u, k)
     if key is not None and tiles_launch.BIND_KEYED_LAUNCHES:  # the Gluon kernel as the key's first call kept it
         prepared = _GLUON_CONVS.get(key)
         if prepared and dispatch.plain_eager(u, k) and not (prepared.given and k.is_conj()):

@@ -42,7 +42,8 @@ from tilecore.ops.hadamard.gluon_launch import gluon_wide_transform  # noqa: F40
 from tilecore.ops.hadamard.gluon_launch import launch as _launch_gluon_wide
 from tilecore.ops.hadamard.quantize_reference import (FORMATS, FP8_DTYPES, dequantize, nvfp4_global_scale,
                                                       quantize_rotated, rotated_rows, shape_outputs)
-from tilecore.tiles.launch import LRU, CachedLaunch, cdiv, next_power_of_2, signature
+from tilecore.tiles.launch import LRU, CachedLaunch, SignatureMemo, cdiv, next_power_of_2
+from tilecore.tiles.launch import signature  # noqa: F401 (_CALL_KEY builds its misses by this module's name)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCKS = (16, 32, 64, 128)
@@ -679,6 +680,7 @@ def _impl(x, fmt, block, group, scale, rotate, signs, key=None):
 # keyed by its signature: its checks' result (_CHECKED), its plan (_PLANS) and its kernels (launched by key)
 _CHECKED = LRU(256)  # a call's key -> the group its checks returned
 _PLANS = LRU(256)  # a launch key -> its QuantizePlan
+_CALL_KEY = SignatureMemo(globals())  # the keyed call's signature, checked against the last repeated one (session 33)
 
 
 def hadamard_quantize(x: torch.Tensor, *, format: str, block: int | None = None, scale=None, rotate: bool = True,
@@ -701,7 +703,7 @@ def hadamard_quantize(x: torch.Tensor, *, format: str, block: int | None = None,
     Byte layouts, scale formulas and NaN/inf behaviour: tilecore/ops/hadamard/quantize_reference.py.
     ``dequantize(codes, scales, format=...)`` inverts each. Not differentiable.
     """
-    key = signature(x, format, block, rotate, group) if scale is None and randomized_signs is None else None
+    key = _CALL_KEY(x, format, block, rotate, group) if scale is None and randomized_signs is None else None
     if key is None:
         group, scale = _check(x, format, block, scale, rotate, randomized_signs, group)
     else:
