@@ -44,7 +44,8 @@ S31 = dict(dqk_stages=None, dg_local=False, dqk_lean=False, dqk_dotscan=False)  
     # shipped CHUNKED of session 31
     (dict(BT=64, BKB=32, dqk_VB=32, dg_fused=False, wide_group=None, **S31), 255, 0),
     (dict(BT=64, BKB=32, dqk_VB=32, dg_fused=True, wide_group=8, **S31), 255, 0),
-    # session 32's (configs' CHUNKED as it is: 3 stages, dg_local, dqk_lean, dqk_dotscan): 76 B spilled on sm_90a, and
+    # session 32-33 (configs' CHUNKED as it is: 3 stages, dg_local, dqk_lean, dqk_dotscan; VB 64 since session 33: 40 B
+    # spilled on sm_90a, VB 32 76 B), and
     # 1.13x faster than session 31's on the H100 all the same (call 3); the wgmma not serialized (G's forward sum as a
     # dot serialized them: it stays a scan)
     ({}, 255, 80),

@@ -84,9 +84,11 @@ BLOCKS = dict(split_BT=32, split_BKB=64, split_BV=64, split_warps=4, split_stage
 # walks by key blocks of 64 at 4 warps (512 programs, 2 an SM): states 0.695 / dstates 0.693 against 0.838 / 0.830 (1.2x);
 # the dv kernel as it was (1.018: key channels by 32, value blocks of 64, the pipelined key loop and 8 warps were all
 # slower). Session 31's: walk_BK None, walk_warps 8, dqk_stages None, dg_local / dqk_lean / dqk_dotscan False
+# dqk_VB 64 (session 33, HA; notes/linear_attention/runs/gla_bwd_s32c_run1_session33_h100.txt, every float64 check right):
+# backward 5.315 ms against 5.462 / 5.453 for dqk_VB 32 in the same run (dqk 2.774 against 2.866 / 2.868)
 CHUNKED = dict(BT=64, BV=128, BKB=32, KD=64, BK_DG=64, walk_warps=4, walk_stages=2, dqk_warps=4, dv_warps=4, stages=2,
                split=False, dqk_apart=False, dv_BV=128, walks_fused=False, wide_apart=True, dv_wide_apart=True,
-               dk_at=False, dqk_VB=32, dqk_stages=3, dqk_maxnreg=None, wide_group=8, dg_fused=True,
+               dk_at=False, dqk_VB=64, dqk_stages=3, dqk_maxnreg=None, wide_group=8, dg_fused=True,
                dg_local=True, dqk_early=False, walk_BK=64, walk_maxnreg=None, dv_maxnreg=None,
                dqk_lean=True, dqk_dotscan=True, dqk_probe=0, dv_loop=False)
 
