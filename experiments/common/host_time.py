@@ -12,6 +12,11 @@ first call's bits (the keyed path, session 28) as well.
 --ab-lean ROUNDS (session 32): the same A/B for session 32's host cuts (tiles.launch.MEMO_SIGNATURES and
 OP_RECIPES), e.g. ``--ops all --ab-lean 3 --calls 300``.
 
+--ab-forward ROUNDS (session 33): FORWARD_RECIPES alone on vs off (the memo and OP_RECIPES on in both columns), with
+--memo-column a third column with MEMO_SIGNATURES off; rows in PRIORITY order, each timed right after its first calls,
+--deadline S bounding the call (the JSON written after each phase), e.g.
+``--ops all --ab-forward 5 --memo-column --calls 300 --deadline 90``.
+
 --ab-tma ROUNDS (session 30): every op timed with the kept TMA encodings on and off in one process, interleaved
 rounds, medians; the same bits both ways and on calls 1..10; the mamba_dt kernel's two clamp forms against torch's
 ops; with --profile CALLS, the cProfile of the over-budget ops (PROFILED) after.
@@ -410,6 +415,13 @@ def main():
                     help="(session 32) the same A/B for session 32's host cuts: tiles.launch.MEMO_SIGNATURES (each call "
                          "site's signature checked against its last one in one C call) and OP_RECIPES (gemm's, the "
                          "norms' and linear attention's kept per-key launches) on vs off")
+    ap.add_argument("--ab-forward", type=int, default=0, metavar="ROUNDS",
+                    help="(session 33) the same A/B for tiles.launch.FORWARD_RECIPES alone (attention's and LA's Gluon "
+                         "forward recipes), MEMO_SIGNATURES and OP_RECIPES on in both columns")
+    ap.add_argument("--memo-column", action="store_true",
+                    help="with --ab-forward: a third column with MEMO_SIGNATURES off (FORWARD_RECIPES on)")
+    ap.add_argument("--deadline", type=float, default=0.0, metavar="S",
+                    help="A/B modes: after S seconds no more rows' first calls, checks, rounds or profile (0: none)")
     ap.add_argument("--skip-mamba-dt", action="store_true", help="leave out the mamba_dt kernel's bit check")
     a = ap.parse_args()
     if not a.no_tma_cache:  # before any launch: every key's direct launch keeps its encodings
@@ -424,6 +436,8 @@ def main():
         return main_ab(a, "bind")
     if a.ab_lean:
         return main_ab(a, "lean")
+    if a.ab_forward:
+        return main_ab(a, "forward")
     if a.json is None:  # $OUT (the GPU runs' folder), else /tmp/out
         out_dir = os.environ.get("OUT", "/tmp/out")
         os.makedirs(out_dir, exist_ok=True)
@@ -504,23 +518,47 @@ def print_mamba_dt_checks(checks):
 
 def main_ab(a, what="tma"):
     """--ab-tma: each op timed with the kept TMA encodings on and off in one process (interleaved rounds, the
-    order swapped each round; torch's op once a round), medians; both ways the same bits, and the same bits on
+    order rotated each round; torch's op once a round), medians; both ways the same bits, and the same bits on
     calls 1..10 with them on. --ab-bind (what="bind"): the same for the kept keyed launches and per-key recipes
-    (tiles.launch.BIND_KEYED_LAUNCHES), with the TMA encodings on throughout."""
+    (tiles.launch.BIND_KEYED_LAUNCHES), with the TMA encodings on throughout. --ab-lean: session 32's three
+    switches together. --ab-forward (session 33): FORWARD_RECIPES alone (MEMO_SIGNATURES and OP_RECIPES on in both
+    columns), with --memo-column a third column with MEMO_SIGNATURES off (FORWARD_RECIPES on): the memo's share per
+    row (session 33's fft_conv and hadamard_quantize sites among them).
+
+    Order (session 33, for a bounded device call): each row's first calls (compiles, the same bits in every column)
+    are followed at once by its first timed round, rows in PRIORITY order; then the same bits on calls 1..10; then
+    rounds 2.. while --deadline allows; then the profile if time is left. The JSON is written after each phase, so
+    a call cut short keeps what it measured."""
     import statistics
 
     from tilecore.tiles import launch as tiles_launch
+
+    start = time.monotonic()
+    deadline = start + a.deadline if a.deadline else float("inf")
 
     def lean(on):  # session 32's cuts, each switch where this snapshot has it
         for name in ("memo_signatures", "keep_op_recipes", "keep_forward_recipes"):
             if hasattr(tiles_launch, name):
                 getattr(tiles_launch, name)(on)
 
+    def forward(on):  # FORWARD_RECIPES alone; the session-32 switches on (their shipped defaults)
+        tiles_launch.memo_signatures(True)
+        tiles_launch.keep_op_recipes(True)
+        tiles_launch.keep_forward_recipes(on)
+
+    def memo_off():  # FORWARD_RECIPES on, MEMO_SIGNATURES off: each call site builds its signature
+        forward(True)
+        tiles_launch.memo_signatures(False)
+
     set_switch = {"tma": tiles_launch.cache_tma_descriptors, "bind": tiles_launch.bind_keyed_launches,
-                  "lean": lean}[what]
-    rounds = {"tma": a.ab_tma, "bind": a.ab_bind, "lean": a.ab_lean}[what]
+                  "lean": lean, "forward": forward}[what]
+    columns = {"on": lambda: set_switch(True), "off": lambda: set_switch(False)}
+    if what == "forward" and a.memo_column:
+        columns["memo_off"] = memo_off
+    rounds = {"tma": a.ab_tma, "bind": a.ab_bind, "lean": a.ab_lean, "forward": a.ab_forward}[what]
     label = {"tma": "kept TMA encodings", "bind": "kept keyed launches + per-key recipes (BIND_KEYED_LAUNCHES)",
-             "lean": "session 32's signature memo + gemm/norm/LA recipes (MEMO_SIGNATURES, OP_RECIPES)"}[what]
+             "lean": "session 32's signature memo + gemm/norm/LA recipes (MEMO_SIGNATURES, OP_RECIPES)",
+             "forward": "attention's and LA's Gluon forward recipes (FORWARD_RECIPES; memo and OP_RECIPES on)"}[what]
     out_dir = os.environ.get("OUT", "/tmp/out")
     os.makedirs(out_dir, exist_ok=True)
     path = a.json or os.path.join(out_dir, f"host_time_ab_{what}_{a.ops}.json")
@@ -530,14 +568,48 @@ def main_ab(a, what="tma"):
             table.update(make())
         except Exception as err:  # noqa: BLE001
             errors[make.__name__] = f"{type(err).__name__}: {err}"
-    times = {name: {"on": [], "off": [], "torch": []} for name in table}
-    same_on_off = {}
-    for name, (ours, peer) in table.items():  # first the bits: with the encodings on and off (fresh state each)
-        print(f"{name}: first calls", flush=True)
+    order = [n for n in PRIORITY if n in table] + [n for n in table if n not in PRIORITY]
+    times = {name: {**{c: [] for c in columns}, "torch": []} for name in table}
+    same_on_off, bits, profiles, mamba_check, cut = {}, {}, {}, {}, []
+    names = list(columns)
+
+    def time_round(name, r):
+        ours, peer = table[name]
+        try:
+            for c in names[r % len(names):] + names[:r % len(names)]:  # the columns' order rotated each round
+                columns[c]()
+                times[name][c].append(per_call_us(ours, a.calls))
+            times[name]["torch"].append(per_call_us(peer, a.calls))
+        except Exception as err:  # noqa: BLE001
+            errors[name] = f"{type(err).__name__}: {err}"
+
+    def write(phase):
+        rows = []
+        for name in order:
+            t = times[name]
+            if name in errors or not t["on"]:
+                rows.append({"op": name, "error": errors.get(name, "cut by --deadline" if name in cut else "not timed")})
+                continue
+            med = {k: statistics.median(v) for k, v in t.items() if v}
+            rows.append({"op": name, **{f"{k}_us": v for k, v in med.items()}, "rounds": t})
+        with open(path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name() if DEV[0] == "cuda" else "cpu", "torch": torch.__version__,
+                       "calls": a.calls, "rounds": rounds, "phase": phase, "wall_s": round(time.monotonic() - start, 1),
+                       "host_us": rows, "switch": what, "columns": names, "same_bits_on_vs_off": same_on_off,
+                       "same_bits_each_call_tma_on": bits, "mamba_dt_equal_torch_ops": mamba_check,
+                       "profile_us_a_call": profiles, "errors": errors}, f, indent=1)
+        return rows
+
+    for name in order:  # each row: the first calls in every column (compiles; the same bits), then round 1
+        if time.monotonic() > deadline:
+            cut.append(name)
+            continue
+        ours = table[name][0]
+        print(f"{name}: first calls ({time.monotonic() - start:.0f} s)", flush=True)
         try:
             outs = []
-            for on in (True, False, True):
-                set_switch(on)
+            for c in names + names[:1]:
+                columns[c]()
                 RESETS.get(name, lambda: None)()
                 y = ours()
                 ys = y if isinstance(y, (tuple, list)) else (y,)
@@ -545,58 +617,64 @@ def main_ab(a, what="tma"):
             same_on_off[name] = all(torch.equal(x, y) for o in outs[1:] for x, y in zip(outs[0], o))
         except Exception as err:  # noqa: BLE001
             same_on_off[name] = f"{type(err).__name__}: {err}"
-    for r in range(rounds):
-        print(f"round {r + 1}/{rounds}", flush=True)
-        for name, (ours, peer) in table.items():
-            if name in errors:
-                continue
-            try:
-                for on in ((True, False) if r % 2 == 0 else (False, True)):
-                    set_switch(on)
-                    times[name]["on" if on else "off"].append(per_call_us(ours, a.calls))
-                times[name]["torch"].append(per_call_us(peer, a.calls))
-            except Exception as err:  # noqa: BLE001
-                errors[name] = f"{type(err).__name__}: {err}"
-    set_switch(True)
-    bits = {}
+        time_round(name, 0)
+    columns["on"]()
+    write("first round")
     try:
-        if a.ops != "later":  # first with the encodings off, then on: a difference in both is not theirs
-            set_switch(False)
-            bits.update({f"{k} (kept encodings off)": v for k, v in same_bits_each_call().items() if v is not True})
-            set_switch(True)
+        if a.ops != "later" and time.monotonic() < deadline:  # first off, then on: a difference in both is not theirs
+            columns["off"]()
+            bits.update({f"{k} (switch off)": v for k, v in same_bits_each_call().items() if v is not True})
+            columns["on"]()
             bits.update(same_bits_each_call())
-        if a.ops != "first":
+        if a.ops != "first" and time.monotonic() < deadline:
             bits.update(same_bits_later(later_cases()))
     except Exception as err:  # noqa: BLE001
         bits["error"] = f"{type(err).__name__}: {err}"
-    mamba_check = run_mamba_dt_checks() if a.ops != "first" and not a.skip_mamba_dt else {}
-    profiles = profile_rows(table, PROFILED, a.profile) if a.profile else {}  # (kept TMA encodings on)
-    rows = []
-    for name, t in times.items():
-        if name in errors or not t["on"]:
-            rows.append({"op": name, "error": errors.get(name, "not timed")})
-            continue
-        med = {k: statistics.median(v) for k, v in t.items()}
-        rows.append({"op": name, "on_us": med["on"], "off_us": med["off"], "torch_us": med["torch"], "rounds": t})
-    with open(path, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name() if DEV[0] == "cuda" else "cpu", "torch": torch.__version__,
-                   "calls": a.calls, "rounds": rounds, "host_us": rows, "switch": what, "same_bits_on_vs_off": same_on_off,
-                   "same_bits_each_call_tma_on": bits, "mamba_dt_equal_torch_ops": mamba_check,
-                   "profile_us_a_call": profiles, "errors": errors}, f, indent=1)
+    columns["on"]()
+    if a.ops != "first" and not a.skip_mamba_dt and time.monotonic() < deadline:
+        mamba_check = run_mamba_dt_checks()
+    write("bits")
+    timed = [n for n in order if n not in cut and n not in errors]
+    for r in range(1, rounds):
+        t0 = time.monotonic()
+        print(f"round {r + 1}/{rounds} ({t0 - start:.0f} s)", flush=True)
+        for name in timed:
+            if name not in errors:
+                time_round(name, r)
+        if time.monotonic() + (time.monotonic() - t0) > deadline:
+            print(f"--deadline: rounds stop after {r + 1}", flush=True)
+            break
+    columns["on"]()
+    if a.profile and time.monotonic() < deadline:
+        profiles.update(profile_rows(table, PROFILED, a.profile))
+    rows = write("done")
     for name, prof in profiles.items():
         print(f"== profile {name} (us a call: own, cumulative, calls a call, function)")
         for line in (prof if isinstance(prof, list) else [prof]):
             print("  ", *line) if isinstance(line, tuple) else print("  ", line)
     print_mamba_dt_checks(mamba_check)
-    print(f"same bits, {label} on vs off:", same_on_off)
-    print("same bits on calls 1..10 with them on (outputs and gradients):", bits)
-    print(f"{label} A/B, {rounds} interleaved rounds of {a.calls} calls, medians (us a call)")
-    print(f"{'op':34s} {'on':>8s} {'off':>8s} {'on/off':>7s} {'torch':>8s}")
+    print(f"same bits, {label}, every column ({', '.join(names)}):", same_on_off)
+    print("same bits on calls 1..10 with it on (outputs and gradients):", bits)
+    n_rounds = max((len(t["on"]) for t in times.values()), default=0)
+    print(f"{label} A/B, up to {n_rounds} interleaved rounds of {a.calls} calls, medians (us a call); "
+          f"{time.monotonic() - start:.0f} s")
+    extra = "memo_off" in names
+    print(f"{'op':40s} {'on':>7s} {'off':>7s} {'on/off':>7s}" + (f" {'memo off':>8s} {'on/mo':>6s}" if extra else "")
+          + f" {'torch':>7s}")
     for r in rows:
         if "error" in r:
-            print(f"{r['op']:34s} {r['error']}")
+            print(f"{r['op'][:40]:40s} {r['error']}")
         else:
-            print(f"{r['op']:34s} {r['on_us']:8.1f} {r['off_us']:8.1f} {r['on_us'] / r['off_us']:7.3f} {r['torch_us']:8.1f}")
+            line = f"{r['op'][:40]:40s} {r['on_us']:7.1f} {r['off_us']:7.1f} {r['on_us'] / r['off_us']:7.3f}"
+            if extra:
+                line += f" {r['memo_off_us']:8.1f} {r['on_us'] / r['memo_off_us']:6.3f}"
+            print(line + f" {r['torch_us']:7.1f}")
+
+
+# --ab-forward's row order: the rows its switch (and the memo column's new sites) touch come first, so that a call
+# cut by --deadline has measured them
+PRIORITY = ("attention N1024 (Gluon forward)", "linear_attention Dv128 (Gluon forward)", "fft_conv",
+            "hadamard_quantize fp8", "fft_conv (grad recorded)", "gemm", "attention N256", "layer_norm")
 
 
 if __name__ == "__main__":
