@@ -78,7 +78,7 @@ def cu_of(lengths, device):
 
 def path_of(config):
     if config and config.get("dq_from") == "gluon":
-        return "delta" if config.get("dq_delta") else "split"
+        return "split"
     return "fused"
 
 
@@ -239,12 +239,6 @@ def run_checks():
                  (bf16, [700, 129, 2000, 64], [900, 129, 2000, 70], 16, 4, 128, {"window_size": (100, 37)})]
     # first: the shipped fused dQ and the split one (dK/dV, then attention_varlen_dq_kernel) on the odd
     # lengths, causal; then no mask with GQA and N != Nk
-    if PROBE == "delta":  # a probe process: the first case with dq_delta (session 32)
-        guarded(f"check {cases[0][1]}")(check)(*cases[0], None, "gluon", None, {"dq_delta": True})
-        return []
-    if DQ_DELTA:  # --dq-delta: the other cases with dq_delta, one with dlse None
-        return ([case + (None, "gluon", None, {"dq_delta": True}) for case in cases[1:]]
-                + [cases[0] + (None, "gluon", None, {"dq_delta": True}, False)])
     if PROBE:  # a probe process: the first case on one path
         case = cases[0] + (None, "gluon" if PROBE == "split" else "fused")
         guarded(f"check {case[1]}")(check)(*case)
@@ -696,109 +690,142 @@ def table():
 
 PROBE = None
 CHECK_BOTH = False
-DQ_DELTA = False
 
 
-def fixed_bwd_rates(h=16, d=128, total=65536):
-    """fixed_rates' backward column alone (the fixed-length tilecore backward's causal TFLOP/s at each of
-    MATCHED_LENGTHS, B = total / N), each printed as it is measured: {N: (nan, bwd, nan)}."""
-    import tilecore
-
-    dev = _device()
-    dtype = torch.float16 if SMOKE else torch.bfloat16
-    rates = {}
-    for n in ((16, 32) if SMOKE else MATCHED_LENGTHS):
-        if over_budget(f"time fixed bwd N{n}", 8.0):
-            continue
-        b = 2 if SMOKE else max(1, total // n)
-
-        def one(n=n, b=b):
-            qf, kf, vf = (torch.randn(b, h, n, d, dtype=dtype, device=dev, requires_grad=True) for _ in range(3))
-            of = tilecore.attention(qf, kf, vf, causal=True)
-            dof = torch.randn_like(of)
-            tb = bench(lambda: torch.autograd.grad(of, (qf, kf, vf), dof, retain_graph=True))
-            rates[n] = (float("nan"), 2.5 * causal_flops([n] * b, h, d) / tb / 1e9, float("nan"))
-            print(f"fixed causal bwd N{n} B{b}: {tb:.3f} ms, {rates[n][1]:.1f} TFLOP/s", flush=True)
-        guarded(f"time fixed bwd N{n}")(one)()
-    return rates
+def graph_of(fn):
+    """fn captured in a CUDA graph (after a warm-up call on a side stream): the replay's time is the GPU's alone,
+    with no host time between the kernels."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
-def run_dq_delta(h=16, d=128, rounds=4):
-    """--dq-delta (session 32): the split backward (the shipped default: preprocess, dK/dV, dq kernel) against
-    dq_delta (the dq kernel first, making delta and the row statistics itself; no preprocess) on the long-tailed
-    64K and the uniform 16 x 4096 causal batches, H16 D128, alternately ``rounds`` times (do_bench medians), each
-    row printed and the JSON written as it is made (session 32 call 3 timed out before its table); each
-    variant's per-kernel GPU time (torch.profiler) on the long tail; then the fixed-length path's backward at the
-    matched lengths (its rates at N 512 ... 8192, this run) for the ratios."""
+def run_uniform_gap(h=16, d=128, rounds=3):
+    """--uniform-gap (session 33): why the varlen backward ran at 0.869x the fixed path on the uniform 16 x 4096
+    causal batch in session 33's call 1 (varlen split 6.387 ms by backward_gluon against the fixed path's 5.550 by
+    tilecore.attention's autograd) while session 30's run 5 had 0.98x (split 5.921 against the fixed fused kernel
+    launch's 5.799). The same tokens (the varlen tensors are the fixed ones' packed copies), each way timed
+    alternately ``rounds`` times (do_bench medians): the varlen split (shipped) and fused, direct
+    (op.backward_gluon) and through autograd (tilecore.attention_varlen); the fixed fused (its default at N 4096)
+    and split by launch.backward, and through autograd (tilecore.attention); the direct ones also replayed from a
+    CUDA graph (GPU time alone: the difference is host time the GPU waits for); per-kernel GPU times of the varlen
+    split and the fixed fused (torch.profiler). Checks: the varlen split's gradients against the fixed path's on
+    the same tokens (each a multiple of the float64 reference's rounding floor on the first two sequences)."""
     import statistics
 
     import triton.testing
 
+    import tilecore
+    from tilecore import accuracy
+    from tilecore.ops.attention import launch, plan
+    from tilecore.ops.attention_varlen.reference import varlen_reference
+
     dev = _device()
     dtype = torch.float16 if SMOKE else torch.bfloat16
+    n, b = (32, 2) if SMOKE else (4096, 16)
     scale = d ** -0.5
-    batches = (("long-tailed", [16, 40, 3, 25] if SMOKE else long_tailed_lengths(65536)),
-               ("uniform 16 x 4096", [32, 32] if SMOKE else [4096] * 16))
-    rows = []
-    for label, lengths in batches:
-        if over_budget(f"time dq_delta {label}", 10.0):
-            continue
-        total = sum(lengths)
-        cu = cu_of(lengths, dev)
-        q, k, v = (torch.randn(total, h, d, dtype=dtype, device=dev) for _ in range(3))
-        out, lse = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
-        dout = torch.randn_like(out)
-        grads = tuple(torch.empty_like(t) for t in (q, k, v))
-        cfgs = {"split (shipped)": variant(d, True, dq_from="gluon", dq_delta=False),
-                "dq_delta": variant(d, True, dq_from="gluon", dq_delta=True)}
-        fns = {name: (lambda cfg=cfg: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1, -1, 0.0,
-                                                     grads=grads, config=cfg)) for name, cfg in cfgs.items()}
-        fns = {name: fn for name, fn in fns.items() if path_of(cfgs[name]) not in BROKEN}
-        row = {"case": f"dq_delta A/B {label}: {len(lengths)} seqs, {total} tokens, longest {max(lengths)}, H{h} D{d} "
-                       f"causal, backward ms ({rounds} alternate rounds, median)", "lengths": lengths}
-        RESULTS["time"].append(row)
-        rows.append(row)
-        times = {name: [] for name in fns}
+    lengths = [n] * b
+    cu = cu_of(lengths, dev)
+    qf, kf, vf = (torch.randn(b, h, n, d, dtype=dtype, device=dev) for _ in range(3))
+    packed = lambda t: t.transpose(1, 2).reshape(b * n, h, t.shape[-1]).contiguous()  # noqa: E731
+    q, k, v = (packed(t) for t in (qf, kf, vf))
+    out, lse = forward(q, k, v, cu, cu, True, scale, -1, -1, 0.0)
+    dout = torch.randn_like(out)
+    do_f = dout.view(b, n, h, d).transpose(1, 2).contiguous()
+    grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+    fns = {}
+    fns["varlen split (shipped), direct"] = lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale,
+                                                                  -1, -1, 0.0, grads=grads)
+    if not SMOKE:
+        fused = variant(d, True, dq_from="fused")
+        fns["varlen fused, direct"] = lambda: gluon_backward(dout, q, k, v, out, lse, None, cu, cu, True, scale, -1,
+                                                             -1, 0.0, grads=grads, config=fused)
+        out_f = torch.empty_like(qf)
+        lse_f = torch.empty(b, h, n, device=dev)
+        launch.forward(plan.plan_forward(qf, kf, vf, True, scale), qf, kf, vf, out_f, lse_f, True, scale)
+        gf = [torch.empty_like(t) for t in (qf, kf, vf)]
+        base = plan.plan_backward(do_f, qf, kf, vf, True, scale)
+        split = plan.plan_backward(do_f, qf, kf, vf, True, scale, path="gluon",
+                                   config=dict(base.config, dq_from="gluon"))
+        fns[f"fixed {base.config['dq_from']} (default), launch"] = lambda: launch.backward(
+            base, do_f, qf, kf, vf, out_f, lse_f, None, *gf, True, scale)
+        fns["fixed split, launch"] = lambda: launch.backward(split, do_f, qf, kf, vf, out_f, lse_f, None, *gf, True,
+                                                             scale)
+    qa, ka, va = (t.detach().requires_grad_() for t in (qf, kf, vf))
+    oa = tilecore.attention(qa, ka, va, causal=True)
+    fns["fixed, tilecore.attention autograd"] = lambda: torch.autograd.grad(oa, (qa, ka, va), do_f, retain_graph=True)
+    qv, kv_, vv = (t.detach().requires_grad_() for t in (q, k, v))
+    ov = tilecore.attention_varlen(qv, kv_, vv, cu, cu, n, n, causal=True)
+    fns["varlen, tilecore.attention_varlen autograd"] = lambda: torch.autograd.grad(ov, (qv, kv_, vv), dout,
+                                                                                   retain_graph=True)
+    # check first: the varlen split against float64 on the first two sequences, and against the fixed path
+    fns["varlen split (shipped), direct"]()
+    first = slice(0, 2 * n)
+    h_ref = 2
+    q64, k64, v64 = (t[first, :h_ref].double().requires_grad_() for t in (q, k, v))
+    ref, ref_lse = varlen_reference(q64, k64, v64, cu[:3], cu[:3], causal=True)
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout[first, :h_ref].double())
+    ga = torch.autograd.grad(oa, (qa, ka, va), do_f, retain_graph=True)
+    row = {"case": f"check varlen split (uniform {b} x {n}, H{h} D{d} causal): float64 on 2 seqs x {h_ref} heads"}
+    for nm, g, r, fixed_g in zip("qkv", grads, ref_grads, ga):
+        row[f"d{nm}_x_floor"] = accuracy.error_over_floor(g[first, :h_ref], r)
+        row[f"d{nm}_vs_fixed_max_abs"] = float((g.float() - packed(fixed_g).float()).abs().max())
+    row["unwritten"] = int(sum(g.isnan().sum() for g in grads))
+    row["ok"] = row["unwritten"] == 0 and all(row[f"d{nm}_x_floor"] <= 3.0 for nm in "qkv")
+    RESULTS["check"].append(row)
+    print(("PASS " if row["ok"] else "FAIL ") + row["case"], {k_: v_ for k_, v_ in row.items() if k_ != "case"},
+          flush=True)
+    if not SMOKE:
+        for name in [nm for nm in fns if nm.endswith(("direct", "launch"))]:
+            try:
+                fns[name.rsplit(",", 1)[0] + ", CUDA graph"] = graph_of(fns[name])
+            except Exception as e:  # noqa: BLE001 - report and go on
+                RESULTS["errors"].append({"case": f"graph {name}", "error": f"{type(e).__name__}: {e}"})
+                print(f"[error] graph {name}: {e}", flush=True)
+    row = {"case": f"uniform gap: {b} x {n} causal H{h} D{d}, backward ms ({rounds} alternate rounds, median)"}
+    RESULTS["time"].append(row)
+    times = {name: [] for name in fns}
+    for r in range(1 if SMOKE else rounds):
         for name, fn in fns.items():
-            fn()
-        for _ in range(1 if SMOKE else rounds):
-            for name, fn in fns.items():
-                times[name].append(bench(fn) if SMOKE else triton.testing.do_bench(fn, warmup=10, rep=100,
+            if over_budget(f"time {name} round {r}", 12.0):
+                continue
+            try:
+                times[name].append(bench(fn) if SMOKE else triton.testing.do_bench(fn, warmup=10, rep=80,
                                                                                      return_mode="median"))
-        for name, ts in times.items():
+            except Exception as e:  # noqa: BLE001 - report and go on
+                RESULTS["errors"].append({"case": f"time {name}", "error": f"{type(e).__name__}: {e}"})
+                print(f"[error] time {name}: {e}", flush=True)
+        dump_partial()
+    for name, ts in times.items():
+        if ts:
             row[f"{name} ms"] = statistics.median(ts)
-            row[f"{name} rounds"] = " ".join(f"{t:.3f}" for t in ts)
-        if len(times) == 2:
-            row["dq_delta speedup"] = row["split (shipped) ms"] / row["dq_delta ms"]
-        print(f"{row['case']}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                                             for k, v in row.items() if k not in ("case", "lengths")), flush=True)
-        if not SMOKE and label == "long-tailed":
-            for name, fn in fns.items():
-                guarded(f"kernels dq_delta {name}")(lambda name=name, fn=fn: RESULTS["time"].append(
-                    {"case": f"kernels {name}: {label} (GPU ms a call)", **kernel_times(fn)}))()
-                print(RESULTS["time"][-1], flush=True)
-        dump_partial()
-    rates = {} if SMOKE else fixed_bwd_rates(h, d)
-    if rates:
-        RESULTS["time"].append({"case": "fixed-length causal backward TFLOP/s by N, B = 64K / N",
-                                **{f"fixed_N{n}_bwd": r[1] for n, r in rates.items()}})
-        for row in rows:
-            row["fixed matched bwd ms"] = m = matched_time_ms(row["lengths"], rates, 1, h, d)
-            for name in ("split (shipped)", "dq_delta"):
-                if f"{name} ms" in row:
-                    row[f"{name} vs matched"] = m / row[f"{name} ms"]
-            print(f"{row['case']}: fixed matched {m:.3f} ms; " + ", ".join(
-                f"{name} vs matched {row[name + ' vs matched']:.3f}" for name in ("split (shipped)", "dq_delta")
-                if name + " vs matched" in row), flush=True)
-        dump_partial()
-    for row in rows:
-        row.pop("lengths")
+            RESULTS.setdefault("rounds", {})[name] = ts  # in the JSON, not the table
+            print(f"   {name:55s} {row[name + ' ms']:.3f} ms  ({' '.join(f'{t:.3f}' for t in ts)})", flush=True)
+    for ours, theirs in (("varlen split (shipped), direct", "fixed fused (default), launch"),
+                         ("varlen split (shipped), CUDA graph", "fixed fused (default), CUDA graph"),
+                         ("varlen, tilecore.attention_varlen autograd", "fixed, tilecore.attention autograd"),
+                         ("varlen fused, direct", "fixed fused (default), launch"),
+                         ("varlen split (shipped), direct", "fixed split, launch")):
+        if f"{ours} ms" in row and f"{theirs} ms" in row:
+            row[f"ratio {ours} / {theirs} (speed)"] = row[f"{theirs} ms"] / row[f"{ours} ms"]
+    if not SMOKE:
+        for name in ("varlen split (shipped), direct", "fixed fused (default), launch"):
+            if name in fns and not over_budget(f"kernels {name}", 6.0):
+                guarded(f"kernels {name}")(lambda name=name: RESULTS["time"].append(
+                    {"case": f"kernels {name} (GPU ms a call)", **kernel_times(fns[name])}))()
+    dump_partial()
 
 
 def dump_partial():
-    """The results so far as $OUT/gpu_varlen_bwd_dq_delta.json (a run cut short keeps them)."""
+    """The results so far as $OUT/gpu_varlen_bwd_uniform_gap.json (a run cut short keeps them)."""
     out_dir = os.environ.get("OUT", "/tmp/out")
-    with open(os.path.join(out_dir, "gpu_varlen_bwd_dq_delta.json"), "w") as f:
+    with open(os.path.join(out_dir, "gpu_varlen_bwd_uniform_gap.json"), "w") as f:
         json.dump({"meta": _meta(), "broken": sorted(BROKEN), **RESULTS, "elapsed_s": time.time() - START[0]}, f,
                   indent=1, default=str)
 
@@ -832,18 +859,16 @@ def probe(path, budget):
 
 
 def main():
-    global SMOKE, BUDGET_S, PROBE, CHECK_BOTH, DQ_DELTA
+    global SMOKE, BUDGET_S, PROBE, CHECK_BOTH
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, no timing (the CPU interpreter)")
     parser.add_argument("--quick", action="store_true", help="the default: checks and the 64K timing, <= 90 s")
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds before later cases are skipped")
     parser.add_argument("--no-time", action="store_true")
-    parser.add_argument("--probe", choices=("fused", "split", "delta"), help="(internal) the first check on one path")
-    parser.add_argument("--no-probe", action="store_true", help="with --dq-delta: no probe process, only the checks "
-                                                                   "call 3 did not reach")
-    parser.add_argument("--dq-delta", action="store_true",
-                        help="only dq_delta (session 32): its probe, the A/B against the shipped split (with the "
-                             "fixed path at matched lengths), then its checks until the budget, <= 120 s")
+    parser.add_argument("--probe", choices=("fused", "split"), help="(internal) the first check on one path")
+    parser.add_argument("--uniform-gap", action="store_true",
+                        help="only the uniform 16 x 4096 batch's varlen vs fixed backward, direct, from CUDA graphs "
+                             "and through autograd, alternate rounds (session 33), <= 90 s")
     parser.add_argument("--kernels", action="store_true",
                         help="only the per-kernel GPU times (torch.profiler) of the fixed and varlen backward, <= 60 s")
     parser.add_argument("--layout", action="store_true",
@@ -886,18 +911,8 @@ def main():
         print(text)
         print(f"elapsed {time.time() - START[0]:.1f} s")
         return
-    if args.dq_delta:
-        # session 32 call 3 checked the first six cases (every one PASS); --no-probe: straight to the timing, then
-        # the cases left (the window, dlse None) while the budget lasts
-        if not args.no_probe:
-            probe("delta", 35.0)
-        DQ_DELTA = True
-        guarded("time dq_delta")(run_dq_delta)(h=2 if SMOKE else 16, d=16 if SMOKE else 128)
-        if "delta" not in BROKEN:
-            cases = guarded("checks")(run_checks)() or []
-            for case in (cases[-2:] if args.no_probe else cases):
-                guarded(f"check {case[1]}")(check)(*case)
-                dump_partial()
+    if args.uniform_gap:
+        guarded("uniform gap")(run_uniform_gap)(h=2 if SMOKE else 16, d=16 if SMOKE else 128)
         text = table()
         dump_partial()
         print(text)

@@ -321,123 +321,6 @@ def test_dq_tiles_store_every_row_once_and_match_the_reference(lens_q, lens_k, c
     assert torch.allclose(dq, ref[0], atol=1e-9), (dq - ref[0]).abs().max()
 
 
-def own_delta_twin(out, dout, lse, dlse, cu_q, cu_k, block_m=64):
-    """VarlenDQ.own_delta (DELTA) over attention_varlen_dq_kernel's tiles in float64: each consumer's own rows'
-    delta = rowsum(O dO) - dlse and lse (-inf as +inf) written to the (Hq, 2, n_pad) row statistics, NaN elsewhere.
-    Returns (statistics, times each (q head, row) was written)."""
-    total_q, hq, _ = out.shape
-    tile_m = 2 * block_m
-    n_pad = cdiv(total_q, 4) * 4
-    stats = torch.full((hq, 2, n_pad), float("nan"), dtype=torch.float64)
-    writes = torch.zeros(hq, total_q, dtype=torch.long)
-    for seq, tile, h, _ in varlen.work_table_torch(cu_q, cu_k, total_q, hq, tile_m).tolist():
-        b = max(seq, 0)
-        q0 = int(cu_q[b])
-        n = int(cu_q[b + 1]) - q0 if seq >= 0 else 0
-        first, end = max(n - (tile + 1) * tile_m, 0), n - tile * tile_m
-        for c in range(2):
-            rows = torch.arange(first + c * block_m, first + (c + 1) * block_m)
-            rows = rows[rows < end]  # own: the start's mask (rows past the tile's end are not written)
-            at = q0 + rows
-            delta = (out[at, h] * dout[at, h]).sum(-1) - (dlse[h, at] if dlse is not None else 0.0)
-            stats[h, 0, at] = torch.where(torch.isneginf(lse[h, at]), float("inf"), lse[h, at])
-            stats[h, 1, at] = delta
-            writes[h, at] += 1
-    return stats, writes
-
-
-@pytest.mark.parametrize("lens_q, lens_k", LENGTHS)
-@pytest.mark.parametrize("with_dlse", [False, True])
-def test_dq_delta_tiles_write_every_rows_statistics_once_as_the_preprocess(lens_q, lens_k, with_dlse):
-    from tilecore.ops.attention.launch import backward_preprocess
-
-    hq, d = 3, 16
-    cu_q, cu_k = cu_of(lens_q), cu_of(lens_k)
-    total_q = sum(lens_q)
-    g = torch.Generator().manual_seed(7)
-    out, dout = (torch.randn(total_q, hq, d, generator=g, dtype=torch.float64) for _ in range(2))
-    lse = torch.randn(hq, total_q, generator=g, dtype=torch.float64)
-    lse[:, ::5] = float("-inf")  # rows that see no key
-    dlse = torch.randn(hq, total_q, generator=g, dtype=torch.float64) if with_dlse else None
-    stats, writes = own_delta_twin(out, dout, lse, dlse, cu_q, cu_k)
-    assert (writes == 1).all()  # every row of every q head once, rows of length-0 and length-1 sequences too
-    # the preprocess's statistics on the same rows (what the dK/dV kernel read without dq_delta)
-    _, _, want = backward_preprocess(out.float().transpose(0, 1).unsqueeze(0), dout.float().transpose(0, 1).unsqueeze(0),
-                                     lse.float(), dlse.float() if dlse is not None else None, row_stats=True)
-    assert torch.equal(stats[:, 0, :total_q].float(), want[:, 0])
-    assert torch.allclose(stats[:, 1, :total_q].float(), want[:, 1], atol=1e-5)
-
-
-def test_dq_delta_runs_the_dq_kernel_first_without_the_preprocess(monkeypatch):
-    from tilecore.ops.attention import launch as fixed_launch
-    from tilecore.ops.attention_varlen import gluon_backward as gluon_varlen_backward
-
-    calls = []
-
-    class Recorder:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: calls.append((self.name, grid, args, kwargs))
-
-    def no_preprocess(*args, **kwargs):
-        raise AssertionError("dq_delta runs no preprocess")
-
-    monkeypatch.setattr(varlen, "GLUON_VARLEN_BWD", Recorder("dkdv"))
-    monkeypatch.setattr(varlen, "GLUON_VARLEN_DQ", Recorder("dq"))
-    monkeypatch.setattr(varlen.dispatch, "num_sms", lambda device: 132)
-    monkeypatch.setattr(fixed_launch, "backward_preprocess", no_preprocess)
-    lengths = [70, 1, 0, 21]
-    cu = cu_of(lengths)
-    total = sum(lengths)
-    q, dout, out = (torch.randn(total, 4, 128, dtype=torch.bfloat16) for _ in range(3))
-    k = torch.randn(total, 2, 128, dtype=torch.bfloat16)
-    lse, dlse = torch.randn(4, total), torch.randn(4, total)
-    cfg = dict(configs.varlen_gluon_backward_config(128, True), dq_from="gluon", dq_delta=True)
-    varlen.backward_gluon(dout, q, k, k, out, lse, dlse, cu, cu, True, 0.1, -1, -1, 0.0, config=cfg)
-    assert [c[0] for c in calls] == ["dq", "dkdv"]  # the statistics are the dq kernel's, before dK/dV reads them
-    _, grid, args, kwargs = calls[0]
-    params = gluon_varlen_backward.attention_varlen_dq_kernel.arg_names
-    assert kwargs.pop("num_warps") == 4 and sorted(params[len(args):]) == sorted(kwargs)
-    assert kwargs["DELTA"] is True and kwargs["HAS_DLSE"] is True and kwargs["dlse_ptr"] is not None
-    assert kwargs["STAGES"] == configs.dq_delta_stages(128)
-    bm = fixed_configs.GLUON_DQ[128]["block_m"]
-    assert kwargs["o_desc"].block_shape == [1, 2 * bm, 128] and kwargs["o_desc"].base.data_ptr() == out.data_ptr()
-    n_pad = cdiv(total, 4) * 4
-    assert kwargs["n_pad"] == n_pad and kwargs["stats_ptr"].shape == (4, 2, n_pad)
-    _, _, dkdv_args, dkdv_kwargs = calls[1]
-    named = dict(zip(gluon_varlen_backward.attention_varlen_bwd_kernel.arg_names, dkdv_args))
-    assert dkdv_kwargs["DQ"] == 0
-    assert named["stats_desc"].base.data_ptr() == kwargs["stats_ptr"].data_ptr()
-    assert named["stats_desc"].shape == [4, 2, total] and named["stats_desc"].strides[:2] == [2 * n_pad, n_pad]
-    # zero_tail "checked" reads the statistics before the kernels: the preprocess then (dq_delta not taken)
-    calls.clear()
-    monkeypatch.setattr(fixed_launch, "backward_preprocess",
-                        lambda *a, **kw: (torch.zeros(1, 4, total), torch.zeros(1, 1, 1, 128), torch.zeros(4, 2, total)))
-    monkeypatch.setattr(varlen, "neighbour_rows_nonfinite", lambda *a, **kw: torch.zeros(4, dtype=torch.int32))
-    varlen.backward_gluon(dout, q, k, k, out, lse, dlse, cu, cu, True, 0.1, -1, -1, 0.0,
-                          config=dict(cfg, zero_tail="checked"))
-    assert [c[0] for c in calls] == ["dkdv", "dq"] and calls[1][3]["DELTA"] is False
-
-
-def test_dq_delta_is_off_until_a_gpu_run():
-    assert configs.VARLEN_GLUON_BACKWARD_DQ_DELTA is False
-
-
-def test_dq_delta_kernel_compiles_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-m", "tilecore.ops.attention_varlen.gluon_backward", "--dq-delta"],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = json.loads(r.stdout.strip().splitlines()[-1])
-    assert len(rows) == 3
-    for row in rows:  # the dq kernel without DELTA: 0 spills, 230 KB at D128 (4 stages; 3 with O's buffer)
-        assert row["wgmma"] and row["tma"] and not row["wgmma_serialized"], row
-        assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
-        assert row["shared"] <= 227 * 1024, row
-
-
 def test_gluon_window_bounds_each_side_by_the_batch():
     # the kernels add left / right to key and query positions in 32 bits: a side past any distance in the
     # batch is passed as unbounded's value (max(total_q, total_k)), whatever the caller gave
@@ -561,7 +444,7 @@ def test_switched_on_the_backward_routes_eligible_calls_to_the_gluon_kernel(monk
 def test_configs_name_a_dq_mode_the_kernel_takes():
     for (d, causal), cfg in configs.VARLEN_GLUON_BACKWARD_CONFIG.items():
         assert fixed_configs.DQ_MODES[cfg["dq_from"]] in (0, 1, 3) and d in (64, 128) and cfg["dq_from"] != "tl"
-        assert configs.varlen_gluon_backward_config(d, causal) == dict(cfg, zero_tail=False, dq_delta=False)
+        assert configs.varlen_gluon_backward_config(d, causal) == dict(cfg, zero_tail=False)
 
 
 @pytest.fixture(scope="module")

@@ -47,23 +47,8 @@ VARLEN_GLUON_BACKWARD_CONFIG = {(64, False): dict(block_m=64, block_n=64, stages
 # off's 128 / 188; the default's PTX unchanged); gpu_varlen_bwd.py --zero-tail checks and times it
 VARLEN_GLUON_BACKWARD_ZERO_TAIL = False
 
-# dq_delta (session 32, a candidate: off): with dq_from "gluon", the dq kernel runs first and makes each row's
-# delta = rowsum(O dO) - dlse itself from O (a third tile-operand buffer) and dO in shared memory, writing lse and
-# delta to the row statistics the dK/dV kernel then reads: the preprocess's pass over O and dO (attn_bwd_delta,
-# 0.19 ms of the 64K-token backward's ~5.1-5.3 ms, session 30 run 1) is not run. O's buffer takes one stage of
-# the dq kernel's ring (D128: 4 -> 3 stages, 230 KB of shared memory either way). Not with zero_tail "checked"
-# (its flags read the statistics before the kernels). gpu_varlen_bwd.py --dq-delta checks and times it
-VARLEN_GLUON_BACKWARD_DQ_DELTA = False
-DQ_DELTA_STAGES = {64: 3, 128: 3}
-
-
-def dq_delta_stages(d: int) -> int:
-    """The dq kernel's ring with dq_delta (O's tile buffer in the shared memory of a stage)."""
-    return DQ_DELTA_STAGES[d]
-
 
 def varlen_gluon_backward_config(d: int, causal: bool) -> dict:
     """The Gluon varlen backward's blocks, stages, dQ mode and zero_tail for head dim ``d`` (causal: also
     a window)."""
-    return dict(VARLEN_GLUON_BACKWARD_CONFIG[d, bool(causal)], zero_tail=VARLEN_GLUON_BACKWARD_ZERO_TAIL,
-                dq_delta=VARLEN_GLUON_BACKWARD_DQ_DELTA)
+    return dict(VARLEN_GLUON_BACKWARD_CONFIG[d, bool(causal)], zero_tail=VARLEN_GLUON_BACKWARD_ZERO_TAIL)

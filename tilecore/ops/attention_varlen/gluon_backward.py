@@ -442,16 +442,6 @@ class VarlenDQ:
     WINDOW: gl.constexpr
     SOFTCAP: gl.constexpr
     ZERO_TAIL: gl.constexpr  # the next sequence's K / V rows in a last key block zeroed (VarlenBackward's)
-    # DELTA (config dq_delta, this kernel before the dK/dV one): each consumer makes its own rows' delta =
-    # rowsum(O dO) - dlse from O (a third tile-operand buffer, o_desc's box) and dO in shared memory, and writes
-    # them with their lse (-inf as +inf) to the (Hq, 2, n_pad) row statistics the dK/dV kernel reads: the
-    # preprocess's pass over O and dO (attn_bwd_delta) is not run
-    o_desc: object
-    stats: object
-    n_pad: object
-    dlse: object
-    DELTA: gl.constexpr
-    HAS_DLSE: gl.constexpr
 
     @gluon.jit
     def setup(self, tile_id):
@@ -472,8 +462,6 @@ class VarlenDQ:
         """Both consumers' rows of Q and of dO."""
         tma.async_copy_global_to_shared(self.q_desc, [tile.h, tile.q0 + tile.first, 0], bar, bufs.index(0))
         tma.async_copy_global_to_shared(self.do_desc, [tile.h, tile.q0 + tile.first, 0], bar, bufs.index(1))
-        if self.DELTA:  # and of O (delta's)
-            tma.async_copy_global_to_shared(self.o_desc, [tile.h, tile.q0 + tile.first, 0], bar, bufs.index(2))
 
     @gluon.jit
     def start(self, ctx, tile, prev):
@@ -486,10 +474,7 @@ class VarlenDQ:
         offs = tile.h.to(gl.int64) * self.total_q + tile.q0 + rows
         lse = gl.load(self.lse + offs, mask=own, other=float("inf"))
         lse = gl.where(lse == float("-inf"), float("inf"), lse)
-        if self.DELTA:
-            delta = self.own_delta(ctx, tile, rows, offs, own, lse)
-        else:
-            delta = gl.load(self.delta + offs, mask=own, other=0.0)
+        delta = gl.load(self.delta + offs, mask=own, other=0.0)
         n_own = tile.n_blocks
         own_first = n_own * 0
         if self.CAUSAL:
@@ -505,22 +490,6 @@ class VarlenDQ:
         n_own = gl.where(first < tile.end, n_own, 0)
         dq = gl.zeros([self.BM, self.D], gl.float32, wgmma_layout(self.BM, self.D, gl.num_warps()))
         return Gradient(dq, lse * LOG2E, delta, first, n_own, own_first)
-
-    @gluon.jit
-    def own_delta(self, ctx, tile, rows, offs, own, lse):
-        """DELTA: this consumer's rows' delta = rowsum(O dO) (float32) - dlse from the tile operand's O and dO,
-        0 for rows not its own; its own rows' lse (``lse``: -inf already +inf) and delta written to the row
-        statistics (attn_bwd_delta's ROW_STATS: what the dK/dV kernel after this one loads by TMA)."""
-        blocked: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-        o = ctx.operand.index(2).reshape([2 * self.BM, self.D]).slice(ctx.index * self.BM, self.BM).load(blocked)
-        do = ctx.operand.index(1).reshape([2 * self.BM, self.D]).slice(ctx.index * self.BM, self.BM).load(blocked)
-        delta = gl.convert_layout(gl.sum(o.to(gl.float32) * do.to(gl.float32), axis=1), rows.type.layout)
-        if self.HAS_DLSE:
-            delta -= gl.load(self.dlse + offs, mask=own, other=0.0)
-        at = self.stats + tile.h.to(gl.int64) * 2 * self.n_pad + tile.q0 + rows
-        gl.store(at, lse, mask=own)
-        gl.store(at + self.n_pad, delta, mask=own)
-        return gl.where(own, delta, 0.0)
 
     @gluon.jit
     def lengths(self, tile):
@@ -575,22 +544,18 @@ def attention_varlen_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr,
                                total_q, cu_q, cu_k, work, num_tiles, GROUP, scale, scale_log2e, left, right,
                                tanh_scale, tile_counter, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                                WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0,
-                               ZERO_TAIL: gl.constexpr = False, o_desc=None, stats_ptr=None, n_pad=None,
-                               dlse_ptr=None, DELTA: gl.constexpr = False, HAS_DLSE: gl.constexpr = False):
+                               ZERO_TAIL: gl.constexpr = False):
     """dQ of packed attention for every work item of the forward's table (2 BLOCK_M query rows of a
     (sequence, q head)); a persistent grid of 2 consumer warpgroups and a producer warp drawing tiles
-    from ``tile_counter`` (None: round-robin). q_desc / do_desc: both consumers' rows, dq_desc one's.
-    DELTA: delta made here from O (o_desc: q_desc's box over the packed O) and dO, less dlse (HAS_DLSE),
-    and written with lse to the (Hq, 2, n_pad) float32 row statistics at stats_ptr (delta_ptr unused)."""
+    from ``tile_counter`` (None: round-robin). q_desc / do_desc: both consumers' rows, dq_desc one's."""
     gl.static_assert(not (WINDOW and CAUSAL), "causal is folded into the window")
     BM: gl.constexpr = dq_desc.block_type.shape[1]
     gl.static_assert(q_desc.block_type.shape[1] == 2 * BM, "a tile is both consumers' query rows")
     op = VarlenDQ(q_desc, do_desc, k_desc, v_desc, dq_desc, dq_ptr, dq_row_stride, lse_ptr, delta_ptr, total_q, cu_q,
                   cu_k, work, GROUP, scale, scale_log2e, left, right, tanh_scale, CAUSAL, BM,
-                  k_desc.block_type.shape[1], k_desc.block_type.shape[2], 2, WINDOW, SOFTCAP, ZERO_TAIL, o_desc,
-                  stats_ptr, n_pad, dlse_ptr, DELTA, HAS_DLSE)
+                  k_desc.block_type.shape[1], k_desc.block_type.shape[2], 2, WINDOW, SOFTCAP, ZERO_TAIL)
     layout = Layout(dq_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0,
-                    tile_operand=TileOperand(q_desc, COUNT=3 if DELTA else 2, SHARED=True), tile_counter=tile_counter)
+                    tile_operand=TileOperand(q_desc, COUNT=2, SHARED=True), tile_counter=tile_counter)
     run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), num_tiles)
 
 
@@ -628,11 +593,9 @@ def compiled_backward(d: int = 128, causal: bool = True, softcap: int = 0, dtype
 
 
 def compiled_dq(d: int = 128, causal: bool = True, softcap: int = 0, dtype=None, window: bool = False,
-                group: int = 1, zero_tail: bool = False, delta: bool = False, dlse: bool = False,
-                stages: int | None = None):
+                group: int = 1, zero_tail: bool = False, stages: int | None = None):
     """attention_varlen_dq_kernel compiled for sm_90a without a GPU, with the arguments
-    op.backward_gluon passes (configs.GLUON_DQ's blocks; ``delta``: DELTA, with ``dlse`` HAS_DLSE, and
-    configs.dq_delta_stages' ring unless ``stages``)."""
+    op.backward_gluon passes (configs.GLUON_DQ's blocks and ring unless ``stages``)."""
     import torch
 
     from tilecore.ops.attention import configs as fixed_configs
@@ -652,11 +615,6 @@ def compiled_dq(d: int = 128, causal: bool = True, softcap: int = 0, dtype=None,
                 cu_q=i32, cu_k=i32, work=i32, num_tiles=4096, GROUP=group, scale=0.1, scale_log2e=0.1, left=1000,
                 right=0, tanh_scale=0.1, tile_counter=torch.zeros(1, dtype=torch.int32), CAUSAL=causal and not window,
                 STAGES=stages or cfg["stages"], WINDOW=window, SOFTCAP=softcap, ZERO_TAIL=zero_tail)
-    if delta:
-        from tilecore.ops.attention_varlen import configs
-
-        args.update(o_desc=desc(x, 2 * bm), stats_ptr=f32, n_pad=4096, dlse_ptr=f32 if dlse else None, DELTA=True,
-                    HAS_DLSE=dlse, STAGES=stages or configs.dq_delta_stages(d))
     return compile_kernel(attention_varlen_dq_kernel, args, num_warps=4)
 
 
@@ -689,16 +647,6 @@ if __name__ == "__main__":  # python -m tilecore.ops.attention_varlen.gluon_back
     import json
     import sys
 
-    if "--dq-delta" in sys.argv:  # the dq kernel with DELTA (config dq_delta): D128 causal / not, with dlse, D64
-        from tilecore.tiles.compile import has_hopper_instructions, resources
-
-        rows = []
-        for d, causal, dlse in ((128, True, False), (128, False, True), (64, True, False)):
-            compiled = compiled_dq(d, causal, delta=True, dlse=dlse)
-            rows.append(dict(kernel="dq", dq_delta=True, D=d, causal=causal, dlse=dlse, **vars(resources(compiled)),
-                             **has_hopper_instructions(compiled.asm["ptx"])))
-        print(json.dumps(rows))
-        sys.exit(0)
     # --quick: D128 causal, the shipped config's dK/dV kernel and the fused dQ's
     print(json.dumps(report(((128, True, 0, False, 1),), dq=False, dq_modes=(None, "fused")) if "--quick" in sys.argv
                      else report()))

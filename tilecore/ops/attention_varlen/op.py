@@ -516,9 +516,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
     dQ), into ``grads`` (contiguous) where given; with the config's dq_from "gluon", dK/dV alone and
     then dQ by attention_varlen_dq_kernel over the forward's work table (configs.GLUON_DQ's blocks);
     ``config`` in place of configs.varlen_gluon_backward_config; the softcap's tanh by
-    tanh.approx.f32 unless ``tanh_approx`` is False. With dq_from "gluon" and the config's dq_delta (not
-    with zero_tail "checked") the dq kernel runs first and makes delta and the row statistics itself, in
-    place of the preprocess."""
+    tanh.approx.f32 unless ``tanh_approx`` is False."""
     from tilecore.ops.attention.launch import backward_preprocess, row_stats_operand
     from tilecore.tiles.launch import tile_counter
 
@@ -539,22 +537,9 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
     zero_tail = cfg.get("zero_tail", False)
     scale_log2e, tanh_scale, mode = gluon_scores(scale, softcap, tanh_approx)
     wl, wr = gluon_window(causal, left, right, total_q, total_k)
-    # dq_delta: the dq kernel first, making delta and the row statistics itself (no preprocess pass)
-    dq_delta = dq_after and cfg.get("dq_delta", False) and zero_tail != "checked"
-    if dq_delta:
-        n_pad = cdiv(total_q, 4) * 4  # rows padded to 16 bytes (what TMA reads), as backward_preprocess's
-        stats_rows = torch.empty((hq, 2, n_pad), dtype=torch.float32, device=q.device)
-        stats = stats_rows[..., :total_q]
-        dq_sum = torch.empty((1, 1, d), dtype=torch.float32, device=q.device)  # a placeholder (dQ after)
-        if not tma_describable(out.transpose(0, 1)):
-            out = out.contiguous()
-        _launch_dq(dout, q, k, v, lse, None, dq, cu_q, cu_k, is_causal, window, scale_log2e, scale, wl, wr,
-                   tanh_scale, mode, zero_tail, delta_from=(out, stats_rows, n_pad, dlse))
-    else:
-        delta, dq_sum, stats = backward_preprocess(out.transpose(0, 1).unsqueeze(0),
-                                                   dout.transpose(0, 1).unsqueeze(0), lse, dlse,
-                                                   dq_sum=not dq_after, row_stats=True)
-        dq_sum = dq_sum[0]  # (Hq, total_q, D) float32, zeroed (a placeholder with dQ after the kernel)
+    delta, dq_sum, stats = backward_preprocess(out.transpose(0, 1).unsqueeze(0), dout.transpose(0, 1).unsqueeze(0),
+                                               lse, dlse, dq_sum=not dq_after, row_stats=True)
+    dq_sum = dq_sum[0]  # (Hq, total_q, D) float32, zeroed (a placeholder with dQ after the kernel)
     work = work_table(cu_k, cu_q, total_k, hkv, 2 * block_n)  # over the keys: (sequence, key tile, kv head, 0)
     num_tiles = work.shape[0]
     grid = (min(num_tiles, dispatch.num_sms(q.device)),)
@@ -572,17 +557,16 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
             ZERO_TAIL={False: 0, True: 1, "checked": 2}[zero_tail], num_warps=4)
     if not dq_after:
         dq.copy_(dq_sum.transpose(0, 1))
-    elif not dq_delta:
+    else:
         _launch_dq(dout, q, k, v, lse, delta, dq, cu_q, cu_k, is_causal, window, scale_log2e, scale, wl, wr,
                    tanh_scale, mode, zero_tail)
     return dq, dk, dvv
 
 
 def _launch_dq(dout, q, k, v, lse, delta, dq, cu_q, cu_k, is_causal, window, scale_log2e, scale, wl, wr, tanh_scale,
-               mode, zero_tail, delta_from=None):
+               mode, zero_tail):
     """attention_varlen_dq_kernel over the forward's work table (configs.GLUON_DQ's blocks) into dq, from the
-    rows' ``delta``; or with ``delta_from`` = (out, the (Hq, 2, n_pad) row statistics, n_pad, dlse) making
-    delta itself and writing the statistics (DELTA; configs.dq_delta_stages' ring)."""
+    rows' ``delta``."""
     from tilecore.tiles.launch import tile_counter
 
     total_q, hq, d = q.shape
@@ -591,22 +575,13 @@ def _launch_dq(dout, q, k, v, lse, delta, dq, cu_q, cu_k, is_causal, window, sca
     dq_m, dq_n = dq_cfg["block_m"], dq_cfg["block_n"]
     work = work_table(cu_q, cu_k, total_q, hq, 2 * dq_m)  # the forward's: (sequence, query tile, q head, 0)
     grid = (min(work.shape[0], dispatch.num_sms(q.device)),)
-    extra = dict(o_desc=None, stats_ptr=None, n_pad=None, dlse_ptr=None, DELTA=False, HAS_DLSE=False)
-    stages = dq_cfg["stages"]
-    if delta_from is not None:
-        out, stats_rows, n_pad, dlse = delta_from
-        dlse = dlse.contiguous() if dlse is not None else None
-        extra = dict(o_desc=packed_operand(out, 2 * dq_m), stats_ptr=stats_rows, n_pad=n_pad, dlse_ptr=dlse,
-                     DELTA=True, HAS_DLSE=dlse is not None)
-        delta = lse  # unused (DELTA)
-        stages = configs.dq_delta_stages(d)
     with dispatch.on_device(q.device):
         GLUON_VARLEN_DQ[grid](
             packed_operand(q, 2 * dq_m), packed_operand(k, dq_n), packed_operand(v, dq_n),
             packed_operand(dout, 2 * dq_m), packed_operand(dq, dq_m), dq, dq.stride(0), lse, delta, total_q, cu_q,
             cu_k, work, work.shape[0], hq // hkv, scale, scale_log2e, wl, wr, tanh_scale, tile_counter(q.device),
-            CAUSAL=is_causal, STAGES=stages, WINDOW=window, SOFTCAP=mode,
-            ZERO_TAIL=bool(zero_tail), num_warps=4, **extra)  # its K / V zeroing: once a tile, every sequence
+            CAUSAL=is_causal, STAGES=dq_cfg["stages"], WINDOW=window, SOFTCAP=mode,
+            ZERO_TAIL=bool(zero_tail), num_warps=4)  # its K / V zeroing: once a tile, every sequence
 
 
 VARLEN_FWD = CachedLaunch(lambda: importlib.import_module("tilecore.ops.attention_varlen.kernels_tl").varlen_fwd)
