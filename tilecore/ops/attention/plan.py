@@ -121,8 +121,9 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
     if path == "decode":  # tilecore.ops.attention_decode: its tiles and key ranges
         cfg = config or fitted("decode", max(D, Dv), decode_configs.decode_config(max(D, Dv), interpret), q.device)
         sms = grid_sms(q.device) - sm_margin if splits is None else None
-        cfg, grid, sizes = decode_plan.decode_plan(q, k, cfg, splits, v, sms)
-        return _with_operands(Plan("decode", cfg, grid, sizes=sizes), q)
+        split_keys = decode_plan.decode_plan(q, k, cfg, splits, v, sms)
+        return _with_operands(Plan("decode", split_keys.config, split_keys.grid,
+                                   sizes=dict(keys_per_split=split_keys.keys_per_split)), q)
     if path == "gluon":
         if config is None and NAPKIN_FORWARD_TOPK and D == Dv:
             config = timed_forward_config(q, k, v, causal, scale, softcap, NAPKIN_FORWARD_TOPK)

@@ -1,8 +1,10 @@
 """The split-key (decode) path's plan: which inputs it serves (decode_fits: few queries a sequence,
 any device), its tiles of packed (query, q head) rows, and the key ranges it splits the keys into
-(decode_splits, key_ranges). attention's plan.py routes to it and wraps decode_plan's (config, grid,
-sizes) in its Plan."""
+(decode_splits, key_ranges): decode_plan's Plan. attention's plan.py routes to it and carries the Plan's
+fields in its own (path "decode", keys_per_split in its sizes), which launch.launch_decode runs."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from tilecore.ops.attention_decode import configs
 from tilecore.tiles.launch import cdiv, next_power_of_2
@@ -17,11 +19,26 @@ def decode_fits(q, k) -> bool:
             or (n <= configs.DECODE_MAX_PACKED_QUERIES and n * group <= configs.DECODE_MAX_PACKED_ROWS))
 
 
-def decode_plan(q, k, cfg: dict, splits: int | None, v=None, sms: int | None = None) -> tuple[dict, tuple, dict]:
-    """(config, grid, sizes) of the split-key launch for these inputs with the tl config ``cfg``:
-    BLOCK_M rows of packed (query, q head) rows a tile, the keys cut into ``splits`` ranges (None: as
-    many as fill DECODE_PROGRAMS_PER_SM programs on ``sms`` SMs, decode_splits), the grid (batch x kv
-    head, range, row block) and sizes' keys_per_split. attention's plan_forward wraps it in its Plan."""
+@dataclass(frozen=True)
+class Plan:
+    """One split-key launch: the tl kernel's ``config`` (the table's BLOCK_N, warps and stages, and the
+    tile's BLOCK_M packed (query, q head) rows), its ``grid`` (batch x kv head, key range, row block)
+    and the keys of each range (``keys_per_split``, whole blocks of BLOCK_N)."""
+    config: dict
+    grid: tuple
+    keys_per_split: int
+
+    @property
+    def splits(self) -> int:
+        """The key ranges (the grid's second axis; 1: no merge)."""
+        return self.grid[1]
+
+
+def decode_plan(q, k, cfg: dict, splits: int | None, v=None, sms: int | None = None) -> Plan:
+    """The split-key launch's Plan for these inputs with the tl config ``cfg``: BLOCK_M rows of packed
+    (query, q head) rows a tile, the keys cut into ``splits`` ranges (None: as many as fill
+    DECODE_PROGRAMS_PER_SM programs on ``sms`` SMs, decode_splits), the grid (batch x kv head, range,
+    row block). attention's plan_forward carries it in its Plan."""
     B, Hq, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     Dv = D if v is None else v.shape[3]
@@ -36,7 +53,7 @@ def decode_plan(q, k, cfg: dict, splits: int | None, v=None, sms: int | None = N
     elif not 1 <= splits <= configs.DECODE_MAX_SPLITS:
         raise ValueError(f"attention decode: splits must be from 1 to {configs.DECODE_MAX_SPLITS}, got {splits}")
     splits, keys_per_split = key_ranges(Nk, splits, block_n)
-    return dict(cfg, BLOCK_M=block_m), (B * Hkv, splits, row_blocks), dict(keys_per_split=keys_per_split)
+    return Plan(dict(cfg, BLOCK_M=block_m), (B * Hkv, splits, row_blocks), keys_per_split)
 
 
 def tile_rows(queries: int, group: int, most: int = configs.DECODE_MAX_ROWS) -> int:
