@@ -77,9 +77,25 @@ E4M3X4_PTX: gl.constexpr = gl.constexpr("{\n\t.reg .b16 lo, hi;\n\t"
                                         "mov.b32 $0, {lo, hi};\n\t}")
 
 
+# P_LINEAR (session 33): x already holds each e4m3 byte b as a float32 y = b * 2^-24 (fp8_softmax_update), which
+# float16 represents as the subnormal whose bits are b (round to nearest even; relu: y < 0 gives 0, NaN the canonical
+# 0x7fff, whose low byte 0xff is e4m3's NaN); the low bytes of the two float16 halves of each cvt are the e4m3 codes
+LINEAR_E4M3X4_PTX: gl.constexpr = gl.constexpr("{\n\t.reg .b32 lo, hi;\n\t"
+                                               "cvt.rn.relu.f16x2.f32 lo, $2, $1;\n\t"
+                                               "cvt.rn.relu.f16x2.f32 hi, $4, $3;\n\t"
+                                               "prmt.b32 $0, lo, hi, 0x6420;\n\t}")
+LINEAR_SCALE: gl.constexpr = gl.constexpr(8.0 * 2.0 ** -24)  # y = (8 log2(2^P_SHIFT p) + 56) * 2^-24: b's scale
+LINEAR_BIAS: gl.constexpr = gl.constexpr(56.0 * 2.0 ** -24)  # and its offset (e4m3's exponent bias 7, times 8)
+LINEAR_LSE_BIAS: gl.constexpr = gl.constexpr(0.05708148)  # reference.LINEAR_LSE_BIAS (log2 of P's mean overestimate)
+
+
 @gluon.jit
-def to_e4m3x4(x):
-    """x (float32) rounded to e4m3 (saturating), 4 elements an inline asm: pairs of cvt packed into one register."""
+def to_e4m3x4(x, P_LINEAR: gl.constexpr = False):
+    """x (float32) rounded to e4m3 (saturating), 4 elements an inline asm: pairs of cvt packed into one register.
+    P_LINEAR: x holds the codes (LINEAR_E4M3X4_PTX)."""
+    if P_LINEAR:
+        return gl.inline_asm_elementwise(LINEAR_E4M3X4_PTX, "=r,f,f,f,f", [x], dtype=gl.float8e4nv, is_pure=True,
+                                         pack=4)
     return gl.inline_asm_elementwise(E4M3X4_PTX, "=r,f,f,f,f", [x], dtype=gl.float8e4nv, is_pure=True, pack=4)
 
 
@@ -103,13 +119,18 @@ def row_max_tree(s):
 
 
 @gluon.jit
-def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.constexpr = 8.0):
+def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.constexpr = 8.0,
+                       P_LINEAR: gl.constexpr = False):
     """One online-softmax step on raw scores ``s`` [m, 128] with a positive base-2 scale (a scalar, or
     with PER_ROW a [m] vector in s's row slice layout): the new row max m of the scaled scores (row_max_tree),
     P = 2^(s * scale - m + P_SHIFT) in [0, 2^P_SHIFT] (float32; rounded to e4m3 by the caller) and
     alpha = 2^(m_old - m); l is left to the caller (the tensor cores: AttentionFp8.row_sum_mma).
     As tiles.gluon.online_softmax_update: m starts at -inf, the shift is 0 while it is -inf (a masked row
-    keeps P = 0), NaN where m is +inf."""
+    keeps P = 0), NaN where m is +inf.
+    P_LINEAR (session 33): no exp2 for P; P is e4m3's code b = round(8 x + 56), x = log2(2^P_SHIFT p) (the exponent
+    and mantissa bits read as one fixed-point number: 2^x with its mantissa interpolated linearly, up to 6% over and
+    4% under, 4% over on average), returned as y = b * 2^-24 before rounding (one FFMA an element, as the exp2's
+    argument was), rounded and packed by to_e4m3x4 (reference.py: linear_e4m3)."""
     s_max = row_max_tree(s)
     m_new = gl.maximum(m_i, s_max * row_scale)
     if PER_ROW:
@@ -117,7 +138,11 @@ def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.con
     else:
         c = row_scale
     m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))
-    p = gl.exp2(s * c - gl.expand_dims(m_ref - P_SHIFT, 1))
+    if P_LINEAR:
+        gl.static_assert(P_SHIFT <= 8.0, "P_LINEAR: codes up to 8 P_SHIFT + 56 <= 120 (e4m3's 256)")
+        p = s * (c * LINEAR_SCALE) - gl.expand_dims((m_ref - P_SHIFT) * LINEAR_SCALE - LINEAR_BIAS, 1)
+    else:
+        p = gl.exp2(s * c - gl.expand_dims(m_ref - P_SHIFT, 1))
     alpha = gl.exp2(m_i - m_ref)
     return m_new, p, alpha
 
@@ -169,6 +194,7 @@ class AttentionFp8:
     K_PER_ROW: gl.constexpr
     K_PER_BLOCK: gl.constexpr  # k's descales per block of BN keys: one scalar a step (a factor of the row scale)
     P_SHIFT: gl.constexpr  # P is rounded to e4m3 as 2^P_SHIFT p (reference.P_SHIFT: 8)
+    P_LINEAR: gl.constexpr  # P's e4m3 codes by one FFMA, no exp2 (fp8_softmax_update; configs key p_linear)
     ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
@@ -253,7 +279,7 @@ class AttentionFp8:
             row_scale = row_scale * k_scale
         if needs_mask(st.rows.first, first_key, self.BN, self.N, self.Nk, self.CAUSAL):
             s = mask_scores(s, self.S, st.rows.first, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
-        return fp8_softmax_update(st.m, s, row_scale, self.Q_PER_ROW, self.P_SHIFT)
+        return fp8_softmax_update(st.m, s, row_scale, self.Q_PER_ROW, self.P_SHIFT, self.P_LINEAR)
 
     @gluon.jit
     def p_operand(self, p):
@@ -299,7 +325,7 @@ class AttentionFp8:
         """S = Q K^T, l's chunk sums of the last P and acc + P V issued together, the softmax of S while P V runs.
         Returns (m, P in float32, alpha, acc + P V, l_acc + P ones)."""
         k_scale = self.key_scales(st, first_key)
-        p8 = to_e4m3x4(st.p)  # (before S's accumulator is allocated, so float32 P never meets it)
+        p8 = to_e4m3x4(st.p, self.P_LINEAR)  # (before S's accumulator is allocated, so float32 P never meets it)
         s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
         t0, t1, t2, t3 = self.row_sum_mma(p8)  # issued before P V, so that the wait for S covers them too
         o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
@@ -330,7 +356,7 @@ class AttentionFp8:
             l_acc = l_acc * as_column(alpha, self.L)
             st = st.replace(m=m, acc=acc, l_acc=l_acc, p=self.p_operand(p32))
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
-            p8 = to_e4m3x4(st.p)
+            p8 = to_e4m3x4(st.p, self.P_LINEAR)
             t0, t1, t2, t3 = self.row_sum_mma(p8)
             o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
             acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
@@ -352,7 +378,10 @@ class AttentionFp8:
         no_key = l < 1.0  # l >= 2^P_SHIFT where a row has a key (its max's term); a NaN l stays NaN
         l_safe = gl.where(no_key, 1.0, l)
         out = st.acc * gl.expand_dims(gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, self.O)), 1)
-        lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - self.P_SHIFT) / LOG2E)
+        if self.P_LINEAR:  # l of the codes' values, on average 2^LINEAR_LSE_BIAS over the exact P's
+            lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - (self.P_SHIFT + LINEAR_LSE_BIAS)) / LOG2E)
+        else:
+            lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - self.P_SHIFT) / LOG2E)
         store_rows(lse, self.lse, st.rows.bh, st.rows.first, self.N)
         store_block(out, self.o_desc, ctx.out, [b, h, st.rows.first, 0])
 
@@ -363,7 +392,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              head_group, schedule, CAUSAL: gl.constexpr, Q_PER_ROW: gl.constexpr,
                              K_PER_ROW: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                              Q_BUFFERS: gl.constexpr = 1, K_PER_BLOCK: gl.constexpr = False,
-                             P_SHIFT: gl.constexpr = 8.0):
+                             P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted)."""
     gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")
@@ -383,7 +412,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     fence_async_shared()
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
-                      CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, ones, BM, BN, D, CONSUMERS,
+                      CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, ones, BM, BN, D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), 8))

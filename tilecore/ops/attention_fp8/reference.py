@@ -49,6 +49,21 @@ def check_rescale(rescale_tau: float, p_shift: int) -> None:
                          f"p_shift + tau <= log2(448) = {MAX_SHIFT_PLUS_TAU:.3f}")
 
 
+# P_LINEAR (the Hopper kernel's configs key p_linear, session 33): P's e4m3 code by one multiply-add, no exp2
+LINEAR_LSE_BIAS = 0.05708148  # log2 of the codes' mean overestimate of 2^x (1.0404, x uniform over the octaves)
+
+
+def linear_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """2^x as e4m3 by the linear code (the kernel's P_LINEAR; x <= 8 for the codes to stay <= 120): e4m3's byte
+    b = round(8 x + 56) (round half to even, clamped at 0: x < -7 gives 0), i.e. the exponent and mantissa bits of b
+    read as one fixed-point number, 2^x with the mantissa interpolated linearly between powers of two (0.96x to 1.11x
+    of 2^x after the rounding, 1.04x on average). NaN stays NaN. Float32 values of the codes."""
+    z = x.float() * 8.0 + 56.0
+    code = torch.clamp(torch.round(torch.nan_to_num(z, nan=0.0, posinf=126.0, neginf=0.0)), 0.0, 126.0)
+    val = code.to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
+    return torch.where(torch.isnan(z), float("nan"), val)
+
+
 KEY_CHUNK = 32  # the Hopper kernel's V layout permutes keys within chunks of this many (key_position)
 
 
@@ -128,12 +143,15 @@ def attention_fp8_exact(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=False, 
 
 def attention_fp8_emulated(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=False, softmax_scale=None,
                            block_n: int = 128, out_dtype=torch.float32, rows_at_once: int = 1024,
-                           rescale_tau: float = 0.0, p_shift: int = P_SHIFT, l_rounded: bool = False):
+                           rescale_tau: float = 0.0, p_shift: int = P_SHIFT, l_rounded: bool = False,
+                           p_linear: bool = False):
     """(O in ``out_dtype``, lse float32) by the kernels' math (module docstring) in float32, key block
     by key block of ``block_n`` (the kernels': P's rounding depends on it), ``rows_at_once`` query
     rows at a time. The CPU path of attention_fp8. ``rescale_tau``, ``p_shift``: conditional rescaling
     and P's scale 2^p_shift (module docstring; the kernels' defaults 0 and 8); ``l_rounded``: l sums the
-    rounded P (module docstring; the Hopper kernel's L_MMA)."""
+    rounded P (module docstring; the Hopper kernel's L_MMA); ``p_linear``: P by linear_e4m3 instead of the rounded
+    exp2 (the Hopper kernel's P_LINEAR, which sums l of the codes: implies l_rounded; lse corrected by
+    LINEAR_LSE_BIAS)."""
     check_rescale(rescale_tau, p_shift)
     p_scale = float(2 ** p_shift)
     B, Hq, N, D = q8.shape
@@ -164,14 +182,19 @@ def attention_fp8_emulated(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=Fals
             if rescale_tau > 0:  # m moves only where the max grows by more than tau
                 m_new = torch.where(m_new > m + rescale_tau, m_new, m)
             m_ref = torch.where(m_new == float("-inf"), 0.0, m_new)
-            p = torch.exp2(s - m_ref[..., None])
             alpha = torch.exp2(m - m_ref)
-            p8 = (p * p_scale).to(torch.float8_e4m3fn).to(f32)
-            l = l * alpha + (p8.sum(-1) / p_scale if l_rounded else p.sum(-1))
+            if p_linear:
+                p8 = linear_e4m3(s - m_ref[..., None] + p_shift)
+                l = l * alpha + p8.sum(-1) / p_scale
+            else:
+                p = torch.exp2(s - m_ref[..., None])
+                p8 = (p * p_scale).to(torch.float8_e4m3fn).to(f32)
+                l = l * alpha + (p8.sum(-1) / p_scale if l_rounded else p.sum(-1))
             acc = acc * alpha[..., None] + p8 @ v[:, :, keys]
             m = m_new
         no_key = l == 0.0
         l_safe = torch.where(no_key, 1.0, l)
         out[:, :, rows] = (acc * vs / (p_scale * l_safe[..., None])).to(out_dtype)
-        lse[:, :, rows] = torch.where(no_key, float("-inf"), (m + torch.log2(l_safe)) / LOG2E)
+        lse_bias = LINEAR_LSE_BIAS if p_linear else 0.0
+        lse[:, :, rows] = torch.where(no_key, float("-inf"), (m + torch.log2(l_safe) - lse_bias) / LOG2E)
     return out, lse
