@@ -182,8 +182,10 @@ def tma_ok(device: torch.device) -> bool:
 
 def fp8_ok(device: torch.device) -> bool:
     """Whether ``device`` multiplies e4m3 (Triton's fp8e4nv) on its tensor cores: NVIDIA from sm_89.
-    Elsewhere (sm_80, sm_86, ROCm) Triton refuses the type ("fp8e4nv not supported"), and gemm_fp8
-    converts its operands to float16 exactly instead."""
+    Elsewhere (sm_80, sm_86, ROCm) Triton refuses the type ("fp8e4nv not supported"), even to store it, so
+    there gemm_fp8 converts its operands to float16 exactly, hadamard_quantize's e4m3 formats and
+    rotate_quantize quantize with torch's ops, and attention_fp8 refuses. (ROCm: Triton compiles fp8e4nv for
+    gfx90a, but no AMD GPU has run it here.)"""
     if is_hopper(device):
         return True
     cap = capability(device)

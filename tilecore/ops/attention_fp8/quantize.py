@@ -134,10 +134,11 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
     (``"tensor"``: a float32 tensor of one element on x's device, returned as it is; read by the kernel on
     the device, so no host sync). codes = y / descale saturated at +-448.
 
-    On kernel devices with D a power of two (16..256) one tl kernel (kernels_tl.rotate_quantize: the rotation
-    a tensor-core product on the 16-bit inputs, in float32, rounded once); else torch's ops (the same math
-    in float32; D as tilecore.hadamard_transform takes it). ``config`` (probes): the kernel's ``row_blocks``
-    (blocks of 128 rows a program), ``num_warps`` and ``num_stages``."""
+    On kernel devices with e4m3 in Triton (dispatch.fp8_ok; the interpreter) and D a power of two (16..256) one
+    tl kernel (kernels_tl.rotate_quantize: the rotation a tensor-core product on the 16-bit inputs, in float32,
+    rounded once); else torch's ops (the same math in float32; D as tilecore.hadamard_transform takes it).
+    ``config`` (probes): the kernel's ``row_blocks`` (blocks of 128 rows a program), ``num_warps`` and
+    ``num_stages``."""
     if scales not in ROW_SCALES:
         raise ValueError(f"rotate_quantize: scales must be one of {', '.join(ROW_SCALES)}; got {scales!r}")
     if (scales == "tensor") != (descale is not None):
@@ -145,7 +146,8 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
     B, H, N, D = x.shape
     signs = torch.ones(D, device=x.device) if signs is None else signs
     pow2 = D >= 16 and D <= 256 and D & (D - 1) == 0
-    if dispatch.backend_for(x.device) == "kernel" and pow2 and N > 0 and x.dtype != torch.float64:
+    if dispatch.backend_for(x.device) == "kernel" and pow2 and N > 0 and x.dtype != torch.float64 and (
+            dispatch.interpreted(x.device) or dispatch.fp8_ok(x.device)):  # (Triton has no e4m3 below sm_89)
         interp = dispatch.interpreted(x.device)
         codes = torch.empty((B, H, N, D), dtype=torch.float8_e4m3fn, device=x.device)
         n_scales = -(-N // SCALE_BLOCK)
