@@ -28,6 +28,7 @@ launch, "dqk0w") against its HBM bound: the bytes it must move (q, k, g, v, do, 
 written) over the copy bandwidth measured in the same run.
 
     PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --s31     (session 31's variants, < 140 s)
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --s33     (session 33's dqk forms, < 100 s)
 """
 from __future__ import annotations
 
@@ -68,9 +69,10 @@ except Exception:  # noqa: BLE001
 DEV = "cpu" if SMOKE else "cuda"
 START = time.time()
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
+S33 = "--s33" in sys.argv  # session 33's list (HA: the dqk kernel's skeleton)
 S32C = "--s32c" in sys.argv  # session 32's confirmation list
 S32B = "--s32b" in sys.argv  # session 32's second list (call 3)
-S32 = "--s32" in sys.argv or S32B or S32C  # session 32's variants (with session 31's checks)
+S32 = "--s32" in sys.argv or S32B or S32C or S33  # session 32's variants (with session 31's checks)
 S31 = "--s31" in sys.argv or S32  # session 31's variants and checks (the N 4097 one compiles every kernel again)
 WARM_DEADLINE = 95.0 if S32 else 85.0 if S31 else 60.0  # the main process stops waiting for workers' compiles + checks
 TIME_DEADLINE = 124.0 if S32 else 112.0 if S31 else 84.0  # no timing starts past it
@@ -237,8 +239,21 @@ S32C_VARIANTS = [
     ("cfg s32 wbk32", dict(diag=5), dict(walk_BK=32), "chunked"),
     ("cfg s32 again", dict(diag=5), {}, "chunked"),  # configs' CHUNKED timed again last (the run's noise)
 ]
-VARIANTS += S31_VARIANTS[:-1] + S31_RUN3 + S31_LAST[3:] + S32_VARIANTS + S32B_VARIANTS + S32C_VARIANTS
-if S32C and "--variants" not in sys.argv:
+# --s33 (session 33, HA): configs' CHUNKED (dqk_VB 64 since call 1) against the dqk kernel's session-33 forms
+# (CHUNKED dqk_form: 1 one three-way reduction for G's span and G_last and two exp tiles, sm_90a 255 registers 72 B
+# spilled, 55 barriers against 61, 3360 SASS instructions against 3472; 2 no branch on the span, the value loop before
+# g's scan; 3 both: 0 B spilled, 3240 instructions)
+S33_VARIANTS = [
+    ("cfg s33 form1", dict(diag=5), dict(dqk_form=1), "chunked"),
+    ("cfg s33 form2", dict(diag=5), dict(dqk_form=2), "chunked"),
+    ("cfg s33 form3", dict(diag=5), dict(dqk_form=3), "chunked"),
+    ("cfg s33 form3 vb32", dict(diag=5), dict(dqk_form=3, dqk_VB=32), "chunked"),
+    ("cfg s33 again", dict(diag=5), {}, "chunked"),  # configs' CHUNKED timed again last (the run's noise)
+]
+VARIANTS += S31_VARIANTS[:-1] + S31_RUN3 + S31_LAST[3:] + S32_VARIANTS + S32B_VARIANTS + S32C_VARIANTS + S33_VARIANTS
+if S33 and "--variants" not in sys.argv:
+    VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S33_VARIANTS
+elif S32C and "--variants" not in sys.argv:
     VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S32C_VARIANTS
 elif S32B and "--variants" not in sys.argv:
     VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S32B_VARIANTS
@@ -609,8 +624,8 @@ def main():
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     logs = {v[0]: open(scratch / f"{v[0]}.log", "w") for v in VARIANTS}  # a file: a full pipe would block
     procs = {v[0]: subprocess.Popen([sys.executable, __file__, "--worker", v[0], "--dir", str(scratch)]
-                                    + (["--s32c"] if S32C else ["--s32b"] if S32B else ["--s32"] if S32 else
-                                       ["--s31"] if S31 else []), env=env,
+                                    + (["--s33"] if S33 else ["--s32c"] if S32C else ["--s32b"] if S32B else
+                                       ["--s32"] if S32 else ["--s31"] if S31 else []), env=env,
                                     stdout=logs[v[0]], stderr=subprocess.STDOUT) for v in VARIANTS}
     cases = {}
     for name, mk in CHECKS:

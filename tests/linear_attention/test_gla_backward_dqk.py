@@ -91,16 +91,21 @@ def test_value_loop_matches_whole_value_columns():
 
 
 @pytest.mark.parametrize("final, local", [(True, False), (False, False), (True, True), (False, True),
-                                          (True, "early"), (False, "early"), (True, "lean"), (False, "lean")])
+                                          (True, "early"), (False, "early"), (True, "lean"), (False, "lean"),
+                                          (True, 1), (False, 2), (True, 3), (False, 3)])
 def test_dg_fused_in_the_dqk_kernel(final, local):
     """dg_fused: dg stored whole by the dqk kernel (the later tokens' part from S_(c+1) dS_c; the final state's from
     ht where given), no dg kernel: fp16 N 17 and float32 strong decays + a reset + a -1e30 channel at N 200, with and
     without a final state's gradient; dg 0 where the floor clamped. dg_local (session 32): the same part from S_c,
     dS_c and the chunk's own k, v (S_(c+1) never read; ht not passed); "early": with dqk_early (the first value
     block's tiles loaded before the span test, the loop from the second); "lean": with dqk_lean (r from do v^T's
-    diagonal) and dqk_dotscan (dG's reverse sum as a dot; here its interpreter form, one float32 dot)."""
-    extra = dict(dg_local=bool(local), dqk_early=local == "early", dqk_lean=local == "lean",
-                 dqk_dotscan=local == "lean")
+    diagonal) and dqk_dotscan (dG's reverse sum as a dot; here its interpreter form, one float32 dot); 1-3: "lean"
+    with session 33's dqk_form (1: one three-way reduction and two exp tiles, 2: no branch on the span, the flagged
+    blocks' outputs written again by the fallback's launch; 3: both)."""
+    form = local if local in (1, 2, 3) and local is not True else 0
+    lean = local == "lean" or bool(form)
+    extra = dict(dg_local=bool(local), dqk_early=local == "early", dqk_lean=lean, dqk_dotscan=lean,
+                 **({"dqk_form": form} if form else {}))
     torch.manual_seed(11)
     q, k, v, g, s0 = make(1, 17, 1, 1, 32, 40, dtype=F16, decay="channel", h0=True)
     do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape) if final else None

@@ -282,7 +282,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                    SPLIT: tl.constexpr, PART: tl.constexpr = 0, WIDE: tl.constexpr = 0, FLAG=0,
                    AT: tl.constexpr = False, VB: tl.constexpr = 0, GROUP: tl.constexpr = 1,
                    SUFFIX: tl.constexpr = 0, EARLY: tl.constexpr = False, LEAN: tl.constexpr = False,
-                   DOTSCAN: tl.constexpr = 0, PROBE: tl.constexpr = 0):
+                   DOTSCAN: tl.constexpr = 0, PROBE: tl.constexpr = 0, FORM: tl.constexpr = 0):
     """Program (batch * head, chunk, key block of BKB channels): dq, dk (the inputs' dtypes, DQ and DK_OUT (B, N, H,
     Dk) contiguous), the decay gradient's within-chunk reverse sum DG (B, N, H, Dk) float32 and its chunk total
     TOT (B H, NT, Dk) float32. Every value column at once (BVF >= Dv). Grid (B * H * NT * KBLOCKS,), key blocks
@@ -319,7 +319,8 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
     shuffles (sm_90a: the kernel's two scans were ~700 of its ~3400
     instructions, 288 of its 368 shuffles; G's forward sum as such a dot made ptxas serialize every wgmma, C7514).
     PROBE (timing only, outputs WRONG; session 32, with VB and not EARLY): 1 leaves the value loop out (its sums zero:
-    what the rest costs), 2 the intra-chunk dots (dq's and dk's a-terms zero)."""
+    what the rest costs), 2 the intra-chunk dots (dq's and dk's a-terms zero).
+    FORM (session 33; WIDE 1 with VB, SUFFIX 3, LEAN and DOTSCAN): _dqk_s33_program's bits."""
     pid = tl.program_id(0)
     if WIDE == 2:
         if GROUP == 1:
@@ -336,6 +337,10 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                                  skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT,
                                  scale, KBLOCKS, p, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX,
                                  EARLY, LEAN, DOTSCAN, PROBE)
+    elif FORM != 0:  # session 33 (WIDE 1, VB, SUFFIX 3, LEAN, DOTSCAN)
+        _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
+                         svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
+                         pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, VB, DOTSCAN, FORM)
     else:
         _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
@@ -472,6 +477,86 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
                     dGs = tl.cumsum(dG, 0, reverse=True)
                 _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1,
                             tl.where(clamped, 0.0, dGs + sfx[None, :]))
+
+
+@triton.jit
+def _max_min_sum(a1, b1, c1, a2, b2, c2):
+    return tl.maximum(a1, a2), tl.minimum(b1, b2), c1 + c2
+
+
+@triton.jit
+def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
+                     svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
+                     pid, FLAG, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr,
+                     IEEE: tl.constexpr, SPLIT: tl.constexpr, VB: tl.constexpr, DOTSCAN: tl.constexpr,
+                     FORM: tl.constexpr):
+    """Session 33's form of the common launch (WIDE 1 with VB, SUFFIX 3, LEAN, DOTSCAN: what configs' CHUNKED runs),
+    FORM bits: 1 G's span, its middle and G_last by ONE three-way reduction over tokens (max, min, the last row's
+    sum) instead of three, and two tiles of exps, e^(G - m) and e^(m - G), for the four factors (e^G = e^(G - m)
+    e^(m / 2) e^(m / 2), e^(G_last - G) = e^(m - G) e^(G_last - m): no factor leaves float32 where the span is <=
+    _factor_span); 2 no branch on the span: the value loop issued before g's scan (g's load and scan under the loop's
+    loads), every block computed (a flagged block's outputs, wrong or not finite, are written again by the fallback's
+    launch after this one)."""
+    kblock = pid % KBLOCKS
+    c = (pid // KBLOCKS) % NT
+    bh = pid // (KBLOCKS * NT)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    t0 = c * BT
+    offs_t = tl.arange(0, BT)
+    offs_k = kblock * BKB + tl.arange(0, BKB)
+    k_ok = offs_k < DK
+    g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
+    q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, BKB]
+    k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
+    if FORM & 2:
+        a, r, hs, dhs, sfx = _dqk_value_loop(
+            V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, DK,
+            DV, NT, BT, BKB, BVF, VB, MMA, IEEE, 0, 0, 3, 0, None, None, None, None, None, True)
+    if FORM & 1:
+        Gc = tl.cumsum(tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g), 0)
+        hi, lo, G_last = tl.reduce((Gc, Gc, tl.where((offs_t == BT - 1)[:, None], Gc, 0.0)), 0, _max_min_sum)
+    else:
+        Gc, G_last = _cumulative_channels(g)
+        hi = tl.max(Gc, 0)
+        lo = tl.min(Gc, 0)
+    go = tl.max(hi - lo, 0) <= _factor_span(MMA)  # NaN spans go to the fallback too
+    tl.store(FLAG + pid, tl.where(go, 0, 1).to(tl.int8))
+    if FORM & 2:
+        run = True
+    else:
+        run = go
+    if run:
+        if (FORM & 2) == 0:
+            a, r, hs, dhs, sfx = _dqk_value_loop(
+                V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, DK,
+                DV, NT, BT, BKB, BVF, VB, MMA, IEEE, 0, 0, 3, 0, None, None, None, None, None, True)
+        r = tl.sum(tl.where(offs_t[:, None] == offs_t[None, :], a, 0.0), 1) * scale
+        a = tl.where(offs_t[:, None] > offs_t[None, :], a, 0.0)
+        qf = q.to(tl.float32)
+        kf = k.to(tl.float32)
+        rows = (b * N * H + h) * DK
+        mid = 0.5 * (hi + lo)
+        if FORM & 1:
+            E = tl.exp(Gc - mid[None, :])
+            Ei = tl.exp(mid[None, :] - Gc)
+            half = tl.exp(0.5 * mid)[None, :]
+            dq = (E * _split_dot(a, kf * Ei, MMA, IEEE, SPLIT) + hs * ((E * half) * half)) * scale
+            dk_state = dhs * (Ei * tl.exp(G_last - mid)[None, :])
+            dk = Ei * _split_dot(tl.trans(a), qf * E, MMA, IEEE, SPLIT) * scale + dk_state
+        else:
+            dq = (tl.exp(Gc - mid[None, :]) * _split_dot(a, kf * tl.exp(mid[None, :] - Gc), MMA, IEEE, SPLIT)
+                  + hs * tl.exp(Gc)) * scale
+            dk_state = dhs * tl.exp(G_last[None, :] - Gc)
+            dk = (tl.exp(mid[None, :] - Gc) * _split_dot(tl.trans(a), qf * tl.exp(Gc - mid[None, :]), MMA, IEEE,
+                                                          SPLIT)) * scale + dk_state
+        _store_rows(DQ + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dq + r[:, None] * kf)
+        sfx = tl.exp(G_last) * sfx + tl.sum(kf * dk_state, 0)
+        _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk + r[:, None] * qf)
+        dG = qf * dq - kf * dk
+        clamped = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd) < LOG_DECAY_FLOOR
+        dGs = _scan_dot((offs_t[:, None] <= offs_t[None, :]).to(tl.float32), dG, DOTSCAN)
+        _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, tl.where(clamped, 0.0, dGs + sfx[None, :]))
 
 
 @triton.jit
@@ -687,6 +772,11 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         lean = bool(cfg["dqk_lean"] and dqk_VB)
         dotscan = bool(cfg["dqk_dotscan"] and suffix)
         early = bool(cfg["dqk_early"] and suffix == 3)
+        form = cfg["dqk_form"]  # session 33: the common launch's form (its conditions checked)
+        if form and not (lean and dotscan and suffix == 3 and cfg["wide_apart"] and not early and not cfg["dqk_probe"]
+                         and not cfg["dqk_apart"]):
+            raise ValueError("gla chunked backward: dqk_form needs dqk_lean, dqk_dotscan, dg_local, dg_fused, wide_apart"
+                             " (not dqk_early, dqk_probe, dqk_apart)")
         tot_or = (ht.float().contiguous() if has_ht else tot) if fused else tot  # SUFFIX 1: the final state
         z4 = (0, 0, 0, 0)
         g_strides = g.stride()
@@ -734,6 +824,7 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                      **({"LEAN": True} if lean else {}),
                      **({"DOTSCAN": 1 if dispatch.interpreted(dev) else 3} if dotscan else {}),
                      **({"PROBE": cfg["dqk_probe"]} if cfg["dqk_probe"] and wide != 2 else {}),
+                     **({"FORM": cfg["dqk_form"]} if form and wide == 1 else {}),
                      **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] and wide != 2 else {}))))
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
         for wide in ((1, 2) if cfg["wide_apart"] and cfg["dv_wide_apart"] else (0,)):
