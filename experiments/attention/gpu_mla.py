@@ -607,6 +607,155 @@ def time_roles_ab(rounds: int = 3) -> None:
                      f"{a:.3f}/{r:.3f}" for a, r in zip(times["shipped"], times["roles"])) + ")"))
 
 
+# --------------------------------------------------------------------------------------------
+# --rows64 (session 33): the dK/dV kernel at 64 query rows a step (config block_m 64: AttentionBackwardPieces.
+# compute_in_turn, S^T and dP^T one after the other, P^T kept in float16 between them) against the shipped 32
+
+
+def rows64_config(stages=3):
+    return dict(configs.GLUON_BACKWARD_DV[192, 128], block_m=64, stages=stages)
+
+
+ROWS64_CHECKS = [  # name, B, Hq, Hkv, N, Nk, causal, window, softcap, dtype (H16: the timing's specializations)
+    ("192/128 causal N1040", 1, 16, 16, 1040, 1040, True, (-1, -1), 0.0, torch.bfloat16),
+    ("192/128 N1008", 1, 16, 16, 1008, 1008, False, (-1, -1), 0.0, torch.bfloat16),
+    ("192/128 causal N720 Nk1104", 1, 16, 16, 720, 1104, True, (-1, -1), 0.0, torch.bfloat16),
+    ("192/128 N1104 Nk720", 1, 16, 16, 1104, 720, False, (-1, -1), 0.0, torch.bfloat16),
+    ("192/128 causal N1040 GQA 16/4", 1, 16, 4, 1040, 1040, True, (-1, -1), 0.0, torch.bfloat16),
+    ("192/128 causal N1040 fp16", 1, 16, 16, 1040, 1040, True, (-1, -1), 0.0, torch.float16),
+    ("192/128 window (256, 0) + softcap 30 GQA 16/4 N1500", 1, 16, 4, 1500, 1500, False, (256, 0), 30.0,
+     torch.bfloat16),
+]
+
+
+def rows64_check(name, b, hq, hkv, n, nk, causal, window, softcap, dtype) -> bool:
+    """dq, dk, dv by the forced Gluon backward with block_m 64 and with the shipped config, from the same Gluon
+    forward's O and lse, into NaN-poisoned buffers, as multiples of the float64 reference's rounding floor."""
+    q, k, v = make(b, hq, hkv, n, nk, 192, 128, dtype, seed=5)
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    ref, _ = attention_reference(q64, k64, v64, causal=causal, window_size=window, softcap=softcap)
+    dout = torch.randn(ref.shape, dtype=dtype, device=q.device)
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+    out, lse, _ = forward(q, k, v, causal, "gluon", window, softcap)
+    scale = 192 ** -0.5
+    found = {}
+    for which, cfg in (("rows64", rows64_config()), ("shipped", None)):
+        p = plan.plan_backward(dout, q, k, v, causal, scale, window=window, softcap=softcap, path="gluon", config=cfg)
+        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        launch.backward(p, dout, q, k, v, out, lse, None, *grads, causal, scale, window, softcap)
+        torch.cuda.synchronize()
+        found[which] = {nm: accuracy.error_over_floor(g, r) for nm, g, r in zip(("dq", "dk", "dv"), grads, ref_grads)}
+        found[which + "_unwritten"] = int(sum(g.isnan().sum() for g in grads))
+    ok = found["rows64_unwritten"] == 0 and all(found["rows64"][nm] <= max(3.0, 1.25 * found["shipped"][nm])
+                                                for nm in ("dq", "dk", "dv"))
+    RESULTS["correctness"].append(dict(case=f"rows64 {name}", dtype=str(dtype), ok=ok, unwritten=found[
+        "rows64_unwritten"], **{f"{w}_{nm}_over_floor": found[w][nm] for w in ("rows64", "shipped")
+                                for nm in ("dq", "dk", "dv")}))
+    row(("check", f"rows64 {name} {str(dtype)[6:]}",
+         ("ok " if ok else "BAD ") + " ".join(f"{nm} {found['rows64'][nm]:.2f} ({found['shipped'][nm]:.2f})"
+                                            for nm in ("dq", "dk", "dv"))
+         + (f" unwritten {found['rows64_unwritten']}" if found["rows64_unwritten"] else "")))
+    return ok
+
+
+def time_rows64(rounds: int = 3, budget_s: float = 100.0, t_start: float = 0.0) -> None:
+    """B8 H16 N4096 bf16, causal and not, alternately ``rounds`` times (do_bench medians, rep 100 ms): the dK/dV
+    kernel with its preprocess, shipped (32 rows) and rows64 (STAGES 3); forward + backward each way and 128 / 128's
+    default forward + backward (the issue's ratio: 192 / 128's FLOP rate over 128 / 128's)."""
+    import statistics
+
+    import triton.testing
+
+    b, h, n = 8, 16, 4096
+    for causal in (False, True):
+        if time.time() - t_start > budget_s:
+            row(("skip", f"rows64 timing causal={causal}", f"past the {budget_s:.0f} s budget"))
+            continue
+        label = f"{'causal' if causal else 'full'} B{b} H{h} N{n}"
+        scale = 192 ** -0.5
+        q, k, v = make(b, h, h, n, n, 192, 128, torch.bfloat16, seed=1)
+        out, lse, fwd_plan = forward(q, k, v, causal, "gluon")
+        dout = torch.randn_like(out)
+        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+        plans = {"shipped": plan.plan_backward(dout, q, k, v, causal, scale, path="gluon"),
+                 "rows64": plan.plan_backward(dout, q, k, v, causal, scale, path="gluon", config=rows64_config())}
+        qs, ks, vs = make(b, h, h, n, n, 128, 128, torch.bfloat16, seed=2)
+        sq_fwd = plan.plan_forward(qs, ks, vs, causal, 128 ** -0.5)
+        os_ = torch.empty_like(qs)
+        ls_ = torch.empty(b, h, n, device=qs.device)
+        ds_ = torch.randn_like(qs)
+        sq_bwd = plan.plan_backward(ds_, qs, ks, vs, causal, 128 ** -0.5)
+        gs = [torch.empty_like(t) for t in (qs, ks, vs)]
+
+        def dkdv(p):
+            _, dq_sum, stats = launch.backward_preprocess(out, dout, lse, None, dq_sum=False, row_stats=True)
+            launch.launch_backward_gluon_kernel(p, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale)
+
+        def fwd_bwd(p):
+            launch.forward(fwd_plan, q, k, v, out, lse, causal, scale)
+            launch.backward(p, dout, q, k, v, out, lse, None, dq, dk, dv, causal, scale)
+
+        def square():
+            launch.forward(sq_fwd, qs, ks, vs, os_, ls_, causal, 128 ** -0.5)
+            launch.backward(sq_bwd, ds_, qs, ks, vs, os_, ls_, None, *gs, causal, 128 ** -0.5)
+
+        fns = {"dK/dV+pre shipped": lambda: dkdv(plans["shipped"]), "dK/dV+pre rows64": lambda: dkdv(plans["rows64"]),
+               "fwd+bwd shipped": lambda: fwd_bwd(plans["shipped"]), "fwd+bwd rows64": lambda: fwd_bwd(plans["rows64"]),
+               "128/128 fwd+bwd": square}
+        times = {name: [] for name in fns}
+        try:
+            for fn in fns.values():
+                fn()
+            for _ in range(rounds):
+                for name, fn in fns.items():
+                    times[name].append(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            note_error(f"rows64 timing {label}", exc)
+            continue
+        med = {name: statistics.median(ts) for name, ts in times.items() if ts}
+        pairs = b * h * n * n * (0.5 if causal else 1.0)
+        f_fwd, f_bwd = flops(b, h, n, n, 192, 128, causal)
+        s_fwd, s_bwd = flops(b, h, n, n, 128, 128, causal)
+        kernel_flops = 2 * pairs * (192 + 128 + 128 + 192)  # S^T, dP^T, dV, dK
+        rates = {"128/128 fwd+bwd": (s_fwd + s_bwd) / med["128/128 fwd+bwd"] * 1e-9}
+        for which in ("shipped", "rows64"):
+            rates[f"dK/dV+pre {which}"] = kernel_flops / med[f"dK/dV+pre {which}"] * 1e-9
+            rates[f"fwd+bwd {which}"] = (f_fwd + f_bwd) / med[f"fwd+bwd {which}"] * 1e-9
+        entry = dict(case=f"rows64 A/B {label}", rounds=times, median_ms=med, tflops=rates,
+                     dkdv_speedup=med["dK/dV+pre shipped"] / med["dK/dV+pre rows64"],
+                     fwd_bwd_speedup=med["fwd+bwd shipped"] / med["fwd+bwd rows64"],
+                     ratio_shipped=rates["fwd+bwd shipped"] / rates["128/128 fwd+bwd"],
+                     ratio_rows64=rates["fwd+bwd rows64"] / rates["128/128 fwd+bwd"])
+        RESULTS["timing"].append(entry)
+        for name in fns:
+            row(("time", f"{label} {name}", f"{med[name]:.3f} ms {rates[name]:.0f} TFLOP/s (rounds "
+                 + " ".join(f"{t:.3f}" for t in times[name]) + ")"))
+        row(("ratio", f"{label} rows64 / shipped", f"dK/dV+pre {entry['dkdv_speedup']:.3f}x, fwd+bwd "
+             f"{entry['fwd_bwd_speedup']:.3f}x; 192/128 over 128/128 rate: shipped {entry['ratio_shipped']:.3f}, "
+             f"rows64 {entry['ratio_rows64']:.3f} (target >= 0.9)"))
+
+
+def run_rows64(budget_s: float) -> None:
+    """The first check (a wrong kernel is not timed), the timings, then the other checks while the budget lasts."""
+    t_start = time.time()
+    first = ROWS64_CHECKS[0]
+    try:
+        ok = rows64_check(*first)
+    except Exception as exc:  # noqa: BLE001 - report and go on
+        note_error(f"check rows64 {first[0]}", exc)
+        ok = False
+    if ok:
+        time_rows64(budget_s=budget_s - 30.0, t_start=t_start)
+    for case in ROWS64_CHECKS[1:]:
+        if time.time() - t_start > budget_s:
+            row(("skip", f"check rows64 {case[0]}", f"past the {budget_s:.0f} s budget"))
+            continue
+        try:
+            rows64_check(*case)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            note_error(f"check rows64 {case[0]}", exc)
+
+
 # --dq-regs (session 32, removed with the kernel's DO_REGS: commit 6a1176b has both): the MLA dq kernel with each
 # consumer's dO rows in registers, 6 checks right, dq kernel 1.000x full / 0.975x causal, fwd+bwd 1.035x / 0.993x
 # (session 32 call 6)
@@ -622,10 +771,30 @@ def main():
     parser.add_argument("--roles-ab", action="store_true",
                         help="only the shipped MLA dK/dV against roles STAGES 3, interleaved rounds, <= 90 s")
     parser.add_argument("--budget", type=float, default=140.0, help="--roles: seconds before later cases are skipped")
+    parser.add_argument("--rows64", action="store_true",
+                        help="only the dK/dV kernel at 64 query rows a step against the shipped 32 (session 33): "
+                             "checks, alternate-round timings with 128/128's in the same run, <= 120 s")
     parser.add_argument("--parts", action="store_true",
                         help="only the non-causal backward's parts at other stage counts (session 29), <= 90 s")
     args = parser.parse_args()
     t_start = time.time()
+    if args.rows64:
+        if SMOKE:  # planning a Gluon grid needs a GPU
+            print("--rows64 runs on the GPU only")
+            return
+        run_rows64(min(args.budget, 105.0))
+        out_dir = os.environ.get("OUT", "/tmp/out")
+        os.makedirs(out_dir, exist_ok=True)
+        RESULTS["device"] = torch.cuda.get_device_name()
+        RESULTS["wall_s"] = time.time() - t_start
+        with open(os.path.join(out_dir, "attention_mla_rows64.json"), "w") as f:
+            json.dump(RESULTS, f, indent=1, default=str)
+        print(f"\n{'=' * 20} MLA 192/128 dK/dV at 64 rows a step vs 32, {time.time() - t_start:.0f} s")
+        for section, name, figures in ROWS:
+            print(f"{section:6s} {name:50s}  {figures}")
+        bad = [r for r in RESULTS["correctness"] if not r["ok"]]
+        print(f"checks: {len(RESULTS['correctness']) - len(bad)} ok, {len(bad)} bad; errors: {len(RESULTS['errors'])}")
+        return
     if args.roles_ab:
         time_roles_ab()
         out_dir = os.environ.get("OUT", "/tmp/out")

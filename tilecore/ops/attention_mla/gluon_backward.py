@@ -93,7 +93,15 @@ class AttentionBackwardPieces:
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
-        """One step: S^T = sum_j K_j Q_j^T and dP^T = sum_j V_j dO_j^T (chained wgmma), the softmax,
+        """One step: 32 query rows (block_m 32, shipped) by compute_together, 64 by compute_in_turn."""
+        if self.base.BM >= 64:
+            return self.compute_in_turn(ctx, st, stage, tile, step)
+        else:
+            return self.compute_together(ctx, st, stage, tile, step)
+
+    @gluon.jit
+    def compute_together(self, ctx, st, stage, tile, step):
+        """One step of 32 query rows: S^T = sum_j K_j Q_j^T and dP^T = sum_j V_j dO_j^T (chained wgmma), the softmax,
         dS^T, then dV_j += P^T dO_j and dK_j += dS^T Q_j; every wgmma complete when it returns."""
         op = self.base
         BM: gl.constexpr = op.BM
@@ -128,6 +136,50 @@ class AttentionBackwardPieces:
                 ds_t = ds_t * dtanh.to(gl.float32)
         # both register operands written with no wgmma running (else ptxas serializes them: C7513)
         p_op = gl.convert_layout(p_t.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
+        ds_op = gl.convert_layout(ds_t.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
+        dv0 = warpgroup_mma(p_op, do0, st.dv0, is_async=True)
+        dv1 = warpgroup_mma(p_op, do1, st.dv1, is_async=True)
+        dk0 = warpgroup_mma(ds_op, q0, st.dk0, is_async=True)
+        dk1 = warpgroup_mma(ds_op, q1, st.dk1, is_async=True)
+        dk2 = warpgroup_mma(ds_op, q2, st.dk2, is_async=True)
+        dk0, dk1, dk2, dv0, dv1 = warpgroup_mma_wait(0, deps=(dk0, dk1, dk2, dv0, dv1))
+        return GradPieces(dk0, dk1, dk2, dv0, dv1)
+
+    @gluon.jit
+    def compute_in_turn(self, ctx, st, stage, tile, step):
+        """One step of 64 query rows (block_m 64): S^T = sum_j K_j Q_j^T, waited; P^T kept in float16 (and the
+        cap's derivative, float16 too); dP^T = sum_j V_j dO_j^T, waited; dS^T and both register operands from
+        the float16 P^T; then dV_j += P^T dO_j and dK_j += dS^T Q_j. S^T and dP^T (32 registers a thread each at 64 rows) are never live together: beside
+        dK's 96 and dV's 64 both would not fit (820 B spilled, every wgmma serialized). Each wgmma's B operand (a
+        [64, 64] piece of Q or dO) then serves 64 query rows, where the 32-row step reads its K / V A operand
+        for 32: ~25% fewer shared-memory bytes per FLOP (notes/attention, session 33)."""
+        op = self.base
+        BM: gl.constexpr = op.BM
+        BN: gl.constexpr = op.BN
+        st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
+        h, start_m = op.step_rows(tile, step)
+        start_n = tile.start_n + ctx.index * BN
+        q0 = stage.q0.reshape([BM, 64])
+        q1 = stage.q1.reshape([BM, 64])
+        q2 = stage.q2.reshape([BM, 64])
+        do0 = stage.do0.reshape([BM, 64])
+        do1 = stage.do1.reshape([BM, 64])
+        zeros = gl.zeros([BN, BM], gl.float32, st_layout)
+        s_tok = warpgroup_mma(self.key_rows(ctx, 0), q0.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(self.key_rows(ctx, 1), q1.permute((1, 0)), s_tok, is_async=True)
+        s_tok = warpgroup_mma(self.key_rows(ctx, 2), q2.permute((1, 0)), s_tok, is_async=True)
+        s_t = warpgroup_mma_wait(0, deps=(s_tok,))
+        p_t, dtanh = op.probabilities(s_t, stat_columns(stage.stats, 0, st_layout), start_n, start_m, tile)
+        p16 = p_t.to(gl.float16)  # P^T kept in 16 bits while dP^T runs (16 registers a thread against 32)
+        dp_tok = warpgroup_mma(self.key_rows(ctx, 3), do0.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(self.key_rows(ctx, 4), do1.permute((1, 0)), dp_tok, is_async=True)
+        dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
+        p_f = p16.to(gl.float32)
+        ds_t = p_f * (dp_t - gl.expand_dims(stat_columns(stage.stats, 1, st_layout), 0))
+        if op.SOFTCAP:
+            ds_t = ds_t * dtanh.to(gl.float32)
+        # both register operands written with no wgmma running (else ptxas serializes them: C7513)
+        p_op = gl.convert_layout(p_f.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
         ds_op = gl.convert_layout(ds_t.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
         dv0 = warpgroup_mma(p_op, do0, st.dv0, is_async=True)
         dv1 = warpgroup_mma(p_op, do1, st.dv1, is_async=True)
