@@ -70,15 +70,18 @@ def test_emulation_near_float64(case, temp):
     k8, ks = quantize_fp8(k, per="block")
     v8, vs = quantize_fp8(v, per="head")
     ref, lse_ref = attention_fp8_exact(q8, k8, v8, qs, ks, vs, causal=causal)
-    lin, lse_lin = attention_fp8_emulated(q8, k8, v8, qs, ks, vs, causal=causal, p_linear=True)
+    lin, lse_lin = attention_fp8_emulated(q8, k8, v8, qs, ks, vs, causal=causal, p_linear=1)
+    half, lse_half = attention_fp8_emulated(q8, k8, v8, qs, ks, vs, causal=causal, p_linear=2)
     exp2, _ = attention_fp8_emulated(q8, k8, v8, qs, ks, vs, causal=causal, l_rounded=True)
     rows = torch.isfinite(lse_ref)
-    assert (lse_lin[~rows] == float("-inf")).all() and (lin[~rows] == 0).all()  # rows with no key
-    assert torch.isfinite(lin).all() and torch.isfinite(lse_lin[rows]).all()
-    e_lin, e_exp2 = rel_rms(lin[rows], ref[rows]), rel_rms(exp2[rows], ref[rows])
+    for o, lse in ((lin, lse_lin), (half, lse_half)):
+        assert (lse[~rows] == float("-inf")).all() and (o[~rows] == 0).all()  # rows with no key
+        assert torch.isfinite(o).all() and torch.isfinite(lse[rows]).all()
+        assert (lse[rows].double() - lse_ref[rows]).abs().max() < 0.06
+    e_lin, e_half, e_exp2 = (rel_rms(o[rows], ref[rows]) for o in (lin, half, exp2))
     assert e_lin <= (1.7 if temp == 1.0 else 2.3) * e_exp2, (e_lin, e_exp2)
+    assert e_exp2 < e_half < e_lin, (e_exp2, e_half, e_lin)  # half the elements linear: between
     assert e_lin < 0.05, e_lin
-    assert (lse_lin[rows].double() - lse_ref[rows]).abs().max() < 0.06
 
 
 def test_emulation_nan_propagates():
@@ -89,8 +92,29 @@ def test_emulation_nan_propagates():
     qs = qs.clone()
     k8 = k8.clone()
     k8[0, 0, 150, 0] = float("nan")  # one key NaN: every row's score with it NaN
-    out, lse = attention_fp8_emulated(q8, k8, v8, qs, ks, vs, p_linear=True)
-    assert out.isnan().all() and lse.isnan().all()
+    for mode in (1, 2):
+        out, lse = attention_fp8_emulated(q8, k8, v8, qs, ks, vs, p_linear=mode)
+        assert out.isnan().all() and lse.isnan().all()
+
+
+def test_half_mode_takes_exp2_on_keys_0_to_7_of_every_16():
+    """p_linear 2: keys with bit 3 clear rounded from 2^x, the others the codes (the kernel's columns: elements 1, 2
+    of each 4 of the register operand, p_operand's order)."""
+    q8, qs = quantize_fp8(torch.randn(1, 1, 4, 64), per="head")
+    k8, ks = quantize_fp8(torch.randn(1, 1, 64, 64), per="head")
+    eye = torch.eye(64)[None, None]  # v = identity: O's columns are the keys' weights P / l
+    v8, vs = quantize_fp8(eye, per="head")
+    w = {}
+    for mode in (0, 1, 2):
+        o, _ = attention_fp8_emulated(q8, k8, v8, qs, ks, vs, p_linear=mode, l_rounded=True)
+        w[mode] = o / o.sum(-1, keepdim=True)  # weights up to the common l
+    exact = ((torch.arange(64) // 8) % 2 == 0)
+    r2 = w[2] / w[2][..., exact].sum(-1, keepdim=True)
+    r0 = w[0] / w[0][..., exact].sum(-1, keepdim=True)
+    r1 = w[1] / w[1][..., ~exact].sum(-1, keepdim=True)
+    r2b = w[2] / w[2][..., ~exact].sum(-1, keepdim=True)
+    torch.testing.assert_close(r2[..., exact], r0[..., exact])
+    torch.testing.assert_close(r2b[..., ~exact], r1[..., ~exact])
 
 
 SCRIPT = r"""
@@ -126,13 +150,17 @@ print(json.dumps(out))
 
 
 def test_hopper_kernel_compiles_without_exp2_for_p():
-    variants = [(128, False, 4096, False), (128, False, 4096, True), (64, True, 1000, True)]
+    variants = [(128, False, 4096, 0), (128, False, 4096, 1), (64, True, 1000, 1), (128, False, 4096, 2)]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(variants)], capture_output=True, text=True, env=env,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    default, lin, lin64 = json.loads(r.stdout.strip().splitlines()[-1])
-    assert not default["P_LINEAR"] and lin["P_LINEAR"] and lin64["P_LINEAR"]
+    default, lin, lin64, half = json.loads(r.stdout.strip().splitlines()[-1])
+    assert default["P_LINEAR"] == 0 and lin["P_LINEAR"] == 1 and lin64["P_LINEAR"] == 1 and half["P_LINEAR"] == 2
+    assert not half["wgmma_serialized"] and half["spill_stores"] <= 16, half
+    # half: one e4m3 cvt and one relu cvt a register of 4 (the default: two e4m3 cvt), half the exp2
+    assert half["relu_cvt"] == half["e4m3_cvt"] == default["e4m3_cvt"] // 2, (half, default)
+    assert default["ex2"] // 2 - 8 <= half["ex2"] <= default["ex2"] // 2 + 8, (half["ex2"], default["ex2"])
     for rec in (lin, lin64):
         assert not rec["wgmma_serialized"], rec
         assert rec["relu_cvt"] > 0 and rec["e4m3_cvt"] == 0 and rec["prmt"] > 0, rec

@@ -87,13 +87,26 @@ LINEAR_E4M3X4_PTX: gl.constexpr = gl.constexpr("{\n\t.reg .b32 lo, hi;\n\t"
 LINEAR_SCALE: gl.constexpr = gl.constexpr(8.0 * 2.0 ** -24)  # y = (8 log2(2^P_SHIFT p) + 56) * 2^-24: b's scale
 LINEAR_BIAS: gl.constexpr = gl.constexpr(56.0 * 2.0 ** -24)  # and its offset (e4m3's exponent bias 7, times 8)
 LINEAR_LSE_BIAS: gl.constexpr = gl.constexpr(0.05708148)  # reference.LINEAR_LSE_BIAS (log2 of P's mean overestimate)
+LINEAR_LSE_BIAS2: gl.constexpr = gl.constexpr(0.02882303)  # reference.linear_lse_bias(2): half the elements linear
+
+
+# P_LINEAR 2: elements 1, 2 of each 4 rounded from 2^x (the e4m3 cvt: bytes 0, 1), 3, 4 the codes (bytes 0 and 2 of
+# the float16 pair)
+HALF_E4M3X4_PTX: gl.constexpr = gl.constexpr("{\n\t.reg .b16 lo;\n\t.reg .b32 lo32, hi;\n\t"
+                                             "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n\t"
+                                             "cvt.rn.relu.f16x2.f32 hi, $4, $3;\n\t"
+                                             "cvt.u32.u16 lo32, lo;\n\t"
+                                             "prmt.b32 $0, lo32, hi, 0x6410;\n\t}")
 
 
 @gluon.jit
-def to_e4m3x4(x, P_LINEAR: gl.constexpr = False):
+def to_e4m3x4(x, P_LINEAR: gl.constexpr = 0):
     """x (float32) rounded to e4m3 (saturating), 4 elements an inline asm: pairs of cvt packed into one register.
-    P_LINEAR: x holds the codes (LINEAR_E4M3X4_PTX)."""
-    if P_LINEAR:
+    P_LINEAR 1: x holds the codes (LINEAR_E4M3X4_PTX); 2: half of them (HALF_E4M3X4_PTX)."""
+    if P_LINEAR == 2:
+        return gl.inline_asm_elementwise(HALF_E4M3X4_PTX, "=r,f,f,f,f", [x], dtype=gl.float8e4nv, is_pure=True,
+                                         pack=4)
+    if P_LINEAR == 1:
         return gl.inline_asm_elementwise(LINEAR_E4M3X4_PTX, "=r,f,f,f,f", [x], dtype=gl.float8e4nv, is_pure=True,
                                          pack=4)
     return gl.inline_asm_elementwise(E4M3X4_PTX, "=r,f,f,f,f", [x], dtype=gl.float8e4nv, is_pure=True, pack=4)
@@ -120,7 +133,7 @@ def row_max_tree(s):
 
 @gluon.jit
 def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.constexpr = 8.0,
-                       P_LINEAR: gl.constexpr = False):
+                       P_LINEAR: gl.constexpr = 0):
     """One online-softmax step on raw scores ``s`` [m, 128] with a positive base-2 scale (a scalar, or
     with PER_ROW a [m] vector in s's row slice layout): the new row max m of the scaled scores (row_max_tree),
     P = 2^(s * scale - m + P_SHIFT) in [0, 2^P_SHIFT] (float32; rounded to e4m3 by the caller) and
@@ -138,9 +151,24 @@ def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.con
     else:
         c = row_scale
     m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))
-    if P_LINEAR:
+    if P_LINEAR == 1:
         gl.static_assert(P_SHIFT <= 8.0, "P_LINEAR: codes up to 8 P_SHIFT + 56 <= 120 (e4m3's 256)")
         p = s * (c * LINEAR_SCALE) - gl.expand_dims((m_ref - P_SHIFT) * LINEAR_SCALE - LINEAR_BIAS, 1)
+    elif P_LINEAR == 2:  # the columns with bit 3 set (k = 2, 3 of every 4 in the operand) linear, the others exp2
+        gl.static_assert(P_SHIFT <= 8.0, "P_LINEAR: codes up to 8 P_SHIFT + 56 <= 120 (e4m3's 256)")
+        M: gl.constexpr = s.shape[0]
+        N: gl.constexpr = s.shape[1]
+        a, b = gl.split(gl.permute(gl.reshape(s, [M, N // 16, 2, 8]), [0, 1, 3, 2]))  # bit 3: a register bit
+        rows: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, a.type.layout))
+        shift = gl.expand_dims(gl.expand_dims(gl.convert_layout(m_ref - P_SHIFT, rows, assert_trivial=True), 1), 2)
+        if PER_ROW:
+            c3 = gl.expand_dims(gl.expand_dims(gl.convert_layout(row_scale, rows, assert_trivial=True), 1), 2)
+        else:
+            c3 = row_scale
+        pa = gl.exp2(a * c3 - shift)
+        yb = b * (c3 * LINEAR_SCALE) - (shift * LINEAR_SCALE - LINEAR_BIAS)
+        p = gl.convert_layout(gl.reshape(gl.permute(gl.join(pa, yb), [0, 1, 3, 2]), [M, N]), s.type.layout,
+                              assert_trivial=True)
     else:
         p = gl.exp2(s * c - gl.expand_dims(m_ref - P_SHIFT, 1))
     alpha = gl.exp2(m_i - m_ref)
@@ -194,7 +222,7 @@ class AttentionFp8:
     K_PER_ROW: gl.constexpr
     K_PER_BLOCK: gl.constexpr  # k's descales per block of BN keys: one scalar a step (a factor of the row scale)
     P_SHIFT: gl.constexpr  # P is rounded to e4m3 as 2^P_SHIFT p (reference.P_SHIFT: 8)
-    P_LINEAR: gl.constexpr  # P's e4m3 codes by one FFMA, no exp2 (fp8_softmax_update; configs key p_linear)
+    P_LINEAR: gl.constexpr  # P's e4m3 codes by one FFMA, no exp2: 1 all, 2 half (fp8_softmax_update; p_linear)
     ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
@@ -378,8 +406,9 @@ class AttentionFp8:
         no_key = l < 1.0  # l >= 2^P_SHIFT where a row has a key (its max's term); a NaN l stays NaN
         l_safe = gl.where(no_key, 1.0, l)
         out = st.acc * gl.expand_dims(gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, self.O)), 1)
-        if self.P_LINEAR:  # l of the codes' values, on average 2^LINEAR_LSE_BIAS over the exact P's
-            lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - (self.P_SHIFT + LINEAR_LSE_BIAS)) / LOG2E)
+        if self.P_LINEAR:  # l of the codes' values, on average 2^LINEAR_LSE_BIAS over the exact P's (half: half)
+            bias: gl.constexpr = LINEAR_LSE_BIAS if self.P_LINEAR == 1 else LINEAR_LSE_BIAS2
+            lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - (self.P_SHIFT + bias)) / LOG2E)
         else:
             lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - self.P_SHIFT) / LOG2E)
         store_rows(lse, self.lse, st.rows.bh, st.rows.first, self.N)
@@ -392,7 +421,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              head_group, schedule, CAUSAL: gl.constexpr, Q_PER_ROW: gl.constexpr,
                              K_PER_ROW: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                              Q_BUFFERS: gl.constexpr = 1, K_PER_BLOCK: gl.constexpr = False,
-                             P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = False):
+                             P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted)."""
     gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")

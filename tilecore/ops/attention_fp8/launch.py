@@ -192,7 +192,7 @@ class _GluonLayout:
         self.options = dict(
             CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row and not k_per_block, STAGES=cfg["stages"],
             CONSUMERS=self.consumers, Q_BUFFERS=cfg.get("q_buffers", 1), K_PER_BLOCK=k_per_block,
-            P_SHIFT=float(cfg.get("p_shift", P_SHIFT)), P_LINEAR=bool(cfg.get("p_linear", False)), num_warps=4)
+            P_SHIFT=float(cfg.get("p_shift", P_SHIFT)), P_LINEAR=int(cfg.get("p_linear", 0)), num_warps=4)
         check_rescale(0.0, self.options["P_SHIFT"])
 
 
