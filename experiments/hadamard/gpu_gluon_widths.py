@@ -178,8 +178,28 @@ def s33_timed():
     return cases
 
 
+PAIRS = {"clamp_lo": 2}  # session 33: CLAMP_LO with hi's column pairs by one cvt.rn.bf16x2 (gluon_epilogue.pieces)
+S33B_WIDTHS = (11008, 18944, 14336, 28672)
+
+
+def s33b_timed():
+    """Session 33, second job: PAIRS (CLAMP_LO 2: the second product's hi piece converted a column pair at a time, its
+    float32 values by a shift and a mask; sm_90a SASS -4 to -10%, spills to 0; bit-identical to CLAMP_LO, and to the
+    unclamped pieces for every finite value) against the shipped plan, every format at the four widths and the four
+    transforms; each variant's bytes compared with the shipped plan's on the same input (phase_time)."""
+    cases = []
+    for n in S33B_WIDTHS:
+        for fmt in FORMATS:
+            cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "pairs", PAIRS)]
+    for m, p in TRANSFORMS:
+        cases += [("t", m, p, "shipped", {}), ("t", m, p, "pairs", PAIRS)]
+    return cases
+
+
 def timed_cases(quick=False):
     """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
+    if SET == "s33b":
+        return s33b_timed()
     if SET == "s33":
         return s33_timed()
     if SET == "s32":
@@ -265,7 +285,7 @@ def phase_warm(result, deadline, quick):
               c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
     ctx = mp.get_context("spawn")
     out = result.setdefault("warm", [])
-    with ctx.Pool(min(12 if SET in ("s32", "s33") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
+    with ctx.Pool(min(12 if SET in ("s32", "s33", "s33b") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
         pending = pool.imap_unordered(_warm_one, cases)
         for _ in cases:
             try:
@@ -278,6 +298,11 @@ def phase_warm(result, deadline, quick):
 
 def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
+    if SET == "s33b":  # PAIRS against float64 on a spread (the rest: bytes against the shipped plan's, phase_time)
+        return [("mxfp4", 11008, {}, "bfloat16", PAIRS), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", PAIRS),
+                ("int4", 28672, {}, "bfloat16", PAIRS), ("fp8_e4m3", 14336, {}, "bfloat16", PAIRS),
+                ("int8", 18944, {}, "float16", PAIRS), ("nvfp4", 14336, {}, "bfloat16", PAIRS),
+                ("mxfp4", 28672, {}, "float16", PAIRS), ("fp8_e4m3", 11008, {"scale": 0.01}, "bfloat16", PAIRS)]
     if SET == "s33":  # the transforms first (check_transforms runs first in this set), then the quantize variants
         return [(c[1], c[2], {"scale": 0.002} if c[1] == "nvfp4" else {}, "bfloat16", c[4]) for c in s33_timed()
                 if c[0] == "q" and c[3] != "shipped"] + [("fp8_e4m3", 28672, {}, "bfloat16", {"clamp_lo": True})]
@@ -326,7 +351,7 @@ def phase_check(result, save, deadline, quick):
 
     out = result.setdefault("check", {"quantize": [], "transform": []})
     torch.manual_seed(0)
-    if SET == "s33":  # the unchecked transform first
+    if SET in ("s33", "s33b"):  # the transforms first
         check_transforms(out["transform"], save, deadline)
     for fmt, n, kw, dtn, tuning in check_cases(quick):
         if time.time() > deadline:
@@ -392,7 +417,7 @@ def phase_check(result, save, deadline, quick):
             case["ok"] = False
         out["quantize"].append(case)
         save()
-    if SET != "s33":
+    if SET not in ("s33", "s33b"):
         check_transforms(out["transform"], save, deadline)
 
 
@@ -422,6 +447,11 @@ def check_transforms(out, save, deadline):
                                                                                "stages": 2, "gluon": True}),
                  ((172, 64), 2049, "out", nc), ((172, 64), 2049, "transpose", nc), ((28, 1024), 2049, "out", nc),
                  ((28, 1024), 3, "inplace", nc)]
+    if SET == "s33b":  # PAIRS on the shipped transform plans
+        g = {**PAIRS, "gluon": True}
+        cases = [((148, 128), 2049, "out", g), ((148, 128), 3, "transpose", g), ((172, 64), 2049, "out", g),
+                 ((172, 64), 2049, "inplace", g), ((28, 512), 2049, "transpose", g), ((28, 1024), 3, "out", g),
+                 ((28, 1024), 2049, "out", g)]
     if SET == "s32":  # UNITS at 148 x 128: odd row counts, in place, H_m^T
         u = {"units": True, "gluon": True}  # (gluon: the 3-row case is below the plan's TMA_MIN_ELEMENTS)
         nc = {"nozero": True, "clamp_lo": True, "gluon": True}
@@ -446,7 +476,8 @@ def check_transforms(out, save, deadline):
             x = torch.randn(rows, n, dtype=torch.bfloat16, device="cuda")
             if rows > 2:
                 x[1, 5] = float("inf")
-            plan = kron.kron_plan(x, m, p, **({} if SET in ("final", "s32", "s33") else {"gluon": True}), **tuning)
+            plan = kron.kron_plan(x, m, p, **({} if SET in ("final", "s32", "s33", "s33b") else {"gluon": True}),
+                                  **tuning)
             case["path"] = plan.path
             case["config"] = {k: v for k, v in plan.config.items() if isinstance(v, (bool, int, float, str))}
             transpose = mode == "transpose"
@@ -479,6 +510,15 @@ def check_transforms(out, save, deadline):
         save()
 
 
+def _tensors(obj):
+    """The tensors in obj (a tensor, or nested tuples / lists of them), in order."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    return [t for o in obj for t in _tensors(o)] if isinstance(obj, (tuple, list)) else []
+
+
 def _bench(fn):
     import triton
 
@@ -502,6 +542,7 @@ def phase_time(result, save, deadline, quick):
         return copies[half]
 
     xs = {}
+    shipped_out = {}
     for case in timed_cases(quick):
         row = {"case": list(case[:4])}
         if time.time() > deadline:
@@ -512,12 +553,23 @@ def phase_time(result, save, deadline, quick):
             n = case[2] if case[0] == "q" else case[1] * case[2]
             if n not in xs:
                 xs.clear()
+                shipped_out.clear()
                 torch.cuda.empty_cache()
                 xs[n] = torch.randn(E // n, n, dtype=torch.bfloat16, device="cuda")
             x = xs[n]
             y = torch.empty_like(x) if case[0] == "t" else None
             run, plan, written = _runner(case, x, y)
             row["path"] = plan.path
+            if SET == "s33b":  # the bytes against the shipped plan's on the same rows (the variants keep the values)
+                got = run()
+                got = [y.clone()] if case[0] == "t" else [t.clone() for t in _tensors(got[:2])]
+                key = case[:3]
+                if case[3] == "shipped":
+                    shipped_out[key] = got
+                elif key in shipped_out:
+                    row["identical"] = all(a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
+                                           for a, b in zip(got, shipped_out[key]))
+                del got
             ms = _bench(run)
             nbytes = x.numel() * x.element_size() + written
             row["ms"] = round(ms, 4)
@@ -563,7 +615,8 @@ def table(result):
             if "ms" not in r:
                 parts.append(f"{name} {r.get('error', r.get('skipped', ''))[:40]}")
             elif base:
-                parts.append(f"{name} {base['ms'] / r['ms']:.2f}x ({r['ms']:.4f}, {r['pct_copy']}%)")
+                same = {True: " =", False: " DIFF"}.get(r.get("identical"), "")
+                parts.append(f"{name} {base['ms'] / r['ms']:.2f}x ({r['ms']:.4f}, {r['pct_copy']}%){same}")
             else:
                 parts.append(f"{name} {r['ms']:.4f} ({r['pct_copy']}%)")
         lines.append(f"{g[0]} {g[1]} {g[2]}: " + "; ".join(parts))
@@ -575,7 +628,7 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
-    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33"))
+    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b"))
     a = ap.parse_args()
     global SET
     SET = a.set

@@ -131,8 +131,15 @@ def pieces(x, CLAMP: gl.constexpr):
     tiles.hadamard.bf16_pieces (lo 0 where hi holds x whole: a compare and a select a value). CLAMP (session 32):
     lo = max(x - h, -2^120), one max a value: the same lo for every finite x (x - h is exact and above -2^119); for an
     infinite x, x - h is NaN and max returns -2^120, finite, so the product stays the infinity hi makes it (64 terms of
-    2^120 are far from float32's overflow)."""
-    if CLAMP:
+    2^120 are far from float32's overflow). CLAMP == 2: the same pieces, hi's pairs converted once (below)."""
+    if CLAMP == 2:  # PAIRS (session 33): a column pair's hi by one cvt.rn.bf16x2 and its float32 values by a shift and a
+        # mask of that word, in one asm block: Triton's x.to(bf16) then hi.to(float32) made ptxas split the conversion
+        # into two F2F and a PRMT, then unpack it by two IMAD.U32 (5 instructions a pair against 3). Bit-identical.
+        hi, h = gl.inline_asm_elementwise(
+            "cvt.rn.bf16x2.f32 $0, $4, $3; shl.b32 $1, $0, 16; and.b32 $2, $0, -65536;", "=r,=r,=r,r,r", [x],
+            dtype=(gl.bfloat16, gl.float32), is_pure=True, pack=2)
+        lo = gl.maximum(x - h, LO_FLOOR).to(gl.bfloat16)
+    elif CLAMP:
         hi = x.to(gl.bfloat16)
         lo = gl.maximum(x - hi.to(gl.float32), LO_FLOOR).to(gl.bfloat16)
     else:

@@ -103,9 +103,11 @@ def store_plan(rows: int, n: int, dtype: torch.dtype, sms: int, **tuning) -> Glu
 
 
 def _switches(tuning) -> dict:
-    """The STORE plan's NOZERO / CLAMP_LO (tunings "nozero", "clamp_lo"; as quantize's, keyed by the caller)."""
+    """The STORE plan's NOZERO / CLAMP_LO (tunings "nozero", "clamp_lo": True, or 2 for PAIRS; as quantize's, keyed by
+    the caller)."""
     return {**({"NOZERO": True} if tuning.get("nozero") else {}),
-            **({"CLAMP_LO": True} if tuning.get("clamp_lo") else {})}
+            **({"CLAMP_LO": 2 if tuning["clamp_lo"] == 2 and tuning["clamp_lo"] is not True else True}
+               if tuning.get("clamp_lo") else {})}
 
 
 def gluon_wide_transform(x2: torch.Tensor, out: torch.Tensor, stages: int | None = None, scale: float | None = None,

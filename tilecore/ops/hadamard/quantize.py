@@ -218,13 +218,15 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
 def _epilogue_switches(fmt, n, tuning) -> dict:
     """Session 32's switches of both Gluon kernels: NOZERO (sub-rows past m left unzeroed: the group formats, whose
     padded sub-rows' scales and codes are never stored; the kernel ignores it for per-token formats and AMAX) and
-    CLAMP_LO (the lo piece by one max): tunings "nozero", "clamp_lo", else configs.QUANT_GLUON_NOZERO /
+    CLAMP_LO (the lo piece by one max; 2: and hi's column pairs converted by one instruction, PAIRS, session 33):
+    tunings "nozero", "clamp_lo", else configs.QUANT_GLUON_NOZERO /
     QUANT_GLUON_CLAMP_LO by (format, n) or format."""
     out = {}
     if tuning.get("nozero", _by_format(configs.QUANT_GLUON_NOZERO, fmt, n, False)):
         out["NOZERO"] = True
-    if tuning.get("clamp_lo", _by_format(configs.QUANT_GLUON_CLAMP_LO, fmt, n, False)):
-        out["CLAMP_LO"] = True
+    clamp = tuning.get("clamp_lo", _by_format(configs.QUANT_GLUON_CLAMP_LO, fmt, n, False))
+    if clamp:
+        out["CLAMP_LO"] = 2 if clamp == 2 and clamp is not True else True  # 2: PAIRS (gluon_epilogue.pieces)
     return out
 
 
