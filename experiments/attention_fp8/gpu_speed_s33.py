@@ -1,8 +1,9 @@
 """FP8 attention, session 33 (issue 34: the forward to 1.5x bf16): P by the linear e4m3 code (configs key
-``p_linear``, gluon_fp8.fp8_softmax_update's P_LINEAR: one FFMA an element gives P's e4m3 byte, no exp2), checked and
+``p_linear``, gluon_fp8.fp8_softmax_update's P_LINEAR: one FFMA an element gives P's e4m3 byte, no exp2; ``half``:
+p_linear 2, half the elements so and half by exp2), checked and
 timed beside the shipped default, tilecore's bf16 forward and cuDNN (SDPA) in the same run.
 
-    PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s33.py [--variants lin] [--cases d128,d128c,d64,d64c]
+    PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s33.py [--variants lin,half] [--cases d128,d128c,d64,d64c]
     [--budget 115] [--smoke]                                                  (~100 s on the H100)
 
 Why: the step is bound by each consumer's softmax chain; the probe without exp2 (2^x replaced by x) ran 1.23x
@@ -29,7 +30,9 @@ import traceback
 import torch
 
 T0 = time.time()
-VARIANTS = {"lin": dict(p_linear=True)}  # name -> overrides of configs.gluon_config
+# name -> (overrides of configs.gluon_config, the cases where it is checked and timed, whether it runs the tails)
+VARIANTS = {"lin": (dict(p_linear=1), ("d128", "d128c", "d64", "d64c"), True),
+            "half": (dict(p_linear=2), ("d128", "d64"), False)}
 CASES = {"d128": (16, 16, 4096, 128, False), "d128c": (16, 16, 4096, 128, True),
          "d64": (16, 16, 4096, 64, False), "d64c": (16, 16, 4096, 64, True)}
 
@@ -42,7 +45,7 @@ def rel_rms(x, ref) -> float:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--variants", default="lin")
+    ap.add_argument("--variants", default="lin,half")
     ap.add_argument("--cases", default="d128,d128c,d64,d64c")
     ap.add_argument("--budget", type=float, default=115.0)
     args = ap.parse_args()
@@ -62,7 +65,7 @@ def main():
     names = [v for v in args.variants.split(",") if v]
     result = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (interpreter smoke)",
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "variants": {n: {k: str(v) for k, v in VARIANTS[n].items()} for n in names}, "cases": [], "tails": [],
+              "variants": {n: {k: str(v) for k, v in VARIANTS[n][0].items()} for n in names}, "cases": [], "tails": [],
               "nan": [], "outlier": {}}
     path = os.path.join(out_dir, "attention_fp8_speed_s33.json")
 
@@ -80,7 +83,7 @@ def main():
         p = fp8_launch.plan(q8, k8, causal)
         if p.path == "gluon":
             p = fp8_launch.plan(q8, k8, causal, config=dict(p.config, **overrides))
-            return p, dict(l_rounded=True, block_n=p.config["block_n"], p_linear=bool(overrides.get("p_linear")))
+            return p, dict(l_rounded=True, block_n=p.config["block_n"], p_linear=int(overrides.get("p_linear", 0)))
         p.config.update(L_ROUNDED=True)  # (smoke: the tl kernel has no linear code; its emulation is the exp2's)
         return p, dict(l_rounded=True, block_n=p.config["BLOCK_N"])
 
@@ -124,62 +127,77 @@ def main():
         vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
         return q8, k8, v8, vt8, qs, ks, vs
 
-    # ---- timed cases: the default, bf16, cuDNN, then each variant (checked first)
+    # ---- timed cases: the default, bf16, cuDNN (first pass), then each variant (checked first)
     cases = {"smoke": (1, 1, 160, 64, False)} if args.smoke else {c: CASES[c] for c in args.cases.split(",") if c}
-    for cname, (B, H, N, D, causal) in cases.items():
-        if left() < 25:
-            print(f"{cname}: out of time budget", flush=True)
-            break
-        rec = dict(case=cname, B=B, H=H, N=N, D=D, causal=causal, check={}, ms={})
-        result["cases"].append(rec)
-        try:
-            g = torch.Generator(device=dev).manual_seed(N + D + causal)
-            q, k, v = (torch.randn(B, H, N, D, device=dev, generator=g).to(dt) for _ in range(3))
-            q8, qs = quantize_fp8(q, per="head")
-            k8, ks = quantize_fp8(k, per="head")
-            v8, vs = quantize_fp8(v, per="head")
-            vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
-            flops = 4 * B * H * N * N * D / (2 if causal else 1)
-            for name in ["default", "bf16", "cudnn"] + names:
-                if left() < 10:
-                    print(f"{cname} {name}: out of time budget", flush=True)
-                    break
-                try:
-                    if name == "bf16":
-                        if not args.smoke:
-                            rec["ms"][name] = bench(lambda: tilecore.attention(q, k, v, causal=causal))
-                    elif name == "cudnn":
-                        if not args.smoke and not causal:
-                            from torch.nn.attention import SDPBackend, sdpa_kernel
+    data_of = {}
 
-                            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                                rec["ms"][name] = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-                                    q, k, v, is_causal=causal))
-                    else:
-                        overrides = {} if name == "default" else VARIANTS[name]
-                        rec["check"][name], p = check(overrides, q8, k8, v8, vt8, qs, ks, vs, causal,
-                                                      [(0, 0), (B - 1, H - 1)])
-                        if not args.smoke:
-                            rec["ms"][name] = bench(lambda p=p: fp8_launch.forward(p, q8, k8, vt8, qs, ks, vs, causal,
-                                                                                   D ** -0.5, dt, True))
-                except Exception as e:  # noqa: BLE001 -- report and go on
-                    rec.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
-                    traceback.print_exc()
-                print(cname, name, rec["check"].get(name), rec["ms"].get(name), flush=True)
-            rec["tflops"] = {n: flops / ms / 1e9 for n, ms in rec["ms"].items()}
-            if "bf16" in rec["ms"]:
-                rec["over_bf16"] = {n: rec["ms"]["bf16"] / ms for n, ms in rec["ms"].items()}
-            if "default" in rec["ms"]:
-                rec["over_default"] = {n: rec["ms"]["default"] / ms for n, ms in rec["ms"].items()}
-        except Exception as e:  # noqa: BLE001
-            rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
-            traceback.print_exc()
-        save()
+    def run_cases(these, first):
+        for cname, (B, H, N, D, causal) in cases.items():
+            todo = (["default", "bf16", "cudnn"] if first else []) + [
+                n for n in these if args.smoke or cname in VARIANTS[n][1]]
+            if not todo:
+                continue
+            if left() < 25:
+                print(f"{cname}: out of time budget", flush=True)
+                break
+            rec = next((r for r in result["cases"] if r["case"] == cname), None)
+            if rec is None:
+                rec = dict(case=cname, B=B, H=H, N=N, D=D, causal=causal, check={}, ms={})
+                result["cases"].append(rec)
+            try:
+                if cname not in data_of:
+                    g = torch.Generator(device=dev).manual_seed(N + D + causal)
+                    q, k, v = (torch.randn(B, H, N, D, device=dev, generator=g).to(dt) for _ in range(3))
+                    q8, qs = quantize_fp8(q, per="head")
+                    k8, ks = quantize_fp8(k, per="head")
+                    v8, vs = quantize_fp8(v, per="head")
+                    vt8 = quantize_fp8(v, per="head", layout="keys_permuted")[0]
+                    data_of[cname] = (q, k, v, q8, k8, v8, vt8, qs, ks, vs)
+                q, k, v, q8, k8, v8, vt8, qs, ks, vs = data_of[cname]
+                flops = 4 * B * H * N * N * D / (2 if causal else 1)
+                for name in todo:
+                    if left() < 10:
+                        print(f"{cname} {name}: out of time budget", flush=True)
+                        break
+                    try:
+                        if name == "bf16":
+                            if not args.smoke:
+                                rec["ms"][name] = bench(lambda: tilecore.attention(q, k, v, causal=causal))
+                        elif name == "cudnn":
+                            if not args.smoke and not causal:
+                                from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                                    rec["ms"][name] = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                                        q, k, v, is_causal=causal))
+                        else:
+                            overrides = {} if name == "default" else VARIANTS[name][0]
+                            rec["check"][name], p = check(overrides, q8, k8, v8, vt8, qs, ks, vs, causal,
+                                                          [(0, 0), (B - 1, H - 1)])
+                            if not args.smoke:
+                                rec["ms"][name] = bench(lambda p=p: fp8_launch.forward(
+                                    p, q8, k8, vt8, qs, ks, vs, causal, D ** -0.5, dt, True))
+                    except Exception as e:  # noqa: BLE001 -- report and go on
+                        rec.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
+                        traceback.print_exc()
+                    print(cname, name, rec["check"].get(name), rec["ms"].get(name), flush=True)
+                rec["tflops"] = {n: flops / ms / 1e9 for n, ms in rec["ms"].items()}
+                if "bf16" in rec["ms"]:
+                    rec["over_bf16"] = {n: rec["ms"]["bf16"] / ms for n, ms in rec["ms"].items()}
+                if "default" in rec["ms"]:
+                    rec["over_default"] = {n: rec["ms"]["default"] / ms for n, ms in rec["ms"].items()}
+            except Exception as e:  # noqa: BLE001
+                rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+                traceback.print_exc()
+            save()
+
+    primary = [n for n in names if VARIANTS[n][2]]  # (the others after the tails and the outlier test)
+    run_cases(primary, True)
 
     # ---- tails (GQA, per-block descales: K_PER_BLOCK, N and Nk not multiples of the blocks); a NaN key
     tails = [(1, 2, 1, 40, 70, 64, True)] if args.smoke else [(2, 8, 2, 1000, 1100, 128, True),
                                                                (2, 8, 2, 1000, 1100, 64, False)]
-    for name in names:
+    for name in primary:
         for B, Hq, Hkv, N, Nk, D, causal in tails:
             if left() < 8:
                 print(f"tail {name}: out of time budget", flush=True)
@@ -187,13 +205,13 @@ def main():
             rec = dict(B=B, Hq=Hq, Hkv=Hkv, N=N, Nk=Nk, D=D, causal=causal, variant=name)
             try:
                 data = quantized(B, Hq, Hkv, N, Nk, D, N + Nk + D, per="block")
-                c, p = check(VARIANTS[name], *data, causal)
+                c, p = check(VARIANTS[name][0], *data, causal)
                 rec.update(c, path=p.path)
                 if not causal and not args.smoke:  # one key NaN: every row of the heads on its kv head NaN
                     q8, k8, v8, vt8, qs, ks, vs = data
                     k8n, vt8n = k8.clone(), vt8.clone()
                     k8n[0, 1, 700, 3] = float("nan")
-                    for vname, ov in (("default", {}), (name, VARIANTS[name])):
+                    for vname, ov in (("default", {}), (name, VARIANTS[name][0])):
                         o, lse = run(plan_for(q8, k8n, causal, ov)[0], q8, k8n, vt8n, qs, ks, vs, causal)
                         seen = torch.zeros(B, Hq, dtype=torch.bool, device=dev)
                         seen[0, (Hq // Hkv):] = True  # q heads of kv head 1 (GROUP q heads a kv head)
@@ -228,7 +246,7 @@ def main():
             for rotate in (True, False):
                 q8, qs, k8, ks, vt8, vs = quantize_inputs(q, k, v, rotate, "block", "fused", False)
                 for name in ["default"] + names:
-                    p = plan_for(q8, k8, False, {} if name == "default" else VARIANTS[name])[0]
+                    p = plan_for(q8, k8, False, {} if name == "default" else VARIANTS[name][0])[0]
                     o, _ = run(p, q8, k8, vt8, qs, ks, vs, False)
                     result["outlier"][f"{name} {'rotated' if rotate else 'not rotated'}"] = rmse(o)
             print("outlier", json.dumps(result["outlier"]), flush=True)
@@ -237,6 +255,7 @@ def main():
             traceback.print_exc()
         save()
 
+    run_cases([n for n in names if not VARIANTS[n][2]], False)
     save()
     print(f"\n{result['device']}  ({time.time() - T0:.0f} s)")
     for r in result["tails"]:
