@@ -193,6 +193,9 @@ def s33b_timed():
             cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "pairs", PAIRS)]
     for m, p in TRANSFORMS:
         cases += [("t", m, p, "shipped", {}), ("t", m, p, "pairs", PAIRS)]
+    # UNITS at 18944 for the formats it lost on (run 7: fp8 0.93x, int8 0.91x with 160-184 B spilled): with PAIRS
+    # fp8 spills 84 B (sm_90a), 3456 SASS against the shipped 4632
+    cases += [("q", f, 18944, "units_pairs", {"units": True, **PAIRS}) for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4")]
     return cases
 
 
@@ -302,7 +305,10 @@ def check_cases(quick=False):
         return [("mxfp4", 11008, {}, "bfloat16", PAIRS), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", PAIRS),
                 ("int4", 28672, {}, "bfloat16", PAIRS), ("fp8_e4m3", 14336, {}, "bfloat16", PAIRS),
                 ("int8", 18944, {}, "float16", PAIRS), ("nvfp4", 14336, {}, "bfloat16", PAIRS),
-                ("mxfp4", 28672, {}, "float16", PAIRS), ("fp8_e4m3", 11008, {"scale": 0.01}, "bfloat16", PAIRS)]
+                ("mxfp4", 28672, {}, "float16", PAIRS), ("fp8_e4m3", 11008, {"scale": 0.01}, "bfloat16", PAIRS),
+                ("fp8_e4m3", 18944, {}, "bfloat16", {"units": True, **PAIRS}),
+                ("int8", 18944, {}, "bfloat16", {"units": True, **PAIRS}),
+                ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", {"units": True, **PAIRS})]
     if SET == "s33":  # the transforms first (check_transforms runs first in this set), then the quantize variants
         return [(c[1], c[2], {"scale": 0.002} if c[1] == "nvfp4" else {}, "bfloat16", c[4]) for c in s33_timed()
                 if c[0] == "q" and c[3] != "shipped"] + [("fp8_e4m3", 28672, {}, "bfloat16", {"clamp_lo": True})]
@@ -566,7 +572,7 @@ def phase_time(result, save, deadline, quick):
                 key = case[:3]
                 if case[3] == "shipped":
                     shipped_out[key] = got
-                elif key in shipped_out:
+                elif key in shipped_out and case[3] == "pairs":
                     row["identical"] = all(a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
                                            for a, b in zip(got, shipped_out[key]))
                 del got
