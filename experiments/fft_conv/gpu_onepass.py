@@ -30,6 +30,11 @@ PROBES: the shipped tuples of PROBE_CONFIGS with parts of their chain left out (
 Session 32: the op's filter form (fft_conv(u, k): k's rfft a call) timed beside the precomputed spectrum's
 (fft_conv(u, filter_spectrum(k, n)), the "shipped" row), the spectrum form's gradients (du, and dk through the
 spectrum: op.spectrum_grad + rfft's backward) checked against float64 in the op check, and 4096's probes again.
+Session 33 (job hf_s33: --dk --sizes 1024,2048,4096,8192,16384): 4096's CSCALE candidates (one spectrum-product scale a
+pair from the channel's spectrum: no reduction a chunk, no rescale; strided and on a CONTIG walk, and CONTIG alone),
+the dk launches after their shared host tail (launch._dk_spectrum_sum) and the op's kernel dk (a 16-bit filter
+requiring grad: op.py's backward through its chosen dk launch) checked against float64; no probes (PROBE_CONFIGS
+empty); the tl dk candidates only where no Gluon dk ships.
 
 A case that kills its process (an illegal memory access) is recorded (its candidate is not timed); one
 past 60 s is killed. --smoke (CPU, TRITON_INTERPRET=1): Gluon cannot be interpreted, so each Gluon
@@ -85,7 +90,8 @@ DK = "--dk" in sys.argv  # session 32: the filter-gradient kernel's candidates (
 # (session 28's mono probes: runs/…run10…; session 30: the Gluon kernels' shipped tuples, gluon_onepass.Stages)
 # (run 9 of session 30 timed them at 1024 and 4096: the loads bind; PROBE_CONFIGS = {1024: ..., 4096: ...} again
 # to re-time)
-PROBE_CONFIGS: dict = {4096: configs.GLUON_ONEPASS[4096]}  # (session 32: what binds 4096's chunked chain now)
+PROBE_CONFIGS: dict = {}  # (session 32: {4096: configs.GLUON_ONEPASS[4096]}, what binds 4096's chunked chain; its figures
+# are in notes/fft_conv: session 33 spends the time on the candidates)
 PROBES = {1: "no square products", 2: "no spectrum scale reduction", 4: "no twiddle/spectrum loads",
           7: "all three out"}
 BOUNDS = {"bfloat16": 2.6 if SMOKE else 1.3, "float16": 4.0}
@@ -187,7 +193,8 @@ def dk_candidates(n) -> list:
     launch.dk_pair) and the Gluon kernel's (configs.DK_GLUON_CANDIDATES, launch.dk_gluon; session 32)."""
     if not DK:
         return []
-    out = [("dk " + key(c), conv_launch.dk_pair, c) for c in configs.DK_CANDIDATES.get(n, [])]
+    out = [] if n in configs.DK_GLUON and not SMOKE else [  # (session 33: the tl kernel only where no Gluon dk ships)
+        ("dk " + key(c), conv_launch.dk_pair, c) for c in configs.DK_CANDIDATES.get(n, [])]
     if not SMOKE:  # (Gluon cannot be interpreted)
         out += [("dkg " + key(c), conv_launch.dk_gluon, c) for c in configs.DK_GLUON_CANDIDATES.get(n, [])]
     return out
@@ -275,6 +282,17 @@ def op_check(n, B=16, H=16) -> list[dict]:
     same = torch.equal(dus[0], dus[1])
     rows.append({"n": n, "config": f"op ({path}) du x2", "dtype": "bfloat16 op", "conj": True, "written": written,
                  "same_bits": same, "err_over_floor": err, "ok": written and same and err <= BOUNDS["bfloat16"]})
+    # session 33: the filter form with a bf16 k requiring grad: dk through the backward's chosen launch (the Gluon dk
+    # kernel at 1024, the tl one at 4096, torch.fft elsewhere), cast to k's bf16, against float64
+    kg16 = kd.clone().requires_grad_()
+    poison_allocator()
+    dk16 = torch.autograd.grad(fft_conv(ud, kg16), kg16, dyd)[0].cpu()
+    u64, k64 = u.double(), k.double().requires_grad_()
+    ref_dk16 = torch.autograd.grad(fft_conv_reference(u64, k64), k64, dy.double())[0]
+    written = bool(torch.isfinite(dk16).all())
+    err = accuracy.error_over_floor(dk16, ref_dk16) if written else float("inf")
+    rows.append({"n": n, "config": f"op ({path}) dk bf16 filter", "dtype": "bfloat16 op", "conj": False,
+                 "written": written, "err_over_floor": err, "ok": written and err <= BOUNDS["bfloat16"]})
     # session 32: the spectrum form with k requiring grad: fft_conv(u, filter_spectrum(k)) backward gives du (the
     # kernel's correlation) and dk (the spectrum's gradient through rfft's backward) against float64
     kg = kd.float().requires_grad_()

@@ -190,6 +190,80 @@ def test_prescale_reduces_under_stage_3s_wgmmas():
     assert pre1["spill_stores"] <= 4 and pre1["shared"] <= 227 * 1024, pre1
 
 
+@pytest.mark.parametrize("n, chunk", [(4096, 32), (2048, 16)])
+def test_cscale_arithmetic_matches_float64(n, chunk):
+    """CSCALE (session 33, the chunked kernel): one float16 scale for every chunk of a pair, L x the channel's largest
+    |Re K|, |Im K| / 256, so no chunk reduces its |Y| and the output never rescales: at the floor against float64 as
+    the shipped per-chunk scale is, bf16 and fp16, convolution and correlation, on random data and the inputs that
+    stress a bound (a spike; a DC-like sequence with a smooth filter: a spectrum over decades, most chunks far under
+    the channel's bound; a filter whose spectrum peaks away from chunk 0)."""
+    a, b = 2 * n // 64, 64
+    g = torch.Generator().manual_seed(n + 1)
+    spike = torch.zeros(3, 1, n)
+    spike[0, 0, 5], spike[1, 0, n // 3], spike[2, 0, n - 9] = 1.0, -3.0, 1e-3
+    cases = [(torch.randn(3, 1, n, generator=g), torch.randn(1, n, generator=g) / math.sqrt(n)),
+             (spike + 1e-4 * torch.randn(3, 1, n, generator=g), torch.randn(1, n, generator=g) / math.sqrt(n)),
+             (1 + 0.01 * torch.randn(3, 1, n, generator=g), torch.exp(-torch.arange(n).float() / 30)[None]),
+             (torch.randn(3, 1, n, generator=g),
+              torch.randn(1, n, generator=g) * torch.cos(torch.arange(n) * 2.9) / math.sqrt(n))]
+    for u, k in cases:
+        for dtype in (torch.bfloat16, torch.float16):
+            u_, k_ = u.to(dtype), k.to(dtype)
+            for conj in (False, True):
+                ref = (_correlation if conj else fft_conv_reference)(u_.double(), k_.double())
+                errs = []
+                for cscale in (False, True):
+                    y = gluon_emulate.emulate_chunked(u_, filter_spectrum(k_, n), conj, a, b, chunk, 2, True, False,
+                                                      cscale)
+                    assert torch.isfinite(y).all()
+                    errs.append(accuracy.error_over_floor(y, ref))
+                # bf16 within 2% of the per-chunk scale's error (measured: -0.4..+0.6%); fp16 within 25% and under its
+                # 3.5x (measured: the DC-like u with the smooth filter 1.54 -> 1.90 at 4096; elsewhere within 2%)
+                if dtype == torch.bfloat16:
+                    assert errs[1] <= 1.02 * errs[0] + 0.01 and errs[1] <= 1.2, (conj, errs)
+                else:
+                    assert errs[1] <= 1.25 * errs[0] + 0.05 and errs[1] <= 3.5, (conj, errs)
+
+
+CSCALE_CODE = """
+import json, re
+from tilecore.ops.fft_conv.report import gluon_variant
+from tilecore.tiles.compile import compile_kernel, resources
+out = []
+for contig, cscale in ((False, False), (False, True), (True, True)):
+    name, kernel, args, warps, _ = gluon_variant(128, 64, 0, True, True, 32, 2, 2, 4, True, contig, 1, False, 1, 0,
+                                                 False, cscale)
+    compiled = compile_kernel(kernel, args, num_warps=warps)
+    bars, between = 0, []
+    for t in re.findall(r"wgmma\\.wait_group|bar\\.sync", compiled.asm["ptx"]):  # barriers between consecutive waits
+        if t == "bar.sync":
+            bars += 1
+        else:
+            between.append(bars)
+            bars = 0
+    out.append(dict(name=name, between=between, **vars(resources(compiled))))
+print(json.dumps(out))
+"""
+
+
+def test_cscale_takes_the_reduction_out_of_the_chunk_loop():
+    """CSCALE at 4096 (the shipped tuple: two walkers, chunks of 32, KPRE 1, LEAN 1): in each walker the window from
+    stage 3's wgmma wait to stage 3''s holds only the staging store's two barriers (the shipped kernel: four, its
+    reduction of |Y| among them); the same four waits a chunk; registers, spill and shared memory as the shipped
+    tuple's (255, 4 B, 224 KiB), strided or on a CONTIG walk."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", CSCALE_CODE], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    shipped, cscale, contig = json.loads(r.stdout)
+    assert len(shipped["between"]) == len(cscale["between"]) == 8, (shipped, cscale)  # (4 waits a chunk, 2 walkers)
+    for walker in (0, 4):
+        assert shipped["between"][walker + 2] == 4 and cscale["between"][walker + 2] == 2, (shipped, cscale)
+        assert contig["between"][walker + 2] == 2, contig
+    for row in (cscale, contig):
+        assert row["threads"] == 256 and row["shared"] == shipped["shared"] <= 227 * 1024, row
+        assert row["spill_stores"] <= shipped["spill_stores"] <= 4, (row, shipped)
+
+
 @pytest.mark.parametrize("n", [1024, 4096])
 def test_computed_twiddles_match_the_table(n):
     """TW_SFU's exact integer reduction of m k_a mod L: its float32 cosine and sine within float32's
@@ -325,6 +399,11 @@ def test_gluon_plan_rejects_what_the_kernel_does_not_take():
         conv_plan.gluon_plan(32, 64, 1, warpgroups=2)  # (the whole-tile kernel runs one)
     with pytest.raises(ValueError, match="8 in the whole-tile"):
         conv_plan.gluon_plan(128, 64, 1, chunk=32, warps=8)
+    with pytest.raises(ValueError, match="CSCALE"):  # (the chunked kernel's, not with PRESCALE)
+        conv_plan.gluon_plan(32, 64, 2, False, True, 0, 2, 1, 4, True, False, 0, False, 1, 0, False, True)
+    with pytest.raises(ValueError, match="CSCALE"):
+        conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1, 0, True, True)
+    assert conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, True).cscale
     with pytest.raises(ValueError, match="prefetch"):  # KPRE 2, 3 read a bin as one 64-bit copy: rfft 2
         conv_plan.gluon_plan(32, 64, 2, False, True, 0, True, 1, 4, True, False, 2)
     with pytest.raises(ValueError, match="prefetch"):  # KPRE 3 keeps a channel's tile: whole tile, contiguous walk

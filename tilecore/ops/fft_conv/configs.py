@@ -128,10 +128,10 @@ GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_on
     # PRESCALE 255, 4 B, 192 KiB. (2048 with it: 272 B of spill; 1024 at maxnreg 168: 36 B: not candidates)
     1024: [GLUON_ONEPASS[1024]],
     2048: [GLUON_ONEPASS[2048]],
-    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1),
-           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1, 0, True),
-           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 2, True, 1, 0, True),
-           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 0, True, 1, 0, True)],
+    4096: [GLUON_ONEPASS[4096],
+           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1, 0, False, True),  # CSCALE
+           (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, True),  # CSCALE on a CONTIG walk
+           (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1)],  # CONTIG alone
 }
 # candidates the GPU check times per N: (N1, N2, pairs, warps[, loop[, stages[, hoist]]]); loop: groups
 # of pairs a program runs (one program for LOOP groups of one channel), stages: that loop's software
@@ -169,7 +169,7 @@ DK_GLUON: dict = {1024: (32, 64, 8)}
 # XSMEM (a 4th element; session 32, after call 7, not run on a GPU): u's transform parked in shared memory (float32)
 # while dy's runs and the sum kept there, one plane at a time: 2048 (64 x 64) 255 registers, 0 spill, 116 KiB (one
 # program a multiprocessor by shared memory)
-DK_GLUON_CANDIDATES = {1024: [(32, 64, 8), (32, 64, 4)], 2048: [(64, 64, 8, True)]}
+DK_GLUON_CANDIDATES = {1024: [(32, 64, 8)], 2048: [(64, 64, 8, True)]}
 DK_CANDIDATES = {
     256: [(32, 16, 8, 4)],
     512: [(32, 32, 8, 4)],

@@ -238,6 +238,7 @@ class Stages:
     KPRE: gl.constexpr
     LEAN: gl.constexpr  # 1: the spectrum product's scale as one reduction (of max(|re|, |im|))
     PRESCALE: gl.constexpr  # the spectrum product's scale from the block's spectrum, reduced under stage 3's wgmmas
+    CSCALE: gl.constexpr  # (chunked) one scale a pair from the channel's spectrum (_channel_scale): no reduction a block
 
 
 # W_L^(m k_a) from the tables' offset i = m A + k_a (A, L powers of two): t = (m k_a) mod L as a signed
@@ -299,7 +300,7 @@ def _twiddles(st, tab, col):
 
 @gluon.jit
 def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride_kh, zeros, X_REGS: gl.constexpr,
-                    kpre=(0.0, 0.0)):
+                    kpre=(0.0, 0.0), cscale=1.0):
     """Stages 1-3 and the spectrum product of a [B, C] block of the tile's columns k_a (the whole tile, or
     one chunk: ``tab`` + ``col`` the block's offsets m A + k_a into the (B, A) tables, f = k_a + A k_b):
 
@@ -310,7 +311,8 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
            Y = S K                       K: channel h's spectrum (row h of K) at f (_spectrum_at; with KPRE
                                          what _spectrum_issue requested, ``kpre``: _spectrum_take)
 
-    Returns (Y re, Y im) float32 and its largest |Y| (1 where Y is 0; NaN stays NaN: a NaN filter's)."""
+    Returns (Y re, Y im) float32 and its largest |Y| (1 where Y is 0; NaN stays NaN: a NaN filter's); with st.CSCALE
+    the pair's scale ``cscale`` (_channel_scale: a bound of |Y| / 256 for every block of the channel, no reduction)."""
     if X_REGS:
         rre, rim = _complex_mma(x_re, fa_re, -x_im, fa_im, x_re, fa_im, x_im, fa_re, zeros, st.ASYNC, True)
     else:
@@ -354,6 +356,8 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
     yim = sre * kim + sim * kre
     if st.PROBE & 2:
         scale = 1.0
+    elif st.CSCALE:
+        scale = cscale
     elif st.PRESCALE:
         scale = largest * (st.L / 256.0)
         scale = gl.where(scale > 0, scale, 1.0)  # (NaN stays NaN: a NaN filter's outputs)
@@ -397,7 +401,12 @@ def _inverse_stages(st, yre, yim, scale, tab, col, fa_re, fa_im, ore, oim, runni
     else:
         twre, twim = _twiddles(st, tab, col)
     dre, dim = dre * twre + dim * twim, dim * twre - dre * twim
-    if ACCUMULATE:
+    if ACCUMULATE and st.CSCALE:  # (every block at the pair's one scale: no rescale, D cast as it is)
+        dre16 = gl.convert_layout(dre.to(gl.float16), lhs_out)
+        dim16 = gl.convert_layout(dim.to(gl.float16), lhs_out)
+        ore, oim = _chained_mma(dre16, fa_re, dim16, fa_im, dim16, fa_re, -dre16, fa_im, ore, oim)
+        running = scale
+    elif ACCUMULATE:
         grown = gl.maximum(running, scale)
         alpha = running / grown
         ore = ore * alpha
@@ -640,7 +649,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     zeros = gl.zeros([B, A], gl.float32, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE, TW_SFU, kbuf, KPRE, LEAN,
-                PRESCALE)
+                PRESCALE, False)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -726,6 +735,7 @@ class ChunkedGlobals:
     YALIAS: gl.constexpr
     LEAN: gl.constexpr
     PRESCALE: gl.constexpr
+    CSCALE: gl.constexpr
 
 
 @struct
@@ -777,7 +787,8 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   CONJ: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
                                   WORKER_REGS: gl.constexpr = 240, PROBE: gl.constexpr = 0,
                                   TW_SFU: gl.constexpr = False, CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0,
-                                  YALIAS: gl.constexpr = False, LEAN: gl.constexpr = 0, PRESCALE: gl.constexpr = False):
+                                  YALIAS: gl.constexpr = False, LEAN: gl.constexpr = 0, PRESCALE: gl.constexpr = False,
+                                  CSCALE: gl.constexpr = False):
     """fft_conv_gluon_onepass_kernel's convolution (same arguments) for larger A (N = 4096: A = 128), the
     tile's k_a columns CHUNK at a time: stages 1..3' are column-wise (x @ F_A[:HALF, chunk], the twiddles,
     F_B @ R, the spectrum and conj(F_B) @ Y act on each column alone), so a pair's registers hold one
@@ -793,7 +804,10 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     multiprocessor where one program's shared memory leaves room for one program only); WORKER_REGS:
     the second one's registers. YALIAS (TMA, session 31): y's box is the ring slot its pair's u came in (16 KiB a
     walker less: room for KPRE 2 at chunks of 32), the next pair's u requested once the pair's x is in shared
-    memory and the previous y store has read that slot."""
+    memory and the previous y store has read that slot. CSCALE (session 33): one spectrum-product scale a pair, L x the
+    channel's largest |Re K|, |Im K| / 256 (a bound of every block's |Y| / 256: _channel_scale), reduced once a
+    channel the walker meets (a CONTIG walk: once for its run of the channel's pairs), so no block reduces its |Y| and
+    the output accumulates with no rescale."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
     HALF: gl.constexpr = A // 2
@@ -813,7 +827,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     fbnim = _resident(FBIM, B, B, B, 0, True, table)
     g = ChunkedGlobals(U, K, Y, TFRE, TFIM, batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                        u_desc, y_desc, fare, faim, fanim, fbre, fbim, fbnim, A, B, CHUNK, TMA, RFFT, CONJ,
-                       PROBE, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, PRESCALE)
+                       PROBE, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, PRESCALE, CSCALE)
     first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS)
     if WARPGROUPS == 1:
         fence_async_shared()
@@ -826,6 +840,22 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         gl.thread_barrier()
         gl.warp_specialize([(_chunked_walk, (g, first, 0, 2)), (_chunked_walk, (g, second, 1, 2))], [4],
                            [WORKER_REGS])
+
+
+@gluon.jit
+def _channel_scale(st, spectrum, tab, CHUNK: gl.constexpr, CHUNKS: gl.constexpr):
+    """CSCALE: the spectrum product's float16 scale for every block of a channel, L x the largest |Re K|, |Im K| of its
+    tile (``spectrum``: the channel's row; the chunks' bins read in turn, kept as an elementwise maximum, one reduction
+    across the warps) / 256: |x| <= 1 a sequence, |R| <= HALF sqrt 2, |S| <= B HALF sqrt 2 = L / sqrt 2, |K| <= sqrt 2
+    of it, so |Y| / scale <= 256 and D = conj(F_B) @ (Y / scale) at most 64 x 256 (float16's range). 1 where the
+    spectrum is 0."""
+    kre, kim = _spectrum_at(spectrum, tab, st.L, st.RFFT, st.CONJ)
+    largest = gl.maximum(gl.abs(kre), gl.abs(kim))
+    for j in range(1, CHUNKS):
+        kre, kim = _spectrum_at(spectrum, tab + j * CHUNK, st.L, st.RFFT, st.CONJ)
+        largest = gl.maximum(largest, gl.maximum(gl.abs(kre), gl.abs(kim)))
+    scale = gl.max(gl.max(largest, axis=1), axis=0) * (st.L / 256.0)
+    return gl.where(scale > 0, scale, 1.0)
 
 
 @gluon.jit
@@ -881,7 +911,7 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     zeros = gl.zeros([B, CHUNK], gl.float32, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, True, g.PROBE, g.TW_SFU, bufs.kbuf,
-                g.KPRE, g.LEAN, g.PRESCALE)
+                g.KPRE, g.LEAN, g.PRESCALE, g.CSCALE)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -890,6 +920,8 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     pio = PairIO(U, Y, u_desc, y_desc, u_smem, y_smem, u_ready, batch, stride_ub, stride_uh, stride_yb, stride_yh, groups,
                  HALF, B, TMA, g.YALIAS, g.LEAN)
     start, stop, step = _walk(first, programs, total, g.CONTIG)
+    last_h = (start * 0 - 1).to(gl.int64)  # (CSCALE: the previous pair's channel)
+    cscale = (start * 0).to(gl.float32) + 1.0  # (CSCALE: its scale)
     _first_u(pio, start, stop)
     for w in range(start, stop, step):
         h = (w // groups).to(gl.int64)
@@ -905,12 +937,16 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
         fence_async_shared()
         gl.thread_barrier()
         _next_u(pio, w, start, step, stop)  # (YALIAS: the next pair's u, now that this one's is read)
+        if g.CSCALE:
+            if h != last_h:  # (a CONTIG walk meets a channel once; a strided one every pair)
+                cscale = _channel_scale(st, spectrum, tab, CHUNK, CHUNKS)
+            last_h = h
         for j in range(CHUNKS):  # (a loop, not unrolled: unrolled, every chunk's table loads went up front)
             # out += D_c @ conj(F_A)[chunk, :HALF] = D_c @ conj(F_A[:HALF, chunk])^T (F_A is symmetric)
             kpre = _spectrum_issue(st, spectrum, tab + j * CHUNK)  # (KPRE: under the chunk's stages 1-3)
             yre, yim, chunk_scale = _forward_stages(st, x_re, x_im, fa_re=fare.index(j), fa_nim=fanim.index(j),
                                                     fa_im=faim.index(j), tab=tab, col=j * CHUNK, K=spectrum, h=0,
-                                                    stride_kh=0, zeros=zeros, X_REGS=False, kpre=kpre)
+                                                    stride_kh=0, zeros=zeros, X_REGS=False, kpre=kpre, cscale=cscale)
             ore, oim, running = _inverse_stages(st, yre, yim, chunk_scale, tab, j * CHUNK,
                                                 fare.index(j).permute((1, 0)), faim.index(j).permute((1, 0)), ore, oim,
                                                 running, zeros, lhs_out, True)
@@ -975,7 +1011,7 @@ def fft_conv_gluon_dk_kernel(U, DY, P, FARE, FAIM, FBRE, FBIM, TFRE, TFIM, batch
         sums = gl.allocate_shared_memory(gl.float32, [2, B, A], park_layout)  # (the sum, each thread its own elements)
     fence_async_shared()
     gl.thread_barrier()
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, False, False, True, 0, TW_SFU, None, 0, 1, False)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, False, False, True, 0, TW_SFU, None, 0, 1, False, False)
 
     io_m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
     io_a = gl.arange(0, HALF, layout=gl.SliceLayout(0, io))

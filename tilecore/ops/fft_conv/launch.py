@@ -214,7 +214,7 @@ def _gluon_launch_parts(plan: Plan, u: torch.Tensor, y: torch.Tensor, conj: bool
     if plan.chunk:  # (WORKER_REGS 248: 4096's two warpgroups without spill)
         kernel = CONV_GLUON_CHUNKED
         options.update(CHUNK=plan.chunk, WARPGROUPS=plan.warpgroups, WORKER_REGS=248, num_warps=4,
-                       YALIAS=plan.yalias and tma)
+                       YALIAS=plan.yalias and tma, CSCALE=plan.cscale)
     else:
         kernel = CONV_GLUON
         options.update(ASYNC=plan.async_mma, num_warps=plan.num_warps)
@@ -275,41 +275,57 @@ def _launch_long(plan: Plan, u: torch.Tensor, spectrum_f32: torch.Tensor, y: tor
                       dict(N1=n1, N2=n2, BN=plan.bn, KC=plan.kc, GAUSS=plan.gauss, num_warps=warps))
 
 
-def dk_pair(config: tuple, u: torch.Tensor, dy: torch.Tensor, filter_len: int) -> torch.Tensor:
-    """The filter's gradient dk[h, j] = sum_b sum_n dy[b, h, n] u[b, h, n - j], j < filter_len, float32
-    (H, filter_len), through kernels_pair.fft_conv_dk_pair_kernel (u, dy: (B, H, N) 16-bit rows, unit
-    stride); config = (N1, N2, pair groups a program, warps), N1 N2 = 2N."""
-    n1, n2, loop, warps = config
-    B, H, N = u.shape
+def _dk_spectrum_sum(u: torch.Tensor, loop: int, tile: tuple[int, int], transposed: bool, filter_len: int,
+                     run_partials) -> torch.Tensor:
+    """The host tail both filter-gradient launches share: ``chunks`` = cdiv(cdiv(batch, 2), loop) programs a channel,
+    each writing its partial spectrum (float32 (re, im) planes of ``tile``) into one (H chunks, 2, *tile) buffer that
+    ``run_partials(partial, chunks)`` launches the kernel on (nothing runs where the batch is empty: the buffer is
+    zeroed); the partials summed over a channel's programs, as complex, its rows in the DFT's natural order
+    (``transposed``: the tile holds f = k1 + N1 k2 at [k1, k2], so its transpose is; else at [k_b, k_a], f = k_a + A
+    k_b, already), one inverse DFT a channel, the real part's first ``filter_len`` lags (float32 (H, filter_len))."""
+    B, H, _ = u.shape
     chunks = -(-(-(-B // 2)) // loop)
-    partial = torch.empty((H * chunks, 2, n1, n2), dtype=torch.float32, device=u.device)
+    partial = torch.empty((H * chunks, 2, *tile), dtype=torch.float32, device=u.device)
     if B == 0:
         partial.zero_()
     else:
+        run_partials(partial, chunks)
+    total = partial.view(H, chunks, 2, *tile).sum(1)
+    spectrum = torch.complex(total[:, 0], total[:, 1])
+    if transposed:
+        spectrum = spectrum.transpose(1, 2)
+    return torch.fft.ifft(spectrum.reshape(H, tile[0] * tile[1]), dim=-1).real[:, :filter_len]
+
+
+def dk_pair(config: tuple, u: torch.Tensor, dy: torch.Tensor, filter_len: int) -> torch.Tensor:
+    """The filter's gradient dk[h, j] = sum_b sum_n dy[b, h, n] u[b, h, n - j], j < filter_len, float32
+    (H, filter_len), through kernels_pair.fft_conv_dk_pair_kernel (u, dy: (B, H, N) 16-bit rows, unit
+    stride); config = (N1, N2, pair groups a program, warps), N1 N2 = 2N; the host tail _dk_spectrum_sum's (the
+    partials at f = k1 + N1 k2)."""
+    n1, n2, loop, warps = config
+    B, H, N = u.shape
+
+    def run(partial, chunks):
         ops = dft_operands16(n1, n2, u.device)
         _dk_pair[(H * chunks,)](u, dy, partial, ops["F1RE"], ops["F1IM"], ops["F2RE"], ops["F2IM"], ops["TWRE"],
                                 ops["TWIM"], B, H, u.stride(0), u.stride(1), dy.stride(0), dy.stride(1), N1=n1, N2=n2,
                                 LOOP=loop, num_warps=warps)
-    total = partial.view(H, chunks, 2, n1, n2).sum(1)  # (H, 2, N1, N2) at f = k1 + N1 k2
-    spectrum = torch.complex(total[:, 0], total[:, 1]).transpose(1, 2).reshape(H, n1 * n2)  # natural order
-    return torch.fft.ifft(spectrum, dim=-1).real[:, :filter_len]
+
+    return _dk_spectrum_sum(u, loop, (n1, n2), True, filter_len, run)
 
 
 def dk_gluon(config: tuple, u: torch.Tensor, dy: torch.Tensor, filter_len: int) -> torch.Tensor:
     """dk as dk_pair gives it, through gluon_onepass.fft_conv_gluon_dk_kernel (session 32: the Gluon one-pass kernel's
     forward stages; Hopper only): config = (A, B, pair groups a program[, XSMEM]), A B = 2N, B = 64; u, dy: (batch, H, N) 16-bit
-    rows with unit stride. The host sums the programs' partial spectra (H x chunks x 2 x B x A float32) and takes one
-    inverse DFT a channel (f = k_a + A k_b: the tile's rows in order are the natural order)."""
+    rows with unit stride. The host tail _dk_spectrum_sum's (the partials (B, A) at f = k_a + A k_b: the tile's rows in
+    order are the natural order)."""
     a, b, loop, *xsmem = config  # (a 4th element: XSMEM, u's transform parked in shared memory: 2048's candidate)
     B, H, N = u.shape
-    chunks = -(-(-(-B // 2)) // loop)
-    partial = torch.empty((H * chunks, 2, b, a), dtype=torch.float32, device=u.device)
-    if B == 0:
-        partial.zero_()
-    else:
+
+    def run(partial, chunks):
         ops = mono_operands(a, b, 1, u.device)
         DK_GLUON.run(None, (H * chunks,), (u, dy, partial, ops["FARE"], ops["FAIM"], ops["FBRE"], ops["FBIM"], ops["TFRE"],
                                            ops["TFIM"], B, H, u.stride(0), u.stride(1), dy.stride(0), dy.stride(1)),
                      dict(A=a, B=b, LOOP=loop, TW_SFU=True, XSMEM=bool(xsmem and xsmem[0]), num_warps=4))
-    total = partial.view(H, chunks, 2, b * a).sum(1)
-    return torch.fft.ifft(torch.complex(total[:, 0], total[:, 1]), dim=-1).real[:, :filter_len]
+
+    return _dk_spectrum_sum(u, loop, (b, a), False, filter_len, run)
