@@ -199,3 +199,32 @@ def test_dv_key_blocks_by_a_loop(N, Dk):
     _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
     got = run_chunked(q, k, v, g, s0, do, dht, st.float(), dv_loop=True, **blocks)
     assert accuracy.error_over_floor(got[2], ref[2]) <= 2.5
+
+
+@pytest.mark.parametrize("N, Dk, loop", [(17, 24, False), (200, 48, True)])
+def test_dv_form_one_reduction_two_exp_tiles(N, Dk, loop):
+    """dv_form 1 (session 33): the dv kernel's factored blocks with the span's middle and G_last by one three-way
+    reduction and e^(G_last - G) from e^(m - G): the same gradients as dv_form 0 (float32 weak decays: to rounding),
+    fp16 within 2.5x the rounding floor, and float32 strong decays with a reset (most chunks flagged for the fallback,
+    some not) against float64."""
+    torch.manual_seed(N + 1)
+    q, k, v, g, s0 = make(1, N, 1, 1, Dk, 40, dtype=F32, decay="channel", h0=True)
+    do, dht = torch.randn(v.shape), torch.randn(s0.shape)
+    _, st, _ = reference(q, k, v, g, s0, dout=do, dstate=dht)
+    blocks = dict(BT=16, BKB=16, KD=16, BV=16, BK_DG=16, dqk_VB=16, dg_fused=True, dv_loop=loop)
+    before = run_chunked(q, k, v, g, s0, do, dht, st.float(), **blocks)
+    after = run_chunked(q, k, v, g, s0, do, dht, st.float(), dv_form=1, **blocks)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dh0"), before, after):
+        assert accuracy.rel_rms(b, a) < 1e-6, name
+    q, k, v, g, s0 = make(1, N, 1, 1, Dk, 40, dtype=F16, decay="channel", h0=True)
+    do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
+    _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
+    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), dv_form=1, **blocks)
+    assert accuracy.error_over_floor(got[2], ref[2]) <= 2.5
+    q, k, v, g, _ = make(1, N, 1, 1, Dk, 40, dtype=F32, decay="channel", strong=True)
+    g[:, N // 2, :, :4] = float("-inf")
+    g[:, N - 9:, :, :] *= 0.01
+    do = torch.randn(v.shape)
+    _, _, ref = reference(q, k, v, g, None, dout=do)
+    got = run_chunked(q, k, v, g, None, do, None, None, dv_form=1, dqk_form=3, **blocks)
+    assert accuracy.rel_rms(got[2], ref[2]) < 2e-5

@@ -90,7 +90,7 @@ CHUNKED = dict(BT=64, BV=128, BKB=32, KD=64, BK_DG=64, walk_warps=4, walk_stages
                split=False, dqk_apart=False, dv_BV=128, walks_fused=False, wide_apart=True, dv_wide_apart=True,
                dk_at=False, dqk_VB=64, dqk_stages=3, dqk_maxnreg=None, wide_group=8, dg_fused=True,
                dg_local=True, dqk_early=False, walk_BK=64, walk_maxnreg=None, dv_maxnreg=None,
-               dqk_lean=True, dqk_dotscan=True, dqk_probe=0, dv_loop=False, dqk_form=0)
+               dqk_lean=True, dqk_dotscan=True, dqk_probe=0, dv_loop=False, dqk_form=0, dv_form=0)
 
 # "split_combine": the combine kernel's key block (a head's dq / dk / dg by cdiv(Dk, it) programs: launch's combine
 # runs B x H programs of every channel, 256 at B16 H16, each walking 4096 tokens) and tokens a step

@@ -588,13 +588,15 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
                   sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS,
                   BT: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BV: tl.constexpr, MMA: tl.constexpr,
                   IEEE: tl.constexpr, WIDE: tl.constexpr = 0, FLAG=0, KBLOCKS=1, KBP: tl.constexpr = 1,
-                  DVLOOP: tl.constexpr = False):
+                  DVLOOP: tl.constexpr = False, DVFORM: tl.constexpr = 0):
     """Program (batch * head, chunk, value block): dv (v's dtype, DV_OUT (B, N, H, Dv) contiguous), the key
     channels by blocks of KD (scores and the state term summed over them). Grid (B * H * NT * VBLOCKS,).
     WIDE (with the dqk kernel's wide launches, whose FLAG marks each (chunk, key block) whose span needs the sub-chunk
     form; KBLOCKS of them a chunk, KBP their power of two): 1 computes the chunks none of whose blocks is marked, by
     the factored scores alone (no fallback's registers); 2 (after) the others, as WIDE 0 does. A KD block inside
-    unmarked key blocks has a span within theirs, so the dot is safe whatever KD and the dqk key block are."""
+    unmarked key blocks has a span within theirs, so the dot is safe whatever KD and the dqk key block are.
+    DVFORM (session 33, WIDE 1's factored blocks): 1 each key block's span middle and G_last by one three-way
+    reduction over tokens (not three) and two exp tiles (e^(G_last - G) = e^(m - G) e^(G_last - m)), not three."""
     pid = tl.program_id(0)
     c = (pid // VBLOCKS) % NT
     bh = pid // (VBLOCKS * NT)
@@ -607,7 +609,8 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
         if WIDE == 1:
             if marked == 0:
                 _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
-                            sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 1, DVLOOP)
+                            sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 1, DVLOOP,
+                            DVFORM)
         else:
             if marked != 0:
                 _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
@@ -617,18 +620,32 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
 @triton.jit
 def _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV, NT, b, h, bh, c,
                   t0, offs_t, offs_v, v_ok, c0, p, dv, KD: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
-                  INTRA: tl.constexpr):
-    """_dv_program's key channels c0 .. c0 + KD: (p + their scores, dv + their state term)."""
+                  INTRA: tl.constexpr, DVFORM: tl.constexpr = 0):
+    """_dv_program's key channels c0 .. c0 + KD: (p + their scores, dv + their state term); DVFORM gla_dv_kernel's
+    (with INTRA 1)."""
     offs_k = c0 + tl.arange(0, KD)
     k_ok = offs_k < DK
     q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, KD]
     k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
-    Gc, G_last = _cumulative_channels(_rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd)
-                                      .to(tl.float32))
-    p += _channel_block_scores(q, k, Gc, MMA, IEEE, INTRA)
+    g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
+    if DVFORM and INTRA == 1:  # the span allows the factored form (the dqk kernel's flags said so)
+        Gc = tl.cumsum(tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g), 0)
+        BT: tl.constexpr = q.shape[0]
+        hi, lo, G_last = tl.reduce((Gc, Gc, tl.where((offs_t == BT - 1)[:, None], Gc, 0.0)), 0, _max_min_sum)
+        mid = 0.5 * (hi + lo)
+        kf = k.to(tl.float32)
+        Ei = tl.exp(mid[None, :] - Gc)
+        ks = kf * Ei
+        s = _dot((q.to(tl.float32) * tl.exp(Gc - mid[None, :])).to(MMA), tl.trans(ks.to(MMA)), IEEE)
+        p += tl.where(offs_t[:, None] >= offs_t[None, :], s, 0.0)
+        kg = ks * tl.exp(G_last - mid)[None, :]
+    else:
+        Gc, G_last = _cumulative_channels(g)
+        p += _channel_block_scores(q, k, Gc, MMA, IEEE, INTRA)
+        kg = k.to(tl.float32) * tl.exp(G_last[None, :] - Gc)
     dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
                   other=0.0)
-    dv += _dot((k.to(tl.float32) * tl.exp(G_last[None, :] - Gc)).to(MMA), dhs, IEEE)
+    dv += _dot(kg.to(MMA), dhs, IEEE)
     return p, dv
 
 
@@ -636,7 +653,7 @@ def _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn
 def _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
                 sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid,
                 BT: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BV: tl.constexpr, MMA: tl.constexpr,
-                IEEE: tl.constexpr, INTRA: tl.constexpr, DVLOOP: tl.constexpr = False):
+                IEEE: tl.constexpr, INTRA: tl.constexpr, DVLOOP: tl.constexpr = False, DVFORM: tl.constexpr = 0):
     """gla_dv_kernel's program ``pid``, the scores by _channel_block_scores' INTRA; DVLOOP its key blocks by a
     pipelined loop (else unrolled)."""
     vblock = pid % VBLOCKS
@@ -654,11 +671,13 @@ def _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd
     if DVLOOP:  # session 32: the key blocks by a loop Triton pipelines (cp.async of the next block's tiles)
         for c0 in range(0, BK, KD):
             p, dv = _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV,
-                                  NT, b, h, bh, c, t0, offs_t, offs_v, v_ok, c0, p, dv, KD, MMA, IEEE, INTRA)
+                                  NT, b, h, bh, c, t0, offs_t, offs_v, v_ok, c0, p, dv, KD, MMA, IEEE, INTRA,
+                                  DVFORM)
     else:
         for c0 in tl.static_range(0, BK, KD):
             p, dv = _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV,
-                                  NT, b, h, bh, c, t0, offs_t, offs_v, v_ok, c0, p, dv, KD, MMA, IEEE, INTRA)
+                                  NT, b, h, bh, c, t0, offs_t, offs_v, v_ok, c0, p, dv, KD, MMA, IEEE, INTRA,
+                                  DVFORM)
     dv += _dot(tl.trans((p * scale).to(MMA)), do.to(MMA), IEEE)
     _store_rows(DV_OUT + (b * N * H + h) * DV, t0, offs_t, offs_v, v_ok, N, H * DV, 1, dv)
 
@@ -834,7 +853,8 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                                  KBLOCKS=kblocks, KBP=max(2, triton.next_power_of_2(kblocks)),
                                  num_warps=cfg["dv_warps"], num_stages=cfg["stages"],
                                  **({"maxnreg": cfg["dv_maxnreg"]} if cfg["dv_maxnreg"] and wide != 2 else {}),
-                                 **({"DVLOOP": True} if cfg["dv_loop"] else {}))))
+                                 **({"DVLOOP": True} if cfg["dv_loop"] else {}),
+                                 **({"DVFORM": cfg["dv_form"]} if cfg["dv_form"] and wide == 1 else {}))))
         bk_dg = min(BK, cfg["BK_DG"])
         if not fused:
             calls.append(("dg", gla_dg_kernel, (B * H, -(-Dk // bk_dg)), (
