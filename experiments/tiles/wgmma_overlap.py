@@ -14,8 +14,8 @@ ptxas): in every forward variant port_resources.py compiles, the wait for P V co
 exponential (0 EX2 overlapped, 66 a step after it at 128 keys, 34 at 64), though the PTX waits after
 them: FlashAttention-3's intra-warpgroup overlap is not in the SASS. In the plain variants (d64, d128,
 d128 Q regs, causal) the new P is packed (F2FP) into the very registers the in-flight P V reads as its A
-operand (32 writes a step), so ptxas must wait first; the carried variants wait early at sites without
-such writes too.
+operand (32 writes a step); the carried variants wait early at sites without such writes too, and so do
+fwd_overlap_variants.py's double-buffered P sites: the reuse is not ptxas's only reason.
 """
 import argparse
 import json
