@@ -84,6 +84,35 @@ def test_emulation_near_float64(case, temp):
     assert e_lin < 0.05, e_lin
 
 
+@pytest.mark.parametrize("case", CASES[:2], ids=lambda c: "-".join(map(str, c)))
+def test_skip_tau_with_linear_codes(case):
+    """skip_tau 0.75 (the kernel's SKIP_TAU; reference's rescale_tau rule) with the codes: exact in real arithmetic,
+    so O stays within FP8's error of float64 (<= 1.15x the codes' error without it), P's codes reach past 120 (P over
+    256) but never 127 (e4m3's NaN); p_shift + tau past 8.75 refused."""
+    B, Hq, Hkv, N, Nk, D, causal = case
+    g = torch.Generator().manual_seed(5 + N)
+    q = torch.randn(B, Hq, N, D, generator=g)
+    ramp = torch.linspace(0.5, 2.0, Nk)[None, None, :, None]  # rows' maxima rising through the blocks
+    k = torch.randn(B, Hkv, Nk, D, generator=g) * ramp
+    v = torch.randn(B, Hkv, Nk, D, generator=g)
+    q8, qs = quantize_fp8(q, per="token")
+    k8, ks = quantize_fp8(k, per="block")
+    v8, vs = quantize_fp8(v, per="head")
+    ref, lse_ref = attention_fp8_exact(q8, k8, v8, qs, ks, vs, causal=causal)
+    rows = torch.isfinite(lse_ref)
+    lin, _ = attention_fp8_emulated(q8, k8, v8, qs, ks, vs, causal=causal, p_linear=1, block_n=32)
+    skip, lse_skip = attention_fp8_emulated(q8, k8, v8, qs, ks, vs, causal=causal, p_linear=1, rescale_tau=0.75,
+                                            block_n=32)
+    assert torch.isfinite(skip).all() and (lse_skip[~rows] == float("-inf")).all()
+    e_lin, e_skip = rel_rms(lin[rows], ref[rows]), rel_rms(skip[rows], ref[rows])
+    assert e_skip <= 1.15 * e_lin, (e_skip, e_lin)
+    assert (lse_skip[rows].double() - lse_ref[rows]).abs().max() < 0.06
+    x = torch.linspace(7.0, 8.75, 1000)  # log2(2^8 p) for p up to 2^tau
+    assert linear_e4m3(x).max().item() == 448.0 and not linear_e4m3(x).isnan().any()
+    with pytest.raises(ValueError, match="8.75"):
+        attention_fp8_emulated(q8, k8, v8, qs, ks, vs, p_linear=1, rescale_tau=0.8)
+
+
 def test_emulation_nan_propagates():
     g = torch.Generator().manual_seed(3)
     q8, qs = quantize_fp8(torch.randn(1, 1, 8, 32, generator=g), per="head")
@@ -124,8 +153,8 @@ from tilecore.tiles.compile import compile_kernel, resources
 from tilecore.tiles.launch import gluon_descriptor
 
 out = []
-for D, causal, N, linear in json.loads(sys.argv[1]):
-    cfg = dict(configs.gluon_config(D, causal), p_linear=linear)
+for D, causal, N, linear, tau in json.loads(sys.argv[1]):
+    cfg = dict(configs.gluon_config(D, causal), p_linear=linear, skip_tau=tau)
     f8 = torch.float8_e4m3fn
     q = torch.empty(2, 4, N, D, dtype=f8)
     vt = torch.empty(2, 4, D, -(-N // 32) * 32, dtype=f8)
@@ -142,7 +171,9 @@ for D, causal, N, linear in json.loads(sys.argv[1]):
     num_warps = opts.pop("num_warps")
     c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, dict(args, **opts), num_warps=num_warps)
     ptx = c.asm["ptx"]
-    out.append(dict(D=D, causal=causal, linear=linear, P_LINEAR=opts["P_LINEAR"], **vars(resources(c)),
+    out.append(dict(D=D, causal=causal, linear=linear, P_LINEAR=opts["P_LINEAR"], SKIP_TAU=opts["SKIP_TAU"],
+                    vote=ptx.count("vote.sync.any.pred"), skip_branches=ptx.count("RESCALE_SKIP") // 2,
+                    **vars(resources(c)),
                     ex2=ptx.count("ex2.approx"), relu_cvt=ptx.count("cvt.rn.relu.f16x2.f32"),
                     e4m3_cvt=ptx.count("cvt.rn.satfinite.e4m3x2.f32"), prmt=ptx.count("prmt.b32")))
 print(json.dumps(out))
@@ -150,12 +181,19 @@ print(json.dumps(out))
 
 
 def test_hopper_kernel_compiles_without_exp2_for_p():
-    variants = [(128, False, 4096, 0), (128, False, 4096, 1), (64, True, 1000, 1), (128, False, 4096, 2)]
+    variants = [(128, False, 4096, 0, 0.0), (128, False, 4096, 1, 0.0), (64, True, 1000, 1, 0.0),
+                (128, False, 4096, 2, 0.0), (128, False, 4096, 1, 0.75)]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(variants)], capture_output=True, text=True, env=env,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    default, lin, lin64, half = json.loads(r.stdout.strip().splitlines()[-1])
+    default, lin, lin64, half, skip = json.loads(r.stdout.strip().splitlines()[-1])
+    # skip_tau: a vote (a warp's rows), a branch around each 16 of O's 64 multiplies a thread (D128), no spill (the
+    # PTX holds the step twice: LLVM's copies of the masked and unmasked paths)
+    assert skip["SKIP_TAU"] == 0.75 and skip["vote"] >= 1, skip
+    assert skip["skip_branches"] == skip["vote"] * 64 // 16, skip
+    assert not skip["wgmma_serialized"] and skip["spill_stores"] == 0, skip
+    assert default["vote"] == 0 and default["skip_branches"] == 0
     assert default["P_LINEAR"] == 0 and lin["P_LINEAR"] == 1 and lin64["P_LINEAR"] == 1 and half["P_LINEAR"] == 2
     assert not half["wgmma_serialized"] and half["spill_stores"] <= 16, half
     # half: one e4m3 cvt and one relu cvt a register of 4 (the default: two e4m3 cvt), half the exp2

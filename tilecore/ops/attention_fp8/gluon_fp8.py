@@ -133,7 +133,7 @@ def row_max_tree(s):
 
 @gluon.jit
 def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.constexpr = 8.0,
-                       P_LINEAR: gl.constexpr = 0):
+                       P_LINEAR: gl.constexpr = 0, SKIP_TAU: gl.constexpr = 0.0):
     """One online-softmax step on raw scores ``s`` [m, 128] with a positive base-2 scale (a scalar, or
     with PER_ROW a [m] vector in s's row slice layout): the new row max m of the scaled scores (row_max_tree),
     P = 2^(s * scale - m + P_SHIFT) in [0, 2^P_SHIFT] (float32; rounded to e4m3 by the caller) and
@@ -143,9 +143,17 @@ def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.con
     P_LINEAR (session 33): no exp2 for P; P is e4m3's code b = round(8 x + 56), x = log2(2^P_SHIFT p) (the exponent
     and mantissa bits read as one fixed-point number: 2^x with its mantissa interpolated linearly, up to 6% over and
     4% under, 4% over on average), returned as y = b * 2^-24 before rounding (one FFMA an element, as the exp2's
-    argument was), rounded and packed by to_e4m3x4 (reference.py: linear_e4m3)."""
+    argument was), rounded and packed by to_e4m3x4 (reference.py: linear_e4m3).
+    SKIP_TAU > 0 (session 33; reference.py's rescale_tau rule): m moves only where the row max exceeds it by more than
+    SKIP_TAU (P up to 2^(P_SHIFT + SKIP_TAU)); elsewhere alpha is exactly 1 (AttentionFp8.rescale skips O *= alpha
+    in a warp none of whose 16 rows moved)."""
     s_max = row_max_tree(s)
     m_new = gl.maximum(m_i, s_max * row_scale)
+    if SKIP_TAU > 0:
+        gl.static_assert(P_SHIFT + SKIP_TAU <= 8.807, "SKIP_TAU: 2^(P_SHIFT + tau) <= 448, e4m3's largest")
+        if P_LINEAR:
+            gl.static_assert(P_SHIFT + SKIP_TAU <= 8.75, "SKIP_TAU with P_LINEAR: codes <= 126 (448)")
+        m_new = gl.where(m_new > m_i + SKIP_TAU, m_new, m_i)  # (m_i = -inf: any finite max moves it)
     if PER_ROW:
         c = gl.expand_dims(row_scale, 1)
     else:
@@ -173,6 +181,41 @@ def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.con
         p = gl.exp2(s * c - gl.expand_dims(m_ref - P_SHIFT, 1))
     alpha = gl.exp2(m_i - m_ref)
     return m_new, p, alpha
+
+
+# SKIP_TAU (session 33): O *= alpha skipped by a warp none of whose rows moved: a vote over the warp's rows (each warp
+# holds 16 whole rows of O in the wgmma layout: no shared memory, no barrier; session 27's form reduced over the
+# warpgroup), then a warp-uniform branch around the multiplies, 16 a branch (outputs tied to the inputs: the skipped
+# path moves nothing)
+WARP_ANY_PTX: gl.constexpr = gl.constexpr("{\n\t.reg .pred p, q;\n\t.reg .b32 t;\n\t"
+                                          "or.b32 t, $2, $3;\n\t"
+                                          "setp.ne.s32 p, t, 0;\n\t"
+                                          "vote.sync.any.pred q, p, 0xffffffff;\n\t"
+                                          "selp.s32 $0, 1, 0, q;\n\t"
+                                          "selp.s32 $1, 1, 0, q;\n\t}")
+RESCALE_PACK: gl.constexpr = gl.constexpr(16)
+RESCALE_PTX: gl.constexpr = gl.constexpr(
+    "{\n\t.reg .pred q;\n\tsetp.ne.s32 q, $48, 0;\n\t@!q bra $$RESCALE_SKIP${:uid};\n\t"
+    + "".join(f"mul.rn.f32 ${i}, ${i}, ${32 + i};\n\t" for i in range(16)) + "$$RESCALE_SKIP${:uid}:\n\t}")
+RESCALE_CONSTRAINTS: gl.constexpr = gl.constexpr(",".join(["=f"] * 16 + [str(i) for i in range(16)] + ["f"] * 16
+                                                          + ["r"] * 16))
+
+
+@gluon.jit
+def warp_any(flag):
+    """flag (int32 row vector of the wgmma layout, two rows a thread) -> 1 in every element where any row of the
+    warp is flagged (vote.sync.any: the same value in all 32 lanes), else 0."""
+    return gl.inline_asm_elementwise(WARP_ANY_PTX, "=r,=r,r,r", [flag], dtype=gl.int32, is_pure=True, pack=2)
+
+
+@gluon.jit
+def rescale_where(acc, alpha_col, flag_col):
+    """acc * alpha where flag (warp-uniform) is set, else acc untouched: a branch a RESCALE_PACK elements."""
+    a, f = gl.broadcast(alpha_col, flag_col)
+    acc_b, a = gl.broadcast(acc, a)
+    acc_b, f = gl.broadcast(acc, f)
+    return gl.inline_asm_elementwise(RESCALE_PTX, RESCALE_CONSTRAINTS, [acc, a, f], dtype=gl.float32, is_pure=True,
+                                     pack=RESCALE_PACK)
 
 
 @struct
@@ -223,6 +266,7 @@ class AttentionFp8:
     K_PER_BLOCK: gl.constexpr  # k's descales per block of BN keys: one scalar a step (a factor of the row scale)
     P_SHIFT: gl.constexpr  # P is rounded to e4m3 as 2^P_SHIFT p (reference.P_SHIFT: 8)
     P_LINEAR: gl.constexpr  # P's e4m3 codes by one FFMA, no exp2: 1 all, 2 half (fp8_softmax_update; p_linear)
+    SKIP_TAU: gl.constexpr  # > 0: m moves past tau only, O *= alpha skipped by warps with no row moved (skip_tau)
     ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
@@ -307,7 +351,7 @@ class AttentionFp8:
             row_scale = row_scale * k_scale
         if needs_mask(st.rows.first, first_key, self.BN, self.N, self.Nk, self.CAUSAL):
             s = mask_scores(s, self.S, st.rows.first, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
-        return fp8_softmax_update(st.m, s, row_scale, self.Q_PER_ROW, self.P_SHIFT, self.P_LINEAR)
+        return fp8_softmax_update(st.m, s, row_scale, self.Q_PER_ROW, self.P_SHIFT, self.P_LINEAR, self.SKIP_TAU)
 
     @gluon.jit
     def p_operand(self, p):
@@ -380,7 +424,11 @@ class AttentionFp8:
             st = st.replace(m=m, p=self.p_operand(p32))
         elif step < st.rows.n_blocks:
             m, p32, alpha, acc, l_acc = self.s_and_pv(q, k_t, v, st, step * self.BN)
-            acc = acc * as_column(alpha, self.O)
+            if self.SKIP_TAU > 0:
+                moved = warp_any((m > st.m).to(gl.int32))
+                acc = rescale_where(acc, as_column(alpha, self.O), as_column(moved, self.O))
+            else:
+                acc = acc * as_column(alpha, self.O)
             l_acc = l_acc * as_column(alpha, self.L)
             st = st.replace(m=m, acc=acc, l_acc=l_acc, p=self.p_operand(p32))
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
@@ -421,7 +469,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              head_group, schedule, CAUSAL: gl.constexpr, Q_PER_ROW: gl.constexpr,
                              K_PER_ROW: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                              Q_BUFFERS: gl.constexpr = 1, K_PER_BLOCK: gl.constexpr = False,
-                             P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0):
+                             P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0, SKIP_TAU: gl.constexpr = 0.0):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted)."""
     gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")
@@ -441,7 +489,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     fence_async_shared()
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
-                      CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, ones, BM, BN, D, CONSUMERS,
+                      CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, SKIP_TAU, ones, BM, BN, D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), 8))

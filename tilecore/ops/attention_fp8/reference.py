@@ -154,6 +154,9 @@ def attention_fp8_emulated(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=Fals
     exp2 (the Hopper kernel's P_LINEAR, which sums l of the codes: implies l_rounded; lse corrected by
     LINEAR_LSE_BIAS): 1 every element, 2 the keys with bit 3 set (8..15 of every 16; LINEAR_LSE_BIAS2)."""
     check_rescale(rescale_tau, p_shift)
+    if p_linear and p_shift + rescale_tau > 8.75:
+        raise ValueError(f"p_linear: p_shift + rescale_tau <= 8.75 (codes <= 126, e4m3's 448); got {p_shift} + "
+                         f"{rescale_tau}")
     p_scale = float(2 ** p_shift)
     B, Hq, N, D = q8.shape
     Hkv, Nk = k8.shape[1], k8.shape[2]
