@@ -353,6 +353,34 @@ def test_filter_gradient_kernel_through_autograd(monkeypatch):
         assert accuracy.error_over_floor(du, ref_du) < 3.0 and accuracy.error_over_floor(dk, ref_dk) < 3.0
 
 
+def test_filter_gradient_launch_is_chosen_once_and_handed_down(monkeypatch):
+    """The backward looks the dk launch up once (plan.dk_plan) and hands that choice to the launch (session 32's review:
+    it was looked up twice, with dy's dtype the second time): the pair kernel's config reaches launch.dk_pair as
+    chosen; a float32 filter (not a 16-bit one) takes torch.fft's dk, whatever u's dtype."""
+    from tilecore.ops.fft_conv import op as conv_op
+
+    monkeypatch.setitem(configs.DK_CONFIGS, 256, (32, 16, 4, 4))
+    chosen, launched = [], []
+    real_plan, real_pair = conv_op.dk_plan, launch.dk_pair
+    monkeypatch.setattr(conv_op, "dk_plan", lambda *a: chosen.append(real_plan(*a)) or chosen[-1])
+    monkeypatch.setattr(launch, "dk_pair", lambda config, *a: launched.append(config) or real_pair(config, *a))
+    u = torch.randn(3, 2, 256).half().requires_grad_()
+    dy = torch.randn(3, 2, 256).half()
+    for k_dtype, want in ((torch.float16, [("pair", (32, 16, 4, 4))]), (torch.float32, [None])):
+        chosen.clear()
+        launched.clear()
+        k = (torch.randn(2, 200) / 16).to(k_dtype).requires_grad_()
+        dk, = torch.autograd.grad(fft_conv(u, k), k, dy)
+        assert chosen == want and launched == ([want[0][1]] if want[0] else []), (chosen, launched)
+        u64, k64 = u.detach().double(), k.detach().double().requires_grad_()
+        ref, = torch.autograd.grad(fft_conv_reference(u64, k64), k64, dy.double())
+        assert dk.dtype == k_dtype
+        if k_dtype == torch.float16:
+            assert accuracy.error_over_floor(dk, ref) < 3.0
+        else:  # (torch.fft in float32: its FFT's own rounding, several times float32's floor)
+            assert accuracy.rel_rms(dk, ref) < 1e-5
+
+
 def test_filter_gradient_kernel_under_torch_compile(monkeypatch):
     """The dk kernel's custom op (tilecore::fft_conv_filter_grad) traces with its fake: fullgraph
     forward + backward, the same gradients as eager."""

@@ -5,7 +5,7 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.fft_conv import launch
-from tilecore.ops.fft_conv.plan import dk_config, dk_gluon_config, plan
+from tilecore.ops.fft_conv.plan import dk_plan, plan
 from tilecore.tiles import eager
 from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.launch import LRU, KeyedLaunch, SignatureMemo, TmaOperand
@@ -168,21 +168,19 @@ def _filter_setup(ctx, inputs, output):
 
 
 @torch.library.custom_op("tilecore::fft_conv_filter_grad", mutates_args=())
-def _filter_grad_op(u: torch.Tensor, dy: torch.Tensor, filter_len: int) -> torch.Tensor:
-    """dk (float32 (H, filter_len)) through the pair kernel's transforms (plan.dk_config)."""
-    return _filter_grad_impl(u, dy, filter_len)
+def _filter_grad_op(u: torch.Tensor, dy: torch.Tensor, filter_len: int, config: list[int], gluon: bool) -> torch.Tensor:
+    """dk (float32 (H, filter_len)) through the launch the backward chose (plan.dk_plan: ``gluon``, the Gluon kernel's
+    forward stages, else the pair kernel's transforms) at its ``config``."""
+    return _filter_grad_impl(u, dy, filter_len, config, gluon)
 
 
-def _filter_grad_impl(u, dy, filter_len):
-    config = dk_gluon_config(u.shape[-1], u.device, u.dtype, dy.dtype)
-    if config is not None:  # (session 32: the Gluon kernel's forward stages)
-        return launch.dk_gluon(config, _rows(u), _rows(dy), filter_len)
-    config = dk_config(u.shape[-1], u.device, u.dtype, dy.dtype)
-    return launch.dk_pair(config, _rows(u), _rows(dy), filter_len)
+def _filter_grad_impl(u, dy, filter_len, config, gluon):
+    run = launch.dk_gluon if gluon else launch.dk_pair
+    return run(tuple(config), _rows(u), _rows(dy), filter_len)
 
 
 @_filter_grad_op.register_fake
-def _(u, dy, filter_len):
+def _(u, dy, filter_len, config, gluon):
     return u.new_empty((u.shape[1], filter_len), dtype=torch.float32)
 
 
@@ -192,8 +190,8 @@ def _filter_backward(ctx, dy):
     need_du, need_dk = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     spectrum = filter_spectrum(k, n)
     torch_du = need_du and plan(n, u.device, u.dtype).path == "torch"
-    kernel_dk = need_dk and (dk_gluon_config(n, u.device, u.dtype, k.dtype) or dk_config(n, u.device, u.dtype, k.dtype)) \
-        is not None
+    dk_launch = dk_plan(n, u.device, u.dtype, k.dtype) if need_dk else None  # (chosen once, handed to the launch)
+    kernel_dk = dk_launch is not None
     # rfft(dy) once where torch.fft takes both du and dk (the torch path: long N, CPU tensors)
     dy_spectrum = torch.fft.rfft(dy.float(), n=2 * n) if torch_du or (need_dk and not kernel_dk) else None
     du = dk = None
@@ -203,7 +201,9 @@ def _filter_backward(ctx, dy):
     elif need_du:  # eager with nothing to record: the implementations; traced or create_graph: the ops
         du = eager.backward_call(_spectrum_op, _conv_impl, dy, spectrum, True)
     if kernel_dk:
-        dk = eager.backward_call(_filter_grad_op, _filter_grad_impl, u, dy, k.shape[-1]).to(k.dtype)
+        kind, config = dk_launch
+        dk = eager.backward_call(_filter_grad_op, _filter_grad_impl, u, dy, k.shape[-1], [int(c) for c in config],
+                                 kind == "gluon").to(k.dtype)
     elif need_dk:
         # dk[j] = sum over batch and n of dy[n] u[n - j]: the correlation of dy with u, summed over the
         # batch in the frequency domain (torch.fft in float32)

@@ -178,3 +178,13 @@ def dk_config(n: int, device: torch.device, u_dtype: torch.dtype, k_dtype: torch
     if not names <= set(configs.PAIR_DTYPES):
         return None
     return configs.DK_CONFIGS.get(n)
+
+
+def dk_plan(n: int, device: torch.device, u_dtype: torch.dtype, k_dtype: torch.dtype) -> tuple[str, tuple] | None:
+    """The filter-gradient launch of this call, chosen once (op.py's backward hands it down to the launch): ("gluon",
+    dk_gluon_config's) where the Gluon kernel takes it, else ("pair", dk_config's), else None (torch.fft)."""
+    config = dk_gluon_config(n, device, u_dtype, k_dtype)
+    if config is not None:
+        return "gluon", config
+    config = dk_config(n, device, u_dtype, k_dtype)
+    return None if config is None else ("pair", config)
