@@ -37,22 +37,33 @@ def launch(plan: Plan, x, cos, sin, position_ids, out, interleaved: bool, conjug
     _rotary.run(key, plan.grid, args, options)
 
 
+# the CPU path's float32 temporaries: tokens a chunk so that one (B, tokens, H, 2R) float32 chunk holds about this many
+# values (4 MiB): x's float32 copy and the products are chunks, not whole tensors (issue 31's CPU memory: 3.5x
+# torch's own bf16 code's peak at 4 x 1024 x 8 x 128 before, experiments/common/host_cpu_path.py)
+CPU_CHUNK_ELEMS = 1 << 20
+
+
 def _cpu(x, cos, sin, position_ids, out, interleaved, conjugate, in_place) -> None:
-    """The same rotation with torch operations in float32, rounded once to out's dtype."""
-    B, N = x.shape[:2]
+    """The same rotation with torch operations in float32, rounded once to out's dtype, CPU_CHUNK_ELEMS at a time
+    along the tokens (elementwise: the chunks give the whole tensor's bits; a chunk is read before it is written,
+    so in place is safe)."""
+    B, N, H = x.shape[:3]
     R = cos.shape[1]
-    rows = torch.arange(N) if position_ids is None else position_ids
-    c = cos[rows].float().unsqueeze(-2)  # (N, 1, R) or (B, N, 1, R)
-    s = sin[rows].float().unsqueeze(-2)
-    if conjugate:
-        s = -s
-    xf = x[..., :2 * R].float()
-    if interleaved:
-        a, b = xf[..., 0::2], xf[..., 1::2]
-    else:
-        a, b = xf[..., :R], xf[..., R:]
-    a2, b2 = a * c - b * s, b * c + a * s
-    rotated = torch.stack((a2, b2), -1).flatten(-2) if interleaved else torch.cat((a2, b2), -1)
-    out[..., :2 * R] = rotated
-    if not in_place and x.shape[-1] > 2 * R:
-        out[..., 2 * R:] = x[..., 2 * R:]
+    step = max(1, CPU_CHUNK_ELEMS // max(1, B * H * 2 * R))
+    for n0 in range(0, N, step):
+        n1 = min(N, n0 + step)
+        rows = torch.arange(n0, n1) if position_ids is None else position_ids[..., n0:n1]
+        c = cos[rows].float().unsqueeze(-2)  # (n, 1, R) or (B, n, 1, R)
+        s = sin[rows].float().unsqueeze(-2)
+        if conjugate:
+            s = -s
+        xf = x[:, n0:n1, :, :2 * R].float()
+        if interleaved:
+            a, b = xf[..., 0::2], xf[..., 1::2]
+        else:
+            a, b = xf[..., :R], xf[..., R:]
+        a2, b2 = a * c - b * s, b * c + a * s
+        rotated = torch.stack((a2, b2), -1).flatten(-2) if interleaved else torch.cat((a2, b2), -1)
+        out[:, n0:n1, :, :2 * R] = rotated
+        if not in_place and x.shape[-1] > 2 * R:
+            out[:, n0:n1, :, 2 * R:] = x[:, n0:n1, :, 2 * R:]
