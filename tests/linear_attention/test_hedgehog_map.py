@@ -41,10 +41,11 @@ def test_an_extreme_projection_stays_finite():
     assert torch.allclose(out, reference(x, w).float(), atol=1e-6)
 
 
-def test_the_op_hook_takes_the_fused_map_only_where_nothing_is_recorded(monkeypatch):
+def test_the_op_hook_takes_the_fused_map_where_its_switch_says(monkeypatch):
     """op.hedgehog_map's ``fused`` (configs.HEDGEHOG_FUSED_MAP by default): the kernel under no_grad (its output equal
-    to hedgehog_map_fused's), torch's map where a gradient is recorded (W's gradient flows), and the public op with the
-    switch on equal to the op with it off (bf16, the interpreter's float32 output rounded by torch)."""
+    to hedgehog_map_fused's), torch's map where a gradient is recorded and HEDGEHOG_FUSED_MAP_GRAD is off (W's gradient
+    flows), and the public op with the switch on at the error of the op with it off (bf16, the interpreter's float32
+    output rounded by torch)."""
     from tilecore.ops.linear_attention import configs, linear_attention
 
     torch.manual_seed(1)
@@ -57,8 +58,9 @@ def test_the_op_hook_takes_the_fused_map_only_where_nothing_is_recorded(monkeypa
         torch_map = hedgehog_map(x, w, fused=False)
     assert torch.allclose(torch_map.float(), kernel.float(), atol=2 * torch.finfo(torch.bfloat16).eps, rtol=0)
     wg = w.clone().requires_grad_(True)
-    out = hedgehog_map(x, wg, fused=True)  # (a gradient to record: torch's map)
-    assert out.requires_grad and torch.equal(out.detach(), torch_map)
+    monkeypatch.setattr(configs, "HEDGEHOG_FUSED_MAP_GRAD", False)
+    out = hedgehog_map(x, wg, fused=None)  # (a gradient to record, its switch off: torch's map)
+    assert out.requires_grad and torch.equal(out.detach(), torch_map) and out.grad_fn.name() != "_HedgehogMapBackward"
     out.float().sum().backward()
     assert wg.grad is not None and torch.isfinite(wg.grad).all()
 
@@ -78,3 +80,88 @@ def linear_attention_reference_f64(q, k, v, w):
 
     return linear_attention_reference(q.double(), k.double(), v.double(), feature_map="hedgehog",
                                       feature_weights=w.double())
+
+
+def map_and_grads(x, w, fused, dout):
+    xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    out = hedgehog_map(xg, wg, fused=fused)
+    out.backward(dout)
+    return out.detach(), xg.grad, wg.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("B,N,H,Dk,F", [(2, 70, 3, 16, 8), (1, 130, 1, 24, 12)])
+def test_the_fused_map_backward_is_the_torch_maps(dtype, B, N, H, Dk, F):
+    """Under autograd, fused=True (op._HedgehogMap: the one-pass forward, kernels_forward.hedgehog_map_backward) against
+    torch's map and the float64 map's autograd: the output, dx and dW within 1.05x of torch's map's error over the
+    rounding floor (float32: a few ulp); x strided, Dk / F not powers of two, rows past a block, several programs a head
+    (dW's partials summed)."""
+    torch.manual_seed(2)
+    x = torch.randn(B, H, N, Dk).to(dtype).transpose(1, 2)
+    w = torch.randn(H, Dk, F) * Dk ** -0.5
+    dout = torch.randn(B, N, H, 2 * F).to(dtype)
+    out, dx, dw = map_and_grads(x, w, True, dout)
+    t_out, t_dx, t_dw = map_and_grads(x, w, False, dout)
+    r_out, r_dx, r_dw = map_and_grads(x.double(), w.double(), False, dout.double())
+    assert dx.dtype == dtype and dw.dtype == torch.float32 and dx.shape == x.shape and dw.shape == w.shape
+    if dtype == torch.float32:
+        assert (out.double() - r_out).abs().max() < 2e-6
+        assert (dx.double() - r_dx).abs().max() < 1e-5 * r_dx.abs().max()
+        assert (dw.double() - r_dw).abs().max() < 1e-5 * r_dw.abs().max()
+        return
+    for mine, theirs, ref in ((out, t_out, r_out), (dx, t_dx, r_dx)):
+        assert accuracy.error_over_floor(mine, ref) <= 1.05 * max(1.0, accuracy.error_over_floor(theirs, ref))
+    # dW (float32 from the rounded x): as close to float64's as torch's float32 einsum
+    assert (dw.double() - r_dw).abs().max() <= 1.05 * (t_dw.double() - r_dw).abs().max() + 1e-5 * r_dw.abs().max()
+
+
+def test_the_public_op_gradients_with_the_fused_map(monkeypatch):
+    """linear_attention(feature_map='hedgehog') through autograd with HEDGEHOG_FUSED_MAP_GRAD on (the map's grad_fn
+    is op._HedgehogMap's) against the float64 recurrence: dq, dk, dv and dW at the error of the switch-off path."""
+    from tilecore.ops.linear_attention import configs, linear_attention
+
+    torch.manual_seed(4)
+    B, N, H, Dk, F, Dv = 1, 40, 2, 16, 8, 32
+    q, k = torch.randn(B, N, H, Dk).half(), torch.randn(B, N, H, Dk).half()
+    v = torch.randn(B, N, H, Dv).half()
+    w = torch.randn(H, Dk, F) * Dk ** -0.5
+    do = torch.randn(B, N, H, Dv).half()
+
+    def grads(on, dtype=None):
+        monkeypatch.setattr(configs, "HEDGEHOG_FUSED_MAP_GRAD", on)
+        ts = [t.to(dtype or t.dtype).clone().requires_grad_(True) for t in (q, k, v, w)]
+        if dtype is None:
+            o = linear_attention(*ts[:3], feature_map="hedgehog", feature_weights=ts[3])
+        else:
+            o, _ = linear_attention_reference_f64(*ts)
+        o.backward(do.to(o.dtype))
+        return [t.grad for t in ts]
+
+    from tilecore.ops.linear_attention import op
+
+    calls = []
+    apply = op._HedgehogMap.apply
+    monkeypatch.setattr(op._HedgehogMap, "apply", lambda *a: calls.append(1) or apply(*a))
+    on = grads(True)
+    assert len(calls) == 2  # (q's and k's maps)
+    off, ref = grads(False), grads(None, torch.float64)
+    assert len(calls) == 2
+    for name, a, b, r in zip(("dq", "dk", "dv"), on, off, ref):
+        assert torch.isfinite(a).all(), name
+        assert accuracy.error_over_floor(a, r) <= 1.1 * max(1.0, accuracy.error_over_floor(b, r)), name
+    assert (on[3].double() - ref[3]).abs().max() <= 1.1 * (off[3].double() - ref[3]).abs().max() + 1e-4
+
+
+def test_the_map_kernels_domain():
+    """Dk x F past 128 x 64 (the backward's shared memory at 256 x 128 exceeds an SM's) takes torch's map even with
+    fused=True, with and without a gradient; inside it the kernels run."""
+    from tilecore.ops.linear_attention import op
+
+    assert op._fused_map_fits(64, 32) and op._fused_map_fits(128, 64) and op._fused_map_fits(100, 40)
+    assert not op._fused_map_fits(256, 128) and not op._fused_map_fits(129, 64) and not op._fused_map_fits(128, 65)
+    x = torch.randn(1, 3, 1, 256).half()
+    w = torch.randn(1, 256, 128) / 16
+    wg = w.clone().requires_grad_(True)
+    assert hedgehog_map(x, wg, fused=True).grad_fn.name() != "_HedgehogMapBackward"
+    with torch.no_grad():
+        assert torch.equal(hedgehog_map(x, w, fused=True), hedgehog_map(x, w, fused=False))

@@ -140,7 +140,8 @@ def chunk_heads_kernel(G, BETA, GOUT, BOUT, N, H, N_PAD, sgb, sgn, sgh, sbb, sbn
 
 @triton.jit
 def hedgehog_map_kernel(X, W, OUT, R, sxr, sxh, sxd, swh, swd, swf, sor, soh, sof,
-                        DK: tl.constexpr, F: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr):
+                        DK: tl.constexpr, F: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr,
+                        PREC: tl.constexpr = "ieee"):
     """Program (block of BR tokens, head h): OUT[r, h, :F] = softmax(x_r W_h), OUT[r, h, F:] = softmax(-x_r W_h),
     x (R, Hqk, DK) and OUT (R, Hqk, 2F) any strides (64-bit row offsets), W (Hqk, DK, F); float32 math (an IEEE
     dot, as torch's float32 einsum), the result in OUT's dtype. Grid: (cdiv(R, BR), Hqk)."""
@@ -155,7 +156,7 @@ def hedgehog_map_kernel(X, W, OUT, R, sxr, sxh, sxd, swh, swd, swf, sor, soh, so
                 other=0.0).to(tl.float32)
     w = tl.load(W + h * swh + d[:, None] * swd + f[None, :] * swf, mask=d_ok[:, None] & f_ok[None, :],
                 other=0.0).to(tl.float32)
-    proj = tl.dot(x, w, input_precision="ieee")
+    proj = tl.dot(x, w, input_precision=PREC)
     pos = tl.where(f_ok[None, :], proj, float("-inf"))
     neg = tl.where(f_ok[None, :], -proj, float("-inf"))
     pos = tl.exp(pos - tl.max(pos, 1)[:, None])
@@ -168,10 +169,12 @@ def hedgehog_map_kernel(X, W, OUT, R, sxr, sxh, sxd, swh, swd, swf, sor, soh, so
     tl.store(out + F * sof, neg.to(OUT.dtype.element_ty), mask=mask)
 
 
-def hedgehog_map_fused(x, weight, out_dtype=None):
+def hedgehog_map_fused(x, weight, out_dtype=None, precision: str = "ieee", rows: int = 64, warps: int = 4):
     """op.hedgehog_map by hedgehog_map_kernel: x (..., Hqk, Dk), weight (Hqk, Dk, F) -> (..., Hqk, 2F) in x's dtype
     (or ``out_dtype``: Triton's interpreter truncates float32 to bf16, so its tests take float32 and round by torch).
-    No gradient (inference: the autograd path keeps torch's map)."""
+    ``precision``: the projection's dot, "ieee" (float32 FMAs) or "tf32x3" (three tf32 tensor-core products: float32's
+    accuracy but for the lo x lo term; sm_90a at Dk 64, F 32 106 registers against ieee's 64, Dk 128, F 64 186 / 0
+    spilled). No gradient (op._HedgehogMap pairs it with hedgehog_map_backward)."""
     Hqk, Dk = x.shape[-2], x.shape[-1]
     F = weight.shape[-1]
     x3 = x.reshape(-1, Hqk, Dk)
@@ -180,8 +183,87 @@ def hedgehog_map_fused(x, weight, out_dtype=None):
     R = x3.shape[0]
     if R == 0:
         return out
-    BR = 64
     bd, bf = max(16, triton.next_power_of_2(Dk)), max(16, triton.next_power_of_2(F))
-    hedgehog_map_kernel[(triton.cdiv(R, BR), Hqk)](x3, weight, o3, R, *x3.stride(), *weight.stride(), *o3.stride(),
-                                                    DK=Dk, F=F, BR=BR, BD=bd, BF=bf, num_warps=4)
+    hedgehog_map_kernel[(triton.cdiv(R, rows), Hqk)](x3, weight, o3, R, *x3.stride(), *weight.stride(), *o3.stride(),
+                                                      DK=Dk, F=F, BR=rows, BD=bd, BF=bf, PREC=precision,
+                                                      num_warps=warps)
     return out
+
+
+# The map's backward in one pass (session 33): the autograd path's torch map (float32 einsum, two softmaxes, the
+# concatenation and the cast, each with its backward) took most of Hedgehog's 11.3 ms backward in session 32's run 7
+# (the kernels' backward on the features is ~1-2 ms). The forward is recomputed from x (nothing but x and W saved).
+
+
+@triton.jit
+def hedgehog_map_bwd_kernel(X, W, DOUT, DX, DWP, R, ROWS_PER, sxr, sxh, sxd, swh, swd, swf, sdr, sdh, sdf,
+                            sgr, sgh, sgd, DK: tl.constexpr, F: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
+                            BF: tl.constexpr, PREC: tl.constexpr = "ieee"):
+    """Program (p, head h) takes rows [p ROWS_PER, (p + 1) ROWS_PER) of x (R, Hqk, DK) in blocks of BR: with
+    proj = x W_h (float32, an IEEE dot), a = softmax(proj), b = softmax(-proj) and the output's gradient (da, db)
+    (DOUT (R, Hqk, 2F): da its first F columns), dproj = a (da - <a, da>) - b (db - <b, db>); DX (R, Hqk, DK) gets
+    dproj W_h^T in its dtype, and DWP[p, h] (P, Hqk, BD, BF) float32 the program's sum of x^T dproj (summed over p by
+    the caller: deterministic). Any strides of x, DOUT, DX (64-bit row offsets). Grid: (P, Hqk)."""
+    p = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    d = tl.arange(0, BD)
+    f = tl.arange(0, BF)
+    d_ok, f_ok = d < DK, f < F
+    w = tl.load(W + h * swh + d[:, None] * swd + f[None, :] * swf, mask=d_ok[:, None] & f_ok[None, :],
+                other=0.0).to(tl.float32)
+    dw = tl.zeros([BD, BF], dtype=tl.float32)
+    start = p * ROWS_PER
+    for r0 in range(start, tl.minimum(start + ROWS_PER, R), BR):
+        rows = r0 + tl.arange(0, BR)
+        r_ok = (rows < R) & (rows < start + ROWS_PER)
+        rows64 = rows.to(tl.int64)
+        x = tl.load(X + rows64[:, None] * sxr + h * sxh + d[None, :] * sxd, mask=r_ok[:, None] & d_ok[None, :],
+                    other=0.0).to(tl.float32)
+        proj = tl.dot(x, w, input_precision=PREC)
+        pos = tl.where(f_ok[None, :], proj, float("-inf"))
+        neg = tl.where(f_ok[None, :], -proj, float("-inf"))
+        pos = tl.exp(pos - tl.max(pos, 1)[:, None])
+        neg = tl.exp(neg - tl.max(neg, 1)[:, None])
+        pos = pos / tl.sum(pos, 1)[:, None]
+        neg = neg / tl.sum(neg, 1)[:, None]
+        mask = r_ok[:, None] & f_ok[None, :]
+        dout = DOUT + rows64[:, None] * sdr + h * sdh + f[None, :] * sdf
+        da = tl.load(dout, mask=mask, other=0.0).to(tl.float32)
+        db = tl.load(dout + F * sdf, mask=mask, other=0.0).to(tl.float32)
+        dproj = pos * (da - tl.sum(pos * da, 1)[:, None]) - neg * (db - tl.sum(neg * db, 1)[:, None])
+        dproj = tl.where(mask, dproj, 0.0)
+        dx = tl.dot(dproj, tl.trans(w), input_precision=PREC)
+        tl.store(DX + rows64[:, None] * sgr + h * sgh + d[None, :] * sgd, dx.to(DX.dtype.element_ty),
+                 mask=r_ok[:, None] & d_ok[None, :])
+        dw += tl.dot(tl.trans(x), dproj, input_precision=PREC)
+    H = tl.num_programs(1)
+    tl.store(DWP + ((p * H + h) * BD + d[:, None]) * BF + f[None, :], dw)
+
+
+def hedgehog_map_backward(x, weight, dout, programs: int | None = None, dx_dtype=None, rows: int = 32,
+                          warps: int = 4, precision: str = "ieee"):
+    """(dx, dW) of hedgehog_map_fused's output against ``dout`` (..., Hqk, 2F) by hedgehog_map_bwd_kernel: dx in x's
+    dtype (or ``dx_dtype``: the interpreter's bf16 rounding, as hedgehog_map_fused's out_dtype), dW (Hqk, Dk, F)
+    float32. ``programs``: row ranges a head (default: ~512 programs over the heads, ~4 an SM of an H100, at most one
+    a block of rows; each writes one [Dk, F] float32 partial of dW). ``rows`` a block, ``warps``: 32 / 4 compile for
+    sm_90a at Dk 64, F 32 in 118 registers, 0 spilled (64 / 4: 255 and 388 B spilled; 64 / 8: 181, 0); with
+    ``precision`` "tf32x3" (the three dots on tensor cores) 165 registers, 0 spilled."""
+    Hqk, Dk = x.shape[-2], x.shape[-1]
+    F = weight.shape[-1]
+    x3 = x.reshape(-1, Hqk, Dk)
+    d3 = dout.reshape(-1, Hqk, 2 * F)
+    R = x3.shape[0]
+    dx = torch.empty(*x.shape, dtype=dx_dtype or x.dtype, device=x.device)
+    g3 = dx.view(-1, Hqk, Dk)
+    BR = rows
+    bd, bf = max(16, triton.next_power_of_2(Dk)), max(16, triton.next_power_of_2(F))
+    if R == 0:
+        return dx, torch.zeros(Hqk, Dk, F, dtype=torch.float32, device=x.device)
+    P = programs or max(1, min(triton.cdiv(R, BR), triton.cdiv(512, Hqk)))
+    rows_per = triton.cdiv(triton.cdiv(R, P), BR) * BR
+    P = triton.cdiv(R, rows_per)
+    dwp = torch.empty(P, Hqk, bd, bf, dtype=torch.float32, device=x.device)
+    hedgehog_map_bwd_kernel[(P, Hqk)](x3, weight, d3, g3, dwp, R, rows_per, *x3.stride(), *weight.stride(),
+                                      *d3.stride(), *g3.stride(), DK=Dk, F=F, BR=BR, BD=bd, BF=bf, PREC=precision,
+                                      num_warps=warps)
+    return dx, dwp.sum(0)[:, :Dk, :F]

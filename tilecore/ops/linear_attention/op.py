@@ -110,17 +110,51 @@ def _hedgehog_weights(op: str, weights, heads: int, dk: int, device):
     return pair
 
 
+def _fused_map_fits(dk: int, features: int) -> bool:
+    """Where the one-pass map kernels compile for sm_90a in registers (Dk x F up to 128 x 64, powers of two up; at
+    256 x 128 the backward asks for more shared memory than an SM has): torch's map beyond."""
+    return max(16, 1 << (dk - 1).bit_length()) * max(16, 1 << (features - 1).bit_length()) <= 128 * 64
+
+
+class _HedgehogMap(torch.autograd.Function):
+    """Hedgehog's map by the one-pass kernels: hedgehog_map_fused forward (x and W saved, not the features),
+    hedgehog_map_backward's recomputation backward (dx in x's dtype, dW summed in float32, in W's dtype)."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        wide = torch.float32 if dispatch.interpreted(x.device) else None  # (decision 7: the interpreter's bf16)
+        return kernels_forward.hedgehog_map_fused(x, weight.float(), out_dtype=wide,
+                                                  precision=configs.HEDGEHOG_MAP_PRECISION).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, weight = ctx.saved_tensors
+        wide = torch.float32 if dispatch.interpreted(x.device) else None
+        dx, dw = kernels_forward.hedgehog_map_backward(x, weight.float(), dout, dx_dtype=wide,
+                                                       precision=configs.HEDGEHOG_MAP_PRECISION)
+        return (dx.to(x.dtype) if ctx.needs_input_grad[0] else None,
+                dw.to(weight.dtype) if ctx.needs_input_grad[1] else None)
+
+
 def hedgehog_map(x: torch.Tensor, weight: torch.Tensor, fused: bool | None = None) -> torch.Tensor:
     """Hedgehog's feature map [softmax(x W_h), softmax(-x W_h)] (x (..., Hqk, Dk), W (Hqk, Dk, F)),
     computed in float32 and returned in x's dtype (values in [0, 1]).
 
-    ``fused`` (None: configs.HEDGEHOG_FUSED_MAP): one kernel pass (kernels_forward.hedgehog_map_fused) where nothing
-    is recorded (eager, no gradient: dispatch.plain_eager) and kernels serve x's device; else torch's passes."""
-    if (configs.HEDGEHOG_FUSED_MAP if fused is None else fused) and dispatch.plain_eager(x, weight) \
-            and dispatch.backend_for(x.device) == "kernel":
-        # (the interpreter truncates float32 to bf16: float32 out there, rounded by torch; decision 7)
-        wide = torch.float32 if dispatch.interpreted(x.device) else None
-        return kernels_forward.hedgehog_map_fused(x, weight.float(), out_dtype=wide).to(x.dtype)
+    ``fused`` (None: configs.HEDGEHOG_FUSED_MAP where nothing is recorded, configs.HEDGEHOG_FUSED_MAP_GRAD where a
+    gradient is): the one-pass kernels (kernels_forward.hedgehog_map_fused, and under autograd _HedgehogMap with
+    hedgehog_map_backward) in eager mode where kernels serve x's device; else (and under torch.compile, functorch
+    transforms, modes) torch's passes."""
+    mode = dispatch.eager_mode(x, weight)
+    if mode != "op" and dispatch.backend_for(x.device) == "kernel" and _fused_map_fits(x.shape[-1], weight.shape[-1]):
+        on = fused if fused is not None else \
+            configs.HEDGEHOG_FUSED_MAP if mode == "direct" else configs.HEDGEHOG_FUSED_MAP_GRAD
+        if on and mode == "direct":
+            wide = torch.float32 if dispatch.interpreted(x.device) else None  # (decision 7: the interpreter's bf16)
+            return kernels_forward.hedgehog_map_fused(x, weight.float(), out_dtype=wide,
+                                                      precision=configs.HEDGEHOG_MAP_PRECISION).to(x.dtype)
+        if on:
+            return _HedgehogMap.apply(x, weight)
     proj = torch.einsum("...hd,hdf->...hf", x.float(), weight.float())
     return torch.cat([proj.softmax(-1), (-proj).softmax(-1)], dim=-1).to(x.dtype)
 
