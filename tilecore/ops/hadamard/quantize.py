@@ -461,6 +461,30 @@ def run_plan(plan: QuantizePlan, x2: torch.Tensor, fmt: str, group: int | None, 
     return _run(x2, fmt, group, block, rotate, scale, signs, plan=plan, poison=poison)
 
 
+# the "cpu" path (torch's ops: CPU tensors, and the e4m3 formats where Triton has no e4m3) a chunk of rows of about
+# this many values at a time: float32 temporaries of one chunk (8 MiB), not of the tensor (issue 31's CPU memory:
+# 5.3x the peak of torch's (x @ H).to(float8) at 4096 x 4096 bf16 before, experiments/common/host_cpu_path.py)
+TORCH_CHUNK_ELEMS = 1 << 21
+
+
+def _torch_path_in_chunks(x2, fmt, group, block, rotate, scale, signs, step):
+    """The "cpu" path ``step`` rows at a time, for every format but nvfp4 with a dynamic global scale (whose amax
+    spans the tensor): a row's codes and scales depend on that row (and a given scale) alone, so the chunks give
+    the bits of the whole tensor at once."""
+    rows = x2.shape[0]
+    codes = scales = None
+    per_row = not (scale is not None and fmt in FP8_DTYPES)  # (a static fp8 scale comes back as the scale)
+    for i in range(0, rows, step):
+        c, s = quantize_rotated(rotated_rows(x2[i:i + step], block, rotate, signs, torch.float32), fmt, group, scale)
+        if codes is None:
+            codes = c.new_empty((rows, *c.shape[1:]))
+            scales = s.new_empty((rows, *s.shape[1:])) if per_row else s
+        codes[i:i + step] = c
+        if per_row:
+            scales[i:i + step] = s
+    return codes, scales, (scale.reshape(1).to(torch.float32) if fmt == "nvfp4" else None)
+
+
 def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False, key=None):
     """(codes, scales, global scale or None) for 2-D x2 (rows, n), contiguous rows; arguments checked.
     ``key``: the call's launch key (hadamard_quantize: no scale, no signs), or None."""
@@ -469,6 +493,9 @@ def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False, k
     if plan is None:
         plan = _PLANS.memo(key, lambda: plan_quantize(x2, fmt, group, block, rotate, static, signs is not None))
     if plan.path == "cpu" or rows == 0:
+        step = max(1, TORCH_CHUNK_ELEMS // max(1, n))
+        if rows > step and not (fmt == "nvfp4" and scale is None):
+            return _torch_path_in_chunks(x2, fmt, group, block, rotate, scale, signs, step)
         y = rotated_rows(x2, block, rotate, signs, torch.float32)
         gscale = scale if fmt != "nvfp4" or scale is not None else nvfp4_global_scale(y)
         codes, scales = quantize_rotated(y, fmt, group, gscale)
