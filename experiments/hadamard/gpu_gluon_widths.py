@@ -196,11 +196,33 @@ def s33b_timed():
     # UNITS at 18944 for the formats it lost on (run 7: fp8 0.93x, int8 0.91x with 160-184 B spilled): with PAIRS
     # fp8 spills 84 B (sm_90a), 3456 SASS against the shipped 4632
     cases += [("q", f, 18944, "units_pairs", {"units": True, **PAIRS}) for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4")]
+    # last (cut first by the budget): PAIRS + PERM where PERM applies (not 18944's HALVES 2), beside its shipped plan
+    for n in (11008, 14336, 28672):
+        cases += [c for f in FORMATS for c in (("q", f, n, "shipped", {}), ("q", f, n, "pairs_perm", PP))]
+    for m, p in ((172, 64), (28, 512), (28, 1024)):
+        cases += [("t", m, p, "shipped", {}), ("t", m, p, "pairs_perm", PP)]
+    return cases
+
+
+PP = {"clamp_lo": 2, "perm": True}  # PAIRS + PERM (H_64's columns permuted: a thread holds 16 consecutive outputs)
+
+
+def s33c_timed():
+    """Session 33, third job: PAIRS + PERM (not at 148 x 128: HALVES 2) against the shipped plan, every format at
+    11008 / 14336 / 28672 and the three transforms there (s33b times PAIRS alone); bytes against the shipped plan's."""
+    cases = []
+    for n in (11008, 14336, 28672):
+        for fmt in FORMATS:
+            cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "pairs_perm", PP)]
+    for m, p in ((172, 64), (28, 512), (28, 1024)):
+        cases += [("t", m, p, "shipped", {}), ("t", m, p, "pairs_perm", PP)]
     return cases
 
 
 def timed_cases(quick=False):
     """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
+    if SET == "s33c":
+        return s33c_timed()
     if SET == "s33b":
         return s33b_timed()
     if SET == "s33":
@@ -288,7 +310,7 @@ def phase_warm(result, deadline, quick):
               c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
     ctx = mp.get_context("spawn")
     out = result.setdefault("warm", [])
-    with ctx.Pool(min(12 if SET in ("s32", "s33", "s33b") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
+    with ctx.Pool(min(12 if SET in ("s32", "s33", "s33b", "s33c") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
         pending = pool.imap_unordered(_warm_one, cases)
         for _ in cases:
             try:
@@ -301,6 +323,13 @@ def phase_warm(result, deadline, quick):
 
 def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
+    if SET == "s33c":  # PAIRS + PERM against float64 on a spread (the rest: bytes against the shipped plan's)
+        return [("mxfp4", 11008, {}, "bfloat16", PP), ("nvfp4", 14336, {"scale": 0.002}, "bfloat16", PP),
+                ("int4", 28672, {}, "bfloat16", PP), ("fp8_e4m3", 14336, {}, "bfloat16", PP),
+                ("int8", 28672, {}, "float16", PP), ("nvfp4", 11008, {}, "bfloat16", PP),
+                ("mxfp4", 28672, {}, "float16", PP), ("int4", 14336, {}, "bfloat16", PP),
+                ("fp8_e4m3", 11008, {"scale": 0.01}, "bfloat16", PP), ("nvfp4", 28672, {"scale": 0.002}, "bfloat16", PP),
+                ("int4", 11008, {}, "float16", PP), ("fp8_e5m2", 14336, {}, "bfloat16", PP)]
     if SET == "s33b":  # PAIRS against float64 on a spread (the rest: bytes against the shipped plan's, phase_time)
         return [("mxfp4", 11008, {}, "bfloat16", PAIRS), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", PAIRS),
                 ("int4", 28672, {}, "bfloat16", PAIRS), ("fp8_e4m3", 14336, {}, "bfloat16", PAIRS),
@@ -308,7 +337,9 @@ def check_cases(quick=False):
                 ("mxfp4", 28672, {}, "float16", PAIRS), ("fp8_e4m3", 11008, {"scale": 0.01}, "bfloat16", PAIRS),
                 ("fp8_e4m3", 18944, {}, "bfloat16", {"units": True, **PAIRS}),
                 ("int8", 18944, {}, "bfloat16", {"units": True, **PAIRS}),
-                ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", {"units": True, **PAIRS})]
+                ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", {"units": True, **PAIRS}),
+                ("mxfp4", 11008, {}, "bfloat16", PP), ("nvfp4", 14336, {"scale": 0.002}, "bfloat16", PP),
+                ("int4", 28672, {}, "float16", PP), ("fp8_e4m3", 28672, {}, "bfloat16", PP)]
     if SET == "s33":  # the transforms first (check_transforms runs first in this set), then the quantize variants
         return [(c[1], c[2], {"scale": 0.002} if c[1] == "nvfp4" else {}, "bfloat16", c[4]) for c in s33_timed()
                 if c[0] == "q" and c[3] != "shipped"] + [("fp8_e4m3", 28672, {}, "bfloat16", {"clamp_lo": True})]
@@ -357,7 +388,7 @@ def phase_check(result, save, deadline, quick):
 
     out = result.setdefault("check", {"quantize": [], "transform": []})
     torch.manual_seed(0)
-    if SET in ("s33", "s33b"):  # the transforms first
+    if SET in ("s33", "s33b", "s33c"):  # the transforms first
         check_transforms(out["transform"], save, deadline)
     for fmt, n, kw, dtn, tuning in check_cases(quick):
         if time.time() > deadline:
@@ -423,7 +454,7 @@ def phase_check(result, save, deadline, quick):
             case["ok"] = False
         out["quantize"].append(case)
         save()
-    if SET not in ("s33", "s33b"):
+    if SET not in ("s33", "s33b", "s33c"):
         check_transforms(out["transform"], save, deadline)
 
 
@@ -453,11 +484,18 @@ def check_transforms(out, save, deadline):
                                                                                "stages": 2, "gluon": True}),
                  ((172, 64), 2049, "out", nc), ((172, 64), 2049, "transpose", nc), ((28, 1024), 2049, "out", nc),
                  ((28, 1024), 3, "inplace", nc)]
-    if SET == "s33b":  # PAIRS on the shipped transform plans
+    if SET == "s33c":  # PAIRS + PERM on the shipped transform plans (m x 64 and the kron kernel's)
+        g = {**PP, "gluon": True}
+        cases = [((172, 64), 2049, "out", g), ((172, 64), 3, "transpose", g), ((172, 64), 2049, "inplace", g),
+                 ((28, 512), 2049, "out", g), ((28, 512), 2049, "transpose", g), ((28, 1024), 3, "out", g),
+                 ((28, 1024), 2049, "inplace", g)]
+    if SET == "s33b":  # PAIRS on the shipped transform plans; PAIRS + PERM at m x 64 and on the kron kernel
         g = {**PAIRS, "gluon": True}
+        gp = {**PP, "gluon": True}
         cases = [((148, 128), 2049, "out", g), ((148, 128), 3, "transpose", g), ((172, 64), 2049, "out", g),
                  ((172, 64), 2049, "inplace", g), ((28, 512), 2049, "transpose", g), ((28, 1024), 3, "out", g),
-                 ((28, 1024), 2049, "out", g)]
+                 ((28, 1024), 2049, "out", g), ((172, 64), 2049, "transpose", gp), ((28, 512), 2049, "out", gp),
+                 ((28, 1024), 3, "inplace", gp)]
     if SET == "s32":  # UNITS at 148 x 128: odd row counts, in place, H_m^T
         u = {"units": True, "gluon": True}  # (gluon: the 3-row case is below the plan's TMA_MIN_ELEMENTS)
         nc = {"nozero": True, "clamp_lo": True, "gluon": True}
@@ -482,7 +520,7 @@ def check_transforms(out, save, deadline):
             x = torch.randn(rows, n, dtype=torch.bfloat16, device="cuda")
             if rows > 2:
                 x[1, 5] = float("inf")
-            plan = kron.kron_plan(x, m, p, **({} if SET in ("final", "s32", "s33", "s33b") else {"gluon": True}),
+            plan = kron.kron_plan(x, m, p, **({} if SET in ("final", "s32", "s33", "s33b", "s33c") else {"gluon": True}),
                                   **tuning)
             case["path"] = plan.path
             case["config"] = {k: v for k, v in plan.config.items() if isinstance(v, (bool, int, float, str))}
@@ -566,13 +604,13 @@ def phase_time(result, save, deadline, quick):
             y = torch.empty_like(x) if case[0] == "t" else None
             run, plan, written = _runner(case, x, y)
             row["path"] = plan.path
-            if SET == "s33b":  # the bytes against the shipped plan's on the same rows (the variants keep the values)
+            if SET in ("s33b", "s33c"):  # the bytes against the shipped plan's on the same rows (the values kept)
                 got = run()
                 got = [y.clone()] if case[0] == "t" else [t.clone() for t in _tensors(got[:2])]
                 key = case[:3]
                 if case[3] == "shipped":
                     shipped_out[key] = got
-                elif key in shipped_out and case[3] == "pairs":
+                elif key in shipped_out and case[3] in ("pairs", "pairs_perm"):
                     row["identical"] = all(a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
                                            for a, b in zip(got, shipped_out[key]))
                 del got
@@ -634,7 +672,7 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
-    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b"))
+    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c"))
     a = ap.parse_args()
     global SET
     SET = a.set

@@ -135,6 +135,7 @@ _NZ_CL = {("mxfp4", 14336): True, ("nvfp4", 14336): True, ("int4", 14336): True,
           ("int4", 28672): True}
 QUANT_GLUON_NOZERO = dict(_NZ_CL)
 QUANT_GLUON_CLAMP_LO = {**_NZ_CL, ("fp8_e4m3", 11008): True}  # (CLAMP_LO alone: fp8 11008 1.03x, session 33)
+QUANT_GLUON_PERM = {}  # H_64's columns permuted (a thread's 16 values consecutive outputs): untimed, off (session 33)
 
 
 # here, not in quantize.py: kron.py's transform plan asks it too, and quantize.py imports kron

@@ -122,6 +122,16 @@ def _pack(code, ROWS: gl.constexpr, COLS: gl.constexpr):
     return (lo & 0xF) | ((hi & 0xF) << 4)
 
 
+@gluon.jit
+def relabel(y):
+    """PERM (session 33): a [R, 64] block of the second product by the column-permuted H_64 (gluon_operand's perm: its
+    column c = 8 j + 2 q + b is H_64's column 16 q + 2 j + b, so the wgmma accumulator's column c holds output
+    16 q + 2 j + b) relabelled into the outputs' order: [R, 8 (j), 4 (q), 2 (b)] -> [R, 4, 8, 2]. A thread (q its lane
+    mod 4) then holds 16 consecutive outputs of its sub-rows: no data moves."""
+    R: gl.constexpr = y.shape[0]
+    return gl.reshape(gl.permute(gl.reshape(y, [R, 8, 4, 2]), [0, 2, 1, 3]), [R, 64])
+
+
 LO_FLOOR: gl.constexpr = gl.constexpr(-2.0**120)  # pieces' CLAMP: below any finite lo of a float32 (|lo| < 2^119)
 
 

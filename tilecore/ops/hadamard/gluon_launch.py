@@ -52,7 +52,7 @@ def launch(plan, x2, out, scales, gs, amax, fmt_id=None, stages=None, rscale=Non
 
         m, p = cfg["M"], 64 * cfg["F"]
         x_desc, codes_desc, staging_desc = gk.descriptors(x2, out, m, p, cfg["SPLIT"], packed)
-        h_desc = gluon_descriptor(gk.gluon_operand(m, x2.dtype, x2.device, transpose), [64, 64])
+        h_desc = gluon_descriptor(gk.gluon_operand(m, x2.dtype, x2.device, transpose, bool(cfg.get("PERM"))), [64, 64])
         with dispatch.on_device(x2.device):
             gk.gluon_kron_quantize_kernel[plan.grid](x_desc, codes_desc, staging_desc, h_desc, scales, gs, amax, rows,
                                                      scales.stride(0) if scales.dim() == 2 else 1, rs,
@@ -60,7 +60,8 @@ def launch(plan, x2, out, scales, gs, amax, fmt_id=None, stages=None, rscale=Non
         return
     x_desc, codes_desc, staging_desc = gw.descriptors(x2, out, cfg["M"], packed, cfg.get("HALVES", 1),
                                                       2 if cfg.get("STORE2") else 4)
-    h_desc = gluon_descriptor(gw.gluon_operand(cfg["M"], x2.dtype, x2.device, transpose), [64, 64])
+    h_desc = gluon_descriptor(gw.gluon_operand(cfg["M"], x2.dtype, x2.device, transpose, bool(cfg.get("PERM"))),
+                              [64, 64])
     with dispatch.on_device(x2.device):
         gw.gluon_wide_quantize_kernel[plan.grid](x_desc, codes_desc, staging_desc, h_desc, scales, gs, amax, rows,
                                                  scales.stride(0) if scales.dim() == 2 else 1, rs,
@@ -72,7 +73,8 @@ def store_plan(rows: int, n: int, dtype: torch.dtype, sms: int, **tuning) -> Glu
     compare it with quantize.kernel_plan's), or None where neither kernel takes the shape: the wide kernel (m x 64,
     128 < m <= 192, and m x 128: HALVES 2) first, then the kron one (m <= 32 x p = 128..1024). Tuning: stages, waves,
     ktrim, units, store2 (the wide kernel's: STORE2 stages two blocks at a time, so that two ring stages fit), split,
-    inside (the kron one's; defaults configs.gluon_kron_tuning's), nozero, clamp_lo."""
+    inside (the kron one's; defaults configs.gluon_kron_tuning's), nozero, clamp_lo, perm (the wide kernel at m x 64:
+    H_64's columns permuted, session 33)."""
     from tilecore.ops.hadamard import gluon_quantize_kron as gk
     from tilecore.ops.hadamard import gluon_quantize_wide as gw
 
@@ -91,7 +93,8 @@ def store_plan(rows: int, n: int, dtype: torch.dtype, sms: int, **tuning) -> Glu
             **({"AHEAD": True} if tuning.get("ahead") else {}), **({"PINGPONG": True} if tuning.get("pingpong") else {}),
             **({"KTRIM": True} if tuning.get("ktrim") else {}),
             **({"UNITS": True} if halves == 2 and tuning.get("units") else {}), **_switches(tuning),
-            **({"STORE2": True} if halves == 2 and tuning.get("units") and tuning.get("store2") else {})))
+            **({"STORE2": True} if halves == 2 and tuning.get("units") and tuning.get("store2") else {}),
+            **({"PERM": True} if halves == 1 and tuning.get("perm") else {})))
     split, inside = configs.gluon_kron_tuning(m, p, tuning)
     if not gk.fits(m, p, split):
         return None
@@ -99,7 +102,7 @@ def store_plan(rows: int, n: int, dtype: torch.dtype, sms: int, **tuning) -> Glu
     return GluonPlan("gluon_kron", grid=(grid,), rscale=rscale, config=dict(
         M=m, F=p // 64, SPLIT=split, INSIDE=inside, FORMAT=_FP8_ID, G=0, STATIC=False, QMAX=_FP8_QMAX,
         STAGES=tuning.get("stages") or configs.QUANT_GLUON_KRON_STAGES, PACKED=False, num_warps=4,
-        **_switches(tuning)))
+        **_switches(tuning), **({"PERM": True} if tuning.get("perm") else {})))
 
 
 def _switches(tuning) -> dict:

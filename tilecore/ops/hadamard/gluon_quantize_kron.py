@@ -25,8 +25,8 @@ then the per-token amax is the maximum of both consumers', exchanged through sha
 """
 from triton.experimental import gluon
 
-from tilecore.ops.hadamard.gluon_epilogue import (AMAX, STORE, exchange, folded, group_codes, pieces, row_amax,
-                                                  token_codes, token_recip)
+from tilecore.ops.hadamard.gluon_epilogue import (AMAX, STORE, exchange, folded, group_codes, pieces, relabel,
+                                                  row_amax, token_codes, token_recip)
 from tilecore.tiles.gluon import Layout, TileOperand, run, stage_struct, struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
@@ -92,6 +92,7 @@ class KronQuantize:
     FOLD: gl.constexpr  # quantized formats: rscale folded into the maxima and reciprocals, not multiplied a value
     NOZERO: gl.constexpr  # group formats and STORE: sub-rows past m not zeroed (their scales and codes never stored)
     CLAMP_LO: gl.constexpr  # the second product's lo piece by one max, not a compare and a select (epilogue.pieces)
+    PERM: gl.constexpr  # H_64's columns permuted (gluon_operand perm), blocks relabelled (epilogue.relabel)
 
     @gluon.jit
     def setup(self, tile):
@@ -233,7 +234,10 @@ class KronQuantize:
             row = 2 * tile + ctx.index
         else:
             row = tile
-        ys = (state.y0, state.y1, state.y2, state.y3)
+        if self.PERM:  # the outputs' order: a thread's 16 values of a sub-row are consecutive outputs
+            ys = (relabel(state.y0), relabel(state.y1), relabel(state.y2), relabel(state.y3))
+        else:
+            ys = (state.y0, state.y1, state.y2, state.y3)
         tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
         if self.FORMAT == AMAX:
             a = folded(self, row_amax(ys, NBLK))
@@ -305,7 +309,7 @@ def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                FORMAT: gl.constexpr, G: gl.constexpr, STATIC: gl.constexpr, QMAX: gl.constexpr,
                                STAGES: gl.constexpr, INSIDE: gl.constexpr = False, SCALE_ONCE: gl.constexpr = False,
                                FOLD: gl.constexpr = False, NOZERO: gl.constexpr = False,
-                               CLAMP_LO: gl.constexpr = False):
+                               CLAMP_LO: gl.constexpr = False, PERM: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_(64 F)) x) for ``rows`` rows of 64 M F elements (module
     docstring). x_desc: (rows, M, F, 64) with [1, 32, 2, 64] boxes; codes_desc: (rows, M, F, W) bytes (W = 64, or
     32 packed; STORE: x's dtype, W = 64) with [1, 32, 2, W] boxes; staging_desc: the same with [F / (2 SPLIT), 32,
@@ -321,7 +325,7 @@ def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
         xbar = None
     op = KronQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, xchg, xbar,
                       M, F, SPLIT, FORMAT, G, STATIC, QMAX, INSIDE, SCALE_ONCE, FOLD and FORMAT != STORE,
-                      NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO)
+                      NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO, PERM)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True), tile_counter=row_counter)
     NBS: gl.constexpr = (3 - SPLIT) * (F // 2)  # boxes a stage
@@ -341,19 +345,22 @@ def fits(m: int, p: int, split: int) -> bool:
         and (p // BLOCK.value) // (2 * split) in (1, 2, 4) and (p // BLOCK.value) % (2 * split) == 0
 
 
-def gluon_operand(m: int, dtype, device, transpose: bool = False):
+def gluon_operand(m: int, dtype, device, transpose: bool = False, perm: bool = False):
     """The resident operand, [192, 64] as bf16 bits: A = H_m (H_m^T with ``transpose``) zero-padded to 32, (x) H_2
     (row 2 i' + l' is output sub-row (i', l')), in ``dtype`` (x's: the first product's A); then -A; then H_64 in
-    bf16 (the second product's B)."""
+    bf16 (the second product's B; ``perm``: its columns in gluon_quantize_wide.perm_columns' order)."""
     import torch
 
     from tilecore.ops.hadamard.reference import hadamard_matrix
 
-    key = (m, dtype, str(device), transpose)
+    from tilecore.ops.hadamard.gluon_quantize_wide import perm_columns
+
+    key = (m, dtype, str(device), transpose, perm)
     if key not in _OPERANDS:
         a = _operand_a(m, transpose)
+        h64 = hadamard_matrix(BLOCK.value, torch.float64)
         blocks = [a.to(dtype).view(torch.bfloat16), (-a).to(dtype).view(torch.bfloat16),
-                  hadamard_matrix(BLOCK.value, torch.float64).to(torch.bfloat16)]
+                  (h64[:, perm_columns()] if perm else h64).to(torch.bfloat16).contiguous()]
         _OPERANDS[key] = torch.cat(blocks).contiguous().to(device)
     return _OPERANDS[key]
 

@@ -28,7 +28,8 @@ three [64, 64] float32 accumulators a consumer (96 registers a thread), shared m
 from triton.experimental import gluon
 
 from tilecore.ops.hadamard.gluon_epilogue import (AMAX, STORE, _amax, _group_scale, _max_nan, _pack, _rni, exchange,
-                                                  folded, group_codes, pieces, row_amax, token_codes, token_recip)
+                                                  folded, group_codes, pieces, relabel, row_amax, token_codes,
+                                                  token_recip)
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
@@ -98,6 +99,7 @@ class WideQuantize:
     NOZERO: gl.constexpr  # group formats and STORE: sub-rows past m not zeroed (their scales and codes never stored)
     CLAMP_LO: gl.constexpr  # the second product's lo piece by one max, not a compare and a select (epilogue.pieces)
     STORE2: gl.constexpr  # UNITS STORE: two staging slots a consumer (two ring stages fit), consumer 0's J 0 in compute
+    PERM: gl.constexpr  # HALVES 1: H_64's columns permuted (gluon_operand perm), blocks relabelled (epilogue.relabel)
 
     @gluon.jit
     def setup(self, tile):
@@ -404,6 +406,10 @@ class WideQuantize:
         y0 = state.w0
         y1 = state.w1
         y2 = state.w2
+        if self.PERM:  # the outputs' order: a thread's 16 values of a sub-row are consecutive outputs
+            y0 = relabel(y0)
+            y1 = relabel(y1)
+            y2 = relabel(y2)
         tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
         if self.FORMAT == AMAX:
             a = folded(self, row_amax((y0, y1, y2), NB))
@@ -541,7 +547,8 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                AHEAD: gl.constexpr = False, PINGPONG: gl.constexpr = False, PROBE: gl.constexpr = 0,
                                HALVES: gl.constexpr = 1, SCALE_ONCE: gl.constexpr = False, KTRIM: gl.constexpr = False,
                                FOLD: gl.constexpr = False, UNITS: gl.constexpr = False, NOZERO: gl.constexpr = False,
-                               CLAMP_LO: gl.constexpr = False, STORE2: gl.constexpr = False):
+                               CLAMP_LO: gl.constexpr = False, STORE2: gl.constexpr = False,
+                               PERM: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
@@ -562,6 +569,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
         xchg = None
         xbar = None
     gl.static_assert(not UNITS or (HALVES == 2 and not AHEAD and not PINGPONG and PROBE == 0), "UNITS: HALVES 2 alone")
+    gl.static_assert(not PERM or HALVES == 1, "PERM: HALVES 1 (m x 64)")
     if HALVES == 2 and G == 128 and not UNITS:  # the sub-rows' maxima exchanged (int4's groups of 128 span both halves)
         xrows = gl.allocate_shared_memory(gl.float32, [12, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     else:
@@ -570,7 +578,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                       STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar, xrows, SCALE_ONCE, KTRIM,
                       FOLD and FORMAT != STORE, UNITS,
                       NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO,
-                      STORE2 and UNITS and FORMAT == STORE)
+                      STORE2 and UNITS and FORMAT == STORE, PERM)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),
@@ -590,15 +598,22 @@ def fits(n: int, m: int, p: int) -> bool:
         and n == m * p
 
 
-def gluon_operand(m: int, dtype, device, transpose: bool = False):
+def perm_columns():
+    """PERM's column order of H_64 (a list: column c of the permuted matrix is H_64's column perm[c]): c = 8 j + 2 q + b
+    -> 16 q + 2 j + b (the wgmma accumulator's thread q = lane mod 4 holds columns 8 j + 2 q + b)."""
+    return [16 * ((c % 8) // 2) + 2 * (c // 8) + c % 2 for c in range(BLOCK.value)]
+
+
+def gluon_operand(m: int, dtype, device, transpose: bool = False, perm: bool = False):
     """The resident operand, [640, 64] as bf16 bits: H_m zero-padded to 192 x 192 as nine [64, 64] blocks (j, k)
-    at rows 64 (3 j + k), in ``dtype`` (x's: the first product's A), then H_64 in bf16 (the second product's B)."""
+    at rows 64 (3 j + k), in ``dtype`` (x's: the first product's A), then H_64 in bf16 (the second product's B;
+    ``perm``: its columns in perm_columns' order)."""
     import torch
 
     from tilecore.ops.hadamard import orders
     from tilecore.ops.hadamard.reference import hadamard_matrix
 
-    key = (m, dtype, str(device), transpose)
+    key = (m, dtype, str(device), transpose, perm)
     if key not in _OPERANDS:
         size = NB.value * BLOCK.value
         h = torch.zeros(size, size, dtype=torch.float64)
@@ -606,7 +621,8 @@ def gluon_operand(m: int, dtype, device, transpose: bool = False):
         h[:m, :m] = hm.T if transpose else hm  # H_m^T: the transform's backward
         blocks = [h[BLOCK.value * j:BLOCK.value * (j + 1), BLOCK.value * k:BLOCK.value * (k + 1)].to(dtype).view(torch.bfloat16)
                   for j in range(NB.value) for k in range(NB.value)]
-        blocks.append(hadamard_matrix(BLOCK.value, torch.float64).to(torch.bfloat16))
+        h64 = hadamard_matrix(BLOCK.value, torch.float64)
+        blocks.append((h64[:, perm_columns()] if perm else h64).to(torch.bfloat16).contiguous())
         _OPERANDS[key] = torch.cat(blocks).contiguous().to(device)
     return _OPERANDS[key]
 

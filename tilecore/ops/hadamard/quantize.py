@@ -212,7 +212,10 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         **_fold(fmt, n, tuning),
         # UNITS (HALVES 2): each output block's mixing once, consumer 0 blocks J 0-1, consumer 1 J 2
         **({"UNITS": True} if halves == 2 and tuning.get("units", _by_format(configs.QUANT_GLUON_UNITS, fmt, n, False))
-           else {}), **_epilogue_switches(fmt, n, tuning)))
+           else {}), **_epilogue_switches(fmt, n, tuning),
+        # PERM (HALVES 1): H_64's columns permuted so that a thread holds 16 consecutive outputs (session 33)
+        **({"PERM": True} if halves == 1 and tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False))
+           else {})))
 
 
 def _epilogue_switches(fmt, n, tuning) -> dict:
@@ -266,7 +269,8 @@ def _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         M=M, F=P // 64, SPLIT=split, INSIDE=inside, FORMAT=f.kernel_id, G=group or 0,
         STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, STAGES=tuning.get("stages") or configs.QUANT_GLUON_KRON_STAGES,
         PACKED=f.packed, num_warps=4, **_scale_once(fmt, n, group, tuning), **_fold(fmt, n, tuning),
-        **_epilogue_switches(fmt, n, tuning)))
+        **_epilogue_switches(fmt, n, tuning),
+        **({"PERM": True} if tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False)) else {})))
 
 
 def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms, interpret,
