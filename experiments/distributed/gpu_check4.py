@@ -259,7 +259,7 @@ def napkin(row: dict, heads: int, d: int, world: int) -> dict:
         for label, link in links.items():
             p = napkin_ring.predict(seq=row["N"], heads=heads, d=d, world=world, causal=row["causal"], gpu=gpu,
                                     link=link, one_gpu=False, sm_margin=0, dq_in_kernel=ring_module.DQ_IN_KERNEL,
-                                    copy_engine=ce, one_pass_own_sums=False)
+                                    copy_engine=ce, one_pass_own_sums=VARIANTS[key][1])
             out[key][label] = {
                 "fwd_ms": p.forward_s * 1e3, "bwd_ms": p.backward_s * 1e3, "hidden": p.hidden,
                 "step_ms": p.step_compute_s * 1e3, "hop_ms": p.step_transfer_s * 1e3,

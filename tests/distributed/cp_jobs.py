@@ -95,13 +95,13 @@ def compare(rank, world, cases):
     if group is None:
         return None
     rows = []
-    dq_in_kernel = ring.DQ_IN_KERNEL
+    dq_in_kernel, one_pass = ring.DQ_IN_KERNEL, ring.ONE_PASS_SUMS_ABOVE_TWO  # the shipped settings
     for case in cases:
         _interpret(case.get("interpret", False))
         ring.TRANSFERS_EARLY = case.get("early", False)  # the ring's two transfer orders
         ring.DQ_IN_KERNEL = case.get("dq_in_kernel", False)  # dQ summed by backward_adding_dq
         op.set_fast_host(case.get("fast_host", True))  # the public call's host path, session 30's or 29's
-        ring.set_one_pass_sums_above_two(case.get("one_pass", False))  # past two ranks: the sums in one pass
+        ring.set_one_pass_sums_above_two(case.get("one_pass", one_pass))  # past two ranks: the sums in one pass
         q, k, v, dout, dlse = _full_inputs(case)
         causal, mode, with_dlse = case["causal"], case["mode"], case.get("dlse", True)
         with_out = case.get("out", True)
@@ -138,6 +138,7 @@ def compare(rank, world, cases):
     _interpret(True)
     ring.TRANSFERS_EARLY = False
     ring.DQ_IN_KERNEL = dq_in_kernel
+    ring.set_one_pass_sums_above_two(one_pass)
     op.set_fast_host(True)
     return rows
 

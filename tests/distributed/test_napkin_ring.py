@@ -111,3 +111,19 @@ def test_backward_rows_against_run_9():
     fixed = dict(kw, causal=True, attention_tflops=550)
     a, b = ring.predict(gpu=lab, **fixed), ring.predict(gpu=slow_hbm, **fixed)
     assert b.backward[-1].elementwise == pytest.approx(2 * a.backward[-1].elementwise, rel=0.05)
+
+
+def test_one_pass_sums_past_two_ranks_against_session_33():
+    """Past two ranks ``one_pass_own_sums`` is ring.ONE_PASS_SUMS_ABOVE_TWO (on since session 33): the own
+    dK/dV and every passing sum in one pass each, fewer bytes than the float32 copies and adds; session 33's
+    4-H100 run (cp4d_run3_session33_h100x4, cef, the per-part timeline's totals) within 15% forward and
+    backward: causal 32K 4.31 / 11.44 ms, causal 128K 64.03 / 168.30, 64K 29.17 / 79.93."""
+    kw = dict(heads=32, d=128, world=4, one_gpu=False, dq_in_kernel=True, copy_engine=True)
+    for seq, causal, fwd_ms, bwd_ms in ((32768, True, 4.31, 11.44), (131072, True, 64.03, 168.30),
+                                        (65536, False, 29.17, 79.93)):
+        off = ring.predict(seq=seq, causal=causal, **kw)
+        on = ring.predict(seq=seq, causal=causal, one_pass_own_sums=True, **kw)
+        assert on.forward_s == off.forward_s and on.backward_s < off.backward_s, (seq, causal)
+        passing = [b.elementwise for b in on.backward[2:-1]]  # the steps that make a sum of two or more shares
+        assert all(x < y for x, y in zip(passing, [b.elementwise for b in off.backward[2:-1]])), (seq, causal)
+        assert 0.85 < on.forward_s * 1e3 / fwd_ms < 1.15 and 0.85 < on.backward_s * 1e3 / bwd_ms < 1.15, (seq, causal)

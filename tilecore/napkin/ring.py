@@ -181,9 +181,11 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
     dQ added to the float32 sum by the attention kernel (the Gluon backward's reductions: D64, D128
     from 1024 rows, causal from 4096), else by a pass of its own; ``copy_engine``: the transfers by the
     copy engines (tilecore.distributed.copy_engine: no SM), so beside the attention at any margin, at
-    the link's ``copy_bandwidth`` (measured on the h100-x2: 355 GB/s); ``one_pass_own_sums``: two
-    ranks' own dK/dV summed from the three shares in one pass (ring.FUSED_OWN_SUMS) instead of a
-    float32 buffer (a copy, adds, a cast)."""
+    the link's ``copy_bandwidth`` (measured on the h100-x2: 355 GB/s); ``one_pass_own_sums``: a rank's
+    own dK/dV summed from its shares in one pass (ring.FUSED_OWN_SUMS at two ranks, with
+    ring.ONE_PASS_SUMS_ABOVE_TWO past two) instead of a float32 buffer (a copy, adds, a cast), and past two
+    ranks each passing sum made in one pass (the incoming sum + this rank's share into float32) instead
+    of a float32 copy and an add."""
     if world < 1 or seq < 2 * world:
         raise ValueError(f"ring.predict: need world >= 1 and seq >= 2 * world; got seq={seq}, world={world}")
     if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or sm_margin < 0:
@@ -221,7 +223,8 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
         return Step(what, compute * (slower if transfer > 0 else 1.0), elementwise, transfer, serial, gaps)
 
     hop = lk.copy_time if copy_engine else lk.time
-    fused = one_pass_own_sums and world == 2
+    fused = one_pass_own_sums and world >= 2
+    one_pass = one_pass_own_sums and world > 2  # the passing sums too (ring.ONE_PASS_SUMS_ABOVE_TWO)
     o_elems = batch * heads * d          # per query row
     kv_elems = 2 * batch * kv_heads * d  # K and V, per key row
     kv_bytes = kv_elems * n * q
@@ -265,15 +268,19 @@ def predict(seq: int, heads: int, d: int, world: int, *, causal: bool = False, b
         in_flight = (kv_bytes if s < world - 1 else 0.0) + (sum_bytes(s - 1) if s >= 2 else 0.0)
         if s == 1:  # the share sent as the op gave it (causal, the slowest rank's: half the keys, into zeros)
             sums = kv_elems * n * 2 * q / hbm if causal else 0.0
-        else:  # the incoming sum in float32 (an upcast after a one-share hop), this share added
-            sums = kv_elems * n * ((q + 4) if s == 2 else 0) / hbm + n * dkv_add
+        elif one_pass:  # incoming (the dtype after a one-share hop, else float32) + share, float32 written
+            sums = kv_elems * n * ((2 * q + 4) if s == 2 else (8 + q)) / hbm
+        else:  # the incoming sum copied to float32 (an upcast after a one-share hop), this share added
+            sums = kv_elems * n * ((q + 4) if s == 2 else 8) / hbm + n * dkv_add
         bwd.append(step("foreign block" + (", half the pairs" if causal else ""),
                         attn(n, n, 0.5 if causal else 1.0, False, True), n * dq_add + sums,
                         hop(in_flight), kernels=2 + (2 if s >= 2 else 0)))
     home = (kv_elems * n * (8 + (q if world == 2 else 4)) if world > 1 else 0.0) \
         + o_elems * n * (4 + q) + kv_elems * n * (4 + q)  # the sum home added, casts out
-    if fused:  # the three shares read (the last part's over its keys), the dtype written once; dq's cast
-        home = kv_elems * (2 * n + second[3]) * q + kv_elems * n * q + o_elems * n * (4 + q)
+    if fused:  # the three shares read (the last part's over its keys; the sum home in float32 past two
+        # ranks), the dtype written once; dq's cast
+        home = (kv_elems * (n + second[3]) * q + kv_elems * n * (q if world == 2 else 4) + kv_elems * n * q
+                + o_elems * n * (4 + q))
     bwd.append(step(second[0], second[1], second[2] * dq_add + (0.0 if fused else second[3] * dkv_add) + home / hbm,
                     hop(sum_bytes(world - 1)) if world > 1 else 0.0, kernels=2 + (3 if fused else 7)))
 
@@ -313,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--copy-engine", action="store_true",
                    help="transfers by the copy engines (no SM: hidden beside the attention at margin 0)")
     p.add_argument("--one-pass-sums", action="store_true",
-                   help="two ranks' own dK/dV summed in one pass (tilecore.distributed.ring.FUSED_OWN_SUMS)")
+                   help="a rank's own dK/dV summed in one pass (tilecore.distributed.ring.FUSED_OWN_SUMS; past "
+                        "two ranks with ONE_PASS_SUMS_ABOVE_TWO, the passing sums too)")
     p.add_argument("--attention-tflops", type=float, default=None,
                    help="a measured attention rate instead of the napkin's derivation")
     args = p.parse_args(argv)
