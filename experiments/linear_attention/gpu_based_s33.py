@@ -51,7 +51,7 @@ WARM_DEADLINE = 80.0
 RESULTS: dict = {"check": [], "hedgehog": {}, "based": {}, "based_check": [], "errors": [], "peer": {}}
 MAMBA = ["shipped", "lean+beta_log", "lean+late"]
 # name -> tl_plan overrides of Based's backward (shipped: configs.BASED_BWD_CHUNK 16, BASED_BWD_BV 32, 4 warps, 2
-# stages). sm_90a (this ptxas): shipped dq 144 B / dkv 316 B spilled; BVB 16: dkv 68 B; chunk 32 / BVB 16: dq 940
+# stages). sm_90a (this ptxas): shipped dq 144 B / dkv 316 B spilled; BVB 16: dkv 68 B; 8 warps, BVB 64: dkv 72 B
 BASED_VARIANTS = {
     "shipped": {},
     "bvb16": dict(BVB=16),
@@ -60,6 +60,9 @@ BASED_VARIANTS = {
     "st1": dict(num_stages=1),
     "st3": dict(num_stages=3),
     "bvb16 w8": dict(BVB=16, num_warps=8),
+    # chunks of 32: half the reverse sweep's serial chunk-steps (3.29 ms / 256 steps: a latency chain a program)
+    "bt32 bvb16 w8": dict(BT_BWD=32, BVB=16, num_warps=8),  # sm_90a: dq 12 B, dK/dV 156 B spilled
+    "bt32 w8": dict(BT_BWD=32, num_warps=8),  # dq 12 B, dK/dV 608 B
 }
 
 
