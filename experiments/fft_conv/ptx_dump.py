@@ -7,7 +7,9 @@ refactor that leaves the PTX identical changed nothing the GPU runs).
     python experiments/fft_conv/ptx_dump.py /tmp/ptx_new
     python experiments/tiles/ptx_compare.py /tmp/ptx_old /tmp/ptx_new
 
-``--root`` imports tilecore from that tree (default: this one); ``--shipped`` only the shipped tuples.
+``--root`` imports tilecore from that tree (default: this one); ``--shipped`` only the shipped tuples. Also the
+filter-gradient kernel (fft_conv_gluon_dk_kernel) at configs.DK_GLUON's tuples and (without ``--shipped``) its
+candidates, where the tree has it (session 33).
 """
 import argparse
 import os
@@ -55,6 +57,25 @@ def main() -> int:
             with open(os.path.join(a.out, f"fft_gluon_{label}.ptx"), "w") as f:
                 f.write(ptx)
             print(f"{label}: {name}", flush=True)
+    try:
+        from tilecore.ops.fft_conv.report import gluon_dk_variant
+    except ImportError:  # (a tree before session 32's dk kernel)
+        return 0
+    dks = list(configs.DK_GLUON.values())
+    if not a.shipped:
+        dks += [c for cs in configs.DK_GLUON_CANDIDATES.values() for c in cs if c not in dks]
+    for config in dks:
+        label = "dk_" + "x".join(str(int(c)) for c in config)
+        name, kernel, args, warps, _ = gluon_dk_variant(*config)
+        try:
+            ptx = compile_kernel(kernel, args, num_warps=warps).asm["ptx"]
+        except Exception as err:  # noqa: BLE001
+            print(f"{label}: {type(err).__name__}: {str(err)[-300:]}", flush=True)
+            continue
+        ptx = re.sub(r'\.file\s+(\d+)\s+"[^"]*/(tilecore/[^"]*)"', r'.file \1 "\2"', ptx)
+        with open(os.path.join(a.out, f"fft_gluon_{label}.ptx"), "w") as f:
+            f.write(ptx)
+        print(f"{label}: {name}", flush=True)
     return 0
 
 

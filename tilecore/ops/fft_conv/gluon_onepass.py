@@ -565,6 +565,22 @@ def _spectrum_buffer(B: gl.constexpr, C: gl.constexpr, KPRE: gl.constexpr):
 
 
 @gluon.jit
+def _tile_offsets(B: gl.constexpr, HALF: gl.constexpr, A: gl.constexpr, COLS: gl.constexpr, io: gl.constexpr,
+                  acc: gl.constexpr):
+    """The offsets every kernel's tiles take (the convolution's two kernels and the filter gradient's): ``seq`` = B a +
+    m of x[m, a] = z[B a + m] ([B, HALF] in ``io``: u's and y's pointer loads and stores), ``tab`` = m A + k_a of the
+    (B, A) tables' first COLS columns ([B, COLS] in ``acc``: the twiddles, the spectrum's bins; a chunk adds its first
+    column), and float32 zeros [B, COLS] in ``acc`` (the products' first accumulators)."""
+    io_m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
+    io_a = gl.arange(0, HALF, layout=gl.SliceLayout(0, io))
+    seq = gl.expand_dims(io_a, 0) * B + gl.expand_dims(io_m, 1)
+    t_m = gl.arange(0, B, layout=gl.SliceLayout(1, acc))
+    t_k = gl.arange(0, COLS, layout=gl.SliceLayout(0, acc))
+    tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(t_k, 0)
+    return seq, tab, gl.zeros([B, COLS], gl.float32, acc)
+
+
+@gluon.jit
 def _walk(first, programs, total, CONTIG: gl.constexpr):
     """(start, stop, step) of the work items a walker takes: w = first, first + programs, ... (strided:
     neighbouring walkers on one channel's pairs at once, its spectrum shared through L2), or (CONTIG) a
@@ -639,14 +655,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     fence_async_shared()
     gl.thread_barrier()
 
-    # offsets of the tiles: x[m, a] = z[B a + m] ([B, HALF], io); the (B, A) tables at m A + k_a (acc)
-    io_m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
-    io_a = gl.arange(0, HALF, layout=gl.SliceLayout(0, io))
-    seq = gl.expand_dims(io_a, 0) * B + gl.expand_dims(io_m, 1)
-    t_m = gl.arange(0, B, layout=gl.SliceLayout(1, acc))
-    t_k = gl.arange(0, A, layout=gl.SliceLayout(0, acc))
-    tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(t_k, 0)
-    zeros = gl.zeros([B, A], gl.float32, acc)
+    seq, tab, zeros = _tile_offsets(B, HALF, A, A, io, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE, TW_SFU, kbuf, KPRE, LEAN,
                 PRESCALE, False)
@@ -902,13 +911,7 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     lhs_out: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_out, k_width=2)
     io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
 
-    io_m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
-    io_a = gl.arange(0, HALF, layout=gl.SliceLayout(0, io))
-    seq = gl.expand_dims(io_a, 0) * B + gl.expand_dims(io_m, 1)
-    t_m = gl.arange(0, B, layout=gl.SliceLayout(1, acc))
-    t_k = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, acc))
-    tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(t_k, 0)  # chunk c: + c CHUNK
-    zeros = gl.zeros([B, CHUNK], gl.float32, acc)
+    seq, tab, zeros = _tile_offsets(B, HALF, A, CHUNK, io, acc)  # (chunk c's offsets: tab + c CHUNK)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, True, g.PROBE, g.TW_SFU, bufs.kbuf,
                 g.KPRE, g.LEAN, g.PRESCALE, g.CSCALE)
@@ -1013,13 +1016,7 @@ def fft_conv_gluon_dk_kernel(U, DY, P, FARE, FAIM, FBRE, FBIM, TFRE, TFIM, batch
     gl.thread_barrier()
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, False, False, True, 0, TW_SFU, None, 0, 1, False, False)
 
-    io_m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
-    io_a = gl.arange(0, HALF, layout=gl.SliceLayout(0, io))
-    seq = gl.expand_dims(io_a, 0) * B + gl.expand_dims(io_m, 1)
-    t_m = gl.arange(0, B, layout=gl.SliceLayout(1, acc))
-    t_k = gl.arange(0, A, layout=gl.SliceLayout(0, acc))
-    tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(t_k, 0)
-    zeros = gl.zeros([B, A], gl.float32, acc)
+    seq, tab, zeros = _tile_offsets(B, HALF, A, A, io, acc)
     if XSMEM:
         sums.index(0).store(zeros)
         sums.index(1).store(zeros)
