@@ -14,7 +14,10 @@ blocks, and Mamba-2 timed on a quiet GPU.
 * Mamba-2 2.7B (kernel alone): shipped (LEAN) against LEAN + BETA_LOG and LEAN + UPDATE_LATE, checked as
   gpu_mamba_s32's, timed only after every FLA compile is done (run 2's rounds moved +-8% beside FLA's autotune).
 
-    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_based_s33.py
+    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_based_s33.py [--confirm]
+
+``--confirm`` (the session's last batch): the shipped paths only (the public Hedgehog op's fwd and fwd+bwd as configs
+say, Based's shipped blocks and the public op, Mamba-2's shipped kernel and op), with the same checks and FLA beside.
 
 Prints a table last (<= 40 lines); JSON to $OUT/based_s33.json. About 110 s on an H100.
 """
@@ -49,7 +52,8 @@ READY_DEADLINE = 90.0
 PEER_DEADLINE = 140.0
 WARM_DEADLINE = 80.0
 RESULTS: dict = {"check": [], "hedgehog": {}, "based": {}, "based_check": [], "errors": [], "peer": {}}
-MAMBA = ["shipped", "lean+beta_log", "lean+late"]
+CONFIRM = "--confirm" in sys.argv
+MAMBA = ["shipped"] if CONFIRM else ["shipped", "lean+beta_log", "lean+late"]
 # name -> tl_plan overrides of Based's backward (shipped: configs.BASED_BWD_CHUNK 16, BASED_BWD_BV 32, 4 warps, 2
 # stages). sm_90a (this ptxas): shipped dq 144 B / dkv 316 B spilled; BVB 16: dkv 68 B; 8 warps, BVB 64: dkv 72 B
 BASED_VARIANTS = {
@@ -64,6 +68,8 @@ BASED_VARIANTS = {
     "bt32 bvb16 w8": dict(BT_BWD=32, BVB=16, num_warps=8),  # sm_90a: dq 12 B, dK/dV 156 B spilled
     "bt32 w8": dict(BT_BWD=32, num_warps=8),  # dq 12 B, dK/dV 608 B
 }
+if CONFIRM:
+    BASED_VARIANTS = {"shipped": {}}
 
 
 def elapsed() -> float:
@@ -288,7 +294,7 @@ def hedgehog_checks():
                 row[f"{prec}_map_floor"] = round(accuracy.error_over_floor(
                     kernels_forward.hedgehog_map_fused(t["q"], t["W"], precision=prec), ref_map), 3)
         RESULTS["check"].append(row)
-        for path in ("op", "fused", "tf32x3"):
+        for path in ("op",) if CONFIRM else ("op", "fused", "tf32x3"):
             ts = {x: t[x].detach().clone().requires_grad_(True) for x in ("q", "k", "v", "W")}
             o = hh_forward(path, ts)
             o.backward(do)
@@ -324,7 +330,10 @@ def hedgehog_calls():
         "fwd_tf32x3": lambda: hh_forward("tf32x3", t),
     }
     grads = [t["q"], t["k"], t["v"], t["W"]]
-    fb = {f"fwd_bwd_{p}": (gb.fwd_bwd(lambda p=p: hh_forward(p, t), t), grads) for p in ("op", "fused", "tf32x3")}
+    paths = ("op",) if CONFIRM else ("op", "fused", "tf32x3")
+    fb = {f"fwd_bwd_{p}": (gb.fwd_bwd(lambda p=p: hh_forward(p, t), t), grads) for p in paths}
+    if CONFIRM:
+        fwd = {"fwd_op": fwd["fwd_op"], "map_qk_ieee": fwd["map_qk_ieee"]}
     return fwd, fb
 
 
