@@ -691,10 +691,12 @@ def rows64_check(name, b, hq, hkv, n, nk, causal, window, softcap, dtype) -> boo
     return all(oks.values())
 
 
-def time_rows64(rounds: int = 3, budget_s: float = 100.0, t_start: float = 0.0) -> None:
-    """B8 H16 N4096 bf16, causal and not, alternately ``rounds`` times (do_bench medians, rep 100 ms): the dK/dV
-    kernel with its preprocess, shipped (32 rows) and rows64 (STAGES 3); forward + backward each way and 128 / 128's
-    default forward + backward (the issue's ratio: 192 / 128's FLOP rate over 128 / 128's)."""
+def time_rows64(rounds: int = 3, budget_s: float = 100.0, t_start: float = 0.0, rep: int = 100,
+                with_bwd: bool = False) -> None:
+    """B8 H16 N4096 bf16, causal and not, alternately ``rounds`` times (do_bench medians, ``rep`` ms): the dK/dV
+    kernel with its preprocess, shipped (32 rows) and rows64 (STAGES 3), with DV_EARLY; forward + backward each way
+    and 128 / 128's default forward + backward (the issue's ratio: 192 / 128's FLOP rate over 128 / 128's);
+    ``with_bwd``: the backward alone each way too, and 128 / 128's."""
     import statistics
 
     import triton.testing
@@ -741,13 +743,23 @@ def time_rows64(rounds: int = 3, budget_s: float = 100.0, t_start: float = 0.0) 
                                                        scale, dkdv_only=True),
                "fwd+bwd shipped": lambda: fwd_bwd(plans["shipped"]), "fwd+bwd rows64": lambda: fwd_bwd(plans["rows64"]),
                "fwd+bwd early": fwd_bwd_early, "128/128 fwd+bwd": square}
+        if with_bwd:
+            launch.forward(sq_fwd, qs, ks, vs, os_, ls_, causal, 128 ** -0.5)
+            fns.update({
+                "bwd shipped": lambda: launch.backward(plans["shipped"], dout, q, k, v, out, lse, None, dq, dk, dv,
+                                                       causal, scale),
+                "bwd rows64": lambda: launch.backward(plans["rows64"], dout, q, k, v, out, lse, None, dq, dk, dv,
+                                                      causal, scale),
+                "bwd early": lambda: rows64_early(plans["rows64"], dout, q, k, v, out, lse, dq, dk, dv, causal, scale),
+                "128/128 bwd": lambda: launch.backward(sq_bwd, ds_, qs, ks, vs, os_, ls_, None, *gs, causal,
+                                                       128 ** -0.5)})
         times = {name: [] for name in fns}
         try:
             for fn in fns.values():
                 fn()
             for _ in range(rounds):
                 for name, fn in fns.items():
-                    times[name].append(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+                    times[name].append(triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median"))
         except Exception as exc:  # noqa: BLE001 - report and go on
             note_error(f"rows64 timing {label}", exc)
             continue
@@ -760,10 +772,16 @@ def time_rows64(rounds: int = 3, budget_s: float = 100.0, t_start: float = 0.0) 
         for which in ("shipped", "rows64", "early"):
             rates[f"dK/dV+pre {which}"] = kernel_flops / med[f"dK/dV+pre {which}"] * 1e-9
             rates[f"fwd+bwd {which}"] = (f_fwd + f_bwd) / med[f"fwd+bwd {which}"] * 1e-9
+            if with_bwd:
+                rates[f"bwd {which}"] = f_bwd / med[f"bwd {which}"] * 1e-9
+        if with_bwd:
+            rates["128/128 bwd"] = s_bwd / med["128/128 bwd"] * 1e-9
         entry = dict(case=f"rows64 A/B {label}", rounds=times, median_ms=med, tflops=rates)
         for which in ("rows64", "early"):
             entry[f"{which}_dkdv_speedup"] = med["dK/dV+pre shipped"] / med[f"dK/dV+pre {which}"]
             entry[f"{which}_fwd_bwd_speedup"] = med["fwd+bwd shipped"] / med[f"fwd+bwd {which}"]
+            if with_bwd:
+                entry[f"{which}_bwd_speedup"] = med["bwd shipped"] / med[f"bwd {which}"]
         for which in ("shipped", "rows64", "early"):
             entry[f"ratio_{which}"] = rates[f"fwd+bwd {which}"] / rates["128/128 fwd+bwd"]
         RESULTS["timing"].append(entry)
@@ -772,13 +790,16 @@ def time_rows64(rounds: int = 3, budget_s: float = 100.0, t_start: float = 0.0) 
                  + " ".join(f"{t:.3f}" for t in times[name]) + ")"))
         for which in ("rows64", "early"):
             row(("ratio", f"{label} {which} / shipped", f"dK/dV+pre {entry[which + '_dkdv_speedup']:.3f}x, fwd+bwd "
-                 f"{entry[which + '_fwd_bwd_speedup']:.3f}x"))
+                 f"{entry[which + '_fwd_bwd_speedup']:.3f}x" + (f", bwd {entry[which + '_bwd_speedup']:.3f}x"
+                                                               if with_bwd else "")))
         row(("ratio", f"{label} 192/128 over 128/128 rate", ", ".join(
             f"{w} {entry['ratio_' + w]:.3f}" for w in ("shipped", "rows64", "early")) + " (target >= 0.9)"))
 
 
-def run_rows64(budget_s: float) -> None:
-    """The first check (a wrong kernel is not timed), the timings, then the other checks while the budget lasts."""
+def run_rows64(budget_s: float, ab: bool = False) -> None:
+    """The first check (a wrong kernel is not timed), the timings, then the other checks while the budget lasts.
+    ``ab`` (--rows64-ab, after session 33's run 4 checked all 13 cases): the first check, then 5 alternate rounds of
+    rep 200 ms with the backward alone too, no other check."""
     t_start = time.time()
     first = ROWS64_CHECKS[0]
     try:
@@ -786,6 +807,9 @@ def run_rows64(budget_s: float) -> None:
     except Exception as exc:  # noqa: BLE001 - report and go on
         note_error(f"check rows64 {first[0]}", exc)
         ok = False
+    if ok and ab:
+        time_rows64(rounds=5, budget_s=budget_s - 20.0, t_start=t_start, rep=200, with_bwd=True)
+        return
     if ok:
         time_rows64(budget_s=budget_s - 30.0, t_start=t_start)
     for case in ROWS64_CHECKS[1:]:
@@ -816,15 +840,18 @@ def main():
     parser.add_argument("--rows64", action="store_true",
                         help="only the dK/dV kernel at 64 query rows a step against the shipped 32 (session 33): "
                              "checks, alternate-round timings with 128/128's in the same run, <= 120 s")
+    parser.add_argument("--rows64-ab", action="store_true",
+                        help="--rows64's first check, then 5 alternate rounds (rep 200 ms) of the dK/dV kernel, the "
+                             "backward and fwd+bwd each way and 128/128's (session 33), <= 120 s")
     parser.add_argument("--parts", action="store_true",
                         help="only the non-causal backward's parts at other stage counts (session 29), <= 90 s")
     args = parser.parse_args()
     t_start = time.time()
-    if args.rows64:
+    if args.rows64 or args.rows64_ab:
         if SMOKE:  # planning a Gluon grid needs a GPU
             print("--rows64 runs on the GPU only")
             return
-        run_rows64(min(args.budget, 105.0))
+        run_rows64(min(args.budget, 105.0), ab=args.rows64_ab)
         out_dir = os.environ.get("OUT", "/tmp/out")
         os.makedirs(out_dir, exist_ok=True)
         RESULTS["device"] = torch.cuda.get_device_name()
