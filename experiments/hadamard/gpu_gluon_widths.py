@@ -207,15 +207,20 @@ def s33b_timed():
 PP = {"clamp_lo": 2, "perm": True}  # PAIRS + PERM (H_64's columns permuted: a thread holds 16 consecutive outputs)
 
 
+PERM = {"perm": True}
+
+
 def s33c_timed():
-    """Session 33, third job: PAIRS + PERM (not at 148 x 128: HALVES 2) against the shipped plan, every format at
-    11008 / 14336 / 28672 and the three transforms there (s33b times PAIRS alone); bytes against the shipped plan's."""
+    """Session 33, third job (after run 4's PAIRS flips): PERM over the shipped plan (with PAIRS where shipped), every
+    format at 11008 / 14336 / 28672 (not 18944's HALVES 2) and the three transforms there, bytes compared with the
+    shipped plan's; UNITS over mxfp4 18944's shipped plan (run 4: 1.09x with PAIRS, not float64-checked there)."""
     cases = []
     for n in (11008, 14336, 28672):
         for fmt in FORMATS:
-            cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "pairs_perm", PP)]
+            cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "perm", PERM)]
     for m, p in ((172, 64), (28, 512), (28, 1024)):
-        cases += [("t", m, p, "shipped", {}), ("t", m, p, "pairs_perm", PP)]
+        cases += [("t", m, p, "shipped", {}), ("t", m, p, "perm", PERM)]
+    cases += [("q", "mxfp4", 18944, "shipped", {}), ("q", "mxfp4", 18944, "units", {"units": True})]
     return cases
 
 
@@ -323,13 +328,14 @@ def phase_warm(result, deadline, quick):
 
 def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
-    if SET == "s33c":  # PAIRS + PERM against float64 on a spread (the rest: bytes against the shipped plan's)
-        return [("mxfp4", 11008, {}, "bfloat16", PP), ("nvfp4", 14336, {"scale": 0.002}, "bfloat16", PP),
-                ("int4", 28672, {}, "bfloat16", PP), ("fp8_e4m3", 14336, {}, "bfloat16", PP),
-                ("int8", 28672, {}, "float16", PP), ("nvfp4", 11008, {}, "bfloat16", PP),
-                ("mxfp4", 28672, {}, "float16", PP), ("int4", 14336, {}, "bfloat16", PP),
-                ("fp8_e4m3", 11008, {"scale": 0.01}, "bfloat16", PP), ("nvfp4", 28672, {"scale": 0.002}, "bfloat16", PP),
-                ("int4", 11008, {}, "float16", PP), ("fp8_e5m2", 14336, {}, "bfloat16", PP)]
+    if SET == "s33c":  # PERM against float64 on a spread (the rest: bytes against the shipped plan's); UNITS mxfp4
+        return [("mxfp4", 11008, {}, "bfloat16", PERM), ("nvfp4", 14336, {"scale": 0.002}, "bfloat16", PERM),
+                ("int4", 28672, {}, "bfloat16", PERM), ("fp8_e4m3", 14336, {}, "bfloat16", PERM),
+                ("int8", 28672, {}, "float16", PERM), ("nvfp4", 11008, {}, "bfloat16", PERM),
+                ("mxfp4", 28672, {}, "float16", PERM), ("int4", 14336, {}, "bfloat16", PERM),
+                ("fp8_e4m3", 11008, {"scale": 0.01}, "bfloat16", PERM), ("nvfp4", 28672, {"scale": 0.002}, "bfloat16", PERM),
+                ("int4", 11008, {}, "float16", PERM), ("fp8_e5m2", 14336, {}, "bfloat16", PERM),
+                ("mxfp4", 18944, {}, "bfloat16", {"units": True}), ("mxfp4", 18944, {}, "float16", {"units": True})]
     if SET == "s33b":  # PAIRS against float64 on a spread (the rest: bytes against the shipped plan's, phase_time)
         return [("mxfp4", 11008, {}, "bfloat16", PAIRS), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", PAIRS),
                 ("int4", 28672, {}, "bfloat16", PAIRS), ("fp8_e4m3", 14336, {}, "bfloat16", PAIRS),
@@ -484,8 +490,8 @@ def check_transforms(out, save, deadline):
                                                                                "stages": 2, "gluon": True}),
                  ((172, 64), 2049, "out", nc), ((172, 64), 2049, "transpose", nc), ((28, 1024), 2049, "out", nc),
                  ((28, 1024), 3, "inplace", nc)]
-    if SET == "s33c":  # PAIRS + PERM on the shipped transform plans (m x 64 and the kron kernel's)
-        g = {**PP, "gluon": True}
+    if SET == "s33c":  # PERM on the shipped transform plans (m x 64 and the kron kernel's)
+        g = {**PERM, "gluon": True}
         cases = [((172, 64), 2049, "out", g), ((172, 64), 3, "transpose", g), ((172, 64), 2049, "inplace", g),
                  ((28, 512), 2049, "out", g), ((28, 512), 2049, "transpose", g), ((28, 1024), 3, "out", g),
                  ((28, 1024), 2049, "inplace", g)]
@@ -610,7 +616,7 @@ def phase_time(result, save, deadline, quick):
                 key = case[:3]
                 if case[3] == "shipped":
                     shipped_out[key] = got
-                elif key in shipped_out and case[3] in ("pairs", "pairs_perm"):
+                elif key in shipped_out and case[3] in ("pairs", "pairs_perm", "perm"):
                     row["identical"] = all(a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
                                            for a, b in zip(got, shipped_out[key]))
                 del got
