@@ -29,7 +29,8 @@ On since session 30 (configs_gla_bwd.GLA_BWD_PATH "chunked"; FLA's issue 640: ch
 session 31's blocks (configs_gla_bwd.CHUNKED: chunk 64, key blocks 32, the dqk value loop, dg from the dqk kernel)
 6.07 ms at B16 H16 N4096 d128 bf16; session 32's (the value loop at 3 stages, dg's later part from S_c (SUFFIX 3), r from
 do v^T's diagonal (LEAN), dG's reverse sum as dots (DOTSCAN), the walks by key blocks of 64): dqk 2.87 ms against 3.24,
-the walks 0.70 + 0.69 against 0.84 + 0.83 (notes/linear_attention/README.md, decisions 70-77)."""
+the walks 0.70 + 0.69 against 0.84 + 0.83 (notes/linear_attention/README.md, decisions 70-77); session 33's: the value
+loop by blocks of 64, 5.315 ms composed (decision 78), and the dqk / dv forms and g_pre behind CHUNKED switches."""
 from __future__ import annotations
 
 import torch
@@ -56,14 +57,17 @@ def _state_ptrs(base, bh, c, NT, offs_k, offs_v, DK, DV):
 def gla_states_kernel(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
                       s0b, s0h, s0f, s0v, N, H, DK, DV, NT,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                      MMA: tl.constexpr, IEEE: tl.constexpr, NVB: tl.constexpr = 0):
+                      MMA: tl.constexpr, IEEE: tl.constexpr, NVB: tl.constexpr = 0, GC=0, MID=0, FLAG=0, KBLOCKS=1,
+                      G_PRE: tl.constexpr = False, BKB: tl.constexpr = 0):
     """Program (batch * head, value block): HS[c] = the state entering chunk c (its BV columns), every chunk.
     Grid (B * H, cdiv(DV, BV)). NVB (session 32): the state's rows by key blocks of BK too (each row of S walks on its
     own: its channel's decay, k's column): axis 1 is (key block, value block), NVB value blocks; grid (B * H,
-    cdiv(DK, BK) * NVB); 0: one key block (BK >= DK)."""
+    cdiv(DK, BK) * NVB); 0: one key block (BK >= DK). G_PRE (session 33; BKB the dqk kernel's key block, dividing BK):
+    the value block 0 programs also store each chunk's G, span middles and the dqk kernel's flags (_g_pre_store)."""
     vblock, kblock = _walk_blocks(NVB)
     _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, s0b, s0h, s0f, s0v,
-                 N, H, DK, DV, NT, tl.program_id(0), vblock, BT, BK, BV, HAS_H0, MMA, IEEE, kblock)
+                 N, H, DK, DV, NT, tl.program_id(0), vblock, BT, BK, BV, HAS_H0, MMA, IEEE, kblock, GC, MID, FLAG,
+                 KBLOCKS, G_PRE, BKB)
 
 
 @triton.jit
@@ -109,17 +113,63 @@ def _walk_chunk(X, Y, G, sxb, sxn, sxh, sxd, syb, syn, syh, syd, sgb, sgn, sgh, 
 
 
 @triton.jit
+def _gc_rows(GC, b, h, H, t0, offs_t, offs_k, k_ok, N, DK):
+    """g_pre's G [BT, BK] from GC ((B, N, H, Dk) float32 contiguous, the states walk's): rows past N read N - 1's
+    (as the scan of g's zeros past N gives), channels past DK zeros."""
+    rows = tl.minimum(t0 + offs_t, N - 1).to(tl.int64)
+    ptrs = GC + ((b * N + rows[:, None]) * H + h) * DK + offs_k[None, :]
+    return tl.load(ptrs, mask=k_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _gc_last(GC, b, h, H, t0, BT: tl.constexpr, offs_k, k_ok, N, DK):
+    """g_pre's G_last [BK]: GC's row at the chunk's last token (N - 1 in a partial chunk)."""
+    row = (tl.minimum(t0 + BT, N) - 1).to(tl.int64)
+    return tl.load(GC + ((b * N + row) * H + h) * DK + offs_k, mask=k_ok, other=0.0)
+
+
+@triton.jit
+def _g_pre_store(g, GC, MID, FLAG, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, H, DK, NT, Gc, kblock,
+                 BK: tl.constexpr, BKB: tl.constexpr, KBLOCKS, MMA: tl.constexpr):
+    """g_pre (session 33): the states walk's chunk c stores G (GC, rows below N), its span's middle per channel
+    (MID (B H, NT, Dk) float32) and the dqk kernel's flags (FLAG[(bh NT + c) KBLOCKS + key block of BKB]: 1 where
+    the block's span is wider than _factor_span, NaN, or a log decay of the block was clamped at the floor), so the
+    kernels after it read them instead of scanning and reducing g again. g: the chunk's log decays as loaded."""
+    hi, lo, clamps = tl.reduce((Gc, Gc, (g < LOG_DECAY_FLOOR).to(tl.float32)), 0, _max_min_sum)
+    rows = t0 + offs_t
+    ok = (rows < N)[:, None] & k_ok[None, :]
+    tl.store(GC + ((b * N + rows.to(tl.int64)[:, None]) * H + h) * DK + offs_k[None, :], Gc, mask=ok)
+    tl.store(MID + (bh.to(tl.int64) * NT + c) * DK + offs_k, 0.5 * (hi + lo), mask=k_ok)
+    span = hi - lo
+    bad = ((span <= _factor_span(MMA)) == 0) | (clamps > 0)  # NaN spans compare false
+    NB: tl.constexpr = BK // BKB
+    flags = tl.max(tl.reshape(bad.to(tl.int32), [NB, BKB]), 1)
+    fb = kblock * NB + tl.arange(0, NB)
+    tl.store(FLAG + (bh.to(tl.int64) * NT + c) * KBLOCKS + fb, flags.to(tl.int8), mask=fb < KBLOCKS)
+
+
+@triton.jit
 def _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, s0b, s0h, s0f, s0v,
                  N, H, DK, DV, NT, bh, vblock, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                 HAS_H0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, kblock=0):
+                 HAS_H0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, kblock=0, GC=0, MID=0, FLAG=0, KBLOCKS=1,
+                 G_PRE: tl.constexpr = False, BKB: tl.constexpr = 0):
     b, h, offs_t, offs_k, k_ok, offs_v, v_ok, S = _walk_setup(H0, s0b, s0h, s0f, s0v, H, DK, DV, bh, vblock, BT, BK,
                                                               BV, HAS_H0, kblock)
     for c in range(0, NT):
         t0 = c * BT
         tl.store(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), S.to(HS.dtype.element_ty),
                  mask=k_ok[:, None] & v_ok[None, :])
-        k, v, Gc, G_last = _walk_chunk(K, V, G, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, b, h, t0,
-                                       offs_t, offs_k, k_ok, offs_v, v_ok, N)
+        if G_PRE:
+            k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd).to(tl.float32)
+            v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)
+            g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
+            Gc, G_last = _cumulative_channels(g)
+            if vblock == 0:
+                _g_pre_store(g, GC, MID, FLAG, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, H, DK, NT, Gc, kblock, BK, BKB,
+                             KBLOCKS, MMA)
+        else:
+            k, v, Gc, G_last = _walk_chunk(K, V, G, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, b, h,
+                                           t0, offs_t, offs_k, k_ok, offs_v, v_ok, N)
         S = S * tl.exp(G_last)[:, None] + _dot(tl.trans((k * tl.exp(G_last[None, :] - Gc)).to(MMA)), v.to(MMA), IEEE)
 
 
@@ -127,21 +177,22 @@ def _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, s
 def gla_dstates_kernel(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod,
                        stb, sth, stf, stv, s0b, s0h, s0f, s0v, N, H, DK, DV, NT, scale,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
-                       STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, NVB: tl.constexpr = 0):
+                       STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, NVB: tl.constexpr = 0,
+                       G_PRE: tl.constexpr = False):
     """Program (batch * head, value block): DHS[c] = the gradient of the state leaving chunk c, every chunk, by a
     reverse walk from DHT; DH0 (float32) the initial state's. Grid (B * H, cdiv(DV, BV)); NVB as gla_states_kernel's
-    (the rows of dS walk apart too)."""
+    (the rows of dS walk apart too). G_PRE (session 33): G is the states walk's GC (each chunk's G: no scan)."""
     vblock, kblock = _walk_blocks(NVB)
     _dstates_walk(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod,
                   stb, sth, stf, stv, s0b, s0h, s0f, s0v, N, H, DK, DV, NT, scale, tl.program_id(0), vblock,
-                  BT, BK, BV, HAS_DHT, STORE_DH0, MMA, IEEE, kblock)
+                  BT, BK, BV, HAS_DHT, STORE_DH0, MMA, IEEE, kblock, G_PRE)
 
 
 @triton.jit
 def _dstates_walk(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod,
                   stb, sth, stf, stv, s0b, s0h, s0f, s0v, N, H, DK, DV, NT, scale, bh, vblock,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
-                  STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, kblock=0):
+                  STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, kblock=0, G_PRE: tl.constexpr = False):
     b, h, offs_t, offs_k, k_ok, offs_v, v_ok, dS = _walk_setup(DHT, stb, sth, stf, stv, H, DK, DV, bh, vblock, BT, BK,
                                                                BV, HAS_DHT, kblock)
     for i in range(0, NT):
@@ -149,8 +200,14 @@ def _dstates_walk(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sg
         t0 = c * BT
         tl.store(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), dS.to(DHS.dtype.element_ty),
                  mask=k_ok[:, None] & v_ok[None, :])
-        q, do, Gc, G_last = _walk_chunk(Q, DO, G, sqb, sqn, sqh, sqd, sob, son, soh, sod, sgb, sgn, sgh, sgd, b, h, t0,
-                                        offs_t, offs_k, k_ok, offs_v, v_ok, N)
+        if G_PRE:  # G from the states walk's GC
+            q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd).to(tl.float32)
+            do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)
+            Gc = _gc_rows(G, b, h, H, t0, offs_t, offs_k, k_ok, N, DK)
+            G_last = _gc_last(G, b, h, H, t0, BT, offs_k, k_ok, N, DK)
+        else:
+            q, do, Gc, G_last = _walk_chunk(Q, DO, G, sqb, sqn, sqh, sqd, sob, son, soh, sod, sgb, sgn, sgh, sgd, b, h,
+                                            t0, offs_t, offs_k, k_ok, offs_v, v_ok, N)
         dS = dS * tl.exp(G_last)[:, None] + _dot(tl.trans((q * (tl.exp(Gc) * scale)).to(MMA)), do.to(MMA), IEEE)
     if STORE_DH0:
         ptrs = DH0 + b * s0b + h * s0h + offs_k.to(tl.int64)[:, None] * s0f + offs_v[None, :] * s0v
@@ -282,7 +339,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                    SPLIT: tl.constexpr, PART: tl.constexpr = 0, WIDE: tl.constexpr = 0, FLAG=0,
                    AT: tl.constexpr = False, VB: tl.constexpr = 0, GROUP: tl.constexpr = 1,
                    SUFFIX: tl.constexpr = 0, EARLY: tl.constexpr = False, LEAN: tl.constexpr = False,
-                   DOTSCAN: tl.constexpr = 0, PROBE: tl.constexpr = 0, FORM: tl.constexpr = 0):
+                   DOTSCAN: tl.constexpr = 0, PROBE: tl.constexpr = 0, FORM: tl.constexpr = 0, GC=0, MID=0):
     """Program (batch * head, chunk, key block of BKB channels): dq, dk (the inputs' dtypes, DQ and DK_OUT (B, N, H,
     Dk) contiguous), the decay gradient's within-chunk reverse sum DG (B, N, H, Dk) float32 and its chunk total
     TOT (B H, NT, Dk) float32. Every value column at once (BVF >= Dv). Grid (B * H * NT * KBLOCKS,), key blocks
@@ -337,10 +394,10 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                                  skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT,
                                  scale, KBLOCKS, p, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX,
                                  EARLY, LEAN, DOTSCAN, PROBE)
-    elif FORM != 0:  # session 33 (WIDE 1, VB, SUFFIX 3, LEAN, DOTSCAN)
+    elif FORM != 0:  # session 33 (WIDE 1, VB, SUFFIX 3, LEAN)
         _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                          svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
-                         pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, VB, DOTSCAN, FORM)
+                         pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, VB, DOTSCAN, FORM, GC, MID)
     else:
         _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
@@ -489,14 +546,17 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                      pid, FLAG, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr,
                      IEEE: tl.constexpr, SPLIT: tl.constexpr, VB: tl.constexpr, DOTSCAN: tl.constexpr,
-                     FORM: tl.constexpr):
-    """Session 33's form of the common launch (WIDE 1 with VB, SUFFIX 3, LEAN, DOTSCAN: what configs' CHUNKED runs),
+                     FORM: tl.constexpr, GC=0, MID=0):
+    """Session 33's form of the common launch (WIDE 1 with VB, SUFFIX 3, LEAN; DOTSCAN or tl.cumsum for dG's reverse
+    sum),
     FORM bits: 1 G's span, its middle and G_last by ONE three-way reduction over tokens (max, min, the last row's
     sum) instead of three, and two tiles of exps, e^(G - m) and e^(m - G), for the four factors (e^G = e^(G - m)
     e^(m / 2) e^(m / 2), e^(G_last - G) = e^(m - G) e^(G_last - m): no factor leaves float32 where the span is <=
     _factor_span); 2 no branch on the span: the value loop issued before g's scan (g's load and scan under the loop's
     loads), every block computed (a flagged block's outputs, wrong or not finite, are written again by the fallback's
-    launch after this one)."""
+    launch after this one); 4 (with g_pre) G, G_last, the span's middles and the flag read from the states walk's GC,
+    MID and FLAG: no scan, no reduction of G, no flag store, no reload of g (a block with a clamped log decay is
+    flagged)."""
     kblock = pid % KBLOCKS
     c = (pid // KBLOCKS) % NT
     bh = pid // (KBLOCKS * NT)
@@ -506,22 +566,31 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
     offs_t = tl.arange(0, BT)
     offs_k = kblock * BKB + tl.arange(0, BKB)
     k_ok = offs_k < DK
-    g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
+    if FORM & 4:  # the states walk's G, span middles and flags
+        go = tl.load(FLAG + pid) == 0
+    else:
+        g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
     q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, BKB]
     k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
     if FORM & 2:
         a, r, hs, dhs, sfx = _dqk_value_loop(
             V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, DK,
             DV, NT, BT, BKB, BVF, VB, MMA, IEEE, 0, 0, 3, 0, None, None, None, None, None, True)
-    if FORM & 1:
-        Gc = tl.cumsum(tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g), 0)
-        hi, lo, G_last = tl.reduce((Gc, Gc, tl.where((offs_t == BT - 1)[:, None], Gc, 0.0)), 0, _max_min_sum)
+    if FORM & 4:
+        Gc = _gc_rows(GC, b, h, H, t0, offs_t, offs_k, k_ok, N, DK)
+        G_last = _gc_last(GC, b, h, H, t0, BT, offs_k, k_ok, N, DK)
+        mid = tl.load(MID + (bh.to(tl.int64) * NT + c) * DK + offs_k, mask=k_ok, other=0.0)
     else:
-        Gc, G_last = _cumulative_channels(g)
-        hi = tl.max(Gc, 0)
-        lo = tl.min(Gc, 0)
-    go = tl.max(hi - lo, 0) <= _factor_span(MMA)  # NaN spans go to the fallback too
-    tl.store(FLAG + pid, tl.where(go, 0, 1).to(tl.int8))
+        if FORM & 1:
+            Gc = tl.cumsum(tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g), 0)
+            hi, lo, G_last = tl.reduce((Gc, Gc, tl.where((offs_t == BT - 1)[:, None], Gc, 0.0)), 0, _max_min_sum)
+        else:
+            Gc, G_last = _cumulative_channels(g)
+            hi = tl.max(Gc, 0)
+            lo = tl.min(Gc, 0)
+        mid = 0.5 * (hi + lo)
+        go = tl.max(hi - lo, 0) <= _factor_span(MMA)  # NaN spans go to the fallback too
+        tl.store(FLAG + pid, tl.where(go, 0, 1).to(tl.int8))
     if FORM & 2:
         run = True
     else:
@@ -536,7 +605,6 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
         qf = q.to(tl.float32)
         kf = k.to(tl.float32)
         rows = (b * N * H + h) * DK
-        mid = 0.5 * (hi + lo)
         if FORM & 1:
             E = tl.exp(Gc - mid[None, :])
             Ei = tl.exp(mid[None, :] - Gc)
@@ -554,9 +622,15 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
         sfx = tl.exp(G_last) * sfx + tl.sum(kf * dk_state, 0)
         _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk + r[:, None] * qf)
         dG = qf * dq - kf * dk
-        clamped = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd) < LOG_DECAY_FLOOR
-        dGs = _scan_dot((offs_t[:, None] <= offs_t[None, :]).to(tl.float32), dG, DOTSCAN)
-        _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, tl.where(clamped, 0.0, dGs + sfx[None, :]))
+        if DOTSCAN:
+            dGs = _scan_dot((offs_t[:, None] <= offs_t[None, :]).to(tl.float32), dG, DOTSCAN)
+        else:
+            dGs = tl.cumsum(dG, 0, reverse=True)
+        if FORM & 4:  # a block with a clamped log decay is flagged (the fallback writes it)
+            _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dGs + sfx[None, :])
+        else:
+            clamped = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd) < LOG_DECAY_FLOOR
+            _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, tl.where(clamped, 0.0, dGs + sfx[None, :]))
 
 
 @triton.jit
@@ -588,7 +662,7 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
                   sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS,
                   BT: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BV: tl.constexpr, MMA: tl.constexpr,
                   IEEE: tl.constexpr, WIDE: tl.constexpr = 0, FLAG=0, KBLOCKS=1, KBP: tl.constexpr = 1,
-                  DVLOOP: tl.constexpr = False, DVFORM: tl.constexpr = 0):
+                  DVLOOP: tl.constexpr = False, DVFORM: tl.constexpr = 0, GC=0, MID=0):
     """Program (batch * head, chunk, value block): dv (v's dtype, DV_OUT (B, N, H, Dv) contiguous), the key
     channels by blocks of KD (scores and the state term summed over them). Grid (B * H * NT * VBLOCKS,).
     WIDE (with the dqk kernel's wide launches, whose FLAG marks each (chunk, key block) whose span needs the sub-chunk
@@ -596,7 +670,8 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
     the factored scores alone (no fallback's registers); 2 (after) the others, as WIDE 0 does. A KD block inside
     unmarked key blocks has a span within theirs, so the dot is safe whatever KD and the dqk key block are.
     DVFORM (session 33, WIDE 1's factored blocks): 1 each key block's span middle and G_last by one three-way
-    reduction over tokens (not three) and two exp tiles (e^(G_last - G) = e^(m - G) e^(G_last - m)), not three."""
+    reduction over tokens (not three) and two exp tiles (e^(G_last - G) = e^(m - G) e^(G_last - m)), not three; 3
+    (g_pre) the same with G, G_last and the middles read from the states walk's GC and MID (no scan, no reduction)."""
     pid = tl.program_id(0)
     c = (pid // VBLOCKS) % NT
     bh = pid // (VBLOCKS * NT)
@@ -610,7 +685,7 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
             if marked == 0:
                 _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
                             sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 1, DVLOOP,
-                            DVFORM)
+                            DVFORM, GC, MID)
         else:
             if marked != 0:
                 _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
@@ -620,19 +695,24 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
 @triton.jit
 def _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV, NT, b, h, bh, c,
                   t0, offs_t, offs_v, v_ok, c0, p, dv, KD: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
-                  INTRA: tl.constexpr, DVFORM: tl.constexpr = 0):
+                  INTRA: tl.constexpr, DVFORM: tl.constexpr = 0, GC=0, MID=0, H=1):
     """_dv_program's key channels c0 .. c0 + KD: (p + their scores, dv + their state term); DVFORM gla_dv_kernel's
     (with INTRA 1)."""
     offs_k = c0 + tl.arange(0, KD)
     k_ok = offs_k < DK
     q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, KD]
     k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
-    g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
     if DVFORM and INTRA == 1:  # the span allows the factored form (the dqk kernel's flags said so)
-        Gc = tl.cumsum(tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g), 0)
         BT: tl.constexpr = q.shape[0]
-        hi, lo, G_last = tl.reduce((Gc, Gc, tl.where((offs_t == BT - 1)[:, None], Gc, 0.0)), 0, _max_min_sum)
-        mid = 0.5 * (hi + lo)
+        if DVFORM & 2:  # the states walk's G and span middles (g_pre)
+            Gc = _gc_rows(GC, b, h, H, t0, offs_t, offs_k, k_ok, N, DK)
+            G_last = _gc_last(GC, b, h, H, t0, BT, offs_k, k_ok, N, DK)
+            mid = tl.load(MID + (bh.to(tl.int64) * NT + c) * DK + offs_k, mask=k_ok, other=0.0)
+        else:
+            g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
+            Gc = tl.cumsum(tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g), 0)
+            hi, lo, G_last = tl.reduce((Gc, Gc, tl.where((offs_t == BT - 1)[:, None], Gc, 0.0)), 0, _max_min_sum)
+            mid = 0.5 * (hi + lo)
         kf = k.to(tl.float32)
         Ei = tl.exp(mid[None, :] - Gc)
         ks = kf * Ei
@@ -640,7 +720,8 @@ def _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn
         p += tl.where(offs_t[:, None] >= offs_t[None, :], s, 0.0)
         kg = ks * tl.exp(G_last - mid)[None, :]
     else:
-        Gc, G_last = _cumulative_channels(g)
+        Gc, G_last = _cumulative_channels(_rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd)
+                                          .to(tl.float32))
         p += _channel_block_scores(q, k, Gc, MMA, IEEE, INTRA)
         kg = k.to(tl.float32) * tl.exp(G_last[None, :] - Gc)
     dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
@@ -653,7 +734,8 @@ def _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn
 def _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
                 sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid,
                 BT: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BV: tl.constexpr, MMA: tl.constexpr,
-                IEEE: tl.constexpr, INTRA: tl.constexpr, DVLOOP: tl.constexpr = False, DVFORM: tl.constexpr = 0):
+                IEEE: tl.constexpr, INTRA: tl.constexpr, DVLOOP: tl.constexpr = False, DVFORM: tl.constexpr = 0,
+                GC=0, MID=0):
     """gla_dv_kernel's program ``pid``, the scores by _channel_block_scores' INTRA; DVLOOP its key blocks by a
     pipelined loop (else unrolled)."""
     vblock = pid % VBLOCKS
@@ -672,12 +754,12 @@ def _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd
         for c0 in range(0, BK, KD):
             p, dv = _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV,
                                   NT, b, h, bh, c, t0, offs_t, offs_v, v_ok, c0, p, dv, KD, MMA, IEEE, INTRA,
-                                  DVFORM)
+                                  DVFORM, GC, MID, H)
     else:
         for c0 in tl.static_range(0, BK, KD):
             p, dv = _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV,
                                   NT, b, h, bh, c, t0, offs_t, offs_v, v_ok, c0, p, dv, KD, MMA, IEEE, INTRA,
-                                  DVFORM)
+                                  DVFORM, GC, MID, H)
     dv += _dot(tl.trans((p * scale).to(MMA)), do.to(MMA), IEEE)
     _store_rows(DV_OUT + (b * N * H + h) * DV, t0, offs_t, offs_v, v_ok, N, H * DV, 1, dv)
 
@@ -791,11 +873,14 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         lean = bool(cfg["dqk_lean"] and dqk_VB)
         dotscan = bool(cfg["dqk_dotscan"] and suffix)
         early = bool(cfg["dqk_early"] and suffix == 3)
-        form = cfg["dqk_form"]  # session 33: the common launch's form (its conditions checked)
-        if form and not (lean and dotscan and suffix == 3 and cfg["wide_apart"] and not early and not cfg["dqk_probe"]
-                         and not cfg["dqk_apart"]):
-            raise ValueError("gla chunked backward: dqk_form needs dqk_lean, dqk_dotscan, dg_local, dg_fused, wide_apart"
-                             " (not dqk_early, dqk_probe, dqk_apart)")
+        # session 33's common-launch form where it applies (the value loop with lean, dg_local, the fallback apart)
+        form = cfg["dqk_form"] if (lean and suffix == 3 and cfg["wide_apart"] and not early and not cfg["dqk_probe"]
+                                   and not cfg["dqk_apart"]) else 0
+        g_pre = cfg["g_pre"]  # session 33: the states walk stores G, span middles and the dqk flags for the rest
+        walk_BK0 = min(BK, cfg["walk_BK"] or BK)
+        if g_pre and not (form and cfg["dv_form"] and not cfg["walks_fused"] and walk_BK0 % BKB == 0):
+            raise ValueError("gla chunked backward: g_pre needs dqk_form, dv_form, not walks_fused and walk_BK a "
+                             "multiple of BKB")
         tot_or = (ht.float().contiguous() if has_ht else tot) if fused else tot  # SUFFIX 1: the final state
         z4 = (0, 0, 0, 0)
         g_strides = g.stride()
@@ -808,6 +893,16 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         if walk_kblocks > 1 and cfg["walks_fused"]:
             raise ValueError("gla chunked backward: walk_BK below the key dim needs walks_fused False")
         h0_or = h0 if h0 is not None else hs
+        programs = B * H * NT * kblocks
+        group = cfg["wide_group"] or 1  # the fallback launch's programs read this many flags each
+        flag = tot
+        if cfg["wide_apart"]:
+            flag = (torch.zeros(-(-programs // group) * group, dtype=torch.int8, device=dev) if group > 1 else
+                    torch.empty(programs, dtype=torch.int8, device=dev))
+        gc = mid = None
+        if g_pre:  # (B, N, H, Dk) float32 G by the states walk, its span middles (B H, NT, Dk)
+            gc = torch.empty(B, N, H, Dk, dtype=f32, device=dev)
+            mid = torch.empty(B * H, NT, Dk, dtype=f32, device=dev)
         dht_or, dh0_or = dht if has_dht else dhs, dh0 if dh0 is not None else dhs
         if cfg["walks_fused"]:
             calls.append(("walks", gla_walks_kernel, (B * H, vblocks, 2), (
@@ -818,19 +913,16 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         else:
             calls.append(("states", gla_states_kernel, (B * H, vblocks * walk_kblocks), (
                 k, v, g, h0_or, hs, *k.stride(), *v.stride(), *g_strides, *(h0.stride() if h0 is not None else z4),
-                N, H, Dk, Dv, NT), dict(walk_opts, HAS_H0=h0 is not None)))
+                N, H, Dk, Dv, NT), dict(walk_opts, HAS_H0=h0 is not None,
+                                        **(dict(GC=gc, MID=mid, FLAG=flag, KBLOCKS=kblocks, G_PRE=True, BKB=BKB)
+                                           if g_pre else {}))))
             calls.append(("dstates", gla_dstates_kernel, (B * H, vblocks * walk_kblocks), (
-                q, g, do, dht_or, dh0_or, dhs, *q.stride(), *g_strides, *do.stride(),
+                q, gc if g_pre else g, do, dht_or, dh0_or, dhs, *q.stride(), *g_strides, *do.stride(),
                 *(dht.stride() if has_dht else z4), *(dh0.stride() if dh0 is not None else z4), N, H, Dk, Dv, NT,
-                scale), dict(walk_opts, HAS_DHT=has_dht, STORE_DH0=dh0 is not None)))
+                scale), dict(walk_opts, HAS_DHT=has_dht, STORE_DH0=dh0 is not None,
+                             **({"G_PRE": True} if g_pre else {}))))
         # (PART, WIDE) launches: dq and dk apart, or the fallback apart (a flag a program between the two)
         dqk = [(1, 0), (2, 0)] if cfg["dqk_apart"] else [(0, 1), (0, 2)] if cfg["wide_apart"] else [(0, 0)]
-        programs = B * H * NT * kblocks
-        group = cfg["wide_group"] or 1  # the fallback launch's programs read this many flags each
-        flag = tot
-        if cfg["wide_apart"]:
-            flag = (torch.zeros(-(-programs // group) * group, dtype=torch.int8, device=dev) if group > 1 else
-                    torch.empty(programs, dtype=torch.int8, device=dev))
         for part, wide in dqk:
             grid = (-(-programs // group),) if wide == 2 else (programs,)
             calls.append((f"dqk{part}{'w' * wide}", gla_dqk_kernel, grid, (
@@ -843,7 +935,8 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                      **({"LEAN": True} if lean else {}),
                      **({"DOTSCAN": 1 if dispatch.interpreted(dev) else 3} if dotscan else {}),
                      **({"PROBE": cfg["dqk_probe"]} if cfg["dqk_probe"] and wide != 2 else {}),
-                     **({"FORM": cfg["dqk_form"]} if form and wide == 1 else {}),
+                     **({"FORM": form | (4 if g_pre else 0)} if form and wide == 1 else {}),
+                     **(dict(GC=gc, MID=mid) if g_pre and wide == 1 else {}),
                      **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] and wide != 2 else {}))))
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
         for wide in ((1, 2) if cfg["wide_apart"] and cfg["dv_wide_apart"] else (0,)):
@@ -854,7 +947,9 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                                  num_warps=cfg["dv_warps"], num_stages=cfg["stages"],
                                  **({"maxnreg": cfg["dv_maxnreg"]} if cfg["dv_maxnreg"] and wide != 2 else {}),
                                  **({"DVLOOP": True} if cfg["dv_loop"] else {}),
-                                 **({"DVFORM": cfg["dv_form"]} if cfg["dv_form"] and wide == 1 else {}))))
+                                 **({"DVFORM": cfg["dv_form"] | (2 if g_pre else 0)} if cfg["dv_form"] and wide == 1
+                                    else {}),
+                                 **(dict(GC=gc, MID=mid) if g_pre and wide == 1 else {}))))
         bk_dg = min(BK, cfg["BK_DG"])
         if not fused:
             calls.append(("dg", gla_dg_kernel, (B * H, -(-Dk // bk_dg)), (
