@@ -34,7 +34,11 @@ Session 33 (job hf_s33: --dk --sizes 1024,2048,4096,8192,16384): 4096's CSCALE c
 pair from the channel's spectrum: no reduction a chunk, no rescale; strided and on a CONTIG walk, and CONTIG alone),
 the dk launches after their shared host tail (launch._dk_spectrum_sum) and the op's kernel dk (a 16-bit filter
 requiring grad: op.py's backward through its chosen dk launch) checked against float64; no probes (PROBE_CONFIGS
-empty); the tl dk candidates only where no Gluon dk ships.
+empty); the tl dk candidates only where no Gluon dk ships. Call 4 (runs/onepass_s33_run4_session33_h100.txt): CONTIG
+4.90x (on), CSCALE no gain, 2048's XSMEM dk 2.67x torch.fft's (on). Job hf_s33b: the flips re-checked and re-timed
+(4096 CONTIG against session 32's strided walk in the same run), TWEARLY (the chunk's twiddles computed under its
+wgmmas) at 4096 strided / CONTIG / with CSCALE, CSCALE in the whole-tile kernel at 1024; the training step with the
+shipped dk, torch.fft's dk and the best candidate's, the shipped one twice (the host-bound steps' spread).
 
 A case that kills its process (an illegal memory access) is recorded (its candidate is not timed); one
 past 60 s is killed. --smoke (CPU, TRITON_INTERPRET=1): Gluon cannot be interpreted, so each Gluon
@@ -470,14 +474,29 @@ def time_n(n, passed: list[str]) -> dict:
         kf = (torch.randn(H, n, device=DEV) / math.sqrt(n)).to(torch.bfloat16).requires_grad_()
         uf = ud.clone().requires_grad_()
         label, fn, best = min(dks, key=lambda d: row["dk"].get(d[0], math.inf))
-        row["step_ms"] = guard("step", lambda: bench(lambda: torch.autograd.grad(fft_conv(uf, kf), (uf, kf), dyd)))
-        table = configs.DK_GLUON if label.startswith("dkg") else configs.DK_CONFIGS
-        table[n] = tuple(best)
-        try:
-            row["step_dk_kernel_ms"] = guard("step dk kernel", lambda: bench(
-                lambda: torch.autograd.grad(fft_conv(uf, kf), (uf, kf), dyd)))
-        finally:
-            table.pop(n, None)
+        tables = (configs.DK_GLUON, configs.DK_CONFIGS)
+        shipped = [t.get(n) for t in tables]
+
+        def step_with(gluon, tl):  # (session 33: the shipped tables restored after, not popped)
+            for t, c in zip(tables, (gluon, tl)):
+                if c is None:
+                    t.pop(n, None)
+                else:
+                    t[n] = tuple(c)
+            try:
+                return bench(lambda: torch.autograd.grad(fft_conv(uf, kf), (uf, kf), dyd))
+            finally:
+                for t, c in zip(tables, shipped):
+                    if c is None:
+                        t.pop(n, None)
+                    else:
+                        t[n] = c
+
+        row["step_ms"] = guard("step", lambda: step_with(*shipped))  # (the shipped dk: a kernel's where it ships)
+        row["step_torch_dk_ms"] = guard("step torch dk", lambda: step_with(None, None))
+        row["step_dk_kernel_ms"] = guard("step dk kernel", lambda: step_with(
+            *((best, None) if label.startswith("dkg") else (None, best))))
+        row["step_again_ms"] = guard("step again", lambda: step_with(*shipped))  # (the host-bound steps' spread)
         row["step_dk_config"] = label
 
         def torch_step():
@@ -657,8 +676,9 @@ def main() -> int:
             print(f"{row['n']:>6} {what:>30} {ms:8.4f} {base / ms:8.2f} {100 * copy / ms:7.1f} "
                   f"{'' if bound is None else f'{bound:9.4f}'}")
         if "step_ms" in row:
-            print(f"{row['n']:>6} {'step fwd+bwd, dk torch.fft':>30} {row['step_ms']:8.4f}   torch.fft's autograd "
-                  f"{row.get('torch_step_ms', math.nan):.4f}; dk by {row['step_dk_config']}: "
+            print(f"{row['n']:>6} {'step fwd+bwd, shipped dk':>30} {row['step_ms']:8.4f}   again "
+                  f"{row.get('step_again_ms', math.nan):.4f}; torch.fft's autograd {row.get('torch_step_ms', math.nan):.4f}; "
+                  f"dk torch.fft {row.get('step_torch_dk_ms', math.nan):.4f}; dk by {row['step_dk_config']}: "
                   f"{row.get('step_dk_kernel_ms', math.nan):.4f}")
         for c, ms in row.get("dk", {}).items():
             print(f"{row['n']:>6} {c:>30} {ms:8.4f}   (the filter's gradient alone, B16 H768; torch: op.py's "

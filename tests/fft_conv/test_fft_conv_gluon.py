@@ -190,11 +190,11 @@ def test_prescale_reduces_under_stage_3s_wgmmas():
     assert pre1["spill_stores"] <= 4 and pre1["shared"] <= 227 * 1024, pre1
 
 
-@pytest.mark.parametrize("n, chunk", [(4096, 32), (2048, 16)])
+@pytest.mark.parametrize("n, chunk", [(4096, 32), (2048, 16), (1024, 0)])
 def test_cscale_arithmetic_matches_float64(n, chunk):
-    """CSCALE (session 33, the chunked kernel): one float16 scale for every chunk of a pair, L x the channel's largest
-    |Re K|, |Im K| / 256, so no chunk reduces its |Y| and the output never rescales: at the floor against float64 as
-    the shipped per-chunk scale is, bf16 and fp16, convolution and correlation, on random data and the inputs that
+    """CSCALE (session 33): one float16 scale for every chunk of a pair (chunk 0: the whole-tile kernel's one block),
+    L x the channel's largest |Re K|, |Im K| / 256, so no block reduces its |Y| and the output never rescales: at the
+    floor against float64 as the shipped per-block scale is, bf16 and fp16, convolution and correlation, on random data and the inputs that
     stress a bound (a spike; a DC-like sequence with a smooth filter: a spectrum over decades, most chunks far under
     the channel's bound; a filter whose spectrum peaks away from chunk 0)."""
     a, b = 2 * n // 64, 64
@@ -230,10 +230,16 @@ import json, re
 from tilecore.ops.fft_conv.report import gluon_variant
 from tilecore.tiles.compile import compile_kernel, resources
 out = []
-for contig, cscale in ((False, False), (False, True), (True, True)):
-    name, kernel, args, warps, _ = gluon_variant(128, 64, 0, True, True, 32, 2, 2, 4, True, contig, 1, False, 1, 0,
-                                                 False, cscale)
-    compiled = compile_kernel(kernel, args, num_warps=warps)
+for contig, cscale, n in ((False, False, 4096), (False, True, 4096), (True, True, 4096), (True, False, 1024),
+                         (True, True, 1024)):
+    if n == 4096:
+        name, kernel, args, warps, _ = gluon_variant(128, 64, 0, True, True, 32, 2, 2, 4, True, contig, 1, False, 1, 0,
+                                                     False, cscale)
+        compiled = compile_kernel(kernel, args, num_warps=warps)
+    else:  # (the shipped 1024 tuple: KPRE 3 on a CONTIG walk, 3 programs a multiprocessor)
+        name, kernel, args, warps, _ = gluon_variant(32, 64, 0, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168,
+                                                     False, cscale)
+        compiled = compile_kernel(kernel, args, num_warps=warps, maxnreg=168)
     bars, between = 0, []
     for t in re.findall(r"wgmma\\.wait_group|bar\\.sync", compiled.asm["ptx"]):  # barriers between consecutive waits
         if t == "bar.sync":
@@ -250,11 +256,13 @@ def test_cscale_takes_the_reduction_out_of_the_chunk_loop():
     """CSCALE at 4096 (the shipped tuple: two walkers, chunks of 32, KPRE 1, LEAN 1): in each walker the window from
     stage 3's wgmma wait to stage 3''s holds only the staging store's two barriers (the shipped kernel: four, its
     reduction of |Y| among them); the same four waits a chunk; registers, spill and shared memory as the shipped
-    tuple's (255, 4 B, 224 KiB), strided or on a CONTIG walk."""
+    tuple's (255, 4 B, 224 KiB), strided or on a CONTIG walk. At 1024 (the whole-tile kernel, the shipped KPRE 3 on a
+    CONTIG walk at maxnreg 168): the same window two barriers fewer (the reduction of |Y| a pair gone; the channel's at
+    its first pair, before stage 1), still 168 registers without spill: 3 programs a multiprocessor."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", CSCALE_CODE], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    shipped, cscale, contig = json.loads(r.stdout)
+    shipped, cscale, contig, shipped1k, cscale1k = json.loads(r.stdout)
     assert len(shipped["between"]) == len(cscale["between"]) == 8, (shipped, cscale)  # (4 waits a chunk, 2 walkers)
     for walker in (0, 4):
         assert shipped["between"][walker + 2] == 4 and cscale["between"][walker + 2] == 2, (shipped, cscale)
@@ -262,6 +270,47 @@ def test_cscale_takes_the_reduction_out_of_the_chunk_loop():
     for row in (cscale, contig):
         assert row["threads"] == 256 and row["shared"] == shipped["shared"] <= 227 * 1024, row
         assert row["spill_stores"] <= shipped["spill_stores"] <= 4, (row, shipped)
+    # (the whole-tile kernel waits each wgmma: 16 waits; the 9th is stage 3's last)
+    assert len(shipped1k["between"]) == len(cscale1k["between"]) == 16, (shipped1k, cscale1k)
+    assert cscale1k["between"][8] == shipped1k["between"][8] - 2, (shipped1k, cscale1k)
+    assert cscale1k["registers"] <= 168 and cscale1k["spill_stores"] == 0 and cscale1k["shared"] == shipped1k["shared"]
+
+
+TWEARLY_CODE = """
+import json, re
+from tilecore.ops.fft_conv.report import gluon_variant
+from tilecore.tiles.compile import compile_kernel, resources
+out = []
+for twearly in (False, True):
+    name, kernel, args, warps, _ = gluon_variant(128, 64, 0, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False,
+                                                 False, twearly)
+    compiled = compile_kernel(kernel, args, num_warps=warps)
+    toks = re.findall(r"wgmma\\.mma_async|wgmma\\.wait_group|sin\\.approx", compiled.asm["ptx"])
+    inside, issued = 0, False
+    for t in toks:  # sin.approx between a wgmma issue and the next wait
+        if t == "wgmma.mma_async":
+            issued = True
+        elif t == "wgmma.wait_group":
+            issued = False
+        elif issued:
+            inside += 1
+    out.append(dict(name=name, inside=inside, sins=toks.count("sin.approx"), waits=toks.count("wgmma.wait_group"),
+                    **vars(resources(compiled))))
+print(json.dumps(out))
+"""
+
+
+def test_twearly_computes_the_twiddles_under_the_wgmmas():
+    """TWEARLY at 4096 (the shipped CONTIG tuple): every twiddle's sin.approx (forward and conjugate, both walkers: 64)
+    sits between a wgmma issue and its wait, where without it none does; the same waits; no spill (the CONTIG tuple
+    has none either), within shared memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", TWEARLY_CODE], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    plain, early = json.loads(r.stdout)
+    assert plain["inside"] == 0 and early["inside"] == early["sins"] == plain["sins"] > 0, (plain, early)
+    assert plain["waits"] == early["waits"], (plain, early)
+    assert early["spill_stores"] == plain["spill_stores"] == 0 and early["shared"] <= 227 * 1024, early
 
 
 @pytest.mark.parametrize("n", [1024, 4096])
@@ -399,11 +448,16 @@ def test_gluon_plan_rejects_what_the_kernel_does_not_take():
         conv_plan.gluon_plan(32, 64, 1, warpgroups=2)  # (the whole-tile kernel runs one)
     with pytest.raises(ValueError, match="8 in the whole-tile"):
         conv_plan.gluon_plan(128, 64, 1, chunk=32, warps=8)
-    with pytest.raises(ValueError, match="CSCALE"):  # (the chunked kernel's, not with PRESCALE)
-        conv_plan.gluon_plan(32, 64, 2, False, True, 0, 2, 1, 4, True, False, 0, False, 1, 0, False, True)
-    with pytest.raises(ValueError, match="CSCALE"):
+    with pytest.raises(ValueError, match="CSCALE"):  # (not with PRESCALE)
         conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1, 0, True, True)
     assert conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, True).cscale
+    assert conv_plan.gluon_plan(32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168, False, True).cscale
+    with pytest.raises(ValueError, match="TWEARLY"):  # (the chunked kernel's, computed twiddles)
+        conv_plan.gluon_plan(32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168, False, False, True)
+    with pytest.raises(ValueError, match="TWEARLY"):
+        conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, False, True, 1, False, 1, 0, False, False, True)
+    assert conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, False,
+                                True).twearly
     with pytest.raises(ValueError, match="prefetch"):  # KPRE 2, 3 read a bin as one 64-bit copy: rfft 2
         conv_plan.gluon_plan(32, 64, 2, False, True, 0, True, 1, 4, True, False, 2)
     with pytest.raises(ValueError, match="prefetch"):  # KPRE 3 keeps a channel's tile: whole tile, contiguous walk
@@ -523,5 +577,5 @@ def test_dk_plan_takes_the_gluon_kernel_only_behind_its_switch_on_hopper(monkeyp
         monkeypatch.setitem(configs.DK_GLUON, 1024, (32, 64, 8))
         assert conv_plan.dk_gluon_config(1024, meta, torch.bfloat16, torch.bfloat16) == (32, 64, 8)
         assert conv_plan.dk_gluon_config(1024, meta, torch.bfloat16, torch.float32) is None  # a float32 filter
-        assert conv_plan.dk_gluon_config(2048, meta, torch.bfloat16, torch.bfloat16) is None
+        assert conv_plan.dk_gluon_config(4096, meta, torch.bfloat16, torch.bfloat16) is None  # (no entry: the tl kernel)
     assert conv_plan.dk_gluon_config(1024, torch.device("cpu"), torch.bfloat16, torch.bfloat16) is None

@@ -25,15 +25,17 @@ MONO_CANDIDATES = {  # gpu_onepass.py's candidates (all slower in run 7 / run 10
 GLUON_ONEPASS: dict = {
     1024: (32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168),  # 6.98x torch.fft (s31 call 5, s32 call 7)
     2048: (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 0, False, 3),  # 6.69-6.78x torch.fft (s31 call 5, s32)
-    4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1),  # 4.79x, LEAN 1 faster in 3 runs (s32 call 7)
+    4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1),  # CONTIG: 4.90x vs 4.80x strided (s33 call 4)
 }
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
-    1024: [GLUON_ONEPASS[1024]],  # settled (session 31): re-checked only
+    1024: [GLUON_ONEPASS[1024],
+           (32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168, False, True)],  # CSCALE (whole tile)
     2048: [GLUON_ONEPASS[2048]],
     4096: [GLUON_ONEPASS[4096],
-           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1, 0, False, True),  # CSCALE (session 33)
-           (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, True),  # CSCALE on a CONTIG walk
-           (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1)],  # CONTIG alone (to read CSCALE's share)
+           (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, False, True),  # + TWEARLY
+           (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, True, True),  # + CSCALE + TWEARLY
+           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1),  # session 32's strided walk (the baseline)
+           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1, 0, False, False, True)],  # strided + TWEARLY
 }
 # the pair kernel's candidates for gpu_check.py (the loop variants: v7, session 26, none faster than the plan)
 PAIR_CANDIDATES = {
@@ -49,8 +51,11 @@ PAIR_CANDIDATES = {
 DK_CONFIGS: dict = {4096: (128, 64, 8, 8)}  # dk 1.41x torch.fft's, the step 1.26x (session 32 call 7)
 # The same on the Gluon kernel's forward stages (fft_conv_gluon_dk_kernel; launch.dk_gluon; Hopper; before DK_CONFIGS):
 # N -> (A, B, pair groups a program[, XSMEM]), 2N = A B, B = 64
-DK_GLUON: dict = {1024: (32, 64, 8)}  # dk 3.43x torch.fft's (session 32 call 7)
-DK_GLUON_CANDIDATES = {1024: [(32, 64, 8)], 2048: [(64, 64, 8, True)]}  # 2048 XSMEM: 0 spill, never run on a GPU yet
+DK_GLUON: dict = {
+    1024: (32, 64, 8),  # dk 3.43x torch.fft's (session 32 call 7)
+    2048: (64, 64, 8, True),  # XSMEM: dk 2.67x torch.fft's, the step 1.34x (session 33 call 4)
+}
+DK_GLUON_CANDIDATES = {1024: [DK_GLUON[1024]], 2048: [DK_GLUON[2048]]}
 DK_CANDIDATES = {  # the tl dk kernel's (gpu_onepass.py times them only where no Gluon dk ships)
     256: [(32, 16, 8, 4)],
     512: [(32, 32, 8, 4)],

@@ -82,6 +82,16 @@ def _complex_mma(a1, b1, a2, b2, a3, b3, a4, b4, zeros, ASYNC: gl.constexpr, REG
 
 
 @gluon.jit
+def _issue4(a1, b1, a2, b2, a3, b3, a4, b4, zeros):
+    """_complex_mma's four ASYNC wgmmas (shared-memory a operands), issued and not waited for: (p, q) to wait."""
+    p = warpgroup_mma(a1, b1, zeros, use_acc=False, is_async=True)
+    p = warpgroup_mma(a2, b2, p, is_async=True)
+    q = warpgroup_mma(a3, b3, zeros, use_acc=False, is_async=True)
+    q = warpgroup_mma(a4, b4, q, is_async=True)
+    return p, q
+
+
+@gluon.jit
 def _spectrum_at(spectrum, f, L: gl.constexpr, RFFT: gl.constexpr, CONJ: gl.constexpr):
     """The filter's spectrum at the bins f (float32 re, im). RFFT: ``spectrum`` is a channel's rfft bins
     as (re, im) pairs (torch.view_as_real), bins past L/2 the conjugates of L - f, all conjugated with
@@ -239,6 +249,7 @@ class Stages:
     LEAN: gl.constexpr  # 1: the spectrum product's scale as one reduction (of max(|re|, |im|))
     PRESCALE: gl.constexpr  # the spectrum product's scale from the block's spectrum, reduced under stage 3's wgmmas
     CSCALE: gl.constexpr  # (chunked) one scale a pair from the channel's spectrum (_channel_scale): no reduction a block
+    TWEARLY: gl.constexpr  # (chunked) the twiddles computed between a product's wgmma issue and its wait
 
 
 # W_L^(m k_a) from the tables' offset i = m A + k_a (A, L powers of two): t = (m k_a) mod L as a signed
@@ -312,15 +323,19 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
                                          what _spectrum_issue requested, ``kpre``: _spectrum_take)
 
     Returns (Y re, Y im) float32 and its largest |Y| (1 where Y is 0; NaN stays NaN: a NaN filter's); with st.CSCALE
-    the pair's scale ``cscale`` (_channel_scale: a bound of |Y| / 256 for every block of the channel, no reduction)."""
+    the channel's scale ``cscale`` (_channel_scale: a bound of |Y| / 256 for every block of the channel, no reduction)."""
     if X_REGS:
         rre, rim = _complex_mma(x_re, fa_re, -x_im, fa_im, x_re, fa_im, x_im, fa_re, zeros, st.ASYNC, True)
+    elif st.TWEARLY:  # (session 33: the twiddles' SFU work under stage 1's wgmmas, not after their wait)
+        p, q = _issue4(x_re, fa_re, x_im, fa_nim, x_re, fa_im, x_im, fa_re, zeros)
+        twre, twim = _twiddles(st, tab, col)
+        rre, rim = warpgroup_mma_wait(0, deps=(p, q))
     else:
         rre, rim = _complex_mma(x_re, fa_re, x_im, fa_nim, x_re, fa_im, x_im, fa_re, zeros, st.ASYNC, False)
     if st.PROBE & 4:
         twre = zeros + 0.5
         twim = zeros + 0.25
-    else:
+    elif not st.TWEARLY or X_REGS:
         twre, twim = _twiddles(st, tab, col)
     rre, rim = rre * twre - rim * twim, rre * twim + rim * twre
     gl.thread_barrier()  # the previous step's wgmmas have read the staging tiles
@@ -392,13 +407,17 @@ def _inverse_stages(st, yre, yim, scale, tab, col, fa_re, fa_im, ore, oim, runni
     if st.PROBE & 1:
         dre = yre * inv
         dim = yim * inv
+    elif st.TWEARLY:  # (the conjugate twiddles under stage 3''s wgmmas)
+        p, q = _issue4(st.fbre, st.tile_re, st.fbim, st.tile_im, st.fbre, st.tile_im, st.fbnim, st.tile_re, zeros)
+        twre, twim = _twiddles(st, tab, col)
+        dre, dim = warpgroup_mma_wait(0, deps=(p, q))
     else:
         dre, dim = _complex_mma(st.fbre, st.tile_re, st.fbim, st.tile_im, st.fbre, st.tile_im, st.fbnim, st.tile_re,
                                 zeros, st.ASYNC, False)
     if st.PROBE & 4:
         twre = zeros + 0.5
         twim = zeros + 0.25
-    else:
+    elif not st.TWEARLY or (st.PROBE & 1):
         twre, twim = _twiddles(st, tab, col)
     dre, dim = dre * twre + dim * twim, dim * twre - dre * twim
     if ACCUMULATE and st.CSCALE:  # (every block at the pair's one scale: no rescale, D cast as it is)
@@ -600,7 +619,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
                                   CONJ: gl.constexpr = False, PROBE: gl.constexpr = 0, TW_SFU: gl.constexpr = False,
                                   CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0, LEAN: gl.constexpr = 0,
-                                  PRESCALE: gl.constexpr = False):
+                                  PRESCALE: gl.constexpr = False, CSCALE: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every
     channel h; work item w = h * groups + g, program p runs w = p, p + programs, ...
 
@@ -615,7 +634,9 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     im) pairs, read at the tile's bins in the kernel (conjugated with CONJ): no host layout a call. KPRE: the
     pair's spectrum requested at the top of the pair, before its u (Stages). LEAN (session 31; the same bits): 1 fewer reductions
     (u's four scales and flags as one, the spectrum product's scale as one), 2 (TMA) x read from u's box
-    straight into the wgmma's operand layout (no layout conversion through shared memory)."""
+    straight into the wgmma's operand layout (no layout conversion through shared memory). CSCALE (session 33): the
+    spectrum product's scale is L x the channel's largest |Re K|, |Im K| / 256, reduced at the walker's first pair of
+    a channel and kept for its next ones (a CONTIG walk: no reduction of Y a pair)."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(WARPS == 4 or WARPS == 8, "one warpgroup, or two splitting each product's columns")
@@ -658,7 +679,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     seq, tab, zeros = _tile_offsets(B, HALF, A, A, io, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE, TW_SFU, kbuf, KPRE, LEAN,
-                PRESCALE, False)
+                PRESCALE, CSCALE, False)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -668,13 +689,18 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                  HALF, B, TMA, False, LEAN)
     start, stop, step = _walk(first, programs, total, CONTIG)
     gl.static_assert(KPRE < 3 or CONTIG, "KPRE 3 keeps a channel's spectrum for its next pairs: a CONTIG walk")
-    last_h = (start * 0 - 1).to(gl.int64)  # (KPRE 3: the previous pair's channel)
+    last_h = (start * 0 - 1).to(gl.int64)  # (KPRE 3, CSCALE: the previous pair's channel)
+    cscale = (start * 0).to(gl.float32) + 1.0  # (CSCALE: its scale)
     _first_u(pio, start, stop)
     for w in range(start, stop, step):
         h = (w // groups).to(gl.int64)
         b_re = 2 * (w % groups)
-        kpre = _spectrum_issue(st, K + h * stride_kh, tab, h != last_h)  # (KPRE: under this pair's u and stages 1-3)
+        fresh = h != last_h
+        kpre = _spectrum_issue(st, K + h * stride_kh, tab, fresh)  # (KPRE: under this pair's u and stages 1-3)
         last_h = h
+        if CSCALE:
+            if fresh:  # (a CONTIG walk: a channel's first pair; KPRE 3: from the tile just requested into kbuf)
+                cscale = _channel_scale(st, K + h * stride_kh, tab, A, 1)
         if TMA and (LEAN & 2):  # (x straight into the wgmma's operand layout)
             xre, scale_re, bad_re, xim, scale_im, bad_im = _pair_u(pio, w, start, step, stop, h, b_re, seq, lhs)
         else:
@@ -682,7 +708,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         xre = gl.convert_layout(xre.to(gl.float16), lhs)
         xim = gl.convert_layout(xim.to(gl.float16), lhs)
         yre, yim, spec_scale = _forward_stages(st, xre, xim, fa1re, fa1im, None, tab, 0, K, h, stride_kh, zeros, True,
-                                               kpre)
+                                               kpre, cscale)
         ore, oim, spec_scale = _inverse_stages(st, yre, yim, spec_scale, tab, 0, fa2re, fa2im, zeros_out, zeros_out,
                                                spec_scale, zeros, lhs_out, False)
         out_scale = spec_scale * (1.0 / L)
@@ -745,6 +771,7 @@ class ChunkedGlobals:
     LEAN: gl.constexpr
     PRESCALE: gl.constexpr
     CSCALE: gl.constexpr
+    TWEARLY: gl.constexpr
 
 
 @struct
@@ -797,7 +824,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   WORKER_REGS: gl.constexpr = 240, PROBE: gl.constexpr = 0,
                                   TW_SFU: gl.constexpr = False, CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0,
                                   YALIAS: gl.constexpr = False, LEAN: gl.constexpr = 0, PRESCALE: gl.constexpr = False,
-                                  CSCALE: gl.constexpr = False):
+                                  CSCALE: gl.constexpr = False, TWEARLY: gl.constexpr = False):
     """fft_conv_gluon_onepass_kernel's convolution (same arguments) for larger A (N = 4096: A = 128), the
     tile's k_a columns CHUNK at a time: stages 1..3' are column-wise (x @ F_A[:HALF, chunk], the twiddles,
     F_B @ R, the spectrum and conj(F_B) @ Y act on each column alone), so a pair's registers hold one
@@ -816,7 +843,8 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     memory and the previous y store has read that slot. CSCALE (session 33): one spectrum-product scale a pair, L x the
     channel's largest |Re K|, |Im K| / 256 (a bound of every block's |Y| / 256: _channel_scale), reduced once a
     channel the walker meets (a CONTIG walk: once for its run of the channel's pairs), so no block reduces its |Y| and
-    the output accumulates with no rescale."""
+    the output accumulates with no rescale. TWEARLY (session 33): each chunk's twiddles (forward and conjugate)
+    computed between its stage-1 / stage-3' wgmmas' issue and their wait, under the tensor cores, not after."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
     HALF: gl.constexpr = A // 2
@@ -836,7 +864,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     fbnim = _resident(FBIM, B, B, B, 0, True, table)
     g = ChunkedGlobals(U, K, Y, TFRE, TFIM, batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                        u_desc, y_desc, fare, faim, fanim, fbre, fbim, fbnim, A, B, CHUNK, TMA, RFFT, CONJ,
-                       PROBE, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, PRESCALE, CSCALE)
+                       PROBE, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, PRESCALE, CSCALE, TWEARLY)
     first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS)
     if WARPGROUPS == 1:
         fence_async_shared()
@@ -857,8 +885,13 @@ def _channel_scale(st, spectrum, tab, CHUNK: gl.constexpr, CHUNKS: gl.constexpr)
     tile (``spectrum``: the channel's row; the chunks' bins read in turn, kept as an elementwise maximum, one reduction
     across the warps) / 256: |x| <= 1 a sequence, |R| <= HALF sqrt 2, |S| <= B HALF sqrt 2 = L / sqrt 2, |K| <= sqrt 2
     of it, so |Y| / scale <= 256 and D = conj(F_B) @ (Y / scale) at most 64 x 256 (float16's range). 1 where the
-    spectrum is 0."""
-    kre, kim = _spectrum_at(spectrum, tab, st.L, st.RFFT, st.CONJ)
+    spectrum is 0. KPRE 3 (the whole-tile kernel): the channel's tile is what _spectrum_issue just requested into
+    st.kbuf (its copies waited for here: at a channel's first pair only)."""
+    if st.KPRE == 3:
+        async_copy.wait_group(0)
+        kre, kim = _unpack_bin(st.kbuf.load(tab.type.layout))
+    else:
+        kre, kim = _spectrum_at(spectrum, tab, st.L, st.RFFT, st.CONJ)
     largest = gl.maximum(gl.abs(kre), gl.abs(kim))
     for j in range(1, CHUNKS):
         kre, kim = _spectrum_at(spectrum, tab + j * CHUNK, st.L, st.RFFT, st.CONJ)
@@ -914,7 +947,7 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     seq, tab, zeros = _tile_offsets(B, HALF, A, CHUNK, io, acc)  # (chunk c's offsets: tab + c CHUNK)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, True, g.PROBE, g.TW_SFU, bufs.kbuf,
-                g.KPRE, g.LEAN, g.PRESCALE, g.CSCALE)
+                g.KPRE, g.LEAN, g.PRESCALE, g.CSCALE, g.TWEARLY)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -1014,7 +1047,7 @@ def fft_conv_gluon_dk_kernel(U, DY, P, FARE, FAIM, FBRE, FBIM, TFRE, TFIM, batch
         sums = gl.allocate_shared_memory(gl.float32, [2, B, A], park_layout)  # (the sum, each thread its own elements)
     fence_async_shared()
     gl.thread_barrier()
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, False, False, True, 0, TW_SFU, None, 0, 1, False, False)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, False, False, True, 0, TW_SFU, None, 0, 1, False, False, False)
 
     seq, tab, zeros = _tile_offsets(B, HALF, A, A, io, acc)
     if XSMEM:
