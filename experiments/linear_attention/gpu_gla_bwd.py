@@ -29,6 +29,7 @@ written) over the copy bandwidth measured in the same run.
 
     PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --s31     (session 31's variants, < 140 s)
     PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --s33     (session 33's dqk forms, < 100 s)
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --s33b    (session 33's second list, < 100 s)
 """
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ except Exception:  # noqa: BLE001
 DEV = "cpu" if SMOKE else "cuda"
 START = time.time()
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
-S33 = "--s33" in sys.argv  # session 33's list (HA: the dqk kernel's skeleton)
+S33B = "--s33b" in sys.argv  # session 33's second list
+S33 = "--s33" in sys.argv or S33B  # session 33's list (HA: the dqk kernel's skeleton)
 S32C = "--s32c" in sys.argv  # session 32's confirmation list
 S32B = "--s32b" in sys.argv  # session 32's second list (call 3)
 S32 = "--s32" in sys.argv or S32B or S32C or S33  # session 32's variants (with session 31's checks)
@@ -252,8 +254,23 @@ S33_VARIANTS = [
     ("cfg s33 form3 dvform1", dict(diag=5), dict(dqk_form=3, dv_form=1), "chunked"),
     ("cfg s33 again", dict(diag=5), {}, "chunked"),  # configs' CHUNKED timed again last (the run's noise)
 ]
+# --s33b (after call 4's flip of dqk_form 3 + dv_form 1): dqk_form 11 (the diagonal r k, r q inside the intra dots, no
+# r: sm_90a 3120 instructions, 49 barriers, 13 layout conversions against 3240 / 55 / 17, 253 registers, 0 B), 27 (and
+# E, Ei's products in the dots' layout: 240 registers, 3136 / 49 / 14), dv_form 5 (no branch on the flags: every
+# chunk's loads at once, marked chunks written again by the fallback launch)
+S33B_VARIANTS = [
+    ("cfg s33b form11", dict(diag=5), dict(dqk_form=11), "chunked"),
+    ("cfg s33b form27", dict(diag=5), dict(dqk_form=27), "chunked"),
+    ("cfg s33b dv5", dict(diag=5), dict(dv_form=5), "chunked"),
+    ("cfg s33b form27 dv5", dict(diag=5), dict(dqk_form=27, dv_form=5), "chunked"),
+    ("cfg s33b form11 dv5", dict(diag=5), dict(dqk_form=11, dv_form=5), "chunked"),
+    ("cfg s33b again", dict(diag=5), {}, "chunked"),
+]
 VARIANTS += S31_VARIANTS[:-1] + S31_RUN3 + S31_LAST[3:] + S32_VARIANTS + S32B_VARIANTS + S32C_VARIANTS + S33_VARIANTS
-if S33 and "--variants" not in sys.argv:
+VARIANTS += S33B_VARIANTS
+if S33B and "--variants" not in sys.argv:
+    VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S33B_VARIANTS
+elif S33 and "--variants" not in sys.argv:
     VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S33_VARIANTS
 elif S32C and "--variants" not in sys.argv:
     VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S32C_VARIANTS
@@ -626,7 +643,8 @@ def main():
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     logs = {v[0]: open(scratch / f"{v[0]}.log", "w") for v in VARIANTS}  # a file: a full pipe would block
     procs = {v[0]: subprocess.Popen([sys.executable, __file__, "--worker", v[0], "--dir", str(scratch)]
-                                    + (["--s33"] if S33 else ["--s32c"] if S32C else ["--s32b"] if S32B else
+                                    + (["--s33b"] if S33B else ["--s33"] if S33 else ["--s32c"] if S32C else
+                                       ["--s32b"] if S32B else
                                        ["--s32"] if S32 else ["--s31"] if S31 else []), env=env,
                                     stdout=logs[v[0]], stderr=subprocess.STDOUT) for v in VARIANTS}
     cases = {}

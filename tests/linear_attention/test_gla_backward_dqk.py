@@ -92,7 +92,7 @@ def test_value_loop_matches_whole_value_columns():
 
 @pytest.mark.parametrize("final, local", [(True, False), (False, False), (True, True), (False, True),
                                           (True, "early"), (False, "early"), (True, "lean"), (False, "lean"),
-                                          (True, 1), (False, 2), (True, 3), (False, 3)])
+                                          (True, 1), (False, 2), (True, 3), (False, 3), (True, 11), (False, 27)])
 def test_dg_fused_in_the_dqk_kernel(final, local):
     """dg_fused: dg stored whole by the dqk kernel (the later tokens' part from S_(c+1) dS_c; the final state's from
     ht where given), no dg kernel: fp16 N 17 and float32 strong decays + a reset + a -1e30 channel at N 200, with and
@@ -101,8 +101,9 @@ def test_dg_fused_in_the_dqk_kernel(final, local):
     block's tiles loaded before the span test, the loop from the second); "lean": with dqk_lean (r from do v^T's
     diagonal) and dqk_dotscan (dG's reverse sum as a dot; here its interpreter form, one float32 dot); 1-3: "lean"
     with session 33's dqk_form (1: one three-way reduction and two exp tiles, 2: no branch on the span, the flagged
-    blocks' outputs written again by the fallback's launch; 3: both)."""
-    form = local if local in (1, 2, 3) and local is not True else 0
+    blocks' outputs written again by the fallback's launch; 3: both; 11: and the diagonal inside the intra dots; 27:
+    and E, Ei's products in the dots' layout)."""
+    form = local if local in (1, 2, 3, 11, 27) and local is not True else 0
     lean = local == "lean" or bool(form)
     extra = dict(dg_local=bool(local), dqk_early=local == "early", dqk_lean=lean, dqk_dotscan=lean, dqk_form=form)
     torch.manual_seed(11)
@@ -200,32 +201,34 @@ def test_dv_key_blocks_by_a_loop(N, Dk):
     assert accuracy.error_over_floor(got[2], ref[2]) <= 2.5
 
 
-@pytest.mark.parametrize("N, Dk, loop", [(17, 24, False), (200, 48, True)])
-def test_dv_form_one_reduction_two_exp_tiles(N, Dk, loop):
+@pytest.mark.parametrize("N, Dk, loop, form", [(17, 24, False, 1), (200, 48, True, 1), (17, 24, False, 5),
+                                                (200, 48, False, 5)])
+def test_dv_form_one_reduction_two_exp_tiles(N, Dk, loop, form):
     """dv_form 1 (session 33): the dv kernel's factored blocks with the span's middle and G_last by one three-way
     reduction and e^(G_last - G) from e^(m - G): the same gradients as dv_form 0 (float32 weak decays: to rounding),
     fp16 within 2.5x the rounding floor, and float32 strong decays with a reset (most chunks flagged for the fallback,
-    some not) against float64."""
+    some not) against float64. Form 5: and no branch on the flags (marked chunks written again by the fallback's
+    launch)."""
     torch.manual_seed(N + 1)
     q, k, v, g, s0 = make(1, N, 1, 1, Dk, 40, dtype=F32, decay="channel", h0=True)
     do, dht = torch.randn(v.shape), torch.randn(s0.shape)
     _, st, _ = reference(q, k, v, g, s0, dout=do, dstate=dht)
     blocks = dict(BT=16, BKB=16, KD=16, BV=16, BK_DG=16, dqk_VB=16, dg_fused=True, dv_loop=loop)
-    before = run_chunked(q, k, v, g, s0, do, dht, st.float(), **blocks)
-    after = run_chunked(q, k, v, g, s0, do, dht, st.float(), dv_form=1, **blocks)
+    before = run_chunked(q, k, v, g, s0, do, dht, st.float(), dv_form=0, **blocks)
+    after = run_chunked(q, k, v, g, s0, do, dht, st.float(), dv_form=form, **blocks)
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dh0"), before, after):
         assert accuracy.rel_rms(b, a) < 1e-6, name
     q, k, v, g, s0 = make(1, N, 1, 1, Dk, 40, dtype=F16, decay="channel", h0=True)
     do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
     _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
-    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), dv_form=1, **blocks)
+    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), dv_form=form, **blocks)
     assert accuracy.error_over_floor(got[2], ref[2]) <= 2.5
     q, k, v, g, _ = make(1, N, 1, 1, Dk, 40, dtype=F32, decay="channel", strong=True)
     g[:, N // 2, :, :4] = float("-inf")
     g[:, N - 9:, :, :] *= 0.01
     do = torch.randn(v.shape)
     _, _, ref = reference(q, k, v, g, None, dout=do)
-    got = run_chunked(q, k, v, g, None, do, None, None, dv_form=1, dqk_form=3, **blocks)
+    got = run_chunked(q, k, v, g, None, do, None, None, dv_form=form, dqk_form=3, **blocks)
     assert accuracy.rel_rms(got[2], ref[2]) < 2e-5
 
 

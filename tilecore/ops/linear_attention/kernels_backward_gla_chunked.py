@@ -554,7 +554,9 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
     e^(m / 2) e^(m / 2), e^(G_last - G) = e^(m - G) e^(G_last - m): no factor leaves float32 where the span is <=
     _factor_span); 2 no branch on the span: the value loop issued before g's scan (g's load and scan under the loop's
     loads), every block computed (a flagged block's outputs, wrong or not finite, are written again by the fallback's
-    launch after this one); 4 (with g_pre) G, G_last, the span's middles and the flag read from the states walk's GC,
+    launch after this one); 8 (with 1) the diagonal r_t k_t, r_t q_t inside the intra dots (a with its diagonal: the
+    term rounded as the other 63 of its row are, and in dG q dq - k dk the two cancel to their roundings), no r, so
+    neither r's layout (do v^T's, N 64) nor its products' conversions; 4 (with g_pre) G, G_last, the span's middles and the flag read from the states walk's GC,
     MID and FLAG: no scan, no reduction of G, no flag store, no reload of g (a block with a clamped log decay is
     flagged)."""
     kblock = pid % KBLOCKS
@@ -600,12 +602,23 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
             a, r, hs, dhs, sfx = _dqk_value_loop(
                 V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, DK,
                 DV, NT, BT, BKB, BVF, VB, MMA, IEEE, 0, 0, 3, 0, None, None, None, None, None, True)
-        r = tl.sum(tl.where(offs_t[:, None] == offs_t[None, :], a, 0.0), 1) * scale
-        a = tl.where(offs_t[:, None] > offs_t[None, :], a, 0.0)
+        if FORM & 8:  # the diagonal (r_t = do_t . v_t) inside the intra dots: a with its diagonal, no r
+            a = tl.where(offs_t[:, None] >= offs_t[None, :], a, 0.0)
+        else:
+            r = tl.sum(tl.where(offs_t[:, None] == offs_t[None, :], a, 0.0), 1) * scale
+            a = tl.where(offs_t[:, None] > offs_t[None, :], a, 0.0)
         qf = q.to(tl.float32)
         kf = k.to(tl.float32)
         rows = (b * N * H + h) * DK
-        if FORM & 1:
+        if FORM & 16:  # every product of E, Ei with the dots' layout's tiles (hs, dhs, the dot results)
+            E = tl.exp(Gc - mid[None, :])
+            Ei = tl.exp(mid[None, :] - Gc)
+            half = tl.exp(0.5 * mid)[None, :]
+            dq = E * (_split_dot(a, kf * Ei, MMA, IEEE, SPLIT) * scale) + (E * half) * (hs * (half * scale))
+            dhs = dhs * tl.exp(G_last - mid)[None, :]
+            dk_state = Ei * dhs
+            dk = Ei * (_split_dot(tl.trans(a), qf * E, MMA, IEEE, SPLIT) * scale + dhs)
+        elif FORM & 1:
             E = tl.exp(Gc - mid[None, :])
             Ei = tl.exp(mid[None, :] - Gc)
             half = tl.exp(0.5 * mid)[None, :]
@@ -618,10 +631,16 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
             dk_state = dhs * tl.exp(G_last[None, :] - Gc)
             dk = (tl.exp(mid[None, :] - Gc) * _split_dot(tl.trans(a), qf * tl.exp(Gc - mid[None, :]), MMA, IEEE,
                                                           SPLIT)) * scale + dk_state
-        _store_rows(DQ + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dq + r[:, None] * kf)
+        if FORM & 8:
+            _store_rows(DQ + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dq)
+        else:
+            _store_rows(DQ + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dq + r[:, None] * kf)
         sfx = tl.exp(G_last) * sfx + tl.sum(kf * dk_state, 0)
-        _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk + r[:, None] * qf)
-        dG = qf * dq - kf * dk
+        if FORM & 8:
+            _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk)
+        else:
+            _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk + r[:, None] * qf)
+        dG = qf * dq - kf * dk  # FORM 8: the diagonal's r q k in both cancels to its roundings
         if DOTSCAN:
             dGs = _scan_dot((offs_t[:, None] <= offs_t[None, :]).to(tl.float32), dG, DOTSCAN)
         else:
@@ -671,13 +690,19 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
     unmarked key blocks has a span within theirs, so the dot is safe whatever KD and the dqk key block are.
     DVFORM (session 33, WIDE 1's factored blocks): 1 each key block's span middle and G_last by one three-way
     reduction over tokens (not three) and two exp tiles (e^(G_last - G) = e^(m - G) e^(G_last - m)), not three; 3
-    (g_pre) the same with G, G_last and the middles read from the states walk's GC and MID (no scan, no reduction)."""
+    (g_pre) the same with G, G_last and the middles read from the states walk's GC and MID (no scan, no reduction);
+    bit 4 (with 1): no branch on the flags (every chunk computed, its loads issued at once; a marked chunk's dv, wrong or
+    not finite, written again by the WIDE 2 launch after)."""
     pid = tl.program_id(0)
     c = (pid // VBLOCKS) % NT
     bh = pid // (VBLOCKS * NT)
     if WIDE == 0:
         _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
                     sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 0, DVLOOP)
+    elif WIDE == 1 and (DVFORM & 4) != 0:  # every chunk (a marked one's dv written again by the WIDE 2 launch)
+        _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
+                    sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 1, DVLOOP,
+                    DVFORM, GC, MID)
     else:
         kb = tl.arange(0, KBP)
         marked = tl.max(tl.load(FLAG + (bh.to(tl.int64) * NT + c) * KBLOCKS + kb, mask=kb < KBLOCKS, other=0), 0)
