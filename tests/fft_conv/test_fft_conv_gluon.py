@@ -281,36 +281,43 @@ import json, re
 from tilecore.ops.fft_conv.report import gluon_variant
 from tilecore.tiles.compile import compile_kernel, resources
 out = []
-for twearly in (False, True):
+for twearly, lag in ((False, False), (True, False), (True, True)):
     name, kernel, args, warps, _ = gluon_variant(128, 64, 0, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False,
-                                                 False, twearly)
+                                                 False, twearly, lag)
     compiled = compile_kernel(kernel, args, num_warps=warps)
     toks = re.findall(r"wgmma\\.mma_async|wgmma\\.wait_group|sin\\.approx", compiled.asm["ptx"])
-    inside, issued = 0, False
-    for t in toks:  # sin.approx between a wgmma issue and the next wait
+    inside, issued, groups, mmas = 0, False, [], 0
+    for t in toks:  # sin.approx between a wgmma issue and the next wait; wgmma instructions a wait
         if t == "wgmma.mma_async":
             issued = True
+            mmas += 1
         elif t == "wgmma.wait_group":
             issued = False
+            groups.append(mmas)
+            mmas = 0
         elif issued:
             inside += 1
-    out.append(dict(name=name, inside=inside, sins=toks.count("sin.approx"), waits=toks.count("wgmma.wait_group"),
+    out.append(dict(name=name, inside=inside, groups=groups, sins=toks.count("sin.approx"), waits=toks.count("wgmma.wait_group"),
                     **vars(resources(compiled))))
 print(json.dumps(out))
 """
 
 
-def test_twearly_computes_the_twiddles_under_the_wgmmas():
+def test_twearly_and_lag_compile_facts():
     """TWEARLY at 4096 (the shipped CONTIG tuple): every twiddle's sin.approx (forward and conjugate, both walkers: 64)
     sits between a wgmma issue and its wait, where without it none does; the same waits; no spill (the CONTIG tuple
     has none either), within shared memory."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", TWEARLY_CODE], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    plain, early = json.loads(r.stdout)
+    plain, early, lag = json.loads(r.stdout)
     assert plain["inside"] == 0 and early["inside"] == early["sins"] == plain["sins"] > 0, (plain, early)
     assert plain["waits"] == early["waits"], (plain, early)
     assert early["spill_stores"] == plain["spill_stores"] == 0 and early["shared"] <= 227 * 1024, early
+    # LAG: a chunk's last product (8 wgmma instructions, 2 k-steps x 4) issued with the next chunk's stage 1 (16):
+    # 24 before the loop body's first wait, the pair's last 8 after the loop; 64 B of spill (the carried D operands)
+    assert early["groups"] == [16, 16, 16, 8] * 2 and lag["groups"] == [24, 16, 16, 8] * 2, (early, lag)
+    assert lag["inside"] == lag["sins"] and lag["spill_stores"] <= 64 and lag["shared"] <= 227 * 1024, lag
 
 
 @pytest.mark.parametrize("n", [1024, 4096])
@@ -458,6 +465,12 @@ def test_gluon_plan_rejects_what_the_kernel_does_not_take():
         conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, False, True, 1, False, 1, 0, False, False, True)
     assert conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, False,
                                 True).twearly
+    with pytest.raises(ValueError, match="LAG"):  # (with TWEARLY, not CSCALE)
+        conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, False, False, True)
+    with pytest.raises(ValueError, match="LAG"):
+        conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, True, True, True)
+    assert conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, False, True,
+                                True).lag
     with pytest.raises(ValueError, match="prefetch"):  # KPRE 2, 3 read a bin as one 64-bit copy: rfft 2
         conv_plan.gluon_plan(32, 64, 2, False, True, 0, True, 1, 4, True, False, 2)
     with pytest.raises(ValueError, match="prefetch"):  # KPRE 3 keeps a channel's tile: whole tile, contiguous walk

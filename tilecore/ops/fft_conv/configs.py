@@ -33,6 +33,7 @@ GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_on
     2048: [GLUON_ONEPASS[2048]],
     4096: [GLUON_ONEPASS[4096],
            (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, False, True),  # + TWEARLY
+           (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, False, True, True),  # + LAG
            (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, True, True),  # + CSCALE + TWEARLY
            (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1),  # session 32's strided walk (the baseline)
            (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1, 0, False, False, True)],  # strided + TWEARLY

@@ -250,6 +250,7 @@ class Stages:
     PRESCALE: gl.constexpr  # the spectrum product's scale from the block's spectrum, reduced under stage 3's wgmmas
     CSCALE: gl.constexpr  # (chunked) one scale a pair from the channel's spectrum (_channel_scale): no reduction a block
     TWEARLY: gl.constexpr  # (chunked) the twiddles computed between a product's wgmma issue and its wait
+    LAG: gl.constexpr  # (chunked, TWEARLY) a chunk's last product waited for at the next chunk's first
 
 
 # W_L^(m k_a) from the tables' offset i = m A + k_a (A, L powers of two): t = (m k_a) mod L as a signed
@@ -311,7 +312,7 @@ def _twiddles(st, tab, col):
 
 @gluon.jit
 def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride_kh, zeros, X_REGS: gl.constexpr,
-                    kpre=(0.0, 0.0), cscale=1.0):
+                    kpre=(0.0, 0.0), cscale=1.0, lagged=None):
     """Stages 1-3 and the spectrum product of a [B, C] block of the tile's columns k_a (the whole tile, or
     one chunk: ``tab`` + ``col`` the block's offsets m A + k_a into the (B, A) tables, f = k_a + A k_b):
 
@@ -323,13 +324,28 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
                                          what _spectrum_issue requested, ``kpre``: _spectrum_take)
 
     Returns (Y re, Y im) float32 and its largest |Y| (1 where Y is 0; NaN stays NaN: a NaN filter's); with st.CSCALE
-    the channel's scale ``cscale`` (_channel_scale: a bound of |Y| / 256 for every block of the channel, no reduction)."""
+    the channel's scale ``cscale`` (_channel_scale: a bound of |Y| / 256 for every block of the channel, no reduction).
+    ``lagged`` (st.LAG: the previous chunk's last product, out += D @ conj(F_A)[chunk, :HALF], as (out re, out im, D re,
+    D im, conj(F_A) re and im of its chunk)) is issued before stage 1's wgmmas and waited for with them; the
+    output (re, im) is returned (else 0), a 4th value."""
     if X_REGS:
         rre, rim = _complex_mma(x_re, fa_re, -x_im, fa_im, x_re, fa_im, x_im, fa_re, zeros, st.ASYNC, True)
     elif st.TWEARLY:  # (session 33: the twiddles' SFU work under stage 1's wgmmas, not after their wait)
+        if st.LAG:  # (the previous chunk's out += D @ conj(F_A), issued here, runs before and under stage 1)
+            d_re = lagged[2]
+            d_im = lagged[3]
+            d_nre = -d_re
+            o1 = warpgroup_mma(d_re, lagged[4], lagged[0], is_async=True)
+            o1 = warpgroup_mma(d_im, lagged[5], o1, is_async=True)
+            o2 = warpgroup_mma(d_im, lagged[4], lagged[1], is_async=True)
+            o2 = warpgroup_mma(d_nre, lagged[5], o2, is_async=True)
         p, q = _issue4(x_re, fa_re, x_im, fa_nim, x_re, fa_im, x_im, fa_re, zeros)
         twre, twim = _twiddles(st, tab, col)
-        rre, rim = warpgroup_mma_wait(0, deps=(p, q))
+        if st.LAG:
+            rre, rim, o1, o2, d_re, d_im, d_nre = warpgroup_mma_wait(0, deps=(p, q, o1, o2, d_re, d_im, d_nre))
+            lagged = (o1, o2)
+        else:
+            rre, rim = warpgroup_mma_wait(0, deps=(p, q))
     else:
         rre, rim = _complex_mma(x_re, fa_re, x_im, fa_nim, x_re, fa_im, x_im, fa_re, zeros, st.ASYNC, False)
     if st.PROBE & 4:
@@ -382,7 +398,9 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
     else:
         scale = gl.maximum(gl.max(gl.max(gl.abs(yre), axis=1), axis=0), gl.max(gl.max(gl.abs(yim), axis=1), axis=0))
         scale = gl.where(scale > 0, scale, 1.0)  # (NaN stays NaN: a NaN filter's outputs)
-    return yre, yim, scale
+    if not st.LAG:
+        lagged = 0  # (a placeholder: a jit function returns no None)
+    return yre, yim, scale, lagged
 
 
 @gluon.jit
@@ -434,13 +452,18 @@ def _inverse_stages(st, yre, yim, scale, tab, col, fa_re, fa_im, ore, oim, runni
         ratio = scale / grown
         dre16 = gl.convert_layout((dre * ratio).to(gl.float16), lhs_out)
         dim16 = gl.convert_layout((dim * ratio).to(gl.float16), lhs_out)
-        ore, oim = _chained_mma(dre16, fa_re, dim16, fa_im, dim16, fa_re, -dre16, fa_im, ore, oim)
+        if st.LAG:  # (not issued here: the next chunk's stage 1 issues it first, or the pair's end)
+            pending = (dre16, dim16)
+        else:
+            ore, oim = _chained_mma(dre16, fa_re, dim16, fa_im, dim16, fa_re, -dre16, fa_im, ore, oim)
     else:
         dre16 = gl.convert_layout(dre.to(gl.float16), lhs_out)
         dim16 = gl.convert_layout(dim.to(gl.float16), lhs_out)
         ore, oim = _complex_mma(dre16, fa_re, dim16, fa_im, dim16, fa_re, -dre16, fa_im, ore, st.ASYNC, True)
         running = scale
-    return ore, oim, running
+    if not st.LAG:
+        pending = 0  # (a placeholder: with LAG the last product's register operands, to wait for with its tokens)
+    return ore, oim, running, pending
 
 
 @struct
@@ -679,7 +702,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     seq, tab, zeros = _tile_offsets(B, HALF, A, A, io, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE, TW_SFU, kbuf, KPRE, LEAN,
-                PRESCALE, CSCALE, False)
+                PRESCALE, CSCALE, False, False)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -707,9 +730,9 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
             xre, scale_re, bad_re, xim, scale_im, bad_im = _pair_u(pio, w, start, step, stop, h, b_re, seq, io)
         xre = gl.convert_layout(xre.to(gl.float16), lhs)
         xim = gl.convert_layout(xim.to(gl.float16), lhs)
-        yre, yim, spec_scale = _forward_stages(st, xre, xim, fa1re, fa1im, None, tab, 0, K, h, stride_kh, zeros, True,
+        yre, yim, spec_scale, _ = _forward_stages(st, xre, xim, fa1re, fa1im, None, tab, 0, K, h, stride_kh, zeros, True,
                                                kpre, cscale)
-        ore, oim, spec_scale = _inverse_stages(st, yre, yim, spec_scale, tab, 0, fa2re, fa2im, zeros_out, zeros_out,
+        ore, oim, spec_scale, _ = _inverse_stages(st, yre, yim, spec_scale, tab, 0, fa2re, fa2im, zeros_out, zeros_out,
                                                spec_scale, zeros, lhs_out, False)
         out_scale = spec_scale * (1.0 / L)
         if TMA:
@@ -772,6 +795,7 @@ class ChunkedGlobals:
     PRESCALE: gl.constexpr
     CSCALE: gl.constexpr
     TWEARLY: gl.constexpr
+    LAG: gl.constexpr
 
 
 @struct
@@ -824,7 +848,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   WORKER_REGS: gl.constexpr = 240, PROBE: gl.constexpr = 0,
                                   TW_SFU: gl.constexpr = False, CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0,
                                   YALIAS: gl.constexpr = False, LEAN: gl.constexpr = 0, PRESCALE: gl.constexpr = False,
-                                  CSCALE: gl.constexpr = False, TWEARLY: gl.constexpr = False):
+                                  CSCALE: gl.constexpr = False, TWEARLY: gl.constexpr = False, LAG: gl.constexpr = False):
     """fft_conv_gluon_onepass_kernel's convolution (same arguments) for larger A (N = 4096: A = 128), the
     tile's k_a columns CHUNK at a time: stages 1..3' are column-wise (x @ F_A[:HALF, chunk], the twiddles,
     F_B @ R, the spectrum and conj(F_B) @ Y act on each column alone), so a pair's registers hold one
@@ -844,7 +868,9 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     channel's largest |Re K|, |Im K| / 256 (a bound of every block's |Y| / 256: _channel_scale), reduced once a
     channel the walker meets (a CONTIG walk: once for its run of the channel's pairs), so no block reduces its |Y| and
     the output accumulates with no rescale. TWEARLY (session 33): each chunk's twiddles (forward and conjugate)
-    computed between its stage-1 / stage-3' wgmmas' issue and their wait, under the tensor cores, not after."""
+    computed between its stage-1 / stage-3' wgmmas' issue and their wait, under the tensor cores, not after. LAG
+    (session 33, with TWEARLY): a chunk's last product (out += D @ conj(F_A)) issued and left running, waited for with
+    the next chunk's stage 1 (the pair's last one before the store)."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
     HALF: gl.constexpr = A // 2
@@ -864,7 +890,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     fbnim = _resident(FBIM, B, B, B, 0, True, table)
     g = ChunkedGlobals(U, K, Y, TFRE, TFIM, batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                        u_desc, y_desc, fare, faim, fanim, fbre, fbim, fbnim, A, B, CHUNK, TMA, RFFT, CONJ,
-                       PROBE, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, PRESCALE, CSCALE, TWEARLY)
+                       PROBE, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, PRESCALE, CSCALE, TWEARLY, LAG)
     first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS)
     if WARPGROUPS == 1:
         fence_async_shared()
@@ -947,7 +973,7 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     seq, tab, zeros = _tile_offsets(B, HALF, A, CHUNK, io, acc)  # (chunk c's offsets: tab + c CHUNK)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, True, g.PROBE, g.TW_SFU, bufs.kbuf,
-                g.KPRE, g.LEAN, g.PRESCALE, g.CSCALE, g.TWEARLY)
+                g.KPRE, g.LEAN, g.PRESCALE, g.CSCALE, g.TWEARLY, g.LAG)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -977,15 +1003,35 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
             if h != last_h:  # (a CONTIG walk meets a channel once; a strided one every pair)
                 cscale = _channel_scale(st, spectrum, tab, CHUNK, CHUNKS)
             last_h = h
-        for j in range(CHUNKS):  # (a loop, not unrolled: unrolled, every chunk's table loads went up front)
-            # out += D_c @ conj(F_A)[chunk, :HALF] = D_c @ conj(F_A[:HALF, chunk])^T (F_A is symmetric)
-            kpre = _spectrum_issue(st, spectrum, tab + j * CHUNK)  # (KPRE: under the chunk's stages 1-3)
-            yre, yim, chunk_scale = _forward_stages(st, x_re, x_im, fa_re=fare.index(j), fa_nim=fanim.index(j),
-                                                    fa_im=faim.index(j), tab=tab, col=j * CHUNK, K=spectrum, h=0,
-                                                    stride_kh=0, zeros=zeros, X_REGS=False, kpre=kpre, cscale=cscale)
-            ore, oim, running = _inverse_stages(st, yre, yim, chunk_scale, tab, j * CHUNK,
-                                                fare.index(j).permute((1, 0)), faim.index(j).permute((1, 0)), ore, oim,
-                                                running, zeros, lhs_out, True)
+        if g.LAG:  # (chunk j's last product issued with chunk j + 1's stage 1: D carried, zeros before chunk 0)
+            d_re = gl.zeros([B, CHUNK], gl.float16, lhs_out)
+            d_im = d_re
+            for j in range(CHUNKS):
+                prev = gl.maximum(j - 1, 0)  # (chunk 0: D = 0 adds nothing)
+                kpre = _spectrum_issue(st, spectrum, tab + j * CHUNK)
+                yre, yim, chunk_scale, outs = _forward_stages(
+                    st, x_re, x_im, fa_re=fare.index(j), fa_nim=fanim.index(j), fa_im=faim.index(j), tab=tab,
+                    col=j * CHUNK, K=spectrum, h=0, stride_kh=0, zeros=zeros, X_REGS=False, kpre=kpre,
+                    lagged=(ore, oim, d_re, d_im, fare.index(prev).permute((1, 0)), faim.index(prev).permute((1, 0))))
+                ore, oim, running, pending = _inverse_stages(st, yre, yim, chunk_scale, tab, j * CHUNK,
+                                                             fare.index(j).permute((1, 0)), faim.index(j).permute((1, 0)),
+                                                             outs[0], outs[1], running, zeros, lhs_out, True)
+                d_re = pending[0]
+                d_im = pending[1]
+            ore, oim = _chained_mma(d_re, fare.index(CHUNKS - 1).permute((1, 0)), d_im,
+                                    faim.index(CHUNKS - 1).permute((1, 0)), d_im, fare.index(CHUNKS - 1).permute((1, 0)),
+                                    -d_re, faim.index(CHUNKS - 1).permute((1, 0)), ore, oim)
+        else:
+            for j in range(CHUNKS):  # (a loop, not unrolled: unrolled, every chunk's table loads went up front)
+                # out += D_c @ conj(F_A)[chunk, :HALF] = D_c @ conj(F_A[:HALF, chunk])^T (F_A is symmetric)
+                kpre = _spectrum_issue(st, spectrum, tab + j * CHUNK)  # (KPRE: under the chunk's stages 1-3)
+                yre, yim, chunk_scale, _ = _forward_stages(st, x_re, x_im, fa_re=fare.index(j), fa_nim=fanim.index(j),
+                                                           fa_im=faim.index(j), tab=tab, col=j * CHUNK, K=spectrum, h=0,
+                                                           stride_kh=0, zeros=zeros, X_REGS=False, kpre=kpre,
+                                                           cscale=cscale)
+                ore, oim, running, _ = _inverse_stages(st, yre, yim, chunk_scale, tab, j * CHUNK,
+                                                       fare.index(j).permute((1, 0)), faim.index(j).permute((1, 0)), ore,
+                                                       oim, running, zeros, lhs_out, True)
         ore = gl.where(bad_re, float("nan"), ore * (running * scale_re / L))
         oim = gl.where(bad_im, float("nan"), oim * (running * scale_im / L))
         _pair_y(pio, ore, oim, w, start, step, h, b_re, seq, io)
@@ -1047,7 +1093,8 @@ def fft_conv_gluon_dk_kernel(U, DY, P, FARE, FAIM, FBRE, FBIM, TFRE, TFIM, batch
         sums = gl.allocate_shared_memory(gl.float32, [2, B, A], park_layout)  # (the sum, each thread its own elements)
     fence_async_shared()
     gl.thread_barrier()
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, False, False, True, 0, TW_SFU, None, 0, 1, False, False, False)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, False, False, True, 0, TW_SFU, None, 0, 1, False, False, False,
+                False)
 
     seq, tab, zeros = _tile_offsets(B, HALF, A, A, io, acc)
     if XSMEM:

@@ -214,7 +214,7 @@ def _gluon_launch_parts(plan: Plan, u: torch.Tensor, y: torch.Tensor, conj: bool
     if plan.chunk:  # (WORKER_REGS 248: 4096's two warpgroups without spill)
         kernel = CONV_GLUON_CHUNKED
         options.update(CHUNK=plan.chunk, WARPGROUPS=plan.warpgroups, WORKER_REGS=248, num_warps=4,
-                       YALIAS=plan.yalias and tma, TWEARLY=plan.twearly)
+                       YALIAS=plan.yalias and tma, TWEARLY=plan.twearly, LAG=plan.lag)
     else:
         kernel = CONV_GLUON
         options.update(ASYNC=plan.async_mma, num_warps=plan.num_warps)

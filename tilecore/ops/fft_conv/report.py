@@ -55,7 +55,7 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
                   warps: int = 4, tw_sfu: bool = False, contig: bool = False,
                   kpre: int = 0, yalias: bool = False, lean: int = 0,
                   maxnreg: int = 0, prescale: bool = False, cscale: bool = False,
-                  twearly: bool = False) -> tuple[str, object, dict, int, bool]:
+                  twearly: bool = False, lag: bool = False) -> tuple[str, object, dict, int, bool]:
     """The one-pass kernel in Gluon (gluon_onepass.fft_conv_gluon_onepass_kernel) at one configuration
     (per_sm: the grid only, not the compile; ``maxnreg`` is a compile option, which this tuple cannot carry:
     named only, the callers that compile pass it, gluon_options)."""
@@ -84,12 +84,14 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
         f", spectrum prefetch {kpre}" if kpre else "") + (", y in u's ring" if yalias else "") + (
         f", lean {lean}" if lean else "") + (f", maxnreg {maxnreg}" if maxnreg else "") + (
         ", spectrum prescale" if prescale else "") + (", channel scale" if cscale else "") + (
-        ", twiddles under the wgmmas" if twearly else "")
+        ", twiddles under the wgmmas" if twearly else "") + (", last product lagged" if lag else "")
     if chunk:
         del args["ASYNC"]
         args.update(CHUNK=chunk, WARPGROUPS=warpgroups, WORKER_REGS=248, YALIAS=yalias)
         if twearly:
             args["TWEARLY"] = True
+        if lag:
+            args["LAG"] = True
         return (f"fft_conv gluon N{n} ({a}x{b}, chunks of {chunk}{extra.replace(', async', '')}, {4 * warpgroups} warps)",
                 gluon_onepass.fft_conv_gluon_chunked_kernel, args, 4, True)
     return (f"fft_conv gluon N{n} ({a}x{b}{extra}, {warps} warps)",
