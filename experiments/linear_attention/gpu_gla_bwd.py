@@ -30,6 +30,7 @@ written) over the copy bandwidth measured in the same run.
     PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --s31     (session 31's variants, < 140 s)
     PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --s33     (session 33's dqk forms, < 100 s)
     PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --s33b    (session 33's second list, < 100 s)
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --s33c    (the confirmation: configs' vs the start)
 """
 from __future__ import annotations
 
@@ -70,8 +71,9 @@ except Exception:  # noqa: BLE001
 DEV = "cpu" if SMOKE else "cuda"
 START = time.time()
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
+S33C = "--s33c" in sys.argv  # session 33's confirmation
 S33B = "--s33b" in sys.argv  # session 33's second list
-S33 = "--s33" in sys.argv or S33B  # session 33's list (HA: the dqk kernel's skeleton)
+S33 = "--s33" in sys.argv or S33B or S33C  # session 33's list (HA: the dqk kernel's skeleton)
 S32C = "--s32c" in sys.argv  # session 32's confirmation list
 S32B = "--s32b" in sys.argv  # session 32's second list (call 3)
 S32 = "--s32" in sys.argv or S32B or S32C or S33  # session 32's variants (with session 31's checks)
@@ -267,8 +269,16 @@ S33B_VARIANTS = [
     ("cfg s33b again", dict(diag=5), {}, "chunked"),
 ]
 VARIANTS += S31_VARIANTS[:-1] + S31_RUN3 + S31_LAST[3:] + S32_VARIANTS + S32B_VARIANTS + S32C_VARIANTS + S33_VARIANTS
-VARIANTS += S33B_VARIANTS
-if S33B and "--variants" not in sys.argv:
+# --s33c (the confirmation): configs' CHUNKED against the session's start (session 32's CHUNKED: dqk_VB 32, no
+# session-33 forms) in one run, configs' again last
+S33C_VARIANTS = [
+    ("cfg s33 start", dict(diag=5), dict(dqk_VB=32, dqk_form=0, dv_form=0), "chunked"),
+    ("cfg s33c again", dict(diag=5), {}, "chunked"),
+]
+VARIANTS += S33B_VARIANTS + S33C_VARIANTS
+if S33C and "--variants" not in sys.argv:
+    VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S33C_VARIANTS
+elif S33B and "--variants" not in sys.argv:
     VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S33B_VARIANTS
 elif S33 and "--variants" not in sys.argv:
     VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S33_VARIANTS
@@ -563,8 +573,8 @@ def table(rows: list[dict]):
             cells.append("-" if not c else ", ".join(f"{c[n]:.3g}" for n in GRADS) + (" ok" if c["pass"] else " FAIL"))
         print(f"{r['variant']} | " + " | ".join(cells))
     fwd = next((r.get("fwd_ms") for r in rows if r.get("fwd_ms")), None)
-    ship = next((r.get("bwd_ms") for r in rows if r["variant"] == ("cfg s31 shipped" if S32C else "shipped")
-                 and r.get("bwd_ms")), None)
+    base = "cfg s33 start" if S33C else "cfg s31 shipped" if S32C else "shipped"
+    ship = next((r.get("bwd_ms") for r in rows if r["variant"] == base and r.get("bwd_ms")), None)
     if ship is None:  # session 31: the shipped path is the chunked one, configs' CHUNKED
         ship = next((r.get("bwd_ms") for r in rows if r["variant"] == "chunked configs" and r.get("bwd_ms")), None)
     if not S32:
@@ -643,7 +653,8 @@ def main():
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     logs = {v[0]: open(scratch / f"{v[0]}.log", "w") for v in VARIANTS}  # a file: a full pipe would block
     procs = {v[0]: subprocess.Popen([sys.executable, __file__, "--worker", v[0], "--dir", str(scratch)]
-                                    + (["--s33b"] if S33B else ["--s33"] if S33 else ["--s32c"] if S32C else
+                                    + (["--s33c"] if S33C else ["--s33b"] if S33B else ["--s33"] if S33 else
+                                       ["--s32c"] if S32C else
                                        ["--s32b"] if S32B else
                                        ["--s32"] if S32 else ["--s31"] if S31 else []), env=env,
                                     stdout=logs[v[0]], stderr=subprocess.STDOUT) for v in VARIANTS}
