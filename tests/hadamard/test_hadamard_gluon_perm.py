@@ -12,7 +12,8 @@ import sys
 
 import torch
 
-from tilecore.ops.hadamard import gluon_launch, gluon_quantize_kron as gk, gluon_quantize_wide as gw, kron, quantize
+from tilecore.ops.hadamard import configs, gluon_launch, kron, quantize
+from tilecore.ops.hadamard import gluon_quantize_kron as gk, gluon_quantize_wide as gw
 from tilecore.ops.hadamard.reference import hadamard_matrix
 
 
@@ -52,11 +53,16 @@ def test_operands_carry_the_permuted_h64():
 
 def test_plan_switch_carries_perm():
     """tuning perm reaches the wide kernel at m x 64 (not HALVES 2), the kron kernel, and the transforms' STORE plans;
-    configs.QUANT_GLUON_PERM is empty (off until a GPU run)."""
-    assert _plan("mxfp4", 11008, gluon=True, perm=True).config.get("PERM")
+    configs.QUANT_GLUON_PERM (session 33 run 5: gluon_widths_s33c_run5_session33_h100.txt) turns it on by (format,
+    n)."""
+    assert _plan("int4", 11008, gluon=True, perm=True).config.get("PERM")
     assert not _plan("mxfp4", 18944, gluon=True, perm=True).config.get("PERM")
-    assert _plan("nvfp4", 14336, gluon_kron=True, perm=True).config.get("PERM")
-    assert not _plan("mxfp4", 11008, gluon=True).config.get("PERM")
+    assert _plan("int8", 14336, gluon_kron=True, perm=True).config.get("PERM")
+    assert not _plan("int4", 11008, gluon=True).config.get("PERM")
+    assert not _plan("mxfp4", 11008, gluon=True, perm=False).config.get("PERM")
+    for (fmt, n), on in configs.QUANT_GLUON_PERM.items():
+        assert on and _plan(fmt, n, gluon=True, gluon_kron=True).config.get("PERM"), (fmt, n)
+    assert not _plan("mxfp4", 28672, gluon_kron=True).config.get("PERM")  # run 5: 0.73x (spills)
     for m, p in ((172, 64), (28, 512)):
         cfg = kron.gluon_config(m, p, {"perm": True})
         stages = cfg.pop("stages", None)
@@ -70,7 +76,8 @@ from experiments.hadamard import kron_gluon_compile as kc, wide_gluon_compile as
 for perm in (False, True):
     print(json.dumps(wc.compile_one(172, 64, "mxfp4", fold=True, nozero=True, clamp_lo=2, perm=perm)))
 for perm in (False, True):
-    print(json.dumps(kc.compile_one(28, 512, 2, "nvfp4", scale_once=True, fold=True, nozero=True, clamp_lo=2, perm=perm)))
+    print(json.dumps(kc.compile_one(28, 512, 2, "nvfp4", scale_once=True, fold=True, nozero=True, clamp_lo=2,
+                                    perm=perm)))
 print(json.dumps(wc.compile_one(172, 64, "store", clamp_lo=2, perm=True)))
 """
 

@@ -124,8 +124,9 @@ QUANT_GLUON_KTRIM = {**{(f, 18944): True for f in ("fp8_e4m3", "int8", "mxfp4", 
 QUANT_GLUON_FOLD = {**{(f, 14336): True for f in ("mxfp4", "nvfp4", "int4")},
                     **{(f, 28672): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")},
                     **{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "int4") for n in (18944, 11008)}}
-# each output block's mixing once at 148 x 128 (UNITS): int4 1.08x (s. 32); fp8 / int8 1.40x / 1.37x with PAIRS (s. 33)
-QUANT_GLUON_UNITS = {("int4", 18944): True, ("fp8_e4m3", 18944): True, ("int8", 18944): True}
+# each output block's mixing once at 148 x 128 (UNITS): int4 1.08x (s. 32); with PAIRS fp8 1.40x, int8 1.37x, mxfp4
+# 1.06x (session 33); nvfp4 1.01x, off
+QUANT_GLUON_UNITS = {("int4", 18944): True, ("fp8_e4m3", 18944): True, ("int8", 18944): True, ("mxfp4", 18944): True}
 # the transform's Gluon plan tuning by (m, p), the caller's over it: 148 x 128 1.99x then PAIRS 1.09x, 172 x 64 PAIRS
 # 1.12x, 28 x 1024 NOZERO + CLAMP_LO 1.05x (PAIRS 0.85x there), checked (session 33)
 KRON_GLUON_TUNING = {(148, 128): dict(units=True, store2=True, stages=2, ktrim=True, nozero=True, clamp_lo=2),
@@ -139,7 +140,10 @@ QUANT_GLUON_NOZERO = dict(_NZ_CL)
 # the rest of 28672 lost 0.74-0.83x (more spilled) (session 33)
 QUANT_GLUON_CLAMP_LO = {**_NZ_CL, **{(f, n): 2 for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
                                      for n in (11008, 14336, 18944)}, ("mxfp4", 28672): 2}
-QUANT_GLUON_PERM = {}  # H_64's columns permuted (a thread's 16 values consecutive outputs): untimed, off (session 33)
+# H_64's columns permuted (a thread's 16 values consecutive outputs): 1.03-1.09x where on, bytes equal; int4 / int8 /
+# 28672's mxfp4 0.73-1.02x (session 33)
+QUANT_GLUON_PERM = {("mxfp4", 11008): True, ("nvfp4", 11008): True, ("fp8_e4m3", 14336): True, ("mxfp4", 14336): True,
+                    ("nvfp4", 14336): True, ("nvfp4", 28672): True}
 
 
 # here, not in quantize.py: kron.py's transform plan asks it too, and quantize.py imports kron
