@@ -228,8 +228,39 @@ def s33c_timed():
     return cases
 
 
+_S33_START_NZ = {("mxfp4", 14336), ("nvfp4", 14336), ("int4", 14336), ("mxfp4", 28672)}  # NOZERO / CLAMP_LO at s. 33's start
+
+
+def s33_start(fmt, n):
+    """The tuning that puts (fmt, n)'s plan back where it stood at session 33's start (2456b21): NOZERO and CLAMP_LO only
+    at the four session-32 entries, CLAMP_LO as True, UNITS only for int4 at 18944, no PERM."""
+    nz = (fmt, n) in _S33_START_NZ
+    return {"nozero": nz, "clamp_lo": nz, "perm": False, "units": (fmt, n) == ("int4", 18944)}
+
+
+S33_START_T = {(148, 128): {}, (172, 64): {}, (28, 512): {}, (28, 1024): {}}  # KRON_GLUON_TUNING was empty
+
+
+def s33d_timed():
+    """Session 33, fourth job: nvfp4 without SCALE_ONCE under PERM (a group of 16 is one thread's) at 11008 / 14336 /
+    28672, bytes compared; then every format x width and the four transforms, the shipped plan against the session's
+    start (s33_start: the plans before this session's flips), same run."""
+    cases = []
+    for n in (11008, 14336, 28672):
+        cases += [("q", "nvfp4", n, "shipped", {}), ("q", "nvfp4", n, "noonce", {"scale_once": False})]
+    for n in (11008, 14336, 18944, 28672):
+        for fmt in FORMATS:
+            cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "start", s33_start(fmt, n))]
+    for (m, p), tun in S33_START_T.items():
+        cases += [("t", m, p, "shipped", {}), ("t", m, p, "start", {"units": False, "store2": False, "stages": None,
+                                                                   "ktrim": False, "nozero": False, "clamp_lo": False})]
+    return cases
+
+
 def timed_cases(quick=False):
     """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
+    if SET == "s33d":
+        return s33d_timed()
     if SET == "s33c":
         return s33c_timed()
     if SET == "s33b":
@@ -319,7 +350,7 @@ def phase_warm(result, deadline, quick):
               c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
     ctx = mp.get_context("spawn")
     out = result.setdefault("warm", [])
-    with ctx.Pool(min(12 if SET in ("s32", "s33", "s33b", "s33c") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
+    with ctx.Pool(min(12 if SET in ("s32", "s33", "s33b", "s33c", "s33d") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
         pending = pool.imap_unordered(_warm_one, cases)
         for _ in cases:
             try:
@@ -332,6 +363,15 @@ def phase_warm(result, deadline, quick):
 
 def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
+    if SET == "s33d":  # the shipped plans after this session's flips, and nvfp4 without SCALE_ONCE
+        return [("nvfp4", 11008, {}, "bfloat16", {"scale_once": False}),
+                ("nvfp4", 14336, {"scale": 0.002}, "bfloat16", {"scale_once": False}),
+                ("nvfp4", 28672, {"scale": 0.002}, "float16", {"scale_once": False}),
+                ("mxfp4", 11008, {}, "float16", {}), ("fp8_e4m3", 14336, {}, "bfloat16", {}),
+                ("mxfp4", 14336, {}, "bfloat16", {}), ("nvfp4", 28672, {}, "bfloat16", {}),
+                ("fp8_e4m3", 18944, {}, "float16", {}), ("int8", 18944, {}, "bfloat16", {}),
+                ("mxfp4", 18944, {}, "bfloat16", {}), ("int4", 11008, {}, "bfloat16", {}),
+                ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", {}), ("fp8_e5m2", 14336, {}, "bfloat16", {"gluon_kron": True})]
     if SET == "s33c":  # PERM against float64 on a spread (the rest: bytes against the shipped plan's); UNITS mxfp4
         return [("mxfp4", 11008, {}, "bfloat16", PERM), ("nvfp4", 14336, {"scale": 0.002}, "bfloat16", PERM),
                 ("int4", 28672, {}, "bfloat16", PERM), ("fp8_e4m3", 14336, {}, "bfloat16", PERM),
@@ -400,7 +440,7 @@ def phase_check(result, save, deadline, quick):
 
     out = result.setdefault("check", {"quantize": [], "transform": []})
     torch.manual_seed(0)
-    if SET in ("s33", "s33b", "s33c"):  # the transforms first
+    if SET in ("s33", "s33b", "s33c", "s33d"):  # the transforms first
         check_transforms(out["transform"], save, deadline)
     for fmt, n, kw, dtn, tuning in check_cases(quick):
         if time.time() > deadline:
@@ -466,7 +506,7 @@ def phase_check(result, save, deadline, quick):
             case["ok"] = False
         out["quantize"].append(case)
         save()
-    if SET not in ("s33", "s33b", "s33c"):
+    if SET not in ("s33", "s33b", "s33c", "s33d"):
         check_transforms(out["transform"], save, deadline)
 
 
@@ -496,6 +536,10 @@ def check_transforms(out, save, deadline):
                                                                                "stages": 2, "gluon": True}),
                  ((172, 64), 2049, "out", nc), ((172, 64), 2049, "transpose", nc), ((28, 1024), 2049, "out", nc),
                  ((28, 1024), 3, "inplace", nc)]
+    if SET == "s33d":  # the shipped transform plans after this session's flips
+        cases = [((148, 128), 2049, "out", {}), ((148, 128), 3, "transpose", {"gluon": True}),
+                 ((172, 64), 2049, "out", {}), ((172, 64), 2049, "inplace", {}), ((28, 512), 2049, "transpose", {}),
+                 ((28, 1024), 2049, "out", {})]
     if SET == "s33c":  # PERM on the shipped transform plans (m x 64 and the kron kernel's)
         g = {**PERM, "gluon": True}
         cases = [((172, 64), 2049, "out", g), ((172, 64), 3, "transpose", g), ((172, 64), 2049, "inplace", g),
@@ -532,7 +576,7 @@ def check_transforms(out, save, deadline):
             x = torch.randn(rows, n, dtype=torch.bfloat16, device="cuda")
             if rows > 2:
                 x[1, 5] = float("inf")
-            plan = kron.kron_plan(x, m, p, **({} if SET in ("final", "s32", "s33", "s33b", "s33c") else {"gluon": True}),
+            plan = kron.kron_plan(x, m, p, **({} if SET in ("final", "s32", "s33", "s33b", "s33c", "s33d") else {"gluon": True}),
                                   **tuning)
             case["path"] = plan.path
             case["config"] = {k: v for k, v in plan.config.items() if isinstance(v, (bool, int, float, str))}
@@ -616,13 +660,13 @@ def phase_time(result, save, deadline, quick):
             y = torch.empty_like(x) if case[0] == "t" else None
             run, plan, written = _runner(case, x, y)
             row["path"] = plan.path
-            if SET in ("s33b", "s33c"):  # the bytes against the shipped plan's on the same rows (the values kept)
+            if SET in ("s33b", "s33c", "s33d"):  # the bytes against the shipped plan's on the same rows (the values kept)
                 got = run()
                 got = [y.clone()] if case[0] == "t" else [t.clone() for t in _tensors(got[:2])]
                 key = case[:3]
                 if case[3] == "shipped":
                     shipped_out[key] = got
-                elif key in shipped_out and case[3] in ("pairs", "pairs_perm", "perm", "perm_noonce"):
+                elif key in shipped_out and case[3] in ("pairs", "pairs_perm", "perm", "perm_noonce", "noonce"):
                     row["identical"] = all(a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
                                            for a, b in zip(got, shipped_out[key]))
                 del got
@@ -684,7 +728,7 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
-    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c"))
+    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d"))
     a = ap.parse_args()
     global SET
     SET = a.set
