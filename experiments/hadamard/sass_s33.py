@@ -20,7 +20,7 @@ WIDTHS = (11008, 14336, 18944, 28672)
 TRANSFORMS = ((172, 64), (148, 128), (28, 512), (28, 1024))
 
 
-def _compile(plan, fmt, n, store=False):
+def _compile(plan, fmt, n, store=False, stages=None):
     import torch
 
     from experiments.hadamard.wide_gluon_compile import sass_count
@@ -33,6 +33,11 @@ def _compile(plan, fmt, n, store=False):
     cfg = dict(plan.config)
     packed = cfg.pop("PACKED")
     warps = cfg.pop("num_warps")
+    if store:  # the transform: STORE's format id, and the stages gluon_wide_transform launches (the wide kernel's 1)
+        cfg["FORMAT"] = 7
+        packed = False
+        if plan.path == "gluon_wide":
+            cfg["STAGES"] = stages or 1
     group = 0 if store else quantize.FORMATS[fmt].default_group
     rows = 64
     x = torch.empty(rows, n, dtype=torch.bfloat16)
@@ -97,7 +102,7 @@ def main():
                     cfg = kron.gluon_config(m, p, tun)
                     stages = cfg.pop("stages", None)
                     plan = gluon_launch.store_plan(ELEMS // (m * p), m * p, torch.bfloat16, SMS, stages=stages, **cfg)
-                    row[key] = _compile(plan, "fp8_e4m3", m * p, store=True)
+                    row[key] = _compile(plan, "fp8_e4m3", m * p, store=True, stages=stages)
             except Exception as err:  # noqa: BLE001
                 row[key] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
         s, v = row.get("shipped", {}), row.get("variant", {})
