@@ -609,47 +609,25 @@ def time_roles_ab(rounds: int = 3) -> None:
 
 # --------------------------------------------------------------------------------------------
 # --rows64 (session 33): the dK/dV kernel at 64 query rows a step (config block_m 64: AttentionBackwardPieces.
-# compute_in_turn, S^T and dP^T one after the other, P^T kept in float16 between them) against the shipped 32
+# compute_in_turn: S^T, then dP^T with dV under it, P^T kept in float16) against the shipped 32. Calls 4 and 5 timed
+# two 64-row orders (dV after dS^T, and DV_EARLY: dV under dP^T, 1.01-1.04x faster): the second is the kernel's now
 
 
 def rows64_config(stages=3):
     return dict(configs.GLUON_BACKWARD_DV[192, 128], block_m=64, stages=stages)
 
 
-def rows64_early(p, dout, q, k, v, out, lse, dq, dk, dv, causal, scale, dkdv_only=False):
-    """The backward of plan ``p`` (rows64's) with its dK/dV kernel launched here with DV_EARLY (dV's products
-    issued with dP^T's; no launch passes it): the preprocess, the kernel, then the plan's dq kernel. No window,
-    no softcap."""
-    from tilecore import dispatch
-    from tilecore.ops.attention_mla.gluon_backward import attention_bwd_mla_kernel
-    from tilecore.tiles.launch import TmaOperand
-
-    B, H, N, _ = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    delta, _, stats = launch.backward_preprocess(out, dout, lse, None, dq_sum=False, row_stats=True)
-    masks, left, right = launch.mask_options(causal, (-1, -1), N, Nk)
-    _, scale_log2e, tanh_scale = launch.score_options(scale, 0.0)
-    bm, bn = p.config["block_m"], p.config["block_n"]
-    piece = lambda t, rows: TmaOperand(t, [1, 1, rows, 64]).descriptor()  # noqa: E731
-    with dispatch.on_device(q.device):
-        attention_bwd_mla_kernel[p.grid](
-            piece(q, bm), piece(k, 2 * bn), piece(v, 2 * bn), piece(dout, bm), piece(dk, bn), piece(dv, bn),
-            launch.row_stats_operand(stats, bm).descriptor(), H, N, Nk, H // Hkv, scale, scale_log2e, B * Hkv,
-            p.sizes["head_group"], p.schedule, left, right, tanh_scale, **masks, STAGES=p.config["stages"], SOFTCAP=0,
-            SOFTCAP_OVERLAP=False, DV_EARLY=True, num_warps=4)
-    if not dkdv_only:
-        launch.launch_dq_gluon(p.dq, dout, q, k, v, lse, delta, dq, causal, scale)
-
-
-ROWS64_CHECKS = [  # name, B, Hq, Hkv, N, Nk, causal, window, softcap, dtype (H16: the timing's specializations)
+ROWS64_CHECKS = [  # name, B, Hq, Hkv, N, Nk, causal, window, softcap, dtype (H16: the timing's specializations);
+    # the first two before the timings (the plain causal step, the softcap step's folded P^T (1 - tanh^2))
     ("192/128 causal N1040", 1, 16, 16, 1040, 1040, True, (-1, -1), 0.0, torch.bfloat16),
+    ("192/128 causal N1040 softcap 30", 1, 16, 16, 1040, 1040, True, (-1, -1), 30.0, torch.bfloat16),
     ("192/128 N1008", 1, 16, 16, 1008, 1008, False, (-1, -1), 0.0, torch.bfloat16),
     ("192/128 causal N720 Nk1104", 1, 16, 16, 720, 1104, True, (-1, -1), 0.0, torch.bfloat16),
     ("192/128 N1104 Nk720", 1, 16, 16, 1104, 720, False, (-1, -1), 0.0, torch.bfloat16),
-    ("192/128 causal N1040 GQA 16/4", 1, 16, 4, 1040, 1040, True, (-1, -1), 0.0, torch.bfloat16),
-    ("192/128 causal N1040 fp16", 1, 16, 16, 1040, 1040, True, (-1, -1), 0.0, torch.float16),
     ("192/128 window (256, 0) + softcap 30 GQA 16/4 N1500", 1, 16, 4, 1500, 1500, False, (256, 0), 30.0,
      torch.bfloat16),
+    ("192/128 causal N1040 GQA 16/4", 1, 16, 4, 1040, 1040, True, (-1, -1), 0.0, torch.bfloat16),
+    ("192/128 causal N1040 fp16", 1, 16, 16, 1040, 1040, True, (-1, -1), 0.0, torch.float16),
 ]
 
 
@@ -664,95 +642,80 @@ def rows64_check(name, b, hq, hkv, n, nk, causal, window, softcap, dtype) -> boo
     out, lse, _ = forward(q, k, v, causal, "gluon", window, softcap)
     scale = 192 ** -0.5
     found = {}
-    variants = [("rows64", rows64_config()), ("shipped", None)]
-    if window == (-1, -1) and not softcap:
-        variants.insert(1, ("early", rows64_config()))
-    for which, cfg in variants:
+    for which, cfg in (("rows64", rows64_config()), ("shipped", None)):
         p = plan.plan_backward(dout, q, k, v, causal, scale, window=window, softcap=softcap, path="gluon", config=cfg)
         grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-        if which == "early":
-            rows64_early(p, dout, q, k, v, out, lse, *grads, causal, scale)
-        else:
-            launch.backward(p, dout, q, k, v, out, lse, None, *grads, causal, scale, window, softcap)
+        launch.backward(p, dout, q, k, v, out, lse, None, *grads, causal, scale, window, softcap)
         torch.cuda.synchronize()
         found[which] = {nm: accuracy.error_over_floor(g, r) for nm, g, r in zip(("dq", "dk", "dv"), grads, ref_grads)}
         found[which + "_unwritten"] = int(sum(g.isnan().sum() for g in grads))
-    tried = [w for w, _ in variants if w != "shipped"]
-    oks = {w: found[w + "_unwritten"] == 0 and all(found[w][nm] <= max(3.0, 1.25 * found["shipped"][nm])
-                                                   for nm in ("dq", "dk", "dv")) for w in tried}
-    for w in tried:
-        RESULTS["correctness"].append(dict(case=f"{w} {name}", dtype=str(dtype), ok=oks[w], unwritten=found[
-            w + "_unwritten"], **{f"{x}_{nm}_over_floor": found[x][nm] for x in (w, "shipped")
-                                  for nm in ("dq", "dk", "dv")}))
-    row(("check", f"rows64 {name} {str(dtype)[6:]}", " | ".join(
-        f"{w} {'ok' if oks[w] else 'BAD'} " + " ".join(f"{nm} {found[w][nm]:.2f}" for nm in ("dq", "dk", "dv"))
-        + (f" unwritten {found[w + '_unwritten']}" if found[w + "_unwritten"] else "") for w in tried)
-        + " | shipped " + " ".join(f"{nm} {found['shipped'][nm]:.2f}" for nm in ("dq", "dk", "dv"))))
-    return all(oks.values())
+    ok = found["rows64_unwritten"] == 0 and all(found["rows64"][nm] <= max(3.0, 1.25 * found["shipped"][nm])
+                                                for nm in ("dq", "dk", "dv"))
+    RESULTS["correctness"].append(dict(case=f"rows64 {name}", dtype=str(dtype), ok=ok, unwritten=found[
+        "rows64_unwritten"], **{f"{w}_{nm}_over_floor": found[w][nm] for w in ("rows64", "shipped")
+                                for nm in ("dq", "dk", "dv")}))
+    row(("check", f"rows64 {name} {str(dtype)[6:]}",
+         ("ok " if ok else "BAD ") + " ".join(f"{nm} {found['rows64'][nm]:.2f} ({found['shipped'][nm]:.2f})"
+                                            for nm in ("dq", "dk", "dv"))
+         + (f" unwritten {found['rows64_unwritten']}" if found["rows64_unwritten"] else "")))
+    return ok
 
 
-def time_rows64(rounds: int = 3, budget_s: float = 100.0, t_start: float = 0.0, rep: int = 100,
-                with_bwd: bool = False) -> None:
-    """B8 H16 N4096 bf16, causal and not, alternately ``rounds`` times (do_bench medians, ``rep`` ms): the dK/dV
-    kernel with its preprocess, shipped (32 rows) and rows64 (STAGES 3), with DV_EARLY; forward + backward each way
-    and 128 / 128's default forward + backward (the issue's ratio: 192 / 128's FLOP rate over 128 / 128's);
-    ``with_bwd``: the backward alone each way too, and 128 / 128's."""
+def time_rows64(rounds: int = 5, budget_s: float = 100.0, t_start: float = 0.0, rep: int = 200,
+                cases=((False, 0.0), (True, 0.0), (True, 30.0))) -> None:
+    """B8 H16 N4096 bf16, for each (causal, softcap) of ``cases``, alternately ``rounds`` times (do_bench medians,
+    ``rep`` ms): the dK/dV kernel with its preprocess, the backward and forward + backward, shipped (32 rows) and
+    rows64, and (no softcap) 128 / 128's default backward and forward + backward (the issue's ratio: 192 / 128's
+    FLOP rate over 128 / 128's)."""
     import statistics
 
     import triton.testing
 
     b, h, n = 8, 16, 4096
-    for causal in (False, True):
+    for causal, softcap in cases:
+        label = f"{'causal' if causal else 'full'}{f' softcap {softcap:g}' if softcap else ''} B{b} H{h} N{n}"
         if time.time() - t_start > budget_s:
-            row(("skip", f"rows64 timing causal={causal}", f"past the {budget_s:.0f} s budget"))
+            row(("skip", f"rows64 timing {label}", f"past the {budget_s:.0f} s budget"))
             continue
-        label = f"{'causal' if causal else 'full'} B{b} H{h} N{n}"
         scale = 192 ** -0.5
+        w = (-1, -1)
         q, k, v = make(b, h, h, n, n, 192, 128, torch.bfloat16, seed=1)
-        out, lse, fwd_plan = forward(q, k, v, causal, "gluon")
+        out, lse, fwd_plan = forward(q, k, v, causal, "gluon", w, softcap)
         dout = torch.randn_like(out)
         dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-        plans = {"shipped": plan.plan_backward(dout, q, k, v, causal, scale, path="gluon"),
-                 "rows64": plan.plan_backward(dout, q, k, v, causal, scale, path="gluon", config=rows64_config())}
-        qs, ks, vs = make(b, h, h, n, n, 128, 128, torch.bfloat16, seed=2)
-        sq_fwd = plan.plan_forward(qs, ks, vs, causal, 128 ** -0.5)
-        os_ = torch.empty_like(qs)
-        ls_ = torch.empty(b, h, n, device=qs.device)
-        ds_ = torch.randn_like(qs)
-        sq_bwd = plan.plan_backward(ds_, qs, ks, vs, causal, 128 ** -0.5)
-        gs = [torch.empty_like(t) for t in (qs, ks, vs)]
+        plans = {"shipped": plan.plan_backward(dout, q, k, v, causal, scale, path="gluon", softcap=softcap),
+                 "rows64": plan.plan_backward(dout, q, k, v, causal, scale, path="gluon", softcap=softcap,
+                                              config=rows64_config())}
 
         def dkdv(p):
             _, dq_sum, stats = launch.backward_preprocess(out, dout, lse, None, dq_sum=False, row_stats=True)
-            launch.launch_backward_gluon_kernel(p, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale)
+            launch.launch_backward_gluon_kernel(p, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, w, softcap)
+
+        def bwd(p):
+            launch.backward(p, dout, q, k, v, out, lse, None, dq, dk, dv, causal, scale, w, softcap)
 
         def fwd_bwd(p):
-            launch.forward(fwd_plan, q, k, v, out, lse, causal, scale)
-            launch.backward(p, dout, q, k, v, out, lse, None, dq, dk, dv, causal, scale)
+            launch.forward(fwd_plan, q, k, v, out, lse, causal, scale, w, softcap)
+            bwd(p)
 
-        def square():
+        fns = {}
+        for which in ("shipped", "rows64"):
+            fns[f"dK/dV+pre {which}"] = lambda p=plans[which]: dkdv(p)
+            fns[f"bwd {which}"] = lambda p=plans[which]: bwd(p)
+            fns[f"fwd+bwd {which}"] = lambda p=plans[which]: fwd_bwd(p)
+        if not softcap:
+            qs, ks, vs = make(b, h, h, n, n, 128, 128, torch.bfloat16, seed=2)
+            sq_fwd = plan.plan_forward(qs, ks, vs, causal, 128 ** -0.5)
+            os_ = torch.empty_like(qs)
+            ls_ = torch.empty(b, h, n, device=qs.device)
+            ds_ = torch.randn_like(qs)
+            sq_bwd = plan.plan_backward(ds_, qs, ks, vs, causal, 128 ** -0.5)
+            gs = [torch.empty_like(t) for t in (qs, ks, vs)]
             launch.forward(sq_fwd, qs, ks, vs, os_, ls_, causal, 128 ** -0.5)
-            launch.backward(sq_bwd, ds_, qs, ks, vs, os_, ls_, None, *gs, causal, 128 ** -0.5)
-
-        def fwd_bwd_early():
-            launch.forward(fwd_plan, q, k, v, out, lse, causal, scale)
-            rows64_early(plans["rows64"], dout, q, k, v, out, lse, dq, dk, dv, causal, scale)
-
-        fns = {"dK/dV+pre shipped": lambda: dkdv(plans["shipped"]), "dK/dV+pre rows64": lambda: dkdv(plans["rows64"]),
-               "dK/dV+pre early": lambda: rows64_early(plans["rows64"], dout, q, k, v, out, lse, dq, dk, dv, causal,
-                                                       scale, dkdv_only=True),
-               "fwd+bwd shipped": lambda: fwd_bwd(plans["shipped"]), "fwd+bwd rows64": lambda: fwd_bwd(plans["rows64"]),
-               "fwd+bwd early": fwd_bwd_early, "128/128 fwd+bwd": square}
-        if with_bwd:
-            launch.forward(sq_fwd, qs, ks, vs, os_, ls_, causal, 128 ** -0.5)
-            fns.update({
-                "bwd shipped": lambda: launch.backward(plans["shipped"], dout, q, k, v, out, lse, None, dq, dk, dv,
-                                                       causal, scale),
-                "bwd rows64": lambda: launch.backward(plans["rows64"], dout, q, k, v, out, lse, None, dq, dk, dv,
-                                                      causal, scale),
-                "bwd early": lambda: rows64_early(plans["rows64"], dout, q, k, v, out, lse, dq, dk, dv, causal, scale),
-                "128/128 bwd": lambda: launch.backward(sq_bwd, ds_, qs, ks, vs, os_, ls_, None, *gs, causal,
-                                                       128 ** -0.5)})
+            fns["128/128 bwd"] = lambda: launch.backward(sq_bwd, ds_, qs, ks, vs, os_, ls_, None, *gs, causal,
+                                                         128 ** -0.5)
+            fns["128/128 fwd+bwd"] = lambda: (launch.forward(sq_fwd, qs, ks, vs, os_, ls_, causal, 128 ** -0.5),
+                                              fns["128/128 bwd"]())
         times = {name: [] for name in fns}
         try:
             for fn in fns.values():
@@ -768,51 +731,42 @@ def time_rows64(rounds: int = 3, budget_s: float = 100.0, t_start: float = 0.0, 
         f_fwd, f_bwd = flops(b, h, n, n, 192, 128, causal)
         s_fwd, s_bwd = flops(b, h, n, n, 128, 128, causal)
         kernel_flops = 2 * pairs * (192 + 128 + 128 + 192)  # S^T, dP^T, dV, dK
-        rates = {"128/128 fwd+bwd": (s_fwd + s_bwd) / med["128/128 fwd+bwd"] * 1e-9}
-        for which in ("shipped", "rows64", "early"):
-            rates[f"dK/dV+pre {which}"] = kernel_flops / med[f"dK/dV+pre {which}"] * 1e-9
-            rates[f"fwd+bwd {which}"] = (f_fwd + f_bwd) / med[f"fwd+bwd {which}"] * 1e-9
-            if with_bwd:
-                rates[f"bwd {which}"] = f_bwd / med[f"bwd {which}"] * 1e-9
-        if with_bwd:
+        work = {"dK/dV+pre": kernel_flops, "bwd": f_bwd, "fwd+bwd": f_fwd + f_bwd}
+        rates = {name: work[name.rsplit(" ", 1)[0]] / med[name] * 1e-9 for name in med if not name.startswith("128")}
+        if not softcap:
             rates["128/128 bwd"] = s_bwd / med["128/128 bwd"] * 1e-9
-        entry = dict(case=f"rows64 A/B {label}", rounds=times, median_ms=med, tflops=rates)
-        for which in ("rows64", "early"):
-            entry[f"{which}_dkdv_speedup"] = med["dK/dV+pre shipped"] / med[f"dK/dV+pre {which}"]
-            entry[f"{which}_fwd_bwd_speedup"] = med["fwd+bwd shipped"] / med[f"fwd+bwd {which}"]
-            if with_bwd:
-                entry[f"{which}_bwd_speedup"] = med["bwd shipped"] / med[f"bwd {which}"]
-        for which in ("shipped", "rows64", "early"):
-            entry[f"ratio_{which}"] = rates[f"fwd+bwd {which}"] / rates["128/128 fwd+bwd"]
+            rates["128/128 fwd+bwd"] = (s_fwd + s_bwd) / med["128/128 fwd+bwd"] * 1e-9
+        entry = dict(case=f"rows64 A/B {label}", rounds=times, median_ms=med, tflops=rates,
+                     **{f"speedup {part}": med[f"{part} shipped"] / med[f"{part} rows64"] for part in work})
+        if not softcap:
+            for which in ("shipped", "rows64"):
+                entry[f"ratio fwd+bwd {which}"] = rates[f"fwd+bwd {which}"] / rates["128/128 fwd+bwd"]
+                entry[f"ratio bwd {which}"] = rates[f"bwd {which}"] / rates["128/128 bwd"]
         RESULTS["timing"].append(entry)
         for name in fns:
             row(("time", f"{label} {name}", f"{med[name]:.3f} ms {rates[name]:.0f} TFLOP/s (rounds "
                  + " ".join(f"{t:.3f}" for t in times[name]) + ")"))
-        for which in ("rows64", "early"):
-            row(("ratio", f"{label} {which} / shipped", f"dK/dV+pre {entry[which + '_dkdv_speedup']:.3f}x, fwd+bwd "
-                 f"{entry[which + '_fwd_bwd_speedup']:.3f}x" + (f", bwd {entry[which + '_bwd_speedup']:.3f}x"
-                                                               if with_bwd else "")))
-        row(("ratio", f"{label} 192/128 over 128/128 rate", ", ".join(
-            f"{w} {entry['ratio_' + w]:.3f}" for w in ("shipped", "rows64", "early")) + " (target >= 0.9)"))
+        row(("ratio", f"{label} rows64 / shipped", ", ".join(f"{part} {entry['speedup ' + part]:.3f}x"
+                                                             for part in work)))
+        if not softcap:
+            row(("ratio", f"{label} 192/128 over 128/128 rate", ", ".join(
+                f"{part} {which} {entry[f'ratio {part} {which}']:.3f}" for part in ("fwd+bwd", "bwd")
+                for which in ("shipped", "rows64")) + " (target >= 0.9)"))
 
 
-def run_rows64(budget_s: float, ab: bool = False) -> None:
-    """The first check (a wrong kernel is not timed), the timings, then the other checks while the budget lasts.
-    ``ab`` (--rows64-ab, after session 33's run 4 checked all 13 cases): the first check, then 5 alternate rounds of
-    rep 200 ms with the backward alone too, no other check."""
+def run_rows64(budget_s: float) -> None:
+    """The first check (a wrong kernel is not timed), the timings, then the other checks while the budget lasts."""
     t_start = time.time()
-    first = ROWS64_CHECKS[0]
-    try:
-        ok = rows64_check(*first)
-    except Exception as exc:  # noqa: BLE001 - report and go on
-        note_error(f"check rows64 {first[0]}", exc)
-        ok = False
-    if ok and ab:
-        time_rows64(rounds=5, budget_s=budget_s - 20.0, t_start=t_start, rep=200, with_bwd=True)
-        return
-    if ok:
-        time_rows64(budget_s=budget_s - 30.0, t_start=t_start)
-    for case in ROWS64_CHECKS[1:]:
+    ok = {}
+    for first in ROWS64_CHECKS[:2]:
+        try:
+            ok[first[8]] = rows64_check(*first)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            note_error(f"check rows64 {first[0]}", exc)
+            ok[first[8]] = False
+    cases = [c for c in ((False, 0.0), (True, 0.0), (True, 30.0)) if ok[c[1]]]
+    time_rows64(budget_s=budget_s - 40.0, t_start=t_start, cases=cases)
+    for case in ROWS64_CHECKS[2:]:
         if time.time() - t_start > budget_s:
             row(("skip", f"check rows64 {case[0]}", f"past the {budget_s:.0f} s budget"))
             continue
@@ -838,20 +792,18 @@ def main():
                         help="only the shipped MLA dK/dV against roles STAGES 3, interleaved rounds, <= 90 s")
     parser.add_argument("--budget", type=float, default=140.0, help="--roles: seconds before later cases are skipped")
     parser.add_argument("--rows64", action="store_true",
-                        help="only the dK/dV kernel at 64 query rows a step against the shipped 32 (session 33): "
-                             "checks, alternate-round timings with 128/128's in the same run, <= 120 s")
-    parser.add_argument("--rows64-ab", action="store_true",
-                        help="--rows64's first check, then 5 alternate rounds (rep 200 ms) of the dK/dV kernel, the "
-                             "backward and fwd+bwd each way and 128/128's (session 33), <= 120 s")
+                        help="only the dK/dV kernel at 64 query rows a step against the shipped 32 (session 33): the "
+                             "first check, 5 alternate rounds (rep 200 ms) full / causal / causal softcap 30 with "
+                             "128/128's, then the other checks while the budget lasts, <= 130 s")
     parser.add_argument("--parts", action="store_true",
                         help="only the non-causal backward's parts at other stage counts (session 29), <= 90 s")
     args = parser.parse_args()
     t_start = time.time()
-    if args.rows64 or args.rows64_ab:
+    if args.rows64:
         if SMOKE:  # planning a Gluon grid needs a GPU
             print("--rows64 runs on the GPU only")
             return
-        run_rows64(min(args.budget, 105.0), ab=args.rows64_ab)
+        run_rows64(min(args.budget, 135.0))
         out_dir = os.environ.get("OUT", "/tmp/out")
         os.makedirs(out_dir, exist_ok=True)
         RESULTS["device"] = torch.cuda.get_device_name()

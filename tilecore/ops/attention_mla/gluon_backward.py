@@ -53,7 +53,6 @@ class AttentionBackwardPieces:
     accumulator a piece. Registers: dK 96 and dV 64 a thread, S^T and dP^T 32 each (D128's fused dQ mode
     holds as many)."""
     base: object  # AttentionBackward (q_desc's box [1, 1, BM, 64]; k_desc's [1, 1, 2 BN, 64]: both consumers' keys)
-    DV_EARLY: gl.constexpr  # compute_in_turn: dV issued with dP^T (a candidate; see there)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -148,14 +147,15 @@ class AttentionBackwardPieces:
 
     @gluon.jit
     def compute_in_turn(self, ctx, st, stage, tile, step):
-        """One step of 64 query rows (block_m 64): S^T = sum_j K_j Q_j^T, waited; P^T kept in float16 (and the
-        cap's derivative, float16 too); dP^T = sum_j V_j dO_j^T, waited; dS^T and both register operands from
-        the float16 P^T; then dV_j += P^T dO_j and dK_j += dS^T Q_j. S^T and dP^T (32 registers a thread each at 64 rows) are never live together: beside
-        dK's 96 and dV's 64 both would not fit (820 B spilled, every wgmma serialized). Each wgmma's B operand (a
-        [64, 64] piece of Q or dO) then serves 64 query rows, where the 32-row step reads its K / V A operand
-        for 32: ~25% fewer shared-memory bytes per FLOP (notes/attention, session 33). DV_EARLY issues dV's products
-        right after dP^T's (P^T's operand made first, with no wgmma running) and waits for dP^T alone, so dV runs
-        while dS^T is made: sm_90a causal 172 B spilled (6 scalar spills in the step), not serialized, against 36."""
+        """One step of 64 query rows (block_m 64): S^T = sum_j K_j Q_j^T, waited; P^T (with a softcap P^T times the
+        cap's derivative 1 - tanh^2) kept in float16 and P^T's register operand made; dP^T = sum_j V_j dO_j^T and dV_j += P^T dO_j
+        issued, dP^T waited for alone; dS^T from the float16 P^T and its operand while dV runs; dK_j += dS^T Q_j.
+        S^T and dP^T (32 registers a thread each at 64 rows) are never live together: beside dK's 96 and dV's 64
+        both spilled 820 B and serialized every wgmma; dP^T first, then S^T, 784 B (sm_90a). Each wgmma's B
+        operand (a [64, 64] piece of Q or dO) then serves 64 query rows where the 32-row step reads its K / V A
+        operand for 32: ~25% fewer shared-memory bytes per FLOP, the 32-row kernel's bound (notes/attention,
+        session 33). sm_90a causal 172 B spilled (6 scalar spill instructions in the step), not serialized; dV
+        waited for with dK (without it under dP^T: 36 B, and 1.01-1.04x slower on the H100, session 33 call 5)."""
         op = self.base
         BM: gl.constexpr = op.BM
         BN: gl.constexpr = op.BN
@@ -173,27 +173,20 @@ class AttentionBackwardPieces:
         s_tok = warpgroup_mma(self.key_rows(ctx, 2), q2.permute((1, 0)), s_tok, is_async=True)
         s_t = warpgroup_mma_wait(0, deps=(s_tok,))
         p_t, dtanh = op.probabilities(s_t, stat_columns(stage.stats, 0, st_layout), start_n, start_m, tile)
-        p16 = p_t.to(gl.float16)  # P^T kept in 16 bits while dP^T runs (16 registers a thread against 32)
+        if op.SOFTCAP:  # dS^T's P^T (1 - tanh^2): one float16 tile kept while dP^T runs, not two
+            p16 = (p_t * dtanh.to(gl.float32)).to(gl.float16)
+        else:
+            p16 = p_t.to(gl.float16)  # P^T kept in 16 bits while dP^T runs (16 registers a thread against 32)
         dp_tok = warpgroup_mma(self.key_rows(ctx, 3), do0.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(self.key_rows(ctx, 4), do1.permute((1, 0)), dp_tok, is_async=True)
-        if self.DV_EARLY:  # dV's two products run under dP^T's and dS^T's making (+16 registers: P^T's operand)
-            p_op = gl.convert_layout(p_t.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
-            dv0 = warpgroup_mma(p_op, do0, st.dv0, is_async=True)
-            dv1 = warpgroup_mma(p_op, do1, st.dv1, is_async=True)
-            dp_t = warpgroup_mma_wait(2, deps=(dp_tok,))
-        else:
-            dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
-        p_f = p16.to(gl.float32)
-        ds_t = p_f * (dp_t - gl.expand_dims(stat_columns(stage.stats, 1, st_layout), 0))
-        if op.SOFTCAP:
-            ds_t = ds_t * dtanh.to(gl.float32)
-        # both register operands written with no wgmma running (else ptxas serializes them: C7513)
-        if not self.DV_EARLY:
-            p_op = gl.convert_layout(p_f.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
+        # P^T's operand is written before dV's products are issued (with no wgmma reading it yet); ptxas keeps the
+        # wgmma unserialized with dS^T's operand written while dV runs (sm_90a, checked by test_mla_gluon)
+        p_op = gl.convert_layout(p_t.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
+        dv0 = warpgroup_mma(p_op, do0, st.dv0, is_async=True)
+        dv1 = warpgroup_mma(p_op, do1, st.dv1, is_async=True)
+        dp_t = warpgroup_mma_wait(2, deps=(dp_tok,))  # dV's two groups may still run
+        ds_t = p16.to(gl.float32) * (dp_t - gl.expand_dims(stat_columns(stage.stats, 1, st_layout), 0))
         ds_op = gl.convert_layout(ds_t.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
-        if not self.DV_EARLY:
-            dv0 = warpgroup_mma(p_op, do0, st.dv0, is_async=True)
-            dv1 = warpgroup_mma(p_op, do1, st.dv1, is_async=True)
         dk0 = warpgroup_mma(ds_op, q0, st.dk0, is_async=True)
         dk1 = warpgroup_mma(ds_op, q1, st.dk1, is_async=True)
         dk2 = warpgroup_mma(ds_op, q2, st.dk2, is_async=True)
@@ -221,13 +214,11 @@ class AttentionBackwardPieces:
 def attention_bwd_mla_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, H, N, Nk, GROUP, scale,
                              scale_log2e, num_bhk, head_group, schedule, left, right, tanh_scale,
                              CAUSAL: gl.constexpr, STAGES: gl.constexpr, WINDOW: gl.constexpr = False,
-                             SOFTCAP: gl.constexpr = 0, SOFTCAP_OVERLAP: gl.constexpr = False,
-                             DV_EARLY: gl.constexpr = False):
+                             SOFTCAP: gl.constexpr = 0, SOFTCAP_OVERLAP: gl.constexpr = False):
     """dK and dV at q/k head dim 192 and v's 128 (AttentionBackwardPieces) for every (key block,
     batch * kv head); a persistent grid of 2 consumer warpgroups and a producer warp, tiles from
-    ``schedule`` (a balanced table) or round-robin. Every descriptor's box is 64 columns wide.
-    DV_EARLY (64-row steps, a candidate no launch passes: experiments/attention/gpu_mla.py --rows64 times it):
-    see AttentionBackwardPieces.compute_in_turn."""
+    ``schedule`` (a balanced table) or round-robin. Every descriptor's box is 64 columns wide; q_desc's rows
+    (block_m) pick the step: 32 (compute_together) or 64 (compute_in_turn)."""
     gl.static_assert(not (WINDOW and CAUSAL), "causal is folded into the window")
     BM: gl.constexpr = q_desc.block_type.shape[2]
     BN: gl.constexpr = dk_desc.block_type.shape[2]
@@ -238,7 +229,7 @@ def attention_bwd_mla_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, 
     op = AttentionBackwardPieces(AttentionBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, None,
                                                    H, N, Nk, GROUP, scale, scale_log2e, num_bhk, head_group, None,
                                                    None, None, None, left, right, tanh_scale, CAUSAL, BM, BN, 64, 0,
-                                                   False, WINDOW, SOFTCAP, SOFTCAP_OVERLAP), DV_EARLY)
+                                                   False, WINDOW, SOFTCAP, SOFTCAP_OVERLAP))
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(k_desc, COUNT=5, SHARED=True), schedule=schedule)
     stages = QStagePieces(ring(q_desc, STAGES), ring(q_desc, STAGES), ring(q_desc, STAGES), ring(stats_desc, STAGES),
