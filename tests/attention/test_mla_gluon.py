@@ -125,11 +125,13 @@ def test_mla_backward_launch_passes_piece_boxes(fast_launch, monkeypatch):
     launch.launch_backward_gluon_kernel(bwd_plan, do, q, k, v, stats, dq_sum, dk, dv, True, 0.1)
     (grid, args), = fake.calls
     bound = dict(zip(launch.GLUON_BWD_MLA.kernel.arg_names, args))
-    # 32 query rows a step, 2 x 64 keys a tile, every box 64 columns wide
+    # the config's query rows a step (32, or 64: compute_in_turn), 2 x 64 keys a tile, every box 64 columns wide
+    bm = configs.GLUON_BACKWARD_DV[192, 128]["block_m"]
+    assert bm in (32, 64)
     boxes = {name: bound[name].block_shape for name in ("q_desc", "k_desc", "v_desc", "do_desc", "dk_desc", "dv_desc")}
-    assert boxes == dict(q_desc=[1, 1, 32, 64], k_desc=[1, 1, 128, 64], v_desc=[1, 1, 128, 64], do_desc=[1, 1, 32, 64],
+    assert boxes == dict(q_desc=[1, 1, bm, 64], k_desc=[1, 1, 128, 64], v_desc=[1, 1, 128, 64], do_desc=[1, 1, bm, 64],
                          dk_desc=[1, 1, 64, 64], dv_desc=[1, 1, 64, 64])
-    assert bound["dk_desc"].base is dk and bound["dv_desc"].base is dv and bound["stats_desc"].block_shape == [1, 2, 32]
+    assert bound["dk_desc"].base is dk and bound["dv_desc"].base is dv and bound["stats_desc"].block_shape == [1, 2, bm]
     assert (bound["CAUSAL"], bound["STAGES"], bound["GROUP"], bound["scale"]) == (True, 3, 2, 0.1)
 
 
@@ -237,7 +239,9 @@ def test_mla_forward_and_backward_compile_lean_for_sm90(compiled):
         # 16 each at 32 rows a step) 8 bytes causal; at 64 rows a step with S^T and dP^T live together 820 B
         # and serialized wgmma; in turn (rows64: S^T or dP^T's 32, P^T's float16 16 and its operand 16, dV under
         # dP^T) 172 / 176 B, scalars (6 spill instructions in the step); with a softcap 364 / 368
-        allowed = {"backward rows64": 192, "backward rows64 softcap": 400}.get(r["kernel"], 48) if r["causal"] else 0
+        rows64 = configs.GLUON_BACKWARD_DV[192, 128]["block_m"] == 64  # "backward" is the configured step
+        allowed = {"backward": 192 if rows64 else 48, "backward rows64": 192,
+                   "backward rows64 softcap": 400}.get(r["kernel"], 48) if r["causal"] else 0
         assert r["spill_stores"] <= allowed and r["spill_loads"] <= allowed and r["registers"] <= 232, r
         assert r["shared"] <= 227 * 1024, r
         # forward: K's three pieces a stage and Q's three a tile (one TMA copy each), O in two halves;
