@@ -266,6 +266,9 @@ S33B_VARIANTS = [
     ("cfg s33b dv5", dict(diag=5), dict(dv_form=5), "chunked"),
     ("cfg s33b form27 dv5", dict(diag=5), dict(dqk_form=27, dv_form=5), "chunked"),
     ("cfg s33b form11 dv5", dict(diag=5), dict(dqk_form=11, dv_form=5), "chunked"),
+    # g_pre 2: the states walk also stores each chunk's span middles, G_last and the dqk flags (no G): dqk 2776
+    # instructions, 38 barriers, 228 registers; dv 3904 / 17; the states walk 2688 / 29 against 2160 / 22
+    ("cfg s33b form27 dv5 gpre2", dict(diag=5), dict(dqk_form=27, dv_form=5, g_pre=2), "chunked"),
     ("cfg s33b again", dict(diag=5), {}, "chunked"),
 ]
 VARIANTS += S31_VARIANTS[:-1] + S31_RUN3 + S31_LAST[3:] + S32_VARIANTS + S32B_VARIANTS + S32C_VARIANTS + S33_VARIANTS

@@ -232,10 +232,12 @@ def test_dv_form_one_reduction_two_exp_tiles(N, Dk, loop, form):
     assert accuracy.rel_rms(got[2], ref[2]) < 2e-5
 
 
-@pytest.mark.parametrize("N, Dk, walk_BK", [(17, 24, None), (200, 48, 32), (70, 32, 16)])
-def test_g_pre_from_the_states_walk(N, Dk, walk_BK):
-    """g_pre (session 33): the states walk stores each chunk's G, span middles and the dqk kernel's flags; the
-    dstates walk, the dqk kernel (dqk_form 3 | 4) and the dv kernel (dv_form 1 | 2) read them instead of scanning g:
+@pytest.mark.parametrize("N, Dk, walk_BK, mode", [(17, 24, None, 1), (200, 48, 32, 1), (70, 32, 16, 1),
+                                                   (17, 24, None, 2), (200, 48, 32, 2)])
+def test_g_pre_from_the_states_walk(N, Dk, walk_BK, mode):
+    """g_pre (session 33): the states walk stores each chunk's span middles, G_last and the dqk kernel's flags (mode
+    2), and G itself (mode 1); the dqk kernel (dqk_form | 4), the dv kernel (dv_form | 2) and with mode 1 the dstates
+    walk read them instead of reducing (and scanning) g:
     the same gradients as without it (float32 weak decays, a partial last chunk, Dk 24 / 48 not a multiple of the
     key block: to rounding), fp16 within 2.5x the rounding floor, and float32 strong decays with a reset and a -1e30
     channel (blocks flagged for their span or a clamped log decay, some not) against float64, dg 0 where clamped."""
@@ -243,16 +245,16 @@ def test_g_pre_from_the_states_walk(N, Dk, walk_BK):
     q, k, v, g, s0 = make(1, N, 1, 1, Dk, 40, dtype=F32, decay="channel", h0=True)
     do, dht = torch.randn(v.shape), torch.randn(s0.shape)
     _, st, _ = reference(q, k, v, g, s0, dout=do, dstate=dht)
-    blocks = dict(BT=16, BKB=16, KD=16, BV=16, BK_DG=16, dqk_VB=16, dg_fused=True, walk_BK=walk_BK, dqk_form=3,
-                  dv_form=1)
+    blocks = dict(BT=16, BKB=16, KD=16, BV=16, BK_DG=16, dqk_VB=16, dg_fused=True, walk_BK=walk_BK,
+                  dqk_form=3 if mode == 1 else 27, dv_form=1 if mode == 1 else 5)
     before = run_chunked(q, k, v, g, s0, do, dht, st.float(), **blocks)
-    after = run_chunked(q, k, v, g, s0, do, dht, st.float(), g_pre=True, **blocks)
+    after = run_chunked(q, k, v, g, s0, do, dht, st.float(), g_pre=mode, **blocks)
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dh0"), before, after):
         assert accuracy.rel_rms(b, a) < 1e-6, name
     q, k, v, g, s0 = make(1, N, 1, 1, Dk, 40, dtype=F16, decay="channel", h0=True)
     do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
     _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
-    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), g_pre=True, **blocks)
+    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), g_pre=mode, **blocks)
     for name, x, r in zip(("dq", "dk", "dv"), got, ref):
         assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
     assert accuracy.rel_rms(got[3], ref[3]) < 5e-3
@@ -263,11 +265,11 @@ def test_g_pre_from_the_states_walk(N, Dk, walk_BK):
     g[:, N - 9:, :, :] *= 0.01
     do, dht = torch.randn(v.shape), torch.randn(1, 1, Dk, 40)
     _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
-    dq, dk, dv, dg = run_chunked(q, k, v, g, None, do, dht, st.float(), g_pre=True, **blocks)
+    dq, dk, dv, dg = run_chunked(q, k, v, g, None, do, dht, st.float(), g_pre=mode, **blocks)
     for name, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
         assert accuracy.rel_rms(x, r) < 2e-5, (name, accuracy.rel_rms(x, r))
     live = g >= -100
     assert (dg[~live] == 0).all()
     assert accuracy.rel_rms(dg[live], ref[3][live]) < 2e-4
     with pytest.raises(ValueError, match="g_pre"):
-        run_chunked(q, k, v, g, None, do, dht, None, g_pre=True, **dict(blocks, dv_form=0))
+        run_chunked(q, k, v, g, None, do, dht, None, g_pre=mode, **dict(blocks, dv_form=0))

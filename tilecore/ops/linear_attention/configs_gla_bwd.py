@@ -50,7 +50,7 @@ CHUNKED = dict(
     dv_loop=False,  # the dv kernel's key blocks by a pipelined loop: slower
     dqk_form=3,  # one reduction for G's span, two exp tiles, no span branch: dqk 2.494 ms against 2.785 (s33 run 4)
     dv_form=1,  # one reduction a key block, two exp tiles: dv 0.977 ms against 1.021 (s33 run 4)
-    g_pre=False,  # session 33: G, span middles and flags from the states walk (needs dqk_form, dv_form): not timed
+    g_pre=False,  # session 33: the states walk stores span middles, G_last, flags (2; 1: and G) for dqk, dv: not timed
 )
 
 # "split_combine": the combine kernel's key block and tokens a step (a head's dq / dk / dg by cdiv(Dk, 32) programs)

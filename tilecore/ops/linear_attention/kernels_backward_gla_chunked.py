@@ -58,12 +58,13 @@ def gla_states_kernel(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, s
                       s0b, s0h, s0f, s0v, N, H, DK, DV, NT,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
                       MMA: tl.constexpr, IEEE: tl.constexpr, NVB: tl.constexpr = 0, GC=0, MID=0, FLAG=0, KBLOCKS=1,
-                      G_PRE: tl.constexpr = False, BKB: tl.constexpr = 0):
+                      G_PRE: tl.constexpr = 0, BKB: tl.constexpr = 0):
     """Program (batch * head, value block): HS[c] = the state entering chunk c (its BV columns), every chunk.
     Grid (B * H, cdiv(DV, BV)). NVB (session 32): the state's rows by key blocks of BK too (each row of S walks on its
     own: its channel's decay, k's column): axis 1 is (key block, value block), NVB value blocks; grid (B * H,
     cdiv(DK, BK) * NVB); 0: one key block (BK >= DK). G_PRE (session 33; BKB the dqk kernel's key block, dividing BK):
-    the value block 0 programs also store each chunk's G, span middles and the dqk kernel's flags (_g_pre_store)."""
+    the value block 0 programs also store each chunk's span middles, G_last and the dqk kernel's flags, and (G_PRE 1)
+    G itself (_g_pre_store); 0 none."""
     vblock, kblock = _walk_blocks(NVB)
     _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, s0b, s0h, s0f, s0v,
                  N, H, DK, DV, NT, tl.program_id(0), vblock, BT, BK, BV, HAS_H0, MMA, IEEE, kblock, GC, MID, FLAG,
@@ -129,17 +130,28 @@ def _gc_last(GC, b, h, H, t0, BT: tl.constexpr, offs_k, k_ok, N, DK):
 
 
 @triton.jit
-def _g_pre_store(g, GC, MID, FLAG, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, H, DK, NT, Gc, kblock,
-                 BK: tl.constexpr, BKB: tl.constexpr, KBLOCKS, MMA: tl.constexpr):
-    """g_pre (session 33): the states walk's chunk c stores G (GC, rows below N), its span's middle per channel
-    (MID (B H, NT, Dk) float32) and the dqk kernel's flags (FLAG[(bh NT + c) KBLOCKS + key block of BKB]: 1 where
-    the block's span is wider than _factor_span, NaN, or a log decay of the block was clamped at the floor), so the
-    kernels after it read them instead of scanning and reducing g again. g: the chunk's log decays as loaded."""
+def _mid_last(MID, bh, c, NT, offs_k, k_ok, DK):
+    """g_pre's (span middle [BK], G_last [BK]) of chunk c from MID ((B H, NT, 2, Dk) float32, the states walk's)."""
+    base = MID + (bh.to(tl.int64) * NT + c) * 2 * DK + offs_k
+    return tl.load(base, mask=k_ok, other=0.0), tl.load(base + DK, mask=k_ok, other=0.0)
+
+
+@triton.jit
+def _g_pre_store(g, GC, MID, FLAG, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, H, DK, NT, Gc, G_last, kblock,
+                 BK: tl.constexpr, BKB: tl.constexpr, KBLOCKS, MMA: tl.constexpr, FULL: tl.constexpr):
+    """g_pre (session 33): the states walk's chunk c stores its span's middle and G_last per channel (MID (B H, NT, 2,
+    Dk) float32), the dqk kernel's flags (FLAG[(bh NT + c) KBLOCKS + key block of BKB]: 1 where the block's span is
+    wider than _factor_span, NaN, or a log decay of the block was clamped at the floor) and, FULL (g_pre 1), G itself
+    (GC, rows below N), so the kernels after it read them instead of reducing (and scanning) g again. g: the chunk's
+    log decays as loaded."""
     hi, lo, clamps = tl.reduce((Gc, Gc, (g < LOG_DECAY_FLOOR).to(tl.float32)), 0, _max_min_sum)
-    rows = t0 + offs_t
-    ok = (rows < N)[:, None] & k_ok[None, :]
-    tl.store(GC + ((b * N + rows.to(tl.int64)[:, None]) * H + h) * DK + offs_k[None, :], Gc, mask=ok)
-    tl.store(MID + (bh.to(tl.int64) * NT + c) * DK + offs_k, 0.5 * (hi + lo), mask=k_ok)
+    if FULL:
+        rows = t0 + offs_t
+        ok = (rows < N)[:, None] & k_ok[None, :]
+        tl.store(GC + ((b * N + rows.to(tl.int64)[:, None]) * H + h) * DK + offs_k[None, :], Gc, mask=ok)
+    base = MID + (bh.to(tl.int64) * NT + c) * 2 * DK + offs_k
+    tl.store(base, 0.5 * (hi + lo), mask=k_ok)
+    tl.store(base + DK, G_last, mask=k_ok)
     span = hi - lo
     bad = ((span <= _factor_span(MMA)) == 0) | (clamps > 0)  # NaN spans compare false
     NB: tl.constexpr = BK // BKB
@@ -152,7 +164,7 @@ def _g_pre_store(g, GC, MID, FLAG, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, H, 
 def _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, s0b, s0h, s0f, s0v,
                  N, H, DK, DV, NT, bh, vblock, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                  HAS_H0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, kblock=0, GC=0, MID=0, FLAG=0, KBLOCKS=1,
-                 G_PRE: tl.constexpr = False, BKB: tl.constexpr = 0):
+                 G_PRE: tl.constexpr = 0, BKB: tl.constexpr = 0):
     b, h, offs_t, offs_k, k_ok, offs_v, v_ok, S = _walk_setup(H0, s0b, s0h, s0f, s0v, H, DK, DV, bh, vblock, BT, BK,
                                                               BV, HAS_H0, kblock)
     for c in range(0, NT):
@@ -165,8 +177,8 @@ def _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, s
             g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
             Gc, G_last = _cumulative_channels(g)
             if vblock == 0:
-                _g_pre_store(g, GC, MID, FLAG, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, H, DK, NT, Gc, kblock, BK, BKB,
-                             KBLOCKS, MMA)
+                _g_pre_store(g, GC, MID, FLAG, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, H, DK, NT, Gc, G_last, kblock,
+                             BK, BKB, KBLOCKS, MMA, G_PRE == 1)
         else:
             k, v, Gc, G_last = _walk_chunk(K, V, G, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, b, h,
                                            t0, offs_t, offs_k, k_ok, offs_v, v_ok, N)
@@ -556,9 +568,10 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
     loads), every block computed (a flagged block's outputs, wrong or not finite, are written again by the fallback's
     launch after this one); 8 (with 1) the diagonal r_t k_t, r_t q_t inside the intra dots (a with its diagonal: the
     term rounded as the other 63 of its row are, and in dG q dq - k dk the two cancel to their roundings), no r, so
-    neither r's layout (do v^T's, N 64) nor its products' conversions; 4 (with g_pre) G, G_last, the span's middles and the flag read from the states walk's GC,
-    MID and FLAG: no scan, no reduction of G, no flag store, no reload of g (a block with a clamped log decay is
-    flagged)."""
+    neither r's layout (do v^T's, N 64) nor its products' conversions; 16 (with 1) E, Ei's products in the dots'
+    layout; 4 (with g_pre) G_last, the span's middles and the flag read from the states walk's MID and FLAG (no
+    reduction of G, no flag store, no reload of g: a block with a clamped log decay is flagged), 32 (with 4, g_pre 1)
+    and G from its GC (no scan)."""
     kblock = pid % KBLOCKS
     c = (pid // KBLOCKS) % NT
     bh = pid // (KBLOCKS * NT)
@@ -568,7 +581,7 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
     offs_t = tl.arange(0, BT)
     offs_k = kblock * BKB + tl.arange(0, BKB)
     k_ok = offs_k < DK
-    if FORM & 4:  # the states walk's G, span middles and flags
+    if FORM & 4:  # the states walk's span middles, G_last and flags (and G with 32)
         go = tl.load(FLAG + pid) == 0
     else:
         g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
@@ -579,9 +592,12 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
             V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, DK,
             DV, NT, BT, BKB, BVF, VB, MMA, IEEE, 0, 0, 3, 0, None, None, None, None, None, True)
     if FORM & 4:
-        Gc = _gc_rows(GC, b, h, H, t0, offs_t, offs_k, k_ok, N, DK)
-        G_last = _gc_last(GC, b, h, H, t0, BT, offs_k, k_ok, N, DK)
-        mid = tl.load(MID + (bh.to(tl.int64) * NT + c) * DK + offs_k, mask=k_ok, other=0.0)
+        if FORM & 32:
+            Gc = _gc_rows(GC, b, h, H, t0, offs_t, offs_k, k_ok, N, DK)
+        else:
+            g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
+            Gc = tl.cumsum(tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g), 0)
+        mid, G_last = _mid_last(MID, bh, c, NT, offs_k, k_ok, DK)
     else:
         if FORM & 1:
             Gc = tl.cumsum(tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g), 0)
@@ -690,7 +706,8 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
     unmarked key blocks has a span within theirs, so the dot is safe whatever KD and the dqk key block are.
     DVFORM (session 33, WIDE 1's factored blocks): 1 each key block's span middle and G_last by one three-way
     reduction over tokens (not three) and two exp tiles (e^(G_last - G) = e^(m - G) e^(G_last - m)), not three; 3
-    (g_pre) the same with G, G_last and the middles read from the states walk's GC and MID (no scan, no reduction);
+    (g_pre) the same with G_last and the middles read from the states walk's MID (no reduction), G from its GC too
+    with bit 8 (g_pre 1: no scan);
     bit 4 (with 1): no branch on the flags (every chunk computed, its loads issued at once; a marked chunk's dv, wrong or
     not finite, written again by the WIDE 2 launch after)."""
     pid = tl.program_id(0)
@@ -729,10 +746,13 @@ def _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn
     k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
     if DVFORM and INTRA == 1:  # the span allows the factored form (the dqk kernel's flags said so)
         BT: tl.constexpr = q.shape[0]
-        if DVFORM & 2:  # the states walk's G and span middles (g_pre)
-            Gc = _gc_rows(GC, b, h, H, t0, offs_t, offs_k, k_ok, N, DK)
-            G_last = _gc_last(GC, b, h, H, t0, BT, offs_k, k_ok, N, DK)
-            mid = tl.load(MID + (bh.to(tl.int64) * NT + c) * DK + offs_k, mask=k_ok, other=0.0)
+        if DVFORM & 2:  # the states walk's span middles and G_last (g_pre), G from its GC with 8
+            if DVFORM & 8:
+                Gc = _gc_rows(GC, b, h, H, t0, offs_t, offs_k, k_ok, N, DK)
+            else:
+                g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
+                Gc = tl.cumsum(tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g), 0)
+            mid, G_last = _mid_last(MID, bh, c, NT, offs_k, k_ok, DK)
         else:
             g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
             Gc = tl.cumsum(tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g), 0)
@@ -901,7 +921,7 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         # session 33's common-launch form where it applies (the value loop with lean, dg_local, the fallback apart)
         form = cfg["dqk_form"] if (lean and suffix == 3 and cfg["wide_apart"] and not early and not cfg["dqk_probe"]
                                    and not cfg["dqk_apart"]) else 0
-        g_pre = cfg["g_pre"]  # session 33: the states walk stores G, span middles and the dqk flags for the rest
+        g_pre = int(cfg["g_pre"])  # session 33: the states walk stores span middles, G_last, the dqk flags (1: and G)
         walk_BK0 = min(BK, cfg["walk_BK"] or BK)
         if g_pre and not (form and cfg["dv_form"] and not cfg["walks_fused"] and walk_BK0 % BKB == 0):
             raise ValueError("gla chunked backward: g_pre needs dqk_form, dv_form, not walks_fused and walk_BK a "
@@ -925,9 +945,9 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
             flag = (torch.zeros(-(-programs // group) * group, dtype=torch.int8, device=dev) if group > 1 else
                     torch.empty(programs, dtype=torch.int8, device=dev))
         gc = mid = None
-        if g_pre:  # (B, N, H, Dk) float32 G by the states walk, its span middles (B H, NT, Dk)
-            gc = torch.empty(B, N, H, Dk, dtype=f32, device=dev)
-            mid = torch.empty(B * H, NT, Dk, dtype=f32, device=dev)
+        if g_pre:  # span middles and G_last (B H, NT, 2, Dk) float32 by the states walk, and G (B, N, H, Dk) with 1
+            mid = torch.empty(B * H, NT, 2, Dk, dtype=f32, device=dev)
+            gc = torch.empty(B, N, H, Dk, dtype=f32, device=dev) if g_pre == 1 else mid
         dht_or, dh0_or = dht if has_dht else dhs, dh0 if dh0 is not None else dhs
         if cfg["walks_fused"]:
             calls.append(("walks", gla_walks_kernel, (B * H, vblocks, 2), (
@@ -939,13 +959,13 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
             calls.append(("states", gla_states_kernel, (B * H, vblocks * walk_kblocks), (
                 k, v, g, h0_or, hs, *k.stride(), *v.stride(), *g_strides, *(h0.stride() if h0 is not None else z4),
                 N, H, Dk, Dv, NT), dict(walk_opts, HAS_H0=h0 is not None,
-                                        **(dict(GC=gc, MID=mid, FLAG=flag, KBLOCKS=kblocks, G_PRE=True, BKB=BKB)
+                                        **(dict(GC=gc, MID=mid, FLAG=flag, KBLOCKS=kblocks, G_PRE=g_pre, BKB=BKB)
                                            if g_pre else {}))))
             calls.append(("dstates", gla_dstates_kernel, (B * H, vblocks * walk_kblocks), (
-                q, gc if g_pre else g, do, dht_or, dh0_or, dhs, *q.stride(), *g_strides, *do.stride(),
+                q, gc if g_pre == 1 else g, do, dht_or, dh0_or, dhs, *q.stride(), *g_strides, *do.stride(),
                 *(dht.stride() if has_dht else z4), *(dh0.stride() if dh0 is not None else z4), N, H, Dk, Dv, NT,
                 scale), dict(walk_opts, HAS_DHT=has_dht, STORE_DH0=dh0 is not None,
-                             **({"G_PRE": True} if g_pre else {}))))
+                             **({"G_PRE": True} if g_pre == 1 else {}))))
         # (PART, WIDE) launches: dq and dk apart, or the fallback apart (a flag a program between the two)
         dqk = [(1, 0), (2, 0)] if cfg["dqk_apart"] else [(0, 1), (0, 2)] if cfg["wide_apart"] else [(0, 0)]
         for part, wide in dqk:
@@ -960,7 +980,8 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                      **({"LEAN": True} if lean else {}),
                      **({"DOTSCAN": 1 if dispatch.interpreted(dev) else 3} if dotscan else {}),
                      **({"PROBE": cfg["dqk_probe"]} if cfg["dqk_probe"] and wide != 2 else {}),
-                     **({"FORM": form | (4 if g_pre else 0)} if form and wide == 1 else {}),
+                     **({"FORM": form | (4 if g_pre else 0) | (32 if g_pre == 1 else 0)} if form and wide == 1
+                        else {}),
                      **(dict(GC=gc, MID=mid) if g_pre and wide == 1 else {}),
                      **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] and wide != 2 else {}))))
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
@@ -972,8 +993,8 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                                  num_warps=cfg["dv_warps"], num_stages=cfg["stages"],
                                  **({"maxnreg": cfg["dv_maxnreg"]} if cfg["dv_maxnreg"] and wide != 2 else {}),
                                  **({"DVLOOP": True} if cfg["dv_loop"] else {}),
-                                 **({"DVFORM": cfg["dv_form"] | (2 if g_pre else 0)} if cfg["dv_form"] and wide == 1
-                                    else {}),
+                                 **({"DVFORM": cfg["dv_form"] | (2 if g_pre else 0) | (8 if g_pre == 1 else 0)}
+                                    if cfg["dv_form"] and wide == 1 else {}),
                                  **(dict(GC=gc, MID=mid) if g_pre and wide == 1 else {}))))
         bk_dg = min(BK, cfg["BK_DG"])
         if not fused:
