@@ -94,7 +94,7 @@ def folded(causal, window):
 
 def gluon_backward(dout, q, k, v, out, lse, causal, window, softcap, tanh_approx=True, extra=None):
     """dq, dk, dv by the forced Gluon backward into NaN-poisoned buffers; ``extra``: config keys
-    (dq_from, softcap_overlap) over the plan's."""
+    (dq_from) over the plan's."""
     causal, window = folded(causal, window)
     scale = q.shape[-1] ** -0.5
     grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
@@ -174,9 +174,9 @@ def check_case(name, b, hq, hkv, n, nk, d, causal, window, softcap, q_scale, dty
         if approx:
             out, lse = o, l
     # backward: the forced Gluon path (from the forward's out and lse), tanh.approx and exact, and the
-    # softmax under dP's wgmma (softcap_overlap); then the default autograd path (tilecore.attention)
+    # (the softmax under dP's wgmma, softcap_overlap, was removed in session 33); then the default autograd path
     if SMOKE or (d in (64, 128) and q.is_cuda):
-        for approx, extra in [(a, None) for a in variants] + ([(True, dict(softcap_overlap=True))] if softcap and not SMOKE else []):
+        for approx, extra in [(a, None) for a in variants]:
             path = "gluon"
             try:
                 if SMOKE:  # the interpreter cannot run Gluon: the tl backward through the same launch helper
@@ -194,9 +194,9 @@ def check_case(name, b, hq, hkv, n, nk, d, causal, window, softcap, q_scale, dty
             errs = errors(grads, ref_grads)
             ok = unwritten == 0 and max(errs.values()) <= 3.0
             label = (f"{name} {str(dtype)[6:]} bwd [{path} dq {dq_from}{', exact tanh' if not approx else ''}"
-                     f"{', overlap' if extra else ''}]")
+                     "]")
             RESULTS["correctness"].append(dict(case=name, dtype=str(dtype), what="backward", path=path, dq_from=dq_from,
-                                               tanh_approx=approx, overlap=bool(extra), ok=ok, unwritten=unwritten,
+                                               tanh_approx=approx, ok=ok, unwritten=unwritten,
                                                **{f"{k_}_over_floor": v_ for k_, v_ in errs.items()}))
             ROWS.append(("check", label, ("ok " if ok else "BAD ") + " ".join(f"{k_} {v_:.2f}" for k_, v_ in errs.items())
                          + (f" unwritten {unwritten}" if unwritten else "")))
@@ -351,9 +351,8 @@ def time_softcap(dtype):
     q, k, v = make(1, 2, 2, 64, 64, 16, 16, dtype) if SMOKE else make(16, 16, 16, 4096, 4096, 128, 128, dtype)
     plain = timed("softcap", "no softcap causal N4096", lambda: default_times(q, k, v, True, (-1, -1), 0.0))
     default = timed("softcap", "softcap 30 default", lambda: default_times(q, k, v, True, (-1, -1), 30.0))
-    approx = (None, None) if SMOKE else timed("softcap", "softcap 30 gluon bwd overlap",
-                                              lambda: forced_times(q, k, v, True, (-1, -1), 30.0,
-                                                                   extra=dict(softcap_overlap=True)))
+    approx = (None, None) if SMOKE else timed("softcap", "softcap 30 gluon forced",
+                                              lambda: forced_times(q, k, v, True, (-1, -1), 30.0))
     exact = (None, None) if SMOKE else timed("softcap", "softcap 30 gluon exact tanh",
                                              lambda: forced_times(q, k, v, True, (-1, -1), 30.0, tanh_approx=False))
 
@@ -367,7 +366,7 @@ def time_softcap(dtype):
     for i, what in enumerate(("fwd", "bwd")):
         ROWS.append(("time", f"softcap 30 causal N{q.shape[2]} {what}",
                      f"x no-softcap: default {fmt(ratio(plain[i], default[i]))} "
-                     + (f"overlap {fmt(ratio(plain[i], approx[i]))} " if i else f"forced {fmt(ratio(plain[i], approx[i]))} ")
+                     + f"forced {fmt(ratio(plain[i], approx[i]))} "
                      + f"exact tanh {fmt(ratio(plain[i], exact[i]))} (target >= 0.9); "
                      f"flex {fmt(flex[i])} ms, x flex {fmt(ratio(flex[i], default[i]))}"))
 

@@ -164,7 +164,7 @@ def main():
                     schedule=torch.empty(64, dtype=torch.int32) if causal and not cfg.get("drawn") else None,
                     tile_counter=torch.zeros(1, dtype=torch.int32) if cfg.get("drawn") else None, left=0, right=0,
                     tanh_scale=0.0, CAUSAL=causal, STAGES=2, DQ=modes[cfg["dq"]], KV_REGS=cfg.get("kv_regs", False),
-                    WINDOW=False, SOFTCAP=0, SOFTCAP_OVERLAP=False)
+                    WINDOW=False, SOFTCAP=0)
         one(f"attention bwd {name}", attention_bwd_kernel, args, 4)
     for d, bn, stages in ((64, 128, 3), (128, 64, 4)):
         for causal in (False, True):
@@ -192,7 +192,7 @@ def main():
     one("attention bwd d64 warpgroup window softcap", attention_bwd_kernel,
         dict(window, q_desc=head(bm), k_desc=head(2 * bn), v_desc=head(2 * bn), do_desc=head(bm), dk_desc=head(bn),
              dv_desc=head(bn), stats_desc=stats_desc, dq_desc=desc(dq_sum, [1, 1, bm, 32]), num_bhk=256,
-             tile_counter=None, STAGES=2, DQ=4, KV_REGS=True, SOFTCAP_OVERLAP=False), 4)
+             tile_counter=None, STAGES=2, DQ=4, KV_REGS=True), 4)
     one("attention dq d64 window softcap", attention_dq_kernel,
         dict(window, q_desc=head(2 * bm), k_desc=head(128), v_desc=head(128), do_desc=head(2 * bm), dq_desc=head(bm),
              qdo_desc=head(2 * bm), lse_ptr=f32, delta_ptr=f32, num_bh=256, STAGES=3), 4)
@@ -215,7 +215,7 @@ def main():
                  dk_desc=piece(q192, 64), dv_desc=piece(v128, 64), stats_desc=TensorDescriptor(
                      stats, list(stats.shape), list(stats.stride()), [1, 2, 32],
                      gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)),
-                 num_bhk=256, SOFTCAP_OVERLAP=False), 4)
+                 num_bhk=256), 4)
         one(f"attention dq mla{' causal' if causal else ''}", attention_dq_mla_kernel,
             dict(mla, q_desc=piece(q192, 128), k_desc=piece(q192, 64), v_desc=piece(v128, 64), do_desc=piece(v128, 128),
                  dq_desc=piece(q192, 64), lse_ptr=f32, delta_ptr=f32, num_bh=256), 4)

@@ -185,7 +185,7 @@ args = dict(q_desc=piece(q, bm), k_desc=piece(q, 2 * bn), v_desc=piece(v, 2 * bn
             dk_desc=piece(q, bn), dv_desc=piece(v, bn), stats_desc=launch.row_stats_operand(stats, bm).descriptor(),
             H=16, N=4096, Nk=4096, GROUP=1, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=12,
             schedule=torch.empty(64, dtype=torch.int32), left=0, right=0, tanh_scale=0.1, CAUSAL=True,
-            STAGES=cfg["stages"], WINDOW=False, SOFTCAP=0, SOFTCAP_OVERLAP=False)
+            STAGES=cfg["stages"], WINDOW=False, SOFTCAP=0)
 compiled = compile_kernel(attention_bwd_mla_kernel, args)
 ptx = compiled.asm["ptx"]
 rows.append(dict(kernel="backward", causal=True, n=4096, block_n=bn, **vars(resources(compiled)),

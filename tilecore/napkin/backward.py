@@ -157,7 +157,7 @@ def kernel_for(impl: str, d: int, seq: int, causal: bool, softcap: bool = False)
     if impl == "tilecore":
         k = tilecore_kernel(d, seq, causal)
         # with a softcap the Gluon backward waits for S and dP together, then runs the softmax
-        # (configs: softcap_overlap off; its tanh by tanh.approx.f32: one SFU instruction)
+        # (its tanh by tanh.approx.f32: one SFU instruction)
         return dataclasses.replace(k, softmax_under_dp=False) if softcap else k
     if impl in ("cudnn", "wgmma", "fa3"):
         return CUDNN

@@ -174,7 +174,7 @@ def compile_gluon_backward(d: int, causal: bool = True, dtype=torch.bfloat16, cf
                 tile_counter=torch.zeros(1, dtype=torch.int32) if cfg.get("drawn") else None,
                 left=1024 if window else 0, right=0, tanh_scale=0.1 if softcap else 0.0, CAUSAL=causal and not window,
                 STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]], KV_REGS=cfg.get("kv_regs", False),
-                WINDOW=window, SOFTCAP=softcap, SOFTCAP_OVERLAP=cfg.get("softcap_overlap", False))
+                WINDOW=window, SOFTCAP=softcap)
     return _compile(attention_bwd_kernel, args, {"num_warps": 4}), cfg
 
 

@@ -322,8 +322,7 @@ def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, cau
                 (piece(q, block_m), piece(k, 2 * block_n), piece(v, 2 * block_n), piece(dout, block_m),
                  piece(dk, block_n), piece(dv, block_n), row_stats_operand(stats, block_m), H, N, Nk, H // Hkv, scale,
                  scale_log2e, B * Hkv, plan.sizes["head_group"], plan.schedule, left, right, tanh_scale),
-                dict(**masks, STAGES=cfg["stages"], SOFTCAP=gluon_softcap(softcap, cfg),
-                     SOFTCAP_OVERLAP=cfg.get("softcap_overlap", False), num_warps=4))
+                dict(**masks, STAGES=cfg["stages"], SOFTCAP=gluon_softcap(softcap, cfg), num_warps=4))
         return
     with dispatch.on_device(q.device):
         run(GLUON_BWD, plan, plan.grid,
@@ -333,8 +332,7 @@ def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, cau
              H, N, Nk, H // Hkv, scale, scale_log2e, B * Hkv, plan.sizes["head_group"],
              plan.schedule, tile_counter(q.device) if cfg.get("drawn") else None, left, right, tanh_scale),
             dict(**masks, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
-                 KV_REGS=cfg.get("kv_regs", False), SOFTCAP=gluon_softcap(softcap, cfg),
-                 SOFTCAP_OVERLAP=cfg.get("softcap_overlap", False), num_warps=4))
+                 KV_REGS=cfg.get("kv_regs", False), SOFTCAP=gluon_softcap(softcap, cfg), num_warps=4))
 
 
 def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0) -> None:

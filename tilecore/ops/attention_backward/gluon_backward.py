@@ -140,7 +140,6 @@ class AttentionBackward:
     KV_REGS: gl.constexpr
     WINDOW: gl.constexpr
     SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
-    SOFTCAP_OVERLAP: gl.constexpr  # the capped softmax while dP's wgmma runs (a candidate; see compute)
 
     @gluon.jit
     def kv_head(self, bhk):
@@ -365,9 +364,9 @@ class AttentionBackward:
         s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
         lse_cols = stat_columns(stage.stats, 0, st_layout)
-        if self.SOFTCAP and not self.SOFTCAP_OVERLAP:
+        if self.SOFTCAP:
             # both products first, then the softmax: the cap's derivative (float16, 16 registers a
-            # thread) kept across dP's wgmma (SOFTCAP_OVERLAP) spills more at D128 (924 bytes against 632)
+            # thread) kept across dP's wgmma spilled more at D128 (924 bytes against 632; removed in session 33)
             s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
             delta_cols = stat_columns(stage.stats, 1, st_layout)
@@ -379,8 +378,6 @@ class AttentionBackward:
             delta_cols = stat_columns(stage.stats, 1, st_layout)
             dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-            if self.SOFTCAP:  # SOFTCAP_OVERLAP: the softmax under dP's wgmma, the cap's derivative kept
-                ds_t = ds_t * dtanh.to(gl.float32)
         ds_t = self.step_ds(ds_t, start_m, tile)
         # both register operands are written with no wgmma running: ptxas serializes every wgmma of a
         # kernel that writes a wgmma's input registers while another runs (its warning C7513)
@@ -468,8 +465,7 @@ def ds_layout(dtype):
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
                          scale, scale_log2e, num_bhk, head_group, schedule, tile_counter, left, right, tanh_scale,
                          CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False,
-                         WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0,
-                         SOFTCAP_OVERLAP: gl.constexpr = False):
+                         WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0):
     """dK and dV (and with DQ 1, 3 or 4, dQ added to dq_desc's float32 tensor: see compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp. Each program takes its tiles from ``schedule`` (a balanced table), round-robin
@@ -500,7 +496,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
         dq_staging = ds_smem  # unused
     op = AttentionBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
                            scale, scale_log2e, num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging, left, right,
-                           tanh_scale, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW, SOFTCAP, SOFTCAP_OVERLAP)
+                           tanh_scale, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW, SOFTCAP)
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=200 if DQ == 4 else 240, PRODUCER_REGS=24,
                     LATE_RELEASE=0, tile_operand=TileOperand(k_desc, COUNT=2, SHARED=True), schedule=schedule,
                     tile_counter=tile_counter, helper=Helper(4, 88) if DQ == 4 else None)

@@ -121,7 +121,7 @@ class AttentionBackwardPieces:
         dp_tok = warpgroup_mma(self.key_rows(ctx, 3), do0.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(self.key_rows(ctx, 4), do1.permute((1, 0)), dp_tok, is_async=True)
         lse_cols = stat_columns(stage.stats, 0, st_layout)
-        if op.SOFTCAP and not op.SOFTCAP_OVERLAP:  # as AttentionBackward.compute
+        if op.SOFTCAP:  # as AttentionBackward.compute
             s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             p_t, dtanh = op.probabilities(s_t, lse_cols, start_n, start_m, tile)
             delta_cols = stat_columns(stage.stats, 1, st_layout)
@@ -132,8 +132,6 @@ class AttentionBackwardPieces:
             delta_cols = stat_columns(stage.stats, 1, st_layout)
             dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-            if op.SOFTCAP:
-                ds_t = ds_t * dtanh.to(gl.float32)
         # both register operands written with no wgmma running (else ptxas serializes them: C7513)
         p_op = gl.convert_layout(p_t.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
         ds_op = gl.convert_layout(ds_t.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
@@ -214,7 +212,7 @@ class AttentionBackwardPieces:
 def attention_bwd_mla_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, H, N, Nk, GROUP, scale,
                              scale_log2e, num_bhk, head_group, schedule, left, right, tanh_scale,
                              CAUSAL: gl.constexpr, STAGES: gl.constexpr, WINDOW: gl.constexpr = False,
-                             SOFTCAP: gl.constexpr = 0, SOFTCAP_OVERLAP: gl.constexpr = False):
+                             SOFTCAP: gl.constexpr = 0):
     """dK and dV at q/k head dim 192 and v's 128 (AttentionBackwardPieces) for every (key block,
     batch * kv head); a persistent grid of 2 consumer warpgroups and a producer warp, tiles from
     ``schedule`` (a balanced table) or round-robin. Every descriptor's box is 64 columns wide; q_desc's rows
@@ -229,7 +227,7 @@ def attention_bwd_mla_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, 
     op = AttentionBackwardPieces(AttentionBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, None,
                                                    H, N, Nk, GROUP, scale, scale_log2e, num_bhk, head_group, None,
                                                    None, None, None, left, right, tanh_scale, CAUSAL, BM, BN, 64, 0,
-                                                   False, WINDOW, SOFTCAP, SOFTCAP_OVERLAP))
+                                                   False, WINDOW, SOFTCAP))
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(k_desc, COUNT=5, SHARED=True), schedule=schedule)
     stages = QStagePieces(ring(q_desc, STAGES), ring(q_desc, STAGES), ring(q_desc, STAGES), ring(stats_desc, STAGES),
