@@ -61,9 +61,26 @@ def _load_slice(x, rows, stride_x, tile, s, N: tl.constexpr, N1: tl.constexpr, N
 
 
 @triton.jit
+def _pairs_dot(a, b):
+    """PIECES == -2 (PAIRS, session 33): a @ b with float32 ``a`` as two bf16 pieces, dot_split's, hi made a column
+    pair at a time by one cvt.rn.bf16x2 and its float32 values by a shift and a mask of that word, in one asm block
+    (Triton's a.to(bf16) then hi.to(float32) made ptxas split each pair's conversion into two F2F and a PRMT, then
+    unpack it by two IMAD.U32); lo as dot_split's remainder. The same pieces: bit-identical products."""
+    hi, h = tl.inline_asm_elementwise(
+        "cvt.rn.bf16x2.f32 $0, $4, $3; shl.b32 $1, $0, 16; and.b32 $2, $0, -65536;", "=r,=r,=r,r,r", [a],
+        dtype=(tl.bfloat16, tl.float32), is_pure=True, pack=2)
+    lo = tl.where(h == a, 0.0, a - h).to(tl.bfloat16)
+    acc = tl.dot(hi, b, out_dtype=tl.float32)
+    return tl.dot(lo, b, acc)
+
+
+@triton.jit
 def _split_dot(a, b, SPLIT_A: tl.constexpr, PIECES: tl.constexpr, PIECE_DTYPE: tl.constexpr):
     """tiles.hadamard.dot_split(a, b, ...): a @ b with the float32 operand cut into PIECES pieces of
-    PIECE_DTYPE; in the interpreter the same pieces, each multiplied in float32 (see _INTERPRETED)."""
+    PIECE_DTYPE; in the interpreter the same pieces, each multiplied in float32 (see _INTERPRETED). PIECES == -2:
+    two bf16 pieces of ``a`` (SPLIT_A) by _pairs_dot on the GPU, as 2 in the interpreter."""
+    if PIECES == -2:
+        tl.static_assert(SPLIT_A, "PAIRS: the split operand is a")
     if _INTERPRETED:
         if SPLIT_A:
             rest = a
@@ -76,13 +93,15 @@ def _split_dot(a, b, SPLIT_A: tl.constexpr, PIECES: tl.constexpr, PIECE_DTYPE: t
             acc = tl.dot(piece, other, out_dtype=tl.float32)
         else:
             acc = tl.dot(other, piece, out_dtype=tl.float32)
-        for _ in tl.static_range(PIECES - 1):
+        for _ in tl.static_range((2 if PIECES == -2 else PIECES) - 1):
             rest = tl.where(piece == rest, 0.0, rest - piece)  # 0 where the piece holds it all (+-inf)
             piece = rest.to(PIECE_DTYPE).to(tl.float32)
             if SPLIT_A:
                 acc = tl.dot(piece, other, acc)
             else:
                 acc = tl.dot(other, piece, acc)
+    elif PIECES == -2:
+        acc = _pairs_dot(a, b)
     else:
         acc = dot_split(a, b, SPLIT_A, PIECES, PIECE_DTYPE)
     return acc

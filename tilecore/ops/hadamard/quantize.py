@@ -380,7 +380,9 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
     f = FORMATS[fmt]
     return QuantizePlan("pow2", grid=(grid,), rscale=n**-0.5, config=dict(
         N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"], IN_PIECES=3 if fp32 else 1,
-        MID_PIECES=3 if fp32 else 2, MMA_DTYPE=mma, PIECE_DTYPE=tl.bfloat16, GRID=grid, TMA_LOAD=bool(load),
+        # -2: two pieces, hi a column pair at a time (PAIRS: kernels._pairs_dot; configs.QUANT_POW2_PAIRS)
+        MID_PIECES=3 if fp32 else -2 if tuning.get("pairs", _by_format(configs.QUANT_POW2_PAIRS, fmt, n, False)) else 2,
+        MMA_DTYPE=mma, PIECE_DTYPE=tl.bfloat16, GRID=grid, TMA_LOAD=bool(load),
         TMA_STORE=bool(load) and tuning.get("tma_store", f.packed or n <= 256) and (cfg["N2"] // (2 if f.packed else 1)) >= 16,
         SIGNS=signs, FORMAT=f.kernel_id, G=g, STATIC=static_fp8, PACKED=f.packed, QMAX=f.qmax,
         FAST=bool(tuning.get("fast", configs.QUANT_FAST)), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],

@@ -1,0 +1,80 @@
+"""PAIRS on the tl pow2 quantize kernel (session 33; plan tuning ``pairs``, configs.QUANT_POW2_PAIRS; MID_PIECES -2:
+kernels._pairs_dot): the second product's hi piece made a column pair at a time by one asm block, the pieces
+dot_split's. In the interpreter (no inline asm) -2 runs as 2 pieces: the codes and scales equal the shipped plan's
+bit for bit (the plumbing) and the float64 reference's (>= 99.9%); an sm_90a compile in a fresh process: the asm's
+words paired with their elements' subtractions, no cvt.f32.bf16, fewer loop SASS. The GPU job (experiments/hadamard/
+gpu_gluon_widths.py --set s33e) compares the bytes with the shipped plan's on the GPU."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tilecore.ops.hadamard import quantize
+from tilecore.ops.hadamard.quantize_reference import FORMATS, code_order, hadamard_quantize_reference
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered")
+
+
+def _run(x, fmt, scale, **tuning):
+    rows, n = x.shape
+    group = FORMATS[fmt].default_group
+    plan = quantize.kernel_plan(rows, n, x.dtype, fmt, group, None, True, scale is not None, False, 4, True, **tuning)
+    codes, scales, _ = quantize.run_plan(plan, x, fmt, group, None, True, scale, poison=True)
+    return plan, codes, scales
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "fp8_e4m3", "nvfp4"])
+def test_pairs_plan_equals_the_shipped_plan_in_the_interpreter(fmt):
+    torch.manual_seed(7)
+    x = torch.randn(8, 512, dtype=torch.float16)
+    x[:, 5] *= 60  # an outlier channel
+    x[3, 7] = float("nan")
+    scale = torch.tensor([0.002]) if fmt == "nvfp4" else None
+    p0, c0, s0 = _run(x, fmt, scale, pairs=False)
+    p1, c1, s1 = _run(x, fmt, scale, pairs=True)
+    assert p0.path == p1.path == "pow2" and p0.config["MID_PIECES"] == 2 and p1.config["MID_PIECES"] == -2
+    assert torch.equal(c0.view(torch.uint8), c1.view(torch.uint8))
+    for a, b in zip(s0 if isinstance(s0, tuple) else (s0,), s1 if isinstance(s1, tuple) else (s1,)):
+        assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    ref, _ = hadamard_quantize_reference(x, format=fmt, **({"scale": scale} if scale is not None else {}))
+    a, b = code_order(c1.reshape(ref.shape), fmt), code_order(ref, fmt)
+    assert (a == b).double().mean() >= 0.999
+
+
+def test_pairs_off_for_float32_and_by_default():
+    assert quantize.kernel_plan(64, 4096, torch.float32, "mxfp4", 32, None, True, False, False, 132, False,
+                                pairs=True).config["MID_PIECES"] == 3
+    plan = quantize.kernel_plan(64, 4096, torch.bfloat16, "mxfp4", 32, None, True, False, False, 132, False)
+    assert plan.config["MID_PIECES"] == (-2 if quantize._by_format(quantize.configs.QUANT_POW2_PAIRS, "mxfp4", 4096)
+                                         else 2)
+
+
+_COMPILE = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+from experiments.hadamard import sass_quantize as sq
+for pairs in (False, True):
+    plan, k = sq.compile_case("mxfp4", 4096, True, pairs=pairs)
+    body = sq.loop_body(sq.sass_lines(k.asm["cubin"]))
+    print(json.dumps(dict(pairs=pairs, loop=len(body), ptx=k.asm["ptx"] if pairs else "")))
+"""
+
+
+def test_pairs_compiles_for_sm90_shorter_and_paired():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert r.returncode == 0, r.stderr[-3000:]
+    base, pairs = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    assert pairs["loop"] < 0.97 * base["loop"], (base["loop"], pairs["loop"])
+    ptx = pairs["ptx"]
+    asm = re.findall(r"cvt\.rn\.bf16x2\.f32 (%r\d+), (%r\d+), (%r\d+); shl\.b32 (%r\d+), \1, 16; "
+                     r"and\.b32 (%r\d+), \1, -65536;", ptx)
+    assert len(asm) >= 16, len(asm)
+    for d, x1, x0, h0, h1 in asm:
+        assert re.search(rf"sub\.f32 \t*%r\d+, {x0}, {h0};", ptx) and re.search(rf"sub\.f32 \t*%r\d+, {x1}, {h1};", ptx)
+    assert "cvt.f32.bf16" not in ptx
