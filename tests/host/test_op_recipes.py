@@ -13,7 +13,7 @@ from tilecore.tiles.launch import LRU, TmaOperand
 
 @pytest.fixture(autouse=True)
 def forward_recipes():
-    """FORWARD_RECIPES (off by default until an H100 run) on for these tests; put back after."""
+    """FORWARD_RECIPES (on by default since session 33's H100 run 2) on for these tests; put back after."""
     was = tiles_launch.FORWARD_RECIPES
     tiles_launch.keep_forward_recipes(True)
     yield

@@ -426,12 +426,14 @@ def keep_op_recipes(on: bool) -> None:
     OP_RECIPES = bool(on)
 
 
-# ... and attention's and linear attention's Gluon forward recipes (added after H100 run 3 of session 32): off. Run 7
-# (host_time.py --ab-lean, which turns them on with the others) gave the same bits on vs off and on calls 1..10 (the
-# attention bits cases: causal GQA N 300, D64 N 1000), but no gain to read: host_time's attention N256 row takes the
-# split-key decode path, not the Gluon forward, and linear_attention read 50.8 against 39.7 us on a host whose rounds
-# swung 39-97 us (notes/host/runs/host_later2_run7_session32_h100.txt). Read each call, with OP_RECIPES
-FORWARD_RECIPES = False
+# ... and attention's and linear attention's Gluon forward recipes (added after H100 run 3 of session 32): on since
+# session 33's H100 run 2 (host_time.py --ab-forward 5, FORWARD_RECIPES alone on vs off, memo and OP_RECIPES on in
+# both; notes/host/runs/host_fwd33_run2_session33_h100.txt): the same bits in every column for all 25 rows and on
+# calls 1..10 (attention causal GQA and D64 through the recipe), and faster in each of 5 rounds: attention N1024 at
+# 4 heads (the Gluon forward) 23.7 against 55.5 us a call (torch's SDPA 19.1), linear_attention Dv128 (its Gluon
+# forward) 27.1 against 70.9 (torch's code 51.9); the rows the switch does not reach within the rounds' spread.
+# Read each call, with OP_RECIPES
+FORWARD_RECIPES = True
 
 
 def keep_forward_recipes(on: bool) -> None:
