@@ -48,8 +48,9 @@ CHUNKED = dict(
     dqk_dotscan=True,  # dG's reverse sum as three bf16 dots (fewer shuffles than tl.cumsum)
     dqk_probe=0,  # timing probes only (gradients WRONG): never on
     dv_loop=False,  # the dv kernel's key blocks by a pipelined loop: slower
-    dqk_form=3,  # one reduction for G's span, two exp tiles, no span branch: dqk 2.494 ms against 2.785 (s33 run 4)
-    dv_form=1,  # one reduction a key block, two exp tiles: dv 0.977 ms against 1.021 (s33 run 4)
+    dqk_form=3,  # one reduction for G's span, two exp tiles, no span branch: dqk 2.494 ms against 2.785 (s33 run 4);
+    # 11 / 27 (the diagonal in the intra dots) 1-3% faster in run 6 but dq 1.73x the floor against 1.58: off
+    dv_form=5,  # one reduction a key block, two exp tiles (0.977 ms against 1.021, s33 run 4), no flag branch (run 6)
     g_pre=False,  # session 33: the states walk stores span middles, G_last, flags (2; 1: and G) for dqk, dv: not timed
 )
 
