@@ -31,6 +31,7 @@ written) over the copy bandwidth measured in the same run.
     PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --s33     (session 33's dqk forms, < 100 s)
     PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --s33b    (session 33's second list, < 100 s)
     PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --s33c    (the confirmation: configs' vs the start)
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd.py --s33d    (g_pre 2 against configs', < 80 s)
 """
 from __future__ import annotations
 
@@ -71,9 +72,10 @@ except Exception:  # noqa: BLE001
 DEV = "cpu" if SMOKE else "cuda"
 START = time.time()
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
+S33D = "--s33d" in sys.argv  # session 33's third list (g_pre 2)
 S33C = "--s33c" in sys.argv  # session 33's confirmation
 S33B = "--s33b" in sys.argv  # session 33's second list
-S33 = "--s33" in sys.argv or S33B or S33C  # session 33's list (HA: the dqk kernel's skeleton)
+S33 = "--s33" in sys.argv or S33B or S33C or S33D  # session 33's list (HA: the dqk kernel's skeleton)
 S32C = "--s32c" in sys.argv  # session 32's confirmation list
 S32B = "--s32b" in sys.argv  # session 32's second list (call 3)
 S32 = "--s32" in sys.argv or S32B or S32C or S33  # session 32's variants (with session 31's checks)
@@ -278,8 +280,18 @@ S33C_VARIANTS = [
     ("cfg s33 start", dict(diag=5), dict(dqk_VB=32, dqk_form=0, dv_form=0), "chunked"),
     ("cfg s33c again", dict(diag=5), {}, "chunked"),
 ]
-VARIANTS += S33B_VARIANTS + S33C_VARIANTS
-if S33C and "--variants" not in sys.argv:
+# --s33d (after call 6; configs' = dqk_form 3 + dv_form 5): g_pre 2 (the states walk stores the span middles, G_last
+# and the dqk flags; sm_90a dqk 2824 instructions / 46 barriers against 3240 / 55, dv 3904 / 17 against 4504 / 23, the
+# states walk 2688 / 29 against 2160 / 22), and with dqk_form 27 (2776 / 38)
+S33D_VARIANTS = [
+    ("cfg s33d gpre2", dict(diag=5), dict(g_pre=2), "chunked"),
+    ("cfg s33d gpre2 form27", dict(diag=5), dict(g_pre=2, dqk_form=27), "chunked"),
+    ("cfg s33d again", dict(diag=5), {}, "chunked"),
+]
+VARIANTS += S33B_VARIANTS + S33C_VARIANTS + S33D_VARIANTS
+if S33D and "--variants" not in sys.argv:
+    VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S33D_VARIANTS
+elif S33C and "--variants" not in sys.argv:
     VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S33C_VARIANTS
 elif S33B and "--variants" not in sys.argv:
     VARIANTS = [v for v in VARIANTS if v[0] == "chunked configs"] + S33B_VARIANTS
@@ -656,7 +668,8 @@ def main():
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     logs = {v[0]: open(scratch / f"{v[0]}.log", "w") for v in VARIANTS}  # a file: a full pipe would block
     procs = {v[0]: subprocess.Popen([sys.executable, __file__, "--worker", v[0], "--dir", str(scratch)]
-                                    + (["--s33c"] if S33C else ["--s33b"] if S33B else ["--s33"] if S33 else
+                                    + (["--s33d"] if S33D else ["--s33c"] if S33C else ["--s33b"] if S33B else
+                                       ["--s33"] if S33 else
                                        ["--s32c"] if S32C else
                                        ["--s32b"] if S32B else
                                        ["--s32"] if S32 else ["--s31"] if S31 else []), env=env,
