@@ -20,23 +20,17 @@ MONO_CANDIDATES = {  # gpu_onepass.py's candidates (all slower in run 7 / run 10
 }
 
 # The one-pass kernel in Gluon (gluon_onepass.py; Hopper): N -> plan.gluon_plan's arguments in order (A, B, programs
-# a SM, ASYNC, TMA, CHUNK, RFFT, WARPGROUPS, warps, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, maxnreg, PRESCALE, CSCALE),
+# a SM, ASYNC, TMA, CHUNK, RFFT, WARPGROUPS, warps, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, maxnreg, PRESCALE),
 # 2N = A B, B = 64; the plan takes it on a Hopper under a checked triton
 GLUON_ONEPASS: dict = {
     1024: (32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168),  # 6.98x torch.fft (s31 call 5, s32 call 7)
     2048: (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 0, False, 3),  # 6.69-6.78x torch.fft (s31 call 5, s32)
-    4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1),  # CONTIG: 4.90x vs 4.80x strided (s33 call 4)
+    4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1),  # CONTIG: 1.6-2.1% over strided (s33 calls 4, 6)
 }
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
-    1024: [GLUON_ONEPASS[1024],
-           (32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168, False, True)],  # CSCALE (whole tile)
+    1024: [GLUON_ONEPASS[1024]],  # settled (session 31): re-checked only
     2048: [GLUON_ONEPASS[2048]],
-    4096: [GLUON_ONEPASS[4096],
-           (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, False, True),  # + TWEARLY
-           (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, False, True, True),  # + LAG
-           (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1, 0, False, True, True),  # + CSCALE + TWEARLY
-           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1),  # session 32's strided walk (the baseline)
-           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1, 0, False, False, True)],  # strided + TWEARLY
+    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1)],  # (the strided walk)
 }
 # the pair kernel's candidates for gpu_check.py (the loop variants: v7, session 26, none faster than the plan)
 PAIR_CANDIDATES = {
@@ -54,7 +48,7 @@ DK_CONFIGS: dict = {4096: (128, 64, 8, 8)}  # dk 1.41x torch.fft's, the step 1.2
 # N -> (A, B, pair groups a program[, XSMEM]), 2N = A B, B = 64
 DK_GLUON: dict = {
     1024: (32, 64, 8),  # dk 3.43x torch.fft's (session 32 call 7)
-    2048: (64, 64, 8, True),  # XSMEM: dk 2.67x torch.fft's, the step 1.34x (session 33 call 4)
+    2048: (64, 64, 8, True),  # XSMEM: dk 2.67x torch.fft's, the step 1.17-1.34x (session 33 calls 4, 6)
 }
 DK_GLUON_CANDIDATES = {1024: [DK_GLUON[1024]], 2048: [DK_GLUON[2048]]}
 DK_CANDIDATES = {  # the tl dk kernel's (gpu_onepass.py times them only where no Gluon dk ships)

@@ -80,15 +80,14 @@ def inverse_stages(yre, yim, scale, fa_re, fa_im, tw_re, tw_im, fb_re, fb_im, or
 
 
 def emulate(u, spectrum, conj: bool, a: int, b: int, rfft: bool = False, chunk: int = 0, tw_sfu: bool = False,
-            prescale: bool = False, cscale: bool = False):
+            prescale: bool = False):
     """A Gluon one-pass kernel's arithmetic, step for step (the same tables, float16 roundings where the
     kernel casts, float32 sums): fft_conv_gluon_onepass_kernel, or with ``chunk`` > 0
     fft_conv_gluon_chunked_kernel (the tile's k_a columns ``chunk`` at a time, each block's spectrum
     product at its own scale, the output accumulated at a running scale). u (B, H, N) with 2N = a b;
     spectrum: the rfft (H, N + 1); ``rfft``: the kernel's RFFT (it reads the bins itself); ``tw_sfu``: its
     TW_SFU (the twiddles computed, not read from the table); ``prescale``: its PRESCALE (each block's scale from its
-    spectrum: L x its largest |Re K|, |Im K| / 256); ``cscale`` (chunked): its CSCALE (one scale for every block of a
-    pair, L x the channel's largest |Re K|, |Im K| / 256: the running scale never grows, so no rescale)."""
+    spectrum: L x its largest |Re K|, |Im K| / 256)."""
     Bt, H, N = u.shape
     half, L = a // 2, a * b
     ops = {name: t.float() for name, t in mono_operands(a, b, 1, u.device).items()}
@@ -112,16 +111,11 @@ def emulate(u, spectrum, conj: bool, a: int, b: int, rfft: bool = False, chunk: 
             ore = oim = running = None
             if chunk:
                 ore, oim, running = torch.zeros(b, half), torch.zeros(b, half), torch.tensor(0.0)
-            if cscale:  # (gluon_onepass._channel_scale)
-                channel = tile[h].abs().max() * (L / 256)
-                running = torch.where(channel > 0, channel, 1.0)
             for cols in blocks:
                 fa_re, fa_im = ops["FARE"][:half, cols], ops["FAIM"][:half, cols]
                 tw_re, tw_im = ops["TFRE"][:, cols], ops["TFIM"][:, cols]
                 yre, yim, block_scale = forward_stages(x_re, x_im, fa_re, fa_im, tw_re, tw_im, fb_re, fb_im,
                                                        tile[h, 0][:, cols], tile[h, 1][:, cols], prescale)
-                if cscale:  # (the scale the kernel's blocks take; the running one is already it: alpha = ratio = 1)
-                    block_scale = running
                 # F_A[cols, :HALF] = F_A[:HALF, cols]^T (F_A is symmetric)
                 ore, oim, running = inverse_stages(yre, yim, block_scale, fa_re.T, fa_im.T, tw_re, tw_im, fb_re,
                                                    fb_im, ore, oim, running)
@@ -135,9 +129,9 @@ def emulate(u, spectrum, conj: bool, a: int, b: int, rfft: bool = False, chunk: 
 
 
 def emulate_chunked(u, spectrum, conj: bool, a: int, b: int, chunk: int, rfft: bool = False, tw_sfu: bool = False,
-                    prescale: bool = False, cscale: bool = False):
+                    prescale: bool = False):
     """fft_conv_gluon_chunked_kernel's arithmetic: emulate(..., chunk=chunk)."""
-    return emulate(u, spectrum, conj, a, b, rfft, chunk, tw_sfu, prescale, cscale)
+    return emulate(u, spectrum, conj, a, b, rfft, chunk, tw_sfu, prescale)
 
 
 def emulate_dk(u, dy, a: int, b: int, filter_len: int, tw_sfu: bool = True):

@@ -82,16 +82,6 @@ def _complex_mma(a1, b1, a2, b2, a3, b3, a4, b4, zeros, ASYNC: gl.constexpr, REG
 
 
 @gluon.jit
-def _issue4(a1, b1, a2, b2, a3, b3, a4, b4, zeros):
-    """_complex_mma's four ASYNC wgmmas (shared-memory a operands), issued and not waited for: (p, q) to wait."""
-    p = warpgroup_mma(a1, b1, zeros, use_acc=False, is_async=True)
-    p = warpgroup_mma(a2, b2, p, is_async=True)
-    q = warpgroup_mma(a3, b3, zeros, use_acc=False, is_async=True)
-    q = warpgroup_mma(a4, b4, q, is_async=True)
-    return p, q
-
-
-@gluon.jit
 def _spectrum_at(spectrum, f, L: gl.constexpr, RFFT: gl.constexpr, CONJ: gl.constexpr):
     """The filter's spectrum at the bins f (float32 re, im). RFFT: ``spectrum`` is a channel's rfft bins
     as (re, im) pairs (torch.view_as_real), bins past L/2 the conjugates of L - f, all conjugated with
@@ -248,9 +238,6 @@ class Stages:
     KPRE: gl.constexpr
     LEAN: gl.constexpr  # 1: the spectrum product's scale as one reduction (of max(|re|, |im|))
     PRESCALE: gl.constexpr  # the spectrum product's scale from the block's spectrum, reduced under stage 3's wgmmas
-    CSCALE: gl.constexpr  # (chunked) one scale a pair from the channel's spectrum (_channel_scale): no reduction a block
-    TWEARLY: gl.constexpr  # (chunked) the twiddles computed between a product's wgmma issue and its wait
-    LAG: gl.constexpr  # (chunked, TWEARLY) a chunk's last product waited for at the next chunk's first
 
 
 # W_L^(m k_a) from the tables' offset i = m A + k_a (A, L powers of two): t = (m k_a) mod L as a signed
@@ -312,7 +299,7 @@ def _twiddles(st, tab, col):
 
 @gluon.jit
 def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride_kh, zeros, X_REGS: gl.constexpr,
-                    kpre=(0.0, 0.0), cscale=1.0, lagged=None):
+                    kpre=(0.0, 0.0)):
     """Stages 1-3 and the spectrum product of a [B, C] block of the tile's columns k_a (the whole tile, or
     one chunk: ``tab`` + ``col`` the block's offsets m A + k_a into the (B, A) tables, f = k_a + A k_b):
 
@@ -323,35 +310,15 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
            Y = S K                       K: channel h's spectrum (row h of K) at f (_spectrum_at; with KPRE
                                          what _spectrum_issue requested, ``kpre``: _spectrum_take)
 
-    Returns (Y re, Y im) float32 and its largest |Y| (1 where Y is 0; NaN stays NaN: a NaN filter's); with st.CSCALE
-    the channel's scale ``cscale`` (_channel_scale: a bound of |Y| / 256 for every block of the channel, no reduction).
-    ``lagged`` (st.LAG: the previous chunk's last product, out += D @ conj(F_A)[chunk, :HALF], as (out re, out im, D re,
-    D im, conj(F_A) re and im of its chunk)) is issued before stage 1's wgmmas and waited for with them; the
-    output (re, im) is returned (else 0), a 4th value."""
+    Returns (Y re, Y im) float32 and its largest |Y| (1 where Y is 0; NaN stays NaN: a NaN filter's)."""
     if X_REGS:
         rre, rim = _complex_mma(x_re, fa_re, -x_im, fa_im, x_re, fa_im, x_im, fa_re, zeros, st.ASYNC, True)
-    elif st.TWEARLY:  # (session 33: the twiddles' SFU work under stage 1's wgmmas, not after their wait)
-        if st.LAG:  # (the previous chunk's out += D @ conj(F_A), issued here, runs before and under stage 1)
-            d_re = lagged[2]
-            d_im = lagged[3]
-            d_nre = -d_re
-            o1 = warpgroup_mma(d_re, lagged[4], lagged[0], is_async=True)
-            o1 = warpgroup_mma(d_im, lagged[5], o1, is_async=True)
-            o2 = warpgroup_mma(d_im, lagged[4], lagged[1], is_async=True)
-            o2 = warpgroup_mma(d_nre, lagged[5], o2, is_async=True)
-        p, q = _issue4(x_re, fa_re, x_im, fa_nim, x_re, fa_im, x_im, fa_re, zeros)
-        twre, twim = _twiddles(st, tab, col)
-        if st.LAG:
-            rre, rim, o1, o2, d_re, d_im, d_nre = warpgroup_mma_wait(0, deps=(p, q, o1, o2, d_re, d_im, d_nre))
-            lagged = (o1, o2)
-        else:
-            rre, rim = warpgroup_mma_wait(0, deps=(p, q))
     else:
         rre, rim = _complex_mma(x_re, fa_re, x_im, fa_nim, x_re, fa_im, x_im, fa_re, zeros, st.ASYNC, False)
     if st.PROBE & 4:
         twre = zeros + 0.5
         twim = zeros + 0.25
-    elif not st.TWEARLY or X_REGS:
+    else:
         twre, twim = _twiddles(st, tab, col)
     rre, rim = rre * twre - rim * twim, rre * twim + rim * twre
     gl.thread_barrier()  # the previous step's wgmmas have read the staging tiles
@@ -387,8 +354,6 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
     yim = sre * kim + sim * kre
     if st.PROBE & 2:
         scale = 1.0
-    elif st.CSCALE:
-        scale = cscale
     elif st.PRESCALE:
         scale = largest * (st.L / 256.0)
         scale = gl.where(scale > 0, scale, 1.0)  # (NaN stays NaN: a NaN filter's outputs)
@@ -398,9 +363,7 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
     else:
         scale = gl.maximum(gl.max(gl.max(gl.abs(yre), axis=1), axis=0), gl.max(gl.max(gl.abs(yim), axis=1), axis=0))
         scale = gl.where(scale > 0, scale, 1.0)  # (NaN stays NaN: a NaN filter's outputs)
-    if not st.LAG:
-        lagged = 0  # (a placeholder: a jit function returns no None)
-    return yre, yim, scale, lagged
+    return yre, yim, scale
 
 
 @gluon.jit
@@ -425,25 +388,16 @@ def _inverse_stages(st, yre, yim, scale, tab, col, fa_re, fa_im, ore, oim, runni
     if st.PROBE & 1:
         dre = yre * inv
         dim = yim * inv
-    elif st.TWEARLY:  # (the conjugate twiddles under stage 3''s wgmmas)
-        p, q = _issue4(st.fbre, st.tile_re, st.fbim, st.tile_im, st.fbre, st.tile_im, st.fbnim, st.tile_re, zeros)
-        twre, twim = _twiddles(st, tab, col)
-        dre, dim = warpgroup_mma_wait(0, deps=(p, q))
     else:
         dre, dim = _complex_mma(st.fbre, st.tile_re, st.fbim, st.tile_im, st.fbre, st.tile_im, st.fbnim, st.tile_re,
                                 zeros, st.ASYNC, False)
     if st.PROBE & 4:
         twre = zeros + 0.5
         twim = zeros + 0.25
-    elif not st.TWEARLY or (st.PROBE & 1):
+    else:
         twre, twim = _twiddles(st, tab, col)
     dre, dim = dre * twre + dim * twim, dim * twre - dre * twim
-    if ACCUMULATE and st.CSCALE:  # (every block at the pair's one scale: no rescale, D cast as it is)
-        dre16 = gl.convert_layout(dre.to(gl.float16), lhs_out)
-        dim16 = gl.convert_layout(dim.to(gl.float16), lhs_out)
-        ore, oim = _chained_mma(dre16, fa_re, dim16, fa_im, dim16, fa_re, -dre16, fa_im, ore, oim)
-        running = scale
-    elif ACCUMULATE:
+    if ACCUMULATE:
         grown = gl.maximum(running, scale)
         alpha = running / grown
         ore = ore * alpha
@@ -452,18 +406,13 @@ def _inverse_stages(st, yre, yim, scale, tab, col, fa_re, fa_im, ore, oim, runni
         ratio = scale / grown
         dre16 = gl.convert_layout((dre * ratio).to(gl.float16), lhs_out)
         dim16 = gl.convert_layout((dim * ratio).to(gl.float16), lhs_out)
-        if st.LAG:  # (not issued here: the next chunk's stage 1 issues it first, or the pair's end)
-            pending = (dre16, dim16)
-        else:
-            ore, oim = _chained_mma(dre16, fa_re, dim16, fa_im, dim16, fa_re, -dre16, fa_im, ore, oim)
+        ore, oim = _chained_mma(dre16, fa_re, dim16, fa_im, dim16, fa_re, -dre16, fa_im, ore, oim)
     else:
         dre16 = gl.convert_layout(dre.to(gl.float16), lhs_out)
         dim16 = gl.convert_layout(dim.to(gl.float16), lhs_out)
         ore, oim = _complex_mma(dre16, fa_re, dim16, fa_im, dim16, fa_re, -dre16, fa_im, ore, st.ASYNC, True)
         running = scale
-    if not st.LAG:
-        pending = 0  # (a placeholder: with LAG the last product's register operands, to wait for with its tokens)
-    return ore, oim, running, pending
+    return ore, oim, running
 
 
 @struct
@@ -642,7 +591,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
                                   CONJ: gl.constexpr = False, PROBE: gl.constexpr = 0, TW_SFU: gl.constexpr = False,
                                   CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0, LEAN: gl.constexpr = 0,
-                                  PRESCALE: gl.constexpr = False, CSCALE: gl.constexpr = False):
+                                  PRESCALE: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every
     channel h; work item w = h * groups + g, program p runs w = p, p + programs, ...
 
@@ -657,9 +606,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     im) pairs, read at the tile's bins in the kernel (conjugated with CONJ): no host layout a call. KPRE: the
     pair's spectrum requested at the top of the pair, before its u (Stages). LEAN (session 31; the same bits): 1 fewer reductions
     (u's four scales and flags as one, the spectrum product's scale as one), 2 (TMA) x read from u's box
-    straight into the wgmma's operand layout (no layout conversion through shared memory). CSCALE (session 33): the
-    spectrum product's scale is L x the channel's largest |Re K|, |Im K| / 256, reduced at the walker's first pair of
-    a channel and kept for its next ones (a CONTIG walk: no reduction of Y a pair)."""
+    straight into the wgmma's operand layout (no layout conversion through shared memory)."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(WARPS == 4 or WARPS == 8, "one warpgroup, or two splitting each product's columns")
@@ -702,7 +649,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     seq, tab, zeros = _tile_offsets(B, HALF, A, A, io, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE, TW_SFU, kbuf, KPRE, LEAN,
-                PRESCALE, CSCALE, False, False)
+                PRESCALE)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -712,27 +659,22 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                  HALF, B, TMA, False, LEAN)
     start, stop, step = _walk(first, programs, total, CONTIG)
     gl.static_assert(KPRE < 3 or CONTIG, "KPRE 3 keeps a channel's spectrum for its next pairs: a CONTIG walk")
-    last_h = (start * 0 - 1).to(gl.int64)  # (KPRE 3, CSCALE: the previous pair's channel)
-    cscale = (start * 0).to(gl.float32) + 1.0  # (CSCALE: its scale)
+    last_h = (start * 0 - 1).to(gl.int64)  # (KPRE 3: the previous pair's channel)
     _first_u(pio, start, stop)
     for w in range(start, stop, step):
         h = (w // groups).to(gl.int64)
         b_re = 2 * (w % groups)
-        fresh = h != last_h
-        kpre = _spectrum_issue(st, K + h * stride_kh, tab, fresh)  # (KPRE: under this pair's u and stages 1-3)
+        kpre = _spectrum_issue(st, K + h * stride_kh, tab, h != last_h)  # (KPRE: under this pair's u and stages 1-3)
         last_h = h
-        if CSCALE:
-            if fresh:  # (a CONTIG walk: a channel's first pair; KPRE 3: from the tile just requested into kbuf)
-                cscale = _channel_scale(st, K + h * stride_kh, tab, A, 1)
         if TMA and (LEAN & 2):  # (x straight into the wgmma's operand layout)
             xre, scale_re, bad_re, xim, scale_im, bad_im = _pair_u(pio, w, start, step, stop, h, b_re, seq, lhs)
         else:
             xre, scale_re, bad_re, xim, scale_im, bad_im = _pair_u(pio, w, start, step, stop, h, b_re, seq, io)
         xre = gl.convert_layout(xre.to(gl.float16), lhs)
         xim = gl.convert_layout(xim.to(gl.float16), lhs)
-        yre, yim, spec_scale, _ = _forward_stages(st, xre, xim, fa1re, fa1im, None, tab, 0, K, h, stride_kh, zeros, True,
-                                               kpre, cscale)
-        ore, oim, spec_scale, _ = _inverse_stages(st, yre, yim, spec_scale, tab, 0, fa2re, fa2im, zeros_out, zeros_out,
+        yre, yim, spec_scale = _forward_stages(st, xre, xim, fa1re, fa1im, None, tab, 0, K, h, stride_kh, zeros, True,
+                                               kpre)
+        ore, oim, spec_scale = _inverse_stages(st, yre, yim, spec_scale, tab, 0, fa2re, fa2im, zeros_out, zeros_out,
                                                spec_scale, zeros, lhs_out, False)
         out_scale = spec_scale * (1.0 / L)
         if TMA:
@@ -793,9 +735,6 @@ class ChunkedGlobals:
     YALIAS: gl.constexpr
     LEAN: gl.constexpr
     PRESCALE: gl.constexpr
-    CSCALE: gl.constexpr
-    TWEARLY: gl.constexpr
-    LAG: gl.constexpr
 
 
 @struct
@@ -847,8 +786,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   CONJ: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
                                   WORKER_REGS: gl.constexpr = 240, PROBE: gl.constexpr = 0,
                                   TW_SFU: gl.constexpr = False, CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0,
-                                  YALIAS: gl.constexpr = False, LEAN: gl.constexpr = 0, PRESCALE: gl.constexpr = False,
-                                  CSCALE: gl.constexpr = False, TWEARLY: gl.constexpr = False, LAG: gl.constexpr = False):
+                                  YALIAS: gl.constexpr = False, LEAN: gl.constexpr = 0, PRESCALE: gl.constexpr = False):
     """fft_conv_gluon_onepass_kernel's convolution (same arguments) for larger A (N = 4096: A = 128), the
     tile's k_a columns CHUNK at a time: stages 1..3' are column-wise (x @ F_A[:HALF, chunk], the twiddles,
     F_B @ R, the spectrum and conj(F_B) @ Y act on each column alone), so a pair's registers hold one
@@ -864,13 +802,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     multiprocessor where one program's shared memory leaves room for one program only); WORKER_REGS:
     the second one's registers. YALIAS (TMA, session 31): y's box is the ring slot its pair's u came in (16 KiB a
     walker less: room for KPRE 2 at chunks of 32), the next pair's u requested once the pair's x is in shared
-    memory and the previous y store has read that slot. CSCALE (session 33): one spectrum-product scale a pair, L x the
-    channel's largest |Re K|, |Im K| / 256 (a bound of every block's |Y| / 256: _channel_scale), reduced once a
-    channel the walker meets (a CONTIG walk: once for its run of the channel's pairs), so no block reduces its |Y| and
-    the output accumulates with no rescale. TWEARLY (session 33): each chunk's twiddles (forward and conjugate)
-    computed between its stage-1 / stage-3' wgmmas' issue and their wait, under the tensor cores, not after. LAG
-    (session 33, with TWEARLY): a chunk's last product (out += D @ conj(F_A)) issued and left running, waited for with
-    the next chunk's stage 1 (the pair's last one before the store)."""
+    memory and the previous y store has read that slot."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
     HALF: gl.constexpr = A // 2
@@ -890,7 +822,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     fbnim = _resident(FBIM, B, B, B, 0, True, table)
     g = ChunkedGlobals(U, K, Y, TFRE, TFIM, batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                        u_desc, y_desc, fare, faim, fanim, fbre, fbim, fbnim, A, B, CHUNK, TMA, RFFT, CONJ,
-                       PROBE, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, PRESCALE, CSCALE, TWEARLY, LAG)
+                       PROBE, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, PRESCALE)
     first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS)
     if WARPGROUPS == 1:
         fence_async_shared()
@@ -903,27 +835,6 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         gl.thread_barrier()
         gl.warp_specialize([(_chunked_walk, (g, first, 0, 2)), (_chunked_walk, (g, second, 1, 2))], [4],
                            [WORKER_REGS])
-
-
-@gluon.jit
-def _channel_scale(st, spectrum, tab, CHUNK: gl.constexpr, CHUNKS: gl.constexpr):
-    """CSCALE: the spectrum product's float16 scale for every block of a channel, L x the largest |Re K|, |Im K| of its
-    tile (``spectrum``: the channel's row; the chunks' bins read in turn, kept as an elementwise maximum, one reduction
-    across the warps) / 256: |x| <= 1 a sequence, |R| <= HALF sqrt 2, |S| <= B HALF sqrt 2 = L / sqrt 2, |K| <= sqrt 2
-    of it, so |Y| / scale <= 256 and D = conj(F_B) @ (Y / scale) at most 64 x 256 (float16's range). 1 where the
-    spectrum is 0. KPRE 3 (the whole-tile kernel): the channel's tile is what _spectrum_issue just requested into
-    st.kbuf (its copies waited for here: at a channel's first pair only)."""
-    if st.KPRE == 3:
-        async_copy.wait_group(0)
-        kre, kim = _unpack_bin(st.kbuf.load(tab.type.layout))
-    else:
-        kre, kim = _spectrum_at(spectrum, tab, st.L, st.RFFT, st.CONJ)
-    largest = gl.maximum(gl.abs(kre), gl.abs(kim))
-    for j in range(1, CHUNKS):
-        kre, kim = _spectrum_at(spectrum, tab + j * CHUNK, st.L, st.RFFT, st.CONJ)
-        largest = gl.maximum(largest, gl.maximum(gl.abs(kre), gl.abs(kim)))
-    scale = gl.max(gl.max(largest, axis=1), axis=0) * (st.L / 256.0)
-    return gl.where(scale > 0, scale, 1.0)
 
 
 @gluon.jit
@@ -973,7 +884,7 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     seq, tab, zeros = _tile_offsets(B, HALF, A, CHUNK, io, acc)  # (chunk c's offsets: tab + c CHUNK)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, True, g.PROBE, g.TW_SFU, bufs.kbuf,
-                g.KPRE, g.LEAN, g.PRESCALE, g.CSCALE, g.TWEARLY, g.LAG)
+                g.KPRE, g.LEAN, g.PRESCALE)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -982,8 +893,6 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     pio = PairIO(U, Y, u_desc, y_desc, u_smem, y_smem, u_ready, batch, stride_ub, stride_uh, stride_yb, stride_yh, groups,
                  HALF, B, TMA, g.YALIAS, g.LEAN)
     start, stop, step = _walk(first, programs, total, g.CONTIG)
-    last_h = (start * 0 - 1).to(gl.int64)  # (CSCALE: the previous pair's channel)
-    cscale = (start * 0).to(gl.float32) + 1.0  # (CSCALE: its scale)
     _first_u(pio, start, stop)
     for w in range(start, stop, step):
         h = (w // groups).to(gl.int64)
@@ -999,39 +908,15 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
         fence_async_shared()
         gl.thread_barrier()
         _next_u(pio, w, start, step, stop)  # (YALIAS: the next pair's u, now that this one's is read)
-        if g.CSCALE:
-            if h != last_h:  # (a CONTIG walk meets a channel once; a strided one every pair)
-                cscale = _channel_scale(st, spectrum, tab, CHUNK, CHUNKS)
-            last_h = h
-        if g.LAG:  # (chunk j's last product issued with chunk j + 1's stage 1: D carried, zeros before chunk 0)
-            d_re = gl.zeros([B, CHUNK], gl.float16, lhs_out)
-            d_im = d_re
-            for j in range(CHUNKS):
-                prev = gl.maximum(j - 1, 0)  # (chunk 0: D = 0 adds nothing)
-                kpre = _spectrum_issue(st, spectrum, tab + j * CHUNK)
-                yre, yim, chunk_scale, outs = _forward_stages(
-                    st, x_re, x_im, fa_re=fare.index(j), fa_nim=fanim.index(j), fa_im=faim.index(j), tab=tab,
-                    col=j * CHUNK, K=spectrum, h=0, stride_kh=0, zeros=zeros, X_REGS=False, kpre=kpre,
-                    lagged=(ore, oim, d_re, d_im, fare.index(prev).permute((1, 0)), faim.index(prev).permute((1, 0))))
-                ore, oim, running, pending = _inverse_stages(st, yre, yim, chunk_scale, tab, j * CHUNK,
-                                                             fare.index(j).permute((1, 0)), faim.index(j).permute((1, 0)),
-                                                             outs[0], outs[1], running, zeros, lhs_out, True)
-                d_re = pending[0]
-                d_im = pending[1]
-            ore, oim = _chained_mma(d_re, fare.index(CHUNKS - 1).permute((1, 0)), d_im,
-                                    faim.index(CHUNKS - 1).permute((1, 0)), d_im, fare.index(CHUNKS - 1).permute((1, 0)),
-                                    -d_re, faim.index(CHUNKS - 1).permute((1, 0)), ore, oim)
-        else:
-            for j in range(CHUNKS):  # (a loop, not unrolled: unrolled, every chunk's table loads went up front)
-                # out += D_c @ conj(F_A)[chunk, :HALF] = D_c @ conj(F_A[:HALF, chunk])^T (F_A is symmetric)
-                kpre = _spectrum_issue(st, spectrum, tab + j * CHUNK)  # (KPRE: under the chunk's stages 1-3)
-                yre, yim, chunk_scale, _ = _forward_stages(st, x_re, x_im, fa_re=fare.index(j), fa_nim=fanim.index(j),
-                                                           fa_im=faim.index(j), tab=tab, col=j * CHUNK, K=spectrum, h=0,
-                                                           stride_kh=0, zeros=zeros, X_REGS=False, kpre=kpre,
-                                                           cscale=cscale)
-                ore, oim, running, _ = _inverse_stages(st, yre, yim, chunk_scale, tab, j * CHUNK,
-                                                       fare.index(j).permute((1, 0)), faim.index(j).permute((1, 0)), ore,
-                                                       oim, running, zeros, lhs_out, True)
+        for j in range(CHUNKS):  # (a loop, not unrolled: unrolled, every chunk's table loads went up front)
+            # out += D_c @ conj(F_A)[chunk, :HALF] = D_c @ conj(F_A[:HALF, chunk])^T (F_A is symmetric)
+            kpre = _spectrum_issue(st, spectrum, tab + j * CHUNK)  # (KPRE: under the chunk's stages 1-3)
+            yre, yim, chunk_scale = _forward_stages(st, x_re, x_im, fa_re=fare.index(j), fa_nim=fanim.index(j),
+                                                    fa_im=faim.index(j), tab=tab, col=j * CHUNK, K=spectrum, h=0,
+                                                    stride_kh=0, zeros=zeros, X_REGS=False, kpre=kpre)
+            ore, oim, running = _inverse_stages(st, yre, yim, chunk_scale, tab, j * CHUNK,
+                                                fare.index(j).permute((1, 0)), faim.index(j).permute((1, 0)), ore, oim,
+                                                running, zeros, lhs_out, True)
         ore = gl.where(bad_re, float("nan"), ore * (running * scale_re / L))
         oim = gl.where(bad_im, float("nan"), oim * (running * scale_im / L))
         _pair_y(pio, ore, oim, w, start, step, h, b_re, seq, io)
@@ -1093,8 +978,7 @@ def fft_conv_gluon_dk_kernel(U, DY, P, FARE, FAIM, FBRE, FBIM, TFRE, TFIM, batch
         sums = gl.allocate_shared_memory(gl.float32, [2, B, A], park_layout)  # (the sum, each thread its own elements)
     fence_async_shared()
     gl.thread_barrier()
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, False, False, True, 0, TW_SFU, None, 0, 1, False, False, False,
-                False)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, False, False, True, 0, TW_SFU, None, 0, 1, False)
 
     seq, tab, zeros = _tile_offsets(B, HALF, A, A, io, acc)
     if XSMEM:

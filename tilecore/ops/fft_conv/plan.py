@@ -59,15 +59,12 @@ class Plan:
     lean: int = 0  # "gluon": 1 fewer reductions (same values), 2 (whole tile, TMA) x read in the wgmma's layout
     maxnreg: int = 0  # "gluon": ptxas's register cap (168: 3 programs of 4 warps a multiprocessor); 0 none
     prescale: bool = False  # "gluon": the spectrum product's scale from the block's spectrum (no reduction of Y)
-    cscale: bool = False  # "gluon": one spectrum-product scale a pair from the channel's spectrum
-    twearly: bool = False  # "gluon", chunked: the twiddles computed under the wgmmas (between issue and wait)
-    lag: bool = False  # "gluon", chunked: a chunk's last product waited for at the next chunk's first
 
 
 def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool = False, chunk: int = 0,
                rfft: bool = False, warpgroups: int = 1, warps: int = 4, tw_sfu: bool = False,
                contig: bool = False, kpre: int = 0, yalias: bool = False, lean: int = 0, maxnreg: int = 0,
-               prescale: bool = False, cscale: bool = False, twearly: bool = False, lag: bool = False) -> Plan:
+               prescale: bool = False) -> Plan:
     """The Gluon one-pass kernel (gluon_onepass.py): 2N = a b, b = 64; ``per_sm`` persistent programs a
     multiprocessor (0: one program a pair of sequences); ``async_mma``, ``tma``: its ASYNC and TMA (TMA
     where u and y are describable: else pointer loads); ``chunk`` > 0: the chunked kernel (always ASYNC),
@@ -85,14 +82,8 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
     whole-tile kernel with TMA) x read from u's box in the wgmma's operand layout; ``maxnreg``: ptxas's register
     cap (168 for 3 programs a multiprocessor at 1024: KPRE 2 with lean 3 fit it without spill); ``prescale`` (session
     32, a 16th element): the spectrum product's float16 scale is L x the block's largest |Re K|, |Im K| / 256 (a bound
-    of |Y| / 256), reduced while stage 3's wgmmas run, instead of the largest |Y| reduced after them (on the chain);
-    ``cscale`` (session 33, a 17th element): one scale for all of a pair's chunks, L x the channel's largest |Re K|,
-    |Im K| / 256, reduced once a channel a walker meets (with ``contig``: once a run of the channel's pairs), so no chunk
-    reduces its |Y| and the output accumulates without rescaling; in the whole-tile kernel the same scale reduced at
-    the walker's first pair of a channel (with ``contig``: no reduction of Y a pair); ``twearly`` (session 33, an 18th
-    element; chunked, TW_SFU): a chunk's twiddles computed between its stage-1 / stage-3' wgmmas' issue and their wait;
-    ``lag`` (a 19th; with twearly, without cscale): a chunk's last product issued and waited for with the next chunk's
-    stage 1."""
+    of |Y| / 256), reduced while stage 3's wgmmas run, instead of the largest |Y| reduced after them (on the chain).
+    (Session 33's CSCALE, TWEARLY and LAG were measured no faster or slower and removed: notes/fft_conv.)"""
     if lean not in (0, 1, 2, 3) or maxnreg not in (0, 128, 168, 255):
         raise ValueError(f"the Gluon one-pass kernel's lean is 0..3 and maxnreg 0, 128, 168 or 255; got {lean}, {maxnreg}")
     if yalias and not (chunk and tma):
@@ -104,15 +95,6 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
         if b != 64 or a not in (32, 64, 128) or chunk not in (16, 32, 64) or a % chunk:
             raise ValueError(f"the chunked Gluon one-pass kernel takes 2N = a x 64 with a = 32, 64 or 128 (N = "
                              f"1024..4096) and a chunk of 16, 32 or 64 dividing a; got {a} x {b}, chunk {chunk}")
-    if twearly and not (chunk and tw_sfu):
-        raise ValueError("the Gluon one-pass kernel's TWEARLY (twiddles computed under the wgmmas) is the chunked "
-                         "kernel's, with TW_SFU")
-    if lag and not (twearly and not cscale):
-        raise ValueError("the Gluon one-pass kernel's LAG (a chunk's last product waited for at the next chunk's "
-                         "first) takes TWEARLY and not CSCALE")
-    if cscale and prescale:
-        raise ValueError("the Gluon one-pass kernel's CSCALE (one scale a pair from the channel's spectrum) and PRESCALE "
-                         "(a scale a block from its spectrum) exclude each other")
     if warpgroups not in (1, 2) or (warpgroups == 2 and not chunk):
         raise ValueError(f"the Gluon one-pass kernel runs 1 warpgroup a program, or 2 chunked; got {warpgroups}")
     if warps not in (4, 8) or (warps == 8 and chunk):
@@ -122,8 +104,7 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
                          f"chunked one to 4096); got {a} x {b}")
     return Plan("gluon", n1=a, n2=b, n3=1, num_warps=warps, per_sm=per_sm, kfull=True, async_mma=async_mma or chunk > 0,
                 tma=tma, chunk=chunk, rfft=rfft, warpgroups=warpgroups, tw_sfu=tw_sfu, contig=contig, kpre=kpre,
-                yalias=yalias, lean=lean, maxnreg=maxnreg, prescale=bool(prescale), cscale=bool(cscale),
-                twearly=bool(twearly), lag=bool(lag))
+                yalias=yalias, lean=lean, maxnreg=maxnreg, prescale=bool(prescale))
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:

@@ -54,8 +54,7 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
                   chunk: int = 0, rfft: bool = False, warpgroups: int = 1,
                   warps: int = 4, tw_sfu: bool = False, contig: bool = False,
                   kpre: int = 0, yalias: bool = False, lean: int = 0,
-                  maxnreg: int = 0, prescale: bool = False, cscale: bool = False,
-                  twearly: bool = False, lag: bool = False) -> tuple[str, object, dict, int, bool]:
+                  maxnreg: int = 0, prescale: bool = False) -> tuple[str, object, dict, int, bool]:
     """The one-pass kernel in Gluon (gluon_onepass.fft_conv_gluon_onepass_kernel) at one configuration
     (per_sm: the grid only, not the compile; ``maxnreg`` is a compile option, which this tuple cannot carry:
     named only, the callers that compile pass it, gluon_options)."""
@@ -74,8 +73,6 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
                 CONTIG=contig, KPRE=kpre, LEAN=lean)
     if prescale:
         args["PRESCALE"] = True
-    if cscale:
-        args["CSCALE"] = True
     if tma:
         rows = torch.empty(2, 1, n, dtype=torch.bfloat16)  # (the descriptors' type is what compiles)
         args["u_desc"], args["y_desc"] = gluon_descriptors(rows, rows, a, b)
@@ -83,15 +80,10 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
         ", twiddles computed" if tw_sfu else "") + (", contiguous walk" if contig else "") + (
         f", spectrum prefetch {kpre}" if kpre else "") + (", y in u's ring" if yalias else "") + (
         f", lean {lean}" if lean else "") + (f", maxnreg {maxnreg}" if maxnreg else "") + (
-        ", spectrum prescale" if prescale else "") + (", channel scale" if cscale else "") + (
-        ", twiddles under the wgmmas" if twearly else "") + (", last product lagged" if lag else "")
+        ", spectrum prescale" if prescale else "")
     if chunk:
         del args["ASYNC"]
         args.update(CHUNK=chunk, WARPGROUPS=warpgroups, WORKER_REGS=248, YALIAS=yalias)
-        if twearly:
-            args["TWEARLY"] = True
-        if lag:
-            args["LAG"] = True
         return (f"fft_conv gluon N{n} ({a}x{b}, chunks of {chunk}{extra.replace(', async', '')}, {4 * warpgroups} warps)",
                 gluon_onepass.fft_conv_gluon_chunked_kernel, args, 4, True)
     return (f"fft_conv gluon N{n} ({a}x{b}{extra}, {warps} warps)",
