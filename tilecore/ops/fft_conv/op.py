@@ -235,8 +235,8 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
     Differentiable in u and in k: the filter, or its spectrum (a gradient reaching it flows on to the filter
     it was computed from, through torch.fft.rfft's backward). du is the same kernel's correlation; the filter's
-    gradient (16-bit u and filter) is a kernel's at seqlen 1024 (Hopper: on the Gluon kernel's forward stages) and
-    4096 (the pair kernel's), elsewhere torch.fft's (float32).
+    gradient (16-bit u and filter) is a kernel's at seqlen 1024 and 2048 (Hopper: on the Gluon kernel's forward stages)
+    and 4096 (the pair kernel's), elsewhere torch.fft's (float32).
     """
     key = _CALL_KEY(u, k)
     if key is not None and tiles_launch.BIND_KEYED_LAUNCHES:  # the Gluon kernel as the key's first call kept it
