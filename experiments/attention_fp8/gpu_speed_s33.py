@@ -2,13 +2,12 @@
 ``p_linear``, gluon_fp8.fp8_softmax_update's P_LINEAR: one FFMA an element gives P's e4m3 byte, no exp2), shipped
 from run 2 (runs/fp8_plin_run2_session33_h100.txt: D128 1,033 TFLOP/s = 1.19x the exp2 form, 1.70x bf16). Variants
 checked and timed beside the default, tilecore's bf16 forward and cuDNN (SDPA) in the same run:
-  linskip  skip_tau 0.75: a row's max moves only past 0.75 (base 2), O *= alpha skipped by a warp none of whose 16
-           rows moved (a vote, a warp-uniform branch; no barrier)
-  exp2     p_linear 0: P by exp2 (the default before run 2), for the ratio
+  exp2     p_linear 0: P by exp2 (FlashAttention-3's rounding; the default before run 2), for the ratio
   lin      p_linear 1 (run 2's variant; the default now)
-  half     p_linear 2: half the elements by the code, half by exp2
+(linskip, skip_tau 0.75 with the codes, right and 0.93-1.00x in call 6, and half, p_linear 2, untimed: removed,
+code at commits 635acf8 / de169af.)
 
-    PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s33.py [--variants linskip,exp2,half]
+    PYTHONPATH=. python3 experiments/attention_fp8/gpu_speed_s33.py [--variants exp2]
     [--cases d128,d128c,d64,d64c] [--budget 115] [--smoke]                         (~110 s on the H100)
 
 Checks (each variant before it is timed): NaN-poisoned outputs, two (batch, head) slices of every timed case against
@@ -33,9 +32,8 @@ import torch
 T0 = time.time()
 # name -> (overrides of configs.gluon_config, the cases where it is checked and timed, whether it runs the tails)
 VARIANTS = {"lin": (dict(p_linear=1), ("d128", "d128c", "d64", "d64c"), True),
-            "linskip": (dict(p_linear=1, skip_tau=0.75), ("d128", "d128c", "d64", "d64c"), True),
-            "exp2": (dict(p_linear=0), ("d128", "d64"), False),  # the default before session 33 (run 2's)
-            "half": (dict(p_linear=2), ("d128",), False)}
+            "exp2": (dict(p_linear=0), ("d128", "d128c", "d64", "d64c"), True)}  # the default before run 2
+# (linskip, skip_tau 0.75, and half, p_linear 2: removed after call 6, code at commit 635acf8 / de169af)
 CASES = {"d128": (16, 16, 4096, 128, False), "d128c": (16, 16, 4096, 128, True),
          "d64": (16, 16, 4096, 64, False), "d64c": (16, 16, 4096, 64, True)}
 
@@ -48,7 +46,7 @@ def rel_rms(x, ref) -> float:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--variants", default="linskip,exp2,half")
+    ap.add_argument("--variants", default="exp2")
     ap.add_argument("--cases", default="d128,d128c,d64,d64c")
     ap.add_argument("--budget", type=float, default=115.0)
     args = ap.parse_args()
@@ -201,7 +199,7 @@ def main():
     # ---- tails (GQA, per-block descales: K_PER_BLOCK, N and Nk not multiples of the blocks); a NaN key
     tails = [(1, 2, 1, 40, 70, 64, True)] if args.smoke else [(2, 8, 2, 1000, 1100, 128, True),
                                                                (2, 8, 2, 1000, 1100, 64, False)]
-    for name in primary:
+    for name in ["default"] + primary:
         for B, Hq, Hkv, N, Nk, D, causal in tails:
             if left() < 8:
                 print(f"tail {name}: out of time budget", flush=True)
@@ -209,13 +207,13 @@ def main():
             rec = dict(B=B, Hq=Hq, Hkv=Hkv, N=N, Nk=Nk, D=D, causal=causal, variant=name)
             try:
                 data = quantized(B, Hq, Hkv, N, Nk, D, N + Nk + D, per="block")
-                c, p = check(VARIANTS[name][0], *data, causal)
+                c, p = check({} if name == "default" else VARIANTS[name][0], *data, causal)
                 rec.update(c, path=p.path)
                 if not causal and not args.smoke:  # one key NaN: every row of the heads on its kv head NaN
                     q8, k8, v8, vt8, qs, ks, vs = data
                     k8n, vt8n = k8.clone(), vt8.clone()
                     k8n[0, 1, 700, 3] = float("nan")
-                    for vname, ov in (("default", {}), (name, VARIANTS[name][0])):
+                    for vname, ov in ((name, {} if name == "default" else VARIANTS[name][0]),):
                         o, lse = run(plan_for(q8, k8n, causal, ov)[0], q8, k8n, vt8n, qs, ks, vs, causal)
                         seen = torch.zeros(B, Hq, dtype=torch.bool, device=dev)
                         seen[0, (Hq // Hkv):] = True  # q heads of kv head 1 (GROUP q heads a kv head)
@@ -253,7 +251,6 @@ def main():
                 result["e2e"][cname] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
                 traceback.print_exc()
             save()
-        run_cases([n for n in names if n == "exp2"], False)  # the old default, for the ratio, before the outlier
 
     # ---- FlashAttention-3's outlier test, the convenience path's quantization (q per token, k per 128-key block)
     if left() > 12:
@@ -273,7 +270,7 @@ def main():
             result["outlier"]["bf16"] = rmse(tilecore.attention(q, k, v))
             for rotate in (True, False):
                 q8, qs, k8, ks, vt8, vs = quantize_inputs(q, k, v, rotate, "block", "fused", False)
-                for name in ["default"] + [n for n in names if n in ("exp2", "linskip")]:
+                for name in ["default"] + [n for n in names if n == "exp2"]:
                     p = plan_for(q8, k8, False, {} if name == "default" else VARIANTS[name][0])[0]
                     o, _ = run(p, q8, k8, vt8, qs, ks, vs, False)
                     result["outlier"][f"{name} {'rotated' if rotate else 'not rotated'}"] = rmse(o)
@@ -283,7 +280,7 @@ def main():
             traceback.print_exc()
         save()
 
-    run_cases([n for n in names if not VARIANTS[n][2] and n != "exp2"], False)
+    run_cases([n for n in names if not VARIANTS[n][2]], False)
     save()
     print(f"\n{result['device']}  ({time.time() - T0:.0f} s)")
     for r in result["tails"]:

@@ -87,26 +87,13 @@ LINEAR_E4M3X4_PTX: gl.constexpr = gl.constexpr("{\n\t.reg .b32 lo, hi;\n\t"
 LINEAR_SCALE: gl.constexpr = gl.constexpr(8.0 * 2.0 ** -24)  # y = (8 log2(2^P_SHIFT p) + 56) * 2^-24: b's scale
 LINEAR_BIAS: gl.constexpr = gl.constexpr(56.0 * 2.0 ** -24)  # and its offset (e4m3's exponent bias 7, times 8)
 LINEAR_LSE_BIAS: gl.constexpr = gl.constexpr(0.05708148)  # reference.LINEAR_LSE_BIAS (log2 of P's mean overestimate)
-LINEAR_LSE_BIAS2: gl.constexpr = gl.constexpr(0.02882303)  # reference.linear_lse_bias(2): half the elements linear
-
-
-# P_LINEAR 2: elements 1, 2 of each 4 rounded from 2^x (the e4m3 cvt: bytes 0, 1), 3, 4 the codes (bytes 0 and 2 of
-# the float16 pair)
-HALF_E4M3X4_PTX: gl.constexpr = gl.constexpr("{\n\t.reg .b16 lo;\n\t.reg .b32 lo32, hi;\n\t"
-                                             "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n\t"
-                                             "cvt.rn.relu.f16x2.f32 hi, $4, $3;\n\t"
-                                             "cvt.u32.u16 lo32, lo;\n\t"
-                                             "prmt.b32 $0, lo32, hi, 0x6410;\n\t}")
 
 
 @gluon.jit
 def to_e4m3x4(x, P_LINEAR: gl.constexpr = 0):
     """x (float32) rounded to e4m3 (saturating), 4 elements an inline asm: pairs of cvt packed into one register.
-    P_LINEAR 1: x holds the codes (LINEAR_E4M3X4_PTX); 2: half of them (HALF_E4M3X4_PTX)."""
-    if P_LINEAR == 2:
-        return gl.inline_asm_elementwise(HALF_E4M3X4_PTX, "=r,f,f,f,f", [x], dtype=gl.float8e4nv, is_pure=True,
-                                         pack=4)
-    if P_LINEAR == 1:
+    P_LINEAR: x holds the codes (LINEAR_E4M3X4_PTX)."""
+    if P_LINEAR:
         return gl.inline_asm_elementwise(LINEAR_E4M3X4_PTX, "=r,f,f,f,f", [x], dtype=gl.float8e4nv, is_pure=True,
                                          pack=4)
     return gl.inline_asm_elementwise(E4M3X4_PTX, "=r,f,f,f,f", [x], dtype=gl.float8e4nv, is_pure=True, pack=4)
@@ -133,7 +120,7 @@ def row_max_tree(s):
 
 @gluon.jit
 def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.constexpr = 8.0,
-                       P_LINEAR: gl.constexpr = 0, SKIP_TAU: gl.constexpr = 0.0):
+                       P_LINEAR: gl.constexpr = 0):
     """One online-softmax step on raw scores ``s`` [m, 128] with a positive base-2 scale (a scalar, or
     with PER_ROW a [m] vector in s's row slice layout): the new row max m of the scaled scores (row_max_tree),
     P = 2^(s * scale - m + P_SHIFT) in [0, 2^P_SHIFT] (float32; rounded to e4m3 by the caller) and
@@ -143,79 +130,22 @@ def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.con
     P_LINEAR (session 33): no exp2 for P; P is e4m3's code b = round(8 x + 56), x = log2(2^P_SHIFT p) (the exponent
     and mantissa bits read as one fixed-point number: 2^x with its mantissa interpolated linearly, up to 6% over and
     4% under, 4% over on average), returned as y = b * 2^-24 before rounding (one FFMA an element, as the exp2's
-    argument was), rounded and packed by to_e4m3x4 (reference.py: linear_e4m3).
-    SKIP_TAU > 0 (session 33; reference.py's rescale_tau rule): m moves only where the row max exceeds it by more than
-    SKIP_TAU (P up to 2^(P_SHIFT + SKIP_TAU)); elsewhere alpha is exactly 1 (AttentionFp8.rescale skips O *= alpha
-    in a warp none of whose 16 rows moved)."""
+    argument was), rounded and packed by to_e4m3x4 (reference.py: linear_e4m3). Shipped since session 33 (configs
+    p_linear 1: 1.19-1.30x the exp2 form on the H100; notes/attention_fp8)."""
     s_max = row_max_tree(s)
     m_new = gl.maximum(m_i, s_max * row_scale)
-    if SKIP_TAU > 0:
-        gl.static_assert(P_SHIFT + SKIP_TAU <= 8.807, "SKIP_TAU: 2^(P_SHIFT + tau) <= 448, e4m3's largest")
-        if P_LINEAR:
-            gl.static_assert(P_SHIFT + SKIP_TAU <= 8.75, "SKIP_TAU with P_LINEAR: codes <= 126 (448)")
-        m_new = gl.where(m_new > m_i + SKIP_TAU, m_new, m_i)  # (m_i = -inf: any finite max moves it)
     if PER_ROW:
         c = gl.expand_dims(row_scale, 1)
     else:
         c = row_scale
     m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))
-    if P_LINEAR == 1:
+    if P_LINEAR:
         gl.static_assert(P_SHIFT <= 8.0, "P_LINEAR: codes up to 8 P_SHIFT + 56 <= 120 (e4m3's 256)")
         p = s * (c * LINEAR_SCALE) - gl.expand_dims((m_ref - P_SHIFT) * LINEAR_SCALE - LINEAR_BIAS, 1)
-    elif P_LINEAR == 2:  # the columns with bit 3 set (k = 2, 3 of every 4 in the operand) linear, the others exp2
-        gl.static_assert(P_SHIFT <= 8.0, "P_LINEAR: codes up to 8 P_SHIFT + 56 <= 120 (e4m3's 256)")
-        M: gl.constexpr = s.shape[0]
-        N: gl.constexpr = s.shape[1]
-        a, b = gl.split(gl.permute(gl.reshape(s, [M, N // 16, 2, 8]), [0, 1, 3, 2]))  # bit 3: a register bit
-        rows: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, a.type.layout))
-        shift = gl.expand_dims(gl.expand_dims(gl.convert_layout(m_ref - P_SHIFT, rows, assert_trivial=True), 1), 2)
-        if PER_ROW:
-            c3 = gl.expand_dims(gl.expand_dims(gl.convert_layout(row_scale, rows, assert_trivial=True), 1), 2)
-        else:
-            c3 = row_scale
-        pa = gl.exp2(a * c3 - shift)
-        yb = b * (c3 * LINEAR_SCALE) - (shift * LINEAR_SCALE - LINEAR_BIAS)
-        p = gl.convert_layout(gl.reshape(gl.permute(gl.join(pa, yb), [0, 1, 3, 2]), [M, N]), s.type.layout,
-                              assert_trivial=True)
     else:
         p = gl.exp2(s * c - gl.expand_dims(m_ref - P_SHIFT, 1))
     alpha = gl.exp2(m_i - m_ref)
     return m_new, p, alpha
-
-
-# SKIP_TAU (session 33): O *= alpha skipped by a warp none of whose rows moved: a vote over the warp's rows (each warp
-# holds 16 whole rows of O in the wgmma layout: no shared memory, no barrier; session 27's form reduced over the
-# warpgroup), then a warp-uniform branch around the multiplies, 16 a branch (outputs tied to the inputs: the skipped
-# path moves nothing)
-WARP_ANY_PTX: gl.constexpr = gl.constexpr("{\n\t.reg .pred p, q;\n\t.reg .b32 t;\n\t"
-                                          "or.b32 t, $2, $3;\n\t"
-                                          "setp.ne.s32 p, t, 0;\n\t"
-                                          "vote.sync.any.pred q, p, 0xffffffff;\n\t"
-                                          "selp.s32 $0, 1, 0, q;\n\t"
-                                          "selp.s32 $1, 1, 0, q;\n\t}")
-RESCALE_PACK: gl.constexpr = gl.constexpr(16)
-RESCALE_PTX: gl.constexpr = gl.constexpr(
-    "{\n\t.reg .pred q;\n\tsetp.ne.s32 q, $48, 0;\n\t@!q bra $$RESCALE_SKIP${:uid};\n\t"
-    + "".join(f"mul.rn.f32 ${i}, ${i}, ${32 + i};\n\t" for i in range(16)) + "$$RESCALE_SKIP${:uid}:\n\t}")
-RESCALE_CONSTRAINTS: gl.constexpr = gl.constexpr(",".join(["=f"] * 16 + [str(i) for i in range(16)] + ["f"] * 16
-                                                          + ["r"] * 16))
-
-
-@gluon.jit
-def warp_any(flag):
-    """flag (int32 row vector of the wgmma layout, two rows a thread) -> 1 in every element where any row of the
-    warp is flagged (vote.sync.any: the same value in all 32 lanes), else 0."""
-    return gl.inline_asm_elementwise(WARP_ANY_PTX, "=r,=r,r,r", [flag], dtype=gl.int32, is_pure=True, pack=2)
-
-
-@gluon.jit
-def rescale_where(acc, alpha_col, flag_col):
-    """acc * alpha where flag (warp-uniform) is set, else acc untouched: a branch a RESCALE_PACK elements."""
-    a, f = gl.broadcast(alpha_col, flag_col)
-    acc_b, a = gl.broadcast(acc, a)
-    acc_b, f = gl.broadcast(acc, f)
-    return gl.inline_asm_elementwise(RESCALE_PTX, RESCALE_CONSTRAINTS, [acc, a, f], dtype=gl.float32, is_pure=True,
-                                     pack=RESCALE_PACK)
 
 
 @struct
@@ -265,8 +195,7 @@ class AttentionFp8:
     K_PER_ROW: gl.constexpr
     K_PER_BLOCK: gl.constexpr  # k's descales per block of BN keys: one scalar a step (a factor of the row scale)
     P_SHIFT: gl.constexpr  # P is rounded to e4m3 as 2^P_SHIFT p (reference.P_SHIFT: 8)
-    P_LINEAR: gl.constexpr  # P's e4m3 codes by one FFMA, no exp2: 1 all, 2 half (fp8_softmax_update; p_linear)
-    SKIP_TAU: gl.constexpr  # > 0: m moves past tau only, O *= alpha skipped by warps with no row moved (skip_tau)
+    P_LINEAR: gl.constexpr  # P's e4m3 codes by one FFMA, no exp2 (fp8_softmax_update; configs key p_linear)
     ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
@@ -351,7 +280,7 @@ class AttentionFp8:
             row_scale = row_scale * k_scale
         if needs_mask(st.rows.first, first_key, self.BN, self.N, self.Nk, self.CAUSAL):
             s = mask_scores(s, self.S, st.rows.first, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
-        return fp8_softmax_update(st.m, s, row_scale, self.Q_PER_ROW, self.P_SHIFT, self.P_LINEAR, self.SKIP_TAU)
+        return fp8_softmax_update(st.m, s, row_scale, self.Q_PER_ROW, self.P_SHIFT, self.P_LINEAR)
 
     @gluon.jit
     def p_operand(self, p):
@@ -424,11 +353,7 @@ class AttentionFp8:
             st = st.replace(m=m, p=self.p_operand(p32))
         elif step < st.rows.n_blocks:
             m, p32, alpha, acc, l_acc = self.s_and_pv(q, k_t, v, st, step * self.BN)
-            if self.SKIP_TAU > 0:
-                moved = warp_any((m > st.m).to(gl.int32))
-                acc = rescale_where(acc, as_column(alpha, self.O), as_column(moved, self.O))
-            else:
-                acc = acc * as_column(alpha, self.O)
+            acc = acc * as_column(alpha, self.O)
             l_acc = l_acc * as_column(alpha, self.L)
             st = st.replace(m=m, acc=acc, l_acc=l_acc, p=self.p_operand(p32))
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
@@ -454,9 +379,8 @@ class AttentionFp8:
         no_key = l < 1.0  # l >= 2^P_SHIFT where a row has a key (its max's term); a NaN l stays NaN
         l_safe = gl.where(no_key, 1.0, l)
         out = st.acc * gl.expand_dims(gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, self.O)), 1)
-        if self.P_LINEAR:  # l of the codes' values, on average 2^LINEAR_LSE_BIAS over the exact P's (half: half)
-            bias: gl.constexpr = LINEAR_LSE_BIAS if self.P_LINEAR == 1 else LINEAR_LSE_BIAS2
-            lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - (self.P_SHIFT + bias)) / LOG2E)
+        if self.P_LINEAR:  # l of the codes' values, on average 2^LINEAR_LSE_BIAS over the exact P's
+            lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - (self.P_SHIFT + LINEAR_LSE_BIAS)) / LOG2E)
         else:
             lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - self.P_SHIFT) / LOG2E)
         store_rows(lse, self.lse, st.rows.bh, st.rows.first, self.N)
@@ -469,7 +393,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              head_group, schedule, CAUSAL: gl.constexpr, Q_PER_ROW: gl.constexpr,
                              K_PER_ROW: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                              Q_BUFFERS: gl.constexpr = 1, K_PER_BLOCK: gl.constexpr = False,
-                             P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0, SKIP_TAU: gl.constexpr = 0.0):
+                             P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted)."""
     gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")
@@ -489,7 +413,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     fence_async_shared()
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
-                      CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, SKIP_TAU, ones, BM, BN, D, CONSUMERS,
+                      CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, ones, BM, BN, D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), 8))

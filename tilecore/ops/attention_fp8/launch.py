@@ -192,9 +192,10 @@ class _GluonLayout:
         self.options = dict(
             CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row and not k_per_block, STAGES=cfg["stages"],
             CONSUMERS=self.consumers, Q_BUFFERS=cfg.get("q_buffers", 1), K_PER_BLOCK=k_per_block,
-            P_SHIFT=float(cfg.get("p_shift", P_SHIFT)), P_LINEAR=int(cfg.get("p_linear", 0)),
-            SKIP_TAU=float(cfg.get("skip_tau", 0.0)), num_warps=4)
-        check_rescale(self.options["SKIP_TAU"], self.options["P_SHIFT"])
+            P_SHIFT=float(cfg.get("p_shift", P_SHIFT)), P_LINEAR=int(cfg.get("p_linear", 0)), num_warps=4)
+        check_rescale(0.0, self.options["P_SHIFT"])
+        if self.options["P_LINEAR"] not in (0, 1):
+            raise ValueError(f"attention_fp8: p_linear must be 0 (exp2) or 1 (the codes); got {cfg['p_linear']!r}")
 
 
 def gluon_options(q, k, config: dict, causal: bool, q_per_row: bool = False, k_per_row: bool = False, k_n: int = 1,

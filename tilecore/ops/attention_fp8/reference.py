@@ -51,7 +51,6 @@ def check_rescale(rescale_tau: float, p_shift: int) -> None:
 
 # P_LINEAR (the Hopper kernel's configs key p_linear, session 33): P's e4m3 code by one multiply-add, no exp2
 LINEAR_LSE_BIAS = 0.05708148  # log2 of the codes' mean overestimate of 2^x (1.0404, x uniform over the octaves)
-LINEAR_LSE_BIAS2 = 0.02882303  # the same with half the elements linear (p_linear 2): log2((1 + 1.0404) / 2)
 
 
 def linear_e4m3(x: torch.Tensor) -> torch.Tensor:
@@ -145,14 +144,14 @@ def attention_fp8_exact(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=False, 
 def attention_fp8_emulated(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=False, softmax_scale=None,
                            block_n: int = 128, out_dtype=torch.float32, rows_at_once: int = 1024,
                            rescale_tau: float = 0.0, p_shift: int = P_SHIFT, l_rounded: bool = False,
-                           p_linear: int = 0):
+                           p_linear: bool = False):
     """(O in ``out_dtype``, lse float32) by the kernels' math (module docstring) in float32, key block
     by key block of ``block_n`` (the kernels': P's rounding depends on it), ``rows_at_once`` query
     rows at a time. The CPU path of attention_fp8. ``rescale_tau``, ``p_shift``: conditional rescaling
     and P's scale 2^p_shift (module docstring; the kernels' defaults 0 and 8); ``l_rounded``: l sums the
     rounded P (module docstring; the Hopper kernel's L_MMA); ``p_linear``: P by linear_e4m3 instead of the rounded
     exp2 (the Hopper kernel's P_LINEAR, which sums l of the codes: implies l_rounded; lse corrected by
-    LINEAR_LSE_BIAS): 1 every element, 2 the keys with bit 3 set (8..15 of every 16; LINEAR_LSE_BIAS2)."""
+    LINEAR_LSE_BIAS)."""
     check_rescale(rescale_tau, p_shift)
     if p_linear and p_shift + rescale_tau > 8.75:
         raise ValueError(f"p_linear: p_shift + rescale_tau <= 8.75 (codes <= 126, e4m3's 448); got {p_shift} + "
@@ -188,11 +187,7 @@ def attention_fp8_emulated(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=Fals
             m_ref = torch.where(m_new == float("-inf"), 0.0, m_new)
             alpha = torch.exp2(m - m_ref)
             if p_linear:
-                x = s - m_ref[..., None] + p_shift
-                p8 = linear_e4m3(x)
-                if p_linear == 2:
-                    exact = (torch.arange(j0, keys.stop, device=q.device) // 8) % 2 == 0
-                    p8 = torch.where(exact, torch.exp2(x).to(torch.float8_e4m3fn).to(f32), p8)
+                p8 = linear_e4m3(s - m_ref[..., None] + p_shift)
                 l = l * alpha + p8.sum(-1) / p_scale
             else:
                 p = torch.exp2(s - m_ref[..., None])
@@ -203,6 +198,6 @@ def attention_fp8_emulated(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=Fals
         no_key = l == 0.0
         l_safe = torch.where(no_key, 1.0, l)
         out[:, :, rows] = (acc * vs / (p_scale * l_safe[..., None])).to(out_dtype)
-        lse_bias = {0: 0.0, 1: LINEAR_LSE_BIAS, 2: LINEAR_LSE_BIAS2}[int(p_linear)]
+        lse_bias = LINEAR_LSE_BIAS if p_linear else 0.0
         lse[:, :, rows] = torch.where(no_key, float("-inf"), (m + torch.log2(l_safe) - lse_bias) / LOG2E)
     return out, lse
