@@ -38,7 +38,9 @@ empty); the tl dk candidates only where no Gluon dk ships. Call 4 (runs/onepass_
 4.90x (on), CSCALE no gain, 2048's XSMEM dk 2.67x torch.fft's (on). Job hf_s33b: the flips re-checked and re-timed
 (4096 CONTIG against session 32's strided walk in the same run), TWEARLY (the chunk's twiddles computed under its
 wgmmas) at 4096 strided / CONTIG / with CSCALE, CSCALE in the whole-tile kernel at 1024; the training step with the
-shipped dk, torch.fft's dk and the best candidate's, the shipped one twice (the host-bound steps' spread).
+shipped dk, torch.fft's dk and the best candidate's, the shipped one twice (the host-bound steps' spread). Call 6:
+CONTIG and the dk confirmed, TWEARLY / LAG / CSCALE no gain (removed). Job hf_s33c (--sizes 4096): CONTIG 2 (a program's
+two walkers interleaved on one contiguous block: both on one channel's pairs at once) against CONTIG and strided.
 
 A case that kills its process (an illegal memory access) is recorded (its candidate is not timed); one
 past 60 s is killed. --smoke (CPU, TRITON_INTERPRET=1): Gluon cannot be interpreted, so each Gluon

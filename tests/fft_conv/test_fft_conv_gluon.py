@@ -31,7 +31,7 @@ for a, b, asynchronous, tma, chunk, rfft, groups, sfu, contig, kpre, yalias, lea
         (128, 64, True, True, 16, True, 2, True, False, 0, False, 0, 0),
         (32, 64, False, True, 0, 2, 1, True, True, 3, False, 0, 0), (128, 64, True, True, 16, 2, 2, True, False, 2, False, 0, 0),
         (128, 64, True, True, 32, 2, 2, True, False, 2, True, 0, 0), (32, 64, False, True, 0, 2, 1, True, False, 2, False, 3, 168),
-        (128, 64, True, True, 32, 2, 2, True, False, 2, True, 1, 0)):
+        (128, 64, True, True, 32, 2, 2, True, False, 2, True, 1, 0), (128, 64, True, True, 32, 2, 2, True, 2, 1, False, 1, 0)):
     name, kernel, args, warps, _ = gluon_variant(a, b, 0, asynchronous, tma, chunk, rfft, groups, 4, sfu, contig, kpre,
                                                  yalias, lean, maxnreg)
     compiled = compile_kernel(kernel, args, num_warps=warps, **({"maxnreg": maxnreg} if maxnreg else {}))
@@ -49,8 +49,8 @@ def test_compiles_for_hopper_with_wgmma_and_no_spill():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
     r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    sync, tma, chunked, computed, kept, prefetched, aliased, three, lean = json.loads(r.stdout)
-    for row in (sync, tma, chunked, computed, kept, prefetched, aliased, three, lean):
+    sync, tma, chunked, computed, kept, prefetched, aliased, three, lean, shared_block = json.loads(r.stdout)
+    for row in (sync, tma, chunked, computed, kept, prefetched, aliased, three, lean, shared_block):
         assert row["wgmma"] and not row["wgmma_serialized"], row
         # (chunks of 32 with the prefetch in u's ring: 4 B of spill at 255 registers, the shipped 4096 tuple's 12)
         assert row["spill_stores"] <= (4 if row is aliased else 0) and row["spill_loads"] <= (4 if row is aliased else 0), row
@@ -80,6 +80,8 @@ def test_compiles_for_hopper_with_wgmma_and_no_spill():
     # KiB of shared memory); LEAN 1 takes 4096's 4 B of spill away
     assert three["registers"] <= 168 and 3 * three["shared"] <= 227 * 1024 and three["cp_async"] == 16, three
     assert lean["spill_stores"] == 0 and lean["shared"] <= 227 * 1024, lean
+    # CONTIG 2 (session 33: 4096's two walkers interleaved on their program's block): as the shipped CONTIG tuple
+    assert shared_block["threads"] == 256 and shared_block["registers"] <= 255, shared_block
 
 
 def _correlation(u64, k64):
@@ -325,6 +327,11 @@ def test_gluon_plan_rejects_what_the_kernel_does_not_take():
         conv_plan.gluon_plan(32, 64, 1, warpgroups=2)  # (the whole-tile kernel runs one)
     with pytest.raises(ValueError, match="8 in the whole-tile"):
         conv_plan.gluon_plan(128, 64, 1, chunk=32, warps=8)
+    with pytest.raises(ValueError, match="contig"):  # (CONTIG 2: the chunked kernel's two walkers)
+        conv_plan.gluon_plan(32, 64, 3, False, True, 0, 2, 1, 4, True, 2)
+    with pytest.raises(ValueError, match="contig"):
+        conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 1, 4, True, 2)
+    assert conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1).contig == 2
     with pytest.raises(ValueError, match="prefetch"):  # KPRE 2, 3 read a bin as one 64-bit copy: rfft 2
         conv_plan.gluon_plan(32, 64, 2, False, True, 0, True, 1, 4, True, False, 2)
     with pytest.raises(ValueError, match="prefetch"):  # KPRE 3 keeps a channel's tile: whole tile, contiguous walk

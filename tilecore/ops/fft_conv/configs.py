@@ -30,7 +30,8 @@ GLUON_ONEPASS: dict = {
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     1024: [GLUON_ONEPASS[1024]],  # settled (session 31): re-checked only
     2048: [GLUON_ONEPASS[2048]],
-    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1)],  # (the strided walk)
+    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1),  # (the strided walk)
+           (128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1)],  # CONTIG 2: a program's walkers share a block
 }
 # the pair kernel's candidates for gpu_check.py (the loop variants: v7, session 26, none faster than the plan)
 PAIR_CANDIDATES = {

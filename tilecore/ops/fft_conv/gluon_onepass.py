@@ -585,6 +585,16 @@ def _walk(first, programs, total, CONTIG: gl.constexpr):
 
 
 @gluon.jit
+def _walk_shared(pid, nprog, total, part, PARTS: gl.constexpr):
+    """CONTIG 2 (the chunked kernel's two walkers): program ``pid`` takes a contiguous block of cdiv(total, nprog) items
+    and its walkers interleave on it (walker ``part`` every PARTS-th), so both are on one channel's pairs at once (its
+    spectrum's chunks read by both close together: L1 may serve the second)."""
+    per = gl.cdiv(total, nprog)
+    base = pid * per
+    return base + part, gl.minimum(base + per, total), PARTS
+
+
+@gluon.jit
 def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                                   A: gl.constexpr, B: gl.constexpr, ASYNC: gl.constexpr = False,
@@ -892,7 +902,10 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     programs = gl.num_programs(0) * PARTS
     pio = PairIO(U, Y, u_desc, y_desc, u_smem, y_smem, u_ready, batch, stride_ub, stride_uh, stride_yb, stride_yh, groups,
                  HALF, B, TMA, g.YALIAS, g.LEAN)
-    start, stop, step = _walk(first, programs, total, g.CONTIG)
+    if g.CONTIG == 2:
+        start, stop, step = _walk_shared(gl.program_id(0), gl.num_programs(0), total, part, PARTS)
+    else:
+        start, stop, step = _walk(first, programs, total, g.CONTIG)
     _first_u(pio, start, stop)
     for w in range(start, stop, step):
         h = (w // groups).to(gl.int64)

@@ -53,7 +53,8 @@ class Plan:
     rfft: bool = False  # "gluon": the kernel reads the rfft's bins itself (no host layout of the spectrum)
     warpgroups: int = 1  # "gluon", chunked: warpgroups a program, each walking its own pairs
     tw_sfu: bool = False  # "gluon": the twiddles computed (cos/sin.approx), not read from the (B, A) table
-    contig: bool = False  # "gluon": each walker takes a contiguous block of pairs (one channel's in a row)
+    contig: int = False  # "gluon": each walker takes a contiguous block of pairs (one channel's in a row); 2 (chunked,
+    # two warpgroups): a program's block, its walkers interleaved on it
     kpre: int = 0  # "gluon": the spectrum requested before a block's stage 1 (1 registers, 2 cp.async, 3 kept a channel)
     yalias: bool = False  # "gluon", chunked with TMA: y's box is the ring slot its pair's u came in
     lean: int = 0  # "gluon": 1 fewer reductions (same values), 2 (whole tile, TMA) x read in the wgmma's layout
@@ -83,7 +84,9 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
     cap (168 for 3 programs a multiprocessor at 1024: KPRE 2 with lean 3 fit it without spill); ``prescale`` (session
     32, a 16th element): the spectrum product's float16 scale is L x the block's largest |Re K|, |Im K| / 256 (a bound
     of |Y| / 256), reduced while stage 3's wgmmas run, instead of the largest |Y| reduced after them (on the chain).
-    (Session 33's CSCALE, TWEARLY and LAG were measured no faster or slower and removed: notes/fft_conv.)"""
+    ``contig`` 2 (session 33; chunked, two warpgroups): a program's contiguous block, its two walkers interleaved on it
+    (both on one channel's pairs at once). (Session 33's CSCALE, TWEARLY and LAG were measured no faster or slower and
+    removed: notes/fft_conv.)"""
     if lean not in (0, 1, 2, 3) or maxnreg not in (0, 128, 168, 255):
         raise ValueError(f"the Gluon one-pass kernel's lean is 0..3 and maxnreg 0, 128, 168 or 255; got {lean}, {maxnreg}")
     if yalias and not (chunk and tma):
@@ -95,6 +98,9 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
         if b != 64 or a not in (32, 64, 128) or chunk not in (16, 32, 64) or a % chunk:
             raise ValueError(f"the chunked Gluon one-pass kernel takes 2N = a x 64 with a = 32, 64 or 128 (N = "
                              f"1024..4096) and a chunk of 16, 32 or 64 dividing a; got {a} x {b}, chunk {chunk}")
+    if contig not in (False, True, 2) or (contig == 2 and (not chunk or warpgroups != 2)):
+        raise ValueError(f"the Gluon one-pass kernel's contig is False, True or 2 (the chunked kernel's two walkers "
+                         f"interleaved on their program's block); got {contig} (chunk {chunk}, warpgroups {warpgroups})")
     if warpgroups not in (1, 2) or (warpgroups == 2 and not chunk):
         raise ValueError(f"the Gluon one-pass kernel runs 1 warpgroup a program, or 2 chunked; got {warpgroups}")
     if warps not in (4, 8) or (warps == 8 and chunk):
