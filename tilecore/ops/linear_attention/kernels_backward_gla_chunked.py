@@ -921,11 +921,10 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         # session 33's common-launch form where it applies (the value loop with lean, dg_local, the fallback apart)
         form = cfg["dqk_form"] if (lean and suffix == 3 and cfg["wide_apart"] and not early and not cfg["dqk_probe"]
                                    and not cfg["dqk_apart"]) else 0
-        g_pre = int(cfg["g_pre"])  # session 33: the states walk stores span middles, G_last, the dqk flags (1: and G)
+        # session 33: the states walk stores span middles, G_last, the dqk flags (g_pre 1: and G), where it applies
+        # (the dqk and dv forms that read them, separate walks whose key block is a multiple of the dqk kernel's)
         walk_BK0 = min(BK, cfg["walk_BK"] or BK)
-        if g_pre and not (form and cfg["dv_form"] and not cfg["walks_fused"] and walk_BK0 % BKB == 0):
-            raise ValueError("gla chunked backward: g_pre needs dqk_form, dv_form, not walks_fused and walk_BK a "
-                             "multiple of BKB")
+        g_pre = int(cfg["g_pre"]) if (form and cfg["dv_form"] and not cfg["walks_fused"] and walk_BK0 % BKB == 0) else 0
         tot_or = (ht.float().contiguous() if has_ht else tot) if fused else tot  # SUFFIX 1: the final state
         z4 = (0, 0, 0, 0)
         g_strides = g.stride()
