@@ -205,7 +205,10 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
 
     Math: scores in float32 from exact e4m3 products, online softmax in base 2, P rounded to e4m3 as
     256 p (p <= 1, FlashAttention-3's scaling; reference.py), P V accumulated in float32, O = acc x
-    v_scale / l with l the float32 sum of 256 p. ``causal`` masks query i to keys j <= i + Nk - N
+    v_scale / l with l the float32 sum of 256 p. Hopper's kernel (head_dim 64, 128) differs in P: e4m3's linear code
+    of 2^x (one multiply-add, no exp2: 0.96-1.11x of 2^x; reference.linear_e4m3, configs ``p_linear``), with l the sum
+    of those codes (O's error ~1.3x the rounded exp2's; lse corrected by the codes' mean): 1.2-1.3x faster on the
+    H100 (notes/attention_fp8). ``causal`` masks query i to keys j <= i + Nk - N
     (bottom right, as tilecore.attention); a row with no key gives 0 (lse -inf). ``softmax_scale``
     defaults to head_dim ** -0.5 and must be > 0. Any N, Nk; head_dim 1..256 (64 and 128 run
     Hopper's Gluon kernel, others the portable Triton kernel). Returns O (B, Hq, N, D) in
