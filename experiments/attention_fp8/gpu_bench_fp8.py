@@ -5,6 +5,7 @@ lasts, merged into one result: $OUT/<device>/attention-fp8.json and .png (harnes
 tilecore.bench.suites.SUITES yet, so ``tilecore bench`` does not list it).
 
     PYTHONPATH=. python3 experiments/attention_fp8/gpu_bench_fp8.py [--quick] [--dims 128,64] [--budget 110]
+        [--merge benchmarks/results/h100-80gb-hbm3/attention-fp8.json]
 
 Prints, per (D, causal), each N's TFLOP/s of the FP8 kernel and its ratios to bf16 and cuDNN, and the end to end
 path's ratio to bf16 (<= 30 lines).
@@ -28,6 +29,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dims", default="128,64")
     ap.add_argument("--budget", type=float, default=110.0)
+    ap.add_argument("--merge", default="", help="a committed attention-fp8 JSON whose rows (other dims) to keep: this "
+                    "run's rows are added to them (their ratio against that file's ceiling)")
     args = ap.parse_args()
     import torch
 
@@ -52,7 +55,8 @@ def main():
             path.write_text(json.dumps(result.to_json(), indent=1) + "\n")
             print(f"(plot skipped: {type(e).__name__}: {str(e)[:100]})", flush=True)
             return path, None
-    for d in [int(x) for x in args.dims.split(",")]:
+    dims = [int(x) for x in args.dims.split(",")]
+    for d in dims:
         for causal in (False, True):
             left = args.budget - (time.time() - T0)
             if left < 45:  # (a group takes ~25-40 s: its compiles, then 6 N x 4 series x 3 rounds)
@@ -63,9 +67,18 @@ def main():
                                                              if c.params["causal"] == causal],
                           fp8_suite.SUITE.describe)
             res = harness.run_suite(group, quick=args.quick)
+            if merged is None and args.merge and Path(args.merge).exists():
+                old = json.loads(Path(args.merge).read_text())
+                ceiling = harness.Ceiling(**old["ceiling"])
+                merged = harness.Result(old["suite"], old["metric"], old["x"], ceiling, old["meta"],
+                                        [harness.Row(**r) for r in old["rows"] if r["params"]["D"] not in dims])
+                print(f"merged into {args.merge}: {len(merged.rows)} rows kept; this run's ceiling "
+                      f"{res.ceiling.value:,.0f} against the file's {ceiling.value:,.0f}", flush=True)
             if merged is None:
                 merged = res
             else:
+                for r in res.rows:
+                    r.ratio = r.value / merged.ceiling.value
                 merged.rows += res.rows
             save(merged)
             print(f"D{d} {'causal' if causal else 'full'} done at {time.time() - T0:.0f} s", flush=True)
