@@ -4,7 +4,7 @@ access ends the CUDA context): the public forward with the kept forward recipes 
 backward kernels with configs_gla_bwd.CHUNKED as shipped and with one session-33 key at a time set back, each checked
 against the float64 recurrence (gradients as multiples of the bf16 rounding floor).
 
-    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_d64_bisect.py            # the GPU (~60 s)
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_d64_bisect.py [--d 32] [--only "bwd shipped,op fwd+bwd"]
     TRITON_INTERPRET=1 PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_d64_bisect.py --smoke
 """
 from __future__ import annotations
@@ -20,11 +20,14 @@ import torch
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
 DTYPE = torch.float16 if SMOKE else torch.bfloat16
-SHAPE = (2, 77, 2, 64) if SMOKE else (2, 517, 3, 64)  # B, N, H, D
+D = int(sys.argv[sys.argv.index("--d") + 1]) if "--d" in sys.argv else 64  # the head dim (Dk = Dv)
+SHAPE = (2, 77, 2, D) if SMOKE else (2, 517, 3, D)  # B, N, H, D
 # the backward's variants: configs_gla_bwd.CHUNKED keys set back to session 32's values, one at a time, then together
 BACKWARD = {"bwd shipped": {}, "bwd dqk_VB 32": dict(dqk_VB=32), "bwd dqk_form 0": dict(dqk_form=0),
-            "bwd dv_form 0": dict(dv_form=0), "bwd session 32": dict(dqk_VB=32, dqk_form=0, dv_form=0)}
-VARIANTS = ["fwd recipes on", "fwd recipes off", *BACKWARD, "op fwd+bwd"]
+            "bwd dv_form 0": dict(dv_form=0), "bwd session 32": dict(dqk_VB=32, dqk_form=0, dv_form=0),
+            "bwd dqk_VB 16": dict(dqk_VB=16)}  # --d 32: the value loop in two blocks
+VARIANTS = (["fwd recipes on", "fwd recipes off", *BACKWARD, "op fwd+bwd"] if "--only" not in sys.argv else
+            sys.argv[sys.argv.index("--only") + 1].split(","))
 
 
 def tensors():
@@ -95,14 +98,14 @@ def main():
         return
     t0, rows = time.time(), []
     for name in VARIANTS:
-        res = subprocess.run([sys.executable, __file__, "--one", name] + (["--smoke"] if SMOKE else []),
+        res = subprocess.run([sys.executable, __file__, "--one", name, "--d", str(D)] + (["--smoke"] if SMOKE else []),
                              capture_output=True, text=True, timeout=300)
         got = [ln[4:] for ln in res.stdout.splitlines() if ln.startswith("ROW ")]
         row = json.loads(got[0]) if got else dict(variant=name, error=(res.stderr.strip().splitlines() or ["?"])[-1][:200])
         rows.append(row)
         print(json.dumps(row), flush=True)
     out = os.environ.get("OUT", ".")
-    with open(os.path.join(out, "gla_d64_bisect.json"), "w") as fh:
+    with open(os.path.join(out, f"gla_d{D}_bisect.json"), "w") as fh:
         json.dump(dict(shape=SHAPE, dtype=str(DTYPE), rows=rows, device=torch.cuda.get_device_name() if DEV == "cuda"
                        else "cpu"), fh, indent=1)
     print(f"\nGLA B{SHAPE[0]} N{SHAPE[1]} H{SHAPE[2]} d{SHAPE[3]} {DTYPE}: variant | result ({time.time() - t0:.0f} s)")
