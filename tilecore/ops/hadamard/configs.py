@@ -70,8 +70,11 @@ QUANT_TILE_ELEMS = 8192  # hadamard_quantize's kron-tiled tile where several row
 
 # hadamard_quantize's pow2 plan by n over TUNING / TMA_TUNING's: the H100's fastest (session 26)
 QUANT_POW2_TUNING = {4096: dict(num_stages=4), 1024: dict(waves=16), 2048: dict(num_warps=4)}
-# the pow2 quantize's second product with PAIRS (hi a column pair at a time, bit-identical): untimed, off (session 33)
-QUANT_POW2_PAIRS = {}
+# the pow2 quantize's second product with PAIRS (hi a column pair at a time, bit-identical): on where >= 1.03x (1.03-
+# 1.13x; 1.01-1.02x elsewhere timed; 128..512, 8192, 16384 untimed) (session 33)
+QUANT_POW2_PAIRS = {**{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4") for n in (1024, 2048)},
+                    ("int8", 4096): True, ("nvfp4", 4096): True, ("int4", 4096): True, ("int8", 32768): True,
+                    ("nvfp4", 32768): True}
 QUANT_FAST = True  # codes by y x RN(1 / s) (one FMUL a value, within a step of the exact quotient): 1.08x fp8 (s. 26)
 KRON_TMA = "none"  # the m x 2^k kernels' TMA ("none", "load", "both"): untimed, so pointers
 # the transform at m x 2^k, m > 64, on the wide_rows kernel ("pair"): 1.12x the kron-tiled plan at 172 x 64 (s. 29)
