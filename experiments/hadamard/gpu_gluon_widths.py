@@ -272,8 +272,24 @@ def s33e_timed():
     return cases
 
 
+def s33f_timed():
+    """Session 33, confirmation: the pow2 plans run 7 flipped to PAIRS (configs.QUANT_POW2_PAIRS) against the same plans
+    without it, bytes compared; then the model widths' 4-bit formats shipped against the session's start once more."""
+    from tilecore.ops.hadamard import configs
+
+    cases = []
+    for (fmt, n) in sorted(configs.QUANT_POW2_PAIRS, key=lambda k: k[1]):  # by n: one input tensor a width
+        cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "nopairs", {"pairs": False})]
+    for n in (11008, 14336, 18944, 28672):
+        for fmt in ("mxfp4", "nvfp4"):
+            cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "start", s33_start(fmt, n))]
+    return cases
+
+
 def timed_cases(quick=False):
     """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
+    if SET == "s33f":
+        return s33f_timed()
     if SET == "s33e":
         return s33e_timed()
     if SET == "s33d":
@@ -367,7 +383,7 @@ def phase_warm(result, deadline, quick):
               c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
     ctx = mp.get_context("spawn")
     out = result.setdefault("warm", [])
-    with ctx.Pool(min(12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
+    with ctx.Pool(min(12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
         pending = pool.imap_unordered(_warm_one, cases)
         for _ in cases:
             try:
@@ -380,6 +396,9 @@ def phase_warm(result, deadline, quick):
 
 def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
+    if SET == "s33f":  # the shipped pow2 plans with PAIRS against float64
+        return [("mxfp4", 2048, {}, "bfloat16", {}), ("nvfp4", 32768, {"scale": 0.002}, "bfloat16", {}),
+                ("int4", 4096, {}, "float16", {}), ("fp8_e4m3", 1024, {}, "bfloat16", {})]
     if SET == "s33e":  # the pow2 kernel with PAIRS against float64
         pr = {"pairs": True}
         return [("mxfp4", 4096, {}, "bfloat16", pr), ("nvfp4", 1024, {"scale": 0.002}, "bfloat16", pr),
@@ -521,7 +540,7 @@ def phase_check(result, save, deadline, quick):
             case["scales_differ"] = differ_n
             case["scales_ok"] = exact
             case["ok"] = case["match"] >= 0.999 and case["far_codes_tiny"] and exact and case["written"] \
-                and case["path"] in (("gluon_kron", "gluon_wide") + (("pow2",) if SET == "s33e" else ())) and (not tuning.get("scale_once") or "SCALE_ONCE" in plan.config)
+                and case["path"] in (("gluon_kron", "gluon_wide") + (("pow2",) if SET in ("s33e", "s33f") else ())) and (not tuning.get("scale_once") or "SCALE_ONCE" in plan.config)
             case["config"].update({k: True for k in ("SCALE_ONCE", "KTRIM", "FOLD", "UNITS") if plan.config.get(k)})
             if "units" in tuning and not plan.config.get("UNITS"):
                 case["ok"] = False
@@ -530,7 +549,7 @@ def phase_check(result, save, deadline, quick):
             case["ok"] = False
         out["quantize"].append(case)
         save()
-    if SET not in ("s33", "s33b", "s33c", "s33d", "s33e"):
+    if SET not in ("s33", "s33b", "s33c", "s33d", "s33e", "s33f"):
         check_transforms(out["transform"], save, deadline)
 
 
@@ -684,13 +703,13 @@ def phase_time(result, save, deadline, quick):
             y = torch.empty_like(x) if case[0] == "t" else None
             run, plan, written = _runner(case, x, y)
             row["path"] = plan.path
-            if SET in ("s33b", "s33c", "s33d", "s33e"):  # the bytes against the shipped plan's on the same rows (the values kept)
+            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f"):  # the bytes against the shipped plan's on the same rows (the values kept)
                 got = run()
                 got = [y.clone()] if case[0] == "t" else [t.clone() for t in _tensors(got[:2])]
                 key = case[:3]
                 if case[3] == "shipped":
                     shipped_out[key] = got
-                elif key in shipped_out and case[3] in ("pairs", "pairs_perm", "perm", "perm_noonce", "noonce"):
+                elif key in shipped_out and case[3] in ("pairs", "pairs_perm", "perm", "perm_noonce", "noonce", "nopairs"):
                     row["identical"] = all(a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
                                            for a, b in zip(got, shipped_out[key]))
                 del got
@@ -752,7 +771,7 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
-    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e"))
+    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f"))
     a = ap.parse_args()
     global SET
     SET = a.set
