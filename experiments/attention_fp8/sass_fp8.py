@@ -33,6 +33,7 @@ OPS = ("FMNMX", "FADD", "FMUL", "FFMA", "MUFU", "F2FP", "PRMT", "SHFL", "QGMMA",
 VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants of sessions 26-32 were removed by issue 30:
     # their code, and this table's entries for them, at commit 741bc3b)
     "default": {}, "st2": dict(stages=2), "q1": dict(q_buffers=1),
+    "exp2": dict(p_linear=0),  # P by exp2, rounded (the default before session 33; p_linear 1 since)
 }
 
 
