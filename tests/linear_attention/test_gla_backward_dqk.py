@@ -275,3 +275,30 @@ def test_g_pre_from_the_states_walk(N, Dk, walk_BK, mode):
     off = run_chunked(q, k, v, g, None, do, dht, None, g_pre=mode, **dict(blocks, dv_form=0))
     for name, a, b in zip(("dq", "dk", "dv", "dg"), (dq, dk, dv, dg), off):
         assert accuracy.rel_rms(b, a) < 1e-6, name
+
+
+def test_session33_values_only_at_the_checked_head_dims():
+    """configs_gla_bwd.CHUNKED_OTHER_DIMS: session 33's dqk_VB / dqk_form / dv_form run at the head dims the H100
+    checked them (CHUNKED_CHECKED_DIMS, d 128); d 64 (an illegal address on the H100 in session 33's call 7) takes
+    session 32's; a caller's explicit override is kept whatever the dims."""
+    from tilecore.ops.linear_attention import configs_gla_bwd
+
+    def dqk_dv_options(d, **over):
+        q = torch.empty(1, 256, 2, d, dtype=torch.bfloat16)
+        g = torch.empty(1, 256, 2, d)
+        s = torch.empty(1, 2, d, d)
+        steps = []
+        kernels_backward_gla_chunked.backward(tl_plan(q, q, g, IDENTITY, 64, diag=5), q, q, q, q, g, s, s, s, 0.1,
+                                              steps=steps, **over)
+        opts = {name: kw for name, _, _, _, kw in steps}
+        return opts["dqk0w"], opts["dvw"]
+
+    assert configs_gla_bwd.CHUNKED_CHECKED_DIMS == (128, 128)
+    dqk, dv = dqk_dv_options(128)
+    assert (dqk["VB"], dqk.get("FORM"), dv.get("DVFORM")) == (configs_gla_bwd.CHUNKED["dqk_VB"],
+                                                             configs_gla_bwd.CHUNKED["dqk_form"],
+                                                             configs_gla_bwd.CHUNKED["dv_form"])
+    dqk, dv = dqk_dv_options(64)
+    assert (dqk["VB"], dqk.get("FORM"), dv.get("DVFORM")) == (32, None, None)
+    dqk, dv = dqk_dv_options(64, dqk_VB=64, dqk_form=3, dv_form=5)
+    assert (dqk["VB"], dqk.get("FORM"), dv.get("DVFORM")) == (64, 3, 5)

@@ -54,6 +54,11 @@ CHUNKED = dict(
     g_pre=False,  # session 33: the states walk stores span middles, G_last, flags (2; 1: and G) for dqk, dv: not timed
 )
 
+# (Dk, Dv) where session 33's dqk_VB, dqk_form and dv_form were checked on the H100; other head dims take session 32's
+# values below (checked at d 64 in session 33's call 1; call 7: d 64 with session 33's hit an illegal address)
+CHUNKED_CHECKED_DIMS = (128, 128)
+CHUNKED_OTHER_DIMS = dict(dqk_VB=32, dqk_form=0, dv_form=0)
+
 # "split_combine": the combine kernel's key block and tokens a step (a head's dq / dk / dg by cdiv(Dk, 32) programs)
 COMBINE_KEY_BLOCK = 32
 COMBINE_TOKENS = 32

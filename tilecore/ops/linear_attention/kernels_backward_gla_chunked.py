@@ -870,7 +870,8 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
              **overrides):
     """(dq, dk, dv, dg, None, dh0), as kernels_backward_gla.backward (the same contract: dq, dk, dv in the inputs'
     dtypes, dg and dh0 float32; ``out`` buffers to write). ``plan``: a tl plan (its MMA dtype and the
-    interpreter's upcast); blocks from configs_gla_bwd.CHUNKED, ``overrides`` any of its keys. ``steps``: a list that
+    interpreter's upcast); blocks from configs_gla_bwd.CHUNKED (CHUNKED_OTHER_DIMS's keys from there where (Dk, Dv) is
+    not CHUNKED_CHECKED_DIMS), ``overrides`` any of its keys. ``steps``: a list that
     gets the launches, (name, kernel, grid, arguments, options) each, in order, instead of running them (the
     caller times or compiles them; the outputs are then not written)."""
     cfg = dict(configs_gla_bwd.CHUNKED)
@@ -878,6 +879,8 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
     if unknown:
         raise ValueError(f"gla chunked backward: unknown overrides {sorted(unknown)}; known: {sorted(cfg)}")
     cfg.update(overrides)
+    if (q.shape[3], v.shape[3]) != configs_gla_bwd.CHUNKED_CHECKED_DIMS:  # session 33's values were GPU-checked there only
+        cfg.update({key: x for key, x in configs_gla_bwd.CHUNKED_OTHER_DIMS.items() if key not in overrides})
     mma, ieee, upcast = plan.config["MMA"], plan.config["IEEE"], plan.config["upcast"]
     B, N, H, Dv = v.shape
     Dk = q.shape[3]
