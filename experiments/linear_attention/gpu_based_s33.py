@@ -16,7 +16,7 @@ blocks, and Mamba-2 timed on a quiet GPU.
 
     PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_based_s33.py [--confirm]
 
-``--confirm`` (the session's last batch): the shipped paths only (the public Hedgehog op's fwd and fwd+bwd as configs
+``--no-mamba``: Hedgehog and Based only (about 40 s less). ``--confirm`` (the session's last batch): the shipped paths only (the public Hedgehog op's fwd and fwd+bwd as configs
 say, Based's shipped blocks and the public op, Mamba-2's shipped kernel and op), with the same checks and FLA beside.
 
 Prints a table last (<= 40 lines); JSON to $OUT/based_s33.json. About 110 s on an H100.
@@ -53,7 +53,7 @@ PEER_DEADLINE = 140.0
 WARM_DEADLINE = 80.0
 RESULTS: dict = {"check": [], "hedgehog": {}, "based": {}, "based_check": [], "errors": [], "peer": {}}
 CONFIRM = "--confirm" in sys.argv
-MAMBA = ["shipped"] if CONFIRM else ["shipped", "lean+beta_log", "lean+late"]
+MAMBA = [] if "--no-mamba" in sys.argv else ["shipped"] if CONFIRM else ["shipped", "lean+beta_log", "lean+late"]
 # name -> tl_plan overrides of Based's backward (shipped: configs.BASED_BWD_CHUNK 16, BASED_BWD_BV 32, 4 warps, 2
 # stages). sm_90a (this ptxas): shipped dq 144 B / dkv 316 B spilled; BVB 16: dkv 68 B; 8 warps, BVB 64: dkv 72 B
 BASED_VARIANTS = {
@@ -428,7 +428,7 @@ def main():
     peer = start_peer()
     based = based_warm_start()
     try:
-        ok = attempt("mamba warm", lambda: gm.warm(MAMBA)) or set()
+        ok = (attempt("mamba warm", lambda: gm.warm(MAMBA)) or set()) if MAMBA else set()
         attempt("hedgehog checks", hedgehog_checks)
         calls = attempt("hedgehog calls", hedgehog_calls)
         if calls:
@@ -436,7 +436,8 @@ def main():
         based_ok = attempt("based warm", lambda: based_warm_finish(based)) or set()
         print(f"warm done {elapsed():.0f} s", flush=True)
         wait_ready(peer)
-        attempt("mamba time", lambda: gm.time_phase(ok, MAMBA, rounds=7))
+        if MAMBA:
+            attempt("mamba time", lambda: gm.time_phase(ok, MAMBA, rounds=7))
         save()
         if calls:
             attempt("hedgehog time", lambda: hedgehog_time(calls))
