@@ -17,15 +17,13 @@ SPLITS = {
 }
 MAX_N = max(SPLITS)
 
-# n -> (tile elements, warps, load stages, programs an SM) of the pointer path: the H100's fastest within the compiler's
-# register and shared-memory reports (v1-v5)
+# n -> (tile elements, warps, load stages, programs an SM), pointer path: the H100's fastest that compile well (v1-v5)
 TUNING = {n: (4096, 8, 3, 4) for n in SPLITS} | {n: (16384, 8, 3, 1) for n in (16, 32, 64, 128)} | {
     256: (32768, 8, 3, 16), 512: (4096, 8, 3, 16), 1024: (8192, 8, 3, 16), 2048: (16384, 8, 3, 4),
     4096: (4096, 8, 5, 16), 8192: (8192, 8, 5, 4), 16384: (4096, 8, 3, 1), 32768: (4096, 8, 3, 1)}
 FP32_TUNING = (4096, 8, 2, 4)  # float32's three pieces a stage fit shared memory only with smaller tiles and 2 stages
 
-# (bytes a block gets, (n, float32) -> overrides): smaller tiles, else fewer stages, where a GPU's blocks get less
-# shared memory than TUNING asks (dispatch.shared_memory_fit; compiled by python -m tilecore.portability, untimed)
+# (block bytes, (n, float32) -> overrides) where a GPU's blocks get less shared memory than TUNING asks (untimed)
 SHARED_FITS = (
     (163 * 1024, None),
     (99 * 1024, {(64, False): dict(tile_elems=8192), (128, False): dict(tile_elems=8192),
@@ -58,8 +56,7 @@ INTERPRETER_SMS = 4  # the interpreter's "SMs": its persistent loops still run s
 CPU_DENSE_MAX_N = 64
 CPU_CHUNK_ELEMS = 1 << 22  # ... over chunks of rows of this many elements (16 MiB float32 temporaries)
 
-# n = m x 2^k (kron.py, kernels_kron.py): a row in one program up to this many M_PAD x p float32 values (the
-# power-of-two kernel's largest row), else two passes through a float32 workspace in column chunks
+# m x 2^k rows in one program up to this many M_PAD x p float32 values (the pow2 kernel's largest row), else two passes
 KRON_MAX_TILE_ELEMS = 32768
 KRON_TILE_ELEMS = 8192  # a tile's elements where several rows fit (M_PAD < 64), as TUNING's
 KRON_MAX_ROWS = 4  # rows a batched tile at most: 4 ran 43-56% of copy where 2 or 8 ran 26-42% (H200, session 25)
@@ -70,8 +67,7 @@ QUANT_TILE_ELEMS = 8192  # hadamard_quantize's kron-tiled tile where several row
 
 # hadamard_quantize's pow2 plan by n over TUNING / TMA_TUNING's: the H100's fastest (session 26)
 QUANT_POW2_TUNING = {4096: dict(num_stages=4), 1024: dict(waves=16), 2048: dict(num_warps=4)}
-# the pow2 quantize's second product with PAIRS (hi a column pair at a time, bit-identical): on where >= 1.03x (1.03-
-# 1.13x; 1.01-1.02x elsewhere timed; 128..512, 8192, 16384 untimed) (session 33)
+# the pow2 quantize with PAIRS (hi a column pair at a time, bit-identical): 1.03-1.13x where on (s. 33; the rest 1.01x+)
 QUANT_POW2_PAIRS = {**{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4") for n in (1024, 2048)},
                     ("int8", 4096): True, ("nvfp4", 4096): True, ("int4", 4096): True, ("int8", 32768): True,
                     ("nvfp4", 32768): True}
@@ -129,11 +125,9 @@ QUANT_GLUON_KTRIM = {**{(f, 18944): True for f in ("fp8_e4m3", "int8", "mxfp4", 
 QUANT_GLUON_FOLD = {**{(f, 14336): True for f in ("mxfp4", "nvfp4", "int4")},
                     **{(f, 28672): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")},
                     **{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "int4") for n in (18944, 11008)}}
-# each output block's mixing once at 148 x 128 (UNITS): int4 1.08x (s. 32); with PAIRS fp8 1.40x, int8 1.37x, mxfp4
-# 1.06x (session 33); nvfp4 1.01x, off
+# UNITS (each block's mixing once) at 148 x 128: int4 1.08x; with PAIRS fp8 1.40x, int8 1.37x, mxfp4 1.06x (s. 32-33)
 QUANT_GLUON_UNITS = {("int4", 18944): True, ("fp8_e4m3", 18944): True, ("int8", 18944): True, ("mxfp4", 18944): True}
-# the transform's Gluon plan tuning by (m, p), the caller's over it: 148 x 128 1.99x then PAIRS 1.09x, 172 x 64 PAIRS
-# 1.12x, 28 x 1024 NOZERO + CLAMP_LO 1.05x (PAIRS 0.85x there), checked (session 33)
+# the transform's Gluon tuning by (m, p): 148 x 128 1.99x then PAIRS 1.09x, 172 x 64 PAIRS 1.12x, 28 x 1024 1.05x (s. 33)
 KRON_GLUON_TUNING = {(148, 128): dict(units=True, store2=True, stages=2, ktrim=True, nozero=True, clamp_lo=2),
                      (172, 64): dict(clamp_lo=2), (28, 1024): dict(nozero=True, clamp_lo=True)}
 # NOZERO (padded sub-rows unzeroed) and CLAMP_LO (the lo piece by one max): on where >= 1.03x, checked (sessions 32-33)
@@ -141,12 +135,10 @@ _NZ_CL = {("mxfp4", 14336): True, ("nvfp4", 14336): True, ("int4", 14336): True,
           ("mxfp4", 11008): True, ("nvfp4", 11008): True, ("mxfp4", 18944): True, ("nvfp4", 18944): True,
           ("int4", 28672): True}
 QUANT_GLUON_NOZERO = dict(_NZ_CL)
-# CLAMP_LO 2 (PAIRS: hi's column pairs by one cvt): 1.04-1.24x at 11008 / 14336 / 18944 and mxfp4 28672, bytes equal;
-# the rest of 28672 lost 0.74-0.83x (more spilled) (session 33)
+# CLAMP_LO 2 (PAIRS, bit-identical): 1.04-1.24x where on; 28672's other formats 0.74-0.83x (more spilled) (session 33)
 QUANT_GLUON_CLAMP_LO = {**_NZ_CL, **{(f, n): 2 for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
                                      for n in (11008, 14336, 18944)}, ("mxfp4", 28672): 2}
-# H_64's columns permuted (a thread's 16 values consecutive outputs): 1.03-1.09x where on, bytes equal; int4 / int8 /
-# 28672's mxfp4 0.73-1.02x (session 33)
+# PERM (a thread's 16 values consecutive outputs, bit-identical): 1.03-1.09x where on; elsewhere 0.73-1.02x (s. 33)
 QUANT_GLUON_PERM = {("mxfp4", 11008): True, ("nvfp4", 11008): True, ("fp8_e4m3", 14336): True, ("mxfp4", 14336): True,
                     ("nvfp4", 14336): True, ("nvfp4", 28672): True}
 
