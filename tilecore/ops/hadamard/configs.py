@@ -127,7 +127,7 @@ QUANT_GLUON_FOLD = {**{(f, 14336): True for f in ("mxfp4", "nvfp4", "int4")},
                     **{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "int4") for n in (18944, 11008)}}
 # UNITS (each block's mixing once) at 148 x 128: int4 1.08x; with PAIRS fp8 1.40x, int8 1.37x, mxfp4 1.06x (s. 32-33)
 QUANT_GLUON_UNITS = {("int4", 18944): True, ("fp8_e4m3", 18944): True, ("int8", 18944): True, ("mxfp4", 18944): True}
-# the transform's Gluon tuning by (m, p): 148 x 128 1.99x then PAIRS 1.09x, 172 x 64 PAIRS 1.12x, 28 x 1024 1.05x (s. 33)
+# the transform's Gluon tuning by (m, p): 148 x 128 1.99x then PAIRS 1.09x, 172 x 64 PAIRS 1.12x, 28 x 1024 1.05x
 KRON_GLUON_TUNING = {(148, 128): dict(units=True, store2=True, stages=2, ktrim=True, nozero=True, clamp_lo=2),
                      (172, 64): dict(clamp_lo=2), (28, 1024): dict(nozero=True, clamp_lo=True)}
 # NOZERO (padded sub-rows unzeroed) and CLAMP_LO (the lo piece by one max): on where >= 1.03x, checked (sessions 32-33)
