@@ -55,7 +55,7 @@ CHUNKED = dict(
 )
 
 # (Dk, Dv) where session 33's dqk_VB, dqk_form and dv_form were checked on the H100; other head dims take session 32's
-# values below (checked at d 64 in session 33's call 1; call 7: d 64 with session 33's hit an illegal address)
+# values below: dqk_VB 64 at d 64 is miscompiled (wrong dq / dk or an illegal address, session 33 calls 7-8)
 CHUNKED_CHECKED_DIMS = (128, 128)
 CHUNKED_OTHER_DIMS = dict(dqk_VB=32, dqk_form=0, dv_form=0)
 
