@@ -25,13 +25,13 @@ MONO_CANDIDATES = {  # gpu_onepass.py's candidates (all slower in run 7 / run 10
 GLUON_ONEPASS: dict = {
     1024: (32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168),  # 6.98x torch.fft (s31 call 5, s32 call 7)
     2048: (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 0, False, 3),  # 6.69-6.78x torch.fft (s31 call 5, s32)
-    4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1),  # CONTIG: 1.6-2.1% over strided (s33 calls 4, 6)
+    4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1),  # CONTIG 2: 4.94x, 1.4% over CONTIG (s33 call 7)
 }
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     1024: [GLUON_ONEPASS[1024]],  # settled (session 31): re-checked only
     2048: [GLUON_ONEPASS[2048]],
-    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1),  # (the strided walk)
-           (128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1)],  # CONTIG 2: a program's walkers share a block
+    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1),  # CONTIG (s33 calls 4-6)
+           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1)],  # the strided walk (session 32)
 }
 # the pair kernel's candidates for gpu_check.py (the loop variants: v7, session 26, none faster than the plan)
 PAIR_CANDIDATES = {
