@@ -133,23 +133,9 @@ GLUON_BACKWARD = {
     (64, True): dict(block_m=64, block_n=64, stages=2, dq_from="warpgroup", kv_regs=True),
     (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="lagged"),  # 1.00-1.03x vs fused's 0.98-1.02x (session 15)
     (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused")}  # lagged lost 1-3% causal (session 15)
-# issue 35's MLA prefill head sizes on the Gluon backward: attention_mla.gluon_backward.attention_bwd_mla_kernel
-# (dK and dV by 64-column pieces; a fused dQ's registers do not fit beside them) then dQ by
-# attention_mla.gluon_dq.attention_dq_mla_kernel (dq_from "gluon"; "tl": the tl dq kernel, D padded to 256). dK/dV:
-# 32 query rows a step: at 64 the accumulators (dK 96 + dV 64 registers a thread) with S^T and dP^T
-# spilled 820 B and ptxas serialized every wgmma (C7512); at 32 no spill (causal 8 B), 157 KiB of
-# shared memory in 3 stages. dQ: 64-key stages x 3, no spill, 216 KiB. H100 (session 27, runs/
-# gpu_mla_run2_session27_h100): checks right (bf16, causal and not, tails, N != Nk: dq 1.42-1.49x the
-# floor, dk 1.40-1.49, dv 1.37-1.43, the tl backward's errors to two digits); forward + backward at
-# B8 H16 N4096 504 TFLOP/s = 0.87x the D128 rate, causal 447 = 0.91x (the tl backward 0.37 / 0.43x,
-# with the tl dq kernel 0.67 / 0.73x); 1.47x / 1.01x cuDNN's. Routed since, with one q head a kv head:
-# grouped heads (the same walk as D128's) since session 28: gpu_mla --full checked them on the H100
-# (Hq 16 over fewer kv heads, window (256, 0) + softcap 30: dq 1.46x, dk 1.45, dv 1.38 the floor, as the tl
-# backward's), untimed with groups.
-# (session 30: dQ inside the dK/dV kernel, K^T dS^T by 64-column pieces added to a float32 dQ^T by TMA reductions,
-# was right on the H100 but 0.79-0.81x of the D128 rate against this split's 0.87-0.94x: removed, commit 42c5ae0
-# has it; notes/attention/runs/gpu_mla_fused_run2_session30_h100)
-GLUON_BACKWARD_DV = {(192, 128): dict(block_m=32, block_n=64, stages=3, dq_from="gluon", qk_pieces=3)}
+# MLA 192 / 128 (issue 35): dK/dV by 64-column pieces at 64 query rows a step (compute_in_turn), then the dq kernel:
+# fwd+bwd 0.929x / 0.984x the 128/128 rate against 32 rows' 0.883x / 0.922x (notes/attention, session 33 call 6)
+GLUON_BACKWARD_DV = {(192, 128): dict(block_m=64, block_n=64, stages=3, dq_from="gluon", qk_pieces=3)}
 GLUON_DQ_DV = {(192, 128): dict(block_m=64, block_n=64, stages=3, qk_pieces=3)}
 GLUON_BACKWARD_DV_ROUTED = True
 GLUON_BACKWARD_DV_GROUPED = True
