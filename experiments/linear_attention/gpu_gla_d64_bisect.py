@@ -104,7 +104,7 @@ def main():
         row = json.loads(got[0]) if got else dict(variant=name, error=(res.stderr.strip().splitlines() or ["?"])[-1][:200])
         rows.append(row)
         print(json.dumps(row), flush=True)
-    out = os.environ.get("OUT", ".")
+    out = os.environ.get("OUT", "/tmp")
     with open(os.path.join(out, f"gla_d{D}_bisect.json"), "w") as fh:
         json.dump(dict(shape=SHAPE, dtype=str(DTYPE), rows=rows, device=torch.cuda.get_device_name() if DEV == "cuda"
                        else "cpu"), fh, indent=1)
