@@ -185,7 +185,7 @@ def flash2_forward_tile_s(d: int, gpu) -> float:
 
 
 @_memo
-def attention_time(batch, heads, kv_heads, seq, d, causal, backward, gpu, impl):
+def attention_time(batch, heads, kv_heads, seq, d, causal, backward, gpu, impl, dtype="bf16"):
     """impl: tilecore, cudnn or flash. Forward: tilecore and cuDNN wgmma with the overlap schedule (the
     engine's default); flash (SDPA) is FlashAttention-2: mma.sync, no warp specialization, so its units
     run one after another. Backward: backward.attention_backward_time, each implementation's structure."""
@@ -193,7 +193,7 @@ def attention_time(batch, heads, kv_heads, seq, d, causal, backward, gpu, impl):
         b = attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu, impl)
         return b.time, b.bound
     kw = dict(mma="mma.sync", time_model="serial") if impl == "flash" else {}
-    diag = models.attention(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, d=d, causal=causal)
+    diag = models.attention(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, d=d, causal=causal, dtype=dtype)
     if impl == "flash":
         bm, bn = FA2_FORWARD.get(d, (128, 64))
         parts, wgs = {"q": group(bm), "x": stream(bn)}, 1
@@ -343,6 +343,14 @@ def _predict_row(path: Path, data: dict, row: dict, gpu, cfg, host) -> Predictio
             t, bound = kv_repeated_time(batch, hq, hkv, n_, d, bwd, gpu, impl)
         else:
             t, bound = attention_time(batch, hq, hkv, n_, d, True, bwd, gpu, impl)
+    elif suite == "attention-fp8":  # the forward at B N = 65536, H 16 (tilecore.bench.suites.attention_fp8)
+        op = "attention-fp8"
+        n_, d = params["N"], params["D"]
+        fp8 = series.startswith("tilecore fp8")
+        t, bound = attention_time(65536 // n_, 16, 16, n_, d, params["causal"], False, gpu, _attention_impl(series),
+                                  "fp8" if fp8 else "bf16")
+        if series == "tilecore fp8 end to end":  # q, k rotated and quantized, v quantized: bf16 in, e4m3 out
+            t += copy_time(3 * 65536 * 16 * d * 3 // 2, gpu)[0]
     elif suite == "attention-decode":
         op = "decode"
         t, bound = decode_time(params["B"], 32, 8, params["Nk"], 128, gpu)
@@ -437,6 +445,9 @@ def name_cause(p: Prediction) -> str:
     if p.op.endswith("bwd") and fast:
         return ("backward at long N, predicted fast: this run below the model's clock (1545 MHz, the power probe's "
                 "at 700 W) or a per-step cost the step chain does not name")
+    if p.op == "attention-fp8" and p.series.endswith("end to end") and fast:
+        return ("the convenience path's passes before the attention (rotate and quantize q and k, quantize v, its "
+                "layout copy: separate eager kernels, each with its launch and tail), costed as their bytes only")
     if p.op.startswith("attention") and q.get("N", 1 << 30) <= 1024 and fast:
         return "short rows: prologue/epilogue per tile and the causal tail (latency), not modelled per tile"
     if p.op == "decode":
