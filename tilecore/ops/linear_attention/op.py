@@ -116,6 +116,13 @@ def _fused_map_fits(dk: int, features: int) -> bool:
     return max(16, 1 << (dk - 1).bit_length()) * max(16, 1 << (features - 1).bit_length()) <= 128 * 64
 
 
+def _fused_map(x, weight):
+    """The one-pass map's forward in x's dtype (float32 inside the interpreter: decision 7, its bf16 sums)."""
+    wide = torch.float32 if dispatch.interpreted(x.device) else None
+    return kernels_forward.hedgehog_map_fused(x, weight.float(), out_dtype=wide,
+                                              precision=configs.HEDGEHOG_MAP_PRECISION).to(x.dtype)
+
+
 class _HedgehogMap(torch.autograd.Function):
     """Hedgehog's map by the one-pass kernels: hedgehog_map_fused forward (x and W saved, not the features),
     hedgehog_map_backward's recomputation backward (dx in x's dtype, dW summed in float32, in W's dtype)."""
@@ -123,9 +130,7 @@ class _HedgehogMap(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight):
         ctx.save_for_backward(x, weight)
-        wide = torch.float32 if dispatch.interpreted(x.device) else None  # (decision 7: the interpreter's bf16)
-        return kernels_forward.hedgehog_map_fused(x, weight.float(), out_dtype=wide,
-                                                  precision=configs.HEDGEHOG_MAP_PRECISION).to(x.dtype)
+        return _fused_map(x, weight)
 
     @staticmethod
     def backward(ctx, dout):
@@ -150,9 +155,7 @@ def hedgehog_map(x: torch.Tensor, weight: torch.Tensor, fused: bool | None = Non
         on = fused if fused is not None else \
             configs.HEDGEHOG_FUSED_MAP if mode == "direct" else configs.HEDGEHOG_FUSED_MAP_GRAD
         if on and mode == "direct":
-            wide = torch.float32 if dispatch.interpreted(x.device) else None  # (decision 7: the interpreter's bf16)
-            return kernels_forward.hedgehog_map_fused(x, weight.float(), out_dtype=wide,
-                                                      precision=configs.HEDGEHOG_MAP_PRECISION).to(x.dtype)
+            return _fused_map(x, weight)
         if on:
             return _HedgehogMap.apply(x, weight)
     proj = torch.einsum("...hd,hdf->...hf", x.float(), weight.float())
