@@ -136,8 +136,6 @@ def main():
     if a.worker:
         worker(a.worker, a.save, a.check, a.only)
         return
-    import torch
-    import triton
     saves = {t: "-" for t in ("old", "new")}
     times = {t: {} for t in saves}
     extra = {}
@@ -156,6 +154,13 @@ def main():
                     extra.setdefault(row["case"], {})[f"err_over_floor_{tag}"] = row["err_over_floor"]
                 if row["digest"]:
                     extra.setdefault(row["case"], {})[f"digest_{tag}"] = row["digest"]
+        # each round's table is written as it completes, so a run cut short by a time limit still reports
+        report(a, times, extra, r + 1)
+
+
+def report(a, times, extra, rounds):
+    import torch
+    import triton
     table = []
     for name, _, _ in cases(a.only):
         e = extra.get(name, {})
@@ -165,14 +170,14 @@ def main():
                           old_rounds=times["old"][name], new_rounds=times["new"][name],
                           **{k: v for k, v in e.items() if k.startswith("err")}))
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                rounds=a.rounds, timing="GPU time, do_bench median, public ops, interleaved old/new processes")
+                rounds=rounds, timing="GPU time, do_bench median, public ops, interleaved old/new processes")
     with open(os.path.join(a.out, "port_check.json"), "w") as fh:
         json.dump(dict(meta=meta, rows=table), fh, indent=1)
     print(json.dumps(meta))
     print(f"{'case':32s} {'old ms':>9s} {'new ms':>9s} {'speed':>7s}  bitwise  err/floor")
     for t in table:
         print(f"{t['case']:32s} {t['old_ms']:9.4f} {t['new_ms']:9.4f} {t['new_over_old_speed']:7.3f}  "
-              f"{str(t['bitwise_equal']):7s}  {t.get('err_over_floor_new', '')}")
+              f"{str(t['bitwise_equal']):7s}  {t.get('err_over_floor_new', '')}", flush=True)
 
 
 if __name__ == "__main__":
