@@ -55,7 +55,7 @@ ALIGN = 512  # bytes: each tensor in a slot starts on this boundary
 FULL_BY_WRITE = True
 
 # More than two ranks on the copy engines (double-buffered slots): right and faster than NCCL on 4 H100s
-# (session 32; notes/distributed/README.md's decision log): on
+# (notes/distributed/README.md's decision log): on
 ABOVE_TWO_RANKS = True
 
 _MAILBOXES: dict = {}  # (group name, device index) -> Mailboxes

@@ -79,9 +79,8 @@ def wait(work, timeout: float, what: str, doing: str, began: float | None = None
                                "another path?); raise timeout= if ranks may be that far apart")
         if now - began < SPIN_S:
             # the first SPIN_S only yield: a gather on the host's loopback takes ~50-300 us, and a nap,
-            # however short it asks, lasts >= ~60 us (timer slack): naps doubling up to 1 ms overshot
-            # it, exposed wherever the GPU waits for the host (session 28: the public forward 0.9 ms
-            # over ring_forward's at 32K causal)
+            # however short it asks, lasts >= ~60 us (timer slack), so naps overshot it (notes/distributed,
+            # decision log: the public forward's 0.9 ms over ring_forward's)
             time.sleep(0)
             continue
         time.sleep(delay)

@@ -147,14 +147,12 @@ def _checked(rows: list[list[int]], world: int, mode: str, refusal: Exception | 
     return lengths
 
 
-# The public call's host path (session 30): the metadata gather started and waited on after the
-# ring's step 0 is queued, local checks skipped for a signature that passed them, an eager
-# autograd.Function instead of the custom op where nothing is traced. False: session 29's path (the
-# gather waited on before the ring starts, the checks every call, the custom op), for probes to
-# compare (experiments/distributed/gpu_check.py's "old host" figures); results are the same. Session
-# 30's 2-H100 run (call 6): the six copy-engine checks right with it (the prewait used and dropped on
-# grown mailboxes); lockstep public fwd+bwd over one GPU, new / old path in the same run: causal 32K
-# 1.84-1.89x / 1.80x, causal 64K 2.00 / 1.94; the public forward's host time 0.89 / 3.25 ms: on
+# The public call's host path: the metadata gather started and waited on after the ring's step 0 is
+# queued, local checks skipped for a signature that passed them, an eager autograd.Function instead of
+# the custom op where nothing is traced. False: the older path (the gather waited on before the ring
+# starts, the checks every call, the custom op), for probes to compare (experiments/distributed/
+# gpu_check.py's "old host" figures); results are the same. On: faster on 2 H100s, the public forward's
+# host time 0.89 ms against 3.25 (notes/distributed/README.md's decision log)
 FAST_HOST = True
 
 

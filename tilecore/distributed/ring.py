@@ -178,9 +178,8 @@ TRANSPORT = "copy_engine"
 FUSED_OWN_SUMS = True
 # Past two ranks: the own dK, dV in one pass too (the incoming sum float32), and each passing sum made in
 # one pass (the incoming float32 sum + this rank's share, own_sum into float32) instead of a float32 copy
-# and an add: the same sums in the same order. On since session 33's 4 H100s (cp4d_run3_session33_h100x4):
-# checks as the copy-then-add's, backward 11.08 / 161.97 / 79.68 ms against 12.10 / 164.62 / 81.25 (causal
-# 32K, causal 128K, 64K), a rank's peak 1.01 / 4.03 / 2.15 GB against 1.28 / 5.10 / 2.55
+# and an add: the same sums in the same order. On: as right and faster at every size on 4 H100s, less memory
+# (notes/distributed/README.md's decision log)
 ONE_PASS_SUMS_ABOVE_TWO = True
 TRANSPORTS = ("nccl", "copy_engine")
 

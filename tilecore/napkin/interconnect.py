@@ -42,7 +42,8 @@ NVLINK4 = Link(
 # The lent nvidia-h100-x2 (two H100 SXM, NV18): NCCL's batch_isend_irecv moved one rank's K and V of
 # B1 H32 N16K D128 bf16 (268 MB) around the ring in 0.92 ms (issue 38, 2026-11-25)
 # and the copy engines' peer copy into symmetric memory (tilecore.distributed.copy_engine) 268 MB in
-# 0.73-0.77 ms and 537 MB in 1.48-1.55 beside the attention (session 29's run 6): ~355 GB/s
+# 0.73-0.77 ms and 537 MB in 1.48-1.55 beside the attention: ~355 GB/s (notes/distributed, "The napkin's
+# cross-GPU level")
 H100_X2 = dataclasses.replace(
     NVLINK4, name="NVLink 4, measured (lent nvidia-h100-x2)", bandwidth=291e9, copy_bandwidth=355e9,
     source="issue 38: NCCL batch_isend_irecv, 268 MB in 0.92 ms a direction (2026-11-25); copy engines 355 GB/s "

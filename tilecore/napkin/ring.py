@@ -29,11 +29,12 @@ from .interconnect import Link, get_link
 
 BACKWARD_FLOPS = 2.5  # the backward's matmul FLOPs over the forward's (5 products of the 2's size)
 # tilecore's own backward TFLOP/s over its forward's, B1 H32 D128 bf16 on one H100, 32K-64K, causal
-# and not: 0.882-0.917 (session 29's 2-H100 run 9, its one-GPU figures; the ring's own steps 0.89-0.93).
+# and not: 0.882-0.917 (one H100; the ring's own steps 0.89-0.93; notes/distributed, "The napkin's
+# cross-GPU level").
 # Was cuDNN's 0.87 (shared/anchors.md: 519 / 596), which the ring's backward rows carried as +2%
 BACKWARD_RATE = 0.89
-# Host time between a pass's kernels that the GPU waits for (the timeline's "gaps" with nothing sent,
-# session 29 run 9: forward 0.06-0.11 ms over 3-4 launches, backward 0.18-0.37 over 8-10): the first
+# Host time between a pass's kernels that the GPU waits for (the 2-H100 timeline's "gaps" with nothing
+# sent: forward 0.06-0.11 ms over 3-4 launches, backward 0.18-0.37 over 8-10): the first
 # launch of a pass (its host path: the ring's setup, plan lookups) and each later one
 FIRST_LAUNCH_S = 50e-6
 LAUNCH_GAP_S = 20e-6
