@@ -12,9 +12,9 @@ def forward_config(d: int, interpret: bool) -> dict:
     """The tl query-block forward's blocks and launch options for head dim ``d``."""
     if interpret:
         return dict(BLOCK_M=32, BLOCK_N=16)
-    if d <= 64:  # the fastest of four tried at B 16 H 16 N 4096 (notes/attention, session 1)
+    if d <= 64:  # the fastest of four tried at B 16 H 16 N 4096
         return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
-    if d <= 128:  # 128 x 64 with 8 warps: as fast without a mask, 13% slower with one (session 1)
+    if d <= 128:  # 128 x 64 with 8 warps: as fast without a mask, 13% slower with one
         return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
     if d <= 256:
         return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
@@ -25,9 +25,9 @@ def backward_config(d: int, interpret: bool) -> dict:
     """The tl dk/dv and dq kernels' blocks for head dim ``d``."""
     if interpret:
         return dict(BLOCK_M=16, BLOCK_N=32)
-    if d <= 128:  # 1.4-2.1x the 8-warp and 128-wide variants tried (notes/attention, session 1)
+    if d <= 128:  # 1.4-2.1x the 8-warp and 128-wide variants tried
         return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
-    if d <= 192:  # MLA's 192 / 128: 169-173 TFLOP/s against 32 x 32's 87-89 (H100, session 27, gpu_mla_session27_h100)
+    if d <= 192:  # MLA's 192 / 128: 169-173 TFLOP/s against 32 x 32's 87-89
         return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
     if d <= 256:
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
@@ -58,34 +58,28 @@ INTERPRETER_SMS = 4  # SMs as if the interpreter had them, for grids sized per S
 # (block_n), ring depth, consumer warpgroups, Q buffers per consumer (P V always overlaps the softmax)
 
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2),
-                 # two Q buffers: N = 512 +15% (causal +18%), N = 8192 +8% (notes/attention, sessions 5, 9)
+                 # two Q buffers: N = 512 +15% (causal +18%), N = 8192 +8%
                  128: dict(block_m=64, block_n=128, stages=2, consumers=2, q_buffers=2)}
-# issue 35's features the Gluon forward serves by default (plan.features: "window", "softcap"): both
-# checked right on the GPU with the path forced (session 25, lent H200, gpu_features: bf16/fp16 at
-# 1.24-1.42x the floor) and faster than the tl forward there (window 4096 over N 32768: 3.78 against
-# 6.16 ms; softcap 30: 0.61 against 0.45 of the no-softcap speed)
+# issue 35's features the Gluon forward serves by default (plan.features: "window", "softcap"): right
+# and faster than the tl forward (window 4096 over N 32768: 3.78 against 6.16 ms)
 GLUON_FORWARD_FEATURES: frozenset = frozenset({"window", "softcap"})
-# issue 35's features the Gluon backward (and dq kernel) serve by default: checked on the H100 with
-# the path forced (session 26, gpu_features_s26 round 1: bf16/fp16 at 1.38-2.05x the floor) and
-# faster than the tl kernels (window 4096 over N 32768: 11.0 against 16.8 ms; softcap 30 causal
-# N 4096: 0.82 against 0.38 of the no-softcap speed)
+# issue 35's features the Gluon backward (and dq kernel) serve by default: right and faster than the
+# tl kernels (window 4096 over N 32768: 11.0 against 16.8 ms)
 GLUON_BACKWARD_FEATURES: frozenset = frozenset({"window", "softcap"})
 # issue 35's MLA prefill head sizes (q/k head dim, v's) on the Gluon forward (gluon_kernels.py,
 # QK_PIECES 3: Q and K by 64-column pieces, no power-of-two TMA box holding 192 columns). Registers
 # as D128's (S 64 x 128, O 64 x 128: 168 a thread, no spill; causal 20 B); shared memory is the bound
 # (227 KiB): 128-key stages of K (48 KiB) and V (32 KiB) twice, one Q buffer of the tile's 128 rows
 # shared by the consumers (48 KiB), O stored in two halves through 8 KiB epilogue buffers: 224 KiB.
-# H100 (session 27, runs/gpu_mla_session27_h100): checks right (bf16, causal and not, tails, N != Nk,
-# GQA: 1.25-1.34x the floor), B8 H16 N4096 624 TFLOP/s = 1.04x the D128 forward's rate, causal 579 =
-# 0.96x; 1.01-1.04x cuDNN on the same 192 / 128 (the tl forward: 0.42-0.45x). Routed since.
+# Routed: 1.04x the D128 forward's rate (causal 0.96x), 1.01-1.04x cuDNN on the same 192 / 128
 GLUON_FORWARD_DV = {(192, 128): dict(block_m=64, block_n=128, stages=2, consumers=2, q_buffers=1, qk_pieces=3,
                                      o_halves=True)}
 GLUON_FORWARD_DV_ROUTED = True
 SHORT_TILE_KEY_BLOCKS = 8  # tiles of at most this many key blocks (on average) are short: carried
-THREE_CONSUMERS_MIN_N = {False: 2048, True: 1024}  # D64 three consumers from here: N 4096 +5-8% (session 13)
-THREE_CONSUMERS_Q2_MAX_N = 4096  # ... with two Q buffers each up to here: +1.4-4.4% (session 13)
-SHORT_CAUSAL_KEYS = 512  # causal rows seeing at most this many keys: 64-key blocks, N 512 +18-35% (session 9)
-SHORT_CAUSAL_STAGES = {128: 3}  # ... in 3 stages at D128: N 512 causal 0.87 -> 0.95x (session 22)
+THREE_CONSUMERS_MIN_N = {False: 2048, True: 1024}  # D64 three consumers from here: N 4096 +5-8%
+THREE_CONSUMERS_Q2_MAX_N = 4096  # ... with two Q buffers each up to here: +1.4-4.4%
+SHORT_CAUSAL_KEYS = 512  # causal rows seeing at most this many keys: 64-key blocks, N 512 +18-35%
+SHORT_CAUSAL_STAGES = {128: 3}  # ... in 3 stages at D128: N 512 causal 0.87 -> 0.95x
 
 
 def gluon_forward_config(d: int, n: int, nk: int, causal: bool, dv: int | None = None) -> dict:
@@ -125,33 +119,29 @@ def gluon_forward_config(d: int, n: int, nk: int, causal: bool, dv: int | None =
 # dQ in the kernel, added by TMA reductions to a float32 buffer: "fused" (the step's own), "lagged"
 # (one step late, with the next step's dV and dK), "warpgroup" (a warpgroup of its own, D64); or
 # after the kernel: "gluon" (gluon_dq.py's kernel), "tl" (kernels_tl.attn_bwd_dq). The kernel's DQ
-# constexpr: 0 none, 1 fused, 3 lagged, 4 warpgroup (2 was "overlapped", unshipped since session 17)
+# constexpr: 0 none, 1 fused, 3 lagged, 4 warpgroup (2 was "overlapped", no longer shipped)
 DQ_MODES = {"tl": 0, "gluon": 0, "fused": 1, "lagged": 3, "warpgroup": 4}
 GLUON_BACKWARD = {
-    # K and V rows held in registers, dQ by its own warpgroup: 1.13-1.16x (notes/attention, sessions 14, 17)
+    # K and V rows held in registers, dQ by its own warpgroup: 1.13-1.16x
     (64, False): dict(block_m=64, block_n=64, stages=2, dq_from="warpgroup", kv_regs=True),
     (64, True): dict(block_m=64, block_n=64, stages=2, dq_from="warpgroup", kv_regs=True),
-    (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="lagged"),  # 1.00-1.03x vs fused's 0.98-1.02x (session 15)
-    (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused")}  # lagged lost 1-3% causal (session 15)
+    (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="lagged"),  # 1.00-1.03x vs fused's 0.98-1.02x
+    (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused")}  # lagged lost 1-3% causal
 # MLA 192 / 128 (issue 35): dK/dV by 64-column pieces at 64 query rows a step (compute_in_turn), then the dq kernel:
-# fwd+bwd 0.929x / 0.984x the 128/128 rate against 32 rows' 0.883x / 0.922x (notes/attention, session 33 call 6)
+# fwd+bwd 0.929x / 0.984x the 128/128 rate against 32 rows' 0.883x / 0.922x
 GLUON_BACKWARD_DV = {(192, 128): dict(block_m=64, block_n=64, stages=3, dq_from="gluon", qk_pieces=3)}
 GLUON_DQ_DV = {(192, 128): dict(block_m=64, block_n=64, stages=3, qk_pieces=3)}
 GLUON_BACKWARD_DV_ROUTED = True
 GLUON_BACKWARD_DV_GROUPED = True
-FUSED_DQ_MIN_N = {False: 1024, True: 4096}  # D128 below this N: dQ by the Gluon dq kernel (sessions 14, 15)
+FUSED_DQ_MIN_N = {False: 1024, True: 4096}  # D128 below this N: dQ by the Gluon dq kernel (faster on short tiles)
 GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3),  # gluon_dq.py: rows a consumer, keys a step, stages
-            128: dict(block_m=64, block_n=64, stages=4)}  # 4 stages: causal 383 -> 388 TFLOP/s (session 9)
+            128: dict(block_m=64, block_n=64, stages=4)}  # 4 stages: causal 383 -> 388 TFLOP/s
 
 
 # a sliding window's backward (the kernels fold causal into the window, so it takes the non-causal
-# config: lagged dQ at D128) with another dQ mode from N >= FUSED_DQ_MIN_N[False]: {d: dq_from}. Window
-# 4096 over N 32768 ran 1.18-1.23x Flex (target 1.3) at the non-causal kernel's rate (~470 TFLOP/s against
-# causal's ~564, session 26). sm_90a (session 29): D128 window fused dQ spills 452 B, lagged 584, the dK/dV
-# kernel of the split ("gluon") 104. H100 (session 29 run 5, runs/gpu_window_bwd_run5_session29_h100): fused
-# checked right (bf16: windows (1000, 0) causal GQA 8/2, (300, 200), (4096, 0) N 5000, (64, -1) N > Nk; fp16:
-# dq 1.42-1.47x the floor, dk/dv 1.07-1.46), window 4096 over N 32768 B2 H16: fused 10.68 ms = 1.275x Flex's
-# 13.62, lagged 11.28 (1.207x), the dq kernel after 11.32 (1.203x). {}: back to the non-causal config's lagged.
+# config: lagged dQ at D128) with another dQ mode from N >= FUSED_DQ_MIN_N[False]: {d: dq_from}. Fused at
+# D128: window 4096 over N 32768 1.275x Flex against lagged's 1.207x, fewer spills (452 B against 584).
+# {}: back to the non-causal config's lagged.
 # Not with a softcap yet (plan_backward; sm_90a fused + window + softcap spills 652 B): gpu_window_bwd.py checks it
 GLUON_BACKWARD_WINDOW_DQ: dict = {128: "fused"}
 
@@ -174,6 +164,6 @@ def gluon_backward_config(d: int, n: int, causal: bool, dv: int | None = None, w
 # --------------------------------------------------------------------------------------------
 # the persistent Gluon kernels' tile order (plan.py)
 
-L2_GROUP_BYTES = 8 << 20  # shared operands of the heads kept together: D128 fwd +0-5%, bwd +2-13% (session 10)
-TILE_OVERHEAD_STEPS = 2  # a tile's fixed cost in steps, for the balanced schedule (~2.5-4 us a tile, session 9)
+L2_GROUP_BYTES = 8 << 20  # shared operands of the heads kept together: D128 fwd +0-5%, bwd +2-13%
+TILE_OVERHEAD_STEPS = 2  # a tile's fixed cost in steps, for the balanced schedule (~2.5-4 us a tile)
 DEVICE_TABLES_MAX = 64  # causal schedules kept on the device (the last used; a few KB to 33 KB each)

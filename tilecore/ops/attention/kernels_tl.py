@@ -318,7 +318,7 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT,
     transposed tiles directly. Query rows past N load as zeros (Q, dO, lse and delta): whatever
     their p, they add 0."""
     # (batch * kv heads, key blocks) on the grid's axes: a 1-D grid with a kv head's blocks
-    # consecutive, as the query-block kernels have, spilled 52-80 B at D128 (notes/attention, session 22)
+    # consecutive, as the query-block kernels have, spilled 52-80 B at D128 (notes/attention)
     bhk = tl.program_id(0)
     pid_n = tl.program_id(1)
     b = (bhk // HKV).to(tl.int64)

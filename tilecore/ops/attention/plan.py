@@ -147,8 +147,8 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
 # times the napkin's top k and the table's row once a (size bucket, dtype, device) and keeps the
 # fastest (timed_forward_config; window calls and Dv != D keep the table; only CUDA tensors are
 # timed: meta and CPU plans keep the table either way). 0: off, until
-# experiments/napkin/gpu_topk_configs.py --attention shows the pick no worse than the table. On: 3 (session 29
-# run 4 and session 30 run 1 on the H100: the pick was the sweep's best on 6 of 6 shapes both times).
+# experiments/napkin/gpu_topk_configs.py --attention shows the pick no worse than the table. On: 3 (on the
+# H100 the pick was the sweep's best on 6 of 6 shapes in two runs; notes/napkin).
 FORWARD_SMEM = 227 * 1024 - 4096
 NAPKIN_FORWARD_TOPK = 3
 NAPKIN_TIMED_MS = 20.0  # a candidate's timing: do_bench's median over about this many ms (L2 flushed)
@@ -238,7 +238,7 @@ def napkin_forward_configs(batch: int, heads: int, n: int, nk: int, d: int, caus
         consumers = c.warpgroups
         if rows_m != 64 * consumers or consumers not in (2, 3) or block_n not in (64, 128) or c.stages not in (2, 3):
             continue
-        if consumers == 3 and d > 64:  # H100 run 3 (session 29): D128, 3 consumers, 64 keys x 3 stages asked 246,196
+        if consumers == 3 and d > 64:  # on the H100, D128, 3 consumers, 64 keys x 3 stages asked 246,196
             continue                   # bytes of shared memory (O's staging beside Q, K and V), past 232,448
         cfg = dict(table, block_m=64, block_n=block_n, stages=c.stages, consumers=consumers)
         if consumers != table.get("consumers", 2):
@@ -320,7 +320,7 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
         raise ValueError(f"dq_from 'warpgroup' fits head dim 64 (registers); got {D}")
     if cfg.get("kv_regs") and configs.DQ_MODES[dq_from] == 0:
         # alone, with K and V in registers, the kernel gave wrong dK and dV on the H100: ptxas reused
-        # some of V's registers in its loop (notes/attention, session 14; report's register_operands_clobbered)
+        # some of V's registers in its loop (notes/attention's decision log, b14; report's register_operands_clobbered)
         raise ValueError("kv_regs takes a dQ added in the kernel: dq_from 'fused', 'lagged' or 'warpgroup'")
     if not steps_exact(H // Hkv, N, block_m):
         raise ValueError(f"the Gluon backward takes (Hq / Hkv) * N / {block_m} < 2^24 steps a tile; got "
