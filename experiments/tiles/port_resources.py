@@ -210,12 +210,17 @@ def main():
         mla = dict(H=16, N=4096, Nk=4096, GROUP=1, scale=0.1, scale_log2e=0.1, head_group=8,
                    schedule=torch.empty(64, dtype=torch.int32) if causal else None, left=0, right=0, tanh_scale=0.0,
                    CAUSAL=causal, STAGES=3, WINDOW=False, SOFTCAP=0)
-        one(f"attention bwd mla{' causal' if causal else ''}", attention_bwd_mla_kernel,
-            dict(mla, q_desc=piece(q192, 32), k_desc=piece(q192, 128), v_desc=piece(v128, 128), do_desc=piece(v128, 32),
-                 dk_desc=piece(q192, 64), dv_desc=piece(v128, 64), stats_desc=TensorDescriptor(
-                     stats, list(stats.shape), list(stats.stride()), [1, 2, 32],
-                     gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)),
-                 num_bhk=256), 4)
+        # dK/dV at 32 query rows a step (compute_together; shipped until 04c0b44) and at 64 (compute_in_turn,
+        # configs.GLUON_BACKWARD_DV's block_m since session 33: "rows64" is the shipped kernel)
+        for bm in (32, 64):
+            one(f"attention bwd mla{' rows64' if bm == 64 else ''}{' causal' if causal else ''}",
+                attention_bwd_mla_kernel,
+                dict(mla, q_desc=piece(q192, bm), k_desc=piece(q192, 128), v_desc=piece(v128, 128),
+                     do_desc=piece(v128, bm), dk_desc=piece(q192, 64), dv_desc=piece(v128, 64),
+                     stats_desc=TensorDescriptor(stats, list(stats.shape), list(stats.stride()), [1, 2, bm],
+                                                 gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32,
+                                                                      rank=3)),
+                     num_bhk=256), 4)
         one(f"attention dq mla{' causal' if causal else ''}", attention_dq_mla_kernel,
             dict(mla, q_desc=piece(q192, 128), k_desc=piece(q192, 64), v_desc=piece(v128, 64), do_desc=piece(v128, 128),
                  dq_desc=piece(q192, 64), lse_ptr=f32, delta_ptr=f32, num_bh=256), 4)
