@@ -62,10 +62,16 @@ GLUON_EXP2_FMA: dict = {}
 GLUON_S32: dict = {True: ("lean",)}
 # Hedgehog's one-pass map where no gradient is recorded: checked, the forward 0.613 ms against 2.740 (decision 90)
 HEDGEHOG_FUSED_MAP = True
-# the same under autograd (op._HedgehogMap, hedgehog_map_backward): off, interpreter-tested only (session 33)
-HEDGEHOG_FUSED_MAP_GRAD = False
-# the map kernels' projection dot: "ieee" (float32 FMAs, what run 2 of session 33 timed) or "tf32x3" (tensor cores)
-HEDGEHOG_MAP_PRECISION = "ieee"
+# the same under autograd (op._HedgehogMap, hedgehog_map_backward): checked, fwd+bwd 3.26 ms against torch's map's
+# 26.29 with W's gradient (session 34 call 1, runs/based_s33b_timeout_run1_session34; decision 95)
+HEDGEHOG_FUSED_MAP_GRAD = True
+# the map kernels' projection dot: "tf32x3" (tensor cores; float32's accuracy but for lo x lo): checked at the map's
+# floor, fwd+bwd 2.45 ms against ieee's 3.26 (same run); ieee spills from Dk x F 64 x 64 up in the backward
+HEDGEHOG_MAP_PRECISION = "tf32x3"
+# the map backward's (rows, warps) by Dk x F (each padded to a power of two >= 16) up to the first number: what compiles
+# for sm_90a with tf32x3 without spilling (64 rows at 64 x 32: 231 registers; 64 x 64: 228 at 32 rows; 128 x 64 at 32
+# rows / 8 warps: 255, 0 B). 64 rows at <= 2048: 0.305 ms against 0.586 at 32 (timed in the run above, unchecked)
+HEDGEHOG_MAP_BWD_BLOCKS: tuple = ((4096, 32, 4), (8192, 32, 8))
 # Based's Gluon forward (Dk 16, no decay, Dv a multiple of 64): 10x parallel_based, GPU-checked
 GLUON_BASED = True
 GLUON_BASED_STAGES = 2  # 3 stages do not fit beside its feature buffers (227 KiB)

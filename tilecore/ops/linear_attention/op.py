@@ -116,6 +116,13 @@ def _fused_map_fits(dk: int, features: int) -> bool:
     return max(16, 1 << (dk - 1).bit_length()) * max(16, 1 << (features - 1).bit_length()) <= 128 * 64
 
 
+def _map_bwd_block(dk: int, features: int) -> tuple[int, int]:
+    """(rows, warps) of the map's backward at Dk x F: configs.HEDGEHOG_MAP_BWD_BLOCKS' first entry that holds it."""
+    size = max(16, 1 << (dk - 1).bit_length()) * max(16, 1 << (features - 1).bit_length())
+    return next(((r, w) for top, r, w in configs.HEDGEHOG_MAP_BWD_BLOCKS if size <= top),
+                configs.HEDGEHOG_MAP_BWD_BLOCKS[-1][1:])
+
+
 def _fused_map(x, weight):
     """The one-pass map's forward in x's dtype (float32 inside the interpreter: decision 7, its bf16 sums)."""
     wide = torch.float32 if dispatch.interpreted(x.device) else None
@@ -136,7 +143,8 @@ class _HedgehogMap(torch.autograd.Function):
     def backward(ctx, dout):
         x, weight = ctx.saved_tensors
         wide = torch.float32 if dispatch.interpreted(x.device) else None
-        dx, dw = kernels_forward.hedgehog_map_backward(x, weight.float(), dout, dx_dtype=wide,
+        rows, warps = _map_bwd_block(x.shape[-1], weight.shape[-1])
+        dx, dw = kernels_forward.hedgehog_map_backward(x, weight.float(), dout, dx_dtype=wide, rows=rows, warps=warps,
                                                        precision=configs.HEDGEHOG_MAP_PRECISION)
         return (dx.to(x.dtype) if ctx.needs_input_grad[0] else None,
                 dw.to(weight.dtype) if ctx.needs_input_grad[1] else None)
