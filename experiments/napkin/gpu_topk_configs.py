@@ -37,6 +37,8 @@ and never slower than the table (the evidence NAPKIN_TOPK_FP8 waits for)?
 
 ``--bf16 --graph`` (issue 36, session 32): the same for the 9 bf16 shapes alone: is bf16's pick by do_bench
 (configs.NAPKIN_CLOCK) the GPU-time best, or does the graph clock's pick differ (where host time entered)?
+With ``--graph`` also (session 34) the pick by the clock "agree" (plan.agreed_pick: the table unless both clocks
+time a candidate faster), its seconds with every kernel compiled, and the table over it by each clock.
 
 ``--smoke``: the CPU under TRITON_INTERPRET=1, tiny shapes, no timing (the tl kernel stands in for the
 Gluon one): a check of the script. Writes $OUT/napkin_topk_configs[_attention].json ($OUT: /tmp/out).
@@ -284,10 +286,18 @@ def gemm_case(name, M, N, K, dt, topk: int) -> dict:
             res[f"pick_{clock}_s"] = time.perf_counter() - t0
             res[f"pick_{clock}"] = key(top[min(range(len(times)), key=times.__getitem__)])
             res[f"pick_{clock}_ms"] = {key(c): t for c, t in zip(top, times)}
+        # the clock "agree" (session 34): the table unless both clocks time a candidate faster, as timed_config
+        # runs it (plan.agreed_pick with launch.time_plans)
+        t0 = time.perf_counter()
+        best_i, agree_ms = plan.agreed_pick(launch.time_plans, plans, a, b, None, scales, configs.NAPKIN_TIMED_MS,
+                                            top.index(table))
+        res["pick_agree_s"] = time.perf_counter() - t0
+        res["pick_agree"] = key(top[best_i] if best_i is not None else table)
+        res["pick_agree_ms"] = {key(c): t for c, t in zip(top, agree_ms)}
         graph = {k: r["graph_ms"] for k, r in res["rows"].items() if r.get("graph_ms") and r.get("ok")}
         if graph:
             res["best_graph"] = min(graph, key=graph.get)
-            for what in ("table", "timed_pick", "pick_do_bench", "pick_graph"):
+            for what in ("table", "timed_pick", "pick_do_bench", "pick_graph", "pick_agree"):
                 ms = graph.get(res[what])
                 res[f"{what}_over_best_graph"] = ms / graph[res["best_graph"]] if ms else None
             res["table_over_pick_graph_by_graph"] = (graph.get(res["table"]) or math.nan) / \
@@ -298,10 +308,12 @@ def gemm_case(name, M, N, K, dt, topk: int) -> dict:
         best = min(timed, key=timed.get)
         res["best"], res["best_ms"] = best, timed[best]
         for what in ("table", "napkin_top1", "timed_pick", "pick_rep5", "pick_rep10") + \
-                (("pick_do_bench", "pick_graph") if GRAPH else ()):
+                (("pick_do_bench", "pick_graph", "pick_agree") if GRAPH else ()):
             ms = timed.get(res[what])
             res[f"{what}_over_best"] = ms / timed[best] if ms else None
         res["table_over_pick"] = (timed.get(res["table"]) or math.nan) / (timed.get(res["timed_pick"]) or math.nan)
+        if GRAPH:  # the agreed pick against the table by each clock (> 1: the pick faster)
+            res["table_over_agree"] = (timed.get(res["table"]) or math.nan) / (timed.get(res["pick_agree"]) or math.nan)
         pairs = [(r["predicted_ms"], r["ms"]) for r in res["rows"].values()
                  if r.get("ms") and r.get("ok") and r.get("predicted_ms") is not None]
         res["spearman"] = spearman([p for p, _ in pairs], [m for _, m in pairs])
@@ -601,6 +613,15 @@ def main() -> int:
                   f"{fmt(r.get('table_over_pick_graph_by_graph')):>8}  {r.get('best_graph')} / {r.get('pick_graph')} / "
                   f"{r.get('pick_do_bench')}  (do_bench: pick_gr {fmt(r.get('pick_graph_over_best'))}, "
                   f"{fmt(r.get('pick_graph_s'))} s)")
+    if GRAPH and not args.attention:  # the clock "agree": over the best by each clock, and against the table
+        print(f"\n{'clock agree':22} {'p_agr':>6} {'p_agr':>6} {'tab/agr':>7} {'tab/agr':>7} {'p_dob':>6} {'s':>6}  "
+              "(graph, do_bench; p_dob by graph) pick agree")
+        for r in results:
+            tg, ag = r.get("rows", {}).get(r.get("table"), {}), r.get("rows", {}).get(r.get("pick_agree"), {})
+            by_graph = tg.get("graph_ms") / ag["graph_ms"] if tg.get("graph_ms") and ag.get("graph_ms") else None
+            print(f"{r['name']:22} {fmt(r.get('pick_agree_over_best_graph')):>6} {fmt(r.get('pick_agree_over_best')):>6} "
+                  f"{fmt(by_graph):>7} {fmt(r.get('table_over_agree')):>7} {fmt(r.get('pick_do_bench_over_best_graph')):>6} "
+                  f"{fmt(r.get('pick_agree_s')):>6}  {r.get('pick_agree')}")
     print(f"wrote {path} ({time.perf_counter() - start:.1f} s)")
     return 0
 

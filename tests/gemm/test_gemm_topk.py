@@ -316,3 +316,89 @@ def test_time_plans_graph_clock_reuses_one_output_and_fails_a_candidate_to_inf(m
     assert [len(o) for o, _ in seen] == [1, 1] and all(r == 3.0 for _, r in seen)
     with pytest.raises(ValueError, match="clock"):
         launch.time_plans([good], a, b, clock="wall")
+
+
+# ------------------------------------------------------------------ the clock "agree" (issue 36, session 34)
+INF = math.inf
+
+
+@pytest.mark.parametrize("by_clock, table, want", [
+    ([[1.0, 0.8, 0.9], [1.0, 0.95, 0.7]], 0, 2),  # both faster by both: the least worst ratio (0.9 against 0.95)
+    ([[1.0, 0.8, 0.9], [1.0, 0.85, 0.7]], 0, 1),  # ... (0.85 against 0.9)
+    ([[1.0, 0.8, 0.9], [1.0, 1.05, 0.85]], 0, 2),  # 1 loses by the graph: 2 alone beats the table by both
+    ([[1.0, 0.8], [1.0, 1.01]], 0, 0),  # the clocks disagree: the table
+    ([[0.9, 1.0, 0.95], [0.95, 1.0, 0.9]], 1, 0),  # a tie in the worst ratio (0.95): the first
+    ([[1.0, 0.5], [1.0, INF]], 0, 0),  # a candidate one clock did not time never beats the table
+    ([[INF, 0.7, 0.6], [INF, 0.5, 0.9]], 0, 2),  # the table failed: the first clock's fastest
+    ([[INF, INF], [INF, INF]], 0, None),  # every candidate failed
+    ([[2.0, 2.0], [3.0, 3.0]], 1, 1),  # equal to the table: the table
+])
+def test_agreed_keeps_the_table_unless_every_clock_says_faster(by_clock, table, want):
+    assert plan.agreed(by_clock, table) == want
+
+
+class ClockTimer:
+    """launch.time_plans standing in for the GPU with one ms table per clock (by a row: its tile, stages and
+    partitions)."""
+
+    def __init__(self, by_clock: dict):
+        self.by_clock = by_clock
+        self.calls = []
+
+    def __call__(self, plans, a, b, bias=None, scales=None, rep_ms=20.0, clock="do_bench"):
+        self.calls.append((clock, [row_key(p.config) for p in plans]))
+        if self.by_clock[clock] is None:
+            pytest.fail(f"no {clock} timing expected")
+        return [self.by_clock[clock].get(row_key(p.config), 1.0) for p in plans]
+
+
+def row_key(r: dict) -> tuple:
+    return r["block"], r["stages"], r["consumers"], r["num_warps"]
+
+
+def agree_case(monkeypatch, do_bench: dict, graph: dict):
+    monkeypatch.setattr(configs, "NAPKIN_CLOCK", "agree")
+    rows = plan.napkin_configs(256, 512, 1024, BF16, BF16, 4)
+    table = plan.table_config(1024, False)
+    keys = [row_key(r) for r in rows]
+    timer = ClockTimer({"do_bench": do_bench(keys, row_key(table)), "graph": graph and graph(keys, row_key(table))})
+    cfg, times = timed(monkeypatch, timer)
+    return cfg, times, timer, rows, rows.index(table)
+
+
+def test_agree_clock_takes_a_candidate_both_clocks_time_faster(monkeypatch):
+    # candidate 0 wins by do_bench alone (operands in L2 by the graph: slower), candidate 1 by both
+    def do_bench(blocks, t):
+        return {blocks[0]: 0.5, blocks[1]: 0.8, t: 1.0}
+
+    def graph(blocks, t):
+        return {blocks[0]: 1.1, blocks[1]: 0.9, t: 1.0}
+
+    cfg, times, timer, rows, table = agree_case(monkeypatch, do_bench, graph)
+    assert table not in (0, 1)
+    assert cfg == rows[1]
+    # every candidate by do_bench, then by the graph the table first and do_bench's winners (0 and 1) only
+    assert [c for c, _ in timer.calls] == ["do_bench", "graph"]
+    assert timer.calls[0][1] == [row_key(r) for r in rows]
+    assert timer.calls[1][1] == [row_key(rows[table]), row_key(rows[0]), row_key(rows[1])]
+    assert times[0] == (0.5, 1.1) and times[1] == (0.8, 0.9) and times[table] == (1.0, 1.0)
+    assert all(times[i][1] is None for i in range(len(rows)) if i not in (0, 1, table))
+
+
+def test_agree_clock_keeps_the_table_where_the_clocks_disagree(monkeypatch):
+    cfg, _, timer, rows, table = agree_case(monkeypatch, lambda blocks, t: {blocks[0]: 0.9, t: 1.0},
+                                            lambda blocks, t: {blocks[0]: 1.02, t: 1.0})
+    assert cfg == rows[table] and [c for c, _ in timer.calls] == ["do_bench", "graph"]
+
+
+def test_agree_clock_times_no_graph_where_do_bench_finds_nothing_faster(monkeypatch):
+    cfg, times, timer, rows, table = agree_case(monkeypatch, lambda blocks, t: {t: 0.5},
+                                                None)
+    assert cfg == rows[table] and [c for c, _ in timer.calls] == ["do_bench"]
+    assert times[table] == (0.5, None)
+
+
+def test_agree_clock_with_a_failed_table_takes_do_benchs_fastest(monkeypatch):
+    cfg, _, timer, rows, table = agree_case(monkeypatch, lambda blocks, t: {t: INF, blocks[0]: 2.0, blocks[1]: 0.7},
+                                            None)
+    assert cfg == rows[1]

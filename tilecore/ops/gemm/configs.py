@@ -44,7 +44,12 @@ NAPKIN_TIMED_MS = 5.0
 # the clock a candidate is timed by (launch.time_plans): "do_bench" (the launch's median after an L2 flush,
 # what sessions 29-30 picked the bf16 rows by) or "graph" (the launch captured once into a CUDA graph, the
 # replays timed by CUDA events: GPU time alone, no host time; issue 36, session 31). fp8 is timed by the
-# graph: session 30's do_bench read host time at fp8 M 256 (above); session 31's runs 1 and 5: NAPKIN_TOPK_FP8
+# graph: session 30's do_bench read host time at fp8 M 256 (above); session 31's runs 1 and 5: NAPKIN_TOPK_FP8.
+# "agree" (session 34, HG): the table's row unless both clocks time a candidate faster (plan.agreed_pick: every
+# candidate by do_bench, then the table and do_bench's winners by the graph). Why bf16 might want it: session 33's
+# run 2 (notes/napkin/runs/topk_bf16g33_run2_session33_h100.txt): by GPU time do_bench's pick was 1.083-1.088x
+# slower than the table at K256 and qkv T8192, while the graph's pick lost 1.060x by do_bench at K256 (operands
+# kept in L2 across replays): each clock's pick is the other's loser where the operands fit L2
 NAPKIN_CLOCK = "do_bench"
 NAPKIN_CLOCK_FP8 = "graph"
 # the Gluon kernel's candidate tiles: (BM, BN, BK, stages, consumer partitions, warps in all); each

@@ -250,7 +250,9 @@ def timed_config(a, b, out_dtype, bias, scales, form, top_k: int) -> tuple[dict,
     """(the Gluon row to run, its candidates' times in ms by position): napkin_configs' candidates,
     each launched once to compile and then timed (launch.time_plans, registered in tiles.timed: about
     configs.NAPKIN_TIMED_MS of launches by the dtype's clock, configs.NAPKIN_CLOCK / NAPKIN_CLOCK_FP8), the
-    fastest kept for the shape's bucket on this device.
+    fastest kept for the shape's bucket on this device. By the clock "agree", agreed_pick: the table's row
+    unless do_bench and the CUDA-graph clock both time a candidate faster; the times are then
+    (do_bench ms, graph ms or None) pairs.
 
     Only a CUDA device is timed. Everywhere else the table's row, so that a plan made without a GPU
     is deterministic and the same with the switch on or off: a meta device standing for a GPU
@@ -276,12 +278,51 @@ def timed_config(a, b, out_dtype, bias, scales, form, top_k: int) -> tuple[dict,
     common = dict(out_dtype=out_dtype, has_bias=bias is not None, scales=scales_code(*scales) if fp8 else 0)
     plans = [Plan("gluon", config=r, **_schedule(a, M, N, K, r), b_t=b_t, copy_a=copy_a, copy_b=copy_b,
                   c_dtype=out_dtype, **common) for r in rows]
-    times = timer(plans, a, b, bias, scales, configs.NAPKIN_TIMED_MS,
-                  configs.NAPKIN_CLOCK_FP8 if fp8 else configs.NAPKIN_CLOCK)
-    best = timed.fastest(times)
+    clock = configs.NAPKIN_CLOCK_FP8 if fp8 else configs.NAPKIN_CLOCK
+    if clock == "agree":
+        best, times = agreed_pick(timer, plans, a, b, bias, scales, configs.NAPKIN_TIMED_MS, rows.index(table))
+    else:
+        times = timer(plans, a, b, bias, scales, configs.NAPKIN_TIMED_MS, clock)
+        best = timed.fastest(times)
     picked = (rows[best] if best is not None else table, dict(enumerate(times)))
     _PICKS.put(key, picked)
     return picked
+
+
+AGREE_CLOCKS = ("do_bench", "graph")  # configs clock "agree": a candidate must beat the table by both
+
+
+def agreed(by_clock: list[list[float]], table: int) -> int | None:
+    """The pick where several clocks must agree (``by_clock``: each clock's times of the same candidates,
+    in order): among the candidates that every clock times faster than the table's row (position
+    ``table``), the one whose slowest ratio to the table is least (the first of equals); the table where
+    none is. A candidate a clock did not time (inf: failed, or left out) never beats the table. Where the
+    table itself failed under a clock, the first clock's fastest (timed.fastest; None where all failed)."""
+    if not all(times[table] < float("inf") for times in by_clock):
+        return timed.fastest(by_clock[0])
+    worst = [max(times[i] / times[table] for times in by_clock) for i in range(len(by_clock[0]))]
+    best = min(range(len(worst)), key=lambda i: (worst[i], i != table, i))
+    return best if worst[best] < 1.0 else table
+
+
+def agreed_pick(timer, plans, a, b, bias, scales, rep_ms: float, table: int) -> tuple[int | None, list]:
+    """configs clock "agree" (issue 36, session 34): the table's row unless do_bench (an L2 flush before each
+    launch; may read host time on short kernels) and the CUDA-graph clock (GPU time alone; operands that fit
+    L2 stay there) both time a candidate faster. Every candidate by do_bench first; by the graph only the table
+    and the candidates do_bench times faster than it (none: the table, no graph timed). (position picked,
+    [(do_bench ms, graph ms or None)] by position)."""
+    first = timer(plans, a, b, bias, scales, rep_ms, AGREE_CLOCKS[0])
+    inf = float("inf")
+    if not first[table] < inf:  # the table failed: do_bench's fastest (None: every candidate failed)
+        return timed.fastest(first), [(t, None) for t in first]
+    faster = [i for i, t in enumerate(first) if i != table and t < first[table]]
+    if not faster:
+        return table, [(t, None) for t in first]
+    timed_by_graph = [table] + faster
+    second = dict(zip(timed_by_graph, timer([plans[i] for i in timed_by_graph], a, b, bias, scales, rep_ms,
+                                            AGREE_CLOCKS[1])))
+    graph = [second.get(i, inf) for i in range(len(plans))]
+    return agreed([first, graph], table), [(t, second.get(i)) for i, t in enumerate(first)]
 
 
 def _timeable(device) -> bool:
