@@ -5,15 +5,15 @@ from __future__ import annotations
 # The pair kernel (kernels_pair.py): N -> (N1, N2, pairs a program, warps[, loop[, stages[, hoist]]]), 2N = N1 N2,
 # N1 >= 32 (tl.dot's inner dimension N1/2 >= 16); pairs 0: the one-pair transpose-free kernel
 PAIR_CONFIGS = {
-    256: (32, 16, 2, 4),  # fastest of session 25's H200 sweeps that also held in run 4 (4 pairs: erratic)
-    512: (32, 32, 2, 4),  # session 25's H200 sweep
-    1024: (32, 64, 1, 4),  # session 25 (64 x 32 slower); the hoisted loop 4 within noise in v7
-    4096: (128, 64, 1, 8),  # session 25/26; 108 B of spill (16 warps: 1.7 KB); 2048's 64 x 64 build faults (long)
+    256: (32, 16, 2, 4),  # fastest of the H200 sweeps, in two runs (4 pairs: erratic)
+    512: (32, 32, 2, 4),  # the H200 sweep's fastest
+    1024: (32, 64, 1, 4),  # 64 x 32 slower; the hoisted loop 4 within noise on the H100
+    4096: (128, 64, 1, 8),  # 108 B of spill (16 warps: 1.7 KB); 2048's 64 x 64 build faults (long)
 }
 
 # The one-pass three-factor kernel (kernels_mono.py): N -> (A, B, C, loop, warps[, permute[, kfull]]), 2N = A B C
-MONO_CONFIGS: dict = {}  # off: correct on the H100 but slower than the shipped path at every N (session 28 run 7)
-MONO_CANDIDATES = {  # gpu_onepass.py's candidates (all slower in run 7 / run 10 of session 28)
+MONO_CONFIGS: dict = {}  # off: correct on the H100 but slower than the shipped path at every N
+MONO_CANDIDATES = {  # gpu_onepass.py's candidates (all slower than the shipped path in two runs)
     1024: [(32, 64, 1, 1, 4), (32, 64, 1, 1, 4, False, True)],
     2048: [(64, 64, 1, 1, 8, False, True)],
     4096: [(32, 16, 16, 1, 8, True, True), (32, 16, 16, 1, 16, True, True), (64, 128, 1, 1, 8, False, True)],
@@ -28,12 +28,12 @@ GLUON_ONEPASS: dict = {
     4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1),  # CONTIG 2: 4.94x, 1.4% over CONTIG (s33 call 7)
 }
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
-    1024: [GLUON_ONEPASS[1024]],  # settled (session 31): re-checked only
+    1024: [GLUON_ONEPASS[1024]],  # settled: re-checked only
     2048: [GLUON_ONEPASS[2048]],
     4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1),  # CONTIG (s33 calls 4-6)
-           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1)],  # the strided walk (session 32)
+           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1)],  # the strided walk
 }
-# the pair kernel's candidates for gpu_check.py (the loop variants: v7, session 26, none faster than the plan)
+# the pair kernel's candidates for gpu_check.py (the loop variants: none faster than the plan)
 PAIR_CANDIDATES = {
     256: [(32, 16, 2, 4)],
     512: [(32, 32, 2, 4)],
@@ -44,12 +44,12 @@ PAIR_CANDIDATES = {
 
 # The filter's gradient by the pair kernel's transforms (kernels_pair.fft_conv_dk_pair_kernel; launch.dk_pair):
 # N -> (N1, N2, pair groups a program, warps); elsewhere torch.fft's dk
-DK_CONFIGS: dict = {4096: (128, 64, 8, 8)}  # dk 1.41x torch.fft's, the step 1.26x (session 32 call 7)
+DK_CONFIGS: dict = {4096: (128, 64, 8, 8)}  # dk 1.41x torch.fft's, the step 1.26x
 # The same on the Gluon kernel's forward stages (fft_conv_gluon_dk_kernel; launch.dk_gluon; Hopper; before DK_CONFIGS):
 # N -> (A, B, pair groups a program[, XSMEM]), 2N = A B, B = 64
 DK_GLUON: dict = {
-    1024: (32, 64, 8),  # dk 3.43x torch.fft's (session 32 call 7)
-    2048: (64, 64, 8, True),  # XSMEM: dk 2.67x torch.fft's, the step 1.17-1.34x (session 33 calls 4, 6)
+    1024: (32, 64, 8),  # dk 3.43x torch.fft's
+    2048: (64, 64, 8, True),  # XSMEM: dk 2.67x torch.fft's, the step 1.17-1.34x
 }
 DK_GLUON_CANDIDATES = {1024: [DK_GLUON[1024]], 2048: [DK_GLUON[2048]]}
 DK_CANDIDATES = {  # the tl dk kernel's (gpu_onepass.py times them only where no Gluon dk ships)
@@ -63,8 +63,8 @@ DK_CANDIDATES = {  # the tl dk kernel's (gpu_onepass.py times them only where no
 # the chunk of N1 a product takes, warps of passes 1 and 3, warps of pass 2[, GAUSS: three-product complex products])
 LONG_CONFIGS = {
     2048: (64, 64, 32, 16, 32, 4, 4),  # the fallback off Hopper (the pair kernel's 64 x 64 build faults)
-    8192: (128, 128, 32, 32, 64, 4, 8),  # fastest of session 25 run 3's sweep (1.77x torch.fft)
-    16384: (256, 128, 32, 32, 64, 4, 8),  # fastest of session 25 run 3's sweep (1.50x torch.fft)
+    8192: (128, 128, 32, 32, 64, 4, 8),  # the H200 sweep's fastest (1.77x torch.fft)
+    16384: (256, 128, 32, 32, 64, 4, 8),  # the H200 sweep's fastest (1.50x torch.fft)
 }
 LONG_CANDIDATES = {
     2048: [(64, 64, 32, 16, 32, 4, 4)],

@@ -327,7 +327,7 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
     fence_async_shared()
     gl.thread_barrier()
     if st.PRESCALE and not (st.PROBE & 5):
-        # (session 32) the block's largest |Re K|, |Im K| reduced while stage 3's wgmmas run: |Y| <= L of it (|x| <= 1
+        # the block's largest |Re K|, |Im K| reduced while stage 3's wgmmas run: |Y| <= L of it (|x| <= 1
         # a sequence, |R| <= HALF sqrt 2, |S| <= B HALF sqrt 2, |K| <= sqrt 2 of it), so Y / (L of it / 256) is at
         # most 256 and D = conj(F_B) @ that at most 64 x 256 (float16's range), with no reduction of Y on the chain
         p = warpgroup_mma(st.fbre, st.tile_re, zeros, use_acc=False, is_async=True)
