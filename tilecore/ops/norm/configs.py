@@ -26,9 +26,9 @@ MIN_WARPS = 4
 MAX_WARPS = 16
 
 # The backward's tiles (rows = BACKWARD_TILE_ELEMS // BLOCK_N, at least 1) and row groups per SM (each a
-# persistent program writing one partial row of dweight and dbias: groups x N float32 each). The first
-# H100 run (notes/norm/README.md, session 24) had 2 groups an SM of 4 x 1024 tiles at 16 warps: one
-# program resident an SM by registers, its loop latency-bound: 11-20% of copy at 1024 columns. Smaller
+# persistent program writing one partial row of dweight and dbias: groups x N float32 each). 2 groups an
+# SM of 4 x 1024 tiles at 16 warps left one program resident an SM by registers, its loop latency-bound:
+# 11-20% of copy at 1024 columns on the H100 (notes/norm/README.md). Smaller
 # programs, more of them resident, hide the latency as the forward's grid does.
 BACKWARD_TILE_ELEMS = 2048
 BACKWARD_GROUPS_PER_SM = 8
@@ -36,9 +36,8 @@ BACKWARD_GROUPS_PER_SM = 8
 # The backward of the fused variant (it reads or recomputes the residual stream and writes dresidual:
 # 5 row passes against LayerNorm's 3) by BLOCK_N: (tile elements, warps, row groups an SM), in place of
 # the values above. At 4096 columns the one-tile-ahead prefetch left it at 167 registers at 8 warps,
-# one program an SM: 0.880 -> 0.970 ms (H200, session 25); that run's sweep had 4 warps (32 values a
-# thread), 8 groups an SM at 92.7% of copy. Confirmed on the H100 (session 26, gpu_check.py
-# --fused-backward, same run): 65536 x 4096 h stored 0.947 -> 0.867 ms, h recomputed 1.077 -> 1.050.
+# one program an SM; 4 warps (32 values a thread), 8 groups an SM: 92.7% of copy on the H200, and on the
+# H100 65536 x 4096 h stored 0.947 -> 0.867 ms, h recomputed 1.077 -> 1.050 (notes/norm/README.md).
 FUSED_BACKWARD = {4096: (4096, 4, 8)}
 
 # SMs the interpreter pretends to have: a few groups, each running several row tiles

@@ -91,8 +91,8 @@ def draw_seed(generator: torch.Generator | None, device: torch.device) -> torch.
 
 
 def _forward_impl(x, weight, bias, residual, seed, dropout_p, eps, rms, store_h, key=None, lean=False):
-    # a recorded gradient: the key's kept launches (on: H100 run 7 of session 32, rms_norm recording a gradient 51.1
-    # against 63.5 us, faster in each of 3 rounds, the same bits; notes/host/runs/host_later2_run7_session32_h100.txt)
+    # a recorded gradient: the key's kept launches (on: rms_norm recording a gradient 51.1 against 63.5 us on the
+    # H100, the same bits; notes/host/runs/host_later2_run7_session32_h100.txt)
     if key is not None and not lean and tiles_launch.OP_RECIPES:
         prepared = _FORWARDS.get(key)
         if prepared:
