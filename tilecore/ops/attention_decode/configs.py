@@ -4,14 +4,14 @@ through plan.py; nothing here asks about the device."""
 from __future__ import annotations
 
 
-# Which inputs it serves (plan.decode_fits), against the query-block forward (notes/attention, session 21):
+# Which inputs it serves (plan.decode_fits), against the query-block forward (notes/attention's decode rows):
 DECODE_MAX_QUERIES = 16  # up to 16 queries whatever the group: 1.01-10.6x
 DECODE_MAX_PACKED_QUERIES = 64  # up to 64 queries where a kv head's packed rows (queries x group) are
 DECODE_MAX_PACKED_ROWS = 128  # at most 128: 1.01-6.3x; beyond, it lost at B >= 4 (0.34-0.96x)
 DECODE_FEW_TILES_MAX_QUERIES = 512  # up to 512 queries where the query-block forward would have at most
 DECODE_FEW_QUERY_TILES = 32  # 32 tiles of 128 rows (a quarter of the SMs): 1.25-5.0x
 DECODE_MAX_ROWS = 64  # a tile packs at most this many (query, q head) rows
-DECODE_PROGRAMS_PER_SM = 1  # one wave: further splits cost more in the merge than they gain (session 21)
+DECODE_PROGRAMS_PER_SM = 1  # one wave: further splits cost more in the merge than they gain
 DECODE_MAX_SPLITS = 64  # the merge loads a row's parts at once
 DECODE_MIN_SPLIT_KEYS = 128  # below it a split's fixed cost dominates (1024 keys: 8 splits 5.7 us, 4: 8.1)
 
