@@ -3,24 +3,24 @@ blocks, each with a one-line reason; the runs and their history are in notes/att
 history") and notes/attention/README.md's "Issue 35 part B" decision log. The dQ modes and the dq kernel's
 blocks are the fixed-length backward's (tilecore.ops.attention.configs: DQ_MODES, GLUON_DQ)."""
 
-# the Gluon varlen forward for eligible CUDA calls: checked, 0.92x fixed, 1.63x tl, 1.73x Flex (session 27 run 3)
+# the Gluon varlen forward for eligible CUDA calls: checked, 0.92x fixed, 1.63x tl, 1.73x Flex
 VARLEN_GLUON_FORWARD = True
-# features routed to it: windows checked against float64, 1.16x tl at (1024, 0) (session 28 run 3)
+# features routed to it: windows checked against float64, 1.16x tl at (1024, 0)
 VARLEN_GLUON_FEATURES: frozenset = frozenset({"window"})
-# the fixed forward's blocks; tiles drawn longest first; zero_tail_v keeps a neighbour's inf / NaN V out (session 28)
+# the fixed forward's blocks; tiles drawn longest first; zero_tail_v keeps a neighbour's inf / NaN V out
 VARLEN_GLUON_FORWARD_CONFIG = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, drawn=True,
                                         zero_tail_v=True),
                                128: dict(block_m=64, block_n=128, stages=2, consumers=2, q_buffers=2, drawn=True,
                                          zero_tail_v=True)}
-# the Gluon varlen backward: checked, 1.66x the tl kernels on the 64K long tail (session 28 run 10)
+# the Gluon varlen backward: checked, 1.66x the tl kernels on the 64K long tail
 VARLEN_GLUON_BACKWARD = True
 VARLEN_GLUON_BACKWARD_FEATURES: frozenset = frozenset({"window"})  # windows checked in the same run
-# D128 dQ split off ("gluon"): fused takes 1.16-1.23x its time (sessions 28-30); D64: the fixed kernel's modes
+# D128 dQ split off ("gluon"): fused takes 1.16-1.23x its time; D64: the fixed kernel's modes
 VARLEN_GLUON_BACKWARD_CONFIG = {(64, False): dict(block_m=64, block_n=64, stages=2, dq_from="lagged"),
                                 (64, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused"),
                                 (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="gluon"),
                                 (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="gluon")}
-# zero_tail (a neighbour's inf / NaN rows zeroed in shared memory) off: +7-8% on the long tail (session 29 run 1)
+# zero_tail (a neighbour's inf / NaN rows zeroed in shared memory) off: +7-8% on the long tail
 VARLEN_GLUON_BACKWARD_ZERO_TAIL = False
 
 

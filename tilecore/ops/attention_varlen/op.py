@@ -173,9 +173,8 @@ def block_config(d: int, interpret: bool, kernel: str) -> dict:
 
 
 # tanh by tanh.approx.f32 in the varlen tl kernels on a GPU (sm_90a: forward div 99 -> 67, ex2 66 -> 34,
-# no spill): session 27's H100 run (gpu_features_s26 --quick) checked it (window + softcap 20, GQA,
-# lengths 0/1: out 1.27x the floor, dq/dk/dv 1.41-1.46x) and timed softcap 30 at 0.828x / 0.874x the
-# no-softcap forward / backward, against exp2's 0.715x / 0.776x
+# no spill): checked on the H100 (window + softcap 20, GQA, lengths 0/1), softcap 30 at 0.828x / 0.874x
+# the no-softcap forward / backward against exp2's 0.715x / 0.776x (notes/attention)
 VARLEN_TANH_APPROX = True
 
 
@@ -218,10 +217,9 @@ GLUON_VARLEN_FWD = CachedLaunch(
 WORK_TABLE = CachedLaunch(lambda: importlib.import_module("tilecore.ops.attention_varlen.kernels_tl").varlen_work_table)
 WORK_TABLE_RANKED = CachedLaunch(
     lambda: importlib.import_module("tilecore.ops.attention_varlen.work").varlen_work_table_ranked)
-# the work table with its order in one launch (work.py) for batches up to its RANKED_MAX_BATCH: on
-# since session 28's H100 run 7 (host_time.py: the table equal to the two-step and torch-ops tables at B 1,
-# 3, 17, 64 with ties and zero lengths; the keyed Gluon forward's output the same; 76 us a call against 225
-# with the two-step table); off: False (the argsort path)
+# the work table with its order in one launch (work.py) for batches up to its RANKED_MAX_BATCH: on (the
+# same table as the two-step one, 76 us a call against 225 on the H100; notes/attention); off: False (the
+# argsort path)
 VARLEN_RANKED_TABLE = True
 
 
@@ -780,7 +778,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         and isinstance(window_size, (tuple, list)) and not isinstance(scale, torch.Tensor) else None
     if key is not None:
         key = ("attention_varlen", key)
-        # a plain eager call whose signature's first call kept the Gluon forward (after its checks: session 31)
+        # a plain eager call whose signature's first call kept the Gluon forward (after its checks)
         prepared = _GLUON_FORWARDS.get(key) if tiles_launch.BIND_KEYED_LAUNCHES else None
         if prepared and dispatch.eager_mode(q, k, v, cu_seqlens_q, cu_seqlens_k) == "direct":
             out, lse = prepared(q, k, v, cu_seqlens_q, cu_seqlens_k, return_lse)
