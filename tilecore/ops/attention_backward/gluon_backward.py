@@ -284,8 +284,8 @@ class AttentionBackward:
         p_t = gl.exp2(s_t * self.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
         dtanh = 1.0
         if self.SOFTCAP:  # from the masked tanh: a masked score's -inf gives min(inf, 1): a factor 0, not NaN
-            # float16 (as measured on the H100, session 26; float32 compiles to 12 B fewer spills and no
-            # f16 round trip, unmeasured)
+            # float16 (as measured on the H100; float32 compiles to 12 B fewer spills and no f16 round
+            # trip, unmeasured)
             dtanh = (1.0 - gl.minimum(s_t * s_t, 1.0)).to(gl.float16)
         return p_t, dtanh
 
@@ -366,7 +366,7 @@ class AttentionBackward:
         lse_cols = stat_columns(stage.stats, 0, st_layout)
         if self.SOFTCAP:
             # both products first, then the softmax: the cap's derivative (float16, 16 registers a
-            # thread) kept across dP's wgmma spilled more at D128 (924 bytes against 632; removed in session 33)
+            # thread) kept across dP's wgmma spilled more at D128 (924 bytes against 632)
             s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
             delta_cols = stat_columns(stage.stats, 1, st_layout)
@@ -401,7 +401,7 @@ class AttentionBackward:
             dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
         elif MODE == 1:
             # dK is issued after dQ so that dQ's staging and reduction run under it (wgmma groups
-            # complete in order): D128 +1-5% (notes/attention, session 14)
+            # complete in order): D128 +1-5% (notes/attention's decision log, b13)
             dq_tok = self.issue_dq(ctx, i)
             dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
             dq, dv = warpgroup_mma_wait(1, deps=(dq_tok, dv_tok))
@@ -479,7 +479,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
     D: gl.constexpr = q_desc.block_type.shape[3]
     gl.static_assert(k_desc.block_type.shape[2] == 2 * BN, "K and V blocks hold both consumers' keys")
     # with the dQ warpgroup (D = 64 only) four warpgroups share 512 registers a thread: consumers 200,
-    # helper 88, producer 24; D = 128's consumers need 224, too many for it (notes/attention, session 17)
+    # helper 88, producer 24; D = 128's consumers need 224, too many for it (notes/attention, b18)
     gl.static_assert(DQ != 4 or D == 64, "the dQ warpgroup (DQ 4) fits D = 64")
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * BN, BM], ds_layout(q_desc.dtype))
     ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
