@@ -45,16 +45,16 @@ GLUON_STAGES = 2  # 0.367 ms against 0.375 at 3
 # PREFETCH off (no faster, spills with a scalar decay); Z_STAGE on (Mamba-2 1.553 ms against 1.885)
 GLUON_PREFETCH = False
 GLUON_Z_STAGE = True
-# OVERLAP off: checked, no faster anywhere (run 9 of session 27)
+# OVERLAP off: checked, no faster anywhere
 GLUON_OVERLAP = False
 # G_STAGE by whether beta is given: on for both (scalar decay 97% of the copy, Mamba-2 3.46x FLA); FACTORED slower
 GLUON_G_STAGE: tuple = (True, False)
 GLUON_FACTORED: tuple = ()
 # EARLY_WV for Mamba-2 only (1.155 ms against 1.217; the scalar decay is at the copy bound without it)
 GLUON_EARLY_WV: tuple = (True,)
-# ASYNC_UPDATE off: within the runs' noise (sessions 28, 30)
+# ASYNC_UPDATE off: within the runs' noise (two runs)
 GLUON_ASYNC_UPDATE: tuple = ()
-# Mamba-2's gate sigmoid by one tanh.approx: checked at the default's floor, 0.928 ms against 1.125 (session 30)
+# Mamba-2's gate sigmoid by one tanh.approx: checked at the default's floor, 0.928 ms against 1.125
 GLUON_SILU_TANH = True
 # EXP2_FMA off: checked, slower (the FMA pipe is not idle)
 GLUON_EXP2_FMA: dict = {}
@@ -77,11 +77,11 @@ GLUON_BASED = True
 GLUON_BASED_STAGES = 2  # 3 stages do not fit beside its feature buffers (227 KiB)
 # its OVERLAP off: checked, slower (0.211 ms against 0.200)
 GLUON_BASED_OVERLAP = False
-# its PAIRED off: slower (spills; session 30)
+# its PAIRED off: slower (spills)
 GLUON_BASED_PAIRED = False
-# its CHAIN on: checked, 0.1986 ms against 0.2021 (session 30)
+# its CHAIN on: checked, 0.1986 ms against 0.2021
 GLUON_BASED_CHAIN = True
-# its SEL_ASYNC 3 (software-pipelined selections): checked, 0.1854 ms against 2's 0.1904 (session 30)
+# its SEL_ASYNC 3 (software-pipelined selections): checked, 0.1854 ms against 2's 0.1904
 GLUON_BASED_SEL_ASYNC = 3
 # SEL_REG / PHIQ_REG off: checked, no faster / 0.75x (decision 53)
 GLUON_BASED_SEL_REG = False
@@ -115,7 +115,7 @@ COMBINE_TOKENS = 32
 
 NUM_WARPS = 8  # 4 spilled 316 bytes in the dK/dV kernel at Dk = Dv = 128
 NUM_STAGES = 2  # the chunk loop's software pipelining (loads of the next chunk in flight)
-STEP_WARPS = 4  # the decode step's (untimed as a kernel: session 33's gpu_forward_s33.py times it)
+STEP_WARPS = 4  # the decode step's (untimed as a kernel: experiments/linear_attention/gpu_forward_s33.py times it)
 STEP_BV = 64  # the decode step's value block (ditto)
 
 # head dimensions taken (q/k and v); Based's q/k (its features are 1 + Dk + Dk^2)

@@ -131,7 +131,7 @@ def chunk_heads_kernel(G, BETA, GOUT, BOUT, N, H, N_PAD, sgb, sgn, sgh, sbb, sbn
 
 
 # --------------------------------------------------------------------------------------------
-# Hedgehog's feature map in one pass (session 32): [softmax(x W_h), softmax(-x W_h)] for a block of tokens of one
+# Hedgehog's feature map in one pass: [softmax(x W_h), softmax(-x W_h)] for a block of tokens of one
 # head, read once in the input's dtype and written once in it. op.hedgehog_map makes it in torch (float32 einsum,
 # two softmaxes, a concatenation, a cast: ~6 passes over (.., Hqk, F) float32 tensors), which run 7 of
 # experiments/linear_attention/gpu_based_s32.py found to be most of Hedgehog's forward (2.72 ms against FLA's 1.61
@@ -190,8 +190,8 @@ def hedgehog_map_fused(x, weight, out_dtype=None, precision: str = "ieee", rows:
     return out
 
 
-# The map's backward in one pass (session 33): the autograd path's torch map (float32 einsum, two softmaxes, the
-# concatenation and the cast, each with its backward) took most of Hedgehog's 11.3 ms backward in session 32's run 7
+# The map's backward in one pass: the autograd path's torch map (float32 einsum, two softmaxes, the
+# concatenation and the cast, each with its backward) took most of Hedgehog's 11.3 ms backward on the H100
 # (the kernels' backward on the features is ~1-2 ms). The forward is recomputed from x (nothing but x and W saved).
 
 

@@ -27,7 +27,7 @@ import triton.language as tl  # noqa: F401 (triton.jit below)
 from tilecore import dispatch
 from tilecore.tiles.launch import CachedLaunch, cdiv
 
-# the switch: on since a GPU run (session 30, run 3) found the kernel's dt_eff and g ("max" form) equal to the torch
+# the switch: on since a GPU run found the kernel's dt_eff and g ("max" form) equal to the torch
 # ops' bit for bit (experiments/common/host_time.py's "mamba_dt kernel == torch ops" lines); False: torch's ops
 MAMBA_DT_KERNEL = True
 # how the clamp is computed: "select" (x < lo ? lo : x: keeps -0.0 at lo = 0, as torch's CPU clamp) or "max"

@@ -307,7 +307,7 @@ def _run(q, k, v, g, beta, d_skip, z, h0, scale: float, feature: int, chunk, fin
     Function (eager, a gradient to record) or its custom op (torch.compile, modes, subclasses); ``key``:
     the call's launch key (None: none)."""
     tensors = (q, k, v, g, beta, d_skip, z, h0)
-    mode = dispatch.eager_mode(*tensors)  # (one look at the modes and tensors a call: session 30)
+    mode = dispatch.eager_mode(*tensors)  # (one look at the modes and tensors a call)
     if mode == "direct":
         o, ht, _ = _forward_impl(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk or 0, final_state, False,
                                  key=key)
@@ -720,7 +720,7 @@ def mamba2_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
         if isinstance(dt_limit, (tuple, list)) else None
     if key is not None:
         key = ("mamba2_step", key)
-        prepared = _MAMBA_STEPS.get(key)  # the key's two launches as its second call prepared them (session 31)
+        prepared = _MAMBA_STEPS.get(key)  # the key's two launches as its second call prepared them
         if prepared and tiles_launch.BIND_KEYED_LAUNCHES and prepared.serves() and dispatch.eager_mode(state, x, dt, A, B, C, D, z, dt_bias) == "direct":
             return prepared(state, x, dt, A, B, C, D, z, dt_bias)
 
