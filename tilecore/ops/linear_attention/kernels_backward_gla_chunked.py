@@ -302,21 +302,28 @@ def _state_term(x, s, MMA: tl.constexpr, IEEE: tl.constexpr, VB: tl.constexpr):
 def _dqk_value_loop(V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N,
                     DK, DV, NT, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, VB: tl.constexpr,
                     MMA: tl.constexpr, IEEE: tl.constexpr, PART: tl.constexpr, HT=0, SUFFIX: tl.constexpr = 0,
-                    START: tl.constexpr = 0, a=None, r=None, dqs=None, dks=None, sfx=None, LEAN: tl.constexpr = False):
+                    START: tl.constexpr = 0, a=None, r=None, dqs=None, dks=None, sfx=None, LEAN: tl.constexpr = False,
+                    DYN: tl.constexpr = False):
     """The dqk program's sums over value columns by blocks of VB: (do v^T [BT, BT] unmasked, do . v [BT] unscaled,
     do S_c^T and v dS_c^T [BT, BKB]; float32; the state terms only where PART needs them, zeros else; and with
     SUFFIX, sum_v S_(c+1) dS_c [BKB] float32: the decay gradient's part from every later token (see
     gla_dqk_kernel), S_NT the final state HT ((B H, Dk, Dv) float32 contiguous; SUFFIX 2: none, zeros)).
     START (session 32's EARLY): the value columns from START on, added to the sums a, r, dqs, dks, sfx given (the
     caller's, of the columns before START); 0: from zeros. LEAN (session 32): no do . v (r stays as given: the caller
-    takes it from a's diagonal)."""
+    takes it from a's diagonal). DYN (session 34, CHUNKED dqk_dyn): the loop's bound is Dv at run time, not the
+    constexpr BVF, so one value block stays a loop (one trip through Triton's cp.async pipeline) and is not folded into
+    straight-line code (the build the H100 got wrong at d 64, decision 84); at any Dv the same code as at d 128."""
     if START == 0:
         a = tl.zeros([BT, BT], dtype=tl.float32)
         r = tl.zeros([BT], dtype=tl.float32)
         dqs = tl.zeros([BT, BKB], dtype=tl.float32)
         dks = tl.zeros([BT, BKB], dtype=tl.float32)
         sfx = tl.zeros([BKB], dtype=tl.float32)
-    for v0 in range(START, BVF, VB):
+    if DYN:
+        stop = DV
+    else:
+        stop = BVF
+    for v0 in range(START, stop, VB):
         offs_v = v0 + tl.arange(0, VB)
         v_ok = offs_v < DV
         v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, VB]
@@ -351,7 +358,8 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                    SPLIT: tl.constexpr, PART: tl.constexpr = 0, WIDE: tl.constexpr = 0, FLAG=0,
                    AT: tl.constexpr = False, VB: tl.constexpr = 0, GROUP: tl.constexpr = 1,
                    SUFFIX: tl.constexpr = 0, EARLY: tl.constexpr = False, LEAN: tl.constexpr = False,
-                   DOTSCAN: tl.constexpr = 0, PROBE: tl.constexpr = 0, FORM: tl.constexpr = 0, GC=0, MID=0):
+                   DOTSCAN: tl.constexpr = 0, PROBE: tl.constexpr = 0, FORM: tl.constexpr = 0, GC=0, MID=0,
+                   DYN: tl.constexpr = False):
     """Program (batch * head, chunk, key block of BKB channels): dq, dk (the inputs' dtypes, DQ and DK_OUT (B, N, H,
     Dk) contiguous), the decay gradient's within-chunk reverse sum DG (B, N, H, Dk) float32 and its chunk total
     TOT (B H, NT, Dk) float32. Every value column at once (BVF >= Dv). Grid (B * H * NT * KBLOCKS,), key blocks
@@ -389,7 +397,8 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
     instructions, 288 of its 368 shuffles; G's forward sum as such a dot made ptxas serialize every wgmma, C7514).
     PROBE (timing only, outputs WRONG; session 32, with VB and not EARLY): 1 leaves the value loop out (its sums zero:
     what the rest costs), 2 the intra-chunk dots (dq's and dk's a-terms zero).
-    FORM (session 33; WIDE 1 with VB, SUFFIX 3, LEAN and DOTSCAN): _dqk_s33_program's bits."""
+    FORM (session 33; WIDE 1 with VB, SUFFIX 3, LEAN and DOTSCAN): _dqk_s33_program's bits.
+    DYN (session 34, with VB): the value loop bounded by Dv at run time (_dqk_value_loop's), in both launches."""
     pid = tl.program_id(0)
     if WIDE == 2:
         if GROUP == 1:
@@ -397,7 +406,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                 _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                              svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale,
                              KBLOCKS, pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX,
-                             EARLY, LEAN, DOTSCAN, PROBE)
+                             EARLY, LEAN, DOTSCAN, PROBE, DYN)
         else:
             for i in range(0, GROUP):
                 p = pid * GROUP + i
@@ -405,16 +414,16 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                     _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh,
                                  skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT,
                                  scale, KBLOCKS, p, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX,
-                                 EARLY, LEAN, DOTSCAN, PROBE)
+                                 EARLY, LEAN, DOTSCAN, PROBE, DYN)
     elif FORM != 0:  # session 33 (WIDE 1, VB, SUFFIX 3, LEAN)
         _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                          svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
-                         pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, VB, DOTSCAN, FORM, GC, MID)
+                         pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, VB, DOTSCAN, FORM, GC, MID, DYN)
     else:
         _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                      pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, WIDE, AT, VB, SUFFIX, EARLY,
-                     LEAN, DOTSCAN, PROBE)
+                     LEAN, DOTSCAN, PROBE, DYN)
 
 
 @triton.jit
@@ -424,7 +433,7 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
                  IEEE: tl.constexpr, SPLIT: tl.constexpr, PART: tl.constexpr, INTRA: tl.constexpr,
                  AT: tl.constexpr = False, VB: tl.constexpr = 0, SUFFIX: tl.constexpr = 0,
                  EARLY: tl.constexpr = False, LEAN: tl.constexpr = False, DOTSCAN: tl.constexpr = 0,
-                 PROBE: tl.constexpr = 0):
+                 PROBE: tl.constexpr = 0, DYN: tl.constexpr = False):
     """gla_dqk_kernel's program ``pid`` with the intra-chunk terms by INTRA (_dq_intra's; 1 also writes FLAG and
     computes only where the span allows); VB and SUFFIX gla_dqk_kernel's (SUFFIX: TOT is the final state)."""
     kblock = pid % KBLOCKS
@@ -473,7 +482,7 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
                 _dot(do_e.to(MMA), tl.trans(v_e.to(MMA)), IEEE),
                 tl.zeros([BT], dtype=tl.float32) if LEAN else tl.sum(do_e.to(tl.float32) * v_e.to(tl.float32), 1),
                 _dot(do_e.to(MMA), tl.trans(hs_e), IEEE), _dot(v_e.to(MMA), tl.trans(dhs_e), IEEE),
-                tl.sum(hs_e.to(tl.float32) * dhs_e.to(tl.float32), 1), LEAN)
+                tl.sum(hs_e.to(tl.float32) * dhs_e.to(tl.float32), 1), LEAN, DYN)
             if LEAN:  # the diagonal r_t = do_t . v_t from a = do v^T (float32 sums of the same products)
                 r = tl.sum(tl.where(offs_t[:, None] == offs_t[None, :], a, 0.0), 1)
             a = tl.where(offs_t[:, None] > offs_t[None, :], a, 0.0)
@@ -490,12 +499,13 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
             elif LEAN:
                 a, r, hs, dhs, sfx = _dqk_value_loop(
                     V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, DK,
-                    DV, NT, BT, BKB, BVF, VB, MMA, IEEE, PART, TOT, SUFFIX, 0, None, None, None, None, None, True)
+                    DV, NT, BT, BKB, BVF, VB, MMA, IEEE, PART, TOT, SUFFIX, 0, None, None, None, None, None, True,
+                    DYN)
                 r = tl.sum(tl.where(offs_t[:, None] == offs_t[None, :], a, 0.0), 1)
             else:
                 a, r, hs, dhs, sfx = _dqk_value_loop(V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh,
                                                      c, t0, offs_t, offs_k, k_ok, N, DK, DV, NT, BT, BKB, BVF, VB, MMA,
-                                                     IEEE, PART, TOT, SUFFIX)
+                                                     IEEE, PART, TOT, SUFFIX, DYN=DYN)
             a = tl.where(offs_t[:, None] > offs_t[None, :], a, 0.0)
             r = r * scale
             v = None
@@ -558,7 +568,7 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                      pid, FLAG, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr,
                      IEEE: tl.constexpr, SPLIT: tl.constexpr, VB: tl.constexpr, DOTSCAN: tl.constexpr,
-                     FORM: tl.constexpr, GC=0, MID=0):
+                     FORM: tl.constexpr, GC=0, MID=0, DYN: tl.constexpr = False):
     """Session 33's form of the common launch (WIDE 1 with VB, SUFFIX 3, LEAN; DOTSCAN or tl.cumsum for dG's reverse
     sum),
     FORM bits: 1 G's span, its middle and G_last by ONE three-way reduction over tokens (max, min, the last row's
@@ -571,7 +581,7 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
     neither r's layout (do v^T's, N 64) nor its products' conversions; 16 (with 1) E, Ei's products in the dots'
     layout; 4 (with g_pre) G_last, the span's middles and the flag read from the states walk's MID and FLAG (no
     reduction of G, no flag store, no reload of g: a block with a clamped log decay is flagged), 32 (with 4, g_pre 1)
-    and G from its GC (no scan)."""
+    and G from its GC (no scan). DYN: gla_dqk_kernel's."""
     kblock = pid % KBLOCKS
     c = (pid // KBLOCKS) % NT
     bh = pid // (KBLOCKS * NT)
@@ -590,7 +600,7 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
     if FORM & 2:
         a, r, hs, dhs, sfx = _dqk_value_loop(
             V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, DK,
-            DV, NT, BT, BKB, BVF, VB, MMA, IEEE, 0, 0, 3, 0, None, None, None, None, None, True)
+            DV, NT, BT, BKB, BVF, VB, MMA, IEEE, 0, 0, 3, 0, None, None, None, None, None, True, DYN)
     if FORM & 4:
         if FORM & 32:
             Gc = _gc_rows(GC, b, h, H, t0, offs_t, offs_k, k_ok, N, DK)
@@ -617,7 +627,7 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
         if (FORM & 2) == 0:
             a, r, hs, dhs, sfx = _dqk_value_loop(
                 V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, DK,
-                DV, NT, BT, BKB, BVF, VB, MMA, IEEE, 0, 0, 3, 0, None, None, None, None, None, True)
+                DV, NT, BT, BKB, BVF, VB, MMA, IEEE, 0, 0, 3, 0, None, None, None, None, None, True, DYN)
         if FORM & 8:  # the diagonal (r_t = do_t . v_t) inside the intra dots: a with its diagonal, no r
             a = tl.where(offs_t[:, None] >= offs_t[None, :], a, 0.0)
         else:
@@ -910,6 +920,8 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         kblocks = -(-Dk // BKB)
         KD = min(BK, cfg["KD"])
         dqk_VB = min(BVF, cfg["dqk_VB"]) if cfg["dqk_VB"] else 0  # the dqk kernel's value loop (0: none)
+        if cfg["dqk_two_blocks"] and dqk_VB >= BVF >= 32:  # session 34: a value loop of one block is folded into
+            dqk_VB = BVF // 2  # straight-line code, the build the H100 got wrong at d 64 (decision 84): two blocks
         if dqk_VB and cfg["dk_at"]:
             raise ValueError("gla chunked backward: dk_at needs dqk_VB None (v and do whole)")
         fused = cfg["dg_fused"]  # dg whole from the dqk kernel (the later tokens' part from S_(c+1) dS_c), no dg kernel
@@ -985,7 +997,8 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                      **({"FORM": form | (4 if g_pre else 0) | (32 if g_pre == 1 else 0)} if form and wide == 1
                         else {}),
                      **(dict(GC=gc, MID=mid) if g_pre and wide == 1 else {}),
-                     **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] and wide != 2 else {}))))
+                     **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] and wide != 2 else {}),
+                     **({"DYN": True} if cfg["dqk_dyn"] and dqk_VB else {}))))
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
         for wide in ((1, 2) if cfg["wide_apart"] and cfg["dv_wide_apart"] else (0,)):
             calls.append((f"dv{'w' * wide}", gla_dv_kernel, (B * H * NT * dv_blocks,), (
