@@ -99,6 +99,10 @@ BWD_STATE_ELEMS = 16384
 BWD_WARPS = {0: 8, 1: 4}
 # the decay kinds those blocks are the default for: no decay (the scalar decay's are the split path's domain)
 BWD_BLOCK_KINDS = (0,)
+# Based's backward by the quadratic state's symmetry where it starts at zeros (kernels_tl SYM: one reduction of M^T q,
+# N^T k instead of two): sm_90a dq 1448 -> 1024 SASS instructions, 144 -> 24 B spilled; dK/dV 2480 -> 2008, 316 -> 44 B;
+# at 8 warps 0 B both (session 34). Off until a GPU run times and checks it
+BASED_BWD_SYM = False
 BASED_BWD_WARPS = 4  # 4.79 ms against 5.88 at 8
 # the split dK/dV backward (one kernel writes dk, one dv) for both kinds: checked, 1.20x / 2.4x the unsplit
 BWD_SPLIT_KINDS: tuple = (0, 1)

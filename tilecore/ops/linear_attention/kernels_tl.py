@@ -744,7 +744,7 @@ def la_bwd_dq_kernel(Q, K, V, G, GL, BETA, H0, DO, DQ, R,
                      BT: tl.constexpr, BKQ: tl.constexpr, BVF: tl.constexpr,
                      DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_H0: tl.constexpr,
                      STRICT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, DIAG: tl.constexpr = 2,
-                     DG_PART=0, s_gp=0, EPILOGUE: tl.constexpr = False):
+                     DG_PART=0, s_gp=0, EPILOGUE: tl.constexpr = False, SYM: tl.constexpr = False):
     """Program (batch * head, block of BKQ key channels): dq of every token in those channels (per v
     head h: the caller sums a q head's group), by a forward sweep that rebuilds the state (BKQ, Dv).
     EPILOGUE (STRICT with a scalar decay, on the split path: the combine kernel's work done here): dq
@@ -755,7 +755,9 @@ def la_bwd_dq_kernel(Q, K, V, G, GL, BETA, H0, DO, DQ, R,
     r_t = scale do_t . v_t (the caller adds beta_t r_t k_t: the decay's gradient then never carries the
     diagonal's rounding, launch.decay_grad).
     Grid: (B * H * KBLOCKS,), a head's blocks consecutive; Based: one block of 16. Every value column at
-    once (BVF >= Dv)."""
+    once (BVF >= Dv).
+    SYM (Based, no initial state: S2 then stays symmetric, S2[a * 16 + b] = S2[b * 16 + a], each update being
+    vec(k k^T)'s): q's quadratic term 2 M q by one reduction instead of (M + M^T) q's two."""
     bh = tl.program_id(0) // KBLOCKS
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -828,7 +830,11 @@ def la_bwd_dq_kernel(Q, K, V, G, GL, BETA, H0, DO, DQ, R,
                 # d/dq of c q^T M q with M[a, b] = sum_v S2[a * 16 + b, v] do_v: c (M + M^T) q
                 m = tl.reshape(_dot(do.to(MMA), tl.trans(S2.to(MMA)), IEEE), [BT, BKQ, BKQ])
                 qf = q.to(tl.float32)
-                inter += (scale * scale * SQRT_HALF) * (tl.sum(m * qf[:, None, :], 2) + tl.sum(m * qf[:, :, None], 1))
+                if SYM:  # (M's column sums: sm_90a 4 SHFL against 40, the other axis's row sums 36)
+                    inter += (2.0 * scale * scale * SQRT_HALF) * tl.sum(m * qf[:, :, None], 1)
+                else:
+                    inter += (scale * scale * SQRT_HALF) * (tl.sum(m * qf[:, None, :], 2) +
+                                                            tl.sum(m * qf[:, :, None], 1))
             if DECAY == 1:
                 inter = inter * tl.exp(Gc)[:, None]
             dq += inter
@@ -874,7 +880,7 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                       STORE_DH0: tl.constexpr, STRICT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
                       DIAG: tl.constexpr = 2, PART: tl.constexpr = 0, DG_PART=0, s_gp=0,
                       EPILOGUE: tl.constexpr = False, DGQ=0, HT=0, s_ub=0, s_uh=0, s_uf=0, s_uv=0,
-                      HAS_HT: tl.constexpr = False):
+                      HAS_HT: tl.constexpr = False, SYM: tl.constexpr = False):
     """Program (batch * head, value block, key-channel block): dk_hat and dv_hat of every token, by a
     reverse sweep with dS (BKB, BV) in registers; dh0 (the gradient of the initial state) at the end.
 
@@ -899,7 +905,9 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
     takes dG_t = DGQ_t - k_t * dk_t on its channels, its reverse cumulative sum over the sequence (the walk
     runs backwards: a carry [BKB] between chunks, starting from the last token's <dS_N, S_N> = sum_v
     DHT * HT where HAS_HT), zero where the floor clamped g, into DG_PART (B, N, H, Dk) float32 contiguous;
-    dk = dk_hat + r_t q_t stored whole."""
+    dk = dk_hat + r_t q_t stored whole.
+    SYM (Based, no final state's gradient: dS2 then stays symmetric, each step adding vec(q q^T)'s): k's quadratic
+    term 2 N^T k by one reduction instead of (N + N^T) k's two."""
     bh = tl.program_id(0) // (VBLOCKS * KBLOCKS)
     vblock = (tl.program_id(0) // KBLOCKS) % VBLOCKS
     kblock = tl.program_id(0) % KBLOCKS
@@ -1023,7 +1031,10 @@ def la_bwd_dkv_kernel(Q, K, V, G, GL, BETA, DO, DHT, DK_PART, DV_PART, DH0,
                 if FEATURE == 1:
                     # d/dk of (vec(k k^T) / sqrt(2)) . (dS2 v): (N + N^T) k / sqrt(2), N[a, b] = (dS2 v)[a * 16 + b]
                     nmat = tl.reshape(_dot(v.to(MMA), tl.trans(dS2.to(MMA)), IEEE), [BT, BKB, BKB])
-                    dk_inter += SQRT_HALF * (tl.sum(nmat * kbf[:, None, :], 2) + tl.sum(nmat * kbf[:, :, None], 1))
+                    if SYM:  # (N's column sums: sm_90a 26 SHFL against 62, the other axis's 58)
+                        dk_inter += (2.0 * SQRT_HALF) * tl.sum(nmat * kbf[:, :, None], 1)
+                    else:
+                        dk_inter += SQRT_HALF * (tl.sum(nmat * kbf[:, None, :], 2) + tl.sum(nmat * kbf[:, :, None], 1))
                 if DECAY == 1:
                     dk_inter = dk_inter * w
                 dk += dk_inter

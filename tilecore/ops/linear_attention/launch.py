@@ -509,7 +509,9 @@ def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts
                  DIAG=cfg["diag"], num_warps=cfg["dq_warps"] if split else cfg["num_warps"],
                  num_stages=cfg["dq_stages"] if split else cfg["num_stages"])
     # (always named: the compile reports pass every argument)
-    dq_kw.update(EPILOGUE=False, DG_PART=dummy, s_gp=0)
+    # Based's symmetric quadratic state (configs.BASED_BWD_SYM): S2 from zeros (no h0) and dS2 from zeros (no dht)
+    sym = feature == BASED and bool(cfg.get("based_sym"))
+    dq_kw.update(EPILOGUE=False, DG_PART=dummy, s_gp=0, SYM=sym and h0 is None)
     if epilogue is not None:
         dq_kw.update(EPILOGUE=True, DG_PART=epilogue[0], s_gp=epilogue[0].stride(0))
     dq_call = (kernels_tl.la_bwd_dq_kernel, (B * H * key_blocks,), dq_args, dq_kw)
@@ -524,7 +526,7 @@ def backward_calls(plan: Plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts
         kw = dict(BT=bt, BK=cfg["BK"], BKB=bkb, BV=bv, KB=cfg["KB"], DECAY=kind, FEATURE=feature,
                   HAS_BETA=beta is not None, HAS_DHT=dht is not None, STORE_DH0=store_dh0, STRICT=strict,
                   MMA=cfg["MMA"], IEEE=cfg["IEEE"], DIAG=cfg["diag"], PART=part, num_warps=warps, num_stages=stages)
-        kw.update(EPILOGUE=False, DG_PART=dummy, s_gp=0)
+        kw.update(EPILOGUE=False, DG_PART=dummy, s_gp=0, SYM=sym and dht is None)
         if parts is not None:
             kw.update(EPILOGUE=True, DG_PART=parts, s_gp=parts.stride(0))
         return kernels_tl.la_bwd_dkv_kernel, (B * H * vblocks * kblocks,), args, kw

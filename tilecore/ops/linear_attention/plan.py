@@ -133,10 +133,11 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
                fwd_gluon_based=fwd_gluon_based,
                gluon_based_stages=configs.GLUON_BASED_ALU_STAGES if configs.GLUON_BASED_FEAT_ALU
                else configs.GLUON_BASED_STAGES,
-               step_warps=configs.STEP_WARPS, step_bv=configs.STEP_BV, diag=channel_diag(kind))
+               step_warps=configs.STEP_WARPS, step_bv=configs.STEP_BV, diag=channel_diag(kind),
+               based_sym=feature == BASED and configs.BASED_BWD_SYM)
     unknown = set(overrides) - {"BT_BWD", "BV", "BVB", "BKQ", "BKB", "KB", "num_warps", "num_stages",
                                 "fwd_warps", "fwd_stages", "fwd_gluon", "gluon_stages", "fwd_gluon_based",
-                                "gluon_based_stages", "step_warps", "step_bv", "diag", "combine"}
+                                "gluon_based_stages", "step_warps", "step_bv", "diag", "combine", "based_sym"}
     if unknown:
         raise ValueError(f"tl_plan: unknown overrides {sorted(unknown)}")
     # num_warps and num_stages set every pass's (the forward's too, unless fwd_* say otherwise)
