@@ -92,8 +92,28 @@ class AttentionBackwardPieces:
         return ctx.operand.index(piece).reshape([2 * op.BN, 64]).slice(ctx.index * op.BN, op.BN)
 
     @gluon.jit
+    def step_start(self, ctx, stage, tile, step):
+        """Both steps' start: the step's first row and this consumer's first key, Q's three and dO's two [BM, 64]
+        pieces, a zero [BN, BM] tile, and S^T = sum_j K_j Q_j^T issued (its token: not waited)."""
+        op = self.base
+        BM: gl.constexpr = op.BM
+        BN: gl.constexpr = op.BN
+        h, start_m = op.step_rows(tile, step)
+        start_n = tile.start_n + ctx.index * BN
+        q0 = stage.q0.reshape([BM, 64])
+        q1 = stage.q1.reshape([BM, 64])
+        q2 = stage.q2.reshape([BM, 64])
+        do0 = stage.do0.reshape([BM, 64])
+        do1 = stage.do1.reshape([BM, 64])
+        zeros = gl.zeros([BN, BM], gl.float32, wgmma_layout(BN, BM, gl.num_warps()))
+        s_tok = warpgroup_mma(self.key_rows(ctx, 0), q0.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(self.key_rows(ctx, 1), q1.permute((1, 0)), s_tok, is_async=True)
+        s_tok = warpgroup_mma(self.key_rows(ctx, 2), q2.permute((1, 0)), s_tok, is_async=True)
+        return start_m, start_n, q0, q1, q2, do0, do1, zeros, s_tok
+
+    @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
-        """One step: 32 query rows (block_m 32, shipped) by compute_together, 64 by compute_in_turn."""
+        """One step: 64 query rows (block_m 64, shipped) by compute_in_turn, 32 by compute_together."""
         if self.base.BM >= 64:
             return self.compute_in_turn(ctx, st, stage, tile, step)
         else:
@@ -107,17 +127,7 @@ class AttentionBackwardPieces:
         BM: gl.constexpr = op.BM
         BN: gl.constexpr = op.BN
         st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
-        h, start_m = op.step_rows(tile, step)
-        start_n = tile.start_n + ctx.index * BN
-        q0 = stage.q0.reshape([BM, 64])
-        q1 = stage.q1.reshape([BM, 64])
-        q2 = stage.q2.reshape([BM, 64])
-        do0 = stage.do0.reshape([BM, 64])
-        do1 = stage.do1.reshape([BM, 64])
-        zeros = gl.zeros([BN, BM], gl.float32, st_layout)
-        s_tok = warpgroup_mma(self.key_rows(ctx, 0), q0.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        s_tok = warpgroup_mma(self.key_rows(ctx, 1), q1.permute((1, 0)), s_tok, is_async=True)
-        s_tok = warpgroup_mma(self.key_rows(ctx, 2), q2.permute((1, 0)), s_tok, is_async=True)
+        start_m, start_n, q0, q1, q2, do0, do1, zeros, s_tok = self.step_start(ctx, stage, tile, step)
         dp_tok = warpgroup_mma(self.key_rows(ctx, 3), do0.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(self.key_rows(ctx, 4), do1.permute((1, 0)), dp_tok, is_async=True)
         lse_cols = stat_columns(stage.stats, 0, st_layout)
@@ -158,17 +168,7 @@ class AttentionBackwardPieces:
         BM: gl.constexpr = op.BM
         BN: gl.constexpr = op.BN
         st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
-        h, start_m = op.step_rows(tile, step)
-        start_n = tile.start_n + ctx.index * BN
-        q0 = stage.q0.reshape([BM, 64])
-        q1 = stage.q1.reshape([BM, 64])
-        q2 = stage.q2.reshape([BM, 64])
-        do0 = stage.do0.reshape([BM, 64])
-        do1 = stage.do1.reshape([BM, 64])
-        zeros = gl.zeros([BN, BM], gl.float32, st_layout)
-        s_tok = warpgroup_mma(self.key_rows(ctx, 0), q0.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        s_tok = warpgroup_mma(self.key_rows(ctx, 1), q1.permute((1, 0)), s_tok, is_async=True)
-        s_tok = warpgroup_mma(self.key_rows(ctx, 2), q2.permute((1, 0)), s_tok, is_async=True)
+        start_m, start_n, q0, q1, q2, do0, do1, zeros, s_tok = self.step_start(ctx, stage, tile, step)
         s_t = warpgroup_mma_wait(0, deps=(s_tok,))
         p_t, dtanh = op.probabilities(s_t, stat_columns(stage.stats, 0, st_layout), start_n, start_m, tile)
         if op.SOFTCAP:  # dS^T's P^T (1 - tanh^2): one float16 tile kept while dP^T runs, not two
