@@ -175,3 +175,65 @@ def emulate_dk(u, dy, a: int, b: int, filter_len: int, tw_sfu: bool = True):
     total = torch.complex(spectrum[:, 0], spectrum[:, 1]).reshape(H, a * b)
     dk = torch.fft.ifft(total, dim=-1).real[:, :filter_len]
     return torch.where(bad[:, None], float("nan"), dk)
+
+
+def emulate_order3(u, spectrum, conj: bool, a: int, b: int):
+    """gluon_order3.fft_conv_gluon_order3_kernel's arithmetic, step for step (RFFT 2, the twiddles computed): A = 16 A2,
+    a = A2 a1 + a2, k_a = k1 + 16 k2; 1a (x_a2 @ F_16, the twiddle W_A^(a2 k1), float16 into T), per chunk k1 the
+    chunked kernel's stages on T[k1]^T with F_A2 in F_A's place (forward_stages / inverse_stages, each chunk at its
+    own scale; T'[k1] float16), then 1'a (T' x s_k1 / s x conj(W_A^(a2 k1)), float16, @ conj(F_16)[:, :8]) and the
+    epilogue (s / L x the sequence's scale). u (B, H, N), 2N = a b; spectrum: the rfft (H, N + 1)."""
+    from tilecore.ops.fft_conv.launch import order3_operands
+
+    Bt, H, N = u.shape
+    half, L, a2n = a // 2, a * b, a // 16
+    ops = {name: t.float() for name, t in order3_operands(a, b, u.device).items()}
+    tf_re, tf_im = computed_twiddles(a, b)
+    tile = kernel_spectrum(spectrum, a, b, conj, True)
+    f16re, f16im, f2re, f2im = ops["F16RE"], ops["F16IM"], ops["F2RE"], ops["F2IM"]
+    t1re, t1im = ops["T1RE"], ops["T1IM"]  # (A2, 16): W_A^(a2 k1)
+    y = torch.empty(Bt, H, N, dtype=u.dtype)
+    x = u.float().reshape(Bt, H, half, b).transpose(-1, -2)  # x[m, a] = u[b a + m]: [b, half]
+    finite = torch.isfinite(x)
+    bad = ~finite.flatten(2).all(-1)
+    x = torch.where(finite, x, 0.0)
+    scale = x.abs().flatten(2).amax(-1)
+    scale = torch.where(scale > 0, scale, 1.0)
+    x = x / scale[..., None, None]
+    for h in range(H):
+        for g in range(0, Bt, 2):
+            x_re = _h16(x[g, h])
+            x_im = _h16(x[g + 1, h]) if g + 1 < Bt else torch.zeros_like(x_re)
+            t_re = torch.empty(16, a2n, b)
+            t_im = torch.empty(16, a2n, b)
+            for a2 in range(a2n):  # 1a: columns a = A2 a1 + a2, a1 < 8
+                xr, xi = x_re[:, a2::a2n], x_im[:, a2::a2n]  # [b, 8]
+                rre = xr @ f16re[:8] - xi @ f16im[:8]
+                rim = xr @ f16im[:8] + xi @ f16re[:8]
+                rre, rim = rre * t1re[a2] - rim * t1im[a2], rre * t1im[a2] + rim * t1re[a2]
+                t_re[:, a2], t_im[:, a2] = _h16(rre).T, _h16(rim).T
+            scales = torch.zeros(16)
+            for k1 in range(16):  # the chunks: k_a = k1 + 16 k2
+                cols = k1 + 16 * torch.arange(a2n)
+                yre, yim, s = forward_stages(t_re[k1].T, t_im[k1].T, f2re, f2im, tf_re[:, cols], tf_im[:, cols],
+                                             ops["FBRE"], ops["FBIM"], tile[h, 0][:, cols], tile[h, 1][:, cols])
+                dre, dim, s = inverse_stages(yre, yim, s, f2re, f2im, tf_re[:, cols], tf_im[:, cols], ops["FBRE"],
+                                             ops["FBIM"])
+                t_re[k1], t_im[k1] = _h16(dre).T, _h16(dim).T
+                scales[k1] = s
+            running = scales.max()
+            ratio = scales / running
+            out_re = torch.empty(b, half)
+            out_im = torch.empty(b, half)
+            for a2 in range(a2n):  # 1'a
+                vre, vim = t_re[:, a2].T, t_im[:, a2].T  # [b, 16 k1]
+                cre, cim = t1re[a2] * ratio, t1im[a2] * ratio
+                vre, vim = _h16(vre * cre + vim * cim), _h16(vim * cre - vre * cim)
+                out_re[:, a2::a2n] = vre @ f16re[:, :8] + vim @ f16im[:, :8]
+                out_im[:, a2::a2n] = vim @ f16re[:, :8] - vre @ f16im[:, :8]
+            for i, o in ((g, out_re), (g + 1, out_im)):
+                if i < Bt:
+                    o = o * (running * (1.0 / L) * scale[i, h])
+                    o = torch.where(bad[i, h], float("nan"), o)
+                    y[i, h] = o.transpose(0, 1).reshape(N).to(u.dtype)
+    return y

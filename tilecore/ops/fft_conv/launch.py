@@ -329,3 +329,40 @@ def dk_gluon(config: tuple, u: torch.Tensor, dy: torch.Tensor, filter_len: int) 
                      dict(A=a, B=b, LOOP=loop, TW_SFU=True, XSMEM=bool(xsmem and xsmem[0]), num_warps=4))
 
     return _dk_spectrum_sum(u, loop, (b, a), False, filter_len, run)
+
+
+@functools.lru_cache(maxsize=8)
+def order3_operands(a: int, b: int, device: torch.device) -> dict:
+    """gluon_order3's constants for L = a b, a = 16 A2: F_16, F_A2 and F_B in float16, T1 (A2, 16) = W_A^(a2 k1) in
+    float32."""
+    a2 = a // 16
+    tables = {}
+    for name, size in dict(F16=16, F2=a2, FB=b).items():
+        re, im = _dft(size, size, size, size)
+        tables[name + "RE"], tables[name + "IM"] = re.half(), im.half()
+    tables["T1RE"], tables["T1IM"] = _dft(a, a2, 16, a)
+    return {name: t.to(device) for name, t in tables.items()}
+
+
+CONV_GLUON_ORDER3 = CachedLaunch(lambda: importlib.import_module(
+    "tilecore.ops.fft_conv.gluon_order3").fft_conv_gluon_order3_kernel)
+
+
+def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj: bool = False, per_sm: int = 2,
+                  contig: bool = True, key=None) -> None:
+    """gluon_order3's kernel (N = 8192 on Hopper): y = the causal convolution of u (B, H, N; unit stride along N) with
+    the filter of ``spectrum`` (the rfft (H, N + 1); the kernel reads its bins, conjugated with ``conj``: the
+    correlation); ``per_sm`` persistent programs a multiprocessor."""
+    B, H, N = u.shape
+    if u.numel() == 0:
+        return
+    a, b = 2 * N // 64, 64
+    ops = order3_operands(a, b, u.device)
+    spectrum = spectrum.resolve_conj()
+    k = torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())
+    pairs = H * -(-B // 2)
+    grid = (max(1, min(pairs, per_sm * dispatch.num_sms(u.device))),)
+    CONV_GLUON_ORDER3.run(key, grid, (u, k, y, *(ops[n] for n in ("F16RE", "F16IM", "F2RE", "F2IM", "FBRE", "FBIM",
+                                                                   "T1RE", "T1IM")),
+                                      B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), k.stride(0)),
+                          dict(A=a, B=b, CONJ=bool(conj), CONTIG=contig, num_warps=4))

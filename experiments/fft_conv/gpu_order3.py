@@ -1,0 +1,156 @@
+"""Issue 37, session 34 (helper HF): the order-3 one-pass Gluon kernel at N = 8192 (gluon_order3.py) checked against
+float64 and timed against the shipped path (the three-pass "long") and torch.fft in the same run; and 4096's shipped
+tuple (CONTIG 2, 4.94x in one run of session 33) re-timed against CONTIG and torch.fft.
+
+    PYTHONPATH=. python experiments/fft_conv/gpu_order3.py [--skip4096]
+
+Checks (every output started as NaN; fresh random inputs; error / the rounding floor against float64): bf16
+convolution and correlation, fp16, an odd batch with a NaN sequence (that sequence all NaN, the rest finite and at
+the floor), through launch.launch_order3. Timing: B16 H768 bf16, the filter's spectrum precomputed,
+triton.testing.do_bench medians after warm-up. Prints a short table last; writes fft_conv_gpu_order3.json to $OUT.
+"""
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+from tilecore import accuracy
+from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum
+from tilecore.ops.fft_conv import launch as conv_launch
+from tilecore.ops.fft_conv.plan import gluon_plan, plan as conv_plan
+
+START = time.time()
+DEV = "cuda"
+OUT = os.environ.get("OUT", ".")
+BOUNDS = {"bfloat16": 1.3, "float16": 4.0}
+rows, table = [], []
+
+
+def say(*args):
+    print(f"[{time.time() - START:5.1f} s]", *args, flush=True)
+
+
+def bench(fn) -> float:
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def correlation(u64, k64):
+    n = u64.shape[-1]
+    spectrum = torch.fft.rfft(u64, n=2 * n) * torch.fft.rfft(k64, n=2 * n).conj()
+    return torch.fft.irfft(spectrum, n=2 * n)[..., :n]
+
+
+def check(n, dtype, conj, per_sm=2, contig=True, B=16, H=32, nan=False) -> dict:
+    if nan:
+        B, H = 5, 3
+    g = torch.Generator().manual_seed(n + 7 * conj + 3 * nan + 11 * (dtype == torch.float16))
+    u = torch.randn(B, H, n, generator=g).to(dtype)
+    if nan:
+        u[2, 1, n // 3] = float("nan")
+    k = (torch.randn(H, n, generator=g) / math.sqrt(n)).to(dtype)
+    y = torch.full((B, H, n), float("nan"), dtype=dtype, device=DEV)
+    conv_launch.launch_order3(u.to(DEV), filter_spectrum(k, n).to(DEV), y, conj, per_sm, contig)
+    y = y.cpu()
+    ref = correlation(u.double(), k.double()) if conj else fft_conv_reference(u.double(), k.double())
+    name = str(dtype).removeprefix("torch.")
+    row = dict(n=n, what="order3", dtype=name + (" NaN/odd" if nan else ""), conj=conj, per_sm=per_sm, contig=contig)
+    if nan:
+        rest = torch.ones(B, H, dtype=torch.bool)
+        rest[2, 1] = False
+        written = bool(torch.isfinite(y[rest]).all())
+        err = accuracy.error_over_floor(y[rest], ref[rest]) if written else float("inf")
+        row.update(written=written, nan_all=bool(torch.isnan(y[2, 1]).all()), err_over_floor=err)
+        row["ok"] = written and row["nan_all"] and err <= BOUNDS[name]
+    else:
+        written = bool(torch.isfinite(y).all())
+        err = accuracy.error_over_floor(y, ref) if written else float("inf")
+        row.update(written=written, err_over_floor=err, ok=written and err <= BOUNDS[name])
+    say("check", json.dumps(row))
+    rows.append(row)
+    return row
+
+
+def inputs(n, B=16, H=768):
+    g = torch.Generator(device=DEV).manual_seed(n)
+    u = torch.randn(B, H, n, device=DEV, generator=g).to(torch.bfloat16)
+    k = (torch.randn(H, n, generator=torch.Generator().manual_seed(n)) / math.sqrt(n)).to(torch.bfloat16)
+    return u, filter_spectrum(k, n).to(DEV), k
+
+
+def torch_fft(u, spectrum):
+    n = u.shape[-1]
+    return torch.fft.irfft(torch.fft.rfft(u.float(), n=2 * n) * spectrum, n=2 * n)[..., :n]
+
+
+def timed(n, what, fn, base=None):
+    ms = bench(fn)
+    row = dict(n=n, what=what, ms=ms, speedup=(base / ms) if base else None)
+    rows.append(dict(row, kind="time"))
+    table.append(row)
+    say("time", json.dumps(row))
+    return ms
+
+
+def main():
+    ok = True
+    # 8192: the new kernel's checks first (a fault shows here, before any timing)
+    for dtype, conj, nan in ((torch.bfloat16, False, False), (torch.bfloat16, True, False),
+                             (torch.float16, False, False), (torch.bfloat16, False, True)):
+        ok &= check(8192, dtype, conj, nan=nan)["ok"]
+    u, spectrum, k = inputs(8192)
+    y = torch.full_like(u, float("nan"))
+    conv_launch.launch_order3(u, spectrum, y)  # (the timing inputs: B16 H768, a slice against float64)
+    agree = accuracy.error_over_floor(y[:2, :64].cpu(), fft_conv_reference(u[:2, :64].double().cpu(), k[:64].double()))
+    ok &= bool(torch.isfinite(y).all()) and agree <= BOUNDS["bfloat16"]
+    say("order3 vs float64 at the timing inputs (B2 H64):", agree)
+    rows.append(dict(n=8192, what="order3 timing inputs vs float64", err_over_floor=agree))
+    variants = [(2, True), (1, True)]  # (2 programs a SM by shared memory: 98.5 KiB each)
+    shipped_ms = timed(8192, f"shipped ({conv_plan(8192, u.device).path})", lambda: fft_conv(u, spectrum))
+    results = {}
+    for per_sm, contig in variants:
+        results[(per_sm, contig)] = timed(8192, f"order3 {per_sm}/SM {'contig' if contig else 'strided'}",
+                                          lambda: conv_launch.launch_order3(u, spectrum, y, False, per_sm, contig))
+    base = timed(8192, "torch.fft", lambda: torch_fft(u, spectrum))
+    for row in table:
+        if row["n"] == 8192:
+            row["speedup"] = base / row["ms"]
+    del u, spectrum, y
+    if "--skip4096" not in sys.argv:
+        u, spectrum, _ = inputs(4096)
+        y = torch.empty_like(u)
+        shipped_cfg = configs.GLUON_ONEPASS[4096]
+        timed(4096, "shipped op (CONTIG 2)", lambda: fft_conv(u, spectrum))
+        plans = {"CONTIG 2": gluon_plan(*shipped_cfg),
+                 "CONTIG": dataclasses.replace(gluon_plan(*shipped_cfg), contig=True)}
+        for name, p in plans.items():
+            kspec = conv_launch.gluon_spectrum(p, spectrum, False)
+            timed(4096, f"launch {name}", lambda p=p, kspec=kspec: conv_launch.launch_gluon_kernel(p, u, kspec, y))
+        # CONTIG 2 once more after the others (the order's share of the spread)
+        p = plans["CONTIG 2"]
+        kspec = conv_launch.gluon_spectrum(p, spectrum, False)
+        timed(4096, "launch CONTIG 2 (again)", lambda: conv_launch.launch_gluon_kernel(p, u, kspec, y))
+        base4 = timed(4096, "torch.fft", lambda: torch_fft(u, spectrum))
+        for row in table:
+            if row["n"] == 4096:
+                row["speedup"] = base4 / row["ms"]
+    with open(os.path.join(OUT, "fft_conv_gpu_order3.json"), "w") as f:
+        json.dump(dict(rows=rows, device=torch.cuda.get_device_name(), all_checks_ok=bool(ok)), f, indent=1)
+    print(f"\nchecks: {'all ok' if ok else 'FAILURES'} (order3 at 8192: "
+          + ", ".join(f"{r['dtype']}{' conj' if r['conj'] else ''} {r['err_over_floor']:.3f}" for r in rows
+                      if r.get("what") == "order3") + ")")
+    print(f"time at B16 H768 bf16 (do_bench medians), {torch.cuda.get_device_name()}")
+    print(f"{'N':>6} {'what':>32} {'ms':>8} {'x torch.fft':>11}")
+    for row in table:
+        print(f"{row['n']:>6} {row['what']:>32} {row['ms']:8.4f} {row['speedup'] or 0:11.2f}")
+    print(f"wall {time.time() - START:.0f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""The order-3 one-pass FFT convolution in Gluon at N = 8192 (tilecore/ops/fft_conv/gluon_order3.py; session 34).
+Gluon is not interpretable, so: its arithmetic step for step in torch (gluon_emulate.emulate_order3: the same tables,
+float16 roundings, signs and scales) against float64 at the floor; the kernel compiles for sm_90a (wgmma, no spill,
+two programs a multiprocessor by shared memory and registers); the host launch binds every kernel argument."""
+import inspect
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tilecore import accuracy
+from tilecore.ops.fft_conv import fft_conv_reference, filter_spectrum, gluon_emulate, gluon_order3
+from tilecore.ops.fft_conv import launch as conv_launch
+
+
+def _correlation(u64, k64):
+    n = u64.shape[-1]
+    spectrum = torch.fft.rfft(u64, n=2 * n) * torch.fft.rfft(k64, n=2 * n).conj()
+    return torch.fft.irfft(spectrum, n=2 * n)[..., :n]
+
+
+@pytest.mark.parametrize("dtype, conj, bound", [(torch.bfloat16, False, 1.2), (torch.bfloat16, True, 1.2),
+                                                (torch.float16, False, 3.5)])
+def test_order3_arithmetic_matches_float64(dtype, conj, bound):
+    n = 8192
+    a, b, _ = gluon_order3.factors(n)
+    g = torch.Generator().manual_seed(34 + conj)
+    u = torch.randn(3, 1, n, generator=g).to(dtype)  # an odd batch: the last pair's half absent
+    # a filter whose spectrum peaks away from chunk 0's bins: the chunks' scales differ (1'a's ratios < 1)
+    k = (torch.randn(1, n, generator=g) * torch.cos(torch.arange(n) * 2.9) / math.sqrt(n)).to(dtype)
+    y = gluon_emulate.emulate_order3(u, filter_spectrum(k, n), conj, a, b)
+    ref = (_correlation if conj else fft_conv_reference)(u.double(), k.double())
+    assert torch.isfinite(y).all()
+    err = accuracy.error_over_floor(y, ref)
+    # bf16 at ~1.06x (order 2's 1.04x: one float16 rounding more, T); fp16 at the float16 products' ~3x
+    assert err <= bound, err
+
+
+def test_order3_arithmetic_keeps_nonfinite_in_its_sequence():
+    n = 8192
+    a, b, _ = gluon_order3.factors(n)
+    g = torch.Generator().manual_seed(7)
+    u = torch.randn(2, 1, n, generator=g).to(torch.bfloat16)
+    u[1, 0, 5000] = float("inf")
+    k = (torch.randn(1, n, generator=g) / math.sqrt(n)).to(torch.bfloat16)
+    y = gluon_emulate.emulate_order3(u, filter_spectrum(k, n), False, a, b)
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[0]).all()
+    assert accuracy.error_over_floor(y[:1], fft_conv_reference(u[:1].double(), k.double())) <= 1.2
+
+
+def test_order3_operands_are_the_dft_factors():
+    """W_A^(a k_a) = W_16^(a1 k1) W_A^(a2 k1) W_A2^(a2 k2) for a = A2 a1 + a2, k_a = k1 + 16 k2: the tables' product
+    rebuilds F_A (the factorization the kernel's stages 1a, 1b rest on)."""
+    a, b, a2 = gluon_order3.factors(8192)
+    ops = {k: v.double() for k, v in conv_launch.order3_operands(a, b, torch.device("cpu")).items()}
+    f16 = torch.complex(ops["F16RE"], ops["F16IM"])
+    f2 = torch.complex(ops["F2RE"], ops["F2IM"])
+    t1 = torch.complex(ops["T1RE"], ops["T1IM"])
+    idx = torch.arange(a)
+    a1, a2i = idx // a2, idx % a2
+    k1, k2 = idx % 16, idx // 16
+    built = f16[a1[:, None], k1[None, :]] * t1[a2i[:, None], k1[None, :]] * f2[a2i[:, None], k2[None, :]]
+    angle = -2 * math.pi * ((idx[:, None] * idx[None, :]) % a).double() / a
+    assert torch.allclose(built, torch.polar(torch.ones_like(angle), angle), atol=3e-3)  # (float16 tables)
+
+
+CODE = """
+import json, re, torch
+from tilecore.ops.fft_conv import gluon_order3
+from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
+n = 8192
+a, b, _ = gluon_order3.factors(n)
+t = torch.empty(64, dtype=torch.bfloat16); f16 = torch.empty(64, dtype=torch.float16); f32 = torch.empty(64, dtype=torch.float32)
+args = dict(U=t, K=f32, Y=t, F16RE=f16, F16IM=f16, F2RE=f16, F2IM=f16, FBRE=f16, FBIM=f16, T1RE=f32, T1IM=f32,
+            batch=16, heads=768, stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=2 * (n + 1),
+            A=a, B=b)
+compiled = compile_kernel(gluon_order3.fft_conv_gluon_order3_kernel, args, num_warps=4)
+ptx = compiled.asm["ptx"]
+print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), sins=len(re.findall(r"sin\\.approx", ptx)),
+                      **vars(resources(compiled)), **has_hopper_instructions(ptx))))
+"""
+
+
+def test_order3_compiles_for_hopper_with_wgmma_and_no_spill():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = json.loads(r.stdout)
+    assert row["wgmma"] and not row["wgmma_serialized"] and row["sins"] > 0 and not row["tma"], row
+    assert row["spill_stores"] == 0 and row["spill_loads"] == 0 and row["threads"] == 128, row
+    # two programs of one warpgroup a multiprocessor: the launch's per_sm 2
+    assert 2 * row["shared"] <= 227 * 1024 and 2 * row["registers"] * 128 <= 65536, row
+    # 1a and 1'a: 16 complex products each (4 wgmmas), unrolled; the chunk loop's 4 complex products once
+    assert row["mmas"] >= 2 * 16 * 4 + 4 * 4, row
+
+
+def test_order3_launch_binds_every_argument(monkeypatch):
+    seen = {}
+
+    def run(key, grid, args, options):
+        seen.update(key=key, grid=grid, args=args, options=options)
+
+    monkeypatch.setattr(conv_launch.CONV_GLUON_ORDER3, "run", run)
+    monkeypatch.setattr(conv_launch.dispatch, "num_sms", lambda device: 132)
+    n = 8192
+    u = torch.randn(5, 3, n).to(torch.bfloat16)
+    y = torch.empty_like(u)
+    spectrum = filter_spectrum(torch.randn(3, n), n)
+    conv_launch.launch_order3(u, spectrum, y, True, per_sm=2, contig=False)
+    kernel = gluon_order3.fft_conv_gluon_order3_kernel
+    names = [p.name for p in kernel.params]
+    bound = dict(zip(names, seen["args"])) | seen["options"]
+    assert set(names) <= set(bound), set(names) - set(bound)
+    assert bound["U"] is u and bound["Y"] is y and bound["A"] == 256 and bound["B"] == 64 and bound["CONJ"] is True
+    assert bound["CONTIG"] is False and bound["batch"] == 5 and bound["heads"] == 3
+    assert bound["K"].dtype == torch.float32 and bound["K"].shape == (3, n + 1, 2)
+    assert bound["stride_kh"] == 2 * (n + 1) and bound["stride_ub"] == 3 * n and bound["stride_uh"] == n
+    assert torch.equal(torch.view_as_complex(bound["K"]), spectrum)
+    assert seen["grid"] == (min(3 * 3, 2 * 132),)  # never more programs than pairs (3 channels x 3 pairs)
+    assert bound["T1RE"].shape == (16, 16) and bound["F2RE"].dtype == torch.float16
+    assert inspect.signature(conv_launch.launch_order3).parameters["per_sm"].default == 2

@@ -1,0 +1,204 @@
+"""The one-pass FFT convolution at order 3 for N = 8192 in Gluon (issue 37; session 34): one kernel, u read
+once and y written once, where the shipped "long" path runs three passes through a float16 scratch.
+
+The chunked kernel's method (gluon_onepass.py: two sequences of a channel as z = u_a + i u_b, one complex DFT
+of L = 2N = A B, B = 64 rows, n = B a + m, f = k_a + A k_b) with its first factor A = 256 split once more,
+A = 16 A2 (A2 = 16 at 8192), so no product is wider than 16 and no DFT matrix larger than 64 x 64 is held:
+
+    a = A2 a1 + a2 (a1 < 16, only a1 < 8 nonzero: the zero padding), k_a = k1 + 16 k2 (k1 < 16, k2 < A2)
+    W_A^(a k_a) = W_16^(a1 k1) W_A^(a2 k1) W_A2^(a2 k2)
+
+    1a. T[k1, a2, m] = W_A^(a2 k1) sum_a1 z[B (A2 a1 + a2) + m] W_16^(a1 k1)
+        once a pair: for each a2, x_a2 [B, 16] (u read at those offsets, a1 >= 8 masked to 0) @ F_16 -> [B, 16],
+        the twiddle, float16 into T (shared memory, [16, A2, B]: 64 KiB for both planes at 8192)
+    then chunk k1 = 0..15 (each a [B, A2] block of the tile's columns k_a = k1 + 16 k2; T[k1] its input):
+    1b. R = T[k1]^T @ F_A2                                 [B, A2] @ [A2, A2]
+    2, 3, the spectrum product, 3', 2': gluon_onepass._forward_stages / _inverse_stages as they are (the
+        twiddles W_L^(m k_a) computed, the spectrum's bins read at f = k_a + A k_b, each chunk's product at
+        its own scale s_k1)
+    1'b. T'[k1] = D @ conj(F_A2)                           written over T[k1] (the chunk owns it)
+    after the chunks:
+    1'a. out[m, a1] of a2 = sum_k1 (s_k1 / s) conj(W_A^(a2 k1)) T'[k1, a2, m] conj(W_16^(a1 k1)), a1 < 8
+        [B, 16] @ conj(F_16)[:, :8]; s = the largest s_k1; y[B (A2 a1 + a2) + m] = out s / L x the
+        sequence's scale
+
+FLOPs a pair (complex multiply-adds): 1a B 16 A2 16, 1b and 1'b B A A2 each, 3 and 3' B B A each, 1'a B 16 A2
+8: at 8192 0.26 + 0.52 + 2.10 + 0.13 M against order 2's 6.29 M (model.order3_flops). Products: float16
+operands, float32 sums, as the chunked kernel; one more float16 rounding (T) than order 2. The arithmetic
+step for step in torch: gluon_emulate.emulate_order3 (tests against float64); Gluon cannot be interpreted.
+"""
+from triton.experimental import gluon
+
+from tilecore.ops.fft_conv.gluon_onepass import (Stages, _complex_mma, _forward_stages, _inverse_stages, _load_raw,
+                                                 _resident, _scaled_both, _spectrum_issue, _walk)
+from tilecore.tiles.gluon import wgmma_layout
+from tilecore.tiles.gluon.compat import fence_async_shared, gl
+
+SUPPORTED_N = (8192,)
+
+
+def factors(n: int) -> tuple[int, int, int]:
+    """(A, B, A2) of L = 2n = A B, B = 64, A = 16 A2."""
+    a = 2 * n // 64
+    return a, 64, a // 16
+
+
+@gluon.jit
+def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, t1re, t1im,
+              a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, io: gl.constexpr, lhs1: gl.constexpr,
+              acc1: gl.constexpr, put: gl.constexpr):
+    """T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16): x_a2[m, a1] = z[B (A2 a1 + a2) + m] (a1 < 8; 0 beyond), each
+    sequence over its largest |u| (``inv_*``: 1 / that), non-finite elements zeroed; float16 into T's planes."""
+    m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
+    a1 = gl.arange(0, 16, layout=gl.SliceLayout(0, io))
+    off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
+    keep = gl.expand_dims(a1 < 8, 0) & gl.expand_dims(m >= 0, 1)
+    xre = gl.load(U + row_re + off, mask=keep & (b_re < batch), other=0.0).to(gl.float32)
+    xim = gl.load(U + row_im + off, mask=keep & (b_re + 1 < batch), other=0.0).to(gl.float32)
+    xre = gl.where(gl.abs(xre) < float("inf"), xre * inv_re, 0.0)
+    xim = gl.where(gl.abs(xim) < float("inf"), xim * inv_im, 0.0)
+    xre = gl.convert_layout(xre.to(gl.float16), lhs1)
+    xim = gl.convert_layout(xim.to(gl.float16), lhs1)
+    zeros1 = gl.zeros([B, 16], gl.float32, acc1)
+    tre, tim = _complex_mma(xre, f16re, -xim, f16im, xre, f16im, xim, f16re, zeros1, True, True)
+    k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, acc1))
+    twre = gl.expand_dims(gl.load(t1re + a2 * 16 + k1), 0)
+    twim = gl.expand_dims(gl.load(t1im + a2 * 16 + k1), 0)
+    tre, tim = tre * twre - tim * twim, tre * twim + tim * twre
+    # T [16, A2, B] seen as [B, 16, A2]: column a2 of every k1
+    T_re.permute((2, 0, 1)).slice(a2, 1, 2).store(gl.expand_dims(gl.convert_layout(tre.to(gl.float16),
+                                                                                   gl.SliceLayout(2, put)), 2))
+    T_im.permute((2, 0, 1)).slice(a2, 1, 2).store(gl.expand_dims(gl.convert_layout(tim.to(gl.float16),
+                                                                                   gl.SliceLayout(2, put)), 2))
+
+
+@gluon.jit
+def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t1im, f8re, f8im, out_re, out_im,
+                      a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr,
+                      acc8: gl.constexpr, io8: gl.constexpr):
+    """y[B (A2 a1 + a2) + m] for a1 < 8: T'[:, a2, :] (chunk k1 at its scale s_k1) times ``ratio`` [16] = s_k1 / s and
+    conj(W_A^(a2 k1)), @ conj(F_16)[:, :8]; times ``out_*`` (s / L x the sequence's scale, NaN for a non-finite
+    sequence); past the batch masked."""
+    vre = gl.sum(T_re.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)  # [B, 16 k1]
+    vim = gl.sum(T_im.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)
+    k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, put)))
+    r = gl.expand_dims(gl.convert_layout(ratio, gl.SliceLayout(0, gl.SliceLayout(2, put))), 0)
+    cre = gl.expand_dims(gl.load(t1re + a2 * 16 + k1), 0) * r
+    cim = gl.expand_dims(gl.load(t1im + a2 * 16 + k1), 0) * r
+    vre, vim = vre * cre + vim * cim, vim * cre - vre * cim
+    vre = gl.convert_layout(vre.to(gl.float16), lhs8)
+    vim = gl.convert_layout(vim.to(gl.float16), lhs8)
+    zeros8 = gl.zeros([B, 8], gl.float32, acc8)
+    ore, oim = _complex_mma(vre, f8re, vim, f8im, vim, f8re, -vre, f8im, zeros8, True, True)
+    m = gl.arange(0, B, layout=gl.SliceLayout(1, io8))
+    a1 = gl.arange(0, 8, layout=gl.SliceLayout(0, io8))
+    off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
+    ty: gl.constexpr = Y.dtype.element_ty
+    gl.store(Y + row_re + off, (gl.convert_layout(ore, io8) * out_re).to(ty), mask=(off >= 0) & (b_re < batch))
+    gl.store(Y + row_im + off, (gl.convert_layout(oim, io8) * out_im).to(ty), mask=(off >= 0) & (b_re + 1 < batch))
+
+
+@gluon.jit
+def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM,
+                                 batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
+                                 A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
+                                 CONTIG: gl.constexpr = True):
+    """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
+    (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid (CONTIG: a
+    program's items contiguous, a channel's pairs in a row).
+
+    U, Y: (batch, heads, N) rows with unit stride along N = A B / 2. K: the rfft (heads, N + 1) complex64 as float32
+    (re, im) pairs (the kernel reads bins f and L - f itself, RFFT 2). F16 (16, 16), F2 (A2, A2), FB (B, B): float16
+    DFT matrices; T1 (A2, 16) float32 = W_A^(a2 k1) (launch.order3_operands). 4 warps; B = 64, A = 16 A2."""
+    gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
+    gl.static_assert(gl.num_warps() == 4, "one warpgroup")
+    A2: gl.constexpr = A // 16
+    gl.static_assert(A2 * 16 == A and A2 >= 16, "A = 16 A2, A2 >= 16")
+    L: gl.constexpr = A * B
+    acc1: gl.constexpr = wgmma_layout(B, 16, 4)
+    lhs1: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc1, k_width=2)
+    acc: gl.constexpr = wgmma_layout(B, A2, 4)
+    lhs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+    acc8: gl.constexpr = wgmma_layout(B, 8, 4)
+    lhs8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc8, k_width=2)
+    io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])  # threads along m (u's and y's rows)
+    io8: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
+    put: gl.constexpr = gl.BlockedLayout([2, 1, 1], [32, 1, 1], [1, 4, 1], [0, 1, 2])  # [B, 16, 1] views of T
+    table: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+    rows: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0])  # T[k1] [A2, B]: threads along m
+
+    f16re = _resident(F16RE, 16, 16, 16, 0, False, table)  # F_16: stage 1a's B
+    f16im = _resident(F16IM, 16, 16, 16, 0, False, table)
+    f8re = _resident(F16RE, 16, 8, 16, 0, False, table)  # F_16[:, :8]: stage 1''a's (conjugated)
+    f8im = _resident(F16IM, 16, 8, 16, 0, False, table)
+    f2re = _resident(F2RE, A2, A2, A2, 0, False, table)  # F_A2: stages 1b, 1'b
+    f2im = _resident(F2IM, A2, A2, A2, 0, False, table)
+    fbre = _resident(FBRE, B, B, B, 0, False, table)
+    fbim = _resident(FBIM, B, B, B, 0, False, table)
+    fbnim = _resident(FBIM, B, B, B, 0, True, table)
+    t_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    T_re = gl.allocate_shared_memory(gl.float16, [16, A2, B], t_layout)  # T[k1, a2, m], then T'
+    T_im = gl.allocate_shared_memory(gl.float16, [16, A2, B], t_layout)
+    # the same bytes seen as 16 blocks [A2, B] (a chunk's T[k1], indexed at run time; no swizzle: the same order)
+    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    Tk_re = T_re._reinterpret(gl.float16, [16, A2, B], rows_layout)
+    Tk_im = T_im._reinterpret(gl.float16, [16, A2, B], rows_layout)
+    stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, A2], gl.float16)
+    tile_re = gl.allocate_shared_memory(gl.float16, [B, A2], stage_layout)
+    tile_im = gl.allocate_shared_memory(gl.float16, [B, A2], stage_layout)
+    fence_async_shared()
+    gl.thread_barrier()
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, T1RE, T1IM, L, 2, CONJ, True, 0, True, None, 0, 1, False)
+
+    # a chunk's offsets m A + k_a into the (B, A) index space, k_a = k1 + 16 k2 (k1 added a chunk): the twiddles
+    # W_L^(m k_a) (TW_SFU) and, read as f = k_a + A k_b (rows: k_b after stage 3), the spectrum's bins
+    t_m = gl.arange(0, B, layout=gl.SliceLayout(1, acc))
+    t_k = gl.arange(0, A2, layout=gl.SliceLayout(0, acc))
+    tab = gl.expand_dims(t_m, 1) * A + 16 * gl.expand_dims(t_k, 0)
+    zeros = gl.zeros([B, A2], gl.float32, acc)
+    HALF: gl.constexpr = A // 2
+    s_m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
+    s_a = gl.arange(0, HALF, layout=gl.SliceLayout(0, io))
+    seq = gl.expand_dims(s_a, 0) * B + gl.expand_dims(s_m, 1)  # the whole sequence [B, HALF] (its scale)
+    kvec = gl.arange(0, 16, layout=gl.SliceLayout(0, acc1))
+
+    groups = gl.cdiv(batch, 2)
+    total = heads * groups
+    start, stop, step = _walk(gl.program_id(0), gl.num_programs(0), total, CONTIG)
+    for w in range(start, stop, step):
+        h = (w // groups).to(gl.int64)
+        b_re = 2 * (w % groups)
+        row_re = b_re.to(gl.int64) * stride_ub + h * stride_uh
+        row_im = row_re + stride_ub
+        _, scale_re, bad_re, _, scale_im, bad_im = _scaled_both(_load_raw(U, b_re, batch, row_re, seq),
+                                                                _load_raw(U, b_re + 1, batch, row_im, seq))
+        inv_re = 1.0 / scale_re
+        inv_im = 1.0 / scale_im
+        gl.thread_barrier()  # the previous pair's 1'a has read T
+        for a2 in gl.static_range(A2):
+            _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, T1RE, T1IM, a2, A2, B,
+                      io, lhs1, acc1, put)
+        gl.thread_barrier()  # T written
+        spectrum = K + h * stride_kh
+        running = scale_re * 0.0  # the largest chunk scale
+        scales = gl.zeros([16], gl.float32, gl.SliceLayout(0, acc1))
+        for k1 in range(16):  # (a loop, not unrolled)
+            xre = gl.convert_layout(gl.permute(Tk_re.index(k1).load(rows), (1, 0)), lhs)  # T[k1]^T: [B, A2]
+            xim = gl.convert_layout(gl.permute(Tk_im.index(k1).load(rows), (1, 0)), lhs)
+            kpre = _spectrum_issue(st, spectrum, tab + k1)  # (KPRE 0: nothing read early)
+            yre, yim, s = _forward_stages(st, xre, xim, f2re, f2im, None, tab, k1, spectrum, 0, 0, zeros, True, kpre)
+            dre, dim, s = _inverse_stages(st, yre, yim, s, tab, k1, f2re, f2im, zeros, zeros, s, zeros, lhs, False)
+            gl.thread_barrier()  # every thread has read T[k1] (long before: the stages' barriers)
+            Tk_re.index(k1).store(gl.convert_layout(gl.permute(dre.to(gl.float16), (1, 0)), rows))
+            Tk_im.index(k1).store(gl.convert_layout(gl.permute(dim.to(gl.float16), (1, 0)), rows))
+            scales = gl.where(kvec == k1, s, scales)
+            running = gl.maximum(running, s)
+        gl.thread_barrier()  # T' written
+        ratio = scales / running
+        out_scale = running * (1.0 / L)
+        out_re = gl.where(bad_re, float("nan"), out_scale * scale_re)
+        out_im = gl.where(bad_im, float("nan"), out_scale * scale_im)
+        yrow_re = b_re.to(gl.int64) * stride_yb + h * stride_yh
+        for a2 in gl.static_range(A2):
+            _stage_1a_inverse(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM, f8re, f8im,
+                              out_re, out_im, a2, A2, B, put, lhs8, acc8, io8)
