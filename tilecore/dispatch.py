@@ -85,7 +85,7 @@ def select(device: torch.device, *, kernel: Callable, reference: Callable) -> Ca
 def plain_eager(*tensors: torch.Tensor | None) -> bool:
     """True when an op may call its implementation directly instead of through its custom op:
     eager mode, no gradient to record, plain CUDA or CPU tensors (meta tensors take the op's fake
-    implementation), no dispatch mode or functorch transform: :func:`eager_mode`'s "direct".
+    implementation, but inside :func:`pretend`), no dispatch mode or functorch transform: :func:`eager_mode`'s "direct".
 
     A ``torch.library`` custom op's Python dispatch costs ~100 us of host time per call (measured on
     the lent H100's host, notes/gemm/README.md), more than many kernels take; torch.compile, autograd,
@@ -106,6 +106,10 @@ def eager_mode(*tensors: torch.Tensor | None) -> str:
       autograd costs ~100 us, and whose first call imports torch._dynamo: ~3.5 s);
     * "op": through the ``torch.library`` custom op: under torch.compile, dispatch or torch-function
       modes (fake and meta tensors), functorch transforms, tensor subclasses.
+
+    Inside :func:`pretend`, plain meta tensors stand for the described GPU's tensors and count as a device's
+    (session 34): a public call runs the implementation, so tilecore.portability records the kernels the
+    op's own host path launches there (outside pretend a meta tensor still takes the custom op's fake).
     """
     if torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled() \
             or torch._C._len_torch_dispatch_stack() or torch._C._functorch.peek_interpreter_stack() is not None:
@@ -114,7 +118,7 @@ def eager_mode(*tensors: torch.Tensor | None) -> str:
     for t in tensors:
         if t is None:
             continue
-        if type(t) is not torch.Tensor or not (t.is_cuda or t.is_cpu):
+        if type(t) is not torch.Tensor or not (t.is_cuda or t.is_cpu or (t.is_meta and _PRETENDED.get() is not None)):
             return "op"
         grad = grad or t.requires_grad
     return "autograd" if grad and torch.is_grad_enabled() else "direct"

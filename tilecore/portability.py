@@ -176,8 +176,150 @@ def rotary_cases(quick: bool) -> list[Case]:
     return cases
 
 
+# --------------------------------------------------------------------------------------------
+# the ops called as a user calls them (session 34): inside pretend a plain meta tensor counts as the described
+# GPU's (dispatch.eager_mode), so the public function runs its own host path (checks, plan, launch) and the
+# launches it makes are recorded; a backward through autograd's engine records the backward's kernels
+
+
+def _meta(*shape, dtype=None, grad=False, device=None):
+    import torch
+
+    return torch.empty(*shape, dtype=dtype or torch.bfloat16, device=device, requires_grad=grad)
+
+
+def _with_grads(out, inputs) -> str:
+    """The backward of ``out`` (its first tensor, summed) into every input that records a gradient."""
+    import torch
+
+    first = out[0] if isinstance(out, (tuple, list)) else out
+    torch.autograd.grad(first.float().sum(), [t for t in inputs if t is not None and t.requires_grad])
+    return "public"
+
+
+def linear_attention_cases(quick: bool) -> list[Case]:
+    """linear_attention forward and backward (no decay, a scalar decay a head and token, GLA's per-channel decay),
+    Dk = Dv 64 and 128; its decode step; Mamba-2's chunk scan (forward and backward) and its step."""
+    import torch
+
+    import tilecore
+
+    f32 = torch.float32
+    B, N, H = 2, 1024, 4
+    cases = []
+    for d in (64, 128):
+        for decay in (None, "scalar", "channel"):
+            def run(device, d=d, decay=decay):
+                q, k, v = (_meta(B, N, H, d, grad=True, device=device) for _ in range(3))
+                g = None if decay is None else _meta(B, N, H, *((d,) if decay == "channel" else ()), dtype=f32,
+                                                      grad=True, device=device)
+                return _with_grads(tilecore.linear_attention(q, k, v, decay=g), (q, k, v, g))
+            cases.append(Case("linear_attention", f"bfloat16 D{d} {decay or 'no'} decay fwd+bwd", run,
+                              quick=d == 128 or decay == "channel"))
+    def step(device):
+        q, k, v = (_meta(B, H, 128, device=device) for _ in range(3))
+        tilecore.linear_attention_step(q, k, v, _meta(B, H, 128, 128, dtype=f32, device=device))
+        return "public"
+    cases.append(Case("linear_attention", "bfloat16 D128 step", step))
+
+    def scan(device):
+        x = _meta(B, N, 8, 64, grad=True, device=device)
+        dt = _meta(B, N, 8, dtype=f32, grad=True, device=device)
+        A = _meta(8, dtype=f32, grad=True, device=device)
+        Bm, C = (_meta(B, N, 1, 128, grad=True, device=device) for _ in range(2))
+        return _with_grads(tilecore.mamba2_chunk_scan(x, dt, A, Bm, C), (x, dt, A, Bm, C))
+    cases.append(Case("linear_attention", "mamba2_chunk_scan headdim 64 dstate 128 fwd+bwd", scan))
+
+    def mamba_step(device):
+        tilecore.mamba2_step(_meta(B, 8, 64, 128, dtype=f32, device=device), _meta(B, 8, 64, device=device),
+                             _meta(B, 8, dtype=f32, device=device), _meta(8, dtype=f32, device=device),
+                             _meta(B, 1, 128, device=device), _meta(B, 1, 128, device=device))
+        return "public"
+    cases.append(Case("linear_attention", "mamba2_step headdim 64 dstate 128", mamba_step))
+    return cases
+
+
+def fft_conv_cases(quick: bool) -> list[Case]:
+    """fft_conv forward and backward at seqlen 1024 and 4096 (one kernel), 8192 (three passes), float32 at 1024."""
+    import torch
+
+    import tilecore
+
+    cases = []
+    for n, dtype, backward in ((4096, torch.bfloat16, True), (1024, torch.bfloat16, False),
+                               (8192, torch.bfloat16, True), (1024, torch.float32, False)):
+        def run(device, n=n, dtype=dtype, backward=backward):
+            u = _meta(2, 64, n, dtype=dtype, grad=backward, device=device)
+            k = _meta(64, n, dtype=torch.float32, grad=backward, device=device)
+            y = tilecore.fft_conv(u, k)
+            return _with_grads(y, (u, k)) if backward else "public"
+        cases.append(Case("fft_conv", f"{str(dtype)[6:]} seqlen {n}{' fwd+bwd' if backward else ''}", run,
+                          quick=dtype == torch.bfloat16 and n != 1024))
+    return cases
+
+
+def attention_varlen_cases(quick: bool) -> list[Case]:
+    """attention_varlen forward and backward, 3 sequences (100, 500, 1000 tokens), causal, D64 and D128."""
+    import torch
+
+    import tilecore
+
+    cases = []
+    for d in (64, 128):
+        def run(device, d=d):
+            total = 1600
+            q, k, v = (_meta(total, 8, d, grad=True, device=device) for _ in range(3))
+            cu = torch.empty(4, dtype=torch.int32, device=device)
+            out = tilecore.attention_varlen(q, k, v, cu, cu, 1000, 1000, causal=True, validate=False)
+            return _with_grads(out, (q, k, v))
+        cases.append(Case("attention_varlen", f"bfloat16 D{d} causal fwd+bwd", run, quick=d == 128))
+    return cases
+
+
+def attention_kvcache_cases(quick: bool) -> list[Case]:
+    """attention_with_kvcache at decode (one query, 32 q heads on 8 kv heads, D128): a contiguous cache of 4096
+    keys and a paged one (pages of 128)."""
+    import torch
+
+    import tilecore
+
+    cases = []
+    for paged in (False, True):
+        def run(device, paged=paged):
+            B = 2
+            q = _meta(B, 1, 32, 128, device=device)
+            cache = (64, 128) if paged else (B, 4096)
+            kc, vc = (_meta(*cache, 8, 128, device=device) for _ in range(2))
+            table = torch.empty(B, 32, dtype=torch.int32, device=device) if paged else None
+            tilecore.attention_with_kvcache(q, kc, vc, cache_seqlens=torch.empty(B, dtype=torch.int32, device=device),
+                                            block_table=table, validate=False)
+            return "public"
+        cases.append(Case("attention_kvcache", f"bfloat16 D128 decode {'paged 128' if paged else 'contiguous'}", run))
+    return cases
+
+
+def hadamard_quantize_cases(quick: bool) -> list[Case]:
+    """hadamard_quantize at n = 4096 (the rotation and the quantizer in one kernel) in the formats every target
+    stores (e4m3's are tests/portability/test_fp8_stores.py's: torch's ops where Triton has no e4m3)."""
+    import tilecore
+
+    cases = []
+    for fmt in ("int8", "fp8_e5m2", "mxfp4", "int4"):
+        def run(device, fmt=fmt):
+            tilecore.hadamard_quantize(_meta(64, 4096, device=device), format=fmt)
+            return "public"
+        cases.append(Case("hadamard_quantize", f"bfloat16 n=4096 {fmt}", run, quick=fmt in ("int8", "mxfp4")))
+    return cases
+
+
 CASES = {"hadamard": hadamard_cases, "gemm": gemm_cases, "attention": attention_cases, "norm": norm_cases,
-         "rotary": rotary_cases}
+         "rotary": rotary_cases, "linear_attention": linear_attention_cases, "fft_conv": fft_conv_cases,
+         "attention_varlen": attention_varlen_cases, "attention_kvcache": attention_kvcache_cases,
+         "hadamard_quantize": hadamard_quantize_cases}
+# the ops called through their public functions: --quick compiles them for the smallest blocks alone (99 KiB
+# sm_86, 64 KiB gfx90a), where their configurations (none fitted per target) are likeliest not to fit
+PUBLIC_OPS = ("linear_attention", "fft_conv", "attention_varlen", "attention_kvcache", "hadamard_quantize")
+QUICK_PUBLIC_TARGETS = ("sm_86", "gfx90a")
 # --quick: the ops compiled for each target. sm_89 and gfx942 asked exactly the shared memory sm_86 and
 # gfx90a ask, launch for launch, and sm_120a at most sm_86's (53 and 35 quick launches compared,
 # notes/portability.md): there only what differs, the GEMM on e4m3 itself (sm_89, sm_120a) and on its
@@ -271,6 +413,8 @@ def _summary(kernel, named: dict, options: dict) -> str:
 
 def plan_paths(result) -> str:
     """The plan's path(s) in a row: "tl", "gluon", "decode", or forward/backward."""
+    if isinstance(result, str):  # a public call's own label
+        return result
     plans = result if isinstance(result, tuple) else (result,)
     return "/".join(getattr(p, "path", "?") for p in plans)
 
@@ -290,7 +434,8 @@ def sweep_target(target_name: str, ops: list[str], quick: bool, compile_gluon: b
     gpu_target = target.gpu_target()
     rows, compiled = [], {}
     for op in ops:
-        if quick and op not in QUICK_OPS.get(target_name, CASES):
+        if quick and (op not in QUICK_OPS.get(target_name, CASES)
+                      or op in PUBLIC_OPS and target_name not in QUICK_PUBLIC_TARGETS):
             continue
         for case in CASES[op](quick):
             if quick and not case.quick:

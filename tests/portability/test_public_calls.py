@@ -1,0 +1,115 @@
+"""The ops a user calls, planned and launched as on another GPU (issue 31's other GPUs, session 34): inside
+dispatch.pretend a plain meta tensor counts as the described GPU's, so ``tilecore.linear_attention(...)`` and the
+other public functions run their own host path (checks, plan, launch, autograd's backward) and
+tilecore.portability records the kernels they launch there. CPU only; the compiles and shared-memory checks of
+these launches are test_sweep.py's (``--quick``: sm_86 and gfx90a, the smallest blocks)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tilecore import dispatch
+
+ROOT = Path(__file__).resolve().parents[2]
+T = dispatch.TARGETS
+
+
+def test_meta_tensors_take_the_implementation_only_inside_pretend():
+    meta = torch.empty(4, 8, device="meta")
+    grad = torch.empty(4, 8, device="meta", requires_grad=True)
+    assert dispatch.eager_mode(meta) == "op"  # outside: the custom op's fake implementation
+    with dispatch.pretend(T["sm_86"]):
+        assert dispatch.eager_mode(meta) == "direct"
+        assert dispatch.eager_mode(meta, None, torch.empty(2)) == "direct"
+        assert dispatch.eager_mode(grad) == "autograd"
+        with torch.no_grad():
+            assert dispatch.eager_mode(grad) == "direct"
+        # still the op: a subclass, and under a dispatch mode (fake tensors)
+        assert dispatch.eager_mode(torch.nn.Parameter(torch.empty(2, device="meta"))) == "op"
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode():
+            assert dispatch.eager_mode(meta) == "op"
+    assert dispatch.eager_mode(meta) == "op"
+
+
+def test_cuda_and_cpu_tensors_are_unchanged_inside_pretend():
+    x = torch.empty(3)
+    with dispatch.pretend(T["gfx90a"]):
+        assert dispatch.eager_mode(x) == "direct"
+        assert dispatch.described(x.device) is None
+
+
+# Recording needs Triton's compiled-mode kernels (the tests run under TRITON_INTERPRET=1, where triton.jit makes
+# interpreted functions): a fresh process, which prints one JSON line {target: {case: kernels or the refusal}}.
+_PROBE = r"""
+import json, sys, torch
+from tilecore import dispatch, portability as P
+res = {}
+for t in sys.argv[1].split(","):
+    res[t] = {}
+    for op in P.PUBLIC_OPS:
+        for case in P.CASES[op](False):
+            launches = []
+            try:
+                with dispatch.pretend(dispatch.TARGETS[t]), P.recording(launches):
+                    label = case.run(torch.device("meta"))
+                res[t][op + ": " + case.name] = dict(label=label, kernels=sorted({P.kernel_name(k) for k, _, _ in launches}),
+                                                    gluon=any(P.is_gluon(k) for k, _, _ in launches))
+            except Exception as err:
+                res[t][op + ": " + case.name] = dict(refused=f"{type(err).__name__}: {err}")
+print("RESULT " + json.dumps(res))
+"""
+
+# what each family's calls launch off Hopper (the portable Triton kernels)
+EXPECTED = {
+    "linear_attention": {"linear_attention.kernels_tl.la_fwd_kernel", "linear_attention.kernels_tl.la_bwd_dkv_kernel",
+                         "linear_attention.kernels_tl.la_bwd_dq_kernel", "linear_attention.kernels_tl.la_step_kernel",
+                         "linear_attention.kernels_backward_gla_chunked.gla_dqk_kernel",
+                         "linear_attention.kernels_backward_gla_chunked.gla_dv_kernel"},
+    "fft_conv": {"fft_conv.kernels_pair.fft_conv_pair_kernel", "fft_conv.kernels_long.long_rows_kernel",
+                 "fft_conv.kernels.fft_conv_kernel"},
+    "attention_varlen": {"attention_varlen.kernels_tl.varlen_fwd", "attention_varlen.kernels_tl.varlen_bwd_dkdv",
+                         "attention_varlen.kernels_tl.varlen_bwd_dq"},
+    "attention_kvcache": {"attention_kvcache.kernels_tl.kvcache_fwd_split",
+                          "attention_kvcache.kernels_tl.kvcache_merge_splits"},
+    "hadamard_quantize": {"hadamard.quantize_kernels.pow2_quantize_kernel"},
+}
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _PROBE, "sm_80,sm_86,gfx90a,sm_90a"], capture_output=True, text=True,
+                       env=env, cwd=ROOT, timeout=900)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert line, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(line[0][len("RESULT "):])
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_86", "gfx90a"])
+def test_every_public_call_gets_the_portable_kernels_off_hopper(recorded, target):
+    from tilecore import portability
+
+    cases = recorded[target]
+    refused = {c: r["refused"] for c, r in cases.items() if "refused" in r}
+    assert not refused, refused
+    assert all(r["kernels"] and r["label"] == "public" for r in cases.values()), cases
+    assert not any(r["gluon"] for r in cases.values()), target  # the NVIDIA Hopper code never off Hopper
+    for op in portability.PUBLIC_OPS:
+        kernels = set().union(*(r["kernels"] for c, r in cases.items() if c.startswith(op + ": ")))
+        assert EXPECTED[op] <= kernels, (target, op, EXPECTED[op] - kernels)
+
+
+def test_hopper_takes_its_gluon_kernel_where_a_meta_tensor_reaches_it(recorded):
+    # fft_conv's plan asks dispatch (gluon_ok) alone: sm_90a described gets its Gluon one-pass kernels. (varlen's
+    # and linear attention's Gluon forwards are chosen for device.type == "cuda" only, so described Hopper records
+    # their tl kernels: the sweep's sm_90a column is the tl path for them.)
+    cases = recorded["sm_90a"]
+    assert not any("refused" in r for r in cases.values()), cases
+    fft = [r for c, r in cases.items() if c.startswith("fft_conv: bfloat16 seqlen 4096")]
+    assert fft and fft[0]["gluon"], fft
