@@ -52,11 +52,12 @@ def test_operands_carry_the_permuted_h64():
 
 
 def test_plan_switch_carries_perm():
-    """tuning perm reaches the wide kernel at m x 64 (not HALVES 2), the kron kernel, and the transforms' STORE plans;
+    """tuning perm reaches the wide kernel at m x 64 (at m x 128 only with UNITS: session 34), the kron kernel, and the transforms' STORE plans;
     configs.QUANT_GLUON_PERM (session 33 run 5: gluon_widths_s33c_run5_session33_h100.txt) turns it on by (format,
     n)."""
     assert _plan("int4", 11008, gluon=True, perm=True).config.get("PERM")
-    assert not _plan("mxfp4", 18944, gluon=True, perm=True).config.get("PERM")
+    assert not _plan("nvfp4", 18944, gluon=True, units=False, perm=True).config.get("PERM")  # HALVES 2 without UNITS
+    assert _plan("mxfp4", 18944, gluon=True, perm=True).config.get("PERM")  # UNITS (shipped there): session 34
     assert _plan("int8", 14336, gluon_kron=True, perm=True).config.get("PERM")
     assert not _plan("int4", 11008, gluon=True).config.get("PERM")
     assert not _plan("mxfp4", 11008, gluon=True, perm=False).config.get("PERM")

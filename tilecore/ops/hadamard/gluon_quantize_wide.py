@@ -99,7 +99,9 @@ class WideQuantize:
     NOZERO: gl.constexpr  # group formats and STORE: sub-rows past m not zeroed (their scales and codes never stored)
     CLAMP_LO: gl.constexpr  # the second product's lo piece by one max, not a compare and a select (epilogue.pieces)
     STORE2: gl.constexpr  # UNITS STORE: two staging slots a consumer (two ring stages fit), consumer 0's J 0 in compute
-    PERM: gl.constexpr  # HALVES 1: H_64's columns permuted (gluon_operand perm), blocks relabelled (epilogue.relabel)
+    PERM: gl.constexpr  # H_64's columns permuted (gluon_operand perm), blocks relabelled (epilogue.relabel): HALVES 1;
+    # HALVES 2 with UNITS for groups of <= 64 (session 34: the codes made in _unit from relabelled blocks)
+    BALANCE: gl.constexpr  # UNITS: consumer c the unit J = c and block J = 2's column half c (three blocks each, not 4 / 2)
 
     @gluon.jit
     def setup(self, tile):
@@ -128,7 +130,10 @@ class WideQuantize:
     def start(self, ctx, tile, prev):
         z = gl.zeros([BLOCK, BLOCK], gl.float32, wgmma_layout(BLOCK, BLOCK, gl.num_warps()))
         if self.UNITS:
-            zo = self._held(z)
+            if self.PERM:  # the held codes are made from relabelled blocks (_unit): the state's zeros in their layout
+                zo = self._held(relabel(z))
+            else:
+                zo = self._held(z)
             return Quad(zo, zo, zo, zo, tile * 0)
         elif self.HALVES == 2:
             return Mixed(z, z, z, tile * 0)
@@ -163,7 +168,11 @@ class WideQuantize:
         """UNITS: each output block once, consumer 0 J = 0, 1, consumer 1 J = 2, both column halves each."""
         h64 = ctx.operand.index(NB * NB)
         z = gl.zeros([BLOCK, BLOCK], gl.float32, wgmma_layout(BLOCK, BLOCK, gl.num_warps()))
-        if ctx.index == 0 and self.STORE2:  # unit 0's values staged and stored under unit 1's products
+        if self.BALANCE:  # consumer c: the unit J = c (both halves), then J = 2's column half c (session 34)
+            u0, u1 = self._unit(ctx, stage, z, h64, ctx.index, row)
+            u2 = self._half_unit(ctx, stage, z, h64, row)
+            u3 = state.y3
+        elif ctx.index == 0 and self.STORE2:  # unit 0's values staged and stored under unit 1's products
             u0, u1 = self._unit(ctx, stage, z, h64, 0, row)
             tma.store_wait(0)  # the previous row's stores have read the staging buffer
             self._stage(ctx, 0, u0)
@@ -269,15 +278,48 @@ class WideQuantize:
         if self.FORMAT == STORE:  # the output values now: the final rounding (half the registers held)
             y0 = y0.to(self.codes_desc.dtype)
         elif self.G != 0 and self.FORMAT != AMAX and self.G <= BLOCK:  # the codes now (scales stored), packed bytes held
-            y0 = group_codes(self, y0, row, J, 0)
+            y0 = group_codes(self, self._ordered(y0), row, J, 0)
         y1 = self._rotated(d, h64, J)
         if self.FORMAT == STORE:
             y1 = y1.to(self.codes_desc.dtype)
         elif self.G != 0 and self.FORMAT != AMAX and self.G <= BLOCK:
-            y1 = group_codes(self, y1, row, J, 1)
+            y1 = group_codes(self, self._ordered(y1), row, J, 1)
         elif self.G != 0 and self.FORMAT != AMAX:  # int4's groups of 128: a sub-row, both of its halves here
             y0, y1 = self._subrow_pair(y0, y1, J, row)
         return y0, y1
+
+    @gluon.jit
+    def _half_unit(self, ctx, stage, z, h64, row):
+        """BALANCE: block J = 2's column half h = c (consumer c): both halves' mixing W_2h = sum_k H[2, k] X_kh (as
+        _unit), then Y = (W_20 + W_21) H_64 for consumer 0 (_unit's y0) or (W_20 - W_21) H_64 for consumer 1 (its y1),
+        held as _unit holds it. J = 2's mixing runs on both consumers (with KTRIM, K = 64 + 64 + 32 a chain at 148):
+        each consumer then has three blocks' epilogues, where UNITS gave consumer 0 four and consumer 1 two."""
+        J: gl.constexpr = NB - 1
+        xa = (stage.a0.reshape([BLOCK, BLOCK]), stage.a1.reshape([BLOCK, BLOCK]), stage.a2.reshape([BLOCK, BLOCK]))
+        xb = (stage.b0.reshape([BLOCK, BLOCK]), stage.b1.reshape([BLOCK, BLOCK]), stage.b2.reshape([BLOCK, BLOCK]))
+        wa = z
+        wb = z
+        for k in gl.static_range(NB):
+            wa = self._product(ctx, J, k, xa[k], wa, k > 0)
+        for k in gl.static_range(NB):
+            wb = self._product(ctx, J, k, xb[k], wb, k > 0)
+        wa, wb = warpgroup_mma_wait(0, deps=(wa, wb))
+        if ctx.index == 0:
+            w = wa + wb
+        else:
+            w = wa - wb
+        y = self._rotated(w, h64, J)
+        if self.G != 0 and self.FORMAT != AMAX:  # the codes now (scales stored), packed bytes held
+            y = group_codes(self, self._ordered(y), row, J, ctx.index)
+        return y
+
+    @gluon.jit
+    def _ordered(self, y):
+        """PERM: a block of the column-permuted second product relabelled into the outputs' order (a thread's 16 values
+        of a sub-row consecutive outputs: a group of 16 one thread's, of 32 two threads'); else the block."""
+        if self.PERM:
+            y = relabel(y)
+        return y
 
     @gluon.jit
     def _subrow_pair(self, y0, y1, J: gl.constexpr, row):
@@ -353,8 +395,9 @@ class WideQuantize:
 
     @gluon.jit
     def _finish_units(self, ctx, state, row):
-        """UNITS: this consumer's blocks (j: J = 2 c + j // 2, column half h = j % 2; consumer 0 four, 1 two)."""
-        NU: gl.constexpr = 4 - 2 * ctx.index
+        """UNITS: this consumer's blocks (j: J = 2 c + j // 2, column half h = j % 2; consumer 0 four, 1 two; BALANCE:
+        three each, j < 2 the unit J = c, j = 2 block J = 2's half c)."""
+        NU: gl.constexpr = 3 if self.BALANCE else 4 - 2 * ctx.index
         ys = (state.y0, state.y1, state.y2, state.y3)
         tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
         if self.FORMAT == AMAX:  # each consumer's share of the row: amax_out[2 row + c]
@@ -394,8 +437,13 @@ class WideQuantize:
         gl.thread_barrier()
         W: gl.constexpr = self.codes_desc.block_type.shape[2]
         for j in gl.static_range(NU):
-            tma.async_copy_shared_to_global(self.codes_desc, [row, BLOCK * (2 * ctx.index + j // 2), W * (j % 2)],
-                                            ctx.out.slice(j, 1))
+            if self.BALANCE:  # j = 0, 1: (J c, half j); j = 2: (J 2, half c)
+                tma.async_copy_shared_to_global(
+                    self.codes_desc, [row, BLOCK * (ctx.index + (j // 2) * (NB - 1 - ctx.index)),
+                                      W * (j % 2 + (j // 2) * ctx.index)], ctx.out.slice(j, 1))
+            else:
+                tma.async_copy_shared_to_global(self.codes_desc, [row, BLOCK * (2 * ctx.index + j // 2), W * (j % 2)],
+                                                ctx.out.slice(j, 1))
 
     @gluon.jit
     def _finish_rows(self, ctx, state, tile):
@@ -548,7 +596,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                HALVES: gl.constexpr = 1, SCALE_ONCE: gl.constexpr = False, KTRIM: gl.constexpr = False,
                                FOLD: gl.constexpr = False, UNITS: gl.constexpr = False, NOZERO: gl.constexpr = False,
                                CLAMP_LO: gl.constexpr = False, STORE2: gl.constexpr = False,
-                               PERM: gl.constexpr = False):
+                               PERM: gl.constexpr = False, BALANCE: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
@@ -569,7 +617,14 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
         xchg = None
         xbar = None
     gl.static_assert(not UNITS or (HALVES == 2 and not AHEAD and not PINGPONG and PROBE == 0), "UNITS: HALVES 2 alone")
-    gl.static_assert(not PERM or HALVES == 1, "PERM: HALVES 1 (m x 64)")
+    # BALANCE (UNITS): not STORE (its four staging slots a consumer with two stages pass shared memory) nor groups of
+    # 128 (int4's sub-row needs both halves of J = 2's block, here on two consumers)
+    gl.static_assert(not BALANCE or (UNITS and G <= BLOCK and FORMAT != STORE), "BALANCE: UNITS, groups of <= 64")
+    # PERM: HALVES 1, or UNITS' group formats with groups inside a sub-row (their codes made and held in _unit); the
+    # AMAX pass of such a plan (nvfp4's dynamic global scale) takes the permuted operand but needs no relabelling:
+    # a block's largest |y| is the same in any column order
+    gl.static_assert(not PERM or HALVES == 1 or (UNITS and ((G != 0 and G <= BLOCK) or FORMAT == AMAX) and FORMAT != STORE),
+                     "PERM: HALVES 1 (m x 64), or UNITS with groups of <= 64")
     if HALVES == 2 and G == 128 and not UNITS:  # the sub-rows' maxima exchanged (int4's groups of 128 span both halves)
         xrows = gl.allocate_shared_memory(gl.float32, [12, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     else:
@@ -578,7 +633,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                       STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar, xrows, SCALE_ONCE, KTRIM,
                       FOLD and FORMAT != STORE, UNITS,
                       NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO,
-                      STORE2 and UNITS and FORMAT == STORE, PERM)
+                      STORE2 and UNITS and FORMAT == STORE, PERM and (HALVES == 1 or FORMAT != AMAX), BALANCE)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),

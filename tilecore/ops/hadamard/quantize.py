@@ -202,6 +202,7 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
     f = FORMATS[fmt]
     tuning = {**_by_format(configs.QUANT_GLUON_WIDE_TUNING, fmt, n, {}), **tuning}  # the measured; the caller's first
     halves = P // 64  # 2: m x 128, a row a tile, consumer c its column half
+    units = halves == 2 and bool(tuning.get("units", _by_format(configs.QUANT_GLUON_UNITS, fmt, n, False)))
     grid = max(1, min(cdiv(rows, 3 - halves), sms * (tuning.get("waves") or 1)))
     return QuantizePlan("gluon_wide", grid=(grid,), rscale=rscale, config=dict(
         M=M, FORMAT=f.kernel_id, **({"HALVES": 2} if halves == 2 else {}), G=group or 0, STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax,
@@ -211,11 +212,14 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         **({"KTRIM": True} if tuning.get("ktrim", _by_format(configs.QUANT_GLUON_KTRIM, fmt, n, False)) else {}),
         **_fold(fmt, n, tuning),
         # UNITS (HALVES 2): each output block's mixing once, consumer 0 blocks J 0-1, consumer 1 J 2
-        **({"UNITS": True} if halves == 2 and tuning.get("units", _by_format(configs.QUANT_GLUON_UNITS, fmt, n, False))
-           else {}), **_epilogue_switches(fmt, n, tuning),
-        # PERM (HALVES 1): H_64's columns permuted so that a thread holds 16 consecutive outputs (session 33)
-        **({"PERM": True} if halves == 1 and tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False))
-           else {})))
+        **({"UNITS": True} if units else {}), **_epilogue_switches(fmt, n, tuning),
+        # BALANCE (UNITS, groups of <= 64 or per token): consumer c the unit J = c and J = 2's column half c (session 34)
+        **({"BALANCE": True} if units and group != 128
+           and tuning.get("balance", _by_format(configs.QUANT_GLUON_BALANCE, fmt, n, False)) else {}),
+        # PERM: H_64's columns permuted so that a thread holds 16 consecutive outputs (HALVES 1, session 33; HALVES 2
+        # with UNITS for groups of 16 / 32, session 34)
+        **({"PERM": True} if (halves == 1 or (units and group in (16, 32)))
+           and tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False)) else {})))
 
 
 def _epilogue_switches(fmt, n, tuning) -> dict:
