@@ -14,6 +14,8 @@ hadamard_transform's "gluon" kron plan (configs.KRON_GLUON: the Gluon kernels' S
    same bytes (x read, codes and scales written) in the same run. Prints a table last; JSON to $OUT.
 
     PYTHONPATH=. python3 experiments/hadamard/gpu_gluon_widths.py [--set r3 | r2] [--budget 140] [--quick]
+
+--set s34 (session 34): BALANCE and PERM under UNITS at 18944 against the shipped plans, ~66 s on an H100.
 """
 import argparse
 import json
@@ -286,8 +288,31 @@ def s33f_timed():
     return cases
 
 
+BAL = {"units": True, "balance": True}  # BALANCE: consumer c the unit J = c and J = 2's column half c (three blocks each)
+BALP = {**BAL, "perm": True}  # ... and PERM (H_64's columns permuted; the codes made from relabelled blocks)
+
+
+def s34_timed():
+    """Session 34: the 148 x 128 wide kernel's UNITS with BALANCE (each consumer three output blocks, J = 2's mixing on
+    both: sm_90a 128 wgmma against 108, no spills) and PERM under UNITS (mxfp4 SASS 5144 -> 4936, SHFL 50 -> 14) against
+    the shipped plans at 18944 (mxfp4, fp8, int8: UNITS; nvfp4: HALVES 2), bytes compared where UNITS ships."""
+    cases = []
+    for fmt in ("mxfp4", "nvfp4", "fp8_e4m3", "int8"):
+        cases.append(("q", fmt, 18944, "shipped", {}))
+        if fmt in ("mxfp4", "nvfp4"):
+            cases.append(("q", fmt, 18944, "balance_perm", BALP))
+        cases.append(("q", fmt, 18944, "balance", BAL))
+        if fmt == "mxfp4":
+            cases.append(("q", fmt, 18944, "perm", PERM))
+        if fmt == "nvfp4":
+            cases.append(("q", fmt, 18944, "units_perm", {"units": True, "perm": True}))
+    return cases
+
+
 def timed_cases(quick=False):
     """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
+    if SET == "s34":
+        return s34_timed()
     if SET == "s33f":
         return s33f_timed()
     if SET == "s33e":
@@ -379,11 +404,14 @@ def _set(value):
 def phase_warm(result, deadline, quick):
     cases = timed_cases(quick)
     timed = {(c[1], c[2], c[4].get("split"), c[4].get("inside"), c[4].get("stages")) for c in cases if c[0] == "q"}
-    cases += [("c", c) for c in check_cases(quick) if c[3] != "bfloat16" or c[2] or (c[0], c[1], c[4].get("split"),
-              c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
+    if SET == "s34":  # every check case (the nvfp4 dynamic one's AMAX pass, the variants' fp16 kernels)
+        cases += [("c", c) for c in check_cases(quick)]
+    else:
+        cases += [("c", c) for c in check_cases(quick) if c[3] != "bfloat16" or c[2] or (c[0], c[1], c[4].get("split"),
+                  c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
     ctx = mp.get_context("spawn")
     out = result.setdefault("warm", [])
-    with ctx.Pool(min(12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
+    with ctx.Pool(min(12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
         pending = pool.imap_unordered(_warm_one, cases)
         for _ in cases:
             try:
@@ -396,6 +424,13 @@ def phase_warm(result, deadline, quick):
 
 def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
+    if SET == "s34":  # BALANCE / PERM at 18944 against float64 (bf16 and fp16, nvfp4 given and dynamic, fp8 static)
+        return [("mxfp4", 18944, {}, "bfloat16", BALP), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", BALP),
+                ("fp8_e4m3", 18944, {}, "bfloat16", BAL), ("int8", 18944, {}, "float16", BAL),
+                ("nvfp4", 18944, {}, "bfloat16", BALP), ("mxfp4", 18944, {}, "float16", BALP),
+                ("fp8_e4m3", 18944, {"scale": 0.01}, "float16", BAL), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", BAL),
+                ("mxfp4", 18944, {}, "bfloat16", PERM), ("nvfp4", 18944, {"scale": 0.002}, "float16",
+                                                         {"units": True, "perm": True})]
     if SET == "s33f":  # the shipped pow2 plans with PAIRS against float64
         return [("mxfp4", 2048, {}, "bfloat16", {}), ("nvfp4", 32768, {"scale": 0.002}, "bfloat16", {}),
                 ("int4", 4096, {}, "float16", {}), ("fp8_e4m3", 1024, {}, "bfloat16", {})]
@@ -544,12 +579,16 @@ def phase_check(result, save, deadline, quick):
             case["config"].update({k: True for k in ("SCALE_ONCE", "KTRIM", "FOLD", "UNITS") if plan.config.get(k)})
             if "units" in tuning and not plan.config.get("UNITS"):
                 case["ok"] = False
+            for key in ("balance", "perm"):  # a variant asked for must be the one run
+                if tuning.get(key) and not plan.config.get(key.upper()):
+                    case["ok"] = False
+            case["config"].update({k: True for k in ("BALANCE", "PERM") if plan.config.get(k)})
         except Exception as err:  # noqa: BLE001
             case["error"] = f"{type(err).__name__}: {str(err)[:300]}"
             case["ok"] = False
         out["quantize"].append(case)
         save()
-    if SET not in ("s33", "s33b", "s33c", "s33d", "s33e", "s33f"):
+    if SET not in ("s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34"):
         check_transforms(out["transform"], save, deadline)
 
 
@@ -703,13 +742,14 @@ def phase_time(result, save, deadline, quick):
             y = torch.empty_like(x) if case[0] == "t" else None
             run, plan, written = _runner(case, x, y)
             row["path"] = plan.path
-            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f"):  # the bytes against the shipped plan's on the same rows (the values kept)
+            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f", "s34"):  # the bytes against the shipped plan's on the same rows (the values kept)
                 got = run()
                 got = [y.clone()] if case[0] == "t" else [t.clone() for t in _tensors(got[:2])]
                 key = case[:3]
                 if case[3] == "shipped":
                     shipped_out[key] = got
-                elif key in shipped_out and case[3] in ("pairs", "pairs_perm", "perm", "perm_noonce", "noonce", "nopairs"):
+                elif key in shipped_out and case[3] in ("pairs", "pairs_perm", "perm", "perm_noonce", "noonce", "nopairs",
+                                                               "balance", "balance_perm", "units_perm"):
                     row["identical"] = all(a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
                                            for a, b in zip(got, shipped_out[key]))
                 del got
@@ -771,7 +811,7 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
-    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f"))
+    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34"))
     a = ap.parse_args()
     global SET
     SET = a.set
