@@ -148,6 +148,11 @@ def main():
     print(f"{'N':>6} {'what':>32} {'ms':>8} {'x torch.fft':>11}")
     for row in table:
         print(f"{row['n']:>6} {row['what']:>32} {row['ms']:8.4f} {row['speedup'] or 0:11.2f}")
+    from tilecore.ops.fft_conv import model
+    print(f"napkin (model.py) at 8192, B16 H768: op bytes {model.op_bytes(16, 768, 8192) / 1e6:.0f} MB = "
+          f"{model.bound_ms('pair', 16, 768, 8192):.4f} ms at copy speed; order3 bound "
+          f"{model.bound_ms('order3', 16, 768, 8192, 256, 64):.4f} ms ({model.order3_flops(256, 64) * 6144 / 1e9:.0f} "
+          f"GFLOP); long bound {model.bound_ms('long', 16, 768, 8192, 128, 128):.4f} ms")
     print(f"wall {time.time() - START:.0f} s")
     return 0 if ok else 1
 

@@ -123,3 +123,45 @@ def test_order3_launch_binds_every_argument(monkeypatch):
     assert seen["grid"] == (min(3 * 3, 2 * 132),)  # never more programs than pairs (3 channels x 3 pairs)
     assert bound["T1RE"].shape == (16, 16) and bound["F2RE"].dtype == torch.float16
     assert inspect.signature(conv_launch.launch_order3).parameters["per_sm"].default == 2
+
+
+def test_plan_takes_the_order3_kernel_only_behind_its_switch_on_hopper(monkeypatch):
+    from tilecore import dispatch
+    from tilecore.ops.fft_conv import configs
+    from tilecore.ops.fft_conv import plan as conv_plan
+
+    meta = torch.device("meta")
+    monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)  # (as on the GPU)
+    with dispatch.pretend(dispatch.TARGETS["sm_90a"]):
+        monkeypatch.delitem(configs.GLUON_ORDER3, 8192, raising=False)
+        assert conv_plan.plan(8192, meta, torch.bfloat16).path == "long"  # off: no entry
+        monkeypatch.setitem(configs.GLUON_ORDER3, 8192, (2, True))
+        assert conv_plan.plan(8192, meta, torch.bfloat16) == conv_plan.order3_plan(8192, 2, True)
+        assert conv_plan.plan(8192, meta, torch.float32).path != "order3"  # 16-bit u only
+    assert conv_plan.plan(8192, torch.device("cpu"), torch.bfloat16).path != "order3"  # never interpreted
+    with pytest.raises(ValueError, match="N = 8192"):
+        conv_plan.order3_plan(4096)
+    with pytest.raises(ValueError, match="programs a multiprocessor"):
+        conv_plan.order3_plan(8192, 3)
+    for n, candidates in configs.GLUON_ORDER3_CANDIDATES.items():
+        for c in candidates:
+            conv_plan.order3_plan(n, *c)
+
+
+def test_launch_routes_the_order3_plan(monkeypatch):
+    from tilecore.ops.fft_conv import plan as conv_plan
+
+    seen = []
+    monkeypatch.setattr(conv_launch, "launch_order3", lambda *args: seen.append(args))
+    u = torch.randn(2, 1, 8192).to(torch.bfloat16)
+    y = torch.empty_like(u)
+    spectrum = filter_spectrum(torch.randn(1, 8192), 8192)
+    conv_launch.launch(conv_plan.order3_plan(8192, 1, False), u, spectrum, y, True, key="k")
+    assert len(seen) == 1 and seen[0][0] is u and seen[0][2] is y and seen[0][3:] == (True, 1, False, "k")
+
+
+def test_model_counts_order3_below_order2():
+    from tilecore.ops.fft_conv import model
+
+    assert model.order3_flops(256, 64) * 2 < model.mono_flops(256, 64, 1)
+    assert model.bound_ms("order3", 16, 768, 8192, 256, 64) < model.bound_ms("long", 16, 768, 8192, 128, 128) / 3

@@ -27,6 +27,10 @@ GLUON_ONEPASS: dict = {
     2048: (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 0, False, 3),  # 6.69-6.78x torch.fft (s31 call 5, s32)
     4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1),  # CONTIG 2: 4.94x, 1.4% over CONTIG (s33 call 7)
 }
+# The order-3 one-pass kernel in Gluon (gluon_order3.py, session 34; Hopper): N -> (programs a SM, CONTIG). Off (empty)
+# until a GPU run checks it and finds it faster than the shipped path (long at 8192): experiments/fft_conv/gpu_order3.py
+GLUON_ORDER3: dict = {}
+GLUON_ORDER3_CANDIDATES = {8192: [(2, True), (1, True)]}  # sm_90a: 173 registers, 0 spill, 98.5 KiB (2 a SM)
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     1024: [GLUON_ONEPASS[1024]],  # settled: re-checked only
     2048: [GLUON_ONEPASS[2048]],

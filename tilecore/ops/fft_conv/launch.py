@@ -127,6 +127,9 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
     if plan.path == "gluon":
         _launch_gluon(plan, u, spectrum, y, conj, key)
         return
+    if plan.path == "order3":
+        launch_order3(u, spectrum, y, conj, plan.per_sm, plan.contig, key)
+        return
     if plan.path in ("pair", "long", "mono"):  # the kernels read the rfft's bins themselves
         spectrum = spectrum.resolve_conj()
         spectrum_f32 = torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())

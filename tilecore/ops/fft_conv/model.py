@@ -41,10 +41,19 @@ def mono_flops(a: int, b: int, c: int) -> int:
     return 8 * size * a + 16 * size * b + (16 * size * c if c > 1 else 0)
 
 
+def order3_flops(a: int, b: int) -> int:
+    """Tensor-core FLOPs of one pair in the order-3 Gluon kernel (gluon_order3.py), forward and inverse, L = a b, a =
+    16 A2, as its wgmmas run them (8 FLOPs a complex multiply-add: four real products): 1a B x 16 x 16 a column a2
+    (K = 16, a1 >= 8 zero), 1b and 1'b B A2 A2 a chunk, 3 and 3' B B A2 a chunk (16 chunks), 1'a B x 16 x 8 a
+    column. At 8192 (256 x 64): 3.0 M complex multiply-adds against order 2's 6.3 M (mono_flops(256, 64, 1))."""
+    a2 = a // 16
+    return 8 * (b * 16 * 16 * a2 + 2 * b * a * a2 + 2 * b * b * a + b * 16 * 8 * a2)
+
+
 def passes(path: str, batch: int, heads: int, n: int, n1: int = 0, n2: int = 0, elem: int = 2,
            n3: int = 1) -> list[dict]:
     """[{pass, bytes, flops, bytes_ms, flops_ms, bound_ms}] of one call on ``path`` ("pair" | "long" |
-    "mono"; n3: the mono kernel's third factor)."""
+    "mono" | "order3"; n3: the mono kernel's third factor)."""
     pairs = heads * -(-batch // 2)
     size = 2 * n
     spectrum = heads * (n + 1) * 8
@@ -56,6 +65,8 @@ def passes(path: str, batch: int, heads: int, n: int, n1: int = 0, n2: int = 0, 
         rows = [("one pass", 2 * seq + spectrum, f)]
     elif path == "mono":
         rows = [("one pass", 2 * seq + spectrum, pairs * mono_flops(n1, n2, n3))]
+    elif path == "order3":
+        rows = [("one pass", 2 * seq + spectrum, pairs * order3_flops(n1, n2))]
     elif path == "long":
         rows = [("1: columns", 2 * seq + scratch, first),
                 ("2: rows", 2 * scratch + spectrum, f - 2 * first),
@@ -81,17 +92,18 @@ def table(batch: int = 16, heads: int = 768) -> str:
     (python -m tilecore.ops.fft_conv.model)."""
     from tilecore.ops.fft_conv import configs
 
-    lines = [f"{'N':>6} {'path':>5} {'N1xN2':>8} {'pass':>19} {'MB':>8} {'GFLOP':>7} {'bytes ms':>8} "
+    lines = [f"{'N':>6} {'path':>6} {'N1xN2':>8} {'pass':>19} {'MB':>8} {'GFLOP':>7} {'bytes ms':>8} "
              f"{'flops ms':>8} {'bound ms':>8}   op bytes ms"]
     plans = {n: ("pair", c[0], c[1]) for n, c in configs.PAIR_CONFIGS.items()}
     plans.update({n: ("long", c[0], c[1]) for n, c in configs.LONG_CONFIGS.items()})
     rows = [(n, *plans[n], 1) for n in sorted(plans)]
     rows += [(n, "mono", c[0], c[1], c[2]) for n, cands in sorted(configs.MONO_CANDIDATES.items()) for c in cands[:1]]
+    rows += [(n, "order3", 2 * n // 64, 64, 1) for n in sorted(configs.GLUON_ORDER3_CANDIDATES)]
     for n, path, n1, n2, n3 in rows:
         own = op_bytes(batch, heads, n) / COPY_GBS / 1e6
         factors = f"{n1}x{n2}" + (f"x{n3}" if n3 > 1 else "")
         for p in passes(path, batch, heads, n, n1, n2, n3=n3):
-            lines.append(f"{n:>6} {path:>5} {factors:>8} {p['pass']:>19} {p['bytes'] / 1e6:>8.1f} "
+            lines.append(f"{n:>6} {path:>6} {factors:>8} {p['pass']:>19} {p['bytes'] / 1e6:>8.1f} "
                          f"{p['flops'] / 1e9:>7.1f} {p['bytes_ms']:>8.4f} {p['flops_ms']:>8.4f} "
                          f"{p['bound_ms']:>8.4f}   {own:.4f}")
     return "\n".join(lines)

@@ -3,6 +3,8 @@
 * "gluon": the one-pass kernel in Gluon (gluon_onepass.py: every DFT stage a wgmma, the DFT matrices
   resident in shared memory) for bf16 / fp16 u at N in configs.GLUON_ONEPASS on Hopper under a triton
   the Gluon kernels were checked under (dispatch.gluon_ok); empty until a GPU run checks it;
+* "order3": the order-3 one-pass kernel in Gluon (gluon_order3.py, session 34) for bf16 / fp16 u at N in
+  configs.GLUON_ORDER3 (8192; empty until a GPU run checks it), on Hopper as "gluon";
 * "mono": the one-pass three-factor kernel (kernels_mono.py) for bf16 / fp16 u at N in
   configs.MONO_CONFIGS (empty until a GPU run checks it: the switch);
 * "pair": the fast kernel (kernels_pair.py: two sequences as one complex one, float16 DFT matrices on
@@ -60,6 +62,7 @@ class Plan:
     lean: int = 0  # "gluon": 1 fewer reductions (same values), 2 (whole tile, TMA) x read in the wgmma's layout
     maxnreg: int = 0  # "gluon": ptxas's register cap (168: 3 programs of 4 warps a multiprocessor); 0 none
     prescale: bool = False  # "gluon": the spectrum product's scale from the block's spectrum (no reduction of Y)
+    # ("order3": gluon_order3.py's kernel, n1 = A, n2 = B = 64, per_sm and contig as above)
 
 
 def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool = False, chunk: int = 0,
@@ -113,6 +116,16 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
                 yalias=yalias, lean=lean, maxnreg=maxnreg, prescale=bool(prescale))
 
 
+def order3_plan(n: int, per_sm: int = 2, contig: bool = True) -> Plan:
+    """The order-3 one-pass Gluon kernel (gluon_order3.py, session 34): 2N = A x 64, A = 16 A2 (N = 8192: A = 256);
+    ``per_sm`` persistent programs a multiprocessor (98.5 KiB of shared memory each: at most 2), ``contig``: each
+    program's pairs contiguous (a channel's in a row)."""
+    if n != 8192 or per_sm not in (1, 2) or contig not in (False, True):
+        raise ValueError(f"the order-3 Gluon kernel takes N = 8192 at 1 or 2 programs a multiprocessor; got N = {n}, "
+                         f"per_sm {per_sm}, contig {contig}")
+    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, contig=contig)
+
+
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:
     """The one-pass three-factor kernel (kernels_mono.py): 2N = a b c, LOOP pairs a program."""
     return Plan("mono", n1=a, n2=b, n3=c, loop=loop, num_warps=num_warps, permute=permute, kfull=kfull)
@@ -144,6 +157,9 @@ def plan(n: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> P
             and device.type != "cpu" and not dispatch.interpreter_enabled() and dispatch.gluon_ok(device)):
         # (Gluon cannot run under TRITON_INTERPRET, which interprets every kernel)
         return gluon_plan(*configs.GLUON_ONEPASS[n])
+    if (str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.GLUON_ORDER3
+            and device.type != "cpu" and not dispatch.interpreter_enabled() and dispatch.gluon_ok(device)):
+        return order3_plan(n, *configs.GLUON_ORDER3[n])
     if str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.MONO_CONFIGS:
         return mono_plan(*configs.MONO_CONFIGS[n])
     if str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.PAIR_CONFIGS:
