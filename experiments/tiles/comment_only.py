@@ -48,7 +48,8 @@ def main() -> int:
             bad += 1
             continue
         n_old, n_new = old.stdout.count("\n"), new.count("\n")
-        print(f"{path}: {'comments only' if same else 'CODE CHANGED'} ({n_old} -> {n_new} lines)")
+        verdict = "unchanged" if new == old.stdout else "comments only" if same else "CODE CHANGED"
+        print(f"{path}: {verdict} ({n_old} -> {n_new} lines)")
         bad += not same
     return 1 if bad else 0
 
