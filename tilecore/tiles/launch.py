@@ -28,7 +28,7 @@ from tilecore import dispatch
 
 
 # Host arithmetic for launch sizes: triton.cdiv and triton.next_power_of_2 are constexpr_functions,
-# ~2 us a host call (notes/attention/README.md, session 21)
+# ~2 us a host call (found by cProfile; notes/attention/README.md)
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -411,12 +411,12 @@ def split_key_buffers(device, lse_offset: int, lse_size: int, launches, merged_r
     return parts, parts[lse_offset:], (parts[lse_at:] if merged else None)
 
 
-# KeyedLaunch's kept launches (session 31); False: each through CachedLaunch.run, looked up by key
+# KeyedLaunch's kept launches; False: each through CachedLaunch.run, looked up by key
 BIND_KEYED_LAUNCHES = True
 
 
-# the per-key recipes of gemm / gemm_fp8, layer_norm / rms_norm and linear attention (session 32: their eager calls
-# through KeyedLaunch); False: those ops' general keyed paths (read each call; host_time.py --ab-lean times both)
+# the per-key recipes of gemm / gemm_fp8, layer_norm / rms_norm and linear attention (their eager calls through
+# KeyedLaunch); False: those ops' general keyed paths (read each call; host_time.py --ab-lean times both)
 OP_RECIPES = True
 
 
@@ -426,13 +426,9 @@ def keep_op_recipes(on: bool) -> None:
     OP_RECIPES = bool(on)
 
 
-# ... and attention's and linear attention's Gluon forward recipes (added after H100 run 3 of session 32): on since
-# session 33's H100 run 2 (host_time.py --ab-forward 5, FORWARD_RECIPES alone on vs off, memo and OP_RECIPES on in
-# both; notes/host/runs/host_fwd33_run2_session33_h100.txt): the same bits in every column for all 25 rows and on
-# calls 1..10 (attention causal GQA and D64 through the recipe), and faster in each of 5 rounds: attention N1024 at
-# 4 heads (the Gluon forward) 23.7 against 55.5 us a call (torch's SDPA 19.1), linear_attention Dv128 (its Gluon
-# forward) 27.1 against 70.9 (torch's code 51.9); the rows the switch does not reach within the rounds' spread.
-# Read each call, with OP_RECIPES
+# ... and attention's and linear attention's Gluon forward recipes: on (the same bits; attention N1024 at 4 heads
+# 23.7 against 55.5 us a call on the H100; notes/host/runs/host_fwd33_run2_session33_h100.txt and notes/host's
+# decision log). Read each call, with OP_RECIPES
 FORWARD_RECIPES = True
 
 
@@ -520,10 +516,8 @@ def direct_launch(compiled, operands: dict | None = None):
 
 
 # Direct launches of kernels with TMA descriptors keep each descriptor's encoding (descriptor_expander);
-# False: Triton's launcher encodes every descriptor on every launch, as before session 29. ON since session 30's
-# H100 run 3 (host_time.py --ab-tma, notes/host/runs/host_time_*_ab_run3_session30_h100.txt): the same bits on and
-# off for every op and on calls 1..10; gemm 42.6 us against 49.8 off (faster in each of 4 rounds), gemm_fp8 66.2 /
-# 72.1, paged decode 63.5 / 81.8, varlen 119.6 / 137.4 (the later ops' host swung 2x between rounds there)
+# False: Triton's launcher encodes every descriptor on every launch. On: the same bits, gemm 42.6 us a call
+# against 49.8 on the H100 (notes/host/runs/host_time_*_ab_run3_session30_h100.txt, notes/host's decision log)
 CACHE_TMA_DESCRIPTORS = True
 
 
@@ -651,7 +645,7 @@ try:  # one C call checks a list of tensors' metadata against the metadata they 
 except ImportError:  # a torch without it: SignatureMemo is signature()
     _TensorGuards = None
 
-# SignatureMemo's check against a call site's last signature (session 32, issue 31's host time); False: every
+# SignatureMemo's check against a call site's last signature (issue 31's host time); False: every
 # call builds its signature (read at each call: host_time.py times both ways in one process)
 MEMO_SIGNATURES = _TensorGuards is not None
 
